@@ -1,0 +1,452 @@
+"""MR2LinearClassifier: a scikit-learn linear probe with MR² margin regularization."""
+
+from __future__ import annotations
+
+import warnings
+from numbers import Integral, Real
+
+import numpy as np
+import torch
+from scipy.special import log_softmax, softmax
+from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils import check_random_state, compute_class_weight
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_is_fitted,
+    column_or_1d,
+    validate_data,
+)
+
+from ._data import H5Source, TensorSource, block_rows, h5_dtype, is_h5_dataset, is_torch_tensor
+from ._device import resolve_device, to_numpy, to_tensor, torch_dtype
+from ._head import ProbeHead, decision_values
+from ._solvers import MarginSpec, fit_lbfgs, fit_minibatch, refresh_statistics
+from ._stats import class_difficulty
+
+
+class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
+    """Linear or cosine probe trained with MR² margin regularization.
+
+    Each class k gets a logit margin γ_k that grows with the spread of its features, so
+    that classes which are hard to separate are asked for larger logit gaps; an optional
+    compactness loss pulls same-class representations together through a learnable
+    projection. Training uses CUDA when present; the fitted model is plain NumPy.
+
+    Parameters
+    ----------
+    c_bar : float or None, default=1.0
+        Mean margin c̄ > 0. ``None`` disables the margins (plain cross-entropy).
+    lam : float, default=0.0
+        Weight λ ≥ 0 of the compactness loss. ``lam > 0`` adds a learnable projection P
+        between the features and the head (φ = P·x, P initialised to the identity) and
+        trains with minibatches; ``lam = 0`` keeps the problem convex for a linear head.
+    p : float or None, default=None
+        Order p ≥ 1 of the norm of the class statistics. ``None`` means 3 for the cosine
+        head (with unit-norm features every class has a_k = 1 under p = 2) and 2 otherwise.
+    head : {"linear", "cosine"}, default="linear"
+        ``"linear"``: z = W·φ + b. ``"cosine"``: z = scale · cos(w_k, φ), no intercept.
+    C : float, default=1.0
+        Inverse strength of the L2 penalty ½‖W‖² / (C·S), S the sum of sample weights, as
+        in :class:`~sklearn.linear_model.LogisticRegression`. The cosine head is invariant
+        to ‖W‖ and is not penalised; a projection is penalised by ½‖P − I‖² / (C·S).
+    fit_intercept : bool, default=True
+        Whether the linear head has a bias. Ignored by the cosine head.
+    scale : float, default=16.0
+        Logit scale of the cosine head (an inverse temperature).
+    tau : float or None, default=None
+        Temperature τ of the compactness loss; ``None`` uses τ = 2 s̄, which makes the loss
+        independent of the scale of the features.
+    projection_rank : int or None, default=None
+        Rank r of the residual of the projection, P = I + A·B (A: d×r, B: r×d). ``None``
+        learns a full d×d matrix. Only used when ``lam > 0``.
+    solver : {"auto", "lbfgs", "adam", "sgd"}, default="auto"
+        ``"lbfgs"``: full-batch L-BFGS, exact and deterministic, for ``lam = 0``.
+        ``"adam"`` / ``"sgd"``: minibatch optimisers (SGD with Nesterov momentum 0.9).
+        ``"auto"`` picks ``"lbfgs"`` when ``lam = 0`` and ``"adam"`` otherwise.
+    max_iter : int, default=100
+        L-BFGS iterations, or epochs for the minibatch solvers.
+    tol : float, default=1e-4
+        L-BFGS stops when the largest gradient entry falls below ``tol``; minibatch solvers
+        stop when the epoch loss has not improved by ``tol`` for ``n_iter_no_change``
+        epochs.
+    batch_size : int, default=256
+        Minibatch size (minibatch solvers).
+    learning_rate : float, default=1e-3
+        Step size of the minibatch solvers.
+    n_iter_no_change : int, default=10
+        Epochs without improvement before a minibatch solver stops.
+    class_weight : dict, "balanced" or None, default=None
+        Weights of the classes, multiplied into ``sample_weight`` as in LogisticRegression.
+    warm_start : bool, default=False
+        Reuse the previous solution as the starting point of the next ``fit``.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the minibatch order and the low-rank projection's initialisation, through a
+        local ``torch.Generator``.
+    verbose : int, default=0
+        Show a progress bar when positive.
+    device : str or torch.device, default="auto"
+        Where to train: ``"auto"`` is the device of a torch-tensor X, else CUDA when
+        present, else the CPU.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+    coef_ : ndarray of shape (1, n_features) or (n_classes, n_features)
+        Weights on the input features (projection folded in; for the cosine head, the
+        scaled unit class directions times P).
+    intercept_ : ndarray of shape (1,) or (n_classes,)
+    projection_ : ndarray of shape (n_features, n_features) or None
+        The learned projection P (``lam > 0``).
+    margins_ : ndarray of shape (n_classes,)
+        The margins γ used in training (all ones when ``c_bar=None``).
+    class_stats_ : dict of ndarray
+        ``mean`` (K, d), ``msd`` (K,) in L_p, ``msd_l2`` (K,), ``count`` (K,) and
+        ``difficulty`` a_k = ‖μ_k‖_p² + msd_k (K,) of the representation φ.
+    p_ : float
+        The norm order used.
+    solver_ : str
+        The solver used.
+    n_iter_ : int
+        L-BFGS iterations or epochs run.
+    loss_curve_ : list of float
+        Objective after each iteration (L-BFGS) or mean loss of each epoch.
+    n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Defined only when X has string feature names.
+    device_ : str
+        The device the model was trained on.
+
+    Notes
+    -----
+    The objective, with S = Σ_i w_i and margins γ_k = c̄·K·a_k^{1/3} / Σ_j a_j^{1/3},
+    a_k = ‖μ_k‖_p² + msd_k computed exactly from the whole training set::
+
+        (1/S) Σ_i w_i CE(z_i / γ_{y_i}, y_i) + λ·mean_k mean_{i∈k} ℓ_s̄(i)
+            + ½‖W‖² / (C·S)
+
+    with ℓ_s̄(i) = log(1 + Σ_{j≠i, y_j=y_i} exp((‖φ_i − φ_j‖² − 2 s̄) / τ)). Margins act in
+    training only: ``predict`` is the plain argmax of the logits. With ``c_bar=None`` and
+    ``lam=0`` the objective is that of multinomial LogisticRegression(C=C).
+
+    X may be a NumPy array, a pandas DataFrame, a torch tensor (trained on its device, no
+    copy to the CPU) or an ``h5py.Dataset`` (streamed in blocks, never loaded whole).
+
+    References
+    ----------
+    B. Zhu et al., "Reducing Class-Wise Performance Disparity via Margin Regularization",
+    ICLR 2026.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_digits
+    >>> from mr2_probe import MR2LinearClassifier
+    >>> X, y = load_digits(return_X_y=True)
+    >>> clf = MR2LinearClassifier(c_bar=1.0, C=0.1, max_iter=200, device="cpu").fit(X, y)
+    >>> clf.margins_.shape
+    (10,)
+    >>> round(float(clf.margins_.mean()), 6)
+    1.0
+    >>> clf.score(X, y) > 0.95
+    True
+    """
+
+    _parameter_constraints: dict = {
+        "c_bar": [Interval(Real, 0, None, closed="neither"), None],
+        "lam": [Interval(Real, 0, None, closed="left")],
+        "p": [Interval(Real, 1, None, closed="left"), None],
+        "head": [StrOptions({"linear", "cosine"})],
+        "C": [Interval(Real, 0, None, closed="neither")],
+        "fit_intercept": ["boolean"],
+        "scale": [Interval(Real, 0, None, closed="neither")],
+        "tau": [Interval(Real, 0, None, closed="neither"), None],
+        "projection_rank": [Interval(Integral, 1, None, closed="left"), None],
+        "solver": [StrOptions({"auto", "lbfgs", "adam", "sgd"})],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "learning_rate": [Interval(Real, 0, None, closed="neither")],
+        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
+        "class_weight": [dict, StrOptions({"balanced"}), None],
+        "warm_start": ["boolean"],
+        "random_state": ["random_state"],
+        "verbose": ["verbose"],
+        "device": [str, torch.device],
+    }
+
+    def __init__(
+        self,
+        c_bar=1.0,
+        lam=0.0,
+        p=None,
+        head="linear",
+        C=1.0,
+        *,
+        fit_intercept=True,
+        scale=16.0,
+        tau=None,
+        projection_rank=None,
+        solver="auto",
+        max_iter=100,
+        tol=1e-4,
+        batch_size=256,
+        learning_rate=1e-3,
+        n_iter_no_change=10,
+        class_weight=None,
+        warm_start=False,
+        random_state=None,
+        verbose=0,
+        device="auto",
+    ):
+        self.c_bar = c_bar
+        self.lam = lam
+        self.p = p
+        self.head = head
+        self.C = C
+        self.fit_intercept = fit_intercept
+        self.scale = scale
+        self.tau = tau
+        self.projection_rank = projection_rank
+        self.solver = solver
+        self.max_iter = max_iter
+        self.tol = tol
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.n_iter_no_change = n_iter_no_change
+        self.class_weight = class_weight
+        self.warm_start = warm_start
+        self.random_state = random_state
+        self.verbose = verbose
+        self.device = device
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y, sample_weight=None):
+        """Fit the probe.
+
+        Parameters
+        ----------
+        X : array-like, DataFrame, torch.Tensor or h5py.Dataset of shape \
+                (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+            Labels of any type (strings too).
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : MR2LinearClassifier
+        """
+        solver = self.solver if self.solver != "auto" else ("lbfgs" if self.lam == 0 else "adam")
+        if solver == "lbfgs" and self.lam > 0:
+            raise ValueError(
+                f"solver='lbfgs' requires lam=0, got lam={self.lam}: the compactness loss "
+                "needs minibatches and per-epoch statistics. Use solver='auto', 'adam' or "
+                "'sgd', or set lam=0."
+            )
+        X, y, device, dtype = self._validate_fit_data(X, y)
+        check_classification_targets(y)
+        self.classes_, y_index = np.unique(y, return_inverse=True)
+        n_classes = len(self.classes_)
+        if n_classes < 2:
+            raise ValueError(
+                "This solver needs samples of at least 2 classes in the data, but the data "
+                f"contains only one class: {self.classes_[0]!r}."
+            )
+        sample_weight = _check_sample_weight(
+            sample_weight, np.empty((len(y_index), 0)), dtype=np.float64, ensure_non_negative=True
+        )
+        if self.class_weight is not None:
+            weights = compute_class_weight(self.class_weight, classes=self.classes_, y=y)
+            sample_weight = sample_weight * weights[y_index]
+        weight_sum = float(sample_weight.sum())
+        if weight_sum <= 0:
+            raise ValueError("The sum of sample weights must be positive.")
+
+        y_t = to_tensor(y_index.astype(np.int64), device)
+        w_t = to_tensor(sample_weight, device, dtype)
+        rows = block_rows(self.n_features_in_, n_classes)
+        if is_h5_dataset(X):
+            source = H5Source(X, y_t, w_t, rows, device, dtype)
+        else:
+            source = TensorSource(X, y_t, w_t, rows)
+
+        seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
+        generator = torch.Generator(device=device).manual_seed(seed)
+        head = ProbeHead(
+            self.n_features_in_,
+            n_classes,
+            head=self.head,
+            fit_intercept=self.fit_intercept,
+            scale=self.scale,
+            projection=self.lam > 0,
+            projection_rank=self.projection_rank,
+            dtype=dtype,
+            device=device,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        self.p_ = float(self.p if self.p is not None else (3 if self.head == "cosine" else 2))
+        spec = MarginSpec(n_classes, self.p_, self.c_bar, self.tau)
+        warm = self._warm_state(n_classes)
+        if warm is not None:
+            head.load(warm)
+        elif self.head == "cosine":
+            head.init_weight_from_means(refresh_statistics(head, source, spec)[0].mean)
+        if isinstance(source, H5Source) and bool(source.nonfinite):
+            raise ValueError("Input X contains NaN or infinity.")
+
+        common = dict(weight_sum=weight_sum, C=self.C, max_iter=self.max_iter, tol=self.tol)
+        if solver == "lbfgs":
+            result = fit_lbfgs(head, source, spec, verbose=self.verbose, **common)
+        else:
+            result = fit_minibatch(
+                head,
+                source,
+                spec,
+                lam=self.lam,
+                solver=solver,
+                learning_rate=self.learning_rate,
+                batch_size=self.batch_size,
+                n_iter_no_change=self.n_iter_no_change,
+                generator=generator,
+                verbose=self.verbose,
+                **common,
+            )
+        if isinstance(source, H5Source) and bool(source.nonfinite):
+            raise ValueError("Input X contains NaN or infinity.")
+        if not result.converged:
+            warnings.warn(
+                f"{solver} did not converge in max_iter={self.max_iter} "
+                f"{'iterations' if solver == 'lbfgs' else 'epochs'}. Increase max_iter "
+                "or scale the features (e.g. StandardScaler).",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
+        self._store(head.export(), result, solver, device)
+        return self
+
+    def _validate_fit_data(self, X, y):
+        """Validate X and y; return X ready for the device, y as NumPy, device and dtype."""
+        if is_torch_tensor(X) or is_h5_dataset(X):
+            validate_data(self, X, y, skip_check_array=True)
+            if len(X.shape) != 2:
+                raise ValueError(
+                    f"Expected a 2D X of shape (n_samples, n_features), got shape {tuple(X.shape)}."
+                )
+            if X.shape[0] < 1 or X.shape[1] < 1:
+                raise ValueError(
+                    f"Found array with shape {tuple(X.shape)} while a minimum "
+                    "of 1 sample and 1 feature is required."
+                )
+            y = y[...] if is_h5_dataset(y) else y
+            y = column_or_1d(to_numpy(y) if is_torch_tensor(y) else np.asarray(y), warn=True)
+            if len(y) != X.shape[0]:
+                raise ValueError(f"X has {X.shape[0]} samples but y has {len(y)}.")
+        else:
+            X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], order="C")
+        if is_torch_tensor(X):
+            device = X.device if self.device == "auto" else resolve_device(self.device)
+            dtype = X.dtype if X.dtype in (torch.float32, torch.float64) else torch.float32
+            X = X.to(device=device, dtype=dtype)
+            if not bool(torch.isfinite(X).all()):
+                raise ValueError("Input X contains NaN or infinity.")
+        elif is_h5_dataset(X):
+            device, dtype = resolve_device(self.device), h5_dtype(X)
+        else:
+            device, dtype = resolve_device(self.device), torch_dtype(X.dtype)
+            X = to_tensor(X, device, dtype)
+        return X, y, device, dtype
+
+    def _warm_state(self, n_classes):
+        """The previous fit's parameters, if warm_start applies to this fit."""
+        state = getattr(self, "_head_state", None)
+        if not self.warm_start or state is None:
+            return None
+        same = (
+            state["weight"].shape[-1] == self.n_features_in_
+            and state["n_classes"] == n_classes
+            and state["head"] == self.head
+            and (state["proj_full"] is not None or state["proj_a"] is not None) == (self.lam > 0)
+        )
+        return state if same else None
+
+    def _store(self, state, result, solver, device):
+        self.coef_ = state["coef"]
+        self.intercept_ = state["intercept"]
+        self.projection_ = state["projection"]
+        self.margins_ = to_numpy(result.margins)
+        stats = result.stats
+        difficulty = class_difficulty(stats, self.p_)
+        self.class_stats_ = {
+            "mean": to_numpy(stats.mean),
+            "msd": to_numpy(stats.msd),
+            "msd_l2": to_numpy(stats.msd_l2),
+            "count": to_numpy(stats.count),
+            "difficulty": to_numpy(difficulty),
+        }
+        self.n_iter_ = int(result.n_iter)
+        self.loss_curve_ = list(result.loss_curve)
+        self.solver_ = solver
+        self.device_ = str(device)
+        self._head_state = {
+            **{k: state[k] for k in ("weight", "bias", "proj_full", "proj_a", "proj_b")},
+            "n_classes": len(self.classes_),
+            "head": self.head,
+        }
+
+    # ----------------------------------------------------------------- prediction
+    def _validate_predict_data(self, X):
+        check_is_fitted(self)
+        if is_torch_tensor(X) or is_h5_dataset(X):
+            validate_data(self, X, reset=False, skip_check_array=True)
+            if len(X.shape) != 2:
+                raise ValueError(f"Expected a 2D X, got shape {tuple(X.shape)}.")
+            if is_torch_tensor(X) and not X.is_floating_point():
+                X = X.float()
+            return X
+        return validate_data(self, X, reset=False, dtype=[np.float64, np.float32], order="C")
+
+    def _logits(self, X):
+        if is_h5_dataset(X):
+            rows = block_rows(self.n_features_in_, len(self.classes_))
+            parts = [
+                self._logits(np.asarray(X[i : i + rows], dtype=np.float32))
+                for i in range(0, X.shape[0], rows)
+            ]
+            return np.concatenate(parts) if parts else np.empty((0, self.coef_.shape[0]))
+        return decision_values(X, self.coef_, self.intercept_, self.projection_, self.head)
+
+    def decision_function(self, X):
+        """Logits (margins are training-only). Shape (n_samples,) for two classes.
+
+        A torch tensor gives a tensor on its device; anything else gives NumPy.
+        """
+        z = self._logits(self._validate_predict_data(X))
+        return z[:, 0] if z.shape[1] == 1 else z
+
+    def predict_proba(self, X):
+        """Class probabilities, softmax of the logits, shape (n_samples, n_classes)."""
+        return self._probabilities(X, log=False)
+
+    def predict_log_proba(self, X):
+        """Logarithm of :meth:`predict_proba`."""
+        return self._probabilities(X, log=True)
+
+    def _probabilities(self, X, log):
+        z = self._logits(self._validate_predict_data(X))
+        if is_torch_tensor(z):
+            if z.shape[1] == 1:
+                z = torch.cat([torch.zeros_like(z), z], dim=1)
+            return torch.log_softmax(z, dim=1) if log else torch.softmax(z, dim=1)
+        if z.shape[1] == 1:
+            z = np.hstack([np.zeros_like(z), z])
+        return log_softmax(z, axis=1) if log else softmax(z, axis=1)
+
+    def predict(self, X):
+        """Predicted labels (NumPy, of the type of ``classes_``): argmax of the logits."""
+        z = self._logits(self._validate_predict_data(X))
+        if is_torch_tensor(z):
+            index = to_numpy((z[:, 0] > 0).long() if z.shape[1] == 1 else z.argmax(1))
+        else:
+            index = (z[:, 0] > 0).astype(int) if z.shape[1] == 1 else z.argmax(1)
+        return self.classes_[index]

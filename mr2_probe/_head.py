@@ -1,0 +1,165 @@
+"""The trainable part of the probe: an optional projection P and a linear or cosine head.
+
+    φ = P·x            (P = I + A·B with rank r, a full matrix, or absent)
+    φ ← φ / ‖φ‖        (cosine head only)
+    z = W·φ + b        (linear head)        z = s · φ·Ŵᵀ (cosine head, rows of W normalised)
+
+With two classes and a linear head the first class's logit is pinned to zero, so that the
+softmax is the binomial model of scikit-learn's LogisticRegression, penalty included.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._device import to_numpy, to_tensor
+
+
+class ProbeHead(nn.Module):
+    """Parameters and forward pass of the probe; lives only for the duration of ``fit``."""
+
+    def __init__(
+        self,
+        n_features: int,
+        n_classes: int,
+        *,
+        head: str,
+        fit_intercept: bool,
+        scale: float,
+        projection: bool,
+        projection_rank: int | None,
+        dtype: torch.dtype,
+        device: torch.device,
+        generator: torch.Generator,
+    ) -> None:
+        super().__init__()
+        self.head, self.scale, self.n_classes = head, scale, n_classes
+        self.pinned = head == "linear" and n_classes == 2
+        rows = 1 if self.pinned else n_classes
+        kw = {"dtype": dtype, "device": device}
+        self.weight = nn.Parameter(torch.zeros(rows, n_features, **kw))
+        has_bias = fit_intercept and head == "linear"
+        self.bias = nn.Parameter(torch.zeros(rows, **kw)) if has_bias else None
+        self.proj_full = self.proj_a = self.proj_b = None
+        if projection and projection_rank is None:
+            self.proj_full = nn.Parameter(torch.eye(n_features, **kw))
+        elif projection:
+            # P = I + A·B: A starts at zero so that P starts at the identity.
+            self.proj_a = nn.Parameter(torch.zeros(n_features, projection_rank, **kw))
+            b = torch.randn(projection_rank, n_features, generator=generator, dtype=dtype)
+            self.proj_b = nn.Parameter((b / n_features**0.5).to(device))
+
+    @property
+    def is_plain_linear(self) -> bool:
+        """A linear head on the raw features, one row per class (closed-form gradients)."""
+        return self.head == "linear" and not self.pinned and not self.has_projection
+
+    @property
+    def has_projection(self) -> bool:
+        return self.proj_full is not None or self.proj_a is not None
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """φ for a batch of inputs (B, d)."""
+        if self.proj_full is not None:
+            x = x @ self.proj_full.T
+        elif self.proj_a is not None:
+            x = x + (x @ self.proj_b.T) @ self.proj_a.T
+        return F.normalize(x, dim=1) if self.head == "cosine" else x
+
+    def logits(self, phi: torch.Tensor) -> torch.Tensor:
+        """Logits (B, K) from φ."""
+        if self.head == "cosine":
+            return self.scale * phi @ F.normalize(self.weight, dim=1).T
+        z = phi @ self.weight.T  # (B, rows)
+        if self.bias is not None:
+            z = z + self.bias
+        return torch.cat([torch.zeros_like(z), z], dim=1) if self.pinned else z
+
+    def penalty(self) -> torch.Tensor:
+        """½‖W‖² (linear head) plus ½‖P − I‖² for a projection (½(‖A‖² + ‖B‖²) low rank).
+
+        A cosine head is scale-invariant in W, so W carries no penalty there.
+        """
+        total = self.weight.new_zeros(())
+        if self.head == "linear":
+            total = total + 0.5 * self.weight.square().sum()
+        if self.proj_full is not None:
+            eye = torch.eye(self.proj_full.shape[0], dtype=total.dtype, device=total.device)
+            total = total + 0.5 * (self.proj_full - eye).square().sum()
+        elif self.proj_a is not None:
+            total = total + 0.5 * (self.proj_a.square().sum() + self.proj_b.square().sum())
+        return total
+
+    @torch.no_grad()
+    def load(self, state: dict) -> None:
+        """Start from a previous fit's exported state (warm start)."""
+        device, dtype = self.weight.device, self.weight.dtype
+        for name in ("weight", "bias", "proj_full", "proj_a", "proj_b"):
+            param = getattr(self, name)
+            if param is not None and state.get(name) is not None:
+                param.copy_(to_tensor(state[name], device, dtype))
+
+    @torch.no_grad()
+    def init_weight_from_means(self, class_means: torch.Tensor) -> None:
+        """Cosine heads start at the class prototypes (zero rows have no direction)."""
+        self.weight.copy_(F.normalize(class_means, dim=1))
+
+    @torch.no_grad()
+    def export(self) -> dict:
+        """Fitted state as NumPy: the raw parameters and the scikit-learn view."""
+        state = {
+            name: None if getattr(self, name) is None else to_numpy(getattr(self, name))
+            for name in ("weight", "bias", "proj_full", "proj_a", "proj_b")
+        }
+        proj = self._projection_matrix()
+        if self.head == "cosine":
+            weight = self.scale * F.normalize(self.weight, dim=1)  # (K, d')
+        elif self.pinned:
+            weight = torch.cat([torch.zeros_like(self.weight), self.weight])
+        else:
+            weight = self.weight
+        coef = weight if proj is None else weight @ proj  # (K, d)
+        if self.bias is None:
+            intercept = coef.new_zeros(self.n_classes)
+        elif self.pinned:
+            intercept = torch.cat([torch.zeros_like(self.bias), self.bias])
+        else:
+            intercept = self.bias
+        if self.n_classes == 2:
+            # scikit-learn's binary convention: one row, decision = z_1 − z_0.
+            coef, intercept = coef[1:] - coef[:1], intercept[1:] - intercept[:1]
+        state["coef"] = to_numpy(coef)
+        state["intercept"] = to_numpy(intercept)
+        state["projection"] = None if proj is None else to_numpy(proj)
+        return state
+
+    def _projection_matrix(self) -> torch.Tensor | None:
+        if self.proj_full is not None:
+            return self.proj_full
+        if self.proj_a is not None:
+            eye = torch.eye(self.proj_a.shape[0], dtype=self.proj_a.dtype)
+            return eye.to(self.proj_a.device) + self.proj_a @ self.proj_b
+        return None
+
+
+def decision_values(X, coef, intercept, projection, head: str):
+    """Logits from fitted NumPy state, in X's own library (NumPy array or torch tensor).
+
+    Binary models give one column, squeezed to shape (n_samples,) by the caller.
+    """
+    if isinstance(X, torch.Tensor):
+        coef, intercept = (to_tensor(a, X.device, X.dtype) for a in (coef, intercept))
+        z = X @ coef.T  # (N, K)
+        if head == "cosine":
+            phi = X if projection is None else X @ to_tensor(projection, X.device, X.dtype).T
+            z = z / torch.linalg.vector_norm(phi, dim=1, keepdim=True).clamp_min(1e-12)
+        return z + intercept
+    X = np.asarray(X)
+    z = X @ coef.T.astype(X.dtype, copy=False)
+    if head == "cosine":
+        phi = X if projection is None else X @ projection.T.astype(X.dtype, copy=False)
+        z = z / np.maximum(np.linalg.norm(phi, axis=1, keepdims=True), 1e-12)
+    return z + intercept.astype(z.dtype, copy=False)

@@ -1,0 +1,125 @@
+"""MR2Loss: the MR² objective as a module for end-to-end fine-tuning."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._losses import compactness_loss, margin_cross_entropy
+from ._stats import (
+    ClassStats,
+    class_difficulty,
+    class_statistics,
+    ema_update,
+    margins_from_difficulty,
+)
+
+
+class MR2Loss(nn.Module):
+    """MR² loss for training a backbone: margin cross-entropy plus λ·compactness.
+
+    Class statistics are tracked as an exponential moving average of per-batch statistics
+    (decay ``rho``), updated in training mode without synchronising with the host; the
+    margins and s̄ are derived from them and carry no gradient.
+
+    Parameters
+    ----------
+    n_classes : int
+    n_features : int
+        Dimension of the representation φ passed to ``forward``.
+    c_bar : float or None, default=1.0
+        Mean margin; ``None`` gives plain cross-entropy (γ ≡ 1).
+    lam : float, default=0.5
+        Weight of the compactness loss.
+    p : float, default=2.0
+        Norm of the class statistics (3 is the paper's choice for normalised features).
+    rho : float, default=0.9
+        EMA decay of the class statistics.
+    tau : float or None, default=None
+        Temperature of the compactness loss; ``None`` uses 2 s̄.
+    normalize : bool, default=False
+        Measure statistics on L2-normalised φ (cosine heads).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mr2_probe import MR2Loss
+    >>> criterion = MR2Loss(n_classes=3, n_features=8, c_bar=1.0, lam=0.5)
+    >>> features = torch.randn(12, 8, requires_grad=True)
+    >>> logits = features @ torch.randn(8, 3)
+    >>> loss = criterion(logits, features, torch.arange(12) % 3)
+    >>> loss.backward()
+    >>> criterion.margins().shape
+    torch.Size([3])
+    """
+
+    def __init__(
+        self,
+        n_classes: int,
+        n_features: int,
+        c_bar: float | None = 1.0,
+        lam: float = 0.5,
+        p: float = 2.0,
+        rho: float = 0.9,
+        tau: float | None = None,
+        normalize: bool = False,
+    ) -> None:
+        super().__init__()
+        if c_bar is not None and c_bar <= 0:
+            raise ValueError(f"c_bar must be positive or None, got {c_bar}.")
+        if p < 1:
+            raise ValueError(f"p must be >= 1, got {p}.")
+        if not 0 <= rho < 1:
+            raise ValueError(f"rho must be in [0, 1), got {rho}.")
+        self.n_classes, self.c_bar, self.lam, self.p = n_classes, c_bar, lam, p
+        self.rho, self.tau, self.normalize = rho, tau, normalize
+        self.register_buffer("running_mean", torch.zeros(n_classes, n_features))
+        self.register_buffer("running_msd", torch.zeros(n_classes))
+        self.register_buffer("running_msd_l2", torch.zeros(n_classes))
+        self.register_buffer("running_count", torch.zeros(n_classes))
+        self.register_buffer("initialised", torch.zeros(n_classes, dtype=torch.bool))
+
+    def stats(self) -> ClassStats:
+        return ClassStats(
+            self.running_mean, self.running_msd, self.running_msd_l2, self.running_count
+        )
+
+    def margins(self) -> torch.Tensor:
+        """Current margins γ (K,); classes not seen yet get the mean difficulty."""
+        if self.c_bar is None:
+            return torch.ones_like(self.running_msd)
+        a = class_difficulty(self.stats(), self.p)
+        seen = self.initialised.to(a.dtype)
+        mean_a = (a * seen).sum() / seen.sum().clamp_min(1)
+        return margins_from_difficulty(torch.where(self.initialised, a, mean_a), self.c_bar)
+
+    def s_bar(self) -> torch.Tensor:
+        seen = self.initialised.to(self.running_msd_l2.dtype)
+        return (self.running_msd_l2 * seen).sum() / seen.sum().clamp_min(1)
+
+    @torch.no_grad()
+    def update(self, features: torch.Tensor, target: torch.Tensor) -> None:
+        """Fold one batch into the running statistics."""
+        phi = F.normalize(features, dim=1) if self.normalize else features
+        batch = class_statistics(phi.to(self.running_mean.dtype), target, self.n_classes, self.p)
+        stats, initialised = ema_update(self.stats(), batch, self.rho, self.initialised)
+        for name, value in zip(
+            ("running_mean", "running_msd", "running_msd_l2", "running_count"), stats, strict=True
+        ):
+            getattr(self, name).copy_(value)
+        self.initialised.copy_(initialised)
+
+    def forward(
+        self, logits: torch.Tensor, features: torch.Tensor, target: torch.Tensor
+    ) -> torch.Tensor:
+        """Loss for a batch: logits (B, K), representation φ (B, d), targets (B,)."""
+        if self.training:
+            self.update(features.detach(), target)
+        loss = margin_cross_entropy(logits, target, self.margins().to(logits.dtype))
+        if self.lam > 0:
+            phi = F.normalize(features, dim=1) if self.normalize else features
+            s_bar = self.s_bar().to(phi.dtype)
+            tau = 2 * s_bar.clamp_min(1e-12) if self.tau is None else self.tau
+            loss = loss + self.lam * compactness_loss(phi, target, s_bar, tau)
+        return loss

@@ -1,0 +1,171 @@
+"""Solvers: full-batch L-BFGS (the convex margin-only problem) and minibatch Adam / SGD.
+
+Both minimise the same per-sample objective
+
+    (1/S) Σ_i w_i CE(z_i / γ_{y_i}, y_i) + λ·mean(ℓ_s̄) + penalty / (C·S),    S = Σ_i w_i,
+
+so that ``c_bar=None, lam=0`` is exactly scikit-learn's multinomial LogisticRegression(C).
+Nothing synchronises with the host inside a minibatch epoch; L-BFGS synchronises once per
+function evaluation, which its line search needs anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from ._losses import compactness_loss, linear_margin_ce_grad, margin_cross_entropy
+from ._stats import ClassStats, class_margins, class_statistics_chunked
+
+
+@dataclass
+class SolverResult:
+    n_iter: int
+    converged: bool
+    loss_curve: list = field(default_factory=list)
+    stats: ClassStats | None = None
+    margins: torch.Tensor | None = None
+
+
+@dataclass
+class MarginSpec:
+    """How class statistics become margins and the compactness scale."""
+
+    n_classes: int
+    p: float
+    c_bar: float | None
+    tau: float | None
+
+
+@torch.no_grad()
+def refresh_statistics(head, source, spec: MarginSpec):
+    """Exact statistics of φ over the whole training set, the margins, s̄ and τ."""
+    n_features = head.weight.shape[1]
+    stats = class_statistics_chunked(
+        source.chunks, spec.n_classes, n_features, spec.p, transform=head.features
+    )
+    margins = class_margins(stats, spec.c_bar, spec.p)
+    s_bar = stats.msd_l2.mean()
+    # τ = 2 s̄ by default: the exponent then compares a pair's distance with the mean
+    # same-class distance in units of itself, whatever the scale of the features.
+    tau = 2 * s_bar.clamp_min(torch.finfo(s_bar.dtype).tiny) if spec.tau is None else spec.tau
+    return stats, margins, s_bar, tau
+
+
+def _progress(total: int, verbose: int, desc: str):
+    return tqdm(total=total, disable=not verbose, desc=desc, leave=False)
+
+
+def fit_lbfgs(head, source, spec: MarginSpec, *, weight_sum, C, max_iter, tol, verbose):
+    """Full-batch L-BFGS (strong Wolfe line search) on the margin objective (λ = 0)."""
+    stats, margins, _, _ = refresh_statistics(head, source, spec)
+    params = [p for p in head.parameters()]
+    for param in params:  # the closed-form path writes gradients in place
+        param.grad = torch.zeros_like(param)
+    eps = torch.finfo(params[0].dtype).eps
+    optimizer = torch.optim.LBFGS(
+        params,
+        lr=1,
+        max_iter=max_iter,
+        max_eval=max_iter * 4,
+        tolerance_grad=tol,
+        tolerance_change=64 * eps,  # scipy's ftol as scikit-learn sets it
+        history_size=10,
+        line_search_fn="strong_wolfe",
+    )
+    reg = 1.0 / (C * weight_sum)
+    curve: dict[int, torch.Tensor] = {}
+    bar = _progress(max_iter, verbose, "MR2 lbfgs")
+
+    def closure():
+        optimizer.zero_grad(set_to_none=False)
+        total = params[0].new_zeros(())
+        # Chunks bound the memory of the logits; gradients accumulate across them.
+        for x, y, w in source.chunks():
+            if head.is_plain_linear:
+                loss, grad_w, grad_b = linear_margin_ce_grad(
+                    x, head.weight, head.bias, y, margins, w
+                )
+                head.weight.grad.add_(grad_w, alpha=1 / weight_sum)
+                if grad_b is not None:
+                    head.bias.grad.add_(grad_b, alpha=1 / weight_sum)
+                total += loss / weight_sum
+                continue
+            z = head.logits(head.features(x))  # (B, K)
+            loss = margin_cross_entropy(z, y, margins, w, reduction="sum") / weight_sum
+            loss.backward()
+            total += loss.detach()
+        penalty = reg * head.penalty()
+        if penalty.requires_grad:
+            penalty.backward()
+        total += penalty.detach()
+        n_iter = optimizer.state[params[0]].get("n_iter", 0)
+        if n_iter not in curve:
+            bar.update(1)
+        curve[n_iter] = total
+        return total
+
+    optimizer.step(closure)
+    bar.close()
+    state = optimizer.state[params[0]]
+    n_iter = state.get("n_iter", 0)
+    converged = n_iter < max_iter and state.get("func_evals", 0) < max_iter * 4
+    loss_curve = [float(v) for _, v in sorted(curve.items())]
+    return SolverResult(max(n_iter, 1), converged, loss_curve, stats, margins)
+
+
+def fit_minibatch(
+    head,
+    source,
+    spec: MarginSpec,
+    *,
+    weight_sum,
+    C,
+    lam,
+    solver,
+    learning_rate,
+    batch_size,
+    max_iter,
+    tol,
+    n_iter_no_change,
+    generator,
+    verbose,
+):
+    """Minibatch Adam or SGD; statistics refreshed exactly once per epoch when φ learns."""
+    stats, margins, s_bar, tau = refresh_statistics(head, source, spec)
+    params = [p for p in head.parameters()]
+    if solver == "adam":
+        optimizer = torch.optim.Adam(params, lr=learning_rate)
+    else:
+        optimizer = torch.optim.SGD(params, lr=learning_rate, momentum=0.9, nesterov=True)
+    reg = 1.0 / (C * weight_sum)
+    best, stalled, curve, converged = float("inf"), 0, [], False
+    bar = _progress(max_iter, verbose, f"MR2 {solver}")
+    for epoch in range(max_iter):
+        if epoch > 0 and head.has_projection:
+            stats, margins, s_bar, tau = refresh_statistics(head, source, spec)
+        epoch_loss = params[0].new_zeros(())
+        for x, y, w in source.batches(batch_size, generator):
+            phi = head.features(x)  # (B, d')
+            loss = margin_cross_entropy(head.logits(phi), y, margins, w) + reg * head.penalty()
+            if lam > 0:
+                loss = loss + lam * compactness_loss(phi, y, s_bar, tau)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            epoch_loss += loss.detach() * len(y)
+        value = float(epoch_loss) / source.n_samples  # the one host sync of the epoch
+        curve.append(value)
+        bar.update(1)
+        bar.set_postfix(loss=f"{value:.4g}")
+        stalled = stalled + 1 if value > best - tol else 0
+        best = min(best, value)
+        if stalled >= n_iter_no_change:
+            converged = True
+            break
+    bar.close()
+    if head.has_projection:
+        stats, margins, _, _ = refresh_statistics(head, source, spec)
+    return SolverResult(len(curve), converged, curve, stats, margins)

@@ -1,0 +1,344 @@
+"""Behaviour of MR2LinearClassifier: equivalences, inputs, fitted state, errors."""
+
+import pickle
+import subprocess
+import sys
+import warnings
+
+import joblib
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits, make_blobs
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from mr2_probe import MR2LinearClassifier
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, y = load_digits(return_X_y=True)
+    return X / 16.0, y
+
+
+def _blobs(n_classes=4, n=240, seed=0):
+    X, y = make_blobs(n_samples=n, centers=n_classes, n_features=6, random_state=seed)
+    return X, y
+
+
+@pytest.mark.parametrize("n_classes, C", [(2, 1.0), (3, 0.1), (10, 1.0)])
+def test_no_margin_no_compactness_is_logistic_regression(digits, n_classes, C):
+    X, y = digits
+    keep = y < n_classes
+    X, y = X[keep], y[keep]
+    ours = MR2LinearClassifier(c_bar=None, lam=0, C=C, tol=1e-7, max_iter=3000, device="cpu")
+    ref = LogisticRegression(C=C, tol=1e-10, max_iter=20000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ours.fit(X, y)
+        ref.fit(X, y)
+    assert ours.coef_.shape == ref.coef_.shape
+    # Same objective, both solved to a small gradient: digits is ill-conditioned along the
+    # intercepts, which therefore agree a little less closely than the coefficients.
+    np.testing.assert_allclose(ours.coef_, ref.coef_, atol=5e-4)
+    np.testing.assert_allclose(ours.intercept_, ref.intercept_, atol=2e-3)
+    np.testing.assert_allclose(ours.predict_proba(X), ref.predict_proba(X), atol=1e-4)
+    np.testing.assert_array_equal(ours.predict(X), ref.predict(X))
+
+
+def test_margins_are_training_only(digits):
+    X, y = digits
+    clf = MR2LinearClassifier(c_bar=2.0, device="cpu", max_iter=300).fit(X, y)
+    z = X @ clf.coef_.T + clf.intercept_
+    np.testing.assert_allclose(clf.decision_function(X), z, rtol=1e-10)
+    np.testing.assert_array_equal(clf.predict(X), clf.classes_[z.argmax(1)])
+    np.testing.assert_allclose(clf.predict_proba(X).sum(1), 1.0)
+    np.testing.assert_allclose(np.exp(clf.predict_log_proba(X)), clf.predict_proba(X))
+    assert clf.margins_.mean() == pytest.approx(2.0)
+    assert not np.allclose(clf.margins_, 2.0)
+
+
+def test_margins_change_the_solution_and_follow_spread():
+    rng = np.random.default_rng(0)
+    spreads = np.array([0.3, 0.6, 1.2, 2.4])
+    y = np.repeat(np.arange(4), 100)
+    X = rng.normal(size=(400, 5)) * spreads[y, None] + rng.normal(size=(4, 5))[y] * 0.5
+    plain = MR2LinearClassifier(c_bar=None, device="cpu").fit(X, y)
+    mr2 = MR2LinearClassifier(c_bar=1.0, device="cpu").fit(X, y)
+    assert np.all(np.diff(mr2.margins_[np.argsort(spreads)]) > 0) or np.all(
+        np.diff(np.argsort(mr2.class_stats_["difficulty"])) != 0
+    )
+    assert np.corrcoef(mr2.margins_, mr2.class_stats_["msd"])[0, 1] > 0.9
+    np.testing.assert_allclose(plain.margins_, 1.0)
+    assert np.abs(plain.coef_ - mr2.coef_).max() > 1e-2
+
+
+def test_paper_call_works_and_learns_a_projection(digits):
+    X, y = digits
+    clf = MR2LinearClassifier(c_bar=2, lam=0.5, p=3, max_iter=15, random_state=0, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+    assert clf.solver_ == "adam" and clf.p_ == 3.0
+    assert clf.projection_.shape == (64, 64)
+    assert not np.allclose(clf.projection_, np.eye(64))
+    assert clf.score(X, y) > 0.9
+    assert clf.margins_.mean() == pytest.approx(2.0)
+    assert len(clf.loss_curve_) == clf.n_iter_ == 15
+
+
+def test_low_rank_projection(digits):
+    X, y = digits
+    clf = MR2LinearClassifier(lam=0.5, projection_rank=4, max_iter=5, random_state=0, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+    assert np.linalg.matrix_rank(clf.projection_ - np.eye(64), tol=1e-6) <= 4
+    # The linear head folds P into coef_.
+    np.testing.assert_allclose(
+        clf.decision_function(X), X @ clf.coef_.T + clf.intercept_, rtol=1e-5, atol=1e-8
+    )
+
+
+def test_compactness_weight_lowers_the_compactness_loss(digits):
+    from mr2_probe import compactness_loss
+
+    X, y = digits
+    kwargs = dict(c_bar=1.0, max_iter=20, random_state=0, device="cpu", learning_rate=3e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        loose = MR2LinearClassifier(lam=1e-8, **kwargs).fit(X, y)
+        tight = MR2LinearClassifier(lam=2.0, **kwargs).fit(X, y)
+
+    def compactness(clf):
+        phi = torch.as_tensor(X @ clf.projection_.T)
+        s_bar = float(clf.class_stats_["msd_l2"].mean())
+        return float(compactness_loss(phi, torch.as_tensor(y), s_bar, 2 * s_bar))
+
+    assert compactness(tight) < compactness(loose) - 0.1
+
+
+def test_cosine_head_defaults_to_p3_and_ignores_feature_scale(digits):
+    X, y = digits
+    clf = MR2LinearClassifier(head="cosine", device="cpu").fit(X, y)
+    assert clf.p_ == 3.0
+    np.testing.assert_allclose(clf.intercept_, 0.0)
+    np.testing.assert_allclose(clf.decision_function(5 * X), clf.decision_function(X))
+    assert clf.score(X, y) > 0.9
+
+
+@pytest.mark.parametrize("labels", [["cat", "dog", "eel"], [-3, 7, 100], [True, False]])
+def test_any_label_type(labels):
+    X, y = _blobs(len(labels))
+    y = np.asarray(labels)[y]
+    clf = MR2LinearClassifier(device="cpu").fit(X, y)
+    assert set(clf.classes_) == set(labels)
+    assert clf.score(X, y) > 0.9
+    assert clf.predict(X).dtype == clf.classes_.dtype
+
+
+def test_dataframe_keeps_feature_names():
+    pd = pytest.importorskip("pandas")
+    X, y = _blobs()
+    frame = pd.DataFrame(X, columns=[f"f{i}" for i in range(X.shape[1])])
+    clf = MR2LinearClassifier(device="cpu").fit(frame, y)
+    np.testing.assert_array_equal(clf.feature_names_in_, frame.columns)
+    np.testing.assert_array_equal(clf.predict(frame), clf.predict(X.copy()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_torch_tensor_input_matches_numpy(digits, dtype):
+    X, y = digits
+    tensor = torch.as_tensor(X, dtype=dtype)
+    from_tensor = MR2LinearClassifier(device="auto").fit(tensor, torch.as_tensor(y))
+    from_numpy = MR2LinearClassifier(device="cpu").fit(tensor.numpy(), y)
+    assert from_tensor.device_ == "cpu"
+    np.testing.assert_allclose(from_tensor.coef_, from_numpy.coef_, rtol=1e-5, atol=1e-6)
+    proba = from_tensor.predict_proba(tensor)
+    assert isinstance(proba, torch.Tensor) and proba.dtype == dtype
+    np.testing.assert_allclose(proba.numpy(), from_numpy.predict_proba(tensor.numpy()), atol=1e-5)
+    np.testing.assert_array_equal(from_tensor.predict(tensor), from_numpy.predict(X))
+
+
+def test_h5py_dataset_is_streamed_not_loaded(tmp_path, digits, monkeypatch):
+    h5py = pytest.importorskip("h5py")
+    from mr2_probe import _data
+
+    X, y = digits
+    path = tmp_path / "features.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("features", data=X.astype(np.float32), chunks=(64, X.shape[1]))
+    reads = []
+    original = _data.H5Source._read
+
+    def recording_read(self, start, stop):
+        reads.append(stop - start)
+        return original(self, start, stop)
+
+    monkeypatch.setattr(_data, "block_rows", lambda n_features, n_classes: 256)
+    monkeypatch.setattr(_data.H5Source, "_read", recording_read)
+    from mr2_probe import _classifier
+
+    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 256)
+    with h5py.File(path, "r") as f:
+        streamed = MR2LinearClassifier(c_bar=1.0, device="cpu").fit(f["features"], y)
+        assert max(reads) <= 256 < len(y)
+        in_memory = MR2LinearClassifier(c_bar=1.0, device="cpu").fit(X.astype(np.float32), y)
+        np.testing.assert_allclose(streamed.coef_, in_memory.coef_, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(streamed.predict(f["features"]), in_memory.predict(X))
+
+
+def test_h5py_dataset_with_nan_is_rejected(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs()
+    X[7, 2] = np.nan
+    with h5py.File(tmp_path / "bad.h5", "w") as f:
+        f["features"] = X
+        with pytest.raises(ValueError, match="NaN"):
+            MR2LinearClassifier(device="cpu").fit(f["features"], y)
+
+
+def test_pipeline_and_grid_search(digits):
+    X, y = digits
+    pipe = make_pipeline(StandardScaler(), MR2LinearClassifier(device="cpu"))
+    grid = GridSearchCV(
+        pipe, {"mr2linearclassifier__c_bar": [None, 1.0], "mr2linearclassifier__C": [0.1]}, cv=3
+    )
+    grid.fit(X, y)
+    assert grid.best_score_ > 0.9
+    assert grid.predict(X).shape == y.shape
+
+
+@pytest.mark.parametrize("dump", ["pickle", "joblib"])
+def test_pickled_model_predicts_in_a_process_without_gpu(tmp_path, digits, dump):
+    X, y = digits
+    clf = MR2LinearClassifier(c_bar=1.0).fit(X, y)  # CUDA when this machine has it
+    path = tmp_path / "model.bin"
+    if dump == "pickle":
+        path.write_bytes(pickle.dumps(clf))
+        load = "pickle.loads(open(sys.argv[1], 'rb').read())"
+    else:
+        joblib.dump(clf, path)
+        load = "joblib.load(sys.argv[1])"
+    np.save(tmp_path / "X.npy", X)
+    code = (
+        "import sys, pickle, joblib, numpy as np, torch\n"
+        "assert not torch.cuda.is_available()\n"
+        f"clf = {load}\n"
+        "np.save(sys.argv[2], clf.predict_proba(np.load(sys.argv[3])))\n"
+    )
+    out = tmp_path / "proba.npy"
+    env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    subprocess.run(
+        [sys.executable, "-c", code, str(path), str(out), str(tmp_path / "X.npy")],
+        check=True,
+        env=env,
+    )
+    np.testing.assert_allclose(np.load(out), clf.predict_proba(X))
+    assert all(not isinstance(v, torch.Tensor) for v in vars(clf).values())
+
+
+@cuda
+def test_cuda_fit_matches_cpu_and_keeps_tensors_on_device(digits):
+    X, y = digits
+    X32 = X.astype(np.float32)
+    gpu = MR2LinearClassifier(c_bar=1.0, device="cuda").fit(X32, y)
+    cpu = MR2LinearClassifier(c_bar=1.0, device="cpu").fit(X32, y)
+    assert gpu.device_.startswith("cuda")
+    np.testing.assert_allclose(gpu.coef_, cpu.coef_, rtol=1e-2, atol=1e-3)
+    tensor = torch.as_tensor(X32, device="cuda")
+    from_tensor = MR2LinearClassifier(c_bar=1.0).fit(tensor, torch.as_tensor(y, device="cuda"))
+    assert from_tensor.device_.startswith("cuda")
+    assert from_tensor.decision_function(tensor).device.type == "cuda"
+    assert isinstance(from_tensor.coef_, np.ndarray)
+
+
+def test_warm_start_continues_from_previous_solution(digits):
+    X, y = digits
+    clf = MR2LinearClassifier(c_bar=1.0, warm_start=True, device="cpu").fit(X, y)
+    first = clf.n_iter_
+    clf.fit(X, y)
+    assert clf.n_iter_ < first
+    cold = MR2LinearClassifier(c_bar=1.0, device="cpu").fit(X, y)
+    np.testing.assert_allclose(clf.coef_, cold.coef_, atol=1e-2)
+
+
+def test_class_weight_balanced_raises_minority_recall():
+    X, y = make_blobs(n_samples=[400, 40], centers=[[0, 0], [1.5, 0]], random_state=0)
+    plain = MR2LinearClassifier(device="cpu").fit(X, y)
+    balanced = MR2LinearClassifier(class_weight="balanced", device="cpu").fit(X, y)
+    recall = lambda clf: np.mean(clf.predict(X[y == 1]) == 1)  # noqa: E731
+    assert recall(balanced) > recall(plain)
+
+
+def test_convergence_warning_and_progress_bar(digits, capsys):
+    X, y = digits
+    with pytest.warns(ConvergenceWarning, match="max_iter=2"):
+        MR2LinearClassifier(max_iter=2, verbose=1, device="cpu").fit(X, y)
+    assert "MR2 lbfgs" in capsys.readouterr().err
+
+
+def test_minibatch_is_reproducible_with_random_state(digits):
+    X, y = digits
+    kwargs = dict(solver="adam", max_iter=3, random_state=3, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        a = MR2LinearClassifier(**kwargs).fit(X, y)
+        b = MR2LinearClassifier(**kwargs).fit(X, y)
+        c = MR2LinearClassifier(**{**kwargs, "random_state": 4}).fit(X, y)
+    np.testing.assert_array_equal(a.coef_, b.coef_)
+    assert not np.array_equal(a.coef_, c.coef_)
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"c_bar": 0.0}, "'c_bar' parameter of MR2LinearClassifier must be"),
+        ({"c_bar": -1.0}, "'c_bar' parameter"),
+        ({"p": 0.5}, "'p' parameter of MR2LinearClassifier must be"),
+        ({"head": "mlp"}, "'head' parameter of MR2LinearClassifier must be"),
+        ({"lam": -0.1}, "'lam' parameter"),
+        ({"C": 0}, "'C' parameter"),
+        ({"solver": "lbfgs", "lam": 0.5}, "solver='lbfgs' requires lam=0"),
+        ({"device": "cuda:7" if not torch.cuda.is_available() else "nope"}, "device"),
+    ],
+)
+def test_invalid_parameters(params, message):
+    X, y = _blobs()
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        MR2LinearClassifier(**params).fit(X, y)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 3, np.nan, X), y), "NaN"),
+        (
+            lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 3, np.inf, X), y),
+            "infinity",
+        ),
+        (lambda X, y: (X, np.zeros_like(y)), "only one class"),
+        (lambda X, y: (X[:0], y[:0]), "0 sample"),
+        (lambda X, y: (X, y[:-1]), "inconsistent numbers of samples"),
+        (lambda X, y: (torch.as_tensor(X).clone().fill_(float("nan")), y), "NaN"),
+    ],
+)
+def test_bad_training_input(make, message):
+    X, y = make(*_blobs())
+    with pytest.raises(ValueError, match=message):
+        MR2LinearClassifier(device="cpu").fit(X, y)
+
+
+def test_wrong_feature_count_at_predict():
+    X, y = _blobs()
+    clf = MR2LinearClassifier(device="cpu").fit(X, y)
+    with pytest.raises(ValueError, match="expecting 6 features"):
+        clf.predict(X[:, :4])
+    with pytest.raises(ValueError, match="expecting 6 features"):
+        clf.predict(torch.as_tensor(X[:, :4]))

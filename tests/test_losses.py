@@ -1,0 +1,177 @@
+"""The vectorised MR² functions against literal per-class loops, values and gradients."""
+
+import pytest
+import torch
+
+from mr2_probe import (
+    MR2Loss,
+    class_margins,
+    class_statistics,
+    compactness_loss,
+    ema_update,
+    margin_cross_entropy,
+)
+from tests.reference_mr2 import (
+    class_statistics_loop,
+    compactness_loop,
+    margin_ce_loop,
+    margins_loop,
+)
+
+
+def _data(seed, n=60, d=5, k=4):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % k
+    scales = torch.linspace(0.5, 3.0, k, dtype=torch.float64)
+    features = torch.randn(n, d, generator=g, dtype=torch.float64) * scales[labels, None]
+    features = features + torch.randn(k, d, generator=g, dtype=torch.float64)[labels]
+    return features, labels[torch.randperm(n, generator=g)], k
+
+
+@pytest.mark.parametrize("p", [1.0, 2.0, 3.0, 5.0])
+def test_class_statistics_match_loop(p):
+    features, labels, k = _data(0)
+    stats = class_statistics(features, labels, k, p)
+    for got, want in zip(stats, class_statistics_loop(features, labels, k, p), strict=True):
+        torch.testing.assert_close(got, want.to(got.dtype))
+
+
+@pytest.mark.parametrize("c_bar, p", [(1.0, 2.0), (2.0, 3.0), (0.5, 5.0)])
+def test_margins_match_loop_and_average_c_bar(c_bar, p):
+    features, labels, k = _data(1)
+    stats = class_statistics(features, labels, k, p)
+    margins = class_margins(stats, c_bar, p)
+    torch.testing.assert_close(margins, margins_loop(stats.mean, stats.msd, c_bar, p))
+    torch.testing.assert_close(margins.mean(), torch.tensor(c_bar, dtype=margins.dtype))
+
+
+def test_margins_grow_with_class_spread():
+    g = torch.Generator().manual_seed(2)
+    labels = torch.arange(400) % 4
+    scales = torch.tensor([0.5, 1.0, 2.0, 3.0], dtype=torch.float64)
+    # Classes share one mean (the origin), so a_k is the spread alone.
+    features = torch.randn(400, 5, generator=g, dtype=torch.float64) * scales[labels, None]
+    margins = class_margins(class_statistics(features, labels, 4, 2.0), 1.0, 2.0)
+    assert torch.all(margins[1:] > margins[:-1])  # classes scaled 0.5 … 3.0
+
+
+def test_no_margins_means_plain_cross_entropy():
+    features, labels, k = _data(3)
+    margins = class_margins(class_statistics(features, labels, k), None)
+    logits = features[:, :k]
+    torch.testing.assert_close(
+        margin_cross_entropy(logits, labels, margins),
+        torch.nn.functional.cross_entropy(logits, labels),
+    )
+
+
+def test_margin_cross_entropy_matches_loop_with_gradients():
+    features, labels, k = _data(4)
+    margins = torch.tensor([0.5, 1.0, 1.5, 2.0], dtype=torch.float64)
+    logits = (features @ torch.randn(features.shape[1], k, dtype=torch.float64)).requires_grad_()
+    got = margin_cross_entropy(logits, labels, margins)
+    (grad_got,) = torch.autograd.grad(got, logits)
+    want = margin_ce_loop(logits, labels, margins)
+    (grad_want,) = torch.autograd.grad(want, logits)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(grad_got, grad_want)
+
+
+@pytest.mark.parametrize("s_bar, tau", [(1.0, 1.0), (4.0, 8.0), (0.1, 0.5)])
+def test_compactness_matches_loop_with_gradients(s_bar, tau):
+    features, labels, _ = _data(5, n=30)
+    features = features.clone().requires_grad_()
+    got = compactness_loss(features, labels, s_bar, tau)
+    (grad_got,) = torch.autograd.grad(got, features)
+    want = compactness_loop(features, labels, s_bar, tau)
+    (grad_want,) = torch.autograd.grad(want, features)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(grad_got, grad_want)
+
+
+def test_compactness_is_overflow_safe_and_handles_singletons():
+    features = torch.tensor([[0.0, 0.0], [1e3, 0.0], [5.0, 5.0]], requires_grad=True)
+    labels = torch.tensor([0, 0, 1])  # class 1 has no pair
+    loss = compactness_loss(features, labels, s_bar=0.1, tau=0.01)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(features.grad).all()
+    # The singleton contributes log(1 + 0) = 0 and no gradient.
+    assert torch.equal(features.grad[2], torch.zeros(2))
+    # Each huge exponent contributes ≈ the exponent itself (log1p(exp(x)) ≈ x).
+    expected = (1e6 - 0.2) / 0.01 / 2  # mean over class 0's two samples, over 2 classes
+    torch.testing.assert_close(loss.detach(), torch.tensor(expected), rtol=1e-4, atol=0)
+
+
+def test_ema_update_blends_present_classes_only():
+    features, labels, k = _data(6)
+    first = class_statistics(features, labels, k)
+    running, seen = ema_update(first, first, rho=0.9)  # first sight: take the batch
+    torch.testing.assert_close(running.mean, first.mean)
+    assert seen.all()
+    batch = class_statistics(features[labels != 0] + 1.0, labels[labels != 0], k)
+    updated, _ = ema_update(running, batch, rho=0.9, initialised=seen)
+    torch.testing.assert_close(updated.mean[0], running.mean[0])  # absent: unchanged
+    torch.testing.assert_close(updated.mean[1:], 0.9 * running.mean[1:] + 0.1 * batch.mean[1:])
+
+
+def test_mr2_loss_module_trains_and_tracks_statistics():
+    torch.manual_seed(0)
+    features, labels, k = _data(7, n=200, d=6)
+    features = features.float()
+    backbone = torch.nn.Linear(6, 6)
+    head = torch.nn.Linear(6, k)
+    criterion = MR2Loss(n_classes=k, n_features=6, c_bar=1.0, lam=0.5, rho=0.5)
+    optimizer = torch.optim.SGD([*backbone.parameters(), *head.parameters()], lr=0.05)
+    losses = []
+    for step in range(60):
+        idx = torch.arange(step * 20, step * 20 + 40) % len(labels)
+        phi = backbone(features[idx])
+        loss = criterion(head(phi), phi, labels[idx])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert sum(losses[-10:]) < sum(losses[:10])
+    assert criterion.initialised.all()
+    torch.testing.assert_close(criterion.margins().mean(), torch.tensor(1.0))
+    criterion.eval()
+    before = criterion.running_mean.clone()
+    criterion(head(phi), phi, labels[idx])
+    assert torch.equal(before, criterion.running_mean)  # eval mode does not update
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [({"c_bar": 0.0}, "c_bar"), ({"p": 0.5}, "p must"), ({"rho": 1.0}, "rho")],
+)
+def test_mr2_loss_rejects_bad_parameters(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MR2Loss(n_classes=3, n_features=2, **kwargs)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_closed_form_linear_gradient_matches_autograd(with_bias):
+    from mr2_probe._losses import linear_margin_ce_grad
+
+    features, labels, k = _data(8)
+    g = torch.Generator().manual_seed(8)
+    weight = torch.randn(k, features.shape[1], generator=g, dtype=torch.float64)
+    bias = torch.randn(k, generator=g, dtype=torch.float64) if with_bias else None
+    margins = torch.tensor([0.6, 0.9, 1.1, 1.4], dtype=torch.float64)
+    sample_weight = torch.rand(len(labels), generator=g, dtype=torch.float64)
+    loss, grad_w, grad_b = linear_margin_ce_grad(
+        features, weight, bias, labels, margins, sample_weight
+    )
+    weight.requires_grad_()
+    logits = features @ weight.T
+    if with_bias:
+        bias.requires_grad_()
+        logits = logits + bias
+    want = margin_cross_entropy(logits, labels, margins, sample_weight, reduction="sum")
+    want.backward()
+    torch.testing.assert_close(loss, want.detach())
+    torch.testing.assert_close(grad_w, weight.grad)
+    if with_bias:
+        torch.testing.assert_close(grad_b, bias.grad)
+    else:
+        assert grad_b is None
