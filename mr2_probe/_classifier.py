@@ -290,12 +290,16 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         warm = self._warm_state(n_classes)
         if warm is not None:
             head.load(warm)
-        elif self.head == "cosine":
-            head.init_weight_from_means(refresh_statistics(head, source, spec)[0].mean)
+        # Exact statistics of the starting representation: one pass (two for p ≠ 2).
+        initial = refresh_statistics(head, source, spec)
         if isinstance(source, H5Source) and bool(source.nonfinite):
             raise ValueError("Input X contains NaN or infinity.")
+        if warm is None and self.head == "cosine":
+            head.init_weight_from_means(initial[0].mean)
 
-        common = dict(weight_sum=weight_sum, C=self.C, max_iter=self.max_iter, tol=self.tol)
+        common = dict(
+            initial=initial, weight_sum=weight_sum, C=self.C, max_iter=self.max_iter, tol=self.tol
+        )
         if solver == "lbfgs":
             result = fit_lbfgs(head, source, spec, verbose=self.verbose, **common)
         else:
@@ -312,8 +316,6 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 verbose=self.verbose,
                 **common,
             )
-        if isinstance(source, H5Source) and bool(source.nonfinite):
-            raise ValueError("Input X contains NaN or infinity.")
         if not result.converged:
             warnings.warn(
                 f"{solver} did not converge in max_iter={self.max_iter} "

@@ -16,9 +16,14 @@ def is_torch_tensor(X) -> bool:
 
 
 def is_h5_dataset(X) -> bool:
-    """True for an ``h5py.Dataset``; h5py is only consulted if it is already imported."""
+    """True for an ``h5py.Dataset`` or a lazy row view over one (``X.dataset``).
+
+    h5py is only consulted if it is already imported: it is not a dependency.
+    """
     h5py = sys.modules.get("h5py")
-    return h5py is not None and isinstance(X, h5py.Dataset)
+    if h5py is None:
+        return False
+    return isinstance(X, h5py.Dataset) or isinstance(getattr(X, "dataset", None), h5py.Dataset)
 
 
 def block_rows(n_features: int, n_classes: int) -> int:
@@ -58,7 +63,8 @@ class H5Source(TensorSource):
 
     def __init__(self, dataset, y, w, rows, device, dtype) -> None:
         self.dataset, self.y, self.w, self.device, self.dtype = dataset, y, w, device, dtype
-        chunk = dataset.chunks[0] if dataset.chunks else 1
+        chunks = getattr(dataset, "chunks", None)
+        chunk = chunks[0] if chunks else 1
         self.rows = max(chunk, rows // chunk * chunk)  # whole HDF5 chunks per read
         self.n_samples = dataset.shape[0]
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)

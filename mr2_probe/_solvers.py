@@ -58,9 +58,13 @@ def _progress(total: int, verbose: int, desc: str):
     return tqdm(total=total, disable=not verbose, desc=desc, leave=False)
 
 
-def fit_lbfgs(head, source, spec: MarginSpec, *, weight_sum, C, max_iter, tol, verbose):
-    """Full-batch L-BFGS (strong Wolfe line search) on the margin objective (λ = 0)."""
-    stats, margins, _, _ = refresh_statistics(head, source, spec)
+def fit_lbfgs(head, source, spec: MarginSpec, *, initial, weight_sum, C, max_iter, tol, verbose):
+    """Full-batch L-BFGS (strong Wolfe line search) on the margin objective (λ = 0).
+
+    ``initial`` is :func:`refresh_statistics` of the starting point; without a projection
+    the representation is fixed, and so are the statistics and margins.
+    """
+    stats, margins, _, _ = initial
     params = [p for p in head.parameters()]
     for param in params:  # the closed-form path writes gradients in place
         param.grad = torch.zeros_like(param)
@@ -121,6 +125,7 @@ def fit_minibatch(
     source,
     spec: MarginSpec,
     *,
+    initial,
     weight_sum,
     C,
     lam,
@@ -134,7 +139,7 @@ def fit_minibatch(
     verbose,
 ):
     """Minibatch Adam or SGD; statistics refreshed exactly once per epoch when φ learns."""
-    stats, margins, s_bar, tau = refresh_statistics(head, source, spec)
+    stats, margins, s_bar, tau = initial
     params = [p for p in head.parameters()]
     if solver == "adam":
         optimizer = torch.optim.Adam(params, lr=learning_rate)
