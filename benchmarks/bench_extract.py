@@ -1,0 +1,126 @@
+"""Images per second of ``extract_features`` (files -> HDF5 store) against two peers.
+
+Peers, in the same run and on the same generated JPEG files:
+
+* bare forward: the backbone on ready tensors in memory (the ceiling: no I/O, no decoding);
+* PIL + DataLoader: ``torchvision.datasets.ImageFolder`` with the backbone's transform,
+  a ``DataLoader`` and the forward pass, features kept in a list (the usual hand-written loop).
+
+Runs on the CPU with a small random-weight backbone by default, on the GPU when present::
+
+    python benchmarks/bench_extract.py
+    python benchmarks/bench_extract.py --backbone effnet-lite0 --image-size 224 --n-images 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torchvision.datasets import ImageFolder
+
+from extract import create_backbone, extract_features
+from extract._runner import resolve_device
+from extract._testing import make_image_folder
+
+
+def _forward(backbone, x: torch.Tensor) -> torch.Tensor:
+    if backbone.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    with (
+        torch.inference_mode(),
+        torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=x.device.type == "cuda"),
+    ):
+        return backbone.model(x).float().cpu()
+
+
+def bare_forward(args, device: torch.device) -> float:
+    """Images per second of the forward pass alone on in-memory tensors."""
+    backbone = create_backbone(args.backbone, image_size=args.image_size, device=device)
+    x = torch.randn(args.batch_size, 3, *backbone.preprocess["crop"], device=device)
+    _forward(backbone, x)  # warm-up: kernel selection, allocator
+    start = time.perf_counter()
+    for _ in range(0, args.n_images, args.batch_size):
+        _forward(backbone, x)
+    return args.n_images / (time.perf_counter() - start)
+
+
+def pil_dataloader(args, device: torch.device, root: Path) -> float:
+    """Images per second of ImageFolder + DataLoader + forward, features kept in memory."""
+    start = time.perf_counter()
+    backbone = create_backbone(args.backbone, image_size=args.image_size, device=device)
+    loader = torch.utils.data.DataLoader(
+        ImageFolder(root, transform=backbone.transform),
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+    )
+    features = [_forward(backbone, x.to(device)) for x, _ in loader]
+    assert sum(len(f) for f in features) == args.n_images
+    return args.n_images / (time.perf_counter() - start)
+
+
+def extract_store(args, device: torch.device, root: Path, out: Path) -> float:
+    """Images per second of extract_features, files to a finished HDF5 store."""
+    start = time.perf_counter()
+    extract_features(
+        root,
+        args.backbone,
+        out,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        image_size=args.image_size,
+        device=device,
+        progress=False,
+    )
+    return args.n_images / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backbone", default="timm:resnet18", help="backbone spec")
+    parser.add_argument("--image-size", type=int, default=96, help="model input resolution")
+    parser.add_argument("--source-size", type=int, default=160, help="generated JPEG size")
+    parser.add_argument("--n-images", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=2, help="best of this many runs")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=1, help="DataLoader worker processes")
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args(argv)
+    device = resolve_device(args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        per_class = args.n_images // 4
+        args.n_images = 4 * per_class
+        root = make_image_folder(
+            Path(tmp) / "images",
+            classes=("a", "b", "c", "d"),
+            n_per_class=per_class,
+            size=args.source_size,
+            special=False,
+        )
+        runs = {
+            "bare forward (tensors in memory)": lambda k: bare_forward(args, device),
+            "PIL + DataLoader + forward": lambda k: pil_dataloader(args, device, root),
+            "extract_features (files -> HDF5)": lambda k: extract_store(
+                args, device, root, Path(tmp) / f"f{k}.h5"
+            ),
+        }
+        # Interleaved repeats, best kept: shared machines make single timings noisy.
+        rates = dict.fromkeys(runs, 0.0)
+        for k in range(args.repeats):
+            for name, run in runs.items():
+                rates[name] = max(rates[name], run(k))
+    base, peer = rates["bare forward (tensors in memory)"], rates["PIL + DataLoader + forward"]
+    print(
+        f"\n{args.backbone} @ {args.image_size}px, {args.n_images} JPEGs of {args.source_size}px, "
+        f"batch {args.batch_size}, {args.workers} workers, device {device}"
+    )
+    print(f"{'pipeline':<36} {'images/s':>10} {'vs forward':>11} {'vs PIL loop':>12}")
+    for name, rate in rates.items():
+        print(f"{name:<36} {rate:>10.1f} {rate / base:>11.2f} {rate / peer:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()

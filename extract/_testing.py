@@ -1,0 +1,75 @@
+"""Small offline fixtures for tests, examples and benchmarks: generated images, tiny models."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+TINY_OPEN_CLIP = "tiny-clip-test"
+_TINY_OPEN_CLIP_CFG = {
+    "embed_dim": 32,
+    "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
+    "text_cfg": {"context_length": 8, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1},
+}
+
+
+def register_tiny_open_clip(folder: str | os.PathLike) -> str:
+    """Register a 2-layer, 32 px open_clip model config (random weights) and return its name."""
+    import open_clip
+
+    path = Path(folder) / f"{TINY_OPEN_CLIP}.json"
+    path.write_text(json.dumps(_TINY_OPEN_CLIP_CFG))
+    open_clip.add_model_config(path)
+    return TINY_OPEN_CLIP
+
+
+def make_image_folder(
+    root: str | os.PathLike,
+    classes: tuple[str, ...] = ("cat", "dog"),
+    n_per_class: int = 6,
+    size: int = 36,
+    seed: int = 0,
+    special: bool = True,
+) -> Path:
+    """Write a class-per-folder tree of random JPEG and PNG images.
+
+    Each class has its own mean colour, so features separate the classes. With
+    ``special=True`` the first class also gets ``alpha.png`` (RGBA), ``grey.jpg``
+    (greyscale), ``corrupt.jpg`` (not an image) and ``truncated.jpg`` (half a JPEG).
+    """
+    rng = np.random.default_rng(seed)
+    root = Path(root)
+    for k, name in enumerate(classes):
+        folder = root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        base = np.array([60 + 120 * (k % 2), 200 - 40 * (k % 4), 90 + 50 * k]) % 256
+        for i in range(n_per_class):
+            noise = rng.integers(-50, 50, (size, size + 4, 3))
+            pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i:03d}.{'png' if i % 3 == 0 else 'jpg'}")
+    if special:
+        folder = root / classes[0]
+        rgba = rng.integers(0, 255, (size, size, 4), dtype=np.uint8)
+        Image.fromarray(rgba, "RGBA").save(folder / "alpha.png")
+        grey = rng.integers(0, 255, (size, size), dtype=np.uint8)
+        Image.fromarray(grey, "L").save(folder / "grey.jpg")
+        (folder / "corrupt.jpg").write_bytes(b"this is not an image")
+        whole = (folder / "001.jpg").read_bytes()
+        (folder / "truncated.jpg").write_bytes(whole[: len(whole) // 2])
+    return root
+
+
+def write_idx(folder: str | os.PathLike, prefix: str, images: np.ndarray, labels: np.ndarray):
+    """Write gzipped IDX files in Fashion-MNIST's layout (``<prefix>-images-idx3-ubyte.gz``)."""
+    folder = Path(folder)
+    n, rows, cols = images.shape
+    with gzip.open(folder / f"{prefix}-images-idx3-ubyte.gz", "wb") as fh:
+        fh.write(struct.pack(">IIII", 2051, n, rows, cols) + images.astype(np.uint8).tobytes())
+    with gzip.open(folder / f"{prefix}-labels-idx1-ubyte.gz", "wb") as fh:
+        fh.write(struct.pack(">II", 2049, n) + labels.astype(np.uint8).tobytes())

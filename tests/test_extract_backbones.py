@@ -1,0 +1,194 @@
+"""Backbone specs and the factory, with tiny random-weight models (no downloads)."""
+
+import pytest
+
+pytest.importorskip("timm")
+pytest.importorskip("open_clip")
+
+import torch  # noqa: E402
+
+from extract import BackboneSpec, create_backbone, file_sha256, parse_backbone_spec  # noqa: E402
+from extract._backbones import lite0_key, moco_state_dict  # noqa: E402
+from extract._testing import register_tiny_open_clip  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("open_clip:ViT-B-32@laion2b_s34b_b79k", ("open_clip", "ViT-B-32", "laion2b_s34b_b79k")),
+        ("open_clip:ViT-B-32@/ckpt/clip.pt", ("open_clip", "ViT-B-32", "/ckpt/clip.pt")),
+        ("open_clip:RN50", ("open_clip", "RN50", None)),
+        (
+            "timm:vit_base_patch16_224.mae@/ckpt/mae.pth",
+            ("timm", "vit_base_patch16_224.mae", "/ckpt/mae.pth"),
+        ),
+        ("timm:resnet18", ("timm", "resnet18", None)),
+        ("timm:resnet18@ckpt.pth", ("timm", "resnet18", "ckpt.pth")),
+        ("  timm:resnet18  ", ("timm", "resnet18", None)),
+        ("moco:/ckpt/moco_v2_800ep.pth.tar", ("moco", "resnet50", "/ckpt/moco_v2_800ep.pth.tar")),
+        ("moco:resnet18@/ckpt/m.pth", ("moco", "resnet18", "/ckpt/m.pth")),
+        ("effnet-lite0", ("effnet-lite0", "tf_efficientnet_lite0", None)),
+        ("effnet-lite0@/w/l0.pth", ("effnet-lite0", "tf_efficientnet_lite0", "/w/l0.pth")),
+        ("timm:resnet18@/a@b/c.pth", ("timm", "resnet18", "/a@b/c.pth")),
+    ],
+)
+def test_parse_backbone_spec(spec, expected):
+    parsed = parse_backbone_spec(spec)
+    assert (parsed.family, parsed.model, parsed.weights) == expected
+    # The canonical string parses back to the same spec.
+    assert parse_backbone_spec(str(parsed)) == parsed
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("", "non-empty string"),
+        (None, "non-empty string"),
+        ("resnet18", "has no family"),
+        ("keras:resnet18", "family must be one of"),
+        ("timm:", "names no model"),
+        ("timm:@/w.pth", "names no model"),
+        ("timm:resnet18@", "empty weights"),
+        ("moco:", "empty weights"),
+        ("timm:resnet18@imagenet", "must be a local checkpoint file"),
+        ("moco:resnet50@imagenet", "must be a local checkpoint file"),
+        ("effnet-lite0:foo", "takes no model name"),
+    ],
+)
+def test_parse_backbone_spec_errors(spec, match):
+    with pytest.raises(ValueError, match=match):
+        parse_backbone_spec(spec)
+
+
+@pytest.mark.parametrize(
+    "spec", ["timm:resnet18@/nonexistent/w.pth", "open_clip:RN50@/nonexistent/c.pt"]
+)
+def test_missing_checkpoint_is_a_clear_error(spec):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        create_backbone(spec)
+
+
+@pytest.mark.parametrize(
+    "spec, dim, channels_last",
+    [("timm:test_resnet", 96, True), ("timm:test_vit", 64, False)],
+)
+def test_timm_random_backbone(spec, dim, channels_last):
+    bb = create_backbone(spec, image_size=32)
+    assert (bb.dim, bb.channels_last, bb.weights_id) == (dim, channels_last, "random-init:seed0")
+    assert bb.preprocess["crop"] == [32, 32]
+    x = torch.rand(3, 3, 32, 32)
+    with torch.inference_mode():
+        assert bb.model(x).shape == (3, dim)
+    # Seeded initialisation: the same spec gives the same weights (resume depends on it).
+    again = create_backbone(spec, image_size=32)
+    with torch.inference_mode():
+        torch.testing.assert_close(bb.model(x), again.model(x))
+
+
+def test_random_init_leaves_global_rng_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    create_backbone("timm:test_resnet", image_size=32)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def _save_timm_checkpoint(path, name, seed):
+    import timm
+
+    torch.manual_seed(seed)
+    model = timm.create_model(name, num_classes=5).eval()
+    torch.save({"state_dict": model.state_dict()}, path)
+    return model
+
+
+def test_timm_local_checkpoint(tmp_path):
+    path = tmp_path / "w.pth"
+    reference = _save_timm_checkpoint(path, "test_resnet", seed=7)
+    bb = create_backbone(f"timm:test_resnet@{path}", image_size=32)
+    assert bb.weights_id == file_sha256(path)
+    x = torch.rand(2, 3, 32, 32)
+    with torch.inference_mode():
+        # Weights loaded, classifier dropped: the embedding is the reference's pre-logits.
+        expected = reference.forward_head(reference.forward_features(x), pre_logits=True)
+        torch.testing.assert_close(bb.model(x), expected)
+
+
+def test_open_clip_tiny_random_and_local_checkpoint(tmp_path):
+    import open_clip
+
+    name = register_tiny_open_clip(tmp_path)
+    bb = create_backbone(f"open_clip:{name}")
+    assert (bb.dim, bb.weights_id, bb.preprocess["crop"]) == (32, "random-init:seed0", [32, 32])
+    assert "Normalize" in bb.preprocess["transform"]
+    torch.manual_seed(3)
+    model, _, _ = open_clip.create_model_and_transforms(name, pretrained=None)
+    torch.save(model.state_dict(), tmp_path / "clip.pt")
+    loaded = create_backbone(f"open_clip:{name}@{tmp_path / 'clip.pt'}")
+    assert loaded.weights_id == file_sha256(tmp_path / "clip.pt")
+    x = torch.rand(2, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded.model(x), model.eval().encode_image(x))
+
+
+@pytest.mark.parametrize(
+    "prefix, extra",
+    [
+        ("module.encoder_q.", {"module.encoder_k.conv1.weight": torch.zeros(1)}),  # MoCo v2
+        ("module.base_encoder.", {"module.momentum_encoder.conv1.weight": torch.zeros(1)}),  # v3
+    ],
+)
+def test_moco_checkpoint(tmp_path, prefix, extra):
+    import timm
+
+    torch.manual_seed(1)
+    resnet = timm.create_model("resnet18", num_classes=0).eval()
+    state = {prefix + k: v for k, v in resnet.state_dict().items()}
+    state |= {prefix + "fc.0.weight": torch.zeros(4, 512), prefix + "fc.2.bias": torch.zeros(4)}
+    state |= extra | {"module.queue": torch.zeros(8, 3)}
+    path = tmp_path / "moco.pth.tar"
+    torch.save({"epoch": 800, "arch": "resnet18", "state_dict": state}, path)
+    assert set(moco_state_dict(torch.load(path))) == set(resnet.state_dict())
+    bb = create_backbone(f"moco:resnet18@{path}", image_size=32)
+    assert bb.dim == 512 and bb.preprocess["interpolation"] == "bilinear"
+    x = torch.rand(2, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(bb.model(x), resnet(x))
+
+
+def test_moco_checkpoint_for_another_arch_is_refused(tmp_path):
+    import timm
+
+    state = {
+        "module.encoder_q." + k: v for k, v in timm.create_model("test_resnet").state_dict().items()
+    }
+    torch.save({"state_dict": state}, tmp_path / "m.pth")
+    with pytest.raises(ValueError, match="does not match the architecture 'resnet18'"):
+        create_backbone(f"moco:resnet18@{tmp_path / 'm.pth'}")
+
+
+@pytest.mark.parametrize(
+    "key, expected",
+    [
+        ("_conv_stem.weight", "conv_stem.weight"),
+        ("_bn0.running_mean", "bn1.running_mean"),
+        ("_blocks.0._depthwise_conv.weight", "blocks.0.0.conv_dw.weight"),
+        ("_blocks.0._project_conv.weight", "blocks.0.0.conv_pw.weight"),
+        ("_blocks.0._bn2.bias", "blocks.0.0.bn2.bias"),
+        ("_blocks.1._expand_conv.weight", "blocks.1.0.conv_pw.weight"),
+        ("_blocks.2._bn0.weight", "blocks.1.1.bn1.weight"),
+        ("_blocks.15._project_conv.weight", "blocks.6.0.conv_pwl.weight"),
+        ("_blocks.14._bn2.bias", "blocks.5.3.bn3.bias"),
+        ("_conv_head.weight", "conv_head.weight"),
+        ("_bn1.weight", "bn2.weight"),
+        ("_fc.bias", "classifier.bias"),
+    ],
+)
+def test_lite0_key_mapping(key, expected):
+    assert lite0_key(key) == expected
+
+
+def test_spec_objects_pass_through():
+    spec = BackboneSpec("timm", "test_resnet")
+    assert parse_backbone_spec(spec) is spec
+    assert str(spec) == "timm:test_resnet"
