@@ -36,8 +36,12 @@ class MR2Loss(nn.Module):
         Norm of the class statistics (3 is the paper's choice for normalised features).
     rho : float, default=0.9
         EMA decay of the class statistics.
-    tau : float or None, default=None
-        Temperature of the compactness loss; ``None`` uses 2 s̄.
+    tau : float or None, default=1.0
+        Temperature of the compactness loss, the paper's form by default. ``None`` uses
+        τ = 2 s̄, a scale-free temperature that suits a projection anchored by a penalty
+        (as in :class:`MR2LinearClassifier`) but not an unconstrained backbone: there,
+        shrinking every feature lowers the loss, s̄ and τ follow it down, the gradient
+        grows as 1/τ, and the features collapse.
     normalize : bool, default=False
         Measure statistics on L2-normalised φ (cosine heads).
 
@@ -62,7 +66,7 @@ class MR2Loss(nn.Module):
         lam: float = 0.5,
         p: float = 2.0,
         rho: float = 0.9,
-        tau: float | None = None,
+        tau: float | None = 1.0,
         normalize: bool = False,
     ) -> None:
         super().__init__()

@@ -121,7 +121,7 @@ def test_mr2_loss_module_trains_and_tracks_statistics():
     backbone = torch.nn.Linear(6, 6)
     head = torch.nn.Linear(6, k)
     criterion = MR2Loss(n_classes=k, n_features=6, c_bar=1.0, lam=0.5, rho=0.5)
-    optimizer = torch.optim.SGD([*backbone.parameters(), *head.parameters()], lr=0.05)
+    optimizer = torch.optim.Adam([*backbone.parameters(), *head.parameters()], lr=1e-2)
     losses = []
     for step in range(60):
         idx = torch.arange(step * 20, step * 20 + 40) % len(labels)
@@ -175,3 +175,29 @@ def test_closed_form_linear_gradient_matches_autograd(with_bias):
         torch.testing.assert_close(grad_b, bias.grad)
     else:
         assert grad_b is None
+
+
+def test_mr2_loss_defaults_do_not_collapse_a_trained_backbone():
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    X, y = torch.as_tensor(X / 16, dtype=torch.float32), torch.as_tensor(y)
+    torch.manual_seed(0)
+    backbone = torch.nn.Sequential(
+        torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32), torch.nn.ReLU()
+    )
+    head = torch.nn.Linear(32, 10)
+    criterion = MR2Loss(n_classes=10, n_features=32, c_bar=2.0, lam=0.5)  # paper settings
+    optimizer = torch.optim.Adam([*backbone.parameters(), *head.parameters()], lr=3e-3)
+    order = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        for batch in torch.randperm(len(y), generator=order).split(64):
+            phi = backbone(X[batch])
+            loss = criterion(head(phi), phi, y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    with torch.no_grad():
+        accuracy = (head(backbone(X)).argmax(1) == y).float().mean()
+    assert float(criterion.s_bar()) > 1e-3  # the features keep a spread
+    assert accuracy > 0.9
