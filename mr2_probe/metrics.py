@@ -1,8 +1,16 @@
-"""Class-wise scores: per-class accuracy, easy / medium / hard groups, worst class, spread."""
+"""Class-wise scores: per-class accuracy, easy / medium / hard groups, worst class, spread.
+
+Groups are defined once from a reference model (by default the ERM probe) and kept fixed
+when every other model is scored, so that "hard" names the same classes in every row of a
+comparison. The scorers at the end plug these scores into ``GridSearchCV(scoring=...)``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
+from sklearn.metrics import make_scorer
 
 GROUP_NAMES = ("easy", "medium", "hard")
 
@@ -10,7 +18,24 @@ GROUP_NAMES = ("easy", "medium", "hard")
 def per_class_accuracy(y_true, y_pred, labels=None) -> np.ndarray:
     """Accuracy (recall) of each class, in the order of ``labels`` (default: sorted y_true).
 
-    Works with any label type. A class absent from ``y_true`` gets NaN.
+    Parameters
+    ----------
+    y_true, y_pred : array-like of shape (n_samples,)
+        True and predicted labels of any type (integers, strings, ...).
+    labels : array-like of shape (n_classes,), default=None
+        Classes to score; samples of other classes are ignored.
+
+    Returns
+    -------
+    accuracy : ndarray of shape (n_classes,)
+        Fraction of the samples of each class predicted correctly; NaN for a class absent
+        from ``y_true``.
+
+    Examples
+    --------
+    >>> from mr2_probe.metrics import per_class_accuracy
+    >>> per_class_accuracy(["a", "a", "b", "b"], ["a", "b", "b", "b"])
+    array([0.5, 1. ])
     """
     y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
     if y_true.shape != y_pred.shape:
@@ -35,6 +60,23 @@ def difficulty_groups(reference_accuracy, n_groups: int = 3) -> np.ndarray:
     Classes are ranked by the reference's per-class accuracy (highest first, ties broken by
     class order) and split into ``n_groups`` near-equal parts; keep the result fixed when
     scoring other models.
+
+    Parameters
+    ----------
+    reference_accuracy : array-like of shape (n_classes,)
+        Per-class accuracy of the reference model, e.g. from :func:`per_class_accuracy`.
+    n_groups : int, default=3
+        Number of groups (3: terciles).
+
+    Returns
+    -------
+    groups : ndarray of int of shape (n_classes,)
+
+    Examples
+    --------
+    >>> from mr2_probe.metrics import difficulty_groups
+    >>> difficulty_groups([0.9, 0.5, 1.0, 0.7, 0.8, 0.6])
+    array([0, 2, 0, 1, 1, 2])
     """
     acc = np.asarray(reference_accuracy, dtype=float)
     order = np.argsort(-acc, kind="stable")
@@ -43,16 +85,251 @@ def difficulty_groups(reference_accuracy, n_groups: int = 3) -> np.ndarray:
     return groups
 
 
+def class_groups(y_true, y_pred, labels=None) -> dict:
+    """Map each class to its difficulty group ("easy", "medium" or "hard") under a reference.
+
+    Parameters
+    ----------
+    y_true : array-like of shape (n_samples,)
+    y_pred : array-like of shape (n_samples,)
+        Predictions of the reference model (by convention the ERM probe).
+    labels : array-like, default=None
+        Classes to group (default: sorted ``y_true``). A class absent from ``y_true`` has
+        no accuracy and ranks last.
+
+    Returns
+    -------
+    groups_by_label : dict
+        Class label → group name; pass it to :func:`classwise_summary`,
+        :func:`group_accuracy` or :func:`make_group_scorer` to score other models.
+
+    Examples
+    --------
+    >>> from mr2_probe.metrics import class_groups
+    >>> class_groups([0, 0, 1, 1, 2, 2], [0, 0, 1, 0, 0, 0])
+    {0: 'easy', 1: 'medium', 2: 'hard'}
+    """
+    labels = np.unique(y_true) if labels is None else np.asarray(labels)
+    # NaN (no samples) would rank first under argsort(-acc); treat it as the worst accuracy.
+    acc = np.nan_to_num(per_class_accuracy(y_true, y_pred, labels), nan=-1.0)
+    names = np.asarray(GROUP_NAMES)[difficulty_groups(acc, len(GROUP_NAMES))]
+    # tolist() turns NumPy scalars into plain Python labels (JSON- and pickle-friendly).
+    return dict(zip(labels.tolist(), names.tolist(), strict=True))
+
+
+def worst_class_accuracy(y_true, y_pred) -> float:
+    """Lowest per-class accuracy over the classes of ``y_true``.
+
+    Examples
+    --------
+    >>> from mr2_probe.metrics import worst_class_accuracy
+    >>> worst_class_accuracy([0, 0, 1, 1], [0, 0, 1, 0])
+    0.5
+    """
+    return float(np.min(per_class_accuracy(y_true, y_pred)))
+
+
+def class_accuracy_std(y_true, y_pred) -> float:
+    """Spread (population standard deviation) of the per-class accuracies; lower is fairer.
+
+    Examples
+    --------
+    >>> from mr2_probe.metrics import class_accuracy_std
+    >>> class_accuracy_std([0, 0, 1, 1], [0, 0, 1, 0])
+    0.25
+    """
+    return float(np.std(per_class_accuracy(y_true, y_pred)))
+
+
+def group_accuracy(y_true, y_pred, groups_by_label: Mapping, group: str = "hard") -> float:
+    """Mean per-class accuracy over the classes of one fixed group.
+
+    Parameters
+    ----------
+    y_true, y_pred : array-like of shape (n_samples,)
+    groups_by_label : mapping
+        Class label → group name, from :func:`class_groups` on a reference model.
+    group : str, default="hard"
+        The group to score.
+
+    Returns
+    -------
+    accuracy : float
+        NaN when no class of the group has samples in ``y_true``.
+
+    Examples
+    --------
+    >>> from mr2_probe.metrics import group_accuracy
+    >>> groups = {0: "easy", 1: "medium", 2: "hard"}
+    >>> group_accuracy([0, 1, 2, 2], [0, 1, 2, 0], groups)
+    0.5
+    """
+    labels, names = _split_groups(groups_by_label)
+    if group not in set(names):
+        raise ValueError(f"group must be one of {sorted(set(names))}, got {group!r}.")
+    acc = per_class_accuracy(y_true, y_pred, labels)[names == group]
+    # A fold may hold no sample of a small group: report NaN rather than warn.
+    return float(np.nanmean(acc)) if np.isfinite(acc).any() else float("nan")
+
+
+def hard_tercile_accuracy(y_true, y_pred) -> float:
+    """Mean accuracy of the model's own hardest third of classes on this data.
+
+    Classes are ranked by this model's per-class accuracy on ``y_true`` itself, so it needs
+    no reference and, as a scorer, uses nothing but the fold it scores: no class ranking
+    computed elsewhere leaks into model selection. It lies between the worst-class accuracy
+    and balanced accuracy; unlike a fixed hard group, the classes may differ between models.
+
+    Examples
+    --------
+    >>> from mr2_probe.metrics import hard_tercile_accuracy
+    >>> hard_tercile_accuracy([0, 1, 2, 2], [0, 1, 2, 0])
+    0.5
+    """
+    acc = per_class_accuracy(y_true, y_pred)
+    return float(np.mean(acc[difficulty_groups(acc) == len(GROUP_NAMES) - 1]))
+
+
 def classwise_summary(y_true, y_pred, groups=None, labels=None) -> dict:
     """Overall, per-group (easy / medium / hard), worst-class and std of per-class accuracy.
 
-    ``groups`` (from :func:`difficulty_groups`) defaults to the groups of this very model.
+    Parameters
+    ----------
+    y_true, y_pred : array-like of shape (n_samples,)
+    groups : mapping or array-like of int, default=None
+        Either class label → group name (from :func:`class_groups`), or group indices
+        aligned with ``labels`` (from :func:`difficulty_groups`). ``None`` uses the groups
+        of this very model.
+    labels : array-like, default=None
+        Class order of an index array ``groups`` (default: sorted ``y_true``).
+
+    Returns
+    -------
+    summary : dict
+        Keys ``overall``, the group names, ``worst`` and ``std``; values are fractions.
+
+    Examples
+    --------
+    >>> from mr2_probe.metrics import classwise_summary
+    >>> groups = {0: "easy", 1: "medium", 2: "hard"}
+    >>> summary = classwise_summary([0, 1, 2, 2], [0, 1, 2, 0], groups)
+    >>> {key: round(value, 3) for key, value in summary.items()}
+    {'overall': 0.75, 'easy': 1.0, 'medium': 1.0, 'hard': 0.5, 'worst': 0.5, 'std': 0.236}
     """
+    if isinstance(groups, Mapping):
+        labels, names = _split_groups(groups)
+        _check_known(y_true, labels)
+        index = {name: g for g, name in enumerate(GROUP_NAMES)}
+        groups = np.array([index[name] for name in names])
     acc = per_class_accuracy(y_true, y_pred, labels)
     groups = difficulty_groups(acc) if groups is None else np.asarray(groups)
     summary = {"overall": float(np.mean(np.asarray(y_true) == np.asarray(y_pred)))}
-    for g, name in enumerate(GROUP_NAMES[: groups.max() + 1]):
-        summary[name] = float(np.nanmean(acc[groups == g]))
+    # Every group gets a key, NaN when it has no class (fewer than three classes).
+    for g, name in enumerate(GROUP_NAMES):
+        in_group = acc[groups == g]
+        summary[name] = float(np.nanmean(in_group)) if np.isfinite(in_group).any() else np.nan
     summary["worst"] = float(np.nanmin(acc))
     summary["std"] = float(np.nanstd(acc))
     return summary
+
+
+def _split_groups(groups_by_label: Mapping) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and group names of a label → group mapping, as aligned arrays."""
+    return np.asarray(list(groups_by_label)), np.asarray(list(groups_by_label.values()))
+
+
+def _check_known(y_true, labels: np.ndarray) -> None:
+    unknown = np.setdiff1d(np.unique(y_true), labels)
+    if len(unknown):
+        raise ValueError(
+            f"y_true has classes {unknown.tolist()} that are not in groups; build the groups "
+            "with class_groups(..., labels=all_classes)."
+        )
+
+
+# ---------------------------------------------------------------------------- scorers
+# Ready-made scorers, ``scorer(estimator, X, y)``, for ``GridSearchCV(scoring=...)``.
+# class_std_scorer is negated (greater is better), as scikit-learn's "neg_*" scorers are.
+worst_class_scorer = make_scorer(worst_class_accuracy)
+hard_tercile_scorer = make_scorer(hard_tercile_accuracy)
+class_std_scorer = make_scorer(class_accuracy_std, greater_is_better=False)
+
+
+def make_group_scorer(groups_by_label: Mapping, group: str = "hard"):
+    """Scorer of the accuracy of one group fixed in advance, for ``GridSearchCV``.
+
+    The groups must come from data that the search never scores, otherwise the validation
+    folds leak into the selection: ranking classes by a reference's accuracy on a fold
+    picks the classes where the reference was unlucky on that very fold, which favours
+    candidates that differ from the reference. Build them from a held-out split, or from a
+    reference evaluated on a previous data set. When no such split exists, use
+    :data:`hard_tercile_scorer`, which ranks classes within the fold being scored.
+
+    Parameters
+    ----------
+    groups_by_label : mapping
+        Class label → group name, from :func:`class_groups`.
+    group : str, default="hard"
+
+    Returns
+    -------
+    scorer : callable
+        ``scorer(estimator, X, y)``, greater is better.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_iris
+    >>> from sklearn.linear_model import LogisticRegression
+    >>> from mr2_probe.metrics import make_group_scorer
+    >>> X, y = load_iris(return_X_y=True)
+    >>> scorer = make_group_scorer({0: "easy", 1: "hard", 2: "medium"})
+    >>> 0 <= scorer(LogisticRegression(max_iter=500).fit(X, y), X, y) <= 1
+    True
+    """
+    return make_scorer(group_accuracy, groups_by_label=dict(groups_by_label), group=group)
+
+
+def classwise_scorers(groups_by_label: Mapping | None = None) -> dict:
+    """Scorers for a multi-metric ``GridSearchCV``; refit on any key, e.g. "worst_class".
+
+    Parameters
+    ----------
+    groups_by_label : mapping, default=None
+        Fixed groups (see :func:`make_group_scorer`); when given, adds one scorer per group
+        named ``"easy"``, ``"medium"`` and ``"hard"``.
+
+    Returns
+    -------
+    scorers : dict
+        ``accuracy``, ``balanced_accuracy``, ``worst_class``, ``hard_tercile`` and
+        ``class_std`` (negated, greater is better), plus the fixed groups.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_iris
+    >>> from sklearn.linear_model import LogisticRegression
+    >>> from sklearn.model_selection import GridSearchCV
+    >>> from mr2_probe.metrics import classwise_scorers
+    >>> X, y = load_iris(return_X_y=True)
+    >>> search = GridSearchCV(
+    ...     LogisticRegression(max_iter=500), {"C": [0.01, 1.0]},
+    ...     scoring=classwise_scorers(), refit="worst_class",
+    ... ).fit(X, y)
+    >>> search.best_params_
+    {'C': 1.0}
+    """
+    scorers = {
+        "accuracy": "accuracy",
+        "balanced_accuracy": "balanced_accuracy",
+        "worst_class": worst_class_scorer,
+        "hard_tercile": hard_tercile_scorer,
+        "class_std": class_std_scorer,
+    }
+    if groups_by_label is not None:
+        present = set(groups_by_label.values())
+        scorers |= {
+            name: make_group_scorer(groups_by_label, name)
+            for name in GROUP_NAMES
+            if name in present
+        }
+    return scorers

@@ -1,0 +1,237 @@
+"""``mr2-probe``: fit ERM and MR² probes on stored features and report them class by class."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import joblib
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.model_selection import GridSearchCV, StratifiedKFold, train_test_split
+
+from ._classifier import MR2LinearClassifier
+from .metrics import classwise_scorers
+from .report import classwise_report
+
+EXAMPLES = """\
+examples:
+  # train and test stores written by mr2-extract; ERM vs MR² with c_bar=1
+  mr2-probe train.h5 --test test.h5 --c-bar 1 --out runs/fmnist
+
+  # one store, 20% held out; the paper's setting with the compactness loss
+  mr2-probe feats.h5 --test-size 0.2 --c-bar 2 --lam 0.5 --p 3 --out runs/paper
+
+  # grid over c_bar x lam x C, 3-fold CV, refit on worst-class accuracy
+  mr2-probe train.npz --test test.npz --grid c_bar=none,1,2 --grid lam=0,0.5 \\
+      --grid C=0.1,1 --scoring worst_class --out runs/grid
+
+  # plain NumPy features: X in feats.npy, labels in labels.npy
+  mr2-probe feats.npy --labels labels.npy --test-size 0.25
+"""
+
+_SCORINGS = ("accuracy", "balanced_accuracy", "worst_class", "hard_tercile", "class_std")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mr2-probe",
+        description=(
+            "Fit an ERM probe and an MR² probe (MR2LinearClassifier) on frozen features, "
+            "print overall / easy / medium / hard / worst-class accuracy, and write the "
+            "report, plots and fitted models."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "train",
+        help="training features: an HDF5 store from mr2-extract (.h5), a .npz with X and y "
+        "(or features and labels), or a .npy with --labels, e.g. train.h5",
+    )
+    held_out = parser.add_mutually_exclusive_group()
+    held_out.add_argument("--test", help="test features in the same formats, e.g. test.h5")
+    held_out.add_argument(
+        "--test-size",
+        type=float,
+        default=0.2,
+        help="fraction of the training file held out (stratified) when --test is absent "
+        "(default: 0.2)",
+    )
+    parser.add_argument("--labels", help="labels (.npy) for .npy features, e.g. labels.npy")
+    parser.add_argument("--test-labels", help="labels (.npy) for .npy test features")
+    parser.add_argument(
+        "--c-bar",
+        type=_optional_float,
+        default=1.0,
+        help="mean margin of the MR² model; 'none' for plain cross-entropy (default: 1)",
+    )
+    parser.add_argument(
+        "--lam", type=float, default=0.0, help="compactness weight, e.g. 0.5 (default: 0)"
+    )
+    parser.add_argument(
+        "--p",
+        type=float,
+        default=None,
+        help="norm of the class statistics (default: 2, 3 for the cosine head)",
+    )
+    parser.add_argument("--head", choices=("linear", "cosine"), default="linear", help="probe head")
+    parser.add_argument(
+        "--C", type=float, default=1.0, help="inverse L2 strength, as in LogisticRegression"
+    )
+    parser.add_argument("--max-iter", type=int, default=100, help="iterations / epochs")
+    parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
+        help="search NAME over values with cross-validation; repeat per parameter, e.g. "
+        "--grid c_bar=none,1,2 --grid C=0.1,1",
+    )
+    parser.add_argument("--cv", type=int, default=3, help="folds of the grid search")
+    parser.add_argument(
+        "--scoring",
+        choices=_SCORINGS,
+        default="worst_class",
+        help="metric the grid search refits on (default: worst_class)",
+    )
+    parser.add_argument("--n-jobs", type=int, default=None, help="parallel grid fits")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:1")
+    parser.add_argument("--seed", type=int, default=0, help="split and minibatch seed")
+    parser.add_argument("--per-class", action="store_true", help="also print one row per class")
+    parser.add_argument("--out", help="folder for report.{txt,md,json}, plots, models.joblib")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    return parser
+
+
+def _optional_float(text: str):
+    return None if text.lower() in ("none", "null") else float(text)
+
+
+def _grid(specs: list[str]) -> dict:
+    grid = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        if not sep or not values:
+            raise SystemExit(f"mr2-probe: --grid expects NAME=V1,V2,..., got {spec!r}")
+        grid[name.strip()] = [_grid_value(v) for v in values.split(",")]
+    return grid
+
+
+def _grid_value(text: str):
+    text = text.strip()
+    if text.lower() in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def load_xy(path: str, labels: str | None = None):
+    """Features, labels and class names from an HDF5 store, a .npz or a .npy file."""
+    suffix = Path(path).suffix.lower()
+    if suffix in (".h5", ".hdf5"):
+        try:
+            from extract import load_features
+        except ImportError as exc:  # the extract extra is optional
+            raise SystemExit(
+                "mr2-probe: reading HDF5 stores needs the extract extra: "
+                'pip install "mr2-probe[extract]"'
+            ) from exc
+        store = load_features(path, in_memory=True)
+        names = np.asarray(store.class_names) if store.class_names else None
+        y = names[store.labels] if names is not None else store.labels
+        return np.asarray(store.features), y
+    if suffix == ".npz":
+        with np.load(path, allow_pickle=False) as data:
+            x_key = "X" if "X" in data else "features"
+            y_key = "y" if "y" in data else "labels"
+            if x_key not in data or y_key not in data:
+                raise SystemExit(
+                    f"mr2-probe: {path} must hold arrays X and y (or features and labels); "
+                    f"found {sorted(data.files)}"
+                )
+            return data[x_key], data[y_key]
+    if suffix == ".npy":
+        if labels is None:
+            raise SystemExit(f"mr2-probe: {path} holds features only; pass --labels FILE.npy")
+        return np.load(path), np.load(labels)
+    raise SystemExit(
+        f"mr2-probe: unknown feature file type {suffix!r} ({path}); use .h5, .npz or .npy"
+    )
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    grid = _grid(args.grid)
+    X, y = load_xy(args.train, args.labels)
+    if args.test:
+        X_test, y_test = load_xy(args.test, args.test_labels)
+    else:
+        X, X_test, y, y_test = train_test_split(
+            X, y, test_size=args.test_size, stratify=y, random_state=args.seed
+        )
+    verbose = 0 if args.no_progress else 1
+    common = dict(
+        C=args.C,
+        max_iter=args.max_iter,
+        device=args.device,
+        verbose=verbose,
+        random_state=args.seed,
+    )
+    models = {"ERM": MR2LinearClassifier(c_bar=None, **common)}
+    mr2 = MR2LinearClassifier(c_bar=args.c_bar, lam=args.lam, p=args.p, head=args.head, **common)
+    if grid:
+        mr2.set_params(verbose=0)
+        name = "MR2 grid"
+        models[name] = GridSearchCV(
+            mr2,
+            grid,
+            scoring=classwise_scorers(),
+            refit=args.scoring,
+            cv=StratifiedKFold(args.cv, shuffle=True, random_state=args.seed),
+            n_jobs=args.n_jobs,
+        )
+    else:
+        models["MR2"] = mr2
+
+    for name, model in models.items():
+        print(f"fitting {name} on {X.shape[0]} × {X.shape[1]} features", file=sys.stderr)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit(X, y)
+    report = classwise_report(models, y_test, X_test, reference="ERM")
+    print(report.to_text(per_class=args.per_class))
+    if grid:
+        search = models[name]
+        print(f"MR2 grid: best parameters by {args.scoring}: {search.best_params_}")
+    if args.out:
+        _write_outputs(Path(args.out), report, models, args)
+    return 0
+
+
+def _write_outputs(out: Path, report, models: dict, args) -> None:
+    from .plotting import plot_class_accuracy, plot_group_accuracy, plot_margins
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.txt").write_text(report.to_text(per_class=True) + "\n")
+    (out / "report.md").write_text(report.to_markdown(per_class=True) + "\n")
+    (out / "report.json").write_text(report.to_json(indent=2) + "\n")
+    fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}
+    mr2_name = list(fitted)[-1]
+    plot_class_accuracy(report, out / "class_accuracy.png", model=mr2_name)
+    plot_group_accuracy(report, out / "groups.png")
+    plot_margins(fitted[mr2_name], out / "margins.png")
+    joblib.dump(fitted, out / "models.joblib")
+    (out / "command.json").write_text(json.dumps(vars(args), indent=2) + "\n")
+    print(f"wrote report, plots and models to {out}/", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Figures of class-wise results, written to files with matplotlib's Agg backend.
+
+matplotlib is imported inside the functions, so ``import mr2_probe`` works without it
+(``pip install "mr2-probe[plot]"`` adds it). Figures are built with
+``matplotlib.figure.Figure`` rather than pyplot: they never touch the global backend or
+pyplot's figure registry, so the returned figure is freed with its last reference.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from sklearn.utils.validation import check_is_fitted
+
+from .metrics import GROUP_NAMES
+from .report import ClasswiseReport
+
+GAIN, LOSS, SAME, REFERENCE = "#2a9d3f", "#d1392b", "#8c8c8c", "#c8c8c8"
+
+
+def _figure(width: float, height: float):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "mr2_probe.plotting needs matplotlib; install it with "
+            "pip install 'mr2-probe[plot]' (or pip install matplotlib)."
+        ) from error
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _patch(colour: str):
+    from matplotlib.patches import Patch
+
+    return Patch(color=colour)
+
+
+def _save(fig, path) -> None:
+    fig.savefig(os.fspath(path), dpi=120)
+
+
+def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None):
+    """Per-class accuracy of a model beside the reference, classes sorted by the reference.
+
+    Grey bars are the reference; the model's bar beside each is green where it gains,
+    red where it loses and grey where it ties, with the signed change in points printed
+    above it. Dotted lines separate the easy / medium / hard groups.
+
+    Parameters
+    ----------
+    report : ClasswiseReport
+        From :func:`mr2_probe.report.classwise_report`.
+    path : str or path-like
+        Where to write the figure (the extension picks the format, e.g. ``.png``).
+    model : str, default=None
+        The model to compare; defaults to the first one that is not the reference.
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+        Axis 0 holds the reference's bars, then the model's, in the sorted class order.
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> from mr2_probe.report import classwise_report
+    >>> from mr2_probe.plotting import plot_class_accuracy
+    >>> y = [0, 0, 1, 1, 2, 2]
+    >>> report = classwise_report({"erm": [0, 0, 1, 0, 2, 0], "mr2": [0, 0, 1, 1, 2, 0]}, y)
+    >>> path = os.path.join(tempfile.mkdtemp(), "classes.png")
+    >>> fig = plot_class_accuracy(report, path)
+    >>> [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    ['0', '1', '2']
+    """
+    names = [name for name in report.rows if name != report.reference]
+    model = (names[0] if names else report.reference) if model is None else model
+    if model not in report.rows:
+        raise ValueError(f"model must be one of {list(report.rows)}, got {model!r}.")
+    order = report.class_order()
+    ref = 100 * np.asarray(report.per_class[report.reference], dtype=float)[order]
+    other = 100 * np.asarray(report.per_class[model], dtype=float)[order]
+    change = other - ref
+    colours = np.where(change > 1e-9, GAIN, np.where(change < -1e-9, LOSS, SAME))
+
+    x = np.arange(len(order))
+    fig = _figure(max(6.0, 0.35 * len(order) + 2), 4.5)
+    ax = fig.add_subplot()
+    ax.bar(x - 0.2, ref, width=0.4, color=REFERENCE)
+    ax.bar(x + 0.2, other, width=0.4, color=colours.tolist())
+    for xi, top, delta in zip(x, np.maximum(ref, other), change, strict=True):
+        if abs(delta) > 1e-9:
+            ax.annotate(f"{delta:+.1f}", (xi + 0.2, top), ha="center", va="bottom", fontsize=7)
+    groups = np.asarray(report.groups)[order]
+    for boundary in np.flatnonzero(groups[1:] != groups[:-1]):
+        ax.axvline(boundary + 0.5, color="black", linestyle=":", linewidth=0.8)
+    ax.set_xticks(x, [str(report.labels[i]) for i in order], rotation=90 if len(x) > 20 else 0)
+    ax.set_xlabel(f"class (sorted by {report.reference} accuracy; easy | medium | hard)")
+    ax.set_ylabel("per-class accuracy (%)")
+    # Differences of a few points vanish on a 0-100 axis: start just below the lowest bar.
+    low = np.nanmin(np.concatenate([ref, other, [100.0]]))
+    ax.set_ylim(max(0.0, 10 * np.floor(low / 10) - 10), 104)
+    ax.set_title(f"per-class accuracy: {model} vs {report.reference}")
+    handles = [_patch(c) for c in (REFERENCE, GAIN, LOSS, SAME)]
+    labels = [report.reference, f"{model}: gain", f"{model}: loss", f"{model}: same"]
+    fig.legend(handles, labels, loc="outside lower center", ncols=4, fontsize=8)
+    _save(fig, path)
+    return fig
+
+
+def plot_margins(classifier, path):
+    """Margin γ_k of each class against its spread msd_k, for a fitted MR² classifier.
+
+    Parameters
+    ----------
+    classifier : MR2LinearClassifier
+        Fitted; reads ``margins_``, ``class_stats_["msd"]`` and ``classes_``.
+    path : str or path-like
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+        One scatter (axis 0, collection 0) with x = msd_k, y = γ_k.
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> from sklearn.datasets import load_iris
+    >>> from mr2_probe import MR2LinearClassifier
+    >>> from mr2_probe.plotting import plot_margins
+    >>> X, y = load_iris(return_X_y=True)
+    >>> clf = MR2LinearClassifier(c_bar=1.0, max_iter=300, device="cpu").fit(X, y)
+    >>> fig = plot_margins(clf, os.path.join(tempfile.mkdtemp(), "margins.png"))
+    >>> fig.axes[0].get_ylabel()
+    'margin γ_k'
+    """
+    check_is_fitted(classifier, ["margins_", "class_stats_"])
+    msd = np.asarray(classifier.class_stats_["msd"], dtype=float)
+    gamma = np.asarray(classifier.margins_, dtype=float)
+    fig = _figure(6.0, 4.5)
+    ax = fig.add_subplot()
+    ax.scatter(msd, gamma, color="#1f5fa8")
+    for label, xi, yi in zip(classifier.classes_, msd, gamma, strict=True):
+        ax.annotate(str(label), (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=8)
+    ax.axhline(float(gamma.mean()), color=SAME, linestyle="--", linewidth=0.8)
+    ax.set_xlabel("class spread msd_k (mean squared L_p distance to the class mean)")
+    ax.set_ylabel("margin γ_k")
+    ax.set_title("MR² margin per class (dashed: mean margin c̄)")
+    _save(fig, path)
+    return fig
+
+
+def plot_group_accuracy(report: ClasswiseReport, path):
+    """Bars of easy / medium / hard / worst-class accuracy, one colour per model.
+
+    Parameters
+    ----------
+    report : ClasswiseReport
+    path : str or path-like
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+        Axis 0 holds one bar container per model, in the order of ``report.rows``.
+
+    Examples
+    --------
+    >>> from pathlib import Path
+    >>> from tempfile import mkdtemp
+    >>> from mr2_probe.report import classwise_report
+    >>> from mr2_probe.plotting import plot_group_accuracy
+    >>> models = {"a": list("xxyz"), "b": list("xyyz"), "c": list("xxyy")}
+    >>> report = classwise_report(models, y=list("xxyz"))
+    >>> fig = plot_group_accuracy(report, Path(mkdtemp()) / "groups.png")
+    >>> len(fig.axes[0].containers)
+    3
+    """
+    columns = (*GROUP_NAMES, "worst")
+    x = np.arange(len(columns))
+    width = 0.8 / len(report.rows)
+    fig = _figure(6.0, 4.0)
+    ax = fig.add_subplot()
+    for i, (name, row) in enumerate(report.rows.items()):
+        # A group with no test sample (None after JSON, or NaN) is drawn as an empty bar.
+        heights = 100 * np.nan_to_num(np.array([row[c] for c in columns], dtype=float))
+        bars = ax.bar(x + (i - (len(report.rows) - 1) / 2) * width, heights, width, label=name)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    ax.set_xticks(x, list(columns))
+    ax.set_xlabel(f"class group (terciles of {report.reference})")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 108)
+    fig.legend(loc="outside lower center", ncols=min(4, len(report.rows)), fontsize=8)
+    _save(fig, path)
+    return fig

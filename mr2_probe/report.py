@@ -1,0 +1,182 @@
+"""Class-wise comparison of several models on one test set: text, Markdown and JSON tables."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .metrics import GROUP_NAMES, class_groups, classwise_summary, per_class_accuracy
+
+COLUMNS = ("overall", *GROUP_NAMES, "worst", "std")
+
+
+@dataclass
+class ClasswiseReport:
+    """Class-wise scores of several models, with groups fixed by a reference model.
+
+    Build it with :func:`classwise_report`. Accuracies are fractions; the tables print them
+    in percent.
+
+    Attributes
+    ----------
+    reference : str
+        Name of the model whose per-class accuracy fixed the groups.
+    labels : list
+        The classes, sorted.
+    groups : list of str
+        Group of each class ("easy", "medium", "hard"), aligned with ``labels``.
+    rows : dict
+        Model name → {"overall", "easy", "medium", "hard", "worst", "std"}.
+    per_class : dict
+        Model name → list of per-class accuracies aligned with ``labels``.
+    """
+
+    reference: str
+    labels: list
+    groups: list
+    rows: dict
+    per_class: dict
+
+    def class_order(self) -> np.ndarray:
+        """Indices of ``labels`` from the reference's best class to its worst."""
+        return np.argsort(-np.asarray(self.per_class[self.reference]), kind="stable")
+
+    def to_text(self, per_class: bool = False) -> str:
+        """A fixed-width table; with ``per_class`` a second table, one row per class."""
+        return _render(self, per_class, _text_table)
+
+    def to_markdown(self, per_class: bool = False) -> str:
+        """A GitHub-flavoured Markdown table (and the per-class table on request)."""
+        return _render(self, per_class, _markdown_table)
+
+    def to_dict(self) -> dict:
+        """Plain Python types only, NaN as None, ready for ``json.dumps``."""
+        return _finite(asdict(self))
+
+    def to_json(self, **kwargs) -> str:
+        """JSON text of :meth:`to_dict`; keyword arguments go to ``json.dumps``."""
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> ClasswiseReport:
+        """Inverse of :meth:`to_dict` (and, through ``json.loads``, of :meth:`to_json`)."""
+        return cls(**{key: data[key] for key in cls.__dataclass_fields__})
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+
+def classwise_report(models: Mapping, y, X=None, *, reference: str | None = None):
+    """Compare fitted models (or their predictions) class by class on one test set.
+
+    Parameters
+    ----------
+    models : mapping
+        Model name → a fitted estimator with ``predict`` or an array of predictions.
+    y : array-like of shape (n_samples,)
+        True test labels, of any type.
+    X : array-like of shape (n_samples, n_features), default=None
+        Test inputs; needed only for models given as estimators.
+    reference : str, default=None
+        Name of the model that fixes the easy / medium / hard groups (by convention the
+        ERM probe); defaults to the first model.
+
+    Returns
+    -------
+    report : ClasswiseReport
+
+    Examples
+    --------
+    >>> from mr2_probe.report import classwise_report
+    >>> y = [0, 0, 1, 1, 2, 2]
+    >>> report = classwise_report({"erm": [0, 0, 1, 0, 2, 0], "mr2": [0, 0, 1, 1, 2, 0]}, y)
+    >>> report.groups
+    ['easy', 'medium', 'hard']
+    >>> round(report.rows["mr2"]["hard"], 2)
+    0.5
+    """
+    if not models:
+        raise ValueError("models must name at least one model, got an empty mapping.")
+    reference = next(iter(models)) if reference is None else reference
+    if reference not in models:
+        raise ValueError(f"reference must be one of {list(models)}, got {reference!r}.")
+    predictions = {name: _predictions(name, model, X) for name, model in models.items()}
+    labels = np.unique(y)
+    groups = class_groups(y, predictions[reference], labels)
+    return ClasswiseReport(
+        reference=reference,
+        labels=labels.tolist(),
+        groups=list(groups.values()),
+        rows={name: classwise_summary(y, pred, groups) for name, pred in predictions.items()},
+        per_class={
+            name: per_class_accuracy(y, pred, labels).tolist() for name, pred in predictions.items()
+        },
+    )
+
+
+def _predictions(name: str, model, X) -> np.ndarray:
+    if hasattr(model, "predict"):
+        if X is None:
+            raise ValueError(f"Model {name!r} is an estimator: pass X to predict with it.")
+        return np.asarray(model.predict(X))
+    return np.asarray(model)
+
+
+def _render(report: ClasswiseReport, per_class: bool, table) -> str:
+    names = list(report.rows)
+    summary = table(
+        ["model", *COLUMNS], [[name, *(report.rows[name][c] for c in COLUMNS)] for name in names]
+    )
+    note = (
+        f"test accuracy in %; easy / medium / hard: class terciles of {report.reference}; "
+        "std: spread of per-class accuracy"
+    )
+    parts = [summary, note]
+    if per_class:
+        rows = [
+            [str(report.labels[i]), report.groups[i], *(report.per_class[n][i] for n in names)]
+            for i in report.class_order()
+        ]
+        parts.append(table(["class", "group", *names], rows))
+    return "\n\n".join(parts) if table is _markdown_table else "\n".join(parts)
+
+
+def _cell(value) -> str:
+    if isinstance(value, str):
+        return value
+    return "nan" if value is None or math.isnan(value) else f"{100 * value:.2f}"
+
+
+def _text_table(header: list, rows: list) -> str:
+    cells = [[_cell(v) for v in row] for row in rows]
+    # Left-aligned names, right-aligned numbers, each column as wide as its longest cell.
+    widths = [max(len(h), *(len(row[j]) for row in cells)) for j, h in enumerate(header)]
+    widths[1:] = [max(9, w + 2) for w in widths[1:]]
+
+    def line(row: list) -> str:
+        rest = zip(row[1:], widths[1:], strict=True)
+        return f"{row[0]:<{widths[0]}}" + "".join(f"{v:>{w}}" for v, w in rest)
+
+    head = line(header)
+    return "\n".join([head, "-" * len(head), *(line(row) for row in cells)])
+
+
+def _markdown_table(header: list, rows: list) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|--:" * (len(header) - 1) + "|"]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _finite(value):
+    """NaN → None throughout, since strict JSON has no NaN."""
+    if isinstance(value, dict):
+        return {key: _finite(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value

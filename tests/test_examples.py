@@ -1,0 +1,76 @@
+"""The examples run as scripts and print the class-wise table."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+HEADER = ["model", "overall", "easy", "medium", "hard", "worst", "std"]
+
+
+def _run(script: str, *args: str) -> str:
+    # One torch thread: on these tiny problems extra threads only contend for the cores.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _table(output: str) -> dict:
+    """Rows of the summary table: model name → six percentages."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split() == HEADER)
+    rows = {}
+    for line in lines[start + 2 :]:
+        if line.startswith("test accuracy in %"):
+            break
+        cells = line.split()
+        rows[" ".join(cells[:-6])] = [float(v) for v in cells[-6:]]
+    return rows
+
+
+@pytest.mark.parametrize(
+    "script, args, models",
+    [
+        ("quickstart.py", [], ["ERM", "MR2 (c_bar=1)"]),
+        ("grid_search.py", ["--c-bar", "1", "--C", "0.05", "--cv", "2", "--refit", "hard_tercile"],
+         ["ERM (same C)", "best for hard_tercile"]),
+        ("finetune.py", ["--epochs", "3"],
+         ["ERM (cross-entropy)", "MR2 (c_bar=2, lam=0.5)"]),
+    ],
+)  # fmt: skip
+def test_example_prints_the_classwise_table(script, args, models):
+    output = _run(script, *args)
+    rows = _table(output)
+    assert list(rows) == models
+    for overall, easy, medium, hard, worst, std in rows.values():
+        assert 0 <= worst <= min(easy, medium, hard, overall)
+        assert max(easy, medium, hard, overall) <= 100 and 0 <= std <= 50
+    # The groups are the reference's terciles, so its own rows are ordered.
+    _, easy, medium, hard, worst, _ = rows[models[0]]
+    assert easy >= medium >= hard >= worst
+    assert "class terciles of " + models[0] in output
+    if script == "grid_search.py":
+        assert "best parameters for hard_tercile: {'C': 0.05, 'c_bar'" in output
+
+
+def test_quickstart_writes_json_and_figures(tmp_path):
+    output = _run("quickstart.py", "--per-class", "--json", str(tmp_path / "report.json"),
+                  "--plots", str(tmp_path / "figures"))  # fmt: skip
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["reference"] == "ERM"
+    assert report["labels"] == list(range(10))
+    for name, row in _table(output).items():
+        assert row[0] == pytest.approx(100 * report["rows"][name]["overall"], abs=0.006)
+    for figure in ("per_class.png", "groups.png", "margins.png"):
+        assert (tmp_path / "figures" / figure).read_bytes()[:4] == b"\x89PNG"

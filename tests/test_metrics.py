@@ -1,0 +1,220 @@
+"""Class-wise metrics and the scikit-learn scorers built on them."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import balanced_accuracy_score
+from sklearn.model_selection import GridSearchCV, StratifiedKFold
+
+from mr2_probe import MR2LinearClassifier
+from mr2_probe.metrics import (
+    class_accuracy_std,
+    class_groups,
+    class_std_scorer,
+    classwise_scorers,
+    classwise_summary,
+    difficulty_groups,
+    group_accuracy,
+    hard_tercile_accuracy,
+    hard_tercile_scorer,
+    make_group_scorer,
+    per_class_accuracy,
+    worst_class_accuracy,
+    worst_class_scorer,
+)
+
+
+def _loop_per_class(y_true, y_pred, labels):
+    """Reference: one boolean mask per class."""
+    return np.array([np.mean(y_pred[y_true == c] == c) for c in labels])
+
+
+@pytest.mark.parametrize(
+    "classes",
+    [np.arange(7), np.array(["cat", "dog", "eel", "fox"]), np.array([-1.5, 0.25, 3.0])],
+)
+def test_per_class_accuracy_matches_a_loop_for_any_label_type(classes):
+    rng = np.random.default_rng(0)
+    y_true = rng.choice(classes, size=500)
+    y_pred = np.where(rng.random(500) < 0.7, y_true, rng.choice(classes, size=500))
+    labels = rng.permutation(classes)
+    np.testing.assert_allclose(
+        per_class_accuracy(y_true, y_pred, labels), _loop_per_class(y_true, y_pred, labels)
+    )
+    # Mean recall is balanced accuracy (which scikit-learn refuses for float labels).
+    if classes.dtype.kind != "f":
+        assert np.mean(per_class_accuracy(y_true, y_pred)) == pytest.approx(
+            balanced_accuracy_score(y_true, y_pred)
+        )
+
+
+def test_per_class_accuracy_absent_class_is_nan_and_unknown_samples_ignored():
+    acc = per_class_accuracy([0, 0, 1, 5], [0, 1, 1, 5], labels=[1, 0, 2])
+    np.testing.assert_array_equal(acc, [1.0, 0.5, np.nan])
+
+
+def test_per_class_accuracy_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="same shape"):
+        per_class_accuracy([0, 1], [0, 1, 1])
+
+
+@pytest.mark.parametrize(
+    "n_classes, sizes", [(3, [1, 1, 1]), (6, [2, 2, 2]), (10, [4, 3, 3]), (100, [34, 33, 33])]
+)
+def test_difficulty_groups_are_terciles_ranked_by_accuracy(n_classes, sizes):
+    acc = np.random.default_rng(n_classes).random(n_classes)
+    groups = difficulty_groups(acc)
+    np.testing.assert_array_equal(np.bincount(groups), sizes)
+    # Every easy class beats every medium class, which beats every hard class.
+    assert acc[groups == 0].min() > acc[groups == 1].max()
+    assert acc[groups == 1].min() > acc[groups == 2].max()
+
+
+def test_difficulty_groups_break_ties_by_class_order():
+    np.testing.assert_array_equal(difficulty_groups(np.ones(6)), [0, 0, 1, 1, 2, 2])
+
+
+@pytest.mark.parametrize(
+    "y_true, y_ref, expected",
+    [
+        ([0, 0, 1, 1, 2, 2], [0, 0, 1, 0, 0, 0], {0: "easy", 1: "medium", 2: "hard"}),
+        (["b", "b", "a", "a", "c"], ["b", "b", "b", "a", "c"],
+         {"a": "hard", "b": "easy", "c": "medium"}),
+    ],
+)  # fmt: skip
+def test_class_groups_maps_plain_labels_to_names(y_true, y_ref, expected):
+    groups = class_groups(y_true, y_ref)
+    assert groups == expected
+    assert all(type(label) in (int, str) for label in groups)
+
+
+def test_class_groups_rank_a_class_without_samples_hardest():
+    groups = class_groups([0, 0, 1, 1], [0, 1, 1, 1], labels=[0, 1, 2])
+    assert groups == {0: "medium", 1: "easy", 2: "hard"}
+
+
+GROUPS = {0: "easy", 1: "easy", 2: "medium", 3: "medium", 4: "hard", 5: "hard"}
+Y_TRUE = np.repeat(np.arange(6), 4)
+Y_PRED = np.array([0, 0, 0, 0, 1, 1, 1, 0, 2, 2, 0, 0, 3, 3, 3, 3, 4, 0, 0, 0, 5, 5, 0, 0])
+# per class: 1, .75, .5, 1, .25, .5
+
+
+@pytest.mark.parametrize(
+    "score, expected",
+    [
+        (lambda t, p: worst_class_accuracy(t, p), 0.25),
+        (lambda t, p: class_accuracy_std(t, p), np.std([1, 0.75, 0.5, 1, 0.25, 0.5])),
+        (lambda t, p: group_accuracy(t, p, GROUPS, "easy"), 0.875),
+        (lambda t, p: group_accuracy(t, p, GROUPS, "medium"), 0.75),
+        (lambda t, p: group_accuracy(t, p, GROUPS), 0.375),
+        # The model's own hardest two classes: 0.25 and one of the 0.5s.
+        (lambda t, p: hard_tercile_accuracy(t, p), 0.375),
+    ],
+)
+def test_scalar_scores(score, expected):
+    assert score(Y_TRUE, Y_PRED) == pytest.approx(expected)
+
+
+def test_group_accuracy_rejects_unknown_group():
+    with pytest.raises(ValueError, match="group must be one of"):
+        group_accuracy(Y_TRUE, Y_PRED, GROUPS, "hardest")
+
+
+def test_group_accuracy_is_nan_when_the_group_has_no_samples():
+    keep = Y_TRUE < 4
+    assert np.isnan(group_accuracy(Y_TRUE[keep], Y_PRED[keep], GROUPS, "hard"))
+
+
+def test_classwise_summary_accepts_a_mapping_or_an_index_array():
+    from_mapping = classwise_summary(Y_TRUE, Y_PRED, GROUPS)
+    from_index = classwise_summary(Y_TRUE, Y_PRED, [0, 0, 1, 1, 2, 2])
+    assert from_mapping == pytest.approx(from_index)
+    assert from_mapping == pytest.approx(
+        {"overall": 4 / 6, "easy": 0.875, "medium": 0.75, "hard": 0.375, "worst": 0.25,
+         "std": np.std([1, 0.75, 0.5, 1, 0.25, 0.5])}
+    )  # fmt: skip
+
+
+def test_classwise_summary_refuses_classes_missing_from_the_groups():
+    with pytest.raises(ValueError, match=r"classes \[5\] that are not in groups"):
+        classwise_summary(Y_TRUE, Y_PRED, {k: v for k, v in GROUPS.items() if k != 5})
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny fits: a second intra-op thread only contends for the cores, slowing them down."""
+    n_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n_threads)
+
+
+@pytest.fixture(scope="module")
+def digits_subset():
+    X, y = load_digits(return_X_y=True)
+    return X[:300] / 16.0, y[:300]
+
+
+@pytest.mark.parametrize(
+    "scorer, function, sign",
+    [
+        (worst_class_scorer, worst_class_accuracy, 1),
+        (hard_tercile_scorer, hard_tercile_accuracy, 1),
+        (class_std_scorer, class_accuracy_std, -1),
+        (make_group_scorer(GROUPS | {6: "hard", 7: "hard", 8: "easy", 9: "medium"}),
+         lambda t, p: group_accuracy(t, p, GROUPS | {6: "hard", 7: "hard", 8: "easy", 9: "medium"}),
+         1),
+    ],
+)  # fmt: skip
+def test_scorers_score_the_predictions(digits_subset, scorer, function, sign):
+    X, y = digits_subset
+    clf = LogisticRegression(C=0.01, max_iter=200).fit(X[:150], y[:150])
+    assert scorer(clf, X[150:], y[150:]) == pytest.approx(
+        sign * function(y[150:], clf.predict(X[150:]))
+    )
+
+
+def test_classwise_scorers_add_fixed_groups_only_when_given():
+    assert set(classwise_scorers()) == {
+        "accuracy", "balanced_accuracy", "worst_class", "hard_tercile", "class_std"
+    }  # fmt: skip
+    assert {"easy", "medium", "hard"} <= set(classwise_scorers(GROUPS))
+
+
+@pytest.mark.parametrize("refit", ["worst_class", "hard", "balanced_accuracy"])
+def test_grid_search_multi_metric_refits_on_the_chosen_scorer(
+    digits_subset, refit, one_torch_thread
+):
+    X, y = digits_subset
+    # Groups from a reference fitted and scored on data the search never sees.
+    X_ref, y_ref = load_digits(return_X_y=True)
+    reference = LogisticRegression(C=0.05, max_iter=300).fit(X_ref[300:900] / 16, y_ref[300:900])
+    groups = class_groups(y_ref[900:], reference.predict(X_ref[900:] / 16))
+    search = GridSearchCV(
+        MR2LinearClassifier(max_iter=30, device="cpu"),
+        {"c_bar": [None, 1.0], "C": [0.01, 1.0]},
+        scoring=classwise_scorers(groups),
+        refit=refit,
+        cv=StratifiedKFold(3),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        search.fit(X, y)
+    results = search.cv_results_
+    assert search.best_index_ == np.argmax(results[f"mean_test_{refit}"])
+    assert search.best_score_ == pytest.approx(results[f"mean_test_{refit}"].max())
+    assert search.best_estimator_.get_params()["C"] == search.best_params_["C"]
+    for name in ("accuracy", "balanced_accuracy", "worst_class", "hard_tercile", "easy"):
+        assert np.all((results[f"mean_test_{name}"] >= 0) & (results[f"mean_test_{name}"] <= 1))
+    # Per fold, worst class <= hard tercile <= balanced accuracy.
+    for split in range(3):
+        worst, tercile, balanced = (
+            results[f"split{split}_test_{name}"]
+            for name in ("worst_class", "hard_tercile", "balanced_accuracy")
+        )
+        assert np.all(worst <= tercile + 1e-12) and np.all(tercile <= balanced + 1e-12)

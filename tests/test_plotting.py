@@ -1,0 +1,122 @@
+"""Figures: written as valid PNGs, with the right bars, order, colours and labels."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib", reason="plotting needs matplotlib (the 'plot' extra)")
+
+from matplotlib.colors import to_hex  # noqa: E402
+from matplotlib.image import imread  # noqa: E402
+from sklearn.exceptions import NotFittedError  # noqa: E402
+
+from mr2_probe import MR2LinearClassifier  # noqa: E402
+from mr2_probe.plotting import (  # noqa: E402
+    GAIN,
+    LOSS,
+    REFERENCE,
+    SAME,
+    plot_class_accuracy,
+    plot_group_accuracy,
+    plot_margins,
+)
+from mr2_probe.report import classwise_report  # noqa: E402
+
+Y = np.repeat([3, 1, 2, 0, 4, 5], 4)
+# Reference accuracy per class 3, 1, 2, 0, 4, 5 (label order 0..5 is shuffled on purpose).
+ERM = np.array([3, 3, 3, 3, 1, 1, 1, 0, 2, 2, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 5, 5, 5, 0])
+MR2 = np.array([3, 3, 3, 0, 1, 1, 1, 1, 2, 2, 0, 0, 0, 0, 0, 0, 4, 4, 0, 0, 5, 5, 5, 0])
+
+
+@pytest.fixture
+def report():
+    return classwise_report({"ERM": ERM, "MR2": MR2}, Y)
+
+
+def _assert_png(path, min_width=300):
+    with open(path, "rb") as file:
+        assert file.read(8) == b"\x89PNG\r\n\x1a\n"
+    image = imread(path)
+    assert image.shape[1] >= min_width and image.shape[2] in (3, 4)
+    # Not a blank canvas.
+    assert image[..., :3].std() > 0.05
+
+
+def test_class_accuracy_plot(tmp_path, report):
+    path = tmp_path / "classes.png"
+    fig = plot_class_accuracy(report, path)
+    _assert_png(path)
+    ax = fig.axes[0]
+    # Reference accuracies: 0 -> 1.0, 3 -> 1.0, 1 -> .75, 5 -> .75, 2 -> .5, 4 -> .25.
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "3", "1", "5", "2", "4"]
+    bars = ax.patches
+    ref, other = bars[:6], bars[6:]
+    np.testing.assert_allclose([b.get_height() for b in ref], [100, 100, 75, 75, 50, 25])
+    np.testing.assert_allclose([b.get_height() for b in other], [100, 75, 100, 75, 50, 50])
+    assert [to_hex(b.get_facecolor()) for b in other] == [SAME, LOSS, GAIN, SAME, SAME, GAIN]
+    assert {to_hex(b.get_facecolor()) for b in ref} == {REFERENCE}
+    assert [t.get_text() for t in ax.texts] == ["-25.0", "+25.0", "+25.0"]
+    assert ax.get_ylabel() == "per-class accuracy (%)"
+    assert "sorted by ERM accuracy" in ax.get_xlabel()
+    # Dotted lines between the groups: after 2 easy and after 2 medium classes.
+    assert [line.get_xdata()[0] for line in ax.lines] == [1.5, 3.5]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["ERM", "MR2: gain", "MR2: loss", "MR2: same"]
+
+
+def test_class_accuracy_plot_rejects_unknown_model(tmp_path, report):
+    with pytest.raises(ValueError, match="model must be one of"):
+        plot_class_accuracy(report, tmp_path / "x.png", model="LR")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_group_accuracy_plot(tmp_path, report):
+    path = tmp_path / "groups.png"
+    fig = plot_group_accuracy(report, path)
+    _assert_png(path)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["easy", "medium", "hard", "worst"]
+    assert len(ax.containers) == 2
+    for container, name in zip(ax.containers, ["ERM", "MR2"], strict=True):
+        row = report.rows[name]
+        expected = [100 * row[c] for c in ("easy", "medium", "hard", "worst")]
+        np.testing.assert_allclose([b.get_height() for b in container], expected)
+    assert ax.get_ylabel() == "accuracy (%)"
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["ERM", "MR2"]
+
+
+@pytest.mark.parametrize("c_bar", [None, 2.0])
+def test_margin_plot(tmp_path, c_bar):
+    rng = np.random.default_rng(0)
+    spreads = np.array([0.5, 1.0, 2.0])
+    y = np.repeat(np.array(["a", "b", "c"]), 60)
+    X = rng.normal(size=(180, 4)) * np.repeat(spreads, 60)[:, None] + np.repeat(
+        rng.normal(size=(3, 4)), 60, axis=0
+    )
+    clf = MR2LinearClassifier(c_bar=c_bar, max_iter=50, device="cpu").fit(X, y)
+    path = tmp_path / "margins.svg" if c_bar is None else tmp_path / "margins.png"
+    fig = plot_margins(clf, path)
+    assert path.stat().st_size > 1000
+    ax = fig.axes[0]
+    np.testing.assert_allclose(
+        ax.collections[0].get_offsets(), np.c_[clf.class_stats_["msd"], clf.margins_]
+    )
+    assert [t.get_text() for t in ax.texts] == ["a", "b", "c"]
+    assert ax.get_ylabel() == "margin γ_k"
+    assert ax.get_xlabel().startswith("class spread msd_k")
+    assert ax.lines[0].get_ydata()[0] == pytest.approx(1.0 if c_bar is None else c_bar)
+
+
+def test_margin_plot_needs_a_fitted_classifier(tmp_path):
+    with pytest.raises(NotFittedError):
+        plot_margins(MR2LinearClassifier(), tmp_path / "margins.png")
+
+
+def test_importing_the_package_does_not_import_matplotlib():
+    code = (
+        "import sys, mr2_probe, mr2_probe.plotting, mr2_probe.report, mr2_probe.metrics; "
+        "assert 'matplotlib' not in sys.modules, 'matplotlib imported eagerly'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

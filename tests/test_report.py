@@ -1,0 +1,106 @@
+"""ClasswiseReport: groups fixed by the reference, tables, JSON round trip."""
+
+import json
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_iris
+from sklearn.linear_model import LogisticRegression
+
+from mr2_probe.metrics import classwise_summary
+from mr2_probe.report import COLUMNS, ClasswiseReport, classwise_report
+
+Y = np.array(["cat", "cat", "dog", "dog", "eel", "eel"])
+MODELS = {
+    "erm": np.array(["cat", "cat", "dog", "cat", "eel", "cat"]),  # cat 1, dog .5, eel .5
+    "mr2": np.array(["cat", "dog", "dog", "dog", "eel", "eel"]),  # cat .5, dog 1, eel 1
+}
+
+
+@pytest.fixture
+def report():
+    return classwise_report(MODELS, Y)
+
+
+def test_groups_come_from_the_reference_and_stay_fixed(report):
+    assert report.reference == "erm"
+    assert report.labels == ["cat", "dog", "eel"]
+    assert report.groups == ["easy", "medium", "hard"]
+    # mr2's cat (its worst class) is still scored as the easy group.
+    assert report.rows["mr2"]["easy"] == pytest.approx(0.5)
+    assert report.rows["mr2"]["hard"] == pytest.approx(1.0)
+    assert report.per_class["mr2"] == pytest.approx([0.5, 1.0, 1.0])
+
+
+def test_a_named_reference_changes_the_groups():
+    swapped = classwise_report(MODELS, Y, reference="mr2")
+    assert swapped.groups == ["hard", "easy", "medium"]
+    assert swapped.rows["erm"]["hard"] == pytest.approx(1.0)
+
+
+def test_estimators_and_predictions_mix():
+    X, y = load_iris(return_X_y=True)
+    clf = LogisticRegression(max_iter=500).fit(X, y)
+    report = classwise_report({"fitted": clf, "predictions": clf.predict(X)}, y, X)
+    assert report.rows["fitted"] == report.rows["predictions"]
+    assert report.rows["fitted"] == classwise_summary(y, clf.predict(X))
+
+
+@pytest.mark.parametrize(
+    "models, kwargs, message",
+    [
+        ({}, {}, "at least one model"),
+        (MODELS, {"reference": "lr"}, "reference must be one of"),
+        ({"lr": LogisticRegression()}, {}, "pass X"),
+    ],
+)
+def test_errors(models, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        classwise_report(models, Y, **kwargs)
+
+
+def test_text_table_rows(report):
+    lines = report.to_text().splitlines()
+    assert lines[0].split() == ["model", *COLUMNS]
+    assert lines[2].split() == ["erm", "66.67", "100.00", "50.00", "50.00", "50.00", "23.57"]
+    assert lines[3].split() == ["mr2", "83.33", "50.00", "100.00", "100.00", "50.00", "23.57"]
+    assert "terciles of erm" in lines[4]
+    assert str(report) == report.to_text()
+
+
+def test_per_class_table_is_sorted_by_the_reference(report):
+    text = report.to_text(per_class=True)
+    per_class = text.split("spread of per-class accuracy\n")[1].splitlines()
+    assert per_class[0].split() == ["class", "group", "erm", "mr2"]
+    assert [line.split()[:2] for line in per_class[2:]] == [
+        ["cat", "easy"], ["dog", "medium"], ["eel", "hard"]
+    ]  # fmt: skip
+    assert len(report.to_text().splitlines()) == 5  # header, rule, two models, note
+
+
+def test_markdown_table(report):
+    lines = report.to_markdown(per_class=True).splitlines()
+    assert lines[0] == "| model | overall | easy | medium | hard | worst | std |"
+    assert lines[1] == "|---|--:|--:|--:|--:|--:|--:|"
+    assert lines[2] == "| erm | 66.67 | 100.00 | 50.00 | 50.00 | 50.00 | 23.57 |"
+    assert "| eel | hard | 50.00 | 100.00 |" in lines
+
+
+@pytest.mark.parametrize("labels", [Y, np.array([3, 3, 1, 1, 2, 2])])
+def test_json_round_trips(labels):
+    models = {name: labels[np.searchsorted(Y, pred)] for name, pred in MODELS.items()}
+    report = classwise_report(models, labels)
+    data = json.loads(report.to_json())
+    assert data == report.to_dict()
+    assert ClasswiseReport.from_dict(data) == report
+    assert data["labels"] == sorted(np.unique(labels).tolist())
+
+
+def test_json_writes_missing_groups_as_null():
+    # Two classes make two groups: "hard" has no class and no score.
+    report = classwise_report({"a": [0, 1, 1]}, [0, 1, 1])
+    assert np.isnan(report.rows["a"]["hard"])
+    text = report.to_json()
+    assert "NaN" not in text
+    assert json.loads(text)["rows"]["a"]["hard"] is None
+    assert report.to_text().splitlines()[2].split()[4] == "nan"
