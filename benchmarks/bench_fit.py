@@ -5,7 +5,8 @@ table prints each model's fit time, its ratio to LogisticRegression, and test ac
 With CUDA present, the MR² models are also timed on the GPU.
 
     python benchmarks/bench_fit.py                      # 50,000 × 768, 100 classes
-    python benchmarks/bench_fit.py --n-samples 5000     # quick look
+    python benchmarks/bench_fit.py --offset 0           # centred features
+    python benchmarks/bench_fit.py --n-samples 5000 --repeat 1    # quick look
 """
 
 from __future__ import annotations
@@ -23,27 +24,36 @@ from mr2_probe import MR2LinearClassifier
 from mr2_probe.metrics import classwise_summary, difficulty_groups, per_class_accuracy
 
 
-def make_features(n_samples, n_features, n_classes, seed):
-    """Class means on a sphere, per-class spread from 0.5× to 2×, like frozen embeddings."""
+def make_features(n_samples, n_features, n_classes, seed, offset=1.0):
+    """Class means on a sphere, per-class spread from 0.5× to 2×, a common offset.
+
+    Pooled embeddings are not centred (EfficientNet-Lite0 on Fashion-MNIST: mean 0.8, std
+    1.6 per feature): ``offset`` scales a shared non-negative mean vector; 0 centres them.
+    """
     rng = np.random.default_rng(seed)
     means = rng.normal(size=(n_classes, n_features)).astype(np.float32)
     means *= 3.0 / np.linalg.norm(means, axis=1, keepdims=True)
     spread = np.linspace(0.5, 2.0, n_classes, dtype=np.float32)  # per dimension
     y = rng.integers(n_classes, size=n_samples)
     X = means[y] + rng.normal(size=(n_samples, n_features)).astype(np.float32) * spread[y, None]
+    X += offset * np.abs(rng.normal(size=n_features)).astype(np.float32)
     return X.astype(np.float32), y
 
 
-def timed_fit(model, X, y):
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model.fit(X, y)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+def timed_fit(model, X, y, repeat=1):
+    """Best wall time of ``repeat`` fits (the machine's noise only ever adds time)."""
+    times = []
+    for _ in range(repeat):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit(X, y)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def main(argv=None):
@@ -52,11 +62,16 @@ def main(argv=None):
     parser.add_argument("--n-features", type=int, default=768)
     parser.add_argument("--n-classes", type=int, default=100)
     parser.add_argument("--C", type=float, default=1.0)
-    parser.add_argument("--max-iter", type=int, default=100)
+    # High enough for every model to reach tol: the comparison is time to the optimum.
+    parser.add_argument("--max-iter", type=int, default=1000)
+    parser.add_argument("--offset", type=float, default=1.0, help="common feature mean; 0 centres")
+    parser.add_argument("--repeat", type=int, default=3, help="fits per model, best time kept")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    X, y = make_features(args.n_samples * 6 // 5, args.n_features, args.n_classes, args.seed)
+    X, y = make_features(
+        args.n_samples * 6 // 5, args.n_features, args.n_classes, args.seed, args.offset
+    )
     n_train = args.n_samples
     X_train, y_train, X_test, y_test = X[:n_train], y[:n_train], X[n_train:], y[n_train:]
     # Warm up torch's lazy initialisation so that it is not billed to the first model.
@@ -81,7 +96,8 @@ def main(argv=None):
 
     print(
         f"{n_train} × {args.n_features} float32 train, {len(y_test)} test, "
-        f"{args.n_classes} classes, C={args.C}, max_iter={args.max_iter}, "
+        f"{args.n_classes} classes, offset={args.offset}, C={args.C}, tol=1e-4, "
+        f"max_iter={args.max_iter}, best of {args.repeat}, "
         f"torch threads={torch.get_num_threads()}"
     )
     header = (
@@ -92,7 +108,7 @@ def main(argv=None):
     print("-" * len(header))
     base_time, groups = None, None
     for name, device, model in models:
-        seconds = timed_fit(model, X_train, y_train)
+        seconds = timed_fit(model, X_train, y_train, args.repeat)
         pred = model.predict(X_test)
         if groups is None:
             base_time = seconds

@@ -94,12 +94,18 @@ def linear_margin_ce_grad(
     target: torch.Tensor,
     margins: torch.Tensor,
     sample_weight: torch.Tensor,
+    center: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Σ_i w_i CE((W·x_i + b) / γ_{y_i}, y_i) and its gradients in W and b, in closed form.
+    """Σ_i w_i CE((W·(x_i − m) + b) / γ_{y_i}, y_i) and its gradients in W and b.
 
     The full-batch solver's hot path for a plain linear head: two matrix products and a
     few in-place passes over the (B, K) logits, instead of autograd's extra copies.
+    ``center`` m (default 0) re-parametrises the intercept without copying X.
     """
+    has_bias = bias is not None
+    if center is not None:
+        offset = weight @ center  # (K,)
+        bias = bias - offset if has_bias else -offset
     z = X @ weight.T if bias is None else torch.addmm(bias, X, weight.T)  # (B, K)
     inv_gamma = margins.reciprocal()[target]  # (B,)
     z.mul_(inv_gamma[:, None])
@@ -110,5 +116,7 @@ def linear_margin_ce_grad(
     z.scatter_add_(1, target[:, None], -torch.ones_like(z[:, :1]))  # p − onehot
     z.mul_((sample_weight * inv_gamma)[:, None])  # ∂loss/∂logits (B, K)
     grad_weight = z.T @ X  # (K, d)
-    grad_bias = None if bias is None else z.sum(0)
-    return loss, grad_weight, grad_bias
+    grad_bias = z.sum(0)  # (K,)
+    if center is not None:
+        grad_weight -= grad_bias[:, None] * center
+    return loss, grad_weight, grad_bias if has_bias else None

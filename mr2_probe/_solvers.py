@@ -65,6 +65,13 @@ def fit_lbfgs(head, source, spec: MarginSpec, *, initial, weight_sum, C, max_ite
     the representation is fixed, and so are the statistics and margins.
     """
     stats, margins, _, _ = initial
+    # With an unpenalised intercept, W·x + b = W·(x − m) + (b + W·m): the same objective,
+    # but centred features condition it far better (embeddings have large common means).
+    center = None
+    if head.is_plain_linear and head.bias is not None:
+        center = (stats.count[:, None] * stats.mean).sum(0) / stats.count.sum()  # (d,)
+        with torch.no_grad():
+            head.bias += head.weight @ center
     params = [p for p in head.parameters()]
     for param in params:  # the closed-form path writes gradients in place
         param.grad = torch.zeros_like(param)
@@ -90,7 +97,7 @@ def fit_lbfgs(head, source, spec: MarginSpec, *, initial, weight_sum, C, max_ite
         for x, y, w in source.chunks():
             if head.is_plain_linear:
                 loss, grad_w, grad_b = linear_margin_ce_grad(
-                    x, head.weight, head.bias, y, margins, w
+                    x, head.weight, head.bias, y, margins, w, center
                 )
                 head.weight.grad.add_(grad_w, alpha=1 / weight_sum)
                 if grad_b is not None:
@@ -113,6 +120,9 @@ def fit_lbfgs(head, source, spec: MarginSpec, *, initial, weight_sum, C, max_ite
 
     optimizer.step(closure)
     bar.close()
+    if center is not None:
+        with torch.no_grad():
+            head.bias -= head.weight @ center
     state = optimizer.state[params[0]]
     n_iter = state.get("n_iter", 0)
     converged = n_iter < max_iter and state.get("func_evals", 0) < max_iter * 4

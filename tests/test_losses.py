@@ -150,7 +150,8 @@ def test_mr2_loss_rejects_bad_parameters(kwargs, message):
 
 
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_closed_form_linear_gradient_matches_autograd(with_bias):
+@pytest.mark.parametrize("centered", [True, False])
+def test_closed_form_linear_gradient_matches_autograd(with_bias, centered):
     from mr2_probe._losses import linear_margin_ce_grad
 
     features, labels, k = _data(8)
@@ -159,11 +160,12 @@ def test_closed_form_linear_gradient_matches_autograd(with_bias):
     bias = torch.randn(k, generator=g, dtype=torch.float64) if with_bias else None
     margins = torch.tensor([0.6, 0.9, 1.1, 1.4], dtype=torch.float64)
     sample_weight = torch.rand(len(labels), generator=g, dtype=torch.float64)
+    center = features.mean(0) if centered else None
     loss, grad_w, grad_b = linear_margin_ce_grad(
-        features, weight, bias, labels, margins, sample_weight
+        features, weight, bias, labels, margins, sample_weight, center
     )
     weight.requires_grad_()
-    logits = features @ weight.T
+    logits = (features - center if centered else features) @ weight.T
     if with_bias:
         bias.requires_grad_()
         logits = logits + bias
