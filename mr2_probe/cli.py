@@ -12,6 +12,8 @@ import joblib
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import GridSearchCV, StratifiedKFold, train_test_split
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import Normalizer, StandardScaler
 
 from ._classifier import MR2LinearClassifier
 from .metrics import classwise_scorers
@@ -33,6 +35,7 @@ examples:
   mr2-probe feats.npy --labels labels.npy --test-size 0.25
 """
 
+_SCALERS = {"none": None, "standard": StandardScaler, "l2": Normalizer}
 _SCORINGS = ("accuracy", "balanced_accuracy", "worst_class", "hard_tercile", "class_std")
 
 
@@ -84,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-iter", type=int, default=100, help="iterations / epochs")
     parser.add_argument(
+        "--scale",
+        choices=tuple(_SCALERS),
+        default="none",
+        help="feature scaling fitted on the training data: standard (zero mean, unit "
+        "variance), l2 (unit-norm rows) or none (default: none)",
+    )
+    parser.add_argument(
         "--grid",
         action="append",
         default=[],
@@ -105,6 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", help="folder for report.{txt,md,json}, plots, models.joblib")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return parser
+
+
+def _scaled(probe: MR2LinearClassifier, scale: str):
+    scaler = _SCALERS[scale]
+    return probe if scaler is None else Pipeline([("scale", scaler()), ("probe", probe)])
 
 
 def _optional_float(text: str):
@@ -185,21 +200,22 @@ def main(argv=None) -> int:
         verbose=verbose,
         random_state=args.seed,
     )
-    models = {"ERM": MR2LinearClassifier(c_bar=None, **common)}
+    models = {"ERM": _scaled(MR2LinearClassifier(c_bar=None, **common), args.scale)}
     mr2 = MR2LinearClassifier(c_bar=args.c_bar, lam=args.lam, p=args.p, head=args.head, **common)
     if grid:
         mr2.set_params(verbose=0)
+        prefix = "" if args.scale == "none" else "probe__"
         name = "MR2 grid"
         models[name] = GridSearchCV(
-            mr2,
-            grid,
+            _scaled(mr2, args.scale),
+            {prefix + key: values for key, values in grid.items()},
             scoring=classwise_scorers(),
             refit=args.scoring,
             cv=StratifiedKFold(args.cv, shuffle=True, random_state=args.seed),
             n_jobs=args.n_jobs,
         )
     else:
-        models["MR2"] = mr2
+        models["MR2"] = _scaled(mr2, args.scale)
 
     for name, model in models.items():
         print(f"fitting {name} on {X.shape[0]} × {X.shape[1]} features", file=sys.stderr)
@@ -209,8 +225,8 @@ def main(argv=None) -> int:
     report = classwise_report(models, y_test, X_test, reference="ERM")
     print(report.to_text(per_class=args.per_class))
     if grid:
-        search = models[name]
-        print(f"MR2 grid: best parameters by {args.scoring}: {search.best_params_}")
+        best = {k.removeprefix("probe__"): v for k, v in models[name].best_params_.items()}
+        print(f"MR2 grid: best parameters by {args.scoring}: {best}")
     if args.out:
         _write_outputs(Path(args.out), report, models, args)
     return 0
@@ -227,7 +243,8 @@ def _write_outputs(out: Path, report, models: dict, args) -> None:
     mr2_name = list(fitted)[-1]
     plot_class_accuracy(report, out / "class_accuracy.png", model=mr2_name)
     plot_group_accuracy(report, out / "groups.png")
-    plot_margins(fitted[mr2_name], out / "margins.png")
+    probe = fitted[mr2_name]
+    plot_margins(probe[-1] if isinstance(probe, Pipeline) else probe, out / "margins.png")
     joblib.dump(fitted, out / "models.joblib")
     (out / "command.json").write_text(json.dumps(vars(args), indent=2) + "\n")
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)

