@@ -197,7 +197,8 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     if rows and rows[0] == ["path", "label"]:
         rows = rows[1:]
     names = [label for _, label in rows]
-    if all(name.lstrip("-").isdigit() for name in names):
+    # Non-negative integers are class indices; anything else (-1 included) is a class name.
+    if all(name.isdigit() for name in names):
         labels = np.array([int(name) for name in names], dtype=np.int64)
         class_names = [str(k) for k in range(labels.max(initial=-1) + 1)]
     else:

@@ -314,6 +314,10 @@ def _extract_shard(
     n_per_class, max_items, rank, world_size, progress,
 ) -> Path:  # fmt: skip
     device = resolve_device(device)
+    if device.type == "cuda":
+        # The rank's GPU becomes the current one, so that nothing (pinned-memory threads
+        # included) opens a context on GPU 0 from every rank.
+        torch.cuda.set_device(device)
     src = open_source(source)
     if n_per_class is not None or max_items is not None:
         src = src.subset(n_per_class, max_items)

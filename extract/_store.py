@@ -56,6 +56,11 @@ class IncompleteStoreError(RuntimeError):
     """The store still has rows that were never extracted."""
 
 
+def _truncate(reason: str) -> bytes:
+    """UTF-8 bytes of ``reason`` cut to the field's size, never inside a character."""
+    return reason.encode()[:200].decode("utf-8", "ignore").encode()
+
+
 def _attr(value: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -193,7 +198,7 @@ def write_rows(
     """Write rows ``start:start+len(status)``; mark them done only after a flush."""
     stop = start + len(status)
     f["features"][start:stop] = features
-    f["failure_reason"][start:stop] = np.array([r.encode()[:200] for r in reasons], REASON_DTYPE)
+    f["failure_reason"][start:stop] = np.array([_truncate(r) for r in reasons], REASON_DTYPE)
     f.flush()  # features reach the file before the rows are marked done
     f["status"][start:stop] = status
     f.flush()
@@ -335,7 +340,8 @@ def load_features(
             indices=f["indices"][:][rows],
             rows=rows,
             failures=[
-                (str(all_paths[i]), r.decode()) for i, r in zip(failed, reasons, strict=True)
+                (str(all_paths[i]), r.decode(errors="replace"))
+                for i, r in zip(failed, reasons, strict=True)
             ],
             metadata=read_attrs(f),
             n_pending=n_pending,

@@ -27,6 +27,10 @@ from ._solvers import MarginSpec, fit_lbfgs, fit_minibatch, refresh_statistics
 from ._stats import class_difficulty
 
 
+def _h5_numpy_dtype(dataset):
+    return np.float64 if np.dtype(dataset.dtype) == np.float64 else np.float32
+
+
 class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     """Linear or cosine probe trained with MR² margin regularization.
 
@@ -51,7 +55,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     C : float, default=1.0
         Inverse strength of the L2 penalty ½‖W‖² / (C·S), S the sum of sample weights, as
         in :class:`~sklearn.linear_model.LogisticRegression`. The cosine head is invariant
-        to ‖W‖ and is not penalised; a projection is penalised by ½‖P − I‖² / (C·S).
+        to ‖W‖ and is not penalised; a projection is penalised by ½‖P − I‖² / (C·S)
+        (½(‖A‖² + ‖B‖²) / (C·S) for a low-rank one).
     fit_intercept : bool, default=True
         Whether the linear head has a bias. Ignored by the cosine head.
     scale : float, default=16.0
@@ -253,11 +258,15 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 "This solver needs samples of at least 2 classes in the data, but the data "
                 f"contains only one class: {self.classes_[0]!r}."
             )
+        if is_torch_tensor(sample_weight):
+            sample_weight = to_numpy(sample_weight)
         sample_weight = _check_sample_weight(
             sample_weight, np.empty((len(y_index), 0)), dtype=np.float64, ensure_non_negative=True
         )
         if self.class_weight is not None:
-            weights = compute_class_weight(self.class_weight, classes=self.classes_, y=y)
+            weights = compute_class_weight(
+                self.class_weight, classes=self.classes_, y=y, sample_weight=sample_weight
+            )
             sample_weight = sample_weight * weights[y_index]
         weight_sum = float(sample_weight.sum())
         if weight_sum <= 0:
@@ -317,13 +326,20 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 **common,
             )
         if not result.converged:
-            warnings.warn(
-                f"{solver} did not converge in max_iter={self.max_iter} "
-                f"{'iterations' if solver == 'lbfgs' else 'epochs'}. Increase max_iter "
-                "or scale the features (e.g. StandardScaler).",
-                ConvergenceWarning,
-                stacklevel=2,
-            )
+            if result.n_iter >= self.max_iter:
+                unit = "iterations" if solver == "lbfgs" else "epochs"
+                message = (
+                    f"{solver} did not converge in max_iter={self.max_iter} {unit}. Increase "
+                    "max_iter or scale the features (e.g. StandardScaler)."
+                )
+            else:
+                message = (
+                    f"lbfgs stopped after {result.n_iter} iterations, no longer improving, "
+                    f"with a largest gradient entry of {result.largest_gradient:.2g} > "
+                    f"tol={self.tol}: the tolerance is tighter than the precision of the data "
+                    "allows. Use float64 features or a larger tol."
+                )
+            warnings.warn(message, ConvergenceWarning, stacklevel=2)
         self._store(head.export(), result, solver, device)
         return self
 
@@ -345,11 +361,14 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             if len(y) != X.shape[0]:
                 raise ValueError(f"X has {X.shape[0]} samples but y has {len(y)}.")
         else:
+            if getattr(X, "dtype", None) == np.float16:  # stores often hold float16
+                X = X.astype(np.float32)
             X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], order="C")
         if is_torch_tensor(X):
             device = X.device if self.device == "auto" else resolve_device(self.device)
             dtype = X.dtype if X.dtype in (torch.float32, torch.float64) else torch.float32
-            X = X.to(device=device, dtype=dtype)
+            # Features straight from a backbone may carry autograd history: not ours to keep.
+            X = X.detach().to(device=device, dtype=dtype)
             if not bool(torch.isfinite(X).all()):
                 raise ValueError("Input X contains NaN or infinity.")
         elif is_h5_dataset(X):
@@ -364,11 +383,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         state = getattr(self, "_head_state", None)
         if not self.warm_start or state is None:
             return None
+        rank = None if state["proj_a"] is None else state["proj_a"].shape[1]
         same = (
             state["weight"].shape[-1] == self.n_features_in_
             and state["n_classes"] == n_classes
             and state["head"] == self.head
             and (state["proj_full"] is not None or state["proj_a"] is not None) == (self.lam > 0)
+            and (self.lam == 0 or rank == self.projection_rank)
         )
         return state if same else None
 
@@ -403,16 +424,20 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             validate_data(self, X, reset=False, skip_check_array=True)
             if len(X.shape) != 2:
                 raise ValueError(f"Expected a 2D X, got shape {tuple(X.shape)}.")
-            if is_torch_tensor(X) and not X.is_floating_point():
-                X = X.float()
+            if is_torch_tensor(X):
+                X = X.detach()
+                if X.dtype not in (torch.float32, torch.float64):
+                    X = X.float()  # as in fit: half precision is computed in float32
             return X
+        if getattr(X, "dtype", None) == np.float16:
+            X = X.astype(np.float32)
         return validate_data(self, X, reset=False, dtype=[np.float64, np.float32], order="C")
 
     def _logits(self, X):
         if is_h5_dataset(X):
             rows = block_rows(self.n_features_in_, len(self.classes_))
             parts = [
-                self._logits(np.asarray(X[i : i + rows], dtype=np.float32))
+                self._logits(np.asarray(X[i : i + rows], dtype=_h5_numpy_dtype(X)))
                 for i in range(0, X.shape[0], rows)
             ]
             return np.concatenate(parts) if parts else np.empty((0, self.coef_.shape[0]))
@@ -443,6 +468,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if z.shape[1] == 1:
             z = np.hstack([np.zeros_like(z), z])
         return log_softmax(z, axis=1) if log else softmax(z, axis=1)
+
+    def score(self, X, y, sample_weight=None):
+        """Mean accuracy of :meth:`predict` on ``(X, y)``; y may be a torch tensor."""
+        y = to_numpy(y) if is_torch_tensor(y) else y
+        if is_torch_tensor(sample_weight):
+            sample_weight = to_numpy(sample_weight)
+        return super().score(X, y, sample_weight=sample_weight)
 
     def predict(self, X):
         """Predicted labels (NumPy, of the type of ``classes_``): argmax of the logits."""

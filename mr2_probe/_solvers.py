@@ -25,6 +25,7 @@ class SolverResult:
     n_iter: int
     converged: bool
     loss_curve: list = field(default_factory=list)
+    largest_gradient: float | None = None
     stats: ClassStats | None = None
     margins: torch.Tensor | None = None
 
@@ -75,14 +76,15 @@ def fit_lbfgs(head, source, spec: MarginSpec, *, initial, weight_sum, C, max_ite
     params = [p for p in head.parameters()]
     for param in params:  # the closed-form path writes gradients in place
         param.grad = torch.zeros_like(param)
-    eps = torch.finfo(params[0].dtype).eps
     optimizer = torch.optim.LBFGS(
         params,
         lr=1,
         max_iter=max_iter,
         max_eval=max_iter * 4,
         tolerance_grad=tol,
-        tolerance_change=64 * eps,  # scipy's ftol as scikit-learn sets it
+        # scipy's ftol as scikit-learn sets it, float64's even for float32 data: the
+        # gradient test, not float32 rounding of the loss, decides when to stop.
+        tolerance_change=64 * torch.finfo(torch.float64).eps,
         history_size=10,
         line_search_fn="strong_wolfe",
     )
@@ -125,9 +127,11 @@ def fit_lbfgs(head, source, spec: MarginSpec, *, initial, weight_sum, C, max_ite
             head.bias -= head.weight @ center
     state = optimizer.state[params[0]]
     n_iter = state.get("n_iter", 0)
-    converged = n_iter < max_iter and state.get("func_evals", 0) < max_iter * 4
+    # Converged means the gradient test was met, whatever made L-BFGS stop.
+    largest = max(float(p.grad.abs().max()) for p in params if p.grad is not None)
+    converged = largest <= tol
     loss_curve = [float(v) for _, v in sorted(curve.items())]
-    return SolverResult(max(n_iter, 1), converged, loss_curve, stats, margins)
+    return SolverResult(max(n_iter, 1), converged, loss_curve, largest, stats, margins)
 
 
 def fit_minibatch(
@@ -164,7 +168,10 @@ def fit_minibatch(
         epoch_loss = params[0].new_zeros(())
         for x, y, w in source.batches(batch_size, generator):
             phi = head.features(x)  # (B, d')
-            loss = margin_cross_entropy(head.logits(phi), y, margins, w) + reg * head.penalty()
+            # Σ w ℓ over the batch divided by its expected weight (S·B/N): unbiased for
+            # the objective, and finite for a batch whose weights are all zero.
+            ce = margin_cross_entropy(head.logits(phi), y, margins, w, reduction="sum")
+            loss = ce * (source.n_samples / (weight_sum * len(y))) + reg * head.penalty()
             if lam > 0:
                 loss = loss + lam * compactness_loss(phi, y, s_bar, tau)
             optimizer.zero_grad(set_to_none=True)
@@ -183,4 +190,4 @@ def fit_minibatch(
     bar.close()
     if head.has_projection:
         stats, margins, _, _ = refresh_statistics(head, source, spec)
-    return SolverResult(len(curve), converged, curve, stats, margins)
+    return SolverResult(len(curve), converged, curve, stats=stats, margins=margins)

@@ -105,21 +105,31 @@ def class_difficulty(stats: ClassStats, p: float = 2.0) -> torch.Tensor:
     return lp_norm_sq(stats.mean, p) + stats.msd
 
 
-def margins_from_difficulty(a: torch.Tensor, c_bar: float) -> torch.Tensor:
-    """Closed-form margins γ_k = c̄·K·a_k^{1/3} / Σ_j a_j^{1/3} (Corollary 1); mean γ = c̄."""
-    root = a.clamp_min(0).pow(1.0 / 3.0)  # (K,)
+def margins_from_difficulty(
+    a: torch.Tensor, c_bar: float, present: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Closed-form margins γ_k = c̄·K·a_k^{1/3} / Σ_j a_j^{1/3} (Corollary 1); mean γ = c̄.
+
+    Classes outside ``present`` (no weight in the data) get γ = c̄ and stay out of the
+    normalisation; the mean is still c̄.
+    """
+    present = torch.ones_like(a, dtype=torch.bool) if present is None else present
+    root = a.clamp_min(0).pow(1.0 / 3.0) * present  # (K,)
+    # A class with a_k = 0 (all-zero features) would get γ = 0 and divide its logits by
+    # zero: a floor far below every other margin keeps the loss finite.
+    root = torch.where(present, root.clamp_min(1e-6 * root.max()), root)
+    n_present = present.sum()
     total = root.sum()
-    n_classes = a.shape[0]
+    scaled = c_bar * n_present * root / total.clamp_min(1e-30)
     # A degenerate representation (all a_k = 0) carries no information: uniform margins.
-    uniform = torch.full_like(root, c_bar)
-    return torch.where(total > 0, c_bar * n_classes * root / total.clamp_min(1e-30), uniform)
+    return torch.where(present & (total > 0), scaled, torch.full_like(root, c_bar))
 
 
 def class_margins(stats: ClassStats, c_bar: float | None, p: float = 2.0) -> torch.Tensor:
     """Margins γ (K,) from class statistics; ``c_bar=None`` gives γ ≡ 1 (plain CE)."""
     if c_bar is None:
         return torch.ones_like(stats.count)
-    return margins_from_difficulty(class_difficulty(stats, p), c_bar)
+    return margins_from_difficulty(class_difficulty(stats, p), c_bar, stats.count > 0)
 
 
 def ema_update(

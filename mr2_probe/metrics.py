@@ -77,11 +77,19 @@ def difficulty_groups(reference_accuracy, n_groups: int = 3) -> np.ndarray:
     >>> from mr2_probe.metrics import difficulty_groups
     >>> difficulty_groups([0.9, 0.5, 1.0, 0.7, 0.8, 0.6])
     array([0, 2, 0, 1, 1, 2])
+    >>> difficulty_groups([0.9, 0.5])
+    array([0, 2])
     """
     acc = np.asarray(reference_accuracy, dtype=float)
     order = np.argsort(-acc, kind="stable")
     groups = np.empty(len(acc), dtype=int)
-    groups[order] = np.arange(len(acc)) * n_groups // len(acc)
+    rank = np.arange(len(acc))
+    if len(acc) >= n_groups:
+        groups[order] = rank * n_groups // len(acc)
+    else:
+        # Fewer classes than groups: spread them from easy to hard, so that the worst class
+        # is always "hard" (two classes: easy and hard, no medium).
+        groups[order] = np.round(rank * (n_groups - 1) / max(len(acc) - 1, 1)).astype(int)
     return groups
 
 

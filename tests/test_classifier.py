@@ -342,3 +342,74 @@ def test_wrong_feature_count_at_predict():
         clf.predict(X[:, :4])
     with pytest.raises(ValueError, match="expecting 6 features"):
         clf.predict(torch.as_tensor(X[:, :4]))
+
+
+@pytest.mark.parametrize("solver", ["lbfgs", "adam"])
+def test_a_class_with_zero_weight_keeps_the_model_finite(solver):
+    X, y = _blobs(3)
+    sample_weight = np.where(y == 2, 0.0, 1.0)
+    clf = MR2LinearClassifier(solver=solver, batch_size=4, max_iter=5, random_state=0, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y, sample_weight=sample_weight)
+    assert np.isfinite(clf.coef_).all() and np.isfinite(clf.loss_curve_).all()
+    assert clf.margins_[2] == pytest.approx(1.0)  # absent class: the mean margin
+    assert clf.margins_.mean() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "params", [{"head": "cosine"}, {"c_bar": 1.0}, {"lam": 0.5, "max_iter": 2}]
+)
+def test_tensor_with_autograd_history(params):
+    X, y = _blobs(2)
+    leaf = torch.as_tensor(X, dtype=torch.float32).requires_grad_()
+    features = leaf * 2 + 1  # as if straight out of a backbone
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = MR2LinearClassifier(random_state=0, **params).fit(features, y)
+    assert clf.score(features, torch.as_tensor(y)) > 0.8
+    assert not clf.decision_function(features).requires_grad
+
+
+def test_balanced_class_weight_with_sample_weight_matches_logistic_regression(digits):
+    X, y = digits
+    sample_weight = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
+    ours = MR2LinearClassifier(
+        c_bar=None, class_weight="balanced", tol=1e-7, max_iter=3000, device="cpu"
+    )
+    ref = LogisticRegression(class_weight="balanced", tol=1e-10, max_iter=20000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ours.fit(X, y, sample_weight=sample_weight)
+        ref.fit(X, y, sample_weight=sample_weight)
+    np.testing.assert_allclose(ours.coef_, ref.coef_, atol=5e-4)
+
+
+def test_float32_lbfgs_reaches_the_tolerance(digits):
+    X, y = digits
+    ref = LogisticRegression(C=10.0, tol=1e-10, max_iter=20000).fit(X, y)
+    ours = MR2LinearClassifier(c_bar=None, C=10.0, tol=1e-6, max_iter=2000, device="cpu")
+    with pytest.warns(ConvergenceWarning, match="tighter than the precision"):
+        ours.fit(X.astype(np.float32), y)  # 1e-6 is below float32's reach on digits
+    assert ours.n_iter_ < 2000
+    error = np.abs(ours.coef_ - ref.coef_).max() / np.abs(ref.coef_).max()
+    assert error < 2e-3
+
+
+def test_float16_features_train_in_float32():
+    X, y = _blobs()
+    clf = MR2LinearClassifier(device="cpu").fit(X.astype(np.float16), y)
+    assert clf.coef_.dtype == np.float32
+    assert clf.score(X.astype(np.float16), y) > 0.9
+
+
+def test_warm_start_with_a_new_projection_rank_starts_afresh(digits):
+    X, y = digits
+    clf = MR2LinearClassifier(
+        lam=0.5, projection_rank=2, max_iter=1, warm_start=True, random_state=0, device="cpu"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+        clf.set_params(projection_rank=3).fit(X, y)
+    assert np.linalg.matrix_rank(clf.projection_ - np.eye(64), tol=1e-6) <= 3

@@ -229,3 +229,12 @@ def test_worker_processes_give_the_same_store(store, folder, tmp_path):
     out = tmp_path / "w.h5"
     extract_features(folder, BACKBONE, out, **(FAST | dict(num_workers=2)))
     assert out.read_bytes() == store.read_bytes()
+
+
+def test_long_non_ascii_failure_reason_keeps_the_store_readable():
+    from extract._store import _truncate
+
+    reason = "OSError: cannot identify image file '/data/фото/" + "я" * 200
+    cut = _truncate(reason)
+    assert len(cut) <= 200
+    assert reason.startswith(cut.decode("utf-8"))  # cut between characters

@@ -218,3 +218,12 @@ def test_grid_search_multi_metric_refits_on_the_chosen_scorer(
             for name in ("worst_class", "hard_tercile", "balanced_accuracy")
         )
         assert np.all(worst <= tercile + 1e-12) and np.all(tercile <= balanced + 1e-12)
+
+
+def test_two_classes_are_easy_and_hard():
+    from mr2_probe.metrics import classwise_summary, hard_tercile_accuracy
+
+    y_true, y_pred = [0, 0, 1, 1], [0, 1, 1, 1]
+    assert hard_tercile_accuracy(y_true, y_pred) == 0.5
+    summary = classwise_summary(y_true, y_pred)
+    assert summary["easy"] == 1.0 and summary["hard"] == 0.5 == summary["worst"]
