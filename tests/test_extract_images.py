@@ -32,6 +32,8 @@ def test_image_folder_lists_every_file_in_sorted_order(folder):
         (["dog/001.jpg,dog", "cat/000.png,cat"], ["cat", "dog"], [1, 0]),
         (["cat/000.png,2", "dog/001.jpg,0"], ["0", "1", "2"], [2, 0]),
         (["cat/000.png 1", "", "dog/001.jpg 0"], ["0", "1"], [1, 0]),
+        # -1 is no class index: the labels are names.
+        (["cat/000.png,-1", "dog/001.jpg,3"], ["-1", "3"], [0, 1]),
     ],
 )
 def test_image_list(folder, lines, class_names, labels):
