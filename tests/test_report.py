@@ -97,10 +97,10 @@ def test_json_round_trips(labels):
 
 
 def test_json_writes_missing_groups_as_null():
-    # Two classes make two groups: "hard" has no class and no score.
+    # Two classes are easy and hard: "medium" has no class and no score.
     report = classwise_report({"a": [0, 1, 1]}, [0, 1, 1])
-    assert np.isnan(report.rows["a"]["hard"])
+    assert np.isnan(report.rows["a"]["medium"])
     text = report.to_json()
     assert "NaN" not in text
-    assert json.loads(text)["rows"]["a"]["hard"] is None
-    assert report.to_text().splitlines()[2].split()[4] == "nan"
+    assert json.loads(text)["rows"]["a"]["medium"] is None
+    assert report.to_text().splitlines()[2].split()[3] == "nan"
