@@ -27,8 +27,17 @@ from ._solvers import MarginSpec, fit_lbfgs, fit_minibatch, refresh_statistics
 from ._stats import class_difficulty
 
 
-def _h5_numpy_dtype(dataset):
-    return np.float64 if np.dtype(dataset.dtype) == np.float64 else np.float32
+def _floating(X):
+    """X as computed on: half-precision (or integer) tensors and float16 arrays as float32.
+
+    Tensors are detached: features straight from a backbone may carry autograd history.
+    """
+    if is_torch_tensor(X):
+        X = X.detach()
+        return X if X.dtype in (torch.float32, torch.float64) else X.float()
+    if getattr(X, "dtype", None) == np.float16:  # stores often hold float16
+        return X.astype(np.float32)
+    return X
 
 
 class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
@@ -361,18 +370,15 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             if len(y) != X.shape[0]:
                 raise ValueError(f"X has {X.shape[0]} samples but y has {len(y)}.")
         else:
-            if getattr(X, "dtype", None) == np.float16:  # stores often hold float16
-                X = X.astype(np.float32)
-            X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], order="C")
+            X, y = validate_data(self, _floating(X), y, dtype=[np.float64, np.float32], order="C")
         if is_torch_tensor(X):
             device = X.device if self.device == "auto" else resolve_device(self.device)
-            dtype = X.dtype if X.dtype in (torch.float32, torch.float64) else torch.float32
-            # Features straight from a backbone may carry autograd history: not ours to keep.
-            X = X.detach().to(device=device, dtype=dtype)
+            X = _floating(X).to(device)
+            dtype = X.dtype
             if not bool(torch.isfinite(X).all()):
                 raise ValueError("Input X contains NaN or infinity.")
         elif is_h5_dataset(X):
-            device, dtype = resolve_device(self.device), h5_dtype(X)
+            device, dtype = resolve_device(self.device), torch_dtype(h5_dtype(X))
         else:
             device, dtype = resolve_device(self.device), torch_dtype(X.dtype)
             X = to_tensor(X, device, dtype)
@@ -424,20 +430,16 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             validate_data(self, X, reset=False, skip_check_array=True)
             if len(X.shape) != 2:
                 raise ValueError(f"Expected a 2D X, got shape {tuple(X.shape)}.")
-            if is_torch_tensor(X):
-                X = X.detach()
-                if X.dtype not in (torch.float32, torch.float64):
-                    X = X.float()  # as in fit: half precision is computed in float32
-            return X
-        if getattr(X, "dtype", None) == np.float16:
-            X = X.astype(np.float32)
-        return validate_data(self, X, reset=False, dtype=[np.float64, np.float32], order="C")
+            return _floating(X)  # as in fit: half precision is computed in float32
+        return validate_data(
+            self, _floating(X), reset=False, dtype=[np.float64, np.float32], order="C"
+        )
 
     def _logits(self, X):
         if is_h5_dataset(X):
             rows = block_rows(self.n_features_in_, len(self.classes_))
             parts = [
-                self._logits(np.asarray(X[i : i + rows], dtype=_h5_numpy_dtype(X)))
+                self._logits(np.asarray(X[i : i + rows], dtype=h5_dtype(X)))
                 for i in range(0, X.shape[0], rows)
             ]
             return np.concatenate(parts) if parts else np.empty((0, self.coef_.shape[0]))

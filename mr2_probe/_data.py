@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from ._device import to_tensor, torch_dtype
+from ._device import to_tensor
 
 
 def is_torch_tensor(X) -> bool:
@@ -93,6 +93,6 @@ class H5Source(TensorSource):
                 yield X[idx], y[idx], w[idx]
 
 
-def h5_dtype(dataset) -> torch.dtype:
+def h5_dtype(dataset) -> np.dtype:
     """Compute dtype for a stored dataset: float64 stays, everything else is float32."""
-    return torch.float64 if np.dtype(dataset.dtype) == np.float64 else torch_dtype(np.float32)
+    return np.dtype(np.float64 if np.dtype(dataset.dtype) == np.float64 else np.float32)

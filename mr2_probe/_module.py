@@ -90,13 +90,11 @@ class MR2Loss(nn.Module):
         )
 
     def margins(self) -> torch.Tensor:
-        """Current margins γ (K,); classes not seen yet get the mean difficulty."""
+        """Current margins γ (K,); classes not seen yet get c̄."""
         if self.c_bar is None:
             return torch.ones_like(self.running_msd)
         a = class_difficulty(self.stats(), self.p)
-        seen = self.initialised.to(a.dtype)
-        mean_a = (a * seen).sum() / seen.sum().clamp_min(1)
-        return margins_from_difficulty(torch.where(self.initialised, a, mean_a), self.c_bar)
+        return margins_from_difficulty(a, self.c_bar, self.initialised)
 
     def s_bar(self) -> torch.Tensor:
         seen = self.initialised.to(self.running_msd_l2.dtype)

@@ -203,3 +203,12 @@ def test_mr2_loss_defaults_do_not_collapse_a_trained_backbone():
         accuracy = (head(backbone(X)).argmax(1) == y).float().mean()
     assert float(criterion.s_bar()) > 1e-3  # the features keep a spread
     assert accuracy > 0.9
+
+
+def test_mr2_loss_gives_unseen_classes_the_mean_margin():
+    criterion = MR2Loss(n_classes=4, n_features=3, c_bar=2.0, lam=0.0)
+    features = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    criterion(torch.zeros(6, 4), features, torch.tensor([0, 0, 1, 1, 1, 0]))  # classes 2, 3 unseen
+    margins = criterion.margins()
+    torch.testing.assert_close(margins[2:], torch.full((2,), 2.0))
+    torch.testing.assert_close(margins[:2].mean(), torch.tensor(2.0))
