@@ -24,7 +24,7 @@ from ._data import H5Source, TensorSource, block_rows, h5_dtype, is_h5_dataset, 
 from ._device import resolve_device, to_numpy, to_tensor, torch_dtype
 from ._head import ProbeHead, decision_values
 from ._solvers import MarginSpec, fit_lbfgs, fit_minibatch, refresh_statistics
-from ._stats import class_difficulty
+from ._stats import DIFFICULTIES, class_difficulty
 
 
 def _floating(X):
@@ -68,6 +68,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         (½(‖A‖² + ‖B‖²) / (C·S) for a low-rank one).
     fit_intercept : bool, default=True
         Whether the linear head has a bias. Ignored by the cosine head.
+    difficulty : {"moment", "spread"}, default="moment"
+        What the margins grow with. ``"moment"`` is the paper's a_k = ‖μ_k‖_p² + msd_k;
+        ``"spread"`` is msd_k alone, the spread around the class mean, which does not
+        change when every feature is shifted by the same vector.
     scale : float, default=16.0
         Logit scale of the cosine head (an inverse temperature).
     tau : float or None, default=None
@@ -118,7 +122,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         The margins γ used in training (all ones when ``c_bar=None``).
     class_stats_ : dict of ndarray
         ``mean`` (K, d), ``msd`` (K,) in L_p, ``msd_l2`` (K,), ``count`` (K,) and
-        ``difficulty`` a_k = ‖μ_k‖_p² + msd_k (K,) of the representation φ.
+        ``difficulty`` a_k (K,) of the representation φ, as set by ``difficulty``.
     p_ : float
         The norm order used.
     solver_ : str
@@ -174,6 +178,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         "head": [StrOptions({"linear", "cosine"})],
         "C": [Interval(Real, 0, None, closed="neither")],
         "fit_intercept": ["boolean"],
+        "difficulty": [StrOptions(set(DIFFICULTIES))],
         "scale": [Interval(Real, 0, None, closed="neither")],
         "tau": [Interval(Real, 0, None, closed="neither"), None],
         "projection_rank": [Interval(Integral, 1, None, closed="left"), None],
@@ -199,6 +204,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         C=1.0,
         *,
         fit_intercept=True,
+        difficulty="moment",
         scale=16.0,
         tau=None,
         projection_rank=None,
@@ -220,6 +226,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         self.head = head
         self.C = C
         self.fit_intercept = fit_intercept
+        self.difficulty = difficulty
         self.scale = scale
         self.tau = tau
         self.projection_rank = projection_rank
@@ -304,7 +311,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             generator=torch.Generator().manual_seed(seed),
         )
         self.p_ = float(self.p if self.p is not None else (3 if self.head == "cosine" else 2))
-        spec = MarginSpec(n_classes, self.p_, self.c_bar, self.tau)
+        spec = MarginSpec(n_classes, self.p_, self.c_bar, self.tau, self.difficulty)
         warm = self._warm_state(n_classes)
         if warm is not None:
             head.load(warm)
@@ -405,7 +412,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         self.projection_ = state["projection"]
         self.margins_ = to_numpy(result.margins)
         stats = result.stats
-        difficulty = class_difficulty(stats, self.p_)
+        difficulty = class_difficulty(stats, self.p_, self.difficulty)
         self.class_stats_ = {
             "mean": to_numpy(stats.mean),
             "msd": to_numpy(stats.msd),

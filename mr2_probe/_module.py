@@ -8,6 +8,7 @@ from torch import nn
 
 from ._losses import compactness_loss, margin_cross_entropy
 from ._stats import (
+    DIFFICULTIES,
     ClassStats,
     class_difficulty,
     class_statistics,
@@ -44,6 +45,9 @@ class MR2Loss(nn.Module):
         grows as 1/τ, and the features collapse.
     normalize : bool, default=False
         Measure statistics on L2-normalised φ (cosine heads).
+    difficulty : {"moment", "spread"}, default="moment"
+        What the margins grow with: ``"moment"`` is the paper's a_k = ‖μ_k‖_p² + msd_k,
+        ``"spread"`` is msd_k alone (see :class:`MR2LinearClassifier`).
 
     Examples
     --------
@@ -68,16 +72,20 @@ class MR2Loss(nn.Module):
         rho: float = 0.9,
         tau: float | None = 1.0,
         normalize: bool = False,
+        difficulty: str = "moment",
     ) -> None:
         super().__init__()
         if c_bar is not None and c_bar <= 0:
             raise ValueError(f"c_bar must be positive or None, got {c_bar}.")
         if p < 1:
             raise ValueError(f"p must be >= 1, got {p}.")
+        if difficulty not in DIFFICULTIES:
+            raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}.")
         if not 0 <= rho < 1:
             raise ValueError(f"rho must be in [0, 1), got {rho}.")
         self.n_classes, self.c_bar, self.lam, self.p = n_classes, c_bar, lam, p
         self.rho, self.tau, self.normalize = rho, tau, normalize
+        self.difficulty = difficulty
         self.register_buffer("running_mean", torch.zeros(n_classes, n_features))
         self.register_buffer("running_msd", torch.zeros(n_classes))
         self.register_buffer("running_msd_l2", torch.zeros(n_classes))
@@ -93,7 +101,7 @@ class MR2Loss(nn.Module):
         """Current margins γ (K,); classes not seen yet get c̄."""
         if self.c_bar is None:
             return torch.ones_like(self.running_msd)
-        a = class_difficulty(self.stats(), self.p)
+        a = class_difficulty(self.stats(), self.p, self.difficulty)
         return margins_from_difficulty(a, self.c_bar, self.initialised)
 
     def s_bar(self) -> torch.Tensor:

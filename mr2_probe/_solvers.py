@@ -38,6 +38,7 @@ class MarginSpec:
     p: float
     c_bar: float | None
     tau: float | None
+    difficulty: str = "moment"
 
 
 @torch.no_grad()
@@ -47,7 +48,7 @@ def refresh_statistics(head, source, spec: MarginSpec):
     stats = class_statistics_chunked(
         source.chunks, spec.n_classes, n_features, spec.p, transform=head.features
     )
-    margins = class_margins(stats, spec.c_bar, spec.p)
+    margins = class_margins(stats, spec.c_bar, spec.p, spec.difficulty)
     s_bar = stats.msd_l2.mean()
     # τ = 2 s̄ by default: the exponent then compares a pair's distance with the mean
     # same-class distance in units of itself, whatever the scale of the features.

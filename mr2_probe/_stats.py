@@ -100,8 +100,21 @@ def class_statistics_chunked(
     return ClassStats(mean, spread_p / denom, spread_2 / denom, counts)
 
 
-def class_difficulty(stats: ClassStats, p: float = 2.0) -> torch.Tensor:
-    """a_k = ‖μ_k‖_p² + msd_k, the quantity the margins grow with (K,)."""
+DIFFICULTIES = ("moment", "spread")
+
+
+def class_difficulty(stats: ClassStats, p: float = 2.0, kind: str = "moment") -> torch.Tensor:
+    """The quantity a_k the margins grow with (K,).
+
+    ``"moment"`` (the paper): a_k = ‖μ_k‖_p² + msd_k, the mean of ‖φ‖_p² over class k when
+    p = 2, a second moment about the origin. ``"spread"``: a_k = msd_k, the spread around the
+    class mean alone, which ignores where the class sits (invariant to a common shift of
+    the features).
+    """
+    if kind == "spread":
+        return stats.msd
+    if kind != "moment":
+        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {kind!r}.")
     return lp_norm_sq(stats.mean, p) + stats.msd
 
 
@@ -125,11 +138,14 @@ def margins_from_difficulty(
     return torch.where(present & (total > 0), scaled, torch.full_like(root, c_bar))
 
 
-def class_margins(stats: ClassStats, c_bar: float | None, p: float = 2.0) -> torch.Tensor:
+def class_margins(
+    stats: ClassStats, c_bar: float | None, p: float = 2.0, difficulty: str = "moment"
+) -> torch.Tensor:
     """Margins γ (K,) from class statistics; ``c_bar=None`` gives γ ≡ 1 (plain CE)."""
     if c_bar is None:
         return torch.ones_like(stats.count)
-    return margins_from_difficulty(class_difficulty(stats, p), c_bar, stats.count > 0)
+    a = class_difficulty(stats, p, difficulty)
+    return margins_from_difficulty(a, c_bar, stats.count > 0)
 
 
 def ema_update(

@@ -79,6 +79,30 @@ def test_margins_change_the_solution_and_follow_spread():
     assert np.abs(plain.coef_ - mr2.coef_).max() > 1e-2
 
 
+def test_c_bar_is_a_rescaling_of_C_for_the_linear_head(digits):
+    # W·x/(c̄·γ̃) with penalty ‖W‖²/C is, for W = c̄·V, V·x/γ̃ with penalty ‖V‖²/(C/c̄²).
+    X, y = digits
+    X = X / 16.0
+    one = MR2LinearClassifier(c_bar=1.0, C=0.1, tol=1e-7, max_iter=1000, device="cpu").fit(X, y)
+    two = MR2LinearClassifier(c_bar=2.0, C=0.4, tol=1e-7, max_iter=1000, device="cpu").fit(X, y)
+    np.testing.assert_allclose(two.coef_, 2 * one.coef_, atol=2e-3 * np.abs(one.coef_).max())
+    np.testing.assert_array_equal(two.predict(X), one.predict(X))
+
+
+def test_spread_difficulty_uses_the_spread_around_the_class_mean(digits):
+    X, y = digits
+    moment = MR2LinearClassifier(c_bar=1.0, C=0.1, device="cpu").fit(X, y)
+    spread = MR2LinearClassifier(c_bar=1.0, C=0.1, difficulty="spread", device="cpu").fit(X, y)
+    stats = spread.class_stats_
+    np.testing.assert_allclose(stats["difficulty"], stats["msd"])
+    np.testing.assert_allclose(
+        moment.class_stats_["difficulty"], (stats["mean"] ** 2).sum(1) + stats["msd"], rtol=1e-6
+    )
+    root = np.cbrt(stats["msd"])
+    np.testing.assert_allclose(spread.margins_, len(root) * root / root.sum(), rtol=1e-5)
+    assert not np.allclose(spread.margins_, moment.margins_, atol=1e-3)
+
+
 def test_paper_call_works_and_learns_a_projection(digits):
     X, y = digits
     clf = MR2LinearClassifier(c_bar=2, lam=0.5, p=3, max_iter=15, random_state=0, device="cpu")
@@ -303,6 +327,7 @@ def test_minibatch_is_reproducible_with_random_state(digits):
         ({"c_bar": -1.0}, "'c_bar' parameter"),
         ({"p": 0.5}, "'p' parameter of MR2LinearClassifier must be"),
         ({"head": "mlp"}, "'head' parameter of MR2LinearClassifier must be"),
+        ({"difficulty": "norm"}, "'difficulty' parameter of MR2LinearClassifier must be"),
         ({"lam": -0.1}, "'lam' parameter"),
         ({"C": 0}, "'C' parameter"),
         ({"solver": "lbfgs", "lam": 0.5}, "solver='lbfgs' requires lam=0"),

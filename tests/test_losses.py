@@ -55,6 +55,24 @@ def test_margins_grow_with_class_spread():
     assert torch.all(margins[1:] > margins[:-1])  # classes scaled 0.5 … 3.0
 
 
+def test_spread_margins_ignore_where_the_classes_sit():
+    g = torch.Generator().manual_seed(3)
+    labels = torch.arange(300) % 3
+    scales = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
+    features = torch.randn(300, 4, generator=g, dtype=torch.float64) * scales[labels, None]
+    shifted = features + torch.tensor([5.0, -3.0, 0.0, 1.0], dtype=torch.float64)
+    for kind in ("moment", "spread"):
+        before = class_margins(class_statistics(features, labels, 3), 1.0, 2.0, kind)
+        after = class_margins(class_statistics(shifted, labels, 3), 1.0, 2.0, kind)
+        if kind == "spread":  # msd_k alone: a common shift changes nothing
+            torch.testing.assert_close(before, after)
+            assert torch.all(after[1:] > after[:-1])
+        else:  # ‖μ_k‖² + msd_k: the shift's norm swamps the spreads
+            assert (after.max() - after.min()) < 0.5 * (before.max() - before.min())
+    with pytest.raises(ValueError, match="difficulty must be one of"):
+        class_margins(class_statistics(features, labels, 3), 1.0, 2.0, "norm")
+
+
 def test_no_margins_means_plain_cross_entropy():
     features, labels, k = _data(3)
     margins = class_margins(class_statistics(features, labels, k), None)
@@ -142,7 +160,12 @@ def test_mr2_loss_module_trains_and_tracks_statistics():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"c_bar": 0.0}, "c_bar"), ({"p": 0.5}, "p must"), ({"rho": 1.0}, "rho")],
+    [
+        ({"c_bar": 0.0}, "c_bar"),
+        ({"p": 0.5}, "p must"),
+        ({"rho": 1.0}, "rho"),
+        ({"difficulty": "norm"}, "difficulty must be one of"),
+    ],
 )
 def test_mr2_loss_rejects_bad_parameters(kwargs, message):
     with pytest.raises(ValueError, match=message):
