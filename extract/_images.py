@@ -28,6 +28,7 @@ FASHION_MNIST_CLASSES = (
     "Ankle boot",
 )
 _JPEG_SUFFIXES = (".jpg", ".jpeg")
+_JPEG_MAGIC = b"\xff\xd8\xff"  # start-of-image marker and the next marker's prefix
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,8 @@ class ItemDataset(torch.utils.data.Dataset):
 
     With ``jpeg_bytes=True`` JPEG files are returned undecoded (``uint8`` byte tensors,
     flagged by a ``None`` reason and a 1-D tensor) so that the consumer can decode them
-    on the GPU; every other item goes through ``transform`` here.
+    on the GPU; every other item goes through ``transform`` here. A file is JPEG by its
+    content (the SOI marker), not its name: a PNG saved as ``.jpg`` is decoded by PIL.
     """
 
     def __init__(self, source: ImageSource, transform, jpeg_bytes: bool = False) -> None:
@@ -282,8 +284,10 @@ class ItemDataset(torch.utils.data.Dataset):
             is_file = self.source.pixels is None
             if self.jpeg_bytes and is_file and self.source.ids[i].lower().endswith(_JPEG_SUFFIXES):
                 with open(self.source.path(i), "rb") as fh:
+                    data = bytearray(fh.read())
+                if data[:3] == _JPEG_MAGIC:
                     # A plain bytearray-backed tensor crosses the worker queue cheaply.
-                    return i, torch.frombuffer(bytearray(fh.read()), dtype=torch.uint8), None
+                    return i, torch.frombuffer(data, dtype=torch.uint8), None
             return i, self.transform(load_image(self.source, i)), None
         except Exception as err:  # an unreadable image is recorded, never fatal
             return i, None, f"{type(err).__name__}: {err}"[:200]

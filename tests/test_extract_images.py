@@ -81,6 +81,14 @@ def test_dataset_returns_jpeg_bytes_for_device_decoding(folder):
     assert png.shape == (3, 2, 2)  # non-JPEG files are decoded in the worker
 
 
+def test_a_png_named_jpg_is_decoded_by_pil_not_dropped(folder):
+    Image.new("RGB", (5, 4), (10, 200, 30)).save(folder / "cat" / "really_png.jpg", format="PNG")
+    src = image_folder(folder)
+    ds = ItemDataset(src, lambda im: torch.tensor(im.size), jpeg_bytes=True)
+    _, tensor, reason = ds[src.ids.index("cat/really_png.jpg")]
+    assert reason is None and tensor.tolist() == [5, 4]
+
+
 @pytest.fixture
 def idx_root(tmp_path):
     rng = np.random.default_rng(0)
