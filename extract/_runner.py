@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 from tqdm.auto import tqdm
 
+from mr2_probe._device import resolve_device
+
 from ._backbones import Backbone, BackboneSpec, create_backbone
 from ._images import ImageSource, ItemDataset, collate_items, open_source
 from ._store import (
@@ -48,15 +50,6 @@ def library_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "absent"
     return versions
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` -> this rank's CUDA device when one is present, else the CPU."""
-    if str(device) != "auto":
-        return torch.device(device)
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device("cpu")
 
 
 def _tensor_batch(images: list[torch.Tensor], pre: dict, device: torch.device) -> torch.Tensor:

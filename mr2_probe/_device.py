@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -11,9 +12,15 @@ _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torc
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """Return the torch device named by ``device``; ``"auto"`` means CUDA when present."""
+    """Return the torch device named by ``device``.
+
+    ``"auto"`` means CUDA when present (under ``torchrun``, this rank's GPU, ``LOCAL_RANK``),
+    else the CPU.
+    """
     if isinstance(device, str) and device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cpu")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
