@@ -7,10 +7,17 @@ scored class by class on the test set, mean ± std over seeds.
 Real data: Fashion-MNIST (60k / 10k) through EfficientNet-Lite0 (``extract``; the stores
 are cached in ``--cache``). Synthetic data: Gaussian classes whose difficulty comes either
 from their spread (γ follows difficulty) or whose mean norms differ at equal spread (γ
-follows the norm, not difficulty). Every method gets the same budget: four configurations,
-chosen by validation worst-class accuracy (ties: overall), refitted on the whole training
-set. Groups (easy / medium / hard) are the terciles of the tuned ERM probe's per-class
-test accuracy, per seed.
+follows the norm, not difficulty). Every method gets the same budget: as many
+configurations as the C grid has values, chosen by validation worst-class accuracy (ties:
+overall), refitted on the whole training set. Groups (easy / medium / hard) are the
+terciles of the tuned ERM probe's per-class test accuracy, per seed.
+
+A seed draws the validation split (10% of the training set, stratified), hence the chosen
+configuration, and the minibatch solvers' order and initialisation. The test set is fixed,
+and a deterministic refit (L-BFGS on the whole training set) is shared between the seeds
+that choose the same configuration: ± is the spread that tuning and optimisation add.
+After the table, a Spearman ρ between each class's margin and its ERM test error says
+whether γ follows difficulty on that data.
 """
 
 from __future__ import annotations
@@ -21,16 +28,20 @@ import json
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+import torch
+from scipy.stats import spearmanr
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import Normalizer, StandardScaler
 
-from mr2_probe import MR2LinearClassifier
+from mr2_probe import MR2LinearClassifier, class_margins, class_statistics
 from mr2_probe.metrics import classwise_summary, difficulty_groups, per_class_accuracy
 
 COLUMNS = ("overall", "easy", "medium", "hard", "worst")
@@ -45,48 +56,69 @@ def _mr2(scaler, **params):
     return probe if scaler is None else make_pipeline(scaler, probe)
 
 
-# name → (four configurations, factory(config, seed) → unfitted estimator)
-METHODS = {
-    "ERM (LogisticRegression, std)": (
-        _grid(C=[0.01, 0.1, 1.0, 10.0]),
-        lambda c, seed: make_pipeline(
-            StandardScaler(), LogisticRegression(C=c["C"], max_iter=2000)
+# The linear head's c̄ is an exact rescaling of C (W = c̄·V turns W·x/(c̄·γ̃) with penalty
+# ‖W‖²/C into V·x/γ̃ with penalty ‖V‖²/(C/c̄²)), and the cosine head's c̄ one of its scale: a
+# grid over C (or the scale) at c̄ = 1 tunes c̄ too. Every method gets as many configurations
+# as the C grid has values.
+C_GRIDS = {"fmnist": [0.0003, 0.001, 0.003, 0.01], "synthetic": [0.003, 0.01, 0.03, 0.1, 0.3]}
+
+
+class Method(NamedTuple):
+    configs: list
+    make: Callable  # (config, seed) → unfitted estimator
+    seeded: bool = False  # whether the seed changes the fit (else refits are shared)
+
+
+def build_methods(C_GRID):
+    """name → Method, every grid over C drawn from ``C_GRID``."""
+    return {
+        "ERM (LogisticRegression, std)": Method(
+            _grid(C=C_GRID),
+            lambda c, seed: make_pipeline(
+                StandardScaler(), LogisticRegression(C=c["C"], max_iter=2000)
+            ),
         ),
-    ),
-    "MR2 margins p=2, raw": (
-        _grid(c_bar=[1.0, 2.0], C=[0.1, 1.0]),
-        lambda c, seed: _mr2(None, max_iter=1000, **c),
-    ),
-    "MR2 margins p=2, std": (
-        _grid(c_bar=[1.0, 2.0], C=[0.1, 1.0]),
-        lambda c, seed: _mr2(StandardScaler(), max_iter=1000, **c),
-    ),
-    "MR2 margins p=3, cosine, L2-norm": (
-        _grid(c_bar=[1.0, 2.0], scale=[16.0, 32.0]),
-        lambda c, seed: _mr2(Normalizer(), head="cosine", p=3, max_iter=300, **c),
-    ),
-    "MR2 + compactness (P rank 64), std": (
-        _grid(lam=[0.1, 0.5], c_bar=[1.0, 2.0]),
-        lambda c, seed: _mr2(
-            StandardScaler(), projection_rank=64, max_iter=15, random_state=seed, **c
+        "MR2 margins p=2, raw": Method(
+            _grid(C=C_GRID), lambda c, seed: _mr2(None, max_iter=1000, **c)
         ),
-    ),
-    "MR2 Adam 10 epochs (paper regime), std": (
-        _grid(c_bar=[1.0, 2.0], C=[0.1, 1.0]),
-        lambda c, seed: _mr2(
-            StandardScaler(),
-            solver="adam",
-            max_iter=10,
-            n_iter_no_change=10,
-            random_state=seed,
-            **c,
+        "MR2 margins p=2, std": Method(
+            _grid(C=C_GRID), lambda c, seed: _mr2(StandardScaler(), max_iter=1000, **c)
         ),
-    ),
-}
+        "MR2 margins p=2, std, difficulty=spread": Method(
+            _grid(C=C_GRID),
+            lambda c, seed: _mr2(StandardScaler(), difficulty="spread", max_iter=1000, **c),
+        ),
+        "MR2 margins p=3, cosine, L2-norm": Method(
+            _grid(scale=[16.0, 32.0, 64.0, 128.0][: len(C_GRID)]),
+            lambda c, seed: _mr2(Normalizer(), head="cosine", p=3, max_iter=300, **c),
+        ),
+        "MR2 + compactness (P rank 64, Adam 15 ep), std": Method(
+            _grid(lam=[0.1, 0.5, 1.0, 2.0][: len(C_GRID)]),
+            lambda c, seed: _mr2(
+                StandardScaler(), C=0.001, projection_rank=64, max_iter=15, random_state=seed, **c
+            ),
+            seeded=True,
+        ),
+        "MR2 margins, Adam 10 epochs (paper regime), std": Method(
+            _grid(C=C_GRID),
+            lambda c, seed: _mr2(
+                StandardScaler(),
+                solver="adam",
+                max_iter=10,
+                n_iter_no_change=10,
+                random_state=seed,
+                **c,
+            ),
+            seeded=True,
+        ),
+    }
+
+
 SYNTHETIC_METHODS = (
     "ERM (LogisticRegression, std)",
     "MR2 margins p=2, raw",
     "MR2 margins p=2, std",
+    "MR2 margins p=2, std, difficulty=spread",
 )
 
 
@@ -126,31 +158,52 @@ def _fit(model, X, y):
         return model.fit(X, y)
 
 
-def run_seed(X, y, X_test, y_test, methods, seed):
-    """Tune, refit and score every method for one seed; returns name → summary."""
+def run_seed(X, y, X_test, y_test, methods, seed, refits):
+    """Tune, refit and score every method for one seed; returns name → summary.
+
+    ``refits`` caches the test predictions of refits that do not depend on the seed (a
+    deterministic solver on the whole training set), shared between seeds.
+    """
     X_tr, X_val, y_tr, y_val = train_test_split(X, y, test_size=0.1, stratify=y, random_state=seed)
     predictions, chosen = {}, {}
     for name in methods:
         start = time.perf_counter()
-        configs, make = METHODS[name]
+        method = methods[name]
         scores = []
-        for config in configs:
-            pred = _fit(make(config, seed), X_tr, y_tr).predict(X_val)
+        for config in method.configs:
+            pred = _fit(method.make(config, seed), X_tr, y_tr).predict(X_val)
             s = classwise_summary(y_val, pred)
             scores.append((s["worst"], s["overall"]))
-        best = configs[max(range(len(configs)), key=scores.__getitem__)]
-        predictions[name] = _fit(make(best, seed), X, y).predict(X_test)
+        best = method.configs[max(range(len(method.configs)), key=scores.__getitem__)]
+        key = (name, json.dumps(best, sort_keys=True), seed if method.seeded else None)
+        if key not in refits:
+            refits[key] = _fit(method.make(best, seed), X, y).predict(X_test)
+        predictions[name] = refits[key]
         chosen[name] = best
         print(
             f"  seed {seed}: {name}: {best} ({time.perf_counter() - start:.0f} s)",
             file=sys.stderr,
             flush=True,
         )
-    reference = next(iter(methods))
-    groups = difficulty_groups(per_class_accuracy(y_test, predictions[reference]))
-    return {
+    reference = predictions[next(iter(methods))]
+    groups = difficulty_groups(per_class_accuracy(y_test, reference))
+    summaries = {
         name: {**classwise_summary(y_test, pred, groups), "config": chosen[name]}
         for name, pred in predictions.items()
+    }
+    return summaries, reference
+
+
+def margin_tracking(X, y, X_test, y_test, erm_prediction):
+    """Spearman ρ between each class's margin (standardised features, p = 2) and its ERM
+    test error: does γ follow difficulty?"""
+    Z = torch.as_tensor(StandardScaler().fit_transform(X), dtype=torch.float64)
+    labels = torch.as_tensor(np.unique(y, return_inverse=True)[1])
+    stats = class_statistics(Z, labels, int(labels.max()) + 1)
+    error = 1 - per_class_accuracy(y_test, erm_prediction)
+    return {
+        kind: float(spearmanr(class_margins(stats, 1.0, 2.0, kind).numpy(), error)[0])
+        for kind in ("moment", "spread")
     }
 
 
@@ -183,7 +236,7 @@ def main(argv=None):
                 (
                     f"Fashion-MNIST, Lite0 {size}px",
                     lambda size=size: fashion_mnist_features(size, args.cache),
-                    tuple(METHODS),
+                    build_methods(C_GRIDS["fmnist"]),
                 )
             )
     else:
@@ -193,21 +246,37 @@ def main(argv=None):
                 (
                     f"synthetic K={k}, {kind}",
                     lambda a=(X_tr, y_tr, X_te, y_te): a,
-                    SYNTHETIC_METHODS,
+                    {
+                        n: m
+                        for n, m in build_methods(C_GRIDS["synthetic"]).items()
+                        if n in SYNTHETIC_METHODS
+                    },
                 )
             )
 
     print("| data | method | " + " | ".join(COLUMNS) + " |")
     print("|---|---|" + "---|" * len(COLUMNS))
-    everything = {}
+    everything, tracking = {}, []
     for dataset, load, methods in datasets:
         X, y, X_test, y_test = load()
         start = time.perf_counter()
-        results = [run_seed(X, y, X_test, y_test, methods, seed) for seed in args.seeds]
+        refits, results = {}, []
+        for seed in args.seeds:
+            summaries, reference = run_seed(X, y, X_test, y_test, methods, seed, refits)
+            results.append(summaries)
         print(table(dataset, results), flush=True)
-        everything[dataset] = {"seconds": time.perf_counter() - start, "seeds": results}
-    if args.out:
-        args.out.write_text(json.dumps(everything, indent=2, default=str))
+        rho = margin_tracking(X, y, X_test, y_test, reference)
+        tracking.append(f"| {dataset} | {rho['moment']:+.2f} | {rho['spread']:+.2f} |")
+        everything[dataset] = {
+            "seconds": time.perf_counter() - start,
+            "margin_error_spearman": rho,
+            "seeds": results,
+        }
+        if args.out:  # after every data set, so that a long run keeps what it measured
+            args.out.write_text(json.dumps(everything, indent=2, default=str))
+    print("\nDoes γ follow difficulty? Spearman ρ between γ_k and the ERM probe's test error")
+    print("| data | ρ, difficulty=moment (paper) | ρ, difficulty=spread |\n|---|---|---|")
+    print("\n".join(tracking))
 
 
 if __name__ == "__main__":
