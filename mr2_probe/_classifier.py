@@ -81,7 +81,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         Rank r of the residual of the projection, P = I + A·B (A: d×r, B: r×d). ``None``
         learns a full d×d matrix. Only used when ``lam > 0``.
     solver : {"auto", "lbfgs", "adam", "sgd"}, default="auto"
-        ``"lbfgs"``: full-batch L-BFGS, exact and deterministic, for ``lam = 0``.
+        ``"lbfgs"``: full-batch L-BFGS, exact and deterministic, for ``lam = 0`` (on CUDA
+        the class sums use atomic scatter-adds, so two runs may differ in the last bits).
         ``"adam"`` / ``"sgd"``: minibatch optimisers (SGD with Nesterov momentum 0.9).
         ``"auto"`` picks ``"lbfgs"`` when ``lam = 0`` and ``"adam"`` otherwise.
     max_iter : int, default=100
