@@ -223,6 +223,9 @@ def main(argv=None):
     parser.add_argument("--data", choices=("fmnist", "synthetic"), default="fmnist")
     parser.add_argument("--image-sizes", type=int, nargs="+", default=[64, 96])
     parser.add_argument("--classes", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument(
+        "--kinds", nargs="+", choices=("spread", "norm"), default=["spread", "norm"]
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--cache", type=Path, default=Path("runs/cache"))
     parser.add_argument("--out", type=Path, help="write all results as JSON")
@@ -240,7 +243,7 @@ def main(argv=None):
                 )
             )
     else:
-        for kind, k in itertools.product(("spread", "norm"), args.classes):
+        for kind, k in itertools.product(args.kinds, args.classes):
             X_tr, X_te, y_tr, y_te = synthetic_features(k, kind)
             datasets.append(
                 (
