@@ -72,7 +72,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         What the margins grow with. ``"moment"`` is the paper's a_k = ‖μ_k‖_p² + msd_k;
         ``"spread"`` is msd_k alone, the spread around the class mean, which does not
         change when every feature is shifted by the same vector.
-    scale : float, default=16.0
+    scale : float, default=64.0
         Logit scale of the cosine head (an inverse temperature).
     tau : float or None, default=None
         Temperature τ of the compactness loss; ``None`` uses τ = 2 s̄, which makes the loss
@@ -206,7 +206,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         *,
         fit_intercept=True,
         difficulty="moment",
-        scale=16.0,
+        scale=64.0,
         tau=None,
         projection_rank=None,
         solver="auto",
@@ -475,6 +475,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             if z.shape[1] == 1:
                 z = torch.cat([torch.zeros_like(z), z], dim=1)
             return torch.log_softmax(z, dim=1) if log else torch.softmax(z, dim=1)
+        # Probabilities in float64: a float32 softmax underflows
+        # to 0 for logit gaps past ~100 (a cosine head's scale reaches that), and then
+        # log(predict_proba) and predict_log_proba disagree.
+        z = z.astype(np.float64)
         if z.shape[1] == 1:
             z = np.hstack([np.zeros_like(z), z])
         return log_softmax(z, axis=1) if log else softmax(z, axis=1)
