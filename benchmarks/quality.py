@@ -159,16 +159,17 @@ def _fit(model, X, y):
 
 
 def run_seed(X, y, X_test, y_test, methods, seed, refits):
-    """Tune, refit and score every method for one seed; returns name → summary.
+    """Tune, refit and score every method for one seed.
+
+    Returns name → summary, and the reference (first) method's test predictions.
 
     ``refits`` caches the test predictions of refits that do not depend on the seed (a
     deterministic solver on the whole training set), shared between seeds.
     """
     X_tr, X_val, y_tr, y_val = train_test_split(X, y, test_size=0.1, stratify=y, random_state=seed)
     predictions, chosen = {}, {}
-    for name in methods:
+    for name, method in methods.items():
         start = time.perf_counter()
-        method = methods[name]
         scores = []
         for config in method.configs:
             pred = _fit(method.make(config, seed), X_tr, y_tr).predict(X_val)

@@ -103,7 +103,7 @@ def class_statistics_chunked(
 DIFFICULTIES = ("moment", "spread")
 
 
-def class_difficulty(stats: ClassStats, p: float = 2.0, kind: str = "moment") -> torch.Tensor:
+def class_difficulty(stats: ClassStats, p: float = 2.0, difficulty: str = "moment") -> torch.Tensor:
     """The quantity a_k the margins grow with (K,).
 
     ``"moment"`` (the paper): a_k = ‖μ_k‖_p² + msd_k, the mean of ‖φ‖_p² over class k when
@@ -111,10 +111,10 @@ def class_difficulty(stats: ClassStats, p: float = 2.0, kind: str = "moment") ->
     class mean alone, which ignores where the class sits (invariant to a common shift of
     the features).
     """
-    if kind == "spread":
+    if difficulty == "spread":
         return stats.msd
-    if kind != "moment":
-        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {kind!r}.")
+    if difficulty != "moment":
+        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}.")
     return lp_norm_sq(stats.mean, p) + stats.msd
 
 
