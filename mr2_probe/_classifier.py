@@ -99,6 +99,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         Epochs without improvement before a minibatch solver stops.
     class_weight : dict, "balanced" or None, default=None
         Weights of the classes, multiplied into ``sample_weight`` as in LogisticRegression.
+    class_tilt : float, default=0.0
+        Tilt t ≥ 0 of the class risk. ``0`` is the usual weighted mean of the per-sample
+        losses. ``t > 0`` replaces it by the tilted class risk
+        (1/t)·log Σ_k π_k·exp(t·L_k) of the per-class mean losses L_k, which leans on the
+        classes whose loss is high: t → ∞ approaches the worst class's loss (class-level
+        group DRO). See Notes for how it composes with the margins and the weights; the
+        linear head's problem stays convex, and L-BFGS solves it in closed form.
     warm_start : bool, default=False
         Reuse the previous solution as the starting point of the next ``fit``.
     random_state : int, RandomState instance or None, default=None
@@ -132,6 +139,12 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         L-BFGS iterations or epochs run.
     loss_curve_ : list of float
         Objective after each iteration (L-BFGS) or mean loss of each epoch.
+    class_losses_ : ndarray of shape (n_classes,)
+        L_k at the solution: each class's weighted mean (margin) cross-entropy on the
+        training data.
+    tilt_weights_ : ndarray of shape (n_classes,)
+        The class weights q = softmax(t·L + log π) at the solution (they sum to 1): where
+        the tilted objective leaned. With ``class_tilt=0`` they are the shares π_k.
     n_features_in_ : int
     feature_names_in_ : ndarray of shape (n_features_in_,)
         Defined only when X has string feature names.
@@ -174,9 +187,23 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         (1/S) Σ_i w_i CE(z_i / γ_{y_i}, y_i) + λ·mean_k mean_{i∈k} ℓ_s̄(i)
             + ½‖W‖² / (C·S)
 
-    with ℓ_s̄(i) = log(1 + Σ_{j≠i, y_j=y_i} exp((‖φ_i − φ_j‖² − 2 s̄) / τ)). Margins act in
-    training only: ``predict`` is the plain argmax of the logits. With ``c_bar=None`` and
-    ``lam=0`` the objective is that of multinomial LogisticRegression(C=C).
+    with ℓ_s̄(i) = log(1 + Σ_{j≠i, y_j=y_i} exp((‖φ_i − φ_j‖² − 2 s̄) / τ)).
+
+    **Class tilt.** Write the data term as Σ_k π_k·L_k, with S_k = Σ_{i∈k} w_i the weight
+    of class k, π_k = S_k / S its share and L_k = Σ_{i∈k} w_i·CE(z_i / γ_k, y_i) / S_k its
+    weighted mean margin cross-entropy. ``class_tilt=t`` replaces it by
+    R_t = (1/t)·log Σ_k π_k·exp(t·L_k) (tilted ERM over classes, Li et al. 2021; t → ∞ is
+    class-level group DRO, Sagawa et al. 2020). The margins γ enter through L_k;
+    ``sample_weight`` and ``class_weight`` enter through w_i, hence through both L_k and
+    π_k (``class_weight="balanced"`` makes π uniform, so the tilt then starts from the
+    balanced mean). The penalty is unchanged. ∇R_t = Σ_k q_k·∇L_k with
+    q = softmax(t·L + log π): the plain gradient with sample i weighted by q_{y_i} / S_{y_i}
+    instead of 1 / S. The minibatch solvers take q of an epoch from the class losses of
+    the previous one (the first epoch's from one exact pass at the start).
+
+    Margins and tilt act in training only: ``predict`` is the plain argmax of the logits.
+    With ``c_bar=None``, ``lam=0`` and ``class_tilt=0`` the objective is that of
+    multinomial LogisticRegression(C=C).
 
     X may be a NumPy array, a pandas DataFrame, a torch tensor (trained on its device, no
     copy to the CPU) or an ``h5py.Dataset`` (streamed in blocks, never loaded whole).
@@ -218,6 +245,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         "learning_rate": [Interval(Real, 0, None, closed="neither")],
         "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
         "class_weight": [dict, StrOptions({"balanced"}), None],
+        "class_tilt": [Interval(Real, 0, None, closed="left")],
         "warm_start": ["boolean"],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
@@ -244,6 +272,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         learning_rate=1e-3,
         n_iter_no_change=10,
         class_weight=None,
+        class_tilt=0.0,
         warm_start=False,
         random_state=None,
         verbose=0,
@@ -266,6 +295,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         self.learning_rate = learning_rate
         self.n_iter_no_change = n_iter_no_change
         self.class_weight = class_weight
+        self.class_tilt = class_tilt
         self.warm_start = warm_start
         self.random_state = random_state
         self.verbose = verbose
@@ -352,7 +382,12 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             head.init_weight_from_means(initial[0].mean)
 
         common = dict(
-            initial=initial, weight_sum=weight_sum, C=self.C, max_iter=self.max_iter, tol=self.tol
+            initial=initial,
+            weight_sum=weight_sum,
+            C=self.C,
+            max_iter=self.max_iter,
+            tol=self.tol,
+            tilt=float(self.class_tilt),
         )
         if solver == "lbfgs":
             result = fit_lbfgs(head, source, spec, verbose=self.verbose, **common)
@@ -451,6 +486,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         }
         self.n_iter_ = int(result.n_iter)
         self.loss_curve_ = list(result.loss_curve)
+        self.class_losses_ = to_numpy(result.class_loss)
+        self.tilt_weights_ = to_numpy(result.tilt_weights)
         self.solver_ = solver
         self.device_ = str(device)
         self._head_state = {

@@ -87,6 +87,52 @@ def compactness_loss(
 
 
 @torch.no_grad()
+def linear_margin_ce_parts(
+    X: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    target: torch.Tensor,
+    margins: torch.Tensor,
+    center: torch.Tensor | None = None,
+    sample_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample losses ℓ_i = CE((W·(x_i − m) + b) / γ_{y_i}, y_i) (B,) and their gradients
+    in the logits, w_i·(softmax − onehot) / γ_{y_i} (B, K) (w_i = 1 without sample_weight).
+
+    One matrix product and a few in-place passes over the (B, K) logits; ``center`` m
+    (default 0) re-parametrises the intercept without copying X.
+    """
+    if center is not None:
+        offset = weight @ center  # (K,)
+        bias = bias - offset if bias is not None else -offset
+    z = X @ weight.T if bias is None else torch.addmm(bias, X, weight.T)  # (B, K)
+    inv_gamma = margins.reciprocal()[target]  # (B,)
+    z.mul_(inv_gamma[:, None])
+    lse = torch.logsumexp(z, dim=1)  # (B,)
+    loss = lse - z.gather(1, target[:, None]).squeeze(1)  # (B,)
+    z.sub_(lse[:, None]).exp_()  # softmax
+    z.scatter_add_(1, target[:, None], -torch.ones_like(z[:, :1]))  # p − onehot
+    scale = inv_gamma if sample_weight is None else sample_weight * inv_gamma
+    z.mul_(scale[:, None])  # ∂(w_i ℓ_i)/∂z_i (B, K)
+    return loss, z
+
+
+@torch.no_grad()
+def linear_grad_from_logits(
+    X: torch.Tensor,
+    grad_logits: torch.Tensor,
+    center: torch.Tensor | None = None,
+    has_bias: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gradients in W and b of a loss whose gradient in the logits W·(x − m) + b is given."""
+    grad_weight = grad_logits.T @ X  # (K, d)
+    grad_bias = grad_logits.sum(0)  # (K,)
+    if center is not None:
+        grad_weight -= grad_bias[:, None] * center
+    return grad_weight, grad_bias if has_bias else None
+
+
+@torch.no_grad()
 def linear_margin_ce_grad(
     X: torch.Tensor,
     weight: torch.Tensor,
@@ -102,21 +148,37 @@ def linear_margin_ce_grad(
     few in-place passes over the (B, K) logits, instead of autograd's extra copies.
     ``center`` m (default 0) re-parametrises the intercept without copying X.
     """
-    has_bias = bias is not None
-    if center is not None:
-        offset = weight @ center  # (K,)
-        bias = bias - offset if has_bias else -offset
-    z = X @ weight.T if bias is None else torch.addmm(bias, X, weight.T)  # (B, K)
-    inv_gamma = margins.reciprocal()[target]  # (B,)
-    z.mul_(inv_gamma[:, None])
-    lse = torch.logsumexp(z, dim=1)  # (B,)
-    picked = z.gather(1, target[:, None]).squeeze(1)  # (B,)
-    loss = ((lse - picked) * sample_weight).sum()
-    z.sub_(lse[:, None]).exp_()  # softmax
-    z.scatter_add_(1, target[:, None], -torch.ones_like(z[:, :1]))  # p − onehot
-    z.mul_((sample_weight * inv_gamma)[:, None])  # ∂loss/∂logits (B, K)
-    grad_weight = z.T @ X  # (K, d)
-    grad_bias = z.sum(0)  # (K,)
-    if center is not None:
-        grad_weight -= grad_bias[:, None] * center
-    return loss, grad_weight, grad_bias if has_bias else None
+    loss, grad_logits = linear_margin_ce_parts(
+        X, weight, bias, target, margins, center, sample_weight
+    )
+    grad_weight, grad_bias = linear_grad_from_logits(X, grad_logits, center, bias is not None)
+    return (loss * sample_weight).sum(), grad_weight, grad_bias
+
+
+def tilted_class_risk(
+    class_loss: torch.Tensor, class_share: torch.Tensor, tilt: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tilted class risk R_t = (1/t)·log Σ_k π_k·exp(t·L_k) and its class weights.
+
+    Parameters
+    ----------
+    class_loss : torch.Tensor of shape (n_classes,)
+        L_k, each class's weighted mean loss.
+    class_share : torch.Tensor of shape (n_classes,)
+        π_k ≥ 0, summing to 1: each class's share of the total sample weight. Classes with
+        π_k = 0 (absent) get no weight.
+    tilt : float
+        t ≥ 0. ``t = 0`` is the plain mean Σ_k π_k·L_k; t → ∞ approaches max_k L_k over the
+        present classes (class-level group DRO).
+
+    Returns
+    -------
+    risk : torch.Tensor, scalar
+    weights : torch.Tensor of shape (n_classes,)
+        q = softmax(t·L + log π), the gradient of R_t in L: ∇R_t = Σ_k q_k ∇L_k.
+    """
+    if tilt == 0:
+        return (class_share * class_loss).sum(), class_share
+    # log π = −inf for absent classes: they drop out of the softmax exactly.
+    exponent = tilt * class_loss + class_share.log()  # (K,)
+    return torch.logsumexp(exponent, 0) / tilt, torch.softmax(exponent, 0)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._losses import compactness_loss, margin_cross_entropy
+from ._losses import compactness_loss, margin_cross_entropy, tilted_class_risk
 from ._stats import (
     DIFFICULTIES,
     ClassStats,
@@ -48,6 +50,15 @@ class MR2Loss(nn.Module):
     difficulty : {"moment", "spread"}, default="moment"
         What the margins grow with: ``"moment"`` is the paper's a_k = ‖μ_k‖_p² + msd_k,
         ``"spread"`` is msd_k alone (see :class:`MR2LinearClassifier`).
+    class_tilt : float, default=0.0
+        Tilt t ≥ 0 of the class risk (see :class:`MR2LinearClassifier`). ``0`` is the plain
+        batch mean. With ``t > 0`` each class's mean loss L_k is tracked as an EMA of its
+        batch means (decay ``rho``; a class's first batch sets it), π_k is the share of
+        class k among the samples seen so far, and a batch's loss weights sample i by
+        q_{y_i} / π_{y_i}, q = softmax(t·L + log π) (:meth:`class_weights`): the batch's
+        estimate of Σ_k q_k·L_k, whose gradient is that of the tilted risk
+        (1/t)·log Σ_k π_k·exp(t·L_k) at the current weights — the online form of
+        class-level group DRO.
 
     Examples
     --------
@@ -73,8 +84,11 @@ class MR2Loss(nn.Module):
         tau: float | None = 1.0,
         normalize: bool = False,
         difficulty: str = "moment",
+        class_tilt: float = 0.0,
     ) -> None:
         super().__init__()
+        if not (math.isfinite(class_tilt) and class_tilt >= 0):
+            raise ValueError(f"class_tilt must be a finite number >= 0, got {class_tilt}.")
         if c_bar is not None and c_bar <= 0:
             raise ValueError(f"c_bar must be positive or None, got {c_bar}.")
         if p < 1:
@@ -86,6 +100,9 @@ class MR2Loss(nn.Module):
         self.n_classes, self.c_bar, self.lam, self.p = n_classes, c_bar, lam, p
         self.rho, self.tau, self.normalize = rho, tau, normalize
         self.difficulty = difficulty
+        self.class_tilt = float(class_tilt)
+        self.register_buffer("running_class_loss", torch.zeros(n_classes))
+        self.register_buffer("class_samples", torch.zeros(n_classes))
         self.register_buffer("running_mean", torch.zeros(n_classes, n_features))
         self.register_buffer("running_msd", torch.zeros(n_classes))
         self.register_buffer("running_msd_l2", torch.zeros(n_classes))
@@ -108,6 +125,26 @@ class MR2Loss(nn.Module):
         seen = self.initialised.to(self.running_msd_l2.dtype)
         return (self.running_msd_l2 * seen).sum() / seen.sum().clamp_min(1)
 
+    def class_weights(self) -> torch.Tensor:
+        """The tilt's class weights q = softmax(t·L + log π) (K,); classes not seen get 0."""
+        share = self.class_samples / self.class_samples.sum().clamp_min(1)
+        return tilted_class_risk(self.running_class_loss, share, self.class_tilt)[1]
+
+    @torch.no_grad()
+    def _update_class_loss(self, loss: torch.Tensor, target: torch.Tensor) -> None:
+        """Fold one batch's per-class mean losses into their EMA (no host sync)."""
+        ones = torch.ones_like(loss, dtype=self.class_samples.dtype)
+        count = torch.zeros_like(self.class_samples).index_add_(0, target, ones)
+        total = torch.zeros_like(self.running_class_loss).index_add_(
+            0, target, loss.to(self.running_class_loss.dtype)
+        )
+        present = count > 0
+        batch = total / count.clamp_min(1)
+        keep = torch.where(self.class_samples > 0, self.rho, 0.0).to(batch.dtype)
+        keep = torch.where(present, keep, torch.ones_like(keep))  # (K,)
+        self.running_class_loss.mul_(keep).add_((1 - keep) * batch)
+        self.class_samples.add_(count)
+
     @torch.no_grad()
     def update(self, features: torch.Tensor, target: torch.Tensor) -> None:
         """Fold one batch into the running statistics."""
@@ -126,7 +163,16 @@ class MR2Loss(nn.Module):
         """Loss for a batch: logits (B, K), representation φ (B, d), targets (B,)."""
         if self.training:
             self.update(features.detach(), target)
-        loss = margin_cross_entropy(logits, target, self.margins().to(logits.dtype))
+        margins = self.margins().to(logits.dtype)
+        if self.class_tilt == 0:
+            loss = margin_cross_entropy(logits, target, margins)
+        else:
+            each = margin_cross_entropy(logits, target, margins, reduction="none")  # (B,)
+            if self.training:
+                self._update_class_loss(each.detach(), target)
+            share = self.class_samples / self.class_samples.sum().clamp_min(1)
+            ratio = self.class_weights() / share.clamp_min(torch.finfo(share.dtype).tiny)
+            loss = (each * ratio[target].to(each.dtype)).mean()
         if self.lam > 0:
             phi = F.normalize(features, dim=1) if self.normalize else features
             s_bar = self.s_bar().to(phi.dtype)

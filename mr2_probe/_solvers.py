@@ -5,6 +5,10 @@ Both minimise the same per-sample objective
     (1/S) Σ_i w_i CE(z_i / γ_{y_i}, y_i) + λ·mean(ℓ_s̄) + penalty / (C·S),    S = Σ_i w_i,
 
 so that ``c_bar=None, lam=0`` is exactly scikit-learn's multinomial LogisticRegression(C).
+With a class tilt t > 0 the data term becomes the tilted class risk
+(1/t)·log Σ_k π_k·exp(t·L_k), L_k = Σ_{i∈k} w_i ℓ_i / S_k, π_k = S_k / S (t = 0 gives the
+mean above); its gradient is the plain one with sample i weighted by q_{y_i} / S_{y_i},
+q = softmax(t·L + log π), instead of 1 / S.
 Nothing synchronises with the host inside a minibatch epoch; L-BFGS synchronises once per
 function evaluation, which its line search needs anyway.
 """
@@ -16,7 +20,14 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from ._losses import compactness_loss, linear_margin_ce_grad, margin_cross_entropy
+from ._losses import (
+    compactness_loss,
+    linear_grad_from_logits,
+    linear_margin_ce_grad,
+    linear_margin_ce_parts,
+    margin_cross_entropy,
+    tilted_class_risk,
+)
 from ._stats import ClassStats, class_margins, class_statistics_chunked
 
 
@@ -28,6 +39,52 @@ class SolverResult:
     largest_gradient: float | None = None
     stats: ClassStats | None = None
     margins: torch.Tensor | None = None
+    class_loss: torch.Tensor | None = None  # L_k at the solution (K,)
+    tilt_weights: torch.Tensor | None = None  # q = softmax(t·L + log π) at the solution (K,)
+
+
+# Gradients in the logits are kept between the two passes of a tilted
+# evaluation when they fit in this many elements; beyond it, pass 2 recomputes them.
+_KEEP_LOGIT_GRADS = 2**26
+
+
+class ClassRisk:
+    """Per-class weighted mean losses L_k and the tilted class risk over them.
+
+    ``S_k`` (class weight sums) and ``π_k = S_k / S`` are fixed by the data; ``tilt`` = 0
+    is the plain weighted mean.
+    """
+
+    def __init__(self, source, n_classes: int, tilt: float) -> None:
+        w = source.w
+        self.class_weight = w.new_zeros(n_classes).index_add_(0, source.y, w)  # S_k (K,)
+        self.share = self.class_weight / self.class_weight.sum()  # π_k (K,)
+        self.tilt = tilt
+
+    def class_loss(self, loss_sums: torch.Tensor) -> torch.Tensor:
+        """L_k from Σ_{i∈k} w_i ℓ_i (0 for classes without weight)."""
+        return loss_sums / self.class_weight.clamp_min(torch.finfo(loss_sums.dtype).tiny)
+
+    def risk(self, class_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """R_t and the per-sample factor f_k = q_k / S_k that weights w_i·ℓ_i in ∇R_t."""
+        risk, q = tilted_class_risk(class_loss, self.share, self.tilt)
+        factor = q / self.class_weight.clamp_min(torch.finfo(q.dtype).tiny)
+        return risk, factor
+
+    def weights(self, class_loss: torch.Tensor) -> torch.Tensor:
+        return tilted_class_risk(class_loss, self.share, self.tilt)[1]
+
+
+@torch.no_grad()
+def class_losses(head, source, margins: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """Σ_{i∈k} w_i ℓ_γ(i) over the whole training set at the current parameters (K,)."""
+    sums = None
+    for x, y, w in source.chunks():
+        loss = margin_cross_entropy(head.logits(head.features(x)), y, margins, reduction="none")
+        if sums is None:
+            sums = loss.new_zeros(n_classes)
+        sums.index_add_(0, y, loss * w)
+    return sums
 
 
 @dataclass
@@ -60,11 +117,27 @@ def _progress(total: int, verbose: int, desc: str):
     return tqdm(total=total, disable=not verbose, desc=desc, leave=False)
 
 
-def fit_lbfgs(head, source, spec: MarginSpec, *, initial, weight_sum, C, max_iter, tol, verbose):
+def fit_lbfgs(
+    head,
+    source,
+    spec: MarginSpec,
+    *,
+    initial,
+    weight_sum,
+    C,
+    max_iter,
+    tol,
+    verbose,
+    tilt: float = 0.0,
+):
     """Full-batch L-BFGS (strong Wolfe line search) on the margin objective (λ = 0).
 
     ``initial`` is :func:`refresh_statistics` of the starting point; without a projection
-    the representation is fixed, and so are the statistics and margins.
+    the representation is fixed, and so are the statistics and margins. With ``tilt`` > 0
+    each evaluation makes two passes: the class losses L_k first, then the gradient with
+    every sample reweighted by q_{y_i} / S_{y_i} (the logits' gradients of the first pass
+    are reused when they fit in memory, so a tilted evaluation costs the same two matrix
+    products per sample as a plain one).
     """
     stats, margins, _, _ = initial
     # With an unpenalised intercept, W·x + b = W·(x − m) + (b + W·m): the same objective,
@@ -90,27 +163,17 @@ def fit_lbfgs(head, source, spec: MarginSpec, *, initial, weight_sum, C, max_ite
         line_search_fn="strong_wolfe",
     )
     reg = 1.0 / (C * weight_sum)
+    risk = ClassRisk(source, spec.n_classes, tilt)
+    keep = source.n_samples * spec.n_classes <= _KEEP_LOGIT_GRADS
     curve: dict[int, torch.Tensor] = {}
     bar = _progress(max_iter, verbose, "MR2 lbfgs")
 
     def closure():
         optimizer.zero_grad(set_to_none=False)
-        total = params[0].new_zeros(())
-        # Chunks bound the memory of the logits; gradients accumulate across them.
-        for x, y, w in source.chunks():
-            if head.is_plain_linear:
-                loss, grad_w, grad_b = linear_margin_ce_grad(
-                    x, head.weight, head.bias, y, margins, w, center
-                )
-                head.weight.grad.add_(grad_w, alpha=1 / weight_sum)
-                if grad_b is not None:
-                    head.bias.grad.add_(grad_b, alpha=1 / weight_sum)
-                total += loss / weight_sum
-                continue
-            z = head.logits(head.features(x))  # (B, K)
-            loss = margin_cross_entropy(z, y, margins, w, reduction="sum") / weight_sum
-            loss.backward()
-            total += loss.detach()
+        if tilt > 0:
+            total = tilted_data_term(head, source, margins, risk, center, keep)
+        else:
+            total = plain_data_term(head, source, margins, weight_sum, center)
         penalty = reg * head.penalty()
         if penalty.requires_grad:
             penalty.backward()
@@ -132,7 +195,81 @@ def fit_lbfgs(head, source, spec: MarginSpec, *, initial, weight_sum, C, max_ite
     largest = max(float(p.grad.abs().max()) for p in params if p.grad is not None)
     converged = largest <= tol
     loss_curve = [float(v) for _, v in sorted(curve.items())]
-    return SolverResult(max(n_iter, 1), converged, loss_curve, largest, stats, margins)
+    result = SolverResult(max(n_iter, 1), converged, loss_curve, largest, stats, margins)
+    return _with_class_losses(result, head, source, spec, risk)
+
+
+def plain_data_term(head, source, margins, weight_sum, center=None) -> torch.Tensor:
+    """(1/S) Σ_i w_i ℓ_γ(i); its gradients are added to the parameters' ``.grad``.
+
+    A plain linear head takes the closed form, anything else autograd; chunks bound the
+    memory of the logits, and gradients accumulate across them.
+    """
+    params = [p for p in head.parameters()]
+    total = params[0].new_zeros(())
+    for x, y, w in source.chunks():
+        if head.is_plain_linear:
+            loss, grad_w, grad_b = linear_margin_ce_grad(
+                x, head.weight, head.bias, y, margins, w, center
+            )
+            head.weight.grad.add_(grad_w, alpha=1 / weight_sum)
+            if grad_b is not None:
+                head.bias.grad.add_(grad_b, alpha=1 / weight_sum)
+            total += loss / weight_sum
+            continue
+        z = head.logits(head.features(x))  # (B, K)
+        loss = margin_cross_entropy(z, y, margins, w, reduction="sum") / weight_sum
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
+def tilted_data_term(head, source, margins, risk, center=None, keep=True) -> torch.Tensor:
+    """R_t(L) of :class:`ClassRisk`; its gradients are added to the parameters' ``.grad``.
+
+    Pass 1 measures the class losses L_k, pass 2 accumulates Σ_i w_i·f_{y_i}·∇ℓ_i with
+    f = q / S_k. With ``keep`` the plain linear head's logit gradients of pass 1 are kept
+    (N × K elements) instead of being recomputed.
+    """
+    sums = head.weight.new_zeros(len(risk.share))
+    kept = []
+    for x, y, w in source.chunks():
+        if head.is_plain_linear:
+            loss, grad_logits = linear_margin_ce_parts(
+                x, head.weight, head.bias, y, margins, center, w
+            )
+            if keep:
+                kept.append(grad_logits)
+        else:
+            with torch.no_grad():
+                z = head.logits(head.features(x))  # (B, K)
+                loss = margin_cross_entropy(z, y, margins, reduction="none")
+        sums.index_add_(0, y, loss * w)
+    value, factor = risk.risk(risk.class_loss(sums))
+    for i, (x, y, w) in enumerate(source.chunks()):
+        if head.is_plain_linear:
+            if keep:
+                grad_logits = kept[i]
+            else:
+                grad_logits = linear_margin_ce_parts(
+                    x, head.weight, head.bias, y, margins, center, w
+                )[1]
+            grad_logits.mul_(factor[y][:, None])  # (B, K)
+            grad_w, grad_b = linear_grad_from_logits(x, grad_logits, center, head.bias is not None)
+            head.weight.grad.add_(grad_w)
+            if grad_b is not None:
+                head.bias.grad.add_(grad_b)
+            continue
+        z = head.logits(head.features(x))  # (B, K)
+        margin_cross_entropy(z, y, margins, w * factor[y], reduction="sum").backward()
+    return value
+
+
+def _with_class_losses(result: SolverResult, head, source, spec, risk: ClassRisk):
+    """Fill in L_k and the tilt's class weights q at the solution (one no-grad pass)."""
+    loss = risk.class_loss(class_losses(head, source, result.margins, spec.n_classes))
+    result.class_loss, result.tilt_weights = loss, risk.weights(loss)
+    return result
 
 
 def fit_minibatch(
@@ -152,9 +289,20 @@ def fit_minibatch(
     n_iter_no_change,
     generator,
     verbose,
+    tilt: float = 0.0,
 ):
-    """Minibatch Adam or SGD; statistics refreshed exactly once per epoch when φ learns."""
+    """Minibatch Adam or SGD; statistics refreshed exactly once per epoch when φ learns.
+
+    With ``tilt`` > 0 the class weights q of an epoch come from the class losses L_k
+    measured over the previous epoch (the losses of its minibatches as they were
+    computed), and those of the first epoch from one exact pass at the starting point; each
+    minibatch then carries Σ_i w_i·q_{y_i}/S_{y_i}·ℓ_i scaled by N/B, an unbiased estimate
+    of Σ_k q_k·L_k, whose gradient is that of the tilted risk at those weights.
+    """
     stats, margins, s_bar, tau = initial
+    risk = ClassRisk(source, spec.n_classes, tilt)
+    if tilt > 0:
+        class_loss = risk.class_loss(class_losses(head, source, margins, spec.n_classes))
     params = [p for p in head.parameters()]
     if solver == "adam":
         optimizer = torch.optim.Adam(params, lr=learning_rate)
@@ -167,18 +315,31 @@ def fit_minibatch(
         if epoch > 0 and head.has_projection:
             stats, margins, s_bar, tau = refresh_statistics(head, source, spec)
         epoch_loss = params[0].new_zeros(())
+        if tilt > 0:
+            factor = risk.risk(class_loss)[1]  # q_k / S_k (K,)
+            sums = epoch_loss.new_zeros(spec.n_classes)
         for x, y, w in source.batches(batch_size, generator):
             phi = head.features(x)  # (B, d')
-            # Σ w ℓ over the batch divided by its expected weight (S·B/N): unbiased for
-            # the objective, and finite for a batch whose weights are all zero.
-            ce = margin_cross_entropy(head.logits(phi), y, margins, w, reduction="sum")
-            loss = ce * (source.n_samples / (weight_sum * len(y))) + reg * head.penalty()
+            if tilt > 0:
+                each = margin_cross_entropy(head.logits(phi), y, margins, reduction="none")
+                sums.index_add_(0, y, each.detach() * w)
+                data = (each * (w * factor[y])).sum() * (source.n_samples / len(y))
+            else:
+                # Σ w ℓ over the batch divided by its expected weight (S·B/N): unbiased for
+                # the objective, and finite for a batch whose weights are all zero.
+                ce = margin_cross_entropy(head.logits(phi), y, margins, w, reduction="sum")
+                data = ce * (source.n_samples / (weight_sum * len(y)))
+            loss = data + reg * head.penalty()
             if lam > 0:
                 loss = loss + lam * compactness_loss(phi, y, s_bar, tau)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            epoch_loss += loss.detach() * len(y)
+            # Tilted: the epoch's value is R_t of its class losses plus the other terms.
+            epoch_loss += (loss if tilt == 0 else loss - data).detach() * len(y)
+        if tilt > 0:
+            class_loss = risk.class_loss(sums)
+            epoch_loss += risk.risk(class_loss)[0] * source.n_samples
         value = float(epoch_loss) / source.n_samples  # the one host sync of the epoch
         curve.append(value)
         bar.update(1)
@@ -191,4 +352,5 @@ def fit_minibatch(
     bar.close()
     if head.has_projection:
         stats, margins, _, _ = refresh_statistics(head, source, spec)
-    return SolverResult(len(curve), converged, curve, stats=stats, margins=margins)
+    result = SolverResult(len(curve), converged, curve, stats=stats, margins=margins)
+    return _with_class_losses(result, head, source, spec, risk)

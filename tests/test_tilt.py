@@ -1,0 +1,227 @@
+"""The class-tilted risk: its value and gradients, its solutions, and its bad input."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import make_blobs
+from sklearn.exceptions import ConvergenceWarning
+
+from mr2_probe import MR2LinearClassifier, MR2Loss
+from mr2_probe._data import TensorSource
+from mr2_probe._head import ProbeHead
+from mr2_probe._losses import margin_cross_entropy, tilted_class_risk
+from mr2_probe._solvers import ClassRisk, tilted_data_term
+
+
+def _uneven(n_classes=4, n=400, seed=0):
+    """Blobs whose classes differ in spread, so that their losses differ."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(scale=3.0, size=(n_classes, 5))
+    y = np.arange(n) % n_classes
+    spread = np.linspace(0.6, 2.5, n_classes)
+    X = centers[y] + rng.normal(size=(n, 5)) * spread[y, None]
+    return X, y
+
+
+def _fit(**params):
+    params = {"C": 0.1, "max_iter": 1000, "tol": 1e-8, "device": "cpu"} | params
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return MR2LinearClassifier(**params)
+
+
+# ----------------------------------------------------------------- the risk itself
+def test_tilted_risk_limits():
+    loss = torch.tensor([0.2, 1.5, 0.7], dtype=torch.float64)
+    share = torch.tensor([0.5, 0.2, 0.3], dtype=torch.float64)
+    mean = (share * loss).sum()
+    risk, q = tilted_class_risk(loss, share, 0.0)
+    assert risk == mean and torch.equal(q, share)
+    # Continuous at t = 0, increasing in t, and below the worst loss.
+    assert torch.isclose(tilted_class_risk(loss, share, 1e-6)[0], mean, atol=1e-6)
+    values = [float(tilted_class_risk(loss, share, t)[0]) for t in (0.5, 2.0, 10.0, 1e4)]
+    assert values == sorted(values) and values[-1] <= 1.5
+    assert values[-1] == pytest.approx(1.5, abs=2e-3)
+    # The weights are the gradient of the risk in L.
+    L = loss.clone().requires_grad_(True)
+    tilted_class_risk(L, share, 3.0)[0].backward()
+    torch.testing.assert_close(L.grad, tilted_class_risk(loss, share, 3.0)[1])
+
+
+def test_absent_class_gets_no_weight():
+    loss = torch.tensor([0.2, 9.0, 0.7], dtype=torch.float64)
+    share = torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64)
+    risk, q = tilted_class_risk(loss, share, 5.0)
+    assert q[1] == 0 and torch.isclose(q.sum(), torch.tensor(1.0, dtype=torch.float64))
+    assert risk < 1.0
+
+
+@pytest.mark.parametrize("head_kind", ["linear", "cosine"])
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("tilt", [0.5, 4.0])
+def test_closed_form_gradient_matches_autograd(head_kind, keep, tilt):
+    """With margins, class and sample weights, split into several chunks."""
+    gen = torch.Generator().manual_seed(0)
+    n, d, k = 90, 6, 4
+    X = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    y = torch.arange(n) % k
+    w = torch.rand(n, generator=gen, dtype=torch.float64) * torch.tensor([1.0, 3.0, 0.5, 2.0])[y]
+    margins = torch.tensor([0.7, 1.4, 1.0, 0.9], dtype=torch.float64)
+    head = ProbeHead(
+        d, k, head=head_kind, fit_intercept=True, scale=5.0, projection=False,
+        projection_rank=None, dtype=torch.float64, device=torch.device("cpu"), generator=gen,
+    )  # fmt: skip
+    with torch.no_grad():
+        head.weight.normal_(generator=gen)
+        if head.bias is not None:
+            head.bias.normal_(generator=gen)
+    center = X.mean(0) if head_kind == "linear" else None
+    source = TensorSource(X, y, w, rows=32)  # three chunks
+    risk = ClassRisk(source, k, tilt)
+    for param in head.parameters():
+        param.grad = torch.zeros_like(param)
+    value = tilted_data_term(head, source, margins, risk, center, keep)
+    got = [param.grad.clone() for param in head.parameters()]
+
+    # Reference: the definition, differentiated by autograd.
+    for param in head.parameters():
+        param.grad = None
+    Xc = X - center if center is not None else X
+    z = head.logits(head.features(Xc)) if head_kind == "linear" else head.logits(head.features(X))
+    each = margin_cross_entropy(z, y, margins, reduction="none")
+    S_k = torch.zeros(k, dtype=torch.float64).index_add_(0, y, w)
+    L = torch.zeros(k, dtype=torch.float64).index_add(0, y, each * w) / S_k
+    reference = torch.logsumexp(tilt * L + (S_k / S_k.sum()).log(), 0) / tilt
+    reference.backward()
+    torch.testing.assert_close(value, reference.detach(), rtol=1e-12, atol=1e-12)
+    for g, param in zip(got, head.parameters(), strict=True):
+        torch.testing.assert_close(g, param.grad, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------ the estimator
+def test_tilt_zero_is_todays_objective():
+    X, y = _uneven()
+    base = _fit().fit(X, y)
+    zero = _fit(class_tilt=0.0).fit(X, y)
+    np.testing.assert_array_equal(zero.coef_, base.coef_)
+    np.testing.assert_array_equal(zero.intercept_, base.intercept_)
+    # The tilted path is continuous at t = 0.
+    tiny = _fit(class_tilt=1e-7).fit(X, y)
+    np.testing.assert_allclose(tiny.coef_, base.coef_, atol=1e-4)
+    # At t = 0 the weights are the class shares.
+    np.testing.assert_allclose(base.tilt_weights_, np.bincount(y) / len(y))
+
+
+@pytest.mark.parametrize("head", ["linear", "cosine"])
+def test_worst_class_loss_falls_as_tilt_grows(head):
+    X, y = _uneven()
+    worst, mean = [], []
+    for tilt in (0.0, 1.0, 4.0, 16.0):
+        # The cosine head converges slowly to a tight tolerance; 1e-6 is plenty here.
+        clf = _fit(class_tilt=tilt, head=head, scale=8.0, tol=1e-6).fit(X, y)
+        worst.append(clf.class_losses_.max())
+        mean.append(clf.class_losses_ @ (np.bincount(y) / len(y)))
+        assert clf.tilt_weights_.sum() == pytest.approx(1.0)
+        # The objective leans on the classes whose loss is high.
+        if tilt > 0:
+            assert np.argmax(clf.tilt_weights_) == np.argmax(clf.class_losses_)
+    assert np.all(np.diff(worst) < 0), worst
+    assert mean[-1] > mean[0], mean  # the price: the mean loss rises
+
+
+def test_huge_tilt_on_two_classes_is_minimax():
+    """max(L_0, L_1) + penalty at t = 300 matches the minimax value found by its dual."""
+    X, y = make_blobs(n_samples=[60, 140], centers=[[0, 0], [2.0, 1.0]], random_state=0)
+    X[y == 1] *= 1.8
+    C, n = 0.5, len(y)
+    counts = np.bincount(y)
+
+    def dual(alpha):
+        # min_W α·L_0 + (1 − α)·L_1 + penalty, with the weights summing to n as in the fit.
+        w = np.where(y == 0, alpha * n / counts[0], (1 - alpha) * n / counts[1])
+        clf = _fit(C=C, c_bar=None).fit(X, y, sample_weight=w)
+        return clf.loss_curve_[-1]
+
+    lo, hi = 0.0, 1.0  # golden-section search of the concave dual
+    ratio = (5**0.5 - 1) / 2
+    for _ in range(30):
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        if dual(a) < dual(b):
+            lo = a
+        else:
+            hi = b
+    minimax = dual((lo + hi) / 2)
+
+    clf = _fit(C=C, c_bar=None, class_tilt=300.0, max_iter=3000).fit(X, y)
+    penalty = 0.5 * np.sum(clf.coef_**2) / (C * n)
+    primal = clf.class_losses_.max() + penalty
+    assert primal == pytest.approx(minimax, abs=5e-3)
+    plain = _fit(C=C, c_bar=None).fit(X, y)
+    assert clf.class_losses_.max() < plain.class_losses_.max() - 0.05
+    # At the minimax point neither class's loss can fall without the other's rising.
+    assert abs(clf.class_losses_[0] - clf.class_losses_[1]) < 0.02
+
+
+def test_tilt_composes_with_margins_and_weights():
+    """class_weight enters the shares: with 'balanced' they are uniform, whatever the sizes."""
+    X, y = _uneven()
+    keep = (y != 0) | (np.arange(len(y)) < 40)  # class 0 made rare
+    X, y = X[keep], y[keep]
+    clf = _fit(class_tilt=2.0, c_bar=1.0, class_weight="balanced").fit(X, y)
+    L = clf.class_losses_
+    share = np.full(4, 0.25)
+    expected = np.exp(2.0 * L) * share / np.sum(np.exp(2.0 * L) * share)
+    np.testing.assert_allclose(clf.tilt_weights_, expected, rtol=1e-6)
+    # R_t does not change when every weight doubles, the penalty ½‖W‖² / (C·S) halves: as
+    # in LogisticRegression, doubling the weights is doubling C.
+    again = _fit(class_tilt=2.0, c_bar=1.0, class_weight="balanced")
+    again.fit(X, y, sample_weight=np.full(len(y), 2.0))
+    double_c = _fit(class_tilt=2.0, c_bar=1.0, class_weight="balanced", C=0.2).fit(X, y)
+    np.testing.assert_allclose(again.coef_, double_c.coef_, atol=1e-5)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5])
+def test_minibatch_tilt_lowers_worst_class_loss(lam):
+    X, y = _uneven(n=600)
+    common = dict(solver="adam", lam=lam, max_iter=40, learning_rate=0.005, random_state=0)
+    plain = _fit(**common).fit(X, y)
+    tilted = _fit(class_tilt=8.0, **common).fit(X, y)
+    assert tilted.class_losses_.max() < plain.class_losses_.max()
+    assert tilted.tilt_weights_.sum() == pytest.approx(1.0)
+    assert np.all(np.isfinite(tilted.loss_curve_))
+    # Deterministic under a fixed random_state.
+    np.testing.assert_array_equal(_fit(class_tilt=8.0, **common).fit(X, y).coef_, tilted.coef_)
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), "2"])
+def test_bad_tilt_is_refused(bad):
+    X, y = _uneven()
+    with pytest.raises(ValueError, match="'class_tilt' parameter of MR2LinearClassifier"):
+        MR2LinearClassifier(class_tilt=bad, device="cpu").fit(X, y)
+
+
+# ------------------------------------------------------------------------- MR2Loss
+def test_mr2loss_tilt():
+    gen = torch.Generator().manual_seed(0)
+    features = torch.randn(40, 5, generator=gen)
+    target = torch.arange(40) % 4
+    logits = torch.randn(40, 4, generator=gen)
+    logits[target == 2] = -logits[target == 2]  # class 2 has a high loss
+    plain = MR2Loss(4, 5, c_bar=1.0, lam=0.0)
+    zero = MR2Loss(4, 5, c_bar=1.0, lam=0.0, class_tilt=0.0)
+    assert torch.equal(plain(logits, features, target), zero(logits, features, target))
+
+    tilted = MR2Loss(4, 5, c_bar=1.0, lam=0.0, class_tilt=2.0)
+    value = tilted(logits, features, target)
+    q = tilted.class_weights()
+    assert torch.isclose(q.sum(), torch.tensor(1.0)) and int(q.argmax()) == 2
+    # One batch: the running class losses are the batch's, and the loss weights sample i
+    # by q_{y_i} / π_{y_i}, so the value is Σ_k q_k·L_k.
+    each = margin_cross_entropy(logits, target, tilted.margins(), reduction="none")
+    L = torch.zeros(4).index_add(0, target, each) / 10
+    torch.testing.assert_close(tilted.running_class_loss, L)
+    torch.testing.assert_close(value, (q * L).sum())
+    with pytest.raises(ValueError, match="class_tilt"):
+        MR2Loss(4, 5, class_tilt=-1.0)
