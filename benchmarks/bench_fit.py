@@ -1,7 +1,8 @@
 """Fit time and accuracy of MR2LinearClassifier against scikit-learn's LogisticRegression.
 
 Same synthetic features (Gaussian classes with unequal spread), same CPU, same run; the
-table prints each model's fit time, its ratio to LogisticRegression, and test accuracy.
+table prints each model's fit time, its ratio to LogisticRegression, and test accuracy,
+then the fit time of the class-tilted models relative to the untilted one (class_tilt=0).
 With CUDA present, the MR² models are also timed on the GPU.
 
     python benchmarks/bench_fit.py                      # 50,000 × 768, 100 classes
@@ -67,6 +68,9 @@ def main(argv=None):
     parser.add_argument("--offset", type=float, default=1.0, help="common feature mean; 0 centres")
     parser.add_argument("--repeat", type=int, default=3, help="fits per model, best time kept")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tilts", type=float, nargs="*", default=[1.0, 5.0], help="class_tilt rows"
+    )
     args = parser.parse_args(argv)
 
     X, y = make_features(
@@ -83,6 +87,12 @@ def main(argv=None):
         ("MR2 c_bar=None (ERM)", "cpu", MR2LinearClassifier(c_bar=None, device="cpu", **common)),
         ("MR2 c_bar=1", "cpu", MR2LinearClassifier(c_bar=1.0, device="cpu", **common)),
     ]
+    models += [
+        (f"MR2 c_bar=1, class_tilt={t:g}", "cpu", MR2LinearClassifier(class_tilt=t, **common))
+        for t in args.tilts
+    ]
+    for _, _, model in models[1:]:
+        model.set_params(device="cpu")
     if torch.cuda.is_available():
         timed_fit(MR2LinearClassifier(max_iter=2, device="cuda"), X_train[:500], y_train[:500])
         models += [
@@ -92,6 +102,14 @@ def main(argv=None):
                 MR2LinearClassifier(c_bar=None, device="cuda", **common),
             ),
             ("MR2 c_bar=1", "cuda", MR2LinearClassifier(c_bar=1.0, device="cuda", **common)),
+        ]
+        models += [
+            (
+                f"MR2 c_bar=1, class_tilt={t:g}",
+                "cuda",
+                MR2LinearClassifier(class_tilt=t, device="cuda", **common),
+            )
+            for t in args.tilts
         ]
 
     print(
@@ -106,9 +124,10 @@ def main(argv=None):
     )
     print(header)
     print("-" * len(header))
-    base_time, groups = None, None
+    base_time, groups, times = None, None, {}
     for name, device, model in models:
         seconds = timed_fit(model, X_train, y_train, args.repeat)
+        times[name, device] = seconds
         pred = model.predict(X_test)
         if groups is None:
             base_time = seconds
@@ -119,6 +138,10 @@ def main(argv=None):
             f"{name:<30}{device:>7}{seconds:9.2f}{base_time / seconds:9.1f}×{n_iter:7d}"
             f"{100 * s['overall']:8.2f}{100 * s['hard']:8.2f}{100 * s['worst']:9.2f}"
         )
+    for (name, device), seconds in times.items():
+        if "class_tilt" in name:
+            ratio = seconds / times["MR2 c_bar=1", device]
+            print(f"{name} on {device}: {ratio:.2f}× the fit time of class_tilt=0")
 
 
 if __name__ == "__main__":
