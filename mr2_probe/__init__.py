@@ -3,6 +3,7 @@
 from ._classifier import MR2LinearClassifier
 from ._losses import compactness_loss, margin_cross_entropy, pairwise_sq_distances
 from ._module import MR2Loss
+from ._offsets import TunedOffsetsClassifierCV, tune_class_offsets
 from ._stats import (
     ClassStats,
     class_difficulty,
@@ -19,6 +20,7 @@ __all__ = [
     "ClassStats",
     "MR2LinearClassifier",
     "MR2Loss",
+    "TunedOffsetsClassifierCV",
     "class_difficulty",
     "class_margins",
     "class_statistics",
@@ -28,4 +30,5 @@ __all__ = [
     "margin_cross_entropy",
     "margins_from_difficulty",
     "pairwise_sq_distances",
+    "tune_class_offsets",
 ]

@@ -1,8 +1,9 @@
-"""scikit-learn's estimator checks, on the three regimes of the estimator."""
+"""scikit-learn's estimator checks, on the three regimes of the estimator and the offsets."""
 
+from sklearn.linear_model import LogisticRegression
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from mr2_probe import MR2LinearClassifier
+from mr2_probe import MR2LinearClassifier, TunedOffsetsClassifierCV
 
 LINEAR = MR2LinearClassifier(device="cpu")
 # The checks fit tiny data sets in one minibatch per epoch: a larger step keeps them fast.
@@ -10,6 +11,8 @@ COMPACT = MR2LinearClassifier(
     c_bar=2.0, lam=0.5, p=3, learning_rate=1e-2, max_iter=100, random_state=0, device="cpu"
 )
 COSINE = MR2LinearClassifier(head="cosine", device="cpu")
+# A fast inner estimator: the checks exercise the meta-estimator, not the probe.
+OFFSETS = TunedOffsetsClassifierCV(LogisticRegression(), cv=3)
 
 # Two expected failures in all, each with its reason.
 EXPECTED_FAILED_CHECKS = {
@@ -30,7 +33,7 @@ EXPECTED_FAILED_CHECKS = {
 
 
 @parametrize_with_checks(
-    [LINEAR, COMPACT, COSINE],
+    [LINEAR, COMPACT, COSINE, OFFSETS],
     expected_failed_checks=lambda est: EXPECTED_FAILED_CHECKS.get(id(est), {}),
 )
 def test_sklearn_compatible_estimator(estimator, check):

@@ -1,0 +1,480 @@
+"""Tuned class offsets: the search, and the meta-estimator that feeds it held-out data."""
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import softmax
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import f1_score, make_scorer, roc_auc_score
+from sklearn.model_selection import (
+    GridSearchCV,
+    StratifiedKFold,
+    StratifiedShuffleSplit,
+    cross_val_predict,
+)
+from sklearn.naive_bayes import GaussianNB
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import SVC, LinearSVC
+from threadpoolctl import threadpool_limits
+
+from mr2_probe import MR2LinearClassifier, TunedOffsetsClassifierCV, tune_class_offsets
+from mr2_probe.metrics import (
+    class_accuracy_std,
+    class_std_scorer,
+    hard_tercile_accuracy,
+    per_class_accuracy,
+    worst_class_accuracy,
+    worst_class_scorer,
+)
+
+BOUND_SLACK = 1e-9  # the bound is exact up to the rounding of max_accuracy_drop * n
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Dozens of tiny fits: extra BLAS and torch threads only contend for the cores."""
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with threadpool_limits(1):
+        yield
+    torch.set_num_threads(torch_threads)
+
+
+def _imbalanced(seed=0, sizes=(120, 60, 30, 15), n_features=5):
+    """Overlapping blobs of unequal sizes: a plain probe neglects the small classes."""
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(len(sizes)), sizes)
+    centres = rng.normal(scale=1.2, size=(len(sizes), n_features))
+    return centres[y] + rng.normal(size=(len(y), n_features)), y
+
+
+def _biased_logits(seed, n=300, n_classes=5, bias=1.5):
+    """Informative logits plus a per-class bias that the offsets can undo."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, n_classes, n)
+    z = rng.normal(size=(n, n_classes)) + 1.5 * np.eye(n_classes)[y]
+    return z + bias * rng.normal(size=n_classes), y
+
+
+def _accuracy(z, y):
+    return float(np.mean(z.argmax(1) == y))
+
+
+class _Memoriser(ClassifierMixin, BaseEstimator):
+    """Perfect on the rows it was fitted on; elsewhere a centroid rule biased to class 0."""
+
+    def fit(self, X, y):
+        self.classes_, index = np.unique(y, return_inverse=True)
+        self.X_, self.index_ = np.asarray(X, dtype=float), index
+        self.centroids_ = np.stack([self.X_[index == c].mean(0) for c in range(len(self.classes_))])
+        return self
+
+    def decision_function(self, X):
+        X = np.asarray(X, dtype=float)
+        z = -((X[:, None, :] - self.centroids_[None]) ** 2).sum(-1)  # (n, K)
+        z[:, 0] += 3.0
+        seen = (X[:, None, :] == self.X_[None]).all(-1)  # (n, n_train)
+        hit = seen.any(1)
+        z[hit] = 10.0 * np.eye(len(self.classes_))[self.index_[seen[hit].argmax(1)]]
+        return z
+
+    def predict(self, X):
+        return self.classes_[self.decision_function(X).argmax(1)]
+
+
+# ------------------------------------------------------------------------------ search
+@pytest.mark.parametrize(
+    "scoring", ["worst_class", "balanced_accuracy", "hard_tercile", "accuracy"]
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_search_raises_the_objective_and_reports_it_exactly(scoring, seed):
+    z, y = _biased_logits(seed)
+    result = tune_class_offsets(z, y, scoring)
+    pred = (z + result.offsets).argmax(1)
+    metric = {
+        "worst_class": worst_class_accuracy,
+        "balanced_accuracy": lambda t, p: np.mean(per_class_accuracy(t, p)),
+        "hard_tercile": hard_tercile_accuracy,
+        "accuracy": lambda t, p: np.mean(t == p),
+    }[scoring]
+    assert result.score == pytest.approx(metric(y, pred), abs=1e-12)
+    assert result.base_score == pytest.approx(metric(y, z.argmax(1)), abs=1e-12)
+    assert result.score > result.base_score + 0.05  # the planted bias is worth undoing
+    assert result.accuracy_drop == pytest.approx(_accuracy(z, y) - np.mean(pred == y))
+    assert result.offsets.mean() == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("bound", [0.0, 0.005, 0.02, 0.1])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_accuracy_bound_holds_on_the_tuning_data(bound, seed):
+    z, y = _biased_logits(seed, bias=0.8)
+    free = tune_class_offsets(z, y)
+    result = tune_class_offsets(z, y, max_accuracy_drop=bound)
+    pred = (z + result.offsets).argmax(1)
+    assert _accuracy(z, y) - np.mean(pred == y) <= bound + BOUND_SLACK
+    assert result.accuracy_drop <= bound + BOUND_SLACK
+    assert result.score >= result.base_score
+    if bound == 0.0:
+        assert np.mean(pred == y) >= _accuracy(z, y)
+    # A bound that no candidate can reach changes nothing.
+    loose = tune_class_offsets(z, y, max_accuracy_drop=1.0)
+    np.testing.assert_array_equal(loose.offsets, free.offsets)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_exact_ties_follow_argmax(seed):
+    # Small integer logits tie often; at zero offsets argmax gives a tie to the lower
+    # class, and the search must score that state as predict will.
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 4, 120)
+    z = (
+        rng.integers(0, 3, size=(120, 4)).astype(float)
+        + np.eye(4)[y] * rng.integers(0, 2, 120)[:, None]
+    )
+    for scoring in ["worst_class", "accuracy"]:
+        result = tune_class_offsets(z, y, scoring, max_accuracy_drop=0.0)
+        pred = (z + result.offsets).argmax(1)
+        assert np.mean(pred == y) >= _accuracy(z, y)
+        assert result.score >= result.base_score
+        assert result.score == pytest.approx(
+            worst_class_accuracy(y, pred) if scoring == "worst_class" else np.mean(pred == y)
+        )
+
+
+def test_nothing_to_gain_keeps_zero_offsets():
+    # Every candidate ties with the current value: the nearest one, zero, is kept. The
+    # last sample is an exact tie that argmax gives to the lower class, its own.
+    z = np.array([[3, 0, 0], [0, 2, 0.5], [0.1, 0, 1], [0, 1, 4], [1, 1, 0]], dtype=float)
+    result = tune_class_offsets(z, [0, 1, 2, 2, 0])
+    np.testing.assert_array_equal(result.offsets, np.zeros(3))
+    assert (result.score, result.n_sweeps) == (1.0, 1)
+
+
+def _tied_worst_classes():
+    """Classes 0 and 1 tie at 0.5; fixing either costs three samples of a large class."""
+    rows, labels = [], []
+
+    def add(logits, label, times):
+        rows.extend([logits] * times)
+        labels.extend([label] * times)
+
+    add([3, -5, -5, -5], 0, 2)
+    add([0, -5, 0.5, -5], 0, 2)  # class 0, predicted 2 by a small margin
+    add([-5, 3, -5, -5], 1, 2)
+    add([-5, 0, -5, 0.5], 1, 2)  # class 1, predicted 3 by a small margin
+    add([-5, -5, 3, -5], 2, 17)
+    add([0, -5, 0.3, -5], 2, 3)  # flip to 0 before the class-0 samples are fixed
+    add([-5, -5, -5, 3], 3, 17)
+    add([-5, 0, -5, 0.3], 3, 3)
+    return np.array(rows, dtype=float), np.array(labels)
+
+
+def test_worst_class_ties_are_broken_leximin():
+    z, y = _tied_worst_classes()
+    leximin = tune_class_offsets(z, y, "worst_class")
+    # The bare minimum sees no single move that raises it (each fixes one of the two tied
+    # classes and costs accuracy), so it stays at zero offsets.
+    bare = tune_class_offsets(z, y, lambda t, p: worst_class_accuracy(t, p))
+    assert (bare.score, leximin.base_score) == (0.5, 0.5)
+    np.testing.assert_array_equal(bare.offsets, np.zeros(4))
+    assert leximin.score == pytest.approx(0.85)
+    np.testing.assert_allclose(
+        per_class_accuracy(y, (z + leximin.offsets).argmax(1)), [1.0, 1.0, 0.85, 0.85]
+    )
+
+
+def test_equal_objectives_are_broken_by_overall_accuracy():
+    # Class 0 (worst, 0.5) cannot be fixed; class 1 (0.6) can, at no cost to anyone. The
+    # worst class stays where it is, and the accuracy decides.
+    z = np.array(
+        [[2, 0, 0], [-9, 5, -9], [0, 1, 1.2], [0, 1, 1.4]] + [[0, 3, 0]] * 3 + [[0, 0, 3]] * 2,
+        dtype=float,
+    )
+    y = np.array([0, 0, 1, 1, 1, 1, 1, 2, 2])
+    result = tune_class_offsets(z, y, lambda t, p: worst_class_accuracy(t, p))
+    pred = (z + result.offsets).argmax(1)
+    assert result.score == result.base_score == 0.5
+    assert result.accuracy_drop == pytest.approx(-2 / 9)
+    np.testing.assert_array_equal(pred, [0, 1, 1, 1, 1, 1, 1, 2, 2])
+
+
+def test_binary_decision_is_read_as_two_columns():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 200)
+    z = rng.normal(size=200) + 2 * y - 1.5  # biased towards class 0
+    one = tune_class_offsets(z, y)
+    two = tune_class_offsets(np.column_stack([np.zeros(200), z]), y)
+    np.testing.assert_array_equal(one.offsets, two.offsets)
+    assert one.score > one.base_score
+
+
+def test_search_stops_at_max_sweeps_with_a_warning():
+    z, y = _biased_logits(0)
+    with pytest.warns(ConvergenceWarning, match="max_sweeps=1"):
+        result = tune_class_offsets(z, y, max_sweeps=1)
+    assert result.n_sweeps == 1 and result.score >= result.base_score
+
+
+def test_weights_count_in_the_objective():
+    z, y = _biased_logits(3)
+    weight = np.random.default_rng(3).integers(1, 4, len(y)).astype(float)
+    weighted = tune_class_offsets(z, y, "balanced_accuracy", sample_weight=weight)
+    repeated = tune_class_offsets(
+        np.repeat(z, weight.astype(int), 0), np.repeat(y, weight.astype(int)), "balanced_accuracy"
+    )
+    np.testing.assert_array_equal(weighted.offsets, repeated.offsets)
+    assert weighted.score == pytest.approx(repeated.score)
+
+
+# --------------------------------------------------------------------------- estimator
+def test_offsets_come_from_held_out_folds_only():
+    X, y = _imbalanced(sizes=(40, 40, 40))
+    clf = TunedOffsetsClassifierCV(_Memoriser()).fit(X, y)
+    held_out = cross_val_predict(
+        _Memoriser(), X, y, cv=StratifiedKFold(5), method="decision_function"
+    )
+    np.testing.assert_array_equal(clf.offsets_, tune_class_offsets(held_out, y).offsets)
+    # In-sample decision values are perfect: tuning on them would leave zero offsets.
+    in_sample = tune_class_offsets(_Memoriser().fit(X, y).decision_function(X), y)
+    np.testing.assert_array_equal(in_sample.offsets, np.zeros(3))
+    assert clf.offsets_[0] < -0.5  # undoes the bias towards class 0 seen out of fold
+    assert clf.best_score_ > clf.base_score_
+
+
+@pytest.mark.parametrize(
+    "make_estimator",
+    [lambda: LogisticRegression(), lambda: MR2LinearClassifier(device="cpu")],
+    ids=["LogisticRegression", "MR2LinearClassifier"],
+)
+def test_worst_class_of_a_biased_probe_improves_and_is_reported(make_estimator):
+    X, y = _imbalanced()
+    clf = TunedOffsetsClassifierCV(make_estimator(), store_cv_results=True).fit(X, y)
+    decision, y_index = clf.cv_results_["decision_function"], clf.cv_results_["y"]
+    np.testing.assert_array_equal(clf.cv_results_["index"], np.arange(len(y)))
+    held_out = cross_val_predict(make_estimator(), X, y, cv=5, method="decision_function")
+    np.testing.assert_allclose(decision, held_out)
+    pred = (decision + clf.offsets_).argmax(1)
+    assert clf.best_score_ == pytest.approx(worst_class_accuracy(y_index, pred))
+    assert clf.base_score_ == pytest.approx(worst_class_accuracy(y_index, decision.argmax(1)))
+    assert clf.best_score_ > clf.base_score_ + 0.1
+    # The refitted estimator predicts with the offsets.
+    z = clf.estimator_.decision_function(X)
+    np.testing.assert_array_equal(clf.predict(X), clf.classes_[(z + clf.offsets_).argmax(1)])
+    np.testing.assert_allclose(clf.decision_function(X), z + clf.offsets_)
+
+
+@pytest.mark.parametrize("bound", [0.0, 0.01, 0.05])
+def test_estimator_respects_the_bound_on_held_out_data(bound):
+    X, y = _imbalanced(seed=1)
+    clf = TunedOffsetsClassifierCV(
+        LogisticRegression(), max_accuracy_drop=bound, store_cv_results=True
+    ).fit(X, y)
+    decision, y_index = clf.cv_results_["decision_function"], clf.cv_results_["y"]
+    drop = _accuracy(decision, y_index) - _accuracy(decision + clf.offsets_, y_index)
+    assert drop == pytest.approx(clf.accuracy_drop_)
+    assert drop <= bound + BOUND_SLACK
+    assert clf.best_score_ >= clf.base_score_
+
+
+def test_fits_are_deterministic_and_cv_results_retune_without_refitting():
+    X, y = _imbalanced(seed=2)
+    first = TunedOffsetsClassifierCV(LogisticRegression(), store_cv_results=True).fit(X, y)
+    second = TunedOffsetsClassifierCV(LogisticRegression()).fit(X, y)
+    np.testing.assert_array_equal(first.offsets_, second.offsets_)
+    bounded = TunedOffsetsClassifierCV(LogisticRegression(), max_accuracy_drop=0.01).fit(X, y)
+    retuned = tune_class_offsets(
+        first.cv_results_["decision_function"], first.cv_results_["y"], max_accuracy_drop=0.01
+    )
+    np.testing.assert_array_equal(retuned.offsets, bounded.offsets_)
+
+
+@pytest.mark.parametrize(
+    "scoring, expected",
+    [
+        (worst_class_scorer, "worst_class"),  # recognised: same search as the name
+        (lambda t, p: class_accuracy_std(t, p), None),
+        (class_std_scorer, None),
+        (make_scorer(f1_score, average="macro"), None),
+    ],
+    ids=["worst_class_scorer", "callable", "class_std_scorer", "f1_macro"],
+)
+def test_scorers_and_callables(scoring, expected):
+    X, y = _imbalanced(seed=3, sizes=(60, 30, 15))
+    clf = TunedOffsetsClassifierCV(LogisticRegression(), scoring=scoring, cv=3).fit(X, y)
+    assert clf.best_score_ >= clf.base_score_
+    if expected is not None:
+        named = TunedOffsetsClassifierCV(LogisticRegression(), scoring=expected, cv=3).fit(X, y)
+        np.testing.assert_array_equal(clf.offsets_, named.offsets_)
+    if scoring is class_std_scorer:  # negated, greater is better, as scikit-learn's neg_*
+        assert clf.best_score_ <= 0
+
+
+def test_prefit_tunes_on_the_given_set_and_fits_nothing():
+    X, y = _imbalanced(seed=4)
+    X_train, X_val, y_train, y_val = X[::2], X[1::2], y[::2], y[1::2]
+    probe = LogisticRegression().fit(X_train, y_train)
+    coef = probe.coef_.copy()
+    clf = TunedOffsetsClassifierCV(probe, cv="prefit").fit(X_val, y_val)
+    assert clf.estimator_ is probe
+    np.testing.assert_array_equal(probe.coef_, coef)
+    expected = tune_class_offsets(probe.decision_function(X_val), y_val).offsets
+    np.testing.assert_array_equal(clf.offsets_, expected)
+
+
+def test_refit_false_keeps_the_model_of_the_single_split():
+    X, y = _imbalanced(seed=5)
+    clf = TunedOffsetsClassifierCV(LogisticRegression(), cv=0.3, refit=False, random_state=0)
+    clf.fit(X, y)
+    split = StratifiedShuffleSplit(n_splits=1, test_size=0.3, random_state=0)
+    train, val = next(split.split(X, y))
+    expected = LogisticRegression().fit(X[train], y[train])
+    np.testing.assert_allclose(clf.estimator_.coef_, expected.coef_)
+    tuned = tune_class_offsets(expected.decision_function(X[val]), y[val])
+    np.testing.assert_allclose(clf.offsets_, tuned.offsets)
+
+
+def test_sample_weight_is_split_per_fold_and_weights_the_objective():
+    X, y = _imbalanced(seed=6)
+    weight = np.random.default_rng(6).uniform(0.2, 2.0, len(y))
+    clf = TunedOffsetsClassifierCV(LogisticRegression(), scoring="balanced_accuracy")
+    clf.fit(X, y, sample_weight=weight)
+    held_out = cross_val_predict(
+        LogisticRegression(),
+        X,
+        y,
+        cv=5,
+        method="decision_function",
+        params={"sample_weight": weight},
+    )
+    expected = tune_class_offsets(held_out, y, "balanced_accuracy", sample_weight=weight)
+    np.testing.assert_allclose(clf.offsets_, expected.offsets)
+    refit = LogisticRegression().fit(X, y, sample_weight=weight)
+    np.testing.assert_allclose(clf.estimator_.coef_, refit.coef_)
+
+
+def test_binary_problem_and_string_labels():
+    X, y = _imbalanced(seed=7, sizes=(80, 20))
+    labels = np.array(["common", "rare"])[y]
+    clf = TunedOffsetsClassifierCV(LogisticRegression(), cv=4).fit(X, labels)
+    np.testing.assert_array_equal(clf.classes_, ["common", "rare"])
+    z = clf.estimator_.decision_function(X)
+    decision = clf.decision_function(X)
+    assert decision.shape == (len(y),)
+    np.testing.assert_allclose(decision, z + clf.offsets_[1] - clf.offsets_[0])
+    np.testing.assert_array_equal(clf.predict(X), np.where(decision > 0, "rare", "common"))
+    assert clf.offsets_[1] > 0  # the rare class is favoured
+    assert clf.best_score_ > clf.base_score_
+
+
+def test_predict_proba_uses_the_offsets_as_a_class_prior():
+    X, y = _imbalanced(seed=8)
+    clf = TunedOffsetsClassifierCV(LogisticRegression()).fit(X, y)
+    log_p = clf.estimator_.predict_log_proba(X)
+    np.testing.assert_allclose(clf.predict_proba(X), softmax(log_p + clf.offsets_, axis=1))
+    np.testing.assert_allclose(np.exp(clf.predict_log_proba(X)), clf.predict_proba(X))
+    np.testing.assert_array_equal(clf.classes_[clf.predict_proba(X).argmax(1)], clf.predict(X))
+    without = TunedOffsetsClassifierCV(LinearSVC()).fit(X, y)
+    assert not hasattr(without, "predict_proba")
+    assert without.score(X, y) > 0.5
+
+
+def test_pipeline_grid_search_pickle_and_torch_features():
+    X, y = _imbalanced(seed=9)
+    pipe = make_pipeline(StandardScaler(), TunedOffsetsClassifierCV(LogisticRegression(), cv=3))
+    pipe.fit(X, y)
+    alone = TunedOffsetsClassifierCV(LogisticRegression(), cv=3)
+    alone.fit(StandardScaler().fit_transform(X), y)
+    np.testing.assert_array_equal(pipe[-1].offsets_, alone.offsets_)
+
+    grid = [0.0, 0.02, None]
+    search = GridSearchCV(
+        TunedOffsetsClassifierCV(LogisticRegression(), cv=3),
+        {"max_accuracy_drop": grid},
+        scoring=worst_class_scorer,
+        cv=3,
+    ).fit(X, y)
+    assert len(search.cv_results_["params"]) == len(grid)
+    assert search.best_estimator_.max_accuracy_drop == search.best_params_["max_accuracy_drop"]
+
+    restored = pickle.loads(pickle.dumps(pipe))
+    np.testing.assert_array_equal(restored.predict(X), pipe.predict(X))
+
+    features = torch.tensor(X, dtype=torch.float32)
+    probe = TunedOffsetsClassifierCV(MR2LinearClassifier(device="cpu"), cv=3)
+    probe.fit(features, torch.tensor(y))
+    np.testing.assert_array_equal(probe.predict(features), probe.predict(X.astype(np.float32)))
+
+
+# ----------------------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    "params, error, match",
+    [
+        ({"scoring": "f1"}, ValueError, r"'scoring' parameter .* among .*'worst_class'"),
+        ({"estimator": GaussianNB()}, ValueError, r"implementing 'fit' and 'decision_function'"),
+        (
+            {"max_accuracy_drop": -0.1},
+            ValueError,
+            r"'max_accuracy_drop' parameter .* range \[0.0, inf\)",
+        ),
+        ({"refit": False}, ValueError, r"refit=False keeps the estimator of a single split"),
+        ({"cv": "prefit"}, NotFittedError, r"cv='prefit', the estimator must already be fitted"),
+        (
+            {"scoring": make_scorer(roc_auc_score, response_method="predict_proba")},
+            ValueError,
+            r"offsets change only the predicted labels",
+        ),
+        (
+            {"estimator": SVC(decision_function_shape="ovo"), "cv": 3},
+            ValueError,
+            r"one column per class",
+        ),
+        (
+            {"cv": [(np.arange(0, 210), np.arange(100, 225))]},  # no class 3 to fit
+            ValueError,
+            r"Every class needs samples in every training fold",
+        ),
+    ],
+    ids=[
+        "unknown-scoring",
+        "no-decision-function",
+        "negative-bound",
+        "refit-false-kfold",
+        "prefit-unfitted",
+        "probability-scorer",
+        "ovo-decision",
+        "fold-missing-class",
+    ],
+)
+def test_bad_input_errors(params, error, match):
+    X, y = _imbalanced()
+    clf = TunedOffsetsClassifierCV(**{"estimator": LogisticRegression(), "cv": 3, **params})
+    with pytest.raises(error, match=match):
+        clf.fit(X, y)
+
+
+def test_bad_input_errors_of_prefit_and_search():
+    X, y = _imbalanced()
+    probe = LogisticRegression().fit(X, y)
+    with pytest.raises(ValueError, match=r"classes \[7\] that the prefitted estimator"):
+        TunedOffsetsClassifierCV(probe, cv="prefit").fit(X[:5], [0, 0, 7, 1, 1])
+    with pytest.raises(ValueError, match="fit parameters"):
+        TunedOffsetsClassifierCV(probe, cv="prefit").fit(X, y, classes=[0, 1])
+    with pytest.raises(ValueError, match="Encode labels"):
+        tune_class_offsets(np.zeros((3, 2)), [0, 1, 2])
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        tune_class_offsets(np.zeros((3, 1)), [0, 0, 0])
+
+
+def test_clone_keeps_parameters_only():
+    clf = TunedOffsetsClassifierCV(LogisticRegression(), max_accuracy_drop=0.01, cv=0.2)
+    fitted = clone(clf).fit(*_imbalanced())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert clone(fitted).get_params()["max_accuracy_drop"] == 0.01
+    assert not hasattr(clone(fitted), "offsets_")
