@@ -10,18 +10,30 @@ extra (h5py, timm, open_clip_torch, torchvision, pillow).
 
 from ._backbones import (
     Backbone,
+    BackboneError,
     BackboneSpec,
+    WeightsUnavailableError,
     create_backbone,
     file_sha256,
     parse_backbone_spec,
 )
-from ._images import ImageSource, fashion_mnist, image_folder, image_list, open_source
+from ._images import (
+    FileChangedError,
+    ImageSource,
+    fashion_mnist,
+    image_folder,
+    image_list,
+    open_source,
+)
 from ._runner import extract_features
 from ._store import (
     FeatureStore,
     IncompleteStoreError,
+    NotAStoreError,
     ProvenanceError,
+    StoreError,
     StoreLockedError,
+    StoreNotFoundError,
     load_features,
     merge_shards,
     shard_path,
@@ -29,12 +41,18 @@ from ._store import (
 
 __all__ = [
     "Backbone",
+    "BackboneError",
     "BackboneSpec",
     "FeatureStore",
+    "FileChangedError",
     "ImageSource",
     "IncompleteStoreError",
+    "NotAStoreError",
     "ProvenanceError",
+    "StoreError",
     "StoreLockedError",
+    "StoreNotFoundError",
+    "WeightsUnavailableError",
     "create_backbone",
     "extract_features",
     "fashion_mnist",

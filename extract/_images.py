@@ -5,8 +5,11 @@ from __future__ import annotations
 import csv
 import gzip
 import hashlib
+import io
+import json
 import os
-from dataclasses import dataclass, replace
+import warnings
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +30,31 @@ FASHION_MNIST_CLASSES = (
     "Bag",
     "Ankle boot",
 )
-_JPEG_SUFFIXES = (".jpg", ".jpeg")
 _JPEG_MAGIC = b"\xff\xd8\xff"  # start-of-image marker and the next marker's prefix
+# Start-of-frame markers (they carry the image size): C0..CF except DHT, JPG and DAC.
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_STANDALONE_MARKERS = frozenset([0x01, *range(0xD0, 0xD8)])  # TEM, RST0..7: no length field
+# 16-bit greyscale modes (PIL opens 16-bit PNG, TIFF and PGM files in one of them; "I" is
+# PIL's 32-bit container, which 16-bit files also use).
+_HIGH_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+NOT_A_FILE = -1  # file_size / file_mtime_ns of in-memory items and of files missing when listed
+
+
+class FileChangedError(OSError):
+    """An image file differs from the one listed when the extraction started."""
+
+
+def stat_files(root: str, ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Size in bytes and ``st_mtime_ns`` of every file (-1 for a missing one)."""
+    sizes = np.full(len(ids), NOT_A_FILE, np.int64)
+    mtimes = np.full(len(ids), NOT_A_FILE, np.int64)
+    for i, item in enumerate(ids):
+        try:
+            st = os.stat(os.path.join(root, item))
+        except OSError:
+            continue  # recorded as a failure when read
+        sizes[i], mtimes[i] = st.st_size, st.st_mtime_ns
+    return sizes, mtimes
 
 
 @dataclass(frozen=True)
@@ -42,13 +68,19 @@ class ImageSource:
     labels : ndarray of shape (n_items,), dtype int64
     class_names : list of str
     root : str
-        Folder the relative paths are resolved against ('' for in-memory sources).
+        Folder the relative paths are resolved against (the IDX folder for Fashion-MNIST;
+        '' for other in-memory sources).
     description : str
         Human-readable origin, recorded in the store.
     source_index : ndarray of shape (n_items,), dtype int64
         Position of each item in the full collection (differs after :meth:`subset`).
     pixels : ndarray of shape (n_items, H, W), dtype uint8, optional
         In-memory greyscale images (Fashion-MNIST); None for file sources.
+    file_size, file_mtime_ns : ndarray of shape (n_items,), dtype int64, optional
+        Size and modification time of each file when the collection was listed (-1 for
+        in-memory items and missing files); None: taken when first needed.
+    files : dict of str to str
+        ``sha256:<hex>`` of each file holding many items (Fashion-MNIST's IDX files).
     """
 
     ids: list[str]
@@ -58,6 +90,9 @@ class ImageSource:
     description: str
     source_index: np.ndarray
     pixels: np.ndarray | None = None
+    file_size: np.ndarray | None = None
+    file_mtime_ns: np.ndarray | None = None
+    files: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -65,11 +100,32 @@ class ImageSource:
     def path(self, i: int) -> str:
         return os.path.join(self.root, self.ids[i])
 
+    def resolved_root(self) -> str:
+        """The root with symbolic links resolved ('' for sources without one)."""
+        return os.path.realpath(self.root) if self.root else ""
+
+    def file_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(file_size, file_mtime_ns)`` of every item (-1 for in-memory items)."""
+        if self.pixels is not None:
+            missing = np.full(len(self), NOT_A_FILE, np.int64)
+            return missing, missing.copy()
+        if self.file_size is not None and self.file_mtime_ns is not None:
+            return self.file_size, self.file_mtime_ns
+        return stat_files(self.root, self.ids)
+
     def fingerprint(self) -> str:
-        """sha256 over (source index, id, label) of every item: resuming needs the same list."""
-        digest = hashlib.sha256()
-        for index, item, label in zip(self.source_index, self.ids, self.labels, strict=True):
-            digest.update(f"{index}\t{item}\t{label}\n".encode())
+        """sha256 over every item's source index, id, label, file size and modification time.
+
+        Also covers the class names and the files holding many items (``files``): a store
+        is reused only for the same list of the same files.
+        """
+        digest = hashlib.sha256(json.dumps(list(self.class_names)).encode())
+        for name, identity in sorted(self.files.items()):
+            digest.update(f"{name}\t{identity}\n".encode())
+        sizes, mtimes = self.file_stats()
+        rows = zip(self.source_index, self.ids, self.labels, sizes, mtimes, strict=True)
+        for index, item, label, size, mtime in rows:
+            digest.update(f"{index}\t{item}\t{label}\t{size}\t{mtime}\n".encode())
         return "sha256:" + digest.hexdigest()
 
     def subset(self, n_per_class: int | None = None, n: int | None = None) -> ImageSource:
@@ -87,18 +143,23 @@ class ImageSource:
             keep = keep[rank < n_per_class]
         if n is not None:
             keep = keep[:n]
+        sizes, mtimes = self.file_stats()
         return replace(
             self,
             ids=[self.ids[i] for i in keep],
             labels=self.labels[keep],
             source_index=self.source_index[keep],
             pixels=None if self.pixels is None else self.pixels[keep],
+            file_size=sizes[keep],
+            file_mtime_ns=mtimes[keep],
         )
 
 
-def _idx_array(path: Path, header: int) -> np.ndarray:
-    with gzip.open(path, "rb") as fh:
-        return np.frombuffer(fh.read(), dtype=np.uint8, offset=header)
+def _idx_array(path: Path, header: int) -> tuple[np.ndarray, str]:
+    """The uint8 payload of a gzipped IDX file and the file's ``sha256:<hex>``."""
+    raw = path.read_bytes()
+    data = np.frombuffer(gzip.decompress(raw), dtype=np.uint8, offset=header)
+    return data, "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 def fashion_mnist(
@@ -128,17 +189,18 @@ def fashion_mnist(
             "`apt-get install dataset-fashion-mnist` or pass the folder holding them."
         )
     # IDX: images have a 16-byte header (magic, count, rows, cols), labels an 8-byte one.
-    pixels = _idx_array(images, 16).reshape(-1, 28, 28)
-    y = _idx_array(labels, 8).astype(np.int64)
+    pixels, images_id = _idx_array(images, 16)
+    y, labels_id = _idx_array(labels, 8)
     n = len(y)
     return ImageSource(
         ids=[f"{split}/{i:05d}" for i in range(n)],
-        labels=y,
+        labels=y.astype(np.int64),
         class_names=list(FASHION_MNIST_CLASSES),
-        root="",
+        root=str(root.resolve()),
         description=f"fashion-mnist:{split}@{root}",
         source_index=np.arange(n, dtype=np.int64),
-        pixels=pixels,
+        pixels=pixels.reshape(-1, 28, 28),
+        files={images.name: images_id, labels.name: labels_id},
     )
 
 
@@ -159,13 +221,17 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     classes, class_to_idx = find_classes(root)
     # Listed by extension only: a corrupt file is kept so that it is recorded as a failure.
     items = make_dataset(root, class_to_idx, extensions=IMG_EXTENSIONS)
+    ids = [os.path.relpath(p, root) for p, _ in items]
+    sizes, mtimes = stat_files(root, ids)
     return ImageSource(
-        ids=[os.path.relpath(p, root) for p, _ in items],
+        ids=ids,
         labels=np.array([y for _, y in items], dtype=np.int64),
         class_names=list(classes),
         root=root,
         description=f"folder:{os.path.abspath(root)}",
         source_index=np.arange(len(items), dtype=np.int64),
+        file_size=sizes,
+        file_mtime_ns=mtimes,
     )
 
 
@@ -205,13 +271,17 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     else:
         class_names = sorted(set(names))
         labels = np.searchsorted(class_names, names).astype(np.int64)
+    ids = [path for path, _ in rows]
+    sizes, mtimes = stat_files(str(list_file.parent), ids)
     return ImageSource(
-        ids=[path for path, _ in rows],
+        ids=ids,
         labels=labels,
         class_names=class_names,
         root=str(list_file.parent),
         description=f"list:{list_file.resolve()}",
         source_index=np.arange(len(rows), dtype=np.int64),
+        file_size=sizes,
+        file_mtime_ns=mtimes,
     )
 
 
@@ -245,8 +315,91 @@ def open_source(source: str | os.PathLike | ImageSource) -> ImageSource:
     )
 
 
+def jpeg_size(data: bytes | bytearray | memoryview | np.ndarray) -> tuple[int, int]:
+    """``(width, height)`` of a JPEG, read from its start-of-frame (SOF) marker.
+
+    Only the headers are read, so a file whose header claims a huge image costs nothing.
+
+    Raises
+    ------
+    ValueError
+        If the data is not a JPEG or ends, or reaches the image data, before a frame header.
+    """
+    data = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else data
+    n = len(data)
+    if n < 2 or data[0] != 0xFF or data[1] != 0xD8:
+        raise ValueError("not a JPEG file (no start-of-image marker)")
+    i = 2
+    while i < n:
+        if data[i] != 0xFF:
+            raise ValueError(f"corrupt JPEG header (no marker at byte {i})")
+        while i < n and data[i] == 0xFF:  # fill bytes may precede a marker
+            i += 1
+        if i + 2 >= n:
+            break
+        marker, i = int(data[i]), i + 1
+        if marker in _STANDALONE_MARKERS:
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame header came
+            raise ValueError("corrupt JPEG: image data before the frame header")
+        length = int(data[i]) << 8 | int(data[i + 1])
+        if marker in _SOF_MARKERS and i + 7 <= n:
+            height = int(data[i + 3]) << 8 | int(data[i + 4])
+            width = int(data[i + 5]) << 8 | int(data[i + 6])
+            if not width or not height:
+                raise ValueError(f"JPEG frame header gives a {width}x{height} image")
+            return width, height
+        if length < 2:
+            raise ValueError(f"corrupt JPEG header (segment length {length} at byte {i})")
+        i += length
+    raise ValueError("truncated JPEG: the file ends before its frame header")
+
+
+def check_pixel_limit(width: int, height: int) -> None:
+    """Refuse an image of more than ``PIL.Image.MAX_IMAGE_PIXELS`` pixels before decoding.
+
+    The same limit applies to every decoding path (PIL in the workers, ``decode_jpeg`` on
+    the device), so that a file whose header claims a huge size is recorded as a failure
+    instead of exhausting memory. Raise ``PIL.Image.MAX_IMAGE_PIXELS`` (or set it to None)
+    to read larger images.
+
+    Raises
+    ------
+    PIL.Image.DecompressionBombError
+    """
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit:
+        raise Image.DecompressionBombError(
+            f"the image is {width}x{height} = {width * height} pixels, more than the limit "
+            f"of {limit} (PIL.Image.MAX_IMAGE_PIXELS); raise the limit to read it"
+        )
+
+
+def _scale_to_8_bits(image: Image.Image) -> Image.Image:
+    """8-bit greyscale of a 16-bit image: 0..65535 mapped onto 0..255 (rounded)."""
+    values = np.asarray(image)
+    if image.mode == "I" and values.size and (values.min() < 0 or values.max() > 65535):
+        raise ValueError(
+            "32-bit integer pixels outside 0..65535 have no defined brightness scale; "
+            "save the image with 8 or 16 bits per channel"
+        )
+    grey = (values.astype(np.uint32) * 255 + 32767) // 65535  # round(v / 257)
+    return Image.fromarray(grey.astype(np.uint8), "L")
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
-    """RGB copy of a PIL image; transparent pixels are composited on white."""
+    """RGB copy of a PIL image; transparent pixels are composited on white.
+
+    16-bit greyscale images (modes ``I;16*`` and ``I``) are scaled to 8 bits, not clipped;
+    floating-point images (mode ``F``) have no defined range and are refused.
+    """
+    if image.mode in _HIGH_BIT_MODES:
+        return _scale_to_8_bits(image).convert("RGB")
+    if image.mode == "F":
+        raise ValueError(
+            "floating-point images (PIL mode F) have no defined brightness range; save the "
+            "image with 8 or 16 bits per channel"
+        )
     has_alpha = image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info
     if has_alpha:
         image = image.convert("RGBA")
@@ -255,45 +408,105 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+def decode_image(data: bytes | bytearray, name: str = "<bytes>") -> Image.Image:
+    """Decode an image file's bytes with PIL, fully (so truncation surfaces here), as RGB.
+
+    ``name`` (the file's path) stands for the data in error messages.
+    """
+    with warnings.catch_warnings():
+        # PIL only warns between MAX_IMAGE_PIXELS and twice that; check_pixel_limit refuses.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            opened = Image.open(io.BytesIO(data))
+        except Image.UnidentifiedImageError:
+            # PIL would name the in-memory buffer (with its address) instead of the file.
+            raise Image.UnidentifiedImageError(f"cannot identify image file {name!r}") from None
+        with opened as image:
+            check_pixel_limit(*image.size)
+            image.load()
+            return to_rgb(image)
+
+
+def read_file(path: str, listed: tuple[int, int] | None = None) -> bytearray:
+    """The bytes of ``path``, refused if it is not the file listed as ``(size, mtime_ns)``.
+
+    Raises
+    ------
+    FileChangedError
+        If ``listed`` is given and the file's size or modification time differ from it (or
+        the file was missing when listed), or if the file changes while it is read.
+    """
+    with open(path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if listed is not None and (st.st_size, st.st_mtime_ns) != listed:
+            size, mtime_ns = listed
+            change = (
+                "it was missing then"
+                if size == NOT_A_FILE
+                else f"{size} -> {st.st_size} bytes"
+                if size != st.st_size
+                else "modified since, same size"
+            )
+            raise FileChangedError(
+                f"{path} is not the file listed when the extraction started ({change}); "
+                "rebuild the store with --force"
+            )
+        data = bytearray(st.st_size)
+        n = fh.readinto(data)
+    if n != st.st_size:
+        raise FileChangedError(f"{path} changed while it was read; rebuild the store with --force")
+    return data
+
+
+def sha256_hex(data: bytes | bytearray | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def load_image(source: ImageSource, i: int) -> Image.Image:
     """Decode item ``i`` fully (so truncation surfaces here) and convert it to RGB."""
     if source.pixels is not None:
         return Image.fromarray(source.pixels[i], mode="L").convert("RGB")
-    with Image.open(source.path(i)) as image:
-        image.load()
-        return to_rgb(image)
+    return decode_image(read_file(source.path(i)), source.path(i))
 
 
 class ItemDataset(torch.utils.data.Dataset):
-    """Items as ``(index, tensor or None, failure reason or None)``, decoded in workers.
+    """Items as ``(index, tensor or None, failure reason or None, content sha256)``.
 
-    With ``jpeg_bytes=True`` JPEG files are returned undecoded (``uint8`` byte tensors,
-    flagged by a ``None`` reason and a 1-D tensor) so that the consumer can decode them
-    on the GPU; every other item goes through ``transform`` here. A file is JPEG by its
-    content (the SOI marker), not its name: a PNG saved as ``.jpg`` is decoded by PIL.
+    Files are read once, checked against the size and modification time listed when the
+    collection was opened, hashed (the hex sha256 of the bytes, stored per row) and decoded
+    in the workers. With ``jpeg_bytes=True`` JPEG files are returned undecoded (``uint8``
+    byte tensors, flagged by a ``None`` reason and a 1-D tensor) so that the consumer can
+    decode them on the device; every other item goes through ``transform`` here. A file is
+    JPEG by its content (the SOI marker), not its name: a PNG saved as ``.jpg`` is decoded
+    by PIL. Every path refuses images over ``PIL.Image.MAX_IMAGE_PIXELS`` before decoding.
     """
 
     def __init__(self, source: ImageSource, transform, jpeg_bytes: bool = False) -> None:
         self.source, self.transform, self.jpeg_bytes = source, transform, jpeg_bytes
+        self.sizes, self.mtimes = source.file_stats()
 
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, i: int) -> tuple[int, torch.Tensor | None, str | None]:
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor | None, str | None, str]:
+        digest = ""
         try:
-            is_file = self.source.pixels is None
-            if self.jpeg_bytes and is_file and self.source.ids[i].lower().endswith(_JPEG_SUFFIXES):
-                with open(self.source.path(i), "rb") as fh:
-                    data = bytearray(fh.read())
-                if data[:3] == _JPEG_MAGIC:
-                    # A plain bytearray-backed tensor crosses the worker queue cheaply.
-                    return i, torch.frombuffer(data, dtype=torch.uint8), None
-            return i, self.transform(load_image(self.source, i)), None
+            if self.source.pixels is not None:
+                digest = sha256_hex(np.ascontiguousarray(self.source.pixels[i]))
+                return i, self.transform(load_image(self.source, i)), None, digest
+            path = self.source.path(i)
+            data = read_file(path, (int(self.sizes[i]), int(self.mtimes[i])))
+            digest = sha256_hex(data)
+            if self.jpeg_bytes and data[:3] == _JPEG_MAGIC:
+                check_pixel_limit(*jpeg_size(data))
+                # A plain bytearray-backed tensor crosses the worker queue cheaply.
+                return i, torch.frombuffer(data, dtype=torch.uint8), None, digest
+            return i, self.transform(decode_image(data, path)), None, digest
         except Exception as err:  # an unreadable image is recorded, never fatal
-            return i, None, f"{type(err).__name__}: {err}"[:200]
+            return i, None, f"{type(err).__name__}: {err}"[:200], digest
 
 
-def collate_items(items: list) -> tuple[list[int], list, list[str | None]]:
+def collate_items(items: list) -> tuple[list[int], list, list[str | None], list[str]]:
     """Keep items as lists: batches mix decoded tensors, raw JPEG bytes and failures."""
-    index, tensors, reasons = zip(*items, strict=True)
-    return list(index), list(tensors), list(reasons)
+    index, tensors, reasons, digests = zip(*items, strict=True)
+    return list(index), list(tensors), list(reasons), list(digests)

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import warnings
-from datetime import timedelta
+from datetime import datetime, timedelta
 from importlib import metadata
 from pathlib import Path
 
@@ -19,14 +19,24 @@ from tqdm.auto import tqdm
 from mr2_probe._device import resolve_device
 
 from ._backbones import Backbone, BackboneSpec, create_backbone
-from ._images import ImageSource, ItemDataset, collate_items, open_source
+from ._images import (
+    NOT_A_FILE,
+    ImageSource,
+    ItemDataset,
+    check_pixel_limit,
+    collate_items,
+    jpeg_size,
+    open_source,
+)
 from ._store import (
     DONE,
     FAILED,
     FORMAT_VERSION,
     PENDING,
+    check_output,
     check_provenance,
     create_store,
+    make_output_folder,
     merge_shards,
     open_store,
     read_attrs,
@@ -64,23 +74,38 @@ def _tensor_batch(images: list[torch.Tensor], pre: dict, device: torch.device) -
 
 
 def _decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | str]:
-    """Decode JPEG bytes on ``device``; a bad file yields its failure reason, not an error."""
+    """Decode JPEG bytes on ``device``; a bad file yields its failure reason, not an error.
+
+    Each file's frame header is checked against ``PIL.Image.MAX_IMAGE_PIXELS`` first: a
+    header claiming a huge image would otherwise make the decoder allocate it.
+    """
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    decoded: list[torch.Tensor | str | None] = [None] * len(data)
+    for k, item in enumerate(data):
+        try:
+            check_pixel_limit(*jpeg_size(item.numpy()))
+        except Exception as err:
+            decoded[k] = f"{type(err).__name__}: {err}"[:200]
+    todo = [k for k, d in enumerate(decoded) if d is None]
+    if not todo:
+        return decoded
     with warnings.catch_warnings():
         # torchvision >= 0.29 flags its decoders as deprecated in favour of torchcodec; they
         # remain the GPU (nvJPEG) JPEG path here.
         warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
         try:  # one batched call: nvJPEG decodes the whole batch at once on the GPU
-            return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
+            images = decode_jpeg([data[k] for k in todo], mode=ImageReadMode.RGB, device=device)
+            for k, image in zip(todo, images, strict=True):
+                decoded[k] = image
+            return decoded
         except RuntimeError:
             pass
-        decoded: list[torch.Tensor | str] = []
-        for item in data:  # isolate the unreadable files
+        for k in todo:  # isolate the unreadable files
             try:
-                decoded.append(decode_jpeg(item, mode=ImageReadMode.RGB, device=device))
+                decoded[k] = decode_jpeg(data[k], mode=ImageReadMode.RGB, device=device)
             except RuntimeError as err:
-                decoded.append(f"RuntimeError: {err}"[:200])
+                decoded[k] = f"RuntimeError: {err}"[:200]
     return decoded
 
 
@@ -137,17 +162,84 @@ def _provenance(
         preprocessing=backbone.preprocess | {"decode": decode},
         dtype=dtype,
         normalize=bool(normalize),
+        source_root=source.resolved_root(),
         source_fingerprint=source.fingerprint(),
         **shard,
     )
     return json.loads(json.dumps(provenance))  # the form it takes after a trip through the file
 
 
-def _open_or_create(out: Path, provenance: dict, backbone: Backbone, source, rows) -> None:
-    if out.exists():
+def _when(mtime_ns: int) -> str:
+    return datetime.fromtimestamp(mtime_ns / 1e9).isoformat(sep=" ", timespec="microseconds")
+
+
+def _file_difference(path: str, old: tuple[int, int], new: tuple[int, int]) -> str:
+    (old_size, old_mtime), (new_size, new_mtime) = old, new
+    if old_size == NOT_A_FILE:
+        change = "it was missing when the store was made"
+    elif new_size == NOT_A_FILE:
+        change = "it is missing now"
+    elif old_size != new_size:
+        change = f"{new_size} bytes now, {old_size} when the store was made"
+    else:
+        change = f"modified {_when(new_mtime)}, {_when(old_mtime)} when the store was made"
+    return f"{path!r} is not the file the store was made from ({change})"
+
+
+def _source_difference(f, src: ImageSource, rows: np.ndarray) -> str | None:
+    """Name the first image (or IDX file) that differs between a store and the request."""
+    stored_files = read_attrs(f).get("source_files") or {}
+    if stored_files.keys() != src.files.keys():
+        return (
+            f"the store was made from {sorted(stored_files)}, the request reads {sorted(src.files)}"
+        )
+    for name, identity in sorted(src.files.items()):
+        if stored_files[name] != identity:
+            return f"{os.path.join(src.root, name)!r} is not the file the store was made from"
+    stored_names = list(f["class_names"].asstr()[:])
+    if stored_names != list(src.class_names):
+        return f"the classes are {stored_names} in the store, {list(src.class_names)} now"
+    if "file_size" not in f:
+        return None
+    stored_ids = f["paths"].asstr()[:]
+    n = min(len(stored_ids), len(rows))
+    head = rows[:n]
+    sizes, mtimes = src.file_stats()
+    ids = np.array([src.ids[i] for i in head], dtype=object)
+    pairs = {
+        "id": (stored_ids[:n], ids),
+        "label": (f["labels"][:n], src.labels[head]),
+        "size": (f["file_size"][:n], sizes[head]),
+        "mtime": (f["file_mtime_ns"][:n], mtimes[head]),
+    }
+    differs = np.zeros(n, bool)
+    for old, new in pairs.values():
+        differs |= np.asarray(old != new, dtype=bool)
+    if not differs.any():
+        if len(stored_ids) != len(rows):
+            return f"the store holds {len(stored_ids)} images, the request {len(rows)}"
+        return None  # rows outside this shard differ: the fingerprint says so
+    k = int(np.argmax(differs))
+    path = src.path(int(head[k]))
+    if stored_ids[k] != ids[k]:
+        return f"image {k} is {stored_ids[k]!r} in the store but {ids[k]!r} in the request"
+    old_label, new_label = (int(pairs["label"][j][k]) for j in (0, 1))
+    if old_label != new_label:
+        return (
+            f"{path!r} is labelled {src.class_names[new_label]!r} in the request but "
+            f"{stored_names[old_label]!r} in the store"
+        )
+    old = (int(pairs["size"][0][k]), int(pairs["mtime"][0][k]))
+    return _file_difference(path, old, (int(sizes[head[k]]), int(mtimes[head[k]])))
+
+
+def _open_or_create(
+    out: Path, provenance: dict, backbone: Backbone, source, rows, overwrite: bool
+) -> None:
+    if out.exists() and not overwrite:
         with open_store(out, "r") as f:
             existing = read_attrs(f)
-        check_provenance(out, existing, provenance)
+            check_provenance(out, existing, provenance, lambda: _source_difference(f, source, rows))
         if existing.get("versions") != library_versions():
             logger.warning(
                 "%s was started with other library versions: %s; now %s",
@@ -156,14 +248,15 @@ def _open_or_create(out: Path, provenance: dict, backbone: Backbone, source, row
                 library_versions(),
             )
         return
-    create_store(
+    sizes, mtimes = source.file_stats()
+    create_store(  # replaces an existing store (overwrite) in one atomic rename
         out,
         provenance=provenance,
         record=dict(
             versions=library_versions(),
             backbone_spec=str(backbone.spec),
             source=source.description,
-            source_root=source.root,
+            source_files=source.files,
         ),
         dim=backbone.dim,
         dtype=provenance["dtype"],
@@ -171,6 +264,8 @@ def _open_or_create(out: Path, provenance: dict, backbone: Backbone, source, row
         indices=source.source_index[rows],
         ids=[source.ids[i] for i in rows],
         class_names=source.class_names,
+        file_size=sizes[rows],
+        file_mtime_ns=mtimes[rows],
     )
 
 
@@ -195,12 +290,16 @@ def extract_features(
     rank: int | None = None,
     world_size: int | None = None,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> Path:
     """Extract embeddings of every image of ``source`` into an HDF5 store at ``out``.
 
     Re-running the same call resumes an interrupted run and ends with the same file as an
-    uninterrupted one; a store made with another backbone, weights, preprocessing or image
-    list is refused. Unreadable images are recorded in the store and skipped.
+    uninterrupted one; a complete store is reused (and says so in a log message). A store
+    made with another backbone, weights or preprocessing, or from other image files (other
+    root folder, other sizes or modification times), is refused with a
+    :class:`ProvenanceError` that names the first difference; ``overwrite=True`` rebuilds
+    it. Unreadable images are recorded in the store and skipped.
 
     Parameters
     ----------
@@ -241,11 +340,23 @@ def extract_features(
         ``WORLD_SIZE`` set by ``torchrun`` and merge automatically on rank 0.
     progress : bool, default=True
         Show a tqdm progress bar.
+    overwrite : bool, default=False
+        Delete an existing store at ``out`` (and this run's shards) and recompute it, instead
+        of resuming or reusing it. Only stores and empty files are ever replaced.
 
     Returns
     -------
     pathlib.Path
         The store (the shard when ``rank`` / ``world_size`` are given).
+
+    Raises
+    ------
+    StoreError
+        If ``out`` cannot hold a store (checked before any model is loaded);
+        ``ProvenanceError`` if it holds a store made differently; ``StoreLockedError`` if
+        another process is writing it.
+    ValueError
+        For invalid arguments or backbone specs (``BackboneError``).
 
     Examples
     --------
@@ -271,21 +382,20 @@ def extract_features(
             f"rank must be in [0, world_size). Got rank={rank}, world_size={world_size}."
         )
     out = Path(out)
-    if world_size == 1:
-        return _extract_shard(
-            source, backbone, out, batch_size, num_workers, dtype, normalize, image_size,
-            device, decode, n_per_class, max_items, 0, 1, progress,
-        )  # fmt: skip
+    target = out if world_size == 1 else shard_path(out, rank, world_size)
+    # Every output is checked before any image is listed or model loaded.
+    for path in [target] + ([out] if target != out and not explicit and rank == 0 else []):
+        check_output(path, overwrite)
     shard = _extract_shard(
-        source, backbone, shard_path(out, rank, world_size), batch_size, num_workers, dtype,
-        normalize, image_size, device, decode, n_per_class, max_items, rank, world_size, progress,
+        source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
+        device, decode, n_per_class, max_items, rank, world_size, progress, overwrite,
     )  # fmt: skip
-    if explicit:
+    if world_size == 1 or explicit:
         return shard
-    return _merge_on_rank0(out, rank, world_size)
+    return _merge_on_rank0(out, rank, world_size, overwrite)
 
 
-def _merge_on_rank0(out: Path, rank: int, world_size: int) -> Path:
+def _merge_on_rank0(out: Path, rank: int, world_size: int, overwrite: bool) -> Path:
     import torch.distributed as dist
 
     owned = not dist.is_initialized()
@@ -295,7 +405,7 @@ def _merge_on_rank0(out: Path, rank: int, world_size: int) -> Path:
         dist.init_process_group("gloo", timeout=timedelta(hours=24))
     dist.barrier()  # every shard is complete before rank 0 reads them
     if rank == 0:
-        merge_shards([shard_path(out, r, world_size) for r in range(world_size)], out)
+        merge_shards([shard_path(out, r, world_size) for r in range(world_size)], out, overwrite)
     dist.barrier()
     if owned:
         dist.destroy_process_group()
@@ -304,7 +414,7 @@ def _merge_on_rank0(out: Path, rank: int, world_size: int) -> Path:
 
 def _extract_shard(
     source, spec, out, batch_size, num_workers, dtype, normalize, image_size, device, decode,
-    n_per_class, max_items, rank, world_size, progress,
+    n_per_class, max_items, rank, world_size, progress, overwrite,
 ) -> Path:  # fmt: skip
     device = resolve_device(device)
     if device.type == "cuda":
@@ -325,9 +435,9 @@ def _extract_shard(
     shard = dict(n_rows=len(rows), n_total_rows=len(src), shard_rank=rank)
     shard["shard_world_size"] = world_size
     provenance = _provenance(backbone, src, dtype, normalize, decode, shard)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_output_folder(out)
     with store_lock(out):
-        _open_or_create(out, provenance, backbone, src, rows)
+        _open_or_create(out, provenance, backbone, src, rows, overwrite)
         with open_store(out, "r") as f:
             status = f["status"][:]
         # Fixed row blocks: a resumed run recomputes whole blocks, batched as the first was.
@@ -336,27 +446,33 @@ def _extract_shard(
             for lo in range(0, len(rows), batch_size)
             if (status[lo : lo + batch_size] == PENDING).any()
         ]
-        if blocks:  # a finished store is not opened for writing at all
-            with open_store(out, "r+") as f:
-                _run(
-                    f,
-                    backbone,
-                    src,
-                    blocks,
-                    status,
-                    num_workers,
-                    normalize,
-                    decode,
-                    device,
-                    progress,
-                )
+        if not blocks:  # a finished store is not opened for writing at all
+            logger.info(
+                "Reused the complete feature store %s (%d rows, nothing to compute); pass "
+                "--force (overwrite=True) to recompute it.",
+                out,
+                len(rows),
+            )
+            return out
+        if (status != PENDING).any():
+            logger.info(
+                "Resuming %s: %d of %d rows were extracted before.",
+                out,
+                int((status != PENDING).sum()),
+                len(rows),
+            )
+        # The worker processes start here, before the store is opened for writing, so that
+        # none of them inherits the HDF5 file (and its lock) from the writer.
+        batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
+        with open_store(out, "r+") as f:
+            _run(f, backbone, batches, status, normalize, device, progress)
     return out
 
 
-def _run(f, backbone, src, blocks, status, num_workers, normalize, decode, device, progress):
+def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.data.DataLoader:
     if num_workers is None:
         num_workers = min(8, max(0, (os.cpu_count() or 1) - 1))
-    loader = torch.utils.data.DataLoader(
+    return torch.utils.data.DataLoader(
         ItemDataset(src, backbone.transform, jpeg_bytes=decode == "tensor"),
         batch_sampler=[b.tolist() for b in blocks],
         num_workers=num_workers,
@@ -364,11 +480,14 @@ def _run(f, backbone, src, blocks, status, num_workers, normalize, decode, devic
         pin_memory=device.type == "cuda",
         persistent_workers=False,
     )
+
+
+def _run(f, backbone, batches, status, normalize, device, progress) -> None:
     rank, world_size = int(f.attrs["shard_rank"]), int(f.attrs["shard_world_size"])
     bar = tqdm(total=len(status), initial=int((status != PENDING).sum()), disable=not progress)
     n_failed = 0
     with bar:
-        for items, tensors, reasons in loader:
+        for items, tensors, reasons, digests in batches:
             x, reasons = _assemble(tensors, reasons, backbone.preprocess, device)
             features = np.zeros((len(items), backbone.dim), np.float32)
             ok = [k for k, r in enumerate(reasons) if r is None]
@@ -376,9 +495,8 @@ def _run(f, backbone, src, blocks, status, num_workers, normalize, decode, devic
                 features[ok] = _embed(backbone, x, normalize)
             codes = np.array([DONE if r is None else FAILED for r in reasons], np.uint8)
             n_failed += int((codes == FAILED).sum())
-            write_rows(
-                f, (items[0] - rank) // world_size, features, codes, [r or "" for r in reasons]
-            )
+            start = (items[0] - rank) // world_size
+            write_rows(f, start, features, codes, [r or "" for r in reasons], digests)
             bar.update(len(items))
     if n_failed:
         logger.warning(

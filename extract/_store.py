@@ -1,12 +1,13 @@
 """HDF5 feature store: schema, provenance checks, crash-safe resume, locking, loading, merging.
 
 Crash safety rests on one property: after the file is created, a run writes raw data only.
-Every dataset written during a run (``features``, ``status``, ``failure_reason``) has a fixed
-shape and all its storage allocated at creation (``H5D_ALLOC_TIME_EARLY``), so a write
-never changes HDF5 metadata and a process killed mid-write leaves a structurally intact
-file. The file itself is built under a temporary name and renamed into place, so it either
-exists complete or not at all. Rows are marked done in ``status`` only after their features
-are written and flushed; rows not marked done are recomputed on resume.
+Every dataset written during a run (``features``, ``status``, ``failure_reason``,
+``content_sha256``) has a fixed shape and all its storage allocated at creation
+(``H5D_ALLOC_TIME_EARLY``), so a write never changes HDF5 metadata and a process killed
+mid-write leaves a structurally intact file. The file itself is built under a temporary name
+and renamed into place, so it either exists complete or not at all. Rows are marked done in
+``status`` only after their features are written and flushed; rows not marked done are
+recomputed on resume.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import fcntl
 import json
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +25,13 @@ from typing import Any
 import h5py
 import numpy as np
 
-FORMAT_VERSION = 1
+# 2: per-row file identity (file_size, file_mtime_ns, content_sha256) and source_root.
+FORMAT_VERSION = 2
 PENDING, DONE, FAILED = 0, 1, 2
 REASON_DTYPE = "S200"
+DIGEST_DTYPE = "S64"  # hexadecimal sha256
 _MERGE_BLOCK = 8192  # shard rows copied at a time, bounding memory
+_REQUIRED = ("features", "labels", "class_names")  # what a classifier needs from a store
 # Attributes that must match for an existing file to be reused.
 PROVENANCE_KEYS = (
     "format_version",
@@ -36,23 +40,40 @@ PROVENANCE_KEYS = (
     "preprocessing",
     "dtype",
     "normalize",
+    "source_root",
     "source_fingerprint",
     "n_rows",
     "n_total_rows",
     "shard_rank",
     "shard_world_size",
 )
+_REBUILD = "pass --force (overwrite=True) to delete it and recompute it"
 
 
-class ProvenanceError(ValueError):
-    """An existing store was made from a different backbone, weights, preprocessing or data."""
+class StoreError(ValueError):
+    """A feature store cannot be read, written or reused as requested.
+
+    The base class of every error of the store: catch it to report any of them.
+    """
 
 
-class StoreLockedError(RuntimeError):
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """The feature store file does not exist."""
+
+
+class NotAStoreError(StoreError):
+    """The file is empty, not HDF5, or an HDF5 file without a store's datasets."""
+
+
+class ProvenanceError(StoreError):
+    """An existing store was made from other images, backbone, weights or settings."""
+
+
+class StoreLockedError(StoreError, RuntimeError):
     """Another process is writing the store."""
 
 
-class IncompleteStoreError(RuntimeError):
+class IncompleteStoreError(StoreError, RuntimeError):
     """The store still has rows that were never extracted."""
 
 
@@ -68,10 +89,55 @@ def _attr(value: Any) -> Any:
 def read_attrs(f: h5py.File) -> dict[str, Any]:
     """The store's attributes as Python values (JSON attributes decoded)."""
     attrs = {k: _attr(v) for k, v in f.attrs.items()}
-    for key in ("preprocessing", "versions", "class_names"):
+    for key in ("preprocessing", "versions", "class_names", "source_files"):
         if key in attrs:
             attrs[key] = json.loads(attrs[key])
     return {k: v.item() if isinstance(v, np.generic) else v for k, v in attrs.items()}
+
+
+# Descriptors of the lock files this process holds (see _release_locks_in_child).
+_HELD_LOCKS: set[int] = set()
+
+
+def _release_locks_in_child() -> None:
+    # A flock lock belongs to the open file description, which a forked child (a DataLoader
+    # worker) shares: the lock would outlive a killed writer for as long as the child lives.
+    # Pointing the child's copy of the descriptor at /dev/null keeps the lock the writer's own.
+    if not _HELD_LOCKS:
+        return
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        for fd in _HELD_LOCKS:
+            os.dup2(null, fd, inheritable=False)
+    finally:
+        os.close(null)
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_release_locks_in_child)
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, under another user
+    return True
+
+
+def _locked_message(path: str, lock_path: str, holder: str) -> str:
+    if holder.isdigit() and not _pid_running(int(holder)):
+        return (
+            f"The feature store {path!r} is locked, but its writer (pid {holder}) is no "
+            f"longer running: a process it started still holds {lock_path!r}; end that "
+            f"process (`fuser -v {lock_path}` shows it) or wait for it to exit."
+        )
+    return (
+        f"The feature store {path!r} is being written by another process (pid {holder}); "
+        "wait for it to finish or write to another path."
+    )
 
 
 @contextmanager
@@ -79,27 +145,120 @@ def store_lock(path: str | os.PathLike) -> Iterator[None]:
     """Hold an exclusive lock on ``<path>.lock`` while writing ``path``.
 
     ``flock`` is released by the kernel when the holder dies, so a killed run never leaves
-    a stale lock behind; the lock file records the holder's pid for the error message.
+    a stale lock behind. Processes forked while the lock is held (DataLoader workers) do
+    not keep it: the lock is the writer's alone. The lock file records the holder's pid for
+    the error message.
     """
-    lock_path = f"{os.fspath(path)}.lock"
-    fh = open(lock_path, "a+")
+    path = os.fspath(path)
+    lock_path = f"{path}.lock"
+    try:
+        fh = open(lock_path, "a+")
+    except OSError as err:
+        raise StoreError(
+            f"Cannot create the lock file {lock_path!r} beside the feature store: "
+            f"{err.strerror}; write the store to a folder you can write to."
+        ) from err
     try:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             fh.seek(0)
             holder = fh.read().strip() or "unknown"
-            raise StoreLockedError(
-                f"The feature store {os.fspath(path)!r} is being written by another process "
-                f"(pid {holder}); wait for it to finish or write to another path."
-            ) from None
+            raise StoreLockedError(_locked_message(path, lock_path, holder)) from None
+        _HELD_LOCKS.add(fh.fileno())
         fh.seek(0)
         fh.truncate()
         fh.write(str(os.getpid()))
         fh.flush()
         yield
     finally:
+        _HELD_LOCKS.discard(fh.fileno())
         fh.close()
+
+
+def _not_hdf5(path: str | os.PathLike) -> str | None:
+    """Why an existing path is not an HDF5 file, or None if it is one."""
+    if os.path.isdir(path):
+        return "is a folder"
+    if os.path.getsize(path) == 0:
+        return "is empty"
+    if not h5py.is_hdf5(path):
+        return "is not an HDF5 file"
+    return None
+
+
+def _file_problem(path: str | os.PathLike) -> str | None:
+    """Why an existing path is not a store written by mr2-extract, or None if it is one."""
+    problem = _not_hdf5(path)
+    if problem:
+        return problem
+    with open_store(path, "r") as f:
+        if "features" not in f or "format_version" not in f.attrs:
+            return "is an HDF5 file but not a feature store written by mr2-extract"
+    return None
+
+
+def check_output(path: str | os.PathLike, overwrite: bool = False) -> None:
+    """Refuse an output path that cannot receive a store, before any work is done.
+
+    Parameters
+    ----------
+    path : path-like
+        The store to write.
+    overwrite : bool, default=False
+        Whether an existing store (or an empty file) may be replaced.
+
+    Raises
+    ------
+    StoreError
+        If the output is a folder, a file that is not a store, or lies in a folder that
+        cannot be created or written; ``ProvenanceError`` if it is a store of another
+        format and ``overwrite`` is False.
+    """
+    text = os.fspath(path)
+    if os.path.exists(text):
+        problem = _file_problem(text)
+        if problem == "is a folder":
+            raise StoreError(
+                f"The output {text!r} is a folder; give a file path such as "
+                f"{os.path.join(text, 'features.h5')!r}."
+            )
+        if problem == "is empty" and overwrite:
+            pass  # nothing to lose
+        elif problem:
+            raise StoreError(
+                f"The output {text!r} exists and {problem}; it is never replaced (not even "
+                "with --force): choose another output path or delete the file yourself."
+            )
+        elif not overwrite:
+            with open_store(text, "r") as f:
+                check_format(text, read_attrs(f))
+    folder = os.path.dirname(os.path.abspath(text))
+    existing = folder
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise StoreError(
+            f"Cannot create the output {text!r}: {existing!r} is a file, not a folder; "
+            "choose an output path inside a folder."
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise StoreError(
+            f"Cannot write the output {text!r}: no permission to write in the folder "
+            f"{existing!r}; choose an output path in a folder you can write to."
+        )
+
+
+def make_output_folder(path: str | os.PathLike) -> None:
+    """Create the folder of ``path``; failures become a :class:`StoreError`."""
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise StoreError(
+            f"Cannot create the output folder {folder!r}: {err.strerror}; choose an output "
+            "path in a folder you can write to."
+        ) from err
 
 
 def _early() -> h5py.h5p.PropDCID:
@@ -120,6 +279,8 @@ def create_store(
     indices: np.ndarray,
     ids: Sequence[str],
     class_names: Sequence[str],
+    file_size: np.ndarray,
+    file_mtime_ns: np.ndarray,
 ) -> None:
     """Create an empty store atomically (written as ``<path>.tmp``, then renamed).
 
@@ -138,6 +299,9 @@ def create_store(
     ids : sequence of str
         Path or id of each row's image.
     class_names : sequence of str
+    file_size, file_mtime_ns : ndarray of shape (n_rows,)
+        Size in bytes and modification time of each row's file when the image list was
+        made (-1 for items that are not files, or were missing).
     """
     n = len(labels)
     itemsize = np.dtype(dtype).itemsize
@@ -155,28 +319,93 @@ def create_store(
         )
         f.create_dataset("status", (n,), np.uint8, dcpl=_early(), fillvalue=PENDING)
         f.create_dataset("failure_reason", (n,), REASON_DTYPE, dcpl=_early())
+        f.create_dataset("content_sha256", (n,), DIGEST_DTYPE, dcpl=_early())
         f.create_dataset("labels", data=np.asarray(labels, dtype=np.int64))
         f.create_dataset("indices", data=np.asarray(indices, dtype=np.int64))
         f.create_dataset("paths", data=list(ids), dtype=h5py.string_dtype())
         f.create_dataset("class_names", data=list(class_names), dtype=h5py.string_dtype())
+        f.create_dataset("file_size", data=np.asarray(file_size, dtype=np.int64))
+        f.create_dataset("file_mtime_ns", data=np.asarray(file_mtime_ns, dtype=np.int64))
         for key, value in (provenance | record).items():
             f.attrs[key] = json.dumps(value) if isinstance(value, dict | list) else value
         f.attrs["class_names"] = json.dumps(list(class_names))
     os.replace(tmp, path)
 
 
-def check_provenance(path: str | os.PathLike, existing: dict, requested: dict) -> None:
-    """Refuse to reuse a store whose provenance differs from the request."""
-    diffs = [
-        f"  {key}: file has {existing.get(key)!r}, request has {requested.get(key)!r}"
-        for key in PROVENANCE_KEYS
-        if existing.get(key) != requested.get(key)
-    ]
+def check_format(path: str | os.PathLike, attrs: dict) -> None:
+    """Refuse a store written in another format than this version's."""
+    version = attrs.get("format_version")
+    if version == FORMAT_VERSION:
+        return
+    if isinstance(version, int) and version > FORMAT_VERSION:
+        raise ProvenanceError(
+            f"The feature store {os.fspath(path)!r} was written in store format {version} by "
+            f"a newer mr2-extract (this one writes format {FORMAT_VERSION}); upgrade "
+            "mr2-probe, or write to another output path."
+        )
+    raise ProvenanceError(
+        f"The feature store {os.fspath(path)!r} was written in store format {version} by an "
+        f"older mr2-extract; this version writes format {FORMAT_VERSION}, which also records "
+        f"the identity of every image. Rebuild it with --force (overwrite=True)."
+    )
+
+
+def _differences(key: str, existing: Any, requested: Any) -> list[str]:
+    """``key: file has ..., request has ...`` lines; a dict lists its differing entries."""
+    if isinstance(existing, dict) and isinstance(requested, dict):
+        keys = [
+            k
+            for k in sorted(existing.keys() | requested.keys())
+            if existing.get(k) != requested.get(k)
+        ]
+        if len(keys) > 1 and "transform" in keys:
+            keys.remove("transform")  # the transform's repr restates the other entries
+        return [
+            line
+            for k in keys
+            for line in _differences(f"{key}.{k}", existing.get(k), requested.get(k))
+        ]
+    old, new = (" ".join(repr(v).split()) for v in (existing, requested))
+    return [f"{key}: file has {old}, request has {new}"]
+
+
+def check_provenance(
+    path: str | os.PathLike,
+    existing: dict,
+    requested: dict,
+    explain_source: Callable[[], str | None] | None = None,
+) -> None:
+    """Refuse to reuse a store whose provenance differs from the request.
+
+    Parameters
+    ----------
+    path : path-like
+    existing, requested : dict
+        The store's attributes and the request's provenance.
+    explain_source : callable, optional
+        Called when the source fingerprints differ; returns a sentence naming the first
+        differing image (or None), which replaces the bare fingerprint difference.
+
+    Raises
+    ------
+    ProvenanceError
+        With one line listing every difference.
+    """
+    check_format(path, existing)
+    diffs = []
+    for key in PROVENANCE_KEYS:
+        if existing.get(key) == requested.get(key):
+            continue
+        detail = explain_source() if key == "source_fingerprint" and explain_source else None
+        diffs += (
+            [f"the images differ: {detail}"]
+            if detail
+            else _differences(key, existing.get(key), requested.get(key))
+        )
     if diffs:
         raise ProvenanceError(
-            f"The feature store {os.fspath(path)!r} was made with a different provenance:\n"
-            + "\n".join(diffs)
-            + "\nWrite to a new output path, or delete the file to recompute it."
+            f"The feature store {os.fspath(path)!r} was made with a different provenance "
+            f"({'; '.join(diffs)}). Write to another output path, or {_REBUILD}."
         )
 
 
@@ -187,18 +416,32 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
     except OSError as err:
         if "lock" in str(err).lower():
             raise StoreLockedError(
-                f"The feature store {os.fspath(path)!r} is open for writing in another process."
+                f"The feature store {os.fspath(path)!r} is open for writing in another "
+                "process; wait for it to finish."
             ) from err
-        raise OSError(f"Cannot open the feature store {os.fspath(path)!r}: {err}") from err
+        if isinstance(err, FileNotFoundError):
+            raise StoreNotFoundError(
+                f"The feature store {os.fspath(path)!r} does not exist; check the path."
+            ) from err
+        raise NotAStoreError(
+            f"Cannot read {os.fspath(path)!r} as an HDF5 feature store: "
+            f"{' '.join(str(err).split())}"
+        ) from err
 
 
 def write_rows(
-    f: h5py.File, start: int, features: np.ndarray, status: np.ndarray, reasons: Sequence[str]
+    f: h5py.File,
+    start: int,
+    features: np.ndarray,
+    status: np.ndarray,
+    reasons: Sequence[str],
+    digests: Sequence[str],
 ) -> None:
     """Write rows ``start:start+len(status)``; mark them done only after a flush."""
     stop = start + len(status)
     f["features"][start:stop] = features
     f["failure_reason"][start:stop] = np.array([_truncate(r) for r in reasons], REASON_DTYPE)
+    f["content_sha256"][start:stop] = np.array([d.encode() for d in digests], DIGEST_DTYPE)
     f.flush()  # features reach the file before the rows are marked done
     f["status"][start:stop] = status
     f.flush()
@@ -282,6 +525,47 @@ class FeatureStore:
         self.close()
 
 
+def _open_for_reading(path: str | os.PathLike) -> h5py.File:
+    """Open a store to read it; every way in which ``path`` is not one is a StoreError."""
+    text = os.fspath(path)
+    if not os.path.exists(text):
+        raise StoreNotFoundError(
+            f"The feature store {text!r} does not exist; check the path, or write it with "
+            "mr2-extract."
+        )
+    problem = _not_hdf5(text)
+    if problem:
+        raise NotAStoreError(
+            f"{text!r} {problem}; pass an HDF5 feature store written by mr2-extract."
+        )
+    f = open_store(text, "r")
+    missing = [name for name in _REQUIRED if not isinstance(f.get(name), h5py.Dataset)]
+    if missing:
+        found = sorted(f.keys())
+        f.close()
+        raise NotAStoreError(
+            f"The HDF5 file {text!r} is not a feature store: it has no "
+            f"{' / '.join(repr(m) for m in missing)} dataset (it holds {found}); pass a store "
+            "written by mr2-extract."
+        )
+    return f
+
+
+def _check_shapes(path: str | os.PathLike, f: h5py.File, labels: np.ndarray) -> None:
+    n_classes = len(f["class_names"])
+    problem = None
+    if f["features"].ndim != 2:
+        problem = f"'features' has shape {f['features'].shape}, not (n_rows, n_features)"
+    elif labels.shape != (len(f["features"]),):
+        problem = f"'labels' has shape {labels.shape} for {len(f['features'])} feature rows"
+    elif len(labels) and (labels.min() < 0 or labels.max() >= n_classes):
+        problem = f"'labels' holds values outside 0..{n_classes - 1} ({n_classes} class names)"
+    if problem:
+        raise NotAStoreError(
+            f"The feature store {os.fspath(path)!r} is inconsistent: {problem}; rebuild it."
+        )
+
+
 def load_features(
     path: str | os.PathLike, in_memory: bool = False, allow_incomplete: bool = False
 ) -> FeatureStore:
@@ -290,7 +574,9 @@ def load_features(
     Parameters
     ----------
     path : path-like
-        An HDF5 store written by :func:`extract_features` or :func:`merge_shards`.
+        An HDF5 store written by :func:`extract_features` or :func:`merge_shards` (or any
+        HDF5 file with ``features`` (N, d), ``labels`` (N,) and ``class_names`` (K,)
+        datasets: the other datasets are optional).
     in_memory : bool, default=False
         Read all features into a NumPy array (and close the file) instead of returning a
         lazy dataset.
@@ -303,17 +589,29 @@ def load_features(
 
     Raises
     ------
+    StoreNotFoundError
+        If ``path`` does not exist.
+    NotAStoreError
+        If it is a folder, empty, not HDF5, lacks ``features`` / ``labels`` /
+        ``class_names``, or their shapes disagree.
+    StoreLockedError
+        If a run is writing it.
     IncompleteStoreError
         If rows are still pending and ``allow_incomplete`` is False.
+
+    All four derive from :class:`StoreError` (a ``ValueError``).
 
     Examples
     --------
     >>> with load_features("features.h5") as store:  # doctest: +SKIP
     ...     clf.fit(store.features, store.labels)
     """
-    f = open_store(path, "r")
+    f = _open_for_reading(path)
     try:
-        status = f["status"][:]
+        labels = f["labels"][:]
+        _check_shapes(path, f, labels)
+        n = len(labels)
+        status = f["status"][:] if "status" in f else np.full(n, DONE, np.uint8)
         n_pending = int((status == PENDING).sum())
         if n_pending and not allow_incomplete:
             raise IncompleteStoreError(
@@ -329,15 +627,19 @@ def load_features(
                 stacklevel=2,
             )
         rows = np.flatnonzero(status == DONE)
-        all_paths = f["paths"].asstr()[:]
+        if "paths" in f:
+            all_paths = f["paths"].asstr()[:]
+        else:
+            all_paths = np.array([str(i) for i in range(n)], dtype=object)
         failed = np.flatnonzero(status == FAILED)
-        reasons = f["failure_reason"][failed]
+        reasons = f["failure_reason"][failed] if "failure_reason" in f else [b""] * len(failed)
+        indices = f["indices"][:] if "indices" in f else np.arange(n, dtype=np.int64)
         store = FeatureStore(
             features=f["features"] if len(rows) == len(status) else RowView(f["features"], rows),
-            labels=f["labels"][:][rows],
+            labels=labels[rows],
             class_names=list(f["class_names"].asstr()[:]),
             paths=[str(p) for p in all_paths[rows]],
-            indices=f["indices"][:][rows],
+            indices=indices[rows],
             rows=rows,
             failures=[
                 (str(all_paths[i]), r.decode(errors="replace"))
@@ -363,13 +665,15 @@ def shard_path(out: str | os.PathLike, rank: int, world_size: int) -> Path:
     return out.with_name(f"{out.stem}.shard-{rank:05d}-of-{world_size:05d}{out.suffix}")
 
 
-def merge_shards(shards: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
+def merge_shards(
+    shards: Sequence[str | os.PathLike], out: str | os.PathLike, overwrite: bool = False
+) -> Path:
     """Merge per-rank shard stores into one store in source order.
 
     Rank ``r`` of ``W`` holds rows ``r, r + W, r + 2W, ...``; the merge checks that every
     rank is present once, that all shards share one provenance and are complete, and
     writes each row to its global position. An existing ``out`` is replaced only if its
-    provenance matches.
+    provenance matches, or if ``overwrite`` is True.
 
     Parameters
     ----------
@@ -377,6 +681,8 @@ def merge_shards(shards: Sequence[str | os.PathLike], out: str | os.PathLike) ->
         Every shard of one run, any order.
     out : path-like
         The merged store (written atomically, under the store lock).
+    overwrite : bool, default=False
+        Replace an existing ``out`` whatever it was made from.
 
     Returns
     -------
@@ -392,8 +698,10 @@ def merge_shards(shards: Sequence[str | os.PathLike], out: str | os.PathLike) ->
     files = {}
     try:
         for path in shards:
-            f = open_store(path, "r")
-            rank = read_attrs(f)["shard_rank"]
+            f = _open_for_reading(path)
+            attrs = read_attrs(f)
+            check_format(path, attrs)
+            rank = attrs["shard_rank"]
             if rank in files:
                 f.close()
                 raise ValueError(f"Two shards given to merge_shards have rank {rank}.")
@@ -404,8 +712,9 @@ def merge_shards(shards: Sequence[str | os.PathLike], out: str | os.PathLike) ->
                 f"merge_shards needs every rank of one run exactly once; got ranks "
                 f"{sorted(files)} from {len(shards)} shards."
             )
+        check_output(out, overwrite)
         with store_lock(out):
-            _write_merged(files, out)
+            _write_merged(files, out, overwrite)
     finally:
         for f in files.values():
             f.close()
@@ -428,7 +737,7 @@ def _check_shard(path: str | os.PathLike, f: h5py.File, first: dict, world: int)
         )
 
 
-def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike) -> None:
+def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike, overwrite: bool) -> None:
     world, first = len(files), read_attrs(files[0])
     n = first["n_total_rows"]
 
@@ -441,7 +750,7 @@ def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike) -> None:
     provenance = {k: first[k] for k in PROVENANCE_KEYS}
     provenance |= dict(n_rows=n, shard_rank=0, shard_world_size=1)
     record = {k: v for k, v in first.items() if k not in PROVENANCE_KEYS and k != "class_names"}
-    if os.path.exists(out):  # replacing a store is fine only if it holds the same thing
+    if os.path.exists(out) and not overwrite:  # replace only a store of the same thing
         with open_store(out, "r") as f:
             check_provenance(out, read_attrs(f), provenance)
     tmp = f"{os.fspath(out)}.merging"
@@ -455,6 +764,8 @@ def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike) -> None:
         indices=gather("indices"),
         ids=[p.decode() for p in gather("paths")],
         class_names=list(files[0]["class_names"].asstr()[:]),
+        file_size=gather("file_size"),
+        file_mtime_ns=gather("file_mtime_ns"),
     )
     with h5py.File(tmp, "r+") as merged:
         for rank, f in files.items():
@@ -463,6 +774,6 @@ def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike) -> None:
                 hi = min(m, lo + _MERGE_BLOCK)
                 # Shard rows lo:hi are global rows rank + W*lo, ..., rank + W*(hi - 1).
                 where = slice(rank + world * lo, rank + world * (hi - 1) + 1, world)
-                for name in ("features", "failure_reason", "status"):
+                for name in ("features", "failure_reason", "content_sha256", "status"):
                     merged[name][where] = f[name][lo:hi]
     os.replace(tmp, out)

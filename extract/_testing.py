@@ -6,6 +6,8 @@ import gzip
 import json
 import os
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -73,3 +75,31 @@ def write_idx(folder: str | os.PathLike, prefix: str, images: np.ndarray, labels
         fh.write(struct.pack(">IIII", 2051, n, rows, cols) + images.astype(np.uint8).tobytes())
     with gzip.open(folder / f"{prefix}-labels-idx1-ubyte.gz", "wb") as fh:
         fh.write(struct.pack(">II", 2049, n) + labels.astype(np.uint8).tobytes())
+
+
+@contextmanager
+def no_weights_hub(cache: str | os.PathLike) -> Iterator[None]:
+    """Make pretrained weights unreachable: no hub, empty caches under ``cache``.
+
+    Tests never download: the hub counts as unreachable and the Hugging Face and torch
+    caches point into ``cache``, so a pretrained spec fails as it does without a network.
+    """
+    from huggingface_hub import constants
+
+    from . import _backbones
+
+    saved = (_backbones._hub_reachable, constants.HF_HUB_CACHE)
+    saved_env = {k: os.environ.get(k) for k in ("TORCH_HOME", "HF_HUB_OFFLINE")}
+    _backbones._hub_reachable = lambda: False
+    constants.HF_HUB_CACHE = os.path.join(cache, "huggingface")
+    os.environ["TORCH_HOME"] = os.path.join(cache, "torch")
+    os.environ.pop("HF_HUB_OFFLINE", None)
+    try:
+        yield
+    finally:
+        _backbones._hub_reachable, constants.HF_HUB_CACHE = saved
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

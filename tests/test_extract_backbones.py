@@ -30,6 +30,12 @@ from extract._testing import register_tiny_open_clip  # noqa: E402
         ("effnet-lite0", ("effnet-lite0", "tf_efficientnet_lite0", None)),
         ("effnet-lite0@/w/l0.pth", ("effnet-lite0", "tf_efficientnet_lite0", "/w/l0.pth")),
         ("timm:resnet18@/a@b/c.pth", ("timm", "resnet18", "/a@b/c.pth")),
+        # No '@': pretrained weights, as in timm and open_clip; '@random' asks for random ones.
+        ("timm:resnet18.a1_in1k", ("timm", "resnet18.a1_in1k", None)),
+        ("timm:resnet18@random", ("timm", "resnet18", "random")),
+        ("timm:resnet18@./random", ("timm", "resnet18", "./random")),
+        ("open_clip:RN50@random", ("open_clip", "RN50", "random")),
+        ("effnet-lite0@random", ("effnet-lite0", "tf_efficientnet_lite0", "random")),
     ],
 )
 def test_parse_backbone_spec(spec, expected):
@@ -50,8 +56,10 @@ def test_parse_backbone_spec(spec, expected):
         ("timm:@/w.pth", "names no model"),
         ("timm:resnet18@", "empty weights"),
         ("moco:", "empty weights"),
-        ("timm:resnet18@imagenet", "must be a local checkpoint file"),
+        ("timm:resnet18@imagenet", "must be 'random' or a local checkpoint file"),
+        ("effnet-lite0@imagenet", "must be 'random' or a local checkpoint file"),
         ("moco:resnet50@imagenet", "must be a local checkpoint file"),
+        ("moco:random", "must be a local checkpoint file"),
         ("effnet-lite0:foo", "takes no model name"),
     ],
 )
@@ -70,7 +78,7 @@ def test_missing_checkpoint_is_a_clear_error(spec):
 
 @pytest.mark.parametrize(
     "spec, dim, channels_last",
-    [("timm:test_resnet", 96, True), ("timm:test_vit", 64, False)],
+    [("timm:test_resnet@random", 96, True), ("timm:test_vit@random", 64, False)],
 )
 def test_timm_random_backbone(spec, dim, channels_last):
     bb = create_backbone(spec, image_size=32)
@@ -89,7 +97,7 @@ def test_random_init_leaves_global_rng_alone():
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    create_backbone("timm:test_resnet", image_size=32)
+    create_backbone("timm:test_resnet@random", image_size=32)
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -118,7 +126,7 @@ def test_open_clip_tiny_random_and_local_checkpoint(tmp_path):
     import open_clip
 
     name = register_tiny_open_clip(tmp_path)
-    bb = create_backbone(f"open_clip:{name}")
+    bb = create_backbone(f"open_clip:{name}@random")
     assert (bb.dim, bb.weights_id, bb.preprocess["crop"]) == (32, "random-init:seed0", [32, 32])
     assert "Normalize" in bb.preprocess["transform"]
     torch.manual_seed(3)
@@ -192,3 +200,110 @@ def test_spec_objects_pass_through():
     spec = BackboneSpec("timm", "test_resnet")
     assert parse_backbone_spec(spec) is spec
     assert str(spec) == "timm:test_resnet"
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("timm:resnet1800@random", r"timm has no model 'resnet1800'.*did you mean 'resnet18'"),
+        ("timm:resnet18.in1k_foo", r"no pretrained tag 'in1k_foo' for 'resnet18'.*did you mean"),
+        ("moco:resnet1800@/w/m.pth", r"timm has no model 'resnet1800'.*did you mean"),
+        ("open_clip:ViT-B-31@random", r"open_clip has no model 'ViT-B-31'.*did you mean 'ViT-B-3"),
+        (
+            "open_clip:RN50@open-ai",
+            r"no pretrained tag 'open-ai' for 'RN50'.*did you mean 'openai'",
+        ),
+    ],
+)
+def test_unknown_model_or_tag_names_the_closest(spec, match):
+    from extract import BackboneError
+
+    with pytest.raises(BackboneError, match=match) as info:
+        create_backbone(spec)
+    # A short suggestion, not the registry: timm alone has over a thousand names.
+    assert len(str(info.value)) < 300 and "\n" not in str(info.value)
+
+
+@pytest.fixture
+def no_network(tmp_path):
+    """No reachable hub and empty caches: nothing can be downloaded or found."""
+    from extract._testing import no_weights_hub
+
+    with no_weights_hub(tmp_path / "cache"):
+        yield tmp_path / "cache" / "huggingface"
+
+
+def test_timm_default_is_pretrained_and_offline_is_one_clear_error(no_network, capfd):
+    from extract import WeightsUnavailableError
+
+    with pytest.raises(WeightsUnavailableError) as info:
+        create_backbone("timm:test_resnet")
+    message = str(info.value)
+    assert "'timm:test_resnet' (timm/test_resnet.r160_in1k) could not be loaded" in message
+    assert "timm:test_resnet@/path/to/checkpoint.pth" in message
+    assert "timm:test_resnet@random" in message and "\n" not in message
+    assert "Retrying" not in capfd.readouterr().err
+
+
+def test_hub_offline_setting_is_respected(no_network, monkeypatch):
+    from extract import WeightsUnavailableError
+
+    def forbidden():
+        raise AssertionError("the hub was contacted although HF_HUB_OFFLINE is set")
+
+    monkeypatch.setattr("extract._backbones._hub_reachable", forbidden)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(WeightsUnavailableError, match="HF_HUB_OFFLINE is set"):
+        create_backbone("timm:test_resnet")
+
+
+def test_timm_default_loads_cached_hub_weights_without_network(no_network, monkeypatch):
+    import timm
+    from safetensors.torch import save_file
+    from timm.models import get_pretrained_cfg
+
+    def forbidden():
+        raise AssertionError("cached weights need no network")
+
+    monkeypatch.setattr("extract._backbones._hub_reachable", forbidden)
+    # The Hugging Face cache layout: refs/main names the snapshot holding the file.
+    repo = no_network / f"models--{get_pretrained_cfg('test_resnet').hf_hub_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    torch.manual_seed(5)
+    reference = timm.create_model("test_resnet").eval()
+    save_file(reference.state_dict(), snapshot / "model.safetensors")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    bb = create_backbone("timm:test_resnet", image_size=32)
+    assert bb.weights_id == "tag:test_resnet.r160_in1k"
+    x = torch.rand(2, 3, 32, 32)
+    with torch.inference_mode():
+        expected = reference.forward_head(reference.forward_features(x), pre_logits=True)
+        torch.testing.assert_close(bb.model(x), expected)
+
+
+def test_open_clip_default_tag_offline_and_models_without_tags(no_network, tmp_path, capfd):
+    import open_clip
+
+    from extract import BackboneError, WeightsUnavailableError
+
+    name = register_tiny_open_clip(tmp_path)
+    with pytest.raises(BackboneError, match=f"open_clip lists no pretrained weights for '{name}'"):
+        create_backbone(f"open_clip:{name}")
+    fake = {"fake_tag": open_clip.pretrained._pcfg(hf_hub="nobody/tiny-clip-test/")}
+    open_clip.pretrained._PRETRAINED[name] = fake
+    try:
+        with pytest.raises(WeightsUnavailableError, match="tag 'fake_tag'") as info:
+            create_backbone(f"open_clip:{name}")  # the first listed tag
+    finally:
+        del open_clip.pretrained._PRETRAINED[name]
+    assert f"open_clip:{name}@/path/to/checkpoint.pth" in str(info.value)
+    # open_clip's own error log and hub retries are summarised by the one error.
+    assert "Failed to download" not in capfd.readouterr().err
+
+
+def test_effnet_lite0_random():
+    bb = create_backbone("effnet-lite0@random", image_size=32)
+    assert (bb.dim, bb.weights_id) == (1280, "random-init:seed0")
+    assert bb.preprocess["mean"] == [0.5, 0.5, 0.5]

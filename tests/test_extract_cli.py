@@ -1,9 +1,15 @@
 """The command line, resumption after SIGKILL, and torchrun sharding, in real subprocesses."""
 
+import contextlib
+import io
+import logging
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,7 +54,7 @@ def test_help_explains_options_with_examples(capsys):
 def test_cli_writes_a_store_and_reports_errors(tmp_path, capsys):
     folder = make_image_folder(tmp_path / "data", n_per_class=3)
     out = tmp_path / "f.h5"
-    args = [str(folder), "timm:test_resnet", str(out), "--image-size", "32"]
+    args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
     assert main([*args, "--no-progress", "--workers", "0", "--max-items", "5"]) == 0
     assert "4 rows x 96 features, 2 classes, 1 unreadable images" in capsys.readouterr().out
     assert main([*args, "--no-progress", "--dtype", "float16", "--max-items", "5"]) == 2
@@ -57,11 +63,143 @@ def test_cli_writes_a_store_and_reports_errors(tmp_path, capsys):
     assert "local checkpoint file" in capsys.readouterr().err
 
 
+def _error_line(capsys, only_line: bool = False) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("mr2-extract: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err and "Retrying" not in err, err
+    if only_line:
+        assert err.splitlines() == lines, err
+    return lines[0]
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _old_store(path: Path) -> Path:
+    with h5py.File(path, "w") as f:
+        f.create_dataset("features", data=np.zeros((1, 2)))
+        f.attrs["format_version"] = 1
+    return path
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model was loaded before the output was checked")
+
+    monkeypatch.setattr("extract._runner.create_backbone", forbidden)
+
+
+@pytest.mark.parametrize(
+    "make_out, match",
+    [
+        (lambda p: _write(p, b"my notes"), r"'.*/out.h5' exists and is not an HDF5 file"),
+        (lambda p: _write(p, b""), "exists and is empty"),
+        (lambda p: _write(p.with_name("file.txt"), b"x") / "out.h5", "is a file, not a folder"),
+        (lambda p: _old_store(p), "store format 1 .* Rebuild it with --force"),
+    ],
+)
+def test_bad_outputs_are_one_line_errors_before_any_work(
+    tmp_path, capsys, no_model, make_out, match
+):
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    out = make_out(tmp_path / "out.h5")
+    assert main([str(folder), "timm:test_resnet@random", str(out), "--no-progress"]) == 2
+    assert re.search(match, _error_line(capsys, only_line=True))
+    with pytest.raises(extract.StoreError, match=match):  # --debug: the traceback
+        main([str(folder), "timm:test_resnet@random", str(out), "--debug"])
+
+
+@pytest.mark.parametrize(
+    "backbone, match",
+    [
+        ("timm:resnet1800@random", "timm has no model 'resnet1800' .*; did you mean 'resnet18'"),
+        ("open_clip:ViT-B-31@random", "open_clip has no model 'ViT-B-31' .*; did you mean 'ViT"),
+        ("timm:test_resnet", r"could not be loaded: .* 'timm:test_resnet@/path/to/checkpoint.pth'"),
+        ("open_clip:RN50@openai", r"'open_clip:RN50@openai' \(tag 'openai'\) could not be"),
+    ],
+)
+def test_unknown_models_and_unreachable_weights_are_one_line_errors(
+    tmp_path, capsys, backbone, match
+):
+    from extract._testing import no_weights_hub
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    with no_weights_hub(tmp_path / "cache"):
+        assert main([str(folder), backbone, str(tmp_path / "out.h5"), "--no-progress"]) == 2
+    assert re.search(match, _error_line(capsys))
+    assert not (tmp_path / "out.h5").exists()
+
+
+def _main_as_nobody(argv: list[str]) -> tuple[int, str]:
+    """Run main() in a forked child without root's right to write everywhere."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        status = 1
+        try:
+            os.close(read)
+            os.setgid(65534)
+            os.setuid(65534)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                status = main(argv)
+            os.write(write, err.getvalue().encode())
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        err = pipe.read()
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), err
+
+
+def test_unwritable_output_folder_is_a_one_line_error(tmp_path, no_model):
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    base = Path(tempfile.mkdtemp(dir="/tmp" if os.geteuid() == 0 else tmp_path))
+    try:
+        base.chmod(0o755)
+        (base / "ro").mkdir(mode=0o555)
+        argv = [str(folder), "timm:test_resnet@random", str(base / "ro" / "sub" / "f.h5")]
+        if os.geteuid() == 0:  # root writes everywhere: run as nobody
+            status, err = _main_as_nobody([*argv, "--no-progress"])
+        else:
+            err_buffer = io.StringIO()
+            with contextlib.redirect_stderr(err_buffer):
+                status = main([*argv, "--no-progress"])
+            err = err_buffer.getvalue()
+    finally:
+        (base / "ro").chmod(0o755)
+        shutil.rmtree(base)
+    assert status == 2, err
+    assert err.startswith("mr2-extract: error: Cannot write the output") and err.count("\n") == 1
+    assert f"no permission to write in the folder '{base / 'ro'}'" in err
+
+
+def test_force_rebuilds_a_store_whose_images_changed(tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="extract")
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    args = [str(folder), "timm:test_resnet@random", str(tmp_path / "f.h5"), "--image-size", "32"]
+    args += ["--no-progress", "--workers", "0"]
+    assert main(args) == 0
+    assert main(args) == 0
+    assert "Reused the complete feature store" in caplog.text
+    (folder / "dog" / "001.jpg").write_bytes((folder / "cat" / "001.jpg").read_bytes())
+    capsys.readouterr()
+    assert main(args) == 2
+    assert re.search(
+        r"'.*/dog/001.jpg' is not the file the store was made from", _error_line(capsys)
+    )
+    assert main([*args, "--force"]) == 0
+    assert "4 rows x 96 features" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     folder = make_image_folder(tmp_path / "data", n_per_class=20)
     n = len(list(folder.rglob("*.*")))
-    options = ["timm:resnet18", "--image-size", "64", "--batch-size", "2"]
+    options = ["timm:resnet18@random", "--image-size", "64", "--batch-size", "2"]
     killed = tmp_path / "killed.h5"
     proc = subprocess.Popen(_cli(str(folder), options[0], str(killed), *options[1:]), env=ENV)
     deadline = time.monotonic() + 120
@@ -79,7 +217,7 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
         load_features(killed)
     subprocess.run(_cli(str(folder), options[0], str(killed), *options[1:]), env=ENV, check=True)
     reference = extract_features(
-        folder, "timm:resnet18", tmp_path / "ref.h5", image_size=64, batch_size=2,
+        folder, "timm:resnet18@random", tmp_path / "ref.h5", image_size=64, batch_size=2,
         num_workers=0, progress=False,
     )  # fmt: skip
     resumed, expected = load_features(killed, in_memory=True), load_features(reference, True)
@@ -97,13 +235,78 @@ def test_torchrun_two_ranks_merge(tmp_path):
     # torchrun itself, started through the interpreter so that no PATH lookup is needed.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += ["-m", "extract", str(folder)]
-    cmd += ["timm:test_resnet", str(out), "--image-size", "32", "--workers", "0", "--no-progress"]
+    cmd += [
+        "timm:test_resnet@random",
+        str(out),
+        "--image-size",
+        "32",
+        "--workers",
+        "0",
+        "--no-progress",
+    ]
     subprocess.run(cmd, env=ENV | {"OMP_NUM_THREADS": "1"}, check=True, timeout=120)
     single = extract_features(
-        folder, "timm:test_resnet", tmp_path / "single.h5", image_size=32, num_workers=0,
+        folder, "timm:test_resnet@random", tmp_path / "single.h5", image_size=32, num_workers=0,
         progress=False,
     )  # fmt: skip
     merged, expected = load_features(out, in_memory=True), load_features(single, in_memory=True)
     assert merged.metadata["merged_from"] == 2
     assert merged.paths == expected.paths and merged.failures == expected.failures
     np.testing.assert_allclose(merged.features, expected.features, rtol=1e-5, atol=1e-6)
+
+
+def _children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid`` (Linux /proc)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.isdigit() and int(fields[1]) == pid:
+            children.append(int(entry))
+    return children
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_killed_writer_with_live_workers_resumes_at_once(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="extract")
+    folder = make_image_folder(tmp_path / "data", n_per_class=20, special=False)
+    out = tmp_path / "f.h5"
+    options = ["--image-size", "32", "--batch-size", "2", "--workers", "2", "--no-progress"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "extract", str(folder), "timm:test_resnet@random", str(out)]
+        + options,
+        env=ENV | {"OMP_NUM_THREADS": "1"},
+    )
+    deadline = time.monotonic() + 120
+    while (status := _status(out)) is None or (status != PENDING).sum() < 4:
+        assert proc.poll() is None, "the extraction ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    workers = _children(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    try:
+        # DataLoader workers outlive their killed parent for a while; they must not keep
+        # the store locked (neither its lock file nor the HDF5 file).
+        assert any(_running(w) for w in workers), "the workers ended before the check"
+        extract_features(
+            folder, "timm:test_resnet@random", out, image_size=32, batch_size=2,
+            num_workers=0, progress=False,
+        )  # fmt: skip
+    finally:
+        for worker in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+    assert "Resuming" in caplog.text
+    assert load_features(out).features.shape == (40, 96)

@@ -1,12 +1,23 @@
 """Image sources and decoding."""
 
+import hashlib
+import io
+import os
+import struct
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 from extract import fashion_mnist, image_folder, image_list, open_source
-from extract._images import ItemDataset, load_image, to_rgb
+from extract._images import (
+    ItemDataset,
+    check_pixel_limit,
+    jpeg_size,
+    load_image,
+    to_rgb,
+)
 from extract._testing import make_image_folder, write_idx
 
 
@@ -85,7 +96,7 @@ def test_a_png_named_jpg_is_decoded_by_pil_not_dropped(folder):
     Image.new("RGB", (5, 4), (10, 200, 30)).save(folder / "cat" / "really_png.jpg", format="PNG")
     src = image_folder(folder)
     ds = ItemDataset(src, lambda im: torch.tensor(im.size), jpeg_bytes=True)
-    _, tensor, reason = ds[src.ids.index("cat/really_png.jpg")]
+    _, tensor, reason, _ = ds[src.ids.index("cat/really_png.jpg")]
     assert reason is None and tensor.tolist() == [5, 4]
 
 
@@ -136,3 +147,134 @@ def test_subset_keeps_order_and_first_items_per_class(idx_root, n_per_class, n, 
 def test_open_source_errors(source, error, match):
     with pytest.raises(error, match=match):
         open_source(source)
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I;16B", "I"])
+def test_16_bit_greyscale_is_scaled_not_clipped(mode):
+    grey = np.random.default_rng(0).integers(0, 256, (6, 7)).astype(np.uint8)
+    wide = grey.astype(np.uint32) * 257  # the 16-bit twin: 255 -> 65535
+    dtype = {"I;16": "<u2", "I;16B": ">u2", "I": "<i4"}[mode]
+    image = Image.frombytes(mode, (7, 6), wide.astype(dtype).tobytes())
+    rgb = np.asarray(to_rgb(image))
+    np.testing.assert_array_equal(rgb, np.repeat(grey[..., None], 3, axis=2))
+
+
+def test_16_bit_png_file_decodes_like_its_8_bit_twin(tmp_path):
+    grey = np.random.default_rng(1).integers(0, 256, (9, 8)).astype(np.uint8)
+    Image.fromarray(grey, "L").save(tmp_path / "8.png")
+    Image.fromarray(grey.astype(np.uint16) * 257).save(tmp_path / "16.png")
+    assert Image.open(tmp_path / "16.png").mode == "I;16"
+    src = image_list(_write_list(tmp_path, ["8.png,a", "16.png,a"]))
+    np.testing.assert_array_equal(np.asarray(load_image(src, 1)), np.asarray(load_image(src, 0)))
+
+
+@pytest.mark.parametrize(
+    "image, match",
+    [
+        (Image.new("F", (2, 2), 0.5), "floating-point images"),
+        (Image.frombytes("I", (1, 1), np.int32(70000).tobytes()), "outside 0..65535"),
+    ],
+)
+def test_images_without_a_brightness_scale_are_refused(image, match):
+    with pytest.raises(ValueError, match=match):
+        to_rgb(image)
+
+
+def _write_list(folder, lines):
+    (folder / "list.csv").write_text("\n".join(lines) + "\n")
+    return folder / "list.csv"
+
+
+def _jpeg(width=40, height=36) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 90)).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+def _claiming(data: bytes, width: int, height: int) -> bytes:
+    """The same JPEG with a frame header claiming another size (a decompression bomb)."""
+    sof = data.index(b"\xff\xc0")
+    return data[: sof + 5] + struct.pack(">HH", height, width) + data[sof + 9 :]
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (_jpeg(40, 36), (40, 36)),
+        (_claiming(_jpeg(), 60000, 60000), (60000, 60000)),
+        (b"\xff\xd8\xff\xff\xe0" + _jpeg()[4:], (40, 36)),  # fill byte before a marker
+        (b"\x89PNG\r\n", "not a JPEG"),
+        (_jpeg()[:30], "truncated JPEG"),
+        (b"\xff\xd8\xff\xda\x00\x02", "image data before the frame header"),
+    ],
+)
+def test_jpeg_size_reads_the_frame_header(data, expected):
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=expected):
+            jpeg_size(data)
+    else:
+        assert jpeg_size(data) == expected
+        assert jpeg_size(np.frombuffer(data, np.uint8)) == expected
+
+
+def test_pixel_limit_is_pil_s():
+    check_pixel_limit(9000, 9000)  # 81 M pixels: under PIL's default 89.5 M
+    with pytest.raises(Image.DecompressionBombError, match="60000x60000.*MAX_IMAGE_PIXELS"):
+        check_pixel_limit(60000, 60000)
+
+
+@pytest.mark.parametrize("jpeg_bytes", [True, False])
+def test_huge_jpeg_header_is_a_failure_on_every_path(tmp_path, jpeg_bytes):
+    (tmp_path / "bomb.jpg").write_bytes(_claiming(_jpeg(), 60000, 60000))
+    src = image_list(_write_list(tmp_path, ["bomb.jpg,a"]))
+    ds = ItemDataset(src, lambda im: torch.zeros(3, 2, 2), jpeg_bytes=jpeg_bytes)
+    _, tensor, reason, digest = ds[0]
+    assert tensor is None and reason.startswith("DecompressionBombError")
+    assert digest == hashlib.sha256((tmp_path / "bomb.jpg").read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("jpeg_bytes", [True, False])
+def test_pixel_limit_applies_to_the_pil_and_tensor_paths_alike(tmp_path, monkeypatch, jpeg_bytes):
+    # PIL itself only warns between MAX_IMAGE_PIXELS and twice that: the limit is the same here.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    (tmp_path / "big.jpg").write_bytes(_jpeg(40, 36))  # 1440 pixels
+    src = image_list(_write_list(tmp_path, ["big.jpg,a"]))
+    ds = ItemDataset(src, lambda im: torch.zeros(3, 2, 2), jpeg_bytes=jpeg_bytes)
+    assert "40x36 = 1440 pixels, more than the limit of 1000" in ds[0][2]
+
+
+def test_device_jpeg_decoding_checks_the_pixel_limit(monkeypatch):
+    from extract._runner import _decode_jpegs
+
+    small = torch.frombuffer(bytearray(_jpeg(8, 8)), dtype=torch.uint8)
+    big = torch.frombuffer(bytearray(_jpeg(40, 36)), dtype=torch.uint8)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    decoded = _decode_jpegs([small, big], torch.device("cpu"))
+    assert decoded[0].shape == (3, 8, 8)
+    assert decoded[1].startswith("DecompressionBombError") and "1440 pixels" in decoded[1]
+
+
+def test_dataset_hashes_what_it_reads_and_refuses_changed_files(folder):
+    src = image_folder(folder)
+    ds = ItemDataset(src, lambda im: torch.zeros(3, 2, 2))
+    i = src.ids.index("dog/001.jpg")
+    expected = hashlib.sha256((folder / "dog/001.jpg").read_bytes()).hexdigest()
+    assert ds[i][2] is None and ds[i][3] == expected
+    (folder / "dog/001.jpg").write_bytes((folder / "dog/002.jpg").read_bytes() + b"\0")
+    reason = ds[i][2]
+    assert reason.startswith("FileChangedError") and "dog/001.jpg" in reason and "bytes" in reason
+
+
+def test_fingerprint_covers_file_identity_and_idx_files(folder, tmp_path):
+    before = image_folder(folder).fingerprint()
+    path = folder / "cat" / "001.jpg"
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1))
+    assert image_folder(folder).fingerprint() != before  # same name, same size, newer
+    rng = np.random.default_rng(0)
+    write_idx(tmp_path, "t10k", rng.integers(0, 255, (4, 28, 28)), np.arange(4))
+    first = fashion_mnist("test", tmp_path)
+    write_idx(tmp_path, "t10k", rng.integers(0, 255, (4, 28, 28)), np.arange(4))
+    second = fashion_mnist("test", tmp_path)
+    assert first.ids == second.ids and first.fingerprint() != second.fingerprint()
+    assert set(second.files) == {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}
+    assert second.resolved_root() == str(tmp_path.resolve())

@@ -1,26 +1,38 @@
 """Extraction into the HDF5 store: schema, failures, provenance, locking, loading, shards."""
 
+import hashlib
 import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
 
 import h5py
 import numpy as np
 import pytest
+from PIL import Image
 
 pytest.importorskip("timm")
 
 from extract import (  # noqa: E402
     IncompleteStoreError,
+    NotAStoreError,
     ProvenanceError,
+    StoreError,
     StoreLockedError,
+    StoreNotFoundError,
     extract_features,
+    fashion_mnist,
     load_features,
     merge_shards,
     shard_path,
 )
 from extract._store import DONE, FAILED, PENDING, store_lock  # noqa: E402
-from extract._testing import make_image_folder  # noqa: E402
+from extract._testing import make_image_folder, write_idx  # noqa: E402
 
-BACKBONE = "timm:test_resnet"
+BACKBONE = "timm:test_resnet@random"
 FAST = dict(batch_size=4, num_workers=0, image_size=32, progress=False)
 
 
@@ -87,19 +99,22 @@ def test_rerun_is_a_noop_and_same_content(store, folder):
 
 
 @pytest.mark.parametrize(
-    "change, key",
+    "change, difference",
     [
-        (dict(backbone="timm:test_vit"), "backbone"),
-        (dict(dtype="float16"), "dtype"),
-        (dict(normalize=True), "normalize"),
-        (dict(image_size=48), "preprocessing"),
-        (dict(max_items=6), "source_fingerprint"),
+        (dict(backbone="timm:test_vit@random"), "backbone: file has 'timm:test_resnet'"),
+        (dict(dtype="float16"), "dtype: file has 'float32', request has 'float16'"),
+        (dict(normalize=True), "normalize: file has False, request has True"),
+        (dict(image_size=48), "preprocessing.crop: file has [32, 32], request has [48, 48]"),
+        (dict(max_items=6), "the images differ: the store holds 14 images, the request 6"),
     ],
 )
-def test_different_provenance_is_refused(store, folder, change, key):
+def test_different_provenance_is_refused_in_one_line(store, folder, change, difference):
     kwargs = FAST | {"backbone": BACKBONE} | change
-    with pytest.raises(ProvenanceError, match=rf"(?s)different provenance.*{key}: file has"):
+    with pytest.raises(ProvenanceError, match="different provenance") as info:
         extract_features(folder, out=store, **kwargs)
+    message = str(info.value)
+    assert difference in message and "\n" not in message and "--force" in message
+    assert "transform" not in message  # restates the entries that differ
 
 
 def test_second_writer_gets_a_clear_error(folder, tmp_path):
@@ -194,7 +209,9 @@ def test_tiny_open_clip_extraction(folder, tmp_path):
     from extract._testing import register_tiny_open_clip
 
     name = register_tiny_open_clip(tmp_path)
-    out = extract_features(folder, f"open_clip:{name}", tmp_path / "c.h5", normalize=True, **FAST)
+    out = extract_features(
+        folder, f"open_clip:{name}@random", tmp_path / "c.h5", normalize=True, **FAST
+    )
     loaded = load_features(out, in_memory=True)
     assert loaded.features.shape == (12, 32) and loaded.metadata["normalize"] is True
     assert loaded.metadata["backbone"] == f"open_clip:{name}"
@@ -210,10 +227,71 @@ def test_leftover_temporary_file_from_a_killed_creation_is_replaced(folder, tmp_
     assert load_features(out).features.shape == (4, 96)
 
 
-def test_not_a_store_is_a_clear_error(tmp_path):
-    (tmp_path / "x.h5").write_bytes(b"not hdf5")
-    with pytest.raises(OSError, match="Cannot open the feature store"):
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+def _hdf5(path, **datasets):
+    with h5py.File(path, "w") as f:
+        for name, data in datasets.items():
+            f.create_dataset(name, data=data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda p: p, StoreNotFoundError, "does not exist"),
+        (lambda p: _write(p, b""), NotAStoreError, "is empty"),
+        (lambda p: _write(p, b"not hdf5"), NotAStoreError, "is not an HDF5 file"),
+        (lambda p: p.mkdir() or p, NotAStoreError, "is a folder"),
+        (
+            lambda p: _hdf5(p, features=np.zeros((2, 3)), class_names=["a"]),
+            NotAStoreError,
+            r"not a feature store: it has no 'labels' dataset \(it holds \['class_names', "
+            r"'features'\]\)",
+        ),
+        (
+            lambda p: _hdf5(p, features=np.zeros((2, 3)), labels=[0, 5], class_names=["a"]),
+            NotAStoreError,
+            "'labels' holds values outside 0..0",
+        ),
+    ],
+)
+def test_load_features_errors_are_store_errors(tmp_path, make, error, match):
+    make(tmp_path / "x.h5")
+    with pytest.raises(error, match=match) as info:
         load_features(tmp_path / "x.h5")
+    assert isinstance(info.value, StoreError) and isinstance(info.value, ValueError)
+
+
+def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
+    partial = tmp_path / "partial.h5"
+    partial.write_bytes(store.read_bytes())
+    with h5py.File(partial, "r+") as f:
+        f["status"][0] = PENDING
+    with pytest.raises(StoreError, match="not extracted yet"):
+        load_features(partial)
+    # Another process writing it: HDF5's own file lock.
+    code = "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); print(flush=True); input()"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", code, str(partial)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        writer.stdout.readline()
+        with pytest.raises(StoreLockedError, match="open for writing in another process"):
+            load_features(partial)
+    finally:
+        writer.communicate(b"\n", timeout=30)
+
+
+def test_minimal_hdf5_with_features_labels_and_class_names_loads(tmp_path):
+    path = _hdf5(tmp_path / "m.h5", features=np.eye(3), labels=[0, 1, 1], class_names=["a", "b"])
+    loaded = load_features(path, in_memory=True)
+    np.testing.assert_array_equal(loaded.features, np.eye(3))
+    assert loaded.class_names == ["a", "b"] and loaded.paths == ["0", "1", "2"]
+    assert loaded.failures == [] and loaded.n_pending == 0
 
 
 def test_row_view_indexing(store):
@@ -238,3 +316,190 @@ def test_long_non_ascii_failure_reason_keeps_the_store_readable():
     cut = _truncate(reason)
     assert len(cut) <= 200
     assert reason.startswith(cut.decode("utf-8"))  # cut between characters
+
+
+def _copy_tree(src, dst):
+    shutil.copytree(src, dst)  # copy2: same bytes and modification times, other folder
+    return dst
+
+
+@pytest.mark.parametrize(
+    "make_other, first_difference",
+    [
+        # Same layout and file names, other images (train and test folders look like this).
+        (
+            lambda folder, tmp: make_image_folder(tmp / "other", n_per_class=5, seed=1),
+            r"the images differ: '.*/other/cat/000.png' is not the file the store was made "
+            r"from \(\d+ bytes now, \d+ when the store was made\)",
+        ),
+        # The very same files, copied elsewhere: only the root differs.
+        (lambda folder, tmp: _copy_tree(folder, tmp / "copy"), "source_root: file has '"),
+    ],
+)
+def test_another_folder_with_the_same_names_is_refused(
+    store, folder, tmp_path, make_other, first_difference
+):
+    other = make_other(folder, tmp_path)
+    with h5py.File(store, "r") as f:
+        assert f.attrs["source_root"] == str(folder.resolve())
+    with pytest.raises(ProvenanceError, match=first_difference) as info:
+        extract_features(other, BACKBONE, store, **FAST)
+    assert "source_root" in str(info.value) and "--force" in str(info.value)
+
+
+def test_a_changed_file_is_refused_on_resume_and_force_rebuilds(folder, tmp_path):
+    images = _copy_tree(folder, tmp_path / "images")
+    out = tmp_path / "f.h5"
+    extract_features(images, BACKBONE, out, **FAST)
+    with h5py.File(out, "r+") as f:
+        f["status"][4:] = PENDING  # an interrupted run: it must not resume on other images
+    (images / "cat" / "002.jpg").write_bytes((images / "dog" / "002.jpg").read_bytes())
+    with pytest.raises(ProvenanceError, match=r"'.*/images/cat/002.jpg' is not the file"):
+        extract_features(images, BACKBONE, out, **FAST)
+    with h5py.File(out, "r") as f:
+        assert (f["status"][4:] == PENDING).all()  # the refused request wrote nothing
+    extract_features(images, BACKBONE, out, overwrite=True, **FAST)
+    loaded = load_features(out, in_memory=True)
+    with h5py.File(out, "r") as f:
+        row = list(f["paths"].asstr()[:]).index("cat/002.jpg")
+        digest = f["content_sha256"][row].decode()
+        assert f["file_size"][row] == (images / "cat" / "002.jpg").stat().st_size
+    assert digest == hashlib.sha256((images / "dog" / "002.jpg").read_bytes()).hexdigest()
+    assert loaded.n_pending == 0
+
+
+def test_every_row_records_the_hash_of_the_bytes_it_was_made_from(store, folder):
+    with h5py.File(store, "r") as f:
+        paths, digests = f["paths"].asstr()[:], f["content_sha256"][:]
+        sizes, mtimes = f["file_size"][:], f["file_mtime_ns"][:]
+        assert f.attrs["format_version"] == 2
+    for path, digest, size, mtime in zip(paths, digests, sizes, mtimes, strict=True):
+        data = (folder / path).read_bytes()  # failed rows too: the bytes that were refused
+        assert digest.decode() == hashlib.sha256(data).hexdigest()
+        assert (size, mtime) == ((folder / path).stat().st_size, (folder / path).stat().st_mtime_ns)
+
+
+def test_fashion_mnist_store_is_tied_to_its_idx_files(tmp_path):
+    rng = np.random.default_rng(0)
+    write_idx(tmp_path, "t10k", rng.integers(0, 255, (8, 28, 28)), np.arange(8) % 10)
+    write_idx(tmp_path, "train", rng.integers(0, 255, (8, 28, 28)), np.arange(8) % 10)
+    out = tmp_path / "f.h5"
+    extract_features(f"fashion-mnist:test@{tmp_path}", BACKBONE, out, **FAST)
+    train = r"made from \['t10k-images-idx3-ubyte.gz', .*the request reads \['train-images"
+    with pytest.raises(ProvenanceError, match=train):
+        extract_features(f"fashion-mnist:train@{tmp_path}", BACKBONE, out, **FAST)
+    write_idx(tmp_path, "t10k", rng.integers(0, 255, (8, 28, 28)), np.arange(8) % 10)
+    with pytest.raises(ProvenanceError, match=r"t10k-images-idx3-ubyte.gz' is not the file"):
+        extract_features(f"fashion-mnist:test@{tmp_path}", BACKBONE, out, **FAST)
+    with h5py.File(out, "r") as f:
+        pixels = fashion_mnist("test", tmp_path).pixels  # the rewritten ones
+        assert f["content_sha256"][0].decode() != hashlib.sha256(pixels[0]).hexdigest()
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fail if a model is loaded: output checks must come before any work."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model was loaded before the output was checked")
+
+    monkeypatch.setattr("extract._runner.create_backbone", forbidden)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda p: _write(p, b""), "exists and is empty"),
+        (lambda p: _write(p, b"notes"), "exists and is not an HDF5 file"),
+        (lambda p: _hdf5(p, x=[1]), "is an HDF5 file but not a feature store"),
+        (lambda p: p.mkdir() or p, "is a folder; give a file path such as"),
+        (
+            lambda p: _write(p.with_name("file.txt"), b"x") / "o.h5",
+            r"file.txt' is a file, not a folder",
+        ),
+    ],
+)
+def test_unusable_outputs_are_refused_before_any_work(folder, tmp_path, no_model, make, match):
+    out = make(tmp_path / "out.h5")
+    with pytest.raises(StoreError, match=match):
+        extract_features(folder, BACKBONE, out, **FAST)
+
+
+def test_force_replaces_stores_and_empty_files_but_no_other_file(folder, tmp_path):
+    (tmp_path / "notes.h5").write_text("my notes")
+    with pytest.raises(StoreError, match="never replaced"):
+        extract_features(folder, BACKBONE, tmp_path / "notes.h5", overwrite=True, **FAST)
+    assert (tmp_path / "notes.h5").read_text() == "my notes"
+    (tmp_path / "empty.h5").write_bytes(b"")
+    extract_features(folder, BACKBONE, tmp_path / "empty.h5", overwrite=True, max_items=2, **FAST)
+    assert load_features(tmp_path / "empty.h5").features.shape == (2, 96)
+
+
+def test_older_store_format_is_refused_before_loading_a_model(store, folder, tmp_path, no_model):
+    old = tmp_path / "old.h5"
+    old.write_bytes(store.read_bytes())
+    with h5py.File(old, "r+") as f:
+        f.attrs["format_version"] = 1
+    with pytest.raises(ProvenanceError, match="store format 1 .* Rebuild it with --force"):
+        extract_features(folder, BACKBONE, old, **FAST)
+
+
+def test_complete_store_is_reused_and_says_so(store, folder, caplog):
+    caplog.set_level(logging.INFO, logger="extract")
+    extract_features(folder, BACKBONE, store, **FAST)
+    assert "Reused the complete feature store" in caplog.text and "--force" in caplog.text
+
+
+_HOLD_LOCK_AND_FORK = """
+import os, sys, time
+from extract._store import store_lock
+with store_lock(sys.argv[1]):
+    child = os.fork()
+    if child == 0:  # a long-lived child, as a DataLoader worker is
+        time.sleep(120)
+        os._exit(0)
+    print(child, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_lock_dies_with_its_writer_not_with_its_children(tmp_path):
+    out = tmp_path / "f.h5"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK_AND_FORK, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    child = int(parent.stdout.readline())
+    try:
+        with pytest.raises(StoreLockedError, match=f"another process \\(pid {parent.pid}\\)"):
+            with store_lock(out):
+                pass
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        os.kill(child, 0)  # the orphaned child still runs...
+        with store_lock(out):  # ...and the next writer gets the lock at once
+            pass
+    finally:
+        parent.kill()
+        parent.wait()
+        os.kill(child, signal.SIGKILL)
+
+
+def test_16_bit_png_gives_the_features_of_its_8_bit_twin(tmp_path):
+    grey = np.random.default_rng(2).integers(0, 256, (36, 40)).astype(np.uint8)
+    for name in ("a", "b"):
+        (tmp_path / "images" / name).mkdir(parents=True)
+        Image.fromarray(grey, "L").save(tmp_path / "images" / name / "8bit.png")
+        Image.fromarray(grey.astype(np.uint16) * 257).save(tmp_path / "images" / name / "16.png")
+    out = extract_features(tmp_path / "images", BACKBONE, tmp_path / "f.h5", **FAST)
+    loaded = load_features(out, in_memory=True)
+    assert loaded.paths == ["a/16.png", "a/8bit.png", "b/16.png", "b/8bit.png"]
+    np.testing.assert_allclose(loaded.features[0], loaded.features[1], rtol=1e-5, atol=1e-6)
+
+
+def test_oversized_jpeg_is_a_failed_row_on_the_tensor_path(folder, tmp_path, monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # the test images have 1440 pixels
+    out = extract_features(folder, BACKBONE, tmp_path / "t.h5", decode="tensor", **FAST)
+    loaded = load_features(out)
+    reasons = dict(loaded.failures)
+    assert "cat/001.jpg" in reasons and "cat/000.png" in reasons  # JPEG and PIL paths alike
+    assert all("MAX_IMAGE_PIXELS" in reasons[p] for p in ("cat/001.jpg", "cat/000.png"))
