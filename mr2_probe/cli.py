@@ -10,6 +10,7 @@ from pathlib import Path
 
 import joblib
 import numpy as np
+from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import GridSearchCV, StratifiedKFold, train_test_split
 from sklearn.pipeline import Pipeline
@@ -33,6 +34,11 @@ examples:
 
   # plain NumPy features: X in feats.npy, labels in labels.npy
   mr2-probe feats.npy --labels labels.npy --test-size 0.25
+
+  # the accuracy–worst-class front: a class_tilt sweep and tuned class offsets, chosen
+  # on a 10% validation split by the rule (best worst class within 0.5 pt of ERM overall)
+  mr2-probe train.h5 --test test.h5 --tilt 0,0.5,1,2,5,10 --offsets 0,0.25,0.5,1 \
+      --front-bound 0.5 --out runs/front
 """
 
 _SCALERS = {"none": None, "standard": StandardScaler, "l2": Normalizer}
@@ -109,6 +115,36 @@ def _parser() -> argparse.ArgumentParser:
         help="metric the grid search refits on (default: worst_class)",
     )
     parser.add_argument("--n-jobs", type=int, default=None, help="parallel grid fits")
+    parser.add_argument(
+        "--tilt",
+        type=_floats,
+        default=(),
+        metavar="T1,T2",
+        help="class_tilt values of the front's tilt sweep on the MR² model, e.g. "
+        "0,0.5,1,2,5,10 (0 is the MR² model itself)",
+    )
+    parser.add_argument(
+        "--offsets",
+        type=_floats,
+        default=(),
+        metavar="B1,B2",
+        help="bounds, in points of overall accuracy, on what class offsets tuned on the ERM "
+        "probe (3-fold, worst-class objective) may spend, e.g. 0,0.25,0.5,1",
+    )
+    parser.add_argument(
+        "--val-size",
+        type=float,
+        default=0.1,
+        help="fraction of the training data held out (stratified) to choose on the front "
+        "(default: 0.1)",
+    )
+    parser.add_argument(
+        "--front-bound",
+        type=float,
+        default=0.5,
+        help="the rule: the best validation worst-class accuracy whose validation overall "
+        "accuracy is within this many points of ERM's (default: 0.5)",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:1")
     parser.add_argument("--seed", type=int, default=0, help="split and minibatch seed")
     parser.add_argument("--per-class", action="store_true", help="also print one row per class")
@@ -134,6 +170,18 @@ def _grid(specs: list[str]) -> dict:
             raise SystemExit(f"mr2-probe: --grid expects NAME=V1,V2,..., got {spec!r}")
         grid[name.strip()] = [_grid_value(v) for v in values.split(",")]
     return grid
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, e.g. 0,0.5,1, got {text!r}"
+        ) from None
+    if not all(np.isfinite(v) and v >= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite numbers >= 0, got {text!r}")
+    return values
 
 
 def _grid_value(text: str):
@@ -217,30 +265,77 @@ def main(argv=None) -> int:
     else:
         models["MR2"] = _scaled(mr2, args.scale)
 
+    mr2_name = list(models)[-1]
     for name, model in models.items():
         print(f"fitting {name} on {X.shape[0]} × {X.shape[1]} features", file=sys.stderr)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             model.fit(X, y)
+    front = None
+    if args.tilt or args.offsets:
+        front = _front(models, mr2, X, y, X_test, y_test, args)
     report = classwise_report(models, y_test, X_test, reference="ERM")
     print(report.to_text(per_class=args.per_class))
     if grid:
-        best = {k.removeprefix("probe__"): v for k, v in models[name].best_params_.items()}
+        best = {k.removeprefix("probe__"): v for k, v in models[mr2_name].best_params_.items()}
         print(f"MR2 grid: best parameters by {args.scoring}: {best}")
+    if front is not None:
+        print(front.to_text())
     if args.out:
-        _write_outputs(Path(args.out), report, models, args)
+        _write_outputs(Path(args.out), report, models, args, mr2_name, front)
     return 0
 
 
-def _write_outputs(out: Path, report, models: dict, args) -> None:
-    from .plotting import plot_class_accuracy, plot_group_accuracy, plot_margins
+def _front(models: dict, mr2, X, y, X_test, y_test, args):
+    """Fit the front on a validation split, choose by the rule, refit the choice on all of
+    the training data and add it to ``models``."""
+    from .front import accuracy_front
+
+    X_fit, X_val, y_fit, y_val = train_test_split(
+        X, y, test_size=args.val_size, stratify=y, random_state=args.seed
+    )
+    base = _scaled(clone(mr2).set_params(verbose=0), args.scale)
+    print(f"fitting the front on {len(y_fit)} samples, choosing on {len(y_val)}", file=sys.stderr)
+    front = accuracy_front(
+        base,
+        X_fit,
+        y_fit,
+        X_val,
+        y_val,
+        tilts=args.tilt,
+        offset_bounds=[b / 100 for b in args.offsets],
+        X_test=X_test,
+        y_test=y_test,
+        bound=args.front_bound / 100,
+    )
+    chosen = front.point(front.chosen)
+    print(
+        f"front: the rule chose {chosen.name}; refitting it on all training data", file=sys.stderr
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        models[f"chosen: {chosen.name}"] = clone(chosen.estimator).fit(X, y)
+    return front
+
+
+def _write_outputs(out: Path, report, models: dict, args, mr2_name: str, front=None) -> None:
+    from .plotting import plot_class_accuracy, plot_front, plot_group_accuracy, plot_margins
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.txt").write_text(report.to_text(per_class=True) + "\n")
-    (out / "report.md").write_text(report.to_markdown(per_class=True) + "\n")
-    (out / "report.json").write_text(report.to_json(indent=2) + "\n")
+    text, markdown, data = (
+        report.to_text(per_class=True),
+        report.to_markdown(per_class=True),
+        report.to_dict(),
+    )
+    if front is not None:
+        text += "\n\n" + front.to_text()
+        markdown += "\n\n" + front.to_markdown()
+        data["front"] = front.to_dict()
+        plot_front(front, out / "front.png")
+    (out / "report.txt").write_text(text + "\n")
+    (out / "report.md").write_text(markdown + "\n")
+    (out / "report.json").write_text(json.dumps(data, indent=2) + "\n")
     fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}
-    mr2_name = list(fitted)[-1]
     plot_class_accuracy(report, out / "class_accuracy.png", model=mr2_name)
     plot_group_accuracy(report, out / "groups.png")
     probe = fitted[mr2_name]

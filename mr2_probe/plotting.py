@@ -195,3 +195,89 @@ def plot_group_accuracy(report: ClasswiseReport, path):
     fig.legend(loc="outside lower center", ncols=min(4, len(report.rows)), fontsize=8)
     _save(fig, path)
     return fig
+
+
+LEVER_COLOURS = {"ERM": REFERENCE, "MR2": "#1f5fa8", "tilt": "#e08a1e", "offsets": "#7b3fa0"}
+
+
+def plot_front(front, path, split: str = "test"):
+    """Overall accuracy against worst-class accuracy (left) and the hard tercile (right).
+
+    Each lever is a point (ERM, MR²) or a curve (the ``class_tilt`` sweep, the sweep of
+    the offsets' bound), labelled with its value; the rule's choice is ringed, and a
+    dashed line marks ERM's overall accuracy minus the rule's bound.
+
+    Parameters
+    ----------
+    front : mr2_probe.front.Front
+        From :func:`mr2_probe.front.accuracy_front`.
+    path : str or path-like
+    split : {"test", "validation"}, default="test"
+        Which scores to draw; ``"test"`` falls back to validation when the front has none.
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+        Two axes; in each, one line per lever in the order ERM, MR², tilt, offsets.
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> from sklearn.datasets import load_iris
+    >>> from sklearn.model_selection import train_test_split
+    >>> from mr2_probe import MR2LinearClassifier
+    >>> from mr2_probe.front import accuracy_front
+    >>> from mr2_probe.plotting import plot_front
+    >>> X, y = load_iris(return_X_y=True)
+    >>> X, X_val, y, y_val = train_test_split(X, y, test_size=0.3, random_state=0)
+    >>> probe = MR2LinearClassifier(max_iter=200, device="cpu")
+    >>> front = accuracy_front(probe, X, y, X_val, y_val, tilts=(1, 4))
+    >>> fig = plot_front(front, os.path.join(tempfile.mkdtemp(), "front.png"))
+    >>> [ax.get_ylabel() for ax in fig.axes]
+    ['worst-class accuracy (%)', 'hard-tercile accuracy (%)']
+    """
+    if split not in ("test", "validation"):
+        raise ValueError(f"split must be 'test' or 'validation', got {split!r}.")
+    if split == "test" and any(p.test is None for p in front.points):
+        split = "validation"
+    fig = _figure(10.0, 4.5)
+    chosen = front.chosen
+    for ax, column, label in zip(
+        fig.subplots(1, 2),
+        ("worst", "hard"),
+        ("worst-class accuracy (%)", "hard-tercile accuracy (%)"),
+        strict=True,
+    ):
+        for lever, colour in LEVER_COLOURS.items():
+            points = [p for p in front.points if p.lever == lever]
+            if not points:
+                continue
+            if lever == "tilt":  # the curve starts at t = 0: the untilted model
+                base = [p for p in front.points if p.lever in ("ERM", "MR2")][-1]
+                points = [base, *points]
+            x = [100 * getattr(p, split)["overall"] for p in points]
+            y = [100 * getattr(p, split)[column] for p in points]
+            style = "o-" if len(points) > 1 else "s"
+            ax.plot(x, y, style, color=colour, label=lever, markersize=6)
+            for p, xi, yi in zip(points, x, y, strict=True):
+                text = (
+                    p.name
+                    if p.value is None
+                    else f"{p.value if lever == 'tilt' else 100 * p.value:g}"
+                )
+                ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=7)
+            for p, xi, yi in zip(points, x, y, strict=True):
+                if p.name == chosen:
+                    ax.plot(xi, yi, "o", markersize=14, markerfacecolor="none", color="black")
+        erm = 100 * getattr(front.point("ERM"), split)["overall"]
+        ax.axvline(erm - 100 * front.bound, color=SAME, linestyle="--", linewidth=0.8)
+        ax.set_xlabel(f"overall accuracy (%), {split}")
+        ax.set_ylabel(label)
+    fig.suptitle(
+        f"accuracy front on the {split} split (ringed: the rule's choice; dashed: ERM − "
+        f"{100 * front.bound:g} pt; tilt labelled by t, offsets by their bound in pt)",
+        fontsize=9,
+    )
+    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4)
+    _save(fig, path)
+    return fig

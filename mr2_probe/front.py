@@ -1,0 +1,254 @@
+"""The accuracy–worst-class front: what each fairness lever costs, and a rule to choose.
+
+Every lever is a point (ERM, the MR² margins) or a curve (a sweep of ``class_tilt``, a
+sweep of the bound on the overall accuracy that tuned class offsets may spend) in the
+plane of overall accuracy against worst-class accuracy. :func:`accuracy_front` fits them
+all on a training split and scores them on a validation split (and on a test split when
+given, for the report only); :func:`choose_point` applies a rule stated up front: the
+largest validation worst-class accuracy whose validation overall accuracy is within
+``bound`` of the ERM probe's.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from sklearn.base import clone
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.pipeline import Pipeline
+
+from ._offsets import TunedOffsetsClassifierCV, tune_class_offsets
+from .metrics import classwise_summary, difficulty_groups, per_class_accuracy
+
+#: Default bound of the selection rule: 0.5 point of overall accuracy.
+DEFAULT_BOUND = 0.005
+
+
+@dataclass
+class FrontPoint:
+    """One fitted configuration of a lever and its class-wise scores.
+
+    ``lever`` is ``"ERM"``, ``"MR2"``, ``"tilt"`` or ``"offsets"``; ``value`` the tilt t or
+    the offsets' bound (a fraction of overall accuracy); ``estimator`` the unfitted
+    configuration, ready to refit; ``validation`` / ``test`` the summaries of
+    :func:`mr2_probe.metrics.classwise_summary` (fractions; groups fixed by ERM on each
+    split).
+    """
+
+    name: str
+    lever: str
+    value: float | None
+    estimator: object = field(repr=False)
+    validation: dict = field(default_factory=dict)
+    test: dict | None = None
+
+
+@dataclass
+class Front:
+    """The points of :func:`accuracy_front`, the rule's bound and its choice."""
+
+    points: list[FrontPoint]
+    bound: float = DEFAULT_BOUND
+    chosen: str | None = None
+
+    def point(self, name: str) -> FrontPoint:
+        for p in self.points:
+            if p.name == name:
+                return p
+        raise KeyError(f"No point named {name!r}; points: {[p.name for p in self.points]}.")
+
+    def to_dict(self) -> dict:
+        """JSON-ready, in the units of :meth:`ClasswiseReport.to_dict` (fractions)."""
+        return {
+            "bound": self.bound,
+            "chosen": self.chosen,
+            "rule": _rule(self.bound),
+            "points": [
+                {
+                    "name": p.name,
+                    "lever": p.lever,
+                    "value": p.value,
+                    "validation": _finite(p.validation),
+                    "test": None if p.test is None else _finite(p.test),
+                }
+                for p in self.points
+            ],
+        }
+
+    def to_text(self) -> str:
+        return self._table(markdown=False)
+
+    def to_markdown(self) -> str:
+        return self._table(markdown=True)
+
+    def _table(self, markdown: bool) -> str:
+        columns = ["overall", "hard", "worst"]
+        header = ["point"] + [f"val {c}" for c in columns]
+        with_test = any(p.test is not None for p in self.points)
+        if with_test:
+            header += [f"test {c}" for c in columns]
+        rows = []
+        for p in self.points:
+            row = [p.name + (" ← chosen" if p.name == self.chosen else "")]
+            row += [_cell(p.validation.get(c)) for c in columns]
+            if with_test:
+                row += [_cell(None if p.test is None else p.test.get(c)) for c in columns]
+            rows.append(row)
+        title = f"accuracy front (%, validation and test); {_rule(self.bound)}"
+        if markdown:
+            lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            lines += ["| " + " | ".join(row) + " |" for row in rows]
+            return title + "\n\n" + "\n".join(lines)
+        widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+        lines = [
+            row[0].ljust(widths[0])
+            + "".join(v.rjust(w + 2) for v, w in zip(row[1:], widths[1:], strict=True))
+            for row in [header, *rows]
+        ]
+        return "\n".join([title, lines[0], "-" * len(lines[0]), *lines[1:]])
+
+
+def _rule(bound: float) -> str:
+    return (
+        "rule: the largest validation worst-class accuracy whose validation overall "
+        f"accuracy is within {100 * bound:g} pt of ERM's"
+    )
+
+
+def _cell(value) -> str:
+    return "nan" if value is None or not np.isfinite(value) else f"{100 * value:.2f}"
+
+
+def _finite(summary: dict) -> dict:
+    return {k: (float(v) if np.isfinite(v) else None) for k, v in summary.items()}
+
+
+def _with_params(estimator, **params):
+    """A clone of an MR2LinearClassifier, or of a Pipeline ending in one, with ``params``."""
+    estimator = clone(estimator)
+    if isinstance(estimator, Pipeline):
+        last = estimator.steps[-1][0]
+        params = {f"{last}__{key}": value for key, value in params.items()}
+    return estimator.set_params(**params)
+
+
+def _fit(estimator, X, y):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return estimator.fit(X, y)
+
+
+def accuracy_front(
+    estimator,
+    X,
+    y,
+    X_val,
+    y_val,
+    *,
+    tilts: Sequence[float] = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0),
+    offset_bounds: Sequence[float] = (),
+    offsets_cv: int = 3,
+    X_test=None,
+    y_test=None,
+    bound: float = DEFAULT_BOUND,
+) -> Front:
+    """Fit ERM, MR² and the sweeps of each lever on (X, y); score them on the validation set.
+
+    Parameters
+    ----------
+    estimator : MR2LinearClassifier or Pipeline ending in one
+        The MR² configuration (unfitted). ERM is the same with ``c_bar=None``; the tilt
+        sweep sets ``class_tilt`` on it.
+    X, y : training data of the front.
+    X_val, y_val : validation data, the only data the rule reads.
+    tilts : sequence of float, default=(0, 0.5, 1, 2, 5, 10)
+        ``class_tilt`` values of the tilt curve (``0`` is the MR² point itself).
+    offset_bounds : sequence of float, default=()
+        Bounds (fractions of overall accuracy, 0.005 = 0.5 pt) for class offsets tuned on
+        the ERM probe by :class:`TunedOffsetsClassifierCV` (worst-class objective,
+        ``offsets_cv`` folds of the training data). The folds are fitted once; each bound
+        re-tunes the offsets on the same out-of-fold logits.
+    offsets_cv : int, default=3
+    X_test, y_test : optional test data, scored for the report, never for the choice.
+    bound : float, default=0.005
+        Bound of the selection rule (:func:`choose_point`).
+
+    Returns
+    -------
+    front : Front
+        Points in the order ERM, MR², tilts, offsets; ``front.chosen`` names the rule's
+        choice.
+    """
+    points = [FrontPoint("ERM", "ERM", None, _with_params(estimator, c_bar=None, class_tilt=0.0))]
+    mr2 = _with_params(estimator, class_tilt=0.0)
+    if (mr2[-1] if isinstance(mr2, Pipeline) else mr2).c_bar is not None:
+        points.append(FrontPoint("MR2", "MR2", None, mr2))
+    points += [
+        FrontPoint(f"tilt={t:g}", "tilt", float(t), _with_params(estimator, class_tilt=t))
+        for t in tilts
+        if t > 0
+    ]
+    fitted = {}
+    for p in points:
+        fitted[p.name] = _fit(clone(p.estimator), X, y)
+    if offset_bounds:
+        bounds = sorted(float(b) for b in offset_bounds)
+        wrapper = TunedOffsetsClassifierCV(
+            points[0].estimator,
+            scoring="worst_class",
+            max_accuracy_drop=bounds[-1],
+            cv=offsets_cv,
+            store_cv_results=True,
+        )
+        base = _fit(wrapper, X, y)
+        for b in bounds:
+            name = f"offsets≤{100 * b:g}pt"
+            tuned = tune_class_offsets(
+                base.cv_results_["decision_function"],
+                base.cv_results_["y"],
+                "worst_class",
+                b,
+            )
+            model = copy.copy(base)
+            model.offsets_ = tuned.offsets
+            fitted[name] = model
+            unfitted = clone(wrapper).set_params(max_accuracy_drop=b, store_cv_results=False)
+            points.append(FrontPoint(name, "offsets", b, unfitted))
+    _score(points, fitted, X_val, y_val, "validation")
+    if X_test is not None:
+        _score(points, fitted, X_test, y_test, "test")
+    front = Front(points, bound)
+    front.chosen = choose_point(front, bound).name
+    return front
+
+
+def _score(points, fitted, X, y, split: str) -> None:
+    predictions = {p.name: np.asarray(fitted[p.name].predict(X)) for p in points}
+    labels = np.unique(y)
+    groups = difficulty_groups(per_class_accuracy(y, predictions["ERM"], labels))
+    for p in points:
+        setattr(p, split, classwise_summary(y, predictions[p.name], groups, labels))
+
+
+def choose_point(front: Front, bound: float | None = None) -> FrontPoint:
+    """The rule: the largest validation worst-class accuracy among the points whose
+    validation overall accuracy is at least ERM's minus ``bound``; ties go to the higher
+    overall accuracy, then to the earlier point (ERM first, so ERM wins a full tie).
+
+    Parameters
+    ----------
+    front : Front
+    bound : float, default=None
+        A fraction (0.005 = 0.5 pt); ``None`` uses ``front.bound``.
+    """
+    bound = front.bound if bound is None else bound
+    if not 0 <= bound < 1:
+        raise ValueError(f"bound must be a fraction in [0, 1), got {bound}.")
+    floor = front.point("ERM").validation["overall"] - bound
+    eligible = [p for p in front.points if p.validation["overall"] >= floor - 1e-12]
+    # max() keeps the first of equal keys: the earlier point wins a full tie.
+    return max(eligible, key=lambda p: (p.validation["worst"], p.validation["overall"]))

@@ -1,0 +1,153 @@
+"""The accuracy–worst-class front: its points, the selection rule, the plot and the CLI."""
+
+import json
+
+import joblib
+import numpy as np
+import pytest
+from sklearn.model_selection import train_test_split
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from mr2_probe import MR2LinearClassifier
+from mr2_probe.cli import main
+from mr2_probe.front import Front, FrontPoint, accuracy_front, choose_point
+from mr2_probe.plotting import plot_front
+
+
+def _point(name, overall, worst, lever="tilt"):
+    summary = {"overall": overall, "worst": worst, "hard": worst}
+    return FrontPoint(name, lever if name != "ERM" else "ERM", 1.0, None, summary)
+
+
+@pytest.mark.parametrize(
+    "points, bound, expected",
+    [
+        # The best worst class within the bound wins, whatever lies beyond it.
+        ([("ERM", 0.90, 0.60), ("a", 0.897, 0.66), ("b", 0.80, 0.90)], 0.005, "a"),
+        # A point just outside the bound is not eligible.
+        ([("ERM", 0.90, 0.60), ("a", 0.894, 0.66)], 0.005, "ERM"),
+        # Equal worst class: the higher overall accuracy.
+        ([("ERM", 0.90, 0.60), ("a", 0.899, 0.66), ("b", 0.901, 0.66)], 0.005, "b"),
+        # A full tie: the earlier point (ERM first).
+        ([("ERM", 0.90, 0.66), ("a", 0.90, 0.66)], 0.005, "ERM"),
+        # bound = 0: nothing may cost overall accuracy.
+        ([("ERM", 0.90, 0.60), ("a", 0.8999, 0.70), ("b", 0.91, 0.61)], 0.0, "b"),
+    ],
+)
+def test_selection_rule(points, bound, expected):
+    front = Front([_point(*p) for p in points], bound)
+    assert choose_point(front).name == expected
+
+
+def test_selection_rule_rejects_a_bad_bound():
+    front = Front([_point("ERM", 0.9, 0.6)])
+    with pytest.raises(ValueError, match="bound must be a fraction"):
+        choose_point(front, bound=-0.1)
+
+
+@pytest.fixture(scope="module")
+def splits(request):
+    rng = np.random.default_rng(0)
+    centers = rng.normal(scale=2.0, size=(5, 8))
+    y = np.arange(1500) % 5
+    X = centers[y] + rng.normal(size=(1500, 8)) * np.linspace(0.7, 2.2, 5)[y, None]
+    X_fit, X_rest, y_fit, y_rest = train_test_split(X, y, test_size=0.5, random_state=0)
+    X_val, X_test, y_val, y_test = train_test_split(X_rest, y_rest, test_size=0.5, random_state=0)
+    return X_fit, y_fit, X_val, y_val, X_test, y_test
+
+
+@pytest.fixture(scope="module")
+def front(splits):
+    X_fit, y_fit, X_val, y_val, X_test, y_test = splits
+    probe = make_pipeline(StandardScaler(), MR2LinearClassifier(C=0.1, device="cpu"))
+    return accuracy_front(
+        probe, X_fit, y_fit, X_val, y_val, tilts=(0, 1, 5),
+        offset_bounds=(0.0, 0.01), X_test=X_test, y_test=y_test,
+    )  # fmt: skip
+
+
+def test_front_points(front, splits):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    names = [p.name for p in front.points]
+    assert names == ["ERM", "MR2", "tilt=1", "tilt=5", "offsets≤0pt", "offsets≤1pt"]
+    assert [p.lever for p in front.points] == ["ERM", "MR2", "tilt", "tilt", "offsets", "offsets"]
+    # Each tilt point is the estimator with that class_tilt, scored on the validation set.
+    direct = make_pipeline(
+        StandardScaler(), MR2LinearClassifier(C=0.1, class_tilt=5.0, device="cpu")
+    ).fit(X_fit, y_fit)
+    assert front.point("tilt=5").validation["overall"] == pytest.approx(direct.score(X_val, y_val))
+    # The points keep unfitted configurations, ready to refit.
+    assert front.point("tilt=5").estimator[-1].class_tilt == 5.0
+    assert front.point("offsets≤1pt").estimator.max_accuracy_drop == 0.01
+    assert front.chosen == choose_point(front).name
+
+
+def test_front_never_chooses_on_test_data(splits, front):
+    """The same front with scrambled test labels makes the same choice."""
+    X_fit, y_fit, X_val, y_val, X_test, y_test = splits
+    probe = make_pipeline(StandardScaler(), MR2LinearClassifier(C=0.1, device="cpu"))
+    scrambled = accuracy_front(
+        probe, X_fit, y_fit, X_val, y_val, tilts=(0, 1, 5), offset_bounds=(0.0, 0.01),
+        X_test=X_test, y_test=np.roll(y_test, 7),
+    )  # fmt: skip
+    assert scrambled.chosen == front.chosen
+    assert [p.validation for p in scrambled.points] == [p.validation for p in front.points]
+    assert [p.test for p in scrambled.points] != [p.test for p in front.points]
+
+
+def test_front_tables_and_json(front):
+    text, markdown, data = front.to_text(), front.to_markdown(), front.to_dict()
+    assert "← chosen" in text and "within 0.5 pt of ERM's" in text
+    assert markdown.count("\n|") == len(front.points) + 2  # header, rule, rows
+    assert json.loads(json.dumps(data))["chosen"] == front.chosen
+    erm = data["points"][0]
+    assert erm["name"] == "ERM" and 0 < erm["validation"]["overall"] <= 1
+
+
+def test_plot_front(front, tmp_path):
+    fig = plot_front(front, tmp_path / "front.png")
+    assert (tmp_path / "front.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    left = fig.axes[0]
+    assert [line.get_label() for line in left.lines if not line.get_label().startswith("_")][
+        :4
+    ] == ["ERM", "MR2", "tilt", "offsets"]
+    tilt = next(line for line in left.lines if line.get_label() == "tilt")
+    # The tilt curve starts at the untilted MR² point: 1 + two tilts.
+    assert len(tilt.get_xdata()) == 3
+    x, y = tilt.get_xdata()[0], tilt.get_ydata()[0]
+    mr2 = front.point("MR2").test
+    assert (x, y) == pytest.approx((100 * mr2["overall"], 100 * mr2["worst"]))
+    with pytest.raises(ValueError, match="split must be"):
+        plot_front(front, tmp_path / "x.png", split="train")
+
+
+@pytest.fixture
+def features(tmp_path, splits):
+    X_fit, y_fit, _, _, X_test, y_test = splits
+    np.savez(tmp_path / "train.npz", X=X_fit, y=y_fit)
+    np.savez(tmp_path / "test.npz", X=X_test, y=y_test)
+    return tmp_path
+
+
+def test_cli_front(features, capsys):
+    out = features / "run"
+    argv = [str(features / "train.npz"), "--test", str(features / "test.npz"), "--C", "0.1"]
+    argv += ["--tilt", "0,1,5", "--offsets", "0,1", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "accuracy front" in printed and "← chosen" in printed
+    report = json.loads((out / "report.json").read_text())
+    chosen = report["front"]["chosen"]
+    assert f"chosen: {chosen}" in report["rows"]
+    assert (out / "front.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "accuracy front" in (out / "report.txt").read_text()
+    models = joblib.load(out / "models.joblib")
+    assert f"chosen: {chosen}" in models
+
+
+@pytest.mark.parametrize("value", ["-1", "a,b", "nan"])
+def test_cli_front_bad_values(features, value, capsys):
+    with pytest.raises(SystemExit):
+        main([str(features / "train.npz"), "--tilt", value])
+    assert "--tilt" in capsys.readouterr().err
