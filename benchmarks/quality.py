@@ -1,8 +1,15 @@
-"""Does MR² help a linear probe? Every method tuned on a validation split, refitted, and
-scored class by class on the test set, mean ± std over seeds.
+"""Does MR² help a linear probe, and which lever helps the worst classes? Every method
+tuned on a validation split, refitted, and scored class by class on the test set, mean ±
+std over seeds.
 
     python benchmarks/quality.py --data fmnist --image-sizes 64 96      # real features
     python benchmarks/quality.py --data synthetic --classes 10 100 1000 # Gaussian classes
+    python benchmarks/quality.py --data fmnist --levers                 # the levers' table
+
+``--levers`` compares ERM with the class-tilted risk, tuned class offsets and their
+combinations, each configuration chosen by the front's rule: the largest validation
+worst-class accuracy whose validation overall accuracy is within ``--bound`` points of the
+tuned ERM probe's (ERM itself is tuned by validation worst-class accuracy, ties overall).
 
 Real data: Fashion-MNIST (60k / 10k) through EfficientNet-Lite0 (``extract``; the stores
 are cached in ``--cache``). Synthetic data: Gaussian classes whose difficulty comes either
@@ -41,7 +48,12 @@ from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import Normalizer, StandardScaler
 
-from mr2_probe import MR2LinearClassifier, class_margins, class_statistics
+from mr2_probe import (
+    MR2LinearClassifier,
+    TunedOffsetsClassifierCV,
+    class_margins,
+    class_statistics,
+)
 from mr2_probe.metrics import classwise_summary, difficulty_groups, per_class_accuracy
 
 COLUMNS = ("overall", "easy", "medium", "hard", "worst")
@@ -64,7 +76,7 @@ C_GRIDS = {"fmnist": [0.0003, 0.001, 0.003, 0.01], "synthetic": [0.003, 0.01, 0.
 
 
 class Method(NamedTuple):
-    configs: list
+    configs: list | Callable  # or (configs chosen so far in the seed) → list
     make: Callable  # (config, seed) → unfitted estimator
     seeded: bool = False  # whether the seed changes the fit (else refits are shared)
 
@@ -114,6 +126,60 @@ def build_methods(C_GRID):
     }
 
 
+TILTS = [0.5, 1.0, 2.0, 5.0, 10.0]
+OFFSET_BOUNDS = [0.0, 0.0025, 0.005]  # fractions of overall accuracy
+ERM = "ERM (c_bar=None ≡ LogisticRegression, std)"
+
+
+def _offsets(probe, bound):
+    """Class offsets tuned for the worst class on 3 folds of the training data."""
+    return TunedOffsetsClassifierCV(probe, scoring="worst_class", max_accuracy_drop=bound, cv=3)
+
+
+def build_lever_methods(C_GRID):
+    """name → Method: tuned ERM, then each lever at ERM's chosen C (its configurations are
+    the lever's own values, read from the configurations chosen before it in the seed)."""
+
+    def at_erm_c(**axes):
+        return lambda chosen: _grid(C=[chosen[ERM]["C"]], **axes)
+
+    def tilted(chosen):
+        best = chosen["tilt"]
+        return _grid(C=[best["C"]], class_tilt=[best["class_tilt"]], bound=OFFSET_BOUNDS)
+
+    probe = dict(max_iter=1000)
+    return {
+        ERM: Method(
+            _grid(C=C_GRID), lambda c, seed: _mr2(StandardScaler(), c_bar=None, **probe, **c)
+        ),
+        "tilt": Method(
+            at_erm_c(class_tilt=TILTS),
+            lambda c, seed: _mr2(StandardScaler(), c_bar=None, **probe, **c),
+        ),
+        "tilt + MR2 margins": Method(
+            at_erm_c(class_tilt=TILTS),
+            lambda c, seed: _mr2(StandardScaler(), c_bar=1.0, **probe, **c),
+        ),
+        "offsets": Method(
+            at_erm_c(bound=OFFSET_BOUNDS),
+            lambda c, seed: make_pipeline(
+                StandardScaler(),
+                _offsets(MR2LinearClassifier(c_bar=None, C=c["C"], **probe), c["bound"]),
+            ),
+        ),
+        "tilt + offsets": Method(
+            tilted,
+            lambda c, seed: make_pipeline(
+                StandardScaler(),
+                _offsets(
+                    MR2LinearClassifier(c_bar=None, C=c["C"], class_tilt=c["class_tilt"], **probe),
+                    c["bound"],
+                ),
+            ),
+        ),
+    }
+
+
 SYNTHETIC_METHODS = (
     "ERM (LogisticRegression, std)",
     "MR2 margins p=2, raw",
@@ -158,24 +224,46 @@ def _fit(model, X, y):
         return model.fit(X, y)
 
 
-def run_seed(X, y, X_test, y_test, methods, seed, refits):
+def choose(scores, floor=None):
+    """Index of the configuration to keep, from (validation worst, overall) pairs.
+
+    Without ``floor``: the best worst class, ties to the higher overall accuracy. With it
+    (the front's rule): the same among the configurations whose overall accuracy is at
+    least ``floor``, or, when none is, the one with the highest overall accuracy.
+    """
+    order = range(len(scores))
+    if floor is None:
+        return max(order, key=scores.__getitem__)
+    eligible = [i for i in order if scores[i][1] >= floor - 1e-12]
+    if not eligible:
+        return max(order, key=lambda i: scores[i][1])
+    return max(eligible, key=scores.__getitem__)
+
+
+def run_seed(X, y, X_test, y_test, methods, seed, refits, bound=None):
     """Tune, refit and score every method for one seed.
 
     Returns name → summary, and the reference (first) method's test predictions.
 
     ``refits`` caches the test predictions of refits that do not depend on the seed (a
-    deterministic solver on the whole training set), shared between seeds.
+    deterministic solver on the whole training set), shared between seeds. With ``bound``
+    (a fraction), every method after the first is chosen by the front's rule: validation
+    overall accuracy at least the first method's minus ``bound``.
     """
     X_tr, X_val, y_tr, y_val = train_test_split(X, y, test_size=0.1, stratify=y, random_state=seed)
-    predictions, chosen = {}, {}
+    predictions, chosen, floor = {}, {}, None
     for name, method in methods.items():
         start = time.perf_counter()
+        configs = method.configs(chosen) if callable(method.configs) else method.configs
         scores = []
-        for config in method.configs:
+        for config in configs:
             pred = _fit(method.make(config, seed), X_tr, y_tr).predict(X_val)
             s = classwise_summary(y_val, pred)
             scores.append((s["worst"], s["overall"]))
-        best = method.configs[max(range(len(method.configs)), key=scores.__getitem__)]
+        index = choose(scores, floor)
+        best = configs[index]
+        if bound is not None and floor is None:
+            floor = scores[index][1] - bound
         key = (name, json.dumps(best, sort_keys=True), seed if method.seeded else None)
         if key not in refits:
             refits[key] = _fit(method.make(best, seed), X, y).predict(X_test)
@@ -230,7 +318,20 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--cache", type=Path, default=Path("runs/cache"))
     parser.add_argument("--out", type=Path, help="write all results as JSON")
+    parser.add_argument(
+        "--levers", action="store_true", help="the levers' table (tilt, offsets) under the rule"
+    )
+    parser.add_argument(
+        "--bound", type=float, default=0.5, help="the rule's bound in points (--levers)"
+    )
     args = parser.parse_args(argv)
+    bound = args.bound / 100 if args.levers else None
+
+    def methods_for(grid, subset=None):
+        if args.levers:
+            return build_lever_methods(grid)
+        methods = build_methods(grid)
+        return methods if subset is None else {n: m for n, m in methods.items() if n in subset}
 
     datasets = []
     if args.data == "fmnist":
@@ -240,7 +341,7 @@ def main(argv=None):
                 (
                     f"Fashion-MNIST, Lite0 {size}px",
                     lambda size=size: fashion_mnist_features(size, args.cache),
-                    build_methods(C_GRIDS["fmnist"]),
+                    methods_for(C_GRIDS["fmnist"]),
                 )
             )
     else:
@@ -250,11 +351,7 @@ def main(argv=None):
                 (
                     f"synthetic K={k}, {kind}",
                     lambda a=(X_tr, y_tr, X_te, y_te): a,
-                    {
-                        n: m
-                        for n, m in build_methods(C_GRIDS["synthetic"]).items()
-                        if n in SYNTHETIC_METHODS
-                    },
+                    methods_for(C_GRIDS["synthetic"], SYNTHETIC_METHODS),
                 )
             )
 
@@ -266,7 +363,7 @@ def main(argv=None):
         start = time.perf_counter()
         refits, results = {}, []
         for seed in args.seeds:
-            summaries, reference = run_seed(X, y, X_test, y_test, methods, seed, refits)
+            summaries, reference = run_seed(X, y, X_test, y_test, methods, seed, refits, bound)
             results.append(summaries)
         print(table(dataset, results), flush=True)
         rho = margin_tracking(X, y, X_test, y_test, reference)
