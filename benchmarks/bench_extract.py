@@ -80,7 +80,11 @@ def extract_store(args, device: torch.device, root: Path, out: Path) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backbone", default="timm:resnet18", help="backbone spec")
+    parser.add_argument(
+        "--backbone",
+        default="timm:resnet18@random",
+        help="backbone spec (random weights: no download)",
+    )
     parser.add_argument("--image-size", type=int, default=96, help="model input resolution")
     parser.add_argument("--source-size", type=int, default=160, help="generated JPEG size")
     parser.add_argument("--n-images", type=int, default=256)
