@@ -1,4 +1,4 @@
-"""scikit-learn's estimator checks, on the three regimes of the estimator and the offsets."""
+"""scikit-learn's estimator checks, on the regimes of the estimator and the offsets."""
 
 from sklearn.linear_model import LogisticRegression
 from sklearn.utils.estimator_checks import parametrize_with_checks
@@ -11,6 +11,7 @@ COMPACT = MR2LinearClassifier(
     c_bar=2.0, lam=0.5, p=3, learning_rate=1e-2, max_iter=100, random_state=0, device="cpu"
 )
 COSINE = MR2LinearClassifier(head="cosine", device="cpu")
+TILTED = MR2LinearClassifier(class_tilt=2.0, device="cpu")
 # A fast inner estimator: the checks exercise the meta-estimator, not the probe.
 OFFSETS = TunedOffsetsClassifierCV(LogisticRegression(), cv=3)
 
@@ -33,7 +34,7 @@ EXPECTED_FAILED_CHECKS = {
 
 
 @parametrize_with_checks(
-    [LINEAR, COMPACT, COSINE, OFFSETS],
+    [LINEAR, COMPACT, COSINE, TILTED, OFFSETS],
     expected_failed_checks=lambda est: EXPECTED_FAILED_CHECKS.get(id(est), {}),
 )
 def test_sklearn_compatible_estimator(estimator, check):
