@@ -136,6 +136,11 @@ def _with_params(estimator, **params):
     return estimator.set_params(**params)
 
 
+def _final(estimator):
+    """The classifier itself: the last step of a pipeline."""
+    return estimator[-1] if isinstance(estimator, Pipeline) else estimator
+
+
 def _fit(estimator, X, y):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -185,16 +190,23 @@ def accuracy_front(
     """
     points = [FrontPoint("ERM", "ERM", None, _with_params(estimator, c_bar=None, class_tilt=0.0))]
     mr2 = _with_params(estimator, class_tilt=0.0)
-    if (mr2[-1] if isinstance(mr2, Pipeline) else mr2).c_bar is not None:
+    if _final(mr2).c_bar is not None:
         points.append(FrontPoint("MR2", "MR2", None, mr2))
     points += [
         FrontPoint(f"tilt={t:g}", "tilt", float(t), _with_params(estimator, class_tilt=t))
         for t in tilts
         if t > 0
     ]
-    fitted = {}
+    fitted, previous = {}, None
     for p in points:
-        fitted[p.name] = _fit(clone(p.estimator), X, y)
+        if p.lever == "tilt" and previous is not None:
+            # Along the sweep each fit starts from the previous solution (the untilted one
+            # first): the problems are convex, so only the number of iterations changes.
+            model = copy.deepcopy(previous)
+            _final(model).set_params(warm_start=True, class_tilt=p.value)
+        else:
+            model = clone(p.estimator)
+        fitted[p.name] = previous = _fit(model, X, y)
     if offset_bounds:
         bounds = sorted(float(b) for b in offset_bounds)
         wrapper = TunedOffsetsClassifierCV(
