@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     return mr2_probe([
         str(stores["train"]), "--test", str(stores["test"]), "--c-bar", args.c_bar,
-        "--scale", "standard", "--C", "0.1", "--out", str(out), "--no-progress",
+        "--feature-scaling", "standard", "--C", "0.1", "--out", str(out), "--no-progress",
     ])  # fmt: skip
 
 

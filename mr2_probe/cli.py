@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -17,18 +20,21 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import Normalizer, StandardScaler
 
 from ._classifier import MR2LinearClassifier
+from ._device import resolve_device
 from .metrics import classwise_scorers
 from .report import classwise_report
 
 EXAMPLES = """\
 examples:
   # train and test stores written by mr2-extract; ERM vs MR² with c_bar=1
-  mr2-probe train.h5 --test test.h5 --c-bar 1 --out runs/fmnist
+  mr2-probe train.h5 --test test.h5 --c-bar 1 --feature-scaling standard --out runs/fmnist
 
-  # one store, 20% held out; the paper's setting with the compactness loss
-  mr2-probe feats.h5 --test-size 0.2 --c-bar 2 --lam 0.5 --p 3 --out runs/paper
+  # one store, 20% held out; the paper's setting: cosine head, p=3, compactness loss
+  mr2-probe feats.h5 --test-size 0.2 --head cosine --logit-scale 32 --c-bar 2 --lam 0.5 \\
+      --p 3 --out runs/paper
 
-  # grid over c_bar x lam x C, 3-fold CV, refit on worst-class accuracy
+  # grid over C (ERM and MR² both) x c_bar x lam (MR² only), 3-fold CV, refit on the
+  # worst-class accuracy
   mr2-probe train.npz --test test.npz --grid c_bar=none,1,2 --grid lam=0,0.5 \\
       --grid C=0.1,1 --scoring worst_class --out runs/grid
 
@@ -37,12 +43,56 @@ examples:
 
   # the accuracy–worst-class front: a class_tilt sweep and tuned class offsets, chosen
   # on a 10% validation split by the rule (best worst class within 0.5 pt of ERM overall)
-  mr2-probe train.h5 --test test.h5 --tilt 0,0.5,1,2,5,10 --offsets 0,0.25,0.5,1 \
+  mr2-probe train.h5 --test test.h5 --tilt 0,0.5,1,2,5,10 --offsets 0,0.25,0.5,1 \\
       --front-bound 0.5 --out runs/front
+
+files written to --out:
+  report.txt, report.md  the class-wise tables (one row per class too), the grid
+                         search's choices and the front, accuracies in percent
+  report.json            the same in percent ("units": "percent")
+  class_accuracy.png     per-class accuracy of the MR² model against ERM
+  margins.png            the MR² model's margin per class (or that it has none)
+  groups.png             easy / medium / hard / worst-class accuracy of every model
+  front.png              the accuracy front (with --tilt or --offsets)
+  models.joblib          the fitted models, a dict keyed by the report's model names
+  class_names.json       the class names of an HDF5 store: class k is entry k
+  command.json           the options of the run
+
+labels:
+  The models learn the labels exactly as the training file holds them and predict the
+  same kind. A store's labels are integer codes 0..K-1 (the report prints the class
+  names), so a saved model scores a store as extract loads it:
+    models = joblib.load("runs/fmnist/models.joblib")  # "ERM grid", ... after --grid
+    store = extract.load_features("test.h5")
+    models["ERM"].score(store.features, store.labels)
+  and np.asarray(store.class_names)[models["ERM"].predict(X)] names the predictions.
+  Train and test stores must have the same class names.
+
+errors:
+  A mistake in the options or the input files stops the run before any fit, with one
+  line "mr2-probe: error: ..." and exit status 2; --debug shows the traceback instead.
 """
 
 _SCALERS = {"none": None, "standard": StandardScaler, "l2": Normalizer}
 _SCORINGS = ("accuracy", "balanced_accuracy", "worst_class", "hard_tercile", "class_std")
+_FORMATS = (".h5", ".hdf5", ".npz", ".npy")
+# Parameters that shape only the MR² objective: ERM (c_bar=None, lam=0) does not search them.
+_MR2_ONLY = frozenset({"c_bar", "lam", "p", "difficulty", "tau", "projection_rank", "class_tilt"})
+# The options that set the estimator's parameters, named in its errors.
+_OPTIONS = {
+    "c_bar": "--c-bar",
+    "lam": "--lam",
+    "p": "--p",
+    "C": "--C",
+    "max_iter": "--max-iter",
+    "scale": "--logit-scale",
+}
+# Written only by some runs; a stale copy from an earlier run in the same folder is removed.
+_CONDITIONAL_OUTPUTS = ("front.png", "class_names.json")
+
+
+class UsageError(ValueError):
+    """A mistake in the options or the input files of ``mr2-probe``, told in one line."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,7 +101,8 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Fit an ERM probe and an MR² probe (MR2LinearClassifier) on frozen features, "
             "print overall / easy / medium / hard / worst-class accuracy, and write the "
-            "report, plots and fitted models."
+            "report, plots and fitted models. ERM is the same probe (head, C, logit scale, "
+            "feature scaling) without margins: c_bar=None, lam=0."
         ),
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -87,17 +138,36 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="norm of the class statistics (default: 2, 3 for the cosine head)",
     )
-    parser.add_argument("--head", choices=("linear", "cosine"), default="linear", help="probe head")
+    parser.add_argument(
+        "--head",
+        choices=("linear", "cosine"),
+        default="linear",
+        help="probe head of both models (default: linear)",
+    )
+    parser.add_argument(
+        "--logit-scale",
+        type=float,
+        default=None,
+        help="logit scale (inverse temperature) of the cosine head, the estimator's 'scale' "
+        "(default: 64); only with --head cosine",
+    )
     parser.add_argument(
         "--C", type=float, default=1.0, help="inverse L2 strength, as in LogisticRegression"
     )
     parser.add_argument("--max-iter", type=int, default=100, help="iterations / epochs")
     parser.add_argument(
+        "--feature-scaling",
+        choices=tuple(_SCALERS),
+        default=None,
+        help="feature scaling fitted on the training data, before both probes: standard "
+        "(zero mean, unit variance), l2 (unit-norm rows) or none (default: none)",
+    )
+    parser.add_argument(
         "--scale",
         choices=tuple(_SCALERS),
-        default="none",
-        help="feature scaling fitted on the training data: standard (zero mean, unit "
-        "variance), l2 (unit-norm rows) or none (default: none)",
+        default=None,
+        help="deprecated, removed in the next release: the old name of --feature-scaling "
+        "(it never set the cosine head's logit scale, which is --logit-scale)",
     )
     parser.add_argument(
         "--grid",
@@ -105,7 +175,9 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=V1,V2",
         help="search NAME over values with cross-validation; repeat per parameter, e.g. "
-        "--grid c_bar=none,1,2 --grid C=0.1,1",
+        "--grid c_bar=none,1,2 --grid C=0.1,1. ERM gets the same search over the "
+        "parameters it shares with MR² (C, head, scale, ...; not c_bar, lam, p, "
+        "difficulty, tau, projection_rank, class_tilt)",
     )
     parser.add_argument("--cv", type=int, default=3, help="folds of the grid search")
     parser.add_argument(
@@ -148,28 +220,30 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:1")
     parser.add_argument("--seed", type=int, default=0, help="split and minibatch seed")
     parser.add_argument("--per-class", action="store_true", help="also print one row per class")
-    parser.add_argument("--out", help="folder for report.{txt,md,json}, plots, models.joblib")
+    parser.add_argument(
+        "--out",
+        help="folder for the report, plots and models (created, and checked to be writable, "
+        "before any fit; the files are listed below)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error, not one line"
+    )
     return parser
 
 
-def _scaled(probe: MR2LinearClassifier, scale: str):
-    scaler = _SCALERS[scale]
+def _scaled(probe: MR2LinearClassifier, scaling: str):
+    scaler = _SCALERS[scaling]
     return probe if scaler is None else Pipeline([("scale", scaler()), ("probe", probe)])
+
+
+def _final(estimator):
+    """The probe itself, inside a Pipeline or not."""
+    return estimator[-1] if isinstance(estimator, Pipeline) else estimator
 
 
 def _optional_float(text: str):
     return None if text.lower() in ("none", "null") else float(text)
-
-
-def _grid(specs: list[str]) -> dict:
-    grid = {}
-    for spec in specs:
-        name, sep, values = spec.partition("=")
-        if not sep or not values:
-            raise SystemExit(f"mr2-probe: --grid expects NAME=V1,V2,..., got {spec!r}")
-        grid[name.strip()] = [_grid_value(v) for v in values.split(",")]
-    return grid
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -184,6 +258,22 @@ def _floats(text: str) -> tuple[float, ...]:
     return values
 
 
+def _grid(specs: list[str]) -> dict:
+    grid = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        name = name.strip()
+        if not sep or not name or not values:
+            raise UsageError(f"--grid expects NAME=V1,V2,..., e.g. --grid C=0.1,1; got {spec!r}")
+        if name in grid:
+            raise UsageError(
+                f"--grid names {name!r} twice; give all its values at once, e.g. "
+                f"--grid {name}=V1,V2,V3"
+            )
+        grid[name] = [_grid_value(v) for v in values.split(",")]
+    return grid
+
+
 def _grid_value(text: str):
     text = text.strip()
     if text.lower() in ("none", "null"):
@@ -196,105 +286,382 @@ def _grid_value(text: str):
     return text
 
 
-def load_xy(path: str, labels: str | None = None):
-    """Features, labels and class names from an HDF5 store, a .npz or a .npy file."""
-    suffix = Path(path).suffix.lower()
-    if suffix in (".h5", ".hdf5"):
-        try:
-            from extract import load_features
-        except ImportError as exc:  # the extract extra is optional
-            raise SystemExit(
-                "mr2-probe: reading HDF5 stores needs the extract extra: "
-                'pip install "mr2-probe[extract]"'
-            ) from exc
-        store = load_features(path, in_memory=True)
-        names = np.asarray(store.class_names) if store.class_names else None
-        y = names[store.labels] if names is not None else store.labels
-        return np.asarray(store.features), y
-    if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as data:
-            x_key = "X" if "X" in data else "features"
-            y_key = "y" if "y" in data else "labels"
-            if x_key not in data or y_key not in data:
-                raise SystemExit(
-                    f"mr2-probe: {path} must hold arrays X and y (or features and labels); "
-                    f"found {sorted(data.files)}"
-                )
-            return data[x_key], data[y_key]
-    if suffix == ".npy":
-        if labels is None:
-            raise SystemExit(f"mr2-probe: {path} holds features only; pass --labels FILE.npy")
-        return np.load(path), np.load(labels)
-    raise SystemExit(
-        f"mr2-probe: unknown feature file type {suffix!r} ({path}); use .h5, .npz or .npy"
-    )
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    grid = _grid(args.grid)
-    X, y = load_xy(args.train, args.labels)
-    if args.test:
-        X_test, y_test = load_xy(args.test, args.test_labels)
-    else:
-        X, X_test, y, y_test = train_test_split(
-            X, y, test_size=args.test_size, stratify=y, random_state=args.seed
-        )
-    verbose = 0 if args.no_progress else 1
-    common = dict(
-        C=args.C,
-        max_iter=args.max_iter,
-        device=args.device,
-        verbose=verbose,
-        random_state=args.seed,
-    )
-    models = {"ERM": _scaled(MR2LinearClassifier(c_bar=None, **common), args.scale)}
-    mr2 = MR2LinearClassifier(c_bar=args.c_bar, lam=args.lam, p=args.p, head=args.head, **common)
-    if grid:
-        mr2.set_params(verbose=0)
-        prefix = "" if args.scale == "none" else "probe__"
-        name = "MR2 grid"
-        models[name] = GridSearchCV(
-            _scaled(mr2, args.scale),
-            {prefix + key: values for key, values in grid.items()},
-            scoring=classwise_scorers(),
-            refit=args.scoring,
-            cv=StratifiedKFold(args.cv, shuffle=True, random_state=args.seed),
-            n_jobs=args.n_jobs,
-        )
-    else:
-        models["MR2"] = _scaled(mr2, args.scale)
+    """Run ``mr2-probe``; returns 0, or exits with status 2 and one line on a mistake."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        parser.exit(130, "mr2-probe: interrupted\n")
+    except (ValueError, OSError, ImportError) as error:
+        # The checks' UsageError, the stores' StoreError (a ValueError), scikit-learn's
+        # InvalidParameterError and ValueErrors about the data, files that fail to open.
+        if args.debug:
+            raise
+        parser.exit(2, f"mr2-probe: error: {_one_line(error)}\n")
 
-    mr2_name = list(models)[-1]
+
+def _run(args) -> int:
+    # Everything that can be wrong with the options and the output folder is found before
+    # any file is read; everything wrong with the inputs, before any fit.
+    _check_options(args)
+    erm, mr2 = _estimators(args)
+    grid = _grid(args.grid)
+    _check_grid(grid, mr2, args)
+    out = _prepare_out(args.out) if args.out else None
+    X, y, X_test, y_test, names = _inputs(args)
+
+    erm_grid = {key: values for key, values in grid.items() if key not in _MR2_ONLY}
+    models = {
+        "ERM grid" if erm_grid else "ERM": _model(erm, erm_grid, args),
+        "MR2 grid" if grid else "MR2": _model(mr2, grid, args),
+    }
+    erm_name, mr2_name = models
     for name, model in models.items():
         print(f"fitting {name} on {X.shape[0]} × {X.shape[1]} features", file=sys.stderr)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            model.fit(X, y)
+        _fit(model, X, y)
     front = None
     if args.tilt or args.offsets:
-        front = _front(models, mr2, X, y, X_test, y_test, args)
-    report = classwise_report(models, y_test, X_test, reference="ERM")
+        base = clone(getattr(models[mr2_name], "best_estimator_", models[mr2_name]))
+        _final(base).set_params(verbose=0)
+        front = _front(models, base, X, y, X_test, y_test, args)
+    fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}
+
+    def named(labels):  # a store's integer codes -> its class names, for the report only
+        return np.asarray(labels) if names is None else np.asarray(names)[labels]
+
+    predictions = {name: named(model.predict(X_test)) for name, model in fitted.items()}
+    report = classwise_report(predictions, named(y_test), reference=erm_name)
+    search = {
+        name: {key.removeprefix("probe__"): v for key, v in model.best_params_.items()}
+        for name, model in models.items()
+        if hasattr(model, "best_params_")
+    }
+    notes = []
+    if _final(fitted[mr2_name]).c_bar is None:
+        how = "the search chose c_bar=None" if "c_bar" in grid else "c_bar=None"
+        notes.append(f"{mr2_name} has no margins: {how}, plain cross-entropy (γ_k = 1)")
+    lines = [
+        f"{name}: best parameters by {args.scoring} ({args.cv}-fold CV): {best}"
+        for name, best in search.items()
+    ] + [f"note: {note}" for note in notes]
+
     print(report.to_text(per_class=args.per_class))
-    if grid:
-        best = {k.removeprefix("probe__"): v for k, v in models[mr2_name].best_params_.items()}
-        print(f"MR2 grid: best parameters by {args.scoring}: {best}")
+    if lines:
+        print("\n".join(lines))
     if front is not None:
         print(front.to_text())
-    if args.out:
-        _write_outputs(Path(args.out), report, models, args, mr2_name, front)
+    if out is not None:
+        data = report.to_dict()
+        if search:
+            data["search"] = {"scoring": args.scoring, "cv": args.cv, "best_params": search}
+        data["notes"] = notes
+        _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names)
     return 0
 
 
-def _front(models: dict, mr2, X, y, X_test, y_test, args):
-    """Fit the front on a validation split, choose by the rule, refit the choice on all of
-    the training data and add it to ``models``."""
+def _check_options(args) -> None:
+    """Check the options that need no file; resolve the deprecated --scale."""
+    if args.scale is not None:
+        if args.feature_scaling not in (None, args.scale):
+            raise UsageError(
+                f"--scale {args.scale} and --feature-scaling {args.feature_scaling} disagree; "
+                "--scale is the deprecated name of --feature-scaling: pass only "
+                "--feature-scaling"
+            )
+        print(
+            "mr2-probe: warning: --scale is deprecated and will be removed in the next "
+            f"release; use --feature-scaling {args.scale} (the cosine head's logit scale is "
+            "--logit-scale)",
+            file=sys.stderr,
+        )
+        args.feature_scaling = args.scale
+    args.feature_scaling = args.feature_scaling or "none"
+    for option, value in (("--test-size", args.test_size), ("--val-size", args.val_size)):
+        if not 0 < value < 1:
+            raise UsageError(
+                f"{option} must be a fraction between 0 and 1 (both excluded), e.g. 0.2; "
+                f"got {value:g}"
+            )
+    if args.cv < 2:
+        raise UsageError(f"--cv must be at least 2 folds, e.g. --cv 3; got {args.cv}")
+    if not 0 <= args.front_bound < 100:
+        raise UsageError(
+            "--front-bound is in points of overall accuracy, between 0 and 100, e.g. 0.5; "
+            f"got {args.front_bound:g}"
+        )
+    if args.test is None and args.test_labels is not None:
+        raise UsageError("--test-labels goes with --test FILE.npy; pass --test or drop it")
+    for option, labels, features in (
+        ("--labels", args.labels, args.train),
+        ("--test-labels", args.test_labels, args.test),
+    ):
+        if labels is not None and Path(features).suffix.lower() != ".npy":
+            raise UsageError(
+                f"{option} is for .npy features only; {features!r} holds its own labels: "
+                f"drop {option}"
+            )
+    try:
+        resolve_device(args.device)
+    except (ValueError, RuntimeError) as error:
+        raise UsageError(f"--device {args.device!r}: {_one_line(error)}") from error
+
+
+def _estimators(args) -> tuple[MR2LinearClassifier, MR2LinearClassifier]:
+    """ERM and MR², unfitted, their parameters checked."""
+    common = dict(
+        head=args.head,
+        C=args.C,
+        max_iter=args.max_iter,
+        device=args.device,
+        verbose=0 if args.no_progress else 1,
+        random_state=args.seed,
+    )
+    if args.logit_scale is not None:
+        common["scale"] = args.logit_scale
+    erm = MR2LinearClassifier(c_bar=None, **common)
+    mr2 = MR2LinearClassifier(c_bar=args.c_bar, lam=args.lam, p=args.p, **common)
+    for probe in (erm, mr2):
+        try:
+            probe._validate_params()  # scikit-learn's own messages, before any work
+        except ValueError as error:
+            options = [o for key, o in _OPTIONS.items() if f"'{key}' parameter" in str(error)]
+            raise UsageError(f"{options[0]}: {_one_line(error)}" if options else error) from error
+    return erm, mr2
+
+
+def _check_grid(grid: dict, mr2: MR2LinearClassifier, args) -> None:
+    """Every --grid name is a parameter of the estimator, every value a valid one."""
+    params = mr2.get_params(deep=False)
+    for name, values in grid.items():
+        if name not in params:
+            close = difflib.get_close_matches(name, params, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(
+                f"--grid {name}: MR2LinearClassifier has no parameter {name!r}; {hint}"
+                f"its parameters are {', '.join(sorted(params))}"
+            )
+        for value in values:
+            try:
+                clone(mr2).set_params(**{name: value})._validate_params()
+            except ValueError as error:
+                raise UsageError(f"--grid {name}={value}: {_one_line(error)}") from error
+    if args.logit_scale is not None and args.head != "cosine" and "head" not in grid:
+        raise UsageError(
+            "--logit-scale sets the cosine head's logit scale; add --head cosine, or drop "
+            "--logit-scale (to scale the features, use --feature-scaling)"
+        )
+
+
+def _prepare_out(path: str) -> Path:
+    """Create the output folder and make sure this run can write there, before any work."""
+    out = Path(path)
+    for folder in (out, *out.parents):
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(
+                f"--out {path!r} cannot be a folder: {str(folder)!r} is a file; choose "
+                "another --out"
+            )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as error:
+        raise UsageError(
+            f"cannot write to --out {path!r} ({error.strerror or error}); choose a folder "
+            "you can write to"
+        ) from error
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise UsageError(
+            '--out draws plots, which need matplotlib: pip install "mr2-probe[plot]"'
+        ) from error
+    return out
+
+
+def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels"):
+    """Features, labels and class names from an HDF5 store, a .npz or a .npy file.
+
+    Returns ``(X, y, class_names)``: the labels as the file holds them (a store's integer
+    codes 0..K-1) and the store's class names (``None`` for NumPy files). Every problem with
+    the file raises a :class:`UsageError` or an ``extract.StoreError`` (both ValueErrors)
+    with a one-line message.
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix not in _FORMATS:
+        raise UsageError(
+            f"unknown feature file type {suffix or '(none)'!r} ({path}); use .h5 (a store "
+            "from mr2-extract), .npz (X and y) or .npy (with --labels)"
+        )
+    names = None
+    if suffix in (".h5", ".hdf5"):
+        X, y, names = _load_store(path)
+        source = path
+    elif suffix == ".npz":
+        X, y = _read(path, _load_npz)
+        source = path
+    else:
+        if labels is None:
+            raise UsageError(f"{path} holds features only; pass {labels_option} FILE.npy")
+        X, y = _read(path, np.load), _read(labels, np.load)
+        source = f"{path} with labels {labels}"
+    _check_xy(np.asarray(X), np.asarray(y), source)
+    return np.asarray(X), np.asarray(y), names
+
+
+def _read(path: str, reader):
+    if not os.path.exists(path):
+        raise UsageError(f"{path!r} does not exist; check the path")
+    try:
+        with open(path, "rb") as file:
+            magic = file.read(6)
+        # np.load reads anything else as a pickle, whose error would talk of allow_pickle.
+        if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY")):
+            raise UsageError(
+                f"{path!r} is not a NumPy file; write features with numpy.save (.npy) or "
+                "numpy.savez (.npz)"
+            )
+        return reader(path)
+    except UsageError:
+        raise
+    except Exception as error:  # a foreign or damaged file fails in many ways (zip, pickle)
+        raise UsageError(
+            f"cannot read {path!r} as {Path(path).suffix or 'a NumPy file'}: "
+            f"{type(error).__name__}: {_one_line(error)}"
+        ) from error
+
+
+def _load_npz(path: str):
+    data = np.load(path, allow_pickle=False)
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise UsageError(f"{path} holds one array, not a .npz archive of X and y")
+    with data:
+        x_key = "X" if "X" in data else "features"
+        y_key = "y" if "y" in data else "labels"
+        if x_key not in data or y_key not in data:
+            raise UsageError(
+                f"{path} must hold arrays X and y (or features and labels); "
+                f"found {sorted(data.files)}"
+            )
+        return data[x_key], data[y_key]
+
+
+def _load_store(path: str):
+    try:
+        from extract import load_features
+    except ImportError as error:  # the extract extra is optional
+        raise UsageError(
+            'reading HDF5 stores needs the extract extra: pip install "mr2-probe[extract]"'
+        ) from error
+    store = load_features(path, in_memory=True)  # StoreError: a one-line ValueError
+    return np.asarray(store.features), np.asarray(store.labels), list(store.class_names)
+
+
+def _check_xy(X: np.ndarray, y: np.ndarray, source: str) -> None:
+    if X.ndim != 2:
+        raise UsageError(
+            f"the features of {source} must be a 2-D array (samples × features); got shape "
+            f"{X.shape}"
+        )
+    if y.ndim != 1:
+        raise UsageError(f"the labels of {source} must be a 1-D array; got shape {y.shape}")
+    if len(X) != len(y):
+        raise UsageError(
+            f"{source}: {len(X)} rows of features but {len(y)} labels; each row needs one label"
+        )
+    if not len(y):
+        raise UsageError(f"{source} holds no samples")
+    if not np.issubdtype(X.dtype, np.number):
+        raise UsageError(f"the features of {source} must be numbers; got dtype {X.dtype}")
+    bad = np.flatnonzero(~np.isfinite(X).all(axis=1))
+    if len(bad):
+        raise UsageError(
+            f"{source}: {len(bad)} of {len(X)} rows hold NaN or infinite features (the first "
+            f"is row {bad[0]}); drop or impute them first"
+        )
+    if y.dtype.kind == "f" and not np.isfinite(y).all():
+        raise UsageError(f"{source}: some labels are NaN or infinite; every row needs a class")
+
+
+def _inputs(args):
+    """Training and test data, checked to describe one task; the class names, if any."""
+    X, y, names = load_xy(args.train, args.labels)
+    if args.test is None:
+        try:
+            X, X_test, y, y_test = train_test_split(
+                X, y, test_size=args.test_size, stratify=y, random_state=args.seed
+            )
+        except ValueError as error:
+            raise UsageError(
+                f"cannot hold out --test-size {args.test_size:g} of {args.train} with every "
+                f"class in both parts: {_one_line(error)}"
+            ) from error
+        return X, y, X_test, y_test, names
+    X_test, y_test, test_names = load_xy(args.test, args.test_labels, "--test-labels")
+    if X_test.shape[1] != X.shape[1]:
+        raise UsageError(
+            f"the test features have {X_test.shape[1]} columns and the training features "
+            f"{X.shape[1]}; use features of the same backbone and settings"
+        )
+    if names is not None and test_names is not None and names != test_names:
+        raise UsageError(
+            f"the class names of {args.train} ({_few(names)}) and {args.test} "
+            f"({_few(test_names)}) differ, so their integer labels name different classes; "
+            "extract both from sources with the same classes"
+        )
+    unseen = set(np.unique(y_test).tolist()) - set(np.unique(y).tolist())
+    if unseen:
+        raise UsageError(
+            f"the test labels hold {len(unseen)} classes absent from the training labels "
+            f"({_few(sorted(unseen, key=str))}); label train and test alike (both class "
+            "names or both the same integer codes)"
+        )
+    return X, y, X_test, y_test, names
+
+
+def _few(values, n: int = 4) -> str:
+    shown = ", ".join(repr(v) for v in list(values)[:n])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > n else "")
+
+
+def _model(probe: MR2LinearClassifier, grid: dict, args):
+    """The probe behind the feature scaling, in a grid search when ``grid`` is not empty."""
+    if not grid:
+        return _scaled(probe, args.feature_scaling)
+    prefix = "" if args.feature_scaling == "none" else "probe__"
+    return GridSearchCV(
+        _scaled(clone(probe).set_params(verbose=0), args.feature_scaling),
+        {prefix + key: values for key, values in grid.items()},
+        scoring=classwise_scorers(),
+        refit=args.scoring,
+        cv=StratifiedKFold(args.cv, shuffle=True, random_state=args.seed),
+        n_jobs=args.n_jobs,
+    )
+
+
+def _fit(model, X, y):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return model.fit(X, y)
+
+
+def _front(models: dict, base, X, y, X_test, y_test, args):
+    """Fit the front of ``base`` (the MR² configuration, tuned when searched) on a
+    validation split, choose by the rule, refit the choice on all of the training data and
+    add it to ``models``."""
     from .front import accuracy_front
 
     X_fit, X_val, y_fit, y_val = train_test_split(
         X, y, test_size=args.val_size, stratify=y, random_state=args.seed
     )
-    base = _scaled(clone(mr2).set_params(verbose=0), args.scale)
     print(f"fitting the front on {len(y_fit)} samples, choosing on {len(y_val)}", file=sys.stderr)
     front = accuracy_front(
         base,
@@ -312,36 +679,41 @@ def _front(models: dict, mr2, X, y, X_test, y_test, args):
     print(
         f"front: the rule chose {chosen.name}; refitting it on all training data", file=sys.stderr
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        models[f"chosen: {chosen.name}"] = clone(chosen.estimator).fit(X, y)
+    models[f"chosen: {chosen.name}"] = _fit(clone(chosen.estimator), X, y)
     return front
 
 
-def _write_outputs(out: Path, report, models: dict, args, mr2_name: str, front=None) -> None:
+def _write_outputs(
+    out: Path, report, lines: list, data: dict, front, fitted: dict, args, mr2_name, names
+) -> None:
+    """Models, class names, options, the three reports (each with the search's choices,
+    the notes and the front), then the figures."""
     from .plotting import plot_class_accuracy, plot_front, plot_group_accuracy, plot_margins
 
-    out.mkdir(parents=True, exist_ok=True)
-    text, markdown, data = (
-        report.to_text(per_class=True),
-        report.to_markdown(per_class=True),
-        report.to_dict(),
-    )
+    # The models first: they are what took the time.
+    joblib.dump(fitted, out / "models.joblib")
+    for name in _CONDITIONAL_OUTPUTS:
+        (out / name).unlink(missing_ok=True)
+    if names is not None:
+        (out / "class_names.json").write_text(json.dumps(names, ensure_ascii=False) + "\n")
+    options = {key: value for key, value in vars(args).items() if key != "scale"}
+    (out / "command.json").write_text(json.dumps(options, indent=2) + "\n")
+    text, markdown = [report.to_text(per_class=True)], [report.to_markdown(per_class=True)]
+    if lines:
+        text.append("\n".join(lines))
+        markdown.append("\n".join(f"- {line}" for line in lines))
     if front is not None:
-        text += "\n\n" + front.to_text()
-        markdown += "\n\n" + front.to_markdown()
+        text.append(front.to_text())
+        markdown.append(front.to_markdown())
         data["front"] = front.to_dict()
-        plot_front(front, out / "front.png")
-    (out / "report.txt").write_text(text + "\n")
-    (out / "report.md").write_text(markdown + "\n")
-    (out / "report.json").write_text(json.dumps(data, indent=2) + "\n")
-    fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}
+    (out / "report.txt").write_text("\n\n".join(text) + "\n")
+    (out / "report.md").write_text("\n\n".join(markdown) + "\n")
+    (out / "report.json").write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     plot_class_accuracy(report, out / "class_accuracy.png", model=mr2_name)
     plot_group_accuracy(report, out / "groups.png")
-    probe = fitted[mr2_name]
-    plot_margins(probe[-1] if isinstance(probe, Pipeline) else probe, out / "margins.png")
-    joblib.dump(fitted, out / "models.joblib")
-    (out / "command.json").write_text(json.dumps(vars(args), indent=2) + "\n")
+    plot_margins(_final(fitted[mr2_name]), out / "margins.png", class_names=names)
+    if front is not None:
+        plot_front(front, out / "front.png")
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)
 
 

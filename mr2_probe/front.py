@@ -62,16 +62,22 @@ class Front:
         raise KeyError(f"No point named {name!r}; points: {[p.name for p in self.points]}.")
 
     def to_dict(self) -> dict:
-        """JSON-ready, in the units of :meth:`ClasswiseReport.to_dict` (fractions)."""
+        """JSON-ready, in percent like :meth:`ClasswiseReport.to_dict` and the tables.
+
+        ``"units": "percent"``; the scores, the rule's ``bound`` and an offsets point's
+        ``value`` (its bound) are in percent (points of accuracy); a tilt point's ``value``
+        is its t, which has no unit.
+        """
         return {
-            "bound": self.bound,
+            "units": "percent",
+            "bound": _percent(self.bound),
             "chosen": self.chosen,
             "rule": _rule(self.bound),
             "points": [
                 {
                     "name": p.name,
                     "lever": p.lever,
-                    "value": p.value,
+                    "value": _percent(p.value) if p.lever == "offsets" else p.value,
                     "validation": _finite(p.validation),
                     "test": None if p.test is None else _finite(p.test),
                 }
@@ -123,8 +129,14 @@ def _cell(value) -> str:
     return "nan" if value is None or not np.isfinite(value) else f"{100 * value:.2f}"
 
 
+def _percent(value: float | None) -> float | None:
+    # Rounded at 1e-10 so that 0.57 is written 57.0, not 56.99999999999999.
+    return None if value is None or not np.isfinite(value) else round(100 * float(value), 10)
+
+
 def _finite(summary: dict) -> dict:
-    return {k: (float(v) if np.isfinite(v) else None) for k, v in summary.items()}
+    """Scores in percent, NaN as None."""
+    return {k: _percent(v) for k, v in summary.items()}
 
 
 def _with_params(estimator, **params):

@@ -16,7 +16,17 @@ from sklearn.utils.validation import check_is_fitted
 from .metrics import GROUP_NAMES
 from .report import ClasswiseReport
 
+# One palette for every figure. The reference (the ERM probe) is light grey wherever it
+# appears; MR² and the front's levers keep one colour each across the class-accuracy,
+# margins, groups and front plots; a change against the reference is green (gain), red
+# (loss) or dark grey (same), and dark grey also draws the reference lines.
 GAIN, LOSS, SAME, REFERENCE = "#2a9d3f", "#d1392b", "#8c8c8c", "#c8c8c8"
+#: Colour of each lever of the front; the models of a report take the colour of the lever
+#: their name contains ("MR2 grid", "chosen: tilt=5").
+LEVER_COLOURS = {"ERM": REFERENCE, "MR2": "#1f5fa8", "tilt": "#e08a1e", "offsets": "#7b3fa0"}
+#: Colours of further models, in order.
+OTHER_COLOURS = ("#17a2b8", "#b5487a", "#8a7a1e", "#3b3b8f", "#5c3a1e")
+_LEVER_ORDER = ("tilt", "offsets", "MR2", "ERM")
 
 
 def _figure(width: float, height: float):
@@ -43,12 +53,53 @@ def _save(fig, path) -> None:
     fig.savefig(os.fspath(path), dpi=120)
 
 
+def model_colours(names, reference: str | None = None) -> dict:
+    """The palette's colour of each model name: grey for ``reference``, a lever's colour for
+    a name that contains the lever (case-insensitive: "MR2 grid", "chosen: tilt=5"), then
+    :data:`OTHER_COLOURS`; no two models share a colour.
+
+    Examples
+    --------
+    >>> from mr2_probe.plotting import LEVER_COLOURS, model_colours
+    >>> colours = model_colours(["ERM", "MR2 grid", "chosen: tilt=2"], reference="ERM")
+    >>> colours["chosen: tilt=2"] == LEVER_COLOURS["tilt"]
+    True
+    """
+    colours, used = {}, set()
+    spare = iter(c for c in OTHER_COLOURS if c not in LEVER_COLOURS.values())
+    for name in names:
+        # tilt and offsets first: "chosen: tilt=5" is a point of the MR² model's tilt.
+        levers = [lever for lever in _LEVER_ORDER if lever.lower() in str(name).lower()]
+        colour = REFERENCE if name == reference else LEVER_COLOURS.get(next(iter(levers), ""))
+        if colour is None or colour in used:
+            colour = next(spare, SAME)
+        colours[name] = colour
+        used.add(colour)
+    return colours
+
+
+def _class_ticks(ax, x, names: list[str], slot: float) -> None:
+    """Class names under the bars, rotated when the longest would overlap its neighbours.
+
+    ``slot`` is the width of one class on the axis in inches; at 10 pt a character takes
+    about 0.09 inch. Names that fit stay horizontal; longer ones turn 45° (anchored at their
+    end, under their bar), and more than 40 classes turn 90°.
+    """
+    fits = max((len(n) for n in names), default=0) * 0.09 <= 0.9 * slot
+    if fits:
+        ax.set_xticks(x, names)
+    else:
+        angle = 45 if len(names) <= 40 else 90
+        ax.set_xticks(x, names, rotation=angle, ha="right", rotation_mode="anchor")
+
+
 def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None):
     """Per-class accuracy of a model beside the reference, classes sorted by the reference.
 
     Grey bars are the reference; the model's bar beside each is green where it gains,
     red where it loses and grey where it ties, with the signed change in points printed
-    above it. Dotted lines separate the easy / medium / hard groups.
+    above it. Dotted lines separate the easy / medium / hard groups. Class names too long
+    to sit side by side (Fashion-MNIST's "T-shirt/top", "Ankle boot") are rotated.
 
     Parameters
     ----------
@@ -87,7 +138,8 @@ def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None)
     colours = np.where(change > 1e-9, GAIN, np.where(change < -1e-9, LOSS, SAME))
 
     x = np.arange(len(order))
-    fig = _figure(max(6.0, 0.35 * len(order) + 2), 4.5)
+    width = max(6.0, 0.35 * len(order) + 2)
+    fig = _figure(width, 4.5)
     ax = fig.add_subplot()
     ax.bar(x - 0.2, ref, width=0.4, color=REFERENCE)
     ax.bar(x + 0.2, other, width=0.4, color=colours.tolist())
@@ -97,7 +149,8 @@ def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None)
     groups = np.asarray(report.groups)[order]
     for boundary in np.flatnonzero(groups[1:] != groups[:-1]):
         ax.axvline(boundary + 0.5, color="black", linestyle=":", linewidth=0.8)
-    ax.set_xticks(x, [str(report.labels[i]) for i in order], rotation=90 if len(x) > 20 else 0)
+    # About 1.5 inch of the figure goes to the y axis and the margins.
+    _class_ticks(ax, x, [str(report.labels[i]) for i in order], (width - 1.5) / max(1, len(x)))
     ax.set_xlabel(f"class (sorted by {report.reference} accuracy; easy | medium | hard)")
     ax.set_ylabel("per-class accuracy (%)")
     # Differences of a few points vanish on a 0-100 axis: start just below the lowest bar.
@@ -111,14 +164,20 @@ def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None)
     return fig
 
 
-def plot_margins(classifier, path):
+def plot_margins(classifier, path, class_names=None):
     """Margin γ_k of each class against its spread msd_k, for a fitted MR² classifier.
+
+    A classifier fitted with ``c_bar=None`` has no margins (γ_k = 1 for every class): the
+    figure says so in its title and draws no mean-margin line.
 
     Parameters
     ----------
     classifier : MR2LinearClassifier
-        Fitted; reads ``margins_``, ``class_stats_["msd"]`` and ``classes_``.
+        Fitted; reads ``margins_``, ``class_stats_["msd"]``, ``classes_`` and ``c_bar``.
     path : str or path-like
+    class_names : sequence of str, default=None
+        Names printed beside the points when ``classes_`` are integer codes 0..K-1 (a
+        feature store's labels): class k is ``class_names[k]``.
 
     Returns
     -------
@@ -140,21 +199,31 @@ def plot_margins(classifier, path):
     check_is_fitted(classifier, ["margins_", "class_stats_"])
     msd = np.asarray(classifier.class_stats_["msd"], dtype=float)
     gamma = np.asarray(classifier.margins_, dtype=float)
+    labels = [str(label) for label in classifier.classes_]
+    if class_names is not None:
+        labels = [str(class_names[int(label)]) for label in classifier.classes_]
     fig = _figure(6.0, 4.5)
     ax = fig.add_subplot()
-    ax.scatter(msd, gamma, color="#1f5fa8")
-    for label, xi, yi in zip(classifier.classes_, msd, gamma, strict=True):
-        ax.annotate(str(label), (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=8)
-    ax.axhline(float(gamma.mean()), color=SAME, linestyle="--", linewidth=0.8)
+    ax.scatter(msd, gamma, color=LEVER_COLOURS["MR2"])
+    for label, xi, yi in zip(labels, msd, gamma, strict=True):
+        ax.annotate(label, (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=8)
     ax.set_xlabel("class spread msd_k (mean squared L_p distance to the class mean)")
     ax.set_ylabel("margin γ_k")
-    ax.set_title("MR² margin per class (dashed: mean margin c̄)")
+    c_bar = getattr(classifier, "c_bar", 1.0)
+    if c_bar is None:
+        ax.set_title("no MR² margins: c_bar=None (plain cross-entropy, γ_k = 1 for every class)")
+    else:
+        ax.axhline(float(gamma.mean()), color=SAME, linestyle="--", linewidth=0.8)
+        ax.set_title(f"MR² margin per class (dashed: mean margin c̄ = {c_bar:g})")
     _save(fig, path)
     return fig
 
 
 def plot_group_accuracy(report: ClasswiseReport, path):
     """Bars of easy / medium / hard / worst-class accuracy, one colour per model.
+
+    Colours come from :func:`model_colours`: the reference grey, MR² blue, as in the other
+    figures.
 
     Parameters
     ----------
@@ -181,12 +250,14 @@ def plot_group_accuracy(report: ClasswiseReport, path):
     columns = (*GROUP_NAMES, "worst")
     x = np.arange(len(columns))
     width = 0.8 / len(report.rows)
+    colours = model_colours(report.rows, report.reference)
     fig = _figure(6.0, 4.0)
     ax = fig.add_subplot()
     for i, (name, row) in enumerate(report.rows.items()):
         # A group with no test sample (None after JSON, or NaN) is drawn as an empty bar.
         heights = 100 * np.nan_to_num(np.array([row[c] for c in columns], dtype=float))
-        bars = ax.bar(x + (i - (len(report.rows) - 1) / 2) * width, heights, width, label=name)
+        offset = (i - (len(report.rows) - 1) / 2) * width
+        bars = ax.bar(x + offset, heights, width, label=name, color=colours[name])
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks(x, list(columns))
     ax.set_xlabel(f"class group (terciles of {report.reference})")
@@ -195,9 +266,6 @@ def plot_group_accuracy(report: ClasswiseReport, path):
     fig.legend(loc="outside lower center", ncols=min(4, len(report.rows)), fontsize=8)
     _save(fig, path)
     return fig
-
-
-LEVER_COLOURS = {"ERM": REFERENCE, "MR2": "#1f5fa8", "tilt": "#e08a1e", "offsets": "#7b3fa0"}
 
 
 def plot_front(front, path, split: str = "test"):

@@ -12,14 +12,16 @@ import numpy as np
 from .metrics import GROUP_NAMES, class_groups, classwise_summary, per_class_accuracy
 
 COLUMNS = ("overall", *GROUP_NAMES, "worst", "std")
+_UNITS = {"percent": 100.0, "fraction": 1.0}
 
 
 @dataclass
 class ClasswiseReport:
     """Class-wise scores of several models, with groups fixed by a reference model.
 
-    Build it with :func:`classwise_report`. Accuracies are fractions; the tables print them
-    in percent.
+    Build it with :func:`classwise_report`. Accuracies are fractions in memory; the text and
+    Markdown tables print them in percent, and :meth:`to_dict` / :meth:`to_json` write them
+    in percent too (with ``"units": "percent"``), so every file of a report reads alike.
 
     Attributes
     ----------
@@ -54,8 +56,16 @@ class ClasswiseReport:
         return _render(self, per_class, _markdown_table)
 
     def to_dict(self) -> dict:
-        """Plain Python types only, NaN as None, ready for ``json.dumps``."""
-        return _finite(asdict(self))
+        """Plain Python types only, accuracies in percent, NaN as None, for ``json.dumps``.
+
+        The dictionary says its units: ``{"units": "percent", "reference": ..., "labels":
+        ..., "groups": ..., "rows": ..., "per_class": ...}``, with ``rows`` and
+        ``per_class`` (the spread ``std`` included) in percent, as the tables print them.
+        """
+        data = asdict(self)
+        data["rows"] = {name: _scaled(row, 100.0) for name, row in self.rows.items()}
+        data["per_class"] = {name: _scaled(v, 100.0) for name, v in self.per_class.items()}
+        return {"units": "percent", **_finite(data)}
 
     def to_json(self, **kwargs) -> str:
         """JSON text of :meth:`to_dict`; keyword arguments go to ``json.dumps``."""
@@ -63,8 +73,25 @@ class ClasswiseReport:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> ClasswiseReport:
-        """Inverse of :meth:`to_dict` (and, through ``json.loads``, of :meth:`to_json`)."""
-        return cls(**{key: data[key] for key in cls.__dataclass_fields__})
+        """Inverse of :meth:`to_dict` (and, through ``json.loads``, of :meth:`to_json`).
+
+        Percentages (``"units": "percent"``) become fractions again and ``None`` becomes
+        NaN. A dictionary without ``"units"`` holds fractions (reports written before the
+        key existed).
+        """
+        units = data.get("units", "fraction")
+        if units not in _UNITS:
+            raise ValueError(
+                f"units must be one of {sorted(_UNITS)}, got {units!r}; a report written by "
+                "ClasswiseReport.to_dict says 'percent'."
+            )
+        fields = {key: data[key] for key in cls.__dataclass_fields__}
+        scale = 1 / _UNITS[units]
+        fields["rows"] = {name: _scaled(row, scale) for name, row in fields["rows"].items()}
+        fields["per_class"] = {
+            name: _scaled(values, scale) for name, values in fields["per_class"].items()
+        }
+        return cls(**fields)
 
     def __str__(self) -> str:
         return self.to_text()
@@ -169,6 +196,17 @@ def _markdown_table(header: list, rows: list) -> str:
     lines = ["| " + " | ".join(header) + " |", "|---" + "|--:" * (len(header) - 1) + "|"]
     lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _scaled(value, factor: float):
+    """Accuracies times ``factor`` (a dict's values, a list's items); None reads as NaN."""
+    if isinstance(value, dict):
+        return {key: _scaled(v, factor) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_scaled(v, factor) for v in value]
+    value = math.nan if value is None else float(value)
+    # Rounded at 1e-10 so that 0.57 is written 57.0, not 56.99999999999999.
+    return round(value * factor, 10) if factor != 1 else value
 
 
 def _finite(value):

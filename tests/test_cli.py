@@ -1,13 +1,26 @@
-"""The mr2-probe command line: inputs, grid search, outputs and errors."""
+"""The mr2-probe command line: inputs, grid search, outputs, label convention and errors."""
 
+import importlib.util
 import json
+import os
+import shutil
+import subprocess
+import sys
 
 import joblib
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
 
-from mr2_probe.cli import _grid, main
+from mr2_probe.cli import UsageError, _grid, main
+
+FASHION = ["T-shirt/top", "Trouser", "Ankle boot"]
+OUTPUTS = {
+    "report.txt", "report.md", "report.json", "class_accuracy.png", "margins.png",
+    "groups.png", "models.joblib", "command.json",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -22,20 +35,46 @@ def digits_files(tmp_path_factory):
     return folder
 
 
+def _blobs(n_per_class: int, seed: int, d: int = 6):
+    rng = np.random.default_rng(seed)
+    centres = np.random.default_rng(0).normal(scale=3.0, size=(3, d))
+    y = np.repeat(np.arange(3), n_per_class)
+    return (centres[y] + rng.normal(size=(len(y), d))).astype(np.float32), y
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Small inputs, good and broken, for the options and the errors."""
+    folder = tmp_path_factory.mktemp("inputs")
+    X, y = _blobs(30, seed=1)
+    X_test, y_test = _blobs(10, seed=2)
+    np.savez(folder / "train.npz", X=X, y=y)
+    np.savez(folder / "test.npz", X=X_test, y=y_test)
+    np.savez(folder / "names.npz", X=X_test, y=np.array(FASHION)[y_test])
+    np.savez(folder / "wide.npz", X=np.c_[X_test, X_test], y=y_test)
+    np.savez(folder / "other.npz", a=X, b=y)
+    np.savez(folder / "cube.npz", X=X[:, :, None], y=y)
+    with_nan = X.copy()
+    with_nan[5, 2] = np.nan
+    np.savez(folder / "nan.npz", X=with_nan, y=y)
+    np.save(folder / "X.npy", X)
+    np.save(folder / "y.npy", y)
+    np.save(folder / "y_short.npy", y[:-1])
+    (folder / "garbage.npz").write_bytes(b"not numpy at all")
+    (folder / "notes.txt").write_text("a regular file\n")
+    return folder
+
+
+def _error(argv, capsys):
+    """Exit status and stderr lines of a run that must fail."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    return info.value.code, capsys.readouterr().err.strip().splitlines()
+
+
 def test_train_and_test_files_print_the_classwise_table(digits_files, capsys):
-    assert (
-        main(
-            [
-                str(digits_files / "train.npz"),
-                "--test",
-                str(digits_files / "test.npz"),
-                "--c-bar",
-                "1",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    argv = [str(digits_files / "train.npz"), "--test", str(digits_files / "test.npz")]
+    assert main([*argv, "--c-bar", "1", "--no-progress"]) == 0
     out = capsys.readouterr().out
     header, _, erm, mr2 = out.splitlines()[:4]
     assert header.split()[1:] == ["overall", "easy", "medium", "hard", "worst", "std"]
@@ -43,38 +82,40 @@ def test_train_and_test_files_print_the_classwise_table(digits_files, capsys):
     assert float(erm.split()[1]) > 90
 
 
-def test_grid_search_writes_report_plots_and_models(digits_files, tmp_path, capsys):
+def test_grid_search_tunes_erm_and_mr2_alike(files, tmp_path, capsys):
     out = tmp_path / "run"
-    main(
-        [
-            str(digits_files / "X.npy"),
-            "--labels",
-            str(digits_files / "y.npy"),
-            "--test-size",
-            "0.3",
-            "--grid",
-            "c_bar=none,1",
-            "--grid",
-            "C=0.1,1",
-            "--cv",
-            "2",
-            "--scoring",
-            "balanced_accuracy",
-            "--out",
-            str(out),
-            "--no-progress",
-        ]
-    )
+    argv = [str(files / "X.npy"), "--labels", str(files / "y.npy"), "--test-size", "0.3"]
+    argv += ["--grid", "c_bar=none,1", "--grid", "C=0.1,1", "--cv", "2"]
+    main([*argv, "--scoring", "balanced_accuracy", "--out", str(out), "--no-progress"])
     printed = capsys.readouterr().out
-    assert "MR2 grid: best parameters by balanced_accuracy" in printed
+    assert "ERM grid: best parameters by balanced_accuracy (2-fold CV): {'C': " in printed
+    assert "MR2 grid: best parameters by balanced_accuracy (2-fold CV): {'C': " in printed
     report = json.loads((out / "report.json").read_text())
-    assert report["reference"] == "ERM" and set(report["rows"]) == {"ERM", "MR2 grid"}
-    assert len(report["labels"]) == 10
+    assert report["reference"] == "ERM grid" and set(report["rows"]) == {"ERM grid", "MR2 grid"}
+    assert report["labels"] == [0, 1, 2]
+    # ERM searched the parameter it shares (C), not the margins.
+    best = report["search"]["best_params"]
+    assert set(best["ERM grid"]) == {"C"} and set(best["MR2 grid"]) == {"C", "c_bar"}
+    assert report["search"]["scoring"] == "balanced_accuracy"
+    assert set(os.listdir(out)) == OUTPUTS  # an .npy input has no class names
     for name in ("class_accuracy.png", "groups.png", "margins.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     models = joblib.load(out / "models.joblib")
-    assert models["MR2 grid"].c_bar in (None, 1)
-    assert "| ERM |" in (out / "report.md").read_text().replace("  ", " ")
+    assert models["ERM grid"].c_bar is None and models["ERM grid"].C == best["ERM grid"]["C"]
+    assert models["MR2 grid"].c_bar == best["MR2 grid"]["c_bar"]
+    assert "| ERM grid |" in (out / "report.md").read_text().replace("  ", " ")
+
+
+def test_search_that_drops_the_margins_says_so(files, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--grid", "c_bar=none"]
+    assert main([*argv, "--grid", "lam=0", "--cv", "2", "--out", str(out), "--no-progress"]) == 0
+    # lam only shapes MR²: ERM has nothing to search and stays a plain fit.
+    assert "ERM grid" not in capsys.readouterr().out
+    note = "MR2 grid has no margins: the search chose c_bar=None"
+    assert note in (out / "report.txt").read_text()
+    assert note in (out / "report.md").read_text()
+    assert json.loads((out / "report.json").read_text())["notes"][0].startswith(note)
 
 
 @pytest.mark.parametrize(
@@ -88,23 +129,209 @@ def test_grid_specs(spec, expected):
     assert _grid(spec) == expected
 
 
+NEEDS_H5 = pytest.mark.skipif(
+    importlib.util.find_spec("h5py") is None, reason="HDF5 stores need the extract extra"
+)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["X.npy"], "pass --labels"),
-        (["train.npz", "--grid", "c_bar"], "--grid expects NAME=V1,V2"),
-        (["X.csv"], "unknown feature file type"),
+        # Inputs that are missing, unreadable or not what they claim.
+        (["{d}/missing.npz"], "'{d}/missing.npz' does not exist; check the path"),
+        (["{d}/X.npy", "--labels", "{d}/missing.npy"], "'{d}/missing.npy' does not exist"),
+        (["{d}/garbage.npz"], "'{d}/garbage.npz' is not a NumPy file"),
+        (["{d}/other.npz"], "must hold arrays X and y (or features and labels); found ['a', "),
+        (["{d}/X.npy"], "holds features only; pass --labels FILE.npy"),
+        (["{d}/X.csv"], "unknown feature file type '.csv'"),
+        (["{d}/train.npz", "--labels", "{d}/y.npy"], "--labels is for .npy features only"),
+        pytest.param(["{d}/missing.h5"], "'{d}/missing.h5' does not exist", marks=NEEDS_H5),
+        pytest.param(["{d}/garbage.h5"], "is not an HDF5 file", marks=NEEDS_H5),
+        pytest.param(["{d}/no_labels.h5"], "it has no 'labels' dataset", marks=NEEDS_H5),
+        pytest.param(["{d}/no_names.h5"], "it has no 'class_names' dataset", marks=NEEDS_H5),
+        pytest.param(["{d}/partial.h5"], "has 30 of 90 rows not extracted yet", marks=NEEDS_H5),
+        # Data that cannot be fitted.
+        (["{d}/X.npy", "--labels", "{d}/y_short.npy"], "90 rows of features but 89 labels"),
+        (["{d}/nan.npz"], "1 of 90 rows hold NaN or infinite features (the first is row 5)"),
+        (["{d}/cube.npz"], "must be a 2-D array (samples × features); got shape (90, 6, 1)"),
+        (["{d}/train.npz", "--test", "{d}/wide.npz"], "test features have 12 columns"),
+        (["{d}/train.npz", "--test", "{d}/names.npz"], "3 classes absent from the training"),
+        pytest.param(
+            ["{d}/store.h5", "--test", "{d}/renamed.h5"],
+            "so their integer labels name different classes",
+            marks=NEEDS_H5,
+        ),
+        # Options out of range, found before anything is read.
+        (["{d}/train.npz", "--test-size", "1.5"], "--test-size must be a fraction between 0"),
+        (["{d}/train.npz", "--test-size", "0"], "--test-size must be a fraction between 0"),
+        (["{d}/train.npz", "--test-size", "-0.2"], "--test-size must be a fraction between 0"),
+        (["{d}/train.npz", "--val-size", "1.5"], "--val-size must be a fraction between 0"),
+        (["{d}/train.npz", "--val-size", "0"], "--val-size must be a fraction between 0"),
+        (["{d}/train.npz", "--val-size", "-0.1"], "--val-size must be a fraction between 0"),
+        (["{d}/train.npz", "--lam", "-1"], "--lam: The 'lam' parameter of MR2LinearClassifier"),
+        (["{d}/train.npz", "--cv", "1", "--grid", "C=1"], "--cv must be at least 2 folds"),
+        (["{d}/train.npz", "--front-bound", "100"], "--front-bound is in points"),
+        (["{d}/train.npz", "--logit-scale", "16"], "add --head cosine, or drop --logit-scale"),
+        (
+            ["{d}/train.npz", "--scale", "l2", "--feature-scaling", "standard"],
+            "--scale l2 and --feature-scaling standard disagree",
+        ),
+        # Grids, checked against the estimator before any fit.
+        (["{d}/train.npz", "--grid", "c_bar"], "--grid expects NAME=V1,V2"),
+        (["{d}/train.npz", "--grid", "C=1", "--grid", "C=2"], "--grid names 'C' twice"),
+        (["{d}/train.npz", "--grid", "Cc=1,2"], "no parameter 'Cc'; did you mean 'C'?"),
+        (["{d}/train.npz", "--grid", "C=1,-1"], "--grid C=-1: The 'C' parameter"),
+        # Outputs that cannot be written, found before any work.
+        (["{d}/train.npz", "--out", "{d}/notes.txt"], "'{d}/notes.txt' is a file"),
+        (["{d}/train.npz", "--out", "{d}/notes.txt/run"], "'{d}/notes.txt' is a file"),
     ],
 )
-def test_clear_errors(digits_files, argv, message):
-    argv = [str(digits_files / argv[0]), *argv[1:]]
-    with pytest.raises(SystemExit, match=message):
-        main(argv)
+def test_mistakes_end_in_one_line_and_status_2(files, stores, argv, message, capsys):
+    argv = [arg.format(d=files) for arg in argv]
+    code, lines = _error([*argv, "--no-progress"], capsys)
+    assert code == 2
+    # One line: no traceback, and no "fitting ..." line either (nothing was fitted).
+    assert len(lines) == 1 and lines[0].startswith("mr2-probe: error: "), lines
+    assert message.format(d=files) in lines[0]
 
 
-def test_help_explains_options_with_examples(capsys):
+def test_debug_shows_the_traceback(files):
+    with pytest.raises(UsageError, match="does not exist"):
+        main([str(files / "missing.npz"), "--debug"])
+
+
+def _capabilities_without_override():
+    """A command prefix under which this process's user is refused an unwritable folder."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to drop root's permission override")
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
+
+
+def test_unwritable_out_is_refused_before_any_work(files, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    command = [*_capabilities_without_override(), sys.executable, "-m", "mr2_probe.cli"]
+    command += [str(files / "train.npz"), "--out", str(locked), "--no-progress"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [
+        f"mr2-probe: error: cannot write to --out {str(locked)!r} (Permission denied); "
+        "choose a folder you can write to"
+    ]
+    assert os.listdir(locked) == []
+
+
+def test_feature_scaling_logit_scale_and_the_deprecated_scale(files, tmp_path, capsys):
+    data = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--no-progress"]
+    assert main([*data, "--feature-scaling", "standard", "--out", str(tmp_path / "a")]) == 0
+    models = joblib.load(tmp_path / "a" / "models.joblib")
+    for model in models.values():
+        assert isinstance(model, Pipeline) and isinstance(model[0], StandardScaler)
+    assert "deprecated" not in capsys.readouterr().err
+
+    assert main([*data, "--scale", "standard", "--out", str(tmp_path / "b")]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "deprecated" in line]
+    assert warning == [
+        "mr2-probe: warning: --scale is deprecated and will be removed in the next release; "
+        "use --feature-scaling standard (the cosine head's logit scale is --logit-scale)"
+    ]
+    models = joblib.load(tmp_path / "b" / "models.joblib")
+    assert all(isinstance(model[0], StandardScaler) for model in models.values())
+
+    cosine = ["--head", "cosine", "--logit-scale", "16", "--out", str(tmp_path / "c")]
+    assert main([*data, *cosine]) == 0
+    models = joblib.load(tmp_path / "c" / "models.joblib")
+    # Both probes get the head and its logit scale: ERM is MR² without margins.
+    assert [(m.head, m.scale, m.c_bar) for m in models.values()] == [
+        ("cosine", 16.0, None), ("cosine", 16.0, 1.0),
+    ]  # fmt: skip
+
+
+def _store(path, X, y, class_names, done=True):
+    """A feature store written with extract's own writer."""
+    import h5py
+
+    from extract._store import DONE, create_store, write_rows
+
+    n = len(y)
+    create_store(
+        path, provenance={"format_version": 2}, record={}, dim=X.shape[1], dtype="float32",
+        labels=y, indices=np.arange(n), ids=[f"item/{i:05d}" for i in range(n)],
+        class_names=class_names, file_size=np.full(n, -1), file_mtime_ns=np.full(n, -1),
+    )  # fmt: skip
+    rows = n if done else 2 * n // 3
+    with h5py.File(path, "r+") as f:
+        write_rows(f, 0, X[:rows], np.full(rows, DONE, np.uint8), [""] * rows, [""] * rows)
+    return path
+
+
+@pytest.fixture(scope="module")
+def stores(files):
+    """Stores (and broken HDF5 files) beside the NumPy inputs, where h5py is installed."""
+    try:
+        import h5py
+    except ImportError:
+        return None
+    X, y = _blobs(30, seed=1)
+    X_test, y_test = _blobs(10, seed=2)
+    _store(files / "store.h5", X, y, FASHION)
+    _store(files / "store_test.h5", X_test, y_test, FASHION)
+    _store(files / "renamed.h5", X_test, y_test, ["Sandal", "Shirt", "Bag"])
+    _store(files / "partial.h5", X, y, FASHION, done=False)
+    (files / "garbage.h5").write_bytes(b"not hdf5")
+    for name, keep in (("no_labels.h5", "class_names"), ("no_names.h5", "labels")):
+        with h5py.File(files / name, "w") as f:
+            f["features"] = X
+            f[keep] = y if keep == "labels" else FASHION
+    return files
+
+
+@NEEDS_H5
+def test_saved_models_score_a_store_as_extract_loads_it(stores, tmp_path, capsys):
+    from extract import load_features
+
+    out = tmp_path / "run"
+    argv = [str(stores / "store.h5"), "--test", str(stores / "store_test.h5"), "--out", str(out)]
+    assert main([*argv, "--per-class", "--no-progress"]) == 0
+    assert set(os.listdir(out)) == OUTPUTS | {"class_names.json"}
+    models = joblib.load(out / "models.joblib")
+    report = json.loads((out / "report.json").read_text())
+    with load_features(stores / "store_test.h5") as store:  # features stay on disk
+        for name, model in models.items():
+            # The convention: models learn and predict the store's integer labels.
+            accuracy = model.score(store.features, store.labels)
+            assert 100 * accuracy == pytest.approx(report["rows"][name]["overall"])
+            assert set(model.predict(store.features)) <= {0, 1, 2}
+    names = json.loads((out / "class_names.json").read_text())
+    assert names == FASHION
+    # The report speaks of the class names.
+    assert report["labels"] == sorted(FASHION) and "Ankle boot" in capsys.readouterr().out
+
+
+def test_a_failed_plot_loses_no_fit(files, tmp_path, monkeypatch):
+    """The models are written before the figures."""
+    import mr2_probe.plotting
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no figures today")
+
+    monkeypatch.setattr(mr2_probe.plotting, "plot_class_accuracy", broken)
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="no figures today"):
+        main([str(files / "train.npz"), "--out", str(out), "--no-progress"])
+    assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
+
+
+def test_help_explains_options_outputs_and_labels(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     text = capsys.readouterr().out
-    for option in ("--test", "--grid", "--scoring", "--c-bar", "--out", "examples:"):
+    for option in ("--test", "--grid", "--scoring", "--c-bar", "--out", "--feature-scaling"):
         assert option in text
+    for words in ("--logit-scale", "--debug", "examples:", 'models["ERM"].score(store'):
+        assert words in text
+    for name in (*OUTPUTS, "front.png", "class_names.json"):
+        assert name in text

@@ -68,10 +68,10 @@ def test_quickstart_writes_json_and_figures(tmp_path):
     output = _run("quickstart.py", "--per-class", "--json", str(tmp_path / "report.json"),
                   "--plots", str(tmp_path / "figures"))  # fmt: skip
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["reference"] == "ERM"
+    assert report["reference"] == "ERM" and report["units"] == "percent"
     assert report["labels"] == list(range(10))
     for name, row in _table(output).items():
-        assert row[0] == pytest.approx(100 * report["rows"][name]["overall"], abs=0.006)
+        assert row[0] == pytest.approx(report["rows"][name]["overall"], abs=0.006)
     for figure in ("per_class.png", "groups.png", "margins.png"):
         assert (tmp_path / "figures" / figure).read_bytes()[:4] == b"\x89PNG"
 

@@ -5,6 +5,7 @@ import json
 import joblib
 import numpy as np
 import pytest
+from matplotlib.colors import to_hex
 from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -12,7 +13,7 @@ from sklearn.preprocessing import StandardScaler
 from mr2_probe import MR2LinearClassifier
 from mr2_probe.cli import main
 from mr2_probe.front import Front, FrontPoint, accuracy_front, choose_point
-from mr2_probe.plotting import plot_front
+from mr2_probe.plotting import LEVER_COLOURS, plot_front
 
 
 def _point(name, overall, worst, lever="tilt"):
@@ -101,8 +102,16 @@ def test_front_tables_and_json(front):
     assert "← chosen" in text and "within 0.5 pt of ERM's" in text
     assert markdown.count("\n|") == len(front.points) + 2  # header, rule, rows
     assert json.loads(json.dumps(data))["chosen"] == front.chosen
+    # Percent, like the tables and ClasswiseReport.to_dict.
+    assert data["units"] == "percent" and data["bound"] == 0.5
     erm = data["points"][0]
-    assert erm["name"] == "ERM" and 0 < erm["validation"]["overall"] <= 1
+    assert erm["name"] == "ERM"
+    for split in ("validation", "test"):
+        in_percent = {k: 100 * v for k, v in getattr(front.points[0], split).items()}
+        assert erm[split] == pytest.approx(in_percent)
+    # An offsets point's value is its bound in points; a tilt point's is its t.
+    values = {p["name"]: p["value"] for p in data["points"]}
+    assert values["offsets≤1pt"] == 1.0 and values["tilt=5"] == 5.0
 
 
 def test_plot_front(front, tmp_path):
@@ -112,6 +121,10 @@ def test_plot_front(front, tmp_path):
     assert [line.get_label() for line in left.lines if not line.get_label().startswith("_")][
         :4
     ] == ["ERM", "MR2", "tilt", "offsets"]
+    # The palette shared by every figure.
+    for line in left.lines:
+        if line.get_label() in LEVER_COLOURS:
+            assert to_hex(line.get_color()) == LEVER_COLOURS[line.get_label()]
     tilt = next(line for line in left.lines if line.get_label() == "tilt")
     # The tilt curve starts at the untilted MR² point: 1 + two tilts.
     assert len(tilt.get_xdata()) == 3
@@ -139,6 +152,10 @@ def test_cli_front(features, capsys):
     assert "accuracy front" in printed and "← chosen" in printed
     report = json.loads((out / "report.json").read_text())
     chosen = report["front"]["chosen"]
+    assert report["units"] == report["front"]["units"] == "percent"
+    # The front's ERM (fitted without the validation split) scores near the report's ERM.
+    erm = report["front"]["points"][0]["test"]["overall"]
+    assert erm == pytest.approx(report["rows"]["ERM"]["overall"], abs=5)
     assert f"chosen: {chosen}" in report["rows"]
     assert (out / "front.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "accuracy front" in (out / "report.txt").read_text()

@@ -15,9 +15,12 @@ from sklearn.exceptions import NotFittedError  # noqa: E402
 from mr2_probe import MR2LinearClassifier  # noqa: E402
 from mr2_probe.plotting import (  # noqa: E402
     GAIN,
+    LEVER_COLOURS,
     LOSS,
+    OTHER_COLOURS,
     REFERENCE,
     SAME,
+    model_colours,
     plot_class_accuracy,
     plot_group_accuracy,
     plot_margins,
@@ -66,6 +69,29 @@ def test_class_accuracy_plot(tmp_path, report):
     assert legend == ["ERM", "MR2: gain", "MR2: loss", "MR2: same"]
 
 
+FASHION = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+           "Sneaker", "Bag", "Ankle boot"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "names, rotation",
+    [
+        (FASHION, 45),  # ten Fashion-MNIST names overlap side by side
+        ([str(k) for k in range(10)], 0),  # digits fit
+        ([f"class {k}" for k in range(50)], 90),  # many classes stand upright
+    ],
+)
+def test_long_class_names_are_rotated(tmp_path, names, rotation):
+    y = np.repeat(np.array(names), 2)
+    report = classwise_report({"ERM": y, "MR2": np.roll(y, 1)}, y)
+    fig = plot_class_accuracy(report, tmp_path / "classes.png")
+    labels = fig.axes[0].get_xticklabels()
+    assert sorted(t.get_text() for t in labels) == sorted(names)
+    assert {t.get_rotation() for t in labels} == {rotation}
+    if rotation:  # anchored at the end of the name, under its bar
+        assert {t.get_horizontalalignment() for t in labels} == {"right"}
+
+
 def test_class_accuracy_plot_rejects_unknown_model(tmp_path, report):
     with pytest.raises(ValueError, match="model must be one of"):
         plot_class_accuracy(report, tmp_path / "x.png", model="LR")
@@ -85,6 +111,28 @@ def test_group_accuracy_plot(tmp_path, report):
         np.testing.assert_allclose([b.get_height() for b in container], expected)
     assert ax.get_ylabel() == "accuracy (%)"
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["ERM", "MR2"]
+    # The palette of every figure: the reference grey, MR² in its lever colour.
+    colours = [{to_hex(b.get_facecolor()) for b in c} for c in ax.containers]
+    assert colours == [{REFERENCE}, {LEVER_COLOURS["MR2"]}]
+
+
+@pytest.mark.parametrize(
+    "names, reference, expected",
+    [
+        (["ERM", "MR2"], "ERM", [REFERENCE, LEVER_COLOURS["MR2"]]),
+        (
+            ["ERM grid", "MR2 grid", "chosen: tilt=5"],
+            "ERM grid",
+            [REFERENCE, LEVER_COLOURS["MR2"], LEVER_COLOURS["tilt"]],
+        ),
+        (["erm", "mr2", "chosen: offsets≤1pt"], "erm", [REFERENCE, LEVER_COLOURS["MR2"],
+                                                         LEVER_COLOURS["offsets"]]),
+        # No two models share a colour: a second ERM-like name takes the next spare one.
+        (["ERM", "chosen: ERM", "LR"], "ERM", [REFERENCE, *OTHER_COLOURS[:2]]),
+    ],
+)  # fmt: skip
+def test_model_colours(names, reference, expected):
+    assert list(model_colours(names, reference).values()) == expected
 
 
 @pytest.mark.parametrize("c_bar", [None, 2.0])
@@ -106,7 +154,23 @@ def test_margin_plot(tmp_path, c_bar):
     assert [t.get_text() for t in ax.texts] == ["a", "b", "c"]
     assert ax.get_ylabel() == "margin γ_k"
     assert ax.get_xlabel().startswith("class spread msd_k")
-    assert ax.lines[0].get_ydata()[0] == pytest.approx(1.0 if c_bar is None else c_bar)
+    assert to_hex(ax.collections[0].get_facecolor()[0]) == LEVER_COLOURS["MR2"]
+    if c_bar is None:
+        # No margins: the title says so, and there is no mean-margin line to draw.
+        assert ax.get_title().startswith("no MR² margins: c_bar=None")
+        assert len(ax.lines) == 0
+    else:
+        assert ax.get_title() == "MR² margin per class (dashed: mean margin c̄ = 2)"
+        assert ax.lines[0].get_ydata()[0] == pytest.approx(c_bar)
+
+
+def test_margin_plot_names_integer_classes(tmp_path):
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], 20)
+    X = rng.normal(size=(60, 3)) + 3 * y[:, None]
+    clf = MR2LinearClassifier(max_iter=30, device="cpu").fit(X, y)
+    fig = plot_margins(clf, tmp_path / "margins.png", class_names=["Bag", "Coat", "Shirt"])
+    assert [t.get_text() for t in fig.axes[0].texts] == ["Bag", "Coat", "Shirt"]
 
 
 def test_margin_plot_needs_a_fitted_classifier(tmp_path):

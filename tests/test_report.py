@@ -86,14 +86,47 @@ def test_markdown_table(report):
     assert "| eel | hard | 50.00 | 100.00 |" in lines
 
 
+def _assert_same(read, report):
+    assert (read.reference, read.labels, read.groups) == (
+        report.reference, report.labels, report.groups,
+    )  # fmt: skip
+    for name, row in report.rows.items():
+        assert read.rows[name] == pytest.approx(row, nan_ok=True)
+        assert read.per_class[name] == pytest.approx(report.per_class[name], nan_ok=True)
+
+
 @pytest.mark.parametrize("labels", [Y, np.array([3, 3, 1, 1, 2, 2])])
 def test_json_round_trips(labels):
     models = {name: labels[np.searchsorted(Y, pred)] for name, pred in MODELS.items()}
     report = classwise_report(models, labels)
     data = json.loads(report.to_json())
     assert data == report.to_dict()
-    assert ClasswiseReport.from_dict(data) == report
+    _assert_same(ClasswiseReport.from_dict(data), report)
     assert data["labels"] == sorted(np.unique(labels).tolist())
+
+
+def test_json_is_in_percent_like_the_tables(report):
+    data = report.to_dict()
+    assert data["units"] == "percent"
+    # The same numbers as the text table's row "erm 66.67 100.00 50.00 50.00 50.00 23.57".
+    assert data["rows"]["erm"] == pytest.approx(
+        {"overall": 66.6667, "easy": 100, "medium": 50, "hard": 50, "worst": 50, "std": 23.5702},
+        abs=1e-4,
+    )
+    assert data["per_class"]["mr2"] == [50.0, 100.0, 100.0]
+    # Rounded where a product is not exact: 0.57 is written 57.0.
+    report.rows["erm"]["overall"] = 0.57
+    assert report.to_dict()["rows"]["erm"]["overall"] == 57.0
+
+
+def test_from_dict_reads_fractions_without_units_and_refuses_unknown_units(report):
+    data = report.to_dict()
+    old = {key: value for key, value in data.items() if key != "units"}
+    old["rows"] = report.rows
+    old["per_class"] = report.per_class
+    assert ClasswiseReport.from_dict(old) == report
+    with pytest.raises(ValueError, match="units must be one of"):
+        ClasswiseReport.from_dict({**data, "units": "permille"})
 
 
 def test_json_writes_missing_groups_as_null():
@@ -104,3 +137,5 @@ def test_json_writes_missing_groups_as_null():
     assert "NaN" not in text
     assert json.loads(text)["rows"]["a"]["medium"] is None
     assert report.to_text().splitlines()[2].split()[3] == "nan"
+    # Read back, the missing score is NaN again.
+    assert np.isnan(ClasswiseReport.from_dict(json.loads(text)).rows["a"]["medium"])
