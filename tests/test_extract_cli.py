@@ -84,14 +84,6 @@ def _old_store(path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    def forbidden(*args, **kwargs):
-        raise AssertionError("a model was loaded before the output was checked")
-
-    monkeypatch.setattr("extract._runner.create_backbone", forbidden)
-
-
 @pytest.mark.parametrize(
     "make_out, match",
     [

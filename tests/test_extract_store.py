@@ -396,16 +396,6 @@ def test_fashion_mnist_store_is_tied_to_its_idx_files(tmp_path):
         assert f["content_sha256"][0].decode() != hashlib.sha256(pixels[0]).hexdigest()
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    """Fail if a model is loaded: output checks must come before any work."""
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("a model was loaded before the output was checked")
-
-    monkeypatch.setattr("extract._runner.create_backbone", forbidden)
-
-
 @pytest.mark.parametrize(
     "make, match",
     [
