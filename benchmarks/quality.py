@@ -140,9 +140,10 @@ def build_methods(C_GRID):
 
 
 TILTS = [0.5, 1.0, 2.0, 5.0, 10.0]
-# The offsets' bound on the tuning folds' accuracy: the rule's own (one configuration,
-# since each costs the folds' fits; mr2-probe --offsets sweeps bounds on one set of folds).
-OFFSET_BOUNDS = [0.005]
+# The offsets' bound on the tuning split's accuracy: half the rule's, which leaves room for
+# the gap between the tuning split and the validation split (one configuration, since
+# each costs two fits; mr2-probe --offsets sweeps bounds on one set of folds instead).
+OFFSET_BOUNDS = [0.0025]
 ERM = "ERM (c_bar=None ≡ LogisticRegression, std)"
 
 
@@ -275,7 +276,7 @@ def run_seed(X, y, X_test, y_test, methods, seed, refits, bound=None):
     overall accuracy at least the first method's minus ``bound``.
     """
     X_tr, X_val, y_tr, y_val = train_test_split(X, y, test_size=0.1, stratify=y, random_state=seed)
-    predictions, chosen, floor, solutions = {}, {}, None, {}
+    predictions, chosen, floor, solutions, validation = {}, {}, None, {}, {}
     for name, method in methods.items():
         start = time.perf_counter()
         configs = method.configs(chosen) if callable(method.configs) else method.configs
@@ -297,6 +298,12 @@ def run_seed(X, y, X_test, y_test, methods, seed, refits, bound=None):
         fitted = fitted[len(fitted) - len(configs) :]  # the start, if any, is not a candidate
         index = choose(scores, floor)
         best = configs[index]
+        validation[name] = {
+            "worst": scores[index][0],
+            "overall": scores[index][1],
+            # False when no configuration met the rule and the closest one was kept.
+            "within_rule": floor is None or scores[index][1] >= floor - 1e-12,
+        }
         if bound is not None and floor is None:
             floor = scores[index][1] - bound
         seeded = method.seeded or method.warm
@@ -315,7 +322,11 @@ def run_seed(X, y, X_test, y_test, methods, seed, refits, bound=None):
     reference = predictions[next(iter(methods))]
     groups = difficulty_groups(per_class_accuracy(y_test, reference))
     summaries = {
-        name: {**classwise_summary(y_test, pred, groups), "config": chosen[name]}
+        name: {
+            **classwise_summary(y_test, pred, groups),
+            "config": chosen[name],
+            "validation": validation[name],
+        }
         for name, pred in predictions.items()
     }
     return summaries, reference
@@ -341,7 +352,10 @@ def table(dataset: str, results: list[dict]) -> str:
         for column in COLUMNS:
             values = 100 * np.array([r[name][column] for r in results])
             cells.append(f"{values.mean():.2f} ± {values.std():.2f}")
-        lines.append(f"| {dataset} | {name} | " + " | ".join(cells) + " |")
+        # †: in some seed no configuration kept validation overall accuracy within the
+        # rule's bound, and the one closest to it was used.
+        outside = any(not r[name].get("validation", {}).get("within_rule", True) for r in results)
+        lines.append(f"| {dataset} | {name}{' †' if outside else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
