@@ -4,18 +4,23 @@ from ._classifier import MR2LinearClassifier
 from ._losses import compactness_loss, margin_cross_entropy, pairwise_sq_distances
 from ._module import MR2Loss
 from ._stats import (
+    ClassMoments,
     ClassStats,
     class_difficulty,
     class_margins,
     class_statistics,
     class_statistics_chunked,
-    ema_update,
     margins_from_difficulty,
+    mean_spread,
+    moments_difficulty,
+    moments_statistics,
+    update_moments,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ClassMoments",
     "ClassStats",
     "MR2LinearClassifier",
     "MR2Loss",
@@ -24,8 +29,11 @@ __all__ = [
     "class_statistics",
     "class_statistics_chunked",
     "compactness_loss",
-    "ema_update",
     "margin_cross_entropy",
     "margins_from_difficulty",
+    "mean_spread",
+    "moments_difficulty",
+    "moments_statistics",
     "pairwise_sq_distances",
+    "update_moments",
 ]

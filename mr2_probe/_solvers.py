@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ._losses import compactness_loss, linear_margin_ce_grad, margin_cross_entropy
-from ._stats import ClassStats, class_margins, class_statistics_chunked
+from ._stats import ClassStats, class_margins, class_statistics_chunked, mean_spread
 
 
 @dataclass
@@ -49,7 +49,7 @@ def refresh_statistics(head, source, spec: MarginSpec):
         source.chunks, spec.n_classes, n_features, spec.p, transform=head.features
     )
     margins = class_margins(stats, spec.c_bar, spec.p, spec.difficulty)
-    s_bar = stats.msd_l2.mean()
+    s_bar = mean_spread(stats)
     # τ = 2 s̄ by default: the exponent then compares a pair's distance with the mean
     # same-class distance in units of itself, whatever the scale of the features.
     tau = 2 * s_bar.clamp_min(torch.finfo(s_bar.dtype).tiny) if spec.tau is None else spec.tau
