@@ -10,7 +10,7 @@ import torch
 from scipy.special import log_softmax, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils import check_random_state, compute_class_weight
+from sklearn.utils import assert_all_finite, check_random_state, compute_class_weight
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import (
@@ -20,24 +20,50 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
-from ._data import H5Source, TensorSource, block_rows, h5_dtype, is_h5_dataset, is_torch_tensor
+from ._data import (
+    H5Source,
+    TensorSource,
+    block_rows,
+    check_finite_tensor,
+    h5_dtype,
+    is_h5_dataset,
+    is_torch_tensor,
+    reject_complex,
+)
 from ._device import resolve_device, to_numpy, to_tensor, torch_dtype
 from ._head import ProbeHead, decision_values
 from ._solvers import MarginSpec, fit_lbfgs, fit_minibatch, refresh_statistics
 from ._stats import DIFFICULTIES, class_difficulty
 
 
+def _overflow_message(what, dtype):
+    name = str(dtype).replace("torch.", "")
+    return (
+        f"Cannot fit: {what} in {name} arithmetic, the features are too large. Scale "
+        "them (e.g. StandardScaler, or divide X by a constant) and fit again."
+    )
+
+
 def _floating(X):
     """X as computed on: half-precision (or integer) tensors and float16 arrays as float32.
 
     Tensors are detached: features straight from a backbone may carry autograd history.
+    Complex tensors are refused: a cast would drop their imaginary part silently.
     """
     if is_torch_tensor(X):
+        reject_complex(X)
         X = X.detach()
         return X if X.dtype in (torch.float32, torch.float64) else X.float()
     if getattr(X, "dtype", None) == np.float16:  # stores often hold float16
         return X.astype(np.float32)
     return X
+
+
+def _finite_block(block, dtype, estimator_name):
+    """One block of an HDF5 dataset as NumPy, refused as the NumPy path would refuse it."""
+    block = np.asarray(block, dtype=dtype)
+    assert_all_finite(block, estimator_name=estimator_name, input_name="X")
+    return block
 
 
 class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
@@ -346,8 +372,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             head.load(warm)
         # Exact statistics of the starting representation: one pass (two for p ≠ 2).
         initial = refresh_statistics(head, source, spec)
-        if isinstance(source, H5Source) and bool(source.nonfinite):
-            raise ValueError("Input X contains NaN or infinity.")
+        if isinstance(source, H5Source):
+            source.check_finite(type(self).__name__)
+        stats, margins = initial[0], initial[1]
+        if not bool(all(torch.isfinite(t).all() for t in (*stats, margins))):
+            raise ValueError(_overflow_message("the class statistics (‖x‖²) overflow", dtype))
         if warm is None and self.head == "cosine":
             head.init_weight_from_means(initial[0].mean)
 
@@ -355,7 +384,14 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             initial=initial, weight_sum=weight_sum, C=self.C, max_iter=self.max_iter, tol=self.tol
         )
         if solver == "lbfgs":
-            result = fit_lbfgs(head, source, spec, verbose=self.verbose, **common)
+            try:
+                result = fit_lbfgs(head, source, spec, verbose=self.verbose, **common)
+            except RuntimeError as exc:
+                # L-BFGS passes its step size to torch as a Python float; gradients as
+                # large as the features make it overflow the dtype before any NaN shows.
+                if "overflow" not in str(exc):
+                    raise
+                raise ValueError(_overflow_message("L-BFGS's step overflows", dtype)) from exc
         else:
             result = fit_minibatch(
                 head,
@@ -370,6 +406,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 verbose=self.verbose,
                 **common,
             )
+        state = head.export()
+        fitted = [state["coef"], state["intercept"], to_numpy(result.margins)]
+        if not all(np.isfinite(a).all() for a in fitted):
+            raise ValueError(_overflow_message("the fit produced non-finite coefficients", dtype))
         if not result.converged:
             if result.n_iter >= self.max_iter:
                 unit = "iterations" if solver == "lbfgs" else "epochs"
@@ -385,7 +425,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                     "allows. Use float64 features or a larger tol."
                 )
             warnings.warn(message, ConvergenceWarning, stacklevel=2)
-        self._store(head.export(), result, solver, device)
+        self._store(state, result, solver, device)
         return self
 
     def _validate_fit_data(self, X, y):
@@ -411,9 +451,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             device = X.device if self.device == "auto" else resolve_device(self.device)
             X = _floating(X).to(device)
             dtype = X.dtype
-            if not bool(torch.isfinite(X).all()):
-                raise ValueError("Input X contains NaN or infinity.")
+            check_finite_tensor(X, type(self).__name__)
         elif is_h5_dataset(X):
+            reject_complex(X)
             device, dtype = resolve_device(self.device), torch_dtype(h5_dtype(X))
         else:
             device, dtype = resolve_device(self.device), torch_dtype(X.dtype)
@@ -466,7 +506,12 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             validate_data(self, X, reset=False, skip_check_array=True)
             if len(X.shape) != 2:
                 raise ValueError(f"Expected a 2D X, got shape {tuple(X.shape)}.")
-            return _floating(X)  # as in fit: half precision is computed in float32
+            if is_h5_dataset(X):
+                reject_complex(X)  # blocks are checked for NaN and infinity as they are read
+                return X
+            X = _floating(X)  # as in fit: half precision is computed in float32
+            check_finite_tensor(X, type(self).__name__)
+            return X
         return validate_data(
             self, _floating(X), reset=False, dtype=[np.float64, np.float32], order="C"
         )
@@ -475,7 +520,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if is_h5_dataset(X):
             rows = block_rows(self.n_features_in_, len(self.classes_))
             parts = [
-                self._logits(np.asarray(X[i : i + rows], dtype=h5_dtype(X)))
+                self._logits(_finite_block(X[i : i + rows], h5_dtype(X), type(self).__name__))
                 for i in range(0, X.shape[0], rows)
             ]
             return np.concatenate(parts) if parts else np.empty((0, self.coef_.shape[0]))

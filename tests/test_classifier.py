@@ -331,13 +331,30 @@ def test_minibatch_is_reproducible_with_random_state(digits):
         ({"lam": -0.1}, "'lam' parameter"),
         ({"C": 0}, "'C' parameter"),
         ({"solver": "lbfgs", "lam": 0.5}, "solver='lbfgs' requires lam=0"),
-        ({"device": "cuda:7" if not torch.cuda.is_available() else "nope"}, "device"),
     ],
 )
 def test_invalid_parameters(params, message):
     X, y = _blobs()
-    with pytest.raises((ValueError, RuntimeError), match=message):
+    with pytest.raises(ValueError, match=message):
         MR2LinearClassifier(**params).fit(X, y)
+
+
+def _unavailable_devices():
+    names = ["foo", "meta", f"cuda:{torch.cuda.device_count()}"]
+    if not torch.cuda.is_available():
+        names.append("cuda")
+    if not torch.backends.mps.is_available():
+        names.append("mps")
+    return names
+
+
+@pytest.mark.parametrize("device", _unavailable_devices())
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_unavailable_device_is_a_clear_value_error(device, as_tensor):
+    X, y = _blobs()
+    X = torch.as_tensor(X) if as_tensor else X
+    with pytest.raises(ValueError, match=r"device='.*' is not .*Available devices: 'auto', 'cpu'"):
+        MR2LinearClassifier(device=device).fit(X, y)
 
 
 @pytest.mark.parametrize(
@@ -358,6 +375,85 @@ def test_bad_training_input(make, message):
     X, y = make(*_blobs())
     with pytest.raises(ValueError, match=message):
         MR2LinearClassifier(device="cpu").fit(X, y)
+
+
+def _nonfinite_inputs(tmp_path, X, kind):
+    """X as a NumPy array, a torch tensor or an HDF5 dataset read in blocks of 64 rows."""
+    if kind == "numpy":
+        return X
+    if kind == "tensor":
+        return torch.as_tensor(X)
+    h5py = pytest.importorskip("h5py")
+    f = h5py.File(tmp_path / "X.h5", "w")
+    return f.create_dataset("features", data=X, chunks=(64, X.shape[1]))
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["tensor", "h5"])
+@pytest.mark.parametrize(
+    "method", ["fit", "predict", "predict_proba", "predict_log_proba", "decision_function"]
+)
+def test_nonfinite_input_gets_numpys_error_on_every_path(
+    tmp_path, monkeypatch, value, dtype, kind, method
+):
+    from mr2_probe import _classifier
+
+    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 64)
+    X, y = _blobs()
+    clf = MR2LinearClassifier(device="cpu").fit(X, y)
+    bad = X.astype(dtype)
+    bad[200, 3] = value  # in the fourth block of 64 rows
+
+    def call(data):
+        if method == "fit":
+            return MR2LinearClassifier(device="cpu").fit(data, y)
+        return getattr(clf, method)(data)
+
+    with pytest.raises(ValueError) as numpy_error:
+        call(bad)
+    with pytest.raises(ValueError) as error:
+        call(_nonfinite_inputs(tmp_path, bad, kind))
+    assert str(error.value) == str(numpy_error.value)
+    assert str(error.value).startswith(
+        "Input X contains NaN" if np.isnan(value) else "Input X contains infinity"
+    )
+
+
+@pytest.mark.parametrize("method", ["fit", "predict", "decision_function"])
+def test_complex_tensors_are_refused(method):
+    X, y = _blobs()
+    clf = MR2LinearClassifier(device="cpu").fit(X, y)
+    complex_X = torch.as_tensor(X) * (1 + 1j)
+    with pytest.raises(ValueError, match="Complex data not supported"):
+        if method == "fit":
+            MR2LinearClassifier(device="cpu").fit(complex_X, y)
+        else:
+            getattr(clf, method)(complex_X)
+
+
+@pytest.mark.parametrize(
+    "dtype, scale, params",
+    [
+        (np.float64, 1e100, {}),  # L-BFGS's line search overflowed: NaN coefficients
+        (np.float64, 1e150, {"c_bar": None}),
+        (np.float64, 1e200, {}),  # ‖x‖² overflows: NaN margins
+        (np.float64, 1e200, {"lam": 0.5, "max_iter": 3}),
+        (np.float32, 1e10, {}),
+        (np.float32, 1e14, {"c_bar": None}),
+        (np.float32, 1e18, {}),  # a RuntimeError escaped from L-BFGS
+        (np.float32, 1e18, {"lam": 0.5, "max_iter": 3}),
+        (np.float32, 1e30, {}),
+    ],
+)
+def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
+    X, y = _blobs()
+    clf = MR2LinearClassifier(random_state=0, device="cpu", **params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)  # an error, not only a warning
+        with pytest.raises(ValueError, match="features are too large. Scale them"):
+            clf.fit((X * scale).astype(dtype), y)
+    assert not hasattr(clf, "coef_")
 
 
 def test_wrong_feature_count_at_predict():
