@@ -112,11 +112,17 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         ``"adam"`` / ``"sgd"``: minibatch optimisers (SGD with Nesterov momentum 0.9).
         ``"auto"`` picks ``"lbfgs"`` when ``lam = 0`` and ``"adam"`` otherwise.
     max_iter : int, default=100
-        L-BFGS iterations, or epochs for the minibatch solvers.
+        L-BFGS iterations, or epochs for the minibatch solvers. L-BFGS may also stop at
+        4 × ``max_iter`` function evaluations (its line searches), and says so.
     tol : float, default=1e-4
-        L-BFGS stops when the largest gradient entry falls below ``tol``; minibatch solvers
-        stop when the epoch loss has not improved by ``tol`` for ``n_iter_no_change``
-        epochs.
+        L-BFGS: converged when the largest entry of the gradient of the objective falls
+        below ``tol``, measured in the coordinates the solver works in. For a linear head
+        with an intercept these re-parametrise the intercept around the weighted feature
+        mean m (b' = b + W·m, the same objective, better conditioned): the gradient in b'
+        is the original one, and in the original coordinates the gradient in W may be up
+        to (1 + max_j |m_j|)·``tol`` (on digits' raw pixels, 2 to 3 × ``tol``).
+        Minibatch solvers stop when the epoch loss has not improved by ``tol`` for
+        ``n_iter_no_change`` epochs.
     batch_size : int, default=256
         Minibatch size (minibatch solvers).
     learning_rate : float, default=1e-3
@@ -411,22 +417,37 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if not all(np.isfinite(a).all() for a in fitted):
             raise ValueError(_overflow_message("the fit produced non-finite coefficients", dtype))
         if not result.converged:
-            if result.n_iter >= self.max_iter:
-                unit = "iterations" if solver == "lbfgs" else "epochs"
-                message = (
-                    f"{solver} did not converge in max_iter={self.max_iter} {unit}. Increase "
-                    "max_iter or scale the features (e.g. StandardScaler)."
-                )
-            else:
-                message = (
-                    f"lbfgs stopped after {result.n_iter} iterations, no longer improving, "
-                    f"with a largest gradient entry of {result.largest_gradient:.2g} > "
-                    f"tol={self.tol}: the tolerance is tighter than the precision of the data "
-                    "allows. Use float64 features or a larger tol."
-                )
-            warnings.warn(message, ConvergenceWarning, stacklevel=2)
+            warnings.warn(
+                self._convergence_message(result, solver, dtype), ConvergenceWarning, stacklevel=2
+            )
         self._store(state, result, solver, device)
         return self
+
+    def _convergence_message(self, result, solver, dtype):
+        unit = "iterations" if solver == "lbfgs" else "epochs"
+        if result.stop == "max_iter":
+            return (
+                f"{solver} did not converge in max_iter={self.max_iter} {unit}. Increase "
+                "max_iter or scale the features (e.g. StandardScaler)."
+            )
+        gradient = (
+            f"with a largest gradient entry of {result.largest_gradient:.2g} > tol={self.tol}"
+        )
+        if result.stop == "max_eval":
+            return (
+                f"lbfgs used up its {4 * self.max_iter} function evaluations (4 × max_iter) "
+                f"in {result.n_iter} iterations, {gradient}: its line searches needed many "
+                "evaluations. Increase max_iter or scale the features (e.g. StandardScaler)."
+            )
+        advice = (
+            "Scale the features (e.g. StandardScaler) or use a larger tol."
+            if dtype == torch.float64
+            else "Use float64 features, scale them (e.g. StandardScaler), or use a larger tol."
+        )
+        return (
+            f"lbfgs stopped after {result.n_iter} iterations, no longer improving, {gradient}: "
+            f"the tolerance is tighter than the precision of the data allows. {advice}"
+        )
 
     def _validate_fit_data(self, X, y):
         """Validate X and y; return X ready for the device, y as NumPy, device and dtype."""

@@ -28,6 +28,9 @@ class SolverResult:
     largest_gradient: float | None = None
     stats: ClassStats | None = None
     margins: torch.Tensor | None = None
+    # Why the solver stopped: "tol", "max_iter", "max_eval" (L-BFGS's function
+    # evaluations), or "stalled" (L-BFGS no longer improving).
+    stop: str = "tol"
 
 
 @dataclass
@@ -65,6 +68,12 @@ def fit_lbfgs(head, source, spec: MarginSpec, *, initial, weight_sum, C, max_ite
 
     ``initial`` is :func:`refresh_statistics` of the starting point; without a projection
     the representation is fixed, and so are the statistics and margins.
+
+    ``tol`` bounds the largest gradient entry in the coordinates L-BFGS works in: for a
+    linear head with an intercept, (W, b') with b' = b + W·m, m the weighted feature mean.
+    There the gradient in b' is the original one in b, and the gradient in W is the
+    original one minus (∂f/∂b)·mᵀ: in the original coordinates the largest entry is at
+    most tol·(1 + max_j |m_j|).
     """
     stats, margins, _, _ = initial
     # With an unpenalised intercept, W·x + b = W·(x − m) + (b + W·m): the same objective,
@@ -122,17 +131,30 @@ def fit_lbfgs(head, source, spec: MarginSpec, *, initial, weight_sum, C, max_ite
         return total
 
     optimizer.step(closure)
+    # The line search may leave in .grad a point it tried and rejected: one more
+    # evaluation gives the gradient (and the loss) where L-BFGS stopped.
+    closure()
     bar.close()
+    state = optimizer.state[params[0]]
+    n_iter = state.get("n_iter", 0)
+    # Converged means the gradient test was met, whatever made L-BFGS stop. The test is
+    # L-BFGS's own, in its coordinates: with the intercept re-parametrised around m.
+    largest = max(float(p.grad.abs().max()) for p in params if p.grad is not None)
+    if largest <= tol:
+        stop = "tol"
+    elif n_iter >= max_iter:
+        stop = "max_iter"
+    elif state.get("func_evals", 0) >= optimizer.param_groups[0]["max_eval"]:
+        stop = "max_eval"
+    else:
+        stop = "stalled"
     if center is not None:
         with torch.no_grad():
             head.bias -= head.weight @ center
-    state = optimizer.state[params[0]]
-    n_iter = state.get("n_iter", 0)
-    # Converged means the gradient test was met, whatever made L-BFGS stop.
-    largest = max(float(p.grad.abs().max()) for p in params if p.grad is not None)
-    converged = largest <= tol
     loss_curve = [float(v) for _, v in sorted(curve.items())]
-    return SolverResult(max(n_iter, 1), converged, loss_curve, largest, stats, margins)
+    return SolverResult(
+        max(n_iter, 1), stop == "tol", loss_curve, largest, stats, margins, stop=stop
+    )
 
 
 def fit_minibatch(
@@ -191,4 +213,5 @@ def fit_minibatch(
     bar.close()
     if head.has_projection:
         stats, margins, _, _ = refresh_statistics(head, source, spec)
-    return SolverResult(len(curve), converged, curve, stats=stats, margins=margins)
+    stop = "tol" if converged else "max_iter"
+    return SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)

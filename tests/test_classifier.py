@@ -456,6 +456,49 @@ def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
     assert not hasattr(clf, "coef_")
 
 
+def test_stalled_lbfgs_advice_depends_on_the_dtype(digits):
+    X, y = _blobs()
+    with pytest.warns(ConvergenceWarning, match="no longer improving") as record:
+        MR2LinearClassifier(device="cpu").fit(X * 1e30, y)  # float64 already
+    message = str(record[0].message)
+    assert "Scale the features" in message and "float64" not in message
+    X, y = digits
+    with pytest.warns(ConvergenceWarning, match="Use float64 features"):
+        MR2LinearClassifier(c_bar=None, C=10.0, tol=1e-8, max_iter=2000, device="cpu").fit(
+            X.astype(np.float32), y
+        )
+
+
+def test_lbfgs_out_of_function_evaluations_says_so():
+    X, y = _blobs()
+    with pytest.warns(ConvergenceWarning, match=r"used up its 8 function evaluations") as record:
+        MR2LinearClassifier(max_iter=2, device="cpu").fit(X * 1e6, y)
+    assert "no longer improving" not in str(record[0].message)
+
+
+def test_tol_bounds_the_gradient_as_documented():
+    from mr2_probe import margin_cross_entropy
+
+    X, y = load_digits(return_X_y=True)  # uncentred: feature means up to 15
+    tol, C = 1e-4, 1.0
+    clf = MR2LinearClassifier(c_bar=1.0, C=C, tol=tol, max_iter=1000, device="cpu").fit(X, y)
+    X_t, y_t = torch.as_tensor(X), torch.as_tensor(y)
+    W = torch.tensor(clf.coef_, requires_grad=True)
+    b = torch.tensor(clf.intercept_, requires_grad=True)
+    margins = torch.as_tensor(clf.margins_)
+    n = len(y)
+    loss = margin_cross_entropy(X_t @ W.T + b, y_t, margins, reduction="sum") / n
+    loss = loss + 0.5 * W.square().sum() / (C * n)
+    grad_w, grad_b = torch.autograd.grad(loss, [W, b])
+    m = X_t.mean(0)
+    # Tested: the gradient with the intercept re-parametrised around the feature mean.
+    assert max(float((grad_w - grad_b[:, None] * m).abs().max()), float(grad_b.abs().max())) < (
+        1.01 * tol
+    )
+    # In the original coordinates, bounded by tol·(1 + max|m|) and above tol here.
+    assert tol < float(grad_w.abs().max()) <= tol * (1 + float(m.abs().max()))
+
+
 def test_wrong_feature_count_at_predict():
     X, y = _blobs()
     clf = MR2LinearClassifier(device="cpu").fit(X, y)
@@ -509,9 +552,9 @@ def test_balanced_class_weight_with_sample_weight_matches_logistic_regression(di
 def test_float32_lbfgs_reaches_the_tolerance(digits):
     X, y = digits
     ref = LogisticRegression(C=10.0, tol=1e-10, max_iter=20000).fit(X, y)
-    ours = MR2LinearClassifier(c_bar=None, C=10.0, tol=1e-6, max_iter=2000, device="cpu")
-    with pytest.warns(ConvergenceWarning, match="tighter than the precision"):
-        ours.fit(X.astype(np.float32), y)  # 1e-6 is below float32's reach on digits
+    ours = MR2LinearClassifier(c_bar=None, C=10.0, tol=1e-7, max_iter=2000, device="cpu")
+    with pytest.warns(ConvergenceWarning, match="tighter than the precision.*float64 features"):
+        ours.fit(X.astype(np.float32), y)  # 1e-7 is below float32's reach on digits
     assert ours.n_iter_ < 2000
     error = np.abs(ours.coef_ - ref.coef_).max() / np.abs(ref.coef_).max()
     assert error < 2e-3
