@@ -11,6 +11,8 @@ function evaluation, which its line search needs anyway.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -157,6 +159,79 @@ def fit_lbfgs(head, source, spec: MarginSpec, *, initial, weight_sum, C, max_ite
     )
 
 
+class _Adam:
+    """Adam (Kingma & Ba, 2015) on a few tensors, in place on their device.
+
+    The same arithmetic as ``torch.optim.Adam`` without weight decay, but without its first
+    call's import of ``torch._dynamo`` (1 to 3 s on a CPU-only machine).
+    """
+
+    def __init__(self, params, betas=(0.9, 0.999), eps=1e-8) -> None:
+        self.params, self.betas, self.eps, self.t = params, betas, eps, 0
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+
+    @torch.no_grad()
+    def step(self, grads, lr: float) -> None:
+        self.t += 1
+        beta1, beta2 = self.betas
+        step = lr / (1 - beta1**self.t)
+        correction2 = 1 - beta2**self.t
+        for param, grad, m, v in zip(self.params, grads, self.m, self.v, strict=True):
+            m.lerp_(grad, 1 - beta1)
+            v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            param.addcdiv_(m, (v / correction2).sqrt_().add_(self.eps), value=-step)
+
+
+class _NesterovSGD:
+    """SGD with Nesterov momentum, as ``torch.optim.SGD(momentum=0.9, nesterov=True)``."""
+
+    def __init__(self, params, momentum=0.9) -> None:
+        self.params, self.momentum = params, momentum
+        self.buffers = [torch.zeros_like(p) for p in params]
+
+    @torch.no_grad()
+    def step(self, grads, lr: float) -> None:
+        for param, grad, buf in zip(self.params, grads, self.buffers, strict=True):
+            buf.mul_(self.momentum).add_(grad)
+            param.add_(grad.add(buf, alpha=self.momentum), alpha=-lr)
+
+
+# The step size is divided by LR_DECAY when the epoch loss reaches a plateau, and the fit
+# has converged at the plateau that follows the last of LR_DECAYS divisions.
+LR_DECAY = 0.1
+LR_DECAYS = 2
+# Steps with at most this many multiply-adds in their matrix products run on one CPU
+# thread: for them torch's intra-op threads cost more in synchronisation than they save.
+SMALL_STEP = 2**24
+
+
+@contextlib.contextmanager
+def _step_threads(device, batch_size, n_features, n_classes):
+    """One intra-op thread for small minibatch steps on the CPU; no change otherwise."""
+    work = batch_size * n_features * (n_features + n_classes + batch_size)
+    if device.type != "cpu" or work > SMALL_STEP:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _small_steps_on_one_thread(fit):
+    @functools.wraps(fit)
+    def wrapper(head, source, spec, **kwargs):
+        n_features = head.weight.shape[1]
+        with _step_threads(head.weight.device, kwargs["batch_size"], n_features, spec.n_classes):
+            return fit(head, source, spec, **kwargs)
+
+    return wrapper
+
+
+@_small_steps_on_one_thread
 def fit_minibatch(
     head,
     source,
@@ -175,14 +250,18 @@ def fit_minibatch(
     generator,
     verbose,
 ):
-    """Minibatch Adam or SGD; statistics refreshed exactly once per epoch when φ learns."""
+    """Minibatch Adam or SGD; statistics refreshed exactly once per epoch when φ learns.
+
+    A plateau is ``n_iter_no_change`` epochs whose mean loss is not below the best so far
+    by ``tol`` relative to it. At a plateau the step size is divided by 10; the third
+    plateau (at ``learning_rate / 100``) ends the fit as converged. The statistics and
+    margins returned are those the last epoch trained with.
+    """
     stats, margins, s_bar, tau = initial
     params = [p for p in head.parameters()]
-    if solver == "adam":
-        optimizer = torch.optim.Adam(params, lr=learning_rate)
-    else:
-        optimizer = torch.optim.SGD(params, lr=learning_rate, momentum=0.9, nesterov=True)
+    optimizer = _Adam(params) if solver == "adam" else _NesterovSGD(params)
     reg = 1.0 / (C * weight_sum)
+    lr, decays = learning_rate, 0
     best, stalled, curve, converged = float("inf"), 0, [], False
     bar = _progress(max_iter, verbose, f"MR2 {solver}")
     for epoch in range(max_iter):
@@ -197,21 +276,19 @@ def fit_minibatch(
             loss = ce * (source.n_samples / (weight_sum * len(y))) + reg * head.penalty()
             if lam > 0:
                 loss = loss + lam * compactness_loss(phi, y, s_bar, tau)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            optimizer.step(torch.autograd.grad(loss, params), lr)
             epoch_loss += loss.detach() * len(y)
         value = float(epoch_loss) / source.n_samples  # the one host sync of the epoch
         curve.append(value)
         bar.update(1)
-        bar.set_postfix(loss=f"{value:.4g}")
-        stalled = stalled + 1 if value > best - tol else 0
+        bar.set_postfix(loss=f"{value:.4g}", lr=f"{lr:.2g}")
+        stalled = 0 if epoch == 0 or value < best - tol * abs(best) else stalled + 1
         best = min(best, value)
         if stalled >= n_iter_no_change:
-            converged = True
-            break
+            if decays == LR_DECAYS:
+                converged = True
+                break
+            lr, decays, stalled = lr * LR_DECAY, decays + 1, 0
     bar.close()
-    if head.has_projection:
-        stats, margins, _, _ = refresh_statistics(head, source, spec)
     stop = "tol" if converged else "max_iter"
     return SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)
