@@ -82,6 +82,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         Weight λ ≥ 0 of the compactness loss. ``lam > 0`` adds a learnable projection P
         between the features and the head (φ = P·x, P initialised to the identity) and
         trains with minibatches; ``lam = 0`` keeps the problem convex for a linear head.
+        The projection, its penalty and the default τ are this library's (see Notes).
     p : float or None, default=None
         Order p ≥ 1 of the norm of the class statistics. ``None`` means 3 for the cosine
         head (with unit-norm features every class has a_k = 1 under p = 2) and 2 otherwise.
@@ -152,7 +153,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     classes_ : ndarray of shape (n_classes,)
     coef_ : ndarray of shape (1, n_features) or (n_classes, n_features)
         Weights on the input features (projection folded in; for the cosine head, the
-        scaled unit class directions times P).
+        scaled unit class directions times P). For the linear head the decision function
+        is ``X @ coef_.T + intercept_``; for the cosine head it is not: it is
+        ``X @ coef_.T / ‖P·x‖`` (‖x‖ without a projection), row by row.
     intercept_ : ndarray of shape (1,) or (n_classes,)
     projection_ : ndarray of shape (n_features, n_features) or None
         The learned projection P (``lam > 0``).
@@ -226,9 +229,19 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         (1/S) Σ_i w_i CE(z_i / γ_{y_i}, y_i) + λ·mean_k mean_{i∈k} ℓ_s̄(i)
             + ½‖W‖² / (C·S)
 
-    with ℓ_s̄(i) = log(1 + Σ_{j≠i, y_j=y_i} exp((‖φ_i − φ_j‖² − 2 s̄) / τ)). Margins act in
-    training only: ``predict`` is the plain argmax of the logits. With ``c_bar=None`` and
-    ``lam=0`` the objective is that of multinomial LogisticRegression(C=C).
+    with ℓ_s̄(i) = log(1 + Σ_{j≠i, y_j=y_i} exp((‖φ_i − φ_j‖² − 2 s̄) / τ)), s̄ the mean L2
+    spread over the classes present. Margins act in training only: ``predict`` is the plain
+    argmax of the logits. With ``c_bar=None`` and ``lam=0`` the objective is that of
+    multinomial LogisticRegression(C=C).
+
+    **What is the paper's and what is this library's.** From the paper: the margins
+    γ_k ∝ a_k^{1/3} with mean c̄ (Corollary 1), the margin cross-entropy CE(z / γ_y, y),
+    and the form of the compactness loss ℓ_s̄. This library's: applying ℓ_s̄ to a learned
+    projection P of frozen features (the paper applies it to fine-tuned backbone
+    features), the penalty ½‖P − I‖² / (C·S) that anchors P, the default τ = 2 s̄ (the
+    paper's τ is a constant), and the L2 penalty on W in scikit-learn's convention. So
+    ``c_bar=2, lam=0.5, p=3`` uses the paper's values of c̄, λ and p, in this library's
+    extension, not the paper's setting.
 
     X may be a NumPy array, a pandas DataFrame, a torch tensor (trained on its device, no
     copy to the CPU) or an ``h5py.Dataset`` (streamed in blocks, never loaded whole).
