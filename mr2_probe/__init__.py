@@ -5,18 +5,23 @@ from ._losses import compactness_loss, margin_cross_entropy, pairwise_sq_distanc
 from ._module import MR2Loss
 from ._offsets import TunedOffsetsClassifierCV, tune_class_offsets
 from ._stats import (
+    ClassMoments,
     ClassStats,
     class_difficulty,
     class_margins,
     class_statistics,
     class_statistics_chunked,
-    ema_update,
     margins_from_difficulty,
+    mean_spread,
+    moments_difficulty,
+    moments_statistics,
+    update_moments,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ClassMoments",
     "ClassStats",
     "MR2LinearClassifier",
     "MR2Loss",
@@ -26,9 +31,12 @@ __all__ = [
     "class_statistics",
     "class_statistics_chunked",
     "compactness_loss",
-    "ema_update",
     "margin_cross_entropy",
     "margins_from_difficulty",
+    "mean_spread",
+    "moments_difficulty",
+    "moments_statistics",
     "pairwise_sq_distances",
     "tune_class_offsets",
+    "update_moments",
 ]

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+from sklearn.utils import assert_all_finite
 
 from ._device import to_tensor
 
@@ -24,6 +25,38 @@ def is_h5_dataset(X) -> bool:
     if h5py is None:
         return False
     return isinstance(X, h5py.Dataset) or isinstance(getattr(X, "dataset", None), h5py.Dataset)
+
+
+def raise_nonfinite(has_nan: bool, dtype, estimator_name: str) -> None:
+    """Raise scikit-learn's own error for non-finite input (NaN takes precedence, as there).
+
+    The message is produced by :func:`sklearn.utils.assert_all_finite` on a one-element
+    witness, so that every input path words it exactly as the NumPy path does.
+    """
+    witness = np.array([np.nan if has_nan else np.inf], dtype=dtype)
+    assert_all_finite(witness, estimator_name=estimator_name, input_name="X")
+
+
+def check_finite_tensor(X: torch.Tensor, estimator_name: str) -> None:
+    """Raise scikit-learn's error if a floating tensor holds NaN or infinity.
+
+    One reduction on X's device and one host synchronisation, outside any training loop.
+    """
+    if bool(torch.isfinite(X).all()):
+        return
+    dtype = np.float64 if X.dtype == torch.float64 else np.float32
+    raise_nonfinite(bool(torch.isnan(X).any()), dtype, estimator_name)
+
+
+def reject_complex(X) -> None:
+    """Complex tensors and stores would lose their imaginary part in a cast: refuse them."""
+    dtype = X.dtype if is_torch_tensor(X) else np.dtype(X.dtype)
+    complex_ = X.is_complex() if is_torch_tensor(X) else dtype.kind == "c"
+    if complex_:
+        raise ValueError(
+            f"Complex data not supported: X has dtype {dtype}. Pass real features, for "
+            "example X.real, X.abs(), or the real and imaginary parts side by side."
+        )
 
 
 def block_rows(n_features: int, n_classes: int) -> int:
@@ -67,13 +100,22 @@ class H5Source(TensorSource):
         chunk = chunks[0] if chunks else 1
         self.rows = max(chunk, rows // chunk * chunk)  # whole HDF5 chunks per read
         self.n_samples = dataset.shape[0]
-        self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+        self.has_nan = torch.zeros((), dtype=torch.bool, device=device)
+        self.has_inf = torch.zeros((), dtype=torch.bool, device=device)
 
     def _read(self, start: int, stop: int) -> torch.Tensor:
         block = to_tensor(np.asarray(self.dataset[start:stop]), self.device, self.dtype)
         # Accumulated on the device and checked once after a full pass.
-        self.nonfinite |= ~torch.isfinite(block).all()
+        self.has_nan |= torch.isnan(block).any()
+        self.has_inf |= torch.isinf(block).any()
         return block
+
+    def check_finite(self, estimator_name: str) -> None:
+        """After a full pass: raise scikit-learn's error if any block held NaN or infinity."""
+        has_nan, has_inf = bool(self.has_nan), bool(self.has_inf)
+        if has_nan or has_inf:
+            dtype = np.float64 if self.dtype == torch.float64 else np.float32
+            raise_nonfinite(has_nan, dtype, estimator_name)
 
     def chunks(self):
         for start in range(0, self.n_samples, self.rows):

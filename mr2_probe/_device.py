@@ -11,23 +11,53 @@ import torch
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 
 
+def available_devices() -> list[str]:
+    """Names of the devices this machine can train on, as ``device`` accepts them."""
+    names = ["cpu"]
+    names += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        names.append("mps")
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        names += [f"xpu:{i}" for i in range(xpu.device_count())]
+    return names
+
+
+def _is_available(device: torch.device) -> bool:
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda":
+        return torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()
+    if device.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        return mps is not None and mps.is_available()
+    if device.type == "xpu":
+        xpu = getattr(torch, "xpu", None)
+        return xpu is not None and xpu.is_available() and (device.index or 0) < xpu.device_count()
+    return False  # meta, lazy, ...: nothing a probe can be trained on
+
+
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """Return the torch device named by ``device``.
 
     ``"auto"`` means CUDA when present (under ``torchrun``, this rank's GPU, ``LOCAL_RANK``),
-    else the CPU.
+    else the CPU. A device that is not a torch device name, or not available on this
+    machine, raises a ValueError that lists the available ones.
     """
     if isinstance(device, str) and device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         return torch.device("cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"device={str(device)!r} was requested but CUDA is not available on this "
-            "machine. Use device='auto' or device='cpu'."
-        )
-    return device
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        resolved = None
+    if resolved is None or not _is_available(resolved):
+        what = "is not a torch device" if resolved is None else "is not available on this machine"
+        names = ", ".join(repr(name) for name in ["auto", *available_devices()])
+        raise ValueError(f"device={str(device)!r} {what}. Available devices: {names}.")
+    return resolved
 
 
 def torch_dtype(dtype) -> torch.dtype:

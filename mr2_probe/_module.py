@@ -11,20 +11,27 @@ from torch import nn
 from ._losses import compactness_loss, margin_cross_entropy, tilted_class_risk
 from ._stats import (
     DIFFICULTIES,
+    ClassMoments,
     ClassStats,
-    class_difficulty,
-    class_statistics,
-    ema_update,
     margins_from_difficulty,
+    mean_spread,
+    moments_difficulty,
+    moments_statistics,
+    update_moments,
 )
 
 
 class MR2Loss(nn.Module):
     """MR² loss for training a backbone: margin cross-entropy plus λ·compactness.
 
-    Class statistics are tracked as an exponential moving average of per-batch statistics
-    (decay ``rho``), updated in training mode without synchronising with the host; the
-    margins and s̄ are derived from them and carry no gradient.
+    Class statistics are tracked as exponential moving averages of each class's first and
+    second moments, weighted by sample counts (:class:`ClassMoments`): a batch that holds
+    a single sample of a class still adds that sample's ‖φ‖² to the class, so a_k and s̄
+    do not depend on how many samples of a class a batch holds. In L2 (p = 2) the mean,
+    a_k and the spread are unbiased; for p ≠ 2 the L_p spread is estimated from the
+    deviations from the running mean (see :func:`moments_statistics`). The statistics are
+    updated in training mode without synchronising with the host; the margins and s̄ are
+    derived from them and carry no gradient.
 
     Parameters
     ----------
@@ -35,10 +42,13 @@ class MR2Loss(nn.Module):
         Mean margin; ``None`` gives plain cross-entropy (γ ≡ 1).
     lam : float, default=0.5
         Weight of the compactness loss.
-    p : float, default=2.0
-        Norm of the class statistics (3 is the paper's choice for normalised features).
+    p : float or None, default=None
+        Norm of the class statistics. ``None`` means 3 when ``normalize`` (under p = 2 every
+        unit-norm class has a_k = 1, hence the same margin; p = 3 is the paper's choice for
+        normalised features) and 2 otherwise, as :class:`MR2LinearClassifier` chooses for
+        its cosine head.
     rho : float, default=0.9
-        EMA decay of the class statistics.
+        Decay of a class's running moments each time a batch holds that class.
     tau : float or None, default=1.0
         Temperature of the compactness loss, the paper's form by default. ``None`` uses
         τ = 2 s̄, a scale-free temperature that suits a projection anchored by a penalty
@@ -79,7 +89,7 @@ class MR2Loss(nn.Module):
         n_features: int,
         c_bar: float | None = 1.0,
         lam: float = 0.5,
-        p: float = 2.0,
+        p: float | None = None,
         rho: float = 0.9,
         tau: float | None = 1.0,
         normalize: bool = False,
@@ -91,6 +101,7 @@ class MR2Loss(nn.Module):
             raise ValueError(f"class_tilt must be a finite number >= 0, got {class_tilt}.")
         if c_bar is not None and c_bar <= 0:
             raise ValueError(f"c_bar must be positive or None, got {c_bar}.")
+        p = (3.0 if normalize else 2.0) if p is None else p
         if p < 1:
             raise ValueError(f"p must be >= 1, got {p}.")
         if difficulty not in DIFFICULTIES:
@@ -103,27 +114,32 @@ class MR2Loss(nn.Module):
         self.class_tilt = float(class_tilt)
         self.register_buffer("running_class_loss", torch.zeros(n_classes))
         self.register_buffer("class_samples", torch.zeros(n_classes))
-        self.register_buffer("running_mean", torch.zeros(n_classes, n_features))
-        self.register_buffer("running_msd", torch.zeros(n_classes))
-        self.register_buffer("running_msd_l2", torch.zeros(n_classes))
-        self.register_buffer("running_count", torch.zeros(n_classes))
-        self.register_buffer("initialised", torch.zeros(n_classes, dtype=torch.bool))
+        for name, value in ClassMoments.zeros(n_classes, n_features)._asdict().items():
+            self.register_buffer(f"moment_{name}", value)
+
+    def moments(self) -> ClassMoments:
+        """The running sums (buffers ``moment_*``, saved in the state dict)."""
+        return ClassMoments(*(getattr(self, f"moment_{name}") for name in ClassMoments._fields))
+
+    @property
+    def initialised(self) -> torch.Tensor:
+        """Classes seen in training so far (K,), boolean."""
+        return self.moment_count > 0
 
     def stats(self) -> ClassStats:
-        return ClassStats(
-            self.running_mean, self.running_msd, self.running_msd_l2, self.running_count
-        )
+        """Current class statistics of φ (see :func:`moments_statistics`)."""
+        return moments_statistics(self.moments(), self.p)
 
     def margins(self) -> torch.Tensor:
         """Current margins γ (K,); classes not seen yet get c̄."""
         if self.c_bar is None:
-            return torch.ones_like(self.running_msd)
-        a = class_difficulty(self.stats(), self.p, self.difficulty)
+            return torch.ones_like(self.moment_count)
+        a = moments_difficulty(self.moments(), self.p, self.difficulty)
         return margins_from_difficulty(a, self.c_bar, self.initialised)
 
     def s_bar(self) -> torch.Tensor:
-        seen = self.initialised.to(self.running_msd_l2.dtype)
-        return (self.running_msd_l2 * seen).sum() / seen.sum().clamp_min(1)
+        """s̄: the mean L2 spread over the classes seen, as the estimator computes it."""
+        return mean_spread(self.stats())
 
     def class_weights(self) -> torch.Tensor:
         """The tilt's class weights q = softmax(t·L + log π) (K,); classes not seen get 0."""
@@ -149,13 +165,10 @@ class MR2Loss(nn.Module):
     def update(self, features: torch.Tensor, target: torch.Tensor) -> None:
         """Fold one batch into the running statistics."""
         phi = F.normalize(features, dim=1) if self.normalize else features
-        batch = class_statistics(phi.to(self.running_mean.dtype), target, self.n_classes, self.p)
-        stats, initialised = ema_update(self.stats(), batch, self.rho, self.initialised)
-        for name, value in zip(
-            ("running_mean", "running_msd", "running_msd_l2", "running_count"), stats, strict=True
-        ):
-            getattr(self, name).copy_(value)
-        self.initialised.copy_(initialised)
+        phi = phi.to(self.moment_sum.dtype)
+        moments = update_moments(self.moments(), phi, target, self.rho, self.p)
+        for name, value in moments._asdict().items():
+            getattr(self, f"moment_{name}").copy_(value)
 
     def forward(
         self, logits: torch.Tensor, features: torch.Tensor, target: torch.Tensor

@@ -15,6 +15,8 @@ function evaluation, which its line search needs anyway.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +30,7 @@ from ._losses import (
     margin_cross_entropy,
     tilted_class_risk,
 )
-from ._stats import ClassStats, class_margins, class_statistics_chunked
+from ._stats import ClassStats, class_margins, class_statistics_chunked, mean_spread
 
 
 @dataclass
@@ -41,6 +43,9 @@ class SolverResult:
     margins: torch.Tensor | None = None
     class_loss: torch.Tensor | None = None  # L_k at the solution (K,)
     tilt_weights: torch.Tensor | None = None  # q = softmax(t·L + log π) at the solution (K,)
+    # Why the solver stopped: "tol", "max_iter", "max_eval" (L-BFGS's function
+    # evaluations), or "stalled" (L-BFGS no longer improving).
+    stop: str = "tol"
 
 
 # Gradients in the logits are kept between the two passes of a tilted
@@ -106,7 +111,7 @@ def refresh_statistics(head, source, spec: MarginSpec):
         source.chunks, spec.n_classes, n_features, spec.p, transform=head.features
     )
     margins = class_margins(stats, spec.c_bar, spec.p, spec.difficulty)
-    s_bar = stats.msd_l2.mean()
+    s_bar = mean_spread(stats)
     # τ = 2 s̄ by default: the exponent then compares a pair's distance with the mean
     # same-class distance in units of itself, whatever the scale of the features.
     tau = 2 * s_bar.clamp_min(torch.finfo(s_bar.dtype).tiny) if spec.tau is None else spec.tau
@@ -138,6 +143,12 @@ def fit_lbfgs(
     every sample reweighted by q_{y_i} / S_{y_i} (the logits' gradients of the first pass
     are reused when they fit in memory, so a tilted evaluation costs the same two matrix
     products per sample as a plain one).
+
+    ``tol`` bounds the largest gradient entry in the coordinates L-BFGS works in: for a
+    linear head with an intercept, (W, b') with b' = b + W·m, m the weighted feature mean.
+    There the gradient in b' is the original one in b, and the gradient in W is the
+    original one minus (∂f/∂b)·mᵀ: in the original coordinates the largest entry is at
+    most tol·(1 + max_j |m_j|).
     """
     stats, margins, _, _ = initial
     # With an unpenalised intercept, W·x + b = W·(x − m) + (b + W·m): the same objective,
@@ -185,17 +196,30 @@ def fit_lbfgs(
         return total
 
     optimizer.step(closure)
+    # The line search may leave in .grad a point it tried and rejected: one more
+    # evaluation gives the gradient (and the loss) where L-BFGS stopped.
+    closure()
     bar.close()
+    state = optimizer.state[params[0]]
+    n_iter = state.get("n_iter", 0)
+    # Converged means the gradient test was met, whatever made L-BFGS stop. The test is
+    # L-BFGS's own, in its coordinates: with the intercept re-parametrised around m.
+    largest = max(float(p.grad.abs().max()) for p in params if p.grad is not None)
+    if largest <= tol:
+        stop = "tol"
+    elif n_iter >= max_iter:
+        stop = "max_iter"
+    elif state.get("func_evals", 0) >= optimizer.param_groups[0]["max_eval"]:
+        stop = "max_eval"
+    else:
+        stop = "stalled"
     if center is not None:
         with torch.no_grad():
             head.bias -= head.weight @ center
-    state = optimizer.state[params[0]]
-    n_iter = state.get("n_iter", 0)
-    # Converged means the gradient test was met, whatever made L-BFGS stop.
-    largest = max(float(p.grad.abs().max()) for p in params if p.grad is not None)
-    converged = largest <= tol
     loss_curve = [float(v) for _, v in sorted(curve.items())]
-    result = SolverResult(max(n_iter, 1), converged, loss_curve, largest, stats, margins)
+    result = SolverResult(
+        max(n_iter, 1), stop == "tol", loss_curve, largest, stats, margins, stop=stop
+    )
     return _with_class_losses(result, head, source, spec, risk)
 
 
@@ -272,6 +296,79 @@ def _with_class_losses(result: SolverResult, head, source, spec, risk: ClassRisk
     return result
 
 
+class _Adam:
+    """Adam (Kingma & Ba, 2015) on a few tensors, in place on their device.
+
+    The same arithmetic as ``torch.optim.Adam`` without weight decay, but without its first
+    call's import of ``torch._dynamo`` (1 to 3 s on a CPU-only machine).
+    """
+
+    def __init__(self, params, betas=(0.9, 0.999), eps=1e-8) -> None:
+        self.params, self.betas, self.eps, self.t = params, betas, eps, 0
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+
+    @torch.no_grad()
+    def step(self, grads, lr: float) -> None:
+        self.t += 1
+        beta1, beta2 = self.betas
+        step = lr / (1 - beta1**self.t)
+        correction2 = 1 - beta2**self.t
+        for param, grad, m, v in zip(self.params, grads, self.m, self.v, strict=True):
+            m.lerp_(grad, 1 - beta1)
+            v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            param.addcdiv_(m, (v / correction2).sqrt_().add_(self.eps), value=-step)
+
+
+class _NesterovSGD:
+    """SGD with Nesterov momentum, as ``torch.optim.SGD(momentum=0.9, nesterov=True)``."""
+
+    def __init__(self, params, momentum=0.9) -> None:
+        self.params, self.momentum = params, momentum
+        self.buffers = [torch.zeros_like(p) for p in params]
+
+    @torch.no_grad()
+    def step(self, grads, lr: float) -> None:
+        for param, grad, buf in zip(self.params, grads, self.buffers, strict=True):
+            buf.mul_(self.momentum).add_(grad)
+            param.add_(grad.add(buf, alpha=self.momentum), alpha=-lr)
+
+
+# The step size is divided by LR_DECAY when the epoch loss reaches a plateau, and the fit
+# has converged at the plateau that follows the last of LR_DECAYS divisions.
+LR_DECAY = 0.1
+LR_DECAYS = 2
+# Steps with at most this many multiply-adds in their matrix products run on one CPU
+# thread: for them torch's intra-op threads cost more in synchronisation than they save.
+SMALL_STEP = 2**24
+
+
+@contextlib.contextmanager
+def _step_threads(device, batch_size, n_features, n_classes):
+    """One intra-op thread for small minibatch steps on the CPU; no change otherwise."""
+    work = batch_size * n_features * (n_features + n_classes + batch_size)
+    if device.type != "cpu" or work > SMALL_STEP:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _small_steps_on_one_thread(fit):
+    @functools.wraps(fit)
+    def wrapper(head, source, spec, **kwargs):
+        n_features = head.weight.shape[1]
+        with _step_threads(head.weight.device, kwargs["batch_size"], n_features, spec.n_classes):
+            return fit(head, source, spec, **kwargs)
+
+    return wrapper
+
+
+@_small_steps_on_one_thread
 def fit_minibatch(
     head,
     source,
@@ -293,6 +390,11 @@ def fit_minibatch(
 ):
     """Minibatch Adam or SGD; statistics refreshed exactly once per epoch when φ learns.
 
+    A plateau is ``n_iter_no_change`` epochs whose mean loss is not below the best so far
+    by ``tol`` relative to it. At a plateau the step size is divided by 10; the third
+    plateau (at ``learning_rate / 100``) ends the fit as converged. The statistics and
+    margins returned are those the last epoch trained with.
+
     With ``tilt`` > 0 the class weights q of an epoch come from the class losses L_k
     measured over the previous epoch (the losses of its minibatches as they were
     computed), and those of the first epoch from one exact pass at the starting point; each
@@ -304,11 +406,9 @@ def fit_minibatch(
     if tilt > 0:
         class_loss = risk.class_loss(class_losses(head, source, margins, spec.n_classes))
     params = [p for p in head.parameters()]
-    if solver == "adam":
-        optimizer = torch.optim.Adam(params, lr=learning_rate)
-    else:
-        optimizer = torch.optim.SGD(params, lr=learning_rate, momentum=0.9, nesterov=True)
+    optimizer = _Adam(params) if solver == "adam" else _NesterovSGD(params)
     reg = 1.0 / (C * weight_sum)
+    lr, decays = learning_rate, 0
     best, stalled, curve, converged = float("inf"), 0, [], False
     bar = _progress(max_iter, verbose, f"MR2 {solver}")
     for epoch in range(max_iter):
@@ -332,9 +432,7 @@ def fit_minibatch(
             loss = data + reg * head.penalty()
             if lam > 0:
                 loss = loss + lam * compactness_loss(phi, y, s_bar, tau)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            optimizer.step(torch.autograd.grad(loss, params), lr)
             # Tilted: the epoch's value is R_t of its class losses plus the other terms.
             epoch_loss += (loss if tilt == 0 else loss - data).detach() * len(y)
         if tilt > 0:
@@ -343,14 +441,15 @@ def fit_minibatch(
         value = float(epoch_loss) / source.n_samples  # the one host sync of the epoch
         curve.append(value)
         bar.update(1)
-        bar.set_postfix(loss=f"{value:.4g}")
-        stalled = stalled + 1 if value > best - tol else 0
+        bar.set_postfix(loss=f"{value:.4g}", lr=f"{lr:.2g}")
+        stalled = 0 if epoch == 0 or value < best - tol * abs(best) else stalled + 1
         best = min(best, value)
         if stalled >= n_iter_no_change:
-            converged = True
-            break
+            if decays == LR_DECAYS:
+                converged = True
+                break
+            lr, decays, stalled = lr * LR_DECAY, decays + 1, 0
     bar.close()
-    if head.has_projection:
-        stats, margins, _, _ = refresh_statistics(head, source, spec)
-    result = SolverResult(len(curve), converged, curve, stats=stats, margins=margins)
+    stop = "tol" if converged else "max_iter"
+    result = SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)
     return _with_class_losses(result, head, source, spec, risk)

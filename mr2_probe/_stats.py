@@ -100,6 +100,15 @@ def class_statistics_chunked(
     return ClassStats(mean, spread_p / denom, spread_2 / denom, counts)
 
 
+def mean_spread(stats: ClassStats) -> torch.Tensor:
+    """s̄: the mean L2 spread msd_l2 over the classes present (count > 0), a scalar.
+
+    Classes with no weight have no spread to average; 0 when no class is present.
+    """
+    present = (stats.count > 0).to(stats.msd_l2.dtype)  # (K,)
+    return (stats.msd_l2 * present).sum() / present.sum().clamp_min(1)
+
+
 DIFFICULTIES = ("moment", "spread")
 
 
@@ -148,25 +157,114 @@ def class_margins(
     return margins_from_difficulty(a, c_bar, stats.count > 0)
 
 
-def ema_update(
-    running: ClassStats,
-    batch: ClassStats,
-    rho: float = 0.9,
-    initialised: torch.Tensor | None = None,
-) -> tuple[ClassStats, torch.Tensor]:
-    """Exponential moving average of class statistics, for streaming (fine-tuning) use.
+class ClassMoments(NamedTuple):
+    """Running, count-weighted sums per class, for statistics of a stream of batches.
 
-    Classes absent from the batch keep their running value; classes seen for the first
-    time take the batch value. Returns the new statistics and the new ``initialised`` mask.
+    When a class appears in a batch its sums decay by ρ and take in the batch's; a class
+    absent from the batch keeps them. A sample's weight is thus ρ^j, j the number of later
+    batches that held its class, and the statistics are weighted averages over samples,
+    not averages of per-batch statistics: a batch that holds one sample of a class
+    contributes that sample, at its weight, to the class's mean and second moment.
+
+    ``count`` Σw (K,); ``count_sq`` Σw² (K,), which gives the effective count
+    count²/count_sq; ``sum`` Σw·φ (K, d); ``sum_sq`` Σw·‖φ‖₂² (K,); ``dev_p`` and
+    ``dev_2`` Σw·‖φ − c‖² in L_p and L2 (K,), c the class's running mean before the batch
+    (the batch's own mean when the class is new), used only for p ≠ 2.
     """
-    present = batch.count > 0  # (K,)
-    if initialised is None:
-        initialised = torch.zeros_like(present)
-    # Weight of the old value: rho for classes already seen, 0 for new ones, 1 if absent.
-    keep = torch.where(initialised, rho, 0.0).to(batch.mean.dtype)
-    keep = torch.where(present, keep, torch.ones_like(keep))  # (K,)
-    mean = keep[:, None] * running.mean + (1 - keep[:, None]) * batch.mean  # (K, d)
-    msd = keep * running.msd + (1 - keep) * batch.msd
-    msd_l2 = keep * running.msd_l2 + (1 - keep) * batch.msd_l2
-    stats = ClassStats(mean, msd, msd_l2, running.count + batch.count)
-    return stats, initialised | present
+
+    count: torch.Tensor
+    count_sq: torch.Tensor
+    sum: torch.Tensor
+    sum_sq: torch.Tensor
+    dev_p: torch.Tensor
+    dev_2: torch.Tensor
+
+    @classmethod
+    def zeros(cls, n_classes: int, n_features: int, **kwargs) -> ClassMoments:
+        """Empty sums (no class seen); ``kwargs`` are ``dtype`` and ``device``."""
+        per_class = [torch.zeros(n_classes, **kwargs) for _ in range(5)]
+        count, count_sq, sum_sq, dev_p, dev_2 = per_class
+        return cls(
+            count, count_sq, torch.zeros(n_classes, n_features, **kwargs), sum_sq, dev_p, dev_2
+        )
+
+
+def update_moments(
+    moments: ClassMoments,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    rho: float = 0.9,
+    p: float = 2.0,
+) -> ClassMoments:
+    """Fold one batch (features (B, d), labels (B,)) into the running sums (no host sync)."""
+    n_classes = moments.count.shape[0]
+    new = features.new_zeros
+    count = new(n_classes).index_add_(0, labels, features.new_ones(len(labels)))  # (K,)
+    sums = new(moments.sum.shape).index_add_(0, labels, features)  # (K, d)
+    sum_sq = new(n_classes).index_add_(0, labels, (features * features).sum(1))
+    # Deviations from the running mean before this batch (independent of the batch's
+    # samples), or from the batch's own mean for a class seen for the first time.
+    seen = (moments.count > 0)[:, None]  # (K, 1)
+    prior = moments.sum / moments.count.clamp_min(torch.finfo(features.dtype).tiny)[:, None]
+    center = torch.where(seen, prior, sums / count.clamp_min(1)[:, None])  # (K, d)
+    diff = features - center[labels]  # (B, d)
+    dev_2 = new(n_classes).index_add_(0, labels, (diff * diff).sum(1))
+    dev_p = dev_2 if p == 2 else new(n_classes).index_add_(0, labels, lp_norm_sq(diff, p))
+    decay = torch.where(count > 0, rho, 1.0).to(features.dtype)  # (K,)
+    return ClassMoments(
+        decay * moments.count + count,
+        decay * decay * moments.count_sq + count,  # unit sample weights: Σw² gains count
+        decay[:, None] * moments.sum + sums,
+        decay * moments.sum_sq + sum_sq,
+        decay * moments.dev_p + dev_p,
+        decay * moments.dev_2 + dev_2,
+    )
+
+
+def _mean_noise(moments: ClassMoments) -> torch.Tensor:
+    """Σŵ² = count_sq / count², the variance of the weighted mean in units of one sample's
+    (1 / effective count); 1 for a class seen once, 0 for an absent class (K,)."""
+    count = moments.count.clamp_min(torch.finfo(moments.count.dtype).tiny)
+    return (moments.count_sq / (count * count)).clamp(0, 1)
+
+
+def moments_statistics(moments: ClassMoments, p: float = 2.0) -> ClassStats:
+    """Class statistics from running sums.
+
+    In L2 every estimate is unbiased whatever the batches held: the mean is a weighted
+    average of samples, and the spread is the weighted variance about that mean divided
+    by 1 − Σŵ² (Bessel's correction for weighted samples; 0 for a class seen once). In L_p,
+    p ≠ 2, the spread does not follow from moments: it is the L2 spread times the ratio of
+    the L_p to the L2 deviations from the running mean, exact when that ratio is the same
+    about the running and the true mean, approximate otherwise. ``count`` is Σw, the
+    decayed weight of each class.
+    """
+    tiny = torch.finfo(moments.count.dtype).tiny
+    count = moments.count.clamp_min(tiny)
+    mean = moments.sum / count[:, None]  # (K, d)
+    biased = (moments.sum_sq / count - (mean * mean).sum(1)).clamp_min(0)  # (K,)
+    keep = 1 - _mean_noise(moments)
+    msd_l2 = torch.where(keep > 0, biased / keep.clamp_min(tiny), torch.zeros_like(keep))
+    if p == 2:
+        msd = msd_l2
+    else:
+        ratio = moments.dev_p / moments.dev_2.clamp_min(tiny)
+        msd = torch.where(moments.dev_2 > 0, msd_l2 * ratio, torch.zeros_like(ratio))
+    return ClassStats(mean, msd, msd_l2, moments.count)
+
+
+def moments_difficulty(
+    moments: ClassMoments, p: float = 2.0, difficulty: str = "moment"
+) -> torch.Tensor:
+    """a_k (K,) from running sums, as :func:`class_difficulty` gives it from exact ones.
+
+    ``"moment"``: ‖μ̂_k‖_p² overstates ‖μ_k‖_p² by the noise of the running mean, Σŵ²·msd_k
+    in L2, so a_k = ‖μ̂_k‖_p² + (1 − Σŵ²)·msd_k: in L2 that is exactly Σw‖φ‖² / Σw, the
+    weighted mean of ‖φ‖², unbiased; in L_p the same correction is an approximation.
+    """
+    stats = moments_statistics(moments, p)
+    if difficulty == "spread":
+        return stats.msd
+    if difficulty != "moment":
+        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}.")
+    return lp_norm_sq(stats.mean, p) + (1 - _mean_noise(moments)) * stats.msd

@@ -33,7 +33,9 @@ def main(argv=None):
         "ERM (LogisticRegression)": LogisticRegression(C=args.C, max_iter=1000),
         "ERM (MR2, c_bar=None)": MR2LinearClassifier(c_bar=None, C=args.C),
         "MR2 margins (c_bar=1)": MR2LinearClassifier(c_bar=1.0, C=args.C),
-        "MR2 paper (c_bar=2, lam=0.5, p=3)": MR2LinearClassifier(
+        # The paper's c̄, λ and p; the compactness loss acts on a learned projection P of
+        # the frozen features with τ = 2 s̄, which is this library's extension.
+        "MR2 + compactness on P (c_bar=2, lam=0.5, p=3)": MR2LinearClassifier(
             c_bar=2.0, lam=0.5, p=3, C=args.C, random_state=args.seed
         ),
     }

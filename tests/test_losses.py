@@ -4,12 +4,17 @@ import pytest
 import torch
 
 from mr2_probe import (
+    ClassMoments,
     MR2Loss,
+    class_difficulty,
     class_margins,
     class_statistics,
     compactness_loss,
-    ema_update,
     margin_cross_entropy,
+    mean_spread,
+    moments_difficulty,
+    moments_statistics,
+    update_moments,
 )
 from tests.reference_mr2 import (
     class_statistics_loop,
@@ -120,16 +125,75 @@ def test_compactness_is_overflow_safe_and_handles_singletons():
     torch.testing.assert_close(loss.detach(), torch.tensor(expected), rtol=1e-4, atol=0)
 
 
-def test_ema_update_blends_present_classes_only():
-    features, labels, k = _data(6)
-    first = class_statistics(features, labels, k)
-    running, seen = ema_update(first, first, rho=0.9)  # first sight: take the batch
-    torch.testing.assert_close(running.mean, first.mean)
-    assert seen.all()
-    batch = class_statistics(features[labels != 0] + 1.0, labels[labels != 0], k)
-    updated, _ = ema_update(running, batch, rho=0.9, initialised=seen)
-    torch.testing.assert_close(updated.mean[0], running.mean[0])  # absent: unchanged
-    torch.testing.assert_close(updated.mean[1:], 0.9 * running.mean[1:] + 0.1 * batch.mean[1:])
+def test_moments_keep_a_class_seen_one_sample_at_a_time():
+    # Every batch holds a single sample of class 0: its mean of ‖φ‖² is still all there.
+    features, labels, k = _data(6, n=12)
+    moments = ClassMoments.zeros(k, features.shape[1], dtype=features.dtype)
+    for i in range(len(labels)):
+        moments = update_moments(moments, features[i : i + 1], labels[i : i + 1], rho=0.5)
+    for c in range(k):
+        members = features[labels == c]
+        # The last sample of a class weighs 1, the one before 0.5, and so on.
+        w = 0.5 ** torch.arange(len(members) - 1, -1, -1, dtype=features.dtype)
+        mean = (w[:, None] * members).sum(0) / w.sum()
+        second = (w * (members * members).sum(1)).sum() / w.sum()
+        n_eff = w.sum() ** 2 / (w * w).sum()
+        spread = (second - mean @ mean) * n_eff / (n_eff - 1)
+        stats = moments_statistics(moments)
+        torch.testing.assert_close(stats.mean[c], mean)
+        torch.testing.assert_close(stats.msd_l2[c], spread)
+        torch.testing.assert_close(moments_difficulty(moments)[c], second)
+
+
+def _classes(n_classes, n_per_class=30, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    means = torch.randn(n_classes, d, generator=g, dtype=torch.float64) * 1.5
+    spread = torch.empty(n_classes, dtype=torch.float64).uniform_(0.5, 2.0, generator=g)
+    labels = torch.arange(n_classes).repeat_interleave(n_per_class)
+    noise = torch.randn(len(labels), d, generator=g, dtype=torch.float64)
+    return means[labels] + noise * spread[labels, None], labels
+
+
+@pytest.mark.parametrize("n_classes", [100, 1000])
+@pytest.mark.parametrize("p", [2.0, 3.0])
+def test_streamed_statistics_match_the_exact_ones(n_classes, p):
+    # Batches of 64 hold about one sample of a class (at K = 1000, most hold none).
+    features, labels = _classes(n_classes)
+    exact = class_statistics(features, labels, n_classes, p)
+    criterion = MR2Loss(n_classes, features.shape[1], c_bar=1.0, lam=0.0, p=p).double()
+    order = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        for batch in torch.randperm(len(labels), generator=order).split(64):
+            criterion(torch.zeros(len(batch), n_classes), features[batch], labels[batch])
+    a = moments_difficulty(criterion.moments(), p)
+    a_exact = class_difficulty(exact, p)
+    # Unbiased estimates of the class's spread, so ≈ N_k / (N_k − 1) = 1.03 times the
+    # spread about the exact mean of its 30 samples; a_k has no such factor.
+    torch.testing.assert_close(a.mean(), a_exact.mean(), rtol=0.02, atol=0)
+    torch.testing.assert_close(criterion.s_bar(), mean_spread(exact), rtol=0.06, atol=0)
+    torch.testing.assert_close(criterion.stats().msd.mean(), exact.msd.mean(), rtol=0.06, atol=0)
+    assert torch.corrcoef(torch.stack([a, a_exact]))[0, 1] > 0.98
+    # The margins a training step uses: off by 1% on average (6 to 8% before the
+    # statistics were tracked as weighted moments).
+    exact_margins = class_margins(exact, 1.0, p)
+    assert (criterion.margins() / exact_margins - 1).abs().mean() < 0.02
+
+
+def test_mean_spread_averages_present_classes_only():
+    features, labels, k = _data(9)
+    weights = (labels != 2).to(features.dtype)  # class 2 has no weight
+    stats = class_statistics(features, labels, k, sample_weight=weights)
+    torch.testing.assert_close(mean_spread(stats), stats.msd_l2[[0, 1, 3]].mean())
+
+
+def test_normalized_mr2_loss_defaults_to_p3_and_unequal_margins():
+    features, labels, k = _data(10)
+    criterion = MR2Loss(n_classes=k, n_features=features.shape[1], normalize=True)
+    assert criterion.p == 3.0
+    assert MR2Loss(n_classes=k, n_features=features.shape[1]).p == 2.0
+    criterion(torch.zeros(len(labels), k), features, labels)
+    margins = criterion.margins()
+    assert margins.max() - margins.min() > 1e-3  # p = 2 would give every class γ = c̄
 
 
 def test_mr2_loss_module_trains_and_tracks_statistics():
@@ -153,9 +217,9 @@ def test_mr2_loss_module_trains_and_tracks_statistics():
     assert criterion.initialised.all()
     torch.testing.assert_close(criterion.margins().mean(), torch.tensor(1.0))
     criterion.eval()
-    before = criterion.running_mean.clone()
+    before = criterion.stats().mean.clone()
     criterion(head(phi), phi, labels[idx])
-    assert torch.equal(before, criterion.running_mean)  # eval mode does not update
+    assert torch.equal(before, criterion.stats().mean)  # eval mode does not update
 
 
 @pytest.mark.parametrize(
