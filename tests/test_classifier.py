@@ -190,6 +190,7 @@ def test_torch_tensor_input_matches_numpy(digits, dtype):
     np.testing.assert_array_equal(from_tensor.predict(tensor), from_numpy.predict(X))
 
 
+@pytest.mark.slow
 def test_h5py_dataset_is_streamed_not_loaded(tmp_path, digits, monkeypatch):
     h5py = pytest.importorskip("h5py")
     from mr2_probe import _data
@@ -535,6 +536,7 @@ def test_tensor_with_autograd_history(params):
     assert not clf.decision_function(features).requires_grad
 
 
+@pytest.mark.slow
 def test_balanced_class_weight_with_sample_weight_matches_logistic_regression(digits):
     X, y = digits
     sample_weight = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
@@ -549,6 +551,7 @@ def test_balanced_class_weight_with_sample_weight_matches_logistic_regression(di
     np.testing.assert_allclose(ours.coef_, ref.coef_, atol=5e-4)
 
 
+@pytest.mark.slow
 def test_float32_lbfgs_reaches_the_tolerance(digits):
     X, y = digits
     ref = LogisticRegression(C=10.0, tol=1e-10, max_iter=20000).fit(X, y)

@@ -1,9 +1,13 @@
 """scikit-learn's estimator checks, on the regimes of the estimator and the offsets."""
 
+import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from mr2_probe import MR2LinearClassifier, TunedOffsetsClassifierCV
+
+# About 300 checks: the full suite runs them, the quick one (-m "not slow") does not.
+pytestmark = pytest.mark.slow
 
 LINEAR = MR2LinearClassifier(device="cpu")
 # The checks fit tiny data sets in one minibatch per epoch: a larger step keeps them fast.

@@ -154,7 +154,7 @@ def _classes(n_classes, n_per_class=30, d=16, seed=0):
     return means[labels] + noise * spread[labels, None], labels
 
 
-@pytest.mark.parametrize("n_classes", [100, 1000])
+@pytest.mark.parametrize("n_classes", [100, pytest.param(1000, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("p", [2.0, 3.0])
 def test_streamed_statistics_match_the_exact_ones(n_classes, p):
     # Batches of 64 hold about one sample of a class (at K = 1000, most hold none).
@@ -266,6 +266,7 @@ def test_closed_form_linear_gradient_matches_autograd(with_bias, centered):
         assert grad_b is None
 
 
+@pytest.mark.slow
 def test_mr2_loss_defaults_do_not_collapse_a_trained_backbone():
     from sklearn.datasets import load_digits
 

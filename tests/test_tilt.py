@@ -131,6 +131,7 @@ def test_worst_class_loss_falls_as_tilt_grows(head):
     assert mean[-1] > mean[0], mean  # the price: the mean loss rises
 
 
+@pytest.mark.slow
 def test_huge_tilt_on_two_classes_is_minimax():
     """max(L_0, L_1) + penalty at t = 300 matches the minimax value found by its dual."""
     X, y = make_blobs(n_samples=[60, 140], centers=[[0, 0], [2.0, 1.0]], random_state=0)
