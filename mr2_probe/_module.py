@@ -141,10 +141,13 @@ class MR2Loss(nn.Module):
         """s̄: the mean L2 spread over the classes seen, as the estimator computes it."""
         return mean_spread(self.stats())
 
+    def _class_share(self) -> torch.Tensor:
+        """π: each class's share of the samples seen so far (K,)."""
+        return self.class_samples / self.class_samples.sum().clamp_min(1)
+
     def class_weights(self) -> torch.Tensor:
         """The tilt's class weights q = softmax(t·L + log π) (K,); classes not seen get 0."""
-        share = self.class_samples / self.class_samples.sum().clamp_min(1)
-        return tilted_class_risk(self.running_class_loss, share, self.class_tilt)[1]
+        return tilted_class_risk(self.running_class_loss, self._class_share(), self.class_tilt)[1]
 
     @torch.no_grad()
     def _update_class_loss(self, loss: torch.Tensor, target: torch.Tensor) -> None:
@@ -183,7 +186,7 @@ class MR2Loss(nn.Module):
             each = margin_cross_entropy(logits, target, margins, reduction="none")  # (B,)
             if self.training:
                 self._update_class_loss(each.detach(), target)
-            share = self.class_samples / self.class_samples.sum().clamp_min(1)
+            share = self._class_share()
             ratio = self.class_weights() / share.clamp_min(torch.finfo(share.dtype).tiny)
             loss = (each * ratio[target].to(each.dtype)).mean()
         if self.lam > 0:
