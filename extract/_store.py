@@ -616,8 +616,8 @@ def load_features(
         if n_pending and not allow_incomplete:
             raise IncompleteStoreError(
                 f"The feature store {os.fspath(path)!r} has {n_pending} of {len(status)} rows "
-                "not extracted yet; run the same extraction command again to finish it, or "
-                "pass allow_incomplete=True to load the completed rows."
+                "not extracted yet; run the same extraction command again to finish it (from "
+                "Python, load_features(..., allow_incomplete=True) loads the completed rows)."
             )
         if n_pending:
             warnings.warn(
