@@ -10,11 +10,13 @@ Runs on the CPU with a small random-weight backbone by default, on the GPU when 
 
     python benchmarks/bench_extract.py
     python benchmarks/bench_extract.py --backbone effnet-lite0 --image-size 224 --n-images 2048
+    python benchmarks/bench_extract.py --json runs/bench_extract.json   # the table as JSON too
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=1, help="DataLoader worker processes")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,6 +127,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'pipeline':<36} {'images/s':>10} {'vs forward':>11} {'vs PIL loop':>12}")
     for name, rate in rates.items():
         print(f"{name:<36} {rate:>10.1f} {rate / base:>11.2f} {rate / peer:>12.2f}")
+    if args.json is not None:
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        rows = [
+            {
+                "pipeline": name,
+                "images_per_s": rate,
+                "vs_forward": rate / base,
+                "vs_pil_loop": rate / peer,
+            }
+            for name, rate in rates.items()
+        ]
+        result = {"config": config, "device": str(device), "rows": rows}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -8,13 +8,16 @@ With CUDA present, the MR² models are also timed on the GPU.
     python benchmarks/bench_fit.py                      # 50,000 × 768, 100 classes
     python benchmarks/bench_fit.py --offset 0           # centred features
     python benchmarks/bench_fit.py --n-samples 5000 --repeat 1    # quick look
+    python benchmarks/bench_fit.py --json runs/bench_fit.json     # the table as JSON too
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -71,6 +74,7 @@ def main(argv=None):
     parser.add_argument(
         "--tilts", type=float, nargs="*", default=[1.0, 5.0], help="class_tilt rows"
     )
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
 
     X, y = make_features(
@@ -124,7 +128,7 @@ def main(argv=None):
     )
     print(header)
     print("-" * len(header))
-    base_time, groups, times = None, None, {}
+    base_time, groups, times, rows = None, None, {}, []
     for name, device, model in models:
         seconds = timed_fit(model, X_train, y_train, args.repeat)
         times[name, device] = seconds
@@ -138,10 +142,33 @@ def main(argv=None):
             f"{name:<30}{device:>7}{seconds:9.2f}{base_time / seconds:9.1f}×{n_iter:7d}"
             f"{100 * s['overall']:8.2f}{100 * s['hard']:8.2f}{100 * s['worst']:9.2f}"
         )
+        rows.append(
+            {
+                "model": name,
+                "device": device,
+                "fit_s": seconds,
+                "speed_up": base_time / seconds,
+                "n_iter": n_iter,
+                **{f"{k}_accuracy": float(s[k]) for k in ("overall", "hard", "worst")},
+            }
+        )
+    tilt_ratios = []
     for (name, device), seconds in times.items():
         if "class_tilt" in name:
             ratio = seconds / times["MR2 c_bar=1", device]
             print(f"{name} on {device}: {ratio:.2f}× the fit time of class_tilt=0")
+            tilt_ratios.append({"model": name, "device": device, "fit_time_ratio": ratio})
+    if args.json is not None:
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        result = {
+            "config": config,
+            "n_test": len(y_test),
+            "torch_threads": torch.get_num_threads(),
+            "rows": rows,
+            "tilt_fit_time_ratios": tilt_ratios,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from sklearn.preprocessing import StandardScaler
 
 from mr2_probe import MR2LinearClassifier
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+cuda = pytest.mark.cuda  # skipped without CUDA (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -240,10 +240,11 @@ def test_pipeline_and_grid_search(digits):
     assert grid.predict(X).shape == y.shape
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
 @pytest.mark.parametrize("dump", ["pickle", "joblib"])
-def test_pickled_model_predicts_in_a_process_without_gpu(tmp_path, digits, dump):
+def test_pickled_model_predicts_in_a_process_without_gpu(tmp_path, digits, dump, device):
     X, y = digits
-    clf = MR2LinearClassifier(c_bar=1.0).fit(X, y)  # CUDA when this machine has it
+    clf = MR2LinearClassifier(c_bar=1.0, device=device).fit(X, y)
     path = tmp_path / "model.bin"
     if dump == "pickle":
         path.write_bytes(pickle.dumps(clf))

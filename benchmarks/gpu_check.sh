@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The GPU check: with a CUDA device, every CUDA test (pytest -m cuda), the ImageNet-size
+# probe (benchmarks/bench_probe_imagenet.py), bench_fit.py, bench_cv.py (where it exists),
+# bench_extract.py (timm; open_clip too where it is installed), each under its own time
+# limit and 7.5 minutes in all, collected into one JSON file. Without CUDA it says so and
+# exits 0. Run it from anywhere; the project need not be installed (PYTHONPATH is set):
+#
+#     bash benchmarks/gpu_check.sh                    # writes runs/gpu_check.json
+#     bash benchmarks/gpu_check.sh /tmp/check.json    # another file
+#
+# PYTHON picks the interpreter (default: .venv/bin/python if present, else python3);
+# BENCH_CV_ARGS adds arguments to bench_cv.py. Logs and each section's own JSON go to
+# runs/gpu_check/. Exit status: 0 when every section that ran succeeded, 1 otherwise.
+set -uo pipefail
+out=$(realpath -m "${1:-$(dirname "$0")/../runs/gpu_check.json}")
+cd "$(dirname "$0")/.."
+root=$PWD
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+"$PYTHON" -c "
+import sys
+try:
+    import torch
+except ImportError:
+    sys.exit(3)
+sys.exit(0 if torch.cuda.is_available() else 4)" 2>/dev/null
+status=$?
+if ((status != 0)); then
+    case $status in
+        3) why="$PYTHON cannot import torch" ;;
+        4) why="torch.cuda.is_available() is False" ;;
+        *) why="$PYTHON does not run" ;;
+    esac
+    echo "gpu_check: no CUDA device found ($why); nothing to run."
+    exit 0
+fi
+if ! "$PYTHON" -c "import mr2_probe, extract"; then
+    echo "gpu_check: cannot import mr2_probe and extract from $root with $PYTHON" >&2
+    exit 1
+fi
+
+logs=runs/gpu_check
+rm -rf "$logs" && mkdir -p "$logs"
+sections=$logs/sections.tsv
+: >"$sections"
+total_limit=450 # seconds: 7.5 minutes, inside the 8 the check is given
+start=$SECONDS
+
+skip() { # name reason
+    echo "== $1: skipped: $2"
+    printf '%s\tskipped\t\t\t\t\t\t%s\n' "$1" "$2" >>"$sections"
+}
+
+section() { # name limit_s json_path command...
+    local name=$1 limit=$2 json=$3
+    shift 3
+    local left=$((total_limit - (SECONDS - start)))
+    if ((left < 15)); then
+        skip "$name" "no time left of the check's ${total_limit} s"
+        return
+    fi
+    ((limit > left)) && limit=$left
+    echo "== $name (limit ${limit} s): $*"
+    local t0=$SECONDS
+    timeout --kill-after=5 "$limit" "$@" 2>&1 | tee "$logs/$name.log"
+    local rc=${PIPESTATUS[0]}
+    echo "== $name: exit status $rc after $((SECONDS - t0)) s"
+    printf '%s\tran\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$limit" \
+        "$json" "$logs/$name.log" "$*" >>"$sections"
+}
+
+section pytest_cuda 60 "" "$PYTHON" -m pytest -m cuda -q -rfEs -p no:cacheprovider \
+    --continue-on-collection-errors --junitxml="$logs/pytest_cuda.xml"
+section probe_imagenet 150 "$logs/probe_imagenet.json" \
+    "$PYTHON" benchmarks/bench_probe_imagenet.py --json "$logs/probe_imagenet.json"
+section bench_fit 60 "$logs/bench_fit.json" "$PYTHON" benchmarks/bench_fit.py \
+    --n-samples 20000 --repeat 1 --tilts 5 --json "$logs/bench_fit.json"
+if [[ -f benchmarks/bench_cv.py ]]; then
+    # shellcheck disable=SC2086 # BENCH_CV_ARGS is a list of words
+    section bench_cv 90 "$logs/bench_cv.json" \
+        "$PYTHON" benchmarks/bench_cv.py ${BENCH_CV_ARGS:-} --json "$logs/bench_cv.json"
+else
+    skip bench_cv "benchmarks/bench_cv.py does not exist in this tree"
+fi
+section extract_timm 60 "$logs/extract_timm.json" "$PYTHON" benchmarks/bench_extract.py \
+    --backbone timm:resnet50@random --image-size 224 --source-size 256 --n-images 1024 \
+    --batch-size 128 --workers 4 --json "$logs/extract_timm.json"
+if "$PYTHON" -c "import open_clip" 2>/dev/null; then
+    section extract_open_clip 30 "$logs/extract_open_clip.json" \
+        "$PYTHON" benchmarks/bench_extract.py --backbone open_clip:ViT-B-32@random \
+        --image-size 224 --source-size 256 --n-images 512 --repeats 1 --batch-size 128 \
+        --workers 4 --json "$logs/extract_open_clip.json"
+else
+    skip extract_open_clip "open_clip is not installed: the open_clip extraction benchmark is skipped"
+fi
+
+"$PYTHON" benchmarks/gpu_check_report.py "$sections" "$logs/pytest_cuda.xml" "$out" \
+    "$((SECONDS - start))"
