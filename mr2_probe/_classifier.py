@@ -67,6 +67,17 @@ def _finite_block(block, dtype, estimator_name):
     return block
 
 
+def _class_stats(stats, p, difficulty):
+    """``class_stats_``: the statistics that gave the margins, as NumPy."""
+    return {
+        "mean": to_numpy(stats.mean),
+        "msd": to_numpy(stats.msd),
+        "msd_l2": to_numpy(stats.msd_l2),
+        "count": to_numpy(stats.count),
+        "difficulty": to_numpy(class_difficulty(stats, p, difficulty)),
+    }
+
+
 class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     """Linear or cosine probe trained with MR² margin regularization.
 
@@ -443,14 +454,15 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
         return FitData(source, y_index, sample_weight, weight_sum, n_classes, device, dtype, seed)
 
-    def _new_head(self, data):
-        """A fresh head for ``data`` (zero weights, P = I), on its device."""
+    def _new_head(self, data, scale=None):
+        """A fresh head for ``data`` (zero weights, P = I), on its device; ``scale``
+        overrides the cosine head's logit scale."""
         return ProbeHead(
             self.n_features_in_,
             data.n_classes,
             head=self.head,
             fit_intercept=self.fit_intercept,
-            scale=self.scale,
+            scale=self.scale if scale is None else scale,
             projection=self.lam > 0,
             projection_rank=self.projection_rank,
             dtype=data.dtype,
@@ -612,15 +624,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         self.intercept_ = state["intercept"]
         self.projection_ = state["projection"]
         self.margins_ = to_numpy(result.margins)
-        stats = result.stats
-        difficulty = class_difficulty(stats, self.p_, self.difficulty)
-        self.class_stats_ = {
-            "mean": to_numpy(stats.mean),
-            "msd": to_numpy(stats.msd),
-            "msd_l2": to_numpy(stats.msd_l2),
-            "count": to_numpy(stats.count),
-            "difficulty": to_numpy(difficulty),
-        }
+        self.class_stats_ = _class_stats(result.stats, self.p_, self.difficulty)
         self.n_iter_ = int(result.n_iter)
         self.loss_curve_ = list(result.loss_curve)
         self.class_losses_ = to_numpy(result.class_loss)
