@@ -1,6 +1,7 @@
 """Class-fair linear probes on frozen features: MR² margin regularization."""
 
 from ._classifier import MR2LinearClassifier
+from ._cv import MR2LinearClassifierCV
 from ._losses import compactness_loss, margin_cross_entropy, pairwise_sq_distances
 from ._module import MR2Loss
 from ._offsets import TunedOffsetsClassifierCV, tune_class_offsets
@@ -24,6 +25,7 @@ __all__ = [
     "ClassMoments",
     "ClassStats",
     "MR2LinearClassifier",
+    "MR2LinearClassifierCV",
     "MR2Loss",
     "TunedOffsetsClassifierCV",
     "class_difficulty",

@@ -21,6 +21,7 @@ from sklearn.utils.validation import (
 )
 
 from ._data import (
+    FitData,
     H5Source,
     TensorSource,
     block_rows,
@@ -64,6 +65,17 @@ def _finite_block(block, dtype, estimator_name):
     block = np.asarray(block, dtype=dtype)
     assert_all_finite(block, estimator_name=estimator_name, input_name="X")
     return block
+
+
+def _class_stats(stats, p, difficulty):
+    """``class_stats_``: the statistics that gave the margins, as NumPy."""
+    return {
+        "mean": to_numpy(stats.mean),
+        "msd": to_numpy(stats.msd),
+        "msd_l2": to_numpy(stats.msd_l2),
+        "count": to_numpy(stats.count),
+        "difficulty": to_numpy(class_difficulty(stats, p, difficulty)),
+    }
 
 
 class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
@@ -382,6 +394,18 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         -------
         self : MR2LinearClassifier
         """
+        solver = self._check_solver()
+        data = self._prepare(X, y, sample_weight)
+        head = self._new_head(data)
+        warm = self._warm_state(data.n_classes)
+        if warm is not None:
+            head.load(warm)
+        result = self._solve(head, data, solver, self.C, init_cosine=warm is None)
+        self._finish(head, result, solver, data)
+        return self
+
+    def _check_solver(self):
+        """The solver that ``solver="auto"`` stands for, checked against ``lam``."""
         solver = self.solver if self.solver != "auto" else ("lbfgs" if self.lam == 0 else "adam")
         if solver == "lbfgs" and self.lam > 0:
             raise ValueError(
@@ -389,6 +413,14 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 "needs minibatches and per-epoch statistics. Use solver='auto', 'adam' or "
                 "'sgd', or set lam=0."
             )
+        return solver
+
+    def _prepare(self, X, y, sample_weight):
+        """Validate the data, set ``classes_``, and put X, y and the weights on the device.
+
+        The one upload of a fit: a search solves many problems on the :class:`FitData`
+        this returns (see :meth:`FitData.subset`).
+        """
         X, y, device, dtype = self._validate_fit_data(X, y)
         check_classification_targets(y)
         self.classes_, y_index = np.unique(y, return_inverse=True)
@@ -419,77 +451,100 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             source = H5Source(X, y_t, w_t, rows, device, dtype)
         else:
             source = TensorSource(X, y_t, w_t, rows)
-
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
-        generator = torch.Generator(device=device).manual_seed(seed)
-        head = ProbeHead(
+        return FitData(source, y_index, sample_weight, weight_sum, n_classes, device, dtype, seed)
+
+    def _new_head(self, data, scale=None):
+        """A fresh head for ``data`` (zero weights, P = I), on its device; ``scale``
+        overrides the cosine head's logit scale."""
+        return ProbeHead(
             self.n_features_in_,
-            n_classes,
+            data.n_classes,
             head=self.head,
             fit_intercept=self.fit_intercept,
-            scale=self.scale,
+            scale=self.scale if scale is None else scale,
             projection=self.lam > 0,
             projection_rank=self.projection_rank,
-            dtype=dtype,
-            device=device,
-            generator=torch.Generator().manual_seed(seed),
+            dtype=data.dtype,
+            device=data.device,
+            generator=torch.Generator().manual_seed(data.seed),
         )
+
+    def _margin_spec(self, n_classes):
         self.p_ = float(self.p if self.p is not None else (3 if self.head == "cosine" else 2))
-        spec = MarginSpec(n_classes, self.p_, self.c_bar, self.tau, self.difficulty)
-        warm = self._warm_state(n_classes)
-        if warm is not None:
-            head.load(warm)
-        # Exact statistics of the starting representation: one pass (two for p ≠ 2).
-        initial = refresh_statistics(head, source, spec)
-        if isinstance(source, H5Source):
-            source.check_finite(type(self).__name__)
+        return MarginSpec(n_classes, self.p_, self.c_bar, self.tau, self.difficulty)
+
+    def _statistics(self, head, data):
+        """Exact statistics of the head's representation of ``data``, checked finite."""
+        # One pass (two for p ≠ 2).
+        initial = refresh_statistics(head, data.source, self._margin_spec(data.n_classes))
+        if isinstance(data.source, H5Source):
+            data.source.check_finite(type(self).__name__)
         stats, margins = initial[0], initial[1]
         if not bool(all(torch.isfinite(t).all() for t in (*stats, margins))):
-            raise ValueError(_overflow_message("the class statistics (‖x‖²) overflow", dtype))
-        if warm is None and self.head == "cosine":
-            head.init_weight_from_means(initial[0].mean)
+            raise ValueError(_overflow_message("the class statistics (‖x‖²) overflow", data.dtype))
+        return initial
 
+    def _solve(self, head, data, solver, C, *, initial=None, init_cosine=True, verbose=None):
+        """Train ``head`` in place on ``data`` with inverse penalty ``C``; the solver's result.
+
+        ``initial`` (:meth:`_statistics` of this head and data) is computed when not
+        given; a search passes it along its path, since without a projection the
+        statistics do not depend on the parameters. ``init_cosine`` starts a cosine head
+        at the class means (a cold start).
+        """
+        spec = self._margin_spec(data.n_classes)
+        if initial is None:
+            initial = self._statistics(head, data)
+        if init_cosine and self.head == "cosine":
+            head.init_weight_from_means(initial[0].mean)
+        verbose = self.verbose if verbose is None else verbose
         common = dict(
             initial=initial,
-            weight_sum=weight_sum,
-            C=self.C,
+            weight_sum=data.weight_sum,
+            C=C,
             max_iter=self.max_iter,
             tol=self.tol,
             tilt=float(self.class_tilt),
+            verbose=verbose,
         )
         if solver == "lbfgs":
             try:
-                result = fit_lbfgs(head, source, spec, verbose=self.verbose, **common)
+                return fit_lbfgs(head, data.source, spec, **common)
             except RuntimeError as exc:
                 # L-BFGS passes its step size to torch as a Python float; gradients as
                 # large as the features make it overflow the dtype before any NaN shows.
                 if "overflow" not in str(exc):
                     raise
-                raise ValueError(_overflow_message("L-BFGS's step overflows", dtype)) from exc
-        else:
-            result = fit_minibatch(
-                head,
-                source,
-                spec,
-                lam=self.lam,
-                solver=solver,
-                learning_rate=self.learning_rate,
-                batch_size=self.batch_size,
-                n_iter_no_change=self.n_iter_no_change,
-                generator=generator,
-                verbose=self.verbose,
-                **common,
-            )
+                raise ValueError(_overflow_message("L-BFGS's step overflows", data.dtype)) from exc
+        return fit_minibatch(
+            head,
+            data.source,
+            spec,
+            lam=self.lam,
+            solver=solver,
+            learning_rate=self.learning_rate,
+            batch_size=self.batch_size,
+            n_iter_no_change=self.n_iter_no_change,
+            generator=torch.Generator(device=data.device).manual_seed(data.seed),
+            **common,
+        )
+
+    def _export(self, head, result, solver, dtype):
+        """The head's fitted state as NumPy, checked finite; warns if the solver stopped
+        short of ``tol``."""
         state = head.export()
         fitted = [state["coef"], state["intercept"], to_numpy(result.margins)]
         if not all(np.isfinite(a).all() for a in fitted):
             raise ValueError(_overflow_message("the fit produced non-finite coefficients", dtype))
         if not result.converged:
             warnings.warn(
-                self._convergence_message(result, solver, dtype), ConvergenceWarning, stacklevel=2
+                self._convergence_message(result, solver, dtype), ConvergenceWarning, stacklevel=4
             )
-        self._store(state, result, solver, device)
-        return self
+        return state
+
+    def _finish(self, head, result, solver, data):
+        self._store(self._export(head, result, solver, data.dtype), result, solver, data.device)
 
     def _convergence_message(self, result, solver, dtype):
         unit = "iterations" if solver == "lbfgs" else "epochs"
@@ -569,15 +624,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         self.intercept_ = state["intercept"]
         self.projection_ = state["projection"]
         self.margins_ = to_numpy(result.margins)
-        stats = result.stats
-        difficulty = class_difficulty(stats, self.p_, self.difficulty)
-        self.class_stats_ = {
-            "mean": to_numpy(stats.mean),
-            "msd": to_numpy(stats.msd),
-            "msd_l2": to_numpy(stats.msd_l2),
-            "count": to_numpy(stats.count),
-            "difficulty": to_numpy(difficulty),
-        }
+        self.class_stats_ = _class_stats(result.stats, self.p_, self.difficulty)
         self.n_iter_ = int(result.n_iter)
         self.loss_curve_ = list(result.loss_curve)
         self.class_losses_ = to_numpy(result.class_loss)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -138,3 +139,48 @@ class H5Source(TensorSource):
 def h5_dtype(dataset) -> np.dtype:
     """Compute dtype for a stored dataset: float64 stays, everything else is float32."""
     return np.dtype(np.float64 if np.dtype(dataset.dtype) == np.float64 else np.float32)
+
+
+@dataclass
+class FitData:
+    """One fit's training data on the device, validated and weighted, with its facts.
+
+    ``sample_weight`` (NumPy) already includes the class weights; ``seed`` is the fit's
+    one draw from ``random_state``.
+    """
+
+    source: TensorSource
+    y_index: np.ndarray
+    sample_weight: np.ndarray
+    weight_sum: float
+    n_classes: int
+    device: torch.device
+    dtype: torch.dtype
+    seed: int
+
+    def subset(self, rows: np.ndarray) -> FitData:
+        """The same problem on some rows (a fold's training set), without a new upload.
+
+        Rows outside ``rows`` keep their place with weight zero: the statistics and the
+        loss are weighted sums, so they drop out exactly, and an HDF5 dataset is still
+        read in order. In-memory tensors are indexed instead (one copy on the device),
+        which saves the solver the work on the held-out rows.
+        """
+        source = self.source
+        weight = np.zeros_like(self.sample_weight)
+        weight[rows] = self.sample_weight[rows]
+        if isinstance(source, H5Source):
+            w = to_tensor(weight, self.device, self.dtype)
+            source = H5Source(source.dataset, source.y, w, source.rows, self.device, self.dtype)
+        else:
+            index = to_tensor(np.asarray(rows, dtype=np.int64), self.device)
+            source = TensorSource(source.X[index], source.y[index], source.w[index], source.rows)
+        return replace(self, source=source, weight_sum=float(weight.sum()))
+
+    def rows(self, rows: np.ndarray) -> torch.Tensor:
+        """X's rows ``rows`` on the device (read in order from an HDF5 dataset)."""
+        if isinstance(self.source, H5Source):
+            rows = np.sort(rows)
+            block = np.asarray(self.source.dataset[rows])
+            return to_tensor(block, self.device, self.dtype)
+        return self.source.X[to_tensor(np.asarray(rows, dtype=np.int64), self.device)]

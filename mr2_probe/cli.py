@@ -20,6 +20,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import Normalizer, StandardScaler
 
 from ._classifier import MR2LinearClassifier
+from ._cv import MR2LinearClassifierCV
 from ._device import resolve_device
 from .metrics import classwise_scorers
 from .report import classwise_report
@@ -38,6 +39,10 @@ examples:
   mr2-probe train.npz --test test.npz --grid c_bar=none,1,2 --grid lam=0,0.5 \\
       --grid C=0.1,1 --scoring worst_class --out runs/grid
 
+  # C chosen by 5-fold CV along a warm-started path of 20 values (MR2LinearClassifierCV),
+  # for ERM and MR² each; --Cs bisect runs CLIP's parametric binary search instead
+  mr2-probe train.h5 --test test.h5 --cv 5 --Cs 20 --scoring worst_class --out runs/cv
+
   # plain NumPy features: X in feats.npy, labels in labels.npy
   mr2-probe feats.npy --labels labels.npy --test-size 0.25
 
@@ -54,6 +59,8 @@ files written to --out:
   margins.png            the MR² model's margin per class (or that it has none)
   groups.png             easy / medium / hard / worst-class accuracy of every model
   front.png              the accuracy front (with --tilt or --offsets)
+  cv_curve.png           held-out scores against C (the logit scale for a cosine head),
+                         one line per scorer (with --Cs)
   models.joblib          the fitted models, a dict keyed by the report's model names
   class_names.json       the class names of an HDF5 store: class k is entry k
   command.json           the options of the run
@@ -88,7 +95,7 @@ _OPTIONS = {
     "scale": "--logit-scale",
 }
 # Written only by some runs; a stale copy from an earlier run in the same folder is removed.
-_CONDITIONAL_OUTPUTS = ("front.png", "class_names.json")
+_CONDITIONAL_OUTPUTS = ("front.png", "class_names.json", "cv_curve.png")
 
 
 class UsageError(ValueError):
@@ -179,7 +186,19 @@ def _parser() -> argparse.ArgumentParser:
         "parameters it shares with MR² (C, head, scale, ...; not c_bar, lam, p, "
         "difficulty, tau, projection_rank, class_tilt)",
     )
-    parser.add_argument("--cv", type=int, default=3, help="folds of the grid search")
+    parser.add_argument(
+        "--Cs",
+        type=_cs,
+        default=None,
+        metavar="N|bisect",
+        help="choose C (the logit scale for --head cosine) by --cv-fold CV along a "
+        "warm-started path with MR2LinearClassifierCV, for both models: N values from 1e-4 "
+        "to 1e4, or 'bisect' for CLIP's parametric binary search; prints the validation "
+        "curve and writes cv_curve.png",
+    )
+    parser.add_argument(
+        "--cv", type=int, default=3, help="folds of the grid search or of --Cs (default: 3)"
+    )
     parser.add_argument(
         "--scoring",
         choices=_SCORINGS,
@@ -258,6 +277,20 @@ def _floats(text: str) -> tuple[float, ...]:
     return values
 
 
+def _cs(text: str):
+    if text == "bisect":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of values >= 1, e.g. 20, or 'bisect'; got {text!r}"
+        )
+    return value
+
+
 def _grid(specs: list[str]) -> dict:
     grid = {}
     for spec in specs:
@@ -319,6 +352,8 @@ def _run(args) -> int:
     X, y, X_test, y_test, names = _inputs(args)
 
     erm_grid = {key: values for key, values in grid.items() if key not in _MR2_ONLY}
+    if args.Cs is not None:
+        erm, mr2 = _cv_probe(erm, args), _cv_probe(mr2, args)
     models = {
         "ERM grid" if erm_grid else "ERM": _model(erm, erm_grid, args),
         "MR2 grid" if grid else "MR2": _model(mr2, grid, args),
@@ -351,7 +386,10 @@ def _run(args) -> int:
     lines = [
         f"{name}: best parameters by {args.scoring} ({args.cv}-fold CV): {best}"
         for name, best in search.items()
-    ] + [f"note: {note}" for note in notes]
+    ]
+    searches = {name: _final(m) for name, m in fitted.items() if hasattr(_final(m), "Cs_")}
+    lines += [line for name, cv in searches.items() for line in _cv_lines(name, cv, args)]
+    lines += [f"note: {note}" for note in notes]
 
     print(report.to_text(per_class=args.per_class))
     if lines:
@@ -363,8 +401,32 @@ def _run(args) -> int:
         if search:
             data["search"] = {"scoring": args.scoring, "cv": args.cv, "best_params": search}
         data["notes"] = notes
+        if searches:
+            data["cv"] = {
+                name: {"C": cv.C_, "Cs": cv.Cs_.tolist(), "curves": _curves(cv, args)}
+                for name, cv in searches.items()
+            }
         _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names)
     return 0
+
+
+def _curves(search, args) -> dict:
+    from .plotting import cv_curves
+
+    return {key: v.tolist() for key, v in cv_curves(search, args.scoring).items()}
+
+
+def _cv_lines(name: str, search, args) -> list[str]:
+    """The chosen value and the validation curve (mean over folds, in percent)."""
+    what = "scale" if search.head == "cosine" else "C"
+    curves = _curves(search, args)
+    lines = [f"{name}: chose {what}={search.C_:.4g} by {args.scoring} ({args.cv}-fold CV)"]
+    lines.append(f"  {what:>10s}  " + "  ".join(f"{key:>17s}" for key in curves))
+    for j, value in enumerate(search.Cs_):
+        mark = " *" if value == search.C_ else "  "
+        row = "  ".join(f"{100 * curve[j]:17.2f}" for curve in curves.values())
+        lines.append(f"{mark}{value:10.4g}  {row}")
+    return lines
 
 
 def _check_options(args) -> None:
@@ -437,8 +499,26 @@ def _estimators(args) -> tuple[MR2LinearClassifier, MR2LinearClassifier]:
     return erm, mr2
 
 
+def _cv_probe(probe: MR2LinearClassifier, args) -> MR2LinearClassifierCV:
+    """``probe`` with C (or the cosine head's scale) chosen along a path by --cv folds."""
+    params = probe.get_params()
+    del params["C"], params["warm_start"]
+    return MR2LinearClassifierCV(
+        args.Cs,
+        cv=StratifiedKFold(args.cv, shuffle=True, random_state=args.seed),
+        scoring=args.scoring,
+        n_jobs=args.n_jobs,
+        **params,
+    )
+
+
 def _check_grid(grid: dict, mr2: MR2LinearClassifier, args) -> None:
     """Every --grid name is a parameter of the estimator, every value a valid one."""
+    if grid and args.Cs is not None:
+        raise UsageError(
+            "--Cs searches C with MR2LinearClassifierCV and --grid with GridSearchCV; "
+            "use one of them"
+        )
     params = mr2.get_params(deep=False)
     for name, values in grid.items():
         if name not in params:
@@ -688,7 +768,13 @@ def _write_outputs(
 ) -> None:
     """Models, class names, options, the three reports (each with the search's choices,
     the notes and the front), then the figures."""
-    from .plotting import plot_class_accuracy, plot_front, plot_group_accuracy, plot_margins
+    from .plotting import (
+        plot_class_accuracy,
+        plot_cv_curve,
+        plot_front,
+        plot_group_accuracy,
+        plot_margins,
+    )
 
     # The models first: they are what took the time.
     joblib.dump(fitted, out / "models.joblib")
@@ -714,6 +800,9 @@ def _write_outputs(
     plot_margins(_final(fitted[mr2_name]), out / "margins.png", class_names=names)
     if front is not None:
         plot_front(front, out / "front.png")
+    searches = {name: m for name, m in fitted.items() if hasattr(_final(m), "Cs_")}
+    if searches:
+        plot_cv_curve(searches, out / "cv_curve.png", scoring=args.scoring)
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)
 
 

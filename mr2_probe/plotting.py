@@ -349,3 +349,72 @@ def plot_front(front, path, split: str = "test"):
     fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4)
     _save(fig, path)
     return fig
+
+
+#: Line style of each validation curve: the search's own scorer solid.
+_CURVE_STYLES = ("-", "--", ":", "-.")
+
+
+def cv_curves(search, scoring: str = "score") -> dict:
+    """Validation curves of a fitted :class:`~mr2_probe.MR2LinearClassifierCV`.
+
+    Returns ``{name: (n_Cs,) array}``, each the mean over folds: ``scoring`` names the
+    search's own held-out score (``scores_``); ``balanced_accuracy`` and ``worst_class``
+    come from ``class_accuracy_path_`` (classes absent from a fold's held-out rows left
+    out), whatever the search chose by.
+    """
+    check_is_fitted(search, "class_accuracy_path_")
+    per_class = search.class_accuracy_path_  # (folds, Cs, K)
+    curves = {scoring: next(iter(search.scores_.values())).mean(0)}
+    curves.setdefault("balanced_accuracy", np.nanmean(per_class, axis=2).mean(0))
+    curves.setdefault("worst_class", np.nanmin(per_class, axis=2).mean(0))
+    return curves
+
+
+def plot_cv_curve(searches, path, scoring: str = "score"):
+    """Held-out score against C (log axis) of each search, one line per scorer.
+
+    Parameters
+    ----------
+    searches : dict
+        Model name → fitted :class:`~mr2_probe.MR2LinearClassifierCV` (or a pipeline
+        ending in one), coloured as in the other figures ("ERM" grey, "MR2" blue).
+    path : str or path-like
+    scoring : str, default="score"
+        Name of the scorer the searches chose by, for the legend.
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+        One axes; the curves of :func:`cv_curves`, the chosen value of each search marked.
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> from sklearn.datasets import load_iris
+    >>> from mr2_probe import MR2LinearClassifierCV
+    >>> from mr2_probe.plotting import plot_cv_curve
+    >>> X, y = load_iris(return_X_y=True)
+    >>> search = MR2LinearClassifierCV([0.01, 1.0], cv=3, device="cpu").fit(X, y)
+    >>> fig = plot_cv_curve({"MR2": search}, os.path.join(tempfile.mkdtemp(), "cv.png"))
+    >>> fig.axes[0].get_xscale()
+    'log'
+    """
+    fig = _figure(7.0, 4.5)
+    ax = fig.subplots()
+    colours = model_colours(list(searches), reference="ERM" if "ERM" in searches else None)
+    for name, search in searches.items():
+        search = search[-1] if hasattr(search, "steps") else search
+        curves = cv_curves(search, scoring)
+        for style, (label, curve) in zip(_CURVE_STYLES, curves.items(), strict=False):
+            ax.plot(search.Cs_, 100 * curve, style, color=colours[name], label=f"{name} {label}")
+        ax.axvline(search.C_, color=colours[name], linestyle=":", linewidth=0.8)
+    head = next(iter(searches.values()))
+    head = (head[-1] if hasattr(head, "steps") else head).head
+    ax.set_xscale("log")
+    ax.set_xlabel("logit scale" if head == "cosine" else "C (inverse L2 strength)")
+    ax.set_ylabel("held-out score (%, mean over folds)")
+    ax.set_title("validation curves (dotted vertical: the chosen value)", fontsize=9)
+    ax.legend(fontsize=7)
+    _save(fig, path)
+    return fig

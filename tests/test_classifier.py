@@ -240,17 +240,14 @@ def test_pipeline_and_grid_search(digits):
     assert grid.predict(X).shape == y.shape
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
-@pytest.mark.parametrize("dump", ["pickle", "joblib"])
-def test_pickled_model_predicts_in_a_process_without_gpu(tmp_path, digits, dump, device):
-    X, y = digits
-    clf = MR2LinearClassifier(c_bar=1.0, device=device).fit(X, y)
+def assert_predicts_in_a_process_without_gpu(model, X, tmp_path, dump="pickle"):
+    """Dump ``model``, load it where CUDA is hidden, and compare its probabilities."""
     path = tmp_path / "model.bin"
     if dump == "pickle":
-        path.write_bytes(pickle.dumps(clf))
+        path.write_bytes(pickle.dumps(model))
         load = "pickle.loads(open(sys.argv[1], 'rb').read())"
     else:
-        joblib.dump(clf, path)
+        joblib.dump(model, path)
         load = "joblib.load(sys.argv[1])"
     np.save(tmp_path / "X.npy", X)
     code = (
@@ -266,7 +263,15 @@ def test_pickled_model_predicts_in_a_process_without_gpu(tmp_path, digits, dump,
         check=True,
         env=env,
     )
-    np.testing.assert_allclose(np.load(out), clf.predict_proba(X))
+    np.testing.assert_allclose(np.load(out), model.predict_proba(X))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+@pytest.mark.parametrize("dump", ["pickle", "joblib"])
+def test_pickled_model_predicts_in_a_process_without_gpu(tmp_path, digits, dump, device):
+    X, y = digits
+    clf = MR2LinearClassifier(c_bar=1.0, device=device).fit(X, y)
+    assert_predicts_in_a_process_without_gpu(clf, X, tmp_path, dump)
     assert all(not isinstance(v, torch.Tensor) for v in vars(clf).values())
 
 

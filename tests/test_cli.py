@@ -106,6 +106,29 @@ def test_grid_search_tunes_erm_and_mr2_alike(files, tmp_path, capsys):
     assert "| ERM grid |" in (out / "report.md").read_text().replace("  ", " ")
 
 
+@pytest.mark.parametrize("cs", ["4", "bisect"])
+def test_cv_path_chooses_c_prints_the_curve_and_plots_it(files, tmp_path, capsys, cs):
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--cv", "3"]
+    main([*argv, "--Cs", cs, "--scoring", "worst_class", "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    models = joblib.load(out / "models.joblib")
+    report = json.loads((out / "report.json").read_text())
+    for name in ("ERM", "MR2"):
+        search = models[name]
+        assert f"{name}: chose C={search.C_:.4g} by worst_class (3-fold CV)" in printed
+        curves = report["cv"][name]["curves"]
+        assert set(curves) == {"worst_class", "balanced_accuracy"}
+        assert report["cv"][name]["Cs"] == search.Cs_.tolist()
+        assert np.argmax(curves["worst_class"]) == list(search.Cs_).index(search.C_)
+    assert models["ERM"].c_bar is None and models["MR2"].c_bar == 1.0
+    n_values = len(models["MR2"].Cs_)
+    assert n_values == 4 if cs == "4" else 7 < n_values <= 15
+    assert printed.count(" *") >= 2  # the chosen row of each curve is marked
+    assert set(os.listdir(out)) == OUTPUTS | {"cv_curve.png"}
+    assert (out / "cv_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_search_that_drops_the_margins_says_so(files, tmp_path, capsys):
     out = tmp_path / "run"
     argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--grid", "c_bar=none"]
@@ -181,6 +204,7 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/train.npz", "--grid", "C=1", "--grid", "C=2"], "--grid names 'C' twice"),
         (["{d}/train.npz", "--grid", "Cc=1,2"], "no parameter 'Cc'; did you mean 'C'?"),
         (["{d}/train.npz", "--grid", "C=1,-1"], "--grid C=-1: The 'C' parameter"),
+        (["{d}/train.npz", "--grid", "C=1,2", "--Cs", "4"], "use one of them"),
         # Outputs that cannot be written, found before any work.
         (["{d}/train.npz", "--out", "{d}/notes.txt"], "'{d}/notes.txt' is a file"),
         (["{d}/train.npz", "--out", "{d}/notes.txt/run"], "'{d}/notes.txt' is a file"),

@@ -4,7 +4,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from mr2_probe import MR2LinearClassifier, TunedOffsetsClassifierCV
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, TunedOffsetsClassifierCV
 
 # About 300 checks: the full suite runs them, the quick one (-m "not slow") does not.
 pytestmark = pytest.mark.slow
@@ -16,6 +16,8 @@ COMPACT = MR2LinearClassifier(
 )
 COSINE = MR2LinearClassifier(head="cosine", device="cpu")
 TILTED = MR2LinearClassifier(class_tilt=2.0, device="cpu")
+# Two values and three folds: the checks exercise the search, not the length of its path.
+SEARCH = MR2LinearClassifierCV(Cs=[0.1, 10.0], cv=3, device="cpu")
 # A fast inner estimator: the checks exercise the meta-estimator, not the probe.
 OFFSETS = TunedOffsetsClassifierCV(LogisticRegression(), cv=3)
 
@@ -38,7 +40,7 @@ EXPECTED_FAILED_CHECKS = {
 
 
 @parametrize_with_checks(
-    [LINEAR, COMPACT, COSINE, TILTED, OFFSETS],
+    [LINEAR, COMPACT, COSINE, TILTED, SEARCH, OFFSETS],
     expected_failed_checks=lambda est: EXPECTED_FAILED_CHECKS.get(id(est), {}),
 )
 def test_sklearn_compatible_estimator(estimator, check):

@@ -1,0 +1,107 @@
+"""Search time of MR2LinearClassifierCV against LogisticRegressionCV and GridSearchCV.
+
+The same synthetic features as bench_fit.py, the same Cs and the same folds for every
+search; the table prints each search's fit time, its speed-up over LogisticRegressionCV,
+the C it chose and the refitted model's test accuracy. With CUDA present, MR² also runs on
+the GPU. ``--json PATH`` writes the rows.
+
+    python benchmarks/bench_cv.py                                    # 50,000 × 768, 100 classes
+    python benchmarks/bench_cv.py --n-samples 5000 --n-classes 20    # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
+from sklearn.model_selection import GridSearchCV, StratifiedKFold
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_fit import make_features, timed_fit  # noqa: E402
+
+from mr2_probe import MR2LinearClassifierCV  # noqa: E402
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-samples", type=int, default=50_000)
+    parser.add_argument("--n-features", type=int, default=768)
+    parser.add_argument("--n-classes", type=int, default=100)
+    parser.add_argument("--n-Cs", type=int, default=20, help="np.logspace(-4, 4, n) as sklearn")
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--max-iter", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--skip", action="append", default=[], choices=("grid",), help="leave a peer out"
+    )
+    parser.add_argument("--json", help="write the rows to this JSON file")
+    args = parser.parse_args(argv)
+
+    X, y = make_features(args.n_samples + 10_000, args.n_features, args.n_classes, args.seed)
+    X, X_test, y, y_test = (
+        X[: args.n_samples],
+        X[args.n_samples :],
+        y[: args.n_samples],
+        y[args.n_samples :],
+    )
+    Cs = np.logspace(-4, 4, args.n_Cs)
+    folds = list(StratifiedKFold(args.folds, shuffle=True, random_state=0).split(X, y))
+    common = dict(tol=1e-4, max_iter=args.max_iter)
+    models = {
+        "LogisticRegressionCV(n_jobs=-1)": LogisticRegressionCV(
+            Cs=Cs,
+            cv=folds,
+            n_jobs=-1,
+            l1_ratios=(0,),
+            scoring="accuracy",
+            use_legacy_attributes=False,
+            **common,
+        ),
+        "MR2LinearClassifierCV cpu": MR2LinearClassifierCV(
+            Cs, cv=folds, c_bar=None, device="cpu", **common
+        ),
+    }
+    if "grid" not in args.skip:
+        models["GridSearchCV(LogisticRegression)"] = GridSearchCV(
+            LogisticRegression(**common), {"C": Cs}, cv=folds, n_jobs=-1
+        )
+    if torch.cuda.is_available():
+        for dtype in ("float32",):
+            models[f"MR2LinearClassifierCV cuda {dtype}"] = MR2LinearClassifierCV(
+                Cs, cv=folds, c_bar=None, device="cuda", **common
+            )
+    rows = []
+    for name, model in models.items():
+        seconds = timed_fit(model, X, y)
+        C = getattr(model, "best_params_", {}).get("C", getattr(model, "C_", None))
+        rows.append(
+            {
+                "model": name,
+                "seconds": seconds,
+                "C": float(np.ravel(C)[0]),
+                "test_accuracy": float(model.score(X_test, y_test)),
+            }
+        )
+    base = rows[0]["seconds"]
+    print(
+        f"{args.n_samples} × {args.n_features}, {args.n_classes} classes, "
+        f"{args.n_Cs} Cs × {args.folds} folds, {torch.get_num_threads()} torch threads"
+    )
+    print(f"{'search':38s} {'fit s':>8s} {'speed-up':>9s} {'C':>10s} {'test acc':>9s}")
+    for row in rows:
+        row["speedup"] = base / row["seconds"]
+        print(
+            f"{row['model']:38s} {row['seconds']:8.2f} {row['speedup']:8.1f}× "
+            f"{row['C']:10.4g} {100 * row['test_accuracy']:8.2f}%"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

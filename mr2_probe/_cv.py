@@ -1,0 +1,355 @@
+"""MR2LinearClassifierCV: the probe with its L2 strength (or logit scale) chosen by
+cross-validation along a warm-started path, the features uploaded once."""
+
+from __future__ import annotations
+
+import inspect
+from numbers import Integral
+
+import numpy as np
+from sklearn.base import _fit_context
+from sklearn.metrics import check_scoring, get_scorer_names
+from sklearn.model_selection import check_cv
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.parallel import Parallel, delayed
+from sklearn.utils.validation import _check_sample_weight
+from tqdm.auto import tqdm
+
+from ._classifier import MR2LinearClassifier, _class_stats
+from ._data import is_torch_tensor
+from ._device import to_numpy
+from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
+from .metrics import classwise_scorers
+
+# The class-wise scorers of mr2_probe.metrics that ``scoring`` accepts by name.
+CLASSWISE_SCORERS = {
+    name: scorer for name, scorer in classwise_scorers().items() if not isinstance(scorer, str)
+}
+
+
+def check_classwise_scoring(estimator, scoring):
+    """A scorer for ``scoring``: a scikit-learn name or callable, or a class-wise name."""
+    if isinstance(scoring, str) and scoring in CLASSWISE_SCORERS:
+        scoring = CLASSWISE_SCORERS[scoring]
+    return check_scoring(estimator, scoring)
+
+
+class MR2LinearClassifierCV(MR2LinearClassifier):
+    """MR2LinearClassifier with C (or the cosine head's scale) chosen by cross-validation.
+
+    The counterpart of :class:`~sklearn.linear_model.LogisticRegressionCV`: for each fold
+    it solves along a path of values, from strong to weak regularisation, each solution
+    starting from the previous one, and scores every solution on the held-out rows; the
+    value with the best score summed over folds is refitted on all the data. The features
+    go to the device once per ``fit``; a fold's training rows are indexed there (an HDF5
+    dataset keeps its order and gives held-out rows weight zero instead), and the class
+    statistics, which do not depend on C, are computed once per fold.
+
+    Parameters
+    ----------
+    Cs : int, array-like of float or "bisect", default=10
+        The values searched. An int n means ``np.logspace(-4, 4, n)``, as in
+        LogisticRegressionCV. ``"bisect"`` is CLIP's parametric binary search: a coarse
+        grid of 10⁻⁶ … 10⁶ every two decades, then the spacing halved around the best value
+        (its neighbours on either side evaluated) down to 8 steps per decade, 15
+        values or fewer. **With** ``head="cosine"`` **the values are logit scales**, not C:
+        the cosine head has no penalty, so its searched quantity is ``scale`` (``"bisect"``
+        then starts from 1, 10, 100, 1000), and a projection (``lam > 0``) is penalised
+        with C = 1.
+    cv : int, cross-validation generator or iterable, default=None
+        As in LogisticRegressionCV: ``None`` is 5-fold, an int is the number of
+        stratified folds (:func:`~sklearn.model_selection.check_cv`).
+    scoring : str, callable or None, default=None
+        Held-out score to maximise: a scikit-learn scorer name or callable, or a class-wise
+        scorer of :mod:`mr2_probe.metrics` by name (``"worst_class"``, ``"hard_tercile"``,
+        ``"class_std"``). ``None`` is accuracy. Scorers see the held-out logits computed on
+        the device; ``sample_weight`` weights the score when the metric accepts it.
+    refit : bool, default=True
+        Refit on all the data at the best value, starting from the folds' mean solution.
+        ``False`` keeps the mean of each fold's best coefficients, and ``C_`` is then the
+        mean of each fold's best value.
+    n_jobs : int, default=None
+        Folds solved in parallel threads (joblib): the device tensors are shared, and
+        torch releases the GIL in its kernels.
+    c_bar, lam, p, head, fit_intercept, difficulty, tau, projection_rank, solver, \
+max_iter, tol, batch_size, learning_rate, n_iter_no_change, class_weight, class_tilt, \
+random_state, device
+        As in :class:`MR2LinearClassifier`; ``class_weight="balanced"`` is computed on all
+        the data, as in LogisticRegressionCV.
+    scale : float, default=64.0
+        Unused: the linear head has no logit scale and the cosine head searches it.
+    verbose : int, default=0
+        A progress bar over the path's solutions when positive.
+
+    Attributes
+    ----------
+    C_ : float
+        The chosen value (the chosen logit scale for the cosine head), as
+        LogisticRegressionCV's ``C_`` with ``use_legacy_attributes=False``.
+    scale_ : float
+        The same value, under the name that fits the cosine head.
+    Cs_ : ndarray of shape (n_Cs,)
+        The values evaluated, increasing (with ``"bisect"``, those the search visited).
+    scores_ : dict
+        Class label → ndarray (n_folds, n_Cs), the held-out scores, the same array for
+        every class (one label, the positive class, for two classes), as in
+        LogisticRegressionCV.
+    coefs_paths_ : dict
+        Class label → ndarray (n_folds, n_Cs, n_dof): that class's coefficients along each
+        fold's path, the intercept last when there is one (one label for two classes).
+    class_accuracy_path_ : ndarray of shape (n_folds, n_Cs, n_classes)
+        Held-out accuracy of each class along each path (NaN where a fold holds out no
+        sample of the class): every class-wise curve, whatever ``scoring`` chose.
+    n_iter_ : ndarray of shape (1, n_folds, n_Cs)
+        Solver iterations (or epochs) along each path.
+    classes_, coef_, intercept_, projection_, margins_, class_stats_, p_, solver_, \
+loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, device_
+        Of the refitted model, as in :class:`MR2LinearClassifier` (``projection_`` is None
+        and ``loss_curve_``, ``class_losses_``, ``tilt_weights_`` are absent with
+        ``refit=False``; ``margins_`` and ``class_stats_`` are then those of all the
+        data).
+
+    Notes
+    -----
+    Each fold solves, for values v_1 < … < v_n, the objective of
+    :class:`MR2LinearClassifier` at C = v_j (scale = v_j for a cosine head) from the
+    solution at v_{j-1}; the choice is argmax_j Σ_folds score(fold, v_j). With
+    ``c_bar=None``, ``lam=0``, ``class_tilt=0`` and the same ``Cs`` and ``cv`` it solves
+    the problems of multinomial LogisticRegressionCV (lbfgs) and chooses as it does.
+
+    References
+    ----------
+    B. Zhu et al., "Reducing Class-Wise Performance Disparity via Margin Regularization",
+    ICLR 2026. A. Radford et al., "Learning Transferable Visual Models From Natural
+    Language Supervision", ICML 2021 (appendix A.3: the parametric binary search).
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_digits
+    >>> from mr2_probe import MR2LinearClassifierCV
+    >>> X, y = load_digits(return_X_y=True)
+    >>> clf = MR2LinearClassifierCV(Cs=[0.01, 0.1, 1.0], cv=3, device="cpu").fit(X / 16, y)
+    >>> clf.scores_[0].shape
+    (3, 3)
+    >>> float(clf.C_) in clf.Cs_
+    True
+    >>> clf.score(X / 16, y) > 0.95
+    True
+    """
+
+    _parameter_constraints: dict = {
+        **{
+            key: value
+            for key, value in MR2LinearClassifier._parameter_constraints.items()
+            if key not in ("C", "warm_start")
+        },
+        "Cs": [Interval(Integral, 1, None, closed="left"), "array-like", StrOptions({"bisect"})],
+        "cv": ["cv_object"],
+        "scoring": [
+            StrOptions(set(get_scorer_names()) | set(CLASSWISE_SCORERS)),
+            callable,
+            None,
+        ],
+        "refit": ["boolean"],
+        "n_jobs": [Integral, None],
+    }
+
+    def __init__(
+        self,
+        Cs=10,
+        *,
+        cv=None,
+        scoring=None,
+        refit=True,
+        n_jobs=None,
+        c_bar=1.0,
+        lam=0.0,
+        p=None,
+        head="linear",
+        fit_intercept=True,
+        difficulty="moment",
+        scale=64.0,
+        tau=None,
+        projection_rank=None,
+        solver="auto",
+        max_iter=100,
+        tol=1e-4,
+        batch_size=256,
+        learning_rate=3e-3,
+        n_iter_no_change=5,
+        class_weight=None,
+        class_tilt=0.0,
+        random_state=None,
+        verbose=0,
+        device="auto",
+    ):
+        self.Cs = Cs
+        self.cv = cv
+        self.scoring = scoring
+        self.refit = refit
+        self.n_jobs = n_jobs
+        self.c_bar = c_bar
+        self.lam = lam
+        self.p = p
+        self.head = head
+        self.fit_intercept = fit_intercept
+        self.difficulty = difficulty
+        self.scale = scale
+        self.tau = tau
+        self.projection_rank = projection_rank
+        self.solver = solver
+        self.max_iter = max_iter
+        self.tol = tol
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.n_iter_no_change = n_iter_no_change
+        self.class_weight = class_weight
+        self.class_tilt = class_tilt
+        self.random_state = random_state
+        self.verbose = verbose
+        self.device = device
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y, sample_weight=None):
+        """Search along each fold's path, then refit at the best value.
+
+        Parameters
+        ----------
+        X : array-like, DataFrame, torch.Tensor or h5py.Dataset of shape \
+                (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : MR2LinearClassifierCV
+        """
+        values = self._check_Cs()
+        solver = self._check_solver()
+        if not self.refit and self.head == "cosine" and self.lam > 0:
+            raise ValueError(
+                "refit=False averages the folds' coefficients, which a cosine head with a "
+                "projection (lam > 0) cannot be reduced to; use refit=True or lam=0."
+            )
+        scorer = check_classwise_scoring(HeldOutLogits(), self.scoring)
+        data = self._prepare(X, y, sample_weight)
+        score_weight = None
+        if sample_weight is not None:
+            sw = to_numpy(sample_weight) if is_torch_tensor(sample_weight) else sample_weight
+            score_weight = _check_sample_weight(sw, np.empty((len(data.y_index), 0)))
+        labels = self.classes_[data.y_index]
+        cv = check_cv(self.cv, labels, classifier=True)
+        folds = list(cv.split(np.empty((len(labels), 0)), labels))
+        score = _Scorer(scorer, self.classes_)
+        paths = [self._fold_path(data, train, test, score_weight) for train, test in folds]
+        with tqdm(disable=not self.verbose, desc="MR2 CV path", leave=False) as bar:
+
+            def evaluate(new):
+                bar.total = (bar.total or 0) + len(new) * len(paths)
+                Parallel(n_jobs=self.n_jobs, prefer="threads")(
+                    delayed(path.run)(new, self._path_solver(solver), score, bar) for path in paths
+                )
+                return np.mean([[path.steps[float(v)].score for v in new] for path in paths], 0)
+
+            if isinstance(values, str):
+                bisect_search(evaluate, BISECT_GRIDS[self.head])
+            else:
+                evaluate(values)
+        self._store_path(paths)
+        if self.refit:
+            self._refit(data, solver, paths)
+        else:
+            self._average_folds(data, solver)
+        self.n_iter_ = self._path_n_iter
+        return self
+
+    def _check_Cs(self):
+        if isinstance(self.Cs, str):
+            return self.Cs
+        if isinstance(self.Cs, Integral):
+            return np.logspace(-4, 4, self.Cs)
+        values = np.asarray(self.Cs, dtype=float)
+        if values.ndim != 1 or not len(values) or not np.all(np.isfinite(values) & (values > 0)):
+            name = "logit scales" if self.head == "cosine" else "C values"
+            raise ValueError(
+                f"The 'Cs' parameter of {type(self).__name__} must be an int, 'bisect' or a "
+                f"non-empty 1-D array of positive, finite {name}. Got {self.Cs!r} instead."
+            )
+        return np.unique(values)
+
+    def _fold_path(self, data, train, test, score_weight):
+        fold = data.subset(train)
+        head = self._new_head(fold, scale=1.0)
+        initial = None if head.has_projection else self._statistics(head, fold)
+        weight = None if score_weight is None else score_weight[test]
+        return FoldPath(fold, data.rows(test), data.y_index[test], weight, head, initial)
+
+    def _path_solver(self, solver):
+        """The solve step of one value of the path (C, or the cosine head's scale)."""
+
+        def solve(head, data, value, cold, initial):
+            C = value
+            if self.head == "cosine":
+                head.scale, C = value, 1.0
+            result = self._solve(
+                head, data, solver, C, initial=initial, init_cosine=cold, verbose=0
+            )
+            return result, self._export(head, result, solver, data.dtype)
+
+        return solve
+
+    def _store_path(self, paths):
+        self.Cs_ = np.array(sorted(paths[0].steps))
+        steps = [[path.steps[v] for v in self.Cs_] for path in paths]
+        scores = np.array([[s.score for s in row] for row in steps])  # (n_folds, n_Cs)
+        coefs = np.array([[s.coef for s in row] for row in steps])  # (folds, Cs, rows, dof)
+        keys = self.classes_[1:] if len(self.classes_) == 2 else self.classes_
+        self.scores_ = {key: scores.copy() for key in keys}
+        self.coefs_paths_ = {key: coefs[:, :, k] for k, key in enumerate(keys)}
+        self.class_accuracy_path_ = np.array([[s.class_accuracy for s in row] for row in steps])
+        self._path_n_iter = np.array([[[s.n_iter for s in row] for row in steps]])
+        self._coefs = coefs
+
+    def _chosen(self, value):
+        self.C_ = self.scale_ = float(value)
+
+    def _refit(self, data, solver, paths):
+        best = int(np.argmax(next(iter(self.scores_.values())).sum(0)))
+        self._chosen(self.Cs_[best])
+        head = self._new_head(data, scale=self.C_)
+        cold = head.has_projection
+        if not cold:
+            mean = self._coefs[:, best].mean(0)  # (rows, dof)
+            bias = mean[:, -1] if head.bias is not None else None
+            head.load({"weight": mean[:, : self.n_features_in_], "bias": bias})
+        C = 1.0 if self.head == "cosine" else self.C_
+        result = self._solve(head, data, solver, C, init_cosine=cold)
+        self._finish(head, result, solver, data)
+
+    def _average_folds(self, data, solver):
+        scores = next(iter(self.scores_.values()))
+        best = scores.argmax(1)  # (n_folds,)
+        self._chosen(np.mean(self.Cs_[best]))
+        mean = self._coefs[np.arange(len(best)), best].mean(0)  # (rows, dof)
+        d = self.n_features_in_
+        self.coef_ = mean[:, :d]
+        self.intercept_ = mean[:, d] if mean.shape[1] > d else np.zeros(len(mean))
+        self.projection_ = None
+        head = self._new_head(data, scale=self.C_)
+        stats, margins = self._statistics(head, data)[:2]
+        self.margins_ = to_numpy(margins)
+        self.class_stats_ = _class_stats(stats, self.p_, self.difficulty)
+        self.solver_, self.device_ = solver, str(data.device)
+
+
+class _Scorer:
+    """Scores held-out logits with a scikit-learn scorer, weighted when it can be."""
+
+    def __init__(self, scorer, classes) -> None:
+        self.scorer, self.estimator, self.classes = scorer, HeldOutLogits(classes), classes
+        func = getattr(scorer, "_score_func", None)
+        self.weighted = func is None or "sample_weight" in inspect.signature(func).parameters
+
+    def __call__(self, z, y_index, weight) -> float:
+        kwargs = {"sample_weight": weight} if weight is not None and self.weighted else {}
+        return float(self.scorer(self.estimator, z, self.classes[y_index], **kwargs))

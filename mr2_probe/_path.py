@@ -1,0 +1,137 @@
+"""The regularisation path of one fold, held-out scoring from logits, and the bisection.
+
+A fold keeps one head on the device for its whole path: each value of the searched
+parameter (C, or the cosine head's scale) starts from the previous solution, and the
+class statistics, which do not depend on the parameters without a projection, are computed
+once per fold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from scipy.special import log_softmax, softmax
+from sklearn.base import BaseEstimator, ClassifierMixin
+
+from ._device import to_numpy
+
+
+class HeldOutLogits(ClassifierMixin, BaseEstimator):
+    """A fitted classifier whose input is its own logits (n_samples, n_classes).
+
+    Scorers call ``predict``, ``predict_proba`` or ``decision_function`` on an estimator
+    and X; given this one and the held-out logits, any scikit-learn scorer scores them as
+    it would score the probe on the held-out rows, without a second pass over X.
+    """
+
+    def __init__(self, classes=None):
+        self.classes = classes
+
+    def __sklearn_is_fitted__(self):
+        return True
+
+    @property
+    def classes_(self):
+        return self.classes
+
+    def decision_function(self, Z):
+        return Z[:, 1] - Z[:, 0] if Z.shape[1] == 2 else Z
+
+    def predict_proba(self, Z):
+        return softmax(np.asarray(Z, dtype=np.float64), axis=1)
+
+    def predict_log_proba(self, Z):
+        return log_softmax(np.asarray(Z, dtype=np.float64), axis=1)
+
+    def predict(self, Z):
+        return self.classes[np.asarray(Z).argmax(1)]
+
+
+@dataclass
+class Step:
+    """One point of a fold's path."""
+
+    coef: np.ndarray  # (rows, n_dof): coef_ with the intercept as last column
+    score: float
+    n_iter: int
+    class_accuracy: np.ndarray  # (K,), NaN for classes absent from the held-out rows
+
+
+@dataclass
+class FoldPath:
+    """One fold: its training data, its held-out rows on the device, and its head.
+
+    ``solve(head, data, value, cold, initial)`` trains the head in place and returns the
+    solver's result and the exported state (the estimator's solve step).
+    """
+
+    data: object  # FitData of the training rows
+    X_test: torch.Tensor
+    y_test: np.ndarray  # label indices
+    score_weight: np.ndarray | None
+    head: object
+    initial: tuple | None
+    steps: dict = field(default_factory=dict)
+
+    def run(self, values: Sequence[float], solve: Callable, score: Callable, progress) -> None:
+        """Solve at ``values`` in increasing order, each from the previous solution."""
+        for value in sorted(values):
+            cold = not self.steps
+            result, state = solve(self.head, self.data, value, cold, self.initial)
+            with torch.no_grad():
+                z = to_numpy(self.head.logits(self.head.features(self.X_test)))  # (B, K)
+            coef = state["coef"]
+            if self.head.bias is not None:
+                coef = np.hstack([coef, state["intercept"][:, None]])
+            self.steps[float(value)] = Step(
+                coef,
+                score(z, self.y_test, self.score_weight),
+                int(result.n_iter),
+                _class_accuracy(z.argmax(1), self.y_test, z.shape[1]),
+            )
+            progress.update(1)
+
+
+def _class_accuracy(pred: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
+    size = np.bincount(y, minlength=n_classes).astype(float)
+    correct = np.bincount(y[pred == y], minlength=n_classes)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(size > 0, correct / size, np.nan)
+
+
+# CLIP's coarse grid (10^-6 … 10^6 every two decades) for C, and one for a cosine logit
+# scale, whose useful values lie between 1 and 1000.
+BISECT_GRIDS = {"linear": np.arange(-6.0, 7.0, 2.0), "cosine": np.arange(0.0, 4.0, 1.0)}
+BISECT_STEPS_PER_DECADE = 8
+
+
+def bisect_search(
+    evaluate: Callable[[np.ndarray], np.ndarray],
+    log10_grid: np.ndarray,
+    steps_per_decade: int = BISECT_STEPS_PER_DECADE,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Parametric binary search for the value with the best score (CLIP's protocol).
+
+    Evaluates the coarse grid ``10**log10_grid``, then halves the spacing around the best
+    value so far, evaluating the midpoints on either side of it (inside the grid's range),
+    until the spacing is ``1 / steps_per_decade`` decades. ``evaluate(values)`` returns
+    the scores of an increasing array of new values, greater is better; ties go to the
+    smaller value, as ``argmax`` does along a grid.
+
+    Returns the values evaluated and their scores, in increasing order of value.
+    """
+    grid = np.sort(np.asarray(log10_grid, dtype=float))
+    scores = dict(zip(grid, evaluate(10.0**grid), strict=True))
+    step = float(np.min(np.diff(grid))) if len(grid) > 1 else 1.0 / steps_per_decade
+    while step > 1.0 / steps_per_decade + 1e-12:
+        step /= 2
+        best = max(scores, key=lambda v: (scores[v], -v))
+        new = [v for v in (best - step, best + step) if grid[0] <= v <= grid[-1]]
+        new = np.array([v for v in new if not any(np.isclose(v, u) for u in scores)])
+        if len(new):
+            scores.update(zip(new, evaluate(10.0**new), strict=True))
+    log10 = np.array(sorted(scores))
+    return 10.0**log10, np.array([scores[v] for v in log10])

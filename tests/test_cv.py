@@ -1,0 +1,250 @@
+"""MR2LinearClassifierCV: the path, its choices, LogisticRegressionCV, inputs and errors."""
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits, load_iris, make_blobs
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegressionCV
+from sklearn.model_selection import StratifiedKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils._param_validation import InvalidParameterError
+
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
+from mr2_probe._path import bisect_search
+from mr2_probe.metrics import worst_class_accuracy
+
+from .test_classifier import assert_predicts_in_a_process_without_gpu
+
+
+def _blobs(n_classes=4, n=240, seed=0, std=3.0):
+    X, y = make_blobs(
+        n_samples=n, centers=n_classes, n_features=6, cluster_std=std, random_state=seed
+    )
+    return X, y
+
+
+def _folds(y, k=3):
+    return list(StratifiedKFold(k, shuffle=True, random_state=0).split(np.empty((len(y), 0)), y))
+
+
+@pytest.mark.parametrize(
+    "head, values, params",
+    [
+        ("linear", [0.01, 0.1, 1.0], dict(c_bar=1.0)),
+        ("linear", [0.01, 1.0], dict(c_bar=None, class_weight="balanced")),
+        ("cosine", [2.0, 8.0, 32.0], dict(c_bar=1.0)),
+    ],
+)
+def test_warm_started_path_matches_cold_fits(head, values, params):
+    X, y = _blobs()
+    folds = _folds(y)
+    cv = MR2LinearClassifierCV(
+        values, cv=folds, head=head, tol=1e-8, max_iter=500, device="cpu", **params
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        cv.fit(X, y)
+        weight = np.ones(len(y))
+        if params.get("class_weight") == "balanced":  # computed on all the data, as sklearn
+            weight = len(y) / (4 * np.bincount(y)[y])
+        for f, (train, _) in enumerate(folds[:1]):
+            for j, value in enumerate(values):
+                searched = {"scale": value} if head == "cosine" else {"C": value}
+                cold = MR2LinearClassifier(
+                    head=head,
+                    tol=1e-9,
+                    max_iter=500,
+                    device="cpu",
+                    **searched,
+                    **{k: v for k, v in params.items() if k != "class_weight"},
+                ).fit(X[train], y[train], sample_weight=weight[train])
+                path = np.stack([cv.coefs_paths_[k][f, j] for k in cv.classes_])
+                # A cosine head's directions (coef_ / scale) are what its objective fixes.
+                ours = path[:, :6] / value if head == "cosine" else path
+                ref = (
+                    cold.coef_ / value
+                    if head == "cosine"
+                    else np.hstack([cold.coef_, cold.intercept_[:, None]])
+                )
+                # Intercepts of blobs far from the origin are the least determined.
+                np.testing.assert_allclose(ours, ref, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_fitted_attributes_have_logistic_regression_cv_shapes(n_classes):
+    X, y = _blobs(n_classes)
+    labels = np.array(["a", "b", "c"])[y]
+    clf = MR2LinearClassifierCV([0.1, 1.0, 10.0, 0.01], cv=4, device="cpu").fit(X, labels)
+    keys = ["b"] if n_classes == 2 else ["a", "b", "c"]
+    assert list(clf.scores_) == keys and list(clf.coefs_paths_) == keys
+    np.testing.assert_array_equal(clf.Cs_, [0.01, 0.1, 1.0, 10.0])
+    for key in keys:
+        assert clf.scores_[key].shape == (4, 4)
+        assert clf.coefs_paths_[key].shape == (4, 4, 7)
+    assert clf.n_iter_.shape == (1, 4, 4)
+    assert clf.class_accuracy_path_.shape == (4, 4, n_classes)
+    assert clf.C_ == clf.scale_ and clf.C_ in clf.Cs_
+    assert clf.coef_.shape == ((1, 6) if n_classes == 2 else (3, 6))
+    assert clf.margins_.shape == (n_classes,) and set(clf.predict(X)) <= set(labels)
+
+
+def test_refit_false_averages_each_folds_best():
+    X, y = _blobs()
+    Cs = [1e-3, 1e-2, 1e-1, 1.0]
+    clf = MR2LinearClassifierCV(Cs, cv=3, refit=False, device="cpu").fit(X, y)
+    scores = clf.scores_[0]
+    best = scores.argmax(1)
+    assert clf.C_ == pytest.approx(np.mean(np.array(Cs)[best]))
+    mean = np.stack([clf.coefs_paths_[k][np.arange(3), best].mean(0) for k in clf.classes_])
+    np.testing.assert_allclose(clf.coef_, mean[:, :6])
+    np.testing.assert_allclose(clf.intercept_, mean[:, 6])
+    np.testing.assert_allclose(clf.decision_function(X), X @ clf.coef_.T + clf.intercept_)
+    assert clf.margins_.shape == (4,)
+
+
+def test_refit_chooses_the_best_sum_over_folds_and_refits_there():
+    X, y = _blobs()
+    clf = MR2LinearClassifierCV([1e-3, 1e-2, 1.0], cv=3, tol=1e-8, device="cpu").fit(X, y)
+    assert clf.C_ == clf.Cs_[np.argmax(clf.scores_[0].sum(0))]
+    ref = MR2LinearClassifier(C=clf.C_, tol=1e-8, device="cpu").fit(X, y)
+    np.testing.assert_allclose(clf.coef_, ref.coef_, atol=1e-4)
+    np.testing.assert_allclose(clf.margins_, ref.margins_)
+
+
+def test_classwise_scorer_picks_the_value_that_maximises_it():
+    # Imbalanced classes: weak penalties favour the large classes' accuracy.
+    X, y = _blobs(n=400, std=4.0)
+    keep = (y != 3) | (np.arange(len(y)) % 5 == 0)
+    X, y = X[keep], y[keep]
+    Cs = np.logspace(-4, 1, 6)
+    clf = MR2LinearClassifierCV(Cs, cv=3, scoring="worst_class", device="cpu").fit(X, y)
+    worst = np.nanmin(clf.class_accuracy_path_, axis=2)  # (folds, Cs)
+    np.testing.assert_allclose(clf.scores_[0], worst)
+    assert clf.C_ == Cs[np.argmax(worst.sum(0))]
+    # The scorer saw the model's own held-out predictions.
+    train, test = _folds(y)[0]
+    cold = MR2LinearClassifier(C=Cs[2], device="cpu").fit(X[train], y[train])
+    folds = MR2LinearClassifierCV(Cs, cv=_folds(y), scoring="worst_class", device="cpu")
+    folds.fit(X, y)
+    assert folds.scores_[0][0, 2] == pytest.approx(
+        worst_class_accuracy(y[test], cold.predict(X[test])), abs=1e-9
+    )
+
+
+@pytest.mark.parametrize("peak", [1.3, -5.9, 5.96, 0.0])
+def test_bisection_finds_the_peak_of_a_unimodal_curve(peak):
+    calls = []
+
+    def evaluate(values):
+        assert np.all(np.diff(values) > 0)
+        calls.append(len(values))
+        return -((np.log10(values) - peak) ** 2)
+
+    values, scores = bisect_search(evaluate, np.arange(-6.0, 7.0, 2.0))
+    assert np.all(np.diff(values) > 0) and len(values) == sum(calls) <= 15
+    best = np.log10(values[np.argmax(scores)])
+    assert abs(best - peak) <= 1 / 16 + 1e-9
+    assert np.allclose(np.diff(np.log10(values)).min(), 1 / 8)
+
+
+def test_bisect_searches_c_and_stores_what_it_evaluated():
+    X, y = _blobs()
+    clf = MR2LinearClassifierCV("bisect", cv=3, device="cpu").fit(X, y)
+    assert 7 < len(clf.Cs_) <= 15 and np.all(np.diff(clf.Cs_) > 0)
+    assert clf.Cs_[0] == pytest.approx(1e-6) and clf.Cs_[-1] == pytest.approx(1e6)
+    assert clf.scores_[0].shape == (3, len(clf.Cs_))
+
+
+def test_cosine_head_searches_the_logit_scale():
+    X, y = _blobs()
+    clf = MR2LinearClassifierCV([1.0, 16.0], cv=3, head="cosine", device="cpu").fit(X, y)
+    assert clf.scale_ == clf.C_
+    norms = np.linalg.norm(clf.coef_, axis=1)
+    np.testing.assert_allclose(norms, clf.C_)  # coef_ rows are scale × unit directions
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data", ["iris", "digits"])
+def test_chooses_as_logistic_regression_cv(data):
+    X, y = (load_iris if data == "iris" else load_digits)(return_X_y=True)
+    Cs, cv = np.logspace(-3, 2, 6), StratifiedKFold(5, shuffle=True, random_state=0)
+    ours = MR2LinearClassifierCV(Cs, cv=cv, c_bar=None, tol=1e-7, max_iter=3000, device="cpu")
+    ref = LogisticRegressionCV(
+        Cs=Cs,
+        cv=cv,
+        tol=1e-10,
+        max_iter=20000,
+        l1_ratios=(0,),
+        scoring="accuracy",
+        use_legacy_attributes=False,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ours.fit(X, y)
+        ref.fit(X, y)
+    assert ours.C_ == ref.C_
+    # Equal but for a held-out sample whose prediction is a near-tie at some C.
+    assert np.mean(ours.scores_[0] != ref.scores_[:, 0]) <= 0.1
+    np.testing.assert_allclose(ours.scores_[0], ref.scores_[:, 0], atol=1 / 350)
+    # The tolerances of the LogisticRegression equivalence test.
+    np.testing.assert_allclose(ours.coef_, ref.coef_, atol=5e-4)
+    np.testing.assert_allclose(ours.intercept_, ref.intercept_, atol=2e-3)
+    np.testing.assert_allclose(ours.predict_proba(X), ref.predict_proba(X), atol=1e-4)
+
+
+def test_works_in_a_pipeline_and_pickles_to_a_cpu_only_process(tmp_path):
+    X, y = _blobs()
+    # CUDA when present: the model must still predict where there is none.
+    pipe = make_pipeline(StandardScaler(), MR2LinearClassifierCV([0.1, 1.0], cv=3))
+    pipe.fit(X, y)
+    assert_predicts_in_a_process_without_gpu(pipe, X, tmp_path)
+
+
+def test_hdf5_input_is_read_in_blocks_and_matches_memory(tmp_path, monkeypatch):
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs()
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f.create_dataset("X", data=X, chunks=(16, 6))
+    reads = []
+    original = h5py.Dataset.__getitem__
+
+    def spy(self, key):
+        block = original(self, key)
+        reads.append(np.shape(block)[0])
+        return block
+
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", spy)
+    monkeypatch.setattr("mr2_probe._classifier.block_rows", lambda d, k: 64)
+    params = dict(Cs=[0.1, 1.0], cv=3, tol=1e-8, device="cpu")
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        stored = MR2LinearClassifierCV(**params).fit(f["X"], y)
+    memory = MR2LinearClassifierCV(**params).fit(X, y)
+    assert max(reads) < len(X)
+    np.testing.assert_allclose(stored.scores_[0], memory.scores_[0])
+    np.testing.assert_allclose(stored.coef_, memory.coef_, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "params, error, match",
+    [
+        (dict(Cs=[0.1, -1.0]), ValueError, "non-empty 1-D array of positive, finite C"),
+        (dict(Cs=[]), ValueError, "'Cs' parameter"),
+        (dict(Cs=[1.0], head="cosine"), None, None),
+        (dict(Cs="grid"), InvalidParameterError, "'Cs' parameter of MR2LinearClassifierCV"),
+        (dict(Cs=0), InvalidParameterError, "'Cs' parameter"),
+        (dict(cv="five"), InvalidParameterError, "'cv' parameter"),
+        (dict(scoring="worst"), InvalidParameterError, "'scoring' parameter"),
+        (dict(refit=False, head="cosine", lam=0.5), ValueError, "refit=False"),
+    ],
+)
+def test_bad_parameters_are_named(params, error, match):
+    X, y = _blobs()
+    clf = MR2LinearClassifierCV(**{"cv": 3, "device": "cpu", "max_iter": 20, **params})
+    if error is None:
+        clf.fit(X, y)
+        return
+    with pytest.raises(error, match=match):
+        clf.fit(X, y)
