@@ -58,6 +58,42 @@ class ProbeHead(nn.Module):
         return self.head == "linear" and not self.pinned and not self.has_projection
 
     @property
+    def is_plain_cosine(self) -> bool:
+        """A cosine head on the raw features (closed-form gradients)."""
+        return self.head == "cosine" and not self.has_projection
+
+    @property
+    def has_closed_form(self) -> bool:
+        """Whether the full-batch solver takes the closed-form gradients (no autograd).
+
+        Both heads are then a linear map V·φ (+ b) of a fixed φ: V = W for the linear head,
+        V = s·W / ‖W‖ (row by row) for the cosine head, φ = x / ‖x‖.
+        """
+        return self.is_plain_linear or self.is_plain_cosine
+
+    @torch.no_grad()
+    def logit_weight(self) -> torch.Tensor:
+        """V, the matrix that maps φ to the logits (K, d')."""
+        if self.head == "cosine":
+            return self.scale * F.normalize(self.weight, dim=1)
+        return self.weight
+
+    @torch.no_grad()
+    def add_logit_weight_grad(self, grad: torch.Tensor, alpha: float = 1.0) -> None:
+        """Add α·∂f/∂W to ``weight.grad``, given ∂f/∂V (K, d').
+
+        For the cosine head, V = s·W/‖W‖ row by row: ∂f/∂w_k = s·(I − u_k u_kᵀ)·g_k / ‖w_k‖,
+        u_k = w_k / ‖w_k‖; the radial part is zero, since f does not depend on ‖w_k‖.
+        """
+        if self.head != "cosine":
+            self.weight.grad.add_(grad, alpha=alpha)
+            return
+        norm = torch.linalg.vector_norm(self.weight, dim=1, keepdim=True)  # (K, 1)
+        unit = self.weight / norm
+        tangent = grad - (grad * unit).sum(1, keepdim=True) * unit  # (K, d')
+        self.weight.grad.add_(tangent / norm, alpha=alpha * self.scale)
+
+    @property
     def has_projection(self) -> bool:
         return self.proj_full is not None or self.proj_a is not None
 

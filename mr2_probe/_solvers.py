@@ -51,6 +51,10 @@ class SolverResult:
 # Gradients in the logits are kept between the two passes of a tilted
 # evaluation when they fit in this many elements; beyond it, pass 2 recomputes them.
 _KEEP_LOGIT_GRADS = 2**26
+# L-BFGS for a plain cosine head: the most restarts from unit-norm rows (see fit_lbfgs),
+# and its memory, at most 50 pairs of K × d updates and 2**26 elements in all.
+_COSINE_ROUNDS = 20
+_COSINE_HISTORY_ELEMENTS = 2**26
 
 
 class ClassRisk:
@@ -161,23 +165,13 @@ def fit_lbfgs(
     params = [p for p in head.parameters()]
     for param in params:  # the closed-form path writes gradients in place
         param.grad = torch.zeros_like(param)
-    optimizer = torch.optim.LBFGS(
-        params,
-        lr=1,
-        max_iter=max_iter,
-        max_eval=max_iter * 4,
-        tolerance_grad=tol,
-        # scipy's ftol as scikit-learn sets it, float64's even for float32 data: the
-        # gradient test, not float32 rounding of the loss, decides when to stop.
-        tolerance_change=64 * torch.finfo(torch.float64).eps,
-        history_size=10,
-        line_search_fn="strong_wolfe",
-    )
     reg = 1.0 / (C * weight_sum)
     risk = ClassRisk(source, spec.n_classes, tilt)
     keep = source.n_samples * spec.n_classes <= _KEEP_LOGIT_GRADS
     curve: dict[int, torch.Tensor] = {}
     bar = _progress(max_iter, verbose, "MR2 lbfgs")
+    done = evals = 0  # iterations and evaluations of the finished rounds
+    optimizer = None
 
     def closure():
         optimizer.zero_grad(set_to_none=False)
@@ -189,27 +183,58 @@ def fit_lbfgs(
         if penalty.requires_grad:
             penalty.backward()
         total += penalty.detach()
-        n_iter = optimizer.state[params[0]].get("n_iter", 0)
+        n_iter = done + optimizer.state[params[0]].get("n_iter", 0)
         if n_iter not in curve:
             bar.update(1)
         curve[n_iter] = total
         return total
 
-    optimizer.step(closure)
-    # The line search may leave in .grad a point it tried and rejected: one more
-    # evaluation gives the gradient (and the loss) where L-BFGS stopped.
-    closure()
+    # A cosine head's objective does not depend on the norms of W's rows, and its gradient
+    # in W shrinks as 1 / ‖w_k‖ while L-BFGS lets the norms grow: each round ends with the
+    # rows rescaled to unit norm, which leaves the objective where it is, and the test on
+    # tol is then the gradient in the unit directions, whatever the norms had become.
+    # Its objective is also badly conditioned at large scales: more pairs than the linear
+    # head's 10 cut the iterations (README, "Speed").
+    rounds, history = 1, 10
+    if head.is_plain_cosine:
+        pairs = _COSINE_HISTORY_ELEMENTS // (2 * head.weight.numel())
+        rounds, history = _COSINE_ROUNDS, int(min(50, max(10, pairs)))
+    for _ in range(rounds):
+        optimizer = torch.optim.LBFGS(
+            params,
+            lr=1,
+            max_iter=max_iter - done,
+            max_eval=4 * max_iter - evals,
+            tolerance_grad=tol,
+            # scipy's ftol as scikit-learn sets it, float64's even for float32 data: the
+            # gradient test, not float32 rounding of the loss, decides when to stop.
+            tolerance_change=64 * torch.finfo(torch.float64).eps,
+            history_size=history,
+            line_search_fn="strong_wolfe",
+        )
+        optimizer.step(closure)
+        state = optimizer.state[params[0]]
+        done, evals = done + state.get("n_iter", 0), evals + state.get("func_evals", 0)
+        if head.is_plain_cosine:
+            with torch.no_grad():
+                head.weight /= torch.linalg.vector_norm(head.weight, dim=1, keepdim=True)
+        # The line search may leave in .grad a point it tried and rejected: one more
+        # evaluation gives the gradient (and the loss) where L-BFGS stopped.
+        closure()
+        largest = max(float(p.grad.abs().max()) for p in params if p.grad is not None)
+        if largest <= tol or done >= max_iter or evals >= 4 * max_iter:
+            break
+        if state.get("n_iter", 0) <= 1:
+            break  # no progress in this round: a new one would start from the same point
     bar.close()
-    state = optimizer.state[params[0]]
-    n_iter = state.get("n_iter", 0)
+    n_iter = done
     # Converged means the gradient test was met, whatever made L-BFGS stop. The test is
     # L-BFGS's own, in its coordinates: with the intercept re-parametrised around m.
-    largest = max(float(p.grad.abs().max()) for p in params if p.grad is not None)
     if largest <= tol:
         stop = "tol"
     elif n_iter >= max_iter:
         stop = "max_iter"
-    elif state.get("func_evals", 0) >= optimizer.param_groups[0]["max_eval"]:
+    elif evals >= 4 * max_iter:
         stop = "max_eval"
     else:
         stop = "stalled"
@@ -226,17 +251,19 @@ def fit_lbfgs(
 def plain_data_term(head, source, margins, weight_sum, center=None) -> torch.Tensor:
     """(1/S) Σ_i w_i ℓ_γ(i); its gradients are added to the parameters' ``.grad``.
 
-    A plain linear head takes the closed form, anything else autograd; chunks bound the
-    memory of the logits, and gradients accumulate across them.
+    A plain linear or cosine head takes the closed form (:meth:`ProbeHead.has_closed_form`),
+    anything else autograd; chunks bound the memory of the logits, and gradients accumulate
+    across them.
     """
     params = [p for p in head.parameters()]
     total = params[0].new_zeros(())
+    weight = head.logit_weight() if head.has_closed_form else None
     for x, y, w in source.chunks():
-        if head.is_plain_linear:
+        if weight is not None:
             loss, grad_w, grad_b = linear_margin_ce_grad(
-                x, head.weight, head.bias, y, margins, w, center
+                head.features(x), weight, head.bias, y, margins, w, center
             )
-            head.weight.grad.add_(grad_w, alpha=1 / weight_sum)
+            head.add_logit_weight_grad(grad_w, alpha=1 / weight_sum)
             if grad_b is not None:
                 head.bias.grad.add_(grad_b, alpha=1 / weight_sum)
             total += loss / weight_sum
@@ -252,15 +279,16 @@ def tilted_data_term(head, source, margins, risk, center=None, keep=True) -> tor
     """R_t(L) of :class:`ClassRisk`; its gradients are added to the parameters' ``.grad``.
 
     Pass 1 measures the class losses L_k, pass 2 accumulates Σ_i w_i·f_{y_i}·∇ℓ_i with
-    f = q / S_k. With ``keep`` the plain linear head's logit gradients of pass 1 are kept
+    f = q / S_k. With ``keep`` the closed-form heads' logit gradients of pass 1 are kept
     (N × K elements) instead of being recomputed.
     """
     sums = head.weight.new_zeros(len(risk.share))
+    weight = head.logit_weight() if head.has_closed_form else None
     kept = []
     for x, y, w in source.chunks():
-        if head.is_plain_linear:
+        if weight is not None:
             loss, grad_logits = linear_margin_ce_parts(
-                x, head.weight, head.bias, y, margins, center, w
+                head.features(x), weight, head.bias, y, margins, center, w
             )
             if keep:
                 kept.append(grad_logits)
@@ -271,20 +299,23 @@ def tilted_data_term(head, source, margins, risk, center=None, keep=True) -> tor
         sums.index_add_(0, y, loss * w)
     value, factor = risk.risk(risk.class_loss(sums))
     for i, (x, y, w) in enumerate(source.chunks()):
-        if head.is_plain_linear:
+        phi = head.features(x)
+        if weight is not None:
             if keep:
                 grad_logits = kept[i]
             else:
-                grad_logits = linear_margin_ce_parts(
-                    x, head.weight, head.bias, y, margins, center, w
-                )[1]
+                grad_logits = linear_margin_ce_parts(phi, weight, head.bias, y, margins, center, w)[
+                    1
+                ]
             grad_logits.mul_(factor[y][:, None])  # (B, K)
-            grad_w, grad_b = linear_grad_from_logits(x, grad_logits, center, head.bias is not None)
-            head.weight.grad.add_(grad_w)
+            grad_w, grad_b = linear_grad_from_logits(
+                phi, grad_logits, center, head.bias is not None
+            )
+            head.add_logit_weight_grad(grad_w)
             if grad_b is not None:
                 head.bias.grad.add_(grad_b)
             continue
-        z = head.logits(head.features(x))  # (B, K)
+        z = head.logits(phi)  # (B, K)
         margin_cross_entropy(z, y, margins, w * factor[y], reduction="sum").backward()
     return value
 

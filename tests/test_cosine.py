@@ -1,0 +1,152 @@
+"""The cosine head's L-BFGS: closed-form gradients, unit-direction rounds, same solutions."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from sklearn.exceptions import ConvergenceWarning
+
+from mr2_probe import MR2LinearClassifier
+from mr2_probe._data import TensorSource
+from mr2_probe._head import ProbeHead
+from mr2_probe._losses import margin_cross_entropy
+from mr2_probe._solvers import plain_data_term
+
+
+@pytest.fixture(scope="module")
+def digits_unit():
+    X, y = load_digits(return_X_y=True)
+    return X / np.linalg.norm(X, axis=1, keepdims=True), y
+
+
+def _normalised_blobs(n=600, d=20, k=6, seed=0):
+    """Unit-norm features of overlapping classes, as embeddings are."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(k, d))
+    y = np.arange(n) % k
+    X = centers[y] + rng.normal(scale=1.2, size=(n, d)) + 2.0  # a common offset
+    return X / np.linalg.norm(X, axis=1, keepdims=True), y
+
+
+def _objective(X, y, coef, scale, margins):
+    """(1/N) Σ CE(z / γ_y, y) of a fitted cosine model on unit-norm X (float64)."""
+    z = torch.as_tensor(X @ coef.T)  # coef_ rows are scale × unit directions
+    return float(margin_cross_entropy(z, torch.as_tensor(y), torch.as_tensor(margins)))
+
+
+def _reference_fit(X, y, scale, margins, tol, max_iter):
+    """The cosine head as it was solved before: autograd, 10 pairs, one L-BFGS run."""
+    X, y = torch.as_tensor(X), torch.as_tensor(y)
+    margins = torch.as_tensor(margins)
+    k = len(margins)
+    W = torch.zeros(k, X.shape[1], dtype=X.dtype).index_add_(0, y, X)
+    W = F.normalize(W, dim=1).requires_grad_(True)
+    optimizer = torch.optim.LBFGS(
+        [W],
+        lr=1,
+        max_iter=max_iter,
+        max_eval=4 * max_iter,
+        tolerance_grad=tol,
+        tolerance_change=64 * torch.finfo(torch.float64).eps,
+        history_size=10,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure():
+        optimizer.zero_grad()
+        loss = margin_cross_entropy(scale * X @ F.normalize(W, dim=1).T, y, margins)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return (scale * F.normalize(W.detach(), dim=1)).numpy()
+
+
+def _fit(X, y, **params):
+    params = {"head": "cosine", "max_iter": 3000, "device": "cpu"} | params
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return MR2LinearClassifier(**params).fit(X, y)
+
+
+def test_closed_form_cosine_gradient_matches_autograd():
+    gen = torch.Generator().manual_seed(0)
+    n, d, k = 70, 5, 3
+    X = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    y = torch.arange(n) % k
+    w = torch.rand(n, generator=gen, dtype=torch.float64)
+    margins = torch.tensor([0.8, 1.3, 0.9], dtype=torch.float64)
+    head = ProbeHead(
+        d, k, head="cosine", fit_intercept=True, scale=7.0, projection=False,
+        projection_rank=None, dtype=torch.float64, device=torch.device("cpu"), generator=gen,
+    )  # fmt: skip
+    with torch.no_grad():
+        head.weight.normal_(generator=gen).mul_(3.0)  # rows far from unit norm
+    head.weight.grad = torch.zeros_like(head.weight)
+    value = plain_data_term(head, TensorSource(X, y, w, rows=32), margins, float(w.sum()))
+    got = head.weight.grad.clone()
+    head.weight.grad = None
+    z = head.logits(head.features(X))
+    reference = margin_cross_entropy(z, y, margins, w, reduction="sum") / w.sum()
+    reference.backward()
+    torch.testing.assert_close(value, reference.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, head.weight.grad, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("data", ["digits", "blobs"])
+@pytest.mark.parametrize("scale", [16.0, 64.0])
+def test_same_predictions_as_before_and_no_higher_loss(digits_unit, data, scale):
+    X, y = digits_unit if data == "digits" else _normalised_blobs()
+    ours = _fit(X, y, scale=scale, tol=1e-5)
+    before = _reference_fit(X, y, scale, ours.margins_, tol=1e-5, max_iter=3000)
+    agree = np.mean(ours.predict(X) == np.argmax(X @ before.T, axis=1))
+    assert agree >= 0.995
+    ours_loss = _objective(X, y, ours.coef_, scale, ours.margins_)
+    before_loss = _objective(X, y, before, scale, ours.margins_)
+    assert ours_loss <= before_loss * (1 + 1e-6)
+    assert np.isfinite(ours.coef_).all()
+
+
+def test_tol_is_met_in_the_unit_directions(digits_unit):
+    """The test holds for W / ‖W‖, however far the rows' norms drifted."""
+    X, y = digits_unit
+    clf = _fit(X, y, scale=64.0, tol=1e-4)
+    assert clf.n_iter_ < 3000
+    head = ProbeHead(
+        X.shape[1], 10, head="cosine", fit_intercept=True, scale=64.0, projection=False,
+        projection_rank=None, dtype=torch.float64, device=torch.device("cpu"),
+        generator=torch.Generator(),
+    )  # fmt: skip
+    with torch.no_grad():
+        head.weight.copy_(torch.as_tensor(clf.coef_ / 64.0))  # unit rows
+    head.weight.grad = torch.zeros_like(head.weight)
+    Xt, yt = torch.as_tensor(X), torch.as_tensor(y)
+    margins = torch.as_tensor(clf.margins_)
+    plain_data_term(
+        head, TensorSource(Xt, yt, torch.ones(len(y), dtype=Xt.dtype), 512), margins, len(y)
+    )
+    assert float(head.weight.grad.abs().max()) <= 1e-4
+
+
+def test_warm_start_across_scales_reaches_the_cold_solution():
+    X, y = _normalised_blobs()
+    cold = _fit(X, y, scale=32.0, tol=1e-7)
+    warm = _fit(X, y, scale=4.0, tol=1e-7, warm_start=True)
+    warm.set_params(scale=32.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warm.fit(X, y)
+    np.testing.assert_allclose(warm.coef_ / 32.0, cold.coef_ / 32.0, atol=1e-4)
+    np.testing.assert_array_equal(warm.predict(X), cold.predict(X))
+
+
+@pytest.mark.parametrize("scale", [256.0, 4096.0])
+def test_large_scales_leave_finite_weights(digits_unit, scale):
+    X, y = digits_unit
+    clf = _fit(X.astype(np.float32), y, scale=scale, max_iter=200)
+    assert np.isfinite(clf.coef_).all()
+    np.testing.assert_allclose(np.linalg.norm(clf.coef_, axis=1), scale, rtol=1e-5)
+    assert clf.score(X.astype(np.float32), y) > 0.9
