@@ -88,8 +88,10 @@ class ProbeHead(nn.Module):
         if self.head != "cosine":
             self.weight.grad.add_(grad, alpha=alpha)
             return
-        norm = torch.linalg.vector_norm(self.weight, dim=1, keepdim=True)  # (K, 1)
-        unit = self.weight / norm
+        # F.normalize's floor: a zero row (a class without weight) has the same gradient
+        # as autograd gives through logits().
+        norm = torch.linalg.vector_norm(self.weight, dim=1, keepdim=True).clamp_min(1e-12)
+        unit = self.weight / norm  # (K, d')
         tangent = grad - (grad * unit).sum(1, keepdim=True) * unit  # (K, d')
         self.weight.grad.add_(tangent / norm, alpha=alpha * self.scale)
 

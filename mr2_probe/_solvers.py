@@ -20,6 +20,7 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ._losses import (
@@ -217,7 +218,7 @@ def fit_lbfgs(
         done, evals = done + state.get("n_iter", 0), evals + state.get("func_evals", 0)
         if head.is_plain_cosine:
             with torch.no_grad():
-                head.weight /= torch.linalg.vector_norm(head.weight, dim=1, keepdim=True)
+                head.weight.copy_(F.normalize(head.weight, dim=1))
         # The line search may leave in .grad a point it tried and rejected: one more
         # evaluation gives the gradient (and the loss) where L-BFGS stopped.
         closure()
