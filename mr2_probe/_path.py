@@ -77,9 +77,15 @@ class FoldPath:
     steps: dict = field(default_factory=dict)
 
     def run(self, values: Sequence[float], solve: Callable, score: Callable, progress) -> None:
-        """Solve at ``values`` in increasing order, each from the previous solution."""
+        """Solve at ``values`` in increasing order, each from the previous solution.
+
+        Along a path of increasing values the start is extrapolated, linearly in
+        log(value), from the last two solutions (a predictor step): the solver then only
+        corrects it.
+        """
         for value in sorted(values):
             cold = not self.steps
+            self._predict(float(value))
             result, state = solve(self.head, self.data, value, cold, self.initial)
             with torch.no_grad():
                 z = to_numpy(self.head.logits(self.head.features(self.X_test)))  # (B, K)
@@ -92,7 +98,24 @@ class FoldPath:
                 int(result.n_iter),
                 _class_accuracy(z.argmax(1), self.y_test, z.shape[1]),
             )
+            self._previous = [*self._previous, (float(value), self._params())][-2:]
             progress.update(1)
+
+    _previous: list = field(default_factory=list)
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in self.head.parameters()]
+
+    @torch.no_grad()
+    def _predict(self, value: float) -> None:
+        if len(self._previous) < 2 or self.head.has_projection:
+            return
+        (v0, p0), (v1, p1) = self._previous
+        if not v0 < v1 < value:
+            return  # bisection: the new value lies between ones already solved
+        t = np.log(value / v1) / np.log(v1 / v0)
+        for param, a, b in zip(self.head.parameters(), p0, p1, strict=True):
+            param.copy_(b + (b - a) * t)
 
 
 def _class_accuracy(pred: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:

@@ -175,7 +175,7 @@ def test_chooses_as_logistic_regression_cv(data):
         # minute; on the raw 0..16 pixels with C up to 100 it takes many.
         X = X / 16
     Cs, cv = np.logspace(-3, 1, 5), StratifiedKFold(5, shuffle=True, random_state=0)
-    ours = MR2LinearClassifierCV(Cs, cv=cv, c_bar=None, tol=1e-7, max_iter=3000, device="cpu")
+    ours = MR2LinearClassifierCV(Cs, cv=cv, c_bar=None, tol=1e-8, max_iter=3000, device="cpu")
     ref = LogisticRegressionCV(
         Cs=Cs,
         cv=cv,
