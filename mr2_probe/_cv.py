@@ -113,9 +113,12 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     -----
     Each fold solves, for values v_1 < … < v_n, the objective of
     :class:`MR2LinearClassifier` at C = v_j (scale = v_j for a cosine head) from the
-    solution at v_{j-1}; the choice is argmax_j Σ_folds score(fold, v_j). With
-    ``c_bar=None``, ``lam=0``, ``class_tilt=0`` and the same ``Cs`` and ``cv`` it solves
-    the problems of multinomial LogisticRegressionCV (lbfgs) and chooses as it does.
+    solution at v_{j-1}, or, from j = 3 on, from the solutions at v_{j-2} and v_{j-1}
+    extrapolated linearly in log v (a predictor step, which the solver corrects; it does
+    not change the solution, only where the solver starts); the choice is
+    argmax_j Σ_folds score(fold, v_j). With ``c_bar=None``, ``lam=0``, ``class_tilt=0``
+    and the same ``Cs`` and ``cv`` it solves the problems of multinomial
+    LogisticRegressionCV (lbfgs) and chooses as it does.
 
     References
     ----------
