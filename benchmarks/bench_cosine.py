@@ -22,15 +22,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # the previous solver, kept in tests/
 from bench_fit import make_features  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier  # noqa: E402
 from mr2_probe._losses import margin_cross_entropy  # noqa: E402
+from tests.reference_mr2 import cosine_lbfgs_before  # noqa: E402
 
 
 def load(args):
@@ -46,33 +47,6 @@ def load(args):
         X, y = make_features(n, args.n_features, args.n_classes, args.seed)
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     return X[: args.n_samples], y[: args.n_samples], X[args.n_samples :], y[args.n_samples :]
-
-
-def before(X, y, scale, margins, tol, max_iter):
-    """The cosine head as the estimator solved it before: autograd, 10 pairs, one run."""
-    X, y = torch.as_tensor(X), torch.as_tensor(y)
-    margins = torch.as_tensor(margins, dtype=X.dtype)
-    W = torch.zeros(len(margins), X.shape[1]).index_add_(0, y, X)
-    W = F.normalize(W, dim=1).requires_grad_(True)
-    optimizer = torch.optim.LBFGS(
-        [W],
-        lr=1,
-        max_iter=max_iter,
-        max_eval=4 * max_iter,
-        tolerance_grad=tol,
-        tolerance_change=64 * torch.finfo(torch.float64).eps,
-        history_size=10,
-        line_search_fn="strong_wolfe",
-    )
-
-    def closure():
-        optimizer.zero_grad()
-        loss = margin_cross_entropy(scale * X @ F.normalize(W, dim=1).T, y, margins)
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    return scale * F.normalize(W.detach(), dim=1).numpy(), optimizer.state[W]["n_iter"]
 
 
 def objective(X, y, coef, margins):
@@ -141,7 +115,7 @@ def main(argv=None):
                objective(X, y, cosine.coef_, margins), cosine.score(Xt, yt))  # fmt: skip
         if not args.no_before:
             seconds, (coef, n_iter) = timed(
-                lambda s=scale, m=margins: before(X, y, s, m, args.tol, args.max_iter)
+                lambda s=scale, m=margins: cosine_lbfgs_before(X, y, s, m, args.tol, args.max_iter)
             )
             acc = np.mean(np.argmax(Xt @ coef.T, axis=1) == yt)
             report("  before (autograd, 10 pairs, tol in W)", seconds, n_iter,

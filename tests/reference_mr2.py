@@ -1,4 +1,5 @@
-"""Straightforward per-class loop forms of the MR² formulas, to check the vectorised ones.
+"""Straightforward per-class loop forms of the MR² formulas, to check the vectorised ones,
+and the cosine head's previous solver, the peer of its tests and of bench_cosine.py.
 
 Deliberately slow and literal: one Python loop per class and per sample.
 """
@@ -46,3 +47,38 @@ def compactness_loop(features, target, s_bar, tau):
                 total = total + torch.exp((d - 2 * s_bar) / tau)
         per_class.setdefault(int(target[i]), []).append(torch.log1p(total))
     return torch.stack([torch.stack(v).mean() for v in per_class.values()]).mean()
+
+
+def cosine_lbfgs_before(X, y, scale, margins, tol, max_iter):
+    """The cosine head as the estimator solved it before its closed form: autograd
+    gradients, 10 L-BFGS pairs, one run, the test on tol in W. X unit-norm (NumPy).
+
+    Returns the logit weights s·W/‖W‖ (NumPy) and the iterations run.
+    """
+    import torch.nn.functional as F
+
+    from mr2_probe._losses import margin_cross_entropy
+
+    X, y = torch.as_tensor(X), torch.as_tensor(y)
+    margins = torch.as_tensor(margins, dtype=X.dtype)
+    W = torch.zeros(len(margins), X.shape[1], dtype=X.dtype).index_add_(0, y, X)
+    W = F.normalize(W, dim=1).requires_grad_(True)
+    optimizer = torch.optim.LBFGS(
+        [W],
+        lr=1,
+        max_iter=max_iter,
+        max_eval=4 * max_iter,
+        tolerance_grad=tol,
+        tolerance_change=64 * torch.finfo(torch.float64).eps,
+        history_size=10,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure():
+        optimizer.zero_grad()
+        loss = margin_cross_entropy(scale * X @ F.normalize(W, dim=1).T, y, margins)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return (scale * F.normalize(W.detach(), dim=1)).numpy(), optimizer.state[W]["n_iter"]

@@ -5,7 +5,6 @@ import warnings
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from sklearn.exceptions import ConvergenceWarning
 
@@ -14,6 +13,7 @@ from mr2_probe._data import TensorSource
 from mr2_probe._head import ProbeHead
 from mr2_probe._losses import margin_cross_entropy
 from mr2_probe._solvers import plain_data_term
+from tests.reference_mr2 import cosine_lbfgs_before
 
 
 @pytest.fixture(scope="module")
@@ -35,34 +35,6 @@ def _objective(X, y, coef, scale, margins):
     """(1/N) Σ CE(z / γ_y, y) of a fitted cosine model on unit-norm X (float64)."""
     z = torch.as_tensor(X @ coef.T)  # coef_ rows are scale × unit directions
     return float(margin_cross_entropy(z, torch.as_tensor(y), torch.as_tensor(margins)))
-
-
-def _reference_fit(X, y, scale, margins, tol, max_iter):
-    """The cosine head as it was solved before: autograd, 10 pairs, one L-BFGS run."""
-    X, y = torch.as_tensor(X), torch.as_tensor(y)
-    margins = torch.as_tensor(margins)
-    k = len(margins)
-    W = torch.zeros(k, X.shape[1], dtype=X.dtype).index_add_(0, y, X)
-    W = F.normalize(W, dim=1).requires_grad_(True)
-    optimizer = torch.optim.LBFGS(
-        [W],
-        lr=1,
-        max_iter=max_iter,
-        max_eval=4 * max_iter,
-        tolerance_grad=tol,
-        tolerance_change=64 * torch.finfo(torch.float64).eps,
-        history_size=10,
-        line_search_fn="strong_wolfe",
-    )
-
-    def closure():
-        optimizer.zero_grad()
-        loss = margin_cross_entropy(scale * X @ F.normalize(W, dim=1).T, y, margins)
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    return (scale * F.normalize(W.detach(), dim=1)).numpy()
 
 
 def _fit(X, y, **params):
@@ -101,7 +73,7 @@ def test_closed_form_cosine_gradient_matches_autograd():
 def test_same_predictions_as_before_and_no_higher_loss(digits_unit, data, scale):
     X, y = digits_unit if data == "digits" else _normalised_blobs()
     ours = _fit(X, y, scale=scale, tol=1e-5)
-    before = _reference_fit(X, y, scale, ours.margins_, tol=1e-5, max_iter=3000)
+    before, _ = cosine_lbfgs_before(X, y, scale, ours.margins_, tol=1e-5, max_iter=3000)
     agree = np.mean(ours.predict(X) == np.argmax(X @ before.T, axis=1))
     assert agree >= 0.995
     ours_loss = _objective(X, y, ours.coef_, scale, ours.margins_)
