@@ -75,6 +75,8 @@ class FoldPath:
     head: object
     initial: tuple | None
     steps: dict = field(default_factory=dict)
+    # (value, the head's parameters) of the last two solutions, for the predictor step.
+    _previous: list = field(default_factory=list)
 
     def run(self, values: Sequence[float], solve: Callable, score: Callable, progress) -> None:
         """Solve at ``values`` in increasing order, each from the previous solution.
@@ -100,8 +102,6 @@ class FoldPath:
             )
             self._previous = [*self._previous, (float(value), self._params())][-2:]
             progress.update(1)
-
-    _previous: list = field(default_factory=list)
 
     def _params(self) -> list[torch.Tensor]:
         return [p.detach().clone() for p in self.head.parameters()]
