@@ -71,6 +71,20 @@ class TensorSource:
     def __init__(self, X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, rows: int) -> None:
         self.X, self.y, self.w, self.rows = X, y, w, rows
         self.n_samples = X.shape[0]
+        self._inverse_norms = None
+
+    def inverse_norms(self) -> list[torch.Tensor]:
+        """1 / ‖x_i‖ for the rows of every block of :meth:`chunks`, in its order.
+
+        Computed on the first call and kept (n_samples values): the cosine head's
+        φ = x / ‖x‖ then costs no pass over X per evaluation. The floor is F.normalize's.
+        """
+        if self._inverse_norms is None:
+            self._inverse_norms = [
+                torch.linalg.vector_norm(x, dim=1).clamp_min(1e-12).reciprocal()
+                for x, _, _ in self.chunks()
+            ]
+        return self._inverse_norms
 
     def chunks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Contiguous blocks in order (views, no copy)."""
@@ -103,6 +117,7 @@ class H5Source(TensorSource):
         self.n_samples = dataset.shape[0]
         self.has_nan = torch.zeros((), dtype=torch.bool, device=device)
         self.has_inf = torch.zeros((), dtype=torch.bool, device=device)
+        self._inverse_norms = None
 
     def _read(self, start: int, stop: int) -> torch.Tensor:
         block = to_tensor(np.asarray(self.dataset[start:stop]), self.device, self.dtype)

@@ -95,24 +95,30 @@ def linear_margin_ce_parts(
     margins: torch.Tensor,
     center: torch.Tensor | None = None,
     sample_weight: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample losses ℓ_i = CE((W·(x_i − m) + b) / γ_{y_i}, y_i) (B,) and their gradients
     in the logits, w_i·(softmax − onehot) / γ_{y_i} (B, K) (w_i = 1 without sample_weight).
 
     One matrix product and a few in-place passes over the (B, K) logits; ``center`` m
-    (default 0) re-parametrises the intercept without copying X.
+    (default 0) re-parametrises the intercept without copying X. ``row_scale`` r (B,)
+    scales the products, z_i = r_i·W·x_i (the cosine head's r_i = 1/‖x_i‖, without a
+    normalised copy of X; no intercept then); the gradients returned are then in W·x_i, so
+    that :func:`linear_grad_from_logits` on the raw X gives the gradient in W.
     """
     if center is not None:
         offset = weight @ center  # (K,)
         bias = bias - offset if bias is not None else -offset
     z = X @ weight.T if bias is None else torch.addmm(bias, X, weight.T)  # (B, K)
     inv_gamma = margins.reciprocal()[target]  # (B,)
-    z.mul_(inv_gamma[:, None])
+    z.mul_((inv_gamma if row_scale is None else inv_gamma * row_scale)[:, None])
     lse = torch.logsumexp(z, dim=1)  # (B,)
     loss = lse - z.gather(1, target[:, None]).squeeze(1)  # (B,)
     z.sub_(lse[:, None]).exp_()  # softmax
     z.scatter_add_(1, target[:, None], -torch.ones_like(z[:, :1]))  # p − onehot
     scale = inv_gamma if sample_weight is None else sample_weight * inv_gamma
+    if row_scale is not None:
+        scale = scale * row_scale
     z.mul_(scale[:, None])  # ∂(w_i ℓ_i)/∂z_i (B, K)
     return loss, z
 
@@ -141,15 +147,17 @@ def linear_margin_ce_grad(
     margins: torch.Tensor,
     sample_weight: torch.Tensor,
     center: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Σ_i w_i CE((W·(x_i − m) + b) / γ_{y_i}, y_i) and its gradients in W and b.
 
     The full-batch solver's hot path for a plain linear head: two matrix products and a
     few in-place passes over the (B, K) logits, instead of autograd's extra copies.
-    ``center`` m (default 0) re-parametrises the intercept without copying X.
+    ``center`` m (default 0) re-parametrises the intercept without copying X; ``row_scale``
+    as in :func:`linear_margin_ce_parts`.
     """
     loss, grad_logits = linear_margin_ce_parts(
-        X, weight, bias, target, margins, center, sample_weight
+        X, weight, bias, target, margins, center, sample_weight, row_scale
     )
     grad_weight, grad_bias = linear_grad_from_logits(X, grad_logits, center, bias is not None)
     return (loss * sample_weight).sum(), grad_weight, grad_bias

@@ -249,6 +249,17 @@ def fit_lbfgs(
     return _with_class_losses(result, head, source, spec, risk)
 
 
+def closed_form_chunks(head, source):
+    """Blocks (x, y, w, r) for a closed-form head: raw x, and for the cosine head the row
+    scale r = 1/‖x‖ (computed once per source), so that φ = x/‖x‖ is never formed."""
+    if not head.is_plain_cosine:
+        for x, y, w in source.chunks():
+            yield x, y, w, None
+        return
+    for (x, y, w), r in zip(source.chunks(), source.inverse_norms(), strict=True):
+        yield x, y, w, r
+
+
 def plain_data_term(head, source, margins, weight_sum, center=None) -> torch.Tensor:
     """(1/S) Σ_i w_i ℓ_γ(i); its gradients are added to the parameters' ``.grad``.
 
@@ -258,17 +269,18 @@ def plain_data_term(head, source, margins, weight_sum, center=None) -> torch.Ten
     """
     params = [p for p in head.parameters()]
     total = params[0].new_zeros(())
-    weight = head.logit_weight() if head.has_closed_form else None
-    for x, y, w in source.chunks():
-        if weight is not None:
+    if head.has_closed_form:
+        weight = head.logit_weight()
+        for x, y, w, r in closed_form_chunks(head, source):
             loss, grad_w, grad_b = linear_margin_ce_grad(
-                head.features(x), weight, head.bias, y, margins, w, center
+                x, weight, head.bias, y, margins, w, center, r
             )
             head.add_logit_weight_grad(grad_w, alpha=1 / weight_sum)
             if grad_b is not None:
                 head.bias.grad.add_(grad_b, alpha=1 / weight_sum)
             total += loss / weight_sum
-            continue
+        return total
+    for x, y, w in source.chunks():
         z = head.logits(head.features(x))  # (B, K)
         loss = margin_cross_entropy(z, y, margins, w, reduction="sum") / weight_sum
         loss.backward()
@@ -284,40 +296,35 @@ def tilted_data_term(head, source, margins, risk, center=None, keep=True) -> tor
     (N × K elements) instead of being recomputed.
     """
     sums = head.weight.new_zeros(len(risk.share))
-    weight = head.logit_weight() if head.has_closed_form else None
-    kept = []
-    for x, y, w in source.chunks():
-        if weight is not None:
-            loss, grad_logits = linear_margin_ce_parts(
-                head.features(x), weight, head.bias, y, margins, center, w
-            )
-            if keep:
-                kept.append(grad_logits)
-        else:
+    if not head.has_closed_form:
+        for x, y, w in source.chunks():
             with torch.no_grad():
                 z = head.logits(head.features(x))  # (B, K)
                 loss = margin_cross_entropy(z, y, margins, reduction="none")
+            sums.index_add_(0, y, loss * w)
+        value, factor = risk.risk(risk.class_loss(sums))
+        for x, y, w in source.chunks():
+            z = head.logits(head.features(x))  # (B, K)
+            margin_cross_entropy(z, y, margins, w * factor[y], reduction="sum").backward()
+        return value
+    weight = head.logit_weight()
+    kept = []
+    for x, y, w, r in closed_form_chunks(head, source):
+        loss, grad_logits = linear_margin_ce_parts(x, weight, head.bias, y, margins, center, w, r)
+        if keep:
+            kept.append(grad_logits)
         sums.index_add_(0, y, loss * w)
     value, factor = risk.risk(risk.class_loss(sums))
-    for i, (x, y, w) in enumerate(source.chunks()):
-        phi = head.features(x)
-        if weight is not None:
-            if keep:
-                grad_logits = kept[i]
-            else:
-                grad_logits = linear_margin_ce_parts(phi, weight, head.bias, y, margins, center, w)[
-                    1
-                ]
-            grad_logits.mul_(factor[y][:, None])  # (B, K)
-            grad_w, grad_b = linear_grad_from_logits(
-                phi, grad_logits, center, head.bias is not None
-            )
-            head.add_logit_weight_grad(grad_w)
-            if grad_b is not None:
-                head.bias.grad.add_(grad_b)
-            continue
-        z = head.logits(phi)  # (B, K)
-        margin_cross_entropy(z, y, margins, w * factor[y], reduction="sum").backward()
+    for i, (x, y, w, r) in enumerate(closed_form_chunks(head, source)):
+        if keep:
+            grad_logits = kept[i]
+        else:
+            grad_logits = linear_margin_ce_parts(x, weight, head.bias, y, margins, center, w, r)[1]
+        grad_logits.mul_(factor[y][:, None])  # (B, K)
+        grad_w, grad_b = linear_grad_from_logits(x, grad_logits, center, head.bias is not None)
+        head.add_logit_weight_grad(grad_w)
+        if grad_b is not None:
+            head.bias.grad.add_(grad_b)
     return value
 
 

@@ -9,10 +9,10 @@ from sklearn.datasets import load_digits
 from sklearn.exceptions import ConvergenceWarning
 
 from mr2_probe import MR2LinearClassifier
-from mr2_probe._data import TensorSource
+from mr2_probe._data import H5Source, TensorSource
 from mr2_probe._head import ProbeHead
-from mr2_probe._losses import margin_cross_entropy
-from mr2_probe._solvers import plain_data_term
+from mr2_probe._losses import margin_cross_entropy, tilted_class_risk
+from mr2_probe._solvers import ClassRisk, plain_data_term, tilted_data_term
 from tests.reference_mr2 import cosine_lbfgs_before
 
 
@@ -44,7 +44,19 @@ def _fit(X, y, **params):
         return MR2LinearClassifier(**params).fit(X, y)
 
 
-def test_closed_form_cosine_gradient_matches_autograd():
+def _source(kind, X, y, w, tmp_path):
+    if kind == "tensor":
+        return TensorSource(X, y, w, rows=32)
+    h5py = pytest.importorskip("h5py")
+    f = h5py.File(tmp_path / "X.h5", "w")
+    f["X"] = X.numpy()
+    return H5Source(f["X"], y, w, 32, torch.device("cpu"), torch.float64)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "h5"])
+@pytest.mark.parametrize("tilt", [0.0, 2.0])
+def test_closed_form_cosine_gradient_matches_autograd(kind, tilt, tmp_path):
+    """The closed form takes raw x with 1/‖x‖ kept per block (not a normalised copy)."""
     gen = torch.Generator().manual_seed(0)
     n, d, k = 70, 5, 3
     X = torch.randn(n, d, generator=gen, dtype=torch.float64)
@@ -57,15 +69,23 @@ def test_closed_form_cosine_gradient_matches_autograd():
     )  # fmt: skip
     with torch.no_grad():
         head.weight.normal_(generator=gen).mul_(3.0)  # rows far from unit norm
-    head.weight.grad = torch.zeros_like(head.weight)
-    value = plain_data_term(head, TensorSource(X, y, w, rows=32), margins, float(w.sum()))
-    got = head.weight.grad.clone()
-    head.weight.grad = None
-    z = head.logits(head.features(X))
-    reference = margin_cross_entropy(z, y, margins, w, reduction="sum") / w.sum()
-    reference.backward()
-    torch.testing.assert_close(value, reference.detach(), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(got, head.weight.grad, rtol=1e-10, atol=1e-13)
+    source = _source(kind, X, y, w, tmp_path)
+    risk = ClassRisk(source, k, tilt)
+    for _ in range(2):  # the second evaluation reuses the kept 1/‖x‖
+        head.weight.grad = torch.zeros_like(head.weight)
+        if tilt:
+            value = tilted_data_term(head, source, margins, risk, keep=kind == "tensor")
+        else:
+            value = plain_data_term(head, source, margins, float(w.sum()))
+        got = head.weight.grad.clone()
+        head.weight.grad = None
+        z = head.logits(head.features(X))
+        loss = margin_cross_entropy(z, y, margins, reduction="none")
+        class_loss = risk.class_loss(torch.zeros(k, dtype=X.dtype).index_add_(0, y, loss * w))
+        reference = tilted_class_risk(class_loss, risk.share, tilt)[0]
+        reference.backward()
+        torch.testing.assert_close(value, reference.detach(), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got, head.weight.grad, rtol=1e-10, atol=1e-13)
 
 
 @pytest.mark.parametrize("data", ["digits", "blobs"])
