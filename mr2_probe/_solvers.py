@@ -53,8 +53,9 @@ class SolverResult:
 # evaluation when they fit in this many elements; beyond it, pass 2 recomputes them.
 _KEEP_LOGIT_GRADS = 2**26
 # L-BFGS for a plain cosine head: the most restarts from unit-norm rows (see fit_lbfgs),
-# and its memory, at most 50 pairs of K × d updates and 2**26 elements in all.
+# and its memory, at most 200 pairs of K × d updates and 2**26 elements in all.
 _COSINE_ROUNDS = 20
+_COSINE_HISTORY = 200
 _COSINE_HISTORY_ELEMENTS = 2**26
 
 
@@ -199,7 +200,7 @@ def fit_lbfgs(
     rounds, history = 1, 10
     if head.is_plain_cosine:
         pairs = _COSINE_HISTORY_ELEMENTS // (2 * head.weight.numel())
-        rounds, history = _COSINE_ROUNDS, int(min(50, max(10, pairs)))
+        rounds, history = _COSINE_ROUNDS, int(min(_COSINE_HISTORY, max(10, pairs)))
     for _ in range(rounds):
         optimizer = torch.optim.LBFGS(
             params,
