@@ -27,6 +27,12 @@ from bench_fit import make_features, timed_fit  # noqa: E402
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
 
 
+class FoldByFold(MR2LinearClassifierCV):
+    """The search with each fold's path solved on its own, never as one batched problem."""
+
+    _batch_folds = False
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-samples", type=int, default=50_000)
@@ -65,6 +71,9 @@ def main(argv=None):
         "MR2LinearClassifierCV cpu": MR2LinearClassifierCV(
             Cs, cv=folds, c_bar=None, device="cpu", **common
         ),
+        "MR2LinearClassifierCV cpu, fold by fold": FoldByFold(
+            Cs, cv=folds, c_bar=None, device="cpu", **common
+        ),
     }
     if "grid" not in args.skip:
         models["GridSearchCV(LogisticRegression)"] = GridSearchCV(
@@ -73,6 +82,9 @@ def main(argv=None):
     if torch.cuda.is_available():
         for dtype in ("float32",):
             models[f"MR2LinearClassifierCV cuda {dtype}"] = MR2LinearClassifierCV(
+                Cs, cv=folds, c_bar=None, device="cuda", **common
+            )
+            models[f"MR2LinearClassifierCV cuda {dtype}, fold by fold"] = FoldByFold(
                 Cs, cv=folds, c_bar=None, device="cuda", **common
             )
     # Warm up torch's lazy initialisation so that it is not billed to the first search.

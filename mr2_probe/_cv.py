@@ -3,11 +3,15 @@ cross-validation along a warm-started path, the features uploaded once."""
 
 from __future__ import annotations
 
+import functools
 import inspect
+import warnings
 from numbers import Integral
 
 import numpy as np
+import torch
 from sklearn.base import _fit_context
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import check_scoring, get_scorer_names
 from sklearn.model_selection import check_cv
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -15,10 +19,12 @@ from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import _check_sample_weight
 from tqdm.auto import tqdm
 
+from ._batched import BatchedPath, FoldBatch
 from ._classifier import MR2LinearClassifier, _class_stats
-from ._data import is_torch_tensor
+from ._data import H5Source, is_torch_tensor
 from ._device import to_numpy
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
+from ._solvers import SolverResult
 from .metrics import classwise_scorers
 
 # The class-wise scorers of mr2_probe.metrics that ``scoring`` accepts by name.
@@ -45,6 +51,12 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
     dataset keeps its order and gives held-out rows weight zero instead), and the class
     statistics, which do not depend on C, are computed once per fold.
 
+    For the linear head (more than two classes, ``lam=0``, no ``class_tilt``, data in
+    memory) on a GPU, or on a CPU with n_folds × n_classes ≤ 128, the folds are solved as
+    one batched problem: every evaluation multiplies X once by all the folds' weights, the
+    held-out rows taking part with weight zero, and L-BFGS runs in lock-step over the folds
+    (each stopping on its own). Elsewhere each fold's path is solved on its own.
+
     Parameters
     ----------
     Cs : int, array-like of float or "bisect", default=10
@@ -70,7 +82,8 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
         mean of each fold's best value.
     n_jobs : int, default=None
         Folds solved in parallel threads (joblib): the device tensors are shared, and
-        torch releases the GIL in its kernels.
+        torch releases the GIL in its kernels. Folds solved as one batched problem (see
+        above) use torch's own threads instead.
     c_bar, lam, p, head, fit_intercept, difficulty, tau, projection_rank, solver, \
 max_iter, tol, batch_size, learning_rate, n_iter_no_change, class_weight, class_tilt, \
 random_state, device
@@ -244,14 +257,28 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         cv = check_cv(self.cv, labels, classifier=True)
         folds = list(cv.split(np.empty((len(labels), 0)), labels))
         score = _Scorer(scorer, self.classes_)
-        paths = [self._fold_path(data, train, test, score_weight) for train, test in folds]
+        if self._batches_folds(data, solver, len(folds)):
+            batched = self._batched_path(data, folds, score_weight)
+            paths = batched.paths
+
+            def run(new, bar):
+                batched.run(
+                    new, score, bar, max_iter=self.max_iter, tol=self.tol,
+                    report=functools.partial(self._report, solver, data.dtype),
+                )  # fmt: skip
+        else:
+            paths = [self._fold_path(data, train, test, score_weight) for train, test in folds]
+
+            def run(new, bar):
+                Parallel(n_jobs=self.n_jobs, prefer="threads")(
+                    delayed(path.run)(new, self._path_solver(solver), score, bar) for path in paths
+                )
+
         with tqdm(disable=not self.verbose, desc="MR2 CV path", leave=False) as bar:
 
             def evaluate(new):
                 bar.total = (bar.total or 0) + len(new) * len(paths)
-                Parallel(n_jobs=self.n_jobs, prefer="threads")(
-                    delayed(path.run)(new, self._path_solver(solver), score, bar) for path in paths
-                )
+                run(new, bar)
                 return np.mean([[path.steps[float(v)].score for v in new] for path in paths], 0)
 
             if isinstance(values, str):
@@ -286,6 +313,55 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         initial = None if head.has_projection else self._statistics(head, fold)
         weight = None if score_weight is None else score_weight[test]
         return FoldPath(fold, data.rows(test), data.y_index[test], weight, head, initial)
+
+    # Folds solved as one batched problem (see _batched.py): on a GPU, and on a CPU while
+    # the folds' logits together stay narrow (n_folds × n_classes columns), where one
+    # product over all rows reads X once instead of once per fold. ``_batch_folds``
+    # overrides the choice where batching applies (False: fold by fold; True: batched).
+    _BATCH_MAX_COLUMNS_CPU = 128
+    _batch_folds = None
+
+    def _batches_folds(self, data, solver, n_folds) -> bool:
+        """Whether the folds run as one batched problem: a plain linear head (more than
+        two classes, no projection, no tilt) by L-BFGS on in-memory data."""
+        plain = (
+            self.head == "linear"
+            and data.n_classes > 2
+            and solver == "lbfgs"
+            and self.lam == 0
+            and self.class_tilt == 0
+            and not isinstance(data.source, H5Source)  # in memory
+        )
+        if not plain or self._batch_folds is not None:
+            return plain and bool(self._batch_folds)
+        return data.device.type == "cuda" or n_folds * data.n_classes <= self._BATCH_MAX_COLUMNS_CPU
+
+    def _batched_path(self, data, folds, score_weight):
+        weights, inv_gamma, centers = [], [], []
+        for train, _ in folds:
+            fold = data.masked(train)
+            head = self._new_head(fold)
+            stats, margins = self._statistics(head, fold)[:2]
+            weights.append(fold.source.w)
+            inv_gamma.append(margins.reciprocal())
+            centers.append((stats.count[:, None] * stats.mean).sum(0) / stats.count.sum())
+        batch = FoldBatch(
+            data.source.X,
+            data.source.y,
+            torch.stack(weights),
+            torch.stack(inv_gamma),
+            torch.stack(centers),
+            data.n_classes,
+        )
+        return BatchedPath(batch, [test for _, test in folds], data.y_index, score_weight)
+
+    def _report(self, solver, dtype, fold, n_iter, stop, largest):
+        """A batched fold's solver outcome: warns as a fold's own fit would."""
+        if stop != "tol":
+            result = SolverResult(n_iter, False, largest_gradient=largest, stop=stop)
+            warnings.warn(
+                self._convergence_message(result, solver, dtype), ConvergenceWarning, stacklevel=2
+            )
 
     def _path_solver(self, solver):
         """The solve step of one value of the path (C, or the cosine head's scale)."""

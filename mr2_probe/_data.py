@@ -182,14 +182,24 @@ class FitData:
         which saves the solver the work on the held-out rows.
         """
         source = self.source
+        if isinstance(source, H5Source):
+            return self.masked(rows)
+        index = to_tensor(np.asarray(rows, dtype=np.int64), self.device)
+        source = TensorSource(source.X[index], source.y[index], source.w[index], source.rows)
+        weight_sum = float(self.sample_weight[rows].sum())
+        return replace(self, source=source, weight_sum=weight_sum)
+
+    def masked(self, rows: np.ndarray) -> FitData:
+        """The same problem on some rows, as weights: every row keeps its place, the rows
+        outside ``rows`` with weight zero. Nothing is copied."""
+        source = self.source
         weight = np.zeros_like(self.sample_weight)
         weight[rows] = self.sample_weight[rows]
+        w = to_tensor(weight, self.device, self.dtype)
         if isinstance(source, H5Source):
-            w = to_tensor(weight, self.device, self.dtype)
             source = H5Source(source.dataset, source.y, w, source.rows, self.device, self.dtype)
         else:
-            index = to_tensor(np.asarray(rows, dtype=np.int64), self.device)
-            source = TensorSource(source.X[index], source.y[index], source.w[index], source.rows)
+            source = TensorSource(source.X, source.y, w, source.rows)
         return replace(self, source=source, weight_sum=float(weight.sum()))
 
     def rows(self, rows: np.ndarray) -> torch.Tensor:

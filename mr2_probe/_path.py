@@ -98,7 +98,7 @@ class FoldPath:
                 coef,
                 score(z, self.y_test, self.score_weight),
                 int(result.n_iter),
-                _class_accuracy(z.argmax(1), self.y_test, z.shape[1]),
+                class_accuracy(z.argmax(1), self.y_test, z.shape[1]),
             )
             self._previous = [*self._previous, (float(value), self._params())][-2:]
             progress.update(1)
@@ -108,17 +108,27 @@ class FoldPath:
 
     @torch.no_grad()
     def _predict(self, value: float) -> None:
-        if len(self._previous) < 2 or self.head.has_projection:
+        t = predictor_step(self._previous, value)
+        if t is None or self.head.has_projection:
             return
-        (v0, p0), (v1, p1) = self._previous
-        if not v0 < v1 < value:
-            return  # bisection: the new value lies between ones already solved
-        t = np.log(value / v1) / np.log(v1 / v0)
+        (_, p0), (_, p1) = self._previous
         for param, a, b in zip(self.head.parameters(), p0, p1, strict=True):
             param.copy_(b + (b - a) * t)
 
 
-def _class_accuracy(pred: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
+def predictor_step(previous: list, value: float) -> float | None:
+    """t such that the path's start at ``value`` is p₁ + t·(p₁ − p₀), linear in log(value)
+    through the last two solutions ``previous`` = [(v₀, p₀), (v₁, p₁)]; None when there are
+    fewer, or when ``value`` does not extend the path (a bisection's midpoint)."""
+    if len(previous) < 2:
+        return None
+    (v0, _), (v1, _) = previous
+    if not v0 < v1 < value:
+        return None
+    return float(np.log(value / v1) / np.log(v1 / v0))
+
+
+def class_accuracy(pred: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
     size = np.bincount(y, minlength=n_classes).astype(float)
     correct = np.bincount(y[pred == y], minlength=n_classes)
     with np.errstate(invalid="ignore", divide="ignore"):

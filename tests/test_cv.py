@@ -222,7 +222,7 @@ def test_hdf5_input_is_read_in_blocks_and_matches_memory(tmp_path, monkeypatch):
 
     monkeypatch.setattr(h5py.Dataset, "__getitem__", spy)
     monkeypatch.setattr("mr2_probe._classifier.block_rows", lambda d, k: 64)
-    params = dict(Cs=[0.1, 1.0], cv=3, tol=1e-8, device="cpu")
+    params = dict(Cs=[0.1, 1.0], cv=3, tol=1e-8, max_iter=1000, device="cpu")
     with h5py.File(tmp_path / "x.h5", "r") as f:
         stored = MR2LinearClassifierCV(**params).fit(f["X"], y)
     memory = MR2LinearClassifierCV(**params).fit(X, y)
@@ -252,3 +252,49 @@ def test_bad_parameters_are_named(params, error, match):
         return
     with pytest.raises(error, match=match):
         clf.fit(X, y)
+
+
+def _spy_batched(monkeypatch):
+    import mr2_probe._batched as batched
+
+    calls = []
+    original = batched.lbfgs_batched
+
+    def spy(batch, *args, **kwargs):
+        calls.append(batch.n_folds)
+        return original(batch, *args, **kwargs)
+
+    monkeypatch.setattr(batched, "lbfgs_batched", spy)
+    return calls
+
+
+@pytest.mark.parametrize("params", [dict(c_bar=None), dict(c_bar=2.0, class_weight="balanced")])
+def test_folds_solved_as_one_batched_problem_give_the_per_fold_path(params, monkeypatch):
+    X, y = _blobs(n_classes=5, n=300)
+    X = StandardScaler().fit_transform(X)
+    weight = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
+    common = dict(Cs=[0.01, 0.3, 10.0], cv=4, tol=1e-8, max_iter=1000, device="cpu", **params)
+    calls = _spy_batched(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        batched = MR2LinearClassifierCV(**common).fit(X, y, sample_weight=weight)
+        assert calls == [4, 4, 4]  # one batched solve of the 4 folds per C
+        monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", False)
+        per_fold = MR2LinearClassifierCV(**common).fit(X, y, sample_weight=weight)
+    assert calls == [4, 4, 4]
+    assert batched.C_ == per_fold.C_
+    np.testing.assert_allclose(batched.scores_[0], per_fold.scores_[0], atol=1e-6)
+    np.testing.assert_allclose(batched.coefs_paths_[0], per_fold.coefs_paths_[0], atol=1e-4)
+    np.testing.assert_allclose(
+        batched.class_accuracy_path_, per_fold.class_accuracy_path_, atol=1e-12
+    )
+    np.testing.assert_allclose(batched.coef_, per_fold.coef_, atol=1e-4)
+
+
+def test_a_batched_fold_short_of_tol_warns_as_a_fit_does(monkeypatch):
+    X, y = _blobs(n_classes=5, n=300)
+    calls = _spy_batched(monkeypatch)
+    with pytest.warns(ConvergenceWarning, match="did not converge in max_iter=3 iterations"):
+        cv = MR2LinearClassifierCV(Cs=[1.0], cv=3, tol=1e-10, max_iter=3, device="cpu").fit(X, y)
+    assert calls == [3]
+    assert (cv.n_iter_ == 3).all()
