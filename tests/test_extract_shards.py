@@ -49,15 +49,19 @@ def data(tmp_path_factory):
     return root
 
 
+def _source(data, kind: str) -> str:
+    return {
+        "folder": str(data / "folder"),
+        "webdataset": f"webdataset:{data}/wds/{{00000..00002}}.tar",
+        "parquet": f"parquet:{data}/hf",
+    }[kind]
+
+
 @pytest.fixture(scope="module")
 def stores(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("stores")
-    sources = {
-        "folder": data / "folder",
-        "webdataset": f"webdataset:{data}/wds/{{00000..00002}}.tar",
-        "parquet": f"parquet:{data}/hf",
-    }
-    return {k: extract_features(s, BACKBONE, out / f"{k}.h5", **FAST) for k, s in sources.items()}
+    kinds = ("folder", "webdataset", "parquet")
+    return {k: extract_features(_source(data, k), BACKBONE, out / f"{k}.h5", **FAST) for k in kinds}
 
 
 # --- reading tar headers -------------------------------------------------------------
@@ -359,6 +363,13 @@ def test_stores_equal_the_folder_store_of_the_same_images(stores, kind):
         assert "source_options" not in g.attrs
 
 
+def test_worker_processes_give_the_same_store(data, stores, tmp_path):
+    # Each worker opens the files of its blocks and keeps its own place in a row group.
+    kwargs = FAST | dict(num_workers=2)
+    out = extract_features(_source(data, "parquet"), BACKBONE, tmp_path / "w.h5", **kwargs)
+    assert out.read_bytes() == stores["parquet"].read_bytes()
+
+
 def test_webdataset_store_keeps_keys_as_paths(stores):
     loaded = load_features(stores["webdataset"])
     assert "cat/alpha" in loaded.paths and "cat/corrupt" in dict(loaded.failures)
@@ -367,10 +378,7 @@ def test_webdataset_store_keeps_keys_as_paths(stores):
 
 @pytest.mark.parametrize("kind", ["webdataset", "parquet"])
 def test_ranks_take_whole_shards_and_merge_in_source_order(data, stores, tmp_path, kind):
-    source = {
-        "webdataset": f"webdataset:{data}/wds/*.tar",
-        "parquet": f"parquet:{data}/hf",
-    }[kind]
+    source = _source(data, kind)
     out = tmp_path / "m.h5"
     shards = [extract_features(source, BACKBONE, out, rank=r, world_size=2, **FAST) for r in (0, 1)]
     with h5py.File(shards[0], "r") as f0, h5py.File(shards[1], "r") as f1:
@@ -387,7 +395,7 @@ def test_ranks_take_whole_shards_and_merge_in_source_order(data, stores, tmp_pat
 
 @pytest.mark.parametrize("kind", ["webdataset", "parquet"])
 def test_resume_reads_only_the_rows_still_pending(data, stores, tmp_path, monkeypatch, kind):
-    source = {"webdataset": f"webdataset:{data}/wds/*.tar", "parquet": f"parquet:{data}/hf"}[kind]
+    source = _source(data, kind)
     out = tmp_path / "f.h5"
     out.write_bytes(stores[kind].read_bytes())
     with h5py.File(out, "r+") as f:
