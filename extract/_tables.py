@@ -55,7 +55,10 @@ class _Table:
                 self.schema = pa.ipc.open_stream(self.buffer).schema
                 self.parquet = None
             else:
-                self.parquet = pq.ParquetFile(fh, buffer_size=_READ_BUFFER, pre_buffer=False)
+                # Streamed page by page; CRCs checked where the writer stored them.
+                self.parquet = pq.ParquetFile(
+                    fh, buffer_size=_READ_BUFFER, pre_buffer=False, page_checksum_verification=True
+                )
                 self.schema = self.parquet.schema_arrow
         except (pa.ArrowInvalid, OSError) as err:
             kind = "an Arrow stream" if _is_arrow(path) else "a Parquet file"
@@ -140,7 +143,10 @@ class _Cursor:
         while self.values is None or row >= self.start + len(self.values):
             if self.values is not None:
                 self.start += len(self.values)
-            self.values, self.paths = next(self.batches)
+            batch = next(self.batches, None)
+            if batch is None:
+                raise EOFError(f"row group {self.key[1]} ends before its row {row}")
+            self.values, self.paths = batch
         data = self.values[row - self.start].as_py()
         if data is not None:
             return bytearray(data)
@@ -164,18 +170,26 @@ class TableRows(Archive):
         return item_id.rpartition(":")[2]  # ids are "<file>:<row in file>"
 
     def read_file(self, path, f, items, state) -> list[bytearray | Exception]:
-        out = []
+        out: list[bytearray | Exception] = []
         for i in items:  # in source order: rows only move forward within a row group
             key, row = (f, int(self.group[i])), int(self.row[i])
             cursor = state.get("cursor")
             if cursor is None or cursor.key != key or row < cursor.start:
-                if cursor is not None:
-                    cursor.close()
-                state["cursor"] = None
+                _drop_cursor(state)
                 listed = (int(self.sizes[f]), int(self.mtimes[f]))
                 cursor = state["cursor"] = _Cursor(key, path, listed, self.column)
-            out.append(cursor.take(row))
+            try:
+                out.append(cursor.take(row))
+            except Exception as err:  # a damaged page: this row fails, the next reopens
+                _drop_cursor(state)
+                out.append(err)
         return out
+
+
+def _drop_cursor(state: dict) -> None:
+    cursor = state.pop("cursor", None)
+    if cursor is not None:
+        cursor.close()
 
 
 def _split_of(relative: str) -> str | None:

@@ -296,6 +296,15 @@ def test_parquet_column_errors_are_one_line(tmp_path, columns, kwargs, match):
     assert "\n" not in str(info.value)
 
 
+def test_rows_without_image_bytes_say_where_the_image_is(tmp_path):
+    rows = {"image": [{"bytes": b"a", "path": None}, {"bytes": None, "path": "x.jpg"}]}
+    _table(tmp_path / "t.parquet", rows | {"label": [0, 1]}, schema=hf_image_schema(["a", "b"]))
+    src = open_source(f"parquet:{tmp_path}/t.parquet")
+    first, second = src.archive.read(src.root, [0, 1], {})
+    assert first == bytearray(b"a") and isinstance(second, LookupError)
+    assert str(second) == "the row holds no image bytes (it refers to 'x.jpg' instead)"
+
+
 def test_class_label_out_of_range_is_refused(tmp_path):
     rows = {"image": [{"bytes": b"a", "path": None}], "label": [2]}
     _table(tmp_path / "t.parquet", rows, schema=hf_image_schema(["a", "b"]))
