@@ -165,6 +165,13 @@ def _label_text(raw: bytes, path: list[str], where: str, label_key: str) -> str:
     return str(value).strip()
 
 
+def _label_key_hint(members: dict) -> str:
+    """``, e.g. --label-key cls`` for the usual label members a sample has."""
+    usual = {"cls": "cls", "json": "json.label", "txt": "txt"}
+    present = [f"--label-key {key}" for ext, key in usual.items() if ext in members]
+    return f", e.g. {' or '.join(present)}" if present else ""
+
+
 @dataclass
 class _ShardIndex:
     keys: list[str]
@@ -206,8 +213,8 @@ def index_shard(path: str, image_keys: tuple[str, ...], label_key: str) -> _Shar
                 if member is None:
                     raise ShardError(
                         f"The {where} has no {label_key!r} label (its members: "
-                        f"{', '.join(members)}); choose it with --label-key, e.g. "
-                        "--label-key cls or --label-key json.label."
+                        f"{', '.join(members)}); choose it with --label-key"
+                        f"{_label_key_hint(members)}."
                     )
                 offset, length = members[member]
                 raw = mm[offset : offset + length]

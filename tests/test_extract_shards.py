@@ -177,6 +177,37 @@ def _write_shard(path, samples):
     return path
 
 
+def test_an_img2dataset_folder_is_read_with_its_keys(tmp_path):
+    # img2dataset's webdataset output: {00000..N}.tar of key.jpg / key.txt / key.json, keys
+    # shard * 10^4 + index on 9 digits, beside NNNNN.parquet and NNNNN_stats.json.
+    for shard in range(2):
+        samples = [
+            {
+                "__key__": f"{shard * 10_000 + k:09d}",
+                "jpg": b"\xff\xd8 not decoded here",
+                "txt": f"a photo number {k}",
+                "json": {
+                    "url": "https://x/y.jpg",
+                    "status": "success",
+                    "label": ["cat", "dog"][k % 2],
+                },
+            }
+            for k in range(3)
+        ]
+        _write_shard(tmp_path / f"{shard:05d}.tar", samples)
+        _table(tmp_path / f"{shard:05d}.parquet", {"key": [s["__key__"] for s in samples]})
+        (tmp_path / f"{shard:05d}_stats.json").write_text("{}")
+    src = open_source(f"webdataset:{tmp_path}", label_key="json.label")
+    assert src.ids == ["000000000", "000000001", "000000002", "000010000", "000010001", "000010002"]
+    assert src.class_names == ["cat", "dog"] and src.labels.tolist() == [0, 1, 0, 0, 1, 0]
+    assert list(src.files) == ["00000.tar", "00001.tar"]
+    with pytest.raises(
+        ShardError,
+        match=r"choose it with --label-key, e.g. --label-key json.label or --label-key txt\.$",
+    ):
+        open_source(f"webdataset:{tmp_path}/{{00000..00001}}.tar")  # no cls member
+
+
 @pytest.mark.parametrize(
     "sample, label_key, match",
     [
