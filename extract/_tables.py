@@ -113,14 +113,12 @@ class _Table:
             )
         for batch in batches:
             values = batch.column(0)
-            if hasattr(values, "field"):  # a struct: Hugging Face's Image feature
-                yield values.field("bytes"), values.field("path") if _has(values, "path") else None
-            else:
+            if not hasattr(values, "flatten"):
                 yield values, None
-
-
-def _has(struct_array, name: str) -> bool:
-    return struct_array.type.get_field_index(name) >= 0
+                continue
+            # A struct (Hugging Face's Image feature); flatten() keeps null rows null.
+            fields = dict(zip([f.name for f in values.type], values.flatten(), strict=True))
+            yield fields["bytes"], fields.get("path")
 
 
 class _Cursor:

@@ -328,12 +328,14 @@ def test_parquet_column_errors_are_one_line(tmp_path, columns, kwargs, match):
 
 
 def test_rows_without_image_bytes_say_where_the_image_is(tmp_path):
-    rows = {"image": [{"bytes": b"a", "path": None}, {"bytes": None, "path": "x.jpg"}]}
-    _table(tmp_path / "t.parquet", rows | {"label": [0, 1]}, schema=hf_image_schema(["a", "b"]))
+    rows = {"image": [{"bytes": b"a", "path": None}, {"bytes": None, "path": "x.jpg"}, None]}
+    schema = hf_image_schema(["a", "b"])
+    _table(tmp_path / "t.parquet", rows | {"label": [0, 1, 1]}, schema=schema)
     src = open_source(f"parquet:{tmp_path}/t.parquet")
-    first, second = src.archive.read(src.root, [0, 1], {})
+    first, second, third = src.archive.read(src.root, [0, 1, 2], {})
     assert first == bytearray(b"a") and isinstance(second, LookupError)
     assert str(second) == "the row holds no image bytes (it refers to 'x.jpg' instead)"
+    assert str(third) == "the row holds no image bytes"  # no image at all
 
 
 def test_class_label_out_of_range_is_refused(tmp_path):
