@@ -114,10 +114,15 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
         digest.update(header)
         kind, size, data = header[156:157], _number(header[124:136]), offset + _BLOCK
         if kind in (b"x", b"L", b"g", b"K"):
+            if data + size > n:
+                raise _damaged(path, offset, "the file ends inside a tar header")
             payload = mm[data : data + size]
             digest.update(payload)
             if kind == b"x":
-                pax = _pax_records(payload)
+                try:
+                    pax = _pax_records(payload)
+                except ValueError:
+                    raise _damaged(path, offset, "an unreadable pax header") from None
             elif kind == b"L":
                 long_name = payload.split(b"\0", 1)[0].decode("utf-8", "replace")
         else:
@@ -217,6 +222,8 @@ def index_shard(path: str, image_keys: tuple[str, ...], label_key: str) -> _Shar
                         f"{_label_key_hint(members)}."
                     )
                 offset, length = members[member]
+                if offset + length > len(mm):
+                    raise _damaged(path, offset, f"the file ends inside the {where}'s label")
                 raw = mm[offset : offset + length]
                 digest.update(raw)
                 try:

@@ -104,13 +104,19 @@ def _damage(path, how) -> int:
     """Damage a shard; returns the offset of the header the damage is in."""
     data = bytearray(path.read_bytes())
     with tarfile.open(path) as tf:
-        headers = [m.offset for m in tf]
+        members = tf.getmembers()
+    headers = [m.offset for m in members]  # where each member's (first) header starts
     if how == "checksum":
         data[headers[1] + 10] ^= 0xFF
     elif how == "after end":
         data[-20] = 1
     elif how == "inside a header":
         data = data[: headers[-1] + 100]
+    elif how == "inside a pax header":
+        data = data[: headers[-1] + 513]  # the writer puts a pax header before each member
+    elif how == "inside a label":
+        label = [m for m in members if m.name.endswith(".cls")][-1]
+        data = data[: label.offset_data]
     path.write_bytes(bytes(data))
     return headers[1] if how == "checksum" else headers[-1]
 
@@ -121,6 +127,8 @@ def _damage(path, how) -> int:
         ("checksum", r"damaged at byte {} \(a tar header with a wrong checksum\)"),
         ("after end", "data after the end-of-archive marker"),
         ("inside a header", r"damaged at byte {} \(the file ends inside a tar header\)"),
+        ("inside a pax header", r"damaged at byte {} \(the file ends inside a tar header\)"),
+        ("inside a label", r"damaged at byte \d+ \(the file ends inside the sample .*'s label\)"),
         ("empty", "is empty"),
     ],
 )
