@@ -420,6 +420,19 @@ def test_worker_processes_give_the_same_store(data, stores, tmp_path):
     assert out.read_bytes() == stores["parquet"].read_bytes()
 
 
+def test_tensor_decoding_reads_jpeg_samples_undecoded(data, stores, tmp_path):
+    # The default on CUDA: JPEG members leave the workers as bytes, decoded on the device.
+    out = extract_features(
+        _source(data, "webdataset"), BACKBONE, tmp_path / "t.h5", decode="tensor", **FAST
+    )
+    tensor, pil = load_features(out, in_memory=True), load_features(stores["webdataset"], True)
+    assert tensor.metadata["preprocessing"]["decode"] == "tensor"
+    assert [p for p, _ in tensor.failures] == [p for p, _ in pil.failures]
+    np.testing.assert_allclose(
+        tensor.features, pil.features, atol=0.05 * np.abs(pil.features).max()
+    )
+
+
 def test_webdataset_store_keeps_keys_as_paths(stores):
     loaded = load_features(stores["webdataset"])
     assert "cat/alpha" in loaded.paths and "cat/corrupt" in dict(loaded.failures)
