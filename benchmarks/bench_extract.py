@@ -1,6 +1,9 @@
-"""Images per second of ``extract_features`` (files -> HDF5 store) against two peers.
+"""Images per second of ``extract_features`` (images -> HDF5 store) against two peers.
 
-Peers, in the same run and on the same generated JPEG files:
+The same generated JPEG files are read from three sources: a class-per-folder tree,
+WebDataset tar shards (written with ``webdataset.ShardWriter``, 8 shards) and a Parquet
+file laid out as Hugging Face ``datasets`` writes it (an ``image`` struct column, row groups
+of 100 rows). Peers, in the same run:
 
 * bare forward: the backbone on ready tensors in memory (the ceiling: no I/O, no decoding);
 * PIL + DataLoader: ``torchvision.datasets.ImageFolder`` with the backbone's transform,
@@ -10,6 +13,7 @@ Runs on the CPU with a small random-weight backbone by default, on the GPU when 
 
     python benchmarks/bench_extract.py
     python benchmarks/bench_extract.py --backbone effnet-lite0 --image-size 224 --n-images 2048
+    python benchmarks/bench_extract.py --sources folder,parquet     # some of the sources
     python benchmarks/bench_extract.py --json runs/bench_extract.json   # the table as JSON too
 """
 
@@ -26,7 +30,9 @@ from torchvision.datasets import ImageFolder
 
 from extract import create_backbone, extract_features
 from extract._runner import resolve_device
-from extract._testing import make_image_folder
+from extract._testing import make_image_folder, write_parquet, write_webdataset
+
+SOURCES = ("folder", "webdataset", "parquet")
 
 
 def _forward(backbone, x: torch.Tensor) -> torch.Tensor:
@@ -64,11 +70,23 @@ def pil_dataloader(args, device: torch.device, root: Path) -> float:
     return args.n_images / (time.perf_counter() - start)
 
 
-def extract_store(args, device: torch.device, root: Path, out: Path) -> float:
-    """Images per second of extract_features, files to a finished HDF5 store."""
+def write_sources(root: Path, n_images: int) -> dict[str, str]:
+    """The images of the folder ``root`` as each source ``extract_features`` reads."""
+    shards = root.parent / "shards"
+    write_webdataset(root, shards / "%05d.tar", maxcount=max(1, -(-n_images // 8)))
+    write_parquet(root, root.parent / "parquet" / "train-00000-of-00001.parquet", 100)
+    return {
+        "folder": str(root),
+        "webdataset": f"webdataset:{shards}/*.tar",
+        "parquet": f"parquet:{root.parent / 'parquet'}",
+    }
+
+
+def extract_store(args, device: torch.device, source: str, out: Path) -> float:
+    """Images per second of extract_features, source to a finished HDF5 store."""
     start = time.perf_counter()
     extract_features(
-        root,
+        source,
         args.backbone,
         out,
         batch_size=args.batch_size,
@@ -94,8 +112,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=1, help="DataLoader worker processes")
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--sources",
+        default=",".join(SOURCES),
+        help=f"comma-separated sources extract_features reads (default: {','.join(SOURCES)})",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
+    sources = args.sources.split(",")
+    if not sources or set(sources) - set(SOURCES):
+        parser.error(f"--sources takes some of {','.join(SOURCES)}; got {args.sources!r}")
     device = resolve_device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         per_class = args.n_images // 4
@@ -107,13 +133,15 @@ def main(argv: list[str] | None = None) -> None:
             size=args.source_size,
             special=False,
         )
+        paths = write_sources(root, args.n_images)
         runs = {
             "bare forward (tensors in memory)": lambda k: bare_forward(args, device),
             "PIL + DataLoader + forward": lambda k: pil_dataloader(args, device, root),
-            "extract_features (files -> HDF5)": lambda k: extract_store(
-                args, device, root, Path(tmp) / f"f{k}.h5"
-            ),
         }
+        for name in sources:
+            runs[f"extract_features ({name} -> HDF5)"] = lambda k, name=name: extract_store(
+                args, device, paths[name], Path(tmp) / f"{name}{k}.h5"
+            )
         # Interleaved repeats, best kept: shared machines make single timings noisy.
         rates = dict.fromkeys(runs, 0.0)
         for k in range(args.repeats):
@@ -124,9 +152,9 @@ def main(argv: list[str] | None = None) -> None:
         f"\n{args.backbone} @ {args.image_size}px, {args.n_images} JPEGs of {args.source_size}px, "
         f"batch {args.batch_size}, {args.workers} workers, device {device}"
     )
-    print(f"{'pipeline':<36} {'images/s':>10} {'vs forward':>11} {'vs PIL loop':>12}")
+    print(f"{'pipeline':<38} {'images/s':>10} {'vs forward':>11} {'vs PIL loop':>12}")
     for name, rate in rates.items():
-        print(f"{name:<36} {rate:>10.1f} {rate / base:>11.2f} {rate / peer:>12.2f}")
+        print(f"{name:<38} {rate:>10.1f} {rate / base:>11.2f} {rate / peer:>12.2f}")
     if args.json is not None:
         config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
         rows = [

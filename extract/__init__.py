@@ -1,7 +1,7 @@
 """Feature extraction: images + a frozen backbone -> an HDF5 store of embeddings.
 
 The stage behind ``mr2-extract`` (``python -m extract``). Install with the ``extract``
-extra (h5py, timm, open_clip_torch, torchvision, pillow).
+extra (h5py, timm, open_clip_torch, torchvision, pillow, webdataset, pyarrow).
 
 >>> from extract import extract_features, load_features  # doctest: +SKIP
 >>> path = extract_features("photos/", "open_clip:ViT-B-32@/ckpt/clip.pt", "photos.h5")
@@ -38,6 +38,8 @@ from ._store import (
     merge_shards,
     shard_path,
 )
+from ._tables import TableError, parquet_files
+from ._tar_shards import ShardError, webdataset_shards
 
 __all__ = [
     "Backbone",
@@ -51,7 +53,9 @@ __all__ = [
     "ProvenanceError",
     "StoreError",
     "StoreLockedError",
+    "ShardError",
     "StoreNotFoundError",
+    "TableError",
     "WeightsUnavailableError",
     "create_backbone",
     "extract_features",
@@ -62,6 +66,8 @@ __all__ = [
     "load_features",
     "merge_shards",
     "open_source",
+    "parquet_files",
     "parse_backbone_spec",
     "shard_path",
+    "webdataset_shards",
 ]

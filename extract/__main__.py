@@ -16,6 +16,9 @@ examples:
   mr2-extract photos/ timm:resnet50@random photos_r50_random.h5   (random weights, seeded)
   mr2-extract photos/ moco:/ckpt/moco_v2_800ep_pretrain.pth.tar photos_moco.h5
   mr2-extract fashion-mnist:test effnet-lite0 fmnist_test.h5 --image-size 96 --per-class 100
+  mr2-extract 'webdataset:shards/{00000..00127}.tar' effnet-lite0 shards.h5 --label-key cls
+  mr2-extract webdataset:laion_out/ effnet-lite0 laion.h5 --label-key json.label  (img2dataset)
+  mr2-extract 'parquet:beans/data/train-*.parquet' effnet-lite0 beans_train.h5
   torchrun --nproc_per_node=4 -m extract photos/ effnet-lite0 photos_lite0.h5
 
 Run the same command again to resume an interrupted extraction; a complete store is reused.
@@ -39,7 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "source",
         help="images: a folder with one sub-folder per class (e.g. photos/), a 'path,label' "
-        "CSV or text list (e.g. train.csv), or fashion-mnist:train / fashion-mnist:test[@DIR]",
+        "CSV or text list (e.g. train.csv), fashion-mnist:train / fashion-mnist:test[@DIR], "
+        "WebDataset tar shards webdataset:PATTERN (e.g. 'webdataset:shards/{00000..00127}.tar' "
+        "or webdataset:shards/, quoted against the shell), or Parquet files "
+        "parquet:PATTERN (e.g. 'parquet:data/train-*.parquet', or a Hugging Face dataset "
+        "folder parquet:DIR)",
     )
     parser.add_argument(
         "backbone",
@@ -85,6 +92,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-items", type=int, default=None, help="keep the first N images")
     parser.add_argument(
+        "--image-key",
+        default=None,
+        help="webdataset: the image member, alternatives separated by ';' (default: the first "
+        "of jpg;jpeg;png;webp;... present); parquet: the image column (default: image, else "
+        "the only column of image bytes)",
+    )
+    parser.add_argument(
+        "--label-key",
+        default=None,
+        help="webdataset: the label member (default: cls), e.g. txt, or a JSON path such as "
+        "json.label; parquet: the label column (default: label). Integer labels are class "
+        "indices, other labels class names",
+    )
+    parser.add_argument(
         "--force",
         action="store_true",
         help="delete an existing store at OUT (and this run's shards) and recompute it, e.g. "
@@ -125,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             decode=args.decode,
             n_per_class=args.per_class,
             max_items=args.max_items,
+            image_key=args.image_key,
+            label_key=args.label_key,
             progress=not args.no_progress,
             overwrite=args.force,
         )

@@ -1,4 +1,9 @@
-"""Image sources (folder, list file, Fashion-MNIST IDX) and per-item reading and decoding."""
+"""Image sources (folder, list file, Fashion-MNIST IDX) and per-item reading and decoding.
+
+Sources whose items live inside container files (WebDataset tar shards, Parquet and Arrow
+files) are opened by ``_tar_shards`` and ``_tables``; they carry an ``archive`` that reads
+their items' bytes, and share everything else here.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import os
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -80,7 +86,16 @@ class ImageSource:
         Size and modification time of each file when the collection was listed (-1 for
         in-memory items and missing files); None: taken when first needed.
     files : dict of str to str
-        ``sha256:<hex>`` of each file holding many items (Fashion-MNIST's IDX files).
+        Identity (``sha256:<hex>``) of each file holding many items, in source order:
+        Fashion-MNIST's IDX files (their content), tar shards (their headers and label
+        members), Parquet / Arrow files (their footer or message headers).
+    archive : Archive, optional
+        Reader of items stored inside container files (tar shards, Parquet / Arrow files);
+        None when each item is a file of its own or in memory. ``file_size`` and
+        ``file_mtime_ns`` then describe each item's container file.
+    options : dict, optional
+        Settings that choose what is read from the containers (``image_key``,
+        ``label_key``); recorded in the store's provenance.
     """
 
     ids: list[str]
@@ -93,12 +108,23 @@ class ImageSource:
     file_size: np.ndarray | None = None
     file_mtime_ns: np.ndarray | None = None
     files: dict[str, str] = field(default_factory=dict)
+    archive: Any = None
+    options: dict[str, str] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def path(self, i: int) -> str:
+        """The file holding item ``i`` (its container for archived items)."""
+        if self.archive is not None:
+            return os.path.join(self.root, self.archive.paths[self.archive.file[i]])
         return os.path.join(self.root, self.ids[i])
+
+    def item_name(self, i: int) -> str:
+        """Item ``i`` in messages: its path, or ``<container>:<key>`` for archived items."""
+        if self.archive is not None:
+            return f"{self.path(i)}:{self.archive.local_id(i, self.ids[i])}"
+        return self.path(i)
 
     def resolved_root(self) -> str:
         """The root with symbolic links resolved ('' for sources without one)."""
@@ -152,6 +178,7 @@ class ImageSource:
             pixels=None if self.pixels is None else self.pixels[keep],
             file_size=sizes[keep],
             file_mtime_ns=mtimes[keep],
+            archive=None if self.archive is None else self.archive.take(keep),
         )
 
 
@@ -235,6 +262,34 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     )
 
 
+def encode_labels(
+    names: list[str], index_names: list[str] | None = None
+) -> tuple[np.ndarray, list[str]]:
+    """Class indices and class names of textual labels.
+
+    Non-negative integers are class indices (class ``k`` is named ``index_names[k]``, or
+    ``"k"``); anything else (-1 included) is a class name, and the sorted names are the
+    classes.
+
+    Raises
+    ------
+    ValueError
+        If ``index_names`` is given and an index is out of its range.
+    """
+    if all(name.isdigit() for name in names):
+        labels = np.array([int(name) for name in names], dtype=np.int64)
+        n_classes = int(labels.max(initial=-1)) + 1
+        if index_names is None:
+            return labels, [str(k) for k in range(n_classes)]
+        if n_classes > len(index_names):
+            raise ValueError(
+                f"A label is {n_classes - 1}, but only {len(index_names)} class names are given."
+            )
+        return labels, list(index_names)
+    class_names = sorted(set(names))
+    return np.searchsorted(class_names, names).astype(np.int64), class_names
+
+
 def image_list(list_file: str | os.PathLike) -> ImageSource:
     """Images listed as ``path,label`` lines (CSV, or whitespace-separated text).
 
@@ -263,14 +318,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         rows.append([f.strip() for f in fields])
     if rows and rows[0] == ["path", "label"]:
         rows = rows[1:]
-    names = [label for _, label in rows]
-    # Non-negative integers are class indices; anything else (-1 included) is a class name.
-    if all(name.isdigit() for name in names):
-        labels = np.array([int(name) for name in names], dtype=np.int64)
-        class_names = [str(k) for k in range(labels.max(initial=-1) + 1)]
-    else:
-        class_names = sorted(set(names))
-        labels = np.searchsorted(class_names, names).astype(np.int64)
+    labels, class_names = encode_labels([label for _, label in rows])
     ids = [path for path, _ in rows]
     sizes, mtimes = stat_files(str(list_file.parent), ids)
     return ImageSource(
@@ -285,23 +333,48 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     )
 
 
-def open_source(source: str | os.PathLike | ImageSource) -> ImageSource:
+def open_source(
+    source: str | os.PathLike | ImageSource,
+    image_key: str | None = None,
+    label_key: str | None = None,
+) -> ImageSource:
     """Open an image source.
 
     Parameters
     ----------
     source : str, path-like or ImageSource
         A class-per-folder directory, a ``path,label`` list file,
-        ``"fashion-mnist:train"`` / ``"fashion-mnist:test[@ROOT]"``, or an ``ImageSource``
-        (returned as is).
+        ``"fashion-mnist:train"`` / ``"fashion-mnist:test[@ROOT]"``,
+        ``"webdataset:PATTERN"`` (tar shards, see :func:`webdataset_shards`),
+        ``"parquet:PATTERN"`` (Parquet / Arrow files or a Hugging Face dataset folder, see
+        :func:`parquet_files`), or an ``ImageSource`` (returned as is).
+    image_key, label_key : str, optional
+        Which member (WebDataset) or column (Parquet) holds the image and the label.
 
     Returns
     -------
     ImageSource
     """
+    text = source.description if isinstance(source, ImageSource) else os.fspath(source)
+    kind, _, pattern = text.partition(":")
+    if isinstance(source, ImageSource):
+        kind = "opened"  # the keys applied when it was opened
+    if kind == "webdataset":
+        from ._tar_shards import webdataset_shards
+
+        return webdataset_shards(pattern, image_key, label_key)
+    if kind == "parquet":
+        from ._tables import parquet_files
+
+        return parquet_files(pattern, image_key, label_key)
+    for name, value in (("image_key", image_key), ("label_key", label_key)):
+        if value is not None:
+            raise ValueError(
+                f"The '{name}' parameter applies when opening webdataset: and parquet: "
+                f"sources; {text!r} is not one. Got {value!r}."
+            )
     if isinstance(source, ImageSource):
         return source
-    text = os.fspath(source)
     if text.startswith("fashion-mnist"):
         split, _, root = text.partition(":")[2].partition("@")
         return fashion_mnist(split or "train", root or FASHION_MNIST_ROOT)
@@ -310,8 +383,8 @@ def open_source(source: str | os.PathLike | ImageSource) -> ImageSource:
     if os.path.isfile(text):
         return image_list(text)
     raise FileNotFoundError(
-        f"The image source {text!r} is neither a folder, a list file nor "
-        "'fashion-mnist:train|test[@ROOT]'."
+        f"The image source {text!r} is neither a folder, a list file, "
+        "'fashion-mnist:train|test[@ROOT]', 'webdataset:PATTERN' nor 'parquet:PATTERN'."
     )
 
 
@@ -427,6 +500,31 @@ def decode_image(data: bytes | bytearray, name: str = "<bytes>") -> Image.Image:
             return to_rgb(image)
 
 
+def check_listed(path: str, st: os.stat_result, listed: tuple[int, int] | None) -> None:
+    """Refuse a file whose size or modification time differ from ``listed``.
+
+    Raises
+    ------
+    FileChangedError
+        If ``listed`` is given and the file's ``(st_size, st_mtime_ns)`` differ from it (or
+        the file was missing when listed).
+    """
+    if listed is None or (st.st_size, st.st_mtime_ns) == listed:
+        return
+    size, mtime_ns = listed
+    change = (
+        "it was missing then"
+        if size == NOT_A_FILE
+        else f"{size} -> {st.st_size} bytes"
+        if size != st.st_size
+        else "modified since, same size"
+    )
+    raise FileChangedError(
+        f"{path} is not the file listed when the extraction started ({change}); "
+        "rebuild the store with --force"
+    )
+
+
 def read_file(path: str, listed: tuple[int, int] | None = None) -> bytearray:
     """The bytes of ``path``, refused if it is not the file listed as ``(size, mtime_ns)``.
 
@@ -438,19 +536,7 @@ def read_file(path: str, listed: tuple[int, int] | None = None) -> bytearray:
     """
     with open(path, "rb") as fh:
         st = os.fstat(fh.fileno())
-        if listed is not None and (st.st_size, st.st_mtime_ns) != listed:
-            size, mtime_ns = listed
-            change = (
-                "it was missing then"
-                if size == NOT_A_FILE
-                else f"{size} -> {st.st_size} bytes"
-                if size != st.st_size
-                else "modified since, same size"
-            )
-            raise FileChangedError(
-                f"{path} is not the file listed when the extraction started ({change}); "
-                "rebuild the store with --force"
-            )
+        check_listed(path, st, listed)
         data = bytearray(st.st_size)
         n = fh.readinto(data)
     if n != st.st_size:
@@ -466,7 +552,16 @@ def load_image(source: ImageSource, i: int) -> Image.Image:
     """Decode item ``i`` fully (so truncation surfaces here) and convert it to RGB."""
     if source.pixels is not None:
         return Image.fromarray(source.pixels[i], mode="L").convert("RGB")
+    if source.archive is not None:
+        (data,) = source.archive.read(source.root, [i], {})
+        if isinstance(data, Exception):
+            raise data
+        return decode_image(data, source.item_name(i))
     return decode_image(read_file(source.path(i)), source.path(i))
+
+
+def _reason(err: Exception) -> str:
+    return f"{type(err).__name__}: {err}"[:200]
 
 
 class ItemDataset(torch.utils.data.Dataset):
@@ -479,31 +574,57 @@ class ItemDataset(torch.utils.data.Dataset):
     decode them on the device; every other item goes through ``transform`` here. A file is
     JPEG by its content (the SOI marker), not its name: a PNG saved as ``.jpg`` is decoded
     by PIL. Every path refuses images over ``PIL.Image.MAX_IMAGE_PIXELS`` before decoding.
+
+    Items inside container files (tar shards, Parquet / Arrow files) are read a loader
+    block at a time (``__getitems__``): each container is opened once per block, and a
+    worker keeps its place in a Parquet row group from one block to the next.
     """
 
     def __init__(self, source: ImageSource, transform, jpeg_bytes: bool = False) -> None:
         self.source, self.transform, self.jpeg_bytes = source, transform, jpeg_bytes
         self.sizes, self.mtimes = source.file_stats()
+        self.reader_state: dict = {}  # per worker process: the archive's open cursor
 
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, i: int) -> tuple[int, torch.Tensor | None, str | None, str]:
-        digest = ""
-        try:
-            if self.source.pixels is not None:
-                digest = sha256_hex(np.ascontiguousarray(self.source.pixels[i]))
+        if self.source.archive is not None:
+            return self.__getitems__([i])[0]
+        if self.source.pixels is not None:
+            digest = sha256_hex(np.ascontiguousarray(self.source.pixels[i]))
+            try:
                 return i, self.transform(load_image(self.source, i)), None, digest
-            path = self.source.path(i)
+            except Exception as err:  # an unreadable image is recorded, never fatal
+                return i, None, _reason(err), digest
+        path = self.source.path(i)
+        try:
             data = read_file(path, (int(self.sizes[i]), int(self.mtimes[i])))
-            digest = sha256_hex(data)
+        except Exception as err:
+            return i, None, _reason(err), ""
+        return self._decoded(i, data, path)
+
+    def __getitems__(self, indices: list[int]) -> list:
+        if self.source.archive is None:
+            return [self[i] for i in indices]
+        read = self.source.archive.read(self.source.root, indices, self.reader_state)
+        return [
+            (i, None, _reason(data), "")
+            if isinstance(data, Exception)
+            else self._decoded(i, data, self.source.item_name(i))
+            for i, data in zip(indices, read, strict=True)
+        ]
+
+    def _decoded(self, i: int, data: bytearray, name: str) -> tuple:
+        digest = sha256_hex(data)
+        try:
             if self.jpeg_bytes and data[:3] == _JPEG_MAGIC:
                 check_pixel_limit(*jpeg_size(data))
                 # A plain bytearray-backed tensor crosses the worker queue cheaply.
                 return i, torch.frombuffer(data, dtype=torch.uint8), None, digest
-            return i, self.transform(decode_image(data, path)), None, digest
+            return i, self.transform(decode_image(data, name)), None, digest
         except Exception as err:  # an unreadable image is recorded, never fatal
-            return i, None, f"{type(err).__name__}: {err}"[:200], digest
+            return i, None, _reason(err), digest
 
 
 def collate_items(items: list) -> tuple[list[int], list, list[str | None], list[str]]:

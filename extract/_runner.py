@@ -166,6 +166,8 @@ def _provenance(
         source_fingerprint=source.fingerprint(),
         **shard,
     )
+    if source.options:  # what is read from the containers (absent for other sources)
+        provenance["source_options"] = source.options
     return json.loads(json.dumps(provenance))  # the form it takes after a trip through the file
 
 
@@ -186,21 +188,50 @@ def _file_difference(path: str, old: tuple[int, int], new: tuple[int, int]) -> s
     return f"{path!r} is not the file the store was made from ({change})"
 
 
+def _file_list_difference(stored: dict, src: ImageSource) -> str | None:
+    """Name the first container (or IDX) file that differs between a store and the request."""
+    old, new = list(stored), list(src.files)
+    for k in range(max(len(old), len(new))):
+        if k >= len(new):
+            return (
+                f"the store was made from {len(old)} files, the request reads {len(new)}: "
+                f"{os.path.join(src.root, old[k])!r} is not in the request"
+            )
+        if k >= len(old):
+            return (
+                f"the store was made from {len(old)} files, the request reads {len(new)}: "
+                f"{os.path.join(src.root, new[k])!r} is new"
+            )
+        if old[k] != new[k]:
+            return (
+                f"file {k + 1} of the source is {old[k]!r} in the store, {new[k]!r} in the request"
+            )
+    return None
+
+
 def _source_difference(f, src: ImageSource, rows: np.ndarray) -> str | None:
-    """Name the first image (or IDX file) that differs between a store and the request."""
+    """Name the first file or image that differs between a store and the request.
+
+    In order: the list of files holding many items (IDX files, shards), the class names,
+    each row's id, label and file identity, then the content identity of those files.
+    """
     stored_files = read_attrs(f).get("source_files") or {}
-    if stored_files.keys() != src.files.keys():
-        return (
-            f"the store was made from {sorted(stored_files)}, the request reads {sorted(src.files)}"
-        )
-    for name, identity in sorted(src.files.items()):
-        if stored_files[name] != identity:
-            return f"{os.path.join(src.root, name)!r} is not the file the store was made from"
+    listed = _file_list_difference(stored_files, src)
+    if listed:
+        return listed
     stored_names = list(f["class_names"].asstr()[:])
     if stored_names != list(src.class_names):
         return f"the classes are {stored_names} in the store, {list(src.class_names)} now"
-    if "file_size" not in f:
-        return None
+    row = _row_difference(f, src, rows, stored_names) if "file_size" in f else None
+    if row:
+        return row
+    for name, identity in src.files.items():
+        if stored_files[name] != identity:
+            return f"{os.path.join(src.root, name)!r} is not the file the store was made from"
+    return None
+
+
+def _row_difference(f, src: ImageSource, rows: np.ndarray, stored_names: list[str]) -> str | None:
     stored_ids = f["paths"].asstr()[:]
     n = min(len(stored_ids), len(rows))
     head = rows[:n]
@@ -220,17 +251,17 @@ def _source_difference(f, src: ImageSource, rows: np.ndarray) -> str | None:
             return f"the store holds {len(stored_ids)} images, the request {len(rows)}"
         return None  # rows outside this shard differ: the fingerprint says so
     k = int(np.argmax(differs))
-    path = src.path(int(head[k]))
     if stored_ids[k] != ids[k]:
         return f"image {k} is {stored_ids[k]!r} in the store but {ids[k]!r} in the request"
     old_label, new_label = (int(pairs["label"][j][k]) for j in (0, 1))
     if old_label != new_label:
         return (
-            f"{path!r} is labelled {src.class_names[new_label]!r} in the request but "
-            f"{stored_names[old_label]!r} in the store"
+            f"{src.item_name(int(head[k]))!r} is labelled {src.class_names[new_label]!r} in the "
+            f"request but {stored_names[old_label]!r} in the store"
         )
     old = (int(pairs["size"][0][k]), int(pairs["mtime"][0][k]))
-    return _file_difference(path, old, (int(sizes[head[k]]), int(mtimes[head[k]])))
+    new = (int(sizes[head[k]]), int(mtimes[head[k]]))
+    return _file_difference(src.path(int(head[k])), old, new)
 
 
 def _open_or_create(
@@ -269,6 +300,19 @@ def _open_or_create(
     )
 
 
+def rank_rows(src: ImageSource, rank: int, world_size: int) -> np.ndarray:
+    """The source rows rank ``rank`` of ``world_size`` extracts, in source order.
+
+    Rows ``rank::world_size`` of a folder, list or Fashion-MNIST source; for shards and
+    Parquet / Arrow files, every row of units (tar shards, row groups) ``rank::world_size``
+    (as WebDataset's ``split_by_node`` divides shards), so that each rank reads whole
+    shards and row groups. Merging puts the rows back in source order (``indices``).
+    """
+    if src.archive is None:
+        return np.arange(rank, len(src), world_size)
+    return np.flatnonzero(src.archive.unit % world_size == rank)
+
+
 def _distributed_env() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
@@ -287,6 +331,8 @@ def extract_features(
     decode: str = "auto",
     n_per_class: int | None = None,
     max_items: int | None = None,
+    image_key: str | None = None,
+    label_key: str | None = None,
     rank: int | None = None,
     world_size: int | None = None,
     progress: bool = True,
@@ -304,8 +350,11 @@ def extract_features(
     Parameters
     ----------
     source : path-like, str or ImageSource
-        A class-per-folder directory, a ``path,label`` list file, or
-        ``"fashion-mnist:train"`` / ``"fashion-mnist:test[@ROOT]"``.
+        A class-per-folder directory, a ``path,label`` list file,
+        ``"fashion-mnist:train"`` / ``"fashion-mnist:test[@ROOT]"``, WebDataset tar shards
+        ``"webdataset:shards/{00000..00127}.tar"`` (:func:`webdataset_shards`), or Parquet /
+        Arrow files ``"parquet:data/train-*.parquet"`` or a Hugging Face dataset folder
+        ``"parquet:DIR"`` (:func:`parquet_files`).
     backbone : str or BackboneSpec
         A spec such as ``"open_clip:ViT-B-32@/ckpt/clip.pt"``, ``"timm:NAME@/ckpt.pth"``,
         ``"moco:/ckpt/moco_v2_800ep.pth.tar"`` or ``"effnet-lite0"``
@@ -334,10 +383,16 @@ def extract_features(
         store's preprocessing, since the two resize slightly differently.
     n_per_class, max_items : int, optional
         Keep the first ``n_per_class`` images of each class, then the first ``max_items``.
+    image_key, label_key : str, optional
+        WebDataset and Parquet sources: the member (``"jpg;png"``; label ``"cls"``,
+        ``"txt"`` or a JSON path ``"json.label"``) or column (``"image"``, ``"label"``)
+        holding the image and the label. Recorded in the store (``source_options``).
     rank, world_size : int, optional
-        Write only shard ``rank`` of ``world_size`` (rows ``rank::world_size``) and return
-        its path; merge the shards with :func:`merge_shards`. Default: read ``RANK`` /
-        ``WORLD_SIZE`` set by ``torchrun`` and merge automatically on rank 0.
+        Write only shard ``rank`` of ``world_size`` and return its path (rows
+        ``rank::world_size``; for tar shards and Parquet files, the rows of tar shards or
+        row groups ``rank::world_size``, so that each rank reads whole shards); merge with
+        :func:`merge_shards`. Default: read ``RANK`` / ``WORLD_SIZE`` set by ``torchrun``
+        and merge automatically on rank 0.
     progress : bool, default=True
         Show a tqdm progress bar.
     overwrite : bool, default=False
@@ -388,7 +443,8 @@ def extract_features(
         check_output(path, overwrite)
     shard = _extract_shard(
         source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
-        device, decode, n_per_class, max_items, rank, world_size, progress, overwrite,
+        device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,
+        progress, overwrite,
     )  # fmt: skip
     if world_size == 1 or explicit:
         return shard
@@ -414,14 +470,14 @@ def _merge_on_rank0(out: Path, rank: int, world_size: int, overwrite: bool) -> P
 
 def _extract_shard(
     source, spec, out, batch_size, num_workers, dtype, normalize, image_size, device, decode,
-    n_per_class, max_items, rank, world_size, progress, overwrite,
+    n_per_class, max_items, keys, rank, world_size, progress, overwrite,
 ) -> Path:  # fmt: skip
     device = resolve_device(device)
     if device.type == "cuda":
         # The rank's GPU becomes the current one, so that nothing (pinned-memory threads
         # included) opens a context on GPU 0 from every rank.
         torch.cuda.set_device(device)
-    src = open_source(source)
+    src = open_source(source, *keys)
     if n_per_class is not None or max_items is not None:
         src = src.subset(n_per_class, max_items)
     if len(src) == 0:
@@ -431,7 +487,7 @@ def _extract_shard(
         decode = "tensor" if device.type == "cuda" else "pil"
     if decode == "tensor" and backbone.preprocess.get("mode") != "center":
         decode = "pil"  # only resize + centre-crop has a tensor twin
-    rows = np.arange(rank, len(src), world_size)  # shard rows are source rows rank::world
+    rows = rank_rows(src, rank, world_size)
     shard = dict(n_rows=len(rows), n_total_rows=len(src), shard_rank=rank)
     shard["shard_world_size"] = world_size
     provenance = _provenance(backbone, src, dtype, normalize, decode, shard)
@@ -465,7 +521,7 @@ def _extract_shard(
         # none of them inherits the HDF5 file (and its lock) from the writer.
         batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
         with open_store(out, "r+") as f:
-            _run(f, backbone, batches, status, normalize, device, progress)
+            _run(f, backbone, batches, rows, status, normalize, device, progress)
     return out
 
 
@@ -482,8 +538,7 @@ def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.d
     )
 
 
-def _run(f, backbone, batches, status, normalize, device, progress) -> None:
-    rank, world_size = int(f.attrs["shard_rank"]), int(f.attrs["shard_world_size"])
+def _run(f, backbone, batches, rows, status, normalize, device, progress) -> None:
     bar = tqdm(total=len(status), initial=int((status != PENDING).sum()), disable=not progress)
     n_failed = 0
     with bar:
@@ -495,7 +550,7 @@ def _run(f, backbone, batches, status, normalize, device, progress) -> None:
                 features[ok] = _embed(backbone, x, normalize)
             codes = np.array([DONE if r is None else FAILED for r in reasons], np.uint8)
             n_failed += int((codes == FAILED).sum())
-            start = (items[0] - rank) // world_size
+            start = int(np.searchsorted(rows, items[0]))  # rows of a block are consecutive
             write_rows(f, start, features, codes, [r or "" for r in reasons], digests)
             bar.update(len(items))
     if n_failed:

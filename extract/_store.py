@@ -13,6 +13,7 @@ recomputed on resume.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 import warnings
@@ -46,6 +47,7 @@ PROVENANCE_KEYS = (
     "n_total_rows",
     "shard_rank",
     "shard_world_size",
+    "source_options",  # WebDataset / Parquet sources only: the image and label keys
 )
 _REBUILD = "pass --force (overwrite=True) to delete it and recompute it"
 
@@ -89,7 +91,7 @@ def _attr(value: Any) -> Any:
 def read_attrs(f: h5py.File) -> dict[str, Any]:
     """The store's attributes as Python values (JSON attributes decoded)."""
     attrs = {k: _attr(v) for k, v in f.attrs.items()}
-    for key in ("preprocessing", "versions", "class_names", "source_files"):
+    for key in ("preprocessing", "versions", "class_names", "source_files", "source_options"):
         if key in attrs:
             attrs[key] = json.loads(attrs[key])
     return {k: v.item() if isinstance(v, np.generic) else v for k, v in attrs.items()}
@@ -670,10 +672,12 @@ def merge_shards(
 ) -> Path:
     """Merge per-rank shard stores into one store in source order.
 
-    Rank ``r`` of ``W`` holds rows ``r, r + W, r + 2W, ...``; the merge checks that every
-    rank is present once, that all shards share one provenance and are complete, and
-    writes each row to its global position. An existing ``out`` is replaced only if its
-    provenance matches, or if ``overwrite`` is True.
+    Each shard holds some rows of the source (rank ``r`` of ``W``: rows ``r, r + W, ...``
+    of a folder, the rows of every ``W``-th tar shard or row group of a WebDataset or
+    Parquet source); the merge checks that every rank is present once, that all shards
+    share one provenance and are complete and together hold every row once, and writes
+    each row to its position in the source (by the shards' ``indices``). An existing
+    ``out`` is replaced only if its provenance matches, or if ``overwrite`` is True.
 
     Parameters
     ----------
@@ -737,17 +741,46 @@ def _check_shard(path: str | os.PathLike, f: h5py.File, first: dict, world: int)
         )
 
 
+def _merged_positions(files: dict[int, h5py.File], n: int) -> dict[int, np.ndarray]:
+    """Where each shard's rows go in the merged store: source order, by ``indices``."""
+    indices = {rank: f["indices"][:] for rank, f in files.items()}
+    order = np.sort(np.concatenate(list(indices.values())))
+    if len(order) != n or (np.diff(order) == 0).any():
+        raise ValueError(
+            f"The shards given to merge_shards hold {len(order)} rows for a source of {n}, "
+            "or hold a row twice; merge the shards of one run."
+        )
+    return {rank: np.searchsorted(order, idx) for rank, idx in indices.items()}
+
+
+def _runs(positions: np.ndarray) -> Iterator[tuple[slice, slice]]:
+    """``(merged slice, shard slice)`` pairs covering increasing ``positions``.
+
+    One strided slice when the positions are evenly spaced (rank r of W holding rows
+    r, r + W, ... of a folder), else one slice per run of consecutive rows (whole shards).
+    """
+    steps = np.diff(positions)
+    if len(positions) == 1 or (steps == steps[0]).all():
+        step = int(steps[0]) if len(steps) else 1
+        yield slice(int(positions[0]), int(positions[-1]) + 1, step), slice(None)
+        return
+    bounds = [0, *(np.flatnonzero(steps != 1) + 1).tolist(), len(positions)]
+    for lo, hi in itertools.pairwise(bounds):
+        yield slice(int(positions[lo]), int(positions[hi - 1]) + 1), slice(lo, hi)
+
+
 def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike, overwrite: bool) -> None:
     world, first = len(files), read_attrs(files[0])
     n = first["n_total_rows"]
+    positions = _merged_positions(files, n)
 
     def gather(name: str) -> np.ndarray:
         values = np.empty((n, *files[0][name].shape[1:]), files[0][name].dtype)
         for rank, f in files.items():
-            values[rank::world] = f[name][:]  # rank r holds rows r, r + W, r + 2W, ...
+            values[positions[rank]] = f[name][:]
         return values
 
-    provenance = {k: first[k] for k in PROVENANCE_KEYS}
+    provenance = {k: first[k] for k in PROVENANCE_KEYS if k in first}
     provenance |= dict(n_rows=n, shard_rank=0, shard_world_size=1)
     record = {k: v for k, v in first.items() if k not in PROVENANCE_KEYS and k != "class_names"}
     if os.path.exists(out) and not overwrite:  # replace only a store of the same thing
@@ -772,8 +805,8 @@ def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike, overwrite
             m = len(f["status"])
             for lo in range(0, m, _MERGE_BLOCK):
                 hi = min(m, lo + _MERGE_BLOCK)
-                # Shard rows lo:hi are global rows rank + W*lo, ..., rank + W*(hi - 1).
-                where = slice(rank + world * lo, rank + world * (hi - 1) + 1, world)
                 for name in ("features", "failure_reason", "content_sha256", "status"):
-                    merged[name][where] = f[name][lo:hi]
+                    block = f[name][lo:hi]
+                    for where, part in _runs(positions[rank][lo:hi]):
+                        merged[name][where] = block[part]
     os.replace(tmp, out)

@@ -67,6 +67,75 @@ def make_image_folder(
     return root
 
 
+def _samples(folder: str | os.PathLike) -> Iterator[tuple[str, str, bytes, int, str]]:
+    """``(key, extension, bytes, class index, class name)`` of each image of a class folder."""
+    from ._images import image_folder
+
+    src = image_folder(folder)
+    for item, label in zip(src.ids, src.labels.tolist(), strict=True):
+        stem, ext = os.path.splitext(item)
+        data = (Path(folder) / item).read_bytes()
+        yield stem, ext[1:].lower(), data, label, src.class_names[label]
+
+
+def write_webdataset(
+    folder: str | os.PathLike, pattern: str | os.PathLike, maxcount: int = 5
+) -> list[Path]:
+    """Write the images of a class folder as WebDataset shards, in the folder's order.
+
+    Each sample holds the file's bytes under its extension (``cat/001.jpg`` becomes the key
+    ``cat/001`` with a ``jpg`` member), ``cls`` (the class index) and ``json``
+    (``{"label": class name}``). ``pattern`` names the shards, e.g. ``"out/%05d.tar"``.
+    """
+    import webdataset as wds
+
+    Path(pattern).parent.mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(os.fspath(pattern), maxcount=maxcount, verbose=0) as sink:
+        for key, ext, data, label, name in _samples(folder):
+            sink.write({"__key__": key, ext: data, "cls": label, "json": {"label": name}})
+    return sorted(Path(pattern).parent.glob("*.tar"))
+
+
+def hf_image_schema(class_names: list[str]):
+    """The Arrow schema Hugging Face ``datasets`` writes for ``Image`` and ``ClassLabel``."""
+    import pyarrow as pa
+
+    features = {"image": {"_type": "Image"}, "label": {"names": class_names, "_type": "ClassLabel"}}
+    schema = pa.schema(
+        [
+            ("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+            ("label", pa.int64()),
+        ]
+    )
+    return schema.with_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+
+
+def write_parquet(
+    folder: str | os.PathLike, path: str | os.PathLike, row_group_size: int = 5
+) -> Path:
+    """Write the images of a class folder as a Parquet file laid out as Hugging Face does.
+
+    An ``image`` struct column (``bytes``, ``path``) and a ``label`` column, the class names
+    in the schema's ``huggingface`` metadata, rows in the folder's order.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ._images import image_folder
+
+    samples = list(_samples(folder))
+    table = pa.table(
+        {
+            "image": [{"bytes": data, "path": None} for _, _, data, _, _ in samples],
+            "label": [label for _, _, _, label, _ in samples],
+        },
+        schema=hf_image_schema(image_folder(folder).class_names),
+    )
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return Path(path)
+
+
 def write_idx(folder: str | os.PathLike, prefix: str, images: np.ndarray, labels: np.ndarray):
     """Write gzipped IDX files in Fashion-MNIST's layout (``<prefix>-images-idx3-ubyte.gz``)."""
     folder = Path(folder)

@@ -23,7 +23,7 @@ import extract  # noqa: E402
 from extract import extract_features, load_features  # noqa: E402
 from extract.__main__ import main  # noqa: E402
 from extract._store import DONE, PENDING  # noqa: E402
-from extract._testing import make_image_folder  # noqa: E402
+from extract._testing import make_image_folder, write_parquet, write_webdataset  # noqa: E402
 
 ROOT = Path(extract.__file__).resolve().parent.parent
 ENV = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -49,6 +49,8 @@ def test_help_explains_options_with_examples(capsys):
     for needle in ("--batch-size", "--dtype", "--normalize", "--decode", "--per-class", "torchrun"):
         assert needle in text
     assert "mr2-extract fashion-mnist:test effnet-lite0" in text
+    for needle in ("--image-key", "--label-key", "webdataset:", "parquet:", "img2dataset"):
+        assert needle in text
 
 
 def test_cli_writes_a_store_and_reports_errors(tmp_path, capsys):
@@ -61,6 +63,23 @@ def test_cli_writes_a_store_and_reports_errors(tmp_path, capsys):
     assert "different provenance" in capsys.readouterr().err
     assert main([str(folder), "timm:resnet18@imagenet", str(out)]) == 2
     assert "local checkpoint file" in capsys.readouterr().err
+
+
+def test_cli_reads_shards_with_a_label_key(tmp_path, capsys):
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    write_webdataset(folder, tmp_path / "wds" / "%05d.tar", maxcount=3)
+    out = tmp_path / "f.h5"
+    args = [f"webdataset:{tmp_path}/wds/{{00000..00001}}.tar", "timm:test_resnet@random", str(out)]
+    args += ["--image-size", "32", "--no-progress", "--workers", "0"]
+    assert main([*args, "--label-key", "json.label"]) == 0
+    assert "4 rows x 96 features, 2 classes, 0 unreadable images" in capsys.readouterr().out
+    with load_features(out) as store:
+        assert store.class_names == ["cat", "dog"] and store.paths[0] == "cat/000"
+        assert store.metadata["source_options"]["label_key"] == "json.label"
+    assert main([*args, "--label-key", "json.nothing"]) == 2
+    assert "has no 'json.nothing' label" in _error_line(capsys, only_line=True)
+    assert main([str(folder), "timm:test_resnet@random", str(out), "--label-key", "cls"]) == 2
+    assert "applies when opening webdataset: and parquet: sources" in _error_line(capsys)
 
 
 def _error_line(capsys, only_line: bool = False) -> str:
@@ -187,13 +206,25 @@ def test_force_rebuilds_a_store_whose_images_changed(tmp_path, capsys, caplog):
     assert "4 rows x 96 features" in capsys.readouterr().out
 
 
+def _source(kind: str, folder: Path) -> str:
+    """The images of ``folder`` as a source of the given kind (the same bytes, same order)."""
+    if kind == "webdataset":
+        write_webdataset(folder, folder.parent / "wds" / "%05d.tar", maxcount=8)
+        return f"webdataset:{folder.parent}/wds/*.tar"
+    if kind == "parquet":
+        write_parquet(folder, folder.parent / "hf" / "train.parquet", row_group_size=6)
+        return f"parquet:{folder.parent}/hf"
+    return str(folder)
+
+
 @pytest.mark.slow
-def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
-    folder = make_image_folder(tmp_path / "data", n_per_class=20)
-    n = len(list(folder.rglob("*.*")))
+@pytest.mark.parametrize("kind", ["folder", "webdataset", "parquet"])
+def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, kind):
+    source = _source(kind, make_image_folder(tmp_path / "data", n_per_class=20))
+    n = len(extract.open_source(source))
     options = ["timm:resnet18@random", "--image-size", "64", "--batch-size", "2"]
     killed = tmp_path / "killed.h5"
-    proc = subprocess.Popen(_cli(str(folder), options[0], str(killed), *options[1:]), env=ENV)
+    proc = subprocess.Popen(_cli(source, options[0], str(killed), *options[1:]), env=ENV)
     deadline = time.monotonic() + 120
     # Kill once a few batches are stored: at an arbitrary point of the write loop.
     while (status := _status(killed)) is None or (status != PENDING).sum() < 4:
@@ -207,13 +238,13 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     # The killed file opens and is refused as incomplete, not reported as corrupt.
     with pytest.raises(extract.IncompleteStoreError):
         load_features(killed)
-    subprocess.run(_cli(str(folder), options[0], str(killed), *options[1:]), env=ENV, check=True)
+    subprocess.run(_cli(source, options[0], str(killed), *options[1:]), env=ENV, check=True)
     reference = extract_features(
-        folder, "timm:resnet18@random", tmp_path / "ref.h5", image_size=64, batch_size=2,
+        source, "timm:resnet18@random", tmp_path / "ref.h5", image_size=64, batch_size=2,
         num_workers=0, progress=False,
     )  # fmt: skip
     resumed, expected = load_features(killed, in_memory=True), load_features(reference, True)
-    assert len(resumed.rows) + len(resumed.failures) == n
+    assert len(resumed.rows) + len(resumed.failures) == n and len(resumed.failures) == 2
     assert resumed.paths == expected.paths and resumed.failures == expected.failures
     np.testing.assert_array_equal(resumed.labels, expected.labels)
     np.testing.assert_array_equal(resumed.features, expected.features)
@@ -221,12 +252,13 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_two_ranks_merge(tmp_path):
-    folder = make_image_folder(tmp_path / "data", n_per_class=5)
+@pytest.mark.parametrize("kind", ["folder", "webdataset"])
+def test_torchrun_two_ranks_merge(tmp_path, kind):
+    source = _source(kind, make_image_folder(tmp_path / "data", n_per_class=5))
     out = tmp_path / "f.h5"
     # torchrun itself, started through the interpreter so that no PATH lookup is needed.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd += ["-m", "extract", str(folder)]
+    cmd += ["-m", "extract", source]
     cmd += [
         "timm:test_resnet@random",
         str(out),
@@ -238,13 +270,17 @@ def test_torchrun_two_ranks_merge(tmp_path):
     ]
     subprocess.run(cmd, env=ENV | {"OMP_NUM_THREADS": "1"}, check=True, timeout=120)
     single = extract_features(
-        folder, "timm:test_resnet@random", tmp_path / "single.h5", image_size=32, num_workers=0,
+        source, "timm:test_resnet@random", tmp_path / "single.h5", image_size=32, num_workers=0,
         progress=False,
     )  # fmt: skip
     merged, expected = load_features(out, in_memory=True), load_features(single, in_memory=True)
     assert merged.metadata["merged_from"] == 2
     assert merged.paths == expected.paths and merged.failures == expected.failures
     np.testing.assert_allclose(merged.features, expected.features, rtol=1e-5, atol=1e-6)
+    if kind == "webdataset":  # 14 samples in shards of 8 and 6: one shard to each rank
+        for rank, rows in ((0, list(range(8))), (1, list(range(8, 14)))):
+            with h5py.File(extract.shard_path(out, rank, 2), "r") as f:
+                assert f["indices"][:].tolist() == rows
 
 
 def _children(pid: int) -> list[int]:

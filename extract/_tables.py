@@ -1,0 +1,417 @@
+"""Parquet and Arrow files of encoded images as an indexed image source (``parquet:PATTERN``).
+
+Opening the source reads each file's metadata and its label column only; every row then
+becomes a row of the source, located by (file, row group, row). The images are read a
+loader block at a time: each worker streams the row group it is in (record batches of
+``_STREAM_ROWS`` rows, pages read as needed), so that neither a file nor a whole row group
+is ever held in memory. Arrow files (the ``data-*.arrow`` streams that Hugging Face
+``datasets`` writes with ``save_to_disk``) are memory-mapped, their record batches playing
+the part of row groups.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import itertools
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ._archives import Archive, archive_source, container_root, expand_pattern, stat_containers
+from ._images import ImageSource, check_listed, encode_labels
+
+HF_METADATA = b"huggingface"  # the schema metadata key holding the datasets Features
+_STREAM_ROWS = 64  # rows per record batch when streaming a row group
+_READ_BUFFER = 1 << 20  # bytes read at a time from a column chunk
+_SPLIT = re.compile(
+    r"(train|training|test|testing|validation|valid|val|dev|eval)(?:$|[-._ 0-9])", re.I
+)
+
+
+class TableError(ValueError):
+    """A Parquet / Arrow source cannot be read as images with labels."""
+
+
+def _is_arrow(path: str) -> bool:
+    return path.endswith(".arrow")
+
+
+class _Table:
+    """One Parquet file (row groups) or Arrow stream (record batches), opened from ``fh``."""
+
+    def __init__(self, path: str, fh) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.path, self.fh = path, fh
+        try:
+            if _is_arrow(path):
+                self.buffer = pa.memory_map(path)
+                self.schema = pa.ipc.open_stream(self.buffer).schema
+                self.parquet = None
+            else:
+                # Streamed page by page; CRCs checked where the writer stored them.
+                self.parquet = pq.ParquetFile(
+                    fh, buffer_size=_READ_BUFFER, pre_buffer=False, page_checksum_verification=True
+                )
+                self.schema = self.parquet.schema_arrow
+        except (pa.ArrowInvalid, OSError) as err:
+            kind = "an Arrow stream" if _is_arrow(path) else "a Parquet file"
+            raise TableError(f"{path!r} is not {kind}: {err}") from None
+
+    def _batches(self, columns: list[str]):
+        import pyarrow as pa
+
+        self.buffer.seek(0)
+        for batch in pa.ipc.open_stream(self.buffer):
+            yield batch.select(columns)
+
+    def group_rows(self) -> list[int]:
+        if self.parquet is None:
+            return [batch.num_rows for batch in self._batches([])]
+        meta = self.parquet.metadata
+        return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+
+    def column(self, name: str):
+        import pyarrow as pa
+
+        if self.parquet is None:
+            chunks = [batch.column(0) for batch in self._batches([name])]
+            return pa.chunked_array(chunks, type=self.schema.field(name).type)
+        return self.parquet.read(columns=[name], use_threads=False).column(0)
+
+    def identity(self) -> str:
+        """sha256 of the file's size and its footer (Parquet) or message headers (Arrow)."""
+        import pyarrow as pa
+
+        size = os.fstat(self.fh.fileno()).st_size
+        digest = hashlib.sha256(f"{size}\n".encode())
+        if self.parquet is not None:
+            self.fh.seek(-8, os.SEEK_END)
+            length = int.from_bytes(self.fh.read(4), "little")
+            self.fh.seek(-8 - length, os.SEEK_END)
+            digest.update(self.fh.read(length))
+        else:
+            self.buffer.seek(0)
+            messages = pa.ipc.MessageReader.open_stream(self.buffer)
+            for message in messages:
+                digest.update(message.metadata)
+        return "sha256:" + digest.hexdigest()
+
+    def stream(self, group: int, column: str):
+        """Image bytes (and Hugging Face image paths) of row group ``group``, batch by batch."""
+        if self.parquet is None:
+            batches = itertools.islice(self._batches([column]), group, group + 1)
+        else:
+            batches = self.parquet.iter_batches(
+                _STREAM_ROWS, row_groups=[group], columns=[column], use_threads=False
+            )
+        for batch in batches:
+            values = batch.column(0)
+            if not hasattr(values, "flatten"):
+                yield values, None
+                continue
+            # A struct (Hugging Face's Image feature); flatten() keeps null rows null.
+            fields = dict(zip([f.name for f in values.type], values.flatten(), strict=True))
+            yield fields["bytes"], fields.get("path")
+
+
+class _Cursor:
+    """A worker's place in one row group, moving forward a record batch at a time."""
+
+    def __init__(self, key: tuple[int, int], path: str, listed: tuple[int, int], column: str):
+        self.key, self.start, self.values, self.paths = key, 0, None, None
+        self.fh = open(path, "rb")
+        try:
+            check_listed(path, os.fstat(self.fh.fileno()), listed)
+            self.batches = _Table(path, self.fh).stream(key[1], column)
+        except BaseException:
+            self.fh.close()
+            raise
+
+    def close(self) -> None:
+        self.fh.close()
+
+    def take(self, row: int) -> bytearray | Exception:
+        while self.values is None or row >= self.start + len(self.values):
+            if self.values is not None:
+                self.start += len(self.values)
+            batch = next(self.batches, None)
+            if batch is None:
+                raise EOFError(f"row group {self.key[1]} ends before its row {row}")
+            self.values, self.paths = batch
+        data = self.values[row - self.start].as_py()
+        if data is not None:
+            return bytearray(data)
+        path = None if self.paths is None else self.paths[row - self.start].as_py()
+        where = f" (it refers to {path!r} instead)" if path else ""
+        return LookupError(f"the row holds no image bytes{where}")
+
+
+@dataclass(frozen=True)
+class TableRows(Archive):
+    """Rows of Parquet / Arrow files: the ``group`` (row group, record batch) and the
+    ``row`` within it of each item, and the ``column`` holding the images."""
+
+    group: np.ndarray = None
+    row: np.ndarray = None
+    column: str = "image"
+
+    per_item: ClassVar[tuple[str, ...]] = ("file", "unit", "group", "row")
+
+    def local_id(self, i: int, item_id: str) -> str:
+        return item_id.rpartition(":")[2]  # ids are "<file>:<row in file>"
+
+    def read_file(self, path, f, items, state) -> list[bytearray | Exception]:
+        out: list[bytearray | Exception] = []
+        for i in items:  # in source order: rows only move forward within a row group
+            key, row = (f, int(self.group[i])), int(self.row[i])
+            cursor = state.get("cursor")
+            if cursor is None or cursor.key != key or row < cursor.start:
+                _drop_cursor(state)
+                listed = (int(self.sizes[f]), int(self.mtimes[f]))
+                cursor = state["cursor"] = _Cursor(key, path, listed, self.column)
+            try:
+                out.append(cursor.take(row))
+            except Exception as err:  # a damaged page: this row fails, the next reopens
+                _drop_cursor(state)
+                out.append(err)
+        return out
+
+
+def _drop_cursor(state: dict) -> None:
+    cursor = state.pop("cursor", None)
+    if cursor is not None:
+        cursor.close()
+
+
+def _split_of(relative: str) -> str | None:
+    """The split a file of a Hugging Face dataset folder belongs to, from its path."""
+    parts = relative.split(os.sep)
+    parts[-1] = os.path.splitext(parts[-1])[0]
+    for part in parts:
+        match = _SPLIT.match(part)
+        if match:
+            return match.group(1).lower()
+    return None
+
+
+def _split_pattern(folder: str, files: list[str], split: str) -> str:
+    common = os.path.commonpath([os.path.dirname(f) for f in files])
+    named = all(os.path.basename(f).lower().startswith(split) for f in files)
+    name = os.path.basename(files[0])[: len(split)] if named else ""
+    return os.path.join(common, f"{name}*.parquet")
+
+
+def _dataset_folder(folder: str) -> list[str]:
+    """The data files of a Hugging Face dataset folder, one split only."""
+    if os.path.isfile(os.path.join(folder, "dataset_dict.json")):
+        with open(os.path.join(folder, "dataset_dict.json")) as fh:
+            splits = json.load(fh).get("splits", [])
+        example = os.path.join(folder, splits[0]) if splits else folder
+        raise TableError(
+            f"{folder!r} holds the splits {splits} of a DatasetDict; give one split's folder, "
+            f"e.g. parquet:{example}."
+        )
+    state = os.path.join(folder, "state.json")
+    if os.path.isfile(state):  # Dataset.save_to_disk: Arrow streams listed in order
+        with open(state) as fh:
+            files = [os.path.join(folder, d["filename"]) for d in json.load(fh)["_data_files"]]
+        return [os.path.abspath(f) for f in files]
+    files = sorted(glob.glob(os.path.join(folder, "**", "*.parquet"), recursive=True))
+    if not files:
+        raise TableError(f"The folder {folder!r} holds no .parquet files.")
+    by_split: dict[str | None, list[str]] = {}
+    for f in files:
+        by_split.setdefault(_split_of(os.path.relpath(f, folder)), []).append(f)
+    if len(by_split) > 1:
+        names = sorted(str(s) for s in by_split)
+        split = "train" if "train" in by_split else next(s for s in by_split if s is not None)
+        raise TableError(
+            f"The folder {folder!r} holds the splits {names}; read one, e.g. "
+            f"parquet:{_split_pattern(folder, by_split[split], split)}."
+        )
+    return [os.path.abspath(f) for f in files]
+
+
+def _is_image_type(t) -> bool:
+    import pyarrow as pa
+
+    binary = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)
+    if pa.types.is_struct(t):
+        index = t.get_field_index("bytes")
+        return index >= 0 and any(test(t.field(index).type) for test in binary)
+    return any(test(t) for test in binary)
+
+
+def _image_column(schema, image_key: str | None, path: str) -> str:
+    names = list(schema.names)
+    if image_key is None:
+        candidates = [n for n in names if _is_image_type(schema.field(n).type)]
+        image_key = "image" if "image" in names else candidates[0] if len(candidates) == 1 else ""
+        if not image_key:
+            raise TableError(
+                f"{path!r} has no 'image' column and {len(candidates)} columns of image bytes "
+                f"({', '.join(candidates) or 'none'}) among {names}; choose it with --image-key."
+            )
+    if image_key not in names:
+        raise TableError(
+            f"{path!r} has no column {image_key!r} (its columns: {names}); choose the image "
+            "column with --image-key."
+        )
+    if not _is_image_type(schema.field(image_key).type):
+        raise TableError(
+            f"The column {image_key!r} of {path!r} is {schema.field(image_key).type}, not encoded "
+            "images (binary, or a struct with 'bytes' as Hugging Face's Image feature writes)."
+        )
+    return image_key
+
+
+def hf_class_names(schema, column: str) -> list[str] | None:
+    """The ClassLabel names of ``column`` in a Hugging Face ``datasets`` schema, if any."""
+    raw = (schema.metadata or {}).get(HF_METADATA)
+    if raw is None:
+        return None
+    feature = json.loads(raw).get("info", {}).get("features", {}).get(column, {})
+    if isinstance(feature, dict) and feature.get("_type") == "ClassLabel":
+        return list(feature["names"])
+    return None
+
+
+def _label_texts(values, column: str, path: str, names: list[str] | None) -> list[str]:
+    """Labels of one file as text: integer class indices, or class names."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if values.null_count:
+        row = int(pc.index(pc.is_null(values), True).as_py())
+        raise TableError(f"Row {row} of {path!r} has no {column!r} label.")
+    kind = values.type.value_type if pa.types.is_dictionary(values.type) else values.type
+    if pa.types.is_integer(kind):
+        numbers = values.to_numpy()
+        bad = np.flatnonzero((numbers < 0) | (names is not None and numbers >= len(names)))
+        if len(bad):
+            row, label = int(bad[0]), int(numbers[bad[0]])
+            unlabelled = " (-1 marks an unlabelled row, as in test splits)" if label < 0 else ""
+            raise TableError(
+                f"Row {row} of {path!r} has the {column!r} label {label}, which is no class"
+                f"{unlabelled}; "
+                + (f"the classes are 0..{len(names) - 1}." if names else "labels are >= 0.")
+            )
+        return numbers.astype(str).tolist()
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return [str(v).strip() for v in values.to_pylist()]
+    raise TableError(
+        f"The {column!r} column of {path!r} is {values.type}; a label column holds integer "
+        "class indices or class names. Choose it with --label-key."
+    )
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Where each of consecutive runs of ``counts`` items starts."""
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+
+
+@dataclass
+class _FileIndex:
+    labels: list[str]
+    group_rows: list[int]
+    names: list[str] | None
+    identity: str
+
+
+def _index_file(path: str, image_key: str | None, label_key: str) -> tuple[_FileIndex, str]:
+    with open(path, "rb") as fh:
+        table = _Table(path, fh)
+        image = _image_column(table.schema, image_key, path)
+        if label_key not in table.schema.names:
+            raise TableError(
+                f"{path!r} has no column {label_key!r} (its columns: {list(table.schema.names)});"
+                " choose the label column with --label-key."
+            )
+        names = hf_class_names(table.schema, label_key)
+        labels = _label_texts(table.column(label_key), label_key, path, names)
+        return _FileIndex(labels, table.group_rows(), names, table.identity()), image
+
+
+def parquet_files(
+    pattern: str, image_key: str | None = None, label_key: str | None = None
+) -> ImageSource:
+    """Rows of Parquet files (or of a Hugging Face ``datasets`` folder) of encoded images.
+
+    Parameters
+    ----------
+    pattern : str
+        Parquet files as a brace pattern or local glob
+        (``data/train-{00000..00003}-of-00004.parquet``, ``data/train-*.parquet``), or a
+        folder: a Hugging Face dataset repository or export (its ``.parquet`` files,
+        sorted, which must belong to one split), or a folder written by
+        ``Dataset.save_to_disk`` (its Arrow files, in ``state.json``'s order). Files ending
+        in ``.arrow`` are read as Arrow IPC streams.
+    image_key : str, optional
+        The image column: binary, or a struct with a ``bytes`` field (Hugging Face's
+        ``Image`` feature). Default: ``image``, else the only such column.
+    label_key : str, default="label"
+        The label column: integers (class indices) or strings (class names, sorted).
+        Integer classes are named by the Hugging Face ``ClassLabel`` names in the schema's
+        ``huggingface`` metadata when present, else ``"0"``, ``"1"``, ...
+
+    Returns
+    -------
+    ImageSource
+        Ids are ``<file>:<row in file>``; the root is the files' common folder.
+
+    Raises
+    ------
+    TableError
+        If a file is not Parquet / Arrow, a column is missing or of the wrong type, a label
+        is missing or negative, the files disagree on the class names, or a folder holds
+        several splits.
+    """
+    label_key = label_key or "label"
+    folder = os.path.isdir(pattern)
+    paths = _dataset_folder(pattern) if folder else expand_pattern(pattern, "parquet")
+    root = os.path.abspath(pattern) if folder else container_root(paths)
+    sizes, mtimes = stat_containers(paths)
+    indexes, columns = zip(*(_index_file(p, image_key, label_key) for p in paths), strict=True)
+    if len(set(columns)) > 1:
+        raise TableError(f"The files hold their images in different columns: {set(columns)}.")
+    named = {tuple(ix.names) for ix in indexes if ix.names is not None}
+    if len(named) > 1 or (named and any(ix.names is None for ix in indexes)):
+        raise TableError(f"The files of {pattern!r} disagree on the {label_key!r} class names.")
+    labels, class_names = encode_labels(
+        [t for ix in indexes for t in ix.labels], list(named.pop()) if named else None
+    )
+    # Row groups (record batches) are numbered across files: the units ranks divide.
+    group_rows = np.array([n for ix in indexes for n in ix.group_rows], np.int64)
+    n_groups = np.array([len(ix.group_rows) for ix in indexes], np.int64)
+    unit = np.repeat(np.arange(len(group_rows)), group_rows)
+    file = np.repeat(np.arange(len(paths)), n_groups)[unit]
+    row = np.arange(len(unit)) - _starts(group_rows)[unit]
+    position = np.arange(len(unit)) - _starts(np.bincount(file, minlength=len(paths)))[file]
+    relative = tuple(os.path.relpath(p, root) for p in paths)
+    archive = TableRows(
+        paths=relative,
+        sizes=sizes,
+        mtimes=mtimes,
+        file=file,
+        unit=unit,
+        group=unit - _starts(n_groups)[file],
+        row=row,
+        column=columns[0],
+    )
+    return archive_source(
+        archive,
+        ids=[f"{relative[f]}:{p}" for f, p in zip(file.tolist(), position.tolist(), strict=True)],
+        labels=labels,
+        class_names=class_names,
+        root=root,
+        description=f"parquet:{pattern}",
+        identities=[ix.identity for ix in indexes],
+        options={"image_key": columns[0], "label_key": label_key},
+    )

@@ -1,0 +1,376 @@
+"""WebDataset tar shards as an indexed image source (``webdataset:PATTERN``).
+
+Opening the source reads each shard's tar headers once (memory-mapped: the image data is
+never touched) and groups the members into samples as WebDataset does: consecutive
+members sharing a key (the name up to the first dot of its last component, e.g.
+``000012`` for ``000012.jpg``), extensions lower-cased, ``__*__`` metadata members and
+names without an extension skipped, regular files only. Each sample then becomes one row,
+read later by offset (``os.preadv``), so that a resumed run reads only the rows it still
+needs and ranks read whole shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import re
+import struct
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ._archives import (
+    Archive,
+    archive_source,
+    container_root,
+    expand_pattern,
+    open_listed,
+    stat_containers,
+)
+from ._images import ImageSource, encode_labels
+
+# Image members tried in this order when no --image-key is given (WebDataset's own image
+# extensions and torchvision's).
+IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "pbm", "pnm", "bmp", "tif", "tiff")
+CLASS_NAMES_FILE = "classnames.txt"  # clip_benchmark's class names beside the shards
+_BLOCK = 512
+_ZERO_BLOCK = bytes(_BLOCK)
+_REGULAR = (b"0", b"\0", b"7")  # regular and contiguous files; links and folders are skipped
+_META = re.compile(r"__[^/]*__($|/)")  # WebDataset's metadata members (skip_meta)
+_POSIX_MAGIC = b"ustar\x0000"
+
+
+class ShardError(ValueError):
+    """A shard cannot be indexed: damaged, truncated in a header, or a sample lacks a label."""
+
+
+def _number(field: bytes) -> int:
+    """A tar header number: octal text, or base-256 for sizes of 8 GiB and more."""
+    if field[0] & 0x80:
+        return int.from_bytes(field[1:], "big")
+    digits = field.split(b"\0", 1)[0].strip()
+    return int(digits, 8) if digits else 0
+
+
+def _checksum_ok(header: bytes) -> bool:
+    try:
+        stored = _number(header[148:156])
+    except ValueError:
+        return False
+    unsigned = sum(header) - sum(header[148:156]) + 8 * 32  # the field counts as spaces
+    if stored == unsigned:
+        return True
+    signed = sum(struct.unpack("148b8x356b", header)) + 8 * 32  # old tars sum signed bytes
+    return stored == signed
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    """The ``length key=value\\n`` records of a pax extended header."""
+    records, pos = {}, 0
+    while pos < len(data) and data[pos] != 0:
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        records[key.decode()] = value.decode("utf-8", "replace")
+        pos += length
+    return records
+
+
+def _damaged(path: str, offset: int, what: str) -> ShardError:
+    return ShardError(
+        f"The shard {path!r} is damaged at byte {offset} ({what}); the samples after it "
+        "cannot be listed: repair the shard or leave it out of the pattern."
+    )
+
+
+def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
+    """``(name, data offset, size)`` of each regular file in a tar, in archive order.
+
+    Reads POSIX ustar, pax and GNU headers (long names included) and verifies every
+    header's checksum; every header block and long name is fed to ``digest``.
+
+    Raises
+    ------
+    ShardError
+        For a header whose checksum fails, a file that ends inside a header, or data after
+        the end-of-archive marker (a damaged or concatenated tar).
+    """
+    members, n, offset = [], len(mm), 0
+    long_name, pax = None, {}
+    while offset + _BLOCK <= n:
+        header = mm[offset : offset + _BLOCK]
+        if header == _ZERO_BLOCK:
+            rest = np.frombuffer(mm, np.uint8, offset=offset)
+            data_after = bool(rest.any())
+            del rest  # the map cannot close while a view of it exists
+            if data_after:
+                raise _damaged(path, offset, "data after the end-of-archive marker")
+            return members
+        if not _checksum_ok(header):
+            raise _damaged(path, offset, "a tar header with a wrong checksum")
+        digest.update(header)
+        kind, size, data = header[156:157], _number(header[124:136]), offset + _BLOCK
+        if kind in (b"x", b"L", b"g", b"K"):
+            if data + size > n:
+                raise _damaged(path, offset, "the file ends inside a tar header")
+            payload = mm[data : data + size]
+            digest.update(payload)
+            if kind == b"x":
+                try:
+                    pax = _pax_records(payload)
+                except ValueError:
+                    raise _damaged(path, offset, "an unreadable pax header") from None
+            elif kind == b"L":
+                long_name = payload.split(b"\0", 1)[0].decode("utf-8", "replace")
+        else:
+            size = int(pax.get("size", size))
+            if kind in _REGULAR:
+                name = header[:100].split(b"\0", 1)[0]
+                prefix = header[345:500].split(b"\0", 1)[0]
+                if header[257:265] == _POSIX_MAGIC and prefix:
+                    name = prefix + b"/" + name
+                text = pax.get("path") or long_name or name.decode("utf-8", "replace")
+                members.append((text, data, size))
+            long_name, pax = None, {}
+        offset = data + -(-size // _BLOCK) * _BLOCK
+    if offset < n:
+        raise _damaged(path, offset, "the file ends inside a tar header")
+    return members
+
+
+def _member_and_path(label_key: str, members: dict) -> tuple[str | None, list[str]]:
+    """Split ``json.label`` into the member (``json``) and the JSON path (``["label"]``)."""
+    parts = label_key.split(".")
+    for k in range(len(parts), 0, -1):
+        if ".".join(parts[:k]) in members:
+            return ".".join(parts[:k]), parts[k:]
+    return None, []
+
+
+def _label_text(raw: bytes, path: list[str], where: str, label_key: str) -> str:
+    """A label as text: an integer (class index) or a class name."""
+    if not path:
+        return raw.decode("utf-8").strip()
+    value = json.loads(raw)
+    for part in path:
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
+            raise ShardError(f"The {where} has no {label_key!r} label; choose it with --label-key.")
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ShardError(
+            f"The {label_key!r} label of the {where} is {value!r}; a label is an integer class "
+            "index or a class name."
+        )
+    return str(value).strip()
+
+
+def _label_key_hint(members: dict) -> str:
+    """``, e.g. --label-key cls`` for the usual label members a sample has."""
+    usual = {"cls": "cls", "json": "json.label", "txt": "txt"}
+    present = [f"--label-key {key}" for ext, key in usual.items() if ext in members]
+    return f", e.g. {' or '.join(present)}" if present else ""
+
+
+@dataclass
+class _ShardIndex:
+    keys: list[str]
+    offsets: list[int]
+    sizes: list[int]
+    labels: list[str]
+    first_members: list[str] | None
+    digest: str
+
+
+def index_shard(path: str, image_keys: tuple[str, ...], label_key: str) -> _ShardIndex:
+    """The samples of one shard: key, image offset and size (-1: none) and label text."""
+    from webdataset.tariterators import base_plus_ext
+
+    digest = hashlib.sha256()
+    index = _ShardIndex([], [], [], [], None, "")
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        digest.update(f"{size}\n".encode())
+        if size == 0:
+            raise ShardError(f"The shard {path!r} is empty; leave it out of the pattern.")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            samples: list[tuple[str, dict]] = []
+            for name, offset, length in tar_members(mm, path, digest):
+                if _META.match(name):
+                    continue
+                key, ext = base_plus_ext(name)
+                if key is None:
+                    continue
+                ext = ext.lower()
+                if not samples or samples[-1][0] != key:
+                    samples.append((key, {}))
+                if ext in samples[-1][1]:
+                    raise ShardError(f"The shard {path!r} has two {name!r} members in a row.")
+                samples[-1][1][ext] = (offset, length)
+            for key, members in samples:
+                where = f"sample {key!r} of {path!r}"
+                member, json_path = _member_and_path(label_key, members)
+                if member is None:
+                    raise ShardError(
+                        f"The {where} has no {label_key!r} label (its members: "
+                        f"{', '.join(members)}); choose it with --label-key"
+                        f"{_label_key_hint(members)}."
+                    )
+                offset, length = members[member]
+                if offset + length > len(mm):
+                    raise _damaged(path, offset, f"the file ends inside the {where}'s label")
+                raw = mm[offset : offset + length]
+                digest.update(raw)
+                try:
+                    index.labels.append(_label_text(raw, json_path, where, label_key))
+                except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                    raise ShardError(
+                        f"The {member!r} member of the {where} is unreadable: {err}."
+                    ) from None
+                image = next((members[k] for k in image_keys if k in members), (-1, 0))
+                index.keys.append(key)
+                index.offsets.append(image[0])
+                index.sizes.append(image[1])
+            if samples:
+                index.first_members = list(samples[0][1])
+    index.digest = "sha256:" + digest.hexdigest()
+    return index
+
+
+@dataclass(frozen=True)
+class TarSamples(Archive):
+    """Samples of tar shards: the image member's byte ``offset`` (-1: none) and ``size``."""
+
+    offset: np.ndarray = None
+    size: np.ndarray = None
+    image_keys: tuple[str, ...] = IMAGE_KEYS
+
+    per_item: ClassVar[tuple[str, ...]] = ("file", "unit", "offset", "size")
+
+    def read_file(self, path, f, items, state) -> list[bytearray | Exception]:
+        out: list[bytearray | Exception] = []
+        with open_listed(path, (int(self.sizes[f]), int(self.mtimes[f]))) as fh:
+            for i in items:
+                offset, size = int(self.offset[i]), int(self.size[i])
+                if offset < 0:
+                    out.append(
+                        LookupError(
+                            f"the sample has no {'/'.join(self.image_keys)} member; choose "
+                            "the image member with --image-key"
+                        )
+                    )
+                    continue
+                data = bytearray(size)
+                if os.preadv(fh.fileno(), [data], offset) != size:
+                    out.append(EOFError("the shard ends inside this sample (a truncated shard)"))
+                else:
+                    out.append(data)
+        return out
+
+
+def _index_class_names(root: str) -> tuple[str | None, list[str] | None]:
+    """``classnames.txt`` in the shards' folder or its parent, and its lines."""
+    for folder in (root, os.path.dirname(root)):
+        path = os.path.join(folder, CLASS_NAMES_FILE)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                return path, [line.strip() for line in fh.read().strip().splitlines()]
+    return None, None
+
+
+def _shard_paths(pattern: str) -> list[str]:
+    if os.path.isdir(pattern):
+        paths = sorted(os.path.join(pattern, n) for n in os.listdir(pattern) if n.endswith(".tar"))
+        if not paths:
+            raise ValueError(f"The folder {pattern!r} holds no .tar shards.")
+        return [os.path.abspath(p) for p in paths]
+    paths = expand_pattern(pattern, "webdataset")
+    compressed = [p for p in paths if p.endswith((".gz", ".tgz", ".bz2", ".xz", ".zst"))]
+    if compressed:
+        raise ValueError(
+            f"The shard {compressed[0]!r} is compressed, and samples are read by their offset "
+            "in the tar: decompress the shards first (e.g. `gunzip shards/*.tar.gz`)."
+        )
+    return paths
+
+
+def webdataset_shards(
+    pattern: str, image_key: str | None = None, label_key: str | None = None
+) -> ImageSource:
+    """Samples of WebDataset tar shards, one row each, in shard and archive order.
+
+    Parameters
+    ----------
+    pattern : str
+        Shards as WebDataset names them: a brace pattern (``shards/{00000..00127}.tar``),
+        a local glob (``shards/*.tar``), several joined by ``::``, or a folder (its
+        ``.tar`` files, sorted), e.g. the output folder of ``img2dataset``.
+    image_key : str, optional
+        The image member's extension, or alternatives separated by ``;`` (``"jpg;png"``),
+        the first present being read. Default: the first image extension present
+        (``jpg``, ``jpeg``, ``png``, ``webp``, ...). A sample with none of them is kept as
+        a failed row.
+    label_key : str, default="cls"
+        The label's member (``cls``, ``txt``), or a member and a JSON path
+        (``json.label``, ``json.meta.class``). Integer labels are class indices (named
+        by ``classnames.txt`` beside the shards or in their parent folder, as
+        clip_benchmark ships them, else ``"0"``, ``"1"``, ...); other labels are class
+        names, sorted. A sample without the label is an error.
+
+    Returns
+    -------
+    ImageSource
+        Ids are the sample keys; the root is the shards' common folder.
+
+    Raises
+    ------
+    ShardError
+        If a shard is damaged (a wrong header checksum, data after the end marker) or a
+        sample has no label.
+    """
+    image_keys = tuple(k.strip().lower() for k in (image_key or ";".join(IMAGE_KEYS)).split(";"))
+    label_key = label_key or "cls"
+    paths = _shard_paths(pattern)
+    root = os.path.dirname(paths[0]) if os.path.isdir(pattern) else container_root(paths)
+    sizes, mtimes = stat_containers(paths)
+    indexes = [index_shard(p, image_keys, label_key) for p in paths]
+    counts = np.array([len(ix.keys) for ix in indexes], np.int64)
+    file = np.repeat(np.arange(len(paths), dtype=np.int64), counts)
+    offsets = np.array([o for ix in indexes for o in ix.offsets], np.int64)
+    if len(offsets) and (offsets < 0).all():
+        first = next(ix.first_members for ix in indexes if ix.first_members)
+        raise ShardError(
+            f"No sample of the webdataset source {pattern!r} has a {'/'.join(image_keys)} "
+            f"member (the first has {', '.join(first)}); choose the image with --image-key."
+        )
+    names_file, index_names = _index_class_names(root)
+    try:
+        labels, class_names = encode_labels([t for ix in indexes for t in ix.labels], index_names)
+    except ValueError as err:
+        raise ShardError(f"{err} ({names_file!r})") from None
+    relative = tuple(os.path.relpath(p, root) for p in paths)
+    archive = TarSamples(
+        paths=relative,
+        sizes=sizes,
+        mtimes=mtimes,
+        file=file,
+        unit=file.copy(),
+        offset=offsets,
+        size=np.array([s for ix in indexes for s in ix.sizes], np.int64),
+        image_keys=image_keys,
+    )
+    return archive_source(
+        archive,
+        ids=[k for ix in indexes for k in ix.keys],
+        labels=labels,
+        class_names=class_names,
+        root=root,
+        description=f"webdataset:{pattern}",
+        identities=[ix.digest for ix in indexes],
+        options={"image_key": ";".join(image_keys), "label_key": label_key},
+    )

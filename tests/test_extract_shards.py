@@ -1,0 +1,576 @@
+"""WebDataset tar shards and Parquet / Arrow files as sources: index, rows, stores, resumption."""
+
+import gc
+import hashlib
+import io
+import json
+import os
+import tarfile
+import tracemalloc
+
+import h5py
+import numpy as np
+import pytest
+
+pytest.importorskip("timm")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+wds = pytest.importorskip("webdataset")
+
+from extract import (  # noqa: E402
+    ProvenanceError,
+    extract_features,
+    load_features,
+    merge_shards,
+    open_source,
+    shard_path,
+)
+from extract._store import PENDING  # noqa: E402
+from extract._tables import TableError  # noqa: E402
+from extract._tar_shards import ShardError, tar_members  # noqa: E402
+from extract._testing import (  # noqa: E402
+    hf_image_schema,
+    make_image_folder,
+    write_parquet,
+    write_webdataset,
+)
+
+BACKBONE = "timm:test_resnet@random"
+FAST = dict(batch_size=4, num_workers=0, image_size=32, progress=False)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """One image folder, and the same images as 3 tar shards and as a Parquet file."""
+    root = tmp_path_factory.mktemp("shards")
+    folder = make_image_folder(root / "folder", n_per_class=4)  # 12 images, 2 unreadable
+    write_webdataset(folder, root / "wds" / "%05d.tar", maxcount=5)
+    write_parquet(folder, root / "hf" / "data" / "train-00000-of-00001.parquet", 5)
+    return root
+
+
+def _source(data, kind: str) -> str:
+    return {
+        "folder": str(data / "folder"),
+        "webdataset": f"webdataset:{data}/wds/{{00000..00002}}.tar",
+        "parquet": f"parquet:{data}/hf",
+    }[kind]
+
+
+@pytest.fixture(scope="module")
+def stores(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("stores")
+    kinds = ("folder", "webdataset", "parquet")
+    return {k: extract_features(_source(data, k), BACKBONE, out / f"{k}.h5", **FAST) for k in kinds}
+
+
+# --- reading tar headers -------------------------------------------------------------
+
+
+def _tar(path, fmt, names):
+    with tarfile.open(path, "w", format=fmt) as tf:
+        folder = tarfile.TarInfo("d")
+        folder.type = tarfile.DIRTYPE
+        tf.addfile(folder)
+        link = tarfile.TarInfo("d/link.jpg")
+        link.type, link.linkname = tarfile.SYMTYPE, "x.jpg"
+        tf.addfile(link)
+        for k, name in enumerate(names):
+            info = tarfile.TarInfo(name)
+            info.size = 700 * k + 1
+            tf.addfile(info, io.BytesIO(bytes([k % 256]) * info.size))
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+def test_tar_headers_are_read_as_tarfile_reads_them(tmp_path, fmt):
+    import mmap
+
+    long_dir = "/".join(["folder"] * 15)  # 104 characters: ustar stores it in the prefix
+    names = ["a.jpg", "a.cls", f"{long_dir}/b.seg.png", "ü/é.txt"]
+    if fmt != tarfile.USTAR_FORMAT:
+        names.append("x" * 150 + ".jpg")  # longer than any ustar name: pax / GNU long name
+    _tar(tmp_path / "t.tar", fmt, names)
+    with tarfile.open(tmp_path / "t.tar") as tf:
+        expected = [(m.name, m.offset_data, m.size) for m in tf if m.isreg()]
+    with (
+        open(tmp_path / "t.tar", "rb") as fh,
+        mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm,
+    ):
+        assert tar_members(mm, "t.tar", hashlib.sha256()) == expected
+    assert [name for name, _, _ in expected] == names
+
+
+def _damage(path, how) -> int:
+    """Damage a shard; returns the offset of the header the damage is in."""
+    data = bytearray(path.read_bytes())
+    with tarfile.open(path) as tf:
+        members = tf.getmembers()
+    headers = [m.offset for m in members]  # where each member's (first) header starts
+    if how == "checksum":
+        data[headers[1] + 10] ^= 0xFF
+    elif how == "after end":
+        data[-20] = 1
+    elif how == "inside a header":
+        data = data[: headers[-1] + 100]
+    elif how == "inside a pax header":
+        data = data[: headers[-1] + 513]  # the writer puts a pax header before each member
+    elif how == "inside a label":
+        label = [m for m in members if m.name.endswith(".cls")][-1]
+        data = data[: label.offset_data]
+    path.write_bytes(bytes(data))
+    return headers[1] if how == "checksum" else headers[-1]
+
+
+@pytest.mark.parametrize(
+    "how, match",
+    [
+        ("checksum", r"damaged at byte {} \(a tar header with a wrong checksum\)"),
+        ("after end", "data after the end-of-archive marker"),
+        ("inside a header", r"damaged at byte {} \(the file ends inside a tar header\)"),
+        ("inside a pax header", r"damaged at byte {} \(the file ends inside a tar header\)"),
+        ("inside a label", r"damaged at byte \d+ \(the file ends inside the sample .*'s label\)"),
+        ("empty", "is empty"),
+    ],
+)
+def test_damaged_shards_are_refused_naming_the_place(data, tmp_path, how, match):
+    shard = tmp_path / "s.tar"
+    shard.write_bytes((data / "wds" / "00000.tar").read_bytes() if how != "empty" else b"")
+    if how != "empty":
+        match = match.format(_damage(shard, how))
+    with pytest.raises(ShardError, match=match) as info:
+        open_source(f"webdataset:{shard}")
+    assert str(shard) in str(info.value)
+
+
+# --- the webdataset source -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["D/{00000..00002}.tar", "D/*.tar", "D", "D/00000.tar::D/0000{1,2}.tar"],
+)
+def test_webdataset_rows_are_the_samples_in_shard_order(data, pattern):
+    src = open_source("webdataset:" + pattern.replace("D", str(data / "wds")))
+    folder = open_source(data / "folder")
+    assert src.ids == [os.path.splitext(i)[0] for i in folder.ids]  # keys, as the writer got them
+    np.testing.assert_array_equal(src.labels, folder.labels)
+    assert src.class_names == ["0", "1"]  # cls holds class indices
+    assert list(src.files) == ["00000.tar", "00001.tar", "00002.tar"]
+    assert src.archive.unit.tolist() == [0] * 5 + [1] * 5 + [2] * 2
+    assert src.item_name(6) == f"{data}/wds/00001.tar:{src.ids[6]}"
+
+
+@pytest.mark.parametrize(
+    "label_key, class_names",
+    [("json.label", ["cat", "dog"]), ("cls", ["tabby", "hound"])],
+)
+def test_webdataset_labels_from_json_paths_and_classnames_txt(
+    data, tmp_path, label_key, class_names
+):
+    shards = tmp_path / "test"
+    shards.mkdir()
+    for shard in (data / "wds").glob("*.tar"):
+        (shards / shard.name).write_bytes(shard.read_bytes())
+    (tmp_path / "classnames.txt").write_text("tabby\nhound\n")  # clip_benchmark's layout
+    src = open_source(f"webdataset:{shards}/*.tar", label_key=label_key)
+    assert src.class_names == class_names
+    np.testing.assert_array_equal(src.labels, open_source(data / "folder").labels)
+    assert src.options["label_key"] == label_key
+
+
+def _write_shard(path, samples):
+    with wds.TarWriter(str(path)) as sink:
+        for sample in samples:
+            sink.write(sample)
+    return path
+
+
+def test_an_img2dataset_folder_is_read_with_its_keys(tmp_path):
+    # img2dataset's webdataset output: {00000..N}.tar of key.jpg / key.txt / key.json, keys
+    # shard * 10^4 + index on 9 digits, beside NNNNN.parquet and NNNNN_stats.json.
+    for shard in range(2):
+        samples = [
+            {
+                "__key__": f"{shard * 10_000 + k:09d}",
+                "jpg": b"\xff\xd8 not decoded here",
+                "txt": f"a photo number {k}",
+                "json": {
+                    "url": "https://x/y.jpg",
+                    "status": "success",
+                    "label": ["cat", "dog"][k % 2],
+                },
+            }
+            for k in range(3)
+        ]
+        _write_shard(tmp_path / f"{shard:05d}.tar", samples)
+        _table(tmp_path / f"{shard:05d}.parquet", {"key": [s["__key__"] for s in samples]})
+        (tmp_path / f"{shard:05d}_stats.json").write_text("{}")
+    src = open_source(f"webdataset:{tmp_path}", label_key="json.label")
+    assert src.ids == ["000000000", "000000001", "000000002", "000010000", "000010001", "000010002"]
+    assert src.class_names == ["cat", "dog"] and src.labels.tolist() == [0, 1, 0, 0, 1, 0]
+    assert list(src.files) == ["00000.tar", "00001.tar"]
+    with pytest.raises(
+        ShardError,
+        match=r"choose it with --label-key, e.g. --label-key json.label or --label-key txt\.$",
+    ):
+        open_source(f"webdataset:{tmp_path}/{{00000..00001}}.tar")  # no cls member
+
+
+@pytest.mark.parametrize(
+    "sample, label_key, match",
+    [
+        (
+            {"jpg": b"x", "txt": b"cat"},
+            None,
+            r"sample 'k0' of .* has no 'cls' label \(its members: jpg, txt\)",
+        ),
+        ({"jpg": b"x", "json": {"y": 1}}, "json.label", "has no 'json.label' label"),
+        ({"jpg": b"x", "json": {"label": 1.5}}, "json.label", "is 1.5; a label is an integer"),
+        (
+            {"jpg": b"x", "json": b"{not json"},
+            "json.label",
+            "'json' member of the sample 'k0' .* unreadable",
+        ),
+        ({"txt": b"cat"}, "txt", r"No sample .* has a jpg/.* member \(the first has txt\)"),
+    ],
+)
+def test_webdataset_label_and_image_errors_are_one_line(tmp_path, sample, label_key, match):
+    _write_shard(tmp_path / "s.tar", [{"__key__": "k0", **sample}])
+    with pytest.raises(ShardError, match=match) as info:
+        open_source(f"webdataset:{tmp_path}/s.tar", label_key=label_key)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "pattern, error, match",
+    [
+        ("", ValueError, "empty pattern; give e.g. webdataset:shards/"),
+        ("{0..3}.tar", FileNotFoundError, "shard '0.tar' .* does not exist"),
+        ("*.nothing", ValueError, "matches no file"),
+        ("https://host/{0..3}.tar", ValueError, "is not a local file"),
+        ("s.tar::s.tar", ValueError, "names '.*s.tar' twice"),
+    ],
+)
+def test_bad_shard_patterns(tmp_path, monkeypatch, pattern, error, match):
+    monkeypatch.chdir(tmp_path)
+    _write_shard(tmp_path / "s.tar", [{"__key__": "k", "jpg": b"x", "cls": 0}])
+    with pytest.raises(error, match=match):
+        open_source(f"webdataset:{pattern}")
+
+
+def test_samples_without_image_or_with_bad_bytes_are_failed_rows(tmp_path):
+    good = io.BytesIO()
+    from PIL import Image
+
+    Image.new("RGB", (20, 16), (200, 10, 10)).save(good, format="JPEG")
+    samples = [
+        {"__key__": "a", "jpg": good.getvalue(), "cls": 0},
+        {"__key__": "b", "txt": b"no image here", "cls": 1},
+        {"__key__": "c", "jpg": b"not a jpeg", "cls": 1},
+        {"__key__": "d", "png": good.getvalue()[:100], "cls": 0},  # truncated (and not a PNG)
+    ]
+    _write_shard(tmp_path / "s.tar", samples)
+    out = extract_features(f"webdataset:{tmp_path}/s.tar", BACKBONE, tmp_path / "f.h5", **FAST)
+    loaded = load_features(out)
+    assert loaded.paths == ["a"]
+    reasons = dict(loaded.failures)
+    assert reasons["b"].startswith("LookupError: the sample has no jpg/jpeg/png")
+    assert "cannot identify image file" in reasons["c"] and "s.tar:c" in reasons["c"]
+    assert set(reasons) == {"b", "c", "d"}
+
+
+# --- the parquet source --------------------------------------------------------------
+
+
+def test_parquet_rows_labels_and_hf_class_names(data):
+    src = open_source(f"parquet:{data}/hf")
+    folder = open_source(data / "folder")
+    assert src.class_names == ["cat", "dog"]  # from the huggingface schema metadata
+    np.testing.assert_array_equal(src.labels, folder.labels)
+    name = "data/train-00000-of-00001.parquet"
+    assert src.ids[:2] == [f"{name}:0", f"{name}:1"] and list(src.files) == [name]
+    assert src.archive.unit.tolist() == [0] * 5 + [1] * 5 + [2] * 2  # row groups of 5
+    assert src.archive.row.tolist() == [0, 1, 2, 3, 4] * 2 + [0, 1]
+    assert src.options == {"image_key": "image", "label_key": "label"}
+
+
+def _table(path, columns, schema=None, **kwargs):
+    pq.write_table(pa.table(columns, schema=schema), path, **kwargs)
+    return path
+
+
+def test_parquet_binary_columns_string_labels_and_several_files(tmp_path):
+    for k in range(2):  # img2dataset's parquet output: a binary jpg column
+        _table(tmp_path / f"{k}.parquet", {"jpg": [b"a", b"b"], "label": ["dog", f"c{k}"]})
+    src = open_source(f"parquet:{tmp_path}/{{0,1}}.parquet")
+    assert src.class_names == ["c0", "c1", "dog"] and src.labels.tolist() == [2, 0, 2, 1]
+    assert src.ids == ["0.parquet:0", "0.parquet:1", "1.parquet:0", "1.parquet:1"]
+    assert src.options["image_key"] == "jpg" and src.archive.unit.tolist() == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize(
+    "columns, kwargs, match",
+    [
+        (
+            {"image": [b"a"], "y": [0]},
+            {},
+            r"has no column 'label' \(its columns: \['image', 'y'\]\)",
+        ),
+        ({"a": [b"a"], "b": [b"b"], "label": [0]}, {}, r"2 columns of image bytes \(a, b\)"),
+        ({"image": ["text"], "label": [0]}, {}, "column 'image' .* is string, not encoded images"),
+        (
+            {"image": [b"a", b"b"], "label": [0, -1]},
+            {},
+            "Row 1 .* label -1, which is no class .*unlabelled",
+        ),
+        ({"image": [b"a"], "label": [None]}, {}, "Row 0 .* has no 'label' label"),
+        ({"image": [b"a"], "label": [0.5]}, {}, "'label' column .* is double"),
+        ({"image": [b"a"], "label": [0]}, {"image_key": "img"}, "has no column 'img'"),
+    ],
+)
+def test_parquet_column_errors_are_one_line(tmp_path, columns, kwargs, match):
+    _table(tmp_path / "t.parquet", columns)
+    with pytest.raises(TableError, match=match) as info:
+        open_source(f"parquet:{tmp_path}/t.parquet", **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_rows_without_image_bytes_say_where_the_image_is(tmp_path):
+    rows = {"image": [{"bytes": b"a", "path": None}, {"bytes": None, "path": "x.jpg"}, None]}
+    schema = hf_image_schema(["a", "b"])
+    _table(tmp_path / "t.parquet", rows | {"label": [0, 1, 1]}, schema=schema)
+    src = open_source(f"parquet:{tmp_path}/t.parquet")
+    first, second, third = src.archive.read(src.root, [0, 1, 2], {})
+    assert first == bytearray(b"a") and isinstance(second, LookupError)
+    assert str(second) == "the row holds no image bytes (it refers to 'x.jpg' instead)"
+    assert str(third) == "the row holds no image bytes"  # no image at all
+
+
+def test_class_label_out_of_range_is_refused(tmp_path):
+    rows = {"image": [{"bytes": b"a", "path": None}], "label": [2]}
+    _table(tmp_path / "t.parquet", rows, schema=hf_image_schema(["a", "b"]))
+    with pytest.raises(TableError, match="label 2, which is no class; the classes are 0..1"):
+        open_source(f"parquet:{tmp_path}/t.parquet")
+
+
+def test_dataset_folders_with_several_splits_ask_for_one(tmp_path):
+    (tmp_path / "data").mkdir()
+    for split in ("train", "test"):
+        name = f"{split}-00000-of-00001.parquet"
+        _table(tmp_path / "data" / name, {"image": [b"a"], "label": [0]})
+    match = r"holds the splits \['test', 'train'\]; read one, e.g. parquet:.*/data/train\*.parquet"
+    with pytest.raises(TableError, match=match):
+        open_source(f"parquet:{tmp_path}")
+    assert len(open_source(f"parquet:{tmp_path}/data/train*.parquet")) == 1
+
+
+def _arrow_stream(path, table, batch_rows):
+    with pa.ipc.new_stream(path, table.schema) as sink:
+        for batch in table.to_batches(max_chunksize=batch_rows):
+            sink.write_batch(batch)
+
+
+def test_save_to_disk_folders_read_their_arrow_streams(data, stores, tmp_path):
+    # Dataset.save_to_disk: data-*.arrow (IPC streams) listed in state.json.
+    table = pq.read_table(data / "hf" / "data" / "train-00000-of-00001.parquet")
+    _arrow_stream(tmp_path / "data-00000-of-00002.arrow", table.slice(0, 7).combine_chunks(), 3)
+    _arrow_stream(tmp_path / "data-00001-of-00002.arrow", table.slice(7).combine_chunks(), 3)
+    files = [{"filename": f"data-0000{k}-of-00002.arrow"} for k in range(2)]
+    (tmp_path / "state.json").write_text(json.dumps({"_data_files": files}))
+    src = open_source(f"parquet:{tmp_path}")
+    assert (
+        src.class_names == ["cat", "dog"]
+        and src.archive.unit.tolist() == [0] * 3 + [1] * 3 + [2] + [3] * 3 + [4] * 2
+    )
+    out = extract_features(f"parquet:{tmp_path}", BACKBONE, tmp_path / "a.h5", **FAST)
+    arrow, parquet = (
+        load_features(out, in_memory=True),
+        load_features(stores["parquet"], in_memory=True),
+    )
+    np.testing.assert_array_equal(arrow.features, parquet.features)
+    assert len(arrow.failures) == 2
+    (tmp_path / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    with pytest.raises(
+        TableError, match=r"splits \['train', 'test'\] of a DatasetDict; give one .*train"
+    ):
+        open_source(f"parquet:{tmp_path}")
+
+
+# --- stores made from shards ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["webdataset", "parquet"])
+def test_stores_equal_the_folder_store_of_the_same_images(stores, kind):
+    folder, other = (load_features(stores[k], in_memory=True) for k in ("folder", kind))
+    np.testing.assert_array_equal(other.features, folder.features)  # same bytes, same batches
+    np.testing.assert_array_equal(other.labels, folder.labels)
+    np.testing.assert_array_equal(other.rows, folder.rows)
+    kinds = [[reason.split(":")[0] for _, reason in s.failures] for s in (other, folder)]
+    assert kinds[0] == kinds[1] and len(kinds[0]) == 2  # the corrupt and the truncated image
+    with h5py.File(stores[kind], "r") as f, h5py.File(stores["folder"], "r") as g:
+        np.testing.assert_array_equal(f["content_sha256"][:], g["content_sha256"][:])
+        assert json.loads(f.attrs["source_options"])["label_key"] in ("cls", "label")
+        assert "source_options" not in g.attrs
+
+
+def test_worker_processes_give_the_same_store(data, stores, tmp_path):
+    # Each worker opens the files of its blocks and keeps its own place in a row group.
+    kwargs = FAST | dict(num_workers=2)
+    out = extract_features(_source(data, "parquet"), BACKBONE, tmp_path / "w.h5", **kwargs)
+    assert out.read_bytes() == stores["parquet"].read_bytes()
+
+
+def test_tensor_decoding_reads_jpeg_samples_undecoded(data, stores, tmp_path):
+    # The default on CUDA: JPEG members leave the workers as bytes, decoded on the device.
+    out = extract_features(
+        _source(data, "webdataset"), BACKBONE, tmp_path / "t.h5", decode="tensor", **FAST
+    )
+    tensor, pil = load_features(out, in_memory=True), load_features(stores["webdataset"], True)
+    assert tensor.metadata["preprocessing"]["decode"] == "tensor"
+    assert [p for p, _ in tensor.failures] == [p for p, _ in pil.failures]
+    np.testing.assert_allclose(
+        tensor.features, pil.features, atol=0.05 * np.abs(pil.features).max()
+    )
+
+
+def test_webdataset_store_keeps_keys_as_paths(stores):
+    loaded = load_features(stores["webdataset"])
+    assert "cat/alpha" in loaded.paths and "cat/corrupt" in dict(loaded.failures)
+    assert loaded.metadata["source_files"].keys() == {"00000.tar", "00001.tar", "00002.tar"}
+
+
+@pytest.mark.parametrize("kind", ["webdataset", "parquet"])
+def test_ranks_take_whole_shards_and_merge_in_source_order(data, stores, tmp_path, kind):
+    source = _source(data, kind)
+    out = tmp_path / "m.h5"
+    shards = [extract_features(source, BACKBONE, out, rank=r, world_size=2, **FAST) for r in (0, 1)]
+    with h5py.File(shards[0], "r") as f0, h5py.File(shards[1], "r") as f1:
+        # Units (tar shards / row groups of 5 rows) 0 and 2 to rank 0, unit 1 to rank 1.
+        assert f0["indices"][:].tolist() == [0, 1, 2, 3, 4, 10, 11]
+        assert f1["indices"][:].tolist() == [5, 6, 7, 8, 9]
+    merge_shards(shards[::-1], out)
+    merged, single = load_features(out, in_memory=True), load_features(stores[kind], in_memory=True)
+    assert merged.paths == single.paths and merged.failures == single.failures
+    # Other batches than the single run's: equal up to float rounding.
+    np.testing.assert_allclose(merged.features, single.features, rtol=1e-5, atol=1e-6)
+    assert shard_path(out, 1, 2) == shards[1]
+
+
+@pytest.mark.parametrize("kind", ["webdataset", "parquet"])
+def test_resume_reads_only_the_rows_still_pending(data, stores, tmp_path, monkeypatch, kind):
+    source = _source(data, kind)
+    out = tmp_path / "f.h5"
+    out.write_bytes(stores[kind].read_bytes())
+    with h5py.File(out, "r+") as f:
+        f["status"][4:8] = PENDING  # block 1 of 3 (batch size 4) was not done
+    read = []
+    archive_type = type(open_source(source).archive)
+    original = archive_type.read_file
+
+    def counting(self, path, f, items, state):
+        read.extend(items)
+        return original(self, path, f, items, state)
+
+    monkeypatch.setattr(archive_type, "read_file", counting)
+    extract_features(source, BACKBONE, out, **FAST)
+    assert read == [4, 5, 6, 7]
+    assert out.read_bytes() == stores[kind].read_bytes()
+
+
+def _copy(src, dst):
+    dst.mkdir(parents=True, exist_ok=True)
+    for shard in sorted(src.glob("*.tar")):
+        (dst / shard.name).write_bytes(shard.read_bytes())
+        os.utime(dst / shard.name, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns))
+    return dst
+
+
+def test_another_shard_set_is_refused_naming_the_first_difference(data, tmp_path):
+    shards = _copy(data / "wds", tmp_path / "wds")
+    out = extract_features(
+        f"webdataset:{shards}/{{00000..00001}}.tar", BACKBONE, tmp_path / "f.h5", **FAST
+    )
+
+    def refused(pattern, **kwargs):
+        with pytest.raises(ProvenanceError) as info:
+            extract_features(f"webdataset:{pattern}", BACKBONE, out, **FAST, **kwargs)
+        assert "\n" not in str(info.value) and "--force" in str(info.value)
+        return str(info.value)
+
+    more = refused(f"{shards}/{{00000..00002}}.tar")
+    assert f"made from 2 files, the request reads 3: '{shards}/00002.tar' is new" in more
+    other = refused(f"{shards}/00000.tar::{shards}/00002.tar")
+    assert "file 2 of the source is '00001.tar' in the store, '00002.tar' in the request" in other
+    key = refused(f"{shards}/{{00000..00001}}.tar", label_key="json.label")
+    assert "source_options.label_key: file has 'cls', request has 'json.label'" in key
+    # The same shard written again: another size, or the same size at another time.
+    (shards / "00001.tar").write_bytes((shards / "00001.tar").read_bytes() + bytes(10240))
+    changed = refused(f"{shards}/{{00000..00001}}.tar")
+    assert f"'{shards}/00001.tar' is not the file the store was made from" in changed
+    assert "bytes now" in changed
+
+
+def test_a_shard_changed_during_the_run_gives_failed_rows(data, tmp_path):
+    shards = _copy(data / "wds", tmp_path / "wds")
+    src = open_source(f"webdataset:{shards}/*.tar")
+    (shards / "00001.tar").write_bytes((shards / "00002.tar").read_bytes())
+    read = src.archive.read(src.root, [0, 5, 6], {})
+    assert isinstance(read[0], bytearray)
+    assert all(
+        isinstance(r, OSError) and "00001.tar is not the file listed" in str(r) for r in read[1:]
+    )
+
+
+# --- memory --------------------------------------------------------------------------
+
+
+def _blocks(src, size=8):
+    state = {}
+    for lo in range(0, len(src), size):
+        yield src.archive.read(src.root, list(range(lo, min(lo + size, len(src)))), state)
+    if state.get("cursor") is not None:
+        state["cursor"].close()
+
+
+def test_parquet_reading_streams_within_a_row_group(tmp_path):
+    rng = np.random.default_rng(0)
+    images = [rng.bytes(12_000) for _ in range(1024)]  # 12 MB in one row group
+    path = _table(
+        tmp_path / "big.parquet",
+        {"image": pa.array(images, pa.binary()), "label": np.arange(1024) % 4},
+        row_group_size=1 << 20,
+        write_batch_size=16,
+        data_page_size=1 << 16,
+    )
+    assert pq.ParquetFile(path).metadata.num_row_groups == 1
+    default = pa.default_memory_pool()
+    pool = pa.proxy_memory_pool(default)
+    pa.set_memory_pool(pool)
+    try:
+        src = open_source(f"parquet:{path}")
+        read = [bytes(b) for block in _blocks(src) for b in block]
+        gc.collect()
+        peak, left = pool.max_memory(), pool.bytes_allocated()
+    finally:
+        pa.set_memory_pool(default)
+    assert read == images
+    # A record batch of 64 rows and the read buffers, not the row group (12 MB).
+    assert 0 < peak < os.path.getsize(path) / 4 and left == 0
+
+
+def test_tar_reading_holds_one_block(tmp_path):
+    rng = np.random.default_rng(0)
+    images = [rng.bytes(12_000) for _ in range(512)]
+    samples = [{"__key__": f"{k:04d}", "jpg": img, "cls": 0} for k, img in enumerate(images)]
+    _write_shard(tmp_path / "s.tar", samples)
+    src = open_source(f"webdataset:{tmp_path}/s.tar")
+    tracemalloc.start()
+    try:
+        n_read = 0
+        for block in _blocks(src):
+            assert [bytes(b) for b in block] == images[n_read : n_read + len(block)]
+            n_read += len(block)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert n_read == 512 and peak < 12_000 * 8 * 4  # a few blocks of 8, not 6 MB of samples
