@@ -2,11 +2,14 @@
 
 The same synthetic features as bench_fit.py, the same Cs and the same folds for every
 search; the table prints each search's fit time, its speed-up over LogisticRegressionCV,
-the C it chose and the refitted model's test accuracy. With CUDA present, MR² also runs on
-the GPU. ``--json PATH`` writes the rows.
+the C it chose and the refitted model's test accuracy. MR² runs twice: as the estimator
+chooses to solve the folds (one batched problem, or fold by fold), then the other way. With
+CUDA present, MR² also runs on the GPU, both ways. ``--json PATH`` writes the rows.
 
     python benchmarks/bench_cv.py                                    # 50,000 × 768, 100 classes
     python benchmarks/bench_cv.py --n-samples 5000 --n-classes 20    # quick look
+    python benchmarks/bench_cv.py --skip lrcv --skip grid            # MR² alone, both ways
+    python benchmarks/bench_cv.py --skip lrcv --skip grid --skip cpu # the GPU rows alone
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ class FoldByFold(MR2LinearClassifierCV):
     _batch_folds = False
 
 
+class Batched(MR2LinearClassifierCV):
+    """The search with the folds always solved as one batched problem."""
+
+    _batch_folds = True
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-samples", type=int, default=50_000)
@@ -43,7 +52,11 @@ def main(argv=None):
     parser.add_argument("--max-iter", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--skip", action="append", default=[], choices=("grid",), help="leave a peer out"
+        "--skip",
+        action="append",
+        default=[],
+        choices=("grid", "lrcv", "cpu"),
+        help="leave a peer out (speed-ups are then against the first row)",
     )
     parser.add_argument("--json", help="write the rows to this JSON file")
     args = parser.parse_args(argv)
@@ -58,8 +71,9 @@ def main(argv=None):
     Cs = np.logspace(-4, 4, args.n_Cs)
     folds = list(StratifiedKFold(args.folds, shuffle=True, random_state=0).split(X, y))
     common = dict(tol=1e-4, max_iter=args.max_iter)
-    models = {
-        "LogisticRegressionCV(n_jobs=-1)": LogisticRegressionCV(
+    models = {}
+    if "lrcv" not in args.skip:
+        models["LogisticRegressionCV(n_jobs=-1)"] = LogisticRegressionCV(
             Cs=Cs,
             cv=folds,
             n_jobs=-1,
@@ -67,14 +81,15 @@ def main(argv=None):
             scoring="accuracy",
             use_legacy_attributes=False,
             **common,
-        ),
-        "MR2LinearClassifierCV cpu": MR2LinearClassifierCV(
-            Cs, cv=folds, c_bar=None, device="cpu", **common
-        ),
-        "MR2LinearClassifierCV cpu, fold by fold": FoldByFold(
-            Cs, cv=folds, c_bar=None, device="cpu", **common
-        ),
-    }
+        )
+    if "cpu" not in args.skip:
+        # The estimator's own choice first, then the other way of solving the folds.
+        batched = args.folds * args.n_classes <= MR2LinearClassifierCV._BATCH_MAX_COLUMNS_CPU
+        ways = [("batched", Batched), ("fold by fold", FoldByFold)]
+        for way, cls in ways if batched else ways[::-1]:
+            models[f"MR2LinearClassifierCV cpu, {way}"] = cls(
+                Cs, cv=folds, c_bar=None, device="cpu", **common
+            )
     if "grid" not in args.skip:
         models["GridSearchCV(LogisticRegression)"] = GridSearchCV(
             LogisticRegression(**common), {"C": Cs}, cv=folds, n_jobs=-1
@@ -87,6 +102,8 @@ def main(argv=None):
             models[f"MR2LinearClassifierCV cuda {dtype}, fold by fold"] = FoldByFold(
                 Cs, cv=folds, c_bar=None, device="cuda", **common
             )
+    if not models:
+        parser.error("every search was skipped (the GPU rows need CUDA)")
     # Warm up torch's lazy initialisation so that it is not billed to the first search.
     timed_fit(MR2LinearClassifier(max_iter=2, device="cpu"), X[:500], y[:500])
     rows = []
