@@ -298,3 +298,23 @@ def test_a_batched_fold_short_of_tol_warns_as_a_fit_does(monkeypatch):
         cv = MR2LinearClassifierCV(Cs=[1.0], cv=3, tol=1e-10, max_iter=3, device="cpu").fit(X, y)
     assert calls == [3]
     assert (cv.n_iter_ == 3).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("batch_folds", [True, False])
+def test_cuda_search_chooses_as_the_cpu_one(batch_folds, monkeypatch):
+    """On a GPU the folds are batched by default; either way the choice is the CPU's."""
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16).astype(np.float32)
+    params = dict(Cs=[0.01, 0.1, 1.0, 10.0], cv=3, tol=1e-5, max_iter=500, c_bar=None)
+    calls = _spy_batched(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        cpu = MR2LinearClassifierCV(device="cpu", **params).fit(X, y)
+        monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+        calls.clear()
+        gpu = MR2LinearClassifierCV(device="cuda", **params).fit(X, y)
+    assert len(calls) == (4 if batch_folds else 0)
+    assert gpu.C_ == cpu.C_
+    np.testing.assert_allclose(gpu.scores_[0], cpu.scores_[0], atol=0.01)
+    assert np.mean(gpu.predict(X) == cpu.predict(X)) > 0.99
