@@ -4,14 +4,17 @@ The folds of a search share X; each is the same objective on its own training ro
 the B folds' weights are stacked, (B, K, d), and every evaluation multiplies X once by all
 of them (an N × d by d × B·K product, instead of B products of about N·(B−1)/B rows by K
 columns): the features are read once per evaluation, and a GPU gets one large product
-instead of B small ones. Held-out rows take part with weight zero, so nothing is copied.
+instead of B small ones. Held-out rows take part with weight zero, so the training rows are
+not copied (the held-out rows are, once, for scoring).
 
 The solver is L-BFGS run in lock-step over the folds: the same two-loop recursion per fold
-(batched over folds), a backtracking line search on the sufficient-decrease condition that
-re-evaluates only the folds whose trial step failed, and per-fold stopping, with a fold
-leaving the batch as soon as it stops. Its stopping rule is the full-batch solver's
+(batched over folds), a line search for the weak Wolfe conditions by bracketing that
+re-evaluates only the folds still searching, and per-fold stopping, with a fold leaving
+the batch as soon as it stops. Its stopping tests are the full-batch solver's
 (:func:`~mr2_probe._solvers.fit_lbfgs`): the largest gradient entry, in the coordinates with
-the intercept re-parametrised around the fold's weighted feature mean, at most ``tol``.
+the intercept re-parametrised around the fold's weighted feature mean, at most ``tol``;
+max_iter; 4·max_iter evaluations; no further decrease. Its iterations differ from torch's
+strong-Wolfe L-BFGS, so ``n_iter_`` does too, and solutions agree to the tolerance.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ._classifier import _overflow_message
 from ._data import block_rows
 from ._path import Step, class_accuracy, predictor_step
 
@@ -35,27 +39,32 @@ class FoldBatch:
 
     ``weight`` (B, N) is each fold's sample weight (zero off its training rows),
     ``inv_gamma`` (B, K) each fold's inverse margins, ``center`` (B, d) each fold's weighted
-    feature mean (the intercept's re-parametrisation).
+    feature mean (the intercept's re-parametrisation), or None without an intercept.
     """
 
     X: torch.Tensor
     y: torch.Tensor
     weight: torch.Tensor
     inv_gamma: torch.Tensor
-    center: torch.Tensor
+    center: torch.Tensor | None
     n_classes: int
     weight_sum: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.weight_sum = self.weight.sum(1)  # (B,)
+        # S in float64, as fit_lbfgs takes it, then in the data's dtype.
+        self.weight_sum = self.weight.sum(1, dtype=torch.float64).to(self.weight.dtype)
 
     @property
     def n_folds(self) -> int:
         return self.weight.shape[0]
 
     @property
+    def fit_intercept(self) -> bool:
+        return self.center is not None
+
+    @property
     def n_params(self) -> int:
-        return self.n_classes * (self.X.shape[1] + 1)
+        return self.n_classes * (self.X.shape[1] + self.fit_intercept)
 
     @torch.no_grad()
     def evaluate(
@@ -63,13 +72,17 @@ class FoldBatch:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Objective and gradient of the folds ``folds`` (A,) at ``params`` (A, K·(d+1)).
 
-        ``params`` holds each fold's W (K, d) flattened, then its intercept b' (K,) in the
-        centred coordinates: the logits are W·(x − m) + b'. The objective is fit_lbfgs's,
-        (1/S) Σ_i w_i CE(z_i / γ_{y_i}, y_i) + ½‖W‖² / (C·S).
+        ``params`` holds each fold's W (K, d) flattened, then (with an intercept) its
+        intercept b' (K,) in the centred coordinates: the logits are W·(x − m) + b'. The
+        objective is fit_lbfgs's, (1/S) Σ_i w_i CE(z_i / γ_{y_i}, y_i) + ½‖W‖² / (C·S).
+        Held-out rows (weight zero) are masked, not multiplied by zero, so that an overflow
+        on them cannot turn the fold's sums into NaN.
         """
         n_folds, (n, d), k = len(folds), self.X.shape, self.n_classes
         weight = params[:, : k * d].view(n_folds, k, d)
-        bias = params[:, k * d :] - torch.einsum("akd,ad->ak", weight, self.center[folds])
+        bias = None
+        if self.fit_intercept:
+            bias = params[:, k * d :] - torch.einsum("akd,ad->ak", weight, self.center[folds])
         w, inv_gamma = self.weight[folds], self.inv_gamma[folds]  # (A, N), (A, K)
         stacked = weight.reshape(n_folds * k, d)
         loss = params.new_zeros(n_folds)
@@ -79,29 +92,38 @@ class FoldBatch:
         for start in range(0, n, rows):
             x, y = self.X[start : start + rows], self.y[start : start + rows]
             b = len(y)
-            z = torch.addmm(bias.reshape(-1), x, stacked.T).view(b, n_folds, k)
+            z = x @ stacked.T if bias is None else torch.addmm(bias.reshape(-1), x, stacked.T)
+            z = z.view(b, n_folds, k)
             scale = inv_gamma[:, y].T  # (b, A): 1/γ_{y_i} in each fold
             z.mul_(scale[:, :, None])
             lse = torch.logsumexp(z, dim=2)  # (b, A)
             target = y[:, None, None].expand(b, n_folds, 1)
             sw = w[:, start : start + b].T  # (b, A)
-            loss += ((lse - z.gather(2, target).squeeze(2)) * sw).sum(0)
+            held_out = sw == 0
+            loss += ((lse - z.gather(2, target).squeeze(2)) * sw).masked_fill_(held_out, 0).sum(0)
             z.sub_(lse[:, :, None]).exp_()
             z.scatter_add_(2, target, -torch.ones_like(z[:, :, :1]))  # p − onehot
-            z.mul_((sw * scale)[:, :, None])
+            z.mul_((sw * scale)[:, :, None]).masked_fill_(held_out[:, :, None], 0)
             grad_w.addmm_(z.view(b, n_folds * k).T, x)
             grad_b += z.sum(0)
-        grad_w = grad_w.view(n_folds, k, d) - grad_b[:, :, None] * self.center[folds][:, None, :]
+        grad_w = grad_w.view(n_folds, k, d)
+        if self.fit_intercept:
+            grad_w -= grad_b[:, :, None] * self.center[folds][:, None, :]
         total = self.weight_sum[folds]
         reg = 1.0 / (C * total)  # (A,)
         loss = loss / total + 0.5 * reg * weight.square().sum((1, 2))
         grad_w = grad_w / total[:, None, None] + reg[:, None, None] * weight
-        return loss, torch.cat([grad_w.reshape(n_folds, -1), grad_b / total[:, None]], dim=1)
+        grads = [grad_w.reshape(n_folds, -1)]
+        if self.fit_intercept:
+            grads.append(grad_b / total[:, None])
+        return loss, torch.cat(grads, dim=1)
 
-    def coefficients(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """coef (B, K, d) and intercept (B, K) in the original coordinates."""
+    def coefficients(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """coef (B, K, d) and intercept (B, K) in the original coordinates (None without)."""
         k, d = self.n_classes, self.X.shape[1]
         weight = params[:, : k * d].view(-1, k, d)
+        if not self.fit_intercept:
+            return weight, None
         bias = params[:, k * d :] - torch.einsum("bkd,bd->bk", weight, self.center)
         return weight, bias
 
@@ -109,7 +131,7 @@ class FoldBatch:
 @dataclass
 class BatchResult:
     n_iter: np.ndarray  # (B,)
-    stop: list  # per fold: "tol", "max_iter" or "stalled"
+    stop: list  # per fold: "tol", "max_iter", "max_eval" or "stalled", as fit_lbfgs
     largest_gradient: np.ndarray  # (B,)
 
 
@@ -123,7 +145,15 @@ def lbfgs_batched(
     tol: float,
     history: int = 10,
 ) -> BatchResult:
-    """Minimise every fold's objective from ``params`` (B, P), updated in place."""
+    """Minimise every fold's objective from ``params`` (B, P), updated in place.
+
+    Stops a fold as fit_lbfgs does: ``"tol"`` (largest gradient entry at most tol),
+    ``"max_iter"``, ``"max_eval"`` (4·max_iter evaluations of that fold), or ``"stalled"``
+    (no decrease the line search can find, or a change of the objective below scipy's
+    ftol). NaN counts as failing every test, so a fold that meets one never stops as
+    converged. Unlike torch's L-BFGS, a pair with sᵀy ≤ 10⁻¹⁰ is not skipped but
+    leaves its slot empty (the folds share one ring of slots).
+    """
     n_folds, n_params = params.shape
     device = params.device
     s_hist = params.new_zeros(n_folds, history, n_params)
@@ -131,14 +161,15 @@ def lbfgs_batched(
     rho = params.new_zeros(n_folds, history)  # 0 marks an empty or rejected pair
     h0 = params.new_ones(n_folds)  # the initial inverse Hessian's scale, sᵀy / yᵀy
     n_iter = np.zeros(n_folds, dtype=int)
+    evals = np.ones(n_folds, dtype=int)
     stop = ["tol"] * n_folds
     everyone = torch.arange(n_folds, device=device)
     value, grad = batch.evaluate(params, everyone, C)
     largest = grad.abs().amax(1)
-    active = [f for f, g in enumerate(largest.tolist()) if g > tol]
+    active = [f for f, done in enumerate((largest <= tol).tolist()) if not done]
+    a = torch.tensor(active, device=device)
     slot = 0
     while active:
-        a = torch.tensor(active, device=device)
         g = grad[a]
         # Two-loop recursion, newest pair first; empty pairs (ρ = 0) change nothing.
         q = -g
@@ -151,38 +182,48 @@ def lbfgs_batched(
         for i in reversed(order):
             beta = rho[a, i] * (y_hist[a, i] * direction).sum(1)
             direction += (alphas[i] - beta)[:, None] * s_hist[a, i]
+        # A direction that is not downhill (a stale memory) restarts that fold from −g.
+        uphill = ~((g * direction).sum(1) < 0)
+        direction = torch.where(uphill[:, None], -g, direction)
+        rho[a] = torch.where(uphill[:, None], 0, rho[a])
         slope = (g * direction).sum(1)
-        uphill = slope >= 0  # a stale memory: restart that fold from the gradient
-        if bool(uphill.any()):
-            direction[uphill] = -g[uphill]
-            slope = (g * direction).sum(1)
-            rho[a[uphill]] = 0
-        first = torch.as_tensor(n_iter[active] == 0, device=device)
-        # The first step of a cold start as torch's L-BFGS takes it: min(1, 1/‖g‖₁).
-        step = torch.where(first, (1.0 / g.abs().sum(1)).clamp(max=1.0), torch.ones_like(slope))
+        # The first step of the cold start as torch's L-BFGS takes it: min(1, 1/‖g‖₁).
+        step = torch.ones_like(slope)
+        if slot == 0 and not n_iter.any():
+            step = (1.0 / g.abs().sum(1)).clamp(max=1.0)
         start = params[a]
         trial_value, trial_grad = batch.evaluate(start + step[:, None] * direction, a, C)
+        evals[active] += 1
         # Weak Wolfe conditions by bracketing: a step that fails sufficient decrease is too
         # long, one whose slope is still steep (below c₂ = 0.9 of the start's, as in
         # torch's strong-Wolfe search) too short; only the folds still searching are
-        # evaluated again.
+        # evaluated again. The last short step (``low``) meets sufficient decrease and is
+        # kept for a fold whose search runs out.
+        bound = value[a]
         low, high = torch.zeros_like(step), torch.full_like(step, float("inf"))
+        low_value, low_grad = trial_value.clone(), trial_grad.clone()
         for _ in range(_MAX_LINE_SEARCH):
-            long = trial_value > value[a] + 1e-4 * step * slope
+            long = ~(trial_value <= bound + 1e-4 * step * slope)  # NaN is too long
             short = ~long & ((trial_grad * direction).sum(1) < 0.9 * slope)
             searching = long | short
-            if not bool(searching.any()):
+            redo = searching.nonzero().squeeze(1)  # one synchronisation per evaluation
+            if not len(redo):
                 break
             high = torch.where(long, step, high)
             low = torch.where(short, step, low)
+            low_value = torch.where(short, trial_value, low_value)
+            low_grad = torch.where(short[:, None], trial_grad, low_grad)
             new = torch.where(torch.isinf(high), 2 * step, (low + high) / 2)
             step = torch.where(searching, new, step)
-            redo = searching.nonzero().squeeze(1)
             point = start[redo] + step[redo, None] * direction[redo]
             trial_value[redo], trial_grad[redo] = batch.evaluate(point, a[redo], C)
-        # A fold whose search ran out keeps a step that decreases the objective, if any.
-        failed = trial_value > value[a] + 1e-4 * step * slope
-        accepted = ~failed
+            evals[np.asarray(active)[redo.cpu().numpy()]] += 1
+        failed = ~(trial_value <= bound + 1e-4 * step * slope)
+        fallback = failed & (low > 0)
+        step = torch.where(fallback, low, step)
+        trial_value = torch.where(fallback, low_value, trial_value)
+        trial_grad = torch.where(fallback[:, None], low_grad, trial_grad)
+        accepted = ~failed | fallback
         s = step[:, None] * direction
         yv = trial_grad - g
         sy = (s * yv).sum(1)
@@ -192,28 +233,31 @@ def lbfgs_batched(
         rho[a, slot] = torch.where(keep, 1.0 / sy.where(keep, 1.0), 0)
         h0[a] = torch.where(keep, sy / (yv * yv).sum(1).where(keep, 1.0), h0[a])
         slot = (slot + 1) % history
-        previous = value[a]
         params[a] = torch.where(accepted[:, None], start + s, start)
-        value[a] = torch.where(accepted, trial_value, previous)
+        value[a] = torch.where(accepted, trial_value, bound)
         grad[a] = torch.where(accepted[:, None], trial_grad, g)
         largest[a] = grad[a].abs().amax(1)
-        # One host synchronisation per iteration: which folds stop.
-        change = (previous - value[a]).abs() <= _FTOL * torch.maximum(
-            torch.maximum(previous.abs(), value[a].abs()), torch.ones_like(previous)
+        change = (bound - value[a]).abs() <= _FTOL * torch.maximum(
+            torch.maximum(bound.abs(), value[a].abs()), torch.ones_like(bound)
         )
-        facts = torch.stack([largest[a] <= tol, ~accepted | change]).tolist()
+        # One more synchronisation per iteration: which folds stop.
+        met, stalled = torch.stack([largest[a] <= tol, ~accepted | change]).tolist()
         still = []
         for j, fold in enumerate(active):
             n_iter[fold] += 1
-            if facts[0][j]:
+            if met[j]:
                 stop[fold] = "tol"
-            elif facts[1][j]:
-                stop[fold] = "stalled"
             elif n_iter[fold] >= max_iter:
                 stop[fold] = "max_iter"
+            elif evals[fold] >= 4 * max_iter:
+                stop[fold] = "max_eval"
+            elif stalled[j]:
+                stop[fold] = "stalled"
             else:
                 still.append(fold)
-        active = still
+        if still != active:
+            active = still
+            a = torch.tensor(active, device=device)
     return BatchResult(np.maximum(n_iter, 1), stop, largest.cpu().numpy())
 
 
@@ -257,12 +301,19 @@ class BatchedPath:
             result = lbfgs_batched(
                 self.batch, self.params, float(value), max_iter=max_iter, tol=tol
             )
+            if not bool(torch.isfinite(self.params).all()):
+                what = "the fit produced non-finite coefficients"
+                raise ValueError(_overflow_message(what, self.params.dtype))
             coef, intercept = self.batch.coefficients(self.params)
             for f, (X_test, test) in enumerate(zip(self._X_tests, self.tests, strict=True)):
-                z = (torch.addmm(intercept[f], X_test, coef[f].T)).cpu().numpy()
+                z = X_test @ coef[f].T
+                full = coef[f].cpu().numpy()
+                if intercept is not None:
+                    z += intercept[f]
+                    full = np.hstack([full, intercept[f].cpu().numpy()[:, None]])
+                z = z.cpu().numpy()
                 y_test = self.y_index[test]
                 weight = None if self.score_weight is None else self.score_weight[test]
-                full = np.hstack([coef[f].cpu().numpy(), intercept[f].cpu().numpy()[:, None]])
                 self.paths[f].steps[float(value)] = Step(
                     full,
                     score(z, y_test, weight),

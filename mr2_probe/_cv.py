@@ -256,6 +256,12 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         labels = self.classes_[data.y_index]
         cv = check_cv(self.cv, labels, classifier=True)
         folds = list(cv.split(np.empty((len(labels), 0)), labels))
+        for f, (train, _) in enumerate(folds):
+            if not data.sample_weight[train].sum() > 0:
+                raise ValueError(
+                    f"The training rows of fold {f} have no sample weight: nothing can be fitted "
+                    "on them. Give their samples positive weights or use other folds."
+                )
         score = _Scorer(scorer, self.classes_)
         if self._batches_folds(data, solver, len(folds)):
             batched = self._batched_path(data, folds, score_weight)
@@ -350,7 +356,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             data.source.y,
             torch.stack(weights),
             torch.stack(inv_gamma),
-            torch.stack(centers),
+            torch.stack(centers) if self.fit_intercept else None,
             data.n_classes,
         )
         return BatchedPath(batch, [test for _, test in folds], data.y_index, score_weight)

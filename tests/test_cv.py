@@ -318,3 +318,60 @@ def test_cuda_search_chooses_as_the_cpu_one(batch_folds, monkeypatch):
     assert gpu.C_ == cpu.C_
     np.testing.assert_allclose(gpu.scores_[0], cpu.scores_[0], atol=0.01)
     assert np.mean(gpu.predict(X) == cpu.predict(X)) > 0.99
+
+
+def test_batched_folds_without_intercept_give_the_per_fold_path(monkeypatch):
+    X, y = load_iris(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    common = dict(Cs=[0.1, 1.0, 10.0], cv=3, fit_intercept=False, tol=1e-8, max_iter=1000)
+    calls = _spy_batched(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        batched = MR2LinearClassifierCV(device="cpu", **common).fit(X, y)
+        monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", False)
+        per_fold = MR2LinearClassifierCV(device="cpu", **common).fit(X, y)
+    assert calls == [3, 3, 3]
+    assert batched.coefs_paths_[0].shape == per_fold.coefs_paths_[0].shape == (3, 3, 4)
+    assert batched.C_ == per_fold.C_
+    np.testing.assert_allclose(batched.scores_[0], per_fold.scores_[0])
+    np.testing.assert_allclose(batched.coefs_paths_[0], per_fold.coefs_paths_[0], atol=1e-4)
+    assert (batched.intercept_ == 0).all()
+
+
+def test_a_fold_without_training_weight_is_refused():
+    X, y = _blobs()
+    weight = np.ones(len(y))
+    folds = _folds(y)
+    weight[folds[1][0]] = 0
+    with pytest.raises(ValueError, match="training rows of fold 1 have no sample weight"):
+        MR2LinearClassifierCV(Cs=[1.0], cv=folds, device="cpu").fit(X, y, sample_weight=weight)
+
+
+def test_batched_lbfgs_treats_a_nan_evaluation_as_a_step_too_long():
+    import torch
+
+    from mr2_probe._batched import FoldBatch, lbfgs_batched
+
+    X, y = _blobs(n_classes=3, n=90)
+    X = torch.as_tensor(StandardScaler().fit_transform(X))
+    y = torch.as_tensor(y)
+    weight = torch.ones(2, len(y), dtype=X.dtype)
+    weight[0, :30] = weight[1, 30:60] = 0
+    batch = FoldBatch(X, y, weight, torch.ones(2, 3, dtype=X.dtype), None, 3)
+    clean = X.new_zeros(2, batch.n_params)
+    expected = lbfgs_batched(batch, clean, 1.0, max_iter=200, tol=1e-6)
+    original, calls = batch.evaluate, []
+
+    def nan_once(params, folds, C):  # fold 0's third evaluation overflows
+        value, grad = original(params, folds, C)
+        calls.append(1)
+        if len(calls) == 3:
+            value[0], grad[0] = float("nan"), float("nan")
+        return value, grad
+
+    batch.evaluate = nan_once
+    params = X.new_zeros(2, batch.n_params)
+    result = lbfgs_batched(batch, params, 1.0, max_iter=200, tol=1e-6)
+    assert result.stop == expected.stop == ["tol", "tol"]
+    assert torch.isfinite(params).all()
+    torch.testing.assert_close(params, clean, atol=1e-4, rtol=0)
