@@ -52,7 +52,7 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
     statistics, which do not depend on C, are computed once per fold.
 
     For the linear head (more than two classes, ``lam=0``, no ``class_tilt``, data in
-    memory) on a GPU, or on a CPU with n_folds × n_classes ≤ 128, the folds are solved as
+    memory) on a GPU, or on a CPU with n_folds × n_classes ≤ 256, the folds are solved as
     one batched problem: every evaluation multiplies X once by all the folds' weights, the
     held-out rows taking part with weight zero, and L-BFGS runs in lock-step over the folds
     (each stopping on its own). Elsewhere each fold's path is solved on its own.
@@ -324,7 +324,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     # the folds' logits together stay narrow (n_folds × n_classes columns), where one
     # product over all rows reads X once instead of once per fold. ``_batch_folds``
     # overrides the choice where batching applies (False: fold by fold; True: batched).
-    _BATCH_MAX_COLUMNS_CPU = 128
+    _BATCH_MAX_COLUMNS_CPU = 256
     _batch_folds = None
 
     def _batches_folds(self, data, solver, n_folds) -> bool:
