@@ -26,7 +26,7 @@ import torch
 
 from ._classifier import _overflow_message
 from ._data import block_rows
-from ._path import Step, class_accuracy, predictor_step
+from ._path import Step, predictor_step
 
 # scipy's ftol as scikit-learn sets it (float64's even for float32 data), as in fit_lbfgs.
 _FTOL = 64 * float(np.finfo(np.float64).eps)
@@ -307,19 +307,15 @@ class BatchedPath:
             coef, intercept = self.batch.coefficients(self.params)
             for f, (X_test, test) in enumerate(zip(self._X_tests, self.tests, strict=True)):
                 z = X_test @ coef[f].T
-                full = coef[f].cpu().numpy()
+                bias = None
                 if intercept is not None:
                     z += intercept[f]
-                    full = np.hstack([full, intercept[f].cpu().numpy()[:, None]])
-                z = z.cpu().numpy()
-                y_test = self.y_index[test]
+                    bias = intercept[f].cpu().numpy()
                 weight = None if self.score_weight is None else self.score_weight[test]
-                self.paths[f].steps[float(value)] = Step(
-                    full,
-                    score(z, y_test, weight),
-                    int(result.n_iter[f]),
-                    class_accuracy(z.argmax(1), y_test, z.shape[1]),
-                )
+                self.paths[f].steps[float(value)] = Step.scored(
+                    z.cpu().numpy(), coef[f].cpu().numpy(), bias, result.n_iter[f],
+                    self.y_index[test], weight, score,
+                )  # fmt: skip
                 report(f, int(result.n_iter[f]), result.stop[f], float(result.largest_gradient[f]))
                 progress.update(1)
             self._previous = [*self._previous, (float(value), self.params.clone())][-2:]

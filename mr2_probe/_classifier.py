@@ -539,11 +539,14 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         fitted = [state["coef"], state["intercept"], to_numpy(result.margins)]
         if not all(np.isfinite(a).all() for a in fitted):
             raise ValueError(_overflow_message("the fit produced non-finite coefficients", dtype))
-        if not result.converged:
-            warnings.warn(
-                self._convergence_message(result, solver, dtype), ConvergenceWarning, stacklevel=4
-            )
+        self._warn_if_short(result, solver, dtype, stacklevel=5)
         return state
+
+    def _warn_if_short(self, result, solver, dtype, stacklevel):
+        """A ConvergenceWarning if the solver stopped short of ``tol``."""
+        if not result.converged:
+            message = self._convergence_message(result, solver, dtype)
+            warnings.warn(message, ConvergenceWarning, stacklevel=stacklevel)
 
     def _finish(self, head, result, solver, data):
         self._store(self._export(head, result, solver, data.dtype), result, solver, data.device)

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import warnings
 from numbers import Integral
 
 import numpy as np
 import torch
 from sklearn.base import _fit_context
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import check_scoring, get_scorer_names
 from sklearn.model_selection import check_cv
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -25,6 +23,7 @@ from ._data import H5Source, is_torch_tensor
 from ._device import to_numpy
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
 from ._solvers import SolverResult
+from ._stats import overall_mean
 from .metrics import classwise_scorers
 
 # The class-wise scorers of mr2_probe.metrics that ``scoring`` accepts by name.
@@ -350,7 +349,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             stats, margins = self._statistics(head, fold)[:2]
             weights.append(fold.source.w)
             inv_gamma.append(margins.reciprocal())
-            centers.append((stats.count[:, None] * stats.mean).sum(0) / stats.count.sum())
+            centers.append(overall_mean(stats))
         batch = FoldBatch(
             data.source.X,
             data.source.y,
@@ -363,11 +362,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
 
     def _report(self, solver, dtype, fold, n_iter, stop, largest):
         """A batched fold's solver outcome: warns as a fold's own fit would."""
-        if stop != "tol":
-            result = SolverResult(n_iter, False, largest_gradient=largest, stop=stop)
-            warnings.warn(
-                self._convergence_message(result, solver, dtype), ConvergenceWarning, stacklevel=2
-            )
+        result = SolverResult(n_iter, stop == "tol", largest_gradient=largest, stop=stop)
+        self._warn_if_short(result, solver, dtype, stacklevel=3)
 
     def _path_solver(self, solver):
         """The solve step of one value of the path (C, or the cosine head's scale)."""

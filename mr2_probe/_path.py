@@ -59,6 +59,14 @@ class Step:
     n_iter: int
     class_accuracy: np.ndarray  # (K,), NaN for classes absent from the held-out rows
 
+    @classmethod
+    def scored(cls, z, coef, intercept, n_iter, y_test, weight, score) -> Step:
+        """The step of a solution (coef, intercept or None) whose held-out logits are z."""
+        if intercept is not None:
+            coef = np.hstack([coef, intercept[:, None]])
+        accuracy = class_accuracy(z.argmax(1), y_test, z.shape[1])
+        return cls(coef, score(z, y_test, weight), int(n_iter), accuracy)
+
 
 @dataclass
 class FoldPath:
@@ -91,14 +99,9 @@ class FoldPath:
             result, state = solve(self.head, self.data, value, cold, self.initial)
             with torch.no_grad():
                 z = to_numpy(self.head.logits(self.head.features(self.X_test)))  # (B, K)
-            coef = state["coef"]
-            if self.head.bias is not None:
-                coef = np.hstack([coef, state["intercept"][:, None]])
-            self.steps[float(value)] = Step(
-                coef,
-                score(z, self.y_test, self.score_weight),
-                int(result.n_iter),
-                class_accuracy(z.argmax(1), self.y_test, z.shape[1]),
+            intercept = state["intercept"] if self.head.bias is not None else None
+            self.steps[float(value)] = Step.scored(
+                z, state["coef"], intercept, result.n_iter, self.y_test, self.score_weight, score
             )
             self._previous = [*self._previous, (float(value), self._params())][-2:]
             progress.update(1)

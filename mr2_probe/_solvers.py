@@ -31,7 +31,13 @@ from ._losses import (
     margin_cross_entropy,
     tilted_class_risk,
 )
-from ._stats import ClassStats, class_margins, class_statistics_chunked, mean_spread
+from ._stats import (
+    ClassStats,
+    class_margins,
+    class_statistics_chunked,
+    mean_spread,
+    overall_mean,
+)
 
 
 @dataclass
@@ -161,7 +167,7 @@ def fit_lbfgs(
     # but centred features condition it far better (embeddings have large common means).
     center = None
     if head.is_plain_linear and head.bias is not None:
-        center = (stats.count[:, None] * stats.mean).sum(0) / stats.count.sum()  # (d,)
+        center = overall_mean(stats)  # (d,)
         with torch.no_grad():
             head.bias += head.weight @ center
     params = [p for p in head.parameters()]

@@ -27,6 +27,11 @@ class ClassStats(NamedTuple):
     count: torch.Tensor
 
 
+def overall_mean(stats: ClassStats) -> torch.Tensor:
+    """The weighted mean of φ over all classes, Σ_k n_k μ_k / Σ_k n_k (d,)."""
+    return (stats.count[:, None] * stats.mean).sum(0) / stats.count.sum()
+
+
 def lp_norm_sq(v: torch.Tensor, p: float) -> torch.Tensor:
     """‖v‖_p² along the last dimension."""
     if p == 2:
