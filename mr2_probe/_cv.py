@@ -17,7 +17,7 @@ from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import _check_sample_weight
 from tqdm.auto import tqdm
 
-from ._batched import BatchedPath, FoldBatch
+from ._batched import BatchedPath, FoldBatch, HeldOut
 from ._classifier import MR2LinearClassifier, _class_stats
 from ._data import H5Source, is_torch_tensor
 from ._device import to_numpy
@@ -51,10 +51,13 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
     statistics, which do not depend on C, are computed once per fold.
 
     For the linear head (more than two classes, ``lam=0``, no ``class_tilt``, data in
-    memory) on a GPU, or on a CPU with n_folds × n_classes ≤ 256, the folds are solved as
-    one batched problem: every evaluation multiplies X once by all the folds' weights, the
-    held-out rows taking part with weight zero, and L-BFGS runs in lock-step over the folds
-    (each stopping on its own). Elsewhere each fold's path is solved on its own.
+    memory) each fold's L-BFGS keeps its memory from one C to the next, corrected for the
+    change of penalty, which is exact for the L2 penalty: each C then starts from the last
+    solution with the curvature measured so far. On a GPU, or on a CPU with n_folds ×
+    n_classes ≤ 256, the folds are also solved as one batched problem: every evaluation
+    multiplies X once by all the folds' weights, the held-out rows taking part with weight
+    zero, and L-BFGS runs in lock-step over the folds (each stopping on its own).
+    Elsewhere each fold's path is solved on its own.
 
     Parameters
     ----------
@@ -262,15 +265,18 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                     "on them. Give their samples positive weights or use other folds."
                 )
         score = _Scorer(scorer, self.classes_)
-        if self._batches_folds(data, solver, len(folds)):
-            batched = self._batched_path(data, folds, score_weight)
-            paths = batched.paths
+        if self._batches_folds(data, solver):
+            groups = self._batched_paths(data, folds, score_weight)
+            paths = [path for group in groups for path in group.paths]
+            report = functools.partial(self._report, solver, data.dtype)
 
             def run(new, bar):
-                batched.run(
-                    new, score, bar, max_iter=self.max_iter, tol=self.tol,
-                    report=functools.partial(self._report, solver, data.dtype),
-                )  # fmt: skip
+                Parallel(n_jobs=self.n_jobs, prefer="threads")(
+                    delayed(group.run)(
+                        new, score, bar, max_iter=self.max_iter, tol=self.tol, report=report
+                    )
+                    for group in groups
+                )
         else:
             paths = [self._fold_path(data, train, test, score_weight) for train, test in folds]
 
@@ -319,17 +325,19 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         weight = None if score_weight is None else score_weight[test]
         return FoldPath(fold, data.rows(test), data.y_index[test], weight, head, initial)
 
-    # Folds solved as one batched problem (see _batched.py): on a GPU, and on a CPU while
-    # the folds' logits together stay narrow (n_folds × n_classes columns), where one
-    # product over all rows reads X once instead of once per fold. ``_batch_folds``
-    # overrides the choice where batching applies (False: fold by fold; True: batched).
+    # The plain linear head's folds are solved by the batched L-BFGS of _batched.py, with
+    # its memory carried along the path. On a GPU, and on a CPU while the folds' logits
+    # together stay narrow (n_folds × n_classes columns), all folds form one batch: one
+    # product over all rows reads X once instead of once per fold. Elsewhere each fold is a
+    # batch of one, on its own training rows. ``_batch_folds`` overrides the choice (True:
+    # one batch; False: one per fold).
     _BATCH_MAX_COLUMNS_CPU = 256
     _batch_folds = None
 
-    def _batches_folds(self, data, solver, n_folds) -> bool:
-        """Whether the folds run as one batched problem: a plain linear head (more than
-        two classes, no projection, no tilt) by L-BFGS on in-memory data."""
-        plain = (
+    def _batches_folds(self, data, solver) -> bool:
+        """Whether the folds' paths run on the batched L-BFGS: a plain linear head (more
+        than two classes, no projection, no tilt) by L-BFGS on in-memory data."""
+        return (
             self.head == "linear"
             and data.n_classes > 2
             and solver == "lbfgs"
@@ -337,30 +345,43 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             and self.class_tilt == 0
             and not isinstance(data.source, H5Source)  # in memory
         )
-        if not plain or self._batch_folds is not None:
-            return plain and bool(self._batch_folds)
+
+    def _one_batch(self, data, n_folds) -> bool:
+        if self._batch_folds is not None:
+            return bool(self._batch_folds)
         return data.device.type == "cuda" or n_folds * data.n_classes <= self._BATCH_MAX_COLUMNS_CPU
 
-    def _batched_path(self, data, folds, score_weight):
-        weights, inv_gamma, centers = [], [], []
-        for train, _ in folds:
-            fold = data.masked(train)
-            head = self._new_head(fold)
-            stats, margins = self._statistics(head, fold)[:2]
-            weights.append(fold.source.w)
-            inv_gamma.append(margins.reciprocal())
-            centers.append(overall_mean(stats))
-        batch = FoldBatch(
-            data.source.X,
-            data.source.y,
-            torch.stack(weights),
-            torch.stack(inv_gamma),
-            torch.stack(centers) if self.fit_intercept else None,
-            data.n_classes,
-        )
-        return BatchedPath(batch, [test for _, test in folds], data.y_index, score_weight)
+    def _batched_paths(self, data, folds, score_weight) -> list[BatchedPath]:
+        """One :class:`BatchedPath` of all folds (held-out rows weighted zero), or one per
+        fold on its own training rows."""
 
-    def _report(self, solver, dtype, fold, n_iter, stop, largest):
+        def held_out(test):
+            weight = None if score_weight is None else score_weight[test]
+            return HeldOut(data.rows(test), data.y_index[test], weight)
+
+        def batch(fold_data):
+            """The FoldBatch of the folds ``fold_data`` (FitData) that share one X."""
+            inv_gamma, centers = [], []
+            for fold in fold_data:
+                stats, margins = self._statistics(self._new_head(fold), fold)[:2]
+                inv_gamma.append(margins.reciprocal())
+                centers.append(overall_mean(stats))
+            source = fold_data[0].source
+            return FoldBatch(
+                source.X,
+                source.y,
+                torch.stack([fold.source.w for fold in fold_data]),
+                torch.stack(inv_gamma),
+                torch.stack(centers) if self.fit_intercept else None,
+                data.n_classes,
+            )
+
+        if self._one_batch(data, len(folds)):
+            fold_batch = batch([data.masked(train) for train, _ in folds])
+            return [BatchedPath(fold_batch, [held_out(test) for _, test in folds])]
+        return [BatchedPath(batch([data.subset(train)]), [held_out(test)]) for train, test in folds]
+
+    def _report(self, solver, dtype, n_iter, stop, largest):
         """A batched fold's solver outcome: warns as a fold's own fit would."""
         result = SolverResult(n_iter, stop == "tol", largest_gradient=largest, stop=stop)
         self._warn_if_short(result, solver, dtype, stacklevel=3)

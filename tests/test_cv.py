@@ -281,7 +281,7 @@ def test_folds_solved_as_one_batched_problem_give_the_per_fold_path(params, monk
         assert calls == [4, 4, 4]  # one batched solve of the 4 folds per C
         monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", False)
         per_fold = MR2LinearClassifierCV(**common).fit(X, y, sample_weight=weight)
-    assert calls == [4, 4, 4]
+    assert calls == [4, 4, 4] + [1] * 12  # then each fold alone, on its training rows
     assert batched.C_ == per_fold.C_
     np.testing.assert_allclose(batched.scores_[0], per_fold.scores_[0], atol=1e-6)
     np.testing.assert_allclose(batched.coefs_paths_[0], per_fold.coefs_paths_[0], atol=1e-4)
@@ -314,7 +314,7 @@ def test_cuda_search_chooses_as_the_cpu_one(batch_folds, monkeypatch):
         monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
         calls.clear()
         gpu = MR2LinearClassifierCV(device="cuda", **params).fit(X, y)
-    assert len(calls) == (4 if batch_folds else 0)
+    assert calls == ([3] * 4 if batch_folds else [1] * 12)
     assert gpu.C_ == cpu.C_
     np.testing.assert_allclose(gpu.scores_[0], cpu.scores_[0], atol=0.01)
     assert np.mean(gpu.predict(X) == cpu.predict(X)) > 0.99
@@ -330,7 +330,7 @@ def test_batched_folds_without_intercept_give_the_per_fold_path(monkeypatch):
         batched = MR2LinearClassifierCV(device="cpu", **common).fit(X, y)
         monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", False)
         per_fold = MR2LinearClassifierCV(device="cpu", **common).fit(X, y)
-    assert calls == [3, 3, 3]
+    assert calls == [3, 3, 3] + [1] * 9
     assert batched.coefs_paths_[0].shape == per_fold.coefs_paths_[0].shape == (3, 3, 4)
     assert batched.C_ == per_fold.C_
     np.testing.assert_allclose(batched.scores_[0], per_fold.scores_[0])
@@ -345,6 +345,37 @@ def test_a_fold_without_training_weight_is_refused():
     weight[folds[1][0]] = 0
     with pytest.raises(ValueError, match="training rows of fold 1 have no sample weight"):
         MR2LinearClassifierCV(Cs=[1.0], cv=folds, device="cpu").fit(X, y, sample_weight=weight)
+
+
+@pytest.mark.parametrize("first, then", [(0.1, 3.0), (3.0, 0.01)])
+def test_batched_lbfgs_memory_carried_to_another_c_gives_its_solution(first, then):
+    """The pairs of one C, corrected for the change of penalty, serve the next, up or
+    down the path (as a bisection moves): the solution of a cold start."""
+    import torch
+
+    from mr2_probe._batched import FoldBatch, Memory, lbfgs_batched
+
+    X, y = _blobs(n_classes=5, n=300, std=5.0)
+    X = torch.as_tensor(StandardScaler().fit_transform(X))
+    y = torch.as_tensor(y)
+    weight = torch.ones(2, len(y), dtype=X.dtype)
+    weight[0, :100] = weight[1, 100:200] = 0
+    center = torch.stack([X[w > 0].mean(0) for w in weight])
+    batch = FoldBatch(X, y, weight, torch.ones(2, 5, dtype=X.dtype), center, 5)
+    params = X.new_zeros(2, batch.n_params)
+    memory = Memory.empty(params, 10)
+    lbfgs_batched(batch, params, first, max_iter=500, tol=1e-7, memory=memory)
+    assert (memory.rho != 0).any()
+    carried = lbfgs_batched(batch, params, then, max_iter=500, tol=1e-7, memory=memory)
+    cold_params = X.new_zeros(2, batch.n_params)
+    cold = lbfgs_batched(batch, cold_params, then, max_iter=1000, tol=1e-7)
+    assert carried.stop == cold.stop == ["tol", "tol"]
+    everyone = torch.arange(2)
+    value, grad = batch.evaluate(params, everyone, then)
+    cold_value, _ = batch.evaluate(cold_params, everyone, then)
+    assert grad.abs().max() <= 1e-7
+    torch.testing.assert_close(value, cold_value, atol=0, rtol=1e-10)
+    torch.testing.assert_close(params, cold_params, atol=1e-4, rtol=0)
 
 
 def test_batched_lbfgs_treats_a_nan_evaluation_as_a_step_too_long():
