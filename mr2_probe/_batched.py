@@ -1,11 +1,11 @@
-"""Cross-validation folds solved as one batched problem (the linear head's path).
+"""The linear head's regularisation path: folds solved by a lock-step L-BFGS, batched.
 
-The folds of a search share X; each is the same objective on its own training rows. Here
-the B folds' weights are stacked, (B, K, d), and every evaluation multiplies X once by all
-of them (an N × d by d × B·K product, instead of B products of about N·(B−1)/B rows by K
-columns): the features are read once per evaluation, and a GPU gets one large product
-instead of B small ones. Held-out rows take part with weight zero, so the training rows are
-not copied (the held-out rows are, once, for scoring).
+A :class:`FoldBatch` is B folds over one X, each the same objective on its own rows: the
+folds' weights are stacked, (B, K, d), and every evaluation multiplies X once by all of them
+(an N × d by d × B·K product). With all the folds of a search in one batch, X is read once
+per evaluation and a GPU gets one large product instead of B small ones; held-out rows take
+part with weight zero, so the training rows are not copied (the held-out rows are, once,
+for scoring). A batch of one fold holds that fold's training rows alone (a copy).
 
 The solver is L-BFGS run in lock-step over the folds: the same two-loop recursion per fold
 (batched over folds), a line search for the weak Wolfe conditions by bracketing with
@@ -33,9 +33,9 @@ from ._path import Step
 # scipy's ftol as scikit-learn sets it (float64's even for float32 data), as in fit_lbfgs.
 _FTOL = 64 * float(np.finfo(np.float64).eps)
 _MAX_LINE_SEARCH = 25
-# The path's L-BFGS memory: up to 30 pairs (10 on torch's L-BFGS; 30 cut the iterations
-# of bench_cv's path by a sixth), at most 2**26 elements of s and y in all, and never
-# fewer than 10 pairs.
+# A path's L-BFGS memory: up to 30 pairs (10 on torch's L-BFGS; 30 cut the iterations
+# of bench_cv's path by a sixth), at most 2**26 elements of s and y per path (one path per
+# batch of folds), and never fewer than 10 pairs.
 _HISTORY = 30
 _HISTORY_ELEMENTS = 2**26
 
@@ -125,6 +125,16 @@ class FoldBatch:
             grads.append(grad_b / total[:, None])
         return loss, torch.cat(grads, dim=1)
 
+    def parameters(self, coef: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`coefficients`: params (B, P) from coef (B, K, d), with the
+        intercept as a last column when there is one."""
+        k, d = self.n_classes, self.X.shape[1]
+        weight = coef[:, :, :d]
+        parts = [weight.reshape(len(coef), k * d)]
+        if self.fit_intercept:
+            parts.append(coef[:, :, d] + torch.einsum("bkd,bd->bk", weight, self.center))
+        return torch.cat(parts, dim=1)
+
     def coefficients(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """coef (B, K, d) and intercept (B, K) in the original coordinates (None without)."""
         k, d = self.n_classes, self.X.shape[1]
@@ -171,10 +181,6 @@ class Memory:
         rho, h0 = params.new_zeros(n_folds, history), params.new_ones(n_folds)
         return cls(pairs, pairs.clone(), rho, h0)
 
-    @property
-    def is_empty(self) -> bool:
-        return self.reg is None
-
     def move_to(self, reg: torch.Tensor, n_penalised: int) -> None:
         """Correct the pairs, and the last objective and gradient, from the penalty they
         were recorded at to ``reg`` (B,)."""
@@ -212,7 +218,8 @@ def lbfgs_batched(
 
     ``memory`` (a :class:`Memory`, updated in place) carries the pairs of a previous
     solve at another C, and its objective and gradient where it ended: a solve that starts
-    there needs no first evaluation. Without it the memory starts empty.
+    there needs no first evaluation. Without it the memory starts empty, with ``history``
+    slots (a memory keeps its own number).
 
     Stops a fold as fit_lbfgs does: ``"tol"`` (largest gradient entry at most tol),
     ``"max_iter"``, ``"max_eval"`` (4·max_iter evaluations of that fold), or ``"stalled"``
@@ -226,7 +233,6 @@ def lbfgs_batched(
     device = params.device
     if memory is None:
         memory = Memory.empty(params, history)
-    cold = memory.is_empty
     memory.move_to(1.0 / (C * batch.weight_sum), batch.n_classes * batch.X.shape[1])
     s_hist, y_hist, rho, h0, slot = memory.s, memory.y, memory.rho, memory.h0, memory.slot
     history = s_hist.shape[1]
@@ -261,10 +267,11 @@ def lbfgs_batched(
         direction = torch.where(uphill[:, None], -g, direction)
         rho[a] = torch.where(uphill[:, None], 0, rho[a])
         slope = (g * direction).sum(1)
-        # The first step of the cold start as torch's L-BFGS takes it: min(1, 1/‖g‖₁).
+        # A fold without a pair takes its first step as torch's L-BFGS does: min(1, 1/‖g‖₁).
         step = torch.ones_like(slope)
-        if cold and first:
-            step = (1.0 / g.abs().sum(1)).clamp(max=1.0)
+        if first:
+            unscaled = (rho[a] == 0).all(1)
+            step = torch.where(unscaled, (1.0 / g.abs().sum(1)).clamp(max=1.0), step)
         first = False
         start = params[a]
         trial_value, trial_grad = batch.evaluate(start + step[:, None] * direction, a, C)
@@ -347,7 +354,7 @@ def _next_step(step, slope, value0, value, trial_slope, long, low, high) -> torc
     A step too long is replaced by the minimum of the quadratic through φ(0), φ'(0) and
     φ(step); one too short by the zero of the secant of φ' through 0 and step (both exact
     for a quadratic φ). Inside a bracket [low, high] the guess is kept in its middle 80%;
-    before one (high = ∞) it extrapolates 2 to 10 times the step. Where the guess is not
+    before one (high = ∞) it extrapolates 2 to 100 times the step. Where the guess is not
     finite (a NaN evaluation), the bracket is halved, or the step doubled.
     """
     quadratic = -slope * step**2 / (2 * (value - value0 - slope * step))
@@ -393,6 +400,7 @@ class BatchedPath:
     paths: list = field(init=False)
     params: torch.Tensor = field(init=False)
     memory: Memory = field(init=False)
+    _last: float | None = field(init=False, default=None)  # the value solved last
 
     def __post_init__(self) -> None:
         self.paths = [FoldSteps() for _ in self.held_out]
@@ -401,10 +409,13 @@ class BatchedPath:
         self.memory = Memory.empty(self.params, int(min(_HISTORY, max(10, pairs))))
 
     def run(self, values, score, progress, *, max_iter, tol, report) -> None:
-        """Solve at ``values`` in increasing order, each from the previous solution and
-        memory, score every fold's held-out rows, and pass each fold's solver outcome to
-        ``report(n_iter, stop, largest_gradient)``."""
+        """Solve at ``values`` in increasing order, each from the solution of the nearest
+        value solved so far (in log C) and the memory, score every fold's held-out rows,
+        and pass each fold's solver outcome to ``report(n_iter, stop, largest_gradient)``.
+        Along a grid the nearest is the last; a bisection's midpoint starts from its
+        neighbour, not from the far end of the grid where the path last was."""
         for value in sorted(values):
+            self._start_nearest(float(value))
             result = lbfgs_batched(
                 self.batch, self.params, float(value), max_iter=max_iter, tol=tol,
                 memory=self.memory,
@@ -425,3 +436,16 @@ class BatchedPath:
                 )  # fmt: skip
                 report(int(result.n_iter[f]), result.stop[f], float(result.largest_gradient[f]))
                 progress.update(1)
+            self._last = float(value)
+
+    @torch.no_grad()
+    def _start_nearest(self, value: float) -> None:
+        solved = list(self.paths[0].steps)
+        if not solved:
+            return
+        nearest = min(solved, key=lambda v: (abs(np.log(v / value)), v != self._last))
+        if nearest == self._last:
+            return
+        coef = np.stack([path.steps[nearest].coef for path in self.paths])  # (B, K, dof)
+        coef = torch.as_tensor(coef, dtype=self.params.dtype, device=self.params.device)
+        self.params.copy_(self.batch.parameters(coef))

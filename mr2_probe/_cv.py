@@ -128,12 +128,16 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     -----
     Each fold solves, for values v_1 < … < v_n, the objective of
     :class:`MR2LinearClassifier` at C = v_j (scale = v_j for a cosine head) from the
-    solution at v_{j-1}, or, from j = 3 on, from the solutions at v_{j-2} and v_{j-1}
-    extrapolated linearly in log v (a predictor step, which the solver corrects; it does
-    not change the solution, only where the solver starts); the choice is
-    argmax_j Σ_folds score(fold, v_j). With ``c_bar=None``, ``lam=0``, ``class_tilt=0``
-    and the same ``Cs`` and ``cv`` it solves the problems of multinomial
-    LogisticRegressionCV (lbfgs) and chooses as it does.
+    solution at v_{j-1}; the choice is argmax_j Σ_folds score(fold, v_j). For the linear
+    head described above, L-BFGS also keeps its memory from v_{j-1}, each pair (s, y)
+    corrected to y + (1/v_j − 1/v_{j-1})/S · s on W's entries, which makes it exact at v_j
+    (the penalty is quadratic); a bisection's new value starts from the solution at the
+    nearest value solved. Elsewhere, from j = 3 on, the start is the solutions at v_{j-2}
+    and v_{j-1} extrapolated linearly in log v (a predictor step, which the solver
+    corrects). Neither changes the solution, only where the solver starts.
+
+    With ``c_bar=None``, ``lam=0``, ``class_tilt=0`` and the same ``Cs`` and ``cv`` it
+    solves the problems of multinomial LogisticRegressionCV (lbfgs) and chooses as it does.
 
     References
     ----------

@@ -347,35 +347,116 @@ def test_a_fold_without_training_weight_is_refused():
         MR2LinearClassifierCV(Cs=[1.0], cv=folds, device="cpu").fit(X, y, sample_weight=weight)
 
 
-@pytest.mark.parametrize("first, then", [(0.1, 3.0), (3.0, 0.01)])
-def test_batched_lbfgs_memory_carried_to_another_c_gives_its_solution(first, then):
+@pytest.mark.parametrize(
+    "first, then, dtype, intercept",
+    [
+        (0.1, 3.0, "float64", True),
+        (3.0, 0.01, "float64", True),
+        (3.0, 0.01, "float64", False),
+        (0.01, 3.0, "float32", True),
+    ],
+)
+def test_batched_lbfgs_memory_carried_to_another_c_gives_its_solution(
+    first, then, dtype, intercept
+):
     """The pairs of one C, corrected for the change of penalty, serve the next, up or
-    down the path (as a bisection moves): the solution of a cold start."""
+    down the path (as a bisection moves), and the objective and gradient where the last
+    solve ended replace the first evaluation: the solution of a cold start."""
     import torch
 
     from mr2_probe._batched import FoldBatch, Memory, lbfgs_batched
 
     X, y = _blobs(n_classes=5, n=300, std=5.0)
-    X = torch.as_tensor(StandardScaler().fit_transform(X))
+    X = torch.as_tensor(StandardScaler().fit_transform(X), dtype=getattr(torch, dtype))
     y = torch.as_tensor(y)
     weight = torch.ones(2, len(y), dtype=X.dtype)
     weight[0, :100] = weight[1, 100:200] = 0
-    center = torch.stack([X[w > 0].mean(0) for w in weight])
+    weight[1, 200:] = 2.0
+    center = torch.stack([X[w > 0].mean(0) for w in weight]) if intercept else None
     batch = FoldBatch(X, y, weight, torch.ones(2, 5, dtype=X.dtype), center, 5)
+    tol = 1e-7 if dtype == "float64" else 1e-4
     params = X.new_zeros(2, batch.n_params)
     memory = Memory.empty(params, 10)
-    lbfgs_batched(batch, params, first, max_iter=500, tol=1e-7, memory=memory)
+    lbfgs_batched(batch, params, first, max_iter=500, tol=tol, memory=memory)
     assert (memory.rho != 0).any()
-    carried = lbfgs_batched(batch, params, then, max_iter=500, tol=1e-7, memory=memory)
+    calls = []
+    original = batch.evaluate
+    batch.evaluate = lambda *args: calls.append(args[0].clone()) or original(*args)
+    start = params.clone()
+    carried = lbfgs_batched(batch, params, then, max_iter=500, tol=tol, memory=memory)
+    assert calls and not any(torch.equal(point, start) for point in calls)
+    batch.evaluate = original
     cold_params = X.new_zeros(2, batch.n_params)
-    cold = lbfgs_batched(batch, cold_params, then, max_iter=1000, tol=1e-7)
+    cold = lbfgs_batched(batch, cold_params, then, max_iter=1000, tol=tol)
     assert carried.stop == cold.stop == ["tol", "tol"]
     everyone = torch.arange(2)
     value, grad = batch.evaluate(params, everyone, then)
     cold_value, _ = batch.evaluate(cold_params, everyone, then)
-    assert grad.abs().max() <= 1e-7
-    torch.testing.assert_close(value, cold_value, atol=0, rtol=1e-10)
-    torch.testing.assert_close(params, cold_params, atol=1e-4, rtol=0)
+    assert grad.abs().max() <= tol
+    # The memory's objective and gradient are those of an evaluation at its point.
+    torch.testing.assert_close(
+        memory.value, value, atol=0, rtol=1e-5 if dtype == "float32" else 1e-12
+    )
+    torch.testing.assert_close(
+        memory.grad, grad, atol=10 * tol if dtype == "float32" else 1e-12, rtol=0
+    )
+    torch.testing.assert_close(
+        value, cold_value, atol=0, rtol=1e-10 if dtype == "float64" else 1e-5
+    )
+    torch.testing.assert_close(
+        params, cold_params, atol=1e-4 if dtype == "float64" else 1e-2, rtol=0
+    )
+
+
+def test_line_search_steps_are_exact_on_a_quadratic():
+    """φ(t) = (t − 3)² − 9 (φ(0) = 0, φ'(0) = −6): a step too long (t = 8) and one too
+    short (t = 1) both lead to t = 3, inside the bracket or beyond it; a NaN evaluation
+    halves the bracket or doubles the step."""
+    import torch
+
+    from mr2_probe._batched import _next_step
+
+    def phi(t):
+        return (t - 3) ** 2 - 9
+
+    def slope(t):
+        return 2 * (t - 3)
+
+    t = torch.tensor([8.0, 1.0, 1.0])
+    long = torch.tensor([True, False, False])
+    low = torch.tensor([0.0, 1.0, 1.0])
+    high = torch.tensor([8.0, 8.0, float("inf")])
+    new = _next_step(t, torch.tensor(-6.0), torch.tensor(0.0), phi(t), slope(t), long, low, high)
+    torch.testing.assert_close(new, torch.tensor([3.0, 3.0, 3.0]))
+    nan = torch.tensor([float("nan")] * 3)
+    fallback = _next_step(t, torch.tensor(-6.0), torch.tensor(0.0), nan, nan, long, low, high)
+    torch.testing.assert_close(fallback, torch.tensor([4.0, 4.5, 2.0]))
+
+
+def test_a_bisection_starts_each_value_from_the_nearest_solution(monkeypatch):
+    import mr2_probe._batched as batched
+
+    X, y = _blobs(n_classes=4)
+    X = StandardScaler().fit_transform(X)
+    starts = []
+    original = batched.lbfgs_batched
+
+    def spy(batch, params, C, **kwargs):
+        starts.append((C, batch.coefficients(params.clone())))
+        return original(batch, params, C, **kwargs)
+
+    monkeypatch.setattr(batched, "lbfgs_batched", spy)
+    clf = MR2LinearClassifierCV("bisect", cv=3, tol=1e-6, device="cpu").fit(X, y)
+    Cs = [C for C, _ in starts]
+    assert sorted(Cs[:7]) == Cs[:7] and len(Cs) > 7  # the grid, then the midpoints
+    paths = np.stack([clf.coefs_paths_[c] for c in clf.classes_], axis=2)  # (f, Cs, K, dof)
+    for j, (C, (coef, intercept)) in enumerate(starts[1:], start=1):
+        distance = np.abs(np.log(np.array(Cs[:j]) / C))
+        nearest = np.array(Cs[:j])[np.isclose(distance, distance.min())]  # ties: either
+        start = np.concatenate([coef.numpy(), intercept.numpy()[:, :, None]], axis=2)
+        assert any(
+            np.allclose(start, paths[:, np.argmin(np.abs(clf.Cs_ - v))], atol=1e-6) for v in nearest
+        ), (C, nearest)
 
 
 def test_batched_lbfgs_treats_a_nan_evaluation_as_a_step_too_long():
