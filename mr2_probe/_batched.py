@@ -21,6 +21,7 @@ strong-Wolfe L-BFGS, so ``n_iter_`` does too, and solutions agree to the toleran
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -393,10 +394,15 @@ class BatchedPath:
     :class:`FoldSteps`. The L-BFGS memory is carried from each value of C to the next
     (:class:`Memory`), so each starts from the last solution with the curvature measured
     so far: its first step is a quasi-Newton step for the change of penalty.
+
+    ``rows``, when given, makes the batch's X and y on demand (a fold's own training
+    rows, a copy): they are held only while :meth:`run` solves, so that folds solved one
+    after another never hold more than one copy between them.
     """
 
     batch: FoldBatch
     held_out: list
+    rows: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
     paths: list = field(init=False)
     params: torch.Tensor = field(init=False)
     memory: Memory = field(init=False)
@@ -407,6 +413,13 @@ class BatchedPath:
         self.params = self.batch.X.new_zeros(self.batch.n_folds, self.batch.n_params)
         pairs = _HISTORY_ELEMENTS // (2 * self.params.numel())
         self.memory = Memory.empty(self.params, int(min(_HISTORY, max(10, pairs))))
+        if self.rows is not None:
+            self._release()
+
+    def _release(self) -> None:
+        """Drop X and y, keeping their number of features, dtype and device."""
+        self.batch.X = self.batch.X.new_empty((0, self.batch.X.shape[1]))
+        self.batch.y = self.batch.y.new_empty((0,))
 
     def run(self, values, score, progress, *, max_iter, tol, report) -> None:
         """Solve at ``values`` in increasing order, each from the solution of the nearest
@@ -414,6 +427,16 @@ class BatchedPath:
         and pass each fold's solver outcome to ``report(n_iter, stop, largest_gradient)``.
         Along a grid the nearest is the last; a bisection's midpoint starts from its
         neighbour, not from the far end of the grid where the path last was."""
+        if self.rows is None:
+            self._run(values, score, progress, max_iter, tol, report)
+            return
+        self.batch.X, self.batch.y = self.rows()
+        try:
+            self._run(values, score, progress, max_iter, tol, report)
+        finally:
+            self._release()
+
+    def _run(self, values, score, progress, max_iter, tol, report) -> None:
         for value in sorted(values):
             self._start_nearest(float(value))
             result = lbfgs_batched(

@@ -383,7 +383,20 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         if self._one_batch(data, len(folds)):
             fold_batch = batch([data.masked(train) for train, _ in folds])
             return [BatchedPath(fold_batch, [held_out(test) for _, test in folds])]
-        return [BatchedPath(batch([data.subset(train)]), [held_out(test)]) for train, test in folds]
+
+        def own_rows(train):
+            """The fold's training rows, copied when its path runs and dropped after."""
+
+            def rows():
+                source = data.subset(train).source
+                return source.X, source.y
+
+            return rows
+
+        return [
+            BatchedPath(batch([data.subset(train)]), [held_out(test)], own_rows(train))
+            for train, test in folds
+        ]
 
     def _report(self, solver, dtype, n_iter, stop, largest):
         """A batched fold's solver outcome: warns as a fold's own fit would."""

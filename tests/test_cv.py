@@ -291,6 +291,32 @@ def test_folds_solved_as_one_batched_problem_give_the_per_fold_path(params, monk
     np.testing.assert_allclose(batched.coef_, per_fold.coef_, atol=1e-4)
 
 
+def test_folds_solved_one_by_one_hold_one_copy_of_training_rows_at_a_time(monkeypatch):
+    import mr2_probe._batched as batched
+
+    X, y = _blobs(n_classes=5, n=300)
+    X = StandardScaler().fit_transform(X)
+    folds = _folds(y)
+    seen, holding = [], []
+    original = batched.lbfgs_batched
+
+    def spy(batch, *args, **kwargs):
+        if all(batch is not other for other in seen):
+            seen.append(batch)
+        holding.append([len(other.X) for other in seen])
+        return original(batch, *args, **kwargs)
+
+    monkeypatch.setattr(batched, "lbfgs_batched", spy)
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", False)
+    clf = MR2LinearClassifierCV("bisect", cv=folds, device="cpu").fit(X, y)
+    assert len(seen) == 3
+    for sizes in holding:  # the fold solving holds its training rows, the others none
+        assert sorted(sizes)[:-1] == [0] * (len(sizes) - 1)
+        assert max(sizes) in {len(train) for train, _ in folds}
+    assert all(len(batch.X) == 0 for batch in seen)
+    assert len(clf.Cs_) > 7  # the bisection ran each fold's path more than once
+
+
 def test_a_batched_fold_short_of_tol_warns_as_a_fit_does(monkeypatch):
     X, y = _blobs(n_classes=5, n=300)
     calls = _spy_batched(monkeypatch)
