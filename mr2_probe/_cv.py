@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from ._batched import BatchedPath, FoldBatch, HeldOut
 from ._classifier import MR2LinearClassifier, _class_stats
 from ._data import H5Source, is_torch_tensor
-from ._device import to_numpy
+from ._device import to_numpy, to_tensor
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
 from ._solvers import SolverResult
 from ._stats import overall_mean
@@ -363,25 +363,22 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             weight = None if score_weight is None else score_weight[test]
             return HeldOut(data.rows(test), data.y_index[test], weight)
 
-        def batch(fold_data):
-            """The FoldBatch of the folds ``fold_data`` (FitData) that share one X."""
-            inv_gamma, centers = [], []
-            for fold in fold_data:
-                stats, margins = self._statistics(self._new_head(fold), fold)[:2]
-                inv_gamma.append(margins.reciprocal())
-                centers.append(overall_mean(stats))
-            source = fold_data[0].source
-            return FoldBatch(
-                source.X,
-                source.y,
-                torch.stack([fold.source.w for fold in fold_data]),
-                torch.stack(inv_gamma),
-                torch.stack(centers) if self.fit_intercept else None,
-                data.n_classes,
-            )
+        def fold_parts(train):
+            """A fold's sample weights over all rows (zero off ``train``), inverse margins
+            and feature mean: its statistics over all rows with the held-out ones weighted
+            zero, so that nothing is copied."""
+            fold = data.masked(train)
+            stats, margins = self._statistics(self._new_head(fold), fold)[:2]
+            return fold.source.w, margins.reciprocal(), overall_mean(stats)
+
+        def batch(X, y, parts):
+            weights, inv_gamma, centers = (torch.stack(part) for part in zip(*parts, strict=True))
+            centers = centers if self.fit_intercept else None
+            return FoldBatch(X, y, weights, inv_gamma, centers, data.n_classes)
 
         if self._one_batch(data, len(folds)):
-            fold_batch = batch([data.masked(train) for train, _ in folds])
+            parts = [fold_parts(train) for train, _ in folds]
+            fold_batch = batch(data.source.X, data.source.y, parts)
             return [BatchedPath(fold_batch, [held_out(test) for _, test in folds])]
 
         def own_rows(train):
@@ -393,10 +390,14 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
 
             return rows
 
-        return [
-            BatchedPath(batch([data.subset(train)]), [held_out(test)], own_rows(train))
-            for train, test in folds
-        ]
+        X, y, paths = data.source.X, data.source.y, []
+        for train, test in folds:
+            weight, inv_gamma, center = fold_parts(train)
+            index = to_tensor(np.asarray(train, dtype=np.int64), data.device)
+            # X and y come from own_rows while the path runs; until then, none.
+            empty = batch(X[:0], y[:0], [(weight[index], inv_gamma, center)])
+            paths.append(BatchedPath(empty, [held_out(test)], own_rows(train)))
+        return paths
 
     def _report(self, solver, dtype, n_iter, stop, largest):
         """A batched fold's solver outcome: warns as a fold's own fit would."""
