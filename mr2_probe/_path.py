@@ -1,7 +1,8 @@
 """The regularisation path of one fold, held-out scoring from logits, and the bisection.
 
 A fold keeps one head on the device for its whole path: each value of the searched
-parameter (C, or the cosine head's scale) starts from the previous solution, and the
+parameter (C, or the cosine head's scale) starts from the previous solution (a plain cosine
+head's L-BFGS also from the previous scale's curvature pairs, kept on the head), and the
 class statistics, which do not depend on the parameters without a projection, are computed
 once per fold.
 """

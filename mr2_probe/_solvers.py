@@ -65,6 +65,61 @@ _COSINE_HISTORY = 200
 _COSINE_HISTORY_ELEMENTS = 2**26
 
 
+@dataclass
+class CurvaturePairs:
+    """L-BFGS memory of a plain cosine head, in the coordinates of its unit-norm rows.
+
+    A fold's path keeps it on its head (``ProbeHead.curvature``) from one scale to the
+    next, so that each scale's L-BFGS starts with the last one's pairs (s_i, y_i) rather
+    than with none (README, "Speed").
+    """
+
+    steps: list  # s_i, flat (K·d,)
+    grads: list  # y_i, flat (K·d,)
+
+    @classmethod
+    def take(cls, state: dict, norms: torch.Tensor) -> CurvaturePairs | None:
+        """The pairs of torch's finished L-BFGS ``state`` (taken over, rescaled in place)
+        for rows of norms ``norms`` (K, 1), in the coordinates of the same rows rescaled
+        to unit norm; None if it formed none.
+
+        The objective does not depend on the rows' norms, so W = ρ·W' is an exact change of
+        coordinates of the same function: s' = s / ρ and y' = ρ·y, row by row.
+        """
+        steps, grads = state.get("old_stps"), state.get("old_dirs")
+        if not steps:
+            return None
+        rho = norms.expand(-1, steps[0].numel() // len(norms)).reshape(-1)
+        for step, grad in zip(steps, grads, strict=True):
+            step.div_(rho)
+            grad.mul_(rho)
+        return cls(steps, grads)
+
+    def seed(self, optimizer, param, history: int) -> None:
+        """Start torch's L-BFGS ``optimizer`` from the last ``history`` of these pairs,
+        handing them over to it.
+
+        The state is set as after one iteration whose step was zero: the next iteration
+        forms no new pair (sᵀy = 0 fails the curvature test) and its direction comes from
+        the two-loop recursion over these pairs, with the initial scaling of the last one.
+        """
+        steps, grads = self.steps[-history:], self.grads[-history:]
+        self.steps, self.grads = [], []
+        n = param.numel()
+        s, y = steps[-1], grads[-1]
+        optimizer.state[param].update(
+            n_iter=1,
+            old_stps=steps,
+            old_dirs=grads,
+            ro=[1.0 / torch.dot(a, b) for a, b in zip(grads, steps, strict=True)],
+            H_diag=torch.dot(s, y) / torch.dot(y, y),
+            d=param.new_zeros(n),
+            t=0.0,
+            prev_flat_grad=param.new_zeros(n),
+            prev_loss=0.0,
+        )
+
+
 class ClassRisk:
     """Per-class weighted mean losses L_k and the tilted class risk over them.
 
@@ -179,6 +234,7 @@ def fit_lbfgs(
     curve: dict[int, torch.Tensor] = {}
     bar = _progress(max_iter, verbose, "MR2 lbfgs")
     done = evals = 0  # iterations and evaluations of the finished rounds
+    seeded = 0  # 1 while the round's L-BFGS started from carried pairs (its n_iter counts it)
     optimizer = None
 
     def closure():
@@ -191,7 +247,7 @@ def fit_lbfgs(
         if penalty.requires_grad:
             penalty.backward()
         total += penalty.detach()
-        n_iter = done + optimizer.state[params[0]].get("n_iter", 0)
+        n_iter = done + optimizer.state[params[0]].get("n_iter", 0) - seeded
         if n_iter not in curve:
             bar.update(1)
         curve[n_iter] = total
@@ -207,7 +263,7 @@ def fit_lbfgs(
     if head.is_plain_cosine:
         pairs = _COSINE_HISTORY_ELEMENTS // (2 * head.weight.numel())
         rounds, history = _COSINE_ROUNDS, int(min(_COSINE_HISTORY, max(10, pairs)))
-    for _ in range(rounds):
+    for round_ in range(rounds):
         optimizer = torch.optim.LBFGS(
             params,
             lr=1,
@@ -220,11 +276,19 @@ def fit_lbfgs(
             history_size=history,
             line_search_fn="strong_wolfe",
         )
+        # Along a path the first round starts from the last scale's pairs; later rounds
+        # restart, as a single fit's do (carrying them there was no faster, README).
+        if round_ == 0 and head.curvature is not None:
+            head.curvature.seed(optimizer, params[0], history)
+            head.curvature, seeded = None, 1
         optimizer.step(closure)
         state = optimizer.state[params[0]]
-        done, evals = done + state.get("n_iter", 0), evals + state.get("func_evals", 0)
+        n_round = state.get("n_iter", 0) - seeded
+        done, evals = done + n_round, evals + state.get("func_evals", 0)
+        seeded = 0
         if head.is_plain_cosine:
             with torch.no_grad():
+                norms = torch.linalg.vector_norm(head.weight, dim=1, keepdim=True)
                 head.weight.copy_(F.normalize(head.weight, dim=1))
         # The line search may leave in .grad a point it tried and rejected: one more
         # evaluation gives the gradient (and the loss) where L-BFGS stopped.
@@ -232,9 +296,11 @@ def fit_lbfgs(
         largest = max(float(p.grad.abs().max()) for p in params if p.grad is not None)
         if largest <= tol or done >= max_iter or evals >= 4 * max_iter:
             break
-        if state.get("n_iter", 0) <= 1:
+        if n_round <= 1:
             break  # no progress in this round: a new one would start from the same point
     bar.close()
+    if head.is_plain_cosine:  # the last round's pairs, for the next scale of a path
+        head.curvature = CurvaturePairs.take(optimizer.state[params[0]], norms)
     n_iter = done
     # Converged means the gradient test was met, whatever made L-BFGS stop. The test is
     # L-BFGS's own, in its coordinates: with the intercept re-parametrised around m.

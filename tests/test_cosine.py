@@ -8,11 +8,11 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.exceptions import ConvergenceWarning
 
-from mr2_probe import MR2LinearClassifier
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
 from mr2_probe._data import H5Source, TensorSource
 from mr2_probe._head import ProbeHead
 from mr2_probe._losses import margin_cross_entropy, tilted_class_risk
-from mr2_probe._solvers import ClassRisk, plain_data_term, tilted_data_term
+from mr2_probe._solvers import ClassRisk, CurvaturePairs, plain_data_term, tilted_data_term
 from tests.reference_mr2 import cosine_lbfgs_before
 
 
@@ -142,3 +142,54 @@ def test_large_scales_leave_finite_weights(digits_unit, scale):
     assert np.isfinite(clf.coef_).all()
     np.testing.assert_allclose(np.linalg.norm(clf.coef_, axis=1), scale, rtol=1e-5)
     assert clf.score(X.astype(np.float32), y) > 0.9
+
+
+def test_carried_pairs_are_the_pairs_of_the_rescaled_rows():
+    """W = ρ·W' is an exact change of coordinates of the cosine objective: a pair formed at
+    rows of any norms, rescaled, is the pair between the same rows at unit norm."""
+    gen = torch.Generator().manual_seed(0)
+    X = torch.nn.functional.normalize(torch.randn(40, 5, generator=gen, dtype=torch.float64))
+    y = torch.arange(40) % 3
+
+    def grad(W):
+        W = W.clone().requires_grad_()
+        z = 8.0 * X @ torch.nn.functional.normalize(W, dim=1).T
+        margin_cross_entropy(z, y, torch.ones(3, dtype=X.dtype)).backward()
+        return W.grad
+
+    norms = torch.tensor([[3.0], [0.5], [1.7]], dtype=X.dtype)
+    U1, U2 = (torch.nn.functional.normalize(torch.randn(3, 5, generator=gen, dtype=X.dtype))
+              for _ in range(2))  # fmt: skip
+    W1 = U1 * norms * torch.tensor([[1.1], [0.9], [1.0]], dtype=X.dtype)
+    W2 = U2 * norms
+    state = {"old_stps": [(W2 - W1).reshape(-1)], "old_dirs": [(grad(W2) - grad(W1)).reshape(-1)]}
+    pairs = CurvaturePairs.take(state, norms)
+    torch.testing.assert_close(pairs.steps[0], (W2 / norms - W1 / norms).reshape(-1))
+    torch.testing.assert_close(pairs.grads[0], (grad(W2 / norms) - grad(W1 / norms)).reshape(-1))
+    assert CurvaturePairs.take({}, norms) is None  # no pairs formed
+
+
+def _scale_path(X, y):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = MR2LinearClassifierCV(
+            [4.0, 8.0, 16.0, 32.0, 64.0], cv=3, head="cosine", tol=1e-5, max_iter=3000,
+            refit=False, device="cpu",
+        ).fit(X, y)  # fmt: skip
+    coefs = np.stack([clf.coefs_paths_[c] for c in clf.classes_], axis=2)  # (folds, Cs, K, d)
+    return clf, coefs.reshape(-1, *coefs.shape[2:])
+
+
+def test_scale_path_starts_each_scale_from_the_last_pairs(digits_unit, monkeypatch):
+    """Each scale of a fold's path starts L-BFGS from the previous scale's pairs: fewer
+    iterations than starting from none, the same solutions."""
+    X, y = digits_unit
+    carried, coefs = _scale_path(X, y)
+    monkeypatch.setattr(CurvaturePairs, "take", classmethod(lambda cls, state, norms: None))
+    fresh, fresh_coefs = _scale_path(X, y)
+    assert carried.n_iter_[0, :, 0].sum() == fresh.n_iter_[0, :, 0].sum()  # cold starts
+    assert carried.n_iter_.sum() < 0.85 * fresh.n_iter_.sum()
+    assert np.isfinite(coefs).all()
+    for ours, theirs in zip(coefs, fresh_coefs, strict=True):
+        assert np.mean(np.argmax(X @ ours.T, 1) == np.argmax(X @ theirs.T, 1)) >= 0.995
+    np.testing.assert_allclose(carried.scores_[0], fresh.scores_[0], atol=0.01)
