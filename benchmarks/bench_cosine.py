@@ -7,8 +7,27 @@ was solved before (autograd gradients, 10 L-BFGS pairs, the test on tol in W), w
 same tol. Each cosine row prints its time relative to the linear head, its iterations,
 its training objective and its test accuracy.
 
+Each scale also gets the linear problem it is equivalent to ("equivalent linear"). At its
+solution the cosine head meets ∇_k L + μ_k·v_k = 0 (v_k the k-th row of coef_, L the mean
+margin cross-entropy): the stationarity of the linear head without intercept, same margins,
+penalised by ½ Σ_k μ_k ‖v_k‖². Those multipliers give the scale's equivalent C, 1 / (S·μ̄)
+(the per-class range is printed), and the linear head is fitted at that C with tol / scale,
+the cosine head's own test on tol in its unit directions re-expressed in the logit weights.
+With ``--c-bar none`` (no margins) that linear problem is scikit-learn's, which then solves
+it too, in the same run.
+
+``--sweep`` adds a search of the scale over ``--sweep-scales`` by ``--sweep-folds``-fold
+cross-validation: MR2LinearClassifierCV, whose folds each solve the scales in increasing
+order from the previous solution, against GridSearchCV over MR2LinearClassifier, which
+fits every scale of every fold cold, and one cold fit at the largest scale on a fold's
+training rows (what the sweep costs per fold, in fits).
+
     python benchmarks/bench_cosine.py                                 # 20,000 × 512, 10 classes
     python benchmarks/bench_cosine.py --store runs/cache/fmnist_train_lite0_64.h5
+    python benchmarks/bench_cosine.py --store runs/cache/fmnist_train_lite0_64.h5 \
+        --c-bar none --no-before
+    python benchmarks/bench_cosine.py --store runs/cache/fmnist_train_lite0_64.h5 \
+        --scales --sweep
 """
 
 from __future__ import annotations
@@ -24,12 +43,13 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import GridSearchCV, StratifiedKFold
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the previous solver, kept in tests/
 from bench_fit import make_features  # noqa: E402
 
-from mr2_probe import MR2LinearClassifier  # noqa: E402
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
 from mr2_probe._losses import margin_cross_entropy  # noqa: E402
 from tests.reference_mr2 import cosine_lbfgs_before  # noqa: E402
 
@@ -54,6 +74,14 @@ def objective(X, y, coef, margins):
     return float(margin_cross_entropy(z, torch.as_tensor(y), torch.as_tensor(margins)))
 
 
+def multipliers(X, y, coef, margins):
+    """μ_k = −(∇_k L·v_k) / ‖v_k‖², the penalty that makes the cosine solution stationary."""
+    V = torch.as_tensor(coef, dtype=torch.float64).requires_grad_()
+    z = torch.as_tensor(X, dtype=torch.float64) @ V.T
+    margin_cross_entropy(z, torch.as_tensor(y), torch.as_tensor(margins)).backward()
+    return (-(V.grad * V).sum(1) / (V * V).sum(1)).detach().numpy()
+
+
 def timed(fn):
     start = time.perf_counter()
     with warnings.catch_warnings():
@@ -73,7 +101,21 @@ def main(argv=None):
     parser.add_argument("--scales", type=float, nargs="*", default=[16.0, 64.0, 256.0])
     parser.add_argument("--tol", type=float, default=1e-4)
     parser.add_argument("--max-iter", type=int, default=3000)
+    parser.add_argument(
+        "--c-bar",
+        type=lambda v: None if v == "none" else float(v),
+        default=1.0,
+        help="the cosine heads' mean margin c̄, or 'none' (default: 1, the estimator's)",
+    )
     parser.add_argument("--no-before", action="store_true", help="skip the previous solver")
+    parser.add_argument(
+        "--no-equivalent", action="store_true", help="skip the equivalent linear problems"
+    )
+    parser.add_argument("--sweep", action="store_true", help="also time a search of the scale")
+    parser.add_argument(
+        "--sweep-scales", type=float, nargs="*", default=[8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
+    )
+    parser.add_argument("--sweep-folds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
@@ -108,7 +150,7 @@ def main(argv=None):
     report(f"MR2 linear, c_bar=None, C={args.C:g}", seconds, linear.n_iter_, None,
            linear.score(Xt, yt))  # fmt: skip
     for scale in args.scales:
-        cosine = MR2LinearClassifier(head="cosine", scale=scale, **common)
+        cosine = MR2LinearClassifier(head="cosine", scale=scale, c_bar=args.c_bar, **common)
         seconds, _ = timed(lambda cosine=cosine: cosine.fit(X, y))
         margins = cosine.margins_
         report(f"MR2 cosine, scale={scale:g}", seconds, cosine.n_iter_,
@@ -120,9 +162,67 @@ def main(argv=None):
             acc = np.mean(np.argmax(Xt @ coef.T, axis=1) == yt)
             report("  before (autograd, 10 pairs, tol in W)", seconds, n_iter,
                    objective(X, y, coef, margins), acc)  # fmt: skip
+        if not args.no_equivalent:
+            equivalent(X, y, Xt, yt, cosine, args, report)
+    if args.sweep:
+        rows.extend(sweep(X, y, args, common))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=str))
+
+
+def equivalent(X, y, Xt, yt, cosine, args, report):
+    """The linear head on the problem the cosine solution solves, at the same precision."""
+    mu = multipliers(X, y, cosine.coef_, cosine.margins_)
+    c_eq, c_range = 1 / (len(y) * mu.mean()), 1 / (len(y) * mu)
+    linear = MR2LinearClassifier(
+        fit_intercept=False, c_bar=cosine.c_bar, p=cosine.p_, C=c_eq,
+        tol=args.tol / cosine.scale, max_iter=args.max_iter, device="cpu",
+    )  # fmt: skip
+    seconds, _ = timed(lambda: linear.fit(X, y))
+    assert np.allclose(linear.margins_, cosine.margins_), "not the cosine head's margins"
+    print(f"  (per-class equivalent C from {c_range.min():.3g} to {c_range.max():.3g})")
+    report(f"  equivalent linear, C={c_eq:.3g}, tol/{cosine.scale:g}", seconds,
+           linear.n_iter_, None, linear.score(Xt, yt))  # fmt: skip
+    if cosine.c_bar is None:  # no margins: scikit-learn's own problem
+        sk = LogisticRegression(
+            C=c_eq, fit_intercept=False, tol=args.tol / cosine.scale, max_iter=args.max_iter
+        )
+        seconds, _ = timed(lambda: sk.fit(X, y))
+        report("  same, LogisticRegression (sklearn)", seconds, int(sk.n_iter_[0]), None,
+               sk.score(Xt, yt))  # fmt: skip
+
+
+def sweep(X, y, args, common):
+    """Time a cross-validated search of the scale: the warm-started path against cold fits."""
+    folds = list(StratifiedKFold(args.sweep_folds).split(X, y))
+    scales, kw = sorted(args.sweep_scales), dict(head="cosine", c_bar=args.c_bar, **common)
+    train = folds[0][0]
+    one_s, one = timed(lambda: MR2LinearClassifier(scale=scales[-1], **kw).fit(X[train], y[train]))
+    path = MR2LinearClassifierCV(Cs=scales, cv=folds, refit=False, n_jobs=1, **kw)
+    path_s, _ = timed(lambda: path.fit(X, y))
+    grid = GridSearchCV(MR2LinearClassifier(**kw), {"scale": scales}, cv=folds, refit=False)
+    grid_s, _ = timed(lambda: grid.fit(X, y))
+    path_iter = np.asarray(path.n_iter_).reshape(len(folds), len(scales)).sum(1)
+    print(
+        f"\nscale search over {', '.join(f'{v:g}' for v in scales)}, {len(folds)} folds, "
+        f"{len(train)} training rows per fold"
+    )
+    header = f"{'search':<44}{'time s':>8}{'fits/fold':>11}{'iters/fold':>12}{'scale':>7}"
+    print(header)
+    print("-" * len(header))
+    out = []
+    for name, seconds, n_iter, chosen in [
+        (f"one cold fit at scale {scales[-1]:g}", one_s, one.n_iter_, None),
+        ("MR2LinearClassifierCV (warm-started path)", path_s, path_iter.mean(), path.scale_),
+        ("GridSearchCV(MR2LinearClassifier) (cold)", grid_s, None, grid.best_params_["scale"]),
+    ]:
+        fits = seconds / one_s if chosen is None else seconds / (one_s * len(folds))
+        iters = f"{n_iter:12.0f}" if n_iter is not None else f"{'':>12}"
+        scale = f"{chosen:7g}" if chosen is not None else f"{'':>7}"
+        print(f"{name:<44}{seconds:8.2f}{fits:11.2f}{iters}{scale}")
+        out.append(dict(search=name, seconds=seconds, fits_per_fold=fits, chosen_scale=chosen))
+    return out
 
 
 if __name__ == "__main__":
