@@ -1,0 +1,77 @@
+"""bench_cosine.py's equivalent linear problem: the multipliers it reads off a cosine fit."""
+
+import importlib.util
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+from sklearn.exceptions import ConvergenceWarning
+
+from mr2_probe import MR2LinearClassifier
+from mr2_probe._losses import margin_cross_entropy
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cosine.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(SCRIPT.parent))  # the script imports its sibling bench_fit
+    try:
+        spec = importlib.util.spec_from_file_location("bench_cosine", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return module
+
+
+@pytest.fixture(scope="module")
+def digits_unit():
+    X, y = load_digits(return_X_y=True)
+    return X / np.linalg.norm(X, axis=1, keepdims=True), y
+
+
+def _fit(X, y, **params):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return MR2LinearClassifier(max_iter=5000, device="cpu", **params).fit(X, y)
+
+
+def test_multipliers_of_a_penalised_linear_head_are_its_penalty(bench, digits_unit):
+    """∇_k L + v_k / (C·S) = 0 at the linear head's solution: μ_k = 1 / (C·S) for all k."""
+    X, y = digits_unit
+    linear = _fit(X, y, fit_intercept=False, C=10.0, tol=1e-9)
+    mu = bench.multipliers(X, y, linear.coef_, linear.margins_)
+    np.testing.assert_allclose(mu, 1 / (10.0 * len(y)), rtol=1e-4)
+
+
+def test_cosine_solution_is_stationary_for_its_equivalent_penalties(bench, digits_unit):
+    """The README's equivalence: at the cosine solution ∇_k L = −μ_k·v_k, with μ_k > 0 (the
+    gradient in the logit weights is radial, what is left of it is the solver's tol)."""
+    X, y = digits_unit
+    cosine = _fit(X, y, head="cosine", scale=32.0, tol=1e-8)
+    mu = bench.multipliers(X, y, cosine.coef_, cosine.margins_)
+    assert (mu > 0).all()
+    V = torch.as_tensor(cosine.coef_).requires_grad_()
+    z = torch.as_tensor(X) @ V.T
+    margin_cross_entropy(z, torch.as_tensor(y), torch.as_tensor(cosine.margins_)).backward()
+    residual = V.grad.numpy() + mu[:, None] * cosine.coef_
+    assert np.abs(residual).max() <= 1e-4 * np.abs(V.grad.numpy()).max()
+
+
+def test_runs_every_section_and_writes_its_rows(bench, tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    bench.main(["--n-samples", "400", "--n-test", "100", "--n-features", "16",
+                "--n-classes", "3", "--scales", "8", "--c-bar", "none", "--sweep",
+                "--sweep-scales", "4", "8", "--json", str(out)])  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    names = [row.get("model", row.get("search")) for row in rows]
+    assert any(name.startswith("  equivalent linear") for name in names)
+    assert any("LogisticRegression (sklearn)" in name and "same" in name for name in names)
+    assert sum(1 for row in rows if "search" in row) == 3
+    assert "scale search over 4, 8" in capsys.readouterr().out
