@@ -163,10 +163,10 @@ def test_carried_pairs_are_the_pairs_of_the_rescaled_rows():
     W1 = U1 * norms * torch.tensor([[1.1], [0.9], [1.0]], dtype=X.dtype)
     W2 = U2 * norms
     state = {"old_stps": [(W2 - W1).reshape(-1)], "old_dirs": [(grad(W2) - grad(W1)).reshape(-1)]}
-    pairs = CurvaturePairs.take(state, norms)
+    pairs = CurvaturePairs.take(state, norms, 8.0)
     torch.testing.assert_close(pairs.steps[0], (W2 / norms - W1 / norms).reshape(-1))
     torch.testing.assert_close(pairs.grads[0], (grad(W2 / norms) - grad(W1 / norms)).reshape(-1))
-    assert CurvaturePairs.take({}, norms) is None  # no pairs formed
+    assert CurvaturePairs.take({}, norms, 8.0) is None  # no pairs formed
 
 
 def _scale_path(X, y):
@@ -185,7 +185,7 @@ def test_scale_path_starts_each_scale_from_the_last_pairs(digits_unit, monkeypat
     iterations than starting from none, the same solutions."""
     X, y = digits_unit
     carried, coefs = _scale_path(X, y)
-    monkeypatch.setattr(CurvaturePairs, "take", classmethod(lambda cls, state, norms: None))
+    monkeypatch.setattr(CurvaturePairs, "take", classmethod(lambda cls, state, norms, scale: None))
     fresh, fresh_coefs = _scale_path(X, y)
     assert carried.n_iter_[0, :, 0].sum() == fresh.n_iter_[0, :, 0].sum()  # cold starts
     assert carried.n_iter_.sum() < 0.85 * fresh.n_iter_.sum()
@@ -193,3 +193,22 @@ def test_scale_path_starts_each_scale_from_the_last_pairs(digits_unit, monkeypat
     for ours, theirs in zip(coefs, fresh_coefs, strict=True):
         assert np.mean(np.argmax(X @ ours.T, 1) == np.argmax(X @ theirs.T, 1)) >= 0.995
     np.testing.assert_allclose(carried.scores_[0], fresh.scores_[0], atol=0.01)
+
+
+def test_bisection_back_down_the_scales_is_not_misled_by_far_pairs(digits_unit, monkeypatch):
+    """A bisection comes back from a large scale to a far smaller one: pairs formed there
+    are not carried (they made L-BFGS stop at max_iter and the search choose elsewhere)."""
+    X, y = digits_unit
+
+    def search():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            clf = MR2LinearClassifierCV("bisect", cv=3, head="cosine", device="cpu").fit(X, y)
+        return clf, [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+
+    carried, warned = search()
+    monkeypatch.setattr(CurvaturePairs, "take", classmethod(lambda cls, state, norms, scale: None))
+    fresh, _ = search()
+    assert not warned
+    assert carried.scale_ == fresh.scale_
+    np.testing.assert_array_equal(carried.Cs_, fresh.Cs_)
