@@ -7,14 +7,16 @@ was solved before (autograd gradients, 10 L-BFGS pairs, the test on tol in W), w
 same tol. Each cosine row prints its time relative to the linear head, its iterations,
 its training objective and its test accuracy.
 
-Each scale also gets the linear problem it is equivalent to ("equivalent linear"). At its
+Each scale also gets a linear problem of comparable penalty ("linear at mean μ"). At its
 solution the cosine head meets ∇_k L + μ_k·v_k = 0 (v_k the k-th row of coef_, L the mean
-margin cross-entropy): the stationarity of the linear head without intercept, same margins,
-penalised by ½ Σ_k μ_k ‖v_k‖². Those multipliers give the scale's equivalent C, 1 / (S·μ̄)
-(the per-class range is printed), and the linear head is fitted at that C with tol / scale,
-the cosine head's own test on tol in its unit directions re-expressed in the logit weights.
-With ``--c-bar none`` (no margins) that linear problem is scikit-learn's, which then solves
-it too, in the same run.
+margin cross-entropy; μ_k > 0 where the loss pulls the rows outward): the stationarity of the
+linear head without intercept, same margins, penalised class by class by ½ Σ_k μ_k ‖v_k‖².
+The per-class C_k = 1 / (S·μ_k) are printed, and the linear head, which has one C, is fitted
+at C = 1 / (S·mean μ) with tol / scale, the cosine head's own test on tol in its unit
+directions re-expressed in the logit weights. With ``--c-bar none`` (no margins) that linear
+problem is scikit-learn's, which then solves it too, in the same run. ``--linear-history N``
+also fits it with N L-BFGS pairs instead of the linear head's 10 (the cosine head keeps up
+to 200). An asterisk after the iterations marks a fit that stopped short of tol.
 
 ``--sweep`` adds a search of the scale over ``--sweep-scales`` by ``--sweep-folds``-fold
 cross-validation: MR2LinearClassifierCV, whose folds each solve the scales in increasing
@@ -50,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))  # the previous solver, kept 
 from bench_fit import make_features  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
+from mr2_probe import _solvers as solvers  # noqa: E402
 from mr2_probe._losses import margin_cross_entropy  # noqa: E402
 from tests.reference_mr2 import cosine_lbfgs_before  # noqa: E402
 
@@ -82,12 +85,19 @@ def multipliers(X, y, coef, margins):
     return (-(V.grad * V).sum(1) / (V * V).sum(1)).detach().numpy()
 
 
+def equivalent_C(mu, weight_sum):
+    """C of the linear head whose penalty ½‖V‖² / (C·S) is ½ μ‖V‖² (per class, or mean μ)."""
+    return 1 / (weight_sum * np.asarray(mu))
+
+
 def timed(fn):
+    """(seconds, fn's result, whether it stopped short of tol: a ConvergenceWarning)."""
     start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
         out = fn()
-    return time.perf_counter() - start, out
+    short = any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    return time.perf_counter() - start, out, short
 
 
 def main(argv=None):
@@ -109,6 +119,9 @@ def main(argv=None):
     )
     parser.add_argument("--no-before", action="store_true", help="skip the previous solver")
     parser.add_argument(
+        "--linear-history", type=int, help="also fit the mean-μ linear problems with N pairs"
+    )
+    parser.add_argument(
         "--no-equivalent", action="store_true", help="skip the equivalent linear problems"
     )
     parser.add_argument("--sweep", action="store_true", help="also time a search of the scale")
@@ -128,35 +141,36 @@ def main(argv=None):
         f"{len(np.unique(y))} classes, tol={args.tol}, torch threads={torch.get_num_threads()}"
         + (f", from {args.store}" if args.store else ", synthetic")
     )
-    header = f"{'model':<38}{'fit s':>8}{'× linear':>10}{'iters':>7}{'objective':>11}{'acc %':>8}"
+    header = f"{'model':<46}{'fit s':>8}{'× linear':>10}{'iters':>8}{'objective':>11}{'acc %':>8}"
     print(header)
     print("-" * len(header))
     rows, base = [], None
 
-    def report(name, seconds, n_iter, loss, acc):
+    def report(name, seconds, n_iter, loss, acc, short=False):
         ratio = seconds / base if base else float("nan")
         loss_text = f"{loss:11.6f}" if loss is not None else f"{'':>11}"
-        print(f"{name:<38}{seconds:8.2f}{ratio:9.2f}×{n_iter:7d}{loss_text}{100 * acc:8.2f}")
+        iters = f"{n_iter:7d}{'*' if short else ' '}"
+        print(f"{name:<46}{seconds:8.2f}{ratio:9.2f}×{iters}{loss_text}{100 * acc:8.2f}")
         rows.append(dict(model=name, fit_s=seconds, ratio_to_linear=ratio, n_iter=n_iter,
-                         objective=loss, accuracy=100 * acc))  # fmt: skip
+                         stopped_short=short, objective=loss, accuracy=100 * acc))  # fmt: skip
 
     sk = LogisticRegression(C=args.C, tol=args.tol, max_iter=args.max_iter)
-    seconds, _ = timed(lambda: sk.fit(X, y))
+    seconds, _, short = timed(lambda: sk.fit(X, y))
     report(f"LogisticRegression (sklearn) C={args.C:g}", seconds, int(sk.n_iter_[0]), None,
-           sk.score(Xt, yt))  # fmt: skip
+           sk.score(Xt, yt), short)  # fmt: skip
     linear = MR2LinearClassifier(c_bar=None, C=args.C, **common)
-    seconds, _ = timed(lambda: linear.fit(X, y))
+    seconds, _, short = timed(lambda: linear.fit(X, y))
     base = seconds
     report(f"MR2 linear, c_bar=None, C={args.C:g}", seconds, linear.n_iter_, None,
-           linear.score(Xt, yt))  # fmt: skip
+           linear.score(Xt, yt), short)  # fmt: skip
     for scale in args.scales:
         cosine = MR2LinearClassifier(head="cosine", scale=scale, c_bar=args.c_bar, **common)
-        seconds, _ = timed(lambda cosine=cosine: cosine.fit(X, y))
+        seconds, _, short = timed(lambda cosine=cosine: cosine.fit(X, y))
         margins = cosine.margins_
         report(f"MR2 cosine, scale={scale:g}", seconds, cosine.n_iter_,
-               objective(X, y, cosine.coef_, margins), cosine.score(Xt, yt))  # fmt: skip
+               objective(X, y, cosine.coef_, margins), cosine.score(Xt, yt), short)  # fmt: skip
         if not args.no_before:
-            seconds, (coef, n_iter) = timed(
+            seconds, (coef, n_iter), _ = timed(
                 lambda s=scale, m=margins: cosine_lbfgs_before(X, y, s, m, args.tol, args.max_iter)
             )
             acc = np.mean(np.argmax(Xt @ coef.T, axis=1) == yt)
@@ -164,6 +178,8 @@ def main(argv=None):
                    objective(X, y, coef, margins), acc)  # fmt: skip
         if not args.no_equivalent:
             equivalent(X, y, Xt, yt, cosine, args, report)
+    if any(row["stopped_short"] for row in rows):
+        print("* stopped short of tol (ConvergenceWarning)")
     if args.sweep:
         rows.extend(sweep(X, y, args, common))
     if args.json:
@@ -172,25 +188,37 @@ def main(argv=None):
 
 
 def equivalent(X, y, Xt, yt, cosine, args, report):
-    """The linear head on the problem the cosine solution solves, at the same precision."""
+    """The linear head at the cosine solution's mean multiplier, at the same precision."""
     mu = multipliers(X, y, cosine.coef_, cosine.margins_)
-    c_eq, c_range = 1 / (len(y) * mu.mean()), 1 / (len(y) * mu)
-    linear = MR2LinearClassifier(
-        fit_intercept=False, c_bar=cosine.c_bar, p=cosine.p_, C=c_eq,
-        tol=args.tol / cosine.scale, max_iter=args.max_iter, device="cpu",
-    )  # fmt: skip
-    seconds, _ = timed(lambda: linear.fit(X, y))
-    assert np.allclose(linear.margins_, cosine.margins_), "not the cosine head's margins"
-    print(f"  (per-class equivalent C from {c_range.min():.3g} to {c_range.max():.3g})")
-    report(f"  equivalent linear, C={c_eq:.3g}, tol/{cosine.scale:g}", seconds,
-           linear.n_iter_, None, linear.score(Xt, yt))  # fmt: skip
+    if len(mu) == 2 or not (mu > 0).all():  # two classes: the linear head pins one row
+        print(f"  (no linear problem at mean μ: {len(mu)} classes, μ from {mu.min():.3g})")
+        return
+    c_mean, c_range = equivalent_C(mu.mean(), len(y)), equivalent_C(mu, len(y))
+    tol = args.tol / cosine.scale
+    kw = dict(fit_intercept=False, c_bar=cosine.c_bar, p=cosine.p_, C=c_mean, tol=tol,
+              max_iter=args.max_iter, device="cpu")  # fmt: skip
+    histories = [None] + ([args.linear_history] if args.linear_history else [])
+    for history in histories:
+        linear = MR2LinearClassifier(**kw)
+        default = solvers._LINEAR_HISTORY
+        solvers._LINEAR_HISTORY = history or default
+        try:
+            seconds, _, short = timed(lambda linear=linear: linear.fit(X, y))
+        finally:
+            solvers._LINEAR_HISTORY = default
+        assert np.allclose(linear.margins_, cosine.margins_), "not the cosine head's margins"
+        if history is None:
+            norms = np.linalg.norm(linear.coef_, axis=1)
+            print(f"  (per-class C from {c_range.min():.3g} to {c_range.max():.3g}; the linear "
+                  f"rows' norms {norms.min():.0f} to {norms.max():.0f})")  # fmt: skip
+        pairs = f", {history} pairs" if history else ""
+        report(f"  linear at mean μ, C={c_mean:.3g}, tol/{cosine.scale:g}{pairs}", seconds,
+               linear.n_iter_, None, linear.score(Xt, yt), short)  # fmt: skip
     if cosine.c_bar is None:  # no margins: scikit-learn's own problem
-        sk = LogisticRegression(
-            C=c_eq, fit_intercept=False, tol=args.tol / cosine.scale, max_iter=args.max_iter
-        )
-        seconds, _ = timed(lambda: sk.fit(X, y))
+        sk = LogisticRegression(C=c_mean, fit_intercept=False, tol=tol, max_iter=args.max_iter)
+        seconds, _, short = timed(lambda: sk.fit(X, y))
         report("  same, LogisticRegression (sklearn)", seconds, int(sk.n_iter_[0]), None,
-               sk.score(Xt, yt))  # fmt: skip
+               sk.score(Xt, yt), short)  # fmt: skip
 
 
 def sweep(X, y, args, common):
@@ -198,11 +226,13 @@ def sweep(X, y, args, common):
     folds = list(StratifiedKFold(args.sweep_folds).split(X, y))
     scales, kw = sorted(args.sweep_scales), dict(head="cosine", c_bar=args.c_bar, **common)
     train = folds[0][0]
-    one_s, one = timed(lambda: MR2LinearClassifier(scale=scales[-1], **kw).fit(X[train], y[train]))
+    one_s, one, _ = timed(
+        lambda: MR2LinearClassifier(scale=scales[-1], **kw).fit(X[train], y[train])
+    )
     path = MR2LinearClassifierCV(Cs=scales, cv=folds, refit=False, n_jobs=1, **kw)
-    path_s, _ = timed(lambda: path.fit(X, y))
+    path_s, _, _ = timed(lambda: path.fit(X, y))
     grid = GridSearchCV(MR2LinearClassifier(**kw), {"scale": scales}, cv=folds, refit=False)
-    grid_s, _ = timed(lambda: grid.fit(X, y))
+    grid_s, _, _ = timed(lambda: grid.fit(X, y))
     path_iter = np.asarray(path.n_iter_).reshape(len(folds), len(scales)).sum(1)
     print(
         f"\nscale search over {', '.join(f'{v:g}' for v in scales)}, {len(folds)} folds, "

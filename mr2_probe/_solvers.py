@@ -60,6 +60,8 @@ class SolverResult:
 _KEEP_LOGIT_GRADS = 2**26
 # L-BFGS for a plain cosine head: the most restarts from unit-norm rows (see fit_lbfgs),
 # and its memory, at most 200 pairs of K × d updates and 2**26 elements in all.
+# L-BFGS pairs of every other head: scikit-learn's (scipy's m = 10).
+_LINEAR_HISTORY = 10
 _COSINE_ROUNDS = 20
 _COSINE_HISTORY = 200
 _COSINE_HISTORY_ELEMENTS = 2**26
@@ -244,7 +246,9 @@ def fit_lbfgs(
     curve: dict[int, torch.Tensor] = {}
     bar = _progress(max_iter, verbose, "MR2 lbfgs")
     done = evals = 0  # iterations and evaluations of the finished rounds
-    seeded = 0  # 1 while the round's L-BFGS started from carried pairs (its n_iter counts it)
+    # What the current optimizer's n_iter counts beyond this fit's new iterations: the
+    # seeded one while it runs, all of them once its round is over (and added to done).
+    offset = 0
     optimizer = None
 
     def closure():
@@ -257,7 +261,7 @@ def fit_lbfgs(
         if penalty.requires_grad:
             penalty.backward()
         total += penalty.detach()
-        n_iter = done + optimizer.state[params[0]].get("n_iter", 0) - seeded
+        n_iter = done + optimizer.state[params[0]].get("n_iter", 0) - offset
         if n_iter not in curve:
             bar.update(1)
         curve[n_iter] = total
@@ -269,7 +273,7 @@ def fit_lbfgs(
     # tol is then the gradient in the unit directions, whatever the norms had become.
     # Its objective is also badly conditioned at large scales: more pairs than the linear
     # head's 10 cut the iterations (README, "Speed").
-    rounds, history = 1, 10
+    rounds, history = 1, _LINEAR_HISTORY
     if head.is_plain_cosine:
         pairs = _COSINE_HISTORY_ELEMENTS // (2 * head.weight.numel())
         rounds, history = _COSINE_ROUNDS, int(min(_COSINE_HISTORY, max(10, pairs)))
@@ -289,14 +293,18 @@ def fit_lbfgs(
         # Along a path the first round starts from the last scale's pairs (when that scale
         # is near); later rounds restart, as a single fit's do (carrying them there was no
         # faster, README).
-        if round_ == 0 and head.curvature is not None:
-            seeded = int(head.curvature.seed(optimizer, params[0], history, head.scale))
-            head.curvature = None
+        carried, head.curvature = head.curvature, None
+        seeded = bool(
+            round_ == 0
+            and carried is not None
+            and carried.seed(optimizer, params[0], history, head.scale)
+        )
+        offset = int(seeded)
         optimizer.step(closure)
         state = optimizer.state[params[0]]
-        n_round = state.get("n_iter", 0) - seeded
+        n_round = state.get("n_iter", 0) - offset
         done, evals = done + n_round, evals + state.get("func_evals", 0)
-        seeded = 0
+        offset = state.get("n_iter", 0)  # the evaluation after the round is keyed at done
         if head.is_plain_cosine:
             with torch.no_grad():
                 norms = torch.linalg.vector_norm(head.weight, dim=1, keepdim=True)
@@ -310,8 +318,11 @@ def fit_lbfgs(
         if n_round <= 1:
             break  # no progress in this round: a new one would start from the same point
     bar.close()
-    if head.is_plain_cosine:  # the last round's pairs, for the next scale of a path
-        head.curvature = CurvaturePairs.take(optimizer.state[params[0]], norms, head.scale)
+    if head.is_plain_cosine and head.keep_curvature:  # for the next scale of a path
+        # The last round's pairs; those it was seeded with keep their scale if it made no
+        # iteration (it started at tol), so that a chain of such starts cannot move them.
+        formed_at = carried.scale if seeded and n_round == 0 else head.scale
+        head.curvature = CurvaturePairs.take(optimizer.state[params[0]], norms, formed_at)
     n_iter = done
     # Converged means the gradient test was met, whatever made L-BFGS stop. The test is
     # L-BFGS's own, in its coordinates: with the intercept re-parametrised around m.

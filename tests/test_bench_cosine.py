@@ -20,13 +20,16 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cosine.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(SCRIPT.parent))  # the script imports its sibling bench_fit
-    try:
+    path, modules = list(sys.path), set(sys.modules)
+    try:  # the script puts benchmarks/ and the project on sys.path, for bench_fit and tests
         spec = importlib.util.spec_from_file_location("bench_cosine", SCRIPT)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(SCRIPT.parent))
+        sys.path[:] = path
+        for name in set(sys.modules) - modules - {"bench_cosine"}:
+            if name == "bench_fit":
+                del sys.modules[name]
     return module
 
 
@@ -47,7 +50,8 @@ def test_multipliers_of_a_penalised_linear_head_are_its_penalty(bench, digits_un
     X, y = digits_unit
     linear = _fit(X, y, fit_intercept=False, C=10.0, tol=1e-9)
     mu = bench.multipliers(X, y, linear.coef_, linear.margins_)
-    np.testing.assert_allclose(mu, 1 / (10.0 * len(y)), rtol=1e-4)
+    np.testing.assert_allclose(bench.equivalent_C(mu, len(y)), 10.0, rtol=1e-4)
+    assert bench.equivalent_C(mu.mean(), len(y)) == pytest.approx(10.0, rel=1e-4)
 
 
 def test_cosine_solution_is_stationary_for_its_equivalent_penalties(bench, digits_unit):
@@ -68,10 +72,12 @@ def test_runs_every_section_and_writes_its_rows(bench, tmp_path, capsys):
     out = tmp_path / "rows.json"
     bench.main(["--n-samples", "400", "--n-test", "100", "--n-features", "16",
                 "--n-classes", "3", "--scales", "8", "--c-bar", "none", "--sweep",
-                "--sweep-scales", "4", "8", "--json", str(out)])  # fmt: skip
+                "--sweep-scales", "4", "8", "--linear-history", "30",
+                "--json", str(out)])  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
     names = [row.get("model", row.get("search")) for row in rows]
-    assert any(name.startswith("  equivalent linear") for name in names)
+    assert sum(name.startswith("  linear at mean μ") for name in names) == 2
+    assert any(name.endswith(", 30 pairs") for name in names)
     assert any("LogisticRegression (sklearn)" in name and "same" in name for name in names)
     assert sum(1 for row in rows if "search" in row) == 3
     assert "scale search over 4, 8" in capsys.readouterr().out

@@ -12,6 +12,7 @@ from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
 from mr2_probe._data import H5Source, TensorSource
 from mr2_probe._head import ProbeHead
 from mr2_probe._losses import margin_cross_entropy, tilted_class_risk
+from mr2_probe._path import FoldPath
 from mr2_probe._solvers import ClassRisk, CurvaturePairs, plain_data_term, tilted_data_term
 from tests.reference_mr2 import cosine_lbfgs_before
 
@@ -210,5 +211,40 @@ def test_bisection_back_down_the_scales_is_not_misled_by_far_pairs(digits_unit, 
     monkeypatch.setattr(CurvaturePairs, "take", classmethod(lambda cls, state, norms, scale: None))
     fresh, _ = search()
     assert not warned
-    assert carried.scale_ == fresh.scale_
-    np.testing.assert_array_equal(carried.Cs_, fresh.Cs_)
+    best = [clf.scores_[0].mean(0).max() for clf in (carried, fresh)]
+    assert best[0] == pytest.approx(best[1], abs=0.005)
+
+
+def test_seeded_fits_count_only_their_own_iterations(digits_unit):
+    """The seeded state counts as one of torch's iterations, not as one of the fit's: a
+    path cut short by max_iter reports max_iter at every scale."""
+    X, y = digits_unit
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = MR2LinearClassifierCV(
+            [4.0, 8.0, 16.0], cv=2, head="cosine", tol=1e-10, max_iter=7, refit=False,
+            device="cpu",
+        ).fit(X, y)  # fmt: skip
+    np.testing.assert_array_equal(clf.n_iter_, 7)
+
+
+def test_pairs_are_kept_only_while_a_path_runs(digits_unit, monkeypatch):
+    X, y = digits_unit
+    taken, heads = [], []
+    take, run = CurvaturePairs.take.__func__, FoldPath.run
+
+    def counted(cls, *args):
+        taken.append(args[-1])
+        return take(cls, *args)
+
+    def kept(self, *args, **kwargs):
+        run(self, *args, **kwargs)
+        heads.append(self.head)
+
+    monkeypatch.setattr(CurvaturePairs, "take", classmethod(counted))
+    monkeypatch.setattr(FoldPath, "run", kept)
+    _fit(X, y, scale=16.0)
+    assert not taken  # a single fit keeps no pairs
+    MR2LinearClassifierCV([4.0, 8.0], cv=2, head="cosine", device="cpu").fit(X, y)
+    assert sorted(taken) == [4.0, 4.0, 8.0, 8.0]  # each fold's path, not the refit
+    assert len(heads) == 2 and all(head.curvature is None for head in heads)
