@@ -134,7 +134,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     (the penalty is quadratic); a bisection's new value starts from the solution at the
     nearest value solved. Elsewhere, from j = 3 on, the start is the solutions at v_{j-2}
     and v_{j-1} extrapolated linearly in log v (a predictor step, which the solver
-    corrects). Neither changes the solution, only where the solver starts.
+    corrects), and a cosine head without projection also starts L-BFGS from the pairs of
+    the scale before when that scale is within a factor of 4. None of these changes the
+    solution, only where the solver starts.
 
     With ``c_bar=None``, ``lam=0``, ``class_tilt=0`` and the same ``Cs`` and ``cv`` it
     solves the problems of multinomial LogisticRegressionCV (lbfgs) and chooses as it does.

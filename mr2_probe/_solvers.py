@@ -58,10 +58,10 @@ class SolverResult:
 # Gradients in the logits are kept between the two passes of a tilted
 # evaluation when they fit in this many elements; beyond it, pass 2 recomputes them.
 _KEEP_LOGIT_GRADS = 2**26
+# L-BFGS pairs of every head but the plain cosine one: scikit-learn's (scipy's m = 10).
+_LINEAR_HISTORY = 10
 # L-BFGS for a plain cosine head: the most restarts from unit-norm rows (see fit_lbfgs),
 # and its memory, at most 200 pairs of K × d updates and 2**26 elements in all.
-# L-BFGS pairs of every other head: scikit-learn's (scipy's m = 10).
-_LINEAR_HISTORY = 10
 _COSINE_ROUNDS = 20
 _COSINE_HISTORY = 200
 _COSINE_HISTORY_ELEMENTS = 2**26
@@ -277,6 +277,10 @@ def fit_lbfgs(
     if head.is_plain_cosine:
         pairs = _COSINE_HISTORY_ELEMENTS // (2 * head.weight.numel())
         rounds, history = _COSINE_ROUNDS, int(min(_COSINE_HISTORY, max(10, pairs)))
+    # Along a path the first round starts from the last scale's pairs (when that scale is
+    # near); later rounds restart, as a single fit's do (carrying them there was no faster,
+    # README). The head gives them up either way: they are the optimizer's, or dropped.
+    carried, head.curvature = head.curvature, None
     for round_ in range(rounds):
         optimizer = torch.optim.LBFGS(
             params,
@@ -290,16 +294,14 @@ def fit_lbfgs(
             history_size=history,
             line_search_fn="strong_wolfe",
         )
-        # Along a path the first round starts from the last scale's pairs (when that scale
-        # is near); later rounds restart, as a single fit's do (carrying them there was no
-        # faster, README).
-        carried, head.curvature = head.curvature, None
         seeded = bool(
             round_ == 0
             and carried is not None
             and carried.seed(optimizer, params[0], history, head.scale)
         )
         offset = int(seeded)
+        if not seeded:
+            carried = None  # pairs too far from this scale are dropped, not held to the end
         optimizer.step(closure)
         state = optimizer.state[params[0]]
         n_round = state.get("n_iter", 0) - offset
