@@ -531,11 +531,13 @@ def fit_minibatch(
     plateau (at ``learning_rate / 100``) ends the fit as converged. The statistics and
     margins returned are those the last epoch trained with.
 
-    With ``tilt`` > 0 the class weights q of an epoch come from the class losses L_k
-    measured over the previous epoch (the losses of its minibatches as they were
-    computed), and those of the first epoch from one exact pass at the starting point; each
-    minibatch then carries Σ_i w_i·q_{y_i}/S_{y_i}·ℓ_i scaled by N/B, an unbiased estimate
-    of Σ_k q_k·L_k, whose gradient is that of the tilted risk at those weights.
+    With ``tilt`` > 0 each minibatch takes the class weights q from the latest estimate
+    of every class's loss L_k: its mean loss in this minibatch where the class is present,
+    else the last one measured (at the start, one exact pass). The minibatch then carries
+    Σ_i w_i·q_{y_i}/S_{y_i}·ℓ_i scaled by N/B, whose gradient is that of the tilted risk at
+    those weights. Weights held for a whole epoch, from the previous epoch's losses, made
+    large tilts swing from one class to another epoch after epoch (digits, c̄ = 2, λ = 0.5,
+    t = 20: 0% of the worst class's training rows right; 91% now, 88% untilted).
     """
     stats, margins, s_bar, tau = initial
     risk = ClassRisk(source, spec.n_classes, tilt)
@@ -552,13 +554,17 @@ def fit_minibatch(
             stats, margins, s_bar, tau = refresh_statistics(head, source, spec)
         epoch_loss = params[0].new_zeros(())
         if tilt > 0:
-            factor = risk.risk(class_loss)[1]  # q_k / S_k (K,)
             sums = epoch_loss.new_zeros(spec.n_classes)
         for x, y, w in source.batches(batch_size, generator):
             phi = head.features(x)  # (B, d')
             if tilt > 0:
                 each = margin_cross_entropy(head.logits(phi), y, margins, reduction="none")
-                sums.index_add_(0, y, each.detach() * w)
+                batch = torch.zeros_like(sums).index_add_(0, y, each.detach() * w)
+                sums += batch
+                seen = torch.zeros_like(sums).index_add_(0, y, w)
+                fresh = batch / seen.clamp_min(torch.finfo(batch.dtype).tiny)
+                class_loss = torch.where(seen > 0, fresh, class_loss)
+                factor = risk.risk(class_loss)[1]  # q_k / S_k (K,)
                 data = (each * (w * factor[y])).sum() * (source.n_samples / len(y))
             else:
                 # Σ w ℓ over the batch divided by its expected weight (S·B/N): unbiased for
@@ -572,8 +578,7 @@ def fit_minibatch(
             # Tilted: the epoch's value is R_t of its class losses plus the other terms.
             epoch_loss += (loss if tilt == 0 else loss - data).detach() * len(y)
         if tilt > 0:
-            class_loss = risk.class_loss(sums)
-            epoch_loss += risk.risk(class_loss)[0] * source.n_samples
+            epoch_loss += risk.risk(risk.class_loss(sums))[0] * source.n_samples
         value = float(epoch_loss) / source.n_samples  # the one host sync of the epoch
         curve.append(value)
         bar.update(1)
