@@ -416,11 +416,16 @@ def _class_counts(first, y, weight, rival, k, n_candidates, n_classes) -> np.nda
     """
     gain, keep = y == k, y == rival
     bins = (n_candidates + 1) * n_classes
-    lost = np.bincount(first[keep] * n_classes + y[keep], weight[keep], bins)
+    lost = _weighted_bincount(first[keep] * n_classes + y[keep], weight[keep], bins)
     lost = np.cumsum(lost.reshape(n_candidates + 1, n_classes), axis=0)[:n_candidates]
-    counts = np.bincount(y[keep], weight[keep], n_classes) - lost  # (M, K)
-    counts[:, k] += np.cumsum(np.bincount(first[gain], weight[gain], n_candidates + 1))[:-1]
+    counts = _weighted_bincount(y[keep], weight[keep], n_classes) - lost  # (M, K)
+    counts[:, k] += np.cumsum(_weighted_bincount(first[gain], weight[gain], n_candidates + 1))[:-1]
     return counts
+
+
+def _weighted_bincount(x, weight, length) -> np.ndarray:
+    """np.bincount with weights, float64 even when x is empty (NumPy then gives int64)."""
+    return np.bincount(x, weight, length).astype(np.float64, copy=False)
 
 
 # ---------------------------------------------------------------------------- estimator

@@ -156,6 +156,27 @@ def test_nothing_to_gain_keeps_zero_offsets():
     assert (result.score, result.n_sweeps) == (1.0, 1)
 
 
+def test_a_class_with_no_rows_in_the_tuning_data_is_searched_too():
+    # Class 2 has no row here: its candidates move no sample, a weighted count over
+    # nothing (NumPy gives that one as integers).
+    z = np.array([[2.0, 0, 1]] * 3)
+    y = np.array([0, 0, 1])
+    result = tune_class_offsets(z, y, "worst_class")
+    assert np.all(np.isfinite(result.offsets))
+    pred = (z + result.offsets).argmax(1)
+    assert result.score == pytest.approx(worst_class_accuracy(y, pred), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_tiny_tuning_sets_are_searched(seed):
+    rng = np.random.default_rng(seed)
+    n_classes, n = int(rng.integers(2, 6)), int(rng.integers(2, 15))
+    z, y = rng.normal(size=(n, n_classes)), rng.integers(0, n_classes, n)
+    result = tune_class_offsets(z, y, "worst_class")
+    pred = (z + result.offsets).argmax(1)
+    assert result.score == pytest.approx(worst_class_accuracy(y, pred), abs=1e-12)
+
+
 def _tied_worst_classes():
     """Classes 0 and 1 tie at 0.5; fixing either costs three samples of a large class."""
     rows, labels = [], []
