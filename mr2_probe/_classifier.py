@@ -439,9 +439,18 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             sample_weight, np.empty((len(y_index), 0)), dtype=np.float64, ensure_non_negative=True
         )
         if self.class_weight is not None:
-            weights = compute_class_weight(
-                self.class_weight, classes=self.classes_, y=y, sample_weight=sample_weight
-            )
+            with np.errstate(divide="ignore", invalid="ignore"):
+                weights = compute_class_weight(
+                    self.class_weight, classes=self.classes_, y=y, sample_weight=sample_weight
+                )
+            bad = ~np.isfinite(weights)
+            if bad.any():
+                raise ValueError(
+                    f"class_weight={self.class_weight!r} gives the classes "
+                    f"{self.classes_[bad].tolist()} a weight that is not finite: their "
+                    "samples' sample_weight sums to zero. Drop those samples, or give them "
+                    "a positive weight."
+                )
             sample_weight = sample_weight * weights[y_index]
         weight_sum = float(sample_weight.sum())
         if weight_sum <= 0:

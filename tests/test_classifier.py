@@ -528,6 +528,16 @@ def test_a_class_with_zero_weight_keeps_the_model_finite(solver):
     assert clf.margins_.mean() == pytest.approx(1.0)
 
 
+def test_balanced_class_weight_of_a_class_without_weight_is_named():
+    # "balanced" divides by the class's total weight: zero gives it an infinite weight,
+    # and its rows (weight 0 · ∞) NaN sample weights.
+    X, y = _blobs(3)
+    sample_weight = np.where(y == 2, 0.0, 1.0)
+    clf = MR2LinearClassifier(class_weight="balanced", device="cpu")
+    with pytest.raises(ValueError, match=r"classes \[2\] a weight that is not finite"):
+        clf.fit(X, y, sample_weight=sample_weight)
+
+
 @pytest.mark.parametrize(
     "params", [{"head": "cosine"}, {"c_bar": 1.0}, {"lam": 0.5, "max_iter": 2}]
 )
