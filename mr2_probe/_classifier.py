@@ -656,9 +656,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     def _validate_predict_data(self, X):
         check_is_fitted(self)
         if is_torch_tensor(X) or is_h5_dataset(X):
+            if len(X.shape) != 2:  # before the check of the features, which reads shape[1]
+                raise ValueError(
+                    f"Expected a 2D X of shape (n_samples, n_features), got shape {tuple(X.shape)}."
+                )
             validate_data(self, X, reset=False, skip_check_array=True)
-            if len(X.shape) != 2:
-                raise ValueError(f"Expected a 2D X, got shape {tuple(X.shape)}.")
             if is_h5_dataset(X):
                 reject_complex(X)  # blocks are checked for NaN and infinity as they are read
                 return X

@@ -513,6 +513,9 @@ def test_wrong_feature_count_at_predict():
         clf.predict(X[:, :4])
     with pytest.raises(ValueError, match="expecting 6 features"):
         clf.predict(torch.as_tensor(X[:, :4]))
+    # One sample as a 1-D tensor: its shape, not its "features", is what is wrong.
+    with pytest.raises(ValueError, match=r"Expected a 2D X .* got shape \(6,\)"):
+        clf.predict(torch.as_tensor(X[0]))
 
 
 @pytest.mark.parametrize("solver", ["lbfgs", "adam"])
