@@ -195,7 +195,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     n_iter_ : int
         L-BFGS iterations or epochs run.
     loss_curve_ : list of float
-        Objective after each iteration (L-BFGS) or mean loss of each epoch.
+        L-BFGS: the objective at the start, then after each iteration (``n_iter_ + 1``
+        values; one when the start already meets ``tol``). Minibatch solvers: the mean
+        loss of each epoch.
     class_losses_ : ndarray of shape (n_classes,)
         L_k at the solution: each class's weighted mean (margin) cross-entropy on the
         training data.
