@@ -117,6 +117,14 @@ def test_paper_call_works_and_learns_a_projection(digits):
     assert len(clf.loss_curve_) == clf.n_iter_ == 15
 
 
+def test_lbfgs_loss_curve_holds_the_start_then_each_iteration(digits):
+    X, y = digits
+    clf = MR2LinearClassifier(c_bar=2, device="cpu").fit(X, y)
+    assert len(clf.loss_curve_) == clf.n_iter_ + 1
+    assert clf.loss_curve_[0] == pytest.approx(np.log(10))  # zero weights: uniform
+    assert clf.loss_curve_[-1] < clf.loss_curve_[1] < clf.loss_curve_[0]
+
+
 def test_low_rank_projection(digits):
     X, y = digits
     clf = MR2LinearClassifier(lam=0.5, projection_rank=4, max_iter=5, random_state=0, device="cpu")
