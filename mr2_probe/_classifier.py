@@ -579,6 +579,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 f"in {result.n_iter} iterations, {gradient}: its line searches needed many "
                 "evaluations. Increase max_iter or scale the features (e.g. StandardScaler)."
             )
+        curve = result.loss_curve
+        if curve and not curve[-1] < curve[0]:
+            return (
+                f"lbfgs made no progress from its starting point, {gradient}: no step "
+                "along its first directions lowered the objective. Features with very large values do this (the gradient is as "
+                "large as they are). Scale the features (e.g. StandardScaler)."
+            )
         advice = (
             "Scale the features (e.g. StandardScaler) or use a larger tol."
             if dtype == torch.float64

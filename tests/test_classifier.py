@@ -473,7 +473,7 @@ def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
 
 def test_stalled_lbfgs_advice_depends_on_the_dtype(digits):
     X, y = _blobs()
-    with pytest.warns(ConvergenceWarning, match="no longer improving") as record:
+    with pytest.warns(ConvergenceWarning, match="made no progress") as record:
         MR2LinearClassifier(device="cpu").fit(X * 1e30, y)  # float64 already
     message = str(record[0].message)
     assert "Scale the features" in message and "float64" not in message
@@ -482,6 +482,15 @@ def test_stalled_lbfgs_advice_depends_on_the_dtype(digits):
         MR2LinearClassifier(c_bar=None, C=10.0, tol=1e-8, max_iter=2000, device="cpu").fit(
             X.astype(np.float32), y
         )
+
+
+def test_lbfgs_that_cannot_leave_its_start_says_so(digits):
+    # Pixels times 10¹¹ (float64): nothing overflows, but the first line search finds no
+    # decrease. The warning must not blame the precision of the data.
+    X, y = digits
+    with pytest.warns(ConvergenceWarning, match="made no progress from its starting point"):
+        clf = MR2LinearClassifier(c_bar=None, device="cpu").fit(X * 1e11, y)
+    assert clf.loss_curve_[-1] == clf.loss_curve_[0]
 
 
 def test_lbfgs_out_of_function_evaluations_says_so():
