@@ -583,8 +583,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if curve and not curve[-1] < curve[0]:
             return (
                 f"lbfgs made no progress from its starting point, {gradient}: no step "
-                "along its first directions lowered the objective. Features with very large values do this (the gradient is as "
-                "large as they are). Scale the features (e.g. StandardScaler)."
+                "along its first directions lowered the objective. Features with very "
+                "large values do this (the gradient is as large as they are). Scale the "
+                "features (e.g. StandardScaler)."
             )
         advice = (
             "Scale the features (e.g. StandardScaler) or use a larger tol."

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from sklearn.utils import assert_all_finite
 
-from ._device import to_tensor
+from ._device import row_norms, to_tensor
 
 
 def is_torch_tensor(X) -> bool:
@@ -77,12 +77,12 @@ class TensorSource:
         """1 / ‖x_i‖ for the rows of every block of :meth:`chunks`, in its order.
 
         Computed on the first call and kept (n_samples values): the cosine head's
-        φ = x / ‖x‖ then costs no pass over X per evaluation. The floor is F.normalize's.
+        φ = x / ‖x‖ then costs no pass over X per evaluation. The floor is F.normalize's;
+        the norms are :func:`~mr2_probe._device.row_norms`, safe from overflow.
         """
         if self._inverse_norms is None:
             self._inverse_norms = [
-                torch.linalg.vector_norm(x, dim=1).clamp_min(1e-12).reciprocal()
-                for x, _, _ in self.chunks()
+                row_norms(x).clamp_min(1e-12).reciprocal() for x, _, _ in self.chunks()
             ]
         return self._inverse_norms
 

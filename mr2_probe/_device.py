@@ -82,3 +82,30 @@ def to_tensor(array, device: torch.device, dtype: torch.dtype | None = None) -> 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """Detach ``tensor`` and return it as a NumPy array on the CPU."""
     return tensor.detach().cpu().numpy()
+
+
+def row_norms(x: torch.Tensor, rows: int = 8192) -> torch.Tensor:
+    """‖x_i‖ (N,) for the rows of x (N, d), also where the squares overflow.
+
+    Rows whose plain norm is infinite (float32 entries beyond ~1.8e19) are scaled by their
+    largest entry first; the others keep the plain norm. No host synchronisation; the
+    scaled copy is made ``rows`` rows at a time.
+    """
+    if len(x) > rows:
+        return torch.cat([row_norms(x[i : i + rows], rows) for i in range(0, len(x), rows)])
+    norm = torch.linalg.vector_norm(x, dim=1)
+    largest = x.abs().amax(dim=1).clamp_min(torch.finfo(x.dtype).tiny)
+    scaled = torch.linalg.vector_norm(x / largest[:, None], dim=1) * largest
+    return torch.where(torch.isfinite(norm), norm, scaled)
+
+
+def row_norms_numpy(x: np.ndarray) -> np.ndarray:
+    """:func:`row_norms` for a NumPy array."""
+    with np.errstate(over="ignore"):
+        norm = np.linalg.norm(x, axis=1)
+    bad = ~np.isfinite(norm)
+    if bad.any():
+        rows = x[bad]
+        largest = np.abs(rows).max(axis=1)
+        norm[bad] = np.linalg.norm(rows / largest[:, None], axis=1) * largest
+    return norm

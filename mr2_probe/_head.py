@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._device import to_numpy, to_tensor
+from ._device import row_norms, row_norms_numpy, to_numpy, to_tensor
 
 
 class ProbeHead(nn.Module):
@@ -109,7 +109,9 @@ class ProbeHead(nn.Module):
             x = x @ self.proj_full.T
         elif self.proj_a is not None:
             x = x + (x @ self.proj_b.T) @ self.proj_a.T
-        return F.normalize(x, dim=1) if self.head == "cosine" else x
+        if self.head != "cosine":
+            return x
+        return x / row_norms(x).clamp_min(1e-12)[:, None]  # F.normalize, safe from overflow
 
     def logits(self, phi: torch.Tensor) -> torch.Tensor:
         """Logits (B, K) from φ."""
@@ -197,11 +199,11 @@ def decision_values(X, coef, intercept, projection, head: str):
         z = X @ coef.T  # (N, K)
         if head == "cosine":
             phi = X if projection is None else X @ to_tensor(projection, X.device, X.dtype).T
-            z = z / torch.linalg.vector_norm(phi, dim=1, keepdim=True).clamp_min(1e-12)
+            z = z / row_norms(phi).clamp_min(1e-12)[:, None]
         return z + intercept
     X = np.asarray(X)
     z = X @ coef.T.astype(X.dtype, copy=False)
     if head == "cosine":
         phi = X if projection is None else X @ projection.T.astype(X.dtype, copy=False)
-        z = z / np.maximum(np.linalg.norm(phi, axis=1, keepdims=True), 1e-12)
+        z = z / np.maximum(row_norms_numpy(phi), 1e-12)[:, None]
     return z + intercept.astype(z.dtype, copy=False)

@@ -145,6 +145,20 @@ def test_large_scales_leave_finite_weights(digits_unit, scale):
     assert clf.score(X.astype(np.float32), y) > 0.9
 
 
+def test_features_whose_squares_overflow_float32_are_normalised(digits_unit):
+    # The cosine head does not depend on the features' scale. Rows of norm above ~1.8e19
+    # have squares beyond float32's range: their norms were infinite, and φ zero.
+    X, y = digits_unit
+    X = X.astype(np.float32)
+    big = X * np.float32(1e20)
+    clf = _fit(X, y)
+    for data in (big, torch.as_tensor(big)):
+        np.testing.assert_array_equal(np.asarray(clf.predict(data)), clf.predict(X))
+    scaled = _fit(big, y)
+    assert np.isfinite(scaled.coef_).all()
+    assert np.mean(scaled.predict(big) == clf.predict(X)) > 0.995
+
+
 def test_carried_pairs_are_the_pairs_of_the_rescaled_rows():
     """W = ρ·W' is an exact change of coordinates of the cosine objective: a pair formed at
     rows of any norms, rescaled, is the pair between the same rows at unit norm."""
