@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = (
@@ -247,8 +247,9 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     root = os.fspath(root)
     classes, class_to_idx = find_classes(root)
     # Listed by extension only: a corrupt file is kept so that it is recorded as a failure.
-    items = make_dataset(root, class_to_idx, extensions=IMG_EXTENSIONS)
+    items = _folder_items(root, classes)
     ids = [os.path.relpath(p, root) for p, _ in items]
+    _check_utf8([*classes, *ids], root)
     sizes, mtimes = stat_files(root, ids)
     return ImageSource(
         ids=ids,
@@ -260,6 +261,59 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
         file_size=sizes,
         file_mtime_ns=mtimes,
     )
+
+
+def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
+    """(path, class index) of the images under ``root/<class>``, in torchvision's
+    ``make_dataset`` order, each once: a folder reached again through a symbolic link (a
+    link to a folder above it, a loop) is not walked again.
+
+    Raises FileNotFoundError, as ``make_dataset`` does, for a class without images.
+    """
+    items, empty = [], []
+    for index, name in enumerate(classes):
+        seen, walked = set(), []
+        for top, dirs, files in os.walk(os.path.join(root, name), followlinks=True):
+            st = os.stat(top)
+            if (st.st_dev, st.st_ino) in seen:
+                dirs[:] = []  # walked already: neither its files nor its folders again
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            walked.append((top, files))
+        found = [
+            (os.path.join(top, f), index)
+            for top, files in sorted(walked)
+            for f in sorted(files)
+            if has_file_allowed_extension(f, IMG_EXTENSIONS)
+        ]
+        if not found:
+            empty.append(name)
+        items += found
+    if empty:
+        raise FileNotFoundError(
+            f"Found no valid file for the classes {', '.join(sorted(empty))}. "
+            f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}"
+        )
+    return items
+
+
+def _check_utf8(names: list[str], root: str) -> None:
+    """Refuse file and folder names that are not UTF-8: the store keeps paths and class
+    names as UTF-8 strings."""
+    bad = []
+    for name in names:
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            bad.append(os.fsencode(name).decode("utf-8", "backslashreplace"))
+    if bad:
+        shown = ", ".join(repr(b) for b in bad[:5]) + (
+            f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        )
+        raise ValueError(
+            f"{len(bad)} file or folder names under {root!r} are not valid UTF-8: {shown}. "
+            "The store records every path as UTF-8 text; rename them (e.g. with convmv)."
+        )
 
 
 def encode_labels(
@@ -305,7 +359,8 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     ImageSource
     """
     list_file = Path(list_file)
-    with open(list_file, newline="") as fh:
+    # utf-8-sig: a byte-order mark, as spreadsheet programs write one, is not text.
+    with open(list_file, newline="", encoding="utf-8-sig") as fh:
         text = fh.read().splitlines()
     delimiter = "," if any("," in line for line in text) else None
     rows = []

@@ -427,6 +427,11 @@ def extract_features(
         raise ValueError(f"The 'decode' parameter must be one of {_DECODES}. Got {decode!r}.")
     if batch_size < 1:
         raise ValueError(f"The 'batch_size' parameter must be >= 1. Got {batch_size!r} instead.")
+    for name, value in (
+        ("image_size", image_size), ("n_per_class", n_per_class), ("max_items", max_items)
+    ):  # fmt: skip
+        if value is not None and not value >= 1:
+            raise ValueError(f"The '{name}' parameter must be >= 1. Got {value!r} instead.")
     explicit = rank is not None or world_size is not None
     if explicit:
         rank, world_size = rank or 0, world_size or 1

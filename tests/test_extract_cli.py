@@ -124,6 +124,28 @@ def test_bad_outputs_are_one_line_errors_before_any_work(
 
 
 @pytest.mark.parametrize(
+    "option, value, name",
+    [
+        ("--max-items", "-1", "max_items"),  # kept all but the last image
+        ("--max-items", "0", "max_items"),  # "holds no images"
+        ("--per-class", "0", "n_per_class"),
+        ("--image-size", "0", "image_size"),  # silently the model's default
+        ("--image-size", "-32", "image_size"),  # a traceback from inside the model
+    ],
+)
+def test_counts_and_sizes_below_one_are_one_line_errors(
+    tmp_path, capsys, no_model, option, value, name
+):
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    out = tmp_path / "out.h5"
+    args = [str(folder), "timm:test_resnet@random", str(out), option, value, "--no-progress"]
+    assert main(args) == 2
+    line = _error_line(capsys, only_line=True)
+    assert f"The '{name}' parameter must be >= 1. Got {value}" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
     "backbone, match",
     [
         ("timm:resnet1800@random", "timm has no model 'resnet1800' .*; did you mean 'resnet18'"),

@@ -56,6 +56,42 @@ def test_image_list(folder, lines, class_names, labels):
     assert all(load_image(src, i).size == (40, 36) for i in range(len(src)))
 
 
+def test_image_folder_walks_a_folder_linked_again_once(folder):
+    # A link to its own class folder: os.walk(followlinks=True) listed every image once
+    # per level, down to the system's link limit (41 times).
+    before = image_folder(folder)
+    os.symlink(folder / "cat", folder / "cat" / "loop")
+    os.symlink(folder / "dog", folder / "cat" / "dogs")  # another folder: walked
+    after = image_folder(folder)
+    cats = [i for i in before.ids if i.startswith("cat/")]
+    dogs = [i for i in before.ids if i.startswith("dog/")]
+    # Folder by folder in sorted order (torchvision's make_dataset order), each once.
+    assert after.ids == cats + [i.replace("dog/", "cat/dogs/") for i in dogs] + dogs
+
+
+def test_image_folder_without_images_in_a_class_is_refused(folder):
+    (folder / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no valid file for the classes empty"):
+        image_folder(folder)
+
+
+def test_image_folder_refuses_names_that_are_not_utf8(folder):
+    bad = os.path.join(os.fsencode(folder / "cat"), b"bad\xff\xfename.jpg")
+    with open(bad, "wb") as fh:
+        fh.write((folder / "cat" / "000.png").read_bytes())
+    with pytest.raises(ValueError, match=r"1 file or folder names .* not valid UTF-8: 'cat/bad"):
+        image_folder(folder)
+
+
+def test_image_list_with_a_byte_order_mark(folder):
+    # Spreadsheet programs save "CSV UTF-8" with a BOM: the header is still the header.
+    (folder / "bom.csv").write_text(
+        "path,label\r\ncat/000.png,cat\r\ndog/001.jpg,dog\r\n", encoding="utf-8-sig"
+    )
+    src = image_list(folder / "bom.csv")
+    assert (src.ids, src.class_names) == (["cat/000.png", "dog/001.jpg"], ["cat", "dog"])
+
+
 def test_image_list_bad_line(tmp_path):
     (tmp_path / "l.csv").write_text("a.jpg,cat,extra\n")
     with pytest.raises(ValueError, match="l.csv:1: expected 'path,label'"):
