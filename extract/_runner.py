@@ -23,6 +23,7 @@ from ._images import (
     NOT_A_FILE,
     ImageSource,
     ItemDataset,
+    aspect_window,
     check_pixel_limit,
     collate_items,
     jpeg_size,
@@ -65,10 +66,13 @@ def library_versions() -> dict[str, str]:
 def _tensor_batch(images: list[torch.Tensor], pre: dict, device: torch.device) -> torch.Tensor:
     """The backbone's resize / centre-crop / normalise applied to decoded uint8 tensors."""
     interpolation = TF.InterpolationMode(pre["interpolation"])
-    out = [
-        TF.center_crop(TF.resize(img, pre["resize"], interpolation, antialias=True), pre["crop"])
-        for img in images
-    ]
+    out = []
+    for img in images:
+        window = aspect_window(img.shape[2], img.shape[1])  # (width, height)
+        if window != (img.shape[2], img.shape[1]):
+            img = TF.center_crop(img, [window[1], window[0]])
+        resized = TF.resize(img, pre["resize"], interpolation, antialias=True)
+        out.append(TF.center_crop(resized, pre["crop"]))
     x = torch.stack(out).to(device, torch.float32).div_(255)  # (B, 3, H, W)
     return TF.normalize(x, pre["mean"], pre["std"])
 

@@ -14,6 +14,7 @@ from extract import fashion_mnist, image_folder, image_list, open_source
 from extract._images import (
     ItemDataset,
     check_pixel_limit,
+    decode_image,
     jpeg_size,
     load_image,
     to_rgb,
@@ -251,6 +252,41 @@ def test_jpeg_size_reads_the_frame_header(data, expected):
     else:
         assert jpeg_size(data) == expected
         assert jpeg_size(np.frombuffer(data, np.uint8)) == expected
+
+
+def _png(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_a_long_strip_keeps_its_middle_and_transforms_as_before():
+    """A 1 x 20,000 PNG (a few hundred bytes) resized as a whole became 235 x 4.7 million
+    pixels; now its long side is cut, centred, to 16 times its short side first. What the
+    transforms keep, the centred square of the resized image, is the same as before."""
+    from torchvision.transforms import v2 as T
+
+    from extract._runner import _tensor_batch
+
+    strip = decode_image(_png(np.full((20_000, 1, 3), 200, np.uint8)))
+    assert strip.size == (1, 16)
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (24, 1200, 3), dtype=np.uint8)  # 50 : 1
+    trimmed = decode_image(_png(pixels))
+    assert trimmed.size == (384, 24)
+    np.testing.assert_array_equal(np.asarray(trimmed), pixels[:, 408:792])
+    transform = T.Compose([T.PILToTensor(), T.Resize(32, antialias=True), T.CenterCrop(28)])
+    full = transform(Image.fromarray(pixels)).float()
+    np.testing.assert_allclose(transform(trimmed).float(), full, atol=1.0)
+    pre = {
+        "interpolation": "bilinear",
+        "resize": 32,
+        "crop": 28,
+        "mean": [0.0] * 3,
+        "std": [1.0] * 3,
+    }
+    on_device = _tensor_batch([torch.from_numpy(pixels).permute(2, 0, 1)], pre, torch.device("cpu"))
+    np.testing.assert_allclose(on_device[0] * 255, full, atol=1.0)
 
 
 def test_pixel_limit_is_pil_s():

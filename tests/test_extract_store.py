@@ -196,7 +196,7 @@ def test_float16_and_normalize(folder, tmp_path):
         (dict(decode="gpu"), "'decode' parameter"),
         (dict(batch_size=0), "'batch_size' parameter"),
         (dict(rank=2, world_size=2), "rank must be in"),
-        (dict(max_items=0), "holds no images"),
+        (dict(max_items=0), "'max_items' parameter must be >= 1"),
     ],
 )
 def test_invalid_arguments(folder, tmp_path, kwargs, match):
