@@ -142,13 +142,20 @@ def _assemble(
     return x, reasons
 
 
+def compute_precision(device: torch.device) -> str:
+    """How the backbone computes on ``device`` (recorded in the store's provenance, so that
+    a run is never resumed in another precision): bfloat16 autocast on CUDA, else float32."""
+    return "bfloat16 autocast" if device.type == "cuda" else "float32"
+
+
 def _embed(backbone: Backbone, x: torch.Tensor, normalize: bool) -> np.ndarray:
     device = x.device
     if backbone.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
+    autocast = compute_precision(device) != "float32"
     with (
         torch.inference_mode(),
-        torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"),
+        torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast),
     ):
         z = backbone.model(x).float()  # (B, d)
         if normalize:
@@ -157,13 +164,20 @@ def _embed(backbone: Backbone, x: torch.Tensor, normalize: bool) -> np.ndarray:
 
 
 def _provenance(
-    backbone: Backbone, source: ImageSource, dtype: str, normalize: bool, decode: str, shard: dict
+    backbone: Backbone,
+    source: ImageSource,
+    dtype: str,
+    normalize: bool,
+    decode: str,
+    shard: dict,
+    device: torch.device,
 ) -> dict:
     provenance = dict(
         format_version=FORMAT_VERSION,
         backbone=f"{backbone.spec.family}:{backbone.spec.model}",
         weights=backbone.weights_id,
         preprocessing=backbone.preprocess | {"decode": decode},
+        compute=compute_precision(device),
         dtype=dtype,
         normalize=bool(normalize),
         source_root=source.resolved_root(),
@@ -499,7 +513,7 @@ def _extract_shard(
     rows = rank_rows(src, rank, world_size)
     shard = dict(n_rows=len(rows), n_total_rows=len(src), shard_rank=rank)
     shard["shard_world_size"] = world_size
-    provenance = _provenance(backbone, src, dtype, normalize, decode, shard)
+    provenance = _provenance(backbone, src, dtype, normalize, decode, shard, device)
     make_output_folder(out)
     with store_lock(out):
         _open_or_create(out, provenance, backbone, src, rows, overwrite)

@@ -39,6 +39,7 @@ PROVENANCE_KEYS = (
     "backbone",
     "weights",
     "preprocessing",
+    "compute",  # the backbone's precision: "float32", or "bfloat16 autocast" on CUDA
     "dtype",
     "normalize",
     "source_root",
@@ -394,6 +395,9 @@ def check_provenance(
         With one line listing every difference.
     """
     check_format(path, existing)
+    # Stores written before the precision was recorded computed in float32 (no CUDA run
+    # had written one).
+    existing = {"compute": "float32"} | dict(existing)
     diffs = []
     for key in PROVENANCE_KEYS:
         if existing.get(key) == requested.get(key):

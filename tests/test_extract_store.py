@@ -60,6 +60,7 @@ def test_schema_and_provenance(store):
         pre = json.loads(f.attrs["preprocessing"])
         assert pre["crop"] == [32, 32] and pre["mean"] == [0.5, 0.5, 0.5]
         assert pre["decode"] == "pil"
+        assert f.attrs["compute"] == "float32"  # a CUDA run: "bfloat16 autocast"
         versions = json.loads(f.attrs["versions"])
         assert {"torch", "timm", "open_clip_torch", "h5py"} <= set(versions)
         assert json.loads(f.attrs["class_names"]) == ["cat", "dog"]
@@ -115,6 +116,22 @@ def test_different_provenance_is_refused_in_one_line(store, folder, change, diff
     message = str(info.value)
     assert difference in message and "\n" not in message and "--force" in message
     assert "transform" not in message  # restates the entries that differ
+
+
+def test_a_store_is_resumed_only_in_its_own_precision(store, folder, tmp_path):
+    # A run started on a GPU (bfloat16 autocast) and resumed on the CPU (float32) would mix
+    # rows of both precisions in one file.
+    copy = tmp_path / "gpu.h5"
+    copy.write_bytes(store.read_bytes())
+    with h5py.File(copy, "a") as f:
+        f.attrs["compute"] = "bfloat16 autocast"
+    with pytest.raises(ProvenanceError, match="compute: file has 'bfloat16 autocast', request"):
+        extract_features(folder, BACKBONE, copy, **FAST)
+    with h5py.File(copy, "a") as f:  # written before the precision was recorded: float32
+        del f.attrs["compute"]
+    before = copy.read_bytes()
+    extract_features(folder, BACKBONE, copy, **FAST)
+    assert copy.read_bytes() == before
 
 
 def test_second_writer_gets_a_clear_error(folder, tmp_path):
