@@ -170,6 +170,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"the device ran out of memory at --batch-size {args.batch_size}; use a smaller "
             "--batch-size (or --image-size)"
         )
+    except RuntimeError as err:
+        if args.debug or "DataLoader worker" not in str(err):
+            raise
+        # The kernel ends a worker that runs out of memory; the rows done so far are kept.
+        return _error(
+            f"{err} If the machine ran out of memory, use fewer --workers or a smaller "
+            "--batch-size, then run the same command again to resume."
+        )
     except (ValueError, OSError, ImportError) as err:
         # Bad arguments, paths, stores, specs and weights; the store errors, BackboneError
         # and WeightsUnavailableError are ValueErrors, StoreNotFoundError also an OSError.

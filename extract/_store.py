@@ -421,9 +421,15 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
         return h5py.File(path, mode)
     except OSError as err:
         if "lock" in str(err).lower():
+            if mode == "r":  # HDF5 refuses readers only while a writer has the file open
+                raise StoreLockedError(
+                    f"The feature store {os.fspath(path)!r} is open for writing in another "
+                    "process; wait for it to finish."
+                ) from err
             raise StoreLockedError(
-                f"The feature store {os.fspath(path)!r} is open for writing in another "
-                "process; wait for it to finish."
+                f"The feature store {os.fspath(path)!r} is open in another process, and HDF5 "
+                "lets no one write a file that another process has open, even for reading: "
+                "close it there (e.g. the session that called load_features) and run again."
             ) from err
         if isinstance(err, FileNotFoundError):
             raise StoreNotFoundError(

@@ -123,6 +123,18 @@ def test_bad_outputs_are_one_line_errors_before_any_work(
         main([str(folder), "timm:test_resnet@random", str(out), "--debug"])
 
 
+def test_a_killed_decoding_worker_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    def killed(*args, **kwargs):
+        raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. ")
+
+    monkeypatch.setattr(extract, "extract_features", killed)
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    assert main([str(folder), "timm:test_resnet@random", str(tmp_path / "o.h5")]) == 2
+    line = _error_line(capsys, only_line=True)
+    assert "(pid 4242) is killed by signal: Killed." in line and "fewer --workers" in line
+    assert "run the same command again to resume" in line
+
+
 @pytest.mark.parametrize(
     "option, value, name",
     [

@@ -29,7 +29,7 @@ from extract import (  # noqa: E402
     merge_shards,
     shard_path,
 )
-from extract._store import DONE, FAILED, PENDING, store_lock  # noqa: E402
+from extract._store import DONE, FAILED, PENDING, open_store, store_lock  # noqa: E402
 from extract._testing import make_image_folder, write_idx  # noqa: E402
 
 BACKBONE = "timm:test_resnet@random"
@@ -301,6 +301,17 @@ def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
             load_features(partial)
     finally:
         writer.communicate(b"\n", timeout=30)
+    # Another process reading it: no one may write it, and waiting does not help.
+    code = "import h5py, sys; f = h5py.File(sys.argv[1], 'r'); print(flush=True); input()"
+    reader = subprocess.Popen(
+        [sys.executable, "-c", code, str(partial)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        reader.stdout.readline()
+        with pytest.raises(StoreLockedError, match="open in another process, .* close it there"):
+            open_store(partial, "a").close()
+    finally:
+        reader.communicate(b"\n", timeout=30)
 
 
 def test_minimal_hdf5_with_features_labels_and_class_names_loads(tmp_path):
