@@ -93,6 +93,7 @@ _OPTIONS = {
     "C": "--C",
     "max_iter": "--max-iter",
     "scale": "--logit-scale",
+    "random_state": "--seed",
 }
 # Written only by some runs; a stale copy from an earlier run in the same folder is removed.
 _CONDITIONAL_OUTPUTS = ("front.png", "class_names.json", "cv_curve.png")
@@ -350,6 +351,7 @@ def _run(args) -> int:
     _check_grid(grid, mr2, args)
     out = _prepare_out(args.out) if args.out else None
     X, y, X_test, y_test, names = _inputs(args)
+    _check_splits(y, grid, args)
 
     erm_grid = {key: values for key, values in grid.items() if key not in _MR2_ONLY}
     if args.Cs is not None:
@@ -454,6 +456,8 @@ def _check_options(args) -> None:
             )
     if args.cv < 2:
         raise UsageError(f"--cv must be at least 2 folds, e.g. --cv 3; got {args.cv}")
+    if args.n_jobs == 0:
+        raise UsageError("--n-jobs 0 runs nothing; give a number of jobs, or -1 for all CPUs")
     if not 0 <= args.front_bound < 100:
         raise UsageError(
             "--front-bound is in points of overall accuracy, between 0 and 100, e.g. 0.5; "
@@ -691,6 +695,7 @@ def _inputs(args):
             f"the test features have {X_test.shape[1]} columns and the training features "
             f"{X.shape[1]}; use features of the same backbone and settings"
         )
+    _check_same_extraction(args.train, args.test)
     if names is not None and test_names is not None and names != test_names:
         raise UsageError(
             f"the class names of {args.train} ({_few(names)}) and {args.test} "
@@ -705,6 +710,63 @@ def _inputs(args):
             "names or both the same integer codes)"
         )
     return X, y, X_test, y_test, names
+
+
+def _check_splits(y, grid: dict, args) -> None:
+    """The splits the run will make, made once on the labels before any fit: the folds of
+    a search (--grid, --Cs) and the front's validation split (--tilt, --offsets)."""
+    rows = np.zeros((len(y), 1))
+    if grid or args.Cs is not None:
+        try:
+            next(StratifiedKFold(args.cv, shuffle=True, random_state=args.seed).split(rows, y))
+        except ValueError as error:
+            raise UsageError(f"--cv {args.cv}: {_one_line(error)}; use fewer folds") from error
+    if args.tilt or args.offsets:
+        try:
+            train_test_split(rows, y, test_size=args.val_size, stratify=y, random_state=args.seed)
+        except ValueError as error:
+            raise UsageError(
+                f"--val-size {args.val_size:g} cannot hold out every class of the "
+                f"{len(y)} training samples: {_one_line(error)}; use a larger --val-size"
+            ) from error
+
+
+# What a store's features depend on (extract's provenance): the decoding path ("decode")
+# and the compute precision change them by rounding only, and may differ between stores.
+_FEATURE_PROVENANCE = ("backbone", "weights", "normalize", "preprocessing")
+
+
+def _feature_provenance(path: str) -> dict | None:
+    """The entries of a store's provenance that define its features; None for NumPy files."""
+    if Path(path).suffix.lower() not in (".h5", ".hdf5"):
+        return None
+    from extract import load_features
+
+    with load_features(path) as store:
+        metadata = store.metadata
+    flat = {}
+    for key in _FEATURE_PROVENANCE:
+        value = metadata.get(key)
+        if isinstance(value, dict):
+            flat |= {f"{key}.{k}": v for k, v in value.items() if k not in ("decode", "transform")}
+        elif value is not None:
+            flat[key] = value
+    return flat
+
+
+def _check_same_extraction(train: str, test: str) -> None:
+    """Refuse train and test stores whose features come from different backbones, weights
+    or preprocessing (entries recorded in both are compared)."""
+    old, new = _feature_provenance(train), _feature_provenance(test)
+    if old is None or new is None:
+        return
+    differ = [k for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
+    if differ:
+        shown = "; ".join(f"{k}: {old[k]!r} and {new[k]!r}" for k in differ[:3])
+        raise UsageError(
+            f"{train} and {test} were extracted differently ({shown}), so their features "
+            "are not comparable; extract both with the same backbone and settings"
+        )
 
 
 def _few(values, n: int = 4) -> str:

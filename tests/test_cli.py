@@ -184,6 +184,17 @@ NEEDS_H5 = pytest.mark.skipif(
             "so their integer labels name different classes",
             marks=NEEDS_H5,
         ),
+        pytest.param(
+            ["{d}/r18.h5", "--test", "{d}/r34.h5"],
+            "were extracted differently (backbone: 'timm:resnet18' and 'timm:resnet34'; "
+            "weights: 'sha256:aa' and 'sha256:bb'), so their features are not comparable",
+            marks=NEEDS_H5,
+        ),
+        pytest.param(
+            ["{d}/r18.h5", "--test", "{d}/r18_64.h5"],
+            "(preprocessing.crop: [32, 32] and [64, 64])",
+            marks=NEEDS_H5,
+        ),
         # Options out of range, found before anything is read.
         (["{d}/train.npz", "--test-size", "1.5"], "--test-size must be a fraction between 0"),
         (["{d}/train.npz", "--test-size", "0"], "--test-size must be a fraction between 0"),
@@ -194,6 +205,19 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/train.npz", "--lam", "-1"], "--lam: The 'lam' parameter of MR2LinearClassifier"),
         (["{d}/train.npz", "--cv", "1", "--grid", "C=1"], "--cv must be at least 2 folds"),
         (["{d}/train.npz", "--front-bound", "100"], "--front-bound is in points"),
+        (["{d}/train.npz", "--n-jobs", "0", "--grid", "C=1,2"], "--n-jobs 0 runs nothing"),
+        (["{d}/train.npz", "--seed", "-1"], "--seed: The 'random_state' parameter"),
+        # Splits the data cannot make, found before any fit.
+        (
+            ["{d}/train.npz", "--tilt", "1", "--val-size", "0.02"],
+            "--val-size 0.02 cannot hold out every class of the 72 training samples",
+        ),
+        (
+            ["{d}/train.npz", "--offsets", "1", "--val-size", "0.02"],
+            "--val-size 0.02 cannot hold out every class",
+        ),
+        (["{d}/train.npz", "--cv", "40", "--grid", "c_bar=1,2"], "--cv 40: n_splits=40 cannot"),
+        (["{d}/train.npz", "--cv", "40", "--Cs", "3"], "--cv 40: n_splits=40 cannot"),
         (["{d}/train.npz", "--logit-scale", "16"], "add --head cosine, or drop --logit-scale"),
         (
             ["{d}/train.npz", "--scale", "l2", "--feature-scaling", "standard"],
@@ -274,15 +298,16 @@ def test_feature_scaling_logit_scale_and_the_deprecated_scale(files, tmp_path, c
     ]  # fmt: skip
 
 
-def _store(path, X, y, class_names, done=True):
+def _store(path, X, y, class_names, done=True, **provenance):
     """A feature store written with extract's own writer."""
     import h5py
 
     from extract._store import DONE, create_store, write_rows
 
     n = len(y)
+    provenance = {"format_version": 2} | provenance
     create_store(
-        path, provenance={"format_version": 2}, record={}, dim=X.shape[1], dtype="float32",
+        path, provenance=provenance, record={}, dim=X.shape[1], dtype="float32",
         labels=y, indices=np.arange(n), ids=[f"item/{i:05d}" for i in range(n)],
         class_names=class_names, file_size=np.full(n, -1), file_mtime_ns=np.full(n, -1),
     )  # fmt: skip
@@ -305,12 +330,31 @@ def stores(files):
     _store(files / "store_test.h5", X_test, y_test, FASHION)
     _store(files / "renamed.h5", X_test, y_test, ["Sandal", "Shirt", "Bag"])
     _store(files / "partial.h5", X, y, FASHION, done=False)
+    pre = {"resize": 36, "crop": [32, 32], "decode": "pil", "transform": "Compose(...)"}
+    made = dict(backbone="timm:resnet18", weights="sha256:aa", normalize=False)
+    _store(files / "r18.h5", X, y, FASHION, preprocessing=pre, **made)
+    tensor = pre | {"decode": "tensor", "transform": "Compose(other)"}  # rounding only
+    _store(files / "r18_tensor.h5", X_test, y_test, FASHION, preprocessing=tensor, **made)
+    _store(
+        files / "r34.h5", X_test, y_test, FASHION, preprocessing=pre,
+        **made | {"backbone": "timm:resnet34", "weights": "sha256:bb"},
+    )  # fmt: skip
+    crop = pre | {"crop": [64, 64]}
+    _store(files / "r18_64.h5", X_test, y_test, FASHION, preprocessing=crop, **made)
     (files / "garbage.h5").write_bytes(b"not hdf5")
     for name, keep in (("no_labels.h5", "class_names"), ("no_names.h5", "labels")):
         with h5py.File(files / name, "w") as f:
             f["features"] = X
             f[keep] = y if keep == "labels" else FASHION
     return files
+
+
+@NEEDS_H5
+def test_stores_that_differ_in_decoding_only_are_compared(stores, capsys):
+    # GPU (tensor) and CPU (PIL) decoding resize slightly differently: the same features.
+    argv = [str(stores / "r18.h5"), "--test", str(stores / "r18_tensor.h5"), "--no-progress"]
+    assert main(argv) == 0
+    assert "MR2" in capsys.readouterr().out
 
 
 @NEEDS_H5
