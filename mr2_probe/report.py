@@ -193,8 +193,12 @@ def _text_table(header: list, rows: list) -> str:
 
 
 def _markdown_table(header: list, rows: list) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|--:" * (len(header) - 1) + "|"]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    def escaped(text) -> str:  # a '|' in a class or model name would end its cell
+        return str(text).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(map(escaped, header)) + " |"]
+    lines.append("|---" + "|--:" * (len(header) - 1) + "|")
+    lines += ["| " + " | ".join(escaped(_cell(v)) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
 

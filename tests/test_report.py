@@ -86,6 +86,18 @@ def test_markdown_table(report):
     assert "| eel | hard | 50.00 | 100.00 |" in lines
 
 
+def test_markdown_escapes_a_pipe_in_a_name():
+    y = np.array(["a|b", "a|b", "c", "c"])
+    report = classwise_report({"m|1": np.array(["a|b", "c", "c", "c"])}, y)
+    text = report.to_markdown(per_class=True)
+    assert "| m\\|1 |" in text and "| a\\|b |" in text
+    # Every row of each table has as many cells as its header (a '\|' is not a border).
+    for table in text.split("\n\n"):
+        rows = [line for line in table.splitlines() if line.startswith("|")]
+        cells = {len(line.replace("\\|", "").split("|")) for line in rows}
+        assert len(cells) <= 1  # (0: the caption between the tables)
+
+
 def _assert_same(read, report):
     assert (read.reference, read.labels, read.groups) == (
         report.reference, report.labels, report.groups,
