@@ -270,9 +270,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     π_k (``class_weight="balanced"`` makes π uniform, so the tilt then starts from the
     balanced mean). The penalty is unchanged. ∇R_t = Σ_k q_k·∇L_k with
     q = softmax(t·L + log π): the plain gradient with sample i weighted by q_{y_i} / S_{y_i}
-    instead of 1 / S. The minibatch solvers take each step's q from the latest class losses:
-    those of the classes in its minibatch, the last measured for the others (at the start,
-    one exact pass).
+    instead of 1 / S. The minibatch solvers take each step's q from running class losses,
+    averages over about the last 32 samples of each class (at the start, one exact pass).
 
     Margins and tilt act in training only: ``predict`` is the plain argmax of the logits.
     With ``c_bar=None``, ``lam=0`` and ``class_tilt=0`` the objective is that of
