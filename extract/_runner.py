@@ -108,8 +108,19 @@ def _decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.
         for k in todo:  # isolate the unreadable files
             try:
                 decoded[k] = decode_jpeg(data[k], mode=ImageReadMode.RGB, device=device)
+                continue
             except RuntimeError as err:
+                if "out of memory" in str(err):  # the device's, not the file's: fail loudly
+                    raise torch.OutOfMemoryError(str(err)) from err
                 decoded[k] = f"RuntimeError: {err}"[:200]
+            if device.type != "cpu":
+                # nvJPEG refuses valid files that libjpeg-turbo reads (CMYK, arithmetic
+                # coding, some chroma subsamplings): a failure only if the CPU fails too.
+                try:
+                    image = decode_jpeg(data[k], mode=ImageReadMode.RGB)
+                    decoded[k] = image.to(device)
+                except RuntimeError as err:
+                    decoded[k] = f"RuntimeError: {err}"[:200]
     return decoded
 
 

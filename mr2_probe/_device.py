@@ -46,9 +46,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     machine, raises a ValueError that lists the available ones.
     """
     if isinstance(device, str) and device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        return torch.device("cpu")
+        return _local_gpu() if torch.cuda.is_available() else torch.device("cpu")
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError):
@@ -57,7 +55,19 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         what = "is not a torch device" if resolved is None else "is not available on this machine"
         names = ", ".join(repr(name) for name in ["auto", *available_devices()])
         raise ValueError(f"device={str(device)!r} {what}. Available devices: {names}.")
+    if resolved.type == "cuda" and resolved.index is None:
+        return _local_gpu()  # torch.cuda.set_device, and per-rank placement, need an index
     return resolved
+
+
+def _local_gpu() -> torch.device:
+    """This process's GPU: under ``torchrun`` the rank's (``LOCAL_RANK``), else the current
+    one. When each process sees only some of the GPUs (``CUDA_VISIBLE_DEVICES`` set per
+    rank), ``LOCAL_RANK`` wraps around the visible ones."""
+    local = os.environ.get("LOCAL_RANK")
+    if local is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cuda", int(local) % torch.cuda.device_count())
 
 
 def torch_dtype(dtype) -> torch.dtype:

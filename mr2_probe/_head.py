@@ -53,7 +53,10 @@ class ProbeHead(nn.Module):
         elif projection:
             # P = I + A·B: A starts at zero so that P starts at the identity.
             self.proj_a = nn.Parameter(torch.zeros(n_features, projection_rank, **kw))
-            b = torch.randn(projection_rank, n_features, generator=generator, dtype=dtype)
+            # Drawn on the CPU (the generator's device, whatever torch's default device).
+            b = torch.randn(
+                projection_rank, n_features, generator=generator, dtype=dtype, device="cpu"
+            )
             self.proj_b = nn.Parameter((b / n_features**0.5).to(device))
 
     @property
@@ -184,8 +187,8 @@ class ProbeHead(nn.Module):
         if self.proj_full is not None:
             return self.proj_full
         if self.proj_a is not None:
-            eye = torch.eye(self.proj_a.shape[0], dtype=self.proj_a.dtype)
-            return eye.to(self.proj_a.device) + self.proj_a @ self.proj_b
+            a = self.proj_a
+            return torch.eye(a.shape[0], dtype=a.dtype, device=a.device) + a @ self.proj_b
         return None
 
 

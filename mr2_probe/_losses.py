@@ -41,10 +41,18 @@ def margin_cross_entropy(
 
 
 def pairwise_sq_distances(features: torch.Tensor) -> torch.Tensor:
-    """Squared Euclidean distances between all rows, from one Gram matrix (B, B)."""
-    sq = (features * features).sum(-1)  # (B,)
-    gram = features @ features.T  # (B, B)
-    return (sq[:, None] + sq[None, :] - 2 * gram).clamp_min(0)
+    """Squared Euclidean distances between all rows, from one Gram matrix (B, B).
+
+    Computed in float32 at least, autocast or not: ‖a‖² + ‖b‖² − 2a·b cancels, and a
+    bfloat16 Gram matrix would leave errors as large as the distances (float16 overflows
+    beyond norms of 256).
+    """
+    if features.dtype in (torch.float16, torch.bfloat16):
+        features = features.float()
+    with torch.autocast(features.device.type, enabled=False):
+        sq = (features * features).sum(-1)  # (B,)
+        gram = features @ features.T  # (B, B)
+        return (sq[:, None] + sq[None, :] - 2 * gram).clamp_min(0)
 
 
 def compactness_loss(

@@ -125,6 +125,22 @@ def test_lbfgs_loss_curve_holds_the_start_then_each_iteration(digits):
     assert clf.loss_curve_[-1] < clf.loss_curve_[1] < clf.loss_curve_[0]
 
 
+def test_low_rank_projection_under_another_default_device(digits):
+    # torch.set_default_device("cuda") in a user's session: the projection's random start,
+    # drawn with a CPU generator, must still be drawn on the CPU ("meta" stands for CUDA).
+    X, y = digits
+    torch.set_default_device("meta")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            clf = MR2LinearClassifier(
+                lam=0.5, projection_rank=8, max_iter=2, random_state=0, device="cpu"
+            ).fit(X, y)
+    finally:
+        torch.set_default_device(None)
+    assert clf.projection_.shape == (64, 64) and np.isfinite(clf.projection_).all()
+
+
 def test_low_rank_projection(digits):
     X, y = digits
     clf = MR2LinearClassifier(lam=0.5, projection_rank=4, max_iter=5, random_state=0, device="cpu")
@@ -370,6 +386,30 @@ def test_unavailable_device_is_a_clear_value_error(device, as_tensor):
     X = torch.as_tensor(X) if as_tensor else X
     with pytest.raises(ValueError, match=r"device='.*' is not .*Available devices: 'auto', 'cpu'"):
         MR2LinearClassifier(device=device).fit(X, y)
+
+
+@pytest.mark.parametrize(
+    "name, local_rank, expected",
+    [
+        ("auto", None, "cuda:1"),  # the current GPU
+        ("auto", "0", "cuda:0"),  # torchrun: the rank's
+        ("auto", "3", "cuda:1"),  # each rank sees two GPUs: wraps around them
+        ("cuda", None, "cuda:1"),  # an index, as torch.cuda.set_device needs
+        ("cuda", "0", "cuda:0"),
+        ("cuda:0", "1", "cuda:0"),  # named: kept
+    ],
+)
+def test_cuda_devices_resolve_to_an_index(monkeypatch, name, local_rank, expected):
+    from mr2_probe._device import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    assert resolve_device(name) == torch.device(expected)
 
 
 @pytest.mark.parametrize(

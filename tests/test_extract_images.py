@@ -326,6 +326,41 @@ def test_device_jpeg_decoding_checks_the_pixel_limit(monkeypatch):
     assert decoded[1].startswith("DecompressionBombError") and "1440 pixels" in decoded[1]
 
 
+def _nvjpeg_like(monkeypatch, message):
+    """decode_jpeg that fails with ``message`` on any device but the CPU, as nvJPEG does for
+    the JPEGs it does not support (CMYK, arithmetic coding) or on a device error."""
+    import torchvision.io
+
+    real = torchvision.io.decode_jpeg
+
+    def decode_jpeg(data, mode=torchvision.io.ImageReadMode.UNCHANGED, device="cpu"):
+        if torch.device(device).type != "cpu":
+            raise RuntimeError(message)
+        return real(data, mode=mode)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", decode_jpeg)
+
+
+def test_jpegs_the_device_cannot_decode_are_decoded_on_the_cpu(monkeypatch):
+    from extract._runner import _decode_jpegs
+
+    _nvjpeg_like(monkeypatch, "Error while decoding JPEG images: unsupported")
+    good = torch.frombuffer(bytearray(_jpeg(8, 8)), dtype=torch.uint8)
+    bad = torch.frombuffer(bytearray(_jpeg(8, 8)[:40]), dtype=torch.uint8)  # truncated
+    decoded = _decode_jpegs([good, bad], torch.device("meta"))
+    assert decoded[0].shape == (3, 8, 8) and decoded[0].device.type == "meta"
+    assert isinstance(decoded[1], str)  # unreadable on every path: a failure
+
+
+def test_device_memory_errors_while_decoding_are_not_unreadable_images(monkeypatch):
+    from extract._runner import _decode_jpegs
+
+    _nvjpeg_like(monkeypatch, "Error while decoding JPEG images: CUDA out of memory")
+    good = torch.frombuffer(bytearray(_jpeg(8, 8)), dtype=torch.uint8)
+    with pytest.raises(torch.OutOfMemoryError, match="out of memory"):
+        _decode_jpegs([good], torch.device("meta"))
+
+
 def test_dataset_hashes_what_it_reads_and_refuses_changed_files(folder):
     src = image_folder(folder)
     ds = ItemDataset(src, lambda im: torch.zeros(3, 2, 2))

@@ -112,6 +112,23 @@ def test_compactness_matches_loop_with_gradients(s_bar, tau):
     torch.testing.assert_close(grad_got, grad_want)
 
 
+def test_pairwise_distances_under_bfloat16_autocast_are_float32s():
+    # Features of norm ~20 as a backbone gives them: in bfloat16, ‖a‖² + ‖b‖² − 2a·b
+    # cancels to errors of several units.
+    from mr2_probe._losses import pairwise_sq_distances
+
+    features = torch.randn(64, 32, generator=torch.Generator().manual_seed(0)) * 3.5
+    exact = torch.cdist(features.double(), features.double()).square()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        d = pairwise_sq_distances(features)
+        from_half = pairwise_sq_distances(features.bfloat16())
+    assert d.dtype == torch.float32
+    torch.testing.assert_close(d.double(), exact, atol=1e-3, rtol=1e-5)
+    # Half-precision input (rounded features) is computed in float32 too.
+    rounded = torch.cdist(features.bfloat16().double(), features.bfloat16().double()).square()
+    torch.testing.assert_close(from_half.double(), rounded, atol=1e-3, rtol=1e-5)
+
+
 def test_compactness_is_overflow_safe_and_handles_singletons():
     features = torch.tensor([[0.0, 0.0], [1e3, 0.0], [5.0, 5.0]], requires_grad=True)
     labels = torch.tensor([0, 0, 1])  # class 1 has no pair
