@@ -159,6 +159,23 @@ def _fit(estimator, X, y):
         return estimator.fit(X, y)
 
 
+def _convex(probe) -> bool:
+    """A fitted probe whose problem is convex: a linear head solved by L-BFGS."""
+    return probe.head == "linear" and probe.solver_ == "lbfgs"
+
+
+def _warm_fit(previous, tilt: float, X, y):
+    """``previous`` refitted at ``tilt`` from its solution; None if it did not converge."""
+    model = copy.deepcopy(previous)
+    _final(model).set_params(warm_start=True, class_tilt=tilt)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        model.fit(X, y)
+    if any(issubclass(w.category, ConvergenceWarning) for w in caught):
+        return None
+    return model
+
+
 def accuracy_front(
     estimator,
     X,
@@ -211,14 +228,16 @@ def accuracy_front(
     ]
     fitted, previous = {}, None
     for p in points:
-        if p.lever == "tilt" and previous is not None:
+        model = None
+        if p.lever == "tilt" and previous is not None and _convex(_final(previous)):
             # Along the sweep each fit starts from the previous solution (the untilted one
-            # first): the problems are convex, so only the number of iterations changes.
-            model = copy.deepcopy(previous)
-            _final(model).set_params(warm_start=True, class_tilt=p.value)
-        else:
-            model = clone(p.estimator)
-        fitted[p.name] = previous = _fit(model, X, y)
+            # first). For a linear head solved by L-BFGS the problems are convex: a warm
+            # start that converges is the cold fit's solution in fewer iterations. One that
+            # stops short is not, and the point is fitted cold, as its refit will be.
+            model = _warm_fit(previous, p.value, X, y)
+        if model is None:
+            model = _fit(clone(p.estimator), X, y)
+        fitted[p.name] = previous = model
     if offset_bounds:
         bounds = sorted(float(b) for b in offset_bounds)
         wrapper = TunedOffsetsClassifierCV(

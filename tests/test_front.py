@@ -6,6 +6,7 @@ import joblib
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -82,6 +83,33 @@ def test_front_points(front, splits):
     assert front.point("tilt=5").estimator[-1].class_tilt == 5.0
     assert front.point("offsets≤1pt").estimator.max_accuracy_drop == 0.01
     assert front.chosen == choose_point(front).name
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(C=0.05, c_bar=1.0, max_iter=5),  # L-BFGS stopped short: not the cold solution
+        dict(solver="adam", max_iter=15, random_state=0),  # minibatch: another path
+    ],
+)
+def test_tilt_points_score_the_model_their_refit_gives(params):
+    """The rule reads each point's scores; its configuration is what gets refitted, cold.
+    Warm starts along the sweep are kept only where they give the cold solution."""
+    from sklearn.base import clone
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    X_fit, X_val, y_fit, y_val = train_test_split(
+        X / 16, y, test_size=0.3, stratify=y, random_state=0
+    )
+    front = accuracy_front(
+        MR2LinearClassifier(device="cpu", **params), X_fit, y_fit, X_val, y_val, tilts=(1, 5)
+    )
+    for name in ("tilt=1", "tilt=5"):
+        point = front.point(name)
+        with pytest.warns(ConvergenceWarning):
+            cold = clone(point.estimator).fit(X_fit, y_fit)
+        assert point.validation["overall"] == pytest.approx(cold.score(X_val, y_val))
 
 
 def test_front_never_chooses_on_test_data(splits, front):
