@@ -257,6 +257,23 @@ def _scaled(probe: MR2LinearClassifier, scaling: str):
     return probe if scaler is None else Pipeline([("scale", scaler()), ("probe", probe)])
 
 
+def _chosen_configuration(model):
+    """The unfitted probe (in its Pipeline) that a fitted search chose: GridSearchCV's
+    best estimator, or an MR2LinearClassifier at the C (or scale) MR2LinearClassifierCV
+    chose; the model itself, unfitted, when nothing was searched."""
+    base = clone(getattr(model, "best_estimator_", model))
+    search = _final(model)
+    if not isinstance(search, MR2LinearClassifierCV):
+        return base
+    names = MR2LinearClassifier().get_params()
+    params = {k: v for k, v in search.get_params(deep=False).items() if k in names}
+    params |= {"scale": search.C_} if search.head == "cosine" else {"C": search.C_}
+    probe = MR2LinearClassifier(**params)
+    if isinstance(base, Pipeline):
+        return Pipeline([*base.steps[:-1], (base.steps[-1][0], probe)])
+    return probe
+
+
 def _final(estimator):
     """The probe itself, inside a Pipeline or not."""
     return estimator[-1] if isinstance(estimator, Pipeline) else estimator
@@ -366,7 +383,7 @@ def _run(args) -> int:
         _fit(model, X, y)
     front = None
     if args.tilt or args.offsets:
-        base = clone(getattr(models[mr2_name], "best_estimator_", models[mr2_name]))
+        base = _chosen_configuration(models[mr2_name])
         _final(base).set_params(verbose=0)
         front = _front(models, base, X, y, X_test, y_test, args)
     fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}

@@ -191,6 +191,17 @@ def test_cli_front(features, capsys):
     assert f"chosen: {chosen}" in models
 
 
+@pytest.mark.parametrize("scaling", ["none", "standard"])
+def test_cli_front_of_a_cv_search_starts_from_its_choice(features, capsys, scaling):
+    # MR2LinearClassifierCV has no warm_start: the front is that of the probe at its C.
+    argv = [str(features / "train.npz"), "--test", str(features / "test.npz"), "--Cs", "3"]
+    argv += ["--cv", "2", "--tilt", "0,1", "--feature-scaling", scaling, "--no-progress"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    chose = float(printed.split("MR2: chose C=")[1].split()[0])
+    assert "tilt=1" in printed and chose in (1e-4, 1.0, 1e4)
+
+
 @pytest.mark.parametrize("value", ["-1", "a,b", "nan"])
 def test_cli_front_bad_values(features, value, capsys):
     with pytest.raises(SystemExit):
