@@ -209,8 +209,12 @@ def _scaled(value, factor: float):
     if isinstance(value, list):
         return [_scaled(v, factor) for v in value]
     value = math.nan if value is None else float(value)
-    # Rounded at 1e-10 so that 0.57 is written 57.0, not 56.99999999999999.
-    return round(value * factor, 10) if factor != 1 else value
+    if factor > 1:
+        # Rounded at 1e-10 so that 0.57 is written 57.0, not 56.99999999999999.
+        return round(value * factor, 10)
+    # Back to fractions by a division (57.0 / 100 is 0.57 exactly), not rounded again: a
+    # report read and written again keeps every digit it was written with.
+    return value / round(1 / factor) if factor < 1 else value
 
 
 def _finite(value):

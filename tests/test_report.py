@@ -115,6 +115,9 @@ def test_json_round_trips(labels):
     assert data == report.to_dict()
     _assert_same(ClasswiseReport.from_dict(data), report)
     assert data["labels"] == sorted(np.unique(labels).tolist())
+    # Read and written again, and again: not a digit lost (accuracies such as 5/6).
+    again = ClasswiseReport.from_dict(data).to_dict()
+    assert again == data and ClasswiseReport.from_dict(again).to_dict() == data
 
 
 def test_json_is_in_percent_like_the_tables(report):
