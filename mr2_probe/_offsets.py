@@ -7,6 +7,7 @@ offsets on them and refits the inner classifier on all the data.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from numbers import Integral, Real
 from typing import NamedTuple
@@ -39,16 +40,24 @@ from sklearn.utils.validation import (
 
 from ._data import is_torch_tensor
 from ._device import to_numpy
-from .metrics import GROUP_NAMES, difficulty_groups, hard_tercile_accuracy, worst_class_accuracy
+from .metrics import (
+    GROUP_NAMES,
+    class_accuracy_std,
+    difficulty_groups,
+    hard_tercile_accuracy,
+    worst_class_accuracy,
+)
 
 OBJECTIVES = ("worst_class", "balanced_accuracy", "hard_tercile", "accuracy")
 
-# Metrics that the search scores from per-class counts, without building predictions.
+# Metrics that the search scores from per-class (weighted) counts, without building
+# predictions: (function, the scorer's sign, name). class_std_scorer is negated.
 _COUNTED_METRICS = (
-    (worst_class_accuracy, "worst_class"),
-    (balanced_accuracy_score, "balanced_accuracy"),
-    (hard_tercile_accuracy, "hard_tercile"),
-    (accuracy_score, "accuracy"),
+    (worst_class_accuracy, 1, "worst_class"),
+    (balanced_accuracy_score, 1, "balanced_accuracy"),
+    (hard_tercile_accuracy, 1, "hard_tercile"),
+    (accuracy_score, 1, "accuracy"),
+    (class_accuracy_std, -1, "neg_class_std"),
 )
 
 
@@ -246,12 +255,19 @@ class _Objective:
                     "make_scorer(f1_score, average='macro')."
                 )
             func, sign, kwargs = scoring._score_func, scoring._sign, scoring._kwargs
-        counted = [name for known, name in _COUNTED_METRICS if func is known]
-        if sign == 1 and not kwargs and counted:
+        counted = [name for known, s, name in _COUNTED_METRICS if func is known and s == sign]
+        if not kwargs and counted:
             self.name = counted[0]
             return
         self.name = None
         if weighted:
+            parameters = inspect.signature(func).parameters.values()
+            if not any(p.name == "sample_weight" or p.kind is p.VAR_KEYWORD for p in parameters):
+                raise ValueError(
+                    f"The scoring function {getattr(func, '__name__', func)!r} takes no "
+                    "sample_weight, so the offsets cannot be tuned on weighted samples: fit "
+                    "without sample_weight, or score with a function that takes it."
+                )
             kwargs = {**kwargs, "sample_weight": weight}
         self.metric = lambda pred: sign * float(func(classes[y], classes[pred], **kwargs))
 
@@ -271,6 +287,8 @@ class _Objective:
         accuracy = counts[:, present] / self.class_size[present]  # (M, K')
         if self.name == "balanced_accuracy":
             return [accuracy.mean(1)]
+        if self.name == "neg_class_std":
+            return [-accuracy.std(1)]
         ranked = np.sort(accuracy, axis=1)  # (M, K'), worst class first
         if self.name == "worst_class":
             return list(ranked.T)  # leximin

@@ -177,6 +177,27 @@ def test_tiny_tuning_sets_are_searched(seed):
     assert result.score == pytest.approx(worst_class_accuracy(y, pred), abs=1e-12)
 
 
+def test_class_std_scorer_is_counted_and_takes_sample_weights():
+    # The negated spread of the class accuracies, as class_std_scorer scores it; with
+    # sample weights (which class_accuracy_std itself does not take) it crashed.
+    from mr2_probe.metrics import class_accuracy_std, class_std_scorer
+
+    z, y = _biased_logits(0)
+    result = tune_class_offsets(z, y, class_std_scorer)
+    pred = (z + result.offsets).argmax(1)
+    assert result.score == pytest.approx(-class_accuracy_std(y, pred), abs=1e-12)
+    assert result.score > result.base_score
+    weighted = tune_class_offsets(z, y, class_std_scorer, sample_weight=np.full(len(y), 2.0))
+    np.testing.assert_array_equal(weighted.offsets, result.offsets)
+
+
+def test_a_scoring_function_without_sample_weight_is_named():
+    z, y = _biased_logits(0)
+    scorer = make_scorer(lambda t, p: float(np.mean(t == p)) + 0.0)
+    with pytest.raises(ValueError, match="takes no sample_weight"):
+        tune_class_offsets(z, y, scorer, sample_weight=np.ones(len(y)))
+
+
 def _tied_worst_classes():
     """Classes 0 and 1 tie at 0.5; fixing either costs three samples of a large class."""
     rows, labels = [], []
