@@ -79,6 +79,8 @@ def difficulty_groups(reference_accuracy, n_groups: int = 3) -> np.ndarray:
     array([0, 2, 0, 1, 1, 2])
     >>> difficulty_groups([0.9, 0.5])
     array([0, 2])
+    >>> difficulty_groups([0.5])
+    array([2])
     """
     acc = np.asarray(reference_accuracy, dtype=float)
     order = np.argsort(-acc, kind="stable")
@@ -89,7 +91,9 @@ def difficulty_groups(reference_accuracy, n_groups: int = 3) -> np.ndarray:
     else:
         # Fewer classes than groups: spread them from easy to hard, so that the worst class
         # is always "hard" (two classes: easy and hard, no medium).
-        groups[order] = np.round(rank * (n_groups - 1) / max(len(acc) - 1, 1)).astype(int)
+        # A single class is the worst one: hard.
+        spread = rank * (n_groups - 1) / (len(acc) - 1) if len(acc) > 1 else n_groups - 1
+        groups[order] = np.round(spread).astype(int)
     return groups
 
 

@@ -75,6 +75,19 @@ def test_difficulty_groups_are_terciles_ranked_by_accuracy(n_classes, sizes):
     assert acc[groups == 1].min() > acc[groups == 2].max()
 
 
+@pytest.mark.parametrize(
+    "acc, expected", [([0.5], [2]), ([0.9, 0.5], [0, 2]), ([0.2, 0.9, 0.5, 0.7], [2, 0, 1, 0])]
+)
+def test_the_worst_class_is_always_hard(acc, expected):
+    np.testing.assert_array_equal(difficulty_groups(acc), expected)
+
+
+def test_hard_tercile_of_a_single_class_is_its_accuracy():
+    # It was NaN: the one class counted as easy, the hard group was empty.
+    assert hard_tercile_accuracy([0, 0], [0, 1]) == 0.5
+    assert classwise_summary([0, 0], [0, 1])["hard"] == 0.5
+
+
 def test_difficulty_groups_break_ties_by_class_order():
     np.testing.assert_array_equal(difficulty_groups(np.ones(6)), [0, 0, 1, 1, 2, 2])
 
