@@ -155,8 +155,12 @@ def _assemble(
 
 def compute_precision(device: torch.device) -> str:
     """How the backbone computes on ``device`` (recorded in the store's provenance, so that
-    a run is never resumed in another precision): bfloat16 autocast on CUDA, else float32."""
-    return "bfloat16 autocast" if device.type == "cuda" else "float32"
+    a run is never resumed in another precision): bfloat16 autocast on a GPU that computes
+    in bfloat16 natively (Ampere and later; older ones only emulate it, slower than
+    float32), else float32."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
+        return "bfloat16 autocast"
+    return "float32"
 
 
 def _embed(backbone: Backbone, x: torch.Tensor, normalize: bool) -> np.ndarray:
@@ -404,7 +408,7 @@ def extract_features(
     image_size : int, optional
         Input resolution override (smaller is faster).
     device : str or torch.device, default="auto"
-        ``"auto"``: the rank's GPU if present (bf16 autocast), else the CPU.
+        ``"auto"``: the rank's GPU if present (bf16 autocast where native), else the CPU.
     decode : {"auto", "pil", "tensor"}, default="auto"
         ``"tensor"`` decodes JPEG files with ``torchvision.io.decode_jpeg`` on ``device``
         (nvJPEG on a GPU); ``"pil"`` decodes everything with PIL in the workers;

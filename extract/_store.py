@@ -39,7 +39,7 @@ PROVENANCE_KEYS = (
     "backbone",
     "weights",
     "preprocessing",
-    "compute",  # the backbone's precision: "float32", or "bfloat16 autocast" on CUDA
+    "compute",  # the backbone's precision: "float32", or "bfloat16 autocast" on a GPU
     "dtype",
     "normalize",
     "source_root",
