@@ -203,9 +203,10 @@ class FitData:
         return replace(self, source=source, weight_sum=float(weight.sum()))
 
     def rows(self, rows: np.ndarray) -> torch.Tensor:
-        """X's rows ``rows`` on the device (read in order from an HDF5 dataset)."""
+        """X's rows ``rows``, in that order, on the device. An HDF5 dataset is read in
+        increasing order, each row once (h5py's rule), and the block put back in order."""
         if isinstance(self.source, H5Source):
-            rows = np.sort(rows)
-            block = np.asarray(self.source.dataset[rows])
+            unique, back = np.unique(np.asarray(rows, dtype=np.int64), return_inverse=True)
+            block = np.asarray(self.source.dataset[unique])[back]
             return to_tensor(block, self.device, self.dtype)
         return self.source.X[to_tensor(np.asarray(rows, dtype=np.int64), self.device)]

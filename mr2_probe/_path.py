@@ -63,8 +63,9 @@ class Step:
     @classmethod
     def scored(cls, z, coef, intercept, n_iter, y_test, weight, score) -> Step:
         """The step of a solution (coef, intercept or None) whose held-out logits are z."""
-        if intercept is not None:
-            coef = np.hstack([coef, intercept[:, None]])
+        # A copy: without an intercept coef may share memory with the solver's parameters,
+        # which the next value of the path overwrites in place.
+        coef = np.hstack([coef, intercept[:, None]]) if intercept is not None else coef.copy()
         accuracy = class_accuracy(z.argmax(1), y_test, z.shape[1])
         return cls(coef, score(z, y_test, weight), int(n_iter), accuracy)
 

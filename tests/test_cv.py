@@ -207,6 +207,42 @@ def test_works_in_a_pipeline_and_pickles_to_a_cpu_only_process(tmp_path):
     assert_predicts_in_a_process_without_gpu(pipe, X, tmp_path)
 
 
+def test_hdf5_folds_with_unsorted_held_out_rows_score_like_memory(tmp_path):
+    # ShuffleSplit's held-out indices are not sorted: the rows were read sorted while the
+    # labels kept the split's order, and the scores fell to chance.
+    h5py = pytest.importorskip("h5py")
+    from sklearn.model_selection import ShuffleSplit
+
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:600] / 16, y[:600]
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = X
+    cv = ShuffleSplit(3, test_size=0.3, random_state=0)
+    common = dict(Cs=[0.01, 1.0, 100.0], cv=cv, device="cpu")
+    memory = MR2LinearClassifierCV(**common).fit(X, y)
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        stored = MR2LinearClassifierCV(**common).fit(f["X"], y)
+    np.testing.assert_allclose(stored.scores_[0], memory.scores_[0], atol=0.01)
+    assert stored.scores_[0].mean() > 0.8
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_paths_without_an_intercept_keep_each_value_s_solution(batch, monkeypatch):
+    # Without an intercept the stored coefficients were views of the solver's parameters:
+    # every value of the path held the last one's solution.
+    X, y = load_iris(return_X_y=True)
+    if not batch:
+        monkeypatch.setattr(MR2LinearClassifierCV, "_batches_folds", lambda *a: False)
+    cv = StratifiedKFold(3, shuffle=True, random_state=0)
+    search = MR2LinearClassifierCV(Cs=[0.01, 100.0], cv=cv, fit_intercept=False, device="cpu")
+    search.fit(X, y)
+    train = next(cv.split(X, y))[0]
+    small = MR2LinearClassifier(C=0.01, fit_intercept=False, device="cpu").fit(X[train], y[train])
+    path = search.coefs_paths_[0][0]  # class 0, fold 0: (Cs, n_features)
+    assert not np.allclose(path[0], path[1])
+    np.testing.assert_allclose(path[0], small.coef_[0], atol=1e-3)
+
+
 def test_hdf5_input_is_read_in_blocks_and_matches_memory(tmp_path, monkeypatch):
     h5py = pytest.importorskip("h5py")
     X, y = _blobs()
