@@ -234,7 +234,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         self.device = device
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y, sample_weight=None):
+    def fit(self, X, y, sample_weight=None, groups=None):
         """Search along each fold's path, then refit at the best value.
 
         Parameters
@@ -243,6 +243,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 (n_samples, n_features)
         y : array-like of shape (n_samples,)
         sample_weight : array-like of shape (n_samples,), default=None
+        groups : array-like of shape (n_samples,), default=None
+            Group labels for a group splitter as ``cv`` (``GroupKFold``), passed to its
+            ``split`` as GridSearchCV passes them.
 
         Returns
         -------
@@ -263,7 +266,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             score_weight = _check_sample_weight(sw, np.empty((len(data.y_index), 0)))
         labels = self.classes_[data.y_index]
         cv = check_cv(self.cv, labels, classifier=True)
-        folds = list(cv.split(np.empty((len(labels), 0)), labels))
+        if groups is not None:
+            groups = to_numpy(groups) if is_torch_tensor(groups) else np.asarray(groups)
+        folds = list(cv.split(np.empty((len(labels), 0)), labels, groups))
         for f, (train, _) in enumerate(folds):
             if not data.sample_weight[train].sum() > 0:
                 raise ValueError(

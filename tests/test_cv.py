@@ -226,6 +226,20 @@ def test_hdf5_folds_with_unsorted_held_out_rows_score_like_memory(tmp_path):
     assert stored.scores_[0].mean() > 0.8
 
 
+def test_group_splitters_get_their_groups():
+    from sklearn.model_selection import GroupKFold
+
+    X, y = load_iris(return_X_y=True)
+    groups = np.arange(len(y)) % 5
+    common = dict(Cs=[0.1, 10.0], device="cpu")
+    search = MR2LinearClassifierCV(cv=GroupKFold(5), **common).fit(X, y, groups=groups)
+    folds = list(GroupKFold(5).split(X, y, groups))
+    same = MR2LinearClassifierCV(cv=folds, **common).fit(X, y)
+    np.testing.assert_array_equal(search.scores_[0], same.scores_[0])
+    with pytest.raises(ValueError, match="'groups' parameter should not be None"):
+        MR2LinearClassifierCV(cv=GroupKFold(5), **common).fit(X, y)
+
+
 @pytest.mark.parametrize("batch", [True, False])
 def test_paths_without_an_intercept_keep_each_value_s_solution(batch, monkeypatch):
     # Without an intercept the stored coefficients were views of the solver's parameters:
