@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import h5py
 import numpy as np
@@ -291,27 +292,31 @@ def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
     with pytest.raises(StoreError, match="not extracted yet"):
         load_features(partial)
     # Another process writing it: HDF5's own file lock.
-    code = "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); print(flush=True); input()"
-    writer = subprocess.Popen(
-        [sys.executable, "-c", code, str(partial)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    try:
-        writer.stdout.readline()
-        with pytest.raises(StoreLockedError, match="open for writing in another process"):
-            load_features(partial)
-    finally:
-        writer.communicate(b"\n", timeout=30)
+    with (
+        _held_open(partial, "r+"),
+        pytest.raises(StoreLockedError, match="open for writing in another process"),
+    ):
+        load_features(partial)
     # Another process reading it: no one may write it, and waiting does not help.
-    code = "import h5py, sys; f = h5py.File(sys.argv[1], 'r'); print(flush=True); input()"
-    reader = subprocess.Popen(
-        [sys.executable, "-c", code, str(partial)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    with (
+        _held_open(partial, "r"),
+        pytest.raises(StoreLockedError, match="open in another process, .* close it there"),
+    ):
+        open_store(partial, "a").close()
+
+
+@contextmanager
+def _held_open(path, mode: str):
+    """Another process holding ``path`` open with h5py in ``mode`` while the block runs."""
+    code = f"import h5py, sys; f = h5py.File(sys.argv[1], {mode!r}); print(flush=True); input()"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     try:
-        reader.stdout.readline()
-        with pytest.raises(StoreLockedError, match="open in another process, .* close it there"):
-            open_store(partial, "a").close()
+        holder.stdout.readline()
+        yield
     finally:
-        reader.communicate(b"\n", timeout=30)
+        holder.communicate(b"\n", timeout=30)
 
 
 def test_minimal_hdf5_with_features_labels_and_class_names_loads(tmp_path):
