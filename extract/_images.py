@@ -639,7 +639,8 @@ def load_image(source: ImageSource, i: int) -> Image.Image:
     return decode_image(read_file(source.path(i)), source.path(i))
 
 
-def _reason(err: Exception) -> str:
+def failure_reason(err: Exception) -> str:
+    """A failed item's recorded reason: the exception's type and message, cut to 200."""
     return f"{type(err).__name__}: {err}"[:200]
 
 
@@ -675,12 +676,12 @@ class ItemDataset(torch.utils.data.Dataset):
             try:
                 return i, self.transform(load_image(self.source, i)), None, digest
             except Exception as err:  # an unreadable image is recorded, never fatal
-                return i, None, _reason(err), digest
+                return i, None, failure_reason(err), digest
         path = self.source.path(i)
         try:
             data = read_file(path, (int(self.sizes[i]), int(self.mtimes[i])))
         except Exception as err:
-            return i, None, _reason(err), ""
+            return i, None, failure_reason(err), ""
         return self._decoded(i, data, path)
 
     def __getitems__(self, indices: list[int]) -> list:
@@ -688,7 +689,7 @@ class ItemDataset(torch.utils.data.Dataset):
             return [self[i] for i in indices]
         read = self.source.archive.read(self.source.root, indices, self.reader_state)
         return [
-            (i, None, _reason(data), "")
+            (i, None, failure_reason(data), "")
             if isinstance(data, Exception)
             else self._decoded(i, data, self.source.item_name(i))
             for i, data in zip(indices, read, strict=True)
@@ -703,7 +704,7 @@ class ItemDataset(torch.utils.data.Dataset):
                 return i, torch.frombuffer(data, dtype=torch.uint8), None, digest
             return i, self.transform(decode_image(data, name)), None, digest
         except Exception as err:  # an unreadable image is recorded, never fatal
-            return i, None, _reason(err), digest
+            return i, None, failure_reason(err), digest
 
 
 def collate_items(items: list) -> tuple[list[int], list, list[str | None], list[str]]:

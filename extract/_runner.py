@@ -26,6 +26,7 @@ from ._images import (
     aspect_window,
     check_pixel_limit,
     collate_items,
+    failure_reason,
     jpeg_size,
     open_source,
 )
@@ -90,7 +91,7 @@ def _decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.
         try:
             check_pixel_limit(*jpeg_size(item.numpy()))
         except Exception as err:
-            decoded[k] = f"{type(err).__name__}: {err}"[:200]
+            decoded[k] = failure_reason(err)
     todo = [k for k, d in enumerate(decoded) if d is None]
     if not todo:
         return decoded
@@ -108,20 +109,25 @@ def _decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.
         for k in todo:  # isolate the unreadable files
             try:
                 decoded[k] = decode_jpeg(data[k], mode=ImageReadMode.RGB, device=device)
-                continue
             except RuntimeError as err:
                 if "out of memory" in str(err):  # the device's, not the file's: fail loudly
                     raise torch.OutOfMemoryError(str(err)) from err
-                decoded[k] = f"RuntimeError: {err}"[:200]
-            if device.type != "cpu":
-                # nvJPEG refuses valid files that libjpeg-turbo reads (CMYK, arithmetic
-                # coding, some chroma subsamplings): a failure only if the CPU fails too.
-                try:
-                    image = decode_jpeg(data[k], mode=ImageReadMode.RGB)
-                    decoded[k] = image.to(device)
-                except RuntimeError as err:
-                    decoded[k] = f"RuntimeError: {err}"[:200]
+                decoded[k] = failure_reason(err)
+                if device.type != "cpu":
+                    # nvJPEG refuses valid files that libjpeg-turbo reads (CMYK, arithmetic
+                    # coding, some chroma subsamplings): a failure only if the CPU fails too.
+                    decoded[k] = _decode_on_cpu(data[k], device)
     return decoded
+
+
+def _decode_on_cpu(data: torch.Tensor, device: torch.device) -> torch.Tensor | str:
+    """A JPEG decoded on the CPU and moved to ``device``, or its failure reason."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    try:
+        return decode_jpeg(data, mode=ImageReadMode.RGB).to(device)
+    except RuntimeError as err:
+        return failure_reason(err)
 
 
 def _assemble(
