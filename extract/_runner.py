@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -112,11 +113,10 @@ def _decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.
             except RuntimeError as err:
                 if "out of memory" in str(err):  # the device's, not the file's: fail loudly
                     raise torch.OutOfMemoryError(str(err)) from err
-                decoded[k] = failure_reason(err)
-                if device.type != "cpu":
-                    # nvJPEG refuses valid files that libjpeg-turbo reads (CMYK, arithmetic
-                    # coding, some chroma subsamplings): a failure only if the CPU fails too.
-                    decoded[k] = _decode_on_cpu(data[k], device)
+                # nvJPEG refuses valid files that libjpeg-turbo reads (CMYK, arithmetic
+                # coding, some chroma subsamplings): a failure only if the CPU fails too.
+                on_cpu = device.type == "cpu"
+                decoded[k] = failure_reason(err) if on_cpu else _decode_on_cpu(data[k], device)
     return decoded
 
 
@@ -159,6 +159,7 @@ def _assemble(
     return x, reasons
 
 
+@functools.cache  # asked once per batch; the answer is the device's
 def compute_precision(device: torch.device) -> str:
     """How the backbone computes on ``device`` (recorded in the store's provenance, so that
     a run is never resumed in another precision): bfloat16 autocast on a GPU that computes
