@@ -399,10 +399,11 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
 
         X, y, paths = data.source.X, data.source.y, []
         for train, test in folds:
-            weight, inv_gamma, center = fold_parts(train)
+            inv_gamma, center = fold_parts(train)[1:]
             index = to_tensor(np.asarray(train, dtype=np.int64), data.device)
-            # X and y come from own_rows while the path runs; until then, none.
-            empty = batch(X[:0], y[:0], [(weight[index], inv_gamma, center)])
+            # X and y come from own_rows while the path runs; until then, none. Each copied
+            # row has its own weight (fold_parts' weights count a repeated row m times).
+            empty = batch(X[:0], y[:0], [(data.source.w[index], inv_gamma, center)])
             paths.append(BatchedPath(empty, [held_out(test)], own_rows(train)))
         return paths
 

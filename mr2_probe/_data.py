@@ -191,10 +191,12 @@ class FitData:
 
     def masked(self, rows: np.ndarray) -> FitData:
         """The same problem on some rows, as weights: every row keeps its place, the rows
-        outside ``rows`` with weight zero. Nothing is copied."""
+        outside ``rows`` with weight zero, and a row that ``rows`` holds m times with m
+        times its weight (the loss and the statistics are weighted sums, so that is the
+        fit on the rows with their repeats). Nothing is copied."""
         source = self.source
-        weight = np.zeros_like(self.sample_weight)
-        weight[rows] = self.sample_weight[rows]
+        counts = np.bincount(np.asarray(rows, dtype=np.int64), minlength=len(self.sample_weight))
+        weight = self.sample_weight * counts.astype(self.sample_weight.dtype, copy=False)
         w = to_tensor(weight, self.device, self.dtype)
         if isinstance(source, H5Source):
             source = H5Source(source.dataset, source.y, w, source.rows, self.device, self.dtype)

@@ -563,3 +563,44 @@ def test_batched_lbfgs_treats_a_nan_evaluation_as_a_step_too_long():
     assert result.stop == expected.stop == ["tol", "tol"]
     assert torch.isfinite(params).all()
     torch.testing.assert_close(params, clean, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "where, head, batch_folds",
+    [
+        ("memory", "linear", None),  # the folds' batched L-BFGS, one batch
+        ("memory", "linear", False),  # the batched L-BFGS, a fold at a time
+        ("hdf5", "linear", None),
+        ("hdf5", "cosine", None),
+    ],
+)
+def test_a_training_row_drawn_twice_counts_twice_as_in_a_fit(
+    where, head, batch_folds, tmp_path, monkeypatch
+):
+    # Bootstrap-style folds repeat training rows: a fold is the fit on X[train], repeats
+    # included, whatever the path solves it with.
+    X, y = _blobs(n=120)
+    X = StandardScaler().fit_transform(X)
+    rng = np.random.default_rng(0)
+    folds = []
+    for _ in range(2):
+        train = rng.choice(len(y), len(y), replace=True)
+        folds.append((train, np.setdiff1d(np.arange(len(y)), train)))
+    assert len(np.unique(folds[0][0])) < len(folds[0][0])
+    value = 8.0 if head == "cosine" else 0.5
+    common = dict(head=head, tol=1e-7, max_iter=1000, device="cpu")
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+    search = MR2LinearClassifierCV([value], cv=folds, refit=False, **common)
+    if where == "hdf5":
+        h5py = pytest.importorskip("h5py")
+        with h5py.File(tmp_path / "x.h5", "w") as f:
+            f.create_dataset("X", data=X)
+        with h5py.File(tmp_path / "x.h5", "r") as f:
+            search.fit(f["X"], y)
+    else:
+        search.fit(X, y)
+    searched = {"scale": value} if head == "cosine" else {"C": value}
+    for f, (train, _) in enumerate(folds):
+        cold = MR2LinearClassifier(**common, **searched).fit(X[train], y[train])
+        path = np.stack([search.coefs_paths_[k][f, 0] for k in search.classes_])
+        np.testing.assert_allclose(path[:, :6], cold.coef_, atol=1e-4, rtol=1e-4)
