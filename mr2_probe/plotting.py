@@ -8,7 +8,10 @@ pyplot's figure registry, so the returned figure is freed with its last referenc
 
 from __future__ import annotations
 
+import colorsys
+import itertools
 import os
+import re
 
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
@@ -56,7 +59,8 @@ def _save(fig, path) -> None:
 def model_colours(names, reference: str | None = None) -> dict:
     """The palette's colour of each model name: grey for ``reference``, a lever's colour for
     a name that contains the lever (case-insensitive: "MR2 grid", "chosen: tilt=5"), then
-    :data:`OTHER_COLOURS`; no two models share a colour.
+    :data:`OTHER_COLOURS` and further hues; no two models share a colour, and only
+    ``reference`` is grey.
 
     Examples
     --------
@@ -66,16 +70,36 @@ def model_colours(names, reference: str | None = None) -> dict:
     True
     """
     colours, used = {}, set()
-    spare = iter(c for c in OTHER_COLOURS if c not in LEVER_COLOURS.values())
+    spare = _spare_colours()
     for name in names:
-        # tilt and offsets first: "chosen: tilt=5" is a point of the MR² model's tilt.
-        levers = [lever for lever in _LEVER_ORDER if lever.lower() in str(name).lower()]
+        # tilt and offsets first: "chosen: tilt=5" is a point of the MR² model's tilt. A
+        # lever counts as a word of the name ("thermal" is not "ERM"), and the reference's
+        # grey is the reference's alone.
+        levers = [lever for lever in _LEVER_ORDER if _names_lever(str(name), lever)]
         colour = REFERENCE if name == reference else LEVER_COLOURS.get(next(iter(levers), ""))
-        if colour is None or colour in used:
-            colour = next(spare, SAME)
+        if colour is None or colour in used or (colour == REFERENCE and name != reference):
+            colour = next(c for c in spare if c not in used)
         colours[name] = colour
         used.add(colour)
     return colours
+
+
+def _names_lever(name: str, lever: str) -> bool:
+    """Whether ``lever`` is a word of ``name`` (case-insensitive; "tilt=5" holds "tilt")."""
+    word = rf"(?<![a-z0-9]){re.escape(lever.lower())}(?![a-z0-9])"
+    return re.search(word, name.lower()) is not None
+
+
+def _spare_colours():
+    """:data:`OTHER_COLOURS`, then as many more as asked: hues a golden angle apart, none
+    of them a colour the palette gives a meaning to."""
+    reserved = {GAIN, LOSS, SAME, REFERENCE, *LEVER_COLOURS.values()}
+    yield from (c for c in OTHER_COLOURS if c not in reserved)
+    for i in itertools.count():
+        red, green, blue = colorsys.hsv_to_rgb((0.13 + 0.618034 * i) % 1.0, 0.55, 0.75)
+        colour = f"#{round(255 * red):02x}{round(255 * green):02x}{round(255 * blue):02x}"
+        if colour not in reserved:
+            yield colour
 
 
 def _class_ticks(ax, x, names: list[str], slot: float) -> None:
@@ -254,11 +278,13 @@ def plot_group_accuracy(report: ClasswiseReport, path):
     fig = _figure(6.0, 4.0)
     ax = fig.add_subplot()
     for i, (name, row) in enumerate(report.rows.items()):
-        # A group with no test sample (None after JSON, or NaN) is drawn as an empty bar.
-        heights = 100 * np.nan_to_num(np.array([row[c] for c in columns], dtype=float))
+        # A group with no test sample (None after JSON, or NaN) is drawn as an empty bar,
+        # without a label: no bar of 0 %.
+        values = 100 * np.array([row[c] for c in columns], dtype=float)
         offset = (i - (len(report.rows) - 1) / 2) * width
-        bars = ax.bar(x + offset, heights, width, label=name, color=colours[name])
-        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+        bars = ax.bar(x + offset, np.nan_to_num(values), width, label=name, color=colours[name])
+        labels = [f"{v:.1f}" if np.isfinite(v) else "" for v in values]
+        ax.bar_label(bars, labels=labels, fontsize=7)
     ax.set_xticks(x, list(columns))
     ax.set_xlabel(f"class group (terciles of {report.reference})")
     ax.set_ylabel("accuracy (%)")

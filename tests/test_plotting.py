@@ -135,6 +135,26 @@ def test_model_colours(names, reference, expected):
     assert list(model_colours(names, reference).values()) == expected
 
 
+def test_model_colours_stay_distinct_and_keep_grey_for_the_reference():
+    names = ["ERM", "MR2", *"abcdefghijkl"]
+    colours = model_colours(names, reference="ERM")
+    assert len(set(colours.values())) == len(names)
+    assert [n for n, c in colours.items() if c in (REFERENCE, SAME)] == ["ERM"]
+    # A lever is a word of the name: "thermal" holds "erm" but is not the ERM probe.
+    colours = model_colours(["thermal", "baseline"], reference="baseline")
+    assert colours == {"thermal": OTHER_COLOURS[0], "baseline": REFERENCE}
+
+
+def test_group_accuracy_plot_leaves_a_group_without_classes_unlabelled(tmp_path):
+    # Two classes: easy and hard, no medium class.
+    report = classwise_report({"ERM": [0, 0, 1, 0], "MR2": [0, 0, 1, 1]}, [0, 0, 1, 1])
+    assert np.isnan(report.rows["MR2"]["medium"])
+    fig = plot_group_accuracy(report, tmp_path / "groups.png")
+    ax = fig.axes[0]
+    labels = [[t.get_text() for t in ax.texts[4 * i : 4 * i + 4]] for i in range(2)]
+    assert labels == [["100.0", "", "50.0", "50.0"], ["100.0", "", "100.0", "100.0"]]
+
+
 @pytest.mark.parametrize("c_bar", [None, 2.0])
 def test_margin_plot(tmp_path, c_bar):
     rng = np.random.default_rng(0)
