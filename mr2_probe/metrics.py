@@ -15,7 +15,7 @@ from sklearn.metrics import make_scorer
 GROUP_NAMES = ("easy", "medium", "hard")
 
 
-def per_class_accuracy(y_true, y_pred, labels=None) -> np.ndarray:
+def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.ndarray:
     """Accuracy (recall) of each class, in the order of ``labels`` (default: sorted y_true).
 
     Parameters
@@ -24,12 +24,15 @@ def per_class_accuracy(y_true, y_pred, labels=None) -> np.ndarray:
         True and predicted labels of any type (integers, strings, ...).
     labels : array-like of shape (n_classes,), default=None
         Classes to score; samples of other classes are ignored.
+    sample_weight : array-like of shape (n_samples,), default=None
+        Weights of the samples: a class's accuracy is the weight of its correct samples
+        over its total weight.
 
     Returns
     -------
     accuracy : ndarray of shape (n_classes,)
-        Fraction of the samples of each class predicted correctly; NaN for a class absent
-        from ``y_true``.
+        Fraction of the samples (of the weight) of each class predicted correctly; NaN for
+        a class absent from ``y_true`` or without weight.
 
     Examples
     --------
@@ -42,14 +45,16 @@ def per_class_accuracy(y_true, y_pred, labels=None) -> np.ndarray:
         raise ValueError(
             f"y_true and y_pred must have the same shape, got {y_true.shape} and {y_pred.shape}."
         )
+    weight = _sample_weight(sample_weight, len(y_true))
     labels = np.unique(y_true) if labels is None else np.asarray(labels)
     sorter = np.argsort(labels)
     position = np.searchsorted(labels, y_true, sorter=sorter)
     position = np.clip(position, 0, len(labels) - 1)
     index = sorter[position]
     known = labels[index] == y_true
-    correct = np.bincount(index[known], weights=(y_true == y_pred)[known], minlength=len(labels))
-    total = np.bincount(index[known], minlength=len(labels)).astype(float)
+    hits = (y_true == y_pred) * weight
+    correct = np.bincount(index[known], weights=hits[known], minlength=len(labels))
+    total = np.bincount(index[known], weights=weight[known], minlength=len(labels))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total > 0, correct / total, np.nan)
 
@@ -129,8 +134,29 @@ def class_groups(y_true, y_pred, labels=None) -> dict:
     return dict(zip(labels.tolist(), names.tolist(), strict=True))
 
 
-def worst_class_accuracy(y_true, y_pred) -> float:
-    """Lowest per-class accuracy over the classes of ``y_true``.
+def _sample_weight(sample_weight, n_samples: int) -> np.ndarray:
+    """Sample weights as a float array (ones by default), checked for shape and sign."""
+    if sample_weight is None:
+        return np.ones(n_samples)
+    weight = np.asarray(sample_weight, dtype=float)
+    if weight.shape != (n_samples,):
+        raise ValueError(
+            f"sample_weight must have shape ({n_samples},) like y_true, got {weight.shape}."
+        )
+    if not (np.isfinite(weight).all() and (weight >= 0).all()):
+        raise ValueError("sample_weight must be finite and non-negative.")
+    if n_samples and not weight.sum() > 0:
+        raise ValueError("sample_weight sums to zero: there is no sample to score.")
+    return weight
+
+
+def _present(accuracy: np.ndarray) -> np.ndarray:
+    """The accuracies of the classes that have samples (weight) to score."""
+    return accuracy[np.isfinite(accuracy)]
+
+
+def worst_class_accuracy(y_true, y_pred, sample_weight=None) -> float:
+    """Lowest per-class accuracy over the classes of ``y_true`` (those with weight).
 
     Examples
     --------
@@ -138,10 +164,10 @@ def worst_class_accuracy(y_true, y_pred) -> float:
     >>> worst_class_accuracy([0, 0, 1, 1], [0, 0, 1, 0])
     0.5
     """
-    return float(np.min(per_class_accuracy(y_true, y_pred)))
+    return float(np.min(_present(per_class_accuracy(y_true, y_pred, None, sample_weight))))
 
 
-def class_accuracy_std(y_true, y_pred) -> float:
+def class_accuracy_std(y_true, y_pred, sample_weight=None) -> float:
     """Spread (population standard deviation) of the per-class accuracies; lower is fairer.
 
     Examples
@@ -150,19 +176,23 @@ def class_accuracy_std(y_true, y_pred) -> float:
     >>> class_accuracy_std([0, 0, 1, 1], [0, 0, 1, 0])
     0.25
     """
-    return float(np.std(per_class_accuracy(y_true, y_pred)))
+    return float(np.std(_present(per_class_accuracy(y_true, y_pred, None, sample_weight))))
 
 
-def group_accuracy(y_true, y_pred, groups_by_label: Mapping, group: str = "hard") -> float:
+def group_accuracy(
+    y_true, y_pred, groups_by_label: Mapping, group: str = "hard", sample_weight=None
+) -> float:
     """Mean per-class accuracy over the classes of one fixed group.
 
     Parameters
     ----------
     y_true, y_pred : array-like of shape (n_samples,)
     groups_by_label : mapping
-        Class label → group name, from :func:`class_groups` on a reference model.
+        Class label → group name, from :func:`class_groups` on a reference model. Every
+        class of ``y_true`` must have a group (a ValueError names those that do not).
     group : str, default="hard"
         The group to score.
+    sample_weight : array-like of shape (n_samples,), default=None
 
     Returns
     -------
@@ -179,12 +209,13 @@ def group_accuracy(y_true, y_pred, groups_by_label: Mapping, group: str = "hard"
     labels, names = _split_groups(groups_by_label)
     if group not in set(names):
         raise ValueError(f"group must be one of {sorted(set(names))}, got {group!r}.")
-    acc = per_class_accuracy(y_true, y_pred, labels)[names == group]
+    _check_known(y_true, labels)
+    acc = per_class_accuracy(y_true, y_pred, labels, sample_weight)[names == group]
     # A fold may hold no sample of a small group: report NaN rather than warn.
     return float(np.nanmean(acc)) if np.isfinite(acc).any() else float("nan")
 
 
-def hard_tercile_accuracy(y_true, y_pred) -> float:
+def hard_tercile_accuracy(y_true, y_pred, sample_weight=None) -> float:
     """Mean accuracy of the model's own hardest third of classes on this data.
 
     Classes are ranked by this model's per-class accuracy on ``y_true`` itself, so it needs
@@ -198,11 +229,11 @@ def hard_tercile_accuracy(y_true, y_pred) -> float:
     >>> hard_tercile_accuracy([0, 1, 2, 2], [0, 1, 2, 0])
     0.5
     """
-    acc = per_class_accuracy(y_true, y_pred)
+    acc = _present(per_class_accuracy(y_true, y_pred, None, sample_weight))
     return float(np.mean(acc[difficulty_groups(acc) == len(GROUP_NAMES) - 1]))
 
 
-def classwise_summary(y_true, y_pred, groups=None, labels=None) -> dict:
+def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=None) -> dict:
     """Overall, per-group (easy / medium / hard), worst-class and std of per-class accuracy.
 
     Parameters
@@ -214,6 +245,8 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None) -> dict:
         of this very model.
     labels : array-like, default=None
         Class order of an index array ``groups`` (default: sorted ``y_true``).
+    sample_weight : array-like of shape (n_samples,), default=None
+        Weights of the samples, in the overall and in every class's accuracy.
 
     Returns
     -------
@@ -233,9 +266,11 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None) -> dict:
         _check_known(y_true, labels)
         index = {name: g for g, name in enumerate(GROUP_NAMES)}
         groups = np.array([index[name] for name in names])
-    acc = per_class_accuracy(y_true, y_pred, labels)
+    acc = per_class_accuracy(y_true, y_pred, labels, sample_weight)
     groups = difficulty_groups(acc) if groups is None else np.asarray(groups)
-    summary = {"overall": float(np.mean(np.asarray(y_true) == np.asarray(y_pred)))}
+    weight = _sample_weight(sample_weight, len(np.asarray(y_true)))
+    correct = np.asarray(y_true) == np.asarray(y_pred)
+    summary = {"overall": float(np.average(correct, weights=weight))}
     # Every group gets a key, NaN when it has no class (fewer than three classes).
     for g, name in enumerate(GROUP_NAMES):
         in_group = acc[groups == g]

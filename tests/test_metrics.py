@@ -153,9 +153,49 @@ def test_classwise_summary_accepts_a_mapping_or_an_index_array():
     )  # fmt: skip
 
 
-def test_classwise_summary_refuses_classes_missing_from_the_groups():
+@pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
+def test_classes_missing_from_the_groups_are_refused(score):
     with pytest.raises(ValueError, match=r"classes \[5\] that are not in groups"):
-        classwise_summary(Y_TRUE, Y_PRED, {k: v for k, v in GROUPS.items() if k != 5})
+        score(Y_TRUE, Y_PRED, {k: v for k, v in GROUPS.items() if k != 5})
+    # Groups read back from JSON have string keys: no class of y_true is in them.
+    with pytest.raises(ValueError, match="that are not in groups"):
+        score(Y_TRUE, Y_PRED, {str(k): v for k, v in GROUPS.items()})
+
+
+def test_integer_sample_weights_score_as_repeated_samples():
+    rng = np.random.default_rng(0)
+    y_true, y_pred = rng.integers(0, 6, 200), rng.integers(0, 6, 200)
+    weight = rng.integers(0, 4, 200)
+    weight[y_true == 2] = 0  # class 2 has no weight: it is not scored
+    repeated = np.repeat(y_true, weight), np.repeat(y_pred, weight)
+    weighted = dict(sample_weight=weight)
+    np.testing.assert_allclose(
+        per_class_accuracy(y_true, y_pred, np.arange(6), **weighted),
+        per_class_accuracy(*repeated, np.arange(6)),
+    )
+    assert np.isnan(per_class_accuracy(y_true, y_pred, **weighted)[2])
+    for score in (worst_class_accuracy, class_accuracy_std, hard_tercile_accuracy):
+        assert score(y_true, y_pred, **weighted) == pytest.approx(score(*repeated))
+    assert group_accuracy(y_true, y_pred, GROUPS, "hard", **weighted) == pytest.approx(
+        group_accuracy(*repeated, GROUPS, "hard")
+    )
+    assert classwise_summary(y_true, y_pred, GROUPS, **weighted) == pytest.approx(
+        classwise_summary(*repeated, GROUPS)
+    )
+    # The scorers pass the weights on, as scikit-learn's own do.
+    fitted = LogisticRegression().fit(y_pred[:, None].astype(float), y_pred)
+    assert worst_class_scorer(fitted, y_pred[:, None], y_true, **weighted) == pytest.approx(
+        worst_class_accuracy(*repeated)
+    )
+
+
+@pytest.mark.parametrize(
+    "weight, match", [(np.ones(3), r"shape \(200,\)"), (-np.ones(200), "non-negative"),
+                      (np.zeros(200), "sums to zero")],
+)  # fmt: skip
+def test_bad_sample_weights_are_named(weight, match):
+    with pytest.raises(ValueError, match=match):
+        per_class_accuracy(np.zeros(200), np.zeros(200), sample_weight=weight)
 
 
 @pytest.fixture
