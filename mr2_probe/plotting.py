@@ -152,7 +152,7 @@ def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None)
     ['0', '1', '2']
     """
     names = [name for name in report.rows if name != report.reference]
-    model = (names[0] if names else report.reference) if model is None else model
+    model = (names[0] if names else report.reference) if model is None else str(model)
     if model not in report.rows:
         raise ValueError(f"model must be one of {list(report.rows)}, got {model!r}.")
     order = report.class_order()

@@ -103,7 +103,9 @@ def classwise_report(models: Mapping, y, X=None, *, reference: str | None = None
     Parameters
     ----------
     models : mapping
-        Model name → a fitted estimator with ``predict`` or an array of predictions.
+        Model name → a fitted estimator with ``predict`` or an array of predictions. The
+        report names each model by ``str(name)`` (a name such as the C of a fit prints as
+        given, and reads back from JSON as it was written).
     y : array-like of shape (n_samples,)
         True test labels, of any type.
     X : array-like of shape (n_samples, n_features), default=None
@@ -131,6 +133,10 @@ def classwise_report(models: Mapping, y, X=None, *, reference: str | None = None
     reference = next(iter(models)) if reference is None else reference
     if reference not in models:
         raise ValueError(f"reference must be one of {list(models)}, got {reference!r}.")
+    named = {str(name): model for name, model in models.items()}
+    if len(named) < len(models):
+        raise ValueError(f"models must have distinct names as text, got {list(models)}.")
+    models, reference = named, str(reference)
     predictions = {name: _predictions(name, model, X) for name, model in models.items()}
     labels = np.unique(y)
     groups = class_groups(y, predictions[reference], labels)

@@ -154,3 +154,20 @@ def test_json_writes_missing_groups_as_null():
     assert report.to_text().splitlines()[2].split()[3] == "nan"
     # Read back, the missing score is NaN again.
     assert np.isnan(ClasswiseReport.from_dict(json.loads(text)).rows["a"]["medium"])
+
+
+@pytest.mark.parametrize("names", [[0.01, 1.0], [0, 1], ["0.01", 1]])
+def test_models_named_by_numbers_print_and_round_trip_by_their_names(names):
+    y = [0, 0, 1, 1, 2, 2]
+    report = classwise_report(dict(zip(names, [[0, 0, 1, 0, 2, 1], y], strict=True)), y)
+    assert list(report.rows) == [str(n) for n in names] and report.reference == str(names[0])
+    rows = report.to_text().splitlines()[2:4]
+    assert [row.split()[0] for row in rows] == [str(n) for n in names]
+    read = ClasswiseReport.from_dict(json.loads(report.to_json()))
+    _assert_same(read, report)
+    assert read.to_text(per_class=True) == report.to_text(per_class=True)
+
+
+def test_models_whose_names_read_alike_are_refused():
+    with pytest.raises(ValueError, match="distinct names as text"):
+        classwise_report({1: [0, 1], "1": [0, 1]}, [0, 1])
