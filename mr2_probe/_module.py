@@ -68,7 +68,12 @@ class MR2Loss(nn.Module):
         q_{y_i} / π_{y_i}, q = softmax(t·L + log π) (:meth:`class_weights`): the batch's
         estimate of Σ_k q_k·L_k, whose gradient is that of the tilted risk
         (1/t)·log Σ_k π_k·exp(t·L_k) at the current weights — the online form of
-        class-level group DRO.
+        class-level group DRO. A class not seen in training weighs 1 (an evaluation counts
+        it as the plain mean does).
+
+    Before the first training batch there are no statistics: the loss is then the margin
+    cross-entropy alone (no tilt, no compactness term), as in a validation pass before
+    training.
 
     Examples
     --------
@@ -113,7 +118,9 @@ class MR2Loss(nn.Module):
         self.difficulty = difficulty
         self.class_tilt = float(class_tilt)
         self.register_buffer("running_class_loss", torch.zeros(n_classes))
-        self.register_buffer("class_samples", torch.zeros(n_classes))
+        # Integer counts (as BatchNorm's num_batches_tracked): module.to(torch.bfloat16)
+        # leaves them exact, where a bfloat16 count stops growing at 256 per step of 1.
+        self.register_buffer("class_samples", torch.zeros(n_classes, dtype=torch.long))
         for name, value in ClassMoments.zeros(n_classes, n_features)._asdict().items():
             self.register_buffer(f"moment_{name}", value)
 
@@ -143,26 +150,36 @@ class MR2Loss(nn.Module):
 
     def _class_share(self) -> torch.Tensor:
         """π: each class's share of the samples seen so far (K,)."""
-        return self.class_samples / self.class_samples.sum().clamp_min(1)
+        samples = self.class_samples.to(self.running_class_loss.dtype)
+        return samples / samples.sum().clamp_min(1)
 
     def class_weights(self) -> torch.Tensor:
-        """The tilt's class weights q = softmax(t·L + log π) (K,); classes not seen get 0."""
-        return tilted_class_risk(self.running_class_loss, self._class_share(), self.class_tilt)[1]
+        """The tilt's class weights q = softmax(t·L + log π) (K,); classes not seen get 0
+        (all of them before the first training batch)."""
+        share = self._class_share()
+        weights = tilted_class_risk(self.running_class_loss, share, self.class_tilt)[1]
+        return torch.where(share > 0, weights, torch.zeros_like(weights))
+
+    def _tilt_ratio(self) -> torch.Tensor:
+        """q_k / π_k, the weight of a sample of class k in the tilted batch loss (K,); 1 for a
+        class not seen in training, which an evaluation then counts as the plain mean does."""
+        share = self._class_share()
+        ratio = self.class_weights() / share.clamp_min(torch.finfo(share.dtype).tiny)
+        return torch.where(share > 0, ratio, torch.ones_like(ratio))
 
     @torch.no_grad()
     def _update_class_loss(self, loss: torch.Tensor, target: torch.Tensor) -> None:
         """Fold one batch's per-class mean losses into their EMA (no host sync)."""
-        ones = torch.ones_like(loss, dtype=self.class_samples.dtype)
-        count = torch.zeros_like(self.class_samples).index_add_(0, target, ones)
+        count = torch.bincount(target, minlength=self.n_classes)  # (K,) integer
         total = torch.zeros_like(self.running_class_loss).index_add_(
             0, target, loss.to(self.running_class_loss.dtype)
         )
         present = count > 0
-        batch = total / count.clamp_min(1)
+        batch = total / count.clamp_min(1).to(total.dtype)
         keep = torch.where(self.class_samples > 0, self.rho, 0.0).to(batch.dtype)
         keep = torch.where(present, keep, torch.ones_like(keep))  # (K,)
         self.running_class_loss.mul_(keep).add_((1 - keep) * batch)
-        self.class_samples.add_(count)
+        self.class_samples.add_(count.to(self.class_samples.dtype))
 
     @torch.no_grad()
     def update(self, features: torch.Tensor, target: torch.Tensor) -> None:
@@ -186,12 +203,16 @@ class MR2Loss(nn.Module):
             each = margin_cross_entropy(logits, target, margins, reduction="none")  # (B,)
             if self.training:
                 self._update_class_loss(each.detach(), target)
-            share = self._class_share()
-            ratio = self.class_weights() / share.clamp_min(torch.finfo(share.dtype).tiny)
-            loss = (each * ratio[target].to(each.dtype)).mean()
+            loss = (each * self._tilt_ratio()[target].to(each.dtype)).mean()
         if self.lam > 0:
             phi = F.normalize(features, dim=1) if self.normalize else features
-            s_bar = self.s_bar().to(phi.dtype)
+            # s̄ and τ in the statistics' dtype (float32), as the distances are: in float16
+            # 2·s̄ overflows once the features' norms pass about 128.
+            s_bar = self.s_bar()
             tau = 2 * s_bar.clamp_min(1e-12) if self.tau is None else self.tau
-            loss = loss + self.lam * compactness_loss(phi, target, s_bar, tau)
+            compact = compactness_loss(phi, target, s_bar, tau)
+            # Before the first training batch there is no spread to compare with (an
+            # evaluation then): no compactness term, without a synchronisation.
+            compact = torch.where(self.initialised.any(), compact, torch.zeros_like(compact))
+            loss = loss + self.lam * compact
         return loss

@@ -317,3 +317,22 @@ def test_mr2_loss_gives_unseen_classes_the_mean_margin():
     margins = criterion.margins()
     torch.testing.assert_close(margins[2:], torch.full((2,), 2.0))
     torch.testing.assert_close(margins[:2].mean(), torch.tensor(2.0))
+
+
+@pytest.mark.parametrize("tau", [1.0, None])
+def test_mr2_loss_on_half_precision_features_of_large_norm(tau):
+    # s̄ of about 5·10⁴: in float16, 2·s̄ would overflow to inf (a zero or NaN gradient).
+    gen = torch.Generator().manual_seed(0)
+    target = torch.arange(16) % 4
+    phi, logits = torch.randn(16, 64, generator=gen) * 26, torch.randn(16, 4, generator=gen)
+    grads, values = [], []
+    for dtype in (torch.float32, torch.float16):
+        features = phi.to(dtype).detach().requires_grad_()
+        criterion = MR2Loss(4, 64, c_bar=None, lam=1.0, tau=tau)
+        value = criterion(logits.to(dtype), features, target)
+        value.backward()
+        values.append(value.float())
+        grads.append(features.grad.float())
+    assert torch.isfinite(grads[1]).all() and grads[0].abs().sum() > 0
+    torch.testing.assert_close(values[1], values[0], rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(grads[1], grads[0], rtol=2e-2, atol=2e-2 * grads[0].abs().max())

@@ -277,3 +277,35 @@ def test_mr2loss_tilt():
     torch.testing.assert_close(value, (q * L).sum())
     with pytest.raises(ValueError, match="class_tilt"):
         MR2Loss(4, 5, class_tilt=-1.0)
+
+
+def test_mr2loss_evaluated_before_training_is_the_plain_loss():
+    # A validation pass before the first training step (a sanity check): no statistics yet,
+    # so no tilt and no compactness term, and every class weight 0, not NaN.
+    gen = torch.Generator().manual_seed(0)
+    features, logits = torch.randn(6, 4, generator=gen), torch.randn(6, 3, generator=gen)
+    target = torch.arange(6) % 3
+    plain = margin_cross_entropy(logits, target, torch.ones(3))
+    for params in (dict(class_tilt=1.0), dict(tau=None, lam=0.5), dict(lam=0.5)):
+        criterion = MR2Loss(3, 4, c_bar=1.0, **params).eval()
+        torch.testing.assert_close(criterion(logits, features, target), plain)
+    assert torch.equal(MR2Loss(3, 4, class_tilt=1.0).class_weights(), torch.zeros(3))
+    # After training on classes 0 and 1 only, an evaluation counts class 2 as the plain
+    # mean does rather than dropping it.
+    criterion = MR2Loss(3, 4, c_bar=None, lam=0.0, class_tilt=1.0)
+    seen = target < 2
+    criterion(logits[seen], features[seen], target[seen])
+    q, share = criterion.class_weights(), criterion._class_share()
+    each = margin_cross_entropy(logits, target, torch.ones(3), reduction="none")
+    ratio = torch.cat([q[:2] / share[:2], torch.ones(1)])
+    value = criterion.eval()(logits, features, target)
+    torch.testing.assert_close(value, (each * ratio[target]).mean())
+
+
+def test_mr2loss_in_bfloat16_keeps_counting_samples():
+    criterion = MR2Loss(2, 4, class_tilt=1.0).to(torch.bfloat16)
+    target = torch.tensor([0] * 60 + [1] * 4)
+    logits, features = torch.zeros(64, 2, dtype=torch.bfloat16), torch.ones(64, 4)
+    for _ in range(300):
+        criterion(logits, features.to(torch.bfloat16), target)
+    assert criterion.class_samples.tolist() == [18000, 1200]
