@@ -267,7 +267,12 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
         index = {name: g for g, name in enumerate(GROUP_NAMES)}
         groups = np.array([index[name] for name in names])
     acc = per_class_accuracy(y_true, y_pred, labels, sample_weight)
-    groups = difficulty_groups(acc) if groups is None else np.asarray(groups)
+    if groups is None:
+        # This model's own terciles, over the classes it has samples (weight) of.
+        present = np.isfinite(acc)
+        groups = np.full(len(acc), -1)
+        groups[present] = difficulty_groups(acc[present])
+    groups = np.asarray(groups)
     weight = _sample_weight(sample_weight, len(np.asarray(y_true)))
     correct = np.asarray(y_true) == np.asarray(y_pred)
     summary = {"overall": float(np.average(correct, weights=weight))}
