@@ -109,6 +109,12 @@ def row_norms(x: torch.Tensor, rows: int = 8192) -> torch.Tensor:
     return torch.where(torch.isfinite(norm), norm, scaled)
 
 
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """x with each row divided by its norm (:func:`row_norms`, safe from overflow); zero
+    rows stay zero, as with ``F.normalize``."""
+    return x / row_norms(x).clamp_min(1e-12)[:, None]
+
+
 def row_norms_numpy(x: np.ndarray) -> np.ndarray:
     """:func:`row_norms` for a NumPy array."""
     with np.errstate(over="ignore"):

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._device import row_norms, row_norms_numpy, to_numpy, to_tensor
+from ._device import row_norms, row_norms_numpy, to_numpy, to_tensor, unit_rows
 
 
 class ProbeHead(nn.Module):
@@ -114,7 +114,7 @@ class ProbeHead(nn.Module):
             x = x + (x @ self.proj_b.T) @ self.proj_a.T
         if self.head != "cosine":
             return x
-        return x / row_norms(x).clamp_min(1e-12)[:, None]  # F.normalize, safe from overflow
+        return unit_rows(x)  # F.normalize, safe from overflow
 
     def logits(self, phi: torch.Tensor) -> torch.Tensor:
         """Logits (B, K) from φ."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ._device import unit_rows
 from ._losses import compactness_loss, margin_cross_entropy, tilted_class_risk
 from ._stats import (
     DIFFICULTIES,
@@ -170,7 +170,10 @@ class MR2Loss(nn.Module):
     @torch.no_grad()
     def _update_class_loss(self, loss: torch.Tensor, target: torch.Tensor) -> None:
         """Fold one batch's per-class mean losses into their EMA (no host sync)."""
-        count = torch.bincount(target, minlength=self.n_classes)  # (K,) integer
+        # index_add_, not bincount: on CUDA bincount sizes its output on the host.
+        count = torch.zeros_like(self.class_samples).index_add_(
+            0, target, torch.ones_like(target, dtype=self.class_samples.dtype)
+        )
         total = torch.zeros_like(self.running_class_loss).index_add_(
             0, target, loss.to(self.running_class_loss.dtype)
         )
@@ -184,7 +187,7 @@ class MR2Loss(nn.Module):
     @torch.no_grad()
     def update(self, features: torch.Tensor, target: torch.Tensor) -> None:
         """Fold one batch into the running statistics."""
-        phi = F.normalize(features, dim=1) if self.normalize else features
+        phi = unit_rows(features) if self.normalize else features
         phi = phi.to(self.moment_sum.dtype)
         moments = update_moments(self.moments(), phi, target, self.rho, self.p)
         for name, value in moments._asdict().items():
@@ -205,7 +208,7 @@ class MR2Loss(nn.Module):
                 self._update_class_loss(each.detach(), target)
             loss = (each * self._tilt_ratio()[target].to(each.dtype)).mean()
         if self.lam > 0:
-            phi = F.normalize(features, dim=1) if self.normalize else features
+            phi = unit_rows(features) if self.normalize else features
             # s̄ and τ in the statistics' dtype (float32), as the distances are: in float16
             # 2·s̄ overflows once the features' norms pass about 128.
             s_bar = self.s_bar()

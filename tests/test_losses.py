@@ -336,3 +336,14 @@ def test_mr2_loss_on_half_precision_features_of_large_norm(tau):
     assert torch.isfinite(grads[1]).all() and grads[0].abs().sum() > 0
     torch.testing.assert_close(values[1], values[0], rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(grads[1], grads[0], rtol=2e-2, atol=2e-2 * grads[0].abs().max())
+
+
+def test_normalized_mr2_loss_is_safe_from_overflow_in_the_norms():
+    # Rows of norm ~1e20 (their squares overflow float32) are still unit vectors.
+    gen = torch.Generator().manual_seed(0)
+    features, target = torch.randn(8, 4, generator=gen), torch.arange(8) % 2
+    small, large = (MR2Loss(2, 4, normalize=True, lam=0.5) for _ in range(2))
+    small(torch.zeros(8, 2), features, target)
+    large(torch.zeros(8, 2), features * 1e20, target)
+    torch.testing.assert_close(large.moment_sum, small.moment_sum)
+    assert small.moment_sum.abs().sum() > 0
