@@ -545,9 +545,13 @@ MAX_ASPECT = 16
 
 def aspect_window(width: int, height: int) -> tuple[int, int]:
     """``(width, height)`` of the centred window kept of an image: itself, or its long side
-    cut to ``MAX_ASPECT`` times its short side."""
+    cut to ``MAX_ASPECT`` times its short side, plus one pixel where that leaves an odd
+    number to cut. The same number of pixels then goes from each end: the window has the
+    image's own centre, which the transforms' centre crop keeps, and every decoding path
+    (PIL, or a crop of a decoded tensor) cuts the same pixels."""
     short = max(min(width, height), 1)
-    return min(width, MAX_ASPECT * short), min(height, MAX_ASPECT * short)
+    w, h = min(width, MAX_ASPECT * short), min(height, MAX_ASPECT * short)
+    return w + (width - w) % 2, h + (height - h) % 2
 
 
 def trim_aspect(image: Image.Image) -> Image.Image:
