@@ -578,13 +578,16 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 f"in {result.n_iter} iterations, {gradient}: its line searches needed many "
                 "evaluations. Increase max_iter or scale the features (e.g. StandardScaler)."
             )
+        precise = "a larger tol" if dtype == torch.float64 else "float64 features or a larger tol"
         curve = result.loss_curve
         if curve and not curve[-1] < curve[0]:
             return (
                 f"lbfgs made no progress from its starting point, {gradient}: no step "
-                "along its first directions lowered the objective. Features with very "
-                "large values do this (the gradient is as large as they are). Scale the "
-                "features (e.g. StandardScaler)."
+                "along its first directions lowered the objective. Either the start is "
+                "already as near the optimum as the precision of the data allows (a warm "
+                f"start from a converged fit; use {precise}), or the features have very "
+                "large values, which make the gradient as large (scale them, e.g. "
+                "StandardScaler)."
             )
         advice = (
             "Scale the features (e.g. StandardScaler) or use a larger tol."

@@ -516,7 +516,7 @@ def test_stalled_lbfgs_advice_depends_on_the_dtype(digits):
     with pytest.warns(ConvergenceWarning, match="made no progress") as record:
         MR2LinearClassifier(device="cpu").fit(X * 1e30, y)  # float64 already
     message = str(record[0].message)
-    assert "Scale the features" in message and "float64" not in message
+    assert "scale them" in message and "float64" not in message
     X, y = digits
     with pytest.warns(ConvergenceWarning, match="Use float64 features"):
         MR2LinearClassifier(c_bar=None, C=10.0, tol=1e-8, max_iter=2000, device="cpu").fit(
@@ -531,6 +531,19 @@ def test_lbfgs_that_cannot_leave_its_start_says_so(digits):
     with pytest.warns(ConvergenceWarning, match="made no progress from its starting point"):
         clf = MR2LinearClassifier(c_bar=None, device="cpu").fit(X * 1e11, y)
     assert clf.loss_curve_[-1] == clf.loss_curve_[0]
+
+
+def test_a_warm_start_at_its_optimum_is_not_blamed_on_the_features(digits):
+    X, y = digits
+    X = (X / 16).astype(np.float32)  # features in [0, 1]: nothing to scale
+    clf = MR2LinearClassifier(device="cpu", tol=1e-7, max_iter=1000, warm_start=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+    with pytest.warns(ConvergenceWarning, match="made no progress") as record:
+        clf.fit(X, y)
+    message = str(record[0].message)
+    assert "a warm start from a converged fit; use float64 features or a larger tol" in message
 
 
 def test_lbfgs_out_of_function_evaluations_says_so():
