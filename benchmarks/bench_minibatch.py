@@ -8,7 +8,8 @@ Two tables from one run:
    with one thread.
 2. Whole fits on scikit-learn's digits, the demo's split (898 train / 899 test, raw pixel
    values 0 to 16, as the call is written), each in a fresh process so that every row pays
-   its own first-call costs: LogisticRegression (the peer, same C), the previous minibatch
+   its own first-call costs: LogisticRegression (the peer, same C; on one BLAS thread, as
+   the current solver runs its small steps, and on its default threads), the previous minibatch
    settings (Adam at 1e-3, stop after 10 epochs without an absolute improvement of 1e-4,
    no schedule), the current defaults, and a sweep over the step size and the patience.
    Each row: fit seconds (median over seeds), its ratio to LogisticRegression's, epochs
@@ -53,11 +54,13 @@ def previous_fit_minibatch(
     n_iter_no_change,
     generator,
     verbose,
+    tilt=0.0,
 ):
     """The minibatch solver as it was: torch.optim, absolute tol, no schedule, and the
-    statistics refreshed once more after the last epoch."""
+    statistics refreshed once more after the last epoch. It had no class tilt."""
+    assert tilt == 0, "the previous minibatch solver had no class tilt"
     from mr2_probe._losses import compactness_loss, margin_cross_entropy
-    from mr2_probe._solvers import SolverResult, refresh_statistics
+    from mr2_probe._solvers import ClassRisk, SolverResult, _with_class_losses, refresh_statistics
 
     stats, margins, s_bar, tau = initial
     params = list(head.parameters())
@@ -88,7 +91,9 @@ def previous_fit_minibatch(
     if head.has_projection:
         stats, margins, _, _ = refresh_statistics(head, source, spec)
     stop = "tol" if converged else "max_iter"
-    return SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)
+    result = SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)
+    # What the estimator now reads of every result: the class losses at the solution.
+    return _with_class_losses(result, head, source, spec, ClassRisk(source, spec.n_classes, 0))
 
 
 PREVIOUS = {"learning_rate": 1e-3, "n_iter_no_change": 10}
@@ -191,10 +196,14 @@ def fit_row(kind, params, seed, C=1.0, standardize=False):
     if standardize:  # the demo's form
         scaler = StandardScaler().fit(X_train)
         X_train, X_test = scaler.transform(X_train), scaler.transform(X_test)
-    if kind == "logistic":
+    threads = None
+    if kind in ("logistic", "logistic-1"):
         from sklearn.linear_model import LogisticRegression
 
         model = LogisticRegression(C=C, max_iter=1000)
+        # The current minibatch solver runs its small steps on one thread; so does the
+        # peer's first row (its BLAS limited to one thread), the second keeps its default.
+        threads = 1 if kind == "logistic-1" else None
     else:
         from mr2_probe import MR2LinearClassifier, _classifier
 
@@ -205,8 +214,10 @@ def fit_row(kind, params, seed, C=1.0, standardize=False):
 
             _solvers.SMALL_STEP = 0  # every step on torch's intra-op threads
         model = MR2LinearClassifier(c_bar=2, lam=0.5, p=3, C=C, random_state=seed, **params)
+    from threadpoolctl import threadpool_limits
+
     start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, threadpool_limits(threads):
         warnings.simplefilter("always", ConvergenceWarning)
         model.fit(X_train, y_train)
     seconds = time.perf_counter() - start
@@ -262,7 +273,8 @@ def main(argv=None):
             )
 
     rows = [
-        (f"LogisticRegression(C={args.C:g}) (peer)", "logistic", {}),
+        (f"LogisticRegression(C={args.C:g}), 1 thread (peer)", "logistic-1", {}),
+        (f"LogisticRegression(C={args.C:g}), its threads", "logistic", {}),
         ("previous: Adam 1e-3, abs tol, 10 ep", "previous", PREVIOUS),
         ("current defaults", "current", {}),
         ("current defaults, torch's threads", "torch-threads", {}),
