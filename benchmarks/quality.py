@@ -418,6 +418,8 @@ def main(argv=None):
     print("| data | method | " + " | ".join(COLUMNS) + " |")
     print("|---|---|" + "---|" * len(COLUMNS))
     everything, tracking = {}, []
+    if args.out:  # its folder first: a long run must not fail at its first save
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     for dataset, load, methods in datasets:
         X, y, X_test, y_test = load()
         start = time.perf_counter()
