@@ -207,11 +207,22 @@ def tune_class_offsets(
         raise ValueError("The sum of sample weights must be positive.")
     objective = _Objective(scoring, classes, y, weight, sample_weight is not None)
     search = _Search(z, objective, max_accuracy_drop, n_candidates)
+    # A class without samples (weight) here cannot show what its offset costs it: lowering
+    # it only ever helps the others. Its offset is not searched.
+    tuned = np.flatnonzero(objective.class_size > 0)
+    if len(tuned) < n_classes:
+        absent = classes[objective.class_size == 0].tolist()
+        warnings.warn(
+            f"Classes {absent} have no samples (weight) in the data the offsets are tuned "
+            "on, so their offsets are not tuned; tune on data that holds every class.",
+            UserWarning,
+            stacklevel=3,  # the caller of validate_params' wrapper
+        )
 
     n_sweeps = 0
     while n_sweeps < max_sweeps:
         n_sweeps += 1
-        if not any([search.step(k) for k in range(n_classes)]):
+        if not any([search.step(k) for k in tuned]):
             break
     else:
         warnings.warn(

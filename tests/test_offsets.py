@@ -520,3 +520,17 @@ def test_clone_keeps_parameters_only():
         warnings.simplefilter("error")
         assert clone(fitted).get_params()["max_accuracy_drop"] == 0.01
     assert not hasattr(clone(fitted), "offsets_")
+
+
+def test_a_class_absent_from_the_tuning_data_keeps_its_offset():
+    # Class 2 has no tuning sample but takes two of class 0's: lowering class 2 would fix
+    # them at no visible cost, and cost class 2 itself wherever it occurs. Its offset is
+    # not searched: class 0 is raised instead, and classes 1 and 2 keep the same offset.
+    decision = np.array(
+        [[2.0, 0.0, 0.0], [1.0, 0.0, 1.5], [1.0, 0.0, 1.2], [0.0, 2.0, 0.0], [0.0, 1.5, 0.0]]
+    )
+    y = np.array([0, 0, 0, 1, 1])
+    with pytest.warns(UserWarning, match=r"Classes \[2\] have no samples"):
+        result = tune_class_offsets(decision, y, "accuracy")
+    assert result.score == 1.0
+    assert result.offsets[1] == result.offsets[2] < result.offsets[0]
