@@ -12,6 +12,7 @@ largest validation worst-class accuracy whose validation overall accuracy is wit
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -153,10 +154,18 @@ def _final(estimator):
     return estimator[-1] if isinstance(estimator, Pipeline) else estimator
 
 
-def _fit(estimator, X, y):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        return estimator.fit(X, y)
+def _fit(estimator, X, y, short: list, name: str):
+    """``estimator`` fitted; ``name`` appended to ``short`` if a fit stopped short of tol
+    (its ConvergenceWarnings are gathered into one by :func:`accuracy_front`)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        estimator.fit(X, y)
+    for w in caught:
+        if not issubclass(w.category, ConvergenceWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if any(issubclass(w.category, ConvergenceWarning) for w in caught):
+        short.append(name)
+    return estimator
 
 
 def _convex(probe) -> bool:
@@ -195,12 +204,14 @@ def accuracy_front(
     Parameters
     ----------
     estimator : MR2LinearClassifier or Pipeline ending in one
-        The MR² configuration (unfitted). ERM is the same with ``c_bar=None``; the tilt
-        sweep sets ``class_tilt`` on it.
+        The MR² configuration (unfitted). ERM is the same with ``c_bar=None`` and
+        ``lam=0`` (no margins, no learned projection); the tilt sweep sets ``class_tilt``
+        on the MR² configuration.
     X, y : training data of the front.
     X_val, y_val : validation data, the only data the rule reads.
     tilts : sequence of float, default=(0, 0.5, 1, 2, 5, 10)
-        ``class_tilt`` values of the tilt curve (``0`` is the MR² point itself).
+        ``class_tilt`` values (finite, ≥ 0) of the tilt curve (``0`` is the MR² point
+        itself).
     offset_bounds : sequence of float, default=()
         Bounds (fractions of overall accuracy, 0.005 = 0.5 pt) for class offsets tuned on
         the ERM probe by :class:`TunedOffsetsClassifierCV` (worst-class objective,
@@ -215,9 +226,11 @@ def accuracy_front(
     -------
     front : Front
         Points in the order ERM, MR², tilts, offsets; ``front.chosen`` names the rule's
-        choice.
+        choice. Points whose fit stopped short of tol are named in one ConvergenceWarning.
     """
-    points = [FrontPoint("ERM", "ERM", None, _with_params(estimator, c_bar=None, class_tilt=0.0))]
+    _check_front_options(tilts, offset_bounds, bound, X_test, y_test)
+    erm = _with_params(estimator, c_bar=None, lam=0.0, class_tilt=0.0)
+    points = [FrontPoint("ERM", "ERM", None, erm)]
     mr2 = _with_params(estimator, class_tilt=0.0)
     if _final(mr2).c_bar is not None:
         points.append(FrontPoint("MR2", "MR2", None, mr2))
@@ -226,7 +239,7 @@ def accuracy_front(
         for t in tilts
         if t > 0
     ]
-    fitted, previous = {}, None
+    fitted, previous, short = {}, None, []
     for p in points:
         model = None
         if p.lever == "tilt" and previous is not None and _convex(_final(previous)):
@@ -236,7 +249,7 @@ def accuracy_front(
             # stops short is not, and the point is fitted cold, as its refit will be.
             model = _warm_fit(previous, p.value, X, y)
         if model is None:
-            model = _fit(clone(p.estimator), X, y)
+            model = _fit(clone(p.estimator), X, y, short, p.name)
         fitted[p.name] = previous = model
     if offset_bounds:
         bounds = sorted(float(b) for b in offset_bounds)
@@ -247,7 +260,7 @@ def accuracy_front(
             cv=offsets_cv,
             store_cv_results=True,
         )
-        base = _fit(wrapper, X, y)
+        base = _fit(wrapper, X, y, short, "offsets")
         for b in bounds:
             name = f"offsets≤{100 * b:g}pt"
             tuned = tune_class_offsets(
@@ -261,12 +274,32 @@ def accuracy_front(
             fitted[name] = model
             unfitted = clone(wrapper).set_params(max_accuracy_drop=b, store_cv_results=False)
             points.append(FrontPoint(name, "offsets", b, unfitted))
+    if short:
+        warnings.warn(
+            f"The front's fits of {', '.join(short)} stopped short of tol; their points are "
+            "scored as fitted. Increase max_iter, or scale the features.",
+            ConvergenceWarning,
+            stacklevel=2,
+        )
     _score(points, fitted, X_val, y_val, "validation")
     if X_test is not None:
         _score(points, fitted, X_test, y_test, "test")
     front = Front(points, bound)
     front.chosen = choose_point(front, bound).name
     return front
+
+
+def _check_front_options(tilts, offset_bounds, bound, X_test, y_test) -> None:
+    """Refuse bad options before any fit."""
+    bad = [t for t in tilts if not (math.isfinite(float(t)) and float(t) >= 0)]
+    if bad:
+        raise ValueError(f"tilts must be finite numbers >= 0, got {bad}.")
+    for name, values in (("offset_bounds", offset_bounds), ("bound", [bound])):
+        bad = [b for b in values if not 0 <= float(b) < 1]
+        if bad:
+            raise ValueError(f"{name} must be fractions in [0, 1), got {bad}.")
+    if (X_test is None) != (y_test is None):
+        raise ValueError("X_test and y_test go together: pass both or neither.")
 
 
 def _score(points, fitted, X, y, split: str) -> None:

@@ -112,6 +112,44 @@ def test_tilt_points_score_the_model_their_refit_gives(params):
         assert point.validation["overall"] == pytest.approx(cold.score(X_val, y_val))
 
 
+def test_front_erm_is_the_probe_without_margins_or_projection(splits):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = MR2LinearClassifier(lam=0.5, max_iter=3, device="cpu", random_state=0)
+    with pytest.warns(ConvergenceWarning):
+        front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=())
+    erm = front.point("ERM").estimator
+    assert (erm.c_bar, erm.lam, erm.class_tilt) == (None, 0.0, 0.0)
+    assert front.point("MR2").estimator.lam == 0.5
+
+
+def test_front_names_the_points_that_stopped_short(splits):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = MR2LinearClassifier(C=10.0, max_iter=2, device="cpu")
+    with pytest.warns(ConvergenceWarning, match="front's fits of ERM, MR2, tilt=5 stopped short"):
+        accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(5,))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(tilts=(-1, 2)), r"tilts must be finite numbers >= 0, got \[-1\]"),
+        (dict(tilts=(float("nan"),)), "tilts must be finite"),
+        (dict(bound=5), r"bound must be fractions in \[0, 1\), got \[5\]"),
+        (dict(offset_bounds=(0.01, 1.5)), "offset_bounds must be fractions"),
+        (dict(X_test=np.zeros((3, 8))), "X_test and y_test go together"),
+    ],
+)
+def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeypatch):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fitted before checking the options")
+
+    monkeypatch.setattr(MR2LinearClassifier, "fit", no_fit)
+    with pytest.raises(ValueError, match=match):
+        accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val, **kwargs)
+
+
 def test_front_never_chooses_on_test_data(splits, front):
     """The same front with scrambled test labels makes the same choice."""
     X_fit, y_fit, X_val, y_val, X_test, y_test = splits
