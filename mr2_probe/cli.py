@@ -380,7 +380,7 @@ def _run(args) -> int:
     erm_name, mr2_name = models
     for name, model in models.items():
         print(f"fitting {name} on {X.shape[0]} × {X.shape[1]} features", file=sys.stderr)
-        _fit(model, X, y)
+        _fit(model, X, y, name)
     front = None
     if args.tilt or args.offsets:
         base = _chosen_configuration(models[mr2_name])
@@ -806,10 +806,21 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
     )
 
 
-def _fit(model, X, y):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        return model.fit(X, y)
+def _fit(model, X, y, name: str):
+    """``model`` fitted, its ConvergenceWarnings (a search's can be many) said in one line
+    on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        model.fit(X, y)
+    short = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+    for w in caught:
+        if w not in short:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if short:
+        fits = f"{len(short)} of its fits" if len(short) > 1 else "its fit"
+        first = _one_line(short[0].message)
+        print(f"mr2-probe: warning: {name}: {fits} stopped short of tol ({first})", file=sys.stderr)
+    return model
 
 
 def _front(models: dict, base, X, y, X_test, y_test, args):
@@ -838,7 +849,8 @@ def _front(models: dict, base, X, y, X_test, y_test, args):
     print(
         f"front: the rule chose {chosen.name}; refitting it on all training data", file=sys.stderr
     )
-    models[f"chosen: {chosen.name}"] = _fit(clone(chosen.estimator), X, y)
+    name = f"chosen: {chosen.name}"
+    models[name] = _fit(clone(chosen.estimator), X, y, name)
     return front
 
 

@@ -82,6 +82,15 @@ def test_train_and_test_files_print_the_classwise_table(digits_files, capsys):
     assert float(erm.split()[1]) > 90
 
 
+def test_a_model_short_of_tol_is_said_in_one_line(digits_files, capsys):
+    argv = [str(digits_files / "train.npz"), "--test", str(digits_files / "test.npz")]
+    assert main([*argv, "--max-iter", "2", "--no-progress"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    said = [line for line in err if line.startswith("mr2-probe: warning:")]
+    assert [line.split(":")[2].strip() for line in said] == ["ERM", "MR2"]
+    assert all("its fit stopped short of tol (lbfgs did not converge" in line for line in said)
+
+
 def test_grid_search_tunes_erm_and_mr2_alike(files, tmp_path, capsys):
     out = tmp_path / "run"
     argv = [str(files / "X.npy"), "--labels", str(files / "y.npy"), "--test-size", "0.3"]
