@@ -10,7 +10,7 @@ from numbers import Integral
 import numpy as np
 import torch
 from sklearn.base import _fit_context
-from sklearn.metrics import check_scoring, get_scorer_names
+from sklearn.metrics import check_scoring, get_scorer_names, make_scorer
 from sklearn.model_selection import check_cv
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.parallel import Parallel, delayed
@@ -474,9 +474,22 @@ class _Scorer:
     """Scores held-out logits with a scikit-learn scorer, weighted when it can be."""
 
     def __init__(self, scorer, classes) -> None:
-        self.scorer, self.estimator, self.classes = scorer, HeldOutLogits(classes), classes
         func = getattr(scorer, "_score_func", None)
-        self.weighted = func is None or "sample_weight" in inspect.signature(func).parameters
+        parameters = inspect.signature(func).parameters if func is not None else {}
+        if "labels" in parameters and "labels" not in getattr(scorer, "_kwargs", {}):
+            # A fold's held-out rows may lack a class: metrics that take the labels (log
+            # loss, Brier score) are told all of them, as LogisticRegressionCV tells them.
+            kwargs = dict(getattr(scorer, "_kwargs", {}), labels=classes)
+            if len(classes) == 2 and "pos_label" in parameters:
+                kwargs.setdefault("pos_label", classes[-1])
+            scorer = make_scorer(
+                func,
+                greater_is_better=scorer._sign == 1,
+                response_method=scorer._response_method,
+                **kwargs,
+            )
+        self.scorer, self.estimator, self.classes = scorer, HeldOutLogits(classes), classes
+        self.weighted = func is None or "sample_weight" in parameters
 
     def __call__(self, z, y_index, weight) -> float:
         kwargs = {"sample_weight": weight} if weight is not None and self.weighted else {}

@@ -613,3 +613,13 @@ def test_a_training_row_drawn_twice_counts_twice_as_in_a_fit(
         cold = MR2LinearClassifier(**common, **searched).fit(X[train], y[train])
         path = np.stack([search.coefs_paths_[k][f, 0] for k in search.classes_])
         np.testing.assert_allclose(path[:, :6], cold.coef_, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scoring", ["neg_log_loss", "neg_brier_score"])
+def test_probability_scorers_know_every_class_when_a_fold_lacks_one(scoring):
+    # A class of 3 samples and 5 folds: some held-out folds do not hold it.
+    X, y = make_blobs(n_samples=[40, 40, 3], random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # scikit-learn's: a class under 5
+        search = MR2LinearClassifierCV([0.1, 1.0], scoring=scoring, device="cpu").fit(X, y)
+    assert np.isfinite(search.scores_[0]).all()
