@@ -315,6 +315,19 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         self.n_iter_ = self._path_n_iter
         return self
 
+    def score(self, X, y, sample_weight=None):
+        """The ``scoring`` option's score of the fitted model on ``(X, y)`` (accuracy when
+        ``scoring`` is None), as LogisticRegressionCV scores, so that a search or
+        ``cross_val_score`` over this estimator reads the metric it was tuned for."""
+        if self.scoring is None:
+            return super().score(X, y, sample_weight=sample_weight)
+        y = to_numpy(y) if is_torch_tensor(y) else y
+        if is_torch_tensor(sample_weight):
+            sample_weight = to_numpy(sample_weight)
+        scorer = check_classwise_scoring(self, self.scoring)
+        kwargs = {} if sample_weight is None else {"sample_weight": sample_weight}
+        return scorer(self, X, y, **kwargs)
+
     def _check_Cs(self):
         if isinstance(self.Cs, str):
             return self.Cs

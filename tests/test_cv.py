@@ -623,3 +623,17 @@ def test_probability_scorers_know_every_class_when_a_fold_lacks_one(scoring):
         warnings.simplefilter("ignore", UserWarning)  # scikit-learn's: a class under 5
         search = MR2LinearClassifierCV([0.1, 1.0], scoring=scoring, device="cpu").fit(X, y)
     assert np.isfinite(search.scores_[0]).all()
+
+
+@pytest.mark.parametrize("scoring", [None, "neg_log_loss", "worst_class"])
+def test_score_reads_the_metric_the_search_was_tuned_for(scoring):
+    from sklearn.metrics import get_scorer
+
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV([0.1, 1.0], cv=3, scoring=scoring, device="cpu").fit(X, y)
+    expected = {
+        None: np.mean(search.predict(X) == y),
+        "neg_log_loss": get_scorer("neg_log_loss")(search, X, y),
+        "worst_class": worst_class_accuracy(y, search.predict(X)),
+    }[scoring]
+    assert search.score(X, y) == pytest.approx(expected)
