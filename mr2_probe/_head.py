@@ -192,6 +192,10 @@ class ProbeHead(nn.Module):
         return None
 
 
+# Rows of a NumPy X promoted to the model's precision at a time, in decision_values.
+_PREDICT_ROWS = 65536
+
+
 def decision_values(X, coef, intercept, projection, head: str):
     """Logits from fitted NumPy state, in X's own library (NumPy array or torch tensor).
 
@@ -205,8 +209,17 @@ def decision_values(X, coef, intercept, projection, head: str):
             z = z / row_norms(phi).clamp_min(1e-12)[:, None]
         return z + intercept
     X = np.asarray(X)
-    z = X @ coef.T.astype(X.dtype, copy=False)
-    if head == "cosine":
-        phi = X if projection is None else X @ projection.T.astype(X.dtype, copy=False)
-        z = z / np.maximum(row_norms_numpy(phi), 1e-12)[:, None]
-    return z + intercept.astype(z.dtype, copy=False)
+    # As scikit-learn's linear models: the products in the wider of X's and the model's
+    # precision (float32 rows of a float64 model are promoted, block by block).
+    dtype = np.promote_types(X.dtype, coef.dtype)
+    coef, intercept = coef.astype(dtype, copy=False), intercept.astype(dtype, copy=False)
+    projection = None if projection is None else projection.astype(dtype, copy=False)
+    z = np.empty((len(X), len(coef)), dtype=dtype)
+    for start in range(0, len(X), _PREDICT_ROWS):
+        x = X[start : start + _PREDICT_ROWS].astype(dtype, copy=False)
+        block = x @ coef.T
+        if head == "cosine":
+            phi = x if projection is None else x @ projection.T
+            block /= np.maximum(row_norms_numpy(phi), 1e-12)[:, None]
+        z[start : start + len(x)] = block + intercept
+    return z

@@ -806,3 +806,19 @@ def test_compactness_scale_averages_present_classes_only(monkeypatch):
         clf.fit(X, y, sample_weight=sample_weight)
     expected = clf.class_stats_["msd_l2"][:2].mean()  # not the mean over all 3 classes
     np.testing.assert_allclose(seen, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("head", ["linear", "cosine"])
+def test_float32_rows_are_scored_in_a_float64_model_s_precision(head):
+    # As scikit-learn's linear models: float32 rows promoted, not the model rounded down.
+    rng = np.random.RandomState(0)
+    X = 1000.0 + 0.01 * rng.randn(600, 20)
+    y = (X[:, 0] - X[:, 1] > 0).astype(int)
+    model = MR2LinearClassifier(head=head, c_bar=None, C=1e4, max_iter=300, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    X32 = X.astype(np.float32)
+    z = model.decision_function(X32)
+    assert z.dtype == np.float64
+    np.testing.assert_array_equal(z, model.decision_function(X32.astype(np.float64)))
