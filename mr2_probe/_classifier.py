@@ -444,6 +444,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 weights = compute_class_weight(
                     self.class_weight, classes=self.classes_, y=y, sample_weight=sample_weight
                 )
+            if isinstance(self.class_weight, dict):
+                given = np.array(list(self.class_weight.values()), dtype=float)
+                if not (np.isfinite(given).all() and (given >= 0).all()):
+                    raise ValueError(
+                        f"class_weight={self.class_weight!r}: every class weight must be a "
+                        "finite number >= 0."
+                    )
             bad = ~np.isfinite(weights)
             if bad.any():
                 raise ValueError(

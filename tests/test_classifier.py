@@ -601,6 +601,14 @@ def test_a_class_with_zero_weight_keeps_the_model_finite(solver):
     assert clf.margins_.mean() == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("weight", [-0.1, np.nan, np.inf])
+def test_a_class_weight_that_is_not_a_finite_non_negative_number_is_named(weight):
+    X, y = _blobs()
+    clf = MR2LinearClassifier(class_weight={0: weight}, device="cpu")
+    with pytest.raises(ValueError, match="every class weight must be a finite number >= 0"):
+        clf.fit(X, y)
+
+
 def test_balanced_class_weight_of_a_class_without_weight_is_named():
     # "balanced" divides by the class's total weight: zero gives it an infinite weight,
     # and its rows (weight 0 · ∞) NaN sample weights.
