@@ -468,6 +468,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         self._finish(head, result, solver, data)
 
     def _average_folds(self, data, solver):
+        for name in ("loss_curve_", "class_losses_", "tilt_weights_"):  # no refit: none
+            if hasattr(self, name):
+                delattr(self, name)
         scores = next(iter(self.scores_.values()))
         best = scores.argmax(1)  # (n_folds,)
         self._chosen(np.mean(self.Cs_[best]))

@@ -729,9 +729,13 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         self.n_sweeps_ = result.n_sweeps
         if self.store_cv_results:
             self.cv_results_ = {"decision_function": decision, "y": y_index, "index": index}
+        elif hasattr(self, "cv_results_"):
+            del self.cv_results_  # a previous fit's, not this one's
         for name in ("n_features_in_", "feature_names_in_"):
             if hasattr(self.estimator_, name):
                 setattr(self, name, getattr(self.estimator_, name))
+            elif hasattr(self, name):
+                delattr(self, name)
         return self
 
     def _prefit_decision(self, X, y, fit_params):

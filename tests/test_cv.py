@@ -637,3 +637,12 @@ def test_score_reads_the_metric_the_search_was_tuned_for(scoring):
         "worst_class": worst_class_accuracy(y, search.predict(X)),
     }[scoring]
     assert search.score(X, y) == pytest.approx(expected)
+
+
+def test_refit_false_after_a_refit_leaves_no_refit_attributes():
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV([0.1, 1.0], cv=3, device="cpu").fit(X, y)
+    assert hasattr(search, "loss_curve_")
+    search.set_params(refit=False).fit(X, y)
+    for name in ("loss_curve_", "class_losses_", "tilt_weights_"):
+        assert not hasattr(search, name)

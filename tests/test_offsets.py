@@ -534,3 +534,14 @@ def test_a_class_absent_from_the_tuning_data_keeps_its_offset():
         result = tune_class_offsets(decision, y, "accuracy")
     assert result.score == 1.0
     assert result.offsets[1] == result.offsets[2] < result.offsets[0]
+
+
+def test_a_refit_leaves_nothing_of_the_previous_fit():
+    pd = pytest.importorskip("pandas")
+    X, y = _imbalanced()
+    frame = pd.DataFrame(X, columns=[f"f{i}" for i in range(X.shape[1])])
+    model = TunedOffsetsClassifierCV(MR2LinearClassifier(device="cpu"), cv=3,
+                                     store_cv_results=True).fit(frame, y)  # fmt: skip
+    assert hasattr(model, "feature_names_in_") and hasattr(model, "cv_results_")
+    model.set_params(store_cv_results=False).fit(X, y)
+    assert not hasattr(model, "feature_names_in_") and not hasattr(model, "cv_results_")
