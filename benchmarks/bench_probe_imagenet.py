@@ -17,6 +17,10 @@ sensible at a small size::
     python benchmarks/bench_probe_imagenet.py                       # full size, CUDA
     python benchmarks/bench_probe_imagenet.py --json runs/probe_imagenet.json
     python benchmarks/bench_probe_imagenet.py --n-samples 2000 --n-features 64 --n-classes 10
+
+Then, as a peer, scikit-learn's LogisticRegression on the CPU against the estimator with
+``c_bar=None`` (the same objective) on the device, both on the first ``--peer-rows`` rows
+(5,000 by default: scikit-learn cannot fit the full size in a benchmark's time).
 """
 
 from __future__ import annotations
@@ -95,6 +99,32 @@ def fit_one(model, X, y):
     return row
 
 
+def peer(X, y, args) -> dict:
+    """scikit-learn's LogisticRegression (CPU, float32 host copy) against MR2 with
+    c_bar=None (its objective, on the device), on the first ``--peer-rows`` rows: the full
+    size is beyond scikit-learn's reach, so the comparison is made where both can run."""
+    from sklearn.linear_model import LogisticRegression
+
+    n = min(args.peer_rows, len(y))
+    X_host, y_host = X[:n].float().cpu().numpy(), y[:n].cpu().numpy()
+    sk = LogisticRegression(C=args.C, max_iter=args.lbfgs_iter)
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sk.fit(X_host, y_host)
+    sk_s = time.perf_counter() - start
+    ours = MR2LinearClassifier(
+        c_bar=None, C=args.C, max_iter=args.lbfgs_iter, device=str(X.device), random_state=0
+    )
+    row = fit_one(ours, X[:n], y[:n])
+    print(
+        f"peer, first {n:,} rows: LogisticRegression (sklearn, CPU) {sk_s:.2f} s, "
+        f"{int(sk.n_iter_[0])} iters; MR2 c_bar=None on {X.device} {row['fit_s']:.2f} s, "
+        f"{row['n_iter']} iters: {sk_s / row['fit_s']:.1f}× faster"
+    )
+    return {"rows": n, "sklearn_fit_s": sk_s, "sklearn_n_iter": int(sk.n_iter_[0]), "mr2": row}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-samples", type=int, default=1_281_167)
@@ -106,6 +136,13 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=4096, help="Adam's minibatch")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--peer-rows",
+        type=int,
+        default=5000,
+        help="rows of the peer comparison (scikit-learn on the CPU against MR2 c_bar=None on "
+        "the device, same rows; 0 skips it)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     name = args.device
@@ -162,6 +199,8 @@ def main(argv=None):
         )
         for message in row["warnings"]:
             print(f"  {key}: {message}")
+    if args.peer_rows > 0:
+        result["peer"] = peer(X, y, args)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
