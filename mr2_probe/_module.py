@@ -156,7 +156,9 @@ class MR2Loss(nn.Module):
     def class_weights(self) -> torch.Tensor:
         """The tilt's class weights q = softmax(t·L + log π) (K,); classes not seen get 0
         (all of them before the first training batch)."""
-        share = self._class_share()
+        return self._class_weights(self._class_share())
+
+    def _class_weights(self, share: torch.Tensor) -> torch.Tensor:
         weights = tilted_class_risk(self.running_class_loss, share, self.class_tilt)[1]
         return torch.where(share > 0, weights, torch.zeros_like(weights))
 
@@ -164,7 +166,7 @@ class MR2Loss(nn.Module):
         """q_k / π_k, the weight of a sample of class k in the tilted batch loss (K,); 1 for a
         class not seen in training, which an evaluation then counts as the plain mean does."""
         share = self._class_share()
-        ratio = self.class_weights() / share.clamp_min(torch.finfo(share.dtype).tiny)
+        ratio = self._class_weights(share) / share.clamp_min(torch.finfo(share.dtype).tiny)
         return torch.where(share > 0, ratio, torch.ones_like(ratio))
 
     @torch.no_grad()

@@ -8,13 +8,11 @@ import json
 import os
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import joblib
 import numpy as np
 from sklearn.base import clone
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import GridSearchCV, StratifiedKFold, train_test_split
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import Normalizer, StandardScaler
@@ -22,6 +20,7 @@ from sklearn.preprocessing import Normalizer, StandardScaler
 from ._classifier import MR2LinearClassifier
 from ._cv import MR2LinearClassifierCV
 from ._device import resolve_device
+from .front import _final, fit_collecting_short
 from .metrics import classwise_scorers
 from .report import classwise_report
 
@@ -272,11 +271,6 @@ def _chosen_configuration(model):
     if isinstance(base, Pipeline):
         return Pipeline([*base.steps[:-1], (base.steps[-1][0], probe)])
     return probe
-
-
-def _final(estimator):
-    """The probe itself, inside a Pipeline or not."""
-    return estimator[-1] if isinstance(estimator, Pipeline) else estimator
 
 
 def _optional_float(text: str):
@@ -809,13 +803,7 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
 def _fit(model, X, y, name: str):
     """``model`` fitted, its ConvergenceWarnings (a search's can be many) said in one line
     on stderr."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        model.fit(X, y)
-    short = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
-    for w in caught:
-        if w not in short:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    short = fit_collecting_short(model, X, y)
     if short:
         fits = f"{len(short)} of its fits" if len(short) > 1 else "its fit"
         first = _one_line(short[0].message)

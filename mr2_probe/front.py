@@ -154,16 +154,23 @@ def _final(estimator):
     return estimator[-1] if isinstance(estimator, Pipeline) else estimator
 
 
-def _fit(estimator, X, y, short: list, name: str):
-    """``estimator`` fitted; ``name`` appended to ``short`` if a fit stopped short of tol
-    (its ConvergenceWarnings are gathered into one by :func:`accuracy_front`)."""
+def fit_collecting_short(estimator, X, y) -> list:
+    """Fit ``estimator``; return the ConvergenceWarnings of its fits (a search's can be
+    many), which its caller reports as one. Other warnings pass on as they were."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
         estimator.fit(X, y)
+    short = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
     for w in caught:
         if not issubclass(w.category, ConvergenceWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    if any(issubclass(w.category, ConvergenceWarning) for w in caught):
+    return short
+
+
+def _fit(estimator, X, y, short: list, name: str):
+    """``estimator`` fitted; ``name`` appended to ``short`` if a fit stopped short of tol
+    (its ConvergenceWarnings are gathered into one by :func:`accuracy_front`)."""
+    if fit_collecting_short(estimator, X, y):
         short.append(name)
     return estimator
 
@@ -177,12 +184,7 @@ def _warm_fit(previous, tilt: float, X, y):
     """``previous`` refitted at ``tilt`` from its solution; None if it did not converge."""
     model = copy.deepcopy(previous)
     _final(model).set_params(warm_start=True, class_tilt=tilt)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        model.fit(X, y)
-    if any(issubclass(w.category, ConvergenceWarning) for w in caught):
-        return None
-    return model
+    return None if fit_collecting_short(model, X, y) else model
 
 
 def accuracy_front(
