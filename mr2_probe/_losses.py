@@ -61,12 +61,19 @@ def compactness_loss(
     s_bar: torch.Tensor | float,
     tau: torch.Tensor | float = 1.0,
     reduction: str = "mean",
+    sample_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Representation-margin (compactness) loss over same-class pairs of a batch.
 
     ℓ_s̄(i) = log(1 + Σ_{j: y_j = y_i, j ≠ i} exp((‖φ_i − φ_j‖² − 2 s̄) / τ)); the
     ``"mean"`` reduction averages within each class present in the batch, then over
     those classes.
+
+    With ``sample_weight`` w a sample counts as w copies of itself, as in scikit-learn: its
+    partners' terms are multiplied by their weights (and a sample of weight w > 1 also
+    pairs with its own w − 1 other copies, at distance 0), and the class averages are
+    weighted. A sample of weight 0 takes no part at all, and integer weights give the loss
+    of the batch with repeated rows.
 
     Parameters
     ----------
@@ -77,11 +84,20 @@ def compactness_loss(
     tau : float or scalar tensor, default=1.0
         Temperature of the exponent.
     reduction : {"mean", "none"}, default="mean"
+    sample_weight : torch.Tensor of shape (n_samples,), default=None
+        Non-negative weights (None: every sample weighs 1).
     """
     exponent = (pairwise_sq_distances(features) - 2 * s_bar) / tau  # (B, B)
     same = target[:, None] == target[None, :]  # (B, B)
-    same_other = same & ~torch.eye(len(target), dtype=torch.bool, device=target.device)
-    exponent = exponent.masked_fill(~same_other, float("-inf"))
+    eye = torch.eye(len(target), dtype=torch.bool, device=target.device)
+    if sample_weight is None:
+        exponent = exponent.masked_fill(~(same & ~eye), float("-inf"))
+        weight = None
+    else:
+        weight = sample_weight.to(exponent.dtype)
+        # log w_j on partner j; on the diagonal log(w_i − 1): the sample's other copies.
+        log_partner = torch.where(eye, (weight - 1).clamp_min(0)[:, None], weight[None, :])
+        exponent = torch.where(same, exponent + log_partner.log(), float("-inf"))
     # A zero column carries the "1 +": every row keeps a finite entry, so the logsumexp is
     # overflow-safe and its gradient is defined even for a sample alone in its class.
     padded = torch.cat([exponent.new_zeros(len(target), 1), exponent], dim=1)
@@ -89,9 +105,14 @@ def compactness_loss(
     if reduction == "none":
         return loss
     # Per-class average, then mean over present classes, without knowing K: sample i
-    # weighs 1 / n_{y_i}, and those weights sum to the number of classes present.
-    inv_class_size = 1.0 / same.sum(1).to(loss.dtype)  # (B,)
-    return (loss * inv_class_size).sum() / inv_class_size.sum()
+    # weighs w_i / W_{y_i} (W_k the class's weight in the batch), and those weights sum to
+    # the number of classes present (of positive weight).
+    if weight is None:
+        share = 1.0 / same.sum(1).to(loss.dtype)  # (B,)
+    else:
+        class_weight = same.to(loss.dtype) @ weight  # W_{y_i} (B,)
+        share = weight / class_weight.clamp_min(torch.finfo(loss.dtype).tiny)
+    return (loss * share).sum() / share.sum().clamp_min(1.0)
 
 
 @torch.no_grad()

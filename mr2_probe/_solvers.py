@@ -582,7 +582,7 @@ def fit_minibatch(
                 data = ce * (source.n_samples / (weight_sum * len(y)))
             loss = data + reg * head.penalty()
             if lam > 0:
-                loss = loss + lam * compactness_loss(phi, y, s_bar, tau)
+                loss = loss + lam * compactness_loss(phi, y, s_bar, tau, sample_weight=w)
             optimizer.step(torch.autograd.grad(loss, params), lr)
             # Tilted: the epoch's value is R_t of its class losses plus the other terms.
             epoch_loss += (loss if tilt == 0 else loss - data).detach() * len(y)

@@ -795,6 +795,25 @@ def test_minibatch_statistics_are_the_ones_training_used(digits):
     np.testing.assert_allclose(clf.margins_, class_margins(stats, 2.0, 3.0).numpy(), rtol=1e-10)
 
 
+def test_rows_of_weight_zero_take_no_part_in_the_compactness_loss():
+    # scikit-learn's convention: a weight of 0 drops the row. The compactness term used to
+    # pair every row of a minibatch, weighted or not.
+    rng = np.random.RandomState(0)
+    X, y = rng.randn(200, 4), rng.randint(0, 2, 200)
+    X[:, 0] += y
+    sample_weight = np.ones(200)
+    sample_weight[:40] = 0
+    moved = X.copy()
+    moved[:40] = 20 * rng.randn(40, 4)  # only the rows of weight 0 change
+    kw = dict(lam=0.5, max_iter=30, random_state=0, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        a = MR2LinearClassifier(**kw).fit(X, y, sample_weight=sample_weight)
+        b = MR2LinearClassifier(**kw).fit(moved, y, sample_weight=sample_weight)
+    np.testing.assert_array_equal(a.projection_, b.projection_)
+    np.testing.assert_array_equal(a.coef_, b.coef_)
+
+
 def test_compactness_scale_averages_present_classes_only(monkeypatch):
     from mr2_probe import _solvers
 

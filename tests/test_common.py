@@ -21,14 +21,9 @@ SEARCH = MR2LinearClassifierCV(Cs=[0.1, 10.0], cv=3, device="cpu")
 # A fast inner estimator: the checks exercise the meta-estimator, not the probe.
 OFFSETS = TunedOffsetsClassifierCV(LogisticRegression(), cv=3)
 
-# Two expected failures in all, each with its reason.
+# One expected failure in all, with its reason. (COMPACT passes the sample-weight check:
+# its data fit one minibatch, so integer weights and repeated rows give the same steps.)
 EXPECTED_FAILED_CHECKS = {
-    id(COMPACT): {
-        "check_sample_weight_equivalence_on_dense_data": (
-            "minibatch training: repeating a sample changes the sequence of minibatches, "
-            "so integer weights and repetitions agree in expectation, not exactly"
-        ),
-    },
     id(COSINE): {
         "check_class_weight_classifiers": (
             "a cosine head has no intercept and sees only directions: on data spread "

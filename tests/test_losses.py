@@ -112,6 +112,30 @@ def test_compactness_matches_loop_with_gradients(s_bar, tau):
     torch.testing.assert_close(grad_got, grad_want)
 
 
+def test_compactness_integer_weights_are_repeated_rows_and_zero_weights_absent():
+    features, labels, _ = _data(5, n=30)
+    weight = torch.tensor([0, 1, 2, 3] * 7 + [1, 0], dtype=features.dtype)
+    features = features.clone().requires_grad_()
+    got = compactness_loss(features, labels, 1.0, 2.0, sample_weight=weight)
+    (grad_got,) = torch.autograd.grad(got, features)
+    index = torch.repeat_interleave(torch.arange(30), weight.long())
+    want = compactness_loss(features[index], labels[index], 1.0, 2.0)
+    (grad_want,) = torch.autograd.grad(want, features)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(grad_got, grad_want)
+    # Per sample: a repeated row's loss is each of its copies' (zero-weight rows drop out).
+    each = compactness_loss(features, labels, 1.0, 2.0, "none", sample_weight=weight)
+    copies = compactness_loss(features[index], labels[index], 1.0, 2.0, "none")
+    first = torch.cumsum(weight.long(), 0)[weight > 0] - 1
+    torch.testing.assert_close(each[weight > 0], copies[first])
+    # Unit weights change nothing; a batch of zero weights is 0, not NaN.
+    plain = compactness_loss(features, labels, 1.0, 2.0)
+    ones = compactness_loss(features, labels, 1.0, 2.0, sample_weight=torch.ones(30))
+    torch.testing.assert_close(ones, plain)
+    zero = compactness_loss(features, labels, 1.0, 2.0, sample_weight=torch.zeros(30))
+    assert float(zero.detach()) == 0.0
+
+
 def test_pairwise_distances_under_bfloat16_autocast_are_float32s():
     # Features of norm ~20 as a backbone gives them: in bfloat16, ‖a‖² + ‖b‖² − 2a·b
     # cancels to errors of several units.
