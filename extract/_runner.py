@@ -467,6 +467,13 @@ def extract_features(
         raise ValueError(f"The 'decode' parameter must be one of {_DECODES}. Got {decode!r}.")
     if batch_size < 1:
         raise ValueError(f"The 'batch_size' parameter must be >= 1. Got {batch_size!r} instead.")
+    # Checked here, not by the DataLoader: that is built after the store is (re)created,
+    # and a bad value then would have cost an overwritten store.
+    if num_workers is not None and not (isinstance(num_workers, int) and num_workers >= 0):
+        raise ValueError(
+            f"The 'num_workers' parameter must be an int >= 0 or None. Got {num_workers!r} "
+            "instead."
+        )
     for name, value in (
         ("image_size", image_size), ("n_per_class", n_per_class), ("max_items", max_items)
     ):  # fmt: skip

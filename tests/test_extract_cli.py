@@ -240,6 +240,19 @@ def test_force_rebuilds_a_store_whose_images_changed(tmp_path, capsys, caplog):
     assert "4 rows x 96 features" in capsys.readouterr().out
 
 
+def test_a_bad_worker_count_is_refused_before_force_touches_the_store(tmp_path, capsys):
+    # The DataLoader refused it, but only after --force had replaced the complete store.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = tmp_path / "f.h5"
+    args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
+    assert main([*args, "--no-progress", "--workers", "0"]) == 0
+    before = load_features(out).features
+    capsys.readouterr()
+    assert main([*args, "--no-progress", "--workers", "-1", "--force"]) == 2
+    assert "num_workers" in _error_line(capsys)
+    np.testing.assert_array_equal(load_features(out).features, before)
+
+
 def _source(kind: str, folder: Path) -> str:
     """The images of ``folder`` as a source of the given kind (the same bytes, same order)."""
     if kind == "webdataset":
