@@ -185,6 +185,24 @@ def _embed(backbone: Backbone, x: torch.Tensor, normalize: bool) -> np.ndarray:
     return z.cpu().numpy()
 
 
+def _refuse_non_finite(features: np.ndarray, reasons: list, dtype: np.dtype) -> None:
+    """Mark as failed (in ``reasons``, and zeroed) the rows whose features are not finite,
+    from the backbone or once stored in ``dtype`` (float16 ends at 65504): a NaN or an
+    infinity stored as done would reach every probe trained on the store."""
+    finite = np.isfinite(features).all(1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        fits = np.isfinite(features.astype(dtype)).all(1)
+    for k in np.flatnonzero(~fits):
+        if reasons[k] is None:
+            reasons[k] = (
+                "the backbone gave non-finite features (NaN or inf)"
+                if not finite[k]
+                else f"features beyond the range of the store's {np.dtype(dtype).name} "
+                "(--dtype float32 keeps them)"
+            )
+    features[~fits] = 0
+
+
 def _provenance(
     backbone: Backbone,
     source: ImageSource,
@@ -471,8 +489,7 @@ def extract_features(
     # and a bad value then would have cost an overwritten store.
     if num_workers is not None and not (isinstance(num_workers, int) and num_workers >= 0):
         raise ValueError(
-            f"The 'num_workers' parameter must be an int >= 0 or None. Got {num_workers!r} "
-            "instead."
+            f"The 'num_workers' parameter must be an int >= 0 or None. Got {num_workers!r} instead."
         )
     for name, value in (
         ("image_size", image_size), ("n_per_class", n_per_class), ("max_items", max_items)
@@ -600,6 +617,7 @@ def _run(f, backbone, batches, rows, status, normalize, device, progress) -> Non
             ok = [k for k, r in enumerate(reasons) if r is None]
             if x is not None:
                 features[ok] = _embed(backbone, x, normalize)
+                _refuse_non_finite(features, reasons, f["features"].dtype)
             codes = np.array([DONE if r is None else FAILED for r in reasons], np.uint8)
             n_failed += int((codes == FAILED).sum())
             start = int(np.searchsorted(rows, items[0]))  # rows of a block are consecutive
@@ -607,5 +625,8 @@ def _run(f, backbone, batches, rows, status, normalize, device, progress) -> Non
             bar.update(len(items))
     if n_failed:
         logger.warning(
-            "%d unreadable images were recorded in %s and skipped.", n_failed, f.filename
+            "%d images were recorded in %s as failed (unreadable, or with non-finite "
+            "features) and skipped; the store's failure_reason says why for each.",
+            n_failed,
+            f.filename,
         )

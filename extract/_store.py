@@ -566,7 +566,9 @@ def _open_for_reading(path: str | os.PathLike) -> h5py.File:
 def _check_shapes(path: str | os.PathLike, f: h5py.File, labels: np.ndarray) -> None:
     n_classes = len(f["class_names"])
     problem = None
-    if f["features"].ndim != 2:
+    if labels.dtype.kind not in "iu":
+        problem = f"'labels' has dtype {labels.dtype}, not integers (codes into class_names)"
+    elif f["features"].ndim != 2:
         problem = f"'features' has shape {f['features'].shape}, not (n_rows, n_features)"
     elif labels.shape != (len(f["features"]),):
         problem = f"'labels' has shape {labels.shape} for {len(f['features'])} feature rows"

@@ -657,7 +657,22 @@ def _load_store(path: str):
             'reading HDF5 stores needs the extract extra: pip install "mr2-probe[extract]"'
         ) from error
     store = load_features(path, in_memory=True)  # StoreError: a one-line ValueError
-    return np.asarray(store.features), np.asarray(store.labels), list(store.class_names)
+    X = np.asarray(store.features)
+    bad = np.flatnonzero(~np.isfinite(X).all(axis=1)) if X.ndim == 2 else []
+    if len(bad):
+        raise UsageError(
+            f"{path}: {len(bad)} of {len(X)} completed rows hold NaN or infinite features "
+            f"(the first is store row {store.rows[bad[0]]}, {store.paths[bad[0]]!r}); "
+            "extract them again, or drop or impute them first"
+        )
+    if store.failures:
+        first, reason = store.failures[0]
+        print(
+            f"mr2-probe: warning: {path}: {len(store.failures)} images failed extraction "
+            f"and are left out (the first, {first!r}: {reason})",
+            file=sys.stderr,
+        )
+    return X, np.asarray(store.labels), list(store.class_names)
 
 
 def _check_xy(X: np.ndarray, y: np.ndarray, source: str) -> None:
@@ -700,6 +715,7 @@ def _inputs(args):
                 f"class in both parts: {_one_line(error)}"
             ) from error
         return X, y, X_test, y_test, names
+    _check_not_the_training_data(args.train, args.test)
     X_test, y_test, test_names = load_xy(args.test, args.test_labels, "--test-labels")
     if X_test.shape[1] != X.shape[1]:
         raise UsageError(
@@ -708,11 +724,17 @@ def _inputs(args):
         )
     _check_same_extraction(args.train, args.test)
     if names is not None and test_names is not None and names != test_names:
-        raise UsageError(
-            f"the class names of {args.train} ({_few(names)}) and {args.test} "
-            f"({_few(test_names)}) differ, so their integer labels name different classes; "
-            "extract both from sources with the same classes"
-        )
+        # A store's labels are codes into its own class names: the test codes are
+        # translated by name, so a test set may lack some of the training classes (a list
+        # source names only the classes it holds, in its own order).
+        foreign = [name for name in test_names if name not in names]
+        if foreign:
+            raise UsageError(
+                f"{args.test} has {len(foreign)} classes that {args.train} does not "
+                f"({_few(foreign)}); a probe cannot predict classes it was not trained on"
+            )
+        code = {name: k for k, name in enumerate(names)}
+        y_test = np.array([code[name] for name in test_names], dtype=y.dtype)[y_test]
     unseen = set(np.unique(y_test).tolist()) - set(np.unique(y).tolist())
     if unseen:
         raise UsageError(
@@ -721,6 +743,24 @@ def _inputs(args):
             "names or both the same integer codes)"
         )
     return X, y, X_test, y_test, names
+
+
+def _check_not_the_training_data(train: str, test: str) -> None:
+    """Refuse a --test that is the training file itself, or a store of the same images:
+    its accuracy would be training accuracy."""
+    same = Path(train).resolve() == Path(test).resolve()
+    if not same and {Path(train).suffix.lower(), Path(test).suffix.lower()} <= {".h5", ".hdf5"}:
+        from extract import load_features
+
+        with load_features(train) as a, load_features(test) as b:
+            fingerprint = a.metadata.get("source_fingerprint")
+            same = fingerprint is not None and fingerprint == b.metadata.get("source_fingerprint")
+    if same:
+        raise UsageError(
+            f"--test {test} holds the training images of {train}, so its accuracy would be "
+            "training accuracy; pass a store of other images, or leave --test out to hold "
+            "out --test-size of the training data"
+        )
 
 
 def _check_splits(y, grid: dict, args) -> None:

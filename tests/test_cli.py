@@ -14,7 +14,7 @@ from sklearn.datasets import load_digits
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
-from mr2_probe.cli import UsageError, _grid, main
+from mr2_probe.cli import UsageError, _grid, load_xy, main
 
 FASHION = ["T-shirt/top", "Trouser", "Ankle boot"]
 OUTPUTS = {
@@ -190,8 +190,27 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/train.npz", "--test", "{d}/names.npz"], "3 classes absent from the training"),
         pytest.param(
             ["{d}/store.h5", "--test", "{d}/renamed.h5"],
-            "so their integer labels name different classes",
+            "renamed.h5 has 3 classes that {d}/store.h5 does not ('Sandal', 'Shirt', 'Bag')",
             marks=NEEDS_H5,
+        ),
+        pytest.param(
+            ["{d}/store.h5", "--test", "{d}/store.h5"],
+            "holds the training images of {d}/store.h5, so its accuracy would be training",
+            marks=NEEDS_H5,
+        ),
+        pytest.param(
+            ["{d}/store.h5", "--test", "{d}/store_copy.h5"],
+            "holds the training images of {d}/store.h5",
+            marks=NEEDS_H5,
+        ),
+        pytest.param(
+            ["{d}/store_nan.h5"],
+            "1 of 90 completed rows hold NaN or infinite features (the first is store row 7, "
+            "'item/00007')",
+            marks=NEEDS_H5,
+        ),
+        pytest.param(
+            ["{d}/float_labels.h5"], "'labels' has dtype float32, not integers", marks=NEEDS_H5
         ),
         pytest.param(
             ["{d}/r18.h5", "--test", "{d}/r34.h5"],
@@ -335,9 +354,19 @@ def stores(files):
         return None
     X, y = _blobs(30, seed=1)
     X_test, y_test = _blobs(10, seed=2)
-    _store(files / "store.h5", X, y, FASHION)
-    _store(files / "store_test.h5", X_test, y_test, FASHION)
+    _store(files / "store.h5", X, y, FASHION, source_fingerprint="sha256:train")
+    _store(files / "store_test.h5", X_test, y_test, FASHION, source_fingerprint="sha256:test")
     _store(files / "renamed.h5", X_test, y_test, ["Sandal", "Shirt", "Bag"])
+    shutil.copy(files / "store.h5", files / "store_copy.h5")
+    # The test classes in another order, or one of them missing: a list source's store.
+    _store(files / "reversed.h5", X_test, 2 - y_test, FASHION[::-1])
+    keep = y_test != 1
+    _store(files / "two.h5", X_test[keep], (2 - y_test[keep]) // 2, [FASHION[2], FASHION[0]])
+    with_nan = X.copy()
+    with_nan[7, 1] = np.nan
+    _store(files / "store_nan.h5", with_nan, y, FASHION, source_fingerprint="sha256:nan")
+    with h5py.File(files / "float_labels.h5", "w") as f:
+        f["features"], f["labels"], f["class_names"] = X, y.astype(np.float32), FASHION
     _store(files / "partial.h5", X, y, FASHION, done=False)
     pre = {"resize": 36, "crop": [32, 32], "decode": "pil", "transform": "Compose(...)"}
     made = dict(backbone="timm:resnet18", weights="sha256:aa", normalize=False)
@@ -356,6 +385,36 @@ def stores(files):
             f["features"] = X
             f[keep] = y if keep == "labels" else FASHION
     return files
+
+
+@NEEDS_H5
+def test_test_store_labels_are_matched_to_the_training_classes_by_name(stores, capsys):
+    # A store's labels are codes into its own class names: the same test images with the
+    # classes listed in reverse order score the same, and a test store lacking a class is
+    # scored on the others (both used to be refused).
+    def run(test):
+        assert main([str(stores / "store.h5"), "--test", str(stores / test), "--no-progress"]) == 0
+        return capsys.readouterr().out.replace(test, "TEST")
+
+    same = run("store_test.h5")
+    assert run("reversed.h5") == same
+    assert "MR2" in run("two.h5")
+
+
+@NEEDS_H5
+def test_failed_images_of_a_store_are_named_when_left_out(stores, tmp_path, capsys):
+    import h5py
+
+    from extract._store import FAILED
+
+    path = shutil.copy(stores / "store.h5", tmp_path / "failed.h5")
+    with h5py.File(path, "r+") as f:
+        f["status"][3] = FAILED
+        f["failure_reason"][3] = b"cannot identify image file"
+    X, y, _ = load_xy(str(path))
+    assert len(X) == len(y) == 89
+    err = capsys.readouterr().err
+    assert "1 images failed extraction and are left out (the first, 'item/00003'" in err
 
 
 @NEEDS_H5

@@ -47,6 +47,33 @@ def store(folder, tmp_path_factory):
     return extract_features(folder, BACKBONE, tmp_path_factory.mktemp("out") / "f.h5", **FAST)
 
 
+def test_non_finite_features_are_recorded_as_failures_not_stored(folder, tmp_path, monkeypatch):
+    # A NaN from the backbone, or a feature beyond float16's range, used to be stored as a
+    # completed row; every probe trained on the store then met it.
+    from extract import _runner
+
+    embed = _runner._embed
+
+    def broken(backbone, x, normalize):
+        z = embed(backbone, x, normalize)
+        z[0, 3], z[1, 5] = np.nan, 1e6
+        return z
+
+    monkeypatch.setattr(_runner, "_embed", broken)
+    path = extract_features(folder, BACKBONE, tmp_path / "f.h5", dtype="float16", **FAST)
+    with load_features(path, in_memory=True) as s:
+        assert np.isfinite(s.features).all()
+        reasons = dict(s.failures)
+    with h5py.File(path, "r") as f:
+        status, names = f["status"][:], f["paths"].asstr()[:]
+    n_blocks = -(-len(status) // FAST["batch_size"])
+    non_finite = [r for r in reasons.values() if "non-finite" in r]
+    beyond = [r for r in reasons.values() if "beyond the range of the store's float16" in r]
+    # Each block's first two readable images (unreadable ones are failures of their own).
+    assert len(non_finite) == len(beyond) > 0 and len(non_finite) <= n_blocks
+    assert (status == FAILED).sum() == len(reasons) and set(reasons) <= set(names)
+
+
 def test_schema_and_provenance(store):
     with h5py.File(store, "r") as f:
         n = 14  # 2 classes x 5 images + 4 special files
