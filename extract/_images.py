@@ -352,7 +352,14 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     list_file : path-like
         One ``path,label`` per line. Relative paths are resolved against the list file's
         folder. Labels are class names (sorted into indices), or integers (then class ``k``
-        is named ``"k"``). A first line ``path,label`` is a header.
+        is named ``"k"``). A first line ``path,label`` (in any case) is a header.
+
+    Raises
+    ------
+    ValueError
+        For a line that is not ``path,label``, an empty label, an image listed twice, or a
+        first line that looks like another header (no such image, and a label no other
+        line has): it would otherwise become an image of a class of its own.
 
     Returns
     -------
@@ -370,11 +377,28 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         fields = next(csv.reader([line])) if delimiter else line.rsplit(None, 1)
         if len(fields) != 2:
             raise ValueError(f"{list_file}:{number}: expected 'path,label', got {line!r}.")
-        rows.append([f.strip() for f in fields])
-    if rows and rows[0] == ["path", "label"]:
+        rows.append([f.strip() for f in fields] + [number])
+    if rows and [f.lower() for f in rows[0][:2]] == ["path", "label"]:
         rows = rows[1:]
-    labels, class_names = encode_labels([label for _, label in rows])
-    ids = [path for path, _ in rows]
+    elif len(rows) > 1 and rows[0][1] not in {label for _, label, _ in rows[1:]}:
+        path, label, number = rows[0]
+        if not (list_file.parent / path).is_file():
+            raise ValueError(
+                f"{list_file}:{number}: {path},{label} looks like a header (no such image, and "
+                "no other line has its label); a header must be 'path,label'."
+            )
+    first_line = {}
+    for path, label, number in rows:
+        if not label:
+            raise ValueError(f"{list_file}:{number}: {path!r} has an empty label.")
+        earlier = first_line.setdefault(os.path.normpath(path), number)
+        if earlier != number:
+            raise ValueError(
+                f"{list_file}:{number}: {path!r} is listed again (first on line {earlier}); "
+                "list each image once (to weight it, use sample_weight when fitting)."
+            )
+    labels, class_names = encode_labels([label for _, label, _ in rows])
+    ids = [path for path, _, _ in rows]
     sizes, mtimes = stat_files(str(list_file.parent), ids)
     return ImageSource(
         ids=ids,

@@ -305,8 +305,16 @@ def _row_difference(f, src: ImageSource, rows: np.ndarray, stored_names: list[st
     for old, new in pairs.values():
         differs |= np.asarray(old != new, dtype=bool)
     if not differs.any():
-        if len(stored_ids) != len(rows):
-            return f"the store holds {len(stored_ids)} images, the request {len(rows)}"
+        if len(stored_ids) > len(rows):
+            return (
+                f"the store holds {len(stored_ids)} images, the request {len(rows)}: "
+                f"{stored_ids[n]!r} and those after it are no longer requested"
+            )
+        if len(stored_ids) < len(rows):
+            return (
+                f"the store holds {len(stored_ids)} images, the request {len(rows)}: "
+                f"{src.ids[rows[n]]!r} and those after it are new"
+            )
         return None  # rows outside this shard differ: the fingerprint says so
     k = int(np.argmax(differs))
     if stored_ids[k] != ids[k]:

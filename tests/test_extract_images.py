@@ -99,6 +99,27 @@ def test_image_list_bad_line(tmp_path):
         image_list(tmp_path / "l.csv")
 
 
+@pytest.mark.parametrize(
+    "lines, match",
+    [
+        # Another header: it became an image of a class "label", and turned the integer
+        # labels into names sorted as text ("10" before "2").
+        (["filename,label", "cat/000.png,0", "dog/001.jpg,1"], r"l.csv:1: filename,label looks"),
+        (["cat/000.png,cat", "dog/001.jpg,"], "l.csv:2: 'dog/001.jpg' has an empty label"),
+        (["cat/000.png,cat", "./cat/000.png,dog"], r"l.csv:2: './cat/000.png' is listed again"),
+    ],
+)
+def test_image_list_refuses_what_would_become_wrong_rows(folder, lines, match):
+    (folder / "l.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=match):
+        image_list(folder / "l.csv")
+
+
+def test_image_list_header_in_any_case(folder):
+    (folder / "l.csv").write_text("Path,Label\ncat/000.png,cat\ndog/001.jpg,dog\n")
+    assert image_list(folder / "l.csv").ids == ["cat/000.png", "dog/001.jpg"]
+
+
 def test_alpha_is_composited_on_white_and_grey_becomes_rgb():
     rgba = Image.new("RGBA", (2, 1))
     rgba.putpixel((0, 0), (10, 20, 30, 0))  # fully transparent

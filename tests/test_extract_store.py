@@ -134,7 +134,11 @@ def test_rerun_is_a_noop_and_same_content(store, folder):
         (dict(dtype="float16"), "dtype: file has 'float32', request has 'float16'"),
         (dict(normalize=True), "normalize: file has False, request has True"),
         (dict(image_size=48), "preprocessing.crop: file has [32, 32], request has [48, 48]"),
-        (dict(max_items=6), "the images differ: the store holds 14 images, the request 6"),
+        (
+            dict(max_items=6),
+            "the images differ: the store holds 14 images, the request 6: 'cat/corrupt.jpg' and "
+            "those after it are no longer requested",
+        ),
     ],
 )
 def test_different_provenance_is_refused_in_one_line(store, folder, change, difference):
@@ -167,6 +171,12 @@ def test_second_writer_gets_a_clear_error(folder, tmp_path):
     with store_lock(out), pytest.raises(StoreLockedError, match="another process"):
         extract_features(folder, BACKBONE, out, **FAST)
     assert not out.exists()
+
+
+def test_images_added_at_the_end_are_named(folder, tmp_path):
+    path = extract_features(folder, BACKBONE, tmp_path / "f.h5", max_items=6, **FAST)
+    with pytest.raises(ProvenanceError, match="the request 14: 'cat/corrupt.jpg' and those after"):
+        extract_features(folder, BACKBONE, path, **FAST)
 
 
 def test_incomplete_store_is_refused_or_loaded_with_a_warning(store, tmp_path):
