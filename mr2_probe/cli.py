@@ -546,8 +546,15 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args) -> None:
         for value in values:
             try:
                 clone(mr2).set_params(**{name: value})._validate_params()
+                if name == "device":
+                    resolve_device(value)  # as --device is: every fit would fail on it
             except ValueError as error:
                 raise UsageError(f"--grid {name}={value}: {_one_line(error)}") from error
+    if "scale" in grid and "cosine" not in grid.get("head", [args.head]):
+        raise UsageError(
+            "--grid scale searches the cosine head's logit scale, which no model of this "
+            "search has; add --head cosine (or head=cosine to the grid), or search C"
+        )
     if args.logit_scale is not None and args.head != "cosine" and "head" not in grid:
         raise UsageError(
             "--logit-scale sets the cosine head's logit scale; add --head cosine, or drop "
@@ -777,8 +784,9 @@ def _check_splits(y, grid: dict, args) -> None:
             train_test_split(rows, y, test_size=args.val_size, stratify=y, random_state=args.seed)
         except ValueError as error:
             raise UsageError(
-                f"--val-size {args.val_size:g} cannot hold out every class of the "
-                f"{len(y)} training samples: {_one_line(error)}; use a larger --val-size"
+                f"--val-size {args.val_size:g} cannot split the {len(y)} training samples "
+                f"with every class on both sides: {_one_line(error)}; choose a --val-size "
+                "that leaves each class at least one sample in both parts"
             ) from error
 
 

@@ -238,11 +238,11 @@ NEEDS_H5 = pytest.mark.skipif(
         # Splits the data cannot make, found before any fit.
         (
             ["{d}/train.npz", "--tilt", "1", "--val-size", "0.02"],
-            "--val-size 0.02 cannot hold out every class of the 72 training samples",
+            "--val-size 0.02 cannot split the 72 training samples with every class on both",
         ),
         (
             ["{d}/train.npz", "--offsets", "1", "--val-size", "0.02"],
-            "--val-size 0.02 cannot hold out every class",
+            "--val-size 0.02 cannot split the 72 training samples",
         ),
         (["{d}/train.npz", "--cv", "40", "--grid", "c_bar=1,2"], "--cv 40: n_splits=40 cannot"),
         (["{d}/train.npz", "--cv", "40", "--Cs", "3"], "--cv 40: n_splits=40 cannot"),
@@ -257,6 +257,12 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/train.npz", "--grid", "Cc=1,2"], "no parameter 'Cc'; did you mean 'C'?"),
         (["{d}/train.npz", "--grid", "C=1,-1"], "--grid C=-1: The 'C' parameter"),
         (["{d}/train.npz", "--grid", "C=1,2", "--Cs", "4"], "use one of them"),
+        (["{d}/train.npz", "--grid", "device=cpu,cuda:7"], "--grid device=cuda:7: device="),
+        (["{d}/train.npz", "--grid", "scale=8,16"], "--grid scale searches the cosine head"),
+        (
+            ["{d}/train.npz", "--tilt", "1", "--val-size", "0.98"],
+            "--val-size 0.98 cannot split the 72 training samples",
+        ),
         # Outputs that cannot be written, found before any work.
         (["{d}/train.npz", "--out", "{d}/notes.txt"], "'{d}/notes.txt' is a file"),
         (["{d}/train.npz", "--out", "{d}/notes.txt/run"], "'{d}/notes.txt' is a file"),
