@@ -190,6 +190,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         statistics that gave ``margins_``.
     p_ : float
         The norm order used.
+    head_ : str
+        The head trained, which predictions use ("linear" or "cosine").
     solver_ : str
         The solver used.
     n_iter_ : int
@@ -665,6 +667,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         self.tilt_weights_ = to_numpy(result.tilt_weights)
         self.solver_ = solver
         self.device_ = str(device)
+        self.head_ = self.head
         self._head_state = {
             **{k: state[k] for k in ("weight", "bias", "proj_full", "proj_a", "proj_b")},
             "n_classes": len(self.classes_),
@@ -698,7 +701,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 for i in range(0, X.shape[0], rows)
             ]
             return np.concatenate(parts) if parts else np.empty((0, self.coef_.shape[0]))
-        return decision_values(X, self.coef_, self.intercept_, self.projection_, self.head)
+        # The fitted head, not the parameter: set_params(head=...) after fit changes nothing
+        # until the next fit (models pickled before head_ existed keep it in _head_state).
+        head = getattr(self, "head_", None) or self._head_state["head"]
+        return decision_values(X, self.coef_, self.intercept_, self.projection_, head)
 
     def decision_function(self, X):
         """Logits (margins are training-only). Shape (n_samples,) for two classes.

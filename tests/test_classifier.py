@@ -314,6 +314,18 @@ def test_cuda_fit_matches_cpu_and_keeps_tensors_on_device(digits):
     assert isinstance(from_tensor.coef_, np.ndarray)
 
 
+def test_predictions_use_the_fitted_head_not_the_parameter(digits):
+    X, y = digits
+    model = MR2LinearClassifier(max_iter=50, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    before = model.decision_function(X)
+    model.set_params(head="cosine")  # not refitted: coef_ is still a linear head's
+    np.testing.assert_array_equal(model.decision_function(X), before)
+    assert model.head_ == "linear"
+
+
 def test_warm_start_continues_from_previous_solution(digits):
     X, y = digits
     clf = MR2LinearClassifier(c_bar=1.0, warm_start=True, device="cpu").fit(X, y)
