@@ -346,7 +346,7 @@ def lbfgs_batched(
             active = still
             a = torch.tensor(active, device=device)
     memory.point, memory.value, memory.grad = params.clone(), value, grad
-    return BatchResult(np.maximum(n_iter, 1), stop, largest.cpu().numpy())
+    return BatchResult(n_iter, stop, largest.cpu().numpy())
 
 
 def _next_step(step, slope, value0, value, trial_slope, long, low, high) -> torch.Tensor:

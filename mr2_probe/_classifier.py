@@ -198,7 +198,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         L-BFGS iterations or epochs run.
     loss_curve_ : list of float
         L-BFGS: the objective at the start, then after each iteration (``n_iter_ + 1``
-        values; one when the start already meets ``tol``). Minibatch solvers: the mean
+        values; ``n_iter_`` is 0 when the start already meets ``tol``, as in
+        LogisticRegression). Minibatch solvers: the mean
         loss of each epoch.
     class_losses_ : ndarray of shape (n_classes,)
         L_k at the solution: each class's weighted mean (margin) cross-entropy on the

@@ -117,7 +117,7 @@ random_state, device
         sample of the class): every class-wise curve, whatever ``scoring`` chose.
     n_iter_ : ndarray of shape (1, n_folds, n_Cs)
         Solver iterations (or epochs) along each path.
-    classes_, coef_, intercept_, projection_, margins_, class_stats_, p_, solver_, \
+    classes_, coef_, intercept_, projection_, margins_, class_stats_, p_, solver_, head_, \
 loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, device_
         Of the refitted model, as in :class:`MR2LinearClassifier` (``projection_`` is None
         and ``loss_curve_``, ``class_losses_``, ``tilt_weights_`` are absent with
@@ -483,7 +483,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         stats, margins = self._statistics(head, data)[:2]
         self.margins_ = to_numpy(margins)
         self.class_stats_ = _class_stats(stats, self.p_, self.difficulty)
-        self.solver_, self.device_ = solver, str(data.device)
+        self.solver_, self.device_, self.head_ = solver, str(data.device), self.head
 
 
 class _Scorer:

@@ -340,9 +340,7 @@ def fit_lbfgs(
         with torch.no_grad():
             head.bias -= head.weight @ center
     loss_curve = [float(v) for _, v in sorted(curve.items())]
-    result = SolverResult(
-        max(n_iter, 1), stop == "tol", loss_curve, largest, stats, margins, stop=stop
-    )
+    result = SolverResult(n_iter, stop == "tol", loss_curve, largest, stats, margins, stop=stop)
     return _with_class_losses(result, head, source, spec, risk)
 
 

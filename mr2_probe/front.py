@@ -177,7 +177,7 @@ def _fit(estimator, X, y, short: list, name: str):
 
 def _convex(probe) -> bool:
     """A fitted probe whose problem is convex: a linear head solved by L-BFGS."""
-    return probe.head == "linear" and probe.solver_ == "lbfgs"
+    return probe.head_ == "linear" and probe.solver_ == "lbfgs"
 
 
 def _warm_fit(previous, tilt: float, X, y):

@@ -16,7 +16,7 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from mr2_probe import MR2LinearClassifier
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
 
 cuda = pytest.mark.cuda  # skipped without CUDA (tests/conftest.py)
 
@@ -324,6 +324,15 @@ def test_predictions_use_the_fitted_head_not_the_parameter(digits):
     model.set_params(head="cosine")  # not refitted: coef_ is still a linear head's
     np.testing.assert_array_equal(model.decision_function(X), before)
     assert model.head_ == "linear"
+
+
+def test_a_start_that_meets_tol_counts_no_iteration(digits):
+    # As LogisticRegression's n_iter_: it used to say 1 (with one loss_curve_ value).
+    X, y = digits
+    model = MR2LinearClassifier(tol=1e3, device="cpu").fit(X, y)
+    assert model.n_iter_ == 0 and len(model.loss_curve_) == 1
+    search = MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=2, tol=1e3, device="cpu").fit(X, y)
+    assert (search.n_iter_ == 0).all()
 
 
 def test_warm_start_continues_from_previous_solution(digits):
