@@ -138,18 +138,19 @@ def margins_from_difficulty(
     """Closed-form margins γ_k = c̄·K·a_k^{1/3} / Σ_j a_j^{1/3} (Corollary 1); mean γ = c̄.
 
     Classes outside ``present`` (no weight in the data) get γ = c̄ and stay out of the
-    normalisation; the mean is still c̄.
+    normalisation; the mean is still c̄. So does a class with a_k = 0, whose difficulty
+    cannot be measured (with ``"spread"``, a class of one sample, or of copies of one
+    embedding; with ``"moment"``, all-zero features): the formula would give it γ = 0 and
+    divide its logits by zero. A floor far below the other margins, as before, multiplied
+    its logits by about 10⁶ and let one sample dominate the fit.
     """
     present = torch.ones_like(a, dtype=torch.bool) if present is None else present
-    root = a.clamp_min(0).pow(1.0 / 3.0) * present  # (K,)
-    # A class with a_k = 0 (all-zero features) would get γ = 0 and divide its logits by
-    # zero: a floor far below every other margin keeps the loss finite.
-    root = torch.where(present, root.clamp_min(1e-6 * root.max()), root)
-    n_present = present.sum()
-    total = root.sum()
-    scaled = c_bar * n_present * root / total.clamp_min(1e-30)
-    # A degenerate representation (all a_k = 0) carries no information: uniform margins.
-    return torch.where(present & (total > 0), scaled, torch.full_like(root, c_bar))
+    root = a.clamp_min(0).pow(1.0 / 3.0)  # (K,)
+    measured = present & (root > 0)
+    root = root * measured
+    scaled = c_bar * measured.sum() * root / root.sum().clamp_min(1e-30)
+    # Without a measured class (all a_k = 0) there is no information: uniform margins.
+    return torch.where(measured, scaled, torch.full_like(root, c_bar))
 
 
 def class_margins(

@@ -103,6 +103,18 @@ def test_spread_difficulty_uses_the_spread_around_the_class_mean(digits):
     assert not np.allclose(spread.margins_, moment.margins_, atol=1e-3)
 
 
+def test_a_class_without_measurable_spread_gets_the_mean_margin():
+    # One sample (or copies of one embedding) has spread 0: its margin was floored at 1e-6
+    # of the largest, which multiplied its logits by about 10⁶.
+    X = np.random.RandomState(0).randn(65, 4)
+    y = np.r_[[0, 1] * 30, 2, 3, 3, 3, 3]
+    X[-4:] = X[-1]  # class 3: four copies of one row
+    model = MR2LinearClassifier(c_bar=2.0, difficulty="spread", device="cpu").fit(X, y)
+    assert model.margins_[2] == model.margins_[3] == 2.0
+    root = np.cbrt(model.class_stats_["msd"][:2])
+    np.testing.assert_allclose(model.margins_[:2], 2.0 * 2 * root / root.sum(), rtol=1e-6)
+
+
 def test_paper_call_works_and_learns_a_projection(digits):
     X, y = digits
     clf = MR2LinearClassifier(c_bar=2, lam=0.5, p=3, max_iter=15, random_state=0, device="cpu")
