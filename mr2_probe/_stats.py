@@ -147,7 +147,7 @@ def margins_from_difficulty(
     present = torch.ones_like(a, dtype=torch.bool) if present is None else present
     root = a.clamp_min(0).pow(1.0 / 3.0)  # (K,)
     measured = present & (root > 0)
-    root = root * measured
+    root = torch.where(measured, root, torch.zeros_like(root))  # NaN a_k of unseen classes too
     scaled = c_bar * measured.sum() * root / root.sum().clamp_min(1e-30)
     # Without a measured class (all a_k = 0) there is no information: uniform margins.
     return torch.where(measured, scaled, torch.full_like(root, c_bar))
