@@ -36,13 +36,35 @@ from ._head import ProbeHead, decision_values
 from ._solvers import MarginSpec, fit_lbfgs, fit_minibatch, refresh_statistics
 from ._stats import DIFFICULTIES, class_difficulty
 
+# Parameters this far out put the objective itself out of floating-point range.
+_EXTREME = 1e-12
 
-def _overflow_message(what, dtype):
+
+def _overflow_message(what, dtype, suspects=()):
+    """The error of a fit that left floating-point range: the ``suspects`` (parameters
+    found extreme) when there are any, else the features' scale."""
     name = str(dtype).replace("torch.", "")
+    if suspects:
+        return (
+            f"Cannot fit: {what} in {name} arithmetic, with {' and '.join(suspects)}. Use "
+            "values of a usual order of magnitude and fit again."
+        )
     return (
         f"Cannot fit: {what} in {name} arithmetic, the features are too large. Scale "
         "them (e.g. StandardScaler, or divide X by a constant) and fit again."
     )
+
+
+def _range_suspects(C, c_bar, weight_sum) -> list:
+    """The parameters that are extreme enough to overflow a fit on their own."""
+    suspects = []
+    if c_bar is not None and c_bar < _EXTREME:
+        suspects.append(f"c_bar={c_bar:g} (the margins divide the logits by it)")
+    if C * weight_sum < _EXTREME:
+        suspects.append(
+            f"C={C:g} and sample weights summing to {weight_sum:g} (the penalty is ½‖W‖² / (C·Σw))"
+        )
+    return suspects
 
 
 def _floating(X):
@@ -531,27 +553,35 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             tilt=float(self.class_tilt),
             verbose=verbose,
         )
+        suspects = _range_suspects(C, self.c_bar, data.weight_sum)
         if solver == "lbfgs":
             try:
-                return fit_lbfgs(head, data.source, spec, **common)
+                result = fit_lbfgs(head, data.source, spec, **common)
             except RuntimeError as exc:
                 # L-BFGS passes its step size to torch as a Python float; gradients as
                 # large as the features make it overflow the dtype before any NaN shows.
                 if "overflow" not in str(exc):
                     raise
-                raise ValueError(_overflow_message("L-BFGS's step overflows", data.dtype)) from exc
-        return fit_minibatch(
-            head,
-            data.source,
-            spec,
-            lam=self.lam,
-            solver=solver,
-            learning_rate=self.learning_rate,
-            batch_size=self.batch_size,
-            n_iter_no_change=self.n_iter_no_change,
-            generator=torch.Generator(device=data.device).manual_seed(data.seed),
-            **common,
-        )
+                what = "L-BFGS's step overflows"
+                raise ValueError(_overflow_message(what, data.dtype, suspects)) from exc
+        else:
+            result = fit_minibatch(
+                head,
+                data.source,
+                spec,
+                lam=self.lam,
+                solver=solver,
+                learning_rate=self.learning_rate,
+                batch_size=self.batch_size,
+                n_iter_no_change=self.n_iter_no_change,
+                generator=torch.Generator(device=data.device).manual_seed(data.seed),
+                **common,
+            )
+        finite = all(bool(torch.isfinite(p).all()) for p in head.parameters())
+        if suspects and not finite:  # else _export names the features
+            what = "the fit produced non-finite coefficients"
+            raise ValueError(_overflow_message(what, data.dtype, suspects))
+        return result
 
     def _export(self, head, result, solver, dtype):
         """The head's fitted state as NumPy, checked finite; warns if the solver stopped

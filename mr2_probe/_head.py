@@ -151,8 +151,20 @@ class ProbeHead(nn.Module):
 
     @torch.no_grad()
     def init_weight_from_means(self, class_means: torch.Tensor) -> None:
-        """Cosine heads start at the class prototypes (zero rows have no direction)."""
-        self.weight.copy_(F.normalize(class_means, dim=1))
+        """Cosine heads start at the class prototypes.
+
+        A zero prototype (a class of no weight, or whose normalised features cancel) has
+        no direction, and a zero row is where the head's gradient, ∝ 1/‖w_k‖, is undefined:
+        such a row starts opposite the other prototypes' sum instead (or along the first
+        axis when that is zero too).
+        """
+        rows = F.normalize(class_means, dim=1)
+        empty = rows.abs().sum(1, keepdim=True) == 0  # (K, 1)
+        away = F.normalize(-rows.sum(0), dim=0)  # (d,)
+        first_axis = torch.zeros_like(away)
+        first_axis[0] = 1
+        away = torch.where(away.abs().sum() > 0, away, first_axis)
+        self.weight.copy_(torch.where(empty, away, rows))
 
     @torch.no_grad()
     def export(self) -> dict:

@@ -544,6 +544,34 @@ def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
     assert not hasattr(clf, "coef_")
 
 
+@pytest.mark.parametrize(
+    "params, weight, named",
+    [
+        ({"c_bar": 1e-300}, 1.0, "with c_bar=1e-300"),
+        ({"C": 1e-300}, 1.0, "with C=1e-300 and sample weights summing to 60"),
+        ({}, 1e-300, "with C=1 and sample weights summing to 6e-299"),
+    ],
+)
+def test_an_extreme_parameter_is_named_not_blamed_on_the_features(params, weight, named):
+    X, y = np.random.RandomState(0).randn(60, 4), np.arange(60) % 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        with pytest.raises(ValueError, match=named) as info:
+            MR2LinearClassifier(device="cpu", **params).fit(X, y, np.full(60, weight))
+    assert "features" not in str(info.value)
+
+
+def test_a_cosine_prototype_of_no_direction_still_fits():
+    # One feature: class 1's normalised rows (signs) cancel, so its prototype is 0, where
+    # the cosine head's gradient (∝ 1/‖w_k‖) is undefined; the fit used to end in NaN.
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(60, 1), np.arange(60) % 2
+    x[y == 1] = np.abs(x[y == 1]) * np.resize([1, -1], (30, 1))
+    model = MR2LinearClassifier(head="cosine", device="cpu").fit(x, y)
+    assert np.isfinite(model.coef_).all()
+    assert model.score(x, y) >= max(np.mean(y == (x[:, 0] > 0)), np.mean(y == (x[:, 0] < 0)))
+
+
 def test_stalled_lbfgs_advice_depends_on_the_dtype(digits):
     X, y = _blobs()
     with pytest.warns(ConvergenceWarning, match="made no progress") as record:
