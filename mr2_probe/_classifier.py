@@ -225,7 +225,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         loss of each epoch.
     class_losses_ : ndarray of shape (n_classes,)
         L_k at the solution: each class's weighted mean (margin) cross-entropy on the
-        training data.
+        training data (NaN for a class whose training weight is 0).
     tilt_weights_ : ndarray of shape (n_classes,)
         The class weights q = softmax(t·L + log π) at the solution (they sum to 1): where
         the tilted objective leaned. With ``class_tilt=0`` they are the shares π_k.
@@ -712,6 +712,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             if len(X.shape) != 2:  # before the check of the features, which reads shape[1]
                 raise ValueError(
                     f"Expected a 2D X of shape (n_samples, n_features), got shape {tuple(X.shape)}."
+                )
+            if X.shape[0] == 0:  # as check_array says it of NumPy rows
+                raise ValueError(
+                    f"Found array with 0 sample(s) (shape={tuple(X.shape)}) while a minimum of "
+                    f"1 is required by {type(self).__name__}."
                 )
             validate_data(self, X, reset=False, skip_check_array=True)
             if is_h5_dataset(X):

@@ -426,7 +426,9 @@ def tilted_data_term(head, source, margins, risk, center=None, keep=True) -> tor
 def _with_class_losses(result: SolverResult, head, source, spec, risk: ClassRisk):
     """Fill in L_k and the tilt's class weights q at the solution (one no-grad pass)."""
     loss = risk.class_loss(class_losses(head, source, result.margins, spec.n_classes))
-    result.class_loss, result.tilt_weights = loss, risk.weights(loss)
+    # A class without weight has no mean loss: NaN, not a 0 that reads as a perfect fit.
+    reported = torch.where(risk.class_weight > 0, loss, torch.full_like(loss, float("nan")))
+    result.class_loss, result.tilt_weights = reported, risk.weights(loss)
     return result
 
 

@@ -347,6 +347,28 @@ def test_a_start_that_meets_tol_counts_no_iteration(digits):
     assert (search.n_iter_ == 0).all()
 
 
+def test_empty_tensor_rows_are_refused_as_numpy_rows_are(digits):
+    X, y = digits
+    model = MR2LinearClassifier(max_iter=5, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    for rows in (np.zeros((0, 64)), torch.zeros(0, 64)):
+        with pytest.raises(ValueError, match="Found array with 0 sample"):
+            model.predict(rows)
+
+
+def test_a_class_of_no_weight_has_no_mean_loss(digits):
+    X, y = digits
+    model = MR2LinearClassifier(max_iter=5, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y, sample_weight=(y != 1).astype(float))
+    assert np.isnan(model.class_losses_[1])
+    assert np.isfinite(np.delete(model.class_losses_, 1)).all()
+    np.testing.assert_allclose(model.tilt_weights_.sum(), 1.0)
+
+
 def test_warm_start_continues_from_previous_solution(digits):
     X, y = digits
     clf = MR2LinearClassifier(c_bar=1.0, warm_start=True, device="cpu").fit(X, y)
