@@ -201,6 +201,31 @@ def _file_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
+def _check_companions(text: str) -> None:
+    """Refuse to run when the files written beside a store, ``<path>.tmp`` (a store being
+    created) and ``<path>.lock`` (a pid), are files of another kind: they would be
+    replaced or truncated."""
+    tmp, lock = f"{text}.tmp", f"{text}.lock"
+    problem = None
+    if os.path.lexists(tmp) and (os.path.isdir(tmp) or _not_hdf5(tmp) not in (None, "is empty")):
+        problem = f"{tmp!r} exists and is not a store left by a killed run"
+    elif os.path.isdir(lock):
+        problem = f"{lock!r} is a folder, where mr2-extract keeps its lock file"
+    elif os.path.lexists(lock):
+        try:
+            with open(lock, "rb") as fh:
+                content = fh.read(64).strip()
+        except OSError:
+            content = b""  # unreadable: store_lock says why when it opens it
+        if content and not content.isdigit():
+            problem = f"{lock!r} exists and is not a lock file of mr2-extract (a pid)"
+    if problem:
+        raise StoreError(
+            f"{problem}; mr2-extract writes that path beside the store {text!r}: move the "
+            "file away or choose another output path."
+        )
+
+
 def check_output(path: str | os.PathLike, overwrite: bool = False) -> None:
     """Refuse an output path that cannot receive a store, before any work is done.
 
@@ -236,6 +261,7 @@ def check_output(path: str | os.PathLike, overwrite: bool = False) -> None:
         elif not overwrite:
             with open_store(text, "r") as f:
                 check_format(text, read_attrs(f))
+    _check_companions(text)
     folder = os.path.dirname(os.path.abspath(text))
     existing = folder
     while not os.path.exists(existing):

@@ -275,8 +275,10 @@ def test_tiny_open_clip_extraction(folder, tmp_path):
 
 
 def test_leftover_temporary_file_from_a_killed_creation_is_replaced(folder, tmp_path):
+    # A creation killed at any point leaves an HDF5 file (h5py writes the signature when it
+    # opens it); a .tmp of other bytes is a user's file, refused (test above).
     out = tmp_path / "f.h5"
-    (tmp_path / "f.h5.tmp").write_bytes(b"half-written by a killed run")
+    _hdf5(tmp_path / "f.h5.tmp", features=np.zeros((3, 2)))
     extract_features(folder, BACKBONE, out, max_items=4, **FAST)
     assert not (tmp_path / "f.h5.tmp").exists()
     assert load_features(out).features.shape == (4, 96)
@@ -477,6 +479,11 @@ def test_fashion_mnist_store_is_tied_to_its_idx_files(tmp_path):
             lambda p: _write(p.with_name("file.txt"), b"x") / "o.h5",
             r"file.txt' is a file, not a folder",
         ),
+        # The files written beside a store: a user's own file of that name is never
+        # replaced (the .tmp) or truncated (the .lock).
+        (lambda p: _write(p.with_name("out.h5.tmp"), b"notes") and p, "out.h5.tmp' exists and is"),
+        (lambda p: _write(p.with_name("out.h5.lock"), b"notes") and p, "is not a lock file"),
+        (lambda p: p.with_name("out.h5.lock").mkdir() or p, "out.h5.lock' is a folder"),
     ],
 )
 def test_unusable_outputs_are_refused_before_any_work(folder, tmp_path, no_model, make, match):
