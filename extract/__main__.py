@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         "after the images changed; only feature stores and empty files are ever deleted",
     )
     parser.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="extract again the images an earlier run recorded as failed (e.g. after a "
+        "transient read error); the other rows are kept",
+    )
+    parser.add_argument(
         "--no-progress", action="store_true", help="hide the progress bar (e.g. in batch jobs)"
     )
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
@@ -150,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             label_key=args.label_key,
             progress=not args.no_progress,
             overwrite=args.force,
+            retry_failed=args.retry_failed,
         )
         if int(os.environ.get("RANK", 0)) != 0:
             return 0  # under torchrun, rank 0 reports the merged store

@@ -403,6 +403,7 @@ def extract_features(
     world_size: int | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    retry_failed: bool = False,
 ) -> Path:
     """Extract embeddings of every image of ``source`` into an HDF5 store at ``out``.
 
@@ -465,6 +466,9 @@ def extract_features(
         Delete an existing store at ``out`` (and this run's shards) and recompute it, instead
         of resuming or reusing it. Only stores and empty files are ever replaced.
 
+    retry_failed : bool, default=False
+        Extract again the images recorded as failed (a transient read error, an image
+        since repaired); without it a resumed or reused store keeps its failures.
     Returns
     -------
     pathlib.Path
@@ -521,7 +525,7 @@ def extract_features(
     shard = _extract_shard(
         source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
         device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,
-        progress, overwrite,
+        progress, overwrite, retry_failed,
     )  # fmt: skip
     if world_size == 1 or explicit:
         return shard
@@ -547,7 +551,7 @@ def _merge_on_rank0(out: Path, rank: int, world_size: int, overwrite: bool) -> P
 
 def _extract_shard(
     source, spec, out, batch_size, num_workers, dtype, normalize, image_size, device, decode,
-    n_per_class, max_items, keys, rank, world_size, progress, overwrite,
+    n_per_class, max_items, keys, rank, world_size, progress, overwrite, retry_failed,
 ) -> Path:  # fmt: skip
     device = resolve_device(device)
     if device.type == "cuda":
@@ -573,6 +577,12 @@ def _extract_shard(
         _open_or_create(out, provenance, backbone, src, rows, overwrite)
         with open_store(out, "r") as f:
             status = f["status"][:]
+        failed = status == FAILED
+        if retry_failed and failed.any():
+            status[failed] = PENDING
+            with open_store(out, "r+") as f:
+                f["status"][:] = status
+            logger.info("Extracting again the %d images recorded as failed.", int(failed.sum()))
         # Fixed row blocks: a resumed run recomputes whole blocks, batched as the first was.
         blocks = [
             rows[lo : lo + batch_size]
@@ -581,10 +591,14 @@ def _extract_shard(
         ]
         if not blocks:  # a finished store is not opened for writing at all
             logger.info(
-                "Reused the complete feature store %s (%d rows, nothing to compute); pass "
+                "Reused the complete feature store %s (%d rows, nothing to compute%s); pass "
                 "--force (overwrite=True) to recompute it.",
                 out,
                 len(rows),
+                f"; {int(failed.sum())} recorded as failed, which --retry-failed "
+                "(retry_failed=True) extracts again"
+                if failed.any()
+                else "",
             )
             return out
         if (status != PENDING).any():

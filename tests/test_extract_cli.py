@@ -253,6 +253,37 @@ def test_a_bad_worker_count_is_refused_before_force_touches_the_store(tmp_path, 
     np.testing.assert_array_equal(load_features(out).features, before)
 
 
+def test_retry_failed_extracts_again_only_the_failed_images(tmp_path, capsys, caplog, monkeypatch):
+    # A transient read error was permanent: the file unchanged, the store was reused as is.
+    from extract import _images
+
+    caplog.set_level(logging.INFO, logger="extract")
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    out = tmp_path / "f.h5"
+    args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
+    args += ["--no-progress", "--workers", "0"]
+    read_file = _images.read_file
+
+    def flaky(path, listed=None):
+        if path.endswith("dog/001.jpg"):
+            raise OSError(5, "Input/output error")
+        return read_file(path, listed)
+
+    monkeypatch.setattr(_images, "read_file", flaky)
+    assert main(args) == 0
+    monkeypatch.setattr(_images, "read_file", read_file)  # the file system recovers
+    first = load_features(out, in_memory=True)
+    assert [path for path, _ in first.failures] == ["dog/001.jpg"]
+    assert main(args) == 0
+    assert "1 recorded as failed, which --retry-failed" in caplog.text
+    assert len(load_features(out, in_memory=True).failures) == 1
+    assert main([*args, "--retry-failed"]) == 0
+    again = load_features(out, in_memory=True)
+    assert not again.failures and len(again.paths) == 6
+    kept = np.isin(again.paths, first.paths)
+    np.testing.assert_array_equal(again.features[kept], first.features)
+
+
 def _source(kind: str, folder: Path) -> str:
     """The images of ``folder`` as a source of the given kind (the same bytes, same order)."""
     if kind == "webdataset":
