@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+
+
 def _error(message: object) -> int:
     text = " ".join(str(message).split())  # one line, whatever the exception
     print(f"mr2-extract: error: {text}", file=sys.stderr)
@@ -163,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with load_features(path) as store:
             print(
                 f"{path}: {store.features.shape[0]} rows x {store.features.shape[1]} features, "
-                f"{len(store.class_names)} classes, {len(store.failures)} unreadable images"
+                f"{len(store.class_names)} classes, {len(store.failures)} failed images"
             )
     except KeyboardInterrupt:
         if args.debug:
@@ -177,8 +181,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"the device ran out of memory at --batch-size {args.batch_size}; use a smaller "
             "--batch-size (or --image-size)"
         )
-    except RuntimeError as err:
-        if args.debug or "DataLoader worker" not in str(err):
+    except (MemoryError, RuntimeError) as err:
+        if args.debug:
+            raise
+        if isinstance(err, MemoryError) or "can't allocate memory" in str(err):
+            return _error(
+                f"the machine ran out of memory ({_first_line(err)}); use a smaller "
+                "--batch-size or --image-size, then run the same command again to resume"
+            )
+        if "DataLoader worker" not in str(err):
             raise
         # The kernel ends a worker that runs out of memory; the rows done so far are kept.
         return _error(

@@ -369,12 +369,16 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     # utf-8-sig: a byte-order mark, as spreadsheet programs write one, is not text.
     with open(list_file, newline="", encoding="utf-8-sig") as fh:
         text = fh.read().splitlines()
-    delimiter = "," if any("," in line for line in text) else None
+    lines = [(number, line) for number, line in enumerate(text, 1) if line.strip()]
+    # CSV when every line is two CSV fields; else whitespace-separated, where a file name may
+    # hold commas (and the label is the last word).
+    as_csv = [next(csv.reader([line])) for _, line in lines]
+    if not all(len(fields) == 2 for fields in as_csv):
+        spaced = [line.rsplit(None, 1) for _, line in lines]
+        if all(len(fields) == 2 for fields in spaced):
+            as_csv = spaced
     rows = []
-    for number, line in enumerate(text, 1):
-        if not line.strip():
-            continue
-        fields = next(csv.reader([line])) if delimiter else line.rsplit(None, 1)
+    for (number, line), fields in zip(lines, as_csv, strict=True):
         if len(fields) != 2:
             raise ValueError(f"{list_file}:{number}: expected 'path,label', got {line!r}.")
         rows.append([f.strip() for f in fields] + [number])

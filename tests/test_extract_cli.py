@@ -58,7 +58,7 @@ def test_cli_writes_a_store_and_reports_errors(tmp_path, capsys):
     out = tmp_path / "f.h5"
     args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
     assert main([*args, "--no-progress", "--workers", "0", "--max-items", "5"]) == 0
-    assert "4 rows x 96 features, 2 classes, 1 unreadable images" in capsys.readouterr().out
+    assert "4 rows x 96 features, 2 classes, 1 failed images" in capsys.readouterr().out
     assert main([*args, "--no-progress", "--dtype", "float16", "--max-items", "5"]) == 2
     assert "different provenance" in capsys.readouterr().err
     assert main([str(folder), "timm:resnet18@imagenet", str(out)]) == 2
@@ -72,7 +72,7 @@ def test_cli_reads_shards_with_a_label_key(tmp_path, capsys):
     args = [f"webdataset:{tmp_path}/wds/{{00000..00001}}.tar", "timm:test_resnet@random", str(out)]
     args += ["--image-size", "32", "--no-progress", "--workers", "0"]
     assert main([*args, "--label-key", "json.label"]) == 0
-    assert "4 rows x 96 features, 2 classes, 0 unreadable images" in capsys.readouterr().out
+    assert "4 rows x 96 features, 2 classes, 0 failed images" in capsys.readouterr().out
     with load_features(out) as store:
         assert store.class_names == ["cat", "dog"] and store.paths[0] == "cat/000"
         assert store.metadata["source_options"]["label_key"] == "json.label"
@@ -282,6 +282,20 @@ def test_retry_failed_extracts_again_only_the_failed_images(tmp_path, capsys, ca
     assert not again.failures and len(again.paths) == 6
     kept = np.isin(again.paths, first.paths)
     np.testing.assert_array_equal(again.features[kept], first.features)
+
+
+def test_running_out_of_host_memory_is_one_line(tmp_path, capsys, monkeypatch):
+    # --image-size 100000 asked for 120 GB: a raw RuntimeError traceback.
+    def allocate(*args, **kwargs):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 120000000000 bytes."
+        )
+
+    monkeypatch.setattr(extract, "extract_features", allocate)
+    assert main([str(tmp_path), "timm:test_resnet@random", str(tmp_path / "f.h5")]) == 2
+    line = _error_line(capsys)
+    assert "ran out of memory" in line and "use a smaller --batch-size or --image-size" in line
 
 
 def _source(kind: str, folder: Path) -> str:

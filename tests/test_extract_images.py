@@ -3,6 +3,7 @@
 import hashlib
 import io
 import os
+import shutil
 import struct
 
 import numpy as np
@@ -113,6 +114,13 @@ def test_image_list_refuses_what_would_become_wrong_rows(folder, lines, match):
     (folder / "l.csv").write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=match):
         image_list(folder / "l.csv")
+
+
+def test_a_whitespace_list_may_name_files_with_commas(folder):
+    shutil.copy(folder / "cat" / "000.png", folder / "cat" / "a,b.png")
+    (folder / "l.txt").write_text("cat/a,b.png cat\ndog/001.jpg dog\n")
+    src = image_list(folder / "l.txt")
+    assert (src.ids, src.class_names) == (["cat/a,b.png", "dog/001.jpg"], ["cat", "dog"])
 
 
 def test_image_list_header_in_any_case(folder):
