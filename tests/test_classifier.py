@@ -326,12 +326,16 @@ def test_cuda_fit_matches_cpu_and_keeps_tensors_on_device(digits):
     assert isinstance(from_tensor.coef_, np.ndarray)
 
 
-def test_predictions_use_the_fitted_head_not_the_parameter(digits):
-    X, y = digits
-    model = MR2LinearClassifier(max_iter=50, device="cpu")
+def _short_fit(model, X, y, **fit_params):
+    """``model`` fitted, its ConvergenceWarning (a short max_iter's) silenced."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        model.fit(X, y)
+        return model.fit(X, y, **fit_params)
+
+
+def test_predictions_use_the_fitted_head_not_the_parameter(digits):
+    X, y = digits
+    model = _short_fit(MR2LinearClassifier(max_iter=50, device="cpu"), X, y)
     before = model.decision_function(X)
     model.set_params(head="cosine")  # not refitted: coef_ is still a linear head's
     np.testing.assert_array_equal(model.decision_function(X), before)
@@ -349,10 +353,7 @@ def test_a_start_that_meets_tol_counts_no_iteration(digits):
 
 def test_empty_tensor_rows_are_refused_as_numpy_rows_are(digits):
     X, y = digits
-    model = MR2LinearClassifier(max_iter=5, device="cpu")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model.fit(X, y)
+    model = _short_fit(MR2LinearClassifier(max_iter=5, device="cpu"), X, y)
     for rows in (np.zeros((0, 64)), torch.zeros(0, 64)):
         with pytest.raises(ValueError, match="Found array with 0 sample"):
             model.predict(rows)
@@ -360,10 +361,8 @@ def test_empty_tensor_rows_are_refused_as_numpy_rows_are(digits):
 
 def test_a_class_of_no_weight_has_no_mean_loss(digits):
     X, y = digits
-    model = MR2LinearClassifier(max_iter=5, device="cpu")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model.fit(X, y, sample_weight=(y != 1).astype(float))
+    weight = (y != 1).astype(float)
+    model = _short_fit(MR2LinearClassifier(max_iter=5, device="cpu"), X, y, sample_weight=weight)
     assert np.isnan(model.class_losses_[1])
     assert np.isfinite(np.delete(model.class_losses_, 1)).all()
     np.testing.assert_allclose(model.tilt_weights_.sum(), 1.0)
