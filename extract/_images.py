@@ -358,8 +358,9 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     ------
     ValueError
         For a line that is not ``path,label``, an empty label, an image listed twice, or a
-        first line that looks like another header (no such image, and a label no other
-        line has): it would otherwise become an image of a class of its own.
+        first line that looks like another header (no such file, no file extension, and a
+        label that is not an index and that no other line has): it would otherwise become
+        an image of a class of its own.
 
     Returns
     -------
@@ -369,24 +370,27 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     # utf-8-sig: a byte-order mark, as spreadsheet programs write one, is not text.
     with open(list_file, newline="", encoding="utf-8-sig") as fh:
         text = fh.read().splitlines()
-    lines = [(number, line) for number, line in enumerate(text, 1) if line.strip()]
-    # CSV when every line is two CSV fields; else whitespace-separated, where a file name may
-    # hold commas (and the label is the last word).
-    as_csv = [next(csv.reader([line])) for _, line in lines]
-    if not all(len(fields) == 2 for fields in as_csv):
-        spaced = [line.rsplit(None, 1) for _, line in lines]
-        if all(len(fields) == 2 for fields in spaced):
-            as_csv = spaced
+    # A comma anywhere makes the list CSV (a file name with a comma is then quoted).
+    delimiter = "," if any("," in line for line in text) else None
     rows = []
-    for (number, line), fields in zip(lines, as_csv, strict=True):
+    for number, line in enumerate(text, 1):
+        if not line.strip():
+            continue
+        fields = next(csv.reader([line])) if delimiter else line.rsplit(None, 1)
         if len(fields) != 2:
-            raise ValueError(f"{list_file}:{number}: expected 'path,label', got {line!r}.")
+            raise ValueError(
+                f"{list_file}:{number}: expected 'path,label', got {line!r} (a list with a "
+                'comma is read as CSV: quote a file name that holds one, "a,b.jpg",cat).'
+            )
         rows.append([f.strip() for f in fields] + [number])
     if rows and [f.lower() for f in rows[0][:2]] == ["path", "label"]:
         rows = rows[1:]
     elif len(rows) > 1 and rows[0][1] not in {label for _, label, _ in rows[1:]}:
+        # A header names no file: no such image, no extension, a label that is no index
+        # and that no other line has.
         path, label, number = rows[0]
-        if not (list_file.parent / path).is_file():
+        named = (list_file.parent / path).exists() or os.path.splitext(path)[1]
+        if not named and not label.isdigit():
             raise ValueError(
                 f"{list_file}:{number}: {path},{label} looks like a header (no such image, and "
                 "no other line has its label); a header must be 'path,label'."

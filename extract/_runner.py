@@ -36,6 +36,7 @@ from ._store import (
     FAILED,
     FORMAT_VERSION,
     PENDING,
+    PROVENANCE_KEYS,
     check_output,
     check_provenance,
     create_store,
@@ -330,10 +331,47 @@ def _row_difference(f, src: ImageSource, rows: np.ndarray, stored_names: list[st
     return _file_difference(src.path(int(head[k])), old, new)
 
 
+def _adopt_repaired_failures(out: Path, provenance: dict, source, rows) -> None:
+    """Before a --retry-failed run: images that failed and have since changed (repaired,
+    replaced) are taken as the store's, when nothing else differs from the request: their
+    listed size and modification time, and the store's fingerprint, become the request's.
+    Any other difference is left to the provenance check, which refuses it."""
+    with open_store(out, "r") as f:
+        existing = read_attrs(f)
+        if existing.get("source_fingerprint") == provenance["source_fingerprint"]:
+            return
+        others = [k for k in PROVENANCE_KEYS if k not in ("source_fingerprint", "compute")]
+        if any(existing.get(k) != provenance.get(k) for k in others) or "file_size" not in f:
+            return
+        if (existing.get("source_files") or {}) != source.files:
+            return
+        if list(f["class_names"].asstr()[:]) != list(source.class_names):
+            return
+        ids = f["paths"].asstr()[:]
+        if len(ids) != len(rows) or list(ids) != [source.ids[i] for i in rows]:
+            return
+        if not np.array_equal(f["labels"][:], source.labels[rows]):
+            return
+        sizes, mtimes = source.file_stats()
+        changed = (f["file_size"][:] != sizes[rows]) | (f["file_mtime_ns"][:] != mtimes[rows])
+        if not changed.any() or not (f["status"][:][changed] == FAILED).all():
+            return
+        stored_sizes, stored_mtimes = f["file_size"][:], f["file_mtime_ns"][:]
+    stored_sizes[changed], stored_mtimes[changed] = sizes[rows][changed], mtimes[rows][changed]
+    with open_store(out, "r+") as f:
+        f["file_size"][:], f["file_mtime_ns"][:] = stored_sizes, stored_mtimes
+        f.flush()  # the files' identities before the fingerprint that covers them
+        f.attrs["source_fingerprint"] = provenance["source_fingerprint"]
+    logger.info("%d failed images have changed since; they are extracted again.", changed.sum())
+
+
 def _open_or_create(
-    out: Path, provenance: dict, backbone: Backbone, source, rows, overwrite: bool
-) -> None:
+    out: Path, provenance: dict, backbone: Backbone, source, rows, overwrite: bool,
+    retry_failed: bool = False,
+) -> None:  # fmt: skip
     if out.exists() and not overwrite:
+        if retry_failed:
+            _adopt_repaired_failures(out, provenance, source, rows)
         with open_store(out, "r") as f:
             existing = read_attrs(f)
             check_provenance(out, existing, provenance, lambda: _source_difference(f, source, rows))
@@ -467,8 +505,9 @@ def extract_features(
         of resuming or reusing it. Only stores and empty files are ever replaced.
 
     retry_failed : bool, default=False
-        Extract again the images recorded as failed (a transient read error, an image
-        since repaired); without it a resumed or reused store keeps its failures.
+        Extract again the images recorded as failed (after a transient read error, or with
+        the image since repaired or replaced: a failed image may have changed when nothing
+        else has); without it a resumed or reused store keeps its failures.
     Returns
     -------
     pathlib.Path
@@ -574,7 +613,7 @@ def _extract_shard(
     provenance = _provenance(backbone, src, dtype, normalize, decode, shard, device)
     make_output_folder(out)
     with store_lock(out):
-        _open_or_create(out, provenance, backbone, src, rows, overwrite)
+        _open_or_create(out, provenance, backbone, src, rows, overwrite, retry_failed)
         with open_store(out, "r") as f:
             status = f["status"][:]
         failed = status == FAILED

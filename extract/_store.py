@@ -33,6 +33,11 @@ REASON_DTYPE = "S200"
 DIGEST_DTYPE = "S64"  # hexadecimal sha256
 _MERGE_BLOCK = 8192  # shard rows copied at a time, bounding memory
 _REQUIRED = ("features", "labels", "class_names")  # what a classifier needs from a store
+# Every dataset create_store writes.
+STORE_DATASETS = (
+    "features", "status", "failure_reason", "content_sha256", "labels", "indices", "paths",
+    "class_names", "file_size", "file_mtime_ns",
+)  # fmt: skip
 # Attributes that must match for an existing file to be reused.
 PROVENANCE_KEYS = (
     "format_version",
@@ -201,13 +206,30 @@ def _file_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
+def _creation_leftover(tmp: str) -> bool:
+    """Whether ``tmp`` can be what a killed :func:`create_store` left: an empty file, or an
+    HDF5 file holding nothing but a store's datasets (h5py writes the HDF5 signature when
+    it opens the file; one killed mid-write may not open at all)."""
+    problem = _not_hdf5(tmp)
+    if problem is not None:
+        return problem == "is empty"
+    try:
+        with h5py.File(tmp, "r", locking=False) as f:
+            return set(f.keys()) <= set(STORE_DATASETS)
+    except OSError:
+        return True
+
+
 def _check_companions(text: str) -> None:
     """Refuse to run when the files written beside a store, ``<path>.tmp`` (a store being
     created) and ``<path>.lock`` (a pid), are files of another kind: they would be
     replaced or truncated."""
     tmp, lock = f"{text}.tmp", f"{text}.lock"
     problem = None
-    if os.path.lexists(tmp) and (os.path.isdir(tmp) or _not_hdf5(tmp) not in (None, "is empty")):
+    if os.path.islink(tmp) or os.path.islink(lock):
+        link = tmp if os.path.islink(tmp) else lock
+        problem = f"{link!r} is a symbolic link (writing through it would change its target)"
+    elif os.path.lexists(tmp) and not _creation_leftover(tmp):
         problem = f"{tmp!r} exists and is not a store left by a killed run"
     elif os.path.isdir(lock):
         problem = f"{lock!r} is a folder, where mr2-extract keeps its lock file"

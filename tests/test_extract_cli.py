@@ -284,6 +284,28 @@ def test_retry_failed_extracts_again_only_the_failed_images(tmp_path, capsys, ca
     np.testing.assert_array_equal(again.features[kept], first.features)
 
 
+def test_retry_failed_takes_a_repaired_image(tmp_path, capsys):
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    good = (folder / "dog" / "001.jpg").read_bytes()
+    (folder / "dog" / "001.jpg").write_bytes(b"not an image")
+    out = tmp_path / "f.h5"
+    args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
+    args += ["--no-progress", "--workers", "0"]
+    assert main(args) == 0
+    assert len(load_features(out, in_memory=True).failures) == 1
+    (folder / "dog" / "001.jpg").write_bytes(good)  # repaired: another size and time
+    capsys.readouterr()
+    assert main(args) == 2  # without --retry-failed the change is refused
+    assert "dog/001.jpg' is not the file the store was made from" in _error_line(capsys)
+    assert main([*args, "--retry-failed"]) == 0
+    repaired = load_features(out, in_memory=True)
+    assert not repaired.failures and len(repaired.paths) == 6
+    assert main(args) == 0  # and the store is the request's now: reused
+    (folder / "cat" / "000.png").write_bytes(good)  # a change to a row that was done
+    assert main([*args, "--retry-failed"]) == 2
+    assert "cat/000.png' is not the file the store was made from" in _error_line(capsys)
+
+
 def test_running_out_of_host_memory_is_one_line(tmp_path, capsys, monkeypatch):
     # --image-size 100000 asked for 120 GB: a raw RuntimeError traceback.
     def allocate(*args, **kwargs):

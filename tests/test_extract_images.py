@@ -108,6 +108,8 @@ def test_image_list_bad_line(tmp_path):
         (["filename,label", "cat/000.png,0", "dog/001.jpg,1"], r"l.csv:1: filename,label looks"),
         (["cat/000.png,cat", "dog/001.jpg,"], "l.csv:2: 'dog/001.jpg' has an empty label"),
         (["cat/000.png,cat", "./cat/000.png,dog"], r"l.csv:2: './cat/000.png' is listed again"),
+        # A third column is refused, not read as a file name with commas.
+        (["a.jpg,cat,taken in 2020", "b.jpg,dog,taken in 2020"], "l.csv:1: expected 'path,"),
     ],
 )
 def test_image_list_refuses_what_would_become_wrong_rows(folder, lines, match):
@@ -116,11 +118,26 @@ def test_image_list_refuses_what_would_become_wrong_rows(folder, lines, match):
         image_list(folder / "l.csv")
 
 
-def test_a_whitespace_list_may_name_files_with_commas(folder):
+def test_file_names_with_commas_are_quoted_csv(folder):
     shutil.copy(folder / "cat" / "000.png", folder / "cat" / "a,b.png")
     (folder / "l.txt").write_text("cat/a,b.png cat\ndog/001.jpg dog\n")
-    src = image_list(folder / "l.txt")
+    with pytest.raises(ValueError, match=r"l.txt:2: .* quote a file name that holds one"):
+        image_list(folder / "l.txt")
+    (folder / "l.csv").write_text('"cat/a,b.png",cat\ndog/001.jpg,dog\n')
+    src = image_list(folder / "l.csv")
     assert (src.ids, src.class_names) == (["cat/a,b.png", "dog/001.jpg"], ["cat", "dog"])
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["missing.jpg,dog", "cat/000.png,cat", "dog/001.jpg,cat"],  # a file name
+        ["missing,3", "cat/000.png,0", "dog/001.jpg,1"],  # an index
+    ],
+)
+def test_a_first_image_missing_with_its_own_label_is_no_header(folder, lines):
+    (folder / "l.csv").write_text("\n".join(lines) + "\n")
+    assert image_list(folder / "l.csv").ids[0] == lines[0].split(",")[0]
 
 
 def test_image_list_header_in_any_case(folder):

@@ -289,6 +289,12 @@ def _write(path, data: bytes):
     return path
 
 
+def _link(target, name):
+    link = target.with_name(name)
+    link.symlink_to(target)
+    return link
+
+
 def _hdf5(path, **datasets):
     with h5py.File(path, "w") as f:
         for name, data in datasets.items():
@@ -484,6 +490,10 @@ def test_fashion_mnist_store_is_tied_to_its_idx_files(tmp_path):
         (lambda p: _write(p.with_name("out.h5.tmp"), b"notes") and p, "out.h5.tmp' exists and is"),
         (lambda p: _write(p.with_name("out.h5.lock"), b"notes") and p, "is not a lock file"),
         (lambda p: p.with_name("out.h5.lock").mkdir() or p, "out.h5.lock' is a folder"),
+        (lambda p: _hdf5(p.with_name("out.h5.tmp"), mine=[1]) and p, "h5.tmp' exists and is"),
+        (lambda p: _link(_hdf5(p.with_name("mine.h5"), x=[1]), "out.h5.tmp") and p, "symbolic"),
+        (lambda p: _link(_write(p.with_name("pid"), b"123"), "out.h5.lock") and p, "symbolic"),
+        (lambda p: _link(p.with_name("gone.h5"), "out.h5.tmp") and p, "is a symbolic link"),
     ],
 )
 def test_unusable_outputs_are_refused_before_any_work(folder, tmp_path, no_model, make, match):
