@@ -37,7 +37,7 @@ from ._solvers import MarginSpec, fit_lbfgs, fit_minibatch, refresh_statistics
 from ._stats import DIFFICULTIES, class_difficulty
 
 # Parameters this far out put the objective itself out of floating-point range.
-_EXTREME = 1e-12
+_EXTREME = 1e-6
 
 
 def _overflow_message(what, dtype, suspects=()):
@@ -746,7 +746,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             return np.concatenate(parts) if parts else np.empty((0, self.coef_.shape[0]))
         # The fitted head, not the parameter: set_params(head=...) after fit changes nothing
         # until the next fit (models pickled before head_ existed keep it in _head_state).
-        head = getattr(self, "head_", None) or self._head_state["head"]
+        head = getattr(self, "head_", None) or getattr(self, "_head_state", {}).get("head")
+        head = head or self.head  # a refit=False search pickled before head_ existed
         return decision_values(X, self.coef_, self.intercept_, self.projection_, head)
 
     def decision_function(self, X):

@@ -84,6 +84,7 @@ def compactness_loss(
     tau : float or scalar tensor, default=1.0
         Temperature of the exponent.
     reduction : {"mean", "none"}, default="mean"
+        ``"none"``: each sample's loss, times its weight when ``sample_weight`` is given.
     sample_weight : torch.Tensor of shape (n_samples,), default=None
         Non-negative weights (None: every sample weighs 1).
     """
@@ -102,8 +103,8 @@ def compactness_loss(
     # overflow-safe and its gradient is defined even for a sample alone in its class.
     padded = torch.cat([exponent.new_zeros(len(target), 1), exponent], dim=1)
     loss = torch.logsumexp(padded, dim=1)  # (B,)
-    if reduction == "none":
-        return loss
+    if reduction == "none":  # w_i·ℓ_i with weights, as margin_cross_entropy's
+        return loss if weight is None else loss * weight
     # Per-class average, then mean over present classes, without knowing K: sample i
     # weighs w_i / W_{y_i} (W_k the class's weight in the batch), and those weights sum to
     # the number of classes present (of positive weight).

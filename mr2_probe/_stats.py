@@ -132,21 +132,30 @@ def class_difficulty(stats: ClassStats, p: float = 2.0, difficulty: str = "momen
     return lp_norm_sq(stats.mean, p) + stats.msd
 
 
+# A class whose a_k^{1/3} is at most this fraction of the largest class's has no measured
+# difficulty (see margins_from_difficulty).
+_UNMEASURED = 1e-6
+
+
 def margins_from_difficulty(
     a: torch.Tensor, c_bar: float, present: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Closed-form margins γ_k = c̄·K·a_k^{1/3} / Σ_j a_j^{1/3} (Corollary 1); mean γ = c̄.
 
     Classes outside ``present`` (no weight in the data) get γ = c̄ and stay out of the
-    normalisation; the mean is still c̄. So does a class with a_k = 0, whose difficulty
-    cannot be measured (with ``"spread"``, a class of one sample, or of copies of one
-    embedding; with ``"moment"``, all-zero features): the formula would give it γ = 0 and
-    divide its logits by zero. A floor far below the other margins, as before, multiplied
-    its logits by about 10⁶ and let one sample dominate the fit.
+    normalisation; the mean is still c̄. So does a class with a_k = 0 to rounding (a_k^{1/3}
+    at most 10⁻⁶ of the largest), whose difficulty cannot be measured: with ``"spread"``, a
+    class of one sample or of copies of one embedding; with ``"moment"``, all-zero
+    features. The formula would give it γ ≈ 0 and divide its logits by about zero; a floor
+    far below the other margins, as before, multiplied them by about 10⁶ and let one
+    sample dominate the fit.
     """
     present = torch.ones_like(a, dtype=torch.bool) if present is None else present
     root = a.clamp_min(0).pow(1.0 / 3.0)  # (K,)
-    measured = present & (root > 0)
+    # Copies of one row leave a spread of rounding error (a_k ~ 1e-32, not 0): a margin
+    # below 1e-6 of the largest is taken as unmeasured, as an exact 0 is.
+    largest = torch.where(present, root, torch.zeros_like(root)).nan_to_num().amax()
+    measured = present & (root > _UNMEASURED * largest)
     root = torch.where(measured, root, torch.zeros_like(root))  # NaN a_k of unseen classes too
     scaled = c_bar * measured.sum() * root / root.sum().clamp_min(1e-30)
     # Without a measured class (all a_k = 0) there is no information: uniform margins.

@@ -106,11 +106,14 @@ def test_spread_difficulty_uses_the_spread_around_the_class_mean(digits):
 def test_a_class_without_measurable_spread_gets_the_mean_margin():
     # One sample (or copies of one embedding) has spread 0: its margin was floored at 1e-6
     # of the largest, which multiplied its logits by about 10⁶.
-    X = np.random.RandomState(0).randn(65, 4)
-    y = np.r_[[0, 1] * 30, 2, 3, 3, 3, 3]
-    X[-4:] = X[-1]  # class 3: four copies of one row
-    model = MR2LinearClassifier(c_bar=2.0, difficulty="spread", device="cpu").fit(X, y)
-    assert model.margins_[2] == model.margins_[3] == 2.0
+    X = np.random.RandomState(0).randn(68, 4)
+    y = np.r_[[0, 1] * 30, 2, 3, 3, 3, 3, 4, 4, 4]
+    X[-7:-3] = X[-4]  # class 3: four copies of one row (spread exactly 0)
+    X[-3:] = [0.1, 0.7, 0.3, 1 / 3]  # class 4: three copies, whose spread rounds to ~1e-33
+    model = MR2LinearClassifier(c_bar=2.0, difficulty="spread", device="cpu")
+    model = _short_fit(model, X, y)
+    assert 0 < model.class_stats_["msd"][4] < 1e-20
+    np.testing.assert_array_equal(model.margins_[2:], 2.0)
     root = np.cbrt(model.class_stats_["msd"][:2])
     np.testing.assert_allclose(model.margins_[:2], 2.0 * 2 * root / root.sum(), rtol=1e-6)
 
@@ -566,15 +569,16 @@ def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
 
 
 @pytest.mark.parametrize(
-    "params, weight, named",
+    "params, weight, dtype, named",
     [
-        ({"c_bar": 1e-300}, 1.0, "with c_bar=1e-300"),
-        ({"C": 1e-300}, 1.0, "with C=1e-300 and sample weights summing to 60"),
-        ({}, 1e-300, "with C=1 and sample weights summing to 6e-299"),
+        ({"c_bar": 1e-300}, 1.0, np.float64, "with c_bar=1e-300"),
+        ({"c_bar": 1e-10}, 1.0, np.float32, "with c_bar=1e-10"),
+        ({"C": 1e-300}, 1.0, np.float64, "with C=1e-300 and sample weights summing to 60"),
+        ({}, 1e-300, np.float64, "with C=1 and sample weights summing to 6e-299"),
     ],
 )
-def test_an_extreme_parameter_is_named_not_blamed_on_the_features(params, weight, named):
-    X, y = np.random.RandomState(0).randn(60, 4), np.arange(60) % 3
+def test_an_extreme_parameter_is_named_not_blamed_on_the_features(params, weight, dtype, named):
+    X, y = np.random.RandomState(0).randn(60, 4).astype(dtype), np.arange(60) % 3
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         with pytest.raises(ValueError, match=named) as info:

@@ -646,3 +646,12 @@ def test_refit_false_after_a_refit_leaves_no_refit_attributes():
     search.set_params(refit=False).fit(X, y)
     for name in ("loss_curve_", "class_losses_", "tilt_weights_"):
         assert not hasattr(search, name)
+
+
+def test_a_refit_false_search_predicts_with_its_head_even_pickled_without_head_():
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV([0.1, 1.0], cv=3, refit=False, device="cpu").fit(X, y)
+    assert search.head_ == "linear"
+    before = search.predict(X)
+    del search.head_  # as a search pickled before head_ existed
+    np.testing.assert_array_equal(search.predict(X), before)

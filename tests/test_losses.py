@@ -123,11 +123,12 @@ def test_compactness_integer_weights_are_repeated_rows_and_zero_weights_absent()
     (grad_want,) = torch.autograd.grad(want, features)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(grad_got, grad_want)
-    # Per sample: a repeated row's loss is each of its copies' (zero-weight rows drop out).
+    # Per sample: w_i times each copy's loss (zero-weight rows give 0).
     each = compactness_loss(features, labels, 1.0, 2.0, "none", sample_weight=weight)
     copies = compactness_loss(features[index], labels[index], 1.0, 2.0, "none")
     first = torch.cumsum(weight.long(), 0)[weight > 0] - 1
-    torch.testing.assert_close(each[weight > 0], copies[first])
+    torch.testing.assert_close(each[weight > 0], weight[weight > 0] * copies[first])
+    assert not each[weight == 0].any()
     # Unit weights change nothing; a batch of zero weights is 0, not NaN.
     plain = compactness_loss(features, labels, 1.0, 2.0)
     ones = compactness_loss(features, labels, 1.0, 2.0, sample_weight=torch.ones(30))
