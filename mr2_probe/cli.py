@@ -266,7 +266,7 @@ def _chosen_configuration(model):
         return base
     names = MR2LinearClassifier().get_params()
     params = {k: v for k, v in search.get_params(deep=False).items() if k in names}
-    params |= {"scale": search.C_} if search.head == "cosine" else {"C": search.C_}
+    params |= {"scale": search.C_} if search.head_ == "cosine" else {"C": search.C_}
     probe = MR2LinearClassifier(**params)
     if isinstance(base, Pipeline):
         return Pipeline([*base.steps[:-1], (base.steps[-1][0], probe)])
@@ -431,7 +431,7 @@ def _curves(search, args) -> dict:
 
 def _cv_lines(name: str, search, args) -> list[str]:
     """The chosen value and the validation curve (mean over folds, in percent)."""
-    what = "scale" if search.head == "cosine" else "C"
+    what = "scale" if search.head_ == "cosine" else "C"
     curves = _curves(search, args)
     lines = [f"{name}: chose {what}={search.C_:.4g} by {args.scoring} ({args.cv}-fold CV)"]
     lines.append(f"  {what:>10s}  " + "  ".join(f"{key:>17s}" for key in curves))
@@ -759,9 +759,11 @@ def _check_not_the_training_data(train: str, test: str) -> None:
     if not same and {Path(train).suffix.lower(), Path(test).suffix.lower()} <= {".h5", ".hdf5"}:
         from extract import load_features
 
+        # The same image list, and the same shard of it (shards of one list are disjoint).
+        keys = ("source_fingerprint", "shard_rank", "shard_world_size")
         with load_features(train) as a, load_features(test) as b:
-            fingerprint = a.metadata.get("source_fingerprint")
-            same = fingerprint is not None and fingerprint == b.metadata.get("source_fingerprint")
+            mine, theirs = ([s.metadata.get(k) for k in keys] for s in (a, b))
+            same = mine[0] is not None and mine == theirs
     if same:
         raise UsageError(
             f"--test {test} holds the training images of {train}, so its accuracy would be "

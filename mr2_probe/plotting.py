@@ -436,7 +436,7 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
             ax.plot(search.Cs_, 100 * curve, style, color=colours[name], label=f"{name} {label}")
         ax.axvline(search.C_, color=colours[name], linestyle=":", linewidth=0.8)
     head = next(iter(searches.values()))
-    head = (head[-1] if hasattr(head, "steps") else head).head
+    head = (head[-1] if hasattr(head, "steps") else head).head_
     ax.set_xscale("log")
     ax.set_xlabel("logit scale" if head == "cosine" else "C (inverse L2 strength)")
     ax.set_ylabel("held-out score (%, mean over folds)")

@@ -364,6 +364,10 @@ def stores(files):
     _store(files / "store_test.h5", X_test, y_test, FASHION, source_fingerprint="sha256:test")
     _store(files / "renamed.h5", X_test, y_test, ["Sandal", "Shirt", "Bag"])
     shutil.copy(files / "store.h5", files / "store_copy.h5")
+    # Two shards of one image list: the same fingerprint, disjoint images.
+    shard = dict(source_fingerprint="sha256:list", shard_world_size=2)
+    _store(files / "shard0.h5", X, y, FASHION, shard_rank=0, **shard)
+    _store(files / "shard1.h5", X_test, y_test, FASHION, shard_rank=1, **shard)
     # The test classes in another order, or one of them missing: a list source's store.
     _store(files / "reversed.h5", X_test, 2 - y_test, FASHION[::-1])
     keep = y_test != 1
@@ -405,6 +409,12 @@ def test_test_store_labels_are_matched_to_the_training_classes_by_name(stores, c
     same = run("store_test.h5")
     assert run("reversed.h5") == same
     assert "MR2" in run("two.h5")
+
+
+@NEEDS_H5
+def test_another_shard_of_the_training_list_is_a_test_set(stores, capsys):
+    argv = [str(stores / "shard0.h5"), "--test", str(stores / "shard1.h5"), "--no-progress"]
+    assert main(argv) == 0
 
 
 @NEEDS_H5
