@@ -760,6 +760,7 @@ def merge_shards(
         ``out``) disagree; ``IncompleteStoreError`` if a shard has pending rows.
     """
     files = {}
+    reference = None  # every shard is checked against the first one given
     try:
         for path in shards:
             f = _open_for_reading(path)
@@ -770,7 +771,8 @@ def merge_shards(
                 f.close()
                 raise ValueError(f"Two shards given to merge_shards have rank {rank}.")
             files[rank] = f
-            _check_shard(path, f, read_attrs(files[min(files)]), len(shards))
+            reference = attrs if reference is None else reference
+            _check_shard(path, f, reference, len(shards))
         if sorted(files) != list(range(len(shards))):
             raise ValueError(
                 f"merge_shards needs every rank of one run exactly once; got ranks "

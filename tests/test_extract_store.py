@@ -222,6 +222,20 @@ def test_shards_merge_into_the_single_run(store, folder, tmp_path):
         merge_shards(shards, other)  # never silently replaces a different store
 
 
+@pytest.mark.parametrize("order", [[0, 1], [1, 0]])
+def test_shards_made_differently_are_refused_in_any_order(folder, tmp_path, order):
+    # Each shard was compared with the lowest rank opened so far: given in descending
+    # order, no shard was compared with another, and features of two settings merged.
+    out = tmp_path / "merged.h5"
+    shards = [
+        extract_features(folder, BACKBONE, out, rank=r, world_size=2, normalize=r == 1, **FAST)
+        for r in range(2)
+    ]
+    with pytest.raises(ProvenanceError, match="normalize"):
+        merge_shards([shards[r] for r in order], out)
+    assert not out.exists()
+
+
 def test_tensor_decoding_matches_pil(store, folder, tmp_path):
     # A worker process ships the undecoded JPEG bytes to the main process.
     tensor_fast = FAST | dict(num_workers=1)
