@@ -482,20 +482,67 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
     return visual, transform, pre, weights_id
 
 
+@contextmanager
+def _state_dict_loads() -> Iterator[list]:
+    """The results of the ``Module.load_state_dict`` calls made inside the block.
+
+    timm loads a checkpoint for a headless model (``num_classes=0``) with ``strict=False``
+    and only logs the keys it did not find; this is how a caller sees them.
+    """
+    results = []
+    original = nn.Module.load_state_dict
+
+    def recording(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        results.append(result)
+        return result
+
+    nn.Module.load_state_dict = recording
+    try:
+        yield results
+    finally:
+        nn.Module.load_state_dict = original
+
+
+def _create_timm(timm, name: str, image_size: int | None, **kwargs) -> nn.Module:
+    """``timm.create_model`` at ``image_size`` where the model is built for one input size
+    (a ViT: timm resamples the checkpoint's position embeddings to the new grid); models
+    that take any size (CNNs) have no ``img_size`` and are built as they are."""
+    if image_size:
+        try:
+            return timm.create_model(name, img_size=image_size, **kwargs)
+        except TypeError as err:
+            if "img_size" not in str(err):
+                raise
+    return timm.create_model(name, **kwargs)
+
+
 def _timm(spec: BackboneSpec, image_size: int | None):
     import timm
     from timm.models import get_pretrained_cfg
 
     _check_timm_model(spec)
     if spec.weights == RANDOM:
-        model = timm.create_model(spec.model, pretrained=False, num_classes=0)
+        model = _create_timm(timm, spec.model, image_size, pretrained=False, num_classes=0)
         weights_id = RANDOM_ID
     elif spec.weights:
         path = _check_file(spec, spec.weights)
         # The overlay makes timm apply the model's own checkpoint filter (e.g. MAE key names).
-        model = timm.create_model(
-            spec.model, pretrained=True, pretrained_cfg_overlay=dict(file=path), num_classes=0
-        )
+        with _state_dict_loads() as loads:
+            model = _create_timm(
+                timm, spec.model, image_size, pretrained=True,
+                pretrained_cfg_overlay=dict(file=path), num_classes=0,
+            )  # fmt: skip
+        # Without its classifier the load is not strict: a parameter the checkpoint does not
+        # hold would keep its random initialisation, and the features be silently wrong.
+        missing = [key for result in loads for key in result.missing_keys]
+        if missing:
+            raise BackboneError(
+                f"The checkpoint of backbone {str(spec)!r} does not fit the timm model "
+                f"{spec.model!r}: {len(missing)} of its parameters are not in it "
+                f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}). Pass "
+                "the model the checkpoint was trained as (for MoCo checkpoints, moco:...)."
+            )
         weights_id = file_sha256(path)
     else:
         cfg = get_pretrained_cfg(spec.model)
@@ -507,7 +554,9 @@ def _timm(spec: BackboneSpec, image_size: int | None):
                 f"('{head}@/path/to/checkpoint.pth') or ask for random weights ('{head}@random')."
             )
         model = _with_pretrained(
-            spec, source, lambda: timm.create_model(spec.model, pretrained=True, num_classes=0)
+            spec,
+            source,
+            lambda: _create_timm(timm, spec.model, image_size, pretrained=True, num_classes=0),
         )
         weights_id = f"tag:{cfg.architecture}.{cfg.tag}" if cfg.tag else f"tag:{source}"
     return (model, *_timm_data(model, image_size), weights_id)

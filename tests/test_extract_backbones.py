@@ -122,6 +122,48 @@ def test_timm_local_checkpoint(tmp_path):
         torch.testing.assert_close(bb.model(x), expected)
 
 
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"foo.weight": torch.zeros(3)},  # another model's weights altogether
+        "moco",  # a MoCo checkpoint's keys (module.encoder_q.*) given to timm:
+        "no_norm",  # a ViT checkpoint without its final norm
+    ],
+)
+def test_a_timm_checkpoint_that_does_not_fit_is_refused(tmp_path, state):
+    # timm loads a headless model non-strictly: these loaded nothing, or left the norm at
+    # its initialisation, and the features were recorded as the checkpoint's.
+    import timm
+
+    from extract import BackboneError
+
+    name = "test_resnet"
+    if state == "moco":
+        weights = timm.create_model(name, num_classes=5).state_dict()
+        state = {"state_dict": {f"module.encoder_q.{k}": v for k, v in weights.items()}}
+    elif state == "no_norm":
+        name = "test_vit"
+        weights = timm.create_model(name, num_classes=5).state_dict()
+        state = {k: v for k, v in weights.items() if not k.startswith("norm.")}
+    torch.save(state, tmp_path / "w.pth")
+    with pytest.raises(BackboneError, match="does not fit the timm model"):
+        create_backbone(f"timm:{name}@{tmp_path / 'w.pth'}", image_size=32)
+
+
+def test_a_timm_vit_of_another_input_size(tmp_path):
+    # Built at its own 224 × 224, vit_tiny refused 160 × 160 inputs (a raw AssertionError):
+    # timm now builds it at the size asked, its position embeddings resampled on loading.
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", num_classes=0)
+    torch.save(model.state_dict(), tmp_path / "vit.pth")
+    bb = create_backbone(f"timm:vit_tiny_patch16_224@{tmp_path / 'vit.pth'}", image_size=160)
+    assert bb.preprocess["crop"] == [160, 160] and bb.dim == 192
+    with torch.inference_mode():
+        assert bb.model(torch.rand(1, 3, 160, 160)).shape == (1, 192)
+
+
 def test_open_clip_tiny_random_and_local_checkpoint(tmp_path):
     import open_clip
 
