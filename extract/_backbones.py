@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import socket
 from collections.abc import Callable, Iterator
@@ -601,7 +602,16 @@ def _moco(spec: BackboneSpec, image_size: int | None):
 
     _check_timm_model(spec)
     path = _check_file(spec, spec.weights)
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    # weights_only: a checkpoint is not trusted to run code. MoCo's published checkpoints
+    # hold tensors, numbers and strings (epoch, arch, state_dict, optimizer), all allowed.
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise BackboneError(
+            f"The checkpoint {path!r} holds Python objects other than tensors, numbers and "
+            "strings, which are not loaded (they could run code); save its state_dict alone "
+            "(torch.save(checkpoint['state_dict'], ...)) and pass that file."
+        ) from err
     model = timm.create_model(spec.model, pretrained=False, num_classes=0)
     _load_strict(model, moco_state_dict(checkpoint), spec)
     # MoCo's published linear-evaluation transform: Resize(256), CenterCrop(224), bilinear.

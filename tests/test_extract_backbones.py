@@ -206,6 +206,22 @@ def test_moco_checkpoint(tmp_path, prefix, extra):
         torch.testing.assert_close(bb.model(x), resnet(x))
 
 
+def test_a_moco_checkpoint_is_not_trusted_to_run_code(tmp_path):
+    import argparse
+
+    import timm
+
+    from extract import BackboneError
+
+    state = {
+        f"module.encoder_q.{k}": v for k, v in timm.create_model("resnet18").state_dict().items()
+    }
+    # Any object beyond tensors, numbers and strings would be unpickled by running code.
+    torch.save({"state_dict": state, "args": argparse.Namespace(lr=0.03)}, tmp_path / "m.pth")
+    with pytest.raises(BackboneError, match="holds Python objects other than tensors"):
+        create_backbone(f"moco:resnet18@{tmp_path / 'm.pth'}")
+
+
 def test_moco_checkpoint_for_another_arch_is_refused(tmp_path):
     import timm
 
