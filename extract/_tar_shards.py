@@ -187,6 +187,24 @@ class _ShardIndex:
     digest: str
 
 
+def _check_label_kinds(labels: list[str], keys: list[str], pattern: str) -> None:
+    """Refuse labels that mix class indices with anything else: one such label would make
+    every label a class name, sorted as text ("10" before "2"), and renumber the classes."""
+    indices = [label.isdigit() for label in labels]
+    if all(indices) or not any(indices):
+        return
+    i = indices.index(False)
+    example = labels[indices.index(True)]
+    if re.fullmatch(r"-\d+", labels[i]):
+        why = f"which is no class index ({labels[i]} marks an unlabelled sample, as in test splits)"
+    else:
+        why = f"a class name, where other samples have class indices (e.g. {example!r})"
+    raise ShardError(
+        f"The sample {keys[i]!r} of the webdataset source {pattern!r} has the label "
+        f"{labels[i]!r}, {why}; give every sample a class index, or every sample a name."
+    )
+
+
 def index_shard(path: str, image_keys: tuple[str, ...], label_key: str) -> _ShardIndex:
     """The samples of one shard: key, image offset and size (-1: none) and label text."""
     from webdataset.tariterators import base_plus_ext
@@ -349,8 +367,10 @@ def webdataset_shards(
             f"member (the first has {', '.join(first)}); choose the image with --image-key."
         )
     names_file, index_names = _index_class_names(root)
+    texts = [t for ix in indexes for t in ix.labels]
+    _check_label_kinds(texts, [k for ix in indexes for k in ix.keys], pattern)
     try:
-        labels, class_names = encode_labels([t for ix in indexes for t in ix.labels], index_names)
+        labels, class_names = encode_labels(texts, index_names)
     except ValueError as err:
         raise ShardError(f"{err} ({names_file!r})") from None
     relative = tuple(os.path.relpath(p, root) for p in paths)

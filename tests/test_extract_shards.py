@@ -185,6 +185,20 @@ def _write_shard(path, samples):
     return path
 
 
+@pytest.mark.parametrize(
+    "odd, match",
+    [("-1", "'-1', which is no class index"), ("cat", "'cat', a class name, where other")],
+)
+def test_labels_that_mix_indices_with_other_labels_are_refused(tmp_path, odd, match):
+    # One such label made every label a name, sorted as text: "10" before "2", and the
+    # classes of these shards renumbered against those of shards without it.
+    labels = [str(k) for k in range(12)] + [odd]
+    samples = [{"__key__": f"s{k:03d}", "jpg": b"x", "cls": v} for k, v in enumerate(labels)]
+    _write_shard(tmp_path / "00000.tar", samples)
+    with pytest.raises(ShardError, match=f"sample 's012' .* has the label {match}"):
+        open_source(f"webdataset:{tmp_path}")
+
+
 def test_an_img2dataset_folder_is_read_with_its_keys(tmp_path):
     # img2dataset's webdataset output: {00000..N}.tar of key.jpg / key.txt / key.json, keys
     # shard * 10^4 + index on 9 digits, beside NNNNN.parquet and NNNNN_stats.json.
