@@ -301,14 +301,20 @@ def _index_class_names(root: str) -> tuple[str | None, list[str] | None]:
     return None, None
 
 
+_COMPRESSED = (".gz", ".tgz", ".bz2", ".xz", ".zst")
+
+
 def _shard_paths(pattern: str) -> list[str]:
     if os.path.isdir(pattern):
-        paths = sorted(os.path.join(pattern, n) for n in os.listdir(pattern) if n.endswith(".tar"))
+        names = sorted(os.listdir(pattern))
+        # A compressed shard in the folder is refused, not left out with its samples.
+        shards = [n for n in names if n.endswith(".tar") or n.endswith(_COMPRESSED) and ".tar" in n]
+        paths = [os.path.abspath(os.path.join(pattern, n)) for n in shards]
         if not paths:
             raise ValueError(f"The folder {pattern!r} holds no .tar shards.")
-        return [os.path.abspath(p) for p in paths]
-    paths = expand_pattern(pattern, "webdataset")
-    compressed = [p for p in paths if p.endswith((".gz", ".tgz", ".bz2", ".xz", ".zst"))]
+    else:
+        paths = expand_pattern(pattern, "webdataset")
+    compressed = [p for p in paths if p.endswith(_COMPRESSED)]
     if compressed:
         raise ValueError(
             f"The shard {compressed[0]!r} is compressed, and samples are read by their offset "

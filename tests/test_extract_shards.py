@@ -199,6 +199,21 @@ def test_labels_that_mix_indices_with_other_labels_are_refused(tmp_path, odd, ma
         open_source(f"webdataset:{tmp_path}")
 
 
+@pytest.mark.parametrize("as_folder", [True, False])
+def test_a_compressed_shard_is_refused_in_a_folder_as_in_a_pattern(tmp_path, as_folder):
+    # A folder source listed only its .tar files: the samples of a .tar.gz were left out.
+    import gzip
+
+    samples = [{"__key__": f"s{k}", "jpg": b"x", "cls": "0"} for k in range(2)]
+    _write_shard(tmp_path / "00000.tar", samples)
+    plain = _write_shard(tmp_path / "00001.tar", samples)
+    (tmp_path / "00001.tar.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
+    source = f"webdataset:{tmp_path}" if as_folder else f"webdataset:{tmp_path}/*"
+    with pytest.raises(ValueError, match=r"00001.tar.gz' is compressed"):
+        open_source(source)
+
+
 def test_an_img2dataset_folder_is_read_with_its_keys(tmp_path):
     # img2dataset's webdataset output: {00000..N}.tar of key.jpg / key.txt / key.json, keys
     # shard * 10^4 + index on 9 digits, beside NNNNN.parquet and NNNNN_stats.json.
