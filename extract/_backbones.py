@@ -480,7 +480,21 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
         cfg.get("std", open_clip.OPENAI_DATASET_STD),
         mode="center" if resize_mode == "shortest" else resize_mode,
     )
+    if getattr(visual, "output_tokens", False):  # CoCa's tower: (pooled, tokens)
+        visual = _PooledOutput(visual)
     return visual, transform, pre, weights_id
+
+
+class _PooledOutput(nn.Module):
+    """The pooled embedding of a vision tower that also returns its tokens (open_clip's
+    CoCa), which is what its ``encode_image`` gives."""
+
+    def __init__(self, visual: nn.Module) -> None:
+        super().__init__()
+        self.visual = visual
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.visual(x)[0]
 
 
 @contextmanager

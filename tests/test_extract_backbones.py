@@ -164,6 +164,36 @@ def test_a_timm_vit_of_another_input_size(tmp_path):
         assert bb.model(torch.rand(1, 3, 160, 160)).shape == (1, 192)
 
 
+def test_an_open_clip_coca_model_embeds_as_its_encode_image(tmp_path):
+    # CoCa's vision tower returns (pooled, tokens): building the backbone crashed.
+    import json
+
+    import open_clip
+
+    text = {"context_length": 8, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1}
+    cfg = {
+        "embed_dim": 32,
+        "vision_cfg": {
+            "image_size": 32, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16,
+            "attentional_pool": True, "attn_pooler_heads": 2, "output_tokens": True,
+        },
+        "text_cfg": text | {"embed_cls": True, "output_tokens": True},
+        "multimodal_cfg": text | {"attn_pooler_heads": 2},
+        "custom_text": True,
+    }  # fmt: skip
+    (tmp_path / "coca_tiny_test.json").write_text(json.dumps(cfg))
+    open_clip.add_model_config(tmp_path / "coca_tiny_test.json")
+    torch.manual_seed(0)
+    model, _, _ = open_clip.create_model_and_transforms("coca_tiny_test", pretrained=None)
+    torch.save(model.state_dict(), tmp_path / "coca.pt")
+    bb = create_backbone(f"open_clip:coca_tiny_test@{tmp_path / 'coca.pt'}")
+    x = torch.rand(2, 3, 32, 32)
+    with torch.inference_mode():  # unnormalised, as every open_clip backbone's embedding
+        expected = model.eval().encode_image(x, normalize=False)
+        torch.testing.assert_close(bb.model(x), expected)
+    assert bb.dim == 32
+
+
 def test_open_clip_tiny_random_and_local_checkpoint(tmp_path):
     import open_clip
 
