@@ -442,9 +442,9 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
 
     _check_open_clip_model(spec)
 
-    def create(pretrained: str | None):
+    def create(pretrained: str | None, **preprocess):
         return open_clip.create_model_and_transforms(
-            spec.model, pretrained=pretrained, force_image_size=image_size
+            spec.model, pretrained=pretrained, force_image_size=image_size, **preprocess
         )
 
     weights = spec.weights
@@ -461,7 +461,7 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
         weights_id = RANDOM_ID
     elif weights and (_looks_like_path(weights) or os.path.exists(weights)):
         path = _check_file(spec, weights)
-        model, _, transform = create(path)
+        model, _, transform = create(path, **_tags_preprocess(spec.model))
         weights_id = file_sha256(path)
     else:
         tag = _open_clip_tag(spec)
@@ -530,6 +530,47 @@ def _create_timm(timm, name: str, image_size: int | None, **kwargs) -> nn.Module
             if "img_size" not in str(err):
                 raise
     return timm.create_model(name, **kwargs)
+
+
+# open_clip's pretrained-tag preprocessing entries, and the create_model_and_transforms
+# arguments that set them.
+_TAG_PREPROCESS = {
+    "mean": "image_mean",
+    "std": "image_std",
+    "interpolation": "image_interpolation",
+    "resize_mode": "image_resize_mode",
+}
+
+
+def _tags_preprocess(model: str) -> dict:
+    """The preprocessing that open_clip's pretrained tags of ``model`` agree on, as
+    arguments of ``create_model_and_transforms``: open_clip applies a tag's own (SigLIP's
+    mean and std of 0.5 and squashed resize, for one) only when loading by the tag, and a
+    local checkpoint of that model would otherwise get the architecture's default. Empty
+    when the model has no tags, or when they differ (then a warning says so)."""
+    import open_clip
+
+    tags = open_clip.list_pretrained_tags_by_model(model)
+    found = {}
+    for tag in tags:
+        cfg = open_clip.get_pretrained_cfg(model, tag)
+        found[tag] = tuple(
+            (key, tuple(value) if isinstance(value, list | tuple) else value)
+            for key in _TAG_PREPROCESS
+            if (value := cfg.get(key)) is not None
+        )
+    distinct = set(found.values())
+    if len(distinct) > 1:
+        logger.warning(
+            "open_clip's pretrained tags of %s preprocess differently (%s); a local "
+            "checkpoint gets open_clip's default for the architecture. Check that it is the "
+            "checkpoint's (the store records it).",
+            model,
+            ", ".join(f"{tag}: {dict(cfg)}" for tag, cfg in list(found.items())[:3]),
+        )
+    if len(distinct) != 1:
+        return {}
+    return {_TAG_PREPROCESS[key]: value for key, value in next(iter(distinct))}
 
 
 def _timm(spec: BackboneSpec, image_size: int | None):

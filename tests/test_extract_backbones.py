@@ -194,6 +194,35 @@ def test_an_open_clip_coca_model_embeds_as_its_encode_image(tmp_path):
     assert bb.dim == 32
 
 
+@pytest.mark.parametrize("agree", [True, False])
+def test_a_local_open_clip_checkpoint_takes_its_tags_preprocessing(tmp_path, monkeypatch, agree):
+    # open_clip applies a tag's preprocessing (SigLIP: mean = std = 0.5, squashed resize)
+    # only when loading by the tag: a local checkpoint of the model got OpenAI's.
+    import open_clip
+
+    name = register_tiny_open_clip(tmp_path)
+    siglip = {"mean": (0.5,) * 3, "std": (0.5,) * 3, "resize_mode": "squash"}
+    tags = {"webli": siglip, "other": siglip if agree else {"mean": (0.0,) * 3}}
+    lookup, listing = open_clip.get_pretrained_cfg, open_clip.list_pretrained_tags_by_model
+    monkeypatch.setattr(
+        open_clip,
+        "get_pretrained_cfg",
+        lambda model, tag: tags[tag] if model == name and tag in tags else lookup(model, tag),
+    )
+    monkeypatch.setattr(
+        open_clip,
+        "list_pretrained_tags_by_model",
+        lambda model: list(tags) if model == name else listing(model),
+    )
+    model, _, _ = open_clip.create_model_and_transforms(name, pretrained=None)
+    torch.save(model.state_dict(), tmp_path / "clip.pt")
+    bb = create_backbone(f"open_clip:{name}@{tmp_path / 'clip.pt'}")
+    if agree:
+        assert bb.preprocess["mean"] == [0.5] * 3 and bb.preprocess["mode"] == "squash"
+    else:  # the tags disagree: open_clip's default, which the store records
+        assert bb.preprocess["mean"] == list(open_clip.OPENAI_DATASET_MEAN)
+
+
 def test_open_clip_tiny_random_and_local_checkpoint(tmp_path):
     import open_clip
 
