@@ -561,11 +561,14 @@ def extract_features(
     # Every output is checked before any image is listed or model loaded.
     for path in [target] + ([out] if target != out and not explicit and rank == 0 else []):
         check_output(path, overwrite)
+    merged = out if target != out and not explicit else None
     shard = _extract_shard(
         source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
         device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,
-        progress, overwrite, retry_failed,
+        progress, overwrite, retry_failed, merged,
     )  # fmt: skip
+    if shard is None:  # every rank found ``out`` complete: nothing to extract or merge
+        return out
     if world_size == 1 or explicit:
         return shard
     return _merge_on_rank0(out, rank, world_size, overwrite)
@@ -591,7 +594,8 @@ def _merge_on_rank0(out: Path, rank: int, world_size: int, overwrite: bool) -> P
 def _extract_shard(
     source, spec, out, batch_size, num_workers, dtype, normalize, image_size, device, decode,
     n_per_class, max_items, keys, rank, world_size, progress, overwrite, retry_failed,
-) -> Path:  # fmt: skip
+    merged=None,
+) -> Path | None:  # fmt: skip
     device = resolve_device(device)
     if device.type == "cuda":
         # The rank's GPU becomes the current one, so that nothing (pinned-memory threads
@@ -611,6 +615,11 @@ def _extract_shard(
     shard = dict(n_rows=len(rows), n_total_rows=len(src), shard_rank=rank)
     shard["shard_world_size"] = world_size
     provenance = _provenance(backbone, src, dtype, normalize, decode, shard, device)
+    if merged is not None and merged.exists() and not overwrite:
+        whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
+        whole = _provenance(backbone, src, dtype, normalize, decode, whole, device)
+        if _merged_is_complete(merged, whole, src, retry_failed):
+            return None
     make_output_folder(out)
     with store_lock(out):
         _open_or_create(out, provenance, backbone, src, rows, overwrite, retry_failed)
@@ -653,6 +662,27 @@ def _extract_shard(
         with open_store(out, "r+") as f:
             _run(f, backbone, batches, rows, status, normalize, device, progress)
     return out
+
+
+def _merged_is_complete(merged: Path, whole: dict, src, retry_failed: bool) -> bool:
+    """Under torchrun, before a rank extracts its shard: whether the merged store ``merged``
+    already holds the whole request (then it is reused, shards or not, at any number of
+    ranks); a store made differently is refused here, before any GPU work. Every rank
+    reads the same file before any writes it, so they all decide alike."""
+    with open_store(merged, "r") as f:
+        check_provenance(
+            merged, read_attrs(f), whole, lambda: _source_difference(f, src, np.arange(len(src)))
+        )
+        status = f["status"][:]
+    if (status == PENDING).any() or retry_failed and (status == FAILED).any():
+        return False
+    logger.info(
+        "Reused the complete feature store %s (%d rows, nothing to compute); pass --force "
+        "(overwrite=True) to recompute it.",
+        merged,
+        len(status),
+    )
+    return True
 
 
 def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.data.DataLoader:

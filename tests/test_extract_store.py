@@ -222,6 +222,25 @@ def test_shards_merge_into_the_single_run(store, folder, tmp_path):
         merge_shards(shards, other)  # never silently replaces a different store
 
 
+def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
+    store, folder, tmp_path, monkeypatch, caplog
+):
+    # Each rank extracted its shard and only the merge met `out`: with the shards gone, or
+    # at another number of ranks, the whole source was extracted again; a store made
+    # differently was refused only at the merge, after all the work.
+    caplog.set_level(logging.INFO, logger="extract")
+    out = tmp_path / "f.h5"
+    shutil.copy(store, out)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert extract_features(folder, BACKBONE, out, **FAST) == out
+    assert "Reused the complete feature store" in caplog.text
+    assert not list(tmp_path.glob("*.shard-*"))  # nothing extracted, nothing to merge
+    with pytest.raises(ProvenanceError, match="normalize: file has False, request has True"):
+        extract_features(folder, BACKBONE, out, normalize=True, **FAST)
+    assert not list(tmp_path.glob("*.shard-*"))
+
+
 @pytest.mark.parametrize("order", [[0, 1], [1, 0]])
 def test_shards_made_differently_are_refused_in_any_order(folder, tmp_path, order):
     # Each shard was compared with the lowest rank opened so far: given in descending
