@@ -219,4 +219,13 @@ def tilted_class_risk(
         return (class_share * class_loss).sum(), class_share
     # log π = −inf for absent classes: they drop out of the softmax exactly.
     exponent = tilt * class_loss + class_share.log()  # (K,)
-    return torch.logsumexp(exponent, 0) / tilt, torch.softmax(exponent, 0)
+    weights = torch.softmax(exponent, 0)
+    # Around the mean L̄: R_t = L̄ + log1p(Σ π_k·expm1(t·(L_k − L̄))) / t. For small t the
+    # log-sum-exp is near 0 and its rounding, divided by t, swamped R_t (float32, t = 1e-6:
+    # L-BFGS saw noise and returned an untrained model); this form keeps full precision.
+    present = class_share > 0
+    mean = (class_share * torch.where(present, class_loss, 0)).sum()
+    delta = torch.where(present, tilt * (class_loss - mean), 0)  # (K,)
+    near = torch.log1p((class_share * torch.expm1(delta.clamp(max=1.0))).sum()) / tilt + mean
+    far = torch.logsumexp(exponent, 0) / tilt  # overflow-safe for large t·(L_k − L̄)
+    return torch.where(delta.abs().amax() <= 1.0, near, far), weights

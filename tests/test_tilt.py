@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import make_blobs
+from sklearn.datasets import load_digits, make_blobs
 from sklearn.exceptions import ConvergenceWarning
 
 from mr2_probe import MR2LinearClassifier, MR2Loss
@@ -48,6 +48,30 @@ def test_tilted_risk_limits():
     L = loss.clone().requires_grad_(True)
     tilted_class_risk(L, share, 3.0)[0].backward()
     torch.testing.assert_close(L.grad, tilted_class_risk(loss, share, 3.0)[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_small_tilt_keeps_the_risk_s_precision(dtype):
+    # (1/t)·logsumexp(t·L + log π) divides the log-sum-exp's rounding by t: in float32 at
+    # t = 1e-6 the risk was noise (an untrained model), in float64 at t = 1e-14 too.
+    loss = torch.tensor([0.2, 1.5, 0.7], dtype=dtype)
+    share = torch.tensor([0.5, 0.2, 0.3], dtype=dtype)
+    mean = (share * loss).sum()
+    variance = (share * (loss - mean) ** 2).sum()
+    for t in (1e-14, 1e-6, 1e-3):
+        risk = tilted_class_risk(loss, share, t)[0]
+        # R_t = mean + t·variance/2 + O(t²)
+        torch.testing.assert_close(risk, mean + t * variance / 2, rtol=2e-7, atol=0)
+        L = loss.clone().requires_grad_(True)
+        tilted_class_risk(L, share, t)[0].backward()
+        assert torch.isfinite(L.grad).all()
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # tol 1e-8 in float32
+        plain = _fit().fit(X, y)
+        tilted = _fit(class_tilt=1e-6).fit(X, y)
+    np.testing.assert_allclose(tilted.coef_, plain.coef_, atol=1e-3 * np.abs(plain.coef_).max())
 
 
 def test_absent_class_gets_no_weight():
@@ -209,7 +233,6 @@ def test_minibatch_large_tilt_does_not_swing_between_classes():
     With q held for an epoch the fit swung between classes and ended on a model that got
     none of the worst class's training rows right (max class loss 2.26 against 1.04
     untilted)."""
-    from sklearn.datasets import load_digits
 
     X, y = load_digits(return_X_y=True)
     X = X / 16
