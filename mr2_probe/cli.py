@@ -377,9 +377,11 @@ def _run(args) -> int:
         _fit(model, X, y, name)
     front = None
     if args.tilt or args.offsets:
-        base = _chosen_configuration(models[mr2_name])
-        _final(base).set_params(verbose=0)
-        front = _front(models, base, X, y, X_test, y_test, args)
+        # Each model as its search chose it: the front's ERM is the reported ERM.
+        base, erm_base = (_chosen_configuration(models[n]) for n in (mr2_name, erm_name))
+        for configuration in (base, erm_base):
+            _final(configuration).set_params(verbose=0)
+        front = _front(models, base, erm_base, X, y, X_test, y_test, args)
     fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}
 
     def named(labels):  # a store's integer codes -> its class names, for the report only
@@ -861,10 +863,10 @@ def _fit(model, X, y, name: str):
     return model
 
 
-def _front(models: dict, base, X, y, X_test, y_test, args):
-    """Fit the front of ``base`` (the MR² configuration, tuned when searched) on a
-    validation split, choose by the rule, refit the choice on all of the training data and
-    add it to ``models``."""
+def _front(models: dict, base, erm, X, y, X_test, y_test, args):
+    """Fit the front of ``base`` (the MR² configuration, tuned when searched) with ``erm``
+    (ERM's, tuned on its own) on a validation split, choose by the rule, refit the choice
+    on all of the training data and add it to ``models``."""
     from .front import accuracy_front
 
     X_fit, X_val, y_fit, y_val = train_test_split(
@@ -882,6 +884,7 @@ def _front(models: dict, base, X, y, X_test, y_test, args):
         X_test=X_test,
         y_test=y_test,
         bound=args.front_bound / 100,
+        erm=erm,
     )
     chosen = front.point(front.chosen)
     print(

@@ -200,6 +200,7 @@ def accuracy_front(
     X_test=None,
     y_test=None,
     bound: float = DEFAULT_BOUND,
+    erm=None,
 ) -> Front:
     """Fit ERM, MR² and the sweeps of each lever on (X, y); score them on the validation set.
 
@@ -207,8 +208,8 @@ def accuracy_front(
     ----------
     estimator : MR2LinearClassifier or Pipeline ending in one
         The MR² configuration (unfitted). ERM is the same with ``c_bar=None`` and
-        ``lam=0`` (no margins, no learned projection); the tilt sweep sets ``class_tilt``
-        on the MR² configuration.
+        ``lam=0`` (no margins, no learned projection), unless ``erm`` is given; the tilt
+        sweep sets ``class_tilt`` on the MR² configuration.
     X, y : training data of the front.
     X_val, y_val : validation data, the only data the rule reads.
     tilts : sequence of float, default=(0, 0.5, 1, 2, 5, 10)
@@ -223,6 +224,9 @@ def accuracy_front(
     X_test, y_test : optional test data, scored for the report, never for the choice.
     bound : float, default=0.005
         Bound of the selection rule (:func:`choose_point`).
+    erm : MR2LinearClassifier or Pipeline ending in one, optional
+        The ERM configuration (unfitted), when it was tuned on its own (its own C): the
+        reference of the rule and the probe the offsets are tuned on.
 
     Returns
     -------
@@ -231,7 +235,7 @@ def accuracy_front(
         choice. Points whose fit stopped short of tol are named in one ConvergenceWarning.
     """
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test)
-    erm = _with_params(estimator, c_bar=None, lam=0.0, class_tilt=0.0)
+    erm = _with_params(estimator if erm is None else erm, c_bar=None, lam=0.0, class_tilt=0.0)
     points = [FrontPoint("ERM", "ERM", None, erm)]
     mr2 = _with_params(estimator, class_tilt=0.0)
     if _final(mr2).c_bar is not None:

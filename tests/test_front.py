@@ -1,5 +1,6 @@
 """The accuracy–worst-class front: its points, the selection rule, the plot and the CLI."""
 
+import ast
 import json
 
 import joblib
@@ -120,6 +121,44 @@ def test_front_erm_is_the_probe_without_margins_or_projection(splits):
     erm = front.point("ERM").estimator
     assert (erm.c_bar, erm.lam, erm.class_tilt) == (None, 0.0, 0.0)
     assert front.point("MR2").estimator.lam == 0.5
+
+
+def test_front_erm_may_be_tuned_on_its_own(splits):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    mr2 = MR2LinearClassifier(c_bar=2.0, C=0.003, device="cpu")
+    erm = MR2LinearClassifier(c_bar=None, C=0.3, device="cpu")
+    front = accuracy_front(mr2, X_fit, y_fit, X_val, y_val, tilts=(), erm=erm)
+    assert front.point("ERM").estimator.C == 0.3 and front.point("MR2").estimator.C == 0.003
+    own = erm.fit(X_fit, y_fit).score(X_val, y_val)
+    assert front.point("ERM").validation["overall"] == pytest.approx(own)
+
+
+def test_cli_front_erm_is_the_reported_erm(features, monkeypatch, capsys):
+    # The front took ERM as MR2's configuration without margins: with a search, at MR2's
+    # C, not ERM's own, so the report showed two different "ERM"s and the rule's floor was
+    # an untuned ERM's.
+    from mr2_probe import front as front_module
+
+    seen = {}
+    real = front_module.accuracy_front
+
+    def spy(estimator, *args, erm=None, **kwargs):
+        seen["erm"], seen["mr2"] = erm, estimator
+        return real(estimator, *args, erm=erm, **kwargs)
+
+    monkeypatch.setattr(front_module, "accuracy_front", spy)
+    argv = [str(features / "train.npz"), "--test", str(features / "test.npz"), "--cv", "2"]
+    argv += ["--grid", "c_bar=4", "--grid", "C=0.0001,1", "--tilt", "1", "--no-progress"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    best = {
+        name: ast.literal_eval(
+            printed.split(f"{name} grid: best")[1].split(": ", 1)[1].split("\n")[0]
+        )
+        for name in ("ERM", "MR2")
+    }
+    assert seen["erm"].C == best["ERM"]["C"] and seen["mr2"].C == best["MR2"]["C"]
+    assert seen["erm"].c_bar is None and seen["mr2"].c_bar == 4
 
 
 def test_front_names_the_points_that_stopped_short(splits):
