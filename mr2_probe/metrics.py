@@ -45,6 +45,14 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         raise ValueError(
             f"y_true and y_pred must have the same shape, got {y_true.shape} and {y_pred.shape}."
         )
+    # scikit-learn's check (float labels stay allowed): strings against numbers would
+    # otherwise score every class 0.
+    kinds = {isinstance(v, str) for a in (y_true, y_pred) for v in np.unique(a).tolist()}
+    if len(kinds) > 1:
+        raise ValueError(
+            "Mix of label input types (string and number): y_true holds "
+            f"{y_true.dtype} labels and y_pred {y_pred.dtype} labels."
+        )
     weight = _sample_weight(sample_weight, len(y_true))
     labels = np.unique(y_true) if labels is None else np.asarray(labels)
     sorter = np.argsort(labels)

@@ -287,3 +287,10 @@ def test_two_classes_are_easy_and_hard():
     assert hard_tercile_accuracy(y_true, y_pred) == 0.5
     summary = classwise_summary(y_true, y_pred)
     assert summary["easy"] == 1.0 and summary["hard"] == 0.5 == summary["worst"]
+
+
+def test_labels_of_two_kinds_are_refused_as_scikit_learn_refuses_them():
+    # Strings against numbers matched nothing: every class scored 0% (and a front built on
+    # such test labels "chose" ERM), where accuracy_score raises.
+    with pytest.raises(ValueError, match="Mix of label input types"):
+        per_class_accuracy(["a", "b", "c"], [0, 1, 2])
