@@ -194,10 +194,10 @@ def tune_class_offsets(
     if len(y) != n_samples:
         raise ValueError(f"decision has {n_samples} samples but y has {len(y)}.")
     if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= n_classes:
+        got = f" in [{y.min()}, {y.max()}]" if np.issubdtype(y.dtype, np.number) else ""
         raise ValueError(
             f"y must hold each sample's column in [0, {n_classes}), got values of dtype "
-            f"{y.dtype} in [{y.min()}, {y.max()}]. Encode labels with "
-            "np.unique(labels, return_inverse=True)."
+            f"{y.dtype}{got}. Encode labels with np.unique(labels, return_inverse=True)."
         )
     classes = np.arange(n_classes) if classes is None else np.asarray(classes)
     if len(classes) != n_classes:

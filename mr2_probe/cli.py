@@ -476,6 +476,12 @@ def _check_options(args) -> None:
             "--front-bound is in points of overall accuracy, between 0 and 100, e.g. 0.5; "
             f"got {args.front_bound:g}"
         )
+    bad = [b for b in args.offsets if not 0 <= b < 100]
+    if bad:
+        raise UsageError(
+            "--offsets bounds are in points of overall accuracy, between 0 and 100, e.g. "
+            f"0,0.25,0.5,1; got {bad[0]:g}"
+        )
     if args.test is None and args.test_labels is not None:
         raise UsageError("--test-labels goes with --test FILE.npy; pass --test or drop it")
     for option, labels, features in (

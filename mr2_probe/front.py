@@ -234,7 +234,7 @@ def accuracy_front(
         Points in the order ERM, MR², tilts, offsets; ``front.chosen`` names the rule's
         choice. Points whose fit stopped short of tol are named in one ConvergenceWarning.
     """
-    _check_front_options(tilts, offset_bounds, bound, X_test, y_test)
+    _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
     erm = _with_params(estimator if erm is None else erm, c_bar=None, lam=0.0, class_tilt=0.0)
     points = [FrontPoint("ERM", "ERM", None, erm)]
     mr2 = _with_params(estimator, class_tilt=0.0)
@@ -295,8 +295,22 @@ def accuracy_front(
     return front
 
 
-def _check_front_options(tilts, offset_bounds, bound, X_test, y_test) -> None:
+def _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm) -> None:
     """Refuse bad options before any fit."""
+    from ._classifier import MR2LinearClassifier
+    from ._cv import MR2LinearClassifierCV
+
+    for name, model in (("estimator", estimator), ("erm", erm)):
+        probe = None if model is None else _final(model)
+        if model is not None and (
+            not isinstance(probe, MR2LinearClassifier) or isinstance(probe, MR2LinearClassifierCV)
+        ):
+            raise ValueError(
+                f"{name} must be an MR2LinearClassifier (or a Pipeline ending in one), the "
+                f"configuration the front fits, got {type(probe).__name__}. For a search, "
+                "pass the probe at the value it chose (MR2LinearClassifier with C=search.C_, "
+                "or scale=search.C_ for a cosine head)."
+            )
     bad = [t for t in tilts if not (math.isfinite(float(t)) and float(t) >= 0)]
     if bad:
         raise ValueError(f"tilts must be finite numbers >= 0, got {bad}.")

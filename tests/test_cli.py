@@ -247,6 +247,7 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/train.npz", "--cv", "40", "--grid", "c_bar=1,2"], "--cv 40: n_splits=40 cannot"),
         (["{d}/train.npz", "--cv", "40", "--Cs", "3"], "--cv 40: n_splits=40 cannot"),
         (["{d}/train.npz", "--logit-scale", "16"], "add --head cosine, or drop --logit-scale"),
+        (["{d}/train.npz", "--offsets", "0.5,100"], "--offsets bounds are in points of overall"),
         (
             ["{d}/train.npz", "--scale", "l2", "--feature-scaling", "standard"],
             "--scale l2 and --feature-scaling standard disagree",

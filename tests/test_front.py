@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_hex
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from mr2_probe import MR2LinearClassifier
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
 from mr2_probe.cli import main
 from mr2_probe.front import Front, FrontPoint, accuracy_front, choose_point
 from mr2_probe.plotting import LEVER_COLOURS, plot_front
@@ -176,6 +177,7 @@ def test_front_names_the_points_that_stopped_short(splits):
         (dict(bound=5), r"bound must be fractions in \[0, 1\), got \[5\]"),
         (dict(offset_bounds=(0.01, 1.5)), "offset_bounds must be fractions"),
         (dict(X_test=np.zeros((3, 8))), "X_test and y_test go together"),
+        (dict(erm=LogisticRegression()), "erm must be an MR2LinearClassifier .* got Logistic"),
     ],
 )
 def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeypatch):
@@ -284,3 +286,16 @@ def test_cli_front_bad_values(features, value, capsys):
     with pytest.raises(SystemExit):
         main([str(features / "train.npz"), "--tilt", value])
     assert "--tilt" in capsys.readouterr().err
+
+
+def test_front_of_a_search_is_refused_before_any_fit(splits, monkeypatch):
+    # It failed after fitting ERM and MR2, on an unexplained "Invalid parameter 'warm_start'".
+    X_fit, y_fit, X_val, y_val, *_ = splits
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fitted before checking the options")
+
+    monkeypatch.setattr(MR2LinearClassifierCV, "fit", no_fit)
+    search = make_pipeline(StandardScaler(), MR2LinearClassifierCV(device="cpu"))
+    with pytest.raises(ValueError, match="got MR2LinearClassifierCV. For a search, pass the"):
+        accuracy_front(search, X_fit, y_fit, X_val, y_val)

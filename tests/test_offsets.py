@@ -545,3 +545,9 @@ def test_a_refit_leaves_nothing_of_the_previous_fit():
     assert hasattr(model, "feature_names_in_") and hasattr(model, "cv_results_")
     model.set_params(store_cv_results=False).fit(X, y)
     assert not hasattr(model, "feature_names_in_") and not hasattr(model, "cv_results_")
+
+
+def test_string_labels_get_the_message_that_says_how_to_encode_them():
+    # Building the message called y.min() on strings (a UFuncTypeError instead).
+    with pytest.raises(ValueError, match=r"dtype <U1\. Encode labels with np.unique"):
+        tune_class_offsets(np.zeros((3, 2)), np.array(["a", "b", "a"]))
