@@ -67,7 +67,10 @@ class OffsetTuning(NamedTuple):
     Attributes
     ----------
     offsets : ndarray of shape (n_classes,)
-        The tuned offsets, centred (mean 0).
+        The tuned offsets, centred (mean 0), unless centring would move a sample that lies
+        on an exact tie between two classes across it by rounding (decision values with
+        few distinct values): then as the search found them, whose predictions the scores
+        describe.
     score : float
         The objective on the tuning data with the offsets (greater is better).
     base_score : float
@@ -551,7 +554,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         The classifier used to predict: refitted on all of X, fitted on the training part
         (``refit=False``), or ``estimator`` itself (``cv="prefit"``).
     offsets_ : ndarray of shape (n_classes,)
-        Offsets added to the estimator's decision values, centred (mean 0).
+        Offsets added to the estimator's decision values, centred (mean 0) unless
+        centring would move a sample on an exact tie (see :class:`OffsetTuning`).
     classes_ : ndarray of shape (n_classes,)
     best_score_ : float
         The objective on the held-out decision values with the offsets.

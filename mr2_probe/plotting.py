@@ -346,12 +346,13 @@ def plot_front(front, path, split: str = "test"):
             points = [p for p in front.points if p.lever == lever]
             if not points:
                 continue
-            if lever == "tilt":  # the curve starts at t = 0: the untilted model
-                base = [p for p in front.points if p.lever in ("ERM", "MR2")][-1]
-                points = [base, *points]
             x = [100 * getattr(p, split)["overall"] for p in points]
             y = [100 * getattr(p, split)[column] for p in points]
-            style = "o-" if len(points) > 1 else "s"
+            if lever == "tilt":  # the curve starts at t = 0, the untilted model's own point
+                base = [p for p in front.points if p.lever in ("ERM", "MR2")][-1]
+                start = getattr(base, split)
+                ax.plot([100 * start["overall"], *x], [100 * start[column], *y], "-", color=colour)
+            style = "o-" if len(points) > 1 or lever == "tilt" else "s"
             ax.plot(x, y, style, color=colour, label=lever, markersize=6)
             for p, xi, yi in zip(points, x, y, strict=True):
                 text = (

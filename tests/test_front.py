@@ -232,12 +232,23 @@ def test_plot_front(front, tmp_path):
     for line in left.lines:
         if line.get_label() in LEVER_COLOURS:
             assert to_hex(line.get_color()) == LEVER_COLOURS[line.get_label()]
-    tilt = next(line for line in left.lines if line.get_label() == "tilt")
-    # The tilt curve starts at the untilted MR² point: 1 + two tilts.
-    assert len(tilt.get_xdata()) == 3
-    x, y = tilt.get_xdata()[0], tilt.get_ydata()[0]
+    # The tilt curve starts at the untilted MR² point (1 + two tilts), drawn as a line
+    # from MR2's own marker, which it used to cover in the tilt colour.
     mr2 = front.point("MR2").test
+    tilt = next(line for line in left.lines if line.get_label() == "tilt")
+    assert len(tilt.get_xdata()) == 2
+    start = next(line for line in left.lines if len(line.get_xdata()) == 3)
+    assert start.get_marker() in ("None", "", None) and start.get_label().startswith("_")
+    x, y = start.get_xdata()[0], start.get_ydata()[0]
     assert (x, y) == pytest.approx((100 * mr2["overall"], 100 * mr2["worst"]))
+    marked = [line for line in left.lines if line.get_marker() not in ("None", "", None)]
+    at_mr2 = [
+        line.get_label()
+        for line in marked
+        if any(np.isclose(line.get_xdata(), x) & np.isclose(line.get_ydata(), y))
+        and line.get_markersize() < 10  # not the ring of the rule's choice
+    ]
+    assert at_mr2 == ["MR2"]
     with pytest.raises(ValueError, match="split must be"):
         plot_front(front, tmp_path / "x.png", split="train")
 
