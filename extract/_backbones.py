@@ -26,9 +26,9 @@ import hashlib
 import json
 import logging
 import os
-import pickle
 import re
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -497,26 +497,47 @@ class _PooledOutput(nn.Module):
         return self.visual(x)[0]
 
 
+# Module.load_state_dict as it was before _state_dict_loads replaced it, while any thread
+# records (the number of those is _RECORDERS, both guarded by _RECORDING_LOCK).
+_RECORDING_LOCK = threading.Lock()
+_RECORDERS = 0
+_UNPATCHED_LOAD = None
+_THREAD = threading.local()  # .stack: this thread's open recordings, innermost last
+
+
+def _recording_load(self, *args, **kwargs):
+    result = _UNPATCHED_LOAD(self, *args, **kwargs)
+    stack = getattr(_THREAD, "stack", None)
+    if stack:
+        stack[-1].append(result)
+    return result
+
+
 @contextmanager
 def _state_dict_loads() -> Iterator[list]:
-    """The results of the ``Module.load_state_dict`` calls made inside the block.
+    """The results of the ``Module.load_state_dict`` calls this thread makes inside the block.
 
     timm loads a checkpoint for a headless model (``num_classes=0``) with ``strict=False``
-    and only logs the keys it did not find; this is how a caller sees them.
+    and only logs the keys it did not find; this is how a caller sees them. The method is
+    replaced while any thread records, and each thread sees its own calls only.
     """
-    results = []
-    original = nn.Module.load_state_dict
-
-    def recording(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        results.append(result)
-        return result
-
-    nn.Module.load_state_dict = recording
+    global _RECORDERS, _UNPATCHED_LOAD
+    results: list = []
+    stack = _THREAD.__dict__.setdefault("stack", [])
+    stack.append(results)
+    with _RECORDING_LOCK:
+        if _RECORDERS == 0:
+            _UNPATCHED_LOAD = nn.Module.load_state_dict
+            nn.Module.load_state_dict = _recording_load
+        _RECORDERS += 1
     try:
         yield results
     finally:
-        nn.Module.load_state_dict = original
+        stack.pop()
+        with _RECORDING_LOCK:
+            _RECORDERS -= 1
+            if _RECORDERS == 0:
+                nn.Module.load_state_dict = _UNPATCHED_LOAD
 
 
 def _create_timm(timm, name: str, image_size: int | None, **kwargs) -> nn.Module:
@@ -528,6 +549,11 @@ def _create_timm(timm, name: str, image_size: int | None, **kwargs) -> nn.Module
             return timm.create_model(name, img_size=image_size, **kwargs)
         except TypeError as err:
             if "img_size" not in str(err):
+                raise
+        except RuntimeError as err:
+            # A checkpoint timm cannot resize to that grid (CrossViT rescales its input
+            # itself): built at its own size, as before.
+            if "size mismatch" not in str(err):
                 raise
     return timm.create_model(name, **kwargs)
 
@@ -585,10 +611,18 @@ def _timm(spec: BackboneSpec, image_size: int | None):
         path = _check_file(spec, spec.weights)
         # The overlay makes timm apply the model's own checkpoint filter (e.g. MAE key names).
         with _state_dict_loads() as loads:
-            model = _create_timm(
-                timm, spec.model, image_size, pretrained=True,
-                pretrained_cfg_overlay=dict(file=path), num_classes=0,
-            )  # fmt: skip
+            try:
+                model = _create_timm(
+                    timm, spec.model, image_size, pretrained=True,
+                    pretrained_cfg_overlay=dict(file=path), num_classes=0,
+                )  # fmt: skip
+            except RuntimeError as err:
+                if "size mismatch" not in str(err):
+                    raise
+                raise BackboneError(
+                    f"The checkpoint of backbone {str(spec)!r} does not fit the timm model "
+                    f"{spec.model!r}: {str(err).strip().splitlines()[-1].strip()}"
+                ) from err
         # Without its classifier the load is not strict: a parameter the checkpoint does not
         # hold would keep its random initialisation, and the features be silently wrong.
         missing = [key for result in loads for key in result.missing_keys]
@@ -661,11 +695,17 @@ def _moco(spec: BackboneSpec, image_size: int | None):
     # hold tensors, numbers and strings (epoch, arch, state_dict, optimizer), all allowed.
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
+    except Exception as err:  # torch.load's errors: unpickling, zip, EOF, index, ...
+        if "can still be loaded" in str(err):  # a global outside the allowed types
+            raise BackboneError(
+                f"The checkpoint {path!r} holds objects other than tensors, Python numbers "
+                "and strings (e.g. NumPy values or classes), which are not loaded: they could "
+                "run code. Save its state_dict alone (torch.save(checkpoint['state_dict'], "
+                "...)) and pass that file."
+            ) from err
         raise BackboneError(
-            f"The checkpoint {path!r} holds Python objects other than tensors, numbers and "
-            "strings, which are not loaded (they could run code); save its state_dict alone "
-            "(torch.save(checkpoint['state_dict'], ...)) and pass that file."
+            f"{path!r} cannot be read as a PyTorch checkpoint (torch.load: "
+            f"{type(err).__name__}); is it a whole, downloaded .pth file?"
         ) from err
     model = timm.create_model(spec.model, pretrained=False, num_classes=0)
     _load_strict(model, moco_state_dict(checkpoint), spec)
@@ -780,7 +820,16 @@ def create_backbone(
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     pre["transform"] = _stable_repr(transform)
-    with torch.inference_mode():
-        dim = model(torch.zeros(1, 3, *pre["crop"], device=device)).shape[-1]
+    try:
+        with torch.inference_mode():
+            dim = model(torch.zeros(1, 3, *pre["crop"], device=device)).shape[-1]
+    except (AssertionError, RuntimeError) as err:  # e.g. a model built for one input size
+        if isinstance(err, torch.OutOfMemoryError) or not image_size:
+            raise
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[-1].strip()
+        raise BackboneError(
+            f"The backbone {str(spec)!r} does not take {pre['crop'][0]} × {pre['crop'][1]} "
+            f"inputs ({reason}); drop --image-size (image_size), or pick a size it takes."
+        ) from err
     json.dumps(pre)  # fail here, not at store creation, if something is not serialisable
     return Backbone(spec, model, transform, pre, weights_id, int(dim), channels_last)

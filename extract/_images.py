@@ -330,7 +330,7 @@ def encode_labels(
     ValueError
         If ``index_names`` is given and an index is out of its range.
     """
-    if all(name.isdigit() for name in names):
+    if all(name.isascii() and name.isdigit() for name in names):
         labels = np.array([int(name) for name in names], dtype=np.int64)
         n_classes = int(labels.max(initial=-1)) + 1
         if index_names is None:

@@ -618,7 +618,7 @@ def _extract_shard(
     if merged is not None and merged.exists() and not overwrite:
         whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
         whole = _provenance(backbone, src, dtype, normalize, decode, whole, device)
-        if _merged_is_complete(merged, whole, src, retry_failed):
+        if _merged_is_complete(merged, whole, src, retry_failed, rank):
             return None
     make_output_folder(out)
     with store_lock(out):
@@ -638,16 +638,7 @@ def _extract_shard(
             if (status[lo : lo + batch_size] == PENDING).any()
         ]
         if not blocks:  # a finished store is not opened for writing at all
-            logger.info(
-                "Reused the complete feature store %s (%d rows, nothing to compute%s); pass "
-                "--force (overwrite=True) to recompute it.",
-                out,
-                len(rows),
-                f"; {int(failed.sum())} recorded as failed, which --retry-failed "
-                "(retry_failed=True) extracts again"
-                if failed.any()
-                else "",
-            )
+            _log_reused(out, status)
             return out
         if (status != PENDING).any():
             logger.info(
@@ -664,7 +655,7 @@ def _extract_shard(
     return out
 
 
-def _merged_is_complete(merged: Path, whole: dict, src, retry_failed: bool) -> bool:
+def _merged_is_complete(merged: Path, whole: dict, src, retry_failed: bool, rank: int) -> bool:
     """Under torchrun, before a rank extracts its shard: whether the merged store ``merged``
     already holds the whole request (then it is reused, shards or not, at any number of
     ranks); a store made differently is refused here, before any GPU work. Every rank
@@ -676,13 +667,22 @@ def _merged_is_complete(merged: Path, whole: dict, src, retry_failed: bool) -> b
         status = f["status"][:]
     if (status == PENDING).any() or retry_failed and (status == FAILED).any():
         return False
-    logger.info(
-        "Reused the complete feature store %s (%d rows, nothing to compute); pass --force "
-        "(overwrite=True) to recompute it.",
-        merged,
-        len(status),
-    )
+    if rank == 0:
+        _log_reused(merged, status)
     return True
+
+
+def _log_reused(path: Path, status: np.ndarray) -> None:
+    n_failed = int((status == FAILED).sum())
+    logger.info(
+        "Reused the complete feature store %s (%d rows, nothing to compute%s); pass --force "
+        "(overwrite=True) to recompute it.",
+        path,
+        len(status),
+        f"; {n_failed} recorded as failed, which --retry-failed (retry_failed=True) extracts again"
+        if n_failed
+        else "",
+    )
 
 
 def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.data.DataLoader:

@@ -190,7 +190,7 @@ class _ShardIndex:
 def _check_label_kinds(labels: list[str], keys: list[str], pattern: str) -> None:
     """Refuse labels that mix class indices with anything else: one such label would make
     every label a class name, sorted as text ("10" before "2"), and renumber the classes."""
-    indices = [label.isdigit() for label in labels]
+    indices = [label.isascii() and label.isdigit() for label in labels]
     if all(indices) or not any(indices):
         return
     i = indices.index(False)
@@ -301,14 +301,15 @@ def _index_class_names(root: str) -> tuple[str | None, list[str] | None]:
     return None, None
 
 
-_COMPRESSED = (".gz", ".tgz", ".bz2", ".xz", ".zst")
+_COMPRESSED = (".gz", ".tgz", ".bz2", ".tbz2", ".xz", ".txz", ".zst", ".lz4")
+_COMPRESSED_TARS = (".tgz", ".tbz2", ".txz", *(f".tar{suffix}" for suffix in _COMPRESSED))
 
 
 def _shard_paths(pattern: str) -> list[str]:
     if os.path.isdir(pattern):
         names = sorted(os.listdir(pattern))
         # A compressed shard in the folder is refused, not left out with its samples.
-        shards = [n for n in names if n.endswith(".tar") or n.endswith(_COMPRESSED) and ".tar" in n]
+        shards = [n for n in names if n.endswith((".tar", *_COMPRESSED_TARS))]
         paths = [os.path.abspath(os.path.join(pattern, n)) for n in shards]
         if not paths:
             raise ValueError(f"The folder {pattern!r} holds no .tar shards.")

@@ -223,6 +223,67 @@ def test_a_local_open_clip_checkpoint_takes_its_tags_preprocessing(tmp_path, mon
         assert bb.preprocess["mean"] == list(open_clip.OPENAI_DATASET_MEAN)
 
 
+@pytest.mark.parametrize("name, works", [("crossvit_tiny_240", True), ("cait_xxs24_224", False)])
+def test_a_timm_checkpoint_timm_cannot_resize(tmp_path, name, works):
+    # Built at --image-size, their position embeddings do not take the checkpoint's:
+    # CrossViT is then built at its own size and rescales its input itself, as before; CaiT
+    # takes one input size, and says so in one line.
+    import timm
+
+    from extract import BackboneError
+
+    torch.save(timm.create_model(name, num_classes=0).state_dict(), tmp_path / "w.pth")
+    spec = f"timm:{name}@{tmp_path / 'w.pth'}"
+    if works:
+        assert create_backbone(spec, image_size=160).dim == 288
+    else:
+        with pytest.raises(BackboneError, match="does not take 160 × 160 inputs"):
+            create_backbone(spec, image_size=160)
+
+
+def test_checkpoint_checks_of_two_threads_see_their_own_loads(tmp_path):
+    # The recording replaced Module.load_state_dict for the whole process: a thread saw
+    # the other's loads (good checkpoints refused, bad ones accepted), and an unlucky
+    # order left the method replaced for good.
+    import threading
+
+    import timm
+
+    from extract import BackboneError
+
+    weights = timm.create_model("test_vit", num_classes=5).state_dict()
+    torch.save(weights, tmp_path / "good.pth")
+    torch.save(
+        {k: v for k, v in weights.items() if not k.startswith("norm.")}, tmp_path / "bad.pth"
+    )
+    original = torch.nn.Module.load_state_dict
+    outcomes = {"good": [], "bad": []}
+
+    def build(kind):
+        for _ in range(6):
+            try:
+                create_backbone(f"timm:test_vit@{tmp_path / kind}.pth", image_size=32)
+                outcomes[kind].append("built")
+            except BackboneError:
+                outcomes[kind].append("refused")
+
+    threads = [threading.Thread(target=build, args=(kind,)) for kind in outcomes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes == {"good": ["built"] * 6, "bad": ["refused"] * 6}
+    assert torch.nn.Module.load_state_dict is original
+
+
+def test_a_file_that_is_no_checkpoint_is_named_so(tmp_path):
+    from extract import BackboneError
+
+    (tmp_path / "moco.pth").write_text("<html>404 Not Found</html>")
+    with pytest.raises(BackboneError, match="cannot be read as a PyTorch checkpoint"):
+        create_backbone(f"moco:resnet18@{tmp_path / 'moco.pth'}")
+
+
 def test_open_clip_tiny_random_and_local_checkpoint(tmp_path):
     import open_clip
 
@@ -277,7 +338,7 @@ def test_a_moco_checkpoint_is_not_trusted_to_run_code(tmp_path):
     }
     # Any object beyond tensors, numbers and strings would be unpickled by running code.
     torch.save({"state_dict": state, "args": argparse.Namespace(lr=0.03)}, tmp_path / "m.pth")
-    with pytest.raises(BackboneError, match="holds Python objects other than tensors"):
+    with pytest.raises(BackboneError, match="holds objects other than tensors, Python numbers"):
         create_backbone(f"moco:resnet18@{tmp_path / 'm.pth'}")
 
 

@@ -187,7 +187,11 @@ def _write_shard(path, samples):
 
 @pytest.mark.parametrize(
     "odd, match",
-    [("-1", "'-1', which is no class index"), ("cat", "'cat', a class name, where other")],
+    [
+        ("-1", "'-1', which is no class index"),
+        ("cat", "'cat', a class name, where other"),
+        ("٣", "'٣', a class name, where other"),  # a digit to str.isdigit, not to us
+    ],
 )
 def test_labels_that_mix_indices_with_other_labels_are_refused(tmp_path, odd, match):
     # One such label made every label a name, sorted as text: "10" before "2", and the
@@ -200,17 +204,19 @@ def test_labels_that_mix_indices_with_other_labels_are_refused(tmp_path, odd, ma
 
 
 @pytest.mark.parametrize("as_folder", [True, False])
-def test_a_compressed_shard_is_refused_in_a_folder_as_in_a_pattern(tmp_path, as_folder):
+@pytest.mark.parametrize("suffix", [".tar.gz", ".tgz"])
+def test_a_compressed_shard_is_refused_in_a_folder_as_in_a_pattern(tmp_path, as_folder, suffix):
     # A folder source listed only its .tar files: the samples of a .tar.gz were left out.
     import gzip
 
     samples = [{"__key__": f"s{k}", "jpg": b"x", "cls": "0"} for k in range(2)]
     _write_shard(tmp_path / "00000.tar", samples)
     plain = _write_shard(tmp_path / "00001.tar", samples)
-    (tmp_path / "00001.tar.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    (tmp_path / f"00001{suffix}").write_bytes(gzip.compress(plain.read_bytes()))
     plain.unlink()
-    source = f"webdataset:{tmp_path}" if as_folder else f"webdataset:{tmp_path}/*"
-    with pytest.raises(ValueError, match=r"00001.tar.gz' is compressed"):
+    (tmp_path / "notes.txt.gz").write_bytes(gzip.compress(b"not a shard"))  # ignored
+    source = f"webdataset:{tmp_path}" if as_folder else f"webdataset:{tmp_path}/0*"
+    with pytest.raises(ValueError, match=f"00001{suffix}' is compressed"):
         open_source(source)
 
 

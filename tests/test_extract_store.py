@@ -4,6 +4,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -231,10 +232,13 @@ def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
     caplog.set_level(logging.INFO, logger="extract")
     out = tmp_path / "f.h5"
     shutil.copy(store, out)
-    monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
-    assert extract_features(folder, BACKBONE, out, **FAST) == out
-    assert "Reused the complete feature store" in caplog.text
+    for rank in (1, 0):  # rank 0 alone says so
+        monkeypatch.setenv("RANK", str(rank))
+        caplog.clear()
+        assert extract_features(folder, BACKBONE, out, **FAST) == out
+        assert caplog.text.count("Reused the complete feature store") == (rank == 0)
+    assert re.search(r"\d+ recorded as failed, which --retry-failed", caplog.text)
     assert not list(tmp_path.glob("*.shard-*"))  # nothing extracted, nothing to merge
     with pytest.raises(ProvenanceError, match="normalize: file has False, request has True"):
         extract_features(folder, BACKBONE, out, normalize=True, **FAST)
