@@ -507,9 +507,8 @@ _THREAD = threading.local()  # .stack: this thread's open recordings, innermost 
 
 def _recording_load(self, *args, **kwargs):
     result = _UNPATCHED_LOAD(self, *args, **kwargs)
-    stack = getattr(_THREAD, "stack", None)
-    if stack:
-        stack[-1].append(result)
+    for recording in getattr(_THREAD, "stack", ()):  # every open block of this thread
+        recording.append(result)
     return result
 
 
@@ -696,7 +695,8 @@ def _moco(spec: BackboneSpec, image_size: int | None):
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch.load's errors: unpickling, zip, EOF, index, ...
-        if "can still be loaded" in str(err):  # a global outside the allowed types
+        # A global outside the allowed types (torch's wording varies with its version).
+        if re.search(r"unsupported (global|class)|can still be loaded", str(err), re.I):
             raise BackboneError(
                 f"The checkpoint {path!r} holds objects other than tensors, Python numbers "
                 "and strings (e.g. NumPy values or classes), which are not loaded: they could "
@@ -824,7 +824,10 @@ def create_backbone(
         with torch.inference_mode():
             dim = model(torch.zeros(1, 3, *pre["crop"], device=device)).shape[-1]
     except (AssertionError, RuntimeError) as err:  # e.g. a model built for one input size
-        if isinstance(err, torch.OutOfMemoryError) or not image_size:
+        device_error = isinstance(err, getattr(torch, "AcceleratorError", ())) or re.search(
+            r"CUDA|cuDNN|CUBLAS|out of memory", str(err)
+        )
+        if device_error or not image_size:
             raise
         reason = (str(err).strip().splitlines() or [type(err).__name__])[-1].strip()
         raise BackboneError(

@@ -228,4 +228,4 @@ def tilted_class_risk(
     delta = torch.where(present, tilt * (class_loss - mean), 0)  # (K,)
     near = torch.log1p((class_share * torch.expm1(delta.clamp(max=1.0))).sum()) / tilt + mean
     far = torch.logsumexp(exponent, 0) / tilt  # overflow-safe for large t·(L_k − L̄)
-    return torch.where(delta.abs().amax() <= 1.0, near, far), weights
+    return torch.where(delta.abs().amax() < 1.0, near, far), weights

@@ -256,7 +256,10 @@ def accuracy_front(
             model = _warm_fit(previous, p.value, X, y)
         if model is None:
             model = _fit(clone(p.estimator), X, y, short, p.name)
-        fitted[p.name] = previous = model
+        fitted[p.name] = model
+        # The sweep starts from the MR² point: ERM may be another configuration (its own C,
+        # erm=), so the first tilt without an MR² point is fitted cold.
+        previous = model if p.lever in ("MR2", "tilt") else None
     if offset_bounds:
         bounds = sorted(float(b) for b in offset_bounds)
         wrapper = TunedOffsetsClassifierCV(

@@ -47,7 +47,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         )
     # scikit-learn's check (float labels stay allowed): strings against numbers would
     # otherwise score every class 0.
-    kinds = {isinstance(v, str) for a in (y_true, y_pred) for v in np.unique(a).tolist()}
+    kinds = {isinstance(v, str | bytes) for a in (y_true, y_pred) for v in np.unique(a).tolist()}
     if len(kinds) > 1:
         raise ValueError(
             "Mix of label input types (string and number): y_true holds "

@@ -276,6 +276,48 @@ def test_checkpoint_checks_of_two_threads_see_their_own_loads(tmp_path):
     assert torch.nn.Module.load_state_dict is original
 
 
+def test_nested_recordings_each_see_the_loads_inside_them():
+    from extract._backbones import _state_dict_loads
+
+    original = torch.nn.Module.load_state_dict
+    layer = torch.nn.Linear(2, 2)
+    with _state_dict_loads() as outer:
+        layer.load_state_dict(layer.state_dict())
+        with _state_dict_loads() as inner:
+            layer.load_state_dict(layer.state_dict())
+    assert (len(outer), len(inner)) == (2, 1)
+    assert torch.nn.Module.load_state_dict is original
+
+
+def test_a_device_error_while_probing_is_not_blamed_on_the_input_size(monkeypatch):
+    def broken(self, x):
+        raise RuntimeError("CUDA error: no kernel image is available for execution")
+
+    monkeypatch.setattr(torch.nn.Conv2d, "forward", broken)
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        create_backbone("timm:test_resnet@random", image_size=64)
+
+
+def test_older_torch_s_refusal_of_objects_is_recognised(tmp_path, monkeypatch):
+    # torch 2.3's wording has no "can still be loaded".
+    import pickle
+
+    from extract import BackboneError
+
+    def refuse(*args, **kwargs):
+        raise pickle.UnpicklingError(
+            "Weights only load failed. Re-running `torch.load` with `weights_only` set to "
+            "`False` will likely succeed, but it can result in arbitrary code execution.Do it "
+            "only if you get the file from a trusted source. WeightsUnpickler error: "
+            "Unsupported class numpy.core.multiarray.scalar"
+        )
+
+    (tmp_path / "m.pth").write_bytes(b"x")
+    monkeypatch.setattr(torch, "load", refuse)
+    with pytest.raises(BackboneError, match="holds objects other than tensors"):
+        create_backbone(f"moco:resnet18@{tmp_path / 'm.pth'}")
+
+
 def test_a_file_that_is_no_checkpoint_is_named_so(tmp_path):
     from extract import BackboneError
 

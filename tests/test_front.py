@@ -7,6 +7,7 @@ import joblib
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
+from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import train_test_split
@@ -132,6 +133,17 @@ def test_front_erm_may_be_tuned_on_its_own(splits):
     assert front.point("ERM").estimator.C == 0.3 and front.point("MR2").estimator.C == 0.003
     own = erm.fit(X_fit, y_fit).score(X_val, y_val)
     assert front.point("ERM").validation["overall"] == pytest.approx(own)
+
+
+def test_tilt_sweep_without_an_mr2_point_does_not_start_from_another_erm(splits):
+    # Without margins there is no MR2 point: the first tilt warm-started from the fitted
+    # ERM, which erm= may give another C, and scored a model at ERM's C under its own.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = MR2LinearClassifier(c_bar=None, C=0.001, tol=1e-8, device="cpu")
+    erm = MR2LinearClassifier(c_bar=None, C=1.0, device="cpu")
+    front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(0.5,), erm=erm)
+    cold = clone(front.point("tilt=0.5").estimator).fit(X_fit, y_fit)
+    assert front.point("tilt=0.5").validation["overall"] == pytest.approx(cold.score(X_val, y_val))
 
 
 def test_cli_front_erm_is_the_reported_erm(features, monkeypatch, capsys):

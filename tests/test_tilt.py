@@ -74,6 +74,15 @@ def test_a_small_tilt_keeps_the_risk_s_precision(dtype):
     np.testing.assert_allclose(tilted.coef_, plain.coef_, atol=1e-3 * np.abs(plain.coef_).max())
 
 
+def test_the_risk_s_gradient_is_q_where_the_two_forms_meet():
+    # At t·(L_k − L̄) = 1 exactly, the near form's clamp had a zero gradient.
+    loss = torch.tensor([0.0, 1.0], dtype=torch.float64, requires_grad=True)
+    share = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    risk, q = tilted_class_risk(loss, share, 2.0)
+    risk.backward()
+    torch.testing.assert_close(loss.grad, q.detach())
+
+
 def test_absent_class_gets_no_weight():
     loss = torch.tensor([0.2, 9.0, 0.7], dtype=torch.float64)
     share = torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64)
