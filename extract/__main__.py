@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Extract frozen-backbone embeddings of an image collection into an HDF5 feature "
             "store (features, labels, paths, provenance) that mr2_probe fits directly. "
-            "Interrupted runs resume; unreadable images are recorded and skipped."
+            "Interrupted runs resume; unreadable images (and non-finite features) are "
+            "recorded as failed and skipped."
         ),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -75,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--normalize", action="store_true", help="L2-normalise each embedding (CLIP cosine heads)"
     )
     parser.add_argument(
-        "--image-size", type=int, default=None, help="input resolution override, e.g. 96"
+        "--image-size",
+        type=int,
+        default=None,
+        help="input resolution override, e.g. 96 (a timm ViT is built at that size)",
     )
     parser.add_argument(
         "--device", default="auto", help="auto (GPU if present), cpu, cuda or cuda:1"
@@ -102,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--label-key",
         default=None,
         help="webdataset: the label member (default: cls), e.g. txt, or a JSON path such as "
-        "json.label; parquet: the label column (default: label). Integer labels are class "
-        "indices, other labels class names",
+        "json.label; parquet: the label column (default: label). Labels of digits are class "
+        "indices, other labels class names; a mix of the two is refused",
     )
     parser.add_argument(
         "--force",
@@ -114,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--retry-failed",
         action="store_true",
-        help="extract again the images an earlier run recorded as failed (e.g. after a "
-        "transient read error); the other rows are kept",
+        help="extract again the images an earlier run recorded as failed (after a transient "
+        "read error, or once repaired or replaced); the other rows are kept",
     )
     parser.add_argument(
         "--no-progress", action="store_true", help="hide the progress bar (e.g. in batch jobs)"

@@ -450,7 +450,10 @@ def extract_features(
     made with another backbone, weights or preprocessing, or from other image files (other
     root folder, other sizes or modification times), is refused with a
     :class:`ProvenanceError` that names the first difference; ``overwrite=True`` rebuilds
-    it. Unreadable images are recorded in the store and skipped.
+    it. Unreadable images, and images whose features are not finite, are recorded in the
+    store as failed and skipped (``retry_failed=True`` extracts them again). Under
+    torchrun an existing complete ``out`` of the same request is reused at any number of
+    ranks, and one made differently is refused before any work.
 
     Parameters
     ----------
@@ -503,11 +506,11 @@ def extract_features(
     overwrite : bool, default=False
         Delete an existing store at ``out`` (and this run's shards) and recompute it, instead
         of resuming or reusing it. Only stores and empty files are ever replaced.
-
     retry_failed : bool, default=False
         Extract again the images recorded as failed (after a transient read error, or with
         the image since repaired or replaced: a failed image may have changed when nothing
         else has); without it a resumed or reused store keeps its failures.
+
     Returns
     -------
     pathlib.Path

@@ -205,7 +205,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     margins_ : ndarray of shape (n_classes,)
         The margins γ used in training (all ones when ``c_bar=None``). With a projection
         (``lam > 0``) the statistics are recomputed at the start of every epoch: these are
-        the margins the last epoch trained with.
+        the margins the last epoch trained with. A class whose difficulty is 0 to rounding
+        (a_k^{1/3} at most 10⁻⁶ of the largest: one sample, or copies of one row, under
+        ``difficulty="spread"``) has no measured difficulty: it gets γ = c̄ and is left out
+        of the normalisation, as a class without training weight is.
     class_stats_ : dict of ndarray
         ``mean`` (K, d), ``msd`` (K,) in L_p, ``msd_l2`` (K,), ``count`` (K,) and
         ``difficulty`` a_k (K,) of the representation φ, as set by ``difficulty``: the
@@ -284,7 +287,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             + ½‖W‖² / (C·S)
 
     with ℓ_s̄(i) = log(1 + Σ_{j≠i, y_j=y_i} exp((‖φ_i − φ_j‖² − 2 s̄) / τ)), s̄ the mean L2
-    spread over the classes present.
+    spread over the classes present. With sample weights the compactness term counts a
+    sample as w copies of itself (each partner's term times w_j, the class means weighted),
+    as :func:`~mr2_probe.compactness_loss` does: a row of weight 0 takes no part.
 
     **Class tilt.** Write the data term as Σ_k π_k·L_k, with S_k = Σ_{i∈k} w_i the weight
     of class k, π_k = S_k / S its share and L_k = Σ_{i∈k} w_i·CE(z_i / γ_k, y_i) / S_k its

@@ -66,13 +66,18 @@ files written to --out:
 
 labels:
   The models learn the labels exactly as the training file holds them and predict the
-  same kind. A store's labels are integer codes 0..K-1 (the report prints the class
-  names), so a saved model scores a store as extract loads it:
+  same kind. A store's labels are integer codes 0..K-1 into its own class names; the
+  models predict the training store's codes (class_names.json). A test store's classes
+  are matched to the training store's by name (it may lack some or order them
+  differently); a class the training store lacks is refused. To score a store yourself,
+  translate its labels by name first:
     models = joblib.load("runs/fmnist/models.joblib")  # "ERM grid", ... after --grid
+    trained = json.load(open("runs/fmnist/class_names.json"))
     store = extract.load_features("test.h5")
-    models["ERM"].score(store.features, store.labels)
-  and np.asarray(store.class_names)[models["ERM"].predict(X)] names the predictions.
-  Train and test stores must have the same class names.
+    code = {name: k for k, name in enumerate(trained)}
+    y = np.array([code[name] for name in store.class_names])[store.labels]
+    models["ERM"].score(store.features, y)
+  and np.asarray(trained)[models["ERM"].predict(X)] names the predictions.
 
 errors:
   A mistake in the options or the input files stops the run before any fit, with one
@@ -219,8 +224,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_floats,
         default=(),
         metavar="B1,B2",
-        help="bounds, in points of overall accuracy, on what class offsets tuned on the ERM "
-        "probe (3-fold, worst-class objective) may spend, e.g. 0,0.25,0.5,1",
+        help="bounds, in points of overall accuracy (0 to 100), on what class offsets tuned "
+        "on the ERM probe (3-fold, worst-class objective) may spend, e.g. 0,0.25,0.5,1",
     )
     parser.add_argument(
         "--val-size",

@@ -226,7 +226,9 @@ def accuracy_front(
         Bound of the selection rule (:func:`choose_point`).
     erm : MR2LinearClassifier or Pipeline ending in one, optional
         The ERM configuration (unfitted), when it was tuned on its own (its own C): the
-        reference of the rule and the probe the offsets are tuned on.
+        reference of the rule and the probe the offsets are tuned on. Its ``c_bar``,
+        ``lam`` and ``class_tilt`` are set to None, 0 and 0. The tilt sweep starts from the
+        MR² point (and is fitted cold without one), never from this ERM.
 
     Returns
     -------

@@ -462,6 +462,13 @@ def test_saved_models_score_a_store_as_extract_loads_it(stores, tmp_path, capsys
     assert names == FASHION
     # The report speaks of the class names.
     assert report["labels"] == sorted(FASHION) and "Ankle boot" in capsys.readouterr().out
+    # The README's snippet for a store whose classes are coded otherwise (reversed order).
+    with load_features(stores / "reversed.h5") as store:
+        code = {name: k for k, name in enumerate(names)}
+        y = np.array([code[name] for name in store.class_names])[store.labels]
+        assert models["ERM"].score(store.features, y) == pytest.approx(
+            report["rows"]["ERM"]["overall"] / 100
+        )
 
 
 def test_a_failed_plot_loses_no_fit(files, tmp_path, monkeypatch):
