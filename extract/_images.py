@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -342,6 +343,23 @@ def encode_labels(
         return labels, list(index_names)
     class_names = sorted(set(names))
     return np.searchsorted(class_names, names).astype(np.int64), class_names
+
+
+def label_kind_problem(labels: list[str]) -> tuple[int, str] | None:
+    """``(i, why)`` when the labels mix class indices (ASCII digits) with anything else,
+    label i being the first that is not an index: one such label would make every label a
+    class name, sorted as text ("10" before "2"), and renumber the classes. None otherwise.
+    (List files keep reading such a mix as names, as they always have.)"""
+    indices = [label.isascii() and label.isdigit() for label in labels]
+    if all(indices) or not any(indices):
+        return None
+    i = indices.index(False)
+    example = labels[indices.index(True)]
+    if re.fullmatch(r"-\d+", labels[i]):
+        return i, (
+            f"which is no class index ({labels[i]} marks an unlabelled sample, as in test splits)"
+        )
+    return i, f"a class name, where other samples have class indices (e.g. {example!r})"
 
 
 def image_list(list_file: str | os.PathLike) -> ImageSource:

@@ -453,7 +453,7 @@ def extract_features(
     it. Unreadable images, and images whose features are not finite, are recorded in the
     store as failed and skipped (``retry_failed=True`` extracts them again). Under
     torchrun an existing complete ``out`` of the same request is reused at any number of
-    ranks, and one made differently is refused before any work.
+    ranks, and one made differently is refused before any image is extracted.
 
     Parameters
     ----------
@@ -509,7 +509,8 @@ def extract_features(
     retry_failed : bool, default=False
         Extract again the images recorded as failed (after a transient read error, or with
         the image since repaired or replaced: a failed image may have changed when nothing
-        else has); without it a resumed or reused store keeps its failures.
+        else has; under torchrun a repaired image needs ``overwrite=True``); without it a
+        resumed or reused store keeps its failures.
 
     Returns
     -------

@@ -23,7 +23,7 @@ from typing import ClassVar
 import numpy as np
 
 from ._archives import Archive, archive_source, container_root, expand_pattern, stat_containers
-from ._images import ImageSource, check_listed, encode_labels
+from ._images import ImageSource, check_listed, encode_labels, label_kind_problem
 
 HF_METADATA = b"huggingface"  # the schema metadata key holding the datasets Features
 _STREAM_ROWS = 64  # rows per record batch when streaming a row group
@@ -384,9 +384,16 @@ def parquet_files(
     named = {tuple(ix.names) for ix in indexes if ix.names is not None}
     if len(named) > 1 or (named and any(ix.names is None for ix in indexes)):
         raise TableError(f"The files of {pattern!r} disagree on the {label_key!r} class names.")
-    labels, class_names = encode_labels(
-        [t for ix in indexes for t in ix.labels], list(named.pop()) if named else None
-    )
+    texts = [t for ix in indexes for t in ix.labels]
+    problem = label_kind_problem(texts)
+    if problem:
+        i, why = problem
+        raise TableError(
+            f"Row {i} of the parquet source {pattern!r} (counting across its files) has the "
+            f"{label_key!r} label {texts[i]!r}, {why}; give every row a class index, or every "
+            "row a name."
+        )
+    labels, class_names = encode_labels(texts, list(named.pop()) if named else None)
     # Row groups (record batches) are numbered across files: the units ranks divide.
     group_rows = np.array([n for ix in indexes for n in ix.group_rows], np.int64)
     n_groups = np.array([len(ix.group_rows) for ix in indexes], np.int64)

@@ -30,7 +30,7 @@ from ._archives import (
     open_listed,
     stat_containers,
 )
-from ._images import ImageSource, encode_labels
+from ._images import ImageSource, encode_labels, label_kind_problem
 
 # Image members tried in this order when no --image-key is given (WebDataset's own image
 # extensions and torchvision's).
@@ -188,21 +188,13 @@ class _ShardIndex:
 
 
 def _check_label_kinds(labels: list[str], keys: list[str], pattern: str) -> None:
-    """Refuse labels that mix class indices with anything else: one such label would make
-    every label a class name, sorted as text ("10" before "2"), and renumber the classes."""
-    indices = [label.isascii() and label.isdigit() for label in labels]
-    if all(indices) or not any(indices):
-        return
-    i = indices.index(False)
-    example = labels[indices.index(True)]
-    if re.fullmatch(r"-\d+", labels[i]):
-        why = f"which is no class index ({labels[i]} marks an unlabelled sample, as in test splits)"
-    else:
-        why = f"a class name, where other samples have class indices (e.g. {example!r})"
-    raise ShardError(
-        f"The sample {keys[i]!r} of the webdataset source {pattern!r} has the label "
-        f"{labels[i]!r}, {why}; give every sample a class index, or every sample a name."
-    )
+    problem = label_kind_problem(labels)
+    if problem:
+        i, why = problem
+        raise ShardError(
+            f"The sample {keys[i]!r} of the webdataset source {pattern!r} has the label "
+            f"{labels[i]!r}, {why}; give every sample a class index, or every sample a name."
+        )
 
 
 def index_shard(path: str, image_keys: tuple[str, ...], label_key: str) -> _ShardIndex:

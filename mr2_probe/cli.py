@@ -77,7 +77,7 @@ labels:
     code = {name: k for k, name in enumerate(trained)}
     y = np.array([code[name] for name in store.class_names])[store.labels]
     models["ERM"].score(store.features, y)
-  and np.asarray(trained)[models["ERM"].predict(X)] names the predictions.
+  and np.asarray(trained)[models["ERM"].predict(store.features)] names the predictions.
 
 errors:
   A mistake in the options or the input files stops the run before any fit, with one
@@ -224,8 +224,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_floats,
         default=(),
         metavar="B1,B2",
-        help="bounds, in points of overall accuracy (0 to 100), on what class offsets tuned "
-        "on the ERM probe (3-fold, worst-class objective) may spend, e.g. 0,0.25,0.5,1",
+        help="bounds, in points of overall accuracy (from 0, below 100), on what class offsets "
+        "tuned on the ERM probe (3-fold, worst-class objective) may spend, e.g. 0,0.25,0.5,1",
     )
     parser.add_argument(
         "--val-size",

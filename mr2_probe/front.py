@@ -228,7 +228,7 @@ def accuracy_front(
         The ERM configuration (unfitted), when it was tuned on its own (its own C): the
         reference of the rule and the probe the offsets are tuned on. Its ``c_bar``,
         ``lam`` and ``class_tilt`` are set to None, 0 and 0. The tilt sweep starts from the
-        MR² point (and is fitted cold without one), never from this ERM.
+        MR² point (its first point is fitted cold without one), never from this ERM.
 
     Returns
     -------

@@ -47,7 +47,8 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         )
     # scikit-learn's check (float labels stay allowed): strings against numbers would
     # otherwise score every class 0.
-    kinds = {isinstance(v, str | bytes) for a in (y_true, y_pred) for v in np.unique(a).tolist()}
+    values = [v for a in (y_true, y_pred) for v in np.unique(a).tolist()]
+    kinds = {type(v) if isinstance(v, str | bytes) else float for v in values}
     if len(kinds) > 1:
         raise ValueError(
             "Mix of label input types (string and number): y_true holds "

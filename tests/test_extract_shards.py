@@ -334,6 +334,15 @@ def _table(path, columns, schema=None, **kwargs):
     return path
 
 
+def test_parquet_labels_that_mix_indices_and_names_are_refused(tmp_path):
+    # An integer column in one file and names in another became names sorted as text:
+    # the indices renumbered ("10" before "2").
+    _table(tmp_path / "0.parquet", {"image": [b"a", b"b"], "label": [2, 10]})
+    _table(tmp_path / "1.parquet", {"image": [b"c", b"d"], "label": ["cat", "dog"]})
+    with pytest.raises(TableError, match="Row 2 .* label 'cat', a class name, where other"):
+        open_source(f"parquet:{tmp_path}/{{0,1}}.parquet")
+
+
 def test_parquet_binary_columns_string_labels_and_several_files(tmp_path):
     for k in range(2):  # img2dataset's parquet output: a binary jpg column
         _table(tmp_path / f"{k}.parquet", {"jpg": [b"a", b"b"], "label": ["dog", f"c{k}"]})

@@ -296,3 +296,5 @@ def test_labels_of_two_kinds_are_refused_as_scikit_learn_refuses_them():
         per_class_accuracy(["a", "b", "c"], [0, 1, 2])
     with pytest.raises(ValueError, match="Mix of label input types"):
         per_class_accuracy(np.array([b"a", b"b"], dtype=object), [0, 1])
+    with pytest.raises(ValueError, match="Mix of label input types"):
+        per_class_accuracy(["a", "b"], np.array([b"a", b"b"], dtype=object))
