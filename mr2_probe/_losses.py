@@ -27,6 +27,8 @@ def margin_cross_entropy(
     reduction : {"mean", "sum", "none"}, default="mean"
         ``"mean"`` is the weighted mean Σ w ℓ / Σ w.
     """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
     scaled = logits / margins[target][:, None]  # (B, K)
     loss = F.cross_entropy(scaled, target, reduction="none")  # (B,)
     if sample_weight is not None:
@@ -88,6 +90,8 @@ def compactness_loss(
     sample_weight : torch.Tensor of shape (n_samples,), default=None
         Non-negative weights (None: every sample weighs 1).
     """
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}.")
     exponent = (pairwise_sq_distances(features) - 2 * s_bar) / tau  # (B, B)
     same = target[:, None] == target[None, :]  # (B, B)
     eye = torch.eye(len(target), dtype=torch.bool, device=target.device)

@@ -31,7 +31,10 @@ class MR2Loss(nn.Module):
     a_k and the spread are unbiased; for p ≠ 2 the L_p spread is estimated from the
     deviations from the running mean (see :func:`moments_statistics`). The statistics are
     updated in training mode without synchronising with the host; the margins and s̄ are
-    derived from them and carry no gradient.
+    derived from them and carry no gradient. They are the process's own: under
+    DistributedDataParallel each rank keeps the statistics of its own batches (nothing is
+    averaged across ranks). A batch with a non-finite feature or loss is left out of them.
+    The running sums stay in float32 at least when the module is cast to half precision.
 
     Parameters
     ----------
@@ -102,13 +105,20 @@ class MR2Loss(nn.Module):
         class_tilt: float = 0.0,
     ) -> None:
         super().__init__()
+        for name, count in (("n_classes", n_classes), ("n_features", n_features)):
+            if not (isinstance(count, int) and count >= 1):
+                raise ValueError(f"{name} must be an int >= 1, got {count!r}.")
         if not (math.isfinite(class_tilt) and class_tilt >= 0):
             raise ValueError(f"class_tilt must be a finite number >= 0, got {class_tilt}.")
-        if c_bar is not None and c_bar <= 0:
-            raise ValueError(f"c_bar must be positive or None, got {c_bar}.")
+        if c_bar is not None and not (math.isfinite(c_bar) and c_bar > 0):
+            raise ValueError(f"c_bar must be a finite number > 0, or None, got {c_bar}.")
+        if not (math.isfinite(lam) and lam >= 0):
+            raise ValueError(f"lam must be a finite number >= 0, got {lam}.")
+        if tau is not None and not (math.isfinite(tau) and tau > 0):
+            raise ValueError(f"tau must be a finite number > 0, or None, got {tau}.")
         p = (3.0 if normalize else 2.0) if p is None else p
-        if p < 1:
-            raise ValueError(f"p must be >= 1, got {p}.")
+        if not (math.isfinite(p) and p >= 1):
+            raise ValueError(f"p must be a finite number >= 1, got {p}.")
         if difficulty not in DIFFICULTIES:
             raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}.")
         if not 0 <= rho < 1:
@@ -123,6 +133,17 @@ class MR2Loss(nn.Module):
         self.register_buffer("class_samples", torch.zeros(n_classes, dtype=torch.long))
         for name, value in ClassMoments.zeros(n_classes, n_features)._asdict().items():
             self.register_buffer(f"moment_{name}", value)
+
+    def _apply(self, fn, recurse=True):
+        # The running sums stay float32 at least when the module is cast to half precision
+        # (module.half(), model.to(torch.float16)): a float16 sum of ‖φ‖² passes 65504
+        # within a few batches, and every margin becomes NaN.
+        super()._apply(fn, recurse)
+        for name in [f"moment_{n}" for n in ClassMoments._fields] + ["running_class_loss"]:
+            buffer = self._buffers[name]
+            if buffer.dtype in (torch.float16, torch.bfloat16):
+                self._buffers[name] = buffer.float()
+        return self
 
     def moments(self) -> ClassMoments:
         """The running sums (buffers ``moment_*``, saved in the state dict)."""
@@ -145,7 +166,8 @@ class MR2Loss(nn.Module):
         return margins_from_difficulty(a, self.c_bar, self.initialised)
 
     def s_bar(self) -> torch.Tensor:
-        """s̄: the mean L2 spread over the classes seen, as the estimator computes it."""
+        """s̄: the mean L2 spread over the classes seen (each class's spread unbiased, as the
+        class docstring says: the estimator's is the plain mean over a class's rows)."""
         return mean_spread(self.stats())
 
     def _class_share(self) -> torch.Tensor:
@@ -181,9 +203,11 @@ class MR2Loss(nn.Module):
         )
         present = count > 0
         batch = total / count.clamp_min(1).to(total.dtype)
+        present = present & torch.isfinite(batch)  # a non-finite loss leaves the EMA alone
         keep = torch.where(self.class_samples > 0, self.rho, 0.0).to(batch.dtype)
         keep = torch.where(present, keep, torch.ones_like(keep))  # (K,)
-        self.running_class_loss.mul_(keep).add_((1 - keep) * batch)
+        blended = self.running_class_loss * keep + (1 - keep) * batch
+        self.running_class_loss.copy_(torch.where(present, blended, self.running_class_loss))
         self.class_samples.add_(count.to(self.class_samples.dtype))
 
     @torch.no_grad()
@@ -192,13 +216,23 @@ class MR2Loss(nn.Module):
         phi = unit_rows(features) if self.normalize else features
         phi = phi.to(self.moment_sum.dtype)
         moments = update_moments(self.moments(), phi, target, self.rho, self.p)
+        # A batch with a non-finite feature (an overflowed mixed-precision step) is left
+        # out, as GradScaler skips its step: folded in, it would make every later loss NaN.
+        finite = torch.stack([torch.isfinite(v).all() for v in moments]).all()
         for name, value in moments._asdict().items():
-            getattr(self, f"moment_{name}").copy_(value)
+            buffer = getattr(self, f"moment_{name}")
+            buffer.copy_(torch.where(finite, value, buffer))
 
     def forward(
         self, logits: torch.Tensor, features: torch.Tensor, target: torch.Tensor
     ) -> torch.Tensor:
         """Loss for a batch: logits (B, K), representation φ (B, d), targets (B,)."""
+        if logits.shape[-1] != self.n_classes or features.shape[-1] != self.moment_sum.shape[-1]:
+            raise ValueError(
+                f"MR2Loss was made for {self.n_classes} classes and {self.moment_sum.shape[-1]} "
+                f"features; got logits of shape {tuple(logits.shape)} and features of shape "
+                f"{tuple(features.shape)}."
+            )
         if self.training:
             self.update(features.detach(), target)
         margins = self.margins().to(logits.dtype)

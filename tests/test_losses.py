@@ -372,3 +372,69 @@ def test_normalized_mr2_loss_is_safe_from_overflow_in_the_norms():
     large(torch.zeros(8, 2), features * 1e20, target)
     torch.testing.assert_close(large.moment_sum, small.moment_sum)
     assert small.moment_sum.abs().sum() > 0
+
+
+def test_mr2_loss_leaves_a_non_finite_batch_out_of_its_statistics():
+    # One overflowed batch (an AMP step GradScaler skips) made every later loss NaN.
+    gen = torch.Generator().manual_seed(0)
+    criterion = MR2Loss(4, 8, c_bar=1.0, lam=0.5, class_tilt=1.0)
+    target = torch.arange(16) % 4
+    for step in range(4):
+        features = torch.randn(16, 8, generator=gen)
+        logits = torch.randn(16, 4, generator=gen)
+        if step == 2:
+            features[0, 0], logits[1, 1] = float("inf"), float("nan")
+            state = {k: v.clone() for k, v in criterion.state_dict().items()}
+        value = criterion(logits, features, target)
+        if step == 2:  # the features left out; class 1's loss (sample 1's NaN) too
+            for name, buffer in criterion.state_dict().items():
+                if name.startswith("moment_"):
+                    torch.testing.assert_close(buffer, state[name])
+            losses = criterion.running_class_loss
+            assert losses[1] == state["running_class_loss"][1] and torch.isfinite(losses).all()
+    assert torch.isfinite(value) and torch.isfinite(criterion.margins()).all()
+
+
+def test_mr2_loss_keeps_float32_statistics_when_cast_to_half():
+    # A float16 sum of ‖φ‖² passed 65504 within a few batches: every margin NaN.
+    criterion = MR2Loss(4, 64, c_bar=1.0, lam=0.5).half()
+    assert criterion.moment_sum.dtype == torch.float32
+    assert criterion.class_samples.dtype == torch.long
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        features = (torch.randn(64, 64, generator=gen) + 3.5).half()
+        value = criterion(torch.randn(64, 4, generator=gen).half(), features, torch.arange(64) % 4)
+    assert torch.isfinite(value) and torch.isfinite(criterion.margins()).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(tau=0.0), "tau must be a finite number > 0"),
+        (dict(tau=-1.0), "tau must be"),
+        (dict(lam=-1.0), "lam must be a finite number >= 0"),
+        (dict(c_bar=float("nan")), "c_bar must be a finite number > 0"),
+        (dict(c_bar=float("inf")), "c_bar must be"),
+        (dict(p=float("nan")), "p must be a finite number >= 1"),
+        (dict(n_classes=0), "n_classes must be an int >= 1"),
+    ],
+)
+def test_mr2_loss_refuses_invalid_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MR2Loss(**({"n_classes": 3, "n_features": 4} | kwargs))
+
+
+def test_mr2_loss_refuses_logits_or_features_of_another_size():
+    criterion = MR2Loss(3, 4)
+    with pytest.raises(ValueError, match="made for 3 classes and 4 features; got logits of shape"):
+        criterion(torch.zeros(2, 4), torch.zeros(2, 4), torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("loss", ["margin", "compactness"])
+def test_an_unknown_reduction_is_refused(loss):
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+    with pytest.raises(ValueError, match="reduction must be"):
+        if loss == "margin":
+            margin_cross_entropy(x, y, torch.ones(3), reduction="bogus")
+        else:
+            compactness_loss(x, y, 1.0, reduction="sum")
