@@ -135,8 +135,12 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     nearest value solved. Elsewhere, from j = 3 on, the start is the solutions at v_{j-2}
     and v_{j-1} extrapolated linearly in log v (a predictor step, which the solver
     corrects), and a cosine head without projection also starts L-BFGS from the pairs of
-    the scale before when that scale is within a factor of 4. None of these changes the
-    solution, only where the solver starts.
+    the scale before when that scale is within a factor of 4. For the convex problems
+    (a linear head without projection) none of these changes the solution, only where the
+    solver starts. The cosine head's problem is not convex and, at large scales, flat:
+    its path can end at other solutions than independent fits at the same scales (a
+    start that already meets ``tol`` stays where it is), and choose another scale than
+    a GridSearchCV over :class:`MR2LinearClassifier` would.
 
     With ``c_bar=None``, ``lam=0``, ``class_tilt=0`` and the same ``Cs`` and ``cv`` it
     solves the problems of multinomial LogisticRegressionCV (lbfgs) and chooses as it does.
@@ -268,7 +272,11 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         cv = check_cv(self.cv, labels, classifier=True)
         if groups is not None:
             groups = to_numpy(groups) if is_torch_tensor(groups) else np.asarray(groups)
-        folds = list(cv.split(np.empty((len(labels), 0)), labels, groups))
+        # Boolean masks (which LogisticRegressionCV takes too, indexing X[train]) as indices.
+        folds = [
+            tuple(np.flatnonzero(part) if np.asarray(part).dtype == bool else part for part in fold)
+            for fold in cv.split(np.empty((len(labels), 0)), labels, groups)
+        ]
         for f, (train, _) in enumerate(folds):
             if not data.sample_weight[train].sum() > 0:
                 raise ValueError(
@@ -462,7 +470,13 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         if not cold:
             mean = self._coefs[:, best].mean(0)  # (rows, dof)
             bias = mean[:, -1] if head.bias is not None else None
-            head.load({"weight": mean[:, : self.n_features_in_], "bias": bias})
+            weight = mean[:, : self.n_features_in_]
+            if len(weight) < head.weight.shape[0]:
+                # Two classes are exported as one row, coef_1 − coef_0; a two-class cosine
+                # head has both rows (loaded as is, both got that difference: a start where
+                # every sample scores the two classes alike). Its rows start at ∓ it.
+                weight = np.concatenate([-weight / 2, weight / 2])
+            head.load({"weight": weight, "bias": bias})
         C = 1.0 if self.head == "cosine" else self.C_
         result = self._solve(head, data, solver, C, init_cosine=cold)
         self._finish(head, result, solver, data)

@@ -655,3 +655,39 @@ def test_a_refit_false_search_predicts_with_its_head_even_pickled_without_head_(
     before = search.predict(X)
     del search.head_  # as a search pickled before head_ existed
     np.testing.assert_array_equal(search.predict(X), before)
+
+
+def test_a_two_class_cosine_refit_starts_from_the_folds_mean_rows(monkeypatch):
+    # Two classes are kept as one row (coef_1 − coef_0); loaded into the cosine head's two
+    # rows it gave both the same row, a start where every sample scores the classes alike.
+    from sklearn.datasets import load_breast_cancer
+
+    from mr2_probe import _head
+
+    loaded, load = [], _head.ProbeHead.load
+
+    def spy(self, state):
+        load(self, state)
+        loaded.append(self.weight.detach().numpy().copy())
+
+    monkeypatch.setattr(_head.ProbeHead, "load", spy)
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    search = MR2LinearClassifierCV(Cs=[16.0], cv=3, head="cosine", device="cpu").fit(X, y)
+    start = loaded[-1]
+    mean = search.coefs_paths_[search.classes_[1]][:, 0].mean(0)
+    np.testing.assert_allclose(start[1] - start[0], mean, rtol=1e-6)
+
+
+def test_folds_given_as_boolean_masks_are_their_rows():
+    # np.asarray(mask, int64) turned them into rows 0 and 1, and the fit crashed.
+    X, y = load_iris(return_X_y=True)
+    held = np.zeros(len(y), bool)
+    held[::3] = True
+    masks = MR2LinearClassifierCV([0.1, 10.0], cv=[(~held, held), (held, ~held)], device="cpu")
+    rows = [
+        (np.flatnonzero(~held), np.flatnonzero(held)),
+        (np.flatnonzero(held), np.flatnonzero(~held)),
+    ]
+    indices = MR2LinearClassifierCV([0.1, 10.0], cv=rows, device="cpu")
+    np.testing.assert_array_equal(masks.fit(X, y).scores_[0], indices.fit(X, y).scores_[0])
