@@ -134,8 +134,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     (the penalty is quadratic); a bisection's new value starts from the solution at the
     nearest value solved. Elsewhere, from j = 3 on, the start is the solutions at v_{j-2}
     and v_{j-1} extrapolated linearly in log v (a predictor step, which the solver
-    corrects), and a cosine head without projection also starts L-BFGS from the pairs of
-    the scale before when that scale is within a factor of 4. For the convex problems
+    corrects), except for a cosine head, which starts from the solution at v_{j-1} itself
+    and, without projection, starts L-BFGS from the pairs of the scale before when that
+    scale is within a factor of 4. For the convex problems
     (a linear head without projection) none of these changes the solution, only where the
     solver starts. The cosine head's problem is not convex and, at large scales, flat:
     its path can end at other solutions than independent fits at the same scales (a

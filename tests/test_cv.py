@@ -691,3 +691,24 @@ def test_folds_given_as_boolean_masks_are_their_rows():
     ]
     indices = MR2LinearClassifierCV([0.1, 10.0], cv=rows, device="cpu")
     np.testing.assert_array_equal(masks.fit(X, y).scores_[0], indices.fit(X, y).scores_[0])
+
+
+def test_a_cosine_path_starts_each_scale_from_the_last_solution(monkeypatch):
+    # Extrapolated in log(scale), the flat non-convex path ended further from independent
+    # fits (digits: it chose 21.5, cold fits 1292) at no gain in iterations.
+    import torch
+
+    from mr2_probe import _path
+
+    moved, predict = [], _path.FoldPath._predict
+
+    def spy(self, value):
+        before = [p.detach().clone() for p in self.head.parameters()]
+        predict(self, value)
+        after = list(self.head.parameters())
+        moved.append(any(not torch.equal(a, p) for a, p in zip(before, after, strict=True)))
+
+    monkeypatch.setattr(_path.FoldPath, "_predict", spy)
+    X, y = load_iris(return_X_y=True)
+    MR2LinearClassifierCV(Cs=[1.0, 4.0, 16.0, 64.0], cv=2, head="cosine", device="cpu").fit(X, y)
+    assert len(moved) >= 4 and not any(moved)
