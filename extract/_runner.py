@@ -353,10 +353,10 @@ def _adopt_repaired_failures(out: Path, provenance: dict, source, rows) -> None:
         if not np.array_equal(f["labels"][:], source.labels[rows]):
             return
         sizes, mtimes = source.file_stats()
-        changed = (f["file_size"][:] != sizes[rows]) | (f["file_mtime_ns"][:] != mtimes[rows])
+        stored_sizes, stored_mtimes = f["file_size"][:], f["file_mtime_ns"][:]
+        changed = (stored_sizes != sizes[rows]) | (stored_mtimes != mtimes[rows])
         if not changed.any() or not (f["status"][:][changed] == FAILED).all():
             return
-        stored_sizes, stored_mtimes = f["file_size"][:], f["file_mtime_ns"][:]
     stored_sizes[changed], stored_mtimes[changed] = sizes[rows][changed], mtimes[rows][changed]
     with open_store(out, "r+") as f:
         f["file_size"][:], f["file_mtime_ns"][:] = stored_sizes, stored_mtimes

@@ -582,8 +582,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 generator=torch.Generator(device=data.device).manual_seed(data.seed),
                 **common,
             )
-        finite = all(bool(torch.isfinite(p).all()) for p in head.parameters())
-        if suspects and not finite:  # else _export names the features
+        # Only then a synchronisation of its own; otherwise _export's check names the features.
+        if suspects and not all(bool(torch.isfinite(p).all()) for p in head.parameters()):
             what = "the fit produced non-finite coefficients"
             raise ValueError(_overflow_message(what, data.dtype, suspects))
         return result

@@ -616,9 +616,9 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
             f"unknown feature file type {suffix or '(none)'!r} ({path}); use .h5 (a store "
             "from mr2-extract), .npz (X and y) or .npy (with --labels)"
         )
-    names = None
+    names = store = None
     if suffix in (".h5", ".hdf5"):
-        X, y, names = _load_store(path)
+        X, y, names, store = _load_store(path)
         source = path
     elif suffix == ".npz":
         X, y = _read(path, _load_npz)
@@ -628,7 +628,7 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
             raise UsageError(f"{path} holds features only; pass {labels_option} FILE.npy")
         X, y = _read(path, np.load), _read(labels, np.load)
         source = f"{path} with labels {labels}"
-    _check_xy(np.asarray(X), np.asarray(y), source)
+    _check_xy(np.asarray(X), np.asarray(y), source, store)
     return np.asarray(X), np.asarray(y), names
 
 
@@ -677,14 +677,6 @@ def _load_store(path: str):
             'reading HDF5 stores needs the extract extra: pip install "mr2-probe[extract]"'
         ) from error
     store = load_features(path, in_memory=True)  # StoreError: a one-line ValueError
-    X = np.asarray(store.features)
-    bad = np.flatnonzero(~np.isfinite(X).all(axis=1)) if X.ndim == 2 else []
-    if len(bad):
-        raise UsageError(
-            f"{path}: {len(bad)} of {len(X)} completed rows hold NaN or infinite features "
-            f"(the first is store row {store.rows[bad[0]]}, {store.paths[bad[0]]!r}); "
-            "extract them again, or drop or impute them first"
-        )
     if store.failures:
         first, reason = store.failures[0]
         print(
@@ -692,10 +684,12 @@ def _load_store(path: str):
             f"and are left out (the first, {first!r}: {reason})",
             file=sys.stderr,
         )
-    return X, np.asarray(store.labels), list(store.class_names)
+    return np.asarray(store.features), np.asarray(store.labels), list(store.class_names), store
 
 
-def _check_xy(X: np.ndarray, y: np.ndarray, source: str) -> None:
+def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
+    """Refuse data that cannot be fitted; a store's (extract.FeatureStore) rows are named
+    by store row and image."""
     if X.ndim != 2:
         raise UsageError(
             f"the features of {source} must be a 2-D array (samples × features); got shape "
@@ -713,9 +707,13 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str) -> None:
         raise UsageError(f"the features of {source} must be numbers; got dtype {X.dtype}")
     bad = np.flatnonzero(~np.isfinite(X).all(axis=1))
     if len(bad):
+        first, rows, remedy = f"row {bad[0]}", "rows", ""
+        if store is not None:
+            first = f"store row {store.rows[bad[0]]}, {store.paths[bad[0]]!r}"
+            rows, remedy = "completed rows", "extract them again, or "
         raise UsageError(
-            f"{source}: {len(bad)} of {len(X)} rows hold NaN or infinite features (the first "
-            f"is row {bad[0]}); drop or impute them first"
+            f"{source}: {len(bad)} of {len(X)} {rows} hold NaN or infinite features (the "
+            f"first is {first}); {remedy}drop or impute them first"
         )
     if y.dtype.kind == "f" and not np.isfinite(y).all():
         raise UsageError(f"{source}: some labels are NaN or infinite; every row needs a class")
