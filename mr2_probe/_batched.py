@@ -1,4 +1,4 @@
-"""The linear head's regularisation path: folds solved by a lock-step L-BFGS, batched.
+"""The paths of the plain linear and cosine heads: folds solved by a lock-step L-BFGS.
 
 A :class:`FoldBatch` is B folds over one X, each the same objective on its own rows: the
 folds' weights are stacked, (B, K, d), and every evaluation multiplies X once by all of them
@@ -11,12 +11,15 @@ The solver is L-BFGS run in lock-step over the folds: the same two-loop recursio
 (batched over folds), a line search for the weak Wolfe conditions by bracketing with
 quadratic and secant steps that re-evaluates only the folds still searching, and per-fold
 stopping, with a fold leaving the batch as soon as it stops. Along a path its memory is
-carried from one C to the next, corrected for the change of penalty (:class:`Memory`).
+carried from one C to the next, corrected for the change of penalty (:class:`Memory`), and
+from one scale of a cosine head to the next nearby one.
 Its stopping tests are the full-batch solver's
 (:func:`~mr2_probe._solvers.fit_lbfgs`): the largest gradient entry, in the coordinates with
-the intercept re-parametrised around the fold's weighted feature mean, at most ``tol``;
-max_iter; 4·max_iter evaluations; no further decrease. Its iterations differ from torch's
-strong-Wolfe L-BFGS, so ``n_iter_`` does too, and solutions agree to the tolerance.
+the intercept re-parametrised around the fold's weighted feature mean (for a cosine head,
+in its unit class directions), at most ``tol``; max_iter; 4·max_iter evaluations; no
+further decrease. Its iterations differ from torch's strong-Wolfe L-BFGS, so ``n_iter_``
+does too, and solutions agree to the tolerance (a cosine head's up to its non-convexity:
+it can end at another minimiser of the same objective).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 
 from ._classifier import _overflow_message
 from ._data import block_rows
+from ._device import row_norms
 from ._path import Step
 
 # scipy's ftol as scikit-learn sets it (float64's even for float32 data), as in fit_lbfgs.
@@ -39,6 +43,12 @@ _MAX_LINE_SEARCH = 25
 # batch of folds), and never fewer than 10 pairs.
 _HISTORY = 30
 _HISTORY_ELEMENTS = 2**26
+# A cosine head's path keeps up to 200 pairs, as its single fit does (its problem is badly
+# conditioned at large scales), and carries them to a next scale within this factor of
+# the one they were formed at: further away they cost more iterations than none on a
+# tenfold grid (benchmarks/bench_scale_path.py, README "Speed").
+_COSINE_HISTORY = 200
+_CARRY_SCALE_RATIO = 4.0
 
 
 @dataclass
@@ -48,6 +58,10 @@ class FoldBatch:
     ``weight`` (B, N) is each fold's sample weight (zero off its training rows),
     ``inv_gamma`` (B, K) each fold's inverse margins, ``center`` (B, d) each fold's weighted
     feature mean (the intercept's re-parametrisation), or None without an intercept.
+
+    With ``cosine`` the head is the cosine head: the logits are s·(x/‖x‖)·(W/‖W‖)ᵀ row by
+    row, s the value solved at, with no intercept and no penalty. The normalised features
+    are never formed: the products are scaled by ``row_scale`` = 1/‖x‖ (N,), kept with X.
     """
 
     X: torch.Tensor
@@ -56,11 +70,21 @@ class FoldBatch:
     inv_gamma: torch.Tensor
     center: torch.Tensor | None
     n_classes: int
+    cosine: bool = False
     weight_sum: torch.Tensor = field(init=False)
+    row_scale: torch.Tensor | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         # S in float64, as fit_lbfgs takes it, then in the data's dtype.
         self.weight_sum = self.weight.sum(1, dtype=torch.float64).to(self.weight.dtype)
+        self.set_rows(self.X, self.y)
+
+    def set_rows(self, X: torch.Tensor, y: torch.Tensor) -> None:
+        """Take X and y (and, for a cosine head, their rows' 1/‖x‖, as the full-batch
+        solver's sources compute them)."""
+        self.X, self.y = X, y
+        if self.cosine:
+            self.row_scale = row_norms(X).clamp_min(1e-12).reciprocal() if len(X) else None
 
     @property
     def n_folds(self) -> int:
@@ -74,15 +98,37 @@ class FoldBatch:
     def n_params(self) -> int:
         return self.n_classes * (self.X.shape[1] + self.fit_intercept)
 
+    @property
+    def n_penalised(self) -> int:
+        """How many leading parameters the penalty ½‖W‖²/(C·S) takes (none for cosine)."""
+        return 0 if self.cosine else self.n_classes * self.X.shape[1]
+
+    def direction_norms(self, params: torch.Tensor) -> torch.Tensor:
+        """‖w_k‖ (A, K, 1) of each fold's rows of W (the cosine head's)."""
+        k = self.n_classes
+        weight = params[:, : k * self.X.shape[1]].view(len(params), k, -1)
+        return torch.linalg.vector_norm(weight, dim=2, keepdim=True).clamp_min(1e-12)
+
+    def largest_gradient(self, params: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """Each fold's largest gradient entry (A,), the stopping test's measure: for a
+        cosine head in its unit class directions, ‖w_k‖·∂f/∂w_k, as fit_lbfgs takes it
+        after rescaling the rows to unit norm (f does not depend on their norms)."""
+        if not self.cosine:
+            return grad.abs().amax(1)
+        norms = self.direction_norms(params)  # (A, K, 1)
+        return (grad.view(norms.shape[0], self.n_classes, -1) * norms).abs().amax((1, 2))
+
     @torch.no_grad()
     def evaluate(
-        self, params: torch.Tensor, folds: torch.Tensor, C: float
+        self, params: torch.Tensor, folds: torch.Tensor, value: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Objective and gradient of the folds ``folds`` (A,) at ``params`` (A, K·(d+1)).
 
         ``params`` holds each fold's W (K, d) flattened, then (with an intercept) its
         intercept b' (K,) in the centred coordinates: the logits are W·(x − m) + b'. The
-        objective is fit_lbfgs's, (1/S) Σ_i w_i CE(z_i / γ_{y_i}, y_i) + ½‖W‖² / (C·S).
+        objective is fit_lbfgs's, (1/S) Σ_i w_i CE(z_i / γ_{y_i}, y_i) + ½‖W‖² / (C·S) at
+        C = ``value``; for a cosine head, the same data term of the logits
+        s·(x/‖x‖)·(W/‖W‖)ᵀ at s = ``value``, without a penalty.
         Held-out rows (weight zero) are masked, not multiplied by zero, so that an overflow
         on them cannot turn the fold's sums into NaN.
         """
@@ -92,7 +138,12 @@ class FoldBatch:
         if self.fit_intercept:
             bias = params[:, k * d :] - torch.einsum("akd,ad->ak", weight, self.center[folds])
         w, inv_gamma = self.weight[folds], self.inv_gamma[folds]  # (A, N), (A, K)
-        stacked = weight.reshape(n_folds * k, d)
+        if self.cosine:
+            norms = self.direction_norms(params)  # (A, K, 1)
+            unit = weight / norms
+            stacked = (value * unit).reshape(n_folds * k, d)  # V = s·W/‖W‖
+        else:
+            stacked = weight.reshape(n_folds * k, d)
         loss = params.new_zeros(n_folds)
         grad_w = torch.zeros_like(stacked)
         grad_b = params.new_zeros(n_folds, k)
@@ -103,6 +154,8 @@ class FoldBatch:
             z = x @ stacked.T if bias is None else torch.addmm(bias.reshape(-1), x, stacked.T)
             z = z.view(b, n_folds, k)
             scale = inv_gamma[:, y].T  # (b, A): 1/γ_{y_i} in each fold
+            if self.cosine:
+                scale = scale * self.row_scale[start : start + b, None]
             z.mul_(scale[:, :, None])
             lse = torch.logsumexp(z, dim=2)  # (b, A)
             target = y[:, None, None].expand(b, n_folds, 1)
@@ -115,10 +168,16 @@ class FoldBatch:
             grad_w.addmm_(z.view(b, n_folds * k).T, x)
             grad_b += z.sum(0)
         grad_w = grad_w.view(n_folds, k, d)
+        total = self.weight_sum[folds]
+        if self.cosine:
+            # ∂f/∂w_k = s·(I − u_k u_kᵀ)·∂f/∂v_k / ‖w_k‖: no radial part, f ignores the norms.
+            grad_w = grad_w / total[:, None, None]
+            grad_w -= (grad_w * unit).sum(2, keepdim=True) * unit
+            grad_w *= value / norms
+            return loss / total, grad_w.reshape(n_folds, -1)
         if self.fit_intercept:
             grad_w -= grad_b[:, :, None] * self.center[folds][:, None, :]
-        total = self.weight_sum[folds]
-        reg = 1.0 / (C * total)  # (A,)
+        reg = 1.0 / (value * total)  # (A,)
         loss = loss / total + 0.5 * reg * weight.square().sum((1, 2))
         grad_w = grad_w / total[:, None, None] + reg[:, None, None] * weight
         grads = [grad_w.reshape(n_folds, -1)]
@@ -160,7 +219,9 @@ class Memory:
     The penalty ½‖W‖²/(C·S) is quadratic, so a pair (s, y) recorded at C is exact at C'
     once y gains (1/C' − 1/C)/S · s on W's entries: the loss's curvature the pairs hold is
     the same function at every C. A path that carries its memory therefore starts each C
-    with the curvature of the last instead of a gradient step.
+    with the curvature of the last instead of a gradient step. A cosine head has no
+    penalty; its pairs, kept in the coordinates of its rows at unit norm (:meth:`rescale`),
+    only approximate the curvature at another scale.
     """
 
     s: torch.Tensor  # (B, history, P)
@@ -169,11 +230,17 @@ class Memory:
     h0: torch.Tensor  # (B,): the initial inverse Hessian's scale, sᵀy / yᵀy
     reg: torch.Tensor | None = None  # (B,): 1/(C·S) the pairs were recorded at
     slot: int = 0  # the next slot of the ring
+    used: int = 0  # how many slots have been written (at most the ring's size)
     # Where the last solve ended, with its objective and gradient there: a solve that
     # starts from the same point corrects them for its penalty instead of evaluating.
     point: torch.Tensor | None = None
     value: torch.Tensor | None = None
     grad: torch.Tensor | None = None
+    solved_at: float | None = None  # the value (C or scale) of that objective
+
+    @property
+    def filled(self) -> bool:
+        return bool((self.rho != 0).any())
 
     @classmethod
     def empty(cls, params: torch.Tensor, history: int) -> Memory:
@@ -181,6 +248,26 @@ class Memory:
         pairs = params.new_zeros(n_folds, history, n_params)
         rho, h0 = params.new_zeros(n_folds, history), params.new_ones(n_folds)
         return cls(pairs, pairs.clone(), rho, h0)
+
+    def rescale(self, norms: torch.Tensor) -> None:
+        """Take a cosine head's rows W = ρ·W' to W' (``norms`` ρ, (B, K, 1)): an exact
+        change of coordinates of the same objective, which ignores the rows' norms, so the
+        pairs become s' = s / ρ and y' = ρ·y row by row (sᵀy is unchanged), and the last
+        point and gradient likewise."""
+        n_folds, k = norms.shape[:2]
+
+        def rows(t):  # (B, ..., K·d) as (B, ..., K, d)
+            return t.view(*t.shape[:-1], k, -1)
+
+        rows(self.s).div_(norms[:, None])
+        rows(self.y).mul_(norms[:, None])
+        if self.point is not None:
+            rows(self.point).div_(norms)
+            rows(self.grad).mul_(norms)
+        newest = (self.slot - 1) % self.s.shape[1]
+        sy, yy = (self.s[:, newest] * self.y[:, newest]).sum(1), self.y[:, newest].square().sum(1)
+        fresh = (self.rho[:, newest] != 0) & (yy > 0)
+        self.h0 = torch.where(fresh, sy / yy.where(fresh, 1.0), self.h0)
 
     def move_to(self, reg: torch.Tensor, n_penalised: int) -> None:
         """Correct the pairs, and the last objective and gradient, from the penalty they
@@ -208,19 +295,21 @@ class Memory:
 def lbfgs_batched(
     batch: FoldBatch,
     params: torch.Tensor,
-    C: float,
+    value: float,
     *,
     max_iter: int,
     tol: float,
     history: int = 10,
     memory: Memory | None = None,
 ) -> BatchResult:
-    """Minimise every fold's objective from ``params`` (B, P), updated in place.
+    """Minimise every fold's objective at ``value`` (C, or a cosine head's scale) from
+    ``params`` (B, P), updated in place.
 
     ``memory`` (a :class:`Memory`, updated in place) carries the pairs of a previous
-    solve at another C, and its objective and gradient where it ended: a solve that starts
-    there needs no first evaluation. Without it the memory starts empty, with ``history``
-    slots (a memory keeps its own number).
+    solve at another value, and its objective and gradient where it ended: a solve that
+    starts there at the same objective (any C: they are corrected for the penalty) needs no
+    first evaluation. Without it the memory starts empty, with ``history`` slots (a memory
+    keeps its own number).
 
     Stops a fold as fit_lbfgs does: ``"tol"`` (largest gradient entry at most tol),
     ``"max_iter"``, ``"max_eval"`` (4·max_iter evaluations of that fold), or ``"stalled"``
@@ -234,35 +323,30 @@ def lbfgs_batched(
     device = params.device
     if memory is None:
         memory = Memory.empty(params, history)
-    memory.move_to(1.0 / (C * batch.weight_sum), batch.n_classes * batch.X.shape[1])
+    memory.move_to(1.0 / (value * batch.weight_sum), batch.n_penalised)
     s_hist, y_hist, rho, h0, slot = memory.s, memory.y, memory.rho, memory.h0, memory.slot
     history = s_hist.shape[1]
     n_iter = np.zeros(n_folds, dtype=int)
     evals = np.ones(n_folds, dtype=int)
     stop = ["tol"] * n_folds
     everyone = torch.arange(n_folds, device=device)
-    if memory.point is not None and torch.equal(memory.point, params):
-        value, grad = memory.value, memory.grad
+    same = batch.n_penalised or memory.solved_at == value  # the objective, up to the penalty
+    if memory.point is not None and same and torch.equal(memory.point, params):
+        objective, grad = memory.value, memory.grad
         evals[:] = 0
     else:
-        value, grad = batch.evaluate(params, everyone, C)
-    largest = grad.abs().amax(1)
+        objective, grad = batch.evaluate(params, everyone, value)
+    largest = batch.largest_gradient(params, grad)
     active = [f for f, done in enumerate((largest <= tol).tolist()) if not done]
     a = torch.tensor(active, device=device)
     first = True
     while active:
         g = grad[a]
-        # Two-loop recursion, newest pair first; empty pairs (ρ = 0) change nothing.
-        q = -g
-        order = [(slot - 1 - i) % history for i in range(history)]
-        alphas = {}
-        for i in order:
-            alphas[i] = rho[a, i] * (s_hist[a, i] * q).sum(1)
-            q -= alphas[i][:, None] * y_hist[a, i]
-        direction = h0[a, None] * q
-        for i in reversed(order):
-            beta = rho[a, i] * (y_hist[a, i] * direction).sum(1)
-            direction += (alphas[i] - beta)[:, None] * s_hist[a, i]
+        order = [(slot - 1 - i) % history for i in range(memory.used)]
+        if len(active) == n_folds:  # views, not copies of the memory
+            direction = _two_loop(s_hist, y_hist, rho, h0, g, order)
+        else:
+            direction = _two_loop(s_hist[a], y_hist[a], rho[a], h0[a], g, order)
         # A direction that is not downhill (a stale memory) restarts that fold from −g.
         uphill = ~((g * direction).sum(1) < 0)
         direction = torch.where(uphill[:, None], -g, direction)
@@ -275,14 +359,14 @@ def lbfgs_batched(
             step = torch.where(unscaled, (1.0 / g.abs().sum(1)).clamp(max=1.0), step)
         first = False
         start = params[a]
-        trial_value, trial_grad = batch.evaluate(start + step[:, None] * direction, a, C)
+        trial_value, trial_grad = batch.evaluate(start + step[:, None] * direction, a, value)
         evals[active] += 1
         # Weak Wolfe conditions by bracketing: a step that fails sufficient decrease is too
         # long, one whose slope is still steep (below c₂ = 0.9 of the start's, as in
         # torch's strong-Wolfe search) too short; only the folds still searching are
         # evaluated again. The last short step (``low``) meets sufficient decrease and is
         # kept for a fold whose search runs out.
-        bound = value[a]
+        bound = objective[a]
         low, high = torch.zeros_like(step), torch.full_like(step, float("inf"))
         low_value, low_grad = trial_value.clone(), trial_grad.clone()
         for _ in range(_MAX_LINE_SEARCH):
@@ -300,7 +384,7 @@ def lbfgs_batched(
             new = _next_step(step, slope, bound, trial_value, trial_slope, long, low, high)
             step = torch.where(searching, new, step)
             point = start[redo] + step[redo, None] * direction[redo]
-            trial_value[redo], trial_grad[redo] = batch.evaluate(point, a[redo], C)
+            trial_value[redo], trial_grad[redo] = batch.evaluate(point, a[redo], value)
             evals[np.asarray(active)[redo.cpu().numpy()]] += 1
         failed = ~(trial_value <= bound + 1e-4 * step * slope)
         fallback = failed & (low > 0)
@@ -320,12 +404,13 @@ def lbfgs_batched(
         rho[a, slot] = torch.where(keep, 1.0 / sy.where(keep, 1.0), 0)
         h0[a] = torch.where(keep, sy / (yv * yv).sum(1).where(keep, 1.0), h0[a])
         slot = memory.slot = (slot + 1) % history
+        memory.used = min(memory.used + 1, history)
         params[a] = torch.where(accepted[:, None], start + s, start)
-        value[a] = torch.where(accepted, trial_value, bound)
+        objective[a] = torch.where(accepted, trial_value, bound)
         grad[a] = torch.where(accepted[:, None], trial_grad, g)
-        largest[a] = grad[a].abs().amax(1)
-        change = (bound - value[a]).abs() <= _FTOL * torch.maximum(
-            torch.maximum(bound.abs(), value[a].abs()), torch.ones_like(bound)
+        largest[a] = batch.largest_gradient(params[a], grad[a])
+        change = (bound - objective[a]).abs() <= _FTOL * torch.maximum(
+            torch.maximum(bound.abs(), objective[a].abs()), torch.ones_like(bound)
         )
         # One more synchronisation per iteration: which folds stop.
         met, stalled = torch.stack([largest[a] <= tol, ~accepted | change]).tolist()
@@ -345,8 +430,25 @@ def lbfgs_batched(
         if still != active:
             active = still
             a = torch.tensor(active, device=device)
-    memory.point, memory.value, memory.grad = params.clone(), value, grad
+    memory.point, memory.value, memory.grad = params.clone(), objective, grad
+    memory.solved_at = value
     return BatchResult(n_iter, stop, largest.cpu().numpy())
+
+
+def _two_loop(s, y, rho, h0, g, order) -> torch.Tensor:
+    """−H·g by L-BFGS's two-loop recursion over the slots ``order`` (newest first) of the
+    pairs s, y (A, history, P) with ρ = 1/sᵀy (A, history) and initial scale h0 (A,);
+    empty pairs (ρ = 0) change nothing."""
+    q = -g
+    alphas = {}
+    for i in order:
+        alphas[i] = rho[:, i] * torch.linalg.vecdot(s[:, i], q)
+        q.addcmul_(alphas[i][:, None], y[:, i], value=-1)
+    direction = q.mul_(h0[:, None])
+    for i in reversed(order):
+        beta = rho[:, i] * torch.linalg.vecdot(y[:, i], direction)
+        direction.addcmul_((alphas[i] - beta)[:, None], s[:, i])
+    return direction
 
 
 def _next_step(step, slope, value0, value, trial_slope, long, low, high) -> torch.Tensor:
@@ -385,81 +487,142 @@ class HeldOut:
     y_index: np.ndarray
     weight: np.ndarray | None
 
+    def logits(self, coef: torch.Tensor, intercept: torch.Tensor | None, cosine: bool):
+        """The held-out logits of a fold's solution (coef_ rows, V for a cosine head)."""
+        z = self.X @ coef.T
+        if cosine:
+            z *= row_norms(self.X).clamp_min(1e-12).reciprocal()[:, None]
+        if intercept is not None:
+            z += intercept
+        return z
+
 
 @dataclass
 class BatchedPath:
     """Some folds' paths solved together: one :class:`FoldBatch` and one parameter block.
 
     ``held_out`` has one :class:`HeldOut` per fold of the batch, and ``paths`` one
-    :class:`FoldSteps`. The L-BFGS memory is carried from each value of C to the next
+    :class:`FoldSteps`. The L-BFGS memory is carried from each value to the next
     (:class:`Memory`), so each starts from the last solution with the curvature measured
-    so far: its first step is a quasi-Newton step for the change of penalty.
+    so far: for C, its first step is a quasi-Newton step for the change of penalty. A
+    cosine head's scales carry it while the next is within ``_CARRY_SCALE_RATIO`` of the
+    scale its pairs were formed at (they approximate the curvature at another scale, and
+    less well the further it is), and its rows are rescaled to unit norm after each
+    scale, the pairs with them.
 
-    ``rows``, when given, makes the batch's X and y on demand (a fold's own training
-    rows, a copy): they are held only while :meth:`run` solves, so that folds solved one
-    after another never hold more than one copy between them.
+    ``start`` (B, P) is where the first value starts (zeros when None: a cosine head starts
+    at its class prototypes). ``rows``, when given, makes the batch's X and y on demand (a
+    fold's own training rows, a copy): they are held only while :meth:`run` solves, so that
+    folds solved one after another never hold more than one copy between them.
     """
 
     batch: FoldBatch
     held_out: list
     rows: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
+    start: torch.Tensor | None = None
     paths: list = field(init=False)
     params: torch.Tensor = field(init=False)
     memory: Memory = field(init=False)
     _last: float | None = field(init=False, default=None)  # the value solved last
+    _formed_at: float | None = field(init=False, default=None)  # a cosine memory's scale
+    # A two-class cosine head's solutions as its two rows (its steps keep their difference).
+    _rows: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.paths = [FoldSteps() for _ in self.held_out]
-        self.params = self.batch.X.new_zeros(self.batch.n_folds, self.batch.n_params)
+        n_params = self.batch.n_params
+        self.params = self.batch.X.new_zeros(self.batch.n_folds, n_params)
+        if self.start is not None:
+            self.params.copy_(self.start)
+            self.start = None
+        most, floor = (_COSINE_HISTORY, 10) if self.batch.cosine else (_HISTORY, 10)
         pairs = _HISTORY_ELEMENTS // (2 * self.params.numel())
-        self.memory = Memory.empty(self.params, int(min(_HISTORY, max(10, pairs))))
+        self.memory = Memory.empty(self.params, int(min(most, max(floor, pairs))))
         if self.rows is not None:
             self._release()
 
     def _release(self) -> None:
         """Drop X and y, keeping their number of features, dtype and device."""
-        self.batch.X = self.batch.X.new_empty((0, self.batch.X.shape[1]))
-        self.batch.y = self.batch.y.new_empty((0,))
+        self.batch.set_rows(
+            self.batch.X.new_empty((0, self.batch.X.shape[1])), self.batch.y.new_empty((0,))
+        )
 
     def run(self, values, score, progress, *, max_iter, tol, report) -> None:
         """Solve at ``values`` in increasing order, each from the solution of the nearest
-        value solved so far (in log C) and the memory, score every fold's held-out rows,
-        and pass each fold's solver outcome to ``report(n_iter, stop, largest_gradient)``.
-        Along a grid the nearest is the last; a bisection's midpoint starts from its
-        neighbour, not from the far end of the grid where the path last was."""
+        value solved so far (in log value) and the memory, score every fold's held-out
+        rows, and pass each fold's solver outcome to ``report(n_iter, stop,
+        largest_gradient)``. Along a grid the nearest is the last; a bisection's midpoint
+        starts from its neighbour, not from the far end of the grid where the path last
+        was."""
         if self.rows is None:
             self._run(values, score, progress, max_iter, tol, report)
             return
-        self.batch.X, self.batch.y = self.rows()
+        self.batch.set_rows(*self.rows())
         try:
             self._run(values, score, progress, max_iter, tol, report)
         finally:
             self._release()
 
     def _run(self, values, score, progress, max_iter, tol, report) -> None:
+        cosine = self.batch.cosine
         for value in sorted(values):
-            self._start_nearest(float(value))
+            value = float(value)
+            self._start_nearest(value)
+            if cosine:
+                self._carry_or_forget(value)
             result = lbfgs_batched(
-                self.batch, self.params, float(value), max_iter=max_iter, tol=tol,
-                memory=self.memory,
-            )  # fmt: skip
+                self.batch, self.params, value, max_iter=max_iter, tol=tol, memory=self.memory
+            )
             if not bool(torch.isfinite(self.params).all()):
                 what = "the fit produced non-finite coefficients"
                 raise ValueError(_overflow_message(what, self.params.dtype))
-            coef, intercept = self.batch.coefficients(self.params)
+            if cosine:
+                self._unit_rows(value, result)
+            coef, intercept = self._coefficients(value)
             for f, held_out in enumerate(self.held_out):
-                z = held_out.X @ coef[f].T
-                bias = None
-                if intercept is not None:
-                    z += intercept[f]
-                    bias = intercept[f].cpu().numpy()
-                self.paths[f].steps[float(value)] = Step.scored(
-                    z.cpu().numpy(), coef[f].cpu().numpy(), bias, result.n_iter[f],
+                z = held_out.logits(coef[f], None if intercept is None else intercept[f], cosine)
+                bias = None if intercept is None else intercept[f].cpu().numpy()
+                exported = coef[f]
+                if cosine and self.batch.n_classes == 2:
+                    # scikit-learn's binary convention, as the head exports it: one row.
+                    exported = coef[f, 1:] - coef[f, :1]
+                self.paths[f].steps[value] = Step.scored(
+                    z.cpu().numpy(), exported.cpu().numpy(), bias, result.n_iter[f],
                     held_out.y_index, held_out.weight, score,
                 )  # fmt: skip
                 report(int(result.n_iter[f]), result.stop[f], float(result.largest_gradient[f]))
                 progress.update(1)
-            self._last = float(value)
+            if cosine and self.batch.n_classes == 2:
+                self._rows[value] = self.params.clone()
+            self._last = value
+
+    def _coefficients(self, value: float):
+        """Every fold's coef (B, K, d) and intercept (B, K) or None at the solution of
+        ``value``: for a cosine head, V = s·W (its rows are at unit norm then)."""
+        if self.batch.cosine:
+            return value * self.params.view(self.batch.n_folds, self.batch.n_classes, -1), None
+        return self.batch.coefficients(self.params)
+
+    @torch.no_grad()
+    def _unit_rows(self, value: float, result: BatchResult) -> None:
+        """Rescale a cosine head's rows to unit norm after a scale, the memory with them;
+        a scale that made no iteration leaves its pairs' scale as it was, so that a chain
+        of such starts cannot move them."""
+        norms = self.batch.direction_norms(self.params)  # (B, K, 1)
+        self.params.view(norms.shape[0], self.batch.n_classes, -1).div_(norms)
+        self.memory.rescale(norms)
+        if self._formed_at is None or result.n_iter.any():
+            self._formed_at = value
+
+    def _carry_or_forget(self, value: float) -> None:
+        """A cosine head keeps its pairs for a scale within ``_CARRY_SCALE_RATIO`` of the
+        one they were formed at, and starts with none further away."""
+        near = self._formed_at is not None and (
+            1 / _CARRY_SCALE_RATIO <= value / self._formed_at <= _CARRY_SCALE_RATIO
+        )
+        if not near:
+            self.memory = Memory.empty(self.params, self.memory.s.shape[1])
+            self._formed_at = None
 
     @torch.no_grad()
     def _start_nearest(self, value: float) -> None:
@@ -469,6 +632,12 @@ class BatchedPath:
         nearest = min(solved, key=lambda v: (abs(np.log(v / value)), v != self._last))
         if nearest == self._last:
             return
+        if nearest in self._rows:
+            self.params.copy_(self._rows[nearest])
+            return
         coef = np.stack([path.steps[nearest].coef for path in self.paths])  # (B, K, dof)
         coef = torch.as_tensor(coef, dtype=self.params.dtype, device=self.params.device)
+        if self.batch.cosine:  # V = s·W: its directions are the rows'
+            self.params.copy_(torch.nn.functional.normalize(coef, dim=2).flatten(1))
+            return
         self.params.copy_(self.batch.parameters(coef))

@@ -53,7 +53,9 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
     For the linear head (more than two classes, ``lam=0``, no ``class_tilt``, data in
     memory) each fold's L-BFGS keeps its memory from one C to the next, corrected for the
     change of penalty, which is exact for the L2 penalty: each C then starts from the last
-    solution with the curvature measured so far. On a GPU, or on a CPU with n_folds ×
+    solution with the curvature measured so far. The cosine head (any number of classes,
+    same conditions) runs on the same solver, its memory carried to a next scale within a
+    factor of 4 of the one it was formed at. On a GPU, or on a CPU with n_folds ×
     n_classes ≤ 256, the folds are also solved as one batched problem: every evaluation
     multiplies X once by all the folds' weights, the held-out rows taking part with weight
     zero, and L-BFGS runs in lock-step over the folds (each stopping on its own).
@@ -132,11 +134,12 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     head described above, L-BFGS also keeps its memory from v_{j-1}, each pair (s, y)
     corrected to y + (1/v_j − 1/v_{j-1})/S · s on W's entries, which makes it exact at v_j
     (the penalty is quadratic); a bisection's new value starts from the solution at the
-    nearest value solved. Elsewhere, from j = 3 on, the start is the solutions at v_{j-2}
-    and v_{j-1} extrapolated linearly in log v (a predictor step, which the solver
-    corrects), except for a cosine head, which starts from the solution at v_{j-1} itself
-    and, without projection, starts L-BFGS from the pairs of the scale before when that
-    scale is within a factor of 4. For the convex problems
+    nearest value solved. The cosine head described above does the same, its pairs
+    carried unchanged (in the coordinates of its rows at unit norm) while v_j is within a
+    factor of 4 of the scale they were formed at, and dropped beyond. Elsewhere, from j = 3
+    on, the start is the solutions at v_{j-2} and v_{j-1} extrapolated linearly in log v (a
+    predictor step, which the solver corrects), except for a cosine head, which starts
+    from the solution at v_{j-1} itself. For the convex problems
     (a linear head without projection) none of these changes the solution, only where the
     solver starts. The cosine head's problem is not convex and, at large scales, flat:
     its path can end at other solutions than independent fits at the same scales (a
@@ -358,21 +361,21 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         weight = None if score_weight is None else score_weight[test]
         return FoldPath(fold, data.rows(test), data.y_index[test], weight, head, initial)
 
-    # The plain linear head's folds are solved by the batched L-BFGS of _batched.py, with
-    # its memory carried along the path. On a GPU, and on a CPU while the folds' logits
-    # together stay narrow (n_folds × n_classes columns), all folds form one batch: one
-    # product over all rows reads X once instead of once per fold. Elsewhere each fold is a
-    # batch of one, on its own training rows. ``_batch_folds`` overrides the choice (True:
-    # one batch; False: one per fold).
+    # The folds of a plain linear or cosine head are solved by the batched L-BFGS of
+    # _batched.py, with its memory carried along the path. On a GPU, and on a CPU while the
+    # folds' logits together stay narrow (n_folds × n_classes columns), all folds form one
+    # batch: one product over all rows reads X once instead of once per fold. Elsewhere
+    # each fold is a batch of one, on its own training rows. ``_batch_folds`` overrides the
+    # choice (True: one batch; False: one per fold).
     _BATCH_MAX_COLUMNS_CPU = 256
     _batch_folds = None
 
     def _batches_folds(self, data, solver) -> bool:
-        """Whether the folds' paths run on the batched L-BFGS: a plain linear head (more
-        than two classes, no projection, no tilt) by L-BFGS on in-memory data."""
+        """Whether the folds' paths run on the batched L-BFGS: a linear head of more than
+        two classes or a cosine head, without projection (lam = 0) or tilt, by L-BFGS on
+        in-memory data."""
         return (
-            self.head == "linear"
-            and data.n_classes > 2
+            (self.head == "cosine" or data.n_classes > 2)
             and solver == "lbfgs"
             and self.lam == 0
             and self.class_tilt == 0
@@ -392,23 +395,36 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             weight = None if score_weight is None else score_weight[test]
             return HeldOut(data.rows(test), data.y_index[test], weight)
 
+        cosine = self.head == "cosine"
+
         def fold_parts(train):
-            """A fold's sample weights over all rows (zero off ``train``), inverse margins
-            and feature mean: its statistics over all rows with the held-out ones weighted
-            zero, so that nothing is copied."""
+            """A fold's sample weights over all rows (zero off ``train``), inverse margins,
+            feature mean and start: its statistics over all rows with the held-out ones
+            weighted zero, so that nothing is copied. A cosine head starts at the fold's
+            class prototypes, a linear one at zero."""
             fold = data.masked(train)
-            stats, margins = self._statistics(self._new_head(fold), fold)[:2]
-            return fold.source.w, margins.reciprocal(), overall_mean(stats)
+            head = self._new_head(fold)
+            stats, margins = self._statistics(head, fold)[:2]
+            if cosine:
+                head.init_weight_from_means(stats.mean)
+            start = head.weight.detach().flatten() if cosine else None
+            return fold.source.w, margins.reciprocal(), overall_mean(stats), start
 
         def batch(X, y, parts):
-            weights, inv_gamma, centers = (torch.stack(part) for part in zip(*parts, strict=True))
-            centers = centers if self.fit_intercept else None
-            return FoldBatch(X, y, weights, inv_gamma, centers, data.n_classes)
+            weights, inv_gamma, centers = (
+                torch.stack(part) for part in list(zip(*parts, strict=True))[:3]
+            )
+            centers = centers if self.fit_intercept and not cosine else None
+            return FoldBatch(X, y, weights, inv_gamma, centers, data.n_classes, cosine)
+
+        def start(parts):
+            return torch.stack([part[3] for part in parts]) if cosine else None
 
         if self._one_batch(data, len(folds)):
             parts = [fold_parts(train) for train, _ in folds]
             fold_batch = batch(data.source.X, data.source.y, parts)
-            return [BatchedPath(fold_batch, [held_out(test) for _, test in folds])]
+            held = [held_out(test) for _, test in folds]
+            return [BatchedPath(fold_batch, held, start=start(parts))]
 
         def own_rows(train):
             """The fold's training rows, copied when its path runs and dropped after."""
@@ -421,12 +437,13 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
 
         X, y, paths = data.source.X, data.source.y, []
         for train, test in folds:
-            inv_gamma, center = fold_parts(train)[1:]
+            parts = fold_parts(train)
             index = to_tensor(np.asarray(train, dtype=np.int64), data.device)
             # X and y come from own_rows while the path runs; until then, none. Each copied
             # row has its own weight (fold_parts' weights count a repeated row m times).
-            empty = batch(X[:0], y[:0], [(data.source.w[index], inv_gamma, center)])
-            paths.append(BatchedPath(empty, [held_out(test)], own_rows(train)))
+            own = [(data.source.w[index], *parts[1:])]
+            empty = batch(X[:0], y[:0], own)
+            paths.append(BatchedPath(empty, [held_out(test)], own_rows(train), start(own)))
         return paths
 
     def _report(self, solver, dtype, n_iter, stop, largest):

@@ -37,10 +37,6 @@ class ProbeHead(nn.Module):
     ) -> None:
         super().__init__()
         self.head, self.scale, self.n_classes = head, scale, n_classes
-        # A path's plain cosine head keeps its last fit's L-BFGS pairs
-        # (_solvers.CurvaturePairs) for the next scale; a single fit keeps none.
-        self.keep_curvature = False
-        self.curvature = None
         self.pinned = head == "linear" and n_classes == 2
         rows = 1 if self.pinned else n_classes
         kw = {"dtype": dtype, "device": device}

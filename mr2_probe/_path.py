@@ -1,10 +1,10 @@
 """The regularisation path of one fold, held-out scoring from logits, and the bisection.
 
 A fold keeps one head on the device for its whole path: each value of the searched
-parameter (C, or the cosine head's scale) starts from the previous solution (a plain cosine
-head's L-BFGS also from the previous scale's curvature pairs while a run lasts), and the
-class statistics, which do not depend on the parameters without a projection, are computed
-once per fold.
+parameter (C, or the cosine head's scale) starts from the previous solution, and the class
+statistics, which do not depend on the parameters without a projection, are computed once
+per fold. (The folds of a plain linear or cosine head take the batched solver of
+_batched.py instead.)
 """
 
 from __future__ import annotations
@@ -95,25 +95,19 @@ class FoldPath:
         log(value), from the last two solutions (a predictor step): the solver then only
         corrects it.
         """
-        # A cosine head's L-BFGS pairs go from one value to the next, within this run only:
-        # a fold holds them while it runs, not while the other folds or the refit do.
-        self.head.keep_curvature = True
-        try:
-            for value in sorted(values):
-                cold = not self.steps
-                self._predict(float(value))
-                result, state = solve(self.head, self.data, value, cold, self.initial)
-                with torch.no_grad():
-                    z = to_numpy(self.head.logits(self.head.features(self.X_test)))  # (B, K)
-                intercept = state["intercept"] if self.head.bias is not None else None
-                self.steps[float(value)] = Step.scored(
-                    z, state["coef"], intercept, result.n_iter, self.y_test, self.score_weight,
-                    score,
-                )  # fmt: skip
-                self._previous = [*self._previous, (float(value), self._params())][-2:]
-                progress.update(1)
-        finally:
-            self.head.curvature = None
+        for value in sorted(values):
+            cold = not self.steps
+            self._predict(float(value))
+            result, state = solve(self.head, self.data, value, cold, self.initial)
+            with torch.no_grad():
+                z = to_numpy(self.head.logits(self.head.features(self.X_test)))  # (B, K)
+            intercept = state["intercept"] if self.head.bias is not None else None
+            self.steps[float(value)] = Step.scored(
+                z, state["coef"], intercept, result.n_iter, self.y_test, self.score_weight,
+                score,
+            )  # fmt: skip
+            self._previous = [*self._previous, (float(value), self._params())][-2:]
+            progress.update(1)
 
     def _params(self) -> list[torch.Tensor]:
         return [p.detach().clone() for p in self.head.parameters()]

@@ -65,71 +65,6 @@ _LINEAR_HISTORY = 10
 _COSINE_ROUNDS = 20
 _COSINE_HISTORY = 200
 _COSINE_HISTORY_ELEMENTS = 2**26
-# A path's next scale starts from the last scale's L-BFGS pairs when it is within this
-# factor of it. Far away they can mislead: a bisection on digits that came back down from
-# 1000 to 18 with them stopped at max_iter and chose another scale. Up a grid they saved
-# 1% to 32% of the iterations on digits (README, "Speed").
-_CARRY_SCALE_RATIO = 4.0
-
-
-@dataclass
-class CurvaturePairs:
-    """L-BFGS memory of a plain cosine head, in the coordinates of its unit-norm rows.
-
-    A fold's path keeps it on its head (``ProbeHead.curvature``) from one scale to the
-    next, so that each scale's L-BFGS starts with the last one's pairs (s_i, y_i) rather
-    than with none (README, "Speed").
-    """
-
-    steps: list  # s_i, flat (K·d,)
-    grads: list  # y_i, flat (K·d,)
-    scale: float  # the logit scale they were formed at
-
-    @classmethod
-    def take(cls, state: dict, norms: torch.Tensor, scale: float) -> CurvaturePairs | None:
-        """The pairs of torch's finished L-BFGS ``state`` (taken over, rescaled in place)
-        at logit scale ``scale`` for rows of norms ``norms`` (K, 1), in the coordinates of
-        the same rows rescaled to unit norm; None if it formed none.
-
-        The objective does not depend on the rows' norms, so W = ρ·W' is an exact change of
-        coordinates of the same function: s' = s / ρ and y' = ρ·y, row by row.
-        """
-        steps, grads = state.get("old_stps"), state.get("old_dirs")
-        if not steps:
-            return None
-        rho = norms.expand(-1, steps[0].numel() // len(norms)).reshape(-1)
-        for step, grad in zip(steps, grads, strict=True):
-            step.div_(rho)
-            grad.mul_(rho)
-        return cls(steps, grads, scale)
-
-    def seed(self, optimizer, param, history: int, scale: float) -> bool:
-        """Start torch's L-BFGS ``optimizer`` at logit scale ``scale`` from the last
-        ``history`` of these pairs, handing them over to it; False (and nothing changed)
-        if ``scale`` is more than ``_CARRY_SCALE_RATIO`` times away from theirs.
-
-        The state is set as after one iteration whose step was zero: the next iteration
-        forms no new pair (sᵀy = 0 fails the curvature test) and its direction comes from
-        the two-loop recursion over these pairs, with the initial scaling of the last one.
-        """
-        if not 1 / _CARRY_SCALE_RATIO <= scale / self.scale <= _CARRY_SCALE_RATIO:
-            return False
-        steps, grads = self.steps[-history:], self.grads[-history:]
-        self.steps, self.grads = [], []
-        n = param.numel()
-        s, y = steps[-1], grads[-1]
-        optimizer.state[param].update(
-            n_iter=1,
-            old_stps=steps,
-            old_dirs=grads,
-            ro=[1.0 / torch.dot(a, b) for a, b in zip(grads, steps, strict=True)],
-            H_diag=torch.dot(s, y) / torch.dot(y, y),
-            d=param.new_zeros(n),
-            t=0.0,
-            prev_flat_grad=param.new_zeros(n),
-            prev_loss=0.0,
-        )
-        return True
 
 
 class ClassRisk:
@@ -246,8 +181,8 @@ def fit_lbfgs(
     curve: dict[int, torch.Tensor] = {}
     bar = _progress(max_iter, verbose, "MR2 lbfgs")
     done = evals = 0  # iterations and evaluations of the finished rounds
-    # What the current optimizer's n_iter counts beyond this fit's new iterations: the
-    # seeded one while it runs, all of them once its round is over (and added to done).
+    # What the current optimizer's n_iter counts beyond this fit's new iterations: none
+    # while its round runs, all of them once it is over (and added to done).
     offset = 0
     optimizer = None
 
@@ -277,11 +212,7 @@ def fit_lbfgs(
     if head.is_plain_cosine:
         pairs = _COSINE_HISTORY_ELEMENTS // (2 * head.weight.numel())
         rounds, history = _COSINE_ROUNDS, int(min(_COSINE_HISTORY, max(10, pairs)))
-    # Along a path the first round starts from the last scale's pairs (when that scale is
-    # near); later rounds restart, as a single fit's do (carrying them there was no faster,
-    # README). The head gives them up either way: they are the optimizer's, or dropped.
-    carried, head.curvature = head.curvature, None
-    for round_ in range(rounds):
+    for _ in range(rounds):
         optimizer = torch.optim.LBFGS(
             params,
             lr=1,
@@ -294,22 +225,13 @@ def fit_lbfgs(
             history_size=history,
             line_search_fn="strong_wolfe",
         )
-        seeded = bool(
-            round_ == 0
-            and carried is not None
-            and carried.seed(optimizer, params[0], history, head.scale)
-        )
-        offset = int(seeded)
-        if not seeded:
-            carried = None  # pairs too far from this scale are dropped, not held to the end
+        offset = 0
         optimizer.step(closure)
         state = optimizer.state[params[0]]
-        n_round = state.get("n_iter", 0) - offset
+        n_round = offset = state.get("n_iter", 0)  # the evaluation after it is keyed at done
         done, evals = done + n_round, evals + state.get("func_evals", 0)
-        offset = state.get("n_iter", 0)  # the evaluation after the round is keyed at done
         if head.is_plain_cosine:
             with torch.no_grad():
-                norms = torch.linalg.vector_norm(head.weight, dim=1, keepdim=True)
                 head.weight.copy_(F.normalize(head.weight, dim=1))
         # The line search may leave in .grad a point it tried and rejected: one more
         # evaluation gives the gradient (and the loss) where L-BFGS stopped.
@@ -320,11 +242,6 @@ def fit_lbfgs(
         if n_round <= 1:
             break  # no progress in this round: a new one would start from the same point
     bar.close()
-    if head.is_plain_cosine and head.keep_curvature:  # for the next scale of a path
-        # The last round's pairs; those it was seeded with keep their scale if it made no
-        # iteration (it started at tol), so that a chain of such starts cannot move them.
-        formed_at = carried.scale if seeded and n_round == 0 else head.scale
-        head.curvature = CurvaturePairs.take(optimizer.state[params[0]], norms, formed_at)
     n_iter = done
     # Converged means the gradient test was met, whatever made L-BFGS stop. The test is
     # L-BFGS's own, in its coordinates: with the intercept re-parametrised around m.

@@ -9,11 +9,13 @@ from sklearn.datasets import load_digits
 from sklearn.exceptions import ConvergenceWarning
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
+from mr2_probe import _batched as batched
+from mr2_probe._batched import FoldBatch, Memory
 from mr2_probe._data import H5Source, TensorSource
 from mr2_probe._head import ProbeHead
 from mr2_probe._losses import margin_cross_entropy, tilted_class_risk
 from mr2_probe._path import FoldPath
-from mr2_probe._solvers import ClassRisk, CurvaturePairs, plain_data_term, tilted_data_term
+from mr2_probe._solvers import ClassRisk, plain_data_term, tilted_data_term
 from tests.reference_mr2 import cosine_lbfgs_before
 
 
@@ -159,38 +161,79 @@ def test_features_whose_squares_overflow_float32_are_normalised(digits_unit):
     assert np.mean(scaled.predict(big) == clf.predict(X)) > 0.995
 
 
-def test_carried_pairs_are_the_pairs_of_the_rescaled_rows():
+def _cosine_batch(X, y, weight, margins):
+    """A FoldBatch of a cosine head: one fold per row of ``weight``."""
+    inv_gamma = torch.as_tensor(1 / np.asarray(margins), dtype=X.dtype).expand(len(weight), -1)
+    return FoldBatch(X, y, weight, inv_gamma.contiguous(), None, len(margins), cosine=True)
+
+
+def test_batched_cosine_gradient_matches_autograd():
+    """The batched solver's cosine head: the data term of s·(x/‖x‖)·(W/‖W‖)ᵀ, its gradient
+    in W, and the stopping measure in the unit directions, fold by fold."""
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(60, 7, generator=gen, dtype=torch.float64) * 3 + 1
+    y = torch.arange(60) % 4
+    weight = torch.rand(2, 60, generator=gen, dtype=torch.float64)
+    weight[1, ::3] = 0  # a fold's held-out rows
+    margins = [1.0, 0.5, 2.0, 1.5]
+    batch = _cosine_batch(X, y, weight, margins)
+    params = torch.randn(2, 4 * 7, generator=gen, dtype=torch.float64) * 2
+    value, grad = batch.evaluate(params, torch.arange(2), 8.0)
+    for f in range(2):
+        W = params[f].view(4, 7).clone().requires_grad_()
+        z = (
+            8.0
+            * torch.nn.functional.normalize(X, dim=1)
+            @ torch.nn.functional.normalize(W, dim=1).T
+        )
+        loss = margin_cross_entropy(z, y, torch.as_tensor(margins), weight[f], reduction="sum")
+        loss = loss / weight[f].sum()
+        loss.backward()
+        torch.testing.assert_close(value[f], loss.detach())
+        torch.testing.assert_close(grad[f], W.grad.reshape(-1))
+        unit = W.detach().norm(dim=1, keepdim=True) * W.grad  # the gradient at unit rows
+        torch.testing.assert_close(
+            batch.largest_gradient(params, grad)[f], unit.abs().max(), rtol=1e-12, atol=0
+        )
+
+
+def test_rescaled_memory_holds_the_pairs_of_the_unit_rows():
     """W = ρ·W' is an exact change of coordinates of the cosine objective: a pair formed at
     rows of any norms, rescaled, is the pair between the same rows at unit norm."""
     gen = torch.Generator().manual_seed(0)
     X = torch.nn.functional.normalize(torch.randn(40, 5, generator=gen, dtype=torch.float64))
     y = torch.arange(40) % 3
+    batch = _cosine_batch(X, y, torch.ones(1, 40, dtype=X.dtype), [1.0, 1.0, 1.0])
 
     def grad(W):
-        W = W.clone().requires_grad_()
-        z = 8.0 * X @ torch.nn.functional.normalize(W, dim=1).T
-        margin_cross_entropy(z, y, torch.ones(3, dtype=X.dtype)).backward()
-        return W.grad
+        return batch.evaluate(W.reshape(1, -1), torch.arange(1), 8.0)[1].view(3, 5)
 
     norms = torch.tensor([[3.0], [0.5], [1.7]], dtype=X.dtype)
     U1, U2 = (torch.nn.functional.normalize(torch.randn(3, 5, generator=gen, dtype=X.dtype))
               for _ in range(2))  # fmt: skip
     W1 = U1 * norms * torch.tensor([[1.1], [0.9], [1.0]], dtype=X.dtype)
     W2 = U2 * norms
-    state = {"old_stps": [(W2 - W1).reshape(-1)], "old_dirs": [(grad(W2) - grad(W1)).reshape(-1)]}
-    pairs = CurvaturePairs.take(state, norms, 8.0)
-    torch.testing.assert_close(pairs.steps[0], (W2 / norms - W1 / norms).reshape(-1))
-    torch.testing.assert_close(pairs.grads[0], (grad(W2 / norms) - grad(W1 / norms)).reshape(-1))
-    assert CurvaturePairs.take({}, norms, 8.0) is None  # no pairs formed
+    memory = Memory.empty(W2.reshape(1, -1), 4)
+    memory.s[0, 0], memory.y[0, 0] = (W2 - W1).reshape(-1), (grad(W2) - grad(W1)).reshape(-1)
+    memory.rho[0, 0] = 1 / (memory.s[0, 0] @ memory.y[0, 0])
+    memory.slot = memory.used = 1
+    memory.point, memory.grad, memory.value = W2.reshape(1, -1).clone(), grad(W2).reshape(1, -1), 0
+    rho = memory.rho.clone()
+    memory.rescale(norms[None])
+    torch.testing.assert_close(memory.s[0, 0], (W2 / norms - W1 / norms).reshape(-1))
+    torch.testing.assert_close(memory.y[0, 0], (grad(W2 / norms) - grad(W1 / norms)).reshape(-1))
+    torch.testing.assert_close(memory.rho, rho)  # sᵀy is the same
+    s, y_ = memory.s[0, 0], memory.y[0, 0]
+    torch.testing.assert_close(memory.h0[0], (s @ y_) / (y_ @ y_))
+    torch.testing.assert_close(memory.point[0], (W2 / norms).reshape(-1))
+    torch.testing.assert_close(memory.grad[0], grad(W2 / norms).reshape(-1))
 
 
-def _scale_path(X, y):
+def _scale_path(X, y, **params):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        clf = MR2LinearClassifierCV(
-            [4.0, 8.0, 16.0, 32.0, 64.0], cv=3, head="cosine", tol=1e-5, max_iter=3000,
-            refit=False, device="cpu",
-        ).fit(X, y)  # fmt: skip
+        params = dict(cv=3, head="cosine", tol=1e-5, max_iter=3000, refit=False) | params
+        clf = MR2LinearClassifierCV([4.0, 8.0, 16.0, 32.0, 64.0], device="cpu", **params).fit(X, y)
     coefs = np.stack([clf.coefs_paths_[c] for c in clf.classes_], axis=2)  # (folds, Cs, K, d)
     return clf, coefs.reshape(-1, *coefs.shape[2:])
 
@@ -200,7 +243,7 @@ def test_scale_path_starts_each_scale_from_the_last_pairs(digits_unit, monkeypat
     iterations than starting from none, the same solutions."""
     X, y = digits_unit
     carried, coefs = _scale_path(X, y)
-    monkeypatch.setattr(CurvaturePairs, "take", classmethod(lambda cls, state, norms, scale: None))
+    monkeypatch.setattr(batched, "_CARRY_SCALE_RATIO", 1.0)  # no scale near another
     fresh, fresh_coefs = _scale_path(X, y)
     assert carried.n_iter_[0, :, 0].sum() == fresh.n_iter_[0, :, 0].sum()  # cold starts
     assert carried.n_iter_.sum() < 0.85 * fresh.n_iter_.sum()
@@ -208,6 +251,21 @@ def test_scale_path_starts_each_scale_from_the_last_pairs(digits_unit, monkeypat
     for ours, theirs in zip(coefs, fresh_coefs, strict=True):
         assert np.mean(np.argmax(X @ ours.T, 1) == np.argmax(X @ theirs.T, 1)) >= 0.995
     np.testing.assert_allclose(carried.scores_[0], fresh.scores_[0], atol=0.01)
+
+
+def test_scale_path_ends_where_cold_fits_of_its_scales_do(digits_unit):
+    """Each point of the path meets tol in the unit directions, at the objective of a
+    cold fit at that scale, and predicts as it does."""
+    X, y = digits_unit
+    clf, coefs = _scale_path(X, y, cv=[(np.arange(len(y)), np.arange(len(y)))])
+    for scale, coef in zip(clf.Cs_, coefs, strict=True):
+        cold = _fit(X, y, scale=scale, tol=1e-5)
+        ones = np.ones(10)
+        assert (
+            _objective(X, y, coef, scale, ones) <= _objective(X, y, cold.coef_, scale, ones) + 1e-5
+        )
+        assert np.mean(np.argmax(X @ coef.T, 1) == cold.predict(X)) >= 0.995
+        np.testing.assert_allclose(np.linalg.norm(coef, axis=1), scale, rtol=1e-5)
 
 
 def test_bisection_back_down_the_scales_is_not_misled_by_far_pairs(digits_unit, monkeypatch):
@@ -222,16 +280,15 @@ def test_bisection_back_down_the_scales_is_not_misled_by_far_pairs(digits_unit, 
         return clf, [w for w in caught if issubclass(w.category, ConvergenceWarning)]
 
     carried, warned = search()
-    monkeypatch.setattr(CurvaturePairs, "take", classmethod(lambda cls, state, norms, scale: None))
+    monkeypatch.setattr(batched, "_CARRY_SCALE_RATIO", 1.0)
     fresh, _ = search()
     assert not warned
     best = [clf.scores_[0].mean(0).max() for clf in (carried, fresh)]
     assert best[0] == pytest.approx(best[1], abs=0.005)
 
 
-def test_seeded_fits_count_only_their_own_iterations(digits_unit):
-    """The seeded state counts as one of torch's iterations, not as one of the fit's: a
-    path cut short by max_iter reports max_iter at every scale."""
+def test_fits_on_carried_pairs_count_only_their_own_iterations(digits_unit):
+    """A path cut short by max_iter reports max_iter at every scale."""
     X, y = digits_unit
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -242,23 +299,82 @@ def test_seeded_fits_count_only_their_own_iterations(digits_unit):
     np.testing.assert_array_equal(clf.n_iter_, 7)
 
 
-def test_pairs_are_kept_only_while_a_path_runs(digits_unit, monkeypatch):
+@pytest.mark.parametrize(
+    ("params", "batched_runs"),
+    [(dict(), 1), (dict(class_tilt=0.5), 0), (dict(lam=0.5, max_iter=3), 0)],
+)
+def test_a_plain_cosine_search_runs_on_the_batched_solver(digits_unit, monkeypatch, params,
+                                                          batched_runs):  # fmt: skip
+    """The linear head's path solver serves the plain cosine head; a tilt or a projection
+    takes the folds' own paths, and a single fit neither."""
     X, y = digits_unit
-    taken, heads = [], []
-    take, run = CurvaturePairs.take.__func__, FoldPath.run
+    runs = {"batched": 0, "fold": 0}
+    batched_run, fold_run = batched.BatchedPath.run, FoldPath.run
 
-    def counted(cls, *args):
-        taken.append(args[-1])
-        return take(cls, *args)
+    def count(kind, run):
+        def counted(self, *args, **kwargs):
+            runs[kind] += 1
+            return run(self, *args, **kwargs)
 
-    def kept(self, *args, **kwargs):
-        run(self, *args, **kwargs)
-        heads.append(self.head)
+        return counted
 
-    monkeypatch.setattr(CurvaturePairs, "take", classmethod(counted))
-    monkeypatch.setattr(FoldPath, "run", kept)
+    monkeypatch.setattr(batched.BatchedPath, "run", count("batched", batched_run))
+    monkeypatch.setattr(FoldPath, "run", count("fold", fold_run))
     _fit(X, y, scale=16.0)
-    assert not taken  # a single fit keeps no pairs
-    MR2LinearClassifierCV([4.0, 8.0], cv=2, head="cosine", device="cpu").fit(X, y)
-    assert sorted(taken) == [4.0, 4.0, 8.0, 8.0]  # each fold's path, not the refit
-    assert len(heads) == 2 and all(head.curvature is None for head in heads)
+    assert runs == {"batched": 0, "fold": 0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        MR2LinearClassifierCV([4.0, 8.0], cv=2, head="cosine", device="cpu", **params).fit(X, y)
+    assert runs == {"batched": batched_runs, "fold": 0 if batched_runs else 2}
+
+
+@pytest.mark.parametrize("batch_folds", [None, False])
+def test_a_two_class_cosine_path_keeps_both_rows_between_scales(batch_folds, monkeypatch):
+    """Two classes are stored as one row (coef_1 − coef_0); a bisection's midpoint starts
+    from its neighbour's two rows, and the folds solved together or one by one agree."""
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    starts, original = [], batched.lbfgs_batched
+
+    def spy(batch, params, *args, **kwargs):
+        starts.append(params.clone())
+        return original(batch, params, *args, **kwargs)
+
+    monkeypatch.setattr(batched, "lbfgs_batched", spy)
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+    rows, nearest = [], batched.BatchedPath._start_nearest
+
+    def start_nearest(self, value):
+        before = self.params.clone()
+        nearest(self, value)
+        moved = not torch.equal(self.params, before)
+        rows.append(moved and any(torch.equal(self.params, k) for k in self._rows.values()))
+
+    monkeypatch.setattr(batched.BatchedPath, "_start_nearest", start_nearest)
+    params = dict(cv=3, head="cosine", max_iter=1000, device="cpu")
+    search = MR2LinearClassifierCV("bisect", **params).fit(X, y)
+    assert search.coefs_paths_[1].shape == (3, len(search.Cs_), X.shape[1])
+    assert all(start.shape[1] == 2 * X.shape[1] for start in starts)
+    assert all(torch.isfinite(start).all() for start in starts)
+    assert any(rows)  # some midpoint started from a neighbour's two rows
+    assert search.score(X, y) > 0.95
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", not batch_folds)
+    other = MR2LinearClassifierCV("bisect", **params).fit(X, y)
+    np.testing.assert_array_equal(other.Cs_, search.Cs_)
+    np.testing.assert_allclose(other.scores_[1], search.scores_[1], atol=0.01)
+
+
+@pytest.mark.cuda
+def test_cuda_cosine_search_chooses_as_the_cpu_one(digits_unit):
+    X, y = digits_unit
+    X = X.astype(np.float32)
+    params = dict(Cs=[4.0, 16.0, 64.0, 256.0], cv=3, head="cosine", max_iter=500)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        cpu = MR2LinearClassifierCV(device="cpu", **params).fit(X, y)
+        gpu = MR2LinearClassifierCV(device="cuda", **params).fit(X, y)
+    assert gpu.C_ == cpu.C_
+    np.testing.assert_allclose(gpu.scores_[0], cpu.scores_[0], atol=0.01)
+    assert np.mean(gpu.predict(X) == cpu.predict(X)) > 0.99

@@ -4,6 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from sklearn.datasets import load_digits, load_iris, make_blobs
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegressionCV
@@ -13,6 +14,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils._param_validation import InvalidParameterError
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
+from mr2_probe._losses import margin_cross_entropy
 from mr2_probe._path import bisect_search
 from mr2_probe.metrics import worst_class_accuracy
 
@@ -447,7 +449,6 @@ def test_batched_lbfgs_memory_carried_to_another_c_gives_its_solution(
     """The pairs of one C, corrected for the change of penalty, serve the next, up or
     down the path (as a bisection moves), and the objective and gradient where the last
     solve ended replace the first evaluation: the solution of a cold start."""
-    import torch
 
     from mr2_probe._batched import FoldBatch, Memory, lbfgs_batched
 
@@ -497,7 +498,6 @@ def test_line_search_steps_are_exact_on_a_quadratic():
     """φ(t) = (t − 3)² − 9 (φ(0) = 0, φ'(0) = −6): a step too long (t = 8) and one too
     short (t = 1) both lead to t = 3, inside the bracket or beyond it; a NaN evaluation
     halves the bracket or doubles the step."""
-    import torch
 
     from mr2_probe._batched import _next_step
 
@@ -545,7 +545,6 @@ def test_a_bisection_starts_each_value_from_the_nearest_solution(monkeypatch):
 
 
 def test_batched_lbfgs_treats_a_nan_evaluation_as_a_step_too_long():
-    import torch
 
     from mr2_probe._batched import FoldBatch, lbfgs_batched
 
@@ -580,6 +579,8 @@ def test_batched_lbfgs_treats_a_nan_evaluation_as_a_step_too_long():
         ("memory", "linear", None),  # the folds' batched L-BFGS, one batch
         ("memory", "linear", False),  # the batched L-BFGS, a fold at a time
         ("hdf5", "linear", None),
+        ("memory", "cosine", None),
+        ("memory", "cosine", False),
         ("hdf5", "cosine", None),
     ],
 )
@@ -612,7 +613,18 @@ def test_a_training_row_drawn_twice_counts_twice_as_in_a_fit(
     for f, (train, _) in enumerate(folds):
         cold = MR2LinearClassifier(**common, **searched).fit(X[train], y[train])
         path = np.stack([search.coefs_paths_[k][f, 0] for k in search.classes_])
-        np.testing.assert_allclose(path[:, :6], cold.coef_, atol=1e-4, rtol=1e-4)
+        if head == "linear":
+            np.testing.assert_allclose(path[:, :6], cold.coef_, atol=1e-4, rtol=1e-4)
+            continue
+        # The cosine head's minimisers need not be unique (here two at the same objective
+        # to 1e-14, 0.11 apart): the path's is a minimiser of the fit's objective.
+        Xn = X[train] / np.linalg.norm(X[train], axis=1, keepdims=True)
+        labels, margins = torch.as_tensor(y[train]), torch.as_tensor(cold.margins_)
+        ours, theirs = (
+            float(margin_cross_entropy(torch.as_tensor(Xn @ coef.T), labels, margins))
+            for coef in (path, cold.coef_)
+        )
+        assert ours == pytest.approx(theirs, rel=1e-7)
 
 
 @pytest.mark.parametrize("scoring", ["neg_log_loss", "neg_brier_score"])
@@ -696,7 +708,6 @@ def test_folds_given_as_boolean_masks_are_their_rows():
 def test_a_cosine_path_starts_each_scale_from_the_last_solution(monkeypatch):
     # Extrapolated in log(scale), the flat non-convex path ended further from independent
     # fits (digits: it chose 21.5, cold fits 1292) at no gain in iterations.
-    import torch
 
     from mr2_probe import _path
 
@@ -710,5 +721,27 @@ def test_a_cosine_path_starts_each_scale_from_the_last_solution(monkeypatch):
 
     monkeypatch.setattr(_path.FoldPath, "_predict", spy)
     X, y = load_iris(return_X_y=True)
-    MR2LinearClassifierCV(Cs=[1.0, 4.0, 16.0, 64.0], cv=2, head="cosine", device="cpu").fit(X, y)
+    scales = [1.0, 4.0, 16.0, 64.0]
+    # A tilt takes the folds' own paths.
+    MR2LinearClassifierCV(scales, cv=2, head="cosine", class_tilt=0.5, device="cpu").fit(X, y)
     assert len(moved) >= 4 and not any(moved)
+
+
+def test_a_batched_cosine_path_starts_each_scale_from_the_last_solution(monkeypatch):
+
+    import mr2_probe._batched as batched
+
+    starts, ends, original = [], [], batched.lbfgs_batched
+
+    def spy(batch, params, *args, **kwargs):
+        starts.append(params.clone())
+        result = original(batch, params, *args, **kwargs)
+        ends.append(torch.nn.functional.normalize(params.view(2, 3, -1), dim=2).flatten(1))
+        return result
+
+    monkeypatch.setattr(batched, "lbfgs_batched", spy)
+    X, y = load_iris(return_X_y=True)
+    MR2LinearClassifierCV([1.0, 4.0, 16.0, 64.0], cv=2, head="cosine", device="cpu").fit(X, y)
+    assert len(starts) == 4
+    for start, end in zip(starts[1:], ends[:-1], strict=True):
+        torch.testing.assert_close(start, end)
