@@ -33,7 +33,9 @@ import torch
 from ._classifier import _overflow_message
 from ._data import block_rows
 from ._device import row_norms
+from ._losses import tilted_class_risk
 from ._path import Step
+from ._solvers import _KEEP_LOGIT_GRADS
 
 # scipy's ftol as scikit-learn sets it (float64's even for float32 data), as in fit_lbfgs.
 _FTOL = 64 * float(np.finfo(np.float64).eps)
@@ -71,8 +73,10 @@ class FoldBatch:
     center: torch.Tensor | None
     n_classes: int
     cosine: bool = False
+    tilt: float = 0.0
     weight_sum: torch.Tensor = field(init=False)
     row_scale: torch.Tensor | None = field(init=False, default=None)
+    class_weight: torch.Tensor | None = field(init=False, default=None)  # S_k (B, K)
 
     def __post_init__(self) -> None:
         # S in float64, as fit_lbfgs takes it, then in the data's dtype.
@@ -85,6 +89,9 @@ class FoldBatch:
         self.X, self.y = X, y
         if self.cosine:
             self.row_scale = row_norms(X).clamp_min(1e-12).reciprocal() if len(X) else None
+        if self.tilt > 0 and len(y):
+            shape = (self.weight.shape[0], self.n_classes)
+            self.class_weight = self.weight.new_zeros(shape).index_add_(1, y, self.weight)
 
     @property
     def n_folds(self) -> int:
@@ -127,29 +134,48 @@ class FoldBatch:
         ``params`` holds each fold's W (K, d) flattened, then (with an intercept) its
         intercept b' (K,) in the centred coordinates: the logits are W·(x − m) + b'. The
         objective is fit_lbfgs's, (1/S) Σ_i w_i CE(z_i / γ_{y_i}, y_i) + ½‖W‖² / (C·S) at
-        C = ``value``; for a cosine head, the same data term of the logits
-        s·(x/‖x‖)·(W/‖W‖)ᵀ at s = ``value``, without a penalty.
-        Held-out rows (weight zero) are masked, not multiplied by zero, so that an overflow
-        on them cannot turn the fold's sums into NaN.
+        C = ``value`` (with ``tilt`` > 0 the data term is the tilted class risk); for a
+        cosine head, the same data term of the logits s·(x/‖x‖)·(W/‖W‖)ᵀ at s = ``value``,
+        without a penalty.
         """
-        n_folds, (n, d), k = len(folds), self.X.shape, self.n_classes
+        n_folds, d, k = len(folds), self.X.shape[1], self.n_classes
         weight = params[:, : k * d].view(n_folds, k, d)
         bias = None
         if self.fit_intercept:
             bias = params[:, k * d :] - torch.einsum("akd,ad->ak", weight, self.center[folds])
-        w, inv_gamma = self.weight[folds], self.inv_gamma[folds]  # (A, N), (A, K)
         if self.cosine:
             norms = self.direction_norms(params)  # (A, K, 1)
             unit = weight / norms
             stacked = (value * unit).reshape(n_folds * k, d)  # V = s·W/‖W‖
         else:
             stacked = weight.reshape(n_folds * k, d)
-        loss = params.new_zeros(n_folds)
-        grad_w = torch.zeros_like(stacked)
-        grad_b = params.new_zeros(n_folds, k)
-        rows = block_rows(d, n_folds * k)
-        for start in range(0, n, rows):
-            x, y = self.X[start : start + rows], self.y[start : start + rows]
+        term = self._tilted_term if self.tilt > 0 else self._mean_term
+        loss, grad_w, grad_b = term(stacked, bias, folds)
+        grad_w = grad_w.view(n_folds, k, d)
+        if self.cosine:
+            # ∂f/∂w_k = s·(I − u_k u_kᵀ)·∂f/∂v_k / ‖w_k‖: no radial part, f ignores the norms.
+            grad_w -= (grad_w * unit).sum(2, keepdim=True) * unit
+            grad_w *= value / norms
+            return loss, grad_w.reshape(n_folds, -1)
+        if self.fit_intercept:
+            grad_w -= grad_b[:, :, None] * self.center[folds][:, None, :]
+        reg = 1.0 / (value * self.weight_sum[folds])  # (A,)
+        loss = loss + 0.5 * reg * weight.square().sum((1, 2))
+        grad_w = grad_w + reg[:, None, None] * weight
+        grads = [grad_w.reshape(n_folds, -1)]
+        if self.fit_intercept:
+            grads.append(grad_b)
+        return loss, torch.cat(grads, dim=1)
+
+    def _blocks(self, stacked, bias, folds, factor=None):
+        """Per block of rows: its start, x, y, sample weights (b, A), the losses
+        ℓ_i = CE(z_i / γ_{y_i}, y_i) (b, A) and ∂(w_i·ℓ_i)/∂(x_i·Vᵀ) (b, A, K), times
+        ``factor`` (A, K) of y_i when given. Held-out rows (weight zero) are masked, not
+        multiplied by zero, so that an overflow on them cannot turn a fold's sums into NaN.
+        """
+        n_folds, k = len(folds), self.n_classes
+        w, inv_gamma = self.weight[folds], self.inv_gamma[folds]  # (A, N), (A, K)
+        for start, x, y in self._row_blocks(n_folds):
             b = len(y)
             z = x @ stacked.T if bias is None else torch.addmm(bias.reshape(-1), x, stacked.T)
             z = z.view(b, n_folds, k)
@@ -161,29 +187,62 @@ class FoldBatch:
             target = y[:, None, None].expand(b, n_folds, 1)
             sw = w[:, start : start + b].T  # (b, A)
             held_out = sw == 0
-            loss += ((lse - z.gather(2, target).squeeze(2)) * sw).masked_fill_(held_out, 0).sum(0)
+            loss = (lse - z.gather(2, target).squeeze(2)).masked_fill_(held_out, 0)
             z.sub_(lse[:, :, None]).exp_()
             z.scatter_add_(2, target, -torch.ones_like(z[:, :, :1]))  # p − onehot
-            z.mul_((sw * scale)[:, :, None]).masked_fill_(held_out[:, :, None], 0)
-            grad_w.addmm_(z.view(b, n_folds * k).T, x)
+            times = sw * scale if factor is None else sw * scale * factor[:, y].T
+            z.mul_(times[:, :, None]).masked_fill_(held_out[:, :, None], 0)
+            yield start, x, y, sw, loss, z
+
+    def _mean_term(self, stacked, bias, folds):
+        """(1/S) Σ_i w_i ℓ_i per fold (A,), and its gradients in V (A·K, d) and b (A, K)."""
+        n_folds, k = len(folds), self.n_classes
+        loss = stacked.new_zeros(n_folds)
+        grad_v = torch.zeros_like(stacked)
+        grad_b = stacked.new_zeros(n_folds, k)
+        for _, x, _, sw, ell, z in self._blocks(stacked, bias, folds):
+            loss += (ell * sw).sum(0)
+            grad_v.addmm_(z.view(len(x), n_folds * k).T, x)
             grad_b += z.sum(0)
-        grad_w = grad_w.view(n_folds, k, d)
         total = self.weight_sum[folds]
-        if self.cosine:
-            # ∂f/∂w_k = s·(I − u_k u_kᵀ)·∂f/∂v_k / ‖w_k‖: no radial part, f ignores the norms.
-            grad_w = grad_w / total[:, None, None]
-            grad_w -= (grad_w * unit).sum(2, keepdim=True) * unit
-            grad_w *= value / norms
-            return loss / total, grad_w.reshape(n_folds, -1)
-        if self.fit_intercept:
-            grad_w -= grad_b[:, :, None] * self.center[folds][:, None, :]
-        reg = 1.0 / (value * total)  # (A,)
-        loss = loss / total + 0.5 * reg * weight.square().sum((1, 2))
-        grad_w = grad_w / total[:, None, None] + reg[:, None, None] * weight
-        grads = [grad_w.reshape(n_folds, -1)]
-        if self.fit_intercept:
-            grads.append(grad_b / total[:, None])
-        return loss, torch.cat(grads, dim=1)
+        return loss / total, grad_v / total.repeat_interleave(k)[:, None], grad_b / total[:, None]
+
+    def _tilted_term(self, stacked, bias, folds):
+        """The tilted class risk R_t of fit_lbfgs per fold (A,), and its gradients in V and b:
+        the class losses L_k first, then every sample's gradient weighted by q_{y_i} / S_{y_i}
+        (q = softmax(t·L + log π)). The logits' gradients of the first pass are kept for the
+        second when they fit in memory, as the full-batch solver keeps them."""
+        n_folds, k = len(folds), self.n_classes
+        keep = len(self.X) * n_folds * k <= _KEEP_LOGIT_GRADS
+        sums, kept = stacked.new_zeros(n_folds, k), []
+        for _, _, y, sw, ell, z in self._blocks(stacked, bias, folds):
+            sums.index_add_(1, y, (ell * sw).T)
+            if keep:
+                kept.append(z)
+        class_weight = self.class_weight[folds]  # S_k (A, K)
+        tiny = torch.finfo(sums.dtype).tiny
+        share = class_weight / class_weight.sum(1, keepdim=True)
+        risk, q = tilted_class_risk(sums / class_weight.clamp_min(tiny), share, self.tilt)
+        factor = q / class_weight.clamp_min(tiny)  # (A, K)
+        grad_v = torch.zeros_like(stacked)
+        grad_b = stacked.new_zeros(n_folds, k)
+        if keep:
+            blocks = (
+                (x, z.mul_(factor[:, y].T[:, :, None]))
+                for (_, x, y), z in zip(self._row_blocks(n_folds), kept, strict=True)
+            )
+        else:
+            blocks = ((x, z) for _, x, _, _, _, z in self._blocks(stacked, bias, folds, factor))
+        for x, z in blocks:
+            grad_v.addmm_(z.view(len(x), n_folds * k).T, x)
+            grad_b += z.sum(0)
+        return risk, grad_v, grad_b
+
+    def _row_blocks(self, n_folds):
+        """The blocks (start, x, y) of rows that :meth:`_blocks` computes on."""
+        rows = block_rows(self.X.shape[1], n_folds * self.n_classes)
+        for start in range(0, len(self.X), rows):
+            yield start, self.X[start : start + rows], self.y[start : start + rows]
 
     def parameters(self, coef: torch.Tensor) -> torch.Tensor:
         """The inverse of :meth:`coefficients`: params (B, P) from coef (B, K, d), with the

@@ -50,8 +50,8 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
     dataset keeps its order and gives held-out rows weight zero instead), and the class
     statistics, which do not depend on C, are computed once per fold.
 
-    For the linear head (more than two classes, ``lam=0``, no ``class_tilt``, data in
-    memory) each fold's L-BFGS keeps its memory from one C to the next, corrected for the
+    For the linear head (more than two classes, ``lam=0``, data in memory, tilted or
+    not) each fold's L-BFGS keeps its memory from one C to the next, corrected for the
     change of penalty, which is exact for the L2 penalty: each C then starts from the last
     solution with the curvature measured so far. The cosine head (any number of classes,
     same conditions) runs on the same solver, its memory carried to a next scale within a
@@ -372,13 +372,12 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
 
     def _batches_folds(self, data, solver) -> bool:
         """Whether the folds' paths run on the batched L-BFGS: a linear head of more than
-        two classes or a cosine head, without projection (lam = 0) or tilt, by L-BFGS on
-        in-memory data."""
+        two classes or a cosine head, without projection (lam = 0), by L-BFGS on in-memory
+        data."""
         return (
             (self.head == "cosine" or data.n_classes > 2)
             and solver == "lbfgs"
             and self.lam == 0
-            and self.class_tilt == 0
             and not isinstance(data.source, H5Source)  # in memory
         )
 
@@ -415,7 +414,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 torch.stack(part) for part in list(zip(*parts, strict=True))[:3]
             )
             centers = centers if self.fit_intercept and not cosine else None
-            return FoldBatch(X, y, weights, inv_gamma, centers, data.n_classes, cosine)
+            tilt = float(self.class_tilt)
+            return FoldBatch(X, y, weights, inv_gamma, centers, data.n_classes, cosine, tilt)
 
         def start(parts):
             return torch.stack([part[3] for part in parts]) if cosine else None

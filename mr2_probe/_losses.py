@@ -204,9 +204,10 @@ def tilted_class_risk(
 
     Parameters
     ----------
-    class_loss : torch.Tensor of shape (n_classes,)
-        L_k, each class's weighted mean loss.
-    class_share : torch.Tensor of shape (n_classes,)
+    class_loss : torch.Tensor of shape (..., n_classes)
+        L_k, each class's weighted mean loss (leading dimensions: independent problems,
+        e.g. the folds of a search).
+    class_share : torch.Tensor of shape (..., n_classes)
         π_k ≥ 0, summing to 1: each class's share of the total sample weight. Classes with
         π_k = 0 (absent) get no weight.
     tilt : float
@@ -215,21 +216,22 @@ def tilted_class_risk(
 
     Returns
     -------
-    risk : torch.Tensor, scalar
-    weights : torch.Tensor of shape (n_classes,)
+    risk : torch.Tensor of shape (...)
+    weights : torch.Tensor of shape (..., n_classes)
         q = softmax(t·L + log π), the gradient of R_t in L: ∇R_t = Σ_k q_k ∇L_k.
     """
     if tilt == 0:
-        return (class_share * class_loss).sum(), class_share
+        return (class_share * class_loss).sum(-1), class_share
     # log π = −inf for absent classes: they drop out of the softmax exactly.
-    exponent = tilt * class_loss + class_share.log()  # (K,)
-    weights = torch.softmax(exponent, 0)
+    exponent = tilt * class_loss + class_share.log()  # (..., K)
+    weights = torch.softmax(exponent, -1)
     # Around the mean L̄: R_t = L̄ + log1p(Σ π_k·expm1(t·(L_k − L̄))) / t. For small t the
     # log-sum-exp is near 0 and its rounding, divided by t, swamped R_t (float32, t = 1e-6:
     # L-BFGS saw noise and returned an untrained model); this form keeps full precision.
     present = class_share > 0
-    mean = (class_share * torch.where(present, class_loss, 0)).sum()
-    delta = torch.where(present, tilt * (class_loss - mean), 0)  # (K,)
-    near = torch.log1p((class_share * torch.expm1(delta.clamp(max=1.0))).sum()) / tilt + mean
-    far = torch.logsumexp(exponent, 0) / tilt  # overflow-safe for large t·(L_k − L̄)
-    return torch.where(delta.abs().amax() < 1.0, near, far), weights
+    mean = (class_share * torch.where(present, class_loss, 0)).sum(-1, keepdim=True)
+    delta = torch.where(present, tilt * (class_loss - mean), 0)  # (..., K)
+    expm1 = torch.expm1(delta.clamp(max=1.0))
+    near = torch.log1p((class_share * expm1).sum(-1)) / tilt + mean.squeeze(-1)
+    far = torch.logsumexp(exponent, -1) / tilt  # overflow-safe for large t·(L_k − L̄)
+    return torch.where(delta.abs().amax(-1) < 1.0, near, far), weights

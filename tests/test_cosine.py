@@ -301,12 +301,12 @@ def test_fits_on_carried_pairs_count_only_their_own_iterations(digits_unit):
 
 @pytest.mark.parametrize(
     ("params", "batched_runs"),
-    [(dict(), 1), (dict(class_tilt=0.5), 0), (dict(lam=0.5, max_iter=3), 0)],
+    [(dict(), 1), (dict(class_tilt=0.5), 1), (dict(lam=0.5, max_iter=3), 0)],
 )
 def test_a_plain_cosine_search_runs_on_the_batched_solver(digits_unit, monkeypatch, params,
                                                           batched_runs):  # fmt: skip
-    """The linear head's path solver serves the plain cosine head; a tilt or a projection
-    takes the folds' own paths, and a single fit neither."""
+    """The linear head's path solver serves the plain cosine head, tilted or not; a
+    projection takes the folds' own paths, and a single fit neither."""
     X, y = digits_unit
     runs = {"batched": 0, "fold": 0}
     batched_run, fold_run = batched.BatchedPath.run, FoldPath.run

@@ -341,3 +341,86 @@ def test_mr2loss_in_bfloat16_keeps_counting_samples():
     for _ in range(300):
         criterion(logits, features.to(torch.bfloat16), target)
     assert criterion.class_samples.tolist() == [18000, 1200]
+
+
+def test_tilted_class_risk_of_many_problems_at_once_is_each_ones():
+    gen = torch.Generator().manual_seed(0)
+    loss = torch.rand(3, 5, generator=gen, dtype=torch.float64) * 4
+    share = torch.rand(3, 5, generator=gen, dtype=torch.float64)
+    share[1, 2] = 0  # a class absent from one problem
+    share /= share.sum(1, keepdim=True)
+    for tilt in (1e-6, 0.5, 50.0):  # around the mean, and the log-sum-exp
+        risk, weights = tilted_class_risk(loss, share, tilt)
+        for i in range(3):
+            one, its = tilted_class_risk(loss[i], share[i], tilt)
+            torch.testing.assert_close(risk[i], one)
+            torch.testing.assert_close(weights[i], its)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("head", ["linear", "cosine"])
+def test_batched_tilted_objective_matches_autograd(head, keep, monkeypatch):
+    """The search's batched solver: fold by fold, R_t of the class losses (plus the linear
+    head's penalty) and its gradient, with the first pass's logit gradients kept or not."""
+    from mr2_probe import _batched as batched
+
+    if not keep:
+        monkeypatch.setattr(batched, "_KEEP_LOGIT_GRADS", 0)
+    gen = torch.Generator().manual_seed(0)
+    n, d, k, t, value = 90, 6, 4, 1.5, 3.0
+    X = torch.randn(n, d, generator=gen, dtype=torch.float64) + 2
+    y = torch.arange(n) % k
+    weight = torch.rand(2, n, generator=gen, dtype=torch.float64) + 0.5
+    weight[1, ::3] = 0  # a fold's held-out rows
+    weight[1, y == 3] = 0  # and a class it does not train on
+    margins = torch.tensor([1.0, 0.5, 2.0, 1.5], dtype=torch.float64)
+    inv_gamma = margins.reciprocal().expand(2, -1).contiguous()
+    cosine = head == "cosine"
+    center = None if cosine else torch.randn(2, d, generator=gen, dtype=torch.float64)
+    batch = batched.FoldBatch(X, y, weight, inv_gamma, center, k, cosine, t)
+    params = torch.randn(2, k * d + (0 if cosine else k), generator=gen, dtype=torch.float64)
+    value_, grad = batch.evaluate(params, torch.arange(2), value)
+    for f in range(2):
+        p = params[f].clone().requires_grad_()
+        W = p[: k * d].view(k, d)
+        if cosine:
+            unit = torch.nn.functional.normalize
+            z = value * unit(X, dim=1) @ unit(W, dim=1).T
+        else:
+            z = (X - center[f]) @ W.T + p[k * d :]
+        ell = margin_cross_entropy(z, y, margins, reduction="none")
+        S_k = torch.zeros(k, dtype=X.dtype).index_add_(0, y, weight[f])
+        sums = torch.zeros(k, dtype=X.dtype).index_add(0, y, ell * weight[f])
+        L = sums / S_k.clamp_min(torch.finfo(X.dtype).tiny)
+        objective = tilted_class_risk(L, S_k / S_k.sum(), t)[0]
+        if not cosine:
+            objective = objective + 0.5 * W.square().sum() / (value * weight[f].sum())
+        objective.backward()
+        torch.testing.assert_close(value_[f], objective.detach())
+        torch.testing.assert_close(grad[f], p.grad)
+
+
+@pytest.mark.parametrize("batch_folds", [None, False])
+def test_a_tilted_search_solves_the_fits_of_its_values(batch_folds, monkeypatch):
+    """A tilted search's path (the batched solver, its memory carried along the path) ends
+    at each C where a fit of MR2LinearClassifier(C, class_tilt) on the fold ends."""
+    from sklearn.preprocessing import StandardScaler
+
+    from mr2_probe import MR2LinearClassifierCV
+
+    X, y = make_blobs(n_samples=240, centers=4, n_features=5, cluster_std=3.0, random_state=0)
+    X = StandardScaler().fit_transform(X)
+    rows = np.arange(240)
+    folds = [(np.setdiff1d(rows, rows[i::3]), rows[i::3]) for i in range(2)]
+    common = dict(class_tilt=2.0, c_bar=1.0, tol=1e-8, max_iter=2000, device="cpu")
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        search = MR2LinearClassifierCV([0.01, 1.0, 100.0], cv=folds, refit=False, **common)
+        search.fit(X, y)
+        for f, (train, _) in enumerate(folds):
+            for j, C in enumerate(search.Cs_):
+                cold = MR2LinearClassifier(C=C, **common).fit(X[train], y[train])
+                path = np.stack([search.coefs_paths_[c][f, j] for c in search.classes_])
+                np.testing.assert_allclose(path[:, :5], cold.coef_, atol=1e-4)
+                np.testing.assert_allclose(path[:, 5], cold.intercept_, atol=1e-4)
