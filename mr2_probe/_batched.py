@@ -47,10 +47,12 @@ _HISTORY = 30
 _HISTORY_ELEMENTS = 2**26
 # A cosine head's path keeps up to 200 pairs, as its single fit does (its problem is badly
 # conditioned at large scales), and carries them to a next scale within this factor of
-# the one they were formed at: further away they cost more iterations than none on a
-# tenfold grid (benchmarks/bench_scale_path.py, README "Speed").
+# the last scale that formed pairs: further away they cost more iterations than none on
+# a tenfold grid (benchmarks/bench_scale_path.py, README "Speed").
 _COSINE_HISTORY = 200
 _CARRY_SCALE_RATIO = 4.0
+# The most restarts of a cosine fold that stalls at one scale (fit_lbfgs's rounds).
+_COSINE_ROUNDS = 20
 
 
 @dataclass
@@ -297,10 +299,6 @@ class Memory:
     grad: torch.Tensor | None = None
     solved_at: float | None = None  # the value (C or scale) of that objective
 
-    @property
-    def filled(self) -> bool:
-        return bool((self.rho != 0).any())
-
     @classmethod
     def empty(cls, params: torch.Tensor, history: int) -> Memory:
         n_folds, n_params = params.shape
@@ -323,10 +321,25 @@ class Memory:
         if self.point is not None:
             rows(self.point).div_(norms)
             rows(self.grad).mul_(norms)
-        newest = (self.slot - 1) % self.s.shape[1]
-        sy, yy = (self.s[:, newest] * self.y[:, newest]).sum(1), self.y[:, newest].square().sum(1)
-        fresh = (self.rho[:, newest] != 0) & (yy > 0)
+        # h0 = sᵀy / yᵀy of each fold's newest pair (a fold that stopped early or rejected
+        # its last pairs has an older one than the ring's newest slot).
+        if not self.used:
+            return
+        ring = self.s.shape[1]
+        order = torch.tensor([(self.slot - 1 - i) % ring for i in range(self.used)])
+        kept = self.rho[:, order.to(self.rho.device)] != 0  # (B, used), newest first
+        newest = order.to(self.rho.device)[kept.int().argmax(1)]  # (B,)
+        folds = torch.arange(n_folds, device=newest.device)
+        s, y = self.s[folds, newest], self.y[folds, newest]  # (B, P)
+        sy, yy = (s * y).sum(1), y.square().sum(1)
+        fresh = kept.any(1) & (yy > 0)
         self.h0 = torch.where(fresh, sy / yy.where(fresh, 1.0), self.h0)
+
+    def forget(self, folds: torch.Tensor) -> None:
+        """Drop the pairs of ``folds`` (a boolean mask (B,)): their next iteration is a
+        gradient step, as a restarted L-BFGS's."""
+        self.rho[folds] = 0
+        self.h0[folds] = 1
 
     def move_to(self, reg: torch.Tensor, n_penalised: int) -> None:
         """Correct the pairs, and the last objective and gradient, from the penalty they
@@ -356,7 +369,7 @@ def lbfgs_batched(
     params: torch.Tensor,
     value: float,
     *,
-    max_iter: int,
+    max_iter: int | np.ndarray,
     tol: float,
     history: int = 10,
     memory: Memory | None = None,
@@ -371,7 +384,8 @@ def lbfgs_batched(
     keeps its own number).
 
     Stops a fold as fit_lbfgs does: ``"tol"`` (largest gradient entry at most tol),
-    ``"max_iter"``, ``"max_eval"`` (4·max_iter evaluations of that fold), or ``"stalled"``
+    ``"max_iter"`` (``max_iter`` is one number for all folds or one per fold; a fold of
+    none does not move), ``"max_eval"`` (4·max_iter evaluations of that fold), or ``"stalled"``
     (no decrease the line search can find, or a change of the objective below scipy's
     ftol). NaN counts as failing every test, so a fold that meets one never stops as
     converged. A pair whose curvature is lost in rounding (L-BFGS-B's test) is not
@@ -396,7 +410,13 @@ def lbfgs_batched(
     else:
         objective, grad = batch.evaluate(params, everyone, value)
     largest = batch.largest_gradient(params, grad)
-    active = [f for f, done in enumerate((largest <= tol).tolist()) if not done]
+    limit = np.broadcast_to(np.asarray(max_iter), (n_folds,))  # each fold's iterations
+    active = []
+    for f, done in enumerate((largest <= tol).tolist()):
+        if not done and limit[f] <= 0:
+            stop[f] = "max_iter"
+        elif not done:
+            active.append(f)
     a = torch.tensor(active, device=device)
     first = True
     while active:
@@ -478,9 +498,9 @@ def lbfgs_batched(
             n_iter[fold] += 1
             if met[j]:
                 stop[fold] = "tol"
-            elif n_iter[fold] >= max_iter:
+            elif n_iter[fold] >= limit[fold]:
                 stop[fold] = "max_iter"
-            elif evals[fold] >= 4 * max_iter:
+            elif evals[fold] >= 4 * limit[fold]:
                 stop[fold] = "max_eval"
             elif stalled[j]:
                 stop[fold] = "stalled"
@@ -565,9 +585,9 @@ class BatchedPath:
     (:class:`Memory`), so each starts from the last solution with the curvature measured
     so far: for C, its first step is a quasi-Newton step for the change of penalty. A
     cosine head's scales carry it while the next is within ``_CARRY_SCALE_RATIO`` of the
-    scale its pairs were formed at (they approximate the curvature at another scale, and
-    less well the further it is), and its rows are rescaled to unit norm after each
-    scale, the pairs with them.
+    last scale that formed pairs (they approximate the curvature at another scale, and
+    less well the further it is; older pairs from further scales can remain among them),
+    and its rows are rescaled to unit norm after each scale, the pairs with them.
 
     ``start`` (B, P) is where the first value starts (zeros when None: a cosine head starts
     at its class prototypes). ``rows``, when given, makes the batch's X and y on demand (a
@@ -629,14 +649,16 @@ class BatchedPath:
             self._start_nearest(value)
             if cosine:
                 self._carry_or_forget(value)
-            result = lbfgs_batched(
-                self.batch, self.params, value, max_iter=max_iter, tol=tol, memory=self.memory
-            )
+            result = self._solve(value, max_iter, tol)
             if not bool(torch.isfinite(self.params).all()):
                 what = "the fit produced non-finite coefficients"
                 raise ValueError(_overflow_message(what, self.params.dtype))
             if cosine:
-                self._unit_rows(value, result)
+                self._unit_rows()
+                if self._formed_at is None or result.n_iter.any():
+                    # A scale that made no iteration leaves its pairs' scale as it was, so
+                    # that a chain of such starts cannot move them.
+                    self._formed_at = value
             coef, intercept = self._coefficients(value)
             for f, held_out in enumerate(self.held_out):
                 z = held_out.logits(coef[f], None if intercept is None else intercept[f], cosine)
@@ -662,20 +684,46 @@ class BatchedPath:
             return value * self.params.view(self.batch.n_folds, self.batch.n_classes, -1), None
         return self.batch.coefficients(self.params)
 
+    def _solve(self, value: float, max_iter: int, tol: float) -> BatchResult:
+        """Solve every fold at ``value``. A cosine fold that stalls after some progress
+        restarts, its rows rescaled to unit norm and without pairs, as the rounds of a
+        single fit do (fit_lbfgs), within its remaining iterations: in float32 at large
+        scales L-BFGS can stall on rounding where a fresh start goes on to ``tol``."""
+        result = lbfgs_batched(
+            self.batch, self.params, value, max_iter=max_iter, tol=tol, memory=self.memory
+        )
+        n_iter, last = result.n_iter.copy(), result.n_iter
+        for _ in range(_COSINE_ROUNDS - 1 if self.batch.cosine else 0):
+            stalled = np.array([stop == "stalled" for stop in result.stop])
+            again = stalled & (last > 1) & (n_iter < max_iter)
+            if not again.any():
+                break
+            self._unit_rows()
+            self.memory.forget(torch.as_tensor(again, device=self.params.device))
+            budget = np.where(again, max_iter - n_iter, 0)
+            round_ = lbfgs_batched(
+                self.batch, self.params, value, max_iter=budget, tol=tol, memory=self.memory
+            )
+            last = np.where(again, round_.n_iter, 0)
+            n_iter = n_iter + last
+            stop = [
+                new if a else old
+                for a, new, old in zip(again, round_.stop, result.stop, strict=True)
+            ]
+            largest = np.where(again, round_.largest_gradient, result.largest_gradient)
+            result = BatchResult(n_iter, stop, largest)
+        return result
+
     @torch.no_grad()
-    def _unit_rows(self, value: float, result: BatchResult) -> None:
-        """Rescale a cosine head's rows to unit norm after a scale, the memory with them;
-        a scale that made no iteration leaves its pairs' scale as it was, so that a chain
-        of such starts cannot move them."""
+    def _unit_rows(self) -> None:
+        """Rescale a cosine head's rows to unit norm, the memory with them."""
         norms = self.batch.direction_norms(self.params)  # (B, K, 1)
         self.params.view(norms.shape[0], self.batch.n_classes, -1).div_(norms)
         self.memory.rescale(norms)
-        if self._formed_at is None or result.n_iter.any():
-            self._formed_at = value
 
     def _carry_or_forget(self, value: float) -> None:
-        """A cosine head keeps its pairs for a scale within ``_CARRY_SCALE_RATIO`` of the
-        one they were formed at, and starts with none further away."""
+        """A cosine head keeps its memory for a scale within ``_CARRY_SCALE_RATIO`` of the
+        last scale that formed pairs, and starts with none further away."""
         near = self._formed_at is not None and (
             1 / _CARRY_SCALE_RATIO <= value / self._formed_at <= _CARRY_SCALE_RATIO
         )

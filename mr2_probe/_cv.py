@@ -55,7 +55,7 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
     change of penalty, which is exact for the L2 penalty: each C then starts from the last
     solution with the curvature measured so far. The cosine head (any number of classes,
     same conditions) runs on the same solver, its memory carried to a next scale within a
-    factor of 4 of the one it was formed at. On a GPU, or on a CPU with n_folds ×
+    factor of 4 of the last scale that formed pairs. On a GPU, or on a CPU with n_folds ×
     n_classes ≤ 256, the folds are also solved as one batched problem: every evaluation
     multiplies X once by all the folds' weights, the held-out rows taking part with weight
     zero, and L-BFGS runs in lock-step over the folds (each stopping on its own).
@@ -136,7 +136,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     (the penalty is quadratic); a bisection's new value starts from the solution at the
     nearest value solved. The cosine head described above does the same, its pairs
     carried unchanged (in the coordinates of its rows at unit norm) while v_j is within a
-    factor of 4 of the scale they were formed at, and dropped beyond. Elsewhere, from j = 3
+    factor of 4 of the last scale that formed pairs (older ones, formed further away,
+    can stay among them), and dropped beyond. Elsewhere, from j = 3
     on, the start is the solutions at v_{j-2} and v_{j-1} extrapolated linearly in log v (a
     predictor step, which the solver corrects), except for a cosine head, which starts
     from the solution at v_{j-1} itself. For the convex problems

@@ -378,3 +378,48 @@ def test_cuda_cosine_search_chooses_as_the_cpu_one(digits_unit):
     assert gpu.C_ == cpu.C_
     np.testing.assert_allclose(gpu.scores_[0], cpu.scores_[0], atol=0.01)
     assert np.mean(gpu.predict(X) == cpu.predict(X)) > 0.99
+
+
+@pytest.mark.parametrize("batch_folds", [None, False])
+def test_a_path_fold_that_stalls_in_float32_restarts_as_a_fit_does(batch_folds, monkeypatch):
+    """At scale 1000 in float32 L-BFGS stalled on rounding after 7 iterations (a warning, an
+    objective 3× a cold fit's); restarted from unit rows without pairs, as a single fit's
+    rounds restart, it reaches tol."""
+    from sklearn.model_selection import StratifiedKFold
+
+    X, y = load_digits(return_X_y=True)
+    keep = np.isin(y, range(6))
+    X, y = X[keep] / 16, y[keep]
+    rows = np.random.default_rng(0).choice(len(X), 450, replace=False)
+    X, y = X[rows].astype(np.float32), y[rows]
+    cv = list(StratifiedKFold(3, shuffle=True, random_state=0).split(X, y))
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        search = MR2LinearClassifierCV([1000.0], cv=cv, head="cosine", refit=False, device="cpu")
+        search.fit(X, y)
+    for f, (train, _) in enumerate(cv):
+        cold = _fit(X[train], y[train], scale=1000.0)
+        coef = np.stack([search.coefs_paths_[c][f, 0] for c in search.classes_])
+        Xn = X[train].astype(np.float64)
+        Xn /= np.linalg.norm(Xn, axis=1, keepdims=True)
+        ones = np.ones(6)
+        ours, theirs = (_objective(Xn, y[train], c, 1000.0, ones) for c in (coef, cold.coef_))
+        assert ours <= 1.5 * theirs
+
+
+def test_rescaled_memory_takes_each_folds_newest_pair_for_its_initial_scale():
+    """A fold whose last slot is empty (it stopped early) rescales its initial inverse
+    Hessian from its own newest pair, not the ring's newest slot."""
+    gen = torch.Generator().manual_seed(0)
+    params = torch.randn(2, 6, generator=gen, dtype=torch.float64)
+    memory = Memory.empty(params, 3)
+    memory.s[:, :2] = torch.randn(2, 2, 6, generator=gen, dtype=torch.float64)
+    memory.y[:, :2] = memory.s[:, :2] * 2 + 0.1
+    memory.rho[:, :2] = 1 / (memory.s[:, :2] * memory.y[:, :2]).sum(2)
+    memory.rho[1, 1], memory.s[1, 1], memory.y[1, 1] = 0, 0, 0  # fold 1 stopped at slot 0
+    memory.slot, memory.used = 2, 2
+    memory.rescale(torch.tensor([[[2.0], [0.5]], [[3.0], [0.25]]], dtype=torch.float64))
+    for fold, newest in ((0, 1), (1, 0)):
+        s, y = memory.s[fold, newest], memory.y[fold, newest]
+        torch.testing.assert_close(memory.h0[fold], (s @ y) / (y @ y))
