@@ -51,8 +51,11 @@ _HISTORY_ELEMENTS = 2**26
 # a tenfold grid (benchmarks/bench_scale_path.py, README "Speed").
 _COSINE_HISTORY = 200
 _CARRY_SCALE_RATIO = 4.0
-# The most restarts of a cosine fold that stalls at one scale (fit_lbfgs's rounds).
-_COSINE_ROUNDS = 20
+# The restarts of a cosine fold that stalls at one scale (fit_lbfgs restarts up to 19
+# times). One took the float32 fold that had stalled on rounding to tol; where float32
+# cannot resolve the objective at all, further ones stalled again within 1 to 3
+# iterations and cost up to 25 evaluations each, a fifth of a tilted search's time.
+_COSINE_RESTARTS = 1
 
 
 @dataclass
@@ -271,6 +274,7 @@ class BatchResult:
     n_iter: np.ndarray  # (B,)
     stop: list  # per fold: "tol", "max_iter", "max_eval" or "stalled", as fit_lbfgs
     largest_gradient: np.ndarray  # (B,)
+    n_eval: np.ndarray | None = None  # (B,): evaluations
 
 
 @dataclass
@@ -289,9 +293,14 @@ class Memory:
     y: torch.Tensor  # (B, history, P)
     rho: torch.Tensor  # (B, history): 1 / sᵀy, 0 marks an empty or rejected pair
     h0: torch.Tensor  # (B,): the initial inverse Hessian's scale, sᵀy / yᵀy
+    # (B, history): when each pair was formed (the solver's iteration count), −1 if none.
+    # Folds that stop early leave their slots as they were while the others write theirs:
+    # :meth:`compact` puts each fold's pairs back in the order they were formed.
+    stamp: torch.Tensor
     reg: torch.Tensor | None = None  # (B,): 1/(C·S) the pairs were recorded at
     slot: int = 0  # the next slot of the ring
-    used: int = 0  # how many slots have been written (at most the ring's size)
+    used: int = 0  # how many of the slots before it can hold a pair (newest first)
+    clock: int = 0  # iterations run, the next pair's stamp
     # Where the last solve ended, with its objective and gradient there: a solve that
     # starts from the same point corrects them for its penalty instead of evaluating.
     point: torch.Tensor | None = None
@@ -304,7 +313,8 @@ class Memory:
         n_folds, n_params = params.shape
         pairs = params.new_zeros(n_folds, history, n_params)
         rho, h0 = params.new_zeros(n_folds, history), params.new_ones(n_folds)
-        return cls(pairs, pairs.clone(), rho, h0)
+        stamp = torch.full((n_folds, history), -1, dtype=torch.long, device=params.device)
+        return cls(pairs, pairs.clone(), rho, h0, stamp)
 
     def rescale(self, norms: torch.Tensor) -> None:
         """Take a cosine head's rows W = ρ·W' to W' (``norms`` ρ, (B, K, 1)): an exact
@@ -323,23 +333,38 @@ class Memory:
             rows(self.grad).mul_(norms)
         # h0 = sᵀy / yᵀy of each fold's newest pair (a fold that stopped early or rejected
         # its last pairs has an older one than the ring's newest slot).
-        if not self.used:
-            return
-        ring = self.s.shape[1]
-        order = torch.tensor([(self.slot - 1 - i) % ring for i in range(self.used)])
-        kept = self.rho[:, order.to(self.rho.device)] != 0  # (B, used), newest first
-        newest = order.to(self.rho.device)[kept.int().argmax(1)]  # (B,)
+        stamp = torch.where(self.rho != 0, self.stamp, -1)
+        newest = stamp.argmax(1)  # (B,)
         folds = torch.arange(n_folds, device=newest.device)
         s, y = self.s[folds, newest], self.y[folds, newest]  # (B, P)
         sy, yy = (s * y).sum(1), y.square().sum(1)
-        fresh = kept.any(1) & (yy > 0)
+        fresh = (stamp.amax(1) >= 0) & (yy > 0)
         self.h0 = torch.where(fresh, sy / yy.where(fresh, 1.0), self.h0)
 
     def forget(self, folds: torch.Tensor) -> None:
         """Drop the pairs of ``folds`` (a boolean mask (B,)): their next iteration is a
         gradient step, as a restarted L-BFGS's."""
         self.rho[folds] = 0
+        self.stamp[folds] = -1
         self.h0[folds] = 1
+
+    def compact(self) -> None:
+        """Put each fold's pairs in the ring in the order they were formed, its newest in
+        the slot before ``slot``, as the two-loop recursion reads them. A fold that stopped
+        before the others kept its pairs where they were while theirs went on round the
+        ring, out of order for it when it runs again (at the next value of a path)."""
+        ring = self.s.shape[1]
+        stamp = torch.where(self.rho != 0, self.stamp, -1)
+        oldest_first = stamp.argsort(dim=1, stable=True)  # empty slots (−1) first
+        positions = (self.slot - ring + torch.arange(ring, device=stamp.device)) % ring
+        source = torch.empty_like(oldest_first)
+        source[:, positions] = oldest_first  # the slot each position takes its pair from
+        self.used = int((stamp >= 0).sum(1).amax())  # one synchronisation per solve
+        if torch.equal(source, torch.arange(ring, device=source.device).expand_as(source)):
+            return
+        folds = torch.arange(len(source), device=source.device)[:, None]
+        self.s, self.y = self.s[folds, source], self.y[folds, source]
+        self.rho, self.stamp = self.rho[folds, source], stamp[folds, source]
 
     def move_to(self, reg: torch.Tensor, n_penalised: int) -> None:
         """Correct the pairs, and the last objective and gradient, from the penalty they
@@ -373,6 +398,7 @@ def lbfgs_batched(
     tol: float,
     history: int = 10,
     memory: Memory | None = None,
+    max_eval: int | np.ndarray | None = None,
 ) -> BatchResult:
     """Minimise every fold's objective at ``value`` (C, or a cosine head's scale) from
     ``params`` (B, P), updated in place.
@@ -385,7 +411,8 @@ def lbfgs_batched(
 
     Stops a fold as fit_lbfgs does: ``"tol"`` (largest gradient entry at most tol),
     ``"max_iter"`` (``max_iter`` is one number for all folds or one per fold; a fold of
-    none does not move), ``"max_eval"`` (4·max_iter evaluations of that fold), or ``"stalled"``
+    none does not move), ``"max_eval"`` (``max_eval`` evaluations of that fold, by default
+    4·max_iter), or ``"stalled"``
     (no decrease the line search can find, or a change of the objective below scipy's
     ftol). NaN counts as failing every test, so a fold that meets one never stops as
     converged. A pair whose curvature is lost in rounding (L-BFGS-B's test) is not
@@ -396,6 +423,7 @@ def lbfgs_batched(
     device = params.device
     if memory is None:
         memory = Memory.empty(params, history)
+    memory.compact()
     memory.move_to(1.0 / (value * batch.weight_sum), batch.n_penalised)
     s_hist, y_hist, rho, h0, slot = memory.s, memory.y, memory.rho, memory.h0, memory.slot
     history = s_hist.shape[1]
@@ -411,6 +439,7 @@ def lbfgs_batched(
         objective, grad = batch.evaluate(params, everyone, value)
     largest = batch.largest_gradient(params, grad)
     limit = np.broadcast_to(np.asarray(max_iter), (n_folds,))  # each fold's iterations
+    budget = np.broadcast_to(np.asarray(4 * limit if max_eval is None else max_eval), (n_folds,))
     active = []
     for f, done in enumerate((largest <= tol).tolist()):
         if not done and limit[f] <= 0:
@@ -452,7 +481,10 @@ def lbfgs_batched(
             long = ~(trial_value <= bound + 1e-4 * step * slope)  # NaN is too long
             trial_slope = (trial_grad * direction).sum(1)
             short = ~long & (trial_slope < 0.9 * slope)
-            searching = long | short
+            # A step too long that no longer moves the point in its precision cannot be
+            # shortened into a decrease: that fold stops searching (and stalls).
+            moved = (start + step[:, None] * direction != start).any(1)
+            searching = (long & moved) | short
             redo = searching.nonzero().squeeze(1)  # one synchronisation per evaluation
             if not len(redo):
                 break
@@ -481,9 +513,11 @@ def lbfgs_batched(
         s_hist[a, slot] = torch.where(keep[:, None], s, 0)
         y_hist[a, slot] = torch.where(keep[:, None], yv, 0)
         rho[a, slot] = torch.where(keep, 1.0 / sy.where(keep, 1.0), 0)
+        memory.stamp[a, slot] = torch.where(keep, memory.clock, -1)
         h0[a] = torch.where(keep, sy / (yv * yv).sum(1).where(keep, 1.0), h0[a])
         slot = memory.slot = (slot + 1) % history
         memory.used = min(memory.used + 1, history)
+        memory.clock += 1
         params[a] = torch.where(accepted[:, None], start + s, start)
         objective[a] = torch.where(accepted, trial_value, bound)
         grad[a] = torch.where(accepted[:, None], trial_grad, g)
@@ -500,7 +534,7 @@ def lbfgs_batched(
                 stop[fold] = "tol"
             elif n_iter[fold] >= limit[fold]:
                 stop[fold] = "max_iter"
-            elif evals[fold] >= 4 * limit[fold]:
+            elif evals[fold] >= budget[fold]:
                 stop[fold] = "max_eval"
             elif stalled[j]:
                 stop[fold] = "stalled"
@@ -511,7 +545,7 @@ def lbfgs_batched(
             a = torch.tensor(active, device=device)
     memory.point, memory.value, memory.grad = params.clone(), objective, grad
     memory.solved_at = value
-    return BatchResult(n_iter, stop, largest.cpu().numpy())
+    return BatchResult(n_iter, stop, largest.cpu().numpy(), evals)
 
 
 def _two_loop(s, y, rho, h0, g, order) -> torch.Tensor:
@@ -686,32 +720,35 @@ class BatchedPath:
 
     def _solve(self, value: float, max_iter: int, tol: float) -> BatchResult:
         """Solve every fold at ``value``. A cosine fold that stalls after some progress
-        restarts, its rows rescaled to unit norm and without pairs, as the rounds of a
-        single fit do (fit_lbfgs), within its remaining iterations: in float32 at large
+        restarts once, its rows rescaled to unit norm and without pairs, as the rounds of
+        a single fit do (fit_lbfgs), within its remaining iterations and evaluations (4 per
+        iteration of ``max_iter``, counted over the rounds): in float32 at large
         scales L-BFGS can stall on rounding where a fresh start goes on to ``tol``."""
         result = lbfgs_batched(
             self.batch, self.params, value, max_iter=max_iter, tol=tol, memory=self.memory
         )
-        n_iter, last = result.n_iter.copy(), result.n_iter
-        for _ in range(_COSINE_ROUNDS - 1 if self.batch.cosine else 0):
+        n_iter, n_eval, last = result.n_iter.copy(), result.n_eval.copy(), result.n_iter
+        for _ in range(_COSINE_RESTARTS if self.batch.cosine else 0):
             stalled = np.array([stop == "stalled" for stop in result.stop])
-            again = stalled & (last > 1) & (n_iter < max_iter)
+            again = stalled & (last > 1) & (n_iter < max_iter) & (n_eval < 4 * max_iter)
             if not again.any():
                 break
             self._unit_rows()
             self.memory.forget(torch.as_tensor(again, device=self.params.device))
-            budget = np.where(again, max_iter - n_iter, 0)
             round_ = lbfgs_batched(
-                self.batch, self.params, value, max_iter=budget, tol=tol, memory=self.memory
-            )
+                self.batch, self.params, value, tol=tol, memory=self.memory,
+                max_iter=np.where(again, max_iter - n_iter, 0),
+                max_eval=np.where(again, 4 * max_iter - n_eval, 0),
+            )  # fmt: skip
             last = np.where(again, round_.n_iter, 0)
             n_iter = n_iter + last
+            n_eval = n_eval + np.where(again, round_.n_eval, 0)
             stop = [
                 new if a else old
                 for a, new, old in zip(again, round_.stop, result.stop, strict=True)
             ]
             largest = np.where(again, round_.largest_gradient, result.largest_gradient)
-            result = BatchResult(n_iter, stop, largest)
+            result = BatchResult(n_iter, stop, largest, n_eval)
         return result
 
     @torch.no_grad()

@@ -216,6 +216,7 @@ def test_rescaled_memory_holds_the_pairs_of_the_unit_rows():
     memory = Memory.empty(W2.reshape(1, -1), 4)
     memory.s[0, 0], memory.y[0, 0] = (W2 - W1).reshape(-1), (grad(W2) - grad(W1)).reshape(-1)
     memory.rho[0, 0] = 1 / (memory.s[0, 0] @ memory.y[0, 0])
+    memory.stamp[0, 0] = 0
     memory.slot = memory.used = 1
     memory.point, memory.grad, memory.value = W2.reshape(1, -1).clone(), grad(W2).reshape(1, -1), 0
     rho = memory.rho.clone()
@@ -408,18 +409,43 @@ def test_a_path_fold_that_stalls_in_float32_restarts_as_a_fit_does(batch_folds, 
         assert ours <= 1.5 * theirs
 
 
-def test_rescaled_memory_takes_each_folds_newest_pair_for_its_initial_scale():
-    """A fold whose last slot is empty (it stopped early) rescales its initial inverse
-    Hessian from its own newest pair, not the ring's newest slot."""
-    gen = torch.Generator().manual_seed(0)
-    params = torch.randn(2, 6, generator=gen, dtype=torch.float64)
+def test_a_fold_that_stopped_early_keeps_its_pairs_in_the_order_formed():
+    """Fold 0 stops after 2 iterations while fold 1 goes round the ring of 3 slots: fold 0's
+    pairs stay where they were, out of the ring's order. Its initial scale is taken from
+    its own newest pair, and before the next solve its pairs are put back in order."""
+    X, y = _normalised_blobs()
+    X, y = torch.as_tensor(X), torch.as_tensor(y)
+    batch = _cosine_batch(X, y, torch.ones(2, len(y), dtype=X.dtype), [1.0] * 6)
+    means = torch.zeros(6, X.shape[1], dtype=X.dtype).index_add_(0, y, X)
+    params = torch.nn.functional.normalize(means, dim=1).flatten().repeat(2, 1)
     memory = Memory.empty(params, 3)
-    memory.s[:, :2] = torch.randn(2, 2, 6, generator=gen, dtype=torch.float64)
-    memory.y[:, :2] = memory.s[:, :2] * 2 + 0.1
-    memory.rho[:, :2] = 1 / (memory.s[:, :2] * memory.y[:, :2]).sum(2)
-    memory.rho[1, 1], memory.s[1, 1], memory.y[1, 1] = 0, 0, 0  # fold 1 stopped at slot 0
-    memory.slot, memory.used = 2, 2
-    memory.rescale(torch.tensor([[[2.0], [0.5]], [[3.0], [0.25]]], dtype=torch.float64))
-    for fold, newest in ((0, 1), (1, 0)):
-        s, y = memory.s[fold, newest], memory.y[fold, newest]
-        torch.testing.assert_close(memory.h0[fold], (s @ y) / (y @ y))
+    result = batched.lbfgs_batched(
+        batch, params, 8.0, max_iter=np.array([2, 10]), tol=1e-12, memory=memory
+    )
+    assert result.n_iter.tolist() == [2, 10] and (memory.rho[0] != 0).sum() == 2
+
+    def fold_zero_newest_first():
+        ring = [(memory.slot - 1 - i) % 3 for i in range(memory.used)]
+        return [int(memory.stamp[0, i]) for i in ring if memory.rho[0, i] != 0]
+
+    assert fold_zero_newest_first() != [1, 0]  # the ring's order is not fold 0's
+    newest = int(memory.stamp[0].argmax())
+    memory.rescale(batch.direction_norms(params))
+    s, y_ = memory.s[0, newest], memory.y[0, newest]
+    torch.testing.assert_close(memory.h0[0], (s @ y_) / (y_ @ y_))
+    memory.compact()
+    assert fold_zero_newest_first() == [1, 0]
+    assert memory.stamp[1].tolist() == [9, 7, 8] and memory.slot == 1  # fold 1 unmoved
+
+
+def test_batched_lbfgs_takes_each_folds_evaluation_budget():
+    X, y = _normalised_blobs()
+    X, y = torch.as_tensor(X), torch.as_tensor(y)
+    batch = _cosine_batch(X, y, torch.ones(2, len(y), dtype=X.dtype), [1.0] * 6)
+    means = torch.zeros(6, X.shape[1], dtype=X.dtype).index_add_(0, y, X)
+    params = torch.nn.functional.normalize(means, dim=1).flatten().repeat(2, 1)
+    result = batched.lbfgs_batched(
+        batch, params, 8.0, max_iter=100, tol=1e-12, max_eval=np.array([3, 400])
+    )
+    assert result.stop[0] == "max_eval" and 3 <= result.n_eval[0] < 10
+    assert result.stop[1] != "max_eval" and result.n_eval[1] > 10

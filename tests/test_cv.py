@@ -489,8 +489,9 @@ def test_batched_lbfgs_memory_carried_to_another_c_gives_its_solution(
     torch.testing.assert_close(
         value, cold_value, atol=0, rtol=1e-10 if dtype == "float64" else 1e-5
     )
+    # float32: coefficients within 2e-2 where the objectives agree to 1e-5 (flat directions).
     torch.testing.assert_close(
-        params, cold_params, atol=1e-4 if dtype == "float64" else 1e-2, rtol=0
+        params, cold_params, atol=1e-4 if dtype == "float64" else 2e-2, rtol=0
     )
 
 
@@ -745,3 +746,29 @@ def test_a_batched_cosine_path_starts_each_scale_from_the_last_solution(monkeypa
     assert len(starts) == 4
     for start, end in zip(starts[1:], ends[:-1], strict=True):
         torch.testing.assert_close(start, end)
+
+
+def test_a_line_search_stops_when_its_step_no_longer_moves_the_point():
+    """Every step up a flat float32 objective is too long: the search shortens it until
+    the point no longer changes in float32, then the fold stalls, instead of spending all
+    25 trials of the line search."""
+    from mr2_probe._batched import lbfgs_batched
+
+    class Rising:
+        n_penalised, n_classes = 0, 1
+        weight_sum = torch.ones(1)
+        X = torch.zeros(0, 4)
+        evaluations = 0
+
+        def evaluate(self, params, folds, value):
+            self.evaluations += 1
+            moved = (params != 1).any(1).float()  # 0 at the start, 1 anywhere else
+            return moved, torch.ones_like(params)
+
+        def largest_gradient(self, params, grad):
+            return grad.abs().amax(1)
+
+    batch, params = Rising(), torch.ones(1, 4)
+    result = lbfgs_batched(batch, params, 1.0, max_iter=10, tol=1e-6)
+    assert result.stop == ["stalled"] and torch.equal(params, torch.ones(1, 4))
+    assert batch.evaluations <= 12  # 27 without the test
