@@ -79,6 +79,9 @@ class FoldBatch:
     n_classes: int
     cosine: bool = False
     tilt: float = 0.0
+    # A linear head of two classes with the first class's logit pinned at zero (one row
+    # of parameters, scikit-learn's binomial model), as ProbeHead pins it.
+    pinned: bool = False
     weight_sum: torch.Tensor = field(init=False)
     row_scale: torch.Tensor | None = field(init=False, default=None)
     class_weight: torch.Tensor | None = field(init=False, default=None)  # S_k (B, K)
@@ -107,13 +110,18 @@ class FoldBatch:
         return self.center is not None
 
     @property
+    def rows(self) -> int:
+        """Rows of W: one per class, one in all for a pinned head."""
+        return 1 if self.pinned else self.n_classes
+
+    @property
     def n_params(self) -> int:
-        return self.n_classes * (self.X.shape[1] + self.fit_intercept)
+        return self.rows * (self.X.shape[1] + self.fit_intercept)
 
     @property
     def n_penalised(self) -> int:
         """How many leading parameters the penalty ½‖W‖²/(C·S) takes (none for cosine)."""
-        return 0 if self.cosine else self.n_classes * self.X.shape[1]
+        return 0 if self.cosine else self.rows * self.X.shape[1]
 
     def direction_norms(self, params: torch.Tensor) -> torch.Tensor:
         """‖w_k‖ (A, K, 1) of each fold's rows of W (the cosine head's)."""
@@ -143,7 +151,7 @@ class FoldBatch:
         cosine head, the same data term of the logits s·(x/‖x‖)·(W/‖W‖)ᵀ at s = ``value``,
         without a penalty.
         """
-        n_folds, d, k = len(folds), self.X.shape[1], self.n_classes
+        n_folds, d, k = len(folds), self.X.shape[1], self.rows
         weight = params[:, : k * d].view(n_folds, k, d)
         bias = None
         if self.fit_intercept:
@@ -152,11 +160,16 @@ class FoldBatch:
             norms = self.direction_norms(params)  # (A, K, 1)
             unit = weight / norms
             stacked = (value * unit).reshape(n_folds * k, d)  # V = s·W/‖W‖
+        elif self.pinned:  # the first class's row and intercept are zero
+            stacked = torch.cat([torch.zeros_like(weight), weight], 1).reshape(2 * n_folds, d)
+            bias = None if bias is None else torch.cat([torch.zeros_like(bias), bias], 1)
         else:
             stacked = weight.reshape(n_folds * k, d)
         term = self._tilted_term if self.tilt > 0 else self._mean_term
         loss, grad_w, grad_b = term(stacked, bias, folds)
-        grad_w = grad_w.view(n_folds, k, d)
+        if self.pinned:  # the gradients of the second class's logit
+            grad_w, grad_b = grad_w.view(n_folds, 2, d)[:, 1:], grad_b[:, 1:]
+        grad_w = grad_w.reshape(n_folds, k, d)
         if self.cosine:
             # ∂f/∂w_k = s·(I − u_k u_kᵀ)·∂f/∂v_k / ‖w_k‖: no radial part, f ignores the norms.
             grad_w -= (grad_w * unit).sum(2, keepdim=True) * unit
@@ -251,8 +264,8 @@ class FoldBatch:
 
     def parameters(self, coef: torch.Tensor) -> torch.Tensor:
         """The inverse of :meth:`coefficients`: params (B, P) from coef (B, K, d), with the
-        intercept as a last column when there is one."""
-        k, d = self.n_classes, self.X.shape[1]
+        intercept as a last column when there is one (K rows, one if pinned)."""
+        k, d = self.rows, self.X.shape[1]
         weight = coef[:, :, :d]
         parts = [weight.reshape(len(coef), k * d)]
         if self.fit_intercept:
@@ -260,8 +273,9 @@ class FoldBatch:
         return torch.cat(parts, dim=1)
 
     def coefficients(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """coef (B, K, d) and intercept (B, K) in the original coordinates (None without)."""
-        k, d = self.n_classes, self.X.shape[1]
+        """coef (B, K, d) and intercept (B, K) in the original coordinates (None without);
+        one row for a pinned head, scikit-learn's binary coef_ and intercept_."""
+        k, d = self.rows, self.X.shape[1]
         weight = params[:, : k * d].view(-1, k, d)
         if not self.fit_intercept:
             return weight, None
@@ -696,6 +710,8 @@ class BatchedPath:
             coef, intercept = self._coefficients(value)
             for f, held_out in enumerate(self.held_out):
                 z = held_out.logits(coef[f], None if intercept is None else intercept[f], cosine)
+                if self.batch.pinned:  # the first class's logit, pinned at zero
+                    z = torch.cat([torch.zeros_like(z), z], 1)
                 bias = None if intercept is None else intercept[f].cpu().numpy()
                 exported = coef[f]
                 if cosine and self.batch.n_classes == 2:

@@ -50,16 +50,16 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
     dataset keeps its order and gives held-out rows weight zero instead), and the class
     statistics, which do not depend on C, are computed once per fold.
 
-    For the linear head (more than two classes, ``lam=0``, data in memory, tilted or
-    not) each fold's L-BFGS keeps its memory from one C to the next, corrected for the
-    change of penalty, which is exact for the L2 penalty: each C then starts from the last
-    solution with the curvature measured so far. The cosine head (any number of classes,
-    same conditions) runs on the same solver, its memory carried to a next scale within a
-    factor of 4 of the last scale that formed pairs. On a GPU, or on a CPU with n_folds ×
-    n_classes ≤ 256, the folds are also solved as one batched problem: every evaluation
-    multiplies X once by all the folds' weights, the held-out rows taking part with weight
-    zero, and L-BFGS runs in lock-step over the folds (each stopping on its own).
-    Elsewhere each fold's path is solved on its own.
+    For the linear head (``lam=0``, data in memory, tilted or not, two classes as the one
+    row of the binomial model) each fold's L-BFGS keeps its memory from one C to the next,
+    corrected for the change of penalty, which is exact for the L2 penalty: each C then
+    starts from the last solution with the curvature measured so far. The cosine head (any
+    number of classes, same conditions) runs on the same solver, its memory carried to a
+    next scale within a factor of 4 of the last scale that formed pairs. On a GPU, or on a
+    CPU with n_folds × n_classes ≤ 256, the folds are also solved as one batched problem:
+    every evaluation multiplies X once by all the folds' weights, the held-out rows taking
+    part with weight zero, and L-BFGS runs in lock-step over the folds (each stopping on its
+    own). Elsewhere each fold's path is solved on its own.
 
     Parameters
     ----------
@@ -372,12 +372,10 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     _batch_folds = None
 
     def _batches_folds(self, data, solver) -> bool:
-        """Whether the folds' paths run on the batched L-BFGS: a linear head of more than
-        two classes or a cosine head, without projection (lam = 0), by L-BFGS on in-memory
-        data."""
+        """Whether the folds' paths run on the batched L-BFGS: a linear or cosine head
+        without projection (lam = 0), by L-BFGS on in-memory data."""
         return (
-            (self.head == "cosine" or data.n_classes > 2)
-            and solver == "lbfgs"
+            solver == "lbfgs"
             and self.lam == 0
             and not isinstance(data.source, H5Source)  # in memory
         )
@@ -415,8 +413,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 torch.stack(part) for part in list(zip(*parts, strict=True))[:3]
             )
             centers = centers if self.fit_intercept and not cosine else None
-            tilt = float(self.class_tilt)
-            return FoldBatch(X, y, weights, inv_gamma, centers, data.n_classes, cosine, tilt)
+            tilt, pinned = float(self.class_tilt), not cosine and data.n_classes == 2
+            k = data.n_classes
+            return FoldBatch(X, y, weights, inv_gamma, centers, k, cosine, tilt, pinned)
 
         def start(parts):
             return torch.stack([part[3] for part in parts]) if cosine else None

@@ -772,3 +772,34 @@ def test_a_line_search_stops_when_its_step_no_longer_moves_the_point():
     result = lbfgs_batched(batch, params, 1.0, max_iter=10, tol=1e-6)
     assert result.stop == ["stalled"] and torch.equal(params, torch.ones(1, 4))
     assert batch.evaluations <= 12  # 27 without the test
+
+
+@pytest.mark.parametrize("batch_folds", [None, False])
+@pytest.mark.parametrize("tilt", [0.0, 1.0])
+def test_a_two_class_linear_search_runs_on_the_batched_solver(batch_folds, tilt, monkeypatch):
+    """Two classes: one row of parameters (the first class's logit pinned at zero, the
+    binomial model), its path the fits of its Cs, and without margins or tilt the choice
+    of LogisticRegressionCV."""
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    folds, Cs = _folds(y), [0.01, 0.1, 1.0, 10.0]
+    calls = _spy_batched(monkeypatch)
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+    common = dict(c_bar=None, class_tilt=tilt, tol=1e-8, max_iter=2000, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        search = MR2LinearClassifierCV(Cs, cv=folds, **common).fit(X, y)
+        assert calls == ([3] * 4 if batch_folds is None else [1] * 12)
+        assert search.coefs_paths_[1].shape == (3, 4, X.shape[1] + 1)
+        for f, (train, _) in enumerate(folds):
+            for j, C in enumerate(Cs):
+                cold = MR2LinearClassifier(C=C, **common).fit(X[train], y[train])
+                expected = np.append(cold.coef_[0], cold.intercept_[0])
+                path = search.coefs_paths_[1][f, j]
+                np.testing.assert_allclose(path, expected, atol=2e-4 * max(1, C), rtol=1e-4)
+        if tilt == 0:
+            lrcv = LogisticRegressionCV(Cs=Cs, cv=folds, tol=1e-8, max_iter=2000).fit(X, y)
+            assert search.C_ == lrcv.C_[0]
+    assert search.score(X, y) > 0.95
