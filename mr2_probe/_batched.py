@@ -373,12 +373,17 @@ class Memory:
         positions = (self.slot - ring + torch.arange(ring, device=stamp.device)) % ring
         source = torch.empty_like(oldest_first)
         source[:, positions] = oldest_first  # the slot each position takes its pair from
-        self.used = int((stamp >= 0).sum(1).amax())  # one synchronisation per solve
-        if torch.equal(source, torch.arange(ring, device=source.device).expand_as(source)):
-            return
-        folds = torch.arange(len(source), device=source.device)[:, None]
-        self.s, self.y = self.s[folds, source], self.y[folds, source]
-        self.rho, self.stamp = self.rho[folds, source], stamp[folds, source]
+        moved = (source != torch.arange(ring, device=source.device)).any(1)
+        counts, moved = torch.stack([(stamp >= 0).sum(1), moved]).tolist()  # one sync
+        self.used = max(counts)
+        self.stamp = stamp
+        # Fold by fold, in place: one (history, P) copy at a time, not a second memory.
+        for fold in (f for f, out_of_order in enumerate(moved) if out_of_order):
+            order = source[fold]
+            self.s[fold] = self.s[fold, order]
+            self.y[fold] = self.y[fold, order]
+            self.rho[fold] = self.rho[fold, order]
+            self.stamp[fold] = self.stamp[fold, order]
 
     def move_to(self, reg: torch.Tensor, n_penalised: int) -> None:
         """Correct the pairs, and the last objective and gradient, from the penalty they

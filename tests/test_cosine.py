@@ -433,8 +433,10 @@ def test_a_fold_that_stopped_early_keeps_its_pairs_in_the_order_formed():
     memory.rescale(batch.direction_norms(params))
     s, y_ = memory.s[0, newest], memory.y[0, newest]
     torch.testing.assert_close(memory.h0[0], (s @ y_) / (y_ @ y_))
+    pairs = memory.s.data_ptr(), memory.y.data_ptr()
     memory.compact()
     assert fold_zero_newest_first() == [1, 0]
+    assert (memory.s.data_ptr(), memory.y.data_ptr()) == pairs  # in place, no second copy
     assert memory.stamp[1].tolist() == [9, 7, 8] and memory.slot == 1  # fold 1 unmoved
 
 
