@@ -662,14 +662,13 @@ class BatchedPath:
 
     def __post_init__(self) -> None:
         self.paths = [FoldSteps() for _ in self.held_out]
-        n_params = self.batch.n_params
-        self.params = self.batch.X.new_zeros(self.batch.n_folds, n_params)
+        self.params = self.batch.X.new_zeros(self.batch.n_folds, self.batch.n_params)
         if self.start is not None:
             self.params.copy_(self.start)
             self.start = None
-        most, floor = (_COSINE_HISTORY, 10) if self.batch.cosine else (_HISTORY, 10)
+        most = _COSINE_HISTORY if self.batch.cosine else _HISTORY
         pairs = _HISTORY_ELEMENTS // (2 * self.params.numel())
-        self.memory = Memory.empty(self.params, int(min(most, max(floor, pairs))))
+        self.memory = Memory.empty(self.params, int(min(most, max(10, pairs))))
         if self.rows is not None:
             self._release()
 
