@@ -32,10 +32,9 @@ import torch
 
 from ._classifier import _overflow_message
 from ._data import block_rows
-from ._device import row_norms
-from ._losses import tilted_class_risk
+from ._device import inverse_row_norms
 from ._path import Step
-from ._solvers import _KEEP_LOGIT_GRADS
+from ._solvers import _COSINE_HISTORY, _KEEP_LOGIT_GRADS, ClassRisk
 
 # scipy's ftol as scikit-learn sets it (float64's even for float32 data), as in fit_lbfgs.
 _FTOL = 64 * float(np.finfo(np.float64).eps)
@@ -45,11 +44,10 @@ _MAX_LINE_SEARCH = 25
 # batch of folds), and never fewer than 10 pairs.
 _HISTORY = 30
 _HISTORY_ELEMENTS = 2**26
-# A cosine head's path keeps up to 200 pairs, as its single fit does (its problem is badly
-# conditioned at large scales), and carries them to a next scale within this factor of
-# the last scale that formed pairs: further away they cost more iterations than none on
-# a tenfold grid (benchmarks/bench_scale_path.py, README "Speed").
-_COSINE_HISTORY = 200
+# A cosine head's path keeps as many pairs as its single fit does (_COSINE_HISTORY: its
+# problem is badly conditioned at large scales), and carries them to a next scale within
+# this factor of the last scale that formed pairs: further away they cost more iterations
+# than none on a tenfold grid (benchmarks/bench_scale_path.py, README "Speed").
 _CARRY_SCALE_RATIO = 4.0
 # The restarts of a cosine fold that stalls at one scale (fit_lbfgs restarts up to 19
 # times). One took the float32 fold that had stalled on rounding to tol; where float32
@@ -96,7 +94,7 @@ class FoldBatch:
         solver's sources compute them)."""
         self.X, self.y = X, y
         if self.cosine:
-            self.row_scale = row_norms(X).clamp_min(1e-12).reciprocal() if len(X) else None
+            self.row_scale = inverse_row_norms(X) if len(X) else None
         if self.tilt > 0 and len(y):
             shape = (self.weight.shape[0], self.n_classes)
             self.class_weight = self.weight.new_zeros(shape).index_add_(1, y, self.weight)
@@ -237,11 +235,8 @@ class FoldBatch:
             sums.index_add_(1, y, (ell * sw).T)
             if keep:
                 kept.append(z)
-        class_weight = self.class_weight[folds]  # S_k (A, K)
-        tiny = torch.finfo(sums.dtype).tiny
-        share = class_weight / class_weight.sum(1, keepdim=True)
-        risk, q = tilted_class_risk(sums / class_weight.clamp_min(tiny), share, self.tilt)
-        factor = q / class_weight.clamp_min(tiny)  # (A, K)
+        class_risk = ClassRisk(self.class_weight[folds], self.tilt)  # S_k (A, K)
+        risk, factor = class_risk.risk(class_risk.class_loss(sums))  # factor q_k / S_k
         grad_v = torch.zeros_like(stacked)
         grad_b = stacked.new_zeros(n_folds, k)
         if keep:
@@ -347,13 +342,18 @@ class Memory:
             rows(self.grad).mul_(norms)
         # h0 = sᵀy / yᵀy of each fold's newest pair (a fold that stopped early or rejected
         # its last pairs has an older one than the ring's newest slot).
-        stamp = torch.where(self.rho != 0, self.stamp, -1)
+        stamp = self._live_stamps()
         newest = stamp.argmax(1)  # (B,)
         folds = torch.arange(n_folds, device=newest.device)
         s, y = self.s[folds, newest], self.y[folds, newest]  # (B, P)
         sy, yy = (s * y).sum(1), y.square().sum(1)
         fresh = (stamp.amax(1) >= 0) & (yy > 0)
         self.h0 = torch.where(fresh, sy / yy.where(fresh, 1.0), self.h0)
+
+    def _live_stamps(self) -> torch.Tensor:
+        """The stamps of the pairs still in use, −1 where a pair was rejected or dropped
+        (ρ = 0: a restart from −g, or a pair that lost its curvature in :meth:`move_to`)."""
+        return torch.where(self.rho != 0, self.stamp, -1)
 
     def forget(self, folds: torch.Tensor) -> None:
         """Drop the pairs of ``folds`` (a boolean mask (B,)): their next iteration is a
@@ -368,7 +368,7 @@ class Memory:
         before the others kept its pairs where they were while theirs went on round the
         ring, out of order for it when it runs again (at the next value of a path)."""
         ring = self.s.shape[1]
-        stamp = torch.where(self.rho != 0, self.stamp, -1)
+        stamp = self._live_stamps()
         oldest_first = stamp.argsort(dim=1, stable=True)  # empty slots (−1) first
         positions = (self.slot - ring + torch.arange(ring, device=stamp.device)) % ring
         source = torch.empty_like(oldest_first)
@@ -618,12 +618,15 @@ class HeldOut:
     X: torch.Tensor
     y_index: np.ndarray
     weight: np.ndarray | None
+    row_scale: torch.Tensor | None = None  # 1/‖x‖ of X, once a cosine head needs it
 
     def logits(self, coef: torch.Tensor, intercept: torch.Tensor | None, cosine: bool):
         """The held-out logits of a fold's solution (coef_ rows, V for a cosine head)."""
         z = self.X @ coef.T
         if cosine:
-            z *= row_norms(self.X).clamp_min(1e-12).reciprocal()[:, None]
+            if self.row_scale is None:
+                self.row_scale = inverse_row_norms(self.X)
+            z *= self.row_scale[:, None]
         if intercept is not None:
             z += intercept
         return z

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from sklearn.utils import assert_all_finite
 
-from ._device import row_norms, to_tensor
+from ._device import inverse_row_norms, to_tensor
 
 
 def is_torch_tensor(X) -> bool:
@@ -81,9 +81,7 @@ class TensorSource:
         the norms are :func:`~mr2_probe._device.row_norms`, safe from overflow.
         """
         if self._inverse_norms is None:
-            self._inverse_norms = [
-                row_norms(x).clamp_min(1e-12).reciprocal() for x, _, _ in self.chunks()
-            ]
+            self._inverse_norms = [inverse_row_norms(x) for x, _, _ in self.chunks()]
         return self._inverse_norms
 
     def chunks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

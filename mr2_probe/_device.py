@@ -94,6 +94,11 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().cpu().numpy()
 
 
+def inverse_row_norms(x: torch.Tensor) -> torch.Tensor:
+    """1/‖x_i‖ (N,), the cosine head's row scale, with F.normalize's floor on the norms."""
+    return row_norms(x).clamp_min(1e-12).reciprocal()
+
+
 def row_norms(x: torch.Tensor, rows: int = 8192) -> torch.Tensor:
     """‖x_i‖ (N,) for the rows of x (N, d), also where the squares overflow.
 

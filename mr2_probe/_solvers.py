@@ -70,15 +70,21 @@ _COSINE_HISTORY_ELEMENTS = 2**26
 class ClassRisk:
     """Per-class weighted mean losses L_k and the tilted class risk over them.
 
-    ``S_k`` (class weight sums) and ``π_k = S_k / S`` are fixed by the data; ``tilt`` = 0
-    is the plain weighted mean.
+    ``S_k`` (class weight sums, (..., K): leading dimensions are independent problems, as
+    the folds of a search) and ``π_k = S_k / S`` are fixed by the data; ``tilt`` = 0 is the
+    plain weighted mean.
     """
 
-    def __init__(self, source, n_classes: int, tilt: float) -> None:
-        w = source.w
-        self.class_weight = w.new_zeros(n_classes).index_add_(0, source.y, w)  # S_k (K,)
-        self.share = self.class_weight / self.class_weight.sum()  # π_k (K,)
+    def __init__(self, class_weight: torch.Tensor, tilt: float) -> None:
+        self.class_weight = class_weight  # S_k (..., K)
+        self.share = class_weight / class_weight.sum(-1, keepdim=True)  # π_k (..., K)
         self.tilt = tilt
+
+    @classmethod
+    def of_source(cls, source, n_classes: int, tilt: float) -> ClassRisk:
+        """The class risk of a source's labels and sample weights."""
+        w = source.w
+        return cls(w.new_zeros(n_classes).index_add_(0, source.y, w), tilt)
 
     def class_loss(self, loss_sums: torch.Tensor) -> torch.Tensor:
         """L_k from Σ_{i∈k} w_i ℓ_i (0 for classes without weight)."""
@@ -176,7 +182,7 @@ def fit_lbfgs(
     for param in params:  # the closed-form path writes gradients in place
         param.grad = torch.zeros_like(param)
     reg = 1.0 / (C * weight_sum)
-    risk = ClassRisk(source, spec.n_classes, tilt)
+    risk = ClassRisk.of_source(source, spec.n_classes, tilt)
     keep = source.n_samples * spec.n_classes <= _KEEP_LOGIT_GRADS
     curve: dict[int, torch.Tensor] = {}
     bar = _progress(max_iter, verbose, "MR2 lbfgs")
@@ -465,7 +471,7 @@ def fit_minibatch(
     untilted, 75% now).
     """
     stats, margins, s_bar, tau = initial
-    risk = ClassRisk(source, spec.n_classes, tilt)
+    risk = ClassRisk.of_source(source, spec.n_classes, tilt)
     if tilt > 0:
         class_loss = risk.class_loss(class_losses(head, source, margins, spec.n_classes))
     params = [p for p in head.parameters()]

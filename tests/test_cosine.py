@@ -73,7 +73,7 @@ def test_closed_form_cosine_gradient_matches_autograd(kind, tilt, tmp_path):
     with torch.no_grad():
         head.weight.normal_(generator=gen).mul_(3.0)  # rows far from unit norm
     source = _source(kind, X, y, w, tmp_path)
-    risk = ClassRisk(source, k, tilt)
+    risk = ClassRisk.of_source(source, k, tilt)
     for _ in range(2):  # the second evaluation reuses the kept 1/‖x‖
         head.weight.grad = torch.zeros_like(head.weight)
         if tilt:

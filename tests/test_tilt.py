@@ -112,7 +112,7 @@ def test_closed_form_gradient_matches_autograd(head_kind, keep, tilt):
             head.bias.normal_(generator=gen)
     center = X.mean(0) if head_kind == "linear" else None
     source = TensorSource(X, y, w, rows=32)  # three chunks
-    risk = ClassRisk(source, k, tilt)
+    risk = ClassRisk.of_source(source, k, tilt)
     for param in head.parameters():
         param.grad = torch.zeros_like(param)
     value = tilted_data_term(head, source, margins, risk, center, keep)
