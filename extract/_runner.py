@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from importlib import metadata
 from pathlib import Path
@@ -331,38 +332,58 @@ def _row_difference(f, src: ImageSource, rows: np.ndarray, stored_names: list[st
     return _file_difference(src.path(int(head[k])), old, new)
 
 
-def _adopt_repaired_failures(out: Path, provenance: dict, source, rows) -> None:
-    """Before a --retry-failed run: images that failed and have since changed (repaired,
-    replaced) are taken as the store's, when nothing else differs from the request: their
-    listed size and modification time, and the store's fingerprint, become the request's.
-    Any other difference is left to the provenance check, which refuses it."""
-    with open_store(out, "r") as f:
-        existing = read_attrs(f)
-        if existing.get("source_fingerprint") == provenance["source_fingerprint"]:
-            return
-        others = [k for k in PROVENANCE_KEYS if k not in ("source_fingerprint", "compute")]
-        if any(existing.get(k) != provenance.get(k) for k in others) or "file_size" not in f:
-            return
-        if (existing.get("source_files") or {}) != source.files:
-            return
-        if list(f["class_names"].asstr()[:]) != list(source.class_names):
-            return
-        ids = f["paths"].asstr()[:]
-        if len(ids) != len(rows) or list(ids) != [source.ids[i] for i in rows]:
-            return
-        if not np.array_equal(f["labels"][:], source.labels[rows]):
-            return
-        sizes, mtimes = source.file_stats()
-        stored_sizes, stored_mtimes = f["file_size"][:], f["file_mtime_ns"][:]
-        changed = (stored_sizes != sizes[rows]) | (stored_mtimes != mtimes[rows])
-        if not changed.any() or not (f["status"][:][changed] == FAILED).all():
-            return
+def _repaired_failures(f, provenance: dict, source, rows) -> tuple | None:
+    """Whether the store ``f`` differs from the request only by failed images that have
+    changed since (repaired, replaced): then the stored file identities with the request's
+    in place of theirs, ``(file_size, file_mtime_ns, n_changed)``; otherwise None, and any other
+    difference is left to the provenance check, which refuses it.
+
+    A shard holds some rows of the source, and its fingerprint covers the whole source: a
+    change in another rank's rows is that rank's to judge, so a shard whose own rows are
+    unchanged takes the request's fingerprint too.
+    """
+    existing = read_attrs(f)
+    if existing.get("source_fingerprint") == provenance["source_fingerprint"]:
+        return None
+    others = [k for k in PROVENANCE_KEYS if k not in ("source_fingerprint", "compute")]
+    if any(existing.get(k) != provenance.get(k) for k in others) or "file_size" not in f:
+        return None
+    if (existing.get("source_files") or {}) != source.files:
+        return None
+    if list(f["class_names"].asstr()[:]) != list(source.class_names):
+        return None
+    ids = f["paths"].asstr()[:]
+    if len(ids) != len(rows) or list(ids) != [source.ids[i] for i in rows]:
+        return None
+    if not np.array_equal(f["labels"][:], source.labels[rows]):
+        return None
+    sizes, mtimes = source.file_stats()
+    stored_sizes, stored_mtimes = f["file_size"][:], f["file_mtime_ns"][:]
+    changed = (stored_sizes != sizes[rows]) | (stored_mtimes != mtimes[rows])
+    if not (f["status"][:][changed] == FAILED).all():
+        return None
+    if not changed.any() and existing.get("shard_world_size", 1) == 1:
+        return None
     stored_sizes[changed], stored_mtimes[changed] = sizes[rows][changed], mtimes[rows][changed]
+    return stored_sizes, stored_mtimes, int(changed.sum())
+
+
+def _adopt_repaired_failures(out: Path, provenance: dict, source, rows) -> None:
+    """Before a --retry-failed run: the failed images of ``out`` that have changed since
+    (:func:`_repaired_failures`) are taken as the store's: their size and modification
+    time, and the store's fingerprint, become the request's; their rows stay failed until
+    they are extracted again."""
+    with open_store(out, "r") as f:
+        repaired = _repaired_failures(f, provenance, source, rows)
+    if repaired is None:
+        return
+    sizes, mtimes, n_changed = repaired
     with open_store(out, "r+") as f:
-        f["file_size"][:], f["file_mtime_ns"][:] = stored_sizes, stored_mtimes
+        f["file_size"][:], f["file_mtime_ns"][:] = sizes, mtimes
         f.flush()  # the files' identities before the fingerprint that covers them
         f.attrs["source_fingerprint"] = provenance["source_fingerprint"]
-    logger.info("%d failed images have changed since; they are extracted again.", changed.sum())
+    if n_changed:
+        logger.info("%d failed images have changed since; they are extracted again.", n_changed)
 
 
 def _open_or_create(
@@ -509,8 +530,8 @@ def extract_features(
     retry_failed : bool, default=False
         Extract again the images recorded as failed (after a transient read error, or with
         the image since repaired or replaced: a failed image may have changed when nothing
-        else has; under torchrun a repaired image needs ``overwrite=True``); without it a
-        resumed or reused store keeps its failures.
+        else has, under torchrun too); without it a resumed or reused store keeps its
+        failures.
 
     Returns
     -------
@@ -566,19 +587,22 @@ def extract_features(
     for path in [target] + ([out] if target != out and not explicit and rank == 0 else []):
         check_output(path, overwrite)
     merged = out if target != out and not explicit else None
-    shard = _extract_shard(
+    done = _extract_shard(
         source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
         device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,
         progress, overwrite, retry_failed, merged,
     )  # fmt: skip
-    if shard is None:  # every rank found ``out`` complete: nothing to extract or merge
+    if done is None:  # every rank found ``out`` complete: nothing to extract or merge
         return out
+    shard, repair_merged = done
     if world_size == 1 or explicit:
         return shard
-    return _merge_on_rank0(out, rank, world_size, overwrite)
+    return _merge_on_rank0(out, rank, world_size, overwrite, repair_merged)
 
 
-def _merge_on_rank0(out: Path, rank: int, world_size: int, overwrite: bool) -> Path:
+def _merge_on_rank0(
+    out: Path, rank: int, world_size: int, overwrite: bool, repair_merged=None
+) -> Path:
     import torch.distributed as dist
 
     owned = not dist.is_initialized()
@@ -588,6 +612,8 @@ def _merge_on_rank0(out: Path, rank: int, world_size: int, overwrite: bool) -> P
         dist.init_process_group("gloo", timeout=timedelta(hours=24))
     dist.barrier()  # every shard is complete before rank 0 reads them
     if rank == 0:
+        if repair_merged is not None:  # no rank reads ``out`` any more
+            repair_merged()
         merge_shards([shard_path(out, r, world_size) for r in range(world_size)], out, overwrite)
     dist.barrier()
     if owned:
@@ -599,7 +625,10 @@ def _extract_shard(
     source, spec, out, batch_size, num_workers, dtype, normalize, image_size, device, decode,
     n_per_class, max_items, keys, rank, world_size, progress, overwrite, retry_failed,
     merged=None,
-) -> Path | None:  # fmt: skip
+) -> tuple[Path, Callable[[], None] | None] | None:  # fmt: skip
+    """Extract rank ``rank``'s rows into ``out``: that path, and under torchrun with
+    ``retry_failed`` what takes the repaired failures into the merged store before the
+    merge (None otherwise); None when the merged store ``merged`` is complete already."""
     device = resolve_device(device)
     if device.type == "cuda":
         # The rank's GPU becomes the current one, so that nothing (pinned-memory threads
@@ -619,11 +648,17 @@ def _extract_shard(
     shard = dict(n_rows=len(rows), n_total_rows=len(src), shard_rank=rank)
     shard["shard_world_size"] = world_size
     provenance = _provenance(backbone, src, dtype, normalize, decode, shard, device)
+    repair_merged = None
     if merged is not None and merged.exists() and not overwrite:
         whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
         whole = _provenance(backbone, src, dtype, normalize, decode, whole, device)
         if _merged_is_complete(merged, whole, src, retry_failed, rank):
             return None
+        if retry_failed:
+            everything = np.arange(len(src))
+            repair_merged = functools.partial(
+                _adopt_repaired_failures, merged, whole, src, everything
+            )
     make_output_folder(out)
     with store_lock(out):
         _open_or_create(out, provenance, backbone, src, rows, overwrite, retry_failed)
@@ -643,7 +678,7 @@ def _extract_shard(
         ]
         if not blocks:  # a finished store is not opened for writing at all
             _log_reused(out, status)
-            return out
+            return out, repair_merged
         if (status != PENDING).any():
             logger.info(
                 "Resuming %s: %d of %d rows were extracted before.",
@@ -656,17 +691,21 @@ def _extract_shard(
         batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
         with open_store(out, "r+") as f:
             _run(f, backbone, batches, rows, status, normalize, device, progress)
-    return out
+    return out, repair_merged
 
 
 def _merged_is_complete(merged: Path, whole: dict, src, retry_failed: bool, rank: int) -> bool:
     """Under torchrun, before a rank extracts its shard: whether the merged store ``merged``
     already holds the whole request (then it is reused, shards or not, at any number of
     ranks); a store made differently is refused here, before any GPU work. Every rank
-    reads the same file before any writes it, so they all decide alike."""
+    reads the same file before any writes it, so they all decide alike. With
+    ``retry_failed``, failed images repaired since are taken into it at the merge."""
+    everything = np.arange(len(src))
     with open_store(merged, "r") as f:
+        if retry_failed and _repaired_failures(f, whole, src, everything) is not None:
+            return False
         check_provenance(
-            merged, read_attrs(f), whole, lambda: _source_difference(f, src, np.arange(len(src)))
+            merged, read_attrs(f), whole, lambda: _source_difference(f, src, everything)
         )
         status = f["status"][:]
     if (status == PENDING).any() or retry_failed and (status == FAILED).any():

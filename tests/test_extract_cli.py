@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("timm")
 
 import extract  # noqa: E402
-from extract import extract_features, load_features  # noqa: E402
+from extract import extract_features, load_features, merge_shards  # noqa: E402
 from extract.__main__ import main  # noqa: E402
 from extract._store import DONE, PENDING  # noqa: E402
 from extract._testing import make_image_folder, write_parquet, write_webdataset  # noqa: E402
@@ -395,6 +395,33 @@ def test_torchrun_two_ranks_merge(tmp_path, kind):
         for rank, rows in ((0, list(range(8))), (1, list(range(8, 14)))):
             with h5py.File(extract.shard_path(out, rank, 2), "r") as f:
                 assert f["indices"][:].tolist() == rows
+
+
+@pytest.mark.slow
+def test_torchrun_retry_failed_takes_a_repaired_image(tmp_path):
+    # Under torchrun the merged store's fingerprint, and the other rank's shard's, refused
+    # the repaired image: it needed --force, which extracted everything again.
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    image = folder / "dog" / "001.jpg"
+    good = image.read_bytes()
+    image.write_bytes(b"not an image")
+    out, fast = tmp_path / "f.h5", dict(image_size=32, num_workers=0, progress=False)
+    # The first run as torchrun's two ranks make it (the same shards), in this process.
+    shards = [
+        extract_features(folder, "timm:test_resnet@random", out, rank=r, world_size=2, **fast)
+        for r in range(2)
+    ]
+    merge_shards(shards, out)
+    assert [path for path, _ in load_features(out).failures] == ["dog/001.jpg"]
+    image.write_bytes(good)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += ["-m", "extract", str(folder), "timm:test_resnet@random", str(out)]
+    cmd += ["--image-size", "32", "--workers", "0", "--no-progress", "--retry-failed"]
+    subprocess.run(cmd, env=ENV | {"OMP_NUM_THREADS": "1"}, check=True, timeout=120)
+    single = extract_features(folder, "timm:test_resnet@random", tmp_path / "single.h5", **fast)
+    merged, expected = load_features(out, in_memory=True), load_features(single, in_memory=True)
+    assert not merged.failures and merged.paths == expected.paths
+    np.testing.assert_allclose(merged.features, expected.features, rtol=1e-5, atol=1e-6)
 
 
 def _children(pid: int) -> list[int]:
