@@ -41,6 +41,21 @@ def test_class_statistics_match_loop(p):
         torch.testing.assert_close(got, want.to(got.dtype))
 
 
+@pytest.mark.parametrize("p, dtype, scale", [
+    (20.0, torch.float32, 1e-3),  # |x|^p underflowed: spreads of 0
+    (20.0, torch.float32, 1e3),  # and overflowed
+    (60.0, torch.float32, 1.0),
+    (400.0, torch.float64, 1.0),
+])  # fmt: skip
+def test_lp_statistics_and_margins_keep_their_range_at_large_p(p, dtype, scale):
+    features, labels, k = _data(1)
+    exact = class_statistics(features, labels, k, p)  # float64, unit scale: in range
+    stats = class_statistics((features * scale).to(dtype), labels, k, p)
+    torch.testing.assert_close(stats.msd.double(), exact.msd * scale**2, rtol=1e-4, atol=0)
+    margins = class_margins(stats, 1.0, p)
+    torch.testing.assert_close(margins.double(), class_margins(exact, 1.0, p), rtol=1e-4, atol=0)
+
+
 @pytest.mark.parametrize("c_bar, p", [(1.0, 2.0), (2.0, 3.0), (0.5, 5.0)])
 def test_margins_match_loop_and_average_c_bar(c_bar, p):
     features, labels, k = _data(1)
