@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -242,10 +243,10 @@ def accuracy_front(
     mr2 = _with_params(estimator, class_tilt=0.0)
     if _final(mr2).c_bar is not None:
         points.append(FrontPoint("MR2", "MR2", None, mr2))
+    positive = [float(t) for t in tilts if t > 0]
     points += [
-        FrontPoint(f"tilt={t:g}", "tilt", float(t), _with_params(estimator, class_tilt=t))
-        for t in tilts
-        if t > 0
+        FrontPoint(name, "tilt", t, _with_params(estimator, class_tilt=t))
+        for name, t in zip(_names("tilt={}", positive), positive, strict=True)
     ]
     fitted, previous, short = {}, None, []
     for p in points:
@@ -272,8 +273,7 @@ def accuracy_front(
             store_cv_results=True,
         )
         base = _fit(wrapper, X, y, short, "offsets")
-        for b in bounds:
-            name = f"offsets≤{100 * b:g}pt"
+        for name, b in zip(_names("offsets≤{}pt", [100 * b for b in bounds]), bounds, strict=True):
             tuned = tune_class_offsets(
                 base.cv_results_["decision_function"],
                 base.cv_results_["y"],
@@ -300,6 +300,16 @@ def accuracy_front(
     return front
 
 
+def _names(template: str, values: list[float]) -> list[str]:
+    """``template`` filled with each value in %g, or with as many digits as tell the
+    values apart (tilts of 1 and 1.0000001 were two points named "tilt=1")."""
+    for digits in range(6, 18):  # distinct floats differ in 17 digits
+        names = [template.format(f"{v:.{digits}g}") for v in values]
+        if len(set(names)) == len(names):
+            break
+    return names
+
+
 def _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm) -> None:
     """Refuse bad options before any fit."""
     from ._classifier import MR2LinearClassifier
@@ -319,6 +329,10 @@ def _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator,
     bad = [t for t in tilts if not (math.isfinite(float(t)) and float(t) >= 0)]
     if bad:
         raise ValueError(f"tilts must be finite numbers >= 0, got {bad}.")
+    for name, values in (("tilts", [t for t in tilts if t > 0]), ("offset_bounds", offset_bounds)):
+        repeated = sorted(v for v, n in Counter(map(float, values)).items() if n > 1)
+        if repeated:
+            raise ValueError(f"{name} must be distinct, got {repeated} more than once.")
     for name, values in (("offset_bounds", offset_bounds), ("bound", [bound])):
         bad = [b for b in values if not 0 <= float(b) < 1]
         if bad:

@@ -88,6 +88,21 @@ def test_front_points(front, splits):
     assert front.chosen == choose_point(front).name
 
 
+def test_close_tilts_and_bounds_are_points_of_their_own(splits):
+    # Tilts of 1 and 1.0000001 were both named "tilt=1": the second fit replaced the first,
+    # which was scored with the other's model, and front.point found only the first.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    front = accuracy_front(
+        MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val,
+        tilts=(1, 1.0000001, 5), offset_bounds=(0.01, 0.0100000001),
+    )  # fmt: skip
+    names = [p.name for p in front.points]
+    assert names[2:] == [
+        "tilt=1", "tilt=1.0000001", "tilt=5", "offsets≤1pt", "offsets≤1.00000001pt"
+    ]  # fmt: skip
+    assert [front.point(n).value for n in names[2:4]] == [1.0, 1.0000001]
+
+
 @pytest.mark.parametrize(
     "params",
     [
@@ -189,6 +204,8 @@ def test_front_names_the_points_that_stopped_short(splits):
         (dict(bound=5), r"bound must be fractions in \[0, 1\), got \[5\]"),
         (dict(offset_bounds=(0.01, 1.5)), "offset_bounds must be fractions"),
         (dict(X_test=np.zeros((3, 8))), "X_test and y_test go together"),
+        (dict(tilts=(0, 1, 2, 1.0)), r"tilts must be distinct, got \[1.0\] more than once"),
+        (dict(offset_bounds=(0.01, 0.01)), r"offset_bounds must be distinct, got \[0.01\]"),
         (dict(erm=LogisticRegression()), "erm must be an MR2LinearClassifier .* got Logistic"),
     ],
 )
