@@ -24,6 +24,7 @@ it can end at another minimiser of the same objective).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -796,7 +797,7 @@ class BatchedPath:
         solved = list(self.paths[0].steps)
         if not solved:
             return
-        nearest = min(solved, key=lambda v: (abs(np.log(v / value)), v != self._last))
+        nearest = min(solved, key=lambda v: (abs(math.log(v) - math.log(value)), v != self._last))
         if nearest == self._last:
             return
         if nearest in self._rows:

@@ -124,7 +124,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         ``"linear"``: z = W·φ + b. ``"cosine"``: z = scale · cos(w_k, φ), no intercept.
     C : float, default=1.0
         Inverse strength of the L2 penalty ½‖W‖² / (C·S), S the sum of sample weights, as
-        in :class:`~sklearn.linear_model.LogisticRegression`. The cosine head is invariant
+        in :class:`~sklearn.linear_model.LogisticRegression`; ``np.inf``: no penalty
+        (scikit-learn's replacement for ``penalty=None``). The cosine head is invariant
         to ‖W‖ and is not penalised; a projection is penalised by ½‖P − I‖² / (C·S)
         (½(‖A‖² + ‖B‖²) / (C·S) for a low-rank one).
     fit_intercept : bool, default=True
@@ -343,7 +344,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         "lam": [Interval(Real, 0, None, closed="left")],
         "p": [Interval(Real, 1, None, closed="left"), None],
         "head": [StrOptions({"linear", "cosine"})],
-        "C": [Interval(Real, 0, None, closed="neither")],
+        "C": [Interval(Real, 0, None, closed="right")],
         "fit_intercept": ["boolean"],
         "difficulty": [StrOptions(set(DIFFICULTIES))],
         "scale": [Interval(Real, 0, None, closed="neither")],

@@ -65,13 +65,13 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
     ----------
     Cs : int, array-like of float or "bisect", default=10
         The values searched. An int n means ``np.logspace(-4, 4, n)``, as in
-        LogisticRegressionCV. ``"bisect"`` is CLIP's parametric binary search: a coarse
-        grid of 10⁻⁶ … 10⁶ every two decades, then the spacing halved around the best value
-        (its neighbours on either side evaluated) down to 8 steps per decade, 15
-        values or fewer. **With** ``head="cosine"`` **the values are logit scales**, not C:
-        the cosine head has no penalty, so its searched quantity is ``scale`` (``"bisect"``
-        then starts from 1, 10, 100, 1000), and a projection (``lam > 0``) is penalised
-        with C = 1.
+        LogisticRegressionCV; ``np.inf`` among them is no penalty. ``"bisect"`` is CLIP's
+        parametric binary search: a coarse grid of 10⁻⁶ … 10⁶ every two decades, then the
+        spacing halved around the best value (its neighbours on either side evaluated)
+        down to 8 steps per decade, 15 values or fewer. **With** ``head="cosine"`` **the
+        values are logit scales**, not C: the cosine head has no penalty, so its searched
+        quantity is ``scale`` (``"bisect"`` then starts from 1, 10, 100, 1000), and a
+        projection (``lam > 0``) is penalised with C = 1.
     cv : int, cross-validation generator or iterable, default=None
         As in LogisticRegressionCV: ``None`` is 5-fold, an int is the number of
         stratified folds (:func:`~sklearn.model_selection.check_cv`).
@@ -347,11 +347,17 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         if isinstance(self.Cs, Integral):
             return np.logspace(-4, 4, self.Cs)
         values = np.asarray(self.Cs, dtype=float)
-        if values.ndim != 1 or not len(values) or not np.all(np.isfinite(values) & (values > 0)):
-            name = "logit scales" if self.head == "cosine" else "C values"
+        # C = inf is no penalty, as in scikit-learn; a logit scale must be finite.
+        top = np.inf if self.head == "linear" else np.finfo(float).max
+        if values.ndim != 1 or not len(values) or not np.all((values > 0) & (values <= top)):
+            name = (
+                "positive, finite logit scales"
+                if self.head == "cosine"
+                else ("positive C values (np.inf: no penalty)")
+            )
             raise ValueError(
                 f"The 'Cs' parameter of {type(self).__name__} must be an int, 'bisect' or a "
-                f"non-empty 1-D array of positive, finite {name}. Got {self.Cs!r} instead."
+                f"non-empty 1-D array of {name}. Got {self.Cs!r} instead."
             )
         return np.unique(values)
 

@@ -132,7 +132,7 @@ def predictor_step(previous: list, value: float) -> float | None:
     if len(previous) < 2:
         return None
     (v0, _), (v1, _) = previous
-    if not v0 < v1 < value:
+    if not v0 < v1 < value < np.inf:  # C = inf (no penalty): no line to follow
         return None
     return float(np.log(value / v1) / np.log(v1 / v0))
 

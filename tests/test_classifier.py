@@ -9,7 +9,7 @@ import joblib
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_digits, make_blobs
+from sklearn.datasets import load_digits, make_blobs, make_classification
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV
@@ -50,6 +50,17 @@ def test_no_margin_no_compactness_is_logistic_regression(digits, n_classes, C):
     np.testing.assert_allclose(ours.intercept_, ref.intercept_, atol=2e-3)
     np.testing.assert_allclose(ours.predict_proba(X), ref.predict_proba(X), atol=1e-4)
     np.testing.assert_array_equal(ours.predict(X), ref.predict(X))
+
+
+def test_c_inf_is_logistic_regression_without_penalty():
+    # scikit-learn deprecates penalty=None for C=np.inf, which was refused here.
+    X, y = make_classification(
+        600, 20, n_informative=8, n_classes=3, flip_y=0.2, random_state=0
+    )  # fmt: skip
+    ours = MR2LinearClassifier(c_bar=None, C=np.inf, tol=1e-7, max_iter=1000, device="cpu")
+    ref = LogisticRegression(C=np.inf, tol=1e-10, max_iter=5000).fit(X, y)
+    np.testing.assert_allclose(ours.fit(X, y).coef_, ref.coef_, atol=1e-5)
+    np.testing.assert_allclose(ours.intercept_, ref.intercept_, atol=1e-5)
 
 
 def test_margins_are_training_only(digits):

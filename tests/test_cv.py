@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_digits, load_iris, make_blobs
+from sklearn.datasets import load_digits, load_iris, make_blobs, make_classification
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegressionCV
 from sklearn.model_selection import StratifiedKFold
@@ -73,6 +73,29 @@ def test_warm_started_path_matches_cold_fits(head, values, params):
                 )
                 # Intercepts of blobs far from the origin are the least determined.
                 np.testing.assert_allclose(ours, ref, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # tol = 1e-8
+@pytest.mark.parametrize("n_classes", [2, 3])
+@pytest.mark.parametrize("batched", [True, False])
+def test_c_inf_is_a_path_value_without_penalty(n_classes, batched):
+    # C = np.inf is scikit-learn's unpenalised fit (penalty=None is deprecated); Cs holding
+    # it were refused. A problem with noisy labels, so that the unpenalised optimum is finite.
+    X, y = make_classification(
+        450, 10, n_informative=6, n_classes=n_classes, flip_y=0.3, random_state=0
+    )  # fmt: skip
+    Cs, folds = [0.01, 1.0, np.inf], _folds(y)
+    cv = MR2LinearClassifierCV(Cs, cv=folds, c_bar=None, tol=1e-8, max_iter=1000, device="cpu")
+    cv._batch_folds = batched
+    cv.fit(X, y)
+    assert cv.Cs_[-1] == np.inf and np.isfinite(cv.coef_).all()
+    train = folds[0][0]
+    cold = MR2LinearClassifier(c_bar=None, C=np.inf, tol=1e-8, max_iter=1000, device="cpu")
+    cold.fit(X[train], y[train])
+    keys = cv.classes_[1:] if n_classes == 2 else cv.classes_
+    path = np.stack([cv.coefs_paths_[k][0, -1] for k in keys])
+    np.testing.assert_allclose(path[:, :-1], cold.coef_, atol=1e-4)
+    np.testing.assert_allclose(path[:, -1], cold.intercept_, atol=1e-4)
 
 
 @pytest.mark.parametrize("n_classes", [2, 3])
@@ -295,8 +318,14 @@ def test_hdf5_input_is_read_in_blocks_and_matches_memory(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "params, error, match",
     [
-        (dict(Cs=[0.1, -1.0]), ValueError, "non-empty 1-D array of positive, finite C"),
+        (
+            dict(Cs=[0.1, -1.0]),
+            ValueError,
+            r"non-empty 1-D array of positive C values \(np.inf: no penalty\)",
+        ),
         (dict(Cs=[]), ValueError, "'Cs' parameter"),
+        (dict(Cs=[1.0, np.nan]), ValueError, "positive C values"),
+        (dict(Cs=[1.0, np.inf], head="cosine"), ValueError, "positive, finite logit scales"),
         (dict(Cs=[1.0], head="cosine"), None, None),
         (dict(Cs="grid"), InvalidParameterError, "'Cs' parameter of MR2LinearClassifierCV"),
         (dict(Cs=0), InvalidParameterError, "'Cs' parameter"),
