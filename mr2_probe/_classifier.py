@@ -151,7 +151,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         ``"adam"`` otherwise.
     max_iter : int, default=100
         L-BFGS iterations, or epochs for the minibatch solvers. L-BFGS may also stop at
-        4 × ``max_iter`` function evaluations (its line searches), and says so.
+        4 × ``max_iter`` function evaluations (its line searches), and says so. ``0``
+        keeps the starting point (with a ConvergenceWarning unless it meets ``tol``):
+        zeros, the previous solution with ``warm_start``, or for the cosine head the class
+        means' directions, a nearest-class-mean classifier.
     tol : float, default=1e-4
         L-BFGS: converged when the largest entry of the gradient of the objective falls
         below ``tol``, measured in the coordinates the solver works in. For a linear head
@@ -351,7 +354,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         "tau": [Interval(Real, 0, None, closed="neither"), None],
         "projection_rank": [Interval(Integral, 1, None, closed="left"), None],
         "solver": [StrOptions({"auto", "lbfgs", "adam", "sgd"})],
-        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "max_iter": [Interval(Integral, 0, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left")],
         "batch_size": [Interval(Integral, 1, None, closed="left")],
         "learning_rate": [Interval(Real, 0, None, closed="neither")],

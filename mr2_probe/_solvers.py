@@ -232,7 +232,8 @@ def fit_lbfgs(
             line_search_fn="strong_wolfe",
         )
         offset = 0
-        optimizer.step(closure)
+        if max_iter > 0:  # max_iter = 0: the starting point, evaluated once below
+            optimizer.step(closure)
         state = optimizer.state[params[0]]
         n_round = offset = state.get("n_iter", 0)  # the evaluation after it is keyed at done
         done, evals = done + n_round, evals + state.get("func_evals", 0)

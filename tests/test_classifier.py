@@ -63,6 +63,29 @@ def test_c_inf_is_logistic_regression_without_penalty():
     np.testing.assert_allclose(ours.intercept_, ref.intercept_, atol=1e-5)
 
 
+@pytest.mark.parametrize("params", [{}, dict(head="cosine"), dict(lam=0.5), dict(class_tilt=1.0)])
+def test_max_iter_zero_keeps_the_starting_point(digits, params):
+    # scikit-learn accepts max_iter=0; it was refused here.
+    X, y = digits
+    with pytest.warns(ConvergenceWarning, match="max_iter=0"):
+        clf = MR2LinearClassifier(max_iter=0, device="cpu", **params).fit(X, y)
+    assert clf.n_iter_ == 0
+    if params.get("head") == "cosine":  # the class means' directions: nearest class mean
+        unit = X / np.linalg.norm(X, axis=1, keepdims=True)
+        means = np.stack([unit[y == k].mean(0) for k in clf.classes_])
+        means /= np.linalg.norm(means, axis=1, keepdims=True)
+        np.testing.assert_allclose(clf.coef_ / clf.scale, means, atol=1e-6)
+    elif not params:
+        assert not clf.coef_.any() and not clf.intercept_.any()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warm = MR2LinearClassifier(max_iter=5, warm_start=True, device="cpu").fit(X, y)
+    before = warm.coef_.copy()
+    with pytest.warns(ConvergenceWarning, match="max_iter=0"):
+        warm.set_params(max_iter=0).fit(X, y)
+    np.testing.assert_array_equal(warm.coef_, before)
+
+
 def test_margins_are_training_only(digits):
     X, y = digits
     clf = MR2LinearClassifier(c_bar=2.0, device="cpu", max_iter=300).fit(X, y)

@@ -75,6 +75,15 @@ def test_warm_started_path_matches_cold_fits(head, values, params):
                 np.testing.assert_allclose(ours, ref, atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.parametrize("head", ["linear", "cosine"])
+def test_max_iter_zero_scores_the_starting_points(head):
+    X, y = _blobs()
+    with pytest.warns(ConvergenceWarning, match="max_iter=0"):
+        cv = MR2LinearClassifierCV([1.0, 10.0], cv=3, head=head, max_iter=0, device="cpu")
+        cv.fit(X, y)
+    assert not cv.n_iter_.any() and np.isfinite(cv.scores_[0]).all()
+
+
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # tol = 1e-8
 @pytest.mark.parametrize("n_classes", [2, 3])
 @pytest.mark.parametrize("batched", [True, False])
