@@ -185,6 +185,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"the device ran out of memory at --batch-size {args.batch_size}; use a smaller "
             "--batch-size (or --image-size)"
         )
+    except (ValueError, OSError, ImportError) as err:
+        # Bad arguments, paths, stores, specs and weights; the store errors, BackboneError
+        # and WeightsUnavailableError are ValueErrors, StoreNotFoundError also an OSError,
+        # StoreLockedError and IncompleteStoreError also RuntimeErrors (so caught first).
+        if args.debug:
+            raise
+        return _error(err)
     except (MemoryError, RuntimeError) as err:
         if args.debug:
             raise
@@ -200,12 +207,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{err} If the machine ran out of memory, use fewer --workers or a smaller "
             "--batch-size, then run the same command again to resume."
         )
-    except (ValueError, OSError, ImportError) as err:
-        # Bad arguments, paths, stores, specs and weights; the store errors, BackboneError
-        # and WeightsUnavailableError are ValueErrors, StoreNotFoundError also an OSError.
-        if args.debug:
-            raise
-        return _error(err)
     return 0
 
 

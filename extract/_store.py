@@ -16,6 +16,7 @@ import fcntl
 import itertools
 import json
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -468,7 +469,8 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
     try:
         return h5py.File(path, mode)
     except OSError as err:
-        if "lock" in str(err).lower():
+        # HDF5's "unable to lock file", not the "sblock" (superblock) of a damaged file.
+        if re.search(r"\block", str(err), re.IGNORECASE):
             if mode == "r":  # HDF5 refuses readers only while a writer has the file open
                 raise StoreLockedError(
                     f"The feature store {os.fspath(path)!r} is open for writing in another "

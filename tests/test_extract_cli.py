@@ -253,6 +253,19 @@ def test_a_bad_worker_count_is_refused_before_force_touches_the_store(tmp_path, 
     np.testing.assert_array_equal(load_features(out).features, before)
 
 
+def test_a_locked_store_is_one_line(tmp_path, capsys):
+    # StoreLockedError is also a RuntimeError, whose clause came first and re-raised it:
+    # a traceback and exit status 1.
+    from extract._store import store_lock
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = tmp_path / "f.h5"
+    args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
+    with store_lock(out):
+        assert main([*args, "--no-progress", "--workers", "0"]) == 2
+    assert "being written by another process" in _error_line(capsys)
+
+
 def test_retry_failed_extracts_again_only_the_failed_images(tmp_path, capsys, caplog, monkeypatch):
     # A transient read error was permanent: the file unchanged, the store was reused as is.
     from extract import _images
