@@ -12,9 +12,12 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import re
+import struct
 import warnings
+import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -183,10 +186,28 @@ class ImageSource:
         )
 
 
-def _idx_array(path: Path, header: int) -> tuple[np.ndarray, str]:
-    """The uint8 payload of a gzipped IDX file and the file's ``sha256:<hex>``."""
+def _idx_array(path: Path, ndim: int) -> tuple[np.ndarray, str]:
+    """The uint8 array of a gzipped IDX file of ``ndim`` dimensions, and the file's
+    ``sha256:<hex>``; a damaged file, or one of another kind, is refused by name."""
     raw = path.read_bytes()
-    data = np.frombuffer(gzip.decompress(raw), dtype=np.uint8, offset=header)
+    try:
+        payload = gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as err:
+        raise ValueError(f"{str(path)!r} is not a complete gzip file: {err}") from err
+    # Magic number 0x0000_08_NN (unsigned bytes, NN dimensions), then one uint32 per one.
+    header = 4 * (1 + ndim)
+    fields = struct.unpack(f">{1 + ndim}I", payload[:header]) if len(payload) >= header else ()
+    if not fields or fields[0] != 0x800 + ndim:
+        raise ValueError(
+            f"{str(path)!r} is not an IDX file of unsigned bytes in {ndim} dimensions."
+        )
+    shape = fields[1:]
+    if len(payload) - header != math.prod(shape):
+        raise ValueError(
+            f"{str(path)!r} holds {len(payload) - header} bytes of data, not the "
+            f"{math.prod(shape)} its header announces ({' x '.join(map(str, shape))})."
+        )
+    data = np.frombuffer(payload, dtype=np.uint8, offset=header).reshape(shape)
     return data, "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
@@ -216,10 +237,15 @@ def fashion_mnist(
             f"Fashion-MNIST IDX files not found in {str(root)!r}; install them with "
             "`apt-get install dataset-fashion-mnist` or pass the folder holding them."
         )
-    # IDX: images have a 16-byte header (magic, count, rows, cols), labels an 8-byte one.
-    pixels, images_id = _idx_array(images, 16)
-    y, labels_id = _idx_array(labels, 8)
+    pixels, images_id = _idx_array(images, 3)
+    y, labels_id = _idx_array(labels, 1)
     n = len(y)
+    if pixels.shape != (n, 28, 28) or (y >= len(FASHION_MNIST_CLASSES)).any():
+        raise ValueError(
+            f"The Fashion-MNIST files in {str(root)!r} do not belong together: "
+            f"{images.name} holds {' x '.join(map(str, pixels.shape))} pixels and "
+            f"{labels.name} {n} labels (expected n x 28 x 28 and n labels in 0..9)."
+        )
     return ImageSource(
         ids=[f"{split}/{i:05d}" for i in range(n)],
         labels=y.astype(np.int64),
@@ -227,7 +253,7 @@ def fashion_mnist(
         root=str(root.resolve()),
         description=f"fashion-mnist:{split}@{root}",
         source_index=np.arange(n, dtype=np.int64),
-        pixels=pixels.reshape(-1, 28, 28),
+        pixels=pixels,
         files={images.name: images_id, labels.name: labels_id},
     )
 

@@ -1,5 +1,6 @@
 """Image sources and decoding."""
 
+import gzip
 import hashlib
 import io
 import os
@@ -190,6 +191,53 @@ def idx_root(tmp_path):
     write_idx(tmp_path, "train", rng.integers(0, 255, (50, 28, 28)), labels)
     write_idx(tmp_path, "t10k", rng.integers(0, 255, (20, 28, 28)), labels[:20])
     return tmp_path
+
+
+def _damage(root, name, change):
+    path = root / name
+    path.write_bytes(change(path.read_bytes()))
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        # The training labels beside the test images: 50 labels for 20 images, stored as
+        # complete with the wrong labels (or an IndexError at image 20).
+        (
+            lambda r: _damage(
+                r,
+                "t10k-labels-idx1-ubyte.gz",
+                lambda _: (r / "train-labels-idx1-ubyte.gz").read_bytes(),
+            ),
+            r"do not belong together: t10k-images-idx3-ubyte.gz holds 20 x 28 x 28 pixels "
+            r"and t10k-labels-idx1-ubyte.gz 50 labels",
+        ),
+        (  # a download cut short: an EOFError traceback
+            lambda r: _damage(r, "t10k-images-idx3-ubyte.gz", lambda b: b[: len(b) // 2]),
+            "t10k-images-idx3-ubyte.gz' is not a complete gzip file",
+        ),
+        (
+            lambda r: _damage(
+                r,
+                "t10k-images-idx3-ubyte.gz",
+                lambda _: gzip.compress(struct.pack(">IIII", 2051, 20, 28, 28) + bytes(100)),
+            ),
+            r"holds 100 bytes of data, not the 15680 its header announces \(20 x 28 x 28\)",
+        ),
+        (  # the labels file where the images belong
+            lambda r: _damage(
+                r,
+                "t10k-images-idx3-ubyte.gz",
+                lambda _: (r / "t10k-labels-idx1-ubyte.gz").read_bytes(),
+            ),
+            "is not an IDX file of unsigned bytes in 3 dimensions",
+        ),
+    ],
+)
+def test_damaged_or_mismatched_idx_files_are_refused(idx_root, damage, match):
+    damage(idx_root)
+    with pytest.raises(ValueError, match=match):
+        fashion_mnist("test", idx_root)
 
 
 def test_fashion_mnist_idx(idx_root):
