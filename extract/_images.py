@@ -8,6 +8,7 @@ their items' bytes, and share everything else here.
 from __future__ import annotations
 
 import csv
+import errno
 import gzip
 import hashlib
 import io
@@ -15,6 +16,7 @@ import json
 import math
 import os
 import re
+import stat
 import struct
 import warnings
 import zlib
@@ -693,8 +695,12 @@ def read_file(path: str, listed: tuple[int, int] | None = None) -> bytearray:
         If ``listed`` is given and the file's size or modification time differ from it (or
         the file was missing when listed), or if the file changes while it is read.
     """
-    with open(path, "rb") as fh:
+    # Opened without blocking, then refused unless it is a regular file: a FIFO named like
+    # an image blocked the open (and the whole run) until something wrote into it.
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
         st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device)", path)
         check_listed(path, st, listed)
         data = bytearray(st.st_size)
         n = fh.readinto(data)

@@ -6,6 +6,7 @@ import io
 import os
 import shutil
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -166,6 +167,28 @@ def test_dataset_records_unreadable_images(folder):
     assert "truncated" in reasons.pop("cat/truncated.jpg").lower()
     assert set(reasons.values()) == {None}
     assert ds[src.ids.index("cat/grey.jpg")][1].shape[0] == 3
+
+
+def test_a_fifo_named_like_an_image_is_a_failure_not_a_hang(tmp_path):
+    # open() of a FIFO waits for a writer: the run hung for ever on it.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    pipe = folder / "dog" / "pipe.jpg"
+    os.mkfifo(pipe)
+
+    def release():  # should the read block, a writer comes after 10 s: a failure, no hang
+        try:
+            os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # no reader waits
+            pass
+
+    timer = threading.Timer(10, release)
+    timer.start()
+    src = image_folder(folder)
+    ds = ItemDataset(src, lambda im: torch.zeros(3, 2, 2))
+    reasons = {src.ids[i]: ds[i][2] for i in range(len(src))}
+    timer.cancel()
+    assert "not a regular file" in reasons.pop("dog/pipe.jpg")
+    assert set(reasons.values()) == {None}
 
 
 def test_dataset_returns_jpeg_bytes_for_device_decoding(folder):
