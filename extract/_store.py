@@ -613,7 +613,9 @@ def _open_for_reading(path: str | os.PathLike) -> h5py.File:
     return f
 
 
-def _check_shapes(path: str | os.PathLike, f: h5py.File, labels: np.ndarray) -> None:
+def _check_shapes(
+    path: str | os.PathLike, f: h5py.File, labels: np.ndarray, status: np.ndarray
+) -> None:
     n_classes = len(f["class_names"])
     problem = None
     if labels.dtype.kind not in "iu":
@@ -624,6 +626,16 @@ def _check_shapes(path: str | os.PathLike, f: h5py.File, labels: np.ndarray) -> 
         problem = f"'labels' has shape {labels.shape} for {len(f['features'])} feature rows"
     elif len(labels) and (labels.min() < 0 or labels.max() >= n_classes):
         problem = f"'labels' holds values outside 0..{n_classes - 1} ({n_classes} class names)"
+    elif f["class_names"].dtype.kind not in "SOU":
+        problem = f"'class_names' has dtype {f['class_names'].dtype}, not strings"
+    else:  # the optional datasets, one entry per row (a short 'status' dropped rows)
+        for name in ("status", "paths", "indices", "failure_reason", "content_sha256"):
+            if name in f and f[name].shape[:1] != labels.shape:
+                problem = f"'{name}' has shape {f[name].shape} for {len(labels)} rows"
+                break
+        unknown = np.setdiff1d(status, [PENDING, DONE, FAILED])
+        if problem is None and len(unknown):
+            problem = f"'status' holds codes {unknown.tolist()}, not {PENDING}, {DONE}, {FAILED}"
     if problem:
         raise NotAStoreError(
             f"The feature store {os.fspath(path)!r} is inconsistent: {problem}; rebuild it."
@@ -673,9 +685,9 @@ def load_features(
     f = _open_for_reading(path)
     try:
         labels = f["labels"][:]
-        _check_shapes(path, f, labels)
         n = len(labels)
         status = f["status"][:] if "status" in f else np.full(n, DONE, np.uint8)
+        _check_shapes(path, f, labels, status)
         n_pending = int((status == PENDING).sum())
         if n_pending and not allow_incomplete:
             raise IncompleteStoreError(

@@ -370,6 +370,12 @@ def _hdf5(path, **datasets):
     return path
 
 
+def _foreign(path, **datasets):
+    """A store written by other code: six rows of two classes, and ``datasets``."""
+    rows = dict(features=np.zeros((6, 4)), labels=[0, 1] * 3, class_names=[b"a", b"b"])
+    return _hdf5(path, **(rows | datasets))
+
+
 @pytest.mark.parametrize(
     "make, error, match",
     [
@@ -388,6 +394,12 @@ def _hdf5(path, **datasets):
             NotAStoreError,
             "'labels' holds values outside 0..0",
         ),
+        # A short 'status' loaded 3 of 6 rows as a complete store; an unknown code dropped
+        # its row; the others were TypeErrors and IndexErrors.
+        (lambda p: _foreign(p, status=np.ones(3, np.uint8)), NotAStoreError, "'status' has"),
+        (lambda p: _foreign(p, status=[1] * 5 + [3]), NotAStoreError, r"codes \[3\], not 0"),
+        (lambda p: _foreign(p, paths=[b"x", b"y"]), NotAStoreError, r"'paths' has shape \(2,\)"),
+        (lambda p: _foreign(p, class_names=[0, 1]), NotAStoreError, "'class_names' has dtype"),
     ],
 )
 def test_load_features_errors_are_store_errors(tmp_path, make, error, match):
