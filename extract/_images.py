@@ -374,20 +374,28 @@ def encode_labels(
 
 
 def label_kind_problem(labels: list[str]) -> tuple[int, str] | None:
-    """``(i, why)`` when the labels mix class indices (ASCII digits) with anything else,
-    label i being the first that is not an index: one such label would make every label a
+    """``(i, why)`` when label i cannot be a class: an empty (or blank) label, a negative
+    integer (an unlabelled sample, even where every label is one), or a class name where
+    other labels are class indices (ASCII digits): one such label would make every label a
     class name, sorted as text ("10" before "2"), and renumber the classes. None otherwise.
     (List files keep reading such a mix as names, as they always have.)"""
+    if "" in labels:
+        return labels.index(""), "which is empty: every sample needs a label"
     indices = [label.isascii() and label.isdigit() for label in labels]
-    if all(indices) or not any(indices):
+    if all(indices):
         return None
-    i = indices.index(False)
-    example = labels[indices.index(True)]
-    if re.fullmatch(r"-\d+", labels[i]):
+    unlabelled = [i for i, label in enumerate(labels) if re.fullmatch(r"-\d+", label)]
+    if unlabelled:
+        i = unlabelled[0]
         return i, (
             f"which is no class index ({labels[i]} marks an unlabelled sample, as in test splits)"
         )
-    return i, f"a class name, where other samples have class indices (e.g. {example!r})"
+    if not any(indices):
+        return None
+    example = labels[indices.index(True)]
+    return indices.index(False), (
+        f"a class name, where other samples have class indices (e.g. {example!r})"
+    )
 
 
 def image_list(list_file: str | os.PathLike) -> ImageSource:

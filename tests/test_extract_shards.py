@@ -203,6 +203,24 @@ def test_labels_that_mix_indices_with_other_labels_are_refused(tmp_path, odd, ma
         open_source(f"webdataset:{tmp_path}")
 
 
+@pytest.mark.parametrize(
+    "labels, row, why",
+    [  # each became a class: '' for the empty and blank ones, '-1' for an unlabelled split
+        (["cat", "dog", "", "dog"], 2, "'', which is empty"),
+        (["cat", " ", "dog"], 1, "'', which is empty"),
+        (["-1", "-1", "-1"], 0, "'-1', which is no class index"),
+    ],
+)
+def test_empty_and_unlabelled_labels_are_refused(tmp_path, labels, row, why):
+    samples = [{"__key__": f"s{k:03d}", "jpg": b"x", "txt": v} for k, v in enumerate(labels)]
+    _write_shard(tmp_path / "00000.tar", samples)
+    with pytest.raises(ShardError, match=f"sample 's00{row}' .* has the label {why}"):
+        open_source(f"webdataset:{tmp_path}", label_key="txt")
+    _table(tmp_path / "t.parquet", {"image": [b"x"] * len(labels), "label": labels})
+    with pytest.raises(TableError, match=f"Row {row} .* has the 'label' label {why}"):
+        open_source(f"parquet:{tmp_path}/t.parquet")
+
+
 @pytest.mark.parametrize("as_folder", [True, False])
 @pytest.mark.parametrize("suffix", [".tar.gz", ".tgz"])
 def test_a_compressed_shard_is_refused_in_a_folder_as_in_a_pattern(tmp_path, as_folder, suffix):
