@@ -9,6 +9,7 @@ pyplot's figure registry, so the returned figure is freed with its last referenc
 from __future__ import annotations
 
 import colorsys
+import functools
 import itertools
 import os
 import re
@@ -30,6 +31,22 @@ LEVER_COLOURS = {"ERM": REFERENCE, "MR2": "#1f5fa8", "tilt": "#e08a1e", "offsets
 #: Colours of further models, in order.
 OTHER_COLOURS = ("#17a2b8", "#b5487a", "#8a7a1e", "#3b3b8f", "#5c3a1e")
 _LEVER_ORDER = ("tilt", "offsets", "MR2", "ERM")
+
+
+def _plain_text(plot):
+    """Draw every text of ``plot``'s figure as it is written: a class or model name holding
+    two $ signs was read as mathtext, which failed on it (or typeset it)."""
+
+    @functools.wraps(plot)
+    def drawn_plainly(*args, **kwargs):
+        try:
+            from matplotlib import rc_context
+        except ImportError:  # _figure says what to install
+            return plot(*args, **kwargs)
+        with rc_context({"text.parse_math": False}):
+            return plot(*args, **kwargs)
+
+    return drawn_plainly
 
 
 def _figure(width: float, height: float):
@@ -117,6 +134,7 @@ def _class_ticks(ax, x, names: list[str], slot: float) -> None:
         ax.set_xticks(x, names, rotation=angle, ha="right", rotation_mode="anchor")
 
 
+@_plain_text
 def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None):
     """Per-class accuracy of a model beside the reference, classes sorted by the reference.
 
@@ -188,6 +206,7 @@ def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None)
     return fig
 
 
+@_plain_text
 def plot_margins(classifier, path, class_names=None):
     """Margin γ_k of each class against its spread msd_k, for a fitted MR² classifier.
 
@@ -243,6 +262,7 @@ def plot_margins(classifier, path, class_names=None):
     return fig
 
 
+@_plain_text
 def plot_group_accuracy(report: ClasswiseReport, path):
     """Bars of easy / medium / hard / worst-class accuracy, one colour per model.
 
@@ -294,6 +314,7 @@ def plot_group_accuracy(report: ClasswiseReport, path):
     return fig
 
 
+@_plain_text
 def plot_front(front, path, split: str = "test"):
     """Overall accuracy against worst-class accuracy (left) and the hard tercile (right).
 
@@ -398,6 +419,7 @@ def cv_curves(search, scoring: str = "score") -> dict:
     return curves
 
 
+@_plain_text
 def plot_cv_curve(searches, path, scoring: str = "score"):
     """Held-out score against C (log axis) of each search, one line per scorer.
 

@@ -92,6 +92,23 @@ def test_long_class_names_are_rotated(tmp_path, names, rotation):
         assert {t.get_horizontalalignment() for t in labels} == {"right"}
 
 
+def test_names_with_dollar_signs_are_drawn_as_written(tmp_path):
+    # Two $ in a class name started mathtext, which failed on "$_$" after every fit.
+    names = ["$_$", "b$^$", "c"]
+    y = np.repeat(np.array(names), 3)
+    report = classwise_report({"ERM": y, "MR2 $x$": np.roll(y, 1)}, y)
+    plot_group_accuracy(report, tmp_path / "groups.png")
+    _assert_png(tmp_path / "groups.png")
+    fig = plot_class_accuracy(report, tmp_path / "classes.png")
+    _assert_png(tmp_path / "classes.png")
+    assert {t.get_text() for t in fig.axes[0].get_xticklabels()} == set(names)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(9, 2)) + 3 * np.repeat([0, 1, 2], 3)[:, None]
+    clf = MR2LinearClassifier(max_iter=30, device="cpu").fit(X, y)
+    plot_margins(clf, tmp_path / "margins.png")
+    _assert_png(tmp_path / "margins.png")
+
+
 def test_class_accuracy_plot_rejects_unknown_model(tmp_path, report):
     with pytest.raises(ValueError, match="model must be one of"):
         plot_class_accuracy(report, tmp_path / "x.png", model="LR")
