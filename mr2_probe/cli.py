@@ -764,20 +764,27 @@ def _inputs(args):
 
 
 def _check_not_the_training_data(train: str, test: str) -> None:
-    """Refuse a --test that is the training file itself, or a store of the same images:
-    its accuracy would be training accuracy."""
-    same = Path(train).resolve() == Path(test).resolve()
-    if not same and {Path(train).suffix.lower(), Path(test).suffix.lower()} <= {".h5", ".hdf5"}:
+    """Refuse a --test that is the training file itself, or a store of the same images or
+    of some of them: its accuracy would be training accuracy."""
+    shared = "the training images" if Path(train).resolve() == Path(test).resolve() else None
+    if not shared and {Path(train).suffix.lower(), Path(test).suffix.lower()} <= {".h5", ".hdf5"}:
         from extract import load_features
 
         # The same image list, and the same shard of it (shards of one list are disjoint).
         keys = ("source_fingerprint", "shard_rank", "shard_world_size")
+        # Or stores of one source (its root and container files) whose images overlap:
+        # subsets of it (--per-class, --max-items) taken twice.
+        origin = ("source_root", "source_files")
         with load_features(train) as a, load_features(test) as b:
-            mine, theirs = ([s.metadata.get(k) for k in keys] for s in (a, b))
-            same = mine[0] is not None and mine == theirs
-    if same:
+            mine, theirs = ([s.metadata.get(k) for k in keys + origin] for s in (a, b))
+            if mine[0] is not None and mine[:3] == theirs[:3]:
+                shared = "the training images"
+            elif mine[3] and mine[3:] == theirs[3:]:
+                both = sorted(set(a.paths) & set(b.paths))
+                shared = f"{len(both)} of the training images ({_few(both, 2)})" if both else None
+    if shared:
         raise UsageError(
-            f"--test {test} holds the training images of {train}, so its accuracy would be "
+            f"--test {test} holds {shared} of {train}, so its accuracy would be "
             "training accuracy; pass a store of other images, or leave --test out to hold "
             "out --test-size of the training data"
         )

@@ -204,6 +204,11 @@ NEEDS_H5 = pytest.mark.skipif(
             marks=NEEDS_H5,
         ),
         pytest.param(
+            ["{d}/most.h5", "--test", "{d}/few.h5"],
+            "holds 9 of the training images ('item/00000', 'item/00001', ... (9 in all)) of",
+            marks=NEEDS_H5,
+        ),
+        pytest.param(
             ["{d}/store_nan.h5"],
             "1 of 90 completed rows hold NaN or infinite features (the first is store row 7, "
             "'item/00007')",
@@ -365,6 +370,11 @@ def stores(files):
     _store(files / "store_test.h5", X_test, y_test, FASHION, source_fingerprint="sha256:test")
     _store(files / "renamed.h5", X_test, y_test, ["Sandal", "Shirt", "Bag"])
     shutil.copy(files / "store.h5", files / "store_copy.h5")
+    # Two subsets of one source (--per-class 30, then 3): the second's images are the first's.
+    _store(files / "most.h5", X, y, FASHION, source_fingerprint="sha256:a", source_root="/fm")
+    _store(
+        files / "few.h5", X[:9], y[:9], FASHION, source_fingerprint="sha256:b", source_root="/fm"
+    )
     # Two shards of one image list: the same fingerprint, disjoint images.
     shard = dict(source_fingerprint="sha256:list", shard_world_size=2)
     _store(files / "shard0.h5", X, y, FASHION, shard_rank=0, **shard)
