@@ -722,6 +722,13 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
 def _inputs(args):
     """Training and test data, checked to describe one task; the class names, if any."""
     X, y, names = load_xy(args.train, args.labels)
+    classes = np.unique(y)
+    if len(classes) < 2:  # refused here, before any fit (scikit-learn's own error came after)
+        only = names[classes[0]] if names is not None else classes[0].item()
+        raise UsageError(
+            f"{args.train} holds samples of one class only ({only!r}); a classifier needs at "
+            "least 2"
+        )
     if args.test is None:
         try:
             X, X_test, y, y_test = train_test_split(
@@ -753,12 +760,18 @@ def _inputs(args):
             )
         code = {name: k for k, name in enumerate(names)}
         y_test = np.array([code[name] for name in test_names], dtype=y.dtype)[y_test]
-    unseen = set(np.unique(y_test).tolist()) - set(np.unique(y).tolist())
+    unseen = sorted(set(np.unique(y_test).tolist()) - set(classes.tolist()), key=str)
     if unseen:
+        shown, advice = (
+            unseen,
+            ("label train and test alike (both class names or both the same integer codes)"),
+        )
+        if names is not None and test_names is not None:  # two stores: codes of one list
+            shown = [names[k] for k in unseen]
+            advice = f"{args.train} lists them among its classes but holds no sample of them"
         raise UsageError(
             f"the test labels hold {len(unseen)} classes absent from the training labels "
-            f"({_few(sorted(unseen, key=str))}); label train and test alike (both class "
-            "names or both the same integer codes)"
+            f"({_few(shown)}); {advice}"
         )
     return X, y, X_test, y_test, names
 

@@ -51,6 +51,7 @@ def files(tmp_path_factory):
     np.savez(folder / "train.npz", X=X, y=y)
     np.savez(folder / "test.npz", X=X_test, y=y_test)
     np.savez(folder / "names.npz", X=X_test, y=np.array(FASHION)[y_test])
+    np.savez(folder / "one_class.npz", X=X[y == 2], y=np.array(FASHION)[y[y == 2]])
     np.savez(folder / "wide.npz", X=np.c_[X_test, X_test], y=y_test)
     np.savez(folder / "other.npz", a=X, b=y)
     np.savez(folder / "cube.npz", X=X[:, :, None], y=y)
@@ -188,6 +189,14 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/cube.npz"], "must be a 2-D array (samples × features); got shape (90, 6, 1)"),
         (["{d}/train.npz", "--test", "{d}/wide.npz"], "test features have 12 columns"),
         (["{d}/train.npz", "--test", "{d}/names.npz"], "3 classes absent from the training"),
+        # One class: scikit-learn's error, after "fitting ERM" had been printed.
+        (["{d}/one_class.npz"], "holds samples of one class only ('Ankle boot'); a classifier"),
+        pytest.param(  # the class named, not its code; the advice for two stores
+            ["{d}/no_trouser.h5", "--test", "{d}/store_test.h5"],
+            "1 classes absent from the training labels ('Trouser'); {d}/no_trouser.h5 lists "
+            "them among its classes but holds no sample of them",
+            marks=NEEDS_H5,
+        ),
         pytest.param(
             ["{d}/store.h5", "--test", "{d}/renamed.h5"],
             "renamed.h5 has 3 classes that {d}/store.h5 does not ('Sandal', 'Shirt', 'Bag')",
@@ -375,6 +384,8 @@ def stores(files):
     _store(
         files / "few.h5", X[:9], y[:9], FASHION, source_fingerprint="sha256:b", source_root="/fm"
     )
+    # A subset without any Trouser, whose store still lists the class.
+    _store(files / "no_trouser.h5", X[y != 1], y[y != 1], FASHION, source_fingerprint="sha256:c")
     # Two shards of one image list: the same fingerprint, disjoint images.
     shard = dict(source_fingerprint="sha256:list", shard_world_size=2)
     _store(files / "shard0.h5", X, y, FASHION, shard_rank=0, **shard)
