@@ -620,6 +620,16 @@ def test_an_extreme_parameter_is_named_not_blamed_on_the_features(params, weight
     assert "features" not in str(info.value)
 
 
+def test_a_stall_from_a_tiny_c_bar_names_it(digits):
+    # c_bar = 1e-30 divides the logits by ~1e-30: no step resolves, and the advice was to
+    # scale the features (or that the start was already optimal).
+    X, y = digits
+    with pytest.warns(ConvergenceWarning, match="made no progress") as record:
+        MR2LinearClassifier(c_bar=1e-30, device="cpu").fit(X, y)
+    message = str(record[0].message)
+    assert "c_bar=1e-30 sets margins" in message and "features" not in message
+
+
 def test_a_cosine_prototype_of_no_direction_still_fits():
     # One feature: class 1's normalised rows (signs) cancel, so its prototype is 0, where
     # the cosine head's gradient (∝ 1/‖w_k‖) is undefined; the fit used to end in NaN.
