@@ -9,7 +9,6 @@ pyplot's figure registry, so the returned figure is freed with its last referenc
 from __future__ import annotations
 
 import colorsys
-import functools
 import itertools
 import os
 import re
@@ -33,20 +32,10 @@ OTHER_COLOURS = ("#17a2b8", "#b5487a", "#8a7a1e", "#3b3b8f", "#5c3a1e")
 _LEVER_ORDER = ("tilt", "offsets", "MR2", "ERM")
 
 
-def _plain_text(plot):
-    """Draw every text of ``plot``'s figure as it is written: a class or model name holding
-    two $ signs was read as mathtext, which failed on it (or typeset it)."""
-
-    @functools.wraps(plot)
-    def drawn_plainly(*args, **kwargs):
-        try:
-            from matplotlib import rc_context
-        except ImportError:  # _figure says what to install
-            return plot(*args, **kwargs)
-        with rc_context({"text.parse_math": False}):
-            return plot(*args, **kwargs)
-
-    return drawn_plainly
+def _literal(name) -> str:
+    """A class or model name as matplotlib draws it literally: two $ signs in a name
+    started mathtext, which failed on it ("$_$") or typeset it."""
+    return str(name).replace("$", r"\$")
 
 
 def _figure(width: float, height: float):
@@ -127,6 +116,7 @@ def _class_ticks(ax, x, names: list[str], slot: float) -> None:
     end, under their bar), and more than 40 classes turn 90°.
     """
     fits = max((len(n) for n in names), default=0) * 0.09 <= 0.9 * slot
+    names = [_literal(n) for n in names]
     if fits:
         ax.set_xticks(x, names)
     else:
@@ -134,7 +124,6 @@ def _class_ticks(ax, x, names: list[str], slot: float) -> None:
         ax.set_xticks(x, names, rotation=angle, ha="right", rotation_mode="anchor")
 
 
-@_plain_text
 def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None):
     """Per-class accuracy of a model beside the reference, classes sorted by the reference.
 
@@ -193,20 +182,20 @@ def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None)
         ax.axvline(boundary + 0.5, color="black", linestyle=":", linewidth=0.8)
     # About 1.5 inch of the figure goes to the y axis and the margins.
     _class_ticks(ax, x, [str(report.labels[i]) for i in order], (width - 1.5) / max(1, len(x)))
-    ax.set_xlabel(f"class (sorted by {report.reference} accuracy; easy | medium | hard)")
+    reference, shown = _literal(report.reference), _literal(model)
+    ax.set_xlabel(f"class (sorted by {reference} accuracy; easy | medium | hard)")
     ax.set_ylabel("per-class accuracy (%)")
     # Differences of a few points vanish on a 0-100 axis: start just below the lowest bar.
     low = np.nanmin(np.concatenate([ref, other, [100.0]]))
     ax.set_ylim(max(0.0, 10 * np.floor(low / 10) - 10), 104)
-    ax.set_title(f"per-class accuracy: {model} vs {report.reference}")
+    ax.set_title(f"per-class accuracy: {shown} vs {reference}")
     handles = [_patch(c) for c in (REFERENCE, GAIN, LOSS, SAME)]
-    labels = [report.reference, f"{model}: gain", f"{model}: loss", f"{model}: same"]
+    labels = [reference, f"{shown}: gain", f"{shown}: loss", f"{shown}: same"]
     fig.legend(handles, labels, loc="outside lower center", ncols=4, fontsize=8)
     _save(fig, path)
     return fig
 
 
-@_plain_text
 def plot_margins(classifier, path, class_names=None):
     """Margin γ_k of each class against its spread msd_k, for a fitted MR² classifier.
 
@@ -249,7 +238,9 @@ def plot_margins(classifier, path, class_names=None):
     ax = fig.add_subplot()
     ax.scatter(msd, gamma, color=LEVER_COLOURS["MR2"])
     for label, xi, yi in zip(labels, msd, gamma, strict=True):
-        ax.annotate(label, (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=8)
+        ax.annotate(
+            _literal(label), (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=8
+        )
     ax.set_xlabel("class spread msd_k (mean squared L_p distance to the class mean)")
     ax.set_ylabel("margin γ_k")
     c_bar = getattr(classifier, "c_bar", 1.0)
@@ -262,7 +253,6 @@ def plot_margins(classifier, path, class_names=None):
     return fig
 
 
-@_plain_text
 def plot_group_accuracy(report: ClasswiseReport, path):
     """Bars of easy / medium / hard / worst-class accuracy, one colour per model.
 
@@ -302,11 +292,12 @@ def plot_group_accuracy(report: ClasswiseReport, path):
         # without a label: no bar of 0 %.
         values = 100 * np.array([row[c] for c in columns], dtype=float)
         offset = (i - (len(report.rows) - 1) / 2) * width
-        bars = ax.bar(x + offset, np.nan_to_num(values), width, label=name, color=colours[name])
+        shown = _literal(name)
+        bars = ax.bar(x + offset, np.nan_to_num(values), width, label=shown, color=colours[name])
         labels = [f"{v:.1f}" if np.isfinite(v) else "" for v in values]
         ax.bar_label(bars, labels=labels, fontsize=7)
     ax.set_xticks(x, list(columns))
-    ax.set_xlabel(f"class group (terciles of {report.reference})")
+    ax.set_xlabel(f"class group (terciles of {_literal(report.reference)})")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 108)
     fig.legend(loc="outside lower center", ncols=min(4, len(report.rows)), fontsize=8)
@@ -314,7 +305,6 @@ def plot_group_accuracy(report: ClasswiseReport, path):
     return fig
 
 
-@_plain_text
 def plot_front(front, path, split: str = "test"):
     """Overall accuracy against worst-class accuracy (left) and the hard tercile (right).
 
@@ -419,7 +409,6 @@ def cv_curves(search, scoring: str = "score") -> dict:
     return curves
 
 
-@_plain_text
 def plot_cv_curve(searches, path, scoring: str = "score"):
     """Held-out score against C (log axis) of each search, one line per scorer.
 
@@ -456,7 +445,8 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
         search = search[-1] if hasattr(search, "steps") else search
         curves = cv_curves(search, scoring)
         for style, (label, curve) in zip(_CURVE_STYLES, curves.items(), strict=False):
-            ax.plot(search.Cs_, 100 * curve, style, color=colours[name], label=f"{name} {label}")
+            shown = f"{_literal(name)} {label}"
+            ax.plot(search.Cs_, 100 * curve, style, color=colours[name], label=shown)
         ax.axvline(search.C_, color=colours[name], linestyle=":", linewidth=0.8)
     head = next(iter(searches.values()))
     head = (head[-1] if hasattr(head, "steps") else head).head_

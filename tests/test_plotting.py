@@ -12,7 +12,7 @@ from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.image import imread  # noqa: E402
 from sklearn.exceptions import NotFittedError  # noqa: E402
 
-from mr2_probe import MR2LinearClassifier  # noqa: E402
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
 from mr2_probe.plotting import (  # noqa: E402
     GAIN,
     LEVER_COLOURS,
@@ -22,6 +22,7 @@ from mr2_probe.plotting import (  # noqa: E402
     SAME,
     model_colours,
     plot_class_accuracy,
+    plot_cv_curve,
     plot_group_accuracy,
     plot_margins,
 )
@@ -101,12 +102,18 @@ def test_names_with_dollar_signs_are_drawn_as_written(tmp_path):
     _assert_png(tmp_path / "groups.png")
     fig = plot_class_accuracy(report, tmp_path / "classes.png")
     _assert_png(tmp_path / "classes.png")
-    assert {t.get_text() for t in fig.axes[0].get_xticklabels()} == set(names)
+    escaped = {name.replace("$", r"\$") for name in names}  # drawn as a literal $
+    assert {t.get_text() for t in fig.axes[0].get_xticklabels()} == escaped
     rng = np.random.default_rng(0)
     X = rng.normal(size=(9, 2)) + 3 * np.repeat([0, 1, 2], 3)[:, None]
     clf = MR2LinearClassifier(max_iter=30, device="cpu").fit(X, y)
     plot_margins(clf, tmp_path / "margins.png")
     _assert_png(tmp_path / "margins.png")
+    # Names only: the log axis of the validation curves keeps its mathtext ticks (10⁻²).
+    search = MR2LinearClassifierCV([0.01, 1.0], cv=3, device="cpu").fit(X, y)
+    fig = plot_cv_curve({"MR2 $x$": search}, tmp_path / "cv.png")
+    _assert_png(tmp_path / "cv.png")
+    assert all(t.get_parse_math() for t in fig.axes[0].get_xticklabels())
 
 
 def test_class_accuracy_plot_rejects_unknown_model(tmp_path, report):
