@@ -276,6 +276,11 @@ def check_output(path: str | os.PathLike, overwrite: bool = False) -> None:
             )
         if problem == "is empty" and overwrite:
             pass  # nothing to lose
+        elif problem == "is empty":
+            raise StoreError(
+                f"The output {text!r} exists and is empty; pass --force (overwrite=True) to "
+                "write the store over it, or choose another output path."
+            )
         elif problem:
             raise StoreError(
                 f"The output {text!r} exists and {problem}; it is never replaced (not even "

@@ -566,7 +566,8 @@ def test_fashion_mnist_store_is_tied_to_its_idx_files(tmp_path):
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda p: _write(p, b""), "exists and is empty"),
+        # It said "never replaced (not even with --force)", which replaces it.
+        (lambda p: _write(p, b""), "exists and is empty; pass --force .* to write the store"),
         (lambda p: _write(p, b"notes"), "exists and is not an HDF5 file"),
         (lambda p: _hdf5(p, x=[1]), "is an HDF5 file but not a feature store"),
         (lambda p: p.mkdir() or p, "is a folder; give a file path such as"),
