@@ -456,6 +456,12 @@ def check_provenance(
     for key in PROVENANCE_KEYS:
         if existing.get(key) == requested.get(key):
             continue
+        if key == "source_fingerprint" and existing.get("source_options") != requested.get(
+            "source_options"
+        ):
+            # Another label or image key, said on its own: reading other members changes
+            # the containers' identities, not the images.
+            continue
         detail = explain_source() if key == "source_fingerprint" and explain_source else None
         diffs += (
             [f"the images differ: {detail}"]
