@@ -487,6 +487,13 @@ def _check_options(args) -> None:
             "--offsets bounds are in points of overall accuracy, between 0 and 100, e.g. "
             f"0,0.25,0.5,1; got {bad[0]:g}"
         )
+    for option, values in (("--tilt", args.tilt), ("--offsets", args.offsets)):
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise UsageError(
+                f"{option} gives {', '.join(f'{v:g}' for v in repeated)} more than once; each "
+                "value is one point of the front"
+            )
     if args.test is None and args.test_labels is not None:
         raise UsageError("--test-labels goes with --test FILE.npy; pass --test or drop it")
     for option, labels, features in (

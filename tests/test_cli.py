@@ -247,6 +247,9 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/train.npz", "--lam", "-1"], "--lam: The 'lam' parameter of MR2LinearClassifier"),
         (["{d}/train.npz", "--cv", "1", "--grid", "C=1"], "--cv must be at least 2 folds"),
         (["{d}/train.npz", "--front-bound", "100"], "--front-bound is in points"),
+        # Refused by the front itself, after the ERM and MR² fits.
+        (["{d}/train.npz", "--tilt", "0,1,2,1"], "--tilt gives 1 more than once; each value"),
+        (["{d}/train.npz", "--offsets", "0.5,0.5"], "--offsets gives 0.5 more than once"),
         (["{d}/train.npz", "--n-jobs", "0", "--grid", "C=1,2"], "--n-jobs 0 runs nothing"),
         (["{d}/train.npz", "--seed", "-1"], "--seed: The 'random_state' parameter"),
         # Splits the data cannot make, found before any fit.
@@ -504,6 +507,14 @@ def test_a_failed_plot_loses_no_fit(files, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="no figures today"):
         main([str(files / "train.npz"), "--out", str(out), "--no-progress"])
     assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
+
+
+def test_python_m_mr2_probe_is_the_command():
+    # As python -m extract is mr2-extract; python -m mr2_probe had no __main__.
+    run = subprocess.run(
+        [sys.executable, "-m", "mr2_probe", "--help"], capture_output=True, text=True, check=True
+    )
+    assert run.stdout.startswith("usage: mr2-probe")
 
 
 def test_help_explains_options_outputs_and_labels(capsys):
