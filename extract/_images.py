@@ -375,7 +375,8 @@ def encode_labels(
 
 def label_kind_problem(labels: list[str]) -> tuple[int, str] | None:
     """``(i, why)`` when label i cannot be a class: an empty (or blank) label, a negative
-    integer (an unlabelled sample, even where every label is one), or a class name where
+    integer among class indices or where every label is one (an unlabelled sample; among
+    names such as "+1" it is a name), or a class name where
     other labels are class indices (ASCII digits): one such label would make every label a
     class name, sorted as text ("10" before "2"), and renumber the classes. None otherwise.
     (List files keep reading such a mix as names, as they always have.)"""
@@ -384,9 +385,9 @@ def label_kind_problem(labels: list[str]) -> tuple[int, str] | None:
     indices = [label.isascii() and label.isdigit() for label in labels]
     if all(indices):
         return None
-    unlabelled = [i for i, label in enumerate(labels) if re.fullmatch(r"-\d+", label)]
-    if unlabelled:
-        i = unlabelled[0]
+    unlabelled = [bool(re.fullmatch(r"-\d+", label)) for label in labels]
+    if all(unlabelled) or (any(indices) and any(unlabelled)):  # names may be "-1" and "+1"
+        i = unlabelled.index(True)
         return i, (
             f"which is no class index ({labels[i]} marks an unlabelled sample, as in test splits)"
         )

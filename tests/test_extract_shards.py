@@ -25,6 +25,7 @@ from extract import (  # noqa: E402
     open_source,
     shard_path,
 )
+from extract._images import label_kind_problem  # noqa: E402
 from extract._store import PENDING  # noqa: E402
 from extract._tables import TableError  # noqa: E402
 from extract._tar_shards import ShardError, tar_members  # noqa: E402
@@ -212,6 +213,8 @@ def test_labels_that_mix_indices_with_other_labels_are_refused(tmp_path, odd, ma
     ],
 )
 def test_empty_and_unlabelled_labels_are_refused(tmp_path, labels, row, why):
+    assert label_kind_problem(["cat", "dog", "-1"]) is None  # names: ±1 labels, say
+    assert label_kind_problem(["+1", "-1"]) is None
     samples = [{"__key__": f"s{k:03d}", "jpg": b"x", "txt": v} for k, v in enumerate(labels)]
     _write_shard(tmp_path / "00000.tar", samples)
     with pytest.raises(ShardError, match=f"sample 's00{row}' .* has the label {why}"):
