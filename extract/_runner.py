@@ -332,15 +332,16 @@ def _row_difference(f, src: ImageSource, rows: np.ndarray, stored_names: list[st
     return _file_difference(src.path(int(head[k])), old, new)
 
 
-def _repaired_failures(f, provenance: dict, source, rows) -> tuple | None:
+def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False) -> tuple | None:
     """Whether the store ``f`` differs from the request only by failed images that have
     changed since (repaired, replaced): then the stored file identities with the request's
-    in place of theirs, ``(file_size, file_mtime_ns, n_changed)``; otherwise None, and any other
-    difference is left to the provenance check, which refuses it.
+    in place of theirs, ``(file_size, file_mtime_ns, n_changed)``; otherwise None, and any
+    other difference is left to the provenance check, which refuses it.
 
     A shard holds some rows of the source, and its fingerprint covers the whole source: a
-    change in another rank's rows is that rank's to judge, so a shard whose own rows are
-    unchanged takes the request's fingerprint too.
+    shard whose own rows are unchanged cannot tell what changed in the others. It takes the
+    request's fingerprint only when ``vouched``: under torchrun, when the merged store of
+    the earlier run differs from the request only by repaired failures.
     """
     existing = read_attrs(f)
     if existing.get("source_fingerprint") == provenance["source_fingerprint"]:
@@ -362,19 +363,21 @@ def _repaired_failures(f, provenance: dict, source, rows) -> tuple | None:
     changed = (stored_sizes != sizes[rows]) | (stored_mtimes != mtimes[rows])
     if not (f["status"][:][changed] == FAILED).all():
         return None
-    if not changed.any() and existing.get("shard_world_size", 1) == 1:
+    if not changed.any() and not vouched:
         return None
     stored_sizes[changed], stored_mtimes[changed] = sizes[rows][changed], mtimes[rows][changed]
     return stored_sizes, stored_mtimes, int(changed.sum())
 
 
-def _adopt_repaired_failures(out: Path, provenance: dict, source, rows) -> None:
+def _adopt_repaired_failures(
+    out: Path, provenance: dict, source, rows, vouched: bool = False
+) -> None:
     """Before a --retry-failed run: the failed images of ``out`` that have changed since
     (:func:`_repaired_failures`) are taken as the store's: their size and modification
     time, and the store's fingerprint, become the request's; their rows stay failed until
     they are extracted again."""
     with open_store(out, "r") as f:
-        repaired = _repaired_failures(f, provenance, source, rows)
+        repaired = _repaired_failures(f, provenance, source, rows, vouched)
     if repaired is None:
         return
     sizes, mtimes, n_changed = repaired
@@ -388,11 +391,11 @@ def _adopt_repaired_failures(out: Path, provenance: dict, source, rows) -> None:
 
 def _open_or_create(
     out: Path, provenance: dict, backbone: Backbone, source, rows, overwrite: bool,
-    retry_failed: bool = False,
+    retry_failed: bool = False, vouched: bool = False,
 ) -> None:  # fmt: skip
     if out.exists() and not overwrite:
         if retry_failed:
-            _adopt_repaired_failures(out, provenance, source, rows)
+            _adopt_repaired_failures(out, provenance, source, rows, vouched)
         with open_store(out, "r") as f:
             existing = read_attrs(f)
             check_provenance(out, existing, provenance, lambda: _source_difference(f, source, rows))
@@ -648,20 +651,23 @@ def _extract_shard(
     shard = dict(n_rows=len(rows), n_total_rows=len(src), shard_rank=rank)
     shard["shard_world_size"] = world_size
     provenance = _provenance(backbone, src, dtype, normalize, decode, shard, device)
-    repair_merged = None
+    repair_merged, vouched = None, False
     if merged is not None and merged.exists() and not overwrite:
         whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
         whole = _provenance(backbone, src, dtype, normalize, decode, whole, device)
-        if _merged_is_complete(merged, whole, src, retry_failed, rank):
-            return None
-        if retry_failed:
-            everything = np.arange(len(src))
+        everything = np.arange(len(src))
+        if retry_failed:  # the merged store holds every row: it tells what changed
+            with open_store(merged, "r") as f:
+                vouched = _repaired_failures(f, whole, src, everything) is not None
+        if vouched:  # rank 0 takes the repairs into it before the merge
             repair_merged = functools.partial(
                 _adopt_repaired_failures, merged, whole, src, everything
             )
+        elif _merged_is_complete(merged, whole, src, retry_failed, rank):
+            return None
     make_output_folder(out)
     with store_lock(out):
-        _open_or_create(out, provenance, backbone, src, rows, overwrite, retry_failed)
+        _open_or_create(out, provenance, backbone, src, rows, overwrite, retry_failed, vouched)
         with open_store(out, "r") as f:
             status = f["status"][:]
         failed = status == FAILED
@@ -698,12 +704,9 @@ def _merged_is_complete(merged: Path, whole: dict, src, retry_failed: bool, rank
     """Under torchrun, before a rank extracts its shard: whether the merged store ``merged``
     already holds the whole request (then it is reused, shards or not, at any number of
     ranks); a store made differently is refused here, before any GPU work. Every rank
-    reads the same file before any writes it, so they all decide alike. With
-    ``retry_failed``, failed images repaired since are taken into it at the merge."""
+    reads the same file before any writes it, so they all decide alike."""
     everything = np.arange(len(src))
     with open_store(merged, "r") as f:
-        if retry_failed and _repaired_failures(f, whole, src, everything) is not None:
-            return False
         check_provenance(
             merged, read_attrs(f), whole, lambda: _source_difference(f, src, everything)
         )

@@ -624,6 +624,9 @@ def _open_for_reading(path: str | os.PathLike) -> h5py.File:
     return f
 
 
+_TEXT = ("paths", "failure_reason", "content_sha256")  # a store's string datasets
+
+
 def _check_shapes(
     path: str | os.PathLike, f: h5py.File, labels: np.ndarray, status: np.ndarray
 ) -> None:
@@ -643,6 +646,9 @@ def _check_shapes(
         for name in ("status", "paths", "indices", "failure_reason", "content_sha256"):
             if name in f and f[name].shape[:1] != labels.shape:
                 problem = f"'{name}' has shape {f[name].shape} for {len(labels)} rows"
+                break
+            if name in f and name in _TEXT and f[name].dtype.kind not in "SOU":
+                problem = f"'{name}' has dtype {f[name].dtype}, not strings"
                 break
         unknown = np.setdiff1d(status, [PENDING, DONE, FAILED])
         if problem is None and len(unknown):
