@@ -441,17 +441,25 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
     fig = _figure(7.0, 4.5)
     ax = fig.subplots()
     colours = model_colours(list(searches), reference="ERM" if "ERM" in searches else None)
+    searches = {name: s[-1] if hasattr(s, "steps") else s for name, s in searches.items()}
+    # C = inf (no penalty) has no place on a log axis: it is drawn a decade beyond the
+    # largest finite value, and the axis says so.
+    finite = [c for s in searches.values() for c in s.Cs_ if np.isfinite(c)]
+    no_penalty = 10 * max(finite, default=1.0)
     for name, search in searches.items():
-        search = search[-1] if hasattr(search, "steps") else search
+        where = np.where(np.isfinite(search.Cs_), search.Cs_, no_penalty)
         curves = cv_curves(search, scoring)
         for style, (label, curve) in zip(_CURVE_STYLES, curves.items(), strict=False):
             shown = f"{_literal(name)} {label}"
-            ax.plot(search.Cs_, 100 * curve, style, color=colours[name], label=shown)
-        ax.axvline(search.C_, color=colours[name], linestyle=":", linewidth=0.8)
-    head = next(iter(searches.values()))
-    head = (head[-1] if hasattr(head, "steps") else head).head_
+            ax.plot(where, 100 * curve, style, color=colours[name], label=shown)
+        chosen = search.C_ if np.isfinite(search.C_) else no_penalty
+        ax.axvline(chosen, color=colours[name], linestyle=":", linewidth=0.8)
+    head = next(iter(searches.values())).head_
     ax.set_xscale("log")
-    ax.set_xlabel("logit scale" if head == "cosine" else "C (inverse L2 strength)")
+    xlabel = "logit scale" if head == "cosine" else "C (inverse L2 strength)"
+    if any(np.isinf(s.Cs_).any() for s in searches.values()):
+        xlabel += f"; C = inf (no penalty) drawn at {no_penalty:g}"
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("held-out score (%, mean over folds)")
     ax.set_title("validation curves (dotted vertical: the chosen value)", fontsize=9)
     ax.legend(fontsize=7)

@@ -116,6 +116,21 @@ def test_names_with_dollar_signs_are_drawn_as_written(tmp_path):
     assert all(t.get_parse_math() for t in fig.axes[0].get_xticklabels())
 
 
+def test_cv_curve_draws_c_inf_beyond_the_finite_values(tmp_path):
+    # C = inf (no penalty) vanished from the log axis, with the chosen value's line.
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], 40)
+    X = rng.normal(size=(120, 4)) + 0.5 * y[:, None]
+    search = MR2LinearClassifierCV([0.01, 1.0, np.inf], cv=3, c_bar=None, device="cpu")
+    search.fit(X, y)
+    fig = plot_cv_curve({"ERM": search}, tmp_path / "cv.png")
+    ax = fig.axes[0]
+    np.testing.assert_array_equal(ax.lines[0].get_xdata(), [0.01, 1.0, 10.0])
+    assert "C = inf (no penalty) drawn at 10" in ax.get_xlabel()
+    chosen = ax.lines[-1].get_xdata()[0]
+    assert chosen == (10.0 if search.C_ == np.inf else search.C_)
+
+
 def test_class_accuracy_plot_rejects_unknown_model(tmp_path, report):
     with pytest.raises(ValueError, match="model must be one of"):
         plot_class_accuracy(report, tmp_path / "x.png", model="LR")
