@@ -46,6 +46,7 @@ def lp_norm_sq(v: torch.Tensor, p: float) -> torch.Tensor:
     peak = v.abs().amax(-1).clamp_min(torch.finfo(v.dtype).tiny)
     scaled = torch.linalg.vector_norm(v / peak[..., None], ord=p, dim=-1) * peak
     out_of_range = (p * peak.log2()).abs() > math.log2(torch.finfo(v.dtype).max) / 4
+    out_of_range &= peak.isfinite()  # an infinite entry: the norm is inf, not inf / inf
     return torch.where(out_of_range, scaled, norm).square()
 
 

@@ -16,6 +16,7 @@ from mr2_probe import (
     moments_statistics,
     update_moments,
 )
+from mr2_probe._stats import lp_norm_sq
 from tests.reference_mr2 import (
     class_statistics_loop,
     compactness_loop,
@@ -54,6 +55,8 @@ def test_lp_statistics_and_margins_keep_their_range_at_large_p(p, dtype, scale):
     torch.testing.assert_close(stats.msd.double(), exact.msd * scale**2, rtol=1e-4, atol=0)
     margins = class_margins(stats, 1.0, p)
     torch.testing.assert_close(margins.double(), class_margins(exact, 1.0, p), rtol=1e-4, atol=0)
+    row = torch.tensor([[1.0, float("inf"), 0.0]], dtype=dtype)  # inf, not inf / inf = NaN
+    assert lp_norm_sq(row, p).item() == float("inf")
 
 
 @pytest.mark.parametrize("c_bar, p", [(1.0, 2.0), (2.0, 3.0), (0.5, 5.0)])
