@@ -339,6 +339,7 @@ def assert_predicts_in_a_process_without_gpu(model, X, tmp_path, dump="pickle"):
     np.testing.assert_allclose(np.load(out), model.predict_proba(X))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
 @pytest.mark.parametrize("dump", ["pickle", "joblib"])
 def test_pickled_model_predicts_in_a_process_without_gpu(tmp_path, digits, dump, device):
@@ -837,6 +838,7 @@ def test_readme_call_converges_on_digits_with_its_defaults():
     assert clf.score(X_test, y_test) >= 0.955
 
 
+@pytest.mark.slow
 def test_minibatch_fit_does_not_import_torch_dynamo():
     code = (
         "import sys\n"

@@ -309,6 +309,7 @@ def _capabilities_without_override():
     return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
 
 
+@pytest.mark.slow
 def test_unwritable_out_is_refused_before_any_work(files, tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -509,6 +510,7 @@ def test_a_failed_plot_loses_no_fit(files, tmp_path, monkeypatch):
     assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
 
 
+@pytest.mark.slow
 def test_python_m_mr2_probe_is_the_command():
     # As python -m extract is mr2-extract; python -m mr2_probe had no __main__.
     run = subprocess.run(

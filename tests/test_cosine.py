@@ -269,6 +269,7 @@ def test_scale_path_ends_where_cold_fits_of_its_scales_do(digits_unit):
         np.testing.assert_allclose(np.linalg.norm(coef, axis=1), scale, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_bisection_back_down_the_scales_is_not_misled_by_far_pairs(digits_unit, monkeypatch):
     """A bisection comes back from a large scale to a far smaller one: pairs formed there
     are not carried (they made L-BFGS stop at max_iter and the search choose elsewhere)."""

@@ -218,9 +218,10 @@ def test_chooses_as_logistic_regression_cv(data):
         X = X / 16
     Cs, cv = np.logspace(-3, 1, 5), StratifiedKFold(5, shuffle=True, random_state=0)
     ours = MR2LinearClassifierCV(Cs, cv=cv, c_bar=None, tol=1e-8, max_iter=3000, device="cpu")
-    ref = LogisticRegressionCV(
-        Cs=Cs, cv=cv, tol=1e-8, max_iter=20000, scoring="accuracy", **_current_attributes()
-    )
+    ref = LogisticRegressionCV(  # its folds in parallel: a minute on digits alone
+        Cs=Cs, cv=cv, tol=1e-8, max_iter=20000, scoring="accuracy", n_jobs=-1,
+        **_current_attributes(),
+    )  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         ours.fit(X, y)
@@ -242,6 +243,7 @@ def test_chooses_as_logistic_regression_cv(data):
     np.testing.assert_allclose(ours.predict_proba(X), ref.predict_proba(X), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_works_in_a_pipeline_and_pickles_to_a_cpu_only_process(tmp_path):
     X, y = _blobs()
     # CUDA when present: the model must still predict where there is none.
@@ -300,6 +302,7 @@ def test_paths_without_an_intercept_keep_each_value_s_solution(batch, monkeypatc
     np.testing.assert_allclose(path[0], small.coef_[0], atol=1e-3)
 
 
+@pytest.mark.slow
 def test_hdf5_input_is_read_in_blocks_and_matches_memory(tmp_path, monkeypatch):
     h5py = pytest.importorskip("h5py")
     X, y = _blobs()

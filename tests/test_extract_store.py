@@ -627,6 +627,7 @@ with store_lock(sys.argv[1]):
 """
 
 
+@pytest.mark.slow
 def test_lock_dies_with_its_writer_not_with_its_children(tmp_path):
     out = tmp_path / "f.h5"
     parent = subprocess.Popen(

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -34,6 +36,7 @@ def test_imagenet_probe_runs_at_a_tiny_size_on_cpu(tmp_path):
     assert result["fits"]["lbfgs"]["train_accuracy"] > 0.6  # chance: 0.2
 
 
+@pytest.mark.slow
 def test_gpu_check_without_cuda_says_so_and_exits_0(tmp_path):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable}
     done = subprocess.run(

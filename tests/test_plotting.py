@@ -237,6 +237,7 @@ def test_margin_plot_needs_a_fitted_classifier(tmp_path):
         plot_margins(MR2LinearClassifier(), tmp_path / "margins.png")
 
 
+@pytest.mark.slow
 def test_importing_the_package_does_not_import_matplotlib():
     code = (
         "import sys, mr2_probe, mr2_probe.plotting, mr2_probe.report, mr2_probe.metrics; "

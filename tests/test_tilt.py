@@ -236,6 +236,7 @@ def test_minibatch_tilt_lowers_worst_class_loss(lam):
     np.testing.assert_array_equal(_fit(class_tilt=8.0, **common).fit(X, y).coef_, tilted.coef_)
 
 
+@pytest.mark.slow
 def test_minibatch_large_tilt_does_not_swing_between_classes():
     """A large tilt with the compactness loss (Adam): the worst class is helped, not lost.
 
@@ -257,6 +258,7 @@ def test_minibatch_large_tilt_does_not_swing_between_classes():
     assert worst(tilted) >= worst(plain)
 
 
+@pytest.mark.slow
 def test_minibatch_tilt_with_many_classes_of_few_samples():
     """100 classes, about 2.6 samples of each per batch of 256: class weights from each
     batch's own class means were noise (max class loss 1.21 against 1.17 untilted, worst
