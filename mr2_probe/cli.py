@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import joblib
@@ -488,7 +489,7 @@ def _check_options(args) -> None:
             f"0,0.25,0.5,1; got {bad[0]:g}"
         )
     for option, values in (("--tilt", args.tilt), ("--offsets", args.offsets)):
-        repeated = sorted({v for v in values if values.count(v) > 1})
+        repeated = sorted(v for v, n in Counter(values).items() if n > 1)
         if repeated:
             raise UsageError(
                 f"{option} gives {', '.join(f'{v:g}' for v in repeated)} more than once; each "
@@ -769,10 +770,8 @@ def _inputs(args):
         y_test = np.array([code[name] for name in test_names], dtype=y.dtype)[y_test]
     unseen = sorted(set(np.unique(y_test).tolist()) - set(classes.tolist()), key=str)
     if unseen:
-        shown, advice = (
-            unseen,
-            ("label train and test alike (both class names or both the same integer codes)"),
-        )
+        shown = unseen
+        advice = "label train and test alike (both class names or both the same integer codes)"
         if names is not None and test_names is not None:  # two stores: codes of one list
             shown = [names[k] for k in unseen]
             advice = f"{args.train} lists them among its classes but holds no sample of them"
