@@ -24,7 +24,6 @@ it can end at another minimiser of the same objective).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -797,7 +796,11 @@ class BatchedPath:
         solved = list(self.paths[0].steps)
         if not solved:
             return
-        nearest = min(solved, key=lambda v: (abs(math.log(v) - math.log(value)), v != self._last))
+
+        def distance(v):  # in log value; C = inf (no penalty) is far from every finite C
+            return abs(np.log(v / value)) if np.isfinite(v) and np.isfinite(value) else np.inf
+
+        nearest = min(solved, key=lambda v: (distance(v), v != self._last))
         if nearest == self._last:
             return
         if nearest in self._rows:
