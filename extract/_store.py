@@ -643,11 +643,11 @@ def _check_shapes(
     elif f["class_names"].dtype.kind not in "SOU":
         problem = f"'class_names' has dtype {f['class_names'].dtype}, not strings"
     else:  # the optional datasets, one entry per row (a short 'status' dropped rows)
-        for name in ("status", "paths", "indices", "failure_reason", "content_sha256"):
-            if name in f and f[name].shape[:1] != labels.shape:
+        for name in (name for name in ("status", "indices", *_TEXT) if name in f):
+            if f[name].shape[:1] != labels.shape:
                 problem = f"'{name}' has shape {f[name].shape} for {len(labels)} rows"
                 break
-            if name in f and name in _TEXT and f[name].dtype.kind not in "SOU":
+            if name in _TEXT and f[name].dtype.kind not in "SOU":
                 problem = f"'{name}' has dtype {f[name].dtype}, not strings"
                 break
         unknown = np.setdiff1d(status, [PENDING, DONE, FAILED])

@@ -629,14 +629,14 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             )
         precise = "a larger tol" if dtype == torch.float64 else "float64 features or a larger tol"
         curve = result.loss_curve
-        if curve and not curve[-1] < curve[0] and self.c_bar is not None and self.c_bar < _EXTREME:
-            return (
-                f"lbfgs made no progress from its starting point, {gradient}: c_bar="
-                f"{self.c_bar:g} sets margins that divide the logits by about as much, which "
-                "makes the objective too steep to resolve. Use a c_bar of a usual order of "
-                "magnitude (the default is 1)."
-            )
         if curve and not curve[-1] < curve[0]:
+            if self.c_bar is not None and self.c_bar < _EXTREME:
+                return (
+                    f"lbfgs made no progress from its starting point, {gradient}: c_bar="
+                    f"{self.c_bar:g} sets margins that divide the logits by about as much, "
+                    "which makes the objective too steep to resolve. Use a c_bar of a usual "
+                    "order of magnitude (the default is 1)."
+                )
             return (
                 f"lbfgs made no progress from its starting point, {gradient}: no step "
                 "along its first directions lowered the objective. Either the start is "

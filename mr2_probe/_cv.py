@@ -350,11 +350,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         # C = inf is no penalty, as in scikit-learn; a logit scale must be finite.
         top = np.inf if self.head == "linear" else np.finfo(float).max
         if values.ndim != 1 or not len(values) or not np.all((values > 0) & (values <= top)):
-            name = (
-                "positive, finite logit scales"
-                if self.head == "cosine"
-                else ("positive C values (np.inf: no penalty)")
-            )
+            name = "positive C values (np.inf: no penalty)"
+            if self.head == "cosine":
+                name = "positive, finite logit scales"
             raise ValueError(
                 f"The 'Cs' parameter of {type(self).__name__} must be an int, 'bisect' or a "
                 f"non-empty 1-D array of {name}. Got {self.Cs!r} instead."
