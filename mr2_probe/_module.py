@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
+from torch import distributed as dist
 from torch import nn
 
 from ._device import unit_rows
@@ -31,9 +33,12 @@ class MR2Loss(nn.Module):
     a_k and the spread are unbiased; for p ≠ 2 the L_p spread is estimated from the
     deviations from the running mean (see :func:`moments_statistics`). The statistics are
     updated in training mode without synchronising with the host; the margins and s̄ are
-    derived from them and carry no gradient. They are the process's own: under
-    DistributedDataParallel each rank keeps the statistics of its own batches (nothing is
-    averaged across ranks). A batch with a non-finite feature or loss is left out of them.
+    derived from them and carry no gradient. Under DistributedDataParallel, ``sync_stats=True``
+    folds in the union of every rank's batch, as SyncBatchNorm does for its statistics:
+    every rank then holds the same statistics, margins and class weights, those one
+    process would hold if it saw the whole global batch. Without it each rank keeps the
+    statistics of its own batches. A batch with a non-finite feature or loss (on any rank,
+    when synchronised) is left out of them.
     The running sums stay in float32 at least when the module is cast to half precision.
 
     Parameters
@@ -73,6 +78,15 @@ class MR2Loss(nn.Module):
         (1/t)·log Σ_k π_k·exp(t·L_k) at the current weights — the online form of
         class-level group DRO. A class not seen in training weighs 1 (an evaluation counts
         it as the plain mean does).
+    sync_stats : bool, default=False
+        In training, sum each batch's statistics (and, with a tilt, its class losses)
+        across the processes of ``process_group`` with ``torch.distributed.all_reduce``
+        (three collectives per training batch, two without a tilt). Every process of the
+        group must then call the loss in training mode for every batch, as
+        DistributedDataParallel's backward requires anyway. Without an initialised
+        process group (a single process) it changes nothing.
+    process_group : torch.distributed.ProcessGroup or None, default=None
+        The group to synchronise over with ``sync_stats``; ``None`` is the default group.
 
     Before the first training batch there are no statistics: the loss is then the margin
     cross-entropy alone (no tilt, no compactness term), as in a validation pass before
@@ -103,6 +117,8 @@ class MR2Loss(nn.Module):
         normalize: bool = False,
         difficulty: str = "moment",
         class_tilt: float = 0.0,
+        sync_stats: bool = False,
+        process_group=None,
     ) -> None:
         super().__init__()
         for name, count in (("n_classes", n_classes), ("n_features", n_features)):
@@ -127,6 +143,7 @@ class MR2Loss(nn.Module):
         self.rho, self.tau, self.normalize = rho, tau, normalize
         self.difficulty = difficulty
         self.class_tilt = float(class_tilt)
+        self.sync_stats, self.process_group = bool(sync_stats), process_group
         self.register_buffer("running_class_loss", torch.zeros(n_classes))
         # Integer counts (as BatchNorm's num_batches_tracked): module.to(torch.bfloat16)
         # leaves them exact, where a bfloat16 count stops growing at 256 per step of 1.
@@ -191,22 +208,32 @@ class MR2Loss(nn.Module):
         ratio = self._class_weights(share) / share.clamp_min(torch.finfo(share.dtype).tiny)
         return torch.where(share > 0, ratio, torch.ones_like(ratio))
 
+    def _all_reduce(self):
+        """A sum across the group's processes in place, or None for nothing to sum with."""
+        if not (self.sync_stats and dist.is_available() and dist.is_initialized()):
+            return None
+        if dist.get_world_size(self.process_group) == 1:
+            return None
+        return partial(dist.all_reduce, group=self.process_group)
+
     @torch.no_grad()
     def _update_class_loss(self, loss: torch.Tensor, target: torch.Tensor) -> None:
         """Fold one batch's per-class mean losses into their EMA (no host sync)."""
-        # index_add_, not bincount: on CUDA bincount sizes its output on the host.
-        count = torch.zeros_like(self.class_samples).index_add_(
-            0, target, torch.ones_like(target, dtype=self.class_samples.dtype)
-        )
-        total = torch.zeros_like(self.running_class_loss).index_add_(
-            0, target, loss.to(self.running_class_loss.dtype)
-        )
-        present = count > 0
-        batch = total / count.clamp_min(1).to(total.dtype)
-        present = present & torch.isfinite(batch)  # a non-finite loss leaves the EMA alone
-        keep = torch.where(self.class_samples > 0, self.rho, 0.0).to(batch.dtype)
+        # index_add_, not bincount: on CUDA bincount sizes its output on the host. Counts
+        # and sums in one tensor of the running loss's dtype (float32 at least), to be
+        # reduced at once: counts are exact in it up to 2^24 samples of a class per batch.
+        batch = self.running_class_loss.new_zeros(2, self.n_classes)
+        batch[0].index_add_(0, target, torch.ones_like(loss, dtype=batch.dtype))
+        batch[1].index_add_(0, target, loss.to(batch.dtype))
+        all_reduce = self._all_reduce()
+        if all_reduce is not None:
+            all_reduce(batch)
+        count, total = batch[0].round().to(self.class_samples.dtype), batch[1]
+        mean = total / count.clamp_min(1).to(total.dtype)
+        present = (count > 0) & torch.isfinite(mean)  # a non-finite loss leaves the EMA alone
+        keep = torch.where(self.class_samples > 0, self.rho, 0.0).to(mean.dtype)
         keep = torch.where(present, keep, torch.ones_like(keep))  # (K,)
-        blended = self.running_class_loss * keep + (1 - keep) * batch
+        blended = self.running_class_loss * keep + (1 - keep) * mean
         self.running_class_loss.copy_(torch.where(present, blended, self.running_class_loss))
         self.class_samples.add_(count.to(self.class_samples.dtype))
 
@@ -215,7 +242,9 @@ class MR2Loss(nn.Module):
         """Fold one batch into the running statistics."""
         phi = unit_rows(features) if self.normalize else features
         phi = phi.to(self.moment_sum.dtype)
-        moments = update_moments(self.moments(), phi, target, self.rho, self.p)
+        moments = update_moments(
+            self.moments(), phi, target, self.rho, self.p, all_reduce=self._all_reduce()
+        )
         # A batch with a non-finite feature (an overflowed mixed-precision step) is left
         # out, as GradScaler skips its step: folded in, it would make every later loss NaN.
         finite = torch.stack([torch.isfinite(v).all() for v in moments]).all()

@@ -221,21 +221,37 @@ def update_moments(
     labels: torch.Tensor,
     rho: float = 0.9,
     p: float = 2.0,
+    all_reduce: Callable[[torch.Tensor], None] | None = None,
 ) -> ClassMoments:
-    """Fold one batch (features (B, d), labels (B,)) into the running sums (no host sync)."""
-    n_classes = moments.count.shape[0]
+    """Fold one batch (features (B, d), labels (B,)) into the running sums (no host sync).
+
+    ``all_reduce`` sums a tensor in place across processes (for example
+    ``torch.distributed.all_reduce``): the batch is then the union of every process's
+    batch, and every process folds in the same sums. It is called twice, on the batch's
+    counts and sums and then on its deviations, which need the union's class means.
+    """
+    n_classes, n_features = moments.sum.shape
     new = features.new_zeros
-    count = new(n_classes).index_add_(0, labels, features.new_ones(len(labels)))  # (K,)
-    sums = new(moments.sum.shape).index_add_(0, labels, features)  # (K, d)
-    sum_sq = new(n_classes).index_add_(0, labels, (features * features).sum(1))
+    batch = new(n_classes, n_features + 2)  # counts, Σ‖φ‖², Σφ: one tensor to reduce
+    batch[:, 0].index_add_(0, labels, features.new_ones(len(labels)))
+    batch[:, 1].index_add_(0, labels, (features * features).sum(1))
+    batch[:, 2:].index_add_(0, labels, features)
+    if all_reduce is not None:
+        all_reduce(batch)
+    count, sum_sq, sums = batch[:, 0], batch[:, 1], batch[:, 2:]
     # Deviations from the running mean before this batch (independent of the batch's
     # samples), or from the batch's own mean for a class seen for the first time.
     seen = (moments.count > 0)[:, None]  # (K, 1)
     prior = moments.sum / moments.count.clamp_min(torch.finfo(features.dtype).tiny)[:, None]
     center = torch.where(seen, prior, sums / count.clamp_min(1)[:, None])  # (K, d)
     diff = features - center[labels]  # (B, d)
-    dev_2 = new(n_classes).index_add_(0, labels, (diff * diff).sum(1))
-    dev_p = dev_2 if p == 2 else new(n_classes).index_add_(0, labels, lp_norm_sq(diff, p))
+    dev = new(n_classes, 2)
+    dev[:, 0].index_add_(0, labels, (diff * diff).sum(1))
+    if p != 2:
+        dev[:, 1].index_add_(0, labels, lp_norm_sq(diff, p))
+    if all_reduce is not None:
+        all_reduce(dev)
+    dev_2, dev_p = dev[:, 0], (dev[:, 0] if p == 2 else dev[:, 1])
     decay = torch.where(count > 0, rho, 1.0).to(features.dtype)  # (K,)
     return ClassMoments(
         decay * moments.count + count,

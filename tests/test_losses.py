@@ -456,3 +456,40 @@ def test_an_unknown_reduction_is_refused(loss):
             margin_cross_entropy(x, y, torch.ones(3), reduction="bogus")
         else:
             compactness_loss(x, y, 1.0, reduction="sum")
+
+
+def _two_ranks(rank, init_file, out_dir, batches):
+    """One of two gloo processes: train MR2Loss on its half of every batch."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        criterion = MR2Loss(4, 5, c_bar=1.0, lam=0.5, p=3.0, class_tilt=2.0, sync_stats=True)
+        for logits, features, labels in batches:
+            half = slice(rank, None, 2)  # rank 0 the even rows, rank 1 the odd ones
+            criterion(logits[half], features[half], labels[half]).backward()
+        torch.save(criterion.state_dict(), f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_synchronised_statistics_are_those_of_the_global_batch(tmp_path):
+    # Two processes, each with half of every batch: with sync_stats both hold what one
+    # process holds after the whole batches (class 3 appears on rank 0 alone).
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(4):
+        labels = torch.randint(0, 4, (10,), generator=g)
+        labels[1::2] = torch.where(labels[1::2] == 3, 2, labels[1::2])  # class 3: rank 0 only
+        features = torch.randn(10, 5, generator=g) + labels[:, None]
+        logits = torch.randn(10, 4, generator=g, requires_grad=True)
+        batches.append((logits, features.requires_grad_(), labels))
+    torch.multiprocessing.spawn(_two_ranks, args=(tmp_path / "init", tmp_path, batches), nprocs=2)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    alone = MR2Loss(4, 5, c_bar=1.0, lam=0.5, p=3.0, class_tilt=2.0, sync_stats=True)
+    for logits, features, labels in batches:
+        alone(logits, features, labels)  # no process group: sync_stats changes nothing
+    for name, value in alone.state_dict().items():
+        for state in ranks:
+            torch.testing.assert_close(state[name], value, msg=name)
