@@ -52,6 +52,8 @@ from ._store import (
 
 logger = logging.getLogger(__name__)
 _DTYPES = ("float16", "float32")
+# Set while --retry-failed takes repaired failures into a store (_adopt_repaired_failures).
+_ADOPTING = "adopting_source_fingerprint"
 _DECODES = ("auto", "pil", "tensor")
 _VERSIONED = ("torch", "torchvision", "timm", "open_clip_torch", "h5py", "numpy", "pillow")
 
@@ -346,6 +348,9 @@ def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False)
     existing = read_attrs(f)
     if existing.get("source_fingerprint") == provenance["source_fingerprint"]:
         return None
+    # An adoption of this very source, killed before it wrote the fingerprint: it had
+    # found the store to differ by repaired failures alone; it is finished now.
+    vouched = vouched or existing.get(_ADOPTING) == provenance["source_fingerprint"]
     others = [k for k in PROVENANCE_KEYS if k not in ("source_fingerprint", "compute")]
     if any(existing.get(k) != provenance.get(k) for k in others) or "file_size" not in f:
         return None
@@ -382,9 +387,15 @@ def _adopt_repaired_failures(
         return
     sizes, mtimes, n_changed = repaired
     with open_store(out, "r+") as f:
+        # The files' identities, then the fingerprint that covers them; a run killed
+        # between the two leaves the marker, by which the next one finishes the adoption.
+        f.attrs[_ADOPTING] = provenance["source_fingerprint"]
+        f.flush()
         f["file_size"][:], f["file_mtime_ns"][:] = sizes, mtimes
-        f.flush()  # the files' identities before the fingerprint that covers them
+        f.flush()
         f.attrs["source_fingerprint"] = provenance["source_fingerprint"]
+        f.flush()
+        del f.attrs[_ADOPTING]
     if n_changed:
         logger.info("%d failed images have changed since; they are extracted again.", n_changed)
 

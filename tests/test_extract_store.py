@@ -250,6 +250,45 @@ def test_retry_failed_takes_a_repaired_image_into_its_own_shard_only(tmp_path):
         shard(1, retry_failed=True)
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_retry_killed_while_taking_a_repair_is_finished_by_the_next(
+    tmp_path, monkeypatch, shards
+):
+    # Killed after the files' new sizes were written and before the fingerprint that
+    # covers them: every later run was refused, --retry-failed too (nothing looked changed
+    # any more), and only --force, which recomputes every row, got past it.
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    image = folder / "dog" / "001.jpg"  # row 4: rank 0 of 2
+    good = image.read_bytes()
+    image.write_bytes(b"not an image")
+    out = tmp_path / "f.h5"
+    kwargs = dict(rank=0, world_size=2) if shards == 2 else {}
+
+    def run(**more):
+        return extract_features(folder, BACKBONE, out, **FAST, **kwargs, **more)
+
+    target = run()
+    image.write_bytes(good)
+    written = h5py.AttributeManager.__setitem__
+
+    def killed(attrs, name, value):
+        if name == "source_fingerprint":
+            raise KeyboardInterrupt  # the kill: nothing more is written
+        written(attrs, name, value)
+
+    monkeypatch.setattr(h5py.AttributeManager, "__setitem__", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(retry_failed=True)
+    monkeypatch.undo()
+    with h5py.File(target, "r") as f:  # the sizes were written, the fingerprint was not
+        row = 4 // shards
+        assert f["file_size"][row] == len(good) and f["status"][row] == FAILED
+    again = load_features(run(retry_failed=True), in_memory=True)
+    assert not again.failures and "adopting_source_fingerprint" not in again.metadata
+    single = load_features(extract_features(folder, BACKBONE, tmp_path / "one.h5", **FAST))
+    np.testing.assert_allclose(again.features, single.features[::shards], rtol=1e-5, atol=1e-6)
+
+
 def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
     store, folder, tmp_path, monkeypatch, caplog
 ):
