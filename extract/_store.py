@@ -523,10 +523,14 @@ def write_rows(
 class RowView:
     """Lazy view of selected rows of an HDF5 dataset (the completed rows of a store).
 
-    Supports ``shape``, ``dtype``, ``chunks``, ``len``, integer and slice indexing (read as
-    one contiguous HDF5 range) and ``numpy.asarray``; ``dataset`` is the underlying
-    ``h5py.Dataset``.
+    Indexes as the ``h5py.Dataset`` it stands for does: an integer, a slice, an array of
+    rows or a boolean mask, then optionally the columns (``view[rows, :4]``), and
+    ``numpy.asarray``; ``dataset`` is the underlying ``h5py.Dataset``. Rows are read in
+    contiguous blocks of at most ``BLOCK_BYTES``, so reading scattered rows (a
+    cross-validation fold) costs their own memory and one block, not the span they cover.
     """
+
+    BLOCK_BYTES = 64 << 20
 
     def __init__(self, dataset: h5py.Dataset, rows: np.ndarray) -> None:
         self.dataset, self.rows = dataset, rows
@@ -536,14 +540,29 @@ class RowView:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, key: int | slice | np.ndarray) -> np.ndarray:
+    def __getitem__(self, key):
+        if isinstance(key, tuple) and key and key[0] is not Ellipsis:
+            rows = self[key[0]]
+            rest = key[1:] if np.ndim(rows) < self.ndim else (slice(None), *key[1:])
+            return rows[rest]
+        if isinstance(key, tuple) or key is Ellipsis:
+            return self[:][key]
         selected = self.rows[key]
         if np.ndim(selected) == 0:
             return self.dataset[int(selected)]
-        if len(selected) == 0:
-            return np.empty((0, *self.shape[1:]), self.dtype)
-        lo, hi = int(selected.min()), int(selected.max()) + 1
-        return self.dataset[lo:hi][selected - lo]
+        out = np.empty((len(selected), *self.shape[1:]), self.dtype)
+        order = np.argsort(selected, kind="stable")
+        ordered = selected[order]
+        row_bytes = max(1, self.dtype.itemsize * int(np.prod(self.shape[1:])))
+        block = max(1, self.BLOCK_BYTES // row_bytes)
+        start = 0
+        while start < len(ordered):  # a loop over blocks of the store, not over rows
+            lo = int(ordered[start])
+            stop = int(np.searchsorted(ordered, lo + block))
+            part = self.dataset[lo : int(ordered[stop - 1]) + 1]
+            out[order[start:stop]] = part[ordered[start:stop] - lo]
+            start = stop
+        return out
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         out = self[:]
