@@ -44,6 +44,7 @@ from ._store import (
     make_output_folder,
     merge_shards,
     open_store,
+    output_target,
     read_attrs,
     shard_path,
     store_lock,
@@ -595,7 +596,7 @@ def extract_features(
         raise ValueError(
             f"rank must be in [0, world_size). Got rank={rank}, world_size={world_size}."
         )
-    out = Path(out)
+    out = output_target(out)
     target = out if world_size == 1 else shard_path(out, rank, world_size)
     # Every output is checked before any image is listed or model loaded.
     for path in [target] + ([out] if target != out and not explicit and rank == 0 else []):

@@ -306,6 +306,14 @@ def check_output(path: str | os.PathLike, overwrite: bool = False) -> None:
         )
 
 
+def output_target(path: str | os.PathLike) -> Path:
+    """The file a store at ``path`` is written to: a symbolic link's target (written
+    through, as the shell's ``>`` does), so that the store's temporary file, lock and
+    atomic rename act on the target and not on the link; otherwise ``path`` itself."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 def make_output_folder(path: str | os.PathLike) -> None:
     """Create the folder of ``path``; failures become a :class:`StoreError`."""
     folder = os.path.dirname(os.path.abspath(os.fspath(path)))
@@ -828,7 +836,9 @@ def merge_shards(
                 f"merge_shards needs every rank of one run exactly once; got ranks "
                 f"{sorted(files)} from {len(shards)} shards."
             )
+        out = output_target(out)
         check_output(out, overwrite)
+        make_output_folder(out)
         with store_lock(out):
             _write_merged(files, out, overwrite)
     finally:

@@ -153,6 +153,35 @@ def test_scattered_rows_are_read_without_the_span_they_cover(tmp_path, monkeypat
     assert peak < rows.nbytes + 4 * RowView.BLOCK_BYTES  # about 1 MB, not the 4 MB span
 
 
+def test_a_store_is_written_through_a_symbolic_link(folder, tmp_path):
+    # With --force the link became a plain file beside it and the target kept the old
+    # store; a dangling link was replaced by a file; the lock, named after the spelling
+    # used, did not keep out a run through the other spelling.
+    real = tmp_path / "disk" / "real.h5"
+    extract_features(folder, BACKBONE, real, max_items=4, **FAST)
+    link = tmp_path / "link.h5"
+    link.symlink_to(real)
+    extract_features(folder, BACKBONE, link, max_items=3, overwrite=True, **FAST)
+    assert link.is_symlink() and len(load_features(real).labels) == 3
+    assert not list(tmp_path.glob("link.h5.*"))  # no lock or temporary file beside the link
+    with store_lock(real), pytest.raises(StoreLockedError):
+        extract_features(folder, BACKBONE, link, max_items=3, **FAST)
+    dangling = tmp_path / "dangling.h5"
+    dangling.symlink_to(tmp_path / "new" / "target.h5")
+    extract_features(folder, BACKBONE, dangling, max_items=2, **FAST)
+    assert dangling.is_symlink() and len(load_features(dangling).labels) == 2
+
+
+def test_shards_merge_into_a_folder_that_does_not_exist_yet(store, folder, tmp_path):
+    # extract_features creates its output's folder; merge_shards failed on the lock file.
+    shards = [
+        extract_features(folder, BACKBONE, tmp_path / "f.h5", rank=r, world_size=2, **FAST)
+        for r in range(2)
+    ]
+    merged = merge_shards(shards, tmp_path / "new" / "deeper" / "merged.h5")
+    assert load_features(merged).paths == load_features(store).paths
+
+
 def test_classes_are_separable(store):
     from sklearn.linear_model import LogisticRegression
 
