@@ -38,6 +38,8 @@ from ._stats import DIFFICULTIES, class_difficulty
 
 # Parameters this far out put the objective itself out of floating-point range.
 _EXTREME = 1e-6
+# Beyond this class_tilt a fit that stops short of tol is told that the tilt is why.
+_STEEP_TILT = 10.0
 
 
 def _overflow_message(what, dtype, suspects=()):
@@ -55,9 +57,11 @@ def _overflow_message(what, dtype, suspects=()):
     )
 
 
-def _range_suspects(C, c_bar, weight_sum) -> list:
+def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0) -> list:
     """The parameters that are extreme enough to overflow a fit on their own."""
     suspects = []
+    if class_tilt > 1 / _EXTREME:
+        suspects.append(f"class_tilt={class_tilt:g} (the tilt multiplies every class's loss)")
     if c_bar is not None and c_bar < _EXTREME:
         suspects.append(f"c_bar={c_bar:g} (the margins divide the logits by it)")
     if C * weight_sum < _EXTREME:
@@ -562,7 +566,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             tilt=float(self.class_tilt),
             verbose=verbose,
         )
-        suspects = _range_suspects(C, self.c_bar, data.weight_sum)
+        suspects = _range_suspects(C, self.c_bar, data.weight_sum, self.class_tilt)
         if solver == "lbfgs":
             try:
                 result = fit_lbfgs(head, data.source, spec, **common)
@@ -606,6 +610,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         """A ConvergenceWarning if the solver stopped short of ``tol``."""
         if not result.converged:
             message = self._convergence_message(result, solver, dtype)
+            if self.class_tilt > _STEEP_TILT:
+                message += (
+                    f" class_tilt={self.class_tilt:g} makes the objective nearly the largest "
+                    "class loss, which is not smooth where classes tie: the solver needs "
+                    "many steps or stalls there. Tilts up to 10 already move the worst "
+                    "classes (see mr2_probe.front); use one of those."
+                )
             warnings.warn(message, ConvergenceWarning, stacklevel=stacklevel)
 
     def _finish(self, head, result, solver, data):

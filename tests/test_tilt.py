@@ -58,7 +58,9 @@ def test_a_small_tilt_keeps_the_risk_s_precision(dtype):
     share = torch.tensor([0.5, 0.2, 0.3], dtype=dtype)
     mean = (share * loss).sum()
     variance = (share * (loss - mean) ** 2).sum()
-    for t in (1e-14, 1e-6, 1e-3):
+    # Below the dtype's smallest normal number (float32: 1.2e-38) t rounded to 0 or to a
+    # subnormal, and log1p(0) / 0 made the risk NaN at t = 1e-50.
+    for t in (1e-320, 1e-50, 1e-14, 1e-6, 1e-3):
         risk = tilted_class_risk(loss, share, t)[0]
         # R_t = mean + t·variance/2 + O(t²)
         torch.testing.assert_close(risk, mean + t * variance / 2, rtol=2e-7, atol=0)
@@ -71,7 +73,9 @@ def test_a_small_tilt_keeps_the_risk_s_precision(dtype):
         warnings.simplefilter("ignore", ConvergenceWarning)  # tol 1e-8 in float32
         plain = _fit().fit(X, y)
         tilted = _fit(class_tilt=1e-6).fit(X, y)
-    np.testing.assert_allclose(tilted.coef_, plain.coef_, atol=1e-3 * np.abs(plain.coef_).max())
+        tiny = _fit(class_tilt=1e-50).fit(X, y)  # IndexError inside torch's L-BFGS
+    for fit in (tilted, tiny):
+        np.testing.assert_allclose(fit.coef_, plain.coef_, atol=1e-3 * np.abs(plain.coef_).max())
 
 
 def test_the_risk_s_gradient_is_q_where_the_two_forms_meet():
@@ -279,6 +283,19 @@ def test_minibatch_tilt_with_many_classes_of_few_samples():
 
     assert tilted.class_losses_.max() < plain.class_losses_.max() - 0.1
     assert worst(tilted) >= worst(plain) - 0.02
+
+
+def test_a_tilt_too_large_to_fit_is_named():
+    # At t = 1e4 L-BFGS ran out of iterations and at 1e39 (float32) its step overflowed;
+    # both messages blamed the scale of the features alone.
+    X, y = _uneven()
+    with pytest.warns(ConvergenceWarning, match=r"class_tilt=10000 makes the objective"):
+        MR2LinearClassifier(class_tilt=1e4, max_iter=20, device="cpu").fit(X, y)
+    with pytest.raises(ValueError, match=r"with class_tilt=1e\+39 \(the tilt multiplies"):
+        MR2LinearClassifier(class_tilt=1e39, device="cpu").fit(X.astype(np.float32), y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)  # t = 10 converges, unnamed
+        MR2LinearClassifier(class_tilt=10.0, max_iter=1000, device="cpu").fit(X, y)
 
 
 @pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), "2"])
