@@ -85,9 +85,10 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
         ``False`` keeps the mean of each fold's best coefficients, and ``C_`` is then the
         mean of each fold's best value.
     n_jobs : int, default=None
-        Folds solved in parallel threads (joblib): the device tensors are shared, and
-        torch releases the GIL in its kernels. Folds solved as one batched problem (see
-        above) use torch's own threads instead.
+        Folds solved in parallel threads (joblib), whatever joblib backend is active (a
+        process backend, loky or dask, would fill copies of the paths): the device
+        tensors are shared, and torch releases the GIL in its kernels. Folds solved as one
+        batched problem (see above) use torch's own threads instead.
     c_bar, lam, p, head, fit_intercept, difficulty, tau, projection_rank, solver, \
 max_iter, tol, batch_size, learning_rate, n_iter_no_change, class_weight, class_tilt, \
 random_state, device
@@ -116,7 +117,8 @@ random_state, device
         fold's path, the intercept last when there is one (one label for two classes).
     class_accuracy_path_ : ndarray of shape (n_folds, n_Cs, n_classes)
         Held-out accuracy of each class along each path (NaN where a fold holds out no
-        sample of the class): every class-wise curve, whatever ``scoring`` chose.
+        sample of the class, or none of positive weight), weighted by ``sample_weight``:
+        every class-wise curve, whatever ``scoring`` chose.
     n_iter_ : ndarray of shape (1, n_folds, n_Cs)
         Solver iterations (or epochs) along each path.
     classes_, coef_, intercept_, projection_, margins_, class_stats_, p_, solver_, head_, \
@@ -295,7 +297,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             report = functools.partial(self._report, solver, data.dtype)
 
             def run(new, bar):
-                Parallel(n_jobs=self.n_jobs, prefer="threads")(
+                Parallel(n_jobs=self.n_jobs, require="sharedmem")(
                     delayed(group.run)(
                         new, score, bar, max_iter=self.max_iter, tol=self.tol, report=report
                     )
@@ -305,7 +307,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             paths = [self._fold_path(data, train, test, score_weight) for train, test in folds]
 
             def run(new, bar):
-                Parallel(n_jobs=self.n_jobs, prefer="threads")(
+                Parallel(n_jobs=self.n_jobs, require="sharedmem")(
                     delayed(path.run)(new, self._path_solver(solver), score, bar) for path in paths
                 )
 
@@ -522,6 +524,16 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         self.solver_, self.device_, self.head_ = solver, str(data.device), self.head
 
 
+def _takes_sample_weight(func) -> bool:
+    """Whether ``func`` takes ``sample_weight`` (by name or ``**kwargs``); True when its
+    signature cannot be read."""
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "sample_weight" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
 class _Scorer:
     """Scores held-out logits with a scikit-learn scorer, weighted when it can be."""
 
@@ -541,7 +553,8 @@ class _Scorer:
                 **kwargs,
             )
         self.scorer, self.estimator, self.classes = scorer, HeldOutLogits(classes), classes
-        self.weighted = func is None or "sample_weight" in parameters
+        # A metric's signature, or a plain callable's own (scoring=my_scorer).
+        self.weighted = _takes_sample_weight(scorer if func is None else func)
 
     def __call__(self, z, y_index, weight) -> float:
         kwargs = {"sample_weight": weight} if weight is not None and self.weighted else {}

@@ -66,7 +66,7 @@ class Step:
         # A copy: without an intercept coef may share memory with the solver's parameters,
         # which the next value of the path overwrites in place.
         coef = np.hstack([coef, intercept[:, None]]) if intercept is not None else coef.copy()
-        accuracy = class_accuracy(z.argmax(1), y_test, z.shape[1])
+        accuracy = class_accuracy(z.argmax(1), y_test, z.shape[1], weight)
         return cls(coef, score(z, y_test, weight), int(n_iter), accuracy)
 
 
@@ -137,9 +137,11 @@ def predictor_step(previous: list, value: float) -> float | None:
     return float(np.log(value / v1) / np.log(v1 / v0))
 
 
-def class_accuracy(pred: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
-    size = np.bincount(y, minlength=n_classes).astype(float)
-    correct = np.bincount(y[pred == y], minlength=n_classes)
+def class_accuracy(pred: np.ndarray, y: np.ndarray, n_classes: int, weight=None) -> np.ndarray:
+    """Each class's (weighted) accuracy; NaN for a class without weight in ``y``."""
+    weight = np.ones(len(y)) if weight is None else np.asarray(weight, dtype=float)
+    size = np.bincount(y, weights=weight, minlength=n_classes)
+    correct = np.bincount(y, weights=weight * (pred == y), minlength=n_classes)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(size > 0, correct / size, np.nan)
 

@@ -844,3 +844,51 @@ def test_a_two_class_linear_search_runs_on_the_batched_solver(batch_folds, tilt,
             lrcv = LogisticRegressionCV(Cs=Cs, cv=folds, tol=1e-8, max_iter=2000).fit(X, y)
             assert search.C_ == lrcv.C_[0]
     assert search.score(X, y) > 0.95
+
+
+@pytest.mark.parametrize("batch_folds", [True, False])
+def test_class_accuracy_path_is_weighted_as_the_scores_are(batch_folds, monkeypatch):
+    # Rows of weight 0 counted in the class-wise curves; scoring="worst_class" weighs them
+    # 0, so its scores_ and the curves' minimum disagreed (0.711 against 0.788).
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+    X, y = make_classification(300, 5, n_informative=3, n_classes=3, random_state=0)
+    weight = np.random.default_rng(0).integers(0, 4, len(y)).astype(float)
+    clf = MR2LinearClassifierCV(Cs=[0.1, 1, 10], cv=3, scoring="worst_class", device="cpu")
+    clf.fit(X, y, sample_weight=weight)
+    np.testing.assert_allclose(np.nanmin(clf.class_accuracy_path_, 2), clf.scores_[0])
+
+
+def test_a_process_backend_of_joblib_still_solves_the_folds_in_threads():
+    # Under joblib.parallel_config(backend="loky") (or dask) the folds ran in worker
+    # processes, which filled copies of the paths: KeyError on the parent's empty path.
+    import joblib
+
+    X, y = _blobs()
+    common = dict(Cs=[0.1, 1.0], cv=3, device="cpu", n_jobs=2)
+    expected = MR2LinearClassifierCV(**common).fit(X, y)
+    for params in (dict(), dict(lam=0.5, max_iter=5)):  # batched, then fold by fold
+        with joblib.parallel_config(backend="loky", n_jobs=2), warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            clf = MR2LinearClassifierCV(**common | params).fit(X, y)
+        if not params:
+            np.testing.assert_array_equal(clf.scores_[0], expected.scores_[0])
+
+
+def test_a_plain_callable_scorer_gets_the_weights_when_it_takes_them():
+    # A callable without sample_weight was always passed it: TypeError.
+    X, y = _blobs()
+    weight = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
+    seen = []
+
+    def unweighted(estimator, X, y):
+        return float(np.mean(estimator.predict(X) == y))
+
+    def weighted(estimator, X, y, sample_weight=None):
+        seen.append(sample_weight is not None)
+        return float(np.average(estimator.predict(X) == y, weights=sample_weight))
+
+    for scoring in (unweighted, weighted):
+        MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=3, scoring=scoring, device="cpu").fit(
+            X, y, sample_weight=weight
+        )
+    assert seen and all(seen)
