@@ -341,7 +341,14 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             sample_weight = to_numpy(sample_weight)
         scorer = check_classwise_scoring(self, self.scoring)
         kwargs = {} if sample_weight is None else {"sample_weight": sample_weight}
-        return scorer(self, X, y, **kwargs)
+        estimator = self
+        if is_torch_tensor(X):
+            # The metrics take NumPy, and predict_proba of a CUDA tensor is one: the logits,
+            # computed on X's device, are scored on the host, as the search scored them.
+            z = to_numpy(self._logits(self._validate_predict_data(X)))
+            X = np.hstack([np.zeros_like(z), z]) if z.shape[1] == 1 else z
+            estimator = HeldOutLogits(self.classes_)
+        return scorer(estimator, X, y, **kwargs)
 
     def _check_Cs(self):
         if isinstance(self.Cs, str):

@@ -892,3 +892,16 @@ def test_a_plain_callable_scorer_gets_the_weights_when_it_takes_them():
             X, y, sample_weight=weight
         )
     assert seen and all(seen)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_a_tensor_is_scored_by_the_search_s_metric_as_an_array_is(device, n_classes):
+    # predict_proba of a CUDA tensor is a CUDA tensor, which scikit-learn's metrics cannot
+    # read: score(X_cuda, y) with scoring="neg_log_loss" failed.
+    X, y = _blobs(n_classes=n_classes)
+    X = X.astype(np.float32)
+    clf = MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=3, scoring="neg_log_loss", device=device)
+    clf.fit(X, y)
+    tensor = torch.as_tensor(X, device=device)
+    assert clf.score(tensor, torch.as_tensor(y)) == pytest.approx(clf.score(X, y), rel=1e-6)
