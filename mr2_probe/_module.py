@@ -162,6 +162,16 @@ class MR2Loss(nn.Module):
                 self._buffers[name] = buffer.float()
         return self
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        m2 = f"{prefix}moment_m2"
+        if m2 not in state_dict and f"{prefix}moment_sum_sq" in state_dict:
+            # Saved before the spread's sum was kept: derived from the sums, as then.
+            count = state_dict[f"{prefix}moment_count"]
+            sums = state_dict[f"{prefix}moment_sum"]
+            squares = (sums * sums).sum(1) / count.clamp_min(torch.finfo(count.dtype).tiny)
+            state_dict[m2] = (state_dict[f"{prefix}moment_sum_sq"] - squares).clamp_min(0)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def moments(self) -> ClassMoments:
         """The running sums (buffers ``moment_*``, saved in the state dict)."""
         return ClassMoments(*(getattr(self, f"moment_{name}") for name in ClassMoments._fields))
@@ -235,7 +245,8 @@ class MR2Loss(nn.Module):
         keep = torch.where(present, keep, torch.ones_like(keep))  # (K,)
         blended = self.running_class_loss * keep + (1 - keep) * mean
         self.running_class_loss.copy_(torch.where(present, blended, self.running_class_loss))
-        self.class_samples.add_(count.to(self.class_samples.dtype))
+        # π counts the samples whose losses the EMA took in, and only those.
+        self.class_samples.add_(torch.where(present, count, 0).to(self.class_samples.dtype))
 
     @torch.no_grad()
     def update(self, features: torch.Tensor, target: torch.Tensor) -> None:
@@ -271,7 +282,10 @@ class MR2Loss(nn.Module):
             each = margin_cross_entropy(logits, target, margins, reduction="none")  # (B,)
             if self.training:
                 self._update_class_loss(each.detach(), target)
-            loss = (each * self._tilt_ratio()[target].to(each.dtype)).mean()
+            # In the statistics' dtype (float32 at least): a rare class's q/π (7e4) is
+            # inf in float16.
+            ratio = self._tilt_ratio()
+            loss = (each.to(ratio.dtype) * ratio[target]).mean()
         if self.lam > 0:
             phi = unit_rows(features) if self.normalize else features
             # s̄ and τ in the statistics' dtype (float32), as the distances are: in float16

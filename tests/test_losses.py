@@ -493,3 +493,62 @@ def test_synchronised_statistics_are_those_of_the_global_batch(tmp_path):
     for name, value in alone.state_dict().items():
         for state in ranks:
             torch.testing.assert_close(state[name], value, msg=name)
+
+
+def test_running_spread_keeps_its_precision_under_a_large_common_offset():
+    # Σw‖φ‖²/Σw − ‖μ̂‖² cancelled in float32: features of norm 4000 with a spread of 0.16
+    # gave spreads of 1 and 2 (s̄ = 1.5) where float64 gave 0.16.
+    g = torch.Generator().manual_seed(0)
+    single, double = MR2Loss(2, 16), MR2Loss(2, 16).double()
+    for _ in range(50):
+        features = torch.randn(64, 16, generator=g, dtype=torch.float64) * 0.1 + 1000
+        labels = torch.arange(64) % 2
+        single.update(features.float(), labels)
+        double.update(features, labels)
+    torch.testing.assert_close(single.stats().msd.double(), double.stats().msd, rtol=1e-3, atol=0)
+    expected = torch.full((2,), 0.16, dtype=torch.float64)  # 16 entries of variance 0.01
+    torch.testing.assert_close(double.stats().msd, expected, rtol=0.05, atol=0)
+
+
+def test_a_state_saved_before_the_running_spread_sum_loads():
+    features, labels, k = _data(3, n=40)
+    criterion = MR2Loss(k, features.shape[1]).double()
+    criterion.update(features, labels)
+    criterion.update(features * 2, labels)
+    state = criterion.state_dict()
+    del state["moment_m2"]  # as saved before it was kept
+    loaded = MR2Loss(k, features.shape[1]).double()
+    loaded.load_state_dict(state)
+    torch.testing.assert_close(loaded.stats().msd, criterion.stats().msd)
+    torch.testing.assert_close(loaded.margins(), criterion.margins())
+
+
+def test_margins_average_c_bar_in_float64():
+    # c̄·K was computed in float32: the mean margin was 1.3 − 4.8e-8.
+    features = torch.randn(90, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    margins = class_margins(class_statistics(features + 1, torch.arange(90) % 3, 3), c_bar=1.3)
+    assert abs(float(margins.mean()) - 1.3) < 1e-15
+
+
+def test_mr2loss_tilt_in_float16_is_finite():
+    # A rare class's weight q/π (7e4) was cast to float16: inf, and every step overflowed.
+    criterion = MR2Loss(3, 4, lam=0.0, class_tilt=2.0)
+    criterion.class_samples.copy_(torch.tensor([70000, 70000, 1]))
+    criterion.running_class_loss.copy_(torch.tensor([0.1, 0.1, 6.0]))
+    logits = torch.tensor([[5.0, 0, 0], [0, 5.0, 0], [1.0, 0, -2.0]])
+    features, target = torch.randn(3, 4), torch.tensor([0, 1, 2])
+    criterion.eval()
+    full = criterion(logits, features, target)
+    half = criterion(logits.half(), features.half(), target)
+    assert torch.isfinite(half) and float(half) == pytest.approx(float(full), rel=1e-2)
+
+
+def test_a_class_loss_left_out_of_the_ema_is_left_out_of_the_shares():
+    criterion = MR2Loss(3, 4, lam=0.0, class_tilt=1.0)
+    features, target = torch.randn(6, 4), torch.arange(6) % 3
+    criterion(torch.randn(6, 3), features, target)
+    before = criterion.class_samples.clone()
+    logits = torch.randn(6, 3)
+    logits[1, 0] = float("inf")  # class 1's loss is not finite in this batch
+    criterion(logits, features, target)
+    assert criterion.class_samples.tolist() == (before + torch.tensor([2, 0, 2])).tolist()
