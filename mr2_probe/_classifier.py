@@ -590,6 +590,15 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 generator=torch.Generator(device=data.device).manual_seed(data.seed),
                 **common,
             )
+        if result.stop == "diverged":
+            curve = result.loss_curve
+            raise ValueError(
+                f"Cannot fit: the {solver} solver diverged, its epoch loss rising from "
+                f"{curve[0]:.3g} to {curve[-1]:.3g} in {len(curve)} epochs: learning_rate="
+                f"{self.learning_rate:g} is too large a step for these features. Use a "
+                "smaller learning_rate (or scale the features, e.g. StandardScaler) and fit "
+                "again."
+            )
         # Only then a synchronisation of its own; otherwise _export's check names the features.
         if suspects and not all(bool(torch.isfinite(p).all()) for p in head.parameters()):
             what = "the fit produced non-finite coefficients"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -398,6 +399,9 @@ class _NesterovSGD:
 # has converged at the plateau that follows the last of LR_DECAYS divisions.
 LR_DECAY = 0.1
 LR_DECAYS = 2
+# An epoch loss this many times the first epoch's (or not finite) is a diverged fit: the
+# objective is bounded below by 0, and a plateau there was reported as converged.
+DIVERGED = 1e3
 # The minibatch solvers' running class losses, from which each step's tilt weights q come,
 # average about the last this many samples of each class (by weight): a few batches when
 # a batch holds many samples of a class, many when it holds few.
@@ -479,7 +483,7 @@ def fit_minibatch(
     optimizer = _Adam(params) if solver == "adam" else _NesterovSGD(params)
     reg = 1.0 / (C * weight_sum)
     lr, decays = learning_rate, 0
-    best, stalled, curve, converged = float("inf"), 0, [], False
+    best, stalled, curve, converged, stop = float("inf"), 0, [], False, "max_iter"
     bar = _progress(max_iter, verbose, f"MR2 {solver}")
     for epoch in range(max_iter):
         if epoch > 0 and head.has_projection:
@@ -516,14 +520,16 @@ def fit_minibatch(
         curve.append(value)
         bar.update(1)
         bar.set_postfix(loss=f"{value:.4g}", lr=f"{lr:.2g}")
+        if not math.isfinite(value) or value > DIVERGED * abs(curve[0]):
+            stop = "diverged"
+            break
         stalled = 0 if epoch == 0 or value < best - tol * abs(best) else stalled + 1
         best = min(best, value)
         if stalled >= n_iter_no_change:
             if decays == LR_DECAYS:
-                converged = True
+                converged, stop = True, "tol"
                 break
             lr, decays, stalled = lr * LR_DECAY, decays + 1, 0
     bar.close()
-    stop = "tol" if converged else "max_iter"
     result = SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)
     return _with_class_losses(result, head, source, spec, risk)
