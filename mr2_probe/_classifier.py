@@ -736,6 +736,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         self.margins_ = to_numpy(result.margins)
         self.class_stats_ = _class_stats(result.stats, self.p_, self.difficulty)
         self.n_iter_ = int(result.n_iter)
+        self._converged = bool(result.converged)  # for searches whose fits warn elsewhere
         self.loss_curve_ = list(result.loss_curve)
         self.class_losses_ = to_numpy(result.class_loss)
         self.tilt_weights_ = to_numpy(result.tilt_weights)

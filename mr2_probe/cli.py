@@ -6,14 +6,17 @@ import argparse
 import difflib
 import json
 import os
+import re
 import sys
 import tempfile
+import warnings
 from collections import Counter
 from pathlib import Path
 
 import joblib
 import numpy as np
 from sklearn.base import clone
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import GridSearchCV, StratifiedKFold, train_test_split
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import Normalizer, StandardScaler
@@ -21,7 +24,7 @@ from sklearn.preprocessing import Normalizer, StandardScaler
 from ._classifier import MR2LinearClassifier
 from ._cv import MR2LinearClassifierCV
 from ._device import resolve_device
-from .front import _final, fit_collecting_short
+from .front import OFFSETS_CV, _final, collecting_short, fit_collecting_short
 from .metrics import classwise_scorers
 from .report import classwise_report
 
@@ -165,7 +168,10 @@ def _parser() -> argparse.ArgumentParser:
         "(default: 64); only with --head cosine",
     )
     parser.add_argument(
-        "--C", type=float, default=1.0, help="inverse L2 strength, as in LogisticRegression"
+        "--C",
+        type=float,
+        default=None,
+        help="inverse L2 strength, as in LogisticRegression (default: 1)",
     )
     parser.add_argument("--max-iter", type=int, default=100, help="iterations / epochs")
     parser.add_argument(
@@ -199,8 +205,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N|bisect",
         help="choose C (the logit scale for --head cosine) by --cv-fold CV along a "
         "warm-started path with MR2LinearClassifierCV, for both models: N values from 1e-4 "
-        "to 1e4, or 'bisect' for CLIP's parametric binary search; prints the validation "
-        "curve and writes cv_curve.png",
+        "to 1e4, or 'bisect' for CLIP's parametric binary search (instead of --C, or "
+        "--logit-scale); prints the validation curve and writes cv_curve.png",
     )
     parser.add_argument(
         "--cv", type=int, default=3, help="folds of the grid search or of --Cs (default: 3)"
@@ -337,8 +343,11 @@ def _grid_value(text: str):
     return text
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())
+def _one_line(error, limit: int = 1000) -> str:
+    """An error's (or warning's) message on one line, cut at ``limit`` characters (some
+    messages print a whole array)."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def main(argv=None) -> int:
@@ -424,7 +433,7 @@ def _run(args) -> int:
         data["notes"] = notes
         if searches:
             data["cv"] = {
-                name: {"C": cv.C_, "Cs": cv.Cs_.tolist(), "curves": _curves(cv, args)}
+                name: {"C": cv.C_, "Cs": cv.Cs_.tolist(), "curves": _percent(_curves(cv, args))}
                 for name, cv in searches.items()
             }
         _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names)
@@ -435,6 +444,14 @@ def _curves(search, args) -> dict:
     from .plotting import cv_curves
 
     return {key: v.tolist() for key, v in cv_curves(search, args.scoring).items()}
+
+
+def _percent(curves: dict) -> dict:
+    """Validation curves in percent, as the rest of report.json (NaN as null)."""
+    return {
+        key: [None if np.isnan(v) else round(100 * v, 10) for v in values]
+        for key, values in curves.items()
+    }
 
 
 def _cv_lines(name: str, search, args) -> list[str]:
@@ -495,6 +512,15 @@ def _check_options(args) -> None:
                 f"{option} gives {', '.join(f'{v:g}' for v in repeated)} more than once; each "
                 "value is one point of the front"
             )
+    searched = {"linear": ("--C", args.C), "cosine": ("--logit-scale", args.logit_scale)}
+    option, value = searched[args.head]
+    if args.Cs is not None and value is not None:
+        raise UsageError(
+            f"--Cs chooses the value that {option} sets (the {args.head} head's "
+            f"{'C' if args.head == 'linear' else 'logit scale'}); pass one of them"
+        )
+    if args.C is None:
+        args.C = 1.0
     if args.test is None and args.test_labels is not None:
         raise UsageError("--test-labels goes with --test FILE.npy; pass --test or drop it")
     for option, labels, features in (
@@ -634,10 +660,20 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
     else:
         if labels is None:
             raise UsageError(f"{path} holds features only; pass {labels_option} FILE.npy")
-        X, y = _read(path, np.load), _read(labels, np.load)
+        X, y = _read(path, _load_npy), _read(labels, _load_npy)
         source = f"{path} with labels {labels}"
-    _check_xy(np.asarray(X), np.asarray(y), source, store)
-    return np.asarray(X), np.asarray(y), names
+    X, y = np.asarray(X), np.asarray(y)
+    if y.dtype.kind == "S":  # bytes, which scikit-learn refuses as labels: their text
+        try:
+            y = np.char.decode(y, "utf-8")
+        except UnicodeDecodeError as error:
+            raise UsageError(f"the labels of {source} are bytes that are not UTF-8 text") from error
+    _check_xy(X, y, source, store)
+    if X.dtype == np.float16:
+        # Scaled in float32: scikit-learn's scalers compute in the features' dtype, and a
+        # float16 row norm overflows past 256 (Normalizer then zeroes the row).
+        X = X.astype(np.float32)
+    return X, y, names
 
 
 def _read(path: str, reader):
@@ -660,6 +696,14 @@ def _read(path: str, reader):
             f"cannot read {path!r} as {Path(path).suffix or 'a NumPy file'}: "
             f"{type(error).__name__}: {_one_line(error)}"
         ) from error
+
+
+def _load_npy(path: str):
+    data = np.load(path, allow_pickle=False)
+    if isinstance(data, np.lib.npyio.NpzFile):
+        data.close()
+        raise UsageError(f"{path} is a .npz archive, not a single array (.npy)")
+    return data
 
 
 def _load_npz(path: str):
@@ -711,8 +755,8 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
         )
     if not len(y):
         raise UsageError(f"{source} holds no samples")
-    if not np.issubdtype(X.dtype, np.number):
-        raise UsageError(f"the features of {source} must be numbers; got dtype {X.dtype}")
+    if X.dtype.kind not in "iuf":  # complex numbers too, which no probe fits
+        raise UsageError(f"the features of {source} must be real numbers; got dtype {X.dtype}")
     bad = np.flatnonzero(~np.isfinite(X).all(axis=1))
     if len(bad):
         first, rows, remedy = f"row {bad[0]}", "rows", ""
@@ -820,13 +864,24 @@ def _check_splits(y, grid: dict, args) -> None:
             raise UsageError(f"--cv {args.cv}: {_one_line(error)}; use fewer folds") from error
     if args.tilt or args.offsets:
         try:
-            train_test_split(rows, y, test_size=args.val_size, stratify=y, random_state=args.seed)
+            fit_part = train_test_split(
+                rows, y, test_size=args.val_size, stratify=y, random_state=args.seed
+            )[2]
         except ValueError as error:
             raise UsageError(
                 f"--val-size {args.val_size:g} cannot split the {len(y)} training samples "
                 f"with every class on both sides: {_one_line(error)}; choose a --val-size "
                 "that leaves each class at least one sample in both parts"
             ) from error
+        if args.offsets:  # the offsets are tuned on folds of the front's fitting part
+            try:
+                next(StratifiedKFold(OFFSETS_CV).split(rows[: len(fit_part)], fit_part))
+            except ValueError as error:
+                raise UsageError(
+                    f"--offsets tunes offsets on {OFFSETS_CV} folds of the {len(fit_part)} "
+                    f"samples the front fits on: {_one_line(error).rstrip('.')}; drop "
+                    "--offsets, or give it more samples of every class (a smaller --val-size)"
+                ) from error
 
 
 # What a store's features depend on (extract's provenance): the decoding path ("decode")
@@ -880,16 +935,37 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
     return GridSearchCV(
         _scaled(clone(probe).set_params(verbose=0), args.feature_scaling),
         {prefix + key: values for key, values in grid.items()},
-        scoring=classwise_scorers(),
+        scoring=classwise_scorers() | {"stopped_short": _stopped_short},
         refit=args.scoring,
         cv=StratifiedKFold(args.cv, shuffle=True, random_state=args.seed),
         n_jobs=args.n_jobs,
     )
 
 
+def _stopped_short(estimator, X, y) -> float:
+    """A grid search's scorer: 1 for a fit that stopped short of tol. With --n-jobs its
+    fits run in worker processes, whose warnings never reach this one."""
+    return float(not getattr(_final(estimator), "_converged", True))
+
+
 def _fit(model, X, y, name: str):
     """``model`` fitted, its ConvergenceWarnings (a search's can be many) said in one line
     on stderr."""
+    if isinstance(model, GridSearchCV):
+        with warnings.catch_warnings():  # (the filter reaches the workers too)
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit(X, y)
+        results = model.cv_results_
+        folds = [results[k] for k in results if re.fullmatch(r"split\d+_test_stopped_short", k)]
+        refit = _stopped_short(model.best_estimator_, X, y)
+        n_short, n_fits = int(np.sum(folds) + refit), np.size(folds) + 1
+        if n_short:
+            print(
+                f"mr2-probe: warning: {name}: {n_short} of its {n_fits} fits stopped short of "
+                "tol (raise --max-iter, or scale the features)",
+                file=sys.stderr,
+            )
+        return model
     short = fit_collecting_short(model, X, y)
     if short:
         fits = f"{len(short)} of its fits" if len(short) > 1 else "its fit"
@@ -908,19 +984,22 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args):
         X, y, test_size=args.val_size, stratify=y, random_state=args.seed
     )
     print(f"fitting the front on {len(y_fit)} samples, choosing on {len(y_val)}", file=sys.stderr)
-    front = accuracy_front(
-        base,
-        X_fit,
-        y_fit,
-        X_val,
-        y_val,
-        tilts=args.tilt,
-        offset_bounds=[b / 100 for b in args.offsets],
-        X_test=X_test,
-        y_test=y_test,
-        bound=args.front_bound / 100,
-        erm=erm,
-    )
+    with collecting_short() as short:  # the front gathers its fits' into one warning
+        front = accuracy_front(
+            base,
+            X_fit,
+            y_fit,
+            X_val,
+            y_val,
+            tilts=args.tilt,
+            offset_bounds=[b / 100 for b in args.offsets],
+            X_test=X_test,
+            y_test=y_test,
+            bound=args.front_bound / 100,
+            erm=erm,
+        )
+    for warning in short:
+        print(f"mr2-probe: warning: front: {_one_line(warning.message)}", file=sys.stderr)
     chosen = front.point(front.chosen)
     print(
         f"front: the rule chose {chosen.name}; refitting it on all training data", file=sys.stderr
@@ -954,7 +1033,7 @@ def _write_outputs(
     text, markdown = [report.to_text(per_class=True)], [report.to_markdown(per_class=True)]
     if lines:
         text.append("\n".join(lines))
-        markdown.append("\n".join(f"- {line}" for line in lines))
+        markdown.append("```text\n" + "\n".join(lines) + "\n```")  # the curves' columns
     if front is not None:
         text.append(front.to_text())
         markdown.append(front.to_markdown())

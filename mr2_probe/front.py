@@ -15,7 +15,8 @@ import copy
 import math
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,9 @@ from sklearn.pipeline import Pipeline
 
 from ._offsets import TunedOffsetsClassifierCV, tune_class_offsets
 from .metrics import classwise_summary, difficulty_groups, per_class_accuracy
+
+# The folds of the training data on which the front's offsets are tuned, by default.
+OFFSETS_CV = 3
 
 #: Default bound of the selection rule: 0.5 point of overall accuracy.
 DEFAULT_BOUND = 0.005
@@ -155,16 +159,25 @@ def _final(estimator):
     return estimator[-1] if isinstance(estimator, Pipeline) else estimator
 
 
-def fit_collecting_short(estimator, X, y) -> list:
-    """Fit ``estimator``; return the ConvergenceWarnings of its fits (a search's can be
-    many), which its caller reports as one. Other warnings pass on as they were."""
+@contextmanager
+def collecting_short() -> Iterator[list]:
+    """Gather the ConvergenceWarnings raised inside into the list it gives (filled on
+    exit), for its caller to report as one; other warnings pass on as they were."""
+    short = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
-        estimator.fit(X, y)
-    short = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+        yield short
+    short.extend(w for w in caught if issubclass(w.category, ConvergenceWarning))
     for w in caught:
         if not issubclass(w.category, ConvergenceWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def fit_collecting_short(estimator, X, y) -> list:
+    """Fit ``estimator``; return the ConvergenceWarnings of its fits (a search's can be
+    many), which its caller reports as one. Other warnings pass on as they were."""
+    with collecting_short() as short:
+        estimator.fit(X, y)
     return short
 
 
@@ -197,7 +210,7 @@ def accuracy_front(
     *,
     tilts: Sequence[float] = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0),
     offset_bounds: Sequence[float] = (),
-    offsets_cv: int = 3,
+    offsets_cv: int = OFFSETS_CV,
     X_test=None,
     y_test=None,
     bound: float = DEFAULT_BOUND,
