@@ -239,6 +239,7 @@ def _scale_path(X, y, **params):
     return clf, coefs.reshape(-1, *coefs.shape[2:])
 
 
+@pytest.mark.slow
 def test_scale_path_starts_each_scale_from_the_last_pairs(digits_unit, monkeypatch):
     """Each scale of a fold's path starts L-BFGS from the previous scale's pairs: fewer
     iterations than starting from none, the same solutions."""
@@ -330,7 +331,7 @@ def test_a_plain_cosine_search_runs_on_the_batched_solver(digits_unit, monkeypat
     assert runs == {"batched": batched_runs, "fold": 0 if batched_runs else 2}
 
 
-@pytest.mark.parametrize("batch_folds", [None, False])
+@pytest.mark.parametrize("batch_folds", [None, pytest.param(False, marks=pytest.mark.slow)])
 def test_a_two_class_cosine_path_keeps_both_rows_between_scales(batch_folds, monkeypatch):
     """Two classes are stored as one row (coef_1 − coef_0); a bisection's midpoint starts
     from its neighbour's two rows, and the folds solved together or one by one agree."""

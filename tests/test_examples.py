@@ -45,7 +45,6 @@ def _table(output: str) -> dict:
 @pytest.mark.parametrize(
     "script, args, models",
     [
-        ("quickstart.py", [], ["ERM", "MR2 (c_bar=1)"]),
         ("grid_search.py", ["--c-bar", "1", "--C", "0.05", "--cv", "2", "--refit", "hard_tercile"],
          ["ERM (same C)", "best for hard_tercile"]),
         ("finetune.py", ["--epochs", "3"],
@@ -53,7 +52,10 @@ def _table(output: str) -> dict:
     ],
 )  # fmt: skip
 def test_example_prints_the_classwise_table(script, args, models):
-    output = _run(script, *args)
+    _check_table(_run(script, *args), script, models)
+
+
+def _check_table(output: str, script: str, models: list) -> None:
     rows = _table(output)
     assert list(rows) == models
     for overall, easy, medium, hard, worst, std in rows.values():
@@ -67,9 +69,10 @@ def test_example_prints_the_classwise_table(script, args, models):
         assert "best parameters for hard_tercile: {'C': 0.05, 'c_bar'" in output
 
 
-def test_quickstart_writes_json_and_figures(tmp_path):
+def test_quickstart_prints_the_table_and_writes_json_and_figures(tmp_path):
     output = _run("quickstart.py", "--per-class", "--json", str(tmp_path / "report.json"),
                   "--plots", str(tmp_path / "figures"))  # fmt: skip
+    _check_table(output, "quickstart.py", ["ERM", "MR2 (c_bar=1)"])
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["reference"] == "ERM" and report["units"] == "percent"
     assert report["labels"] == list(range(10))

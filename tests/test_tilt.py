@@ -419,7 +419,7 @@ def test_batched_tilted_objective_matches_autograd(head, keep, monkeypatch):
         torch.testing.assert_close(grad[f], p.grad)
 
 
-@pytest.mark.parametrize("batch_folds", [None, False])
+@pytest.mark.parametrize("batch_folds", [None, pytest.param(False, marks=pytest.mark.slow)])
 def test_a_tilted_search_solves_the_fits_of_its_values(batch_folds, monkeypatch):
     """A tilted search's path (the batched solver, its memory carried along the path) ends
     at each C where a fit of MR2LinearClassifier(C, class_tilt) on the fold ends."""
