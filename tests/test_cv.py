@@ -318,13 +318,13 @@ def test_hdf5_input_is_read_in_blocks_and_matches_memory(tmp_path, monkeypatch):
 
     monkeypatch.setattr(h5py.Dataset, "__getitem__", spy)
     monkeypatch.setattr("mr2_probe._classifier.block_rows", lambda d, k: 64)
-    params = dict(Cs=[0.1, 1.0], cv=3, tol=1e-8, max_iter=1000, device="cpu")
+    params = dict(Cs=[0.1, 1.0], cv=3, tol=1e-6, max_iter=1000, device="cpu")
     with h5py.File(tmp_path / "x.h5", "r") as f:
         stored = MR2LinearClassifierCV(**params).fit(f["X"], y)
     memory = MR2LinearClassifierCV(**params).fit(X, y)
     assert max(reads) < len(X)
     np.testing.assert_allclose(stored.scores_[0], memory.scores_[0])
-    np.testing.assert_allclose(stored.coef_, memory.coef_, atol=1e-5)
+    np.testing.assert_allclose(stored.coef_, memory.coef_, atol=1e-4)  # both within tol
 
 
 @pytest.mark.parametrize(
