@@ -399,9 +399,9 @@ class _NesterovSGD:
 # has converged at the plateau that follows the last of LR_DECAYS divisions.
 LR_DECAY = 0.1
 LR_DECAYS = 2
-# An epoch loss this many times the first epoch's (or not finite) is a diverged fit: the
-# objective is bounded below by 0, and a plateau there was reported as converged.
-DIVERGED = 1e3
+DIVERGED = 1e3  # see _diverged
+
+
 # The minibatch solvers' running class losses, from which each step's tilt weights q come,
 # average about the last this many samples of each class (by weight): a few batches when
 # a batch holds many samples of a class, many when it holds few.
@@ -434,6 +434,14 @@ def _small_steps_on_one_thread(fit):
             return fit(head, source, spec, **kwargs)
 
     return wrapper
+
+
+def _diverged(value: float, first: float) -> bool:
+    """Whether an epoch loss ``value`` shows a diverged fit: not finite, or DIVERGED times
+    the first epoch's loss, or than 1 if that was smaller (a warm start near a zero loss).
+    The objective is bounded below by 0; a plateau of a diverged loss was reported as
+    converged."""
+    return not math.isfinite(value) or value > DIVERGED * max(first, 1.0)
 
 
 @_small_steps_on_one_thread
@@ -520,7 +528,7 @@ def fit_minibatch(
         curve.append(value)
         bar.update(1)
         bar.set_postfix(loss=f"{value:.4g}", lr=f"{lr:.2g}")
-        if not math.isfinite(value) or value > DIVERGED * abs(curve[0]):
+        if _diverged(value, curve[0]):
             stop = "diverged"
             break
         stalled = 0 if epoch == 0 or value < best - tol * abs(best) else stalled + 1

@@ -998,3 +998,12 @@ def test_float32_rows_are_scored_in_a_float64_model_s_precision(head):
     z = model.decision_function(X32)
     assert z.dtype == np.float64
     np.testing.assert_array_equal(z, model.decision_function(X32.astype(np.float64)))
+
+
+def test_divergence_is_a_thousandfold_rise_over_the_first_epoch_or_over_one():
+    from mr2_probe._solvers import _diverged
+
+    assert _diverged(9.05e4, 8.64) and _diverged(float("nan"), 8.64)
+    assert _diverged(float("inf"), 1e-5) and _diverged(1.5e3, 1e-5)
+    assert not _diverged(8e3, 8.64)
+    assert not _diverged(0.05, 1e-5)  # a warm start near a zero loss, then some noise
