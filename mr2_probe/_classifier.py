@@ -592,12 +592,16 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             )
         if result.stop == "diverged":
             curve = result.loss_curve
+            if suspects:  # an extreme parameter, not the step size
+                raise ValueError(_overflow_message("the loss overflows", data.dtype, suspects))
+            rise = f"rising from {curve[0]:.3g} to {curve[-1]:.3g} in {len(curve)} epochs"
+            if not np.isfinite(curve[0]):
+                rise = "not finite from its first epoch on"
             raise ValueError(
-                f"Cannot fit: the {solver} solver diverged, its epoch loss rising from "
-                f"{curve[0]:.3g} to {curve[-1]:.3g} in {len(curve)} epochs: learning_rate="
-                f"{self.learning_rate:g} is too large a step for these features. Use a "
-                "smaller learning_rate (or scale the features, e.g. StandardScaler) and fit "
-                "again."
+                f"Cannot fit: the {solver} solver diverged, its epoch loss {rise}: "
+                f"learning_rate={self.learning_rate:g} is too large a step for these "
+                "features. Use a smaller learning_rate (or scale the features, e.g. "
+                "StandardScaler) and fit again."
             )
         # Only then a synchronisation of its own; otherwise _export's check names the features.
         if suspects and not all(bool(torch.isfinite(p).all()) for p in head.parameters()):

@@ -340,7 +340,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         if is_torch_tensor(sample_weight):
             sample_weight = to_numpy(sample_weight)
         scorer = check_classwise_scoring(self, self.scoring)
-        kwargs = {} if sample_weight is None else {"sample_weight": sample_weight}
+        weighted = sample_weight is not None and _Scorer(scorer, self.classes_).weighted
+        kwargs = {"sample_weight": sample_weight} if weighted else {}
         estimator = self
         if is_torch_tensor(X):
             # The metrics take NumPy, and predict_proba of a CUDA tensor is one: the logits,

@@ -220,7 +220,7 @@ def tilted_class_risk(
     weights : torch.Tensor of shape (..., n_classes)
         q = softmax(t·L + log π), the gradient of R_t in L: ∇R_t = Σ_k q_k ∇L_k.
     """
-    if tilt < torch.finfo(class_loss.dtype).tiny:
+    if abs(tilt) < torch.finfo(class_loss.dtype).tiny:
         # t = 0, or a t that the dtype rounds to 0 or to a subnormal (float32: below
         # 1.2e-38), whose tilt no loss of the dtype can show: 0/0 below, t = 1e-50.
         return (class_share * class_loss).sum(-1), class_share

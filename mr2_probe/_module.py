@@ -15,6 +15,7 @@ from ._stats import (
     DIFFICULTIES,
     ClassMoments,
     ClassStats,
+    centred_sum,
     margins_from_difficulty,
     mean_spread,
     moments_difficulty,
@@ -166,11 +167,18 @@ class MR2Loss(nn.Module):
         m2 = f"{prefix}moment_m2"
         if m2 not in state_dict and f"{prefix}moment_sum_sq" in state_dict:
             # Saved before the spread's sum was kept: derived from the sums, as then.
-            count = state_dict[f"{prefix}moment_count"]
-            sums = state_dict[f"{prefix}moment_sum"]
-            squares = (sums * sums).sum(1) / count.clamp_min(torch.finfo(count.dtype).tiny)
-            state_dict[m2] = (state_dict[f"{prefix}moment_sum_sq"] - squares).clamp_min(0)
+            saved = {n: state_dict.get(f"{prefix}moment_{n}") for n in ClassMoments._fields}
+            state_dict[m2] = centred_sum(ClassMoments(**saved))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def __setstate__(self, state):
+        # A module pickled whole (torch.save(module)) before these attributes existed.
+        super().__setstate__(state)
+        self.__dict__.setdefault("sync_stats", False)
+        self.__dict__.setdefault("process_group", None)
+        if "moment_m2" not in self._buffers:
+            sums = [self._buffers[f"moment_{name}"] for name in ClassMoments._fields[:-1]]
+            self._buffers["moment_m2"] = centred_sum(ClassMoments(*sums))
 
     def moments(self) -> ClassMoments:
         """The running sums (buffers ``moment_*``, saved in the state dict)."""

@@ -200,6 +200,7 @@ class ClassMoments(NamedTuple):
     Σw·‖φ − μ̂‖₂² (K,), about the current weighted mean μ̂, merged batch by batch (Chan's
     rule) so that the spread keeps its own precision: as Σw·‖φ‖² / Σw − ‖μ̂‖² it lost
     it to cancellation (float32, features of norm 4000 with a spread of 0.16: 1.5).
+    ``m2`` may be None (sums made before it was kept): it is then derived from the sums.
     """
 
     count: torch.Tensor
@@ -208,7 +209,7 @@ class ClassMoments(NamedTuple):
     sum_sq: torch.Tensor
     dev_p: torch.Tensor
     dev_2: torch.Tensor
-    m2: torch.Tensor
+    m2: torch.Tensor | None = None
 
     @classmethod
     def zeros(cls, n_classes: int, n_features: int, **kwargs) -> ClassMoments:
@@ -250,19 +251,22 @@ def update_moments(
     prior = moments.sum / moments.count.clamp_min(torch.finfo(features.dtype).tiny)[:, None]
     center = torch.where(seen, prior, sums / count.clamp_min(1)[:, None])  # (K, d)
     diff = features - center[labels]  # (B, d)
-    dev = new(n_classes, 2)
+    batch_mean = sums / count.clamp_min(1)[:, None]  # (K, d)
+    within = features - batch_mean[labels]  # (B, d)
+    dev = new(n_classes, 3)  # about the centre (L2, L_p), and about the batch's mean
     dev[:, 0].index_add_(0, labels, (diff * diff).sum(1))
     if p != 2:
         dev[:, 1].index_add_(0, labels, lp_norm_sq(diff, p))
+    dev[:, 2].index_add_(0, labels, (within * within).sum(1))
     if all_reduce is not None:
         all_reduce(dev)
     dev_2, dev_p = dev[:, 0], (dev[:, 0] if p == 2 else dev[:, 1])
     decay = torch.where(count > 0, rho, 1.0).to(features.dtype)  # (K,)
     kept = decay * moments.count  # the earlier samples' weight after the decay
-    # Chan's merge: the batch's deviations from the earlier mean, less what the move of
-    # the mean to the merged one takes (n_b² ‖δ‖² / (n_kept + n_b), δ its shift).
-    shift = sums / count.clamp_min(1)[:, None] - center  # (K, d); 0 for a new class
-    moved = count * count * (shift * shift).sum(1) / (kept + count).clamp_min(1)
+    # Chan's merge, every term non-negative: the kept sum, the batch's own, and the
+    # distance between the two means weighted n_kept·n_b / (n_kept + n_b).
+    shift = batch_mean - center  # (K, d); 0 for a class seen for the first time
+    between = kept * count * (shift * shift).sum(1) / (kept + count).clamp_min(1)
     return ClassMoments(
         kept + count,
         decay * decay * moments.count_sq + count,  # unit sample weights: Σw² gains count
@@ -270,8 +274,18 @@ def update_moments(
         decay * moments.sum_sq + sum_sq,
         decay * moments.dev_p + dev_p,
         decay * moments.dev_2 + dev_2,
-        (decay * moments.m2 + dev_2 - moved).clamp_min(0),
+        decay * centred_sum(moments) + dev[:, 2] + between,
     )
+
+
+def centred_sum(moments: ClassMoments) -> torch.Tensor:
+    """Σw·‖φ − μ̂‖₂² of each class (K,): ``m2``, or for sums made before it was kept, as
+    they gave it (Σw·‖φ‖² − ‖Σw·φ‖² / Σw)."""
+    if moments.m2 is not None:
+        return moments.m2
+    count = moments.count.clamp_min(torch.finfo(moments.count.dtype).tiny)
+    squares = (moments.sum * moments.sum).sum(1) / count
+    return (moments.sum_sq - squares).clamp_min(0)
 
 
 def _mean_noise(moments: ClassMoments) -> torch.Tensor:
@@ -295,7 +309,7 @@ def moments_statistics(moments: ClassMoments, p: float = 2.0) -> ClassStats:
     tiny = torch.finfo(moments.count.dtype).tiny
     count = moments.count.clamp_min(tiny)
     mean = moments.sum / count[:, None]  # (K, d)
-    biased = moments.m2 / count  # (K,)
+    biased = centred_sum(moments) / count  # (K,)
     keep = 1 - _mean_noise(moments)
     msd_l2 = torch.where(keep > 0, biased / keep.clamp_min(tiny), torch.zeros_like(keep))
     if p == 2:

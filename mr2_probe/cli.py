@@ -958,7 +958,8 @@ def _fit(model, X, y, name: str):
         results = model.cv_results_
         folds = [results[k] for k in results if re.fullmatch(r"split\d+_test_stopped_short", k)]
         refit = _stopped_short(model.best_estimator_, X, y)
-        n_short, n_fits = int(np.sum(folds) + refit), np.size(folds) + 1
+        # A failed fit scores NaN in every column (GridSearchCV warns of it on its own).
+        n_short, n_fits = int(np.nansum(folds) + refit), np.size(folds) + 1
         if n_short:
             print(
                 f"mr2-probe: warning: {name}: {n_short} of its {n_fits} fits stopped short of "

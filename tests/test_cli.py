@@ -596,3 +596,15 @@ def test_the_front_s_short_fits_are_one_warning_line(files, capsys):
     err = capsys.readouterr().err.splitlines()
     assert not [line for line in err if "ConvergenceWarning" in line or "accuracy_front" in line]
     assert any(line.startswith("mr2-probe: warning: front: The front's fits") for line in err)
+
+
+def test_a_grid_search_with_a_failed_fit_still_reports(files, capsys):
+    # A failed fit scores NaN in every column, the count of short fits too: the run ended
+    # in "cannot convert float NaN to integer".
+    argv = [str(files / "train.npz"), "--grid", "solver=sgd", "--grid", "learning_rate=0.003,1000"]
+    argv += ["--lam", "0.5", "--feature-scaling", "standard", "--cv", "2", "--max-iter", "5"]
+    assert main([*argv, "--no-progress"]) == 0
+    assert (
+        "best parameters by worst_class (2-fold CV): {'learning_rate': 0.003"
+        in capsys.readouterr().out
+    )

@@ -888,9 +888,8 @@ def test_a_plain_callable_scorer_gets_the_weights_when_it_takes_them():
         return float(np.average(estimator.predict(X) == y, weights=sample_weight))
 
     for scoring in (unweighted, weighted):
-        MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=3, scoring=scoring, device="cpu").fit(
-            X, y, sample_weight=weight
-        )
+        clf = MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=3, scoring=scoring, device="cpu")
+        clf.fit(X, y, sample_weight=weight).score(X, y, sample_weight=weight)
     assert seen and all(seen)
 
 

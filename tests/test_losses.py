@@ -552,3 +552,41 @@ def test_a_class_loss_left_out_of_the_ema_is_left_out_of_the_shares():
     logits[1, 0] = float("inf")  # class 1's loss is not finite in this batch
     criterion(logits, features, target)
     assert criterion.class_samples.tolist() == (before + torch.tensor([2, 0, 2])).tolist()
+
+
+def test_the_running_spread_keeps_its_precision_when_the_mean_moves_far():
+    # With rho = 0 each batch replaces the earlier ones, and the mean jumps by 2000: the
+    # first merge subtracted the jump from deviations about the old mean, and cancelled
+    # (float32: 4.13 where float64 gave 0.18).
+    g = torch.Generator().manual_seed(0)
+    single, double = MR2Loss(2, 16, rho=0.0), MR2Loss(2, 16, rho=0.0).double()
+    for step in range(20):
+        features = torch.randn(64, 16, generator=g, dtype=torch.float64) * 0.1
+        features += 1000 * (-1) ** step
+        labels = torch.arange(64) % 2
+        single.update(features.float(), labels)
+        double.update(features, labels)
+    torch.testing.assert_close(single.stats().msd.double(), double.stats().msd, rtol=1e-3, atol=0)
+
+
+def test_moments_made_before_the_centred_sum_still_give_statistics():
+    # ClassMoments gained m2; six-field sums (and modules pickled whole before it) work.
+    features, labels, k = _data(4, n=40)
+    moments = update_moments(
+        ClassMoments.zeros(k, features.shape[1], dtype=features.dtype), features, labels
+    )
+    old = moments._replace(m2=None)
+    torch.testing.assert_close(moments_statistics(old).msd, moments_statistics(moments).msd)
+    torch.testing.assert_close(
+        update_moments(old, features * 2, labels).m2,
+        update_moments(moments, features * 2, labels).m2,
+    )
+    criterion = MR2Loss(k, features.shape[1]).double()
+    criterion.update(features, labels)
+    state = criterion.__dict__.copy()  # as a module pickled before m2 and sync_stats
+    state["_buffers"] = {n: b for n, b in criterion._buffers.items() if n != "moment_m2"}
+    del state["sync_stats"], state["process_group"]
+    restored = MR2Loss.__new__(MR2Loss)
+    restored.__setstate__(state)
+    torch.testing.assert_close(restored.stats().msd, criterion.stats().msd)
+    restored(torch.zeros(len(labels), k, dtype=torch.float64), features, labels)
