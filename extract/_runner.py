@@ -384,7 +384,11 @@ def _adopt_repaired_failures(
     they are extracted again."""
     with open_store(out, "r") as f:
         repaired = _repaired_failures(f, provenance, source, rows, vouched)
+        attrs = read_attrs(f)
     if repaired is None:
+        if attrs.get(_ADOPTING) == attrs.get("source_fingerprint") is not None:
+            with open_store(out, "r+") as f:  # killed after the fingerprint, before this
+                del f.attrs[_ADOPTING]
         return
     sizes, mtimes, n_changed = repaired
     with open_store(out, "r+") as f:

@@ -777,3 +777,26 @@ def test_oversized_jpeg_is_a_failed_row_on_the_tensor_path(folder, tmp_path, mon
     reasons = dict(loaded.failures)
     assert "cat/001.jpg" in reasons and "cat/000.png" in reasons  # JPEG and PIL paths alike
     assert all("MAX_IMAGE_PIXELS" in reasons[p] for p in ("cat/001.jpg", "cat/000.png"))
+
+
+def test_a_retry_killed_before_removing_its_mark_is_tidied_by_the_next(tmp_path, monkeypatch):
+    # Killed after the fingerprint, before the mark was removed: the next run found the
+    # store up to date and left the mark in its metadata for good.
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    image = folder / "dog" / "001.jpg"
+    good = image.read_bytes()
+    image.write_bytes(b"not an image")
+    out = tmp_path / "f.h5"
+    extract_features(folder, BACKBONE, out, **FAST)
+    image.write_bytes(good)
+
+    def killed(attrs, name):
+        raise KeyboardInterrupt  # the kill, as the mark was to be removed
+
+    monkeypatch.setattr(h5py.AttributeManager, "__delitem__", killed)
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
+    monkeypatch.undo()
+    assert "adopting_source_fingerprint" in load_features(out).metadata
+    again = load_features(extract_features(folder, BACKBONE, out, retry_failed=True, **FAST))
+    assert not again.failures and "adopting_source_fingerprint" not in again.metadata
