@@ -399,9 +399,8 @@ class _NesterovSGD:
 # has converged at the plateau that follows the last of LR_DECAYS divisions.
 LR_DECAY = 0.1
 LR_DECAYS = 2
-DIVERGED = 1e3  # see _diverged
-
-
+# A rise of the epoch loss by this factor is a diverged fit (see _diverged).
+DIVERGED = 1e3
 # The minibatch solvers' running class losses, from which each step's tilt weights q come,
 # average about the last this many samples of each class (by weight): a few batches when
 # a batch holds many samples of a class, many when it holds few.
