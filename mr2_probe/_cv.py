@@ -340,7 +340,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         if is_torch_tensor(sample_weight):
             sample_weight = to_numpy(sample_weight)
         scorer = check_classwise_scoring(self, self.scoring)
-        weighted = sample_weight is not None and _Scorer(scorer, self.classes_).weighted
+        func = getattr(scorer, "_score_func", scorer)  # a metric, or a plain callable
+        weighted = sample_weight is not None and _takes_sample_weight(func)
         kwargs = {"sample_weight": sample_weight} if weighted else {}
         estimator = self
         if is_torch_tensor(X):
@@ -561,8 +562,7 @@ class _Scorer:
                 **kwargs,
             )
         self.scorer, self.estimator, self.classes = scorer, HeldOutLogits(classes), classes
-        # A metric's signature, or a plain callable's own (scoring=my_scorer).
-        self.weighted = _takes_sample_weight(scorer if func is None else func)
+        self.weighted = _takes_sample_weight(getattr(scorer, "_score_func", scorer))
 
     def __call__(self, z, y_index, weight) -> float:
         kwargs = {"sample_weight": weight} if weight is not None and self.weighted else {}
