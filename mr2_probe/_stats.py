@@ -249,9 +249,9 @@ def update_moments(
     # samples), or from the batch's own mean for a class seen for the first time.
     seen = (moments.count > 0)[:, None]  # (K, 1)
     prior = moments.sum / moments.count.clamp_min(torch.finfo(features.dtype).tiny)[:, None]
-    center = torch.where(seen, prior, sums / count.clamp_min(1)[:, None])  # (K, d)
-    diff = features - center[labels]  # (B, d)
     batch_mean = sums / count.clamp_min(1)[:, None]  # (K, d)
+    center = torch.where(seen, prior, batch_mean)  # (K, d)
+    diff = features - center[labels]  # (B, d)
     within = features - batch_mean[labels]  # (B, d)
     dev = new(n_classes, 3)  # about the centre (L2, L_p), and about the batch's mean
     dev[:, 0].index_add_(0, labels, (diff * diff).sum(1))
