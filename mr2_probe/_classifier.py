@@ -71,6 +71,16 @@ def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0) -> list:
     return suspects
 
 
+def both_class_logits(z):
+    """Logits with a column per class: a two-class head's one column z becomes (0, z), the
+    binomial model's pinned first class (a tensor stays a tensor)."""
+    if z.shape[1] != 1:
+        return z
+    if is_torch_tensor(z):
+        return torch.cat([torch.zeros_like(z), z], dim=1)
+    return np.hstack([np.zeros_like(z), z])
+
+
 def _floating(X):
     """X as computed on: half-precision (or integer) tensors and float16 arrays as float32.
 
@@ -627,8 +637,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 message += (
                     f" class_tilt={self.class_tilt:g} makes the objective nearly the largest "
                     "class loss, which is not smooth where classes tie: the solver needs "
-                    "many steps or stalls there. Tilts up to 10 already move the worst "
-                    "classes (see mr2_probe.front); use one of those."
+                    f"many steps or stalls there. Tilts up to {_STEEP_TILT:g} already move "
+                    "the worst classes (see mr2_probe.front); use one of those."
                 )
             warnings.warn(message, ConvergenceWarning, stacklevel=stacklevel)
 
@@ -808,17 +818,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         return self._probabilities(X, log=True)
 
     def _probabilities(self, X, log):
-        z = self._logits(self._validate_predict_data(X))
+        z = both_class_logits(self._logits(self._validate_predict_data(X)))
         if is_torch_tensor(z):
-            if z.shape[1] == 1:
-                z = torch.cat([torch.zeros_like(z), z], dim=1)
             return torch.log_softmax(z, dim=1) if log else torch.softmax(z, dim=1)
         # Probabilities in float64: a float32 softmax underflows
         # to 0 for logit gaps past ~100 (a cosine head's scale reaches that), and then
         # log(predict_proba) and predict_log_proba disagree.
         z = z.astype(np.float64)
-        if z.shape[1] == 1:
-            z = np.hstack([np.zeros_like(z), z])
         return log_softmax(z, axis=1) if log else softmax(z, axis=1)
 
     def score(self, X, y, sample_weight=None):

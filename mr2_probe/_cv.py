@@ -18,7 +18,7 @@ from sklearn.utils.validation import _check_sample_weight
 from tqdm.auto import tqdm
 
 from ._batched import BatchedPath, FoldBatch, HeldOut
-from ._classifier import MR2LinearClassifier, _class_stats
+from ._classifier import MR2LinearClassifier, _class_stats, both_class_logits
 from ._data import H5Source, is_torch_tensor
 from ._device import to_numpy, to_tensor
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
@@ -340,15 +340,13 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         if is_torch_tensor(sample_weight):
             sample_weight = to_numpy(sample_weight)
         scorer = check_classwise_scoring(self, self.scoring)
-        func = getattr(scorer, "_score_func", scorer)  # a metric, or a plain callable
-        weighted = sample_weight is not None and _takes_sample_weight(func)
+        weighted = sample_weight is not None and _takes_sample_weight(scorer)
         kwargs = {"sample_weight": sample_weight} if weighted else {}
         estimator = self
         if is_torch_tensor(X):
             # The metrics take NumPy, and predict_proba of a CUDA tensor is one: the logits,
             # computed on X's device, are scored on the host, as the search scored them.
-            z = to_numpy(self._logits(self._validate_predict_data(X)))
-            X = np.hstack([np.zeros_like(z), z]) if z.shape[1] == 1 else z
+            X = both_class_logits(to_numpy(self._logits(self._validate_predict_data(X))))
             estimator = HeldOutLogits(self.classes_)
         return scorer(estimator, X, y, **kwargs)
 
@@ -533,11 +531,11 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         self.solver_, self.device_, self.head_ = solver, str(data.device), self.head
 
 
-def _takes_sample_weight(func) -> bool:
-    """Whether ``func`` takes ``sample_weight`` (by name or ``**kwargs``); True when its
-    signature cannot be read."""
+def _takes_sample_weight(scorer) -> bool:
+    """Whether a scorer's metric (or a plain callable scorer itself) takes
+    ``sample_weight``, by name or ``**kwargs``; True when its signature cannot be read."""
     try:
-        parameters = inspect.signature(func).parameters.values()
+        parameters = inspect.signature(getattr(scorer, "_score_func", scorer)).parameters.values()
     except (TypeError, ValueError):
         return True
     return any(p.name == "sample_weight" or p.kind is p.VAR_KEYWORD for p in parameters)
@@ -562,7 +560,7 @@ class _Scorer:
                 **kwargs,
             )
         self.scorer, self.estimator, self.classes = scorer, HeldOutLogits(classes), classes
-        self.weighted = _takes_sample_weight(getattr(scorer, "_score_func", scorer))
+        self.weighted = _takes_sample_weight(scorer)
 
     def __call__(self, z, y_index, weight) -> float:
         kwargs = {"sample_weight": weight} if weight is not None and self.weighted else {}

@@ -24,6 +24,12 @@ from ._stats import (
 )
 
 
+def _saved_centred_sum(saved) -> torch.Tensor:
+    """``moment_m2`` of sums saved before it was kept (``saved``: buffer name → tensor, or
+    None), derived from them as that version computed the spread."""
+    return centred_sum(ClassMoments(**{n: saved(f"moment_{n}") for n in ClassMoments._fields}))
+
+
 class MR2Loss(nn.Module):
     """MR² loss for training a backbone: margin cross-entropy plus λ·compactness.
 
@@ -166,9 +172,7 @@ class MR2Loss(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         m2 = f"{prefix}moment_m2"
         if m2 not in state_dict and f"{prefix}moment_sum_sq" in state_dict:
-            # Saved before the spread's sum was kept: derived from the sums, as then.
-            saved = {n: state_dict.get(f"{prefix}moment_{n}") for n in ClassMoments._fields}
-            state_dict[m2] = centred_sum(ClassMoments(**saved))
+            state_dict[m2] = _saved_centred_sum(lambda name: state_dict.get(prefix + name))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def __setstate__(self, state):
@@ -177,8 +181,7 @@ class MR2Loss(nn.Module):
         self.__dict__.setdefault("sync_stats", False)
         self.__dict__.setdefault("process_group", None)
         if "moment_m2" not in self._buffers:
-            sums = [self._buffers[f"moment_{name}"] for name in ClassMoments._fields[:-1]]
-            self._buffers["moment_m2"] = centred_sum(ClassMoments(*sums))
+            self._buffers["moment_m2"] = _saved_centred_sum(self._buffers.get)
 
     def moments(self) -> ClassMoments:
         """The running sums (buffers ``moment_*``, saved in the state dict)."""
@@ -254,7 +257,7 @@ class MR2Loss(nn.Module):
         blended = self.running_class_loss * keep + (1 - keep) * mean
         self.running_class_loss.copy_(torch.where(present, blended, self.running_class_loss))
         # π counts the samples whose losses the EMA took in, and only those.
-        self.class_samples.add_(torch.where(present, count, 0).to(self.class_samples.dtype))
+        self.class_samples.add_(torch.where(present, count, 0))
 
     @torch.no_grad()
     def update(self, features: torch.Tensor, target: torch.Tensor) -> None:

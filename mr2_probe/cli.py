@@ -26,7 +26,7 @@ from ._cv import MR2LinearClassifierCV
 from ._device import resolve_device
 from .front import OFFSETS_CV, _final, collecting_short, fit_collecting_short
 from .metrics import classwise_scorers
-from .report import classwise_report
+from .report import classwise_report, in_percent
 
 EXAMPLES = """\
 examples:
@@ -433,7 +433,7 @@ def _run(args) -> int:
         data["notes"] = notes
         if searches:
             data["cv"] = {
-                name: {"C": cv.C_, "Cs": cv.Cs_.tolist(), "curves": _percent(_curves(cv, args))}
+                name: {"C": cv.C_, "Cs": cv.Cs_.tolist(), "curves": _percent(cv, args)}
                 for name, cv in searches.items()
             }
         _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names)
@@ -446,12 +446,9 @@ def _curves(search, args) -> dict:
     return {key: v.tolist() for key, v in cv_curves(search, args.scoring).items()}
 
 
-def _percent(curves: dict) -> dict:
+def _percent(search, args) -> dict:
     """Validation curves in percent, as the rest of report.json (NaN as null)."""
-    return {
-        key: [None if np.isnan(v) else round(100 * v, 10) for v in values]
-        for key, values in curves.items()
-    }
+    return in_percent(_curves(search, args))
 
 
 def _cv_lines(name: str, search, args) -> list[str]:
@@ -512,12 +509,15 @@ def _check_options(args) -> None:
                 f"{option} gives {', '.join(f'{v:g}' for v in repeated)} more than once; each "
                 "value is one point of the front"
             )
-    searched = {"linear": ("--C", args.C), "cosine": ("--logit-scale", args.logit_scale)}
-    option, value = searched[args.head]
+    searched = {
+        "linear": ("--C", args.C, "C"),
+        "cosine": ("--logit-scale", args.logit_scale, "logit scale"),
+    }
+    option, value, what = searched[args.head]
     if args.Cs is not None and value is not None:
         raise UsageError(
-            f"--Cs chooses the value that {option} sets (the {args.head} head's "
-            f"{'C' if args.head == 'linear' else 'logit scale'}); pass one of them"
+            f"--Cs chooses the value that {option} sets (the {args.head} head's {what}); "
+            "pass one of them"
         )
     if args.C is None:
         args.C = 1.0

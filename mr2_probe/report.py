@@ -223,6 +223,12 @@ def _scaled(value, factor: float):
     return value / round(1 / factor) if factor < 1 else value
 
 
+def in_percent(value):
+    """Accuracies (a dict's values, a list's items) in percent with NaN as None, as
+    :meth:`ClasswiseReport.to_dict` writes them."""
+    return _finite(_scaled(value, 100.0))
+
+
 def _finite(value):
     """NaN → None throughout, since strict JSON has no NaN."""
     if isinstance(value, dict):
