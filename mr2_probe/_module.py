@@ -252,7 +252,7 @@ class MR2Loss(nn.Module):
         count, total = batch[0].round().to(self.class_samples.dtype), batch[1]
         mean = total / count.clamp_min(1).to(total.dtype)
         present = (count > 0) & torch.isfinite(mean)  # a non-finite loss leaves the EMA alone
-        keep = torch.where(self.class_samples > 0, self.rho, 0.0).to(mean.dtype)
+        keep = torch.where(self.class_samples > 0, mean.new_tensor(self.rho), 0.0)
         keep = torch.where(present, keep, torch.ones_like(keep))  # (K,)
         blended = self.running_class_loss * keep + (1 - keep) * mean
         self.running_class_loss.copy_(torch.where(present, blended, self.running_class_loss))

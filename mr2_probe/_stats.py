@@ -261,7 +261,7 @@ def update_moments(
     if all_reduce is not None:
         all_reduce(dev)
     dev_2, dev_p = dev[:, 0], (dev[:, 0] if p == 2 else dev[:, 1])
-    decay = torch.where(count > 0, rho, 1.0).to(features.dtype)  # (K,)
+    decay = torch.where(count > 0, count.new_tensor(rho), 1.0)  # (K,), rho in the dtype
     kept = decay * moments.count  # the earlier samples' weight after the decay
     # Chan's merge, every term non-negative: the kept sum, the batch's own, and the
     # distance between the two means weighted n_kept·n_b / (n_kept + n_b).

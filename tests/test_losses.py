@@ -530,6 +530,20 @@ def test_margins_average_c_bar_in_float64():
     assert abs(float(margins.mean()) - 1.3) < 1e-15
 
 
+def test_mr2loss_decays_by_rho_in_float64():
+    # rho went through float32 (torch.where of two Python numbers): 0.9 decayed by
+    # 0.899999976, so counts, means and the tilt's class losses were off by 3e-8.
+    criterion = MR2Loss(2, 1, c_bar=None, lam=0.0, class_tilt=1.0).double()
+    losses = []
+    for v in (0.0, 1.0):
+        logits = torch.tensor([[v, 0.0]], dtype=torch.float64)
+        criterion(logits, torch.full((1, 1), v, dtype=torch.float64), torch.tensor([0]))
+        losses.append(-torch.log_softmax(logits[0], 0)[0].item())
+    assert criterion.moment_count[0].item() == 0.9 + 1
+    running = criterion.running_class_loss[0].item()
+    assert running == pytest.approx(0.9 * losses[0] + 0.1 * losses[1], rel=1e-14, abs=0)
+
+
 def test_mr2loss_tilt_in_float16_is_finite():
     # A rare class's weight q/π (7e4) was cast to float16: inf, and every step overflowed.
     criterion = MR2Loss(3, 4, lam=0.0, class_tilt=2.0)
