@@ -6,7 +6,6 @@ or samples) and never synchronises with the host.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -33,21 +32,25 @@ def overall_mean(stats: ClassStats) -> torch.Tensor:
     return (stats.count[:, None] * stats.mean).sum(0) / stats.count.sum()
 
 
-def lp_norm_sq(v: torch.Tensor, p: float) -> torch.Tensor:
-    """‖v‖_p² along the last dimension.
+def lp_norm_sq(v: torch.Tensor, p: float, *, overwrite: bool = False) -> torch.Tensor:
+    """‖v‖_p² along the last dimension, for a finite p ≥ 1.
 
-    For p ≠ 2 the norm sums |v_j|^p, which leaves the dtype's range when the largest
-    entry's p-th power nears its limits (float32 features of 10⁻³ at p = 20 gave spreads
-    of 0): such rows are divided by their largest entry first, and multiplied back after.
+    For p ≠ 2 each row is divided by its largest entry before the p-th powers are summed,
+    and multiplied back after: unscaled, |v_j|^p leaves the dtype's range when the largest
+    entry's p-th power nears its limits (float32 features of 10⁻³ at p = 20 gave spreads of
+    0). One pass of elementwise powers, in place unless autograd tracks ``v``: on a copy
+    of ``v``, or on ``v`` itself with ``overwrite=True`` (a temporary of the caller's).
     """
     if p == 2:
         return (v * v).sum(-1)
-    norm = torch.linalg.vector_norm(v, ord=p, dim=-1)
-    peak = v.abs().amax(-1).clamp_min(torch.finfo(v.dtype).tiny)
-    scaled = torch.linalg.vector_norm(v / peak[..., None], ord=p, dim=-1) * peak
-    out_of_range = (p * peak.log2()).abs() > math.log2(torch.finfo(v.dtype).max) / 4
-    out_of_range &= peak.isfinite()  # an infinite entry: the norm is inf, not inf / inf
-    return torch.where(out_of_range, scaled, norm).square()
+    a = v.abs_() if overwrite and not v.requires_grad else v.abs()
+    peak = a.amax(-1, keepdim=True)
+    # an infinite entry: the norm is inf, not inf / inf = NaN
+    unit = torch.where(peak.isfinite(), peak.clamp_min(torch.finfo(v.dtype).tiny), 1.0)
+    powers = (a / unit).pow(p) if a.requires_grad else a.div_(unit).pow_(p)
+    # a row's sum is at least 1 (its largest entry), or 0: kept off 0 for a finite gradient
+    norm_sq = powers.sum(-1).clamp_min(1).pow(2 / p) * unit.squeeze(-1).square()
+    return torch.where(peak.squeeze(-1) == 0, 0.0, norm_sq)
 
 
 def class_statistics(
@@ -96,22 +99,26 @@ def class_statistics_chunked(
     sums = counts = None
     for x, y, w in chunks():
         phi = transform(x)  # (B, d)
-        w = torch.ones_like(y, dtype=phi.dtype) if w is None else w.to(phi.dtype)
         if sums is None:
             sums = phi.new_zeros(n_classes, n_features)
             counts = phi.new_zeros(n_classes)
-        sums.index_add_(0, y, phi * w[:, None])
-        counts.index_add_(0, y, w)
+        if w is None:
+            sums.index_add_(0, y, phi)
+            counts.index_add_(0, y, torch.ones_like(y, dtype=phi.dtype))
+        else:
+            w = w.to(phi.dtype)
+            sums.index_add_(0, y, phi * w[:, None])
+            counts.index_add_(0, y, w)
     mean = sums / counts.clamp_min(torch.finfo(sums.dtype).tiny)[:, None]  # (K, d)
 
     spread_p = torch.zeros_like(counts)
     spread_2 = torch.zeros_like(counts)
     for x, y, w in chunks():
-        diff = transform(x) - mean[y]  # (B, d)
+        diff = mean[y].sub_(transform(x))  # (B, d), μ − φ: the spreads are even in it
         w = torch.ones_like(y, dtype=diff.dtype) if w is None else w.to(diff.dtype)
-        sq2 = (diff * diff).sum(-1)
+        sq2 = torch.linalg.vector_norm(diff, dim=-1).square()
         spread_2.index_add_(0, y, sq2 * w)
-        spread_p.index_add_(0, y, (sq2 if p == 2 else lp_norm_sq(diff, p)) * w)
+        spread_p.index_add_(0, y, (sq2 if p == 2 else lp_norm_sq(diff, p, overwrite=True)) * w)
     denom = counts.clamp_min(torch.finfo(counts.dtype).tiny)
     return ClassStats(mean, spread_p / denom, spread_2 / denom, counts)
 
@@ -256,7 +263,7 @@ def update_moments(
     dev = new(n_classes, 3)  # about the centre (L2, L_p), and about the batch's mean
     dev[:, 0].index_add_(0, labels, (diff * diff).sum(1))
     if p != 2:
-        dev[:, 1].index_add_(0, labels, lp_norm_sq(diff, p))
+        dev[:, 1].index_add_(0, labels, lp_norm_sq(diff, p, overwrite=True))
     dev[:, 2].index_add_(0, labels, (within * within).sum(1))
     if all_reduce is not None:
         all_reduce(dev)

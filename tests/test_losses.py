@@ -59,6 +59,25 @@ def test_lp_statistics_and_margins_keep_their_range_at_large_p(p, dtype, scale):
     assert lp_norm_sq(row, p).item() == float("inf")
 
 
+@pytest.mark.parametrize("p", [1.0, 3.0, 2.5])
+def test_lp_norm_sq_matches_the_norm_and_keeps_its_gradient(p):
+    v = torch.randn(7, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    v[2] = 0.0
+    v.requires_grad_(True)
+    got = lp_norm_sq(v, p)  # autograd tracks v: no in-place powers
+    want = torch.linalg.vector_norm(v, ord=p, dim=-1).square()
+    torch.testing.assert_close(got, want)
+    (g,) = torch.autograd.grad(got[[0, 1, 3]].sum(), v)
+    (g_want,) = torch.autograd.grad(want[[0, 1, 3]].sum(), v)
+    torch.testing.assert_close(g, g_want)
+    with torch.no_grad():
+        before = v.clone()
+        torch.testing.assert_close(lp_norm_sq(v, p), want.detach())
+        torch.testing.assert_close(v, before)  # in place on a copy, never on v
+        nan_row = torch.tensor([[1.0, float("nan"), 0.0]], dtype=torch.float64)
+        assert lp_norm_sq(nan_row, p).isnan().all()
+
+
 @pytest.mark.parametrize("c_bar, p", [(1.0, 2.0), (2.0, 3.0), (0.5, 5.0)])
 def test_margins_match_loop_and_average_c_bar(c_bar, p):
     features, labels, k = _data(1)
