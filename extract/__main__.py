@@ -200,6 +200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"the machine ran out of memory ({_first_line(err)}); use a smaller "
                 "--batch-size or --image-size, then run the same command again to resume"
             )
+        if "No space left on device" in str(err):  # HDF5's write errors are RuntimeErrors
+            return _error(
+                f"the disk ran out of space ({_first_line(err)}); free some space, then run "
+                "the same command again to resume: rows are marked done only once written"
+            )
         if "DataLoader worker" not in str(err):
             raise
         # The kernel ends a worker that runs out of memory; the rows done so far are kept.

@@ -692,12 +692,11 @@ def _extract_shard(
             with open_store(out, "r+") as f:
                 f["status"][:] = status
             logger.info("Extracting again the %d images recorded as failed.", int(failed.sum()))
-        # Fixed row blocks: a resumed run recomputes whole blocks, batched as the first was.
-        blocks = [
-            rows[lo : lo + batch_size]
-            for lo in range(0, len(rows), batch_size)
-            if (status[lo : lo + batch_size] == PENDING).any()
-        ]
+        # The pending rows, batch_size at a time: a run stopped between batches resumes on
+        # whole batches, batched as the first run was, and a retry reads its failed rows
+        # alone (a row done before is never read, nor written, again).
+        pending = rows[status == PENDING]
+        blocks = [pending[lo : lo + batch_size] for lo in range(0, len(pending), batch_size)]
         if not blocks:  # a finished store is not opened for writing at all
             _log_reused(out, status)
             return out, repair_merged
@@ -773,8 +772,8 @@ def _run(f, backbone, batches, rows, status, normalize, device, progress) -> Non
                 _refuse_non_finite(features, reasons, f["features"].dtype)
             codes = np.array([DONE if r is None else FAILED for r in reasons], np.uint8)
             n_failed += int((codes == FAILED).sum())
-            start = int(np.searchsorted(rows, items[0]))  # rows of a block are consecutive
-            write_rows(f, start, features, codes, [r or "" for r in reasons], digests)
+            positions = np.searchsorted(rows, items)
+            write_rows(f, positions, features, codes, [r or "" for r in reasons], digests)
             bar.update(len(items))
     if n_failed:
         logger.warning(

@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -326,10 +327,28 @@ def make_output_folder(path: str | os.PathLike) -> None:
         ) from err
 
 
+# Per row, beside its features: status, reason, digest, and four int64 columns.
+ROW_BYTES = 1 + np.dtype(REASON_DTYPE).itemsize + np.dtype(DIGEST_DTYPE).itemsize + 4 * 8
+
+
+def _check_space(path: str, size: int) -> None:
+    """Refuse a store that its folder has no room for, before any of it is written."""
+    free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    if size > free:
+        raise StoreError(
+            f"No space left for the feature store {path.removesuffix('.tmp')!r}: it needs "
+            f"about {size / 2**20:.1f} MiB and its folder has {free / 2**20:.1f} MiB free; "
+            "free some space, or write it elsewhere."
+        )
+
+
 def _early() -> h5py.h5p.PropDCID:
     # Storage allocated at creation: later writes touch raw data only, never metadata.
+    # Filled there too, so that the file holds every byte of it, not a sparse hole that a
+    # full disk refuses to fill in the middle of a run.
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_ALLOC)
     return dcpl
 
 
@@ -373,6 +392,7 @@ def create_store(
     # About 1 MiB per chunk: large enough for fast streaming, small enough for row reads.
     chunk_rows = int(max(1, min(n, (1 << 20) // (dim * itemsize))))
     tmp = f"{os.fspath(path)}.tmp"
+    _check_space(tmp, n * (dim * itemsize + ROW_BYTES) + sum(len(i) for i in ids) + (1 << 16))
     with h5py.File(tmp, "w") as f:
         f.create_dataset(
             "features",
@@ -512,19 +532,26 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
 
 def write_rows(
     f: h5py.File,
-    start: int,
+    positions: np.ndarray,
     features: np.ndarray,
     status: np.ndarray,
     reasons: Sequence[str],
     digests: Sequence[str],
 ) -> None:
-    """Write rows ``start:start+len(status)``; mark them done only after a flush."""
-    stop = start + len(status)
-    f["features"][start:stop] = features
-    f["failure_reason"][start:stop] = np.array([_truncate(r) for r in reasons], REASON_DTYPE)
-    f["content_sha256"][start:stop] = np.array([d.encode() for d in digests], DIGEST_DTYPE)
+    """Write the rows at the increasing ``positions``; mark them done only after a flush."""
+    positions = np.asarray(positions, dtype=np.int64)
+    first, last = int(positions[0]), int(positions[-1])
+    # consecutive rows (a first run, a resumed one) as a slice, others (a retry) by index
+    rows = slice(first, last + 1) if last - first + 1 == len(positions) else positions
+    # The datasets stay open until the flush, which then raises a failed write: HDF5
+    # buffers small writes in each open dataset, and h5py only prints the errors of a
+    # dataset closed when it is freed.
+    data = f["features"], f["failure_reason"], f["content_sha256"], f["status"]
+    data[0][rows] = features
+    data[1][rows] = np.array([_truncate(r) for r in reasons], REASON_DTYPE)
+    data[2][rows] = np.array([d.encode() for d in digests], DIGEST_DTYPE)
     f.flush()  # features reach the file before the rows are marked done
-    f["status"][start:stop] = status
+    data[3][rows] = status
     f.flush()
 
 

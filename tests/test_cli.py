@@ -389,7 +389,8 @@ def _store(path, X, y, class_names, done=True, **provenance):
     )  # fmt: skip
     rows = n if done else 2 * n // 3
     with h5py.File(path, "r+") as f:
-        write_rows(f, 0, X[:rows], np.full(rows, DONE, np.uint8), [""] * rows, [""] * rows)
+        status = np.full(rows, DONE, np.uint8)
+        write_rows(f, np.arange(rows), X[:rows], status, [""] * rows, [""] * rows)
     return path
 
 

@@ -290,7 +290,19 @@ def test_retry_failed_extracts_again_only_the_failed_images(tmp_path, capsys, ca
     assert main(args) == 0
     assert "1 recorded as failed, which --retry-failed" in caplog.text
     assert len(load_features(out, in_memory=True).failures) == 1
+    read = []
+
+    def flaky_again(path, listed=None):  # every image but the failed one errs now
+        read.append(path)
+        if not path.endswith("dog/001.jpg"):
+            raise OSError(5, "Input/output error")
+        return read_file(path, listed)
+
+    # A retry read, and rewrote, the whole batch of a failed row: in the same batch, rows
+    # done before were read again, and an error there replaced their features by zeros.
+    monkeypatch.setattr(_images, "read_file", flaky_again)
     assert main([*args, "--retry-failed"]) == 0
+    assert [os.path.relpath(path, folder) for path in read] == ["dog/001.jpg"]
     again = load_features(out, in_memory=True)
     assert not again.failures and len(again.paths) == 6
     kept = np.isin(again.paths, first.paths)
@@ -331,6 +343,21 @@ def test_running_out_of_host_memory_is_one_line(tmp_path, capsys, monkeypatch):
     assert main([str(tmp_path), "timm:test_resnet@random", str(tmp_path / "f.h5")]) == 2
     line = _error_line(capsys)
     assert "ran out of memory" in line and "use a smaller --batch-size or --image-size" in line
+
+
+def test_a_disk_that_fills_up_is_one_line(tmp_path, capsys, monkeypatch):
+    # HDF5 reports a failed write as a RuntimeError: a traceback of some hundred lines.
+    def full(*args, **kwargs):
+        raise RuntimeError(
+            "Unable to synchronously flush file (file write failed: time = Tue Dec  1 2026\n"
+            ", filename = 'f.h5', errno = 28, error message = 'No space left on device')"
+        )
+
+    monkeypatch.setattr(extract, "extract_features", full)
+    assert main([str(tmp_path), "timm:test_resnet@random", str(tmp_path / "f.h5")]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("mr2-extract: error: the disk ran out of space (Unable to")
+    assert "run the same command again to resume" in line
 
 
 def _source(kind: str, folder: Path) -> str:

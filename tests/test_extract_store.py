@@ -95,6 +95,27 @@ def test_schema_and_provenance(store):
         assert json.loads(f.attrs["class_names"]) == ["cat", "dog"]
 
 
+def test_every_byte_of_a_store_is_on_disk_from_its_creation(store):
+    # failure_reason and content_sha256 were sparse holes: a disk that filled up during
+    # the run refused them, and rows were marked done with empty digests.
+    size = os.stat(store).st_size
+    assert os.stat(store).st_blocks * 512 >= size
+    with h5py.File(store, "r") as f:
+        for name in ("features", "status", "failure_reason", "content_sha256"):
+            assert f[name].id.get_create_plist().get_fill_time() == h5py.h5d.FILL_TIME_ALLOC
+
+
+def test_a_store_without_room_is_refused_before_anything_is_written(folder, tmp_path, monkeypatch):
+    from extract import _store
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(_store.shutil, "disk_usage", lambda _: usage._replace(free=4096))
+    out = tmp_path / "f.h5"
+    with pytest.raises(StoreError, match=r"No space left for the feature store .* MiB free"):
+        extract_features(folder, BACKBONE, out, **FAST)
+    assert not out.exists() and not out.with_name("f.h5.tmp").exists()
+
+
 def test_failures_are_recorded_and_skipped(store):
     with load_features(store) as loaded:
         assert sorted(p for p, _ in loaded.failures) == ["cat/corrupt.jpg", "cat/truncated.jpg"]
