@@ -200,8 +200,10 @@ class MR2Loss(nn.Module):
         """Current margins γ (K,); classes not seen yet get c̄."""
         if self.c_bar is None:
             return torch.ones_like(self.moment_count)
-        a = moments_difficulty(self.moments(), self.p, self.difficulty)
-        return margins_from_difficulty(a, self.c_bar, self.initialised)
+        moments = self.moments()
+        a = moments_difficulty(moments, self.p, self.difficulty)
+        moment = moments_difficulty(moments, self.p) if self.difficulty == "spread" else None
+        return margins_from_difficulty(a, self.c_bar, self.initialised, moment)
 
     def s_bar(self) -> torch.Tensor:
         """s̄: the mean L2 spread over the classes seen (each class's spread unbiased, as the

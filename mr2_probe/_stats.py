@@ -156,17 +156,22 @@ _UNMEASURED = 1e-6
 
 
 def margins_from_difficulty(
-    a: torch.Tensor, c_bar: float, present: torch.Tensor | None = None
+    a: torch.Tensor,
+    c_bar: float,
+    present: torch.Tensor | None = None,
+    moment: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Closed-form margins γ_k = c̄·K·a_k^{1/3} / Σ_j a_j^{1/3} (Corollary 1); mean γ = c̄.
 
     Classes outside ``present`` (no weight in the data) get γ = c̄ and stay out of the
-    normalisation; the mean is still c̄. So does a class with a_k = 0 to rounding (a_k^{1/3}
-    at most 10⁻⁶ of the largest), whose difficulty cannot be measured: with ``"spread"``, a
-    class of one sample or of copies of one embedding; with ``"moment"``, all-zero
-    features. The formula would give it γ ≈ 0 and divide its logits by about zero; a floor
-    far below the other margins, as before, multiplied them by about 10⁶ and let one
-    sample dominate the fit.
+    normalisation; the mean is still c̄. So does a class with a_k = 0 to rounding, whose
+    difficulty cannot be measured: with ``"spread"``, a class of one sample or of copies of
+    one embedding; with ``"moment"``, all-zero features. The formula would give it γ ≈ 0
+    and divide its logits by about zero; a floor far below the other margins, as before,
+    multiplied them by about 10⁶ and let one sample dominate the fit. a_k is rounding when
+    a_k^{1/3} is at most 10⁻⁶ of the largest class's, or, given each class's second moment
+    ``moment`` (K,) (a spread's scale: ‖μ_k‖_p² + msd_k), when a_k is at most the dtype's
+    epsilon times it, which holds for every class when each is copies of one row.
     """
     present = torch.ones_like(a, dtype=torch.bool) if present is None else present
     root = a.clamp_min(0).pow(1.0 / 3.0)  # (K,)
@@ -174,6 +179,8 @@ def margins_from_difficulty(
     # below 1e-6 of the largest is taken as unmeasured, as an exact 0 is.
     largest = torch.where(present, root, torch.zeros_like(root)).nan_to_num().amax()
     measured = present & (root > _UNMEASURED * largest)
+    if moment is not None:  # all of them rounding: the largest is no yardstick
+        measured &= a > torch.finfo(a.dtype).eps * moment
     root = torch.where(measured, root, torch.zeros_like(root))  # NaN a_k of unseen classes too
     # c̄·K in the margins' dtype: a Python float times an integer tensor is float32.
     scaled = c_bar * measured.sum().to(root.dtype) * root / root.sum().clamp_min(1e-30)
@@ -188,7 +195,8 @@ def class_margins(
     if c_bar is None:
         return torch.ones_like(stats.count)
     a = class_difficulty(stats, p, difficulty)
-    return margins_from_difficulty(a, c_bar, stats.count > 0)
+    moment = class_difficulty(stats, p) if difficulty == "spread" else None
+    return margins_from_difficulty(a, c_bar, stats.count > 0, moment)
 
 
 class ClassMoments(NamedTuple):

@@ -16,7 +16,7 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, MR2Loss
 
 cuda = pytest.mark.cuda  # skipped without CUDA (tests/conftest.py)
 
@@ -152,6 +152,24 @@ def test_a_class_without_measurable_spread_gets_the_mean_margin():
     np.testing.assert_array_equal(model.margins_[2:], 2.0)
     root = np.cbrt(model.class_stats_["msd"][:2])
     np.testing.assert_allclose(model.margins_[:2], 2.0 * 2 * root / root.sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_classes_that_are_all_copies_of_one_row_get_uniform_margins(dtype):
+    # Every class's spread was rounding (1e-32 to 1e-12): the largest of them was the
+    # yardstick, and margins from 0.73 to 1.34 were set by floating-point noise.
+    rng = np.random.RandomState(0)
+    X = np.repeat(rng.normal(size=(6, 5)) * 3 + 5, 7, axis=0).astype(dtype)
+    y = np.repeat(np.arange(6), 7)
+    weight = rng.uniform(0.1, 3, len(y))
+    model = MR2LinearClassifier(difficulty="spread", head="cosine", device="cpu")
+    model = _short_fit(model, X, y, sample_weight=weight)
+    assert model.class_stats_["msd"].max() > 0  # rounding, not an exact 0
+    np.testing.assert_array_equal(model.margins_, 1.0)
+    criterion = MR2Loss(6, 5, difficulty="spread").to(torch.from_numpy(X).dtype)
+    criterion.update(torch.from_numpy(X), torch.from_numpy(y))
+    assert criterion.stats().msd.max() > 0
+    assert (criterion.margins() == 1.0).all()
 
 
 def test_paper_call_works_and_learns_a_projection(digits):
