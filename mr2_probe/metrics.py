@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 from sklearn.metrics import make_scorer
+from sklearn.utils import column_or_1d
 
 GROUP_NAMES = ("easy", "medium", "hard")
 
@@ -40,7 +41,10 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     >>> per_class_accuracy(["a", "a", "b", "b"], ["a", "b", "b", "b"])
     array([0.5, 1. ])
     """
-    y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
+    # a column vector counts as the labels it holds, as in scikit-learn's metrics
+    y_true, y_pred = (
+        column_or_1d(a) if a.ndim == 2 else a for a in (np.asarray(y_true), np.asarray(y_pred))
+    )
     if y_true.shape != y_pred.shape:
         raise ValueError(
             f"y_true and y_pred must have the same shape, got {y_true.shape} and {y_pred.shape}."

@@ -63,6 +63,20 @@ def test_per_class_accuracy_rejects_mismatched_shapes():
         per_class_accuracy([0, 1], [0, 1, 1])
 
 
+def test_a_column_of_labels_scores_as_its_labels(digits_subset):
+    # A column vector y_true was refused (worst_class_accuracy) or raised an IndexError
+    # (per_class_accuracy), and inside GridSearchCV every fold's score became NaN;
+    # scikit-learn's metrics take it as the labels it holds.
+    X, y = digits_subset
+    column = y.reshape(-1, 1)
+    assert worst_class_accuracy(column, y) == worst_class_accuracy(column, column) == 1.0
+    clf = LogisticRegression(C=0.01, max_iter=200).fit(X[:150], y[:150])
+    want = worst_class_scorer(clf, X[150:], y[150:])
+    assert worst_class_scorer(clf, X[150:], column[150:]) == want
+    with pytest.raises(ValueError, match="1d array"):
+        per_class_accuracy(np.zeros((4, 2)), np.zeros((4, 2)))
+
+
 @pytest.mark.parametrize(
     "n_classes, sizes", [(3, [1, 1, 1]), (6, [2, 2, 2]), (10, [4, 3, 3]), (100, [34, 33, 33])]
 )
