@@ -152,7 +152,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         Logit scale of the cosine head (an inverse temperature).
     tau : float or None, default=None
         Temperature τ of the compactness loss; ``None`` uses τ = 2 s̄, which makes the loss
-        independent of the scale of the features.
+        independent of the scale of the features (s̄ floored at the rounding of the squared
+        distances, when every class is copies of one row).
     projection_rank : int or None, default=None
         Rank r of the residual of the projection, P = I + A·B (A: d×r, B: r×d). ``None``
         learns a full d×d matrix. Only used when ``lam > 0``.

@@ -16,6 +16,7 @@ from ._stats import (
     ClassMoments,
     ClassStats,
     centred_sum,
+    compactness_tau,
     margins_from_difficulty,
     mean_spread,
     moments_difficulty,
@@ -303,8 +304,9 @@ class MR2Loss(nn.Module):
             phi = unit_rows(features) if self.normalize else features
             # s̄ and τ in the statistics' dtype (float32), as the distances are: in float16
             # 2·s̄ overflows once the features' norms pass about 128.
-            s_bar = self.s_bar()
-            tau = 2 * s_bar.clamp_min(1e-12) if self.tau is None else self.tau
+            stats = self.stats()
+            s_bar = mean_spread(stats)
+            tau = compactness_tau(stats).clamp_min(2e-12) if self.tau is None else self.tau
             compact = compactness_loss(phi, target, s_bar, tau)
             # Before the first training batch there is no spread to compare with (an
             # evaluation then): no compactness term, without a synchronisation.

@@ -36,6 +36,7 @@ from ._stats import (
     ClassStats,
     class_margins,
     class_statistics_chunked,
+    compactness_tau,
     mean_spread,
     overall_mean,
 )
@@ -135,7 +136,7 @@ def refresh_statistics(head, source, spec: MarginSpec):
     s_bar = mean_spread(stats)
     # τ = 2 s̄ by default: the exponent then compares a pair's distance with the mean
     # same-class distance in units of itself, whatever the scale of the features.
-    tau = 2 * s_bar.clamp_min(torch.finfo(s_bar.dtype).tiny) if spec.tau is None else spec.tau
+    tau = compactness_tau(stats) if spec.tau is None else spec.tau
     return stats, margins, s_bar, tau
 
 

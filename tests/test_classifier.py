@@ -172,6 +172,22 @@ def test_classes_that_are_all_copies_of_one_row_get_uniform_margins(dtype):
     assert (criterion.margins() == 1.0).all()
 
 
+def test_compactness_of_classes_that_are_all_copies_of_one_row_is_finite(digits):
+    # τ = 2 s̄ was 1e-33 (s̄ rounding): a distance's rounding error made an exponent of
+    # 1e16, and the fit was refused as diverging, blaming learning_rate at any value.
+    X, y = digits
+    X, y = np.repeat(X[:10], 5, axis=0), np.repeat(y[:10], 5)
+    model = MR2LinearClassifier(lam=0.5, learning_rate=1e-6, max_iter=5, random_state=0)
+    model = _short_fit(model.set_params(device="cpu"), X, y)
+    assert np.isfinite(model.loss_curve_).all() and model.loss_curve_[-1] < 10
+    criterion = MR2Loss(10, X.shape[1], lam=0.5, tau=None).double()
+    phi, target = torch.from_numpy(X), torch.from_numpy(y)
+    criterion.update(phi, target)
+    assert torch.isfinite(
+        criterion(phi @ torch.zeros(X.shape[1], 10, dtype=phi.dtype), phi, target)
+    )
+
+
 def test_paper_call_works_and_learns_a_projection(digits):
     X, y = digits
     clf = MR2LinearClassifier(c_bar=2, lam=0.5, p=3, max_iter=15, random_state=0, device="cpu")
