@@ -106,7 +106,8 @@ class Backbone:
         JSON-serialisable preprocessing: ``resize`` (shorter side), ``crop`` ``[H, W]``,
         ``interpolation``, ``mean``, ``std``, ``mode`` and the transform's ``repr``.
     weights_id : str
-        ``sha256:<hex>`` of the checkpoint file, ``tag:<name>``, or ``random-init:seed0``.
+        ``sha256:<hex>`` of the checkpoint file, ``tag:<name> params-sha256:<hex>`` for
+        weights from a hub cache, or ``random-init:seed0``.
     dim : int
         Embedding size.
     channels_last : bool
@@ -193,6 +194,18 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
                 f"e.g. 'timm:{model}' or 'timm:{model}.TAG'."
             )
     return BackboneSpec(family, model, weights or None)
+
+
+def hub_weights_id(tag: str, model: nn.Module) -> str:
+    """``tag:<name> params-sha256:<hex>``: weights a hub cache holds are named by their tag
+    and identified by the sha256 of the parameters loaded (names, dtypes, shapes and
+    bytes of the state dict), for the cache can hold another revision under the same tag."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        flat = tensor.detach().reshape(-1).cpu().contiguous()
+        digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(flat.view(torch.uint8).numpy())
+    return f"tag:{tag} params-sha256:{digest.hexdigest()}"
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -454,7 +467,7 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
                 f"The open_clip model {spec.model!r} brings its own weights; drop '@{weights}'."
             )
         model, _, transform = _with_pretrained(spec, spec.model, lambda: create(None))
-        weights_id = spec.model
+        weights_id = hub_weights_id(spec.model, model.visual)
     elif weights == RANDOM:
         with _quiet_library_logs():  # open_clip warns that the model is randomly initialised
             model, _, transform = create(None)
@@ -466,7 +479,7 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
     else:
         tag = _open_clip_tag(spec)
         model, _, transform = _with_pretrained(spec, f"tag {tag!r}", lambda: create(tag))
-        weights_id = f"tag:{tag}"
+        weights_id = hub_weights_id(tag, model.visual)
     visual = model.visual  # encode_image(x) is visual(x); the text tower is not needed
     cfg = dict(getattr(visual, "preprocess_cfg", {}))
     size = cfg.get("size", visual.image_size)
@@ -647,7 +660,7 @@ def _timm(spec: BackboneSpec, image_size: int | None):
             source,
             lambda: _create_timm(timm, spec.model, image_size, pretrained=True, num_classes=0),
         )
-        weights_id = f"tag:{cfg.architecture}.{cfg.tag}" if cfg.tag else f"tag:{source}"
+        weights_id = hub_weights_id(f"{cfg.architecture}.{cfg.tag}" if cfg.tag else source, model)
     return (model, *_timm_data(model, image_size), weights_id)
 
 

@@ -1,5 +1,7 @@
 """Backbone specs and the factory, with tiny random-weight models (no downloads)."""
 
+import re
+
 import pytest
 
 pytest.importorskip("timm")
@@ -488,19 +490,29 @@ def test_timm_default_loads_cached_hub_weights_without_network(no_network, monke
     monkeypatch.setattr("extract._backbones._hub_reachable", forbidden)
     # The Hugging Face cache layout: refs/main names the snapshot holding the file.
     repo = no_network / f"models--{get_pretrained_cfg('test_resnet').hf_hub_id.replace('/', '--')}"
-    snapshot = repo / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    torch.manual_seed(5)
-    reference = timm.create_model("test_resnet").eval()
-    save_file(reference.state_dict(), snapshot / "model.safetensors")
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("0" * 40)
+
+    def cache(revision: str, seed: int) -> torch.nn.Module:
+        snapshot = repo / "snapshots" / (revision * 40)
+        snapshot.mkdir(parents=True)
+        torch.manual_seed(seed)
+        reference = timm.create_model("test_resnet").eval()
+        save_file(reference.state_dict(), snapshot / "model.safetensors")
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(revision * 40)
+        return reference
+
+    reference = cache("0", seed=5)
     bb = create_backbone("timm:test_resnet", image_size=32)
-    assert bb.weights_id == "tag:test_resnet.r160_in1k"
+    assert re.fullmatch(r"tag:test_resnet\.r160_in1k params-sha256:[0-9a-f]{64}", bb.weights_id)
     x = torch.rand(2, 3, 32, 32)
     with torch.inference_mode():
         expected = reference.forward_head(reference.forward_features(x), pre_logits=True)
         torch.testing.assert_close(bb.model(x), expected)
+    assert create_backbone("timm:test_resnet", image_size=32).weights_id == bb.weights_id
+    # Another revision in the cache under the same tag was the same weights id: a run
+    # resumed a store made with the old weights and mixed the two in it.
+    cache("1", seed=6)
+    assert create_backbone("timm:test_resnet", image_size=32).weights_id != bb.weights_id
 
 
 def test_open_clip_default_tag_offline_and_models_without_tags(no_network, tmp_path, capfd):
