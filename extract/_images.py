@@ -399,6 +399,18 @@ def label_kind_problem(labels: list[str]) -> tuple[int, str] | None:
     )
 
 
+def _source_hint(path: Path) -> str:
+    """What a file that is not a list file may have been meant as, by its extension."""
+    suffix = "".join(path.suffixes[-2:]).lower()
+    if suffix.endswith((".tar", ".tar.gz", ".tgz")):
+        return f" For WebDataset shards, write 'webdataset:{path}'."
+    if suffix.endswith((".parquet", ".arrow")):
+        return f" For a Parquet or Arrow file, write 'parquet:{path}'."
+    if suffix.endswith(IMG_EXTENSIONS):
+        return " A single image is no source: give its folder, or a list file naming it."
+    return ""
+
+
 def image_list(list_file: str | os.PathLike) -> ImageSource:
     """Images listed as ``path,label`` lines (CSV, or whitespace-separated text).
 
@@ -423,8 +435,15 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     """
     list_file = Path(list_file)
     # utf-8-sig: a byte-order mark, as spreadsheet programs write one, is not text.
-    with open(list_file, newline="", encoding="utf-8-sig") as fh:
-        text = fh.read().splitlines()
+    try:
+        with open(list_file, newline="", encoding="utf-8-sig") as fh:
+            text = fh.read().splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"The image source {os.fspath(list_file)!r} was read as a list file (path,label "
+            f"lines) but is not UTF-8 text (byte {err.start}: {err.reason})."
+            + (_source_hint(list_file) or " Save the list as UTF-8.")
+        ) from None
     # A comma anywhere makes the list CSV (a file name with a comma is then quoted).
     delimiter = "," if any("," in line for line in text) else None
     rows = []
@@ -436,6 +455,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             raise ValueError(
                 f"{list_file}:{number}: expected 'path,label', got {line!r} (a list with a "
                 'comma is read as CSV: quote a file name that holds one, "a,b.jpg",cat).'
+                + _source_hint(list_file)
             )
         rows.append([f.strip() for f in fields] + [number])
     if rows and [f.lower() for f in rows[0][:2]] == ["path", "label"]:

@@ -102,6 +102,22 @@ def test_image_list_bad_line(tmp_path):
         image_list(tmp_path / "l.csv")
 
 
+@pytest.mark.parametrize("name, content, match", [
+    # A Latin-1 list: "'utf-8' codec can't decode byte 0xff in position 512", no file named.
+    ("l.csv", "caf\xe9.jpg,cat\n".encode("latin-1"), r"l.csv' was read as a list file .* "
+     r"not UTF-8 text \(byte 3: invalid .*Save the list as UTF-8"),
+    # A tar shard or a Parquet file given without its prefix.
+    ("s.tar", b"x" * 100 + b"\xff" * 12, r"write 'webdataset:.*s.tar'"),
+    ("t.parquet", b"PAR1\x15\x04\xff", r"write 'parquet:.*t.parquet'"),
+    ("one.jpg", b"\xff\xd8\xff\xe0", "A single image is no source"),
+    ("s.tar", b"a,b,c\n", r"expected 'path,label'.*write 'webdataset:.*s.tar'"),
+])  # fmt: skip
+def test_a_file_that_is_no_list_says_what_it_was_read_as(tmp_path, name, content, match):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError, match=match):
+        open_source(tmp_path / name)
+
+
 @pytest.mark.parametrize(
     "lines, match",
     [
