@@ -95,8 +95,9 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
     Raises
     ------
     ShardError
-        For a header whose checksum fails, a file that ends inside a header, or data after
-        the end-of-archive marker (a damaged or concatenated tar).
+        For a header whose checksum fails, a file that ends inside a header or without the
+        end-of-archive marker (cut short), or data after that marker (a damaged or
+        concatenated tar).
     """
     members, n, offset = [], len(mm), 0
     long_name, pax = None, {}
@@ -138,6 +139,11 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
         offset = data + -(-size // _BLOCK) * _BLOCK
     if offset < n:
         raise _damaged(path, offset, "the file ends inside a tar header")
+    if offset == n:
+        # Every tar writer ends the archive with zero blocks: without them the file was
+        # cut short (a copy or download that stopped), here at a member's boundary. (Cut
+        # inside a member's data, that member's read names it.)
+        raise _damaged(path, n, "no end-of-archive marker: the file was cut short")
     return members
 
 
