@@ -322,6 +322,21 @@ def _shard_paths(pattern: str) -> list[str]:
     return paths
 
 
+def _refuse_repeated_keys(ids: list[str], file: np.ndarray, paths: list[str]) -> None:
+    """A key names one sample: twice (in one shard, apart, or in two shards) the store's
+    rows could not tell their images apart, as a list file may not name an image twice."""
+    keys, counts = np.unique(np.array(ids, dtype=str), return_counts=True)
+    repeated = counts > 1
+    if repeated.any():
+        k = int(np.argmax(repeated))
+        where = sorted({paths[f] for f, key in zip(file, ids, strict=True) if key == keys[k]})
+        raise ShardError(
+            f"The sample key {str(keys[k])!r} occurs {counts[k]} times, in "
+            f"{', '.join(map(repr, where))}: each sample needs a key of its own (the store "
+            "names each row by it); rename the repeated samples."
+        )
+
+
 def webdataset_shards(
     pattern: str, image_key: str | None = None, label_key: str | None = None
 ) -> ImageSource:
@@ -372,8 +387,10 @@ def webdataset_shards(
             f"member (the first has {', '.join(first)}); choose the image with --image-key."
         )
     names_file, index_names = _index_class_names(root)
+    ids = [k for ix in indexes for k in ix.keys]
+    _refuse_repeated_keys(ids, file, paths)
     texts = [t for ix in indexes for t in ix.labels]
-    _check_label_kinds(texts, [k for ix in indexes for k in ix.keys], pattern)
+    _check_label_kinds(texts, ids, pattern)
     try:
         labels, class_names = encode_labels(texts, index_names)
     except ValueError as err:
@@ -391,7 +408,7 @@ def webdataset_shards(
     )
     return archive_source(
         archive,
-        ids=[k for ix in indexes for k in ix.keys],
+        ids=ids,
         labels=labels,
         class_names=class_names,
         root=root,

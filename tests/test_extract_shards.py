@@ -5,6 +5,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import tracemalloc
 
@@ -204,6 +205,20 @@ def test_labels_that_mix_indices_with_other_labels_are_refused(tmp_path, odd, ma
     samples = [{"__key__": f"s{k:03d}", "jpg": b"x", "cls": v} for k, v in enumerate(labels)]
     _write_shard(tmp_path / "00000.tar", samples)
     with pytest.raises(ShardError, match=f"sample 's012' .* has the label {match}"):
+        open_source(f"webdataset:{tmp_path}")
+
+
+@pytest.mark.parametrize("shards", [[["a", "b", "a"]], [["a", "b"], ["c", "b"]]])
+def test_a_sample_key_used_twice_is_refused(tmp_path, shards):
+    # Apart in one shard or in two shards, a key became two rows of one path: the store
+    # could not tell their images apart.
+    for number, keys in enumerate(shards):
+        samples = [{"__key__": key, "jpg": b"x", "cls": "0"} for key in keys]
+        _write_shard(tmp_path / f"{number:05d}.tar", samples)
+    where = ", ".join(repr(str(tmp_path / f"{n:05d}.tar")) for n in range(len(shards)))
+    key = "a" if len(shards) == 1 else "b"
+    match = re.escape(f"sample key '{key}' occurs 2 times, in {where}: each")
+    with pytest.raises(ShardError, match=match):
         open_source(f"webdataset:{tmp_path}")
 
 
