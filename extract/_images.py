@@ -346,20 +346,20 @@ def _check_utf8(names: list[str], root: str) -> None:
 
 
 def encode_labels(
-    names: list[str], index_names: list[str] | None = None
+    names: list[str], index_names: list[str] | None = None, *, as_names: bool = False
 ) -> tuple[np.ndarray, list[str]]:
     """Class indices and class names of textual labels.
 
     Non-negative integers are class indices (class ``k`` is named ``index_names[k]``, or
-    ``"k"``); anything else (-1 included) is a class name, and the sorted names are the
-    classes.
+    ``"k"``), unless ``as_names`` (labels that were strings, not text of numbers); anything
+    else (-1 included) is a class name, and the sorted names are the classes.
 
     Raises
     ------
     ValueError
         If ``index_names`` is given and an index is out of its range.
     """
-    if all(name.isascii() and name.isdigit() for name in names):
+    if not as_names and all(name.isascii() and name.isdigit() for name in names):
         labels = np.array([int(name) for name in names], dtype=np.int64)
         n_classes = int(labels.max(initial=-1)) + 1
         if index_names is None:
@@ -373,16 +373,17 @@ def encode_labels(
     return np.searchsorted(class_names, names).astype(np.int64), class_names
 
 
-def label_kind_problem(labels: list[str]) -> tuple[int, str] | None:
+def label_kind_problem(labels: list[str], as_names: bool = False) -> tuple[int, str] | None:
     """``(i, why)`` when label i cannot be a class: an empty (or blank) label, a negative
     integer among class indices or where every label is one (an unlabelled sample; among
     names such as "+1" it is a name), or a class name where
     other labels are class indices (ASCII digits): one such label would make every label a
     class name, sorted as text ("10" before "2"), and renumber the classes. None otherwise.
-    (List files keep reading such a mix as names, as they always have.)"""
+    (List files keep reading such a mix as names, as they always have.) With ``as_names``
+    (labels that were strings) digits are names too."""
     if "" in labels:
         return labels.index(""), "which is empty: every sample needs a label"
-    indices = [label.isascii() and label.isdigit() for label in labels]
+    indices = [not as_names and label.isascii() and label.isdigit() for label in labels]
     if all(indices):
         return None
     unlabelled = [bool(re.fullmatch(r"-\d+", label)) for label in labels]

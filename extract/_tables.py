@@ -283,6 +283,14 @@ def hf_class_names(schema, column: str) -> list[str] | None:
     return None
 
 
+def _holds_text(kind) -> bool:
+    """Whether an Arrow type holds strings (plain, large, or dictionary-encoded)."""
+    import pyarrow as pa
+
+    kind = kind.value_type if pa.types.is_dictionary(kind) else kind
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
 def _label_texts(values, column: str, path: str, names: list[str] | None) -> list[str]:
     """Labels of one file as text: integer class indices, or class names."""
     import pyarrow as pa
@@ -304,7 +312,7 @@ def _label_texts(values, column: str, path: str, names: list[str] | None) -> lis
                 + (f"the classes are 0..{len(names) - 1}." if names else "labels are >= 0.")
             )
         return numbers.astype(str).tolist()
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+    if _holds_text(values.type):
         return [str(v).strip() for v in values.to_pylist()]
     raise TableError(
         f"The {column!r} column of {path!r} is {values.type}; a label column holds integer "
@@ -323,6 +331,7 @@ class _FileIndex:
     group_rows: list[int]
     names: list[str] | None
     identity: str
+    text: bool  # the labels were strings: class names, digits or not
 
 
 def _index_file(path: str, image_key: str | None, label_key: str) -> tuple[_FileIndex, str]:
@@ -335,8 +344,10 @@ def _index_file(path: str, image_key: str | None, label_key: str) -> tuple[_File
                 " choose the label column with --label-key."
             )
         names = hf_class_names(table.schema, label_key)
-        labels = _label_texts(table.column(label_key), label_key, path, names)
-        return _FileIndex(labels, table.group_rows(), names, table.identity()), image
+        column = table.column(label_key)
+        labels = _label_texts(column, label_key, path, names)
+        text = _holds_text(column.type)
+        return _FileIndex(labels, table.group_rows(), names, table.identity(), text), image
 
 
 def parquet_files(
@@ -384,8 +395,14 @@ def parquet_files(
     named = {tuple(ix.names) for ix in indexes if ix.names is not None}
     if len(named) > 1 or (named and any(ix.names is None for ix in indexes)):
         raise TableError(f"The files of {pattern!r} disagree on the {label_key!r} class names.")
+    if len({ix.text for ix in indexes}) > 1:
+        raise TableError(
+            f"The files of {pattern!r} disagree on the {label_key!r} labels: class indices "
+            "(integers) in some, class names (strings) in others."
+        )
+    as_names = indexes[0].text  # a string column holds names, digits or not
     texts = [t for ix in indexes for t in ix.labels]
-    problem = label_kind_problem(texts)
+    problem = label_kind_problem(texts, as_names)
     if problem:
         i, why = problem
         raise TableError(
@@ -393,7 +410,9 @@ def parquet_files(
             f"{label_key!r} label {texts[i]!r}, {why}; give every row a class index, or every "
             "row a name."
         )
-    labels, class_names = encode_labels(texts, list(named.pop()) if named else None)
+    labels, class_names = encode_labels(
+        texts, list(named.pop()) if named else None, as_names=as_names
+    )
     # Row groups (record batches) are numbered across files: the units ranks divide.
     group_rows = np.array([n for ix in indexes for n in ix.group_rows], np.int64)
     n_groups = np.array([len(ix.group_rows) for ix in indexes], np.int64)

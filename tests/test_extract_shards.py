@@ -378,7 +378,7 @@ def test_parquet_labels_that_mix_indices_and_names_are_refused(tmp_path):
     # the indices renumbered ("10" before "2").
     _table(tmp_path / "0.parquet", {"image": [b"a", b"b"], "label": [2, 10]})
     _table(tmp_path / "1.parquet", {"image": [b"c", b"d"], "label": ["cat", "dog"]})
-    with pytest.raises(TableError, match="Row 2 .* label 'cat', a class name, where other"):
+    with pytest.raises(TableError, match="indices .* in some, class names .* in others"):
         open_source(f"parquet:{tmp_path}/{{0,1}}.parquet")
 
 
@@ -389,6 +389,13 @@ def test_parquet_binary_columns_string_labels_and_several_files(tmp_path):
     assert src.class_names == ["c0", "c1", "dog"] and src.labels.tolist() == [2, 0, 2, 1]
     assert src.ids == ["0.parquet:0", "0.parquet:1", "1.parquet:0", "1.parquet:1"]
     assert src.options["image_key"] == "jpg" and src.archive.unit.tolist() == [0, 0, 1, 1]
+
+
+def test_parquet_string_labels_of_digits_are_class_names(tmp_path):
+    # "10" and "2" were read as class indices: 11 classes, 9 of them empty.
+    _table(tmp_path / "0.parquet", {"image": [b"a", b"b", b"c"], "label": ["10", "2", "10"]})
+    src = open_source(f"parquet:{tmp_path}/0.parquet")
+    assert src.class_names == ["10", "2"] and src.labels.tolist() == [0, 1, 0]
 
 
 @pytest.mark.parametrize(
