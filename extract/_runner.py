@@ -38,6 +38,7 @@ from ._store import (
     FORMAT_VERSION,
     PENDING,
     PROVENANCE_KEYS,
+    StoreError,
     check_output,
     check_provenance,
     create_store,
@@ -679,8 +680,17 @@ def _extract_shard(
             repair_merged = functools.partial(
                 _adopt_repaired_failures, merged, whole, src, everything
             )
-        elif _merged_is_complete(merged, whole, src, retry_failed, rank):
+        elif _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
             return None
+    if not (overwrite or vouched) and out.exists() and not os.access(out.parent, os.W_OK):
+        # A folder that cannot be written (a read-only file system): a complete store in
+        # it is read as it is, without the lock that would be written beside it.
+        if _is_complete(out, provenance, src, rows, retry_failed, log=True):
+            return out, repair_merged
+        raise StoreError(
+            f"Cannot complete the feature store {os.fspath(out)!r}: no permission to write in "
+            f"the folder {os.fspath(out.parent)!r}; write the store to a folder you can write to."
+        )
     make_output_folder(out)
     with store_lock(out):
         _open_or_create(out, provenance, backbone, src, rows, overwrite, retry_failed, vouched)
@@ -715,21 +725,19 @@ def _extract_shard(
     return out, repair_merged
 
 
-def _merged_is_complete(merged: Path, whole: dict, src, retry_failed: bool, rank: int) -> bool:
-    """Under torchrun, before a rank extracts its shard: whether the merged store ``merged``
-    already holds the whole request (then it is reused, shards or not, at any number of
-    ranks); a store made differently is refused here, before any GPU work. Every rank
-    reads the same file before any writes it, so they all decide alike."""
-    everything = np.arange(len(src))
-    with open_store(merged, "r") as f:
-        check_provenance(
-            merged, read_attrs(f), whole, lambda: _source_difference(f, src, everything)
-        )
+def _is_complete(
+    store: Path, provenance: dict, src, rows: np.ndarray, retry_failed: bool, log: bool
+) -> bool:
+    """Whether ``store`` already holds the whole request (then it is reused as it is);
+    a store made differently is refused here, before any GPU work. Under torchrun every
+    rank reads the merged store before any writes it, so they all decide alike."""
+    with open_store(store, "r") as f:
+        check_provenance(store, read_attrs(f), provenance, lambda: _source_difference(f, src, rows))
         status = f["status"][:]
     if (status == PENDING).any() or retry_failed and (status == FAILED).any():
         return False
-    if rank == 0:
-        _log_reused(merged, status)
+    if log:
+        _log_reused(store, status)
     return True
 
 

@@ -300,7 +300,8 @@ def check_output(path: str | os.PathLike, overwrite: bool = False) -> None:
             f"Cannot create the output {text!r}: {existing!r} is a file, not a folder; "
             "choose an output path inside a folder."
         )
-    if not os.access(existing, os.W_OK | os.X_OK):
+    reusable = existing == folder and os.path.exists(text) and not overwrite
+    if not os.access(existing, os.W_OK | os.X_OK) and not reusable:  # reuse writes nothing
         raise StoreError(
             f"Cannot write the output {text!r}: no permission to write in the folder "
             f"{existing!r}; choose an output path in a folder you can write to."

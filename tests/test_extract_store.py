@@ -265,6 +265,25 @@ def test_second_writer_gets_a_clear_error(folder, tmp_path):
     assert not out.exists()
 
 
+def test_a_complete_store_in_a_read_only_folder_is_reused(store, folder, monkeypatch):
+    # Reuse writes nothing, but the lock beside the store was created first: "no
+    # permission to write in the folder" on a read-only file system.
+    from extract import _runner
+
+    writable = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: writable(p, mode) and not (
+            mode & os.W_OK and os.path.samefile(p, store.parent)
+        )
+    )  # fmt: skip
+    monkeypatch.setattr(_runner, "store_lock", None)  # would fail, called
+    assert extract_features(folder, BACKBONE, store, **FAST) == store
+    with pytest.raises(StoreError, match="Cannot complete the feature store .* no permission"):
+        extract_features(folder, BACKBONE, store, retry_failed=True, **FAST)
+    with pytest.raises(StoreError, match="Cannot write the output .* no permission"):
+        extract_features(folder, BACKBONE, store, overwrite=True, **FAST)
+
+
 def test_images_added_at_the_end_are_named(folder, tmp_path):
     path = extract_features(folder, BACKBONE, tmp_path / "f.h5", max_items=6, **FAST)
     with pytest.raises(ProvenanceError, match="the request 14: 'cat/corrupt.jpg' and those after"):
