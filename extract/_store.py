@@ -525,9 +525,12 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
             raise StoreNotFoundError(
                 f"The feature store {os.fspath(path)!r} does not exist; check the path."
             ) from err
+        cut = " (the file was cut short)" if "truncated file" in str(err) else ""
         raise NotAStoreError(
-            f"Cannot read {os.fspath(path)!r} as an HDF5 feature store: "
-            f"{' '.join(str(err).split())}"
+            f"Cannot read {os.fspath(path)!r} as an HDF5 feature store{cut}: "
+            f"{' '.join(str(err).split())}. A file that cannot be read as a store is never "
+            "replaced, not even with --force (overwrite=True): delete it yourself to extract "
+            "it again, or write to another path."
         ) from err
 
 

@@ -555,13 +555,16 @@ def test_load_features_errors_are_store_errors(tmp_path, make, error, match):
     assert isinstance(info.value, StoreError) and isinstance(info.value, ValueError)
 
 
-def test_a_truncated_store_is_not_a_store_rather_than_locked(store, tmp_path):
+def test_a_truncated_store_is_not_a_store_rather_than_locked(store, folder, tmp_path):
     # HDF5's "truncated file: ... sblock->base_addr" contains "lock": it was reported as
     # open for writing in another process, and the user was sent to wait for no one.
     truncated = tmp_path / "t.h5"
     truncated.write_bytes(store.read_bytes()[:8000])
     with pytest.raises(NotAStoreError, match="truncated file"):
         load_features(truncated)
+    # --force refused it too, without saying what to do instead.
+    with pytest.raises(NotAStoreError, match=r"cut short\).*delete it yourself to extract"):
+        extract_features(folder, BACKBONE, truncated, overwrite=True, **FAST)
 
 
 def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
