@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from functools import partial
 
 import torch
@@ -45,9 +46,12 @@ class MR2Loss(nn.Module):
     folds in the union of every rank's batch, as SyncBatchNorm does for its statistics:
     every rank then holds the same statistics, margins and class weights, those one
     process would hold if it saw the whole global batch. Without it each rank keeps the
-    statistics of its own batches. A batch with a non-finite feature or loss (on any rank,
-    when synchronised) is left out of them.
-    The running sums stay in float32 at least when the module is cast to half precision.
+    statistics of its own batches. A batch with a non-finite feature (on any rank, when
+    synchronised) is left out of the running moments, and a class whose batch loss is not
+    finite out of the class losses that the tilt tracks. The running sums stay in float32
+    at least, with their values, when the module is cast to half precision. Targets are
+    class indices of any integer dtype; a batch that is refused (wrong shapes, targets out
+    of range) leaves the statistics as they were.
 
     Parameters
     ----------
@@ -130,8 +134,21 @@ class MR2Loss(nn.Module):
     ) -> None:
         super().__init__()
         for name, count in (("n_classes", n_classes), ("n_features", n_features)):
-            if not (isinstance(count, int) and count >= 1):
+            if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {count!r}.")
+        n_classes, n_features = int(n_classes), int(n_features)
+        for name, value in (("c_bar", c_bar), ("tau", tau), ("p", p), ("lam", lam),
+                            ("rho", rho), ("class_tilt", class_tilt)):  # fmt: skip
+            optional = name in ("c_bar", "tau", "p")  # None has a meaning for these
+            if isinstance(value, bool) or not (
+                isinstance(value, numbers.Real) or optional and value is None
+            ):
+                raise TypeError(
+                    f"{name} must be a number{' or None' if optional else ''}, got {value!r}."
+                )
+        for name, value in (("normalize", normalize), ("sync_stats", sync_stats)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be True or False, got {value!r}.")
         if not (math.isfinite(class_tilt) and class_tilt >= 0):
             raise ValueError(f"class_tilt must be a finite number >= 0, got {class_tilt}.")
         if c_bar is not None and not (math.isfinite(c_bar) and c_bar > 0):
@@ -163,11 +180,17 @@ class MR2Loss(nn.Module):
         # The running sums stay float32 at least when the module is cast to half precision
         # (module.half(), model.to(torch.float16)): a float16 sum of ‖φ‖² passes 65504
         # within a few batches, and every margin becomes NaN.
+        # The values are kept too: rounded to half precision on the way, sums past 65504
+        # became inf (float16), and a bfloat16 mean read as a shift made spreads of 0.16
+        # into 37.
+        names = [f"moment_{n}" for n in ClassMoments._fields] + ["running_class_loss"]
+        before = {name: self._buffers[name] for name in names}
         super()._apply(fn, recurse)
-        for name in [f"moment_{n}" for n in ClassMoments._fields] + ["running_class_loss"]:
+        for name in names:
             buffer = self._buffers[name]
             if buffer.dtype in (torch.float16, torch.bfloat16):
-                self._buffers[name] = buffer.float()
+                kept = before[name].to(buffer.device)
+                self._buffers[name] = kept if kept.dtype.itemsize >= 4 else kept.float()
         return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -265,6 +288,7 @@ class MR2Loss(nn.Module):
     @torch.no_grad()
     def update(self, features: torch.Tensor, target: torch.Tensor) -> None:
         """Fold one batch into the running statistics."""
+        target = target.long()  # index_add_ takes int32 and int64 indices only
         phi = unit_rows(features) if self.normalize else features
         phi = phi.to(self.moment_sum.dtype)
         moments = update_moments(
@@ -277,16 +301,36 @@ class MR2Loss(nn.Module):
             buffer = getattr(self, f"moment_{name}")
             buffer.copy_(torch.where(finite, value, buffer))
 
+    def _check_batch(self, logits, features, target) -> torch.Tensor:
+        """The batch's targets as int64, once its shapes (and, on the CPU, where this costs
+        no synchronisation, its targets' range) are checked: before anything is updated."""
+        d = self.moment_sum.shape[-1]
+        if (
+            logits.ndim != 2 or features.ndim != 2 or target.ndim != 1
+            or logits.shape[1] != self.n_classes or features.shape[1] != d
+            or not len(target) == len(logits) == len(features)
+        ):  # fmt: skip
+            raise ValueError(
+                f"MR2Loss was made for {self.n_classes} classes and {d} features: it takes "
+                f"logits (B, {self.n_classes}), features (B, {d}) and targets (B,); got shapes "
+                f"{tuple(logits.shape)}, {tuple(features.shape)} and {tuple(target.shape)}."
+            )
+        if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+            raise TypeError(f"targets must be class indices (integers), got {target.dtype}.")
+        if target.device.type == "cpu" and len(target):
+            low, high = int(target.min()), int(target.max())
+            if low < 0 or high >= self.n_classes:
+                raise ValueError(
+                    f"Target {low if low < 0 else high} is out of bounds: the classes are "
+                    f"0..{self.n_classes - 1} (targets to ignore are not supported)."
+                )
+        return target.long()
+
     def forward(
         self, logits: torch.Tensor, features: torch.Tensor, target: torch.Tensor
     ) -> torch.Tensor:
         """Loss for a batch: logits (B, K), representation φ (B, d), targets (B,)."""
-        if logits.shape[-1] != self.n_classes or features.shape[-1] != self.moment_sum.shape[-1]:
-            raise ValueError(
-                f"MR2Loss was made for {self.n_classes} classes and {self.moment_sum.shape[-1]} "
-                f"features; got logits of shape {tuple(logits.shape)} and features of shape "
-                f"{tuple(features.shape)}."
-            )
+        target = self._check_batch(logits, features, target)
         if self.training:
             self.update(features.detach(), target)
         margins = self.margins().to(logits.dtype)

@@ -1,5 +1,6 @@
 """The vectorised MR² functions against literal per-class loops, values and gradients."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -461,10 +462,78 @@ def test_mr2_loss_refuses_invalid_settings(kwargs, match):
         MR2Loss(**({"n_classes": 3, "n_features": 4} | kwargs))
 
 
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_a_trained_mr2_loss_cast_to_half_keeps_its_statistics(half):
+    # The buffers were rounded to half precision before being made float32 again: sums past
+    # 65504 became inf (s̄ inf, margins NaN, every later batch skipped), and in bfloat16
+    # a rounded mean read as a shift made a spread of 0.16 into 37.
+    gen = torch.Generator().manual_seed(0)
+    criterion = MR2Loss(2, 16, class_tilt=1.0)
+    target = torch.arange(64) % 2
+    for _ in range(5):
+        features = torch.randn(64, 16, generator=gen) * 0.1 + 1000
+        criterion(torch.randn(64, 2, generator=gen), features, target)
+    before = {name: value.clone() for name, value in criterion.state_dict().items()}
+    criterion.to(half)
+    for name, value in criterion.state_dict().items():
+        assert torch.equal(value, before[name]), name  # float32 values, unrounded
+    criterion.update(torch.randn(64, 16, generator=gen) * 0.1 + 1000, target)
+    torch.testing.assert_close(criterion.stats().msd, torch.full((2,), 0.16), rtol=0.1, atol=0)
+    assert torch.isfinite(criterion.margins()).all()
+
+
 def test_mr2_loss_refuses_logits_or_features_of_another_size():
     criterion = MR2Loss(3, 4)
-    with pytest.raises(ValueError, match="made for 3 classes and 4 features; got logits of shape"):
+    with pytest.raises(ValueError, match=r"made for 3 classes and 4 features: it takes logits"):
         criterion(torch.zeros(2, 4), torch.zeros(2, 4), torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("logits, features, target, error, match", [
+    # Each gave a torch error of index_add_ ("Number of indices (8) should be equal to
+    # source.size(dim): (5)", "index out of range in self") after counting the batch.
+    ((8, 3), (5, 4), torch.arange(8) % 3, ValueError, r"got shapes \(8, 3\), \(5, 4\)"),
+    ((8, 3), (8, 4), torch.arange(8) % 3 + 3, ValueError, "Target 5 is out of bounds"),
+    ((8, 3), (8, 4), -torch.ones(8, dtype=torch.long), ValueError, "Target -1 is out of"),
+    ((8, 3), (8, 4), torch.zeros(8), TypeError, "class indices .*, got torch.float32"),
+    ((3,), (4,), torch.tensor(0), ValueError, r"got shapes \(3,\), \(4,\) and \(\)"),
+])  # fmt: skip
+def test_a_refused_batch_leaves_the_statistics_as_they_were(logits, features, target, error, match):
+    criterion = MR2Loss(3, 4, class_tilt=1.0)
+    criterion(torch.randn(6, 3), torch.randn(6, 4), torch.arange(6) % 3)
+    before = {name: value.clone() for name, value in criterion.state_dict().items()}
+    with pytest.raises(error, match=match):
+        criterion(torch.randn(logits), torch.randn(features), target)
+    for name, value in criterion.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.int16])
+def test_mr2_loss_takes_targets_of_any_integer_dtype(dtype):
+    # int32 was counted in the statistics, then refused by cross_entropy; uint8 (which
+    # cross_entropy takes) was refused by index_add_.
+    features, target = torch.randn(9, 4), torch.arange(9) % 3
+    logits = torch.randn(9, 3)
+    want, got = MR2Loss(3, 4, lam=0.5), MR2Loss(3, 4, lam=0.5)
+    torch.testing.assert_close(
+        got(logits, features, target.to(dtype)), want(logits, features, target)
+    )
+    torch.testing.assert_close(got.moment_count, want.moment_count)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(n_classes=np.int64(3), n_features=np.int32(4)), None, None),  # y.max() + 1
+    (dict(n_classes=True), ValueError, "n_classes must be an int >= 1, got True"),
+    (dict(lam="0.5"), TypeError, "lam must be a number, got '0.5'"),
+    (dict(class_tilt=None), TypeError, "class_tilt must be a number, got None"),
+    (dict(tau="1"), TypeError, "tau must be a number or None, got '1'"),
+    (dict(normalize="no"), TypeError, "normalize must be True or False, got 'no'"),
+])  # fmt: skip
+def test_mr2_loss_names_the_parameter_of_a_wrong_type(kwargs, error, match):
+    if error is None:
+        assert MR2Loss(**kwargs).n_classes == 3
+        return
+    with pytest.raises(error, match=match):
+        MR2Loss(**({"n_classes": 3, "n_features": 4} | kwargs))
 
 
 @pytest.mark.parametrize("loss", ["margin", "compactness"])
