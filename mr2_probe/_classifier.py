@@ -631,7 +631,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         return state
 
     def _warn_if_short(self, result, solver, dtype, stacklevel):
-        """A ConvergenceWarning if the solver stopped short of ``tol``."""
+        """A ConvergenceWarning if the solver stopped short of ``tol``; its message is kept
+        in ``_stop_reason`` (None for a fit that converged), for searches whose fits warn
+        elsewhere."""
+        self._stop_reason = None
         if not result.converged:
             message = self._convergence_message(result, solver, dtype)
             if self.class_tilt > _STEEP_TILT:
@@ -641,6 +644,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                     f"many steps or stalls there. Tilts up to {_STEEP_TILT:g} already move "
                     "the worst classes (see mr2_probe.front); use one of those."
                 )
+            self._stop_reason = message
             warnings.warn(message, ConvergenceWarning, stacklevel=stacklevel)
 
     def _finish(self, head, result, solver, data):
@@ -751,7 +755,6 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         self.margins_ = to_numpy(result.margins)
         self.class_stats_ = _class_stats(result.stats, self.p_, self.difficulty)
         self.n_iter_ = int(result.n_iter)
-        self._converged = bool(result.converged)  # for searches whose fits warn elsewhere
         self.loss_curve_ = list(result.loss_curve)
         self.class_losses_ = to_numpy(result.class_loss)
         self.tilt_weights_ = to_numpy(result.tilt_weights)

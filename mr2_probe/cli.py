@@ -945,7 +945,7 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
 def _stopped_short(estimator, X, y) -> float:
     """A grid search's scorer: 1 for a fit that stopped short of tol. With --n-jobs its
     fits run in worker processes, whose warnings never reach this one."""
-    return float(not getattr(_final(estimator), "_converged", True))
+    return float(getattr(_final(estimator), "_stop_reason", None) is not None)
 
 
 def _fit(model, X, y, name: str):
@@ -961,9 +961,16 @@ def _fit(model, X, y, name: str):
         # A failed fit scores NaN in every column (GridSearchCV warns of it on its own).
         n_short, n_fits = int(np.nansum(folds) + refit), np.size(folds) + 1
         if n_short:
+            # The solver's own reason, where this process has it: the refit's.
+            reason = getattr(_final(model.best_estimator_), "_stop_reason", None)
+            why = (
+                f"the refit's: {_one_line(reason)}"
+                if reason
+                else "raise --max-iter, or scale the features"
+            )
             print(
                 f"mr2-probe: warning: {name}: {n_short} of its {n_fits} fits stopped short of "
-                "tol (raise --max-iter, or scale the features)",
+                f"tol ({why})",
                 file=sys.stderr,
             )
         return model

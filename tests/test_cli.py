@@ -589,6 +589,8 @@ def test_a_grid_search_in_worker_processes_counts_its_short_fits(files, capsys):
     assert not [line for line in err if "ConvergenceWarning" in line]
     said = [line for line in err if line.startswith("mr2-probe: warning:")]
     assert len(said) == 2 and all("5 of its 5 fits stopped short of tol" in s for s in said)
+    # and the solver's own reason, the refit's, which ran in this process
+    assert all("(the refit's: lbfgs did not converge in max_iter=1 iterations" in s for s in said)
 
 
 def test_the_front_s_short_fits_are_one_warning_line(files, capsys):
