@@ -93,7 +93,8 @@ def previous_fit_minibatch(
     stop = "tol" if converged else "max_iter"
     result = SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)
     # What the estimator now reads of every result: the class losses at the solution.
-    return _with_class_losses(result, head, source, spec, ClassRisk(source, spec.n_classes, 0))
+    risk = ClassRisk.of_source(source, spec.n_classes, 0)
+    return _with_class_losses(result, head, source, spec, risk)
 
 
 PREVIOUS = {"learning_rate": 1e-3, "n_iter_no_change": 10}
