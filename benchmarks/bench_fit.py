@@ -74,8 +74,18 @@ def main(argv=None):
     parser.add_argument(
         "--tilts", type=float, nargs="*", default=[1.0, 5.0], help="class_tilt rows"
     )
-    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument(
+        "--devices",
+        default="cpu,cuda",
+        help="devices of the MR2 rows, cuda where available (the peer always runs on the CPU)",
+    )
+    parser.add_argument(
+        "--json", type=Path, help="also write the results to this JSON file (after each row)"
+    )
     args = parser.parse_args(argv)
+    devices = set(args.devices.split(","))
+    if not devices <= {"cpu", "cuda"}:
+        parser.error(f"--devices takes cpu, cuda or both; got {args.devices!r}")
 
     X, y = make_features(
         args.n_samples * 6 // 5, args.n_features, args.n_classes, args.seed, args.offset
@@ -86,32 +96,25 @@ def main(argv=None):
     timed_fit(MR2LinearClassifier(max_iter=2, device="cpu"), X_train[:500], y_train[:500])
 
     common = dict(C=args.C, max_iter=args.max_iter)
-    models = [
-        ("LogisticRegression (sklearn)", "cpu", LogisticRegression(**common)),
-        ("MR2 c_bar=None (ERM)", "cpu", MR2LinearClassifier(c_bar=None, device="cpu", **common)),
-        ("MR2 c_bar=1", "cpu", MR2LinearClassifier(c_bar=1.0, device="cpu", **common)),
-    ]
-    models += [
-        (f"MR2 c_bar=1, class_tilt={t:g}", "cpu", MR2LinearClassifier(class_tilt=t, **common))
-        for t in args.tilts
-    ]
-    for _, _, model in models[1:]:
-        model.set_params(device="cpu")
-    if torch.cuda.is_available():
+    models = [("LogisticRegression (sklearn)", "cpu", LogisticRegression(**common))]
+    if "cuda" in devices and torch.cuda.is_available():
         timed_fit(MR2LinearClassifier(max_iter=2, device="cuda"), X_train[:500], y_train[:500])
+    else:
+        devices.discard("cuda")
+    for device in [d for d in ("cpu", "cuda") if d in devices]:
         models += [
             (
                 "MR2 c_bar=None (ERM)",
-                "cuda",
-                MR2LinearClassifier(c_bar=None, device="cuda", **common),
+                device,
+                MR2LinearClassifier(c_bar=None, device=device, **common),
             ),
-            ("MR2 c_bar=1", "cuda", MR2LinearClassifier(c_bar=1.0, device="cuda", **common)),
+            ("MR2 c_bar=1", device, MR2LinearClassifier(c_bar=1.0, device=device, **common)),
         ]
         models += [
             (
                 f"MR2 c_bar=1, class_tilt={t:g}",
-                "cuda",
-                MR2LinearClassifier(class_tilt=t, device="cuda", **common),
+                device,
+                MR2LinearClassifier(class_tilt=t, device=device, **common),
             )
             for t in args.tilts
         ]
@@ -152,23 +155,31 @@ def main(argv=None):
                 **{f"{k}_accuracy": float(s[k]) for k in ("overall", "hard", "worst")},
             }
         )
+        _write_json(args, len(y_test), rows, [])  # a run stopped early keeps its rows
     tilt_ratios = []
     for (name, device), seconds in times.items():
         if "class_tilt" in name:
             ratio = seconds / times["MR2 c_bar=1", device]
             print(f"{name} on {device}: {ratio:.2f}× the fit time of class_tilt=0")
             tilt_ratios.append({"model": name, "device": device, "fit_time_ratio": ratio})
-    if args.json is not None:
-        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        result = {
-            "config": config,
-            "n_test": len(y_test),
-            "torch_threads": torch.get_num_threads(),
-            "rows": rows,
-            "tilt_fit_time_ratios": tilt_ratios,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(args, len(y_test), rows, tilt_ratios)
+
+
+def _write_json(args, n_test: int, rows: list, tilt_ratios: list) -> None:
+    if args.json is None:
+        return
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    result = {
+        "config": config,
+        "n_test": n_test,
+        "torch_threads": torch.get_num_threads(),
+        "rows": rows,
+        "tilt_fit_time_ratios": tilt_ratios,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.json.with_name(args.json.name + ".tmp")
+    partial.write_text(json.dumps(result, indent=2) + "\n")
+    partial.replace(args.json)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Behaviour of MR2LinearClassifier: equivalences, inputs, fitted state, errors."""
 
+import os
 import pickle
 import subprocess
 import sys
@@ -363,7 +364,7 @@ def assert_predicts_in_a_process_without_gpu(model, X, tmp_path):
         "                  (joblib.load(folder + '/model.joblib'), 'joblib')):\n"
         "    np.save(f'{folder}/{name}.npy', clf.predict_proba(X))\n"
     )
-    env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # carried wheels on PYTHONPATH too
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, env=env)
     for name in ("pickle", "joblib"):
         np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), model.predict_proba(X))

@@ -48,7 +48,29 @@ def test_gpu_check_without_cuda_says_so_and_exits_0(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "no CUDA device found" in done.stdout
-    assert not (tmp_path / "check.json").exists()
+    result = json.loads((tmp_path / "check.json").read_text())
+    assert result == {
+        "ran": False,
+        "ok": False,
+        "reason": "no CUDA device found (torch.cuda.is_available() is False)",
+    }
+
+
+def test_gpu_check_with_an_interpreter_that_does_not_run_fails(tmp_path):
+    # It said "no CUDA device found" and exited 0, as if the machine had no GPU.
+    broken = tmp_path / 'py "thon'
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(BENCHMARKS / "gpu_check.sh"), str(tmp_path / "check.json")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": str(broken)},
+        timeout=60,
+    )
+    assert done.returncode == 1
+    reason = json.loads((tmp_path / "check.json").read_text())["reason"]
+    assert reason == f"{broken} does not run"
 
 
 def test_report_collects_every_section(tmp_path):
@@ -88,3 +110,19 @@ def test_report_collects_every_section(tmp_path):
     assert result["pytest_cuda"]["counts"] == {"passed": 1, "skipped": 1}
     assert result["pytest_cuda"]["tests"][1]["message"] == "needs CUDA"
     assert result["environment"]["packages"]["torch"]
+
+
+def test_a_check_in_which_no_cuda_test_passed_is_no_success(tmp_path, monkeypatch):
+    # Every section ran, but every CUDA test was skipped: the report said "all passed".
+    report = _load("gpu_check_report")
+    line = ["pytest_cuda", "ran", "0", "3", "60", "", "", "python -m pytest -m cuda"]
+    (tmp_path / "sections.tsv").write_text("\t".join(line) + "\n")
+    (tmp_path / "junit.xml").write_text(
+        '<testsuites><testsuite><testcase classname="t" name="a" time="0">'
+        '<skipped message="needs CUDA"/></testcase></testsuite></testsuites>'
+    )
+    monkeypatch.setenv("GPU_CHECK_COMMIT", "0123abc")  # the device's copy has no .git
+    result = report.build_report(tmp_path / "sections.tsv", tmp_path / "junit.xml", 3)
+    assert result["sections"]["pytest_cuda"]["status"] == "ok"
+    assert not result["pytest_cuda"]["passed"] and not result["ok"]
+    assert result["environment"]["commit"] == "0123abc"
