@@ -111,14 +111,17 @@ def _decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.
             for k, image in zip(todo, images, strict=True):
                 decoded[k] = image
             return decoded
-        except RuntimeError:
-            pass
+        except RuntimeError as err:
+            if _device_failed(err):
+                raise
         for k in todo:  # isolate the unreadable files
             try:
                 decoded[k] = decode_jpeg(data[k], mode=ImageReadMode.RGB, device=device)
             except RuntimeError as err:
                 if "out of memory" in str(err):  # the device's, not the file's: fail loudly
                     raise torch.OutOfMemoryError(str(err)) from err
+                if _device_failed(err):
+                    raise
                 # nvJPEG refuses valid files that libjpeg-turbo reads (CMYK, arithmetic
                 # coding, some chroma subsamplings): a failure only if the CPU fails too.
                 on_cpu = device.type == "cpu"
@@ -131,9 +134,20 @@ def _decode_on_cpu(data: torch.Tensor, device: torch.device) -> torch.Tensor | s
     from torchvision.io import ImageReadMode, decode_jpeg
 
     try:
-        return decode_jpeg(data, mode=ImageReadMode.RGB).to(device)
+        image = decode_jpeg(data, mode=ImageReadMode.RGB)
     except RuntimeError as err:
         return failure_reason(err)
+    return image.to(device)  # a failure here is the device's: raised, not recorded
+
+
+# What a failed device says (a sticky CUDA error fails every later call): raised, never
+# recorded as an unreadable image, or every later row of the run would be marked failed.
+_DEVICE_ERRORS = ("CUDA error", "CUDA driver error", "cuDNN error", "CUBLAS_STATUS", "device-side")
+
+
+def _device_failed(err: BaseException) -> bool:
+    accelerator = getattr(torch, "AcceleratorError", ())
+    return isinstance(err, accelerator) or any(text in str(err) for text in _DEVICE_ERRORS)
 
 
 def _assemble(
