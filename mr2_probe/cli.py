@@ -774,6 +774,8 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
 def _inputs(args):
     """Training and test data, checked to describe one task; the class names, if any."""
     X, y, names = load_xy(args.train, args.labels)
+    repeated = _repeated(names)
+    names = _distinct(names)
     classes = np.unique(y)
     if len(classes) < 2:  # refused here, before any fit (scikit-learn's own error came after)
         only = names[classes[0]] if names is not None else classes[0].item()
@@ -800,10 +802,19 @@ def _inputs(args):
             f"{X.shape[1]}; use features of the same backbone and settings"
         )
     _check_same_extraction(args.train, args.test)
+    repeated += _repeated(test_names)
+    test_names = _distinct(test_names)
     if names is not None and test_names is not None and names != test_names:
         # A store's labels are codes into its own class names: the test codes are
         # translated by name, so a test set may lack some of the training classes (a list
         # source names only the classes it holds, in its own order).
+        if repeated:  # two classes of one name: which is which cannot be read off names
+            raise UsageError(
+                f"{args.train} and {args.test} list their classes differently, and the class "
+                f"names {_few(sorted(set(repeated)))} name several classes: the test labels "
+                "cannot be matched to the training classes by name; extract both stores "
+                "with one list of class names"
+            )
         foreign = [name for name in test_names if name not in names]
         if foreign:
             raise UsageError(
@@ -824,6 +835,23 @@ def _inputs(args):
             f"({_few(shown)}); {advice}"
         )
     return X, y, X_test, y_test, names
+
+
+def _repeated(names: list[str] | None) -> list[str]:
+    """The class names that name several classes (ImageNet's lists name two 'crane')."""
+    if names is None:
+        return []
+    values, counts = np.unique(np.asarray(names, dtype=object), return_counts=True)
+    return [str(v) for v in values[counts > 1]]
+
+
+def _distinct(names: list[str] | None) -> list[str] | None:
+    """Class names with a repeated one told apart by its code, 'crane (134)': mapped to
+    names, the predictions of two classes of one name were scored as one class."""
+    repeated = set(_repeated(names))
+    if not repeated:
+        return names
+    return [f"{name} ({k})" if name in repeated else name for k, name in enumerate(names)]
 
 
 def _check_not_the_training_data(train: str, test: str) -> None:

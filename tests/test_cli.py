@@ -462,6 +462,32 @@ def test_test_store_labels_are_matched_to_the_training_classes_by_name(stores, c
 
 
 @NEEDS_H5
+def test_classes_of_one_name_are_scored_apart(tmp_path, capsys):
+    # Two classes named "crane": predictions mapped to names scored a crane of one class
+    # predicted as the other as correct (100% where the probe had 67%), and the test
+    # labels translated by name all went to the last "crane".
+    X, y = _blobs(30, seed=1)
+    X_test, y_test = _blobs(20, seed=2)
+    X[y == 1], X_test[y_test == 1] = X[y == 0], X_test[y_test == 0]  # 0 and 1 alike
+    cranes = ["crane", "crane", "dog"]
+    _store(tmp_path / "train.h5", X, y, cranes, source_fingerprint="sha256:train")
+    _store(tmp_path / "test.h5", X_test, y_test, cranes, source_fingerprint="sha256:test")
+    out = tmp_path / "run"
+    argv = [str(tmp_path / "train.h5"), "--test", str(tmp_path / "test.h5")]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["labels"] == ["crane (0)", "crane (1)", "dog"]
+    crane_0, crane_1, dog = report["per_class"]["ERM"]
+    assert crane_0 + crane_1 == pytest.approx(100) and dog == 100
+    assert report["rows"]["ERM"]["overall"] == pytest.approx(200 / 3)
+    # In another order, the test classes cannot be matched to the training ones by name.
+    _store(tmp_path / "other.h5", X_test, 2 - y_test, cranes[::-1], source_fingerprint="sha256:o")
+    argv[-1] = str(tmp_path / "other.h5")
+    status, err = _error([*argv, "--no-progress"], capsys)
+    assert status == 2 and "the class names 'crane' name several classes" in err[-1]
+
+
+@NEEDS_H5
 def test_another_shard_of_the_training_list_is_a_test_set(stores, capsys):
     argv = [str(stores / "shard0.h5"), "--test", str(stores / "shard1.h5"), "--no-progress"]
     assert main(argv) == 0
