@@ -105,6 +105,7 @@ _OPTIONS = {
 }
 # Written only by some runs; a stale copy from an earlier run in the same folder is removed.
 _CONDITIONAL_OUTPUTS = ("front.png", "class_names.json", "cv_curve.png")
+_FIGURES = ("class_accuracy.png", "groups.png", "margins.png", "front.png", "cv_curve.png")
 
 
 class UsageError(ValueError):
@@ -1058,14 +1059,7 @@ def _write_outputs(
         plot_margins,
     )
 
-    # The models first: they are what took the time.
-    joblib.dump(fitted, out / "models.joblib")
-    for name in _CONDITIONAL_OUTPUTS:
-        (out / name).unlink(missing_ok=True)
-    if names is not None:
-        (out / "class_names.json").write_text(json.dumps(names, ensure_ascii=False) + "\n")
     options = {key: value for key, value in vars(args).items() if key != "scale"}
-    (out / "command.json").write_text(json.dumps(options, indent=2) + "\n")
     text, markdown = [report.to_text(per_class=True)], [report.to_markdown(per_class=True)]
     if lines:
         text.append("\n".join(lines))
@@ -1074,18 +1068,59 @@ def _write_outputs(
         text.append(front.to_text())
         markdown.append(front.to_markdown())
         data["front"] = front.to_dict()
-    (out / "report.txt").write_text("\n\n".join(text) + "\n")
-    (out / "report.md").write_text("\n\n".join(markdown) + "\n")
-    (out / "report.json").write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    plot_class_accuracy(report, out / "class_accuracy.png", model=mr2_name)
-    plot_group_accuracy(report, out / "groups.png")
-    plot_margins(_final(fitted[mr2_name]), out / "margins.png", class_names=names)
+    # The models and the reports are written whole beside their places, then moved into
+    # them together: a run that fails or is killed leaves the earlier run's set, never a
+    # truncated model or reports that describe other models.
+    files = {
+        "models.joblib": lambda path: joblib.dump(fitted, path),
+        "command.json": _text(json.dumps(options, indent=2)),
+        "report.txt": _text("\n\n".join(text)),
+        "report.md": _text("\n\n".join(markdown)),
+        "report.json": _text(json.dumps(data, indent=2, ensure_ascii=False)),
+    }
+    if names is not None:
+        files["class_names.json"] = _text(json.dumps(names, ensure_ascii=False))
+    _replace_together(out, files)
+    for name in set(_CONDITIONAL_OUTPUTS) - set(files):
+        (out / name).unlink(missing_ok=True)
+    # Then the figures, each whole or not at all: none is left from the earlier run.
+    for name in _FIGURES:
+        (out / name).unlink(missing_ok=True)
+    figures = {
+        "class_accuracy.png": lambda path: plot_class_accuracy(report, path, model=mr2_name),
+        "groups.png": lambda path: plot_group_accuracy(report, path),
+        "margins.png": lambda path: plot_margins(_final(fitted[mr2_name]), path, class_names=names),
+    }
     if front is not None:
-        plot_front(front, out / "front.png")
+        figures["front.png"] = lambda path: plot_front(front, path)
     searches = {name: m for name, m in fitted.items() if hasattr(_final(m), "Cs_")}
     if searches:
-        plot_cv_curve(searches, out / "cv_curve.png", scoring=args.scoring)
+        figures["cv_curve.png"] = lambda path: plot_cv_curve(searches, path, scoring=args.scoring)
+    for name, write in figures.items():
+        _replace_together(out, {name: write})
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)
+
+
+def _text(content: str):
+    return lambda path: path.write_text(content + "\n")
+
+
+def _replace_together(folder: Path, files: dict) -> None:
+    """Write each file (name -> function writing a path) beside its place, then move them
+    all into place; if a write fails, nothing is moved and the error names the file."""
+    partial = {name: folder / f".{Path(name).stem}.partial{Path(name).suffix}" for name in files}
+    try:
+        for name, write in files.items():
+            try:
+                write(partial[name])
+            except OSError as err:
+                message = f"cannot write {folder / name}: {err.strerror or err}"
+                raise OSError(err.errno, message) from err
+        for name in files:
+            os.replace(partial[name], folder / name)
+    finally:
+        for path in partial.values():
+            path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """The mr2-probe command line: inputs, grid search, outputs, label convention and errors."""
 
+import errno
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import joblib
 import numpy as np
@@ -558,6 +561,43 @@ def test_a_failed_plot_loses_no_fit(files, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="no figures today"):
         main([str(files / "train.npz"), "--out", str(out), "--no-progress"])
     assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
+
+
+def test_a_run_that_fails_writing_leaves_the_earlier_outputs_whole(
+    files, tmp_path, monkeypatch, capsys
+):
+    # The outputs were written in place: a full disk truncated models.joblib (the earlier
+    # run's models lost) and left reports of the earlier run beside it, or new reports
+    # beside the earlier run's figures; the error did not name the file.
+    import mr2_probe.plotting
+
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    write_text = Path.write_text
+
+    def full(path, *args, **kwargs):
+        if path.name.startswith(".report.partial"):
+            raise OSError(errno.EFBIG, "File too large")
+        return write_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    status, err = _error([*argv, "--C", "0.01"], capsys)
+    assert status == 2 and re.search(r"cannot write .*/report\.txt: File too large", err[-1])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no partial files
+    monkeypatch.setattr(Path, "write_text", write_text)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no figures today")
+
+    monkeypatch.setattr(mr2_probe.plotting, "plot_group_accuracy", broken)
+    with pytest.raises(RuntimeError, match="no figures today"):
+        main([*argv, "--C", "0.01"])
+    assert json.loads((out / "command.json").read_text())["C"] == 0.01
+    assert (out / "class_accuracy.png").exists()  # written before the broken figure
+    assert not (out / "groups.png").exists()  # none of the earlier run's figures is left
+    assert not (out / "margins.png").exists()
 
 
 @pytest.mark.slow
