@@ -816,14 +816,16 @@ def _inputs(args):
                 "cannot be matched to the training classes by name; extract both stores "
                 "with one list of class names"
             )
-        foreign = [name for name in test_names if name not in names]
+        # Only classes the test labels hold: one whose every image failed is not there.
+        held = [test_names[k] for k in np.unique(y_test).tolist()]
+        foreign = [name for name in held if name not in names]
         if foreign:
             raise UsageError(
                 f"{args.test} has {len(foreign)} classes that {args.train} does not "
                 f"({_few(foreign)}); a probe cannot predict classes it was not trained on"
             )
         code = {name: k for k, name in enumerate(names)}
-        y_test = np.array([code[name] for name in test_names], dtype=y.dtype)[y_test]
+        y_test = np.array([code.get(name, -1) for name in test_names], dtype=y.dtype)[y_test]
     unseen = sorted(set(np.unique(y_test).tolist()) - set(classes.tolist()), key=str)
     if unseen:
         shown = unseen

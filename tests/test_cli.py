@@ -377,11 +377,11 @@ def test_feature_scaling_logit_scale_and_the_deprecated_scale(files, tmp_path, c
     ]  # fmt: skip
 
 
-def _store(path, X, y, class_names, done=True, **provenance):
-    """A feature store written with extract's own writer."""
+def _store(path, X, y, class_names, done=True, failed=(), **provenance):
+    """A feature store written with extract's own writer (the rows ``failed`` failed)."""
     import h5py
 
-    from extract._store import DONE, create_store, write_rows
+    from extract._store import DONE, FAILED, create_store, write_rows
 
     n = len(y)
     provenance = {"format_version": 2} | provenance
@@ -393,6 +393,7 @@ def _store(path, X, y, class_names, done=True, **provenance):
     rows = n if done else 2 * n // 3
     with h5py.File(path, "r+") as f:
         status = np.full(rows, DONE, np.uint8)
+        status[list(failed)] = FAILED
         write_rows(f, np.arange(rows), X[:rows], status, [""] * rows, [""] * rows)
     return path
 
@@ -488,6 +489,17 @@ def test_classes_of_one_name_are_scored_apart(tmp_path, capsys):
     argv[-1] = str(tmp_path / "other.h5")
     status, err = _error([*argv, "--no-progress"], capsys)
     assert status == 2 and "the class names 'crane' name several classes" in err[-1]
+
+
+@NEEDS_H5
+def test_a_test_class_whose_every_image_failed_is_not_a_foreign_class(stores, tmp_path):
+    # Refused as "1 classes that store.h5 does not ('Bag')", although no Bag was left.
+    X_test, y_test = _blobs(10, seed=2)
+    X_test, y_test = np.r_[X_test, X_test[:2]], np.r_[y_test, 3, 3]
+    names = [*FASHION, "Bag"]
+    _store(tmp_path / "bag.h5", X_test, y_test, names, failed=[30, 31])
+    argv = [str(stores / "store.h5"), "--test", str(tmp_path / "bag.h5"), "--no-progress"]
+    assert main(argv) == 0
 
 
 @NEEDS_H5
