@@ -859,7 +859,10 @@ def _distinct(names: list[str] | None) -> list[str] | None:
 
 def _check_not_the_training_data(train: str, test: str) -> None:
     """Refuse a --test that is the training file itself, or a store of the same images or
-    of some of them: its accuracy would be training accuracy."""
+    of some of them: its accuracy would be training accuracy. Stores that record each
+    image's sha256 (extract's) are compared by content: a test store of other images is
+    taken even where the listings look alike, and one of training images is refused
+    however it was listed; a few images shared by two sources are only said."""
     shared = "the training images" if Path(train).resolve() == Path(test).resolve() else None
     if not shared and {Path(train).suffix.lower(), Path(test).suffix.lower()} <= {".h5", ".hdf5"}:
         from extract import load_features
@@ -871,9 +874,24 @@ def _check_not_the_training_data(train: str, test: str) -> None:
         origin = ("source_root", "source_files")
         with load_features(train) as a, load_features(test) as b:
             mine, theirs = ([s.metadata.get(k) for k in keys + origin] for s in (a, b))
-            if mine[0] is not None and mine[:3] == theirs[:3]:
+            same_list = mine[0] is not None and mine[:3] == theirs[:3]
+            same_source = bool(mine[3]) and mine[3:] == theirs[3:]
+            common = _common_images(a, b)
+            if common is not None:  # by content
+                n_common, n_test = common
+                if n_common and (n_common == n_test or same_list or same_source):
+                    shared = "the training images" if n_common == n_test else (
+                        f"{n_common} of the training images"
+                    )  # fmt: skip
+                elif n_common:
+                    print(
+                        f"mr2-probe: warning: {n_common} of the {n_test} images of --test "
+                        f"{test} are byte for byte images of {train}",
+                        file=sys.stderr,
+                    )
+            elif same_list:
                 shared = "the training images"
-            elif mine[3] and mine[3:] == theirs[3:]:
+            elif same_source:
                 both = sorted(set(a.paths) & set(b.paths))
                 shared = f"{len(both)} of the training images ({_few(both, 2)})" if both else None
     if shared:
@@ -882,6 +900,21 @@ def _check_not_the_training_data(train: str, test: str) -> None:
             "training accuracy; pass a store of other images, or leave --test out to hold "
             "out --test-size of the training data"
         )
+
+
+def _common_images(train, test) -> tuple[int, int] | None:
+    """``(n, n_test)``: how many of the test store's usable images are, byte for byte,
+    images of the training store (by the sha256 both record); None where either store
+    records no digests (stores written by other tools)."""
+    digests = []
+    for store in (train, test):
+        if store.file is None or "content_sha256" not in store.file:
+            return None
+        found = store.file["content_sha256"][:][store.rows]
+        if not len(found) or (found == b"").any():
+            return None
+        digests.append(found)
+    return int(np.isin(digests[1], digests[0]).sum()), len(digests[1])
 
 
 def _check_splits(y, grid: dict, args) -> None:

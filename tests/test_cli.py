@@ -377,8 +377,9 @@ def test_feature_scaling_logit_scale_and_the_deprecated_scale(files, tmp_path, c
     ]  # fmt: skip
 
 
-def _store(path, X, y, class_names, done=True, failed=(), **provenance):
-    """A feature store written with extract's own writer (the rows ``failed`` failed)."""
+def _store(path, X, y, class_names, done=True, failed=(), digests=None, **provenance):
+    """A feature store written with extract's own writer (the rows ``failed`` failed;
+    ``digests``, the images' sha256, empty by default)."""
     import h5py
 
     from extract._store import DONE, FAILED, create_store, write_rows
@@ -394,7 +395,8 @@ def _store(path, X, y, class_names, done=True, failed=(), **provenance):
     with h5py.File(path, "r+") as f:
         status = np.full(rows, DONE, np.uint8)
         status[list(failed)] = FAILED
-        write_rows(f, np.arange(rows), X[:rows], status, [""] * rows, [""] * rows)
+        digests = [""] * rows if digests is None else list(digests)[:rows]
+        write_rows(f, np.arange(rows), X[:rows], status, [""] * rows, digests)
     return path
 
 
@@ -500,6 +502,35 @@ def test_a_test_class_whose_every_image_failed_is_not_a_foreign_class(stores, tm
     _store(tmp_path / "bag.h5", X_test, y_test, names, failed=[30, 31])
     argv = [str(stores / "store.h5"), "--test", str(tmp_path / "bag.h5"), "--no-progress"]
     assert main(argv) == 0
+
+
+@NEEDS_H5
+def test_training_images_in_a_test_store_are_found_by_their_content(tmp_path, capsys):
+    # Two folders of other images with the same file names, sizes and times (an archive
+    # unpacked twice) made one fingerprint: refused as "the training images". A list file
+    # naming training images from elsewhere (another source root) was taken.
+    X, y = _blobs(10, seed=1)
+    X_test, y_test = _blobs(4, seed=2)
+    train = [f"{k:064x}" for k in range(30)]
+    other = [f"{k + 100:064x}" for k in range(12)]
+    same = dict(source_fingerprint="sha256:listing")
+    _store(tmp_path / "train.h5", X, y, FASHION, digests=train, source_root="/a", **same)
+    _store(tmp_path / "alike.h5", X_test, y_test, FASHION, digests=other, source_root="/b", **same)
+    run = [str(tmp_path / "train.h5"), "--no-progress", "--test"]
+    assert main([*run, str(tmp_path / "alike.h5")]) == 0
+    picked = [0, 1, 10, 11, 20, 21]  # two training images of each class, listed elsewhere
+    listed = dict(source_fingerprint="sha256:list", source_root="/lists")
+    digests = [train[k] for k in picked]
+    _store(tmp_path / "picked.h5", X[picked], y[picked], FASHION, digests=digests, **listed)
+    status, err = _error([*run, str(tmp_path / "picked.h5")], capsys)
+    assert status == 2 and "holds the training images of" in err[-1]
+    # A few images that two sources share are said, not refused.
+    mixed = other[:10] + train[:2]
+    _store(tmp_path / "mixed.h5", X_test, y_test, FASHION, digests=mixed,
+           source_fingerprint="sha256:mixed", source_root="/c")  # fmt: skip
+    capsys.readouterr()
+    assert main([*run, str(tmp_path / "mixed.h5")]) == 0
+    assert "warning: 2 of the 12 images of --test" in capsys.readouterr().err
 
 
 @NEEDS_H5
