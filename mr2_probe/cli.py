@@ -977,6 +977,14 @@ def _check_same_extraction(train: str, test: str) -> None:
     old, new = _feature_provenance(train), _feature_provenance(test)
     if old is None or new is None:
         return
+    for path, mine, other in ((train, old, new), (test, new, old)):
+        unknown = [k for k in ("backbone", "weights") if k in other and k not in mine]
+        if unknown:  # a store written by another tool: nothing to compare with
+            print(
+                f"mr2-probe: warning: {path} records no {' or '.join(unknown)}, so whether "
+                "its features are comparable with the other store's cannot be checked",
+                file=sys.stderr,
+            )
     differ = [k for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
     if differ:
         shown = "; ".join(f"{k}: {old[k]!r} and {new[k]!r}" for k in differ[:3])

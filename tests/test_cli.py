@@ -564,6 +564,16 @@ def test_stores_that_differ_in_decoding_only_are_compared(stores, capsys):
 
 
 @NEEDS_H5
+def test_a_store_that_records_no_backbone_is_said(stores, capsys):
+    # A store from another tool (features, labels, class names alone) was compared with
+    # an extracted one without a word.
+    argv = [str(stores / "r18.h5"), "--test", str(stores / "store_test.h5"), "--no-progress"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "store_test.h5 records no backbone or weights, so whether its features" in err
+
+
+@NEEDS_H5
 def test_saved_models_score_a_store_as_extract_loads_it(stores, tmp_path, capsys):
     from extract import load_features
 
