@@ -429,6 +429,7 @@ def _run(args) -> int:
         print(front.to_text())
     if out is not None:
         data = report.to_dict()
+        data["inputs"] = _inputs_record(args, y, y_test, names)
         if search:
             data["search"] = {"scoring": args.scoring, "cv": args.cv, "best_params": search}
         data["notes"] = notes
@@ -439,6 +440,51 @@ def _run(args) -> int:
             }
         _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names)
     return 0
+
+
+# What report.json records of a store, so that a per-class result can be traced to the
+# features it was measured on.
+_RECORDED_PROVENANCE = (
+    "backbone", "weights", "preprocessing", "compute", "dtype", "normalize", "source",
+    "source_root", "source_fingerprint", "shard_rank", "shard_world_size",
+)  # fmt: skip
+
+
+def _inputs_record(args, y, y_test, names) -> dict:
+    """The files the report was measured on, and how many samples of each class it
+    counted: each file's absolute path and, for a store, its provenance and the failed
+    images left out; for a held-out test set, the split that made it."""
+
+    def counts(labels) -> dict:
+        values, n = np.unique(labels, return_counts=True)
+        shown = values if names is None else np.asarray(names, dtype=object)[values]
+        return {str(v): int(k) for v, k in zip(shown, n, strict=True)}
+
+    def record(path, labels_path, labels) -> dict:
+        entry = {"path": os.path.abspath(path)}
+        if labels_path is not None:
+            entry["labels"] = os.path.abspath(labels_path)
+        if Path(path).suffix.lower() in (".h5", ".hdf5"):
+            from extract import load_features
+
+            with load_features(path) as store:
+                metadata, failed = store.metadata, len(store.failures)
+            entry["provenance"] = {k: metadata[k] for k in _RECORDED_PROVENANCE if k in metadata}
+            entry["failed_images_left_out"] = failed
+        return entry | {"samples": int(len(labels)), "samples_per_class": counts(labels)}
+
+    train = record(args.train, args.labels, y)
+    if args.test is None:
+        test = {
+            "held_out_of": train["path"],
+            "test_size": args.test_size,
+            "seed": args.seed,
+            "samples": int(len(y_test)),
+            "samples_per_class": counts(y_test),
+        }
+    else:
+        test = record(args.test, args.test_labels, y_test)
+    return {"train": train, "test": test}
 
 
 def _curves(search, args) -> dict:

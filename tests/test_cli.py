@@ -564,6 +564,31 @@ def test_stores_that_differ_in_decoding_only_are_compared(stores, capsys):
 
 
 @NEEDS_H5
+def test_the_report_records_the_inputs_it_was_measured_on(stores, files, tmp_path):
+    # report.json held no input path, backbone, weights or per-class sample counts: a
+    # per-class result could not be traced to the features it was measured on.
+    out = tmp_path / "run"
+    argv = [str(stores / "r18.h5"), "--test", str(stores / "r18_tensor.h5"), "--no-progress"]
+    assert main([*argv, "--out", str(out)]) == 0
+    inputs = json.loads((out / "report.json").read_text())["inputs"]
+    train, test = inputs["train"], inputs["test"]
+    assert train["path"] == str((stores / "r18.h5").resolve())
+    assert train["provenance"]["backbone"] == "timm:resnet18"
+    assert train["provenance"]["weights"] == "sha256:aa"
+    assert test["provenance"]["preprocessing"]["decode"] == "tensor"
+    assert train["failed_images_left_out"] == 0
+    assert train["samples_per_class"] == dict.fromkeys(FASHION, 30) and train["samples"] == 90
+    assert test["samples_per_class"] == dict.fromkeys(FASHION, 10)
+    main([str(files / "train.npz"), "--out", str(out), "--no-progress"])
+    inputs = json.loads((out / "report.json").read_text())["inputs"]
+    assert inputs["test"]["held_out_of"] == inputs["train"]["path"]
+    assert inputs["test"]["test_size"] == 0.2 and "provenance" not in inputs["train"]
+    assert inputs["train"]["samples"] + inputs["test"]["samples"] == len(
+        np.load(files / "train.npz")["y"]
+    )
+
+
+@NEEDS_H5
 def test_a_store_that_records_no_backbone_is_said(stores, capsys):
     # A store from another tool (features, labels, class names alone) was compared with
     # an extracted one without a word.
