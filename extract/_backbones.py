@@ -208,6 +208,20 @@ def hub_weights_id(tag: str, model: nn.Module) -> str:
     return f"tag:{tag} params-sha256:{digest.hexdigest()}"
 
 
+# What a failed device says (a sticky CUDA error fails every later call), as opposed to
+# a model's or a file's own error.
+_DEVICE_ERRORS = re.compile(
+    r"CUDA error|CUDA driver error|cuDNN error|CUDNN_STATUS|CUBLAS_STATUS|device-side|out of memory"
+)
+
+
+def device_failed(err: BaseException) -> bool:
+    """Whether ``err`` is the device's failure (raised as it is, never recorded as a bad
+    model input or an unreadable image)."""
+    accelerator = getattr(torch, "AcceleratorError", ())
+    return isinstance(err, accelerator) or bool(_DEVICE_ERRORS.search(str(err)))
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """Return ``sha256:<hex>`` of a file, read in 1 MiB blocks."""
     digest = hashlib.sha256()
@@ -825,8 +839,10 @@ def create_backbone(
     spec = parse_backbone_spec(spec)
     # Random initialisation is seeded so that resumed runs and shards use the same weights;
     # fork_rng restores the caller's global RNG state afterwards.
+    # Models are built on the CPU: its generator alone is seeded (torch.manual_seed would
+    # reseed every CUDA device's too, which fork_rng(devices=[]) does not restore).
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+        torch.random.default_generator.manual_seed(0)
         model, transform, pre, weights_id = _BUILDERS[spec.family](spec, image_size)
     model = model.eval().requires_grad_(False).to(device)
     channels_last = _is_convolutional(model)
@@ -837,10 +853,7 @@ def create_backbone(
         with torch.inference_mode():
             dim = model(torch.zeros(1, 3, *pre["crop"], device=device)).shape[-1]
     except (AssertionError, RuntimeError) as err:  # e.g. a model built for one input size
-        device_error = isinstance(err, getattr(torch, "AcceleratorError", ())) or re.search(
-            r"CUDA|cuDNN|CUBLAS|out of memory", str(err)
-        )
-        if device_error or not image_size:
+        if device_failed(err) or not image_size:
             raise
         reason = (str(err).strip().splitlines() or [type(err).__name__])[-1].strip()
         raise BackboneError(

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from mr2_probe._device import resolve_device
 
-from ._backbones import Backbone, BackboneSpec, create_backbone
+from ._backbones import Backbone, BackboneSpec, create_backbone, device_failed
 from ._images import (
     NOT_A_FILE,
     ImageSource,
@@ -112,7 +112,7 @@ def _decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.
                 decoded[k] = image
             return decoded
         except RuntimeError as err:
-            if _device_failed(err):
+            if device_failed(err) and "out of memory" not in str(err):  # one at a time then
                 raise
         for k in todo:  # isolate the unreadable files
             try:
@@ -120,7 +120,7 @@ def _decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.
             except RuntimeError as err:
                 if "out of memory" in str(err):  # the device's, not the file's: fail loudly
                     raise torch.OutOfMemoryError(str(err)) from err
-                if _device_failed(err):
+                if device_failed(err):
                     raise
                 # nvJPEG refuses valid files that libjpeg-turbo reads (CMYK, arithmetic
                 # coding, some chroma subsamplings): a failure only if the CPU fails too.
@@ -138,16 +138,6 @@ def _decode_on_cpu(data: torch.Tensor, device: torch.device) -> torch.Tensor | s
     except RuntimeError as err:
         return failure_reason(err)
     return image.to(device)  # a failure here is the device's: raised, not recorded
-
-
-# What a failed device says (a sticky CUDA error fails every later call): raised, never
-# recorded as an unreadable image, or every later row of the run would be marked failed.
-_DEVICE_ERRORS = ("CUDA error", "CUDA driver error", "cuDNN error", "CUBLAS_STATUS", "device-side")
-
-
-def _device_failed(err: BaseException) -> bool:
-    accelerator = getattr(torch, "AcceleratorError", ())
-    return isinstance(err, accelerator) or any(text in str(err) for text in _DEVICE_ERRORS)
 
 
 def _assemble(

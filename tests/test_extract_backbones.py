@@ -479,6 +479,16 @@ def test_hub_offline_setting_is_respected(no_network, monkeypatch):
         create_backbone("timm:test_resnet")
 
 
+def test_building_a_backbone_leaves_every_random_generator_as_it_was(monkeypatch):
+    # torch.manual_seed(0) reseeded every CUDA device's generator too, which fork_rng over
+    # the CPU alone did not restore: a training loop's CUDA randomness was reset.
+    seeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: seeded.append(seed))
+    state = torch.random.get_rng_state()
+    create_backbone("timm:test_resnet@random", image_size=32)
+    assert not seeded and torch.equal(torch.random.get_rng_state(), state)
+
+
 def test_timm_default_loads_cached_hub_weights_without_network(no_network, monkeypatch):
     import timm
     from safetensors.torch import save_file
