@@ -378,8 +378,12 @@ def test_cuda_cosine_search_chooses_as_the_cpu_one(digits_unit):
         warnings.simplefilter("ignore", ConvergenceWarning)
         cpu = MR2LinearClassifierCV(device="cpu", **params).fit(X, y)
         gpu = MR2LinearClassifierCV(device="cuda", **params).fit(X, y)
-    assert gpu.C_ == cpu.C_
     np.testing.assert_allclose(gpu.scores_[0], cpu.scores_[0], atol=0.01)
+    # The same scale, or (16 and 64 score 2 samples apart on the CPU) one that the CPU
+    # scores within the scores' tolerance of its best.
+    cpu_mean = cpu.scores_[0].mean(0)
+    chosen = cpu_mean[list(cpu.Cs_).index(gpu.C_)]
+    assert gpu.C_ == cpu.C_ or chosen >= cpu_mean.max() - 0.01
     assert np.mean(gpu.predict(X) == cpu.predict(X)) > 0.99
 
 
