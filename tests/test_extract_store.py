@@ -435,9 +435,12 @@ def test_shards_made_differently_are_refused_in_any_order(folder, tmp_path, orde
     assert not out.exists()
 
 
-def test_tensor_decoding_matches_pil(store, folder, tmp_path):
-    # A worker process ships the undecoded JPEG bytes to the main process.
-    tensor_fast = FAST | dict(num_workers=1)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_tensor_decoding_matches_pil(store, folder, tmp_path, device):
+    # A worker process ships the undecoded JPEG bytes to the main process. On CUDA they are
+    # decoded by nvJPEG, which must fail the corrupt and truncated files PIL fails (and
+    # decode on the CPU those it refuses but PIL reads), with features in bfloat16.
+    tensor_fast = FAST | dict(num_workers=1, device=device)
     out = extract_features(folder, BACKBONE, tmp_path / "t.h5", decode="tensor", **tensor_fast)
     pil, tensor = load_features(store, in_memory=True), load_features(out, in_memory=True)
     assert tensor.metadata["preprocessing"]["decode"] == "tensor"
