@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -185,25 +186,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"the device ran out of memory at --batch-size {args.batch_size}; use a smaller "
             "--batch-size (or --image-size)"
         )
-    except (ValueError, OSError, ImportError) as err:
-        # Bad arguments, paths, stores, specs and weights; the store errors, BackboneError
-        # and WeightsUnavailableError are ValueErrors, StoreNotFoundError also an OSError,
-        # StoreLockedError and IncompleteStoreError also RuntimeErrors (so caught first).
+    except (ValueError, OSError, ImportError, RuntimeError, MemoryError) as err:
         if args.debug:
             raise
-        return _error(err)
-    except (MemoryError, RuntimeError) as err:
-        if args.debug:
-            raise
+        # HDF5 reports a full disk as an OSError (a write), a ValueError (a dataset's
+        # creation) or a RuntimeError (a flush), with errno 28 in its text.
+        if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err):
+            return _error(
+                f"the disk ran out of space ({_first_line(err)}); free some space, then run "
+                "the same command again to resume: rows are marked done only once written"
+            )
+        if isinstance(err, ValueError | OSError | ImportError):
+            # Bad arguments, paths, stores, specs and weights: the store errors (among them
+            # StoreLockedError and IncompleteStoreError, RuntimeErrors too), BackboneError
+            # and WeightsUnavailableError are ValueErrors, StoreNotFoundError an OSError.
+            return _error(err)
         if isinstance(err, MemoryError) or "can't allocate memory" in str(err):
             return _error(
                 f"the machine ran out of memory ({_first_line(err)}); use a smaller "
                 "--batch-size or --image-size, then run the same command again to resume"
-            )
-        if "No space left on device" in str(err):  # HDF5's write errors are RuntimeErrors
-            return _error(
-                f"the disk ran out of space ({_first_line(err)}); free some space, then run "
-                "the same command again to resume: rows are marked done only once written"
             )
         if "DataLoader worker" not in str(err):
             raise

@@ -332,9 +332,16 @@ def make_output_folder(path: str | os.PathLike) -> None:
 ROW_BYTES = 1 + np.dtype(REASON_DTYPE).itemsize + np.dtype(DIGEST_DTYPE).itemsize + 4 * 8
 
 
+# Per path, beside its UTF-8 bytes: HDF5's variable-length string (heap entry and pointer).
+PATH_OVERHEAD = 48
+
+
 def _check_space(path: str, size: int) -> None:
-    """Refuse a store that its folder has no room for, before any of it is written."""
+    """Refuse a store that its folder has no room for, before any of it is written (a
+    leftover ``path`` of an earlier creation is replaced, so its room counts as free)."""
     free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    if os.path.isfile(path):
+        free += os.path.getsize(path)
     if size > free:
         raise StoreError(
             f"No space left for the feature store {path.removesuffix('.tmp')!r}: it needs "
@@ -393,7 +400,21 @@ def create_store(
     # About 1 MiB per chunk: large enough for fast streaming, small enough for row reads.
     chunk_rows = int(max(1, min(n, (1 << 20) // (dim * itemsize))))
     tmp = f"{os.fspath(path)}.tmp"
-    _check_space(tmp, n * (dim * itemsize + ROW_BYTES) + sum(len(i) for i in ids) + (1 << 16))
+    chunks = -(-n // chunk_rows) if n else 0  # features take whole chunks
+    size = chunks * chunk_rows * dim * itemsize + n * ROW_BYTES + (1 << 16)
+    size += sum(len(i.encode()) + PATH_OVERHEAD for i in ids)  # variable-length strings
+    _check_space(tmp, size)
+    try:
+        _write_new_store(tmp, n, dim, dtype, chunk_rows, provenance, record, labels, indices,
+                         ids, class_names, file_size, file_mtime_ns)  # fmt: skip
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # a part of a store is no store (a full disk)
+        raise
+    os.replace(tmp, path)
+
+
+def _write_new_store(tmp, n, dim, dtype, chunk_rows, provenance, record, labels, indices,
+                     ids, class_names, file_size, file_mtime_ns) -> None:  # fmt: skip
     with h5py.File(tmp, "w") as f:
         f.create_dataset(
             "features",
@@ -415,7 +436,6 @@ def create_store(
         for key, value in (provenance | record).items():
             f.attrs[key] = json.dumps(value) if isinstance(value, dict | list) else value
         f.attrs["class_names"] = json.dumps(list(class_names))
-    os.replace(tmp, path)
 
 
 def check_format(path: str | os.PathLike, attrs: dict) -> None:

@@ -336,14 +336,21 @@ def test_retry_failed_takes_a_repaired_image(tmp_path, capsys):
     ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
      "memory: you tried to allocate 120000000000 bytes.",
      ("ran out of memory", "use a smaller --batch-size or --image-size")),
-    # HDF5 reports a failed write as a RuntimeError: a traceback of some hundred lines.
+    # HDF5 reports a failed flush as a RuntimeError: a traceback of some hundred lines.
     ("Unable to synchronously flush file (file write failed: time = Tue Dec  1 2026\n, "
      "filename = 'f.h5', errno = 28, error message = 'No space left on device')",
      ("error: the disk ran out of space (Unable to", "run the same command again to resume")),
+    # a failed write as an OSError, a dataset it could not create as a ValueError: the
+    # raw HDF5 text, without what to do
+    (OSError(28, "Can't synchronously write data (No space left on device)"),
+     ("error: the disk ran out of space (", "run the same command again to resume")),
+    (ValueError("Unable to synchronously create dataset (errno = 28, error message = 'No "
+                "space left on device')"),
+     ("error: the disk ran out of space (Unable to", "run the same command again")),
 ])  # fmt: skip
 def test_out_of_memory_or_disk_is_one_line(message, expected, tmp_path, capsys, monkeypatch):
     def fail(*args, **kwargs):
-        raise RuntimeError(message)
+        raise message if isinstance(message, Exception) else RuntimeError(message)
 
     monkeypatch.setattr(extract, "extract_features", fail)
     assert main([str(tmp_path), "timm:test_resnet@random", str(tmp_path / "f.h5")]) == 2

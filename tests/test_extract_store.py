@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -114,6 +115,29 @@ def test_a_store_without_room_is_refused_before_anything_is_written(folder, tmp_
     with pytest.raises(StoreError, match=r"No space left for the feature store .* MiB free"):
         extract_features(folder, BACKBONE, out, **FAST)
     assert not out.exists() and not out.with_name("f.h5.tmp").exists()
+    # A leftover part of an earlier creation is replaced: its room counts as free.
+    with h5py.File(out.with_name("f.h5.tmp"), "w") as f:  # a killed creation's
+        f["features"] = np.zeros((1 << 18,), np.float32)  # 1 MiB
+    extract_features(folder, BACKBONE, out, **FAST)
+    assert out.exists() and not out.with_name("f.h5.tmp").exists()
+
+
+def test_a_store_whose_creation_fails_leaves_no_part(tmp_path, monkeypatch):
+    # A disk that filled up during the creation left a full-size <out>.tmp behind.
+    from extract import _store
+
+    def full(tmp, *args):
+        Path(tmp).write_bytes(b"\0" * 1000)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_store, "_write_new_store", full)
+    with pytest.raises(OSError, match="No space left"):
+        _store.create_store(
+            tmp_path / "f.h5", provenance={}, record={}, dim=4, dtype="float32",
+            labels=np.zeros(3, int), indices=np.arange(3), ids=["a", "b", "c"],
+            class_names=["x"], file_size=np.full(3, -1), file_mtime_ns=np.full(3, -1),
+        )  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_failures_are_recorded_and_skipped(store):
