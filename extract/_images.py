@@ -383,11 +383,12 @@ def label_kind_problem(labels: list[str], as_names: bool = False) -> tuple[int, 
     (labels that were strings) digits are names too."""
     if "" in labels:
         return labels.index(""), "which is empty: every sample needs a label"
-    indices = [not as_names and label.isascii() and label.isdigit() for label in labels]
+    digits = [label.isascii() and label.isdigit() for label in labels]
+    indices = [d and not as_names for d in digits]
     if all(indices):
         return None
     unlabelled = [bool(re.fullmatch(r"-\d+", label)) for label in labels]
-    if all(unlabelled) or (any(indices) and any(unlabelled)):  # names may be "-1" and "+1"
+    if all(unlabelled) or (any(digits) and any(unlabelled)):  # names may be "-1" and "+1"
         i = unlabelled.index(True)
         return i, (
             f"which is no class index ({labels[i]} marks an unlabelled sample, as in test splits)"

@@ -43,6 +43,8 @@ def lp_norm_sq(v: torch.Tensor, p: float, *, overwrite: bool = False) -> torch.T
     """
     if p == 2:
         return (v * v).sum(-1)
+    if v.dtype in (torch.float16, torch.bfloat16):  # sums of powers leave float16's range
+        return lp_norm_sq(v.float(), p, overwrite=True).to(v.dtype)
     a = v.abs_() if overwrite and not v.requires_grad else v.abs()
     peak = a.amax(-1, keepdim=True)
     # an infinite entry: the norm is inf, not inf / inf = NaN

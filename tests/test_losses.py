@@ -79,6 +79,19 @@ def test_lp_norm_sq_matches_the_norm_and_keeps_its_gradient(p):
         assert lp_norm_sq(nan_row, p).isnan().all()
 
 
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_lp_statistics_of_half_precision_features_are_summed_in_float32(half):
+    # The sum of |x|^p / peak^p over 1280 entries, squared for p = 1, passed float16's
+    # 65504: L1 spreads of inf (and bfloat16 sums lost bits).
+    g = torch.Generator().manual_seed(0)
+    features, labels = torch.randn(100, 1280, generator=g) * 1e-2, torch.arange(100) % 2
+    exact = class_statistics(features.to(half).double(), labels, 2, 1.0).msd
+    stats = class_statistics(features.to(half), labels, 2, 1.0)
+    assert stats.msd.dtype == half
+    rtol = 1e-2 if half == torch.float16 else 5e-2  # bfloat16's class means round more
+    torch.testing.assert_close(stats.msd.double(), exact, rtol=rtol, atol=0)
+
+
 @pytest.mark.parametrize("c_bar, p", [(1.0, 2.0), (2.0, 3.0), (0.5, 5.0)])
 def test_margins_match_loop_and_average_c_bar(c_bar, p):
     features, labels, k = _data(1)
