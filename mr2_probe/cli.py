@@ -1031,6 +1031,18 @@ def _check_same_extraction(train: str, test: str) -> None:
                 "its features are comparable with the other store's cannot be checked",
                 file=sys.stderr,
             )
+    for path, mine, other in ((train, old, new), (test, new, old)):
+        tag = mine.get("weights")
+        if isinstance(tag, str) and str(other.get("weights")).startswith(f"{tag} params-sha256:"):
+            # A hub tag recorded before the weights were hashed: the same tag, not
+            # necessarily the same revision of it.
+            print(
+                f"mr2-probe: warning: {path} records its weights by their tag alone "
+                f"({tag!r}), so whether both stores used one revision of them cannot be "
+                "checked; extract it again with --force to record their hash",
+                file=sys.stderr,
+            )
+            mine["weights"] = other["weights"]
     differ = [k for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
     if differ:
         shown = "; ".join(f"{k}: {old[k]!r} and {new[k]!r}" for k in differ[:3])

@@ -589,6 +589,30 @@ def test_the_report_records_the_inputs_it_was_measured_on(stores, files, tmp_pat
 
 
 @NEEDS_H5
+def test_a_store_with_weights_recorded_by_tag_alone_is_compared_by_tag(tmp_path, capsys):
+    # A store extracted before hub weights were hashed was refused beside a newer one as
+    # "extracted differently", with the advice to use the same backbone, which it was.
+    X, y = _blobs(10, seed=1)
+    X_test, y_test = _blobs(4, seed=2)
+    made = dict(backbone="timm:resnet50.a1_in1k", normalize=False)
+    tag = "tag:resnet50.a1_in1k"
+    _store(tmp_path / "old.h5", X, y, FASHION, weights=tag, source_fingerprint="a", **made)
+    new = f"{tag} params-sha256:{'0' * 64}"
+    _store(
+        tmp_path / "new.h5", X_test, y_test, FASHION, weights=new, source_fingerprint="b", **made
+    )
+    argv = [str(tmp_path / "old.h5"), "--test", str(tmp_path / "new.h5"), "--no-progress"]
+    assert main(argv) == 0
+    assert "old.h5 records its weights by their tag alone" in capsys.readouterr().err
+    other = f"tag:resnet50.tv_in1k params-sha256:{'0' * 64}"  # another tag: refused
+    _store(
+        tmp_path / "tv.h5", X_test, y_test, FASHION, weights=other, source_fingerprint="c", **made
+    )
+    status, err = _error([*argv[:2], str(tmp_path / "tv.h5")], capsys)
+    assert status == 2 and "were extracted differently (weights:" in err[-1]
+
+
+@NEEDS_H5
 def test_a_store_that_records_no_backbone_is_said(stores, capsys):
     # A store from another tool (features, labels, class names alone) was compared with
     # an extracted one without a word.
