@@ -11,6 +11,7 @@ needs and ranks read whole shards.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import mmap
@@ -325,13 +326,13 @@ def _shard_paths(pattern: str) -> list[str]:
 def _refuse_repeated_keys(ids: list[str], file: np.ndarray, paths: list[str]) -> None:
     """A key names one sample: twice (in one shard, apart, or in two shards) the store's
     rows could not tell their images apart, as a list file may not name an image twice."""
-    keys, counts = np.unique(np.array(ids, dtype=str), return_counts=True)
-    repeated = counts > 1
-    if repeated.any():
-        k = int(np.argmax(repeated))
-        where = sorted({paths[f] for f, key in zip(file, ids, strict=True) if key == keys[k]})
+    if len(set(ids)) == len(ids):  # (a NumPy string array is as wide as the longest key)
+        return
+    key, count = collections.Counter(ids).most_common(1)[0]
+    if count > 1:
+        where = sorted({paths[f] for f, k in zip(file, ids, strict=True) if k == key})
         raise ShardError(
-            f"The sample key {str(keys[k])!r} occurs {counts[k]} times, in "
+            f"The sample key {key!r} occurs {count} times, in "
             f"{', '.join(map(repr, where))}: each sample needs a key of its own (the store "
             "names each row by it); rename the repeated samples."
         )
