@@ -378,6 +378,7 @@ def _run(args) -> int:
     _check_grid(grid, mr2, args)
     out = _prepare_out(args.out) if args.out else None
     X, y, X_test, y_test, names = _inputs(args)
+    sources = _sources(args)  # read now: a store replaced during the fit is not described
     _check_splits(y, grid, args)
 
     erm_grid = {key: values for key, values in grid.items() if key not in _MR2_ONLY}
@@ -429,7 +430,7 @@ def _run(args) -> int:
         print(front.to_text())
     if out is not None:
         data = report.to_dict()
-        data["inputs"] = _inputs_record(args, y, y_test, names)
+        data["inputs"] = _inputs_record(sources, args, y, y_test, names)
         if search:
             data["search"] = {"scoring": args.scoring, "cv": args.cv, "best_params": search}
         data["notes"] = notes
@@ -450,17 +451,11 @@ _RECORDED_PROVENANCE = (
 )  # fmt: skip
 
 
-def _inputs_record(args, y, y_test, names) -> dict:
-    """The files the report was measured on, and how many samples of each class it
-    counted: each file's absolute path and, for a store, its provenance and the failed
-    images left out; for a held-out test set, the split that made it."""
+def _sources(args) -> dict:
+    """Each input file's absolute path and, for a store, its provenance and the failed
+    images left out (the test set's, or None for one held out of the training data)."""
 
-    def counts(labels) -> dict:
-        values, n = np.unique(labels, return_counts=True)
-        shown = values if names is None else np.asarray(names, dtype=object)[values]
-        return {str(v): int(k) for v, k in zip(shown, n, strict=True)}
-
-    def record(path, labels_path, labels) -> dict:
+    def record(path, labels_path) -> dict:
         entry = {"path": os.path.abspath(path)}
         if labels_path is not None:
             entry["labels"] = os.path.abspath(labels_path)
@@ -471,19 +466,28 @@ def _inputs_record(args, y, y_test, names) -> dict:
                 metadata, failed = store.metadata, len(store.failures)
             entry["provenance"] = {k: metadata[k] for k in _RECORDED_PROVENANCE if k in metadata}
             entry["failed_images_left_out"] = failed
-        return entry | {"samples": int(len(labels)), "samples_per_class": counts(labels)}
+        return entry
 
-    train = record(args.train, args.labels, y)
-    if args.test is None:
-        test = {
-            "held_out_of": train["path"],
-            "test_size": args.test_size,
-            "seed": args.seed,
-            "samples": int(len(y_test)),
-            "samples_per_class": counts(y_test),
-        }
-    else:
-        test = record(args.test, args.test_labels, y_test)
+    test = None if args.test is None else record(args.test, args.test_labels)
+    return {"train": record(args.train, args.labels), "test": test}
+
+
+def _inputs_record(sources: dict, args, y, y_test, names) -> dict:
+    """What the report was measured on: the files (:func:`_sources`) and how many samples
+    of each class it counted; for a held-out test set, the split that made it."""
+
+    def counts(labels) -> dict:
+        values, n = np.unique(labels, return_counts=True)
+        shown = values if names is None else np.asarray(names, dtype=object)[values]
+        return {str(v): int(k) for v, k in zip(shown, n, strict=True)}
+
+    train = sources["train"] | {"samples": int(len(y)), "samples_per_class": counts(y)}
+    test = sources["test"] or {
+        "held_out_of": train["path"],
+        "test_size": args.test_size,
+        "seed": args.seed,
+    }
+    test = test | {"samples": int(len(y_test)), "samples_per_class": counts(y_test)}
     return {"train": train, "test": test}
 
 
