@@ -31,7 +31,8 @@ export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 no_check() { # reason exit_status: say why nothing ran, in the results file too
     echo "gpu_check: $1; nothing to run."
-    local reason=${1//\\/\\\\}
+    local reason=${1//[$'\t\n\r']/ } # JSON: no control characters, \ and " escaped
+    reason=${reason//\\/\\\\}
     mkdir -p "$(dirname "$out")"
     printf '{"ran": false, "ok": false, "reason": "%s"}\n' "${reason//\"/\\\"}" >"$out"
     exit "$2"

@@ -26,6 +26,21 @@ from ._stats import (
 )
 
 
+def _number(name: str, value, optional: bool = False) -> float | None:
+    """``value`` as a float (a NumPy number or a 0-d tensor too), or a TypeError naming
+    the parameter; None where None has a meaning."""
+    if value is None and optional:
+        return None
+    if value is None or isinstance(value, str | bytes | bool):
+        raise TypeError(f"{name} must be a number{' or None' if optional else ''}, got {value!r}.")
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several
+        raise TypeError(
+            f"{name} must be a number{' or None' if optional else ''}, got {value!r}."
+        ) from None
+
+
 def _saved_centred_sum(saved) -> torch.Tensor:
     """``moment_m2`` of sums saved before it was kept (``saved``: buffer name → tensor, or
     None), derived from them as that version computed the spread."""
@@ -71,7 +86,8 @@ class MR2Loss(nn.Module):
         Decay of a class's running moments each time a batch holds that class.
     tau : float or None, default=1.0
         Temperature of the compactness loss, the paper's form by default. ``None`` uses
-        τ = 2 s̄, a scale-free temperature that suits a projection anchored by a penalty
+        τ = 2 s̄ (s̄ floored at the rounding of the squared distances, and at 10⁻¹²), a
+        scale-free temperature that suits a projection anchored by a penalty
         (as in :class:`MR2LinearClassifier`) but not an unconstrained backbone: there,
         shrinking every feature lowers the loss, s̄ and τ follow it down, the gradient
         grows as 1/τ, and the features collapse.
@@ -137,18 +153,14 @@ class MR2Loss(nn.Module):
             if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {count!r}.")
         n_classes, n_features = int(n_classes), int(n_features)
-        for name, value in (("c_bar", c_bar), ("tau", tau), ("p", p), ("lam", lam),
-                            ("rho", rho), ("class_tilt", class_tilt)):  # fmt: skip
-            optional = name in ("c_bar", "tau", "p")  # None has a meaning for these
-            if isinstance(value, bool) or not (
-                isinstance(value, numbers.Real) or optional and value is None
-            ):
-                raise TypeError(
-                    f"{name} must be a number{' or None' if optional else ''}, got {value!r}."
-                )
+        c_bar, tau, p = (_number(n, v, optional=True) for n, v in (("c_bar", c_bar),
+                         ("tau", tau), ("p", p)))  # fmt: skip
+        lam, rho, class_tilt = (_number(n, v) for n, v in (("lam", lam), ("rho", rho),
+                                ("class_tilt", class_tilt)))  # fmt: skip
         for name, value in (("normalize", normalize), ("sync_stats", sync_stats)):
-            if not isinstance(value, bool):
+            if isinstance(value, str | bytes) or value not in (True, False):  # 1, np.bool_
                 raise TypeError(f"{name} must be True or False, got {value!r}.")
+        normalize = bool(normalize)
         if not (math.isfinite(class_tilt) and class_tilt >= 0):
             raise ValueError(f"class_tilt must be a finite number >= 0, got {class_tilt}.")
         if c_bar is not None and not (math.isfinite(c_bar) and c_bar > 0):

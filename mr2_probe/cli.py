@@ -82,6 +82,8 @@ labels:
     y = np.array([code[name] for name in store.class_names])[store.labels]
     models["ERM"].score(store.features, y)
   and np.asarray(trained)[models["ERM"].predict(store.features)] names the predictions.
+  A name several classes share is told apart by its code ("crane (134)"); stores with
+  such names must list their classes alike, and their labels are then used as they are.
 
 errors:
   A mistake in the options or the input files stops the run before any fit, with one

@@ -58,7 +58,7 @@ def test_gpu_check_without_cuda_says_so_and_exits_0(tmp_path):
 
 def test_gpu_check_with_an_interpreter_that_does_not_run_fails(tmp_path):
     # It said "no CUDA device found" and exited 0, as if the machine had no GPU.
-    broken = tmp_path / 'py "thon'
+    broken = tmp_path / 'py "th\\on\t3'  # written into JSON as it is
     broken.write_text("#!/bin/sh\nexit 1\n")
     broken.chmod(0o755)
     done = subprocess.run(
@@ -70,7 +70,7 @@ def test_gpu_check_with_an_interpreter_that_does_not_run_fails(tmp_path):
     )
     assert done.returncode == 1
     reason = json.loads((tmp_path / "check.json").read_text())["reason"]
-    assert reason == f"{broken} does not run"
+    assert reason == f"{broken} does not run".replace("\t", " ")
 
 
 def test_report_collects_every_section(tmp_path):

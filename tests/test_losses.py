@@ -535,6 +535,8 @@ def test_mr2_loss_takes_targets_of_any_integer_dtype(dtype):
 
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(n_classes=np.int64(3), n_features=np.int32(4)), None, None),  # y.max() + 1
+    (dict(n_classes=3, n_features=4, normalize=np.bool_(True), lam=torch.tensor(0.5)),
+     None, None),  # as they were taken before the types were checked
     (dict(n_classes=True), ValueError, "n_classes must be an int >= 1, got True"),
     (dict(lam="0.5"), TypeError, "lam must be a number, got '0.5'"),
     (dict(class_tilt=None), TypeError, "class_tilt must be a number, got None"),
