@@ -18,9 +18,8 @@ from ._stats import (
     ClassStats,
     centred_sum,
     compactness_tau,
-    margins_from_difficulty,
     mean_spread,
-    moments_difficulty,
+    moments_margins,
     moments_statistics,
     update_moments,
 )
@@ -236,10 +235,9 @@ class MR2Loss(nn.Module):
         """Current margins γ (K,); classes not seen yet get c̄."""
         if self.c_bar is None:
             return torch.ones_like(self.moment_count)
-        moments = self.moments()
-        a = moments_difficulty(moments, self.p, self.difficulty)
-        moment = moments_difficulty(moments, self.p) if self.difficulty == "spread" else None
-        return margins_from_difficulty(a, self.c_bar, self.initialised, moment)
+        return moments_margins(
+            self.moments(), self.c_bar, self.p, self.difficulty, self.initialised
+        )
 
     def s_bar(self) -> torch.Tensor:
         """s̄: the mean L2 spread over the classes seen (each class's spread unbiased, as the

@@ -360,9 +360,24 @@ def moments_difficulty(
     in L2, so a_k = ‖μ̂_k‖_p² + (1 − Σŵ²)·msd_k: in L2 that is exactly Σw‖φ‖² / Σw, the
     weighted mean of ‖φ‖², unbiased; in L_p the same correction is an approximation.
     """
-    stats = moments_statistics(moments, p)
-    if difficulty == "spread":
-        return stats.msd
-    if difficulty != "moment":
+    if difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}.")
-    return lp_norm_sq(stats.mean, p) + (1 - _mean_noise(moments)) * stats.msd
+    moment, spread = _moment_and_spread(moments, p)
+    return spread if difficulty == "spread" else moment
+
+
+def moments_margins(
+    moments: ClassMoments, c_bar: float, p: float, difficulty: str, present: torch.Tensor
+) -> torch.Tensor:
+    """Margins γ (K,) from running sums, as :func:`class_margins` gives them from exact
+    statistics (both difficulties from one pass over the sums)."""
+    moment, spread = _moment_and_spread(moments, p)
+    if difficulty == "spread":
+        return margins_from_difficulty(spread, c_bar, present, moment)
+    return margins_from_difficulty(moment, c_bar, present)
+
+
+def _moment_and_spread(moments: ClassMoments, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both difficulties of :func:`moments_difficulty`, ``"moment"`` and ``"spread"``."""
+    stats = moments_statistics(moments, p)
+    return lp_norm_sq(stats.mean, p) + (1 - _mean_noise(moments)) * stats.msd, stats.msd
