@@ -329,13 +329,12 @@ def _refuse_repeated_keys(ids: list[str], file: np.ndarray, paths: list[str]) ->
     if len(set(ids)) == len(ids):  # (a NumPy string array is as wide as the longest key)
         return
     key, count = collections.Counter(ids).most_common(1)[0]
-    if count > 1:
-        where = sorted({paths[f] for f, k in zip(file, ids, strict=True) if k == key})
-        raise ShardError(
-            f"The sample key {key!r} occurs {count} times, in "
-            f"{', '.join(map(repr, where))}: each sample needs a key of its own (the store "
-            "names each row by it); rename the repeated samples."
-        )
+    where = sorted({paths[f] for f, k in zip(file, ids, strict=True) if k == key})
+    raise ShardError(
+        f"The sample key {key!r} occurs {count} times, in "
+        f"{', '.join(map(repr, where))}: each sample needs a key of its own (the store "
+        "names each row by it); rename the repeated samples."
+    )
 
 
 def webdataset_shards(

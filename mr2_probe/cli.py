@@ -105,8 +105,7 @@ _OPTIONS = {
     "scale": "--logit-scale",
     "random_state": "--seed",
 }
-# Written only by some runs; a stale copy from an earlier run in the same folder is removed.
-_CONDITIONAL_OUTPUTS = ("front.png", "class_names.json", "cv_curve.png")
+# Every run removes those of an earlier run in the same folder before writing its own.
 _FIGURES = ("class_accuracy.png", "groups.png", "margins.png", "front.png", "cv_curve.png")
 
 
@@ -1093,12 +1092,11 @@ def _fit(model, X, y, name: str):
             model.fit(X, y)
         results = model.cv_results_
         folds = [results[k] for k in results if re.fullmatch(r"split\d+_test_stopped_short", k)]
-        refit = _stopped_short(model.best_estimator_, X, y)
+        # The solver's own reason, where this process has it: the refit's.
+        reason = getattr(_final(model.best_estimator_), "_stop_reason", None)
         # A failed fit scores NaN in every column (GridSearchCV warns of it on its own).
-        n_short, n_fits = int(np.nansum(folds) + refit), np.size(folds) + 1
+        n_short, n_fits = int(np.nansum(folds)) + (reason is not None), np.size(folds) + 1
         if n_short:
-            # The solver's own reason, where this process has it: the refit's.
-            reason = getattr(_final(model.best_estimator_), "_stop_reason", None)
             why = (
                 f"the refit's: {_one_line(reason)}"
                 if reason
@@ -1188,8 +1186,8 @@ def _write_outputs(
     if names is not None:
         files["class_names.json"] = _text(json.dumps(names, ensure_ascii=False))
     _replace_together(out, files)
-    for name in set(_CONDITIONAL_OUTPUTS) - set(files):
-        (out / name).unlink(missing_ok=True)
+    if names is None:  # an earlier run's class names would describe other data
+        (out / "class_names.json").unlink(missing_ok=True)
     # Then the figures, each whole or not at all: none is left from the earlier run.
     for name in _FIGURES:
         (out / name).unlink(missing_ok=True)
