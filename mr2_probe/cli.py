@@ -378,8 +378,7 @@ def _run(args) -> int:
     grid = _grid(args.grid)
     _check_grid(grid, mr2, args)
     out = _prepare_out(args.out) if args.out else None
-    X, y, X_test, y_test, names = _inputs(args)
-    sources = _sources(args)  # read now: a store replaced during the fit is not described
+    X, y, X_test, y_test, names, sources = _inputs(args)
     _check_splits(y, grid, args)
 
     erm_grid = {key: values for key, values in grid.items() if key not in _MR2_ONLY}
@@ -824,7 +823,9 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
 
 
 def _inputs(args):
-    """Training and test data, checked to describe one task; the class names, if any."""
+    """Training and test data, checked to describe one task; the class names, if any; the
+    files' records (:func:`_sources`, read now: a store replaced during the fit is not
+    described)."""
     X, y, names = load_xy(args.train, args.labels)
     repeated = _repeated(names)
     names = _distinct(names)
@@ -845,7 +846,7 @@ def _inputs(args):
                 f"cannot hold out --test-size {args.test_size:g} of {args.train} with every "
                 f"class in both parts: {_one_line(error)}"
             ) from error
-        return X, y, X_test, y_test, names
+        return X, y, X_test, y_test, names, _sources(args)
     _check_not_the_training_data(args.train, args.test)
     X_test, y_test, test_names = load_xy(args.test, args.test_labels, "--test-labels")
     if X_test.shape[1] != X.shape[1]:
@@ -853,7 +854,8 @@ def _inputs(args):
             f"the test features have {X_test.shape[1]} columns and the training features "
             f"{X.shape[1]}; use features of the same backbone and settings"
         )
-    _check_same_extraction(args.train, args.test)
+    sources = _sources(args)
+    _check_same_extraction(args.train, args.test, sources)
     repeated += _repeated(test_names)
     test_names = _distinct(test_names)
     if names is not None and test_names is not None and names != test_names:
@@ -888,7 +890,7 @@ def _inputs(args):
             f"the test labels hold {len(unseen)} classes absent from the training labels "
             f"({_few(shown)}); {advice}"
         )
-    return X, y, X_test, y_test, names
+    return X, y, X_test, y_test, names, sources
 
 
 def _repeated(names: list[str] | None) -> list[str]:
@@ -1004,14 +1006,12 @@ def _check_splits(y, grid: dict, args) -> None:
 _FEATURE_PROVENANCE = ("backbone", "weights", "normalize", "preprocessing")
 
 
-def _feature_provenance(path: str) -> dict | None:
-    """The entries of a store's provenance that define its features; None for NumPy files."""
-    if Path(path).suffix.lower() not in (".h5", ".hdf5"):
+def _feature_provenance(record: dict) -> dict | None:
+    """The entries of a store's provenance (its :func:`_sources` record) that define its
+    features; None for NumPy files."""
+    metadata = record.get("provenance")
+    if metadata is None:
         return None
-    from extract import load_features
-
-    with load_features(path) as store:
-        metadata = store.metadata
     flat = {}
     for key in _FEATURE_PROVENANCE:
         value = metadata.get(key)
@@ -1022,10 +1022,10 @@ def _feature_provenance(path: str) -> dict | None:
     return flat
 
 
-def _check_same_extraction(train: str, test: str) -> None:
+def _check_same_extraction(train: str, test: str, sources: dict) -> None:
     """Refuse train and test stores whose features come from different backbones, weights
     or preprocessing (entries recorded in both are compared)."""
-    old, new = _feature_provenance(train), _feature_provenance(test)
+    old, new = (_feature_provenance(sources[key]) for key in ("train", "test"))
     if old is None or new is None:
         return
     for path, mine, other in ((train, old, new), (test, new, old)):
@@ -1036,7 +1036,6 @@ def _check_same_extraction(train: str, test: str) -> None:
                 "its features are comparable with the other store's cannot be checked",
                 file=sys.stderr,
             )
-    for path, mine, other in ((train, old, new), (test, new, old)):
         tag = mine.get("weights")
         if isinstance(tag, str) and str(other.get("weights")).startswith(f"{tag} params-sha256:"):
             # A hub tag recorded before the weights were hashed: the same tag, not
