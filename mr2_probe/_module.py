@@ -30,14 +30,13 @@ def _number(name: str, value, optional: bool = False) -> float | None:
     the parameter; None where None has a meaning."""
     if value is None and optional:
         return None
+    wrong = TypeError(f"{name} must be a number{' or None' if optional else ''}, got {value!r}.")
     if value is None or isinstance(value, str | bytes | bool):
-        raise TypeError(f"{name} must be a number{' or None' if optional else ''}, got {value!r}.")
+        raise wrong
     try:
         return float(value)
     except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several
-        raise TypeError(
-            f"{name} must be a number{' or None' if optional else ''}, got {value!r}."
-        ) from None
+        raise wrong from None
 
 
 def _saved_centred_sum(saved) -> torch.Tensor:
