@@ -824,7 +824,18 @@ class ItemDataset(torch.utils.data.Dataset):
             return i, None, failure_reason(err), digest
 
 
-def collate_items(items: list) -> tuple[list[int], list, list[str | None], list[str]]:
-    """Keep items as lists: batches mix decoded tensors, raw JPEG bytes and failures."""
+def collate_items(
+    items: list,
+) -> tuple[list[int], torch.Tensor | None, list, list[str | None], list[str]]:
+    """A block of items as ``(index, decoded, raw, reasons, digests)``.
+
+    ``decoded`` stacks the block's decoded images (in their order, or ``None`` if it has
+    none) here in the worker, so that the loader pins one tensor and its copy to the GPU
+    runs asynchronously. ``raw`` keeps each item's undecoded JPEG bytes (a 1-D tensor) and
+    ``None`` for every other item: decoded, or failed as ``reasons`` says.
+    """
     index, tensors, reasons, digests = zip(*items, strict=True)
-    return list(index), list(tensors), list(reasons), list(digests)
+    ready = [t for t, r in zip(tensors, reasons, strict=True) if r is None and t.ndim > 1]
+    raw = [t if r is None and t.ndim == 1 else None for t, r in zip(tensors, reasons, strict=True)]
+    decoded = torch.stack(ready) if ready else None
+    return list(index), decoded, raw, list(reasons), list(digests)

@@ -141,31 +141,31 @@ def _decode_on_cpu(data: torch.Tensor, device: torch.device) -> torch.Tensor | s
 
 
 def _assemble(
-    tensors: list, reasons: list[str | None], pre: dict, device: torch.device
+    decoded: torch.Tensor | None, raw: list, reasons: list[str | None], pre: dict, device
 ) -> tuple[torch.Tensor | None, list[str | None]]:
-    """Stack a batch's ready tensors and decode its raw JPEGs; returns (x, reasons)."""
-    raw = [
-        k
-        for k, (t, r) in enumerate(zip(tensors, reasons, strict=True))
-        if r is None and t.ndim == 1
-    ]
+    """A batch's images on ``device``: those decoded by the loader (already stacked, and
+    pinned for a GPU) and its raw JPEGs decoded here, in the batch's order; returns
+    ``(x, reasons)``, a JPEG that fails to decode marked in ``reasons``."""
     reasons = list(reasons)
+    ready = None if decoded is None else decoded.to(device, non_blocking=True)
+    todo = [k for k, t in enumerate(raw) if t is not None]
     images = {}
-    if raw:
-        for k, img in zip(raw, _decode_jpegs([tensors[k] for k in raw], device), strict=True):
-            if isinstance(img, str):
-                reasons[k] = img
-            else:
-                images[k] = img
-    ok = [k for k, r in enumerate(reasons) if r is None]
-    if not ok:
-        return None, reasons
-    if images:
-        decoded = _tensor_batch([images[k] for k in ok if k in images], pre, device)
-        slots = iter(decoded)
-        x = torch.stack([next(slots) if k in images else tensors[k].to(device) for k in ok])
-    else:
-        x = torch.stack([tensors[k] for k in ok]).to(device, non_blocking=True)
+    for k, img in zip(
+        todo, _decode_jpegs([raw[k] for k in todo], device) if todo else [], strict=True
+    ):
+        if isinstance(img, str):
+            reasons[k] = img
+        else:
+            images[k] = img
+    if not images:
+        return ready, reasons
+    jpegs = _tensor_batch(list(images.values()), pre, device)
+    if ready is None:
+        return jpegs, reasons
+    is_jpeg = [k in images for k, r in enumerate(reasons) if r is None]
+    x = torch.empty((len(is_jpeg), *jpegs.shape[1:]), dtype=jpegs.dtype, device=device)
+    x[[i for i, j in enumerate(is_jpeg) if not j]] = ready
+    x[[i for i, j in enumerate(is_jpeg) if j]] = jpegs
     return x, reasons
 
 
@@ -775,8 +775,8 @@ def _run(f, backbone, batches, rows, status, normalize, device, progress) -> Non
     bar = tqdm(total=len(status), initial=int((status != PENDING).sum()), disable=not progress)
     n_failed = 0
     with bar:
-        for items, tensors, reasons, digests in batches:
-            x, reasons = _assemble(tensors, reasons, backbone.preprocess, device)
+        for items, decoded, raw, reasons, digests in batches:
+            x, reasons = _assemble(decoded, raw, reasons, backbone.preprocess, device)
             features = np.zeros((len(items), backbone.dim), np.float32)
             ok = [k for k, r in enumerate(reasons) if r is None]
             if x is not None:

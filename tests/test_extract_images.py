@@ -17,6 +17,7 @@ from extract import fashion_mnist, image_folder, image_list, open_source
 from extract._images import (
     ItemDataset,
     check_pixel_limit,
+    collate_items,
     decode_image,
     jpeg_size,
     load_image,
@@ -213,6 +214,28 @@ def test_dataset_returns_jpeg_bytes_for_device_decoding(folder):
     jpeg, png = ds[src.ids.index("cat/001.jpg")][1], ds[src.ids.index("cat/000.png")][1]
     assert jpeg.dtype == torch.uint8 and jpeg.ndim == 1 and bytes(jpeg[:2]) == b"\xff\xd8"
     assert png.shape == (3, 2, 2)  # non-JPEG files are decoded in the worker
+
+
+def test_a_block_arrives_with_its_decoded_images_stacked(tmp_path):
+    # Stacked in the worker, so that a GPU run's loader pins the one tensor it copies (each
+    # item's tensor was pinned, then stacked into pageable memory: a synchronous copy).
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    src = image_folder(folder)
+    ds = ItemDataset(src, lambda im: torch.full((3, 2, 2), float(im.size[0])), jpeg_bytes=True)
+    (folder / "dog" / "001.jpg").write_bytes(b"broken")
+    index, decoded, raw, reasons, _ = collate_items(ds.__getitems__(list(range(len(src)))))
+    names = [src.ids[i] for i in index]
+    kinds = [
+        "failed" if r else "raw" if t is not None else "decoded"
+        for t, r in zip(raw, reasons, strict=True)
+    ]
+    assert kinds == [
+        "failed" if n == "dog/001.jpg" else "raw" if n.endswith(".jpg") else "decoded"
+        for n in names
+    ]
+    assert {"raw", "decoded", "failed"} <= set(kinds)
+    assert decoded.shape == (kinds.count("decoded"), 3, 2, 2)
+    assert all(bytes(t[:2]) == b"\xff\xd8" for t in raw if t is not None)
 
 
 def test_a_png_named_jpg_is_decoded_by_pil_not_dropped(folder):
