@@ -607,10 +607,13 @@ def extract_features(
         )
     out = output_target(out)
     target = out if world_size == 1 else shard_path(out, rank, world_size)
-    # Every output is checked before any image is listed or model loaded.
-    for path in [target] + ([out] if target != out and not explicit and rank == 0 else []):
-        check_output(path, overwrite)
     merged = out if target != out and not explicit else None
+    # Every output is checked before any image is listed or model loaded; under torchrun,
+    # a rank's shard only once a merged store is found incomplete (complete, it is reused
+    # where no shard could be written, as a read-only folder).
+    reuse = merged is not None and merged.exists() and not overwrite
+    for path in ([] if reuse else [target]) + ([merged] if merged and rank == 0 else []):
+        check_output(path, overwrite)
     done = _extract_shard(
         source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
         device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,
@@ -695,6 +698,8 @@ def _extract_shard(
             f"Cannot complete the feature store {os.fspath(out)!r}: no permission to write in "
             f"the folder {os.fspath(out.parent)!r}; write the store to a folder you can write to."
         )
+    if merged is not None and merged.exists() and not overwrite:
+        check_output(out, overwrite)  # deferred until the merged store was read
     make_output_folder(out)
     with store_lock(out):
         _open_or_create(out, provenance, backbone, src, rows, overwrite, retry_failed, vouched)

@@ -443,6 +443,18 @@ def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
     with pytest.raises(ProvenanceError, match="normalize: file has False, request has True"):
         extract_features(folder, BACKBONE, out, normalize=True, **FAST)
     assert not list(tmp_path.glob("*.shard-*"))
+    # In a read-only folder every rank reads it too (its shard's path was refused first).
+    writable = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: writable(p, mode) and not (
+            mode & os.W_OK and os.path.samefile(p, tmp_path)
+        )
+    )  # fmt: skip
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        assert extract_features(folder, BACKBONE, out, **FAST) == out
+    with pytest.raises(StoreError, match="Cannot write the output .*shard.* no permission"):
+        extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
 
 
 @pytest.mark.parametrize("order", [[0, 1], [1, 0]])
