@@ -488,6 +488,28 @@ def _decision(estimator, X, classes: np.ndarray) -> np.ndarray:
     return decision
 
 
+FOLDS_ADVICE = (
+    "Every class needs samples in every training fold: use a stratified cv, fewer folds, or "
+    "more samples of the rare classes."
+)
+
+
+def check_training_folds(
+    y_index: np.ndarray, classes: np.ndarray, splits, advice: str = FOLDS_ADVICE
+) -> None:
+    """Refuse, before any fit, ``splits`` whose training part lacks a class (the offsets
+    need every class's decision value from every fold's estimator), with ``advice``.
+    ``y_index`` holds each sample's index into ``classes``."""
+    for n, (train, _) in enumerate(splits):
+        missing = np.flatnonzero(np.bincount(y_index[train], minlength=len(classes)) == 0)
+        if len(missing):
+            raise ValueError(
+                f"The training part of fold {n} of the cv holds no sample of the classes "
+                f"{classes[missing][:5].tolist()}{' ...' if len(missing) > 5 else ''} "
+                f"({len(missing)} of {len(classes)}). {advice}".rstrip()
+            )
+
+
 def _fold_decision(estimator, X, y, train, test, fit_params, classes, keep):
     """Fit on the training part of a fold; decision values on its held-out part."""
     fit_params = _check_method_params(X, fit_params, indices=train)
@@ -785,7 +807,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             )
         else:
             cv = check_cv(self.cv, y, classifier=True)
-        splits = list(cv.split(X, y))
+        # In increasing order, as an HDF5 dataset is indexed (a shuffled split is not).
+        splits = [(np.sort(train), np.sort(test)) for train, test in cv.split(X, y)]
+        check_training_folds(y_index, self.classes_, splits)
         if not self.refit and len(splits) > 1:
             raise ValueError(
                 f"refit=False keeps the estimator of a single split, but cv has "

@@ -24,7 +24,13 @@ from sklearn.preprocessing import Normalizer, StandardScaler
 from ._classifier import MR2LinearClassifier
 from ._cv import MR2LinearClassifierCV
 from ._device import resolve_device
-from .front import OFFSETS_CV, _final, collecting_short, fit_collecting_short
+from .front import (
+    OFFSETS_CV,
+    _final,
+    check_offsets_folds,
+    collecting_short,
+    fit_collecting_short,
+)
 from .metrics import classwise_scorers
 from .report import classwise_report, in_percent
 
@@ -980,19 +986,28 @@ def _check_splits(y, grid: dict, args) -> None:
         except ValueError as error:
             raise UsageError(f"--cv {args.cv}: {_one_line(error)}; use fewer folds") from error
     if args.tilt or args.offsets:
+        advice = "choose a --val-size that leaves each class at least one sample in both parts"
         try:
-            fit_part = train_test_split(
-                rows, y, test_size=args.val_size, stratify=y, random_state=args.seed
-            )[2]
+            fit_part, validation = train_test_split(
+                y, test_size=args.val_size, stratify=y, random_state=args.seed
+            )
         except ValueError as error:
             raise UsageError(
                 f"--val-size {args.val_size:g} cannot split the {len(y)} training samples "
-                f"with every class on both sides: {_one_line(error)}; choose a --val-size "
-                "that leaves each class at least one sample in both parts"
+                f"with every class on both sides: {_one_line(error)}; {advice}"
             ) from error
+        classes = np.unique(y)
+        for part, name in ((fit_part, "fitting"), (validation, "validation")):
+            missing = np.setdiff1d(classes, part)
+            if len(missing):
+                raise UsageError(
+                    f"--val-size {args.val_size:g} leaves {len(missing)} of the {len(classes)} "
+                    f"classes without a sample in the front's {name} part (the first: "
+                    f"{missing.tolist()[0]!r}); {advice}"
+                )
         if args.offsets:  # the offsets are tuned on folds of the front's fitting part
             try:
-                next(StratifiedKFold(OFFSETS_CV).split(rows[: len(fit_part)], fit_part))
+                check_offsets_folds(fit_part, OFFSETS_CV, advice="")
             except ValueError as error:
                 raise UsageError(
                     f"--offsets tunes offsets on {OFFSETS_CV} folds of the {len(fit_part)} "

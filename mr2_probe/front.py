@@ -18,13 +18,16 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from numbers import Integral
 
 import numpy as np
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import Pipeline
+from sklearn.utils.validation import column_or_1d
 
-from ._offsets import TunedOffsetsClassifierCV, tune_class_offsets
+from ._offsets import TunedOffsetsClassifierCV, check_training_folds, tune_class_offsets
 from .metrics import classwise_summary, difficulty_groups, per_class_accuracy
 
 # The folds of the training data on which the front's offsets are tuned, by default.
@@ -235,6 +238,8 @@ def accuracy_front(
         ``offsets_cv`` folds of the training data). The folds are fitted once; each bound
         re-tunes the offsets on the same out-of-fold logits.
     offsets_cv : int, default=3
+        Number of stratified folds (≥ 2) the offsets are tuned on; each fold's training
+        part must hold every class (checked before any fit).
     X_test, y_test : optional test data, scored for the report, never for the choice.
     bound : float, default=0.005
         Bound of the selection rule (:func:`choose_point`).
@@ -251,6 +256,8 @@ def accuracy_front(
         choice. Points whose fit stopped short of tol are named in one ConvergenceWarning.
     """
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
+    if offset_bounds:
+        check_offsets_folds(y, offsets_cv)
     erm = _with_params(estimator if erm is None else erm, c_bar=None, lam=0.0, class_tilt=0.0)
     points = [FrontPoint("ERM", "ERM", None, erm)]
     mr2 = _with_params(estimator, class_tilt=0.0)
@@ -352,6 +359,23 @@ def _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator,
             raise ValueError(f"{name} must be fractions in [0, 1), got {bad}.")
     if (X_test is None) != (y_test is None):
         raise ValueError("X_test and y_test go together: pass both or neither.")
+
+
+def check_offsets_folds(y, offsets_cv, advice: str | None = None) -> None:
+    """Refuse, before any fit, an ``offsets_cv`` that is not a number of folds ≥ 2, or whose
+    stratified folds of ``y`` leave a class out of a training part (then with ``advice``)."""
+    if isinstance(offsets_cv, bool) or not isinstance(offsets_cv, Integral) or offsets_cv < 2:
+        raise ValueError(f"offsets_cv must be an int >= 2 (folds), got {offsets_cv!r}.")
+    if advice is None:
+        advice = (
+            "Every class needs samples in every training fold: use fewer offsets_cv folds, "
+            "or more samples of the rare classes."
+        )
+    classes, y_index = np.unique(column_or_1d(y), return_inverse=True)
+    with warnings.catch_warnings():  # scikit-learn's warning about small classes: refused below
+        warnings.simplefilter("ignore", UserWarning)
+        splits = StratifiedKFold(int(offsets_cv)).split(y_index, y_index)
+        check_training_folds(y_index, classes, splits, advice)
 
 
 def _score(points, fitted, X, y, split: str) -> None:

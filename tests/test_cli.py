@@ -66,6 +66,11 @@ def files(tmp_path_factory):
     np.save(folder / "X.npy", X)
     np.save(folder / "y.npy", y)
     np.save(folder / "y_short.npy", y[:-1])
+    # One large class and three of two samples each: a split can leave those out of a side.
+    uneven = np.r_[np.zeros(60, int), np.repeat([1, 2, 3], 2)]
+    for name, seed in (("uneven", 0), ("uneven_test", 1)):
+        X_uneven = np.random.default_rng(seed).normal(size=(66, 4))
+        np.savez(folder / f"{name}.npz", X=X_uneven, y=uneven)
     (folder / "garbage.npz").write_bytes(b"not numpy at all")
     (folder / "notes.txt").write_text("a regular file\n")
     return folder
@@ -285,10 +290,36 @@ NEEDS_H5 = pytest.mark.skipif(
             ["{d}/train.npz", "--head", "cosine", "--Cs", "3", "--logit-scale", "16"],
             "--Cs chooses the value that --logit-scale sets (the cosine head's logit scale)",
         ),
-        # The offsets' folds of the front's fitting part: refused after the fits.
+        # A split that leaves classes out of a side was taken: the rule's worst class was
+        # that of the classes it held, or the front fitted without some.
+        (
+            ["{d}/uneven.npz", "--test", "{d}/uneven_test.npz", "--tilt", "1"],
+            "--val-size 0.1 leaves 3 of the 4 classes without a sample in the front's "
+            "validation part (the first: 1); choose a --val-size",
+        ),
+        (
+            ["{d}/uneven.npz", "--test", "{d}/uneven_test.npz", "--tilt", "1", "--val-size", "0.9"],
+            "--val-size 0.9 leaves 3 of the 4 classes without a sample in the front's fitting",
+        ),
+        # The offsets' folds of the front's fitting part. A class of one sample there, among
+        # larger ones, was refused only after every fit.
         (
             ["{d}/train.npz", "--offsets", "1", "--val-size", "0.95"],
             "--offsets tunes offsets on 3 folds of the 3 samples the front fits on: n_splits=3",
+        ),
+        (
+            [
+                "{d}/uneven.npz",
+                "--test",
+                "{d}/uneven_test.npz",
+                "--offsets",
+                "1",
+                "--val-size",
+                "0.5",
+            ],
+            "--offsets tunes offsets on 3 folds of the 33 samples the front fits on: The "
+            "training part of fold 0 of the cv holds no sample of the classes [3] (1 of 4); "
+            "drop --offsets",
         ),
         (["{d}/train.npz", "--offsets", "0.5,100"], "--offsets bounds are in points of overall"),
         (

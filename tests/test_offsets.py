@@ -156,7 +156,7 @@ def test_nothing_to_gain_keeps_zero_offsets():
     assert (result.score, result.n_sweeps) == (1.0, 1)
 
 
-def test_a_class_with_no_rows_in_the_tuning_data_is_searched_too():
+def test_a_class_with_no_rows_in_the_tuning_data_leaves_the_search_exact():
     # Class 2 has no row here: its candidates move no sample, a weighted count over
     # nothing (NumPy gives that one as integers).
     z = np.array([[2.0, 0, 1]] * 3)
@@ -498,6 +498,34 @@ def test_bad_input_errors(params, error, match):
     clf = TunedOffsetsClassifierCV(**{"estimator": LogisticRegression(), "cv": 3, **params})
     with pytest.raises(error, match=match):
         clf.fit(X, y)
+
+
+def test_a_fold_without_a_class_is_refused_before_any_fit():
+    X, y = _imbalanced()
+    fits = []
+
+    class Counted(LogisticRegression):
+        def fit(self, X, y, **kwargs):
+            fits.append(len(y))
+            return super().fit(X, y, **kwargs)
+
+    cv = [(np.arange(1, 225, 2), np.arange(0, 225, 2)), (np.arange(0, 210), np.arange(100, 225))]
+    with pytest.raises(ValueError, match=r"fold 1 of the cv holds no sample of the classes \[3\]"):
+        TunedOffsetsClassifierCV(Counted(), cv=cv).fit(X, y)
+    assert fits == []  # the first fold was fitted before the second was found wanting
+
+
+def test_a_float_cv_takes_an_hdf5_dataset(tmp_path):
+    # A shuffled split indexed the dataset out of order, which h5py refuses.
+    h5py = pytest.importorskip("h5py")
+    X, y = _imbalanced()
+    X = X.astype(np.float32)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = X
+        probe = MR2LinearClassifier(c_bar=None, lam=0.0, device="cpu")
+        tuned = TunedOffsetsClassifierCV(probe, cv=0.3, random_state=0).fit(f["X"], y)
+    in_memory = TunedOffsetsClassifierCV(probe, cv=0.3, random_state=0).fit(X, y)
+    np.testing.assert_allclose(tuned.offsets_, in_memory.offsets_, atol=1e-6)
 
 
 def test_bad_input_errors_of_prefit_and_search():
