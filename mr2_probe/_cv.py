@@ -282,7 +282,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         # Boolean masks (which LogisticRegressionCV takes too, indexing X[train]) as indices.
         folds = [
             tuple(np.flatnonzero(part) if np.asarray(part).dtype == bool else part for part in fold)
-            for fold in cv.split(np.empty((len(labels), 0)), labels, groups)
+            for fold in cv.split(X, labels, groups)  # X as given, as GridSearchCV splits it
         ]
         for f, (train, _) in enumerate(folds):
             if not data.sample_weight[train].sum() > 0:

@@ -285,6 +285,26 @@ def test_group_splitters_get_their_groups():
         MR2LinearClassifierCV(cv=GroupKFold(5), **common).fit(X, y)
 
 
+def test_a_splitter_that_reads_x_gets_it():
+    # It was given a placeholder without columns (IndexError); scikit-learn's searches
+    # give a splitter the X they were given.
+    from sklearn.model_selection import BaseCrossValidator
+
+    class ByFeature(BaseCrossValidator):
+        def get_n_splits(self, X=None, y=None, groups=None):
+            return 2
+
+        def _iter_test_masks(self, X, y=None, groups=None):
+            long = np.asarray(X)[:, 0] > 5.8
+            yield from (long, ~long)
+
+    X, y = load_iris(return_X_y=True)
+    common = dict(Cs=[0.1, 10.0], device="cpu")
+    search = MR2LinearClassifierCV(cv=ByFeature(), **common).fit(X, y)
+    same = MR2LinearClassifierCV(cv=list(ByFeature().split(X, y)), **common).fit(X, y)
+    np.testing.assert_array_equal(search.scores_[0], same.scores_[0])
+
+
 @pytest.mark.parametrize("batch", [True, False])
 def test_paths_without_an_intercept_keep_each_value_s_solution(batch, monkeypatch):
     # Without an intercept the stored coefficients were views of the solver's parameters:
