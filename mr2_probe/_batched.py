@@ -33,6 +33,7 @@ import torch
 from ._classifier import _overflow_message
 from ._data import block_rows
 from ._device import inverse_row_norms
+from ._head import open_pair
 from ._path import Step
 from ._solvers import _COSINE_HISTORY, _KEEP_LOGIT_GRADS, ClassRisk
 
@@ -704,6 +705,13 @@ class BatchedPath:
             self._start_nearest(value)
             if cosine:
                 self._carry_or_forget(value)
+            if cosine and self.batch.n_classes == 2:
+                # At small scales the best rows are opposite, a point that larger scales
+                # never left from there (open_pair): those folds start opened, afresh.
+                rows = self.params.view(self.batch.n_folds, 2, -1)
+                opened_rows, opened = open_pair(rows)
+                rows.copy_(opened_rows)
+                self.memory.forget(opened)
             result = self._solve(value, max_iter, tol)
             if not bool(torch.isfinite(self.params).all()):
                 what = "the fit produced non-finite coefficients"

@@ -567,6 +567,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             initial = self._statistics(head, data)
         if init_cosine and self.head == "cosine":
             head.init_weight_from_means(initial[0].mean)
+        head.open_pair()  # a warm start, or a class without a prototype, may be opposite
         verbose = self.verbose if verbose is None else verbose
         common = dict(
             initial=initial,

@@ -21,6 +21,7 @@ from ._batched import BatchedPath, FoldBatch, HeldOut
 from ._classifier import MR2LinearClassifier, _class_stats, both_class_logits
 from ._data import H5Source, is_torch_tensor
 from ._device import to_numpy, to_tensor
+from ._head import open_pair
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
 from ._solvers import SolverResult
 from ._stats import overall_mean
@@ -503,10 +504,14 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             bias = mean[:, -1] if head.bias is not None else None
             weight = mean[:, : self.n_features_in_]
             if len(weight) < head.weight.shape[0]:
-                # Two classes are exported as one row, coef_1 − coef_0; a two-class cosine
-                # head has both rows (loaded as is, both got that difference: a start where
-                # every sample scores the two classes alike). Its rows start at ∓ it.
-                weight = np.concatenate([-weight / 2, weight / 2])
+                # Two classes are exported as one row, coef_1 − coef_0 = s·(ŵ₁ − ŵ₀); a
+                # two-class cosine head has both rows (loaded as is, both got that
+                # difference: a start where every sample scores the two classes alike).
+                # Its rows start with that difference: at ∓ it, they were opposite, a
+                # stationary point that the refit never left (open_pair).
+                difference = torch.as_tensor(weight[0])
+                cos = difference.norm() / (2 * self.C_)
+                weight = open_pair(torch.stack([-difference, difference]), cos)[0]
             head.load({"weight": weight, "bias": bias})
         C = 1.0 if self.head == "cosine" else self.C_
         result = self._solve(head, data, solver, C, init_cosine=cold)

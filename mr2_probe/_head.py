@@ -17,6 +17,42 @@ from torch import nn
 
 from ._device import row_norms, row_norms_numpy, to_numpy, to_tensor, unit_rows
 
+# A two-class cosine head's rows start at least this angle (radians) away from opposite
+# each other, each from the axis of their difference: cos 0.1 = 0.995 of the widest margin.
+PAIR_OPENING = 0.1
+
+
+@torch.no_grad()
+def open_pair(rows: torch.Tensor, cos: torch.Tensor | None = None):
+    """The rows ``(..., 2, d)`` of two-class cosine heads, opened where they lie within
+    :data:`PAIR_OPENING` of opposite (at unit norm there, unchanged elsewhere); returns
+    ``(rows, opened)``, ``opened`` (...,) bool.
+
+    The loss of two classes depends on ŵ₁ − ŵ₀ alone, of norm 2·cos φ, φ each row's angle
+    from the axis u of that difference. Opposite rows (φ = 0, the widest margin) are a
+    stationary point: turning both rows towards a common direction changes the difference
+    only to second order, so a gradient never leaves them, even where a narrower margin
+    fits better (at large scales, a saddle). Opened rows are ±cos φ·u + sin φ·e, e the
+    rows' common direction (or an axis orthogonal to u where they have none), so that
+    ŵ₁ − ŵ₀ keeps its axis. ``cos`` (...,) sets cos φ instead of the rows' own, for every
+    pair (a start from a difference alone); it too is at most cos :data:`PAIR_OPENING`.
+    """
+    unit = F.normalize(rows, dim=-1)
+    diff, common = unit[..., 1, :] - unit[..., 0, :], unit[..., 1, :] + unit[..., 0, :]
+    if cos is None:
+        cos = diff.norm(dim=-1) / 2
+        opened = cos > np.cos(PAIR_OPENING)
+    else:
+        cos, opened = cos.to(rows), torch.ones(cos.shape, dtype=torch.bool, device=rows.device)
+    u = F.normalize(diff, dim=-1)
+    axis = F.one_hot(u.abs().argmin(-1), u.shape[-1]).to(u)  # an axis far from u
+    common = torch.where(common.norm(dim=-1, keepdim=True) > 1e-3, common, axis)
+    e = F.normalize(common - (common * u).sum(-1, keepdim=True) * u, dim=-1)
+    c = cos.clamp(0, np.cos(PAIR_OPENING))[..., None]
+    side = (1 - c**2).sqrt() * e
+    pair = torch.stack([side - c * u, side + c * u], dim=-2)
+    return torch.where(opened[..., None, None], pair, rows), opened
+
 
 class ProbeHead(nn.Module):
     """Parameters and forward pass of the probe; lives only for the duration of ``fit``."""
@@ -161,6 +197,13 @@ class ProbeHead(nn.Module):
         first_axis[0] = 1
         away = torch.where(away.abs().sum() > 0, away, first_axis)
         self.weight.copy_(torch.where(empty, away, rows))
+
+    @torch.no_grad()
+    def open_pair(self) -> None:
+        """A two-class cosine head's rows, opened where they are opposite (:func:`open_pair`);
+        the rows of any other head are left as they are."""
+        if self.head == "cosine" and self.n_classes == 2:
+            self.weight.copy_(open_pair(self.weight)[0])  # the same rows where not opposite
 
     @torch.no_grad()
     def export(self) -> dict:

@@ -12,7 +12,7 @@ from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
 from mr2_probe import _batched as batched
 from mr2_probe._batched import FoldBatch, Memory
 from mr2_probe._data import H5Source, TensorSource
-from mr2_probe._head import ProbeHead
+from mr2_probe._head import PAIR_OPENING, ProbeHead, open_pair
 from mr2_probe._losses import margin_cross_entropy, tilted_class_risk
 from mr2_probe._path import FoldPath
 from mr2_probe._solvers import ClassRisk, plain_data_term, tilted_data_term
@@ -136,6 +136,69 @@ def test_warm_start_across_scales_reaches_the_cold_solution():
         warm.fit(X, y)
     np.testing.assert_allclose(warm.coef_ / 32.0, cold.coef_ / 32.0, atol=1e-4)
     np.testing.assert_array_equal(warm.predict(X), cold.predict(X))
+
+
+def test_opposite_rows_of_two_classes_are_opened_and_others_kept():
+    rng = np.random.default_rng(0)
+    u = torch.as_tensor(rng.normal(size=(3, 8)))
+    rows = torch.stack([-u, u], 1)  # (3, 2, 8): three heads, each at the widest margin
+    rows[2, 0] = torch.as_tensor(rng.normal(size=8))  # a third pair far from opposite
+    opened, which = open_pair(rows)
+    assert which.tolist() == [True, True, False]
+    torch.testing.assert_close(opened[2], rows[2], rtol=0, atol=0)
+    unit = opened[:2] / opened[:2].norm(dim=-1, keepdim=True)
+    torch.testing.assert_close(unit, opened[:2])
+    cos = (unit[:, 0] * unit[:, 1]).sum(-1)  # cos(π − 2·opening)
+    torch.testing.assert_close(cos, torch.full((2,), -np.cos(2 * PAIR_OPENING)).double())
+    difference = unit[:, 1] - unit[:, 0]  # on the same axis as before
+    torch.testing.assert_close(torch.nn.functional.normalize(difference, dim=-1),
+                               torch.nn.functional.normalize(u[:2], dim=-1))  # fmt: skip
+    # From a difference alone: rows whose difference is the given one.
+    rows, _ = open_pair(torch.stack([-u, u], 1), cos=torch.full((3,), 0.3).double())
+    torch.testing.assert_close(rows[:, 1] - rows[:, 0], 0.6 * u / u.norm(dim=-1, keepdim=True))
+
+
+def _two_classes_of_iris(centre=False):
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    return (X - X.mean(0) if centre else X), (y == 1).astype(int)
+
+
+def test_the_search_of_two_classes_refits_the_plain_fit():
+    # Its refit started from opposite rows, a stationary point it never left: a loss of
+    # 0.663 against 0.492, 12 of 150 predictions apart, without a warning.
+    X, y = _two_classes_of_iris()
+    search = MR2LinearClassifierCV(Cs=[64.0], cv=3, head="cosine", device="cpu").fit(X, y)
+    plain = MR2LinearClassifier(head="cosine", scale=64.0, device="cpu").fit(X, y)
+    assert search.loss_curve_[-1] == pytest.approx(plain.loss_curve_[-1], rel=1e-4)
+    np.testing.assert_array_equal(search.predict(X), plain.predict(X))
+
+
+def test_a_warm_start_of_two_classes_leaves_the_widest_margin():
+    X, y = _two_classes_of_iris(centre=True)
+    common = dict(head="cosine", device="cpu", tol=1e-6)
+    warm = MR2LinearClassifier(scale=0.1, warm_start=True, **common).fit(X, y)
+    assert np.linalg.norm(warm.coef_) == pytest.approx(0.2, rel=1e-3)  # opposite rows
+    warm.set_params(scale=10.0).fit(X, y)
+    cold = MR2LinearClassifier(scale=10.0, **common).fit(X, y)
+    np.testing.assert_allclose(warm.coef_, cold.coef_, atol=1e-3 * 10)
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_a_path_of_two_classes_leaves_the_widest_margin(batch, monkeypatch):
+    # At scales 0.1 and 1 the best rows are opposite; scale 10 started there and stayed
+    # (objective 0.631 against the cold fit's 0.541).
+    from sklearn.model_selection import KFold
+
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batches_folds", lambda self, d, s: batch)
+    X, y = _two_classes_of_iris(centre=True)
+    folds = list(KFold(3, shuffle=True, random_state=0).split(X, y))
+    common = dict(head="cosine", device="cpu", tol=1e-6)
+    search = MR2LinearClassifierCV(Cs=[0.1, 1.0, 10.0], cv=folds, **common).fit(X, y)
+    train = folds[0][0]
+    cold = MR2LinearClassifier(scale=10.0, **common).fit(X[train], y[train])
+    np.testing.assert_allclose(search.coefs_paths_[1][0, 2], cold.coef_[0], atol=1e-3 * 10)
 
 
 @pytest.mark.parametrize("scale", [256.0, 4096.0])

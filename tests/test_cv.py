@@ -750,7 +750,9 @@ def test_a_two_class_cosine_refit_starts_from_the_folds_mean_rows(monkeypatch):
     search = MR2LinearClassifierCV(Cs=[16.0], cv=3, head="cosine", device="cpu").fit(X, y)
     start = loaded[-1]
     mean = search.coefs_paths_[search.classes_[1]][:, 0].mean(0)
-    np.testing.assert_allclose(start[1] - start[0], mean, rtol=1e-6)
+    # Unit rows whose difference, at the scale, is that mean (at ∓ it/2 they were opposite).
+    np.testing.assert_allclose(np.linalg.norm(start, axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(16.0 * (start[1] - start[0]), mean, rtol=1e-5, atol=1e-6)
 
 
 def test_folds_given_as_boolean_masks_are_their_rows():
