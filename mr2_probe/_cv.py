@@ -80,7 +80,8 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
         Held-out score to maximise: a scikit-learn scorer name or callable, or a class-wise
         scorer of :mod:`mr2_probe.metrics` by name (``"worst_class"``, ``"hard_tercile"``,
         ``"class_std"``). ``None`` is accuracy. Scorers see the held-out logits computed on
-        the device; ``sample_weight`` weights the score when the metric accepts it.
+        the device (a callable is given a stand-in estimator whose input is the logits,
+        not the probe and X); ``sample_weight`` weights the score when the metric accepts it.
     refit : bool, default=True
         Refit on all the data at the best value, starting from the folds' mean solution.
         ``False`` keeps the mean of each fold's best coefficients, and ``C_`` is then the
