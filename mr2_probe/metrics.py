@@ -49,10 +49,15 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         raise ValueError(
             f"y_true and y_pred must have the same shape, got {y_true.shape} and {y_pred.shape}."
         )
+
     # scikit-learn's check (float labels stay allowed): strings against numbers would
     # otherwise score every class 0.
-    values = [v for a in (y_true, y_pred) for v in np.unique(a).tolist()]
-    kinds = {type(v) if isinstance(v, str | bytes) else float for v in values}
+    def kinds_of(a):  # by dtype, or by value where it holds objects
+        if a.dtype != object:
+            return {{"U": str, "S": bytes}.get(a.dtype.kind, float)}
+        return {type(v) if isinstance(v, str | bytes) else float for v in np.unique(a).tolist()}
+
+    kinds = kinds_of(y_true) | kinds_of(y_pred)
     if len(kinds) > 1:
         raise ValueError(
             "Mix of label input types (string and number): y_true holds "
