@@ -150,6 +150,16 @@ def _locked_message(path: str, lock_path: str, holder: str) -> str:
     )
 
 
+def _lock_holder(path: str | os.PathLike) -> str | None:
+    """The pid that ``<path>.lock`` records, if that process runs; None otherwise."""
+    try:
+        with open(f"{os.fspath(path)}.lock", "rb") as fh:
+            holder = fh.read(32).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return holder if holder.isdigit() and _pid_running(int(holder)) else None
+
+
 @contextmanager
 def store_lock(path: str | os.PathLike) -> Iterator[None]:
     """Hold an exclusive lock on ``<path>.lock`` while writing ``path``.
@@ -532,9 +542,10 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
         # HDF5's "unable to lock file", not the "sblock" (superblock) of a damaged file.
         if re.search(r"\block", str(err), re.IGNORECASE):
             if mode == "r":  # HDF5 refuses readers only while a writer has the file open
+                holder = _lock_holder(path)
                 raise StoreLockedError(
                     f"The feature store {os.fspath(path)!r} is open for writing in another "
-                    "process; wait for it to finish."
+                    f"process{f' (pid {holder})' if holder else ''}; wait for it to finish."
                 ) from err
             raise StoreLockedError(
                 f"The feature store {os.fspath(path)!r} is open in another process, and HDF5 "

@@ -613,10 +613,19 @@ def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
         f["status"][0] = PENDING
     with pytest.raises(StoreError, match="not extracted yet"):
         load_features(partial)
-    # Another process writing it: HDF5's own file lock.
+    # Another process writing it: HDF5's own file lock, and the writer's pid in the lock
+    # file (the message named none, where the documentation promised it).
     with (
         _held_open(partial, "r+"),
-        pytest.raises(StoreLockedError, match="open for writing in another process"),
+        pytest.raises(StoreLockedError, match="open for writing in another process; wait"),
+    ):
+        load_features(partial)
+    Path(f"{partial}.lock").write_text(str(os.getpid()))
+    with (
+        _held_open(partial, "r+"),
+        pytest.raises(
+            StoreLockedError, match=rf"open for writing in another process \(pid {os.getpid()}\)"
+        ),
     ):
         load_features(partial)
     # Another process reading it: no one may write it, and waiting does not help.
