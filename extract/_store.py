@@ -151,13 +151,20 @@ def _locked_message(path: str, lock_path: str, holder: str) -> str:
 
 
 def _lock_holder(path: str | os.PathLike) -> str | None:
-    """The pid that ``<path>.lock`` records, if that process runs; None otherwise."""
+    """The pid that ``<path>.lock`` records while another process holds that lock; None
+    otherwise (the file keeps the last writer's pid after it is released)."""
     try:
         with open(f"{os.fspath(path)}.lock", "rb") as fh:
-            holder = fh.read(32).decode("ascii", "replace").strip()
+            try:
+                fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: its pid is the writer's
+                holder = fh.read(32).decode("ascii", "replace").strip()
+            else:
+                return None
     except OSError:
         return None
-    return holder if holder.isdigit() and _pid_running(int(holder)) else None
+    mine = holder == str(os.getpid())  # this process writes it (not a reader's concern)
+    return holder if holder.isdigit() and not mine and _pid_running(int(holder)) else None
 
 
 @contextmanager

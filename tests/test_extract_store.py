@@ -613,21 +613,19 @@ def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
         f["status"][0] = PENDING
     with pytest.raises(StoreError, match="not extracted yet"):
         load_features(partial)
-    # Another process writing it: HDF5's own file lock, and the writer's pid in the lock
-    # file (the message named none, where the documentation promised it).
+    # Another process writing it: HDF5's own file lock, and the writer's pid from its lock
+    # (the message named none, where the documentation promised it); a released lock's
+    # pid (this process's, left by a finished run) is not the writer's.
+    with store_lock(partial):
+        pass
     with (
         _held_open(partial, "r+"),
         pytest.raises(StoreLockedError, match="open for writing in another process; wait"),
     ):
         load_features(partial)
-    Path(f"{partial}.lock").write_text(str(os.getpid()))
-    with (
-        _held_open(partial, "r+"),
-        pytest.raises(
-            StoreLockedError, match=rf"open for writing in another process \(pid {os.getpid()}\)"
-        ),
-    ):
-        load_features(partial)
+    with _held_open(partial, "r+", lock=True) as writer:
+        with pytest.raises(StoreLockedError, match=rf"in another process \(pid {writer}\); wait"):
+            load_features(partial)
     # Another process reading it: no one may write it, and waiting does not help.
     with (
         _held_open(partial, "r"),
@@ -637,15 +635,20 @@ def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
 
 
 @contextmanager
-def _held_open(path, mode: str):
-    """Another process holding ``path`` open with h5py in ``mode`` while the block runs."""
-    code = f"import h5py, sys; f = h5py.File(sys.argv[1], {mode!r}); print(flush=True); input()"
+def _held_open(path, mode: str, lock: bool = False):
+    """Another process holding ``path`` open with h5py in ``mode`` while the block runs
+    (with ``lock``, holding its writer's lock too); yields its pid."""
+    take = (
+        "from extract._store import store_lock; held = store_lock(sys.argv[1]); held.__enter__(); "
+    )
+    code = f"import h5py, sys; {take if lock else ''}f = h5py.File(sys.argv[1], {mode!r}); "
+    code += "print(flush=True); input()"
     holder = subprocess.Popen(
         [sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     try:
         holder.stdout.readline()
-        yield
+        yield holder.pid
     finally:
         holder.communicate(b"\n", timeout=30)
 
