@@ -25,6 +25,7 @@ from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import Pipeline
+from sklearn.utils._param_validation import StrOptions, validate_parameter_constraints
 from sklearn.utils.validation import column_or_1d
 
 from ._offsets import TunedOffsetsClassifierCV, check_training_folds, tune_class_offsets
@@ -237,9 +238,10 @@ def accuracy_front(
         the ERM probe by :class:`TunedOffsetsClassifierCV` (worst-class objective,
         ``offsets_cv`` folds of the training data). The folds are fitted once; each bound
         re-tunes the offsets on the same out-of-fold logits.
-    offsets_cv : int, default=3
-        Number of stratified folds (≥ 2) the offsets are tuned on; each fold's training
-        part must hold every class (checked before any fit).
+    offsets_cv : int, float or cross-validation generator, default=3
+        The ``cv`` of :class:`TunedOffsetsClassifierCV` the offsets are tuned on (an int
+        is a number of stratified folds); each training part must hold every class,
+        checked before any fit.
     X_test, y_test : optional test data, scored for the report, never for the choice.
     bound : float, default=0.005
         Bound of the selection rule (:func:`choose_point`).
@@ -362,14 +364,21 @@ def _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator,
 
 
 def check_offsets_folds(y, offsets_cv, advice: str | None = None) -> None:
-    """Refuse, before any fit, an ``offsets_cv`` that is not a number of folds ≥ 2, or whose
-    stratified folds of ``y`` leave a class out of a training part (then with ``advice``)."""
-    if isinstance(offsets_cv, bool) or not isinstance(offsets_cv, Integral) or offsets_cv < 2:
-        raise ValueError(f"offsets_cv must be an int >= 2 (folds), got {offsets_cv!r}.")
-    if advice is None:
+    """Refuse, before any fit, an ``offsets_cv`` that :class:`TunedOffsetsClassifierCV`
+    would refuse as its ``cv`` (or ``"prefit"``), or a number of stratified folds of ``y``
+    that leaves a class out of a training part (then with ``advice``). A fraction or a
+    splitter is checked by the estimator, before its own fits."""
+    constraints = [c for c in TunedOffsetsClassifierCV._parameter_constraints["cv"]
+                   if not isinstance(c, StrOptions)]  # fmt: skip
+    validate_parameter_constraints(
+        {"offsets_cv": constraints}, {"offsets_cv": offsets_cv}, caller_name="accuracy_front"
+    )
+    if isinstance(offsets_cv, bool) or not isinstance(offsets_cv, Integral):
+        return
+    if advice is None:  # stratified folds leave out only a class of one sample
         advice = (
-            "Every class needs samples in every training fold: use fewer offsets_cv folds, "
-            "or more samples of the rare classes."
+            "The offsets are tuned on folds whose training parts need every class: give "
+            "each class at least 2 samples, or leave offset_bounds empty."
         )
     classes, y_index = np.unique(column_or_1d(y), return_inverse=True)
     with warnings.catch_warnings():  # scikit-learn's warning about small classes: refused below

@@ -213,13 +213,14 @@ def test_front_names_the_points_that_stopped_short(splits):
         (dict(offset_bounds=(0.01, 0.01)), r"offset_bounds must be distinct, got \[0.01\]"),
         (dict(erm=LogisticRegression()), "erm must be an MR2LinearClassifier .* got Logistic"),
         # Refused by the offsets' own estimator, after the ERM, MR² and tilt fits.
-        (dict(offset_bounds=(0.01,), offsets_cv=1), "offsets_cv must be an int >= 2 .*got 1"),
-        (dict(offset_bounds=(0.01,), offsets_cv=2.5), "offsets_cv must be an int >= 2"),
-        (dict(offset_bounds=(0.01,), offsets_cv="3"), "offsets_cv must be an int >= 2"),
+        (dict(offset_bounds=(0.01,), offsets_cv=1), "'offsets_cv' parameter of accuracy_front"),
+        (dict(offset_bounds=(0.01,), offsets_cv=2.5), "'offsets_cv' parameter of accuracy_fr"),
+        (dict(offset_bounds=(0.01,), offsets_cv="3"), "'offsets_cv' parameter of accuracy_fr"),
+        (dict(offset_bounds=(0.01,), offsets_cv="prefit"), "'offsets_cv' parameter of accu"),
         # A class of one sample among larger ones: scikit-learn's folds only warn.
         (
             dict(offset_bounds=(0.01,), one_of_class=7),
-            r"fold \d of the cv holds no sample of the classes \[7\] .*fewer offsets_cv folds",
+            r"fold \d of the cv holds no sample of the classes \[7\] .*at least 2 samples",
         ),
     ],
 )
@@ -235,6 +236,22 @@ def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeyp
     monkeypatch.setattr(MR2LinearClassifier, "fit", no_fit)
     with pytest.raises(ValueError, match=match):
         accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val, **kwargs)
+
+
+@pytest.mark.parametrize("offsets_cv", [0.3, "splitter"])
+def test_offsets_take_the_cv_their_estimator_takes(splits, offsets_cv):
+    # A fraction or a splitter, as TunedOffsetsClassifierCV takes them (they were refused
+    # for a moment as not a number of folds).
+    from sklearn.model_selection import StratifiedKFold
+
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    if offsets_cv == "splitter":
+        offsets_cv = StratifiedKFold(3, shuffle=True, random_state=0)
+    front = accuracy_front(
+        MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val, tilts=(0,),
+        offset_bounds=(0.01,), offsets_cv=offsets_cv,
+    )  # fmt: skip
+    assert repr(front.point("offsets≤1pt").estimator.cv) == repr(offsets_cv)  # cloned
 
 
 def test_front_never_chooses_on_test_data(splits, front):
