@@ -52,7 +52,9 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
 
     # scikit-learn's check (float labels stay allowed): strings against numbers would
     # otherwise score every class 0.
-    def kinds_of(a):  # by dtype, or by value where it holds objects
+    def kinds_of(a):  # by dtype, or by value where it holds objects; none when empty
+        if a.size == 0:
+            return set()
         if a.dtype != object:
             return {{"U": str, "S": bytes}.get(a.dtype.kind, float)}
         return {type(v) if isinstance(v, str | bytes) else float for v in np.unique(a).tolist()}

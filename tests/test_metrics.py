@@ -312,3 +312,7 @@ def test_labels_of_two_kinds_are_refused_as_scikit_learn_refuses_them():
         per_class_accuracy(np.array([b"a", b"b"], dtype=object), [0, 1])
     with pytest.raises(ValueError, match="Mix of label input types"):
         per_class_accuracy(["a", "b"], np.array([b"a", b"b"], dtype=object))
+    # Labels of one kind, whatever their arrays' dtypes; no labels are of no kind.
+    labels = np.array(["a", "b"], dtype=object)
+    np.testing.assert_array_equal(per_class_accuracy(labels, ["a", "a"]), [1.0, 0.0])
+    assert per_class_accuracy(np.array(["a"])[:0], np.array([])).shape == (0,)
