@@ -608,9 +608,10 @@ def extract_features(
     out = output_target(out)
     target = out if world_size == 1 else shard_path(out, rank, world_size)
     merged = out if target != out and not explicit else None
-    # Every output is checked before any image is listed or model loaded; under torchrun,
-    # a rank's shard only once a merged store is found incomplete (complete, it is reused
-    # where no shard could be written, as a read-only folder).
+    # Every output is checked before any image is listed or model loaded, except under
+    # torchrun a rank's shard where a merged store exists: that is checked once the merged
+    # store is found incomplete, after the model is loaded (complete, it is reused even
+    # where no shard could be written, as in a read-only folder).
     reuse = merged is not None and merged.exists() and not overwrite
     for path in ([] if reuse else [target]) + ([merged] if merged and rank == 0 else []):
         check_output(path, overwrite)

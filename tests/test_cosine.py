@@ -176,13 +176,17 @@ def test_the_search_of_two_classes_refits_the_plain_fit():
 
 
 def test_a_warm_start_of_two_classes_leaves_the_widest_margin():
+    # In float32 the warm start at 10 stayed at the opposite rows of 0.1 (‖coef‖ 20, 6.45).
     X, y = _two_classes_of_iris(centre=True)
+    X = X.astype(np.float32)
     common = dict(head="cosine", device="cpu", tol=1e-6)
-    warm = MR2LinearClassifier(scale=0.1, warm_start=True, **common).fit(X, y)
-    assert np.linalg.norm(warm.coef_) == pytest.approx(0.2, rel=1e-3)  # opposite rows
-    warm.set_params(scale=10.0).fit(X, y)
-    cold = MR2LinearClassifier(scale=10.0, **common).fit(X, y)
-    np.testing.assert_allclose(warm.coef_, cold.coef_, atol=1e-3 * 10)
+    with warnings.catch_warnings():  # float32 stops short of tol 1e-6, both fits alike
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warm = MR2LinearClassifier(scale=0.1, warm_start=True, **common).fit(X, y)
+        assert np.linalg.norm(warm.coef_) == pytest.approx(0.2, rel=1e-3)  # opposite rows
+        warm.set_params(scale=10.0).fit(X, y)
+        cold = MR2LinearClassifier(scale=10.0, **common).fit(X, y)
+    np.testing.assert_allclose(warm.coef_, cold.coef_, atol=1e-2 * 10)
 
 
 @pytest.mark.parametrize("batch", [True, False])
