@@ -49,7 +49,7 @@ from sklearn.model_selection import GridSearchCV, StratifiedKFold
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the previous solver, kept in tests/
-from bench_fit import make_features  # noqa: E402
+from bench_fit import make_features, threads  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
 from mr2_probe import _solvers as solvers  # noqa: E402
@@ -138,7 +138,7 @@ def main(argv=None):
     MR2LinearClassifier(max_iter=2, device="cpu").fit(X[:500], y[:500])  # torch's warm-up
     print(
         f"{len(y)} × {X.shape[1]} L2-normalised float32 train, {len(yt)} test, "
-        f"{len(np.unique(y))} classes, tol={args.tol}, torch threads={torch.get_num_threads()}"
+        f"{len(np.unique(y))} classes, tol={args.tol}, {threads()}"
         + (f", from {args.store}" if args.store else ", synthetic")
     )
     header = f"{'model':<46}{'fit s':>8}{'× linear':>10}{'iters':>8}{'objective':>11}{'acc %':>8}"

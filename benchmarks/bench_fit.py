@@ -28,6 +28,15 @@ from mr2_probe import MR2LinearClassifier
 from mr2_probe.metrics import classwise_summary, difficulty_groups, per_class_accuracy
 
 
+def threads() -> str:
+    """Each side's threads, for the header: torch's (the estimator) and the BLAS's that
+    NumPy and SciPy use (scikit-learn's solvers), each at the process's settings."""
+    from threadpoolctl import threadpool_info
+
+    blas = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    return f"torch threads={torch.get_num_threads()}, BLAS threads={max(blas, default=1)}"
+
+
 def make_features(n_samples, n_features, n_classes, seed, offset=1.0):
     """Class means on a sphere, per-class spread from 0.5× to 2×, a common offset.
 
@@ -123,7 +132,7 @@ def main(argv=None):
         f"{n_train} × {args.n_features} float32 train, {len(y_test)} test, "
         f"{args.n_classes} classes, offset={args.offset}, C={args.C}, tol=1e-4, "
         f"max_iter={args.max_iter}, best of {args.repeat}, "
-        f"torch threads={torch.get_num_threads()}"
+        f"{threads()}"
     )
     header = (
         f"{'model':<30}{'device':>7}{'fit s':>9}{'speed-up':>10}{'iters':>7}"
