@@ -677,7 +677,8 @@ def _extract_shard(
     shard["shard_world_size"] = world_size
     provenance = _provenance(backbone, src, dtype, normalize, decode, shard, device)
     repair_merged, vouched = None, False
-    if merged is not None and merged.exists() and not overwrite:
+    read_merged = merged is not None and merged.exists() and not overwrite
+    if read_merged:
         whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
         whole = _provenance(backbone, src, dtype, normalize, decode, whole, device)
         everything = np.arange(len(src))
@@ -699,7 +700,7 @@ def _extract_shard(
             f"Cannot complete the feature store {os.fspath(out)!r}: no permission to write in "
             f"the folder {os.fspath(out.parent)!r}; write the store to a folder you can write to."
         )
-    if merged is not None and merged.exists() and not overwrite:
+    if read_merged:
         check_output(out, overwrite)  # deferred until the merged store was read
     make_output_folder(out)
     with store_lock(out):
