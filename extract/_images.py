@@ -476,11 +476,13 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     for path, label, number in rows:
         if not label:
             raise ValueError(f"{list_file}:{number}: {path!r} has an empty label.")
-        earlier = first_line.setdefault(os.path.normpath(path), number)
+        # The file itself, however it is spelt: relative or absolute, through a link.
+        earlier = first_line.setdefault(os.path.realpath(list_file.parent / path), number)
         if earlier != number:
             raise ValueError(
-                f"{list_file}:{number}: {path!r} is listed again (first on line {earlier}); "
-                "list each image once (to weight it, use sample_weight when fitting)."
+                f"{list_file}:{number}: {path!r} is listed again (first on line {earlier}, "
+                "perhaps spelt otherwise); list each image once (to weight it, use "
+                "sample_weight when fitting)."
             )
     labels, class_names = encode_labels([label for _, label, _ in rows])
     ids = [path for path, _, _ in rows]
@@ -539,8 +541,10 @@ def open_source(
             )
     if isinstance(source, ImageSource):
         return source
-    if text.startswith("fashion-mnist"):
-        split, _, root = text.partition(":")[2].partition("@")
+    # The spec is its own word before a colon (a folder named fashion-mnist-photos is a
+    # folder), and a path that exists under the spec's name is that path.
+    if kind == "fashion-mnist" and not os.path.exists(text):
+        split, _, root = pattern.partition("@")
         return fashion_mnist(split or "train", root or FASHION_MNIST_ROOT)
     if os.path.isdir(text):
         return image_folder(text)

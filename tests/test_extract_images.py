@@ -137,6 +137,14 @@ def test_image_list_refuses_what_would_become_wrong_rows(folder, lines, match):
         image_list(folder / "l.csv")
 
 
+def test_image_list_refuses_one_file_under_two_spellings(folder):
+    (folder / "link.png").symlink_to(folder / "cat" / "000.png")
+    for second in (folder / "cat" / "000.png", "link.png", "dog/../cat/000.png"):
+        (folder / "l.csv").write_text(f"cat/000.png,cat\ndog/001.jpg,dog\n{second},dog\n")
+        with pytest.raises(ValueError, match=r"l.csv:3: .* is listed again \(first on line 1"):
+            image_list(folder / "l.csv")
+
+
 def test_file_names_with_commas_are_quoted_csv(folder):
     shutil.copy(folder / "cat" / "000.png", folder / "cat" / "a,b.png")
     (folder / "l.txt").write_text("cat/a,b.png cat\ndog/001.jpg dog\n")
@@ -327,6 +335,15 @@ def test_subset_keeps_order_and_first_items_per_class(idx_root, n_per_class, n, 
     # The fingerprint identifies the item list: equal only when nothing was dropped.
     same = src.fingerprint() == fashion_mnist("train", idx_root).fingerprint()
     assert same == (expected == 50)
+
+
+def test_a_folder_named_like_the_fashion_mnist_spec_is_a_folder(tmp_path, monkeypatch):
+    for name in ("fashion-mnist-photos", "fashion-mnist"):
+        make_image_folder(tmp_path / name, n_per_class=2, special=False)
+    monkeypatch.chdir(tmp_path)
+    for name in ("fashion-mnist-photos", "fashion-mnist", "./fashion-mnist"):
+        src = open_source(name)
+        assert src.ids == ["cat/000.png", "cat/001.jpg", "dog/000.png", "dog/001.jpg"], name
 
 
 @pytest.mark.parametrize(
