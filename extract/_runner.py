@@ -310,6 +310,7 @@ def _row_difference(f, src: ImageSource, rows: np.ndarray, stored_names: list[st
         "label": (f["labels"][:n], src.labels[head]),
         "size": (f["file_size"][:n], sizes[head]),
         "mtime": (f["file_mtime_ns"][:n], mtimes[head]),
+        "index": (f["indices"][:n], src.source_index[head]),
     }
     differs = np.zeros(n, bool)
     for old, new in pairs.values():
@@ -337,7 +338,25 @@ def _row_difference(f, src: ImageSource, rows: np.ndarray, stored_names: list[st
         )
     old = (int(pairs["size"][0][k]), int(pairs["mtime"][0][k]))
     new = (int(sizes[head[k]]), int(mtimes[head[k]]))
-    return _file_difference(src.path(int(head[k])), old, new)
+    if old != new:
+        return _file_difference(src.path(int(head[k])), old, new)
+    old_index, new_index = (int(pairs["index"][j][k]) for j in (0, 1))
+    return (
+        f"{src.item_name(int(head[k]))!r} is item {new_index} of the source now, item "
+        f"{old_index} when the store was made: images were added or removed before it"
+    )
+
+
+def _source_explained(f, provenance: dict, source, rows) -> str | None:
+    """:func:`_source_difference`, and where the store differs only by failed images that
+    have changed since, the option that takes them."""
+    difference = _source_difference(f, source, rows)
+    if difference and _repaired_failures(f, provenance, source, rows) is not None:
+        difference += (
+            "; it failed in the store and has changed since: pass --retry-failed "
+            "(retry_failed=True) to extract the changed failed images again"
+        )
+    return difference
 
 
 def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False) -> tuple | None:
@@ -368,6 +387,10 @@ def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False)
     if len(ids) != len(rows) or list(ids) != [source.ids[i] for i in rows]:
         return None
     if not np.array_equal(f["labels"][:], source.labels[rows]):
+        return None
+    # A subset (--per-class) keeps its images while others are added before them: their
+    # positions in the source, which the store records, are then another difference.
+    if not np.array_equal(f["indices"][:], source.source_index[rows]):
         return None
     sizes, mtimes = source.file_stats()
     stored_sizes, stored_mtimes = f["file_size"][:], f["file_mtime_ns"][:]
@@ -419,7 +442,9 @@ def _open_or_create(
             _adopt_repaired_failures(out, provenance, source, rows, vouched)
         with open_store(out, "r") as f:
             existing = read_attrs(f)
-            check_provenance(out, existing, provenance, lambda: _source_difference(f, source, rows))
+            check_provenance(
+                out, existing, provenance, lambda: _source_explained(f, provenance, source, rows)
+            )
         if existing.get("versions") != library_versions():
             logger.warning(
                 "%s was started with other library versions: %s; now %s",
@@ -743,7 +768,9 @@ def _is_complete(
     a store made differently is refused here, before any GPU work. Under torchrun every
     rank reads the merged store before any writes it, so they all decide alike."""
     with open_store(store, "r") as f:
-        check_provenance(store, read_attrs(f), provenance, lambda: _source_difference(f, src, rows))
+        check_provenance(
+            store, read_attrs(f), provenance, lambda: _source_explained(f, provenance, src, rows)
+        )
         status = f["status"][:]
     if (status == PENDING).any() or retry_failed and (status == FAILED).any():
         return False

@@ -320,15 +320,19 @@ def test_retry_failed_takes_a_repaired_image(tmp_path, capsys):
     assert len(load_features(out, in_memory=True).failures) == 1
     (folder / "dog" / "001.jpg").write_bytes(good)  # repaired: another size and time
     capsys.readouterr()
-    assert main(args) == 2  # without --retry-failed the change is refused
-    assert "dog/001.jpg' is not the file the store was made from" in _error_line(capsys)
+    assert main(args) == 2  # without --retry-failed the change is refused, naming it
+    line = _error_line(capsys)
+    assert "dog/001.jpg' is not the file the store was made from" in line
+    assert "failed in the store and has changed since: pass --retry-failed" in line
     assert main([*args, "--retry-failed"]) == 0
     repaired = load_features(out, in_memory=True)
     assert not repaired.failures and len(repaired.paths) == 6
     assert main(args) == 0  # and the store is the request's now: reused
     (folder / "cat" / "000.png").write_bytes(good)  # a change to a row that was done
     assert main([*args, "--retry-failed"]) == 2
-    assert "cat/000.png' is not the file the store was made from" in _error_line(capsys)
+    line = _error_line(capsys)
+    assert "cat/000.png' is not the file the store was made from" in line
+    assert "--retry-failed" not in line
 
 
 @pytest.mark.parametrize("message, expected", [

@@ -357,6 +357,29 @@ def test_shards_merge_into_the_single_run(store, folder, tmp_path):
         merge_shards(shards, other)  # never silently replaces a different store
 
 
+def test_a_subset_whose_images_moved_in_the_source_is_refused_by_name(tmp_path):
+    # --per-class keeps the first images of each class: an image added to "cat" beyond
+    # them moves every "dog" image one place on in the source, which the store records.
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    bad = folder / "cat" / "001.jpg"
+    good = bad.read_bytes()
+    bad.write_bytes(b"not an image")
+    subset = dict(FAST, n_per_class=2)
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **subset)
+    before = load_features(out, in_memory=True).indices
+    shutil.copy(folder / "cat" / "003.png", folder / "cat" / "004.png")
+    moved = r"dog/000.png' is item 5 of the source now, item 4 when the store was made"
+    with pytest.raises(ProvenanceError, match=moved):
+        extract_features(folder, BACKBONE, out, **subset)
+    # A repaired failure, which --retry-failed alone would take: not with the move.
+    bad.write_bytes(good)
+    for retry in (False, True):
+        with pytest.raises(ProvenanceError, match="cat/001.jpg' is not the file") as error:
+            extract_features(folder, BACKBONE, out, retry_failed=retry, **subset)
+        assert "--retry-failed" not in str(error.value)
+    np.testing.assert_array_equal(load_features(out, in_memory=True).indices, before)
+
+
 def test_retry_failed_takes_a_repaired_image_into_its_own_shard_only(tmp_path):
     # A repaired image changes the source's fingerprint, which every shard records. The
     # shard holding it takes the repair; another shard, its own rows unchanged, cannot tell
