@@ -12,6 +12,7 @@ recomputed on resume.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import json
@@ -548,6 +549,16 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
     except OSError as err:
         # HDF5's "unable to lock file", not the "sblock" (superblock) of a damaged file.
         if re.search(r"\block", str(err), re.IGNORECASE):
+            code = re.search(r"errno = (\d+)", str(err))
+            if code and int(code[1]) not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                # ENOSYS, ENOLCK, EOPNOTSUPP: a file system without locks (Lustre or NFS
+                # mounted without them), not another process.
+                raise StoreError(
+                    f"HDF5 cannot lock the feature store {os.fspath(path)!r}: this file "
+                    f"system does not support file locks ({' '.join(str(err).split())}). "
+                    "Set HDF5_USE_FILE_LOCKING=FALSE in the environment to open it without "
+                    "HDF5's lock, or write to a local disk."
+                ) from err
             if mode == "r":  # HDF5 refuses readers only while a writer has the file open
                 holder = _lock_holder(path)
                 raise StoreLockedError(

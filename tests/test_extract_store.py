@@ -650,6 +650,23 @@ def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
         open_store(partial, "a").close()
 
 
+@pytest.mark.parametrize("mode", ["r", "r+"])
+def test_a_file_system_without_locks_is_not_another_process(monkeypatch, tmp_path, mode):
+    # HDF5's lock failing with ENOSYS (Lustre, NFS without locks) was reported as another
+    # process writing the store: the user was told to wait for no one.
+    def refuse(path, mode):
+        raise OSError(
+            "Unable to synchronously open file (unable to lock file, errno = 38, error "
+            "message = 'Function not implemented')"
+        )
+
+    monkeypatch.setattr(h5py, "File", refuse)
+    with pytest.raises(StoreError, match="does not support file locks") as error:
+        open_store(tmp_path / "s.h5", mode)
+    assert not isinstance(error.value, StoreLockedError)
+    assert "HDF5_USE_FILE_LOCKING=FALSE" in str(error.value)
+
+
 def test_a_reader_refused_by_a_writer_is_told_its_pid(store, tmp_path):
     # The message named none, where the documentation promised it; a released lock's pid
     # (this process's, left by its finished run) is not the writer's.
