@@ -535,13 +535,32 @@ _THREAD = threading.local()  # .stack: this thread's open recordings, innermost 
 def _recording_load(self, *args, **kwargs):
     result = _UNPATCHED_LOAD(self, *args, **kwargs)
     for recording in getattr(_THREAD, "stack", ()):  # every open block of this thread
-        recording.append(result)
+        recording.append((self, result))
     return result
+
+
+def _lands_inside(model: nn.Module, key: str) -> bool:
+    """Whether a checkpoint key that ``model`` did not expect names a place inside one of
+    its layers that has weights: its deepest existing ancestor module is not the model
+    itself and has parameters, and the key is not an attribute the model keeps out of its
+    state dict (a non-persistent buffer)."""
+    *path, name = key.split(".")
+    module = model
+    for part in path:
+        child = module._modules.get(part)
+        if child is None:
+            break
+        module = child
+    else:
+        if hasattr(module, name):
+            return False
+    return module is not model and next(module.parameters(), None) is not None
 
 
 @contextmanager
 def _state_dict_loads() -> Iterator[list]:
-    """The results of the ``Module.load_state_dict`` calls this thread makes inside the block.
+    """``(module, result)`` of the ``Module.load_state_dict`` calls this thread makes inside
+    the block.
 
     timm loads a checkpoint for a headless model (``num_classes=0``) with ``strict=False``
     and only logs the keys it did not find; this is how a caller sees them. The method is
@@ -651,13 +670,31 @@ def _timm(spec: BackboneSpec, image_size: int | None):
                 ) from err
         # Without its classifier the load is not strict: a parameter the checkpoint does not
         # hold would keep its random initialisation, and the features be silently wrong.
-        missing = [key for result in loads for key in result.missing_keys]
+        missing = [key for _, result in loads for key in result.missing_keys]
         if missing:
             raise BackboneError(
                 f"The checkpoint of backbone {str(spec)!r} does not fit the timm model "
                 f"{spec.model!r}: {len(missing)} of its parameters are not in it "
                 f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}). Pass "
                 "the model the checkpoint was trained as (for MoCo checkpoints, moco:...)."
+            )
+        # Weights that belong inside the model's own layers but have no place there: a
+        # deeper or wider model of the family (resnet34's layer1.2.* given to resnet18
+        # loaded the rest, its blocks taken from other places). A head or a decoder that
+        # the headless model leaves out is no such weight.
+        foreign = [
+            key
+            for module, result in loads
+            for key in result.unexpected_keys
+            if _lands_inside(module, key)
+        ]
+        if foreign:
+            raise BackboneError(
+                f"The checkpoint of backbone {str(spec)!r} does not fit the timm model "
+                f"{spec.model!r}: {len(foreign)} of its weights belong inside the model's "
+                f"layers but have no place there ({', '.join(foreign[:4])}"
+                f"{', ...' if len(foreign) > 4 else ''}), as in a deeper or wider model of "
+                "the family. Pass the model the checkpoint was trained as."
             )
         weights_id = file_sha256(path)
     else:

@@ -112,6 +112,18 @@ def _save_timm_checkpoint(path, name, seed):
     return model
 
 
+def test_a_timm_checkpoint_with_a_decoder_and_a_head_is_taken(tmp_path):
+    # An MAE pretraining checkpoint holds its decoder, a classifier checkpoint its head:
+    # weights the headless model leaves out, not a deeper model's.
+    import timm
+
+    weights = timm.create_model("test_vit", num_classes=5).state_dict()
+    extra = {"mask_token": torch.zeros(1, 1, 8), "decoder_blocks.0.mlp.fc1.weight": torch.zeros(2)}
+    torch.save({"model": weights | extra}, tmp_path / "w.pth")
+    bb = create_backbone(f"timm:test_vit@{tmp_path / 'w.pth'}", image_size=32)
+    assert bb.weights_id == file_sha256(tmp_path / "w.pth")
+
+
 def test_timm_local_checkpoint(tmp_path):
     path = tmp_path / "w.pth"
     reference = _save_timm_checkpoint(path, "test_resnet", seed=7)
@@ -130,6 +142,7 @@ def test_timm_local_checkpoint(tmp_path):
         {"foo.weight": torch.zeros(3)},  # another model's weights altogether
         "moco",  # a MoCo checkpoint's keys (module.encoder_q.*) given to timm:
         "no_norm",  # a ViT checkpoint without its final norm
+        "deeper",  # a deeper model's: more blocks in a stage than the model has
     ],
 )
 def test_a_timm_checkpoint_that_does_not_fit_is_refused(tmp_path, state):
@@ -147,6 +160,10 @@ def test_a_timm_checkpoint_that_does_not_fit_is_refused(tmp_path, state):
         name = "test_vit"
         weights = timm.create_model(name, num_classes=5).state_dict()
         state = {k: v for k, v in weights.items() if not k.startswith("norm.")}
+    elif state == "deeper":  # resnet34's layer1.2.* given to resnet18 loaded the rest
+        weights = timm.create_model(name, num_classes=5).state_dict()
+        block = [k for k in weights if k.startswith("layer1.0.")]
+        state = weights | {k.replace("layer1.0.", "layer1.7."): weights[k] for k in block}
     torch.save(state, tmp_path / "w.pth")
     with pytest.raises(BackboneError, match="does not fit the timm model"):
         create_backbone(f"timm:{name}@{tmp_path / 'w.pth'}", image_size=32)
