@@ -744,7 +744,10 @@ def _extract_shard(
         pending = rows[status == PENDING]
         blocks = [pending[lo : lo + batch_size] for lo in range(0, len(pending), batch_size)]
         if not blocks:  # a finished store is not opened for writing at all
-            _log_reused(out, status)
+            if len(status):
+                _log_reused(out, status)
+            else:  # a rank with no rows (fewer shards, or items, than ranks)
+                logger.info("%s holds no rows of the request: nothing to extract.", out)
             return out, repair_merged
         if (status != PENDING).any():
             logger.info(

@@ -446,6 +446,17 @@ def test_a_retry_killed_while_taking_a_repair_is_finished_by_the_next(
     np.testing.assert_allclose(again.features, single.features[::shards], rtol=1e-5, atol=1e-6)
 
 
+def test_a_rank_without_rows_says_so_rather_than_reused(folder, tmp_path, caplog):
+    # Rank 2 of 3 over two images: its new, empty shard was "Reused the complete feature
+    # store (0 rows, nothing to compute)".
+    caplog.set_level(logging.INFO, logger="extract")
+    out = tmp_path / "f.h5"
+    shard = extract_features(folder, BACKBONE, out, max_items=2, rank=2, world_size=3, **FAST)
+    assert len(load_features(shard, in_memory=True).paths) == 0
+    assert "holds no rows of the request: nothing to extract" in caplog.text
+    assert "Reused" not in caplog.text
+
+
 def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
     store, folder, tmp_path, monkeypatch, caplog
 ):
