@@ -420,7 +420,9 @@ def _run(args) -> int:
     notes = []
     if _final(fitted[mr2_name]).c_bar is None:
         how = "the search chose c_bar=None" if "c_bar" in grid else "c_bar=None"
-        notes.append(f"{mr2_name} has no margins: {how}, plain cross-entropy (γ_k = 1)")
+        plain = _final(fitted[mr2_name]).lam == 0 and _final(fitted[mr2_name]).class_tilt == 0
+        what = "plain cross-entropy (γ_k = 1)" if plain else "γ_k = 1"
+        notes.append(f"{mr2_name} has no margins: {how}, {what}")
     lines = [
         f"{name}: best parameters by {args.scoring} ({args.cv}-fold CV): {best}"
         for name, best in search.items()

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from numbers import Integral
 
+import joblib
 import numpy as np
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
@@ -254,7 +255,8 @@ def accuracy_front(
     Returns
     -------
     front : Front
-        Points in the order ERM, MR², tilts, offsets; ``front.chosen`` names the rule's
+        Points in the order ERM, MR² (left out where its configuration is ERM's), tilts,
+        offsets; ``front.chosen`` names the rule's
         choice. Points whose fit stopped short of tol are named in one ConvergenceWarning.
     """
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
@@ -263,7 +265,9 @@ def accuracy_front(
     erm = _with_params(estimator if erm is None else erm, c_bar=None, lam=0.0, class_tilt=0.0)
     points = [FrontPoint("ERM", "ERM", None, erm)]
     mr2 = _with_params(estimator, class_tilt=0.0)
-    if _final(mr2).c_bar is not None:
+    # Its own point unless it is ERM's configuration: with c_bar=None it may still be
+    # another model (lam > 0, or ERM tuned on its own), the start of the tilt sweep.
+    if joblib.hash(mr2) != joblib.hash(erm):
         points.append(FrontPoint("MR2", "MR2", None, mr2))
     positive = [float(t) for t in tilts if t > 0]
     points += [
@@ -282,8 +286,8 @@ def accuracy_front(
         if model is None:
             model = _fit(clone(p.estimator), X, y, short, p.name)
         fitted[p.name] = model
-        # The sweep starts from the MR² point: ERM may be another configuration (its own C,
-        # erm=), so the first tilt without an MR² point is fitted cold.
+        # The sweep starts from the MR² point; without one (MR² is ERM's configuration)
+        # the first tilt is fitted cold.
         previous = model if p.lever in ("MR2", "tilt") else None
     if offset_bounds:
         bounds = sorted(float(b) for b in offset_bounds)

@@ -245,7 +245,7 @@ def plot_margins(classifier, path, class_names=None):
     ax.set_ylabel("margin γ_k")
     c_bar = getattr(classifier, "c_bar", 1.0)
     if c_bar is None:
-        ax.set_title("no MR² margins: c_bar=None (plain cross-entropy, γ_k = 1 for every class)")
+        ax.set_title("no MR² margins: c_bar=None (γ_k = 1 for every class)")
     else:
         ax.axhline(float(gamma.mean()), color=SAME, linestyle="--", linewidth=0.8)
         ax.set_title(f"MR² margin per class (dashed: mean margin c̄ = {c_bar:g})")

@@ -8,12 +8,14 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import joblib
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -164,6 +166,20 @@ def test_search_that_drops_the_margins_says_so(files, tmp_path, capsys):
     assert note in (out / "report.txt").read_text()
     assert note in (out / "report.md").read_text()
     assert json.loads((out / "report.json").read_text())["notes"][0].startswith(note)
+
+
+def test_a_model_without_margins_but_with_a_compactness_loss_is_not_called_plain(files, tmp_path):
+    # c_bar=None with lam > 0 was noted as "plain cross-entropy", and left out of the
+    # front as if it were ERM.
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--c-bar", "none"]
+    argv += ["--lam", "0.5", "--max-iter", "2", "--tilt", "1", "--out", str(out)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        assert main([*argv, "--no-progress"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert "MR2 has no margins: c_bar=None, γ_k = 1" in report["notes"]
+    assert [p["name"] for p in report["front"]["points"]] == ["ERM", "MR2", "tilt=1"]
 
 
 @pytest.mark.parametrize(

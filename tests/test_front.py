@@ -2,6 +2,7 @@
 
 import ast
 import json
+import warnings
 
 import joblib
 import numpy as np
@@ -155,15 +156,30 @@ def test_front_erm_may_be_tuned_on_its_own(splits):
     assert front.point("ERM").validation["overall"] == pytest.approx(own)
 
 
-def test_tilt_sweep_without_an_mr2_point_does_not_start_from_another_erm(splits):
-    # Without margins there is no MR2 point: the first tilt warm-started from the fitted
-    # ERM, which erm= may give another C, and scored a model at ERM's C under its own.
+def test_tilt_sweep_without_margins_does_not_start_from_another_erm(splits):
+    # Without margins the first tilt warm-started from the fitted ERM, which erm= may give
+    # another C, and scored a model at ERM's C under its own. The MR2 point, which was
+    # left out without margins, is that other model: it is a point of its own.
     X_fit, y_fit, X_val, y_val, *_ = splits
     probe = MR2LinearClassifier(c_bar=None, C=0.001, tol=1e-8, device="cpu")
     erm = MR2LinearClassifier(c_bar=None, C=1.0, device="cpu")
     front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(0.5,), erm=erm)
+    assert [p.name for p in front.points] == ["ERM", "MR2", "tilt=0.5"]
+    assert front.point("MR2").estimator.C == 0.001
     cold = clone(front.point("tilt=0.5").estimator).fit(X_fit, y_fit)
     assert front.point("tilt=0.5").validation["overall"] == pytest.approx(cold.score(X_val, y_val))
+
+
+@pytest.mark.parametrize("lam, names", [(0.0, ["ERM", "tilt=1"]), (0.5, ["ERM", "MR2", "tilt=1"])])
+def test_the_mr2_point_is_left_out_only_where_it_is_erm(splits, lam, names):
+    # With c_bar=None and a compactness loss (lam > 0) the MR2 model is no ERM: it was left
+    # out, and the tilt curve drawn from ERM's point, not from the model it was swept from.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = MR2LinearClassifier(c_bar=None, lam=lam, max_iter=3, device="cpu", random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        front = accuracy_front(probe, X_fit[:300], y_fit[:300], X_val, y_val, tilts=(1,))
+    assert [p.name for p in front.points] == names
 
 
 def test_cli_front_erm_is_the_reported_erm(features, monkeypatch, capsys):
