@@ -17,7 +17,12 @@ import joblib
 import numpy as np
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.model_selection import GridSearchCV, StratifiedKFold, train_test_split
+from sklearn.model_selection import (
+    GridSearchCV,
+    ParameterGrid,
+    StratifiedKFold,
+    train_test_split,
+)
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import Normalizer, StandardScaler
 
@@ -578,8 +583,6 @@ def _check_options(args) -> None:
             f"--Cs chooses the value that {option} sets (the {args.head} head's {what}); "
             "pass one of them"
         )
-    if args.C is None:
-        args.C = 1.0
     if args.test is None and args.test_labels is not None:
         raise UsageError("--test-labels goes with --test FILE.npy; pass --test or drop it")
     for option, labels, features in (
@@ -601,7 +604,7 @@ def _estimators(args) -> tuple[MR2LinearClassifier, MR2LinearClassifier]:
     """ERM and MR², unfitted, their parameters checked."""
     common = dict(
         head=args.head,
-        C=args.C,
+        C=1.0 if args.C is None else args.C,
         max_iter=args.max_iter,
         device=args.device,
         verbose=0 if args.no_progress else 1,
@@ -656,6 +659,36 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args) -> None:
                     resolve_device(value)  # as --device is: every fit would fail on it
             except ValueError as error:
                 raise UsageError(f"--grid {name}={value}: {_one_line(error)}") from error
+    for name, option, value in (
+        ("C", "--C", args.C),
+        ("p", "--p", args.p),
+        ("scale", "--logit-scale", args.logit_scale),
+    ):
+        if name in grid and value is not None:
+            raise UsageError(
+                f"--grid {name} searches the value that {option} sets; pass one of them"
+            )
+    if "class_tilt" in grid and args.tilt:
+        raise UsageError(
+            "--tilt sweeps class_tilt on the MR² model for the front, and --grid class_tilt "
+            "searches it; pass one of them"
+        )
+    heads = grid.get("head", [args.head])
+    lams = grid.get("lam", [args.lam])
+    if set(heads) == {"cosine"} and not any(lams) and ("C" in grid or args.C is not None):
+        raise UsageError(
+            f"{'--grid C' if 'C' in grid else '--C'} sets the L2 penalty of the linear head "
+            "(and of a projection, with --lam > 0); the cosine head without a projection "
+            "has none: drop it, and tune --logit-scale (or --Cs, which searches the scale)"
+        )
+    # Each value was checked alone; a combination can still be no model (solver=lbfgs
+    # with lam > 0), which GridSearchCV would find fold by fold, after other fits.
+    for combination in ParameterGrid(grid):
+        try:
+            clone(mr2).set_params(**combination)._check_solver()
+        except ValueError as error:
+            shown = ", ".join(f"{key}={value}" for key, value in combination.items())
+            raise UsageError(f"--grid {shown}: {_one_line(error)}") from error
     if "scale" in grid and "cosine" not in grid.get("head", [args.head]):
         raise UsageError(
             "--grid scale searches the cosine head's logit scale, which no model of this "

@@ -350,6 +350,36 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/train.npz", "--grid", "C=1,2", "--Cs", "4"], "use one of them"),
         (["{d}/train.npz", "--grid", "device=cpu,cuda:7"], "--grid device=cuda:7: device="),
         (["{d}/train.npz", "--grid", "scale=8,16"], "--grid scale searches the cosine head"),
+        # Combinations that are no model: every MR2 fit failed (after ERM's search), or the
+        # grid's half that could be fitted was reported as the search.
+        (
+            ["{d}/train.npz", "--lam", "0.5", "--grid", "solver=lbfgs"],
+            "--grid solver=lbfgs: solver='lbfgs' requires lam=0",
+        ),
+        (
+            ["{d}/train.npz", "--grid", "lam=0,0.5", "--grid", "solver=lbfgs"],
+            "--grid lam=0.5, solver=lbfgs: solver='lbfgs' requires lam=0",
+        ),
+        # Options the run would have ignored: the grid's values, the search's tilt, and a
+        # penalty that the cosine head does not have.
+        (
+            ["{d}/train.npz", "--grid", "C=0.1,1", "--C", "5"],
+            "--grid C searches the value that --C",
+        ),
+        (["{d}/train.npz", "--grid", "p=2,3", "--p", "4"], "--grid p searches the value that --p"),
+        (
+            ["{d}/train.npz", "--head", "cosine", "--grid", "scale=8,16", "--logit-scale", "4"],
+            "--grid scale searches the value that --logit-scale sets",
+        ),
+        (
+            ["{d}/train.npz", "--grid", "class_tilt=0,5", "--tilt", "1"],
+            "--tilt sweeps class_tilt on the MR² model for the front, and --grid class_tilt",
+        ),
+        (["{d}/train.npz", "--head", "cosine", "--C", "100"], "--C sets the L2 penalty of the"),
+        (
+            ["{d}/train.npz", "--head", "cosine", "--grid", "C=0.1,1"],
+            "--grid C sets the L2 penalty of the linear head",
+        ),
         (
             ["{d}/train.npz", "--tilt", "1", "--val-size", "0.98"],
             "--val-size 0.98 cannot split the 72 training samples",
