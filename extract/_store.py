@@ -103,7 +103,17 @@ def read_attrs(f: h5py.File) -> dict[str, Any]:
     for key in ("preprocessing", "versions", "class_names", "source_files", "source_options"):
         if key in attrs:
             attrs[key] = json.loads(attrs[key])
-    return {k: v.item() if isinstance(v, np.generic) else v for k, v in attrs.items()}
+    # Plain Python values: an attribute that another tool wrote as an array is a list
+    # (it compares, and goes into JSON reports, as one).
+    return {k: _plain(v) for k, v in attrs.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return [_attr(v) for v in value.tolist()] if value.ndim == 1 else value.tolist()
+    return value
 
 
 # Descriptors of the lock files this process holds (see _release_locks_in_child).

@@ -617,6 +617,24 @@ def test_another_shard_of_the_training_list_is_a_test_set(stores, capsys):
 
 
 @NEEDS_H5
+def test_stores_with_array_attributes_are_compared_and_reported(stores, tmp_path):
+    # Another tool's store, its attributes arrays: numpy's "truth value of an array is
+    # ambiguous" when compared, and a TypeError after every fit when reported.
+    import h5py
+
+    paths = [shutil.copy(stores / name, tmp_path / name) for name in ("store.h5", "store_test.h5")]
+    for path in paths:
+        with h5py.File(path, "r+") as f:
+            f.attrs["backbone"] = "vit-b"
+            f.attrs["normalize"] = np.array([0.485, 0.456, 0.406])
+            f.attrs["source"] = ["train-2019", "train-2020"]
+    out = tmp_path / "run"
+    assert main([str(paths[0]), "--test", str(paths[1]), "--out", str(out), "--no-progress"]) == 0
+    inputs = json.loads((out / "report.json").read_text())["inputs"]
+    assert inputs["train"]["provenance"]["normalize"] == [0.485, 0.456, 0.406]
+
+
+@NEEDS_H5
 def test_failed_images_of_a_store_are_named_when_left_out(stores, tmp_path, capsys):
     import h5py
 
