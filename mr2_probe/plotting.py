@@ -399,11 +399,13 @@ def cv_curves(search, scoring: str = "score") -> dict:
     Returns ``{name: (n_Cs,) array}``, each the mean over folds: ``scoring`` names the
     search's own held-out score (``scores_``); ``balanced_accuracy`` and ``worst_class``
     come from ``class_accuracy_path_`` (classes absent from a fold's held-out rows left
-    out), whatever the search chose by.
+    out), whatever the search chose by. ``class_std`` is the spread itself (lower is
+    better), not its scorer's negation.
     """
     check_is_fitted(search, "class_accuracy_path_")
     per_class = search.class_accuracy_path_  # (folds, Cs, K)
-    curves = {scoring: next(iter(search.scores_.values())).mean(0)}
+    own = next(iter(search.scores_.values())).mean(0)
+    curves = {scoring: -own if scoring == "class_std" else own}
     curves.setdefault("balanced_accuracy", np.nanmean(per_class, axis=2).mean(0))
     curves.setdefault("worst_class", np.nanmin(per_class, axis=2).mean(0))
     return curves
@@ -450,7 +452,8 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
         where = np.where(np.isfinite(search.Cs_), search.Cs_, no_penalty)
         curves = cv_curves(search, scoring)
         for style, (label, curve) in zip(_CURVE_STYLES, curves.items(), strict=False):
-            shown = f"{_literal(name)} {label}"
+            lower = " (lower is better)" if label == "class_std" else ""
+            shown = f"{_literal(name)} {label}{lower}"
             ax.plot(where, 100 * curve, style, color=colours[name], label=shown)
         chosen = search.C_ if np.isfinite(search.C_) else no_penalty
         ax.axvline(chosen, color=colours[name], linestyle=":", linewidth=0.8)

@@ -116,6 +116,24 @@ def test_names_with_dollar_signs_are_drawn_as_written(tmp_path):
     assert all(t.get_parse_math() for t in fig.axes[0].get_xticklabels())
 
 
+def test_class_std_curve_is_the_spread_itself(tmp_path):
+    # It was its scorer's negation: a line near -5 on an axis of held-out percentages.
+    from mr2_probe.plotting import cv_curves
+
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], 40)
+    X = rng.normal(size=(120, 4)) + 0.5 * y[:, None]
+    search = MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring="class_std", device="cpu")
+    search.fit(X, y)
+    curve = cv_curves(search, "class_std")["class_std"]
+    assert (curve > 0).all()
+    spreads = np.nanstd(search.class_accuracy_path_, axis=2).mean(0)
+    np.testing.assert_allclose(curve, spreads, rtol=1e-6)
+    fig = plot_cv_curve({"MR2": search}, tmp_path / "cv.png", "class_std")
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert "MR2 class_std (lower is better)" in labels
+
+
 def test_cv_curve_draws_c_inf_beyond_the_finite_values(tmp_path):
     # C = inf (no penalty) vanished from the log axis, with the chosen value's line.
     rng = np.random.default_rng(0)
