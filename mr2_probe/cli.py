@@ -919,7 +919,9 @@ def _inputs(args):
                 f"({_few(foreign)}); a probe cannot predict classes it was not trained on"
             )
         code = {name: k for k, name in enumerate(names)}
-        y_test = np.array([code.get(name, -1) for name in test_names], dtype=y.dtype)[y_test]
+        # -1 marks a class the test store lists but holds no label of (none is read).
+        table = np.array([code.get(name, -1) for name in test_names], dtype=np.int64)
+        y_test = table[y_test].astype(y.dtype)
     unseen = sorted(set(np.unique(y_test).tolist()) - set(classes.tolist()), key=str)
     if unseen:
         shown = unseen

@@ -545,6 +545,32 @@ def test_test_store_labels_are_matched_to_the_training_classes_by_name(stores, c
 
 
 @NEEDS_H5
+def test_unsigned_store_labels_are_matched_by_name(tmp_path, capsys):
+    # uint8 labels, and a test store that lists a class it holds no label of: the name
+    # table's -1 for that class overflowed uint8 (a traceback).
+    import h5py
+
+    X, y = _blobs(30, seed=1)
+    X_test, y_test = _blobs(10, seed=2)
+    keep = y_test < 2
+    for name, feats, labels, names in (
+        ("train.h5", X, y, ["a", "b", "c"]),
+        ("test.h5", X_test[keep], 1 - y_test[keep], ["b", "a", "z"]),
+    ):
+        with h5py.File(tmp_path / name, "w") as f:
+            f["features"], f["labels"] = feats, labels.astype(np.uint8)
+            f["class_names"] = names
+    out = tmp_path / "run"
+    argv = [str(tmp_path / "train.h5"), "--test", str(tmp_path / "test.h5"), "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    per_class = json.loads((out / "report.json").read_text())["inputs"]["test"]
+    assert per_class["samples_per_class"] == {
+        "a": int((y_test == 0).sum()),
+        "b": int((y_test == 1).sum()),
+    }
+
+
+@NEEDS_H5
 def test_classes_of_one_name_are_scored_apart(tmp_path, capsys):
     # Two classes named "crane": predictions mapped to names scored a crane of one class
     # predicted as the other as correct (100% where the probe had 67%), and the test
