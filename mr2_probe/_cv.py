@@ -9,6 +9,7 @@ from numbers import Integral
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from sklearn.base import _fit_context
 from sklearn.metrics import check_scoring, get_scorer_names, make_scorer
 from sklearn.model_selection import check_cv
@@ -513,6 +514,12 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 difference = torch.as_tensor(weight[0])
                 cos = difference.norm() / (2 * self.C_)
                 weight = open_pair(torch.stack([-difference, difference]), cos)[0]
+            elif self.head == "cosine":
+                # The folds' coef_ are s·ŵ: rows of norm s, whose gradient in W is 1/s
+                # times that of unit rows, so the first round's test on tol took another
+                # precision than the folds' fits (at s = 10⁻⁴ the refit moved away from the
+                # start that every fold had kept). The objective ignores the norms.
+                weight = F.normalize(torch.as_tensor(weight), dim=1)
             head.load({"weight": weight, "bias": bias})
         C = 1.0 if self.head == "cosine" else self.C_
         result = self._solve(head, data, solver, C, init_cosine=cold)
