@@ -72,8 +72,9 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
         spacing halved around the best value (its neighbours on either side evaluated)
         down to 8 steps per decade, 15 values or fewer. **With** ``head="cosine"`` **the
         values are logit scales**, not C: the cosine head has no penalty, so its searched
-        quantity is ``scale`` (``"bisect"`` then starts from 1, 10, 100, 1000), and a
-        projection (``lam > 0``) is penalised with C = 1.
+        quantity is ``scale`` (an int n then means ``np.logspace(0, 3, n)``, scales 1 to
+        1000, and ``"bisect"`` starts from 1, 10, 100, 1000), and a projection
+        (``lam > 0``) is penalised with C = 1.
     cv : int, cross-validation generator or iterable, default=None
         As in LogisticRegressionCV: ``None`` is 5-fold, an int is the number of
         stratified folds (:func:`~sklearn.model_selection.check_cv`).
@@ -357,7 +358,11 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         if isinstance(self.Cs, str):
             return self.Cs
         if isinstance(self.Cs, Integral):
-            return np.logspace(-4, 4, self.Cs)
+            # Logit scales below 1 leave every softmax near uniform: a fit there stops at
+            # its start, the gradient below tol, and would be scored as if trained.
+            return (
+                np.logspace(0, 3, self.Cs) if self.head == "cosine" else np.logspace(-4, 4, self.Cs)
+            )
         values = np.asarray(self.Cs, dtype=float)
         # C = inf is no penalty, as in scikit-learn; a logit scale must be finite.
         top = np.inf if self.head == "linear" else np.finfo(float).max

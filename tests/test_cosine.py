@@ -175,6 +175,18 @@ def test_the_search_of_two_classes_refits_the_plain_fit():
     np.testing.assert_array_equal(search.predict(X), plain.predict(X))
 
 
+def test_a_search_of_n_scales_spans_1_to_1000():
+    # n values meant 1e-4 to 1e4 for the scale too: at 1e-4 every fit stopped at its
+    # start, the gradient below tol (iris: the default 10 values chose 1e-4).
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV(Cs=4, cv=3, head="cosine", device="cpu").fit(X, y)
+    np.testing.assert_allclose(search.Cs_, [1.0, 10.0, 100.0, 1000.0])
+    linear = MR2LinearClassifierCV(Cs=3, cv=3, device="cpu").fit(X, y)
+    np.testing.assert_allclose(linear.Cs_, [1e-4, 1.0, 1e4])
+
+
 @pytest.mark.parametrize("scale", [1e-4, 16.0])
 def test_the_search_of_many_classes_refits_the_plain_fit(scale):
     # The refit started from the folds' coef_, rows of norm s: at s = 10⁻⁴ its gradient was
