@@ -259,6 +259,7 @@ def accuracy_front(
         offsets; ``front.chosen`` names the rule's
         choice. Points whose fit stopped short of tol are named in one ConvergenceWarning.
     """
+    tilts, offset_bounds = list(tilts), list(offset_bounds)  # arrays too: no truth value
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
     if offset_bounds:
         check_offsets_folds(y, offsets_cv)

@@ -146,6 +146,17 @@ def test_front_erm_is_the_probe_without_margins_or_projection(splits):
     assert front.point("MR2").estimator.lam == 0.5
 
 
+def test_front_takes_arrays_of_tilts_and_bounds(splits):
+    # offset_bounds=np.array([...]): "The truth value of an array ... is ambiguous".
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = MR2LinearClassifier(C=0.1, device="cpu")
+    front = accuracy_front(
+        probe, X_fit, y_fit, X_val, y_val, tilts=np.array([0.0, 1.0]),
+        offset_bounds=np.array([0.0, 0.01]),
+    )  # fmt: skip
+    assert [p.name for p in front.points] == ["ERM", "MR2", "tilt=1", "offsets≤0pt", "offsets≤1pt"]
+
+
 def test_front_erm_may_be_tuned_on_its_own(splits):
     X_fit, y_fit, X_val, y_val, *_ = splits
     mr2 = MR2LinearClassifier(c_bar=2.0, C=0.003, device="cpu")
