@@ -699,7 +699,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
 
     # The inner estimator's parameters are validated by its own fit.
     @_fit_context(prefer_skip_nested_validation=False)
-    def fit(self, X, y, sample_weight=None, **fit_params):
+    def fit(self, X, y, sample_weight=None, groups=None, **fit_params):
         """Fit the estimator on each fold, tune the offsets, refit on all of X.
 
         Parameters
@@ -712,6 +712,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         sample_weight : array-like of shape (n_samples,), default=None
             Passed to the estimator's ``fit``, indexed per fold, and weighting the
             held-out samples in the objective and the accuracy bound.
+        groups : array-like of shape (n_samples,), default=None
+            Group labels for a group splitter as ``cv`` (GroupKFold and the like), given
+            to its ``split``; not passed to the estimator.
         **fit_params : dict
             Passed to the estimator's ``fit``, indexed per fold.
 
@@ -737,7 +740,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         else:
             if sample_weight is not None:
                 fit_params = {**fit_params, "sample_weight": sample_weight}
-            decision, y_index, index = self._cv_decision(X, y, fit_params)
+            decision, y_index, index = self._cv_decision(X, y, fit_params, groups)
         result = tune_class_offsets(
             decision,
             y_index,
@@ -793,7 +796,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         decision = _decision(self.estimator_, X, self.classes_)
         return decision, y_index, np.arange(len(y))
 
-    def _cv_decision(self, X, y, fit_params):
+    def _cv_decision(self, X, y, fit_params, groups=None):
         """Out-of-fold decision values; fits estimator_ as refit asks."""
         self.classes_, y_index = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
@@ -808,7 +811,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         else:
             cv = check_cv(self.cv, y, classifier=True)
         # In increasing order, as an HDF5 dataset is indexed (a shuffled split is not).
-        splits = [(np.sort(train), np.sort(test)) for train, test in cv.split(X, y)]
+        splits = [(np.sort(train), np.sort(test)) for train, test in cv.split(X, y, groups)]
         check_training_folds(y_index, self.classes_, splits)
         if not self.refit and len(splits) > 1:
             raise ValueError(

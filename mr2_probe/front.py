@@ -178,18 +178,18 @@ def collecting_short() -> Iterator[list]:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
-def fit_collecting_short(estimator, X, y) -> list:
+def fit_collecting_short(estimator, X, y, **fit_params) -> list:
     """Fit ``estimator``; return the ConvergenceWarnings of its fits (a search's can be
     many), which its caller reports as one. Other warnings pass on as they were."""
     with collecting_short() as short:
-        estimator.fit(X, y)
+        estimator.fit(X, y, **fit_params)
     return short
 
 
-def _fit(estimator, X, y, short: list, name: str):
+def _fit(estimator, X, y, short: list, name: str, **fit_params):
     """``estimator`` fitted; ``name`` appended to ``short`` if a fit stopped short of tol
     (its ConvergenceWarnings are gathered into one by :func:`accuracy_front`)."""
-    if fit_collecting_short(estimator, X, y):
+    if fit_collecting_short(estimator, X, y, **fit_params):
         short.append(name)
     return estimator
 
@@ -220,6 +220,7 @@ def accuracy_front(
     y_test=None,
     bound: float = DEFAULT_BOUND,
     erm=None,
+    groups=None,
 ) -> Front:
     """Fit ERM, MR² and the sweeps of each lever on (X, y); score them on the validation set.
 
@@ -251,6 +252,9 @@ def accuracy_front(
         reference of the rule and the probe the offsets are tuned on. Its ``c_bar``,
         ``lam`` and ``class_tilt`` are set to None, 0 and 0. The tilt sweep starts from the
         MR² point (its first point is fitted cold without one), never from this ERM.
+    groups : array-like of shape (n_samples,), optional
+        Group labels of (X, y) for a group splitter as ``offsets_cv`` (GroupKFold and the
+        like), given to its ``split``.
 
     Returns
     -------
@@ -299,7 +303,7 @@ def accuracy_front(
             cv=offsets_cv,
             store_cv_results=True,
         )
-        base = _fit(wrapper, X, y, short, "offsets")
+        base = _fit(wrapper, X, y, short, "offsets", groups=groups)
         for name, b in zip(_names("offsets≤{}pt", [100 * b for b in bounds]), bounds, strict=True):
             tuned = tune_class_offsets(
                 base.cv_results_["decision_function"],

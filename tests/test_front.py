@@ -15,7 +15,7 @@ from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, TunedOffsetsClassifierCV
 from mr2_probe.cli import main
 from mr2_probe.front import Front, FrontPoint, accuracy_front, choose_point
 from mr2_probe.plotting import LEVER_COLOURS, plot_front
@@ -155,6 +155,24 @@ def test_front_takes_arrays_of_tilts_and_bounds(splits):
         offset_bounds=np.array([0.0, 0.01]),
     )  # fmt: skip
     assert [p.name for p in front.points] == ["ERM", "MR2", "tilt=1", "offsets≤0pt", "offsets≤1pt"]
+
+
+def test_front_offsets_take_a_group_splitter(splits):
+    from sklearn.model_selection import GroupKFold
+
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    groups = np.arange(len(y_fit)) % 9
+    probe = MR2LinearClassifier(C=0.1, device="cpu")
+    common = dict(tilts=(0,), offset_bounds=(0.01,))
+    front = accuracy_front(
+        probe, X_fit, y_fit, X_val, y_val, offsets_cv=GroupKFold(3), groups=groups, **common
+    )
+    wrapper = TunedOffsetsClassifierCV(
+        front.point("ERM").estimator, scoring="worst_class", max_accuracy_drop=0.01,
+        cv=GroupKFold(3),
+    ).fit(X_fit, y_fit, groups=groups)  # fmt: skip
+    expected = wrapper.score(X_val, y_val)
+    assert front.point("offsets≤1pt").validation["overall"] == pytest.approx(expected)
 
 
 def test_front_erm_may_be_tuned_on_its_own(splits):

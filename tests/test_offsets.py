@@ -13,6 +13,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import f1_score, make_scorer, roc_auc_score
 from sklearn.model_selection import (
     GridSearchCV,
+    GroupKFold,
     StratifiedKFold,
     StratifiedShuffleSplit,
     cross_val_predict,
@@ -526,6 +527,18 @@ def test_a_float_cv_takes_an_hdf5_dataset(tmp_path):
         tuned = TunedOffsetsClassifierCV(probe, cv=0.3, random_state=0).fit(f["X"], y)
     in_memory = TunedOffsetsClassifierCV(probe, cv=0.3, random_state=0).fit(X, y)
     np.testing.assert_allclose(tuned.offsets_, in_memory.offsets_, atol=1e-6)
+
+
+def test_a_group_splitter_is_given_the_groups():
+    # fit took no groups (they went to the estimator's fit): a GroupKFold could not run.
+    X, y = _imbalanced()
+    groups = np.arange(len(y)) % 6
+    tuned = TunedOffsetsClassifierCV(LogisticRegression(), cv=GroupKFold(3), store_cv_results=True)
+    tuned.fit(X, y, groups=groups)
+    predicted = cross_val_predict(
+        LogisticRegression(), X, y, groups=groups, cv=GroupKFold(3), method="decision_function"
+    )
+    np.testing.assert_allclose(tuned.cv_results_["decision_function"], predicted, atol=1e-6)
 
 
 def test_bad_input_errors_of_prefit_and_search():
