@@ -343,7 +343,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         y = to_numpy(y) if is_torch_tensor(y) else y
         if is_torch_tensor(sample_weight):
             sample_weight = to_numpy(sample_weight)
-        scorer = check_classwise_scoring(self, self.scoring)
+        # The scorer the folds were scored with (their labels, their positive class).
+        scorer = with_labels(check_classwise_scoring(self, self.scoring), self.classes_)
         weighted = sample_weight is not None and _takes_sample_weight(scorer)
         kwargs = {"sample_weight": sample_weight} if weighted else {}
         estimator = self
@@ -559,24 +560,29 @@ def _takes_sample_weight(scorer) -> bool:
     return any(p.name == "sample_weight" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
+def with_labels(scorer, classes):
+    """``scorer`` told every class: a fold's held-out rows may lack one, so metrics that
+    take the labels (log loss, Brier score) are given all of them, as LogisticRegressionCV
+    gives them, and with two classes the positive one is the last, whatever the labels
+    are (scikit-learn's default, 1, is no class of labels {1, 2} or of strings)."""
+    func = getattr(scorer, "_score_func", None)
+    parameters = inspect.signature(func).parameters if func is not None else {}
+    if "labels" not in parameters or "labels" in getattr(scorer, "_kwargs", {}):
+        return scorer
+    kwargs = dict(getattr(scorer, "_kwargs", {}), labels=classes)
+    if len(classes) == 2 and "pos_label" in parameters:
+        kwargs.setdefault("pos_label", classes[-1])
+    return make_scorer(
+        func, greater_is_better=scorer._sign == 1, response_method=scorer._response_method,
+        **kwargs,
+    )  # fmt: skip
+
+
 class _Scorer:
     """Scores held-out logits with a scikit-learn scorer, weighted when it can be."""
 
     def __init__(self, scorer, classes) -> None:
-        func = getattr(scorer, "_score_func", None)
-        parameters = inspect.signature(func).parameters if func is not None else {}
-        if "labels" in parameters and "labels" not in getattr(scorer, "_kwargs", {}):
-            # A fold's held-out rows may lack a class: metrics that take the labels (log
-            # loss, Brier score) are told all of them, as LogisticRegressionCV tells them.
-            kwargs = dict(getattr(scorer, "_kwargs", {}), labels=classes)
-            if len(classes) == 2 and "pos_label" in parameters:
-                kwargs.setdefault("pos_label", classes[-1])
-            scorer = make_scorer(
-                func,
-                greater_is_better=scorer._sign == 1,
-                response_method=scorer._response_method,
-                **kwargs,
-            )
+        scorer = with_labels(scorer, classes)
         self.scorer, self.estimator, self.classes = scorer, HeldOutLogits(classes), classes
         self.weighted = _takes_sample_weight(scorer)
 

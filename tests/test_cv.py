@@ -713,6 +713,20 @@ def test_score_reads_the_metric_the_search_was_tuned_for(scoring):
     assert search.score(X, y) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("labels", [[1, 2], ["b", "c"]])
+def test_score_of_two_classes_takes_the_positive_class_the_folds_took(labels):
+    # The folds scored F1 of the last class, score() scikit-learn's pos_label=1: F1 of
+    # class 1 of {1, 2}, and for string labels an error.
+    from sklearn.metrics import f1_score
+
+    X, y = load_iris(return_X_y=True)
+    X, y = X[y > 0], np.asarray(labels)[y[y > 0] - 1]
+    search = MR2LinearClassifierCV(Cs=3, cv=3, scoring="f1", device="cpu").fit(X, y)
+    expected = f1_score(y, search.predict(X), pos_label=labels[1])
+    assert expected != f1_score(y, search.predict(X), pos_label=labels[0])
+    assert search.score(X, y) == pytest.approx(expected)
+
+
 def test_refit_false_after_a_refit_leaves_no_refit_attributes():
     X, y = load_iris(return_X_y=True)
     search = MR2LinearClassifierCV([0.1, 1.0], cv=3, device="cpu").fit(X, y)
