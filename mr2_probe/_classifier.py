@@ -721,6 +721,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"X has {X.shape[0]} samples but y has {len(y)}.")
         else:
             X, y = validate_data(self, _floating(X), y, dtype=[np.float64, np.float32], order="C")
+        if self.head == "cosine" and X.shape[1] == 1:
+            # Every direction of one feature is ±1: the cosine is the sample's sign, and
+            # the fit stood still (no gradient) and predicted one class, without a word.
+            raise ValueError(
+                "head='cosine' needs at least 2 features, got 1 feature(s): the cosine of a "
+                "single feature with any direction is ±1. Use head='linear'."
+            )
         if is_torch_tensor(X):
             device = X.device if self.device == "auto" else resolve_device(self.device)
             X = _floating(X).to(device)

@@ -175,6 +175,20 @@ def test_the_search_of_two_classes_refits_the_plain_fit():
     np.testing.assert_array_equal(search.predict(X), plain.predict(X))
 
 
+@pytest.mark.parametrize("search", [False, True])
+def test_a_cosine_head_of_one_feature_is_refused(search):
+    # Its rows could only be ±1: the fit stood still at coef_ = 0 and predicted one class.
+    X, y = _two_classes_of_iris()
+    X = X[:, :1] - 5.8
+    model = (
+        MR2LinearClassifierCV(Cs=[16.0], cv=3, head="cosine", device="cpu")
+        if search
+        else MR2LinearClassifier(head="cosine", device="cpu")
+    )
+    with pytest.raises(ValueError, match="needs at least 2 features, got 1 feature"):
+        model.fit(X, y)
+
+
 def test_a_search_of_n_scales_spans_1_to_1000():
     # n values meant 1e-4 to 1e4 for the scale too: at 1e-4 every fit stopped at its
     # start, the gradient below tol (iris: the default 10 values chose 1e-4).
