@@ -59,6 +59,10 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
             return {{"U": str, "S": bytes}.get(a.dtype.kind, float)}
         return {type(v) if isinstance(v, str | bytes) else float for v in np.unique(a).tolist()}
 
+    for name, a in (("y_true", y_true), ("y_pred", y_pred)):
+        # A NaN label is no class: it was scored as one, NaN (NaN != NaN), its samples lost.
+        if a.dtype.kind in "fc" and np.isnan(a).any():
+            raise ValueError(f"Input {name} contains NaN.")
     kinds = kinds_of(y_true) | kinds_of(y_pred)
     if len(kinds) > 1:
         raise ValueError(
@@ -171,8 +175,11 @@ def _sample_weight(sample_weight, n_samples: int) -> np.ndarray:
 
 
 def _present(accuracy: np.ndarray) -> np.ndarray:
-    """The accuracies of the classes that have samples (weight) to score."""
-    return accuracy[np.isfinite(accuracy)]
+    """The accuracies of the classes that have samples (weight) to score; at least one."""
+    present = accuracy[np.isfinite(accuracy)]
+    if not len(present):
+        raise ValueError("No class of y_true has samples (with weight) to score.")
+    return present
 
 
 def worst_class_accuracy(y_true, y_pred, sample_weight=None) -> float:
@@ -293,6 +300,11 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
         groups = np.full(len(acc), -1)
         groups[present] = difficulty_groups(acc[present])
     groups = np.asarray(groups)
+    if groups.shape != acc.shape:
+        raise ValueError(
+            f"groups must give one group index per class ({len(acc)}, in the order of "
+            f"labels), got shape {groups.shape}."
+        )
     weight = _sample_weight(sample_weight, len(np.asarray(y_true)))
     correct = np.asarray(y_true) == np.asarray(y_pred)
     summary = {"overall": float(np.average(correct, weights=weight))}

@@ -316,3 +316,18 @@ def test_labels_of_two_kinds_are_refused_as_scikit_learn_refuses_them():
     labels = np.array(["a", "b"], dtype=object)
     np.testing.assert_array_equal(per_class_accuracy(labels, ["a", "a"]), [1.0, 0.0])
     assert per_class_accuracy(np.array(["a"])[:0], np.array([])).shape == (0,)
+
+
+def test_labels_that_are_no_classes_and_groups_of_another_length_are_refused():
+    # NaN labels were scored as a class of accuracy NaN, their samples lost; no samples gave
+    # NumPy's "zero-size array to reduction operation minimum"; too few group indices a
+    # bare IndexError.
+    with pytest.raises(ValueError, match="Input y_true contains NaN"):
+        per_class_accuracy([0.0, np.nan, 1.0], [0.0, np.nan, 1.0])
+    with pytest.raises(ValueError, match="Input y_pred contains NaN"):
+        per_class_accuracy([0.0, 1.0], [0.0, np.nan])
+    for score in (worst_class_accuracy, class_accuracy_std, hard_tercile_accuracy):
+        with pytest.raises(ValueError, match="No class of y_true has samples"):
+            score([], [])
+    with pytest.raises(ValueError, match=r"one group index per class \(3, .* shape \(2,\)"):
+        classwise_summary([0, 1, 2], [0, 1, 1], groups=[0, 1])
