@@ -38,6 +38,7 @@ from ._store import (
     FORMAT_VERSION,
     PENDING,
     PROVENANCE_KEYS,
+    ProvenanceError,
     StoreError,
     check_output,
     check_provenance,
@@ -647,10 +648,10 @@ def extract_features(
     )  # fmt: skip
     if done is None:  # every rank found ``out`` complete: nothing to extract or merge
         return out
-    shard, repair_merged = done
+    shard, repair_merged, rebuild = done
     if world_size == 1 or explicit:
         return shard
-    return _merge_on_rank0(out, rank, world_size, overwrite, repair_merged)
+    return _merge_on_rank0(out, rank, world_size, overwrite or rebuild, repair_merged)
 
 
 def _merge_on_rank0(
@@ -678,10 +679,11 @@ def _extract_shard(
     source, spec, out, batch_size, num_workers, dtype, normalize, image_size, device, decode,
     n_per_class, max_items, keys, rank, world_size, progress, overwrite, retry_failed,
     merged=None,
-) -> tuple[Path, Callable[[], None] | None] | None:  # fmt: skip
-    """Extract rank ``rank``'s rows into ``out``: that path, and under torchrun with
+) -> tuple[Path, Callable[[], None] | None, bool] | None:  # fmt: skip
+    """Extract rank ``rank``'s rows into ``out``: that path; under torchrun with
     ``retry_failed`` what takes the repaired failures into the merged store before the
-    merge (None otherwise); None when the merged store ``merged`` is complete already."""
+    merge (None otherwise); and whether the run resumes an interrupted forced rebuild,
+    whose merge replaces the merged store. None when ``merged`` is complete already."""
     device = resolve_device(device)
     if device.type == "cuda":
         # The rank's GPU becomes the current one, so that nothing (pinned-memory threads
@@ -701,7 +703,7 @@ def _extract_shard(
     shard = dict(n_rows=len(rows), n_total_rows=len(src), shard_rank=rank)
     shard["shard_world_size"] = world_size
     provenance = _provenance(backbone, src, dtype, normalize, decode, shard, device)
-    repair_merged, vouched = None, False
+    repair_merged, vouched, rebuild = None, False, False
     read_merged = merged is not None and merged.exists() and not overwrite
     if read_merged:
         whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
@@ -714,13 +716,30 @@ def _extract_shard(
             repair_merged = functools.partial(
                 _adopt_repaired_failures, merged, whole, src, everything
             )
-        elif _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
-            return None
+        else:
+            try:
+                if _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
+                    return None
+            except ProvenanceError:
+                shards = [shard_path(merged, r, world_size) for r in range(world_size)]
+                if not any(path.exists() for path in shards):
+                    raise
+                # Shards of this many ranks beside a store made otherwise: only a forced
+                # rebuild writes them past such a store, and it was stopped before its
+                # merge. It resumes from them (each is checked against this request), and
+                # its merge replaces the store, as the forced run's would have.
+                rebuild = True
+                if rank == 0:
+                    logger.info(
+                        "Resuming the interrupted rebuild of %s from its shards; the merge "
+                        "replaces the store.",
+                        merged,
+                    )
     if not (overwrite or vouched) and out.exists() and not os.access(out.parent, os.W_OK):
         # A folder that cannot be written (a read-only file system): a complete store in
         # it is read as it is, without the lock that would be written beside it.
         if _is_complete(out, provenance, src, rows, retry_failed, log=True):
-            return out, repair_merged
+            return out, repair_merged, rebuild
         raise StoreError(
             f"Cannot complete the feature store {os.fspath(out)!r}: no permission to write in "
             f"the folder {os.fspath(out.parent)!r}; write the store to a folder you can write to."
@@ -748,7 +767,7 @@ def _extract_shard(
                 _log_reused(out, status)
             else:  # a rank with no rows (fewer shards, or items, than ranks)
                 logger.info("%s holds no rows of the request: nothing to extract.", out)
-            return out, repair_merged
+            return out, repair_merged, rebuild
         if (status != PENDING).any():
             logger.info(
                 "Resuming %s: %d of %d rows were extracted before.",
@@ -761,7 +780,7 @@ def _extract_shard(
         batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
         with open_store(out, "r+") as f:
             _run(f, backbone, batches, rows, status, normalize, device, progress)
-    return out, repair_merged
+    return out, repair_merged, rebuild
 
 
 def _is_complete(
@@ -795,9 +814,40 @@ def _log_reused(path: Path, status: np.ndarray) -> None:
     )
 
 
+def worker_order(blocks: list[np.ndarray], units: np.ndarray, n_workers: int) -> list:
+    """``blocks`` reordered so that, dealt round-robin to ``n_workers`` as a DataLoader
+    deals its batches (block i to worker i mod n), each worker gets whole units (Parquet
+    row groups, tar shards) where the balance allows.
+
+    A worker streams a row group forward from its start: with blocks dealt in source order
+    every worker streamed every row group past the others' blocks, reading the data up to
+    n times. Units go, largest share first, to the worker with the fewest blocks; only the
+    blocks that even the workers' counts out move, from the end of one list to another.
+    Writes are addressed by row, so the order changes nothing in the store.
+    """
+    if n_workers < 2 or len(blocks) <= 1:
+        return blocks
+    groups: dict[int, list] = {}
+    for block in blocks:  # a block spanning two units goes with its first row's
+        groups.setdefault(int(units[block[0]]), []).append(block)
+    lists: list[list] = [[] for _ in range(n_workers)]
+    for group in sorted(groups.values(), key=len, reverse=True):
+        min(lists, key=len).extend(group)
+    quota = [len(chunk) for chunk in np.array_split(np.arange(len(blocks)), n_workers)]
+    lists.sort(key=len, reverse=True)
+    spare = [block for lst, q in zip(lists, quota, strict=True) for block in lst[q:]]
+    for lst, q in zip(lists, quota, strict=True):
+        del lst[q:]
+        while len(lst) < q:
+            lst.append(spare.pop())
+    return [lists[i % n_workers][i // n_workers] for i in range(len(blocks))]
+
+
 def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.data.DataLoader:
     if num_workers is None:
         num_workers = min(8, max(0, (os.cpu_count() or 1) - 1))
+    if src.archive is not None:
+        blocks = worker_order(blocks, src.archive.unit, num_workers)
     return torch.utils.data.DataLoader(
         ItemDataset(src, backbone.transform, jpeg_bytes=decode == "tensor"),
         batch_sampler=[b.tolist() for b in blocks],

@@ -12,6 +12,7 @@ import tracemalloc
 import h5py
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("timm")
 pa = pytest.importorskip("pyarrow")
@@ -651,6 +652,46 @@ def test_parquet_reading_streams_within_a_row_group(tmp_path):
     assert read == images
     # A record batch of 64 rows and the read buffers, not the row group (12 MB).
     assert 0 < peak < os.path.getsize(path) / 4 and left == 0
+
+
+def test_loader_workers_each_stream_whole_row_groups(tmp_path, monkeypatch):
+    # Blocks dealt round-robin in source order: every worker streamed every row group past
+    # the other workers' blocks (its cursor only goes forward), reading the data W times.
+    from types import SimpleNamespace
+
+    from extract import _runner, _tables
+
+    rng = np.random.default_rng(0)
+    n, group, size, workers = 288, 48, 16, 3
+    images = pa.array([rng.bytes(100) for _ in range(n)], pa.binary())
+    path = _table(
+        tmp_path / "t.parquet", {"image": images, "label": np.arange(n) % 2}, row_group_size=group
+    )
+    src = open_source(f"parquet:{path}")
+    blocks = [np.arange(lo, lo + size) for lo in range(0, n, size)]
+    streamed = []
+    real = _tables._Table.stream
+
+    def counted(self, g, column):
+        for values, paths in real(self, g, column):
+            streamed.append(len(values))
+            yield values, paths
+
+    monkeypatch.setattr(_tables._Table, "stream", counted)
+
+    def rows_streamed(order):  # each worker reads the blocks dealt to it, in turn
+        streamed.clear()
+        states = [{} for _ in range(workers)]
+        for i, block in enumerate(order):
+            src.archive.read(src.root, block.tolist(), states[i % workers])
+        return sum(streamed)
+
+    loader = _runner._loader(src, SimpleNamespace(transform=None), blocks, workers, "pil",
+                             torch.device("cpu"))  # fmt: skip
+    order = [np.asarray(b) for b in loader.batch_sampler]
+    assert sorted(map(tuple, order)) == sorted(map(tuple, blocks))
+    assert rows_streamed(blocks) > 1.5 * n  # dealt in source order
+    assert rows_streamed(order) == n  # each row group read once, by one worker
 
 
 def test_tar_reading_holds_one_block(tmp_path):

@@ -457,6 +457,50 @@ def test_a_rank_without_rows_says_so_rather_than_reused(folder, tmp_path, caplog
     assert "Reused" not in caplog.text
 
 
+def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
+    tmp_path, monkeypatch
+):
+    # docs/extract.md: rerun an interrupted forced rebuild without --force. Under torchrun
+    # every rank read the old merged store first and refused it (another dtype), and with
+    # --force again every shard was made anew, its finished rows computed again.
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    out = tmp_path / "f.h5"
+    fast = dict(FAST, batch_size=2)
+    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
+    merge_shards(shards, out)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    real_write = _runner.write_rows
+
+    def killed(*args, **kwargs):  # the run is killed after its first batch
+        real_write(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    written, merges = [], []
+
+    def counted(f, positions, *args, **kwargs):
+        written.append(len(positions))
+        real_write(f, positions, *args, **kwargs)
+
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair: (
+        merges.append(overwrite) or out))  # fmt: skip
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setattr(_runner, "write_rows", killed)
+        with pytest.raises(KeyboardInterrupt):
+            extract_features(folder, BACKBONE, out, dtype="float16", overwrite=True, **fast)
+        monkeypatch.setattr(_runner, "write_rows", counted)
+        extract_features(folder, BACKBONE, out, dtype="float16", **fast)  # without --force
+    assert written == [2, 2] and merges == [True, True]  # the rows left, then a replacement
+    merge_shards(shards, out, overwrite=True)
+    rebuilt = load_features(out, in_memory=True)
+    assert rebuilt.features.dtype == np.float16 and len(rebuilt.paths) == 8
+    # Without shards beside it, a store made otherwise is still refused.
+    with pytest.raises(ProvenanceError, match="dtype: file has 'float16', request has 'float32'"):
+        extract_features(folder, BACKBONE, out, **fast)
+
+
 def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
     store, folder, tmp_path, monkeypatch, caplog
 ):
