@@ -24,6 +24,11 @@ def main(argv=None):
     parser.add_argument("--C", type=float, default=0.05, help="inverse L2 strength")
     parser.add_argument("--seed", type=int, default=0, help="split and minibatch seed")
     args = parser.parse_args(argv)
+    # One line, as argparse's own refusals, rather than an estimator's traceback.
+    if not args.C > 0:
+        parser.error(f"--C must be a positive number, got {args.C:g}")
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
 
     X, y = load_digits(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(

@@ -106,3 +106,15 @@ def test_demo_compares_erm_and_mr2():
     assert list(report.rows)[:2] == ["ERM (LogisticRegression)", "ERM (MR2, c_bar=None)"]
     first, second = (report.per_class[name] for name in list(report.rows)[:2])
     assert first == second  # same objective, same predictions
+
+
+@pytest.mark.parametrize(
+    "argv, message", [(["--C", "0"], "--C must be a positive number"), (["--seed", "-1"], "--seed")]
+)
+def test_demo_refuses_bad_options_in_one_line(argv, message, capsys):
+    # They ended in an InvalidParameterError traceback.
+    from mr2_probe.demo import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
