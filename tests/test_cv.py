@@ -252,11 +252,18 @@ def test_works_in_a_pipeline_and_pickles_to_a_cpu_only_process(tmp_path):
     assert_predicts_in_a_process_without_gpu(pipe, X, tmp_path)
 
 
-def test_hdf5_folds_with_unsorted_held_out_rows_score_like_memory(tmp_path):
+@pytest.mark.parametrize("block", [None, 64])
+def test_hdf5_folds_with_unsorted_held_out_rows_score_like_memory(tmp_path, monkeypatch, block):
     # ShuffleSplit's held-out indices are not sorted: the rows were read sorted while the
-    # labels kept the split's order, and the scores fell to chance.
+    # labels kept the split's order, and the scores fell to chance. With blocks of 64 rows
+    # the held-out rows are read from several blocks of the store.
     h5py = pytest.importorskip("h5py")
     from sklearn.model_selection import ShuffleSplit
+
+    from mr2_probe import _classifier
+
+    if block is not None:
+        monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: block)
 
     X, y = load_digits(return_X_y=True)
     X, y = X[:600] / 16, y[:600]
