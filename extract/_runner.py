@@ -38,6 +38,7 @@ from ._store import (
     FORMAT_VERSION,
     PENDING,
     PROVENANCE_KEYS,
+    REPLACES,
     ProvenanceError,
     StoreError,
     check_output,
@@ -434,9 +435,28 @@ def _adopt_repaired_failures(
         logger.info("%d failed images have changed since; they are extracted again.", n_changed)
 
 
+def _identity(path: Path) -> str:
+    """A file's size and modification time: which version of a store a shard replaces."""
+    stat = path.stat()
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _rebuilding(merged: Path, world_size: int) -> bool:
+    """Whether shards of ``world_size`` ranks beside ``merged`` are those of a forced
+    rebuild of this very version of it, stopped before its merge (they say so: finished
+    runs leave their shards too, and a store written since is not the one they replace)."""
+    identity = _identity(merged)
+    for path in (shard_path(merged, r, world_size) for r in range(world_size)):
+        if path.exists():
+            with open_store(path, "r") as f:
+                if read_attrs(f).get(REPLACES) == identity:
+                    return True
+    return False
+
+
 def _open_or_create(
     out: Path, provenance: dict, backbone: Backbone, source, rows, overwrite: bool,
-    retry_failed: bool = False, vouched: bool = False,
+    retry_failed: bool = False, vouched: bool = False, replaces: str | None = None,
 ) -> None:  # fmt: skip
     if out.exists() and not overwrite:
         if retry_failed:
@@ -463,6 +483,7 @@ def _open_or_create(
             backbone_spec=str(backbone.spec),
             source=source.description,
             source_files=source.files,
+            **({REPLACES: replaces} if replaces else {}),
         ),
         dim=backbone.dim,
         dtype=provenance["dtype"],
@@ -721,13 +742,11 @@ def _extract_shard(
                 if _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
                     return None
             except ProvenanceError:
-                shards = [shard_path(merged, r, world_size) for r in range(world_size)]
-                if not any(path.exists() for path in shards):
+                if not _rebuilding(merged, world_size):
                     raise
-                # Shards of this many ranks beside a store made otherwise: only a forced
-                # rebuild writes them past such a store, and it was stopped before its
-                # merge. It resumes from them (each is checked against this request), and
-                # its merge replaces the store, as the forced run's would have.
+                # A forced rebuild of this store was stopped before its merge: it resumes
+                # from its shards (each is checked against this request), and its merge
+                # replaces the store, as the forced run's would have.
                 rebuild = True
                 if rank == 0:
                     logger.info(
@@ -747,8 +766,12 @@ def _extract_shard(
     if read_merged:
         check_output(out, overwrite)  # deferred until the merged store was read
     make_output_folder(out)
+    # A forced run under torchrun marks its shards with the store they are to replace.
+    replaces = _identity(merged) if merged is not None and overwrite and merged.exists() else None
     with store_lock(out):
-        _open_or_create(out, provenance, backbone, src, rows, overwrite, retry_failed, vouched)
+        _open_or_create(
+            out, provenance, backbone, src, rows, overwrite, retry_failed, vouched, replaces
+        )
         with open_store(out, "r") as f:
             status = f["status"][:]
         failed = status == FAILED
@@ -822,8 +845,10 @@ def worker_order(blocks: list[np.ndarray], units: np.ndarray, n_workers: int) ->
     A worker streams a row group forward from its start: with blocks dealt in source order
     every worker streamed every row group past the others' blocks, reading the data up to
     n times. Units go, largest share first, to the worker with the fewest blocks; only the
-    blocks that even the workers' counts out move, from the end of one list to another.
-    Writes are addressed by row, so the order changes nothing in the store.
+    blocks that even the workers' counts out move, from the end of one list to another (a
+    unit larger than a worker's share is split, each part read by one worker). Each
+    worker's blocks stay in source order. Writes are addressed by row, so the order changes
+    nothing in the store.
     """
     if n_workers < 2 or len(blocks) <= 1:
         return blocks
@@ -840,6 +865,9 @@ def worker_order(blocks: list[np.ndarray], units: np.ndarray, n_workers: int) ->
         del lst[q:]
         while len(lst) < q:
             lst.append(spare.pop())
+        # In source order within a worker: its cursor only goes forward, and a block
+        # behind it re-streams the row group from its start.
+        lst.sort(key=lambda block: int(block[0]))
     return [lists[i % n_workers][i // n_workers] for i in range(len(blocks))]
 
 

@@ -61,6 +61,11 @@ PROVENANCE_KEYS = (
 _REBUILD = "pass --force (overwrite=True) to delete it and recompute it"
 
 
+# On the shards of a forced run under torchrun: the size and modification time of the
+# merged store they are to replace (a rerun without --force resumes them by it).
+REPLACES = "replaces_store"
+
+
 class StoreError(ValueError):
     """A feature store cannot be read, written or reused as requested.
 
@@ -994,7 +999,11 @@ def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike, overwrite
 
     provenance = {k: first[k] for k in PROVENANCE_KEYS if k in first}
     provenance |= dict(n_rows=n, shard_rank=0, shard_world_size=1)
-    record = {k: v for k, v in first.items() if k not in PROVENANCE_KEYS and k != "class_names"}
+    record = {
+        k: v
+        for k, v in first.items()
+        if k not in PROVENANCE_KEYS and k not in ("class_names", REPLACES)
+    }
     if os.path.exists(out) and not overwrite:  # replace only a store of the same thing
         with open_store(out, "r") as f:
             check_provenance(out, read_attrs(f), provenance)

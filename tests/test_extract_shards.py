@@ -692,6 +692,14 @@ def test_loader_workers_each_stream_whole_row_groups(tmp_path, monkeypatch):
     assert sorted(map(tuple, order)) == sorted(map(tuple, blocks))
     assert rows_streamed(blocks) > 1.5 * n  # dealt in source order
     assert rows_streamed(order) == n  # each row group read once, by one worker
+    # One row group of them all, larger than a worker's share: split between the workers,
+    # each part in source order (a tail dealt in reverse re-streamed the group for every
+    # block).
+    one = _runner.worker_order(blocks, np.zeros(n, dtype=np.int64), workers)
+    for w in range(workers):
+        firsts = [int(b[0]) for b in one[w::workers]]
+        assert firsts == sorted(firsts)
+    assert sorted(map(tuple, one)) == sorted(map(tuple, blocks))
 
 
 def test_tar_reading_holds_one_block(tmp_path):

@@ -496,9 +496,16 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
     merge_shards(shards, out, overwrite=True)
     rebuilt = load_features(out, in_memory=True)
     assert rebuilt.features.dtype == np.float16 and len(rebuilt.paths) == 8
-    # Without shards beside it, a store made otherwise is still refused.
-    with pytest.raises(ProvenanceError, match="dtype: file has 'float16', request has 'float32'"):
-        extract_features(folder, BACKBONE, out, **fast)
+    assert "replaces_store" not in rebuilt.metadata
+    # The shards stay, as every finished run's do: beside the store that replaced the one
+    # they were made to replace, they are no rebuild, and a request made otherwise (their
+    # own float32 included) is refused by the store, not resumed over it.
+    for dtype in ("float32", "float16"):
+        alone = dict(rank=0, world_size=1, overwrite=True)
+        extract_features(folder, BACKBONE, out, dtype=dtype, **alone, **fast)
+        other = "float16" if dtype == "float32" else "float32"
+        with pytest.raises(ProvenanceError, match=rf"'{out}' was made .* request has '{other}'"):
+            extract_features(folder, BACKBONE, out, dtype=other, **fast)
 
 
 def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
