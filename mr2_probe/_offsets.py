@@ -35,6 +35,7 @@ from sklearn.utils.validation import (
     check_array,
     check_is_fitted,
     column_or_1d,
+    has_fit_parameter,
     indexable,
 )
 
@@ -714,7 +715,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             held-out samples in the objective and the accuracy bound.
         groups : array-like of shape (n_samples,), default=None
             Group labels for a group splitter as ``cv`` (GroupKFold and the like), given
-            to its ``split``; not passed to the estimator.
+            to its ``split``, and, indexed per fold, to the estimator's ``fit`` where it
+            takes ``groups`` (a search inside).
         **fit_params : dict
             Passed to the estimator's ``fit``, indexed per fold.
 
@@ -740,6 +742,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         else:
             if sample_weight is not None:
                 fit_params = {**fit_params, "sample_weight": sample_weight}
+            if groups is not None and has_fit_parameter(self.estimator, "groups"):
+                # A search inside (GridSearchCV, MR2LinearClassifierCV) splits by them too.
+                fit_params = {**fit_params, "groups": groups}
             decision, y_index, index = self._cv_decision(X, y, fit_params, groups)
         result = tune_class_offsets(
             decision,

@@ -24,7 +24,12 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC, LinearSVC
 from threadpoolctl import threadpool_limits
 
-from mr2_probe import MR2LinearClassifier, TunedOffsetsClassifierCV, tune_class_offsets
+from mr2_probe import (
+    MR2LinearClassifier,
+    MR2LinearClassifierCV,
+    TunedOffsetsClassifierCV,
+    tune_class_offsets,
+)
 from mr2_probe.metrics import (
     class_accuracy_std,
     class_std_scorer,
@@ -539,6 +544,11 @@ def test_a_group_splitter_is_given_the_groups():
         LogisticRegression(), X, y, groups=groups, cv=GroupKFold(3), method="decision_function"
     )
     np.testing.assert_allclose(tuned.cv_results_["decision_function"], predicted, atol=1e-6)
+    # A search inside that splits by the groups gets them too, indexed per fold (they went
+    # to the outer splitter alone: "The 'groups' parameter should not be None").
+    inner = MR2LinearClassifierCV([0.1, 10.0], cv=GroupKFold(2), device="cpu")
+    for outer in (3, GroupKFold(3)):
+        TunedOffsetsClassifierCV(inner, cv=outer).fit(X, y, groups=groups)
 
 
 def test_bad_input_errors_of_prefit_and_search():
