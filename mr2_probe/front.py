@@ -18,11 +18,11 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from numbers import Integral
+from numbers import Integral, Real
 
 import joblib
 import numpy as np
-from sklearn.base import clone
+from sklearn.base import BaseEstimator, clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import Pipeline
@@ -194,6 +194,26 @@ def _fit(estimator, X, y, short: list, name: str, **fit_params):
     return estimator
 
 
+def _same_configuration(a, b) -> bool:
+    """Whether two unfitted estimators (pipelines) have the same parameters, numbers
+    compared as numbers (lam=0 is lam=0.0, and np.float64(0) too)."""
+
+    def plain(params: dict) -> dict:
+        def value(v):
+            if isinstance(v, Real) and not isinstance(v, bool):
+                return float(v)
+            if isinstance(v, BaseEstimator):
+                return type(v).__name__  # its parameters are among the deep ones
+            if isinstance(v, list) and all(isinstance(step, tuple) for step in v):
+                return [(name, type(step).__name__) for name, step in v]  # a pipeline's steps
+            return v
+
+        return {key: value(v) for key, v in params.items()}
+
+    first, second = (joblib.hash(plain(m.get_params(deep=True))) for m in (a, b))
+    return first == second
+
+
 def _convex(probe) -> bool:
     """A fitted probe whose problem is convex: a linear head solved by L-BFGS."""
     return probe.head_ == "linear" and probe.solver_ == "lbfgs"
@@ -272,7 +292,7 @@ def accuracy_front(
     mr2 = _with_params(estimator, class_tilt=0.0)
     # Its own point unless it is ERM's configuration: with c_bar=None it may still be
     # another model (lam > 0, or ERM tuned on its own), the start of the tilt sweep.
-    if joblib.hash(mr2) != joblib.hash(erm):
+    if not _same_configuration(mr2, erm):
         points.append(FrontPoint("MR2", "MR2", None, mr2))
     positive = [float(t) for t in tilts if t > 0]
     points += [

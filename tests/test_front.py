@@ -199,7 +199,15 @@ def test_tilt_sweep_without_margins_does_not_start_from_another_erm(splits):
     assert front.point("tilt=0.5").validation["overall"] == pytest.approx(cold.score(X_val, y_val))
 
 
-@pytest.mark.parametrize("lam, names", [(0.0, ["ERM", "tilt=1"]), (0.5, ["ERM", "MR2", "tilt=1"])])
+@pytest.mark.parametrize(
+    "lam, names",
+    [
+        (0.0, ["ERM", "tilt=1"]),
+        (0, ["ERM", "tilt=1"]),  # an int, or a NumPy number, is the same configuration
+        (np.float64(0), ["ERM", "tilt=1"]),
+        (0.5, ["ERM", "MR2", "tilt=1"]),
+    ],
+)
 def test_the_mr2_point_is_left_out_only_where_it_is_erm(splits, lam, names):
     # With c_bar=None and a compactness loss (lam > 0) the MR2 model is no ERM: it was left
     # out, and the tilt curve drawn from ERM's point, not from the model it was swept from.
