@@ -343,8 +343,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         y = to_numpy(y) if is_torch_tensor(y) else y
         if is_torch_tensor(sample_weight):
             sample_weight = to_numpy(sample_weight)
-        # The scorer the folds were scored with (their labels, their positive class).
-        scorer = with_labels(check_classwise_scoring(self, self.scoring), self.classes_)
+        # The folds' positive class; the classes are those of (X, y), as scikit-learn's.
+        scorer = with_labels(check_classwise_scoring(self, self.scoring), self.classes_, False)
         weighted = sample_weight is not None and _takes_sample_weight(scorer)
         kwargs = {"sample_weight": sample_weight} if weighted else {}
         estimator = self
@@ -560,18 +560,21 @@ def _takes_sample_weight(scorer) -> bool:
     return any(p.name == "sample_weight" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
-def with_labels(scorer, classes):
-    """``scorer`` told every class: a fold's held-out rows may lack one, so metrics that
-    take the labels (log loss, Brier score) are given all of them, as LogisticRegressionCV
-    gives them, and with two classes the positive one is the last, whatever the labels
-    are (scikit-learn's default, 1, is no class of labels {1, 2} or of strings)."""
+def with_labels(scorer, classes, every_class: bool = True):
+    """``scorer`` with two classes scoring the last as the positive one, whatever the labels
+    are (scikit-learn's default, 1, is no class of labels {1, 2} or of strings); with
+    ``every_class``, also told every class: a fold's held-out rows may lack one, so metrics
+    that take the labels (log loss, Brier score) are given all of them, as
+    LogisticRegressionCV gives them."""
     func = getattr(scorer, "_score_func", None)
     parameters = inspect.signature(func).parameters if func is not None else {}
-    if "labels" not in parameters or "labels" in getattr(scorer, "_kwargs", {}):
-        return scorer
-    kwargs = dict(getattr(scorer, "_kwargs", {}), labels=classes)
-    if len(classes) == 2 and "pos_label" in parameters:
+    kwargs = dict(getattr(scorer, "_kwargs", {}))
+    if every_class and "labels" in parameters:
+        kwargs.setdefault("labels", classes)
+    if len(classes) == 2 and "pos_label" in parameters and "labels" in parameters:
         kwargs.setdefault("pos_label", classes[-1])
+    if kwargs == getattr(scorer, "_kwargs", {}):
+        return scorer
     return make_scorer(
         func, greater_is_better=scorer._sign == 1, response_method=scorer._response_method,
         **kwargs,

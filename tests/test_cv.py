@@ -734,6 +734,18 @@ def test_score_of_two_classes_takes_the_positive_class_the_folds_took(labels):
     assert search.score(X, y) == pytest.approx(expected)
 
 
+def test_score_of_many_classes_counts_the_classes_of_its_data():
+    # score() told the metric every class of the fit: a macro F1 on rows of one class was
+    # 1/3, where LogisticRegressionCV's score and f1_score say 1.
+    from sklearn.metrics import f1_score
+
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV(Cs=2, cv=3, scoring="f1_macro", device="cpu").fit(X, y)
+    X0, y0 = X[y == 0], y[y == 0]
+    expected = f1_score(y0, search.predict(X0), average="macro")
+    assert search.score(X0, y0) == pytest.approx(expected)
+
+
 def test_refit_false_after_a_refit_leaves_no_refit_attributes():
     X, y = load_iris(return_X_y=True)
     search = MR2LinearClassifierCV([0.1, 1.0], cv=3, device="cpu").fit(X, y)
