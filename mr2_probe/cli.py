@@ -683,13 +683,20 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args) -> None:
             "has none: drop it, and tune --logit-scale (or --Cs, which searches the scale)"
         )
     # Each value was checked alone; a combination can still be no model (solver=lbfgs
-    # with lam > 0), which GridSearchCV would find fold by fold, after other fits.
-    for combination in ParameterGrid(grid):
-        try:
-            clone(mr2).set_params(**combination)._check_solver()
-        except ValueError as error:
-            shown = ", ".join(f"{key}={value}" for key, value in combination.items())
-            raise UsageError(f"--grid {shown}: {_one_line(error)}") from error
+    # with lam > 0), which GridSearchCV would find fold by fold, after other fits: such
+    # combinations are left out of the search (_model), and a grid of nothing else refused.
+    combinations = list(ParameterGrid(grid))
+    invalid = [(c, _no_model(mr2, c)) for c in combinations if _no_model(mr2, c)]
+    if invalid:
+        shown = ", ".join(f"{key}={value}" for key, value in invalid[0][0].items())
+        if len(invalid) == len(combinations):
+            raise UsageError(f"--grid {shown}: {invalid[0][1]}")
+        print(
+            f"mr2-probe: warning: {len(invalid)} of the {len(combinations)} --grid "
+            f"combinations are no MR² model and are left out of its search (the first, "
+            f"{shown}: {invalid[0][1]})",
+            file=sys.stderr,
+        )
     if "scale" in grid and "cosine" not in grid.get("head", [args.head]):
         raise UsageError(
             "--grid scale searches the cosine head's logit scale, which no model of this "
@@ -1114,14 +1121,29 @@ def _few(values, n: int = 4) -> str:
     return shown + (f", ... ({len(values)} in all)" if len(values) > n else "")
 
 
+def _no_model(probe: MR2LinearClassifier, combination: dict) -> str | None:
+    """Why a grid combination is no model of ``probe`` (None where it is one)."""
+    try:
+        clone(probe).set_params(**combination)._check_solver()
+    except ValueError as error:
+        return _one_line(error)
+    return None
+
+
 def _model(probe: MR2LinearClassifier, grid: dict, args):
-    """The probe behind the feature scaling, in a grid search when ``grid`` is not empty."""
+    """The probe behind the feature scaling, in a grid search when ``grid`` is not empty
+    (of the grid's combinations that are models of it)."""
     if not grid:
         return _scaled(probe, args.feature_scaling)
     prefix = "" if args.feature_scaling == "none" else "probe__"
+    searched = {prefix + key: values for key, values in grid.items()}
+    combinations = list(ParameterGrid(grid))
+    valid = [c for c in combinations if _no_model(probe, c) is None]
+    if len(valid) < len(combinations):
+        searched = [{prefix + key: [value] for key, value in c.items()} for c in valid]
     return GridSearchCV(
         _scaled(clone(probe).set_params(verbose=0), args.feature_scaling),
-        {prefix + key: values for key, values in grid.items()},
+        searched,
         scoring=classwise_scorers() | {"stopped_short": _stopped_short},
         refit=args.scoring,
         cv=StratifiedKFold(args.cv, shuffle=True, random_state=args.seed),
