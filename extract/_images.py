@@ -476,8 +476,11 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     for path, label, number in rows:
         if not label:
             raise ValueError(f"{list_file}:{number}: {path!r} has an empty label.")
-        # The file itself, however it is spelt: relative or absolute, through a link.
-        earlier = first_line.setdefault(os.path.realpath(list_file.parent / path), number)
+        # The entry, however it is spelt (relative or absolute, with ".."); links are not
+        # followed: two entries that link to one cached object (DVC, git-annex) are two
+        # images with the same bytes.
+        entry = os.path.normpath(os.path.abspath(list_file.parent / path))
+        earlier = first_line.setdefault(entry, number)
         if earlier != number:
             raise ValueError(
                 f"{list_file}:{number}: {path!r} is listed again (first on line {earlier}, "
