@@ -117,8 +117,10 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
-        return [_attr(v) for v in value.tolist()] if value.ndim == 1 else value.tolist()
-    return value
+        return _plain(value.tolist())
+    if isinstance(value, list):  # nested lists of any depth, their bytes decoded
+        return [_plain(v) for v in value]
+    return _attr(value)
 
 
 # Descriptors of the lock files this process holds (see _release_locks_in_child).

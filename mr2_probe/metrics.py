@@ -61,7 +61,13 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
 
     for name, a in (("y_true", y_true), ("y_pred", y_pred)):
         # A NaN label is no class: it was scored as one, NaN (NaN != NaN), its samples lost.
-        if a.dtype.kind in "fc" and np.isnan(a).any():
+        if a.dtype.kind in "fc":
+            nan = np.isnan(a).any()
+        else:  # objects: a float NaN among them
+            nan = a.dtype == object and any(
+                isinstance(v, float) and v != v for v in set(a.tolist())
+            )
+        if nan:
             raise ValueError(f"Input {name} contains NaN.")
     kinds = kinds_of(y_true) | kinds_of(y_pred)
     if len(kinds) > 1:

@@ -669,11 +669,12 @@ def test_stores_with_array_attributes_are_compared_and_reported(stores, tmp_path
         with h5py.File(path, "r+") as f:
             f.attrs["backbone"] = "vit-b"
             f.attrs["normalize"] = np.array([0.485, 0.456, 0.406])
-            f.attrs["source"] = ["train-2019", "train-2020"]
+            f.attrs["source"] = [["train-2019", "a"], ["train-2020", "b"]]
     out = tmp_path / "run"
     assert main([str(paths[0]), "--test", str(paths[1]), "--out", str(out), "--no-progress"]) == 0
     inputs = json.loads((out / "report.json").read_text())["inputs"]
     assert inputs["train"]["provenance"]["normalize"] == [0.485, 0.456, 0.406]
+    assert inputs["train"]["provenance"]["source"] == [["train-2019", "a"], ["train-2020", "b"]]
 
 
 @NEEDS_H5

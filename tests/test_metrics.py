@@ -326,6 +326,8 @@ def test_labels_that_are_no_classes_and_groups_of_another_length_are_refused():
         per_class_accuracy([0.0, np.nan, 1.0], [0.0, np.nan, 1.0])
     with pytest.raises(ValueError, match="Input y_pred contains NaN"):
         per_class_accuracy([0.0, 1.0], [0.0, np.nan])
+    with pytest.raises(ValueError, match="Input y_true contains NaN"):
+        per_class_accuracy(np.array([0.0, np.nan, 1.0], dtype=object), [0.0, 0.0, 1.0])
     for score in (worst_class_accuracy, class_accuracy_std, hard_tercile_accuracy):
         with pytest.raises(ValueError, match="No class of y_true has samples"):
             score([], [])
