@@ -105,6 +105,8 @@ _SCALERS = {"none": None, "standard": StandardScaler, "l2": Normalizer}
 _SCORINGS = ("accuracy", "balanced_accuracy", "worst_class", "hard_tercile", "class_std")
 _FORMATS = (".h5", ".hdf5", ".npz", ".npy")
 # Parameters that shape only the MR² objective: ERM (c_bar=None, lam=0) does not search them.
+# Defaults of the options that only the front or a search reads (None until checked).
+_LEVER_DEFAULTS = {"val_size": 0.1, "front_bound": 0.5, "cv": 3, "scoring": "worst_class"}
 _MR2_ONLY = frozenset({"c_bar", "lam", "p", "difficulty", "tau", "projection_rank", "class_tilt"})
 # The options that set the estimator's parameters, named in its errors.
 _OPTIONS = {
@@ -223,12 +225,12 @@ def _parser() -> argparse.ArgumentParser:
         "cv_curve.png",
     )
     parser.add_argument(
-        "--cv", type=int, default=3, help="folds of the grid search or of --Cs (default: 3)"
+        "--cv", type=int, default=None, help="folds of the grid search or of --Cs (default: 3)"
     )
     parser.add_argument(
         "--scoring",
         choices=_SCORINGS,
-        default="worst_class",
+        default=None,
         help="metric the grid search refits on (default: worst_class)",
     )
     parser.add_argument("--n-jobs", type=int, default=None, help="parallel grid fits")
@@ -251,14 +253,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--val-size",
         type=float,
-        default=0.1,
+        default=None,
         help="fraction of the training data held out (stratified) to choose on the front "
         "(default: 0.1)",
     )
     parser.add_argument(
         "--front-bound",
         type=float,
-        default=0.5,
+        default=None,
         help="the rule: the best validation worst-class accuracy whose validation overall "
         "accuracy is within this many points of ERM's (default: 0.5)",
     )
@@ -546,6 +548,21 @@ def _check_options(args) -> None:
         )
         args.feature_scaling = args.scale
     args.feature_scaling = args.feature_scaling or "none"
+    # Options of the front or of a search, given to a run that has none: they were
+    # accepted and ignored (their defaults are set here, so that a given value is seen).
+    front, search = bool(args.tilt or args.offsets), bool(args.grid) or args.Cs is not None
+    for option, value, used, what in (
+        ("--val-size", args.val_size, front, "the front (--tilt, --offsets)"),
+        ("--front-bound", args.front_bound, front, "the front (--tilt, --offsets)"),
+        ("--cv", args.cv, search, "a search (--grid, --Cs)"),
+        ("--scoring", args.scoring, search, "a search (--grid, --Cs)"),
+        ("--n-jobs", args.n_jobs, search, "a search (--grid, --Cs)"),
+    ):
+        if value is not None and not used:
+            raise UsageError(f"{option} applies to {what}, which this run has not; drop it")
+    for name, default in _LEVER_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     for option, value in (("--test-size", args.test_size), ("--val-size", args.val_size)):
         if not 0 < value < 1:
             raise UsageError(
