@@ -571,6 +571,8 @@ def _check_options(args) -> None:
             )
     if args.cv < 2:
         raise UsageError(f"--cv must be at least 2 folds, e.g. --cv 3; got {args.cv}")
+    if args.max_iter < 1:  # 0 reports the untrained starting point as a model
+        raise UsageError(f"--max-iter must be at least 1; got {args.max_iter}")
     if args.n_jobs == 0:
         raise UsageError("--n-jobs 0 runs nothing; give a number of jobs, or -1 for all CPUs")
     if not 0 <= args.front_bound < 100:
