@@ -476,10 +476,11 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     for path, label, number in rows:
         if not label:
             raise ValueError(f"{list_file}:{number}: {path!r} has an empty label.")
-        # The entry, however it is spelt (relative or absolute, with ".."); links are not
-        # followed: two entries that link to one cached object (DVC, git-annex) are two
-        # images with the same bytes.
-        entry = os.path.normpath(os.path.abspath(list_file.parent / path))
+        # The entry, however it is spelt (relative or absolute, through linked folders);
+        # the file's own link is not followed: two entries that link to one cached object
+        # (DVC, git-annex) are two images with the same bytes.
+        full = os.path.join(list_file.parent, path)  # ".." after a link is the link's
+        entry = os.path.join(os.path.realpath(os.path.dirname(full)), os.path.basename(full))
         earlier = first_line.setdefault(entry, number)
         if earlier != number:
             raise ValueError(

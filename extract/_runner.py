@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from importlib import metadata
 from pathlib import Path
 
+import h5py
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -448,8 +449,10 @@ def _rebuilding(merged: Path, world_size: int) -> bool:
     identity = _identity(merged)
     for path in (shard_path(merged, r, world_size) for r in range(world_size)):
         if path.exists():
-            with open_store(path, "r") as f:
-                if read_attrs(f).get(REPLACES) == identity:
+            # Without HDF5's lock: another rank may be writing its shard already, and a
+            # reader's lock would refuse that writer, or the writer's this reader.
+            with h5py.File(path, "r", locking=False) as f:
+                if f.attrs.get(REPLACES) == identity:
                     return True
     return False
 

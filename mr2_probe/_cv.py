@@ -564,12 +564,15 @@ def with_labels(scorer, classes, every_class: bool = True):
     """``scorer`` with two classes scoring the last as the positive one, whatever the labels
     are (scikit-learn's default, 1, is no class of labels {1, 2} or of strings); with
     ``every_class``, also told every class: a fold's held-out rows may lack one, so metrics
-    that take the labels (log loss, Brier score) are given all of them, as
-    LogisticRegressionCV gives them."""
+    that take the labels are given all of them, as LogisticRegressionCV gives them. Metrics
+    of probabilities or decision values (log loss, Brier score) are always told them: their
+    columns are every class's."""
     func = getattr(scorer, "_score_func", None)
     parameters = inspect.signature(func).parameters if func is not None else {}
     kwargs = dict(getattr(scorer, "_kwargs", {}))
-    if every_class and "labels" in parameters:
+    # A metric of probabilities or decision values needs every class, one per column.
+    columns = getattr(scorer, "_response_method", "predict") != "predict"
+    if (every_class or columns) and "labels" in parameters:
         kwargs.setdefault("labels", classes)
     if len(classes) == 2 and "pos_label" in parameters and "labels" in parameters:
         kwargs.setdefault("pos_label", classes[-1])

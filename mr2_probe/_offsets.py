@@ -716,7 +716,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         groups : array-like of shape (n_samples,), default=None
             Group labels for a group splitter as ``cv`` (GroupKFold and the like), given
             to its ``split``, and, indexed per fold, to the estimator's ``fit`` where it
-            takes ``groups`` (a search inside).
+            names a ``groups`` parameter (MR2LinearClassifierCV; not GridSearchCV or a
+            Pipeline, whose ``fit`` takes ``**params``).
         **fit_params : dict
             Passed to the estimator's ``fit``, indexed per fold.
 
@@ -743,7 +744,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             if sample_weight is not None:
                 fit_params = {**fit_params, "sample_weight": sample_weight}
             if groups is not None and has_fit_parameter(self.estimator, "groups"):
-                # A search inside (GridSearchCV, MR2LinearClassifierCV) splits by them too.
+                # A search inside that names them (MR2LinearClassifierCV) splits by them
+                # too. Not a fit of **params (a Pipeline refuses an unrouted groups).
                 fit_params = {**fit_params, "groups": groups}
             decision, y_index, index = self._cv_decision(X, y, fit_params, groups)
         result = tune_class_offsets(

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import warnings
 from collections import Counter
+from numbers import Real
 from pathlib import Path
 
 import joblib
@@ -673,6 +674,8 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args) -> None:
                 f"its parameters are {', '.join(sorted(params))}"
             )
         for value in values:
+            if name == "max_iter" and isinstance(value, Real) and value < 1:
+                raise UsageError(f"--grid max_iter={value}: max_iter must be at least 1")
             try:
                 clone(mr2).set_params(**{name: value})._validate_params()
                 if name == "device":

@@ -202,6 +202,8 @@ def _same_configuration(a, b) -> bool:
         def value(v):
             if isinstance(v, Real) and not isinstance(v, bool):
                 return float(v)
+            if isinstance(v, dict):  # class_weight={0: 1} is {0: 1.0}
+                return {value(k): value(w) for k, w in v.items()}
             if isinstance(v, BaseEstimator):
                 return type(v).__name__  # its parameters are among the deep ones
             if isinstance(v, list) and all(isinstance(step, tuple) for step in v):

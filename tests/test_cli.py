@@ -315,6 +315,7 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/train.npz", "--offsets", "0.5,0.5"], "--offsets gives 0.5 more than once"),
         (["{d}/train.npz", "--n-jobs", "0", "--grid", "C=1,2"], "--n-jobs 0 runs nothing"),
         (["{d}/train.npz", "--max-iter", "0"], "--max-iter must be at least 1; got 0"),
+        (["{d}/train.npz", "--grid", "max_iter=0,5"], "--grid max_iter=0: max_iter must be at"),
         (["{d}/train.npz", "--seed", "-1"], "--seed: The 'random_state' parameter"),
         # Splits the data cannot make, found before any fit.
         (

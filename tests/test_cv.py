@@ -734,6 +734,18 @@ def test_score_of_two_classes_takes_the_positive_class_the_folds_took(labels):
     assert search.score(X, y) == pytest.approx(expected)
 
 
+def test_score_of_probabilities_knows_every_class_on_data_lacking_one():
+    # The columns of predict_proba are every class's: log loss needs all of them even where
+    # the data lack some (a first version of the macro fix below dropped them: ValueError).
+    from sklearn.metrics import log_loss
+
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV(Cs=2, cv=3, scoring="neg_log_loss", device="cpu").fit(X, y)
+    keep = y != 2
+    expected = -log_loss(y[keep], search.predict_proba(X[keep]), labels=[0, 1, 2])
+    assert search.score(X[keep], y[keep]) == pytest.approx(expected)
+
+
 def test_score_of_many_classes_counts_the_classes_of_its_data():
     # score() told the metric every class of the fit: a macro F1 on rows of one class was
     # 1/3, where LogisticRegressionCV's score and f1_score say 1.

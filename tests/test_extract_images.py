@@ -142,6 +142,17 @@ def test_image_list_refuses_one_file_under_two_spellings(folder):
         (folder / "l.csv").write_text(f"cat/000.png,cat\ndog/001.jpg,dog\n{second},dog\n")
         with pytest.raises(ValueError, match=r"l.csv:3: .* is listed again \(first on line 1"):
             image_list(folder / "l.csv")
+    # Through a linked folder, ".." is the link target's parent: another file (refused as
+    # the same when ".." was taken lexically), or the same one under another name.
+    (folder / "other" / "deep").mkdir(parents=True)
+    shutil.copy(folder / "cat" / "000.png", folder / "img.png")
+    shutil.copy(folder / "cat" / "000.png", folder / "other" / "img.png")
+    (folder / "link").symlink_to(folder / "other" / "deep", target_is_directory=True)
+    (folder / "l.csv").write_text("img.png,cat\nlink/../img.png,dog\n")
+    assert len(image_list(folder / "l.csv")) == 2
+    (folder / "l.csv").write_text("other/img.png,cat\nlink/../img.png,dog\n")
+    with pytest.raises(ValueError, match=r"l.csv:2: .* is listed again \(first on line 1"):
+        image_list(folder / "l.csv")
     # Two entries that link to one object (a content-addressed cache) are two images.
     for name in ("a.png", "b.png"):
         (folder / name).symlink_to(folder / "cat" / "000.png")

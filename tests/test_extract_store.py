@@ -508,6 +508,21 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
             extract_features(folder, BACKBONE, out, dtype=other, **fast)
 
 
+def test_the_rebuild_check_reads_shards_that_another_rank_writes(folder, tmp_path):
+    # Every rank read every shard with HDF5's lock, while a faster rank wrote its own: the
+    # lock refused the reader (StoreLockedError), or the writer.
+    from extract._runner import _rebuilding
+
+    out = tmp_path / "f.h5"
+    shards = [
+        extract_features(folder, BACKBONE, out, rank=r, world_size=2, max_items=4, **FAST)
+        for r in (0, 1)
+    ]
+    merge_shards(shards, out)
+    with _held_open(shards[0], "r+"):
+        assert _rebuilding(out, 2) is False
+
+
 def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
     store, folder, tmp_path, monkeypatch, caplog
 ):

@@ -146,6 +146,17 @@ def test_front_erm_is_the_probe_without_margins_or_projection(splits):
     assert front.point("MR2").estimator.lam == 0.5
 
 
+def test_an_erm_given_alike_but_for_number_types_is_no_second_point(splits):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    common = dict(c_bar=None, max_iter=20, device="cpu")
+    probe = MR2LinearClassifier(class_weight={0: 1, 1: 2}, **common)
+    erm = MR2LinearClassifier(class_weight={0: 1.0, 1: 2.0}, **common)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(1,), erm=erm)
+    assert [p.name for p in front.points] == ["ERM", "tilt=1"]
+
+
 def test_front_takes_arrays_of_tilts_and_bounds(splits):
     # offset_bounds=np.array([...]): "The truth value of an array ... is ambiguous".
     X_fit, y_fit, X_val, y_val, *_ = splits
