@@ -98,29 +98,27 @@ def _truncate(reason: str) -> bytes:
     return reason.encode()[:200].decode("utf-8", "ignore").encode()
 
 
-def _attr(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def read_attrs(f: h5py.File) -> dict[str, Any]:
     """The store's attributes as Python values (JSON attributes decoded)."""
-    attrs = {k: _attr(v) for k, v in f.attrs.items()}
+    # Plain Python values: an attribute that another tool wrote as an array is a list
+    # (it compares, and goes into JSON reports, as one).
+    attrs = {k: _plain(v) for k, v in f.attrs.items()}
     for key in ("preprocessing", "versions", "class_names", "source_files", "source_options"):
         if key in attrs:
             attrs[key] = json.loads(attrs[key])
-    # Plain Python values: an attribute that another tool wrote as an array is a list
-    # (it compares, and goes into JSON reports, as one).
-    return {k: _plain(v) for k, v in attrs.items()}
+    return attrs
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):  # np.bytes_ too, before it is taken for a NumPy scalar
+        return value.decode()
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
         return _plain(value.tolist())
     if isinstance(value, list):  # nested lists of any depth, their bytes decoded
         return [_plain(v) for v in value]
-    return _attr(value)
+    return value
 
 
 # Descriptors of the lock files this process holds (see _release_locks_in_child).
