@@ -708,7 +708,8 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args) -> None:
     # with lam > 0), which GridSearchCV would find fold by fold, after other fits: such
     # combinations are left out of the search (_model), and a grid of nothing else refused.
     combinations = list(ParameterGrid(grid))
-    invalid = [(c, _no_model(mr2, c)) for c in combinations if _no_model(mr2, c)]
+    reasons = [(c, _no_model(mr2, c)) for c in combinations]
+    invalid = [(c, reason) for c, reason in reasons if reason]
     if invalid:
         shown = ", ".join(f"{key}={value}" for key, value in invalid[0][0].items())
         if len(invalid) == len(combinations):
