@@ -85,7 +85,8 @@ labels:
   same kind. A store's labels are integer codes 0..K-1 into its own class names; the
   models predict the training store's codes (class_names.json). A test store's classes
   are matched to the training store's by name (it may lack some or order them
-  differently); a class the training store lacks is refused. To score a store yourself,
+  differently), and so are text labels of a NumPy file against a store's names; a class
+  the training data lacks is refused. To score a store yourself,
   translate its labels by name first:
     models = joblib.load("runs/fmnist/models.joblib")  # "ERM grid", ... after --grid
     trained = json.load(open("runs/fmnist/class_names.json"))
@@ -100,6 +101,8 @@ labels:
 errors:
   A mistake in the options or the input files stops the run before any fit, with one
   line "mr2-probe: error: ..." and exit status 2; --debug shows the traceback instead.
+  A front whose fits fail (e.g. a --tilt too large for float32) is left out: the models
+  fitted before it are reported and written, the error is said, and the status is 1.
 """
 
 _SCALERS = {"none": None, "standard": StandardScaler, "l2": Normalizer}
@@ -368,7 +371,8 @@ def _one_line(error, limit: int = 1000) -> str:
 
 
 def main(argv=None) -> int:
-    """Run ``mr2-probe``; returns 0, or exits with status 2 and one line on a mistake."""
+    """Run ``mr2-probe``; returns 0 (1 where the front failed and was left out), or exits
+    with status 2 and one line on a mistake."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -407,13 +411,21 @@ def _run(args) -> int:
     for name, model in models.items():
         print(f"fitting {name} on {X.shape[0]} × {X.shape[1]} features", file=sys.stderr)
         _fit(model, X, y, name)
-    front = None
+    front = front_error = None
     if args.tilt or args.offsets:
         # Each model as its search chose it: the front's ERM is the reported ERM.
         base, erm_base = (_chosen_configuration(models[n]) for n in (mr2_name, erm_name))
         for configuration in (base, erm_base):
             _final(configuration).set_params(verbose=0)
-        front = _front(models, base, erm_base, X, y, X_test, y_test, args)
+        try:
+            front = _front(models, base, erm_base, X, y, X_test, y_test, args)
+        except ValueError as error:
+            # The models already fitted are reported and written without the front; the
+            # run still ends in an error (status 1).
+            if args.debug:
+                raise
+            front_error = f"the front failed and is left out: {_one_line(error)}"
+            print(f"mr2-probe: error: {front_error}", file=sys.stderr)
     fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}
 
     def named(labels):  # a store's integer codes -> its class names, for the report only
@@ -432,6 +444,8 @@ def _run(args) -> int:
         plain = _final(fitted[mr2_name]).lam == 0 and _final(fitted[mr2_name]).class_tilt == 0
         what = "plain cross-entropy (γ_k = 1)" if plain else "γ_k = 1"
         notes.append(f"{mr2_name} has no margins: {how}, {what}")
+    if front_error is not None:
+        notes.append(front_error)
     lines = [
         f"{name}: best parameters by {args.scoring} ({args.cv}-fold CV): {best}"
         for name, best in search.items()
@@ -457,7 +471,7 @@ def _run(args) -> int:
                 for name, cv in searches.items()
             }
         _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names)
-    return 0
+    return 0 if front_error is None else 1
 
 
 # What report.json records of a store, so that a per-class result can be traced to the
@@ -930,29 +944,7 @@ def _inputs(args):
     _check_same_extraction(args.train, args.test, sources)
     repeated += _repeated(test_names)
     test_names = _distinct(test_names)
-    if names is not None and test_names is not None and names != test_names:
-        # A store's labels are codes into its own class names: the test codes are
-        # translated by name, so a test set may lack some of the training classes (a list
-        # source names only the classes it holds, in its own order).
-        if repeated:  # two classes of one name: which is which cannot be read off names
-            raise UsageError(
-                f"{args.train} and {args.test} list their classes differently, and the class "
-                f"names {_few(sorted(set(repeated)))} name several classes: the test labels "
-                "cannot be matched to the training classes by name; extract both stores "
-                "with one list of class names"
-            )
-        # Only classes the test labels hold: one whose every image failed is not there.
-        held = [test_names[k] for k in np.unique(y_test).tolist()]
-        foreign = [name for name in held if name not in names]
-        if foreign:
-            raise UsageError(
-                f"{args.test} has {len(foreign)} classes that {args.train} does not "
-                f"({_few(foreign)}); a probe cannot predict classes it was not trained on"
-            )
-        code = {name: k for k, name in enumerate(names)}
-        # -1 marks a class the test store lists but holds no label of (none is read).
-        table = np.array([code.get(name, -1) for name in test_names], dtype=np.int64)
-        y_test = table[y_test].astype(y.dtype)
+    y_test = _match_by_name(y, names, y_test, test_names, repeated, args)
     unseen = sorted(set(np.unique(y_test).tolist()) - set(classes.tolist()), key=str)
     if unseen:
         shown = unseen
@@ -965,6 +957,60 @@ def _inputs(args):
             f"({_few(shown)}); {advice}"
         )
     return X, y, X_test, y_test, names, sources
+
+
+def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
+    """The test labels in the training labels' terms, matched by class name where the two
+    name their classes differently.
+
+    A store's labels are codes into its own class names: test codes of a store that lists
+    its classes in another order (or only those it holds, as a list source's does) are
+    translated by name, and so are text labels of a NumPy file against a training store;
+    a store's test codes against text training labels become their names.
+    """
+
+    def text(labels):
+        return labels.dtype.kind in "USO"
+
+    if names is not None:
+        if test_names is not None and names != test_names:
+            test_names_of = np.asarray(test_names, dtype=object)
+            held = [test_names[k] for k in np.unique(y_test).tolist()]  # not failed classes
+        elif test_names is None and text(y_test):
+            test_names_of, held = None, [str(v) for v in np.unique(y_test)]
+        else:
+            return y_test
+    elif test_names is not None and text(y):
+        test_names_of, held = np.asarray(test_names, dtype=object), None
+    else:
+        return y_test
+    if repeated:  # two classes of one name: which is which cannot be read off names
+        both = names is not None and test_names is not None
+        remedy = (
+            "extract both stores with one list of class names"
+            if both
+            else "label both files alike (both class names or both the same integer codes)"
+        )
+        raise UsageError(
+            f"{args.train} and {args.test} name their classes differently, and the class "
+            f"names {_few(sorted(set(repeated)))} name several classes: the test labels "
+            f"cannot be matched to the training classes by name; {remedy}"
+        )
+    if names is None:  # text training labels: the test codes' names, checked as labels
+        return test_names_of[y_test].astype(str)
+    foreign = [name for name in held if name not in names]
+    if foreign:
+        raise UsageError(
+            f"{args.test} has {len(foreign)} classes that {args.train} does not "
+            f"({_few(foreign)}); a probe cannot predict classes it was not trained on"
+        )
+    code = {name: k for k, name in enumerate(names)}
+    if test_names_of is None:  # text labels: codes of their distinct values
+        values, inverse = np.unique(y_test, return_inverse=True)
+        return np.array([code[str(v)] for v in values], dtype=y.dtype)[inverse]
+    # -1 marks a class the test store lists but holds no label of (none is read).
+    table = np.array([code.get(name, -1) for name in test_names], dtype=np.int64)
+    return table[y_test].astype(y.dtype)
 
 
 def _repeated(names: list[str] | None) -> list[str]:

@@ -418,7 +418,8 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
     ----------
     searches : dict
         Model name → fitted :class:`~mr2_probe.MR2LinearClassifierCV` (or a pipeline
-        ending in one), coloured as in the other figures ("ERM" grey, "MR2" blue).
+        ending in one), coloured as in the other figures ("MR2" blue), the reference
+        ("ERM") in the dark grey of the reference lines.
     path : str or path-like
     scoring : str, default="score"
         Name of the scorer the searches chose by, for the legend.
@@ -443,6 +444,9 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
     fig = _figure(7.0, 4.5)
     ax = fig.subplots()
     colours = model_colours(list(searches), reference="ERM" if "ERM" in searches else None)
+    # The reference's light grey is for filled marks: a thin curve or dotted line of it is
+    # barely seen on white, so its curves take the dark grey of the reference lines.
+    colours = {name: SAME if c == REFERENCE else c for name, c in colours.items()}
     searches = {name: s[-1] if hasattr(s, "steps") else s for name, s in searches.items()}
     # C = inf (no penalty) has no place on a log axis: it is drawn a decade beyond the
     # largest finite value, and the axis says so.

@@ -569,6 +569,25 @@ def test_test_store_labels_are_matched_to_the_training_classes_by_name(stores, c
 
 
 @NEEDS_H5
+def test_text_labels_are_matched_to_a_store_s_classes_by_name(stores, tmp_path, capsys):
+    # A store's labels are codes into its class names; text labels of a NumPy file on the
+    # other side were refused as "3 classes absent from the training labels".
+    def run(train, test):
+        assert main([str(stores / train), "--test", str(stores / test), "--no-progress"]) == 0
+        return capsys.readouterr().out.replace(test, "TEST").replace(train, "TRAIN")
+
+    assert run("store.h5", "names.npz") == run("store.h5", "store_test.h5")
+    X, y = _blobs(30, seed=1)
+    np.savez(tmp_path / "train_names.npz", X=X, y=np.array(FASHION)[y])
+    train = str(tmp_path / "train_names.npz")
+    assert run(train, "store_test.h5") == run(train, "names.npz")
+    X_test, y_test = _blobs(10, seed=2)
+    np.savez(tmp_path / "bags.npz", X=X_test, y=np.where(y_test == 1, "Bag", "Trouser"))
+    status, err = _error([str(stores / "store.h5"), "--test", str(tmp_path / "bags.npz")], capsys)
+    assert status == 2 and "has 1 classes that" in err[-1] and "('Bag')" in err[-1]
+
+
+@NEEDS_H5
 def test_unsigned_store_labels_are_matched_by_name(tmp_path, capsys):
     # uint8 labels, and a test store that lists a class it holds no label of: the name
     # table's -1 for that class overflowed uint8 (a traceback).
@@ -616,6 +635,11 @@ def test_classes_of_one_name_are_scored_apart(tmp_path, capsys):
     # In another order, the test classes cannot be matched to the training ones by name.
     _store(tmp_path / "other.h5", X_test, 2 - y_test, cranes[::-1], source_fingerprint="sha256:o")
     argv[-1] = str(tmp_path / "other.h5")
+    status, err = _error([*argv, "--no-progress"], capsys)
+    assert status == 2 and "the class names 'crane' name several classes" in err[-1]
+    # Nor can text labels be matched to either crane.
+    np.savez(tmp_path / "text.npz", X=X_test, y=np.array(cranes)[y_test])
+    argv[-1] = str(tmp_path / "text.npz")
     status, err = _error([*argv, "--no-progress"], capsys)
     assert status == 2 and "the class names 'crane' name several classes" in err[-1]
 
@@ -925,3 +949,26 @@ def test_a_grid_search_with_a_failed_fit_still_reports(files, capsys):
         "best parameters by worst_class (2-fold CV): {'learning_rate': 0.003"
         in capsys.readouterr().out
     )
+
+
+def test_a_failed_front_loses_no_fitted_model(files, tmp_path, monkeypatch, capsys):
+    # A front fit that failed (L-BFGS's step overflowing at --tilt 1e300) ended the run
+    # with status 2 and nothing written: the main models' fits were lost.
+    import mr2_probe.front
+
+    def failing(*args, **kwargs):
+        raise ValueError("Cannot fit: L-BFGS's step overflows in float32 arithmetic")
+
+    monkeypatch.setattr(mr2_probe.front, "accuracy_front", failing)
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--tilt", "1", "--out", str(out), "--no-progress"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "mr2-probe: error: the front failed and is left out: Cannot fit" in captured.err
+    assert "overall" in captured.out and "front" not in captured.out.split("note:")[0]
+    assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
+    report = json.loads((out / "report.json").read_text())
+    assert "front" not in report and any("front failed" in n for n in report["notes"])
+    assert not (out / "front.png").exists()
+    with pytest.raises(ValueError, match="overflows"):
+        main([*argv, "--debug"])

@@ -10,6 +10,7 @@ pytest.importorskip("matplotlib", reason="plotting needs matplotlib (the 'plot' 
 
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.image import imread  # noqa: E402
+from sklearn.datasets import load_iris  # noqa: E402
 from sklearn.exceptions import NotFittedError  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
@@ -147,6 +148,28 @@ def test_cv_curve_draws_c_inf_beyond_the_finite_values(tmp_path):
     assert "C = inf (no penalty) drawn at 10" in ax.get_xlabel()
     chosen = ax.lines[-1].get_xdata()[0]
     assert chosen == (10.0 if search.C_ == np.inf else search.C_)
+
+
+def _contrast_on_white(colour) -> float:
+    """WCAG contrast ratio of a colour against white (3 is the floor for graphics)."""
+    from matplotlib.colors import to_rgb
+
+    rgb = np.array(to_rgb(colour))
+    linear = np.where(rgb <= 0.03928, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    return 1.05 / (linear @ [0.2126, 0.7152, 0.0722] + 0.05)
+
+
+def test_cv_curves_of_erm_and_mr2_stand_out_from_white(tmp_path):
+    # ERM's curves and chosen-value line were the reference's light grey (contrast 1.7).
+    X, y = load_iris(return_X_y=True)
+    searches = {
+        name: MR2LinearClassifierCV([0.01, 1.0], cv=3, c_bar=c_bar, device="cpu").fit(X, y)
+        for name, c_bar in (("ERM", None), ("MR2", 1.0))
+    }
+    fig = plot_cv_curve(searches, tmp_path / "cv.png")
+    lines = fig.axes[0].lines
+    assert len({line.get_color() for line in lines}) == 2
+    assert min(_contrast_on_white(line.get_color()) for line in lines) >= 3
 
 
 def test_class_accuracy_plot_rejects_unknown_model(tmp_path, report):
