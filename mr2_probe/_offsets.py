@@ -495,6 +495,18 @@ FOLDS_ADVICE = (
 )
 
 
+def offsets_splits(cv, X, y, groups=None, random_state=None) -> list:
+    """The (train, test) index pairs of :class:`TunedOffsetsClassifierCV`'s ``cv``: a
+    fraction is one stratified shuffled split of that validation share (``random_state``),
+    anything else goes through :func:`~sklearn.model_selection.check_cv`. Each part in
+    increasing order, as an HDF5 dataset is indexed (a shuffled split's is not)."""
+    if isinstance(cv, Real) and 0 < cv < 1:
+        cv = StratifiedShuffleSplit(n_splits=1, test_size=cv, random_state=random_state)
+    else:
+        cv = check_cv(cv, y, classifier=True)
+    return [(np.sort(train), np.sort(test)) for train, test in cv.split(X, y, groups)]
+
+
 def check_training_folds(
     y_index: np.ndarray, classes: np.ndarray, splits, advice: str = FOLDS_ADVICE
 ) -> None:
@@ -811,14 +823,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 "Tuning offsets needs samples of at least 2 classes in the data, but the "
                 f"data contains only one class: {self.classes_[0]!r}."
             )
-        if isinstance(self.cv, Real) and 0 < self.cv < 1:
-            cv = StratifiedShuffleSplit(
-                n_splits=1, test_size=self.cv, random_state=self.random_state
-            )
-        else:
-            cv = check_cv(self.cv, y, classifier=True)
-        # In increasing order, as an HDF5 dataset is indexed (a shuffled split is not).
-        splits = [(np.sort(train), np.sort(test)) for train, test in cv.split(X, y, groups)]
+        splits = offsets_splits(self.cv, X, y, groups, self.random_state)
         check_training_folds(y_index, self.classes_, splits)
         if not self.refit and len(splits) > 1:
             raise ValueError(

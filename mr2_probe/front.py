@@ -18,18 +18,22 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from numbers import Integral, Real
+from numbers import Real
 
 import joblib
 import numpy as np
 from sklearn.base import BaseEstimator, clone
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import Pipeline
 from sklearn.utils._param_validation import StrOptions, validate_parameter_constraints
 from sklearn.utils.validation import column_or_1d
 
-from ._offsets import TunedOffsetsClassifierCV, check_training_folds, tune_class_offsets
+from ._offsets import (
+    TunedOffsetsClassifierCV,
+    check_training_folds,
+    offsets_splits,
+    tune_class_offsets,
+)
 from .metrics import classwise_summary, difficulty_groups, per_class_accuracy
 
 # The folds of the training data on which the front's offsets are tuned, by default.
@@ -45,7 +49,10 @@ class FrontPoint:
 
     ``lever`` is ``"ERM"``, ``"MR2"``, ``"tilt"`` or ``"offsets"``; ``value`` the tilt t or
     the offsets' bound (a fraction of overall accuracy); ``estimator`` the unfitted
-    configuration, ready to refit; ``validation`` / ``test`` the summaries of
+    configuration, ready to refit (a tilt point was scored from a fit started at the
+    previous point's solution: the same optimum to within ``tol``, so a cold refit on the
+    same data can predict a sample near a class boundary otherwise); ``validation`` /
+    ``test`` the summaries of
     :func:`mr2_probe.metrics.classwise_summary` (fractions; groups fixed by ERM on each
     split).
     """
@@ -243,6 +250,7 @@ def accuracy_front(
     bound: float = DEFAULT_BOUND,
     erm=None,
     groups=None,
+    random_state=None,
 ) -> Front:
     """Fit ERM, MR² and the sweeps of each lever on (X, y); score them on the validation set.
 
@@ -256,7 +264,9 @@ def accuracy_front(
     X_val, y_val : validation data, the only data the rule reads.
     tilts : sequence of float, default=(0, 0.5, 1, 2, 5, 10)
         ``class_tilt`` values (finite, ≥ 0) of the tilt curve (``0`` is the MR² point
-        itself).
+        itself). Along the curve each fit starts from the previous point's solution
+        (a linear head solved by L-BFGS: a convex problem, solved to ``tol`` from either
+        start), and cold where that fit stops short of ``tol``.
     offset_bounds : sequence of float, default=()
         Bounds (fractions of overall accuracy, 0.005 = 0.5 pt) for class offsets tuned on
         the ERM probe by :class:`TunedOffsetsClassifierCV` (worst-class objective,
@@ -264,8 +274,9 @@ def accuracy_front(
         re-tunes the offsets on the same out-of-fold logits.
     offsets_cv : int, float or cross-validation generator, default=3
         The ``cv`` of :class:`TunedOffsetsClassifierCV` the offsets are tuned on (an int
-        is a number of stratified folds); each training part must hold every class,
-        checked before any fit.
+        is a number of stratified folds, a float the validation share of one stratified
+        shuffled split); each training part must hold every class, checked before any
+        fit.
     X_test, y_test : optional test data, scored for the report, never for the choice.
     bound : float, default=0.005
         Bound of the selection rule (:func:`choose_point`).
@@ -277,6 +288,9 @@ def accuracy_front(
     groups : array-like of shape (n_samples,), optional
         Group labels of (X, y) for a group splitter as ``offsets_cv`` (GroupKFold and the
         like), given to its ``split``.
+    random_state : int, RandomState instance or None, default=None
+        Seed of the split of a float ``offsets_cv`` (the offsets'
+        :class:`TunedOffsetsClassifierCV` keeps it, so that its refit splits alike).
 
     Returns
     -------
@@ -288,7 +302,7 @@ def accuracy_front(
     tilts, offset_bounds = list(tilts), list(offset_bounds)  # arrays too: no truth value
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
     if offset_bounds:
-        check_offsets_folds(y, offsets_cv)
+        check_offsets_folds(y, offsets_cv, X=X, groups=groups, random_state=random_state)
     erm = _with_params(estimator if erm is None else erm, c_bar=None, lam=0.0, class_tilt=0.0)
     points = [FrontPoint("ERM", "ERM", None, erm)]
     mr2 = _with_params(estimator, class_tilt=0.0)
@@ -323,6 +337,7 @@ def accuracy_front(
             scoring="worst_class",
             max_accuracy_drop=bounds[-1],
             cv=offsets_cv,
+            random_state=random_state,
             store_cv_results=True,
         )
         base = _fit(wrapper, X, y, short, "offsets", groups=groups)
@@ -394,28 +409,32 @@ def _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator,
         raise ValueError("X_test and y_test go together: pass both or neither.")
 
 
-def check_offsets_folds(y, offsets_cv, advice: str | None = None) -> None:
+def check_offsets_folds(
+    y, offsets_cv, advice: str | None = None, *, X=None, groups=None, random_state=None
+) -> None:
     """Refuse, before any fit, an ``offsets_cv`` that :class:`TunedOffsetsClassifierCV`
-    would refuse as its ``cv`` (or ``"prefit"``), or a number of stratified folds of ``y``
-    that leaves a class out of a training part (then with ``advice``). A fraction or a
-    splitter is checked by the estimator, before its own fits."""
+    would refuse as its ``cv`` (or ``"prefit"``), or whose folds of ``y`` (split as the
+    estimator splits them, with ``X``, ``groups`` and ``random_state``) leave a class out
+    of a training part (then with ``advice``). A splitter that shuffles without a seed is
+    checked on one draw of its folds."""
     constraints = [c for c in TunedOffsetsClassifierCV._parameter_constraints["cv"]
                    if not isinstance(c, StrOptions)]  # fmt: skip
     validate_parameter_constraints(
         {"offsets_cv": constraints}, {"offsets_cv": offsets_cv}, caller_name="accuracy_front"
     )
-    if isinstance(offsets_cv, bool) or not isinstance(offsets_cv, Integral):
-        return
-    if advice is None:  # stratified folds leave out only a class of one sample
+    if advice is None:
         advice = (
             "The offsets are tuned on folds whose training parts need every class: give "
-            "each class at least 2 samples, or leave offset_bounds empty."
+            "each class at least 2 samples, use a stratified cv, or leave offset_bounds "
+            "empty."
         )
-    classes, y_index = np.unique(column_or_1d(y), return_inverse=True)
+    y = column_or_1d(y)
+    classes, y_index = np.unique(y, return_inverse=True)
+    X = np.zeros((len(y), 1)) if X is None else X  # only its length, unless the cv reads it
     with warnings.catch_warnings():  # scikit-learn's warning about small classes: refused below
         warnings.simplefilter("ignore", UserWarning)
-        splits = StratifiedKFold(int(offsets_cv)).split(y_index, y_index)
-        check_training_folds(y_index, classes, splits, advice)
+        splits = offsets_splits(offsets_cv, X, y, groups, random_state)
+    check_training_folds(y_index, classes, splits, advice)
 
 
 def _score(points, fitted, X, y, split: str) -> None:

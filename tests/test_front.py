@@ -11,7 +11,7 @@ from matplotlib.colors import to_hex
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import train_test_split
+from sklearn.model_selection import PredefinedSplit, train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -286,6 +286,11 @@ def test_front_names_the_points_that_stopped_short(splits):
             dict(offset_bounds=(0.01,), one_of_class=7),
             r"fold \d of the cv holds no sample of the classes \[7\] .*at least 2 samples",
         ),
+        # A splitter's folds too (checked by the offsets' estimator after the other fits).
+        (
+            dict(offset_bounds=(0.01,), offsets_cv="without 4"),
+            r"fold 0 of the cv holds no sample of the classes \[4\] .*use a stratified cv",
+        ),
     ],
 )
 def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeypatch):
@@ -293,6 +298,8 @@ def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeyp
     if "one_of_class" in kwargs:
         y_fit = y_fit.copy()
         y_fit[0] = kwargs.pop("one_of_class")
+    if kwargs.get("offsets_cv") == "without 4":  # fold 0 holds out every sample of class 4
+        kwargs["offsets_cv"] = PredefinedSplit(np.where(y_fit == 4, 0, np.arange(len(y_fit)) % 2))
 
     def no_fit(*args, **kwargs):
         raise AssertionError("fitted before checking the options")
@@ -316,6 +323,23 @@ def test_offsets_take_the_cv_their_estimator_takes(splits, offsets_cv):
         offset_bounds=(0.01,), offsets_cv=offsets_cv,
     )  # fmt: skip
     assert repr(front.point("offsets≤1pt").estimator.cv) == repr(offsets_cv)  # cloned
+
+
+def test_a_fraction_of_offsets_cv_is_split_by_random_state(splits):
+    # The front had no random_state: a float offsets_cv drew another split on every call
+    # (and for the refit of the chosen point), so its offsets points moved from run to run.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    kwargs = dict(tilts=(0,), offset_bounds=(0.01,), offsets_cv=0.3, random_state=3)
+
+    def offsets(**kwargs):
+        front = accuracy_front(
+            MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val, **kwargs
+        )
+        point = front.point("offsets≤1pt")
+        assert point.estimator.random_state == kwargs.get("random_state")
+        return point.validation
+
+    assert offsets(**kwargs) == offsets(**kwargs)
 
 
 def test_front_never_chooses_on_test_data(splits, front):
