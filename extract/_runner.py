@@ -40,7 +40,6 @@ from ._store import (
     PENDING,
     PROVENANCE_KEYS,
     REPLACES,
-    ProvenanceError,
     StoreError,
     check_output,
     check_provenance,
@@ -451,9 +450,12 @@ def _rebuilding(merged: Path, world_size: int) -> bool:
         if path.exists():
             # Without HDF5's lock: another rank may be writing its shard already, and a
             # reader's lock would refuse that writer, or the writer's this reader.
-            with h5py.File(path, "r", locking=False) as f:
-                if f.attrs.get(REPLACES) == identity:
-                    return True
+            try:
+                with h5py.File(path, "r", locking=False) as f:
+                    if f.attrs.get(REPLACES) == identity:
+                        return True
+            except OSError:  # not a store (its own rank says so when it opens it)
+                continue
     return False
 
 
@@ -740,23 +742,21 @@ def _extract_shard(
             repair_merged = functools.partial(
                 _adopt_repaired_failures, merged, whole, src, everything
             )
-        else:
-            try:
-                if _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
-                    return None
-            except ProvenanceError:
-                if not _rebuilding(merged, world_size):
-                    raise
-                # A forced rebuild of this store was stopped before its merge: it resumes
-                # from its shards (each is checked against this request), and its merge
-                # replaces the store, as the forced run's would have.
-                rebuild = True
-                if rank == 0:
-                    logger.info(
-                        "Resuming the interrupted rebuild of %s from its shards; the merge "
-                        "replaces the store.",
-                        merged,
-                    )
+        elif _rebuilding(merged, world_size):
+            # A forced rebuild of this store was stopped before its merge: it resumes from
+            # its shards (each is checked against this request), and its merge replaces
+            # the store, as the forced run's would have; so too where the store was made
+            # as this request asks (a rebuild for images replaced in place, say), which
+            # would otherwise be reused as complete.
+            rebuild = True
+            if rank == 0:
+                logger.info(
+                    "Resuming the interrupted rebuild of %s from its shards; the merge "
+                    "replaces the store.",
+                    merged,
+                )
+        elif _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
+            return None
     if not (overwrite or vouched) and out.exists() and not os.access(out.parent, os.W_OK):
         # A folder that cannot be written (a read-only file system): a complete store in
         # it is read as it is, without the lock that would be written beside it.

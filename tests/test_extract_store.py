@@ -457,12 +457,15 @@ def test_a_rank_without_rows_says_so_rather_than_reused(folder, tmp_path, caplog
     assert "Reused" not in caplog.text
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, dtype
 ):
     # docs/extract.md: rerun an interrupted forced rebuild without --force. Under torchrun
     # every rank read the old merged store first and refused it (another dtype), and with
-    # --force again every shard was made anew, its finished rows computed again.
+    # --force again every shard was made anew, its finished rows computed again. A rebuild
+    # made as the old store was (float32: images replaced in place, which the provenance
+    # cannot see) kept the old store, reused as complete.
     from extract import _runner
 
     folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
@@ -489,21 +492,21 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setattr(_runner, "write_rows", killed)
         with pytest.raises(KeyboardInterrupt):
-            extract_features(folder, BACKBONE, out, dtype="float16", overwrite=True, **fast)
+            extract_features(folder, BACKBONE, out, dtype=dtype, overwrite=True, **fast)
         monkeypatch.setattr(_runner, "write_rows", counted)
-        extract_features(folder, BACKBONE, out, dtype="float16", **fast)  # without --force
+        extract_features(folder, BACKBONE, out, dtype=dtype, **fast)  # without --force
     assert written == [2, 2] and merges == [True, True]  # the rows left, then a replacement
     merge_shards(shards, out, overwrite=True)
     rebuilt = load_features(out, in_memory=True)
-    assert rebuilt.features.dtype == np.float16 and len(rebuilt.paths) == 8
+    assert rebuilt.features.dtype == np.dtype(dtype) and len(rebuilt.paths) == 8
     assert "replaces_store" not in rebuilt.metadata
     # The shards stay, as every finished run's do: beside the store that replaced the one
     # they were made to replace, they are no rebuild, and a request made otherwise (their
     # own float32 included) is refused by the store, not resumed over it.
-    for dtype in ("float32", "float16"):
+    for made in ("float32", "float16"):
         alone = dict(rank=0, world_size=1, overwrite=True)
-        extract_features(folder, BACKBONE, out, dtype=dtype, **alone, **fast)
-        other = "float16" if dtype == "float32" else "float32"
+        extract_features(folder, BACKBONE, out, dtype=made, **alone, **fast)
+        other = "float16" if made == "float32" else "float32"
         with pytest.raises(ProvenanceError, match=rf"'{out}' was made .* request has '{other}'"):
             extract_features(folder, BACKBONE, out, dtype=other, **fast)
 
