@@ -107,7 +107,7 @@ class Backbone:
         ``interpolation``, ``mean``, ``std``, ``mode`` and the transform's ``repr``.
     weights_id : str
         ``sha256:<hex>`` of the checkpoint file, ``tag:<name> params-sha256:<hex>`` for
-        weights from a hub cache, or ``random-init:seed0``.
+        weights from a hub cache, or ``random-init:seed0 params-sha256:<hex>``.
     dim : int
         Embedding size.
     channels_last : bool
@@ -196,16 +196,25 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
     return BackboneSpec(family, model, weights or None)
 
 
-def hub_weights_id(tag: str, model: nn.Module) -> str:
-    """``tag:<name> params-sha256:<hex>``: weights a hub cache holds are named by their tag
-    and identified by the sha256 of the parameters loaded (names, dtypes, shapes and
-    bytes of the state dict), for the cache can hold another revision under the same tag."""
+def params_weights_id(name: str, model: nn.Module) -> str:
+    """``<name> params-sha256:<hex>``: weights named by ``name`` and identified by the
+    sha256 of the parameters loaded (names, dtypes, shapes and bytes of the state dict).
+
+    Hub weights are named by their tag, for the cache can hold another revision under the
+    same tag; random weights by :data:`RANDOM_ID`, for another torch, timm or open_clip
+    can initialise the same model otherwise from the same seed.
+    """
     digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
+    for key, tensor in model.state_dict().items():
         flat = tensor.detach().reshape(-1).cpu().contiguous()
-        digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(f"{key}:{flat.dtype}:{tuple(tensor.shape)};".encode())
         digest.update(flat.view(torch.uint8).numpy())
-    return f"tag:{tag} params-sha256:{digest.hexdigest()}"
+    return f"{name} params-sha256:{digest.hexdigest()}"
+
+
+def hub_weights_id(tag: str, model: nn.Module) -> str:
+    """``tag:<name> params-sha256:<hex>`` (:func:`params_weights_id`)."""
+    return params_weights_id(f"tag:{tag}", model)
 
 
 # What a failed device says (a sticky CUDA error fails every later call), as opposed to
@@ -485,7 +494,7 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
     elif weights == RANDOM:
         with _quiet_library_logs():  # open_clip warns that the model is randomly initialised
             model, _, transform = create(None)
-        weights_id = RANDOM_ID
+        weights_id = params_weights_id(RANDOM_ID, model.visual)
     elif weights and (_looks_like_path(weights) or os.path.exists(weights)):
         path = _check_file(spec, weights)
         model, _, transform = create(path, **_tags_preprocess(spec.model))
@@ -651,7 +660,7 @@ def _timm(spec: BackboneSpec, image_size: int | None):
     _check_timm_model(spec)
     if spec.weights == RANDOM:
         model = _create_timm(timm, spec.model, image_size, pretrained=False, num_classes=0)
-        weights_id = RANDOM_ID
+        weights_id = params_weights_id(RANDOM_ID, model)
     elif spec.weights:
         path = _check_file(spec, spec.weights)
         # The overlay makes timm apply the model's own checkpoint filter (e.g. MAE key names).
@@ -812,7 +821,7 @@ def _effnet_lite0(spec: BackboneSpec, image_size: int | None):
 
     model = timm.create_model("tf_efficientnet_lite0", pretrained=False, num_classes=0)
     if spec.weights == RANDOM:
-        weights_id = RANDOM_ID
+        weights_id = params_weights_id(RANDOM_ID, model)
     else:
         if spec.weights:
             path = _check_file(spec, spec.weights)
@@ -870,7 +879,7 @@ def create_backbone(
     Examples
     --------
     >>> bb = create_backbone("timm:test_resnet@random", image_size=32)
-    >>> bb.dim, bb.weights_id
+    >>> bb.dim, bb.weights_id.split()[0]
     (96, 'random-init:seed0')
     """
     spec = parse_backbone_spec(spec)

@@ -1167,11 +1167,12 @@ def _check_same_extraction(train: str, test: str, sources: dict) -> None:
             )
         tag = mine.get("weights")
         if isinstance(tag, str) and str(other.get("weights")).startswith(f"{tag} params-sha256:"):
-            # A hub tag recorded before the weights were hashed: the same tag, not
-            # necessarily the same revision of it.
+            # A hub tag (or random weights) recorded before the weights were hashed: the
+            # same name, not necessarily the same weights (another revision of the tag,
+            # another library's initialisation).
             print(
-                f"mr2-probe: warning: {path} records its weights by their tag alone "
-                f"({tag!r}), so whether both stores used one revision of them cannot be "
+                f"mr2-probe: warning: {path} records its weights by name alone "
+                f"({tag!r}), so whether both stores used the same weights cannot be "
                 "checked; extract it again with --force to record their hash",
                 file=sys.stderr,
             )

@@ -773,7 +773,7 @@ def test_a_store_with_weights_recorded_by_tag_alone_is_compared_by_tag(tmp_path,
     )
     argv = [str(tmp_path / "old.h5"), "--test", str(tmp_path / "new.h5"), "--no-progress"]
     assert main(argv) == 0
-    assert "old.h5 records its weights by their tag alone" in capsys.readouterr().err
+    assert "old.h5 records its weights by name alone" in capsys.readouterr().err
     other = f"tag:resnet50.tv_in1k params-sha256:{'0' * 64}"  # another tag: refused
     _store(
         tmp_path / "tv.h5", X_test, y_test, FASHION, weights=other, source_fingerprint="c", **made
