@@ -16,6 +16,7 @@ import errno
 import fcntl
 import itertools
 import json
+import logging
 import os
 import re
 import shutil
@@ -29,6 +30,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+logger = logging.getLogger(__name__)
 # 2: per-row file identity (file_size, file_mtime_ns, content_sha256) and source_root.
 FORMAT_VERSION = 2
 PENDING, DONE, FAILED = 0, 1, 2
@@ -183,6 +185,36 @@ def _lock_holder(path: str | os.PathLike) -> str | None:
     return holder if holder.isdigit() and not mine and _pid_running(int(holder)) else None
 
 
+# HDF5_USE_FILE_LOCKING values by which a user lets HDF5 open files without its lock.
+_NO_HDF5_LOCKING = ("FALSE", "0", "BEST_EFFORT")
+
+
+def _without_locks(path: str, lock_path: str, err: OSError) -> None:
+    """A file system without locks (ENOSYS, ENOLCK, EOPNOTSUPP: Lustre or NFS mounted
+    without them) refuses ``flock``: refused with a remedy, unless HDF5's locking is off
+    (HDF5_USE_FILE_LOCKING), which HDF5 needs there too; then the store is written without
+    the lock, and said so."""
+    if err.errno not in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP):
+        raise StoreError(
+            f"Cannot lock {lock_path!r} beside the feature store {path!r}: {err.strerror or err}."
+        ) from err
+    if os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() not in _NO_HDF5_LOCKING:
+        raise StoreError(
+            f"Cannot lock {lock_path!r} beside the feature store {path!r}: this file system "
+            f"does not support file locks ({err.strerror or err}). Write the store to a "
+            "local disk, or set HDF5_USE_FILE_LOCKING=FALSE in the environment (HDF5 needs "
+            "it there too) to write it without locks; then no second run may write it at "
+            "the same time."
+        ) from err
+    logger.warning(
+        "This file system does not support file locks (%s): the feature store %r is "
+        "written without its lock, as HDF5_USE_FILE_LOCKING asks. No second run may write "
+        "it at the same time.",
+        err.strerror or err,
+        path,
+    )
+
+
 @contextmanager
 def store_lock(path: str | os.PathLike) -> Iterator[None]:
     """Hold an exclusive lock on ``<path>.lock`` while writing ``path``.
@@ -208,6 +240,8 @@ def store_lock(path: str | os.PathLike) -> Iterator[None]:
             fh.seek(0)
             holder = fh.read().strip() or "unknown"
             raise StoreLockedError(_locked_message(path, lock_path, holder)) from None
+        except OSError as err:
+            _without_locks(path, lock_path, err)
         _HELD_LOCKS.add(fh.fileno())
         fh.seek(0)
         fh.truncate()

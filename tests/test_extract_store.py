@@ -1,5 +1,6 @@
 """Extraction into the HDF5 store: schema, failures, provenance, locking, loading, shards."""
 
+import errno
 import hashlib
 import json
 import logging
@@ -745,6 +746,31 @@ def test_a_file_system_without_locks_is_not_another_process(monkeypatch, tmp_pat
         open_store(tmp_path / "s.h5", mode)
     assert not isinstance(error.value, StoreLockedError)
     assert "HDF5_USE_FILE_LOCKING=FALSE" in str(error.value)
+
+
+def test_a_file_system_without_flock_is_said_and_written_without_the_lock_on_request(
+    store, tmp_path, monkeypatch, caplog
+):
+    # flock failing with ENOSYS (Lustre mounted without -o flock) gave "[Errno 38] Function
+    # not implemented" alone, and HDF5_USE_FILE_LOCKING=FALSE, the advice for HDF5's own
+    # lock, did not help: nothing could be written there.
+    import fcntl
+
+    def no_flock(fh, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.delenv("HDF5_USE_FILE_LOCKING", raising=False)
+    path = tmp_path / "s.h5"
+    with pytest.raises(StoreError, match="this file system does not support file locks") as e:
+        with store_lock(path):
+            pass
+    assert "HDF5_USE_FILE_LOCKING=FALSE" in str(e.value) and "s.h5.lock" in str(e.value)
+    monkeypatch.setenv("HDF5_USE_FILE_LOCKING", "FALSE")
+    caplog.set_level(logging.WARNING, logger="extract")
+    with store_lock(path):
+        written = True
+    assert written and "written without its lock" in caplog.text
 
 
 def test_a_reader_refused_by_a_writer_is_told_its_pid(store, tmp_path):
