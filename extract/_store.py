@@ -410,8 +410,9 @@ def _check_space(path: str, size: int) -> None:
     if os.path.isfile(path):
         free += os.path.getsize(path)
     if size > free:
+        store = path.removesuffix(".tmp").removesuffix(".merging")
         raise StoreError(
-            f"No space left for the feature store {path.removesuffix('.tmp')!r}: it needs "
+            f"No space left for the feature store {store!r}: it needs "
             f"about {size / 2**20:.1f} MiB and its folder has {free / 2**20:.1f} MiB free; "
             "free some space, or write it elsewhere."
         )
@@ -967,6 +968,7 @@ def merge_shards(
             )
         out = output_target(out)
         check_output(out, overwrite)
+        _check_merging(os.fspath(out))
         make_output_folder(out)
         with store_lock(out):
             _write_merged(files, out, overwrite)
@@ -974,6 +976,32 @@ def merge_shards(
         for f in files.values():
             f.close()
     return Path(out)
+
+
+def _check_merging(text: str) -> None:
+    """Refuse to merge when ``<out>.merging`` (the merged store until its rename) or its
+    ``.tmp`` is a file of another kind than a merge's leftover: it would be replaced."""
+    merging = f"{text}.merging"
+    _check_companions(merging)  # its .tmp, as create_store leaves it
+    if os.path.islink(merging):
+        problem = f"{merging!r} is a symbolic link (writing through it would change its target)"
+    elif os.path.lexists(merging) and not _merge_leftover(merging):
+        problem = f"{merging!r} exists and is not a merged store left by a killed merge"
+    else:
+        return
+    raise StoreError(
+        f"{problem}; mr2-extract writes that path beside the store {text!r}: move the file "
+        "away or choose another output path."
+    )
+
+
+def _merge_leftover(path: str) -> bool:
+    """Whether ``path`` is a store that a merge wrote (it records ``merged_from``)."""
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            return "features" in f and "merged_from" in f.attrs
+    except OSError:
+        return False
 
 
 def _check_shard(path: str | os.PathLike, f: h5py.File, first: dict, world: int) -> None:
@@ -1042,26 +1070,32 @@ def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike, overwrite
         with open_store(out, "r") as f:
             check_provenance(out, read_attrs(f), provenance)
     tmp = f"{os.fspath(out)}.merging"
-    create_store(
-        tmp,
-        provenance=provenance,
-        record=record | {"merged_from": world},
-        dim=files[0]["features"].shape[1],
-        dtype=first["dtype"],
-        labels=gather("labels"),
-        indices=gather("indices"),
-        ids=[p.decode() for p in gather("paths")],
-        class_names=list(files[0]["class_names"].asstr()[:]),
-        file_size=gather("file_size"),
-        file_mtime_ns=gather("file_mtime_ns"),
-    )
-    with h5py.File(tmp, "r+") as merged:
-        for rank, f in files.items():
-            m = len(f["status"])
-            for lo in range(0, m, _MERGE_BLOCK):
-                hi = min(m, lo + _MERGE_BLOCK)
-                for name in ("features", "failure_reason", "content_sha256", "status"):
-                    block = f[name][lo:hi]
-                    for where, part in _runs(positions[rank][lo:hi]):
-                        merged[name][where] = block[part]
-    os.replace(tmp, out)
+    # A killed merge's leftover (checked to be one) goes first: its room is the new one's.
+    Path(tmp).unlink(missing_ok=True)
+    try:
+        create_store(
+            tmp,
+            provenance=provenance,
+            record=record | {"merged_from": world},
+            dim=files[0]["features"].shape[1],
+            dtype=first["dtype"],
+            labels=gather("labels"),
+            indices=gather("indices"),
+            ids=[p.decode() for p in gather("paths")],
+            class_names=list(files[0]["class_names"].asstr()[:]),
+            file_size=gather("file_size"),
+            file_mtime_ns=gather("file_mtime_ns"),
+        )
+        with h5py.File(tmp, "r+") as merged:
+            for rank, f in files.items():
+                m = len(f["status"])
+                for lo in range(0, m, _MERGE_BLOCK):
+                    hi = min(m, lo + _MERGE_BLOCK)
+                    for name in ("features", "failure_reason", "content_sha256", "status"):
+                        block = f[name][lo:hi]
+                        for where, part in _runs(positions[rank][lo:hi]):
+                            merged[name][where] = block[part]
+        os.replace(tmp, out)
+    except BaseException:  # a part of a merged store is no store (a full disk, Ctrl-C)
+        Path(tmp).unlink(missing_ok=True)
+        raise

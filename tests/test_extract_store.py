@@ -358,6 +358,48 @@ def test_shards_merge_into_the_single_run(store, folder, tmp_path):
         merge_shards(shards, other)  # never silently replaces a different store
 
 
+def test_a_merge_keeps_files_of_its_own_name_and_replaces_its_leftover(
+    folder, tmp_path, monkeypatch
+):
+    # A user's <out>.merging was silently replaced and deleted (the .tmp beside a store is
+    # protected); a killed merge's leftover, a full-size store, was not counted as room for
+    # the new one (a rerun refused for want of space); a merge that failed left it behind.
+    from extract import _store
+
+    out = tmp_path / "merged.h5"
+    shards = [
+        extract_features(folder, BACKBONE, out, rank=r, world_size=2, max_items=6, **FAST)
+        for r in range(2)
+    ]
+    merging = tmp_path / "merged.h5.merging"
+    merging.write_text("my notes\n")
+    with pytest.raises(StoreError, match="merged.h5.merging' exists and is not a merged store"):
+        merge_shards(shards, out)
+    assert merging.read_text() == "my notes\n" and not out.exists()
+    merging.unlink()
+    merge_shards(shards, tmp_path / "first.h5")
+    shutil.copy(tmp_path / "first.h5", merging)  # what a merge killed before its rename left
+    checked = []
+    real_check_space = _store._check_space
+
+    def check_space(path, size):
+        checked.append(merging.exists())
+        real_check_space(path, size)
+
+    monkeypatch.setattr(_store, "_check_space", check_space)
+    merge_shards(shards, out)
+    assert checked == [False] and not merging.exists()
+    assert load_features(out).paths == load_features(tmp_path / "first.h5").paths
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_store, "_runs", full)
+    with pytest.raises(OSError, match="No space left"):
+        merge_shards(shards, out, overwrite=True)
+    assert not merging.exists() and load_features(out).paths  # the earlier store is kept
+
+
 def test_a_subset_whose_images_moved_in_the_source_is_refused_by_name(tmp_path):
     # --per-class keeps the first images of each class: an image added to "cat" beyond
     # them moves every "dog" image one place on in the source, which the store records.
