@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -155,34 +156,53 @@ def _pid_running(pid: int) -> bool:
     return True
 
 
-def _locked_message(path: str, lock_path: str, holder: str) -> str:
-    if holder.isdigit() and not _pid_running(int(holder)):
+def _lock_record() -> str:
+    """What a writer records in its lock file: its pid and host."""
+    return f"{os.getpid()} {socket.gethostname()}"
+
+
+def _holder(record: str) -> tuple[str, str | None]:
+    """The pid and the host (None where another host is not named: a record of this host,
+    or a pid alone, from an earlier writer) of a lock file's record."""
+    pid, _, host = record.strip().partition(" ")
+    host = host.strip()
+    return pid, host if host and host != socket.gethostname() else None
+
+
+def _locked_message(path: str, lock_path: str, record: str) -> str:
+    pid, host = _holder(record)
+    if host is None and pid.isdigit() and not _pid_running(int(pid)):
         return (
-            f"The feature store {path!r} is locked, but its writer (pid {holder}) is no "
+            f"The feature store {path!r} is locked, but its writer (pid {pid}) is no "
             f"longer running: a process it started still holds {lock_path!r}; end that "
             f"process (`fuser -v {lock_path}` shows it) or wait for it to exit."
         )
+    where = f" on host {host}" if host else ""
     return (
-        f"The feature store {path!r} is being written by another process (pid {holder}); "
+        f"The feature store {path!r} is being written by another process (pid {pid}{where}); "
         "wait for it to finish or write to another path."
     )
 
 
 def _lock_holder(path: str | os.PathLike) -> str | None:
-    """The pid that ``<path>.lock`` records while another process holds that lock; None
-    otherwise (the file keeps the last writer's pid after it is released)."""
+    """The writer that ``<path>.lock`` records while another process holds that lock, as
+    "pid" or "pid on host H"; None otherwise (the file keeps the last writer's record after
+    it is released)."""
     try:
         with open(f"{os.fspath(path)}.lock", "rb") as fh:
             try:
                 fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:  # held: its pid is the writer's
-                holder = fh.read(32).decode("ascii", "replace").strip()
+            except BlockingIOError:  # held: its record is the writer's
+                record = fh.read(300).decode("utf-8", "replace")
             else:
                 return None
     except OSError:
         return None
-    mine = holder == str(os.getpid())  # this process writes it (not a reader's concern)
-    return holder if holder.isdigit() and not mine and _pid_running(int(holder)) else None
+    pid, host = _holder(record)
+    if host is not None:  # its processes cannot be seen from here
+        return f"{pid} on host {host}"
+    mine = pid == str(os.getpid())  # this process writes it (not a reader's concern)
+    return pid if pid.isdigit() and not mine and _pid_running(int(pid)) else None
 
 
 # HDF5_USE_FILE_LOCKING values by which a user lets HDF5 open files without its lock.
@@ -221,7 +241,7 @@ def store_lock(path: str | os.PathLike) -> Iterator[None]:
 
     ``flock`` is released by the kernel when the holder dies, so a killed run never leaves
     a stale lock behind. Processes forked while the lock is held (DataLoader workers) do
-    not keep it: the lock is the writer's alone. The lock file records the holder's pid for
+    not keep it: the lock is the writer's alone. The lock file records the holder's pid and host for
     the error message.
     """
     path = os.fspath(path)
@@ -245,7 +265,7 @@ def store_lock(path: str | os.PathLike) -> Iterator[None]:
         _HELD_LOCKS.add(fh.fileno())
         fh.seek(0)
         fh.truncate()
-        fh.write(str(os.getpid()))
+        fh.write(_lock_record())
         fh.flush()
         yield
     finally:
@@ -305,11 +325,11 @@ def _check_companions(text: str) -> None:
     elif os.path.lexists(lock):
         try:
             with open(lock, "rb") as fh:
-                content = fh.read(64).strip()
+                content = fh.read(300).strip()
         except OSError:
             content = b""  # unreadable: store_lock says why when it opens it
-        if content and not content.isdigit():
-            problem = f"{lock!r} exists and is not a lock file of mr2-extract (a pid)"
+        if content and not re.fullmatch(rb"\d+( \S+)?", content):
+            problem = f"{lock!r} exists and is not a lock file of mr2-extract (a pid and host)"
     if problem:
         raise StoreError(
             f"{problem}; mr2-extract writes that path beside the store {text!r}: move the "
@@ -966,6 +986,7 @@ def merge_shards(
                 f"merge_shards needs every rank of one run exactly once; got ranks "
                 f"{sorted(files)} from {len(shards)} shards."
             )
+        _warn_of_versions(files)
         out = output_target(out)
         check_output(out, overwrite)
         _check_merging(os.fspath(out))
@@ -976,6 +997,24 @@ def merge_shards(
         for f in files.values():
             f.close()
     return Path(out)
+
+
+def _warn_of_versions(files: dict[int, h5py.File]) -> None:
+    """Say which shards were extracted with other library versions than rank 0's, which
+    the merged store records (a resume with other versions says so too)."""
+    versions = {rank: read_attrs(f).get("versions") for rank, f in files.items()}
+    other = sorted(rank for rank, v in versions.items() if v != versions[0])
+    if other:
+        logger.warning(
+            "%d of the %d shards were extracted with other library versions than rank 0's "
+            "shard %s (%s), which the merged store records; the first, %s: %s",
+            len(other),
+            len(files),
+            files[0].filename,
+            versions[0],
+            files[other[0]].filename,
+            versions[other[0]],
+        )
 
 
 def _check_merging(text: str) -> None:

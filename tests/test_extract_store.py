@@ -400,6 +400,24 @@ def test_a_merge_keeps_files_of_its_own_name_and_replaces_its_leftover(
     assert not merging.exists() and load_features(out).paths  # the earlier store is kept
 
 
+def test_shards_of_other_library_versions_are_said_at_merge(folder, tmp_path, caplog):
+    # A node with another torch or timm made its shard silently part of the merged store,
+    # which records rank 0's versions alone (a resume with other versions says so).
+    out = tmp_path / "merged.h5"
+    shards = [
+        extract_features(folder, BACKBONE, out, rank=r, world_size=2, max_items=4, **FAST)
+        for r in range(2)
+    ]
+    caplog.set_level(logging.WARNING, logger="extract")
+    merge_shards(shards, out)
+    assert "library versions" not in caplog.text
+    with h5py.File(shards[1], "r+") as f:
+        f.attrs["versions"] = json.dumps({"torch": "2.1.0", "timm": "0.9.2"})
+    merge_shards(shards, out, overwrite=True)
+    assert "1 of the 2 shards were extracted with other library versions" in caplog.text
+    assert "'torch': '2.1.0'" in caplog.text and str(shards[1]) in caplog.text
+
+
 def test_a_subset_whose_images_moved_in_the_source_is_refused_by_name(tmp_path):
     # --per-class keeps the first images of each class: an image added to "cat" beyond
     # them moves every "dog" image one place on in the source, which the store records.
@@ -1051,6 +1069,37 @@ def test_lock_dies_with_its_writer_not_with_its_children(tmp_path):
         parent.kill()
         parent.wait()
         os.kill(child, signal.SIGKILL)
+
+
+def test_a_writer_on_another_host_is_named_with_its_host(tmp_path):
+    # The lock file held a pid alone, looked for among this machine's processes: a writer
+    # on another node sharing the file system was called "no longer running", and the
+    # advice to find its process here invited deleting the lock.
+    import socket
+
+    from extract._store import _lock_holder
+
+    out = tmp_path / "f.h5"
+    with store_lock(out):
+        pass
+    assert (tmp_path / "f.h5.lock").read_text() == f"{os.getpid()} {socket.gethostname()}"
+    hold = (
+        "import fcntl, sys, time; fh = open(sys.argv[1] + '.lock', 'a+'); "
+        "fcntl.flock(fh, fcntl.LOCK_EX); fh.truncate(0); fh.write('4190001 node-b'); "
+        "fh.flush(); print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"held"
+        with pytest.raises(
+            StoreLockedError, match=r"another process \(pid 4190001 on host node-b\)"
+        ):
+            with store_lock(out):
+                pass
+        assert _lock_holder(out) == "4190001 on host node-b"
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_16_bit_png_gives_the_features_of_its_8_bit_twin(tmp_path):
