@@ -544,8 +544,11 @@ def check_format(path: str | os.PathLike, attrs: dict) -> None:
     )
 
 
-def _differences(key: str, existing: Any, requested: Any) -> list[str]:
-    """``key: file has ..., request has ...`` lines; a dict lists its differing entries."""
+def _differences(
+    key: str, existing: Any, requested: Any, names: tuple[str, str] = ("file", "request")
+) -> list[str]:
+    """``key: file has ..., request has ...`` lines (``names`` the two sides); a dict lists
+    its differing entries."""
     if isinstance(existing, dict) and isinstance(requested, dict):
         keys = [
             k
@@ -557,10 +560,10 @@ def _differences(key: str, existing: Any, requested: Any) -> list[str]:
         return [
             line
             for k in keys
-            for line in _differences(f"{key}.{k}", existing.get(k), requested.get(k))
+            for line in _differences(f"{key}.{k}", existing.get(k), requested.get(k), names)
         ]
     old, new = (" ".join(repr(v).split()) for v in (existing, requested))
-    return [f"{key}: file has {old}, request has {new}"]
+    return [f"{key}: {names[0]} has {old}, {names[1]} has {new}"]
 
 
 def check_provenance(
@@ -586,6 +589,21 @@ def check_provenance(
         With one line listing every difference.
     """
     check_format(path, existing)
+    diffs = provenance_differences(existing, requested, explain_source)
+    if diffs:
+        raise ProvenanceError(
+            f"The feature store {os.fspath(path)!r} was made with a different provenance "
+            f"({'; '.join(diffs)}). Write to another output path, or {_REBUILD}."
+        )
+
+
+def provenance_differences(
+    existing: dict,
+    requested: dict,
+    explain_source: Callable[[], str | None] | None = None,
+    names: tuple[str, str] = ("file", "request"),
+) -> list[str]:
+    """The differences that :func:`check_provenance` lists, ``names`` the two sides."""
     # Stores written before the precision was recorded computed in float32 (no CUDA run
     # had written one).
     existing = {"compute": "float32"} | dict(existing)
@@ -603,13 +621,9 @@ def check_provenance(
         diffs += (
             [f"the images differ: {detail}"]
             if detail
-            else _differences(key, existing.get(key), requested.get(key))
+            else _differences(key, existing.get(key), requested.get(key), names)
         )
-    if diffs:
-        raise ProvenanceError(
-            f"The feature store {os.fspath(path)!r} was made with a different provenance "
-            f"({'; '.join(diffs)}). Write to another output path, or {_REBUILD}."
-        )
+    return diffs
 
 
 def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
@@ -979,8 +993,9 @@ def merge_shards(
                 f.close()
                 raise ValueError(f"Two shards given to merge_shards have rank {rank}.")
             files[rank] = f
-            reference = attrs if reference is None else reference
-            _check_shard(path, f, reference, len(shards))
+            if reference is None:
+                reference, first = attrs, path
+            _check_shard(path, f, reference, first, len(shards))
         if sorted(files) != list(range(len(shards))):
             raise ValueError(
                 f"merge_shards needs every rank of one run exactly once; got ranks "
@@ -1043,14 +1058,31 @@ def _merge_leftover(path: str) -> bool:
         return False
 
 
-def _check_shard(path: str | os.PathLike, f: h5py.File, first: dict, world: int) -> None:
+def _check_shard(path, f: h5py.File, reference: dict, first, world: int) -> None:
+    """Refuse a shard of another run than the ``first`` shard given (its attributes
+    ``reference``), or an incomplete one."""
     attrs = read_attrs(f)
     if attrs["shard_world_size"] != world:
         raise ValueError(
             f"The shard {os.fspath(path)!r} is one of {attrs['shard_world_size']} shards, "
             f"but {world} were given to merge_shards."
         )
-    check_provenance(path, attrs, first | {k: attrs[k] for k in ("shard_rank", "n_rows")})
+    check_format(path, attrs)
+    own = {k: attrs[k] for k in ("shard_rank", "n_rows")}
+    diffs = provenance_differences(attrs, reference | own, names=("it", "the first"))
+    if diffs:
+        listed = any(d.startswith(("source_fingerprint", "n_total_rows")) for d in diffs)
+        advice = (
+            "The ranks listed different images: the source changed between their starts. "
+            "Extract every rank again with --force (overwrite=True) from the source as it is "
+            "now."
+            if listed
+            else "Merge the shards of one run."
+        )
+        raise ProvenanceError(
+            f"The shard {os.fspath(path)!r} was not made by the run of the first shard "
+            f"given, {os.fspath(first)!r} ({'; '.join(diffs)}). {advice}"
+        )
     pending = int((f["status"][:] == PENDING).sum())
     if pending:
         raise IncompleteStoreError(

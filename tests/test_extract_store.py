@@ -418,6 +418,24 @@ def test_shards_of_other_library_versions_are_said_at_merge(folder, tmp_path, ca
     assert "'torch': '2.1.0'" in caplog.text and str(shards[1]) in caplog.text
 
 
+def test_shards_of_a_source_listed_at_different_times_are_refused_as_such(tmp_path):
+    # An image added between two ranks' starts: the merge said "request has" for the
+    # first shard's values, and advised --force alone.
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    out = tmp_path / "f.h5"
+    first = extract_features(folder, BACKBONE, out, rank=0, world_size=2, **FAST)
+    shutil.copy(folder / "cat" / "001.jpg", folder / "cat" / "001a.jpg")
+    second = extract_features(folder, BACKBONE, out, rank=1, world_size=2, **FAST)
+    with pytest.raises(ProvenanceError) as info:
+        merge_shards([first, second], out)
+    message = str(info.value)
+    assert (
+        f"shard '{second}' was not made by the run of the first shard given, '{first}'" in message
+    )
+    assert "n_total_rows: it has 9, the first has 8" in message
+    assert "the source changed between their starts" in message and "--force" in message
+
+
 def test_a_subset_whose_images_moved_in_the_source_is_refused_by_name(tmp_path):
     # --per-class keeps the first images of each class: an image added to "cat" beyond
     # them moves every "dog" image one place on in the source, which the store records.
