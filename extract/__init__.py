@@ -8,39 +8,42 @@ extra (h5py, timm, open_clip_torch, torchvision, pillow, webdataset, pyarrow).
 >>> store = load_features(path)
 """
 
-from ._backbones import (
-    Backbone,
-    BackboneError,
-    BackboneSpec,
-    WeightsUnavailableError,
-    create_backbone,
-    file_sha256,
-    parse_backbone_spec,
-)
-from ._images import (
-    FileChangedError,
-    ImageSource,
-    fashion_mnist,
-    image_folder,
-    image_list,
-    open_source,
-)
-from ._runner import extract_features
-from ._store import (
-    FeatureStore,
-    IncompleteStoreError,
-    NotAStoreError,
-    ProvenanceError,
-    StoreError,
-    StoreLockedError,
-    StoreNotFoundError,
-    load_features,
-    merge_shards,
-    shard_path,
-)
-from ._tables import TableError, parquet_files
-from ._tar_shards import ShardError, webdataset_shards
+import importlib
+from typing import TYPE_CHECKING
 
+# Each name from the module that defines it, imported on first use: reading a store
+# (load_features) needs h5py and NumPy only, not torch, torchvision and timm, which the
+# extraction imports (seconds).
+_MODULES = {
+    "Backbone": "._backbones",
+    "BackboneError": "._backbones",
+    "BackboneSpec": "._backbones",
+    "WeightsUnavailableError": "._backbones",
+    "create_backbone": "._backbones",
+    "file_sha256": "._backbones",
+    "parse_backbone_spec": "._backbones",
+    "FileChangedError": "._images",
+    "ImageSource": "._images",
+    "fashion_mnist": "._images",
+    "image_folder": "._images",
+    "image_list": "._images",
+    "open_source": "._images",
+    "extract_features": "._runner",
+    "FeatureStore": "._store",
+    "IncompleteStoreError": "._store",
+    "NotAStoreError": "._store",
+    "ProvenanceError": "._store",
+    "StoreError": "._store",
+    "StoreLockedError": "._store",
+    "StoreNotFoundError": "._store",
+    "load_features": "._store",
+    "merge_shards": "._store",
+    "shard_path": "._store",
+    "TableError": "._tables",
+    "parquet_files": "._tables",
+    "ShardError": "._tar_shards",
+    "webdataset_shards": "._tar_shards",
+}
 __all__ = [
     "Backbone",
     "BackboneError",
@@ -51,9 +54,9 @@ __all__ = [
     "IncompleteStoreError",
     "NotAStoreError",
     "ProvenanceError",
+    "ShardError",
     "StoreError",
     "StoreLockedError",
-    "ShardError",
     "StoreNotFoundError",
     "TableError",
     "WeightsUnavailableError",
@@ -71,3 +74,51 @@ __all__ = [
     "shard_path",
     "webdataset_shards",
 ]
+
+
+def __getattr__(name: str):
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # the names for type checkers and editors
+    from ._backbones import (
+        Backbone,
+        BackboneError,
+        BackboneSpec,
+        WeightsUnavailableError,
+        create_backbone,
+        file_sha256,
+        parse_backbone_spec,
+    )
+    from ._images import (
+        FileChangedError,
+        ImageSource,
+        fashion_mnist,
+        image_folder,
+        image_list,
+        open_source,
+    )
+    from ._runner import extract_features
+    from ._store import (
+        FeatureStore,
+        IncompleteStoreError,
+        NotAStoreError,
+        ProvenanceError,
+        StoreError,
+        StoreLockedError,
+        StoreNotFoundError,
+        load_features,
+        merge_shards,
+        shard_path,
+    )
+    from ._tables import TableError, parquet_files
+    from ._tar_shards import ShardError, webdataset_shards

@@ -436,6 +436,20 @@ def test_shards_of_a_source_listed_at_different_times_are_refused_as_such(tmp_pa
     assert "the source changed between their starts" in message and "--force" in message
 
 
+def test_reading_a_store_imports_neither_torch_nor_the_backbones(store):
+    # `from extract import load_features` imported torch, torchvision and the extraction
+    # (10 s here) to read an HDF5 file.
+    code = (
+        "import sys\n"
+        "from extract import load_features\n"
+        "store = load_features(sys.argv[1], in_memory=True)\n"
+        "assert len(store.paths) + len(store.failures) == 14, store.paths\n"
+        "heavy = sorted({'torch', 'torchvision', 'timm', 'sklearn'} & set(sys.modules))\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(store)], check=True, timeout=120)
+
+
 def test_a_subset_whose_images_moved_in_the_source_is_refused_by_name(tmp_path):
     # --per-class keeps the first images of each class: an image added to "cat" beyond
     # them moves every "dog" image one place on in the source, which the store records.
