@@ -9,6 +9,7 @@ extra (h5py, timm, open_clip_torch, torchvision, pillow, webdataset, pyarrow).
 """
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING
 
 # Each name from the module that defines it, imported on first use: reading a store
@@ -77,12 +78,13 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # found directly from now on
-    return value
+    # Not kept here: the name stays its module's (a patched load_features is seen, and an
+    # undone patch too). A submodule (extract._store) is imported as such.
+    if name in _MODULES:
+        return getattr(importlib.import_module(_MODULES[name], __name__), name)
+    if name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -41,6 +41,7 @@ from ._store import (
     PROVENANCE_KEYS,
     REPLACES,
     StoreError,
+    check_merging,
     check_output,
     check_provenance,
     create_store,
@@ -667,6 +668,8 @@ def extract_features(
     reuse = merged is not None and merged.exists() and not overwrite
     for path in ([] if reuse else [target]) + ([merged] if merged and rank == 0 else []):
         check_output(path, overwrite)
+    if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now
+        check_merging(os.fspath(merged))
     done = _extract_shard(
         source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
         device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,

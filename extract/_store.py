@@ -218,7 +218,8 @@ def _without_locks(path: str, lock_path: str, err: OSError) -> None:
         raise StoreError(
             f"Cannot lock {lock_path!r} beside the feature store {path!r}: {err.strerror or err}."
         ) from err
-    if os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() not in _NO_HDF5_LOCKING:
+    # Compared as HDF5 compares it: "false" leaves HDF5's lock on.
+    if os.environ.get("HDF5_USE_FILE_LOCKING", "") not in _NO_HDF5_LOCKING:
         raise StoreError(
             f"Cannot lock {lock_path!r} beside the feature store {path!r}: this file system "
             f"does not support file locks ({err.strerror or err}). Write the store to a "
@@ -328,7 +329,7 @@ def _check_companions(text: str) -> None:
                 content = fh.read(300).strip()
         except OSError:
             content = b""  # unreadable: store_lock says why when it opens it
-        if content and not re.fullmatch(rb"\d+( \S+)?", content):
+        if content and not re.fullmatch(rb"\d+( [^\n]+)?", content):  # a host may hold spaces
             problem = f"{lock!r} exists and is not a lock file of mr2-extract (a pid and host)"
     if problem:
         raise StoreError(
@@ -605,8 +606,9 @@ def provenance_differences(
 ) -> list[str]:
     """The differences that :func:`check_provenance` lists, ``names`` the two sides."""
     # Stores written before the precision was recorded computed in float32 (no CUDA run
-    # had written one).
+    # had written one); so did shards compared with each other.
     existing = {"compute": "float32"} | dict(existing)
+    requested = {"compute": "float32"} | dict(requested)
     diffs = []
     for key in PROVENANCE_KEYS:
         if existing.get(key) == requested.get(key):
@@ -1004,7 +1006,7 @@ def merge_shards(
         _warn_of_versions(files)
         out = output_target(out)
         check_output(out, overwrite)
-        _check_merging(os.fspath(out))
+        check_merging(os.fspath(out))
         make_output_folder(out)
         with store_lock(out):
             _write_merged(files, out, overwrite)
@@ -1032,7 +1034,7 @@ def _warn_of_versions(files: dict[int, h5py.File]) -> None:
         )
 
 
-def _check_merging(text: str) -> None:
+def check_merging(text: str) -> None:
     """Refuse to merge when ``<out>.merging`` (the merged store until its rename) or its
     ``.tmp`` is a file of another kind than a merge's leftover: it would be replaced."""
     merging = f"{text}.merging"
@@ -1071,7 +1073,10 @@ def _check_shard(path, f: h5py.File, reference: dict, first, world: int) -> None
     own = {k: attrs[k] for k in ("shard_rank", "n_rows")}
     diffs = provenance_differences(attrs, reference | own, names=("it", "the first"))
     if diffs:
-        listed = any(d.startswith(("source_fingerprint", "n_total_rows")) for d in diffs)
+        # Only the listing differs (not the source's root, backbone or settings): the
+        # ranks listed one source at different times.
+        keys = {d.split(":")[0].split(".")[0] for d in diffs}
+        listed = keys <= {"source_fingerprint", "n_total_rows"}
         advice = (
             "The ranks listed different images: the source changed between their starts. "
             "Extract every rank again with --force (overwrite=True) from the source as it is "

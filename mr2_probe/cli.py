@@ -944,14 +944,16 @@ def _inputs(args):
     _check_same_extraction(args.train, args.test, sources)
     repeated += _repeated(test_names)
     test_names = _distinct(test_names)
-    y_test = _match_by_name(y, names, y_test, test_names, repeated, args)
+    y_test, matched = _match_by_name(y, names, y_test, test_names, repeated, args)
     unseen = sorted(set(np.unique(y_test).tolist()) - set(classes.tolist()), key=str)
     if unseen:
         shown = unseen
         advice = "label train and test alike (both class names or both the same integer codes)"
-        if names is not None and test_names is not None:  # two stores: codes of one list
+        if matched and names is not None:  # codes of the training store's list
             shown = [names[k] for k in unseen]
             advice = f"{args.train} lists them among its classes but holds no sample of them"
+        elif matched:  # text training labels: the test store's names
+            advice = "a probe cannot predict classes it was not trained on"
         raise UsageError(
             f"the test labels hold {len(unseen)} classes absent from the training labels "
             f"({_few(shown)}); {advice}"
@@ -961,7 +963,7 @@ def _inputs(args):
 
 def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
     """The test labels in the training labels' terms, matched by class name where the two
-    name their classes differently.
+    name their classes differently; and whether they were (or are codes of one list).
 
     A store's labels are codes into its own class names: test codes of a store that lists
     its classes in another order (or only those it holds, as a list source's does) are
@@ -978,12 +980,12 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
             held = [test_names[k] for k in np.unique(y_test).tolist()]  # not failed classes
         elif test_names is None and text(y_test):
             test_names_of, held = None, [str(v) for v in np.unique(y_test)]
-        else:
-            return y_test
+        else:  # two stores of one list of names (codes alike), or integer test labels
+            return y_test, test_names is not None
     elif test_names is not None and text(y):
         test_names_of, held = np.asarray(test_names, dtype=object), None
     else:
-        return y_test
+        return y_test, False
     if repeated:  # two classes of one name: which is which cannot be read off names
         both = names is not None and test_names is not None
         remedy = (
@@ -997,7 +999,7 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
             f"cannot be matched to the training classes by name; {remedy}"
         )
     if names is None:  # text training labels: the test codes' names, checked as labels
-        return test_names_of[y_test].astype(str)
+        return test_names_of[y_test].astype(str), True
     foreign = [name for name in held if name not in names]
     if foreign:
         raise UsageError(
@@ -1007,10 +1009,10 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
     code = {name: k for k, name in enumerate(names)}
     if test_names_of is None:  # text labels: codes of their distinct values
         values, inverse = np.unique(y_test, return_inverse=True)
-        return np.array([code[str(v)] for v in values], dtype=y.dtype)[inverse]
+        return np.array([code[str(v)] for v in values], dtype=y.dtype)[inverse], True
     # -1 marks a class the test store lists but holds no label of (none is read).
     table = np.array([code.get(name, -1) for name in test_names], dtype=np.int64)
-    return table[y_test].astype(y.dtype)
+    return table[y_test].astype(y.dtype), True
 
 
 def _repeated(names: list[str] | None) -> list[str]:

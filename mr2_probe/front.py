@@ -289,8 +289,9 @@ def accuracy_front(
         Group labels of (X, y) for a group splitter as ``offsets_cv`` (GroupKFold and the
         like), given to its ``split``.
     random_state : int, RandomState instance or None, default=None
-        Seed of the split of a float ``offsets_cv`` (the offsets'
-        :class:`TunedOffsetsClassifierCV` keeps it, so that its refit splits alike).
+        Seed of the split of a float ``offsets_cv``, kept by the offsets'
+        :class:`TunedOffsetsClassifierCV`. An int gives the check before the fits, the fit
+        and a refit one split; a RandomState instance draws anew each time.
 
     Returns
     -------
@@ -301,6 +302,8 @@ def accuracy_front(
     """
     tilts, offset_bounds = list(tilts), list(offset_bounds)  # arrays too: no truth value
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
+    if not isinstance(offsets_cv, Real | str) and not hasattr(offsets_cv, "split"):
+        offsets_cv = list(offsets_cv)  # an iterable of splits: the check would exhaust it
     if offset_bounds:
         check_offsets_folds(y, offsets_cv, X=X, groups=groups, random_state=random_state)
     erm = _with_params(estimator if erm is None else erm, c_bar=None, lam=0.0, class_tilt=0.0)

@@ -585,6 +585,15 @@ def test_text_labels_are_matched_to_a_store_s_classes_by_name(stores, tmp_path, 
     np.savez(tmp_path / "bags.npz", X=X_test, y=np.where(y_test == 1, "Bag", "Trouser"))
     status, err = _error([str(stores / "store.h5"), "--test", str(tmp_path / "bags.npz")], capsys)
     assert status == 2 and "has 1 classes that" in err[-1] and "('Bag')" in err[-1]
+    # A class the training store lists without a sample is named, as for two stores.
+    no_trouser = [str(stores / "no_trouser.h5"), "--test", str(stores / "names.npz")]
+    status, err = _error(no_trouser, capsys)
+    assert status == 2 and "('Trouser'); " in err[-1] and "holds no sample of them" in err[-1]
+    np.savez(tmp_path / "no_trouser.npz", X=X[y != 1], y=np.array(FASHION)[y[y != 1]])
+    status, err = _error(
+        [str(tmp_path / "no_trouser.npz"), "--test", str(stores / "store_test.h5")], capsys
+    )
+    assert status == 2 and "('Trouser'); a probe cannot predict classes it was not" in err[-1]
 
 
 @NEEDS_H5

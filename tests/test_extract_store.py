@@ -33,7 +33,7 @@ from extract import (  # noqa: E402
     merge_shards,
     shard_path,
 )
-from extract._store import DONE, FAILED, PENDING, open_store, store_lock  # noqa: E402
+from extract._store import DONE, FAILED, PENDING, check_output, open_store, store_lock  # noqa: E402
 from extract._testing import make_image_folder, write_idx  # noqa: E402
 
 BACKBONE = "timm:test_resnet@random"
@@ -376,6 +376,15 @@ def test_a_merge_keeps_files_of_its_own_name_and_replaces_its_leftover(
     with pytest.raises(StoreError, match="merged.h5.merging' exists and is not a merged store"):
         merge_shards(shards, out)
     assert merging.read_text() == "my notes\n" and not out.exists()
+    # Under torchrun rank 0, which merges, finds it before any image is extracted (it was
+    # found at the merge, after every rank's extraction).
+    made = shards[0].stat().st_mtime_ns
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WORLD_SIZE", "2")
+        patch.setenv("RANK", "0")
+        with pytest.raises(StoreError, match="merged.h5.merging' exists and is not a merged"):
+            extract_features(folder, BACKBONE, out, overwrite=True, max_items=6, **FAST)
+    assert shards[0].stat().st_mtime_ns == made
     merging.unlink()
     merge_shards(shards, tmp_path / "first.h5")
     shutil.copy(tmp_path / "first.h5", merging)  # what a merge killed before its rename left
@@ -409,6 +418,9 @@ def test_shards_of_other_library_versions_are_said_at_merge(folder, tmp_path, ca
         for r in range(2)
     ]
     caplog.set_level(logging.WARNING, logger="extract")
+    for shard in shards:  # shards written before the precision was recorded: float32
+        with h5py.File(shard, "r+") as f:
+            del f.attrs["compute"]
     merge_shards(shards, out)
     assert "library versions" not in caplog.text
     with h5py.File(shards[1], "r+") as f:
@@ -434,6 +446,14 @@ def test_shards_of_a_source_listed_at_different_times_are_refused_as_such(tmp_pa
     )
     assert "n_total_rows: it has 9, the first has 8" in message
     assert "the source changed between their starts" in message and "--force" in message
+    # A shard of another source is no such case: --force would throw valid shards away.
+    other = tmp_path / "other"
+    shutil.copytree(folder, other)
+    foreign = extract_features(
+        other, BACKBONE, tmp_path / "o" / "f.h5", rank=1, world_size=2, **FAST
+    )
+    with pytest.raises(ProvenanceError, match="source_root: it has .*Merge the shards of one run"):
+        merge_shards([first, foreign], out)
 
 
 def test_reading_a_store_imports_neither_torch_nor_the_backbones(store):
@@ -446,6 +466,12 @@ def test_reading_a_store_imports_neither_torch_nor_the_backbones(store):
         "assert len(store.paths) + len(store.failures) == 14, store.paths\n"
         "heavy = sorted({'torch', 'torchvision', 'timm', 'sklearn'} & set(sys.modules))\n"
         "assert not heavy, heavy\n"
+        "import extract\n"
+        "assert extract._store.load_features is load_features\n"
+        "extract._store.load_features = print\n"  # a patch, seen through the package
+        "assert extract.load_features is print\n"
+        "extract._store.load_features = load_features\n"  # and undone
+        "assert extract.load_features is load_features\n"
     )
     subprocess.run([sys.executable, "-c", code, str(store)], check=True, timeout=120)
 
@@ -858,6 +884,10 @@ def test_a_file_system_without_flock_is_said_and_written_without_the_lock_on_req
         with store_lock(path):
             pass
     assert "HDF5_USE_FILE_LOCKING=FALSE" in str(e.value) and "s.h5.lock" in str(e.value)
+    monkeypatch.setenv("HDF5_USE_FILE_LOCKING", "false")  # HDF5 keeps its lock on for this
+    with pytest.raises(StoreError, match="does not support file locks"):
+        with store_lock(path):
+            pass
     monkeypatch.setenv("HDF5_USE_FILE_LOCKING", "FALSE")
     caplog.set_level(logging.WARNING, logger="extract")
     with store_lock(path):
@@ -1115,6 +1145,11 @@ def test_a_writer_on_another_host_is_named_with_its_host(tmp_path):
     with store_lock(out):
         pass
     assert (tmp_path / "f.h5.lock").read_text() == f"{os.getpid()} {socket.gethostname()}"
+    with pytest.MonkeyPatch.context() as patch:  # a host name may hold spaces
+        patch.setattr(socket, "gethostname", lambda: "node 7")
+        with store_lock(out):
+            pass
+        check_output(out)  # its own lock file is a lock file
     hold = (
         "import fcntl, sys, time; fh = open(sys.argv[1] + '.lock', 'a+'); "
         "fcntl.flock(fh, fcntl.LOCK_EX); fh.truncate(0); fh.write('4190001 node-b'); "

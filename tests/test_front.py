@@ -325,6 +325,20 @@ def test_offsets_take_the_cv_their_estimator_takes(splits, offsets_cv):
     assert repr(front.point("offsets≤1pt").estimator.cv) == repr(offsets_cv)  # cloned
 
 
+def test_offsets_take_an_iterable_of_splits(splits):
+    # The check before the fits exhausted a generator of splits, and the offsets' fit then
+    # failed with "need at least one array to concatenate".
+    from sklearn.model_selection import StratifiedKFold
+
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    folds = StratifiedKFold(3).split(X_fit, y_fit)
+    front = accuracy_front(
+        MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val, tilts=(0,),
+        offset_bounds=(0.01,), offsets_cv=folds,
+    )  # fmt: skip
+    assert len(front.point("offsets≤1pt").estimator.cv) == 3
+
+
 def test_a_fraction_of_offsets_cv_is_split_by_random_state(splits):
     # The front had no random_state: a float offsets_cv drew another split on every call
     # (and for the refit of the chosen point), so its offsets points moved from run to run.
