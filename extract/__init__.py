@@ -10,6 +10,7 @@ extra (h5py, timm, open_clip_torch, torchvision, pillow, webdataset, pyarrow).
 
 import importlib
 import importlib.util
+import re
 from typing import TYPE_CHECKING
 
 # Each name from the module that defines it, imported on first use: reading a store
@@ -82,8 +83,12 @@ def __getattr__(name: str):
     # undone patch too). A submodule (extract._store) is imported as such.
     if name in _MODULES:
         return getattr(importlib.import_module(_MODULES[name], __name__), name)
-    if name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f".{name}", __name__)
+    if re.fullmatch(r"_[a-z]\w*", name):  # a private submodule's name, not a dunder
+        try:
+            if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+                return importlib.import_module(f".{name}", __name__)
+        except ImportError:
+            pass
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -472,6 +472,7 @@ def test_reading_a_store_imports_neither_torch_nor_the_backbones(store):
         "assert extract.load_features is print\n"
         "extract._store.load_features = load_features\n"  # and undone
         "assert extract.load_features is load_features\n"
+        "assert getattr(extract, '_x.y', None) is None and not hasattr(extract, '__main__')\n"
     )
     subprocess.run([sys.executable, "-c", code, str(store)], check=True, timeout=120)
 

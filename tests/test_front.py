@@ -337,6 +337,13 @@ def test_offsets_take_an_iterable_of_splits(splits):
         offset_bounds=(0.01,), offsets_cv=folds,
     )  # fmt: skip
     assert len(front.point("offsets≤1pt").estimator.cv) == 3
+    # None is scikit-learn's default cv (5 stratified folds), unused without offsets.
+    for bounds in ((), (0.01,)):
+        front = accuracy_front(
+            MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val, tilts=(0,),
+            offset_bounds=bounds, offsets_cv=None,
+        )  # fmt: skip
+        assert len(front.points) == 2 + len(bounds)
 
 
 def test_a_fraction_of_offsets_cv_is_split_by_random_state(splits):
