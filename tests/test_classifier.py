@@ -240,6 +240,7 @@ def test_low_rank_projection(digits):
     )
 
 
+@pytest.mark.slow
 def test_compactness_weight_lowers_the_compactness_loss(digits):
     from mr2_probe import compactness_loss
 

@@ -129,7 +129,7 @@ def test_grid_search_tunes_erm_and_mr2_alike(files, tmp_path, capsys):
     assert "| ERM grid |" in (out / "report.md").read_text().replace("  ", " ")
 
 
-@pytest.mark.parametrize("cs", ["4", "bisect"])
+@pytest.mark.parametrize("cs", ["4", pytest.param("bisect", marks=pytest.mark.slow)])
 def test_cv_path_chooses_c_prints_the_curve_and_plots_it(files, tmp_path, capsys, cs):
     out = tmp_path / "run"
     argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--cv", "3"]

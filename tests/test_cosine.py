@@ -362,6 +362,7 @@ def test_scale_path_starts_each_scale_from_the_last_pairs(digits_unit, monkeypat
     np.testing.assert_allclose(carried.scores_[0], fresh.scores_[0], atol=0.01)
 
 
+@pytest.mark.slow
 def test_scale_path_ends_where_cold_fits_of_its_scales_do(digits_unit):
     """Each point of the path meets tol in the unit directions, at the objective of a
     cold fit at that scale, and predicts as it does."""

@@ -883,7 +883,7 @@ def test_a_line_search_stops_when_its_step_no_longer_moves_the_point():
 
 
 @pytest.mark.parametrize("batch_folds", [None, pytest.param(False, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("tilt", [0.0, 1.0])
+@pytest.mark.parametrize("tilt", [0.0, pytest.param(1.0, marks=pytest.mark.slow)])
 def test_a_two_class_linear_search_runs_on_the_batched_solver(batch_folds, tilt, monkeypatch):
     """Two classes: one row of parameters (the first class's logit pinned at zero, the
     binomial model), its path the fits of its Cs, and without margins or tilt the choice

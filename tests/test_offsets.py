@@ -348,7 +348,7 @@ def test_fits_are_deterministic_and_cv_results_retune_without_refitting():
         (worst_class_scorer, "worst_class"),  # recognised: same search as the name
         (lambda t, p: class_accuracy_std(t, p), None),
         (class_std_scorer, None),
-        (make_scorer(f1_score, average="macro"), None),
+        pytest.param(make_scorer(f1_score, average="macro"), None, marks=pytest.mark.slow),
     ],
     ids=["worst_class_scorer", "callable", "class_std_scorer", "f1_macro"],
 )

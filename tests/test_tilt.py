@@ -232,7 +232,7 @@ def test_tilt_composes_with_margins_and_weights():
     np.testing.assert_allclose(again.coef_, double_c.coef_, atol=1e-5)
 
 
-@pytest.mark.parametrize("lam", [0.0, 0.5])
+@pytest.mark.parametrize("lam", [0.0, pytest.param(0.5, marks=pytest.mark.slow)])
 def test_minibatch_tilt_lowers_worst_class_loss(lam):
     X, y = _uneven(n=600)
     common = dict(solver="adam", lam=lam, max_iter=40, learning_rate=0.005, random_state=0)
@@ -435,7 +435,8 @@ def test_batched_tilted_objective_matches_autograd(head, keep, monkeypatch):
         torch.testing.assert_close(grad[f], p.grad)
 
 
-@pytest.mark.parametrize("batch_folds", [None, pytest.param(False, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_folds", [None, False])
 def test_a_tilted_search_solves_the_fits_of_its_values(batch_folds, monkeypatch):
     """A tilted search's path (the batched solver, its memory carried along the path) ends
     at each C where a fit of MR2LinearClassifier(C, class_tilt) on the fold ends."""
