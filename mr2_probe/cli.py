@@ -976,15 +976,12 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
 
     if names is not None:
         if test_names is not None and names != test_names:
-            test_names_of = np.asarray(test_names, dtype=object)
             held = [test_names[k] for k in np.unique(y_test).tolist()]  # not failed classes
         elif test_names is None and text(y_test):
-            test_names_of, held = None, [str(v) for v in np.unique(y_test)]
+            held = [str(v) for v in np.unique(y_test)]
         else:  # two stores of one list of names (codes alike), or integer test labels
             return y_test, test_names is not None
-    elif test_names is not None and text(y):
-        test_names_of, held = np.asarray(test_names, dtype=object), None
-    else:
+    elif test_names is None or not text(y):
         return y_test, False
     if repeated:  # two classes of one name: which is which cannot be read off names
         both = names is not None and test_names is not None
@@ -999,7 +996,7 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
             f"cannot be matched to the training classes by name; {remedy}"
         )
     if names is None:  # text training labels: the test codes' names, checked as labels
-        return test_names_of[y_test].astype(str), True
+        return np.asarray(test_names, dtype=object)[y_test].astype(str), True
     foreign = [name for name in held if name not in names]
     if foreign:
         raise UsageError(
@@ -1007,7 +1004,7 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
             f"({_few(foreign)}); a probe cannot predict classes it was not trained on"
         )
     code = {name: k for k, name in enumerate(names)}
-    if test_names_of is None:  # text labels: codes of their distinct values
+    if test_names is None:  # text labels: codes of their distinct values
         values, inverse = np.unique(y_test, return_inverse=True)
         return np.array([code[str(v)] for v in values], dtype=y.dtype)[inverse], True
     # -1 marks a class the test store lists but holds no label of (none is read).
