@@ -4,14 +4,13 @@ The stage behind ``mr2-extract`` (``python -m extract``). Install with the ``ext
 extra (h5py, timm, open_clip_torch, torchvision, pillow, webdataset, pyarrow).
 
 >>> from extract import extract_features, load_features  # doctest: +SKIP
->>> path = extract_features("photos/", "open_clip:ViT-B-32@/ckpt/clip.pt", "photos.h5")
->>> store = load_features(path)
+>>> path = extract_features("photos/", "open_clip:ViT-B-32@/ckpt/clip.pt", "p.h5")  # doctest: +SKIP
+>>> store = load_features(path)  # doctest: +SKIP
 """
 
 import importlib
 import importlib.util
 import re
-from typing import TYPE_CHECKING
 
 # Each name from the module that defines it, imported on first use: reading a store
 # (load_features) needs h5py and NumPy only, not torch, torchvision and timm, which the
@@ -46,36 +45,7 @@ _MODULES = {
     "ShardError": "._tar_shards",
     "webdataset_shards": "._tar_shards",
 }
-__all__ = [
-    "Backbone",
-    "BackboneError",
-    "BackboneSpec",
-    "FeatureStore",
-    "FileChangedError",
-    "ImageSource",
-    "IncompleteStoreError",
-    "NotAStoreError",
-    "ProvenanceError",
-    "ShardError",
-    "StoreError",
-    "StoreLockedError",
-    "StoreNotFoundError",
-    "TableError",
-    "WeightsUnavailableError",
-    "create_backbone",
-    "extract_features",
-    "fashion_mnist",
-    "file_sha256",
-    "image_folder",
-    "image_list",
-    "load_features",
-    "merge_shards",
-    "open_source",
-    "parquet_files",
-    "parse_backbone_spec",
-    "shard_path",
-    "webdataset_shards",
-]
+__all__ = sorted(_MODULES)
 
 
 def __getattr__(name: str):
@@ -94,38 +64,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-if TYPE_CHECKING:  # the names for type checkers and editors
-    from ._backbones import (
-        Backbone,
-        BackboneError,
-        BackboneSpec,
-        WeightsUnavailableError,
-        create_backbone,
-        file_sha256,
-        parse_backbone_spec,
-    )
-    from ._images import (
-        FileChangedError,
-        ImageSource,
-        fashion_mnist,
-        image_folder,
-        image_list,
-        open_source,
-    )
-    from ._runner import extract_features
-    from ._store import (
-        FeatureStore,
-        IncompleteStoreError,
-        NotAStoreError,
-        ProvenanceError,
-        StoreError,
-        StoreLockedError,
-        StoreNotFoundError,
-        load_features,
-        merge_shards,
-        shard_path,
-    )
-    from ._tables import TableError, parquet_files
-    from ._tar_shards import ShardError, webdataset_shards

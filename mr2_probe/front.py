@@ -302,8 +302,8 @@ def accuracy_front(
     """
     tilts, offset_bounds = list(tilts), list(offset_bounds)  # arrays too: no truth value
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
-    iterable = not isinstance(offsets_cv, Real | str) and not hasattr(offsets_cv, "split")
-    if offset_bounds and offsets_cv is not None and iterable and hasattr(offsets_cv, "__iter__"):
+    splits = hasattr(offsets_cv, "__iter__") and not isinstance(offsets_cv, str)
+    if offset_bounds and splits and not hasattr(offsets_cv, "split"):
         offsets_cv = list(offsets_cv)  # an iterable of splits: the check would exhaust it
     if offset_bounds:
         check_offsets_folds(y, offsets_cv, X=X, groups=groups, random_state=random_state)
