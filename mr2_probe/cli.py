@@ -102,7 +102,9 @@ errors:
   A mistake in the options or the input files stops the run before any fit, with one
   line "mr2-probe: error: ..." and exit status 2; --debug shows the traceback instead.
   A front whose fits fail (e.g. a --tilt too large for float32) is left out: the models
-  fitted before it are reported and written, the error is said, and the status is 1.
+  fitted before it are reported and written, the error is said, and the status is 1;
+  so is a front interrupted by Ctrl-C, with status 130 (Ctrl-C elsewhere: 130, nothing
+  written).
 """
 
 _SCALERS = {"none": None, "standard": StandardScaler, "l2": Normalizer}
@@ -371,8 +373,9 @@ def _one_line(error, limit: int = 1000) -> str:
 
 
 def main(argv=None) -> int:
-    """Run ``mr2-probe``; returns 0 (1 where the front failed and was left out), or exits
-    with status 2 and one line on a mistake."""
+    """Run ``mr2-probe``; returns 0 (1 where the front failed and was left out, 130 where it
+    was interrupted: the main models are reported and written either way), or exits with
+    status 2 and one line on a mistake, 130 on Ctrl-C elsewhere."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -412,6 +415,7 @@ def _run(args) -> int:
         print(f"fitting {name} on {X.shape[0]} × {X.shape[1]} features", file=sys.stderr)
         _fit(model, X, y, name)
     front = front_error = None
+    status = 0
     if args.tilt or args.offsets:
         # Each model as its search chose it: the front's ERM is the reported ERM.
         base, erm_base = (_chosen_configuration(models[n]) for n in (mr2_name, erm_name))
@@ -419,12 +423,15 @@ def _run(args) -> int:
             _final(configuration).set_params(verbose=0)
         try:
             front = _front(models, base, erm_base, X, y, X_test, y_test, args)
-        except ValueError as error:
+        except (ValueError, KeyboardInterrupt) as error:
             # The models already fitted are reported and written without the front; the
-            # run still ends in an error (status 1).
+            # run still ends in an error (status 1, or 130 for Ctrl-C as elsewhere).
             if args.debug:
                 raise
-            front_error = f"the front failed and is left out: {_one_line(error)}"
+            if isinstance(error, KeyboardInterrupt):
+                front_error, status = "the front was interrupted and is left out", 130
+            else:
+                front_error, status = f"the front failed and is left out: {_one_line(error)}", 1
             print(f"mr2-probe: error: {front_error}", file=sys.stderr)
     fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}
 
@@ -471,7 +478,7 @@ def _run(args) -> int:
                 for name, cv in searches.items()
             }
         _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names)
-    return 0 if front_error is None else 1
+    return status
 
 
 # What report.json records of a store, so that a per-class result can be traced to the

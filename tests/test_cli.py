@@ -981,3 +981,24 @@ def test_a_failed_front_loses_no_fitted_model(files, tmp_path, monkeypatch, caps
     assert not (out / "front.png").exists()
     with pytest.raises(ValueError, match="overflows"):
         main([*argv, "--debug"])
+
+
+def test_an_interrupted_front_loses_no_fitted_model(files, tmp_path, monkeypatch, capsys):
+    # Ctrl-C during the front (its tilt sweep can take many fits) ended the run with
+    # "interrupted" and nothing written: the main models' fits were lost.
+    import mr2_probe.front
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mr2_probe.front, "accuracy_front", interrupted)
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--tilt", "1", "--out", str(out), "--no-progress"]
+    assert main(argv) == 130
+    captured = capsys.readouterr()
+    assert "mr2-probe: error: the front was interrupted and is left out" in captured.err
+    assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
+    report = json.loads((out / "report.json").read_text())
+    assert "front" not in report and any("interrupted" in n for n in report["notes"])
+    with pytest.raises(KeyboardInterrupt):
+        main([*argv, "--debug"])
