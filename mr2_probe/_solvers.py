@@ -195,7 +195,8 @@ def fit_lbfgs(
     optimizer = None
 
     def closure():
-        optimizer.zero_grad(set_to_none=False)
+        for param in params:
+            param.grad.zero_()
         if tilt > 0:
             total = tilted_data_term(head, source, margins, risk, center, keep)
         else:
@@ -221,7 +222,7 @@ def fit_lbfgs(
         pairs = _COSINE_HISTORY_ELEMENTS // (2 * head.weight.numel())
         rounds, history = _COSINE_ROUNDS, int(min(_COSINE_HISTORY, max(10, pairs)))
     for _ in range(rounds):
-        optimizer = torch.optim.LBFGS(
+        optimizer = _LBFGS(
             params,
             lr=1,
             max_iter=max_iter - done,
@@ -268,6 +269,20 @@ def fit_lbfgs(
     loss_curve = [float(v) for _, v in sorted(curve.items())]
     result = SolverResult(n_iter, stop == "tol", loss_curve, largest, stats, margins, stop=stop)
     return _with_class_losses(result, head, source, spec, risk)
+
+
+class _LBFGS(torch.optim.LBFGS):
+    """torch's L-BFGS without the first call's import of ``torch._dynamo`` (2.5 s here).
+
+    ``Optimizer.add_param_group`` (and ``zero_grad``, which the closure replaces by zeroing
+    the gradients itself) are wrapped to disable dynamo, which imports it on first use;
+    nothing here is compiled, so the wrapped function is called instead (the wrapper where
+    a torch release has no ``__wrapped__``).
+    """
+
+    add_param_group = getattr(
+        torch.optim.Optimizer.add_param_group, "__wrapped__", torch.optim.Optimizer.add_param_group
+    )
 
 
 def closed_form_chunks(head, source):

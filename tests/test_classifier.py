@@ -915,12 +915,16 @@ def test_readme_call_converges_on_digits_with_its_defaults():
 
 
 @pytest.mark.slow
-def test_minibatch_fit_does_not_import_torch_dynamo():
+def test_fits_do_not_import_torch_dynamo():
+    # torch.optim imports torch._dynamo on first use (2.5 s here): the minibatch updates are
+    # written out, and L-BFGS, torch's, is built without it.
     code = (
         "import sys\n"
         "from sklearn.datasets import load_digits\n"
         "from mr2_probe import MR2LinearClassifier\n"
         "X, y = load_digits(return_X_y=True)\n"
+        "MR2LinearClassifier(max_iter=5, device='cpu').fit(X, y)\n"
+        "MR2LinearClassifier(head='cosine', class_tilt=1, max_iter=5, device='cpu').fit(X, y)\n"
         "MR2LinearClassifier(lam=0.5, max_iter=2, device='cpu').fit(X, y)\n"
         "MR2LinearClassifier(lam=0.5, solver='sgd', max_iter=2, device='cpu').fit(X, y)\n"
         "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n"
