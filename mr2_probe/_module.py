@@ -64,7 +64,10 @@ class MR2Loss(nn.Module):
     finite out of the class losses that the tilt tracks. The running sums stay in float32
     at least, with their values, when the module is cast to half precision. Targets are
     class indices of any integer dtype; a batch that is refused (wrong shapes, targets out
-    of range) leaves the statistics as they were.
+    of range) leaves the statistics as they were. The state dict records the ``p`` and
+    ``normalize`` that the statistics were measured with (buffers ``stats_p`` and
+    ``stats_normalize``); ``load_state_dict`` into a module built with others raises and
+    loads nothing.
 
     Parameters
     ----------
@@ -185,6 +188,10 @@ class MR2Loss(nn.Module):
         self.register_buffer("class_samples", torch.zeros(n_classes, dtype=torch.long))
         for name, value in ClassMoments.zeros(n_classes, n_features)._asdict().items():
             self.register_buffer(f"moment_{name}", value)
+        # What the sums were measured with (dev_p is in L_p, and φ normalised or not), saved
+        # with them: read with another p or normalize they would give other statistics.
+        self.register_buffer("stats_p", torch.tensor(p, dtype=torch.float64))
+        self.register_buffer("stats_normalize", torch.tensor(normalize))
 
     def _apply(self, fn, recurse=True):
         # The running sums stay float32 at least when the module is cast to half precision
@@ -193,7 +200,7 @@ class MR2Loss(nn.Module):
         # The values are kept too: rounded to half precision on the way, sums past 65504
         # became inf (float16), and a bfloat16 mean read as a shift made spreads of 0.16
         # into 37.
-        names = [f"moment_{n}" for n in ClassMoments._fields] + ["running_class_loss"]
+        names = [f"moment_{n}" for n in ClassMoments._fields] + ["running_class_loss", "stats_p"]
         before = {name: self._buffers[name] for name in names}
         super()._apply(fn, recurse)
         for name in names:
@@ -203,11 +210,28 @@ class MR2Loss(nn.Module):
                 self._buffers[name] = kept if kept.dtype.itemsize >= 4 else kept.float()
         return self
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):  # fmt: skip
         m2 = f"{prefix}moment_m2"
         if m2 not in state_dict and f"{prefix}moment_sum_sq" in state_dict:
             state_dict[m2] = _saved_centred_sum(lambda name: state_dict.get(prefix + name))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        # Sums measured with another p or normalize are refused, and nothing is loaded (a
+        # state saved before these were recorded is taken as this module's).
+        wrong = []
+        for name, value in (("p", self.p), ("normalize", self.normalize)):
+            saved = state_dict.setdefault(f"{prefix}stats_{name}", getattr(self, f"stats_{name}"))
+            ours = torch.tensor(value, dtype=saved.dtype)  # p as it was rounded when saved
+            if saved.shape != () or not bool(saved.cpu() == ours):
+                wrong.append(f"{name}={saved.tolist()!r}")
+        if wrong:
+            error_msgs.append(
+                f"its class statistics were measured with {', '.join(wrong)}, this module "
+                f"measures them with p={self.p!r}, normalize={self.normalize!r}: build it "
+                "with the saved settings to load them"
+            )
+            return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)  # fmt: skip
 
     def __setstate__(self, state):
         # A module pickled whole (torch.save(module)) before these attributes existed.

@@ -707,3 +707,25 @@ def test_moments_made_before_the_centred_sum_still_give_statistics():
     restored.__setstate__(state)
     torch.testing.assert_close(restored.stats().msd, criterion.stats().msd)
     restored(torch.zeros(len(labels), k, dtype=torch.float64), features, labels)
+
+
+@pytest.mark.parametrize("other", [{"p": 2.0}, {"normalize": True}])
+def test_a_state_measured_with_another_p_or_normalize_is_refused(other):
+    # The running sums of p = 3 (dev_p in L3) loaded into a p = 2 module, or sums of raw φ
+    # into a normalising one, gave other statistics and margins without a word.
+    features, labels, k = _data(3, n=40)
+    criterion = MR2Loss(k, features.shape[1], p=3.0).double()
+    criterion.update(features, labels)
+    state = criterion.state_dict()
+    loaded = MR2Loss(k, features.shape[1], **{"p": 3.0, **other}).double()
+    with pytest.raises(RuntimeError, match=f"measured with {next(iter(other))}="):
+        loaded.load_state_dict(state)
+    assert not loaded.moment_count.any()  # nothing loaded
+    with pytest.raises(RuntimeError, match="measured with"):
+        loaded.load_state_dict(state, strict=False)
+    same = MR2Loss(k, features.shape[1], p=3.0).float()  # the saved p compared as saved
+    same.load_state_dict(state)
+    torch.testing.assert_close(same.margins().double(), criterion.margins(), rtol=1e-6, atol=0)
+    del state["stats_p"], state["stats_normalize"]  # as saved before they were recorded
+    loaded.load_state_dict(state)
+    assert loaded.moment_count.any()
