@@ -240,6 +240,13 @@ class MR2Loss(nn.Module):
         self.__dict__.setdefault("process_group", None)
         if "moment_m2" not in self._buffers:
             self._buffers["moment_m2"] = _saved_centred_sum(self._buffers.get)
+        device = self._buffers["moment_count"].device
+        for name, value, dtype in (
+            ("p", self.p, torch.float64),
+            ("normalize", self.normalize, None),
+        ):
+            if f"stats_{name}" not in self._buffers:
+                self._buffers[f"stats_{name}"] = torch.tensor(value, dtype=dtype, device=device)
 
     def moments(self) -> ClassMoments:
         """The running sums (buffers ``moment_*``, saved in the state dict)."""

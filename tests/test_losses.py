@@ -701,11 +701,15 @@ def test_moments_made_before_the_centred_sum_still_give_statistics():
     criterion = MR2Loss(k, features.shape[1]).double()
     criterion.update(features, labels)
     state = criterion.__dict__.copy()  # as a module pickled before m2 and sync_stats
-    state["_buffers"] = {n: b for n, b in criterion._buffers.items() if n != "moment_m2"}
+    kept = {n: b for n, b in criterion._buffers.items() if n not in ("moment_m2", "stats_p")}
+    state["_buffers"] = {n: b for n, b in kept.items() if n != "stats_normalize"}
     del state["sync_stats"], state["process_group"]
     restored = MR2Loss.__new__(MR2Loss)
     restored.__setstate__(state)
     torch.testing.assert_close(restored.stats().msd, criterion.stats().msd)
+    # it saves and loads its state like a module made now
+    assert {"stats_p", "stats_normalize"} <= set(restored.state_dict())
+    restored.load_state_dict(criterion.state_dict())
     restored(torch.zeros(len(labels), k, dtype=torch.float64), features, labels)
 
 
