@@ -136,8 +136,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     -----
     Each fold solves, for values v_1 < … < v_n, the objective of
     :class:`MR2LinearClassifier` at C = v_j (scale = v_j for a cosine head) from the
-    solution at v_{j-1}; the choice is argmax_j Σ_folds score(fold, v_j). For the linear
-    head described above, L-BFGS also keeps its memory from v_{j-1}, each pair (s, y)
+    solution at v_{j-1}; the choice is argmax_j Σ_folds score(fold, v_j), ties going to the
+    value listed first in ``Cs`` as in LogisticRegressionCV (NaN scores never chosen). For
+    the linear head described above, L-BFGS also keeps its memory from v_{j-1}, each pair (s, y)
     corrected to y + (1/v_j − 1/v_{j-1})/S · s on W's entries, which makes it exact at v_j
     (the penalty is quadratic); a bisection's new value starts from the solution at the
     nearest value solved. The cosine head described above does the same, its pairs
@@ -502,8 +503,20 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     def _chosen(self, value):
         self.C_ = self.scale_ = float(value)
 
+    def _best(self, scores: np.ndarray) -> np.ndarray:
+        """Index in ``Cs_`` of the best of ``scores`` (…, n_Cs), NaN scores left out. Ties
+        go, as in LogisticRegressionCV's argmax, to the value listed first in ``Cs`` (the
+        smallest for an int or ``"bisect"``), though ``Cs_`` is sorted."""
+        if isinstance(self.Cs, Integral | str):
+            order = np.arange(len(self.Cs_))
+        else:  # Cs_ holds the sorted unique values of Cs: each one's first position in it
+            order = np.unique(np.asarray(self.Cs, dtype=float), return_index=True)[1]
+        finite = np.where(np.isnan(scores), -np.inf, scores)
+        top = finite == finite.max(-1, keepdims=True)
+        return np.argmin(np.where(top, order, np.inf), axis=-1)
+
     def _refit(self, data, solver, paths):
-        best = int(np.argmax(next(iter(self.scores_.values())).sum(0)))
+        best = int(self._best(next(iter(self.scores_.values())).sum(0)))
         self._chosen(self.Cs_[best])
         head = self._new_head(data, scale=self.C_)
         cold = head.has_projection
@@ -536,7 +549,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             if hasattr(self, name):
                 delattr(self, name)
         scores = next(iter(self.scores_.values()))
-        best = scores.argmax(1)  # (n_folds,)
+        best = self._best(scores)  # (n_folds,)
         self._chosen(np.mean(self.Cs_[best]))
         mean = self._coefs[np.arange(len(best)), best].mean(0)  # (rows, dof)
         d = self.n_features_in_
