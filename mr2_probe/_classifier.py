@@ -31,7 +31,7 @@ from ._data import (
     is_torch_tensor,
     reject_complex,
 )
-from ._device import resolve_device, to_numpy, to_tensor, torch_dtype
+from ._device import default_torch_modes, resolve_device, to_numpy, to_tensor, torch_dtype
 from ._head import ProbeHead, decision_values
 from ._solvers import MarginSpec, fit_lbfgs, fit_minibatch, refresh_statistics
 from ._stats import DIFFICULTIES, class_difficulty
@@ -447,15 +447,16 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         -------
         self : MR2LinearClassifier
         """
-        solver = self._check_solver()
-        data = self._prepare(X, y, sample_weight)
-        head = self._new_head(data)
-        warm = self._warm_state(data.n_classes)
-        if warm is not None:
-            head.load(warm)
-        result = self._solve(head, data, solver, self.C, init_cosine=warm is None)
-        self._finish(head, result, solver, data)
-        return self
+        with default_torch_modes():
+            solver = self._check_solver()
+            data = self._prepare(X, y, sample_weight)
+            head = self._new_head(data)
+            warm = self._warm_state(data.n_classes)
+            if warm is not None:
+                head.load(warm)
+            result = self._solve(head, data, solver, self.C, init_cosine=warm is None)
+            self._finish(head, result, solver, data)
+            return self
 
     def _check_solver(self):
         """The solver that ``solver="auto"`` stands for, checked against ``lam``."""
@@ -731,6 +732,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if is_torch_tensor(X):
             device = X.device if self.device == "auto" else resolve_device(self.device)
             X = _floating(X).to(device)
+            if X.is_inference():  # made under torch.inference_mode(): autograd cannot save it
+                X = X.clone()
             dtype = X.dtype
             check_finite_tensor(X, type(self).__name__)
         elif is_h5_dataset(X):
@@ -811,7 +814,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         # until the next fit (models pickled before head_ existed keep it in _head_state).
         head = getattr(self, "head_", None) or getattr(self, "_head_state", {}).get("head")
         head = head or self.head  # a refit=False search pickled before head_ existed
-        return decision_values(X, self.coef_, self.intercept_, self.projection_, head)
+        with default_torch_modes(gradients=False):  # the model's precision, not autocast's
+            return decision_values(X, self.coef_, self.intercept_, self.projection_, head)
 
     def decision_function(self, X):
         """Logits (margins are training-only). Shape (n_samples,) for two classes.

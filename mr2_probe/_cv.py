@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ._batched import BatchedPath, FoldBatch, HeldOut
 from ._classifier import MR2LinearClassifier, _class_stats, both_class_logits
 from ._data import H5Source, is_torch_tensor
-from ._device import to_numpy, to_tensor
+from ._device import default_torch_modes, to_numpy, to_tensor
 from ._head import open_pair
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
 from ._solvers import SolverResult
@@ -267,73 +267,78 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         -------
         self : MR2LinearClassifierCV
         """
-        values = self._check_Cs()
-        solver = self._check_solver()
-        if not self.refit and self.head == "cosine" and self.lam > 0:
-            raise ValueError(
-                "refit=False averages the folds' coefficients, which a cosine head with a "
-                "projection (lam > 0) cannot be reduced to; use refit=True or lam=0."
-            )
-        scorer = check_classwise_scoring(HeldOutLogits(), self.scoring)
-        data = self._prepare(X, y, sample_weight)
-        score_weight = None
-        if sample_weight is not None:
-            sw = to_numpy(sample_weight) if is_torch_tensor(sample_weight) else sample_weight
-            score_weight = _check_sample_weight(sw, np.empty((len(data.y_index), 0)))
-        labels = self.classes_[data.y_index]
-        cv = check_cv(self.cv, labels, classifier=True)
-        if groups is not None:
-            groups = to_numpy(groups) if is_torch_tensor(groups) else np.asarray(groups)
-        # Boolean masks (which LogisticRegressionCV takes too, indexing X[train]) as indices.
-        folds = [
-            tuple(np.flatnonzero(part) if np.asarray(part).dtype == bool else part for part in fold)
-            for fold in cv.split(X, labels, groups)  # X as given, as GridSearchCV splits it
-        ]
-        for f, (train, _) in enumerate(folds):
-            if not data.sample_weight[train].sum() > 0:
+        with default_torch_modes():
+            values = self._check_Cs()
+            solver = self._check_solver()
+            if not self.refit and self.head == "cosine" and self.lam > 0:
                 raise ValueError(
-                    f"The training rows of fold {f} have no sample weight: nothing can be fitted "
-                    "on them. Give their samples positive weights or use other folds."
+                    "refit=False averages the folds' coefficients, which a cosine head with a "
+                    "projection (lam > 0) cannot be reduced to; use refit=True or lam=0."
                 )
-        score = _Scorer(scorer, self.classes_)
-        if self._batches_folds(data, solver):
-            groups = self._batched_paths(data, folds, score_weight)
-            paths = [path for group in groups for path in group.paths]
-            report = functools.partial(self._report, solver, data.dtype)
-
-            def run(new, bar):
-                Parallel(n_jobs=self.n_jobs, require="sharedmem")(
-                    delayed(group.run)(
-                        new, score, bar, max_iter=self.max_iter, tol=self.tol, report=report
+            scorer = check_classwise_scoring(HeldOutLogits(), self.scoring)
+            data = self._prepare(X, y, sample_weight)
+            score_weight = None
+            if sample_weight is not None:
+                sw = to_numpy(sample_weight) if is_torch_tensor(sample_weight) else sample_weight
+                score_weight = _check_sample_weight(sw, np.empty((len(data.y_index), 0)))
+            labels = self.classes_[data.y_index]
+            cv = check_cv(self.cv, labels, classifier=True)
+            if groups is not None:
+                groups = to_numpy(groups) if is_torch_tensor(groups) else np.asarray(groups)
+            # Boolean masks (which LogisticRegressionCV takes too, indexing X[train]) as indices.
+            folds = [
+                tuple(
+                    np.flatnonzero(part) if np.asarray(part).dtype == bool else part
+                    for part in fold
+                )
+                for fold in cv.split(X, labels, groups)  # X as given, as GridSearchCV splits it
+            ]
+            for f, (train, _) in enumerate(folds):
+                if not data.sample_weight[train].sum() > 0:
+                    raise ValueError(
+                        f"The training rows of fold {f} have no sample weight: nothing can be "
+                        "fitted on them. Give their samples positive weights or use other folds."
                     )
-                    for group in groups
-                )
-        else:
-            paths = [self._fold_path(data, train, test, score_weight) for train, test in folds]
+            score = _Scorer(scorer, self.classes_)
+            if self._batches_folds(data, solver):
+                groups = self._batched_paths(data, folds, score_weight)
+                paths = [path for group in groups for path in group.paths]
+                report = functools.partial(self._report, solver, data.dtype)
 
-            def run(new, bar):
-                Parallel(n_jobs=self.n_jobs, require="sharedmem")(
-                    delayed(path.run)(new, self._path_solver(solver), score, bar) for path in paths
-                )
-
-        with tqdm(disable=not self.verbose, desc="MR2 CV path", leave=False) as bar:
-
-            def evaluate(new):
-                bar.total = (bar.total or 0) + len(new) * len(paths)
-                run(new, bar)
-                return np.mean([[path.steps[float(v)].score for v in new] for path in paths], 0)
-
-            if isinstance(values, str):
-                bisect_search(evaluate, BISECT_GRIDS[self.head])
+                def run(new, bar):
+                    Parallel(n_jobs=self.n_jobs, require="sharedmem")(
+                        delayed(group.run)(
+                            new, score, bar, max_iter=self.max_iter, tol=self.tol, report=report
+                        )
+                        for group in groups
+                    )
             else:
-                evaluate(values)
-        self._store_path(paths)
-        if self.refit:
-            self._refit(data, solver, paths)
-        else:
-            self._average_folds(data, solver)
-        self.n_iter_ = self._path_n_iter
-        return self
+                paths = [self._fold_path(data, train, test, score_weight) for train, test in folds]
+
+                def run(new, bar):
+                    Parallel(n_jobs=self.n_jobs, require="sharedmem")(
+                        delayed(path.run)(new, self._path_solver(solver), score, bar)
+                        for path in paths
+                    )
+
+            with tqdm(disable=not self.verbose, desc="MR2 CV path", leave=False) as bar:
+
+                def evaluate(new):
+                    bar.total = (bar.total or 0) + len(new) * len(paths)
+                    run(new, bar)
+                    return np.mean([[path.steps[float(v)].score for v in new] for path in paths], 0)
+
+                if isinstance(values, str):
+                    bisect_search(evaluate, BISECT_GRIDS[self.head])
+                else:
+                    evaluate(values)
+            self._store_path(paths)
+            if self.refit:
+                self._refit(data, solver, paths)
+            else:
+                self._average_folds(data, solver)
+            self.n_iter_ = self._path_n_iter
+            return self
 
     def score(self, X, y, sample_weight=None):
         """The ``scoring`` option's score of the fitted model on ``(X, y)`` (accuracy when

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -9,6 +10,32 @@ import numpy as np
 import torch
 
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda", "mps", "xpu")
+
+
+@contextlib.contextmanager
+def default_torch_modes(gradients: bool = True):
+    """Torch's default modes inside, whatever the caller's: gradients recorded, no
+    inference mode (with ``gradients``), no autocast.
+
+    A fit computes its own gradients and its own precision: called inside the
+    ``torch.no_grad()`` or ``torch.inference_mode()`` block that extracted the features, the
+    penalty's gradient was left out (the coefficients were off by 0.7 on iris) and a
+    minibatch fit failed; inside a training loop's ``torch.autocast`` the products ran in
+    bfloat16. Predictions keep the model's precision likewise (``gradients=False`` keeps
+    the caller's gradient modes). A context, not a decorator: warnings keep their stack
+    levels.
+    """
+    with contextlib.ExitStack() as stack:
+        if gradients:
+            stack.enter_context(torch.inference_mode(False))
+            stack.enter_context(torch.enable_grad())
+        for device_type in _AUTOCAST_DEVICES:
+            if torch.is_autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
 
 
 def available_devices() -> list[str]:

@@ -1091,3 +1091,39 @@ def test_divergence_is_a_thousandfold_rise_over_the_first_epoch_or_over_one():
     assert _diverged(float("inf"), 1e-5) and _diverged(1.5e3, 1e-5)
     assert not _diverged(8e3, 8.64)
     assert not _diverged(0.05, 1e-5)  # a warm start near a zero loss, then some noise
+
+
+_CALLER_MODES = {
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+    "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("mode", _CALLER_MODES)
+def test_fits_and_predictions_ignore_the_caller_s_torch_modes(mode):
+    # Fitted in the no_grad / inference_mode block that extracted the features, L-BFGS
+    # left the penalty's gradient out (coef_ off by 0.7 on iris) and a minibatch fit
+    # failed; inside autocast the products ran in bfloat16 (off by 0.16) and lam > 0 failed.
+    X, y = make_blobs(120, n_features=4, centers=3, random_state=0)
+    X = (X / 4).astype(np.float32)
+    kinds = {
+        "lbfgs": dict(c_bar=None, tol=1e-6),
+        "adam": dict(lam=0.5, max_iter=5, random_state=0),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        plain = {k: MR2LinearClassifier(**kw, device="cpu").fit(X, y) for k, kw in kinds.items()}
+        search = MR2LinearClassifierCV([0.1, 1.0], cv=3, device="cpu").fit(X, y)
+        with _CALLER_MODES[mode]():
+            X_t = torch.as_tensor(X)  # an inference tensor under inference_mode
+            fitted = {
+                k: MR2LinearClassifier(**kw, device="cpu").fit(X_t, y) for k, kw in kinds.items()
+            }
+            searched = MR2LinearClassifierCV([0.1, 1.0], cv=3, device="cpu").fit(X_t, y)
+            z = fitted["lbfgs"].decision_function(X_t)
+    for kind, model in fitted.items():
+        np.testing.assert_allclose(model.coef_, plain[kind].coef_, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(searched.coef_, search.coef_, rtol=1e-5, atol=1e-5)
+    assert z.dtype == torch.float32
+    np.testing.assert_allclose(z.numpy(), plain["lbfgs"].decision_function(X), rtol=1e-5, atol=1e-5)
