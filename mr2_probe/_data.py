@@ -150,8 +150,10 @@ class H5Source(TensorSource):
 
 
 def h5_dtype(dataset) -> np.dtype:
-    """Compute dtype for a stored dataset: float64 stays, everything else is float32."""
-    return np.dtype(np.float64 if np.dtype(dataset.dtype) == np.float64 else np.float32)
+    """Compute dtype for a stored dataset: float64 (of either byte order) and long double
+    give float64, everything else float32."""
+    stored = np.dtype(dataset.dtype)
+    return np.dtype(np.float64 if stored.kind == "f" and stored.itemsize >= 8 else np.float32)
 
 
 @dataclass

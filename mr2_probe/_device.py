@@ -108,6 +108,11 @@ def to_tensor(array, device: torch.device, dtype: torch.dtype | None = None) -> 
     """Move a NumPy array or tensor to ``device`` (no copy when it already lives there)."""
     if isinstance(array, torch.Tensor):
         return array.to(device=device, dtype=dtype)
+    array = np.asarray(array)
+    if array.dtype.kind == "f" and array.dtype.itemsize > 8:  # long double: torch has none
+        array = array.astype(np.float64)
+    elif not array.dtype.isnative:  # big-endian data (an HDF5 store written so, say)
+        array = array.astype(array.dtype.newbyteorder("="))
     array = np.ascontiguousarray(array)
     with warnings.catch_warnings():
         # Read-only input (a memmap, say) is shared, not copied: nothing here writes to X.

@@ -340,6 +340,23 @@ def test_h5py_dataset_with_nan_is_rejected(tmp_path):
             MR2LinearClassifier(device="cpu").fit(f["features"], y)
 
 
+@pytest.mark.parametrize("stored", [">f4", ">f8", "longdouble"])
+def test_h5py_datasets_of_other_byte_orders_and_widths_fit(tmp_path, stored):
+    # A big-endian store (written by other tools) failed in torch.from_numpy ("byte order
+    # different from the native byte order"), a long-double one in "can't convert", in fit
+    # and in the search; predictions on them worked.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs()
+    expected = np.float32 if stored == ">f4" else np.float64  # the dtype computed in
+    with h5py.File(tmp_path / "features.h5", "w") as f:
+        f["features"] = X.astype(stored)
+        clf = MR2LinearClassifier(device="cpu").fit(f["features"], y)
+        in_memory = MR2LinearClassifier(device="cpu").fit(X.astype(expected), y)
+        np.testing.assert_allclose(clf.coef_, in_memory.coef_, rtol=1e-5, atol=1e-6)
+        search = MR2LinearClassifierCV([1.0], cv=2, device="cpu").fit(f["features"], y)
+        assert search.coef_.dtype == expected
+
+
 def test_pipeline_and_grid_search(digits):
     X, y = digits
     pipe = make_pipeline(StandardScaler(), MR2LinearClassifier(device="cpu"))
