@@ -42,7 +42,13 @@ def check_finite_tensor(X: torch.Tensor, estimator_name: str) -> None:
     """Raise scikit-learn's error if a floating tensor holds NaN or infinity.
 
     One reduction on X's device and one host synchronisation, outside any training loop.
+    A tensor on the ``meta`` device, which has a shape but no values, is refused first.
     """
+    if X.is_meta:
+        raise ValueError(
+            f"X is a tensor on the 'meta' device, which holds no values: {estimator_name} "
+            "needs the features themselves, on the CPU or a GPU."
+        )
     if bool(torch.isfinite(X).all()):
         return
     dtype = np.float64 if X.dtype == torch.float64 else np.float32

@@ -563,6 +563,21 @@ def test_unavailable_device_is_a_clear_value_error(device, as_tensor):
         MR2LinearClassifier(device=device).fit(X, y)
 
 
+def test_a_meta_tensor_is_a_clear_value_error():
+    # A tensor on the meta device (a shape without values) gave torch's "Tensor.item()
+    # cannot be called on meta tensors", in fit, the search and predict.
+    X, y = _blobs()
+    meta = torch.empty(X.shape, device="meta")
+    fitted = MR2LinearClassifier(device="cpu").fit(X, y)
+    for call in (
+        lambda: MR2LinearClassifier().fit(meta, y),
+        lambda: MR2LinearClassifierCV([1.0], cv=2).fit(meta, y),
+        lambda: fitted.predict(meta),
+    ):
+        with pytest.raises(ValueError, match="X is a tensor on the 'meta' device"):
+            call()
+
+
 @pytest.mark.parametrize(
     "name, local_rank, expected",
     [
