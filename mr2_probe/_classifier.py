@@ -57,9 +57,12 @@ def _overflow_message(what, dtype, suspects=()):
     )
 
 
-def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0) -> list:
-    """The parameters that are extreme enough to overflow a fit on their own."""
-    suspects = []
+def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None) -> list:
+    """The parameters that are extreme enough to overflow a fit on their own (``scale``:
+    a cosine head's)."""
+    suspects = _weight_suspects(weight_sum)
+    if scale is not None and scale > 1 / _EXTREME:
+        suspects.append(f"scale={scale:g} (the cosine head's logits are cosines times it)")
     if class_tilt > 1 / _EXTREME:
         suspects.append(f"class_tilt={class_tilt:g} (the tilt multiplies every class's loss)")
     if c_bar is not None and c_bar < _EXTREME:
@@ -69,6 +72,13 @@ def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0) -> list:
             f"C={C:g} and sample weights summing to {weight_sum:g} (the penalty is ½‖W‖² / (C·Σw))"
         )
     return suspects
+
+
+def _weight_suspects(weight_sum) -> list:
+    """Sample weights large enough to overflow the class statistics' sums on their own."""
+    if weight_sum > _EXTREME**-3:
+        return [f"sample weights summing to {weight_sum:g} (the class statistics sum them)"]
+    return []
 
 
 def both_class_logits(z):
@@ -513,6 +523,14 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         weight_sum = float(sample_weight.sum())
         if weight_sum <= 0:
             raise ValueError("The sum of sample weights must be positive.")
+        largest = float(sample_weight.max())
+        if largest > torch.finfo(dtype).max:
+            name = str(dtype).replace("torch.", "")
+            raise ValueError(
+                f"sample_weight holds values up to {largest:g}, beyond the range of {name}, "
+                "in which X is computed: multiply the weights by a small factor and C by its "
+                "inverse (the same problem), and fit again."
+            )
 
         y_t = to_tensor(y_index.astype(np.int64), device)
         w_t = to_tensor(sample_weight, device, dtype)
@@ -552,7 +570,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             data.source.check_finite(type(self).__name__)
         stats, margins = initial[0], initial[1]
         if not bool(all(torch.isfinite(t).all() for t in (*stats, margins))):
-            raise ValueError(_overflow_message("the class statistics (‖x‖²) overflow", data.dtype))
+            what, suspects = (
+                "the class statistics (‖x‖²) overflow",
+                _weight_suspects(data.weight_sum),
+            )
+            raise ValueError(_overflow_message(what, data.dtype, suspects))
         return initial
 
     def _solve(self, head, data, solver, C, *, initial=None, init_cosine=True, verbose=None):
@@ -579,7 +601,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             tilt=float(self.class_tilt),
             verbose=verbose,
         )
-        suspects = _range_suspects(C, self.c_bar, data.weight_sum, self.class_tilt)
+        scale = head.scale if self.head == "cosine" else None
+        suspects = _range_suspects(C, self.c_bar, data.weight_sum, self.class_tilt, scale)
         if solver == "lbfgs":
             try:
                 result = fit_lbfgs(head, data.source, spec, **common)

@@ -707,6 +707,10 @@ def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
         ({"c_bar": 1e-10}, 1.0, np.float32, "with c_bar=1e-10"),
         ({"C": 1e-300}, 1.0, np.float64, "with C=1e-300 and sample weights summing to 60"),
         ({}, 1e-300, np.float64, "with C=1 and sample weights summing to 6e-299"),
+        # These three blamed the features (iris-sized ones) too.
+        ({}, 1e37, np.float32, "with sample weights summing to 6e[+]38"),
+        ({}, 1e39, np.float32, "sample_weight holds values up to 1e[+]39, beyond the range"),
+        ({"head": "cosine", "scale": 1e30}, 1.0, np.float32, "with scale=1e[+]30"),
     ],
 )
 def test_an_extreme_parameter_is_named_not_blamed_on_the_features(params, weight, dtype, named):
