@@ -67,7 +67,7 @@ class MR2Loss(nn.Module):
     of range) leaves the statistics as they were. The state dict records the ``p`` and
     ``normalize`` that the statistics were measured with (buffers ``stats_p`` and
     ``stats_normalize``); ``load_state_dict`` into a module built with others raises and
-    loads nothing.
+    loads none of its statistics (torch may have loaded other modules' by then).
 
     Parameters
     ----------
@@ -190,7 +190,8 @@ class MR2Loss(nn.Module):
             self.register_buffer(f"moment_{name}", value)
         # What the sums were measured with (dev_p is in L_p, and φ normalised or not), saved
         # with them: read with another p or normalize they would give other statistics.
-        self.register_buffer("stats_p", torch.tensor(p, dtype=torch.float64))
+        # float32: MPS has no float64 (p is compared as rounded to it).
+        self.register_buffer("stats_p", torch.tensor(p, dtype=torch.float32))
         self.register_buffer("stats_normalize", torch.tensor(normalize))
 
     def _apply(self, fn, recurse=True):
@@ -220,14 +221,18 @@ class MR2Loss(nn.Module):
         wrong = []
         for name, value in (("p", self.p), ("normalize", self.normalize)):
             saved = state_dict.setdefault(f"{prefix}stats_{name}", getattr(self, f"stats_{name}"))
-            ours = torch.tensor(value, dtype=saved.dtype)  # p as it was rounded when saved
-            if saved.shape != () or not bool(saved.cpu() == ours):
+            if saved.is_meta:  # no value to compare (this module's own, built on meta)
+                continue
+            saved = saved.detach().cpu()
+            ours = torch.tensor(value, dtype=torch.float32 if name == "p" else torch.bool)
+            if saved.shape != () or not bool(saved.to(ours.dtype) == ours):
                 wrong.append(f"{name}={saved.tolist()!r}")
         if wrong:
             error_msgs.append(
-                f"its class statistics were measured with {', '.join(wrong)}, this module "
-                f"measures them with p={self.p!r}, normalize={self.normalize!r}: build it "
-                "with the saved settings to load them"
+                f"the class statistics of {prefix.rstrip('.') or type(self).__name__} were "
+                f"measured with {', '.join(wrong)}, and this module measures them with "
+                f"p={self.p!r}, normalize={self.normalize!r}: build it with the saved "
+                "settings to load them"
             )
             return
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
@@ -242,7 +247,7 @@ class MR2Loss(nn.Module):
             self._buffers["moment_m2"] = _saved_centred_sum(self._buffers.get)
         device = self._buffers["moment_count"].device
         for name, value, dtype in (
-            ("p", self.p, torch.float64),
+            ("p", self.p, torch.float32),
             ("normalize", self.normalize, None),
         ):
             if f"stats_{name}" not in self._buffers:

@@ -733,3 +733,18 @@ def test_a_state_measured_with_another_p_or_normalize_is_refused(other):
     del state["stats_p"], state["stats_normalize"]  # as saved before they were recorded
     loaded.load_state_dict(state)
     assert loaded.moment_count.any()
+    with torch.device("meta"):  # assign=True into a module built on meta: nothing to compare
+        on_meta = MR2Loss(k, features.shape[1], p=3.0)
+    on_meta.load_state_dict(state, assign=True)
+    assert on_meta.moment_count.any()
+
+
+def test_a_nested_loss_is_named_and_its_p_compared_as_stored():
+    # The refusal named no submodule; p is kept in float32 (MPS has no float64), compared
+    # as rounded to it, through .double() too.
+    nested = torch.nn.ModuleDict({"crit": MR2Loss(3, 4, p=1.7)}).double()
+    state = nested.state_dict()
+    torch.nn.ModuleDict({"crit": MR2Loss(3, 4, p=1.7)}).load_state_dict(state)
+    with pytest.raises(RuntimeError, match="class statistics of crit were measured with p=1.7"):
+        torch.nn.ModuleDict({"crit": MR2Loss(3, 4, p=2.0)}).load_state_dict(state)
+    assert MR2Loss(3, 4).stats_p.dtype == torch.float32
