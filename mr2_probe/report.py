@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
@@ -164,8 +165,10 @@ def _render(report: ClasswiseReport, per_class: bool, table) -> str:
     summary = table(
         ["model", *COLUMNS], [[name, *(report.rows[name][c] for c in COLUMNS)] for name in names]
     )
+    markdown = table is _markdown_table
+    reference = _markdown_text(report.reference) if markdown else report.reference
     note = (
-        f"test accuracy in %; easy / medium / hard: class terciles of {report.reference}; "
+        f"test accuracy in %; easy / medium / hard: class terciles of {reference}; "
         "std: spread of per-class accuracy"
     )
     parts = [summary, note]
@@ -175,7 +178,7 @@ def _render(report: ClasswiseReport, per_class: bool, table) -> str:
             for i in report.class_order()
         ]
         parts.append(table(["class", "group", *names], rows))
-    return "\n\n".join(parts) if table is _markdown_table else "\n".join(parts)
+    return "\n\n".join(parts) if markdown else "\n".join(parts)
 
 
 def _cell(value) -> str:
@@ -184,8 +187,17 @@ def _cell(value) -> str:
     return "nan" if value is None or math.isnan(value) else f"{100 * value:.2f}"
 
 
+# Characters that Markdown gives a meaning to in a table cell, escaped with a backslash
+# (CommonMark escapes any ASCII punctuation so): '|' ends a cell, '<' opens raw HTML (GitHub
+# drops "<unk>"), '*', '_', '`', '[', '~' format, '&' starts an entity, '\\' escapes.
+_MARKDOWN_SPECIAL = re.compile(r"([\\|<>*_`\[\]~&])")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
 def _text_table(header: list, rows: list) -> str:
-    cells = [[_cell(v) for v in row] for row in rows]
+    # A line break in a name would split its row: shown as a space.
+    header = [_LINE_BREAK.sub(" ", str(h)) for h in header]
+    cells = [[_LINE_BREAK.sub(" ", _cell(v)) for v in row] for row in rows]
     # Left-aligned names, right-aligned numbers, each column as wide as its longest cell.
     widths = [max(len(h), *(len(row[j]) for row in cells)) for j, h in enumerate(header)]
     widths[1:] = [max(9, w + 2) for w in widths[1:]]
@@ -198,13 +210,15 @@ def _text_table(header: list, rows: list) -> str:
     return "\n".join([head, "-" * len(head), *(line(row) for row in cells)])
 
 
-def _markdown_table(header: list, rows: list) -> str:
-    def escaped(text) -> str:  # a '|' in a class or model name would end its cell
-        return str(text).replace("|", "\\|")
+def _markdown_text(text) -> str:
+    """``text`` shown as it is in Markdown, in one table cell or line."""
+    return _LINE_BREAK.sub("<br>", _MARKDOWN_SPECIAL.sub(r"\\\1", str(text)))
 
-    lines = ["| " + " | ".join(map(escaped, header)) + " |"]
+
+def _markdown_table(header: list, rows: list) -> str:
+    lines = ["| " + " | ".join(map(_markdown_text, header)) + " |"]
     lines.append("|---" + "|--:" * (len(header) - 1) + "|")
-    lines += ["| " + " | ".join(escaped(_cell(v)) for v in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(_markdown_text(_cell(v)) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
 

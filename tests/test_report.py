@@ -98,6 +98,22 @@ def test_markdown_escapes_a_pipe_in_a_name():
         assert len(cells) <= 1  # (0: the caption between the tables)
 
 
+def test_names_keep_their_cells_and_show_as_they_are():
+    # Only '|' was escaped: a line break split a row in two (in the text table too), and
+    # GitHub drops "<unk>" as raw HTML.
+    y = np.array(["cat\ndog", "cat\ndog", "<unk>", "<unk>", "a_b_c*", "a_b_c*"])
+    report = classwise_report({"m\r\n1": y[::-1], "ERM_2": y}, y, reference="ERM_2")
+    markdown = report.to_markdown(per_class=True)
+    assert "| cat<br>dog |" in markdown and "| \\<unk\\> |" in markdown
+    assert "| a\\_b\\_c\\* |" in markdown and "| m<br>1 |" in markdown
+    assert "class terciles of ERM\\_2;" in markdown
+    for table in markdown.split("\n\n")[::2]:  # the two tables: a border per cell, each row
+        assert len({line.count(" | ") for line in table.splitlines()[2:]}) == 1
+    text = report.to_text(per_class=True)
+    assert len(text.splitlines()) == 2 + 2 + 1 + 2 + 3  # no row split
+    assert "cat dog" in text and "m 1" in text
+
+
 def _assert_same(read, report):
     assert (read.reference, read.labels, read.groups) == (
         report.reference, report.labels, report.groups,
