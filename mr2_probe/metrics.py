@@ -41,10 +41,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     >>> per_class_accuracy(["a", "a", "b", "b"], ["a", "b", "b", "b"])
     array([0.5, 1. ])
     """
-    # a column vector counts as the labels it holds, as in scikit-learn's metrics
-    y_true, y_pred = (
-        column_or_1d(a) if a.ndim == 2 else a for a in (np.asarray(y_true), np.asarray(y_pred))
-    )
+    y_true, y_pred = _labels_1d(y_true, y_pred)
     if y_true.shape != y_pred.shape:
         raise ValueError(
             f"y_true and y_pred must have the same shape, got {y_true.shape} and {y_pred.shape}."
@@ -75,8 +72,15 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
             "Mix of label input types (string and number): y_true holds "
             f"{y_true.dtype} labels and y_pred {y_pred.dtype} labels."
         )
-    weight = _sample_weight(sample_weight, len(y_true))
     labels = np.unique(y_true) if labels is None else np.asarray(labels)
+    if labels.ndim != 1 or (len(labels) == 0 and len(y_true)):
+        raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
+    if len(kinds | kinds_of(labels)) > 1:  # every class would be scored NaN
+        raise ValueError(
+            "Mix of label input types (string and number): labels holds "
+            f"{labels.dtype} labels and y_true {y_true.dtype} labels."
+        )
+    weight = _sample_weight(sample_weight, len(y_true))
     sorter = np.argsort(labels)
     position = np.searchsorted(labels, y_true, sorter=sorter)
     position = np.clip(position, 0, len(labels) - 1)
@@ -87,6 +91,14 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     total = np.bincount(index[known], weights=weight[known], minlength=len(labels))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total > 0, correct / total, np.nan)
+
+
+def _labels_1d(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:
+    """The labels as arrays; a column vector counts as the labels it holds, as in
+    scikit-learn's metrics."""
+    return tuple(
+        column_or_1d(a) if a.ndim == 2 else a for a in (np.asarray(y_true), np.asarray(y_pred))
+    )
 
 
 def difficulty_groups(reference_accuracy, n_groups: int = 3) -> np.ndarray:
@@ -311,8 +323,9 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
             f"groups must give one group index per class ({len(acc)}, in the order of "
             f"labels), got shape {groups.shape}."
         )
-    weight = _sample_weight(sample_weight, len(np.asarray(y_true)))
-    correct = np.asarray(y_true) == np.asarray(y_pred)
+    y_true, y_pred = _labels_1d(y_true, y_pred)
+    weight = _sample_weight(sample_weight, len(y_true))
+    correct = y_true == y_pred
     summary = {"overall": float(np.average(correct, weights=weight))}
     # Every group gets a key, NaN when it has no class (fewer than three classes).
     for g, name in enumerate(GROUP_NAMES):

@@ -75,6 +75,9 @@ def test_a_column_of_labels_scores_as_its_labels(digits_subset):
     assert worst_class_scorer(clf, X[150:], column[150:]) == want
     with pytest.raises(ValueError, match="1d array"):
         per_class_accuracy(np.zeros((4, 2)), np.zeros((4, 2)))
+    # classwise_summary (and so classwise_report) compared the column with the predictions
+    # as an (n, n) matrix: "Axis must be specified when shapes of a and weights differ".
+    assert classwise_summary(column, y) == classwise_summary(y, y)
 
 
 @pytest.mark.parametrize(
@@ -316,6 +319,12 @@ def test_labels_of_two_kinds_are_refused_as_scikit_learn_refuses_them():
     labels = np.array(["a", "b"], dtype=object)
     np.testing.assert_array_equal(per_class_accuracy(labels, ["a", "a"]), [1.0, 0.0])
     assert per_class_accuracy(np.array(["a"])[:0], np.array([])).shape == (0,)
+    # labels of another kind than y_true scored every class NaN without a word; an empty
+    # labels gave a bare IndexError.
+    with pytest.raises(ValueError, match="labels holds <U1 labels and y_true"):
+        per_class_accuracy([0, 1, 1], [0, 1, 0], labels=["0", "1"])
+    with pytest.raises(ValueError, match="labels must be a 1-D list of at least one class"):
+        per_class_accuracy(["a", "b"], ["a", "b"], labels=[])
 
 
 def test_labels_that_are_no_classes_and_groups_of_another_length_are_refused():
