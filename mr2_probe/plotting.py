@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import colorsys
 import itertools
+import math
 import os
 import re
 
@@ -108,20 +109,23 @@ def _spare_colours():
             yield colour
 
 
-def _class_ticks(ax, x, names: list[str], slot: float) -> None:
-    """Class names under the bars, rotated when the longest would overlap its neighbours.
+# Longer class names are cut to this many characters under the bars (the report keeps them).
+_TICK_CHARACTERS = 32
+
+
+def _class_ticks(names: list[str], slot: float) -> tuple[list[str], float, float]:
+    """Class names to draw under the bars, their rotation, and the height they take
+    (inches).
 
     ``slot`` is the width of one class on the axis in inches; at 10 pt a character takes
     about 0.09 inch. Names that fit stay horizontal; longer ones turn 45° (anchored at their
-    end, under their bar), and more than 40 classes turn 90°.
+    end, under their bar), and more than 40 classes turn 90°. Names longer than
+    ``_TICK_CHARACTERS`` are cut with "…" (ImageNet's run to 50 or more).
     """
-    fits = max((len(n) for n in names), default=0) * 0.09 <= 0.9 * slot
-    names = [_literal(n) for n in names]
-    if fits:
-        ax.set_xticks(x, names)
-    else:
-        angle = 45 if len(names) <= 40 else 90
-        ax.set_xticks(x, names, rotation=angle, ha="right", rotation_mode="anchor")
+    names = [n if len(n) <= _TICK_CHARACTERS else n[: _TICK_CHARACTERS - 1] + "…" for n in names]
+    longest = max((len(n) for n in names), default=0) * 0.09
+    angle = 0 if longest <= 0.9 * slot else 45 if len(names) <= 40 else 90
+    return [_literal(n) for n in names], angle, 0.2 + longest * math.sin(math.radians(angle))
 
 
 def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None):
@@ -170,7 +174,12 @@ def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None)
 
     x = np.arange(len(order))
     width = max(6.0, 0.35 * len(order) + 2)
-    fig = _figure(width, 4.5)
+    # About 1.5 inch of the figure goes to the y axis and the margins; the height grows
+    # with names that turn, so that the bars keep their room.
+    ticks, angle, depth = _class_ticks(
+        [str(report.labels[i]) for i in order], (width - 1.5) / max(1, len(x))
+    )
+    fig = _figure(width, 4.3 + depth)
     ax = fig.add_subplot()
     ax.bar(x - 0.2, ref, width=0.4, color=REFERENCE)
     ax.bar(x + 0.2, other, width=0.4, color=colours.tolist())
@@ -180,8 +189,10 @@ def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None)
     groups = np.asarray(report.groups)[order]
     for boundary in np.flatnonzero(groups[1:] != groups[:-1]):
         ax.axvline(boundary + 0.5, color="black", linestyle=":", linewidth=0.8)
-    # About 1.5 inch of the figure goes to the y axis and the margins.
-    _class_ticks(ax, x, [str(report.labels[i]) for i in order], (width - 1.5) / max(1, len(x)))
+    if angle:
+        ax.set_xticks(x, ticks, rotation=angle, ha="right", rotation_mode="anchor")
+    else:
+        ax.set_xticks(x, ticks)
     reference, shown = _literal(report.reference), _literal(model)
     ax.set_xlabel(f"class (sorted by {reference} accuracy; easy | medium | hard)")
     ax.set_ylabel("per-class accuracy (%)")

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -92,6 +93,25 @@ def test_long_class_names_are_rotated(tmp_path, names, rotation):
     assert {t.get_rotation() for t in labels} == {rotation}
     if rotation:  # anchored at the end of the name, under its bar
         assert {t.get_horizontalalignment() for t in labels} == {"right"}
+
+
+def test_imagenet_length_names_stay_inside_the_figure(tmp_path):
+    # 50 names of ImageNet's length, turned upright in a figure of fixed height, squeezed
+    # the axes to nothing ("constrained_layout not applied"): no name, not even the axis
+    # label, was inside the figure.
+    names = [f"{k} Staffordshire bullterrier, Staffordshire bull terrier" for k in range(50)]
+    y = np.repeat(np.array(names), 2)
+    report = classwise_report({"ERM": y, "MR2": np.roll(y, 1)}, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's warning of a collapsed layout
+        fig = plot_class_accuracy(report, tmp_path / "classes.png")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    shown = [t for t in ax.get_xticklabels() if t.get_window_extent(renderer).y0 >= 0]
+    assert len(shown) == 50 and ax.xaxis.label.get_window_extent(renderer).y0 >= 0
+    assert ax.get_window_extent(renderer).height > 0.4 * fig.bbox.height  # the bars' room
+    assert {len(t.get_text()) for t in shown} == {32} and shown[0].get_text().endswith("…")
 
 
 def test_names_with_dollar_signs_are_drawn_as_written(tmp_path):
