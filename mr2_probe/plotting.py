@@ -134,7 +134,8 @@ def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None)
     Grey bars are the reference; the model's bar beside each is green where it gains,
     red where it loses and grey where it ties, with the signed change in points printed
     above it. Dotted lines separate the easy / medium / hard groups. Class names too long
-    to sit side by side (Fashion-MNIST's "T-shirt/top", "Ankle boot") are rotated.
+    to sit side by side (Fashion-MNIST's "T-shirt/top", "Ankle boot") are rotated, and
+    names longer than 32 characters cut with "…" (the report keeps them whole).
 
     Parameters
     ----------
