@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from numbers import Integral, Real
 
@@ -60,7 +61,7 @@ def _overflow_message(what, dtype, suspects=()):
 def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None) -> list:
     """The parameters that are extreme enough to overflow a fit on their own (``scale``:
     a cosine head's)."""
-    suspects = _weight_suspects(weight_sum)
+    suspects = []
     if scale is not None and scale > 1 / _EXTREME:
         suspects.append(f"scale={scale:g} (the cosine head's logits are cosines times it)")
     if class_tilt > 1 / _EXTREME:
@@ -74,9 +75,10 @@ def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None) -> list:
     return suspects
 
 
-def _weight_suspects(weight_sum) -> list:
-    """Sample weights large enough to overflow the class statistics' sums on their own."""
-    if weight_sum > _EXTREME**-3:
+def _weight_suspects(weight_sum, dtype) -> list:
+    """Sample weights large enough to take the class statistics' sums Σw·‖x‖² out of
+    ``dtype``'s range on their own (past the square root of its largest number)."""
+    if weight_sum > math.sqrt(torch.finfo(dtype).max):
         return [f"sample weights summing to {weight_sum:g} (the class statistics sum them)"]
     return []
 
@@ -572,7 +574,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if not bool(all(torch.isfinite(t).all() for t in (*stats, margins))):
             what, suspects = (
                 "the class statistics (‖x‖²) overflow",
-                _weight_suspects(data.weight_sum),
+                _weight_suspects(data.weight_sum, data.dtype),
             )
             raise ValueError(_overflow_message(what, data.dtype, suspects))
         return initial
@@ -755,8 +757,6 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if is_torch_tensor(X):
             device = X.device if self.device == "auto" else resolve_device(self.device)
             X = _floating(X).to(device)
-            if X.is_inference():  # made under torch.inference_mode(): autograd cannot save it
-                X = X.clone()
             dtype = X.dtype
             check_finite_tensor(X, type(self).__name__)
         elif is_h5_dataset(X):

@@ -1012,16 +1012,19 @@ def test_minibatch_step_size_falls_tenfold_at_each_plateau(digits, monkeypatch):
     assert step_sizes == sorted(step_sizes, reverse=True)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_a_diverging_minibatch_fit_is_refused_naming_the_learning_rate(digits, dtype):
+@pytest.mark.parametrize(
+    "dtype, weight", [(np.float64, 1.0), (np.float32, 1.0), (np.float64, 1e17)]
+)
+def test_a_diverging_minibatch_fit_is_refused_naming_the_learning_rate(digits, dtype, weight):
     # The epoch loss rose from 8.6 to 7.6e27 and never beat its first epoch: three
     # plateaus later the fit was reported as converged (float64), or its overflow blamed
-    # the features (float32).
+    # the features (float32). Large weights, which the objective divides by their sum,
+    # were blamed instead for a while.
     X, y = digits
     X = StandardScaler().fit_transform(X).astype(dtype)
     clf = MR2LinearClassifier(lam=0.5, solver="sgd", learning_rate=2.0, device="cpu")
     with pytest.raises(ValueError, match=r"sgd solver diverged.*learning_rate=2 is too large"):
-        clf.fit(X, y)
+        clf.fit(X, y, sample_weight=np.full(len(y), weight))
 
 
 def test_small_minibatch_steps_run_on_one_thread(digits, monkeypatch):
