@@ -138,12 +138,15 @@ def compactness_tau(stats: ClassStats) -> torch.Tensor:
     """τ = 2 s̄, the compactness loss's temperature by default, a scalar.
 
     s̄ is floored at the rounding of the squared distances that the loss compares with 2 s̄
-    (the dtype's epsilon times the mean ‖φ‖² of the classes present): when every class is
+    (the dtype's epsilon times the mean ‖φ − m‖² of the classes present, m the mean of
+    their means: the distances are computed about the batch's mean): when every class is
     copies of one row, s̄ is rounding too (1e-33), and a τ of that size turned a distance's
     rounding error into an exponent of 10¹⁶.
     """
     present = (stats.count > 0).to(stats.msd_l2.dtype)  # (K,)
-    moment = ((stats.mean * stats.mean).sum(-1) + stats.msd_l2).nan_to_num() * present
+    means = stats.mean.nan_to_num()
+    centre = (means * present[:, None]).sum(0) / present.sum().clamp_min(1)
+    moment = (((means - centre) ** 2).sum(-1) + stats.msd_l2).nan_to_num() * present
     floor = torch.finfo(moment.dtype).eps * moment.sum() / present.sum().clamp_min(1)
     return 2 * torch.maximum(mean_spread(stats), floor).clamp_min(torch.finfo(floor.dtype).tiny)
 
