@@ -188,11 +188,18 @@ class MR2Loss(nn.Module):
         self.register_buffer("class_samples", torch.zeros(n_classes, dtype=torch.long))
         for name, value in ClassMoments.zeros(n_classes, n_features)._asdict().items():
             self.register_buffer(f"moment_{name}", value)
-        # What the sums were measured with (dev_p is in L_p, and φ normalised or not), saved
-        # with them: read with another p or normalize they would give other statistics.
-        # float32: MPS has no float64 (p is compared as rounded to it).
-        self.register_buffer("stats_p", torch.tensor(p, dtype=torch.float32))
-        self.register_buffer("stats_normalize", torch.tensor(normalize))
+        for name, value in self._recorded().items():
+            self.register_buffer(name, value)
+
+    def _recorded(self) -> dict:
+        """What the sums are measured with (dev_p is in L_p, and φ normalised or not), saved
+        with them as buffers: read with another p or normalize they would give other
+        statistics. float32 both (MPS has no float64, averaging models subtracts buffers,
+        which bool ones refuse); p is compared as rounded to it."""
+        return {
+            "stats_p": torch.tensor(self.p, dtype=torch.float32),
+            "stats_normalize": torch.tensor(float(self.normalize)),
+        }
 
     def _apply(self, fn, recurse=True):
         # The running sums stay float32 at least when the module is cast to half precision
@@ -219,14 +226,12 @@ class MR2Loss(nn.Module):
         # Sums measured with another p or normalize are refused, and nothing is loaded (a
         # state saved before these were recorded is taken as this module's).
         wrong = []
-        for name, value in (("p", self.p), ("normalize", self.normalize)):
-            saved = state_dict.setdefault(f"{prefix}stats_{name}", getattr(self, f"stats_{name}"))
-            if saved.is_meta:  # no value to compare (this module's own, built on meta)
+        for name, ours in self._recorded().items():
+            saved = state_dict.setdefault(prefix + name, ours).detach()
+            if saved.is_meta:  # no value to compare (a state of a module built on meta)
                 continue
-            saved = saved.detach().cpu()
-            ours = torch.tensor(value, dtype=torch.float32 if name == "p" else torch.bool)
-            if saved.shape != () or not bool(saved.to(ours.dtype) == ours):
-                wrong.append(f"{name}={saved.tolist()!r}")
+            if saved.shape != () or not bool(saved.cpu().float() == ours):
+                wrong.append(f"{name.removeprefix('stats_')}={saved.tolist()!r}")
         if wrong:
             error_msgs.append(
                 f"the class statistics of {prefix.rstrip('.') or type(self).__name__} were "
@@ -246,12 +251,8 @@ class MR2Loss(nn.Module):
         if "moment_m2" not in self._buffers:
             self._buffers["moment_m2"] = _saved_centred_sum(self._buffers.get)
         device = self._buffers["moment_count"].device
-        for name, value, dtype in (
-            ("p", self.p, torch.float32),
-            ("normalize", self.normalize, None),
-        ):
-            if f"stats_{name}" not in self._buffers:
-                self._buffers[f"stats_{name}"] = torch.tensor(value, dtype=dtype, device=device)
+        for name, value in self._recorded().items():
+            self._buffers.setdefault(name, value.to(device))
 
     def moments(self) -> ClassMoments:
         """The running sums (buffers ``moment_*``, saved in the state dict)."""

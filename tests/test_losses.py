@@ -772,3 +772,24 @@ def test_compactness_is_exact_in_float32_under_a_large_common_mean():
     assert float(tau) == pytest.approx(
         2 * float(mean_spread(class_statistics(x64, y, 4))), rel=1e-3
     )
+
+
+def test_an_older_state_loads_into_modules_built_on_meta_and_averages():
+    # An older state (no stats_p) was compared with the module's own buffer: after
+    # to_empty, uninitialised memory (refused as "p=1.39e-09"); with assign=True the
+    # buffers stayed on meta. A bool buffer broke AveragedModel's average of buffers.
+    source = MR2Loss(3, 4, p=2.5)
+    x = torch.randn(12, 4, generator=torch.Generator().manual_seed(0))
+    source(x @ torch.ones(4, 3), x, torch.arange(12) % 3)
+    old = {k: v for k, v in source.state_dict().items() if not k.startswith("stats_")}
+    with torch.device("meta"):
+        empty, assigned = MR2Loss(3, 4, p=2.5), MR2Loss(3, 4, p=2.5)
+    empty.to_empty(device="cpu").load_state_dict(old)
+    assigned.load_state_dict(old, assign=True)
+    for module in (empty, assigned):
+        assert float(module.stats_p) == 2.5 and not module.stats_p.is_meta
+        torch.testing.assert_close(module.margins(), source.margins())
+    averaged = torch.optim.swa_utils.AveragedModel(source, use_buffers=True)
+    for _ in range(2):
+        averaged.update_parameters(source)
+    assert float(averaged.module.stats_p) == 2.5
