@@ -478,9 +478,9 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
 
     _check_open_clip_model(spec)
 
-    def create(pretrained: str | None, **preprocess):
+    def create(pretrained: str | None, **options):
         return open_clip.create_model_and_transforms(
-            spec.model, pretrained=pretrained, force_image_size=image_size, **preprocess
+            spec.model, pretrained=pretrained, force_image_size=image_size, **options
         )
 
     weights = spec.weights
@@ -501,8 +501,15 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
         weights_id = file_sha256(path)
     else:
         tag = _open_clip_tag(spec)
-        model, _, transform = _with_pretrained(spec, f"tag {tag!r}", lambda: create(tag))
-        weights_id = hub_weights_id(tag, model.visual)
+        # OpenAI's weights were trained with QuickGELU, which open_clip's configs of the
+        # same name ("ViT-B-32") lack: open_clip only warns of the mismatch and runs them
+        # through GELU. They run as trained, and the store records it.
+        quick = bool(open_clip.get_pretrained_cfg(spec.model, tag).get("quick_gelu"))
+        quick = quick and not open_clip.get_model_config(spec.model).get("quick_gelu")
+        extra = {"force_quick_gelu": True} if quick else {}
+        load = lambda: create(tag, **extra)  # noqa: E731
+        model, _, transform = _with_pretrained(spec, f"tag {tag!r}", load)
+        weights_id = hub_weights_id(tag + (" run with QuickGELU" if quick else ""), model.visual)
     visual = model.visual  # encode_image(x) is visual(x); the text tower is not needed
     cfg = dict(getattr(visual, "preprocess_cfg", {}))
     size = cfg.get("size", visual.image_size)

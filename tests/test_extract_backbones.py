@@ -588,3 +588,35 @@ def test_effnet_lite0_random():
     bb = create_backbone("effnet-lite0@random", image_size=32)
     assert bb.dim == 1280 and bb.weights_id.startswith("random-init:seed0 params-sha256:")
     assert bb.preprocess["mean"] == [0.5, 0.5, 0.5]
+
+
+def test_openai_weights_run_with_quick_gelu_as_trained(tmp_path, monkeypatch):
+    # open_clip's "ViT-B-32" config has GELU, and its tag 'openai' weights were trained with
+    # QuickGELU: open_clip only warns, and the store recorded features of a network the
+    # weights were not trained for, under a weights id that looked right.
+    import open_clip
+    import open_clip.factory
+
+    name = register_tiny_open_clip(tmp_path)
+    source, _, _ = open_clip.create_model_and_transforms(name, pretrained=None)
+    torch.save(source.state_dict(), tmp_path / "weights.pt")
+    monkeypatch.setattr(
+        open_clip.factory, "download_pretrained", lambda *a, **k: str(tmp_path / "weights.pt")
+    )
+    tags = {
+        "quick": open_clip.pretrained._pcfg(hf_hub="nobody/q/", quick_gelu=True),
+        "plain": open_clip.pretrained._pcfg(hf_hub="nobody/p/"),
+    }
+    monkeypatch.setitem(open_clip.pretrained._PRETRAINED, name, tags)
+    quick, plain = (create_backbone(f"open_clip:{name}@{tag}") for tag in tags)
+    assert isinstance(
+        quick.model.transformer.resblocks[0].mlp.gelu, open_clip.transformer.QuickGELU
+    )
+    assert not isinstance(
+        plain.model.transformer.resblocks[0].mlp.gelu, open_clip.transformer.QuickGELU
+    )
+    assert quick.weights_id.startswith("tag:quick run with QuickGELU params-sha256:")
+    assert plain.weights_id.startswith("tag:plain params-sha256:")
+    x = torch.rand(2, 3, 32, 32)
+    with torch.inference_mode():
+        assert not torch.allclose(quick.model(x), plain.model(x))
