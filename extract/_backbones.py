@@ -741,26 +741,32 @@ def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], spec: Backbon
         ) from err
 
 
-def moco_state_dict(checkpoint: dict) -> dict[str, torch.Tensor]:
-    """Backbone weights of a MoCo v2/v3 checkpoint, prefix stripped and ``fc`` head dropped.
+def moco_state_dict(checkpoint: dict, keys=None) -> dict[str, torch.Tensor]:
+    """Backbone weights of a MoCo v2/v3 checkpoint, prefix stripped and projection head
+    dropped: ``fc`` (ResNets) or ``head`` (MoCo v3's ViTs), as MoCo's linear evaluation
+    drops them.
 
     Parameters
     ----------
     checkpoint : dict
         The loaded checkpoint; the weights may be nested under ``state_dict``.
+    keys : collection of str, optional
+        The model's own keys: a ``head`` entry among them is kept (a head that is part of
+        the backbone, such as a final norm).
 
     Returns
     -------
     dict
-        Keys in torchvision / timm ResNet naming (``conv1.weight``, ``layer1.0.bn1.bias``, ...).
+        Keys in timm naming (``conv1.weight``, ``layer1.0.bn1.bias``, ``blocks.0.attn...``).
     """
     state = checkpoint.get("state_dict", checkpoint)
     prefix = next((p for p in _MOCO_PREFIXES if any(k.startswith(p) for k in state)), "")
     # The momentum encoder, queue and predictor do not carry the prefix and are left out.
+    stripped = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
     return {
-        k[len(prefix) :]: v
-        for k, v in state.items()
-        if k.startswith(prefix) and not k[len(prefix) :].startswith("fc.")
+        k: v
+        for k, v in stripped.items()
+        if not k.startswith("fc.") and not (k.startswith("head.") and k not in (keys or ()))
     }
 
 
@@ -788,7 +794,7 @@ def _moco(spec: BackboneSpec, image_size: int | None):
             f"{type(err).__name__}); is it a whole, downloaded .pth file?"
         ) from err
     model = timm.create_model(spec.model, pretrained=False, num_classes=0)
-    _load_strict(model, moco_state_dict(checkpoint), spec)
+    _load_strict(model, moco_state_dict(checkpoint, model.state_dict().keys()), spec)
     # MoCo's published linear-evaluation transform: Resize(256), CenterCrop(224), bilinear.
     data = _timm_data(
         model,

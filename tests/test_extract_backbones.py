@@ -409,6 +409,25 @@ def test_moco_checkpoint(tmp_path, prefix, extra):
         torch.testing.assert_close(bb.model(x), resnet(x))
 
 
+def test_moco_v3_vit_checkpoint(tmp_path):
+    # MoCo v3's ViTs carry their projection MLP as `head` (its linear evaluation drops
+    # `head` for ViTs, `fc` for ResNets): every such checkpoint was refused for
+    # "Unexpected key(s) head.0.weight ...".
+    import timm
+
+    torch.manual_seed(1)
+    vit = timm.create_model("vit_tiny_patch16_224", num_classes=0).eval()
+    state = {f"module.base_encoder.{k}": v for k, v in vit.state_dict().items()}
+    state |= {f"module.base_encoder.head.{i}.weight": torch.zeros(4, 4) for i in (0, 1, 3)}
+    state |= {"module.predictor.0.weight": torch.zeros(4, 4)}
+    path = tmp_path / "vit-s-300ep.pth.tar"
+    torch.save({"epoch": 300, "state_dict": state}, path)
+    bb = create_backbone(f"moco:vit_tiny_patch16_224@{path}")
+    x = torch.rand(2, 3, 224, 224)
+    with torch.inference_mode():
+        torch.testing.assert_close(bb.model(x), vit(x))
+
+
 def test_a_moco_checkpoint_is_not_trusted_to_run_code(tmp_path):
     import argparse
 
