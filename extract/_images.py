@@ -653,10 +653,13 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-# The backbones' transforms resize the shorter side, then keep a centred square: of a long
-# strip they use the middle alone, but the resize makes all of it (a 1 x 20,000 PNG of 138
-# bytes became 235 x 4.7 million pixels, 4.5 GB). Beyond this ratio the long side is cut,
-# centred, to this many times the short side before any resize.
+# Transforms that resize the shorter side, then keep a centred square (``mode`` "center"),
+# use the middle of a long strip alone, but the resize makes all of it (a 1 x 20,000 PNG of
+# 138 bytes became 235 x 4.7 million pixels, 4.5 GB). For them, beyond this ratio the long
+# side is cut, centred, to this many times the short side before any resize. Transforms
+# that squash or pad the whole image (timm's "squash" and "border", open_clip's "squash"
+# and "longest") see all of it, and never make it larger than their input size: theirs is
+# left whole.
 MAX_ASPECT = 16
 
 
@@ -681,8 +684,9 @@ def trim_aspect(image: Image.Image) -> Image.Image:
     return image.crop((left, top, left + w, top + h))
 
 
-def decode_image(data: bytes | bytearray, name: str = "<bytes>") -> Image.Image:
-    """Decode an image file's bytes with PIL, fully (so truncation surfaces here), as RGB.
+def decode_image(data: bytes | bytearray, name: str = "<bytes>", trim: bool = True) -> Image.Image:
+    """Decode an image file's bytes with PIL, fully (so truncation surfaces here), as RGB,
+    cut to its :func:`aspect_window` with ``trim`` (for centre-crop transforms).
 
     ``name`` (the file's path) stands for the data in error messages.
     """
@@ -697,7 +701,7 @@ def decode_image(data: bytes | bytearray, name: str = "<bytes>") -> Image.Image:
         with opened as image:
             check_pixel_limit(*image.size)
             image.load()
-            return trim_aspect(to_rgb(image))
+            return trim_aspect(to_rgb(image)) if trim else to_rgb(image)
 
 
 def check_listed(path: str, st: os.stat_result, listed: tuple[int, int] | None) -> None:
@@ -785,8 +789,11 @@ class ItemDataset(torch.utils.data.Dataset):
     worker keeps its place in a Parquet row group from one block to the next.
     """
 
-    def __init__(self, source: ImageSource, transform, jpeg_bytes: bool = False) -> None:
+    def __init__(
+        self, source: ImageSource, transform, jpeg_bytes: bool = False, trim: bool = True
+    ) -> None:
         self.source, self.transform, self.jpeg_bytes = source, transform, jpeg_bytes
+        self.trim = trim  # long strips cut (decode_image), for a centre-crop transform
         self.sizes, self.mtimes = source.file_stats()
         self.reader_state: dict = {}  # per worker process: the archive's open cursor
 
@@ -827,7 +834,7 @@ class ItemDataset(torch.utils.data.Dataset):
                 check_pixel_limit(*jpeg_size(data))
                 # A plain bytearray-backed tensor crosses the worker queue cheaply.
                 return i, torch.frombuffer(data, dtype=torch.uint8), None, digest
-            return i, self.transform(decode_image(data, name)), None, digest
+            return i, self.transform(decode_image(data, name, self.trim)), None, digest
         except Exception as err:  # an unreadable image is recorded, never fatal
             return i, None, failure_reason(err), digest
 

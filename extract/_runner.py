@@ -883,7 +883,12 @@ def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.d
     if src.archive is not None:
         blocks = worker_order(blocks, src.archive.unit, num_workers)
     return torch.utils.data.DataLoader(
-        ItemDataset(src, backbone.transform, jpeg_bytes=decode == "tensor"),
+        ItemDataset(
+            src,
+            backbone.transform,
+            jpeg_bytes=decode == "tensor",
+            trim=backbone.preprocess.get("mode") == "center",
+        ),
         batch_sampler=[b.tolist() for b in blocks],
         num_workers=num_workers,
         collate_fn=collate_items,

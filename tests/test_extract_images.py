@@ -486,6 +486,32 @@ def test_a_long_strip_keeps_its_middle_and_transforms_as_before(width):
     np.testing.assert_allclose(on_device[0] * 255, pil, atol=1.0)
 
 
+def test_a_long_strip_is_kept_whole_for_transforms_that_see_all_of_it(tmp_path):
+    # Strips were cut to 16:1 for every backbone, though timm's "squash" and "border" and
+    # open_clip's "squash" and "longest" transforms see the whole image (and never enlarge
+    # it): the store embedded the middle third of a 60 x 1500 strip of three colours.
+    from types import SimpleNamespace
+
+    from extract._images import open_source
+    from extract._runner import _loader
+
+    pixels = np.zeros((60, 1500, 3), np.uint8)
+    for third in range(3):
+        pixels[:, 500 * third : 500 * (third + 1), third] = 255
+    assert decode_image(_png(pixels), trim=False).size == (1500, 60)
+    (tmp_path / "strips" / "a").mkdir(parents=True)
+    Image.fromarray(pixels).save(tmp_path / "strips" / "a" / "strip.png")
+    source = open_source(str(tmp_path / "strips"))
+    seen = {}
+    for mode in ("center", "squash"):
+        backbone = SimpleNamespace(
+            transform=lambda image: torch.tensor([image.size]), preprocess={"mode": mode}
+        )
+        loader = _loader(source, backbone, [np.array([0])], 0, "pil", torch.device("cpu"))
+        seen[mode] = next(iter(loader))[1][0, 0].tolist()
+    assert seen == {"center": [16 * 60, 60], "squash": [1500, 60]}
+
+
 def test_pixel_limit_is_pil_s():
     check_pixel_limit(9000, 9000)  # 81 M pixels: under PIL's default 89.5 M
     with pytest.raises(Image.DecompressionBombError, match="60000x60000.*MAX_IMAGE_PIXELS"):
