@@ -414,7 +414,12 @@ def _check_file(spec: BackboneSpec, path: str) -> str:
 def _normalised_preprocess(size: int | tuple, resize: int, interpolation: str, mean, std, **extra):
     crop = [size, size] if isinstance(size, int) else list(size)[-2:]
     cfg = dict(resize=int(resize), crop=[int(c) for c in crop], interpolation=str(interpolation))
-    return cfg | dict(mean=[float(m) for m in mean], std=[float(s) for s in std]) | extra
+    cfg |= dict(mean=[float(m) for m in mean], std=[float(s) for s in std]) | extra
+    if cfg.get("mode", "center") != "center":
+        # A transform that squashes or pads the whole image sees all of it: a long strip is
+        # cut only where a kept-ratio resize would leave its short side under one pixel.
+        cfg["max_aspect"] = max(cfg["crop"])
+    return cfg
 
 
 def _stable_repr(transform: Any) -> str:

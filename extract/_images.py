@@ -658,35 +658,38 @@ def to_rgb(image: Image.Image) -> Image.Image:
 # 138 bytes became 235 x 4.7 million pixels, 4.5 GB). For them, beyond this ratio the long
 # side is cut, centred, to this many times the short side before any resize. Transforms
 # that squash or pad the whole image (timm's "squash" and "border", open_clip's "squash"
-# and "longest") see all of it, and never make it larger than their input size: theirs is
-# left whole.
+# and "longest") see all of it and never enlarge it: theirs is cut only beyond the ratio
+# their preprocessing records as ``max_aspect`` (their input's long side, past which a
+# kept-ratio resize leaves the short side under one pixel).
 MAX_ASPECT = 16
 
 
-def aspect_window(width: int, height: int) -> tuple[int, int]:
+def aspect_window(width: int, height: int, max_aspect: int = MAX_ASPECT) -> tuple[int, int]:
     """``(width, height)`` of the centred window kept of an image: itself, or its long side
-    cut to ``MAX_ASPECT`` times its short side, plus one pixel where that leaves an odd
+    cut to ``max_aspect`` times its short side, plus one pixel where that leaves an odd
     number to cut. The same number of pixels then goes from each end: the window has the
     image's own centre, which the transforms' centre crop keeps, and every decoding path
     (PIL, or a crop of a decoded tensor) cuts the same pixels."""
     short = max(min(width, height), 1)
-    w, h = min(width, MAX_ASPECT * short), min(height, MAX_ASPECT * short)
+    w, h = min(width, max_aspect * short), min(height, max_aspect * short)
     return w + (width - w) % 2, h + (height - h) % 2
 
 
-def trim_aspect(image: Image.Image) -> Image.Image:
+def trim_aspect(image: Image.Image, max_aspect: int = MAX_ASPECT) -> Image.Image:
     """The centred :func:`aspect_window` of a PIL image (the image itself if it fits)."""
     width, height = image.size
-    w, h = aspect_window(width, height)
+    w, h = aspect_window(width, height, max_aspect)
     if (w, h) == (width, height):
         return image
     left, top = (width - w) // 2, (height - h) // 2
     return image.crop((left, top, left + w, top + h))
 
 
-def decode_image(data: bytes | bytearray, name: str = "<bytes>", trim: bool = True) -> Image.Image:
+def decode_image(
+    data: bytes | bytearray, name: str = "<bytes>", max_aspect: int = MAX_ASPECT
+) -> Image.Image:
     """Decode an image file's bytes with PIL, fully (so truncation surfaces here), as RGB,
-    cut to its :func:`aspect_window` with ``trim`` (for centre-crop transforms).
+    cut to its :func:`aspect_window` of ``max_aspect``.
 
     ``name`` (the file's path) stands for the data in error messages.
     """
@@ -701,7 +704,7 @@ def decode_image(data: bytes | bytearray, name: str = "<bytes>", trim: bool = Tr
         with opened as image:
             check_pixel_limit(*image.size)
             image.load()
-            return trim_aspect(to_rgb(image)) if trim else to_rgb(image)
+            return trim_aspect(to_rgb(image), max_aspect)
 
 
 def check_listed(path: str, st: os.stat_result, listed: tuple[int, int] | None) -> None:
@@ -790,10 +793,10 @@ class ItemDataset(torch.utils.data.Dataset):
     """
 
     def __init__(
-        self, source: ImageSource, transform, jpeg_bytes: bool = False, trim: bool = True
+        self, source: ImageSource, transform, jpeg_bytes: bool = False, max_aspect=MAX_ASPECT
     ) -> None:
         self.source, self.transform, self.jpeg_bytes = source, transform, jpeg_bytes
-        self.trim = trim  # long strips cut (decode_image), for a centre-crop transform
+        self.max_aspect = max_aspect  # where long strips are cut (decode_image)
         self.sizes, self.mtimes = source.file_stats()
         self.reader_state: dict = {}  # per worker process: the archive's open cursor
 
@@ -834,7 +837,7 @@ class ItemDataset(torch.utils.data.Dataset):
                 check_pixel_limit(*jpeg_size(data))
                 # A plain bytearray-backed tensor crosses the worker queue cheaply.
                 return i, torch.frombuffer(data, dtype=torch.uint8), None, digest
-            return i, self.transform(decode_image(data, name, self.trim)), None, digest
+            return i, self.transform(decode_image(data, name, self.max_aspect)), None, digest
         except Exception as err:  # an unreadable image is recorded, never fatal
             return i, None, failure_reason(err), digest
 

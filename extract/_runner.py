@@ -23,6 +23,7 @@ from mr2_probe._device import resolve_device
 
 from ._backbones import Backbone, BackboneSpec, create_backbone, device_failed
 from ._images import (
+    MAX_ASPECT,
     NOT_A_FILE,
     ImageSource,
     ItemDataset,
@@ -887,7 +888,7 @@ def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.d
             src,
             backbone.transform,
             jpeg_bytes=decode == "tensor",
-            trim=backbone.preprocess.get("mode") == "center",
+            max_aspect=backbone.preprocess.get("max_aspect", MAX_ASPECT),
         ),
         batch_sampler=[b.tolist() for b in blocks],
         num_workers=num_workers,

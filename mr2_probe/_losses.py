@@ -42,30 +42,45 @@ def margin_cross_entropy(
     return loss.sum() / sample_weight.sum()
 
 
-def pairwise_sq_distances(
-    features: torch.Tensor, sample_weight: torch.Tensor | None = None
-) -> torch.Tensor:
+def pairwise_sq_distances(features: torch.Tensor) -> torch.Tensor:
     """Squared Euclidean distances between all rows, from one Gram matrix (B, B).
 
     ‖a‖² + ‖b‖² − 2a·b cancels: the rows are centred on their mean first (distances do
-    not change; with ``sample_weight``, the mean of the rows of positive weight, so that
-    rows of weight 0 change nothing), and computed in float32 at least, autocast or not.
-    Features of norm 4000 with a spread of 0.16 left errors of about 2 in float32
-    distances of 0.3, and a bfloat16 Gram matrix would leave errors as large as the
-    distances (float16 overflows beyond norms of 256).
+    not change), and computed in float32 at least, autocast or not. Features of norm 4000
+    with a spread of 0.16 left errors of about 2 in float32 distances of 0.3, and a
+    bfloat16 Gram matrix would leave errors as large as the distances (float16 overflows
+    beyond norms of 256).
     """
-    if features.dtype in (torch.float16, torch.bfloat16):
-        features = features.float()
+    features = _float32_at_least(features)
     with torch.autocast(features.device.type, enabled=False):
-        if sample_weight is None:
-            centre = features.mean(0, keepdim=True)
-        else:
-            used = (sample_weight > 0).to(features.dtype)[:, None]  # (B, 1)
-            centre = (features * used).sum(0, keepdim=True) / used.sum().clamp_min(1)
-        features = features - centre
-        sq = (features * features).sum(-1)  # (B,)
-        gram = features @ features.T  # (B, B)
-        return (sq[:, None] + sq[None, :] - 2 * gram).clamp_min(0)
+        return _gram_sq_distances(features - features.mean(0, keepdim=True))
+
+
+def _within_class_sq_distances(features, target, sample_weight=None) -> torch.Tensor:
+    """:func:`pairwise_sq_distances` exact between rows of one class, whatever lies
+    between the classes: each row is centred on its own class's mean in the batch (over
+    its rows of positive weight, so that rows of weight 0 change nothing). Entries across
+    classes are not the rows' distances. One far row of another class shifted a common
+    centre by far/B, and every pair's cancellation came back."""
+    features = _float32_at_least(features)
+    with torch.autocast(features.device.type, enabled=False):
+        member = (target[:, None] == target[None, :]).to(features.dtype)  # (B, B)
+        if sample_weight is not None:
+            member = member * (sample_weight > 0).to(features.dtype)[None, :]
+        centre = (member @ features) / member.sum(1, keepdim=True).clamp_min(1)  # (B, d)
+        return _gram_sq_distances(features - centre)
+
+
+def _float32_at_least(features: torch.Tensor) -> torch.Tensor:
+    if not features.is_floating_point() or features.dtype in (torch.float16, torch.bfloat16):
+        return features.float()
+    return features
+
+
+def _gram_sq_distances(features: torch.Tensor) -> torch.Tensor:
+    sq = (features * features).sum(-1)  # (B,)
+    gram = features @ features.T  # (B, B)
+    return (sq[:, None] + sq[None, :] - 2 * gram).clamp_min(0)
 
 
 def compactness_loss(
@@ -103,7 +118,8 @@ def compactness_loss(
     """
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}.")
-    exponent = (pairwise_sq_distances(features, sample_weight) - 2 * s_bar) / tau  # (B, B)
+    distances = _within_class_sq_distances(features, target, sample_weight)  # (B, B)
+    exponent = (distances - 2 * s_bar) / tau
     same = target[:, None] == target[None, :]  # (B, B)
     eye = torch.eye(len(target), dtype=torch.bool, device=target.device)
     if sample_weight is None:

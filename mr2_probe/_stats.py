@@ -137,17 +137,18 @@ def mean_spread(stats: ClassStats) -> torch.Tensor:
 def compactness_tau(stats: ClassStats) -> torch.Tensor:
     """τ = 2 s̄, the compactness loss's temperature by default, a scalar.
 
-    s̄ is floored at the rounding of the squared distances that the loss compares with 2 s̄
-    (the dtype's epsilon times the mean ‖φ − m‖² of the classes present, m the mean of
-    their means: the distances are computed about the batch's mean): when every class is
-    copies of one row, s̄ is rounding too (1e-33), and a τ of that size turned a distance's
-    rounding error into an exponent of 10¹⁶.
+    s̄ is floored at the rounding of the squared distances that the loss compares with 2 s̄:
+    when every class is copies of one row, s̄ is rounding too (1e-33), and a τ of that size
+    turned a distance's rounding error into an exponent of 10¹⁶. The loss centres each
+    row on its class's mean before its Gram product, which leaves rows of a class exact to
+    ε·‖μ_k‖ (ε the dtype's epsilon): the floor is ε·mean_k (msd_k + ε·‖μ_k‖²) over the
+    classes present. (It was ε·mean_k ‖φ‖², the rounding of uncentred rows: under a large
+    common mean, 12 times 2 s̄ in float32.)
     """
     present = (stats.count > 0).to(stats.msd_l2.dtype)  # (K,)
-    means = stats.mean.nan_to_num()
-    centre = (means * present[:, None]).sum(0) / present.sum().clamp_min(1)
-    moment = (((means - centre) ** 2).sum(-1) + stats.msd_l2).nan_to_num() * present
-    floor = torch.finfo(moment.dtype).eps * moment.sum() / present.sum().clamp_min(1)
+    eps = torch.finfo(stats.msd_l2.dtype).eps
+    moment = (stats.msd_l2 + eps * (stats.mean * stats.mean).sum(-1)).nan_to_num() * present
+    floor = eps * moment.sum() / present.sum().clamp_min(1)
     return 2 * torch.maximum(mean_spread(stats), floor).clamp_min(torch.finfo(floor.dtype).tiny)
 
 

@@ -489,27 +489,35 @@ def test_a_long_strip_keeps_its_middle_and_transforms_as_before(width):
 def test_a_long_strip_is_kept_whole_for_transforms_that_see_all_of_it(tmp_path):
     # Strips were cut to 16:1 for every backbone, though timm's "squash" and "border" and
     # open_clip's "squash" and "longest" transforms see the whole image (and never enlarge
-    # it): the store embedded the middle third of a 60 x 1500 strip of three colours.
+    # it): the store embedded the middle third of a 60 x 1500 strip of three colours. They
+    # are cut at their input's long side (a 1 x 2000 strip padded to 224 px would be
+    # 0 px high), which their preprocessing records.
     from types import SimpleNamespace
 
+    from extract._backbones import _normalised_preprocess
     from extract._images import open_source
     from extract._runner import _loader
 
     pixels = np.zeros((60, 1500, 3), np.uint8)
     for third in range(3):
         pixels[:, 500 * third : 500 * (third + 1), third] = 255
-    assert decode_image(_png(pixels), trim=False).size == (1500, 60)
+    assert decode_image(_png(pixels), max_aspect=224).size == (1500, 60)
     (tmp_path / "strips" / "a").mkdir(parents=True)
     Image.fromarray(pixels).save(tmp_path / "strips" / "a" / "strip.png")
+    Image.fromarray(np.zeros((1, 2000, 3), np.uint8)).save(tmp_path / "strips" / "a" / "thin.png")
     source = open_source(str(tmp_path / "strips"))
     seen = {}
     for mode in ("center", "squash"):
-        backbone = SimpleNamespace(
-            transform=lambda image: torch.tensor([image.size]), preprocess={"mode": mode}
+        preprocess = _normalised_preprocess(
+            (3, 224, 224), 224, "bicubic", [0] * 3, [1] * 3, mode=mode
         )
-        loader = _loader(source, backbone, [np.array([0])], 0, "pil", torch.device("cpu"))
-        seen[mode] = next(iter(loader))[1][0, 0].tolist()
-    assert seen == {"center": [16 * 60, 60], "squash": [1500, 60]}
+        assert ("max_aspect" in preprocess) == (mode != "center")
+        backbone = SimpleNamespace(
+            transform=lambda image: torch.tensor([image.size]), preprocess=preprocess
+        )
+        loader = _loader(source, backbone, [np.array([0, 1])], 0, "pil", torch.device("cpu"))
+        seen[mode] = next(iter(loader))[1][:, 0].tolist()
+    assert seen == {"center": [[16 * 60, 60], [16, 1]], "squash": [[1500, 60], [224, 1]]}
 
 
 def test_pixel_limit_is_pil_s():

@@ -686,7 +686,8 @@ def test_loader_workers_each_stream_whole_row_groups(tmp_path, monkeypatch):
             src.archive.read(src.root, block.tolist(), states[i % workers])
         return sum(streamed)
 
-    loader = _runner._loader(src, SimpleNamespace(transform=None), blocks, workers, "pil",
+    backbone = SimpleNamespace(transform=None, preprocess={"mode": "center"})
+    loader = _runner._loader(src, backbone, blocks, workers, "pil",
                              torch.device("cpu"))  # fmt: skip
     order = [np.asarray(b) for b in loader.batch_sampler]
     assert sorted(map(tuple, order)) == sorted(map(tuple, blocks))

@@ -15,6 +15,7 @@ from mr2_probe import (
     mean_spread,
     moments_difficulty,
     moments_statistics,
+    pairwise_sq_distances,
     update_moments,
 )
 from mr2_probe._stats import compactness_tau, lp_norm_sq
@@ -191,7 +192,6 @@ def test_compactness_integer_weights_are_repeated_rows_and_zero_weights_absent()
 def test_pairwise_distances_under_bfloat16_autocast_are_float32s():
     # Features of norm ~20 as a backbone gives them: in bfloat16, ‖a‖² + ‖b‖² − 2a·b
     # cancels to errors of several units.
-    from mr2_probe._losses import pairwise_sq_distances
 
     features = torch.randn(64, 32, generator=torch.Generator().manual_seed(0)) * 3.5
     exact = torch.cdist(features.double(), features.double()).square()
@@ -793,3 +793,22 @@ def test_an_older_state_loads_into_modules_built_on_meta_and_averages():
     for _ in range(2):
         averaged.update_parameters(source)
     assert float(averaged.module.stats_p) == 2.5
+
+
+def test_compactness_is_exact_in_float32_beside_a_far_row_of_another_class():
+    # Centred on the batch's mean, one row of norm 1e5 in a class of its own moved every
+    # row by 1e5 / B: the float32 loss was 4.86 against 1.07, its gradient all wrong.
+    g = torch.Generator().manual_seed(1)
+    x64 = torch.randn(16, 256, generator=g, dtype=torch.float64) * 0.05
+    y = torch.arange(16) % 4
+    y[0], x64[0] = 4, 1e5 / 16
+    grads = []
+    for x in (x64.float().requires_grad_(), x64.clone().requires_grad_()):
+        loss = compactness_loss(x, y, 0.64, 1.28)
+        grads.append((loss.item(), torch.autograd.grad(loss, x)[0].double()))
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-5)
+    error = (grads[0][1] - grads[1][1]).norm() / grads[1][1].norm()
+    assert error < 1e-5
+    # Integer features are distances too (the mean of an integer tensor failed).
+    distances = pairwise_sq_distances(torch.tensor([[0, 1], [3, 5], [1, 1]]))
+    torch.testing.assert_close(distances, torch.tensor([[0.0, 25, 1], [25, 0, 20], [1, 20, 0]]))
