@@ -518,6 +518,10 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
         extra = {"force_quick_gelu": True} if quick else {}
         load = lambda: create(tag, **extra)  # noqa: E731
         model, _, transform = _with_pretrained(spec, f"tag {tag!r}", load)
+        # Recorded where the image tower has the activation (a ResNet tower has none).
+        quick = quick and any(
+            isinstance(m, open_clip.transformer.QuickGELU) for m in model.visual.modules()
+        )
         weights_id = hub_weights_id(tag + (" run with QuickGELU" if quick else ""), model.visual)
     visual = model.visual  # encode_image(x) is visual(x); the text tower is not needed
     cfg = dict(getattr(visual, "preprocess_cfg", {}))
@@ -810,8 +814,10 @@ def read_checkpoint(path: str):
 def _check_readable(path: str) -> None:
     """After a library failed to build a model from the checkpoint ``path``: one
     :class:`BackboneError` line if the file itself cannot be read (a truncated download,
-    not a checkpoint at all), else nothing, and the library's own error stands."""
-    read_checkpoint(path)
+    not a checkpoint at all), else nothing, and the library's own error stands. A
+    ``.safetensors`` file is read by the libraries, not by torch.load: left to them."""
+    if not str(path).endswith(".safetensors"):
+        read_checkpoint(path)
 
 
 def _unreadable(path: str, err: BaseException) -> BackboneError:
@@ -839,7 +845,10 @@ def _moco(spec: BackboneSpec, image_size: int | None):
     _check_timm_model(spec)
     path = _check_file(spec, spec.weights)
     checkpoint = read_checkpoint(path)
-    model = timm.create_model(spec.model, pretrained=False, num_classes=0)
+    # MoCo v3's ViT-Small has 12 heads where timm's has 6: the weights have the same
+    # shapes either way, and would load into the wrong attention without a word.
+    heads = {"num_heads": 12} if spec.model.startswith("vit_small") else {}
+    model = timm.create_model(spec.model, pretrained=False, num_classes=0, **heads)
     _load_strict(model, moco_state_dict(checkpoint, model.state_dict().keys()), spec)
     # MoCo's published linear-evaluation transform: Resize(256), CenterCrop(224), bilinear.
     data = _timm_data(
@@ -877,8 +886,9 @@ def lite0_key(key: str) -> str:
 
 def _lite0_state(checkpoint, path: str) -> dict[str, torch.Tensor]:
     """timm's ``tf_efficientnet_lite0`` state of a Lite0 checkpoint: the package's keys
-    renamed, or timm's own as they are (nested under ``state_dict`` or ``model``, and a
-    ``module.`` prefix, as training scripts save them), classifier dropped."""
+    renamed, or timm's own as they are (nested under ``state_dict`` or ``model``, with
+    ``module.`` or ``_orig_mod.`` prefixes, as training scripts save them), classifier and
+    private entries (``_version``) dropped."""
     if isinstance(checkpoint, dict):
         for key in ("state_dict", "model"):
             if isinstance(checkpoint.get(key), dict):
@@ -886,9 +896,11 @@ def _lite0_state(checkpoint, path: str) -> dict[str, torch.Tensor]:
                 break
     if not isinstance(checkpoint, dict) or not all(isinstance(k, str) for k in checkpoint):
         raise BackboneError(f"{path!r} holds no state dict of EfficientNet-Lite0 weights.")
-    state = {k.removeprefix("module."): v for k, v in checkpoint.items()}
-    if not any(k.startswith("_") for k in state):  # timm's names already
-        return {k: v for k, v in state.items() if not k.startswith("classifier.")}
+    # DDP's "module." and torch.compile's "_orig_mod.", in either order.
+    bare = re.compile(r"^(?:module\.|_orig_mod\.)+")
+    state = {bare.sub("", k): v for k, v in checkpoint.items()}
+    if "_conv_stem.weight" not in state:  # timm's names already
+        return {k: v for k, v in state.items() if not k.startswith(("classifier.", "_"))}
     try:
         return {lite0_key(k): v for k, v in state.items() if not k.startswith("_fc.")}
     except (KeyError, ValueError, IndexError) as err:

@@ -226,8 +226,11 @@ class MR2Loss(nn.Module):
         # Sums measured with another p or normalize are refused, and nothing is loaded (a
         # state saved before these were recorded is taken as this module's).
         wrong = []
+        count = state_dict.get(f"{prefix}moment_count")
+        device = count.device if isinstance(count, torch.Tensor) else None
         for name, ours in self._recorded().items():
-            saved = state_dict.setdefault(prefix + name, ours).detach()
+            saved = state_dict.setdefault(prefix + name, ours.to(device)).detach()
+            state_dict[prefix + name] = saved.float()  # a bool of a state saved before
             if saved.is_meta:  # no value to compare (a state of a module built on meta)
                 continue
             if saved.shape != () or not bool(saved.cpu().float() == ours):

@@ -416,13 +416,14 @@ def test_moco_v3_vit_checkpoint(tmp_path):
     import timm
 
     torch.manual_seed(1)
-    vit = timm.create_model("vit_tiny_patch16_224", num_classes=0).eval()
+    # MoCo v3's ViT-Small has 12 heads (timm's 6): same shapes, other attention.
+    vit = timm.create_model("vit_small_patch16_224", num_classes=0, num_heads=12).eval()
     state = {f"module.base_encoder.{k}": v for k, v in vit.state_dict().items()}
     state |= {f"module.base_encoder.head.{i}.weight": torch.zeros(4, 4) for i in (0, 1, 3)}
     state |= {"module.predictor.0.weight": torch.zeros(4, 4)}
     path = tmp_path / "vit-s-300ep.pth.tar"
     torch.save({"epoch": 300, "state_dict": state}, path)
-    bb = create_backbone(f"moco:vit_tiny_patch16_224@{path}")
+    bb = create_backbone(f"moco:vit_small_patch16_224@{path}")
     x = torch.rand(2, 3, 224, 224)
     with torch.inference_mode():
         torch.testing.assert_close(bb.model(x), vit(x))
@@ -612,22 +613,37 @@ def test_effnet_lite0_random():
 def test_openai_weights_run_with_quick_gelu_as_trained(tmp_path, monkeypatch):
     # open_clip's "ViT-B-32" config has GELU, and its tag 'openai' weights were trained with
     # QuickGELU: open_clip only warns, and the store recorded features of a network the
-    # weights were not trained for, under a weights id that looked right.
+    # weights were not trained for, under a weights id that looked right. A ResNet image
+    # tower has no such activation: its weights id stays as it was.
+    import json
+
     import open_clip
     import open_clip.factory
 
     name = register_tiny_open_clip(tmp_path)
-    source, _, _ = open_clip.create_model_and_transforms(name, pretrained=None)
-    torch.save(source.state_dict(), tmp_path / "weights.pt")
+    resnet = dict(json.loads((tmp_path / f"{name}.json").read_text()))
+    resnet["vision_cfg"] = {"image_size": 32, "layers": [1, 1, 1, 1], "width": 8}
+    (tmp_path / "tiny-rn-test.json").write_text(json.dumps(resnet))
+    open_clip.add_model_config(tmp_path / "tiny-rn-test.json")
+    files = {}
+    for model in (name, "tiny-rn-test"):
+        source, _, _ = open_clip.create_model_and_transforms(model, pretrained=None)
+        files[model] = tmp_path / f"{model}.pt"
+        torch.save(source.state_dict(), files[model])
+    loading = {}
     monkeypatch.setattr(
-        open_clip.factory, "download_pretrained", lambda *a, **k: str(tmp_path / "weights.pt")
+        open_clip.factory, "download_pretrained", lambda *a, **k: str(files[loading["model"]])
     )
     tags = {
         "quick": open_clip.pretrained._pcfg(hf_hub="nobody/q/", quick_gelu=True),
         "plain": open_clip.pretrained._pcfg(hf_hub="nobody/p/"),
     }
-    monkeypatch.setitem(open_clip.pretrained._PRETRAINED, name, tags)
-    quick, plain = (create_backbone(f"open_clip:{name}@{tag}") for tag in tags)
+    built = {}
+    for model in (name, "tiny-rn-test"):
+        monkeypatch.setitem(open_clip.pretrained._PRETRAINED, model, tags)
+        loading["model"] = model
+        built[model] = {tag: create_backbone(f"open_clip:{model}@{tag}") for tag in tags}
+    quick, plain = built[name]["quick"], built[name]["plain"]
     assert isinstance(
         quick.model.transformer.resblocks[0].mlp.gelu, open_clip.transformer.QuickGELU
     )
@@ -639,6 +655,7 @@ def test_openai_weights_run_with_quick_gelu_as_trained(tmp_path, monkeypatch):
     x = torch.rand(2, 3, 32, 32)
     with torch.inference_mode():
         assert not torch.allclose(quick.model(x), plain.model(x))
+    assert built["tiny-rn-test"]["quick"].weights_id.startswith("tag:quick params-sha256:")
 
 
 def test_unreadable_checkpoints_are_one_error_line_for_every_family(tmp_path):
@@ -672,7 +689,8 @@ def test_effnet_lite0_takes_timm_s_names_and_wrapped_states(tmp_path):
 
     torch.manual_seed(0)
     lite = timm.create_model("tf_efficientnet_lite0", num_classes=0).eval()
-    wrapped = {"state_dict": {f"module.{k}": v for k, v in lite.state_dict().items()}}
+    wrapped = {"state_dict": {f"module._orig_mod.{k}": v for k, v in lite.state_dict().items()}}
+    wrapped["state_dict"]["_version"] = 1  # torch.compile's prefix, a private entry
     torch.save(wrapped, tmp_path / "lite0.pth")
     bb = create_backbone(f"effnet-lite0@{tmp_path / 'lite0.pth'}", image_size=32)
     x = torch.rand(2, 3, 32, 32)

@@ -793,6 +793,10 @@ def test_an_older_state_loads_into_modules_built_on_meta_and_averages():
     for _ in range(2):
         averaged.update_parameters(source)
     assert float(averaged.module.stats_p) == 2.5
+    # A bool stats_normalize (as saved for a while) is loaded as float32, assign=True too.
+    with_bool = source.state_dict() | {"stats_normalize": torch.tensor(False)}
+    assigned.load_state_dict(with_bool, assign=True)
+    assert assigned.stats_normalize.dtype == torch.float32
 
 
 def test_compactness_is_exact_in_float32_beside_a_far_row_of_another_class():
