@@ -56,19 +56,18 @@ def pairwise_sq_distances(features: torch.Tensor) -> torch.Tensor:
         return _gram_sq_distances(features - features.mean(0, keepdim=True))
 
 
-def _within_class_sq_distances(features, target, sample_weight=None) -> torch.Tensor:
-    """:func:`pairwise_sq_distances` exact between rows of one class, whatever lies
-    between the classes: each row is centred on its own class's mean in the batch (over
-    its rows of positive weight, so that rows of weight 0 change nothing). Entries across
-    classes are not the rows' distances. One far row of another class shifted a common
-    centre by far/B, and every pair's cancellation came back."""
+def _within_class_sq_distances(features, same, sample_weight=None) -> torch.Tensor:
+    """:func:`pairwise_sq_distances` exact between rows of one class (``same``, (B, B)),
+    whatever lies between the classes: each row is taken relative to the first row of its
+    class in the batch (of positive weight, so that rows of weight 0 change nothing), a
+    shift that leaves a class's distances as they are, so it carries no gradient. Entries
+    across classes are not the rows' distances. Centred on the batch's mean, one far row of
+    another class shifted every row by far/B, and every pair's cancellation came back."""
     features = _float32_at_least(features)
     with torch.autocast(features.device.type, enabled=False):
-        member = (target[:, None] == target[None, :]).to(features.dtype)  # (B, B)
-        if sample_weight is not None:
-            member = member * (sample_weight > 0).to(features.dtype)[None, :]
-        centre = (member @ features) / member.sum(1, keepdim=True).clamp_min(1)  # (B, d)
-        return _gram_sq_distances(features - centre)
+        member = same if sample_weight is None else same & (sample_weight > 0)[None, :]
+        first = member.to(features.dtype).argmax(1)  # (B,): argmax takes the first maximum
+        return _gram_sq_distances(features - features.detach()[first])
 
 
 def _float32_at_least(features: torch.Tensor) -> torch.Tensor:
@@ -118,9 +117,9 @@ def compactness_loss(
     """
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}.")
-    distances = _within_class_sq_distances(features, target, sample_weight)  # (B, B)
-    exponent = (distances - 2 * s_bar) / tau
     same = target[:, None] == target[None, :]  # (B, B)
+    distances = _within_class_sq_distances(features, same, sample_weight)  # (B, B)
+    exponent = (distances - 2 * s_bar) / tau
     eye = torch.eye(len(target), dtype=torch.bool, device=target.device)
     if sample_weight is None:
         exponent = exponent.masked_fill(~(same & ~eye), float("-inf"))

@@ -139,10 +139,10 @@ def compactness_tau(stats: ClassStats) -> torch.Tensor:
 
     s̄ is floored at the rounding of the squared distances that the loss compares with 2 s̄:
     when every class is copies of one row, s̄ is rounding too (1e-33), and a τ of that size
-    turned a distance's rounding error into an exponent of 10¹⁶. The loss centres each
-    row on its class's mean before its Gram product, which leaves rows of a class exact to
-    ε·‖μ_k‖ (ε the dtype's epsilon): the floor is ε·mean_k (msd_k + ε·‖μ_k‖²) over the
-    classes present. (It was ε·mean_k ‖φ‖², the rounding of uncentred rows: under a large
+    turned a distance's rounding error into an exponent of 10¹⁶. The loss takes each row
+    relative to a row of its class before its Gram product, which leaves rows of a class
+    exact to ε·‖μ_k‖ (ε the dtype's epsilon): the floor is ε·mean_k (msd_k + ε·‖μ_k‖²)
+    over the classes present. (It was ε·mean_k ‖φ‖², the rounding of uncentred rows: under a large
     common mean, 12 times 2 s̄ in float32.)
     """
     present = (stats.count > 0).to(stats.msd_l2.dtype)  # (K,)
