@@ -992,6 +992,7 @@ def test_minibatch_updates_are_torch_optims(solver):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.slow
 def test_minibatch_step_size_falls_tenfold_at_each_plateau(digits, monkeypatch):
     from mr2_probe import _solvers
 

@@ -452,6 +452,7 @@ def test_unwritable_out_is_refused_before_any_work(files, tmp_path):
     assert os.listdir(locked) == []
 
 
+@pytest.mark.slow
 def test_feature_scaling_logit_scale_and_the_deprecated_scale(files, tmp_path, capsys):
     data = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--no-progress"]
     assert main([*data, "--feature-scaling", "standard", "--out", str(tmp_path / "a")]) == 0
@@ -844,6 +845,7 @@ def test_a_failed_plot_loses_no_fit(files, tmp_path, monkeypatch):
     assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
 
 
+@pytest.mark.slow
 def test_a_run_that_fails_writing_leaves_the_earlier_outputs_whole(
     files, tmp_path, monkeypatch, capsys
 ):

@@ -36,7 +36,9 @@ def _folds(y, k=3):
     "head, values, params",
     [
         ("linear", [0.01, 0.1, 1.0], dict(c_bar=1.0)),
-        ("linear", [0.01, 1.0], dict(c_bar=None, class_weight="balanced")),
+        pytest.param(
+            "linear", [0.01, 1.0], dict(c_bar=None, class_weight="balanced"), marks=pytest.mark.slow
+        ),
         ("cosine", [2.0, 8.0, 32.0], dict(c_bar=1.0)),
     ],
 )
@@ -419,7 +421,13 @@ def _spy_batched(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("params", [dict(c_bar=None), dict(c_bar=2.0, class_weight="balanced")])
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(c_bar=None),
+        pytest.param(dict(c_bar=2.0, class_weight="balanced"), marks=pytest.mark.slow),
+    ],
+)
 def test_folds_solved_as_one_batched_problem_give_the_per_fold_path(params, monkeypatch):
     X, y = _blobs(n_classes=5, n=300)
     X = StandardScaler().fit_transform(X)

@@ -409,6 +409,7 @@ def test_moco_checkpoint(tmp_path, prefix, extra):
         torch.testing.assert_close(bb.model(x), resnet(x))
 
 
+@pytest.mark.slow
 def test_moco_v3_vit_checkpoint(tmp_path):
     # MoCo v3's ViTs carry their projection MLP as `head` (its linear evaluation drops
     # `head` for ViTs, `fc` for ResNets): every such checkpoint was refused for

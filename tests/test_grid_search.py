@@ -37,6 +37,7 @@ def _search(X, y):
         return search.fit(X, y)
 
 
+@pytest.mark.slow
 def test_dask_backend_matches_the_default_backend():
     X, y = load_digits(return_X_y=True)
     X, y = X[:360] / 16.0, y[:360]

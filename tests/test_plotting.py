@@ -95,6 +95,7 @@ def test_long_class_names_are_rotated(tmp_path, names, rotation):
         assert {t.get_horizontalalignment() for t in labels} == {"right"}
 
 
+@pytest.mark.slow
 def test_imagenet_length_names_stay_inside_the_figure(tmp_path):
     # 50 names of ImageNet's length, turned upright in a figure of fixed height, squeezed
     # the axes to nothing ("constrained_layout not applied"): no name, not even the axis
