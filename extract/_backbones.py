@@ -502,11 +502,8 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
         weights_id = params_weights_id(RANDOM_ID, model.visual)
     elif weights and (_looks_like_path(weights) or os.path.exists(weights)):
         path = _check_file(spec, weights)
-        try:
+        with _library_reads(path):
             model, _, transform = create(path, **_tags_preprocess(spec.model))
-        except Exception:
-            _check_readable(path)
-            raise
         weights_id = file_sha256(path)
     else:
         tag = _open_clip_tag(spec)
@@ -684,7 +681,7 @@ def _timm(spec: BackboneSpec, image_size: int | None):
     elif spec.weights:
         path = _check_file(spec, spec.weights)
         # The overlay makes timm apply the model's own checkpoint filter (e.g. MAE key names).
-        with _state_dict_loads() as loads:
+        with _state_dict_loads() as loads, _library_reads(path):
             try:
                 model = _create_timm(
                     timm, spec.model, image_size, pretrained=True,
@@ -692,15 +689,11 @@ def _timm(spec: BackboneSpec, image_size: int | None):
                 )  # fmt: skip
             except RuntimeError as err:
                 if "size mismatch" not in str(err):
-                    _check_readable(path)
                     raise
                 raise BackboneError(
                     f"The checkpoint of backbone {str(spec)!r} does not fit the timm model "
                     f"{spec.model!r}: {str(err).strip().splitlines()[-1].strip()}"
                 ) from err
-            except Exception:
-                _check_readable(path)
-                raise
         # Without its classifier the load is not strict: a parameter the checkpoint does not
         # hold would keep its random initialisation, and the features be silently wrong.
         missing = [key for _, result in loads for key in result.missing_keys]
@@ -811,13 +804,21 @@ def read_checkpoint(path: str):
         raise _unreadable(path, err) from err
 
 
-def _check_readable(path: str) -> None:
-    """After a library failed to build a model from the checkpoint ``path``: one
+@contextmanager
+def _library_reads(path: str) -> Iterator[None]:
+    """Around a library's load of the checkpoint ``path``: where it fails, one
     :class:`BackboneError` line if the file itself cannot be read (a truncated download,
-    not a checkpoint at all), else nothing, and the library's own error stands. A
-    ``.safetensors`` file is read by the libraries, not by torch.load: left to them."""
-    if not str(path).endswith(".safetensors"):
-        read_checkpoint(path)
+    not a checkpoint at all), else the library's own error stands. The file is read again
+    only then. A ``.safetensors`` file is read by the libraries, not by torch.load: left to
+    them."""
+    try:
+        yield
+    except BackboneError:
+        raise
+    except Exception:
+        if not str(path).endswith(".safetensors"):
+            read_checkpoint(path)
+        raise
 
 
 def _unreadable(path: str, err: BaseException) -> BackboneError:
