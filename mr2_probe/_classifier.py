@@ -43,10 +43,15 @@ _EXTREME = 1e-6
 _STEEP_TILT = 10.0
 
 
+def _dtype_name(dtype) -> str:
+    """``float32`` for torch.float32 (and for NumPy's, as it is)."""
+    return str(dtype).replace("torch.", "")
+
+
 def _overflow_message(what, dtype, suspects=()):
     """The error of a fit that left floating-point range: the ``suspects`` (parameters
     found extreme) when there are any, else the features' scale."""
-    name = str(dtype).replace("torch.", "")
+    name = _dtype_name(dtype)
     if suspects:
         return (
             f"Cannot fit: {what} in {name} arithmetic, with {' and '.join(suspects)}. Use "
@@ -527,11 +532,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError("The sum of sample weights must be positive.")
         largest = float(sample_weight.max())
         if largest > torch.finfo(dtype).max:
-            name = str(dtype).replace("torch.", "")
             raise ValueError(
-                f"sample_weight holds values up to {largest:g}, beyond the range of {name}, "
-                "in which X is computed: multiply the weights by a small factor and C by its "
-                "inverse (the same problem), and fit again."
+                f"sample_weight holds values up to {largest:g}, beyond the range of "
+                f"{_dtype_name(dtype)}, in which X is computed: multiply the weights by a small "
+                "factor and C by its inverse (the same problem), and fit again."
             )
 
         y_t = to_tensor(y_index.astype(np.int64), device)
@@ -572,10 +576,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             data.source.check_finite(type(self).__name__)
         stats, margins = initial[0], initial[1]
         if not bool(all(torch.isfinite(t).all() for t in (*stats, margins))):
-            what, suspects = (
-                "the class statistics (‖x‖²) overflow",
-                _weight_suspects(data.weight_sum, data.dtype),
-            )
+            suspects = _weight_suspects(data.weight_sum, data.dtype)
+            what = "the class statistics (‖x‖²) overflow"
             raise ValueError(_overflow_message(what, data.dtype, suspects))
         return initial
 
