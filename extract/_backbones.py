@@ -5,6 +5,7 @@ A spec names a family, a model and its weights in one string::
     timm:resnet50.a1_in1k                    timm model, its pretrained weights (timm hub)
     timm:vit_base_patch16_224.mae@/ckpt/mae.pth   timm model, local checkpoint
     timm:resnet18@random                     random initialisation (seeded)
+    timm:hf-hub:timm/resnet50.a1_in1k        timm's hub and folder names (``local-dir:FOLDER``)
     open_clip:ViT-B-32@laion2b_s34b_b79k     open_clip model, pretrained tag
     open_clip:ViT-B-32                       the first pretrained tag open_clip lists for it
     open_clip:ViT-B-32@/ckpt/clip.pt         open_clip model, local checkpoint
@@ -42,6 +43,8 @@ FAMILIES = ("open_clip", "timm", "moco", "effnet-lite0")
 RANDOM = "random"  # the weights part that asks for random initialisation
 RANDOM_ID = "random-init:seed0"
 _CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".tar", ".ckpt", ".safetensors", ".pkl")
+# Model names that bring their config and weights (timm's and open_clip's prefixes).
+_MODEL_SOURCES = ("hf-hub:", "local-dir:")
 _SPEC_FORMS = (
     "'open_clip:MODEL[@TAG|@CHECKPOINT|@random]', 'timm:MODEL[@CHECKPOINT|@random]', "
     "'moco:[ARCH@]CHECKPOINT' or 'effnet-lite0[@CHECKPOINT|@random]'"
@@ -174,7 +177,8 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
         raise BackboneError(
             "'effnet-lite0' takes no model name; use 'effnet-lite0[@CHECKPOINT|@random]'."
         )
-    if family == "moco" and not at:
+    if family == "moco" and (not at or _looks_like_path(model)):
+        # ``moco:PATH``, its path free to hold an '@' (no architecture name looks like a path)
         model, weights = "resnet50", rest
     if not model:
         raise BackboneError(f"The backbone spec {text!r} names no model; use one of {_SPEC_FORMS}.")
@@ -252,6 +256,15 @@ def _check_timm_model(spec: BackboneSpec) -> None:
     import timm
     from timm.models import get_pretrained_cfg, split_model_name_tag
 
+    if spec.model.startswith(_MODEL_SOURCES):  # its architecture is in its config
+        _check_own_weights(spec)
+        where = spec.model.removeprefix("local-dir:")
+        if where != spec.model and not os.path.isfile(os.path.join(where, "config.json")):
+            raise BackboneError(
+                f"The timm model folder {where!r} of backbone {str(spec)!r} holds no "
+                "config.json; timm's save_for_hf writes the folder that 'local-dir:' reads."
+            )
+        return
     arch, tag = split_model_name_tag(spec.model)
     if not timm.is_model(arch):
         hint = _suggest(arch, timm.list_models(), "`timm.list_models()`")
@@ -267,10 +280,20 @@ def _check_timm_model(spec: BackboneSpec) -> None:
             ) from None
 
 
+def _check_own_weights(spec: BackboneSpec) -> None:
+    """Refuse a local checkpoint for a model that brings its own weights (``hf-hub:`` or
+    ``local-dir:``); ``@random`` keeps only its architecture."""
+    if spec.weights and spec.weights != RANDOM:
+        raise BackboneError(
+            f"The {spec.family} model {spec.model!r} brings its own weights; drop "
+            f"'@{spec.weights}' (or ask for random weights with '@{RANDOM}')."
+        )
+
+
 def _check_open_clip_model(spec: BackboneSpec) -> None:
     import open_clip
 
-    if spec.model.startswith(("hf-hub:", "local-dir:")):
+    if spec.model.startswith(_MODEL_SOURCES):
         return
     models = open_clip.list_models()
     if spec.model not in models:
@@ -365,10 +388,15 @@ def _is_download_error(err: BaseException | None) -> bool:
 
 def _unavailable(spec: BackboneSpec, source: str, why: str) -> WeightsUnavailableError:
     head = f"{spec.family}:{spec.model}"
+    other = (
+        ""  # a hub or folder name brings its own weights: no checkpoint can replace them
+        if spec.model.startswith(_MODEL_SOURCES)
+        else f", or pass a local checkpoint: '{head}@/path/to/checkpoint.pth' ('{head}@random' "
+        "for random weights)"
+    )
     return WeightsUnavailableError(
         f"The pretrained weights of {str(spec)!r} ({source}) could not be loaded: {why}. "
-        f"Download them once where there is a network (they are cached), or pass a local "
-        f"checkpoint: '{head}@/path/to/checkpoint.pth' ('{head}@random' for random weights)."
+        f"Download them once where there is a network (they are cached){other}."
     )
 
 
@@ -489,7 +517,7 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
         )
 
     weights = spec.weights
-    if spec.model.startswith(("hf-hub:", "local-dir:")):
+    if spec.model.startswith(_MODEL_SOURCES):
         if weights:
             raise BackboneError(
                 f"The open_clip model {spec.model!r} brings its own weights; drop '@{weights}'."
@@ -675,9 +703,20 @@ def _timm(spec: BackboneSpec, image_size: int | None):
     from timm.models import get_pretrained_cfg
 
     _check_timm_model(spec)
+
+    def build(pretrained: bool) -> nn.Module:
+        return _create_timm(timm, spec.model, image_size, pretrained=pretrained, num_classes=0)
+
+    # hf-hub: and local-dir: names bring their config (and weights) from the hub or a folder
+    sourced = spec.model.startswith(_MODEL_SOURCES)
     if spec.weights == RANDOM:
-        model = _create_timm(timm, spec.model, image_size, pretrained=False, num_classes=0)
+        model = (
+            _with_pretrained(spec, spec.model, lambda: build(False)) if sourced else build(False)
+        )
         weights_id = params_weights_id(RANDOM_ID, model)
+    elif sourced:
+        model = _with_pretrained(spec, spec.model, lambda: build(True))
+        weights_id = hub_weights_id(spec.model, model)
     elif spec.weights:
         path = _check_file(spec, spec.weights)
         # The overlay makes timm apply the model's own checkpoint filter (e.g. MAE key names).
@@ -732,11 +771,7 @@ def _timm(spec: BackboneSpec, image_size: int | None):
                 f"timm lists no pretrained weights for {spec.model!r}; pass a local checkpoint "
                 f"('{head}@/path/to/checkpoint.pth') or ask for random weights ('{head}@random')."
             )
-        model = _with_pretrained(
-            spec,
-            source,
-            lambda: _create_timm(timm, spec.model, image_size, pretrained=True, num_classes=0),
-        )
+        model = _with_pretrained(spec, source, lambda: build(True))
         weights_id = hub_weights_id(f"{cfg.architecture}.{cfg.tag}" if cfg.tag else source, model)
     return (model, *_timm_data(model, image_size), weights_id)
 

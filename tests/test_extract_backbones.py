@@ -1,6 +1,7 @@
 """Backbone specs and the factory, with tiny random-weight models (no downloads)."""
 
 import re
+import shutil
 
 import pytest
 
@@ -29,6 +30,12 @@ from extract._testing import register_tiny_open_clip  # noqa: E402
         ("  timm:resnet18  ", ("timm", "resnet18", None)),
         ("moco:/ckpt/moco_v2_800ep.pth.tar", ("moco", "resnet50", "/ckpt/moco_v2_800ep.pth.tar")),
         ("moco:resnet18@/ckpt/m.pth", ("moco", "resnet18", "/ckpt/m.pth")),
+        # A MoCo path alone may hold an '@' (it was split into an 'arch' '/ckpt/run').
+        ("moco:/ckpt/run@2/m.pth.tar", ("moco", "resnet50", "/ckpt/run@2/m.pth.tar")),
+        ("moco:./run@2.pth.tar", ("moco", "resnet50", "./run@2.pth.tar")),
+        # timm's own hub and folder names, as timm.create_model takes them.
+        ("timm:hf-hub:timm/resnet18.a1_in1k", ("timm", "hf-hub:timm/resnet18.a1_in1k", None)),
+        ("timm:local-dir:/models/r18@random", ("timm", "local-dir:/models/r18", "random")),
         ("effnet-lite0", ("effnet-lite0", "tf_efficientnet_lite0", None)),
         ("effnet-lite0@/w/l0.pth", ("effnet-lite0", "tf_efficientnet_lite0", "/w/l0.pth")),
         ("timm:resnet18@/a@b/c.pth", ("timm", "resnet18", "/a@b/c.pth")),
@@ -525,6 +532,46 @@ def test_timm_default_is_pretrained_and_offline_is_one_clear_error(no_network, c
     assert "timm:test_resnet@/path/to/checkpoint.pth" in message
     assert "timm:test_resnet@random" in message and "\n" not in message
     assert "Retrying" not in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_timm_hub_and_folder_names_are_built_as_timm_builds_them(no_network, tmp_path):
+    # timm's 'hf-hub:' and 'local-dir:' names were refused ("timm has no model").
+    import timm
+    from timm.models import save_for_hf
+
+    from extract import BackboneError, WeightsUnavailableError
+
+    torch.manual_seed(3)
+    reference = timm.create_model("test_resnet", num_classes=0).eval()
+    folder = tmp_path / "saved"
+    save_for_hf(reference, folder)
+    bb = create_backbone(f"timm:local-dir:{folder}", image_size=32)
+    assert re.fullmatch(
+        rf"tag:local-dir:{re.escape(str(folder))} params-sha256:\w{{64}}", bb.weights_id
+    )
+    x = torch.rand(2, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(bb.model(x), reference(x))
+    assert bb.preprocess["crop"] == [32, 32]
+    random = create_backbone(f"timm:local-dir:{folder}@random", image_size=32)
+    assert random.weights_id.startswith("random-init:seed0 params-sha256:")
+    with pytest.raises(BackboneError, match="brings its own weights; drop '@/w.pth'"):
+        create_backbone(f"timm:local-dir:{folder}@/w.pth")
+    with pytest.raises(BackboneError, match="holds no config.json"):
+        create_backbone(f"timm:local-dir:{tmp_path / 'nothing'}")
+    # Offline, a hub name is one clear error, with no checkpoint to offer in its place...
+    hub = "hf-hub:nobody/saved-resnet"
+    with pytest.raises(WeightsUnavailableError, match="could not be loaded") as info:
+        create_backbone(f"timm:{hub}")
+    assert "@/path/to/checkpoint" not in str(info.value)
+    # ... and one in the hub's cache is read from it.
+    snapshot = no_network / "models--nobody--saved-resnet" / "snapshots" / ("0" * 40)
+    shutil.copytree(folder, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    cached = create_backbone(f"timm:{hub}", image_size=32)
+    assert cached.weights_id == bb.weights_id.replace(f"local-dir:{folder}", hub)
 
 
 def test_hub_offline_setting_is_respected(no_network, monkeypatch):
