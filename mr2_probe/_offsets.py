@@ -804,13 +804,18 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         self.estimator_ = self.estimator
         self.classes_ = np.asarray(self.estimator_.classes_)
         sorter = np.argsort(self.classes_)
-        position = np.searchsorted(self.classes_, y, sorter=sorter)
-        y_index = sorter[np.clip(position, 0, len(self.classes_) - 1)]
-        unknown = self.classes_[y_index] != y
-        if unknown.any():
+        try:
+            position = np.searchsorted(self.classes_, y, sorter=sorter)
+        except TypeError:  # labels of another kind than classes_ (strings against numbers)
+            known = set(self.classes_.tolist())
+            unknown = list(dict.fromkeys(label for label in y.tolist() if label not in known))
+        else:
+            y_index = sorter[np.clip(position, 0, len(self.classes_) - 1)]
+            unknown = np.unique(y[self.classes_[y_index] != y]).tolist()
+        if unknown:
             raise ValueError(
-                f"y has classes {np.unique(y[unknown]).tolist()} that the prefitted "
-                f"estimator does not know (its classes_ are {self.classes_.tolist()})."
+                f"y has classes {unknown[:10]}{' ...' if len(unknown) > 10 else ''} that the "
+                f"prefitted estimator does not know (its classes_ are {self.classes_.tolist()})."
             )
         decision = _decision(self.estimator_, X, self.classes_)
         return decision, y_index, np.arange(len(y))

@@ -556,6 +556,14 @@ def test_bad_input_errors_of_prefit_and_search():
     probe = LogisticRegression().fit(X, y)
     with pytest.raises(ValueError, match=r"classes \[7\] that the prefitted estimator"):
         TunedOffsetsClassifierCV(probe, cv="prefit").fit(X[:5], [0, 0, 7, 1, 1])
+    # Labels of another kind than the estimator's (its classes_ of object strings): a
+    # TypeError from comparing strings with ints before.
+    names = np.array(["a", "b", "c", "d"], dtype=object)
+    named = LogisticRegression().fit(X, names[y])
+    with pytest.raises(ValueError, match=r"classes \[0, 1\] that the prefitted estimator"):
+        TunedOffsetsClassifierCV(named, cv="prefit").fit(X[:5], [0, 0, 1, 1, 0])
+    with pytest.raises(ValueError, match=r"classes \['a', 'b'\] that the prefitted estimator"):
+        TunedOffsetsClassifierCV(probe, cv="prefit").fit(X[:5], names[[0, 0, 1, 1, 0]])
     with pytest.raises(ValueError, match="fit parameters"):
         TunedOffsetsClassifierCV(probe, cv="prefit").fit(X, y, classes=[0, 1])
     with pytest.raises(ValueError, match="Encode labels"):
