@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from importlib import metadata
 from pathlib import Path
@@ -671,17 +672,60 @@ def extract_features(
         check_output(path, overwrite)
     if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now
         check_merging(os.fspath(merged))
-    done = _extract_shard(
-        source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
-        device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,
-        progress, overwrite, retry_failed, merged,
-    )  # fmt: skip
-    if done is None:  # every rank found ``out`` complete: nothing to extract or merge
-        return out
-    shard, repair_merged, rebuild = done
-    if world_size == 1 or explicit:
-        return shard
-    return _merge_on_rank0(out, rank, world_size, overwrite or rebuild, repair_merged)
+    with _ranks_group() if merged is not None else contextlib.nullcontext():
+        done = _extract_shard(
+            source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
+            device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,
+            progress, overwrite, retry_failed, merged,
+        )  # fmt: skip
+        if done is None:  # every rank found ``out`` complete: nothing to extract or merge
+            return out
+        shard, repair_merged, rebuild = done
+        if world_size == 1 or explicit:
+            return shard
+        return _merge_on_rank0(out, rank, world_size, overwrite or rebuild, repair_merged)
+
+
+@contextlib.contextmanager
+def _ranks_group() -> Iterator[None]:
+    """torchrun's ranks in one process group for the run (joined here and left after it,
+    unless the caller has joined one already)."""
+    import torch.distributed as dist
+
+    owned = not dist.is_initialized()
+    if owned:
+        # gloo: what is exchanged is small and on the host, so no GPU is needed; the long
+        # timeout lets fast ranks wait for slow ones at the end of an hours-long run.
+        dist.init_process_group("gloo", timeout=timedelta(hours=24))
+    try:
+        yield
+    finally:
+        if owned:
+            dist.destroy_process_group()
+
+
+def _check_same_listing(src: ImageSource, rank: int, world_size: int) -> None:
+    """Refuse to start when the ranks of a torchrun group listed the source differently
+    (files added, removed or changed while they started): their shards would not merge,
+    which the merge finds only after every rank's extraction."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # ranks run one by one (rank= and world_size= given)
+        return
+    listings: list = [None] * world_size
+    dist.all_gather_object(listings, (len(src), src.fingerprint()))
+    other = next((r for r, listing in enumerate(listings) if listing != listings[0]), None)
+    if other is not None:
+        (first, _), (theirs, _) = listings[0], listings[other]
+        what = (
+            f"rank 0 found {first} images, rank {other} {theirs}"
+            if first != theirs
+            else f"ranks 0 and {other} found other files"
+        )
+        raise StoreError(
+            f"The ranks listed the image source {src.description!r} differently ({what}): "
+            "it changed while they started. Run again once it no longer changes."
+        )
 
 
 def _merge_on_rank0(
@@ -689,19 +733,12 @@ def _merge_on_rank0(
 ) -> Path:
     import torch.distributed as dist
 
-    owned = not dist.is_initialized()
-    if owned:
-        # gloo: the barriers carry no tensors, so no GPU is needed; the long timeout lets
-        # fast ranks wait for slow ones at the end of an hours-long run.
-        dist.init_process_group("gloo", timeout=timedelta(hours=24))
     dist.barrier()  # every shard is complete before rank 0 reads them
     if rank == 0:
         if repair_merged is not None:  # no rank reads ``out`` any more
             repair_merged()
         merge_shards([shard_path(out, r, world_size) for r in range(world_size)], out, overwrite)
     dist.barrier()
-    if owned:
-        dist.destroy_process_group()
     return out
 
 
@@ -724,6 +761,8 @@ def _extract_shard(
         src = src.subset(n_per_class, max_items)
     if len(src) == 0:
         raise ValueError(f"The image source {src.description!r} holds no images.")
+    if merged is not None:
+        _check_same_listing(src, rank, world_size)
     backbone = create_backbone(spec, image_size=image_size, device=device)
     if decode == "auto":
         decode = "tensor" if device.type == "cuda" else "pil"

@@ -1,5 +1,6 @@
 """Extraction into the HDF5 store: schema, failures, provenance, locking, loading, shards."""
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -31,6 +32,7 @@ from extract import (  # noqa: E402
     fashion_mnist,
     load_features,
     merge_shards,
+    open_source,
     shard_path,
 )
 from extract._store import DONE, FAILED, PENDING, check_output, open_store, store_lock  # noqa: E402
@@ -456,6 +458,51 @@ def test_shards_of_a_source_listed_at_different_times_are_refused_as_such(tmp_pa
         merge_shards([first, foreign], out)
 
 
+def _ranks_one_by_one(monkeypatch):
+    """Run torchrun's ranks in this process one after another: no process group."""
+    from extract import _runner
+
+    monkeypatch.setattr(_runner, "_ranks_group", contextlib.nullcontext)
+
+
+@pytest.mark.parametrize("change", ["added", "replaced"])
+def test_ranks_that_listed_the_source_differently_stop_before_any_work(
+    tmp_path, monkeypatch, change
+):
+    # Each rank listed the source on its own: an image added or replaced while they started
+    # was found by the merge, after every rank's extraction (the test above).
+    import torch.distributed as dist
+
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    out = tmp_path / "f.h5"
+    source = open_source(folder)
+    theirs = [(len(source), source.fingerprint())]  # rank 1's listing, before the change
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_gather_object", lambda got, mine: got.__setitem__(
+        slice(None), [mine, theirs[0]]))  # fmt: skip
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    _ranks_one_by_one(monkeypatch)
+    built = []
+    real_create = _runner.create_backbone
+    monkeypatch.setattr(_runner, "create_backbone", lambda *a, **k: built.append(1) or real_create(
+        *a, **k))  # fmt: skip
+    if change == "added":
+        shutil.copy(folder / "cat" / "001.jpg", folder / "cat" / "001a.jpg")
+        match = r"\(rank 0 found 9 images, rank 1 8\): it changed while they started"
+    else:
+        os.utime(folder / "cat" / "001.jpg", ns=(0, 0))
+        match = r"\(ranks 0 and 1 found other files\)"
+    with pytest.raises(StoreError, match=match):
+        extract_features(folder, BACKBONE, out, **FAST)
+    assert not built and not list(tmp_path.glob("f.h5*"))  # no model built, no shard made
+    source = open_source(folder)
+    theirs[0] = (len(source), source.fingerprint())
+    _runner._check_same_listing(source, 0, 2)  # the same listing: no error
+
+
 def test_reading_a_store_imports_neither_torch_nor_the_backbones(store):
     # `from extract import load_features` imported torch, torchvision and the extraction
     # (10 s here) to read an HDF5 file.
@@ -594,6 +641,7 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
     shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
     merge_shards(shards, out)
     monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
     real_write = _runner.write_rows
 
     def killed(*args, **kwargs):  # the run is killed after its first batch
@@ -656,6 +704,7 @@ def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
     out = tmp_path / "f.h5"
     shutil.copy(store, out)
     monkeypatch.setenv("WORLD_SIZE", "3")
+    _ranks_one_by_one(monkeypatch)
     for rank in (1, 0):  # rank 0 alone says so
         monkeypatch.setenv("RANK", str(rank))
         caplog.clear()
