@@ -74,9 +74,15 @@ def _pax_records(data: bytes) -> dict[str, str]:
     while pos < len(data) and data[pos] != 0:
         space = data.index(b" ", pos)
         length = int(data[pos:space])
-        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        end = pos + length  # a record counts its own length digits, space and newline
+        if end <= space + 1 or end > len(data) or data[end - 1] != ord("\n"):
+            raise ValueError(f"a pax record of length {length} at byte {pos}")
+        key, _, value = data[space + 1 : end - 1].partition(b"=")
         records[key.decode()] = value.decode("utf-8", "replace")
-        pos += length
+        pos = end
+    size = records.get("size", "0")
+    if not (size.isascii() and size.isdigit()):
+        raise ValueError(f"a pax size of {size!r}")
     return records
 
 
@@ -116,7 +122,7 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
         digest.update(header)
         kind, size, data = header[156:157], _number(header[124:136]), offset + _BLOCK
         if kind in (b"x", b"L", b"g", b"K"):
-            if data + size > n:
+            if data + -(-size // _BLOCK) * _BLOCK > n:  # its padding is part of the header
                 raise _damaged(path, offset, "the file ends inside a tar header")
             payload = mm[data : data + size]
             digest.update(payload)
@@ -129,23 +135,23 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
                 long_name = payload.split(b"\0", 1)[0].decode("utf-8", "replace")
         else:
             size = int(pax.get("size", size))
+            name = header[:100].split(b"\0", 1)[0]
+            prefix = header[345:500].split(b"\0", 1)[0]
+            if header[257:265] == _POSIX_MAGIC and prefix:
+                name = prefix + b"/" + name
+            text = pax.get("path") or long_name or name.decode("utf-8", "replace")
             if kind in _REGULAR:
-                name = header[:100].split(b"\0", 1)[0]
-                prefix = header[345:500].split(b"\0", 1)[0]
-                if header[257:265] == _POSIX_MAGIC and prefix:
-                    name = prefix + b"/" + name
-                text = pax.get("path") or long_name or name.decode("utf-8", "replace")
                 members.append((text, data, size))
             long_name, pax = None, {}
         offset = data + -(-size // _BLOCK) * _BLOCK
     if offset < n:
         raise _damaged(path, offset, "the file ends inside a tar header")
-    if offset == n:
-        # Every tar writer ends the archive with zero blocks: without them the file was
-        # cut short (a copy or download that stopped), here at a member's boundary. (Cut
-        # inside a member's data, that member's read names it.)
-        raise _damaged(path, n, "no end-of-archive marker: the file was cut short")
-    return members
+    # Every tar writer pads each member to whole blocks and ends the archive with zero
+    # blocks: without them the file was cut short (a copy or download that stopped), and
+    # the samples after the cut are lost.
+    if offset > n:
+        raise _damaged(path, n, f"the file ends inside the member {text!r}: it was cut short")
+    raise _damaged(path, n, "no end-of-archive marker: the file was cut short")
 
 
 def _member_and_path(label_key: str, members: dict) -> tuple[str | None, list[str]]:
@@ -238,9 +244,7 @@ def index_shard(path: str, image_keys: tuple[str, ...], label_key: str) -> _Shar
                         f"{', '.join(members)}); choose it with --label-key"
                         f"{_label_key_hint(members)}."
                     )
-                offset, length = members[member]
-                if offset + length > len(mm):
-                    raise _damaged(path, offset, f"the file ends inside the {where}'s label")
+                offset, length = members[member]  # within the file: tar_members saw to it
                 raw = mm[offset : offset + length]
                 digest.update(raw)
                 try:

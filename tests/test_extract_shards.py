@@ -120,6 +120,19 @@ def _damage(path, how) -> int:
     elif how == "inside a label":
         label = [m for m in members if m.name.endswith(".cls")][-1]
         data = data[: label.offset_data]
+    elif how in ("inside a member", "in a member's padding"):
+        # Before the last sample's: the samples after the cut were dropped, unsaid.
+        label = [m for m in members if m.name.endswith(".cls")][0]
+        data = data[: label.offset_data + (1 if how == "in a member's padding" else 0)]
+    elif how in ("pax record of length 0", "pax size not a number"):
+        pax = headers[-1] + 512  # the payload of the last member's pax header
+        record = bytes(data[pax : pax + 512]).split(b"\n")[0] + b"\n"  # "LENGTH key=value\n"
+        digits = record.split(b" ")[0]
+        if how == "pax record of length 0":  # read over and over, for ever
+            new = b"0" * len(digits) + record[len(digits) :]
+        else:  # a record of the same length, "size=xx...x"
+            new = digits + b" size=" + b"x" * (len(record) - len(digits) - 7) + b"\n"
+        data[pax : pax + len(record)] = new  # tar's checksums leave the payload out
     elif how == "between members":  # accepted: the samples after it vanished unsaid
         data = data[: headers[2]]
     path.write_bytes(bytes(data))
@@ -133,7 +146,11 @@ def _damage(path, how) -> int:
         ("after end", "data after the end-of-archive marker"),
         ("inside a header", r"damaged at byte {} \(the file ends inside a tar header\)"),
         ("inside a pax header", r"damaged at byte {} \(the file ends inside a tar header\)"),
-        ("inside a label", r"damaged at byte \d+ \(the file ends inside the sample .*'s label\)"),
+        ("inside a label", r"damaged at byte \d+ \(the file ends inside the member '.*\.cls': it"),
+        ("inside a member", r"damaged at byte \d+ \(the file ends inside the member '.*\.cls': it"),
+        ("in a member's padding", r"at byte \d+ \(the file ends inside the member '.*\.cls': it"),
+        ("pax record of length 0", r"damaged at byte {} \(an unreadable pax header\)"),
+        ("pax size not a number", r"damaged at byte {} \(an unreadable pax header\)"),
         ("between members", r"damaged at byte {} \(no end-of-archive marker: the file was cut"),
         ("empty", "is empty"),
     ],
