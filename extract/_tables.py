@@ -41,6 +41,10 @@ def _is_arrow(path: str) -> bool:
     return path.endswith(".arrow")
 
 
+# The end of an Arrow IPC stream: a continuation marker and a message of length 0.
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
 class _Table:
     """One Parquet file (row groups) or Arrow stream (record batches), opened from ``fh``."""
 
@@ -98,10 +102,28 @@ class _Table:
             digest.update(self.fh.read(length))
         else:
             self.buffer.seek(0)
-            messages = pa.ipc.MessageReader.open_stream(self.buffer)
-            for message in messages:
-                digest.update(message.metadata)
+            try:
+                for message in pa.ipc.MessageReader.open_stream(self.buffer):
+                    digest.update(message.metadata)
+            except (pa.ArrowInvalid, OSError) as err:  # cut or damaged inside a message
+                raise self._damaged(self.buffer.tell(), " ".join(str(err).split())) from None
+            # pyarrow ends a stream at the end of the file as at its end-of-stream marker,
+            # which every writer writes when it closes: without it the writer stopped or a
+            # copy was cut short, between two record batches.
+            end = self.buffer.tell()
+            self.buffer.seek(max(end - len(_END_OF_STREAM), 0))
+            if self.buffer.read(len(_END_OF_STREAM)) != _END_OF_STREAM:
+                raise self._damaged(end, "no end-of-stream marker: the file was cut short")
+            if end < size:
+                raise self._damaged(end, "data after the end-of-stream marker")
         return "sha256:" + digest.hexdigest()
+
+    def _damaged(self, offset: int, what: str) -> TableError:
+        return TableError(
+            f"The Arrow stream {self.path!r} is damaged at byte {offset} ({what}); the record "
+            "batches after it cannot be read: write the file again or leave it out of the "
+            "pattern."
+        )
 
     def stream(self, group: int, column: str):
         """Image bytes (and Hugging Face image paths) of row group ``group``, batch by batch."""
@@ -337,6 +359,7 @@ class _FileIndex:
 def _index_file(path: str, image_key: str | None, label_key: str) -> tuple[_FileIndex, str]:
     with open(path, "rb") as fh:
         table = _Table(path, fh)
+        identity = table.identity()  # first: it refuses a damaged or cut Arrow stream
         image = _image_column(table.schema, image_key, path)
         if label_key not in table.schema.names:
             raise TableError(
@@ -347,7 +370,7 @@ def _index_file(path: str, image_key: str | None, label_key: str) -> tuple[_File
         column = table.column(label_key)
         labels = _label_texts(column, label_key, path, names)
         text = _holds_text(column.type)
-        return _FileIndex(labels, table.group_rows(), names, table.identity(), text), image
+        return _FileIndex(labels, table.group_rows(), names, identity, text), image
 
 
 def parquet_files(

@@ -482,6 +482,38 @@ def _arrow_stream(path, table, batch_rows):
             sink.write_batch(batch)
 
 
+@pytest.mark.parametrize(
+    "cut, match",
+    [
+        # pyarrow reads a stream cut between two record batches as a whole one: the batches
+        # after the cut were dropped unsaid.
+        ("between batches", r"damaged at byte \d+ \(no end-of-stream marker: the file was cut"),
+        # A bare pyarrow error that named no file.
+        ("inside a batch", r"damaged at byte \d+ \(Expected to .*read"),
+        ("data after its end", r"damaged at byte \d+ \(data after the end-of-stream marker\)"),
+    ],
+)
+def test_arrow_streams_cut_short_are_refused_naming_the_file(data, tmp_path, cut, match):
+    table = pq.read_table(data / "hf" / "data" / "train-00000-of-00001.parquet")
+    path = tmp_path / "data-00000-of-00001.arrow"
+    ends = []  # where each record batch ends
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        for batch in table.slice(0, 7).combine_chunks().to_batches(max_chunksize=3):
+            writer.write_batch(batch)
+            ends.append(sink.tell())
+    whole = path.read_bytes()
+    assert len(open_source(f"parquet:{path}")) == 7 and len(ends) == 3
+    damaged = {
+        "between batches": whole[: ends[1]],  # the last batch and the marker lost
+        "inside a batch": whole[: ends[1] - 5],
+        "data after its end": whole + b"\0" * 8,
+    }[cut]
+    path.write_bytes(damaged)
+    with pytest.raises(TableError, match=match) as info:
+        open_source(f"parquet:{path}")
+    assert f"The Arrow stream '{path}'" in str(info.value)
+
+
 def test_save_to_disk_folders_read_their_arrow_streams(data, stores, tmp_path):
     # Dataset.save_to_disk: data-*.arrow (IPC streams) listed in state.json.
     table = pq.read_table(data / "hf" / "data" / "train-00000-of-00001.parquet")
