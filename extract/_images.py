@@ -295,19 +295,33 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
 def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     """(path, class index) of the images under ``root/<class>``, in torchvision's
     ``make_dataset`` order, each once: a folder reached again through a symbolic link (a
-    link to a folder above it, a loop) is not walked again.
+    link to a folder above it, a loop) is not walked again, nor the root or a folder above
+    it from inside a class (a link to another class's folder is walked, as torchvision
+    walks it).
 
     Raises FileNotFoundError, as ``make_dataset`` does, for a class without images.
     """
+    def inode(path: str) -> tuple[int, int]:
+        st = os.stat(path)
+        return st.st_dev, st.st_ino
+
+    # Never walked from inside a class: the root and the folders above it (every class
+    # again, under this class's label).
+    above = set()
+    for path in {os.path.abspath(root), os.path.realpath(root)}:
+        while path not in ("", os.path.dirname(path)):
+            above.add(inode(path))
+            path = os.path.dirname(path)
+        above.add(inode(path))
     items, empty = [], []
     for index, name in enumerate(classes):
-        seen, walked = set(), []
+        seen, walked = set(above), []
         for top, dirs, files in os.walk(os.path.join(root, name), followlinks=True):
-            st = os.stat(top)
-            if (st.st_dev, st.st_ino) in seen:
+            key = inode(top)
+            if key in seen:
                 dirs[:] = []  # walked already: neither its files nor its folders again
                 continue
-            seen.add((st.st_dev, st.st_ino))
+            seen.add(key)
             walked.append((top, files))
         found = [
             (os.path.join(top, f), index)

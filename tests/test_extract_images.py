@@ -67,6 +67,9 @@ def test_image_folder_walks_a_folder_linked_again_once(folder):
     before = image_folder(folder)
     os.symlink(folder / "cat", folder / "cat" / "loop")
     os.symlink(folder / "dog", folder / "cat" / "dogs")  # another folder: walked
+    # A link to the root (or above it) walked every class again, labelled cat.
+    os.symlink(folder, folder / "cat" / "up")
+    os.symlink(folder.parent, folder / "cat" / "dogs" / "upper")
     after = image_folder(folder)
     cats = [i for i in before.ids if i.startswith("cat/")]
     dogs = [i for i in before.ids if i.startswith("dog/")]
