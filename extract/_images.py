@@ -546,11 +546,11 @@ def open_source(
     if kind == "webdataset":
         from ._tar_shards import webdataset_shards
 
-        return webdataset_shards(pattern, image_key, label_key)
+        return _utf8_paths(webdataset_shards(pattern, image_key, label_key))
     if kind == "parquet":
         from ._tables import parquet_files
 
-        return parquet_files(pattern, image_key, label_key)
+        return _utf8_paths(parquet_files(pattern, image_key, label_key))
     for name, value in (("image_key", image_key), ("label_key", label_key)):
         if value is not None:
             raise ValueError(
@@ -563,15 +563,30 @@ def open_source(
     # folder), and a path that exists under the spec's name is that path.
     if kind == "fashion-mnist" and not os.path.exists(text):
         split, _, root = pattern.partition("@")
-        return fashion_mnist(split or "train", root or FASHION_MNIST_ROOT)
+        return _utf8_paths(fashion_mnist(split or "train", root or FASHION_MNIST_ROOT))
     if os.path.isdir(text):
-        return image_folder(text)
+        return _utf8_paths(image_folder(text))
     if os.path.isfile(text):
-        return image_list(text)
+        return _utf8_paths(image_list(text))
     raise FileNotFoundError(
         f"The image source {text!r} is neither a folder, a list file, "
         "'fashion-mnist:train|test[@ROOT]', 'webdataset:PATTERN' nor 'parquet:PATTERN'."
     )
+
+
+def _utf8_paths(src: ImageSource) -> ImageSource:
+    """``src``, whose root, description and container files must have UTF-8 names: the
+    store records them as UTF-8 text (its items' names are checked when listed)."""
+    for text in (src.resolved_root(), src.description, *src.files):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+            raise ValueError(
+                f"The path {shown!r} of the image source is not valid UTF-8. The store records "
+                "it as UTF-8 text; rename the folder or file (e.g. with convmv)."
+            ) from None
+    return src
 
 
 def jpeg_size(data: bytes | bytearray | memoryview | np.ndarray) -> tuple[int, int]:

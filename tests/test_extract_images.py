@@ -83,6 +83,18 @@ def test_image_folder_without_images_in_a_class_is_refused(folder):
         image_folder(folder)
 
 
+def test_sources_in_a_folder_whose_name_is_not_utf8_are_refused_by_name(folder, tmp_path):
+    # Only the names below the root were checked: h5py refused the root after the model
+    # was loaded ("surrogates not allowed").
+    root = os.path.join(os.fsencode(tmp_path), b"caf\xe9")
+    shutil.copytree(folder, os.fsdecode(root))
+    with open(os.path.join(root, b"list.csv"), "w") as fh:
+        fh.write("cat/000.png,cat\n")
+    for source in (root, os.path.join(root, b"list.csv")):
+        with pytest.raises(ValueError, match=r"The path '.*caf\\\\xe9' of the image source is not"):
+            open_source(os.fsdecode(source))
+
+
 def test_image_folder_refuses_names_that_are_not_utf8(folder):
     bad = os.path.join(os.fsencode(folder / "cat"), b"bad\xff\xfename.jpg")
     with open(bad, "wb") as fh:
