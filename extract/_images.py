@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -28,6 +29,8 @@ import numpy as np
 import torch
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
+
+logger = logging.getLogger(__name__)
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = (
@@ -301,6 +304,7 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
 
     Raises FileNotFoundError, as ``make_dataset`` does, for a class without images.
     """
+
     def inode(path: str) -> tuple[int, int]:
         st = os.stat(path)
         return st.st_dev, st.st_ino
@@ -377,6 +381,7 @@ def encode_labels(
         labels = np.array([int(name) for name in names], dtype=np.int64)
         n_classes = int(labels.max(initial=-1)) + 1
         if index_names is None:
+            _warn_of_unused_indices(names, labels, n_classes)
             return labels, [str(k) for k in range(n_classes)]
         if n_classes > len(index_names):
             raise ValueError(
@@ -385,6 +390,32 @@ def encode_labels(
         return labels, list(index_names)
     class_names = sorted(set(names))
     return np.searchsorted(class_names, names).astype(np.int64), class_names
+
+
+def _warn_of_unused_indices(names: list[str], labels: np.ndarray, n_classes: int) -> None:
+    """Say where class indices leave classes without images (indices counted from 1, say)
+    or two spellings of one index are one class ("01" and "1")."""
+    empty = np.flatnonzero(np.bincount(labels, minlength=n_classes) == 0)
+    if len(empty):
+        shown = ", ".join(map(str, empty[:10])) + (" ..." if len(empty) > 10 else "")
+        logger.warning(
+            "The labels are class indices 0..%d, and %d of these classes have no image (%s): "
+            "they stay among the store's class names%s.",
+            n_classes - 1,
+            len(empty),
+            shown,
+            " (labels counted from 1 leave class 0 empty)" if empty.tolist() == [0] else "",
+        )
+    spellings: dict[int, list[str]] = {}
+    for name in sorted(set(names)):  # each distinct label once
+        spellings.setdefault(int(name), []).append(name)
+    merged = next((texts for texts in spellings.values() if len(texts) > 1), None)
+    if merged:
+        logger.warning(
+            "The labels %s are one class index, %d: they are the same class.",
+            " and ".join(repr(t) for t in merged[:3]),
+            int(merged[0]),
+        )
 
 
 def label_kind_problem(labels: list[str], as_names: bool = False) -> tuple[int, str] | None:

@@ -3,7 +3,9 @@
 import gzip
 import hashlib
 import io
+import logging
 import os
+import re
 import shutil
 import struct
 import threading
@@ -59,6 +61,31 @@ def test_image_list(folder, lines, class_names, labels):
     assert (src.class_names, src.labels.tolist()) == (class_names, labels)
     # Relative paths resolve against the list file's folder.
     assert all(load_image(src, i).size == (40, 36) for i in range(len(src)))
+
+
+@pytest.mark.parametrize(
+    "labels, warning",
+    [
+        (["1", "2"], r"indices 0..2, and 1 of these classes have no image \(0\).*counted from 1"),
+        (["0", "3"], r"indices 0..3, and 2 of these classes have no image \(1, 2\)"),
+        (["01", "1", "0"], r"The labels '01' and '1' are one class index, 1"),
+        (["0", "1"], None),
+    ],
+)
+def test_class_indices_that_leave_classes_empty_or_merge_are_said(folder, caplog, labels, warning):
+    # A list of labels counted from 1 made an empty class 0, silently (it reaches the
+    # probe's class-wise reports as a class without samples).
+    images = ["cat/000.png", "dog/001.jpg", "cat/002.png"]
+    (folder / "list.csv").write_text(
+        "".join(f"{p},{y}\n" for p, y in zip(images[: len(labels)], labels, strict=True))
+    )
+    caplog.set_level(logging.WARNING, logger="extract")
+    src = image_list(folder / "list.csv")
+    assert src.class_names == [str(k) for k in range(int(max(labels)) + 1)]
+    if warning is None:
+        assert not caplog.records
+    else:
+        assert len(caplog.records) == 1 and re.search(warning, caplog.text)
 
 
 def test_image_folder_walks_a_folder_linked_again_once(folder):
