@@ -530,6 +530,18 @@ def _fold_decision(estimator, X, y, train, test, fit_params, classes, keep):
     return _decision(estimator, _safe_indexing(X, test), classes), (estimator if keep else None)
 
 
+def _fit_takes_sample_weight(estimator) -> bool:
+    """Whether ``estimator.fit`` takes ``sample_weight``: named, or among the ``**params``
+    of a search (GridSearchCV passes them on); a Pipeline refuses it unprefixed."""
+    from sklearn.pipeline import Pipeline
+
+    if has_fit_parameter(estimator, "sample_weight"):
+        return True
+    parameters = inspect.signature(estimator.fit).parameters.values()
+    keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    return keywords and not isinstance(estimator, Pipeline)
+
+
 class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimator):
     """Classifier whose per-class logit offsets are tuned on held-out folds.
 
@@ -723,8 +735,11 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         y : array-like of shape (n_samples,)
             Labels of any type.
         sample_weight : array-like of shape (n_samples,), default=None
-            Passed to the estimator's ``fit``, indexed per fold, and weighting the
-            held-out samples in the objective and the accuracy bound.
+            Weights of the held-out samples in the objective and the accuracy bound, and
+            passed to the estimator's ``fit``, indexed per fold, where it takes them (it
+            names ``sample_weight``, or takes ``**params`` as GridSearchCV does). A
+            Pipeline takes them as ``<step>__sample_weight`` in ``fit_params``; without
+            it, or for an estimator without them, a warning says the fit is unweighted.
         groups : array-like of shape (n_samples,), default=None
             Group labels for a group splitter as ``cv`` (GroupKFold and the like), given
             to its ``split``, and, indexed per fold, to the estimator's ``fit`` where it
@@ -753,8 +768,18 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         if self.cv == "prefit":
             decision, y_index, index = self._prefit_decision(X, y, fit_params)
         else:
-            if sample_weight is not None:
+            if sample_weight is not None and _fit_takes_sample_weight(self.estimator):
                 fit_params = {**fit_params, "sample_weight": sample_weight}
+            elif sample_weight is not None and not any(
+                key.endswith("__sample_weight") for key in fit_params
+            ):
+                warnings.warn(
+                    f"{type(self.estimator).__name__}.fit does not take sample_weight: the "
+                    "weights weight the offsets' objective and the accuracy bound, not the "
+                    "estimator's fit (a Pipeline takes them as <step>__sample_weight).",
+                    UserWarning,
+                    stacklevel=2,
+                )
             if groups is not None and has_fit_parameter(self.estimator, "groups"):
                 # A search inside that names them (MR2LinearClassifierCV) splits by them
                 # too. Not a fit of **params (a Pipeline refuses an unrouted groups).

@@ -406,6 +406,30 @@ def test_sample_weight_is_split_per_fold_and_weights_the_objective():
     np.testing.assert_allclose(clf.estimator_.coef_, refit.coef_)
 
 
+def test_sample_weight_reaches_the_fits_that_take_it_and_else_says_so():
+    # They went to every estimator's fit: a Pipeline refused them ("Pipeline.fit does not
+    # accept the sample_weight parameter"), with or without <step>__sample_weight, and an
+    # estimator without them raised a bare TypeError.
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.pipeline import make_pipeline
+
+    X, y = _imbalanced(seed=6)
+    weight = np.random.default_rng(6).uniform(0.2, 2.0, len(y))
+    plain = TunedOffsetsClassifierCV(LogisticRegression(), cv=3).fit(X, y, sample_weight=weight)
+    pipe = TunedOffsetsClassifierCV(make_pipeline(LogisticRegression()), cv=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipe.fit(X, y, sample_weight=weight, logisticregression__sample_weight=weight)
+        searched = TunedOffsetsClassifierCV(GridSearchCV(LogisticRegression(), {"C": [1.0]}), cv=3)
+        searched.fit(X, y, sample_weight=weight)  # a search passes them on
+    for tuned in (pipe, searched):
+        np.testing.assert_allclose(tuned.offsets_, plain.offsets_)
+    for estimator in (make_pipeline(LogisticRegression()), LinearDiscriminantAnalysis()):
+        with pytest.warns(UserWarning, match="fit does not take sample_weight: the weights"):
+            TunedOffsetsClassifierCV(estimator, cv=3).fit(X, y, sample_weight=weight)
+
+
 def test_binary_problem_and_string_labels():
     X, y = _imbalanced(seed=7, sizes=(80, 20))
     labels = np.array(["common", "rare"])[y]
