@@ -384,14 +384,29 @@ def main(argv=None):
     parser.add_argument(
         "--bound", type=float, default=0.5, help="the rule's bound in points (--levers)"
     )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        metavar="TEXT",
+        help="only the methods whose names contain one of these texts, and the first method "
+        "(the reference that defines the groups)",
+    )
     args = parser.parse_args(argv)
     bound = args.bound / 100 if args.levers else None
 
     def methods_for(grid, subset=None):
-        if args.levers:
-            return build_lever_methods(grid)
-        methods = build_methods(grid)
-        return methods if subset is None else {n: m for n, m in methods.items() if n in subset}
+        methods = build_lever_methods(grid) if args.levers else build_methods(grid)
+        reference = next(iter(methods))
+        return {
+            name: method
+            for name, method in methods.items()
+            if (args.levers or subset is None or name in subset)
+            and (
+                name == reference
+                or args.methods is None
+                or any(text in name for text in args.methods)
+            )
+        }
 
     datasets = []
     if args.data == "fmnist":
