@@ -717,7 +717,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             return (
                 f"lbfgs stopped after {result.n_iter} iterations, no longer improving, "
                 f"{gradient}: the tolerance is tighter than the precision of the data allows. "
-                "Scale the features (e.g. StandardScaler) or use a larger tol."
+                "Use a larger tol (and, for features of very different magnitudes, scale "
+                "them, e.g. StandardScaler)."
             )
         # In float32 the objective's remaining decrease can be below its rounding while the
         # optimum is still far off (a cosine head's narrow valleys: 0.035 of loss on a
