@@ -284,7 +284,18 @@ class _Objective:
                     "without sample_weight, or score with a function that takes it."
                 )
             kwargs = {**kwargs, "sample_weight": weight}
-        self.metric = lambda pred: sign * float(func(classes[y], classes[pred], **kwargs))
+        name = getattr(func, "__name__", func)
+
+        def metric(pred: np.ndarray) -> float:
+            value = np.asarray(func(classes[y], classes[pred], **kwargs))
+            if value.ndim:  # e.g. average=None: one score per class
+                raise ValueError(
+                    f"The scoring function {name!r} returned an array of shape {value.shape}, "
+                    "not a number: the offsets maximise one score (e.g. average='macro')."
+                )
+            return sign * float(value)
+
+        self.metric = metric
 
     def keys(self, counts: np.ndarray, predict) -> list[np.ndarray]:
         """Sort keys of each candidate, most significant first, greater is better.

@@ -204,6 +204,15 @@ def test_a_scoring_function_without_sample_weight_is_named():
         tune_class_offsets(z, y, scorer, sample_weight=np.ones(len(y)))
 
 
+def test_a_scoring_function_that_returns_an_array_is_named():
+    # average=None scores each class: a bare TypeError ("only 0-dimensional arrays ...").
+    from sklearn.metrics import recall_score
+
+    z, y = _biased_logits(0)
+    with pytest.raises(ValueError, match="'recall_score' returned an array of shape"):
+        tune_class_offsets(z, y, make_scorer(recall_score, average=None))
+
+
 def _tied_worst_classes():
     """Classes 0 and 1 tie at 0.5; fixing either costs three samples of a large class."""
     rows, labels = [], []
