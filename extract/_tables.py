@@ -41,8 +41,9 @@ def _is_arrow(path: str) -> bool:
     return path.endswith(".arrow")
 
 
-# The end of an Arrow IPC stream: a continuation marker and a message of length 0.
-_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+# The end of an Arrow IPC stream: a continuation marker and a message of length 0, or the
+# length 0 alone (the format before Arrow 0.15).
+_END_OF_STREAM = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")
 
 
 class _Table:
@@ -102,19 +103,22 @@ class _Table:
             digest.update(self.fh.read(length))
         else:
             self.buffer.seek(0)
+            last = 0  # where the last message ends
             try:
                 for message in pa.ipc.MessageReader.open_stream(self.buffer):
                     digest.update(message.metadata)
+                    last = self.buffer.tell()
             except (pa.ArrowInvalid, OSError) as err:  # cut or damaged inside a message
                 raise self._damaged(self.buffer.tell(), " ".join(str(err).split())) from None
             # pyarrow ends a stream at the end of the file as at its end-of-stream marker,
             # which every writer writes when it closes: without it the writer stopped or a
             # copy was cut short, between two record batches.
             end = self.buffer.tell()
-            self.buffer.seek(max(end - len(_END_OF_STREAM), 0))
-            if self.buffer.read(len(_END_OF_STREAM)) != _END_OF_STREAM:
-                raise self._damaged(end, "no end-of-stream marker: the file was cut short")
-            if end < size:
+            self.buffer.seek(last)
+            if self.buffer.read(end - last) not in _END_OF_STREAM:
+                raise self._damaged(last, "no end-of-stream marker: the file was cut short")
+            rest = np.frombuffer(self.buffer.read(), np.uint8) if end < size else None
+            if rest is not None and rest.any():  # zeros after it: padding, as in a tar
                 raise self._damaged(end, "data after the end-of-stream marker")
         return "sha256:" + digest.hexdigest()
 
