@@ -413,18 +413,20 @@ def test_torchrun_two_ranks_merge(tmp_path, kind):
     source = _source(kind, make_image_folder(tmp_path / "data", n_per_class=5))
     out = tmp_path / "f.h5"
     # torchrun itself, started through the interpreter so that no PATH lookup is needed.
+    # Its processes run the command line twice, then again on the first store (which they
+    # reuse): each run after the first failed to join the ranks' group again ("Gloo
+    # connectFullMesh failed"), as a script extracting a train and a test split did.
+    script = tmp_path / "runs.py"
+    options = ["--image-size", "32", "--workers", "0", "--no-progress"]
+    script.write_text(
+        "from extract.__main__ import main\n"
+        f"for out in {[str(out), str(tmp_path / 'g.h5'), str(out)]!r}:\n"
+        f"    assert main([{source!r}, 'timm:test_resnet@random', out, *{options!r}]) == 0\n"
+    )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd += ["-m", "extract", source]
-    cmd += [
-        "timm:test_resnet@random",
-        str(out),
-        "--image-size",
-        "32",
-        "--workers",
-        "0",
-        "--no-progress",
-    ]
+    cmd += [str(script)]
     subprocess.run(cmd, env=ENV | {"OMP_NUM_THREADS": "1"}, check=True, timeout=120)
+    again = load_features(tmp_path / "g.h5", in_memory=True)
     single = extract_features(
         source, "timm:test_resnet@random", tmp_path / "single.h5", image_size=32, num_workers=0,
         progress=False,
@@ -433,6 +435,7 @@ def test_torchrun_two_ranks_merge(tmp_path, kind):
     assert merged.metadata["merged_from"] == 2
     assert merged.paths == expected.paths and merged.failures == expected.failures
     np.testing.assert_allclose(merged.features, expected.features, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(again.features, merged.features)
     if kind == "webdataset":  # 14 samples in shards of 8 and 6: one shard to each rank
         for rank, rows in ((0, list(range(8))), (1, list(range(8, 14)))):
             with h5py.File(extract.shard_path(out, rank, 2), "r") as f:
