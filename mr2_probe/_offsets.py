@@ -542,15 +542,14 @@ def _fold_decision(estimator, X, y, train, test, fit_params, classes, keep):
 
 
 def _fit_takes_sample_weight(estimator) -> bool:
-    """Whether ``estimator.fit`` takes ``sample_weight``: named, or among the ``**params``
-    of a search (GridSearchCV passes them on); a Pipeline refuses it unprefixed."""
-    from sklearn.pipeline import Pipeline
+    """Whether ``estimator.fit`` takes ``sample_weight``: it names it, or it is a search
+    (GridSearchCV, ...) over an estimator that does, to which it passes its ``**params``.
+    Other ``**params`` (a Pipeline's, OneVsRestClassifier's) refuse it."""
+    from sklearn.model_selection._search import BaseSearchCV
 
     if has_fit_parameter(estimator, "sample_weight"):
         return True
-    parameters = inspect.signature(estimator.fit).parameters.values()
-    keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-    return keywords and not isinstance(estimator, Pipeline)
+    return isinstance(estimator, BaseSearchCV) and _fit_takes_sample_weight(estimator.estimator)
 
 
 class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimator):
@@ -748,7 +747,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         sample_weight : array-like of shape (n_samples,), default=None
             Weights of the held-out samples in the objective and the accuracy bound, and
             passed to the estimator's ``fit``, indexed per fold, where it takes them (it
-            names ``sample_weight``, or takes ``**params`` as GridSearchCV does). A
+            names ``sample_weight``, or is a search over an estimator that does). A
             Pipeline takes them as ``<step>__sample_weight`` in ``fit_params``; without
             it, or for an estimator without them, a warning says the fit is unweighted.
         groups : array-like of shape (n_samples,), default=None

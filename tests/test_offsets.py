@@ -434,7 +434,14 @@ def test_sample_weight_reaches_the_fits_that_take_it_and_else_says_so():
         searched.fit(X, y, sample_weight=weight)  # a search passes them on
     for tuned in (pipe, searched):
         np.testing.assert_allclose(tuned.offsets_, plain.offsets_)
-    for estimator in (make_pipeline(LogisticRegression()), LinearDiscriminantAnalysis()):
+    from sklearn.multiclass import OneVsRestClassifier
+
+    for estimator in (
+        make_pipeline(LogisticRegression()),
+        LinearDiscriminantAnalysis(),
+        OneVsRestClassifier(LogisticRegression()),  # its **params refuse them too
+        GridSearchCV(make_pipeline(LogisticRegression()), {"logisticregression__C": [1.0]}),
+    ):
         with pytest.warns(UserWarning, match="fit does not take sample_weight: the weights"):
             TunedOffsetsClassifierCV(estimator, cv=3).fit(X, y, sample_weight=weight)
 
