@@ -393,14 +393,23 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     bound = args.bound / 100 if args.levers else None
+    if args.methods and args.levers:  # a lever starts from others' choices ("tilt + offsets")
+        parser.error("--methods applies to the MR² table, not to --levers")
+    if args.methods:
+        names = list(build_methods(C_GRIDS[args.data]))
+        unknown = [t for t in args.methods if not any(t in name for name in names)]
+        if unknown:
+            parser.error(f"--methods {unknown} names none of the methods: {names}")
 
     def methods_for(grid, subset=None):
-        methods = build_lever_methods(grid) if args.levers else build_methods(grid)
+        if args.levers:
+            return build_lever_methods(grid)
+        methods = build_methods(grid)
         reference = next(iter(methods))
         return {
             name: method
             for name, method in methods.items()
-            if (args.levers or subset is None or name in subset)
+            if (subset is None or name in subset)
             and (
                 name == reference
                 or args.methods is None

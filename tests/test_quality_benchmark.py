@@ -1,6 +1,7 @@
 """The quality benchmark's synthetic data does what its table claims to show."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,17 @@ def test_every_method_gets_the_same_budget(quality):
 def _tiny(quality):
     X, X_test, y, y_test = quality.synthetic_features(4, "spread", n_features=8)
     return X[:600], y[:600], X_test, y_test
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # "tilt + offsets" starts from "tilt"'s choice: a KeyError after hours of fits.
+        (["--levers", "--methods", "offsets"], "--methods applies to the MR² table"),
+        (["--methods", "nothing"], r"--methods \['nothing'\] names none of the methods"),
+    ],
+)
+def test_a_method_filter_that_cannot_run_is_refused_before_any_work(quality, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        quality.main(["--data", "synthetic", *argv])
+    assert re.search(message, capsys.readouterr().err)
