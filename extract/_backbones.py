@@ -180,6 +180,17 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
     if family == "moco" and (not at or _looks_like_path(model)):
         # ``moco:PATH``, its path free to hold an '@' (no architecture name looks like a path)
         model, weights = "resnet50", rest
+    elif family in ("timm", "open_clip") and at and model.startswith(_MODEL_SOURCES):
+        # An '@' may be the name's own: a revision of a hub repository (as timm reads it),
+        # or in a folder's path; the weights' part, if any, comes last.
+        head, _, tail = rest.rpartition("@")
+        local = model.startswith("local-dir:")
+        revision = family == "timm" and model.startswith("hf-hub:") and tail not in ("", RANDOM)
+        revision = revision and not _looks_like_path(tail)
+        if local and os.path.isdir(rest.removeprefix("local-dir:")) or revision:
+            model, at, weights = rest, "", ""
+        elif tail == RANDOM or local and os.path.isdir(head.removeprefix("local-dir:")):
+            model, weights = head, tail
     if not model:
         raise BackboneError(f"The backbone spec {text!r} names no model; use one of {_SPEC_FORMS}.")
     if at and not weights or family == "moco" and not weights:
@@ -394,8 +405,9 @@ def _unavailable(spec: BackboneSpec, source: str, why: str) -> WeightsUnavailabl
         else f", or pass a local checkpoint: '{head}@/path/to/checkpoint.pth' ('{head}@random' "
         "for random weights)"
     )
+    what = "config" if spec.weights == RANDOM else "pretrained weights"  # hf-hub:...@random
     return WeightsUnavailableError(
-        f"The pretrained weights of {str(spec)!r} ({source}) could not be loaded: {why}. "
+        f"The {what} of {str(spec)!r} ({source}) could not be loaded: {why}. "
         f"Download them once where there is a network (they are cached){other}."
     )
 

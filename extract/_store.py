@@ -329,8 +329,8 @@ def _check_companions(text: str) -> None:
                 content = fh.read(300).strip()
         except OSError:
             content = b""  # unreadable: store_lock says why when it opens it
-        # One line, a pid and at most a host name's 64 bytes (which may hold spaces)
-        if content and not re.fullmatch(rb"\d{1,10}( [^\n]{1,64})?", content):
+        # One line, a pid and at most a host name's 255 bytes (which may hold spaces)
+        if content and not re.fullmatch(rb"\d{1,10}( [^\n]{1,255})?", content):
             problem = f"{lock!r} exists and is not a lock file of mr2-extract (a pid and host)"
     if problem:
         raise StoreError(

@@ -36,6 +36,12 @@ from extract._testing import register_tiny_open_clip  # noqa: E402
         # timm's own hub and folder names, as timm.create_model takes them.
         ("timm:hf-hub:timm/resnet18.a1_in1k", ("timm", "hf-hub:timm/resnet18.a1_in1k", None)),
         ("timm:local-dir:/models/r18@random", ("timm", "local-dir:/models/r18", "random")),
+        # A revision of a hub repository, as timm reads it (it was taken for a checkpoint).
+        ("timm:hf-hub:timm/r@v2@random", ("timm", "hf-hub:timm/r@v2", "random")),
+        (
+            "timm:hf-hub:timm/resnet18.a1_in1k@main",
+            ("timm", "hf-hub:timm/resnet18.a1_in1k@main", None),
+        ),
         ("effnet-lite0", ("effnet-lite0", "tf_efficientnet_lite0", None)),
         ("effnet-lite0@/w/l0.pth", ("effnet-lite0", "tf_efficientnet_lite0", "/w/l0.pth")),
         ("timm:resnet18@/a@b/c.pth", ("timm", "resnet18", "/a@b/c.pth")),
@@ -544,7 +550,7 @@ def test_timm_hub_and_folder_names_are_built_as_timm_builds_them(no_network, tmp
 
     torch.manual_seed(3)
     reference = timm.create_model("test_resnet", num_classes=0).eval()
-    folder = tmp_path / "saved"
+    folder = tmp_path / "saved@2"  # its '@' is the path's, not a weights part
     save_for_hf(reference, folder)
     bb = create_backbone(f"timm:local-dir:{folder}", image_size=32)
     assert re.fullmatch(
@@ -565,6 +571,8 @@ def test_timm_hub_and_folder_names_are_built_as_timm_builds_them(no_network, tmp
     with pytest.raises(WeightsUnavailableError, match="could not be loaded") as info:
         create_backbone(f"timm:{hub}")
     assert "@/path/to/checkpoint" not in str(info.value)
+    with pytest.raises(WeightsUnavailableError, match="The config of 'timm:hf-hub:.*@random'"):
+        create_backbone(f"timm:{hub}@random")
     # ... and one in the hub's cache is read from it.
     snapshot = no_network / "models--nobody--saved-resnet" / "snapshots" / ("0" * 40)
     shutil.copytree(folder, snapshot)

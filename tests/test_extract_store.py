@@ -1111,7 +1111,7 @@ def test_fashion_mnist_store_is_tied_to_its_idx_files(tmp_path):
         (lambda p: _write(p.with_name("out.h5.lock"), b"notes") and p, "is not a lock file"),
         # Text that starts with a number and a space was taken for a pid and a host.
         (lambda p: _write(p.with_name("out.h5.lock"), b"12 eggs\n3 milk") and p, "not a lock"),
-        (lambda p: _write(p.with_name("out.h5.lock"), b"2024 " + b"x" * 80) and p, "not a lock"),
+        (lambda p: _write(p.with_name("out.h5.lock"), b"2024 " + b"x" * 256) and p, "not a lock"),
         (lambda p: p.with_name("out.h5.lock").mkdir() or p, "out.h5.lock' is a folder"),
         (lambda p: _hdf5(p.with_name("out.h5.tmp"), mine=[1]) and p, "h5.tmp' exists and is"),
         (lambda p: _link(_hdf5(p.with_name("mine.h5"), x=[1]), "out.h5.tmp") and p, "symbolic"),
