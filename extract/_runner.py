@@ -355,6 +355,11 @@ def _row_difference(f, src: ImageSource, rows: np.ndarray, stored_names: list[st
 def _source_explained(f, provenance: dict, source, rows) -> str | None:
     """:func:`_source_difference`, and where the store differs only by failed images that
     have changed since, the option that takes them."""
+    if read_attrs(f).get(_ADOPTING) == provenance["source_fingerprint"]:
+        return (
+            "a run with --retry-failed stopped while it took repaired failed images into the "
+            "store: pass --retry-failed (retry_failed=True) again to finish it"
+        )
     difference = _source_difference(f, source, rows)
     if difference and _repaired_failures(f, provenance, source, rows) is not None:
         difference += (
