@@ -143,6 +143,11 @@ def test_image_list_bad_line(tmp_path):
     (tmp_path / "l.csv").write_text("a.jpg,cat,extra\n")
     with pytest.raises(ValueError, match="l.csv:1: expected 'path,label'"):
         image_list(tmp_path / "l.csv")
+    # A NUL byte: os.stat's bare "embedded null byte", or a class name holding one.
+    for text in ("a.jpg\0 cat\n", "b.jpg,cat\na.jpg,cat\0\n"):
+        (tmp_path / "l.csv").write_text(text)
+        with pytest.raises(ValueError, match=r"l.csv:\d: the line .* holds a NUL byte"):
+            image_list(tmp_path / "l.csv")
 
 
 @pytest.mark.parametrize("name, content, match", [
