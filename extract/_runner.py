@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import functools
+import itertools
 import json
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from importlib import metadata
 from pathlib import Path
@@ -677,38 +678,44 @@ def extract_features(
         check_output(path, overwrite)
     if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now
         check_merging(os.fspath(merged))
-    if merged is not None:
-        _join_ranks()
-    done = _extract_shard(
-        source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
-        device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,
-        progress, overwrite, retry_failed, merged,
-    )  # fmt: skip
-    if done is None:  # every rank found ``out`` complete: nothing to extract or merge
-        return out
-    shard, repair_merged, rebuild = done
-    if world_size == 1 or explicit:
-        return shard
-    return _merge_on_rank0(out, rank, world_size, overwrite or rebuild, repair_merged)
+    with _ranks_group() if merged is not None else contextlib.nullcontext():
+        done = _extract_shard(
+            source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
+            device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,
+            progress, overwrite, retry_failed, merged,
+        )  # fmt: skip
+        if done is None:  # every rank found ``out`` complete: nothing to extract or merge
+            return out
+        shard, repair_merged, rebuild = done
+        if world_size == 1 or explicit:
+            return shard
+        return _merge_on_rank0(out, rank, world_size, overwrite or rebuild, repair_merged)
 
 
-def _join_ranks() -> None:
-    """torchrun's ranks in one process group, joined at the first run of the process
-    (unless the caller has joined one) and kept for its later runs: a group joined again
-    after it was left read the last one's addresses from torchrun's store, and failed."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        # gloo: what is exchanged is small and on the host, so no GPU is needed; the long
-        # timeout lets fast ranks wait for slow ones at the end of an hours-long run.
-        dist.init_process_group("gloo", timeout=timedelta(hours=24))
-        atexit.register(_leave_ranks)
+# This process's runs under torchrun, each group's keys in torchrun's store its own: a
+# group made again on the keys of one that was left read its addresses and failed (a
+# script extracting two splits failed at the second).
+_RUNS = itertools.count()
 
 
-def _leave_ranks() -> None:
+@contextlib.contextmanager
+def _ranks_group() -> Iterator[None]:
+    """torchrun's ranks in one process group for the run, left after it (unless the
+    caller has joined one already, which is used as it is)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
+        yield
+        return
+    # gloo: what is exchanged is small and on the host, so no GPU is needed; the long
+    # timeout lets fast ranks wait for slow ones at the end of an hours-long run.
+    timeout = timedelta(hours=24)
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    store = dist.PrefixStore(f"mr2-extract/{next(_RUNS)}", store)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    try:
+        yield
+    finally:
         dist.destroy_process_group()
 
 

@@ -414,7 +414,7 @@ def test_torchrun_two_ranks_merge(tmp_path, kind):
     out = tmp_path / "f.h5"
     # torchrun itself, started through the interpreter so that no PATH lookup is needed.
     # Its processes run the command line twice, then again on the first store (which they
-    # reuse): each run after the first failed to join the ranks' group again ("Gloo
+    # reuse): each run after the first failed to make the ranks' group again ("Gloo
     # connectFullMesh failed"), as a script extracting a train and a test split did.
     script = tmp_path / "runs.py"
     options = ["--image-size", "32", "--workers", "0", "--no-progress"]
@@ -422,6 +422,8 @@ def test_torchrun_two_ranks_merge(tmp_path, kind):
         "from extract.__main__ import main\n"
         f"for out in {[str(out), str(tmp_path / 'g.h5'), str(out)]!r}:\n"
         f"    assert main([{source!r}, 'timm:test_resnet@random', out, *{options!r}]) == 0\n"
+        "import torch.distributed as dist\n"
+        "assert not dist.is_initialized()  # the script's own group can come after\n"
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += [str(script)]
