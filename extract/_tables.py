@@ -41,8 +41,8 @@ def _is_arrow(path: str) -> bool:
     return path.endswith(".arrow")
 
 
-# The end of an Arrow IPC stream: a continuation marker and a message of length 0, or the
-# length 0 alone (the format before Arrow 0.15).
+# The end of an Arrow IPC stream: a continuation marker and a message of length 0, or, in
+# the format before Arrow 0.15 (whose messages have no continuation marker), the length 0.
 _END_OF_STREAM = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")
 
 
@@ -114,8 +114,10 @@ class _Table:
             # which every writer writes when it closes: without it the writer stopped or a
             # copy was cut short, between two record batches.
             end = self.buffer.tell()
+            self.buffer.seek(0)
+            legacy = self.buffer.read(4) != _END_OF_STREAM[0][:4]  # no continuation markers
             self.buffer.seek(last)
-            if self.buffer.read(end - last) not in _END_OF_STREAM:
+            if self.buffer.read(end - last) != _END_OF_STREAM[legacy]:
                 raise self._damaged(last, "no end-of-stream marker: the file was cut short")
             rest = np.frombuffer(self.buffer.read(), np.uint8) if end < size else None
             if rest is not None and rest.any():  # zeros after it: padding, as in a tar

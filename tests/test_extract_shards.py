@@ -493,6 +493,9 @@ def _arrow_stream(path, table, batch_rows):
         ("inside a batch", r"damaged at byte \d+ \(Expected to .*read"),
         ("data after its end", r"damaged at byte \d+ \(data after the end-of-stream marker\)"),
         ("zeros after its end", None),  # padding
+        # Zeros in place of the last batches (a copy that stopped, a preallocated file):
+        # their first four bytes read as the older format's marker.
+        ("zeros after a batch", r"damaged at byte \d+ \(no end-of-stream marker: the file was"),
         ("legacy format", None),  # before Arrow 0.15: a 4-byte marker
     ],
 )
@@ -521,6 +524,7 @@ def test_arrow_streams_cut_short_are_refused_naming_the_file(tmp_path, cut, matc
         "inside a batch": whole[: ends[1] - 5],
         "data after its end": whole + b"\1" * 8,
         "zeros after its end": whole + b"\0" * 8,
+        "zeros after a batch": whole[: ends[0]] + b"\0" * (len(whole) - ends[0]),
         "legacy format": whole,
     }[cut]
     path.write_bytes(damaged)
