@@ -180,17 +180,19 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
     if family == "moco" and (not at or _looks_like_path(model)):
         # ``moco:PATH``, its path free to hold an '@' (no architecture name looks like a path)
         model, weights = "resnet50", rest
-    elif family in ("timm", "open_clip") and at and model.startswith(_MODEL_SOURCES):
-        # An '@' may be the name's own: a revision of a hub repository (as timm reads it),
-        # or in a folder's path; the weights' part, if any, comes last.
-        head, _, tail = rest.rpartition("@")
-        local = model.startswith("local-dir:")
-        revision = family == "timm" and model.startswith("hf-hub:") and tail not in ("", RANDOM)
-        revision = revision and not _looks_like_path(tail)
-        if local and os.path.isdir(rest.removeprefix("local-dir:")) or revision:
-            model, at, weights = rest, "", ""
-        elif tail == RANDOM or local and os.path.isdir(head.removeprefix("local-dir:")):
-            model, weights = head, tail
+    elif family in ("timm", "open_clip") and weights and model.startswith(_MODEL_SOURCES):
+        # An '@' may be the name's own: in a folder's path, or a revision of a hub
+        # repository (as timm reads it). Weights, if any, come after the last '@'.
+        name, _, tail = rest.rpartition("@")
+        if tail != RANDOM and not tail.lower().endswith(_CHECKPOINT_SUFFIXES):
+            name, tail = rest, ""
+        if name.startswith("local-dir:") or family == "timm":
+            model, at, weights = name, "@" if tail else "", tail
+        if family == "timm" and model.startswith("hf-hub:") and model.count("@") > 1:
+            raise BackboneError(
+                f"The hub name {model!r} in {text!r} has more than one '@'; timm takes one "
+                "revision: 'hf-hub:REPO@REVISION'."
+            )
     if not model:
         raise BackboneError(f"The backbone spec {text!r} names no model; use one of {_SPEC_FORMS}.")
     if at and not weights or family == "moco" and not weights:

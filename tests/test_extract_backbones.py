@@ -38,6 +38,7 @@ from extract._testing import register_tiny_open_clip  # noqa: E402
         ("timm:local-dir:/models/r18@random", ("timm", "local-dir:/models/r18", "random")),
         # A revision of a hub repository, as timm reads it (it was taken for a checkpoint).
         ("timm:hf-hub:timm/r@v2@random", ("timm", "hf-hub:timm/r@v2", "random")),
+        ("timm:hf-hub:timm/r@refs/pr/1", ("timm", "hf-hub:timm/r@refs/pr/1", None)),
         (
             "timm:hf-hub:timm/resnet18.a1_in1k@main",
             ("timm", "hf-hub:timm/resnet18.a1_in1k@main", None),
@@ -76,6 +77,9 @@ def test_parse_backbone_spec(spec, expected):
         ("moco:resnet50@imagenet", "must be a local checkpoint file"),
         ("moco:random", "must be a local checkpoint file"),
         ("effnet-lite0:foo", "takes no model name"),
+        # timm's own error was a bare AssertionError ("should only contain one @").
+        ("timm:hf-hub:timm/r@a@b", "has more than one '@'; timm takes one revision"),
+        ("timm:hf-hub:timm/r@", "empty weights"),
     ],
 )
 def test_parse_backbone_spec_errors(spec, match):
