@@ -356,7 +356,11 @@ def _row_difference(f, src: ImageSource, rows: np.ndarray, stored_names: list[st
 def _source_explained(f, provenance: dict, source, rows) -> str | None:
     """:func:`_source_difference`, and where the store differs only by failed images that
     have changed since, the option that takes them."""
-    if read_attrs(f).get(_ADOPTING) == provenance["source_fingerprint"]:
+    existing = read_attrs(f)
+    others = [k for k in PROVENANCE_KEYS if k not in ("source_fingerprint", "compute")]
+    if existing.get(_ADOPTING) == provenance["source_fingerprint"] and all(
+        existing.get(k) == provenance.get(k) for k in others
+    ):  # (a run with --retry-failed finishes it, unless something else differs)
         return (
             "a run with --retry-failed stopped while it took repaired failed images into the "
             "store: pass --retry-failed (retry_failed=True) again to finish it"

@@ -607,9 +607,13 @@ def test_a_retry_killed_while_taking_a_repair_is_finished_by_the_next(
     with h5py.File(target, "r") as f:  # the sizes were written, the fingerprint was not
         row = 4 // shards
         assert f["file_size"][row] == len(good) and f["status"][row] == FAILED
-    # A run without --retry-failed is refused, naming it (it named two fingerprints).
+    # A run without --retry-failed is refused, naming it (it named two fingerprints); not
+    # where another setting differs, which --retry-failed cannot mend.
     with pytest.raises(ProvenanceError, match=r"the images differ: a run with --retry-failed"):
         run()
+    with pytest.raises(ProvenanceError, match="normalize: file has False") as info:
+        run(retry_failed=True, normalize=True)
+    assert "--retry-failed" not in str(info.value)
     again = load_features(run(retry_failed=True), in_memory=True)
     assert not again.failures and "adopting_source_fingerprint" not in again.metadata
     single = load_features(extract_features(folder, BACKBONE, tmp_path / "one.h5", **FAST))
