@@ -287,11 +287,12 @@ class _Objective:
         name = getattr(func, "__name__", func)
 
         def metric(pred: np.ndarray) -> float:
-            value = np.asarray(func(classes[y], classes[pred], **kwargs))
-            if value.ndim:  # e.g. average=None: one score per class
-                raise ValueError(
-                    f"The scoring function {name!r} returned an array of shape {value.shape}, "
-                    "not a number: the offsets maximise one score (e.g. average='macro')."
+            value = func(classes[y], classes[pred], **kwargs)
+            if np.ndim(value) or np.asarray(value).dtype.kind not in "biuf":
+                shown = f"an array of shape {np.shape(value)}" if np.ndim(value) else repr(value)
+                raise ValueError(  # e.g. average=None: one score per class
+                    f"The scoring function {name!r} returned {shown}, not a number: the "
+                    "offsets maximise one score (e.g. average='macro')."
                 )
             return sign * float(value)
 
@@ -541,6 +542,15 @@ def _fold_decision(estimator, X, y, train, test, fit_params, classes, keep):
     return _decision(estimator, _safe_indexing(X, test), classes), (estimator if keep else None)
 
 
+def _fitted_inside(estimator) -> str:
+    """The name of what ``estimator`` fits: itself, or the estimator a search fits."""
+    from sklearn.model_selection._search import BaseSearchCV
+
+    while isinstance(estimator, BaseSearchCV):
+        estimator = estimator.estimator
+    return type(estimator).__name__
+
+
 def _fit_takes_sample_weight(estimator) -> bool:
     """Whether ``estimator.fit`` takes ``sample_weight``: it names it, or it is a search
     (GridSearchCV, ...) over an estimator that does, to which it passes its ``**params``.
@@ -784,7 +794,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 key.endswith("__sample_weight") for key in fit_params
             ):
                 warnings.warn(
-                    f"{type(self.estimator).__name__}.fit does not take sample_weight: the "
+                    f"{_fitted_inside(self.estimator)}.fit does not take sample_weight: the "
                     "weights weight the offsets' objective and the accuracy bound, not the "
                     "estimator's fit (a Pipeline takes them as <step>__sample_weight).",
                     UserWarning,

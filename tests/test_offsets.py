@@ -211,6 +211,8 @@ def test_a_scoring_function_that_returns_an_array_is_named():
     z, y = _biased_logits(0)
     with pytest.raises(ValueError, match="'recall_score' returned an array of shape"):
         tune_class_offsets(z, y, make_scorer(recall_score, average=None))
+    with pytest.raises(ValueError, match="'<lambda>' returned None, not a number"):
+        tune_class_offsets(z, y, make_scorer(lambda t, p: None))
 
 
 def _tied_worst_classes():
@@ -436,13 +438,13 @@ def test_sample_weight_reaches_the_fits_that_take_it_and_else_says_so():
         np.testing.assert_allclose(tuned.offsets_, plain.offsets_)
     from sklearn.multiclass import OneVsRestClassifier
 
-    for estimator in (
-        make_pipeline(LogisticRegression()),
-        LinearDiscriminantAnalysis(),
-        OneVsRestClassifier(LogisticRegression()),  # its **params refuse them too
-        GridSearchCV(make_pipeline(LogisticRegression()), {"logisticregression__C": [1.0]}),
+    for estimator, name in (
+        (make_pipeline(LogisticRegression()), "Pipeline"),
+        (LinearDiscriminantAnalysis(), "LinearDiscriminantAnalysis"),
+        (OneVsRestClassifier(LogisticRegression()), "OneVsRestClassifier"),  # **params refuse
+        (GridSearchCV(make_pipeline(LogisticRegression()), {"logisticregression__C": [1]}), "Pipe"),
     ):
-        with pytest.warns(UserWarning, match="fit does not take sample_weight: the weights"):
+        with pytest.warns(UserWarning, match=f"^{name}.*fit does not take sample_weight: the"):
             TunedOffsetsClassifierCV(estimator, cv=3).fit(X, y, sample_weight=weight)
 
 
