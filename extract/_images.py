@@ -497,9 +497,9 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     for number, line in enumerate(text, 1):
         if not line.strip():
             continue
-        fields = next(csv.reader([line])) if delimiter else line.rsplit(None, 1)
         if "\0" in line:  # no file name holds one (os.stat: "embedded null byte"), nor text
             raise ValueError(f"{list_file}:{number}: the line {line!r} holds a NUL byte.")
+        fields = next(csv.reader([line])) if delimiter else line.rsplit(None, 1)
         if len(fields) != 2:
             raise ValueError(
                 f"{list_file}:{number}: expected 'path,label', got {line!r} (a list with a "
