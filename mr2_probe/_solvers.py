@@ -140,23 +140,6 @@ def refresh_statistics(head, source, spec: MarginSpec):
     return stats, margins, s_bar, tau
 
 
-def _scale_in_gradient(phi: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """1 in value, whose gradient is that of the batch's spread of φ (weighted mean
-    squared distance to its mean) relative to itself.
-
-    s̄ and τ, exact once per epoch, are held within it; times this factor they follow a
-    change of the scale of φ in the gradient, so that the compactness loss pulls classes
-    together relative to the spread of φ rather than shrinking φ as a whole (which lowered
-    it at fixed s̄ and τ epoch after epoch, until the projection and the fit collapsed).
-    """
-    w = weight.to(phi.dtype)
-    total = w.sum().clamp_min(torch.finfo(phi.dtype).tiny)
-    centre = (w @ phi) / total
-    spread = (w * (phi - centre).square().sum(1)).sum() / total
-    spread = spread.clamp_min(torch.finfo(phi.dtype).tiny)
-    return spread / spread.detach()
-
-
 def _progress(total: int, verbose: int, desc: str):
     return tqdm(total=total, disable=not verbose, desc=desc, leave=False)
 
@@ -550,10 +533,7 @@ def fit_minibatch(
                 data = ce * (source.n_samples / (weight_sum * len(y)))
             loss = data + reg * head.penalty()
             if lam > 0:
-                scale = _scale_in_gradient(phi, w)
-                loss = loss + lam * compactness_loss(
-                    phi, y, s_bar * scale, tau * scale, sample_weight=w
-                )
+                loss = loss + lam * compactness_loss(phi, y, s_bar, tau, sample_weight=w)
             optimizer.step(torch.autograd.grad(loss, params), lr)
             # Tilted: the epoch's value is R_t of its class losses plus the other terms.
             epoch_loss += (loss if tilt == 0 else loss - data).detach() * len(y)
