@@ -62,6 +62,8 @@ logger = logging.getLogger(__name__)
 _DTYPES = ("float16", "float32")
 # Set while --retry-failed takes repaired failures into a store (_adopt_repaired_failures).
 _ADOPTING = "adopting_source_fingerprint"
+# What a request sets beside its images (the images' own identities left out).
+_SETTINGS = [k for k in PROVENANCE_KEYS if k not in ("source_fingerprint", "compute")]
 _DECODES = ("auto", "pil", "tensor")
 _VERSIONED = ("torch", "torchvision", "timm", "open_clip_torch", "h5py", "numpy", "pillow")
 
@@ -357,9 +359,8 @@ def _source_explained(f, provenance: dict, source, rows) -> str | None:
     """:func:`_source_difference`, and where the store differs only by failed images that
     have changed since, the option that takes them."""
     existing = read_attrs(f)
-    others = [k for k in PROVENANCE_KEYS if k not in ("source_fingerprint", "compute")]
     if existing.get(_ADOPTING) == provenance["source_fingerprint"] and all(
-        existing.get(k) == provenance.get(k) for k in others
+        existing.get(k) == provenance.get(k) for k in _SETTINGS
     ):  # (a run with --retry-failed finishes it, unless something else differs)
         return (
             "a run with --retry-failed stopped while it took repaired failed images into the "
@@ -391,8 +392,7 @@ def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False)
     # An adoption of this very source, killed before it wrote the fingerprint: it had
     # found the store to differ by repaired failures alone; it is finished now.
     vouched = vouched or existing.get(_ADOPTING) == provenance["source_fingerprint"]
-    others = [k for k in PROVENANCE_KEYS if k not in ("source_fingerprint", "compute")]
-    if any(existing.get(k) != provenance.get(k) for k in others) or "file_size" not in f:
+    if any(existing.get(k) != provenance.get(k) for k in _SETTINGS) or "file_size" not in f:
         return None
     if (existing.get("source_files") or {}) != source.files:
         return None
@@ -723,7 +723,7 @@ def _ranks_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def _check_same_listing(src: ImageSource, rank: int, world_size: int) -> None:
+def _check_same_listing(src: ImageSource, world_size: int) -> None:
     """Refuse to start when the ranks of a torchrun group listed the source differently
     (files added, removed or changed while they started): their shards would not merge,
     which the merge finds only after every rank's extraction."""
@@ -781,7 +781,7 @@ def _extract_shard(
     if len(src) == 0:
         raise ValueError(f"The image source {src.description!r} holds no images.")
     if merged is not None:
-        _check_same_listing(src, rank, world_size)
+        _check_same_listing(src, world_size)
     backbone = create_backbone(spec, image_size=image_size, device=device)
     if decode == "auto":
         decode = "tensor" if device.type == "cuda" else "pil"

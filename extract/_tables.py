@@ -91,7 +91,8 @@ class _Table:
         return self.parquet.read(columns=[name], use_threads=False).column(0)
 
     def identity(self) -> str:
-        """sha256 of the file's size and its footer (Parquet) or message headers (Arrow)."""
+        """sha256 of the file's size and its footer (Parquet) or message headers (Arrow);
+        a TableError for an Arrow stream cut short or damaged."""
         import pyarrow as pa
 
         size = os.fstat(self.fh.fileno()).st_size

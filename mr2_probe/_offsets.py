@@ -542,24 +542,21 @@ def _fold_decision(estimator, X, y, train, test, fit_params, classes, keep):
     return _decision(estimator, _safe_indexing(X, test), classes), (estimator if keep else None)
 
 
-def _fitted_inside(estimator) -> str:
-    """The name of what ``estimator`` fits: itself, or the estimator a search fits."""
+def _fitted_inside(estimator):
+    """What ``estimator`` fits: itself, or the estimator a search (GridSearchCV, ...) fits,
+    to which it passes the ``**params`` of its ``fit``."""
     from sklearn.model_selection._search import BaseSearchCV
 
     while isinstance(estimator, BaseSearchCV):
         estimator = estimator.estimator
-    return type(estimator).__name__
+    return estimator
 
 
 def _fit_takes_sample_weight(estimator) -> bool:
     """Whether ``estimator.fit`` takes ``sample_weight``: it names it, or it is a search
-    (GridSearchCV, ...) over an estimator that does, to which it passes its ``**params``.
-    Other ``**params`` (a Pipeline's, OneVsRestClassifier's) refuse it."""
-    from sklearn.model_selection._search import BaseSearchCV
-
-    if has_fit_parameter(estimator, "sample_weight"):
-        return True
-    return isinstance(estimator, BaseSearchCV) and _fit_takes_sample_weight(estimator.estimator)
+    over an estimator that does. Other ``**params`` (a Pipeline's, OneVsRestClassifier's)
+    refuse it."""
+    return has_fit_parameter(_fitted_inside(estimator), "sample_weight")
 
 
 class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimator):
@@ -794,9 +791,10 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 key.endswith("__sample_weight") for key in fit_params
             ):
                 warnings.warn(
-                    f"{_fitted_inside(self.estimator)}.fit does not take sample_weight: the "
-                    "weights weight the offsets' objective and the accuracy bound, not the "
-                    "estimator's fit (a Pipeline takes them as <step>__sample_weight).",
+                    f"{type(_fitted_inside(self.estimator)).__name__}.fit does not take "
+                    "sample_weight: the weights weight the offsets' objective and the "
+                    "accuracy bound, not the estimator's fit (a Pipeline takes them as "
+                    "<step>__sample_weight).",
                     UserWarning,
                     stacklevel=2,
                 )
