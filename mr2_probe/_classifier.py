@@ -686,6 +686,20 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 f"{solver} did not converge in max_iter={self.max_iter} {unit}. Increase "
                 "max_iter or scale the features (e.g. StandardScaler)."
             )
+        if result.stop == "rose":
+            curve = result.loss_curve
+            best = int(np.argmin(curve))
+            return (
+                f"{solver} stopped with its epoch loss at {curve[-1]:.4g}, above its best "
+                f"{curve[best]:.4g} (epoch {best + 1} of {len(curve)}): its steps took it away "
+                "from its best point"
+                + (
+                    " (with lam > 0 the projection can shrink towards zero: see the README)"
+                    if self.lam > 0
+                    else ""
+                )
+                + f". Use a smaller learning_rate than {self.learning_rate:g}."
+            )
         gradient = (
             f"with a largest gradient entry of {result.largest_gradient:.2g} > tol={self.tol}"
         )

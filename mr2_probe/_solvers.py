@@ -53,7 +53,8 @@ class SolverResult:
     class_loss: torch.Tensor | None = None  # L_k at the solution (K,)
     tilt_weights: torch.Tensor | None = None  # q = softmax(t·L + log π) at the solution (K,)
     # Why the solver stopped: "tol", "max_iter", "max_eval" (L-BFGS's function
-    # evaluations), or "stalled" (L-BFGS no longer improving).
+    # evaluations), "stalled" (L-BFGS no longer improving), or "rose" (a minibatch fit that
+    # ended well above its best epoch loss).
     stop: str = "tol"
 
 
@@ -421,6 +422,9 @@ DIVERGED = 1e3
 # average about the last this many samples of each class (by weight): a few batches when
 # a batch holds many samples of a class, many when it holds few.
 TILT_WINDOW = 32
+# A minibatch fit that ends with its epoch loss this far above its best (relative) is not
+# called converged: its steps took it away from its best point (with lam > 0, P shrinking).
+ROSE = 0.05
 # Steps with at most this many multiply-adds in their matrix products run on one CPU
 # thread: for them torch's intra-op threads cost more in synchronisation than they save.
 SMALL_STEP = 2**24
@@ -554,5 +558,7 @@ def fit_minibatch(
                 break
             lr, decays, stalled = lr * LR_DECAY, decays + 1, 0
     bar.close()
+    if converged and curve[-1] > best + ROSE * abs(best):
+        converged, stop = False, "rose"
     result = SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)
     return _with_class_losses(result, head, source, spec, risk)

@@ -1087,6 +1087,20 @@ def test_rows_of_weight_zero_take_no_part_in_the_compactness_loss():
     np.testing.assert_array_equal(a.coef_, b.coef_)
 
 
+@pytest.mark.slow
+def test_a_fit_that_ends_far_above_its_best_loss_is_not_called_converged():
+    # With lam > 0 and a large step the projection shrank towards zero (README, known
+    # limitation): a constant predictor (training accuracy 1/3, epoch loss 3.53 against a
+    # best of 2.75) was reported converged, without a warning.
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    clf = MR2LinearClassifier(lam=0.5, learning_rate=1e-2, n_iter_no_change=50, max_iter=5000)
+    with pytest.warns(ConvergenceWarning, match=r"above its best .*projection can shrink"):
+        clf.set_params(random_state=0, device="cpu").fit(X, y)
+    assert clf.loss_curve_[-1] > 1.05 * min(clf.loss_curve_)
+
+
 def test_compactness_scale_averages_present_classes_only(monkeypatch):
     from mr2_probe import _solvers
 
