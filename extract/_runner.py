@@ -224,6 +224,7 @@ def _refuse_non_finite(features: np.ndarray, reasons: list, dtype: np.dtype) -> 
 def _provenance(
     backbone: Backbone,
     source: ImageSource,
+    fingerprint: str,
     dtype: str,
     normalize: bool,
     decode: str,
@@ -239,7 +240,7 @@ def _provenance(
         dtype=dtype,
         normalize=bool(normalize),
         source_root=source.resolved_root(),
-        source_fingerprint=source.fingerprint(),
+        source_fingerprint=fingerprint,  # source.fingerprint(), computed once per run
         **shard,
     )
     if source.options:  # what is read from the containers (absent for other sources)
@@ -723,7 +724,7 @@ def _ranks_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def _check_same_listing(src: ImageSource, world_size: int) -> None:
+def _check_same_listing(src: ImageSource, fingerprint: str, world_size: int) -> None:
     """Refuse to start when the ranks of a torchrun group listed the source differently
     (files added, removed or changed while they started): their shards would not merge,
     which the merge finds only after every rank's extraction."""
@@ -732,7 +733,7 @@ def _check_same_listing(src: ImageSource, world_size: int) -> None:
     if not dist.is_initialized():  # ranks run one by one (rank= and world_size= given)
         return
     listings: list = [None] * world_size
-    dist.all_gather_object(listings, (len(src), src.fingerprint()))
+    dist.all_gather_object(listings, (len(src), fingerprint))
     other = next((r for r, listing in enumerate(listings) if listing != listings[0]), None)
     if other is not None:
         (first, _), (theirs, _) = listings[0], listings[other]
@@ -780,8 +781,10 @@ def _extract_shard(
         src = src.subset(n_per_class, max_items)
     if len(src) == 0:
         raise ValueError(f"The image source {src.description!r} holds no images.")
+    # Every item's identity hashed (2 s for ImageNet's 1.28 M files): once per run.
+    fingerprint = src.fingerprint()
     if merged is not None:
-        _check_same_listing(src, world_size)
+        _check_same_listing(src, fingerprint, world_size)
     backbone = create_backbone(spec, image_size=image_size, device=device)
     if decode == "auto":
         decode = "tensor" if device.type == "cuda" else "pil"
@@ -790,12 +793,12 @@ def _extract_shard(
     rows = rank_rows(src, rank, world_size)
     shard = dict(n_rows=len(rows), n_total_rows=len(src), shard_rank=rank)
     shard["shard_world_size"] = world_size
-    provenance = _provenance(backbone, src, dtype, normalize, decode, shard, device)
+    provenance = _provenance(backbone, src, fingerprint, dtype, normalize, decode, shard, device)
     repair_merged, vouched, rebuild = None, False, False
     read_merged = merged is not None and merged.exists() and not overwrite
     if read_merged:
         whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
-        whole = _provenance(backbone, src, dtype, normalize, decode, whole, device)
+        whole = _provenance(backbone, src, fingerprint, dtype, normalize, decode, whole, device)
         everything = np.arange(len(src))
         if retry_failed:  # the merged store holds every row: it tells what changed
             with open_store(merged, "r") as f:

@@ -500,7 +500,7 @@ def test_ranks_that_listed_the_source_differently_stop_before_any_work(
     assert not built and not list(tmp_path.glob("f.h5*"))  # no model built, no shard made
     source = open_source(folder)
     theirs[0] = (len(source), source.fingerprint())
-    _runner._check_same_listing(source, 2)  # the same listing: no error
+    _runner._check_same_listing(source, theirs[0][1], 2)  # the same listing: no error
 
 
 def test_reading_a_store_imports_neither_torch_nor_the_backbones(store):
