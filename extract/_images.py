@@ -344,15 +344,22 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     return items
 
 
-def _check_utf8(names: list[str], root: str) -> None:
-    """Refuse file and folder names that are not UTF-8: the store keeps paths and class
-    names as UTF-8 strings."""
+def _not_utf8(names) -> list[str]:
+    """The names that are not valid UTF-8 (file names of other encodings, which Python
+    holds as surrogates), each shown with its bytes escaped."""
     bad = []
     for name in names:
         try:
             name.encode("utf-8")
         except UnicodeEncodeError:
             bad.append(os.fsencode(name).decode("utf-8", "backslashreplace"))
+    return bad
+
+
+def _check_utf8(names: list[str], root: str) -> None:
+    """Refuse file and folder names that are not UTF-8: the store keeps paths and class
+    names as UTF-8 strings."""
+    bad = _not_utf8(names)
     if bad:
         shown = ", ".join(repr(b) for b in bad[:5]) + (
             f" and {len(bad) - 5} more" if len(bad) > 5 else ""
@@ -610,15 +617,12 @@ def open_source(
 def _utf8_paths(src: ImageSource) -> ImageSource:
     """``src``, whose root, description and container files must have UTF-8 names: the
     store records them as UTF-8 text (its items' names are checked when listed)."""
-    for text in (src.resolved_root(), src.description, *src.files):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            shown = os.fsencode(text).decode("utf-8", "backslashreplace")
-            raise ValueError(
-                f"The path {shown!r} of the image source is not valid UTF-8. The store records "
-                "it as UTF-8 text; rename the folder or file (e.g. with convmv)."
-            ) from None
+    bad = _not_utf8([src.resolved_root(), src.description, *src.files])
+    if bad:
+        raise ValueError(
+            f"The path {bad[0]!r} of the image source is not valid UTF-8. The store records "
+            "it as UTF-8 text; rename the folder or file (e.g. with convmv)."
+        )
     return src
 
 
