@@ -754,8 +754,8 @@ def _timm(spec: BackboneSpec, image_size: int | None):
             raise BackboneError(
                 f"The checkpoint of backbone {str(spec)!r} does not fit the timm model "
                 f"{spec.model!r}: {len(missing)} of its parameters are not in it "
-                f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}). Pass "
-                "the model the checkpoint was trained as (for MoCo checkpoints, moco:...)."
+                f"({_first_keys(missing)}). Pass the model the checkpoint was trained as (for "
+                "MoCo checkpoints, moco:...)."
             )
         # Weights that belong inside the model's own layers but have no place there: a
         # deeper or wider model of the family (resnet34's layer1.2.* given to resnet18
@@ -771,9 +771,8 @@ def _timm(spec: BackboneSpec, image_size: int | None):
             raise BackboneError(
                 f"The checkpoint of backbone {str(spec)!r} does not fit the timm model "
                 f"{spec.model!r}: {len(foreign)} of its weights belong inside the model's "
-                f"layers but have no place there ({', '.join(foreign[:4])}"
-                f"{', ...' if len(foreign) > 4 else ''}), as in a deeper or wider model of "
-                "the family. Pass the model the checkpoint was trained as."
+                f"layers but have no place there ({_first_keys(foreign)}), as in a deeper or "
+                "wider model of the family. Pass the model the checkpoint was trained as."
             )
         weights_id = file_sha256(path)
     else:
@@ -790,6 +789,11 @@ def _timm(spec: BackboneSpec, image_size: int | None):
     return (model, *_timm_data(model, image_size), weights_id)
 
 
+def _first_keys(keys: list[str]) -> str:
+    """The first four of a checkpoint's ``keys`` in an error line, "..." for the rest."""
+    return ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+
+
 def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], spec: BackboneSpec) -> None:
     """Load every parameter of ``model`` from ``state`` and nothing else, or one
     :class:`BackboneError` line that counts and names the first keys that differ."""
@@ -801,7 +805,7 @@ def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], spec: Backbon
     except RuntimeError as err:  # shapes that differ
         raise BackboneError(f"{head}: {str(err).strip().splitlines()[-1].strip()}") from err
     wrong = [
-        f"{len(keys)} {what} ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''})"
+        f"{len(keys)} {what} ({_first_keys(keys)})"
         for what, keys in (
             ("of its parameters are not in the checkpoint", result.missing_keys),
             ("of the checkpoint's weights have no place in it", result.unexpected_keys),
