@@ -305,18 +305,14 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     Raises FileNotFoundError, as ``make_dataset`` does, for a class without images.
     """
 
-    def inode(path: str) -> tuple[int, int]:
+    def inode(path: str | Path) -> tuple[int, int]:
         st = os.stat(path)
         return st.st_dev, st.st_ino
 
     # Never walked from inside a class: the root and the folders above it (every class
     # again, under this class's label).
-    above = set()
-    for path in {os.path.abspath(root), os.path.realpath(root)}:
-        while path not in ("", os.path.dirname(path)):
-            above.add(inode(path))
-            path = os.path.dirname(path)
-        above.add(inode(path))
+    starts = {Path(os.path.abspath(root)), Path(os.path.realpath(root))}
+    above = {inode(folder) for start in starts for folder in (start, *start.parents)}
     items, empty = [], []
     for index, name in enumerate(classes):
         seen, walked = set(above), []
