@@ -35,6 +35,7 @@ from ._losses import (
 from ._stats import (
     ClassStats,
     class_margins,
+    class_statistics,
     class_statistics_chunked,
     compactness_tau,
     mean_spread,
@@ -423,7 +424,7 @@ DIVERGED = 1e3
 # a batch holds many samples of a class, many when it holds few.
 TILT_WINDOW = 32
 # A minibatch fit that ends with its epoch loss this far above its best (relative) is not
-# called converged: its steps took it away from its best point (with lam > 0, P shrinking).
+# called converged: its steps took it away from its best point (a step too large for SGD).
 ROSE = 0.05
 # Steps with at most this many multiply-adds in their matrix products run on one CPU
 # thread: for them torch's intra-op threads cost more in synchronisation than they save.
@@ -453,6 +454,27 @@ def _small_steps_on_one_thread(fit):
             return fit(head, source, spec, **kwargs)
 
     return wrapper
+
+
+def compactness_term(phi, y, w, s_bar, tau, n_classes: int, tau_follows: bool = True):
+    """The compactness loss of a minibatch, differentiated through s̄ (and τ = 2 s̄) too.
+
+    s̄ and the default τ = 2 s̄ (the epoch's, from the full data) are functions of φ: mean
+    within-class spreads. Held constant within an epoch, they gave every step a gradient
+    that shrinks φ as a whole, the loss falling with the scale of P and rising again at the
+    next epoch's statistics; with a large step the projection collapsed towards zero (iris,
+    λ = 0.5, step 1e-2: every sample in one class). Here s̄, and τ when ``tau_follows`` (a
+    τ given by the user is a constant of the objective), move in the gradient only with
+    the batch's own mean within-class spread m: s̄·m/m₀, m₀ = m's value, so the value is
+    unchanged. With τ = 2 s̄ the loss then depends on the distances relative to the spread,
+    invariant to a common scale of φ. A batch with no spread (one sample per class) keeps
+    both fixed.
+    """
+    spread = mean_spread(class_statistics(phi, y, n_classes, 2.0, w))
+    held = spread.detach()
+    factor = torch.where(held > 0, spread / held.clamp_min(torch.finfo(held.dtype).tiny), 1.0)
+    tau = tau * factor if tau_follows else tau
+    return compactness_loss(phi, y, s_bar * factor, tau, sample_weight=w)
 
 
 def _diverged(value: float, first: float) -> bool:
@@ -537,7 +559,10 @@ def fit_minibatch(
                 data = ce * (source.n_samples / (weight_sum * len(y)))
             loss = data + reg * head.penalty()
             if lam > 0:
-                loss = loss + lam * compactness_loss(phi, y, s_bar, tau, sample_weight=w)
+                compact = compactness_term(
+                    phi, y, w, s_bar, tau, spec.n_classes, tau_follows=spec.tau is None
+                )
+                loss = loss + lam * compact
             optimizer.step(torch.autograd.grad(loss, params), lr)
             # Tilted: the epoch's value is R_t of its class losses plus the other terms.
             epoch_loss += (loss if tilt == 0 else loss - data).detach() * len(y)

@@ -17,7 +17,7 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, MR2Loss
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, MR2Loss, compactness_loss
 
 cuda = pytest.mark.cuda  # skipped without CUDA (tests/conftest.py)
 
@@ -242,8 +242,6 @@ def test_low_rank_projection(digits):
 
 @pytest.mark.slow
 def test_compactness_weight_lowers_the_compactness_loss(digits):
-    from mr2_probe import compactness_loss
-
     X, y = digits
     kwargs = dict(c_bar=1.0, max_iter=20, random_state=0, device="cpu", learning_rate=3e-3)
     with warnings.catch_warnings():
@@ -939,15 +937,17 @@ def _demo_split():
 
 
 def test_readme_call_converges_on_digits_with_its_defaults():
-    # The README's call on the demo's split, raw pixel values: before, 75 to 100 epochs
-    # (some seeds warned at max_iter=100), at 95.86% test accuracy over seeds 0 to 7.
+    # The README's call on the demo's split, raw pixel values. With the settings before
+    # this solver's (Adam 1e-3, absolute tol): 75 to 100 epochs (some seeds warned at
+    # max_iter=100), 95.86% test accuracy over seeds 0 to 7. With s̄ and τ held within an
+    # epoch: 32 to 49 epochs, 95.90%; differentiated through them: 63 to 77, 96.55%.
     X_train, X_test, y_train, y_test = _demo_split()
     clf = MR2LinearClassifier(c_bar=2, lam=0.5, p=3, random_state=0, device="cpu")
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         clf.fit(X_train, y_train)
-    assert clf.n_iter_ <= 60
-    assert clf.score(X_test, y_test) >= 0.955
+    assert clf.n_iter_ <= 90
+    assert clf.score(X_test, y_test) >= 0.96
 
 
 @pytest.mark.slow
@@ -1089,16 +1089,55 @@ def test_rows_of_weight_zero_take_no_part_in_the_compactness_loss():
     np.testing.assert_array_equal(a.coef_, b.coef_)
 
 
-@pytest.mark.slow
-def test_a_fit_that_ends_far_above_its_best_loss_is_not_called_converged():
-    # With lam > 0 and a large step the projection shrank towards zero (README, known
-    # limitation): a constant predictor (training accuracy 1/3, epoch loss 3.53 against a
-    # best of 2.75) was reported converged, without a warning.
+def test_compactness_term_has_no_gradient_along_a_common_scale_of_the_features():
+    # s̄ and τ held constant within an epoch gave every step a gradient that shrinks φ as a
+    # whole (the projection collapsed towards zero); differentiated through them, the loss
+    # depends on the distances relative to the spread.
+    from mr2_probe._solvers import compactness_term
+
+    gen = torch.Generator().manual_seed(0)
+    phi = torch.randn(60, 5, generator=gen, dtype=torch.float64).requires_grad_()
+    y = torch.arange(60) % 3
+    w = torch.rand(60, generator=gen, dtype=torch.float64) + 0.5
+    s_bar, tau = 2.0, 4.0  # the epoch's, from the full data: the batch's spread differs
+    (grad,) = torch.autograd.grad(compactness_term(phi, y, w, s_bar, tau, 3), phi)
+    radial = float((grad * phi).sum())  # d/da of the loss at a·φ, a = 1
+    assert abs(radial) < 1e-10 * float(grad.norm() * phi.norm())
+    (held,) = torch.autograd.grad(compactness_loss(phi, y, s_bar, tau, sample_weight=w), phi)
+    assert float((held * phi).sum()) > 0.1 * float(held.norm() * phi.norm())
+    # Its value is the loss at the epoch's s̄ and τ; a batch with no spread keeps them.
+    value = compactness_term(phi, y, w, s_bar, tau, 3)
+    torch.testing.assert_close(value, compactness_loss(phi, y, s_bar, tau, sample_weight=w))
+    alone = phi[:3]  # one sample per class
+    torch.testing.assert_close(
+        compactness_term(alone, y[:3], None, s_bar, tau, 3),
+        compactness_loss(alone, y[:3], s_bar, tau),
+    )
+
+
+def test_a_large_step_does_not_collapse_the_projection():
+    # Before, at the epoch's s̄ and τ held constant: training accuracy 1/3 (every sample in
+    # one class) and ‖P‖ 0.03 after 100 epochs (2 at the identity); 0.96 and 3.2 now.
     from sklearn.datasets import load_iris
 
     X, y = load_iris(return_X_y=True)
-    clf = MR2LinearClassifier(lam=0.5, learning_rate=1e-2, n_iter_no_change=50, max_iter=5000)
-    with pytest.warns(ConvergenceWarning, match=r"above its best .*projection can shrink"):
+    clf = MR2LinearClassifier(lam=0.5, learning_rate=1e-2, n_iter_no_change=50, max_iter=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.set_params(random_state=0, device="cpu").fit(X, y)
+    assert clf.score(X, y) > 0.9
+    assert np.linalg.norm(clf.projection_) > 2.0
+
+
+def test_a_fit_that_ends_far_above_its_best_loss_is_not_called_converged():
+    # A step too large for SGD: the epoch loss ends at 4.05 against a best of 2.45 (training
+    # accuracy 0.65). Such a fit (once, a projection that shrank towards zero: training
+    # accuracy 1/3) was reported converged, without a warning.
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    clf = MR2LinearClassifier(lam=0.5, solver="sgd", learning_rate=0.1, max_iter=200)
+    with pytest.warns(ConvergenceWarning, match=r"above its best .*smaller learning_rate"):
         clf.set_params(random_state=0, device="cpu").fit(X, y)
     assert clf.loss_curve_[-1] > 1.05 * min(clf.loss_curve_)
 
@@ -1122,6 +1161,30 @@ def test_compactness_scale_averages_present_classes_only(monkeypatch):
         clf.fit(X, y, sample_weight=sample_weight)
     expected = clf.class_stats_["msd_l2"][:2].mean()  # not the mean over all 3 classes
     np.testing.assert_allclose(seen, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("tau", [None, 1.0])
+def test_only_the_default_tau_follows_the_spread_in_the_gradient(monkeypatch, tau):
+    # τ = 2 s̄ is a function of φ, and moves with s̄; a τ given by the user is a constant.
+    from mr2_probe import _solvers
+
+    seen = []
+    original = _solvers.compactness_loss
+
+    def recording_loss(phi, y, s_bar, tau, *args, **kwargs):
+        seen.append((s_bar.requires_grad, torch.is_tensor(tau) and tau.requires_grad, tau))
+        return original(phi, y, s_bar, tau, *args, **kwargs)
+
+    monkeypatch.setattr(_solvers, "compactness_loss", recording_loss)
+    X, y = _blobs(3)
+    clf = MR2LinearClassifier(lam=0.5, tau=tau, max_iter=1, random_state=0, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+    assert seen and all(s_follows for s_follows, _, _ in seen)
+    assert all(t_follows == (tau is None) for _, t_follows, _ in seen)
+    if tau is not None:
+        assert all(value == tau for _, _, value in seen)
 
 
 @pytest.mark.parametrize("head", ["linear", "cosine"])

@@ -251,7 +251,9 @@ def test_minibatch_large_tilt_does_not_swing_between_classes():
 
     With q held for an epoch the fit swung between classes and ended on a model that got
     none of the worst class's training rows right (max class loss 2.26 against 1.04
-    untilted)."""
+    untilted). Since the compactness loss is differentiated through s̄ and τ, the untilted
+    fit's largest class loss is 0.22 (seeds 0 to 2: 0.22 to 0.26), and the tilt moves it
+    by less than the minibatch noise: 0.24 (seed 0), 0.20, 0.21; its worst class gains."""
 
     X, y = load_digits(return_X_y=True)
     X = X / 16
@@ -263,7 +265,7 @@ def test_minibatch_large_tilt_does_not_swing_between_classes():
         right = model.predict(X) == y
         return min(right[y == k].mean() for k in np.unique(y))
 
-    assert tilted.class_losses_.max() < plain.class_losses_.max()
+    assert tilted.class_losses_.max() < 1.2 * plain.class_losses_.max()
     assert worst(tilted) >= worst(plain)
 
 
