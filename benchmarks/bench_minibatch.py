@@ -102,10 +102,13 @@ PREVIOUS = {"learning_rate": 1e-3, "n_iter_no_change": 10}
 
 # ------------------------------------------------------------------------------ one step
 def _steps(d, n_classes, batch):
-    """The previous and the current training step on one batch, as functions."""
+    """The previous and the current training step on one batch, as functions.
+
+    The previous step held s̄ and τ constant in the compactness loss; the current one also
+    differentiates through them (the batch's class statistics, ``compactness_term``)."""
     from mr2_probe._head import ProbeHead
     from mr2_probe._losses import compactness_loss, margin_cross_entropy
-    from mr2_probe._solvers import _Adam
+    from mr2_probe._solvers import _Adam, compactness_term
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, d, generator=g)
@@ -126,21 +129,25 @@ def _steps(d, n_classes, batch):
     )
     params = list(head.parameters())
 
-    def loss():
+    def loss(current):
         phi = head.features(x)  # (B, d)
         ce = margin_cross_entropy(head.logits(phi), y, margins, reduction="mean")
-        return ce + 1e-3 * head.penalty() + 0.5 * compactness_loss(phi, y, s_bar, 2 * s_bar)
+        if current:
+            compact = compactness_term(phi, y, None, s_bar, 2 * s_bar, n_classes)
+        else:
+            compact = compactness_loss(phi, y, s_bar, 2 * s_bar)
+        return ce + 1e-3 * head.penalty() + 0.5 * compact
 
     torch_adam = torch.optim.Adam(params, lr=1e-6)
     ours = _Adam(params)
 
     def previous():
         torch_adam.zero_grad(set_to_none=True)
-        loss().backward()
+        loss(False).backward()
         torch_adam.step()
 
     def current():
-        ours.step(torch.autograd.grad(loss(), params), 1e-6)
+        ours.step(torch.autograd.grad(loss(True), params), 1e-6)
 
     return previous, current
 

@@ -472,7 +472,8 @@ def compactness_term(phi, y, w, s_bar, tau, n_classes: int, tau_follows: bool = 
     """
     spread = mean_spread(class_statistics(phi, y, n_classes, 2.0, w))
     held = spread.detach()
-    factor = torch.where(held > 0, spread / held.clamp_min(torch.finfo(held.dtype).tiny), 1.0)
+    positive = held > 0
+    factor = torch.where(positive, spread / torch.where(positive, held, 1.0), 1.0)
     tau = tau * factor if tau_follows else tau
     return compactness_loss(phi, y, s_bar * factor, tau, sample_weight=w)
 

@@ -1108,6 +1108,14 @@ def test_compactness_term_has_no_gradient_along_a_common_scale_of_the_features()
     # Its value is the loss at the epoch's s̄ and τ; a batch with no spread keeps them.
     value = compactness_term(phi, y, w, s_bar, tau, 3)
     torch.testing.assert_close(value, compactness_loss(phi, y, s_bar, tau, sample_weight=w))
+    # A spread below float32's smallest normal number keeps its value too (it was divided
+    # by that number instead: 0.224 against 0.046 with a constant τ).
+    tiny = torch.tensor([[0.0], [1e-19], [1.0], [3.0]])
+    labels, s_tiny = torch.tensor([0, 0, 1, 2]), torch.tensor(1e-37)
+    torch.testing.assert_close(
+        compactness_term(tiny, labels, None, s_tiny, s_tiny, 3, tau_follows=False),
+        compactness_loss(tiny, labels, s_tiny, s_tiny),
+    )
     alone = phi[:3]  # one sample per class
     torch.testing.assert_close(
         compactness_term(alone, y[:3], None, s_bar, tau, 3),
