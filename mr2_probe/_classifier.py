@@ -308,7 +308,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     - Adam's update is written out in place: ``torch.optim`` imports ``torch._dynamo`` on
       first use (1 to 3 s on a CPU machine). Small steps run on one CPU thread (see
       ``batch_size``): on the 2-core benchmark machine a digits-sized step took 2 ms on
-      one thread, and from 1.5 to 440 ms on two as the machine's load varied.
+      one thread, and from 1.5 to 440 ms on two as the machine's load varied. The
+      compactness gradient through s̄ and τ costs a little more: 3.6 ms on one thread
+      against 2.9 ms for the step before it (``bench_minibatch.py --seeds 0``, d = 64, on
+      an idle machine, 2026-12-02).
     - ``difficulty="moment"``, the paper's a_k: the spread variant was no better (−0.3
       to −1.0 on the worst class).
     - No feature scaling inside the estimator (scikit-learn's convention): margins on the
