@@ -332,9 +332,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     (τ only when it is 2 s̄) through its batch's own mean within-class spread: with the
     default τ the loss depends on the distances relative to the spread, not on the scale
     of P (held constant, they let P shrink towards zero). With sample weights the
-    compactness term counts a
-    sample as w copies of itself (each partner's term times w_j, the class means weighted),
-    as :func:`~mr2_probe.compactness_loss` does: a row of weight 0 takes no part.
+    compactness term counts a sample as w copies of itself (each partner's term times w_j,
+    the class means weighted), as :func:`~mr2_probe.compactness_loss` does: a row of weight
+    0 takes no part.
 
     **Class tilt.** Write the data term as Σ_k π_k·L_k, with S_k = Σ_{i∈k} w_i the weight
     of class k, π_k = S_k / S its share and L_k = Σ_{i∈k} w_i·CE(z_i / γ_k, y_i) / S_k its
