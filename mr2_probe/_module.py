@@ -12,6 +12,7 @@ from torch import nn
 
 from ._device import unit_rows
 from ._losses import compactness_loss, margin_cross_entropy, tilted_class_risk
+from ._solvers import compactness_term
 from ._stats import (
     DIFFICULTIES,
     ClassMoments,
@@ -86,12 +87,15 @@ class MR2Loss(nn.Module):
     rho : float, default=0.9
         Decay of a class's running moments each time a batch holds that class.
     tau : float or None, default=1.0
-        Temperature of the compactness loss, the paper's form by default. ``None`` uses
-        τ = 2 s̄ (s̄ floored at the rounding of the squared distances, and at 10⁻¹²), a
-        scale-free temperature that suits a projection anchored by a penalty
-        (as in :class:`MR2LinearClassifier`) but not an unconstrained backbone: there,
-        shrinking every feature lowers the loss, s̄ and τ follow it down, the gradient
-        grows as 1/τ, and the features collapse.
+        Temperature of the compactness loss, the paper's form by default (s̄ a statistic,
+        not differentiated). ``None`` uses τ = 2 s̄ (s̄ floored at the rounding of the
+        squared distances, and at 10⁻¹²), a scale-free temperature, and differentiates
+        through s̄ and τ as :class:`MR2LinearClassifier` does: by way of the batch's own
+        mean within-class spread m (s̄·m/m₀, m₀ = m's value, on each rank's own batch
+        under ``sync_stats``), so that the loss's value is unchanged and its gradient has
+        no component along a common scale of the features. Before, with s̄ and τ held,
+        shrinking every feature lowered the loss, and a backbone's features shrank
+        towards zero.
     normalize : bool, default=False
         Measure statistics on L2-normalised φ (cosine heads).
     difficulty : {"moment", "spread"}, default="moment"
@@ -399,8 +403,11 @@ class MR2Loss(nn.Module):
             # 2·s̄ overflows once the features' norms pass about 128.
             stats = self.stats()
             s_bar = mean_spread(stats)
-            tau = compactness_tau(stats).clamp_min(2e-12) if self.tau is None else self.tau
-            compact = compactness_loss(phi, target, s_bar, tau)
+            if self.tau is None:
+                tau = compactness_tau(stats).clamp_min(2e-12)
+                compact = compactness_term(phi, target, None, s_bar, tau, self.n_classes)
+            else:
+                compact = compactness_loss(phi, target, s_bar, self.tau)
             # Before the first training batch there is no spread to compare with (an
             # evaluation then): no compactness term, without a synchronisation.
             compact = torch.where(self.initialised.any(), compact, torch.zeros_like(compact))

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ._losses import (
+    _float32_at_least,
     compactness_loss,
     linear_grad_from_logits,
     linear_margin_ce_grad,
@@ -468,9 +469,10 @@ def compactness_term(phi, y, w, s_bar, tau, n_classes: int, tau_follows: bool = 
     the batch's own mean within-class spread m: s̄·m/m₀, m₀ = m's value, so the value is
     unchanged. With τ = 2 s̄ the loss then depends on the distances relative to the spread,
     invariant to a common scale of φ. A batch with no spread (one sample per class) keeps
-    both fixed.
+    both fixed. ``MR2Loss(tau=None)`` takes the same term.
     """
-    spread = mean_spread(class_statistics(phi, y, n_classes, 2.0, w))
+    # In float32 at least, as the loss's distances: a half-precision spread overflows.
+    spread = mean_spread(class_statistics(_float32_at_least(phi), y, n_classes, 2.0, w))
     held = spread.detach()
     positive = held > 0
     factor = torch.where(positive, spread / torch.where(positive, held, 1.0), 1.0)

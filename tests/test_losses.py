@@ -414,6 +414,29 @@ def test_mr2_loss_on_half_precision_features_of_large_norm(tau):
     torch.testing.assert_close(grads[1], grads[0], rtol=2e-2, atol=2e-2 * grads[0].abs().max())
 
 
+@pytest.mark.parametrize("tau", [None, 1.0])
+def test_mr2_loss_with_tau_none_does_not_pull_features_towards_zero(tau):
+    # τ = 2 s̄ follows the spread in the gradient (through the batch's own), so that a
+    # backbone is not pushed to shrink its features: their gradient has no component along
+    # a common scale. Before, it had, and a small network's features shrank (digits, Adam:
+    # mean norm 0.52 to 0.33 in 40 epochs, training accuracy 0.73). The paper's constant τ
+    # keeps its gradient.
+    gen = torch.Generator().manual_seed(0)
+    target = torch.arange(60) % 3
+    phi = torch.randn(60, 8, generator=gen, dtype=torch.float64)
+    criterion = MR2Loss(3, 8, c_bar=None, lam=1.0, tau=tau).double()
+    criterion.update(phi * 1.5, target)  # running statistics unlike this batch's
+    features = phi.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(
+        criterion(torch.zeros(60, 3).double(), features, target), features
+    )
+    radial = float((grad * phi).sum())  # d/da at a·φ, a = 1 (the logits held)
+    if tau is None:
+        assert abs(radial) < 1e-10 * float(grad.norm() * phi.norm())
+    else:
+        assert radial > 0.1 * float(grad.norm() * phi.norm())
+
+
 def test_normalized_mr2_loss_is_safe_from_overflow_in_the_norms():
     # Rows of norm ~1e20 (their squares overflow float32) are still unit vectors.
     gen = torch.Generator().manual_seed(0)
