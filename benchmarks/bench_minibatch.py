@@ -107,8 +107,8 @@ def _steps(d, n_classes, batch):
     The previous step held s̄ and τ constant in the compactness loss; the current one also
     differentiates through them (the batch's class statistics, ``compactness_term``)."""
     from mr2_probe._head import ProbeHead
-    from mr2_probe._losses import compactness_loss, margin_cross_entropy
-    from mr2_probe._solvers import _Adam, compactness_term
+    from mr2_probe._losses import compactness_loss, compactness_term, margin_cross_entropy
+    from mr2_probe._solvers import _Adam
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, d, generator=g)

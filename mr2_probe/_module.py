@@ -11,8 +11,7 @@ from torch import distributed as dist
 from torch import nn
 
 from ._device import unit_rows
-from ._losses import compactness_loss, margin_cross_entropy, tilted_class_risk
-from ._solvers import compactness_term
+from ._losses import compactness_loss, compactness_term, margin_cross_entropy, tilted_class_risk
 from ._stats import (
     DIFFICULTIES,
     ClassMoments,

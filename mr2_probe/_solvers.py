@@ -25,8 +25,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ._losses import (
-    _float32_at_least,
-    compactness_loss,
+    compactness_term,
     linear_grad_from_logits,
     linear_margin_ce_grad,
     linear_margin_ce_parts,
@@ -36,7 +35,6 @@ from ._losses import (
 from ._stats import (
     ClassStats,
     class_margins,
-    class_statistics,
     class_statistics_chunked,
     compactness_tau,
     mean_spread,
@@ -455,29 +453,6 @@ def _small_steps_on_one_thread(fit):
             return fit(head, source, spec, **kwargs)
 
     return wrapper
-
-
-def compactness_term(phi, y, w, s_bar, tau, n_classes: int, tau_follows: bool = True):
-    """The compactness loss of a minibatch, differentiated through s̄ (and τ = 2 s̄) too.
-
-    s̄ and the default τ = 2 s̄ (the epoch's, from the full data) are functions of φ: mean
-    within-class spreads. Held constant within an epoch, they gave every step a gradient
-    that shrinks φ as a whole, the loss falling with the scale of P and rising again at the
-    next epoch's statistics; with a large step the projection collapsed towards zero (iris,
-    λ = 0.5, step 1e-2: every sample in one class). Here s̄, and τ when ``tau_follows`` (a
-    τ given by the user is a constant of the objective), move in the gradient only with
-    the batch's own mean within-class spread m: s̄·m/m₀, m₀ = m's value, so the value is
-    unchanged. With τ = 2 s̄ the loss then depends on the distances relative to the spread,
-    invariant to a common scale of φ. A batch with no spread (one sample per class) keeps
-    both fixed. ``MR2Loss(tau=None)`` takes the same term.
-    """
-    # In float32 at least, as the loss's distances: a half-precision spread overflows.
-    spread = mean_spread(class_statistics(_float32_at_least(phi), y, n_classes, 2.0, w))
-    held = spread.detach()
-    positive = held > 0
-    factor = torch.where(positive, spread / torch.where(positive, held, 1.0), 1.0)
-    tau = tau * factor if tau_follows else tau
-    return compactness_loss(phi, y, s_bar * factor, tau, sample_weight=w)
 
 
 def _diverged(value: float, first: float) -> bool:
