@@ -284,9 +284,11 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     Parameters
     ----------
     y_true, y_pred : array-like of shape (n_samples,)
-    groups : mapping or array-like of int, default=None
-        Either class label → group name (from :func:`class_groups`), or group indices
-        aligned with ``labels`` (from :func:`difficulty_groups`). ``None`` uses the groups
+    groups : mapping or array-like, default=None
+        Either class label → group name (from :func:`class_groups`), or one group per class
+        aligned with ``labels``: an index 0 (easy), 1 (medium) or 2 (hard), as
+        :func:`difficulty_groups` gives with its three groups, or the group's name (as
+        :attr:`~mr2_probe.report.ClasswiseReport.groups` holds). ``None`` uses the groups
         of this very model.
     labels : array-like, default=None
         Class order of an index array ``groups`` (default: sorted ``y_true``).
@@ -307,17 +309,17 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     {'overall': 0.75, 'easy': 1.0, 'medium': 1.0, 'hard': 0.5, 'worst': 0.5, 'std': 0.236}
     """
     if isinstance(groups, Mapping):
-        labels, names = _split_groups(groups)
+        labels, groups = _split_groups(groups)
         _check_known(y_true, labels)
-        index = {name: g for g, name in enumerate(GROUP_NAMES)}
-        groups = np.array([index[name] for name in names])
     acc = per_class_accuracy(y_true, y_pred, labels, sample_weight)
+    _present(acc)  # a clear error where no class has samples (weight) to score
     if groups is None:
         # This model's own terciles, over the classes it has samples (weight) of.
         present = np.isfinite(acc)
         groups = np.full(len(acc), -1)
         groups[present] = difficulty_groups(acc[present])
-    groups = np.asarray(groups)
+    else:
+        groups = _group_indices(groups)
     if groups.shape != acc.shape:
         raise ValueError(
             f"groups must give one group index per class ({len(acc)}, in the order of "
@@ -334,6 +336,27 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     summary["worst"] = float(np.nanmin(acc))
     summary["std"] = float(np.nanstd(acc))
     return summary
+
+
+def _group_indices(groups) -> np.ndarray:
+    """Group indices 0 (easy), 1 (medium), 2 (hard) from indices or group names."""
+    groups = np.asarray(groups)
+    if groups.dtype.kind in "USO":  # names
+        index = {name: g for g, name in enumerate(GROUP_NAMES)}
+        unknown = sorted({str(name) for name in groups.ravel().tolist()} - set(index))
+        if unknown:
+            raise ValueError(f"groups must be named {list(GROUP_NAMES)}, got {unknown}.")
+        return np.array([index[str(name)] for name in groups.ravel().tolist()]).reshape(
+            groups.shape
+        )
+    valid = np.arange(len(GROUP_NAMES))
+    if not np.isin(groups, valid).all():
+        raise ValueError(
+            "groups must be group indices 0 (easy), 1 (medium) or 2 (hard), got "
+            f"{sorted(set(np.unique(groups).tolist()) - set(valid.tolist()))}; "
+            "difficulty_groups gives them with its default n_groups=3."
+        )
+    return groups.astype(np.intp)
 
 
 def _split_groups(groups_by_label: Mapping) -> tuple[np.ndarray, np.ndarray]:

@@ -131,19 +131,24 @@ def classwise_report(models: Mapping, y, X=None, *, reference: str | None = None
     """
     if not models:
         raise ValueError("models must name at least one model, got an empty mapping.")
-    reference = next(iter(models)) if reference is None else reference
-    if reference not in models:
-        raise ValueError(f"reference must be one of {list(models)}, got {reference!r}.")
     named = {str(name): model for name, model in models.items()}
     if len(named) < len(models):
         raise ValueError(f"models must have distinct names as text, got {list(models)}.")
-    models, reference = named, str(reference)
+    # The reference by its name as text too (the key 0.01 is the model "0.01").
+    reference = next(iter(named)) if reference is None else str(reference)
+    if reference not in named:
+        raise ValueError(f"reference must be one of {list(named)}, got {reference!r}.")
+    models = named
     predictions = {name: _predictions(name, model, X) for name, model in models.items()}
     labels = np.unique(y)
     groups = class_groups(y, predictions[reference], labels)
     return ClasswiseReport(
         reference=reference,
-        labels=labels.tolist(),
+        # Bytes labels (h5py's fixed-length strings) as text, which JSON can hold.
+        labels=[
+            v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v
+            for v in labels.tolist()
+        ],
         groups=list(groups.values()),
         rows={name: classwise_summary(y, pred, groups) for name, pred in predictions.items()},
         per_class={

@@ -170,6 +170,34 @@ def test_classwise_summary_accepts_a_mapping_or_an_index_array():
     )  # fmt: skip
 
 
+def test_classwise_summary_takes_the_group_names_of_a_report():
+    # ClasswiseReport.groups: one name per class, aligned with its labels.
+    names = [GROUPS[label] for label in sorted(GROUPS)]
+    assert classwise_summary(Y_TRUE, Y_PRED, names) == pytest.approx(
+        classwise_summary(Y_TRUE, Y_PRED, GROUPS)
+    )
+
+
+@pytest.mark.parametrize(
+    "groups, match",
+    [
+        # difficulty_groups(..., n_groups=5): groups 3 and 4 were left out of every group.
+        ([0, 0, 1, 2, 3, 4], r"group indices 0 \(easy\).*got \[3, 4\]"),
+        ([0, 0, 1, 1, 2, 2.5], r"got \[2.5\]"),
+        (["easy", "easy", "medium", "medium", "hard", "worst"], r"named.*got \['worst'\]"),
+        ({0: "easy", 1: "easy", 2: "medium", 3: "medium", 4: "hard", 5: "worst"}, "named"),
+    ],
+)
+def test_groups_other_than_easy_medium_hard_are_refused(groups, match):
+    with pytest.raises(ValueError, match=match):
+        classwise_summary(Y_TRUE, Y_PRED, groups)
+
+
+def test_an_empty_test_set_is_named():
+    with pytest.raises(ValueError, match="No class of y_true has samples"):
+        classwise_summary([], [])
+
+
 @pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
 def test_classes_missing_from_the_groups_are_refused(score):
     with pytest.raises(ValueError, match=r"classes \[5\] that are not in groups"):

@@ -184,6 +184,31 @@ def test_models_named_by_numbers_print_and_round_trip_by_their_names(names):
     assert read.to_text(per_class=True) == report.to_text(per_class=True)
 
 
+def test_a_reference_is_named_as_text_like_the_models():
+    y = [0, 0, 1, 1, 2, 2]
+    models = {0.01: [0, 0, 1, 0, 2, 0], 1.0: y}
+    by_text = classwise_report(models, y, reference="1.0")
+    assert by_text.reference == "1.0"
+    assert by_text.groups == classwise_report(models, y, reference=1.0).groups
+    with pytest.raises(ValueError, match=r"reference must be one of \['0.01', '1.0'\]"):
+        classwise_report(models, y, reference="2")
+
+
+def test_bytes_labels_are_written_as_text():
+    # h5py reads fixed-length strings as bytes.
+    y = np.array([b"cat", b"cat", b"dog", b"dog"])
+    report = classwise_report({"ERM": np.array([b"cat", b"dog", b"dog", b"dog"])}, y)
+    assert report.labels == ["cat", "dog"]
+    assert "b'cat'" not in report.to_text(per_class=True)
+    read = ClasswiseReport.from_dict(json.loads(report.to_json()))
+    _assert_same(read, report)
+
+
+def test_an_empty_test_set_is_named():
+    with pytest.raises(ValueError, match="No class of y_true has samples"):
+        classwise_report({"ERM": []}, [])
+
+
 def test_models_whose_names_read_alike_are_refused():
     with pytest.raises(ValueError, match="distinct names as text"):
         classwise_report({1: [0, 1], "1": [0, 1]}, [0, 1])
