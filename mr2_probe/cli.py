@@ -79,6 +79,8 @@ files written to --out:
   models.joblib          the fitted models, a dict keyed by the report's model names
   class_names.json       the class names of an HDF5 store: class k is entry k
   command.json           the options of the run
+  A run replaces an earlier run's files there; a folder holding files of these names
+  that no earlier run wrote (no command.json) is refused.
 
 labels:
   The models learn the labels exactly as the training file holds them and predict the
@@ -114,18 +116,31 @@ _FORMATS = (".h5", ".hdf5", ".npz", ".npy")
 _LEVER_DEFAULTS = {"val_size": 0.1, "front_bound": 0.5, "cv": 3, "scoring": "worst_class"}
 # Parameters that shape only the MR² objective: ERM (c_bar=None, lam=0) does not search them.
 _MR2_ONLY = frozenset({"c_bar", "lam", "p", "difficulty", "tau", "projection_rank", "class_tilt"})
-# The options that set the estimator's parameters, named in its errors.
+# The options that set the estimator's parameters, named in its errors; --grid may not
+# search one that an option sets (it would silently replace the option's value).
 _OPTIONS = {
     "c_bar": "--c-bar",
     "lam": "--lam",
     "p": "--p",
     "C": "--C",
+    "head": "--head",
     "max_iter": "--max-iter",
     "scale": "--logit-scale",
     "random_state": "--seed",
+    "device": "--device",
 }
 # Every run removes those of an earlier run in the same folder before writing its own.
 _FIGURES = ("class_accuracy.png", "groups.png", "margins.png", "front.png", "cv_curve.png")
+# Every file a run writes to --out (or removes there, as an earlier run's).
+_OUTPUTS = (
+    "models.joblib",
+    "command.json",
+    "report.txt",
+    "report.md",
+    "report.json",
+    "class_names.json",
+    *_FIGURES,
+)
 
 
 class UsageError(ValueError):
@@ -379,7 +394,7 @@ def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        return _run(args)
+        return _run(args, _given(argv))
     except KeyboardInterrupt:
         if args.debug:
             raise
@@ -392,13 +407,22 @@ def main(argv=None) -> int:
         parser.exit(2, f"mr2-probe: error: {_one_line(error)}\n")
 
 
-def _run(args) -> int:
+def _given(argv) -> frozenset:
+    """The options given on the command line (their ``dest``), whatever their values:
+    parsed again without defaults, so that argparse sets only what the command line names."""
+    parser = _parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return frozenset(vars(parser.parse_args(argv)))
+
+
+def _run(args, given: frozenset = frozenset()) -> int:
     # Everything that can be wrong with the options and the output folder is found before
     # any file is read; everything wrong with the inputs, before any fit.
     _check_options(args)
     erm, mr2 = _estimators(args)
     grid = _grid(args.grid)
-    _check_grid(grid, mr2, args)
+    _check_grid(grid, mr2, args, given)
     out = _prepare_out(args.out) if args.out else None
     X, y, X_test, y_test, names, sources = _inputs(args)
     _check_splits(y, grid, args)
@@ -625,6 +649,12 @@ def _check_options(args) -> None:
             f"--Cs chooses the value that {option} sets (the {args.head} head's {what}); "
             "pass one of them"
         )
+    if args.Cs is not None and args.head == "cosine" and args.C is not None:
+        raise UsageError(
+            "--Cs with --head cosine searches the logit scale and penalises a projection "
+            "(--lam > 0) at C = 1, so --C would go unused; drop --C, or drop --Cs and "
+            "search both with --grid C=...,scale=..."
+        )
     if args.test is None and args.test_labels is not None:
         raise UsageError("--test-labels goes with --test FILE.npy; pass --test or drop it")
     for option, labels, features in (
@@ -678,8 +708,9 @@ def _cv_probe(probe: MR2LinearClassifier, args) -> MR2LinearClassifierCV:
     )
 
 
-def _check_grid(grid: dict, mr2: MR2LinearClassifier, args) -> None:
-    """Every --grid name is a parameter of the estimator, every value a valid one."""
+def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) -> None:
+    """Every --grid name is a parameter of the estimator, every value a valid one, and
+    none of them set by an option too (``given``: the options on the command line)."""
     if grid and args.Cs is not None:
         raise UsageError(
             "--Cs searches C with MR2LinearClassifierCV and --grid with GridSearchCV; "
@@ -703,12 +734,8 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args) -> None:
                     resolve_device(value)  # as --device is: every fit would fail on it
             except ValueError as error:
                 raise UsageError(f"--grid {name}={value}: {_one_line(error)}") from error
-    for name, option, value in (
-        ("C", "--C", args.C),
-        ("p", "--p", args.p),
-        ("scale", "--logit-scale", args.logit_scale),
-    ):
-        if name in grid and value is not None:
+    for name, option in _OPTIONS.items():
+        if name in grid and option[2:].replace("-", "_") in given:
             raise UsageError(
                 f"--grid {name} searches the value that {option} sets; pass one of them"
             )
@@ -762,6 +789,13 @@ def _prepare_out(path: str) -> Path:
                 f"--out {path!r} cannot be a folder: {str(folder)!r} is a file; choose "
                 "another --out"
             )
+    taken = [name for name in _OUTPUTS if (out / name).exists()]
+    if taken and not _earlier_run(out):
+        raise UsageError(
+            f"--out {path!r} holds {', '.join(taken)}, which this run would replace, and "
+            "no earlier mr2-probe run wrote them (its command.json is not there); choose "
+            "another --out, or move them away"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
@@ -778,6 +812,15 @@ def _prepare_out(path: str) -> Path:
             '--out draws plots, which need matplotlib: pip install "mr2-probe[plot]"'
         ) from error
     return out
+
+
+def _earlier_run(out: Path) -> bool:
+    """Whether ``out`` holds an earlier run's files: its command.json, the options of a run."""
+    try:
+        options = json.loads((out / "command.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(options, dict) and {"train", "out"} <= options.keys()
 
 
 def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels"):

@@ -395,6 +395,36 @@ NEEDS_H5 = pytest.mark.skipif(
             ["{d}/train.npz", "--head", "cosine", "--grid", "scale=8,16", "--logit-scale", "4"],
             "--grid scale searches the value that --logit-scale sets",
         ),
+        # Options with a default of their own were replaced by the grid without a word.
+        (
+            ["{d}/train.npz", "--c-bar", "2", "--grid", "c_bar=none,1"],
+            "--grid c_bar searches the value that --c-bar sets",
+        ),
+        (
+            ["{d}/train.npz", "--lam", "0.5", "--grid", "lam=0,0.1"],
+            "--grid lam searches the value that --lam sets",
+        ),
+        (
+            ["{d}/train.npz", "--head", "cosine", "--grid", "head=linear"],
+            "--grid head searches the value that --head sets",
+        ),
+        (
+            ["{d}/train.npz", "--max-iter", "7", "--grid", "max_iter=5,10"],
+            "--grid max_iter searches the value that --max-iter sets",
+        ),
+        (
+            ["{d}/train.npz", "--seed", "3", "--grid", "random_state=1"],
+            "--grid random_state searches the value that --seed sets",
+        ),
+        (
+            ["{d}/train.npz", "--device", "cpu", "--grid", "device=cpu"],
+            "--grid device searches the value that --device sets",
+        ),
+        # The scale search penalises a projection at C = 1: --C was read by nothing.
+        (
+            ["{d}/train.npz", "--head", "cosine", "--lam", "0.5", "--C", "0.01", "--Cs", "3"],
+            "--Cs with --head cosine searches the logit scale and penalises a projection",
+        ),
         (
             ["{d}/train.npz", "--grid", "class_tilt=0,5", "--tilt", "1"],
             "--tilt sweeps class_tilt on the MR² model for the front, and --grid class_tilt",
@@ -420,6 +450,23 @@ def test_mistakes_end_in_one_line_and_status_2(files, stores, argv, message, cap
     # One line: no traceback, and no "fitting ..." line either (nothing was fitted).
     assert len(lines) == 1 and lines[0].startswith("mr2-probe: error: "), lines
     assert message.format(d=files) in lines[0]
+
+
+def test_out_replaces_an_earlier_runs_files_and_no_one_elses(files, tmp_path, capsys):
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "report.md").write_text("my own notes\n")
+    (out / "front.png").write_text("keep\n")
+    code, lines = _error([str(files / "train.npz"), "--out", str(out), "--no-progress"], capsys)
+    assert code == 2 and "holds report.md, front.png, which this run would replace" in lines[0]
+    assert (out / "report.md").read_text() == "my own notes\n"
+    assert (out / "front.png").read_text() == "keep\n"
+    # An earlier run's folder is replaced, as documented.
+    run = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--out", str(run), "--no-progress", "--max-iter", "5"]
+    assert main(argv) == 0
+    assert main([*argv, "--c-bar", "2"]) == 0
+    assert json.loads((run / "command.json").read_text())["c_bar"] == 2
 
 
 def test_debug_shows_the_traceback(files):
