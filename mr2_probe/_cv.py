@@ -111,7 +111,9 @@ random_state, device
     scale_ : float
         The same value, under the name that fits the cosine head.
     Cs_ : ndarray of shape (n_Cs,)
-        The values evaluated, increasing (with ``"bisect"``, those the search visited).
+        The values evaluated, increasing and each once, the order of the columns of
+        ``scores_``, ``coefs_paths_`` and ``n_iter_`` (LogisticRegressionCV keeps ``Cs`` as
+        given); with ``"bisect"``, those the search visited.
     scores_ : dict
         Class label → ndarray (n_folds, n_Cs), the held-out scores, the same array for
         every class (one label, the positive class, for two classes), as in
