@@ -579,7 +579,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
 
     def _statistics(self, head, data):
         """Exact statistics of the head's representation of ``data``, checked finite."""
-        # One pass (two for p ≠ 2).
+        # Two passes over the data: the class means, then the spreads around them.
         initial = refresh_statistics(head, data.source, self._margin_spec(data.n_classes))
         if isinstance(data.source, H5Source):
             data.source.check_finite(type(self).__name__)

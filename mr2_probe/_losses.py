@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._stats import class_statistics, mean_spread
+from ._stats import class_statistics, float32_at_least, mean_spread
 
 
 def margin_cross_entropy(
@@ -53,7 +53,7 @@ def pairwise_sq_distances(features: torch.Tensor) -> torch.Tensor:
     bfloat16 Gram matrix would leave errors as large as the distances (float16 overflows
     beyond norms of 256).
     """
-    features = _float32_at_least(features)
+    features = float32_at_least(features)
     with torch.autocast(features.device.type, enabled=False):
         return _gram_sq_distances(features - features.mean(0, keepdim=True))
 
@@ -65,17 +65,11 @@ def _within_class_sq_distances(features, same, sample_weight=None) -> torch.Tens
     shift that leaves a class's distances as they are, so it carries no gradient. Entries
     across classes are not the rows' distances. Centred on the batch's mean, one far row of
     another class shifted every row by far/B, and every pair's cancellation came back."""
-    features = _float32_at_least(features)
+    features = float32_at_least(features)
     with torch.autocast(features.device.type, enabled=False):
         member = same if sample_weight is None else same & (sample_weight > 0)[None, :]
         first = member.to(features.dtype).argmax(1)  # (B,): argmax takes the first maximum
         return _gram_sq_distances(features - features.detach()[first])
-
-
-def _float32_at_least(features: torch.Tensor) -> torch.Tensor:
-    if not features.is_floating_point() or features.dtype in (torch.float16, torch.bfloat16):
-        return features.float()
-    return features
 
 
 def _gram_sq_distances(features: torch.Tensor) -> torch.Tensor:
@@ -164,7 +158,7 @@ def compactness_term(phi, y, w, s_bar, tau, n_classes: int, tau_follows: bool = 
     class) keeps both fixed. ``MR2Loss(tau=None)`` takes the same term.
     """
     # In float32 at least, as the loss's distances: a half-precision spread overflows.
-    spread = mean_spread(class_statistics(_float32_at_least(phi), y, n_classes, 2.0, w))
+    spread = mean_spread(class_statistics(float32_at_least(phi), y, n_classes, 2.0, w))
     held = spread.detach()
     positive = held > 0
     factor = torch.where(positive, spread / torch.where(positive, held, 1.0), 1.0)

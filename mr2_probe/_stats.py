@@ -55,6 +55,13 @@ def lp_norm_sq(v: torch.Tensor, p: float, *, overwrite: bool = False) -> torch.T
     return torch.where(peak.squeeze(-1) == 0, 0.0, norm_sq)
 
 
+def float32_at_least(features: torch.Tensor) -> torch.Tensor:
+    """``features`` in float32 where they are in half precision (or not floating point)."""
+    if not features.is_floating_point() or features.dtype in (torch.float16, torch.bfloat16):
+        return features.float()
+    return features
+
+
 def class_statistics(
     features: torch.Tensor,
     labels: torch.Tensor,
@@ -76,7 +83,9 @@ def class_statistics(
     Returns
     -------
     ClassStats
-        Classes absent from ``labels`` get a zero mean, zero spread and zero count.
+        Classes absent from ``labels`` get a zero mean, zero spread and zero count. In
+        float32 at least: half-precision features are summed, and their statistics kept,
+        in float32 (a float16 count stops at 2048, a bfloat16 one at 256).
     """
     return class_statistics_chunked(
         lambda: [(features, labels, sample_weight)], n_classes, features.shape[1], p
@@ -93,14 +102,15 @@ def class_statistics_chunked(
     """Exact class statistics over data given as chunks (for data larger than memory).
 
     ``chunks()`` must return a fresh iterable of ``(X, y, sample_weight)`` each time it is
-    called: means need one pass, and spreads measured in L_p a second one (the L_p spread
-    does not decompose into first and second moments unless p = 2). ``transform`` maps a
-    chunk of inputs to the representation φ.
+    called, for two passes: the means, then the spreads around them (measured about the
+    mean, with no cancellation of first and second moments; an L_p spread with p ≠ 2 does
+    not decompose into them at all). ``transform`` maps a chunk of inputs to the
+    representation φ. Sums are taken in float32 at least (:func:`class_statistics`).
     """
     transform = transform or (lambda x: x)
     sums = counts = None
     for x, y, w in chunks():
-        phi = transform(x)  # (B, d)
+        phi = float32_at_least(transform(x))  # (B, d)
         if sums is None:
             sums = phi.new_zeros(n_classes, n_features)
             counts = phi.new_zeros(n_classes)
@@ -117,6 +127,7 @@ def class_statistics_chunked(
     spread_2 = torch.zeros_like(counts)
     for x, y, w in chunks():
         diff = mean[y].sub_(transform(x))  # (B, d), μ − φ: the spreads are even in it
+        # (sub_ into mean's float32 rows: half-precision φ is promoted, not rounded to)
         w = torch.ones_like(y, dtype=diff.dtype) if w is None else w.to(diff.dtype)
         sq2 = torch.linalg.vector_norm(diff, dim=-1).square()
         spread_2.index_add_(0, y, sq2 * w)
@@ -193,6 +204,10 @@ def margins_from_difficulty(
     ``moment`` (K,) (a spread's scale: ‖μ_k‖_p² + msd_k), when a_k is at most the dtype's
     epsilon times it, which holds for every class when each is copies of one row.
     """
+    if a.dtype in (torch.float16, torch.bfloat16):  # c̄·K·a^{1/3} and Σ leave float16's range
+        return margins_from_difficulty(
+            a.float(), c_bar, present, None if moment is None else moment.float()
+        ).to(a.dtype)
     present = torch.ones_like(a, dtype=torch.bool) if present is None else present
     root = a.clamp_min(0).pow(1.0 / 3.0)  # (K,)
     # Copies of one row leave a spread of rounding error (a_k ~ 1e-32, not 0): a margin
