@@ -657,6 +657,12 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
                 "lets no one write a file that another process has open, even for reading: "
                 "close it there (e.g. the session that called load_features) and run again."
             ) from err
+        if "already open" in str(err):  # by this process, in another mode
+            raise StoreLockedError(
+                f"The feature store {os.fspath(path)!r} is open in this process (a store of "
+                "load_features not yet closed, say), and HDF5 will not open it again for "
+                "writing: close it (store.close(), or leave its with block) and run again."
+            ) from err
         if isinstance(err, FileNotFoundError):
             raise StoreNotFoundError(
                 f"The feature store {os.fspath(path)!r} does not exist; check the path."
@@ -830,6 +836,8 @@ def _check_shapes(
         problem = f"'labels' has dtype {labels.dtype}, not integers (codes into class_names)"
     elif f["features"].ndim != 2:
         problem = f"'features' has shape {f['features'].shape}, not (n_rows, n_features)"
+    elif f["features"].dtype.kind not in "fiu":
+        problem = f"'features' has dtype {f['features'].dtype}, not numbers"
     elif labels.shape != (len(f["features"]),):
         problem = f"'labels' has shape {labels.shape} for {len(f['features'])} feature rows"
     elif len(labels) and (labels.min() < 0 or labels.max() >= n_classes):
@@ -940,8 +948,10 @@ def load_features(
         f.close()
         raise
     if in_memory:
-        store.features = np.asarray(store.features)
-        store.close()
+        try:  # closed whatever happens, a MemoryError included
+            store.features = np.asarray(store.features)
+        finally:
+            store.close()
         store.file = None
     return store
 

@@ -390,7 +390,15 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         head = self._new_head(fold, scale=1.0)
         initial = None if head.has_projection else self._statistics(head, fold)
         weight = None if score_weight is None else score_weight[test]
-        return FoldPath(fold, data.rows(test), data.y_index[test], weight, head, initial)
+        if isinstance(data.source, H5Source):  # read again at each value, never held whole
+            blocks = functools.partial(data.row_blocks, test)
+        else:  # copied to the device once
+            held_out = list(data.row_blocks(test))
+
+            def blocks():
+                return held_out
+
+        return FoldPath(fold, blocks, data.y_index[test], weight, head, initial)
 
     # The folds of a plain linear or cosine head are solved by the batched L-BFGS of
     # _batched.py, with its memory carried along the path. On a GPU, and on a CPU while the

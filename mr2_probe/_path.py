@@ -72,14 +72,17 @@ class Step:
 
 @dataclass
 class FoldPath:
-    """One fold: its training data, its held-out rows on the device, and its head.
+    """One fold: its training data, its held-out rows, and its head.
 
     ``solve(head, data, value, cold, initial)`` trains the head in place and returns the
     solver's result and the exported state (the estimator's solve step).
+    ``test_blocks()`` gives the held-out rows on the device as ``(where, x)`` pairs (x
+    rows of the held-out set, ``where`` their positions in it): a block at a time from an
+    HDF5 store, which is never held whole, and in one block from memory.
     """
 
     data: object  # FitData of the training rows
-    X_test: torch.Tensor
+    test_blocks: Callable
     y_test: np.ndarray  # label indices
     score_weight: np.ndarray | None
     head: object
@@ -99,8 +102,13 @@ class FoldPath:
             cold = not self.steps
             self._predict(float(value))
             result, state = solve(self.head, self.data, value, cold, self.initial)
+            z = None  # (B, K)
             with torch.no_grad():
-                z = to_numpy(self.head.logits(self.head.features(self.X_test)))  # (B, K)
+                for where, x in self.test_blocks():
+                    block = to_numpy(self.head.logits(self.head.features(x)))
+                    if z is None:
+                        z = np.empty((len(self.y_test), block.shape[1]), block.dtype)
+                    z[where] = block
             intercept = state["intercept"] if self.head.bias is not None else None
             self.steps[float(value)] = Step.scored(
                 z, state["coef"], intercept, result.n_iter, self.y_test, self.score_weight,

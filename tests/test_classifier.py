@@ -338,6 +338,23 @@ def test_h5py_dataset_with_nan_is_rejected(tmp_path):
             MR2LinearClassifier(device="cpu").fit(f["features"], y)
 
 
+def test_a_dataset_of_a_closed_file_is_named(tmp_path):
+    # X taken inside a store's with block and fitted after it: h5py's "Unable to
+    # synchronously get dataspace (identifier is not of specified type)".
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs()
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["features"], f["labels"] = X, y
+        clf = MR2LinearClassifier(device="cpu").fit(f["features"], y)
+        features, labels = f["features"], f["labels"]
+    with pytest.raises(ValueError, match="HDF5 file that is closed"):
+        MR2LinearClassifier(device="cpu").fit(features, y)
+    with pytest.raises(ValueError, match="HDF5 file that is closed"):
+        MR2LinearClassifier(device="cpu").fit(X, labels)
+    with pytest.raises(ValueError, match="HDF5 file that is closed"):
+        clf.predict(features)
+
+
 @pytest.mark.parametrize("stored", [">f4", ">f8", "longdouble"])
 def test_h5py_datasets_of_other_byte_orders_and_widths_fit(tmp_path, stored):
     # A big-endian store (written by other tools) failed in torch.from_numpy ("byte order

@@ -302,6 +302,35 @@ def test_hdf5_folds_with_unsorted_held_out_rows_score_like_memory(tmp_path, monk
     assert stored.scores_[0].mean() > 0.8
 
 
+def test_hdf5_held_out_rows_are_never_held_whole(tmp_path, monkeypatch):
+    # Every fold kept its held-out rows on the device for the whole search: together, the
+    # whole store, however large.
+    h5py = pytest.importorskip("h5py")
+    from mr2_probe import _classifier, _data
+
+    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 64)
+    shapes = []
+    original = _data.to_tensor
+
+    def spy(a, *args, **kwargs):
+        tensor = original(a, *args, **kwargs)
+        if tensor.ndim == 2:
+            shapes.append(tuple(tensor.shape))
+        return tensor
+
+    monkeypatch.setattr(_data, "to_tensor", spy)
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:600] / 16, y[:600]
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = X
+    common = dict(Cs=[0.01, 1.0], cv=3, device="cpu")
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        stored = MR2LinearClassifierCV(**common).fit(f["X"], y)
+    assert shapes and max(rows for rows, _ in shapes) <= 64
+    memory = MR2LinearClassifierCV(**common).fit(X, y)
+    np.testing.assert_allclose(stored.scores_[0], memory.scores_[0], atol=0.01)
+
+
 def test_group_splitters_get_their_groups():
     from sklearn.model_selection import GroupKFold
 

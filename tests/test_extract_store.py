@@ -906,6 +906,50 @@ def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
         open_store(partial, "a").close()
 
 
+def test_a_store_open_in_this_process_is_named_so_not_as_no_store(store, folder, tmp_path):
+    # HDF5's "file is already open for read-only" was taken for a file that is no store,
+    # with the advice to delete it: hours of extraction, for a handle left open.
+    partial = tmp_path / "partial.h5"
+    partial.write_bytes(store.read_bytes())
+    with h5py.File(partial, "r+") as f:
+        f["status"][0] = PENDING
+    with pytest.warns(UserWarning, match="1 rows pending"):
+        held = load_features(partial, allow_incomplete=True)
+    with held:
+        with pytest.raises(StoreLockedError, match="open in this process .* close it"):
+            open_store(partial, "r+")
+        with pytest.raises(StoreLockedError, match="open in this process"):
+            extract_features(folder, BACKBONE, partial, **FAST)
+    extract_features(folder, BACKBONE, partial, **FAST)  # closed: resumed
+    assert load_features(partial, in_memory=True).n_pending == 0
+
+
+def test_a_failed_read_into_memory_closes_the_store(store, monkeypatch):
+    from extract import _store
+
+    def out_of_memory(self, dtype=None, copy=None):
+        raise MemoryError("Unable to allocate")
+
+    opened = h5py.h5f.get_obj_count(h5py.h5f.OBJ_ALL, h5py.h5f.OBJ_FILE)
+    monkeypatch.setattr(_store.RowView, "__array__", out_of_memory)
+    monkeypatch.setattr(h5py.Dataset, "__array__", out_of_memory)
+    with pytest.raises(MemoryError) as error:  # its traceback kept, as a session keeps it
+        load_features(store, in_memory=True)
+    assert h5py.h5f.get_obj_count(h5py.h5f.OBJ_ALL, h5py.h5f.OBJ_FILE) == opened
+    assert error.traceback
+
+
+def test_features_that_are_no_numbers_are_refused(store, tmp_path):
+    copy = tmp_path / "text.h5"
+    copy.write_bytes(store.read_bytes())
+    with h5py.File(copy, "r+") as f:
+        n = len(f["features"])
+        del f["features"]
+        f["features"] = np.array([[b"1", b"2"]] * n)
+    with pytest.raises(StoreError, match=re.escape("'features' has dtype |S1, not numbers")):
+        load_features(copy)
+
+
 @pytest.mark.parametrize("mode", ["r", "r+"])
 def test_a_file_system_without_locks_is_not_another_process(monkeypatch, tmp_path, mode):
     # HDF5's lock failing with ENOSYS (Lustre, NFS without locks) was reported as another
