@@ -629,6 +629,16 @@ def provenance_differences(
     return diffs
 
 
+def _open_in_this_process(path: str | os.PathLike) -> bool:
+    """Whether this process holds ``path`` open through h5py (HDF5 then refuses to open it
+    in another mode)."""
+    real = os.path.realpath(path)
+    return any(
+        os.path.realpath(os.fsdecode(fid.name)) == real
+        for fid in h5py.h5f.get_obj_ids(h5py.h5f.OBJ_ALL, h5py.h5f.OBJ_FILE)
+    )
+
+
 def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
     """Open a store with a clear error when HDF5 refuses (locked or not a store)."""
     try:
@@ -657,7 +667,7 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
                 "lets no one write a file that another process has open, even for reading: "
                 "close it there (e.g. the session that called load_features) and run again."
             ) from err
-        if "already open" in str(err):  # by this process, in another mode
+        if _open_in_this_process(path):  # HDF5's "file is already open for read-only"
             raise StoreLockedError(
                 f"The feature store {os.fspath(path)!r} is open in this process (a store of "
                 "load_features not yet closed, say), and HDF5 will not open it again for "

@@ -751,7 +751,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
 
     def _validate_fit_data(self, X, y):
         """Validate X and y; return X ready for the device, y as NumPy, device and dtype."""
-        check_h5_open(X, y)
+        check_h5_open(X=X, y=y)
         if is_torch_tensor(X) or is_h5_dataset(X):
             validate_data(self, X, y, skip_check_array=True)
             if len(X.shape) != 2:
@@ -826,7 +826,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     # ----------------------------------------------------------------- prediction
     def _validate_predict_data(self, X):
         check_is_fitted(self)
-        check_h5_open(X)
+        check_h5_open(X=X)
         if is_torch_tensor(X) or is_h5_dataset(X):
             if len(X.shape) != 2:  # before the check of the features, which reads shape[1]
                 raise ValueError(

@@ -28,14 +28,14 @@ def is_h5_dataset(X) -> bool:
     return isinstance(X, h5py.Dataset) or isinstance(getattr(X, "dataset", None), h5py.Dataset)
 
 
-def check_h5_open(*arrays) -> None:
-    """A clear error for an HDF5 dataset (or row view) among ``arrays`` whose file is closed:
-    h5py's own is "Unable to synchronously get dataspace (identifier is not of specified
-    type)"."""
-    for a in arrays:
+def check_h5_open(**arrays) -> None:
+    """A clear error for an HDF5 dataset (or row view) among ``arrays`` (name → array) whose
+    file is closed: h5py's own is "Unable to synchronously get dataspace (identifier is not
+    of specified type)"."""
+    for name, a in arrays.items():
         if is_h5_dataset(a) and not getattr(a, "dataset", a).id.valid:
             raise ValueError(
-                f"{a!r} is a dataset of an HDF5 file that is closed: use the store inside "
+                f"{name} is a dataset of an HDF5 file that is closed: use the store inside "
                 "its with block (before store.close()), or load it with "
                 "load_features(path, in_memory=True)."
             )

@@ -109,6 +109,8 @@ class FoldPath:
                     if z is None:
                         z = np.empty((len(self.y_test), block.shape[1]), block.dtype)
                     z[where] = block
+            if z is None:  # no held-out row: the scorer names the empty input
+                z = np.empty((0, self.head.n_classes), np.float32)
             intercept = state["intercept"] if self.head.bias is not None else None
             self.steps[float(value)] = Step.scored(
                 z, state["coef"], intercept, result.n_iter, self.y_test, self.score_weight,

@@ -204,10 +204,8 @@ def margins_from_difficulty(
     ``moment`` (K,) (a spread's scale: ‖μ_k‖_p² + msd_k), when a_k is at most the dtype's
     epsilon times it, which holds for every class when each is copies of one row.
     """
-    if a.dtype in (torch.float16, torch.bfloat16):  # c̄·K·a^{1/3} and Σ leave float16's range
-        return margins_from_difficulty(
-            a.float(), c_bar, present, None if moment is None else moment.float()
-        ).to(a.dtype)
+    dtype, eps = a.dtype, torch.finfo(a.dtype).eps  # rounding is the given dtype's
+    a = float32_at_least(a)  # c̄·K·a^{1/3} and Σ_j a_j^{1/3} leave float16's range
     present = torch.ones_like(a, dtype=torch.bool) if present is None else present
     root = a.clamp_min(0).pow(1.0 / 3.0)  # (K,)
     # Copies of one row leave a spread of rounding error (a_k ~ 1e-32, not 0): a margin
@@ -215,12 +213,12 @@ def margins_from_difficulty(
     largest = torch.where(present, root, torch.zeros_like(root)).nan_to_num().amax()
     measured = present & (root > _UNMEASURED * largest)
     if moment is not None:  # all of them rounding: the largest is no yardstick
-        measured &= a > torch.finfo(a.dtype).eps * moment
+        measured &= a > eps * moment
     root = torch.where(measured, root, torch.zeros_like(root))  # NaN a_k of unseen classes too
     # c̄·K in the margins' dtype: a Python float times an integer tensor is float32.
     scaled = c_bar * measured.sum().to(root.dtype) * root / root.sum().clamp_min(1e-30)
     # Without a measured class (all a_k = 0) there is no information: uniform margins.
-    return torch.where(measured, scaled, torch.full_like(root, c_bar))
+    return torch.where(measured, scaled, torch.full_like(root, c_bar)).to(dtype)
 
 
 def class_margins(

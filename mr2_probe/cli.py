@@ -653,7 +653,7 @@ def _check_options(args) -> None:
         raise UsageError(
             "--Cs with --head cosine searches the logit scale and penalises a projection "
             "(--lam > 0) at C = 1, so --C would go unused; drop --C, or drop --Cs and "
-            "search both with --grid C=...,scale=..."
+            "search both with --grid C=... --grid scale=..."
         )
     if args.test is None and args.test_labels is not None:
         raise UsageError("--test-labels goes with --test FILE.npy; pass --test or drop it")
@@ -791,10 +791,15 @@ def _prepare_out(path: str) -> Path:
             )
     taken = [name for name in _OUTPUTS if (out / name).exists()]
     if taken and not _earlier_run(out):
+        why = (
+            "its command.json holds no run's options"
+            if (out / "command.json").exists()
+            else "there is no command.json of one"
+        )
         raise UsageError(
             f"--out {path!r} holds {', '.join(taken)}, which this run would replace, and "
-            "no earlier mr2-probe run wrote them (its command.json is not there); choose "
-            "another --out, or move them away"
+            f"no earlier mr2-probe run wrote them ({why}); choose another --out, or move "
+            "them away"
         )
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -1369,9 +1374,9 @@ def _write_outputs(
     # The models and the reports are written whole beside their places, then moved into
     # them together: a run that fails or is killed leaves the earlier run's set, never a
     # truncated model or reports that describe other models.
-    files = {
-        "models.joblib": lambda path: joblib.dump(fitted, path),
+    files = {  # command.json first: it marks the folder as a run's (_earlier_run)
         "command.json": _text(json.dumps(options, indent=2)),
+        "models.joblib": lambda path: joblib.dump(fitted, path),
         "report.txt": _text("\n\n".join(text)),
         "report.md": _text("\n\n".join(markdown)),
         "report.json": _text(json.dumps(data, indent=2, ensure_ascii=False)),

@@ -341,6 +341,8 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
 def _group_indices(groups) -> np.ndarray:
     """Group indices 0 (easy), 1 (medium), 2 (hard) from indices or group names."""
     groups = np.asarray(groups)
+    if groups.dtype == object and not any(isinstance(g, str) for g in groups.ravel().tolist()):
+        groups = np.asarray(groups.tolist())  # indices held as objects (a pandas column)
     if groups.dtype.kind in "USO":  # names
         index = {name: g for g, name in enumerate(GROUP_NAMES)}
         unknown = sorted({str(name) for name in groups.ravel().tolist()} - set(index))
@@ -350,10 +352,14 @@ def _group_indices(groups) -> np.ndarray:
             groups.shape
         )
     valid = np.arange(len(GROUP_NAMES))
-    if not np.isin(groups, valid).all():
+    if groups.dtype.kind == "b" or not np.isin(groups, valid).all():
+        got = (
+            "booleans"
+            if groups.dtype.kind == "b"
+            else sorted(set(np.unique(groups).tolist()) - set(valid.tolist()))
+        )
         raise ValueError(
-            "groups must be group indices 0 (easy), 1 (medium) or 2 (hard), got "
-            f"{sorted(set(np.unique(groups).tolist()) - set(valid.tolist()))}; "
+            f"groups must be group indices 0 (easy), 1 (medium) or 2 (hard), got {got}; "
             "difficulty_groups gives them with its default n_groups=3."
         )
     return groups.astype(np.intp)

@@ -246,13 +246,17 @@ def plot_margins(classifier, path, class_names=None):
     labels = [str(label) for label in classifier.classes_]
     if class_names is not None:
         classes = np.asarray(classifier.classes_)
-        if classes.dtype.kind not in "iu" or classes.min() < 0 or classes.max() >= len(class_names):
+        codes = classes.dtype.kind in "iu" or (
+            classes.dtype.kind == "f" and bool(np.all(classes == np.round(classes)))
+        )
+        if not codes or classes.min() < 0 or classes.max() >= len(class_names):
+            first, last = classes[[0, -1]].tolist()
             raise ValueError(
                 f"class_names names the integer classes 0..{len(class_names) - 1}; the "
-                f"classifier's classes_ run from {classes[0]!r} to {classes[-1]!r}: "
-                "leave class_names out to label the classes by classes_."
+                f"classifier's classes_ run from {first!r} to {last!r}: leave class_names "
+                "out to label the classes by classes_."
             )
-        labels = [str(class_names[label]) for label in classes.tolist()]
+        labels = [str(class_names[int(label)]) for label in classes.tolist()]
     fig = _figure(6.0, 4.5)
     ax = fig.add_subplot()
     ax.scatter(msd, gamma, color=LEVER_COLOURS["MR2"])

@@ -459,6 +459,10 @@ def test_out_replaces_an_earlier_runs_files_and_no_one_elses(files, tmp_path, ca
     (out / "front.png").write_text("keep\n")
     code, lines = _error([str(files / "train.npz"), "--out", str(out), "--no-progress"], capsys)
     assert code == 2 and "holds report.md, front.png, which this run would replace" in lines[0]
+    assert "there is no command.json of one" in lines[0]
+    (out / "command.json").write_text('{"name": "another tool"}\n')
+    code, lines = _error([str(files / "train.npz"), "--out", str(out), "--no-progress"], capsys)
+    assert code == 2 and "its command.json holds no run's options" in lines[0]
     assert (out / "report.md").read_text() == "my own notes\n"
     assert (out / "front.png").read_text() == "keep\n"
     # An earlier run's folder is replaced, as documented.

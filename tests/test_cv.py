@@ -331,6 +331,21 @@ def test_hdf5_held_out_rows_are_never_held_whole(tmp_path, monkeypatch):
     np.testing.assert_allclose(stored.scores_[0], memory.scores_[0], atol=0.01)
 
 
+def test_an_hdf5_fold_without_held_out_rows_is_named_as_in_memory(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:200] / 16, y[:200]
+    index = np.arange(len(y))
+    params = dict(Cs=[0.1, 1.0], cv=[(index[::2], index[1::2]), (index, index[:0])])
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = X
+    with pytest.raises(ValueError) as memory:
+        MR2LinearClassifierCV(**params, device="cpu").fit(X, y)
+    with h5py.File(tmp_path / "x.h5", "r") as f, pytest.raises(ValueError) as stored:
+        MR2LinearClassifierCV(**params, device="cpu").fit(f["X"], y)
+    assert str(stored.value) == str(memory.value)
+
+
 def test_group_splitters_get_their_groups():
     from sklearn.model_selection import GroupKFold
 

@@ -924,6 +924,22 @@ def test_a_store_open_in_this_process_is_named_so_not_as_no_store(store, folder,
     assert load_features(partial, in_memory=True).n_pending == 0
 
 
+def test_a_store_whose_writer_died_is_not_said_to_be_open_here(tmp_path):
+    # HDF5's "file is already open for write (may use <h5clear file> ...)" of a writer
+    # that died with the file open was taken for a handle of this process.
+    path = tmp_path / "died.h5"
+    script = (
+        "import h5py, numpy as np, os, sys\n"
+        "f = h5py.File(sys.argv[1], 'w', libver='latest')\n"
+        "f['features'] = np.zeros((3, 2)); f.flush(); os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True)
+    with pytest.raises(StoreError) as error:
+        open_store(path, "r")
+    assert not isinstance(error.value, StoreLockedError)
+    assert "h5clear" in str(error.value)
+
+
 def test_a_failed_read_into_memory_closes_the_store(store, monkeypatch):
     from extract import _store
 

@@ -106,6 +106,14 @@ def test_class_statistics_of_many_half_precision_rows_are_exact(half):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_half_precision_spread_of_rounding_is_unmeasured_in_its_own_precision():
+    # Taken to float32, a_k = 1e-4 against a moment of 1 was measured (float32's epsilon)
+    # and given a margin of 0.09; float16's epsilon is 1e-3: rounding, γ = c̄.
+    a, moment = torch.tensor([1.0, 1e-4], dtype=torch.float16), torch.ones(2, dtype=torch.float16)
+    margins = margins_from_difficulty(a, 1.0, None, moment)
+    torch.testing.assert_close(margins, torch.ones(2, dtype=torch.float16))
+
+
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
 def test_margins_of_many_classes_in_half_precision_keep_their_mean(half):
     # c̄·K·a^{1/3} and Σ_j a_j^{1/3} passed float16's 65504: every margin inf / inf = NaN.

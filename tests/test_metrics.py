@@ -186,11 +186,20 @@ def test_classwise_summary_takes_the_group_names_of_a_report():
         ([0, 0, 1, 1, 2, 2.5], r"got \[2.5\]"),
         (["easy", "easy", "medium", "medium", "hard", "worst"], r"named.*got \['worst'\]"),
         ({0: "easy", 1: "easy", 2: "medium", 3: "medium", 4: "hard", 5: "worst"}, "named"),
+        ([True, True, False, False, True, True], "got booleans"),
     ],
 )
 def test_groups_other_than_easy_medium_hard_are_refused(groups, match):
     with pytest.raises(ValueError, match=match):
         classwise_summary(Y_TRUE, Y_PRED, groups)
+
+
+def test_group_indices_held_as_objects_are_indices():
+    # A pandas column of ints is an object array: it was read as names and refused.
+    groups = np.array([0, 0, 1, 1, 2, 2], dtype=object)
+    assert classwise_summary(Y_TRUE, Y_PRED, groups) == pytest.approx(
+        classwise_summary(Y_TRUE, Y_PRED, GROUPS)
+    )
 
 
 def test_an_empty_test_set_is_named():

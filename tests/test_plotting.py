@@ -294,13 +294,23 @@ def test_margin_plot_names_integer_classes(tmp_path):
     assert [t.get_text() for t in fig.axes[0].texts] == ["Bag", "Coat", "Shirt"]
 
 
+def test_margin_plot_names_float_codes_of_classes(tmp_path):
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], 20)
+    X = rng.normal(size=(60, 3)) + 3 * y[:, None]
+    clf = MR2LinearClassifier(max_iter=30, device="cpu").fit(X, y.astype(float))
+    fig = plot_margins(clf, tmp_path / "margins.png", class_names=["Bag", "Coat", "Shirt"])
+    assert [t.get_text() for t in fig.axes[0].texts] == ["Bag", "Coat", "Shirt"]
+
+
 @pytest.mark.parametrize("offset, kind", [(1, int), (0, str)])
 def test_margin_plot_refuses_names_for_classes_that_are_not_their_indices(tmp_path, offset, kind):
     rng = np.random.default_rng(0)
     y = np.repeat([0, 1, 2], 20)
     X = rng.normal(size=(60, 3)) + 3 * y[:, None]
     clf = MR2LinearClassifier(max_iter=30, device="cpu").fit(X, (y + offset).astype(kind))
-    with pytest.raises(ValueError, match="class_names names the integer classes 0..2"):
+    first = repr(kind(0 + offset))
+    with pytest.raises(ValueError, match=rf"integer classes 0..2; .* run from {first} to"):
         plot_margins(clf, tmp_path / "margins.png", class_names=["Bag", "Coat", "Shirt"])
     assert not (tmp_path / "margins.png").exists()
 
