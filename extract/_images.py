@@ -790,7 +790,7 @@ def check_listed(path: str, st: os.stat_result, listed: tuple[int, int] | None) 
     )
     raise FileChangedError(
         f"{path} is not the file listed when the extraction started ({change}); "
-        "rebuild the store with --force"
+        "--retry-failed extracts it again once it no longer changes"
     )
 
 
@@ -813,7 +813,10 @@ def read_file(path: str, listed: tuple[int, int] | None = None) -> bytearray:
         data = bytearray(st.st_size)
         n = fh.readinto(data)
     if n != st.st_size:
-        raise FileChangedError(f"{path} changed while it was read; rebuild the store with --force")
+        raise FileChangedError(
+            f"{path} changed while it was read; --retry-failed extracts it again once it no "
+            "longer changes"
+        )
     return data
 
 

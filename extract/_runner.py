@@ -39,6 +39,7 @@ from ._images import (
 from ._store import (
     DONE,
     FAILED,
+    FORCED,
     FORMAT_VERSION,
     PENDING,
     PROVENANCE_KEYS,
@@ -62,7 +63,8 @@ logger = logging.getLogger(__name__)
 _DTYPES = ("float16", "float32")
 # Set while --retry-failed takes repaired failures into a store (_adopt_repaired_failures).
 _ADOPTING = "adopting_source_fingerprint"
-# What a request sets beside its images (the images' own identities left out).
+# What a request sets beside its images (the images' own identities left out); "compute"
+# is float32 where a store made before it was recorded lacks it (_same_settings).
 _SETTINGS = [k for k in PROVENANCE_KEYS if k not in ("source_fingerprint", "compute")]
 _DECODES = ("auto", "pil", "tensor")
 _VERSIONED = ("torch", "torchvision", "timm", "open_clip_torch", "h5py", "numpy", "pillow")
@@ -360,8 +362,8 @@ def _source_explained(f, provenance: dict, source, rows) -> str | None:
     """:func:`_source_difference`, and where the store differs only by failed images that
     have changed since, the option that takes them."""
     existing = read_attrs(f)
-    if existing.get(_ADOPTING) == provenance["source_fingerprint"] and all(
-        existing.get(k) == provenance.get(k) for k in _SETTINGS
+    if existing.get(_ADOPTING) == provenance["source_fingerprint"] and _same_settings(
+        existing, provenance
     ):  # (a run with --retry-failed finishes it, unless something else differs)
         return (
             "a run with --retry-failed stopped while it took repaired failed images into the "
@@ -374,6 +376,13 @@ def _source_explained(f, provenance: dict, source, rows) -> str | None:
             "(retry_failed=True) to extract the changed failed images again"
         )
     return difference
+
+
+def _same_settings(existing: dict, provenance: dict) -> bool:
+    """Whether a store's attributes and a request agree on everything but the images: a
+    request in another precision (bfloat16 against float32) is no repair of failures."""
+    compute = existing.get("compute", "float32") == provenance.get("compute", "float32")
+    return compute and all(existing.get(k) == provenance.get(k) for k in _SETTINGS)
 
 
 def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False) -> tuple | None:
@@ -393,7 +402,7 @@ def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False)
     # An adoption of this very source, killed before it wrote the fingerprint: it had
     # found the store to differ by repaired failures alone; it is finished now.
     vouched = vouched or existing.get(_ADOPTING) == provenance["source_fingerprint"]
-    if any(existing.get(k) != provenance.get(k) for k in _SETTINGS) or "file_size" not in f:
+    if not _same_settings(existing, provenance) or "file_size" not in f:
         return None
     if (existing.get("source_files") or {}) != source.files:
         return None
@@ -477,6 +486,10 @@ def _open_or_create(
     out: Path, provenance: dict, backbone: Backbone, source, rows, overwrite: bool,
     retry_failed: bool = False, vouched: bool = False, replaces: str | None = None,
 ) -> None:  # fmt: skip
+    if overwrite and out.exists() and _unfinished_rebuild(out, provenance):
+        # The same forced command, stopped before it finished: its rows are the new ones.
+        logger.info("Resuming the forced rebuild of %s, stopped before it finished.", out)
+        overwrite = False
     if out.exists() and not overwrite:
         if retry_failed:
             _adopt_repaired_failures(out, provenance, source, rows, vouched)
@@ -503,6 +516,7 @@ def _open_or_create(
             source=source.description,
             source_files=source.files,
             **({REPLACES: replaces} if replaces else {}),
+            **({FORCED: True} if overwrite else {}),
         ),
         dim=backbone.dim,
         dtype=provenance["dtype"],
@@ -513,6 +527,19 @@ def _open_or_create(
         file_size=sizes[rows],
         file_mtime_ns=mtimes[rows],
     )
+
+
+def _unfinished_rebuild(out: Path, provenance: dict) -> bool:
+    """Whether ``out`` is a store that a forced run of this very request created and did
+    not finish: it holds the :data:`FORCED` mark (until that run is over) and pending rows."""
+    try:
+        with open_store(out, "r") as f:
+            if not f.attrs.get(FORCED, False) or not (f["status"][:] == PENDING).any():
+                return False
+            check_provenance(out, read_attrs(f), provenance)
+    except StoreError:  # another store, or none: the forced run replaces it
+        return False
+    return True
 
 
 def rank_rows(src: ImageSource, rank: int, world_size: int) -> np.ndarray:
@@ -871,6 +898,8 @@ def _extract_shard(
         batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
         with open_store(out, "r+") as f:
             _run(f, backbone, batches, rows, status, normalize, device, progress)
+            if FORCED in f.attrs:  # finished: a forced run makes a new one again
+                del f.attrs[FORCED]
     return out, repair_merged, rebuild
 
 
