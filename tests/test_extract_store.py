@@ -620,17 +620,23 @@ def test_a_retry_killed_while_taking_a_repair_is_finished_by_the_next(
     np.testing.assert_allclose(again.features, single.features[::shards], rtol=1e-5, atol=1e-6)
 
 
-def test_a_retry_in_another_precision_is_refused_before_it_touches_the_store(tmp_path):
-    # The precision ("compute") was left out of what a repair must keep: a retry computed
-    # in float32 took the repaired images into a store made in bfloat16 autocast, rewrote
-    # its fingerprint and was refused only after (under torchrun: after every shard).
-    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+def _store_with_a_repaired_failure(tmp_path, n_per_class):
+    """A store of a new folder whose image dog/001.jpg failed, repaired since."""
+    folder = make_image_folder(tmp_path / "data", n_per_class=n_per_class, special=False)
     image = folder / "dog" / "001.jpg"
     good = image.read_bytes()
     image.write_bytes(b"not an image")
     out = tmp_path / "f.h5"
     extract_features(folder, BACKBONE, out, **FAST)
     image.write_bytes(good)
+    return folder, out
+
+
+def test_a_retry_in_another_precision_is_refused_before_it_touches_the_store(tmp_path):
+    # The precision ("compute") was left out of what a repair must keep: a retry computed
+    # in float32 took the repaired images into a store made in bfloat16 autocast, rewrote
+    # its fingerprint and was refused only after (under torchrun: after every shard).
+    folder, out = _store_with_a_repaired_failure(tmp_path, n_per_class=2)
     with h5py.File(out, "r+") as f:
         f.attrs["compute"] = "bfloat16 autocast"  # as a GPU that computes in it made it
         fingerprint = f.attrs["source_fingerprint"]
@@ -1372,13 +1378,7 @@ def test_oversized_jpeg_is_a_failed_row_on_the_tensor_path(folder, tmp_path, mon
 def test_a_retry_killed_before_removing_its_mark_is_tidied_by_the_next(tmp_path, monkeypatch):
     # Killed after the fingerprint, before the mark was removed: the next run found the
     # store up to date and left the mark in its metadata for good.
-    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
-    image = folder / "dog" / "001.jpg"
-    good = image.read_bytes()
-    image.write_bytes(b"not an image")
-    out = tmp_path / "f.h5"
-    extract_features(folder, BACKBONE, out, **FAST)
-    image.write_bytes(good)
+    folder, out = _store_with_a_repaired_failure(tmp_path, n_per_class=3)
 
     def killed(attrs, name):
         raise KeyboardInterrupt  # the kill, as the mark was to be removed
