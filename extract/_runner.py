@@ -288,11 +288,15 @@ def _file_list_difference(stored: dict, src: ImageSource) -> str | None:
     return None
 
 
-def _source_difference(f, src: ImageSource, rows: np.ndarray) -> str | None:
+def _source_difference(
+    f, src: ImageSource, rows: np.ndarray, retry_failed: bool = False
+) -> str | None:
     """Name the first file or image that differs between a store and the request.
 
     In order: the list of files holding many items (IDX files, shards), the class names,
     each row's id, label and file identity, then the content identity of those files.
+    With ``retry_failed``, a failed row whose file alone has changed is no difference (the
+    retry takes it): the one named is what stops the retry.
     """
     stored_files = read_attrs(f).get("source_files") or {}
     listed = _file_list_difference(stored_files, src)
@@ -301,7 +305,7 @@ def _source_difference(f, src: ImageSource, rows: np.ndarray) -> str | None:
     stored_names = list(f["class_names"].asstr()[:])
     if stored_names != list(src.class_names):
         return f"the classes are {stored_names} in the store, {list(src.class_names)} now"
-    row = _row_difference(f, src, rows, stored_names) if "file_size" in f else None
+    row = _row_difference(f, src, rows, stored_names, retry_failed) if "file_size" in f else None
     if row:
         return row
     for name, identity in src.files.items():
@@ -310,7 +314,9 @@ def _source_difference(f, src: ImageSource, rows: np.ndarray) -> str | None:
     return None
 
 
-def _row_difference(f, src: ImageSource, rows: np.ndarray, stored_names: list[str]) -> str | None:
+def _row_difference(
+    f, src: ImageSource, rows: np.ndarray, stored_names: list[str], retry_failed: bool = False
+) -> str | None:
     stored_ids = f["paths"].asstr()[:]
     n = min(len(stored_ids), len(rows))
     head = rows[:n]
@@ -323,9 +329,13 @@ def _row_difference(f, src: ImageSource, rows: np.ndarray, stored_names: list[st
         "mtime": (f["file_mtime_ns"][:n], mtimes[head]),
         "index": (f["indices"][:n], src.source_index[head]),
     }
-    differs = np.zeros(n, bool)
-    for old, new in pairs.values():
-        differs |= np.asarray(old != new, dtype=bool)
+    differs = {key: np.asarray(old != new, dtype=bool) for key, (old, new) in pairs.items()}
+    file_only = (differs["size"] | differs["mtime"]) & ~(
+        differs["id"] | differs["label"] | differs["index"]
+    )
+    differs = np.logical_or.reduce(list(differs.values()))
+    if retry_failed:  # a failed image replaced since: the retry extracts it again
+        differs &= ~(file_only & (f["status"][:n] == FAILED))
     if not differs.any():
         if len(stored_ids) > len(rows):
             return (
@@ -358,7 +368,7 @@ def _row_difference(f, src: ImageSource, rows: np.ndarray, stored_names: list[st
     )
 
 
-def _source_explained(f, provenance: dict, source, rows) -> str | None:
+def _source_explained(f, provenance: dict, source, rows, retry_failed=False) -> str | None:
     """:func:`_source_difference`, and where the store differs only by failed images that
     have changed since, the option that takes them."""
     existing = read_attrs(f)
@@ -369,7 +379,7 @@ def _source_explained(f, provenance: dict, source, rows) -> str | None:
             "a run with --retry-failed stopped while it took repaired failed images into the "
             "store: pass --retry-failed (retry_failed=True) again to finish it"
         )
-    difference = _source_difference(f, source, rows)
+    difference = _source_difference(f, source, rows, retry_failed)
     if difference and _repaired_failures(f, provenance, source, rows) is not None:
         difference += (
             "; it failed in the store and has changed since: pass --retry-failed "
@@ -496,7 +506,10 @@ def _open_or_create(
         with open_store(out, "r") as f:
             existing = read_attrs(f)
             check_provenance(
-                out, existing, provenance, lambda: _source_explained(f, provenance, source, rows)
+                out,
+                existing,
+                provenance,
+                lambda: _source_explained(f, provenance, source, rows, retry_failed),
             )
         if existing.get("versions") != library_versions():
             logger.warning(
@@ -911,7 +924,10 @@ def _is_complete(
     rank reads the merged store before any writes it, so they all decide alike."""
     with open_store(store, "r") as f:
         check_provenance(
-            store, read_attrs(f), provenance, lambda: _source_explained(f, provenance, src, rows)
+            store,
+            read_attrs(f),
+            provenance,
+            lambda: _source_explained(f, provenance, src, rows, retry_failed),
         )
         status = f["status"][:]
     if (status == PENDING).any() or retry_failed and (status == FAILED).any():

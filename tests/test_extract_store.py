@@ -1375,6 +1375,19 @@ def test_oversized_jpeg_is_a_failed_row_on_the_tensor_path(folder, tmp_path, mon
     assert all("MAX_IMAGE_PIXELS" in reasons[p] for p in ("cat/001.jpg", "cat/000.png"))
 
 
+def test_a_refused_retry_names_the_image_that_stops_it(tmp_path):
+    # It named the repaired failed image, which the retry takes, not the done one that
+    # changed too.
+    folder, out = _store_with_a_repaired_failure(tmp_path, n_per_class=3)
+    done = folder / "dog" / "002.jpg"  # after the failed dog/001.jpg
+    os.utime(done, ns=(done.stat().st_atime_ns, done.stat().st_mtime_ns + 10**9))
+    with pytest.raises(ProvenanceError, match=r"dog/002\.jpg. is not the file") as error:
+        extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
+    assert "dog/001.jpg" not in str(error.value)
+    with pytest.raises(ProvenanceError, match=r"dog/001\.jpg"):  # without --retry-failed
+        extract_features(folder, BACKBONE, out, **FAST)
+
+
 def test_a_retry_killed_before_removing_its_mark_is_tidied_by_the_next(tmp_path, monkeypatch):
     # Killed after the fingerprint, before the mark was removed: the next run found the
     # store up to date and left the mark in its metadata for good.
