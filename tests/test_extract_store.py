@@ -538,10 +538,11 @@ def test_a_subset_whose_images_moved_in_the_source_is_refused_by_name(tmp_path):
     moved = r"dog/000.png' is item 5 of the source now, item 4 when the store was made"
     with pytest.raises(ProvenanceError, match=moved):
         extract_features(folder, BACKBONE, out, **subset)
-    # A repaired failure, which --retry-failed alone would take: not with the move.
+    # A repaired failure, which --retry-failed alone would take: not with the move, which
+    # the retry names (the repair is what it takes).
     bad.write_bytes(good)
-    for retry in (False, True):
-        with pytest.raises(ProvenanceError, match="cat/001.jpg' is not the file") as error:
+    for retry, named in ((False, "cat/001.jpg' is not the file"), (True, moved)):
+        with pytest.raises(ProvenanceError, match=named) as error:
             extract_features(folder, BACKBONE, out, retry_failed=retry, **subset)
         assert "--retry-failed" not in str(error.value)
     np.testing.assert_array_equal(load_features(out, in_memory=True).indices, before)
