@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 import warnings
 from numbers import Integral, Real
 
+import joblib
 import numpy as np
+import sklearn
 import torch
 from scipy.special import log_softmax, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
@@ -132,6 +136,23 @@ def _class_stats(stats, p, difficulty):
     }
 
 
+# Warnings point at the first caller outside this package, scikit-learn and joblib (which
+# runs a search's folds): the user's fit, however deep the solver that warns.
+_INSIDE = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (__file__, sklearn.__file__, joblib.__file__)
+)
+
+
+def _outside_stacklevel() -> int:
+    """``stacklevel`` for a ``warnings.warn`` in this function's caller: that of the first
+    frame outside this package, scikit-learn and joblib."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INSIDE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     """Linear or cosine probe trained with MR² margin regularization.
 
@@ -218,7 +239,12 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         group DRO). See Notes for how it composes with the margins and the weights; the
         linear head's problem stays convex, and L-BFGS solves it in closed form.
     warm_start : bool, default=False
-        Reuse the previous solution as the starting point of the next ``fit``.
+        Reuse the previous solution as the starting point of the next ``fit``, which must
+        have the same number of features and of classes (else a ValueError, as
+        LogisticRegression's). A head fitted with ``lam=0`` starts a fit with ``lam > 0``
+        from its rows, the projection at P = I (where the two fits agree); a change of
+        ``head``, of ``projection_rank``, or from ``lam > 0`` back to ``lam=0`` starts
+        afresh.
     random_state : int, RandomState instance or None, default=None
         Seeds the minibatch order and the low-rank projection's initialisation, through a
         local ``torch.Generator``.
@@ -666,10 +692,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         fitted = [state["coef"], state["intercept"], to_numpy(result.margins)]
         if not all(np.isfinite(a).all() for a in fitted):
             raise ValueError(_overflow_message("the fit produced non-finite coefficients", dtype))
-        self._warn_if_short(result, solver, dtype, stacklevel=5)
+        self._warn_if_short(result, solver, dtype)
         return state
 
-    def _warn_if_short(self, result, solver, dtype, stacklevel):
+    def _warn_if_short(self, result, solver, dtype):
         """A ConvergenceWarning if the solver stopped short of ``tol``; its message is kept
         in ``_stop_reason`` (None for a fit that converged), for searches whose fits warn
         elsewhere."""
@@ -684,7 +710,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                     "the worst classes (see mr2_probe.front); use one of those."
                 )
             self._stop_reason = message
-            warnings.warn(message, ConvergenceWarning, stacklevel=stacklevel)
+            warnings.warn(message, ConvergenceWarning, stacklevel=_outside_stacklevel())
 
     def _finish(self, head, result, solver, data):
         self._store(self._export(head, result, solver, data.dtype), result, solver, data.device)
@@ -794,13 +820,20 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         state = getattr(self, "_head_state", None)
         if not self.warm_start or state is None:
             return None
+        n_features = state["weight"].shape[-1]
+        if (n_features, state["n_classes"]) != (self.n_features_in_, n_classes):
+            raise ValueError(
+                f"warm_start=True starts from the previous fit's solution, for {n_features} "
+                f"features and {state['n_classes']} classes; this fit has "
+                f"{self.n_features_in_} features and {n_classes} classes. Fit with "
+                "warm_start=False for other data."
+            )
         rank = None if state["proj_a"] is None else state["proj_a"].shape[1]
-        same = (
-            state["weight"].shape[-1] == self.n_features_in_
-            and state["n_classes"] == n_classes
-            and state["head"] == self.head
-            and (state["proj_full"] is not None or state["proj_a"] is not None) == (self.lam > 0)
-            and (self.lam == 0 or rank == self.projection_rank)
+        projected = state["proj_full"] is not None or state["proj_a"] is not None
+        # Without a projection, the rows and intercept start any fit of the same head: one
+        # with a projection at P = I, which is where the two agree (head.load keeps it).
+        same = state["head"] == self.head and (
+            not projected or (self.lam > 0 and rank == self.projection_rank)
         )
         return state if same else None
 

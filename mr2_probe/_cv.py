@@ -487,7 +487,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     def _report(self, solver, dtype, n_iter, stop, largest):
         """A batched fold's solver outcome: warns as a fold's own fit would."""
         result = SolverResult(n_iter, stop == "tol", largest_gradient=largest, stop=stop)
-        self._warn_if_short(result, solver, dtype, stacklevel=3)
+        self._warn_if_short(result, solver, dtype)
 
     def _path_solver(self, solver):
         """The solve step of one value of the path (C, or the cosine head's scale)."""

@@ -10,7 +10,8 @@ import joblib
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_digits, make_blobs, make_classification
+from sklearn.base import clone
+from sklearn.datasets import load_digits, load_iris, make_blobs, make_classification
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV
@@ -944,6 +945,36 @@ def test_warm_start_with_a_new_projection_rank_starts_afresh(digits):
         clf.fit(X, y)
         clf.set_params(projection_rank=3).fit(X, y)
     assert np.linalg.matrix_rank(clf.projection_ - np.eye(64), tol=1e-6) <= 3
+
+
+def test_warm_start_refuses_other_data_and_takes_the_rows_into_a_projection():
+    # Other features or classes started afresh without a word (LogisticRegression and
+    # MLPClassifier refuse them), and a lam=0 fit's rows were dropped by a fit with lam > 0,
+    # whose projection starts at P = I, where the two fits agree.
+    X, y = load_iris(return_X_y=True)
+    clf = MR2LinearClassifier(warm_start=True, random_state=0, device="cpu").fit(X, y)
+    for X_other, y_other in ((X[:, :3], y), (X[y < 2], y[y < 2])):
+        with pytest.raises(ValueError, match="warm_start=True starts from the previous fit"):
+            clone(clf).set_params(warm_start=True).fit(X, y).fit(X_other, y_other)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warm = clf.set_params(lam=0.5, max_iter=1).fit(X, y)
+        cold = MR2LinearClassifier(lam=0.5, max_iter=1, random_state=0, device="cpu").fit(X, y)
+    assert cold.score(X, y) < 0.5 < 0.9 < warm.score(X, y)
+
+
+def test_convergence_warnings_point_at_the_callers_fit():
+    # They pointed at scikit-learn's fit wrapper (and a search's at joblib).
+    X, y = load_iris(return_X_y=True)
+    for model in (
+        MR2LinearClassifier(max_iter=2, device="cpu"),
+        MR2LinearClassifierCV(Cs=[1.0, 10.0], max_iter=2, device="cpu"),
+    ):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(X, y)
+        short = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+        assert short and {w.filename for w in short} == {__file__}
 
 
 def _demo_split():
