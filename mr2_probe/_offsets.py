@@ -14,10 +14,12 @@ from typing import NamedTuple
 
 import numpy as np
 from scipy.special import log_softmax, softmax
+from sklearn import get_config
 from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, _fit_context, clone
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.metrics import accuracy_score, balanced_accuracy_score
 from sklearn.model_selection import StratifiedShuffleSplit, check_cv
+from sklearn.pipeline import Pipeline
 from sklearn.utils import _safe_indexing, get_tags
 from sklearn.utils._param_validation import (
     HasMethods,
@@ -516,7 +518,13 @@ def offsets_splits(cv, X, y, groups=None, random_state=None) -> list:
         cv = StratifiedShuffleSplit(n_splits=1, test_size=cv, random_state=random_state)
     else:
         cv = check_cv(cv, y, classifier=True)
-    return [(np.sort(train), np.sort(test)) for train, test in cv.split(X, y, groups)]
+    splits = [(np.sort(train), np.sort(test)) for train, test in cv.split(X, y, groups)]
+    if not splits:
+        raise ValueError(
+            "cv yielded no split: an empty list, or an iterator that an earlier fit used up; "
+            "pass an int, a splitter, or a list of (train, test) index pairs."
+        )
+    return splits
 
 
 def check_training_folds(
@@ -550,6 +558,35 @@ def _fitted_inside(estimator):
     while isinstance(estimator, BaseSearchCV):
         estimator = estimator.estimator
     return estimator
+
+
+def _check_no_routing(owner, sample_weight, groups, fit_params) -> None:
+    """Metadata under scikit-learn's metadata routing, which this estimator does not do:
+    refused, rather than given where the requests say it should not go (or kept from
+    where they say it should)."""
+    given = {"sample_weight": sample_weight, "groups": groups, **fit_params}
+    passed = sorted(name for name, value in given.items() if value is not None)
+    if passed and get_config().get("enable_metadata_routing", False):
+        raise NotImplementedError(
+            f"{type(owner).__name__} does not support metadata routing yet, and "
+            f"{', '.join(passed)} would not follow the requests set with set_fit_request: "
+            "fit it with sklearn.set_config(enable_metadata_routing=False), where "
+            "sample_weight goes to an estimator whose fit names it."
+        )
+
+
+def _check_per_class_decision(estimator) -> None:
+    """Refuse one-vs-one decision values: K(K−1)/2 pairwise columns, read as one per class
+    (with 3 classes, as many columns as classes)."""
+    final = _fitted_inside(estimator)
+    if isinstance(final, Pipeline):
+        final = _fitted_inside(final.steps[-1][1])
+    if getattr(final, "decision_function_shape", None) == "ovo":
+        raise ValueError(
+            f"{type(final).__name__}(decision_function_shape='ovo') gives one decision value "
+            "per pair of classes; the offsets need one per class: use "
+            "decision_function_shape='ovr'."
+        )
 
 
 def _fit_takes_sample_weight(estimator) -> bool:
@@ -757,6 +794,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             names ``sample_weight``, or is a search over an estimator that does). A
             Pipeline takes them as ``<step>__sample_weight`` in ``fit_params``; without
             it, or for an estimator without them, a warning says the fit is unweighted.
+            This estimator does not support scikit-learn's metadata routing yet: with it
+            enabled, any metadata given to ``fit`` is refused (NotImplementedError).
         groups : array-like of shape (n_samples,), default=None
             Group labels for a group splitter as ``cv`` (GroupKFold and the like), given
             to its ``split``, and, indexed per fold, to the estimator's ``fit`` where it
@@ -780,6 +819,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 "Found array with 0 sample(s) (shape=(0,)) while a minimum of 1 is required."
             )
         check_classification_targets(y)
+        _check_no_routing(self, sample_weight, groups, fit_params)
+        _check_per_class_decision(self.estimator)
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, y, ensure_non_negative=True)
         if self.cv == "prefit":

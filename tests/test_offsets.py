@@ -522,7 +522,7 @@ def test_pipeline_grid_search_pickle_and_torch_features():
         (
             {"estimator": SVC(decision_function_shape="ovo"), "cv": 3},
             ValueError,
-            r"one column per class",
+            r"one decision value per pair of classes",
         ),
         (
             {"cv": [(np.arange(0, 210), np.arange(100, 225))]},  # no class 3 to fit
@@ -652,3 +652,40 @@ def test_string_labels_get_the_message_that_says_how_to_encode_them():
     # Building the message called y.min() on strings (a UFuncTypeError instead).
     with pytest.raises(ValueError, match=r"dtype <U1\. Encode labels with np.unique"):
         tune_class_offsets(np.zeros((3, 2)), np.array(["a", "b", "a"]))
+
+
+def test_metadata_under_routing_is_refused_not_misrouted():
+    # Under scikit-learn's metadata routing, sample_weight reached an estimator that had
+    # declined it, and never a Pipeline step that had asked for it.
+    import sklearn
+
+    X, y = _imbalanced()
+    weight = np.random.default_rng(0).uniform(0.1, 5, len(y))
+    with sklearn.config_context(enable_metadata_routing=True):
+        inner = LogisticRegression().set_fit_request(sample_weight=False)
+        search = TunedOffsetsClassifierCV(inner, cv=3)
+        with pytest.raises(NotImplementedError, match="does not support metadata routing"):
+            search.fit(X, y, sample_weight=weight)
+        assert search.fit(X, y).offsets_.shape == (4,)  # nothing to route: fitted
+
+
+def test_one_vs_one_decision_values_are_refused():
+    # With 3 classes SVC's 'ovo' gives 3 pairwise columns, read as one per class: the
+    # tuned model scored 0.31 on iris, against 0.97 for the SVC itself.
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    for estimator in (SVC(decision_function_shape="ovo"), make_pipeline(StandardScaler(), SVC(
+        decision_function_shape="ovo"))):  # fmt: skip
+        with pytest.raises(ValueError, match="one decision value per pair of classes"):
+            TunedOffsetsClassifierCV(estimator, cv=3).fit(X, y)
+
+
+def test_a_cv_without_splits_is_named():
+    X, y = _imbalanced()
+    with pytest.raises(ValueError, match="cv yielded no split"):
+        TunedOffsetsClassifierCV(LogisticRegression(), cv=[]).fit(X, y)
+    used = (split for split in StratifiedKFold(3).split(X, y))
+    search = TunedOffsetsClassifierCV(LogisticRegression(), cv=used).fit(X, y)
+    with pytest.raises(ValueError, match="an iterator that an earlier fit used up"):
+        search.fit(X, y)
