@@ -22,7 +22,8 @@ examples:
   mr2-extract 'parquet:beans/data/train-*.parquet' effnet-lite0 beans_train.h5
   torchrun --nproc_per_node=4 -m extract photos/ effnet-lite0 photos_lite0.h5
 
-Run the same command again to resume an interrupted extraction; a complete store is reused.
+Run the same command again to resume an interrupted extraction (without --force, which
+would start over); a complete store is reused.
 A store made from other image files or with other settings is refused: write to another
 path, or add --force to delete it and recompute it.
 """
@@ -177,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
-        print("mr2-extract: interrupted; run the same command again to resume", file=sys.stderr)
+        print(f"mr2-extract: interrupted; run {_again(args)} to resume", file=sys.stderr)
         return 130
     except torch.OutOfMemoryError:
         if args.debug:
@@ -194,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err):
             return _error(
                 f"the disk ran out of space ({_first_line(err)}); free some space, then run "
-                "the same command again to resume: rows are marked done only once written"
+                f"{_again(args)} to resume: rows are marked done only once written"
             )
         if isinstance(err, ValueError | OSError | ImportError):
             # Bad arguments, paths, stores, specs and weights: the store errors (among them
@@ -204,16 +205,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(err, MemoryError) or "can't allocate memory" in str(err):
             return _error(
                 f"the machine ran out of memory ({_first_line(err)}); use a smaller "
-                "--batch-size or --image-size, then run the same command again to resume"
+                f"--batch-size or --image-size, then run {_again(args)} to resume"
             )
         if "DataLoader worker" not in str(err):
             raise
         # The kernel ends a worker that runs out of memory; the rows done so far are kept.
         return _error(
             f"{err} If the machine ran out of memory, use fewer --workers or a smaller "
-            "--batch-size, then run the same command again to resume."
+            f"--batch-size, then run {_again(args)} to resume."
         )
     return 0
+
+
+def _again(args) -> str:
+    """The command that resumes this run: the same one, but a forced one without --force
+    (which would delete what the stopped run wrote and start over)."""
+    return "the same command again without --force" if args.force else "the same command again"
 
 
 if __name__ == "__main__":

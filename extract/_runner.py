@@ -39,7 +39,6 @@ from ._images import (
 from ._store import (
     DONE,
     FAILED,
-    FORCED,
     FORMAT_VERSION,
     PENDING,
     PROVENANCE_KEYS,
@@ -379,7 +378,9 @@ def _source_explained(f, provenance: dict, source, rows, retry_failed=False) -> 
             "a run with --retry-failed stopped while it took repaired failed images into the "
             "store: pass --retry-failed (retry_failed=True) again to finish it"
         )
-    difference = _source_difference(f, source, rows, retry_failed)
+    # A retry takes repaired failures only where nothing else differs (the settings).
+    retrying = retry_failed and _same_settings(existing, provenance)
+    difference = _source_difference(f, source, rows, retrying)
     if difference and _repaired_failures(f, provenance, source, rows) is not None:
         difference += (
             "; it failed in the store and has changed since: pass --retry-failed "
@@ -496,10 +497,6 @@ def _open_or_create(
     out: Path, provenance: dict, backbone: Backbone, source, rows, overwrite: bool,
     retry_failed: bool = False, vouched: bool = False, replaces: str | None = None,
 ) -> None:  # fmt: skip
-    if overwrite and out.exists() and _unfinished_rebuild(out, provenance):
-        # The same forced command, stopped before it finished: its rows are the new ones.
-        logger.info("Resuming the forced rebuild of %s, stopped before it finished.", out)
-        overwrite = False
     if out.exists() and not overwrite:
         if retry_failed:
             _adopt_repaired_failures(out, provenance, source, rows, vouched)
@@ -529,7 +526,6 @@ def _open_or_create(
             source=source.description,
             source_files=source.files,
             **({REPLACES: replaces} if replaces else {}),
-            **({FORCED: True} if overwrite else {}),
         ),
         dim=backbone.dim,
         dtype=provenance["dtype"],
@@ -540,19 +536,6 @@ def _open_or_create(
         file_size=sizes[rows],
         file_mtime_ns=mtimes[rows],
     )
-
-
-def _unfinished_rebuild(out: Path, provenance: dict) -> bool:
-    """Whether ``out`` is a store that a forced run of this very request created and did
-    not finish: it holds the :data:`FORCED` mark (until that run is over) and pending rows."""
-    try:
-        with open_store(out, "r") as f:
-            if not f.attrs.get(FORCED, False) or not (f["status"][:] == PENDING).any():
-                return False
-            check_provenance(out, read_attrs(f), provenance)
-    except StoreError:  # another store, or none: the forced run replaces it
-        return False
-    return True
 
 
 def rank_rows(src: ImageSource, rank: int, world_size: int) -> np.ndarray:
@@ -911,8 +894,6 @@ def _extract_shard(
         batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
         with open_store(out, "r+") as f:
             _run(f, backbone, batches, rows, status, normalize, device, progress)
-            if FORCED in f.attrs:  # finished: a forced run makes a new one again
-                del f.attrs[FORCED]
     return out, repair_merged, rebuild
 
 

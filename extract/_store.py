@@ -67,9 +67,6 @@ _REBUILD = "pass --force (overwrite=True) to delete it and recompute it"
 # On the shards of a forced run under torchrun: the size and modification time of the
 # merged store they are to replace (a rerun without --force resumes them by it).
 REPLACES = "replaces_store"
-# On a store that a forced run (--force) created, until that run has finished it: the
-# same command, repeated after a stop, resumes it instead of starting over again.
-FORCED = "forced_rebuild"
 
 
 class StoreError(ValueError):
@@ -1164,7 +1161,7 @@ def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike, overwrite
     record = {
         k: v
         for k, v in first.items()
-        if k not in PROVENANCE_KEYS and k not in ("class_names", REPLACES, FORCED)
+        if k not in PROVENANCE_KEYS and k not in ("class_names", REPLACES)
     }
     if os.path.exists(out) and not overwrite:  # replace only a store of the same thing
         with open_store(out, "r") as f:

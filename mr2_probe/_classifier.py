@@ -502,9 +502,16 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         """
         with default_torch_modes():
             solver = self._check_solver()
+            fitted = {k: v for k, v in vars(self).items() if k.endswith("_")}
             data = self._prepare(X, y, sample_weight)
             head = self._new_head(data)
-            warm = self._warm_state(data.n_classes)
+            try:
+                warm = self._warm_state(data.n_classes)
+            except ValueError:  # refused: the previous fit stays whole, as it was
+                for name in [k for k in vars(self) if k.endswith("_")]:
+                    delattr(self, name)
+                vars(self).update(fitted)
+                raise
             if warm is not None:
                 head.load(warm)
             result = self._solve(head, data, solver, self.C, init_cosine=warm is None)

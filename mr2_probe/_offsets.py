@@ -560,28 +560,34 @@ def _fitted_inside(estimator):
     return estimator
 
 
-def _check_no_routing(owner, sample_weight, groups, fit_params) -> None:
-    """Metadata under scikit-learn's metadata routing, which this estimator does not do:
-    refused, rather than given where the requests say it should not go (or kept from
-    where they say it should)."""
-    given = {"sample_weight": sample_weight, "groups": groups, **fit_params}
+def _routing() -> bool:
+    return bool(get_config().get("enable_metadata_routing", False))
+
+
+def _check_no_routing(owner, sample_weight, fit_params) -> None:
+    """Metadata for the estimator's fit under scikit-learn's metadata routing, which this
+    estimator does not do: refused, rather than given where the requests say it should not
+    go (or kept from where they say it should). ``groups`` goes to the splitter alone."""
+    given = {"sample_weight": sample_weight, **fit_params}
     passed = sorted(name for name, value in given.items() if value is not None)
-    if passed and get_config().get("enable_metadata_routing", False):
+    if passed and _routing():
         raise NotImplementedError(
             f"{type(owner).__name__} does not support metadata routing yet, and "
             f"{', '.join(passed)} would not follow the requests set with set_fit_request: "
             "fit it with sklearn.set_config(enable_metadata_routing=False), where "
-            "sample_weight goes to an estimator whose fit names it."
+            "sample_weight goes to an estimator whose fit names it (groups, for a group "
+            "splitter as cv, is taken either way)."
         )
 
 
-def _check_per_class_decision(estimator) -> None:
-    """Refuse one-vs-one decision values: K(K−1)/2 pairwise columns, read as one per class
-    (with 3 classes, as many columns as classes)."""
+def _check_per_class_decision(estimator, n_classes: int) -> None:
+    """Refuse one-vs-one decision values of 3 classes or more: K(K−1)/2 pairwise columns,
+    read as one per class (with 3 classes, as many columns as classes). With two classes
+    both shapes are the one decision value."""
     final = _fitted_inside(estimator)
     if isinstance(final, Pipeline):
         final = _fitted_inside(final.steps[-1][1])
-    if getattr(final, "decision_function_shape", None) == "ovo":
+    if n_classes > 2 and getattr(final, "decision_function_shape", None) == "ovo":
         raise ValueError(
             f"{type(final).__name__}(decision_function_shape='ovo') gives one decision value "
             "per pair of classes; the offsets need one per class: use "
@@ -795,7 +801,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             Pipeline takes them as ``<step>__sample_weight`` in ``fit_params``; without
             it, or for an estimator without them, a warning says the fit is unweighted.
             This estimator does not support scikit-learn's metadata routing yet: with it
-            enabled, any metadata given to ``fit`` is refused (NotImplementedError).
+            enabled, metadata for the estimator's ``fit`` is refused (NotImplementedError);
+            ``groups`` still goes to a group splitter.
         groups : array-like of shape (n_samples,), default=None
             Group labels for a group splitter as ``cv`` (GroupKFold and the like), given
             to its ``split``, and, indexed per fold, to the estimator's ``fit`` where it
@@ -819,8 +826,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 "Found array with 0 sample(s) (shape=(0,)) while a minimum of 1 is required."
             )
         check_classification_targets(y)
-        _check_no_routing(self, sample_weight, groups, fit_params)
-        _check_per_class_decision(self.estimator)
+        _check_no_routing(self, sample_weight, fit_params)
+        _check_per_class_decision(self.estimator, len(np.unique(y)))
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, y, ensure_non_negative=True)
         if self.cv == "prefit":
@@ -839,7 +846,11 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                     UserWarning,
                     stacklevel=2,
                 )
-            if groups is not None and has_fit_parameter(self.estimator, "groups"):
+            if (
+                groups is not None
+                and has_fit_parameter(self.estimator, "groups")
+                and not _routing()
+            ):
                 # A search inside that names them (MR2LinearClassifierCV) splits by them
                 # too. Not a fit of **params (a Pipeline refuses an unrouted groups).
                 fit_params = {**fit_params, "groups": groups}

@@ -953,9 +953,15 @@ def test_warm_start_refuses_other_data_and_takes_the_rows_into_a_projection():
     # whose projection starts at P = I, where the two fits agree.
     X, y = load_iris(return_X_y=True)
     clf = MR2LinearClassifier(warm_start=True, random_state=0, device="cpu").fit(X, y)
-    for X_other, y_other in ((X[:, :3], y), (X[y < 2], y[y < 2])):
+    for X_other, y_other in ((X[:, :3], y), (X[y > 0], y[y > 0])):
+        fitted = clone(clf).set_params(warm_start=True).fit(X, y)
+        before = fitted.predict_proba(X)
         with pytest.raises(ValueError, match="warm_start=True starts from the previous fit"):
-            clone(clf).set_params(warm_start=True).fit(X, y).fit(X_other, y_other)
+            fitted.fit(X_other, y_other)
+        # Refused, the previous fit is whole (classes_ and n_features_in_ were the new
+        # data's, its coefficients the old: predict raised an IndexError).
+        np.testing.assert_array_equal(fitted.predict_proba(X), before)
+        assert fitted.n_features_in_ == 4 and fitted.classes_.tolist() == [0, 1, 2]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         warm = clf.set_params(lam=0.5, max_iter=1).fit(X, y)

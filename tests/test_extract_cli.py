@@ -135,6 +135,21 @@ def test_a_killed_decoding_worker_is_a_one_line_error(tmp_path, capsys, monkeypa
     assert "run the same command again to resume" in line
 
 
+def test_an_interrupted_forced_run_is_told_to_resume_without_force(tmp_path, capsys, monkeypatch):
+    # "run the same command again to resume": with --force in it, the repeat deleted what
+    # the stopped run had written and started over, at every repeat.
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(extract, "extract_features", interrupted)
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    argv = [str(folder), "timm:test_resnet@random", str(tmp_path / "o.h5")]
+    assert main([*argv, "--force"]) == 130
+    assert "run the same command again without --force to resume" in capsys.readouterr().err
+    assert main(argv) == 130
+    assert "run the same command again to resume" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "option, value, name",
     [

@@ -641,7 +641,8 @@ def test_a_retry_in_another_precision_is_refused_before_it_touches_the_store(tmp
     with h5py.File(out, "r+") as f:
         f.attrs["compute"] = "bfloat16 autocast"  # as a GPU that computes in it made it
         fingerprint = f.attrs["source_fingerprint"]
-    with pytest.raises(ProvenanceError, match="compute: file has 'bfloat16 autocast'"):
+    # The repaired image is named, as without --retry-failed: no retry can take it here.
+    with pytest.raises(ProvenanceError, match=r"compute: file has 'bfloat16 autocast'.*dog/001"):
         extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
     with h5py.File(out, "r") as f:
         assert f.attrs["source_fingerprint"] == fingerprint
@@ -711,45 +712,6 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
         other = "float16" if made == "float32" else "float32"
         with pytest.raises(ProvenanceError, match=rf"'{out}' was made .* request has '{other}'"):
             extract_features(folder, BACKBONE, out, dtype=other, **fast)
-
-
-def test_a_forced_run_repeated_after_a_stop_resumes_it(tmp_path, monkeypatch):
-    # The CLI says "run the same command again to resume"; with --force in it, the store
-    # the stopped run had made was made anew, from its first row, at every repeat.
-    from extract import _runner
-
-    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
-    out = tmp_path / "f.h5"
-    fast = dict(FAST, batch_size=2)
-    extract_features(folder, BACKBONE, out, dtype="float16", **fast)  # the store to replace
-    real_write = _runner.write_rows
-    written = []
-
-    def killed(*args, **kwargs):  # the run is stopped after its second batch
-        real_write(*args, **kwargs)
-        written.append(len(args[1]))
-        if len(written) == 2:
-            raise KeyboardInterrupt
-
-    def counted(f, positions, *args, **kwargs):
-        written.append(len(positions))
-        real_write(f, positions, *args, **kwargs)
-
-    monkeypatch.setattr(_runner, "write_rows", killed)
-    with pytest.raises(KeyboardInterrupt):
-        extract_features(folder, BACKBONE, out, overwrite=True, **fast)
-    monkeypatch.setattr(_runner, "write_rows", counted)
-    written.clear()
-    extract_features(folder, BACKBONE, out, overwrite=True, **fast)  # the same command
-    assert written == [2, 2]  # the rows left
-    rebuilt = load_features(out, in_memory=True)
-    single = load_features(extract_features(folder, BACKBONE, tmp_path / "one.h5", **fast))
-    np.testing.assert_array_equal(rebuilt.features, single.features)
-    assert rebuilt.features.dtype == np.float32 and "forced_rebuild" not in rebuilt.metadata
-    # Finished, the store is rebuilt whole by a forced run again; so is one made otherwise.
-    written.clear()
-    extract_features(folder, BACKBONE, out, overwrite=True, **fast)
-    assert written == [2, 2, 2, 2]
 
 
 def test_the_rebuild_check_reads_shards_that_another_rank_writes(folder, tmp_path):

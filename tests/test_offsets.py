@@ -667,6 +667,10 @@ def test_metadata_under_routing_is_refused_not_misrouted():
         with pytest.raises(NotImplementedError, match="does not support metadata routing"):
             search.fit(X, y, sample_weight=weight)
         assert search.fit(X, y).offsets_.shape == (4,)  # nothing to route: fitted
+        # groups go to a group splitter, as routing sends them (they were refused too)
+        groups = np.arange(len(y)) % 3
+        grouped = TunedOffsetsClassifierCV(LogisticRegression(), cv=GroupKFold(3))
+        assert grouped.fit(X, y, groups=groups).offsets_.shape == (4,)
 
 
 def test_one_vs_one_decision_values_are_refused():
@@ -679,6 +683,9 @@ def test_one_vs_one_decision_values_are_refused():
         decision_function_shape="ovo"))):  # fmt: skip
         with pytest.raises(ValueError, match="one decision value per pair of classes"):
             TunedOffsetsClassifierCV(estimator, cv=3).fit(X, y)
+    # Two classes: one decision value either way.
+    binary = TunedOffsetsClassifierCV(SVC(decision_function_shape="ovo"), cv=3)
+    assert binary.fit(X[y > 0], y[y > 0]).score(X[y > 0], y[y > 0]) > 0.9
 
 
 def test_a_cv_without_splits_is_named():
