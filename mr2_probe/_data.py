@@ -224,18 +224,10 @@ class FitData:
         return replace(self, source=source, weight_sum=float(weight.sum()))
 
     def rows(self, rows: np.ndarray) -> torch.Tensor:
-        """X's rows ``rows``, in that order, on the device."""
+        """X's rows ``rows``, in that order, on the device: a copy of in-memory data. An
+        HDF5 store is read a block at a time (:meth:`row_blocks`), never held whole."""
         if isinstance(self.source, H5Source):
-            rows = np.asarray(rows, dtype=np.int64)
-            parts = list(self.row_blocks(rows))
-            if not parts:
-                return to_tensor(np.asarray(self.source.dataset[:0]), self.device, self.dtype)
-            block = torch.empty(
-                (len(rows), parts[0][1].shape[1]), dtype=self.dtype, device=self.device
-            )
-            for where, part in parts:
-                block[to_tensor(where, self.device)] = part
-            return block
+            raise TypeError("rows() copies in-memory data; read an HDF5 store by row_blocks()")
         return self.source.X[to_tensor(np.asarray(rows, dtype=np.int64), self.device)]
 
     def row_blocks(self, rows: np.ndarray):
@@ -246,7 +238,7 @@ class FitData:
         200,000 × 64); in-memory data is one block."""
         rows = np.asarray(rows, dtype=np.int64)
         if not isinstance(self.source, H5Source):
-            yield np.arange(len(rows)), self.source.X[to_tensor(rows, self.device)]
+            yield np.arange(len(rows)), self.rows(rows)
             return
         size, n = self.source.rows, self.source.n_samples
         order = np.argsort(rows, kind="stable")
