@@ -41,6 +41,7 @@ from ._store import (
     FAILED,
     FORMAT_VERSION,
     PENDING,
+    PROVENANCE_DEFAULTS,
     PROVENANCE_KEYS,
     REPLACES,
     StoreError,
@@ -62,9 +63,8 @@ logger = logging.getLogger(__name__)
 _DTYPES = ("float16", "float32")
 # Set while --retry-failed takes repaired failures into a store (_adopt_repaired_failures).
 _ADOPTING = "adopting_source_fingerprint"
-# What a request sets beside its images (the images' own identities left out); "compute"
-# is float32 where a store made before it was recorded lacks it (_same_settings).
-_SETTINGS = [k for k in PROVENANCE_KEYS if k not in ("source_fingerprint", "compute")]
+# What a request sets beside its images (the images' own identities left out).
+_SETTINGS = [k for k in PROVENANCE_KEYS if k != "source_fingerprint"]
 _DECODES = ("auto", "pil", "tensor")
 _VERSIONED = ("torch", "torchvision", "timm", "open_clip_torch", "h5py", "numpy", "pillow")
 
@@ -392,8 +392,8 @@ def _source_explained(f, provenance: dict, source, rows, retry_failed=False) -> 
 def _same_settings(existing: dict, provenance: dict) -> bool:
     """Whether a store's attributes and a request agree on everything but the images: a
     request in another precision (bfloat16 against float32) is no repair of failures."""
-    compute = existing.get("compute", "float32") == provenance.get("compute", "float32")
-    return compute and all(existing.get(k) == provenance.get(k) for k in _SETTINGS)
+    existing, provenance = PROVENANCE_DEFAULTS | existing, PROVENANCE_DEFAULTS | provenance
+    return all(existing.get(k) == provenance.get(k) for k in _SETTINGS)
 
 
 def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False) -> tuple | None:

@@ -61,6 +61,9 @@ PROVENANCE_KEYS = (
     "shard_world_size",
     "source_options",  # WebDataset / Parquet sources only: the image and label keys
 )
+# Stores written before the precision was recorded computed in float32 (no CUDA run had
+# written one); so did shards compared with each other.
+PROVENANCE_DEFAULTS = {"compute": "float32"}
 _REBUILD = "pass --force (overwrite=True) to delete it and recompute it"
 
 
@@ -606,10 +609,8 @@ def provenance_differences(
     names: tuple[str, str] = ("file", "request"),
 ) -> list[str]:
     """The differences that :func:`check_provenance` lists, ``names`` the two sides."""
-    # Stores written before the precision was recorded computed in float32 (no CUDA run
-    # had written one); so did shards compared with each other.
-    existing = {"compute": "float32"} | dict(existing)
-    requested = {"compute": "float32"} | dict(requested)
+    existing = PROVENANCE_DEFAULTS | dict(existing)
+    requested = PROVENANCE_DEFAULTS | dict(requested)
     diffs = []
     for key in PROVENANCE_KEYS:
         if existing.get(key) == requested.get(key):

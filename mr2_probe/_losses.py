@@ -157,8 +157,8 @@ def compactness_term(phi, y, w, s_bar, tau, n_classes: int, tau_follows: bool = 
     spread, invariant to a common scale of φ. A batch with no spread (one sample per
     class) keeps both fixed. ``MR2Loss(tau=None)`` takes the same term.
     """
-    # In float32 at least, as the loss's distances: a half-precision spread overflows.
-    spread = mean_spread(class_statistics(float32_at_least(phi), y, n_classes, 2.0, w))
+    # (class_statistics sums in float32 at least: a half-precision spread overflows)
+    spread = mean_spread(class_statistics(phi, y, n_classes, 2.0, w))
     held = spread.detach()
     positive = held > 0
     factor = torch.where(positive, spread / torch.where(positive, held, 1.0), 1.0)
