@@ -28,6 +28,7 @@ from sklearn.utils._param_validation import (
     StrOptions,
     validate_params,
 )
+from sklearn.utils.metadata_routing import MetadataRouter, MethodMapping, process_routing
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.parallel import Parallel, delayed
@@ -509,16 +510,19 @@ FOLDS_ADVICE = (
 )
 
 
-def offsets_splits(cv, X, y, groups=None, random_state=None) -> list:
+def offsets_splits(cv, X, y, groups=None, random_state=None, split_params=None) -> list:
     """The (train, test) index pairs of :class:`TunedOffsetsClassifierCV`'s ``cv``: a
     fraction is one stratified shuffled split of that validation share (``random_state``),
     anything else goes through :func:`~sklearn.model_selection.check_cv`. Each part in
-    increasing order, as an HDF5 dataset is indexed (a shuffled split's is not)."""
+    increasing order, as an HDF5 dataset is indexed (a shuffled split's is not). The
+    splitter's ``split`` gets ``groups``, or under metadata routing the ``split_params``
+    routed to it."""
     if isinstance(cv, Real) and 0 < cv < 1:
         cv = StratifiedShuffleSplit(n_splits=1, test_size=cv, random_state=random_state)
     else:
         cv = check_cv(cv, y, classifier=True)
-    splits = [(np.sort(train), np.sort(test)) for train, test in cv.split(X, y, groups)]
+    params = {"groups": groups} if split_params is None else split_params
+    splits = [(np.sort(train), np.sort(test)) for train, test in cv.split(X, y, **params)]
     if not splits:
         raise ValueError(
             "cv yielded no split: an empty list, or an iterator that an earlier fit used up; "
@@ -562,22 +566,6 @@ def _fitted_inside(estimator):
 
 def _routing() -> bool:
     return bool(get_config().get("enable_metadata_routing", False))
-
-
-def _check_no_routing(owner, sample_weight, fit_params) -> None:
-    """Metadata for the estimator's fit under scikit-learn's metadata routing, which this
-    estimator does not do: refused, rather than given where the requests say it should not
-    go (or kept from where they say it should). ``groups`` goes to the splitter alone."""
-    given = {"sample_weight": sample_weight, **fit_params}
-    passed = sorted(name for name, value in given.items() if value is not None)
-    if passed and _routing():
-        raise NotImplementedError(
-            f"{type(owner).__name__} does not support metadata routing yet, and "
-            f"{', '.join(passed)} would not follow the requests set with set_fit_request: "
-            "fit it with sklearn.set_config(enable_metadata_routing=False), where "
-            "sample_weight goes to an estimator whose fit names it (groups, for a group "
-            "splitter as cv, is taken either way)."
-        )
 
 
 def _check_per_class_decision(estimator, n_classes: int) -> None:
@@ -800,16 +788,19 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             names ``sample_weight``, or is a search over an estimator that does). A
             Pipeline takes them as ``<step>__sample_weight`` in ``fit_params``; without
             it, or for an estimator without them, a warning says the fit is unweighted.
-            This estimator does not support scikit-learn's metadata routing yet: with it
-            enabled, metadata for the estimator's ``fit`` is refused (NotImplementedError);
-            ``groups`` still goes to a group splitter.
+            Under scikit-learn's metadata routing
+            (``sklearn.set_config(enable_metadata_routing=True)``) they weight the
+            objective and the bound all the same, and go to the estimator's ``fit`` (or a
+            Pipeline step's) as its ``set_fit_request`` says.
         groups : array-like of shape (n_samples,), default=None
             Group labels for a group splitter as ``cv`` (GroupKFold and the like), given
             to its ``split``, and, indexed per fold, to the estimator's ``fit`` where it
             names a ``groups`` parameter (MR2LinearClassifierCV; not GridSearchCV or a
-            Pipeline, whose ``fit`` takes ``**params``).
+            Pipeline, whose ``fit`` takes ``**params``). Under metadata routing they go
+            where the splitter's and the estimator's requests say.
         **fit_params : dict
-            Passed to the estimator's ``fit``, indexed per fold.
+            Passed to the estimator's ``fit``, indexed per fold; under metadata routing,
+            where the requests say.
 
         Returns
         -------
@@ -826,35 +817,14 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 "Found array with 0 sample(s) (shape=(0,)) while a minimum of 1 is required."
             )
         check_classification_targets(y)
-        _check_no_routing(self, sample_weight, fit_params)
         _check_per_class_decision(self.estimator, len(np.unique(y)))
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, y, ensure_non_negative=True)
         if self.cv == "prefit":
             decision, y_index, index = self._prefit_decision(X, y, fit_params)
         else:
-            if sample_weight is not None and _fit_takes_sample_weight(self.estimator):
-                fit_params = {**fit_params, "sample_weight": sample_weight}
-            elif sample_weight is not None and not any(
-                key.endswith("__sample_weight") for key in fit_params
-            ):
-                warnings.warn(
-                    f"{type(_fitted_inside(self.estimator)).__name__}.fit does not take "
-                    "sample_weight: the weights weight the offsets' objective and the "
-                    "accuracy bound, not the estimator's fit (a Pipeline takes them as "
-                    "<step>__sample_weight).",
-                    UserWarning,
-                    stacklevel=2,
-                )
-            if (
-                groups is not None
-                and has_fit_parameter(self.estimator, "groups")
-                and not _routing()
-            ):
-                # A search inside that names them (MR2LinearClassifierCV) splits by them
-                # too. Not a fit of **params (a Pipeline refuses an unrouted groups).
-                fit_params = {**fit_params, "groups": groups}
-            decision, y_index, index = self._cv_decision(X, y, fit_params, groups)
+            fit_params, split_params = self._route(sample_weight, groups, fit_params)
+            decision, y_index, index = self._cv_decision(X, y, fit_params, split_params)
         result = tune_class_offsets(
             decision,
             y_index,
@@ -880,6 +850,62 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             elif hasattr(self, name):
                 delattr(self, name)
         return self
+
+    def _route(self, sample_weight, groups, fit_params) -> tuple[dict, dict]:
+        """The parameters of the estimator's ``fit`` and of the splitter's ``split``.
+
+        Under scikit-learn's metadata routing, as the requests say (``sample_weight``
+        weights the objective either way). Otherwise ``sample_weight`` goes where ``fit``
+        names it, ``groups`` to the splitter and to a ``fit`` that names them."""
+        if _routing():
+            routed = process_routing(
+                self, "fit", sample_weight=sample_weight, groups=groups, **fit_params
+            )
+            return routed.estimator.fit, routed.splitter.split
+        if sample_weight is not None and _fit_takes_sample_weight(self.estimator):
+            fit_params = {**fit_params, "sample_weight": sample_weight}
+        elif sample_weight is not None and not any(
+            key.endswith("__sample_weight") for key in fit_params
+        ):
+            warnings.warn(
+                f"{type(_fitted_inside(self.estimator)).__name__}.fit does not take "
+                "sample_weight: the weights weight the offsets' objective and the "
+                "accuracy bound, not the estimator's fit (a Pipeline takes them as "
+                "<step>__sample_weight).",
+                UserWarning,
+                stacklevel=3,
+            )
+        if groups is not None and has_fit_parameter(self.estimator, "groups"):
+            # A search inside that names them (MR2LinearClassifierCV) splits by them
+            # too. Not a fit of **params (a Pipeline refuses an unrouted groups).
+            fit_params = {**fit_params, "groups": groups}
+        return fit_params, {"groups": groups}
+
+    def get_metadata_routing(self):
+        """Get metadata routing of this object.
+
+        Please check :ref:`User Guide <metadata_routing>` on how the routing mechanism
+        works. ``sample_weight`` and ``groups`` are also this estimator's own: the weights
+        weight the held-out samples in the objective and the accuracy bound.
+
+        Returns
+        -------
+        routing : MetadataRouter
+            The routes of ``fit``'s metadata to the estimator's ``fit`` and the
+            splitter's ``split``.
+        """
+        return (
+            MetadataRouter(owner=self)
+            .add_self_request(self)
+            .add(
+                estimator=self.estimator,
+                method_mapping=MethodMapping().add(caller="fit", callee="fit"),
+            )
+            .add(
+                splitter=self.cv,
+                method_mapping=MethodMapping().add(caller="fit", callee="split"),
+            )
+        )
 
     def _prefit_decision(self, X, y, fit_params):
         """Decision values of the fitted estimator on the validation set (X, y)."""
@@ -915,7 +941,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         decision = _decision(self.estimator_, X, self.classes_)
         return decision, y_index, np.arange(len(y))
 
-    def _cv_decision(self, X, y, fit_params, groups=None):
+    def _cv_decision(self, X, y, fit_params, split_params):
         """Out-of-fold decision values; fits estimator_ as refit asks."""
         self.classes_, y_index = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
@@ -923,7 +949,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 "Tuning offsets needs samples of at least 2 classes in the data, but the "
                 f"data contains only one class: {self.classes_[0]!r}."
             )
-        splits = offsets_splits(self.cv, X, y, groups, self.random_state)
+        splits = offsets_splits(
+            self.cv, X, y, random_state=self.random_state, split_params=split_params
+        )
         check_training_folds(y_index, self.classes_, splits)
         if not self.refit and len(splits) > 1:
             raise ValueError(

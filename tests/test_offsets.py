@@ -654,23 +654,68 @@ def test_string_labels_get_the_message_that_says_how_to_encode_them():
         tune_class_offsets(np.zeros((3, 2)), np.array(["a", "b", "a"]))
 
 
-def test_metadata_under_routing_is_refused_not_misrouted():
-    # Under scikit-learn's metadata routing, sample_weight reached an estimator that had
-    # declined it, and never a Pipeline step that had asked for it.
+class _RecordingFit(LogisticRegression):
+    """LogisticRegression that records the metadata its fit is given."""
+
+    seen: list = []
+
+    def fit(self, X, y, sample_weight=None, groups=None):
+        type(self).seen.append({"weights": sample_weight, "groups": groups})
+        return super().fit(X, y, sample_weight=sample_weight)
+
+
+def test_metadata_routing_follows_the_requests():
+    # Under scikit-learn's metadata routing, metadata went against the requests (weights
+    # to an estimator that declined them); then it was refused. It now follows them.
     import sklearn
 
     X, y = _imbalanced()
     weight = np.random.default_rng(0).uniform(0.1, 5, len(y))
+    plain = TunedOffsetsClassifierCV(LogisticRegression(), cv=3, store_cv_results=True)
     with sklearn.config_context(enable_metadata_routing=True):
-        inner = LogisticRegression().set_fit_request(sample_weight=False)
-        search = TunedOffsetsClassifierCV(inner, cv=3)
-        with pytest.raises(NotImplementedError, match="does not support metadata routing"):
-            search.fit(X, y, sample_weight=weight)
-        assert search.fit(X, y).offsets_.shape == (4,)  # nothing to route: fitted
-        # groups go to a group splitter, as routing sends them (they were refused too)
-        groups = np.arange(len(y)) % 3
-        grouped = TunedOffsetsClassifierCV(LogisticRegression(), cv=GroupKFold(3))
-        assert grouped.fit(X, y, groups=groups).offsets_.shape == (4,)
+        declined = LogisticRegression().set_fit_request(sample_weight=False)
+        declining = clone(plain).set_params(estimator=declined).fit(X, y, sample_weight=weight)
+        requested = LogisticRegression().set_fit_request(sample_weight=True)
+        asking = clone(plain).set_params(estimator=requested).fit(X, y, sample_weight=weight)
+        step = LogisticRegression().set_fit_request(sample_weight=True)
+        scaler = StandardScaler().set_fit_request(sample_weight=False)
+        pipe = TunedOffsetsClassifierCV(make_pipeline(scaler, step), cv=3)
+        pipe.fit(X, y, sample_weight=weight)
+        unset = TunedOffsetsClassifierCV(LogisticRegression(), cv=3)
+        with pytest.raises(sklearn.exceptions.UnsetMetadataPassedError, match="sample_weight"):
+            unset.fit(X, y, sample_weight=weight)
+        assert unset.fit(X, y).offsets_.shape == (4,)  # nothing to route
+    plain.fit(X, y)
+    weighted = LogisticRegression().fit(X, y, sample_weight=weight)
+    # Declined: the folds and the refit are the unweighted ones; the objective is weighted.
+    np.testing.assert_allclose(declining.estimator_.coef_, plain.estimator_.coef_)
+    decision = plain.cv_results_["decision_function"]
+    np.testing.assert_allclose(declining.cv_results_["decision_function"], decision)
+    expected = tune_class_offsets(decision, plain.cv_results_["y"], sample_weight=weight)
+    np.testing.assert_allclose(declining.offsets_, expected.offsets)
+    # Requested, by the estimator or by a Pipeline's step: weighted fits.
+    np.testing.assert_allclose(asking.estimator_.coef_, weighted.coef_, rtol=1e-6)
+    scaled = make_pipeline(StandardScaler(), LogisticRegression())
+    scaled.fit(X, y, logisticregression__sample_weight=weight)
+    np.testing.assert_allclose(pipe.estimator_[-1].coef_, scaled[-1].coef_, rtol=1e-6)
+
+
+def test_metadata_routing_sends_groups_where_they_are_requested():
+    import sklearn
+
+    X, y = _imbalanced()
+    groups = np.arange(len(y)) % 3
+    _RecordingFit.seen = []
+    with sklearn.config_context(enable_metadata_routing=True):
+        inner = _RecordingFit().set_fit_request(sample_weight=False, groups=True)
+        model = TunedOffsetsClassifierCV(inner, cv=GroupKFold(3), store_cv_results=True)
+        model.fit(X, y, groups=groups)
+    # Each fold's training part holds whole groups (GroupKFold asked for them), and each
+    # fit got the groups of its own rows.
+    assert len(_RecordingFit.seen) == 4  # three folds and the refit
+    for seen in _RecordingFit.seen[:3]:
+        assert len(np.unique(seen["groups"])) == 2 and seen["weights"] is None
+    np.testing.assert_array_equal(_RecordingFit.seen[3]["groups"], groups)
 
 
 def test_one_vs_one_decision_values_are_refused():
