@@ -20,13 +20,20 @@ from sklearn.exceptions import ConvergenceWarning, FitFailedWarning
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
-from mr2_probe.cli import UsageError, _grid, load_xy, main
+from mr2_probe.cli import _OUTPUTS, UsageError, _grid, load_xy, main
 
 FASHION = ["T-shirt/top", "Trouser", "Ankle boot"]
 OUTPUTS = {
     "report.txt", "report.md", "report.json", "class_accuracy.png", "margins.png",
     "groups.png", "models.joblib", "command.json",
 }  # fmt: skip
+
+
+def test_the_out_guard_names_every_file_a_run_writes():
+    # --out refuses a folder holding files of these names that no run wrote (_OUTPUTS);
+    # the runs below list what they write: OUTPUTS, class names, the CV curve, the front
+    # (test_front.py's CLI run).
+    assert set(_OUTPUTS) == OUTPUTS | {"class_names.json", "cv_curve.png", "front.png"}
 
 
 @pytest.fixture(scope="module")

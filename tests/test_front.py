@@ -2,6 +2,7 @@
 
 import ast
 import json
+import os
 import warnings
 
 import joblib
@@ -16,7 +17,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, TunedOffsetsClassifierCV
-from mr2_probe.cli import main
+from mr2_probe.cli import _OUTPUTS, main
 from mr2_probe.front import Front, FrontPoint, accuracy_front, choose_point
 from mr2_probe.plotting import LEVER_COLOURS, plot_front
 
@@ -448,6 +449,7 @@ def test_cli_front(features, capsys):
     assert erm == pytest.approx(report["rows"]["ERM"]["overall"], abs=5)
     assert f"chosen: {chosen}" in report["rows"]
     assert (out / "front.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(os.listdir(out)) <= set(_OUTPUTS)  # the names the --out guard protects
     assert "accuracy front" in (out / "report.txt").read_text()
     models = joblib.load(out / "models.joblib")
     assert f"chosen: {chosen}" in models
