@@ -144,17 +144,24 @@ def classwise_report(models: Mapping, y, X=None, *, reference: str | None = None
     groups = class_groups(y, predictions[reference], labels)
     return ClasswiseReport(
         reference=reference,
-        # Bytes labels (h5py's fixed-length strings) as text, which JSON can hold.
-        labels=[
-            v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v
-            for v in labels.tolist()
-        ],
+        labels=_as_text(labels.tolist()),
         groups=list(groups.values()),
         rows={name: classwise_summary(y, pred, groups) for name, pred in predictions.items()},
         per_class={
             name: per_class_accuracy(y, pred, labels).tolist() for name, pred in predictions.items()
         },
     )
+
+
+def _as_text(labels: list) -> list:
+    """Bytes labels (h5py's fixed-length strings) as text, which JSON can hold: decoded,
+    with backslash escapes where they are not UTF-8, unless two then read alike (the byte
+    0xFF and the four characters backslash, x, f, f); then as their ``repr``, which never
+    makes two alike."""
+    if not labels or not isinstance(labels[0], bytes):
+        return labels
+    text = [v.decode("utf-8", "backslashreplace") for v in labels]
+    return text if len(set(text)) == len(text) else [repr(v) for v in labels]
 
 
 def _predictions(name: str, model, X) -> np.ndarray:

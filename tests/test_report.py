@@ -204,6 +204,17 @@ def test_bytes_labels_are_written_as_text():
     _assert_same(read, report)
 
 
+def test_bytes_labels_that_would_read_alike_stay_distinct():
+    # Decoded with backslash escapes, the byte 0xFF and the text "\\xff" both read \xff.
+    y = np.array([b"\xff", b"\\xff", b"caf\xe9", b"caf\xe9"])
+    report = classwise_report({"ERM": y}, y)
+    assert len(set(report.labels)) == 3
+    assert report.labels == [repr(v) for v in np.unique(y).tolist()]
+    # Not UTF-8 but unambiguous: escapes, as before.
+    latin = np.array([b"caf\xe9", b"th\xe9"])
+    assert classwise_report({"ERM": latin}, latin).labels == ["caf\\xe9", "th\\xe9"]
+
+
 def test_an_empty_test_set_is_named():
     with pytest.raises(ValueError, match="No class of y_true has samples"):
         classwise_report({"ERM": []}, [])
