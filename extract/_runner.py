@@ -860,9 +860,14 @@ def _extract_shard(
     # A forced run under torchrun marks its shards with the store they are to replace.
     replaces = _identity(merged) if merged is not None and overwrite and merged.exists() else None
     with store_lock(out):
+        # A retry whose shards were deleted after their merge: the new shard takes its rows
+        # from the merged store, so that only the failed ones are extracted again.
+        seed = read_merged and retry_failed and not rebuild and not out.exists()
         _open_or_create(
             out, provenance, backbone, src, rows, overwrite, retry_failed, vouched, replaces
         )
+        if seed:
+            _seed_from_merged(out, merged, rows)
         with open_store(out, "r") as f:
             status = f["status"][:]
         failed = status == FAILED
@@ -895,6 +900,27 @@ def _extract_shard(
         with open_store(out, "r+") as f:
             _run(f, backbone, batches, rows, status, normalize, device, progress)
     return out, repair_merged, rebuild
+
+
+# Rows of a shard seeded from the merged store at a time (with W ranks a block spans about
+# W times as many rows of the merged store, read whole and picked from).
+_SEED_BLOCK = 4096
+
+
+def _seed_from_merged(shard: Path, merged: Path, rows: np.ndarray) -> None:
+    """Copy the merged store's rows ``rows`` (their features, status, failure reasons and
+    digests) into the shard just created for them. The merged store matched the request
+    (its failed images aside, which the retry extracts again), so its done rows are this
+    shard's; a copy stopped part way leaves the rest pending, extracted by the next run."""
+    names = ("features", "failure_reason", "content_sha256", "status")
+    with open_store(merged, "r") as src, open_store(shard, "r+") as dst:
+        for lo in range(0, len(rows), _SEED_BLOCK):
+            block = rows[lo : lo + _SEED_BLOCK]
+            span = slice(int(block[0]), int(block[-1]) + 1)  # rows increase in a shard
+            for name in names:  # status last: a row counts as done once all is there
+                dst[name][lo : lo + len(block)] = src[name][span][block - span.start]
+    logger.info("%s takes %d rows from %s; its failed images are extracted again.",
+                shard, len(rows), merged)  # fmt: skip
 
 
 def _is_complete(

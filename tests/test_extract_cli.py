@@ -460,22 +460,30 @@ def test_torchrun_two_ranks_merge(tmp_path, kind):
 
 
 @pytest.mark.slow
-def test_torchrun_retry_failed_takes_a_repaired_image(tmp_path):
+@pytest.mark.parametrize("shards", ["kept", "deleted"])
+def test_torchrun_retry_failed_takes_a_repaired_image(tmp_path, shards):
     # Under torchrun the merged store's fingerprint, and the other rank's shard's, refused
-    # the repaired image: it needed --force, which extracted everything again.
+    # the repaired image: it needed --force, which extracted everything again. With the
+    # shards deleted after their merge, the retry extracted every image again.
     folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
     image = folder / "dog" / "001.jpg"
     good = image.read_bytes()
     image.write_bytes(b"not an image")
     out, fast = tmp_path / "f.h5", dict(image_size=32, num_workers=0, progress=False)
     # The first run as torchrun's two ranks make it (the same shards), in this process.
-    shards = [
+    shards_made = [
         extract_features(folder, "timm:test_resnet@random", out, rank=r, world_size=2, **fast)
         for r in range(2)
     ]
-    merge_shards(shards, out)
+    merge_shards(shards_made, out)
     assert [path for path, _ in load_features(out).failures] == ["dog/001.jpg"]
     image.write_bytes(good)
+    if shards == "deleted":
+        for shard in shards_made:
+            shard.unlink()
+        # A done row marked in the merged store: it is taken from there, not extracted.
+        with h5py.File(out, "r+") as f:
+            f["features"][f["paths"].asstr()[:].tolist().index("cat/001.jpg")] = 7.0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += ["-m", "extract", str(folder), "timm:test_resnet@random", str(out)]
     cmd += ["--image-size", "32", "--workers", "0", "--no-progress", "--retry-failed"]
@@ -483,6 +491,10 @@ def test_torchrun_retry_failed_takes_a_repaired_image(tmp_path):
     single = extract_features(folder, "timm:test_resnet@random", tmp_path / "single.h5", **fast)
     merged, expected = load_features(out, in_memory=True), load_features(single, in_memory=True)
     assert not merged.failures and merged.paths == expected.paths
+    if shards == "deleted":
+        marked = merged.paths.index("cat/001.jpg")
+        assert (merged.features[marked] == 7.0).all()
+        merged.features[marked] = expected.features[marked]
     np.testing.assert_allclose(merged.features, expected.features, rtol=1e-5, atol=1e-6)
 
 
