@@ -638,8 +638,8 @@ def jpeg_size(data: bytes | bytearray | memoryview | np.ndarray) -> tuple[int, i
         raise ValueError("not a JPEG file (no start-of-image marker)")
     i = 2
     while i < n:
-        if data[i] != 0xFF:
-            raise ValueError(f"corrupt JPEG header (no marker at byte {i})")
+        while i < n and data[i] != 0xFF:  # stray bytes, which libjpeg and PIL skip too
+            i += 1
         while i < n and data[i] == 0xFF:  # fill bytes may precede a marker
             i += 1
         if i + 2 >= n:

@@ -469,12 +469,23 @@ def _claiming(data: bytes, width: int, height: int) -> bytes:
     return data[: sof + 5] + struct.pack(">HH", height, width) + data[sof + 9 :]
 
 
+def _stray(data: bytes, marker: bytes) -> bytes:
+    """The same JPEG with two stray bytes before its first ``marker`` (a valid image that
+    libjpeg decodes with a warning): once refused as a corrupt header on the tensor path."""
+    at = data.index(marker)
+    stray = data[:at] + b"\x00\x00" + data[at:]
+    assert Image.open(io.BytesIO(stray)).size == Image.open(io.BytesIO(data)).size
+    return stray
+
+
 @pytest.mark.parametrize(
     "data, expected",
     [
         (_jpeg(40, 36), (40, 36)),
         (_claiming(_jpeg(), 60000, 60000), (60000, 60000)),
         (b"\xff\xd8\xff\xff\xe0" + _jpeg()[4:], (40, 36)),  # fill byte before a marker
+        (_stray(_jpeg(), b"\xff\xc0"), (40, 36)),  # stray bytes, skipped by libjpeg and PIL
+        (_stray(_jpeg(), b"\xff\xdb"), (40, 36)),
         (b"\x89PNG\r\n", "not a JPEG"),
         (_jpeg()[:30], "truncated JPEG"),
         (b"\xff\xd8\xff\xda\x00\x02", "image data before the frame header"),
