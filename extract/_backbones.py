@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -902,8 +903,14 @@ def _moco(spec: BackboneSpec, image_size: int | None):
     # MoCo v3's ViT-Small has 12 heads where timm's has 6: the weights have the same
     # shapes either way, and would load into the wrong attention without a word.
     heads = {"num_heads": 12} if spec.model.startswith("vit_small") else {}
-    model = timm.create_model(spec.model, pretrained=False, num_classes=0, **heads)
-    _load_strict(model, moco_state_dict(checkpoint, model.state_dict().keys()), spec)
+    model = _create_timm(timm, spec.model, image_size, pretrained=False, num_classes=0, **heads)
+    state = moco_state_dict(checkpoint, model.state_dict().keys())
+    # A ViT built for another input size: its position embeddings resampled to the new grid
+    # by timm's own checkpoint filter, as on the timm: path (CNNs take any size as they are).
+    fit_to_model = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
+    if image_size and fit_to_model is not None:
+        state = fit_to_model(state, model)
+    _load_strict(model, state, spec)
     # MoCo's published linear-evaluation transform: Resize(256), CenterCrop(224), bilinear.
     data = _timm_data(
         model,

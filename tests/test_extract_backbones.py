@@ -445,6 +445,18 @@ def test_moco_v3_vit_checkpoint(tmp_path):
     x = torch.rand(2, 3, 224, 224)
     with torch.inference_mode():
         torch.testing.assert_close(bb.model(x), vit(x))
+    # At another input size the position embeddings are resampled as timm resamples its
+    # own checkpoints' (the same weights loaded through timm): it was refused.
+    small = create_backbone(f"moco:vit_small_patch16_224@{path}", image_size=112)
+    assert small.preprocess["crop"] == [112, 112]
+    torch.save(vit.state_dict(), tmp_path / "plain.pth")
+    timm_small = timm.create_model(
+        "vit_small_patch16_224", pretrained=True, num_classes=0, num_heads=12, img_size=112,
+        pretrained_cfg_overlay=dict(file=str(tmp_path / "plain.pth")),
+    ).eval()  # fmt: skip
+    x = torch.rand(2, 3, 112, 112)
+    with torch.inference_mode():
+        torch.testing.assert_close(small.model(x), timm_small(x))
 
 
 def test_a_moco_checkpoint_is_not_trusted_to_run_code(tmp_path):
