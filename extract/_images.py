@@ -645,7 +645,7 @@ def jpeg_size(data: bytes | bytearray | memoryview | np.ndarray) -> tuple[int, i
         if i + 2 >= n:
             break
         marker, i = int(data[i]), i + 1
-        if marker in _STANDALONE_MARKERS:
+        if marker == 0x00 or marker in _STANDALONE_MARKERS:  # 0xFF00: a stuffed zero byte
             continue
         if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame header came
             raise ValueError("corrupt JPEG: image data before the frame header")

@@ -469,13 +469,28 @@ def _claiming(data: bytes, width: int, height: int) -> bytes:
     return data[: sof + 5] + struct.pack(">HH", height, width) + data[sof + 9 :]
 
 
-def _stray(data: bytes, marker: bytes) -> bytes:
-    """The same JPEG with two stray bytes before its first ``marker`` (a valid image that
+def _stray(data: bytes, marker: bytes, stray: bytes = b"\x00\x00") -> bytes:
+    """The same JPEG with ``stray`` bytes before its first ``marker`` (a valid image that
     libjpeg decodes with a warning): once refused as a corrupt header on the tensor path."""
     at = data.index(marker)
-    stray = data[:at] + b"\x00\x00" + data[at:]
-    assert Image.open(io.BytesIO(stray)).size == Image.open(io.BytesIO(data)).size
-    return stray
+    changed = data[:at] + stray + data[at:]
+    assert Image.open(io.BytesIO(changed)).size == Image.open(io.BytesIO(data)).size
+    return changed
+
+
+def _stuffed_then_fake_frame(data: bytes) -> bytes:
+    """A stuffed zero (0xFF00) right after the start of image, then the JPEG with a comment
+    holding a 2 x 2 frame header after its own. Read as a marker with a length, the stuffed
+    zero jumped into the comment, and its fake frame gave the size that the pixel limit was
+    checked against."""
+    sof = data.index(b"\xff\xc0")
+    end = sof + 2 + int.from_bytes(data[sof + 2 : sof + 4], "big")
+    fake = b"\xff\xc0\x00\x11\x08\x00\x02\x00\x02\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01"
+    comment = b"\xff\xfe" + (10 + len(fake)).to_bytes(2, "big") + bytes(8) + fake
+    jump = (end + 8).to_bytes(2, "big")  # from the stuffed zero's "length" into the comment
+    changed = data[:2] + b"\xff\x00" + jump + data[2:end] + comment + data[end:]
+    assert Image.open(io.BytesIO(changed)).size == (40, 36)
+    return changed
 
 
 @pytest.mark.parametrize(
@@ -486,6 +501,8 @@ def _stray(data: bytes, marker: bytes) -> bytes:
         (b"\xff\xd8\xff\xff\xe0" + _jpeg()[4:], (40, 36)),  # fill byte before a marker
         (_stray(_jpeg(), b"\xff\xc0"), (40, 36)),  # stray bytes, skipped by libjpeg and PIL
         (_stray(_jpeg(), b"\xff\xdb"), (40, 36)),
+        (_stray(_jpeg(), b"\xff\xc0", b"\xff\x00"), (40, 36)),  # a stuffed zero, no marker
+        (_stuffed_then_fake_frame(_jpeg()), (40, 36)),
         (b"\x89PNG\r\n", "not a JPEG"),
         (_jpeg()[:30], "truncated JPEG"),
         (b"\xff\xd8\xff\xda\x00\x02", "image data before the frame header"),
