@@ -20,7 +20,7 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.metrics import accuracy_score, balanced_accuracy_score
 from sklearn.model_selection import StratifiedShuffleSplit, check_cv
 from sklearn.pipeline import Pipeline
-from sklearn.utils import _safe_indexing, get_tags
+from sklearn.utils import _safe_indexing, get_tags, metadata_routing
 from sklearn.utils._param_validation import (
     HasMethods,
     Interval,
@@ -728,6 +728,10 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
     0.837
     """
 
+    # Under metadata routing ``groups`` is not this estimator's own: it goes where the
+    # splitter and the estimator ask for it (an outer router needs no request for it here).
+    __metadata_request__fit = {"groups": metadata_routing.UNUSED}
+
     _parameter_constraints: dict = {
         "estimator": [HasMethods(["fit", "decision_function"])],
         "scoring": [StrOptions(set(OBJECTIVES)), callable],
@@ -858,8 +862,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         weights the objective either way). Otherwise ``sample_weight`` goes where ``fit``
         names it, ``groups`` to the splitter and to a ``fit`` that names them."""
         if _routing():
+            given = {"sample_weight": sample_weight, "groups": groups} | fit_params
             routed = process_routing(
-                self, "fit", sample_weight=sample_weight, groups=groups, **fit_params
+                self, "fit", **{key: value for key, value in given.items() if value is not None}
             )
             return routed.estimator.fit, routed.splitter.split
         if sample_weight is not None and _fit_takes_sample_weight(self.estimator):
@@ -885,8 +890,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         """Get metadata routing of this object.
 
         Please check :ref:`User Guide <metadata_routing>` on how the routing mechanism
-        works. ``sample_weight`` and ``groups`` are also this estimator's own: the weights
-        weight the held-out samples in the objective and the accuracy bound.
+        works. ``sample_weight`` is also this estimator's own: the weights weight the
+        held-out samples in the objective and the accuracy bound.
 
         Returns
         -------

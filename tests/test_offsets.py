@@ -17,6 +17,7 @@ from sklearn.model_selection import (
     StratifiedKFold,
     StratifiedShuffleSplit,
     cross_val_predict,
+    cross_validate,
 )
 from sklearn.naive_bayes import GaussianNB
 from sklearn.pipeline import make_pipeline
@@ -716,6 +717,17 @@ def test_metadata_routing_sends_groups_where_they_are_requested():
     for seen in _RecordingFit.seen[:3]:
         assert len(np.unique(seen["groups"])) == 2 and seen["weights"] is None
     np.testing.assert_array_equal(_RecordingFit.seen[3]["groups"], groups)
+    with sklearn.config_context(enable_metadata_routing=True):
+        # An outer search routes groups to its splitter and to this one's without a
+        # request of its own (it asked for one, as no scikit-learn meta-estimator does).
+        six = np.arange(len(y)) % 6  # three in each outer training part
+        outer = cross_validate(TunedOffsetsClassifierCV(LogisticRegression(), cv=GroupKFold(3)),
+                               X, y, cv=GroupKFold(2), params={"groups": six},
+                               error_score="raise")  # fmt: skip
+        assert len(outer["test_score"]) == 2
+        # groups that nothing asks for are refused, as scikit-learn refuses them.
+        with pytest.raises(TypeError, match="groups"):
+            TunedOffsetsClassifierCV(LogisticRegression(), cv=3).fit(X, y, groups=groups)
 
 
 def test_one_vs_one_decision_values_are_refused():
