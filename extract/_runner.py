@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import itertools
 import json
 import logging
@@ -475,12 +476,18 @@ def _identity(path: Path) -> str:
     return f"{stat.st_size}:{stat.st_mtime_ns}"
 
 
-def _rebuilding(merged: Path, world_size: int) -> bool:
-    """Whether shards of ``world_size`` ranks beside ``merged`` are those of a forced
-    rebuild of this very version of it, stopped before its merge (they say so: finished
-    runs leave their shards too, and a store written since is not the one they replace)."""
+def _rebuilding(merged: Path, world_size: int | None) -> bool:
+    """Whether shards of ``world_size`` ranks (of any number, if None) beside ``merged``
+    are those of a forced rebuild of this very version of it, stopped before its merge
+    (they say so: finished runs leave their shards too, and a store written since is not
+    the one they replace)."""
     identity = _identity(merged)
-    for path in (shard_path(merged, r, world_size) for r in range(world_size)):
+    if world_size is None:
+        pattern = f"{glob.escape(merged.stem)}.shard-*-of-*{glob.escape(merged.suffix)}"
+        paths = sorted(merged.parent.glob(pattern))
+    else:
+        paths = [shard_path(merged, r, world_size) for r in range(world_size)]
+    for path in paths:
         if path.exists():
             # Without HDF5's lock: another rank may be writing its shard already, and a
             # reader's lock would refuse that writer, or the writer's this reader.
@@ -508,13 +515,7 @@ def _open_or_create(
                 provenance,
                 lambda: _source_explained(f, provenance, source, rows, retry_failed),
             )
-        if existing.get("versions") != library_versions():
-            logger.warning(
-                "%s was started with other library versions: %s; now %s",
-                out,
-                existing.get("versions"),
-                library_versions(),
-            )
+        _warn_of_other_versions(out, existing.get("versions"))
         return
     sizes, mtimes = source.file_stats()
     create_store(  # replaces an existing store (overwrite) in one atomic rename
@@ -536,6 +537,16 @@ def _open_or_create(
         file_size=sizes[rows],
         file_mtime_ns=mtimes[rows],
     )
+
+
+def _warn_of_other_versions(out: Path, versions) -> None:
+    if versions != library_versions():
+        logger.warning(
+            "%s was started with other library versions: %s; now %s",
+            out,
+            versions,
+            library_versions(),
+        )
 
 
 def rank_rows(src: ImageSource, rank: int, world_size: int) -> np.ndarray:
@@ -862,7 +873,10 @@ def _extract_shard(
     with store_lock(out):
         # A retry whose shards were deleted after their merge: the new shard takes its rows
         # from the merged store, so that only the failed ones are extracted again.
+        # Not while a forced rebuild of it at another number of ranks is unfinished: its
+        # rows are to be replaced.
         seed = read_merged and retry_failed and not rebuild and not out.exists()
+        seed = seed and not _rebuilding(merged, None)
         _open_or_create(
             out, provenance, backbone, src, rows, overwrite, retry_failed, vouched, replaces
         )
@@ -914,6 +928,11 @@ def _seed_from_merged(shard: Path, merged: Path, rows: np.ndarray) -> None:
     shard's; a copy stopped part way leaves the rest pending, extracted by the next run."""
     names = ("features", "failure_reason", "content_sha256", "status")
     with open_store(merged, "r") as src, open_store(shard, "r+") as dst:
+        # Its rows were computed with the merged store's libraries, which it records.
+        versions = read_attrs(src).get("versions")
+        if "versions" in src.attrs:
+            dst.attrs["versions"] = src.attrs["versions"]
+        _warn_of_other_versions(shard, versions)
         for lo in range(0, len(rows), _SEED_BLOCK):
             block = rows[lo : lo + _SEED_BLOCK]
             span = slice(int(block[0]), int(block[-1]) + 1)  # rows increase in a shard

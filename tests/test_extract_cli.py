@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import json
 import logging
 import os
 import re
@@ -481,9 +482,11 @@ def test_torchrun_retry_failed_takes_a_repaired_image(tmp_path, shards):
     if shards == "deleted":
         for shard in shards_made:
             shard.unlink()
-        # A done row marked in the merged store: it is taken from there, not extracted.
+        # A done row marked in the merged store: it is taken from there, not extracted,
+        # with the record of the library versions that computed it.
         with h5py.File(out, "r+") as f:
             f["features"][f["paths"].asstr()[:].tolist().index("cat/001.jpg")] = 7.0
+            f.attrs["versions"] = json.dumps({"torch": "1.0"})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += ["-m", "extract", str(folder), "timm:test_resnet@random", str(out)]
     cmd += ["--image-size", "32", "--workers", "0", "--no-progress", "--retry-failed"]
@@ -494,6 +497,7 @@ def test_torchrun_retry_failed_takes_a_repaired_image(tmp_path, shards):
     if shards == "deleted":
         marked = merged.paths.index("cat/001.jpg")
         assert (merged.features[marked] == 7.0).all()
+        assert merged.metadata["versions"] == {"torch": "1.0"}
         merged.features[marked] = expected.features[marked]
     np.testing.assert_allclose(merged.features, expected.features, rtol=1e-5, atol=1e-6)
 

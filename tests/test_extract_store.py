@@ -729,6 +729,31 @@ def test_the_rebuild_check_reads_shards_that_another_rank_writes(folder, tmp_pat
         assert _rebuilding(out, 2) is False
 
 
+def test_a_rebuild_at_another_number_of_ranks_is_found(folder, tmp_path):
+    # A retry whose shards were deleted takes its rows from the merged store, unless a
+    # forced rebuild of that store, at any number of ranks, is unfinished beside it.
+    from extract._runner import _identity, _rebuilding
+    from extract._store import REPLACES
+
+    out = tmp_path / "f[1].h5"  # a glob's special characters in the name
+    shards = [
+        extract_features(folder, BACKBONE, out, rank=r, world_size=2, max_items=4, **FAST)
+        for r in (0, 1)
+    ]
+    merge_shards(shards, out)
+    for shard in shards:
+        shard.unlink()
+    assert _rebuilding(out, None) is False
+    other = shard_path(out, 0, 4)
+    shutil.copy(extract_features(folder, BACKBONE, tmp_path / "g.h5", max_items=4, **FAST), other)
+    with h5py.File(other, "r+") as f:
+        f.attrs[REPLACES] = "another version"
+    assert _rebuilding(out, None) is False  # a rebuild of another version of it: done
+    with h5py.File(other, "r+") as f:
+        f.attrs[REPLACES] = _identity(out)
+    assert _rebuilding(out, None) is True and _rebuilding(out, 2) is False
+
+
 def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
     store, folder, tmp_path, monkeypatch, caplog
 ):
