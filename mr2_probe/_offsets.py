@@ -212,6 +212,11 @@ def tune_class_offsets(
     weight = _check_sample_weight(sample_weight, z, ensure_non_negative=True)
     if not weight.sum() > 0:
         raise ValueError("The sum of sample weights must be positive.")
+    if sample_weight is not None and not (weight > 0).all():
+        # Rows of zero weight are no rows: their thresholds would be candidates too, and
+        # move the search's path (a row dropped and a row of zero weight tuned alike).
+        keep = weight > 0
+        z, y, weight = z[keep], y[keep], weight[keep]
     objective = _Objective(scoring, classes, y, weight, sample_weight is not None)
     search = _Search(z, objective, max_accuracy_drop, n_candidates)
     # A class without samples (weight) here cannot show what its offset costs it: lowering

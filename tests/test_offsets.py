@@ -281,15 +281,72 @@ def test_search_stops_at_max_sweeps_with_a_warning():
     assert result.n_sweeps == 1 and result.score >= result.base_score
 
 
-def test_weights_count_in_the_objective():
-    z, y = _biased_logits(3)
-    weight = np.random.default_rng(3).integers(1, 4, len(y)).astype(float)
-    weighted = tune_class_offsets(z, y, "balanced_accuracy", sample_weight=weight)
-    repeated = tune_class_offsets(
-        np.repeat(z, weight.astype(int), 0), np.repeat(y, weight.astype(int)), "balanced_accuracy"
-    )
-    np.testing.assert_array_equal(weighted.offsets, repeated.offsets)
-    assert weighted.score == pytest.approx(repeated.score)
+@pytest.mark.parametrize("scoring", ["balanced_accuracy", "worst_class", "accuracy"])
+@pytest.mark.parametrize("max_accuracy_drop", [None, 0.0, 0.02])
+@pytest.mark.parametrize("low", [1, 0])
+def test_weights_count_in_the_objective(scoring, max_accuracy_drop, low):
+    # Integer weights tune as repeated rows, in the objective, the bound and the reported
+    # drop (once divided by the number of rows); a weight of 0 as a dropped row (its
+    # thresholds were candidates all the same, and moved the search).
+    for seed in range(3):
+        z, y = _biased_logits(seed)
+        weight = np.random.default_rng(seed + 100).integers(low, 4, len(y)).astype(float)
+        weighted = tune_class_offsets(z, y, scoring, max_accuracy_drop, sample_weight=weight)
+        repeat = weight.astype(int)
+        repeated = tune_class_offsets(
+            np.repeat(z, repeat, 0), np.repeat(y, repeat), scoring, max_accuracy_drop
+        )
+        np.testing.assert_array_equal(weighted.offsets, repeated.offsets)
+        assert weighted.score == pytest.approx(repeated.score)
+        assert weighted.base_score == pytest.approx(repeated.base_score)
+        assert weighted.accuracy_drop == pytest.approx(repeated.accuracy_drop)
+
+
+def test_the_accuracy_bound_holds_under_weights():
+    # Imbalanced classes: raising the worst (small) class costs overall accuracy, so the
+    # bound binds, and binds on the weighted accuracy.
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], [200, 40, 20])
+    z = rng.normal(size=(len(y), 3)) + np.eye(3)[y] + np.array([1.0, 0.0, 0.0])
+    weight = rng.integers(1, 4, len(y))
+    free = tune_class_offsets(z, y, "worst_class", sample_weight=weight.astype(float))
+    assert free.accuracy_drop > 0.05
+    for bound in (0.0, 0.01, 0.03):
+        weighted = tune_class_offsets(z, y, "worst_class", bound, sample_weight=weight * 1.0)
+        repeated = tune_class_offsets(np.repeat(z, weight, 0), np.repeat(y, weight), "worst_class",
+                                      bound)  # fmt: skip
+        assert weighted.accuracy_drop <= bound + 1e-12 and weighted.score > weighted.base_score
+        np.testing.assert_array_equal(weighted.offsets, repeated.offsets)
+
+
+def test_the_top_two_kept_by_updates_are_argmax_s_under_exact_ties():
+    # The search keeps each row's largest and second-largest column as offsets change; a
+    # column that comes to tie the second (argmax's rule: the lower index wins) must enter.
+    from mr2_probe._offsets import _TopTwo
+
+    rng = np.random.default_rng(0)
+    zb = rng.integers(0, 3, (400, 5)).astype(float)
+    top = _TopTwo(zb)
+    for _ in range(200):
+        k = int(rng.integers(5))
+        zb[:, k] += rng.integers(-2, 3)
+        top.update(zb, k)
+        fresh = _TopTwo(zb)
+        for name in ("first", "first_value", "second", "second_value"):
+            np.testing.assert_array_equal(getattr(top, name), getattr(fresh, name))
+
+
+def test_a_row_of_zero_weight_is_a_dropped_row():
+    z = np.array([[0.8, 1.7, -0.2], [-1.2, 2.4, -0.9], [-0.9, 2.9, 0.4], [2.0, -0.7, 0.1],
+                  [1.8, 0.2, 2.1], [-1.4, 1.7, -0.6], [1.9, 0.5, -0.1], [-1.3, 0.3, -0.6],
+                  [-0.9, 3.1, 0.6], [-0.4, -0.7, -1.6]])  # fmt: skip
+    y = np.array([0, 1, 2, 0, 0, 1, 0, 2, 1, 0])
+    weight = np.ones(10)
+    weight[0] = 0
+    weighted = tune_class_offsets(z, y, "worst_class", sample_weight=weight)
+    dropped = tune_class_offsets(z[1:], y[1:], "worst_class")
+    np.testing.assert_array_equal(weighted.offsets, dropped.offsets)
+    assert weighted.score == dropped.score
 
 
 # --------------------------------------------------------------------------- estimator
