@@ -914,6 +914,10 @@ def load_features(
     """
     f = _open_for_reading(path)
     try:
+        attrs = read_attrs(f)
+        version = attrs.get("format_version")
+        if isinstance(version, int) and version > FORMAT_VERSION:
+            check_format(path, attrs)  # a newer format's rows may mean other things: refused
         labels = f["labels"][:]
         n = len(labels)
         status = f["status"][:] if "status" in f else np.full(n, DONE, np.uint8)
@@ -951,7 +955,7 @@ def load_features(
                 (str(all_paths[i]), r.decode(errors="replace"))
                 for i, r in zip(failed, reasons, strict=True)
             ],
-            metadata=read_attrs(f),
+            metadata=attrs,
             n_pending=n_pending,
             file=f,
         )

@@ -1309,3 +1309,43 @@ def test_fits_and_predictions_ignore_the_caller_s_torch_modes(mode):
     np.testing.assert_allclose(searched.coef_, search.coef_, rtol=1e-5, atol=1e-5)
     assert z.dtype == torch.float32
     np.testing.assert_allclose(z.numpy(), plain["lbfgs"].decision_function(X), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("solver", ["adam", "sgd"])
+def test_minibatch_weights_scale_the_data_term_as_lbfgs_s_do(solver):
+    # Weights of 5 on every row weigh the data term as five copies would: against the
+    # penalty 1/(C·S), as C·5 does unweighted. The minibatch term once ignored Σw.
+    X, y = load_iris(return_X_y=True)
+    common = dict(solver=solver, max_iter=5, random_state=0, device="cpu", c_bar=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        weighted = MR2LinearClassifier(C=0.01, **common).fit(X, y, sample_weight=np.full(150, 5.0))
+        plain = MR2LinearClassifier(C=0.05, **common).fit(X, y)
+    np.testing.assert_allclose(weighted.coef_, plain.coef_, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(weighted.intercept_, plain.intercept_, rtol=1e-4, atol=1e-6)
+
+
+def test_two_classes_give_one_decision_value_per_row():
+    X, y = load_iris(return_X_y=True)
+    for solver in ("lbfgs", "adam"):
+        clf = MR2LinearClassifier(solver=solver, max_iter=3, device="cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            clf.fit(X[y > 0], y[y > 0])
+        assert clf.decision_function(X[:3]).shape == (3,)
+        assert clf.decision_function(torch.as_tensor(X[:3])).shape == (3,)
+
+
+def test_a_learned_projection_s_statistics_are_those_of_the_representation():
+    # With lam > 0 the margins follow φ = P·x, recomputed every epoch: the statistics of
+    # the last epoch are those of a learned P, near the final one, not of the raw features.
+    X, y = load_iris(return_X_y=True)
+    clf = MR2LinearClassifier(c_bar=1, lam=0.5, solver="adam", learning_rate=1e-2, max_iter=20,
+                              random_state=0, device="cpu")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+    means = clf.class_stats_["mean"]
+    raw = np.stack([X[y == k].mean(0) for k in range(3)])
+    final = np.stack([(X @ clf.projection_.T)[y == k].mean(0) for k in range(3)])
+    assert np.abs(means - final).max() < 0.2 * np.abs(means - raw).max()

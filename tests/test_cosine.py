@@ -565,3 +565,20 @@ def test_batched_lbfgs_takes_each_folds_evaluation_budget():
     )
     assert result.stop[0] == "max_eval" and 3 <= result.n_eval[0] < 10
     assert result.stop[1] != "max_eval" and result.n_eval[1] > 10
+
+
+def test_a_cosine_head_with_a_projection_normalises_the_projected_features():
+    # z = X·coef_ᵀ / ‖P·x‖ row by row (coef_ holds s·Ŵ·P), on NumPy and torch input alike.
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    clf = MR2LinearClassifier(head="cosine", lam=0.5, solver="adam", learning_rate=1e-2,
+                              max_iter=5, random_state=0, device="cpu")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+    expected = X @ clf.coef_.T / np.linalg.norm(X @ clf.projection_.T, axis=1, keepdims=True)
+    assert not np.allclose(expected, X @ clf.coef_.T / np.linalg.norm(X, axis=1, keepdims=True))
+    np.testing.assert_allclose(clf.decision_function(X), expected, rtol=1e-5)
+    from_torch = clf.decision_function(torch.as_tensor(X))
+    np.testing.assert_allclose(np.asarray(from_torch), expected, rtol=1e-5)

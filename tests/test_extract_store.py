@@ -347,6 +347,12 @@ def test_shards_merge_into_the_single_run(store, folder, tmp_path):
         merge_shards(shards[:2], out)
     with pytest.raises(ValueError, match="Two shards .* have rank 1"):
         merge_shards([shards[1], shards[1], shards[0]], out)
+    with h5py.File(shards[1], "r+") as f:  # a damaged shard: a row of rank 0's as well
+        f["indices"][0] = 0
+    with pytest.raises(ValueError, match="or hold a row twice"):
+        merge_shards(shards, out)
+    with h5py.File(shards[1], "r+") as f:
+        f["indices"][0] = 1
     assert not out.exists()
     merge_shards(shards[::-1], out)
     single, merged = load_features(store, in_memory=True), load_features(out, in_memory=True)
@@ -1263,6 +1269,12 @@ def test_older_store_format_is_refused_before_loading_a_model(store, folder, tmp
         f.attrs["format_version"] = 1
     with pytest.raises(ProvenanceError, match="store format 1 .* Rebuild it with --force"):
         extract_features(folder, BACKBONE, old, **FAST)
+    with h5py.File(old, "r+") as f:
+        f.attrs["format_version"] = f.attrs["format_version"] + 9
+    with pytest.raises(ProvenanceError, match="store format 10 by a newer mr2-extract"):
+        extract_features(folder, BACKBONE, old, **FAST)
+    with pytest.raises(ProvenanceError, match="by a newer mr2-extract"):
+        load_features(old)
 
 
 def test_complete_store_is_reused_and_says_so(store, folder, caplog):

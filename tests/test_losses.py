@@ -869,3 +869,17 @@ def test_compactness_is_exact_in_float32_beside_a_far_row_of_another_class():
     # Integer features are distances too (the mean of an integer tensor failed).
     distances = pairwise_sq_distances(torch.tensor([[0, 1], [3, 5], [1, 1]]))
     torch.testing.assert_close(distances, torch.tensor([[0.0, 25, 1], [25, 0, 20], [1, 20, 0]]))
+
+
+def test_weighted_margin_cross_entropy_is_the_mean_of_repeated_rows():
+    torch.manual_seed(0)
+    logits, target = torch.randn(12, 4, dtype=torch.float64), torch.arange(12) % 4
+    margins = torch.tensor([1.0, 2.0, 0.5, 1.5], dtype=torch.float64)
+    counts = torch.tensor([0, 1, 3, 2] * 3)
+    weighted = margin_cross_entropy(logits, target, margins, sample_weight=counts.double())
+    repeated = margin_cross_entropy(
+        logits.repeat_interleave(counts, 0), target.repeat_interleave(counts), margins
+    )
+    torch.testing.assert_close(weighted, repeated)
+    total = margin_cross_entropy(logits, target, margins, counts.double(), reduction="sum")
+    torch.testing.assert_close(weighted, total / counts.sum())

@@ -462,3 +462,22 @@ def test_a_tilted_search_solves_the_fits_of_its_values(batch_folds, monkeypatch)
                 path = np.stack([search.coefs_paths_[c][f, j] for c in search.classes_])
                 np.testing.assert_allclose(path[:, :5], cold.coef_, atol=1e-4)
                 np.testing.assert_allclose(path[:, 5], cold.intercept_, atol=1e-4)
+
+
+@pytest.mark.parametrize("solver", ["lbfgs", "adam"])
+def test_class_losses_are_weighted_means_of_the_fitted_model_s_losses(solver):
+    # L_k = Σ_{i∈k} w_i ℓ_i / Σ_{i∈k} w_i at the solution, with the weights (the minibatch
+    # solvers' pass over the data dropped them without a test noticing).
+    X, y = _uneven()
+    w = np.random.default_rng(1).uniform(0.2, 3.0, len(y))
+    clf = MR2LinearClassifier(c_bar=1, class_tilt=1, solver=solver, max_iter=5, random_state=0,
+                              device="cpu")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y, sample_weight=w)
+    z = torch.as_tensor(clf.decision_function(X), dtype=torch.float64)
+    target = torch.as_tensor(np.searchsorted(clf.classes_, y))
+    margins = torch.as_tensor(clf.margins_, dtype=torch.float64)
+    loss = margin_cross_entropy(z, target, margins, reduction="none").numpy()
+    expected = np.bincount(target, loss * w) / np.bincount(target, w)
+    np.testing.assert_allclose(clf.class_losses_, expected, rtol=1e-4)
