@@ -883,7 +883,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 "accuracy bound, not the estimator's fit (a Pipeline takes them as "
                 "<step>__sample_weight).",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,  # _route, fit, scikit-learn's _fit_context, the caller
             )
         if groups is not None and has_fit_parameter(self.estimator, "groups"):
             # A search inside that names them (MR2LinearClassifierCV) splits by them

@@ -502,8 +502,10 @@ def test_sample_weight_reaches_the_fits_that_take_it_and_else_says_so():
         (OneVsRestClassifier(LogisticRegression()), "OneVsRestClassifier"),  # **params refuse
         (GridSearchCV(make_pipeline(LogisticRegression()), {"logisticregression__C": [1]}), "Pipe"),
     ):
-        with pytest.warns(UserWarning, match=f"^{name}.*fit does not take sample_weight: the"):
+        with pytest.warns(UserWarning, match=f"^{name}.*fit does not take sample_weight: the"
+                          ) as record:  # fmt: skip
             TunedOffsetsClassifierCV(estimator, cv=3).fit(X, y, sample_weight=weight)
+        assert {w.filename for w in record if "sample_weight" in str(w.message)} == {__file__}
 
 
 def test_binary_problem_and_string_labels():
