@@ -230,11 +230,32 @@ def _split_of(relative: str) -> str | None:
     return None
 
 
-def _split_pattern(folder: str, files: list[str], split: str) -> str:
-    common = os.path.commonpath([os.path.dirname(f) for f in files])
-    named = all(os.path.basename(f).lower().startswith(split) for f in files)
+def _split_pattern(files: list[str], split: str | None) -> str:
+    """A glob of ``files`` (one split's, in one folder)."""
+    named = split is not None and all(os.path.basename(f).lower().startswith(split) for f in files)
     name = os.path.basename(files[0])[: len(split)] if named else ""
-    return os.path.join(common, f"{name}*.parquet")
+    return os.path.join(os.path.dirname(files[0]), f"{name}*.parquet")
+
+
+def _check_one_split(where: str, base: str, files: list[str]) -> None:
+    """Refuse ``files`` (paths under ``base``) of several splits (train and test), or of
+    one split in several folders (a dataset's configs, each a copy of its images)."""
+    by_split: dict[str | None, list[str]] = {}
+    for f in files:
+        by_split.setdefault(_split_of(os.path.relpath(f, base)), []).append(f)
+    split = "train" if "train" in by_split else next(iter(sorted(by_split, key=str)))
+    first = os.path.dirname(by_split[split][0])
+    example = _split_pattern([f for f in by_split[split] if os.path.dirname(f) == first], split)
+    if len(by_split) > 1:
+        names = sorted(str(s) for s in by_split)
+        raise TableError(f"{where} holds the splits {names}; read one, e.g. parquet:{example}.")
+    folders = sorted({os.path.relpath(os.path.dirname(f), base) for f in files})
+    if len(folders) > 1:
+        raise TableError(
+            f"{where} holds files of one split in several folders {folders[:4]}, as a "
+            f"dataset's configs (each a copy of its images) are; read one, e.g. "
+            f"parquet:{example}."
+        )
 
 
 def _dataset_folder(folder: str) -> list[str]:
@@ -255,16 +276,7 @@ def _dataset_folder(folder: str) -> list[str]:
     files = sorted(glob.glob(os.path.join(folder, "**", "*.parquet"), recursive=True))
     if not files:
         raise TableError(f"The folder {folder!r} holds no .parquet files.")
-    by_split: dict[str | None, list[str]] = {}
-    for f in files:
-        by_split.setdefault(_split_of(os.path.relpath(f, folder)), []).append(f)
-    if len(by_split) > 1:
-        names = sorted(str(s) for s in by_split)
-        split = "train" if "train" in by_split else next(s for s in by_split if s is not None)
-        raise TableError(
-            f"The folder {folder!r} holds the splits {names}; read one, e.g. "
-            f"parquet:{_split_pattern(folder, by_split[split], split)}."
-        )
+    _check_one_split(f"The folder {folder!r}", folder, files)
     return [os.path.abspath(f) for f in files]
 
 
@@ -418,6 +430,8 @@ def parquet_files(
     folder = os.path.isdir(pattern)
     paths = _dataset_folder(pattern) if folder else expand_pattern(pattern, "parquet")
     root = os.path.abspath(pattern) if folder else container_root(paths)
+    if not folder:
+        _check_one_split(f"The pattern {pattern!r}", root, paths)
     sizes, mtimes = stat_containers(paths)
     indexes, columns = zip(*(_index_file(p, image_key, label_key) for p in paths), strict=True)
     if len(set(columns)) > 1:

@@ -476,6 +476,30 @@ def test_dataset_folders_with_several_splits_ask_for_one(tmp_path):
     assert len(open_source(f"parquet:{tmp_path}/data/train*.parquet")) == 1
 
 
+def test_a_dataset_s_configs_and_a_pattern_of_several_splits_are_refused(tmp_path):
+    # A repository whose configs (160px/, 320px/) each hold the split was read as one
+    # source, every image once per config; a glob over train and validation files was read
+    # whole; the suggested pattern matched no file.
+    for config in ("160px", "320px"):
+        (tmp_path / "repo" / config).mkdir(parents=True)
+        _table(tmp_path / "repo" / config / "train-00000-of-00001.parquet",
+               {"image": [b"a", b"b"], "label": [0, 1]})  # fmt: skip
+    match = r"one split in several folders \['160px', '320px'\].* parquet:(.*)\.$"
+    with pytest.raises(TableError, match=match) as refused:
+        open_source(f"parquet:{tmp_path}/repo")
+    suggested = re.search(match, str(refused.value)).group(1)
+    assert len(open_source(f"parquet:{suggested}")) == 2
+    with pytest.raises(TableError, match="one split in several folders"):
+        open_source(f"parquet:{tmp_path}/repo/*/train-*.parquet")
+    _table(tmp_path / "repo" / "160px" / "validation-00000-of-00001.parquet",
+           {"image": [b"c"], "label": [0]})  # fmt: skip
+    match = r"pattern .* holds the splits \['train', 'validation'\]; read one, e.g. parquet:(.*)\.$"
+    with pytest.raises(TableError, match=match) as refused:
+        open_source(f"parquet:{tmp_path}/repo/160px/*.parquet")
+    suggested = re.search(match, str(refused.value)).group(1)
+    assert len(open_source(f"parquet:{suggested}")) == 2
+
+
 def _arrow_stream(path, table, batch_rows):
     with pa.ipc.new_stream(path, table.schema) as sink:
         for batch in table.to_batches(max_chunksize=batch_rows):
