@@ -325,11 +325,12 @@ def hf_class_names(schema, column: str) -> list[str] | None:
 
 
 def _holds_text(kind) -> bool:
-    """Whether an Arrow type holds strings (plain, large, or dictionary-encoded)."""
+    """Whether an Arrow type holds strings (plain, large, views, or dictionary-encoded)."""
     import pyarrow as pa
 
     kind = kind.value_type if pa.types.is_dictionary(kind) else kind
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    view = getattr(pa.types, "is_string_view", lambda _: False)(kind)  # pyarrow >= 16
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or view
 
 
 def _label_texts(values, column: str, path: str, names: list[str] | None) -> list[str]:

@@ -409,6 +409,15 @@ def test_parquet_binary_columns_string_labels_and_several_files(tmp_path):
     assert src.options["image_key"] == "jpg" and src.archive.unit.tolist() == [0, 0, 1, 1]
 
 
+@pytest.mark.parametrize("kind", [pa.large_string(), pa.string_view()])
+def test_parquet_class_names_in_other_string_types(tmp_path, kind):
+    # string_view labels were refused as "a label column holds ... class names".
+    labels = pa.array(["dog", "cat", "dog"], kind)
+    _table(tmp_path / "0.parquet", {"image": [b"a", b"b", b"c"], "label": labels})
+    src = open_source(f"parquet:{tmp_path}/0.parquet")
+    assert src.class_names == ["cat", "dog"] and src.labels.tolist() == [1, 0, 1]
+
+
 def test_parquet_string_labels_of_digits_are_class_names(tmp_path):
     # "10" and "2" were read as class indices: 11 classes, 9 of them empty.
     _table(tmp_path / "0.parquet", {"image": [b"a", b"b", b"c"], "label": ["10", "2", "10"]})
