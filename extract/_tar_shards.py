@@ -308,9 +308,23 @@ _COMPRESSED = (".gz", ".tgz", ".bz2", ".tbz2", ".xz", ".txz", ".zst", ".lz4")
 _COMPRESSED_TARS = (".tgz", ".tbz2", ".txz", *(f".tar{suffix}" for suffix in _COMPRESSED))
 
 
+# The first bytes of gzip, bzip2, xz and zstd streams: a compressed shard named .tar.
+_COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+
+
+def _compressed_content(path: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(6).startswith(_COMPRESSED_MAGIC)
+    except OSError:  # unreadable: said so where the shard is indexed
+        return False
+
+
 def _shard_paths(pattern: str) -> list[str]:
     if os.path.isdir(pattern):
-        names = sorted(os.listdir(pattern))
+        # Hidden files (macOS's ._00000.tar beside 00000.tar) are no shards, as a glob's *
+        # does not match them either.
+        names = sorted(n for n in os.listdir(pattern) if not n.startswith("."))
         # A compressed shard in the folder is refused, not left out with its samples.
         shards = [n for n in names if n.endswith((".tar", *_COMPRESSED_TARS))]
         paths = [os.path.abspath(os.path.join(pattern, n)) for n in shards]
@@ -318,7 +332,7 @@ def _shard_paths(pattern: str) -> list[str]:
             raise ValueError(f"The folder {pattern!r} holds no .tar shards.")
     else:
         paths = expand_pattern(pattern, "webdataset")
-    compressed = [p for p in paths if p.endswith(_COMPRESSED)]
+    compressed = [p for p in paths if p.endswith(_COMPRESSED) or _compressed_content(p)]
     if compressed:
         raise ValueError(
             f"The shard {compressed[0]!r} is compressed, and samples are read by their offset "

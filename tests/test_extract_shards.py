@@ -261,7 +261,7 @@ def test_empty_and_unlabelled_labels_are_refused(tmp_path, labels, row, why):
 
 
 @pytest.mark.parametrize("as_folder", [True, False])
-@pytest.mark.parametrize("suffix", [".tar.gz", ".tgz"])
+@pytest.mark.parametrize("suffix", [".tar.gz", ".tgz", ".tar"])
 def test_a_compressed_shard_is_refused_in_a_folder_as_in_a_pattern(tmp_path, as_folder, suffix):
     # A folder source listed only its .tar files: the samples of a .tar.gz were left out.
     import gzip
@@ -269,12 +269,25 @@ def test_a_compressed_shard_is_refused_in_a_folder_as_in_a_pattern(tmp_path, as_
     samples = [{"__key__": f"s{k}", "jpg": b"x", "cls": "0"} for k in range(2)]
     _write_shard(tmp_path / "00000.tar", samples)
     plain = _write_shard(tmp_path / "00001.tar", samples)
-    (tmp_path / f"00001{suffix}").write_bytes(gzip.compress(plain.read_bytes()))
+    data = plain.read_bytes()
     plain.unlink()
+    (tmp_path / f"00001{suffix}").write_bytes(gzip.compress(data))
     (tmp_path / "notes.txt.gz").write_bytes(gzip.compress(b"not a shard"))  # ignored
     source = f"webdataset:{tmp_path}" if as_folder else f"webdataset:{tmp_path}/0*"
     with pytest.raises(ValueError, match=f"00001{suffix}' is compressed"):
-        open_source(source)
+        open_source(source)  # a gzipped shard named .tar was called damaged
+
+
+def test_hidden_files_in_a_shard_folder_are_no_shards(tmp_path):
+    # macOS's AppleDouble ._00000.tar made the folder "damaged at byte 0"; a glob skips it.
+    samples = [{"__key__": f"s{k}", "jpg": b"x", "cls": "0"} for k in range(2)]
+    _write_shard(tmp_path / "00000.tar", samples)
+    (tmp_path / "._00000.tar").write_bytes(b"\x00\x05\x16\x07" + bytes(4092))
+    assert (
+        open_source(f"webdataset:{tmp_path}").ids
+        == open_source(f"webdataset:{tmp_path}/*.tar").ids
+        == ["s0", "s1"]
+    )
 
 
 def test_an_img2dataset_folder_is_read_with_its_keys(tmp_path):
