@@ -175,6 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{path}: {store.features.shape[0]} rows x {store.features.shape[1]} features, "
                 f"{len(store.class_names)} classes, {len(store.failures)} failed images"
             )
+            if store.failures and not store.features.shape[0]:
+                # A store without one feature is no result: the exit status says so.
+                image, reason = store.failures[0]
+                return _error(
+                    f"every image failed (the first, {image!r}: {reason}); the store records "
+                    "why; once they are readable, --retry-failed extracts them again"
+                )
     except KeyboardInterrupt:
         if args.debug:
             raise

@@ -66,6 +66,27 @@ def test_cli_writes_a_store_and_reports_errors(tmp_path, capsys):
     assert "local checkpoint file" in capsys.readouterr().err
 
 
+def test_a_run_in_which_every_image_failed_exits_with_an_error(tmp_path, capsys):
+    # Parquet rows that refer to image files instead of holding their bytes (as
+    # datasets' to_parquet writes a dataset of paths) all failed, and the run exited 0.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from extract._testing import hf_image_schema
+
+    rows = {"image": [{"bytes": None, "path": f"{i}.jpg"} for i in range(3)], "label": [0, 1, 0]}
+    pq.write_table(pa.table(rows, schema=hf_image_schema(["a", "b"])), tmp_path / "t.parquet")
+    out = tmp_path / "f.h5"
+    args = [f"parquet:{tmp_path}/t.parquet", "timm:test_resnet@random", str(out)]
+    assert main([*args, "--image-size", "32", "--no-progress", "--workers", "0"]) == 2
+    captured = capsys.readouterr()
+    assert "0 rows x 96 features, 2 classes, 3 failed images" in captured.out
+    assert "every image failed (the first, 't.parquet:0': LookupError: the row holds no image" in (
+        captured.err
+    )
+    assert len(load_features(out).failures) == 3  # recorded, for --retry-failed
+
+
 def test_cli_reads_shards_with_a_label_key(tmp_path, capsys):
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     write_webdataset(folder, tmp_path / "wds" / "%05d.tar", maxcount=3)
