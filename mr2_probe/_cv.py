@@ -148,8 +148,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     factor of 4 of the last scale that formed pairs (older ones, formed further away,
     can stay among them), and dropped beyond. Elsewhere, from j = 3
     on, the start is the solutions at v_{j-2} and v_{j-1} extrapolated linearly in log v (a
-    predictor step, which the solver corrects), except for a cosine head, which starts
-    from the solution at v_{j-1} itself. For the convex problems
+    predictor step, which the solver corrects), except for a cosine head or a learned
+    projection, which start from the solution at v_{j-1} itself. For the convex problems
     (a linear head without projection) none of these changes the solution, only where the
     solver starts. The cosine head's problem is not convex and, at large scales, flat:
     its path can end at other solutions than independent fits at the same scales (a

@@ -96,7 +96,8 @@ class FoldPath:
 
         Along a path of increasing values the start is extrapolated, linearly in
         log(value), from the last two solutions (a predictor step): the solver then only
-        corrects it.
+        corrects it. A cosine head or a learned projection starts from the previous
+        solution itself.
         """
         for value in sorted(values):
             cold = not self.steps
@@ -173,7 +174,7 @@ def bisect_search(
     value so far, evaluating the midpoints on either side of it (inside the grid's range),
     until the spacing is ``1 / steps_per_decade`` decades. ``evaluate(values)`` returns
     the scores of an increasing array of new values, greater is better; ties go to the
-    smaller value, as ``argmax`` does along a grid.
+    smaller value, as ``argmax`` does along a grid, and NaN scores are never the best.
 
     Returns the values evaluated and their scores, in increasing order of value.
     """
@@ -182,7 +183,9 @@ def bisect_search(
     step = float(np.min(np.diff(grid))) if len(grid) > 1 else 1.0 / steps_per_decade
     while step > 1.0 / steps_per_decade + 1e-12:
         step /= 2
-        best = max(scores, key=lambda v: (scores[v], -v))
+        # NaN (a fold's scorer undefined there) ranks last: it compares greater than nothing
+        # and would keep the first value as the best.
+        best = max(scores, key=lambda v: (-np.inf if np.isnan(scores[v]) else scores[v], -v))
         new = [v for v in (best - step, best + step) if grid[0] <= v <= grid[-1]]
         new = np.array([v for v in new if not any(np.isclose(v, u) for u in scores)])
         if len(new):

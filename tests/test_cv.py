@@ -186,6 +186,18 @@ def test_bisection_finds_the_peak_of_a_unimodal_curve(peak):
     assert np.allclose(np.diff(np.log10(values)).min(), 1 / 8)
 
 
+def test_bisection_refines_around_the_best_score_not_a_nan():
+    # A NaN score (a scorer undefined where the model predicts one class) compared greater
+    # than nothing, so the first value stayed the best and every halving was spent there.
+    def evaluate(values):
+        log10 = np.log10(values)
+        return np.where(log10 < -5, np.nan, -((log10 - 0.3) ** 2))
+
+    values, scores = bisect_search(evaluate, np.arange(-6.0, 7.0, 2.0))
+    assert abs(np.log10(values[np.nanargmax(scores)]) - 0.3) <= 1 / 16 + 1e-9
+    assert np.log10(values).tolist()[:2] == [-6.0, -4.0]  # nothing refined near the NaN
+
+
 def test_bisect_searches_c_and_stores_what_it_evaluated():
     X, y = _blobs()
     clf = MR2LinearClassifierCV("bisect", cv=3, device="cpu").fit(X, y)
