@@ -478,6 +478,20 @@ def test_out_replaces_an_earlier_runs_files_and_no_one_elses(files, tmp_path, ca
     assert main(argv) == 0
     assert main([*argv, "--c-bar", "2"]) == 0
     assert json.loads((run / "command.json").read_text())["c_bar"] == 2
+    # What this run does not write, an earlier run's CV curve and class names (an .npz
+    # has none), is removed with the rest, not left to describe other models.
+    for name in ("cv_curve.png", "class_names.json"):
+        (run / name).write_text("an earlier run's\n")
+    assert main(argv) == 0
+    assert not (run / "cv_curve.png").exists() and not (run / "class_names.json").exists()
+    # Any one of the output names, alone in a folder no run wrote, is refused.
+    capsys.readouterr()
+    for name in _OUTPUTS:
+        alone = tmp_path / f"alone-{name}"
+        alone.mkdir()
+        (alone / name).write_text("someone else's\n")
+        code, lines = _error([str(files / "train.npz"), "--out", str(alone)], capsys)
+        assert code == 2 and f"holds {name}, which this run would replace" in lines[0], name
 
 
 def test_debug_shows_the_traceback(files):

@@ -582,3 +582,26 @@ def test_a_cosine_head_with_a_projection_normalises_the_projected_features():
     np.testing.assert_allclose(clf.decision_function(X), expected, rtol=1e-5)
     from_torch = clf.decision_function(torch.as_tensor(X))
     np.testing.assert_allclose(np.asarray(from_torch), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "hdf5"])
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 100])
+def test_every_row_is_in_one_chunk_and_one_minibatch_per_pass(tmp_path, kind, n):
+    # The blocks of a full pass and the minibatches of an epoch each hold every row once.
+    import h5py
+
+    X = torch.arange(n, dtype=torch.float64)[:, None].repeat(1, 3)
+    y, w = torch.arange(n) % 2, torch.ones(n, dtype=torch.float64)
+    if kind == "tensor":
+        source = TensorSource(X, y, w, rows=32)
+    else:
+        with h5py.File(tmp_path / "x.h5", "w") as f:
+            f.create_dataset("X", data=X.numpy(), chunks=(min(n, 8), 3))
+        f = h5py.File(tmp_path / "x.h5", "r")
+        source = H5Source(f["X"], y, w, 32, torch.device("cpu"), torch.float64)
+    seen = torch.cat([x[:, 0] for x, _, _ in source.chunks()])
+    assert seen.tolist() == list(range(n))
+    for batch_size in (1, 7, 64):
+        generator = torch.Generator().manual_seed(0)
+        rows = torch.cat([x[:, 0] for x, _, _ in source.batches(batch_size, generator)])
+        assert sorted(rows.tolist()) == list(range(n))

@@ -1057,3 +1057,47 @@ def test_a_tensor_is_scored_by_the_search_s_metric_as_an_array_is(device, n_clas
     clf.fit(X, y)
     tensor = torch.as_tensor(X, device=device)
     assert clf.score(tensor, torch.as_tensor(y)) == pytest.approx(clf.score(X, y), rel=1e-6)
+
+
+def test_an_int_grid_s_ties_go_to_the_smallest_c_and_nan_scores_are_never_chosen():
+    # Separable blobs: every C of an int grid scores 1.0, and LogisticRegressionCV takes
+    # the first of its increasing Cs. A scorer undefined (NaN) at some C never wins there.
+    X, y = make_blobs(n_samples=90, centers=[[-9, 0], [9, 0], [0, 9]], random_state=0)
+    tied = MR2LinearClassifierCV(3, cv=3, c_bar=None, device="cpu").fit(X, y)
+    assert np.all(tied.scores_[0] == 1.0) and tied.C_ == tied.Cs_[0] == 1e-4
+
+    def nan_at_weak(estimator, X, y):  # NaN where the logits are large (weak penalty)
+        size = np.abs(estimator.decision_function(X)).max()
+        return np.nan if size > 8 else size / 100
+
+    search = MR2LinearClassifierCV([1e-5, 1e-1, 1e3], cv=3, c_bar=None, scoring=nan_at_weak,
+                                   device="cpu")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        search.fit(X, y)
+    assert np.isnan(search.scores_[0][:, 2]).all() and search.C_ != 1e3
+
+
+@pytest.mark.parametrize("head", ["linear", "cosine"])
+def test_probability_and_ranking_scorers_see_the_held_out_model_s_values(head):
+    # A two-class "roc_auc" read the decision values of the held-out logits, and a cosine
+    # head's "neg_log_loss" its probabilities: no test compared them with cold fits' own.
+    from sklearn.metrics import get_scorer
+
+    X, y = _blobs(n_classes=2, std=6.0)
+    folds = _folds(y)
+    values = [0.1, 1.0] if head == "linear" else [4.0, 16.0]
+    key = "C" if head == "linear" else "scale"
+    for scoring in ("roc_auc", "neg_log_loss"):
+        search = MR2LinearClassifierCV(values, cv=folds, head=head, c_bar=None, scoring=scoring,
+                                       tol=1e-8, max_iter=3000, device="cpu")  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            search.fit(X, y)
+            for j, value in enumerate(values):
+                for i, (train, test) in enumerate(folds):
+                    cold = MR2LinearClassifier(head=head, c_bar=None, tol=1e-8, max_iter=3000,
+                                               device="cpu", **{key: value})  # fmt: skip
+                    cold.fit(X[train], y[train])
+                    expected = get_scorer(scoring)(cold, X[test], y[test])
+                    assert search.scores_[1][i, j] == pytest.approx(expected, abs=2e-3)

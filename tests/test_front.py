@@ -40,6 +40,9 @@ def _point(name, overall, worst, lever="tilt"):
         ([("ERM", 0.90, 0.66), ("a", 0.90, 0.66)], 0.005, "ERM"),
         # bound = 0: nothing may cost overall accuracy.
         ([("ERM", 0.90, 0.60), ("a", 0.8999, 0.70), ("b", 0.91, 0.61)], 0.0, "b"),
+        # Exactly at the bound is within it, and with bound = 0 ERM itself always is.
+        ([("ERM", 0.90, 0.60), ("a", 0.895, 0.66)], 0.005, "a"),
+        ([("ERM", 0.90, 0.60), ("a", 0.8999, 0.70)], 0.0, "ERM"),
     ],
 )
 def test_selection_rule(points, bound, expected):
