@@ -331,6 +331,8 @@ def test_an_img2dataset_folder_is_read_with_its_keys(tmp_path):
         ),
         ({"jpg": b"x", "json": {"y": 1}}, "json.label", "has no 'json.label' label"),
         ({"jpg": b"x", "json": {"label": 1.5}}, "json.label", "is 1.5; a label is an integer"),
+        ({"jpg": b"x", "json": {"label": True}}, "json.label", "is True; a label is an integer"),
+        ({"jpg": b"x", "json": {"labels": [3]}}, "json.labels.1", "has no 'json.labels.1'"),
         (
             {"jpg": b"x", "json": b"{not json"},
             "json.label",
@@ -836,3 +838,12 @@ def test_tar_reading_holds_one_block(tmp_path):
     finally:
         tracemalloc.stop()
     assert n_read == 512 and peak < 12_000 * 8 * 4  # a few blocks of 8, not 6 MB of samples
+
+
+def test_a_sample_with_several_images_gives_the_first_of_the_image_keys(tmp_path):
+    samples = [{"__key__": "k0", "png": b"png bytes", "jpg": b"jpg bytes", "cls": "0"}]
+    _write_shard(tmp_path / "s.tar", samples)
+    src = open_source(f"webdataset:{tmp_path}/s.tar")
+    assert src.archive.read(src.root, [0], {}) == [bytearray(b"jpg bytes")]  # jpg before png
+    src = open_source(f"webdataset:{tmp_path}/s.tar", image_key="png;jpg")
+    assert src.archive.read(src.root, [0], {}) == [bytearray(b"png bytes")]

@@ -487,3 +487,21 @@ def test_front_of_a_search_is_refused_before_any_fit(splits, monkeypatch):
     search = make_pipeline(StandardScaler(), MR2LinearClassifierCV(device="cpu"))
     with pytest.raises(ValueError, match="got MR2LinearClassifierCV. For a search, pass the"):
         accuracy_front(search, X_fit, y_fit, X_val, y_val)
+
+
+@pytest.mark.parametrize("head", ["linear", "cosine"])
+def test_the_front_s_probe_is_the_one_the_search_chose(splits, head):
+    # The CLI's front starts from the probe at the search's choice: a cosine search's
+    # value is its logit scale, not C.
+    from mr2_probe.cli import _chosen_configuration
+
+    X_fit, y_fit, *_ = splits
+    search = MR2LinearClassifierCV([2.0, 8.0], cv=2, head=head, max_iter=50, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        probe = _chosen_configuration(make_pipeline(StandardScaler(), search).fit(X_fit, y_fit))
+    params = probe[-1].get_params()
+    chosen, default = MR2LinearClassifier().get_params(), ("scale" if head == "cosine" else "C")
+    other = "C" if head == "cosine" else "scale"
+    assert params[default] == search.C_ and params[other] == chosen[other]
+    assert params["head"] == head and isinstance(probe[0], StandardScaler)
