@@ -1101,3 +1101,24 @@ def test_probability_and_ranking_scorers_see_the_held_out_model_s_values(head):
                     cold.fit(X[train], y[train])
                     expected = get_scorer(scoring)(cold, X[test], y[test])
                     assert search.scores_[1][i, j] == pytest.approx(expected, abs=2e-3)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.1])  # the batched path, and a fold's own path
+def test_each_fold_is_scored_with_its_held_out_rows_weights(lam):
+    X, y = _blobs()
+    weight = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
+    folds, seen = _folds(y), []
+
+    def weighted(estimator, X, y, sample_weight=None):
+        seen.append(np.asarray(sample_weight))
+        return float(np.average(estimator.predict(X) == y, weights=sample_weight))
+
+    clf = MR2LinearClassifierCV([0.1, 1.0], cv=folds, lam=lam, scoring=weighted, max_iter=5,
+                                refit=False, device="cpu")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y, sample_weight=weight)
+    expected = [weight[test] for _, test in folds]
+    assert len(seen) == 6
+    for got in seen:
+        assert any(len(got) == len(w) and np.allclose(got, w) for w in expected)
