@@ -19,6 +19,7 @@ from sklearn.preprocessing import StandardScaler
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, TunedOffsetsClassifierCV
 from mr2_probe.cli import _OUTPUTS, main
 from mr2_probe.front import Front, FrontPoint, accuracy_front, choose_point
+from mr2_probe.metrics import classwise_summary, difficulty_groups, per_class_accuracy
 from mr2_probe.plotting import LEVER_COLOURS, plot_front
 
 
@@ -87,6 +88,13 @@ def test_front_points(front, splits):
         StandardScaler(), MR2LinearClassifier(C=0.1, class_tilt=5.0, device="cpu")
     ).fit(X_fit, y_fit)
     assert front.point("tilt=5").validation["overall"] == pytest.approx(direct.score(X_val, y_val))
+    # Its groups (easy, medium, hard) are ERM's terciles on that split, for every point.
+    erm = make_pipeline(StandardScaler(), MR2LinearClassifier(C=0.1, c_bar=None, device="cpu"))
+    labels = np.unique(y_val)
+    groups = difficulty_groups(per_class_accuracy(y_val, erm.fit(X_fit, y_fit).predict(X_val)))
+    expected = classwise_summary(y_val, direct.predict(X_val), groups, labels)
+    for group in ("easy", "medium", "hard"):
+        assert front.point("tilt=5").validation[group] == pytest.approx(expected[group])
     # The points keep unfitted configurations, ready to refit.
     assert front.point("tilt=5").estimator[-1].class_tilt == 5.0
     assert front.point("offsets≤1pt").estimator.max_accuracy_drop == 0.01
