@@ -1122,3 +1122,14 @@ def test_each_fold_is_scored_with_its_held_out_rows_weights(lam):
     assert len(seen) == 6
     for got in seen:
         assert any(len(got) == len(w) and np.allclose(got, w) for w in expected)
+
+
+@pytest.mark.parametrize("head, expected", [("linear", np.logspace(-4, 4, 4)),
+                                            ("cosine", [1.0, 10.0, 100.0, 1000.0])])  # fmt: skip
+def test_an_int_grid_is_the_documented_one(head, expected):
+    X, y = _blobs()
+    clf = MR2LinearClassifierCV(4, cv=2, head=head, max_iter=20, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+    np.testing.assert_allclose(clf.Cs_, expected)
