@@ -231,30 +231,33 @@ def _split_of(relative: str) -> str | None:
 
 
 def _split_pattern(files: list[str], split: str | None) -> str:
-    """A glob of ``files`` (one split's, in one folder)."""
+    """A glob of ``files`` (one split's, in one folder), escaped, with their extension."""
     named = split is not None and all(os.path.basename(f).lower().startswith(split) for f in files)
     name = os.path.basename(files[0])[: len(split)] if named else ""
-    return os.path.join(os.path.dirname(files[0]), f"{name}*.parquet")
+    extension = os.path.splitext(files[0])[1]
+    return os.path.join(glob.escape(os.path.dirname(files[0])), f"{glob.escape(name)}*{extension}")
 
 
-def _check_one_split(where: str, base: str, files: list[str]) -> None:
-    """Refuse ``files`` (paths under ``base``) of several splits (train and test), or of
-    one split in several folders (a dataset's configs, each a copy of its images)."""
+def _check_one_split(where: str, base: str, files: list[str], configs: bool) -> None:
+    """Refuse ``files`` (paths under ``base``) of several splits (train and test), or,
+    with ``configs`` (a dataset folder), of one split in several folders: a repository's
+    configs, each a copy of its images. A pattern may name several folders on purpose."""
     by_split: dict[str | None, list[str]] = {}
     for f in files:
         by_split.setdefault(_split_of(os.path.relpath(f, base)), []).append(f)
-    split = "train" if "train" in by_split else next(iter(sorted(by_split, key=str)))
+    named = sorted(s for s in by_split if s is not None)
+    split = "train" if "train" in by_split else (named[0] if named else None)
     first = os.path.dirname(by_split[split][0])
     example = _split_pattern([f for f in by_split[split] if os.path.dirname(f) == first], split)
     if len(by_split) > 1:
         names = sorted(str(s) for s in by_split)
         raise TableError(f"{where} holds the splits {names}; read one, e.g. parquet:{example}.")
     folders = sorted({os.path.relpath(os.path.dirname(f), base) for f in files})
-    if len(folders) > 1:
+    if configs and len(folders) > 1:
         raise TableError(
             f"{where} holds files of one split in several folders {folders[:4]}, as a "
-            f"dataset's configs (each a copy of its images) are; read one, e.g. "
-            f"parquet:{example}."
+            "dataset's configs (each a copy of its images) are; read one (or several, with a "
+            f"pattern that names them), e.g. parquet:{example}."
         )
 
 
@@ -273,10 +276,10 @@ def _dataset_folder(folder: str) -> list[str]:
         with open(state) as fh:
             files = [os.path.join(folder, d["filename"]) for d in json.load(fh)["_data_files"]]
         return [os.path.abspath(f) for f in files]
-    files = sorted(glob.glob(os.path.join(folder, "**", "*.parquet"), recursive=True))
+    files = sorted(glob.glob(os.path.join(glob.escape(folder), "**", "*.parquet"), recursive=True))
     if not files:
         raise TableError(f"The folder {folder!r} holds no .parquet files.")
-    _check_one_split(f"The folder {folder!r}", folder, files)
+    _check_one_split(f"The folder {folder!r}", folder, files, configs=True)
     return [os.path.abspath(f) for f in files]
 
 
@@ -432,7 +435,7 @@ def parquet_files(
     paths = _dataset_folder(pattern) if folder else expand_pattern(pattern, "parquet")
     root = os.path.abspath(pattern) if folder else container_root(paths)
     if not folder:
-        _check_one_split(f"The pattern {pattern!r}", root, paths)
+        _check_one_split(f"The pattern {pattern!r}", root, paths, configs=False)
     sizes, mtimes = stat_containers(paths)
     indexes, columns = zip(*(_index_file(p, image_key, label_key) for p in paths), strict=True)
     if len(set(columns)) > 1:

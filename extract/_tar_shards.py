@@ -308,16 +308,19 @@ _COMPRESSED = (".gz", ".tgz", ".bz2", ".tbz2", ".xz", ".txz", ".zst", ".lz4")
 _COMPRESSED_TARS = (".tgz", ".tbz2", ".txz", *(f".tar{suffix}" for suffix in _COMPRESSED))
 
 
-# The first bytes of gzip, bzip2, xz and zstd streams: a compressed shard named .tar.
-_COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+# The first bytes of gzip, xz and zstd streams, and bzip2's whole signature (a tar's first
+# member name may start with "BZh"): a compressed shard named .tar.
+_COMPRESSED_MAGIC = (b"\x1f\x8b", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+_BZIP2 = re.compile(rb"BZh[1-9]1AY&SY")
 
 
 def _compressed_content(path: str) -> bool:
     try:
         with open(path, "rb") as fh:
-            return fh.read(6).startswith(_COMPRESSED_MAGIC)
+            head = fh.read(10)
     except OSError:  # unreadable: said so where the shard is indexed
         return False
+    return head.startswith(_COMPRESSED_MAGIC) or _BZIP2.match(head) is not None
 
 
 def _shard_paths(pattern: str) -> list[str]:

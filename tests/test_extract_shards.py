@@ -1,6 +1,7 @@
 """WebDataset tar shards and Parquet / Arrow files as sources: index, rows, stores, resumption."""
 
 import gc
+import glob
 import hashlib
 import io
 import json
@@ -278,6 +279,17 @@ def test_a_compressed_shard_is_refused_in_a_folder_as_in_a_pattern(tmp_path, as_
         open_source(source)  # a gzipped shard named .tar was called damaged
 
 
+def test_a_shard_whose_first_member_starts_like_bzip2_is_no_compressed_shard(tmp_path):
+    import bz2
+
+    samples = [{"__key__": "BZhang_001", "jpg": b"x", "cls": "0"}]
+    shard = _write_shard(tmp_path / "00000.tar", samples)
+    assert open_source(f"webdataset:{shard}").ids == ["BZhang_001"]
+    shard.write_bytes(bz2.compress(shard.read_bytes()))
+    with pytest.raises(ValueError, match="is compressed"):
+        open_source(f"webdataset:{shard}")
+
+
 def test_hidden_files_in_a_shard_folder_are_no_shards(tmp_path):
     # macOS's AppleDouble ._00000.tar made the folder "damaged at byte 0"; a glob skips it.
     samples = [{"__key__": f"s{k}", "jpg": b"x", "cls": "0"} for k in range(2)]
@@ -513,8 +525,8 @@ def test_a_dataset_s_configs_and_a_pattern_of_several_splits_are_refused(tmp_pat
         open_source(f"parquet:{tmp_path}/repo")
     suggested = re.search(match, str(refused.value)).group(1)
     assert len(open_source(f"parquet:{suggested}")) == 2
-    with pytest.raises(TableError, match="one split in several folders"):
-        open_source(f"parquet:{tmp_path}/repo/*/train-*.parquet")
+    # A pattern names its folders on purpose: both configs, if asked for.
+    assert len(open_source(f"parquet:{tmp_path}/repo/*/train-*.parquet")) == 4
     _table(tmp_path / "repo" / "160px" / "validation-00000-of-00001.parquet",
            {"image": [b"c"], "label": [0]})  # fmt: skip
     match = r"pattern .* holds the splits \['train', 'validation'\]; read one, e.g. parquet:(.*)\.$"
@@ -522,6 +534,33 @@ def test_a_dataset_s_configs_and_a_pattern_of_several_splits_are_refused(tmp_pat
         open_source(f"parquet:{tmp_path}/repo/160px/*.parquet")
     suggested = re.search(match, str(refused.value)).group(1)
     assert len(open_source(f"parquet:{suggested}")) == 2
+
+
+def test_a_split_over_folders_opens_by_pattern_and_suggestions_open(tmp_path):
+    # Partitions of one split (part1/, part2/) opened before the configs check refused
+    # every pattern over several folders; a suggestion could name the refused files again
+    # (files without a split name), end in .parquet for Arrow files, or not be escaped.
+    for part in ("part1", "part2"):
+        (tmp_path / "A" / part).mkdir(parents=True)
+        _table(tmp_path / "A" / part / "00000.parquet", {"image": [b"a"], "label": [0]})
+    assert len(open_source(f"parquet:{tmp_path}/A/{{part1,part2}}/*.parquet")) == 2
+    with pytest.raises(TableError, match="several folders"):
+        open_source(f"parquet:{tmp_path}/A")  # a folder: as configs, said with the remedy
+    match = r"holds the splits .*; read one, e.g. parquet:(.*)\.$"
+    (tmp_path / "C").mkdir()
+    for name in ("00000.parquet", "test-00000.parquet"):
+        _table(tmp_path / "C" / name, {"image": [b"a"], "label": [0]})
+    (tmp_path / "E[v2]" / "train").mkdir(parents=True)
+    (tmp_path / "E[v2]" / "test").mkdir()
+    for split in ("train", "test"):
+        _arrow_stream(tmp_path / "E[v2]" / split / "data-00000-of-00001.arrow",
+                      pa.table({"image": [b"a"], "label": [0]}), 1)  # fmt: skip
+    arrows = f"{glob.escape(str(tmp_path / 'E[v2]'))}/*/*.arrow"
+    for source, rows in ((f"{tmp_path}/C", 1), (arrows, 1)):
+        with pytest.raises(TableError, match=match) as refused:
+            open_source(f"parquet:{source}")
+        suggested = re.search(match, str(refused.value)).group(1)
+        assert len(open_source(f"parquet:{suggested}")) == rows
 
 
 def _arrow_stream(path, table, batch_rows):
