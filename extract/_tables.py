@@ -11,6 +11,7 @@ the part of row groups.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
 import itertools
@@ -219,6 +220,10 @@ def _drop_cursor(state: dict) -> None:
         cursor.close()
 
 
+# datasets' cache files: <builder>-<split>.arrow, or <builder>-<split>-00000-of-00003.arrow.
+_CACHE_SPLIT = re.compile(r".+-(train|test|validation)(?:-\d{5}-of-\d{5})?$", re.I)
+
+
 def _split_of(relative: str) -> str | None:
     """The split a file of a Hugging Face dataset folder belongs to, from its path."""
     parts = relative.split(os.sep)
@@ -227,15 +232,22 @@ def _split_of(relative: str) -> str | None:
         match = _SPLIT.match(part)
         if match:
             return match.group(1).lower()
-    return None
+    match = _CACHE_SPLIT.match(parts[-1])
+    return match.group(1).lower() if match else None
 
 
-def _split_pattern(files: list[str], split: str | None) -> str:
-    """A glob of ``files`` (one split's, in one folder), escaped, with their extension."""
-    named = split is not None and all(os.path.basename(f).lower().startswith(split) for f in files)
-    name = os.path.basename(files[0])[: len(split)] if named else ""
-    extension = os.path.splitext(files[0])[1]
-    return os.path.join(glob.escape(os.path.dirname(files[0])), f"{glob.escape(name)}*{extension}")
+def _split_pattern(group: list[str], split: str | None, files: list[str]) -> str:
+    """A glob, escaped, of the ``group`` of ``files`` (one split's, in one folder): the
+    split's name where their names start with it, else their longest common stem, and
+    their extension; the first file itself if that would match other files."""
+    folder, extension = os.path.dirname(group[0]), os.path.splitext(group[0])[1]
+    stems = [os.path.splitext(os.path.basename(f))[0] for f in group]
+    named = split is not None and all(stem.lower().startswith(split) for stem in stems)
+    prefix = stems[0][: len(split)] if named else os.path.commonprefix(stems)
+    pattern = os.path.join(glob.escape(folder), f"{glob.escape(prefix)}*{extension}")
+    if any(fnmatch.fnmatchcase(f, pattern) for f in set(files) - set(group)):
+        return glob.escape(group[0])
+    return pattern
 
 
 def _check_one_split(where: str, base: str, files: list[str], configs: bool) -> None:
@@ -248,7 +260,8 @@ def _check_one_split(where: str, base: str, files: list[str], configs: bool) -> 
     named = sorted(s for s in by_split if s is not None)
     split = "train" if "train" in by_split else (named[0] if named else None)
     first = os.path.dirname(by_split[split][0])
-    example = _split_pattern([f for f in by_split[split] if os.path.dirname(f) == first], split)
+    group = [f for f in by_split[split] if os.path.dirname(f) == first]
+    example = _split_pattern(group, split, files)
     if len(by_split) > 1:
         names = sorted(str(s) for s in by_split)
         raise TableError(f"{where} holds the splits {names}; read one, e.g. parquet:{example}.")

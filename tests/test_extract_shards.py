@@ -563,6 +563,21 @@ def test_a_split_over_folders_opens_by_pattern_and_suggestions_open(tmp_path):
         assert len(open_source(f"parquet:{suggested}")) == rows
 
 
+def test_the_splits_of_datasets_cache_files_are_told_apart(tmp_path):
+    # <builder>-<split>[-NNNNN-of-NNNNN].arrow: three splits were read as one source.
+    for split in ("train", "test", "validation"):
+        for shard in ("-00000-of-00002", "-00001-of-00002"):
+            _arrow_stream(tmp_path / f"beans-{split}{shard}.arrow",
+                          pa.table({"image": [b"a"], "label": [0]}), 1)  # fmt: skip
+    match = r"splits \['test', 'train', 'validation'\]; read one, e.g. parquet:(.*)\.$"
+    with pytest.raises(TableError, match=match) as refused:
+        open_source(f"parquet:{tmp_path}/*.arrow")
+    suggested = re.search(match, str(refused.value)).group(1)
+    assert os.path.basename(suggested).startswith("beans-train")
+    assert len(open_source(f"parquet:{suggested}")) == 2
+    assert len(open_source(f"parquet:{tmp_path}/beans-test-*.arrow")) == 2
+
+
 def _arrow_stream(path, table, batch_rows):
     with pa.ipc.new_stream(path, table.schema) as sink:
         for batch in table.to_batches(max_chunksize=batch_rows):
