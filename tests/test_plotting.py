@@ -151,6 +151,11 @@ def test_class_std_curve_is_the_spread_itself(tmp_path):
     assert (curve > 0).all()
     spreads = np.nanstd(search.class_accuracy_path_, axis=2).mean(0)
     np.testing.assert_allclose(curve, spreads, rtol=1e-6)
+    # The other curves are each fold's balanced and worst-class accuracy, averaged.
+    curves, path = cv_curves(search, "class_std"), search.class_accuracy_path_
+    np.testing.assert_allclose(curves["worst_class"], np.nanmin(path, axis=2).mean(0))
+    np.testing.assert_allclose(curves["balanced_accuracy"], np.nanmean(path, axis=2).mean(0))
+    assert not np.allclose(curves["worst_class"], np.nanmin(path, axis=2).min(0))
     fig = plot_cv_curve({"MR2": search}, tmp_path / "cv.png", "class_std")
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert "MR2 class_std (lower is better)" in labels
