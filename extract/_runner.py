@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import glob
 import itertools
 import json
 import logging
@@ -56,6 +55,7 @@ from ._store import (
     output_target,
     read_attrs,
     shard_path,
+    shards_beside,
     store_lock,
     write_rows,
 )
@@ -483,8 +483,7 @@ def _rebuilding(merged: Path, world_size: int | None) -> bool:
     the one they replace)."""
     identity = _identity(merged)
     if world_size is None:
-        pattern = f"{glob.escape(merged.stem)}.shard-*-of-*{glob.escape(merged.suffix)}"
-        paths = sorted(merged.parent.glob(pattern))
+        paths = shards_beside(merged)
     else:
         paths = [shard_path(merged, r, world_size) for r in range(world_size)]
     for path in paths:

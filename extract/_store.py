@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import itertools
 import json
 import logging
@@ -536,17 +537,23 @@ def check_format(path: str | os.PathLike, attrs: dict) -> None:
     version = attrs.get("format_version")
     if version == FORMAT_VERSION:
         return
+    check_not_newer(path, attrs)
+    raise ProvenanceError(
+        f"The feature store {os.fspath(path)!r} was written in store format {version} by an "
+        f"older mr2-extract; this version writes format {FORMAT_VERSION}, which also records "
+        f"the identity of every image. Rebuild it with --force (overwrite=True)."
+    )
+
+
+def check_not_newer(path: str | os.PathLike, attrs: dict) -> None:
+    """Refuse a store written by a newer mr2-extract, whose rows may mean other things."""
+    version = attrs.get("format_version")
     if isinstance(version, int) and version > FORMAT_VERSION:
         raise ProvenanceError(
             f"The feature store {os.fspath(path)!r} was written in store format {version} by "
             f"a newer mr2-extract (this one writes format {FORMAT_VERSION}); upgrade "
             "mr2-probe, or write to another output path."
         )
-    raise ProvenanceError(
-        f"The feature store {os.fspath(path)!r} was written in store format {version} by an "
-        f"older mr2-extract; this version writes format {FORMAT_VERSION}, which also records "
-        f"the identity of every image. Rebuild it with --force (overwrite=True)."
-    )
 
 
 def _differences(
@@ -915,9 +922,7 @@ def load_features(
     f = _open_for_reading(path)
     try:
         attrs = read_attrs(f)
-        version = attrs.get("format_version")
-        if isinstance(version, int) and version > FORMAT_VERSION:
-            check_format(path, attrs)  # a newer format's rows may mean other things: refused
+        check_not_newer(path, attrs)  # older formats are read
         labels = f["labels"][:]
         n = len(labels)
         status = f["status"][:] if "status" in f else np.full(n, DONE, np.uint8)
@@ -975,6 +980,12 @@ def shard_path(out: str | os.PathLike, rank: int, world_size: int) -> Path:
     """``features.h5`` -> ``features.shard-00001-of-00004.h5``."""
     out = Path(out)
     return out.with_name(f"{out.stem}.shard-{rank:05d}-of-{world_size:05d}{out.suffix}")
+
+
+def shards_beside(out: str | os.PathLike) -> list[Path]:
+    """The shards of ``out`` there are, of any number of ranks (:func:`shard_path`'s names)."""
+    out = Path(out)
+    return sorted(out.parent.glob(f"{glob.escape(out.stem)}.shard-*-of-*{glob.escape(out.suffix)}"))
 
 
 def merge_shards(
