@@ -831,6 +831,8 @@ def test_the_report_records_the_inputs_it_was_measured_on(stores, files, tmp_pat
     assert train["failed_images_left_out"] == 0
     assert train["samples_per_class"] == dict.fromkeys(FASHION, 30) and train["samples"] == 90
     assert test["samples_per_class"] == dict.fromkeys(FASHION, 10)
+    # In class order (Fashion-MNIST's, not alphabetical), as every per-class table lists them.
+    assert list(train["samples_per_class"]) == list(test["samples_per_class"]) == list(FASHION)
     main([str(files / "train.npz"), "--out", str(out), "--no-progress"])
     inputs = json.loads((out / "report.json").read_text())["inputs"]
     assert inputs["test"]["held_out_of"] == inputs["train"]["path"]

@@ -513,3 +513,30 @@ def test_the_front_s_probe_is_the_one_the_search_chose(splits, head):
     other = "C" if head == "cosine" else "scale"
     assert params[default] == search.C_ and params[other] == chosen[other]
     assert params["head"] == head and isinstance(probe[0], StandardScaler)
+
+
+@pytest.mark.parametrize("with_mr2", [True, False])
+def test_plot_front_tilt_curve_starts_at_the_untilted_point_in_both_axes(tmp_path, with_mr2):
+    # The tilt sweep starts from the MR² model, or from ERM when there is no MR² point:
+    # its line is drawn from that point in each axis (worst class, hard tercile).
+    def point(name, lever, value, overall, worst, hard):
+        scores = {"overall": overall, "worst": worst, "hard": hard}
+        return FrontPoint(name, lever, value, None, scores, None)
+
+    points = [point("ERM", "ERM", None, 0.90, 0.50, 0.70)]
+    if with_mr2:
+        points.append(point("MR2", "MR2", None, 0.89, 0.55, 0.72))
+    points += [
+        point("tilt=1", "tilt", 1.0, 0.88, 0.60, 0.74),
+        point("tilt=5", "tilt", 5.0, 0.85, 0.65, 0.77),
+    ]
+    fig = plot_front(Front(points, bound=0.05, chosen="tilt=1"), tmp_path / "f.png")
+    start = points[1] if with_mr2 else points[0]
+    for ax, column in zip(fig.axes[:2], ("worst", "hard"), strict=True):
+        curve = next(line for line in ax.lines if len(line.get_xdata()) == 3)
+        assert list(curve.get_xdata()) == pytest.approx(
+            [100 * p.validation["overall"] for p in [start, *points[-2:]]]
+        )
+        assert list(curve.get_ydata()) == pytest.approx(
+            [100 * p.validation[column] for p in [start, *points[-2:]]]
+        )
