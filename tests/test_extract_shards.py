@@ -30,7 +30,7 @@ from extract import (  # noqa: E402
 )
 from extract._images import label_kind_problem  # noqa: E402
 from extract._store import PENDING  # noqa: E402
-from extract._tables import TableError  # noqa: E402
+from extract._tables import TableError, _drop_cursor  # noqa: E402
 from extract._tar_shards import ShardError, tar_members  # noqa: E402
 from extract._testing import (  # noqa: E402
     hf_image_schema,
@@ -492,6 +492,38 @@ def test_rows_without_image_bytes_say_where_the_image_is(tmp_path):
     assert first == bytearray(b"a") and isinstance(second, LookupError)
     assert str(second) == "the row holds no image bytes (it refers to 'x.jpg' instead)"
     assert str(third) == "the row holds no image bytes"  # no image at all
+
+
+def test_a_damaged_page_fails_the_rows_of_its_row_group_alone(tmp_path):
+    # Rows are read a record batch at a time: a page header that cannot be read fails the
+    # rows of its row group, each on its own, and the next row group reads as before.
+    images = [bytes([i]) * 3000 for i in range(40)]
+    schema = pa.schema([pa.field("image", pa.binary(), nullable=False), ("label", pa.int64())])
+    path = _table(
+        tmp_path / "t.parquet",
+        {"image": images, "label": np.arange(40) % 2},
+        schema=schema,
+        row_group_size=20,
+        use_dictionary=False,
+        compression="none",
+        write_batch_size=4,
+        data_page_size=8000,
+        write_statistics=False,  # page headers without min and max images
+    )
+    raw = bytearray(path.read_bytes())
+    # Uncompressed plain pages: each value is its length and its bytes; between rows 3 and
+    # 4 lies the header of the row group's second page.
+    end = raw.find((3000).to_bytes(4, "little") + images[3]) + 3004
+    start = raw.find((3000).to_bytes(4, "little") + images[4])
+    assert 0 < end < start < end + 64
+    raw[end:start] = b"\xff" * (start - end)
+    path.write_bytes(raw)
+    src = open_source(f"parquet:{path}")
+    state = {}
+    read = src.archive.read(src.root, list(range(40)), state)
+    _drop_cursor(state)
+    assert all(isinstance(r, OSError) and "page header" in str(r) for r in read[:20])
+    assert read[20:] == images[20:]
 
 
 def test_class_label_out_of_range_is_refused(tmp_path):
