@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import sysconfig
 import warnings
 from numbers import Integral, Real
 
@@ -144,13 +145,29 @@ _INSIDE = tuple(
 )
 
 
+# The standard library's own modules, not the packages installed in it: a worker thread's
+# frames start in them (threading, multiprocessing.pool, concurrent.futures).
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+_INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def _passed_through(filename: str) -> bool:
+    """Whether a frame of ``filename`` is skipped on the way to the caller's: this package,
+    scikit-learn and joblib, and the standard library's modules between them."""
+    if filename.startswith(_INSIDE):
+        return True
+    return filename.startswith(_STDLIB) and not any(part in filename for part in _INSTALLED)
+
+
 def _outside_stacklevel() -> int:
     """``stacklevel`` for a ``warnings.warn`` in this function's caller: that of the first
-    frame outside this package, scikit-learn and joblib."""
+    frame outside this package, scikit-learn, joblib and the standard library; in a worker
+    thread (joblib's threading backend), whose stack holds no caller's frame, the
+    ``warnings.warn`` call's own, not the thread pool's."""
     frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INSIDE):
+    while frame is not None and _passed_through(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
-    return level
+    return 1 if frame is None else level
 
 
 class MR2LinearClassifier(ClassifierMixin, BaseEstimator):

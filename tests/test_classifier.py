@@ -983,6 +983,24 @@ def test_convergence_warnings_point_at_the_callers_fit():
         assert short and {w.filename for w in short} == {__file__}
 
 
+def test_convergence_warnings_of_worker_threads_name_the_library():
+    # A fit in one of joblib's worker threads has no caller's frame on its stack: its
+    # warning pointed at the thread pool (multiprocessing/pool.py), now at the warning's
+    # own line in this package.
+    X, y = load_iris(return_X_y=True)
+    inside = {__file__, os.path.abspath(sys.modules[MR2LinearClassifier.__module__].__file__)}
+    for search in (
+        MR2LinearClassifierCV(Cs=[1.0, 10.0], lam=0.5, max_iter=2, device="cpu", n_jobs=2),
+        GridSearchCV(MR2LinearClassifier(max_iter=2, device="cpu"), {"C": [1, 10]}, n_jobs=2),
+    ):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with joblib.parallel_config(backend="threading"):
+                search.fit(X, y)
+        short = {w.filename for w in caught if issubclass(w.category, ConvergenceWarning)}
+        assert short == inside  # the refit's in the caller's thread
+
+
 def _demo_split():
     from sklearn.model_selection import train_test_split
 
