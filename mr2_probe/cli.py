@@ -463,7 +463,9 @@ def _run(args, given: frozenset = frozenset()) -> int:
         return np.asarray(labels) if names is None else np.asarray(names)[labels]
 
     predictions = {name: named(model.predict(X_test)) for name, model in fitted.items()}
-    report = classwise_report(predictions, named(y_test), reference=erm_name)
+    # The classes in the order of their codes (class_names.json), not sorted by name.
+    order = named(np.unique(y_test))
+    report = classwise_report(predictions, named(y_test), reference=erm_name, labels=order)
     search = {
         name: {key.removeprefix("probe__"): v for key, v in model.best_params_.items()}
         for name, model in models.items()

@@ -98,7 +98,9 @@ class ClasswiseReport:
         return self.to_text()
 
 
-def classwise_report(models: Mapping, y, X=None, *, reference: str | None = None):
+def classwise_report(
+    models: Mapping, y, X=None, *, reference: str | None = None, labels=None
+) -> ClasswiseReport:
     """Compare fitted models (or their predictions) class by class on one test set.
 
     Parameters
@@ -114,6 +116,10 @@ def classwise_report(models: Mapping, y, X=None, *, reference: str | None = None
     reference : str, default=None
         Name of the model that fixes the easy / medium / hard groups (by convention the
         ERM probe); defaults to the first model.
+    labels : array-like, default=None
+        The classes of ``y``, each once, in the order the report lists them and in which
+        it breaks ties between classes of equal reference accuracy when it groups them
+        (default: sorted). Names of integer codes, for instance, in the codes' order.
 
     Returns
     -------
@@ -140,7 +146,7 @@ def classwise_report(models: Mapping, y, X=None, *, reference: str | None = None
         raise ValueError(f"reference must be one of {list(named)}, got {reference!r}.")
     models = named
     predictions = {name: _predictions(name, model, X) for name, model in models.items()}
-    labels = np.unique(y)
+    labels = np.unique(y) if labels is None else _class_order(labels, y)
     groups = class_groups(y, predictions[reference], labels)
     return ClasswiseReport(
         reference=reference,
@@ -151,6 +157,21 @@ def classwise_report(models: Mapping, y, X=None, *, reference: str | None = None
             name: per_class_accuracy(y, pred, labels).tolist() for name, pred in predictions.items()
         },
     )
+
+
+def _class_order(labels, y) -> np.ndarray:
+    """``labels`` checked to hold each class of ``y`` once."""
+    labels, classes = np.asarray(labels), np.unique(y)
+    if (
+        labels.ndim != 1
+        or len(labels) != len(classes)
+        or set(labels.tolist()) != set(classes.tolist())
+    ):
+        raise ValueError(
+            f"labels must hold each class of y once, in the order to report them; y has the "
+            f"classes {classes.tolist()}, labels are {labels.tolist()}."
+        )
+    return labels
 
 
 def _as_text(labels: list) -> list:

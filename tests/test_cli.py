@@ -833,6 +833,14 @@ def test_the_report_records_the_inputs_it_was_measured_on(stores, files, tmp_pat
     assert test["samples_per_class"] == dict.fromkeys(FASHION, 10)
     # In class order (Fashion-MNIST's, not alphabetical), as every per-class table lists them.
     assert list(train["samples_per_class"]) == list(test["samples_per_class"]) == list(FASHION)
+    # So are the report's classes: they were sorted by name, while class_names.json and the
+    # models' predictions (codes) are in code order.
+    # Every class is predicted perfectly: the tie is broken in class order, as the front's.
+    report = json.loads((out / "report.json").read_text())
+    assert report["labels"] == FASHION and report["groups"] == ["easy", "medium", "hard"]
+    table = (out / "report.txt").read_text()
+    at = [table.index(f"\n{name} ") for name in FASHION]
+    assert at == sorted(at)
     main([str(files / "train.npz"), "--out", str(out), "--no-progress"])
     inputs = json.loads((out / "report.json").read_text())["inputs"]
     assert inputs["test"]["held_out_of"] == inputs["train"]["path"]
@@ -894,8 +902,8 @@ def test_saved_models_score_a_store_as_extract_loads_it(stores, tmp_path, capsys
             assert set(model.predict(store.features)) <= {0, 1, 2}
     names = json.loads((out / "class_names.json").read_text())
     assert names == FASHION
-    # The report speaks of the class names.
-    assert report["labels"] == sorted(FASHION) and "Ankle boot" in capsys.readouterr().out
+    # The report speaks of the class names, in the order of their codes.
+    assert report["labels"] == FASHION and "Ankle boot" in capsys.readouterr().out
     # The README's snippet for a store whose classes are coded otherwise (reversed order).
     with load_features(stores / "reversed.h5") as store:
         code = {name: k for k, name in enumerate(names)}

@@ -223,3 +223,17 @@ def test_an_empty_test_set_is_named():
 def test_models_whose_names_read_alike_are_refused():
     with pytest.raises(ValueError, match="distinct names as text"):
         classwise_report({1: [0, 1], "1": [0, 1]}, [0, 1])
+
+
+def test_labels_order_the_classes_and_break_ties_in_that_order():
+    y = ["b", "a", "c", "a"]
+    models = {"erm": ["b", "a", "c", "c"], "mr2": ["b", "b", "c", "a"]}
+    report = classwise_report(models, y, labels=["c", "b", "a"])
+    assert report.labels == ["c", "b", "a"]
+    assert report.per_class == {"erm": [1.0, 1.0, 0.5], "mr2": [1.0, 1.0, 0.5]}
+    # c and b tie at 100%: the first in the given order is the easy one.
+    assert report.groups == ["easy", "medium", "hard"]
+    assert classwise_report(models, y).groups == ["hard", "easy", "medium"]  # a, b, c
+    for labels in (["c", "b"], ["c", "b", "a", "a"], ["c", "b", "d"], [["a", "b", "c"]]):
+        with pytest.raises(ValueError, match="labels must hold each class of y once"):
+            classwise_report(models, y, labels=labels)
