@@ -5,10 +5,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_digits
+from sklearn.datasets import load_digits, load_iris
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import balanced_accuracy_score
+from sklearn.metrics import balanced_accuracy_score, check_scoring
 from sklearn.model_selection import GridSearchCV, StratifiedKFold
 
 from mr2_probe import MR2LinearClassifier
@@ -379,3 +379,69 @@ def test_labels_that_are_no_classes_and_groups_of_another_length_are_refused():
             score([], [])
     with pytest.raises(ValueError, match=r"one group index per class \(3, .* shape \(2,\)"):
         classwise_summary([0, 1, 2], [0, 1, 1], groups=[0, 1])
+
+
+def test_label_kinds_and_shapes_are_checked_before_scoring():
+    # Bytes labels (h5py's strings) against text ones scored every class 0.
+    with pytest.raises(ValueError, match="Mix of label input types"):
+        per_class_accuracy([b"a", b"b"], ["a", "b"])
+    # The message names the two inputs that differ.
+    with pytest.raises(ValueError, match="y_true holds .* and y_pred"):
+        per_class_accuracy([0, 1], ["0", "1"])
+    with pytest.raises(ValueError, match="labels must be a 1-D list"):
+        per_class_accuracy([0, 1, 1], [0, 1, 0], labels=[[0, 1]])
+    for weight in ([np.inf, 1.0], [np.nan, 1.0]):
+        with pytest.raises(ValueError, match="finite"):
+            worst_class_accuracy([0, 1], [0, 1], sample_weight=weight)
+
+
+def test_fewer_classes_than_groups_spread_from_easy_to_hard():
+    # Rounded positions on the scale of groups: the middle of three classes in four groups
+    # is group 2 (1.5 rounds to 2), not 1.
+    np.testing.assert_array_equal(difficulty_groups([0.9, 0.5, 0.1], n_groups=4), [0, 2, 3])
+
+
+def test_a_group_scores_the_mean_of_its_classes():
+    # Three hard classes at 1, 1 and 0: their mean (2/3), not their median.
+    y = np.repeat(np.arange(9), 2)
+    pred = y.copy()
+    pred[y == 8] = 0
+    groups = {k: ("easy", "medium", "hard")[k // 3] for k in range(9)}
+    summary = classwise_summary(y, pred, groups)
+    assert summary["hard"] == pytest.approx(2 / 3)
+    assert group_accuracy(y, pred, groups, "hard") == pytest.approx(2 / 3)
+
+
+def test_a_group_without_samples_is_nan_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isnan(group_accuracy([0, 0], [0, 0], {0: "easy", 1: "hard"}, "hard"))
+
+
+def test_group_scorers_score_their_own_group():
+    X, y = load_iris(return_X_y=True)
+    model = LogisticRegression(max_iter=1000).fit(X[:, :1], y)  # weak: groups differ
+    pred = model.predict(X[:, :1])
+    groups = class_groups(y, pred)
+    scores = {g: group_accuracy(y, pred, groups, g) for g in ("easy", "medium", "hard")}
+    assert len(set(scores.values())) == 3
+    for g, score in scores.items():
+        assert make_group_scorer(groups, g)(model, X[:, :1], y) == pytest.approx(score)
+    scorers = classwise_scorers(groups)
+    for g, score in scores.items():
+        assert scorers[g](model, X[:, :1], y) == pytest.approx(score)
+    # A group that holds no class gets no scorer (it would raise inside a search).
+    assert set(classwise_scorers({0: "easy", 1: "hard"})) == {
+        "accuracy", "balanced_accuracy", "worst_class", "hard_tercile", "class_std", "easy",
+        "hard",
+    }  # fmt: skip
+
+
+def test_the_balanced_accuracy_scorer_is_balanced():
+    X, y = load_iris(return_X_y=True)
+    keep = np.r_[0:50, 50:60, 100:150]  # 50, 10 and 50 samples
+    X, y = X[keep][:, :1], y[keep]
+    model = LogisticRegression(max_iter=1000).fit(X, y)
+    scorer = check_scoring(model, classwise_scorers()["balanced_accuracy"])
+    assert scorer(model, X, y) == pytest.approx(balanced_accuracy_score(y, model.predict(X)))
+    assert scorer(model, X, y) != pytest.approx(model.score(X, y))
