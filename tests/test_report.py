@@ -8,7 +8,7 @@ from sklearn.datasets import load_iris
 from sklearn.linear_model import LogisticRegression
 
 from mr2_probe.metrics import classwise_summary
-from mr2_probe.report import COLUMNS, ClasswiseReport, classwise_report
+from mr2_probe.report import COLUMNS, ClasswiseReport, classwise_report, in_percent
 
 Y = np.array(["cat", "cat", "dog", "dog", "eel", "eel"])
 MODELS = {
@@ -237,3 +237,50 @@ def test_labels_order_the_classes_and_break_ties_in_that_order():
     for labels in (["c", "b"], ["c", "b", "a", "a"], ["c", "b", "d"], [["a", "b", "c"]]):
         with pytest.raises(ValueError, match="labels must hold each class of y once"):
             classwise_report(models, y, labels=labels)
+
+
+def test_text_and_markdown_tables_exactly():
+    # Names left-aligned and numbers right-aligned, each column as wide as its longest cell
+    # (at least 9) with a gap of two; classes from the reference's best to its worst.
+    models = {"erm": list("aabccc"), "a_very_long_name": list("abbcca")}
+    report = classwise_report(models, list("abbccc"))
+    assert report.to_text(per_class=True) == "\n".join(
+        [
+            "model             overall     easy   medium     hard    worst      std",
+            "----------------------------------------------------------------------",
+            "erm                 83.33   100.00   100.00    50.00    50.00    23.57",
+            "a_very_long_name    83.33   100.00    66.67   100.00    66.67    15.71",
+            "test accuracy in %; easy / medium / hard: class terciles of erm; std: spread of "
+            "per-class accuracy",
+            "class    group      erm  a_very_long_name",
+            "-----------------------------------------",
+            "a         easy   100.00            100.00",
+            "c       medium   100.00             66.67",
+            "b         hard    50.00            100.00",
+        ]
+    )
+    markdown = report.to_markdown(per_class=True).split("\n\n")
+    assert markdown[0].splitlines()[3] == (
+        "| a\\_very\\_long\\_name | 83.33 | 100.00 | 66.67 | 100.00 | 66.67 | 15.71 |"
+    )
+    assert markdown[2].splitlines()[2:] == [
+        "| a | easy | 100.00 | 100.00 |",
+        "| c | medium | 100.00 | 66.67 |",
+        "| b | hard | 50.00 | 100.00 |",
+    ]
+
+
+def test_markdown_shows_entities_as_written():
+    # "&lt;" would show as "<" on GitHub.
+    report = classwise_report({"erm": ["a&lt;b", "c"]}, ["a&lt;b", "c"])
+    assert "| a\\&lt;b | easy |" in report.to_markdown(per_class=True)
+
+
+def test_percent_values_read_back_as_the_fractions_they_were_written_from():
+    data = classwise_report({"erm": [0, 1]}, [0, 1]).to_dict()
+    data["rows"]["erm"]["overall"] = 57.0  # written from 0.57
+    data["per_class"]["erm"] = [57.0, 14.000000000000002]
+    read = ClasswiseReport.from_dict(data)
+    assert read.rows["erm"]["overall"] == 0.57  # exactly: 57.0 / 100, not 57.0 * 0.01
+    assert read.per_class["erm"] == [0.57, 0.14]
+    assert in_percent({"a": [float("nan"), 0.57]}) == {"a": [None, 57.0]}
