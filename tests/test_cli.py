@@ -154,8 +154,18 @@ def test_cv_path_chooses_c_prints_the_curve_and_plots_it(files, tmp_path, capsys
         # In percent, as the rest of the file says (they were fractions).
         held_out = np.nanmin(search.class_accuracy_path_, 2).mean(0)
         np.testing.assert_allclose(curves["worst_class"], 100 * held_out)
+        assert report["cv"][name]["C"] == search.C_
+        # The printed curve is the recorded one, in percent, its chosen row marked.
+        j = list(search.Cs_).index(search.C_)
+        row = "  ".join(f"{curve[j]:17.2f}" for curve in curves.values())
+        assert f" *{search.C_:10.4g}  {row}" in printed.splitlines()
     markdown = (out / "report.md").read_text()  # the curve's columns in a fenced block
     assert "```text\nERM: chose C=" in markdown and "\n- " not in markdown
+    # Both written reports hold the per-class table, whatever --per-class printed.
+    assert "\n| class | group | ERM | MR2 |\n" in markdown
+    text = (out / "report.txt").read_text().splitlines()
+    table = text.index(next(line for line in text if line.startswith("class ")))
+    assert sorted(line.split()[0] for line in text[table + 2 : table + 5]) == ["0", "1", "2"]
     assert models["ERM"].c_bar is None and models["MR2"].c_bar == 1.0
     n_values = len(models["MR2"].Cs_)
     assert n_values == 4 if cs == "4" else 7 < n_values <= 15
@@ -541,6 +551,9 @@ def test_feature_scaling_logit_scale_and_the_deprecated_scale(files, tmp_path, c
     ]
     models = joblib.load(tmp_path / "b" / "models.joblib")
     assert all(isinstance(model[0], StandardScaler) for model in models.values())
+    # command.json records the option by its name, not the deprecated one.
+    options = json.loads((tmp_path / "b" / "command.json").read_text())
+    assert options["feature_scaling"] == "standard" and "scale" not in options
 
     cosine = ["--head", "cosine", "--logit-scale", "16", "--out", str(tmp_path / "c")]
     assert main([*data, *cosine]) == 0
@@ -693,6 +706,41 @@ def test_unsigned_store_labels_are_matched_by_name(tmp_path, capsys):
         "a": int((y_test == 0).sum()),
         "b": int((y_test == 1).sum()),
     }
+
+
+def test_the_report_records_paths_absolute_and_each_class_s_count(files, tmp_path, monkeypatch):
+    # Relative paths, a labels file for each side, classes of uneven sizes.
+    for name in ("uneven", "uneven_test"):
+        data = np.load(files / f"{name}.npz")
+        np.save(tmp_path / f"{name}_X.npy", data["X"])
+        np.save(tmp_path / f"{name}_y.npy", data["y"])
+    monkeypatch.chdir(tmp_path)
+    argv = ["uneven_X.npy", "--labels", "uneven_y.npy", "--test", "uneven_test_X.npy"]
+    argv += ["--test-labels", "uneven_test_y.npy", "--out", "run", "--no-progress"]
+    assert main(argv) == 0
+    inputs = json.loads(Path("run/report.json").read_text())["inputs"]
+    here = os.getcwd()
+    for side, name in (("train", "uneven"), ("test", "uneven_test")):
+        assert inputs[side]["path"] == os.path.join(here, f"{name}_X.npy")
+        assert inputs[side]["labels"] == os.path.join(here, f"{name}_y.npy")
+        assert inputs[side]["samples_per_class"] == {"0": 60, "1": 2, "2": 2, "3": 2}
+    # A test set held out of the training data: the split that made it.
+    argv = ["uneven_X.npy", "--labels", "uneven_y.npy", "--test-size", "0.5", "--seed", "7"]
+    assert main([*argv, "--out", "held", "--no-progress"]) == 0
+    test = json.loads(Path("held/report.json").read_text())["inputs"]["test"]
+    assert test["held_out_of"] == os.path.join(here, "uneven_X.npy")
+    assert (test["test_size"], test["seed"], test["samples"]) == (0.5, 7, 33)
+
+
+def test_a_cosine_search_of_the_scale_says_scale(files, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--head", "cosine", "--Cs", "3", "--cv", "3"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    models = joblib.load(out / "models.joblib")
+    for name in ("ERM", "MR2"):
+        assert f"{name}: chose scale={models[name].C_:.4g} by " in printed
+    assert " C=" not in printed and "       scale  " in printed
 
 
 @NEEDS_H5
