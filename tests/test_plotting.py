@@ -235,6 +235,11 @@ def test_group_accuracy_plot(tmp_path, report):
                                                          LEVER_COLOURS["offsets"]]),
         # No two models share a colour: a second ERM-like name takes the next spare one.
         (["ERM", "chosen: ERM", "LR"], "ERM", [REFERENCE, *OTHER_COLOURS[:2]]),
+        (["MR2", "MR2 grid"], None, [LEVER_COLOURS["MR2"], OTHER_COLOURS[0]]),
+        # Only the reference is grey, whatever its name.
+        (["ERM grid", "MR2"], "MR2", [OTHER_COLOURS[0], REFERENCE]),
+        # A lever is a whole word of the name.
+        (["amr2", "tilted", "offsets2"], None, list(OTHER_COLOURS[:3])),
     ],
 )  # fmt: skip
 def test_model_colours(names, reference, expected):
