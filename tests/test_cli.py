@@ -20,7 +20,7 @@ from sklearn.exceptions import ConvergenceWarning, FitFailedWarning
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
-from mr2_probe.cli import _OUTPUTS, UsageError, _grid, load_xy, main
+from mr2_probe.cli import _OUTPUTS, UsageError, _grid, _in_cli_terms, load_xy, main
 
 FASHION = ["T-shirt/top", "Trouser", "Ankle boot"]
 OUTPUTS = {
@@ -110,6 +110,59 @@ def test_a_model_short_of_tol_is_said_in_one_line(digits_files, capsys):
     said = [line for line in err if line.startswith("mr2-probe: warning:")]
     assert [line.split(":")[2].strip() for line in said] == ["ERM", "MR2"]
     assert all("its fit stopped short of tol (lbfgs did not converge" in line for line in said)
+    # The advice in the options of mr2-probe, not in the estimator's parameters.
+    assert all(
+        line.endswith("in 2 iterations (--max-iter 2). Raise --max-iter, or scale the features "
+                      "(--feature-scaling standard).)")
+        for line in said
+    )  # fmt: skip
+    assert main([*argv, "--max-iter", "2", "--feature-scaling", "standard", "--no-progress"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert len(said) == 2 and all(line.endswith("Raise --max-iter.)") for line in said)
+
+
+@pytest.mark.parametrize(
+    "message, scaling, expected",
+    [
+        (
+            "lbfgs did not converge in max_iter=5 iterations. Increase max_iter or scale the "
+            "features (e.g. StandardScaler).",
+            "l2",
+            "lbfgs did not converge in 5 iterations (--max-iter 5). Raise --max-iter, or scale the "
+            "features (--feature-scaling standard).",
+        ),
+        (
+            "The front's fits of tilt=1 stopped short. Increase max_iter, or scale the features.",
+            "standard",
+            "The front's fits of tilt=1 stopped short. Raise --max-iter.",
+        ),
+        (
+            "x: the optimum may still be some way off. Use float64 features (and scale them, "
+            "e.g. StandardScaler) for a tighter solution, or a larger tol to accept this one.",
+            None,
+            "x: the optimum may still be some way off. Use float64 features from a .npy or .npz "
+            "file (and scale them, --feature-scaling standard) for a tighter solution; "
+            "mr2-probe keeps this one.",
+        ),
+        (
+            "x: the tolerance is tighter than the precision of the data allows. Use a larger "
+            "tol (and, for features of very different magnitudes, scale them, e.g. "
+            "StandardScaler).",
+            "standard",
+            "x: the tolerance is tighter than the precision of the data allows. mr2-probe keeps "
+            "the fit as it stopped (for features of very different magnitudes, scale them, as "
+            "--feature-scaling standard does).",
+        ),
+        (
+            "(a warm start from a converged fit; use float64 features or a larger tol), or",
+            None,
+            "(a warm start from a converged fit; use float64 features from a .npy or .npz "
+            "file; mr2-probe keeps the fit as it stopped), or",
+        ),
+    ],
+)
+def test_warnings_give_their_advice_in_the_options_of_the_command(message, scaling, expected):
+    assert _in_cli_terms(message, scaling) == expected
 
 
 def test_grid_search_tunes_erm_and_mr2_alike(files, tmp_path, capsys):
@@ -1069,7 +1122,9 @@ def test_a_grid_search_in_worker_processes_counts_its_short_fits(files, capsys):
     said = [line for line in err if line.startswith("mr2-probe: warning:")]
     assert len(said) == 2 and all("5 of its 5 fits stopped short of tol" in s for s in said)
     # and the solver's own reason, the refit's, which ran in this process
-    assert all("(the refit's: lbfgs did not converge in max_iter=1 iterations" in s for s in said)
+    assert all(
+        "(the refit's: lbfgs did not converge in 1 iterations (--max-iter 1)" in s for s in said
+    )
 
 
 def test_the_front_s_short_fits_are_one_warning_line(files, capsys):
