@@ -143,6 +143,15 @@ def _error(message: object) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``mr2-extract``; returns the exit status (2 for a usage or data error)."""
     args = build_parser().parse_args(argv)
+    for flag, value, least in (
+        ("--batch-size", args.batch_size, 1),
+        ("--workers", args.workers, 0),
+        ("--image-size", args.image_size, 1),
+        ("--per-class", args.per_class, 1),
+        ("--max-items", args.max_items, 1),
+    ):
+        if value is not None and value < least:  # the options' names, not the parameters'
+            return _error(f"{flag} must be at least {least}; got {value}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     import torch
 

@@ -173,24 +173,31 @@ def test_an_interrupted_forced_run_is_told_to_resume_without_force(tmp_path, cap
 
 
 @pytest.mark.parametrize(
-    "option, value, name",
+    "option, value, name, least",
     [
-        ("--max-items", "-1", "max_items"),  # kept all but the last image
-        ("--max-items", "0", "max_items"),  # "holds no images"
-        ("--per-class", "0", "n_per_class"),
-        ("--image-size", "0", "image_size"),  # silently the model's default
-        ("--image-size", "-32", "image_size"),  # a traceback from inside the model
+        ("--max-items", "-1", "max_items", 1),  # kept all but the last image
+        ("--max-items", "0", "max_items", 1),  # "holds no images"
+        ("--per-class", "0", "n_per_class", 1),
+        ("--image-size", "0", "image_size", 1),  # silently the model's default
+        ("--image-size", "-32", "image_size", 1),  # a traceback from inside the model
+        ("--batch-size", "0", "batch_size", 1),
+        ("--workers", "-1", "num_workers", 0),
     ],
 )
 def test_counts_and_sizes_below_one_are_one_line_errors(
-    tmp_path, capsys, no_model, option, value, name
+    tmp_path, capsys, no_model, option, value, name, least
 ):
     folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
     out = tmp_path / "out.h5"
     args = [str(folder), "timm:test_resnet@random", str(out), option, value, "--no-progress"]
     assert main(args) == 2
     line = _error_line(capsys, only_line=True)
-    assert f"The '{name}' parameter must be >= 1. Got {value}" in line
+    # The option's name, not the parameter's behind it.
+    assert line == f"mr2-extract: error: {option} must be at least {least}; got {value}"
+    assert not out.exists()
+    # The library's own check names its parameter.
+    with pytest.raises(ValueError, match=f"The '{name}' parameter must be"):
+        extract_features(str(folder), "timm:test_resnet@random", out, **{name: int(value)})
     assert not out.exists()
 
 
