@@ -604,9 +604,10 @@ def open_source(
         return _utf8_paths(image_folder(text))
     if os.path.isfile(text):
         return _utf8_paths(image_list(text))
+    what = "is neither a folder nor a file" if os.path.exists(text) else "does not exist"
     raise FileNotFoundError(
-        f"The image source {text!r} is neither a folder, a list file, "
-        "'fashion-mnist:train|test[@ROOT]', 'webdataset:PATTERN' nor 'parquet:PATTERN'."
+        f"The image source {text!r} {what}; a source is a folder, a list file, "
+        "'fashion-mnist:train|test[@ROOT]', 'webdataset:PATTERN' or 'parquet:PATTERN'."
     )
 
 

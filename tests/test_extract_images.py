@@ -413,7 +413,9 @@ def test_a_folder_named_like_the_fashion_mnist_spec_is_a_folder(tmp_path, monkey
     [
         ("fashion-mnist:val", ValueError, "split must be 'train' or 'test'"),
         ("fashion-mnist:train@/nonexistent", FileNotFoundError, "dataset-fashion-mnist"),
-        ("/nonexistent/images", FileNotFoundError, "neither a folder"),
+        # A path that is not there says so first.
+        ("/nonexistent/images", FileNotFoundError, "'/nonexistent/images' does not exist; a"),
+        ("/dev/null", FileNotFoundError, "'/dev/null' is neither a folder nor a file; a source"),
     ],
 )
 def test_open_source_errors(source, error, match):
