@@ -987,7 +987,8 @@ def _inputs(args):
         except ValueError as error:
             raise UsageError(
                 f"cannot hold out --test-size {args.test_size:g} of {args.train} with every "
-                f"class in both parts: {_one_line(error)}"
+                f"class in both parts: {_one_line(error).rstrip('.')}; choose a --test-size "
+                "that leaves each class at least one sample in both parts (or pass --test)"
             ) from error
         return X, y, X_test, y_test, names, _sources(args)
     _check_not_the_training_data(args.train, args.test)
@@ -1154,7 +1155,11 @@ def _check_splits(y, grid: dict, args) -> None:
         try:
             next(StratifiedKFold(args.cv, shuffle=True, random_state=args.seed).split(rows, y))
         except ValueError as error:
-            raise UsageError(f"--cv {args.cv}: {_one_line(error)}; use fewer folds") from error
+            smallest = int(np.unique(y, return_counts=True)[1].min())
+            raise UsageError(
+                f"--cv {args.cv}: {_one_line(error).rstrip('.')}; the smallest class has "
+                f"{smallest} samples: use at most {smallest} folds"
+            ) from error
     if args.tilt or args.offsets:
         advice = "choose a --val-size that leaves each class at least one sample in both parts"
         try:

@@ -397,7 +397,14 @@ NEEDS_H5 = pytest.mark.skipif(
             "--val-size 0.02 cannot split the 72 training samples",
         ),
         (["{d}/train.npz", "--cv", "40", "--grid", "c_bar=1,2"], "--cv 40: n_splits=40 cannot"),
-        (["{d}/train.npz", "--cv", "40", "--Cs", "3"], "--cv 40: n_splits=40 cannot"),
+        (
+            ["{d}/train.npz", "--cv", "40", "--Cs", "3"],
+            "members in each class; the smallest class has 24 samples: use at most 24 folds",
+        ),
+        (
+            ["{d}/train.npz", "--test-size", "0.01"],
+            "number of classes = 3; choose a --test-size that leaves each class at least one",
+        ),
         (["{d}/train.npz", "--logit-scale", "16"], "add --head cosine, or drop --logit-scale"),
         # --Cs replaced the value given without a word.
         (["{d}/train.npz", "--Cs", "3", "--C", "2"], "--Cs chooses the value that --C sets"),
