@@ -204,6 +204,9 @@ def _render(report: ClasswiseReport, per_class: bool, table) -> str:
         f"test accuracy in %; easy / medium / hard: class terciles of {reference}; "
         "std: spread of per-class accuracy"
     )
+    empty = [g for g in GROUP_NAMES if all(_missing(report.rows[n][g]) for n in names)]
+    if empty:  # fewer classes than groups
+        note += f"; nan: no class in the {' or '.join(empty)} group"
     parts = [summary, note]
     if per_class:
         rows = [
@@ -214,10 +217,14 @@ def _render(report: ClasswiseReport, per_class: bool, table) -> str:
     return "\n\n".join(parts) if markdown else "\n".join(parts)
 
 
+def _missing(value) -> bool:
+    return value is None or math.isnan(value)
+
+
 def _cell(value) -> str:
     if isinstance(value, str):
         return value
-    return "nan" if value is None or math.isnan(value) else f"{100 * value:.2f}"
+    return "nan" if _missing(value) else f"{100 * value:.2f}"
 
 
 # Characters that Markdown gives a meaning to in a table cell, escaped with a backslash

@@ -284,3 +284,12 @@ def test_percent_values_read_back_as_the_fractions_they_were_written_from():
     assert read.rows["erm"]["overall"] == 0.57  # exactly: 57.0 / 100, not 57.0 * 0.01
     assert read.per_class["erm"] == [0.57, 0.14]
     assert in_percent({"a": [float("nan"), 0.57]}) == {"a": [None, 57.0]}
+
+
+def test_an_empty_group_is_explained_under_the_table():
+    # Two classes: easy and hard, no medium class; its "nan" cells were left unexplained.
+    report = classwise_report({"ERM": [0, 0, 1, 0], "MR2": [0, 0, 1, 1]}, [0, 0, 1, 1])
+    for text in (report.to_text(), report.to_markdown()):
+        assert text.count("nan") == 3 and text.endswith("; nan: no class in the medium group")
+    full = classwise_report({"ERM": [0, 1, 2]}, [0, 1, 2])
+    assert "nan" not in full.to_text() + full.to_markdown()
