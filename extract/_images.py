@@ -402,10 +402,11 @@ def _warn_of_unused_indices(names: list[str], labels: np.ndarray, n_classes: int
     if len(empty):
         shown = ", ".join(map(str, empty[:10])) + (" ..." if len(empty) > 10 else "")
         logger.warning(
-            "The labels are class indices 0..%d, and %d of these classes have no image (%s): "
+            "The labels are class indices 0..%d, and %d of these classes %s no image (%s): "
             "they stay among the store's class names%s.",
             n_classes - 1,
             len(empty),
+            "has" if len(empty) == 1 else "have",
             shown,
             " (labels counted from 1 leave class 0 empty)" if empty.tolist() == [0] else "",
         )

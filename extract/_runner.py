@@ -1047,8 +1047,9 @@ def _run(f, backbone, batches, rows, status, normalize, device, progress) -> Non
             bar.update(len(items))
     if n_failed:
         logger.warning(
-            "%d images were recorded in %s as failed (unreadable, or with non-finite "
+            "%d %s recorded in %s as failed (unreadable, or with non-finite "
             "features) and skipped; the store's failure_reason says why for each.",
             n_failed,
+            "image was" if n_failed == 1 else "images were",
             f.filename,
         )

@@ -925,9 +925,14 @@ def _load_store(path: str):
     store = load_features(path, in_memory=True)  # StoreError: a one-line ValueError
     if store.failures:
         first, reason = store.failures[0]
+        n = len(store.failures)
+        images = (
+            "1 image failed extraction and is"
+            if n == 1
+            else f"{n} images failed extraction and are"
+        )
         print(
-            f"mr2-probe: warning: {path}: {len(store.failures)} images failed extraction "
-            f"and are left out (the first, {first!r}: {reason})",
+            f"mr2-probe: warning: {path}: {images} left out (the first, {first!r}: {reason})",
             file=sys.stderr,
         )
     return np.asarray(store.features), np.asarray(store.labels), list(store.class_names), store
@@ -1058,7 +1063,8 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
     foreign = [name for name in held if name not in names]
     if foreign:
         raise UsageError(
-            f"{args.test} has {len(foreign)} classes that {args.train} does not "
+            f"{args.test} has {len(foreign)} class{'es' if len(foreign) > 1 else ''} that "
+            f"{args.train} does not "
             f"({_few(foreign)}); a probe cannot predict classes it was not trained on"
         )
     code = {name: k for k, name in enumerate(names)}

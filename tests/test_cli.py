@@ -730,7 +730,7 @@ def test_text_labels_are_matched_to_a_store_s_classes_by_name(stores, tmp_path, 
     X_test, y_test = _blobs(10, seed=2)
     np.savez(tmp_path / "bags.npz", X=X_test, y=np.where(y_test == 1, "Bag", "Trouser"))
     status, err = _error([str(stores / "store.h5"), "--test", str(tmp_path / "bags.npz")], capsys)
-    assert status == 2 and "has 1 classes that" in err[-1] and "('Bag')" in err[-1]
+    assert status == 2 and "has 1 class that" in err[-1] and "('Bag')" in err[-1]
     # A class the training store lists without a sample is named, as for two stores.
     no_trouser = [str(stores / "no_trouser.h5"), "--test", str(stores / "names.npz")]
     status, err = _error(no_trouser, capsys)
@@ -912,7 +912,7 @@ def test_failed_images_of_a_store_are_named_when_left_out(stores, tmp_path, caps
     X, y, _ = load_xy(str(path))
     assert len(X) == len(y) == 89
     err = capsys.readouterr().err
-    assert "1 images failed extraction and are left out (the first, 'item/00003'" in err
+    assert "1 image failed extraction and is left out (the first, 'item/00003'" in err
 
 
 @NEEDS_H5

@@ -66,7 +66,7 @@ def test_image_list(folder, lines, class_names, labels):
 @pytest.mark.parametrize(
     "labels, warning",
     [
-        (["1", "2"], r"indices 0..2, and 1 of these classes have no image \(0\).*counted from 1"),
+        (["1", "2"], r"indices 0..2, and 1 of these classes has no image \(0\).*counted from 1"),
         (["0", "3"], r"indices 0..3, and 2 of these classes have no image \(1, 2\)"),
         (["01", "1", "0"], r"The labels '01' and '1' are one class index, 1"),
         (["0", "1"], None),
