@@ -628,6 +628,17 @@ def _check_options(args) -> None:
             "--front-bound is in points of overall accuracy, between 0 and 100, e.g. 0.5; "
             f"got {args.front_bound:g}"
         )
+    for option, value in (
+        ("--front-bound", args.front_bound),
+        *(("--offsets", b) for b in args.offsets),
+    ):
+        if 0 < value < 0.05:  # a fraction, as the Python API takes it?
+            print(
+                f"mr2-probe: warning: {option} is in points of overall accuracy: {value:g} "
+                f"is {value:g} pt; the fraction {value:g}, as the Python API takes it, is "
+                f"{option} {100 * value:g}",
+                file=sys.stderr,
+            )
     bad = [b for b in args.offsets if not 0 <= b < 100]
     if bad:
         raise UsageError(

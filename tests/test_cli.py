@@ -1190,3 +1190,16 @@ def test_a_stopped_front_loses_no_fitted_model(stop, files, tmp_path, monkeypatc
     assert not (out / "front.png").exists()
     with pytest.raises(type(error)):
         main([*argv, "--debug"])
+
+
+def test_a_bound_that_reads_as_a_fraction_is_warned_of(files, capsys):
+    # --front-bound 0.005 (the Python API's bound=0.005) ran silently at 0.005 points.
+    argv = [str(files / "train.npz"), "--tilt", "1", "--offsets", "0,0.01,1"]
+    assert main([*argv, "--front-bound", "0.005", "--no-progress"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "is in points" in line]
+    assert said == [
+        "mr2-probe: warning: --front-bound is in points of overall accuracy: 0.005 is 0.005 pt; "
+        "the fraction 0.005, as the Python API takes it, is --front-bound 0.5",
+        "mr2-probe: warning: --offsets is in points of overall accuracy: 0.01 is 0.01 pt; "
+        "the fraction 0.01, as the Python API takes it, is --offsets 1",
+    ]
