@@ -21,7 +21,9 @@ from mr2_probe.cli import main as mr2_probe
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--train-per-class", type=int, default=200, help="train images/class")
     parser.add_argument("--test-per-class", type=int, default=100, help="test images/class")
     parser.add_argument("--image-size", type=int, default=96, help="backbone input size")

@@ -19,7 +19,7 @@ examples:
   mr2-extract fashion-mnist:test effnet-lite0 fmnist_test.h5 --image-size 96 --per-class 100
   mr2-extract 'webdataset:shards/{00000..00127}.tar' effnet-lite0 shards.h5 --label-key cls
   mr2-extract webdataset:laion_out/ effnet-lite0 laion.h5 --label-key json.label  (img2dataset)
-  mr2-extract 'parquet:beans/data/train-*.parquet' effnet-lite0 beans_train.h5
+  mr2-extract 'parquet:beans/data/train-*.parquet' effnet-lite0 beans_train.h5 --label-key labels
   torchrun --nproc_per_node=4 -m extract photos/ effnet-lite0 photos_lite0.h5
 
 Run the same command again to resume an interrupted extraction (without --force, which
