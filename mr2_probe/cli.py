@@ -1299,6 +1299,13 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
     )
 
 
+def _quiet(model):
+    """``model`` with verbose=0 at every level, as it is saved: the progress bars were the
+    command's (--no-progress), and a refit from Python prints none."""
+    keys = [k for k in model.get_params() if k == "verbose" or k.endswith("__verbose")]
+    return model.set_params(**dict.fromkeys(keys, 0))
+
+
 def _stopped_short(estimator, X, y) -> float:
     """A grid search's scorer: 1 for a fit that stopped short of tol. With --n-jobs its
     fits run in worker processes, whose warnings never reach this one."""
@@ -1430,7 +1437,7 @@ def _write_outputs(
     # truncated model or reports that describe other models.
     files = {  # command.json first: it marks the folder as a run's (_earlier_run)
         "command.json": _text(json.dumps(options, indent=2)),
-        "models.joblib": lambda path: joblib.dump(fitted, path),
+        "models.joblib": lambda path: joblib.dump({k: _quiet(m) for k, m in fitted.items()}, path),
         "report.txt": _text("\n\n".join(text)),
         "report.md": _text("\n\n".join(markdown)),
         "report.json": _text(json.dumps(data, indent=2, ensure_ascii=False)),

@@ -15,6 +15,7 @@ from pathlib import Path
 import joblib
 import numpy as np
 import pytest
+from sklearn.base import clone
 from sklearn.datasets import load_digits
 from sklearn.exceptions import ConvergenceWarning, FitFailedWarning
 from sklearn.pipeline import Pipeline
@@ -1203,3 +1204,17 @@ def test_a_bound_that_reads_as_a_fraction_is_warned_of(files, capsys):
         "mr2-probe: warning: --offsets is in points of overall accuracy: 0.01 is 0.01 pt; "
         "the fraction 0.01, as the Python API takes it, is --offsets 1",
     ]
+
+
+def test_saved_models_refit_without_progress_bars(files, tmp_path, capsys):
+    # The run's progress bars (no --no-progress) were saved with the models: verbose=1.
+    out = tmp_path / "run"
+    assert main([str(files / "train.npz"), "--offsets", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    models = joblib.load(out / "models.joblib")
+    assert {"ERM", "MR2"} < set(models)  # and the front's choice
+    X, y = np.load(files / "train.npz")["X"], np.load(files / "train.npz")["y"]
+    for model in models.values():
+        assert all(v == 0 for k, v in model.get_params().items() if k.endswith("verbose"))
+        clone(model).fit(X, y)
+    assert capsys.readouterr().err == ""
