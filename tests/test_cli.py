@@ -1218,3 +1218,46 @@ def test_saved_models_refit_without_progress_bars(files, tmp_path, capsys):
         assert all(v == 0 for k, v in model.get_params().items() if k.endswith("verbose"))
         clone(model).fit(X, y)
     assert capsys.readouterr().err == ""
+
+
+@NEEDS_H5
+def test_written_reports_keep_their_sections_text_and_figures(tmp_path, monkeypatch):
+    import mr2_probe.plotting as plotting
+
+    X, y = _blobs(30, seed=1)
+    X_test, y_test = _blobs(10, seed=2)
+    names = ["café", "Trouser", "Ankle boot ≤ 1"]  # names beyond ASCII
+    _store(tmp_path / "train.h5", X, y, names)
+    _store(tmp_path / "test.h5", X_test, y_test, names)
+    seen = {}
+    for name in ("plot_margins", "plot_cv_curve"):
+        real = getattr(plotting, name)
+
+        def spy(*args, real=real, name=name, **kwargs):
+            seen[name] = (args, kwargs)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(plotting, name, spy)
+    out = tmp_path / "run"
+    argv = [str(tmp_path / "train.h5"), "--test", str(tmp_path / "test.h5"), "--out", str(out)]
+    options = ["--Cs", "3", "--cv", "2", "--feature-scaling", "standard", "--tilt", "1"]
+    assert main([*argv, *options, "--no-progress"]) == 0
+    # cv_curve.png of a search inside a Pipeline (the features scaled), by the run's scorer.
+    assert {"cv_curve.png", "front.png"} <= set(os.listdir(out))
+    assert seen["plot_cv_curve"][1]["scoring"] == "worst_class"
+    # margins.png: the MR² model's margins, its classes by name.
+    (classifier, _), kwargs = seen["plot_margins"]
+    assert classifier.c_bar == 1.0 and kwargs["class_names"] == names
+    text, markdown = (out / "report.txt").read_text(), (out / "report.md").read_text()
+    # Sections apart: the tables, the search's curve (fenced in Markdown), the front.
+    assert "\n\nERM: chose C=" in text and "|\n\n```text\nERM: chose C=" in markdown
+    front = [line for line in markdown.split("\n\n") if "| tilt=1 |" in line]
+    assert front and front[0].startswith("| ")
+    # Text as it is written, not escaped, and every text file ends its last line.
+    assert "café" in (out / "report.json").read_text(encoding="utf-8")
+    assert "café" in (out / "class_names.json").read_text(encoding="utf-8")
+    for name in ("report.txt", "report.md", "report.json", "class_names.json", "command.json"):
+        assert (out / name).read_text(encoding="utf-8").endswith("\n"), name
+    # A run without the front into the same folder takes the earlier front's figure away.
+    assert main([*argv, "--no-progress"]) == 0
+    assert not {"cv_curve.png", "front.png"} & set(os.listdir(out))
