@@ -257,7 +257,14 @@ def test_search_that_drops_the_margins_says_so(files, tmp_path, capsys):
     note = "MR2 grid has no margins: the search chose c_bar=None"
     assert note in (out / "report.txt").read_text()
     assert note in (out / "report.md").read_text()
-    assert json.loads((out / "report.json").read_text())["notes"][0].startswith(note)
+    assert json.loads((out / "report.json").read_text())["notes"] == [
+        f"{note}, plain cross-entropy (γ_k = 1)"
+    ]
+    # With a class tilt, margins or none, the loss is no plain cross-entropy.
+    argv = [str(files / "train.npz"), "--c-bar", "none", "--grid", "class_tilt=1", "--cv", "2"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    notes = json.loads((out / "report.json").read_text())["notes"]
+    assert notes == ["MR2 grid has no margins: c_bar=None, γ_k = 1"]
 
 
 def test_a_model_without_margins_but_with_a_compactness_loss_is_not_called_plain(files, tmp_path):
@@ -1261,3 +1268,13 @@ def test_written_reports_keep_their_sections_text_and_figures(tmp_path, monkeypa
     # A run without the front into the same folder takes the earlier front's figure away.
     assert main([*argv, "--no-progress"]) == 0
     assert not {"cv_curve.png", "front.png"} & set(os.listdir(out))
+
+
+def test_a_grid_search_s_short_fits_are_one_line_not_warnings(files, capsys):
+    argv = [str(files / "train.npz"), "--grid", "C=0.1,1", "--cv", "2", "--max-iter", "1"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main([*argv, "--no-progress"]) == 0
+    assert not [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+    said = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert len(said) == 2 and all("5 of its 5 fits stopped short of tol" in s for s in said)
