@@ -293,7 +293,14 @@ def test_a_bad_worker_count_is_refused_before_force_touches_the_store(tmp_path, 
     before = load_features(out).features
     capsys.readouterr()
     assert main([*args, "--no-progress", "--workers", "-1", "--force"]) == 2
-    assert "num_workers" in _error_line(capsys)
+    assert "--workers must be at least 0; got -1" in _error_line(capsys)
+    np.testing.assert_array_equal(load_features(out).features, before)
+    # and the library, whose own check comes before overwrite too
+    with pytest.raises(ValueError, match="The 'num_workers' parameter"):
+        extract_features(
+            str(folder), "timm:test_resnet@random", out, image_size=32, num_workers=-1,
+            overwrite=True, progress=False,
+        )  # fmt: skip
     np.testing.assert_array_equal(load_features(out).features, before)
 
 
