@@ -337,3 +337,129 @@ def test_importing_the_package_does_not_import_matplotlib():
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_class_accuracy_plot_places_its_bars_labels_and_axes(tmp_path, report):
+    fig = plot_class_accuracy(report, tmp_path / "classes.png")
+    ax = fig.axes[0]
+    ref, other = ax.patches[:6], ax.patches[6:]
+    # Side by side: the reference left of each tick, the model right of it.
+    for i, (a, b) in enumerate(zip(ref, other, strict=True)):
+        assert (a.get_x() + a.get_width() / 2, b.get_x() + b.get_width() / 2) == pytest.approx(
+            (i - 0.2, i + 0.2)
+        )
+    # Each change is printed above the taller of the two bars, centred on the model's.
+    tops = np.maximum([a.get_height() for a in ref], [b.get_height() for b in other])
+    changed = [1, 2, 5]  # the classes 3, 1 and 4 in the sorted order
+    assert [t.xy for t in ax.texts] == [pytest.approx((i + 0.2, tops[i])) for i in changed]
+    # The lowest bar is 25 %: the axis starts at the decade below it, and ends above 100.
+    assert ax.get_ylim() == pytest.approx((10, 104))
+    assert ax.get_title() == "per-class accuracy: MR2 vs ERM"
+    assert fig.get_figheight() == pytest.approx(4.5)  # short names take no extra height
+    # With several models, the first that is not the reference is the default.
+    three = classwise_report({"ERM": ERM, "MR2": MR2, "X": Y}, Y)
+    fig = plot_class_accuracy(three, tmp_path / "three.png")
+    assert [t.get_text() for t in fig.legends[0].get_texts()][1] == "MR2: gain"
+
+
+@pytest.mark.parametrize(
+    "names, rotation",
+    [
+        ([f"class {k:02d}" for k in range(40)], 45),  # up to 40 classes turn 45°
+        ([f"class {k:02d}" for k in range(41)], 90),
+    ],
+)
+def test_class_names_turn_upright_beyond_40_classes(tmp_path, names, rotation):
+    y = np.repeat(np.array(names), 2)
+    report = classwise_report({"ERM": y, "MR2": np.roll(y, 1)}, y)
+    labels = plot_class_accuracy(report, tmp_path / "c.png").axes[0].get_xticklabels()
+    assert {t.get_rotation() for t in labels} == {rotation}
+    assert {t.get_rotation_mode() for t in labels} == {"anchor"}
+
+
+def test_class_names_are_cut_beyond_32_characters(tmp_path):
+    names = ["x" * 32, "y" * 33]
+    y = np.repeat(np.array(names), 2)
+    report = classwise_report({"ERM": y, "MR2": y}, y)
+    labels = plot_class_accuracy(report, tmp_path / "c.png").axes[0].get_xticklabels()
+    assert sorted(t.get_text() for t in labels) == ["x" * 32, "y" * 31 + "…"]
+
+
+def test_group_bars_centre_on_their_group_and_leave_room_for_labels(tmp_path, report):
+    fig = plot_group_accuracy(report, tmp_path / "groups.png")
+    ax = fig.axes[0]
+    centres = [[b.get_x() + b.get_width() / 2 for b in c] for c in ax.containers]
+    np.testing.assert_allclose(np.mean(centres, axis=0), np.arange(4))
+    assert ax.get_ylim() == pytest.approx((0, 108))
+
+
+def test_margin_plot_refuses_names_for_classes_off_the_codes(tmp_path):
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], 20)
+    X = rng.normal(size=(60, 3)) + 3 * y[:, None]
+    clf = MR2LinearClassifier(max_iter=30, device="cpu").fit(X, y - 1)  # within range but -1
+    with pytest.raises(ValueError, match=r"classes_ run from -1 to 1: leave class_names out"):
+        plot_margins(clf, tmp_path / "margins.png", class_names=["Bag", "Coat", "Shirt"])
+    clf = MR2LinearClassifier(max_iter=30, device="cpu").fit(X, y + 1)
+    with pytest.raises(ValueError, match=r"classes_ run from 1 to 3: leave class_names out"):
+        plot_margins(clf, tmp_path / "margins.png", class_names=["Bag", "Coat", "Shirt"])
+
+
+def test_margin_plot_dashes_the_mean_margin(tmp_path):
+    X, y = load_iris(return_X_y=True)
+    clf = MR2LinearClassifier(max_iter=30, device="cpu").fit(X, y)
+    line = plot_margins(clf, tmp_path / "margins.png").axes[0].lines[0]
+    assert line.get_linestyle() == "--"
+
+
+def _searches(head="linear"):
+    X, y = load_iris(return_X_y=True)
+    Cs = [4.0, 16.0] if head == "cosine" else [0.01, 1.0]
+    return (
+        X,
+        y,
+        {
+            name: MR2LinearClassifierCV(Cs, cv=3, c_bar=c_bar, head=head, device="cpu").fit(X, y)
+            for name, c_bar in (("ERM", None), ("MR2", 1.0))
+        },
+    )
+
+
+def test_cv_curve_lines_axes_and_choices(tmp_path):
+    from mr2_probe.plotting import cv_curves
+
+    _, _, searches = _searches()
+    fig = plot_cv_curve(searches, tmp_path / "cv.png", scoring="worst_class")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_xlabel() == "C (inverse L2 strength)"
+    curves = [
+        line for line in ax.lines if len(line.get_xdata()) == 2 and line.get_label()[0] != "_"
+    ]
+    for name, search in searches.items():
+        mine = [line for line in curves if line.get_label().startswith(f"{name} ")]
+        expected = cv_curves(search, "worst_class")
+        assert [line.get_label() for line in mine] == [f"{name} {k}" for k in expected]
+        for line, curve in zip(mine, expected.values(), strict=True):
+            np.testing.assert_allclose(line.get_ydata(), 100 * curve)
+        assert mine[0].get_linestyle() == "-"  # the search's own scorer solid
+        colour = mine[0].get_color()
+        assert colour == (SAME if name == "ERM" else LEVER_COLOURS["MR2"])
+        chosen = [
+            line for line in ax.lines if line.get_linestyle() == ":" and line.get_color() == colour
+        ]
+        assert len(chosen) == 1 and chosen[0].get_xdata()[0] == search.C_
+    _, _, cosine = _searches("cosine")
+    fig = plot_cv_curve(cosine, tmp_path / "cosine.png")
+    assert fig.axes[0].get_xlabel() == "logit scale"
+
+
+def test_cv_curve_takes_searches_inside_pipelines(tmp_path):
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV([0.01, 1.0], cv=3, device="cpu")
+    fig = plot_cv_curve(
+        {"MR2": make_pipeline(StandardScaler(), search).fit(X, y)}, tmp_path / "p.png"
+    )
+    assert fig.axes[0].lines[0].get_xdata().tolist() == [0.01, 1.0]
