@@ -433,6 +433,20 @@ def test_plot_front(front, tmp_path):
         and line.get_markersize() < 10  # not the ring of the rule's choice
     ]
     assert at_mr2 == ["MR2"]
+    # Tilt points labelled by t, offsets points by their bound in points.
+    assert [t.get_text() for t in left.texts] == ["ERM", "MR2", "1", "5", "0", "1"]
+    # One ring, on the rule's choice; the dashed line at ERM's overall accuracy − bound.
+    chosen = front.point(front.chosen).test
+    rings = [line for line in left.lines if line.get_markersize() == 14]
+    assert len(rings) == 1
+    assert (rings[0].get_xdata()[0], rings[0].get_ydata()[0]) == pytest.approx(
+        (100 * chosen["overall"], 100 * chosen["worst"])
+    )
+    dashed = [line for line in left.lines if line.get_linestyle() == "--"]
+    erm = front.point("ERM").test["overall"]
+    assert len(dashed) == 1 and dashed[0].get_xdata()[0] == pytest.approx(100 * (erm - 0.005))
+    assert "dashed: ERM − 0.5 pt" in fig._suptitle.get_text()
+    assert left.get_xlabel() == "overall accuracy (%), test"
     with pytest.raises(ValueError, match="split must be"):
         plot_front(front, tmp_path / "x.png", split="train")
 
@@ -540,3 +554,11 @@ def test_plot_front_tilt_curve_starts_at_the_untilted_point_in_both_axes(tmp_pat
         assert list(curve.get_ydata()) == pytest.approx(
             [100 * p.validation[column] for p in [start, *points[-2:]]]
         )
+        # Without test scores, the validation split's, its bound line at ERM's there.
+        assert ax.get_xlabel() == "overall accuracy (%), validation"
+        dashed = [line for line in ax.lines if line.get_linestyle() == "--"]
+        assert dashed[0].get_xdata()[0] == pytest.approx(85.0)
+    # One tilt point is still a point of the curve: a round marker, not ERM's square.
+    fig = plot_front(Front(points[:1] + points[-1:], bound=0.05), tmp_path / "one.png")
+    tilt = next(line for line in fig.axes[0].lines if line.get_label() == "tilt")
+    assert tilt.get_marker() == "o"
