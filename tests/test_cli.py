@@ -1033,7 +1033,8 @@ def test_a_failed_plot_loses_no_fit(files, tmp_path, monkeypatch):
     """The models are written before the figures."""
     import mr2_probe.plotting
 
-    def broken(*args, **kwargs):
+    def broken(report, path, **kwargs):
+        Path(path).write_bytes(b"\x89PNG half a figure")
         raise RuntimeError("no figures today")
 
     monkeypatch.setattr(mr2_probe.plotting, "plot_class_accuracy", broken)
@@ -1041,6 +1042,8 @@ def test_a_failed_plot_loses_no_fit(files, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="no figures today"):
         main([str(files / "train.npz"), "--out", str(out), "--no-progress"])
     assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
+    # A figure is whole or absent: no half-written file, under its name or another.
+    assert not [name for name in os.listdir(out) if "class_accuracy" in name]
 
 
 @pytest.mark.slow
