@@ -545,9 +545,10 @@ def test_out_replaces_an_earlier_runs_files_and_no_one_elses(files, tmp_path, ca
     code, lines = _error([str(files / "train.npz"), "--out", str(out), "--no-progress"], capsys)
     assert code == 2 and "holds report.md, front.png, which this run would replace" in lines[0]
     assert "there is no command.json of one" in lines[0]
-    (out / "command.json").write_text('{"name": "another tool"}\n')
-    code, lines = _error([str(files / "train.npz"), "--out", str(out), "--no-progress"], capsys)
-    assert code == 2 and "its command.json holds no run's options" in lines[0]
+    for other in ('{"name": "another tool"}', '{"train": "x.npz"}', '["train", "out"]'):
+        (out / "command.json").write_text(other + "\n")
+        code, lines = _error([str(files / "train.npz"), "--out", str(out), "--no-progress"], capsys)
+        assert code == 2 and "its command.json holds no run's options" in lines[0], other
     assert (out / "report.md").read_text() == "my own notes\n"
     assert (out / "front.png").read_text() == "keep\n"
     # An earlier run's folder is replaced, as documented.
@@ -1281,3 +1282,12 @@ def test_a_grid_search_s_short_fits_are_one_line_not_warnings(files, capsys):
     assert not [w for w in caught if issubclass(w.category, ConvergenceWarning)]
     said = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
     assert len(said) == 2 and all("5 of its 5 fits stopped short of tol" in s for s in said)
+
+
+def test_one_line_messages_are_cut_at_their_limit():
+    from mr2_probe.cli import _one_line
+
+    assert _one_line("a\n  b\tc") == "a b c"
+    cut = _one_line("x" * 2000)
+    assert len(cut) == 1000 and cut.endswith("x…")
+    assert _one_line("x" * 1000) == "x" * 1000
