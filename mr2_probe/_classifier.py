@@ -153,8 +153,9 @@ _INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.s
 
 def _passed_through(filename: str) -> bool:
     """Whether a frame of ``filename`` is skipped on the way to the caller's: this package,
-    scikit-learn and joblib, and the standard library's modules between them."""
-    if filename.startswith(_INSIDE):
+    scikit-learn and joblib, and the standard library's modules between them (frozen ones
+    too)."""
+    if filename.startswith(_INSIDE + ("<frozen ",)):  # frozen: runpy in a loky worker
         return True
     return filename.startswith(_STDLIB) and not any(part in filename for part in _INSTALLED)
 

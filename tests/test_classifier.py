@@ -1001,6 +1001,25 @@ def test_convergence_warnings_of_worker_threads_name_the_library():
         assert short == inside  # the refit's in the caller's thread
 
 
+@pytest.mark.slow
+def test_convergence_warnings_of_worker_processes_name_the_library():
+    # In loky's worker processes the walk ended at a frozen module: "<frozen runpy>:88".
+    code = (
+        "from sklearn.datasets import load_iris\n"
+        "from sklearn.model_selection import GridSearchCV\n"
+        "from mr2_probe import MR2LinearClassifier\n"
+        "X, y = load_iris(return_X_y=True)\n"
+        "model = MR2LinearClassifier(max_iter=1, device='cpu')\n"
+        "GridSearchCV(model, {'C': [1.0, 2.0]}, cv=2, n_jobs=2).fit(X, y)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    places = {line.split(": ConvergenceWarning")[0] for line in run.stderr.splitlines()
+              if ": ConvergenceWarning" in line}  # fmt: skip
+    library = os.path.abspath(sys.modules[MR2LinearClassifier.__module__].__file__)
+    assert places and all(p.startswith((library, "<string>")) for p in places), places
+
+
 def _demo_split():
     from sklearn.model_selection import train_test_split
 
