@@ -1172,11 +1172,14 @@ def _check_splits(y, grid: dict, args) -> None:
         try:
             next(StratifiedKFold(args.cv, shuffle=True, random_state=args.seed).split(rows, y))
         except ValueError as error:
-            smallest = int(np.unique(y, return_counts=True)[1].min())
-            raise UsageError(
-                f"--cv {args.cv}: {_one_line(error).rstrip('.')}; the smallest class has "
-                f"{smallest} samples: use at most {smallest} folds"
-            ) from error
+            # StratifiedKFold refuses more folds than the largest class has samples.
+            largest = int(np.unique(y, return_counts=True)[1].max())
+            advice = (
+                f"no class has more than {largest} samples: use at most {largest} folds"
+                if largest >= 2
+                else "no class has 2 samples, which cross-validation needs"
+            )
+            raise UsageError(f"--cv {args.cv}: {_one_line(error).rstrip('.')}; {advice}") from error
     if args.tilt or args.offsets:
         advice = "choose a --val-size that leaves each class at least one sample in both parts"
         try:

@@ -407,7 +407,7 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/train.npz", "--cv", "40", "--grid", "c_bar=1,2"], "--cv 40: n_splits=40 cannot"),
         (
             ["{d}/train.npz", "--cv", "40", "--Cs", "3"],
-            "members in each class; the smallest class has 24 samples: use at most 24 folds",
+            "members in each class; no class has more than 24 samples: use at most 24 folds",
         ),
         (
             ["{d}/train.npz", "--test-size", "0.01"],
@@ -1291,3 +1291,20 @@ def test_one_line_messages_are_cut_at_their_limit():
     cut = _one_line("x" * 2000)
     assert len(cut) == 1000 and cut.endswith("x…")
     assert _one_line("x" * 1000) == "x" * 1000
+
+
+@pytest.mark.parametrize(
+    "y, cv, advice",
+    [
+        # Small classes only warn (some folds lack them): the largest class bounds --cv.
+        ([0, 1, 1, 1, 2, 2, 2], 4, "no class has more than 3 samples: use at most 3 folds"),
+        ([0, 1, 2], 2, "no class has 2 samples, which cross-validation needs"),
+    ],
+)
+def test_too_many_folds_say_how_many_the_classes_allow(tmp_path, capsys, y, cv, advice):
+    X = np.random.default_rng(0).normal(size=(len(y), 3))
+    for name in ("d.npz", "t.npz"):
+        np.savez(tmp_path / name, X=X, y=np.array(y))
+    argv = [str(tmp_path / "d.npz"), "--test", str(tmp_path / "t.npz"), "--grid", "C=0.1,1"]
+    code, lines = _error([*argv, "--cv", str(cv), "--no-progress"], capsys)
+    assert code == 2 and lines[0].endswith(advice), lines
