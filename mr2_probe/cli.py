@@ -437,7 +437,7 @@ def _run(args, given: frozenset = frozenset()) -> int:
     erm_name, mr2_name = models
     for name, model in models.items():
         print(f"fitting {name} on {X.shape[0]} × {X.shape[1]} features", file=sys.stderr)
-        _fit(model, X, y, name, args.feature_scaling)
+        _fit(model, X, y, name, args)
     front = front_error = None
     status = 0
     if args.tilt or args.offsets:
@@ -1315,26 +1315,30 @@ def _stopped_short(estimator, X, y) -> float:
     return float(getattr(_final(estimator), "_stop_reason", None) is not None)
 
 
-def _in_cli_terms(message, feature_scaling: str | None) -> str:
+def _in_cli_terms(message, args) -> str:
     """An estimator's warning on one line, its advice in mr2-probe's options: --max-iter
-    for max_iter, --feature-scaling standard for a scaler (none where the features are
-    scaled so already); a larger tol, which is no option, becomes the fit kept as it is."""
-    scaled = feature_scaling == "standard"
+    for max_iter (--grid max_iter where the grid sets it), --feature-scaling standard for a
+    scaler (no advice to scale where the features are scaled so already); a larger tol,
+    which is no option, becomes the fit kept as it is."""
+    scaled = args.feature_scaling == "standard"
+    grid = any(spec.partition("=")[0].strip() == "max_iter" for spec in args.grid)
+    option, sep = ("--grid max_iter", "=") if grid else ("--max-iter", " ")
+    scale = "--feature-scaling standard"
     rules = (
         (
             r"Increase max_iter,? or scale the features(?: \(e\.g\. StandardScaler\))?",
-            "Raise --max-iter"
-            + ("" if scaled else ", or scale the features (--feature-scaling standard)"),
+            f"Raise {option}" + ("" if scaled else f", or scale the features ({scale})"),
         ),
-        (r"in max_iter=(\d+) (\w+)", r"in \1 \2 (--max-iter \1)"),
-        (r"\bmax_iter\b", "--max-iter"),
-        (
-            r"e\.g\. StandardScaler",
-            "as --feature-scaling standard does" if scaled else "--feature-scaling standard",
-        ),
+        (r"in max_iter=(\d+) (\w+)", rf"in \1 \2 ({option}{sep}\1)"),
+        (r"(?<!--grid )\bmax_iter\b", option),  # not the option just written
+        # "(and scale them, e.g. StandardScaler)" and the like: no advice where they are.
+        (r" ?\((?:and,? )?(?:for features [^()]*, )?scale them, e\.g\. StandardScaler\)", "")
+        if scaled
+        else (r"e\.g\. StandardScaler", scale),
         (r"(?i)float64 features", r"\g<0> from a .npy or .npz file"),
         (r", or a larger tol to accept this one", "; mr2-probe keeps this one"),
         (r"Use a larger tol \(and, ", "mr2-probe keeps the fit as it stopped ("),
+        (r"Use a larger tol\b", "mr2-probe keeps the fit as it stopped"),
         (r" or a larger tol\b", "; mr2-probe keeps the fit as it stopped"),
         (r"use a larger tol\b", "mr2-probe keeps the fit as it stopped"),
     )
@@ -1344,7 +1348,7 @@ def _in_cli_terms(message, feature_scaling: str | None) -> str:
     return text
 
 
-def _fit(model, X, y, name: str, feature_scaling: str | None = None):
+def _fit(model, X, y, name: str, args):
     """``model`` fitted, its ConvergenceWarnings (a search's can be many) said in one line
     on stderr, their advice in mr2-probe's options."""
     if isinstance(model, GridSearchCV):
@@ -1359,9 +1363,9 @@ def _fit(model, X, y, name: str, feature_scaling: str | None = None):
         n_short, n_fits = int(np.nansum(folds)) + (reason is not None), np.size(folds) + 1
         if n_short:
             why = (
-                f"the refit's: {_in_cli_terms(reason, feature_scaling)}"
+                f"the refit's: {_in_cli_terms(reason, args)}"
                 if reason
-                else _in_cli_terms("Increase max_iter or scale the features.", feature_scaling)
+                else _in_cli_terms("Increase max_iter or scale the features.", args)
             )
             print(
                 f"mr2-probe: warning: {name}: {n_short} of its {n_fits} fits stopped short of "
@@ -1372,7 +1376,7 @@ def _fit(model, X, y, name: str, feature_scaling: str | None = None):
     short = fit_collecting_short(model, X, y)
     if short:
         fits = f"{len(short)} of its fits" if len(short) > 1 else "its fit"
-        first = _in_cli_terms(short[0].message, feature_scaling)
+        first = _in_cli_terms(short[0].message, args)
         print(f"mr2-probe: warning: {name}: {fits} stopped short of tol ({first})", file=sys.stderr)
     return model
 
@@ -1402,14 +1406,14 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args):
             erm=erm,
         )
     for warning in short:
-        text = _in_cli_terms(warning.message, args.feature_scaling)
+        text = _in_cli_terms(warning.message, args)
         print(f"mr2-probe: warning: front: {text}", file=sys.stderr)
     chosen = front.point(front.chosen)
     print(
         f"front: the rule chose {chosen.name}; refitting it on all training data", file=sys.stderr
     )
     name = f"chosen: {chosen.name}"
-    models[name] = _fit(clone(chosen.estimator), X, y, name, args.feature_scaling)
+    models[name] = _fit(clone(chosen.estimator), X, y, name, args)
     return front
 
 

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from argparse import Namespace
 from pathlib import Path
 
 import joblib
@@ -151,8 +152,7 @@ def test_a_model_short_of_tol_is_said_in_one_line(digits_files, capsys):
             "StandardScaler).",
             "standard",
             "x: the tolerance is tighter than the precision of the data allows. mr2-probe keeps "
-            "the fit as it stopped (for features of very different magnitudes, scale them, as "
-            "--feature-scaling standard does).",
+            "the fit as it stopped.",
         ),
         (
             "(a warm start from a converged fit; use float64 features or a larger tol), or",
@@ -163,7 +163,19 @@ def test_a_model_short_of_tol_is_said_in_one_line(digits_files, capsys):
     ],
 )
 def test_warnings_give_their_advice_in_the_options_of_the_command(message, scaling, expected):
-    assert _in_cli_terms(message, scaling) == expected
+    assert _in_cli_terms(message, Namespace(feature_scaling=scaling, grid=[])) == expected
+
+
+def test_warnings_name_the_grid_where_it_sets_max_iter():
+    message = (
+        "lbfgs did not converge in max_iter=2 iterations. Increase max_iter or scale the "
+        "features (e.g. StandardScaler)."
+    )
+    args = Namespace(feature_scaling="none", grid=["C=1", " max_iter =1,2"])
+    assert _in_cli_terms(message, args) == (
+        "lbfgs did not converge in 2 iterations (--grid max_iter=2). Raise --grid max_iter, "
+        "or scale the features (--feature-scaling standard)."
+    )
 
 
 def test_grid_search_tunes_erm_and_mr2_alike(files, tmp_path, capsys):
