@@ -182,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with load_features(path) as store:
             print(
                 f"{path}: {store.features.shape[0]} rows x {store.features.shape[1]} features, "
-                f"{len(store.class_names)} classes, {len(store.failures)} failed images"
+                f"{len(store.class_names)} classes, {len(store.failures)} failed "
+                f"image{'' if len(store.failures) == 1 else 's'}"
             )
             if store.failures and not store.features.shape[0]:
                 # A store without one feature is no result: the exit status says so.

@@ -628,17 +628,6 @@ def _check_options(args) -> None:
             "--front-bound is in points of overall accuracy, between 0 and 100, e.g. 0.5; "
             f"got {args.front_bound:g}"
         )
-    for option, value in (
-        ("--front-bound", args.front_bound),
-        *(("--offsets", b) for b in args.offsets),
-    ):
-        if 0 < value < 0.05:  # a fraction, as the Python API takes it?
-            print(
-                f"mr2-probe: warning: {option} is in points of overall accuracy: {value:g} "
-                f"is {value:g} pt; the fraction {value:g}, as the Python API takes it, is "
-                f"{option} {100 * value:g}",
-                file=sys.stderr,
-            )
     bad = [b for b in args.offsets if not 0 <= b < 100]
     if bad:
         raise UsageError(
@@ -683,6 +672,18 @@ def _check_options(args) -> None:
         resolve_device(args.device)
     except (ValueError, RuntimeError) as error:
         raise UsageError(f"--device {args.device!r}: {_one_line(error)}") from error
+    # Said once every option is known good.
+    for option, value in (
+        ("--front-bound", args.front_bound),
+        *(("--offsets", b) for b in args.offsets),
+    ):
+        if 0 < value < 0.05:  # a fraction, as the Python API takes it?
+            print(
+                f"mr2-probe: warning: {option} is in points of overall accuracy: {value:g} "
+                f"is {value:g} pt; the fraction {value:g}, as the Python API takes it, is "
+                f"{option} {100 * value:g}",
+                file=sys.stderr,
+            )
 
 
 def _estimators(args) -> tuple[MR2LinearClassifier, MR2LinearClassifier]:
@@ -1025,11 +1026,13 @@ def _inputs(args):
         advice = "label train and test alike (both class names or both the same integer codes)"
         if matched and names is not None:  # codes of the training store's list
             shown = [names[k] for k in unseen]
-            advice = f"{args.train} lists them among its classes but holds no sample of them"
+            them = "them" if len(unseen) > 1 else "it"
+            advice = f"{args.train} lists {them} among its classes but holds no sample of {them}"
         elif matched:  # text training labels: the test store's names
             advice = "a probe cannot predict classes it was not trained on"
         raise UsageError(
-            f"the test labels hold {len(unseen)} classes absent from the training labels "
+            f"the test labels hold {len(unseen)} class{'es' if len(unseen) > 1 else ''} absent "
+            "from the training labels "
             f"({_few(shown)}); {advice}"
         )
     return X, y, X_test, y_test, names, sources

@@ -340,8 +340,8 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/one_class.npz"], "holds samples of one class only ('Ankle boot'); a classifier"),
         pytest.param(  # the class named, not its code; the advice for two stores
             ["{d}/no_trouser.h5", "--test", "{d}/store_test.h5"],
-            "1 classes absent from the training labels ('Trouser'); {d}/no_trouser.h5 lists "
-            "them among its classes but holds no sample of them",
+            "1 class absent from the training labels ('Trouser'); {d}/no_trouser.h5 lists "
+            "it among its classes but holds no sample of it",
             marks=NEEDS_H5,
         ),
         pytest.param(
@@ -755,7 +755,7 @@ def test_text_labels_are_matched_to_a_store_s_classes_by_name(stores, tmp_path, 
     # A class the training store lists without a sample is named, as for two stores.
     no_trouser = [str(stores / "no_trouser.h5"), "--test", str(stores / "names.npz")]
     status, err = _error(no_trouser, capsys)
-    assert status == 2 and "('Trouser'); " in err[-1] and "holds no sample of them" in err[-1]
+    assert status == 2 and "('Trouser'); " in err[-1] and "holds no sample of it" in err[-1]
     np.savez(tmp_path / "no_trouser.npz", X=X[y != 1], y=np.array(FASHION)[y[y != 1]])
     status, err = _error(
         [str(tmp_path / "no_trouser.npz"), "--test", str(stores / "store_test.h5")], capsys
