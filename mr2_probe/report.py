@@ -117,9 +117,11 @@ def classwise_report(
         Name of the model that fixes the easy / medium / hard groups (by convention the
         ERM probe); defaults to the first model.
     labels : array-like, default=None
-        The classes of ``y``, each once, in the order the report lists them and in which
-        it breaks ties between classes of equal reference accuracy when it groups them
-        (default: sorted). Names of integer codes, for instance, in the codes' order.
+        The classes of ``y``, each once, in the order of the report's ``labels`` and
+        ``per_class`` lists (its JSON), in which it also breaks ties of the reference's
+        accuracy when it groups them (default: sorted). Names of integer codes, for
+        instance, in the codes' order. The per-class tables list the classes from the
+        reference's best to its worst.
 
     Returns
     -------
@@ -160,7 +162,8 @@ def classwise_report(
 
 
 def _class_order(labels, y) -> np.ndarray:
-    """``labels`` checked to hold each class of ``y`` once."""
+    """The classes of ``y`` in the order of ``labels``, checked to hold each once (as y's
+    own values: a label 2.0 for the class 2 is reported as 2)."""
     labels, classes = np.asarray(labels), np.unique(y)
     if (
         labels.ndim != 1
@@ -171,7 +174,8 @@ def _class_order(labels, y) -> np.ndarray:
             f"labels must hold each class of y once, in the order to report them; y has the "
             f"classes {classes.tolist()}, labels are {labels.tolist()}."
         )
-    return labels
+    position = {v: i for i, v in enumerate(classes.tolist())}
+    return classes[[position[v] for v in labels.tolist()]]
 
 
 def _as_text(labels: list) -> list:

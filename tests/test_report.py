@@ -293,3 +293,8 @@ def test_an_empty_group_is_explained_under_the_table():
         assert text.count("nan") == 3 and text.endswith("; nan: no class in the medium group")
     full = classwise_report({"ERM": [0, 1, 2]}, [0, 1, 2])
     assert "nan" not in full.to_text() + full.to_markdown()
+
+
+def test_labels_that_only_compare_equal_report_y_s_own_classes():
+    report = classwise_report({"erm": [0, 1, 2]}, [0, 1, 2], labels=[2.0, 0.0, 1.0])
+    assert report.labels == [2, 0, 1] and all(type(v) is int for v in report.labels)
