@@ -59,7 +59,7 @@ def test_cli_writes_a_store_and_reports_errors(tmp_path, capsys):
     out = tmp_path / "f.h5"
     args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
     assert main([*args, "--no-progress", "--workers", "0", "--max-items", "5"]) == 0
-    assert "4 rows x 96 features, 2 classes, 1 failed images" in capsys.readouterr().out
+    assert "4 rows x 96 features, 2 classes, 1 failed image" in capsys.readouterr().out
     assert main([*args, "--no-progress", "--dtype", "float16", "--max-items", "5"]) == 2
     assert "different provenance" in capsys.readouterr().err
     assert main([str(folder), "timm:resnet18@imagenet", str(out)]) == 2
