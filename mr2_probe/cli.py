@@ -1306,8 +1306,10 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
 
 
 def _quiet(model):
-    """``model`` with verbose=0 at every level, as it is saved: the progress bars were the
-    command's (--no-progress), and a refit from Python prints none."""
+    """``model`` with verbose=0 in every parameter that sets it (a Pipeline's steps, a
+    wrapper's estimator), as it is saved: the progress bars were the command's
+    (--no-progress), and a refit from Python prints none. (The searches and the front fit
+    their estimators with verbose=0 already.)"""
     keys = [k for k in model.get_params() if k == "verbose" or k.endswith("__verbose")]
     return model.set_params(**dict.fromkeys(keys, 0))
 
