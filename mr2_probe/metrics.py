@@ -57,15 +57,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         return {type(v) if isinstance(v, str | bytes) else float for v in np.unique(a).tolist()}
 
     for name, a in (("y_true", y_true), ("y_pred", y_pred)):
-        # A NaN label is no class: it was scored as one, NaN (NaN != NaN), its samples lost.
-        if a.dtype.kind in "fc":
-            nan = np.isnan(a).any()
-        else:  # objects: a float NaN among them
-            nan = a.dtype == object and any(
-                isinstance(v, float) and v != v for v in set(a.tolist())
-            )
-        if nan:
-            raise ValueError(f"Input {name} contains NaN.")
+        _check_no_nan(name, a)
     kinds = kinds_of(y_true) | kinds_of(y_pred)
     if len(kinds) > 1:
         raise ValueError(
@@ -91,6 +83,17 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     total = np.bincount(index[known], weights=weight[known], minlength=len(labels))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total > 0, correct / total, np.nan)
+
+
+def _check_no_nan(name: str, a: np.ndarray) -> None:
+    """Refuse NaN labels: a NaN is no class (it would be scored as one, NaN, as NaN != NaN,
+    and its samples lost)."""
+    if a.dtype.kind in "fc":
+        nan = np.isnan(a).any()
+    else:  # objects: a float NaN among them
+        nan = a.dtype == object and any(isinstance(v, float) and v != v for v in set(a.tolist()))
+    if nan:
+        raise ValueError(f"Input {name} contains NaN.")
 
 
 def _labels_1d(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .metrics import GROUP_NAMES, class_groups, classwise_summary, per_class_accuracy
+from .metrics import (
+    GROUP_NAMES,
+    _check_no_nan,
+    class_groups,
+    classwise_summary,
+    per_class_accuracy,
+)
 
 COLUMNS = ("overall", *GROUP_NAMES, "worst", "std")
 _UNITS = {"percent": 100.0, "fraction": 1.0}
@@ -148,6 +154,7 @@ def classwise_report(
         raise ValueError(f"reference must be one of {list(named)}, got {reference!r}.")
     models = named
     predictions = {name: _predictions(name, model, X) for name, model in models.items()}
+    _check_no_nan("y", np.asarray(y))  # named as the caller knows it, before labels meet it
     labels = np.unique(y) if labels is None else _class_order(labels, y)
     groups = class_groups(y, predictions[reference], labels)
     return ClasswiseReport(

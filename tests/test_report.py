@@ -298,3 +298,11 @@ def test_an_empty_group_is_explained_under_the_table():
 def test_labels_that_only_compare_equal_report_y_s_own_classes():
     report = classwise_report({"erm": [0, 1, 2]}, [0, 1, 2], labels=[2.0, 0.0, 1.0])
     assert report.labels == [2, 0, 1] and all(type(v) is int for v in report.labels)
+
+
+@pytest.mark.parametrize("labels", [None, [0, 1, float("nan")], [0, 1]])
+def test_a_nan_label_in_y_is_named_whatever_the_labels(labels):
+    # With labels given it read "labels must hold each class of y once", listing NaN in both.
+    for y in ([0, 1, float("nan")], np.array([0, 1, float("nan")], dtype=object)):
+        with pytest.raises(ValueError, match="^Input y contains NaN"):
+            classwise_report({"erm": [0, 1, 1]}, y, labels=labels)
