@@ -605,7 +605,12 @@ def open_source(
         return _utf8_paths(image_folder(text))
     if os.path.isfile(text):
         return _utf8_paths(image_list(text))
-    what = "is neither a folder nor a file" if os.path.exists(text) else "does not exist"
+    if os.path.exists(text):
+        what = "is neither a folder nor a file"
+    elif os.path.islink(text):
+        what = f"is a symbolic link to {os.readlink(text)!r}, which does not exist"
+    else:
+        what = "does not exist"
     raise FileNotFoundError(
         f"The image source {text!r} {what}; a source is a folder, a list file, "
         "'fashion-mnist:train|test[@ROOT]', 'webdataset:PATTERN' or 'parquet:PATTERN'."

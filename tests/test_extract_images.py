@@ -423,6 +423,12 @@ def test_open_source_errors(source, error, match):
         open_source(source)
 
 
+def test_a_broken_symbolic_link_source_names_its_target(tmp_path):
+    (tmp_path / "images").symlink_to(tmp_path / "moved")
+    with pytest.raises(FileNotFoundError, match=r"images' is a symbolic link to '/.*moved', which"):
+        open_source(str(tmp_path / "images"))
+
+
 @pytest.mark.parametrize("mode", ["I;16", "I;16B", "I"])
 def test_16_bit_greyscale_is_scaled_not_clipped(mode):
     grey = np.random.default_rng(0).integers(0, 256, (6, 7)).astype(np.uint8)
