@@ -313,7 +313,7 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     # again, under this class's label).
     starts = {Path(os.path.abspath(root)), Path(os.path.realpath(root))}
     above = {inode(folder) for start in starts for folder in (start, *start.parents)}
-    items, empty = [], []
+    items, empty, other = [], [], []
     for index, name in enumerate(classes):
         seen, walked = set(above), []
         for top, dirs, files in os.walk(os.path.join(root, name), followlinks=True):
@@ -332,12 +332,46 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
         if not found:
             empty.append(name)
         items += found
+        other += [
+            os.path.join(top, f)
+            for top, files in sorted(walked)
+            for f in sorted(files)
+            if not has_file_allowed_extension(f, IMG_EXTENSIONS)
+        ]
     if empty:
         raise FileNotFoundError(
             f"Found no valid file for the classes {', '.join(sorted(empty))}. "
             f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}"
         )
+    _warn_of_left_out(root, other)
     return items
+
+
+def _warn_of_left_out(root: str, other: list[str]) -> None:
+    """Say which files the ImageFolder convention leaves out: those in the class folders
+    whose extension is not an image's, and those in the root itself, outside every class
+    (hidden files, such as .DS_Store, are left out without a word)."""
+    in_root = sorted(e.path for e in os.scandir(root) if e.is_file())
+    for files, where, why in (
+        (
+            other,
+            "in the class folders",
+            "only files with an image extension are read (" + ", ".join(IMG_EXTENSIONS) + ")",
+        ),
+        (in_root, f"in {root!r} itself", "images are read from its class folders only"),
+    ):
+        files = [f for f in files if not os.path.basename(f).startswith(".")]
+        if files:
+            logger.warning(
+                "%d %s %s %s left out (%s%s): %s.",
+                len(files),
+                "file" if len(files) == 1 else "files",
+                where,
+                "is" if len(files) == 1 else "are",
+                ", ".join(repr(os.path.relpath(f, root)) for f in files[:3]),
+                ", ..." if len(files) > 3 else "",
+                why,
+            )
 
 
 def _not_utf8(names) -> list[str]:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from extract import fashion_mnist, image_folder, image_list, open_source
 from extract._images import (
@@ -86,6 +87,24 @@ def test_class_indices_that_leave_classes_empty_or_merge_are_said(folder, caplog
         assert not caplog.records
     else:
         assert len(caplog.records) == 1 and re.search(warning, caplog.text)
+
+
+def test_files_the_image_folder_leaves_out_are_said(folder, caplog):
+    # A .gif, a file without an extension and an image beside the class folders were left
+    # out of the store without a word.
+    caplog.set_level(logging.WARNING, logger="extract")
+    before = image_folder(folder).ids
+    assert not caplog.records  # (corrupt.jpg has an image's extension: it is listed)
+    for name in ("cat/anim.gif", "dog/scan", "dog/notes.txt", "stray.jpg", "cat/.DS_Store"):
+        (folder / name).write_bytes(b"x")
+    (folder / ".DS_Store").write_bytes(b"x")
+    assert image_folder(folder).ids == before
+    assert [r.getMessage() for r in caplog.records] == [
+        "3 files in the class folders are left out ('cat/anim.gif', 'dog/notes.txt', "
+        f"'dog/scan'): only files with an image extension are read ({', '.join(IMG_EXTENSIONS)}).",
+        f"1 file in {str(folder)!r} itself is left out ('stray.jpg'): images are read from "
+        "its class folders only.",
+    ]
 
 
 def test_image_folder_walks_a_folder_linked_again_once(folder):
