@@ -39,7 +39,8 @@ IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "pbm", "pnm", "bmp", "
 CLASS_NAMES_FILE = "classnames.txt"  # clip_benchmark's class names beside the shards
 _BLOCK = 512
 _ZERO_BLOCK = bytes(_BLOCK)
-_REGULAR = (b"0", b"\0", b"7")  # regular and contiguous files; links and folders are skipped
+_REGULAR = (b"0", b"\0", b"7")  # regular and contiguous files
+_HARD_LINK = b"1"  # read as the earlier member it names; symbolic links and folders skipped
 _META = re.compile(r"__[^/]*__($|/)")  # WebDataset's metadata members (skip_meta)
 _POSIX_MAGIC = b"ustar\x0000"
 
@@ -94,7 +95,8 @@ def _damaged(path: str, offset: int, what: str) -> ShardError:
 
 
 def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
-    """``(name, data offset, size)`` of each regular file in a tar, in archive order.
+    """``(name, data offset, size)`` of each regular file in a tar, in archive order; a hard
+    link is the earlier member it names (as tar extracts it), read from that member's data.
 
     Reads POSIX ustar, pax and GNU headers (long names included) and verifies every
     header's checksum; every header block and long name is fed to ``digest``.
@@ -107,7 +109,7 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
         concatenated tar).
     """
     members, n, offset = [], len(mm), 0
-    long_name, pax = None, {}
+    long_name, long_link, pax, data_of = None, None, {}, {}
     while offset + _BLOCK <= n:
         header = mm[offset : offset + _BLOCK]
         if header == _ZERO_BLOCK:
@@ -133,6 +135,8 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
                     raise _damaged(path, offset, "an unreadable pax header") from None
             elif kind == b"L":
                 long_name = payload.split(b"\0", 1)[0].decode("utf-8", "replace")
+            elif kind == b"K":
+                long_link = payload.split(b"\0", 1)[0].decode("utf-8", "replace")
         else:
             size = int(pax.get("size", size))
             name = header[:100].split(b"\0", 1)[0]
@@ -142,7 +146,15 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
             text = pax.get("path") or long_name or name.decode("utf-8", "replace")
             if kind in _REGULAR:
                 members.append((text, data, size))
-            long_name, pax = None, {}
+                data_of[text] = data, size
+            elif kind == _HARD_LINK:
+                target = pax.get("linkpath") or long_link
+                target = target or header[157:257].split(b"\0", 1)[0].decode("utf-8", "replace")
+                if target in data_of:  # (one to a later or absent member is skipped)
+                    members.append((text, *data_of[target]))
+                    data_of[text] = data_of[target]
+                size = 0  # a link has no data of its own
+            long_name, long_link, pax = None, None, {}
         offset = data + -(-size // _BLOCK) * _BLOCK
     if offset < n:
         raise _damaged(path, offset, "the file ends inside a tar header")

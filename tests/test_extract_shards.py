@@ -83,6 +83,22 @@ def _tar(path, fmt, names):
             info = tarfile.TarInfo(name)
             info.size = 700 * k + 1
             tf.addfile(info, io.BytesIO(bytes([k % 256]) * info.size))
+        for name, target in [*_hard_links(fmt, names), ("h.jpg", "absent.jpg")]:
+            hard = tarfile.TarInfo(name)
+            hard.type, hard.linkname = tarfile.LNKTYPE, target
+            tf.addfile(hard)
+
+
+def _hard_links(fmt, names) -> list[tuple[str, str]]:
+    """(name, target) of hard links (tar writes one for a file that shares an inode with
+    an earlier one) to the members ``names``: to long names and under one where the format
+    has them."""
+    long = fmt != tarfile.USTAR_FORMAT
+    return [
+        (f"{'y' * 120 if long and k == 0 else 'h'}{k}.{name.split('.')[-1]}", name)
+        for k, name in enumerate(names)
+        if long or len(name) <= 100
+    ]
 
 
 @pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
@@ -95,13 +111,25 @@ def test_tar_headers_are_read_as_tarfile_reads_them(tmp_path, fmt):
         names.append("x" * 150 + ".jpg")  # longer than any ustar name: pax / GNU long name
     _tar(tmp_path / "t.tar", fmt, names)
     with tarfile.open(tmp_path / "t.tar") as tf:
-        expected = [(m.name, m.offset_data, m.size) for m in tf if m.isreg()]
+        regular = {m.name: m for m in tf if m.isreg()}
+        # A hard link reads as its target (tarfile's extractfile), one to no member not.
+        expected = [
+            (m.name, *(lambda t: (t.offset_data, t.size))(regular.get(m.linkname, m)))
+            for m in tf
+            if m.isreg() or (m.islnk() and m.linkname in regular)
+        ]
+        assert all(
+            tf.extractfile(m).read() == tf.extractfile(regular[m.linkname]).read()
+            for m in tf
+            if m.islnk() and m.linkname in regular
+        )
     with (
         open(tmp_path / "t.tar", "rb") as fh,
         mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm,
     ):
         assert tar_members(mm, "t.tar", hashlib.sha256()) == expected
-    assert [name for name, _, _ in expected] == names
+    linked = [name for name, _ in _hard_links(fmt, names)]
+    assert [name for name, _, _ in expected] == names + linked
 
 
 def _damage(path, how) -> int:
