@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ._batched import BatchedPath, FoldBatch, HeldOut
 from ._classifier import MR2LinearClassifier, _class_stats, both_class_logits
-from ._data import H5Source, is_torch_tensor
+from ._data import H5Source, fold_indices, is_torch_tensor
 from ._device import default_torch_modes, to_numpy, to_tensor
 from ._head import open_pair
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
@@ -287,13 +287,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             cv = check_cv(self.cv, labels, classifier=True)
             if groups is not None:
                 groups = to_numpy(groups) if is_torch_tensor(groups) else np.asarray(groups)
-            # Boolean masks (which LogisticRegressionCV takes too, indexing X[train]) as indices.
-            folds = [
-                tuple(
-                    np.flatnonzero(part) if np.asarray(part).dtype == bool else part
-                    for part in fold
-                )
-                for fold in cv.split(X, labels, groups)  # X as given, as GridSearchCV splits it
+            folds = [  # X as given, as GridSearchCV splits it
+                fold_indices(fold) for fold in cv.split(X, labels, groups)
             ]
             for f, (train, _) in enumerate(folds):
                 if not data.sample_weight[train].sum() > 0:

@@ -17,6 +17,15 @@ def is_torch_tensor(X) -> bool:
     return isinstance(X, torch.Tensor)
 
 
+def fold_indices(fold) -> tuple[np.ndarray, ...]:
+    """A cv split's (train, test) parts as index arrays: a boolean mask (which scikit-learn's
+    searches take too, indexing X[train]) becomes the indices it selects."""
+    return tuple(
+        np.flatnonzero(part) if np.asarray(part).dtype == bool else np.asarray(part)
+        for part in fold
+    )
+
+
 def is_h5_dataset(X) -> bool:
     """True for an ``h5py.Dataset`` or a lazy row view over one (``X.dataset``).
 

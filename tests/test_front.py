@@ -358,6 +358,23 @@ def test_offsets_take_an_iterable_of_splits(splits):
         assert len(front.points) == 2 + len(bounds)
 
 
+def test_offsets_take_folds_given_as_boolean_masks(splits):
+    # Sorted as masks, they named the last rows, and the check before the fits refused them.
+    from sklearn.model_selection import StratifiedKFold
+
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    rows = list(StratifiedKFold(3).split(X_fit, y_fit))
+    masks = [tuple(np.isin(np.arange(len(y_fit)), part) for part in fold) for fold in rows]
+    scores = [
+        accuracy_front(
+            MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val, tilts=(0,),
+            offset_bounds=(0.01,), offsets_cv=folds,
+        ).point("offsets≤1pt").validation
+        for folds in (rows, masks)
+    ]  # fmt: skip
+    assert scores[0] == scores[1]
+
+
 def test_a_fraction_of_offsets_cv_is_split_by_random_state(splits):
     # The front had no random_state: a float offsets_cv drew another split on every call
     # (and for the refit of the chosen point), so its offsets points moved from run to run.

@@ -636,6 +636,21 @@ def test_a_float_cv_takes_an_hdf5_dataset(tmp_path):
     np.testing.assert_allclose(tuned.offsets_, in_memory.offsets_, atol=1e-6)
 
 
+def test_folds_given_as_boolean_masks_are_their_rows():
+    # np.sort put a mask's False entries first, and the fits took the last rows instead: a
+    # "holds no sample of the classes" error on stratified folds, or an IndexError.
+    X, y = _imbalanced()
+    rows = list(StratifiedKFold(3).split(X, y))
+    masks = [tuple(np.isin(np.arange(len(y)), part) for part in fold) for fold in rows]
+    by_mask = TunedOffsetsClassifierCV(LogisticRegression(), cv=masks, store_cv_results=True)
+    by_rows = TunedOffsetsClassifierCV(LogisticRegression(), cv=rows, store_cv_results=True)
+    by_mask.fit(X, y), by_rows.fit(X, y)
+    np.testing.assert_array_equal(by_mask.offsets_, by_rows.offsets_)
+    np.testing.assert_array_equal(
+        by_mask.cv_results_["decision_function"], by_rows.cv_results_["decision_function"]
+    )
+
+
 def test_a_group_splitter_is_given_the_groups():
     # fit took no groups (they went to the estimator's fit): a GroupKFold could not run.
     X, y = _imbalanced()
