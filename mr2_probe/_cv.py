@@ -290,12 +290,17 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             folds = [  # X as given, as GridSearchCV splits it
                 fold_indices(fold) for fold in cv.split(X, labels, groups)
             ]
-            for f, (train, _) in enumerate(folds):
-                if not data.sample_weight[train].sum() > 0:
-                    raise ValueError(
-                        f"The training rows of fold {f} have no sample weight: nothing can be "
-                        "fitted on them. Give their samples positive weights or use other folds."
-                    )
+            for part, why in (
+                ("training", "nothing can be fitted"),
+                ("held-out", "no candidate can be scored"),
+            ):
+                for f, fold in enumerate(folds):
+                    if not data.sample_weight[fold[part == "held-out"]].sum() > 0:
+                        raise ValueError(
+                            f"The {part} rows of fold {f} have no sample weight: {why} on "
+                            "them. Give their samples positive weights or use "
+                            "other folds."
+                        )
             score = _Scorer(scorer, self.classes_)
             if self._batches_folds(data, solver):
                 groups = self._batched_paths(data, folds, score_weight)

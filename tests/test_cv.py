@@ -586,6 +586,14 @@ def test_a_fold_without_training_weight_is_refused():
     weight[folds[1][0]] = 0
     with pytest.raises(ValueError, match="training rows of fold 1 have no sample weight"):
         MR2LinearClassifierCV(Cs=[1.0], cv=folds, device="cpu").fit(X, y, sample_weight=weight)
+    # Held out, such rows failed after every path was fitted, in scikit-learn's words
+    # ("Sample weights must contain at least one non-zero number"), naming no fold.
+    weight = np.ones(len(y))
+    weight[folds[2][1]] = 0
+    with pytest.raises(
+        ValueError, match="held-out rows of fold 2 have no sample weight: no candidate can be sc"
+    ):
+        MR2LinearClassifierCV(Cs=[1.0], cv=folds, device="cpu").fit(X, y, sample_weight=weight)
 
 
 @pytest.mark.parametrize(
