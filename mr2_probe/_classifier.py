@@ -691,6 +691,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 generator=torch.Generator(device=data.device).manual_seed(data.seed),
                 **common,
             )
+        result.range_suspects = suspects
         if result.stop == "diverged":
             curve = result.loss_curve
             if suspects:  # an extreme parameter, not the step size
@@ -766,14 +767,18 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             )
         precise = "a larger tol" if dtype == torch.float64 else "float64 features or a larger tol"
         curve = result.loss_curve
-        if curve and not curve[-1] < curve[0]:
-            if self.c_bar is not None and self.c_bar < _EXTREME:
-                return (
-                    f"lbfgs made no progress from its starting point, {gradient}: c_bar="
-                    f"{self.c_bar:g} sets margins that divide the logits by about as much, "
-                    "which makes the objective too steep to resolve. Use a c_bar of a usual "
-                    "order of magnitude (the default is 1)."
-                )
+        progress = not curve or curve[-1] < curve[0]
+        stopped = (
+            f"lbfgs stopped after {result.n_iter} iterations, no longer improving, {gradient}"
+            if progress
+            else f"lbfgs made no progress from its starting point, {gradient}"
+        )
+        if result.range_suspects:  # neither tol nor the precision of the data is the cause
+            return (
+                f"{stopped}: an extreme parameter makes the objective too steep to resolve: "
+                f"{'; '.join(result.range_suspects)}. Use values of a usual order of magnitude."
+            )
+        if not progress:
             return (
                 f"lbfgs made no progress from its starting point, {gradient}: no step "
                 "along its first directions lowered the objective. Either the start is "
@@ -784,8 +789,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             )
         if dtype == torch.float64:
             return (
-                f"lbfgs stopped after {result.n_iter} iterations, no longer improving, "
-                f"{gradient}: the tolerance is tighter than the precision of the data allows. "
+                f"{stopped}: the tolerance is tighter than the precision of the data allows. "
                 "Use a larger tol (and, for features of very different magnitudes, scale "
                 "them, e.g. StandardScaler)."
             )
@@ -794,10 +798,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         # 60-row problem): float64 is the remedy, a larger tol only accepts the point.
         scale = "" if self.head == "cosine" else " (and scale them, e.g. StandardScaler)"
         return (
-            f"lbfgs stopped after {result.n_iter} iterations, no longer improving, {gradient}: "
-            "float32 arithmetic cannot resolve the objective's decrease from here, and the "
-            f"optimum may still be some way off. Use float64 features{scale} for a tighter "
-            "solution, or a larger tol to accept this one."
+            f"{stopped}: float32 arithmetic cannot resolve the objective's decrease from "
+            "here, and the optimum may still be some way off. Use float64 features"
+            f"{scale} for a tighter solution, or a larger tol to accept this one."
         )
 
     def _validate_fit_data(self, X, y):

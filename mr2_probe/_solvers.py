@@ -56,6 +56,9 @@ class SolverResult:
     # evaluations), "stalled" (L-BFGS no longer improving), or "rose" (a minibatch fit that
     # ended well above its best epoch loss).
     stop: str = "tol"
+    # The estimator's parameters extreme enough to make the objective too steep to resolve
+    # (its messages name them): set by the estimator, not by the solvers.
+    range_suspects: list = field(default_factory=list)
 
 
 # Gradients in the logits are kept between the two passes of a tilted

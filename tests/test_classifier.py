@@ -747,7 +747,25 @@ def test_a_stall_from_a_tiny_c_bar_names_it(digits, c_bar):
     with pytest.warns(ConvergenceWarning, match="made no progress") as record:
         MR2LinearClassifier(c_bar=c_bar, device="cpu").fit(X, y)
     message = str(record[0].message)
-    assert f"c_bar={c_bar:g} sets margins" in message and "features" not in message
+    assert f"too steep to resolve: c_bar={c_bar:g} (the margins divide" in message
+    assert "features" not in message
+
+
+@pytest.mark.parametrize(
+    "params, named",
+    [
+        ({"c_bar": 1e-9}, "c_bar=1e-09 (the margins divide the logits by it)"),
+        ({"C": 1e-12}, "C=1e-12 and sample weights summing to 150 (the penalty is"),
+    ],
+)
+def test_a_stall_after_some_progress_names_an_extreme_parameter(params, named):
+    # Past its first steps the same stall read "Use a larger tol", by a factor of 10⁹.
+    X, y = load_iris(return_X_y=True)
+    with pytest.warns(ConvergenceWarning, match="no longer improving") as record:
+        MR2LinearClassifier(device="cpu", **params).fit(X, y)
+    message = str(record[0].message)
+    assert f"an extreme parameter makes the objective too steep to resolve: {named}" in message
+    assert "larger tol" not in message
 
 
 def test_a_cosine_prototype_of_no_direction_still_fits():
