@@ -24,7 +24,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     y_true, y_pred : array-like of shape (n_samples,)
         True and predicted labels of any type (integers, strings, ...).
     labels : array-like of shape (n_classes,), default=None
-        Classes to score; samples of other classes are ignored.
+        Classes to score, each once; samples of other classes are ignored.
     sample_weight : array-like of shape (n_samples,), default=None
         Weights of the samples: a class's accuracy is the weight of its correct samples
         over its total weight.
@@ -54,24 +54,28 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
             return set()
         if a.dtype != object:
             return {{"U": str, "S": bytes}.get(a.dtype.kind, float)}
-        return {type(v) if isinstance(v, str | bytes) else float for v in np.unique(a).tolist()}
+        return {type(v) if isinstance(v, str | bytes) else float for v in set(a.tolist())}
+
+    def mix(kinds):  # "bytes and str": the kinds found, not always strings against numbers
+        names = [name for kind, name in _KIND_NAMES.items() if kind in kinds]
+        return f"Mix of label input types ({', '.join(names[:-1])} and {names[-1]})"
 
     for name, a in (("y_true", y_true), ("y_pred", y_pred)):
         _check_no_nan(name, a)
     kinds = kinds_of(y_true) | kinds_of(y_pred)
     if len(kinds) > 1:
         raise ValueError(
-            "Mix of label input types (string and number): y_true holds "
-            f"{y_true.dtype} labels and y_pred {y_pred.dtype} labels."
+            f"{mix(kinds)}: y_true holds {y_true.dtype} labels and y_pred {y_pred.dtype} labels."
         )
     labels = np.unique(y_true) if labels is None else np.asarray(labels)
     if labels.ndim != 1 or (len(labels) == 0 and len(y_true)):
         raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
     if len(kinds | kinds_of(labels)) > 1:  # every class would be scored NaN
         raise ValueError(
-            "Mix of label input types (string and number): labels holds "
-            f"{labels.dtype} labels and y_true {y_true.dtype} labels."
+            f"{mix(kinds | kinds_of(labels))}: labels holds {labels.dtype} labels and y_true "
+            f"{y_true.dtype} labels."
         )
+    _check_distinct(labels)
     weight = _sample_weight(sample_weight, len(y_true))
     sorter = np.argsort(labels)
     position = np.searchsorted(labels, y_true, sorter=sorter)
@@ -83,6 +87,23 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     total = np.bincount(index[known], weights=weight[known], minlength=len(labels))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total > 0, correct / total, np.nan)
+
+
+#: Name of each kind of label, in the order a message lists them.
+_KIND_NAMES = {bytes: "bytes", str: "str", float: "number"}
+
+
+def _check_distinct(labels: np.ndarray) -> None:
+    """Refuse a class named twice in ``labels``: the searchsorted lookup scores only one
+    of its copies and leaves the other NaN, and class_groups ranks the two apart."""
+    values, counts = np.unique(labels, return_counts=True)
+    twice = counts > 1
+    if twice.any():
+        repeated = ", ".join(
+            f"{value!r} {'twice' if n == 2 else f'{n} times'}"
+            for value, n in zip(values[twice].tolist(), counts[twice].tolist(), strict=True)
+        )
+        raise ValueError(f"labels must hold each class once, got {labels.tolist()} ({repeated}).")
 
 
 def _check_no_nan(name: str, a: np.ndarray) -> None:
@@ -156,8 +177,8 @@ def class_groups(y_true, y_pred, labels=None) -> dict:
     y_pred : array-like of shape (n_samples,)
         Predictions of the reference model (by convention the ERM probe).
     labels : array-like, default=None
-        Classes to group (default: sorted ``y_true``). A class absent from ``y_true`` has
-        no accuracy and ranks last.
+        Classes to group, each once (default: sorted ``y_true``). A class absent from
+        ``y_true`` has no accuracy and ranks last.
 
     Returns
     -------
@@ -294,7 +315,8 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
         :attr:`~mr2_probe.report.ClasswiseReport.groups` holds). ``None`` uses the groups
         of this very model.
     labels : array-like, default=None
-        Class order of an index array ``groups`` (default: sorted ``y_true``).
+        Class order of an index array ``groups``, each class once (default: sorted
+        ``y_true``).
     sample_weight : array-like of shape (n_samples,), default=None
         Weights of the samples, in the overall and in every class's accuracy.
 

@@ -17,6 +17,7 @@ import re
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
+from .front import _final
 from .metrics import GROUP_NAMES
 from .report import ClasswiseReport
 
@@ -217,7 +218,8 @@ def plot_margins(classifier, path, class_names=None):
     Parameters
     ----------
     classifier : MR2LinearClassifier
-        Fitted; reads ``margins_``, ``class_stats_["msd"]``, ``classes_`` and ``c_bar``.
+        Fitted (or a fitted pipeline ending in one); reads ``margins_``,
+        ``class_stats_["msd"]``, ``classes_`` and ``c_bar``.
     path : str or path-like
     class_names : sequence of str, default=None
         Names printed beside the points when ``classes_`` are integer codes 0..K-1 (a
@@ -240,6 +242,7 @@ def plot_margins(classifier, path, class_names=None):
     >>> fig.axes[0].get_ylabel()
     'margin γ_k'
     """
+    classifier = _final(classifier)
     check_is_fitted(classifier, ["margins_", "class_stats_"])
     msd = np.asarray(classifier.class_stats_["msd"], dtype=float)
     gamma = np.asarray(classifier.margins_, dtype=float)
@@ -417,7 +420,8 @@ _CURVE_STYLES = ("-", "--", ":", "-.")
 
 
 def cv_curves(search, scoring: str = "score") -> dict:
-    """Validation curves of a fitted :class:`~mr2_probe.MR2LinearClassifierCV`.
+    """Validation curves of a fitted :class:`~mr2_probe.MR2LinearClassifierCV` (or of a
+    pipeline ending in one).
 
     Returns ``{name: (n_Cs,) array}``, each the mean over folds: ``scoring`` names the
     search's own held-out score (``scores_``); ``balanced_accuracy`` and ``worst_class``
@@ -425,6 +429,7 @@ def cv_curves(search, scoring: str = "score") -> dict:
     out), whatever the search chose by. ``class_std`` is the spread itself (lower is
     better), not its scorer's negation.
     """
+    search = _final(search)
     check_is_fitted(search, "class_accuracy_path_")
     per_class = search.class_accuracy_path_  # (folds, Cs, K)
     own = next(iter(search.scores_.values())).mean(0)
@@ -464,13 +469,15 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
     >>> fig.axes[0].get_xscale()
     'log'
     """
+    if not searches:
+        raise ValueError("searches must name at least one search, got an empty mapping.")
     fig = _figure(7.0, 4.5)
     ax = fig.subplots()
     colours = model_colours(list(searches), reference="ERM" if "ERM" in searches else None)
     # The reference's light grey is for filled marks: a thin curve or dotted line of it is
     # barely seen on white, so its curves take the dark grey of the reference lines.
     colours = {name: SAME if c == REFERENCE else c for name, c in colours.items()}
-    searches = {name: s[-1] if hasattr(s, "steps") else s for name, s in searches.items()}
+    searches = {name: _final(s) for name, s in searches.items()}
     # C = inf (no penalty) has no place on a log axis: it is drawn a decade beyond the
     # largest finite value, and the axis says so.
     finite = [c for s in searches.values() for c in s.Cs_ if np.isfinite(c)]

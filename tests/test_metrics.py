@@ -1,5 +1,6 @@
 """Class-wise metrics and the scikit-learn scorers built on them."""
 
+import re
 import warnings
 
 import numpy as np
@@ -393,6 +394,53 @@ def test_label_kinds_and_shapes_are_checked_before_scoring():
     for weight in ([np.inf, 1.0], [np.nan, 1.0]):
         with pytest.raises(ValueError, match="finite"):
             worst_class_accuracy([0, 1], [0, 1], sample_weight=weight)
+
+
+@pytest.mark.parametrize(
+    "y_true, y_pred, kinds",
+    [
+        # Bytes against text was called "string and number", though neither is a number.
+        (np.array([b"a"]), np.array(["a"]), "bytes and str"),
+        (np.array([b"a", b"b"], dtype=object), [0, 1], "bytes and number"),
+        (["a", "b"], [0, 1], "str and number"),
+        # Kinds mixed in one array of objects: np.unique's sort raised a TypeError first.
+        (np.array([b"a", "a", 1], dtype=object), [0, 1, 1], "bytes, str and number"),
+    ],
+)
+def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
+    with pytest.raises(ValueError, match=rf"^Mix of label input types \({kinds}\): y_true holds"):
+        per_class_accuracy(y_true, y_pred)
+    with pytest.raises(ValueError, match=rf"^Mix of label input types \({kinds}\): labels holds"):
+        per_class_accuracy(y_pred, y_pred, labels=y_true)
+
+
+@pytest.mark.parametrize(
+    "score, message",
+    [
+        # The second 1 was scored NaN (recall_score gives [1, 0.5, 1]).
+        (
+            lambda: per_class_accuracy([0, 0, 1, 1, 2], [0, 1, 1, 1, 2], labels=[1, 0, 1]),
+            "labels must hold each class once, got [1, 0, 1] (1 twice).",
+        ),
+        # Class 1, the best, was put in "hard" (its second copy scored NaN, ranked last).
+        (
+            lambda: class_groups([0, 0, 1, 1, 2, 2], [0, 1, 1, 1, 2, 0], labels=[2, 1, 1, 0]),
+            "labels must hold each class once, got [2, 1, 1, 0] (1 twice).",
+        ),
+        (
+            lambda: classwise_summary([0, 1, 2], [0, 1, 2], groups=[0, 1, 2], labels=[0, 1, 1]),
+            "labels must hold each class once, got [0, 1, 1] (1 twice).",
+        ),
+        (
+            lambda: per_class_accuracy(["a", "b"], ["a", "b"], labels=["b", "a", "b", "a", "b"]),
+            "labels must hold each class once, got ['b', 'a', 'b', 'a', 'b'] ('a' twice, "
+            "'b' 3 times).",
+        ),
+    ],
+)
+def test_labels_holding_a_class_twice_are_refused(score, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        score()
 
 
 def test_fewer_classes_than_groups_spread_from_easy_to_hard():

@@ -325,6 +325,22 @@ def test_margin_plot_refuses_names_for_classes_that_are_not_their_indices(tmp_pa
     assert not (tmp_path / "margins.png").exists()
 
 
+def test_margin_plot_takes_a_classifier_inside_a_pipeline(tmp_path):
+    # A fitted pipeline ending in the classifier was refused as "Pipeline ... not fitted".
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = load_iris(return_X_y=True)
+    pipeline = make_pipeline(StandardScaler(), MR2LinearClassifier(max_iter=30, device="cpu"))
+    clf = pipeline.fit(X, y)[-1]
+    fig = plot_margins(pipeline, tmp_path / "margins.png")
+    _assert_png(tmp_path / "margins.png")
+    np.testing.assert_allclose(
+        fig.axes[0].collections[0].get_offsets(), np.c_[clf.class_stats_["msd"], clf.margins_]
+    )
+    assert [t.get_text() for t in fig.axes[0].texts] == ["0", "1", "2"]
+
+
 def test_margin_plot_needs_a_fitted_classifier(tmp_path):
     with pytest.raises(NotFittedError):
         plot_margins(MR2LinearClassifier(), tmp_path / "margins.png")
@@ -463,3 +479,18 @@ def test_cv_curve_takes_searches_inside_pipelines(tmp_path):
         {"MR2": make_pipeline(StandardScaler(), search).fit(X, y)}, tmp_path / "p.png"
     )
     assert fig.axes[0].lines[0].get_xdata().tolist() == [0.01, 1.0]
+    # cv_curves refused the pipeline as "Pipeline ... not fitted".
+    from mr2_probe.plotting import cv_curves
+
+    pipeline = make_pipeline(StandardScaler(), search).fit(X, y)
+    curves, own = cv_curves(pipeline), cv_curves(pipeline[-1])
+    assert list(curves) == ["score", "balanced_accuracy", "worst_class"]
+    for name, curve in own.items():
+        np.testing.assert_array_equal(curves[name], curve)
+
+
+def test_cv_curve_needs_at_least_one_search(tmp_path):
+    # No search raised a bare StopIteration.
+    with pytest.raises(ValueError, match=r"^searches must name at least one search, got an "):
+        plot_cv_curve({}, tmp_path / "cv.png")
+    assert not (tmp_path / "cv.png").exists()
