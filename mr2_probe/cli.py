@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import os
 import re
 import sys
@@ -79,8 +80,8 @@ files written to --out:
   models.joblib          the fitted models, a dict keyed by the report's model names
   class_names.json       the class names of an HDF5 store: class k is entry k
   command.json           the options of the run
-  A run replaces an earlier run's files there; a folder holding files of these names
-  that no earlier run wrote (no command.json) is refused.
+  A run replaces an earlier run's files there, and says so when it starts; a folder
+  holding files of these names that no earlier run wrote (no command.json) is refused.
 
 labels:
   The models learn the labels exactly as the training file holds them and predict the
@@ -207,7 +208,8 @@ def _parser() -> argparse.ArgumentParser:
         "--C",
         type=float,
         default=None,
-        help="inverse L2 strength, as in LogisticRegression (default: 1)",
+        help="inverse L2 strength, as in LogisticRegression (default: 1); the cosine head "
+        "has no penalty of its own: with it, C penalises only MR²'s projection (--lam > 0)",
     )
     parser.add_argument("--max-iter", type=int, default=100, help="iterations / epochs")
     parser.add_argument(
@@ -345,9 +347,9 @@ def _cs(text: str):
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
+    if value < 2:  # (one value, 1e-4, is no choice)
         raise argparse.ArgumentTypeError(
-            f"expected a number of values >= 1, e.g. 20, or 'bisect'; got {text!r}"
+            f"expected a number of values >= 2 to choose from, e.g. 20, or 'bisect'; got {text!r}"
         )
     return value
 
@@ -423,11 +425,15 @@ def _run(args, given: frozenset = frozenset()) -> int:
     erm, mr2 = _estimators(args)
     grid = _grid(args.grid)
     _check_grid(grid, mr2, args, given)
-    out = _prepare_out(args.out) if args.out else None
+    out = _prepare_out(args.out) if args.out is not None else None
     X, y, X_test, y_test, names, sources = _inputs(args)
-    _check_splits(y, grid, args)
+    _check_splits(y, grid, args, names)
 
     erm_grid = {key: values for key, values in grid.items() if key not in _MR2_ONLY}
+    if set(grid.get("head", [args.head])) == {"cosine"}:
+        # ERM has no projection, and the cosine head no penalty of its own: C does nothing
+        # to it, and a search of C would choose among fits of one model.
+        erm_grid.pop("C", None)
     if args.Cs is not None:
         erm, mr2 = _cv_probe(erm, args), _cv_probe(mr2, args)
     models = {
@@ -499,9 +505,14 @@ def _run(args, given: frozenset = frozenset()) -> int:
             data["search"] = {"scoring": args.scoring, "cv": args.cv, "best_params": search}
         data["notes"] = notes
         if searches:
-            data["cv"] = {
-                name: {"C": cv.C_, "Cs": cv.Cs_.tolist(), "curves": _percent(cv, args)}
+            data["cv"] = {  # the values searched: C, or a cosine head's scale
+                name: {
+                    what: cv.C_,
+                    f"{what}s": cv.Cs_.tolist(),
+                    "curves": _percent(cv, args),
+                }
                 for name, cv in searches.items()
+                for what in ["scale" if cv.head_ == "cosine" else "C"]
             }
         _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names)
     return status
@@ -796,6 +807,8 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
 
 def _prepare_out(path: str) -> Path:
     """Create the output folder and make sure this run can write there, before any work."""
+    if not path:
+        raise UsageError("--out needs a folder; got an empty name")
     out = Path(path)
     for folder in (out, *out.parents):
         if folder.exists() and not folder.is_dir():
@@ -814,6 +827,12 @@ def _prepare_out(path: str) -> Path:
             f"--out {path!r} holds {', '.join(taken)}, which this run would replace, and "
             f"no earlier mr2-probe run wrote them ({why}); choose another --out, or move "
             "them away"
+        )
+    if taken:
+        print(
+            f"mr2-probe: --out {path!r} holds an earlier run's {', '.join(taken)}; this run "
+            "replaces them when it ends (choose another --out to keep them)",
+            file=sys.stderr,
         )
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -980,6 +999,13 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
         )
     if y.dtype.kind == "f" and not np.isfinite(y).all():
         raise UsageError(f"{source}: some labels are NaN or infinite; every row needs a class")
+    fractions = np.flatnonzero(y != np.round(y)) if y.dtype.kind == "f" else []
+    if y.dtype.kind == "c" or len(fractions):
+        kind, example = ("complex", y[0]) if y.dtype.kind == "c" else ("real", y[fractions[0]])
+        raise UsageError(
+            f"{source}: the labels are {kind} numbers, such as {example.item()!r}, not "
+            "classes; give class labels (integers or text)"
+        )
 
 
 def _inputs(args):
@@ -1002,10 +1028,13 @@ def _inputs(args):
                 X, y, test_size=args.test_size, stratify=y, random_state=args.seed
             )
         except ValueError as error:
+            why = _single_sample_classes(y, names) or (
+                f"{_one_line(error).rstrip('.')}; choose a --test-size that leaves each class "
+                "at least one sample in both parts (or pass --test)"
+            )
             raise UsageError(
                 f"cannot hold out --test-size {args.test_size:g} of {args.train} with every "
-                f"class in both parts: {_one_line(error).rstrip('.')}; choose a --test-size "
-                "that leaves each class at least one sample in both parts (or pass --test)"
+                f"class in both parts: {why}"
             ) from error
         return X, y, X_test, y_test, names, _sources(args)
     _check_not_the_training_data(args.train, args.test)
@@ -1167,9 +1196,25 @@ def _common_images(train, test) -> tuple[int, int] | None:
     return int(np.isin(digests[1], digests[0]).sum()), len(digests[1])
 
 
-def _check_splits(y, grid: dict, args) -> None:
+def _single_sample_classes(y, names) -> str:
+    """Where a class has a single sample, which no split puts on both sides: what to do
+    (naming the first such class as the report would); "" otherwise."""
+    classes, counts = np.unique(y, return_counts=True)
+    single = classes[counts < 2]
+    if not len(single):
+        return ""
+    first = names[single[0]] if names is not None else single[0].item()
+    return (
+        f"{len(single)} {'class has' if len(single) == 1 else 'classes have'} a single "
+        f"sample (the first: {first!r}), which no split puts on both sides: drop those "
+        "samples or add more of their classes"
+    )
+
+
+def _check_splits(y, grid: dict, args, names=None) -> None:
     """The splits the run will make, made once on the labels before any fit: the folds of
-    a search (--grid, --Cs) and the front's validation split (--tilt, --offsets)."""
+    a search (--grid, --Cs) and the front's validation split (--tilt, --offsets); ``names``:
+    the class names of a store's codes ``y``."""
     rows = np.zeros((len(y), 1))
     if grid or args.Cs is not None:
         try:
@@ -1190,9 +1235,10 @@ def _check_splits(y, grid: dict, args) -> None:
                 y, test_size=args.val_size, stratify=y, random_state=args.seed
             )
         except ValueError as error:
+            why = _single_sample_classes(y, names) or f"{_one_line(error)}; {advice}"
             raise UsageError(
                 f"--val-size {args.val_size:g} cannot split the {len(y)} training samples "
-                f"with every class on both sides: {_one_line(error)}; {advice}"
+                f"with every class on both sides: {why}"
             ) from error
         classes = np.unique(y)
         for part, name in ((fit_part, "fitting"), (validation, "validation")):
@@ -1448,11 +1494,11 @@ def _write_outputs(
     # them together: a run that fails or is killed leaves the earlier run's set, never a
     # truncated model or reports that describe other models.
     files = {  # command.json first: it marks the folder as a run's (_earlier_run)
-        "command.json": _text(json.dumps(options, indent=2)),
+        "command.json": _text(_strict_json(options, indent=2)),
         "models.joblib": lambda path: joblib.dump({k: _quiet(m) for k, m in fitted.items()}, path),
         "report.txt": _text("\n\n".join(text)),
         "report.md": _text("\n\n".join(markdown)),
-        "report.json": _text(json.dumps(data, indent=2, ensure_ascii=False)),
+        "report.json": _text(_strict_json(data, indent=2, ensure_ascii=False)),
     }
     if names is not None:
         files["class_names.json"] = _text(json.dumps(names, ensure_ascii=False))
@@ -1475,6 +1521,23 @@ def _write_outputs(
     for name, write in figures.items():
         _replace_together(out, {name: write})
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)
+
+
+def _strict_json(value, **kwargs) -> str:
+    """JSON that strict parsers read: no Infinity or NaN, which ``json.dumps`` writes (as
+    C=inf); infinities as the strings "inf" and "-inf", as the options take them, and NaN
+    as null, as the reports write it."""
+
+    def strict(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+        if isinstance(v, dict):
+            return {key: strict(item) for key, item in v.items()}
+        if isinstance(v, list | tuple):
+            return [strict(item) for item in v]
+        return v
+
+    return json.dumps(strict(value), allow_nan=False, **kwargs)
 
 
 def _text(content: str):

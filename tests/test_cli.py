@@ -78,6 +78,10 @@ def files(tmp_path_factory):
     np.save(folder / "X.npy", X)
     np.save(folder / "y.npy", y)
     np.save(folder / "y_short.npy", y[:-1])
+    np.save(folder / "y_half.npy", y + 0.5)
+    np.savez(folder / "complex_y.npz", X=X, y=y + 0j)
+    # Class 7 has one sample, which no stratified split puts on both sides.
+    np.savez(folder / "single.npz", X=np.r_[X, X[:1]], y=np.r_[y, 7])
     # One large class and three of two samples each: a split can leave those out of a side.
     uneven = np.r_[np.zeros(60, int), np.repeat([1, 2, 3], 2)]
     for name, seed in (("uneven", 0), ("uneven_test", 1)):
@@ -176,6 +180,30 @@ def test_warnings_name_the_grid_where_it_sets_max_iter():
         "lbfgs did not converge in 2 iterations (--grid max_iter=2). Raise --grid max_iter, "
         "or scale the features (--feature-scaling standard)."
     )
+
+
+def test_a_cosine_erm_searches_no_c(files, capsys):
+    # ERM has no projection, and the cosine head no penalty: its "grid" of C fitted one
+    # model twice and reported a best C.
+    argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--head", "cosine"]
+    assert main([*argv, "--grid", "lam=0,0.5", "--grid", "C=0.001,1000", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "ERM grid" not in printed and "MR2 grid: best parameters by worst_class" in printed
+
+
+def test_json_outputs_are_strict_json(files, tmp_path):
+    # C = inf was written as Infinity, which strict JSON parsers refuse.
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--no-progress"]
+    assert main([*argv, "--grid", "C=inf,1e-9", "--cv", "2", "--out", str(out)]) == 0
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is no JSON")
+
+    report = json.loads((out / "report.json").read_text(), parse_constant=refuse)
+    assert report["search"]["best_params"]["MR2 grid"]["C"] == "inf"
+    assert main([*argv, "--C", "inf", "--max-iter", "5", "--out", str(out)]) == 0
+    assert json.loads((out / "command.json").read_text(), parse_constant=refuse)["C"] == "inf"
 
 
 def test_grid_search_tunes_erm_and_mr2_alike(files, tmp_path, capsys):
@@ -535,7 +563,27 @@ NEEDS_H5 = pytest.mark.skipif(
             ["{d}/train.npz", "--tilt", "1", "--val-size", "0.98"],
             "--val-size 0.98 cannot split the 72 training samples",
         ),
+        # Labels that are no classes: refused after the fit had started, in scikit-learn's
+        # words ("Unknown label type: continuous"), naming no file.
+        (["{d}/X.npy", "--labels", "{d}/y_half.npy"], "the labels are real numbers, such as 0."),
+        (["{d}/complex_y.npz"], "complex_y.npz: the labels are complex numbers, such as 0j, not"),
+        # A class of one sample: the advice was another --val-size (or --test-size), and the
+        # class was named by its code.
+        (["{d}/single.npz"], "with every class in both parts: 1 class has a single sample (the"),
+        (
+            ["{d}/single.npz", "--test", "{d}/test.npz", "--offsets", "1"],
+            "both sides: 1 class has a single sample (the first: 7), which no split puts on",
+        ),
+        pytest.param(
+            ["{d}/single.h5", "--test", "{d}/store_test.h5", "--tilt", "1"],
+            "1 class has a single sample (the first: 'Trouser'), which",
+            marks=NEEDS_H5,
+        ),
+        pytest.param(
+            ["{d}/single.h5"], "(the first: 'Trouser'), which no split puts", marks=NEEDS_H5
+        ),
         # Outputs that cannot be written, found before any work.
+        (["{d}/train.npz", "--out", ""], "--out needs a folder; got an empty name"),
         (["{d}/train.npz", "--out", "{d}/notes.txt"], "'{d}/notes.txt' is a file"),
         (["{d}/train.npz", "--out", "{d}/notes.txt/run"], "'{d}/notes.txt' is a file"),
     ],
@@ -547,6 +595,15 @@ def test_mistakes_end_in_one_line_and_status_2(files, stores, argv, message, cap
     # One line: no traceback, and no "fitting ..." line either (nothing was fitted).
     assert len(lines) == 1 and lines[0].startswith("mr2-probe: error: "), lines
     assert message.format(d=files) in lines[0]
+
+
+def test_cs_needs_two_values_to_choose_from(files, capsys):
+    # --Cs 1 "chose" its one value, C = 1e-4, and MR² predicted a single class.
+    code, lines = _error([str(files / "train.npz"), "--Cs", "1"], capsys)
+    assert code == 2 and lines[-1] == (
+        "mr2-probe: error: argument --Cs: expected a number of values >= 2 to choose from, "
+        "e.g. 20, or 'bisect'; got '1'"
+    )
 
 
 def test_out_replaces_an_earlier_runs_files_and_no_one_elses(files, tmp_path, capsys):
@@ -567,8 +624,15 @@ def test_out_replaces_an_earlier_runs_files_and_no_one_elses(files, tmp_path, ca
     run = tmp_path / "run"
     argv = [str(files / "train.npz"), "--out", str(run), "--no-progress", "--max-iter", "5"]
     assert main(argv) == 0
+    capsys.readouterr()
     assert main([*argv, "--c-bar", "2"]) == 0
     assert json.loads((run / "command.json").read_text())["c_bar"] == 2
+    # Said at the start, not silently (the files listed are those the folder held).
+    assert capsys.readouterr().err.startswith(
+        f"mr2-probe: --out {str(run)!r} holds an earlier run's models.joblib, command.json, "
+        "report.txt, report.md, report.json, class_accuracy.png, groups.png, margins.png; "
+        "this run replaces them when it ends (choose another --out to keep them)\n"
+    )
     # What this run does not write, an earlier run's CV curve and class names (an .npz
     # has none), is removed with the rest, not left to describe other models.
     for name in ("cv_curve.png", "class_names.json"):
@@ -686,6 +750,8 @@ def stores(files):
     _store(
         files / "few.h5", X[:9], y[:9], FASHION, source_fingerprint="sha256:b", source_root="/fm"
     )
+    # Trouser (code 1) has a single sample.
+    _store(files / "single.h5", X[y != 1][:41], np.r_[y[y != 1][:40], 1], FASHION)
     # A subset without any Trouser, whose store still lists the class.
     _store(files / "no_trouser.h5", X[y != 1], y[y != 1], FASHION, source_fingerprint="sha256:c")
     # Two shards of one image list: the same fingerprint, disjoint images.
@@ -822,6 +888,10 @@ def test_a_cosine_search_of_the_scale_says_scale(files, tmp_path, capsys):
     for name in ("ERM", "MR2"):
         assert f"{name}: chose scale={models[name].C_:.4g} by " in printed
     assert " C=" not in printed and "       scale  " in printed
+    # report.json recorded the scale searched as "C", beside the model's own C of 1.
+    for name, cv in json.loads((out / "report.json").read_text())["cv"].items():
+        assert cv.keys() == {"scale", "scales", "curves"}
+        assert cv["scale"] == models[name].C_ and cv["scales"] == models[name].Cs_.tolist()
 
 
 @NEEDS_H5
