@@ -108,8 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--label-key",
         default=None,
         help="webdataset: the label member (default: cls), e.g. txt, or a JSON path such as "
-        "json.label; parquet: the label column (default: label). Labels of digits are class "
-        "indices, other labels class names; a mix of the two is refused",
+        "json.label; labels of digits are class indices, other labels class names, and a mix "
+        "of the two is refused. parquet: the label column (default: label); an integer "
+        "column holds class indices, a string column class names (digits too, sorted as "
+        "text)",
     )
     parser.add_argument(
         "--force",
@@ -152,6 +154,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         if value is not None and value < least:  # the options' names, not the parameters'
             return _error(f"{flag} must be at least {least}; got {value}")
+    kind = args.source.partition(":")[0]  # as open_source reads the spec
+    for flag, value in (("--image-key", args.image_key), ("--label-key", args.label_key)):
+        if value is not None and kind not in ("webdataset", "parquet"):
+            return _error(
+                f"{flag} applies to webdataset: and parquet: sources; {args.source!r} is not "
+                f"one. Leave {flag} out, or name shards as 'webdataset:PATTERN' and Parquet "
+                "files as 'parquet:PATTERN'"
+            )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     import torch
 

@@ -446,12 +446,19 @@ def _with_pretrained(spec: BackboneSpec, source: str, build: Callable[[], _T]) -
 
 
 def _check_file(spec: BackboneSpec, path: str) -> str:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"The checkpoint {path!r} of backbone {str(spec)!r} does not exist; pass the "
-            "path of a local checkpoint file."
-        )
-    return path
+    if os.path.isfile(path):
+        return path
+    fix = "pass the path of a local checkpoint file"
+    if os.path.isdir(path):
+        what = "is a folder, not a checkpoint file"
+        fix = "pass the path of the checkpoint file in it"
+    elif os.path.exists(path):
+        what = "is not a regular file"  # a device, a FIFO, a socket
+    elif os.path.islink(path):
+        what = f"is a symbolic link to {os.readlink(path)!r}, which does not exist"
+    else:
+        what = "does not exist"
+    raise FileNotFoundError(f"The checkpoint {path!r} of backbone {str(spec)!r} {what}; {fix}.")
 
 
 def _normalised_preprocess(size: int | tuple, resize: int, interpolation: str, mean, std, **extra):
@@ -1027,7 +1034,7 @@ def create_backbone(
         that does not fit the architecture; ``WeightsUnavailableError`` when pretrained
         weights are neither cached nor downloadable.
     FileNotFoundError
-        If a checkpoint path does not exist.
+        If a checkpoint path is not a file (missing, a folder, a broken symbolic link, a FIFO).
 
     Examples
     --------

@@ -626,7 +626,8 @@ def open_source(
         if value is not None:
             raise ValueError(
                 f"The '{name}' parameter applies when opening webdataset: and parquet: "
-                f"sources; {text!r} is not one. Got {value!r}."
+                f"sources; {text!r} is not one. Got {value!r}; leave it None, or name shards "
+                "as 'webdataset:PATTERN' and Parquet files as 'parquet:PATTERN'."
             )
     if isinstance(source, ImageSource):
         return source

@@ -23,7 +23,7 @@ import re
 import shutil
 import socket
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -989,7 +989,7 @@ def shards_beside(out: str | os.PathLike) -> list[Path]:
 
 
 def merge_shards(
-    shards: Sequence[str | os.PathLike], out: str | os.PathLike, overwrite: bool = False
+    shards: Iterable[str | os.PathLike], out: str | os.PathLike, overwrite: bool = False
 ) -> Path:
     """Merge per-rank shard stores into one store in source order.
 
@@ -1002,8 +1002,8 @@ def merge_shards(
 
     Parameters
     ----------
-    shards : sequence of path-like
-        Every shard of one run, any order.
+    shards : iterable of path-like
+        Every shard of one run, any order (at least one).
     out : path-like
         The merged store (written atomically, under the store lock).
     overwrite : bool, default=False
@@ -1017,9 +1017,17 @@ def merge_shards(
     Raises
     ------
     ValueError
-        If ranks are missing or repeated; ``ProvenanceError`` if the shards (or an existing
-        ``out``) disagree; ``IncompleteStoreError`` if a shard has pending rows.
+        If no shards are given or ranks are missing or repeated; ``ProvenanceError`` if the
+        shards (or an existing ``out``) disagree; ``IncompleteStoreError`` if a shard has
+        pending rows.
     """
+    shards = list(shards)  # counted and read once each: a generator is taken too
+    if not shards:
+        raise ValueError(
+            "The 'shards' parameter of merge_shards holds no shards; pass every shard of "
+            "one run: the paths extract_features(..., rank=r, world_size=W) returned for r "
+            "in range(W)."
+        )
     files = {}
     reference = None  # every shard is checked against the first one given
     try:

@@ -1,5 +1,6 @@
 """Backbone specs and the factory, with tiny random-weight models (no downloads)."""
 
+import os
 import re
 import shutil
 
@@ -92,6 +93,37 @@ def test_parse_backbone_spec_errors(spec, match):
 )
 def test_missing_checkpoint_is_a_clear_error(spec):
     with pytest.raises(FileNotFoundError, match="does not exist"):
+        create_backbone(spec)
+
+
+@pytest.mark.parametrize(
+    "make, what",
+    [
+        (lambda path: None, "does not exist; pass the path of a local checkpoint file"),
+        (
+            lambda path: path.mkdir(),
+            "is a folder, not a checkpoint file; pass the path of the checkpoint file in it",
+        ),
+        (
+            lambda path: path.symlink_to(path.parent / "moved.pth"),
+            "is a symbolic link to '{parent}/moved.pth', which does not exist; pass the path "
+            "of a local checkpoint file",
+        ),
+        (
+            lambda path: os.mkfifo(path),
+            "is not a regular file; pass the path of a local checkpoint file",
+        ),
+    ],
+    ids=["missing", "folder", "broken-link", "fifo"],
+)
+@pytest.mark.parametrize("spec", ["timm:test_resnet@{path}", "open_clip:RN50@{path}"])
+def test_a_checkpoint_that_is_no_file_is_said_to_be_what_it_is(tmp_path, make, what, spec):
+    # A folder, a broken symbolic link and a FIFO were each said not to exist.
+    path = tmp_path / "ckpt.pth"
+    make(path)
+    spec = spec.format(path=path)
+    message = f"The checkpoint {str(path)!r} of backbone {spec!r} {what.format(parent=tmp_path)}."
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(message)}$"):
         create_backbone(spec)
 
 

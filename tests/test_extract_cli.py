@@ -54,6 +54,21 @@ def test_help_explains_options_with_examples(capsys):
         assert needle in text
 
 
+def test_label_key_help_says_what_each_source_kind_makes_of_digits(capsys):
+    # "Labels of digits are class indices" was said of both kinds, but a Parquet string
+    # column holds class names, digits or not ("10" and "2" sorted as text).
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "--label-key LABEL_KEY webdataset: the label member (default: cls), e.g. txt, or a "
+        "JSON path such as json.label; labels of digits are class indices, other labels class "
+        "names, and a mix of the two is refused. parquet: the label column (default: label); "
+        "an integer column holds class indices, a string column class names (digits too, "
+        "sorted as text) --force"
+    ) in text
+
+
 def test_cli_writes_a_store_and_reports_errors(tmp_path, capsys):
     folder = make_image_folder(tmp_path / "data", n_per_class=3)
     out = tmp_path / "f.h5"
@@ -101,7 +116,7 @@ def test_cli_reads_shards_with_a_label_key(tmp_path, capsys):
     assert main([*args, "--label-key", "json.nothing"]) == 2
     assert "has no 'json.nothing' label" in _error_line(capsys, only_line=True)
     assert main([str(folder), "timm:test_resnet@random", str(out), "--label-key", "cls"]) == 2
-    assert "applies when opening webdataset: and parquet: sources" in _error_line(capsys)
+    assert "--label-key applies to webdataset: and parquet: sources" in _error_line(capsys)
 
 
 def _error_line(capsys, only_line: bool = False) -> str:
@@ -198,6 +213,29 @@ def test_counts_and_sizes_below_one_are_one_line_errors(
     # The library's own check names its parameter.
     with pytest.raises(ValueError, match=f"The '{name}' parameter must be"):
         extract_features(str(folder), "timm:test_resnet@random", out, **{name: int(value)})
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option, value", [("--label-key", "cls"), ("--image-key", "jpg")])
+def test_source_keys_for_other_sources_are_refused_by_the_option_s_name(
+    tmp_path, capsys, no_model, option, value
+):
+    # The error named the parameter behind the option ("The 'label_key' parameter applies
+    # when opening webdataset: and parquet: sources"), which the command line has not.
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    out = tmp_path / "out.h5"
+    args = [str(folder), "timm:test_resnet@random", str(out), option, value, "--no-progress"]
+    assert main(args) == 2
+    assert _error_line(capsys, only_line=True) == (
+        f"mr2-extract: error: {option} applies to webdataset: and parquet: sources; "
+        f"{str(folder)!r} is not one. Leave {option} out, or name shards as "
+        "'webdataset:PATTERN' and Parquet files as 'parquet:PATTERN'"
+    )
+    assert not out.exists()
+    # The library's own check names its parameter.
+    name = option.removeprefix("--").replace("-", "_")
+    with pytest.raises(ValueError, match=f"^The '{name}' parameter applies when opening "):
+        extract_features(str(folder), "timm:test_resnet@random", out, **{name: value})
     assert not out.exists()
 
 

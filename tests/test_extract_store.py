@@ -230,6 +230,26 @@ def test_shards_merge_into_a_folder_that_does_not_exist_yet(store, folder, tmp_p
     assert load_features(merged).paths == load_features(store).paths
 
 
+def test_merge_shards_refuses_no_shards_and_takes_any_iterable(store, folder, tmp_path):
+    # No shards failed with a bare "KeyError: 0", after the lock file was written; shards
+    # from a generator failed with a TypeError (len() of a generator).
+    out = tmp_path / "out" / "merged.h5"
+    message = (
+        "The 'shards' parameter of merge_shards holds no shards; pass every shard of one run: "
+        "the paths extract_features(..., rank=r, world_size=W) returned for r in range(W)."
+    )
+    for empty in ([], (), iter([])):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            merge_shards(empty, out)
+    assert not out.parent.exists()  # nothing written: no folder, no lock file
+    shards = [
+        extract_features(folder, BACKBONE, tmp_path / "f.h5", rank=r, world_size=2, **FAST)
+        for r in range(2)
+    ]
+    assert merge_shards((path for path in shards), out) == out
+    assert load_features(out).paths == load_features(store).paths
+
+
 def test_classes_are_separable(store):
     from sklearn.linear_model import LogisticRegression
 
