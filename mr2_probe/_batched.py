@@ -685,8 +685,8 @@ class BatchedPath:
     def run(self, values, score, progress, *, max_iter, tol, report) -> None:
         """Solve at ``values`` in increasing order, each from the solution of the nearest
         value solved so far (in log value) and the memory, score every fold's held-out
-        rows, and pass each fold's solver outcome to ``report(n_iter, stop,
-        largest_gradient)``. Along a grid the nearest is the last; a bisection's midpoint
+        rows, and pass each fold's solver outcome to ``report(value, weight_sum, n_iter,
+        stop, largest_gradient)``. Along a grid the nearest is the last; a bisection's midpoint
         starts from its neighbour, not from the far end of the grid where the path last
         was."""
         if self.rows is None:
@@ -736,7 +736,13 @@ class BatchedPath:
                     z.cpu().numpy(), exported.cpu().numpy(), bias, result.n_iter[f],
                     held_out.y_index, held_out.weight, score,
                 )  # fmt: skip
-                report(int(result.n_iter[f]), result.stop[f], float(result.largest_gradient[f]))
+                report(
+                    value,
+                    float(self.batch.weight_sum[f]),
+                    int(result.n_iter[f]),
+                    result.stop[f],
+                    float(result.largest_gradient[f]),
+                )
                 progress.update(1)
             if cosine and self.batch.n_classes == 2:
                 self._rows[value] = self.params.clone()

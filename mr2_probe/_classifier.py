@@ -86,6 +86,11 @@ def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None) -> list:
     return suspects
 
 
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural but for one: "1 iteration", "23 iterations"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _weight_suspects(weight_sum, dtype) -> list:
     """Sample weights large enough to take the class statistics' sums Σw·‖x‖² out of
     ``dtype``'s range on their own (past the square root of its largest number)."""
@@ -728,7 +733,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         self._stop_reason = None
         if not result.converged:
             message = self._convergence_message(result, solver, dtype)
-            if self.class_tilt > _STEEP_TILT:
+            if self.class_tilt > _STEEP_TILT and not result.range_suspects:
                 message += (
                     f" class_tilt={self.class_tilt:g} makes the objective nearly the largest "
                     "class loss, which is not smooth where classes tie: the solver needs "
@@ -742,12 +747,6 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         self._store(self._export(head, result, solver, data.dtype), result, solver, data.device)
 
     def _convergence_message(self, result, solver, dtype):
-        unit = "iterations" if solver == "lbfgs" else "epochs"
-        if result.stop == "max_iter":
-            return (
-                f"{solver} did not converge in max_iter={self.max_iter} {unit}. Increase "
-                "max_iter or scale the features (e.g. StandardScaler)."
-            )
         if result.stop == "rose":
             curve = result.loss_curve
             best = int(np.argmin(curve))
@@ -756,28 +755,46 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 f"{curve[best]:.4g} (epoch {best + 1} of {len(curve)}): its steps took it away "
                 f"from its best point. Use a smaller learning_rate than {self.learning_rate:g}."
             )
-        gradient = (
+        gradient = (  # (none for a minibatch solver)
             f"with a largest gradient entry of {result.largest_gradient:.2g} > tol={self.tol}"
+            if result.largest_gradient is not None
+            else ""
         )
-        if result.stop == "max_eval":
-            return (
-                f"lbfgs used up its {4 * self.max_iter} function evaluations (4 × max_iter) "
-                f"in {result.n_iter} iterations, {gradient}: its line searches needed many "
-                "evaluations. Increase max_iter or scale the features (e.g. StandardScaler)."
-            )
-        precise = "a larger tol" if dtype == torch.float64 else "float64 features or a larger tol"
         curve = result.loss_curve
         progress = not curve or curve[-1] < curve[0]
-        stopped = (
-            f"lbfgs stopped after {result.n_iter} iterations, no longer improving, {gradient}"
-            if progress
-            else f"lbfgs made no progress from its starting point, {gradient}"
-        )
-        if result.range_suspects:  # neither tol nor the precision of the data is the cause
+        if result.stop == "max_iter":
+            unit = "iterations" if solver == "lbfgs" else "epochs"
+            stopped = f"{solver} did not converge in max_iter={self.max_iter} {unit}"
+        elif result.stop == "max_eval":
+            stopped = (
+                f"lbfgs used up its {4 * self.max_iter} function evaluations (4 × max_iter) "
+                f"in {_count(result.n_iter, 'iteration')}, {gradient}"
+            )
+        elif progress:
+            stopped = (
+                f"lbfgs stopped after {_count(result.n_iter, 'iteration')}, no longer "
+                f"improving, {gradient}"
+            )
+        else:
+            stopped = f"lbfgs made no progress from its starting point, {gradient}"
+        if result.range_suspects:  # neither the budget, tol nor the data is the cause
+            which = (
+                "an extreme parameter makes"
+                if len(result.range_suspects) == 1
+                else "extreme parameters make"
+            )
             return (
-                f"{stopped}: an extreme parameter makes the objective too steep to resolve: "
+                f"{stopped}: {which} the objective too steep to resolve: "
                 f"{'; '.join(result.range_suspects)}. Use values of a usual order of magnitude."
             )
+        if result.stop == "max_iter":
+            return f"{stopped}. Increase max_iter or scale the features (e.g. StandardScaler)."
+        if result.stop == "max_eval":
+            return (
+                f"{stopped}: its line searches needed many evaluations. Increase max_iter or "
+                "scale the features (e.g. StandardScaler)."
+            )
+        precise = "a larger tol" if dtype == torch.float64 else "float64 features or a larger tol"
         if not progress:
             return (
                 f"lbfgs made no progress from its starting point, {gradient}: no step "

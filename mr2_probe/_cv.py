@@ -19,7 +19,7 @@ from sklearn.utils.validation import _check_sample_weight
 from tqdm.auto import tqdm
 
 from ._batched import BatchedPath, FoldBatch, HeldOut
-from ._classifier import MR2LinearClassifier, _class_stats, both_class_logits
+from ._classifier import MR2LinearClassifier, _class_stats, _range_suspects, both_class_logits
 from ._data import H5Source, fold_indices, is_torch_tensor
 from ._device import default_torch_modes, to_numpy, to_tensor
 from ._head import open_pair
@@ -290,12 +290,20 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             folds = [  # X as given, as GridSearchCV splits it
                 fold_indices(fold) for fold in cv.split(X, labels, groups)
             ]
-            for part, why in (
-                ("training", "nothing can be fitted"),
-                ("held-out", "no candidate can be scored"),
+            # The fits weigh rows by sample_weight and class_weight, the scorers by
+            # sample_weight alone.
+            for part, weight, why in (
+                ("training", data.sample_weight, "nothing can be fitted"),
+                ("held-out", score_weight, "no candidate can be scored"),
             ):
                 for f, fold in enumerate(folds):
-                    if not data.sample_weight[fold[part == "held-out"]].sum() > 0:
+                    rows = fold[part == "held-out"]
+                    if not len(rows):
+                        raise ValueError(
+                            f"Fold {f} of the cv has no {part} rows; pass folds whose two "
+                            "parts each hold samples."
+                        )
+                    if weight is not None and not weight[rows].sum() > 0:
                         raise ValueError(
                             f"The {part} rows of fold {f} have no sample weight: {why} on "
                             "them. Give their samples positive weights or use "
@@ -484,9 +492,14 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             paths.append(BatchedPath(empty, [held_out(test)], own_rows(train), start(own)))
         return paths
 
-    def _report(self, solver, dtype, n_iter, stop, largest):
-        """A batched fold's solver outcome: warns as a fold's own fit would."""
-        result = SolverResult(n_iter, stop == "tol", largest_gradient=largest, stop=stop)
+    def _report(self, solver, dtype, value, weight_sum, n_iter, stop, largest):
+        """A batched fold's solver outcome at ``value`` (C, or the cosine head's scale), its
+        training rows' weights summing to ``weight_sum``: warns as a fold's own fit would."""
+        C, scale = (1.0, value) if self.head == "cosine" else (value, None)
+        suspects = _range_suspects(C, self.c_bar, weight_sum, self.class_tilt, scale)
+        result = SolverResult(
+            n_iter, stop == "tol", largest_gradient=largest, stop=stop, range_suspects=suspects
+        )
         self._warn_if_short(result, solver, dtype)
 
     def _path_solver(self, solver):

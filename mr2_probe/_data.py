@@ -18,10 +18,11 @@ def is_torch_tensor(X) -> bool:
 
 
 def fold_indices(fold) -> tuple[np.ndarray, ...]:
-    """A cv split's (train, test) parts as index arrays: a boolean mask (which scikit-learn's
-    searches take too, indexing X[train]) becomes the indices it selects."""
+    """A cv split's (train, test) parts as integer index arrays: a boolean mask (which
+    scikit-learn's searches take too, indexing X[train]) becomes the indices it selects,
+    and an empty list an empty index."""
     return tuple(
-        np.flatnonzero(part) if np.asarray(part).dtype == bool else np.asarray(part)
+        np.flatnonzero(part) if np.asarray(part).dtype == bool else np.asarray(part, np.intp)
         for part in fold
     )
 

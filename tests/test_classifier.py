@@ -754,18 +754,27 @@ def test_a_stall_from_a_tiny_c_bar_names_it(digits, c_bar):
 @pytest.mark.parametrize(
     "params, named",
     [
-        ({"c_bar": 1e-9}, "c_bar=1e-09 (the margins divide the logits by it)"),
-        ({"C": 1e-12}, "C=1e-12 and sample weights summing to 150 (the penalty is"),
+        ({"c_bar": 1e-9}, "an extreme parameter makes the objective too steep to resolve: "
+         "c_bar=1e-09 (the margins divide the logits by it)."),
+        ({"C": 1e-12}, "an extreme parameter makes the objective too steep to resolve: "
+         "C=1e-12 and sample weights summing to 150 (the penalty is"),
+        ({"c_bar": 1e-9, "C": 1e-12}, "extreme parameters make the objective too steep to "
+         "resolve: c_bar=1e-09 (the margins divide the logits by it); C=1e-12 and"),
+        # Named once (the note on steep tilts also named it, with other advice).
+        ({"class_tilt": 2e6}, "an extreme parameter makes the objective too steep to resolve: "
+         "class_tilt=2e+06 (the tilt multiplies every class's loss). Use values of a usual "
+         "order of magnitude."),
     ],
-)
-def test_a_stall_after_some_progress_names_an_extreme_parameter(params, named):
-    # Past its first steps the same stall read "Use a larger tol", by a factor of 10⁹.
+)  # fmt: skip
+def test_a_fit_short_of_tol_names_an_extreme_parameter(params, named):
+    # Past its first steps the same stall read "Use a larger tol", by a factor of 10⁹, and
+    # a fit out of iterations "Increase max_iter".
     X, y = load_iris(return_X_y=True)
-    with pytest.warns(ConvergenceWarning, match="no longer improving") as record:
-        MR2LinearClassifier(device="cpu", **params).fit(X, y)
+    with pytest.warns(ConvergenceWarning, match="^lbfgs ") as record:
+        MR2LinearClassifier(device="cpu", max_iter=10, **params).fit(X, y)
     message = str(record[0].message)
-    assert f"an extreme parameter makes the objective too steep to resolve: {named}" in message
-    assert "larger tol" not in message
+    assert named in message and "larger tol" not in message
+    assert message.endswith("Use values of a usual order of magnitude.")
 
 
 def test_a_cosine_prototype_of_no_direction_still_fits():

@@ -594,6 +594,28 @@ def test_a_fold_without_training_weight_is_refused():
         ValueError, match="held-out rows of fold 2 have no sample weight: no candidate can be sc"
     ):
         MR2LinearClassifierCV(Cs=[1.0], cv=folds, device="cpu").fit(X, y, sample_weight=weight)
+    # A class weighted zero weighs nothing in the fits, but the scorers count its samples.
+    only_0 = [(np.flatnonzero(y != 0), np.flatnonzero(y == 0)), *folds[1:]]
+    search = MR2LinearClassifierCV(Cs=[1.0], cv=only_0, class_weight={0: 0.0}, device="cpu")
+    assert search.fit(X, y).scores_[1][0, 0] == 0.0  # every held-out sample of class 0 missed
+    # An empty part (an empty list became a float index, and crashed the check).
+    for empty in ([(folds[0][0], [])], [([], folds[0][1])]):
+        with pytest.raises(ValueError, match="^Fold 0 of the cv has no (held-out|training) rows"):
+            MR2LinearClassifierCV(Cs=[1.0], cv=empty, device="cpu").fit(X, y)
+
+
+@pytest.mark.parametrize("batch_folds", [True, False])
+def test_a_fold_stalled_by_an_extreme_parameter_names_it(batch_folds):
+    # The batched folds' warnings read "Use a larger tol" where the refit's named c_bar.
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV(Cs=[1.0], c_bar=1e-30, cv=3, device="cpu")
+    search._batch_folds = batch_folds
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        search.fit(X, y)
+    messages = [str(w.message) for w in caught if w.category is ConvergenceWarning]
+    assert len(messages) >= 2  # folds and the refit
+    assert all("too steep to resolve: c_bar=1e-30 (the margins" in m for m in messages)
 
 
 @pytest.mark.parametrize(
