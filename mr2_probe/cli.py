@@ -428,6 +428,14 @@ def _run(args, given: frozenset = frozenset()) -> int:
     out = _prepare_out(args.out) if args.out is not None else None
     X, y, X_test, y_test, names, sources = _inputs(args)
     _check_splits(y, grid, args, names)
+    replaced = [name for name in _OUTPUTS if out is not None and (out / name).exists()]
+    if replaced:  # said once the run is known to start
+        print(
+            f"mr2-probe: --out {args.out!r} holds an earlier run's {', '.join(replaced)}; "
+            f"this run replaces {'it' if len(replaced) == 1 else 'them'} when it ends "
+            "(choose another --out to keep them)",
+            file=sys.stderr,
+        )
 
     erm_grid = {key: values for key, values in grid.items() if key not in _MR2_ONLY}
     if set(grid.get("head", [args.head])) == {"cosine"}:
@@ -828,12 +836,6 @@ def _prepare_out(path: str) -> Path:
             f"no earlier mr2-probe run wrote them ({why}); choose another --out, or move "
             "them away"
         )
-    if taken:
-        print(
-            f"mr2-probe: --out {path!r} holds an earlier run's {', '.join(taken)}; this run "
-            "replaces them when it ends (choose another --out to keep them)",
-            file=sys.stderr,
-        )
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
@@ -1196,18 +1198,21 @@ def _common_images(train, test) -> tuple[int, int] | None:
     return int(np.isin(digests[1], digests[0]).sum()), len(digests[1])
 
 
-def _single_sample_classes(y, names) -> str:
+def _single_sample_classes(y, names, after_test_split: bool = False) -> str:
     """Where a class has a single sample, which no split puts on both sides: what to do
-    (naming the first such class as the report would); "" otherwise."""
+    (naming the first such class as the report would; ``after_test_split``: ``y`` is what
+    the --test-size split left for training); "" otherwise."""
     classes, counts = np.unique(y, return_counts=True)
     single = classes[counts < 2]
     if not len(single):
         return ""
     first = names[single[0]] if names is not None else single[0].item()
+    left = " left by the --test-size split" if after_test_split else ""
+    remedy = ", or pass --test FILE to train on all of them" if after_test_split else ""
     return (
         f"{len(single)} {'class has' if len(single) == 1 else 'classes have'} a single "
-        f"sample (the first: {first!r}), which no split puts on both sides: drop those "
-        "samples or add more of their classes"
+        f"sample{left} (the first: {first!r}), which no split puts on both sides: drop "
+        f"those samples or add more of their classes{remedy}"
     )
 
 
@@ -1235,7 +1240,8 @@ def _check_splits(y, grid: dict, args, names=None) -> None:
                 y, test_size=args.val_size, stratify=y, random_state=args.seed
             )
         except ValueError as error:
-            why = _single_sample_classes(y, names) or f"{_one_line(error)}; {advice}"
+            single = _single_sample_classes(y, names, after_test_split=args.test is None)
+            why = single or f"{_one_line(error)}; {advice}"
             raise UsageError(
                 f"--val-size {args.val_size:g} cannot split the {len(y)} training samples "
                 f"with every class on both sides: {why}"
@@ -1338,7 +1344,8 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
     prefix = "" if args.feature_scaling == "none" else "probe__"
     searched = {prefix + key: values for key, values in grid.items()}
     combinations = list(ParameterGrid(grid))
-    valid = [c for c in combinations if _no_model(probe, c) is None]
+    valid = [_without_unused_c(probe, c) for c in combinations if _no_model(probe, c) is None]
+    valid = list({tuple(sorted(c.items())): c for c in valid}.values())  # each model once
     if len(valid) < len(combinations):
         searched = [{prefix + key: [value] for key, value in c.items()} for c in valid]
     return GridSearchCV(
@@ -1349,6 +1356,16 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
         cv=StratifiedKFold(args.cv, shuffle=True, random_state=args.seed),
         n_jobs=args.n_jobs,
     )
+
+
+def _without_unused_c(probe: MR2LinearClassifier, combination: dict) -> dict:
+    """``combination`` without C where C penalises nothing: a cosine head has no penalty of
+    its own, only a projection (lam > 0) has one. (Searched, such a C fits one model again
+    and reports a choice that means nothing.)"""
+    params = probe.get_params() | combination
+    if "C" in combination and params["head"] == "cosine" and not params["lam"]:
+        return {key: value for key, value in combination.items() if key != "C"}
+    return combination
 
 
 def _quiet(model):

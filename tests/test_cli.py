@@ -82,6 +82,7 @@ def files(tmp_path_factory):
     np.savez(folder / "complex_y.npz", X=X, y=y + 0j)
     # Class 7 has one sample, which no stratified split puts on both sides.
     np.savez(folder / "single.npz", X=np.r_[X, X[:1]], y=np.r_[y, 7])
+    np.savez(folder / "pair.npz", X=np.r_[X, X[:2]], y=np.r_[y, 7, 7])  # one, once held out
     # One large class and three of two samples each: a split can leave those out of a side.
     uneven = np.r_[np.zeros(60, int), np.repeat([1, 2, 3], 2)]
     for name, seed in (("uneven", 0), ("uneven_test", 1)):
@@ -189,6 +190,26 @@ def test_a_cosine_erm_searches_no_c(files, capsys):
     assert main([*argv, "--grid", "lam=0,0.5", "--grid", "C=0.001,1000", "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert "ERM grid" not in printed and "MR2 grid: best parameters by worst_class" in printed
+
+
+def test_a_grid_of_both_heads_searches_c_where_it_penalises():
+    # With head=cosine,linear the cosine ERM (and MR² without a projection) still searched
+    # C, and could report a C that changed nothing.
+    from mr2_probe import MR2LinearClassifier
+    from mr2_probe.cli import _model
+
+    args = Namespace(feature_scaling="none", cv=2, seed=0, n_jobs=None, scoring="worst_class")
+    grid = {"head": ["cosine", "linear"], "C": [0.001, 1000], "lam": [0, 0.5]}
+    search = _model(MR2LinearClassifier(c_bar=1.0, solver="adam"), grid, args)
+    searched = sorted(str(dict(sorted((k, v[0]) for k, v in g.items()))) for g in search.param_grid)
+    assert searched == sorted(
+        str(c)
+        for c in [
+            {"head": "cosine", "lam": 0},
+            *({"C": C, "head": "cosine", "lam": 0.5} for C in (0.001, 1000)),
+            *({"C": C, "head": "linear", "lam": lam} for C in (0.001, 1000) for lam in (0, 0.5)),
+        ]
+    )
 
 
 def test_json_outputs_are_strict_json(files, tmp_path):
@@ -571,6 +592,12 @@ NEEDS_H5 = pytest.mark.skipif(
         # class was named by its code.
         (["{d}/single.npz"], "with every class in both parts: 1 class has a single sample (the"),
         (
+            ["{d}/pair.npz", "--tilt", "1"],
+            "1 class has a single sample left by the --test-size split (the first: 7), which no "
+            "split puts on both sides: drop those samples or add more of their classes, or "
+            "pass --test FILE to train on all of them",
+        ),
+        (
             ["{d}/single.npz", "--test", "{d}/test.npz", "--offsets", "1"],
             "both sides: 1 class has a single sample (the first: 7), which no split puts on",
         ),
@@ -632,6 +659,17 @@ def test_out_replaces_an_earlier_runs_files_and_no_one_elses(files, tmp_path, ca
         f"mr2-probe: --out {str(run)!r} holds an earlier run's models.joblib, command.json, "
         "report.txt, report.md, report.json, class_accuracy.png, groups.png, margins.png; "
         "this run replaces them when it ends (choose another --out to keep them)\n"
+    )
+    # One file is "it"; a run refused for its inputs promised a replacement that never came.
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(run / "command.json", lone / "command.json")
+    missing = ["--test", str(files / "missing.npz"), "--out", str(lone)]
+    code, lines = _error([str(files / "train.npz"), *missing], capsys)
+    assert code == 2 and len(lines) == 1 and "does not exist" in lines[0]
+    assert main([*argv[:1], "--out", str(lone), *argv[3:]]) == 0
+    assert f"{str(lone)!r} holds an earlier run's command.json; this run replaces it when" in (
+        capsys.readouterr().err
     )
     # What this run does not write, an earlier run's CV curve and class names (an .npz
     # has none), is removed with the rest, not left to describe other models.
