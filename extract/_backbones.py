@@ -39,6 +39,8 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from ._paths import why_missing
+
 logger = logging.getLogger(__name__)
 FAMILIES = ("open_clip", "timm", "moco", "effnet-lite0")
 RANDOM = "random"  # the weights part that asks for random initialisation
@@ -454,10 +456,8 @@ def _check_file(spec: BackboneSpec, path: str) -> str:
         fix = "pass the path of the checkpoint file in it"
     elif os.path.exists(path):
         what = "is not a regular file"  # a device, a FIFO, a socket
-    elif os.path.islink(path):
-        what = f"is a symbolic link to {os.readlink(path)!r}, which does not exist"
     else:
-        what = "does not exist"
+        what = why_missing(path)
     raise FileNotFoundError(f"The checkpoint {path!r} of backbone {str(spec)!r} {what}; {fix}.")
 
 

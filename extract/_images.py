@@ -30,6 +30,8 @@ import torch
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
 
+from ._paths import why_missing
+
 logger = logging.getLogger(__name__)
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
@@ -350,7 +352,8 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
 def _warn_of_left_out(root: str, other: list[str]) -> None:
     """Say which files the ImageFolder convention leaves out: those in the class folders
     whose extension is not an image's, and those in the root itself, outside every class
-    (hidden files, such as .DS_Store, are left out without a word)."""
+    (hidden files, such as .DS_Store, and those in hidden folders, such as
+    .ipynb_checkpoints, are left out without a word)."""
     in_root = sorted(e.path for e in os.scandir(root) if e.is_file())
     for files, where, why in (
         (
@@ -360,7 +363,11 @@ def _warn_of_left_out(root: str, other: list[str]) -> None:
         ),
         (in_root, f"in {root!r} itself", "images are read from its class folders only"),
     ):
-        files = [f for f in files if not os.path.basename(f).startswith(".")]
+        files = [
+            f
+            for f in files
+            if not any(part.startswith(".") for part in Path(os.path.relpath(f, root)).parts)
+        ]
         if files:
             logger.warning(
                 "%d %s %s %s left out (%s%s): %s.",
@@ -640,12 +647,7 @@ def open_source(
         return _utf8_paths(image_folder(text))
     if os.path.isfile(text):
         return _utf8_paths(image_list(text))
-    if os.path.exists(text):
-        what = "is neither a folder nor a file"
-    elif os.path.islink(text):
-        what = f"is a symbolic link to {os.readlink(text)!r}, which does not exist"
-    else:
-        what = "does not exist"
+    what = "is neither a folder nor a file" if os.path.exists(text) else why_missing(text)
     raise FileNotFoundError(
         f"The image source {text!r} {what}; a source is a folder, a list file, "
         "'fashion-mnist:train|test[@ROOT]', 'webdataset:PATTERN' or 'parquet:PATTERN'."

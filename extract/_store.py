@@ -1021,6 +1021,11 @@ def merge_shards(
         shards (or an existing ``out``) disagree; ``IncompleteStoreError`` if a shard has
         pending rows.
     """
+    if isinstance(shards, str | bytes | os.PathLike):  # one path is no list of paths
+        raise TypeError(
+            f"The 'shards' parameter of merge_shards takes a list of shard paths, got one "
+            f"path, {os.fsdecode(shards)!r}; pass [path] for a single shard."
+        )
     shards = list(shards)  # counted and read once each: a generator is taken too
     if not shards:
         raise ValueError(

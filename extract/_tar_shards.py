@@ -14,8 +14,10 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import logging
 import mmap
 import os
+import posixpath
 import re
 import struct
 from dataclasses import dataclass
@@ -32,6 +34,8 @@ from ._archives import (
     stat_containers,
 )
 from ._images import ImageSource, encode_labels, label_kind_problem
+
+logger = logging.getLogger(__name__)
 
 # Image members tried in this order when no --image-key is given (WebDataset's own image
 # extensions and torchvision's).
@@ -96,7 +100,8 @@ def _damaged(path: str, offset: int, what: str) -> ShardError:
 
 def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
     """``(name, data offset, size)`` of each regular file in a tar, in archive order; a hard
-    link is the earlier member it names (as tar extracts it), read from that member's data.
+    link is the earlier member it names (as tar extracts it, names compared normalised),
+    read from that member's data, and one to no earlier member is skipped with a warning.
 
     Reads POSIX ustar, pax and GNU headers (long names included) and verifies every
     header's checksum; every header block and long name is fed to ``digest``.
@@ -109,7 +114,7 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
         concatenated tar).
     """
     members, n, offset = [], len(mm), 0
-    long_name, long_link, pax, data_of = None, None, {}, {}
+    long_name, long_link, pax, data_of, unlinked = None, None, {}, {}, []
     while offset + _BLOCK <= n:
         header = mm[offset : offset + _BLOCK]
         if header == _ZERO_BLOCK:
@@ -118,6 +123,16 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
             del rest  # the map cannot close while a view of it exists
             if data_after:
                 raise _damaged(path, offset, "data after the end-of-archive marker")
+            if unlinked:
+                logger.warning(
+                    "%s: %d hard %s to no earlier member %s skipped (%s%s).",
+                    path,
+                    len(unlinked),
+                    "link" if len(unlinked) == 1 else "links",
+                    "is" if len(unlinked) == 1 else "are",
+                    ", ".join(map(repr, unlinked[:3])),
+                    ", ..." if len(unlinked) > 3 else "",
+                )
             return members
         if not _checksum_ok(header):
             raise _damaged(path, offset, "a tar header with a wrong checksum")
@@ -146,13 +161,16 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
             text = pax.get("path") or long_name or name.decode("utf-8", "replace")
             if kind in _REGULAR:
                 members.append((text, data, size))
-                data_of[text] = data, size
+                data_of[posixpath.normpath(text)] = data, size
             elif kind == _HARD_LINK:
                 target = pax.get("linkpath") or long_link
                 target = target or header[157:257].split(b"\0", 1)[0].decode("utf-8", "replace")
-                if target in data_of:  # (one to a later or absent member is skipped)
-                    members.append((text, *data_of[target]))
-                    data_of[text] = data_of[target]
+                found = data_of.get(posixpath.normpath(target))
+                if found is None:
+                    unlinked.append(text)
+                else:
+                    members.append((text, *found))
+                    data_of[posixpath.normpath(text)] = found
                 size = 0  # a link has no data of its own
             long_name, long_link, pax = None, None, {}
         offset = data + -(-size // _BLOCK) * _BLOCK

@@ -109,12 +109,19 @@ def test_missing_checkpoint_is_a_clear_error(spec):
             "is a symbolic link to '{parent}/moved.pth', which does not exist; pass the path "
             "of a local checkpoint file",
         ),
+        (  # a chain of links is named by its end, not by the link in between
+            lambda path: (
+                (path.parent / "link.pth").symlink_to("gone.pth") or path.symlink_to("link.pth")
+            ),
+            "is a symbolic link to '{parent}/gone.pth', which does not exist; pass the path "
+            "of a local checkpoint file",
+        ),
         (
             lambda path: os.mkfifo(path),
             "is not a regular file; pass the path of a local checkpoint file",
         ),
     ],
-    ids=["missing", "folder", "broken-link", "fifo"],
+    ids=["missing", "folder", "broken-link", "chain-of-links", "fifo"],
 )
 @pytest.mark.parametrize("spec", ["timm:test_resnet@{path}", "open_clip:RN50@{path}"])
 def test_a_checkpoint_that_is_no_file_is_said_to_be_what_it_is(tmp_path, make, what, spec):

@@ -98,6 +98,8 @@ def test_files_the_image_folder_leaves_out_are_said(folder, caplog):
     for name in ("cat/anim.gif", "dog/scan", "dog/notes.txt", "stray.jpg", "cat/.DS_Store"):
         (folder / name).write_bytes(b"x")
     (folder / ".DS_Store").write_bytes(b"x")
+    (folder / "cat" / ".ipynb_checkpoints").mkdir()  # a hidden folder's files are not said
+    (folder / "cat" / ".ipynb_checkpoints" / "x-checkpoint.ipynb").write_bytes(b"x")
     assert image_folder(folder).ids == before
     assert [r.getMessage() for r in caplog.records] == [
         "3 files in the class folders are left out ('cat/anim.gif', 'dog/notes.txt', "
@@ -442,10 +444,18 @@ def test_open_source_errors(source, error, match):
         open_source(source)
 
 
-def test_a_broken_symbolic_link_source_names_its_target(tmp_path):
+def test_a_broken_symbolic_link_source_names_where_its_chain_ends(tmp_path):
     (tmp_path / "images").symlink_to(tmp_path / "moved")
     with pytest.raises(FileNotFoundError, match=r"images' is a symbolic link to '/.*moved', which"):
         open_source(str(tmp_path / "images"))
+    # A chain of links: its last target is missing, not the link in between.
+    (tmp_path / "chain").symlink_to("images")
+    with pytest.raises(FileNotFoundError, match=r"chain' is a symbolic link to '/.*moved', which"):
+        open_source(str(tmp_path / "chain"))
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(FileNotFoundError, match=r"'/.*/a' is a symbolic link in a loop of links;"):
+        open_source(str(tmp_path / "a"))
 
 
 @pytest.mark.parametrize("mode", ["I;16", "I;16B", "I"])

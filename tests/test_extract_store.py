@@ -242,6 +242,10 @@ def test_merge_shards_refuses_no_shards_and_takes_any_iterable(store, folder, tm
         with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
             merge_shards(empty, out)
     assert not out.parent.exists()  # nothing written: no folder, no lock file
+    # One path was read as its characters ("'/' is a folder") or refused by len().
+    for one in ("shard.h5", tmp_path / "shard.h5"):
+        with pytest.raises(TypeError, match=r"got one path, '.*shard.h5'; pass \[path\]"):
+            merge_shards(one, out)
     shards = [
         extract_features(folder, BACKBONE, tmp_path / "f.h5", rank=r, world_size=2, **FAST)
         for r in range(2)

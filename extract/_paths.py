@@ -1,0 +1,20 @@
+"""What a path that cannot be read is, for messages that say so."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+
+def why_missing(path: str) -> str:
+    """Why ``path``, which is not there to read, is not: "does not exist", or, for a
+    symbolic link, where its chain of links ends (a target that does not exist, named as
+    the chain reaches it) or that the chain is a loop."""
+    if not os.path.islink(path):
+        return "does not exist"
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "is a symbolic link in a loop of links"
+    return f"is a symbolic link to {os.path.realpath(path)!r}, which does not exist"
