@@ -100,7 +100,7 @@ def _check_distinct(labels: np.ndarray) -> None:
     twice = counts > 1
     if twice.any():
         repeated = ", ".join(
-            f"{value!r} {'twice' if n == 2 else f'{n} times'}"
+            f"{value!r} is there {'twice' if n == 2 else f'{n} times'}"
             for value, n in zip(values[twice].tolist(), counts[twice].tolist(), strict=True)
         )
         raise ValueError(f"labels must hold each class once, got {labels.tolist()} ({repeated}).")

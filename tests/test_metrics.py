@@ -420,21 +420,21 @@ def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
         # The second 1 was scored NaN (recall_score gives [1, 0.5, 1]).
         (
             lambda: per_class_accuracy([0, 0, 1, 1, 2], [0, 1, 1, 1, 2], labels=[1, 0, 1]),
-            "labels must hold each class once, got [1, 0, 1] (1 twice).",
+            "labels must hold each class once, got [1, 0, 1] (1 is there twice).",
         ),
         # Class 1, the best, was put in "hard" (its second copy scored NaN, ranked last).
         (
             lambda: class_groups([0, 0, 1, 1, 2, 2], [0, 1, 1, 1, 2, 0], labels=[2, 1, 1, 0]),
-            "labels must hold each class once, got [2, 1, 1, 0] (1 twice).",
+            "labels must hold each class once, got [2, 1, 1, 0] (1 is there twice).",
         ),
         (
             lambda: classwise_summary([0, 1, 2], [0, 1, 2], groups=[0, 1, 2], labels=[0, 1, 1]),
-            "labels must hold each class once, got [0, 1, 1] (1 twice).",
+            "labels must hold each class once, got [0, 1, 1] (1 is there twice).",
         ),
         (
             lambda: per_class_accuracy(["a", "b"], ["a", "b"], labels=["b", "a", "b", "a", "b"]),
-            "labels must hold each class once, got ['b', 'a', 'b', 'a', 'b'] ('a' twice, "
-            "'b' 3 times).",
+            "labels must hold each class once, got ['b', 'a', 'b', 'a', 'b'] ('a' is there "
+            "twice, 'b' is there 3 times).",
         ),
     ],
 )
