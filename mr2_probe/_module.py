@@ -237,7 +237,9 @@ class MR2Loss(nn.Module):
             if saved.is_meta:  # no value to compare (a state of a module built on meta)
                 continue
             if saved.shape != () or not bool(saved.cpu().float() == ours):
-                wrong.append(f"{name.removeprefix('stats_')}={saved.tolist()!r}")
+                value = saved.tolist()  # (a flag as the flag it is: saved as a number)
+                value = bool(value) if name == "stats_normalize" else value
+                wrong.append(f"{name.removeprefix('stats_')}={value!r}")
         if wrong:
             error_msgs.append(
                 f"the class statistics of {prefix.rstrip('.') or type(self).__name__} were "
