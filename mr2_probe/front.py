@@ -271,7 +271,8 @@ def accuracy_front(
         Bounds (fractions of overall accuracy, 0.005 = 0.5 pt) for class offsets tuned on
         the ERM probe by :class:`TunedOffsetsClassifierCV` (worst-class objective,
         ``offsets_cv`` folds of the training data). The folds are fitted once; each bound
-        re-tunes the offsets on the same out-of-fold logits.
+        re-tunes the offsets on the same out-of-fold logits. Their points follow the
+        others, in increasing bound.
     offsets_cv : int, float or cross-validation generator, default=3
         The ``cv`` of :class:`TunedOffsetsClassifierCV` the offsets are tuned on (an int
         is a number of stratified folds, a float the validation share of one stratified

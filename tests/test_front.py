@@ -44,6 +44,8 @@ def _point(name, overall, worst, lever="tilt"):
         # Exactly at the bound is within it, and with bound = 0 ERM itself always is.
         ([("ERM", 0.90, 0.60), ("a", 0.895, 0.66)], 0.005, "a"),
         ([("ERM", 0.90, 0.60), ("a", 0.8999, 0.70)], 0.0, "ERM"),
+        # Within 1e-12 of the floor is on it (the rounding of accuracies, not a cost).
+        ([("ERM", 0.5, 0.4), ("a", 0.5 - 1e-12, 0.45)], 0.0, "a"),
     ],
 )
 def test_selection_rule(points, bound, expected):
@@ -51,10 +53,12 @@ def test_selection_rule(points, bound, expected):
     assert choose_point(front).name == expected
 
 
-def test_selection_rule_rejects_a_bad_bound():
+@pytest.mark.parametrize("bound", [-0.1, 1.0])
+def test_selection_rule_rejects_a_bad_bound(bound):
+    # A bound of 1 (100 points) was taken: every point within it, the rule no rule at all.
     front = Front([_point("ERM", 0.9, 0.6)])
-    with pytest.raises(ValueError, match="bound must be a fraction"):
-        choose_point(front, bound=-0.1)
+    with pytest.raises(ValueError, match=rf"bound must be a fraction in \[0, 1\), got {bound}"):
+        choose_point(front, bound=bound)
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +152,35 @@ def test_tilt_points_score_the_model_their_refit_gives(params):
         assert point.validation["overall"] == pytest.approx(cold.score(X_val, y_val))
 
 
+def test_a_minibatch_sweep_fits_each_tilt_cold(splits):
+    # Warm starts are for a convex problem (a linear head solved by L-BFGS) alone. Adam
+    # started from the previous point's solution ends elsewhere than from its own start
+    # even when it converges, and the points scored models that their refits do not give.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = MR2LinearClassifier(
+        solver="adam", tol=0.5, n_iter_no_change=1, random_state=0, device="cpu"
+    )  # converges in 4 epochs: a warm start, where allowed, would be kept
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(1, 5))
+        for name in ("tilt=1", "tilt=5"):
+            cold = clone(front.point(name).estimator).fit(X_fit, y_fit)
+            expected = cold.score(X_val, y_val)
+            assert front.point(name).validation["overall"] == pytest.approx(expected)
+
+
+def test_without_an_mr2_point_the_first_tilt_is_fitted_cold(splits):
+    # MR² left out (its configuration is ERM's): the sweep has no MR² point to start from,
+    # and the first tilt is fitted cold, not from ERM's solution. From ERM, a loose tol
+    # stopped it elsewhere, and the point scored a model that its refit does not give.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = MR2LinearClassifier(c_bar=None, tol=0.05, device="cpu")
+    front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(1,))
+    assert [p.name for p in front.points] == ["ERM", "tilt=1"]
+    cold = clone(front.point("tilt=1").estimator).fit(X_fit, y_fit)
+    assert front.point("tilt=1").validation["overall"] == pytest.approx(cold.score(X_val, y_val))
+
+
 def test_front_erm_is_the_probe_without_margins_or_projection(splits):
     X_fit, y_fit, X_val, y_val, *_ = splits
     probe = MR2LinearClassifier(lam=0.5, max_iter=3, device="cpu", random_state=0)
@@ -196,6 +229,22 @@ def test_front_offsets_take_a_group_splitter(splits):
     ).fit(X_fit, y_fit, groups=groups)  # fmt: skip
     expected = wrapper.score(X_val, y_val)
     assert front.point("offsets≤1pt").validation["overall"] == pytest.approx(expected)
+
+
+def test_offsets_points_go_by_bound_and_each_scores_its_own(splits):
+    # Each bound re-tunes the offsets on the same out-of-fold logits: every point was
+    # scored with the largest bound's offsets, or with those of the fit they were tuned
+    # from, and bounds given unsorted made points out of order.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = MR2LinearClassifier(c_bar=None, C=0.1, device="cpu")
+    front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(), offset_bounds=(0.02, 0))
+    assert [p.name for p in front.points] == ["ERM", "offsets≤0pt", "offsets≤2pt"]
+    assert [p.value for p in front.points[1:]] == [0.0, 0.02]
+    for point in front.points[1:]:
+        refit = clone(point.estimator).fit(X_fit, y_fit)
+        assert point.validation["overall"] == pytest.approx(refit.score(X_val, y_val))
+    # Two bounds, two models (the test would not see one scored as the other).
+    assert front.point("offsets≤0pt").validation != front.point("offsets≤2pt").validation
 
 
 def test_front_erm_may_be_tuned_on_its_own(splits):
@@ -284,6 +333,9 @@ def test_front_names_the_points_that_stopped_short(splits):
         (dict(tilts=(float("nan"),)), "tilts must be finite"),
         (dict(bound=5), r"bound must be fractions in \[0, 1\), got \[5\]"),
         (dict(offset_bounds=(0.01, 1.5)), "offset_bounds must be fractions"),
+        # 1 is all of the accuracy: no bound, and no fraction in [0, 1) either.
+        (dict(offset_bounds=(0.01, 1.0)), r"offset_bounds must be fractions .*, got \[1.0\]"),
+        (dict(bound=1.0), r"bound must be fractions in \[0, 1\), got \[1.0\]"),
         (dict(X_test=np.zeros((3, 8))), "X_test and y_test go together"),
         (dict(tilts=(0, 1, 2, 1.0)), r"tilts must be distinct, got \[1.0\] more than once"),
         (dict(offset_bounds=(0.01, 0.01)), r"offset_bounds must be distinct, got \[0.01\]"),

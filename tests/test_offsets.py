@@ -10,7 +10,13 @@ from scipy.special import softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import f1_score, make_scorer, roc_auc_score
+from sklearn.metrics import (
+    accuracy_score,
+    balanced_accuracy_score,
+    f1_score,
+    make_scorer,
+    roc_auc_score,
+)
 from sklearn.model_selection import (
     GridSearchCV,
     GroupKFold,
@@ -281,6 +287,108 @@ def test_search_stops_at_max_sweeps_with_a_warning():
     assert result.n_sweeps == 1 and result.score >= result.base_score
 
 
+def test_a_sweep_steps_every_class():
+    # A sweep steps each class in column order, and the search stops after a sweep that
+    # changed nothing. Stopping a sweep at the first class that moved took another path:
+    # one sweep moved one offset, and the search ran 17 of those "sweeps", not 4.
+    z, y = _biased_logits(0)
+    with pytest.warns(ConvergenceWarning, match="max_sweeps=1"):
+        one = tune_class_offsets(z, y, max_sweeps=1)
+    assert len(np.unique(one.offsets)) == 5  # every class moved: no two offsets alike
+    assert one.score > one.base_score
+    assert tune_class_offsets(z, y).n_sweeps == 4
+
+
+def test_offsets_are_left_uncentred_where_centring_would_move_a_tie():
+    # Tenths: with the offsets found, rows 0 and 2 go to class 3, their own, by rounding
+    # (0.1 + 1.1 > 0.2 + 1.0 in floating point). Centred (minus their mean, 0.525), the
+    # rounding went the other way for every row, and the result scored 0, not 0.75.
+    z = np.array([[0.0, 0.2, 0.1, 0.1], [0.0, 0.1, 0.0, 0.0], [0.0, 0.2, 0.0, 0.1],
+                  [0.2, 0.1, 0.0, 0.0]])  # fmt: skip
+    y = np.array([3, 1, 3, 2])
+    with pytest.warns(UserWarning, match=r"Classes \[0\] have no samples"):
+        result = tune_class_offsets(z, y, "accuracy")
+    np.testing.assert_array_equal(result.offsets, [0.0, 1.0, 0.0, 1.1])  # as searched
+    np.testing.assert_array_equal((z + result.offsets).argmax(1), [3, 1, 3, 1])
+    assert (result.score, result.base_score, result.accuracy_drop) == (0.75, 0.25, -0.5)
+
+
+def test_a_drop_of_exactly_the_bound_is_allowed():
+    # Fixing the one sample of class 1 that can be fixed costs 30 of class 0: 29 of 100
+    # samples, a drop of exactly 0.29, which 0.29 * 100 = 28.999999999999996 refused.
+    z = np.repeat([-1.0, -300.0, -0.5, -200.0], [1, 59, 30, 10])  # binary: z1 - z0
+    y = np.repeat([1, 1, 0, 0], [1, 59, 30, 10])
+    at = tune_class_offsets(z, y, "worst_class", max_accuracy_drop=0.29)
+    assert (at.score, at.base_score) == (1 / 60, 0.0)
+    assert at.accuracy_drop == pytest.approx(0.29)
+    # A bound below it leaves class 1 at zero.
+    assert tune_class_offsets(z, y, "worst_class", max_accuracy_drop=0.28).score == 0.0
+
+
+@pytest.mark.parametrize(
+    "z, y, expected",
+    [
+        # One threshold per class (three equal rows): offsets at it leave the tie to
+        # argmax (class 0); to give the rows to class 1 an offset goes beyond it.
+        ([-1.0, -1.0, -1.0], [1, 1, 0], [1, 1, 1]),
+        # Row 2 ties classes 0 and 2: class 0's offset goes below the tie (its lowest
+        # threshold), not onto it, which argmax gives to class 0. Rows 1 and 2 cannot
+        # both be right (one needs b0 > b2, the other b2 > b0): 2 of 3 is the best.
+        ([[-2.0, -1.0, 1.0], [-2.0, 0.0, -2.0], [2.0, -1.0, 2.0]], [1, 0, 2], [1, 1, 2]),
+    ],
+    ids=["single-threshold", "below-the-lowest"],
+)
+def test_an_offset_moves_beyond_the_ends_of_its_thresholds(z, y, expected):
+    z, y = np.array(z), np.array(y)
+    result = tune_class_offsets(z, y, "accuracy")
+    decision = np.column_stack([np.zeros_like(z), z]) if z.ndim == 1 else z
+    np.testing.assert_array_equal((decision + result.offsets).argmax(1), expected)
+    assert result.score == pytest.approx(2 / 3)
+
+
+def test_candidates_of_a_class():
+    # The offsets tried for one class: midpoints of its distinct sorted thresholds, the
+    # two ends beyond them, and the current value. With more midpoints than n_candidates,
+    # n_candidates of them at evenly spaced ranks and the n_candidates // 8 on each side
+    # of the current value: without these the search could not refine where it stands.
+    from mr2_probe._offsets import _candidates
+
+    edges = np.arange(100.0)  # 99 midpoints, 0.5 to 98.5; the ends are 99 / 100 beyond
+    spread = np.linspace(0, 98, 16).round() + 0.5
+    near = [48.5, 49.5, 50.5, 51.5]  # two on each side of 50.3
+    expected = np.unique(np.concatenate([spread, near, [-0.99, 99.99, 50.3]]))
+    np.testing.assert_allclose(_candidates(edges, 50.3, 16), expected, rtol=0, atol=1e-12)
+    # One distinct threshold: the ends lie 1 beyond it (not on it, where argmax breaks
+    # the tie and the offset cannot move past).
+    np.testing.assert_array_equal(_candidates(np.array([2.0, 2.0]), 0.0, 128), [0.0, 1.0, 3.0])
+
+
+@pytest.mark.parametrize(
+    "scoring, metric",
+    [
+        (
+            make_scorer(balanced_accuracy_score, adjusted=True),
+            lambda t, p: balanced_accuracy_score(t, p, adjusted=True),
+        ),
+        (
+            make_scorer(accuracy_score, greater_is_better=False),
+            lambda t, p: -accuracy_score(t, p),
+        ),
+    ],
+    ids=["keyword-arguments", "negated"],
+)
+def test_a_scorer_of_a_named_metric_keeps_its_sign_and_keywords(scoring, metric):
+    # A scorer of one of the named metrics was searched as the name, its keyword
+    # arguments (adjusted=True) dropped and its sign (greater_is_better=False) too: the
+    # negated accuracy was maximised, and the scores were the plain metric's.
+    z, y = _biased_logits(0, n=30)
+    result = tune_class_offsets(z, y, scoring)
+    pred = (z + result.offsets).argmax(1)
+    assert result.score == pytest.approx(metric(y, pred), abs=1e-12)
+    assert result.base_score == pytest.approx(metric(y, z.argmax(1)), abs=1e-12)
+    assert result.score > result.base_score
+
+
 @pytest.mark.parametrize("scoring", ["balanced_accuracy", "worst_class", "accuracy"])
 @pytest.mark.parametrize("max_accuracy_drop", [None, 0.0, 0.02])
 @pytest.mark.parametrize("low", [1, 0])
@@ -475,6 +583,22 @@ def test_sample_weight_is_split_per_fold_and_weights_the_objective():
     np.testing.assert_allclose(clf.estimator_.coef_, refit.coef_)
 
 
+def test_sample_weight_with_a_float_cv_weights_the_held_out_rows():
+    # One split holds out some of the rows: the objective took the weights of all of
+    # them ("sample_weight.shape == (225,) ... expected (68,)").
+    X, y = _imbalanced(seed=6)
+    weight = np.random.default_rng(6).uniform(0.2, 2.0, len(y))
+    clf = TunedOffsetsClassifierCV(LogisticRegression(), cv=0.3, random_state=0)
+    clf.fit(X, y, sample_weight=weight)
+    split = StratifiedShuffleSplit(n_splits=1, test_size=0.3, random_state=0)
+    train, val = map(np.sort, next(split.split(X, y)))
+    held_out = LogisticRegression().fit(X[train], y[train], sample_weight=weight[train])
+    decision = held_out.decision_function(X[val])
+    expected = tune_class_offsets(decision, y[val], sample_weight=weight[val])
+    np.testing.assert_allclose(clf.offsets_, expected.offsets)
+    assert clf.best_score_ == pytest.approx(expected.score)
+
+
 def test_sample_weight_reaches_the_fits_that_take_it_and_else_says_so():
     # They went to every estimator's fit: a Pipeline refused them ("Pipeline.fit does not
     # accept the sample_weight parameter"), with or without <step>__sample_weight, and an
@@ -573,6 +697,7 @@ def test_pipeline_grid_search_pickle_and_torch_features():
             r"'max_accuracy_drop' parameter .* range \[0.0, inf\)",
         ),
         ({"refit": False}, ValueError, r"refit=False keeps the estimator of a single split"),
+        ({"refit": False, "cv": 2}, ValueError, r"single split, but cv has 2 splits"),
         ({"cv": "prefit"}, NotFittedError, r"cv='prefit', the estimator must already be fitted"),
         (
             {"scoring": make_scorer(roc_auc_score, response_method="predict_proba")},
@@ -595,6 +720,7 @@ def test_pipeline_grid_search_pickle_and_torch_features():
         "no-decision-function",
         "negative-bound",
         "refit-false-kfold",
+        "refit-false-two-folds",
         "prefit-unfitted",
         "probability-scorer",
         "ovo-decision",
