@@ -884,3 +884,93 @@ def test_weighted_margin_cross_entropy_is_the_mean_of_repeated_rows():
     torch.testing.assert_close(weighted, repeated)
     total = margin_cross_entropy(logits, target, margins, counts.double(), reduction="sum")
     torch.testing.assert_close(weighted, total / counts.sum())
+
+
+# Class statistics on hand-made inputs, each value worked out by hand.
+
+
+def test_all_zero_features_leave_every_margin_at_c_bar():
+    # a_k = 0 for every class: nothing is measured, and the margins are uniform at c̄ (an
+    # "a_k >= 0 is measured" reading gave every class a margin of 0).
+    from mr2_probe._stats import class_margins, class_statistics
+
+    np.testing.assert_array_equal(margins_from_difficulty(torch.zeros(3), 1.0), [1.0, 1.0, 1.0])
+    stats = class_statistics(torch.zeros(4, 2), torch.tensor([0, 0, 1, 1]), 2)
+    np.testing.assert_array_equal(class_margins(stats, 1.0), [1.0, 1.0])
+    # A class whose a_k is rounding next to a measured one is unmeasured too (γ = c̄), not
+    # given a margin of 2e-10 that divides its logits by about zero.
+    margins = margins_from_difficulty(torch.tensor([1.0, 1e-30]), 1.0)
+    np.testing.assert_array_equal(margins, [1.0, 1.0])
+
+
+def test_class_statistics_of_weights_below_one():
+    # A class of total weight 0.2: its mean and spread divide by 0.2, not by a count
+    # floored at 1.
+    from mr2_probe._stats import class_statistics
+
+    X, y = torch.tensor([[0.0], [2.0], [10.0]]), torch.tensor([0, 0, 1])
+    stats = class_statistics(X, y, 2, sample_weight=torch.full((3,), 0.1))
+    torch.testing.assert_close(stats.mean, torch.tensor([[1.0], [10.0]]))
+    torch.testing.assert_close(stats.msd, torch.tensor([1.0, 0.0]))
+
+
+def test_mean_spread_and_tau_take_the_l2_spread_and_its_floor():
+    from mr2_probe._stats import class_statistics, mean_spread
+
+    # s̄ is the L2 spread whatever p the margins take: rows (0, 0) and (2, 2) are √8 apart,
+    # each √2 from the mean, msd_l2 = 2 (the L3 spread, 2^{4/3} = 1.587..., is the margins').
+    stats = class_statistics(torch.tensor([[0.0, 0.0], [2.0, 2.0]]), torch.tensor([0, 0]), 1, p=3.0)
+    assert float(mean_spread(stats)) == pytest.approx(2.0)
+    # Copies of one row far from the origin: s̄ is rounding, and τ is floored at the
+    # rounding of rows of norm 1414 (2·ε·ε·‖μ‖² = 5.68e-8 in float32), not at float32's tiny.
+    copies = class_statistics(torch.full((3, 2), 1000.0), torch.zeros(3, dtype=torch.long), 1)
+    eps = torch.finfo(torch.float32).eps
+    assert float(compactness_tau(copies)) == pytest.approx(2 * eps * eps * 2e6, rel=1e-3)
+
+
+def test_lp_norms_of_half_precision_rows_stay_half_precision():
+    # Returned as float32, they made the streamed moments of float16 features fail
+    # ("index_add_(): self (Half) and source (Float) must have the same scalar type").
+    from mr2_probe._stats import ClassMoments, update_moments
+
+    assert lp_norm_sq(torch.ones(1, 3, dtype=torch.float16), 3.0).dtype == torch.float16
+    moments = ClassMoments.zeros(2, 3, dtype=torch.float16)
+    X = torch.tensor([[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 1]], dtype=torch.float16)
+    update_moments(moments, X, torch.tensor([0, 0, 1, 1]), p=3.0)
+
+
+def test_a_class_seen_first_is_centred_on_its_batch_mean():
+    # Rows (10, 0), (12, 1), (11, 3), mean (11, 4/3): deviations from it, not from 0.
+    from mr2_probe._stats import ClassMoments, moments_statistics, update_moments
+
+    X = torch.tensor([[10.0, 0.0], [12.0, 1.0], [11.0, 3.0]], dtype=torch.float64)
+    moments = update_moments(
+        ClassMoments.zeros(1, 2, dtype=torch.float64), X, torch.zeros(3, dtype=torch.long), p=3.0
+    )
+    deviation = X - X.mean(0)
+    expected_p = (deviation.abs().pow(3).sum(1).pow(2 / 3)).sum()  # Σ ‖x − μ‖₃²
+    torch.testing.assert_close(moments.dev_p.squeeze(), expected_p)
+    torch.testing.assert_close(moments.dev_2.squeeze(), deviation.square().sum())
+    # (streamed, the spread is the unbiased one: over n − 1 = 2)
+    torch.testing.assert_close(moments_statistics(moments, 3.0).msd, expected_p[None] / 2)
+
+
+def test_an_older_state_s_spread_is_never_negative():
+    # Sums of squares minus squares of sums cancel to rounding below zero for copies of
+    # one value; the spread of a state without m2 is clamped at 0.
+    from mr2_probe._stats import ClassMoments, centred_sum, moments_statistics, update_moments
+
+    moments = update_moments(
+        ClassMoments.zeros(1, 1), torch.full((5, 1), 0.7), torch.zeros(5, dtype=torch.long)
+    )._replace(m2=None)
+    assert float(centred_sum(moments).min()) == 0.0
+    assert float(moments_statistics(moments).msd.min()) == 0.0
+
+
+def test_overall_mean_weighs_each_class_by_its_samples():
+    from mr2_probe._stats import class_statistics, overall_mean
+
+    stats = class_statistics(
+        torch.tensor([[0.0], [0.0], [0.0], [3.0]]), torch.tensor([0, 0, 0, 1]), 2
+    )
+    torch.testing.assert_close(overall_mean(stats), torch.tensor([0.75]))
