@@ -242,8 +242,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N|bisect",
         help="choose C (the logit scale for --head cosine) by --cv-fold CV along a "
-        "warm-started path with MR2LinearClassifierCV, for both models: N values from 1e-4 "
-        "to 1e4 (scales 1 to 1000), or 'bisect' for CLIP's parametric binary search "
+        "warm-started path with MR2LinearClassifierCV, for both models: N >= 2 values from "
+        "1e-4 to 1e4 (scales 1 to 1000), or 'bisect' for CLIP's parametric binary search "
         "(instead of --C, or --logit-scale); prints the validation curve and writes "
         "cv_curve.png",
     )
