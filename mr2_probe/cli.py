@@ -438,10 +438,10 @@ def _run(args, given: frozenset = frozenset()) -> int:
         )
 
     erm_grid = {key: values for key, values in grid.items() if key not in _MR2_ONLY}
-    if set(grid.get("head", [args.head])) == {"cosine"}:
-        # ERM has no projection, and the cosine head no penalty of its own: C does nothing
-        # to it, and a search of C would choose among fits of one model.
-        erm_grid.pop("C", None)
+    if not any(_without_unused_c(erm, c) for c in ParameterGrid(erm_grid)):
+        # Nothing it searches changes ERM (C alone, where the cosine head has no penalty):
+        # a search would choose among fits of one model.
+        erm_grid = {}
     if args.Cs is not None:
         erm, mr2 = _cv_probe(erm, args), _cv_probe(mr2, args)
     models = {
