@@ -325,21 +325,12 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
                 continue
             seen.add(key)
             walked.append((top, files))
-        found = [
-            (os.path.join(top, f), index)
-            for top, files in sorted(walked)
-            for f in sorted(files)
-            if has_file_allowed_extension(f, IMG_EXTENSIONS)
-        ]
+        listed = [os.path.join(top, f) for top, files in sorted(walked) for f in sorted(files)]
+        found = [(p, index) for p in listed if has_file_allowed_extension(p, IMG_EXTENSIONS)]
         if not found:
             empty.append(name)
         items += found
-        other += [
-            os.path.join(top, f)
-            for top, files in sorted(walked)
-            for f in sorted(files)
-            if not has_file_allowed_extension(f, IMG_EXTENSIONS)
-        ]
+        other += [p for p in listed if not has_file_allowed_extension(p, IMG_EXTENSIONS)]
     if empty:
         raise FileNotFoundError(
             f"Found no valid file for the classes {', '.join(sorted(empty))}. "
