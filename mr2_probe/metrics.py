@@ -67,7 +67,8 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         raise ValueError(
             f"{mix(kinds)}: y_true holds {y_true.dtype} labels and y_pred {y_pred.dtype} labels."
         )
-    labels = np.unique(y_true) if labels is None else np.asarray(labels)
+    given = labels is not None  # (np.unique's own classes are each there once)
+    labels = np.asarray(labels) if given else np.unique(y_true)
     if labels.ndim != 1 or (len(labels) == 0 and len(y_true)):
         raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
     if len(kinds | kinds_of(labels)) > 1:  # every class would be scored NaN
@@ -75,7 +76,8 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
             f"{mix(kinds | kinds_of(labels))}: labels holds {labels.dtype} labels and y_true "
             f"{y_true.dtype} labels."
         )
-    _check_distinct(labels)
+    if given:
+        _check_distinct(labels)
     weight = _sample_weight(sample_weight, len(y_true))
     sorter = np.argsort(labels)
     position = np.searchsorted(labels, y_true, sorter=sorter)
