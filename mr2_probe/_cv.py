@@ -495,11 +495,12 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     def _report(self, solver, dtype, value, weight_sum, n_iter, stop, largest):
         """A batched fold's solver outcome at ``value`` (C, or the cosine head's scale), its
         training rows' weights summing to ``weight_sum``: warns as a fold's own fit would."""
-        C, scale = (1.0, value) if self.head == "cosine" else (value, None)
-        suspects = _range_suspects(C, self.c_bar, weight_sum, self.class_tilt, scale)
-        result = SolverResult(
-            n_iter, stop == "tol", largest_gradient=largest, stop=stop, range_suspects=suspects
-        )
+        result = SolverResult(n_iter, stop == "tol", largest_gradient=largest, stop=stop)
+        if not result.converged:  # (the suspects are named in a warning only)
+            C, scale = (1.0, value) if self.head == "cosine" else (value, None)
+            result.range_suspects = _range_suspects(
+                C, self.c_bar, weight_sum, self.class_tilt, scale
+            )
         self._warn_if_short(result, solver, dtype)
 
     def _path_solver(self, solver):
