@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ._batched import BatchedPath, FoldBatch, HeldOut
 from ._classifier import MR2LinearClassifier, _class_stats, _range_suspects, both_class_logits
-from ._data import H5Source, fold_indices, is_torch_tensor
+from ._data import H5Source, cv_folds, is_torch_tensor
 from ._device import default_torch_modes, to_numpy, to_tensor
 from ._head import open_pair
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
@@ -287,9 +287,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             cv = check_cv(self.cv, labels, classifier=True)
             if groups is not None:
                 groups = to_numpy(groups) if is_torch_tensor(groups) else np.asarray(groups)
-            folds = [  # X as given, as GridSearchCV splits it
-                fold_indices(fold) for fold in cv.split(X, labels, groups)
-            ]
+            folds = cv_folds(cv, X, labels, groups=groups)  # X as given, as GridSearchCV splits it
             # The fits weigh rows by sample_weight and class_weight, the scorers by
             # sample_weight alone.
             for part, weight, why in (

@@ -17,14 +17,24 @@ def is_torch_tensor(X) -> bool:
     return isinstance(X, torch.Tensor)
 
 
-def fold_indices(fold) -> tuple[np.ndarray, ...]:
-    """A cv split's (train, test) parts as integer index arrays: a boolean mask (which
-    scikit-learn's searches take too, indexing X[train]) becomes the indices it selects,
-    and an empty list an empty index."""
-    return tuple(
-        np.flatnonzero(part) if np.asarray(part).dtype == bool else np.asarray(part, np.intp)
-        for part in fold
-    )
+def cv_folds(cv, X, y, **split_params) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (train, test) parts of ``cv.split(X, y, **split_params)`` as integer index
+    arrays: a boolean mask (which scikit-learn's searches take too, indexing X[train])
+    becomes the indices it selects, and an empty list an empty index. A cv that yields no
+    split (an empty list, or an iterator an earlier fit used up) is refused."""
+    folds = [
+        tuple(
+            np.flatnonzero(part) if np.asarray(part).dtype == bool else np.asarray(part, np.intp)
+            for part in fold
+        )
+        for fold in cv.split(X, y, **split_params)
+    ]
+    if not folds:
+        raise ValueError(
+            "cv yielded no split: an empty list, or an iterator that an earlier fit used up; "
+            "pass an int, a splitter, or a list of (train, test) index pairs."
+        )
+    return folds
 
 
 def is_h5_dataset(X) -> bool:

@@ -42,7 +42,7 @@ from sklearn.utils.validation import (
     indexable,
 )
 
-from ._data import fold_indices, is_torch_tensor
+from ._data import cv_folds, is_torch_tensor
 from ._device import to_numpy
 from .metrics import (
     GROUP_NAMES,
@@ -533,13 +533,7 @@ def offsets_splits(cv, X, y, groups=None, random_state=None, split_params=None) 
     else:
         cv = check_cv(cv, y, classifier=True)
     params = {"groups": groups} if split_params is None else split_params
-    splits = [tuple(map(np.sort, fold_indices(fold))) for fold in cv.split(X, y, **params)]
-    if not splits:
-        raise ValueError(
-            "cv yielded no split: an empty list, or an iterator that an earlier fit used up; "
-            "pass an int, a splitter, or a list of (train, test) index pairs."
-        )
-    return splits
+    return [tuple(map(np.sort, fold)) for fold in cv_folds(cv, X, y, **params)]
 
 
 def check_training_folds(

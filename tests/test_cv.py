@@ -916,6 +916,18 @@ def test_a_two_class_cosine_refit_starts_from_the_folds_mean_rows(monkeypatch):
     np.testing.assert_allclose(16.0 * (start[1] - start[0]), mean, rtol=1e-5, atol=1e-6)
 
 
+def test_a_cv_without_splits_is_named():
+    # An empty list, or a generator that an earlier fit used up, failed deep in the
+    # batched solver with "not enough values to unpack (expected 3, got 0)".
+    X, y = _blobs()
+    with pytest.raises(ValueError, match="^cv yielded no split: an empty list"):
+        MR2LinearClassifierCV(Cs=[1.0], cv=[], device="cpu").fit(X, y)
+    used = StratifiedKFold(3).split(X, y)
+    search = MR2LinearClassifierCV(Cs=[1.0], cv=used, device="cpu").fit(X, y)
+    with pytest.raises(ValueError, match="an iterator that an earlier fit used up"):
+        search.fit(X, y)
+
+
 def test_folds_given_as_boolean_masks_are_their_rows():
     # np.asarray(mask, int64) turned them into rows 0 and 1, and the fit crashed.
     X, y = load_iris(return_X_y=True)
