@@ -8,6 +8,7 @@ comparison. The scorers at the end plug these scores into ``GridSearchCV(scoring
 from __future__ import annotations
 
 from collections.abc import Mapping
+from numbers import Number
 
 import numpy as np
 from sklearn.metrics import make_scorer
@@ -113,8 +114,8 @@ def _check_no_nan(name: str, a: np.ndarray) -> None:
     and its samples lost)."""
     if a.dtype.kind in "fc":
         nan = np.isnan(a).any()
-    else:  # objects: a float NaN among them
-        nan = a.dtype == object and any(isinstance(v, float) and v != v for v in set(a.tolist()))
+    else:  # objects: a NaN among them (a float, or NumPy's or Decimal's)
+        nan = a.dtype == object and any(isinstance(v, Number) and v != v for v in set(a.tolist()))
     if nan:
         raise ValueError(f"Input {name} contains NaN.")
 
@@ -317,8 +318,8 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
         :attr:`~mr2_probe.report.ClasswiseReport.groups` holds). ``None`` uses the groups
         of this very model.
     labels : array-like, default=None
-        Class order of an index array ``groups``, each class once (default: sorted
-        ``y_true``).
+        Class order of an index array ``groups``, each class once, every class of
+        ``y_true`` among them (default: sorted ``y_true``).
     sample_weight : array-like of shape (n_samples,), default=None
         Weights of the samples, in the overall and in every class's accuracy.
 
@@ -335,10 +336,14 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     >>> {key: round(value, 3) for key, value in summary.items()}
     {'overall': 0.75, 'easy': 1.0, 'medium': 1.0, 'hard': 0.5, 'worst': 0.5, 'std': 0.236}
     """
-    if isinstance(groups, Mapping):
+    # A class of y_true outside the groups would count in "overall" alone.
+    by_label = isinstance(groups, Mapping)
+    if by_label:
         labels, groups = _split_groups(groups)
         _check_known(y_true, labels)
     acc = per_class_accuracy(y_true, y_pred, labels, sample_weight)
+    if not by_label and groups is not None and labels is not None:  # (kinds checked)
+        _check_known(y_true, np.asarray(labels), "labels")
     _present(acc)  # a clear error where no class has samples (weight) to score
     if groups is None:
         # This model's own terciles, over the classes it has samples (weight) of.
@@ -397,11 +402,11 @@ def _split_groups(groups_by_label: Mapping) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(list(groups_by_label)), np.asarray(list(groups_by_label.values()))
 
 
-def _check_known(y_true, labels: np.ndarray) -> None:
+def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
     unknown = np.setdiff1d(np.unique(y_true), labels)
     if len(unknown):
         raise ValueError(
-            f"y_true has classes {unknown.tolist()} that are not in groups; build the groups "
+            f"y_true has classes {unknown.tolist()} that are not in {where}; build the groups "
             "with class_groups(..., labels=all_classes)."
         )
 

@@ -213,7 +213,7 @@ def _render(report: ClasswiseReport, per_class: bool, table) -> str:
         ["model", *COLUMNS], [[name, *(report.rows[name][c] for c in COLUMNS)] for name in names]
     )
     markdown = table is _markdown_table
-    reference = _markdown_text(report.reference) if markdown else report.reference
+    reference = _markdown_text(report.reference) if markdown else _one_line(report.reference)
     note = (
         f"test accuracy in %; easy / medium / hard: class terciles of {reference}; "
         "std: spread of per-class accuracy"
@@ -250,8 +250,8 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 def _text_table(header: list, rows: list) -> str:
     # A line break in a name would split its row: shown as a space.
-    header = [_LINE_BREAK.sub(" ", str(h)) for h in header]
-    cells = [[_LINE_BREAK.sub(" ", _cell(v)) for v in row] for row in rows]
+    header = [_one_line(h) for h in header]
+    cells = [[_one_line(_cell(v)) for v in row] for row in rows]
     # Left-aligned names, right-aligned numbers, each column as wide as its longest cell.
     widths = [max(len(h), *(len(row[j]) for row in cells)) for j, h in enumerate(header)]
     widths[1:] = [max(9, w + 2) for w in widths[1:]]
@@ -262,6 +262,11 @@ def _text_table(header: list, rows: list) -> str:
 
     head = line(header)
     return "\n".join([head, "-" * len(head), *(line(row) for row in cells)])
+
+
+def _one_line(text) -> str:
+    """``text`` on one line of plain text: its line breaks shown as spaces."""
+    return _LINE_BREAK.sub(" ", str(text))
 
 
 def _markdown_text(text) -> str:

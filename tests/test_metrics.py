@@ -2,10 +2,12 @@
 
 import re
 import warnings
+from types import MappingProxyType
 
 import numpy as np
 import pytest
 import torch
+from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.datasets import load_digits, load_iris
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
@@ -493,3 +495,103 @@ def test_the_balanced_accuracy_scorer_is_balanced():
     scorer = check_scoring(model, classwise_scorers()["balanced_accuracy"])
     assert scorer(model, X, y) == pytest.approx(balanced_accuracy_score(y, model.predict(X)))
     assert scorer(model, X, y) != pytest.approx(model.score(X, y))
+
+
+def test_a_single_label_is_refused_by_name():
+    # A scalar labels has no length: a bare TypeError "len() of unsized object".
+    with pytest.raises(ValueError, match="labels must be a 1-D list"):
+        per_class_accuracy([0, 1], [0, 1], labels=1)
+
+
+def test_a_complex_nan_label_is_refused():
+    y = np.array([1 + 0j, np.nan, 2 + 0j])
+    with pytest.raises(ValueError, match="Input y_true contains NaN"):
+        per_class_accuracy(y, np.array([1 + 0j, 1 + 0j, 2 + 0j]))
+
+
+def test_difficulty_groups_break_many_ties_by_class_order():
+    # Thirty classes at four accuracies: ties straddle the group boundaries.
+    acc = np.random.default_rng(0).integers(0, 4, 30) / 4
+    groups = difficulty_groups(acc)
+    np.testing.assert_array_equal(np.bincount(groups), [10, 10, 10])
+    for i in range(30):
+        for j in range(i + 1, 30):
+            if acc[i] == acc[j]:  # the earlier class of a tie is never in a harder group
+                assert groups[i] <= groups[j], (i, j)
+
+
+def test_an_empty_weighted_test_set_scores_no_class():
+    # As without weights: no class, no score (not "sample_weight sums to zero").
+    assert per_class_accuracy(np.array([]), np.array([]), sample_weight=[]).shape == (0,)
+
+
+def test_a_group_scores_the_classes_it_has_samples_of():
+    # The fold holds class 4 (25%) but no sample of class 5, the other hard class.
+    keep = Y_TRUE != 5
+    assert group_accuracy(Y_TRUE[keep], Y_PRED[keep], GROUPS, "hard") == pytest.approx(0.25)
+    assert classwise_summary(Y_TRUE[keep], Y_PRED[keep], GROUPS)["hard"] == pytest.approx(0.25)
+
+
+def test_groups_of_any_mapping_type():
+    frozen = MappingProxyType(GROUPS)
+    assert classwise_summary(Y_TRUE, Y_PRED, frozen) == pytest.approx(
+        classwise_summary(Y_TRUE, Y_PRED, GROUPS)
+    )
+
+
+def test_group_names_held_as_objects_are_names():
+    # A pandas column of group names is an object array.
+    names = np.array([GROUPS[label] for label in sorted(GROUPS)], dtype=object)
+    assert classwise_summary(Y_TRUE, Y_PRED, names) == pytest.approx(
+        classwise_summary(Y_TRUE, Y_PRED, GROUPS)
+    )
+
+
+class _Echo(ClassifierMixin, BaseEstimator):
+    """A "model" whose predictions are its input's first column."""
+
+    def fit(self, X, y):
+        self.classes_ = np.unique(y)
+        return self
+
+    def predict(self, X):
+        return np.asarray(X)[:, 0]
+
+
+def test_a_group_scorer_keeps_the_groups_it_was_made_with():
+    groups = dict(GROUPS)
+    scorer = make_group_scorer(groups, "hard")
+    groups.update({0: "hard", 1: "hard"})  # changed after the scorer was made
+    echo = _Echo().fit(Y_PRED[:, None], Y_TRUE)
+    assert scorer(echo, Y_PRED[:, None], Y_TRUE) == pytest.approx(0.375)  # classes 4 and 5
+
+
+def test_each_classwise_scorer_scores_its_own_metric():
+    echo = _Echo().fit(Y_PRED[:, None], Y_TRUE)
+    scores = {
+        name: check_scoring(echo, scorer)(echo, Y_PRED[:, None], Y_TRUE)
+        for name, scorer in classwise_scorers().items()
+    }
+    assert scores == pytest.approx(
+        {"accuracy": 4 / 6, "balanced_accuracy": 4 / 6, "worst_class": 0.25,
+         "hard_tercile": 0.375, "class_std": -np.std([1, 0.75, 0.5, 1, 0.25, 0.5])}
+    )  # fmt: skip
+
+
+def test_groups_by_index_refuse_a_class_their_labels_leave_out():
+    # Class 3 counted in "overall" alone, and "worst" (1.0) came out above it (0.75).
+    y_true, y_pred = [0, 0, 1, 1, 2, 2, 3, 3], [0, 0, 1, 1, 2, 2, 0, 0]
+    with pytest.raises(ValueError, match=r"y_true has classes \[3\] that are not in labels"):
+        classwise_summary(y_true, y_pred, groups=[0, 1, 2], labels=[0, 1, 2])
+    with pytest.raises(ValueError, match=r"y_true has classes \[3\] that are not in groups"):
+        classwise_summary(y_true, y_pred, groups={0: "easy", 1: "medium", 2: "hard"})
+
+
+@pytest.mark.parametrize("nan", [np.float32("nan"), np.float16("nan"), complex("nan")])
+def test_a_nan_of_any_number_type_among_object_labels_is_refused(nan):
+    # An np.float32 NaN is no Python float: it passed as a class, and class 1.0 (2 of 2
+    # right) was scored NaN.
+    y_true = np.array([0.0, nan, 1.0, 1.0], dtype=object)
+    y_pred = np.array([0.0, 0.0, 1.0, 1.0], dtype=object)
+    with pytest.raises(ValueError, match="Input y_true contains NaN"):
+        per_class_accuracy(y_true, y_pred)

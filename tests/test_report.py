@@ -306,3 +306,56 @@ def test_a_nan_label_in_y_is_named_whatever_the_labels(labels):
     for y in ([0, 1, float("nan")], np.array([0, 1, float("nan")], dtype=object)):
         with pytest.raises(ValueError, match="^Input y contains NaN"):
             classwise_report({"erm": [0, 1, 1]}, y, labels=labels)
+
+
+def test_per_class_table_lists_tied_classes_in_label_order():
+    # Reference accuracies 25, 50, 75, 75, 0, 0 %: classes 2 and 3 tie, as do 4 and 5.
+    y = np.repeat(np.arange(6), 4)
+    pred = np.array([0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 4, 5, 5, 5, 5, 0, 0, 0, 0])
+    report = classwise_report({"erm": pred}, y)
+    assert report.per_class["erm"] == [0.25, 0.5, 0.75, 0.75, 0.0, 0.0]
+    table = report.to_text(per_class=True).split("spread of per-class accuracy\n")[1]
+    assert [line.split()[0] for line in table.splitlines()[2:]] == ["2", "3", "1", "0", "4", "5"]
+
+
+def test_a_single_label_is_refused_by_name():
+    # A scalar has no length: it raised a bare TypeError "len() of unsized object".
+    with pytest.raises(ValueError, match="labels must hold each class of y once"):
+        classwise_report({"erm": [0, 0]}, [0, 0], labels=0)
+
+
+def test_every_empty_group_is_explained_under_the_table():
+    # One class is the worst one, hard: neither easy nor medium has a class.
+    report = classwise_report({"ERM": [0, 0]}, [0, 0])
+    for text in (report.to_text(), report.to_markdown()):
+        assert text.endswith("; nan: no class in the easy or medium group")
+
+
+def test_missing_scores_given_as_none_print_as_nan():
+    # None is how to_dict and in_percent write a missing score.
+    report = classwise_report({"a": [0, 1, 1]}, [0, 1, 1])
+    report.rows["a"]["medium"] = None
+    assert report.to_text().splitlines()[2].split()[3] == "nan"
+    assert "| nan |" in report.to_markdown()
+
+
+@pytest.mark.parametrize(
+    "name, shown",
+    [
+        # A backslash escapes what follows it: "a\|b" unescaped ends the cell at '|'.
+        ("a\\|b", "a\\\\\\|b"),
+        # Brackets make a link: "[x](y)" would show as a link to y.
+        ("[x](y)", "\\[x\\](y)"),
+    ],
+)
+def test_markdown_escapes_backslashes_and_brackets(name, shown):
+    report = classwise_report({name: [name, "c"]}, [name, "c"])
+    markdown = report.to_markdown(per_class=True)
+    assert f"| {shown} | " in markdown  # the model's row and the class's row
+    assert f"| class | group | {shown} |" in markdown
+
+
+def test_a_line_break_in_the_reference_name_keeps_the_note_on_one_line():
+    text = classwise_report({"erm\nv2": [0, 1, 1]}, [0, 1, 1]).to_text()
+    assert text.splitlines()[3].startswith("test accuracy in %; easy / medium / hard: class "
+                                           "terciles of erm v2; std: spread")  # fmt: skip
