@@ -404,12 +404,20 @@ def _is_download_error(err: BaseException | None) -> bool:
 
 def _unavailable(spec: BackboneSpec, source: str, why: str) -> WeightsUnavailableError:
     head = f"{spec.family}:{spec.model}"
-    other = (
-        ""  # a hub or folder name brings its own weights: no checkpoint can replace them
-        if spec.model.startswith(_MODEL_SOURCES)
-        else f", or pass a local checkpoint: '{head}@/path/to/checkpoint.pth' ('{head}@random' "
-        "for random weights)"
-    )
+    if spec.model.startswith(_MODEL_SOURCES):
+        # A hub or folder name brings its own weights: no checkpoint can replace them, but a
+        # folder that timm's save_for_hf wrote can (config and weights).
+        other = (
+            ", or pass the folder that timm's save_for_hf writes of the model: "
+            "'timm:local-dir:/path/to/folder'"
+            if spec.family == "timm" and spec.model.startswith("hf-hub:")
+            else ""
+        )
+    else:
+        other = (
+            f", or pass a local checkpoint: '{head}@/path/to/checkpoint.pth' ('{head}@random' "
+            "for random weights)"
+        )
     what = "config" if spec.weights == RANDOM else "pretrained weights"  # hf-hub:...@random
     return WeightsUnavailableError(
         f"The {what} of {str(spec)!r} ({source}) could not be loaded: {why}. "
@@ -737,50 +745,29 @@ def _timm(spec: BackboneSpec, image_size: int | None):
         )
         weights_id = params_weights_id(RANDOM_ID, model)
     elif sourced:
-        model = _with_pretrained(spec, spec.model, lambda: build(True))
+        # A hub model's own weights may leave keys out by design (timm's dla and
+        # mobilenetv5 load them leniently): only a folder's are held to every key.
+        advice = "Its config.json must name the architecture its weights were trained as."
+        model = _fitting_load(
+            spec, lambda: _with_pretrained(spec, spec.model, lambda: build(True)), advice,
+            every_key=spec.model.startswith("local-dir:"),
+        )  # fmt: skip
         weights_id = hub_weights_id(spec.model, model)
     elif spec.weights:
         path = _check_file(spec, spec.weights)
         # The overlay makes timm apply the model's own checkpoint filter (e.g. MAE key names).
-        with _state_dict_loads() as loads, _library_reads(path):
-            try:
-                model = _create_timm(
-                    timm, spec.model, image_size, pretrained=True,
-                    pretrained_cfg_overlay=dict(file=path), num_classes=0,
-                )  # fmt: skip
-            except RuntimeError as err:
-                if "size mismatch" not in str(err):
-                    raise
-                raise BackboneError(
-                    f"The checkpoint of backbone {str(spec)!r} does not fit the timm model "
-                    f"{spec.model!r}: {str(err).strip().splitlines()[-1].strip()}"
-                ) from err
-        # Without its classifier the load is not strict: a parameter the checkpoint does not
-        # hold would keep its random initialisation, and the features be silently wrong.
-        missing = [key for _, result in loads for key in result.missing_keys]
-        if missing:
-            raise BackboneError(
-                f"The checkpoint of backbone {str(spec)!r} does not fit the timm model "
-                f"{spec.model!r}: {len(missing)} of its parameters are not in it "
-                f"({_first_keys(missing)}). Pass the model the checkpoint was trained as (for "
-                "MoCo checkpoints, moco:...)."
-            )
-        # Weights that belong inside the model's own layers but have no place there: a
-        # deeper or wider model of the family (resnet34's layer1.2.* given to resnet18
-        # loaded the rest, its blocks taken from other places). A head or a decoder that
-        # the headless model leaves out is no such weight.
-        foreign = [
-            key
-            for module, result in loads
-            for key in result.unexpected_keys
-            if _lands_inside(module, key)
-        ]
-        if foreign:
-            raise BackboneError(
-                f"The checkpoint of backbone {str(spec)!r} does not fit the timm model "
-                f"{spec.model!r}: {len(foreign)} of its weights belong inside the model's "
-                f"layers but have no place there ({_first_keys(foreign)}), as in a deeper or "
-                "wider model of the family. Pass the model the checkpoint was trained as."
+        with _library_reads(path):
+            model = _fitting_load(
+                spec,
+                lambda: _create_timm(
+                    timm,
+                    spec.model,
+                    image_size,
+                    pretrained=True,
+                    pretrained_cfg_overlay=dict(file=path),
+                    num_classes=0,
+                ),  # fmt: skip
+                "Pass the model the checkpoint was trained as (for MoCo checkpoints, moco:...).",
             )
         weights_id = file_sha256(path)
     else:
@@ -795,6 +782,48 @@ def _timm(spec: BackboneSpec, image_size: int | None):
         model = _with_pretrained(spec, source, lambda: build(True))
         weights_id = hub_weights_id(f"{cfg.architecture}.{cfg.tag}" if cfg.tag else source, model)
     return (model, *_timm_data(model, image_size), weights_id)
+
+
+def _fitting_load(
+    spec: BackboneSpec, load: Callable[[], nn.Module], advice: str, every_key: bool = True
+) -> nn.Module:
+    """The timm model that ``load()`` builds with its checkpoint, refused with one line
+    (``advice`` closing it) where the checkpoint does not fit it: a weight of another shape,
+    or a key that a strict load refuses; or, with ``every_key``, in timm's lenient load of
+    a headless model, a parameter the checkpoint does not hold (it would keep its random
+    initialisation, and the features be silently wrong) or a weight that belongs inside the
+    model's own layers but has no place there (a deeper or wider model of the family:
+    resnet34's layer1.2.* given to resnet18 loaded the rest, its blocks taken from other
+    places). A head or a decoder that the headless model leaves out is no such weight."""
+    fails = f"The checkpoint of backbone {str(spec)!r} does not fit the timm model {spec.model!r}"
+    with _state_dict_loads() as loads:
+        try:
+            model = load()
+        except RuntimeError as err:
+            if "Error(s) in loading state_dict" not in str(err):
+                raise
+            raise BackboneError(
+                f"{fails}: {str(err).strip().splitlines()[-1].strip()} {advice}"
+            ) from err
+    if not every_key:
+        return model
+    missing = [key for _, result in loads for key in result.missing_keys]
+    if missing:
+        raise BackboneError(
+            f"{fails}: {len(missing)} of its parameters are not in it "
+            f"({_first_keys(missing)}). {advice}"
+        )
+    foreign = [
+        key for module, result in loads for key in result.unexpected_keys
+        if _lands_inside(module, key)
+    ]  # fmt: skip
+    if foreign:
+        raise BackboneError(
+            f"{fails}: {len(foreign)} of its weights belong inside the model's layers but "
+            f"have no place there ({_first_keys(foreign)}), as in a deeper or wider model of "
+            f"the family. {advice}"
+        )
+    return model
 
 
 def _first_keys(keys: list[str]) -> str:

@@ -593,11 +593,12 @@ def extract_features(
     uninterrupted one; a complete store is reused (and says so in a log message). A store
     made with another backbone, weights or preprocessing, or from other image files (other
     root folder, other sizes or modification times), is refused with a
-    :class:`ProvenanceError` that names the first difference; ``overwrite=True`` rebuilds
-    it. Unreadable images, and images whose features are not finite, are recorded in the
-    store as failed and skipped (``retry_failed=True`` extracts them again). Under
-    torchrun an existing complete ``out`` of the same request is reused at any number of
-    ranks, and one made differently is refused before any image is extracted.
+    :class:`ProvenanceError` that names each differing setting (and the first differing
+    image); ``overwrite=True`` rebuilds it. Unreadable images, and images whose features
+    are not finite, are recorded in the store as failed and skipped (``retry_failed=True``
+    extracts them again). Under torchrun an existing complete ``out`` of the same request
+    is reused at any number of ranks, and one made differently is refused before any image
+    is extracted.
 
     Parameters
     ----------

@@ -626,6 +626,10 @@ def test_timm_hub_and_folder_names_are_built_as_timm_builds_them(no_network, tmp
     with pytest.raises(WeightsUnavailableError, match="could not be loaded") as info:
         create_backbone(f"timm:{hub}")
     assert "@/path/to/checkpoint" not in str(info.value)
+    assert str(info.value).endswith(
+        "or pass the folder that timm's save_for_hf writes of the model: "
+        "'timm:local-dir:/path/to/folder'."
+    )
     with pytest.raises(WeightsUnavailableError, match="The config of 'timm:hf-hub:.*@random'"):
         create_backbone(f"timm:{hub}@random")
     # ... and one in the hub's cache is read from it.
@@ -635,6 +639,36 @@ def test_timm_hub_and_folder_names_are_built_as_timm_builds_them(no_network, tmp
     (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
     cached = create_backbone(f"timm:{hub}", image_size=32)
     assert cached.weights_id == bb.weights_id.replace(f"local-dir:{folder}", hub)
+
+
+def test_a_model_folder_whose_weights_do_not_fit_is_one_error(tmp_path):
+    # Weights of another architecture than the folder's config.json names ended in a
+    # 100-line traceback of timm's load (exit status 1), and a folder saved with its
+    # classifier, loaded headless (leniently) without a parameter, kept it random.
+    import timm
+    from timm.models import save_for_hf
+
+    from extract import BackboneError
+
+    torch.manual_seed(3)
+    reference = timm.create_model("test_resnet", num_classes=10)
+    weights = reference.state_dict()
+    for name, state, match in [
+        ("other", timm.create_model("resnet10t").state_dict(), "size mismatch for"),
+        ("extra", {**weights, "layer1.9.weight": torch.zeros(1)},
+         r"1 of its weights belong inside the model's layers but have no place there"),
+        ("short", {k: v for k, v in weights.items() if k != "layer1.0.conv1.weight"},
+         r"1 of its parameters are not in it \(layer1\.0\.conv1\.weight\)"),
+    ]:  # fmt: skip
+        folder = tmp_path / name
+        save_for_hf(reference, folder)
+        torch.save(state, folder / "pytorch_model.bin")
+        with pytest.raises(BackboneError, match=match) as info:
+            create_backbone(f"timm:local-dir:{folder}", image_size=32)
+        assert str(info.value).startswith(f"The checkpoint of backbone 'timm:local-dir:{folder}'")
+        assert str(info.value).endswith("Its config.json must name the architecture its "
+                                        "weights were trained as.")  # fmt: skip
+        assert "\n" not in str(info.value)
 
 
 def test_hub_offline_setting_is_respected(no_network, monkeypatch):
