@@ -173,12 +173,12 @@ def linear_margin_ce_parts(
     bias: torch.Tensor | None,
     target: torch.Tensor,
     margins: torch.Tensor,
+    sample_weight: torch.Tensor,
     center: torch.Tensor | None = None,
-    sample_weight: torch.Tensor | None = None,
     row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample losses ℓ_i = CE((W·(x_i − m) + b) / γ_{y_i}, y_i) (B,) and their gradients
-    in the logits, w_i·(softmax − onehot) / γ_{y_i} (B, K) (w_i = 1 without sample_weight).
+    in the logits, w_i·(softmax − onehot) / γ_{y_i} (B, K), w_i the sample weights.
 
     One matrix product and a few in-place passes over the (B, K) logits; ``center`` m
     (default 0) re-parametrises the intercept without copying X. ``row_scale`` r (B,)
@@ -196,7 +196,7 @@ def linear_margin_ce_parts(
     loss = lse - z.gather(1, target[:, None]).squeeze(1)  # (B,)
     z.sub_(lse[:, None]).exp_()  # softmax
     z.scatter_add_(1, target[:, None], -torch.ones_like(z[:, :1]))  # p − onehot
-    scale = inv_gamma if sample_weight is None else sample_weight * inv_gamma
+    scale = sample_weight * inv_gamma
     if row_scale is not None:
         scale = scale * row_scale
     z.mul_(scale[:, None])  # ∂(w_i ℓ_i)/∂z_i (B, K)
@@ -237,7 +237,7 @@ def linear_margin_ce_grad(
     as in :func:`linear_margin_ce_parts`.
     """
     loss, grad_logits = linear_margin_ce_parts(
-        X, weight, bias, target, margins, center, sample_weight, row_scale
+        X, weight, bias, target, margins, sample_weight, center, row_scale
     )
     grad_weight, grad_bias = linear_grad_from_logits(X, grad_logits, center, bias is not None)
     return (loss * sample_weight).sum(), grad_weight, grad_bias
@@ -266,6 +266,10 @@ def tilted_class_risk(
     weights : torch.Tensor of shape (..., n_classes)
         q = softmax(t·L + log π), the gradient of R_t in L: ∇R_t = Σ_k q_k ∇L_k.
     """
+    # Absent classes have no part in R_t, whatever their loss: an infinite or NaN one is
+    # taken as 0 (π·L and t·L + log π would be NaN).
+    present = class_share > 0
+    class_loss = torch.where(present, class_loss, 0)
     if abs(tilt) < torch.finfo(class_loss.dtype).tiny:
         # t = 0, or a t that the dtype rounds to 0 or to a subnormal (float32: below
         # 1.2e-38), whose tilt no loss of the dtype can show: 0/0 below, t = 1e-50.
@@ -276,8 +280,7 @@ def tilted_class_risk(
     # Around the mean L̄: R_t = L̄ + log1p(Σ π_k·expm1(t·(L_k − L̄))) / t. For small t the
     # log-sum-exp is near 0 and its rounding, divided by t, swamped R_t (float32, t = 1e-6:
     # L-BFGS saw noise and returned an untrained model); this form keeps full precision.
-    present = class_share > 0
-    mean = (class_share * torch.where(present, class_loss, 0)).sum(-1, keepdim=True)
+    mean = (class_share * class_loss).sum(-1, keepdim=True)
     delta = torch.where(present, tilt * (class_loss - mean), 0)  # (..., K)
     expm1 = torch.expm1(delta.clamp(max=1.0))
     near = torch.log1p((class_share * expm1).sum(-1)) / tilt + mean.squeeze(-1)

@@ -350,7 +350,7 @@ def tilted_data_term(head, source, margins, risk, center=None, keep=True) -> tor
     weight = head.logit_weight()
     kept = []
     for x, y, w, r in closed_form_chunks(head, source):
-        loss, grad_logits = linear_margin_ce_parts(x, weight, head.bias, y, margins, center, w, r)
+        loss, grad_logits = linear_margin_ce_parts(x, weight, head.bias, y, margins, w, center, r)
         if keep:
             kept.append(grad_logits)
         sums.index_add_(0, y, loss * w)
@@ -359,7 +359,7 @@ def tilted_data_term(head, source, margins, risk, center=None, keep=True) -> tor
         if keep:
             grad_logits = kept[i]
         else:
-            grad_logits = linear_margin_ce_parts(x, weight, head.bias, y, margins, center, w, r)[1]
+            grad_logits = linear_margin_ce_parts(x, weight, head.bias, y, margins, w, center, r)[1]
         grad_logits.mul_(factor[y][:, None])  # (B, K)
         grad_w, grad_b = linear_grad_from_logits(x, grad_logits, center, head.bias is not None)
         head.add_logit_weight_grad(grad_w)

@@ -94,7 +94,8 @@ def test_margins_are_training_only(digits):
     X, y = digits
     clf = MR2LinearClassifier(c_bar=2.0, device="cpu", max_iter=300).fit(X, y)
     z = X @ clf.coef_.T + clf.intercept_
-    np.testing.assert_allclose(clf.decision_function(X), z, rtol=1e-10)
+    # (a logit near 0 is held to the logits' scale: its rounding depends on the blocking)
+    np.testing.assert_allclose(clf.decision_function(X), z, rtol=1e-10, atol=1e-10 * abs(z).max())
     np.testing.assert_array_equal(clf.predict(X), clf.classes_[z.argmax(1)])
     np.testing.assert_allclose(clf.predict_proba(X).sum(1), 1.0)
     np.testing.assert_allclose(np.exp(clf.predict_log_proba(X)), clf.predict_proba(X))

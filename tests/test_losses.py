@@ -1,5 +1,7 @@
 """The vectorised MR² functions against literal per-class loops, values and gradients."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -974,3 +976,37 @@ def test_overall_mean_weighs_each_class_by_its_samples():
         torch.tensor([[0.0], [0.0], [0.0], [3.0]]), torch.tensor([0, 0, 0, 1]), 2
     )
     torch.testing.assert_close(overall_mean(stats), torch.tensor([0.75]))
+
+
+def test_pairwise_distances_are_exact_in_float32_under_a_large_common_mean():
+    # Rows of norm 4000 with a spread of 0.1: uncentred, ‖a‖² + ‖b‖² − 2a·b left float32
+    # errors of about 6 in distances below 1.
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(16, generator=g, dtype=torch.float64)
+    x64 = base / base.norm() * 4000 + 0.1 * torch.randn(32, 16, generator=g, dtype=torch.float64)
+    exact = torch.cdist(x64, x64).square()
+    d = pairwise_sq_distances(x64.float())
+    assert d.dtype == torch.float32
+    torch.testing.assert_close(d.double(), exact, atol=1e-2, rtol=0)
+
+
+def test_pairwise_distances_are_never_negative():
+    # Repeated rows are at distance 0; the Gram form's rounding falls either side of it.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 33, generator=g) * 10
+    d = pairwise_sq_distances(torch.cat([x, x]))
+    assert (d >= 0).all()
+
+
+def test_compactness_weight_counts_a_sample_s_own_copies():
+    # Sample 0 of weight 3 is three copies: each pairs with its 2 other copies (distance 0)
+    # and with sample 1 (distance 1). s̄ = 0.25, τ = 1: exponents −0.5 and 0.5.
+    x = torch.tensor([[0.0, 0.0], [1.0, 0.0]], dtype=torch.float64)
+    y = torch.tensor([0, 0])
+    w = torch.tensor([3.0, 1.0], dtype=torch.float64)
+    l0 = math.log(1 + 2 * math.exp(-0.5) + math.exp(0.5))
+    l1 = math.log(1 + 3 * math.exp(0.5))
+    got = compactness_loss(x, y, 0.25, 1.0, sample_weight=w)
+    assert float(got) == pytest.approx((3 * l0 + l1) / 4, rel=1e-12)
+    repeated = compactness_loss(x[[0, 0, 0, 1]], y[[0, 0, 0, 1]], 0.25, 1.0)
+    torch.testing.assert_close(got, repeated)

@@ -1,5 +1,6 @@
 """The class-tilted risk: its value and gradients, its solutions, and its bad input."""
 
+import math
 import warnings
 
 import numpy as np
@@ -481,3 +482,47 @@ def test_class_losses_are_weighted_means_of_the_fitted_model_s_losses(solver):
     loss = margin_cross_entropy(z, target, margins, reduction="none").numpy()
     expected = np.bincount(target, loss * w) / np.bincount(target, w)
     np.testing.assert_allclose(clf.class_losses_, expected, rtol=1e-4)
+
+
+def test_a_small_tilt_keeps_its_precision_beside_an_absent_class_far_from_the_mean():
+    # An absent class (π = 0) has no part in R_t, whatever its L: its distance from the
+    # mean must not send a small t to the log-sum-exp form (float32: 0.477 for 0.45).
+    loss = torch.tensor([0.2, 1e7, 0.7])
+    share = torch.tensor([0.5, 0.0, 0.5])
+    for t in (1e-6, 1e-4):
+        risk, q = tilted_class_risk(loss, share, t)
+        torch.testing.assert_close(risk, torch.tensor(0.45 + t * 0.0625 / 2), rtol=1e-6, atol=0)
+        assert q[1] == 0
+
+
+def test_a_large_tilt_has_a_finite_gradient_equal_to_its_weights():
+    # t·(L_k − L̄) = 5000: the unused near form's expm1 overflowed, and 0·inf made the
+    # gradient NaN through torch.where.
+    loss = torch.tensor([0.0, 1.0], dtype=torch.float64, requires_grad=True)
+    share = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    risk, q = tilted_class_risk(loss, share, 1e4)
+    risk.backward()
+    assert torch.isfinite(loss.grad).all()
+    torch.testing.assert_close(loss.grad, q.detach())
+
+
+def test_the_tilted_risk_keeps_float32_precision_up_to_deviations_of_one():
+    # t·(L_k − L̄) ≤ 0.5 with a rare class: the log-sum-exp form, divided by t = 1e-4, was
+    # off by 6e-4 relative in float32; the form around the mean is exact.
+    share = torch.tensor([1 - 1e-4, 1e-4])
+    loss = torch.tensor([0.0, 5000.0])
+    t = 1e-4
+    want = math.log((1 - 1e-4) + 1e-4 * math.exp(0.5)) / t
+    risk, _ = tilted_class_risk(loss, share, t)
+    assert float(risk) == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("tilt", [0.0, 1e-6, 2.0, 1e4])
+def test_an_absent_class_with_a_non_finite_loss_has_no_part_in_the_risk(tilt):
+    # Its t·L + log π was inf − inf = NaN, and every class weight NaN with it.
+    share = torch.tensor([0.5, 0.0, 0.5])
+    want = tilted_class_risk(torch.tensor([0.2, 0.0, 0.7]), share, tilt)
+    for absent in (float("inf"), float("nan")):
+        risk, q = tilted_class_risk(torch.tensor([0.2, absent, 0.7]), share, tilt)
+        torch.testing.assert_close((risk, q), want)
+        assert q[1] == 0
