@@ -112,7 +112,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--image-size", type=int, default=96, help="model input resolution")
     parser.add_argument("--source-size", type=int, default=160, help="generated JPEG size")
-    parser.add_argument("--n-images", type=int, default=256)
+    parser.add_argument(
+        "--n-images",
+        type=int,
+        default=256,
+        help="images in 4 classes (rounded down to a multiple of 4)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="best of this many runs")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=1, help="DataLoader worker processes")
@@ -124,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
+    if args.n_images < 4:
+        parser.error(f"--n-images must be at least 4 (one image per class); got {args.n_images}")
     sources = args.sources.split(",")
     if not sources or set(sources) - set(SOURCES):
         parser.error(f"--sources takes some of {','.join(SOURCES)}; got {args.sources!r}")

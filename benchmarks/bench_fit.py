@@ -30,6 +30,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
 from mr2_probe import MR2LinearClassifier
+from mr2_probe._classifier import both_class_logits
 from mr2_probe._losses import tilted_class_risk
 from mr2_probe.metrics import classwise_summary, difficulty_groups, per_class_accuracy
 
@@ -65,7 +66,9 @@ def objective(model, X, y, C) -> float:
     (LogisticRegression's is the case of unit margins and no tilt, its objective divided by
     C·n)."""
     W = torch.as_tensor(model.coef_, dtype=torch.float64)
+    # Two classes: one row, the binomial model's logits (0, z).
     z = torch.as_tensor(X, dtype=torch.float64) @ W.T + torch.as_tensor(model.intercept_)
+    z = both_class_logits(z)
     margins = torch.as_tensor(getattr(model, "margins_", np.ones(z.shape[1])))
     target = torch.as_tensor(np.searchsorted(model.classes_, y))
     loss = torch.nn.functional.cross_entropy(z / margins[target, None], target, reduction="none")

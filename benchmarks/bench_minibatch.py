@@ -298,8 +298,9 @@ def main(argv=None):
         f"\ndigits, demo split, {features} features, C={args.C:g}; {len(args.seeds)} seeds, "
         "each fit in a fresh process"
     )
+    width = max(40, *(len(name) for name, _, _ in rows))
     header = (
-        f"{'model':<40} {'fit s':>6} {'ratio':>6} {'epochs':>7} {'conv':>5} {'acc %':>6} "
+        f"{'model':<{width}} {'fit s':>6} {'ratio':>6} {'epochs':>7} {'conv':>5} {'acc %':>6} "
         f"{'loss':>7} {'dynamo':>6}"
     )
     print(header)
@@ -317,7 +318,7 @@ def main(argv=None):
         loss = np.mean([r["loss"] for r in results])
         dynamo = "yes" if any(r["dynamo"] for r in results) else "no"
         print(
-            f"{name:<40} {seconds:>6.2f} {seconds / peer:>5.1f}× {epochs:>7} {converged:>5} "
+            f"{name:<{width}} {seconds:>6.2f} {seconds / peer:>5.1f}× {epochs:>7} {converged:>5} "
             f"{accuracy:>6.2f} {loss:>7.4f} {dynamo:>6}"
         )
 

@@ -120,7 +120,7 @@ def peer(X, y, args) -> dict:
     print(
         f"peer, first {n:,} rows: LogisticRegression (sklearn, CPU) {sk_s:.2f} s, "
         f"{int(sk.n_iter_[0])} iters; MR2 c_bar=None on {X.device} {row['fit_s']:.2f} s, "
-        f"{row['n_iter']} iters: {sk_s / row['fit_s']:.1f}× faster"
+        f"{row['n_iter']} iters: a speed-up of {sk_s / row['fit_s']:.1f}×"
     )
     return {"rows": n, "sklearn_fit_s": sk_s, "sklearn_n_iter": int(sk.n_iter_[0]), "mr2": row}
 

@@ -149,6 +149,8 @@ def build_report(sections_tsv, junit_xml, total_s):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 4:
+        sys.exit(f"usage: {__doc__.strip().splitlines()[-1].strip()}")
     sections_tsv, junit_xml, out, total_s = argv
     report = build_report(sections_tsv, junit_xml, float(total_s))
     Path(out).parent.mkdir(parents=True, exist_ok=True)

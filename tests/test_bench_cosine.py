@@ -81,3 +81,44 @@ def test_runs_every_section_and_writes_its_rows(bench, tmp_path, capsys):
     assert any("LogisticRegression (sklearn)" in name and "same" in name for name in names)
     assert sum(1 for row in rows if "search" in row) == 3
     assert "scale search over 4, 8" in capsys.readouterr().out
+
+
+def test_two_classes_run_with_their_one_row(bench, capsys):
+    # A two-class model keeps one row (v_1 − v_0): its objective indexed a second one.
+    bench.main(["--n-samples", "300", "--n-test", "60", "--n-features", "8",
+                "--n-classes", "2", "--scales", "8", "--no-before"])  # fmt: skip
+    out = capsys.readouterr()
+    assert "(no linear problem at mean μ: two classes, one row of coefficients)" in out.out
+    assert "ConvergenceWarning" not in out.err  # the warm-up fit's is its own
+    cosine = next(line for line in out.out.splitlines() if line.startswith("MR2 cosine"))
+    assert float(cosine.split()[-2]) > 0  # the objective
+
+
+def test_the_objective_of_two_classes_is_that_of_their_two_rows(bench, digits_unit):
+    # Shifting both logits leaves the margin cross-entropy unchanged: (0, z) is (v_0, v_1).
+    X, y = digits_unit
+    keep = y < 2
+    rows = np.random.default_rng(0).normal(size=(2, X.shape[1]))
+    margins = np.array([0.8, 1.3])
+    both = bench.objective(X[keep], y[keep], rows, margins)
+    assert bench.objective(X[keep], y[keep], rows[1:] - rows[:1], margins) == pytest.approx(both)
+
+
+def test_bench_fit_objective_of_two_classes_is_logistic_regression_s(digits_unit):
+    # A binomial model has one row: bench_fit's objective indexed a second margin.
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+
+    path = list(sys.path)
+    try:
+        script = SCRIPT.with_name("bench_fit.py")
+        spec = importlib.util.spec_from_file_location("bench_fit_two", script)
+        bench_fit = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench_fit)
+    finally:
+        sys.path[:] = path
+    X, y = digits_unit
+    X, y = X[y < 2], y[y < 2]
+    model = LogisticRegression(C=0.5).fit(X, y)
+    want = log_loss(y, model.predict_proba(X)) + 0.5 * (model.coef_**2).sum() / (0.5 * len(y))
+    assert bench_fit.objective(model, X, y, 0.5) == pytest.approx(want, rel=1e-9)

@@ -54,6 +54,8 @@ def _tiny(quality):
         # "tilt + offsets" starts from "tilt"'s choice: a KeyError after hours of fits.
         (["--levers", "--methods", "offsets"], "--methods applies to the MR² table"),
         (["--methods", "nothing"], r"--methods \['nothing'\] names none of the methods"),
+        # The synthetic data sets run a subset: a cosine method ran nothing, silently.
+        (["--methods", "cosine"], r"--methods \['cosine'\] names none of the methods of --dat"),
     ],
 )
 def test_a_method_filter_that_cannot_run_is_refused_before_any_work(quality, capsys, argv, message):
