@@ -766,7 +766,7 @@ def _timm(spec: BackboneSpec, image_size: int | None):
                     pretrained=True,
                     pretrained_cfg_overlay=dict(file=path),
                     num_classes=0,
-                ),  # fmt: skip
+                ),
                 "Pass the model the checkpoint was trained as (for MoCo checkpoints, moco:...).",
             )
         weights_id = file_sha256(path)
