@@ -1427,3 +1427,253 @@ def test_a_retry_killed_before_removing_its_mark_is_tidied_by_the_next(tmp_path,
     assert "adopting_source_fingerprint" in load_features(out).metadata
     again = load_features(extract_features(folder, BACKBONE, out, retry_failed=True, **FAST))
     assert not again.failures and "adopting_source_fingerprint" not in again.metadata
+
+
+def _new_store(path, n=3, dim=4, indices=None, **provenance):
+    """An empty store of ``n`` rows, as extract_features creates one before any row."""
+    from extract._store import create_store
+
+    create_store(
+        path, provenance={"format_version": 2} | provenance, record={}, dim=dim,
+        dtype="float32", labels=np.zeros(n, int),
+        indices=np.arange(n) if indices is None else indices,
+        ids=[f"{i}.png" for i in range(n)], class_names=["x"], file_size=np.full(n, -1),
+        file_mtime_ns=np.full(n, -1),
+    )  # fmt: skip
+    return path
+
+
+def test_the_lock_file_holds_its_writer_s_record_alone_while_it_writes(tmp_path):
+    # A longer record of an earlier writer (another host) kept its tail after this one's,
+    # or this one's stayed in the buffer: a second writer read a wrong or no holder.
+    import socket
+
+    lock = tmp_path / "f.h5.lock"
+    lock.write_text(f"4000000 {'a-much-longer-host-name.example.org' * 3}")
+    with store_lock(tmp_path / "f.h5"):
+        assert lock.read_text() == f"{os.getpid()} {socket.gethostname()}"
+
+
+def test_force_never_replaces_an_hdf5_file_with_features_that_no_run_wrote(
+    folder, tmp_path, no_model
+):
+    out = _foreign(tmp_path / "theirs.h5")  # features, labels, class_names; no format_version
+    before = out.read_bytes()
+    with pytest.raises(StoreError, match="is an HDF5 file but not a feature store"):
+        extract_features(folder, BACKBONE, out, overwrite=True, **FAST)
+    assert out.read_bytes() == before
+
+
+def test_a_new_store_has_all_its_storage_before_any_row_is_written(tmp_path):
+    # Storage allocated by the first write of a row changes HDF5 metadata mid-run: a run
+    # killed then leaves a damaged file, not one to resume.
+    path = _new_store(tmp_path / "f.h5")
+    with h5py.File(path, "r") as f:
+        for name in ("features", "status", "failure_reason", "content_sha256"):
+            plist = f[name].id.get_create_plist()
+            assert plist.get_alloc_time() == h5py.h5d.ALLOC_TIME_EARLY, name
+            assert f[name].id.get_storage_size() >= f[name].size * f[name].dtype.itemsize, name
+
+
+def test_a_preprocessing_that_differs_in_its_transform_alone_is_refused():
+    # The transform's repr is left out of the listing only beside another difference.
+    from extract._store import check_provenance
+
+    stored = {"format_version": 2, "preprocessing": {"crop": [32, 32], "transform": "A()"}}
+    request = stored | {"preprocessing": {"crop": [32, 32], "transform": "B()"}}
+    with pytest.raises(ProvenanceError, match=r"preprocessing\.transform: file has 'A\(\)'"):
+        check_provenance("f.h5", stored, request)
+
+
+def test_a_failure_reason_of_the_field_s_size_is_kept_whole(tmp_path):
+    from extract._store import write_rows
+
+    path = _new_store(tmp_path / "f.h5")
+    reason = "x" * 200
+    with h5py.File(path, "r+") as f:
+        write_rows(f, np.arange(3), np.ones((3, 4)), np.array([DONE, FAILED, DONE]),
+                   ["", reason, ""], ["0" * 64] * 3)  # fmt: skip
+    assert load_features(path).failures == [("1.png", reason)]
+
+
+def test_a_store_of_other_weights_is_refused(store, folder, tmp_path):
+    # Another checkpoint of the same backbone (fine-tuned, another seed) is another store.
+    copy = tmp_path / "other.h5"
+    copy.write_bytes(store.read_bytes())
+    with h5py.File(copy, "a") as f:
+        f.attrs["weights"] = "file:/ckpt/finetuned.pt sha256:0123"
+    with pytest.raises(ProvenanceError, match="weights: file has 'file:/ckpt/finetuned.pt"):
+        extract_features(folder, BACKBONE, copy, **FAST)
+
+
+def test_rows_written_apart_go_to_their_own_positions_only(tmp_path):
+    # A retry writes the failed rows, scattered among done ones.
+    from extract._store import write_rows
+
+    path = _new_store(tmp_path / "f.h5", n=5)
+    with h5py.File(path, "r+") as f:
+        write_rows(f, np.array([1, 3]), np.full((2, 4), 7.0), np.array([DONE, DONE]),
+                   ["", ""], ["a" * 64, "b" * 64])  # fmt: skip
+        assert f["status"][:].tolist() == [PENDING, DONE, PENDING, DONE, PENDING]
+        assert (f["features"][[1, 3]] == 7).all() and (f["features"][[0, 2, 4]] == 0).all()
+        assert f["content_sha256"][:].tolist() == [b"", b"a" * 64, b"", b"b" * 64, b""]
+
+
+def test_rows_are_marked_done_only_after_their_data_is_flushed():
+    # A run killed between the two must leave rows pending, never done with no features.
+    from extract._store import write_rows
+
+    events = []
+
+    class Dataset:
+        def __init__(self, name):
+            self.name = name
+
+        def __setitem__(self, key, value):
+            events.append(self.name)
+
+    class File(dict):
+        def flush(self):
+            events.append("flush")
+
+    names = ("features", "failure_reason", "content_sha256", "status")
+    write_rows(File({n: Dataset(n) for n in names}), np.arange(2), np.ones((2, 4)),
+               np.array([DONE, DONE]), ["", ""], ["0" * 64] * 2)  # fmt: skip
+    assert sorted(events[:3]) == sorted(names[:3])
+    assert events[3:] == ["flush", "status", "flush"]
+
+
+@pytest.mark.parametrize(
+    "datasets, match",
+    [
+        # Six feature rows and five labels loaded as a complete store, rows misaligned.
+        (dict(features=np.zeros((6, 4)), labels=[0] * 5), r"'labels' has shape \(5,\) for 6"),
+        # A label one past the last class name.
+        (dict(features=np.zeros((2, 4)), labels=[0, 1]), r"'labels' holds values outside 0..0"),
+        (dict(features=np.zeros((2, 4)), labels=[0, -1]), r"'labels' holds values outside 0..0"),
+    ],
+)
+def test_labels_that_do_not_fit_the_features_or_classes_are_refused(tmp_path, datasets, match):
+    path = _hdf5(tmp_path / "x.h5", class_names=["a"], **datasets)
+    with pytest.raises(NotAStoreError, match=match):
+        load_features(path)
+
+
+def test_a_group_in_place_of_a_required_dataset_is_no_store(tmp_path):
+    path = _hdf5(tmp_path / "x.h5", features=np.zeros((2, 4)), class_names=["a"])
+    with h5py.File(path, "a") as f:
+        f.create_group("labels")
+    with pytest.raises(NotAStoreError, match="it has no 'labels' dataset"):
+        load_features(path)
+
+
+def test_an_incomplete_store_loads_its_done_rows_with_their_source_items(tmp_path):
+    # A subset (--per-class, max_items) holds source items 4, 9, 12, 20; row 2 is pending.
+    from extract._store import write_rows
+
+    path = _new_store(tmp_path / "f.h5", n=4, indices=np.array([4, 9, 12, 20]))
+    with h5py.File(path, "r+") as f:
+        write_rows(f, np.array([0, 1, 3]), np.ones((3, 4)), np.array([DONE, FAILED, DONE]),
+                   ["", "unreadable", ""], ["0" * 64] * 3)  # fmt: skip
+    with pytest.warns(UserWarning, match="1 rows pending"):
+        loaded = load_features(path, allow_incomplete=True)
+    assert loaded.indices.tolist() == [4, 20] and loaded.paths == ["0.png", "3.png"]
+    assert loaded.failures == [("1.png", "unreadable")]  # the pending row is no failure
+    loaded.close()
+
+
+def test_a_merge_never_replaces_a_file_that_it_did_not_write(store, folder, tmp_path):
+    shards = [
+        extract_features(folder, BACKBONE, tmp_path / "f.h5", rank=r, world_size=2,
+                         max_items=4, **FAST)
+        for r in range(2)
+    ]  # fmt: skip
+    # The output: a user's file, not a store (--force replaces stores only).
+    notes = tmp_path / "notes.h5"
+    notes.write_text("my notes")
+    with pytest.raises(StoreError, match="never replaced"):
+        merge_shards(shards, notes, overwrite=True)
+    assert notes.read_text() == "my notes"
+    # <out>.merging: a store, but no merge's leftover (it records no merged_from).
+    merging = tmp_path / "m.h5.merging"
+    shutil.copy(store, merging)
+    with pytest.raises(StoreError, match="m.h5.merging' exists and is not a merged store"):
+        merge_shards(shards, tmp_path / "m.h5")
+    assert merging.read_bytes() == store.read_bytes()
+
+
+def test_a_merged_store_is_the_single_run_s_store_digests_and_provenance_included(
+    store, folder, tmp_path
+):
+    # The merge left content_sha256 empty, or recorded rank 0's row count as n_rows: a
+    # single-process run on the merged store then refused it.
+    shards = [
+        extract_features(folder, BACKBONE, tmp_path / "f.h5", rank=r, world_size=2, **FAST)
+        for r in range(2)
+    ]
+    merged = merge_shards(shards, tmp_path / "merged.h5")
+    with h5py.File(merged, "r") as m, h5py.File(store, "r") as s:
+        for name in ("content_sha256", "failure_reason", "status", "indices", "labels"):
+            np.testing.assert_array_equal(m[name][:], s[name][:], err_msg=name)
+        assert m.attrs["n_rows"] == m.attrs["n_total_rows"] == len(s["status"])
+    before = merged.read_bytes()
+    extract_features(folder, BACKBONE, merged, **FAST)  # reused, not refused
+    assert merged.read_bytes() == before
+
+
+def _shard(path, rank, indices, n_total, dim=4):
+    """A complete shard of rank ``rank`` of 2 holding the source rows ``indices``."""
+    from extract._store import write_rows
+
+    n = len(indices)
+    _new_store(path, n=n, dim=dim, indices=np.asarray(indices), backbone="b",
+               source_fingerprint="sha256:s", n_rows=n, n_total_rows=n_total, shard_rank=rank,
+               shard_world_size=2, dtype="float32",
+               source_options={"image": "jpg", "label": "cls"})  # fmt: skip
+    with h5py.File(path, "r+") as f:
+        f["paths"][:] = [f"{i}.png" for i in indices]
+        write_rows(f, np.arange(n), np.repeat(np.asarray(indices, float)[:, None], dim, 1),
+                   np.full(n, DONE), [""] * n, [f"{i:064d}" for i in indices])  # fmt: skip
+    return path
+
+
+def test_shards_of_uneven_parts_merge_each_row_to_its_place(tmp_path):
+    # Rank 0 holds two tar shards, rows 0-1 and 3-5, rank 1 a shard of one row between.
+    a = _shard(tmp_path / "a.h5", 0, [0, 1, 3, 4, 5], 6)
+    b = _shard(tmp_path / "b.h5", 1, [2], 6)
+    merged = merge_shards([a, b], tmp_path / "m.h5")
+    with load_features(merged, in_memory=True) as loaded:
+        np.testing.assert_array_equal(loaded.features[:, 0], np.arange(6))
+        assert loaded.paths == [f"{i}.png" for i in range(6)]
+        assert loaded.metadata["source_options"] == {"image": "jpg", "label": "cls"}
+    with h5py.File(merged, "r") as f:
+        assert f["content_sha256"][:].tolist() == [f"{i:064d}".encode() for i in range(6)]
+
+
+def test_shards_that_miss_a_row_of_the_source_are_not_merged(tmp_path):
+    a = _shard(tmp_path / "a.h5", 0, [0, 2], 4)
+    b = _shard(tmp_path / "b.h5", 1, [1], 4)  # row 3 is in neither
+    with pytest.raises(ValueError, match="hold 3 rows for a source of 4"):
+        merge_shards([a, b], tmp_path / "m.h5")
+    assert not (tmp_path / "m.h5").exists()
+
+
+def test_a_writer_on_this_host_is_named_by_its_pid_alone(tmp_path):
+    # A record of this very host named it as another host's, and a dead writer of this
+    # host was then not said to be dead.
+    import fcntl
+    import socket
+
+    lock = tmp_path / "f.h5.lock"
+    with open(lock, "w") as held:  # another open file description: flock refuses the next
+        held.write(f"{os.getpid()} {socket.gethostname()}")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(StoreLockedError) as info:
+            with store_lock(tmp_path / "f.h5"):
+                pass
+    assert f"(pid {os.getpid()});" in str(info.value) and "on host" not in str(info.value)
+
+
+def test_shards_are_named_as_documented():
+    assert shard_path("out/features.h5", 1, 4) == Path("out/features.shard-00001-of-00004.h5")
