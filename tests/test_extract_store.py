@@ -293,13 +293,18 @@ def test_different_provenance_is_refused_in_one_line(store, folder, change, diff
     assert "transform" not in message  # restates the entries that differ
 
 
+def _copy_with(store, path, **attrs):
+    """A copy of ``store`` at ``path`` with other provenance ``attrs``."""
+    path.write_bytes(store.read_bytes())
+    with h5py.File(path, "a") as f:
+        f.attrs.update(attrs)
+    return path
+
+
 def test_a_store_is_resumed_only_in_its_own_precision(store, folder, tmp_path):
     # A run started on a GPU (bfloat16 autocast) and resumed on the CPU (float32) would mix
     # rows of both precisions in one file.
-    copy = tmp_path / "gpu.h5"
-    copy.write_bytes(store.read_bytes())
-    with h5py.File(copy, "a") as f:
-        f.attrs["compute"] = "bfloat16 autocast"
+    copy = _copy_with(store, tmp_path / "gpu.h5", compute="bfloat16 autocast")
     with pytest.raises(ProvenanceError, match="compute: file has 'bfloat16 autocast', request"):
         extract_features(folder, BACKBONE, copy, **FAST)
     with h5py.File(copy, "a") as f:  # written before the precision was recorded: float32
@@ -1498,10 +1503,7 @@ def test_a_failure_reason_of_the_field_s_size_is_kept_whole(tmp_path):
 
 def test_a_store_of_other_weights_is_refused(store, folder, tmp_path):
     # Another checkpoint of the same backbone (fine-tuned, another seed) is another store.
-    copy = tmp_path / "other.h5"
-    copy.write_bytes(store.read_bytes())
-    with h5py.File(copy, "a") as f:
-        f.attrs["weights"] = "file:/ckpt/finetuned.pt sha256:0123"
+    copy = _copy_with(store, tmp_path / "other.h5", weights="file:/ckpt/finetuned.pt sha256:0")
     with pytest.raises(ProvenanceError, match="weights: file has 'file:/ckpt/finetuned.pt"):
         extract_features(folder, BACKBONE, copy, **FAST)
 
