@@ -734,8 +734,10 @@ def _timm(spec: BackboneSpec, image_size: int | None):
 
     _check_timm_model(spec)
 
-    def build(pretrained: bool) -> nn.Module:
-        return _create_timm(timm, spec.model, image_size, pretrained=pretrained, num_classes=0)
+    def build(pretrained: bool, **kwargs) -> nn.Module:
+        return _create_timm(
+            timm, spec.model, image_size, pretrained=pretrained, num_classes=0, **kwargs
+        )
 
     # hf-hub: and local-dir: names bring their config (and weights) from the hub or a folder
     sourced = spec.model.startswith(_MODEL_SOURCES)
@@ -759,14 +761,7 @@ def _timm(spec: BackboneSpec, image_size: int | None):
         with _library_reads(path):
             model = _fitting_load(
                 spec,
-                lambda: _create_timm(
-                    timm,
-                    spec.model,
-                    image_size,
-                    pretrained=True,
-                    pretrained_cfg_overlay=dict(file=path),
-                    num_classes=0,
-                ),
+                lambda: build(True, pretrained_cfg_overlay=dict(file=path)),
                 "Pass the model the checkpoint was trained as (for MoCo checkpoints, moco:...).",
             )
         weights_id = file_sha256(path)
