@@ -22,7 +22,10 @@ from sklearn.exceptions import ConvergenceWarning, FitFailedWarning
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
-from mr2_probe.cli import _OUTPUTS, UsageError, _grid, _in_cli_terms, load_xy, main
+from mr2_probe.cli import UsageError, load_xy, main
+from mr2_probe.cli._main import _in_cli_terms
+from mr2_probe.cli._options import _grid
+from mr2_probe.cli._outputs import _OUTPUTS
 
 FASHION = ["T-shirt/top", "Trouser", "Ankle boot"]
 OUTPUTS = {
@@ -196,7 +199,7 @@ def test_a_grid_of_both_heads_searches_c_where_it_penalises():
     # With head=cosine,linear the cosine ERM (and MR² without a projection) still searched
     # C, and could report a C that changed nothing.
     from mr2_probe import MR2LinearClassifier
-    from mr2_probe.cli import _model
+    from mr2_probe.cli._main import _model
 
     args = Namespace(feature_scaling="none", cv=2, seed=0, n_jobs=None, scoring="worst_class")
     grid = {"head": ["cosine", "linear"], "C": [0.001, 1000], "lam": [0, 0.5]}
@@ -1405,7 +1408,7 @@ def test_a_grid_search_s_short_fits_are_one_line_not_warnings(files, capsys):
 
 
 def test_one_line_messages_are_cut_at_their_limit():
-    from mr2_probe.cli import _one_line
+    from mr2_probe.cli._usage import _one_line
 
     assert _one_line("a\n  b\tc") == "a b c"
     cut = _one_line("x" * 2000)

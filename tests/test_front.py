@@ -17,7 +17,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, TunedOffsetsClassifierCV
-from mr2_probe.cli import _OUTPUTS, main
+from mr2_probe.cli import main
+from mr2_probe.cli._outputs import _OUTPUTS
 from mr2_probe.front import Front, FrontPoint, accuracy_front, choose_point
 from mr2_probe.metrics import classwise_summary, difficulty_groups, per_class_accuracy
 from mr2_probe.plotting import LEVER_COLOURS, plot_front
@@ -584,7 +585,7 @@ def test_front_of_a_search_is_refused_before_any_fit(splits, monkeypatch):
 def test_the_front_s_probe_is_the_one_the_search_chose(splits, head):
     # The CLI's front starts from the probe at the search's choice: a cosine search's
     # value is its logit scale, not C.
-    from mr2_probe.cli import _chosen_configuration
+    from mr2_probe.cli._main import _chosen_configuration
 
     X_fit, y_fit, *_ = splits
     search = MR2LinearClassifierCV([2.0, 8.0], cv=2, head=head, max_iter=50, device="cpu")

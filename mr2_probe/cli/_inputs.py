@@ -1,0 +1,529 @@
+"""``mr2-probe``'s input files: features and labels read, and data that cannot be one task
+refused."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+from sklearn.model_selection import (
+    StratifiedKFold,
+    train_test_split,
+)
+
+from ..front import (
+    OFFSETS_CV,
+    check_offsets_folds,
+)
+from ._usage import UsageError, _few, _one_line
+
+_FORMATS = (".h5", ".hdf5", ".npz", ".npy")
+
+
+# What report.json records of a store, so that a per-class result can be traced to the
+# features it was measured on.
+_RECORDED_PROVENANCE = (
+    "backbone", "weights", "preprocessing", "compute", "dtype", "normalize", "source",
+    "source_root", "source_fingerprint", "shard_rank", "shard_world_size",
+)  # fmt: skip
+
+
+def _sources(args) -> dict:
+    """Each input file's absolute path and, for a store, its provenance and the failed
+    images left out (the test set's, or None for one held out of the training data)."""
+
+    def record(path, labels_path) -> dict:
+        entry = {"path": os.path.abspath(path)}
+        if labels_path is not None:
+            entry["labels"] = os.path.abspath(labels_path)
+        if Path(path).suffix.lower() in (".h5", ".hdf5"):
+            from extract import load_features
+
+            with load_features(path) as store:
+                metadata, failed = store.metadata, len(store.failures)
+            entry["provenance"] = {k: metadata[k] for k in _RECORDED_PROVENANCE if k in metadata}
+            entry["failed_images_left_out"] = failed
+        return entry
+
+    test = None if args.test is None else record(args.test, args.test_labels)
+    return {"train": record(args.train, args.labels), "test": test}
+
+
+def _inputs_record(sources: dict, args, y, y_test, names) -> dict:
+    """What the report was measured on: the files (:func:`_sources`) and how many samples
+    of each class it counted; for a held-out test set, the split that made it."""
+
+    def counts(labels) -> dict:
+        values, n = np.unique(labels, return_counts=True)
+        shown = values if names is None else np.asarray(names, dtype=object)[values]
+        return {str(v): int(k) for v, k in zip(shown, n, strict=True)}
+
+    train = sources["train"] | {"samples": int(len(y)), "samples_per_class": counts(y)}
+    test = sources["test"] or {
+        "held_out_of": train["path"],
+        "test_size": args.test_size,
+        "seed": args.seed,
+    }
+    test = test | {"samples": int(len(y_test)), "samples_per_class": counts(y_test)}
+    return {"train": train, "test": test}
+
+
+def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels"):
+    """Features, labels and class names from an HDF5 store, a .npz or a .npy file.
+
+    Returns ``(X, y, class_names)``: the labels as the file holds them (a store's integer
+    codes 0..K-1) and the store's class names (``None`` for NumPy files). Every problem with
+    the file raises a :class:`UsageError` or an ``extract.StoreError`` (both ValueErrors)
+    with a one-line message.
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix not in _FORMATS:
+        raise UsageError(
+            f"unknown feature file type {suffix or '(none)'!r} ({path}); use .h5 (a store "
+            "from mr2-extract), .npz (X and y) or .npy (with --labels)"
+        )
+    names = store = None
+    if suffix in (".h5", ".hdf5"):
+        X, y, names, store = _load_store(path)
+        source = path
+    elif suffix == ".npz":
+        X, y = _read(path, _load_npz)
+        source = path
+    else:
+        if labels is None:
+            raise UsageError(f"{path} holds features only; pass {labels_option} FILE.npy")
+        X, y = _read(path, _load_npy), _read(labels, _load_npy)
+        source = f"{path} with labels {labels}"
+    X, y = np.asarray(X), np.asarray(y)
+    if y.dtype.kind == "S":  # bytes, which scikit-learn refuses as labels: their text
+        try:
+            y = np.char.decode(y, "utf-8")
+        except UnicodeDecodeError as error:
+            raise UsageError(f"the labels of {source} are bytes that are not UTF-8 text") from error
+    _check_xy(X, y, source, store)
+    if X.dtype == np.float16:
+        # Scaled in float32: scikit-learn's scalers compute in the features' dtype, and a
+        # float16 row norm overflows past 256 (Normalizer then zeroes the row).
+        X = X.astype(np.float32)
+    return X, y, names
+
+
+def _read(path: str, reader):
+    if not os.path.exists(path):
+        raise UsageError(f"{path!r} does not exist; check the path")
+    try:
+        with open(path, "rb") as file:
+            magic = file.read(6)
+        # np.load reads anything else as a pickle, whose error would talk of allow_pickle.
+        if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY")):
+            raise UsageError(
+                f"{path!r} is not a NumPy file; write features with numpy.save (.npy) or "
+                "numpy.savez (.npz)"
+            )
+        return reader(path)
+    except UsageError:
+        raise
+    except Exception as error:  # a foreign or damaged file fails in many ways (zip, pickle)
+        raise UsageError(
+            f"cannot read {path!r} as {Path(path).suffix or 'a NumPy file'}: "
+            f"{type(error).__name__}: {_one_line(error)}"
+        ) from error
+
+
+def _load_npy(path: str):
+    data = np.load(path, allow_pickle=False)
+    if isinstance(data, np.lib.npyio.NpzFile):
+        data.close()
+        raise UsageError(f"{path} is a .npz archive, not a single array (.npy)")
+    return data
+
+
+def _load_npz(path: str):
+    data = np.load(path, allow_pickle=False)
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise UsageError(f"{path} holds one array, not a .npz archive of X and y")
+    with data:
+        x_key = "X" if "X" in data else "features"
+        y_key = "y" if "y" in data else "labels"
+        if x_key not in data or y_key not in data:
+            raise UsageError(
+                f"{path} must hold arrays X and y (or features and labels); "
+                f"found {sorted(data.files)}"
+            )
+        return data[x_key], data[y_key]
+
+
+def _load_store(path: str):
+    try:
+        from extract import load_features
+    except ImportError as error:  # the extract extra is optional
+        raise UsageError(
+            'reading HDF5 stores needs the extract extra: pip install "mr2-probe[extract]"'
+        ) from error
+    store = load_features(path, in_memory=True)  # StoreError: a one-line ValueError
+    if store.failures:
+        first, reason = store.failures[0]
+        n = len(store.failures)
+        images = (
+            "1 image failed extraction and is"
+            if n == 1
+            else f"{n} images failed extraction and are"
+        )
+        print(
+            f"mr2-probe: warning: {path}: {images} left out (the first, {first!r}: {reason})",
+            file=sys.stderr,
+        )
+    return np.asarray(store.features), np.asarray(store.labels), list(store.class_names), store
+
+
+def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
+    """Refuse data that cannot be fitted; a store's (extract.FeatureStore) rows are named
+    by store row and image."""
+    if X.ndim != 2:
+        raise UsageError(
+            f"the features of {source} must be a 2-D array (samples × features); got shape "
+            f"{X.shape}"
+        )
+    if y.ndim != 1:
+        raise UsageError(f"the labels of {source} must be a 1-D array; got shape {y.shape}")
+    if len(X) != len(y):
+        raise UsageError(
+            f"{source}: {len(X)} rows of features but {len(y)} labels; each row needs one label"
+        )
+    if not len(y):
+        raise UsageError(f"{source} holds no samples")
+    if X.dtype.kind not in "iuf":  # complex numbers too, which no probe fits
+        raise UsageError(f"the features of {source} must be real numbers; got dtype {X.dtype}")
+    bad = np.flatnonzero(~np.isfinite(X).all(axis=1))
+    if len(bad):
+        first, rows, remedy = f"row {bad[0]}", "rows", ""
+        if store is not None:
+            first = f"store row {store.rows[bad[0]]}, {store.paths[bad[0]]!r}"
+            rows, remedy = "completed rows", "extract them again, or "
+        raise UsageError(
+            f"{source}: {len(bad)} of {len(X)} {rows} hold NaN or infinite features (the "
+            f"first is {first}); {remedy}drop or impute them first"
+        )
+    if y.dtype.kind == "f" and not np.isfinite(y).all():
+        raise UsageError(f"{source}: some labels are NaN or infinite; every row needs a class")
+    fractions = np.flatnonzero(y != np.round(y)) if y.dtype.kind == "f" else []
+    if y.dtype.kind == "c" or len(fractions):
+        kind, example = ("complex", y[0]) if y.dtype.kind == "c" else ("real", y[fractions[0]])
+        raise UsageError(
+            f"{source}: the labels are {kind} numbers, such as {example.item()!r}, not "
+            "classes; give class labels (integers or text)"
+        )
+
+
+def _inputs(args):
+    """Training and test data, checked to describe one task; the class names, if any; the
+    files' records (:func:`_sources`, read now: a store replaced during the fit is not
+    described)."""
+    X, y, names = load_xy(args.train, args.labels)
+    repeated = _repeated(names)
+    names = _distinct(names)
+    classes = np.unique(y)
+    if len(classes) < 2:  # refused here, before any fit (scikit-learn's own error came after)
+        only = names[classes[0]] if names is not None else classes[0].item()
+        raise UsageError(
+            f"{args.train} holds samples of one class only ({only!r}); a classifier needs at "
+            "least 2"
+        )
+    if args.test is None:
+        try:
+            X, X_test, y, y_test = train_test_split(
+                X, y, test_size=args.test_size, stratify=y, random_state=args.seed
+            )
+        except ValueError as error:
+            why = _single_sample_classes(y, names) or (
+                f"{_one_line(error).rstrip('.')}; choose a --test-size that leaves each class "
+                "at least one sample in both parts (or pass --test)"
+            )
+            raise UsageError(
+                f"cannot hold out --test-size {args.test_size:g} of {args.train} with every "
+                f"class in both parts: {why}"
+            ) from error
+        return X, y, X_test, y_test, names, _sources(args)
+    _check_not_the_training_data(args.train, args.test)
+    X_test, y_test, test_names = load_xy(args.test, args.test_labels, "--test-labels")
+    if X_test.shape[1] != X.shape[1]:
+        raise UsageError(
+            f"the test features have {X_test.shape[1]} columns and the training features "
+            f"{X.shape[1]}; use features of the same backbone and settings"
+        )
+    sources = _sources(args)
+    _check_same_extraction(args.train, args.test, sources)
+    repeated += _repeated(test_names)
+    test_names = _distinct(test_names)
+    y_test, matched = _match_by_name(y, names, y_test, test_names, repeated, args)
+    unseen = sorted(set(np.unique(y_test).tolist()) - set(classes.tolist()), key=str)
+    if unseen:
+        shown = unseen
+        advice = "label train and test alike (both class names or both the same integer codes)"
+        if matched and names is not None:  # codes of the training store's list
+            shown = [names[k] for k in unseen]
+            them = "them" if len(unseen) > 1 else "it"
+            advice = f"{args.train} lists {them} among its classes but holds no sample of {them}"
+        elif matched:  # text training labels: the test store's names
+            advice = "a probe cannot predict classes it was not trained on"
+        raise UsageError(
+            f"the test labels hold {len(unseen)} class{'es' if len(unseen) > 1 else ''} absent "
+            "from the training labels "
+            f"({_few(shown)}); {advice}"
+        )
+    return X, y, X_test, y_test, names, sources
+
+
+def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
+    """The test labels in the training labels' terms, matched by class name where the two
+    name their classes differently; and whether they were (or are codes of one list).
+
+    A store's labels are codes into its own class names: test codes of a store that lists
+    its classes in another order (or only those it holds, as a list source's does) are
+    translated by name, and so are text labels of a NumPy file against a training store;
+    a store's test codes against text training labels become their names.
+    """
+
+    def text(labels):
+        return labels.dtype.kind in "USO"
+
+    if names is not None:
+        if test_names is not None and names != test_names:
+            held = [test_names[k] for k in np.unique(y_test).tolist()]  # not failed classes
+        elif test_names is None and text(y_test):
+            held = [str(v) for v in np.unique(y_test)]
+        else:  # two stores of one list of names (codes alike), or integer test labels
+            return y_test, test_names is not None
+    elif test_names is None or not text(y):
+        return y_test, False
+    if repeated:  # two classes of one name: which is which cannot be read off names
+        both = names is not None and test_names is not None
+        remedy = (
+            "extract both stores with one list of class names"
+            if both
+            else "label both files alike (both class names or both the same integer codes)"
+        )
+        raise UsageError(
+            f"{args.train} and {args.test} name their classes differently, and the class "
+            f"names {_few(sorted(set(repeated)))} name several classes: the test labels "
+            f"cannot be matched to the training classes by name; {remedy}"
+        )
+    if names is None:  # text training labels: the test codes' names, checked as labels
+        return np.asarray(test_names, dtype=object)[y_test].astype(str), True
+    foreign = [name for name in held if name not in names]
+    if foreign:
+        raise UsageError(
+            f"{args.test} has {len(foreign)} class{'es' if len(foreign) > 1 else ''} that "
+            f"{args.train} does not "
+            f"({_few(foreign)}); a probe cannot predict classes it was not trained on"
+        )
+    code = {name: k for k, name in enumerate(names)}
+    if test_names is None:  # text labels: codes of their distinct values
+        values, inverse = np.unique(y_test, return_inverse=True)
+        return np.array([code[str(v)] for v in values], dtype=y.dtype)[inverse], True
+    # -1 marks a class the test store lists but holds no label of (none is read).
+    table = np.array([code.get(name, -1) for name in test_names], dtype=np.int64)
+    return table[y_test].astype(y.dtype), True
+
+
+def _repeated(names: list[str] | None) -> list[str]:
+    """The class names that name several classes (ImageNet's lists name two 'crane')."""
+    if names is None:
+        return []
+    values, counts = np.unique(np.asarray(names, dtype=object), return_counts=True)
+    return [str(v) for v in values[counts > 1]]
+
+
+def _distinct(names: list[str] | None) -> list[str] | None:
+    """Class names with a repeated one told apart by its code, 'crane (134)': mapped to
+    names, the predictions of two classes of one name were scored as one class."""
+    repeated = set(_repeated(names))
+    if not repeated:
+        return names
+    return [f"{name} ({k})" if name in repeated else name for k, name in enumerate(names)]
+
+
+def _check_not_the_training_data(train: str, test: str) -> None:
+    """Refuse a --test that is the training file itself, or a store of the same images or
+    of some of them: its accuracy would be training accuracy. Stores that record each
+    image's sha256 (extract's) are compared by content: a test store of other images is
+    taken even where the listings look alike, and one of training images is refused
+    however it was listed; a few images shared by two sources are only said."""
+    shared = "the training images" if Path(train).resolve() == Path(test).resolve() else None
+    if not shared and {Path(train).suffix.lower(), Path(test).suffix.lower()} <= {".h5", ".hdf5"}:
+        from extract import load_features
+
+        # The same image list, and the same shard of it (shards of one list are disjoint).
+        keys = ("source_fingerprint", "shard_rank", "shard_world_size")
+        # Or stores of one source (its root and container files) whose images overlap:
+        # subsets of it (--per-class, --max-items) taken twice.
+        origin = ("source_root", "source_files")
+        with load_features(train) as a, load_features(test) as b:
+            mine, theirs = ([s.metadata.get(k) for k in keys + origin] for s in (a, b))
+            same_list = mine[0] is not None and mine[:3] == theirs[:3]
+            same_source = bool(mine[3]) and mine[3:] == theirs[3:]
+            common = _common_images(a, b)
+            if common is not None:  # by content
+                n_common, n_test = common
+                if n_common and (n_common == n_test or same_list or same_source):
+                    shared = "the training images" if n_common == n_test else (
+                        f"{n_common} of the training images"
+                    )  # fmt: skip
+                elif n_common:
+                    print(
+                        f"mr2-probe: warning: {n_common} of the {n_test} images of --test "
+                        f"{test} are byte for byte images of {train}",
+                        file=sys.stderr,
+                    )
+            elif same_list:
+                shared = "the training images"
+            elif same_source:
+                both = sorted(set(a.paths) & set(b.paths))
+                shared = f"{len(both)} of the training images ({_few(both, 2)})" if both else None
+    if shared:
+        raise UsageError(
+            f"--test {test} holds {shared} of {train}, so its accuracy would be "
+            "training accuracy; pass a store of other images, or leave --test out to hold "
+            "out --test-size of the training data"
+        )
+
+
+def _common_images(train, test) -> tuple[int, int] | None:
+    """``(n, n_test)``: how many of the test store's usable images are, byte for byte,
+    images of the training store (by the sha256 both record); None where either store
+    records no digests (stores written by other tools)."""
+    digests = []
+    for store in (train, test):
+        if store.file is None or "content_sha256" not in store.file:
+            return None
+        found = store.file["content_sha256"][:][store.rows]
+        if not len(found) or (found == b"").any():
+            return None
+        digests.append(found)
+    return int(np.isin(digests[1], digests[0]).sum()), len(digests[1])
+
+
+def _single_sample_classes(y, names, after_test_split: bool = False) -> str:
+    """Where a class has a single sample, which no split puts on both sides: what to do
+    (naming the first such class as the report would; ``after_test_split``: ``y`` is what
+    the --test-size split left for training); "" otherwise."""
+    classes, counts = np.unique(y, return_counts=True)
+    single = classes[counts < 2]
+    if not len(single):
+        return ""
+    first = names[single[0]] if names is not None else single[0].item()
+    left = " left by the --test-size split" if after_test_split else ""
+    remedy = ", or pass --test FILE to train on all of them" if after_test_split else ""
+    return (
+        f"{len(single)} {'class has' if len(single) == 1 else 'classes have'} a single "
+        f"sample{left} (the first: {first!r}), which no split puts on both sides: drop "
+        f"those samples or add more of their classes{remedy}"
+    )
+
+
+def _check_splits(y, grid: dict, args, names=None) -> None:
+    """The splits the run will make, made once on the labels before any fit: the folds of
+    a search (--grid, --Cs) and the front's validation split (--tilt, --offsets); ``names``:
+    the class names of a store's codes ``y``."""
+    rows = np.zeros((len(y), 1))
+    if grid or args.Cs is not None:
+        try:
+            next(StratifiedKFold(args.cv, shuffle=True, random_state=args.seed).split(rows, y))
+        except ValueError as error:
+            # StratifiedKFold refuses more folds than the largest class has samples.
+            largest = int(np.unique(y, return_counts=True)[1].max())
+            advice = (
+                f"no class has more than {largest} samples: use at most {largest} folds"
+                if largest >= 2
+                else "no class has 2 samples, which cross-validation needs"
+            )
+            raise UsageError(f"--cv {args.cv}: {_one_line(error).rstrip('.')}; {advice}") from error
+    if args.tilt or args.offsets:
+        advice = "choose a --val-size that leaves each class at least one sample in both parts"
+        try:
+            fit_part, validation = train_test_split(
+                y, test_size=args.val_size, stratify=y, random_state=args.seed
+            )
+        except ValueError as error:
+            single = _single_sample_classes(y, names, after_test_split=args.test is None)
+            why = single or f"{_one_line(error)}; {advice}"
+            raise UsageError(
+                f"--val-size {args.val_size:g} cannot split the {len(y)} training samples "
+                f"with every class on both sides: {why}"
+            ) from error
+        classes = np.unique(y)
+        for part, name in ((fit_part, "fitting"), (validation, "validation")):
+            missing = np.setdiff1d(classes, part)
+            if len(missing):
+                raise UsageError(
+                    f"--val-size {args.val_size:g} leaves {len(missing)} of the {len(classes)} "
+                    f"classes without a sample in the front's {name} part (the first: "
+                    f"{missing.tolist()[0]!r}); {advice}"
+                )
+        if args.offsets:  # the offsets are tuned on folds of the front's fitting part
+            try:
+                check_offsets_folds(fit_part, OFFSETS_CV, advice="")
+            except ValueError as error:
+                raise UsageError(
+                    f"--offsets tunes offsets on {OFFSETS_CV} folds of the {len(fit_part)} "
+                    f"samples the front fits on: {_one_line(error).rstrip('.')}; drop "
+                    "--offsets, or give it more samples of every class (a smaller --val-size)"
+                ) from error
+
+
+# What a store's features depend on (extract's provenance): the decoding path ("decode")
+# and the compute precision change them by rounding only, and may differ between stores.
+_FEATURE_PROVENANCE = ("backbone", "weights", "normalize", "preprocessing")
+
+
+def _feature_provenance(record: dict) -> dict | None:
+    """The entries of a store's provenance (its :func:`_sources` record) that define its
+    features; None for NumPy files."""
+    metadata = record.get("provenance")
+    if metadata is None:
+        return None
+    flat = {}
+    for key in _FEATURE_PROVENANCE:
+        value = metadata.get(key)
+        if isinstance(value, dict):
+            flat |= {f"{key}.{k}": v for k, v in value.items() if k not in ("decode", "transform")}
+        elif value is not None:
+            flat[key] = value
+    return flat
+
+
+def _check_same_extraction(train: str, test: str, sources: dict) -> None:
+    """Refuse train and test stores whose features come from different backbones, weights
+    or preprocessing (entries recorded in both are compared)."""
+    old, new = (_feature_provenance(sources[key]) for key in ("train", "test"))
+    if old is None or new is None:
+        return
+    for path, mine, other in ((train, old, new), (test, new, old)):
+        unknown = [k for k in ("backbone", "weights") if k in other and k not in mine]
+        if unknown:  # a store written by another tool: nothing to compare with
+            print(
+                f"mr2-probe: warning: {path} records no {' or '.join(unknown)}, so whether "
+                "its features are comparable with the other store's cannot be checked",
+                file=sys.stderr,
+            )
+        tag = mine.get("weights")
+        if isinstance(tag, str) and str(other.get("weights")).startswith(f"{tag} params-sha256:"):
+            # A hub tag (or random weights) recorded before the weights were hashed: the
+            # same name, not necessarily the same weights (another revision of the tag,
+            # another library's initialisation).
+            print(
+                f"mr2-probe: warning: {path} records its weights by name alone "
+                f"({tag!r}), so whether both stores used the same weights cannot be "
+                "checked; extract it again with --force to record their hash",
+                file=sys.stderr,
+            )
+            mine["weights"] = other["weights"]
+    differ = [k for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
+    if differ:
+        shown = "; ".join(f"{k}: {old[k]!r} and {new[k]!r}" for k in differ[:3])
+        raise UsageError(
+            f"{train} and {test} were extracted differently ({shown}), so their features "
+            "are not comparable; extract both with the same backbone and settings"
+        )

@@ -1,0 +1,392 @@
+"""``mr2-probe``'s run: the probes built, fitted, compared class by class and written."""
+
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+
+import numpy as np
+from sklearn.base import clone
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.model_selection import (
+    GridSearchCV,
+    ParameterGrid,
+    StratifiedKFold,
+    train_test_split,
+)
+from sklearn.pipeline import Pipeline
+
+from .._classifier import MR2LinearClassifier
+from .._cv import MR2LinearClassifierCV
+from ..front import (
+    _final,
+    collecting_short,
+    fit_collecting_short,
+)
+from ..metrics import classwise_scorers
+from ..report import classwise_report, in_percent
+from ._inputs import _check_splits, _inputs, _inputs_record
+from ._options import (
+    _MR2_ONLY,
+    _OPTIONS,
+    _SCALERS,
+    _check_grid,
+    _check_options,
+    _given,
+    _grid,
+    _no_model,
+    _parser,
+)
+from ._outputs import _OUTPUTS, _prepare_out, _write_outputs
+from ._usage import UsageError, _one_line
+
+
+def _scaled(probe: MR2LinearClassifier, scaling: str):
+    scaler = _SCALERS[scaling]
+    return probe if scaler is None else Pipeline([("scale", scaler()), ("probe", probe)])
+
+
+def _chosen_configuration(model):
+    """The unfitted probe (in its Pipeline) that a fitted search chose: GridSearchCV's
+    best estimator, or an MR2LinearClassifier at the C (or scale) MR2LinearClassifierCV
+    chose; the model itself, unfitted, when nothing was searched."""
+    base = clone(getattr(model, "best_estimator_", model))
+    search = _final(model)
+    if not isinstance(search, MR2LinearClassifierCV):
+        return base
+    names = MR2LinearClassifier().get_params()
+    params = {k: v for k, v in search.get_params(deep=False).items() if k in names}
+    params |= {"scale": search.C_} if search.head_ == "cosine" else {"C": search.C_}
+    probe = MR2LinearClassifier(**params)
+    if isinstance(base, Pipeline):
+        return Pipeline([*base.steps[:-1], (base.steps[-1][0], probe)])
+    return probe
+
+
+def main(argv=None) -> int:
+    """Run ``mr2-probe``; returns 0 (1 where the front failed and was left out, 130 where it
+    was interrupted: the main models are reported and written either way), or exits with
+    status 2 and one line on a mistake, 130 on Ctrl-C elsewhere."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return _run(args, _given(argv))
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        parser.exit(130, "mr2-probe: interrupted\n")
+    except (ValueError, OSError, ImportError) as error:
+        # The checks' UsageError, the stores' StoreError (a ValueError), scikit-learn's
+        # InvalidParameterError and ValueErrors about the data, files that fail to open.
+        if args.debug:
+            raise
+        parser.exit(2, f"mr2-probe: error: {_one_line(error)}\n")
+
+
+def _run(args, given: frozenset = frozenset()) -> int:
+    # Everything that can be wrong with the options and the output folder is found before
+    # any file is read; everything wrong with the inputs, before any fit.
+    _check_options(args)
+    erm, mr2 = _estimators(args)
+    grid = _grid(args.grid)
+    _check_grid(grid, mr2, args, given)
+    out = _prepare_out(args.out) if args.out is not None else None
+    X, y, X_test, y_test, names, sources = _inputs(args)
+    _check_splits(y, grid, args, names)
+    replaced = [name for name in _OUTPUTS if out is not None and (out / name).exists()]
+    if replaced:  # said once the run is known to start
+        print(
+            f"mr2-probe: --out {args.out!r} holds an earlier run's {', '.join(replaced)}; "
+            f"this run replaces {'it' if len(replaced) == 1 else 'them'} when it ends "
+            "(choose another --out to keep them)",
+            file=sys.stderr,
+        )
+
+    erm_grid = {key: values for key, values in grid.items() if key not in _MR2_ONLY}
+    if not any(_without_unused_c(erm, c) for c in ParameterGrid(erm_grid)):
+        # Nothing it searches changes ERM (C alone, where the cosine head has no penalty):
+        # a search would choose among fits of one model.
+        erm_grid = {}
+    if args.Cs is not None:
+        erm, mr2 = _cv_probe(erm, args), _cv_probe(mr2, args)
+    models = {
+        "ERM grid" if erm_grid else "ERM": _model(erm, erm_grid, args),
+        "MR2 grid" if grid else "MR2": _model(mr2, grid, args),
+    }
+    erm_name, mr2_name = models
+    for name, model in models.items():
+        print(f"fitting {name} on {X.shape[0]} × {X.shape[1]} features", file=sys.stderr)
+        _fit(model, X, y, name, args)
+    front = front_error = None
+    status = 0
+    if args.tilt or args.offsets:
+        # Each model as its search chose it: the front's ERM is the reported ERM.
+        base, erm_base = (_chosen_configuration(models[n]) for n in (mr2_name, erm_name))
+        for configuration in (base, erm_base):
+            _final(configuration).set_params(verbose=0)
+        try:
+            front = _front(models, base, erm_base, X, y, X_test, y_test, args)
+        except (ValueError, KeyboardInterrupt) as error:
+            # The models already fitted are reported and written without the front; the
+            # run still ends in an error (status 1, or 130 for Ctrl-C as elsewhere).
+            if args.debug:
+                raise
+            if isinstance(error, KeyboardInterrupt):
+                front_error, status = "the front was interrupted and is left out", 130
+            else:
+                front_error, status = f"the front failed and is left out: {_one_line(error)}", 1
+            print(f"mr2-probe: error: {front_error}", file=sys.stderr)
+    fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}
+
+    def named(labels):  # a store's integer codes -> its class names, for the report only
+        return np.asarray(labels) if names is None else np.asarray(names)[labels]
+
+    predictions = {name: named(model.predict(X_test)) for name, model in fitted.items()}
+    # The classes in the order of their codes (class_names.json), not sorted by name.
+    order = named(np.unique(y_test))
+    report = classwise_report(predictions, named(y_test), reference=erm_name, labels=order)
+    search = {
+        name: {key.removeprefix("probe__"): v for key, v in model.best_params_.items()}
+        for name, model in models.items()
+        if hasattr(model, "best_params_")
+    }
+    notes = []
+    if _final(fitted[mr2_name]).c_bar is None:
+        how = "the search chose c_bar=None" if "c_bar" in grid else "c_bar=None"
+        plain = _final(fitted[mr2_name]).lam == 0 and _final(fitted[mr2_name]).class_tilt == 0
+        what = "plain cross-entropy (γ_k = 1)" if plain else "γ_k = 1"
+        notes.append(f"{mr2_name} has no margins: {how}, {what}")
+    if front_error is not None:
+        notes.append(front_error)
+    lines = [
+        f"{name}: best parameters by {args.scoring} ({args.cv}-fold CV): {best}"
+        for name, best in search.items()
+    ]
+    searches = {name: _final(m) for name, m in fitted.items() if hasattr(_final(m), "Cs_")}
+    lines += [line for name, cv in searches.items() for line in _cv_lines(name, cv, args)]
+    lines += [f"note: {note}" for note in notes]
+
+    print(report.to_text(per_class=args.per_class))
+    if lines:
+        print("\n".join(lines))
+    if front is not None:
+        print(front.to_text())
+    if out is not None:
+        data = report.to_dict()
+        data["inputs"] = _inputs_record(sources, args, y, y_test, names)
+        if search:
+            data["search"] = {"scoring": args.scoring, "cv": args.cv, "best_params": search}
+        data["notes"] = notes
+        if searches:
+            data["cv"] = {  # the values searched: C, or a cosine head's scale
+                name: {
+                    what: cv.C_,
+                    f"{what}s": cv.Cs_.tolist(),
+                    "curves": _percent(cv, args),
+                }
+                for name, cv in searches.items()
+                for what in ["scale" if cv.head_ == "cosine" else "C"]
+            }
+        _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names)
+    return status
+
+
+def _curves(search, args) -> dict:
+    from ..plotting import cv_curves
+
+    return {key: v.tolist() for key, v in cv_curves(search, args.scoring).items()}
+
+
+def _percent(search, args) -> dict:
+    """Validation curves in percent, as the rest of report.json (NaN as null)."""
+    return in_percent(_curves(search, args))
+
+
+def _cv_lines(name: str, search, args) -> list[str]:
+    """The chosen value and the validation curve (mean over folds, in percent)."""
+    what = "scale" if search.head_ == "cosine" else "C"
+    curves = _curves(search, args)
+    lines = [f"{name}: chose {what}={search.C_:.4g} by {args.scoring} ({args.cv}-fold CV)"]
+    lines.append(f"  {what:>10s}  " + "  ".join(f"{key:>17s}" for key in curves))
+    for j, value in enumerate(search.Cs_):
+        mark = " *" if value == search.C_ else "  "
+        row = "  ".join(f"{100 * curve[j]:17.2f}" for curve in curves.values())
+        lines.append(f"{mark}{value:10.4g}  {row}")
+    return lines
+
+
+def _estimators(args) -> tuple[MR2LinearClassifier, MR2LinearClassifier]:
+    """ERM and MR², unfitted, their parameters checked."""
+    common = dict(
+        head=args.head,
+        C=1.0 if args.C is None else args.C,
+        max_iter=args.max_iter,
+        device=args.device,
+        verbose=0 if args.no_progress else 1,
+        random_state=args.seed,
+    )
+    if args.logit_scale is not None:
+        common["scale"] = args.logit_scale
+    erm = MR2LinearClassifier(c_bar=None, **common)
+    mr2 = MR2LinearClassifier(c_bar=args.c_bar, lam=args.lam, p=args.p, **common)
+    for probe in (erm, mr2):
+        try:
+            probe._validate_params()  # scikit-learn's own messages, before any work
+        except ValueError as error:
+            options = [o for key, o in _OPTIONS.items() if f"'{key}' parameter" in str(error)]
+            raise UsageError(f"{options[0]}: {_one_line(error)}" if options else error) from error
+    return erm, mr2
+
+
+def _cv_probe(probe: MR2LinearClassifier, args) -> MR2LinearClassifierCV:
+    """``probe`` with C (or the cosine head's scale) chosen along a path by --cv folds."""
+    params = probe.get_params()
+    del params["C"], params["warm_start"]
+    return MR2LinearClassifierCV(
+        args.Cs,
+        cv=StratifiedKFold(args.cv, shuffle=True, random_state=args.seed),
+        scoring=args.scoring,
+        n_jobs=args.n_jobs,
+        **params,
+    )
+
+
+def _model(probe: MR2LinearClassifier, grid: dict, args):
+    """The probe behind the feature scaling, in a grid search when ``grid`` is not empty
+    (of the grid's combinations that are models of it)."""
+    if not grid:
+        return _scaled(probe, args.feature_scaling)
+    prefix = "" if args.feature_scaling == "none" else "probe__"
+    searched = {prefix + key: values for key, values in grid.items()}
+    combinations = list(ParameterGrid(grid))
+    valid = [_without_unused_c(probe, c) for c in combinations if _no_model(probe, c) is None]
+    valid = list({tuple(sorted(c.items())): c for c in valid}.values())  # each model once
+    if len(valid) < len(combinations):
+        searched = [{prefix + key: [value] for key, value in c.items()} for c in valid]
+    return GridSearchCV(
+        _scaled(clone(probe).set_params(verbose=0), args.feature_scaling),
+        searched,
+        scoring=classwise_scorers() | {"stopped_short": _stopped_short},
+        refit=args.scoring,
+        cv=StratifiedKFold(args.cv, shuffle=True, random_state=args.seed),
+        n_jobs=args.n_jobs,
+    )
+
+
+def _without_unused_c(probe: MR2LinearClassifier, combination: dict) -> dict:
+    """``combination`` without C where C penalises nothing: a cosine head has no penalty of
+    its own, only a projection (lam > 0) has one. (Searched, such a C fits one model again
+    and reports a choice that means nothing.)"""
+    params = probe.get_params() | combination
+    if "C" in combination and params["head"] == "cosine" and not params["lam"]:
+        return {key: value for key, value in combination.items() if key != "C"}
+    return combination
+
+
+def _stopped_short(estimator, X, y) -> float:
+    """A grid search's scorer: 1 for a fit that stopped short of tol. With --n-jobs its
+    fits run in worker processes, whose warnings never reach this one."""
+    return float(getattr(_final(estimator), "_stop_reason", None) is not None)
+
+
+def _in_cli_terms(message, args) -> str:
+    """An estimator's warning on one line, its advice in mr2-probe's options: --max-iter
+    for max_iter (--grid max_iter where the grid sets it), --feature-scaling standard for a
+    scaler (no advice to scale where the features are scaled so already); a larger tol,
+    which is no option, becomes the fit kept as it is."""
+    scaled = args.feature_scaling == "standard"
+    grid = any(spec.partition("=")[0].strip() == "max_iter" for spec in args.grid)
+    option, sep = ("--grid max_iter", "=") if grid else ("--max-iter", " ")
+    scale = "--feature-scaling standard"
+    rules = (
+        (
+            r"Increase max_iter,? or scale the features(?: \(e\.g\. StandardScaler\))?",
+            f"Raise {option}" + ("" if scaled else f", or scale the features ({scale})"),
+        ),
+        (r"in max_iter=(\d+) (\w+)", rf"in \1 \2 ({option}{sep}\1)"),
+        (r"(?<!--grid )\bmax_iter\b", option),  # not the option just written
+        # "(and scale them, e.g. StandardScaler)" and the like: no advice where they are.
+        (r" ?\((?:and,? )?(?:for features [^()]*, )?scale them, e\.g\. StandardScaler\)", "")
+        if scaled
+        else (r"e\.g\. StandardScaler", scale),
+        (r"(?i)float64 features", r"\g<0> from a .npy or .npz file"),
+        (r", or a larger tol to accept this one", "; mr2-probe keeps this one"),
+        (r"Use a larger tol \(and, ", "mr2-probe keeps the fit as it stopped ("),
+        (r"Use a larger tol\b", "mr2-probe keeps the fit as it stopped"),
+        (r" or a larger tol\b", "; mr2-probe keeps the fit as it stopped"),
+        (r"use a larger tol\b", "mr2-probe keeps the fit as it stopped"),
+    )
+    text = _one_line(message)
+    for pattern, replacement in rules:
+        text = re.sub(pattern, replacement, text)
+    return text
+
+
+def _fit(model, X, y, name: str, args):
+    """``model`` fitted, its ConvergenceWarnings (a search's can be many) said in one line
+    on stderr, their advice in mr2-probe's options."""
+    if isinstance(model, GridSearchCV):
+        with warnings.catch_warnings():  # (the filter reaches the workers too)
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit(X, y)
+        results = model.cv_results_
+        folds = [results[k] for k in results if re.fullmatch(r"split\d+_test_stopped_short", k)]
+        # The solver's own reason, where this process has it: the refit's.
+        reason = getattr(_final(model.best_estimator_), "_stop_reason", None)
+        # A failed fit scores NaN in every column (GridSearchCV warns of it on its own).
+        n_short, n_fits = int(np.nansum(folds)) + (reason is not None), np.size(folds) + 1
+        if n_short:
+            why = (
+                f"the refit's: {_in_cli_terms(reason, args)}"
+                if reason
+                else _in_cli_terms("Increase max_iter or scale the features.", args)
+            )
+            print(
+                f"mr2-probe: warning: {name}: {n_short} of its {n_fits} fits stopped short of "
+                f"tol ({why})",
+                file=sys.stderr,
+            )
+        return model
+    short = fit_collecting_short(model, X, y)
+    if short:
+        fits = f"{len(short)} of its fits" if len(short) > 1 else "its fit"
+        first = _in_cli_terms(short[0].message, args)
+        print(f"mr2-probe: warning: {name}: {fits} stopped short of tol ({first})", file=sys.stderr)
+    return model
+
+
+def _front(models: dict, base, erm, X, y, X_test, y_test, args):
+    """Fit the front of ``base`` (the MR² configuration, tuned when searched) with ``erm``
+    (ERM's, tuned on its own) on a validation split, choose by the rule, refit the choice
+    on all of the training data and add it to ``models``."""
+    from ..front import accuracy_front
+
+    X_fit, X_val, y_fit, y_val = train_test_split(
+        X, y, test_size=args.val_size, stratify=y, random_state=args.seed
+    )
+    print(f"fitting the front on {len(y_fit)} samples, choosing on {len(y_val)}", file=sys.stderr)
+    with collecting_short() as short:  # the front gathers its fits' into one warning
+        front = accuracy_front(
+            base,
+            X_fit,
+            y_fit,
+            X_val,
+            y_val,
+            tilts=args.tilt,
+            offset_bounds=[b / 100 for b in args.offsets],
+            X_test=X_test,
+            y_test=y_test,
+            bound=args.front_bound / 100,
+            erm=erm,
+        )
+    for warning in short:
+        text = _in_cli_terms(warning.message, args)
+        print(f"mr2-probe: warning: front: {text}", file=sys.stderr)
+    chosen = front.point(front.chosen)
+    print(
+        f"front: the rule chose {chosen.name}; refitting it on all training data", file=sys.stderr
+    )
+    name = f"chosen: {chosen.name}"
+    models[name] = _fit(clone(chosen.estimator), X, y, name, args)
+    return front

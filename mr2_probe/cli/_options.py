@@ -1,0 +1,528 @@
+"""``mr2-probe``'s command line: its options, their parsing and the checks that need no file."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections import Counter
+from numbers import Real
+from pathlib import Path
+
+import numpy as np
+from sklearn.base import clone
+from sklearn.model_selection import (
+    ParameterGrid,
+)
+from sklearn.preprocessing import Normalizer, StandardScaler
+
+from .._classifier import MR2LinearClassifier
+from .._device import resolve_device
+from ._usage import UsageError, _one_line
+
+EXAMPLES = """\
+examples:
+  # train and test stores written by mr2-extract; ERM vs MR² with c_bar=1
+  mr2-probe train.h5 --test test.h5 --c-bar 1 --feature-scaling standard --out runs/fmnist
+
+  # one store, 20% held out; the paper's setting: cosine head, p=3, compactness loss
+  mr2-probe feats.h5 --test-size 0.2 --head cosine --logit-scale 32 --c-bar 2 --lam 0.5 \\
+      --p 3 --out runs/paper
+
+  # grid over C (ERM and MR² both) x c_bar x lam (MR² only), 3-fold CV, refit on the
+  # worst-class accuracy
+  mr2-probe train.npz --test test.npz --grid c_bar=none,1,2 --grid lam=0,0.5 \\
+      --grid C=0.1,1 --scoring worst_class --out runs/grid
+
+  # C chosen by 5-fold CV along a warm-started path of 20 values (MR2LinearClassifierCV),
+  # for ERM and MR² each; --Cs bisect runs CLIP's parametric binary search instead
+  mr2-probe train.h5 --test test.h5 --cv 5 --Cs 20 --scoring worst_class --out runs/cv
+
+  # plain NumPy features: X in feats.npy, labels in labels.npy
+  mr2-probe feats.npy --labels labels.npy --test-size 0.25
+
+  # the accuracy–worst-class front: a class_tilt sweep and tuned class offsets, chosen
+  # on a 10% validation split by the rule (best worst class within 0.5 pt of ERM overall)
+  mr2-probe train.h5 --test test.h5 --tilt 0,0.5,1,2,5,10 --offsets 0,0.25,0.5,1 \\
+      --front-bound 0.5 --out runs/front
+
+files written to --out:
+  report.txt, report.md  the class-wise tables (one row per class too), the grid
+                         search's choices and the front, accuracies in percent
+  report.json            the same in percent ("units": "percent")
+  class_accuracy.png     per-class accuracy of the MR² model against ERM
+  margins.png            the MR² model's margin per class (or that it has none)
+  groups.png             easy / medium / hard / worst-class accuracy of every model
+  front.png              the accuracy front (with --tilt or --offsets)
+  cv_curve.png           held-out scores against C (the logit scale for a cosine head),
+                         one line per scorer (with --Cs)
+  models.joblib          the fitted models, a dict keyed by the report's model names
+  class_names.json       the class names of an HDF5 store: class k is entry k
+  command.json           the options of the run
+  A run replaces an earlier run's files there, and says so when it starts; a folder
+  holding files of these names that no earlier run wrote (no command.json) is refused.
+
+labels:
+  The models learn the labels exactly as the training file holds them and predict the
+  same kind. A store's labels are integer codes 0..K-1 into its own class names; the
+  models predict the training store's codes (class_names.json). A test store's classes
+  are matched to the training store's by name (it may lack some or order them
+  differently), and so are text labels of a NumPy file against a store's names; a class
+  the training data lacks is refused. To score a store yourself,
+  translate its labels by name first:
+    models = joblib.load("runs/fmnist/models.joblib")  # "ERM grid", ... after --grid
+    trained = json.load(open("runs/fmnist/class_names.json"))
+    store = extract.load_features("test.h5")
+    code = {name: k for k, name in enumerate(trained)}
+    y = np.array([code[name] for name in store.class_names])[store.labels]
+    models["ERM"].score(store.features, y)
+  and np.asarray(trained)[models["ERM"].predict(store.features)] names the predictions.
+  A name several classes share is told apart by its code ("crane (134)"); stores with
+  such names must list their classes alike, and their labels are then used as they are.
+
+errors:
+  A mistake in the options or the input files stops the run before any fit, with one
+  line "mr2-probe: error: ..." and exit status 2; --debug shows the traceback instead.
+  A front whose fits fail (e.g. a --tilt too large for float32) is left out: the models
+  fitted before it are reported and written, the error is said, and the status is 1;
+  so is a front interrupted by Ctrl-C, with status 130 (Ctrl-C elsewhere: 130, nothing
+  written).
+"""
+
+
+_SCALERS = {"none": None, "standard": StandardScaler, "l2": Normalizer}
+
+
+_SCORINGS = ("accuracy", "balanced_accuracy", "worst_class", "hard_tercile", "class_std")
+
+
+# Defaults of the options that only the front or a search reads (None until checked).
+_LEVER_DEFAULTS = {"val_size": 0.1, "front_bound": 0.5, "cv": 3, "scoring": "worst_class"}
+
+
+# Parameters that shape only the MR² objective: ERM (c_bar=None, lam=0) does not search them.
+_MR2_ONLY = frozenset({"c_bar", "lam", "p", "difficulty", "tau", "projection_rank", "class_tilt"})
+
+
+# The options that set the estimator's parameters, named in its errors; --grid may not
+# search one that an option sets (it would silently replace the option's value).
+_OPTIONS = {
+    "c_bar": "--c-bar",
+    "lam": "--lam",
+    "p": "--p",
+    "C": "--C",
+    "head": "--head",
+    "max_iter": "--max-iter",
+    "scale": "--logit-scale",
+    "random_state": "--seed",
+    "device": "--device",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mr2-probe",
+        description=(
+            "Fit an ERM probe and an MR² probe (MR2LinearClassifier) on frozen features, "
+            "print overall / easy / medium / hard / worst-class accuracy, and write the "
+            "report, plots and fitted models. ERM is the same probe (head, C, logit scale, "
+            "feature scaling) without margins: c_bar=None, lam=0."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "train",
+        help="training features: an HDF5 store from mr2-extract (.h5), a .npz with X and y "
+        "(or features and labels), or a .npy with --labels, e.g. train.h5",
+    )
+    held_out = parser.add_mutually_exclusive_group()
+    held_out.add_argument("--test", help="test features in the same formats, e.g. test.h5")
+    held_out.add_argument(
+        "--test-size",
+        type=float,
+        default=0.2,
+        help="fraction of the training file held out (stratified) when --test is absent "
+        "(default: 0.2)",
+    )
+    parser.add_argument("--labels", help="labels (.npy) for .npy features, e.g. labels.npy")
+    parser.add_argument("--test-labels", help="labels (.npy) for .npy test features")
+    parser.add_argument(
+        "--c-bar",
+        type=_optional_float,
+        default=1.0,
+        help="mean margin of the MR² model; 'none' for plain cross-entropy (default: 1)",
+    )
+    parser.add_argument(
+        "--lam", type=float, default=0.0, help="compactness weight, e.g. 0.5 (default: 0)"
+    )
+    parser.add_argument(
+        "--p",
+        type=float,
+        default=None,
+        help="norm of the class statistics (default: 2, 3 for the cosine head)",
+    )
+    parser.add_argument(
+        "--head",
+        choices=("linear", "cosine"),
+        default="linear",
+        help="probe head of both models (default: linear)",
+    )
+    parser.add_argument(
+        "--logit-scale",
+        type=float,
+        default=None,
+        help="logit scale (inverse temperature) of the cosine head, the estimator's 'scale' "
+        "(default: 64); only with --head cosine",
+    )
+    parser.add_argument(
+        "--C",
+        type=float,
+        default=None,
+        help="inverse L2 strength, as in LogisticRegression (default: 1); the cosine head "
+        "has no penalty of its own: with it, C penalises only MR²'s projection (--lam > 0)",
+    )
+    parser.add_argument("--max-iter", type=int, default=100, help="iterations / epochs")
+    parser.add_argument(
+        "--feature-scaling",
+        choices=tuple(_SCALERS),
+        default=None,
+        help="feature scaling fitted on the training data, before both probes: standard "
+        "(zero mean, unit variance), l2 (unit-norm rows) or none (default: none)",
+    )
+    parser.add_argument(
+        "--scale",
+        choices=tuple(_SCALERS),
+        default=None,
+        help="deprecated, removed in the next release: the old name of --feature-scaling "
+        "(it never set the cosine head's logit scale, which is --logit-scale)",
+    )
+    parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
+        help="search NAME over values with cross-validation; repeat per parameter, e.g. "
+        "--grid c_bar=none,1,2 --grid C=0.1,1. ERM gets the same search over the "
+        "parameters it shares with MR² (C, head, scale, ...; not c_bar, lam, p, "
+        "difficulty, tau, projection_rank, class_tilt)",
+    )
+    parser.add_argument(
+        "--Cs",
+        type=_cs,
+        default=None,
+        metavar="N|bisect",
+        help="choose C (the logit scale for --head cosine) by --cv-fold CV along a "
+        "warm-started path with MR2LinearClassifierCV, for both models: N >= 2 values from "
+        "1e-4 to 1e4 (scales 1 to 1000), or 'bisect' for CLIP's parametric binary search "
+        "(instead of --C, or --logit-scale); prints the validation curve and writes "
+        "cv_curve.png",
+    )
+    parser.add_argument(
+        "--cv", type=int, default=None, help="folds of the grid search or of --Cs (default: 3)"
+    )
+    parser.add_argument(
+        "--scoring",
+        choices=_SCORINGS,
+        default=None,
+        help="metric the grid search refits on (default: worst_class)",
+    )
+    parser.add_argument("--n-jobs", type=int, default=None, help="parallel grid fits")
+    parser.add_argument(
+        "--tilt",
+        type=_floats,
+        default=(),
+        metavar="T1,T2",
+        help="class_tilt values of the front's tilt sweep on the MR² model, e.g. "
+        "0,0.5,1,2,5,10 (0 is the MR² model itself)",
+    )
+    parser.add_argument(
+        "--offsets",
+        type=_floats,
+        default=(),
+        metavar="B1,B2",
+        help="bounds, in points of overall accuracy (from 0, below 100), on what class offsets "
+        "tuned on the ERM probe (3-fold, worst-class objective) may spend, e.g. 0,0.25,0.5,1",
+    )
+    parser.add_argument(
+        "--val-size",
+        type=float,
+        default=None,
+        help="fraction of the training data held out (stratified) to choose on the front "
+        "(default: 0.1)",
+    )
+    parser.add_argument(
+        "--front-bound",
+        type=float,
+        default=None,
+        help="the rule: the best validation worst-class accuracy whose validation overall "
+        "accuracy is within this many points of ERM's (default: 0.5)",
+    )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:1")
+    parser.add_argument("--seed", type=int, default=0, help="split and minibatch seed")
+    parser.add_argument("--per-class", action="store_true", help="also print one row per class")
+    parser.add_argument(
+        "--out",
+        help="folder for the report, plots and models (created, and checked to be writable, "
+        "before any fit; the files are listed below)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error, not one line"
+    )
+    return parser
+
+
+def _optional_float(text: str):
+    return None if text.lower() in ("none", "null") else float(text)
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, e.g. 0,0.5,1, got {text!r}"
+        ) from None
+    if not all(np.isfinite(v) and v >= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite numbers >= 0, got {text!r}")
+    return values
+
+
+def _cs(text: str):
+    if text == "bisect":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 2:  # (one value, 1e-4, is no choice)
+        raise argparse.ArgumentTypeError(
+            f"expected a number of values >= 2 to choose from, e.g. 20, or 'bisect'; got {text!r}"
+        )
+    return value
+
+
+def _grid(specs: list[str]) -> dict:
+    grid = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        name = name.strip()
+        if not sep or not name or not values:
+            raise UsageError(f"--grid expects NAME=V1,V2,..., e.g. --grid C=0.1,1; got {spec!r}")
+        if name in grid:
+            raise UsageError(
+                f"--grid names {name!r} twice; give all its values at once, e.g. "
+                f"--grid {name}=V1,V2,V3"
+            )
+        grid[name] = [_grid_value(v) for v in values.split(",")]
+    return grid
+
+
+def _grid_value(text: str):
+    text = text.strip()
+    if text.lower() in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _given(argv) -> frozenset:
+    """The options given on the command line (their ``dest``), whatever their values:
+    parsed again without defaults, so that argparse sets only what the command line names."""
+    parser = _parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return frozenset(vars(parser.parse_args(argv)))
+
+
+def _check_options(args) -> None:
+    """Check the options that need no file; resolve the deprecated --scale."""
+    if args.scale is not None:
+        if args.feature_scaling not in (None, args.scale):
+            raise UsageError(
+                f"--scale {args.scale} and --feature-scaling {args.feature_scaling} disagree; "
+                "--scale is the deprecated name of --feature-scaling: pass only "
+                "--feature-scaling"
+            )
+        print(
+            "mr2-probe: warning: --scale is deprecated and will be removed in the next "
+            f"release; use --feature-scaling {args.scale} (the cosine head's logit scale is "
+            "--logit-scale)",
+            file=sys.stderr,
+        )
+        args.feature_scaling = args.scale
+    args.feature_scaling = args.feature_scaling or "none"
+    # Options of the front or of a search, given to a run that has none: they were
+    # accepted and ignored (their defaults are set here, so that a given value is seen).
+    front, search = bool(args.tilt or args.offsets), bool(args.grid) or args.Cs is not None
+    for option, value, used, what in (
+        ("--val-size", args.val_size, front, "the front (--tilt, --offsets)"),
+        ("--front-bound", args.front_bound, front, "the front (--tilt, --offsets)"),
+        ("--cv", args.cv, search, "a search (--grid, --Cs)"),
+        ("--scoring", args.scoring, search, "a search (--grid, --Cs)"),
+        ("--n-jobs", args.n_jobs, search, "a search (--grid, --Cs)"),
+    ):
+        if value is not None and not used:
+            raise UsageError(f"{option} applies to {what}, which this run has not; drop it")
+    for name, default in _LEVER_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    for option, value in (("--test-size", args.test_size), ("--val-size", args.val_size)):
+        if not 0 < value < 1:
+            raise UsageError(
+                f"{option} must be a fraction between 0 and 1 (both excluded), e.g. 0.2; "
+                f"got {value:g}"
+            )
+    if args.cv < 2:
+        raise UsageError(f"--cv must be at least 2 folds, e.g. --cv 3; got {args.cv}")
+    if args.max_iter < 1:  # 0 reports the untrained starting point as a model
+        raise UsageError(f"--max-iter must be at least 1; got {args.max_iter}")
+    if args.n_jobs == 0:
+        raise UsageError("--n-jobs 0 runs nothing; give a number of jobs, or -1 for all CPUs")
+    if not 0 <= args.front_bound < 100:
+        raise UsageError(
+            "--front-bound is in points of overall accuracy, between 0 and 100, e.g. 0.5; "
+            f"got {args.front_bound:g}"
+        )
+    bad = [b for b in args.offsets if not 0 <= b < 100]
+    if bad:
+        raise UsageError(
+            "--offsets bounds are in points of overall accuracy, between 0 and 100, e.g. "
+            f"0,0.25,0.5,1; got {bad[0]:g}"
+        )
+    for option, values in (("--tilt", args.tilt), ("--offsets", args.offsets)):
+        repeated = sorted(v for v, n in Counter(values).items() if n > 1)
+        if repeated:
+            raise UsageError(
+                f"{option} gives {', '.join(f'{v:g}' for v in repeated)} more than once; each "
+                "value is one point of the front"
+            )
+    searched = {
+        "linear": ("--C", args.C, "C"),
+        "cosine": ("--logit-scale", args.logit_scale, "logit scale"),
+    }
+    option, value, what = searched[args.head]
+    if args.Cs is not None and value is not None:
+        raise UsageError(
+            f"--Cs chooses the value that {option} sets (the {args.head} head's {what}); "
+            "pass one of them"
+        )
+    if args.Cs is not None and args.head == "cosine" and args.C is not None:
+        raise UsageError(
+            "--Cs with --head cosine searches the logit scale and penalises a projection "
+            "(--lam > 0) at C = 1, so --C would go unused; drop --C, or drop --Cs and "
+            "search both with --grid C=... --grid scale=..."
+        )
+    if args.test is None and args.test_labels is not None:
+        raise UsageError("--test-labels goes with --test FILE.npy; pass --test or drop it")
+    for option, labels, features in (
+        ("--labels", args.labels, args.train),
+        ("--test-labels", args.test_labels, args.test),
+    ):
+        if labels is not None and Path(features).suffix.lower() != ".npy":
+            raise UsageError(
+                f"{option} is for .npy features only; {features!r} holds its own labels: "
+                f"drop {option}"
+            )
+    try:
+        resolve_device(args.device)
+    except (ValueError, RuntimeError) as error:
+        raise UsageError(f"--device {args.device!r}: {_one_line(error)}") from error
+    # Said once every option is known good.
+    for option, value in (
+        ("--front-bound", args.front_bound),
+        *(("--offsets", b) for b in args.offsets),
+    ):
+        if 0 < value < 0.05:  # a fraction, as the Python API takes it?
+            print(
+                f"mr2-probe: warning: {option} is in points of overall accuracy: {value:g} "
+                f"is {value:g} pt; the fraction {value:g}, as the Python API takes it, is "
+                f"{option} {100 * value:g}",
+                file=sys.stderr,
+            )
+
+
+def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) -> None:
+    """Every --grid name is a parameter of the estimator, every value a valid one, and
+    none of them set by an option too (``given``: the options on the command line)."""
+    if grid and args.Cs is not None:
+        raise UsageError(
+            "--Cs searches C with MR2LinearClassifierCV and --grid with GridSearchCV; "
+            "use one of them"
+        )
+    params = mr2.get_params(deep=False)
+    for name, values in grid.items():
+        if name not in params:
+            close = difflib.get_close_matches(name, params, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(
+                f"--grid {name}: MR2LinearClassifier has no parameter {name!r}; {hint}"
+                f"its parameters are {', '.join(sorted(params))}"
+            )
+        for value in values:
+            if name == "max_iter" and isinstance(value, Real) and value < 1:
+                raise UsageError(f"--grid max_iter={value}: max_iter must be at least 1")
+            try:
+                clone(mr2).set_params(**{name: value})._validate_params()
+                if name == "device":
+                    resolve_device(value)  # as --device is: every fit would fail on it
+            except ValueError as error:
+                raise UsageError(f"--grid {name}={value}: {_one_line(error)}") from error
+    for name, option in _OPTIONS.items():
+        if name in grid and option[2:].replace("-", "_") in given:
+            raise UsageError(
+                f"--grid {name} searches the value that {option} sets; pass one of them"
+            )
+    if "class_tilt" in grid and args.tilt:
+        raise UsageError(
+            "--tilt sweeps class_tilt on the MR² model for the front, and --grid class_tilt "
+            "searches it; pass one of them"
+        )
+    heads = grid.get("head", [args.head])
+    lams = grid.get("lam", [args.lam])
+    if set(heads) == {"cosine"} and not any(lams) and ("C" in grid or args.C is not None):
+        raise UsageError(
+            f"{'--grid C' if 'C' in grid else '--C'} sets the L2 penalty of the linear head "
+            "(and of a projection, with --lam > 0); the cosine head without a projection "
+            "has none: drop it, and tune --logit-scale (or --Cs, which searches the scale)"
+        )
+    # Each value was checked alone; a combination can still be no model (solver=lbfgs
+    # with lam > 0), which GridSearchCV would find fold by fold, after other fits: such
+    # combinations are left out of the search (_model), and a grid of nothing else refused.
+    combinations = list(ParameterGrid(grid))
+    reasons = [(c, _no_model(mr2, c)) for c in combinations]
+    invalid = [(c, reason) for c, reason in reasons if reason]
+    if invalid:
+        shown = ", ".join(f"{key}={value}" for key, value in invalid[0][0].items())
+        if len(invalid) == len(combinations):
+            raise UsageError(f"--grid {shown}: {invalid[0][1]}")
+        print(
+            f"mr2-probe: warning: {len(invalid)} of the {len(combinations)} --grid "
+            f"combinations are no MR² model and are left out of its search (the first, "
+            f"{shown}: {invalid[0][1]})",
+            file=sys.stderr,
+        )
+    if "scale" in grid and "cosine" not in grid.get("head", [args.head]):
+        raise UsageError(
+            "--grid scale searches the cosine head's logit scale, which no model of this "
+            "search has; add --head cosine (or head=cosine to the grid), or search C"
+        )
+    if args.logit_scale is not None and args.head != "cosine" and "head" not in grid:
+        raise UsageError(
+            "--logit-scale sets the cosine head's logit scale; add --head cosine, or drop "
+            "--logit-scale (to scale the features, use --feature-scaling)"
+        )
+
+
+def _no_model(probe: MR2LinearClassifier, combination: dict) -> str | None:
+    """Why a grid combination is no model of ``probe`` (None where it is one)."""
+    try:
+        clone(probe).set_params(**combination)._check_solver()
+    except ValueError as error:
+        return _one_line(error)
+    return None

@@ -1,0 +1,185 @@
+"""``mr2-probe``'s output folder: checked before any work, and its files replaced together."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import joblib
+
+from ..front import (
+    _final,
+)
+from ._usage import UsageError
+
+# Every run removes those of an earlier run in the same folder before writing its own.
+_FIGURES = ("class_accuracy.png", "groups.png", "margins.png", "front.png", "cv_curve.png")
+
+
+# Every file a run writes to --out (or removes there, as an earlier run's).
+_OUTPUTS = (
+    "models.joblib",
+    "command.json",
+    "report.txt",
+    "report.md",
+    "report.json",
+    "class_names.json",
+    *_FIGURES,
+)
+
+
+def _prepare_out(path: str) -> Path:
+    """Create the output folder and make sure this run can write there, before any work."""
+    if not path:
+        raise UsageError("--out needs a folder; got an empty name")
+    out = Path(path)
+    for folder in (out, *out.parents):
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(
+                f"--out {path!r} cannot be a folder: {str(folder)!r} is a file; choose "
+                "another --out"
+            )
+    taken = [name for name in _OUTPUTS if (out / name).exists()]
+    if taken and not _earlier_run(out):
+        why = (
+            "its command.json holds no run's options"
+            if (out / "command.json").exists()
+            else "there is no command.json of one"
+        )
+        raise UsageError(
+            f"--out {path!r} holds {', '.join(taken)}, which this run would replace, and "
+            f"no earlier mr2-probe run wrote them ({why}); choose another --out, or move "
+            "them away"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as error:
+        raise UsageError(
+            f"cannot write to --out {path!r} ({error.strerror or error}); choose a folder "
+            "you can write to"
+        ) from error
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise UsageError(
+            '--out draws plots, which need matplotlib: pip install "mr2-probe[plot]"'
+        ) from error
+    return out
+
+
+def _earlier_run(out: Path) -> bool:
+    """Whether ``out`` holds an earlier run's files: its command.json, the options of a run."""
+    try:
+        options = json.loads((out / "command.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(options, dict) and {"train", "out"} <= options.keys()
+
+
+def _quiet(model):
+    """``model`` with verbose=0 in every parameter that sets it (a Pipeline's steps, a
+    wrapper's estimator), as it is saved: the progress bars were the command's
+    (--no-progress), and a refit from Python prints none. (The searches and the front fit
+    their estimators with verbose=0 already.)"""
+    keys = [k for k in model.get_params() if k == "verbose" or k.endswith("__verbose")]
+    return model.set_params(**dict.fromkeys(keys, 0))
+
+
+def _write_outputs(
+    out: Path, report, lines: list, data: dict, front, fitted: dict, args, mr2_name, names
+) -> None:
+    """Models, class names, options, the three reports (each with the search's choices,
+    the notes and the front), then the figures."""
+    from ..plotting import (
+        plot_class_accuracy,
+        plot_cv_curve,
+        plot_front,
+        plot_group_accuracy,
+        plot_margins,
+    )
+
+    options = {key: value for key, value in vars(args).items() if key != "scale"}
+    text, markdown = [report.to_text(per_class=True)], [report.to_markdown(per_class=True)]
+    if lines:
+        text.append("\n".join(lines))
+        markdown.append("```text\n" + "\n".join(lines) + "\n```")  # the curves' columns
+    if front is not None:
+        text.append(front.to_text())
+        markdown.append(front.to_markdown())
+        data["front"] = front.to_dict()
+    # The models and the reports are written whole beside their places, then moved into
+    # them together: a run that fails or is killed leaves the earlier run's set, never a
+    # truncated model or reports that describe other models.
+    files = {  # command.json first: it marks the folder as a run's (_earlier_run)
+        "command.json": _text(_strict_json(options, indent=2)),
+        "models.joblib": lambda path: joblib.dump({k: _quiet(m) for k, m in fitted.items()}, path),
+        "report.txt": _text("\n\n".join(text)),
+        "report.md": _text("\n\n".join(markdown)),
+        "report.json": _text(_strict_json(data, indent=2, ensure_ascii=False)),
+    }
+    if names is not None:
+        files["class_names.json"] = _text(json.dumps(names, ensure_ascii=False))
+    _replace_together(out, files)
+    if names is None:  # an earlier run's class names would describe other data
+        (out / "class_names.json").unlink(missing_ok=True)
+    # Then the figures, each whole or not at all: none is left from the earlier run.
+    for name in _FIGURES:
+        (out / name).unlink(missing_ok=True)
+    figures = {
+        "class_accuracy.png": lambda path: plot_class_accuracy(report, path, model=mr2_name),
+        "groups.png": lambda path: plot_group_accuracy(report, path),
+        "margins.png": lambda path: plot_margins(_final(fitted[mr2_name]), path, class_names=names),
+    }
+    if front is not None:
+        figures["front.png"] = lambda path: plot_front(front, path)
+    searches = {name: m for name, m in fitted.items() if hasattr(_final(m), "Cs_")}
+    if searches:
+        figures["cv_curve.png"] = lambda path: plot_cv_curve(searches, path, scoring=args.scoring)
+    for name, write in figures.items():
+        _replace_together(out, {name: write})
+    print(f"wrote report, plots and models to {out}/", file=sys.stderr)
+
+
+def _strict_json(value, **kwargs) -> str:
+    """JSON that strict parsers read: no Infinity or NaN, which ``json.dumps`` writes (as
+    C=inf); infinities as the strings "inf" and "-inf", as the options take them, and NaN
+    as null, as the reports write it."""
+
+    def strict(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+        if isinstance(v, dict):
+            return {key: strict(item) for key, item in v.items()}
+        if isinstance(v, list | tuple):
+            return [strict(item) for item in v]
+        return v
+
+    return json.dumps(strict(value), allow_nan=False, **kwargs)
+
+
+def _text(content: str):
+    return lambda path: path.write_text(content + "\n")
+
+
+def _replace_together(folder: Path, files: dict) -> None:
+    """Write each file (name -> function writing a path) beside its place, then move them
+    all into place; if a write fails, nothing is moved and the error names the file."""
+    partial = {name: folder / f".{Path(name).stem}.partial{Path(name).suffix}" for name in files}
+    try:
+        for name, write in files.items():
+            try:
+                write(partial[name])
+            except OSError as err:
+                message = f"cannot write {folder / name}: {err.strerror or err}"
+                raise OSError(err.errno, message) from err
+        for name in files:
+            os.replace(partial[name], folder / name)
+    finally:
+        for path in partial.values():
+            path.unlink(missing_ok=True)
