@@ -4,7 +4,8 @@ from ._classifier import MR2LinearClassifier
 from ._cv import MR2LinearClassifierCV
 from ._losses import compactness_loss, margin_cross_entropy, pairwise_sq_distances
 from ._module import MR2Loss
-from ._offsets import TunedOffsetsClassifierCV, tune_class_offsets
+from ._offset_search import tune_class_offsets
+from ._offsets import TunedOffsetsClassifierCV
 from ._stats import (
     ClassMoments,
     ClassStats,

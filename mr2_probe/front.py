@@ -28,12 +28,8 @@ from sklearn.pipeline import Pipeline
 from sklearn.utils._param_validation import StrOptions, validate_parameter_constraints
 from sklearn.utils.validation import column_or_1d
 
-from ._offsets import (
-    TunedOffsetsClassifierCV,
-    check_training_folds,
-    offsets_splits,
-    tune_class_offsets,
-)
+from ._offset_search import tune_class_offsets
+from ._offsets import TunedOffsetsClassifierCV, check_training_folds, offsets_splits
 from .metrics import classwise_summary, difficulty_groups, per_class_accuracy
 
 # The folds of the training data on which the front's offsets are tuned, by default.

@@ -351,7 +351,7 @@ def test_candidates_of_a_class():
     # two ends beyond them, and the current value. With more midpoints than n_candidates,
     # n_candidates of them at evenly spaced ranks and the n_candidates // 8 on each side
     # of the current value: without these the search could not refine where it stands.
-    from mr2_probe._offsets import _candidates
+    from mr2_probe._offset_search import _candidates
 
     edges = np.arange(100.0)  # 99 midpoints, 0.5 to 98.5; the ends are 99 / 100 beyond
     spread = np.linspace(0, 98, 16).round() + 0.5
@@ -430,7 +430,7 @@ def test_the_accuracy_bound_holds_under_weights():
 def test_the_top_two_kept_by_updates_are_argmax_s_under_exact_ties():
     # The search keeps each row's largest and second-largest column as offsets change; a
     # column that comes to tie the second (argmax's rule: the lower index wins) must enter.
-    from mr2_probe._offsets import _TopTwo
+    from mr2_probe._offset_search import _TopTwo
 
     rng = np.random.default_rng(0)
     zb = rng.integers(0, 3, (400, 5)).astype(float)
