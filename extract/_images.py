@@ -277,6 +277,20 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     -------
     ImageSource
         Ids are paths relative to ``root``; classes are the sorted sub-folder names.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from PIL import Image
+    >>> from extract import image_folder
+    >>> root = Path(tempfile.mkdtemp())
+    >>> for name in ("cat/1.png", "cat/2.png", "dog/1.png"):
+    ...     (root / name).parent.mkdir(exist_ok=True)
+    ...     Image.new("RGB", (8, 8)).save(root / name)
+    >>> source = image_folder(root)
+    >>> source.ids, source.labels.tolist(), source.class_names
+    (['cat/1.png', 'cat/2.png', 'dog/1.png'], [0, 0, 1], ['cat', 'dog'])
     """
     root = os.fspath(root)
     classes, class_to_idx = find_classes(root)

@@ -673,6 +673,26 @@ def extract_features(
 
     Examples
     --------
+    A folder of three images, one sub-folder per class, through the built-in backbone
+    (its pretrained weights ship with the package):
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from PIL import Image
+    >>> from extract import extract_features, load_features
+    >>> root = Path(tempfile.mkdtemp())
+    >>> for name in ("cat/1.png", "cat/2.png", "dog/1.png"):
+    ...     (root / name).parent.mkdir(exist_ok=True)
+    ...     Image.new("RGB", (32, 32), "white").save(root / name)
+    >>> out = Path(tempfile.mkdtemp()) / "features.h5"
+    >>> path = extract_features(root, "effnet-lite0", out, image_size=64, progress=False)
+    >>> with load_features(path) as store:
+    ...     store.features.shape, store.class_names, store.labels[:].tolist()
+    ((3, 1280), ['cat', 'dog'], [0, 0, 1])
+
+    Fashion-MNIST's test split (``apt-get install dataset-fashion-mnist``), 20 images
+    of each class:
+
     >>> path = extract_features(  # doctest: +SKIP
     ...     "fashion-mnist:test", "effnet-lite0", "fmnist_test.h5", n_per_class=20, image_size=96
     ... )

@@ -977,7 +977,14 @@ def load_features(
 
 
 def shard_path(out: str | os.PathLike, rank: int, world_size: int) -> Path:
-    """``features.h5`` -> ``features.shard-00001-of-00004.h5``."""
+    """``features.h5`` -> ``features.shard-00001-of-00004.h5``.
+
+    Examples
+    --------
+    >>> from extract import shard_path
+    >>> shard_path("features.h5", rank=1, world_size=4).name
+    'features.shard-00001-of-00004.h5'
+    """
     out = Path(out)
     return out.with_name(f"{out.stem}.shard-{rank:05d}-of-{world_size:05d}{out.suffix}")
 

@@ -86,6 +86,18 @@ def class_statistics(
         Classes absent from ``labels`` get a zero mean, zero spread and zero count. In
         float32 at least: half-precision features are summed, and their statistics kept,
         in float32 (a float16 count stops at 2048, a bfloat16 one at 256).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mr2_probe import class_statistics
+    >>> X = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 1.0], [0.0, 9.0]])
+    >>> stats = class_statistics(X, torch.tensor([0, 0, 1, 1]), n_classes=2)
+    >>> stats.mean
+    tensor([[2., 0.],
+            [0., 5.]])
+    >>> stats.msd, stats.count
+    (tensor([ 1., 16.]), tensor([2., 2.]))
     """
     return class_statistics_chunked(
         lambda: [(features, labels, sample_weight)], n_classes, features.shape[1], p
@@ -224,7 +236,19 @@ def margins_from_difficulty(
 def class_margins(
     stats: ClassStats, c_bar: float | None, p: float = 2.0, difficulty: str = "moment"
 ) -> torch.Tensor:
-    """Margins γ (K,) from class statistics; ``c_bar=None`` gives γ ≡ 1 (plain CE)."""
+    """Margins γ (K,) from class statistics; ``c_bar=None`` gives γ ≡ 1 (plain CE).
+    Examples
+    --------
+    >>> import torch
+    >>> from mr2_probe import class_margins, class_statistics
+    >>> X = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 1.0], [0.0, 9.0]])
+    >>> stats = class_statistics(X, torch.tensor([0, 0, 1, 1]), n_classes=2)
+    >>> margins = class_margins(stats, c_bar=2.0)  # the wider class gets the larger margin
+    >>> margins
+    tensor([1.3260, 2.6740])
+    >>> margins.mean()
+    tensor(2.)
+    """
     if c_bar is None:
         return torch.ones_like(stats.count)
     a = class_difficulty(stats, p, difficulty)

@@ -296,6 +296,38 @@ def accuracy_front(
         Points in the order ERM, MR² (left out where its configuration is ERM's), tilts,
         offsets; ``front.chosen`` names the rule's
         choice. Points whose fit stopped short of tol are named in one ConvergenceWarning.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_digits
+    >>> from sklearn.model_selection import train_test_split
+    >>> from mr2_probe import MR2LinearClassifier
+    >>> from mr2_probe.front import accuracy_front
+    >>> X, y = load_digits(return_X_y=True)
+    >>> X_fit, X_val, y_fit, y_val = train_test_split(
+    ...     X / 16, y, test_size=0.3, stratify=y, random_state=0
+    ... )
+    >>> probe = MR2LinearClassifier(c_bar=2, lam=0.5, C=0.1, random_state=0)
+    >>> front = accuracy_front(
+    ...     probe, X_fit, y_fit, X_val, y_val, tilts=[1.0], offset_bounds=[0.01]
+    ... )
+    >>> [p.name for p in front.points]
+    ['ERM', 'MR2', 'tilt=1', 'offsets≤1pt']
+    >>> front.chosen
+    'offsets≤1pt'
+    >>> chosen, erm = front.point(front.chosen), front.point("ERM")
+    >>> bool(chosen.validation["worst"] > erm.validation["worst"])
+    True
+    >>> bool(erm.validation["overall"] - chosen.validation["overall"] <= front.bound)
+    True
+    >>> print(front.to_text())  # doctest: +SKIP
+    accuracy front (%, validation and test); rule: the largest validation worst-class ...
+    point                 val overall  val hard  val worst
+    ------------------------------------------------------
+    ERM                         95.00     89.99      84.62
+    MR2                         95.93     91.85      86.54
+    tilt=1                      95.74     91.85      86.54
+    offsets≤1pt ← chosen        94.63     91.92      89.09
     """
     tilts, offset_bounds = list(tilts), list(offset_bounds)  # arrays too: no truth value
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
