@@ -16,13 +16,13 @@ import re
 # (load_features) needs h5py and NumPy only, not torch, torchvision and timm, which the
 # extraction imports (seconds).
 _MODULES = {
-    "Backbone": "._backbones",
-    "BackboneError": "._backbones",
-    "BackboneSpec": "._backbones",
-    "WeightsUnavailableError": "._backbones",
+    "Backbone": "._specs",
+    "BackboneError": "._specs",
+    "BackboneSpec": "._specs",
+    "WeightsUnavailableError": "._specs",
     "create_backbone": "._backbones",
-    "file_sha256": "._backbones",
-    "parse_backbone_spec": "._backbones",
+    "file_sha256": "._weights",
+    "parse_backbone_spec": "._specs",
     "FileChangedError": "._images",
     "ImageSource": "._images",
     "fashion_mnist": "._images",

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from mr2_probe._device import resolve_device
 
-from ._backbones import Backbone, BackboneSpec, create_backbone, device_failed
+from ._backbones import create_backbone, device_failed
 from ._images import (
     MAX_ASPECT,
     NOT_A_FILE,
@@ -36,6 +36,7 @@ from ._images import (
     jpeg_size,
     open_source,
 )
+from ._specs import Backbone, BackboneSpec
 from ._store import (
     DONE,
     FAILED,

