@@ -36,8 +36,9 @@ from ._images import (
     jpeg_size,
     open_source,
 )
-from ._specs import Backbone, BackboneSpec
-from ._store import (
+from ._locks import store_lock
+from ._merge import check_merging, merge_shards, shard_path, shards_beside
+from ._schema import (
     DONE,
     FAILED,
     FORMAT_VERSION,
@@ -46,18 +47,16 @@ from ._store import (
     PROVENANCE_KEYS,
     REPLACES,
     StoreError,
-    check_merging,
+    read_attrs,
+)
+from ._specs import Backbone, BackboneSpec
+from ._store import (
     check_output,
     check_provenance,
     create_store,
     make_output_folder,
-    merge_shards,
     open_store,
     output_target,
-    read_attrs,
-    shard_path,
-    shards_beside,
-    store_lock,
     write_rows,
 )
 

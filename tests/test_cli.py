@@ -755,7 +755,8 @@ def _store(path, X, y, class_names, done=True, failed=(), digests=None, **proven
     ``digests``, the images' sha256, empty by default)."""
     import h5py
 
-    from extract._store import DONE, FAILED, create_store, write_rows
+    from extract._schema import DONE, FAILED
+    from extract._store import create_store, write_rows
 
     n = len(y)
     provenance = {"format_version": 2} | provenance
@@ -1035,7 +1036,7 @@ def test_stores_with_array_attributes_are_compared_and_reported(stores, tmp_path
 def test_failed_images_of_a_store_are_named_when_left_out(stores, tmp_path, capsys):
     import h5py
 
-    from extract._store import FAILED
+    from extract._schema import FAILED
 
     path = shutil.copy(stores / "store.h5", tmp_path / "failed.h5")
     with h5py.File(path, "r+") as f:

@@ -23,7 +23,7 @@ pytest.importorskip("timm")
 import extract  # noqa: E402
 from extract import extract_features, load_features, merge_shards  # noqa: E402
 from extract.__main__ import main  # noqa: E402
-from extract._store import DONE, PENDING  # noqa: E402
+from extract._schema import DONE, PENDING  # noqa: E402
 from extract._testing import make_image_folder, write_parquet, write_webdataset  # noqa: E402
 
 ROOT = Path(extract.__file__).resolve().parent.parent
@@ -345,7 +345,7 @@ def test_a_bad_worker_count_is_refused_before_force_touches_the_store(tmp_path, 
 def test_a_locked_store_is_one_line(tmp_path, capsys):
     # StoreLockedError is also a RuntimeError, whose clause came first and re-raised it:
     # a traceback and exit status 1.
-    from extract._store import store_lock
+    from extract._locks import store_lock
 
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     out = tmp_path / "f.h5"

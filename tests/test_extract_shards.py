@@ -31,7 +31,7 @@ from extract import (  # noqa: E402
     shard_path,
 )
 from extract._images import label_kind_problem  # noqa: E402
-from extract._store import PENDING  # noqa: E402
+from extract._schema import PENDING  # noqa: E402
 from extract._tables import TableError, _drop_cursor  # noqa: E402
 from extract._tar_shards import ShardError, tar_members  # noqa: E402
 from extract._testing import (  # noqa: E402

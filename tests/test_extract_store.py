@@ -35,7 +35,9 @@ from extract import (  # noqa: E402
     open_source,
     shard_path,
 )
-from extract._store import DONE, FAILED, PENDING, check_output, open_store, store_lock  # noqa: E402
+from extract._locks import store_lock  # noqa: E402
+from extract._schema import DONE, FAILED, PENDING  # noqa: E402
+from extract._store import check_output, open_store  # noqa: E402
 from extract._testing import make_image_folder, write_idx  # noqa: E402
 
 BACKBONE = "timm:test_resnet@random"
@@ -163,7 +165,7 @@ def test_failures_are_recorded_and_skipped(store):
 def test_a_store_with_failures_indexes_as_one_without(store, monkeypatch):
     # With one failed image the features are a RowView: X[:, :4] raised IndexError where a
     # store without failures (an h5py.Dataset) took it.
-    from extract._store import RowView
+    from extract._reading import RowView
 
     monkeypatch.setattr(RowView, "BLOCK_BYTES", 3 * 96 * 4)  # three rows a block
     with load_features(store) as loaded:
@@ -183,7 +185,7 @@ def test_scattered_rows_are_read_without_the_span_they_cover(tmp_path, monkeypat
     # first and its last: 49 MB for 8 MB of rows on 20,000 × 512.
     import tracemalloc
 
-    from extract._store import RowView
+    from extract._reading import RowView
 
     monkeypatch.setattr(RowView, "BLOCK_BYTES", 64 << 10)  # the store is 4 MB
     with h5py.File(tmp_path / "x.h5", "w") as f:
@@ -401,7 +403,7 @@ def test_a_merge_keeps_files_of_its_own_name_and_replaces_its_leftover(
     # A user's <out>.merging was silently replaced and deleted (the .tmp beside a store is
     # protected); a killed merge's leftover, a full-size store, was not counted as room for
     # the new one (a rerun refused for want of space); a merge that failed left it behind.
-    from extract import _store
+    from extract import _merge, _store
 
     out = tmp_path / "merged.h5"
     shards = [
@@ -440,7 +442,7 @@ def test_a_merge_keeps_files_of_its_own_name_and_replaces_its_leftover(
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(_store, "_runs", full)
+    monkeypatch.setattr(_merge, "_runs", full)
     with pytest.raises(OSError, match="No space left"):
         merge_shards(shards, out, overwrite=True)
     assert not merging.exists() and load_features(out).paths  # the earlier store is kept
@@ -549,10 +551,10 @@ def test_reading_a_store_imports_neither_torch_nor_the_backbones(store):
         "heavy = sorted({'torch', 'torchvision', 'timm', 'sklearn'} & set(sys.modules))\n"
         "assert not heavy, heavy\n"
         "import extract\n"
-        "assert extract._store.load_features is load_features\n"
-        "extract._store.load_features = print\n"  # a patch, seen through the package
+        "assert extract._reading.load_features is load_features\n"
+        "extract._reading.load_features = print\n"  # a patch, seen through the package
         "assert extract.load_features is print\n"
-        "extract._store.load_features = load_features\n"  # and undone
+        "extract._reading.load_features = load_features\n"  # and undone
         "assert extract.load_features is load_features\n"
         "assert getattr(extract, '_x.y', None) is None and not hasattr(extract, '__main__')\n"
     )
@@ -768,7 +770,7 @@ def test_a_rebuild_at_another_number_of_ranks_is_found(folder, tmp_path):
     # A retry whose shards were deleted takes its rows from the merged store, unless a
     # forced rebuild of that store, at any number of ranks, is unfinished beside it.
     from extract._runner import _identity, _rebuilding
-    from extract._store import REPLACES
+    from extract._schema import REPLACES
 
     out = tmp_path / "f[1].h5"  # a glob's special characters in the name
     shards = [
@@ -1029,13 +1031,13 @@ def test_a_store_whose_writer_died_is_not_said_to_be_open_here(tmp_path):
 
 
 def test_a_failed_read_into_memory_closes_the_store(store, monkeypatch):
-    from extract import _store
+    from extract._reading import RowView
 
     def out_of_memory(self, dtype=None, copy=None):
         raise MemoryError("Unable to allocate")
 
     opened = h5py.h5f.get_obj_count(h5py.h5f.OBJ_ALL, h5py.h5f.OBJ_FILE)
-    monkeypatch.setattr(_store.RowView, "__array__", out_of_memory)
+    monkeypatch.setattr(RowView, "__array__", out_of_memory)
     monkeypatch.setattr(h5py.Dataset, "__array__", out_of_memory)
     with pytest.raises(MemoryError) as error:  # its traceback kept, as a session keeps it
         load_features(store, in_memory=True)
@@ -1163,7 +1165,7 @@ def test_worker_processes_give_the_same_store(store, folder, tmp_path):
 
 
 def test_long_non_ascii_failure_reason_keeps_the_store_readable():
-    from extract._store import _truncate
+    from extract._schema import _truncate
 
     reason = "OSError: cannot identify image file '/data/фото/" + "я" * 200
     cut = _truncate(reason)
@@ -1314,7 +1316,7 @@ def test_complete_store_is_reused_and_says_so(store, folder, caplog):
 
 _HOLD_LOCK_AND_FORK = """
 import os, sys, time
-from extract._store import store_lock
+from extract._locks import store_lock
 with store_lock(sys.argv[1]):
     child = os.fork()
     if child == 0:  # a long-lived child, as a DataLoader worker is
@@ -1353,7 +1355,7 @@ def test_a_writer_on_another_host_is_named_with_its_host(tmp_path):
     # advice to find its process here invited deleting the lock.
     import socket
 
-    from extract._store import _lock_holder
+    from extract._locks import _lock_holder
 
     out = tmp_path / "f.h5"
     with store_lock(out):

@@ -1,0 +1,280 @@
+"""Reading a feature store: its rows as arrays, held to its schema, without torch."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ._schema import (
+    _REQUIRED,
+    DONE,
+    FAILED,
+    PENDING,
+    IncompleteStoreError,
+    NotAStoreError,
+    StoreNotFoundError,
+    read_attrs,
+)
+from ._store import _not_hdf5, check_not_newer, open_store
+
+
+class RowView:
+    """Lazy view of selected rows of an HDF5 dataset (the completed rows of a store).
+
+    Indexes as the ``h5py.Dataset`` it stands for does: an integer, a slice, an array of
+    rows or a boolean mask, then optionally the columns (``view[rows, :4]``), and
+    ``numpy.asarray``; ``dataset`` is the underlying ``h5py.Dataset``. Rows are read in
+    contiguous blocks of at most ``BLOCK_BYTES``, so reading scattered rows (a
+    cross-validation fold) costs their own memory and one block, not the span they cover.
+    """
+
+    BLOCK_BYTES = 64 << 20
+
+    def __init__(self, dataset: h5py.Dataset, rows: np.ndarray) -> None:
+        self.dataset, self.rows = dataset, rows
+        self.shape = (len(rows), *dataset.shape[1:])
+        self.dtype, self.ndim, self.chunks = dataset.dtype, dataset.ndim, dataset.chunks
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple) and key and key[0] is not Ellipsis:
+            rows = self[key[0]]
+            rest = key[1:] if np.ndim(rows) < self.ndim else (slice(None), *key[1:])
+            return rows[rest]
+        if isinstance(key, tuple) or key is Ellipsis:
+            return self[:][key]
+        selected = self.rows[key]
+        if np.ndim(selected) == 0:
+            return self.dataset[int(selected)]
+        out = np.empty((len(selected), *self.shape[1:]), self.dtype)
+        order = np.argsort(selected, kind="stable")
+        ordered = selected[order]
+        row_bytes = max(1, self.dtype.itemsize * int(np.prod(self.shape[1:])))
+        block = max(1, self.BLOCK_BYTES // row_bytes)
+        start = 0
+        while start < len(ordered):  # a loop over blocks of the store, not over rows
+            lo = int(ordered[start])
+            stop = int(np.searchsorted(ordered, lo + block))
+            part = self.dataset[lo : int(ordered[stop - 1]) + 1]
+            out[order[start:stop]] = part[ordered[start:stop] - lo]
+            start = stop
+        return out
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+
+@dataclass
+class FeatureStore:
+    """What the classifier needs from a store; only completed rows are exposed.
+
+    Attributes
+    ----------
+    features : h5py.Dataset, RowView or ndarray of shape (n_done, d)
+        Lazy by default (an ``h5py.Dataset`` when every row succeeded, else a
+        :class:`RowView` skipping failed rows); a NumPy array with ``in_memory=True``.
+    labels : ndarray of shape (n_done,)
+    class_names : list of str
+    paths : list of str
+        Image path or id of each returned row.
+    indices : ndarray of shape (n_done,)
+        Source-item index of each returned row.
+    rows : ndarray of shape (n_done,)
+        Store row of each returned row.
+    failures : list of (str, str)
+        ``(path, reason)`` of each image that could not be read.
+    metadata : dict
+        Provenance and recorded attributes.
+    n_pending : int
+        Rows never extracted (non-zero only with ``allow_incomplete=True``).
+    """
+
+    features: Any
+    labels: np.ndarray
+    class_names: list[str]
+    paths: list[str]
+    indices: np.ndarray
+    rows: np.ndarray
+    failures: list[tuple[str, str]]
+    metadata: dict
+    n_pending: int = 0
+    file: h5py.File | None = field(default=None, repr=False)
+
+    def close(self) -> None:
+        """Close the HDF5 file behind a lazy ``features``."""
+        if self.file is not None:
+            self.file.close()
+
+    def __enter__(self) -> FeatureStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _open_for_reading(path: str | os.PathLike) -> h5py.File:
+    """Open a store to read it; every way in which ``path`` is not one is a StoreError."""
+    text = os.fspath(path)
+    if not os.path.exists(text):
+        raise StoreNotFoundError(
+            f"The feature store {text!r} does not exist; check the path, or write it with "
+            "mr2-extract."
+        )
+    problem = _not_hdf5(text)
+    if problem:
+        raise NotAStoreError(
+            f"{text!r} {problem}; pass an HDF5 feature store written by mr2-extract."
+        )
+    f = open_store(text, "r")
+    missing = [name for name in _REQUIRED if not isinstance(f.get(name), h5py.Dataset)]
+    if missing:
+        found = sorted(f.keys())
+        f.close()
+        raise NotAStoreError(
+            f"The HDF5 file {text!r} is not a feature store: it has no "
+            f"{' / '.join(repr(m) for m in missing)} dataset (it holds {found}); pass a store "
+            "written by mr2-extract."
+        )
+    return f
+
+
+_TEXT = ("paths", "failure_reason", "content_sha256")  # a store's string datasets
+
+
+def _check_shapes(
+    path: str | os.PathLike, f: h5py.File, labels: np.ndarray, status: np.ndarray
+) -> None:
+    n_classes = len(f["class_names"])
+    problem = None
+    if labels.dtype.kind not in "iu":
+        problem = f"'labels' has dtype {labels.dtype}, not integers (codes into class_names)"
+    elif f["features"].ndim != 2:
+        problem = f"'features' has shape {f['features'].shape}, not (n_rows, n_features)"
+    elif f["features"].dtype.kind not in "fiu":
+        problem = f"'features' has dtype {f['features'].dtype}, not numbers"
+    elif labels.shape != (len(f["features"]),):
+        problem = f"'labels' has shape {labels.shape} for {len(f['features'])} feature rows"
+    elif len(labels) and (labels.min() < 0 or labels.max() >= n_classes):
+        problem = f"'labels' holds values outside 0..{n_classes - 1} ({n_classes} class names)"
+    elif f["class_names"].dtype.kind not in "SOU":
+        problem = f"'class_names' has dtype {f['class_names'].dtype}, not strings"
+    else:  # the optional datasets, one entry per row (a short 'status' dropped rows)
+        for name in (name for name in ("status", "indices", *_TEXT) if name in f):
+            if f[name].shape[:1] != labels.shape:
+                problem = f"'{name}' has shape {f[name].shape} for {len(labels)} rows"
+                break
+            if name in _TEXT and f[name].dtype.kind not in "SOU":
+                problem = f"'{name}' has dtype {f[name].dtype}, not strings"
+                break
+        unknown = np.setdiff1d(status, [PENDING, DONE, FAILED])
+        if problem is None and len(unknown):
+            problem = f"'status' holds codes {unknown.tolist()}, not {PENDING}, {DONE}, {FAILED}"
+    if problem:
+        raise NotAStoreError(
+            f"The feature store {os.fspath(path)!r} is inconsistent: {problem}; rebuild it."
+        )
+
+
+def load_features(
+    path: str | os.PathLike, in_memory: bool = False, allow_incomplete: bool = False
+) -> FeatureStore:
+    """Open a feature store for a classifier.
+
+    Parameters
+    ----------
+    path : path-like
+        An HDF5 store written by :func:`extract_features` or :func:`merge_shards` (or any
+        HDF5 file with ``features`` (N, d), ``labels`` (N,) and ``class_names`` (K,)
+        datasets: the other datasets are optional).
+    in_memory : bool, default=False
+        Read all features into a NumPy array (and close the file) instead of returning a
+        lazy dataset.
+    allow_incomplete : bool, default=False
+        Return the completed rows of an interrupted store with a warning instead of raising.
+
+    Returns
+    -------
+    FeatureStore
+
+    Raises
+    ------
+    StoreNotFoundError
+        If ``path`` does not exist.
+    NotAStoreError
+        If it is a folder, empty, not HDF5, lacks ``features`` / ``labels`` /
+        ``class_names``, or their shapes disagree.
+    StoreLockedError
+        If a run is writing it.
+    IncompleteStoreError
+        If rows are still pending and ``allow_incomplete`` is False.
+
+    All four derive from :class:`StoreError` (a ``ValueError``).
+
+    Examples
+    --------
+    >>> with load_features("features.h5") as store:  # doctest: +SKIP
+    ...     clf.fit(store.features, store.labels)
+    """
+    f = _open_for_reading(path)
+    try:
+        attrs = read_attrs(f)
+        check_not_newer(path, attrs)  # older formats are read
+        labels = f["labels"][:]
+        n = len(labels)
+        status = f["status"][:] if "status" in f else np.full(n, DONE, np.uint8)
+        _check_shapes(path, f, labels, status)
+        n_pending = int((status == PENDING).sum())
+        if n_pending and not allow_incomplete:
+            raise IncompleteStoreError(
+                f"The feature store {os.fspath(path)!r} has {n_pending} of {len(status)} rows "
+                "not extracted yet; run the same extraction command again to finish it (from "
+                "Python, load_features(..., allow_incomplete=True) loads the completed rows)."
+            )
+        if n_pending:
+            warnings.warn(
+                f"Loading {int((status == DONE).sum())} completed rows of an incomplete store "
+                f"({n_pending} rows pending).",
+                UserWarning,
+                stacklevel=2,
+            )
+        rows = np.flatnonzero(status == DONE)
+        if "paths" in f:
+            all_paths = f["paths"].asstr()[:]
+        else:
+            all_paths = np.array([str(i) for i in range(n)], dtype=object)
+        failed = np.flatnonzero(status == FAILED)
+        reasons = f["failure_reason"][failed] if "failure_reason" in f else [b""] * len(failed)
+        indices = f["indices"][:] if "indices" in f else np.arange(n, dtype=np.int64)
+        store = FeatureStore(
+            features=f["features"] if len(rows) == len(status) else RowView(f["features"], rows),
+            labels=labels[rows],
+            class_names=list(f["class_names"].asstr()[:]),
+            paths=[str(p) for p in all_paths[rows]],
+            indices=indices[rows],
+            rows=rows,
+            failures=[
+                (str(all_paths[i]), r.decode(errors="replace"))
+                for i, r in zip(failed, reasons, strict=True)
+            ],
+            metadata=attrs,
+            n_pending=n_pending,
+            file=f,
+        )
+    except BaseException:
+        f.close()
+        raise
+    if in_memory:
+        try:  # closed whatever happens, a MemoryError included
+            store.features = np.asarray(store.features)
+        finally:
+            store.close()
+        store.file = None
+    return store

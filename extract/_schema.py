@@ -1,0 +1,119 @@
+"""The schema of a feature store: its format version, row states, datasets, provenance keys,
+attributes and errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import h5py
+import numpy as np
+
+# 2: per-row file identity (file_size, file_mtime_ns, content_sha256) and source_root.
+FORMAT_VERSION = 2
+
+
+PENDING, DONE, FAILED = 0, 1, 2
+
+
+REASON_DTYPE = "S200"
+
+
+DIGEST_DTYPE = "S64"  # hexadecimal sha256
+
+
+_REQUIRED = ("features", "labels", "class_names")  # what a classifier needs from a store
+
+
+# Every dataset create_store writes.
+STORE_DATASETS = (
+    "features", "status", "failure_reason", "content_sha256", "labels", "indices", "paths",
+    "class_names", "file_size", "file_mtime_ns",
+)  # fmt: skip
+
+
+# Attributes that must match for an existing file to be reused.
+PROVENANCE_KEYS = (
+    "format_version",
+    "backbone",
+    "weights",
+    "preprocessing",
+    "compute",  # the backbone's precision: "float32", or "bfloat16 autocast" on a GPU
+    "dtype",
+    "normalize",
+    "source_root",
+    "source_fingerprint",
+    "n_rows",
+    "n_total_rows",
+    "shard_rank",
+    "shard_world_size",
+    "source_options",  # WebDataset / Parquet sources only: the image and label keys
+)
+
+
+# Stores written before the precision was recorded computed in float32 (no CUDA run had
+# written one); so did shards compared with each other.
+PROVENANCE_DEFAULTS = {"compute": "float32"}
+
+
+_REBUILD = "pass --force (overwrite=True) to delete it and recompute it"
+
+
+# On the shards of a forced run under torchrun: the size and modification time of the
+# merged store they are to replace (a rerun without --force resumes them by it).
+REPLACES = "replaces_store"
+
+
+class StoreError(ValueError):
+    """A feature store cannot be read, written or reused as requested.
+
+    The base class of every error of the store: catch it to report any of them.
+    """
+
+
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """The feature store file does not exist."""
+
+
+class NotAStoreError(StoreError):
+    """The file is empty, not HDF5, or an HDF5 file without a store's datasets."""
+
+
+class ProvenanceError(StoreError):
+    """An existing store was made from other images, backbone, weights or settings."""
+
+
+class StoreLockedError(StoreError, RuntimeError):
+    """Another process is writing the store."""
+
+
+class IncompleteStoreError(StoreError, RuntimeError):
+    """The store still has rows that were never extracted."""
+
+
+def _truncate(reason: str) -> bytes:
+    """UTF-8 bytes of ``reason`` cut to the field's size, never inside a character."""
+    return reason.encode()[:200].decode("utf-8", "ignore").encode()
+
+
+def read_attrs(f: h5py.File) -> dict[str, Any]:
+    """The store's attributes as Python values (JSON attributes decoded)."""
+    # Plain Python values: an attribute that another tool wrote as an array is a list
+    # (it compares, and goes into JSON reports, as one).
+    attrs = {k: _plain(v) for k, v in f.attrs.items()}
+    for key in ("preprocessing", "versions", "class_names", "source_files", "source_options"):
+        if key in attrs:
+            attrs[key] = json.loads(attrs[key])
+    return attrs
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):  # np.bytes_ too, before it is taken for a NumPy scalar
+        return value.decode()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist())
+    if isinstance(value, list):  # nested lists of any depth, their bytes decoded
+        return [_plain(v) for v in value]
+    return value
