@@ -212,8 +212,11 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
     weights = spec.weights
     if spec.model.startswith(_MODEL_SOURCES):
         if weights:
+            # open_clip loads such a model's weights with its config: unlike timm's, it
+            # cannot be built with random weights either.
             raise BackboneError(
-                f"The open_clip model {spec.model!r} brings its own weights; drop '@{weights}'."
+                f"The open_clip model {spec.model!r} brings its own weights, which open_clip "
+                f"loads with its config, so it has no '@{RANDOM}' either; drop '@{weights}'."
             )
         model, _, transform = _with_pretrained(spec, spec.model, lambda: create(None))
         weights_id = hub_weights_id(spec.model, model.visual)

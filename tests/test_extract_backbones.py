@@ -596,6 +596,22 @@ def test_timm_default_is_pretrained_and_offline_is_one_clear_error(no_network, c
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("weights", ["random", "/w.pth"])
+@pytest.mark.parametrize("source", ["hf-hub:nobody/clip", "local-dir:/models/clip"])
+def test_open_clip_hub_and_folder_models_take_no_other_weights(source, weights):
+    # open_clip loads such a model's weights with its config: unlike timm, no '@random'
+    # either, which the refusal said nothing of (timm's names it as the way out).
+    pytest.importorskip("open_clip")
+    from extract import BackboneError
+
+    with pytest.raises(BackboneError) as info:
+        create_backbone(f"open_clip:{source}@{weights}")
+    assert str(info.value) == (
+        f"The open_clip model {source!r} brings its own weights, which open_clip loads "
+        f"with its config, so it has no '@random' either; drop '@{weights}'."
+    )
+
+
 def test_timm_hub_and_folder_names_are_built_as_timm_builds_them(no_network, tmp_path):
     # timm's 'hf-hub:' and 'local-dir:' names were refused ("timm has no model").
     import timm
