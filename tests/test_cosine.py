@@ -605,3 +605,32 @@ def test_every_row_is_in_one_chunk_and_one_minibatch_per_pass(tmp_path, kind, n)
         generator = torch.Generator().manual_seed(0)
         rows = torch.cat([x[:, 0] for x, _, _ in source.batches(batch_size, generator)])
         assert sorted(rows.tolist()) == list(range(n))
+
+
+def test_memory_moved_to_another_penalty_keeps_its_pairs_corrected():
+    # Memory.move_to: y gains (reg' − reg)·s on the penalised entries only, and a pair that
+    # keeps its curvature stays live with ρ = 1/sᵀy' (the path's memory carried to a next C).
+    memory = Memory.empty(torch.zeros(1, 3, dtype=torch.float64), 3)
+    memory.s[0, 0] = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)
+    memory.y[0, 0] = torch.tensor([2.0, 0.0, 1.0], dtype=torch.float64)
+    memory.rho[0, 0], memory.stamp[0, 0], memory.slot, memory.used = 1 / 3.0, 0, 1, 1
+    memory.move_to(torch.tensor([0.1], dtype=torch.float64), n_penalised=2)  # recorded at
+    memory.move_to(torch.tensor([0.3], dtype=torch.float64), n_penalised=2)
+    torch.testing.assert_close(memory.y[0, 0], torch.tensor([2.2, 0.0, 1.0], dtype=torch.float64))
+    torch.testing.assert_close(memory.rho[0, 0], torch.tensor(1 / 3.2, dtype=torch.float64))
+    torch.testing.assert_close(memory.h0[0], torch.tensor(3.2 / (2.2**2 + 1), dtype=torch.float64))
+
+
+def test_compacted_memory_reads_every_live_pair_including_the_first_formed():
+    # ``used`` is the most live pairs a fold holds (stamp ≥ 0: the first pair formed has
+    # stamp 0), and the two-loop recursion reads that many slots before ``slot``.
+    memory = Memory.empty(torch.zeros(2, 3, dtype=torch.float64), 4)
+    memory.rho[:] = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    memory.stamp[:] = torch.tensor([[0, 1, -1, -1], [-1, 2, -1, -1]])
+    memory.s[:, :, 0] = memory.stamp.double()
+    memory.slot = 0
+    memory.compact()
+    assert memory.used == 2
+    newest_first = [(memory.slot - 1 - i) % 4 for i in range(memory.used)]
+    assert memory.stamp[:, newest_first].tolist() == [[1, 0], [2, -1]]
+    assert memory.s[:, newest_first, 0].tolist() == [[1.0, 0.0], [2.0, -1.0]]

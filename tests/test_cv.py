@@ -1175,3 +1175,145 @@ def test_an_int_grid_is_the_documented_one(head, expected):
         warnings.simplefilter("ignore", ConvergenceWarning)
         clf.fit(X, y)
     np.testing.assert_allclose(clf.Cs_, expected)
+
+
+@pytest.mark.parametrize("limit, expected", [(9, [3, 3]), (8, [1] * 6)])
+def test_cpu_folds_form_one_batch_while_their_logits_stay_narrow(limit, expected, monkeypatch):
+    # 3 folds × 3 classes = 9 columns: one batch up to the limit, a fold at a time above it.
+    X, y = _blobs(n_classes=3, n=90)
+    calls = _spy_batched(monkeypatch)
+    monkeypatch.setattr(MR2LinearClassifierCV, "_BATCH_MAX_COLUMNS_CPU", limit)
+    MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=3, device="cpu").fit(X, y)
+    assert calls == expected
+
+
+def test_a_batched_fold_short_of_tol_names_an_extreme_c():
+    # A batched fold's warning names C (and its own weight sum, 100 of iris' 150 rows) as
+    # the fold's own fit would, not a logit scale.
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV(Cs=[1e-9], cv=3, max_iter=1, tol=1e-12, device="cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        search.fit(X, y)
+    messages = [str(w.message) for w in caught if w.category is ConvergenceWarning]
+    assert any("C=1e-09 and sample weights summing to 100 " in m for m in messages)
+
+
+def test_score_hands_the_scorer_numpy_labels_and_weights_given_tensors():
+    # scikit-learn's metrics cannot read a CUDA tensor: score() converts y and sample_weight
+    # whatever their device. On the CPU a tensor happens to pass through the metrics, so
+    # the conversion is pinned by what a callable scorer receives.
+    X, y = _blobs(n_classes=3)
+    weight = np.linspace(0.5, 2.0, len(y))
+    seen = []
+
+    def scorer(estimator, X, y, sample_weight=None):
+        seen.append((type(y), type(sample_weight)))
+        return float(np.average(estimator.predict(X) == y, weights=sample_weight))
+
+    clf = MR2LinearClassifierCV(Cs=[1.0], cv=3, scoring=scorer, device="cpu").fit(X, y)
+    seen.clear()
+    score = clf.score(X, torch.as_tensor(y), sample_weight=torch.as_tensor(weight))
+    assert seen == [(np.ndarray, np.ndarray)]
+    assert score == pytest.approx(clf.score(X, y, sample_weight=weight))
+
+
+def test_a_linear_refit_starts_from_the_folds_mean_solution(monkeypatch):
+    # "Refit on all the data at the best value, starting from the folds' mean solution":
+    # the intercept as well as the weights.
+    from mr2_probe import _head
+
+    loaded, load = [], _head.ProbeHead.load
+
+    def spy(self, state):
+        load(self, state)
+        loaded.append((self.weight.detach().numpy().copy(), self.bias.detach().numpy().copy()))
+
+    monkeypatch.setattr(_head.ProbeHead, "load", spy)
+    X, y = _blobs(n_classes=3)
+    search = MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=3, device="cpu").fit(X, y)
+    best = list(search.Cs_).index(search.C_)
+    mean = np.stack([search.coefs_paths_[k][:, best].mean(0) for k in search.classes_])
+    weight, bias = loaded[-1]
+    np.testing.assert_allclose(weight, mean[:, :-1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bias, mean[:, -1], rtol=1e-5, atol=1e-6)
+    assert np.abs(bias).max() > 1e-3  # a start that differs from the head's zero intercept
+
+
+def test_held_out_logits_answer_as_a_fitted_classifier_of_those_logits():
+    # A callable scorer is handed this stand-in: every response method answers.
+    from mr2_probe._path import HeldOutLogits
+
+    classes = np.array(["a", "b", "c"])
+    Z = np.array([[2.0, 0.0, -1.0], [0.0, 3.0, 1.0]])
+    estimator = HeldOutLogits(classes)
+    proba = np.exp(Z) / np.exp(Z).sum(1, keepdims=True)
+    np.testing.assert_allclose(estimator.predict_proba(Z), proba)
+    np.testing.assert_allclose(estimator.predict_log_proba(Z), np.log(proba))
+    np.testing.assert_array_equal(estimator.predict(Z), ["a", "b"])
+    np.testing.assert_array_equal(estimator.decision_function(Z), Z)
+    np.testing.assert_array_equal(HeldOutLogits(classes[:2]).decision_function(Z[:, :2]), [-2, 3])
+
+
+def test_a_scorer_whose_signature_cannot_be_read_is_given_the_weights():
+    # _takes_sample_weight: "True when its signature cannot be read".
+    seen = []
+
+    class Opaque:
+        __signature__ = "unreadable"  # inspect.signature raises TypeError
+
+        def __call__(self, estimator, X, y, sample_weight=None):
+            seen.append(sample_weight is not None)
+            return float(np.average(estimator.predict(X) == y, weights=sample_weight))
+
+    X, y = _blobs(n_classes=3)
+    weight = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
+    MR2LinearClassifierCV(Cs=[1.0], cv=3, scoring=Opaque(), device="cpu").fit(X, y, weight)
+    assert seen and all(seen)
+
+
+def test_a_fold_path_starts_each_value_on_the_line_through_its_last_two_solutions():
+    # FoldPath's predictor step, which the convex fits' solutions cannot show: from the
+    # third value on the start is extrapolated linearly in log(value) from the last two
+    # solutions; a value inside the path (a bisection's midpoint) starts from the last.
+    from types import SimpleNamespace
+
+    from mr2_probe._path import FoldPath
+
+    weight = torch.nn.Parameter(torch.zeros(2))
+    head = SimpleNamespace(
+        parameters=lambda: [weight], has_projection=False, head="linear", bias=None, n_classes=2
+    )
+    solutions = {2.0: [0.0, 0.0], 20.0: [1.0, 2.0], 2000.0: [4.0, 4.0], 200.0: [3.0, 3.0]}
+    starts = []
+
+    def solve(head, data, value, cold, initial):
+        starts.append(weight.detach().tolist())
+        with torch.no_grad():
+            weight.copy_(torch.tensor(solutions[value]))
+        return SimpleNamespace(n_iter=1), {"coef": np.zeros((1, 2)), "intercept": None}
+
+    path = FoldPath(None, lambda: [], np.array([], dtype=int), None, head, None)
+    progress = SimpleNamespace(update=lambda n: None)
+    path.run([2000.0, 2.0, 20.0], solve, lambda z, y, w: 0.0, progress)
+    # At 2000, t = log(2000/20) / log(20/2) = 2: [1, 2] + 2·([1, 2] − [0, 0]).
+    assert starts == [[0.0, 0.0], [0.0, 0.0], [3.0, 6.0]]
+    path.run([200.0], solve, lambda z, y, w: 0.0, progress)
+    assert starts[-1] == [4.0, 4.0]
+    assert sorted(path.steps) == [2.0, 20.0, 200.0, 2000.0]
+
+
+@pytest.mark.parametrize("head", ["linear", "cosine"])
+def test_a_zero_c_or_scale_is_refused(head):
+    # C = 0 (infinite penalty) or a logit scale of 0 is no value to search: "positive".
+    X, y = _blobs(n_classes=3, n=60)
+    with pytest.raises(ValueError, match="The 'Cs' parameter of MR2LinearClassifierCV must be"):
+        MR2LinearClassifierCV(Cs=[0.0, 1.0], cv=3, head=head, device="cpu").fit(X, y)
+
+
+def test_the_search_s_defaults_are_logistic_regression_cv_s():
+    # "Cs : int ... default=10", refit=True, cv=None (5-fold): LogisticRegressionCV's own
+    # defaults (scikit-learn 1.6), written out so that a change to ours is seen.
+    params = MR2LinearClassifierCV().get_params()
+    expected = {"Cs": 10, "cv": None, "refit": True, "n_jobs": None, "max_iter": 100, "tol": 1e-4}
+    assert {name: params[name] for name in expected} == expected
