@@ -1,5 +1,6 @@
 """Behaviour of MR2LinearClassifier: equivalences, inputs, fitted state, errors."""
 
+import contextlib
 import os
 import pickle
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 import torch
 from sklearn.base import clone
 from sklearn.datasets import load_digits, load_iris, make_blobs, make_classification
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
@@ -1414,3 +1415,268 @@ def test_a_learned_projection_s_statistics_are_those_of_the_representation():
     raw = np.stack([X[y == k].mean(0) for k in range(3)])
     final = np.stack([(X @ clf.projection_.T)[y == k].mean(0) for k in range(3)])
     assert np.abs(means - final).max() < 0.2 * np.abs(means - raw).max()
+
+
+@contextlib.contextmanager
+def _as_kind(X, kind, tmp_path):
+    """``X`` as a tensor, or as an HDF5 dataset of an open file (closed after the block)."""
+    if kind == "tensor":
+        yield torch.as_tensor(X)
+        return
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        yield f.create_dataset("X", data=X)
+
+
+# Mutant: _classifier.py:108 both_class_logits, the tensor branch deleted (np.hstack on a
+# tensor returns NumPy): two-class probabilities of a tensor came back as NumPy.
+# Mutant: _classifier.py:963 torch.log_softmax(z, dim=1) -> dim=0 (over the rows).
+@pytest.mark.parametrize("n_classes", [2, 3])
+@pytest.mark.parametrize("method", ["predict_proba", "predict_log_proba"])
+def test_probabilities_of_a_tensor_are_a_tensor_equal_to_numpys(method, n_classes):
+    X, y = _blobs(n_classes=n_classes, n=60)
+    model = MR2LinearClassifier(device="cpu").fit(X, y)
+    out = getattr(model, method)(torch.as_tensor(X))
+    assert isinstance(out, torch.Tensor) and tuple(out.shape) == (60, n_classes)
+    np.testing.assert_allclose(out.numpy(), getattr(model, method)(X), rtol=1e-6, atol=1e-9)
+
+
+# Mutants: _classifier.py:832, `X.shape[0] < 1` -> `< 0` and `X.shape[1] < 1` -> `< 0`:
+# a tensor or HDF5 X without rows or without features must be refused by fit, as NumPy is.
+@pytest.mark.parametrize("kind", ["tensor", "h5"])
+@pytest.mark.parametrize("shape", [(0, 3), (6, 0), (1, 3)])
+def test_training_data_without_rows_or_features_is_refused(tmp_path, kind, shape):
+    X = np.zeros(shape)
+    y = np.arange(shape[0]) % 2
+    # One row is a valid X: it is refused for its single class, not its shape.
+    message = (
+        "only one class" if shape[0] == 1 else r"Found array with shape .* minimum of 1 sample"
+    )
+    with _as_kind(X, kind, tmp_path) as data, pytest.raises(ValueError, match=message):
+        MR2LinearClassifier(device="cpu").fit(data, y)
+
+
+# Mutant: _classifier.py:829, the fit's `raise` for a tensor X that is not 2D -> `pass`
+# (an IndexError, or a fit on the wrong shape, instead of the documented ValueError).
+@pytest.mark.parametrize("shape", [(6,), (6, 2, 2)])
+def test_training_tensors_that_are_not_2d_are_refused(shape):
+    X = torch.ones(shape, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"Expected a 2D X"):
+        MR2LinearClassifier(device="cpu").fit(X, np.arange(6) % 2)
+
+
+# Mutant: _classifier.py:838 column_or_1d(..., warn=True) -> warn=False: a column y with a
+# tensor X is raveled silently, where the NumPy path warns (DataConversionWarning).
+@pytest.mark.parametrize("y_kind", ["numpy", "tensor"])
+def test_a_column_y_with_a_tensor_x_warns_as_with_numpy(y_kind):
+    X, y = _blobs(n_classes=2, n=40)
+    y = y.reshape(-1, 1)
+    y = torch.as_tensor(y) if y_kind == "tensor" else y
+    with pytest.warns(DataConversionWarning, match="column-vector y"):
+        model = MR2LinearClassifier(device="cpu").fit(torch.as_tensor(X), y)
+    assert model.classes_.tolist() == [0, 1]
+
+
+# Mutant: _classifier.py:881 `self.lam > 0` -> `self.lam > 1` in _warm_state: a warm start
+# with a learned projection and 0 < lam <= 1 silently started afresh (P = I).
+# Mutant: _classifier.py:876 rank = proj_a.shape[1] -> shape[0]: a low-rank projection
+# was taken for one of rank d, and its warm start silently started afresh.
+@pytest.mark.parametrize("projection_rank", [None, 2])
+def test_warm_start_keeps_a_learned_projection(projection_rank):
+    X, y = _blobs(n_classes=3, n=90)
+    model = MR2LinearClassifier(
+        lam=0.5,
+        max_iter=3,
+        learning_rate=1e-2,
+        projection_rank=projection_rank,
+        warm_start=True,
+        random_state=0,
+        device="cpu",
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+        projection, coef = model.projection_.copy(), model.coef_.copy()
+        model.set_params(max_iter=0).fit(X, y)  # max_iter=0 keeps the starting point
+    assert not np.allclose(projection, np.eye(6))
+    np.testing.assert_allclose(model.projection_, projection, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(model.coef_, coef, rtol=1e-6, atol=1e-9)
+
+
+# Mutant: _classifier.py:573 _check_sample_weight(..., ensure_non_negative=True) -> False:
+# negative sample weights were accepted (a loss that rewards misclassifying those rows).
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_negative_sample_weights_are_refused(kind):
+    X, y = _blobs(n_classes=2, n=40)
+    weight = np.ones(40)
+    weight[3] = -0.5
+    with pytest.raises(ValueError, match="Negative values in data passed to `sample_weight`"):
+        MR2LinearClassifier(device="cpu").fit(
+            torch.as_tensor(X) if kind == "tensor" else X, y, sample_weight=weight
+        )
+
+
+# Mutant: _classifier.py:840, the tensor/HDF5 path's `raise` for len(y) != n_samples ->
+# `pass`. (The NumPy path is covered by test_bad_training_input.)
+@pytest.mark.parametrize("kind", ["tensor", "h5"])
+@pytest.mark.parametrize("n_labels", [39, 41])
+def test_labels_of_another_length_than_a_tensor_x_are_refused(tmp_path, kind, n_labels):
+    X, y = _blobs(n_classes=2, n=41)
+    X, y = X[:40], y[:n_labels]
+    message = f"X has 40 samples but y has {n_labels}"
+    with _as_kind(X, kind, tmp_path) as data, pytest.raises(ValueError, match=message):
+        MR2LinearClassifier(device="cpu").fit(data, y)
+
+
+# Mutant: _classifier.py:967 `z = z.astype(np.float64)` deleted in _probabilities: a
+# float32 model's softmax underflowed to 0 for large logit gaps (a cosine head's scale),
+# so that log(predict_proba) was -inf where predict_log_proba was finite.
+def test_probabilities_of_a_float32_model_are_computed_in_float64():
+    X, y = _blobs(n_classes=3, n=90)
+    model = MR2LinearClassifier(head="cosine", scale=200.0, max_iter=20, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X.astype(np.float32), y)
+    proba = model.predict_proba(X.astype(np.float32))
+    assert proba.dtype == np.float64 and proba.min() > 0
+    log_proba = model.predict_log_proba(X.astype(np.float32))
+    assert log_proba.min() < -104  # past float32's smallest positive exp
+    np.testing.assert_allclose(np.log(proba), log_proba, rtol=1e-6)
+
+
+# Mutant: _classifier.py:936 `return np.concatenate(parts) ...` deleted in _logits: the
+# blocks were checked, then the whole HDF5 dataset was handed to decision_values (read a
+# second time, and whole). Only a slow fit test streamed an HDF5 store, and not predict.
+def test_predictions_on_an_hdf5_dataset_are_computed_block_by_block(tmp_path, monkeypatch):
+    h5py = pytest.importorskip("h5py")
+    from mr2_probe import _classifier
+
+    X, y = _blobs(n=200)
+    model = MR2LinearClassifier(device="cpu").fit(X, y)
+    expected = model.decision_function(X)
+    seen = []
+    original = _classifier.decision_values
+
+    def recording(X, *args, **kwargs):
+        seen.append((type(X), X.shape[0]))
+        return original(X, *args, **kwargs)
+
+    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 64)
+    monkeypatch.setattr(_classifier, "decision_values", recording)
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        dataset = f.create_dataset("X", data=X, chunks=(64, 6))
+        np.testing.assert_allclose(model.decision_function(dataset), expected, rtol=1e-12)
+    assert [n for _, n in seen] == [64, 64, 64, 8]
+    assert all(t is np.ndarray for t, _ in seen)
+
+
+# Mutant: _classifier.py:832 `X.shape[1] < 1` -> `X.shape[1] <= 1`: a tensor (or HDF5)
+# X of one feature was refused; no test fitted one (the NumPy path is validate_data's).
+@pytest.mark.parametrize("kind", ["tensor", "h5"])
+def test_one_feature_tensors_and_datasets_fit_as_numpy_does(tmp_path, kind):
+    rng = np.random.default_rng(0)
+    X = np.r_[rng.normal(-2, 1, (20, 1)), rng.normal(2, 1, (20, 1))]
+    y = np.repeat([0, 1], 20)
+    expected = MR2LinearClassifier(device="cpu").fit(X, y)
+    with _as_kind(X, kind, tmp_path) as data:
+        model = MR2LinearClassifier(device="cpu").fit(data, y)
+    assert model.n_features_in_ == 1
+    np.testing.assert_allclose(model.coef_, expected.coef_, rtol=1e-6, atol=1e-9)
+
+
+# Mutants: _classifier.py:981 `z[:, 0] > 0` -> `>= 0` (tensor path) and :983 `> 0` -> `> 1`
+# (NumPy path) in predict: two-class predictions must be decision_function > 0, a tie at 0
+# going to classes_[0], the same on every input path.
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_two_class_predict_is_the_sign_of_the_decision_function(kind):
+    X, y = _blobs(n_classes=2, n=60)
+    model = MR2LinearClassifier(C=1e-3, fit_intercept=False, device="cpu").fit(X, y)
+    X = np.r_[X, np.zeros((1, 6))]  # decision value exactly 0: a tie
+    data = torch.as_tensor(X) if kind == "tensor" else X
+    z = model.decision_function(X)
+    assert z[-1] == 0 and ((z > 0) & (z <= 1)).any()
+    np.testing.assert_array_equal(model.predict(data), model.classes_[(z > 0).astype(int)])
+
+
+# Mutant: _classifier.py:939 `head_ or _head_state["head"]` -> `and`: a model pickled
+# before head_ existed predicted with the *parameter* head (changed by set_params after
+# fit) instead of the head it was trained with.
+def test_a_model_without_head_attr_predicts_with_the_head_it_was_trained_with():
+    X, y = _blobs(n_classes=3, n=60)
+    model = MR2LinearClassifier(head="cosine", device="cpu").fit(X, y)
+    expected = model.decision_function(X)
+    del model.head_  # as in a model pickled before head_ existed
+    model.set_params(head="linear")
+    np.testing.assert_allclose(model.decision_function(X), expected, rtol=1e-12)
+
+
+# Mutant: _classifier.py:881 `self.lam > 0` -> `self.lam >= 0` in _warm_state: a warm
+# start from a fit with a projection back to lam=0 must start afresh (documented).
+def test_warm_start_from_a_projection_back_to_lam_zero_starts_afresh():
+    X, y = _blobs(n_classes=3, n=90)
+    model = MR2LinearClassifier(
+        lam=0.5, max_iter=3, learning_rate=1e-2, warm_start=True, random_state=0, device="cpu"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+        assert np.abs(model.coef_).max() > 0
+        model.set_params(lam=0.0, max_iter=0).fit(X, y)  # max_iter=0 keeps the start
+    assert model.projection_ is None
+    np.testing.assert_array_equal(model.coef_, 0.0)
+    np.testing.assert_array_equal(model.intercept_, 0.0)
+
+
+# Mutant: _classifier.py:129 `block = np.asarray(block, dtype=dtype)` deleted in
+# _finite_block: predictions on a long-double HDF5 store came back as float128 instead of
+# the float64 the NumPy path (and the fit) compute in.
+def test_predictions_on_a_long_double_hdf5_store_are_float64(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n_classes=3, n=60)
+    model = MR2LinearClassifier(device="cpu").fit(X, y)
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        dataset = f.create_dataset("X", data=X.astype(np.longdouble))
+        z = model.decision_function(dataset)
+        assert z.dtype == np.float64 and model.predict_proba(dataset).dtype == np.float64
+        np.testing.assert_array_equal(z, model.decision_function(X))
+
+
+# Mutant: _classifier.py:598 the `raise` for sample weights summing to 0 -> `pass`.
+# (All-zero sample_weight is refused by scikit-learn's _check_sample_weight already; class
+# weights of 0 are what reach this guard.)
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_class_weights_that_zero_every_sample_are_refused(kind):
+    X, y = _blobs(n_classes=2, n=40)
+    X = torch.as_tensor(X) if kind == "tensor" else X
+    with pytest.raises(ValueError, match="sum of sample weights must be positive"):
+        MR2LinearClassifier(class_weight={0: 0.0, 1: 0.0}, device="cpu").fit(X, y)
+
+
+# Mutants: _classifier.py:482 default warm_start=False -> True and :484 verbose=0 -> 1
+# (both ran the quick suite past the 300 s limit without a failure): the defaults are
+# documented (class docstring) and the README's numbers rest on them; nothing pins them.
+def test_default_parameters_are_the_documented_ones():
+    assert MR2LinearClassifier().get_params() == dict(
+        c_bar=1.0,
+        lam=0.0,
+        p=None,
+        head="linear",
+        C=1.0,
+        fit_intercept=True,
+        difficulty="moment",
+        scale=64.0,
+        tau=None,
+        projection_rank=None,
+        solver="auto",
+        max_iter=100,
+        tol=1e-4,
+        batch_size=256,
+        learning_rate=3e-3,
+        n_iter_no_change=5,
+        class_weight=None,
+        class_tilt=0.0,
+        warm_start=False,
+        random_state=None,
+        verbose=0,
+        device="auto",
+    )
