@@ -243,6 +243,8 @@ def test_file_names_with_commas_are_quoted_csv(folder):
     [
         ["missing.jpg,dog", "cat/000.png,cat", "dog/001.jpg,cat"],  # a file name
         ["missing,3", "cat/000.png,0", "dog/001.jpg,1"],  # an index
+        # No extension, but a label that another line has: no header's column name.
+        ["missing,cat", "cat/000.png,cat", "dog/001.jpg,dog"],
     ],
 )
 def test_a_first_image_missing_with_its_own_label_is_no_header(folder, lines):
@@ -734,3 +736,45 @@ def test_fingerprint_covers_file_identity_and_idx_files(folder, tmp_path):
     assert first.ids == second.ids and first.fingerprint() != second.fingerprint()
     assert set(second.files) == {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}
     assert second.resolved_root() == str(tmp_path.resolve())
+
+
+def test_a_device_error_while_decoding_one_image_at_a_time_is_raised(monkeypatch):
+    # Mutants _runner.py:133/134 (`if device_failed(err): raise` in the one-at-a-time loop
+    # -> pass): a device error there was swallowed and the image decoded on the CPU
+    # instead. The existing test's fake fails the batched call with the device error
+    # already, so the one-at-a-time loop was never reached with one.
+    import torchvision.io
+
+    from extract._runner import _decode_jpegs
+
+    real = torchvision.io.decode_jpeg
+
+    def decode_jpeg(data, mode=torchvision.io.ImageReadMode.UNCHANGED, device="cpu"):
+        if torch.device(device).type == "cpu":
+            return real(data, mode=mode)
+        if isinstance(data, list):  # a file nvJPEG refuses: each is then decoded alone
+            raise RuntimeError("Error while decoding JPEG images: unsupported")
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", decode_jpeg)
+    good = torch.frombuffer(bytearray(_jpeg(8, 8)), dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        _decode_jpegs([good, good], torch.device("meta"))
+
+
+def test_fashion_mnist_with_one_of_its_files_missing_says_how_to_install_them(tmp_path):
+    # Mutant _images.py:242 (`not images.is_file() or not labels.is_file()` -> `and`): only
+    # a folder missing both files was tested; one missing gave a bare FileNotFoundError.
+    write_idx(tmp_path, "t10k", np.zeros((2, 28, 28), np.uint8), np.arange(2))
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        fashion_mnist("test", tmp_path)
+
+
+def test_an_image_of_exactly_the_pixel_limit_is_read(monkeypatch):
+    # Mutant _images.py:713 (`width * height > limit` -> `>=`): the limit's edge, which
+    # PIL itself allows ("more than MAX_IMAGE_PIXELS" is refused), was never tested.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 40 * 36)
+    check_pixel_limit(40, 36)
+    with pytest.raises(Image.DecompressionBombError):
+        check_pixel_limit(41, 36)

@@ -17,6 +17,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 pytest.importorskip("timm")
@@ -30,11 +31,13 @@ from extract import (  # noqa: E402
     StoreNotFoundError,
     extract_features,
     fashion_mnist,
+    image_folder,
     load_features,
     merge_shards,
     open_source,
     shard_path,
 )
+from extract._images import load_image  # noqa: E402
 from extract._locks import store_lock  # noqa: E402
 from extract._schema import DONE, FAILED, PENDING  # noqa: E402
 from extract._store import check_output, open_store  # noqa: E402
@@ -1681,3 +1684,225 @@ def test_a_writer_on_this_host_is_named_by_its_pid_alone(tmp_path):
 
 def test_shards_are_named_as_documented():
     assert shard_path("out/features.h5", 1, 4) == Path("out/features.shard-00001-of-00004.h5")
+
+
+def test_a_batch_of_jpegs_alone_is_decoded_on_the_tensor_path(tmp_path):
+    # Mutant _runner.py:174 (`return jpegs, reasons` -> `return None`): a batch in which
+    # every readable image is a JPEG (nothing decoded by PIL in the workers) never ran.
+    rng = np.random.default_rng(0)
+    for name in ("cat", "dog"):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        for i in range(3):
+            pixels = rng.integers(0, 255, (36, 40, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "data" / name / f"{i:03d}.jpg")
+    (tmp_path / "data" / "cat" / "bad.jpg").write_bytes(b"not an image")
+    folder = tmp_path / "data"
+    pil = extract_features(folder, BACKBONE, tmp_path / "p.h5", decode="pil", **FAST)
+    tensor = extract_features(folder, BACKBONE, tmp_path / "t.h5", decode="tensor", **FAST)
+    pil, tensor = load_features(pil, in_memory=True), load_features(tensor, in_memory=True)
+    assert [p for p, _ in tensor.failures] == [p for p, _ in pil.failures] == ["cat/bad.jpg"]
+    np.testing.assert_allclose(
+        tensor.features, pil.features, atol=0.05 * np.abs(pil.features).max()
+    )
+
+
+def test_rows_with_non_finite_features_are_stored_as_zeros(tmp_path, monkeypatch):
+    # Mutant _runner.py:223 (`features[~fits] = 0` -> `= 1`): the failed row's features
+    # are documented as zeroed (as an unreadable image's are); only finiteness was checked.
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    embed = _runner._embed
+
+    def broken(backbone, x, normalize):
+        z = embed(backbone, x, normalize)
+        z[0, 3] = np.nan
+        return z
+
+    monkeypatch.setattr(_runner, "_embed", broken)
+    path = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    with h5py.File(path, "r") as f:
+        status, features = f["status"][:], f["features"][:]
+    assert (status == FAILED).sum() == 1
+    assert (features[status == FAILED] == 0).all()
+    assert (features[status != FAILED] != 0).any(axis=1).all()
+
+
+def test_a_cpu_store_holds_the_float32_forward_pass(tmp_path):
+    # Mutant _runner.py:197 (`!= "float32"` -> `== "float32"`): bfloat16 autocast on the
+    # CPU while the store records compute "float32"; features were compared at 5 % only.
+    from extract._backbones import create_backbone
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    path = extract_features(folder, BACKBONE, tmp_path / "f.h5", device="cpu", **FAST)
+    loaded = load_features(path, in_memory=True)
+    assert loaded.metadata["compute"] == "float32"
+    backbone = create_backbone(BACKBONE, image_size=32, device="cpu")
+    src = image_folder(folder)
+    x = torch.stack([backbone.transform(load_image(src, i)) for i in range(len(src))])
+    with torch.inference_mode():
+        expected = backbone.model(x).float().numpy()
+    np.testing.assert_allclose(
+        loaded.features, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max()
+    )
+
+
+def test_a_label_changed_in_a_list_is_named_as_such(tmp_path):
+    # Mutant _runner.py:354 (`for j in (0, 1)` -> `(1, 1)`): the message named an image
+    # that moved in the source instead of the label that changed.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    lines = ["cat/000.png,cat", "cat/001.jpg,cat", "dog/000.png,dog", "dog/001.jpg,dog"]
+    (folder / "list.csv").write_text("\n".join(lines) + "\n")
+    out = extract_features(folder / "list.csv", BACKBONE, tmp_path / "f.h5", **FAST)
+    lines[1] = "cat/001.jpg,dog"
+    (folder / "list.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        ProvenanceError,
+        match=r"cat/001\.jpg' is labelled 'dog' in the request but 'cat' in the store",
+    ):
+        extract_features(folder / "list.csv", BACKBONE, out, **FAST)
+
+
+def test_a_progress_bar_is_shown_unless_asked_otherwise(tmp_path, capsys):
+    # Mutants _runner.py:586 (default `progress: bool = True` -> False), :1034
+    # (`disable=not progress` -> `disable=progress`) and :1034 (`initial=` counting the
+    # pending rows instead of those done): every test passes progress=False, so the bar
+    # (its default, and where a resumed run starts it) was never looked at.
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    fast = {k: v for k, v in FAST.items() if k != "progress"}
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **fast)
+    err = capsys.readouterr().err
+    assert max(int(n) for n in re.findall(r"(\d+)/4\b", err)) == 4
+    with h5py.File(out, "r+") as f:
+        f["status"][3:] = PENDING  # the last row to extract again
+    extract_features(folder, BACKBONE, out, **fast)
+    counts = [int(n) for n in re.findall(r"(\d+)/4\b", capsys.readouterr().err)]
+    assert counts and min(counts) == 3 and max(counts) == 4  # starts at the 3 rows done
+    extract_features(folder, BACKBONE, tmp_path / "g.h5", progress=False, **fast)
+    assert "/4" not in capsys.readouterr().err
+
+
+def test_a_source_without_images_is_refused(tmp_path):
+    # Mutant _runner.py:817 (the `raise ValueError(... holds no images)` -> pass): an
+    # empty list file (a header alone) gave an empty store instead of an error.
+    (tmp_path / "list.csv").write_text("path,label\n")
+    out = tmp_path / "f.h5"
+    with pytest.raises(ValueError, match="holds no images"):
+        extract_features(tmp_path / "list.csv", BACKBONE, out, **FAST)
+    assert not out.exists()
+
+
+def test_a_complete_store_in_a_read_only_folder_says_it_is_reused(tmp_path, monkeypatch, caplog):
+    # Mutant _runner.py:862 (`_is_complete(..., log=True)` -> log=False): the reuse of a
+    # store in a read-only folder went unsaid (the writable case is tested).
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    store = extract_features(folder, BACKBONE, tmp_path / "out" / "f.h5", **FAST)
+    writable = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: writable(p, mode) and not (
+            mode & os.W_OK and os.path.samefile(p, store.parent)
+        )
+    )  # fmt: skip
+    caplog.set_level(logging.INFO, logger="extract")
+    assert extract_features(folder, BACKBONE, store, **FAST) == store
+    assert "Reused the complete feature store" in caplog.text
+
+
+def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merged_store(
+    tmp_path, monkeypatch
+):
+    # Mutants _runner.py:883 (`_seed_from_merged(...)` skipped), :938 (span end `+ 1` ->
+    # `- 1`) and :933 (versions not copied): the seeding of a new shard from the merged
+    # store ran only in test_extract_cli's torchrun tests, which are marked slow. Here
+    # torchrun's two ranks run one by one in this process, as in
+    # test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards.
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    image = folder / "dog" / "001.jpg"
+    good = image.read_bytes()
+    image.write_bytes(b"not an image")
+    out = tmp_path / "f.h5"
+    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **FAST) for r in (0, 1)]
+    merge_shards(shards, out)
+    image.write_bytes(good)
+    for shard in shards:
+        shard.unlink()
+    with h5py.File(out, "r+") as f:  # a done row marked: taken from the merged store
+        marked = f["paths"].asstr()[:].tolist().index("cat/001.jpg")
+        f["features"][marked] = 7.0
+        f.attrs["versions"] = json.dumps({"torch": "1.0"})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(_runner, "_ranks_group", contextlib.nullcontext)
+    merges = []
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair: (
+        merges.append((rank, repair)) or out))  # fmt: skip
+    real_write, written = _runner.write_rows, []
+
+    def counted(f, positions, *args, **kwargs):
+        written.append(len(positions))
+        real_write(f, positions, *args, **kwargs)
+
+    monkeypatch.setattr(_runner, "write_rows", counted)
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
+    assert written == [1]  # the repaired image alone is extracted
+    assert [rank for rank, _ in merges] == [0, 1]
+    repair = merges[0][1]
+    assert repair is not None
+    repair()  # what rank 0 does before its merge
+    merge_shards([shard_path(out, r, 2) for r in (0, 1)], out, overwrite=True)
+    merged = load_features(out, in_memory=True)
+    assert not merged.failures and merged.metadata["versions"] == {"torch": "1.0"}
+    assert (merged.features[merged.paths.index("cat/001.jpg")] == 7.0).all()
+    alone = dict(rank=0, world_size=1)  # WORLD_SIZE is still 2 here
+    single = extract_features(folder, BACKBONE, tmp_path / "one.h5", **alone, **FAST)
+    single = load_features(single, in_memory=True)
+    keep = [k for k, p in enumerate(single.paths) if p != "cat/001.jpg"]
+    np.testing.assert_allclose(merged.features[keep], single.features[keep], rtol=1e-5, atol=1e-6)
+
+
+def test_the_default_worker_count_leaves_one_cpu_to_the_main_process(tmp_path, monkeypatch):
+    # Mutant _runner.py:1015 (`(os.cpu_count() or 1) - 1` -> `- 0`): every test passes
+    # num_workers, so the documented default min(8, cpu_count - 1) was never exercised.
+    real, asked = torch.utils.data.DataLoader, []
+
+    def spy(*args, num_workers=0, **kwargs):
+        asked.append(num_workers)
+        return real(*args, num_workers=0, **kwargs)  # the rows are read here all the same
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    monkeypatch.setattr(torch.utils.data, "DataLoader", spy)
+    fast = {k: v for k, v in FAST.items() if k != "num_workers"}
+    for cpus, expected in ((3, 2), (1, 0), (32, 8)):
+        monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)
+        extract_features(folder, BACKBONE, tmp_path / f"{cpus}.h5", **fast)
+        assert asked[-1] == expected
+
+
+def test_fashion_mnist_images_are_extracted_from_memory(tmp_path):
+    # Mutant _images.py:909 (the in-memory `pixels` branch of ItemDataset.__getitem__ ->
+    # pass): every Fashion-MNIST image was then read as a file named 'test/00000' and
+    # recorded as failed; no test looked at the rows of a Fashion-MNIST store.
+    rng = np.random.default_rng(0)
+    write_idx(tmp_path, "t10k", rng.integers(0, 255, (6, 28, 28)), np.arange(6) % 10)
+    out = extract_features(f"fashion-mnist:test@{tmp_path}", BACKBONE, tmp_path / "f.h5", **FAST)
+    loaded = load_features(out, in_memory=True)
+    assert not loaded.failures and len(loaded.paths) == 6
+    assert np.abs(loaded.features).sum(axis=1).min() > 0
+    pixels = fashion_mnist("test", tmp_path).pixels
+    with h5py.File(out, "r") as f:
+        digests = [d.decode() for d in f["content_sha256"][:]]
+    assert digests == [hashlib.sha256(p.tobytes()).hexdigest() for p in pixels]
+
+
+def test_failed_images_are_counted_in_a_warning(tmp_path, caplog):
+    # Mutant _runner.py:1049 (the `if n_failed: logger.warning(...)` body -> pass): the
+    # end-of-run warning that names how many images failed was never checked.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    (folder / "cat" / "bad.jpg").write_bytes(b"not an image")
+    caplog.set_level(logging.WARNING, logger="extract")
+    extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    assert "1 image was recorded in" in caplog.text and "as failed" in caplog.text
