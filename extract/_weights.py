@@ -17,13 +17,7 @@ import torch
 from torch import nn
 
 from ._paths import why_missing
-from ._specs import (
-    _MODEL_SOURCES,
-    RANDOM,
-    BackboneError,
-    BackboneSpec,
-    WeightsUnavailableError,
-)
+from ._specs import _MODEL_SOURCES, RANDOM, BackboneError, BackboneSpec, WeightsUnavailableError
 
 # MoCo checkpoints nest the backbone under these prefixes (v2: query encoder, v3: base encoder).
 _MOCO_PREFIXES = ("module.encoder_q.", "module.base_encoder.", "encoder_q.", "base_encoder.")

@@ -11,16 +11,8 @@ from typing import NamedTuple
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import accuracy_score, balanced_accuracy_score
-from sklearn.utils._param_validation import (
-    Interval,
-    StrOptions,
-    validate_params,
-)
-from sklearn.utils.validation import (
-    _check_sample_weight,
-    check_array,
-    column_or_1d,
-)
+from sklearn.utils._param_validation import Interval, StrOptions, validate_params
+from sklearn.utils.validation import _check_sample_weight, check_array, column_or_1d
 
 from .metrics import (
     GROUP_NAMES,

@@ -18,12 +18,7 @@ from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import StratifiedShuffleSplit, check_cv
 from sklearn.pipeline import Pipeline
 from sklearn.utils import _safe_indexing, get_tags, metadata_routing
-from sklearn.utils._param_validation import (
-    HasMethods,
-    Interval,
-    RealNotInt,
-    StrOptions,
-)
+from sklearn.utils._param_validation import HasMethods, Interval, RealNotInt, StrOptions
 from sklearn.utils.metadata_routing import MetadataRouter, MethodMapping, process_routing
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets

@@ -8,15 +8,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from sklearn.model_selection import (
-    StratifiedKFold,
-    train_test_split,
-)
+from sklearn.model_selection import StratifiedKFold, train_test_split
 
-from ..front import (
-    OFFSETS_CV,
-    check_offsets_folds,
-)
+from ..front import OFFSETS_CV, check_offsets_folds
 from ._usage import UsageError, _few, _one_line
 
 _FORMATS = (".h5", ".hdf5", ".npz", ".npy")

@@ -9,21 +9,12 @@ import warnings
 import numpy as np
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.model_selection import (
-    GridSearchCV,
-    ParameterGrid,
-    StratifiedKFold,
-    train_test_split,
-)
+from sklearn.model_selection import GridSearchCV, ParameterGrid, StratifiedKFold, train_test_split
 from sklearn.pipeline import Pipeline
 
 from .._classifier import MR2LinearClassifier
 from .._cv import MR2LinearClassifierCV
-from ..front import (
-    _final,
-    collecting_short,
-    fit_collecting_short,
-)
+from ..front import _final, collecting_short, fit_collecting_short
 from ..metrics import classwise_scorers
 from ..report import classwise_report, in_percent
 from ._inputs import _check_splits, _inputs, _inputs_record

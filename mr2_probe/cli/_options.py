@@ -11,9 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from sklearn.base import clone
-from sklearn.model_selection import (
-    ParameterGrid,
-)
+from sklearn.model_selection import ParameterGrid
 from sklearn.preprocessing import Normalizer, StandardScaler
 
 from .._classifier import MR2LinearClassifier

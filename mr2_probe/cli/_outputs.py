@@ -11,9 +11,7 @@ from pathlib import Path
 
 import joblib
 
-from ..front import (
-    _final,
-)
+from ..front import _final
 from ._usage import UsageError
 
 # Every run removes those of an earlier run in the same folder before writing its own.
