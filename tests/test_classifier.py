@@ -1428,12 +1428,11 @@ def _as_kind(X, kind, tmp_path):
         yield f.create_dataset("X", data=X)
 
 
-# Mutant: _classifier.py:108 both_class_logits, the tensor branch deleted (np.hstack on a
-# tensor returns NumPy): two-class probabilities of a tensor came back as NumPy.
-# Mutant: _classifier.py:963 torch.log_softmax(z, dim=1) -> dim=0 (over the rows).
 @pytest.mark.parametrize("n_classes", [2, 3])
 @pytest.mark.parametrize("method", ["predict_proba", "predict_log_proba"])
 def test_probabilities_of_a_tensor_are_a_tensor_equal_to_numpys(method, n_classes):
+    # Probabilities of a tensor come back as a tensor (two-class ones too) equal to NumPy's,
+    # the softmax taken over each row's classes, not over the rows.
     X, y = _blobs(n_classes=n_classes, n=60)
     model = MR2LinearClassifier(device="cpu").fit(X, y)
     out = getattr(model, method)(torch.as_tensor(X))
@@ -1441,11 +1440,10 @@ def test_probabilities_of_a_tensor_are_a_tensor_equal_to_numpys(method, n_classe
     np.testing.assert_allclose(out.numpy(), getattr(model, method)(X), rtol=1e-6, atol=1e-9)
 
 
-# Mutants: _classifier.py:832, `X.shape[0] < 1` -> `< 0` and `X.shape[1] < 1` -> `< 0`:
-# a tensor or HDF5 X without rows or without features must be refused by fit, as NumPy is.
 @pytest.mark.parametrize("kind", ["tensor", "h5"])
 @pytest.mark.parametrize("shape", [(0, 3), (6, 0), (1, 3)])
 def test_training_data_without_rows_or_features_is_refused(tmp_path, kind, shape):
+    # A tensor or HDF5 X without rows or without features is refused by fit, as NumPy's is.
     X = np.zeros(shape)
     y = np.arange(shape[0]) % 2
     # One row is a valid X: it is refused for its single class, not its shape.
@@ -1456,19 +1454,18 @@ def test_training_data_without_rows_or_features_is_refused(tmp_path, kind, shape
         MR2LinearClassifier(device="cpu").fit(data, y)
 
 
-# Mutant: _classifier.py:829, the fit's `raise` for a tensor X that is not 2D -> `pass`
-# (an IndexError, or a fit on the wrong shape, instead of the documented ValueError).
 @pytest.mark.parametrize("shape", [(6,), (6, 2, 2)])
 def test_training_tensors_that_are_not_2d_are_refused(shape):
+    # A tensor X that is not 2-D is refused with the documented ValueError, not an IndexError
+    # or a fit on the wrong shape.
     X = torch.ones(shape, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"Expected a 2D X"):
         MR2LinearClassifier(device="cpu").fit(X, np.arange(6) % 2)
 
 
-# Mutant: _classifier.py:838 column_or_1d(..., warn=True) -> warn=False: a column y with a
-# tensor X is raveled silently, where the NumPy path warns (DataConversionWarning).
 @pytest.mark.parametrize("y_kind", ["numpy", "tensor"])
 def test_a_column_y_with_a_tensor_x_warns_as_with_numpy(y_kind):
+    # A column y with a tensor X is raveled with a DataConversionWarning, as with a NumPy X.
     X, y = _blobs(n_classes=2, n=40)
     y = y.reshape(-1, 1)
     y = torch.as_tensor(y) if y_kind == "tensor" else y
@@ -1477,12 +1474,10 @@ def test_a_column_y_with_a_tensor_x_warns_as_with_numpy(y_kind):
     assert model.classes_.tolist() == [0, 1]
 
 
-# Mutant: _classifier.py:881 `self.lam > 0` -> `self.lam > 1` in _warm_state: a warm start
-# with a learned projection and 0 < lam <= 1 silently started afresh (P = I).
-# Mutant: _classifier.py:876 rank = proj_a.shape[1] -> shape[0]: a low-rank projection
-# was taken for one of rank d, and its warm start silently started afresh.
 @pytest.mark.parametrize("projection_rank", [None, 2])
 def test_warm_start_keeps_a_learned_projection(projection_rank):
+    # A warm start from a learned projection (0 < lam ≤ 1 too, and a low-rank one) continues
+    # from it, instead of silently starting afresh at P = I.
     X, y = _blobs(n_classes=3, n=90)
     model = MR2LinearClassifier(
         lam=0.5,
@@ -1503,10 +1498,9 @@ def test_warm_start_keeps_a_learned_projection(projection_rank):
     np.testing.assert_allclose(model.coef_, coef, rtol=1e-6, atol=1e-9)
 
 
-# Mutant: _classifier.py:573 _check_sample_weight(..., ensure_non_negative=True) -> False:
-# negative sample weights were accepted (a loss that rewards misclassifying those rows).
 @pytest.mark.parametrize("kind", ["numpy", "tensor"])
 def test_negative_sample_weights_are_refused(kind):
+    # Negative sample weights are refused: they would reward misclassifying their rows.
     X, y = _blobs(n_classes=2, n=40)
     weight = np.ones(40)
     weight[3] = -0.5
@@ -1516,11 +1510,11 @@ def test_negative_sample_weights_are_refused(kind):
         )
 
 
-# Mutant: _classifier.py:840, the tensor/HDF5 path's `raise` for len(y) != n_samples ->
-# `pass`. (The NumPy path is covered by test_bad_training_input.)
 @pytest.mark.parametrize("kind", ["tensor", "h5"])
 @pytest.mark.parametrize("n_labels", [39, 41])
 def test_labels_of_another_length_than_a_tensor_x_are_refused(tmp_path, kind, n_labels):
+    # Labels of another length than a tensor or HDF5 X are refused, as with a NumPy X
+    # (test_bad_training_input).
     X, y = _blobs(n_classes=2, n=41)
     X, y = X[:40], y[:n_labels]
     message = f"X has 40 samples but y has {n_labels}"
@@ -1528,10 +1522,10 @@ def test_labels_of_another_length_than_a_tensor_x_are_refused(tmp_path, kind, n_
         MR2LinearClassifier(device="cpu").fit(data, y)
 
 
-# Mutant: _classifier.py:967 `z = z.astype(np.float64)` deleted in _probabilities: a
-# float32 model's softmax underflowed to 0 for large logit gaps (a cosine head's scale),
-# so that log(predict_proba) was -inf where predict_log_proba was finite.
 def test_probabilities_of_a_float32_model_are_computed_in_float64():
+    # A float32 model's probabilities are computed in float64: with large logit gaps (a cosine
+    # head's scale) a float32 softmax underflows to 0, and log(predict_proba) would be -inf
+    # where predict_log_proba is finite.
     X, y = _blobs(n_classes=3, n=90)
     model = MR2LinearClassifier(head="cosine", scale=200.0, max_iter=20, device="cpu")
     with warnings.catch_warnings():
@@ -1544,10 +1538,9 @@ def test_probabilities_of_a_float32_model_are_computed_in_float64():
     np.testing.assert_allclose(np.log(proba), log_proba, rtol=1e-6)
 
 
-# Mutant: _classifier.py:936 `return np.concatenate(parts) ...` deleted in _logits: the
-# blocks were checked, then the whole HDF5 dataset was handed to decision_values (read a
-# second time, and whole). Only a slow fit test streamed an HDF5 store, and not predict.
 def test_predictions_on_an_hdf5_dataset_are_computed_block_by_block(tmp_path, monkeypatch):
+    # Predictions on an HDF5 dataset are computed block by block, each block handed to
+    # decision_values as NumPy: the dataset is read once, and never whole.
     h5py = pytest.importorskip("h5py")
     from mr2_probe import _classifier
 
@@ -1570,10 +1563,9 @@ def test_predictions_on_an_hdf5_dataset_are_computed_block_by_block(tmp_path, mo
     assert all(t is np.ndarray for t, _ in seen)
 
 
-# Mutant: _classifier.py:832 `X.shape[1] < 1` -> `X.shape[1] <= 1`: a tensor (or HDF5)
-# X of one feature was refused; no test fitted one (the NumPy path is validate_data's).
 @pytest.mark.parametrize("kind", ["tensor", "h5"])
 def test_one_feature_tensors_and_datasets_fit_as_numpy_does(tmp_path, kind):
+    # A tensor or HDF5 X of a single feature is valid: it fits as the NumPy array does.
     rng = np.random.default_rng(0)
     X = np.r_[rng.normal(-2, 1, (20, 1)), rng.normal(2, 1, (20, 1))]
     y = np.repeat([0, 1], 20)
@@ -1584,11 +1576,10 @@ def test_one_feature_tensors_and_datasets_fit_as_numpy_does(tmp_path, kind):
     np.testing.assert_allclose(model.coef_, expected.coef_, rtol=1e-6, atol=1e-9)
 
 
-# Mutants: _classifier.py:981 `z[:, 0] > 0` -> `>= 0` (tensor path) and :983 `> 0` -> `> 1`
-# (NumPy path) in predict: two-class predictions must be decision_function > 0, a tie at 0
-# going to classes_[0], the same on every input path.
 @pytest.mark.parametrize("kind", ["numpy", "tensor"])
 def test_two_class_predict_is_the_sign_of_the_decision_function(kind):
+    # Two-class predictions are decision_function > 0, a tie at 0 going to classes_[0], on the
+    # NumPy and the tensor path alike.
     X, y = _blobs(n_classes=2, n=60)
     model = MR2LinearClassifier(C=1e-3, fit_intercept=False, device="cpu").fit(X, y)
     X = np.r_[X, np.zeros((1, 6))]  # decision value exactly 0: a tie
@@ -1598,10 +1589,9 @@ def test_two_class_predict_is_the_sign_of_the_decision_function(kind):
     np.testing.assert_array_equal(model.predict(data), model.classes_[(z > 0).astype(int)])
 
 
-# Mutant: _classifier.py:939 `head_ or _head_state["head"]` -> `and`: a model pickled
-# before head_ existed predicted with the *parameter* head (changed by set_params after
-# fit) instead of the head it was trained with.
 def test_a_model_without_head_attr_predicts_with_the_head_it_was_trained_with():
+    # A model pickled before head_ existed predicts with the head it was trained with, not the
+    # head parameter as set_params changed it after the fit.
     X, y = _blobs(n_classes=3, n=60)
     model = MR2LinearClassifier(head="cosine", device="cpu").fit(X, y)
     expected = model.decision_function(X)
@@ -1610,9 +1600,9 @@ def test_a_model_without_head_attr_predicts_with_the_head_it_was_trained_with():
     np.testing.assert_allclose(model.decision_function(X), expected, rtol=1e-12)
 
 
-# Mutant: _classifier.py:881 `self.lam > 0` -> `self.lam >= 0` in _warm_state: a warm
-# start from a fit with a projection back to lam=0 must start afresh (documented).
 def test_warm_start_from_a_projection_back_to_lam_zero_starts_afresh():
+    # A warm start from a fit with a projection back to lam=0 starts afresh, as documented: no
+    # projection, and zero weights and intercept.
     X, y = _blobs(n_classes=3, n=90)
     model = MR2LinearClassifier(
         lam=0.5, max_iter=3, learning_rate=1e-2, warm_start=True, random_state=0, device="cpu"
@@ -1627,10 +1617,9 @@ def test_warm_start_from_a_projection_back_to_lam_zero_starts_afresh():
     np.testing.assert_array_equal(model.intercept_, 0.0)
 
 
-# Mutant: _classifier.py:129 `block = np.asarray(block, dtype=dtype)` deleted in
-# _finite_block: predictions on a long-double HDF5 store came back as float128 instead of
-# the float64 the NumPy path (and the fit) compute in.
 def test_predictions_on_a_long_double_hdf5_store_are_float64(tmp_path):
+    # Predictions on a long-double HDF5 store are float64, as on NumPy and in the fit, not
+    # float128.
     h5py = pytest.importorskip("h5py")
     X, y = _blobs(n_classes=3, n=60)
     model = MR2LinearClassifier(device="cpu").fit(X, y)
@@ -1641,21 +1630,19 @@ def test_predictions_on_a_long_double_hdf5_store_are_float64(tmp_path):
         np.testing.assert_array_equal(z, model.decision_function(X))
 
 
-# Mutant: _classifier.py:598 the `raise` for sample weights summing to 0 -> `pass`.
-# (All-zero sample_weight is refused by scikit-learn's _check_sample_weight already; class
-# weights of 0 are what reach this guard.)
 @pytest.mark.parametrize("kind", ["numpy", "tensor"])
 def test_class_weights_that_zero_every_sample_are_refused(kind):
+    # Class weights that zero every sample are refused (an all-zero sample_weight is refused
+    # already by scikit-learn's check).
     X, y = _blobs(n_classes=2, n=40)
     X = torch.as_tensor(X) if kind == "tensor" else X
     with pytest.raises(ValueError, match="sum of sample weights must be positive"):
         MR2LinearClassifier(class_weight={0: 0.0, 1: 0.0}, device="cpu").fit(X, y)
 
 
-# Mutants: _classifier.py:482 default warm_start=False -> True and :484 verbose=0 -> 1
-# (both ran the quick suite past the 300 s limit without a failure): the defaults are
-# documented (class docstring) and the README's numbers rest on them; nothing pins them.
 def test_default_parameters_are_the_documented_ones():
+    # The defaults are the documented ones (the class docstring); the README's numbers rest on
+    # them, so a changed default is seen here.
     assert MR2LinearClassifier().get_params() == dict(
         c_bar=1.0,
         lam=0.0,

@@ -9,21 +9,21 @@ from mr2_probe import MR2LinearClassifier
 from .test_classifier import _blobs
 
 
-# Mutant: _data.py:104 block_rows `2**23` -> `3**23` (blocks of ~9e10 elements: an HDF5
-# store would be read whole, and logits allocated for all its rows at once).
 @pytest.mark.parametrize(
     "n_features, n_classes, expected",
     [(64, 10, 2**17), (1, 2, 2**22), (2**13, 3, 1024), (2**20, 3, 256)],
 )
 def test_block_rows_keeps_a_block_near_8m_elements(n_features, n_classes, expected):
+    # A block holds about 2²³ elements (at least 256 rows): much larger blocks would read an
+    # HDF5 store whole and allocate logits for all its rows at once.
     from mr2_probe._data import block_rows
 
     assert block_rows(n_features, n_classes) == expected
 
 
-# Mutant: _data.py:250 FitData.rows' `raise TypeError` -> `pass` (an AttributeError from
-# deep inside instead of the guard that says to use row_blocks()).
 def test_fit_data_rows_refuses_an_hdf5_store(tmp_path):
+    # FitData.rows refuses an HDF5 store with a TypeError that points to row_blocks(), not an
+    # AttributeError from deep inside; row_blocks reads the rows asked for, in sorted order.
     h5py = pytest.importorskip("h5py")
     X, y = _blobs(n=40)
     with h5py.File(tmp_path / "X.h5", "w") as f:
@@ -35,10 +35,10 @@ def test_fit_data_rows_refuses_an_hdf5_store(tmp_path):
         np.testing.assert_allclose(block.numpy(), X[[1, 5, 30]].astype(np.float64))
 
 
-# Mutant: _data.py:186 H5Source.batches `range(0, stop - start, ...)` -> `stop + start`:
-# every block after the first yielded empty minibatches (steps on no rows).
 @pytest.mark.parametrize("batch_size", [7, 64])
 def test_hdf5_minibatches_are_non_empty_and_hold_every_row_once(tmp_path, batch_size):
+    # An HDF5 source's minibatches hold every row once and are never empty (a step on no
+    # rows), in every block and not only the first.
     h5py = pytest.importorskip("h5py")
     from mr2_probe._data import H5Source
 

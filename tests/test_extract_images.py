@@ -739,10 +739,8 @@ def test_fingerprint_covers_file_identity_and_idx_files(folder, tmp_path):
 
 
 def test_a_device_error_while_decoding_one_image_at_a_time_is_raised(monkeypatch):
-    # Mutants _runner.py:133/134 (`if device_failed(err): raise` in the one-at-a-time loop
-    # -> pass): a device error there was swallowed and the image decoded on the CPU
-    # instead. The existing test's fake fails the batched call with the device error
-    # already, so the one-at-a-time loop was never reached with one.
+    # A device error while decoding images one at a time (after nvJPEG refused the batch) is
+    # raised, not swallowed with the image decoded on the CPU instead.
     import torchvision.io
 
     from extract._runner import _decode_jpegs
@@ -763,8 +761,8 @@ def test_a_device_error_while_decoding_one_image_at_a_time_is_raised(monkeypatch
 
 
 def test_fashion_mnist_with_one_of_its_files_missing_says_how_to_install_them(tmp_path):
-    # Mutant _images.py:242 (`not images.is_file() or not labels.is_file()` -> `and`): only
-    # a folder missing both files was tested; one missing gave a bare FileNotFoundError.
+    # A Fashion-MNIST folder missing one of its two files says how to install them, as one
+    # missing both does, instead of a bare FileNotFoundError.
     write_idx(tmp_path, "t10k", np.zeros((2, 28, 28), np.uint8), np.arange(2))
     (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
@@ -772,8 +770,8 @@ def test_fashion_mnist_with_one_of_its_files_missing_says_how_to_install_them(tm
 
 
 def test_an_image_of_exactly_the_pixel_limit_is_read(monkeypatch):
-    # Mutant _images.py:713 (`width * height > limit` -> `>=`): the limit's edge, which
-    # PIL itself allows ("more than MAX_IMAGE_PIXELS" is refused), was never tested.
+    # An image of exactly MAX_IMAGE_PIXELS is read, as PIL itself allows (it refuses "more
+    # than" the limit); one column more is refused.
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 40 * 36)
     check_pixel_limit(40, 36)
     with pytest.raises(Image.DecompressionBombError):

@@ -1687,8 +1687,8 @@ def test_shards_are_named_as_documented():
 
 
 def test_a_batch_of_jpegs_alone_is_decoded_on_the_tensor_path(tmp_path):
-    # Mutant _runner.py:174 (`return jpegs, reasons` -> `return None`): a batch in which
-    # every readable image is a JPEG (nothing decoded by PIL in the workers) never ran.
+    # A batch whose readable images are all JPEGs (none decoded by PIL in the workers) is
+    # decoded on the tensor path, as PIL decodes it; the unreadable image is recorded as failed.
     rng = np.random.default_rng(0)
     for name in ("cat", "dog"):
         (tmp_path / "data" / name).mkdir(parents=True)
@@ -1707,8 +1707,8 @@ def test_a_batch_of_jpegs_alone_is_decoded_on_the_tensor_path(tmp_path):
 
 
 def test_rows_with_non_finite_features_are_stored_as_zeros(tmp_path, monkeypatch):
-    # Mutant _runner.py:223 (`features[~fits] = 0` -> `= 1`): the failed row's features
-    # are documented as zeroed (as an unreadable image's are); only finiteness was checked.
+    # A row whose features are not finite is recorded as failed and its features stored as
+    # zeros, as documented (as an unreadable image's are).
     from extract import _runner
 
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
@@ -1729,8 +1729,8 @@ def test_rows_with_non_finite_features_are_stored_as_zeros(tmp_path, monkeypatch
 
 
 def test_a_cpu_store_holds_the_float32_forward_pass(tmp_path):
-    # Mutant _runner.py:197 (`!= "float32"` -> `== "float32"`): bfloat16 autocast on the
-    # CPU while the store records compute "float32"; features were compared at 5 % only.
+    # A CPU run computes in float32, as the store's "compute" records, not in bfloat16
+    # autocast: its features are the model's own forward pass, to float32 rounding.
     from extract._backbones import create_backbone
 
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
@@ -1748,8 +1748,8 @@ def test_a_cpu_store_holds_the_float32_forward_pass(tmp_path):
 
 
 def test_a_label_changed_in_a_list_is_named_as_such(tmp_path):
-    # Mutant _runner.py:354 (`for j in (0, 1)` -> `(1, 1)`): the message named an image
-    # that moved in the source instead of the label that changed.
+    # A label changed in a list file is named as such (the image, and its label in the request
+    # and in the store), not as an image that moved in the source.
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     lines = ["cat/000.png,cat", "cat/001.jpg,cat", "dog/000.png,dog", "dog/001.jpg,dog"]
     (folder / "list.csv").write_text("\n".join(lines) + "\n")
@@ -1764,11 +1764,8 @@ def test_a_label_changed_in_a_list_is_named_as_such(tmp_path):
 
 
 def test_a_progress_bar_is_shown_unless_asked_otherwise(tmp_path, capsys):
-    # Mutants _runner.py:586 (default `progress: bool = True` -> False), :1034
-    # (`disable=not progress` -> `disable=progress`) and :1034 (`initial=` counting the
-    # pending rows instead of those done): every test passes progress=False, so the bar
-    # (its default, and where a resumed run starts it) was never looked at.
-
+    # A progress bar is shown by default and hidden by progress=False; a resumed run starts it
+    # at the rows already done.
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     fast = {k: v for k, v in FAST.items() if k != "progress"}
     out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **fast)
@@ -1784,8 +1781,8 @@ def test_a_progress_bar_is_shown_unless_asked_otherwise(tmp_path, capsys):
 
 
 def test_a_source_without_images_is_refused(tmp_path):
-    # Mutant _runner.py:817 (the `raise ValueError(... holds no images)` -> pass): an
-    # empty list file (a header alone) gave an empty store instead of an error.
+    # A source without images (a list file with its header alone) is refused, and no empty
+    # store is left behind.
     (tmp_path / "list.csv").write_text("path,label\n")
     out = tmp_path / "f.h5"
     with pytest.raises(ValueError, match="holds no images"):
@@ -1794,8 +1791,7 @@ def test_a_source_without_images_is_refused(tmp_path):
 
 
 def test_a_complete_store_in_a_read_only_folder_says_it_is_reused(tmp_path, monkeypatch, caplog):
-    # Mutant _runner.py:862 (`_is_complete(..., log=True)` -> log=False): the reuse of a
-    # store in a read-only folder went unsaid (the writable case is tested).
+    # The reuse of a complete store is logged in a read-only folder too, as in a writable one.
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     store = extract_features(folder, BACKBONE, tmp_path / "out" / "f.h5", **FAST)
     writable = os.access
@@ -1812,11 +1808,9 @@ def test_a_complete_store_in_a_read_only_folder_says_it_is_reused(tmp_path, monk
 def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merged_store(
     tmp_path, monkeypatch
 ):
-    # Mutants _runner.py:883 (`_seed_from_merged(...)` skipped), :938 (span end `+ 1` ->
-    # `- 1`) and :933 (versions not copied): the seeding of a new shard from the merged
-    # store ran only in test_extract_cli's torchrun tests, which are marked slow. Here
-    # torchrun's two ranks run one by one in this process, as in
-    # test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards.
+    # A torchrun retry after its shards were deleted seeds each new shard from the merged store
+    # (every one of its rows, and the recorded versions) and extracts the repaired image alone.
+    # torchrun's two ranks run here one by one, in this process.
     from extract import _runner
 
     folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
@@ -1865,8 +1859,8 @@ def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merg
 
 
 def test_the_default_worker_count_leaves_one_cpu_to_the_main_process(tmp_path, monkeypatch):
-    # Mutant _runner.py:1015 (`(os.cpu_count() or 1) - 1` -> `- 0`): every test passes
-    # num_workers, so the documented default min(8, cpu_count - 1) was never exercised.
+    # By default the loader has min(8, cpu_count - 1) workers, as documented: one CPU is left
+    # to the main process.
     real, asked = torch.utils.data.DataLoader, []
 
     def spy(*args, num_workers=0, **kwargs):
@@ -1883,9 +1877,8 @@ def test_the_default_worker_count_leaves_one_cpu_to_the_main_process(tmp_path, m
 
 
 def test_fashion_mnist_images_are_extracted_from_memory(tmp_path):
-    # Mutant _images.py:909 (the in-memory `pixels` branch of ItemDataset.__getitem__ ->
-    # pass): every Fashion-MNIST image was then read as a file named 'test/00000' and
-    # recorded as failed; no test looked at the rows of a Fashion-MNIST store.
+    # Fashion-MNIST images are extracted from the pixels held in memory, not read as files
+    # (there is no file 'test/00000'); the store's digests are those of the pixels.
     rng = np.random.default_rng(0)
     write_idx(tmp_path, "t10k", rng.integers(0, 255, (6, 28, 28)), np.arange(6) % 10)
     out = extract_features(f"fashion-mnist:test@{tmp_path}", BACKBONE, tmp_path / "f.h5", **FAST)
@@ -1899,8 +1892,7 @@ def test_fashion_mnist_images_are_extracted_from_memory(tmp_path):
 
 
 def test_failed_images_are_counted_in_a_warning(tmp_path, caplog):
-    # Mutant _runner.py:1049 (the `if n_failed: logger.warning(...)` body -> pass): the
-    # end-of-run warning that names how many images failed was never checked.
+    # A run with failed images ends with a warning that says how many were recorded as failed.
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     (folder / "cat" / "bad.jpg").write_bytes(b"not an image")
     caplog.set_level(logging.WARNING, logger="extract")
