@@ -641,10 +641,17 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if isinstance(data.source, H5Source):
             data.source.check_finite(type(self).__name__)
         stats, margins = initial[0], initial[1]
-        if not bool(all(torch.isfinite(t).all() for t in (*stats, margins))):
+        if not bool(all(torch.isfinite(t).all() for t in stats)):
             suspects = _weight_suspects(data.weight_sum, data.dtype)
             what = "the class statistics (‖x‖²) overflow"
             raise ValueError(_overflow_message(what, data.dtype, suspects))
+        if not bool(torch.isfinite(margins).all()):
+            # Finite statistics: the margins (c̄·K times each class's share) overflow by
+            # c_bar, or by a class mean whose squared norm alone leaves the range.
+            suspects = []
+            if self.c_bar is not None and self.c_bar > 1 / _EXTREME:
+                suspects = [f"c_bar={self.c_bar:g} (the margins average to it)"]
+            raise ValueError(_overflow_message("the margins overflow", data.dtype, suspects))
         return initial
 
     def _solve(self, head, data, solver, C, *, initial=None, init_cosine=True, verbose=None):

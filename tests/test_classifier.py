@@ -729,6 +729,9 @@ def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
         ({}, 1e37, np.float32, "with sample weights summing to 6e[+]38"),
         ({}, 1e39, np.float32, "sample_weight holds values up to 1e[+]39, beyond the range"),
         ({"head": "cosine", "scale": 1e30}, 1.0, np.float32, "with scale=1e[+]30"),
+        # The margins (c̄·K times each class's share) overflow: the statistics were blamed.
+        ({"c_bar": 2e38}, 1.0, np.float32, "margins overflow in float32 arithmetic, with c_bar="),
+        ({"c_bar": 1e308}, 1.0, np.float64, "margins overflow in float64 arithmetic, with c_bar="),
     ],
 )
 def test_an_extreme_parameter_is_named_not_blamed_on_the_features(params, weight, dtype, named):
