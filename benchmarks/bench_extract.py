@@ -30,8 +30,9 @@ import torch
 from torchvision.datasets import ImageFolder
 
 from extract import create_backbone, extract_features
-from extract._runner import compute_precision, resolve_device
+from extract._batches import compute_precision
 from extract._testing import make_image_folder, write_parquet, write_webdataset
+from mr2_probe._device import resolve_device
 
 SOURCES = ("folder", "webdataset", "parquet")
 

@@ -1,59 +1,46 @@
-"""The extraction loop: source -> DataLoader -> backbone -> HDF5 store, resumable and sharded."""
+"""The extraction loop: source -> DataLoader -> backbone -> HDF5 store, resumable and sharded.
+
+A batch's way through the backbone is in ``_batches``; an existing store compared with the
+request, and opened to resume or created anew, in ``_resume``.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import itertools
-import json
 import logging
 import os
-import warnings
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
-from importlib import metadata
+from datetime import timedelta
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torchvision.transforms.v2 import functional as TF
 from tqdm.auto import tqdm
 
 from mr2_probe._device import resolve_device
 
-from ._backbones import create_backbone, device_failed
-from ._images import (
-    MAX_ASPECT,
-    NOT_A_FILE,
-    ImageSource,
-    ItemDataset,
-    aspect_window,
-    check_pixel_limit,
-    collate_items,
-    failure_reason,
-    jpeg_size,
-    open_source,
-)
+from ._backbones import create_backbone
+from ._batches import _assemble, _embed, _refuse_non_finite
+from ._images import MAX_ASPECT, ImageSource, ItemDataset, collate_items, open_source
 from ._locks import store_lock
-from ._merge import check_merging, merge_shards, shard_path, shards_beside
-from ._schema import (
-    DONE,
-    FAILED,
-    FORMAT_VERSION,
-    PENDING,
-    PROVENANCE_DEFAULTS,
-    PROVENANCE_KEYS,
-    REPLACES,
-    StoreError,
-    read_attrs,
+from ._merge import check_merging, merge_shards, shard_path
+from ._resume import (
+    _adopt_repaired_failures,
+    _identity,
+    _open_or_create,
+    _provenance,
+    _rebuilding,
+    _repaired_failures,
+    _source_explained,
+    _warn_of_other_versions,
 )
-from ._specs import Backbone, BackboneSpec
+from ._schema import DONE, FAILED, PENDING, StoreError, read_attrs
+from ._specs import BackboneSpec
 from ._store import (
     check_output,
     check_provenance,
-    create_store,
     make_output_folder,
     open_store,
     output_target,
@@ -61,491 +48,12 @@ from ._store import (
 )
 
 logger = logging.getLogger(__name__)
+
+
 _DTYPES = ("float16", "float32")
-# Set while --retry-failed takes repaired failures into a store (_adopt_repaired_failures).
-_ADOPTING = "adopting_source_fingerprint"
-# What a request sets beside its images (the images' own identities left out).
-_SETTINGS = [k for k in PROVENANCE_KEYS if k != "source_fingerprint"]
+
+
 _DECODES = ("auto", "pil", "tensor")
-_VERSIONED = ("torch", "torchvision", "timm", "open_clip_torch", "h5py", "numpy", "pillow")
-
-
-def library_versions() -> dict[str, str]:
-    """Installed versions of the libraries that shape the features."""
-    versions = {}
-    for name in _VERSIONED:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    return versions
-
-
-def _tensor_batch(images: list[torch.Tensor], pre: dict, device: torch.device) -> torch.Tensor:
-    """The backbone's resize / centre-crop / normalise applied to decoded uint8 tensors."""
-    interpolation = TF.InterpolationMode(pre["interpolation"])
-    out = []
-    for img in images:
-        window = aspect_window(img.shape[2], img.shape[1])  # (width, height)
-        if window != (img.shape[2], img.shape[1]):
-            img = TF.center_crop(img, [window[1], window[0]])
-        resized = TF.resize(img, pre["resize"], interpolation, antialias=True)
-        out.append(TF.center_crop(resized, pre["crop"]))
-    x = torch.stack(out).to(device, torch.float32).div_(255)  # (B, 3, H, W)
-    return TF.normalize(x, pre["mean"], pre["std"])
-
-
-def _decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | str]:
-    """Decode JPEG bytes on ``device``; a bad file yields its failure reason, not an error.
-
-    Each file's frame header is checked against ``PIL.Image.MAX_IMAGE_PIXELS`` first: a
-    header claiming a huge image would otherwise make the decoder allocate it.
-    """
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    decoded: list[torch.Tensor | str | None] = [None] * len(data)
-    for k, item in enumerate(data):
-        try:
-            check_pixel_limit(*jpeg_size(item.numpy()))
-        except Exception as err:
-            decoded[k] = failure_reason(err)
-    todo = [k for k, d in enumerate(decoded) if d is None]
-    if not todo:
-        return decoded
-    with warnings.catch_warnings():
-        # torchvision >= 0.29 flags its decoders as deprecated in favour of torchcodec; they
-        # remain the GPU (nvJPEG) JPEG path here.
-        warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
-        try:  # one batched call: nvJPEG decodes the whole batch at once on the GPU
-            images = decode_jpeg([data[k] for k in todo], mode=ImageReadMode.RGB, device=device)
-            for k, image in zip(todo, images, strict=True):
-                decoded[k] = image
-            return decoded
-        except RuntimeError as err:
-            if device_failed(err) and "out of memory" not in str(err):  # one at a time then
-                raise
-        for k in todo:  # isolate the unreadable files
-            try:
-                decoded[k] = decode_jpeg(data[k], mode=ImageReadMode.RGB, device=device)
-            except RuntimeError as err:
-                if "out of memory" in str(err):  # the device's, not the file's: fail loudly
-                    raise torch.OutOfMemoryError(str(err)) from err
-                if device_failed(err):
-                    raise
-                # nvJPEG refuses valid files that libjpeg-turbo reads (CMYK, arithmetic
-                # coding, some chroma subsamplings): a failure only if the CPU fails too.
-                on_cpu = device.type == "cpu"
-                decoded[k] = failure_reason(err) if on_cpu else _decode_on_cpu(data[k], device)
-    return decoded
-
-
-def _decode_on_cpu(data: torch.Tensor, device: torch.device) -> torch.Tensor | str:
-    """A JPEG decoded on the CPU and moved to ``device``, or its failure reason."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    try:
-        image = decode_jpeg(data, mode=ImageReadMode.RGB)
-    except RuntimeError as err:
-        return failure_reason(err)
-    return image.to(device)  # a failure here is the device's: raised, not recorded
-
-
-def _assemble(
-    decoded: torch.Tensor | None, raw: list, reasons: list[str | None], pre: dict, device
-) -> tuple[torch.Tensor | None, list[str | None]]:
-    """A batch's images on ``device``: those decoded by the loader (already stacked, and
-    pinned for a GPU) and its raw JPEGs decoded here, in the batch's order; returns
-    ``(x, reasons)``, a JPEG that fails to decode marked in ``reasons``."""
-    reasons = list(reasons)
-    ready = None if decoded is None else decoded.to(device, non_blocking=True)
-    todo = [k for k, t in enumerate(raw) if t is not None]
-    images = {}
-    for k, img in zip(
-        todo, _decode_jpegs([raw[k] for k in todo], device) if todo else [], strict=True
-    ):
-        if isinstance(img, str):
-            reasons[k] = img
-        else:
-            images[k] = img
-    if not images:
-        return ready, reasons
-    jpegs = _tensor_batch(list(images.values()), pre, device)
-    if ready is None:
-        return jpegs, reasons
-    is_jpeg = [k in images for k, r in enumerate(reasons) if r is None]
-    x = torch.empty((len(is_jpeg), *jpegs.shape[1:]), dtype=jpegs.dtype, device=device)
-    x[[i for i, j in enumerate(is_jpeg) if not j]] = ready
-    x[[i for i, j in enumerate(is_jpeg) if j]] = jpegs
-    return x, reasons
-
-
-@functools.cache  # asked once per batch; the answer is the device's
-def compute_precision(device: torch.device) -> str:
-    """How the backbone computes on ``device`` (recorded in the store's provenance, so that
-    a run is never resumed in another precision): bfloat16 autocast on a GPU that computes
-    in bfloat16 natively (Ampere and later; older ones only emulate it, slower than
-    float32), else float32."""
-    if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
-        return "bfloat16 autocast"
-    return "float32"
-
-
-def _embed(backbone: Backbone, x: torch.Tensor, normalize: bool) -> np.ndarray:
-    device = x.device
-    if backbone.channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    autocast = compute_precision(device) != "float32"
-    with (
-        torch.inference_mode(),
-        torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast),
-    ):
-        z = backbone.model(x).float()  # (B, d)
-        if normalize:
-            z = F.normalize(z, dim=-1)
-    return z.cpu().numpy()
-
-
-def _refuse_non_finite(features: np.ndarray, reasons: list, dtype: np.dtype) -> None:
-    """Mark as failed (in ``reasons``, and zeroed) the rows whose features are not finite,
-    from the backbone or once stored in ``dtype`` (float16 ends at 65504): a NaN or an
-    infinity stored as done would reach every probe trained on the store."""
-    finite = np.isfinite(features).all(1)
-    with np.errstate(over="ignore", invalid="ignore"):
-        fits = np.isfinite(features.astype(dtype)).all(1)
-    for k in np.flatnonzero(~fits):
-        if reasons[k] is None:
-            reasons[k] = (
-                "the backbone gave non-finite features (NaN or inf)"
-                if not finite[k]
-                else f"features beyond the range of the store's {np.dtype(dtype).name} "
-                "(--dtype float32 keeps them)"
-            )
-    features[~fits] = 0
-
-
-def _provenance(
-    backbone: Backbone,
-    source: ImageSource,
-    fingerprint: str,
-    dtype: str,
-    normalize: bool,
-    decode: str,
-    shard: dict,
-    device: torch.device,
-) -> dict:
-    provenance = dict(
-        format_version=FORMAT_VERSION,
-        backbone=f"{backbone.spec.family}:{backbone.spec.model}",
-        weights=backbone.weights_id,
-        preprocessing=backbone.preprocess | {"decode": decode},
-        compute=compute_precision(device),
-        dtype=dtype,
-        normalize=bool(normalize),
-        source_root=source.resolved_root(),
-        source_fingerprint=fingerprint,  # source.fingerprint(), computed once per run
-        **shard,
-    )
-    if source.options:  # what is read from the containers (absent for other sources)
-        provenance["source_options"] = source.options
-    return json.loads(json.dumps(provenance))  # the form it takes after a trip through the file
-
-
-def _when(mtime_ns: int) -> str:
-    return datetime.fromtimestamp(mtime_ns / 1e9).isoformat(sep=" ", timespec="microseconds")
-
-
-def _file_difference(path: str, old: tuple[int, int], new: tuple[int, int]) -> str:
-    (old_size, old_mtime), (new_size, new_mtime) = old, new
-    if old_size == NOT_A_FILE:
-        change = "it was missing when the store was made"
-    elif new_size == NOT_A_FILE:
-        change = "it is missing now"
-    elif old_size != new_size:
-        change = f"{new_size} bytes now, {old_size} when the store was made"
-    else:
-        change = f"modified {_when(new_mtime)}, {_when(old_mtime)} when the store was made"
-    return f"{path!r} is not the file the store was made from ({change})"
-
-
-def _file_list_difference(stored: dict, src: ImageSource) -> str | None:
-    """Name the first container (or IDX) file that differs between a store and the request."""
-    old, new = list(stored), list(src.files)
-    for k in range(max(len(old), len(new))):
-        if k >= len(new):
-            return (
-                f"the store was made from {len(old)} files, the request reads {len(new)}: "
-                f"{os.path.join(src.root, old[k])!r} is not in the request"
-            )
-        if k >= len(old):
-            return (
-                f"the store was made from {len(old)} files, the request reads {len(new)}: "
-                f"{os.path.join(src.root, new[k])!r} is new"
-            )
-        if old[k] != new[k]:
-            return (
-                f"file {k + 1} of the source is {old[k]!r} in the store, {new[k]!r} in the request"
-            )
-    return None
-
-
-def _source_difference(
-    f, src: ImageSource, rows: np.ndarray, retry_failed: bool = False
-) -> str | None:
-    """Name the first file or image that differs between a store and the request.
-
-    In order: the list of files holding many items (IDX files, shards), the class names,
-    each row's id, label and file identity, then the content identity of those files.
-    With ``retry_failed``, a failed row whose file alone has changed is no difference (the
-    retry takes it): the one named is what stops the retry.
-    """
-    stored_files = read_attrs(f).get("source_files") or {}
-    listed = _file_list_difference(stored_files, src)
-    if listed:
-        return listed
-    stored_names = list(f["class_names"].asstr()[:])
-    if stored_names != list(src.class_names):
-        return f"the classes are {stored_names} in the store, {list(src.class_names)} now"
-    row = _row_difference(f, src, rows, stored_names, retry_failed) if "file_size" in f else None
-    if row:
-        return row
-    for name, identity in src.files.items():
-        if stored_files[name] != identity:
-            return f"{os.path.join(src.root, name)!r} is not the file the store was made from"
-    return None
-
-
-def _row_difference(
-    f, src: ImageSource, rows: np.ndarray, stored_names: list[str], retry_failed: bool = False
-) -> str | None:
-    stored_ids = f["paths"].asstr()[:]
-    n = min(len(stored_ids), len(rows))
-    head = rows[:n]
-    sizes, mtimes = src.file_stats()
-    ids = np.array([src.ids[i] for i in head], dtype=object)
-    pairs = {
-        "id": (stored_ids[:n], ids),
-        "label": (f["labels"][:n], src.labels[head]),
-        "size": (f["file_size"][:n], sizes[head]),
-        "mtime": (f["file_mtime_ns"][:n], mtimes[head]),
-        "index": (f["indices"][:n], src.source_index[head]),
-    }
-    differs = {key: np.asarray(old != new, dtype=bool) for key, (old, new) in pairs.items()}
-    file_only = (differs["size"] | differs["mtime"]) & ~(
-        differs["id"] | differs["label"] | differs["index"]
-    )
-    differs = np.logical_or.reduce(list(differs.values()))
-    if retry_failed:  # a failed image replaced since: the retry extracts it again
-        differs &= ~(file_only & (f["status"][:n] == FAILED))
-    if not differs.any():
-        if len(stored_ids) > len(rows):
-            return (
-                f"the store holds {len(stored_ids)} images, the request {len(rows)}: "
-                f"{stored_ids[n]!r} and those after it are no longer requested"
-            )
-        if len(stored_ids) < len(rows):
-            return (
-                f"the store holds {len(stored_ids)} images, the request {len(rows)}: "
-                f"{src.ids[rows[n]]!r} and those after it are new"
-            )
-        return None  # rows outside this shard differ: the fingerprint says so
-    k = int(np.argmax(differs))
-    if stored_ids[k] != ids[k]:
-        return f"image {k} is {stored_ids[k]!r} in the store but {ids[k]!r} in the request"
-    old_label, new_label = (int(pairs["label"][j][k]) for j in (0, 1))
-    if old_label != new_label:
-        return (
-            f"{src.item_name(int(head[k]))!r} is labelled {src.class_names[new_label]!r} in the "
-            f"request but {stored_names[old_label]!r} in the store"
-        )
-    old = (int(pairs["size"][0][k]), int(pairs["mtime"][0][k]))
-    new = (int(sizes[head[k]]), int(mtimes[head[k]]))
-    if old != new:
-        return _file_difference(src.path(int(head[k])), old, new)
-    old_index, new_index = (int(pairs["index"][j][k]) for j in (0, 1))
-    return (
-        f"{src.item_name(int(head[k]))!r} is item {new_index} of the source now, item "
-        f"{old_index} when the store was made: images were added or removed before it"
-    )
-
-
-def _source_explained(f, provenance: dict, source, rows, retry_failed=False) -> str | None:
-    """:func:`_source_difference`, and where the store differs only by failed images that
-    have changed since, the option that takes them."""
-    existing = read_attrs(f)
-    if existing.get(_ADOPTING) == provenance["source_fingerprint"] and _same_settings(
-        existing, provenance
-    ):  # (a run with --retry-failed finishes it, unless something else differs)
-        return (
-            "a run with --retry-failed stopped while it took repaired failed images into the "
-            "store: pass --retry-failed (retry_failed=True) again to finish it"
-        )
-    # A retry takes repaired failures only where nothing else differs (the settings).
-    retrying = retry_failed and _same_settings(existing, provenance)
-    difference = _source_difference(f, source, rows, retrying)
-    if difference and _repaired_failures(f, provenance, source, rows) is not None:
-        difference += (
-            "; it failed in the store and has changed since: pass --retry-failed "
-            "(retry_failed=True) to extract the changed failed images again"
-        )
-    return difference
-
-
-def _same_settings(existing: dict, provenance: dict) -> bool:
-    """Whether a store's attributes and a request agree on everything but the images: a
-    request in another precision (bfloat16 against float32) is no repair of failures."""
-    existing, provenance = PROVENANCE_DEFAULTS | existing, PROVENANCE_DEFAULTS | provenance
-    return all(existing.get(k) == provenance.get(k) for k in _SETTINGS)
-
-
-def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False) -> tuple | None:
-    """Whether the store ``f`` differs from the request only by failed images that have
-    changed since (repaired, replaced): then the stored file identities with the request's
-    in place of theirs, ``(file_size, file_mtime_ns, n_changed)``; otherwise None, and any
-    other difference is left to the provenance check, which refuses it.
-
-    A shard holds some rows of the source, and its fingerprint covers the whole source: a
-    shard whose own rows are unchanged cannot tell what changed in the others. It takes the
-    request's fingerprint only when ``vouched``: under torchrun, when the merged store of
-    the earlier run differs from the request only by repaired failures.
-    """
-    existing = read_attrs(f)
-    if existing.get("source_fingerprint") == provenance["source_fingerprint"]:
-        return None
-    # An adoption of this very source, killed before it wrote the fingerprint: it had
-    # found the store to differ by repaired failures alone; it is finished now.
-    vouched = vouched or existing.get(_ADOPTING) == provenance["source_fingerprint"]
-    if not _same_settings(existing, provenance) or "file_size" not in f:
-        return None
-    if (existing.get("source_files") or {}) != source.files:
-        return None
-    if list(f["class_names"].asstr()[:]) != list(source.class_names):
-        return None
-    ids = f["paths"].asstr()[:]
-    if len(ids) != len(rows) or list(ids) != [source.ids[i] for i in rows]:
-        return None
-    if not np.array_equal(f["labels"][:], source.labels[rows]):
-        return None
-    # A subset (--per-class) keeps its images while others are added before them: their
-    # positions in the source, which the store records, are then another difference.
-    if not np.array_equal(f["indices"][:], source.source_index[rows]):
-        return None
-    sizes, mtimes = source.file_stats()
-    stored_sizes, stored_mtimes = f["file_size"][:], f["file_mtime_ns"][:]
-    changed = (stored_sizes != sizes[rows]) | (stored_mtimes != mtimes[rows])
-    if not (f["status"][:][changed] == FAILED).all():
-        return None
-    if not changed.any() and not vouched:
-        return None
-    stored_sizes[changed], stored_mtimes[changed] = sizes[rows][changed], mtimes[rows][changed]
-    return stored_sizes, stored_mtimes, int(changed.sum())
-
-
-def _adopt_repaired_failures(
-    out: Path, provenance: dict, source, rows, vouched: bool = False
-) -> None:
-    """Before a --retry-failed run: the failed images of ``out`` that have changed since
-    (:func:`_repaired_failures`) are taken as the store's: their size and modification
-    time, and the store's fingerprint, become the request's; their rows stay failed until
-    they are extracted again."""
-    with open_store(out, "r") as f:
-        repaired = _repaired_failures(f, provenance, source, rows, vouched)
-        attrs = read_attrs(f)
-    if repaired is None:
-        if attrs.get(_ADOPTING) == attrs.get("source_fingerprint") is not None:
-            with open_store(out, "r+") as f:  # killed after the fingerprint, before this
-                del f.attrs[_ADOPTING]
-        return
-    sizes, mtimes, n_changed = repaired
-    with open_store(out, "r+") as f:
-        # The files' identities, then the fingerprint that covers them; a run killed
-        # between the two leaves the marker, by which the next one finishes the adoption.
-        f.attrs[_ADOPTING] = provenance["source_fingerprint"]
-        f.flush()
-        f["file_size"][:], f["file_mtime_ns"][:] = sizes, mtimes
-        f.flush()
-        f.attrs["source_fingerprint"] = provenance["source_fingerprint"]
-        f.flush()
-        del f.attrs[_ADOPTING]
-    if n_changed:
-        logger.info("%d failed images have changed since; they are extracted again.", n_changed)
-
-
-def _identity(path: Path) -> str:
-    """A file's size and modification time: which version of a store a shard replaces."""
-    stat = path.stat()
-    return f"{stat.st_size}:{stat.st_mtime_ns}"
-
-
-def _rebuilding(merged: Path, world_size: int | None) -> bool:
-    """Whether shards of ``world_size`` ranks (of any number, if None) beside ``merged``
-    are those of a forced rebuild of this very version of it, stopped before its merge
-    (they say so: finished runs leave their shards too, and a store written since is not
-    the one they replace)."""
-    identity = _identity(merged)
-    if world_size is None:
-        paths = shards_beside(merged)
-    else:
-        paths = [shard_path(merged, r, world_size) for r in range(world_size)]
-    for path in paths:
-        if path.exists():
-            # Without HDF5's lock: another rank may be writing its shard already, and a
-            # reader's lock would refuse that writer, or the writer's this reader.
-            try:
-                with h5py.File(path, "r", locking=False) as f:
-                    if f.attrs.get(REPLACES) == identity:
-                        return True
-            except OSError:  # not a store (its own rank says so when it opens it)
-                continue
-    return False
-
-
-def _open_or_create(
-    out: Path, provenance: dict, backbone: Backbone, source, rows, overwrite: bool,
-    retry_failed: bool = False, vouched: bool = False, replaces: str | None = None,
-) -> None:  # fmt: skip
-    if out.exists() and not overwrite:
-        if retry_failed:
-            _adopt_repaired_failures(out, provenance, source, rows, vouched)
-        with open_store(out, "r") as f:
-            existing = read_attrs(f)
-            check_provenance(
-                out,
-                existing,
-                provenance,
-                lambda: _source_explained(f, provenance, source, rows, retry_failed),
-            )
-        _warn_of_other_versions(out, existing.get("versions"))
-        return
-    sizes, mtimes = source.file_stats()
-    create_store(  # replaces an existing store (overwrite) in one atomic rename
-        out,
-        provenance=provenance,
-        record=dict(
-            versions=library_versions(),
-            backbone_spec=str(backbone.spec),
-            source=source.description,
-            source_files=source.files,
-            **({REPLACES: replaces} if replaces else {}),
-        ),
-        dim=backbone.dim,
-        dtype=provenance["dtype"],
-        labels=source.labels[rows],
-        indices=source.source_index[rows],
-        ids=[source.ids[i] for i in rows],
-        class_names=source.class_names,
-        file_size=sizes[rows],
-        file_mtime_ns=mtimes[rows],
-    )
-
-
-def _warn_of_other_versions(out: Path, versions) -> None:
-    if versions != library_versions():
-        logger.warning(
-            "%s was started with other library versions: %s; now %s",
-            out,
-            versions,
-            library_versions(),
-        )
 
 
 def rank_rows(src: ImageSource, rank: int, world_size: int) -> np.ndarray:

@@ -572,7 +572,7 @@ def test_a_long_strip_keeps_its_middle_and_transforms_as_before(width):
     differs from the whole strip's by the resize's rounding of the width (under a pixel)."""
     from torchvision.transforms import v2 as T
 
-    from extract._runner import _tensor_batch
+    from extract._batches import _tensor_batch
 
     strip = decode_image(_png(np.full((20_000, 1, 3), 200, np.uint8)))
     assert strip.size == (1, 16)
@@ -661,7 +661,7 @@ def test_pixel_limit_applies_to_the_pil_and_tensor_paths_alike(tmp_path, monkeyp
 
 
 def test_device_jpeg_decoding_checks_the_pixel_limit(monkeypatch):
-    from extract._runner import _decode_jpegs
+    from extract._batches import _decode_jpegs
 
     small = torch.frombuffer(bytearray(_jpeg(8, 8)), dtype=torch.uint8)
     big = torch.frombuffer(bytearray(_jpeg(40, 36)), dtype=torch.uint8)
@@ -687,7 +687,7 @@ def _nvjpeg_like(monkeypatch, message):
 
 
 def test_jpegs_the_device_cannot_decode_are_decoded_on_the_cpu(monkeypatch):
-    from extract._runner import _decode_jpegs
+    from extract._batches import _decode_jpegs
 
     _nvjpeg_like(monkeypatch, "Error while decoding JPEG images: unsupported")
     good = torch.frombuffer(bytearray(_jpeg(8, 8)), dtype=torch.uint8)
@@ -704,7 +704,7 @@ def test_jpegs_the_device_cannot_decode_are_decoded_on_the_cpu(monkeypatch):
     ("CUDA error: an illegal memory access was encountered", RuntimeError),
 ])  # fmt: skip
 def test_device_errors_while_decoding_are_not_unreadable_images(monkeypatch, message, error):
-    from extract._runner import _decode_jpegs
+    from extract._batches import _decode_jpegs
 
     _nvjpeg_like(monkeypatch, message)
     good = torch.frombuffer(bytearray(_jpeg(8, 8)), dtype=torch.uint8)
@@ -743,7 +743,7 @@ def test_a_device_error_while_decoding_one_image_at_a_time_is_raised(monkeypatch
     # raised, not swallowed with the image decoded on the CPU instead.
     import torchvision.io
 
-    from extract._runner import _decode_jpegs
+    from extract._batches import _decode_jpegs
 
     real = torchvision.io.decode_jpeg
 

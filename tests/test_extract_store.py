@@ -757,7 +757,7 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
 def test_the_rebuild_check_reads_shards_that_another_rank_writes(folder, tmp_path):
     # Every rank read every shard with HDF5's lock, while a faster rank wrote its own: the
     # lock refused the reader (StoreLockedError), or the writer.
-    from extract._runner import _rebuilding
+    from extract._resume import _rebuilding
 
     out = tmp_path / "f.h5"
     shards = [
@@ -772,7 +772,7 @@ def test_the_rebuild_check_reads_shards_that_another_rank_writes(folder, tmp_pat
 def test_a_rebuild_at_another_number_of_ranks_is_found(folder, tmp_path):
     # A retry whose shards were deleted takes its rows from the merged store, unless a
     # forced rebuild of that store, at any number of ranks, is unfinished beside it.
-    from extract._runner import _identity, _rebuilding
+    from extract._resume import _identity, _rebuilding
     from extract._schema import REPLACES
 
     out = tmp_path / "f[1].h5"  # a glob's special characters in the name

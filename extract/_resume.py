@@ -1,0 +1,377 @@
+"""An existing store against a request: its provenance compared and each difference named,
+failures repaired in place, and the store opened to resume or created anew."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from ._batches import compute_precision
+from ._images import NOT_A_FILE, ImageSource
+from ._merge import shard_path, shards_beside
+from ._schema import (
+    FAILED,
+    FORMAT_VERSION,
+    PROVENANCE_DEFAULTS,
+    PROVENANCE_KEYS,
+    REPLACES,
+    read_attrs,
+)
+from ._specs import Backbone
+from ._store import check_provenance, create_store, open_store
+
+# Set while --retry-failed takes repaired failures into a store (_adopt_repaired_failures).
+_ADOPTING = "adopting_source_fingerprint"
+
+logger = logging.getLogger(__name__)
+
+
+# What a request sets beside its images (the images' own identities left out).
+_SETTINGS = [k for k in PROVENANCE_KEYS if k != "source_fingerprint"]
+
+
+_VERSIONED = ("torch", "torchvision", "timm", "open_clip_torch", "h5py", "numpy", "pillow")
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of the libraries that shape the features."""
+    versions = {}
+    for name in _VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def _provenance(
+    backbone: Backbone,
+    source: ImageSource,
+    fingerprint: str,
+    dtype: str,
+    normalize: bool,
+    decode: str,
+    shard: dict,
+    device: torch.device,
+) -> dict:
+    provenance = dict(
+        format_version=FORMAT_VERSION,
+        backbone=f"{backbone.spec.family}:{backbone.spec.model}",
+        weights=backbone.weights_id,
+        preprocessing=backbone.preprocess | {"decode": decode},
+        compute=compute_precision(device),
+        dtype=dtype,
+        normalize=bool(normalize),
+        source_root=source.resolved_root(),
+        source_fingerprint=fingerprint,  # source.fingerprint(), computed once per run
+        **shard,
+    )
+    if source.options:  # what is read from the containers (absent for other sources)
+        provenance["source_options"] = source.options
+    return json.loads(json.dumps(provenance))  # the form it takes after a trip through the file
+
+
+def _when(mtime_ns: int) -> str:
+    return datetime.fromtimestamp(mtime_ns / 1e9).isoformat(sep=" ", timespec="microseconds")
+
+
+def _file_difference(path: str, old: tuple[int, int], new: tuple[int, int]) -> str:
+    (old_size, old_mtime), (new_size, new_mtime) = old, new
+    if old_size == NOT_A_FILE:
+        change = "it was missing when the store was made"
+    elif new_size == NOT_A_FILE:
+        change = "it is missing now"
+    elif old_size != new_size:
+        change = f"{new_size} bytes now, {old_size} when the store was made"
+    else:
+        change = f"modified {_when(new_mtime)}, {_when(old_mtime)} when the store was made"
+    return f"{path!r} is not the file the store was made from ({change})"
+
+
+def _file_list_difference(stored: dict, src: ImageSource) -> str | None:
+    """Name the first container (or IDX) file that differs between a store and the request."""
+    old, new = list(stored), list(src.files)
+    for k in range(max(len(old), len(new))):
+        if k >= len(new):
+            return (
+                f"the store was made from {len(old)} files, the request reads {len(new)}: "
+                f"{os.path.join(src.root, old[k])!r} is not in the request"
+            )
+        if k >= len(old):
+            return (
+                f"the store was made from {len(old)} files, the request reads {len(new)}: "
+                f"{os.path.join(src.root, new[k])!r} is new"
+            )
+        if old[k] != new[k]:
+            return (
+                f"file {k + 1} of the source is {old[k]!r} in the store, {new[k]!r} in the request"
+            )
+    return None
+
+
+def _source_difference(
+    f, src: ImageSource, rows: np.ndarray, retry_failed: bool = False
+) -> str | None:
+    """Name the first file or image that differs between a store and the request.
+
+    In order: the list of files holding many items (IDX files, shards), the class names,
+    each row's id, label and file identity, then the content identity of those files.
+    With ``retry_failed``, a failed row whose file alone has changed is no difference (the
+    retry takes it): the one named is what stops the retry.
+    """
+    stored_files = read_attrs(f).get("source_files") or {}
+    listed = _file_list_difference(stored_files, src)
+    if listed:
+        return listed
+    stored_names = list(f["class_names"].asstr()[:])
+    if stored_names != list(src.class_names):
+        return f"the classes are {stored_names} in the store, {list(src.class_names)} now"
+    row = _row_difference(f, src, rows, stored_names, retry_failed) if "file_size" in f else None
+    if row:
+        return row
+    for name, identity in src.files.items():
+        if stored_files[name] != identity:
+            return f"{os.path.join(src.root, name)!r} is not the file the store was made from"
+    return None
+
+
+def _row_difference(
+    f, src: ImageSource, rows: np.ndarray, stored_names: list[str], retry_failed: bool = False
+) -> str | None:
+    stored_ids = f["paths"].asstr()[:]
+    n = min(len(stored_ids), len(rows))
+    head = rows[:n]
+    sizes, mtimes = src.file_stats()
+    ids = np.array([src.ids[i] for i in head], dtype=object)
+    pairs = {
+        "id": (stored_ids[:n], ids),
+        "label": (f["labels"][:n], src.labels[head]),
+        "size": (f["file_size"][:n], sizes[head]),
+        "mtime": (f["file_mtime_ns"][:n], mtimes[head]),
+        "index": (f["indices"][:n], src.source_index[head]),
+    }
+    differs = {key: np.asarray(old != new, dtype=bool) for key, (old, new) in pairs.items()}
+    file_only = (differs["size"] | differs["mtime"]) & ~(
+        differs["id"] | differs["label"] | differs["index"]
+    )
+    differs = np.logical_or.reduce(list(differs.values()))
+    if retry_failed:  # a failed image replaced since: the retry extracts it again
+        differs &= ~(file_only & (f["status"][:n] == FAILED))
+    if not differs.any():
+        if len(stored_ids) > len(rows):
+            return (
+                f"the store holds {len(stored_ids)} images, the request {len(rows)}: "
+                f"{stored_ids[n]!r} and those after it are no longer requested"
+            )
+        if len(stored_ids) < len(rows):
+            return (
+                f"the store holds {len(stored_ids)} images, the request {len(rows)}: "
+                f"{src.ids[rows[n]]!r} and those after it are new"
+            )
+        return None  # rows outside this shard differ: the fingerprint says so
+    k = int(np.argmax(differs))
+    if stored_ids[k] != ids[k]:
+        return f"image {k} is {stored_ids[k]!r} in the store but {ids[k]!r} in the request"
+    old_label, new_label = (int(pairs["label"][j][k]) for j in (0, 1))
+    if old_label != new_label:
+        return (
+            f"{src.item_name(int(head[k]))!r} is labelled {src.class_names[new_label]!r} in the "
+            f"request but {stored_names[old_label]!r} in the store"
+        )
+    old = (int(pairs["size"][0][k]), int(pairs["mtime"][0][k]))
+    new = (int(sizes[head[k]]), int(mtimes[head[k]]))
+    if old != new:
+        return _file_difference(src.path(int(head[k])), old, new)
+    old_index, new_index = (int(pairs["index"][j][k]) for j in (0, 1))
+    return (
+        f"{src.item_name(int(head[k]))!r} is item {new_index} of the source now, item "
+        f"{old_index} when the store was made: images were added or removed before it"
+    )
+
+
+def _source_explained(f, provenance: dict, source, rows, retry_failed=False) -> str | None:
+    """:func:`_source_difference`, and where the store differs only by failed images that
+    have changed since, the option that takes them."""
+    existing = read_attrs(f)
+    if existing.get(_ADOPTING) == provenance["source_fingerprint"] and _same_settings(
+        existing, provenance
+    ):  # (a run with --retry-failed finishes it, unless something else differs)
+        return (
+            "a run with --retry-failed stopped while it took repaired failed images into the "
+            "store: pass --retry-failed (retry_failed=True) again to finish it"
+        )
+    # A retry takes repaired failures only where nothing else differs (the settings).
+    retrying = retry_failed and _same_settings(existing, provenance)
+    difference = _source_difference(f, source, rows, retrying)
+    if difference and _repaired_failures(f, provenance, source, rows) is not None:
+        difference += (
+            "; it failed in the store and has changed since: pass --retry-failed "
+            "(retry_failed=True) to extract the changed failed images again"
+        )
+    return difference
+
+
+def _same_settings(existing: dict, provenance: dict) -> bool:
+    """Whether a store's attributes and a request agree on everything but the images: a
+    request in another precision (bfloat16 against float32) is no repair of failures."""
+    existing, provenance = PROVENANCE_DEFAULTS | existing, PROVENANCE_DEFAULTS | provenance
+    return all(existing.get(k) == provenance.get(k) for k in _SETTINGS)
+
+
+def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False) -> tuple | None:
+    """Whether the store ``f`` differs from the request only by failed images that have
+    changed since (repaired, replaced): then the stored file identities with the request's
+    in place of theirs, ``(file_size, file_mtime_ns, n_changed)``; otherwise None, and any
+    other difference is left to the provenance check, which refuses it.
+
+    A shard holds some rows of the source, and its fingerprint covers the whole source: a
+    shard whose own rows are unchanged cannot tell what changed in the others. It takes the
+    request's fingerprint only when ``vouched``: under torchrun, when the merged store of
+    the earlier run differs from the request only by repaired failures.
+    """
+    existing = read_attrs(f)
+    if existing.get("source_fingerprint") == provenance["source_fingerprint"]:
+        return None
+    # An adoption of this very source, killed before it wrote the fingerprint: it had
+    # found the store to differ by repaired failures alone; it is finished now.
+    vouched = vouched or existing.get(_ADOPTING) == provenance["source_fingerprint"]
+    if not _same_settings(existing, provenance) or "file_size" not in f:
+        return None
+    if (existing.get("source_files") or {}) != source.files:
+        return None
+    if list(f["class_names"].asstr()[:]) != list(source.class_names):
+        return None
+    ids = f["paths"].asstr()[:]
+    if len(ids) != len(rows) or list(ids) != [source.ids[i] for i in rows]:
+        return None
+    if not np.array_equal(f["labels"][:], source.labels[rows]):
+        return None
+    # A subset (--per-class) keeps its images while others are added before them: their
+    # positions in the source, which the store records, are then another difference.
+    if not np.array_equal(f["indices"][:], source.source_index[rows]):
+        return None
+    sizes, mtimes = source.file_stats()
+    stored_sizes, stored_mtimes = f["file_size"][:], f["file_mtime_ns"][:]
+    changed = (stored_sizes != sizes[rows]) | (stored_mtimes != mtimes[rows])
+    if not (f["status"][:][changed] == FAILED).all():
+        return None
+    if not changed.any() and not vouched:
+        return None
+    stored_sizes[changed], stored_mtimes[changed] = sizes[rows][changed], mtimes[rows][changed]
+    return stored_sizes, stored_mtimes, int(changed.sum())
+
+
+def _adopt_repaired_failures(
+    out: Path, provenance: dict, source, rows, vouched: bool = False
+) -> None:
+    """Before a --retry-failed run: the failed images of ``out`` that have changed since
+    (:func:`_repaired_failures`) are taken as the store's: their size and modification
+    time, and the store's fingerprint, become the request's; their rows stay failed until
+    they are extracted again."""
+    with open_store(out, "r") as f:
+        repaired = _repaired_failures(f, provenance, source, rows, vouched)
+        attrs = read_attrs(f)
+    if repaired is None:
+        if attrs.get(_ADOPTING) == attrs.get("source_fingerprint") is not None:
+            with open_store(out, "r+") as f:  # killed after the fingerprint, before this
+                del f.attrs[_ADOPTING]
+        return
+    sizes, mtimes, n_changed = repaired
+    with open_store(out, "r+") as f:
+        # The files' identities, then the fingerprint that covers them; a run killed
+        # between the two leaves the marker, by which the next one finishes the adoption.
+        f.attrs[_ADOPTING] = provenance["source_fingerprint"]
+        f.flush()
+        f["file_size"][:], f["file_mtime_ns"][:] = sizes, mtimes
+        f.flush()
+        f.attrs["source_fingerprint"] = provenance["source_fingerprint"]
+        f.flush()
+        del f.attrs[_ADOPTING]
+    if n_changed:
+        logger.info("%d failed images have changed since; they are extracted again.", n_changed)
+
+
+def _identity(path: Path) -> str:
+    """A file's size and modification time: which version of a store a shard replaces."""
+    stat = path.stat()
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _rebuilding(merged: Path, world_size: int | None) -> bool:
+    """Whether shards of ``world_size`` ranks (of any number, if None) beside ``merged``
+    are those of a forced rebuild of this very version of it, stopped before its merge
+    (they say so: finished runs leave their shards too, and a store written since is not
+    the one they replace)."""
+    identity = _identity(merged)
+    if world_size is None:
+        paths = shards_beside(merged)
+    else:
+        paths = [shard_path(merged, r, world_size) for r in range(world_size)]
+    for path in paths:
+        if path.exists():
+            # Without HDF5's lock: another rank may be writing its shard already, and a
+            # reader's lock would refuse that writer, or the writer's this reader.
+            try:
+                with h5py.File(path, "r", locking=False) as f:
+                    if f.attrs.get(REPLACES) == identity:
+                        return True
+            except OSError:  # not a store (its own rank says so when it opens it)
+                continue
+    return False
+
+
+def _open_or_create(
+    out: Path, provenance: dict, backbone: Backbone, source, rows, overwrite: bool,
+    retry_failed: bool = False, vouched: bool = False, replaces: str | None = None,
+) -> None:  # fmt: skip
+    if out.exists() and not overwrite:
+        if retry_failed:
+            _adopt_repaired_failures(out, provenance, source, rows, vouched)
+        with open_store(out, "r") as f:
+            existing = read_attrs(f)
+            check_provenance(
+                out,
+                existing,
+                provenance,
+                lambda: _source_explained(f, provenance, source, rows, retry_failed),
+            )
+        _warn_of_other_versions(out, existing.get("versions"))
+        return
+    sizes, mtimes = source.file_stats()
+    create_store(  # replaces an existing store (overwrite) in one atomic rename
+        out,
+        provenance=provenance,
+        record=dict(
+            versions=library_versions(),
+            backbone_spec=str(backbone.spec),
+            source=source.description,
+            source_files=source.files,
+            **({REPLACES: replaces} if replaces else {}),
+        ),
+        dim=backbone.dim,
+        dtype=provenance["dtype"],
+        labels=source.labels[rows],
+        indices=source.source_index[rows],
+        ids=[source.ids[i] for i in rows],
+        class_names=source.class_names,
+        file_size=sizes[rows],
+        file_mtime_ns=mtimes[rows],
+    )
+
+
+def _warn_of_other_versions(out: Path, versions) -> None:
+    if versions != library_versions():
+        logger.warning(
+            "%s was started with other library versions: %s; now %s",
+            out,
+            versions,
+            library_versions(),
+        )
