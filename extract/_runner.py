@@ -48,8 +48,6 @@ from ._store import (
 )
 
 logger = logging.getLogger(__name__)
-
-
 _DTYPES = ("float16", "float32")
 
 

@@ -11,27 +11,15 @@ import numpy as np
 
 # 2: per-row file identity (file_size, file_mtime_ns, content_sha256) and source_root.
 FORMAT_VERSION = 2
-
-
 PENDING, DONE, FAILED = 0, 1, 2
-
-
 REASON_DTYPE = "S200"
-
-
 DIGEST_DTYPE = "S64"  # hexadecimal sha256
-
-
 _REQUIRED = ("features", "labels", "class_names")  # what a classifier needs from a store
-
-
 # Every dataset create_store writes.
 STORE_DATASETS = (
     "features", "status", "failure_reason", "content_sha256", "labels", "indices", "paths",
     "class_names", "file_size", "file_mtime_ns",
 )  # fmt: skip
-
-
 # Attributes that must match for an existing file to be reused.
 PROVENANCE_KEYS = (
     "format_version",
@@ -49,13 +37,9 @@ PROVENANCE_KEYS = (
     "shard_world_size",
     "source_options",  # WebDataset / Parquet sources only: the image and label keys
 )
-
-
 # Stores written before the precision was recorded computed in float32 (no CUDA run had
 # written one); so did shards compared with each other.
 PROVENANCE_DEFAULTS = {"compute": "float32"}
-
-
 _REBUILD = "pass --force (overwrite=True) to delete it and recompute it"
 
 

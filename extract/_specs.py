@@ -12,21 +12,11 @@ import torch
 from torch import nn
 
 FAMILIES = ("open_clip", "timm", "moco", "effnet-lite0")
-
-
 RANDOM = "random"  # the weights part that asks for random initialisation
-
-
 RANDOM_ID = "random-init:seed0"
-
-
 _CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".tar", ".ckpt", ".safetensors", ".pkl")
-
-
 # Model names that bring their config and weights (timm's and open_clip's prefixes).
 _MODEL_SOURCES = ("hf-hub:", "local-dir:")
-
-
 _SPEC_FORMS = (
     "'open_clip:MODEL[@TAG|@CHECKPOINT|@random]', 'timm:MODEL[@CHECKPOINT|@random]', "
     "'moco:[ARCH@]CHECKPOINT' or 'effnet-lite0[@CHECKPOINT|@random]'"

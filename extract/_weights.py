@@ -21,15 +21,9 @@ from ._specs import _MODEL_SOURCES, RANDOM, BackboneError, BackboneSpec, Weights
 
 # MoCo checkpoints nest the backbone under these prefixes (v2: query encoder, v3: base encoder).
 _MOCO_PREFIXES = ("module.encoder_q.", "module.base_encoder.", "encoder_q.", "base_encoder.")
-
-
 # Flat block index -> (stage, index in stage) for EfficientNet-Lite0 (stage repeats below).
 _LITE0_REPEATS = (1, 2, 2, 3, 3, 4, 1)
-
-
 _HUB_TIMEOUT_S = 5.0  # to decide whether the weights hub can be reached at all
-
-
 _T = TypeVar("_T")
 
 
@@ -218,14 +212,8 @@ def _check_file(spec: BackboneSpec, path: str) -> str:
 # Module.load_state_dict as it was before _state_dict_loads replaced it, while any thread
 # records (the number of those is _RECORDERS, both guarded by _RECORDING_LOCK).
 _RECORDING_LOCK = threading.Lock()
-
-
 _RECORDERS = 0
-
-
 _UNPATCHED_LOAD = None
-
-
 _THREAD = threading.local()  # .stack: this thread's open recordings, innermost last
 
 

@@ -24,7 +24,6 @@ from .metrics import (
 
 OBJECTIVES = ("worst_class", "balanced_accuracy", "hard_tercile", "accuracy")
 
-
 # Metrics that the search scores from per-class (weighted) counts, without building
 # predictions: (function, the scorer's sign, name). class_std_scorer is negated.
 _COUNTED_METRICS = (

@@ -87,21 +87,14 @@ errors:
   written).
 """
 
-
 _SCALERS = {"none": None, "standard": StandardScaler, "l2": Normalizer}
-
-
 _SCORINGS = ("accuracy", "balanced_accuracy", "worst_class", "hard_tercile", "class_std")
 
 
 # Defaults of the options that only the front or a search reads (None until checked).
 _LEVER_DEFAULTS = {"val_size": 0.1, "front_bound": 0.5, "cv": 3, "scoring": "worst_class"}
-
-
 # Parameters that shape only the MR² objective: ERM (c_bar=None, lam=0) does not search them.
 _MR2_ONLY = frozenset({"c_bar", "lam", "p", "difficulty", "tau", "projection_rank", "class_tilt"})
-
-
 # The options that set the estimator's parameters, named in its errors; --grid may not
 # search one that an option sets (it would silently replace the option's value).
 _OPTIONS = {

@@ -16,8 +16,6 @@ from ._usage import UsageError
 
 # Every run removes those of an earlier run in the same folder before writing its own.
 _FIGURES = ("class_accuracy.png", "groups.png", "margins.png", "front.png", "cv_curve.png")
-
-
 # Every file a run writes to --out (or removes there, as an earlier run's).
 _OUTPUTS = (
     "models.joblib",
