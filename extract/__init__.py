@@ -23,7 +23,7 @@ _MODULES = {
     "create_backbone": "._backbones",
     "file_sha256": "._weights",
     "parse_backbone_spec": "._specs",
-    "FileChangedError": "._images",
+    "FileChangedError": "._decoding",
     "ImageSource": "._images",
     "fashion_mnist": "._images",
     "image_folder": "._images",

@@ -17,7 +17,8 @@ from typing import BinaryIO, ClassVar
 
 import numpy as np
 
-from ._images import ImageSource, check_listed
+from ._decoding import check_listed
+from ._images import ImageSource
 
 _GLOB_CHARS = frozenset("*?[")
 _REMOTE = ("http://", "https://", "s3://", "gs://", "hf://", "pipe:", "gopen:")

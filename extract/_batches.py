@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
 from ._backbones import device_failed
-from ._images import aspect_window, check_pixel_limit, failure_reason, jpeg_size
+from ._decoding import aspect_window, check_pixel_limit, failure_reason, jpeg_size
 from ._specs import Backbone
 
 

@@ -1,4 +1,5 @@
-"""Image sources (folder, list file, Fashion-MNIST IDX) and per-item reading and decoding.
+"""Image sources (folder, list file, Fashion-MNIST IDX) and per-item reading and decoding
+(the bytes and pixels of one image: ``_decoding``).
 
 Sources whose items live inside container files (WebDataset tar shards, Parquet and Arrow
 files) are opened by ``_tar_shards`` and ``_tables``; they carry an ``archive`` that reads
@@ -8,18 +9,14 @@ their items' bytes, and share everything else here.
 from __future__ import annotations
 
 import csv
-import errno
 import gzip
 import hashlib
-import io
 import json
 import logging
 import math
 import os
 import re
-import stat
 import struct
-import warnings
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +27,17 @@ import torch
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
 
+from ._decoding import (
+    _JPEG_MAGIC,
+    MAX_ASPECT,
+    NOT_A_FILE,
+    check_pixel_limit,
+    decode_image,
+    failure_reason,
+    jpeg_size,
+    read_file,
+    sha256_hex,
+)
 from ._paths import why_missing
 
 logger = logging.getLogger(__name__)
@@ -47,18 +55,6 @@ FASHION_MNIST_CLASSES = (
     "Bag",
     "Ankle boot",
 )
-_JPEG_MAGIC = b"\xff\xd8\xff"  # start-of-image marker and the next marker's prefix
-# Start-of-frame markers (they carry the image size): C0..CF except DHT, JPG and DAC.
-_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-_STANDALONE_MARKERS = frozenset([0x01, *range(0xD0, 0xD8)])  # TEM, RST0..7: no length field
-# 16-bit greyscale modes (PIL opens 16-bit PNG, TIFF and PGM files in one of them; "I" is
-# PIL's 32-bit container, which 16-bit files also use).
-_HIGH_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
-NOT_A_FILE = -1  # file_size / file_mtime_ns of in-memory items and of files missing when listed
-
-
-class FileChangedError(OSError):
-    """An image file differs from the one listed when the extraction started."""
 
 
 def stat_files(root: str, ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -671,208 +667,6 @@ def _utf8_paths(src: ImageSource) -> ImageSource:
     return src
 
 
-def jpeg_size(data: bytes | bytearray | memoryview | np.ndarray) -> tuple[int, int]:
-    """``(width, height)`` of a JPEG, read from its start-of-frame (SOF) marker.
-
-    Only the headers are read, so a file whose header claims a huge image costs nothing.
-
-    Raises
-    ------
-    ValueError
-        If the data is not a JPEG or ends, or reaches the image data, before a frame header.
-    """
-    data = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else data
-    n = len(data)
-    if n < 2 or data[0] != 0xFF or data[1] != 0xD8:
-        raise ValueError("not a JPEG file (no start-of-image marker)")
-    i = 2
-    while i < n:
-        while i < n and data[i] != 0xFF:  # stray bytes, which libjpeg and PIL skip too
-            i += 1
-        while i < n and data[i] == 0xFF:  # fill bytes may precede a marker
-            i += 1
-        if i + 2 >= n:
-            break
-        marker, i = int(data[i]), i + 1
-        if marker == 0x00 or marker in _STANDALONE_MARKERS:  # 0xFF00: a stuffed zero byte
-            continue
-        if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame header came
-            raise ValueError("corrupt JPEG: image data before the frame header")
-        length = int(data[i]) << 8 | int(data[i + 1])
-        if marker in _SOF_MARKERS and i + 7 <= n:
-            height = int(data[i + 3]) << 8 | int(data[i + 4])
-            width = int(data[i + 5]) << 8 | int(data[i + 6])
-            if not width or not height:
-                raise ValueError(f"JPEG frame header gives a {width}x{height} image")
-            return width, height
-        if length < 2:
-            raise ValueError(f"corrupt JPEG header (segment length {length} at byte {i})")
-        i += length
-    raise ValueError("truncated JPEG: the file ends before its frame header")
-
-
-def check_pixel_limit(width: int, height: int) -> None:
-    """Refuse an image of more than ``PIL.Image.MAX_IMAGE_PIXELS`` pixels before decoding.
-
-    The same limit applies to every decoding path (PIL in the workers, ``decode_jpeg`` on
-    the device), so that a file whose header claims a huge size is recorded as a failure
-    instead of exhausting memory. Raise ``PIL.Image.MAX_IMAGE_PIXELS`` (or set it to None)
-    to read larger images.
-
-    Raises
-    ------
-    PIL.Image.DecompressionBombError
-    """
-    limit = Image.MAX_IMAGE_PIXELS
-    if limit is not None and width * height > limit:
-        raise Image.DecompressionBombError(
-            f"the image is {width}x{height} = {width * height} pixels, more than the limit "
-            f"of {limit} (PIL.Image.MAX_IMAGE_PIXELS); raise the limit to read it"
-        )
-
-
-def _scale_to_8_bits(image: Image.Image) -> Image.Image:
-    """8-bit greyscale of a 16-bit image: 0..65535 mapped onto 0..255 (rounded)."""
-    values = np.asarray(image)
-    if image.mode == "I" and values.size and (values.min() < 0 or values.max() > 65535):
-        raise ValueError(
-            "32-bit integer pixels outside 0..65535 have no defined brightness scale; "
-            "save the image with 8 or 16 bits per channel"
-        )
-    grey = (values.astype(np.uint32) * 255 + 32767) // 65535  # round(v / 257)
-    return Image.fromarray(grey.astype(np.uint8), "L")
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    """RGB copy of a PIL image; transparent pixels are composited on white.
-
-    16-bit greyscale images (modes ``I;16*`` and ``I``) are scaled to 8 bits, not clipped;
-    floating-point images (mode ``F``) have no defined range and are refused.
-    """
-    if image.mode in _HIGH_BIT_MODES:
-        return _scale_to_8_bits(image).convert("RGB")
-    if image.mode == "F":
-        raise ValueError(
-            "floating-point images (PIL mode F) have no defined brightness range; save the "
-            "image with 8 or 16 bits per channel"
-        )
-    has_alpha = image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info
-    if has_alpha:
-        image = image.convert("RGBA")
-        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, image).convert("RGB")
-    return image.convert("RGB")
-
-
-# Transforms that resize the shorter side, then keep a centred square (``mode`` "center"),
-# use the middle of a long strip alone, but the resize makes all of it (a 1 x 20,000 PNG of
-# 138 bytes became 235 x 4.7 million pixels, 4.5 GB). For them, beyond this ratio the long
-# side is cut, centred, to this many times the short side before any resize. Transforms
-# that squash or pad the whole image (timm's "squash" and "border", open_clip's "squash"
-# and "longest") see all of it and never enlarge it: theirs is cut only beyond the ratio
-# their preprocessing records as ``max_aspect`` (their input's long side, past which a
-# kept-ratio resize leaves the short side under one pixel).
-MAX_ASPECT = 16
-
-
-def aspect_window(width: int, height: int, max_aspect: int = MAX_ASPECT) -> tuple[int, int]:
-    """``(width, height)`` of the centred window kept of an image: itself, or its long side
-    cut to ``max_aspect`` times its short side, plus one pixel where that leaves an odd
-    number to cut. The same number of pixels then goes from each end: the window has the
-    image's own centre, which the transforms' centre crop keeps, and every decoding path
-    (PIL, or a crop of a decoded tensor) cuts the same pixels."""
-    short = max(min(width, height), 1)
-    w, h = min(width, max_aspect * short), min(height, max_aspect * short)
-    return w + (width - w) % 2, h + (height - h) % 2
-
-
-def trim_aspect(image: Image.Image, max_aspect: int = MAX_ASPECT) -> Image.Image:
-    """The centred :func:`aspect_window` of a PIL image (the image itself if it fits)."""
-    width, height = image.size
-    w, h = aspect_window(width, height, max_aspect)
-    if (w, h) == (width, height):
-        return image
-    left, top = (width - w) // 2, (height - h) // 2
-    return image.crop((left, top, left + w, top + h))
-
-
-def decode_image(
-    data: bytes | bytearray, name: str = "<bytes>", max_aspect: int = MAX_ASPECT
-) -> Image.Image:
-    """Decode an image file's bytes with PIL, fully (so truncation surfaces here), as RGB,
-    cut to its :func:`aspect_window` of ``max_aspect``.
-
-    ``name`` (the file's path) stands for the data in error messages.
-    """
-    with warnings.catch_warnings():
-        # PIL only warns between MAX_IMAGE_PIXELS and twice that; check_pixel_limit refuses.
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        try:
-            opened = Image.open(io.BytesIO(data))
-        except Image.UnidentifiedImageError:
-            # PIL would name the in-memory buffer (with its address) instead of the file.
-            raise Image.UnidentifiedImageError(f"cannot identify image file {name!r}") from None
-        with opened as image:
-            check_pixel_limit(*image.size)
-            image.load()
-            return trim_aspect(to_rgb(image), max_aspect)
-
-
-def check_listed(path: str, st: os.stat_result, listed: tuple[int, int] | None) -> None:
-    """Refuse a file whose size or modification time differ from ``listed``.
-
-    Raises
-    ------
-    FileChangedError
-        If ``listed`` is given and the file's ``(st_size, st_mtime_ns)`` differ from it (or
-        the file was missing when listed).
-    """
-    if listed is None or (st.st_size, st.st_mtime_ns) == listed:
-        return
-    size, mtime_ns = listed
-    change = (
-        "it was missing then"
-        if size == NOT_A_FILE
-        else f"{size} -> {st.st_size} bytes"
-        if size != st.st_size
-        else "modified since, same size"
-    )
-    raise FileChangedError(
-        f"{path} is not the file listed when the extraction started ({change}); "
-        "--retry-failed extracts it again once it no longer changes"
-    )
-
-
-def read_file(path: str, listed: tuple[int, int] | None = None) -> bytearray:
-    """The bytes of ``path``, refused if it is not the file listed as ``(size, mtime_ns)``.
-
-    Raises
-    ------
-    FileChangedError
-        If ``listed`` is given and the file's size or modification time differ from it (or
-        the file was missing when listed), or if the file changes while it is read.
-    """
-    # Opened without blocking, then refused unless it is a regular file: a FIFO named like
-    # an image blocked the open (and the whole run) until something wrote into it.
-    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device)", path)
-        check_listed(path, st, listed)
-        data = bytearray(st.st_size)
-        n = fh.readinto(data)
-    if n != st.st_size:
-        raise FileChangedError(
-            f"{path} changed while it was read; --retry-failed extracts it again once it no "
-            "longer changes"
-        )
-    return data
-
-
-def sha256_hex(data: bytes | bytearray | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def load_image(source: ImageSource, i: int) -> Image.Image:
     """Decode item ``i`` fully (so truncation surfaces here) and convert it to RGB."""
     if source.pixels is not None:
@@ -883,11 +677,6 @@ def load_image(source: ImageSource, i: int) -> Image.Image:
             raise data
         return decode_image(data, source.item_name(i))
     return decode_image(read_file(source.path(i)), source.path(i))
-
-
-def failure_reason(err: Exception) -> str:
-    """A failed item's recorded reason: the exception's type and message, cut to 200."""
-    return f"{type(err).__name__}: {err}"[:200]
 
 
 class ItemDataset(torch.utils.data.Dataset):

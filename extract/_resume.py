@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from ._batches import compute_precision
-from ._images import NOT_A_FILE, ImageSource
+from ._decoding import NOT_A_FILE
+from ._images import ImageSource
 from ._merge import shard_path, shards_beside
 from ._schema import (
     FAILED,

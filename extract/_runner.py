@@ -23,7 +23,8 @@ from mr2_probe._device import resolve_device
 
 from ._backbones import create_backbone
 from ._batches import _assemble, _embed, _refuse_non_finite
-from ._images import MAX_ASPECT, ImageSource, ItemDataset, collate_items, open_source
+from ._decoding import MAX_ASPECT
+from ._images import ImageSource, ItemDataset, collate_items, open_source
 from ._locks import store_lock
 from ._merge import check_merging, merge_shards, shard_path
 from ._resume import (

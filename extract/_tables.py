@@ -24,7 +24,8 @@ from typing import ClassVar
 import numpy as np
 
 from ._archives import Archive, archive_source, container_root, expand_pattern, stat_containers
-from ._images import ImageSource, check_listed, encode_labels, label_kind_problem
+from ._decoding import check_listed
+from ._images import ImageSource, encode_labels, label_kind_problem
 
 HF_METADATA = b"huggingface"  # the schema metadata key holding the datasets Features
 _STREAM_ROWS = 64  # rows per record batch when streaming a row group

@@ -17,15 +17,8 @@ from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from extract import fashion_mnist, image_folder, image_list, open_source
-from extract._images import (
-    ItemDataset,
-    check_pixel_limit,
-    collate_items,
-    decode_image,
-    jpeg_size,
-    load_image,
-    to_rgb,
-)
+from extract._decoding import check_pixel_limit, decode_image, jpeg_size, to_rgb
+from extract._images import ItemDataset, collate_items, load_image
 from extract._testing import make_image_folder, write_idx
 
 
