@@ -1670,3 +1670,35 @@ def test_default_parameters_are_the_documented_ones():
         verbose=0,
         device="auto",
     )
+
+
+@pytest.mark.parametrize("solver, optimizer", [("adam", "_Adam"), ("sgd", "_NesterovSGD")])
+def test_a_minibatch_fit_with_a_loose_tol_converges_at_its_third_plateau(
+    solver, optimizer, monkeypatch
+):
+    # An epoch counts as progress only when it beats the best loss by tol relative to it.
+    # With tol = 0.5 the loss cannot keep halving, so plateaus come quickly: the step size
+    # falls tenfold at the first two, and the third ends the fit as converged, well before
+    # max_iter and without a ConvergenceWarning. (A fast companion of the slow digits test
+    # of the step-size schedule.)
+    from mr2_probe import _solvers
+
+    step_sizes = []
+    original = getattr(_solvers, optimizer).step
+
+    def recording_step(self, grads, lr):
+        step_sizes.append(lr)
+        return original(self, grads, lr)
+
+    monkeypatch.setattr(getattr(_solvers, optimizer), "step", recording_step)
+    X, y = make_blobs(n_samples=120, centers=3, n_features=4, random_state=0)
+    clf = MR2LinearClassifier(
+        solver=solver, tol=0.5, max_iter=200, n_iter_no_change=2, lam=0.5,
+        learning_rate=1e-2, random_state=0, device="cpu",
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        clf.fit(X, y)
+    assert clf.n_iter_ < 200
+    assert sorted(set(step_sizes), reverse=True) == pytest.approx([1e-2, 1e-3, 1e-4])
+    assert step_sizes == sorted(step_sizes, reverse=True)

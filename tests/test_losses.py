@@ -562,6 +562,8 @@ def test_mr2_loss_refuses_logits_or_features_of_another_size():
     ((8, 3), (5, 4), torch.arange(8) % 3, ValueError, r"got shapes \(8, 3\), \(5, 4\)"),
     ((8, 3), (8, 4), torch.arange(8) % 3 + 3, ValueError, "Target 5 is out of bounds"),
     ((8, 3), (8, 4), -torch.ones(8, dtype=torch.long), ValueError, "Target -1 is out of"),
+    # K itself, the off-by-one of 1-based labels.
+    ((8, 3), (8, 4), torch.arange(8) % 3 + 1, ValueError, "Target 3 is out of bounds"),
     ((8, 3), (8, 4), torch.zeros(8), TypeError, "class indices .*, got torch.float32"),
     ((3,), (4,), torch.tensor(0), ValueError, r"got shapes \(3,\), \(4,\) and \(\)"),
 ])  # fmt: skip
@@ -1010,3 +1012,44 @@ def test_compactness_weight_counts_a_sample_s_own_copies():
     assert float(got) == pytest.approx((3 * l0 + l1) / 4, rel=1e-12)
     repeated = compactness_loss(x[[0, 0, 0, 1]], y[[0, 0, 0, 1]], 0.25, 1.0)
     torch.testing.assert_close(got, repeated)
+
+
+@pytest.mark.parametrize("kwargs", [dict(p=1.0), dict(p=1.0, normalize=True)])
+def test_mr2_loss_accepts_p_of_one(kwargs):
+    # p = 1 is the smallest norm the docstring allows (p >= 1): the L1 statistics must be
+    # buildable and give a finite, trainable loss, not be refused as out of range.
+    gen = torch.Generator().manual_seed(0)
+    criterion = MR2Loss(3, 4, lam=0.5, **kwargs)
+    features = torch.randn(12, 4, generator=gen, requires_grad=True)
+    logits = features @ torch.randn(4, 3, generator=gen)
+    loss = criterion(logits, features, torch.arange(12) % 3)
+    loss.backward()
+    assert criterion.p == 1.0 and float(criterion.stats_p) == 1.0
+    assert torch.isfinite(loss) and torch.isfinite(features.grad).all()
+
+
+def test_a_module_pickled_before_sync_stats_existed_does_not_synchronise():
+    # A module saved whole before the option existed never synchronised its statistics:
+    # restored, it must keep doing so (sync_stats False, default group), or a multi-process
+    # job would start issuing collectives that the other processes do not expect.
+    criterion = MR2Loss(3, 4)
+    state = criterion.__dict__.copy()
+    del state["sync_stats"], state["process_group"]
+    restored = MR2Loss.__new__(MR2Loss)
+    restored.__setstate__(state)
+    assert restored.sync_stats is False and restored.process_group is None
+
+
+def test_mr2_loss_default_tau_keeps_tiny_features_gradients_tame():
+    # The scale-free τ = 2 s̄ is floored (at 2e-12): features that a backbone has shrunk to
+    # about 1e-10 have a spread near 1e-20, and a temperature that small turned the
+    # compactness term's gradient into about 1e8, a step that throws the features far away.
+    gen = torch.Generator().manual_seed(0)
+    criterion = MR2Loss(3, 4, lam=0.5, tau=None)
+    target = torch.arange(12) % 3
+    features = (torch.randn(12, 4, generator=gen) * 1e-10).requires_grad_()
+    logits = torch.randn(12, 3, generator=gen)
+    criterion(logits, features.detach(), target)  # statistics from a first batch
+    criterion(logits, features, target).backward()
+    assert torch.isfinite(features.grad).all()
+    assert float(features.grad.abs().max()) < 1.0

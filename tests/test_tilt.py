@@ -526,3 +526,85 @@ def test_an_absent_class_with_a_non_finite_loss_has_no_part_in_the_risk(tilt):
         risk, q = tilted_class_risk(torch.tensor([0.2, absent, 0.7]), share, tilt)
         torch.testing.assert_close((risk, q), want)
         assert q[1] == 0
+
+
+def test_mr2loss_after_a_single_training_sample_weighs_it_as_the_plain_mean():
+    # After one training sample the only class seen has all of the share (π = 1) and all
+    # of the tilt's weight (q = 1): its samples then weigh q/π = 1, so an evaluation of
+    # that sample is the plain loss, not a multiple of it.
+    gen = torch.Generator().manual_seed(0)
+    logits, features = torch.randn(1, 3, generator=gen), torch.randn(1, 4, generator=gen)
+    target = torch.tensor([0])
+    criterion = MR2Loss(3, 4, c_bar=None, lam=0.0, class_tilt=2.0)
+    criterion(logits, features, target)
+    torch.testing.assert_close(criterion._class_share(), torch.tensor([1.0, 0.0, 0.0]))
+    plain = margin_cross_entropy(logits, target, torch.ones(3))
+    torch.testing.assert_close(criterion.eval()(logits, features, target), plain)
+
+
+def test_mr2loss_leaves_the_running_loss_of_a_class_absent_from_a_batch():
+    # Each class's running loss is an average of the batches that hold it: a batch without
+    # a class says nothing about its loss, and must neither pull it towards 0 nor count
+    # samples for it (or a rare class would look easy and lose its tilt weight).
+    gen = torch.Generator().manual_seed(0)
+    criterion = MR2Loss(3, 4, c_bar=None, lam=0.0, class_tilt=1.0)
+    target = torch.arange(9) % 3
+    criterion(torch.randn(9, 3, generator=gen), torch.randn(9, 4, generator=gen), target)
+    before = criterion.running_class_loss.clone()
+    samples = criterion.class_samples.clone()
+    assert before[2] > 0
+    target = torch.arange(8) % 2  # classes 0 and 1 only
+    criterion(torch.randn(8, 3, generator=gen), torch.randn(8, 4, generator=gen), target)
+    assert criterion.running_class_loss[2] == before[2]
+    assert criterion.class_samples.tolist() == [samples[0] + 4, samples[1] + 4, samples[2]]
+
+
+@pytest.mark.parametrize("solver", ["adam", "sgd"])
+def test_a_vanishing_tilt_gives_the_plain_minibatch_epoch_losses(solver):
+    # The tilted risk tends to the plain mean loss as the tilt goes to 0: a minibatch
+    # fit's epoch losses (its loss curve, on which its plateaus and stop are judged) must
+    # then be the untilted fit's, the data term counted once.
+    X, y = make_blobs(n_samples=90, centers=3, n_features=4, random_state=0)
+    curves = []
+    for tilt in (0.0, 1e-6):
+        clf = MR2LinearClassifier(
+            solver=solver, class_tilt=tilt, max_iter=3, lam=0.5, batch_size=32,
+            random_state=0, device="cpu",
+        )  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            clf.fit(X, y)
+        curves.append(clf.loss_curve_)
+    np.testing.assert_allclose(curves[1], curves[0], rtol=1e-3)
+
+
+def test_a_batch_of_many_samples_of_a_class_sets_its_running_loss_to_the_batch_mean(
+    monkeypatch,
+):
+    # The running class losses move towards a batch's class means by at most all the way:
+    # a batch holding more of a class than the averaging window (here the whole training
+    # set, 60 samples a class) replaces its running loss by the batch's mean. Moving past
+    # it would extrapolate, and under- or over-weight the class in the tilt.
+    from mr2_probe import _solvers
+
+    seen = []
+    original = _solvers.ClassRisk.risk
+
+    def recording_risk(self, class_loss):
+        seen.append(class_loss.detach().clone())
+        return original(self, class_loss)
+
+    monkeypatch.setattr(_solvers.ClassRisk, "risk", recording_risk)
+    X, y = make_blobs(n_samples=180, centers=3, n_features=4, random_state=0)
+    clf = MR2LinearClassifier(
+        solver="adam", class_tilt=1.0, batch_size=180, max_iter=4, learning_rate=0.1,
+        random_state=0, device="cpu",
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+    # One batch an epoch: each step's class losses, then the epoch's own (the same batch).
+    steps, epochs = seen[0::2], seen[1::2]
+    assert len(steps) == len(epochs) == 4
+    for step, epoch in zip(steps, epochs, strict=True):
+        torch.testing.assert_close(step, epoch)
