@@ -975,3 +975,124 @@ def test_a_sample_with_several_images_gives_the_first_of_the_image_keys(tmp_path
     assert src.archive.read(src.root, [0], {}) == [bytearray(b"jpg bytes")]  # jpg before png
     src = open_source(f"webdataset:{tmp_path}/s.tar", image_key="png;jpg")
     assert src.archive.read(src.root, [0], {}) == [bytearray(b"png bytes")]
+
+
+def test_parquet_file_identity_is_its_size_and_footer(tmp_path):
+    # A Parquet file's identity (kept in the store to recognise the files it was made from)
+    # is the sha256 of its size and its whole footer: the Thrift metadata just before the
+    # last 8 bytes. Hashing a shifted window would leave the footer's last byte unchecked
+    # and would change every identity already recorded in existing stores.
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"image": [b"a", b"b", b"c"], "label": [0, 1, 0]}), path)
+    whole = path.read_bytes()
+    length = int.from_bytes(whole[-8:-4], "little")
+    footer = whole[-8 - length : -8]
+    expected = hashlib.sha256(f"{len(whole)}\n".encode() + footer).hexdigest()
+    assert open_source(f"parquet:{path}").files == {"train.parquet": f"sha256:{expected}"}
+
+
+def test_arrow_streams_of_one_size_with_other_headers_differ_in_identity(tmp_path):
+    # Two Arrow streams of the same byte size whose schemas differ (here the ClassLabel
+    # names, renamed in place) are different datasets: their identities must differ, so
+    # that a store made from one is not taken for a store of the other.
+    def write(path, names):
+        schema = hf_image_schema(names)
+        table = pa.table(
+            {"image": [{"bytes": b"x" * 8, "path": None}] * 4, "label": [0, 1, 0, 1]},
+            schema=schema,
+        )
+        with pa.ipc.new_stream(str(path), schema) as sink:
+            for batch in table.to_batches(max_chunksize=2):
+                sink.write_batch(batch)
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    write(tmp_path / "a" / "data.arrow", ["cat", "dog"])
+    write(tmp_path / "b" / "data.arrow", ["cow", "dog"])
+    assert (tmp_path / "a" / "data.arrow").stat().st_size == (
+        tmp_path / "b" / "data.arrow"
+    ).stat().st_size
+    a = open_source(f"parquet:{tmp_path}/a/data.arrow")
+    b = open_source(f"parquet:{tmp_path}/b/data.arrow")
+    assert a.class_names == ["cat", "dog"] and b.class_names == ["cow", "dog"]
+    assert a.files["data.arrow"] != b.files["data.arrow"]
+
+
+def test_parquet_files_that_disagree_on_class_names_are_refused(tmp_path):
+    # The class names of integer labels come from each file's Hugging Face metadata. Files
+    # naming the classes differently (or one without names) cannot share one list of
+    # classes: picking either list would silently mislabel the rows of the other files.
+    def write(path, names):
+        schema = hf_image_schema(names) if names else None
+        images = [{"bytes": b"a", "path": None}, {"bytes": b"b", "path": None}]
+        pq.write_table(pa.table({"image": images, "label": [0, 1]}, schema=schema), path)
+
+    write(tmp_path / "0.parquet", ["cat", "dog"])
+    write(tmp_path / "1.parquet", ["dog", "cat"])
+    with pytest.raises(TableError, match="disagree on the 'label' class names"):
+        open_source(f"parquet:{tmp_path}/{{0,1}}.parquet")
+    write(tmp_path / "1.parquet", None)
+    with pytest.raises(TableError, match="disagree on the 'label' class names"):
+        open_source(f"parquet:{tmp_path}/{{0,1}}.parquet")
+
+
+def test_tar_headers_with_old_signed_checksums_are_read(tmp_path):
+    # Some old tar writers summed the header bytes as signed chars. Their checksums differ
+    # from the unsigned sum only when a header holds bytes >= 0x80 (a UTF-8 name); such
+    # shards are valid tars and must be indexed, not refused as damaged.
+    import struct
+
+    path = tmp_path / "00000.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT, encoding="utf-8") as tf:
+        for name, data in (("\u00e9t\u00e9.cls", b"0"), ("\u00e9t\u00e9.jpg", b"xyz")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    raw = bytearray(path.read_bytes())
+    for start in (0, 1024):  # the two headers
+        header = raw[start : start + 512]
+        header[148:156] = b" " * 8
+        signed = sum(struct.unpack("512b", bytes(header)))
+        assert signed != sum(header)  # the name's bytes >= 0x80 make the sums differ
+        raw[start + 148 : start + 156] = b"%06o\0 " % signed
+    path.write_bytes(bytes(raw))
+    src = open_source(f"webdataset:{path}")
+    assert src.ids == ["\u00e9t\u00e9"] and src.labels.tolist() == [0]
+
+
+def test_webdataset_json_label_paths_index_into_lists(tmp_path):
+    # A JSON label path may step into a list by position (json.labels.1 is the second
+    # entry of "labels"), as multi-label metadata stores its classes; the path must reach
+    # the entry, not stop at the list and refuse the sample.
+    with wds.TarWriter(str(tmp_path / "s.tar")) as sink:
+        sink.write({"__key__": "k0", "jpg": b"x", "json": {"labels": ["cat", 1]}})
+        sink.write({"__key__": "k1", "jpg": b"y", "json": {"labels": ["dog", 0]}})
+    src = open_source(f"webdataset:{tmp_path}/s.tar", label_key="json.labels.1")
+    assert src.labels.tolist() == [1, 0]
+    names = open_source(f"webdataset:{tmp_path}/s.tar", label_key="json.labels.0")
+    assert names.class_names == ["cat", "dog"] and names.labels.tolist() == [0, 1]
+
+
+def test_a_repeated_key_names_only_the_shards_holding_it(tmp_path):
+    # The message about a key used twice lists the shards where it occurs, so that the
+    # user knows which shards to fix; a shard without that key must not be blamed.
+    for number, keys in enumerate([["a", "b"], ["c"], ["d", "b"]]):
+        with wds.TarWriter(str(tmp_path / f"{number:05d}.tar")) as sink:
+            for key in keys:
+                sink.write({"__key__": key, "jpg": b"x", "cls": "0"})
+    with pytest.raises(ShardError, match="'b' occurs 2 times") as info:
+        open_source(f"webdataset:{tmp_path}")
+    message = str(info.value)
+    assert "00000.tar" in message and "00002.tar" in message
+    assert "00001.tar" not in message
+
+
+def test_a_folder_without_tar_shards_is_refused_by_name(tmp_path):
+    # A folder given as the source that holds no .tar files (only other files, or hidden
+    # ones) must be refused with a message naming the folder, not fail later with a bare
+    # IndexError that says nothing of what was wrong.
+    (tmp_path / "notes.txt").write_text("no shards here")
+    (tmp_path / "._00000.tar").write_bytes(b"macOS metadata")
+    with pytest.raises(ValueError, match=r"holds no \.tar shards") as info:
+        open_source(f"webdataset:{tmp_path}")
+    assert str(tmp_path) in str(info.value)
