@@ -1432,3 +1432,135 @@ def test_too_many_folds_say_how_many_the_classes_allow(tmp_path, capsys, y, cv, 
     argv = [str(tmp_path / "d.npz"), "--test", str(tmp_path / "t.npz"), "--grid", "C=0.1,1"]
     code, lines = _error([*argv, "--cv", str(cv), "--no-progress"], capsys)
     assert code == 2 and lines[0].endswith(advice), lines
+
+
+def _refused(argv, capsys):
+    """The one error line of a run that must stop before any fit."""
+    code, lines = _error([*argv, "--no-progress"], capsys)
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith("mr2-probe: error: "), lines
+    return lines[0]
+
+
+def test_labels_of_two_dimensions_are_refused(files, tmp_path, capsys):
+    # Labels saved as a column (n, 1) have one per row, but are no 1-D class vector: they
+    # must be refused by name, not fitted as whatever scikit-learn makes of a column.
+    np.save(tmp_path / "y_column.npy", np.load(files / "y.npy")[:, None])
+    line = _refused([str(files / "X.npy"), "--labels", str(tmp_path / "y_column.npy")], capsys)
+    assert "must be a 1-D array; got shape (90, 1)" in line
+
+
+def test_a_file_of_no_samples_is_refused(tmp_path, capsys):
+    # An empty file (no rows) must be said to hold no samples, in one line, rather than
+    # fail further on with an index error and a traceback.
+    np.savez(tmp_path / "empty.npz", X=np.zeros((0, 4), np.float32), y=np.zeros(0, int))
+    line = _refused([str(tmp_path / "empty.npz")], capsys)
+    assert line.endswith("empty.npz holds no samples")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_labels_that_are_nan_or_infinite_are_refused(files, tmp_path, capsys, bad):
+    # A NaN or infinite label is no class: every row needs one. An infinite label equals
+    # its own rounding, so only this check stops it from being fitted as a class of its own.
+    y = np.load(files / "y.npy").astype(float)
+    y[3] = bad
+    np.save(tmp_path / "y_bad.npy", y)
+    line = _refused([str(files / "X.npy"), "--labels", str(tmp_path / "y_bad.npy")], capsys)
+    assert "some labels are NaN or infinite; every row needs a class" in line
+
+
+def test_bytes_labels_that_are_not_utf8_are_refused(files, tmp_path, capsys):
+    # Bytes labels are decoded as UTF-8 text; bytes that are not text must be refused with
+    # that reason, not passed on as bytes (which scikit-learn refuses after the fit began).
+    X = np.load(files / "X.npy")
+    y = np.array([b"\xff\xfe", b"ok", b"\xc3"])[np.arange(len(X)) % 3]
+    np.savez(tmp_path / "latin.npz", X=X, y=y)
+    line = _refused([str(tmp_path / "latin.npz")], capsys)
+    assert "latin.npz are bytes that are not UTF-8 text" in line
+
+
+def test_a_single_array_named_npz_is_refused_as_such(files, tmp_path, capsys):
+    # A .npy array saved under a .npz name holds no X and y: the error must say so
+    # plainly rather than report a failure to read the file.
+    np.save(tmp_path / "X.npy", np.load(files / "X.npy"))
+    (tmp_path / "X.npy").rename(tmp_path / "single.npz")
+    line = _refused([str(tmp_path / "single.npz")], capsys)
+    assert "single.npz holds one array, not a .npz archive of X and y" in line
+
+
+def test_test_labels_without_a_test_file_are_refused(files, capsys):
+    # --test-labels only describes a --test file: given alone it would be ignored (or fail
+    # on the missing test path); the run must stop and say so in one line.
+    line = _refused(
+        [str(files / "X.npy"), "--labels", str(files / "y.npy"), "--test-labels",
+         str(files / "y.npy")],
+        capsys,
+    )  # fmt: skip
+    assert "--test-labels goes with --test FILE.npy; pass --test or drop it" in line
+
+
+def test_an_unknown_device_is_refused_before_anything_is_read(files, capsys):
+    # A device name that torch does not know is an option mistake: it must be refused
+    # with the option named before any file is read or any model fitted.
+    line = _refused([str(files / "missing.npz"), "--device", "no-such-device"], capsys)
+    assert line.startswith("mr2-probe: error: --device 'no-such-device': device=")
+    assert "is not a torch device" in line
+
+
+def test_a_class_of_two_samples_is_not_called_a_single_sample(files, capsys):
+    # When a --test-size split cannot be made, a class of two samples is not the problem
+    # of a class with one: the advice must be another --test-size, not to drop samples.
+    line = _refused([str(files / "uneven.npz"), "--test-size", "0.01"], capsys)
+    assert "choose a --test-size that leaves each class at least one sample" in line
+    assert "single sample" not in line
+
+
+def test_an_archive_with_features_but_no_labels_is_refused_by_name(files, tmp_path, capsys):
+    # An archive that holds X but neither y nor labels must be refused by saying which
+    # arrays it needs and which it holds, not with a bare KeyError from the archive.
+    np.savez(tmp_path / "no_y.npz", X=np.load(files / "X.npy"))
+    line = _refused([str(tmp_path / "no_y.npz")], capsys)
+    assert "must hold arrays X and y (or features and labels); found ['X']" in line
+
+
+@pytest.mark.parametrize(
+    "options", [["--test-size", "1"], ["--tilt", "1", "--val-size", "1"]]
+)  # fmt: skip
+def test_a_fraction_of_one_is_refused_as_out_of_range(files, capsys, options):
+    # A fraction of 1 would hold out every sample: it is out of range like 0, and must be
+    # refused as such, before any file is read.
+    line = _refused([str(files / "missing.npz"), *options], capsys)
+    assert f"{options[-2]} must be a fraction between 0 and 1 (both excluded)" in line
+
+
+def _checked(argv):
+    """The options of ``argv`` parsed and checked as mr2-probe does before reading files."""
+    from mr2_probe.cli._options import _check_options, _parser
+
+    args = _parser().parse_args(argv)
+    _check_options(args)
+    return args
+
+
+def test_a_front_bound_of_zero_is_taken(files):
+    # The front's bound is in points "from 0": a bound of 0 (no overall accuracy given up
+    # against ERM) is the strictest rule, and must be accepted, not refused as out of range.
+    args = _checked([str(files / "train.npz"), "--tilt", "1", "--front-bound", "0"])
+    assert args.front_bound == 0
+
+
+def test_cs_of_two_values_is_the_smallest_choice(files):
+    # --Cs N needs N >= 2 values to choose from; 2 is the least that is a choice, and must
+    # be accepted (1 is refused elsewhere).
+    args = _checked([str(files / "train.npz"), "--Cs", "2"])
+    assert args.Cs == 2
+
+
+def test_a_grid_of_one_iteration_is_taken(files):
+    # --grid max_iter refuses values below 1 (0 reports the untrained starting point);
+    # a single iteration is a model, and a grid holding it must be accepted.
+    from mr2_probe._classifier import MR2LinearClassifier
+    from mr2_probe.cli._options import _check_grid, _grid
+
+    args = _checked([str(files / "train.npz"), "--grid", "max_iter=1,5"])
+    _check_grid(_grid(args.grid), MR2LinearClassifier(), args, frozenset({"grid"}))
