@@ -640,15 +640,15 @@ def test_bad_training_input(make, message):
         MR2LinearClassifier(device="cpu").fit(X, y)
 
 
-def _nonfinite_inputs(tmp_path, X, kind):
-    """X as a NumPy array, a torch tensor or an HDF5 dataset read in blocks of 64 rows."""
-    if kind == "numpy":
-        return X
+@contextlib.contextmanager
+def _as_kind(X, kind, tmp_path):
+    """``X`` as a tensor, or as an HDF5 dataset of an open file (closed after the block)."""
     if kind == "tensor":
-        return torch.as_tensor(X)
+        yield torch.as_tensor(X)
+        return
     h5py = pytest.importorskip("h5py")
-    f = h5py.File(tmp_path / "X.h5", "w")
-    return f.create_dataset("features", data=X, chunks=(64, X.shape[1]))
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        yield f.create_dataset("X", data=X)
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
@@ -675,8 +675,8 @@ def test_nonfinite_input_gets_numpys_error_on_every_path(
 
     with pytest.raises(ValueError) as numpy_error:
         call(bad)
-    with pytest.raises(ValueError) as error:
-        call(_nonfinite_inputs(tmp_path, bad, kind))
+    with _as_kind(bad, kind, tmp_path) as data, pytest.raises(ValueError) as error:
+        call(data)
     assert str(error.value) == str(numpy_error.value)
     assert str(error.value).startswith(
         "Input X contains NaN" if np.isnan(value) else "Input X contains infinity"
@@ -1418,17 +1418,6 @@ def test_a_learned_projection_s_statistics_are_those_of_the_representation():
     raw = np.stack([X[y == k].mean(0) for k in range(3)])
     final = np.stack([(X @ clf.projection_.T)[y == k].mean(0) for k in range(3)])
     assert np.abs(means - final).max() < 0.2 * np.abs(means - raw).max()
-
-
-@contextlib.contextmanager
-def _as_kind(X, kind, tmp_path):
-    """``X`` as a tensor, or as an HDF5 dataset of an open file (closed after the block)."""
-    if kind == "tensor":
-        yield torch.as_tensor(X)
-        return
-    h5py = pytest.importorskip("h5py")
-    with h5py.File(tmp_path / "X.h5", "w") as f:
-        yield f.create_dataset("X", data=X)
 
 
 @pytest.mark.parametrize("n_classes", [2, 3])

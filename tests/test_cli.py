@@ -103,6 +103,15 @@ def _error(argv, capsys):
     return info.value.code, capsys.readouterr().err.strip().splitlines()
 
 
+def _refused(argv, capsys):
+    """The one error line of a run that must stop before any fit (exit status 2)."""
+    code, lines = _error([*argv, "--no-progress"], capsys)
+    assert code == 2
+    # One line: no traceback, and no "fitting ..." line either (nothing was fitted).
+    assert len(lines) == 1 and lines[0].startswith("mr2-probe: error: "), lines
+    return lines[0]
+
+
 def test_train_and_test_files_print_the_classwise_table(digits_files, capsys):
     argv = [str(digits_files / "train.npz"), "--test", str(digits_files / "test.npz")]
     assert main([*argv, "--c-bar", "1", "--no-progress"]) == 0
@@ -619,12 +628,8 @@ NEEDS_H5 = pytest.mark.skipif(
     ],
 )
 def test_mistakes_end_in_one_line_and_status_2(files, stores, argv, message, capsys):
-    argv = [arg.format(d=files) for arg in argv]
-    code, lines = _error([*argv, "--no-progress"], capsys)
-    assert code == 2
-    # One line: no traceback, and no "fitting ..." line either (nothing was fitted).
-    assert len(lines) == 1 and lines[0].startswith("mr2-probe: error: "), lines
-    assert message.format(d=files) in lines[0]
+    line = _refused([arg.format(d=files) for arg in argv], capsys)
+    assert message.format(d=files) in line
 
 
 def test_cs_needs_two_values_to_choose_from(files, capsys):
@@ -1432,14 +1437,6 @@ def test_too_many_folds_say_how_many_the_classes_allow(tmp_path, capsys, y, cv, 
     argv = [str(tmp_path / "d.npz"), "--test", str(tmp_path / "t.npz"), "--grid", "C=0.1,1"]
     code, lines = _error([*argv, "--cv", str(cv), "--no-progress"], capsys)
     assert code == 2 and lines[0].endswith(advice), lines
-
-
-def _refused(argv, capsys):
-    """The one error line of a run that must stop before any fit."""
-    code, lines = _error([*argv, "--no-progress"], capsys)
-    assert code == 2
-    assert len(lines) == 1 and lines[0].startswith("mr2-probe: error: "), lines
-    return lines[0]
 
 
 def test_labels_of_two_dimensions_are_refused(files, tmp_path, capsys):

@@ -75,7 +75,10 @@ def test_non_finite_features_are_recorded_as_failures_not_stored(folder, tmp_pat
         assert np.isfinite(s.features).all()
         reasons = dict(s.failures)
     with h5py.File(path, "r") as f:
-        status, names = f["status"][:], f["paths"].asstr()[:]
+        status, names, stored = f["status"][:], f["paths"].asstr()[:], f["features"][:]
+    # Their features are stored as zeros, as an unreadable image's are.
+    assert (stored[status == FAILED] == 0).all()
+    assert (stored[status != FAILED] != 0).any(axis=1).all()
     n_blocks = -(-len(status) // FAST["batch_size"])
     non_finite = [r for r in reasons.values() if "non-finite" in r]
     beyond = [r for r in reasons.values() if "beyond the range of the store's float16" in r]
@@ -326,9 +329,10 @@ def test_second_writer_gets_a_clear_error(folder, tmp_path):
     assert not out.exists()
 
 
-def test_a_complete_store_in_a_read_only_folder_is_reused(store, folder, monkeypatch):
+def test_a_complete_store_in_a_read_only_folder_is_reused(store, folder, monkeypatch, caplog):
     # Reuse writes nothing, but the lock beside the store was created first: "no
-    # permission to write in the folder" on a read-only file system.
+    # permission to write in the folder" on a read-only file system. The reuse is said, as
+    # in a writable folder.
     from extract import _runner
 
     writable = os.access
@@ -338,7 +342,9 @@ def test_a_complete_store_in_a_read_only_folder_is_reused(store, folder, monkeyp
         )
     )  # fmt: skip
     monkeypatch.setattr(_runner, "store_lock", None)  # would fail, called
+    caplog.set_level(logging.INFO, logger="extract")
     assert extract_features(folder, BACKBONE, store, **FAST) == store
+    assert "Reused the complete feature store" in caplog.text
     with pytest.raises(StoreError, match="Cannot complete the feature store .* no permission"):
         extract_features(folder, BACKBONE, store, retry_failed=True, **FAST)
     with pytest.raises(StoreError, match="Cannot write the output .* no permission"):
@@ -1706,28 +1712,6 @@ def test_a_batch_of_jpegs_alone_is_decoded_on_the_tensor_path(tmp_path):
     )
 
 
-def test_rows_with_non_finite_features_are_stored_as_zeros(tmp_path, monkeypatch):
-    # A row whose features are not finite is recorded as failed and its features stored as
-    # zeros, as documented (as an unreadable image's are).
-    from extract import _runner
-
-    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
-    embed = _runner._embed
-
-    def broken(backbone, x, normalize):
-        z = embed(backbone, x, normalize)
-        z[0, 3] = np.nan
-        return z
-
-    monkeypatch.setattr(_runner, "_embed", broken)
-    path = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
-    with h5py.File(path, "r") as f:
-        status, features = f["status"][:], f["features"][:]
-    assert (status == FAILED).sum() == 1
-    assert (features[status == FAILED] == 0).all()
-    assert (features[status != FAILED] != 0).any(axis=1).all()
-
-
 def test_a_cpu_store_holds_the_float32_forward_pass(tmp_path):
     # A CPU run computes in float32, as the store's "compute" records, not in bfloat16
     # autocast: its features are the model's own forward pass, to float32 rounding.
@@ -1790,21 +1774,6 @@ def test_a_source_without_images_is_refused(tmp_path):
     assert not out.exists()
 
 
-def test_a_complete_store_in_a_read_only_folder_says_it_is_reused(tmp_path, monkeypatch, caplog):
-    # The reuse of a complete store is logged in a read-only folder too, as in a writable one.
-    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
-    store = extract_features(folder, BACKBONE, tmp_path / "out" / "f.h5", **FAST)
-    writable = os.access
-    monkeypatch.setattr(
-        os, "access", lambda p, mode: writable(p, mode) and not (
-            mode & os.W_OK and os.path.samefile(p, store.parent)
-        )
-    )  # fmt: skip
-    caplog.set_level(logging.INFO, logger="extract")
-    assert extract_features(folder, BACKBONE, store, **FAST) == store
-    assert "Reused the complete feature store" in caplog.text
-
-
 def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merged_store(
     tmp_path, monkeypatch
 ):
@@ -1828,7 +1797,7 @@ def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merg
         f["features"][marked] = 7.0
         f.attrs["versions"] = json.dumps({"torch": "1.0"})
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(_runner, "_ranks_group", contextlib.nullcontext)
+    _ranks_one_by_one(monkeypatch)
     merges = []
     monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair: (
         merges.append((rank, repair)) or out))  # fmt: skip
