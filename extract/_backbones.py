@@ -90,11 +90,8 @@ def _check_timm_model(spec: BackboneSpec) -> None:
     if spec.model.startswith(_MODEL_SOURCES):  # its architecture is in its config
         _check_own_weights(spec)
         where = spec.model.removeprefix("local-dir:")
-        if where != spec.model and not os.path.isfile(os.path.join(where, "config.json")):
-            raise BackboneError(
-                f"The timm model folder {where!r} of backbone {str(spec)!r} holds no "
-                "config.json; timm's save_for_hf writes the folder that 'local-dir:' reads."
-            )
+        if where != spec.model:
+            _check_model_folder(spec, where)
         return
     arch, tag = split_model_name_tag(spec.model)
     if not timm.is_model(arch):
@@ -109,6 +106,31 @@ def _check_timm_model(spec: BackboneSpec) -> None:
             raise BackboneError(
                 f"timm has no pretrained tag {tag!r} for {arch!r} (backbone {str(spec)!r}){hint}"
             ) from None
+
+
+def _check_model_folder(spec: BackboneSpec, where: str) -> None:
+    """Refuse a ``local-dir:`` folder whose config.json is missing, is not a JSON object or
+    names no architecture that timm has (timm's KeyError or JSON traceback otherwise)."""
+    import timm
+
+    path = os.path.join(where, "config.json")
+    about = f"The timm model folder {where!r} of backbone {str(spec)!r}"
+    saved = "timm's save_for_hf writes the folder that 'local-dir:' reads."
+    if not os.path.isfile(path):
+        raise BackboneError(f"{about} holds no config.json; {saved}")
+    try:
+        with open(path, "rb") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError alike
+        raise BackboneError(
+            f"{about} has a config.json that cannot be read as JSON ({err}); {saved}"
+        ) from None
+    arch = config.get("architecture") if isinstance(config, dict) else None
+    if not isinstance(arch, str):
+        raise BackboneError(f"{about} has a config.json without an 'architecture' name; {saved}")
+    if not timm.is_model(arch):
+        hint = _suggest(arch, timm.list_models(), "`timm.list_models()`")
+        raise BackboneError(f"{about} names an architecture timm does not have, {arch!r}{hint}")
 
 
 def _check_own_weights(spec: BackboneSpec) -> None:

@@ -291,6 +291,13 @@ def _fitting_load(
             raise BackboneError(
                 f"{fails}: {str(err).strip().splitlines()[-1].strip()} {advice}"
             ) from err
+        except AttributeError as err:
+            # timm looks up the layers that the config's first_conv and classifier name
+            # (torch's get_submodule says "X has no attribute `name`"): a config written
+            # for another architecture than the one it names.
+            if "has no attribute `" not in str(err):
+                raise
+            raise BackboneError(f"{fails}: {err}, which its config names. {advice}") from err
     if not every_key:
         return model
     missing = [key for _, result in loads for key in result.missing_keys]

@@ -1,5 +1,6 @@
 """Backbone specs and the factory, with tiny random-weight models (no downloads)."""
 
+import json
 import os
 import re
 import shutil
@@ -685,6 +686,47 @@ def test_a_model_folder_whose_weights_do_not_fit_is_one_error(tmp_path):
         assert str(info.value).endswith("Its config.json must name the architecture its "
                                         "weights were trained as.")  # fmt: skip
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        (b"{not json", r"has a config.json that cannot be read as JSON \(Expecting property"),
+        (b"\xff\xfe{", "has a config.json that cannot be read as JSON"),
+        (b"[1]", "has a config.json without an 'architecture' name"),
+        (b'{"num_classes": 0}', "has a config.json without an 'architecture' name"),
+        (b'{"architecture": "test_resnt"}',
+         "names an architecture timm does not have, 'test_resnt'; did you mean 'test_resnet'"),
+    ],
+)  # fmt: skip
+def test_a_model_folder_whose_config_timm_cannot_read_is_one_error(tmp_path, config, match):
+    # timm's KeyError ('architecture'), JSONDecodeError or "Unknown model" traceback.
+    from extract import BackboneError
+
+    (tmp_path / "config.json").write_bytes(config)
+    with pytest.raises(BackboneError, match=match) as info:
+        create_backbone(f"timm:local-dir:{tmp_path}", image_size=32)
+    assert str(info.value).startswith(f"The timm model folder {str(tmp_path)!r} of backbone")
+
+
+def test_a_model_folder_whose_config_names_another_architecture_is_one_error(tmp_path):
+    # A resnet's folder whose config.json names a ViT: timm looks up the resnet's first
+    # convolution (the config's first_conv) in the ViT, and its AttributeError ended the run.
+    import timm
+    from timm.models import save_for_hf
+
+    from extract import BackboneError
+
+    save_for_hf(timm.create_model("test_resnet", num_classes=0), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architecture": "test_vit"}))
+    with pytest.raises(BackboneError) as info:
+        create_backbone(f"timm:local-dir:{tmp_path}", image_size=32)
+    assert str(info.value) == (
+        f"The checkpoint of backbone 'timm:local-dir:{tmp_path}' does not fit the timm model "
+        f"'local-dir:{tmp_path}': VisionTransformer has no attribute `conv1`, which its "
+        "config names. Its config.json must name the architecture its weights were trained as."
+    )
 
 
 def test_hub_offline_setting_is_respected(no_network, monkeypatch):
