@@ -597,30 +597,6 @@ def test_a_meta_tensor_is_a_clear_value_error():
 
 
 @pytest.mark.parametrize(
-    "name, local_rank, expected",
-    [
-        ("auto", None, "cuda:1"),  # the current GPU
-        ("auto", "0", "cuda:0"),  # torchrun: the rank's
-        ("auto", "3", "cuda:1"),  # each rank sees two GPUs: wraps around them
-        ("cuda", None, "cuda:1"),  # an index, as torch.cuda.set_device needs
-        ("cuda", "0", "cuda:0"),
-        ("cuda:0", "1", "cuda:0"),  # named: kept
-    ],
-)
-def test_cuda_devices_resolve_to_an_index(monkeypatch, name, local_rank, expected):
-    from mr2_probe._device import resolve_device
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    if local_rank is None:
-        monkeypatch.delenv("LOCAL_RANK", raising=False)
-    else:
-        monkeypatch.setenv("LOCAL_RANK", local_rank)
-    assert resolve_device(name) == torch.device(expected)
-
-
-@pytest.mark.parametrize(
     "make, message",
     [
         (lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 3, np.nan, X), y), "NaN"),

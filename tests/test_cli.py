@@ -22,9 +22,10 @@ from sklearn.exceptions import ConvergenceWarning, FitFailedWarning
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
+from mr2_probe import MR2LinearClassifier
 from mr2_probe.cli import UsageError, load_xy, main
-from mr2_probe.cli._main import _in_cli_terms
-from mr2_probe.cli._options import _grid
+from mr2_probe.cli._main import _cv_probe, _estimators, _in_cli_terms, _model
+from mr2_probe.cli._options import _grid, _parser
 from mr2_probe.cli._outputs import _OUTPUTS
 
 FASHION = ["T-shirt/top", "Trouser", "Ankle boot"]
@@ -207,9 +208,6 @@ def test_a_cosine_erm_searches_no_c(files, capsys):
 def test_a_grid_of_both_heads_searches_c_where_it_penalises():
     # With head=cosine,linear the cosine ERM (and MR² without a projection) still searched
     # C, and could report a C that changed nothing.
-    from mr2_probe import MR2LinearClassifier
-    from mr2_probe.cli._main import _model
-
     args = Namespace(feature_scaling="none", cv=2, seed=0, n_jobs=None, scoring="worst_class")
     grid = {"head": ["cosine", "linear"], "C": [0.001, 1000], "lam": [0, 0.5]}
     search = _model(MR2LinearClassifier(c_bar=1.0, solver="adam"), grid, args)
@@ -222,6 +220,49 @@ def test_a_grid_of_both_heads_searches_c_where_it_penalises():
             *({"C": C, "head": "linear", "lam": lam} for C in (0.001, 1000) for lam in (0, 0.5)),
         ]
     )
+
+
+def _no_progress(estimator):
+    return all(v == 0 for k, v in estimator.get_params().items() if k.endswith("verbose"))
+
+
+def test_a_grid_search_is_seeded_refits_by_its_scoring_and_fits_without_progress_bars():
+    # The folds are shuffled with --seed, the refit is the model best by --scoring, and
+    # the search's many fits show no progress bar each (the probe given is left as it is).
+    args = Namespace(feature_scaling="standard", cv=4, seed=7, n_jobs=2, scoring="worst_class")
+    probe = MR2LinearClassifier(verbose=1)
+    search = _model(probe, {"C": [0.1, 1.0]}, args)
+    assert (search.cv.n_splits, search.cv.shuffle, search.cv.random_state) == (4, True, 7)
+    assert search.refit == "worst_class" and search.n_jobs == 2
+    assert _no_progress(search.estimator) and probe.verbose == 1
+
+
+def test_a_cv_path_is_seeded_and_scored_by_the_options():
+    args = Namespace(Cs=5, cv=4, seed=7, n_jobs=2, scoring="balanced_accuracy")
+    search = _cv_probe(MR2LinearClassifier(c_bar=2.0, verbose=1), args)
+    assert (search.cv.n_splits, search.cv.shuffle, search.cv.random_state) == (4, True, 7)
+    assert (search.Cs, search.scoring, search.n_jobs) == (5, "balanced_accuracy", 2)
+    assert search.c_bar == 2.0 and search.verbose == 1
+
+
+@pytest.mark.parametrize("flag, verbose", [([], 1), (["--no-progress"], 0)])
+def test_the_probes_show_progress_bars_unless_no_progress_and_default_to_c_1(flag, verbose):
+    erm, mr2 = _estimators(_parser().parse_args(["train.npz", *flag]))
+    assert erm.verbose == mr2.verbose == verbose
+    assert erm.C == mr2.C == 1.0
+
+
+def test_ctrl_c_ends_the_run_with_status_130_and_one_line(monkeypatch, capsys):
+    import mr2_probe.cli._main as cli_main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_main, "_run", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        cli_main.main(["train.npz"])
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err == "mr2-probe: interrupted\n"
 
 
 def test_json_outputs_are_strict_json(files, tmp_path):

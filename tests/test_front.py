@@ -292,20 +292,27 @@ def test_the_mr2_point_is_left_out_only_where_it_is_erm(splits, lam, names):
     assert [p.name for p in front.points] == names
 
 
-def test_cli_front_erm_is_the_reported_erm(features, monkeypatch, capsys):
-    # The front took ERM as MR2's configuration without margins: with a search, at MR2's
-    # C, not ERM's own, so the report showed two different "ERM"s and the rule's floor was
-    # an untuned ERM's.
+def _spied_front(monkeypatch):
+    """What the command line passes accuracy_front, once it has run: the ``estimator``,
+    ``y_val`` and its keyword options."""
     from mr2_probe import front as front_module
 
     seen = {}
     real = front_module.accuracy_front
 
-    def spy(estimator, *args, erm=None, **kwargs):
-        seen["erm"], seen["mr2"] = erm, estimator
-        return real(estimator, *args, erm=erm, **kwargs)
+    def spy(estimator, X_fit, y_fit, X_val, y_val, **kwargs):
+        seen.update(kwargs, estimator=estimator, y_val=y_val)
+        return real(estimator, X_fit, y_fit, X_val, y_val, **kwargs)
 
     monkeypatch.setattr(front_module, "accuracy_front", spy)
+    return seen
+
+
+def test_cli_front_erm_is_the_reported_erm(features, monkeypatch, capsys):
+    # The front took ERM as MR2's configuration without margins: with a search, at MR2's
+    # C, not ERM's own, so the report showed two different "ERM"s and the rule's floor was
+    # an untuned ERM's.
+    seen = _spied_front(monkeypatch)
     argv = [str(features / "train.npz"), "--test", str(features / "test.npz"), "--cv", "2"]
     argv += ["--grid", "c_bar=4", "--grid", "C=0.0001,1", "--tilt", "1", "--no-progress"]
     assert main(argv) == 0
@@ -316,8 +323,25 @@ def test_cli_front_erm_is_the_reported_erm(features, monkeypatch, capsys):
         )
         for name in ("ERM", "MR2")
     }
-    assert seen["erm"].C == best["ERM"]["C"] and seen["mr2"].C == best["MR2"]["C"]
-    assert seen["erm"].c_bar is None and seen["mr2"].c_bar == 4
+    assert seen["erm"].C == best["ERM"]["C"] and seen["estimator"].C == best["MR2"]["C"]
+    assert seen["erm"].c_bar is None and seen["estimator"].c_bar == 4
+
+
+def test_cli_front_splits_and_bounds_as_its_options_say(features, monkeypatch):
+    # --val-size holds out that fraction of the training data, stratified and seeded by
+    # --seed; --offsets and --front-bound are in percent; the front's fits show no
+    # progress bars, even where the run's own fits do.
+    seen = _spied_front(monkeypatch)
+    argv = [str(features / "train.npz"), "--test", str(features / "test.npz"), "--seed", "3"]
+    argv += ["--offsets", "2", "--val-size", "0.2", "--front-bound", "1.5", "--max-iter", "50"]
+    assert main(argv) == 0
+    y = np.load(features / "train.npz")["y"]
+    _, y_val = train_test_split(y, test_size=0.2, stratify=y, random_state=3)
+    np.testing.assert_array_equal(seen["y_val"], y_val)
+    assert seen["offset_bounds"] == [pytest.approx(0.02)]
+    assert seen["bound"] == pytest.approx(0.015)
+    for estimator in (seen["estimator"], seen["erm"]):
+        assert all(v == 0 for k, v in estimator.get_params().items() if k.endswith("verbose"))
 
 
 def test_front_names_the_points_that_stopped_short(splits):
