@@ -144,6 +144,9 @@ def test_timm_random_backbone(spec, dim, channels_last):
     assert (bb.dim, bb.channels_last) == (dim, channels_last)
     assert bb.weights_id.startswith("random-init:seed0 params-sha256:")
     assert bb.preprocess["crop"] == [32, 32]
+    conv = next(m for m in bb.model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last) == channels_last
+    assert not bb.model.training and not any(p.requires_grad for p in bb.model.parameters())
     x = torch.rand(3, 3, 32, 32)
     with torch.inference_mode():
         assert bb.model(x).shape == (3, dim)
@@ -292,7 +295,9 @@ def test_an_open_clip_coca_model_embeds_as_its_encode_image(tmp_path):
 
 
 @pytest.mark.parametrize("agree", [True, False])
-def test_a_local_open_clip_checkpoint_takes_its_tags_preprocessing(tmp_path, monkeypatch, agree):
+def test_a_local_open_clip_checkpoint_takes_its_tags_preprocessing(
+    tmp_path, monkeypatch, caplog, agree
+):
     # open_clip applies a tag's preprocessing (SigLIP: mean = std = 0.5, squashed resize)
     # only when loading by the tag: a local checkpoint of the model got OpenAI's.
     import open_clip
@@ -318,6 +323,7 @@ def test_a_local_open_clip_checkpoint_takes_its_tags_preprocessing(tmp_path, mon
         assert bb.preprocess["mean"] == [0.5] * 3 and bb.preprocess["mode"] == "squash"
     else:  # the tags disagree: open_clip's default, which the store records
         assert bb.preprocess["mean"] == list(open_clip.OPENAI_DATASET_MEAN)
+    assert ("preprocess differently" in caplog.text) == (not agree)  # a warning says so
 
 
 @pytest.mark.parametrize("name, works", [("crossvit_tiny_240", True), ("cait_xxs24_224", False)])
@@ -384,6 +390,9 @@ def test_nested_recordings_each_see_the_loads_inside_them():
             layer.load_state_dict(layer.state_dict())
     assert (len(outer), len(inner)) == (2, 1)
     assert torch.nn.Module.load_state_dict is original
+    with _state_dict_loads():  # a later recording adds nothing to the finished ones
+        layer.load_state_dict(layer.state_dict())
+    assert (len(outer), len(inner)) == (2, 1)
 
 
 def test_a_device_error_while_probing_is_not_blamed_on_the_input_size(monkeypatch):
@@ -550,6 +559,7 @@ def test_lite0_key_mapping(key, expected):
 def test_spec_objects_pass_through():
     spec = BackboneSpec("timm", "test_resnet")
     assert parse_backbone_spec(spec) is spec
+    assert {spec: "built"}[BackboneSpec("timm", "test_resnet")] == "built"  # a value, hashable
     assert str(spec) == "timm:test_resnet"
 
 
@@ -613,6 +623,14 @@ def test_open_clip_hub_and_folder_models_take_no_other_weights(source, weights):
     )
 
 
+def _into_hub_cache(folder, cache, repo: str) -> None:
+    """Put a model ``folder`` in the Hugging Face ``cache`` as the main revision of ``repo``."""
+    snapshot = cache / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
+    shutil.copytree(folder, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+
+
 def test_timm_hub_and_folder_names_are_built_as_timm_builds_them(no_network, tmp_path):
     # timm's 'hf-hub:' and 'local-dir:' names were refused ("timm has no model").
     import timm
@@ -634,6 +652,7 @@ def test_timm_hub_and_folder_names_are_built_as_timm_builds_them(no_network, tmp
     assert bb.preprocess["crop"] == [32, 32]
     random = create_backbone(f"timm:local-dir:{folder}@random", image_size=32)
     assert random.weights_id.startswith("random-init:seed0 params-sha256:")
+    assert random.weights_id.split(":")[-1] != bb.weights_id.split(":")[-1]  # not the folder's
     with pytest.raises(BackboneError, match="brings its own weights; drop '@/w.pth'"):
         create_backbone(f"timm:local-dir:{folder}@/w.pth")
     with pytest.raises(BackboneError, match="holds no config.json"):
@@ -650,10 +669,7 @@ def test_timm_hub_and_folder_names_are_built_as_timm_builds_them(no_network, tmp
     with pytest.raises(WeightsUnavailableError, match="The config of 'timm:hf-hub:.*@random'"):
         create_backbone(f"timm:{hub}@random")
     # ... and one in the hub's cache is read from it.
-    snapshot = no_network / "models--nobody--saved-resnet" / "snapshots" / ("0" * 40)
-    shutil.copytree(folder, snapshot)
-    (snapshot.parents[1] / "refs").mkdir()
-    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    _into_hub_cache(folder, no_network, "nobody/saved-resnet")
     cached = create_backbone(f"timm:{hub}", image_size=32)
     assert cached.weights_id == bb.weights_id.replace(f"local-dir:{folder}", hub)
 
@@ -773,8 +789,12 @@ def test_timm_default_loads_cached_hub_weights_without_network(no_network, monke
         (repo / "refs" / "main").write_text(revision * 40)
         return reference
 
+    from huggingface_hub import constants
+
     reference = cache("0", seed=5)
+    offline = constants.HF_HUB_OFFLINE
     bb = create_backbone("timm:test_resnet", image_size=32)
+    assert constants.HF_HUB_OFFLINE == offline  # the hub's offline mode is as it was
     assert re.fullmatch(r"tag:test_resnet\.r160_in1k params-sha256:[0-9a-f]{64}", bb.weights_id)
     x = torch.rand(2, 3, 32, 32)
     with torch.inference_mode():
@@ -905,3 +925,257 @@ def test_effnet_lite0_takes_timm_s_names_and_wrapped_states(tmp_path):
     ) as info:
         create_backbone(f"effnet-lite0@{tmp_path / 'other.pth'}", image_size=32)
     assert "\n" not in str(info.value)
+
+
+def test_file_sha256_is_the_sha256_of_the_whole_file(tmp_path):
+    # Read in blocks: a file longer than one block is hashed whole.
+    import hashlib
+
+    data = bytes(range(256)) * 4200  # over 1 MiB
+    (tmp_path / "w.pth").write_bytes(data)
+    assert file_sha256(tmp_path / "w.pth") == "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def test_library_logs_are_quiet_while_weights_load_and_as_before_after(caplog):
+    # huggingface_hub's retry warnings and open_clip's root-logger records are dropped
+    # while weights load; the root logger's other records pass, and afterwards every
+    # logger is as it was.
+    import logging
+
+    from extract._weights import _quiet_library_logs
+
+    hub, root = logging.getLogger("huggingface_hub"), logging.getLogger()
+    level, filters = hub.level, list(root.filters)
+
+    def from_open_clip():
+        where = os.path.join(os.sep, "site-packages", "open_clip", "factory.py")
+        return logging.LogRecord("root", logging.ERROR, where, 1, "open_clip says", None, None)
+
+    with caplog.at_level(logging.INFO):
+        with _quiet_library_logs():
+            hub.warning("Retrying in 1s")
+            root.handle(from_open_clip())
+            root.warning("ours")
+        assert [r.getMessage() for r in caplog.records] == ["ours"]
+        assert hub.level == level and root.filters == filters
+        root.handle(from_open_clip())
+        assert caplog.records[-1].getMessage() == "open_clip says"
+
+
+def test_quiet_library_logs_install_no_handler_of_their_own(monkeypatch):
+    # open_clip's logging.error would install a stderr handler on a root logger that has
+    # none, for good; none is left behind.
+    import logging
+
+    from extract._weights import _quiet_library_logs
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    with _quiet_library_logs():
+        logging.error("an error that open_clip logs through the root logger")
+    assert root.handlers == []
+
+
+def test_a_hub_model_s_weights_may_leave_parameters_out_but_a_folder_s_may_not(
+    no_network, tmp_path
+):
+    # timm loads a hub model's weights leniently (dla and mobilenetv5 leave keys out by
+    # design); a local folder's are held to every parameter.
+    import timm
+    from timm.models import save_for_hf
+
+    from extract import BackboneError
+
+    torch.manual_seed(3)
+    reference = timm.create_model("test_resnet", num_classes=10)  # saved with its classifier
+    folder = tmp_path / "short"
+    save_for_hf(reference, folder)
+    state = {k: v for k, v in reference.state_dict().items() if k != "layer1.0.conv1.weight"}
+    torch.save(state, folder / "pytorch_model.bin")
+    _into_hub_cache(folder, no_network, "nobody/short-resnet")
+    bb = create_backbone("timm:hf-hub:nobody/short-resnet", image_size=32)
+    assert bb.weights_id.startswith("tag:hf-hub:nobody/short-resnet params-sha256:")
+    with pytest.raises(BackboneError, match=r"1 of its parameters are not in it"):
+        create_backbone(f"timm:local-dir:{folder}", image_size=32)
+
+
+def test_a_lite0_checkpoint_that_holds_no_state_dict_is_one_error(tmp_path):
+    from extract import BackboneError
+
+    for name, checkpoint in [("list", [torch.zeros(1)]), ("numbered", {0: torch.zeros(1)})]:
+        torch.save(checkpoint, tmp_path / f"{name}.pth")
+        with pytest.raises(BackboneError, match="holds no state dict of EfficientNet-Lite0"):
+            create_backbone(f"effnet-lite0@{tmp_path / f'{name}.pth'}", image_size=32)
+    # The package's names, one of a block that Lite0 does not have.
+    torch.save(
+        {"_conv_stem.weight": torch.zeros(1), "_blocks.99._bn0.weight": torch.zeros(1)},
+        tmp_path / "deeper.pth",
+    )
+    with pytest.raises(BackboneError, match="no place for its key"):
+        create_backbone(f"effnet-lite0@{tmp_path / 'deeper.pth'}", image_size=32)
+
+
+def test_an_open_clip_hub_model_out_of_reach_is_one_error_with_no_other_weights_offered(
+    no_network,
+):
+    # Its weights come with its config: no checkpoint, nor timm's folder, can replace them.
+    from extract import WeightsUnavailableError
+
+    with pytest.raises(WeightsUnavailableError, match="could not be loaded") as info:
+        create_backbone("open_clip:hf-hub:nobody/clip")
+    message = str(info.value)
+    assert message.startswith("The pretrained weights of 'open_clip:hf-hub:nobody/clip'")
+    assert "save_for_hf" not in message and "@/path/to/checkpoint" not in message
+
+
+def test_moco_weights_keep_a_head_that_belongs_to_the_backbone():
+    # A head the model has among its own keys (ConvNeXt's final norm) is kept; MoCo's
+    # projection head and the ResNets' fc are dropped.
+    encoder = "module.base_encoder."
+    state = {encoder + "head.norm.weight": torch.ones(2), encoder + "head.0.weight": torch.ones(2)}
+    state |= {encoder + "fc.weight": torch.ones(2), encoder + "stem.weight": torch.ones(2)}
+    kept = moco_state_dict({"state_dict": state}, keys={"stem.weight", "head.norm.weight"})
+    assert set(kept) == {"stem.weight", "head.norm.weight"}
+    assert set(moco_state_dict({"state_dict": state})) == {"stem.weight"}
+
+
+def test_an_attribute_error_of_the_library_s_own_is_not_blamed_on_the_checkpoint(
+    tmp_path, monkeypatch
+):
+    # Only timm's look-up of a layer that a config names ("has no attribute `name`") is the
+    # checkpoint's; any other AttributeError is raised as it is.
+    import timm
+
+    path = tmp_path / "w.pth"
+    _save_timm_checkpoint(path, "test_resnet", seed=7)
+
+    def broken(*args, **kwargs):
+        raise AttributeError("'NoneType' object has no attribute 'shape'")
+
+    monkeypatch.setattr(timm, "create_model", broken)
+    with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'shape'"):
+        create_backbone(f"timm:test_resnet@{path}", image_size=32)
+
+
+@pytest.mark.parametrize(
+    "error", [TypeError("an unexpected keyword"), RuntimeError("CUDA error: out of memory")]
+)
+def test_other_errors_of_a_build_at_the_input_size_are_raised_as_they_are(monkeypatch, error):
+    # Only a model that takes no img_size, or a checkpoint timm cannot resize, is built at
+    # its own size instead; any other error of the build is the caller's to see.
+    import timm
+
+    create = timm.create_model
+
+    def failing_with_img_size(name, **kwargs):
+        if "img_size" in kwargs:
+            raise error
+        return create(name, **kwargs)
+
+    monkeypatch.setattr(timm, "create_model", failing_with_img_size)
+    with pytest.raises(type(error), match=str(error)):
+        create_backbone("timm:test_vit@random", image_size=32)
+
+
+def test_a_timm_model_without_pretrained_weights_asks_for_a_checkpoint_or_random():
+    import timm
+
+    from extract import BackboneError
+
+    # A test model that timm lists no weights for (which ones have weights changes by release).
+    weighted = {name.partition(".")[0] for name in timm.list_pretrained("test_*")}
+    name = min(set(timm.list_models("test_*")) - weighted)
+    with pytest.raises(BackboneError) as info:
+        create_backbone(f"timm:{name}")
+    assert str(info.value) == (
+        f"timm lists no pretrained weights for {name!r}; pass a local checkpoint "
+        f"('timm:{name}@/path/to/checkpoint.pth') or ask for random weights ('timm:{name}@random')."
+    )
+
+
+def test_random_weights_are_timm_s_initialisation_from_seed_0():
+    # "random-init:seed0" names the weights that seed 0 gives: anyone can rebuild them.
+    import timm
+
+    bb = create_backbone("timm:test_resnet@random", image_size=32)
+    torch.manual_seed(0)
+    reference = timm.create_model("test_resnet", num_classes=0).eval()
+    x = torch.rand(2, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(bb.model(x), reference(x))
+
+
+def test_the_params_weights_id_tells_apart_the_same_bytes_under_other_names_or_shapes():
+    from extract._weights import params_weights_id
+
+    wide, tall = torch.nn.Linear(4, 2, bias=False), torch.nn.Linear(2, 4, bias=False)
+    with torch.no_grad():
+        tall.weight.copy_(wide.weight.reshape(4, 2))
+    renamed = torch.nn.Sequential(wide)  # the same tensor, as "0.weight"
+    ids = {params_weights_id("x", m) for m in (wide, tall, renamed)}
+    assert len(ids) == 3
+
+
+def test_failed_file_fetches_are_told_from_other_errors():
+    # An OSError (a URL that cannot be reached), or an error raised from one, is a failed
+    # fetch; any other error is the model's own.
+    import threading
+    import urllib.error
+
+    from extract._weights import _is_download_error
+
+    assert _is_download_error(urllib.error.URLError("no network"))
+    try:
+        try:
+            raise ConnectionError("reset")
+        except ConnectionError as err:
+            raise RuntimeError("the model could not be built") from err
+    except RuntimeError as err:
+        assert _is_download_error(err)
+    assert not _is_download_error(RuntimeError("size mismatch"))
+    # Two errors raised from each other end the walk down the chain (watched in a thread).
+    first, second = ValueError("a"), RuntimeError("b")
+    first.__cause__, second.__cause__ = second, first
+    answers = []
+    walk = threading.Thread(target=lambda: answers.append(_is_download_error(first)), daemon=True)
+    walk.start()
+    walk.join(timeout=10)
+    assert answers == [False]
+
+
+def test_a_quick_gelu_config_with_quick_gelu_weights_is_recorded_as_it_is(tmp_path, monkeypatch):
+    # The config already has QuickGELU: the weights run as the config builds them, and the
+    # weights id says nothing of a QuickGELU of its own.
+    import json
+
+    import open_clip
+    import open_clip.factory
+
+    name = register_tiny_open_clip(tmp_path)
+    config = dict(json.loads((tmp_path / f"{name}.json").read_text()), quick_gelu=True)
+    (tmp_path / "tiny-quick-test.json").write_text(json.dumps(config))
+    open_clip.add_model_config(tmp_path / "tiny-quick-test.json")
+    source, _, _ = open_clip.create_model_and_transforms("tiny-quick-test", pretrained=None)
+    torch.save(source.state_dict(), tmp_path / "quick.pt")
+    monkeypatch.setattr(
+        open_clip.factory, "download_pretrained", lambda *a, **k: str(tmp_path / "quick.pt")
+    )
+    tags = {"quick": open_clip.pretrained._pcfg(hf_hub="nobody/q/", quick_gelu=True)}
+    monkeypatch.setitem(open_clip.pretrained._PRETRAINED, "tiny-quick-test", tags)
+    bb = create_backbone("open_clip:tiny-quick-test@quick")
+    assert isinstance(bb.model.transformer.resblocks[0].mlp.gelu, open_clip.transformer.QuickGELU)
+    assert bb.weights_id.startswith("tag:quick params-sha256:")
+
+
+def test_a_timm_transform_that_squashes_is_recorded_as_squashing():
+    # timm's eval transforms crop at the centre, squash or pad ("crop_mode"): the store
+    # records which, and a squashed image is seen whole.
+    import timm
+
+    from extract._backbones import _timm_data
+
+    model = timm.create_model("test_resnet", num_classes=0)
+    _, center = _timm_data(model, 32)
+    _, squash = _timm_data(model, 32, crop_mode="squash")
+    assert center["mode"] == "center" and "max_aspect" not in center
+    assert squash["mode"] == "squash" and squash["max_aspect"] == 32

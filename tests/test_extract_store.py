@@ -1148,6 +1148,7 @@ def _held_open(path, mode: str, lock: bool = False):
         yield holder.pid
     finally:
         holder.communicate(b"\n", timeout=30)
+    assert holder.returncode == 0  # untouched by the reader's or the writer's checks
 
 
 def test_minimal_hdf5_with_features_labels_and_class_names_loads(tmp_path):
@@ -1686,6 +1687,7 @@ def test_a_writer_on_this_host_is_named_by_its_pid_alone(tmp_path):
             with store_lock(tmp_path / "f.h5"):
                 pass
     assert f"(pid {os.getpid()});" in str(info.value) and "on host" not in str(info.value)
+    assert str(info.value).startswith(f"The feature store {str(tmp_path / 'f.h5')!r} is being")
 
 
 def test_shards_are_named_as_documented():
@@ -1867,3 +1869,42 @@ def test_failed_images_are_counted_in_a_warning(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="extract")
     extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
     assert "1 image was recorded in" in caplog.text and "as failed" in caplog.text
+
+
+def test_a_lock_that_outlives_its_dead_writer_says_what_holds_it(tmp_path):
+    # The writer of this host is no longer running, yet its lock is held (by a process it
+    # started): said so, with the command that finds that process; no reader waits on it.
+    import fcntl
+    import socket
+
+    from extract._locks import _lock_holder
+
+    finished = subprocess.Popen(["true"])
+    finished.wait()  # its pid names no running process
+    lock = tmp_path / "f.h5.lock"
+    with open(lock, "w") as held:  # another open file description: flock refuses the next
+        held.write(f"{finished.pid} {socket.gethostname()}")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(
+            StoreLockedError, match=rf"its writer \(pid {finished.pid}\) is no longer running"
+        ) as info:
+            with store_lock(tmp_path / "f.h5"):
+                pass
+        assert _lock_holder(tmp_path / "f.h5") is None
+    assert f"`fuser -v {lock}`" in str(info.value)
+
+
+def test_a_lock_that_fails_for_another_reason_is_never_skipped(tmp_path, monkeypatch):
+    # Only a file system without locks lets HDF5_USE_FILE_LOCKING=FALSE write without
+    # one; any other failure of flock (an I/O error) is refused.
+    import fcntl
+
+    def failing_flock(fh, operation):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fcntl, "flock", failing_flock)
+    monkeypatch.setenv("HDF5_USE_FILE_LOCKING", "FALSE")
+    with pytest.raises(StoreError, match=r"Cannot lock .*s\.h5\.lock.*: Input/output error\.$"):
+        with store_lock(tmp_path / "s.h5"):
+            pass
