@@ -1602,3 +1602,38 @@ def test_a_grid_of_one_iteration_is_taken(files):
 
     args = _checked([str(files / "train.npz"), "--grid", "max_iter=1,5"])
     _check_grid(_grid(args.grid), MR2LinearClassifier(), args, frozenset({"grid"}))
+
+
+def test_strict_json_writes_non_finite_numbers_inside_lists_and_tuples():
+    # Infinities and NaN nested in a list or a tuple are written as in a mapping's values:
+    # "inf" / "-inf" and null, never the Infinity / NaN that strict parsers refuse.
+    from mr2_probe.cli._outputs import _strict_json
+
+    text = _strict_json({"Cs": [0.01, float("inf")], "worst": (float("nan"), -float("inf"))})
+    assert json.loads(text) == {"Cs": [0.01, "inf"], "worst": [None, "-inf"]}
+
+
+def test_a_command_json_holding_just_train_and_out_marks_an_earlier_run(tmp_path):
+    # The options of a run are any mapping with "train" and "out": a folder holding one
+    # (and a report) is an earlier run's, to be replaced, not refused.
+    from mr2_probe.cli._outputs import _prepare_out
+
+    (tmp_path / "report.md").write_text("an earlier run's\n")
+    (tmp_path / "command.json").write_text('{"train": "x.npz", "out": "run"}\n')
+    assert _prepare_out(str(tmp_path)) == tmp_path
+
+
+def test_out_may_name_a_folder_inside_folders_that_do_not_exist_yet(tmp_path):
+    from mr2_probe.cli._outputs import _prepare_out
+
+    out = _prepare_out(str(tmp_path / "runs" / "cv" / "first"))
+    assert out.is_dir() and out == tmp_path / "runs" / "cv" / "first"
+
+
+def test_out_without_matplotlib_is_refused_before_any_work(tmp_path, monkeypatch):
+    # --out draws the figures: without matplotlib the run stops at once, in one line.
+    from mr2_probe.cli._outputs import _prepare_out
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(UsageError, match=r"^--out draws plots, which need matplotlib: pip inst"):
+        _prepare_out(str(tmp_path / "run"))

@@ -541,6 +541,13 @@ def test_plot_front(front, tmp_path):
     assert len(dashed) == 1 and dashed[0].get_xdata()[0] == pytest.approx(100 * (erm - 0.005))
     assert "dashed: ERM − 0.5 pt" in fig._suptitle.get_text()
     assert left.get_xlabel() == "overall accuracy (%), test"
+    assert [ax.get_ylabel() for ax in fig.axes] == [
+        "worst-class accuracy (%)",
+        "hard-tercile accuracy (%)",
+    ]
+    # One legend for both axes, naming each lever once.
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["ERM", "MR2", "tilt", "offsets"]
     with pytest.raises(ValueError, match="split must be"):
         plot_front(front, tmp_path / "x.png", split="train")
 
@@ -656,3 +663,8 @@ def test_plot_front_tilt_curve_starts_at_the_untilted_point_in_both_axes(tmp_pat
     fig = plot_front(Front(points[:1] + points[-1:], bound=0.05), tmp_path / "one.png")
     tilt = next(line for line in fig.axes[0].lines if line.get_label() == "tilt")
     assert tilt.get_marker() == "o"
+    erm = next(line for line in fig.axes[0].lines if line.get_label() == "ERM")
+    assert erm.get_marker() == "s"
+    # Only the levers the front holds are drawn and named: no empty MR² or offsets line.
+    named = [line.get_label() for line in fig.axes[0].lines if line.get_label()[0] != "_"]
+    assert named == ["ERM", "tilt"]

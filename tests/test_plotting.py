@@ -80,6 +80,7 @@ FASHION = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shi
     "names, rotation",
     [
         (FASHION, 45),  # ten Fashion-MNIST names overlap side by side
+        ([f"cls {k:02d}" for k in range(10)], 45),  # ten names of six characters overlap too
         ([str(k) for k in range(10)], 0),  # digits fit
         ([f"class {k}" for k in range(50)], 90),  # many classes stand upright
     ],
@@ -161,19 +162,21 @@ def test_class_std_curve_is_the_spread_itself(tmp_path):
     assert "MR2 class_std (lower is better)" in labels
 
 
-def test_cv_curve_draws_c_inf_beyond_the_finite_values(tmp_path):
-    # C = inf (no penalty) vanished from the log axis, with the chosen value's line.
+@pytest.mark.parametrize("largest", [1.0, 100.0])
+def test_cv_curve_draws_c_inf_beyond_the_finite_values(tmp_path, largest):
+    # C = inf (no penalty) vanished from the log axis, with the chosen value's line: it is
+    # drawn a decade beyond the largest finite C.
     rng = np.random.default_rng(0)
     y = np.repeat([0, 1, 2], 40)
     X = rng.normal(size=(120, 4)) + 0.5 * y[:, None]
-    search = MR2LinearClassifierCV([0.01, 1.0, np.inf], cv=3, c_bar=None, device="cpu")
+    search = MR2LinearClassifierCV([0.01, largest, np.inf], cv=3, c_bar=None, device="cpu")
     search.fit(X, y)
     fig = plot_cv_curve({"ERM": search}, tmp_path / "cv.png")
     ax = fig.axes[0]
-    np.testing.assert_array_equal(ax.lines[0].get_xdata(), [0.01, 1.0, 10.0])
-    assert "C = inf (no penalty) drawn at 10" in ax.get_xlabel()
+    np.testing.assert_array_equal(ax.lines[0].get_xdata(), [0.01, largest, 10 * largest])
+    assert f"C = inf (no penalty) drawn at {10 * largest:g}" in ax.get_xlabel()
     chosen = ax.lines[-1].get_xdata()[0]
-    assert chosen == (10.0 if search.C_ == np.inf else search.C_)
+    assert chosen == (10 * largest if search.C_ == np.inf else search.C_)
 
 
 def _contrast_on_white(colour) -> float:
@@ -216,6 +219,7 @@ def test_group_accuracy_plot(tmp_path, report):
         expected = [100 * row[c] for c in ("easy", "medium", "hard", "worst")]
         np.testing.assert_allclose([b.get_height() for b in container], expected)
     assert ax.get_ylabel() == "accuracy (%)"
+    assert ax.get_xlabel() == "class group (terciles of ERM)"
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["ERM", "MR2"]
     # The palette of every figure: the reference grey, MR² in its lever colour.
     colours = [{to_hex(b.get_facecolor()) for b in c} for c in ax.containers]
@@ -388,9 +392,12 @@ def test_class_accuracy_plot_places_its_bars_labels_and_axes(tmp_path, report):
 def test_class_names_turn_upright_beyond_40_classes(tmp_path, names, rotation):
     y = np.repeat(np.array(names), 2)
     report = classwise_report({"ERM": y, "MR2": np.roll(y, 1)}, y)
-    labels = plot_class_accuracy(report, tmp_path / "c.png").axes[0].get_xticklabels()
+    fig = plot_class_accuracy(report, tmp_path / "c.png")
+    labels = fig.axes[0].get_xticklabels()
     assert {t.get_rotation() for t in labels} == {rotation}
     assert {t.get_rotation_mode() for t in labels} == {"anchor"}
+    # The figure widens with the classes: 0.35 inch each, beyond its 6-inch minimum.
+    assert fig.get_figwidth() == pytest.approx(0.35 * len(names) + 2)
 
 
 def test_class_names_are_cut_beyond_32_characters(tmp_path):
@@ -407,6 +414,9 @@ def test_group_bars_centre_on_their_group_and_leave_room_for_labels(tmp_path, re
     centres = [[b.get_x() + b.get_width() / 2 for b in c] for c in ax.containers]
     np.testing.assert_allclose(np.mean(centres, axis=0), np.arange(4))
     assert ax.get_ylim() == pytest.approx((0, 108))
+    # Side by side in the order of the report's rows, each 0.8 / 2 wide.
+    np.testing.assert_allclose(centres, [np.arange(4) - 0.2, np.arange(4) + 0.2])
+    np.testing.assert_allclose([b.get_width() for c in ax.containers for b in c], 0.4)
 
 
 def test_margin_plot_refuses_names_for_classes_off_the_codes(tmp_path):
@@ -464,6 +474,9 @@ def test_cv_curve_lines_axes_and_choices(tmp_path):
             line for line in ax.lines if line.get_linestyle() == ":" and line.get_color() == colour
         ]
         assert len(chosen) == 1 and chosen[0].get_xdata()[0] == search.C_
+    # Every curve is named in the legend, on the axis of held-out scores.
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [c.get_label() for c in curves]
+    assert ax.get_ylabel() == "held-out score (%, mean over folds)"
     _, _, cosine = _searches("cosine")
     fig = plot_cv_curve(cosine, tmp_path / "cosine.png")
     assert fig.axes[0].get_xlabel() == "logit scale"
@@ -494,3 +507,20 @@ def test_cv_curve_needs_at_least_one_search(tmp_path):
     with pytest.raises(ValueError, match=r"^searches must name at least one search, got an "):
         plot_cv_curve({}, tmp_path / "cv.png")
     assert not (tmp_path / "cv.png").exists()
+
+
+def test_cv_curves_need_a_fitted_search():
+    # An unfitted search is refused as not fitted, as the figures' other inputs are.
+    from sklearn.exceptions import NotFittedError
+
+    from mr2_probe.plotting import cv_curves
+
+    with pytest.raises(NotFittedError):
+        cv_curves(MR2LinearClassifierCV(device="cpu"))
+
+
+def test_class_accuracy_axis_starts_a_decade_below_the_lowest_bar(tmp_path):
+    # The lowest bar is 50 %: the axis starts at 40 %, not at 0.
+    report = classwise_report({"ERM": [0, 0, 1, 0], "MR2": [0, 0, 1, 1]}, [0, 0, 1, 1])
+    fig = plot_class_accuracy(report, tmp_path / "c.png")
+    assert fig.axes[0].get_ylim() == pytest.approx((40, 104))
