@@ -836,6 +836,10 @@ def test_a_class_absent_from_the_tuning_data_keeps_its_offset():
         result = tune_class_offsets(decision, y, "accuracy")
     assert result.score == 1.0
     assert result.offsets[1] == result.offsets[2] < result.offsets[0]
+    # A class-wise objective averages over the classes present only.
+    with pytest.warns(UserWarning, match=r"Classes \[2\] have no samples"):
+        balanced = tune_class_offsets(decision, y, "balanced_accuracy")
+    assert balanced.score == 1.0 and balanced.base_score == pytest.approx(2 / 3)
 
 
 def test_a_refit_leaves_nothing_of_the_previous_fit():
@@ -953,3 +957,55 @@ def test_a_cv_without_splits_is_named():
     search = TunedOffsetsClassifierCV(LogisticRegression(), cv=used).fit(X, y)
     with pytest.raises(ValueError, match="an iterator that an earlier fit used up"):
         search.fit(X, y)
+
+
+class _TwoColumns(ClassifierMixin, BaseEstimator):
+    """A binary classifier whose decision_function gives one column per class."""
+
+    def fit(self, X, y):
+        self.inner_ = LogisticRegression().fit(X, y)
+        self.classes_ = self.inner_.classes_
+        return self
+
+    def decision_function(self, X):
+        d = self.inner_.decision_function(X)
+        return np.column_stack([-d / 2, d / 2])
+
+
+def _two_classes():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    y = (X[:, 0] + 0.3 * rng.normal(size=60) > 0.4).astype(int)
+    return X, y, rng.uniform(0.5, 2.0, 60)
+
+
+def test_a_binary_decision_of_one_column_per_class_is_taken_as_it_is():
+    # Two columns for two classes are already one per class: nothing is stacked on them.
+    X, y, _ = _two_classes()
+    model = TunedOffsetsClassifierCV(_TwoColumns(), cv=3).fit(X, y)
+    assert model.offsets_.shape == (2,)
+    assert model.predict(X).shape == (60,)
+    assert model.decision_function(X).shape == (60,)
+
+
+def test_a_scoring_function_of_any_keywords_takes_the_weights():
+    # A function that takes **kwargs takes sample_weight among them: it scores as the
+    # named, weighted metric does.
+    def score(y_true, y_pred, **kwargs):
+        return balanced_accuracy_score(y_true, y_pred, **kwargs)
+
+    z = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.2], [0.0, 1.0], [0.6, 0.0]])
+    y = np.array([0, 1, 1, 0, 1])
+    weight = np.array([1.0, 2.0, 1.0, 1.0, 3.0])
+    result = tune_class_offsets(z, y, score, sample_weight=weight)
+    named = tune_class_offsets(z, y, "balanced_accuracy", sample_weight=weight)
+    assert result.score == pytest.approx(named.score)
+    assert result.base_score == pytest.approx(named.base_score)
+
+
+def test_sample_weight_may_be_a_list():
+    # Weights given as a plain list are taken as the array they stand for.
+    X, y, weight = _two_classes()
+    tuned = TunedOffsetsClassifierCV(LogisticRegression(), cv=3)
+    as_list = clone(tuned).fit(X, y, sample_weight=list(weight))
+    np.testing.assert_allclose(as_list.offsets_, tuned.fit(X, y, sample_weight=weight).offsets_)
