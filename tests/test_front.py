@@ -201,6 +201,10 @@ def test_an_erm_given_alike_but_for_number_types_is_no_second_point(splits):
         warnings.simplefilter("ignore", ConvergenceWarning)
         front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(1,), erm=erm)
     assert [p.name for p in front.points] == ["ERM", "tilt=1"]
+    # lam=0 is ERM's lam=0.0 inside a pipeline too: no MR² point of its own.
+    probe = make_pipeline(StandardScaler(), MR2LinearClassifier(c_bar=None, lam=0, device="cpu"))
+    front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=())
+    assert [p.name for p in front.points] == ["ERM"]
 
 
 def test_front_takes_arrays_of_tilts_and_bounds(splits):
@@ -486,6 +490,22 @@ def test_front_tables_and_json(front):
     text, markdown, data = front.to_text(), front.to_markdown(), front.to_dict()
     assert "← chosen" in text and "within 0.5 pt of ERM's" in text
     assert markdown.count("\n|") == len(front.points) + 2  # header, rule, rows
+    # The text table: a column per score of each split, a row per point in percent, and
+    # the chosen point marked, alone.
+    lines = text.splitlines()
+    columns = ("overall", "hard", "worst")
+    words = [word for split in ("val", "test") for c in columns for word in (split, c)]
+    assert lines[1].split() == ["point", *words]
+    erm = front.points[0]
+    scores = [f"{100 * s[c]:.2f}" for s in (erm.validation, erm.test) for c in columns]
+    assert lines[3].split()[-6:] == scores
+    assert [row.split()[0] for row in lines[3:] if "← chosen" in row] == [front.chosen]
+    # Columns right-aligned, two spaces apart: every line of the table as wide as its rule.
+    assert "val overall  val hard  val worst" in lines[1]
+    assert {len(line) for line in lines[1:]} == {len(lines[2])}
+    # The markdown table's rule has a cell per column of its header.
+    header, rule = markdown.split("\n")[2:4]
+    assert rule.count("|") == header.count("|")
     assert json.loads(json.dumps(data))["chosen"] == front.chosen
     # Percent, like the tables and ClasswiseReport.to_dict.
     assert data["units"] == "percent" and data["bound"] == 0.5
@@ -668,3 +688,76 @@ def test_plot_front_tilt_curve_starts_at_the_untilted_point_in_both_axes(tmp_pat
     # Only the levers the front holds are drawn and named: no empty MR² or offsets line.
     named = [line.get_label() for line in fig.axes[0].lines if line.get_label()[0] != "_"]
     assert named == ["ERM", "tilt"]
+
+
+def test_a_front_has_no_point_of_an_unknown_name():
+    front = Front([_point("ERM", 0.9, 0.6), _point("tilt=1", 0.9, 0.7)])
+    with pytest.raises(KeyError, match="No point named 'tilt=2'"):
+        front.point("tilt=2")
+
+
+def test_a_linear_lbfgs_sweep_starts_each_tilt_from_the_previous_point(splits, monkeypatch):
+    # A linear head solved by L-BFGS is a convex problem: each tilt is fitted from the
+    # previous point's solution (the MR² point's first), ERM and MR² cold.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    starts, fit = [], MR2LinearClassifier.fit
+
+    def recording_fit(self, X, y, **kwargs):
+        starts.append((self.class_tilt, self.warm_start))
+        return fit(self, X, y, **kwargs)
+
+    monkeypatch.setattr(MR2LinearClassifier, "fit", recording_fit)
+    accuracy_front(
+        MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val, tilts=(1, 5)
+    )
+    assert starts == [(0.0, False), (0.0, False), (1.0, True), (5.0, True)]
+
+
+def test_point_names_write_each_value_in_full(splits):
+    # A tilt of 10 is "tilt=10" and one of 2.5 "tilt=2.5", a bound of 2.5 pt
+    # "offsets≤2.5pt": the values as %g writes them, never cut to fewer digits.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    front = accuracy_front(
+        MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val,
+        tilts=(2.5, 10), offset_bounds=(0.025,),
+    )  # fmt: skip
+    names = [p.name for p in front.points]
+    assert names == ["ERM", "MR2", "tilt=2.5", "tilt=10", "offsets≤2.5pt"]
+
+
+def test_a_tilt_of_zero_given_twice_is_the_mr2_point_once(splits):
+    # A tilt of 0 is the MR² point itself: 0 and 0.0 are no repeat to refuse, and no
+    # point of their own.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    front = accuracy_front(
+        MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val, tilts=(0, 0.0, 1)
+    )
+    assert [p.name for p in front.points] == ["ERM", "MR2", "tilt=1"]
+
+
+def test_tables_and_json_write_missing_and_nan_scores_as_nan_and_null():
+    # A NaN score (a class absent from a split) is null in the JSON; a point without test
+    # scores, in a front whose other points have them, shows "nan" in those columns.
+    erm, tilt = _point("ERM", 0.9, float("nan")), _point("tilt=1", 0.9, 0.7)
+    erm.test = {"overall": 0.8, "hard": 0.5, "worst": 0.4}
+    front = Front([erm, tilt])
+    assert front.to_text().splitlines()[4].split()[-3:] == ["nan", "nan", "nan"]
+    assert front.to_dict()["points"][0]["validation"]["worst"] is None
+
+
+def test_fits_gather_convergence_warnings_and_pass_other_warnings_on():
+    from sklearn.base import BaseEstimator
+
+    from mr2_probe.front import fit_collecting_short
+
+    class Warns(BaseEstimator):
+        def fit(self, X, y):
+            warnings.warn("stopped short", ConvergenceWarning, stacklevel=2)
+            warnings.warn("something else", UserWarning, stacklevel=2)
+            return self
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        short = fit_collecting_short(Warns(), None, None)
+    assert [str(w.message) for w in short] == ["stopped short"]
+    assert [(w.category, str(w.message)) for w in caught] == [(UserWarning, "something else")]

@@ -930,6 +930,9 @@ def test_mean_spread_and_tau_take_the_l2_spread_and_its_floor():
     copies = class_statistics(torch.full((3, 2), 1000.0), torch.zeros(3, dtype=torch.long), 1)
     eps = torch.finfo(torch.float32).eps
     assert float(compactness_tau(copies)) == pytest.approx(2 * eps * eps * 2e6, rel=1e-3)
+    # A class with no sample stays out of the floor's average, as it does of s̄.
+    absent = class_statistics(torch.full((3, 2), 1000.0), torch.zeros(3, dtype=torch.long), 2)
+    assert float(compactness_tau(absent)) == pytest.approx(2 * eps * eps * 2e6, rel=1e-3)
 
 
 def test_lp_norms_of_half_precision_rows_stay_half_precision():
@@ -1053,3 +1056,15 @@ def test_mr2_loss_default_tau_keeps_tiny_features_gradients_tame():
     criterion(logits, features, target).backward()
     assert torch.isfinite(features.grad).all()
     assert float(features.grad.abs().max()) < 1.0
+
+
+def test_a_small_but_measured_class_keeps_its_small_margin():
+    # a_k^{1/3} at 1e-4 of the largest class's is above the 1e-6 of rounding: the class is
+    # measured, and its margin is the formula's c̄·K·a_k^{1/3} / Σ_j a_j^{1/3}, not c̄.
+    margins = margins_from_difficulty(torch.tensor([1.0, 1e-12]), 1.0)
+    torch.testing.assert_close(margins, torch.tensor([2.0, 2e-4]) / (1 + 1e-4))
+
+
+def test_moments_difficulty_refuses_an_unknown_difficulty():
+    with pytest.raises(ValueError, match="difficulty must be one of"):
+        moments_difficulty(ClassMoments.zeros(2, 3), difficulty="median")
