@@ -1009,3 +1009,27 @@ def test_sample_weight_may_be_a_list():
     tuned = TunedOffsetsClassifierCV(LogisticRegression(), cv=3)
     as_list = clone(tuned).fit(X, y, sample_weight=list(weight))
     np.testing.assert_allclose(as_list.offsets_, tuned.fit(X, y, sample_weight=weight).offsets_)
+
+
+def test_a_scoring_function_s_search_ends_where_no_single_offset_improves_it():
+    # A metric of the predictions (here macro F1, not one the search counts itself) is
+    # scored on the predictions of each candidate offset: where the search stops, moving
+    # any one class's offset to any other value does not raise it.
+    def macro_f1(y_true, y_pred):
+        tp = np.bincount(y_true[y_true == y_pred], minlength=4)
+        guessed, true = np.bincount(y_pred, minlength=4), np.bincount(y_true, minlength=4)
+        return np.mean(2 * tp / np.maximum(guessed + true, 1))
+
+    rng = np.random.default_rng(2)
+    y = rng.integers(0, 4, 120)
+    z = rng.normal(size=(120, 4))
+    z[np.arange(120), y] += 1.0
+    result = tune_class_offsets(z, y, macro_f1)
+    assert result.score == pytest.approx(macro_f1(y, np.argmax(z + result.offsets, axis=1)))
+    for k in range(4):
+        others = np.delete(z + result.offsets, k, axis=1).max(axis=1)
+        edges = np.unique(others - z[:, k])
+        for value in [edges[0] - 1, *(edges[:-1] + edges[1:]) / 2, edges[-1] + 1]:
+            moved = result.offsets.copy()
+            moved[k] = value
+            assert macro_f1(y, np.argmax(z + moved, axis=1)) <= result.score + 1e-12
