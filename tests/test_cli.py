@@ -1573,7 +1573,7 @@ def test_a_fraction_of_one_is_refused_as_out_of_range(files, capsys, options):
 
 def _checked(argv):
     """The options of ``argv`` parsed and checked as mr2-probe does before reading files."""
-    from mr2_probe.cli._options import _check_options, _parser
+    from mr2_probe.cli._options import _check_options
 
     args = _parser().parse_args(argv)
     _check_options(args)
@@ -1597,8 +1597,7 @@ def test_cs_of_two_values_is_the_smallest_choice(files):
 def test_a_grid_of_one_iteration_is_taken(files):
     # --grid max_iter refuses values below 1 (0 reports the untrained starting point);
     # a single iteration is a model, and a grid holding it must be accepted.
-    from mr2_probe._classifier import MR2LinearClassifier
-    from mr2_probe.cli._options import _check_grid, _grid
+    from mr2_probe.cli._options import _check_grid
 
     args = _checked([str(files / "train.npz"), "--grid", "max_iter=1,5"])
     _check_grid(_grid(args.grid), MR2LinearClassifier(), args, frozenset({"grid"}))

@@ -266,8 +266,6 @@ def test_a_timm_vit_of_another_input_size(tmp_path):
 
 def test_an_open_clip_coca_model_embeds_as_its_encode_image(tmp_path):
     # CoCa's vision tower returns (pooled, tokens): building the backbone crashed.
-    import json
-
     import open_clip
 
     text = {"context_length": 8, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1}
@@ -837,19 +835,20 @@ def test_openai_weights_run_with_quick_gelu_as_trained(tmp_path, monkeypatch):
     # open_clip's "ViT-B-32" config has GELU, and its tag 'openai' weights were trained with
     # QuickGELU: open_clip only warns, and the store recorded features of a network the
     # weights were not trained for, under a weights id that looked right. A ResNet image
-    # tower has no such activation: its weights id stays as it was.
-    import json
-
+    # tower has no such activation, nor needs a config that has QuickGELU already one
+    # forced on it: their weights ids stay as they were.
     import open_clip
     import open_clip.factory
 
     name = register_tiny_open_clip(tmp_path)
-    resnet = dict(json.loads((tmp_path / f"{name}.json").read_text()))
-    resnet["vision_cfg"] = {"image_size": 32, "layers": [1, 1, 1, 1], "width": 8}
-    (tmp_path / "tiny-rn-test.json").write_text(json.dumps(resnet))
-    open_clip.add_model_config(tmp_path / "tiny-rn-test.json")
+    config = json.loads((tmp_path / f"{name}.json").read_text())
+    resnet = dict(config, vision_cfg={"image_size": 32, "layers": [1, 1, 1, 1], "width": 8})
+    others = {"tiny-rn-test": resnet, "tiny-quick-test": dict(config, quick_gelu=True)}
+    for model, other in others.items():
+        (tmp_path / f"{model}.json").write_text(json.dumps(other))
+        open_clip.add_model_config(tmp_path / f"{model}.json")
     files = {}
-    for model in (name, "tiny-rn-test"):
+    for model in (name, *others):
         source, _, _ = open_clip.create_model_and_transforms(model, pretrained=None)
         files[model] = tmp_path / f"{model}.pt"
         torch.save(source.state_dict(), files[model])
@@ -862,7 +861,7 @@ def test_openai_weights_run_with_quick_gelu_as_trained(tmp_path, monkeypatch):
         "plain": open_clip.pretrained._pcfg(hf_hub="nobody/p/"),
     }
     built = {}
-    for model in (name, "tiny-rn-test"):
+    for model in (name, *others):
         monkeypatch.setitem(open_clip.pretrained._PRETRAINED, model, tags)
         loading["model"] = model
         built[model] = {tag: create_backbone(f"open_clip:{model}@{tag}") for tag in tags}
@@ -879,6 +878,11 @@ def test_openai_weights_run_with_quick_gelu_as_trained(tmp_path, monkeypatch):
     with torch.inference_mode():
         assert not torch.allclose(quick.model(x), plain.model(x))
     assert built["tiny-rn-test"]["quick"].weights_id.startswith("tag:quick params-sha256:")
+    configured = built["tiny-quick-test"]["quick"]
+    assert isinstance(
+        configured.model.transformer.resblocks[0].mlp.gelu, open_clip.transformer.QuickGELU
+    )
+    assert configured.weights_id.startswith("tag:quick params-sha256:")
 
 
 def test_unreadable_checkpoints_are_one_error_line_for_every_family(tmp_path):
@@ -1141,30 +1145,6 @@ def test_failed_file_fetches_are_told_from_other_errors():
     walk.start()
     walk.join(timeout=10)
     assert answers == [False]
-
-
-def test_a_quick_gelu_config_with_quick_gelu_weights_is_recorded_as_it_is(tmp_path, monkeypatch):
-    # The config already has QuickGELU: the weights run as the config builds them, and the
-    # weights id says nothing of a QuickGELU of its own.
-    import json
-
-    import open_clip
-    import open_clip.factory
-
-    name = register_tiny_open_clip(tmp_path)
-    config = dict(json.loads((tmp_path / f"{name}.json").read_text()), quick_gelu=True)
-    (tmp_path / "tiny-quick-test.json").write_text(json.dumps(config))
-    open_clip.add_model_config(tmp_path / "tiny-quick-test.json")
-    source, _, _ = open_clip.create_model_and_transforms("tiny-quick-test", pretrained=None)
-    torch.save(source.state_dict(), tmp_path / "quick.pt")
-    monkeypatch.setattr(
-        open_clip.factory, "download_pretrained", lambda *a, **k: str(tmp_path / "quick.pt")
-    )
-    tags = {"quick": open_clip.pretrained._pcfg(hf_hub="nobody/q/", quick_gelu=True)}
-    monkeypatch.setitem(open_clip.pretrained._PRETRAINED, "tiny-quick-test", tags)
-    bb = create_backbone("open_clip:tiny-quick-test@quick")
-    assert isinstance(bb.model.transformer.resblocks[0].mlp.gelu, open_clip.transformer.QuickGELU)
-    assert bb.weights_id.startswith("tag:quick params-sha256:")
 
 
 def test_a_timm_transform_that_squashes_is_recorded_as_squashing():
