@@ -363,6 +363,33 @@ def test_candidates_of_a_class():
     np.testing.assert_array_equal(_candidates(np.array([2.0, 2.0]), 0.0, 128), [0.0, 1.0, 3.0])
 
 
+def test_the_first_winning_candidate_is_argmaxs_own_under_rounding():
+    # Each sample's first candidate offset b at which its own column wins, as predict
+    # decides it (own + b > rival, a tie to the lower column), against every candidate
+    # tried by brute force. Values on a grid of tenths, near 0 or near 1000, and candidates
+    # that are exactly the thresholds rival − own, make the sorted thresholds disagree
+    # with the sums in their last bits (0.1 + 0.2 > 0.3) and tie them: thousands of samples
+    # whose first candidate must be settled by the exact test, a few of which never win
+    # (a threshold just below the largest candidate, whose sum ties its rival).
+    from mr2_probe._offset_search import _first_win
+
+    rng = np.random.default_rng(0)
+    base = rng.choice([0.0, 1000.0], 2000)
+    own, rival = base + np.round(rng.uniform(-1, 1, (2, 2000)), 1)
+    own_first = rng.random(2000) < 0.5
+    thresholds = rival - own
+    order = np.argsort(thresholds)
+    candidates = np.unique(np.concatenate([thresholds, np.round(rng.uniform(-2, 2, 40), 1)]))
+    first = _first_win(own, rival, own_first, candidates, thresholds, order)
+    value = own[:, None] + candidates
+    wins = (value > rival[:, None]) | ((value == rival[:, None]) & own_first[:, None])
+    expected = np.where(wins.any(1), wins.argmax(1), len(candidates))
+    guess = np.searchsorted(candidates, thresholds, side="right")
+    assert (guess != expected).sum() > 1000  # the case is one of rounding and ties
+    assert ((guess != expected) & (expected == len(candidates))).any()
+    np.testing.assert_array_equal(first, expected)
+
+
 @pytest.mark.parametrize(
     "scoring, metric",
     [
