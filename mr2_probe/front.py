@@ -257,7 +257,8 @@ def accuracy_front(
         ``lam=0`` (no margins, no learned projection), unless ``erm`` is given; the tilt
         sweep sets ``class_tilt`` on the MR² configuration.
     X, y : training data of the front.
-    X_val, y_val : validation data, the only data the rule reads.
+    X_val, y_val : validation data, the only data the rule reads; labels that are no
+        class of ``y`` are refused (no point could predict them).
     tilts : sequence of float, default=(0, 0.5, 1, 2, 5, 10)
         ``class_tilt`` values (finite, ≥ 0) of the tilt curve (``0`` is the MR² point
         itself). Along the curve each fit starts from the previous point's solution
@@ -274,7 +275,8 @@ def accuracy_front(
         is a number of stratified folds, a float the validation share of one stratified
         shuffled split); each training part must hold every class, checked before any
         fit.
-    X_test, y_test : optional test data, scored for the report, never for the choice.
+    X_test, y_test : optional test data, scored for the report, never for the choice;
+        labelled with classes of ``y``, as ``y_val``.
     bound : float, default=0.005
         Bound of the selection rule (:func:`choose_point`).
     erm : MR2LinearClassifier or Pipeline ending in one, optional
@@ -331,6 +333,7 @@ def accuracy_front(
     """
     tilts, offset_bounds = list(tilts), list(offset_bounds)  # arrays too: no truth value
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
+    _check_known_labels(y, {"y_val": y_val, "y_test": y_test})
     splits = hasattr(offsets_cv, "__iter__") and not isinstance(offsets_cv, str)
     if offset_bounds and splits and not hasattr(offsets_cv, "split"):
         offsets_cv = list(offsets_cv)  # an iterable of splits: the check would exhaust it
@@ -440,6 +443,26 @@ def _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator,
             raise ValueError(f"{name} must be fractions in [0, 1), got {bad}.")
     if (X_test is None) != (y_test is None):
         raise ValueError("X_test and y_test go together: pass both or neither.")
+
+
+def _check_known_labels(y, scored: dict) -> None:
+    """Refuse, before any fit, labels of a scored split that are no class of ``y``: no
+    point can predict them, so each would be a class at 0% for every point, and the rule's
+    worst-class accuracy 0 throughout (shifted or re-encoded labels, most often)."""
+    classes = np.unique(column_or_1d(y))
+    for name, labels in scored.items():
+        if labels is None:
+            continue
+        unknown = np.setdiff1d(np.unique(column_or_1d(labels)), classes)
+        if len(unknown):
+            shown = ", ".join(map(repr, unknown[:5].tolist())) + (
+                ", ..." if len(unknown) > 5 else ""
+            )
+            raise ValueError(
+                f"{name} holds labels that are no class of y, the training labels: {shown}. "
+                "No point of the front can predict them, so each would score 0% for every "
+                f"point; label {name} as y is labelled."
+            )
 
 
 def check_offsets_folds(

@@ -366,6 +366,9 @@ def test_front_names_the_points_that_stopped_short(splits):
         (dict(offset_bounds=(0.01, 1.0)), r"offset_bounds must be fractions .*, got \[1.0\]"),
         (dict(bound=1.0), r"bound must be fractions in \[0, 1\), got \[1.0\]"),
         (dict(X_test=np.zeros((3, 8))), "X_test and y_test go together"),
+        # Labels no point can predict: each a class at 0% everywhere, the worst class 0.
+        (dict(y_val="shifted"), r"y_val holds labels that are no class of y, .*labels: 5\. "),
+        (dict(y_test="text"), r"y_test holds labels .*: '0', '1', '10', '100', '101', \.\.\.\. No"),
         (dict(tilts=(0, 1, 2, 1.0)), r"tilts must be distinct, got \[1.0\] more than once"),
         (dict(offset_bounds=(0.01, 0.01)), r"offset_bounds must be distinct, got \[0.01\]"),
         (dict(erm=LogisticRegression()), "erm must be an MR2LinearClassifier .* got Logistic"),
@@ -393,6 +396,10 @@ def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeyp
         y_fit[0] = kwargs.pop("one_of_class")
     if kwargs.get("offsets_cv") == "without 4":  # fold 0 holds out every sample of class 4
         kwargs["offsets_cv"] = PredefinedSplit(np.where(y_fit == 4, 0, np.arange(len(y_fit)) % 2))
+    if kwargs.pop("y_val", None) == "shifted":
+        y_val = y_val + 1
+    if kwargs.pop("y_test", None) == "text":
+        kwargs.update(X_test=X_val, y_test=np.arange(len(y_val)).astype(str))
 
     def no_fit(*args, **kwargs):
         raise AssertionError("fitted before checking the options")
