@@ -3,6 +3,7 @@
 import contextlib
 import io
 import json
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -52,8 +53,8 @@ def _table(output: str) -> dict:
 @pytest.mark.parametrize(
     "script, args, models",
     [
-        ("grid_search.py", ["--c-bar", "1", "--C", "0.05", "--cv", "2", "--refit", "hard_tercile"],
-         ["ERM (same C)", "best for hard_tercile"]),
+        ("grid_search.py", ["--c-bar", "1", "--C", "0.05", "--cv", "2", "--refit", "class_std"],
+         ["ERM (same C)", "best for class_std"]),
         ("finetune.py", ["--epochs", "3"],
          ["ERM (cross-entropy)", "MR2 (c_bar=2, lam=0.5)"]),
     ],
@@ -73,7 +74,10 @@ def _check_table(output: str, script: str, models: list) -> None:
     assert easy >= medium >= hard >= worst
     assert "class terciles of " + models[0] in output
     if script == "grid_search.py":
-        assert "best parameters for hard_tercile: {'C': 0.05, 'c_bar'" in output
+        assert "best parameters for class_std: {'C': 0.05, 'c_bar'" in output
+        # The spread itself (lower is better), not its scorer's negation in percent.
+        spread = re.search(r"best cross-validated class_std: (\S+) pt \(spread", output)
+        assert 0 < float(spread.group(1)) <= 50
 
 
 def test_quickstart_prints_the_table_and_writes_json_and_figures(tmp_path):
