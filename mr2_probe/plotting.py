@@ -418,6 +418,23 @@ def plot_front(front, path, split: str = "test"):
 #: Line style of each validation curve: the search's own scorer solid.
 _CURVE_STYLES = ("-", "--", ":", "-.")
 
+#: Scorers whose values are fractions, drawn in % beside the class accuracies; any other
+#: (``neg_log_loss``, a callable) keeps its own values, on an axis of its own.
+_FRACTION_SCORERS = {
+    "accuracy", "balanced_accuracy", "top_k_accuracy", "average_precision", "worst_class",
+    "hard_tercile", "class_std",
+}  # fmt: skip
+_FRACTION_PREFIXES = ("f1", "precision", "recall", "jaccard", "roc_auc")
+
+
+def _in_percent(scoring) -> bool:
+    """Whether a search's ``scoring`` (None is accuracy) gives fractions."""
+    if scoring is None:
+        return True
+    return isinstance(scoring, str) and (
+        scoring in _FRACTION_SCORERS or scoring.startswith(_FRACTION_PREFIXES)
+    )
+
 
 def cv_curves(search, scoring: str = "score") -> dict:
     """Validation curves of a fitted :class:`~mr2_probe.MR2LinearClassifierCV` (or of a
@@ -455,7 +472,9 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
     Returns
     -------
     fig : matplotlib.figure.Figure
-        One axes; the curves of :func:`cv_curves`, the chosen value of each search marked.
+        One axes in %; the curves of :func:`cv_curves`, the chosen value of each search
+        marked. A search's own scorer that gives no fractions (``neg_log_loss``, a
+        callable) is drawn in its own values on a second, right-hand axis.
 
     Examples
     --------
@@ -482,13 +501,22 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
     # largest finite value, and the axis says so.
     finite = [c for s in searches.values() for c in s.Cs_ if np.isfinite(c)]
     no_penalty = 10 * max(finite, default=1.0)
+    own_axis = None  # the right-hand axis of scores that are no fractions, made once
     for name, search in searches.items():
         where = np.where(np.isfinite(search.Cs_), search.Cs_, no_penalty)
         curves = cv_curves(search, scoring)
-        for style, (label, curve) in zip(_CURVE_STYLES, curves.items(), strict=False):
+        raw = not _in_percent(search.scoring)
+        for i, (style, (label, curve)) in enumerate(
+            zip(_CURVE_STYLES, curves.items(), strict=False)
+        ):
             lower = " (lower is better)" if label == "class_std" else ""
             shown = f"{_literal(name)} {label}{lower}"
-            ax.plot(where, 100 * curve, style, color=colours[name], label=shown)
+            if i == 0 and raw:
+                own_axis = own_axis or ax.twinx()
+                own_axis.plot(where, curve, style, color=colours[name], label=shown)
+                own_axis.set_ylabel(f"held-out {_literal(scoring)} (mean over folds)")
+            else:
+                ax.plot(where, 100 * curve, style, color=colours[name], label=shown)
         chosen = search.C_ if np.isfinite(search.C_) else no_penalty
         ax.axvline(chosen, color=colours[name], linestyle=":", linewidth=0.8)
     head = next(iter(searches.values())).head_
@@ -499,6 +527,10 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
     ax.set_xlabel(xlabel)
     ax.set_ylabel("held-out score (%, mean over folds)")
     ax.set_title("validation curves (dotted vertical: the chosen value)", fontsize=9)
-    ax.legend(fontsize=7)
+    handles, labels = ax.get_legend_handles_labels()
+    if own_axis is not None:  # one legend for the curves of both axes, the raw ones first
+        more, more_labels = own_axis.get_legend_handles_labels()
+        handles, labels = more + handles, more_labels + labels
+    ax.legend(handles, labels, fontsize=7)
     _save(fig, path)
     return fig

@@ -162,6 +162,32 @@ def test_class_std_curve_is_the_spread_itself(tmp_path):
     assert "MR2 class_std (lower is better)" in labels
 
 
+@pytest.mark.parametrize("scoring", ["neg_log_loss", "f1_macro"])
+def test_cv_curve_keeps_scores_that_are_no_fractions_on_their_own_axis(tmp_path, scoring):
+    # A log loss was drawn times 100 on the axis of held-out percentages (-109 "%").
+    from mr2_probe.plotting import cv_curves
+
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring=scoring, device="cpu").fit(X, y)
+    fig = plot_cv_curve({"MR2": search}, tmp_path / "cv.png", scoring)
+    _assert_png(tmp_path / "cv.png")
+    curves = cv_curves(search, scoring)
+    percent = fig.axes[0]
+    shown = [line.get_label() for line in percent.get_legend().get_lines()]
+    assert shown == [f"MR2 {name}" for name in curves]  # one legend for both axes
+    if scoring == "f1_macro":  # a fraction: in % with the class accuracies, one axis
+        assert len(fig.axes) == 1
+        np.testing.assert_allclose(percent.lines[0].get_ydata(), 100 * curves[scoring])
+        return
+    own = fig.axes[1]
+    assert len(fig.axes) == 2 and own.get_ylabel() == "held-out neg_log_loss (mean over folds)"
+    np.testing.assert_allclose(own.lines[0].get_ydata(), curves["neg_log_loss"])
+    assert (curves["neg_log_loss"] < 0).all()
+    drawn = [line.get_ydata() for line in percent.lines[:2]]
+    np.testing.assert_allclose(drawn, [100 * curves["balanced_accuracy"],
+                                       100 * curves["worst_class"]])  # fmt: skip
+
+
 @pytest.mark.parametrize("largest", [1.0, 100.0])
 def test_cv_curve_draws_c_inf_beyond_the_finite_values(tmp_path, largest):
     # C = inf (no penalty) vanished from the log axis, with the chosen value's line: it is
