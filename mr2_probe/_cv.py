@@ -84,6 +84,10 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
         ``"class_std"``). ``None`` is accuracy. Scorers see the held-out logits computed on
         the device (a callable is given a stand-in estimator whose input is the logits,
         not the probe and X); ``sample_weight`` weights the score when the metric accepts it.
+        With two classes, a metric of a positive class (``"precision"``, ``"recall"``,
+        ``"f1"``) scores the last of ``classes_``, as LogisticRegressionCV does, whatever the
+        labels are (GridSearchCV's scorers take ``pos_label=1``); for another, pass
+        ``make_scorer(recall_score, pos_label=...)``.
     refit : bool, default=True
         Refit on all the data at the best value, starting from the folds' mean solution.
         ``False`` keeps the mean of each fold's best coefficients, and ``C_`` is then the
@@ -602,7 +606,9 @@ def _takes_sample_weight(scorer) -> bool:
 
 def with_labels(scorer, classes, every_class: bool = True):
     """``scorer`` with two classes scoring the last as the positive one, whatever the labels
-    are (scikit-learn's default, 1, is no class of labels {1, 2} or of strings); with
+    are, as LogisticRegressionCV scores (scikit-learn's metrics default to ``pos_label=1``,
+    the first class of labels {1, 2} and no class of {0.5, 1.5} or of strings); a
+    ``pos_label`` the scorer was made with is kept. With
     ``every_class``, also told every class: a fold's held-out rows may lack one, so metrics
     that take the labels are given all of them, as LogisticRegressionCV gives them. Metrics
     of probabilities or decision values (log loss, Brier score) are always told them: their

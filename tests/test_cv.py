@@ -848,6 +848,18 @@ def test_score_of_two_classes_takes_the_positive_class_the_folds_took(labels):
     expected = f1_score(y, search.predict(X), pos_label=labels[1])
     assert expected != f1_score(y, search.predict(X), pos_label=labels[0])
     assert search.score(X, y) == pytest.approx(expected)
+    # A scorer made with its own pos_label keeps it, in the folds and in score(): the
+    # first class's F1 here, as GridSearchCV scores the same folds.
+    from sklearn.metrics import make_scorer
+    from sklearn.model_selection import GridSearchCV
+
+    first = make_scorer(f1_score, pos_label=labels[0])
+    search = MR2LinearClassifierCV([0.1, 1.0], cv=3, scoring=first, device="cpu").fit(X, y)
+    grid = GridSearchCV(MR2LinearClassifier(device="cpu"), {"C": [0.1, 1.0]}, cv=3, scoring=first)
+    grid.fit(X, y)
+    scores = next(iter(search.scores_.values()))
+    np.testing.assert_allclose(scores.mean(0), grid.cv_results_["mean_test_score"], atol=1e-9)
+    assert search.score(X, y) == pytest.approx(f1_score(y, search.predict(X), pos_label=labels[0]))
 
 
 def test_score_of_probabilities_knows_every_class_on_data_lacking_one():
