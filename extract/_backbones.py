@@ -248,8 +248,16 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
         weights_id = params_weights_id(RANDOM_ID, model.visual)
     elif weights and (_looks_like_path(weights) or os.path.exists(weights)):
         path = _check_file(spec, weights)
-        with _library_reads(path):
-            model, _, transform = create(path, **_tags_preprocess(spec.model))
+        try:
+            with _library_reads(path):
+                model, _, transform = create(path, **_tags_preprocess(spec.model))
+        except BackboneError:
+            raise
+        except Exception as err:
+            misfit = _open_clip_misfit(spec, path, err, create)
+            if misfit is None:
+                raise
+            raise misfit from err
         weights_id = file_sha256(path)
     else:
         tag = _open_clip_tag(spec)
@@ -282,6 +290,43 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
     if getattr(visual, "output_tokens", False):  # CoCa's tower: (pooled, tokens)
         visual = _PooledOutput(visual)
     return visual, transform, pre, weights_id
+
+
+def _open_clip_misfit(spec: BackboneSpec, path: str, err: Exception, create):
+    """One :class:`BackboneError` for a readable checkpoint that open_clip fails to load
+    into a model it builds with random weights (another model's, one tower alone: its
+    "Missing key(s)", or an assertion of its resizing); None where the model itself cannot
+    be built, whose error is then the library's to show."""
+    try:
+        with _quiet_library_logs():
+            create(None)
+    except Exception:
+        return None
+    return BackboneError(
+        f"The checkpoint {path!r} does not fit the open_clip model {spec.model!r}: open_clip "
+        f"builds the model but cannot load the file into it ({_load_error(err)}). Pass a "
+        f"state_dict of the whole {spec.model!r} model, both towers (open_clip loads them "
+        "together)."
+    )
+
+
+def _load_error(err: Exception) -> str:
+    """A library's loading error in a line: torch's load_state_dict report as counts of
+    missing, unexpected and mis-shaped weights with their first names, else its first 200
+    characters."""
+    text, parts = str(err), []
+    for kind in ("missing", "unexpected"):
+        found = re.search(rf"{kind} key\(s\) in state_dict: (.*)", text, re.I)
+        if found:
+            parts.append((kind, re.findall(r'"([^"]+)"', found.group(1))))
+    parts.append(("of another shape", re.findall(r"size mismatch for ([^:]+):", text)))
+    said = [f"{len(n)} {kind} ({', '.join(n[:3])}{', ...' if len(n) > 3 else ''})"
+            for kind, n in parts if n]  # fmt: skip
+    if said:
+        return f"{type(err).__name__}: weights " + "; ".join(said)
+    text = " ".join(text.split())
+    text = text[:200] + "..." if len(text) > 200 else text
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 class _PooledOutput(nn.Module):

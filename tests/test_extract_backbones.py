@@ -448,6 +448,83 @@ def test_open_clip_tiny_random_and_local_checkpoint(tmp_path):
         torch.testing.assert_close(loaded.model(x), model.eval().encode_image(x))
 
 
+def test_an_open_clip_checkpoint_that_does_not_fit_is_one_error(tmp_path):
+    # The image tower saved alone: open_clip's "Missing key(s)" traceback (exit status 1).
+    import open_clip
+
+    from extract import BackboneError
+
+    name = register_tiny_open_clip(tmp_path)
+    model, _, _ = open_clip.create_model_and_transforms(name, pretrained=None)
+    state = {k: v for k, v in model.state_dict().items() if k.startswith("visual.")}
+    torch.save(state, tmp_path / "visual.pt")
+    missing = len(model.state_dict()) - len(state)
+    with pytest.raises(BackboneError) as caught:
+        create_backbone(f"open_clip:{name}@{tmp_path / 'visual.pt'}")
+    assert re.fullmatch(
+        rf"The checkpoint '.*visual.pt' does not fit the open_clip model '{name}': open_clip "
+        rf"builds the model but cannot load the file into it \(RuntimeError: weights "
+        rf"{missing} missing \([^,)]+, [^,)]+, [^,)]+, \.\.\.\)\)\. Pass a state_dict of "
+        rf"the whole '{name}' model, both towers \(open_clip loads them together\)\.",
+        str(caught.value),
+    )
+
+
+@pytest.mark.parametrize(
+    "error, said",
+    [
+        # torch's report of a strict load, with weights of another shape
+        (
+            RuntimeError(
+                "Error(s) in loading state_dict for CLIP:\n\tUnexpected key(s) in state_dict: "
+                '"fc.weight". \n\tsize mismatch for visual.proj: copying a param with shape '
+                "torch.Size([2]) from checkpoint, the shape in current model is torch.Size([3])."
+            ),
+            "RuntimeError: weights 1 unexpected (fc.weight); 1 of another shape (visual.proj)",
+        ),
+        # an assertion of open_clip's resizing (a ResNet's checkpoint given to a ViT)
+        (AssertionError("text pos_embed width changed!"), "AssertionError: text pos_embed width"),
+        (KeyError("x" * 300), "KeyError: '" + "x" * 199 + "...)"),  # its first 200 characters
+    ],
+)
+def test_a_checkpoint_open_clip_cannot_load_says_why_in_one_line(
+    tmp_path, monkeypatch, error, said
+):
+    import open_clip
+
+    from extract import BackboneError
+
+    name = register_tiny_open_clip(tmp_path)
+    model, _, _ = open_clip.create_model_and_transforms(name, pretrained=None)
+    torch.save(model.state_dict(), tmp_path / "clip.pt")
+    create = open_clip.create_model_and_transforms
+
+    def failing_to_load(model_name, pretrained=None, **kwargs):
+        if pretrained is not None:
+            raise error
+        return create(model_name, pretrained=None, **kwargs)
+
+    monkeypatch.setattr(open_clip, "create_model_and_transforms", failing_to_load)
+    with pytest.raises(BackboneError, match=re.escape(f"load the file into it ({said}")):
+        create_backbone(f"open_clip:{name}@{tmp_path / 'clip.pt'}")
+
+
+def test_an_open_clip_model_that_cannot_be_built_keeps_the_library_s_error(tmp_path, monkeypatch):
+    # Only a checkpoint that a buildable model cannot take is blamed on the file.
+    import open_clip
+
+    name = register_tiny_open_clip(tmp_path)
+    model, _, _ = open_clip.create_model_and_transforms(name, pretrained=None)
+    torch.save(model.state_dict(), tmp_path / "clip.pt")
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(open_clip, "create_model_and_transforms", failing)
+    with pytest.raises(RuntimeError, match="CUDA error: out of memory"):
+        create_backbone(f"open_clip:{name}@{tmp_path / 'clip.pt'}")
+
+
 @pytest.mark.parametrize(
     "prefix, extra",
     [
