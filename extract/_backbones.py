@@ -214,10 +214,12 @@ def _open_clip_tag(spec: BackboneSpec) -> str:
     tag = spec.weights.lower().replace("-", "_")  # open_clip's own tag normalisation
     if tag in tags:
         return tag
-    hint = _suggest(tag, tags, f"`open_clip.list_pretrained_tags_by_model('{spec.model}')`")
+    listing = f"`open_clip.list_pretrained_tags_by_model('{spec.model}')`"
+    hint = _suggest(tag, tags, listing) if tags else "; open_clip lists no pretrained tags for it."
     raise BackboneError(
         f"open_clip has no pretrained tag {spec.weights!r} for {spec.model!r}, and no "
-        f"checkpoint file has that name{hint}"
+        f"checkpoint file has that name{hint} Random weights (open_clip's pretrained=None) "
+        f"are '{head}@{RANDOM}'."
     )
 
 

@@ -647,7 +647,14 @@ def test_spec_objects_pass_through():
         ("open_clip:ViT-B-31@random", r"open_clip has no model 'ViT-B-31'.*did you mean 'ViT-B-3"),
         (
             "open_clip:RN50@open-ai",
-            r"no pretrained tag 'open-ai' for 'RN50'.*did you mean 'openai'",
+            r"no pretrained tag 'open-ai' for 'RN50'.*did you mean 'openai'\? Random weights "
+            r"\(open_clip's pretrained=None\) are 'open_clip:RN50@random'\.$",
+        ),
+        # open_clip's pretrained=None, spelt as a tag: the spelling of random weights named.
+        (
+            "open_clip:ViT-S-32@None",
+            r"no pretrained tag 'None' for 'ViT-S-32'.*; open_clip lists no pretrained tags "
+            r"for it\. Random weights .* are 'open_clip:ViT-S-32@random'\.$",
         ),
     ],
 )
