@@ -93,6 +93,7 @@ def files(tmp_path_factory):
         X_uneven = np.random.default_rng(seed).normal(size=(66, 4))
         np.savez(folder / f"{name}.npz", X=X_uneven, y=uneven)
     (folder / "garbage.npz").write_bytes(b"not numpy at all")
+    (folder / "X.csv").write_text("0.5,1.5,0\n")  # features as text: no format read here
     (folder / "notes.txt").write_text("a regular file\n")
     return folder
 
@@ -421,6 +422,7 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/other.npz"], "must hold arrays X and y (or features and labels); found ['a', "),
         (["{d}/X.npy"], "holds features only; pass --labels FILE.npy"),
         (["{d}/X.csv"], "unknown feature file type '.csv'"),
+        (["{d}/missing"], "'{d}/missing' does not exist; check the path"),
         (["{d}/train.npz", "--labels", "{d}/y.npy"], "--labels is for .npy features only"),
         pytest.param(["{d}/missing.h5"], "'{d}/missing.h5' does not exist", marks=NEEDS_H5),
         pytest.param(["{d}/garbage.h5"], "is not an HDF5 file", marks=NEEDS_H5),
@@ -1135,6 +1137,23 @@ def test_the_report_records_the_inputs_it_was_measured_on(stores, files, tmp_pat
     assert inputs["train"]["samples"] + inputs["test"]["samples"] == len(
         np.load(files / "train.npz")["y"]
     )
+
+
+@NEEDS_H5
+def test_feature_files_are_read_by_their_content_whatever_their_names(stores, tmp_path, capsys):
+    # mr2-extract writes a store under any name; mr2-probe refused one without .h5 as an
+    # "unknown feature file type". Read by content, it is also compared and recorded as one.
+    names = {"r18.h5": "r18", "r18_tensor.h5": "r18.test", "store.h5": "s", "train.npz": "t"}
+    for source, copy in names.items():
+        shutil.copy(stores / source, tmp_path / copy)
+    out, run = tmp_path / "run", ["--no-progress", "--out", str(tmp_path / "run")]
+    assert main([str(tmp_path / "r18"), "--test", str(tmp_path / "r18.test"), *run]) == 0
+    inputs = json.loads((out / "report.json").read_text())["inputs"]
+    assert inputs["train"]["provenance"]["backbone"] == "timm:resnet18"
+    assert inputs["test"]["provenance"]["preprocessing"]["decode"] == "tensor"
+    status, err = _error([str(stores / "store.h5"), "--test", str(tmp_path / "s"), *run], capsys)
+    assert status == 2 and "the training images" in err[-1]
+    assert main([str(tmp_path / "t"), *run]) == 0  # a .npz by its zip signature
 
 
 @NEEDS_H5

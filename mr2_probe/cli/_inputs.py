@@ -14,6 +14,31 @@ from ..front import OFFSETS_CV, check_offsets_folds
 from ._usage import UsageError, _few, _one_line
 
 _FORMATS = (".h5", ".hdf5", ".npz", ".npy")
+_STORE = (".h5", ".hdf5")
+_NPY, _NPZ = (b"\x93NUMPY",), (b"PK\x03\x04", b"PK\x05\x06")  # their first bytes (a zip)
+
+
+def feature_format(path) -> str:
+    """A feature file's format as a suffix of ``_FORMATS``: its own, or for another suffix
+    (or none) what its content is (a store that mr2-extract wrote under any name, by h5py's
+    own test; a NumPy file by its magic bytes); '' where neither tells."""
+    suffix = Path(path).suffix.lower()
+    if suffix in _FORMATS:
+        return suffix
+    try:
+        with open(path, "rb") as file:
+            magic = file.read(6)
+    except OSError:
+        return ""
+    if magic.startswith(_NPY):
+        return ".npy"
+    if magic.startswith(_NPZ):
+        return ".npz"
+    try:
+        import h5py
+    except ImportError:  # no store can be read without it
+        return ""
+    return ".h5" if h5py.is_hdf5(path) else ""
 
 
 # What report.json records of a store, so that a per-class result can be traced to the
@@ -32,7 +57,7 @@ def _sources(args) -> dict:
         entry = {"path": os.path.abspath(path)}
         if labels_path is not None:
             entry["labels"] = os.path.abspath(labels_path)
-        if Path(path).suffix.lower() in (".h5", ".hdf5"):
+        if feature_format(path) in _STORE:
             from extract import load_features
 
             with load_features(path) as store:
@@ -72,14 +97,16 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
     the file raises a :class:`UsageError` or an ``extract.StoreError`` (both ValueErrors)
     with a one-line message.
     """
-    suffix = Path(path).suffix.lower()
-    if suffix not in _FORMATS:
+    suffix = feature_format(path)
+    if not suffix:
+        if not os.path.exists(path):
+            raise UsageError(f"{path!r} does not exist; check the path")
         raise UsageError(
-            f"unknown feature file type {suffix or '(none)'!r} ({path}); use .h5 (a store "
-            "from mr2-extract), .npz (X and y) or .npy (with --labels)"
+            f"unknown feature file type {Path(path).suffix or '(none)'!r} ({path}): neither "
+            "a store from mr2-extract (HDF5, .h5) nor .npz (X and y) or .npy (with --labels)"
         )
     names = store = None
-    if suffix in (".h5", ".hdf5"):
+    if suffix in _STORE:
         X, y, names, store = _load_store(path)
         source = path
     elif suffix == ".npz":
@@ -111,7 +138,7 @@ def _read(path: str, reader):
         with open(path, "rb") as file:
             magic = file.read(6)
         # np.load reads anything else as a pickle, whose error would talk of allow_pickle.
-        if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY")):
+        if not magic.startswith(_NPZ + _NPY):
             raise UsageError(
                 f"{path!r} is not a NumPy file; write features with numpy.save (.npy) or "
                 "numpy.savez (.npz)"
@@ -346,7 +373,7 @@ def _check_not_the_training_data(train: str, test: str) -> None:
     taken even where the listings look alike, and one of training images is refused
     however it was listed; a few images shared by two sources are only said."""
     shared = "the training images" if Path(train).resolve() == Path(test).resolve() else None
-    if not shared and {Path(train).suffix.lower(), Path(test).suffix.lower()} <= {".h5", ".hdf5"}:
+    if not shared and {feature_format(train), feature_format(test)} <= set(_STORE):
         from extract import load_features
 
         # The same image list, and the same shard of it (shards of one list are disjoint).

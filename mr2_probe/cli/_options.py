@@ -7,7 +7,6 @@ import difflib
 import sys
 from collections import Counter
 from numbers import Real
-from pathlib import Path
 
 import numpy as np
 from sklearn.base import clone
@@ -16,6 +15,7 @@ from sklearn.preprocessing import Normalizer, StandardScaler
 
 from .._classifier import MR2LinearClassifier
 from .._device import resolve_device
+from ._inputs import feature_format
 from ._usage import UsageError, _one_line
 
 EXAMPLES = """\
@@ -125,7 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "train",
         help="training features: an HDF5 store from mr2-extract (.h5), a .npz with X and y "
-        "(or features and labels), or a .npy with --labels, e.g. train.h5",
+        "(or features and labels), or a .npy with --labels, e.g. train.h5; a file named "
+        "otherwise is read as what its content is",
     )
     held_out = parser.add_mutually_exclusive_group()
     held_out.add_argument("--test", help="test features in the same formats, e.g. test.h5")
@@ -415,7 +416,7 @@ def _check_options(args) -> None:
         ("--labels", args.labels, args.train),
         ("--test-labels", args.test_labels, args.test),
     ):
-        if labels is not None and Path(features).suffix.lower() != ".npy":
+        if labels is not None and feature_format(features) != ".npy":
             raise UsageError(
                 f"{option} is for .npy features only; {features!r} holds its own labels: "
                 f"drop {option}"
