@@ -813,7 +813,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             )
         if dtype == torch.float64:
             return (
-                f"{stopped}: the tolerance is tighter than the precision of the data allows. "
+                f"{stopped}: its last step changed the objective or the weights by less than "
+                "64 float64 epsilons (1.4e-14), where it stops, as scikit-learn's lbfgs does. "
                 "Use a larger tol (and, for features of very different magnitudes, scale "
                 "them, e.g. StandardScaler)."
             )

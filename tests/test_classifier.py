@@ -789,6 +789,14 @@ def test_stalled_lbfgs_advice_depends_on_the_dtype(digits):
         MR2LinearClassifier(c_bar=None, C=10.0, tol=1e-8, max_iter=2000, device="cpu").fit(
             X.astype(np.float32), y
         )
+    # In float64, a stop on the change of the objective: said as such, not blamed on the
+    # precision of the data (float64 L-BFGS elsewhere gets further on the same problem).
+    X_iris, y_iris = load_iris(return_X_y=True)
+    with pytest.warns(ConvergenceWarning) as record:
+        MR2LinearClassifier(c_bar=None, tol=1e-8, max_iter=2000, device="cpu").fit(X_iris, y_iris)
+    message = str(record[0].message)
+    assert "no longer improving" in message and "64 float64 epsilons (1.4e-14)" in message
+    assert "precision of the data" not in message and "Use a larger tol" in message
     # A cosine head stalled far from its optimum in float32 (0.035 of loss above it): the
     # advice is float64 (its features are normalised: nothing to scale).
     X, y = np.random.RandomState(0).randn(60, 4), np.arange(60) % 3

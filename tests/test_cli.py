@@ -166,12 +166,11 @@ def test_a_model_short_of_tol_is_said_in_one_line(digits_files, capsys):
             "mr2-probe keeps this one.",
         ),
         (
-            "x: the tolerance is tighter than the precision of the data allows. Use a larger "
-            "tol (and, for features of very different magnitudes, scale them, e.g. "
-            "StandardScaler).",
+            "x: where it stops, as scikit-learn's lbfgs does. Use a larger tol (and, for "
+            "features of very different magnitudes, scale them, e.g. StandardScaler).",
             "standard",
-            "x: the tolerance is tighter than the precision of the data allows. mr2-probe keeps "
-            "the fit as it stopped.",
+            "x: where it stops, as scikit-learn's lbfgs does. mr2-probe keeps the fit as it "
+            "stopped.",
         ),
         (
             "(a warm start from a converged fit; use float64 features or a larger tol), or",
