@@ -197,7 +197,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         Order p ≥ 1 of the norm of the class statistics. ``None`` means 3 for the cosine
         head (with unit-norm features every class has a_k = 1 under p = 2) and 2 otherwise.
     head : {"linear", "cosine"}, default="linear"
-        ``"linear"``: z = W·φ + b. ``"cosine"``: z = scale · cos(w_k, φ), no intercept.
+        ``"linear"``: z = W·φ + b. ``"cosine"``: z = scale · cos(w_k, φ), no intercept;
+        as in ``F.normalize``, norms below 1e-12 count as 1e-12, so a zero row has logits
+        0 and a row nearly zero (norm under 1e-12) logits scaled down with its norm.
     C : float, default=1.0
         Inverse strength of the L2 penalty ½‖W‖² / (C·S), S the sum of sample weights, as
         in :class:`~sklearn.linear_model.LogisticRegression`; ``np.inf``: no penalty
