@@ -45,6 +45,7 @@ from ._specs import (
 )
 from ._weights import (
     _check_file,
+    _first_keys,
     _fitting_load,
     _library_reads,
     _lite0_state,
@@ -322,8 +323,7 @@ def _load_error(err: Exception) -> str:
         if found:
             parts.append((kind, re.findall(r'"([^"]+)"', found.group(1))))
     parts.append(("of another shape", re.findall(r"size mismatch for ([^:]+):", text)))
-    said = [f"{len(n)} {kind} ({', '.join(n[:3])}{', ...' if len(n) > 3 else ''})"
-            for kind, n in parts if n]  # fmt: skip
+    said = [f"{len(n)} {kind} ({_first_keys(n, 3)})" for kind, n in parts if n]
     if said:
         return f"{type(err).__name__}: weights " + "; ".join(said)
     text = " ".join(text.split())

@@ -319,9 +319,9 @@ def _fitting_load(
     return model
 
 
-def _first_keys(keys: list[str]) -> str:
-    """The first four of a checkpoint's ``keys`` in an error line, "..." for the rest."""
-    return ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+def _first_keys(keys: list[str], shown: int = 4) -> str:
+    """The first ``shown`` of a checkpoint's ``keys`` in an error line, "..." for the rest."""
+    return ", ".join(keys[:shown]) + (", ..." if len(keys) > shown else "")
 
 
 def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], spec: BackboneSpec) -> None:
