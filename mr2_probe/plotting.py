@@ -18,7 +18,7 @@ import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
 from .front import _final
-from .metrics import GROUP_NAMES
+from .metrics import GROUP_NAMES, classwise_scorers
 from .report import ClasswiseReport
 
 # One palette for every figure. The reference (the ERM probe) is light grey wherever it
@@ -418,12 +418,10 @@ def plot_front(front, path, split: str = "test"):
 #: Line style of each validation curve: the search's own scorer solid.
 _CURVE_STYLES = ("-", "--", ":", "-.")
 
-#: Scorers whose values are fractions, drawn in % beside the class accuracies; any other
+#: Scorers whose values are fractions, drawn in % beside the class accuracies (the
+#: class-wise ones of :func:`classwise_scorers` and scikit-learn's of that kind); any other
 #: (``neg_log_loss``, a callable) keeps its own values, on an axis of its own.
-_FRACTION_SCORERS = {
-    "accuracy", "balanced_accuracy", "top_k_accuracy", "average_precision", "worst_class",
-    "hard_tercile", "class_std",
-}  # fmt: skip
+_FRACTION_SCORERS = {*classwise_scorers(), "top_k_accuracy", "average_precision"}
 _FRACTION_PREFIXES = ("f1", "precision", "recall", "jaccard", "roc_auc")
 
 
