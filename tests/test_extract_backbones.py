@@ -494,9 +494,7 @@ def test_a_checkpoint_open_clip_cannot_load_says_why_in_one_line(
 
     from extract import BackboneError
 
-    name = register_tiny_open_clip(tmp_path)
-    model, _, _ = open_clip.create_model_and_transforms(name, pretrained=None)
-    torch.save(model.state_dict(), tmp_path / "clip.pt")
+    spec = _tiny_open_clip_checkpoint(tmp_path)
     create = open_clip.create_model_and_transforms
 
     def failing_to_load(model_name, pretrained=None, **kwargs):
@@ -506,23 +504,31 @@ def test_a_checkpoint_open_clip_cannot_load_says_why_in_one_line(
 
     monkeypatch.setattr(open_clip, "create_model_and_transforms", failing_to_load)
     with pytest.raises(BackboneError, match=re.escape(f"load the file into it ({said}")):
-        create_backbone(f"open_clip:{name}@{tmp_path / 'clip.pt'}")
+        create_backbone(spec)
 
 
 def test_an_open_clip_model_that_cannot_be_built_keeps_the_library_s_error(tmp_path, monkeypatch):
     # Only a checkpoint that a buildable model cannot take is blamed on the file.
     import open_clip
 
-    name = register_tiny_open_clip(tmp_path)
-    model, _, _ = open_clip.create_model_and_transforms(name, pretrained=None)
-    torch.save(model.state_dict(), tmp_path / "clip.pt")
+    spec = _tiny_open_clip_checkpoint(tmp_path)
 
     def failing(*args, **kwargs):
         raise RuntimeError("CUDA error: out of memory")
 
     monkeypatch.setattr(open_clip, "create_model_and_transforms", failing)
     with pytest.raises(RuntimeError, match="CUDA error: out of memory"):
-        create_backbone(f"open_clip:{name}@{tmp_path / 'clip.pt'}")
+        create_backbone(spec)
+
+
+def _tiny_open_clip_checkpoint(folder) -> str:
+    """The spec of a registered tiny open_clip model at its random weights, saved whole."""
+    import open_clip
+
+    name = register_tiny_open_clip(folder)
+    model, _, _ = open_clip.create_model_and_transforms(name, pretrained=None)
+    torch.save(model.state_dict(), folder / "clip.pt")
+    return f"open_clip:{name}@{folder / 'clip.pt'}"
 
 
 @pytest.mark.parametrize(
