@@ -73,6 +73,15 @@ def load(args):
     return X[: args.n_samples], y[: args.n_samples], X[args.n_samples :], y[args.n_samples :]
 
 
+def add_data_arguments(parser) -> None:
+    """The options of :func:`load`, shared with cosine_tried.py."""
+    parser.add_argument("--store", type=Path, help="a feature store (.h5) instead of synthetic")
+    parser.add_argument("--n-samples", type=int, default=20_000)
+    parser.add_argument("--n-test", type=int, default=5_000)
+    parser.add_argument("--n-features", type=int, default=512)
+    parser.add_argument("--n-classes", type=int, default=10)
+
+
 def objective(X, y, coef, margins):
     # Two classes: one row, v_1 − v_0; the margin cross-entropy of (0, z) is that of the
     # two rows' logits (a shift of both logits leaves it unchanged).
@@ -105,11 +114,7 @@ def timed(fn):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store", type=Path, help="a feature store (.h5) instead of synthetic")
-    parser.add_argument("--n-samples", type=int, default=20_000)
-    parser.add_argument("--n-test", type=int, default=5_000)
-    parser.add_argument("--n-features", type=int, default=512)
-    parser.add_argument("--n-classes", type=int, default=10)
+    add_data_arguments(parser)
     parser.add_argument("--C", type=float, default=1.0, help="the linear heads' C")
     parser.add_argument("--scales", type=float, nargs="*", default=[16.0, 64.0, 256.0])
     parser.add_argument("--tol", type=float, default=1e-4)

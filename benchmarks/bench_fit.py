@@ -44,6 +44,23 @@ def threads() -> str:
     return f"torch threads={torch.get_num_threads()}, BLAS threads={max(blas, default=1)}"
 
 
+def add_feature_arguments(parser) -> None:
+    """The synthetic features' options (make_features'), shared with profile_fit.py."""
+    parser.add_argument("--n-samples", type=int, default=50_000)
+    parser.add_argument("--n-features", type=int, default=768)
+    parser.add_argument("--n-classes", type=int, default=100)
+
+
+def limit_threads(n: int | None):
+    """Give torch and the BLAS (and OpenMP) n threads each; the limits to hold on to."""
+    if n is None:
+        return None
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(n)
+    return threadpool_limits(n)
+
+
 def make_features(n_samples, n_features, n_classes, seed, offset=1.0):
     """Class means on a sphere, per-class spread from 0.5× to 2×, a common offset.
 
@@ -96,9 +113,7 @@ def timed_fit(model, X, y, repeat=1):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n-samples", type=int, default=50_000)
-    parser.add_argument("--n-features", type=int, default=768)
-    parser.add_argument("--n-classes", type=int, default=100)
+    add_feature_arguments(parser)
     parser.add_argument("--C", type=float, default=1.0)
     # High enough for every model to reach tol: the comparison is time to the optimum.
     parser.add_argument("--max-iter", type=int, default=1000)
@@ -123,11 +138,7 @@ def main(argv=None):
         "uses (default: each library's own)",
     )
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        from threadpoolctl import threadpool_limits
-
-        torch.set_num_threads(args.threads)
-        _limits = threadpool_limits(args.threads)  # noqa: F841  (held for the whole run)
+    _limits = limit_threads(args.threads)  # noqa: F841  (held for the whole run)
     devices = set(args.devices.split(","))
     if not devices <= {"cpu", "cuda"}:
         parser.error(f"--devices takes cpu, cuda or both; got {args.devices!r}")

@@ -1,10 +1,7 @@
 """bench_cosine.py's equivalent linear problem: the multipliers it reads off a cosine fit."""
 
-import importlib.util
 import json
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,23 +11,12 @@ from sklearn.exceptions import ConvergenceWarning
 
 from mr2_probe import MR2LinearClassifier
 from mr2_probe._losses import margin_cross_entropy
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cosine.py"
+from tests._scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    path, modules = list(sys.path), set(sys.modules)
-    try:  # the script puts benchmarks/ and the project on sys.path, for bench_fit and tests
-        spec = importlib.util.spec_from_file_location("bench_cosine", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = path
-        for name in set(sys.modules) - modules - {"bench_cosine"}:
-            if name == "bench_fit":
-                del sys.modules[name]
-    return module
+    return load_benchmark("bench_cosine")
 
 
 @pytest.fixture(scope="module")
@@ -109,14 +95,7 @@ def test_bench_fit_objective_of_two_classes_is_logistic_regression_s(digits_unit
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import log_loss
 
-    path = list(sys.path)
-    try:
-        script = SCRIPT.with_name("bench_fit.py")
-        spec = importlib.util.spec_from_file_location("bench_fit_two", script)
-        bench_fit = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench_fit)
-    finally:
-        sys.path[:] = path
+    bench_fit = load_benchmark("bench_fit", "bench_fit_two")
     X, y = digits_unit
     X, y = X[y < 2], y[y < 2]
     model = LogisticRegression(C=0.5).fit(X, y)

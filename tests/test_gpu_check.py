@@ -1,26 +1,17 @@
 """The GPU check's parts that run without a GPU: the probe at a tiny size, the report."""
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests._scripts import BENCHMARKS, load_benchmark
 
 
 def test_imagenet_probe_runs_at_a_tiny_size_on_cpu(tmp_path):
-    probe = _load("bench_probe_imagenet")
+    probe = load_benchmark("bench_probe_imagenet")
     out = tmp_path / "probe.json"
     args = "--n-samples 600 --n-features 16 --n-classes 5 --lbfgs-iter 30 --adam-epochs 3"
     probe.main([*args.split(), "--device", "cpu", "--json", str(out)])
@@ -74,7 +65,7 @@ def test_gpu_check_with_an_interpreter_that_does_not_run_fails(tmp_path):
 
 
 def test_report_collects_every_section(tmp_path):
-    report = _load("gpu_check_report")
+    report = load_benchmark("gpu_check_report")
     (tmp_path / "fit.json").write_text('{"rows": [{"fit_s": 1.5}]}')
     (tmp_path / "fit.log").write_text("the table\n")
     (tmp_path / "broken.log").write_text("Traceback ...\n")
@@ -114,7 +105,7 @@ def test_report_collects_every_section(tmp_path):
 
 def test_a_check_in_which_no_cuda_test_passed_is_no_success(tmp_path, monkeypatch):
     # Every section ran, but every CUDA test was skipped: the report said "all passed".
-    report = _load("gpu_check_report")
+    report = load_benchmark("gpu_check_report")
     line = ["pytest_cuda", "ran", "0", "3", "60", "", "", "python -m pytest -m cuda"]
     (tmp_path / "sections.tsv").write_text("\t".join(line) + "\n")
     (tmp_path / "junit.xml").write_text(

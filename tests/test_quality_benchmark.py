@@ -1,21 +1,16 @@
 """The quality benchmark's synthetic data does what its table claims to show."""
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "quality.py"
+from tests._scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def quality():
-    spec = importlib.util.spec_from_file_location("quality", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("quality")
 
 
 @pytest.mark.parametrize("kind, sign", [("spread", 1), ("norm", -1)])

@@ -1,0 +1,242 @@
+"""Directions tried to speed up the cosine head at a large scale, counted in iterations.
+
+The README's "Tried, and slower" list for the cosine head: each experiment here fits the
+cosine head at ``--scale`` (256 by default) on the same L2-normalised features as
+``bench_cosine.py`` (its ``--store`` and row counts), and prints L-BFGS iterations, the
+training objective, and how many test predictions agree with the cold fit's. Iterations and
+objectives do not depend on the machine's load (the bf16 experiment's times do; its ratio
+is taken within the run).
+
+- ``cold``: the estimator as it is, from the class prototypes (the reference).
+- ``chain``: warm starts up a ladder of scales (``warm_start=True``), 16 → 32 → … → scale.
+- ``once``: one warm start at the scale from a converged fit at scale / 4, / 2 and · 3/4.
+- ``memory``: 50, 400 and 800 L-BFGS pairs instead of 200.
+- ``one-round``: a single L-BFGS round, the rows never rescaled to unit norm: iterations
+  until the objective is within 10⁻⁷ of the cold fit's.
+- ``sooner``: the test on tol taken at tol · scale and at tol · √scale.
+- ``subsample``: a warm start from the same scale fitted on a random quarter and eighth of
+  the rows (the memory starts empty on all the rows).
+- ``linear``: a warm start from the linear head's directions at C = 1.
+- ``path``: the solver of MR2LinearClassifierCV's path (relative curvature test, quadratic
+  and secant line-search steps, 200 pairs) as a single fit: one "fold" of all the rows.
+- ``active``: the share of rows whose loss at the cold solution is still above 10⁻⁷.
+- ``bf16``: X·Wᵀ in bfloat16 against float32 (best of 20) and the largest logit error
+  of the bfloat16 product at the scale, against float64.
+
+    python benchmarks/cosine_tried.py --store runs/cache/fmnist_train_lite0_64.h5
+    python benchmarks/cosine_tried.py --store runs/cache/fmnist_train_lite0_64.h5 --only chain once
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.exceptions import ConvergenceWarning
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_cosine import add_data_arguments, load, objective  # noqa: E402
+from bench_fit import threads  # noqa: E402
+
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
+from mr2_probe import _solvers as solvers  # noqa: E402
+from mr2_probe._losses import margin_cross_entropy  # noqa: E402
+
+EXPERIMENTS = ["cold", "chain", "once", "memory", "one-round", "sooner", "subsample",
+               "linear", "path", "active", "bf16"]  # fmt: skip
+
+
+class Bench:
+    """The data, the cold reference fit, and one printed row per fit."""
+
+    def __init__(self, args):
+        self.args = args
+        self.X, self.y, self.Xt, self.yt = load(args)
+        self.kw = dict(head="cosine", scale=args.scale, tol=args.tol, max_iter=args.max_iter,
+                       device="cpu")  # fmt: skip
+        self.cold, self.any_short = None, False
+
+    def fit(self, X=None, y=None, start=None, **params):
+        """A cosine fit (warm from ``start``'s solution if given); also sets ``short_``
+        (a ConvergenceWarning) and ``rounds_`` (the iterations of each L-BFGS round)."""
+        clf = MR2LinearClassifier(**{**self.kw, **params})
+        if start is not None:
+            clf.set_params(warm_start=True)
+            clf._head_state, clf.n_features_in_ = start._head_state, start.n_features_in_
+        rounds, default = [], solvers._LBFGS
+
+        class Counted(default):
+            def step(self, closure):
+                out = super().step(closure)
+                rounds.append(self.state[self.param_groups[0]["params"][0]].get("n_iter", 0))
+                return out
+
+        solvers._LBFGS = Counted
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ConvergenceWarning)
+                clf.fit(self.X if X is None else X, self.y if y is None else y)
+        finally:
+            solvers._LBFGS = default
+        clf.short_ = any(issubclass(w.category, ConvergenceWarning) for w in caught)
+        clf.rounds_ = rounds
+        return clf
+
+    def row(self, name, clf, iters=None):
+        """Print a fit: its iterations, objective, test accuracy, agreement with the cold fit."""
+        loss = objective(self.X, self.y, clf.coef_, clf.margins_)
+        pred = clf.predict(self.Xt)
+        agree = np.mean(pred == self.cold.predict(self.Xt)) if self.cold is not None else 1.0
+        iters = clf.n_iter_ if iters is None else iters
+        mark = "*" if getattr(clf, "short_", False) else " "
+        self.any_short |= mark == "*"
+        print(f"  {name:<60}{iters:7d}{mark}{loss:12.7f}{100 * np.mean(pred == self.yt):8.2f}"
+              f"{100 * agree:9.2f}")  # fmt: skip
+
+
+def cold(b):
+    b.cold = b.fit()
+    b.row(f"cold fit at scale {b.args.scale:g}", b.cold)
+    print(f"  (its L-BFGS rounds: {', '.join(map(str, b.cold.rounds_))} iterations)")
+
+
+def chain(b):
+    ladder = [s for s in (16.0, 32.0, 64.0, 128.0) if s < b.args.scale] + [b.args.scale]
+    clf, total = None, 0
+    for scale in ladder:
+        clf = b.fit(start=clf, scale=scale)
+        total += clf.n_iter_
+        b.row(f"ladder, scale {scale:g}", clf)
+    b.row(f"ladder {' → '.join(f'{s:g}' for s in ladder)}, in all", clf, total)
+
+
+def once(b):
+    for first in (b.args.scale / 4, b.args.scale / 2, 3 * b.args.scale / 4):
+        start = b.fit(scale=first)
+        clf = b.fit(start=start)
+        b.row(f"from a converged fit at {first:g}: at {b.args.scale:g}", clf)
+        b.row(f"from a converged fit at {first:g}: in all", clf, start.n_iter_ + clf.n_iter_)
+
+
+def memory(b):
+    default = solvers._COSINE_HISTORY
+    for pairs in (50, 400, 800):
+        solvers._COSINE_HISTORY = pairs
+        try:
+            clf = b.fit()
+        finally:
+            solvers._COSINE_HISTORY = default
+        b.row(f"{pairs} L-BFGS pairs: rounds of {', '.join(map(str, clf.rounds_))}", clf)
+
+
+def one_round(b):
+    default = solvers._COSINE_ROUNDS
+    solvers._COSINE_ROUNDS = 1
+    try:
+        clf = b.fit(max_iter=2 * b.args.max_iter)
+    finally:
+        solvers._COSINE_ROUNDS = default
+    target = objective(b.X, b.y, b.cold.coef_, b.cold.margins_) + 1e-7
+    within = np.flatnonzero(np.asarray(clf.loss_curve_) <= target)
+    first = int(within[0]) if len(within) else -1
+    b.row("one round, rows never rescaled", clf)
+    print(f"  (within 1e-7 of the cold fit's objective after {first} iterations; -1: never)")
+
+
+def sooner(b):
+    for name, factor in (("scale", b.args.scale), ("√scale", np.sqrt(b.args.scale))):
+        b.row(f"tol · {name} = {b.args.tol * factor:.3g}", b.fit(tol=b.args.tol * factor))
+
+
+def subsample(b):
+    rng = np.random.default_rng(b.args.seed)
+    for part in (4, 8):
+        rows = rng.permutation(len(b.y))[: len(b.y) // part]
+        start = b.fit(X=b.X[rows], y=b.y[rows])
+        clf = b.fit(start=start)
+        b.row(f"from a fit on 1/{part} of the rows ({start.n_iter_} iterations): all rows", clf)
+
+
+def prototypes(b):
+    """The cosine head at its starting point (max_iter=0): the class prototypes."""
+    clf = MR2LinearClassifier(**{**b.kw, "max_iter": 0})
+    with warnings.catch_warnings():  # evaluated once, short of tol
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return clf.fit(b.X, b.y)
+
+
+def linear(b):
+    lin = MR2LinearClassifier(c_bar=None, C=1.0, tol=b.args.tol, device="cpu").fit(b.X, b.y)
+    start = prototypes(b)
+    start._head_state = {**start._head_state, "weight": torch.as_tensor(lin.coef_)}
+    b.row("from the linear head's directions at C = 1", b.fit(start=start))
+
+
+def path(b):
+    rows = np.arange(len(b.y))
+    kw = {k: v for k, v in b.kw.items() if k != "scale"}
+    search = MR2LinearClassifierCV(Cs=[b.args.scale], cv=[(rows, rows)], refit=False, **kw)
+    search.fit(b.X, b.y)
+    clf = prototypes(b)  # the fitted attributes of these data; its weights are replaced
+    clf.coef_ = np.stack([search.coefs_paths_[label][0, 0] for label in search.classes_])
+    b.row("the CV path's solver, one fold of all the rows", clf, int(search.n_iter_.sum()))
+
+
+def active(b):
+    logits = torch.as_tensor(b.X @ b.cold.coef_.T, dtype=torch.float64)
+    margins = torch.as_tensor(b.cold.margins_)
+    losses = margin_cross_entropy(logits, torch.as_tensor(b.y), margins, reduction="none")
+    share = 100 * np.mean(losses.numpy() > 1e-7)
+    print(f"  rows with a loss above 1e-7 at the cold solution: {share:.1f}%")
+
+
+def bf16(b):
+    X = torch.as_tensor(b.X)
+    W = b.args.scale * F.normalize(torch.as_tensor(b.cold.coef_, dtype=torch.float32), dim=1)
+
+    def best(a, w):
+        times = []
+        for _ in range(20):
+            start = time.perf_counter()
+            a @ w.T
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    f32, half = best(X, W), best(X.bfloat16(), W.bfloat16())
+    exact = X.double() @ W.double().T
+    error = float((X.bfloat16() @ W.bfloat16().T).double().sub(exact).abs().max())
+    print(
+        f"  X·Wᵀ: float32 {1e3 * f32:.1f} ms, bfloat16 {1e3 * half:.1f} ms (float32's "
+        f"time / bfloat16's: {f32 / half:.1f}); largest bfloat16 logit error {error:.3f}"
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_data_arguments(parser)
+    parser.add_argument("--scale", type=float, default=256.0)
+    parser.add_argument("--tol", type=float, default=1e-4)
+    parser.add_argument("--max-iter", type=int, default=3000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", nargs="+", choices=EXPERIMENTS, help="these experiments")
+    args = parser.parse_args(argv)
+    bench = Bench(args)
+    print(f"{len(bench.y)} × {bench.X.shape[1]} L2-normalised float32 train, {len(bench.yt)} "
+          f"test, scale={args.scale:g}, tol={args.tol}, c_bar=1, {threads()}")  # fmt: skip
+    print(f"  {'experiment':<60}{'iters':>8}{'objective':>12}{'acc %':>8}{'agree %':>9}")
+    cold(bench)  # every other experiment compares with it
+    for name in args.only or EXPERIMENTS[1:]:
+        if name != "cold":
+            globals()[name.replace("-", "_")](bench)
+    if bench.any_short:
+        print("* stopped short of tol (ConvergenceWarning)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Where an L-BFGS fit of the linear head spends its time, and torch's product against NumPy's.
+
+Fits ``MR2LinearClassifier(c_bar=None)`` on bench_fit.py's features (centred by default,
+where the estimator and LogisticRegression take the same iterations) under torch's
+profiler, and prints the share of the fit's time spent in matrix products (aten::mm,
+aten::addmm) and the number of function evaluations. Then times, side by side in this
+process, torch's X·Wᵀ on one chunk of the rows (the estimator's chunk size) against
+NumPy's (its BLAS), best of ``--repeat``.
+
+    python benchmarks/profile_fit.py --threads 1      # the README's one-thread profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's own warnings, not ours
+import torch  # noqa: E402
+from sklearn.exceptions import ConvergenceWarning  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_fit import add_feature_arguments, limit_threads, make_features, threads  # noqa: E402
+
+from mr2_probe import MR2LinearClassifier  # noqa: E402
+from mr2_probe._data import block_rows  # noqa: E402
+
+PRODUCTS = ("aten::mm", "aten::addmm")
+
+
+def best_time(fn, repeat):
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_feature_arguments(parser)
+    parser.add_argument("--offset", type=float, default=0.0, help="common feature mean")
+    parser.add_argument("--threads", type=int, help="torch's and the BLAS's threads")
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    _limits = limit_threads(args.threads)  # noqa: F841  (held for the whole run)
+    X, y = make_features(args.n_samples, args.n_features, args.n_classes, args.seed, args.offset)
+    clf = MR2LinearClassifier(c_bar=None, max_iter=1000, device="cpu")
+    with warnings.catch_warnings():  # the first fit's one-time costs, outside the profile
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        MR2LinearClassifier(c_bar=None, max_iter=2, device="cpu").fit(X[:500], y[:500])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        clf.fit(X, y)
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    products = sum(e.self_cpu_time_total for e in events if e.key in PRODUCTS) / 1e6
+    calls = {e.key: e.count for e in events if e.key in PRODUCTS}
+    print(f"{args.n_samples} × {args.n_features} float32, {args.n_classes} classes, "
+          f"offset={args.offset:g}, {threads()}")  # fmt: skip
+    rows = block_rows(args.n_features, args.n_classes)
+    blocks = -(-args.n_samples // rows)
+    print(f"fit: {wall:.2f} s under the profiler, {clf.n_iter_} iterations; matrix products "
+          f"{products:.2f} s, {100 * products / wall:.0f}% of the fit (calls {calls}, "
+          f"row blocks per evaluation: {blocks})")  # fmt: skip
+
+    block = X[:rows]
+    W = clf.coef_.astype(np.float32)
+    Xt, Wt = torch.from_numpy(block), torch.from_numpy(W)
+    t_torch = best_time(lambda: Xt @ Wt.T, args.repeat)
+    t_numpy = best_time(lambda: block @ W.T, args.repeat)
+    print(f"X·Wᵀ on a {len(block)} × {args.n_features} block, {args.n_classes} rows of W: torch "
+          f"{1e3 * t_torch:.1f} ms, NumPy {1e3 * t_numpy:.1f} ms "
+          f"(torch / NumPy: {t_torch / t_numpy:.2f})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

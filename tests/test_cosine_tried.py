@@ -1,0 +1,59 @@
+"""benchmarks/cosine_tried.py: its experiments run, and what they count is what they say."""
+
+import argparse
+
+import pytest
+
+from tests._scripts import load_benchmark
+
+SMALL = ["--n-samples", "400", "--n-test", "200", "--n-features", "16", "--n-classes", "3",
+         "--scale", "16"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tried():
+    return load_benchmark("cosine_tried")
+
+
+@pytest.fixture(scope="module")
+def bench(tried):
+    bench = tried.Bench(argparse.Namespace(
+        store=None, n_samples=400, n_test=200, n_features=16, n_classes=3, scale=16.0,
+        tol=1e-4, max_iter=3000, seed=0))  # fmt: skip
+    bench.cold = bench.fit()
+    return bench
+
+
+@pytest.mark.slow
+def test_every_experiment_runs_and_prints_its_row(tried, capsys):
+    tried.main(SMALL)
+    out = capsys.readouterr().out
+    for text in ["cold fit at scale 16", "ladder 16, in all", "from a converged fit at 4",
+                 "800 L-BFGS pairs", "one round", "tol · √scale", "1/8 of the rows",
+                 "linear head's directions", "the CV path's solver", "loss above 1e-7",
+                 "bfloat16 logit error"]:  # fmt: skip
+        assert text in out, text
+    cold = next(line for line in out.splitlines() if "cold fit at scale" in line)
+    assert cold.split()[-1] == "100.00"  # it agrees with itself
+
+
+def test_rounds_add_up_to_the_iterations(bench):
+    assert len(bench.cold.rounds_) >= 1
+    assert sum(bench.cold.rounds_) == bench.cold.n_iter_
+
+
+def test_a_start_at_the_solution_stays_there(tried, bench):
+    again = bench.fit(start=bench.cold)
+    assert again.n_iter_ <= 1
+    assert tried.objective(bench.X, bench.y, again.coef_, again.margins_) == pytest.approx(
+        tried.objective(bench.X, bench.y, bench.cold.coef_, bench.cold.margins_), abs=1e-7
+    )
+
+
+def test_the_path_solver_reaches_the_cold_solution(tried, bench, capsys):
+    tried.path(bench)
+    row = capsys.readouterr().out.split()
+    assert float(row[-1]) >= 99.0  # agreement with the cold fit's test predictions
+    assert float(row[-3]) == pytest.approx(
+        tried.objective(bench.X, bench.y, bench.cold.coef_, bench.cold.margins_), abs=1e-4
+    )
