@@ -11,16 +11,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.base import _fit_context
-from sklearn.metrics import check_scoring, get_scorer_names, make_scorer
+from sklearn.metrics import check_scoring, get_scorer, get_scorer_names, make_scorer
 from sklearn.model_selection import check_cv
+from sklearn.utils import metadata_routing
 from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.metadata_routing import MetadataRouter, MethodMapping, process_routing
 from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import _check_sample_weight
 from tqdm.auto import tqdm
 
 from ._batched import BatchedPath, FoldBatch, HeldOut
 from ._classifier import MR2LinearClassifier, _class_stats, _range_suspects, both_class_logits
-from ._data import H5Source, cv_folds, is_torch_tensor
+from ._data import H5Source, cv_folds, is_torch_tensor, routing_enabled
 from ._device import default_torch_modes, to_numpy, to_tensor
 from ._head import open_pair
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
@@ -130,7 +132,8 @@ random_state, device
         sample of the class, or none of positive weight), weighted by ``sample_weight``:
         every class-wise curve, whatever ``scoring`` chose.
     n_iter_ : ndarray of shape (1, n_folds, n_Cs)
-        Solver iterations (or epochs) along each path.
+        Solver iterations (or epochs) along each path: 0 where a value's start, the
+        previous solution, already met ``tol``.
     classes_, coef_, intercept_, projection_, margins_, class_stats_, p_, solver_, head_, \
 loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, device_
         Of the refitted model, as in :class:`MR2LinearClassifier` (``projection_`` is None
@@ -255,6 +258,10 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         self.verbose = verbose
         self.device = device
 
+    # Under metadata routing ``groups`` is not this estimator's own: it goes to a splitter
+    # that asks for it (an outer router needs no request for it here).
+    __metadata_request__fit = {"groups": metadata_routing.UNUSED}
+
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None, groups=None):
         """Search along each fold's path, then refit at the best value.
@@ -267,7 +274,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         sample_weight : array-like of shape (n_samples,), default=None
         groups : array-like of shape (n_samples,), default=None
             Group labels for a group splitter as ``cv`` (``GroupKFold``), passed to its
-            ``split`` as GridSearchCV passes them.
+            ``split`` as GridSearchCV passes them. Under metadata routing, ``groups`` go
+            to a splitter that asks for them, and ``sample_weight`` weights the held-out
+            scores only where the scorer asks for them, as in LogisticRegressionCV.
 
         Returns
         -------
@@ -283,15 +292,17 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 )
             scorer = check_classwise_scoring(HeldOutLogits(), self.scoring)
             data = self._prepare(X, y, sample_weight)
-            score_weight = None
-            if sample_weight is not None:
-                sw = to_numpy(sample_weight) if is_torch_tensor(sample_weight) else sample_weight
+            score_weight, split_params = self._route_fit(sample_weight, groups)
+            if score_weight is not None:
+                sw = to_numpy(score_weight) if is_torch_tensor(score_weight) else score_weight
                 score_weight = _check_sample_weight(sw, np.empty((len(data.y_index), 0)))
             labels = self.classes_[data.y_index]
             cv = check_cv(self.cv, labels, classifier=True)
-            if groups is not None:
-                groups = to_numpy(groups) if is_torch_tensor(groups) else np.asarray(groups)
-            folds = cv_folds(cv, X, labels, groups=groups)  # X as given, as GridSearchCV splits it
+            split_params = {
+                key: to_numpy(value) if is_torch_tensor(value) else value
+                for key, value in split_params.items()
+            }
+            folds = cv_folds(cv, X, labels, **split_params)  # X as given, as GridSearchCV splits it
             # The fits weigh rows by sample_weight and class_weight, the scorers by
             # sample_weight alone.
             for part, weight, why in (
@@ -352,10 +363,60 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             self.n_iter_ = self._path_n_iter
             return self
 
+    def _route_fit(self, sample_weight, groups) -> tuple:
+        """The held-out scores' weights and the splitter's ``split`` parameters.
+
+        Under scikit-learn's metadata routing, as the requests say, as LogisticRegressionCV
+        routes them: ``sample_weight`` to the scorer where it asks for them (a scorer that
+        leaves the request unset refuses them, scikit-learn's error), ``groups`` to a
+        splitter that asks for them. ``sample_weight`` weights the fits either way.
+        Otherwise the weights weight the scores too, and ``groups`` go to the splitter."""
+        if not routing_enabled():
+            return sample_weight, ({} if groups is None else {"groups": groups})
+        given = {"sample_weight": sample_weight, "groups": groups}
+        routed = process_routing(
+            self, "fit", **{key: value for key, value in given.items() if value is not None}
+        )
+        return routed.scorer.score.get("sample_weight"), routed.splitter.split
+
+    def get_metadata_routing(self):
+        """Get metadata routing of this object.
+
+        Please check :ref:`User Guide <metadata_routing>` on how the routing mechanism
+        works. ``sample_weight`` is also this estimator's own: the weights weight the fits.
+
+        Returns
+        -------
+        routing : MetadataRouter
+            The routes of ``fit``'s metadata to the splitter's ``split`` and the scorer,
+            and of ``score``'s to the scorer, as in LogisticRegressionCV.
+        """
+        return (
+            MetadataRouter(owner=self)
+            .add_self_request(self)
+            .add(splitter=self.cv, method_mapping=MethodMapping().add(caller="fit", callee="split"))
+            .add(
+                scorer=self._routing_scorer(),
+                method_mapping=MethodMapping()
+                .add(caller="fit", callee="score")
+                .add(caller="score", callee="score"),
+            )
+        )
+
+    def _routing_scorer(self):
+        """The scorer whose requests routing reads: ``scoring``'s, accuracy's for None."""
+        if self.scoring is None:
+            return get_scorer("accuracy")
+        return check_classwise_scoring(self, self.scoring)
+
     def score(self, X, y, sample_weight=None):
         """The ``scoring`` option's score of the fitted model on ``(X, y)`` (accuracy when
         ``scoring`` is None), as LogisticRegressionCV scores, so that a search or
-        ``cross_val_score`` over this estimator reads the metric it was tuned for."""
+        ``cross_val_score`` over this estimator reads the metric it was tuned for. Under
+        metadata routing ``sample_weight`` goes to the scorer as its request says."""
+        if routing_enabled() and sample_weight is not None:
+            routed = process_routing(self, "score", sample_weight=sample_weight)
+            sample_weight = routed.scorer.score.get("sample_weight")
         if self.scoring is None:
             return super().score(X, y, sample_weight=sample_weight)
         y = to_numpy(y) if is_torch_tensor(y) else y

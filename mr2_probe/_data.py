@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from sklearn import get_config
 from sklearn.utils import assert_all_finite
 
 from ._device import inverse_row_norms, to_tensor
@@ -15,6 +16,11 @@ from ._device import inverse_row_norms, to_tensor
 
 def is_torch_tensor(X) -> bool:
     return isinstance(X, torch.Tensor)
+
+
+def routing_enabled() -> bool:
+    """Whether scikit-learn's metadata routing is on (``set_config``)."""
+    return bool(get_config().get("enable_metadata_routing", False))
 
 
 def cv_folds(cv, X, y, **split_params) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -12,7 +12,6 @@ from numbers import Integral, Real
 
 import numpy as np
 from scipy.special import log_softmax, softmax
-from sklearn import get_config
 from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, _fit_context, clone
 from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import StratifiedShuffleSplit, check_cv
@@ -32,7 +31,7 @@ from sklearn.utils.validation import (
     indexable,
 )
 
-from ._data import cv_folds, is_torch_tensor
+from ._data import cv_folds, is_torch_tensor, routing_enabled
 from ._device import to_numpy
 from ._offset_search import OBJECTIVES, tune_class_offsets
 
@@ -117,10 +116,6 @@ def _fitted_inside(estimator):
     while isinstance(estimator, BaseSearchCV):
         estimator = estimator.estimator
     return estimator
-
-
-def _routing() -> bool:
-    return bool(get_config().get("enable_metadata_routing", False))
 
 
 def _check_per_class_decision(estimator, n_classes: int) -> None:
@@ -418,7 +413,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         Under scikit-learn's metadata routing, as the requests say (``sample_weight``
         weights the objective either way). Otherwise ``sample_weight`` goes where ``fit``
         names it, ``groups`` to the splitter and to a ``fit`` that names them."""
-        if _routing():
+        if routing_enabled():
             given = {"sample_weight": sample_weight, "groups": groups} | fit_params
             routed = process_routing(
                 self, "fit", **{key: value for key, value in given.items() if value is not None}

@@ -4,11 +4,13 @@ import warnings
 
 import numpy as np
 import pytest
+import sklearn
 import torch
 from sklearn.datasets import load_digits, load_iris, make_blobs, make_classification
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.exceptions import ConvergenceWarning, UnsetMetadataPassedError
 from sklearn.linear_model import LogisticRegressionCV
-from sklearn.model_selection import StratifiedKFold
+from sklearn.metrics import make_scorer
+from sklearn.model_selection import GridSearchCV, GroupKFold, StratifiedKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils._param_validation import InvalidParameterError
@@ -1329,3 +1331,88 @@ def test_the_search_s_defaults_are_logistic_regression_cv_s():
     params = MR2LinearClassifierCV().get_params()
     expected = {"Cs": 10, "cv": None, "refit": True, "n_jobs": None, "max_iter": 100, "tol": 1e-4}
     assert {name: params[name] for name in expected} == expected
+
+
+def _recording_scorer(seen, request):
+    """An accuracy scorer that records the weights it is given, with its request set."""
+
+    def accuracy(y_true, y_pred, sample_weight=None):
+        seen.append(None if sample_weight is None else np.asarray(sample_weight))
+        return float(np.average(y_true == y_pred, weights=sample_weight))
+
+    return make_scorer(accuracy).set_score_request(sample_weight=request)
+
+
+@pytest.mark.parametrize("request_weights", [True, False])
+def test_under_routing_the_scores_get_the_weights_the_scorer_requests(request_weights):
+    # Under metadata routing the held-out scores were weighted whatever the scorer's request
+    # said (LogisticRegressionCV weights them only where it asks); the fits are weighted
+    # either way.
+    X, y = _blobs()
+    weight = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
+    folds, seen = _folds(y), []
+    with sklearn.config_context(enable_metadata_routing=True):
+        scorer = _recording_scorer(seen, request_weights)
+        clf = MR2LinearClassifierCV([0.1, 1.0], cv=folds, scoring=scorer, refit=False,
+                                    device="cpu")  # fmt: skip
+        clf.fit(X, y, sample_weight=weight)
+    plain = MR2LinearClassifierCV([0.1, 1.0], cv=folds, refit=False, device="cpu")
+    plain.fit(X, y, sample_weight=weight)
+    np.testing.assert_allclose(clf.coef_, plain.coef_, rtol=1e-6)  # weighted fits
+    assert len(seen) == 2 * len(folds)
+    if request_weights:
+        expected = [weight[test] for _, test in folds]
+        assert all(any(np.allclose(got, w) for w in expected if len(w) == len(got)) for got in seen)
+    else:
+        assert all(got is None for got in seen)
+
+
+def test_under_routing_weights_the_scorer_leaves_unrequested_are_refused():
+    # As LogisticRegressionCV: the default scorer (accuracy) has no request for them.
+    X, y = _blobs()
+    weight = np.ones(len(y))
+    with sklearn.config_context(enable_metadata_routing=True):
+        for search in (MR2LinearClassifierCV([1.0], cv=3, device="cpu"),
+                       LogisticRegressionCV(Cs=[1.0], cv=3)):  # fmt: skip
+            with pytest.raises(UnsetMetadataPassedError, match="set_score_request"):
+                search.fit(X, y, sample_weight=weight)
+
+
+def test_under_routing_groups_go_to_a_splitter_that_asks_for_them():
+    # An outer search's groups raised UnsetMetadataPassedError for MR2LinearClassifierCV.fit
+    # (its fit names groups); they go to a group splitter, inner or outer, and only there.
+    X, y = _blobs(n=120)
+    groups = np.arange(len(y)) % 6
+    split_groups = []
+
+    class Recording(GroupKFold):
+        def split(self, X, y=None, groups=None):
+            split_groups.append(groups)
+            return super().split(X, y, groups)
+
+    with sklearn.config_context(enable_metadata_routing=True):
+        outer = GridSearchCV(MR2LinearClassifierCV([1.0], cv=3, device="cpu"), {"tol": [1e-4]},
+                             cv=GroupKFold(3))  # fmt: skip
+        outer.fit(X, y, groups=groups)
+        inner = MR2LinearClassifierCV([0.1, 1.0], cv=Recording(3), refit=False, device="cpu")
+        inner.fit(X, y, groups=groups)
+    assert len(split_groups) == 1 and np.array_equal(split_groups[0], groups)
+    assert inner.class_accuracy_path_.shape[0] == 3
+
+
+@pytest.mark.parametrize("request_weights", [True, False])
+def test_under_routing_score_gives_the_scorer_the_weights_it_requests(request_weights):
+    X, y = _blobs()
+    weight = np.random.default_rng(1).uniform(0.1, 3.0, len(y))
+    seen = []
+    with sklearn.config_context(enable_metadata_routing=True):
+        scorer = _recording_scorer(seen, request_weights)
+        clf = MR2LinearClassifierCV([1.0], cv=3, scoring=scorer, device="cpu").fit(X, y)
+        seen.clear()
+        score = clf.score(X, y, sample_weight=weight)
+    hits = clf.predict(X) == y
+    if request_weights:
+        assert np.allclose(seen[0], weight)
+        assert score == pytest.approx(np.average(hits, weights=weight))
+    else:
+        assert seen == [None] and score == pytest.approx(hits.mean())
