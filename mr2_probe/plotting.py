@@ -129,6 +129,12 @@ def _class_ticks(names: list[str], slot: float) -> tuple[list[str], float, float
     return [_literal(n) for n in names], angle, 0.2 + longest * math.sin(math.radians(angle))
 
 
+def _change_label(delta: float) -> str:
+    """A change in points to one decimal, or to one significant digit below 0.05: a class
+    of more than 2,000 samples can gain less than that, which "+0.0" would hide."""
+    return f"{delta:+.1f}" if abs(delta) >= 0.05 else f"{delta:+.1g}"
+
+
 def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None):
     """Per-class accuracy of a model beside the reference, classes sorted by the reference.
 
@@ -187,7 +193,8 @@ def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None)
     ax.bar(x + 0.2, other, width=0.4, color=colours.tolist())
     for xi, top, delta in zip(x, np.maximum(ref, other), change, strict=True):
         if abs(delta) > 1e-9:
-            ax.annotate(f"{delta:+.1f}", (xi + 0.2, top), ha="center", va="bottom", fontsize=7)
+            ax.annotate(_change_label(delta), (xi + 0.2, top), ha="center", va="bottom",
+                        fontsize=7)  # fmt: skip
     groups = np.asarray(report.groups)[order]
     for boundary in np.flatnonzero(groups[1:] != groups[:-1]):
         ax.axvline(boundary + 0.5, color="black", linestyle=":", linewidth=0.8)

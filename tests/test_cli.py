@@ -161,9 +161,9 @@ def test_a_model_short_of_tol_is_said_in_one_line(digits_files, capsys):
             "x: the optimum may still be some way off. Use float64 features (and scale them, "
             "e.g. StandardScaler) for a tighter solution, or a larger tol to accept this one.",
             None,
-            "x: the optimum may still be some way off. Use float64 features from a .npy or .npz "
-            "file (and scale them, --feature-scaling standard) for a tighter solution; "
-            "mr2-probe keeps this one.",
+            "x: the optimum may still be some way off. Use float64 features (X saved as "
+            "float64 in a .npy or .npz file) (and scale them, --feature-scaling standard) for a "
+            "tighter solution; mr2-probe keeps this one.",
         ),
         (
             "x: where it stops, as scikit-learn's lbfgs does. Use a larger tol (and, for "
@@ -175,8 +175,8 @@ def test_a_model_short_of_tol_is_said_in_one_line(digits_files, capsys):
         (
             "(a warm start from a converged fit; use float64 features or a larger tol), or",
             None,
-            "(a warm start from a converged fit; use float64 features from a .npy or .npz "
-            "file; mr2-probe keeps the fit as it stopped), or",
+            "(a warm start from a converged fit; use float64 features (X saved as float64 in a "
+            ".npy or .npz file); mr2-probe keeps the fit as it stopped), or",
         ),
     ],
 )

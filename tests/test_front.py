@@ -768,3 +768,27 @@ def test_fits_gather_convergence_warnings_and_pass_other_warnings_on():
         short = fit_collecting_short(Warns(), None, None)
     assert [str(w.message) for w in short] == ["stopped short"]
     assert [(w.category, str(w.message)) for w in caught] == [(UserWarning, "something else")]
+
+
+def test_each_point_keeps_the_model_it_scored(front, splits):
+    # The scored models were dropped: a warm-started tilt point could not be reproduced
+    # exactly (a cold refit agrees only to within tol).
+    X_fit, y_fit, X_val, y_val, X_test, y_test = splits
+    labels = np.unique(y_val)
+    erm_groups = {}
+    for split, X_, y_ in (("validation", X_val, y_val), ("test", X_test, y_test)):
+        erm = front.point("ERM").model.predict(X_)
+        erm_groups[split] = difficulty_groups(per_class_accuracy(y_, erm, labels))
+    for p in front.points:
+        for split, X_, y_ in (("validation", X_val, y_val), ("test", X_test, y_test)):
+            got = classwise_summary(y_, p.model.predict(X_), erm_groups[split], labels)
+            assert got == getattr(p, split), (p.name, split)
+    assert front.point("offsets≤1pt").model.offsets_ is not None
+
+
+def test_a_front_without_test_data_says_so_in_its_title(splits):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    front = accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val,
+                           tilts=(1,))  # fmt: skip
+    for table in (front.to_text(), front.to_markdown()):
+        assert table.splitlines()[0].startswith("accuracy front (%, validation); rule:")

@@ -301,7 +301,8 @@ def _in_cli_terms(message, args) -> str:
         (r" ?\((?:and,? )?(?:for features [^()]*, )?scale them, e\.g\. StandardScaler\)", "")
         if scaled
         else (r"e\.g\. StandardScaler", scale),
-        (r"(?i)float64 features", r"\g<0> from a .npy or .npz file"),
+        # (mr2-probe keeps an array's dtype: a float32 .npz is no remedy, its X must be.)
+        (r"(?i)float64 features", r"\g<0> (X saved as float64 in a .npy or .npz file)"),
         (r", or a larger tol to accept this one", "; mr2-probe keeps this one"),
         (r"Use a larger tol \(and, ", "mr2-probe keeps the fit as it stopped ("),
         (r"Use a larger tol\b", "mr2-probe keeps the fit as it stopped"),
