@@ -143,8 +143,22 @@ def _error(message: object) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``mr2-extract``; returns the exit status (2 for a usage or data error)."""
+    """Run ``mr2-extract``; returns the exit status (2 for a usage or data error, 130
+    after Ctrl-C)."""
     args = build_parser().parse_args(argv)
+    try:
+        # Everything after parsing, the imports of torch and the models (seconds) too: a
+        # Ctrl-C during them printed a traceback of the import machinery.
+        return _extract(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"mr2-extract: interrupted; run {_again(args)} to resume", file=sys.stderr)
+        return 130
+
+
+def _extract(args: argparse.Namespace) -> int:
+    """``main`` once the arguments are parsed, a KeyboardInterrupt aside."""
     for flag, value, least in (
         ("--batch-size", args.batch_size, 1),
         ("--workers", args.workers, 0),
@@ -162,10 +176,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"one. Leave {flag} out, or name shards as 'webdataset:PATTERN' and Parquet "
                 "files as 'parquet:PATTERN'"
             )
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     import torch
 
     from . import extract_features, load_features
+    from ._reading import name_failures
+
+    # Configured once torch is imported: a Ctrl-C during its import leaves its loggers
+    # unset, and the INFO lines of its exit handlers followed the one line of the interrupt.
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     try:
         path = extract_features(
@@ -190,23 +208,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if int(os.environ.get("RANK", 0)) != 0:
             return 0  # under torchrun, rank 0 reports the merged store
         with load_features(path) as store:
-            print(
-                f"{path}: {store.features.shape[0]} rows x {store.features.shape[1]} features, "
-                f"{len(store.class_names)} classes, {len(store.failures)} failed "
-                f"image{'' if len(store.failures) == 1 else 's'}"
+            n_usable, n_features = store.features.shape
+            n_failed = len(store.failures)
+            # The failed rows are in the file (as zeros) but left out of what is loaded:
+            # counted as such, the log's "usable rows of N" and h5py's shape agree.
+            rows = (
+                f"{n_usable} usable rows of {n_usable + n_failed} ({n_failed} failed)"
+                if n_failed
+                else f"{n_usable} rows"
             )
-            if store.failures and not store.features.shape[0]:
+            print(
+                f"{path}: {rows} x {n_features} features, {len(store.class_names)} classes"
+                + ("" if n_failed else ", 0 failed images")
+            )
+            if store.failures and not n_usable:
                 # A store without one feature is no result: the exit status says so.
-                image, reason = store.failures[0]
                 return _error(
-                    f"every image failed (the first, {image!r}: {reason}); the store records "
-                    "why; once they are readable, --retry-failed extracts them again"
+                    f"every image failed {name_failures(n_failed, store.failures[:1])}; the "
+                    "store records why; once they are readable, --retry-failed extracts them "
+                    "again"
                 )
-    except KeyboardInterrupt:
-        if args.debug:
-            raise
-        print(f"mr2-extract: interrupted; run {_again(args)} to resume", file=sys.stderr)
-        return 130
     except torch.OutOfMemoryError:
         if args.debug:
             raise

@@ -161,6 +161,10 @@ def decode_image(
 
     ``name`` (the file's path) stands for the data in error messages.
     """
+    if not len(data):  # PIL says only that it cannot identify it
+        raise Image.UnidentifiedImageError(
+            f"cannot identify image file {name!r}: it is empty (0 bytes)"
+        )
     with warnings.catch_warnings():
         # PIL only warns between MAX_IMAGE_PIXELS and twice that; check_pixel_limit refuses.
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)

@@ -278,3 +278,32 @@ def load_features(
             store.close()
         store.file = None
     return store
+
+
+# Failed images named in a message: the first few, each with its reason.
+_NAMED_FAILURES = 3
+
+
+def failed_rows(f: h5py.File) -> list[tuple[int, str, str]]:
+    """``(row, path, reason)`` of the first failed rows of the open store ``f``, in row
+    order, at most as many as a message names."""
+    failed = np.flatnonzero(f["status"][:] == FAILED)[:_NAMED_FAILURES]
+    paths = f["paths"].asstr() if "paths" in f else None
+    return [
+        (
+            int(i),
+            paths[i] if paths is not None else str(i),
+            f["failure_reason"][i].decode(errors="replace") if "failure_reason" in f else "",
+        )
+        for i in failed
+    ]
+
+
+def name_failures(n_failed: int, first: list[tuple[str, str]]) -> str:
+    """The first failed images of ``n_failed`` with their reasons, in parentheses, as in
+    ``(the first 3: 'a.jpg': OSError: ...; 'b.png': ...; 'c.png': ...)``."""
+    first = first[:_NAMED_FAILURES]
+    named = "; ".join(f"{path!r}: {reason}" for path, reason in first)
+    if len(first) >= n_failed:
+        return f"({named})"
+    return f"(the first, {named})" if len(first) == 1 else f"(the first {len(first)}: {named})"

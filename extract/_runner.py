@@ -27,6 +27,7 @@ from ._decoding import MAX_ASPECT
 from ._images import ImageSource, ItemDataset, collate_items, open_source
 from ._locks import store_lock
 from ._merge import check_merging, merge_shards, shard_path
+from ._reading import _NAMED_FAILURES, failed_rows, name_failures
 from ._resume import (
     _adopt_repaired_failures,
     _identity,
@@ -96,16 +97,16 @@ def extract_features(
 ) -> Path:
     """Extract embeddings of every image of ``source`` into an HDF5 store at ``out``.
 
-    Re-running the same call resumes an interrupted run and ends with the same file as an
-    uninterrupted one; a complete store is reused (and says so in a log message). A store
-    made with another backbone, weights or preprocessing, or from other image files (other
-    root folder, other sizes or modification times), is refused with a
+    Re-running the same call resumes an interrupted run and ends with the same datasets and
+    attributes as an uninterrupted one; a complete store is reused (and says so in a log
+    message). A store made with another backbone, weights or preprocessing, or from other
+    image files (other root folder, other sizes or modification times), is refused with a
     :class:`ProvenanceError` that names each differing setting (and the first differing
     image); ``overwrite=True`` rebuilds it. Unreadable images, and images whose features
     are not finite, are recorded in the store as failed and skipped (``retry_failed=True``
-    extracts them again). Under torchrun an existing complete ``out`` of the same request
-    is reused at any number of ranks, and one made differently is refused before any image
-    is extracted.
+    extracts them again); a warning names the first of them. Under torchrun an existing
+    complete ``out`` of the same request is reused at any number of ranks, and one made
+    differently is refused before any image is extracted.
 
     Parameters
     ----------
@@ -124,7 +125,7 @@ def extract_features(
         ``<stem>.shard-RRRRR-of-WWWWW.h5`` and rank 0 merges them into ``out``.
     batch_size : int, default=64
         Images per forward pass; also the unit of resumption (keep it when resuming so
-        that the file is bit-identical to an uninterrupted run).
+        that the stored features are bit-identical to an uninterrupted run's).
     num_workers : int, optional
         DataLoader worker processes reading and decoding images while the model runs.
         Default: ``min(8, cpu_count - 1)``.
@@ -252,10 +253,17 @@ def extract_features(
         )  # fmt: skip
         if done is None:  # every rank found ``out`` complete: nothing to extract or merge
             return out
-        shard, repair_merged, rebuild = done
+        shard, repair_merged, rebuild, failed = done
         if world_size == 1 or explicit:
+            _warn_of_failures(shard, *failed)
             return shard
-        return _merge_on_rank0(out, rank, world_size, overwrite or rebuild, repair_merged)
+        # Each rank's failures are its shard's: the user hears of them once, as the
+        # merged store's (the store asked for).
+        failed = _all_ranks_failures(failed, world_size)
+        merged = _merge_on_rank0(out, rank, world_size, overwrite or rebuild, repair_merged)
+        if rank == 0:
+            _warn_of_failures(out, *failed)
+        return merged
 
 
 # This process's runs under torchrun, each group's keys in torchrun's store its own: a
@@ -283,6 +291,33 @@ def _ranks_group() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+def _all_ranks_failures(failed: tuple[int, list], world_size: int) -> tuple[int, list]:
+    """The failures of every rank of a torchrun group: their number, and the first ones
+    (``(index, path, reason)``) in source order."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # ranks run one by one: each knows its own only
+        return failed
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, failed)
+    return sum(n for n, _ in gathered), sorted(item for _, first in gathered for item in first)
+
+
+def _warn_of_failures(store: Path, n_failed: int, first: list[tuple[int, str, str]]) -> None:
+    """Warn that this run recorded ``n_failed`` images of ``store`` as failed, naming the
+    first ones (``(index, path, reason)``) with their reasons."""
+    if not n_failed:
+        return
+    logger.warning(
+        "%d %s recorded in %s as failed (unreadable, or with non-finite features) and "
+        "skipped %s; the store's failure_reason says why for each.",
+        n_failed,
+        "image was" if n_failed == 1 else "images were",
+        store,
+        name_failures(n_failed, [(path, reason) for _, path, reason in first]),
+    )
 
 
 def _check_same_listing(src: ImageSource, fingerprint: str, world_size: int) -> None:
@@ -327,11 +362,13 @@ def _extract_shard(
     source, spec, out, batch_size, num_workers, dtype, normalize, image_size, device, decode,
     n_per_class, max_items, keys, rank, world_size, progress, overwrite, retry_failed,
     merged=None,
-) -> tuple[Path, Callable[[], None] | None, bool] | None:  # fmt: skip
+) -> tuple[Path, Callable[[], None] | None, bool, tuple[int, list]] | None:  # fmt: skip
     """Extract rank ``rank``'s rows into ``out``: that path; under torchrun with
     ``retry_failed`` what takes the repaired failures into the merged store before the
-    merge (None otherwise); and whether the run resumes an interrupted forced rebuild,
-    whose merge replaces the merged store. None when ``merged`` is complete already."""
+    merge (None otherwise); whether the run resumes an interrupted forced rebuild,
+    whose merge replaces the merged store; and the images this run recorded as failed
+    (their number, and the first ones as ``(index, path, reason)``). None when
+    ``merged`` is complete already."""
     device = resolve_device(device)
     if device.type == "cuda":
         # The rank's GPU becomes the current one, so that nothing (pinned-memory threads
@@ -387,7 +424,7 @@ def _extract_shard(
         # A folder that cannot be written (a read-only file system): a complete store in
         # it is read as it is, without the lock that would be written beside it.
         if _is_complete(out, provenance, src, rows, retry_failed, log=True):
-            return out, repair_merged, rebuild
+            return out, repair_merged, rebuild, (0, [])
         raise StoreError(
             f"Cannot complete the feature store {os.fspath(out)!r}: no permission to write in "
             f"the folder {os.fspath(out.parent)!r}; write the store to a folder you can write to."
@@ -411,6 +448,7 @@ def _extract_shard(
             _seed_from_merged(out, merged, rows)
         with open_store(out, "r") as f:
             status = f["status"][:]
+            first_failed = failed_rows(f)
         failed = status == FAILED
         if retry_failed and failed.any():
             status[failed] = PENDING
@@ -424,10 +462,10 @@ def _extract_shard(
         blocks = [pending[lo : lo + batch_size] for lo in range(0, len(pending), batch_size)]
         if not blocks:  # a finished store is not opened for writing at all
             if len(status):
-                _log_reused(out, status)
+                _log_reused(out, status, first_failed)
             else:  # a rank with no rows (fewer shards, or items, than ranks)
                 logger.info("%s holds no rows of the request: nothing to extract.", out)
-            return out, repair_merged, rebuild
+            return out, repair_merged, rebuild, (0, [])
         if (status != PENDING).any():
             logger.info(
                 "Resuming %s: %d of %d rows were extracted before.",
@@ -439,8 +477,8 @@ def _extract_shard(
         # none of them inherits the HDF5 file (and its lock) from the writer.
         batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
         with open_store(out, "r+") as f:
-            _run(f, backbone, batches, rows, status, normalize, device, progress)
-    return out, repair_merged, rebuild
+            failed = _run(f, backbone, batches, rows, status, normalize, device, progress)
+    return out, repair_merged, rebuild, failed
 
 
 # Rows of a shard seeded from the merged store at a time (with W ranks a block spans about
@@ -483,23 +521,34 @@ def _is_complete(
             lambda: _source_explained(f, provenance, src, rows, retry_failed),
         )
         status = f["status"][:]
+        first_failed = failed_rows(f) if log else []
     if (status == PENDING).any() or retry_failed and (status == FAILED).any():
         return False
     if log:
-        _log_reused(store, status)
+        _log_reused(store, status, first_failed)
     return True
 
 
-def _log_reused(path: Path, status: np.ndarray) -> None:
+def _log_reused(path: Path, status: np.ndarray, first_failed: list[tuple[int, str, str]]) -> None:
     n_failed = int((status == FAILED).sum())
+    if not n_failed:
+        logger.info(
+            "Reused the complete feature store %s (%d rows, nothing to compute); pass --force "
+            "(overwrite=True) to recompute it.",
+            path,
+            len(status),
+        )
+        return
+    # The rows counted as the command line's summary counts them: usable ones of all.
     logger.info(
-        "Reused the complete feature store %s (%d rows, nothing to compute%s); pass --force "
-        "(overwrite=True) to recompute it.",
+        "Reused the complete feature store %s (%d usable rows of %d, nothing to compute); "
+        "%d recorded as failed %s, which --retry-failed (retry_failed=True) extracts again; "
+        "pass --force (overwrite=True) to recompute it.",
         path,
+        len(status) - n_failed,
         len(status),
-        f"; {n_failed} recorded as failed, which --retry-failed (retry_failed=True) extracts again"
-        if n_failed
-        else "",
+        n_failed,
+        name_failures(n_failed, [(p, reason) for _, p, reason in first_failed]),
     )
 
 
@@ -557,9 +606,13 @@ def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.d
     )
 
 
-def _run(f, backbone, batches, rows, status, normalize, device, progress) -> None:
+def _run(
+    f, backbone, batches, rows, status, normalize, device, progress
+) -> tuple[int, list[tuple[int, str, str]]]:
+    """Extract the pending rows into the open store ``f``; the number of images recorded
+    as failed, and the first ones as ``(index, path, reason)`` in source order."""
     bar = tqdm(total=len(status), initial=int((status != PENDING).sum()), disable=not progress)
-    n_failed = 0
+    n_failed, first = 0, []
     with bar:
         for items, decoded, raw, reasons, digests in batches:
             x, reasons = _assemble(decoded, raw, reasons, backbone.preprocess, device)
@@ -573,11 +626,11 @@ def _run(f, backbone, batches, rows, status, normalize, device, progress) -> Non
             positions = np.searchsorted(rows, items)
             write_rows(f, positions, features, codes, [r or "" for r in reasons], digests)
             bar.update(len(items))
-    if n_failed:
-        logger.warning(
-            "%d %s recorded in %s as failed (unreadable, or with non-finite "
-            "features) and skipped; the store's failure_reason says why for each.",
-            n_failed,
-            "image was" if n_failed == 1 else "images were",
-            f.filename,
-        )
+            # The first in source order: blocks of tar shards and row groups come in
+            # another order (worker_order).
+            new = [
+                (int(items[k]), int(positions[k]), reasons[k])
+                for k in np.flatnonzero(codes == FAILED)
+            ]
+            first = sorted(first + new)[:_NAMED_FAILURES]
+    return n_failed, [(i, f["paths"].asstr()[position], reason) for i, position, reason in first]

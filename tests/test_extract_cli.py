@@ -74,7 +74,7 @@ def test_cli_writes_a_store_and_reports_errors(tmp_path, capsys):
     out = tmp_path / "f.h5"
     args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
     assert main([*args, "--no-progress", "--workers", "0", "--max-items", "5"]) == 0
-    assert "4 rows x 96 features, 2 classes, 1 failed image" in capsys.readouterr().out
+    assert "4 usable rows of 5 (1 failed) x 96 features, 2 classes" in capsys.readouterr().out
     assert main([*args, "--no-progress", "--dtype", "float16", "--max-items", "5"]) == 2
     assert "different provenance" in capsys.readouterr().err
     assert main([str(folder), "timm:resnet18@imagenet", str(out)]) == 2
@@ -95,11 +95,83 @@ def test_a_run_in_which_every_image_failed_exits_with_an_error(tmp_path, capsys)
     args = [f"parquet:{tmp_path}/t.parquet", "timm:test_resnet@random", str(out)]
     assert main([*args, "--image-size", "32", "--no-progress", "--workers", "0"]) == 2
     captured = capsys.readouterr()
-    assert "0 rows x 96 features, 2 classes, 3 failed images" in captured.out
+    assert "0 usable rows of 3 (3 failed) x 96 features, 2 classes" in captured.out
     assert "every image failed (the first, 't.parquet:0': LookupError: the row holds no image" in (
         captured.err
     )
     assert len(load_features(out).failures) == 3  # recorded, for --retry-failed
+
+
+def test_failed_images_are_named_with_their_reasons(tmp_path, capsys, caplog):
+    # The run counted its failed images only ("2 images were recorded in s.h5 as failed"),
+    # a rerun too ("2 recorded as failed"): which images, and why, only h5py could tell.
+    # A zero-byte file was "cannot identify image file", not that it is empty. The two
+    # summary lines counted rows differently: "6 rows" in the log, "4 rows" on stdout.
+    caplog.set_level(logging.INFO, logger="extract")
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    (folder / "cat" / "001.jpg").write_bytes(b"")
+    (folder / "dog" / "002.jpg").write_text("hi")
+    out = tmp_path / "s.h5"
+    args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
+    args += ["--no-progress", "--workers", "0"]
+    unknown = "UnidentifiedImageError: cannot identify image file"
+    empty = f"'cat/001.jpg': {unknown} {str(folder / 'cat/001.jpg')!r}: it is empty (0 bytes)"
+    text = f"'dog/002.jpg': {unknown} {str(folder / 'dog/002.jpg')!r}"
+    summary = f"{out}: 4 usable rows of 6 (2 failed) x 96 features, 2 classes\n"
+    assert main(args) == 0
+    assert capsys.readouterr().out == summary
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"2 images were recorded in {out} as failed (unreadable, or with non-finite features) "
+        f"and skipped ({empty}; {text}); the store's failure_reason says why for each."
+    ]
+    caplog.clear()
+    assert main(args) == 0  # reused: the same images named, the rows counted alike
+    assert capsys.readouterr().out == summary
+    assert (
+        f"Reused the complete feature store {out} (4 usable rows of 6, nothing to compute); "
+        f"2 recorded as failed ({empty}; {text}), which --retry-failed" in caplog.text
+    )
+
+
+@pytest.mark.parametrize(
+    "n_failed, first, expected",
+    [
+        (1, [("a.jpg", "OSError: x")], "('a.jpg': OSError: x)"),
+        (2, [("a.jpg", "E: x"), ("b.png", "E: y")], "('a.jpg': E: x; 'b.png': E: y)"),
+        (9, [("a.jpg", "E: x")], "(the first, 'a.jpg': E: x)"),
+        (9, [("a", "E"), ("b", "F"), ("c", "G")], "(the first 3: 'a': E; 'b': F; 'c': G)"),
+        (
+            9,
+            [("a", "E"), ("b", "F"), ("c", "G"), ("d", "H")],
+            "(the first 3: 'a': E; 'b': F; 'c': G)",
+        ),
+    ],
+)
+def test_failed_images_are_named_the_first_three_at_most(n_failed, first, expected):
+    from extract._reading import name_failures
+
+    assert name_failures(n_failed, first) == expected
+
+
+def test_ctrl_c_while_the_extraction_is_imported_is_one_line_and_130(tmp_path, capsys, monkeypatch):
+    # torch, the models, scikit-learn and SciPy are imported for seconds after the
+    # arguments are read, before the handler of KeyboardInterrupt: a Ctrl-C then printed a
+    # 40-line traceback and the process died by the signal.
+    def interrupted(name):  # the package's lazy import of extract_features
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(extract, "__getattr__", interrupted)
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    try:
+        status = main([str(folder), "timm:test_resnet@random", str(tmp_path / "o.h5")])
+    except KeyboardInterrupt:  # not pytest's own: fail this test, not the session
+        pytest.fail("the KeyboardInterrupt escaped main()")
+    assert status == 130
+    err = capsys.readouterr().err
+    assert err == "mr2-extract: interrupted; run the same command again to resume\n"
+    with pytest.raises(KeyboardInterrupt):  # --debug: the traceback
+        main([str(folder), "timm:test_resnet@random", str(tmp_path / "o.h5"), "--debug"])
 
 
 def test_cli_reads_shards_with_a_label_key(tmp_path, capsys):
@@ -377,7 +449,8 @@ def test_retry_failed_extracts_again_only_the_failed_images(tmp_path, capsys, ca
     first = load_features(out, in_memory=True)
     assert [path for path, _ in first.failures] == ["dog/001.jpg"]
     assert main(args) == 0
-    assert "1 recorded as failed, which --retry-failed" in caplog.text
+    reason = "'dog/001.jpg': OSError: [Errno 5] Input/output error"
+    assert f"1 recorded as failed ({reason}), which --retry-failed" in caplog.text
     assert len(load_features(out, in_memory=True).failures) == 1
     read = []
 
@@ -516,7 +589,16 @@ def test_torchrun_two_ranks_merge(tmp_path, kind):
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += [str(script)]
-    subprocess.run(cmd, env=ENV | {"OMP_NUM_THREADS": "1"}, check=True, timeout=120)
+    run = subprocess.run(
+        cmd, env=ENV | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    # Each rank warned of its shard's failures, naming the shard: now rank 0 warns once
+    # per store, of every rank's.
+    warned = [line for line in run.stderr.splitlines() if "as failed (unreadable" in line]
+    assert len(warned) == 2 and not any("shard-" in line for line in warned), warned
+    for name in (out, tmp_path / "g.h5"):
+        assert any(f"2 images were recorded in {name} as failed" in line for line in warned)
     again = load_features(tmp_path / "g.h5", in_memory=True)
     single = extract_features(
         source, "timm:test_resnet@random", tmp_path / "single.h5", image_size=32, num_workers=0,

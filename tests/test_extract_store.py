@@ -816,7 +816,7 @@ def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
         caplog.clear()
         assert extract_features(folder, BACKBONE, out, **FAST) == out
         assert caplog.text.count("Reused the complete feature store") == (rank == 0)
-    assert re.search(r"\d+ recorded as failed, which --retry-failed", caplog.text)
+    assert re.search(r"\d+ recorded as failed \(.+\), which --retry-failed", caplog.text)
     assert not list(tmp_path.glob("*.shard-*"))  # nothing extracted, nothing to merge
     with pytest.raises(ProvenanceError, match="normalize: file has False, request has True"):
         extract_features(folder, BACKBONE, out, normalize=True, **FAST)
@@ -1869,6 +1869,52 @@ def test_failed_images_are_counted_in_a_warning(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="extract")
     extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
     assert "1 image was recorded in" in caplog.text and "as failed" in caplog.text
+
+
+def test_failures_under_torchrun_are_warned_of_once_as_the_merged_store_s(
+    tmp_path, monkeypatch, caplog
+):
+    # Each rank warned of its own failures in its shard ("1 image was recorded in
+    # f.shard-00001-of-00002.h5 as failed"), a file the user never asked for.
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    (folder / "cat" / "bad.jpg").write_bytes(b"")  # row 2: rank 0's
+    (folder / "dog" / "bad.jpg").write_bytes(b"not an image")  # row 5: rank 1's
+    out = tmp_path / "f.h5"
+    _ranks_one_by_one(monkeypatch)
+
+    def merge_on_rank0(out, rank, n, overwrite, repair):  # no group: the ranks one by one
+        return merge_shards([shard_path(out, r, n) for r in range(n)], out) if rank == 0 else out
+
+    monkeypatch.setattr(_runner, "_merge_on_rank0", merge_on_rank0)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    caplog.set_level(logging.WARNING, logger="extract")
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        assert extract_features(folder, BACKBONE, out, **FAST) == out
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "shard-" not in warnings[0], warnings
+    assert warnings[0].startswith(f"1 image was recorded in {out} as failed")
+    assert "('cat/bad.jpg': UnidentifiedImageError: " in warnings[0]
+
+
+def test_failures_of_every_rank_are_counted_together(monkeypatch):
+    import torch.distributed as dist
+
+    from extract._runner import _all_ranks_failures
+
+    ranks = [(2, [(4, "c.png", "E: z"), (8, "e.png", "E: w")]), (1, [(1, "b.jpg", "E: y")])]
+
+    def gathered(into, mine):
+        assert mine == ranks[0]  # rank 0's own
+        into[:] = ranks
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_gather_object", gathered)
+    assert _all_ranks_failures(ranks[0], 2) == (
+        3, [(1, "b.jpg", "E: y"), (4, "c.png", "E: z"), (8, "e.png", "E: w")]
+    )  # fmt: skip
 
 
 def test_a_lock_that_outlives_its_dead_writer_says_what_holds_it(tmp_path):
