@@ -53,7 +53,11 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     _limits = limit_threads(args.threads)  # noqa: F841  (held for the whole run)
-    X, y = make_features(args.n_samples, args.n_features, args.n_classes, args.seed, args.offset)
+    # bench_fit.py's training rows: the first n of the n · 6/5 it draws (the rest is its test)
+    X, y = make_features(
+        args.n_samples * 6 // 5, args.n_features, args.n_classes, args.seed, args.offset
+    )
+    X, y = X[: args.n_samples], y[: args.n_samples]
     clf = MR2LinearClassifier(c_bar=None, max_iter=1000, device="cpu")
     with warnings.catch_warnings():  # the first fit's one-time costs, outside the profile
         warnings.simplefilter("ignore", ConvergenceWarning)
