@@ -35,6 +35,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import torch
@@ -72,9 +73,9 @@ class Bench:
         if start is not None:
             clf.set_params(warm_start=True)
             clf._head_state, clf.n_features_in_ = start._head_state, start.n_features_in_
-        rounds, default = [], solvers._LBFGS
+        rounds = []
 
-        class Counted(default):
+        class Counted(solvers._LBFGS):
             def __init__(self, params, **kwargs):
                 super().__init__(
                     params, **{**kwargs, **({} if round_test else {"tolerance_grad": 0.0})}
@@ -85,13 +86,12 @@ class Bench:
                 rounds.append(self.state[self.param_groups[0]["params"][0]].get("n_iter", 0))
                 return out
 
-        solvers._LBFGS = Counted
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", ConvergenceWarning)
-                clf.fit(self.X if X is None else X, self.y if y is None else y)
-        finally:
-            solvers._LBFGS = default
+        with (
+            patch.object(solvers, "_LBFGS", Counted),
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always", ConvergenceWarning)
+            clf.fit(self.X if X is None else X, self.y if y is None else y)
         clf.short_ = any(issubclass(w.category, ConvergenceWarning) for w in caught)
         clf.rounds_ = rounds
         return clf
@@ -133,23 +133,15 @@ def once(b):
 
 
 def memory(b):
-    default = solvers._COSINE_HISTORY
     for pairs in (50, 400, 800):
-        solvers._COSINE_HISTORY = pairs
-        try:
+        with patch.object(solvers, "_COSINE_HISTORY", pairs):
             clf = b.fit()
-        finally:
-            solvers._COSINE_HISTORY = default
         b.row(f"{pairs} L-BFGS pairs: rounds of {', '.join(map(str, clf.rounds_))}", clf)
 
 
 def one_round(b):
-    default = solvers._COSINE_ROUNDS
-    solvers._COSINE_ROUNDS = 1
-    try:
+    with patch.object(solvers, "_COSINE_ROUNDS", 1):
         clf = b.fit(round_test=False, max_iter=2 * b.args.max_iter)
-    finally:
-        solvers._COSINE_ROUNDS = default
     target = objective(b.X, b.y, b.cold.coef_, b.cold.margins_) + 1e-7
     within = np.flatnonzero(np.asarray(clf.loss_curve_) <= target)
     first = int(within[0]) if len(within) else -1
