@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -526,23 +527,30 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         -------
         self : MR2LinearClassifier
         """
-        with default_torch_modes():
+        with default_torch_modes(), self._whole_or_unchanged():
             solver = self._check_solver()
-            fitted = {k: v for k, v in vars(self).items() if k.endswith("_")}
             data = self._prepare(X, y, sample_weight)
             head = self._new_head(data)
-            try:
-                warm = self._warm_state(data.n_classes)
-            except ValueError:  # refused: the previous fit stays whole, as it was
-                for name in [k for k in vars(self) if k.endswith("_")]:
-                    delattr(self, name)
-                vars(self).update(fitted)
-                raise
+            warm = self._warm_state(data.n_classes)
             if warm is not None:
                 head.load(warm)
             result = self._solve(head, data, solver, self.C, init_cosine=warm is None)
             self._finish(head, result, solver, data)
             return self
+
+    @contextlib.contextmanager
+    def _whole_or_unchanged(self):
+        """A fit that raises (a refused warm start, a diverged solver, Ctrl-C) leaves the
+        estimator as it was: the previous fit whole, or unfitted (NotFittedError), not
+        with the ``classes_`` and ``n_features_in_`` that validation set on the way."""
+        fitted = {k: v for k, v in vars(self).items() if k.endswith("_")}
+        try:
+            yield
+        except BaseException:
+            for name in [k for k in vars(self) if k.endswith("_")]:
+                delattr(self, name)
+            vars(self).update(fitted)
+            raise
 
     def _check_solver(self):
         """The solver that ``solver="auto"`` stands for, checked against ``lam``."""
@@ -798,7 +806,14 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 f"{'; '.join(result.range_suspects)}. Use values of a usual order of magnitude."
             )
         if result.stop == "max_iter":
-            return f"{stopped}. Increase max_iter or scale the features (e.g. StandardScaler)."
+            advice = f"{stopped}. Increase max_iter or scale the features (e.g. StandardScaler)."
+            if solver == "lbfgs":
+                return advice
+            # A minibatch solver's other lever is its step: one too large oscillates.
+            return (
+                f"{advice} If loss_curve_ oscillates, use a smaller learning_rate than "
+                f"{self.learning_rate:g}."
+            )
         if result.stop == "max_eval":
             return (
                 f"{stopped}: its line searches needed many evaluations. Increase max_iter or "

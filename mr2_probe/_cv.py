@@ -282,7 +282,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         -------
         self : MR2LinearClassifierCV
         """
-        with default_torch_modes():
+        with default_torch_modes(), self._whole_or_unchanged():
             values = self._check_Cs()
             solver = self._check_solver()
             if not self.refit and self.head == "cosine" and self.lam > 0:

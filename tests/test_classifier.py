@@ -13,7 +13,7 @@ import pytest
 import torch
 from sklearn.base import clone
 from sklearn.datasets import load_digits, load_iris, make_blobs, make_classification
-from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
+from sklearn.exceptions import ConvergenceWarning, DataConversionWarning, NotFittedError
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
@@ -1675,3 +1675,46 @@ def test_a_minibatch_fit_with_a_loose_tol_converges_at_its_third_plateau(
     assert clf.n_iter_ < 200
     assert sorted(set(step_sizes), reverse=True) == pytest.approx([1e-2, 1e-3, 1e-4])
     assert step_sizes == sorted(step_sizes, reverse=True)
+
+
+def test_a_fit_that_raises_leaves_the_estimator_as_it_was(digits):
+    # A diverged fit kept the classes_ and n_features_in_ that validation had set: the
+    # estimator passed check_is_fitted, and predict failed on a missing coef_.
+    X, y = digits
+    X = StandardScaler().fit_transform(X)
+    diverging = dict(lam=0.5, solver="sgd", learning_rate=2.0, device="cpu")
+    fresh = MR2LinearClassifier(**diverging)
+    with pytest.raises(ValueError, match="diverged"):
+        fresh.fit(X, y)
+    assert not [k for k in vars(fresh) if k.endswith("_")]
+    with pytest.raises(NotFittedError):
+        fresh.predict(X[:2])
+    # A fitted one keeps its previous fit whole.
+    fitted = MR2LinearClassifier(device="cpu").fit(X[:, :20], y)
+    before = {k: v for k, v in vars(fitted).items() if k.endswith("_")}
+    with pytest.raises(ValueError, match="diverged"):
+        fitted.set_params(**diverging).fit(X, y)
+    assert {k for k in vars(fitted) if k.endswith("_")} == set(before)
+    assert fitted.n_features_in_ == 20 and fitted.coef_ is before["coef_"]
+    assert fitted.predict(X[:5, :20]).shape == (5,)
+
+
+def test_a_search_that_raises_leaves_the_estimator_unfitted():
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV(Cs=[1.0], cv=[(np.arange(150), np.arange(0))], device="cpu")
+    with pytest.raises(ValueError, match="no held-out rows"):
+        search.fit(X, y)
+    with pytest.raises(NotFittedError):
+        search.predict(X[:2])
+
+
+def test_a_minibatch_fit_out_of_epochs_names_the_learning_rate_too(digits):
+    # The advice was L-BFGS's alone (max_iter, scaling): a minibatch fit's other lever is
+    # its step, which oscillates when too large.
+    X, y = digits
+    clf = MR2LinearClassifier(lam=0.5, max_iter=2, learning_rate=0.5, device="cpu")
+    with pytest.warns(ConvergenceWarning) as caught:
+        clf.fit(StandardScaler().fit_transform(X), y)
+    message = str(caught[0].message)
+    assert "did not converge in max_iter=2 epochs. Increase max_iter" in message
+    assert message.endswith("If loss_curve_ oscillates, use a smaller learning_rate than 0.5.")
