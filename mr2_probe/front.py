@@ -388,9 +388,7 @@ def accuracy_front(
                 "worst_class",
                 b,
             )
-            model = copy.copy(base)
-            model.offsets_ = tuned.offsets
-            fitted[name] = model
+            fitted[name] = _offsets_model(base, tuned, b)
             unfitted = clone(wrapper).set_params(max_accuracy_drop=b, store_cv_results=False)
             points.append(FrontPoint(name, "offsets", b, unfitted))
     if short:
@@ -408,6 +406,17 @@ def accuracy_front(
     front = Front(points, bound)
     front.chosen = choose_point(front, bound).name
     return front
+
+
+def _offsets_model(base, tuned, bound: float):
+    """An offsets point's model: the base fit (tuned at the largest bound) with this bound's
+    offsets and scores, as a fit of TunedOffsetsClassifierCV at this bound holds them."""
+    model = copy.copy(base).set_params(max_accuracy_drop=bound, store_cv_results=False)
+    model.offsets_, model.best_score_ = tuned.offsets, tuned.score
+    model.base_score_, model.accuracy_drop_ = tuned.base_score, tuned.accuracy_drop
+    model.n_sweeps_ = tuned.n_sweeps
+    del model.cv_results_  # the base's, kept for the bounds' tuning only
+    return model
 
 
 def _names(template: str, values: list[float]) -> list[str]:

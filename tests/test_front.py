@@ -792,3 +792,83 @@ def test_a_front_without_test_data_says_so_in_its_title(splits):
                            tilts=(1,))  # fmt: skip
     for table in (front.to_text(), front.to_markdown()):
         assert table.splitlines()[0].startswith("accuracy front (%, validation); rule:")
+
+
+def test_the_front_chooses_with_its_own_bound(splits):
+    # accuracy_front handed choose_point a bound that no test told apart from the default.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = make_pipeline(StandardScaler(), MR2LinearClassifier(C=0.1, device="cpu"))
+    wide = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(0, 1, 5), bound=0.5)
+    assert wide.bound == 0.5 and wide.chosen == choose_point(wide, 0.5).name
+    worst = max(p.validation["worst"] for p in wide.points)
+    assert wide.point(wide.chosen).validation["worst"] == worst
+    assert choose_point(wide, 0.0).name != wide.chosen  # the bound made the choice
+
+
+def test_erm_is_untilted_whatever_the_probe_and_erm_given(splits):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    tilted = MR2LinearClassifier(class_tilt=2.0, device="cpu")
+    front = accuracy_front(tilted, X_fit, y_fit, X_val, y_val, tilts=())
+    assert front.point("ERM").estimator.class_tilt == 0.0
+    assert front.point("ERM").model.class_tilt == 0.0
+    front = accuracy_front(tilted, X_fit, y_fit, X_val, y_val, tilts=(),
+                           erm=MR2LinearClassifier(class_tilt=3.0, device="cpu"))  # fmt: skip
+    assert front.point("ERM").estimator.class_tilt == 0.0
+
+
+def test_a_class_no_model_predicts_counts_at_zero():
+    # The summaries' labels are y's: a class ERM never predicts stays a class, at 0%.
+    from mr2_probe.front import _score
+
+    class Constant:
+        def __init__(self, labels):
+            self.labels = labels
+
+        def predict(self, X):
+            return self.labels
+
+    y = np.array([0, 0, 1, 1, 2, 2])
+    points = [FrontPoint("ERM", "ERM", None, None), FrontPoint("MR2", "MR2", None, None)]
+    fitted = {"ERM": Constant(np.array([0, 0, 1, 1, 1, 1])), "MR2": Constant(y)}
+    _score(points, fitted, np.zeros((6, 1)), y, "validation")
+    assert points[0].validation["worst"] == 0.0
+    assert points[1].validation["worst"] == 1.0
+
+
+def test_the_json_holds_plain_rounded_numbers(splits):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    front = accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val,
+                           tilts=np.array([1, 2]))  # fmt: skip
+    assert [type(p.value) for p in front.points if p.lever == "tilt"] == [float, float]
+    json.dumps(front.to_dict())
+    point = FrontPoint("ERM", "ERM", None, None, {"overall": 0.57, "hard": 0.5, "worst": 0.5})
+    assert Front([point]).to_dict()["points"][0]["validation"]["overall"] == 57.0
+
+
+def test_point_names_are_short_unless_values_need_more_digits():
+    from mr2_probe.front import _names
+
+    assert _names("tilt={}", [1.23456789]) == ["tilt=1.23457"]
+    assert _names("tilt={}", [1.0, 1.0000001]) == ["tilt=1", "tilt=1.0000001"]
+
+
+def test_five_unknown_labels_are_all_named(splits):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    with pytest.raises(ValueError, match=r"labels: 5, 6, 7, 8, 9\. No point"):
+        accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val + 5)
+
+
+def test_the_markdown_table_rule_and_the_offsets_points_models(front, splits):
+    assert front.to_markdown().splitlines()[3] == "|" + "---|" * 7
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    for p in front.points:
+        if p.lever != "offsets":
+            continue
+        assert p.estimator.store_cv_results is False
+        # The model is a fit at this point's bound: its parameters and scores are this
+        # bound's, not the largest bound's that the base fit was tuned at.
+        assert p.model.max_accuracy_drop == p.value and not hasattr(p.model, "cv_results_")
+        assert p.model.accuracy_drop_ <= p.value + 1e-12
+        np.testing.assert_array_equal(
+            p.model.predict(X_val), p.model.classes_[np.argmax(p.model.decision_function(X_val), 1)]
+        )
