@@ -391,11 +391,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             max_sweeps=self.max_sweeps,
             n_candidates=self.n_candidates,
         )
-        self.offsets_ = result.offsets
-        self.best_score_ = result.score
-        self.base_score_ = result.base_score
-        self.accuracy_drop_ = result.accuracy_drop
-        self.n_sweeps_ = result.n_sweeps
+        self._take_tuning(result)
         if self.store_cv_results:
             self.cv_results_ = {"decision_function": decision, "y": y_index, "index": index}
         elif hasattr(self, "cv_results_"):
@@ -406,6 +402,14 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             elif hasattr(self, name):
                 delattr(self, name)
         return self
+
+    def _take_tuning(self, result) -> None:
+        """The fitted attributes of a :func:`tune_class_offsets` result."""
+        self.offsets_ = result.offsets
+        self.best_score_ = result.score
+        self.base_score_ = result.base_score
+        self.accuracy_drop_ = result.accuracy_drop
+        self.n_sweeps_ = result.n_sweeps
 
     def _route(self, sample_weight, groups, fit_params) -> tuple[dict, dict]:
         """The parameters of the estimator's ``fit`` and of the splitter's ``split``.

@@ -400,9 +400,9 @@ def accuracy_front(
         )
     for p in points:
         p.model = fitted[p.name]
-    _score(points, fitted, X_val, y_val, "validation")
+    _score(points, X_val, y_val, "validation")
     if X_test is not None:
-        _score(points, fitted, X_test, y_test, "test")
+        _score(points, X_test, y_test, "test")
     front = Front(points, bound)
     front.chosen = choose_point(front, bound).name
     return front
@@ -412,9 +412,7 @@ def _offsets_model(base, tuned, bound: float):
     """An offsets point's model: the base fit (tuned at the largest bound) with this bound's
     offsets and scores, as a fit of TunedOffsetsClassifierCV at this bound holds them."""
     model = copy.copy(base).set_params(max_accuracy_drop=bound, store_cv_results=False)
-    model.offsets_, model.best_score_ = tuned.offsets, tuned.score
-    model.base_score_, model.accuracy_drop_ = tuned.base_score, tuned.accuracy_drop
-    model.n_sweeps_ = tuned.n_sweeps
+    model._take_tuning(tuned)
     del model.cv_results_  # the base's, kept for the bounds' tuning only
     return model
 
@@ -508,8 +506,8 @@ def check_offsets_folds(
     check_training_folds(y_index, classes, splits, advice)
 
 
-def _score(points, fitted, X, y, split: str) -> None:
-    predictions = {p.name: np.asarray(fitted[p.name].predict(X)) for p in points}
+def _score(points, X, y, split: str) -> None:
+    predictions = {p.name: np.asarray(p.model.predict(X)) for p in points}
     labels = np.unique(y)
     groups = difficulty_groups(per_class_accuracy(y, predictions["ERM"], labels))
     for p in points:

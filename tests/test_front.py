@@ -828,9 +828,11 @@ def test_a_class_no_model_predicts_counts_at_zero():
             return self.labels
 
     y = np.array([0, 0, 1, 1, 2, 2])
-    points = [FrontPoint("ERM", "ERM", None, None), FrontPoint("MR2", "MR2", None, None)]
-    fitted = {"ERM": Constant(np.array([0, 0, 1, 1, 1, 1])), "MR2": Constant(y)}
-    _score(points, fitted, np.zeros((6, 1)), y, "validation")
+    points = [
+        FrontPoint("ERM", "ERM", None, None, model=Constant(np.array([0, 0, 1, 1, 1, 1]))),
+        FrontPoint("MR2", "MR2", None, None, model=Constant(y)),
+    ]
+    _score(points, np.zeros((6, 1)), y, "validation")
     assert points[0].validation["worst"] == 0.0
     assert points[1].validation["worst"] == 1.0
 
