@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import sys
@@ -38,6 +37,7 @@ from ._data import (
     is_h5_dataset,
     is_torch_tensor,
     reject_complex,
+    whole_or_unchanged,
 )
 from ._device import default_torch_modes, resolve_device, to_numpy, to_tensor, torch_dtype
 from ._head import ProbeHead, decision_values
@@ -527,7 +527,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         -------
         self : MR2LinearClassifier
         """
-        with default_torch_modes(), self._whole_or_unchanged():
+        with default_torch_modes(), whole_or_unchanged(self):
             solver = self._check_solver()
             data = self._prepare(X, y, sample_weight)
             head = self._new_head(data)
@@ -537,20 +537,6 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             result = self._solve(head, data, solver, self.C, init_cosine=warm is None)
             self._finish(head, result, solver, data)
             return self
-
-    @contextlib.contextmanager
-    def _whole_or_unchanged(self):
-        """A fit that raises (a refused warm start, a diverged solver, Ctrl-C) leaves the
-        estimator as it was: the previous fit whole, or unfitted (NotFittedError), not
-        with the ``classes_`` and ``n_features_in_`` that validation set on the way."""
-        fitted = {k: v for k, v in vars(self).items() if k.endswith("_")}
-        try:
-            yield
-        except BaseException:
-            for name in [k for k in vars(self) if k.endswith("_")]:
-                delattr(self, name)
-            vars(self).update(fitted)
-            raise
 
     def _check_solver(self):
         """The solver that ``solver="auto"`` stands for, checked against ``lam``."""

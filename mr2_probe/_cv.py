@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from ._batched import BatchedPath, FoldBatch, HeldOut
 from ._classifier import MR2LinearClassifier, _class_stats, _range_suspects, both_class_logits
-from ._data import H5Source, cv_folds, is_torch_tensor, routing_enabled
+from ._data import H5Source, cv_folds, is_torch_tensor, routing_enabled, whole_or_unchanged
 from ._device import default_torch_modes, to_numpy, to_tensor
 from ._head import open_pair
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
@@ -282,7 +282,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         -------
         self : MR2LinearClassifierCV
         """
-        with default_torch_modes(), self._whole_or_unchanged():
+        with default_torch_modes(), whole_or_unchanged(self):
             values = self._check_Cs()
             solver = self._check_solver()
             if not self.refit and self.head == "cosine" and self.lam > 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -21,6 +22,21 @@ def is_torch_tensor(X) -> bool:
 def routing_enabled() -> bool:
     """Whether scikit-learn's metadata routing is on (``set_config``)."""
     return bool(get_config().get("enable_metadata_routing", False))
+
+
+@contextlib.contextmanager
+def whole_or_unchanged(estimator):
+    """A fit that raises (a refused warm start, a diverged solver, Ctrl-C) leaves the
+    estimator as it was: the previous fit whole, or unfitted (NotFittedError), not with the
+    attributes (``classes_``, ``n_features_in_``, a new ``estimator_``) set on the way."""
+    fitted = {k: v for k, v in vars(estimator).items() if k.endswith("_")}
+    try:
+        yield
+    except BaseException:
+        for name in [k for k in vars(estimator) if k.endswith("_")]:
+            delattr(estimator, name)
+        vars(estimator).update(fitted)
+        raise
 
 
 def cv_folds(cv, X, y, **split_params) -> list[tuple[np.ndarray, np.ndarray]]:

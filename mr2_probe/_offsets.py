@@ -31,7 +31,7 @@ from sklearn.utils.validation import (
     indexable,
 )
 
-from ._data import cv_folds, is_torch_tensor, routing_enabled
+from ._data import cv_folds, is_torch_tensor, routing_enabled, whole_or_unchanged
 from ._device import to_numpy
 from ._offset_search import OBJECTIVES, tune_class_offsets
 
@@ -362,46 +362,47 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         -------
         self : TunedOffsetsClassifierCV
         """
-        if y is None:
-            raise ValueError(
-                f"{type(self).__name__} requires y to be passed, but the target y is None."
+        with whole_or_unchanged(self):
+            if y is None:
+                raise ValueError(
+                    f"{type(self).__name__} requires y to be passed, but the target y is None."
+                )
+            X, y = indexable(X, to_numpy(y) if is_torch_tensor(y) else y)
+            y = column_or_1d(y, warn=True)
+            if not len(y):
+                raise ValueError(
+                    "Found array with 0 sample(s) (shape=(0,)) while a minimum of 1 is required."
+                )
+            check_classification_targets(y)
+            _check_per_class_decision(self.estimator, len(np.unique(y)))
+            if sample_weight is not None:
+                sample_weight = _check_sample_weight(sample_weight, y, ensure_non_negative=True)
+            if self.cv == "prefit":
+                decision, y_index, index = self._prefit_decision(X, y, fit_params)
+            else:
+                fit_params, split_params = self._route(sample_weight, groups, fit_params)
+                decision, y_index, index = self._cv_decision(X, y, fit_params, split_params)
+            result = tune_class_offsets(
+                decision,
+                y_index,
+                self.scoring,
+                self.max_accuracy_drop,
+                classes=self.classes_,
+                sample_weight=None if sample_weight is None else sample_weight[index],
+                max_sweeps=self.max_sweeps,
+                n_candidates=self.n_candidates,
             )
-        X, y = indexable(X, to_numpy(y) if is_torch_tensor(y) else y)
-        y = column_or_1d(y, warn=True)
-        if not len(y):
-            raise ValueError(
-                "Found array with 0 sample(s) (shape=(0,)) while a minimum of 1 is required."
-            )
-        check_classification_targets(y)
-        _check_per_class_decision(self.estimator, len(np.unique(y)))
-        if sample_weight is not None:
-            sample_weight = _check_sample_weight(sample_weight, y, ensure_non_negative=True)
-        if self.cv == "prefit":
-            decision, y_index, index = self._prefit_decision(X, y, fit_params)
-        else:
-            fit_params, split_params = self._route(sample_weight, groups, fit_params)
-            decision, y_index, index = self._cv_decision(X, y, fit_params, split_params)
-        result = tune_class_offsets(
-            decision,
-            y_index,
-            self.scoring,
-            self.max_accuracy_drop,
-            classes=self.classes_,
-            sample_weight=None if sample_weight is None else sample_weight[index],
-            max_sweeps=self.max_sweeps,
-            n_candidates=self.n_candidates,
-        )
-        self._take_tuning(result)
-        if self.store_cv_results:
-            self.cv_results_ = {"decision_function": decision, "y": y_index, "index": index}
-        elif hasattr(self, "cv_results_"):
-            del self.cv_results_  # a previous fit's, not this one's
-        for name in ("n_features_in_", "feature_names_in_"):
-            if hasattr(self.estimator_, name):
-                setattr(self, name, getattr(self.estimator_, name))
-            elif hasattr(self, name):
-                delattr(self, name)
-        return self
+            self._take_tuning(result)
+            if self.store_cv_results:
+                self.cv_results_ = {"decision_function": decision, "y": y_index, "index": index}
+            elif hasattr(self, "cv_results_"):
+                del self.cv_results_  # a previous fit's, not this one's
+            for name in ("n_features_in_", "feature_names_in_"):
+                if hasattr(self.estimator_, name):
+                    setattr(self, name, getattr(self.estimator_, name))
+                elif hasattr(self, name):
+                    delattr(self, name)
+            return self
 
     def _take_tuning(self, result) -> None:
         """The fitted attributes of a :func:`tune_class_offsets` result."""

@@ -1060,3 +1060,31 @@ def test_a_scoring_function_s_search_ends_where_no_single_offset_improves_it():
             moved = result.offsets.copy()
             moved[k] = value
             assert macro_f1(y, np.argmax(z + moved, axis=1)) <= result.score + 1e-12
+
+
+def test_a_fit_that_raises_leaves_the_offsets_as_they_were(monkeypatch):
+    # Interrupted in the tuning, a refit had already replaced estimator_ and classes_
+    # while offsets_ stayed the previous fit's: predict then added stale offsets to the
+    # new estimator's decision values (or failed on their shapes).
+    X, y = np.random.default_rng(0).normal(size=(240, 3)), np.arange(240) % 4
+    X[np.arange(240), y % 3] += 2.0
+    fitted = TunedOffsetsClassifierCV(LogisticRegression(), cv=3).fit(X[:180], y[:180] % 3)
+    before = {k: v for k, v in vars(fitted).items() if k.endswith("_")}
+    predicted = fitted.predict(X)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("mr2_probe._offsets.tune_class_offsets", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fitted.fit(X, y)
+    after = {k: v for k, v in vars(fitted).items() if k.endswith("_")}
+    assert after.keys() == before.keys()
+    assert all(after[k] is v for k, v in before.items())
+    np.testing.assert_array_equal(fitted.predict(X), predicted)
+    fresh = TunedOffsetsClassifierCV(LogisticRegression(), cv=3)
+    with pytest.raises(KeyboardInterrupt):
+        fresh.fit(X, y)
+    assert not [k for k in vars(fresh) if k.endswith("_")]
+    with pytest.raises(NotFittedError):
+        fresh.predict(X[:2])
