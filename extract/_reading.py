@@ -299,11 +299,12 @@ def failed_rows(f: h5py.File) -> list[tuple[int, str, str]]:
     ]
 
 
-def name_failures(n_failed: int, first: list[tuple[str, str]]) -> str:
+def name_failures(n_failed: int, first: list[tuple]) -> str:
     """The first failed images of ``n_failed`` with their reasons, in parentheses, as in
-    ``(the first 3: 'a.jpg': OSError: ...; 'b.png': ...; 'c.png': ...)``."""
+    ``(the first 3: 'a.jpg': OSError: ...; 'b.png': ...; 'c.png': ...)``. Each of ``first``
+    ends with (path, reason): a store's ``failures`` pairs, or :func:`failed_rows`."""
     first = first[:_NAMED_FAILURES]
-    named = "; ".join(f"{path!r}: {reason}" for path, reason in first)
+    named = "; ".join(f"{path!r}: {reason}" for *_, path, reason in first)
     if len(first) >= n_failed:
         return f"({named})"
     return f"(the first, {named})" if len(first) == 1 else f"(the first {len(first)}: {named})"

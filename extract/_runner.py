@@ -316,7 +316,7 @@ def _warn_of_failures(store: Path, n_failed: int, first: list[tuple[int, str, st
         n_failed,
         "image was" if n_failed == 1 else "images were",
         store,
-        name_failures(n_failed, [(path, reason) for _, path, reason in first]),
+        name_failures(n_failed, first),
     )
 
 
@@ -548,7 +548,7 @@ def _log_reused(path: Path, status: np.ndarray, first_failed: list[tuple[int, st
         len(status) - n_failed,
         len(status),
         n_failed,
-        name_failures(n_failed, [(p, reason) for _, p, reason in first_failed]),
+        name_failures(n_failed, first_failed),
     )
 
 
