@@ -46,6 +46,13 @@ def _decision(estimator, X, classes: np.ndarray) -> np.ndarray:
     """The inner estimator's decision values as a float64 (n_samples, n_classes) array."""
     seen = np.asarray(getattr(estimator, "classes_", classes))
     if not np.array_equal(seen, classes):
+        if len(seen) == len(classes) and set(seen.tolist()) == set(classes.tolist()):
+            raise ValueError(
+                f"The estimator's classes_ {seen.tolist()} are not in sorted order "
+                f"({classes.tolist()}), as scikit-learn's classifiers keep them: its decision "
+                "values' columns cannot be matched to the labels in cross-validation. Sort "
+                "its classes_ (and columns), or tune it with cv='prefit'."
+            )
         raise ValueError(
             f"The estimator was fitted on classes {seen.tolist()}, not on all of "
             f"{classes.tolist()}. Every class needs samples in every training fold: use "

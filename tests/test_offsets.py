@@ -1,5 +1,6 @@
 """Tuned class offsets: the search, and the meta-estimator that feeds it held-out data."""
 
+import inspect
 import pickle
 import warnings
 
@@ -1088,3 +1089,250 @@ def test_a_fit_that_raises_leaves_the_offsets_as_they_were(monkeypatch):
     assert not [k for k in vars(fresh) if k.endswith("_")]
     with pytest.raises(NotFittedError):
         fresh.predict(X[:2])
+
+
+# Found by mutation testing of _offset_search.py and _offsets.py; brute force over every
+# achievable prediction of a binary problem, and every threshold of one class for K > 2.
+def _class_accuracies(y, pred, weight, n_classes):
+    size = np.bincount(y, weights=weight, minlength=n_classes)
+    right = np.bincount(y, weights=weight * (pred == y), minlength=n_classes)
+    present = size > 0
+    return right[present] / size[present]
+
+
+def _key(y, pred, weight, n_classes):
+    """worst_class with its documented tie rules: leximin, then overall accuracy."""
+    acc = np.sort(_class_accuracies(y, pred, weight, n_classes))
+    return tuple(np.round(acc, 12)) + (round(float(weight @ (pred == y)), 9),)
+
+
+def _feasible(y, pred, base_pred, weight, bound):
+    if bound is None:
+        return True
+    drop = (weight @ (base_pred == y) - weight @ (pred == y)) / weight.sum()
+    return drop <= bound + 1e-9
+
+
+def _brute_binary(z, y, weight, bound):
+    """Best key over all thresholds of a binary decision z (predict 1 iff z + d > 0)."""
+    base = (z > 0).astype(int)
+    t = np.unique(-z)
+    ds = np.concatenate([[t[0] - 1], (t[:-1] + t[1:]) / 2, [t[-1] + 1]])
+    keys = [
+        _key(y, (z + d > 0).astype(int), weight, 2)
+        for d in ds
+        if _feasible(y, (z + d > 0).astype(int), base, weight, bound)
+    ]
+    return max(keys)
+
+
+@pytest.mark.parametrize("bound", [None, 0.0, 0.02, 0.1])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_binary_worst_class_is_the_brute_force_optimum(seed, weighted, bound):
+    # With two classes one offset difference decides every prediction: the search must
+    # reach the best feasible (leximin, accuracy) over every threshold, honour the bound,
+    # and report the score and drop of the predictions it returns.
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 60))
+    y = (rng.random(n) < 0.3).astype(int)
+    z = rng.normal(size=n) + 1.5 * y - 1.0  # biased towards class 0
+    weight = rng.uniform(0.2, 3.0, n) if weighted else np.ones(n)
+    result = tune_class_offsets(
+        z, y, "worst_class", bound, sample_weight=weight if weighted else None
+    )
+    pred = (np.column_stack([np.zeros(n), z]) + result.offsets).argmax(1)
+    base = (z > 0).astype(int)
+    assert _feasible(y, pred, base, weight, bound)
+    assert _key(y, pred, weight, 2) == _brute_binary(z, y, weight, bound)
+    assert result.score == pytest.approx(_class_accuracies(y, pred, weight, 2).min(), abs=1e-12)
+    drop = (weight @ (base == y) - weight @ (pred == y)) / weight.sum()
+    assert result.accuracy_drop == pytest.approx(drop, abs=1e-12)
+
+
+def _coordinate_optimal(z, y, offsets, weight, bound, n_classes):
+    """No single offset, moved to any value, gives a feasible better key."""
+    base = z.argmax(1)
+    here = _key(y, (z + offsets).argmax(1), weight, n_classes)
+    for k in range(n_classes):
+        others = np.delete(z + offsets, k, axis=1).max(1)
+        t = np.unique(others - z[:, k])
+        for b in np.concatenate([t - 1e-7, t + 1e-7, [t[0] - 1, t[-1] + 1]]):
+            trial = offsets.copy()
+            trial[k] = b
+            pred = (z + trial).argmax(1)
+            if _feasible(y, pred, base, weight, bound):
+                assert _key(y, pred, weight, n_classes) <= here, (k, b)
+
+
+@pytest.mark.parametrize("bound", [None, 0.0, 0.03])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_multiclass_worst_class_no_single_offset_improves(seed, weighted, bound):
+    # The documented fixed point: coordinate ascent stops where no one offset can raise
+    # the leximin objective (then the overall accuracy) under the bound; the bound holds.
+    rng = np.random.default_rng(seed)
+    n, k = 40, 4
+    y = rng.integers(0, k, n)
+    z = rng.normal(size=(n, k)) + 1.2 * np.eye(k)[y] + rng.normal(scale=1.0, size=k)
+    weight = rng.uniform(0.2, 3.0, n) if weighted else np.ones(n)
+    result = tune_class_offsets(
+        z, y, "worst_class", bound, sample_weight=weight if weighted else None
+    )
+    pred = (z + result.offsets).argmax(1)
+    assert _feasible(y, pred, z.argmax(1), weight, bound)
+    _coordinate_optimal(z, y, result.offsets, weight, bound, k)
+    assert result.score == pytest.approx(_class_accuracies(y, pred, weight, k).min(), abs=1e-12)
+
+
+def test_a_scoring_callable_gets_the_sample_weights():
+    # A callable that takes sample_weight is scored weighted: the reported scores are
+    # the weighted metric's.
+    def metric(t, p, sample_weight=None):
+        return balanced_accuracy_score(t, p, sample_weight=sample_weight)
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 60)
+    z = rng.normal(size=(60, 3)) + np.eye(3)[y] + [1.0, 0.0, -0.5]
+    weight = rng.uniform(0.1, 5.0, 60)
+    result = tune_class_offsets(z, y, metric, sample_weight=weight)
+    pred = (z + result.offsets).argmax(1)
+    assert result.base_score == pytest.approx(
+        balanced_accuracy_score(y, z.argmax(1), sample_weight=weight), abs=1e-12
+    )
+    assert result.score == pytest.approx(
+        balanced_accuracy_score(y, pred, sample_weight=weight), abs=1e-12
+    )
+    assert result.score > result.base_score
+
+
+def test_a_scoring_callable_that_returns_nan_is_never_chosen():
+    # NaN is the worst score, not the best: here a metric undefined (NaN) when nothing is
+    # predicted class 0, which a large offset of class 1 would reach.
+    rng = np.random.default_rng(1)
+    y = (rng.random(50) < 0.5).astype(int)
+    z = rng.normal(size=50) + y - 0.3
+
+    def metric(t, p):
+        return float(np.mean(t == p)) if (p == 0).any() else float("nan")
+
+    result = tune_class_offsets(z, y, metric)
+    pred = (np.column_stack([np.zeros(50), z]) + result.offsets).argmax(1)
+    assert np.isfinite(result.score) and (pred == 0).any()
+    assert result.score >= result.base_score
+
+
+def test_the_default_max_sweeps_lets_a_biased_problem_converge():
+    # Strongly biased logits of 20 classes need 8 sweeps: the documented default (50)
+    # reaches the fixed point without a ConvergenceWarning; 5 sweeps would stop short.
+    assert inspect.signature(tune_class_offsets).parameters["max_sweeps"].default == 50
+    rng = np.random.default_rng(0)
+    n, k = 2000, 20
+    y = rng.integers(0, k, n)
+    z = rng.normal(size=(n, k)) + 1.5 * np.eye(k)[y] + 3.0 * rng.normal(size=k)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        result = tune_class_offsets(z, y)
+    assert result.n_sweeps > 5
+    with pytest.warns(ConvergenceWarning):
+        short = tune_class_offsets(z, y, max_sweeps=5)
+    assert short.score <= result.score
+
+
+class _Reversed(ClassifierMixin, BaseEstimator):
+    """A classifier whose classes_ (and decision columns) are in reverse sorted order."""
+
+    def fit(self, X, y):
+        self.inner_ = LogisticRegression().fit(X, y)
+        self.classes_ = self.inner_.classes_[::-1]
+        return self
+
+    def decision_function(self, X):
+        return self.inner_.decision_function(X)[:, ::-1]
+
+    def predict(self, X):
+        return self.classes_[self.decision_function(X).argmax(1)]
+
+
+def _blobs(seed=0, sizes=(80, 40, 20)):
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(len(sizes)), sizes)
+    centres = rng.normal(scale=1.2, size=(len(sizes), 4))
+    return centres[y] + rng.normal(size=(len(y), 4)), y
+
+
+def test_prefit_estimator_with_unsorted_classes_is_tuned_on_its_own_columns():
+    # classes_ = [2, 1, 0]: each validation label must be mapped to its column of the
+    # estimator's classes_, not to its rank among the sorted labels.
+    X, y = _blobs()
+    probe = _Reversed().fit(X[::2], y[::2])
+    clf = TunedOffsetsClassifierCV(probe, cv="prefit").fit(X[1::2], y[1::2])
+    np.testing.assert_array_equal(clf.classes_, [2, 1, 0])
+    column = 2 - y[1::2]
+    expected = tune_class_offsets(probe.decision_function(X[1::2]), column)
+    np.testing.assert_array_equal(clf.offsets_, expected.offsets)
+    assert clf.best_score_ == pytest.approx(expected.score)
+
+
+def test_an_estimator_whose_columns_are_not_sorted_classes_is_refused_in_cv():
+    # The held-out columns are read in the order of np.unique(y); an estimator whose
+    # classes_ are in another order would have its columns silently mislabelled.
+    X, y = _blobs()
+    with pytest.raises(ValueError, match=r"classes_ \[2, 1, 0\] are not in sorted order"):
+        TunedOffsetsClassifierCV(_Reversed(), cv=3).fit(X, y)
+
+
+def test_prefit_sample_weight_weights_each_validation_row():
+    # With cv="prefit" the i-th weight belongs to the i-th validation row.
+    X, y = _blobs(seed=1)
+    probe = LogisticRegression().fit(X[::2], y[::2])
+    X_val, y_val = X[1::2], y[1::2]
+    weight = np.random.default_rng(1).uniform(0.1, 5.0, len(y_val))
+    clf = TunedOffsetsClassifierCV(probe, cv="prefit", scoring="balanced_accuracy")
+    clf.fit(X_val, y_val, sample_weight=weight)
+    expected = tune_class_offsets(
+        probe.decision_function(X_val), y_val, "balanced_accuracy", sample_weight=weight
+    )
+    np.testing.assert_array_equal(clf.offsets_, expected.offsets)
+    assert clf.base_score_ == pytest.approx(
+        balanced_accuracy_score(y_val, probe.predict(X_val), sample_weight=weight)
+    )
+
+
+class _Confident(ClassifierMixin, BaseEstimator):
+    """A softmax model of huge logits whose own predict_log_proba is exact (finite)
+    where its predict_proba underflows to 0 (logit gaps past ~745)."""
+
+    def fit(self, X, y):
+        self.classes_ = np.unique(y)
+        return self
+
+    def decision_function(self, X):
+        return 1000.0 * np.asarray(X, dtype=float)[:, : len(self.classes_)]
+
+    def predict_proba(self, X):
+        from scipy.special import softmax
+
+        return softmax(self.decision_function(X), axis=1)
+
+    def predict_log_proba(self, X):
+        from scipy.special import log_softmax
+
+        return log_softmax(self.decision_function(X), axis=1)
+
+
+def test_predict_log_proba_stays_finite_for_a_confident_model():
+    # softmax(log p + b) from the estimator's own log-probabilities: taking the log of
+    # predict_proba instead gives -inf where the probabilities underflowed.
+    from scipy.special import log_softmax
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    y = X.argmax(1)
+    y[:6] = (y[:6] + 1) % 3
+    probe = _Confident().fit(X, y)
+    clf = TunedOffsetsClassifierCV(probe, cv="prefit").fit(X, y)
+    log_proba = clf.predict_log_proba(X)
+    assert np.isfinite(log_proba).all()
+    expected = log_softmax(probe.decision_function(X) + clf.offsets_, axis=1)
+    np.testing.assert_allclose(log_proba, expected, rtol=1e-9, atol=1e-9)
