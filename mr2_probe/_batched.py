@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from . import _solvers
 from ._classifier import _overflow_message
 from ._data import block_rows
 from ._device import inverse_row_norms
 from ._head import open_pair
 from ._path import Step
-from ._solvers import _COSINE_HISTORY, _KEEP_LOGIT_GRADS, ClassRisk
+from ._solvers import _COSINE_HISTORY, _KEEP_LOGIT_GRADS, ClassRisk, one_thread_if_small
 
 # scipy's ftol as scikit-learn sets it (float64's even for float32 data), as in fit_lbfgs.
 _FTOL = 64 * float(np.finfo(np.float64).eps)
@@ -116,6 +117,11 @@ class FoldBatch:
     @property
     def n_params(self) -> int:
         return self.rows * (self.X.shape[1] + self.fit_intercept)
+
+    @property
+    def evaluation_work(self) -> int:
+        """Multiply-adds of one evaluation of every fold: two products of N·d·B·rows."""
+        return 2 * self.X.shape[0] * self.X.shape[1] * self.n_folds * self.rows
 
     @property
     def n_penalised(self) -> int:
@@ -689,14 +695,15 @@ class BatchedPath:
         stop, largest_gradient)``. Along a grid the nearest is the last; a bisection's midpoint
         starts from its neighbour, not from the far end of the grid where the path last
         was."""
-        if self.rows is None:
-            self._run(values, score, progress, max_iter, tol, report)
-            return
-        self.batch.set_rows(*self.rows())
+        if self.rows is not None:
+            self.batch.set_rows(*self.rows())
         try:
-            self._run(values, score, progress, max_iter, tol, report)
+            work, small = self.batch.evaluation_work, _solvers.SMALL_EVALUATION
+            with one_thread_if_small(self.params.device, work, small):
+                self._run(values, score, progress, max_iter, tol, report)
         finally:
-            self._release()
+            if self.rows is not None:
+                self._release()
 
     def _run(self, values, score, progress, max_iter, tol, report) -> None:
         cosine = self.batch.cosine

@@ -148,6 +148,60 @@ def _progress(total: int, verbose: int, desc: str):
     return tqdm(total=total, disable=not verbose, desc=desc, leave=False)
 
 
+# Steps with at most this many multiply-adds in their matrix products run on one CPU
+# thread: for them torch's intra-op threads cost more in synchronisation than they save,
+# and far more while other processes share the cores. SMALL_STEP for a minibatch step;
+# SMALL_EVALUATION for an evaluation of a full-batch objective, below which one thread was
+# as fast as two on an idle 2-core machine (python benchmarks/bench_threads.py; 1.15x
+# slower at 5e6, 1.5x at 1.3e7).
+SMALL_STEP = 2**24
+SMALL_EVALUATION = 2**22
+
+
+@contextlib.contextmanager
+def one_thread_if_small(device, work: int, small: int):
+    """One intra-op thread for a CPU step of at most ``small`` multiply-adds; no change
+    otherwise."""
+    if device.type != "cpu" or work > small:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _on_one_thread_if_small(work, small):
+    """Run a solver ``fit(head, source, spec, **kwargs)`` on one thread where
+    ``work(head, source, spec, kwargs)``, the multiply-adds of one of its steps, is at most
+    ``small()`` (the module's constant, read at each call)."""
+
+    def decorate(fit):
+        @functools.wraps(fit)
+        def wrapper(head, source, spec, **kwargs):
+            work_done = work(head, source, spec, kwargs)
+            with one_thread_if_small(head.weight.device, work_done, small()):
+                return fit(head, source, spec, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def _evaluation_work(head, source, spec, kwargs) -> int:
+    """A full-batch evaluation: two products of n·d·K (logits, gradient)."""
+    return 2 * source.n_samples * head.weight.shape[1] * spec.n_classes
+
+
+def _minibatch_step_work(head, source, spec, kwargs) -> int:
+    """A minibatch step: B·d·(d + K + B) (projection, logits, distances)."""
+    d, batch_size = head.weight.shape[1], kwargs["batch_size"]
+    return batch_size * d * (d + spec.n_classes + batch_size)
+
+
+@_on_one_thread_if_small(_evaluation_work, lambda: SMALL_EVALUATION)
 def fit_lbfgs(
     head,
     source,
@@ -428,34 +482,6 @@ TILT_WINDOW = 32
 # A minibatch fit that ends with its epoch loss this far above its best (relative) is not
 # called converged: its steps took it away from its best point (a step too large for SGD).
 ROSE = 0.05
-# Steps with at most this many multiply-adds in their matrix products run on one CPU
-# thread: for them torch's intra-op threads cost more in synchronisation than they save.
-SMALL_STEP = 2**24
-
-
-@contextlib.contextmanager
-def _step_threads(device, batch_size, n_features, n_classes):
-    """One intra-op thread for small minibatch steps on the CPU; no change otherwise."""
-    work = batch_size * n_features * (n_features + n_classes + batch_size)
-    if device.type != "cpu" or work > SMALL_STEP:
-        yield
-        return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-def _small_steps_on_one_thread(fit):
-    @functools.wraps(fit)
-    def wrapper(head, source, spec, **kwargs):
-        n_features = head.weight.shape[1]
-        with _step_threads(head.weight.device, kwargs["batch_size"], n_features, spec.n_classes):
-            return fit(head, source, spec, **kwargs)
-
-    return wrapper
 
 
 def _diverged(value: float, first: float) -> bool:
@@ -466,7 +492,7 @@ def _diverged(value: float, first: float) -> bool:
     return not math.isfinite(value) or value > DIVERGED * max(first, 1.0)
 
 
-@_small_steps_on_one_thread
+@_on_one_thread_if_small(_minibatch_step_work, lambda: SMALL_STEP)
 def fit_minibatch(
     head,
     source,

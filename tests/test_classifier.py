@@ -1718,3 +1718,38 @@ def test_a_minibatch_fit_out_of_epochs_names_the_learning_rate_too(digits):
     message = str(caught[0].message)
     assert "did not converge in max_iter=2 epochs. Increase max_iter" in message
     assert message.endswith("If loss_curve_ oscillates, use a smaller learning_rate than 0.5.")
+
+
+@pytest.mark.parametrize("small, expected", [(None, 1), (0, 2)])
+def test_small_full_batch_evaluations_run_on_one_thread(digits, monkeypatch, small, expected):
+    # 2 × 1797 × 64 × 10 multiply-adds an evaluation, at most SMALL_EVALUATION: one thread;
+    # above it, torch's threads.
+    from mr2_probe import _batched, _solvers
+
+    if small is not None:
+        monkeypatch.setattr(_solvers, "SMALL_EVALUATION", small)
+    seen = {"fit": set(), "search": set()}
+    closed_form, batched = _solvers.linear_margin_ce_grad, _batched.FoldBatch.evaluate
+
+    def fit_recording(*args, **kwargs):
+        seen["fit"].add(torch.get_num_threads())
+        return closed_form(*args, **kwargs)
+
+    def search_recording(*args, **kwargs):
+        seen["search"].add(torch.get_num_threads())
+        return batched(*args, **kwargs)
+
+    monkeypatch.setattr(_solvers, "linear_margin_ce_grad", fit_recording)
+    monkeypatch.setattr(_batched.FoldBatch, "evaluate", search_recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        X, y = digits
+        MR2LinearClassifier(max_iter=3, device="cpu").fit(X, y)
+        # Two folds of 600 rows in one batched problem: 2 × 600 × 64 × 2 × 10.
+        search = MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=2, max_iter=3, device="cpu")
+        search.fit(X[:600], y[:600])
+        assert seen == {"fit": {expected}, "search": {expected}}
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
