@@ -364,7 +364,8 @@ def _mean_noise(moments: ClassMoments) -> torch.Tensor:
     """Σŵ² = count_sq / count², the variance of the weighted mean in units of one sample's
     (1 / effective count); 1 for a class seen once, 0 for an absent class (K,)."""
     count = moments.count.clamp_min(torch.finfo(moments.count.dtype).tiny)
-    return (moments.count_sq / (count * count)).clamp(0, 1)
+    # Divided twice: count² underflows to 0 (and 0 / 0 is NaN) for counts below √tiny.
+    return (moments.count_sq / count / count).clamp(0, 1)
 
 
 def moments_statistics(moments: ClassMoments, p: float = 2.0) -> ClassStats:

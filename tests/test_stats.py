@@ -1,0 +1,261 @@
+"""The class statistics and margins of mr2_probe/_stats.py against independent references.
+
+Found by mutation testing: each test kills a mutant that the rest of the suite let live.
+
+Each test checks against an independent reference (float64 torch.linalg / NumPy / a
+literal loop), not a restatement of the implementation.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import mr2_probe
+from mr2_probe import _stats
+
+
+def _lp_sq_ref(v, p):
+    """‖v‖_p² of each row in float64 NumPy."""
+    v = np.asarray(v, dtype=np.float64)
+    return np.sum(np.abs(v) ** p, axis=-1) ** (2.0 / p)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("p", [3.0, 7.0, 20.0])
+def test_lp_norm_sq_of_half_precision_rows_is_rounded_once(dtype, p):
+    # Kills: no float32 detour for half-precision rows in lp_norm_sq (the powers of
+    # rounded ratios lose several ulps: 1.8e-2 relative in bfloat16 at p = 3).
+    gen = torch.Generator().manual_seed(0)
+    v = (torch.rand(64, 300, generator=gen, dtype=torch.float64) * 3 - 1.5).to(dtype)
+    got = _stats.lp_norm_sq(v, p)
+    assert got.dtype == dtype
+    ref = _lp_sq_ref(v.double().numpy(), p)
+    rel = np.abs(got.double().numpy() - ref) / ref
+    assert rel.max() < torch.finfo(dtype).eps
+
+
+def test_lp_norm_sq_of_one_dominant_entry_at_large_p_is_finite():
+    # Kills: rows scaled by their mean instead of their largest entry (the ratio
+    # max/mean = d = 100 to the 20th power overflows float32).
+    v = torch.zeros(3, 100)
+    v[0, 0] = 1.0
+    v[1, 5] = -2.0
+    v[2, :2] = torch.tensor([3.0, 1.0])
+    got = _stats.lp_norm_sq(v, 20.0)
+    np.testing.assert_allclose(got.numpy(), _lp_sq_ref(v.numpy(), 20.0), rtol=1e-5)
+
+
+def _class_stats_ref(X, y, K, p, w=None):
+    """Weighted class means and mean squared L_p / L2 distances, literal NumPy loop."""
+    X = np.asarray(X, dtype=np.float64)
+    w = np.ones(len(y)) if w is None else np.asarray(w, dtype=np.float64)
+    mean, msd, msd2, count = np.zeros((K, X.shape[1])), np.zeros(K), np.zeros(K), np.zeros(K)
+    for k in range(K):
+        rows, wk = X[y == k], w[y == k]
+        if wk.sum() == 0:
+            continue
+        mu = (wk[:, None] * rows).sum(0) / wk.sum()
+        mean[k], count[k] = mu, wk.sum()
+        msd[k] = (wk * _lp_sq_ref(rows - mu, p)).sum() / wk.sum()
+        msd2[k] = (wk * ((rows - mu) ** 2).sum(1)).sum() / wk.sum()
+    return mean, msd, msd2, count
+
+
+@pytest.mark.parametrize("p", [2.0, 3.0])
+def test_chunked_statistics_apply_the_transform_in_both_passes(p):
+    # Kills: the spread pass measuring the raw inputs instead of transform(x).
+    gen = torch.Generator().manual_seed(1)
+    X = torch.randn(60, 4, generator=gen, dtype=torch.float64)
+    y = torch.arange(60) % 3
+    P = torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    chunks = lambda: [(X[:25], y[:25], None), (X[25:], y[25:], None)]  # noqa: E731
+    stats = mr2_probe.class_statistics_chunked(chunks, 3, 5, p, transform=lambda x: x @ P)
+    mean, msd, msd2, count = _class_stats_ref((X @ P).numpy(), y.numpy(), 3, p)
+    np.testing.assert_allclose(stats.mean.numpy(), mean, rtol=1e-10)
+    np.testing.assert_allclose(stats.msd.numpy(), msd, rtol=1e-10)
+    np.testing.assert_allclose(stats.msd_l2.numpy(), msd2, rtol=1e-10)
+    np.testing.assert_allclose(stats.count.numpy(), count)
+
+
+def test_mean_spread_without_any_present_class_is_zero():
+    # Kills: dropping clamp_min(1) in mean_spread's denominator (0 / 0 = NaN, and a NaN
+    # compactness temperature) when every sample has zero weight.
+    X = torch.randn(6, 3)
+    stats = mr2_probe.class_statistics(
+        X, torch.tensor([0, 0, 1, 1, 2, 2]), 3, sample_weight=torch.zeros(6)
+    )
+    assert stats.count.tolist() == [0.0, 0.0, 0.0]
+    assert mr2_probe.mean_spread(stats).item() == 0.0
+    tau = _stats.compactness_tau(stats)
+    assert torch.isfinite(tau) and tau > 0
+
+
+def test_compactness_tau_of_all_zero_features_is_positive():
+    # Kills: dropping the clamp to the dtype's tiny in compactness_tau (τ = 0 divides the
+    # compactness loss's exponents by zero).
+    stats = mr2_probe.class_statistics(torch.zeros(4, 3), torch.tensor([0, 0, 1, 1]), 2)
+    tau = _stats.compactness_tau(stats)
+    assert torch.isfinite(tau) and tau > 0
+
+
+@pytest.mark.parametrize("p", [1.0, 3.0])
+def test_spread_difficulty_and_margins_use_the_lp_spread(p):
+    # Kills: difficulty="spread" returning the L2 spread msd_l2 instead of the L_p msd.
+    gen = torch.Generator().manual_seed(2)
+    X = torch.randn(90, 6, generator=gen, dtype=torch.float64) * torch.tensor(
+        [1.0, 2.0, 3.0, 1.0, 1.0, 1.0], dtype=torch.float64
+    )
+    y = torch.arange(90) % 3
+    X[y == 1] *= 2.5
+    stats = mr2_probe.class_statistics(X, y, 3, p=p)
+    _, msd, _, _ = _class_stats_ref(X.numpy(), y.numpy(), 3, p)
+    a = mr2_probe.class_difficulty(stats, p, "spread")
+    np.testing.assert_allclose(a.numpy(), msd, rtol=1e-10)
+    root = msd ** (1 / 3)
+    expected = 1.5 * 3 * root / root.sum()
+    got = mr2_probe.class_margins(stats, 1.5, p, "spread")
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-10)
+
+
+def test_margins_leave_classes_outside_present_out_of_the_normalisation():
+    # Kills: `measured` ignoring `present`, and the largest root taken over every class
+    # (an absent class's a_k then sets the yardstick and unmeasures the present ones).
+    # Documented: classes outside ``present`` get c̄ and stay out of the normalisation.
+    a = torch.tensor([1.0, 8.0, 1e21], dtype=torch.float64)
+    present = torch.tensor([True, True, False])
+    got = mr2_probe.margins_from_difficulty(a, 1.5, present)
+    root = np.array([1.0, 2.0])
+    expected = np.append(1.5 * 2 * root / root.sum(), 1.5)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12)
+
+
+def test_a_nan_difficulty_leaves_the_other_margins_measured():
+    # Kills: dropping nan_to_num before the largest root (amax of a NaN is NaN, and every
+    # class falls back to c̄). A class whose a_k is NaN (non-finite features) gets c̄.
+    a = torch.tensor([1.0, 8.0, float("nan")], dtype=torch.float64)
+    got = mr2_probe.margins_from_difficulty(a, 1.5)
+    root = np.array([1.0, 2.0])
+    expected = np.append(1.5 * 2 * root / root.sum(), 1.5)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("p", [2.0, 3.0])
+def test_spread_margins_of_classes_of_copies_are_all_c_bar(p):
+    # Kills: class_margins not passing the classes' second moments to
+    # margins_from_difficulty for difficulty="spread": every class is copies of one row,
+    # its spread is float32 rounding (1e-16 to 1e-14) and must not set the margins.
+    gen = torch.Generator().manual_seed(3)
+    X = torch.randn(3, 5, generator=gen).repeat_interleave(7, 0)
+    y = torch.arange(3).repeat_interleave(7)
+    stats = mr2_probe.class_statistics(X, y, 3, p=p)
+    assert stats.msd.max() < 1e-10  # rounding, not a spread
+    margins = mr2_probe.class_margins(stats, 1.5, p, "spread")
+    np.testing.assert_array_equal(margins.numpy(), np.full(3, 1.5, dtype=np.float32))
+
+
+def test_update_moments_in_l2_keeps_dev_p_equal_to_dev_2():
+    # Kills: dev_p left at zero for p = 2 (ClassMoments documents dev_p as Σw·‖φ − c‖_p²,
+    # which in L2 is dev_2), checked against a NumPy loop about the batch means.
+    gen = torch.Generator().manual_seed(4)
+    X = torch.randn(12, 3, generator=gen, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2] * 4)
+    m = mr2_probe.update_moments(
+        mr2_probe.ClassMoments.zeros(3, 3, dtype=torch.float64), X, y, p=2.0
+    )
+    ref = np.array([((X[y == k] - X[y == k].mean(0)) ** 2).sum().item() for k in range(3)])
+    np.testing.assert_allclose(m.dev_2.numpy(), ref, rtol=1e-12)
+    np.testing.assert_allclose(m.dev_p.numpy(), ref, rtol=1e-12)
+
+
+def _stream(batches, K, d, rho, p=2.0):
+    m = mr2_probe.ClassMoments.zeros(K, d, dtype=torch.float64)
+    for X, y in batches:
+        m = mr2_probe.update_moments(m, X, y, rho=rho, p=p)
+    return m
+
+
+def test_streamed_spread_of_samples_seen_one_batch_at_a_time_is_unbiased():
+    # Kills: the mean's noise Σŵ² clamped below 1 (to 0.5): a class seen one sample per
+    # batch has Σŵ² > 1/2, and its Bessel correction 1 − Σŵ² was overstated.
+    # Reference: weighted unbiased variance, weights ρ^j, NumPy.
+    rho = 0.2  # Σŵ² = 0.68
+    rows = np.array([[1.0, 2.0], [4.0, -1.0], [0.5, 3.0]])
+    batches = [(torch.tensor(r[None]), torch.tensor([0])) for r in rows]
+    m = _stream(batches, 2, 2, rho)
+    w = rho ** np.arange(len(rows))[::-1]
+    mu = (w[:, None] * rows).sum(0) / w.sum()
+    biased = (w * ((rows - mu) ** 2).sum(1)).sum() / w.sum()
+    unbiased = biased / (1 - (w**2).sum() / w.sum() ** 2)
+    stats = mr2_probe.moments_statistics(m)
+    np.testing.assert_allclose(stats.mean[0].numpy(), mu, rtol=1e-12)
+    np.testing.assert_allclose(stats.msd_l2[0].item(), unbiased, rtol=1e-12)
+
+
+def test_streamed_statistics_count_an_unseen_class_as_absent():
+    # Kills: moments_statistics returning the clamped count (tiny, not 0) for a class never
+    # seen: it then counts as present and s̄ becomes 2/3 of its value here.
+    gen = torch.Generator().manual_seed(5)
+    X = torch.randn(10, 3, generator=gen, dtype=torch.float64)
+    y = torch.tensor([0, 1] * 5)
+    stats = mr2_probe.moments_statistics(_stream([(X, y)], 3, 3, 0.9))
+    assert stats.count[2].item() == 0.0
+    ref = np.mean([((X[y == k] - X[y == k].mean(0)) ** 2).sum(1).sum().item() / 4 for k in (0, 1)])
+    np.testing.assert_allclose(mr2_probe.mean_spread(stats).item(), ref, rtol=1e-12)
+
+
+def test_streamed_spread_margins_of_classes_of_copies_are_all_c_bar():
+    # Kills: moments_margins not passing the second moments for difficulty="spread" (as
+    # MR2Loss(difficulty="spread").margins() calls it): classes of copies of one row have
+    # spreads of float32 rounding (1e-16 to 1e-14), which then set the margins.
+    gen = torch.Generator().manual_seed(3)
+    X = torch.randn(3, 5, generator=gen).repeat_interleave(7, 0)
+    y = torch.arange(3).repeat_interleave(7)
+    m = mr2_probe.ClassMoments.zeros(3, 5)
+    for _ in range(2):
+        m = mr2_probe.update_moments(m, X, y)
+    assert mr2_probe.moments_difficulty(m, difficulty="spread").max() < 1e-10
+    margins = _stats.moments_margins(m, 1.5, 2.0, "spread", m.count > 0)
+    np.testing.assert_array_equal(margins.numpy(), np.full(3, 1.5, dtype=np.float32))
+    # the same through the public module
+    loss = mr2_probe.MR2Loss(3, 5, c_bar=1.5, difficulty="spread")
+    for _ in range(2):
+        loss.update(X, y)
+    np.testing.assert_array_equal(loss.margins().numpy(), np.full(3, 1.5, dtype=np.float32))
+
+
+def test_moments_difficulty_of_an_unseen_class_is_zero_as_class_difficulty():
+    # It was NaN (``_mean_noise`` took 0 / tiny², and tiny² is 0, for a count of 0, although
+    # its docstring says 0), while class_difficulty gives an absent class 0.
+    X = torch.tensor([[1.0, 2.0], [3.0, 0.0], [0.0, 1.0], [2.0, 2.0]])
+    y = torch.tensor([0, 0, 1, 1])
+    m = mr2_probe.update_moments(mr2_probe.ClassMoments.zeros(3, 2), X, y)
+    a = mr2_probe.moments_difficulty(m)
+    assert torch.isfinite(a).all() and a[2].item() == 0.0
+    assert mr2_probe.class_difficulty(mr2_probe.class_statistics(X, y, 3), 2.0)[2].item() == 0.0
+
+
+def test_compactness_tau_in_float64_is_twice_the_mean_spread():
+    # Kills: the rounding floor of τ taken with float32's epsilon for float64 statistics
+    # (a far common mean and a tiny spread then gave τ the float32 floor, not 2·s̄).
+    gen = torch.Generator().manual_seed(6)
+    X = 1000.0 + 1e-4 * torch.randn(40, 3, generator=gen, dtype=torch.float64)
+    y = torch.arange(40) % 2
+    stats = mr2_probe.class_statistics(X, y, 2)
+    Xn, yn = X.numpy(), y.numpy()
+    s_bar = np.mean([((Xn[yn == k] - Xn[yn == k].mean(0)) ** 2).sum(1).mean() for k in (0, 1)])
+    np.testing.assert_allclose(_stats.compactness_tau(stats).item(), 2 * s_bar, rtol=1e-6)
+
+
+def test_running_statistics_with_an_unseen_class_keep_s_bar_finite():
+    # Kills: dropping the `keep > 0` guard in moments_statistics (1 − Σŵ² is NaN for a class
+    # never seen, so its msd_l2 and MR2Loss.s_bar() became NaN while a class was unseen).
+    gen = torch.Generator().manual_seed(7)
+    X = torch.randn(8, 2, generator=gen)
+    y = torch.tensor([0, 1] * 4)
+    loss = mr2_probe.MR2Loss(3, 2)
+    loss.update(X, y)
+    stats = mr2_probe.moments_statistics(loss.moments())
+    assert stats.msd_l2[2].item() == 0.0 and stats.msd[2].item() == 0.0
+    Xn, yn = X.double().numpy(), y.numpy()
+    ref = np.mean([((Xn[yn == k] - Xn[yn == k].mean(0)) ** 2).sum(1).sum() / 3 for k in (0, 1)])
+    np.testing.assert_allclose(loss.s_bar().item(), ref, rtol=1e-5)
