@@ -149,11 +149,11 @@ def _progress(total: int, verbose: int, desc: str):
 
 
 # Steps with at most this many multiply-adds in their matrix products run on one CPU
-# thread: for them torch's intra-op threads cost more in synchronisation than they save,
-# and far more while other processes share the cores. SMALL_STEP for a minibatch step;
-# SMALL_EVALUATION for an evaluation of a full-batch objective, below which one thread was
-# as fast as two on an idle 2-core machine (python benchmarks/bench_threads.py; 1.15x
-# slower at 5e6, 1.5x at 1.3e7).
+# thread: while other processes share the cores, torch's intra-op threads wait on each
+# other. SMALL_STEP for a minibatch step; SMALL_EVALUATION for an evaluation of a
+# full-batch objective, below which one thread was as fast as two on an idle 2-core
+# machine (python benchmarks/bench_threads.py; 1.1-1.2x slower at 5e6 to 8e6, 1.1-1.5x at
+# 1.3e7).
 SMALL_STEP = 2**24
 SMALL_EVALUATION = 2**22
 
