@@ -370,46 +370,49 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         self : TunedOffsetsClassifierCV
         """
         with whole_or_unchanged(self):
-            if y is None:
-                raise ValueError(
-                    f"{type(self).__name__} requires y to be passed, but the target y is None."
-                )
-            X, y = indexable(X, to_numpy(y) if is_torch_tensor(y) else y)
-            y = column_or_1d(y, warn=True)
-            if not len(y):
-                raise ValueError(
-                    "Found array with 0 sample(s) (shape=(0,)) while a minimum of 1 is required."
-                )
-            check_classification_targets(y)
-            _check_per_class_decision(self.estimator, len(np.unique(y)))
-            if sample_weight is not None:
-                sample_weight = _check_sample_weight(sample_weight, y, ensure_non_negative=True)
-            if self.cv == "prefit":
-                decision, y_index, index = self._prefit_decision(X, y, fit_params)
-            else:
-                fit_params, split_params = self._route(sample_weight, groups, fit_params)
-                decision, y_index, index = self._cv_decision(X, y, fit_params, split_params)
-            result = tune_class_offsets(
-                decision,
-                y_index,
-                self.scoring,
-                self.max_accuracy_drop,
-                classes=self.classes_,
-                sample_weight=None if sample_weight is None else sample_weight[index],
-                max_sweeps=self.max_sweeps,
-                n_candidates=self.n_candidates,
+            return self._fit(X, y, sample_weight, groups, fit_params)
+
+    def _fit(self, X, y, sample_weight, groups, fit_params):
+        if y is None:
+            raise ValueError(
+                f"{type(self).__name__} requires y to be passed, but the target y is None."
             )
-            self._take_tuning(result)
-            if self.store_cv_results:
-                self.cv_results_ = {"decision_function": decision, "y": y_index, "index": index}
-            elif hasattr(self, "cv_results_"):
-                del self.cv_results_  # a previous fit's, not this one's
-            for name in ("n_features_in_", "feature_names_in_"):
-                if hasattr(self.estimator_, name):
-                    setattr(self, name, getattr(self.estimator_, name))
-                elif hasattr(self, name):
-                    delattr(self, name)
-            return self
+        X, y = indexable(X, to_numpy(y) if is_torch_tensor(y) else y)
+        y = column_or_1d(y, warn=True)
+        if not len(y):
+            raise ValueError(
+                "Found array with 0 sample(s) (shape=(0,)) while a minimum of 1 is required."
+            )
+        check_classification_targets(y)
+        _check_per_class_decision(self.estimator, len(np.unique(y)))
+        if sample_weight is not None:
+            sample_weight = _check_sample_weight(sample_weight, y, ensure_non_negative=True)
+        if self.cv == "prefit":
+            decision, y_index, index = self._prefit_decision(X, y, fit_params)
+        else:
+            fit_params, split_params = self._route(sample_weight, groups, fit_params)
+            decision, y_index, index = self._cv_decision(X, y, fit_params, split_params)
+        result = tune_class_offsets(
+            decision,
+            y_index,
+            self.scoring,
+            self.max_accuracy_drop,
+            classes=self.classes_,
+            sample_weight=None if sample_weight is None else sample_weight[index],
+            max_sweeps=self.max_sweeps,
+            n_candidates=self.n_candidates,
+        )
+        self._take_tuning(result)
+        if self.store_cv_results:
+            self.cv_results_ = {"decision_function": decision, "y": y_index, "index": index}
+        elif hasattr(self, "cv_results_"):
+            del self.cv_results_  # a previous fit's, not this one's
+        for name in ("n_features_in_", "feature_names_in_"):
+            if hasattr(self.estimator_, name):
+                setattr(self, name, getattr(self.estimator_, name))
+            elif hasattr(self, name):
+                delattr(self, name)
+        return self
 
     def _take_tuning(self, result) -> None:
         """The fitted attributes of a :func:`tune_class_offsets` result."""
@@ -442,7 +445,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 "accuracy bound, not the estimator's fit (a Pipeline takes them as "
                 "<step>__sample_weight).",
                 UserWarning,
-                stacklevel=4,  # _route, fit, scikit-learn's _fit_context, the caller
+                stacklevel=5,  # _route, _fit, fit, scikit-learn's _fit_context, the caller
             )
         if groups is not None and has_fit_parameter(self.estimator, "groups"):
             # A search inside that names them (MR2LinearClassifierCV) splits by them
