@@ -1416,3 +1416,135 @@ def test_under_routing_score_gives_the_scorer_the_weights_it_requests(request_we
         assert score == pytest.approx(np.average(hits, weights=weight))
     else:
         assert seen == [None] and score == pytest.approx(hits.mean())
+
+
+# Found by mutation testing of _batched.py.
+def _batched_blobs(n_classes=4, n=240, seed=0, std=3.0):
+    X, y = make_blobs(
+        n_samples=n, centers=n_classes, n_features=6, cluster_std=std, random_state=seed
+    )
+    return X, y
+
+
+def test_a_held_out_row_that_overflows_leaves_the_fold_objective_finite():
+    """A held-out row (weight zero) whose logits overflow to inf must not turn the fold's
+    objective into NaN: the batch's objective and gradient are those of the fold without
+    that row (kills: dropping the loss's masked_fill_(held_out, 0) in _blocks)."""
+    from mr2_probe._batched import FoldBatch
+
+    X, y = _batched_blobs(n_classes=3, n=60)
+    X = torch.as_tensor(StandardScaler().fit_transform(X))
+    y = torch.as_tensor(y)
+    huge = torch.full((1, X.shape[1]), 1e308, dtype=X.dtype)
+    X_all, y_all = torch.cat([X, huge]), torch.cat([y, y[:1]])
+    weight = torch.ones(1, len(y_all), dtype=X.dtype)
+    weight[0, -1] = 0  # held out
+    params = torch.linspace(-1, 1, 3 * 7, dtype=X.dtype)[None]
+    everyone = torch.arange(1)
+    inv_gamma = torch.ones(1, 3, dtype=X.dtype)
+    center = X.mean(0)[None]
+    with_row = FoldBatch(X_all, y_all, weight, inv_gamma, center, 3)
+    without = FoldBatch(X, y, weight[:, :-1], inv_gamma, center, 3)
+    value, grad = with_row.evaluate(params, everyone, 0.5)
+    ref_value, ref_grad = without.evaluate(params, everyone, 0.5)
+    assert torch.isfinite(value).all() and torch.isfinite(grad).all()
+    torch.testing.assert_close(value, ref_value)
+    torch.testing.assert_close(grad, ref_grad)
+
+
+def _batched_two_folds(n_classes=3, n=90, dtype=torch.float64, scale=1.0, intercept=True):
+    from mr2_probe._batched import FoldBatch
+
+    X, y = _batched_blobs(n_classes=n_classes, n=n)
+    X = torch.as_tensor(scale * StandardScaler().fit_transform(X), dtype=dtype)
+    y = torch.as_tensor(y)
+    weight = torch.ones(2, len(y), dtype=X.dtype)
+    weight[0, : n // 3] = weight[1, n // 3 : 2 * n // 3] = 0
+    center = torch.stack([X[w > 0].mean(0) for w in weight]) if intercept else None
+    inv_gamma = torch.ones(2, n_classes, dtype=X.dtype)
+    return FoldBatch(X, y, weight, inv_gamma, center, n_classes)
+
+
+def test_a_line_search_that_runs_out_keeps_its_last_step_of_sufficient_decrease(monkeypatch):
+    """A search that found a step too short (sufficient decrease, slope still steep) and
+    then ran out on a step too long (here a NaN evaluation, with one re-evaluation allowed)
+    takes the short step: the fold moves and its objective decreases, instead of rejecting
+    the iteration and stalling (kills: fallback = failed & (low < 0))."""
+    import mr2_probe._batched as batched
+
+    batch = _batched_two_folds(scale=0.01, intercept=False)  # the first step (1) is too short
+    monkeypatch.setattr(batched, "_MAX_LINE_SEARCH", 1)
+    original, calls = batch.evaluate, []
+
+    def nan_on_the_second_trial(params, folds, C):
+        value, grad = original(params, folds, C)
+        calls.append(1)
+        if len(calls) == 3:  # the start, the first trial (short), then this one
+            value[:], grad[:] = float("nan"), float("nan")
+        return value, grad
+
+    batch.evaluate = nan_on_the_second_trial
+    params = batch.X.new_zeros(2, batch.n_params)
+    everyone = torch.arange(2)
+    start_value, _ = original(params.clone(), everyone, 1.0)
+    memory = batched.Memory.empty(params, 10)
+    result = batched.lbfgs_batched(batch, params, 1.0, max_iter=1, tol=1e-8, memory=memory)
+    assert len(calls) == 3
+    assert result.stop == ["max_iter", "max_iter"]
+    assert (params != 0).any(1).all()
+    value, grad = original(params, everyone, 1.0)
+    assert (value < start_value).all()
+    # What the memory carries to the next value is the objective and gradient there.
+    torch.testing.assert_close(memory.value, value)
+    torch.testing.assert_close(memory.grad, grad)
+
+
+def test_forgotten_folds_take_a_gradient_step():
+    """Memory.forget: a forgotten fold's next direction is −g (its pairs no longer count),
+    the others' is unchanged (kills: forget leaving rho as it was)."""
+    from mr2_probe._batched import Memory, _two_loop, lbfgs_batched
+
+    batch = _batched_two_folds()
+    params = batch.X.new_zeros(2, batch.n_params)
+    memory = Memory.empty(params, 10)
+    lbfgs_batched(batch, params, 1.0, max_iter=5, tol=1e-12, memory=memory)
+    memory.compact()
+    order = [(memory.slot - 1 - i) % 10 for i in range(memory.used)]
+    g = torch.linspace(-1, 1, batch.n_params, dtype=params.dtype).repeat(2, 1)
+    before = _two_loop(memory.s, memory.y, memory.rho, memory.h0, g.clone(), order)
+    memory.forget(torch.tensor([True, False]))
+    after = _two_loop(memory.s, memory.y, memory.rho, memory.h0, g.clone(), order)
+    torch.testing.assert_close(after[0], -g[0])
+    torch.testing.assert_close(after[1], before[1])
+
+
+def test_max_iter_zero_leaves_every_fold_where_it_started():
+    """lbfgs_batched with max_iter=0: no iteration, the start kept, stop "max_iter"
+    (kills: `limit[f] < 0` for `limit[f] <= 0`)."""
+    from mr2_probe._batched import lbfgs_batched
+
+    batch = _batched_two_folds()
+    params = batch.X.new_zeros(2, batch.n_params)
+    result = lbfgs_batched(batch, params, 1.0, max_iter=0, tol=1e-8)
+    assert (params == 0).all()
+    assert list(result.n_iter) == [0, 0]
+    assert result.stop == ["max_iter", "max_iter"]
+
+
+def test_a_solve_from_another_point_than_the_memory_s_evaluates_there():
+    """The memory's objective and gradient replace the first evaluation only where the
+    solve starts at the memory's point: a start moved elsewhere (a bisection's nearest
+    solution, an opened pair) is evaluated, not taken as converged from the stale gradient
+    (kills: dropping `torch.equal(memory.point, params)`)."""
+    from mr2_probe._batched import Memory, lbfgs_batched
+
+    batch = _batched_two_folds()
+    params = batch.X.new_zeros(2, batch.n_params)
+    memory = Memory.empty(params, 10)
+    lbfgs_batched(batch, params, 1.0, max_iter=500, tol=1e-8, memory=memory)
+    solution = params.clone()
+    params.zero_()  # start the same C again from elsewhere
+    result = lbfgs_batched(batch, params, 1.0, max_iter=500, tol=1e-8, memory=memory)
+    assert result.stop == ["tol", "tol"]
+    assert (result.n_iter > 0).all()
+    torch.testing.assert_close(params, solution, atol=1e-6, rtol=0)
