@@ -1419,20 +1419,13 @@ def test_under_routing_score_gives_the_scorer_the_weights_it_requests(request_we
 
 
 # Found by mutation testing of _batched.py.
-def _batched_blobs(n_classes=4, n=240, seed=0, std=3.0):
-    X, y = make_blobs(
-        n_samples=n, centers=n_classes, n_features=6, cluster_std=std, random_state=seed
-    )
-    return X, y
-
-
 def test_a_held_out_row_that_overflows_leaves_the_fold_objective_finite():
     """A held-out row (weight zero) whose logits overflow to inf must not turn the fold's
     objective into NaN: the batch's objective and gradient are those of the fold without
     that row (kills: dropping the loss's masked_fill_(held_out, 0) in _blocks)."""
     from mr2_probe._batched import FoldBatch
 
-    X, y = _batched_blobs(n_classes=3, n=60)
+    X, y = _blobs(n_classes=3, n=60)
     X = torch.as_tensor(StandardScaler().fit_transform(X))
     y = torch.as_tensor(y)
     huge = torch.full((1, X.shape[1]), 1e308, dtype=X.dtype)
@@ -1455,7 +1448,7 @@ def test_a_held_out_row_that_overflows_leaves_the_fold_objective_finite():
 def _batched_two_folds(n_classes=3, n=90, dtype=torch.float64, scale=1.0, intercept=True):
     from mr2_probe._batched import FoldBatch
 
-    X, y = _batched_blobs(n_classes=n_classes, n=n)
+    X, y = _blobs(n_classes=n_classes, n=n)
     X = torch.as_tensor(scale * StandardScaler().fit_transform(X), dtype=dtype)
     y = torch.as_tensor(y)
     weight = torch.ones(2, len(y), dtype=X.dtype)

@@ -1254,17 +1254,10 @@ class _Reversed(ClassifierMixin, BaseEstimator):
         return self.classes_[self.decision_function(X).argmax(1)]
 
 
-def _blobs(seed=0, sizes=(80, 40, 20)):
-    rng = np.random.default_rng(seed)
-    y = np.repeat(np.arange(len(sizes)), sizes)
-    centres = rng.normal(scale=1.2, size=(len(sizes), 4))
-    return centres[y] + rng.normal(size=(len(y), 4)), y
-
-
 def test_prefit_estimator_with_unsorted_classes_is_tuned_on_its_own_columns():
     # classes_ = [2, 1, 0]: each validation label must be mapped to its column of the
     # estimator's classes_, not to its rank among the sorted labels.
-    X, y = _blobs()
+    X, y = _imbalanced(sizes=(80, 40, 20), n_features=4)
     probe = _Reversed().fit(X[::2], y[::2])
     clf = TunedOffsetsClassifierCV(probe, cv="prefit").fit(X[1::2], y[1::2])
     np.testing.assert_array_equal(clf.classes_, [2, 1, 0])
@@ -1277,14 +1270,14 @@ def test_prefit_estimator_with_unsorted_classes_is_tuned_on_its_own_columns():
 def test_an_estimator_whose_columns_are_not_sorted_classes_is_refused_in_cv():
     # The held-out columns are read in the order of np.unique(y); an estimator whose
     # classes_ are in another order would have its columns silently mislabelled.
-    X, y = _blobs()
+    X, y = _imbalanced(sizes=(80, 40, 20), n_features=4)
     with pytest.raises(ValueError, match=r"classes_ \[2, 1, 0\] are not in sorted order"):
         TunedOffsetsClassifierCV(_Reversed(), cv=3).fit(X, y)
 
 
 def test_prefit_sample_weight_weights_each_validation_row():
     # With cv="prefit" the i-th weight belongs to the i-th validation row.
-    X, y = _blobs(seed=1)
+    X, y = _imbalanced(seed=1, sizes=(80, 40, 20), n_features=4)
     probe = LogisticRegression().fit(X[::2], y[::2])
     X_val, y_val = X[1::2], y[1::2]
     weight = np.random.default_rng(1).uniform(0.1, 5.0, len(y_val))

@@ -12,6 +12,7 @@ import torch
 
 import mr2_probe
 from mr2_probe import _stats
+from tests.reference_mr2 import class_statistics_loop
 
 
 def _lp_sq_ref(v, p):
@@ -45,22 +46,6 @@ def test_lp_norm_sq_of_one_dominant_entry_at_large_p_is_finite():
     np.testing.assert_allclose(got.numpy(), _lp_sq_ref(v.numpy(), 20.0), rtol=1e-5)
 
 
-def _class_stats_ref(X, y, K, p, w=None):
-    """Weighted class means and mean squared L_p / L2 distances, literal NumPy loop."""
-    X = np.asarray(X, dtype=np.float64)
-    w = np.ones(len(y)) if w is None else np.asarray(w, dtype=np.float64)
-    mean, msd, msd2, count = np.zeros((K, X.shape[1])), np.zeros(K), np.zeros(K), np.zeros(K)
-    for k in range(K):
-        rows, wk = X[y == k], w[y == k]
-        if wk.sum() == 0:
-            continue
-        mu = (wk[:, None] * rows).sum(0) / wk.sum()
-        mean[k], count[k] = mu, wk.sum()
-        msd[k] = (wk * _lp_sq_ref(rows - mu, p)).sum() / wk.sum()
-        msd2[k] = (wk * ((rows - mu) ** 2).sum(1)).sum() / wk.sum()
-    return mean, msd, msd2, count
-
-
 @pytest.mark.parametrize("p", [2.0, 3.0])
 def test_chunked_statistics_apply_the_transform_in_both_passes(p):
     # Kills: the spread pass measuring the raw inputs instead of transform(x).
@@ -70,7 +55,7 @@ def test_chunked_statistics_apply_the_transform_in_both_passes(p):
     P = torch.randn(4, 5, generator=gen, dtype=torch.float64)
     chunks = lambda: [(X[:25], y[:25], None), (X[25:], y[25:], None)]  # noqa: E731
     stats = mr2_probe.class_statistics_chunked(chunks, 3, 5, p, transform=lambda x: x @ P)
-    mean, msd, msd2, count = _class_stats_ref((X @ P).numpy(), y.numpy(), 3, p)
+    mean, msd, msd2, count = (t.numpy() for t in class_statistics_loop(X @ P, y, 3, p))
     np.testing.assert_allclose(stats.mean.numpy(), mean, rtol=1e-10)
     np.testing.assert_allclose(stats.msd.numpy(), msd, rtol=1e-10)
     np.testing.assert_allclose(stats.msd_l2.numpy(), msd2, rtol=1e-10)
@@ -108,7 +93,7 @@ def test_spread_difficulty_and_margins_use_the_lp_spread(p):
     y = torch.arange(90) % 3
     X[y == 1] *= 2.5
     stats = mr2_probe.class_statistics(X, y, 3, p=p)
-    _, msd, _, _ = _class_stats_ref(X.numpy(), y.numpy(), 3, p)
+    msd = class_statistics_loop(X, y, 3, p)[1].numpy()
     a = mr2_probe.class_difficulty(stats, p, "spread")
     np.testing.assert_allclose(a.numpy(), msd, rtol=1e-10)
     root = msd ** (1 / 3)
