@@ -634,3 +634,36 @@ def test_compacted_memory_reads_every_live_pair_including_the_first_formed():
     newest_first = [(memory.slot - 1 - i) % 4 for i in range(memory.used)]
     assert memory.stamp[:, newest_first].tolist() == [[1, 0], [2, -1]]
     assert memory.s[:, newest_first, 0].tolist() == [[1.0, 0.0], [2.0, -1.0]]
+
+
+def test_a_restarted_fold_counts_the_iterations_of_both_rounds(monkeypatch):
+    """A fold that stalls after some iterations restarts without pairs; its ``n_iter_``
+    is the sum of both rounds, and the restart runs only within what is left of
+    ``max_iter``."""
+    from mr2_probe._batched import BatchResult
+
+    X, y = _normalised_blobs()
+    rounds = []
+    original = batched.lbfgs_batched
+
+    def stall_once(batch, params, value, *, max_iter, **kwargs):
+        if not rounds:  # the first round: three iterations, then fold 0 "stalls"
+            result = original(batch, params, value, max_iter=3, **kwargs)
+            stop = ["stalled"] + result.stop[1:]
+            result = BatchResult(result.n_iter, stop, result.largest_gradient, result.n_eval)
+        else:
+            result = original(batch, params, value, max_iter=max_iter, **kwargs)
+        rounds.append((np.broadcast_to(max_iter, result.n_iter.shape).copy(), result.n_iter))
+        return result
+
+    monkeypatch.setattr(batched, "lbfgs_batched", stall_once)
+    search = MR2LinearClassifierCV(
+        [16.0], cv=2, head="cosine", refit=False, max_iter=200, device="cpu"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # fold 1, stopped at 3
+        search.fit(X, y)
+    (first_limit, first), (second_limit, second) = rounds
+    assert first.tolist() == [3, 3] and second[0] > 0 and second[1] == 0
+    assert second_limit.tolist() == [200 - 3, 0]  # fold 1 did not stall: no second round
+    assert search.n_iter_[0, :, 0].tolist() == [3 + second[0], 3]
