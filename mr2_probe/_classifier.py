@@ -956,7 +956,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     def decision_function(self, X):
         """Logits (margins are training-only). Shape (n_samples,) for two classes.
 
-        A torch tensor gives a tensor on its device; anything else gives NumPy.
+        A torch tensor gives a tensor on its device; anything else gives NumPy. Either is
+        computed in the wider of X's and the model's precision, as scikit-learn's linear
+        models compute NumPy rows (float32 rows of a float64 model give float64 logits).
         """
         z = self._logits(self._validate_predict_data(X))
         return z[:, 0] if z.shape[1] == 1 else z

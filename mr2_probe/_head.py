@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._device import row_norms, row_norms_numpy, to_numpy, to_tensor, unit_rows
+from ._device import row_norms, row_norms_numpy, to_numpy, to_tensor, torch_dtype, unit_rows
 
 # A two-class cosine head's rows start at least this angle (radians) away from opposite
 # each other, each from the axis of their difference: cos 0.1 = 0.995 of the widest margin.
@@ -253,10 +253,13 @@ def decision_values(X, coef, intercept, projection, head: str):
     Binary models give one column, squeezed to shape (n_samples,) by the caller.
     """
     if isinstance(X, torch.Tensor):
-        coef, intercept = (to_tensor(a, X.device, X.dtype) for a in (coef, intercept))
+        # In the wider of X's and the model's precision, as NumPy rows below.
+        dtype = torch.promote_types(X.dtype, torch_dtype(coef.dtype))
+        X = X.to(dtype)
+        coef, intercept = (to_tensor(a, X.device, dtype) for a in (coef, intercept))
         z = X @ coef.T  # (N, K)
         if head == "cosine":
-            phi = X if projection is None else X @ to_tensor(projection, X.device, X.dtype).T
+            phi = X if projection is None else X @ to_tensor(projection, X.device, dtype).T
             z = z / row_norms(phi).clamp_min(1e-12)[:, None]
         return z + intercept
     X = np.asarray(X)

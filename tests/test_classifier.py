@@ -1317,6 +1317,11 @@ def test_float32_rows_are_scored_in_a_float64_model_s_precision(head):
     z = model.decision_function(X32)
     assert z.dtype == np.float64
     np.testing.assert_array_equal(z, model.decision_function(X32.astype(np.float64)))
+    # A tensor of the same rows too (it was scored in float32: one prediction differed).
+    tensor = model.decision_function(torch.from_numpy(X32))
+    assert tensor.dtype == torch.float64
+    np.testing.assert_allclose(tensor.numpy(), z, rtol=0, atol=1e-8)  # was off by 0.056
+    assert model.score(torch.from_numpy(X32), y) == model.score(X32, y)
 
 
 def test_divergence_is_a_thousandfold_rise_over_the_first_epoch_or_over_one():
