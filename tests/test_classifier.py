@@ -555,6 +555,17 @@ def test_minibatch_is_reproducible_with_random_state(digits):
         ({"lam": -0.1}, "'lam' parameter"),
         ({"C": 0}, "'C' parameter"),
         ({"solver": "lbfgs", "lam": 0.5}, "solver='lbfgs' requires lam=0"),
+        ({"scale": 0.0}, "'scale' parameter of MR2LinearClassifier must be"),
+        ({"scale": -64.0}, "'scale' parameter"),
+        ({"tau": 0.0}, "'tau' parameter"),
+        ({"projection_rank": 0}, "'projection_rank' parameter"),
+        ({"max_iter": -1}, "'max_iter' parameter"),
+        ({"tol": -1e-4}, "'tol' parameter"),
+        ({"batch_size": 0}, "'batch_size' parameter"),
+        ({"learning_rate": 0.0}, "'learning_rate' parameter"),
+        ({"n_iter_no_change": 0}, "'n_iter_no_change' parameter"),
+        ({"class_weight": "balance"}, "'class_weight' parameter"),
+        ({"fit_intercept": 1}, "'fit_intercept' parameter"),
     ],
 )
 def test_invalid_parameters(params, message):
@@ -1758,3 +1769,166 @@ def test_small_full_batch_evaluations_run_on_one_thread(digits, monkeypatch, sma
         assert torch.get_num_threads() == 2  # restored
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_cosine_warm_start_continues_from_the_previous_rows():
+    # The cosine head's cold start is the class means' directions; a warm start must keep
+    # the previous solution instead (max_iter=0 keeps the starting point).
+    X, y = _blobs(n_classes=3, n=90)
+    model = _short_fit(
+        MR2LinearClassifier(head="cosine", max_iter=5, warm_start=True, device="cpu"), X, y
+    )
+    before = model.coef_.copy()
+    _short_fit(model.set_params(max_iter=0), X, y)
+    np.testing.assert_array_equal(model.coef_, before)
+
+
+def test_tensor_sample_weights_are_those_of_numpy():
+    X, y = _blobs(n_classes=3, n=60)
+    weight = np.random.RandomState(0).uniform(0.1, 3.0, len(y))
+    numpy = MR2LinearClassifier(device="cpu").fit(X, y, sample_weight=weight)
+    tensor = MR2LinearClassifier(device="cpu").fit(X, y, sample_weight=torch.from_numpy(weight))
+    np.testing.assert_allclose(tensor.coef_, numpy.coef_, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(tensor.class_stats_["count"], numpy.class_stats_["count"])
+
+
+@pytest.mark.parametrize("params", [dict(p=3.0), dict(head="cosine")])
+def test_reported_difficulty_is_the_one_that_gave_the_margins(params):
+    # margins_ = c̄·K·a^{1/3} / Σ a^{1/3}, a = class_stats_["difficulty"] under p_ (3 here).
+    X, y = _blobs(n=80)
+    model = _short_fit(MR2LinearClassifier(c_bar=2.0, max_iter=2, device="cpu", **params), X, y)
+    root = np.cbrt(model.class_stats_["difficulty"])
+    np.testing.assert_allclose(model.margins_, 2.0 * len(root) * root / root.sum(), rtol=1e-6)
+    stats = model.class_stats_
+    moment = (np.abs(stats["mean"]) ** 3).sum(1) ** (2 / 3) + stats["msd"]
+    np.testing.assert_allclose(stats["difficulty"], moment, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64])
+def test_half_and_integer_tensors_train_in_float32(dtype):
+    X, y = _blobs(n=80)
+    reference = MR2LinearClassifier(device="cpu").fit(torch.from_numpy(X).to(dtype).float(), y)
+    model = MR2LinearClassifier(device="cpu").fit(torch.from_numpy(X).to(dtype), y)
+    assert model.coef_.dtype == np.float32
+    np.testing.assert_allclose(model.coef_, reference.coef_, rtol=1e-5, atol=1e-6)
+
+
+def test_statistics_overflowing_by_the_weights_name_the_weights():
+    # float32: weights summing to 6e37 (below float32's largest, past its square root)
+    # take Σw·‖x‖² out of range; the features (norms about 10) are not the cause.
+    X, y = np.random.RandomState(0).randn(60, 4).astype(np.float32) * 5, np.arange(60) % 3
+    with pytest.raises(ValueError, match="with sample weights summing to 6e[+]37") as info:
+        MR2LinearClassifier(device="cpu").fit(X, y, np.full(60, 1e36))
+    assert "features are too large" not in str(info.value)
+
+
+def test_a_warm_start_across_a_change_of_head_starts_afresh():
+    # A linear head's rows are no cosine head's start: the cosine fit starts at the class
+    # means' directions, as a cold one does (max_iter=0 keeps the starting point).
+    X, y = _blobs(n_classes=3, n=90)
+    model = _short_fit(MR2LinearClassifier(max_iter=5, warm_start=True, device="cpu"), X, y)
+    _short_fit(model.set_params(head="cosine", max_iter=0), X, y)
+    cold = _short_fit(MR2LinearClassifier(head="cosine", max_iter=0, device="cpu"), X, y)
+    np.testing.assert_allclose(model.coef_, cold.coef_, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_a_cosine_head_of_one_feature_is_refused(kind):
+    X, y = _blobs(n_classes=2, n=40)
+    X = X[:, :1] if kind == "numpy" else torch.from_numpy(X[:, :1].copy())
+    with pytest.raises(ValueError, match="head='cosine' needs at least 2 features"):
+        MR2LinearClassifier(head="cosine", device="cpu").fit(X, y)
+
+
+def test_a_complex_hdf5_dataset_is_refused(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n_classes=2, n=40)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = X * (1 + 1j)
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        with pytest.raises(ValueError, match="Complex data not supported"):
+            MR2LinearClassifier(device="cpu").fit(f["X"], y)
+
+
+def test_complex_hdf5_rows_are_refused_at_prediction(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n_classes=2, n=40)
+    model = MR2LinearClassifier(device="cpu").fit(X, y)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = X * (1 + 1j)
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        for method in ("predict", "decision_function", "predict_proba"):
+            with pytest.raises(ValueError, match="Complex data not supported"):
+                getattr(model, method)(f["X"])
+
+
+@pytest.mark.parametrize("n_rows", [1, 3])
+def test_predictions_on_an_hdf5_dataset_cover_every_row(tmp_path, monkeypatch, n_rows):
+    # Blocks of 2 rows: the last block of 3 rows, and the only block of 1, hold one row.
+    h5py = pytest.importorskip("h5py")
+    import mr2_probe._classifier as module
+
+    X, y = _blobs(n_classes=3, n=60)
+    model = MR2LinearClassifier(device="cpu").fit(X, y)
+    monkeypatch.setattr(module, "block_rows", lambda n_features, n_classes: 2)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = X[:n_rows]
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        np.testing.assert_array_equal(model.predict(f["X"]), model.predict(X[:n_rows]))
+        np.testing.assert_allclose(
+            model.decision_function(f["X"]), model.decision_function(X[:n_rows])
+        )
+
+
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_cosine_logits_of_a_learned_projection_divide_by_the_projected_norm(kind):
+    # The documented decision function: X @ coef_.T / ‖P·x‖, P = projection_ (not ‖x‖).
+    X, y = _blobs(n_classes=3, n=60)
+    model = _short_fit(
+        MR2LinearClassifier(
+            head="cosine", lam=0.5, max_iter=3, learning_rate=3e-2, random_state=0, device="cpu"
+        ),
+        X,
+        y,
+    )
+    assert not np.allclose(model.projection_, np.eye(6), atol=1e-3)
+    expected = X @ model.coef_.T / np.linalg.norm(X @ model.projection_.T, axis=1)[:, None]
+    z = model.decision_function(X if kind == "numpy" else torch.from_numpy(X))
+    np.testing.assert_allclose(np.asarray(z), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_log_probabilities_of_far_rows_stay_finite(kind):
+    # Logit gaps past ~750 underflow softmax to 0 in float64: predict_log_proba must be
+    # the log-softmax, finite, not log(predict_proba) = -inf.
+    X, y = _blobs(n_classes=3, n=60)
+    model = MR2LinearClassifier(device="cpu").fit(X, y)
+    far = X[:5] * 1e4
+    far = far if kind == "numpy" else torch.from_numpy(far)
+    log_proba = np.asarray(model.predict_log_proba(far))
+    z = np.asarray(model.decision_function(far))
+    assert (z.max(1) - z.min(1)).min() > 1e3  # the test's premise
+    assert np.isfinite(log_proba).all()
+    np.testing.assert_allclose(log_proba.max(1), 0.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_score_is_the_weighted_accuracy(kind):
+    X, y = _blobs(n_classes=3, n=60)
+    model = MR2LinearClassifier(device="cpu").fit(X, y)
+    y_eval = y.copy()
+    y_eval[:10] = (y_eval[:10] + 1) % 3  # rows the model gets wrong
+    weight = np.where(np.arange(60) < 10, 5.0, 1.0)
+    expected = np.average(model.predict(X) == y_eval, weights=weight)
+    assert expected < np.mean(model.predict(X) == y_eval)  # the weights matter
+    as_kind = (lambda a: a) if kind == "numpy" else torch.from_numpy
+    assert model.score(X, as_kind(y_eval), as_kind(weight)) == pytest.approx(expected)
+
+
+def test_a_steep_tilt_short_of_tol_is_told_the_tilt_is_why():
+    X, y = _blobs(n_classes=3, n=60)
+    with pytest.warns(ConvergenceWarning, match="class_tilt=20 makes the objective nearly"):
+        MR2LinearClassifier(class_tilt=20.0, max_iter=2, device="cpu").fit(X, y)
+    with pytest.warns(ConvergenceWarning) as record:
+        MR2LinearClassifier(class_tilt=5.0, max_iter=2, device="cpu").fit(X, y)
+    assert "nearly the largest" not in str(record[0].message)
