@@ -636,34 +636,47 @@ def test_compacted_memory_reads_every_live_pair_including_the_first_formed():
     assert memory.s[:, newest_first, 0].tolist() == [[1.0, 0.0], [2.0, -1.0]]
 
 
-def test_a_restarted_fold_counts_the_iterations_of_both_rounds(monkeypatch):
-    """A fold that stalls after some iterations restarts without pairs; its ``n_iter_``
-    is the sum of both rounds, and the restart runs only within what is left of
-    ``max_iter``."""
+def test_a_restarted_fold_counts_and_reports_both_rounds(monkeypatch):
+    """A fold that stalls after some iterations restarts without pairs, within what is
+    left of ``max_iter`` and of the 4·max_iter evaluations, counted over both rounds. Its
+    ``n_iter_`` is the sum of both rounds; its report (a ConvergenceWarning, or none) is
+    the second round's stop and largest gradient."""
     from mr2_probe._batched import BatchResult
 
     X, y = _normalised_blobs()
-    rounds = []
+    rounds, limits, budgets, reported = [], [], [], []
     original = batched.lbfgs_batched
 
     def stall_once(batch, params, value, *, max_iter, **kwargs):
-        if not rounds:  # the first round: three iterations, then fold 0 "stalls"
-            result = original(batch, params, value, max_iter=3, **kwargs)
+        limits.append(np.broadcast_to(max_iter, (batch.n_folds,)).copy())
+        budgets.append(kwargs.get("max_eval"))
+        result = original(batch, params, value, max_iter=max_iter if rounds else 3, **kwargs)
+        if not rounds:  # fold 0 "stalls" after three iterations, with a made-up gradient
+            largest = result.largest_gradient.copy()
+            largest[0] = 123.0
             stop = ["stalled"] + result.stop[1:]
-            result = BatchResult(result.n_iter, stop, result.largest_gradient, result.n_eval)
-        else:
-            result = original(batch, params, value, max_iter=max_iter, **kwargs)
-        rounds.append((np.broadcast_to(max_iter, result.n_iter.shape).copy(), result.n_iter))
+            result = BatchResult(result.n_iter, stop, largest, result.n_eval)
+        rounds.append(result)
         return result
 
+    original_report = MR2LinearClassifierCV._report
+
+    def spy_report(self, solver, dtype, value, weight_sum, n_iter, stop, largest):
+        reported.append((stop, largest))
+        return original_report(self, solver, dtype, value, weight_sum, n_iter, stop, largest)
+
     monkeypatch.setattr(batched, "lbfgs_batched", stall_once)
+    monkeypatch.setattr(MR2LinearClassifierCV, "_report", spy_report)
     search = MR2LinearClassifierCV(
         [16.0], cv=2, head="cosine", refit=False, max_iter=200, device="cpu"
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # fold 1, stopped at 3
         search.fit(X, y)
-    (first_limit, first), (second_limit, second) = rounds
-    assert first.tolist() == [3, 3] and second[0] > 0 and second[1] == 0
-    assert second_limit.tolist() == [200 - 3, 0]  # fold 1 did not stall: no second round
-    assert search.n_iter_[0, :, 0].tolist() == [3 + second[0], 3]
+    first, second = rounds
+    assert first.n_iter.tolist() == [3, 3] and second.n_iter[0] > 0 and second.n_iter[1] == 0
+    assert limits[1].tolist() == [200 - 3, 0]  # fold 1 did not stall: no second round
+    assert budgets[0] is None and budgets[1].tolist() == [4 * 200 - first.n_eval[0], 0]
+    assert search.n_iter_[0, :, 0].tolist() == [3 + second.n_iter[0], 3]
+    assert reported[0] == (second.stop[0], second.largest_gradient[0])
+    assert reported[1] == (first.stop[1], first.largest_gradient[1])

@@ -1458,31 +1458,35 @@ def _batched_two_folds(n_classes=3, n=90, dtype=torch.float64, scale=1.0, interc
     return FoldBatch(X, y, weight, inv_gamma, center, n_classes)
 
 
-def test_a_line_search_that_runs_out_keeps_its_last_step_of_sufficient_decrease(monkeypatch):
-    """A search that found a step too short (sufficient decrease, slope still steep) and
-    then ran out on a step too long (here a NaN evaluation, with one re-evaluation allowed)
-    takes the short step: the fold moves and its objective decreases, instead of rejecting
-    the iteration and stalling (kills: fallback = failed & (low < 0))."""
+@pytest.mark.parametrize("short", [1, 2])
+def test_a_line_search_that_runs_out_keeps_its_last_step_of_sufficient_decrease(short, monkeypatch):
+    """A search that found steps too short (sufficient decrease, slope still steep; one, or
+    two each doubling the last) and then ran out on a step too long (here a NaN evaluation,
+    with its re-evaluations spent) takes the last short step: the fold moves and its
+    objective decreases, instead of rejecting the iteration and stalling (kills: fallback =
+    failed & (low < 0)), and the memory carries that step's own objective and gradient
+    (kills: the first short trial's kept)."""
     import mr2_probe._batched as batched
 
-    batch = _batched_two_folds(scale=0.01, intercept=False)  # the first step (1) is too short
-    monkeypatch.setattr(batched, "_MAX_LINE_SEARCH", 1)
+    batch = _batched_two_folds(scale=0.01, intercept=False)  # steps 1 and 2 are too short
+    monkeypatch.setattr(batched, "_MAX_LINE_SEARCH", short)
+    monkeypatch.setattr(batched, "_next_step", lambda step, *args: 2 * step)
     original, calls = batch.evaluate, []
 
-    def nan_on_the_second_trial(params, folds, C):
+    def nan_after_the_short_trials(params, folds, C):
         value, grad = original(params, folds, C)
         calls.append(1)
-        if len(calls) == 3:  # the start, the first trial (short), then this one
+        if len(calls) == short + 2:  # the start, the short trials, then this one
             value[:], grad[:] = float("nan"), float("nan")
         return value, grad
 
-    batch.evaluate = nan_on_the_second_trial
+    batch.evaluate = nan_after_the_short_trials
     params = batch.X.new_zeros(2, batch.n_params)
     everyone = torch.arange(2)
     start_value, _ = original(params.clone(), everyone, 1.0)
     memory = batched.Memory.empty(params, 10)
     result = batched.lbfgs_batched(batch, params, 1.0, max_iter=1, tol=1e-8, memory=memory)
-    assert len(calls) == 3
+    assert len(calls) == short + 2
     assert result.stop == ["max_iter", "max_iter"]
     assert (params != 0).any(1).all()
     value, grad = original(params, everyone, 1.0)
@@ -1541,3 +1545,69 @@ def test_a_solve_from_another_point_than_the_memory_s_evaluates_there():
     assert result.stop == ["tol", "tol"]
     assert (result.n_iter > 0).all()
     torch.testing.assert_close(params, solution, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("max_iter, stop", [(100, "stalled"), (2, "max_eval")])
+def test_a_fold_whose_line_search_finds_no_decrease_stops_at_its_start(max_iter, stop):
+    """Every trial step evaluates to NaN: the line search runs out without a decrease, and
+    the fold stops after that one iteration where it started, "stalled", or "max_eval" when
+    the search used up its 4·max_iter evaluations. The memory carries the start's
+    objective and gradient to the next value."""
+    from mr2_probe._batched import Memory, lbfgs_batched
+
+    batch = _batched_two_folds()
+    original, calls = batch.evaluate, []
+
+    def nan_after_the_start(params, folds, C):
+        value, grad = original(params, folds, C)
+        calls.append(1)
+        if len(calls) > 1:
+            value[:], grad[:] = float("nan"), float("nan")
+        return value, grad
+
+    batch.evaluate = nan_after_the_start
+    params = batch.X.new_zeros(2, batch.n_params)
+    memory = Memory.empty(params, 10)
+    result = lbfgs_batched(batch, params, 1.0, max_iter=max_iter, tol=1e-8, memory=memory)
+    assert result.stop == [stop, stop]
+    assert list(result.n_iter) == [1, 1]
+    assert (params == 0).all()
+    value, grad = original(params, torch.arange(2), 1.0)
+    torch.testing.assert_close(memory.value, value)
+    torch.testing.assert_close(memory.grad, grad)
+
+
+def test_a_fold_stops_once_it_has_used_its_evaluations():
+    """max_eval: a fold that has used exactly its evaluations after an iteration stops
+    there, "max_eval"; the start's evaluation counts, as scipy's does."""
+    from mr2_probe._batched import lbfgs_batched
+
+    batch = _batched_two_folds()
+    start = batch.X.new_zeros(2, batch.n_params)
+    none = lbfgs_batched(batch, start.clone(), 1.0, max_iter=0, tol=1e-12)
+    assert list(none.n_eval) == [1, 1]
+    one = lbfgs_batched(batch, start.clone(), 1.0, max_iter=1, tol=1e-12)
+    params = start.clone()
+    result = lbfgs_batched(batch, params, 1.0, max_iter=100, tol=1e-12, max_eval=one.n_eval)
+    assert result.stop == ["max_eval", "max_eval"]
+    assert list(result.n_iter) == [1, 1]
+    assert list(result.n_eval) == list(one.n_eval)
+
+
+def test_a_tilted_search_s_batched_path_is_the_fits_of_its_cs(monkeypatch):
+    """class_tilt > 0: the folds' batched path solves the tilted class risk (each sample's
+    gradient weighted by its class's q_k / S_k), so each C's solution is a fit's on that
+    fold's training rows."""
+    X, y = _blobs(n_classes=3, n=120)
+    X = StandardScaler().fit_transform(X)
+    folds, Cs = _folds(y), [0.1, 1.0]
+    common = dict(c_bar=None, class_tilt=1.0, tol=1e-6, max_iter=500, device="cpu")
+    calls = _spy_batched(monkeypatch)
+    search = MR2LinearClassifierCV(Cs, cv=folds, refit=False, **common).fit(X, y)
+    assert calls == [3, 3]  # one batched solve of the 3 folds per C
+    paths = np.stack([search.coefs_paths_[c] for c in search.classes_], axis=2)
+    for f, (train, _) in enumerate(folds):
+        for j, C in enumerate(Cs):
+            cold = MR2LinearClassifier(C=C, **common).fit(X[train], y[train])
+            expected = np.hstack([cold.coef_, cold.intercept_[:, None]])
+            np.testing.assert_allclose(paths[f, j], expected, atol=1e-4)
