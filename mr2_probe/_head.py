@@ -253,8 +253,10 @@ def decision_values(X, coef, intercept, projection, head: str):
     Binary models give one column, squeezed to shape (n_samples,) by the caller.
     """
     if isinstance(X, torch.Tensor):
-        # In the wider of X's and the model's precision, as NumPy rows below.
+        # In the wider of X's and the model's precision, as NumPy rows below (MPS has no
+        # float64: there, X's own).
         dtype = torch.promote_types(X.dtype, torch_dtype(coef.dtype))
+        dtype = X.dtype if X.device.type == "mps" else dtype
         X = X.to(dtype)
         coef, intercept = (to_tensor(a, X.device, dtype) for a in (coef, intercept))
         z = X @ coef.T  # (N, K)
