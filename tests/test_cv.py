@@ -733,27 +733,13 @@ def test_a_bisection_starts_each_value_from_the_nearest_solution(monkeypatch):
 
 def test_batched_lbfgs_treats_a_nan_evaluation_as_a_step_too_long():
 
-    from mr2_probe._batched import FoldBatch, lbfgs_batched
+    from mr2_probe._batched import lbfgs_batched
 
-    X, y = _blobs(n_classes=3, n=90)
-    X = torch.as_tensor(StandardScaler().fit_transform(X))
-    y = torch.as_tensor(y)
-    weight = torch.ones(2, len(y), dtype=X.dtype)
-    weight[0, :30] = weight[1, 30:60] = 0
-    batch = FoldBatch(X, y, weight, torch.ones(2, 3, dtype=X.dtype), None, 3)
-    clean = X.new_zeros(2, batch.n_params)
+    batch = _batched_two_folds(intercept=False)
+    clean = batch.X.new_zeros(2, batch.n_params)
     expected = lbfgs_batched(batch, clean, 1.0, max_iter=200, tol=1e-6)
-    original, calls = batch.evaluate, []
-
-    def nan_once(params, folds, C):  # fold 0's third evaluation overflows
-        value, grad = original(params, folds, C)
-        calls.append(1)
-        if len(calls) == 3:
-            value[0], grad[0] = float("nan"), float("nan")
-        return value, grad
-
-    batch.evaluate = nan_once
-    params = X.new_zeros(2, batch.n_params)
+    _spoil_evaluations(batch, lambda n: n == 3, rows=0)  # fold 0's third one overflows
+    params = batch.X.new_zeros(2, batch.n_params)
     result = lbfgs_batched(batch, params, 1.0, max_iter=200, tol=1e-6)
     assert result.stop == expected.stop == ["tol", "tol"]
     assert torch.isfinite(params).all()
@@ -1458,6 +1444,23 @@ def _batched_two_folds(n_classes=3, n=90, dtype=torch.float64, scale=1.0, interc
     return FoldBatch(X, y, weight, inv_gamma, center, n_classes)
 
 
+def _spoil_evaluations(batch, spoilt, rows=slice(None)):
+    """Make ``batch.evaluate`` give NaN objectives and gradients (in ``rows`` of the folds
+    evaluated) on the n-th evaluation, counted from 1, wherever ``spoilt(n)``. Returns the
+    unspoilt evaluate and the list whose length counts the evaluations."""
+    original, calls = batch.evaluate, []
+
+    def evaluate(params, folds, C):
+        value, grad = original(params, folds, C)
+        calls.append(1)
+        if spoilt(len(calls)):
+            value[rows], grad[rows] = float("nan"), float("nan")
+        return value, grad
+
+    batch.evaluate = evaluate
+    return original, calls
+
+
 @pytest.mark.parametrize("short", [1, 2])
 def test_a_line_search_that_runs_out_keeps_its_last_step_of_sufficient_decrease(short, monkeypatch):
     """A search that found steps too short (sufficient decrease, slope still steep; one, or
@@ -1471,16 +1474,8 @@ def test_a_line_search_that_runs_out_keeps_its_last_step_of_sufficient_decrease(
     batch = _batched_two_folds(scale=0.01, intercept=False)  # steps 1 and 2 are too short
     monkeypatch.setattr(batched, "_MAX_LINE_SEARCH", short)
     monkeypatch.setattr(batched, "_next_step", lambda step, *args: 2 * step)
-    original, calls = batch.evaluate, []
-
-    def nan_after_the_short_trials(params, folds, C):
-        value, grad = original(params, folds, C)
-        calls.append(1)
-        if len(calls) == short + 2:  # the start, the short trials, then this one
-            value[:], grad[:] = float("nan"), float("nan")
-        return value, grad
-
-    batch.evaluate = nan_after_the_short_trials
+    # The start, the short trials, then a NaN one.
+    original, calls = _spoil_evaluations(batch, lambda n: n == short + 2)
     params = batch.X.new_zeros(2, batch.n_params)
     everyone = torch.arange(2)
     start_value, _ = original(params.clone(), everyone, 1.0)
@@ -1556,16 +1551,7 @@ def test_a_fold_whose_line_search_finds_no_decrease_stops_at_its_start(max_iter,
     from mr2_probe._batched import Memory, lbfgs_batched
 
     batch = _batched_two_folds()
-    original, calls = batch.evaluate, []
-
-    def nan_after_the_start(params, folds, C):
-        value, grad = original(params, folds, C)
-        calls.append(1)
-        if len(calls) > 1:
-            value[:], grad[:] = float("nan"), float("nan")
-        return value, grad
-
-    batch.evaluate = nan_after_the_start
+    original, _ = _spoil_evaluations(batch, lambda n: n > 1)
     params = batch.X.new_zeros(2, batch.n_params)
     memory = Memory.empty(params, 10)
     result = lbfgs_batched(batch, params, 1.0, max_iter=max_iter, tol=1e-8, memory=memory)
