@@ -1078,11 +1078,14 @@ def test_readme_call_converges_on_digits_with_its_defaults():
 
 
 @pytest.mark.slow
-def test_fits_do_not_import_torch_dynamo():
+def test_the_package_and_its_fits_import_neither_matplotlib_nor_torch_dynamo():
     # torch.optim imports torch._dynamo on first use (2.5 s here): the minibatch updates are
-    # written out, and L-BFGS, torch's, is built without it.
+    # written out, and L-BFGS, torch's, is built without it. Importing the package, its
+    # plotting and report modules included, imports no matplotlib either (one process for
+    # both checks: most of its time is the interpreter's imports).
     code = (
-        "import sys\n"
+        "import sys, mr2_probe, mr2_probe.plotting, mr2_probe.report, mr2_probe.metrics\n"
+        "assert 'matplotlib' not in sys.modules, 'matplotlib imported eagerly'\n"
         "from sklearn.datasets import load_digits\n"
         "from mr2_probe import MR2LinearClassifier\n"
         "X, y = load_digits(return_X_y=True)\n"
