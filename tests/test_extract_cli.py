@@ -616,45 +616,57 @@ def test_torchrun_two_ranks_merge(tmp_path, kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shards", ["kept", "deleted"])
-def test_torchrun_retry_failed_takes_a_repaired_image(tmp_path, shards):
+def test_torchrun_retry_failed_takes_a_repaired_image(tmp_path):
     # Under torchrun the merged store's fingerprint, and the other rank's shard's, refused
     # the repaired image: it needed --force, which extracted everything again. With the
-    # shards deleted after their merge, the retry extracted every image again.
-    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
-    image = folder / "dog" / "001.jpg"
-    good = image.read_bytes()
-    image.write_bytes(b"not an image")
-    out, fast = tmp_path / "f.h5", dict(image_size=32, num_workers=0, progress=False)
-    # The first run as torchrun's two ranks make it (the same shards), in this process.
-    shards_made = [
-        extract_features(folder, "timm:test_resnet@random", out, rank=r, world_size=2, **fast)
-        for r in range(2)
-    ]
-    merge_shards(shards_made, out)
-    assert [path for path, _ in load_features(out).failures] == ["dog/001.jpg"]
-    image.write_bytes(good)
-    if shards == "deleted":
-        for shard in shards_made:
-            shard.unlink()
-        # A done row marked in the merged store: it is taken from there, not extracted,
-        # with the record of the library versions that computed it.
-        with h5py.File(out, "r+") as f:
-            f["features"][f["paths"].asstr()[:].tolist().index("cat/001.jpg")] = 7.0
-            f.attrs["versions"] = json.dumps({"torch": "1.0"})
+    # shards deleted after their merge, the retry extracted every image again. Both cases,
+    # the shards kept and deleted, run in one torchrun (its start is most of the time).
+    fast = dict(image_size=32, num_workers=0, progress=False)
+    runs = {}
+    for shards in ("kept", "deleted"):
+        folder = make_image_folder(tmp_path / shards / "data", n_per_class=3, special=False)
+        image = folder / "dog" / "001.jpg"
+        good = image.read_bytes()
+        image.write_bytes(b"not an image")
+        out = tmp_path / shards / "f.h5"
+        # The first run as torchrun's two ranks make it (the same shards), in this process.
+        shards_made = [
+            extract_features(folder, "timm:test_resnet@random", out, rank=r, world_size=2, **fast)
+            for r in range(2)
+        ]
+        merge_shards(shards_made, out)
+        assert [path for path, _ in load_features(out).failures] == ["dog/001.jpg"]
+        image.write_bytes(good)
+        if shards == "deleted":
+            for shard in shards_made:
+                shard.unlink()
+            # A done row marked in the merged store: it is taken from there, not extracted,
+            # with the record of the library versions that computed it.
+            with h5py.File(out, "r+") as f:
+                f["features"][f["paths"].asstr()[:].tolist().index("cat/001.jpg")] = 7.0
+                f.attrs["versions"] = json.dumps({"torch": "1.0"})
+        runs[shards] = folder, out
+    options = ["--image-size", "32", "--workers", "0", "--no-progress", "--retry-failed"]
+    script = tmp_path / "retry.py"
+    script.write_text(
+        "from extract.__main__ import main\n"
+        f"for folder, out in {[(str(f), str(o)) for f, o in runs.values()]!r}:\n"
+        f"    assert main([folder, 'timm:test_resnet@random', out, *{options!r}]) == 0\n"
+    )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd += ["-m", "extract", str(folder), "timm:test_resnet@random", str(out)]
-    cmd += ["--image-size", "32", "--workers", "0", "--no-progress", "--retry-failed"]
-    subprocess.run(cmd, env=ENV | {"OMP_NUM_THREADS": "1"}, check=True, timeout=120)
-    single = extract_features(folder, "timm:test_resnet@random", tmp_path / "single.h5", **fast)
-    merged, expected = load_features(out, in_memory=True), load_features(single, in_memory=True)
-    assert not merged.failures and merged.paths == expected.paths
-    if shards == "deleted":
-        marked = merged.paths.index("cat/001.jpg")
-        assert (merged.features[marked] == 7.0).all()
-        assert merged.metadata["versions"] == {"torch": "1.0"}
-        merged.features[marked] = expected.features[marked]
-    np.testing.assert_allclose(merged.features, expected.features, rtol=1e-5, atol=1e-6)
+    subprocess.run([*cmd, str(script)], env=ENV | {"OMP_NUM_THREADS": "1"}, check=True, timeout=120)
+    for shards, (folder, out) in runs.items():
+        single = extract_features(
+            folder, "timm:test_resnet@random", tmp_path / shards / "single.h5", **fast
+        )
+        merged, expected = load_features(out, in_memory=True), load_features(single, True)
+        assert not merged.failures and merged.paths == expected.paths
+        if shards == "deleted":
+            marked = merged.paths.index("cat/001.jpg")
+            assert (merged.features[marked] == 7.0).all()
+            assert merged.metadata["versions"] == {"torch": "1.0"}
+            merged.features[marked] = expected.features[marked]
+        np.testing.assert_allclose(merged.features, expected.features, rtol=1e-5, atol=1e-6)
 
 
 def _children(pid: int) -> list[int]:
