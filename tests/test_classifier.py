@@ -964,6 +964,53 @@ def test_float32_lbfgs_reaches_the_tolerance(digits):
     assert error < 2e-3
 
 
+def test_lbfgs_largest_gradient_is_the_largest_absolute_entry():
+    """The test on tol (and the largest gradient a ConvergenceWarning names) takes |∇|: a
+    signed maximum misses large negative entries and calls an unconverged fit converged."""
+    from mr2_probe._data import TensorSource
+    from mr2_probe._head import ProbeHead
+    from mr2_probe._solvers import MarginSpec, fit_lbfgs, refresh_statistics
+
+    gen = torch.Generator().manual_seed(0)
+    n, d, k = 60, 4, 3
+    X = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    y = torch.arange(n) % k
+    X[y == 2] += 3.0
+    head = ProbeHead(
+        d, k, head="linear", fit_intercept=True, scale=5.0, projection=False,
+        projection_rank=None, dtype=torch.float64, device=torch.device("cpu"), generator=gen,
+    )  # fmt: skip
+    source = TensorSource(X, y, torch.ones(n, dtype=torch.float64), rows=n)
+    spec = MarginSpec(k, 2.0, None, None)
+    result = fit_lbfgs(
+        head, source, spec, initial=refresh_statistics(head, source, spec), weight_sum=float(n),
+        C=1.0, max_iter=1, tol=1e-12, verbose=0,
+    )  # fmt: skip
+    grads = torch.cat([p.grad.flatten() for p in head.parameters()])
+    assert grads.min().abs() > grads.max()  # the case where |∇| and a signed max differ
+    assert result.largest_gradient == pytest.approx(float(grads.abs().max()), rel=1e-12)
+    assert not result.converged and result.stop == "max_iter"
+
+
+def test_lam_scales_the_compactness_term_of_the_minibatch_objective():
+    """The epoch loss is data + penalty + λ·compactness: with steps too small to move the
+    parameters, the first epoch's loss grows linearly in λ."""
+    X, y = make_blobs(n_samples=60, centers=3, n_features=4, random_state=0)
+    first = {}
+    for lam in (0.5, 1.0, 2.0):
+        clf = MR2LinearClassifier(
+            lam=lam, solver="adam", learning_rate=1e-12, max_iter=1, batch_size=60,
+            random_state=0, device="cpu",
+        )  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            clf.fit(X, y)
+        first[lam] = clf.loss_curve_[0]
+    step = first[1.0] - first[0.5]  # 0.5 × the compactness loss
+    assert step > 1e-3
+    assert first[2.0] - first[1.0] == pytest.approx(2 * step, rel=1e-4)
+
+
 def test_float16_features_train_in_float32():
     X, y = _blobs()
     clf = MR2LinearClassifier(device="cpu").fit(X.astype(np.float16), y)
@@ -1122,18 +1169,28 @@ def test_minibatch_updates_are_torch_optims(solver):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.slow
-def test_minibatch_step_size_falls_tenfold_at_each_plateau(digits, monkeypatch):
+@pytest.fixture
+def recorded_step_sizes(monkeypatch):
+    """``record(name)``: the list that the step size of each step of the minibatch
+    optimizer ``_solvers.<name>`` is appended to, in order, as a fit takes them."""
     from mr2_probe import _solvers
 
-    step_sizes = []
-    original = _solvers._Adam.step
+    def record(name="_Adam"):
+        step_sizes, original = [], getattr(_solvers, name).step
 
-    def recording_step(self, grads, lr):
-        step_sizes.append(lr)
-        return original(self, grads, lr)
+        def recording_step(self, grads, lr):
+            step_sizes.append(lr)
+            return original(self, grads, lr)
 
-    monkeypatch.setattr(_solvers._Adam, "step", recording_step)
+        monkeypatch.setattr(getattr(_solvers, name), "step", recording_step)
+        return step_sizes
+
+    return record
+
+
+@pytest.mark.slow
+def test_minibatch_step_size_falls_tenfold_at_each_plateau(digits, recorded_step_sizes):
+    step_sizes = recorded_step_sizes()
     X, y = digits
     clf = MR2LinearClassifier(lam=0.5, learning_rate=1e-2, random_state=0, device="cpu")
     with warnings.catch_warnings():
@@ -1143,6 +1200,21 @@ def test_minibatch_step_size_falls_tenfold_at_each_plateau(digits, monkeypatch):
         clf.fit(X, y)
     assert sorted(set(step_sizes), reverse=True) == pytest.approx([1e-2, 1e-3, 1e-4])
     assert step_sizes == sorted(step_sizes, reverse=True)
+
+
+def test_each_step_size_gets_its_own_plateau(recorded_step_sizes):
+    # A step too small to change the loss: every epoch after the first is one without
+    # improvement, so each step size runs n_iter_no_change of them before it falls (the
+    # first also runs the first epoch); the fit stops at the end of the third plateau.
+    step_sizes = recorded_step_sizes()
+    X, y = make_blobs(n_samples=60, centers=3, n_features=4, random_state=0)
+    clf = MR2LinearClassifier(
+        lam=0.5, solver="adam", learning_rate=1e-12, n_iter_no_change=2, batch_size=60,
+        random_state=0, device="cpu",
+    )  # fmt: skip
+    clf.fit(X, y)
+    assert clf.n_iter_ == 7
+    assert step_sizes == pytest.approx([1e-12] * 3 + [1e-13] * 2 + [1e-14] * 2, rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -1675,23 +1747,14 @@ def test_default_parameters_are_the_documented_ones():
 
 @pytest.mark.parametrize("solver, optimizer", [("adam", "_Adam"), ("sgd", "_NesterovSGD")])
 def test_a_minibatch_fit_with_a_loose_tol_converges_at_its_third_plateau(
-    solver, optimizer, monkeypatch
+    solver, optimizer, recorded_step_sizes
 ):
     # An epoch counts as progress only when it beats the best loss by tol relative to it.
     # With tol = 0.5 the loss cannot keep halving, so plateaus come quickly: the step size
     # falls tenfold at the first two, and the third ends the fit as converged, well before
     # max_iter and without a ConvergenceWarning. (A fast companion of the slow digits test
     # of the step-size schedule.)
-    from mr2_probe import _solvers
-
-    step_sizes = []
-    original = getattr(_solvers, optimizer).step
-
-    def recording_step(self, grads, lr):
-        step_sizes.append(lr)
-        return original(self, grads, lr)
-
-    monkeypatch.setattr(getattr(_solvers, optimizer), "step", recording_step)
+    step_sizes = recorded_step_sizes(optimizer)
     X, y = make_blobs(n_samples=120, centers=3, n_features=4, random_state=0)
     clf = MR2LinearClassifier(
         solver=solver, tol=0.5, max_iter=200, n_iter_no_change=2, lam=0.5,

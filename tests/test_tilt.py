@@ -107,23 +107,27 @@ def test_absent_class_gets_no_weight():
 @pytest.mark.parametrize("head_kind", ["linear", "cosine"])
 @pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("tilt", [0.5, 4.0])
-def test_closed_form_gradient_matches_autograd(head_kind, keep, tilt):
-    """With margins, class and sample weights, split into several chunks."""
+@pytest.mark.parametrize("k", [4, 2])
+def test_closed_form_gradient_matches_autograd(head_kind, keep, tilt, k):
+    """With margins, class and sample weights, split into several chunks. Two classes pin
+    a linear head's first logit: it has no closed form, and the tilted objective takes
+    autograd passes, which must weigh each L_k by w and each sample by q_y / S_y too."""
     gen = torch.Generator().manual_seed(0)
-    n, d, k = 90, 6, 4
+    n, d = 90, 6
     X = torch.randn(n, d, generator=gen, dtype=torch.float64)
     y = torch.arange(n) % k
     w = torch.rand(n, generator=gen, dtype=torch.float64) * torch.tensor([1.0, 3.0, 0.5, 2.0])[y]
-    margins = torch.tensor([0.7, 1.4, 1.0, 0.9], dtype=torch.float64)
+    margins = torch.tensor([0.7, 1.4, 1.0, 0.9], dtype=torch.float64)[:k]
     head = ProbeHead(
         d, k, head=head_kind, fit_intercept=True, scale=5.0, projection=False,
         projection_rank=None, dtype=torch.float64, device=torch.device("cpu"), generator=gen,
     )  # fmt: skip
+    assert head.has_closed_form == (k > 2 or head_kind == "cosine")
     with torch.no_grad():
         head.weight.normal_(generator=gen)
         if head.bias is not None:
             head.bias.normal_(generator=gen)
-    center = X.mean(0) if head_kind == "linear" else None
+    center = X.mean(0) if head.is_plain_linear else None  # as fit_lbfgs centres
     source = TensorSource(X, y, w, rows=32)  # three chunks
     risk = ClassRisk.of_source(source, k, tilt)
     for param in head.parameters():
@@ -135,7 +139,7 @@ def test_closed_form_gradient_matches_autograd(head_kind, keep, tilt):
     for param in head.parameters():
         param.grad = None
     Xc = X - center if center is not None else X
-    z = head.logits(head.features(Xc)) if head_kind == "linear" else head.logits(head.features(X))
+    z = head.logits(head.features(Xc))
     each = margin_cross_entropy(z, y, margins, reduction="none")
     S_k = torch.zeros(k, dtype=torch.float64).index_add_(0, y, w)
     L = torch.zeros(k, dtype=torch.float64).index_add(0, y, each * w) / S_k
