@@ -200,12 +200,29 @@ def test_bisection_refines_around_the_best_score_not_a_nan():
     assert np.log10(values).tolist()[:2] == [-6.0, -4.0]  # nothing refined near the NaN
 
 
-def test_bisect_searches_c_and_stores_what_it_evaluated():
+def test_bisect_searches_c_and_stores_what_it_evaluated(monkeypatch):
+    import mr2_probe._cv as cv_module
+
+    seen, real = [], cv_module.bisect_search
+
+    def recording_search(evaluate, grid):
+        def recording(new):
+            scores = evaluate(new)
+            seen.append((np.asarray(new, dtype=float), np.asarray(scores)))
+            return scores
+
+        return real(recording, grid)
+
+    monkeypatch.setattr(cv_module, "bisect_search", recording_search)
     X, y = _blobs()
     clf = MR2LinearClassifierCV("bisect", cv=3, device="cpu").fit(X, y)
     assert 7 < len(clf.Cs_) <= 15 and np.all(np.diff(clf.Cs_) > 0)
     assert clf.Cs_[0] == pytest.approx(1e-6) and clf.Cs_[-1] == pytest.approx(1e6)
     assert clf.scores_[0].shape == (3, len(clf.Cs_))
+    # It refines where the score averaged over the folds is best, the score it chooses by.
+    assert sum(len(new) for new, _ in seen) == len(clf.Cs_)
+    for new, scores in seen:
+        np.testing.assert_allclose(scores, clf.scores_[0][:, np.searchsorted(clf.Cs_, new)].mean(0))
 
 
 def test_cosine_head_searches_the_logit_scale():
@@ -214,6 +231,26 @@ def test_cosine_head_searches_the_logit_scale():
     assert clf.scale_ == clf.C_
     norms = np.linalg.norm(clf.coef_, axis=1)
     np.testing.assert_allclose(norms, clf.C_)  # coef_ rows are scale × unit directions
+
+
+def test_a_cosine_search_penalises_its_projection_with_c_one(monkeypatch):
+    # The values searched are logit scales; the projection (lam > 0) has C = 1 along the
+    # folds' paths and in the refit, as documented, not C = the scale.
+    seen, real = [], MR2LinearClassifierCV._solve
+
+    def recording_solve(self, head, data, solver, C, *args, **kwargs):
+        seen.append((float(head.scale), float(C)))
+        return real(self, head, data, solver, C, *args, **kwargs)
+
+    monkeypatch.setattr(MR2LinearClassifierCV, "_solve", recording_solve)
+    X, y = _blobs(n=120)
+    search = MR2LinearClassifierCV([4.0, 16.0], cv=2, head="cosine", lam=0.5, max_iter=3,
+                                   random_state=0, device="cpu")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        search.fit(X, y)
+    assert len(seen) == 2 * 2 + 1  # two folds' paths of two scales, then the refit
+    assert {C for _, C in seen} == {1.0} and {scale for scale, _ in seen} == {4.0, 16.0}
 
 
 def _current_attributes() -> dict:
@@ -1082,7 +1119,11 @@ def test_a_plain_callable_scorer_gets_the_weights_when_it_takes_them():
         seen.append(sample_weight is not None)
         return float(np.average(estimator.predict(X) == y, weights=sample_weight))
 
-    for scoring in (unweighted, weighted):
+    def by_keywords(estimator, X, y, **kwargs):
+        seen.append(kwargs.get("sample_weight") is not None)
+        return float(np.average(estimator.predict(X) == y, weights=kwargs.get("sample_weight")))
+
+    for scoring in (unweighted, weighted, by_keywords):
         clf = MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=3, scoring=scoring, device="cpu")
         clf.fit(X, y, sample_weight=weight).score(X, y, sample_weight=weight)
     assert seen and all(seen)
@@ -1112,12 +1153,23 @@ def test_an_int_grid_s_ties_go_to_the_smallest_c_and_nan_scores_are_never_chosen
         size = np.abs(estimator.decision_function(X)).max()
         return np.nan if size > 8 else size / 100
 
-    search = MR2LinearClassifierCV([1e-5, 1e-1, 1e3], cv=3, c_bar=None, scoring=nan_at_weak,
-                                   device="cpu")  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        search.fit(X, y)
-    assert np.isnan(search.scores_[0][:, 2]).all() and search.C_ != 1e3
+    def nan_at_strong(estimator, X, y):  # NaN where the logits are small (strong penalty)
+        size = np.abs(estimator.decision_function(X)).max()
+        return np.nan if size < 0.5 else -abs(size - 3)
+
+    # At the last C or at the first, with refit (the best mean over the folds) or without
+    # (each fold's best, averaged).
+    for scoring, at in ((nan_at_weak, 2), (nan_at_strong, 0)):
+        for refit in (True, False):
+            search = MR2LinearClassifierCV([1e-5, 1e-1, 1e3], cv=3, c_bar=None, scoring=scoring,
+                                           refit=refit, device="cpu")  # fmt: skip
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                search.fit(X, y)
+            scores = search.scores_[0]
+            assert np.isnan(scores[:, at]).all()
+            best = np.nanargmax(scores.sum(0)) if refit else np.nanargmax(scores, axis=1)
+            assert np.all(best != at) and search.C_ == pytest.approx(np.mean(search.Cs_[best]))
 
 
 @pytest.mark.parametrize("head", ["linear", "cosine"])

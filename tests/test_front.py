@@ -25,7 +25,11 @@ from mr2_probe.plotting import LEVER_COLOURS, plot_front
 
 
 def _point(name, overall, worst, lever="tilt"):
-    summary = {"overall": overall, "worst": worst, "hard": worst}
+    summary = {
+        "overall": overall,
+        "worst": worst,
+        "hard": 1 - worst,
+    }  # hard ranks them the other way
     return FrontPoint(name, lever if name != "ERM" else "ERM", 1.0, None, summary)
 
 
@@ -360,6 +364,7 @@ def test_front_names_the_points_that_stopped_short(splits):
     [
         (dict(tilts=(-1, 2)), r"tilts must be finite numbers >= 0, got \[-1\]"),
         (dict(tilts=(float("nan"),)), "tilts must be finite"),
+        (dict(tilts=(1, float("inf"))), r"tilts must be finite numbers >= 0, got \[inf\]"),
         (dict(bound=5), r"bound must be fractions in \[0, 1\), got \[5\]"),
         (dict(offset_bounds=(0.01, 1.5)), "offset_bounds must be fractions"),
         # 1 is all of the accuracy: no bound, and no fraction in [0, 1) either.
@@ -805,12 +810,16 @@ def test_the_front_chooses_with_its_own_bound(splits):
     assert choose_point(wide, 0.0).name != wide.chosen  # the bound made the choice
 
 
-def test_erm_is_untilted_whatever_the_probe_and_erm_given(splits):
+def test_erm_and_mr2_are_untilted_whatever_the_probe_and_erm_given(splits):
     X_fit, y_fit, X_val, y_val, *_ = splits
     tilted = MR2LinearClassifier(class_tilt=2.0, device="cpu")
-    front = accuracy_front(tilted, X_fit, y_fit, X_val, y_val, tilts=())
-    assert front.point("ERM").estimator.class_tilt == 0.0
-    assert front.point("ERM").model.class_tilt == 0.0
+    front = accuracy_front(tilted, X_fit, y_fit, X_val, y_val, tilts=(1,))
+    # ERM and MR² are untilted; the tilt points are MR² with their tilt.
+    for name in ("ERM", "MR2"):
+        assert front.point(name).estimator.class_tilt == 0.0
+        assert front.point(name).model.class_tilt == 0.0
+    mr2 = front.point("MR2").estimator.get_params()
+    assert front.point("tilt=1").estimator.get_params() == {**mr2, "class_tilt": 1.0}
     front = accuracy_front(tilted, X_fit, y_fit, X_val, y_val, tilts=(),
                            erm=MR2LinearClassifier(class_tilt=3.0, device="cpu"))  # fmt: skip
     assert front.point("ERM").estimator.class_tilt == 0.0
