@@ -196,6 +196,7 @@ def test_warnings_name_the_grid_where_it_sets_max_iter():
     )
 
 
+@pytest.mark.slow
 def test_a_cosine_erm_searches_no_c(files, capsys):
     # ERM has no projection, and the cosine head no penalty: its "grid" of C fitted one
     # model twice and reported a best C.
@@ -265,6 +266,7 @@ def test_ctrl_c_ends_the_run_with_status_130_and_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err == "mr2-probe: interrupted\n"
 
 
+@pytest.mark.slow
 def test_json_outputs_are_strict_json(files, tmp_path):
     # C = inf was written as Infinity, which strict JSON parsers refuse.
     out = tmp_path / "run"
@@ -280,6 +282,7 @@ def test_json_outputs_are_strict_json(files, tmp_path):
     assert json.loads((out / "command.json").read_text(), parse_constant=refuse)["C"] == "inf"
 
 
+@pytest.mark.slow
 def test_grid_search_tunes_erm_and_mr2_alike(files, tmp_path, capsys):
     out = tmp_path / "run"
     argv = [str(files / "X.npy"), "--labels", str(files / "y.npy"), "--test-size", "0.3"]
@@ -362,6 +365,7 @@ def test_grid_combinations_that_are_no_model_are_left_out_and_said(files, grid, 
     assert best == mr2_best
 
 
+@pytest.mark.slow
 def test_search_that_drops_the_margins_says_so(files, tmp_path, capsys):
     out = tmp_path / "run"
     argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--grid", "c_bar=none"]
@@ -683,6 +687,7 @@ def test_cs_needs_two_values_to_choose_from(files, capsys):
     )
 
 
+@pytest.mark.slow
 def test_out_replaces_an_earlier_runs_files_and_no_one_elses(files, tmp_path, capsys):
     out = tmp_path / "project"
     out.mkdir()
@@ -945,6 +950,7 @@ def test_unsigned_store_labels_are_matched_by_name(tmp_path, capsys):
     }
 
 
+@pytest.mark.slow
 def test_the_report_records_paths_absolute_and_each_class_s_count(files, tmp_path, monkeypatch):
     # Relative paths, a labels file for each side, classes of uneven sizes.
     for name in ("uneven", "uneven_test"):
@@ -1104,6 +1110,7 @@ def test_stores_that_differ_in_decoding_only_are_compared(stores, capsys):
     assert "MR2" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @NEEDS_H5
 def test_the_report_records_the_inputs_it_was_measured_on(stores, files, tmp_path):
     # report.json held no input path, backbone, weights or per-class sample counts: a
@@ -1139,6 +1146,7 @@ def test_the_report_records_the_inputs_it_was_measured_on(stores, files, tmp_pat
     )
 
 
+@pytest.mark.slow
 @NEEDS_H5
 def test_feature_files_are_read_by_their_content_whatever_their_names(stores, tmp_path, capsys):
     # mr2-extract writes a store under any name; mr2-probe refused one without .h5 as an
@@ -1360,6 +1368,7 @@ _FRONT_STOPS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", _FRONT_STOPS)
 def test_a_stopped_front_loses_no_fitted_model(stop, files, tmp_path, monkeypatch, capsys):
     import mr2_probe.front
@@ -1397,6 +1406,7 @@ def test_a_bound_that_reads_as_a_fraction_is_warned_of(files, capsys):
     ]
 
 
+@pytest.mark.slow
 def test_saved_models_refit_without_progress_bars(files, tmp_path, capsys):
     # The run's progress bars (no --no-progress) were saved with the models: verbose=1.
     out = tmp_path / "run"

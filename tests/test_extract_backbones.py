@@ -324,6 +324,7 @@ def test_a_local_open_clip_checkpoint_takes_its_tags_preprocessing(
     assert ("preprocess differently" in caplog.text) == (not agree)  # a warning says so
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, works", [("crossvit_tiny_240", True), ("cait_xxs24_224", False)])
 def test_a_timm_checkpoint_timm_cannot_resize(tmp_path, name, works):
     # Built at --image-size, their position embeddings do not take the checkpoint's:
@@ -531,6 +532,7 @@ def _tiny_open_clip_checkpoint(folder) -> str:
     return f"open_clip:{name}@{folder / 'clip.pt'}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "prefix, extra",
     [

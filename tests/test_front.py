@@ -592,6 +592,7 @@ def features(tmp_path, splits):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_cli_front(features, capsys):
     out = features / "run"
     argv = [str(features / "train.npz"), "--test", str(features / "test.npz"), "--C", "0.1"]
@@ -613,6 +614,7 @@ def test_cli_front(features, capsys):
     assert f"chosen: {chosen}" in models
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scaling", ["none", "standard"])
 def test_cli_front_of_a_cv_search_starts_from_its_choice(features, capsys, scaling):
     # MR2LinearClassifierCV has no warm_start: the front is that of the probe at its C.

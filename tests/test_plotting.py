@@ -114,6 +114,7 @@ def test_imagenet_length_names_stay_inside_the_figure(tmp_path):
     assert {len(t.get_text()) for t in shown} == {32} and shown[0].get_text().endswith("…")
 
 
+@pytest.mark.slow
 def test_names_with_dollar_signs_are_drawn_as_written(tmp_path):
     # Two $ in a class name started mathtext, which failed on "$_$" after every fit.
     names = ["$_$", "b$^$", "c"]
@@ -186,6 +187,7 @@ def test_cv_curve_keeps_scores_that_are_no_fractions_on_their_own_axis(tmp_path,
                                        100 * curves["worst_class"]])  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("largest", [1.0, 100.0])
 def test_cv_curve_draws_c_inf_beyond_the_finite_values(tmp_path, largest):
     # C = inf (no penalty) vanished from the log axis, with the chosen value's line: it is
@@ -397,6 +399,7 @@ def test_class_accuracy_plot_places_its_bars_labels_and_axes(tmp_path, report):
     assert [t.get_text() for t in fig.legends[0].get_texts()][1] == "MR2: gain"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "names, rotation",
     [
