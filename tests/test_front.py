@@ -25,11 +25,8 @@ from mr2_probe.plotting import LEVER_COLOURS, plot_front
 
 
 def _point(name, overall, worst, lever="tilt"):
-    summary = {
-        "overall": overall,
-        "worst": worst,
-        "hard": 1 - worst,
-    }  # hard ranks them the other way
+    # The hard tercile ranks the points the other way: the rule must read the worst class.
+    summary = {"overall": overall, "worst": worst, "hard": 1 - worst}
     return FrontPoint(name, lever if name != "ERM" else "ERM", 1.0, None, summary)
 
 
