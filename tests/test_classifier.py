@@ -968,18 +968,16 @@ def test_lbfgs_largest_gradient_is_the_largest_absolute_entry():
     """The test on tol (and the largest gradient a ConvergenceWarning names) takes |∇|: a
     signed maximum misses large negative entries and calls an unconverged fit converged."""
     from mr2_probe._data import TensorSource
-    from mr2_probe._head import ProbeHead
     from mr2_probe._solvers import MarginSpec, fit_lbfgs, refresh_statistics
+
+    from .test_head import _head
 
     gen = torch.Generator().manual_seed(0)
     n, d, k = 60, 4, 3
     X = torch.randn(n, d, generator=gen, dtype=torch.float64)
     y = torch.arange(n) % k
     X[y == 2] += 3.0
-    head = ProbeHead(
-        d, k, head="linear", fit_intercept=True, scale=5.0, projection=False,
-        projection_rank=None, dtype=torch.float64, device=torch.device("cpu"), generator=gen,
-    )  # fmt: skip
+    head = _head(d, k, head="linear", fit_intercept=True, scale=5.0, generator=gen)
     source = TensorSource(X, y, torch.ones(n, dtype=torch.float64), rows=n)
     spec = MarginSpec(k, 2.0, None, None)
     result = fit_lbfgs(

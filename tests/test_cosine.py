@@ -12,11 +12,13 @@ from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
 from mr2_probe import _batched as batched
 from mr2_probe._batched import FoldBatch, Memory
 from mr2_probe._data import H5Source, TensorSource
-from mr2_probe._head import PAIR_OPENING, ProbeHead, open_pair
+from mr2_probe._head import PAIR_OPENING, open_pair
 from mr2_probe._losses import margin_cross_entropy, tilted_class_risk
 from mr2_probe._path import FoldPath
 from mr2_probe._solvers import ClassRisk, plain_data_term, tilted_data_term
 from tests.reference_mr2 import cosine_lbfgs_before
+
+from .test_head import _head
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +68,7 @@ def test_closed_form_cosine_gradient_matches_autograd(kind, tilt, tmp_path):
     y = torch.arange(n) % k
     w = torch.rand(n, generator=gen, dtype=torch.float64)
     margins = torch.tensor([0.8, 1.3, 0.9], dtype=torch.float64)
-    head = ProbeHead(
-        d, k, head="cosine", fit_intercept=True, scale=7.0, projection=False,
-        projection_rank=None, dtype=torch.float64, device=torch.device("cpu"), generator=gen,
-    )  # fmt: skip
+    head = _head(d, k, fit_intercept=True, scale=7.0, generator=gen)
     with torch.no_grad():
         head.weight.normal_(generator=gen).mul_(3.0)  # rows far from unit norm
     source = _source(kind, X, y, w, tmp_path)
@@ -110,11 +109,7 @@ def test_tol_is_met_in_the_unit_directions(digits_unit):
     X, y = digits_unit
     clf = _fit(X, y, scale=64.0, tol=1e-4)
     assert clf.n_iter_ < 3000
-    head = ProbeHead(
-        X.shape[1], 10, head="cosine", fit_intercept=True, scale=64.0, projection=False,
-        projection_rank=None, dtype=torch.float64, device=torch.device("cpu"),
-        generator=torch.Generator(),
-    )  # fmt: skip
+    head = _head(X.shape[1], 10, fit_intercept=True, scale=64.0)
     with torch.no_grad():
         head.weight.copy_(torch.as_tensor(clf.coef_ / 64.0))  # unit rows
     head.weight.grad = torch.zeros_like(head.weight)

@@ -11,9 +11,10 @@ from sklearn.exceptions import ConvergenceWarning
 
 from mr2_probe import MR2LinearClassifier, MR2Loss
 from mr2_probe._data import TensorSource
-from mr2_probe._head import ProbeHead
 from mr2_probe._losses import margin_cross_entropy, tilted_class_risk
 from mr2_probe._solvers import ClassRisk, tilted_data_term
+
+from .test_head import _head
 
 
 def _uneven(n_classes=4, n=400, seed=0):
@@ -118,10 +119,7 @@ def test_closed_form_gradient_matches_autograd(head_kind, keep, tilt, k):
     y = torch.arange(n) % k
     w = torch.rand(n, generator=gen, dtype=torch.float64) * torch.tensor([1.0, 3.0, 0.5, 2.0])[y]
     margins = torch.tensor([0.7, 1.4, 1.0, 0.9], dtype=torch.float64)[:k]
-    head = ProbeHead(
-        d, k, head=head_kind, fit_intercept=True, scale=5.0, projection=False,
-        projection_rank=None, dtype=torch.float64, device=torch.device("cpu"), generator=gen,
-    )  # fmt: skip
+    head = _head(d, k, head=head_kind, fit_intercept=True, scale=5.0, generator=gen)
     assert head.has_closed_form == (k > 2 or head_kind == "cosine")
     with torch.no_grad():
         head.weight.normal_(generator=gen)
