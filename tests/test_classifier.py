@@ -386,33 +386,47 @@ def test_pipeline_and_grid_search(digits):
     assert grid.predict(X).shape == y.shape
 
 
-def assert_predicts_in_a_process_without_gpu(model, X, tmp_path):
-    """Dump ``model`` with pickle and with joblib, load both in one process where CUDA is
-    hidden, and compare their probabilities."""
-    (tmp_path / "model.pkl").write_bytes(pickle.dumps(model))
-    joblib.dump(model, tmp_path / "model.joblib")
-    np.save(tmp_path / "X.npy", X)
+def assert_predicts_in_a_process_without_gpu(models, tmp_path):
+    """Dump each ``(model, X)`` of ``models`` with pickle and with joblib, load them all in
+    one process where CUDA is hidden, and compare their probabilities on their X."""
+    for i, (model, X) in enumerate(models):
+        (tmp_path / f"{i}.pkl").write_bytes(pickle.dumps(model))
+        joblib.dump(model, tmp_path / f"{i}.joblib")
+        np.save(tmp_path / f"{i}.npy", X)
     code = (
         "import sys, pickle, joblib, numpy as np, torch\n"
         "assert not torch.cuda.is_available()\n"
-        "folder, X = sys.argv[1], np.load(sys.argv[1] + '/X.npy')\n"
-        "for clf, name in ((pickle.loads(open(folder + '/model.pkl', 'rb').read()), 'pickle'),\n"
-        "                  (joblib.load(folder + '/model.joblib'), 'joblib')):\n"
-        "    np.save(f'{folder}/{name}.npy', clf.predict_proba(X))\n"
+        "folder = sys.argv[1]\n"
+        "for i in range(int(sys.argv[2])):\n"
+        "    X = np.load(f'{folder}/{i}.npy')\n"
+        "    for clf, name in ((pickle.loads(open(f'{folder}/{i}.pkl', 'rb').read()), 'pickle'),\n"
+        "                      (joblib.load(f'{folder}/{i}.joblib'), 'joblib')):\n"
+        "        np.save(f'{folder}/{i}-{name}.npy', clf.predict_proba(X))\n"
     )
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # carried wheels on PYTHONPATH too
-    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, env=env)
-    for name in ("pickle", "joblib"):
-        np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), model.predict_proba(X))
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path), str(len(models))], check=True, env=env
+    )
+    for i, (model, X) in enumerate(models):
+        for name in ("pickle", "joblib"):
+            expected = model.predict_proba(X)
+            np.testing.assert_allclose(np.load(tmp_path / f"{i}-{name}.npy"), expected)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
-def test_pickled_model_predicts_in_a_process_without_gpu(tmp_path, digits, device):
+def test_pickled_models_predict_in_a_process_without_gpu(tmp_path, digits, device):
+    # The estimator, and the CV search in a pipeline, in one process (its start is most of
+    # the time).
     X, y = digits
     clf = MR2LinearClassifier(c_bar=1.0, device=device).fit(X, y)
-    assert_predicts_in_a_process_without_gpu(clf, X, tmp_path)
     assert all(not isinstance(v, torch.Tensor) for v in vars(clf).values())
+    blobs, labels = make_blobs(
+        n_samples=240, centers=4, n_features=6, cluster_std=3.0, random_state=0
+    )
+    pipe = make_pipeline(StandardScaler(), MR2LinearClassifierCV([0.1, 1.0], cv=3, device=device))
+    pipe.fit(blobs, labels)
+    assert_predicts_in_a_process_without_gpu([(clf, X), (pipe, blobs)], tmp_path)
 
 
 @cuda

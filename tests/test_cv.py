@@ -11,7 +11,6 @@ from sklearn.exceptions import ConvergenceWarning, UnsetMetadataPassedError
 from sklearn.linear_model import LogisticRegressionCV
 from sklearn.metrics import make_scorer
 from sklearn.model_selection import GridSearchCV, GroupKFold, StratifiedKFold
-from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils._param_validation import InvalidParameterError
 
@@ -19,8 +18,6 @@ from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
 from mr2_probe._losses import margin_cross_entropy
 from mr2_probe._path import bisect_search
 from mr2_probe.metrics import worst_class_accuracy
-
-from .test_classifier import assert_predicts_in_a_process_without_gpu
 
 
 def _blobs(n_classes=4, n=240, seed=0, std=3.0):
@@ -316,15 +313,6 @@ def test_tied_scores_choose_the_c_listed_first_as_logistic_regression_cv(refit):
     )
     assert np.all(ours.scores_[0].sum(0) == scores.reshape(3, -1).sum(0)[::-1])  # tied alike
     assert ours.C_ == float(np.ravel(ref.C_)[0])
-
-
-@pytest.mark.slow
-def test_works_in_a_pipeline_and_pickles_to_a_cpu_only_process(tmp_path):
-    X, y = _blobs()
-    # CUDA when present: the model must still predict where there is none.
-    pipe = make_pipeline(StandardScaler(), MR2LinearClassifierCV([0.1, 1.0], cv=3))
-    pipe.fit(X, y)
-    assert_predicts_in_a_process_without_gpu(pipe, X, tmp_path)
 
 
 @pytest.mark.parametrize("block", [None, 64])

@@ -570,20 +570,54 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["webdataset"])  # a folder: test_torchrun_retry_failed_...
-def test_torchrun_two_ranks_merge(tmp_path, kind):
-    source = _source(kind, make_image_folder(tmp_path / "data", n_per_class=5))
-    out = tmp_path / "f.h5"
-    # torchrun itself, started through the interpreter so that no PATH lookup is needed.
-    # Its processes run the command line twice, then again on the first store (which they
-    # reuse): each run after the first failed to make the ranks' group again ("Gloo
-    # connectFullMesh failed"), as a script extracting a train and a test split did.
-    script = tmp_path / "runs.py"
+def test_torchrun_merges_the_ranks_shards_and_retries_failed_images(tmp_path):
+    # torchrun's start is most of the time: every case runs in one torchrun.
+    fast = dict(image_size=32, num_workers=0, progress=False)
     options = ["--image-size", "32", "--workers", "0", "--no-progress"]
+    # Two ranks over webdataset shards. The command line runs twice, then again on the first
+    # store (which it reuses): each run after the first failed to make the ranks' group
+    # again ("Gloo connectFullMesh failed"), as a script extracting a train and a test
+    # split did.
+    source = _source("webdataset", make_image_folder(tmp_path / "data", n_per_class=5))
+    out, other = tmp_path / "f.h5", tmp_path / "g.h5"
+    runs = [(source, out, options), (source, other, options), (source, out, options)]
+    # --retry-failed of a repaired image. Under torchrun the merged store's fingerprint, and
+    # the other rank's shard's, refused it: it needed --force, which extracted everything
+    # again. With the shards deleted after their merge, the retry extracted every image
+    # again. Both cases: the shards kept, and deleted.
+    retried = {}
+    for shards in ("kept", "deleted"):
+        folder = make_image_folder(tmp_path / shards / "data", n_per_class=3, special=False)
+        image = folder / "dog" / "001.jpg"
+        good = image.read_bytes()
+        image.write_bytes(b"not an image")
+        stored = tmp_path / shards / "f.h5"
+        # The first run as torchrun's two ranks make it (the same shards), in this process.
+        shards_made = [
+            extract_features(
+                folder, "timm:test_resnet@random", stored, rank=r, world_size=2, **fast
+            )
+            for r in range(2)
+        ]
+        merge_shards(shards_made, stored)
+        assert [path for path, _ in load_features(stored).failures] == ["dog/001.jpg"]
+        image.write_bytes(good)
+        if shards == "deleted":
+            for shard in shards_made:
+                shard.unlink()
+            # A done row marked in the merged store: it is taken from there, not extracted,
+            # with the record of the library versions that computed it.
+            with h5py.File(stored, "r+") as f:
+                f["features"][f["paths"].asstr()[:].tolist().index("cat/001.jpg")] = 7.0
+                f.attrs["versions"] = json.dumps({"torch": "1.0"})
+        retried[shards] = folder, stored
+        runs.append((str(folder), stored, [*options, "--retry-failed"]))
+    # torchrun itself, started through the interpreter so that no PATH lookup is needed.
+    script = tmp_path / "runs.py"
     script.write_text(
         "from extract.__main__ import main\n"
-        f"for out in {[str(out), str(tmp_path / 'g.h5'), str(out)]!r}:\n"
-        f"    assert main([{source!r}, 'timm:test_resnet@random', out, *{options!r}]) == 0\n"
+        f"for source, out, options in {[(str(s), str(o), opts) for s, o, opts in runs]!r}:\n"
+        "    assert main([source, 'timm:test_resnet@random', out, *options]) == 0\n"
         "import torch.distributed as dist\n"
         "assert not dist.is_initialized()  # the script's own group can come after\n"
     )
@@ -594,72 +628,27 @@ def test_torchrun_two_ranks_merge(tmp_path, kind):
     )
     assert run.returncode == 0, run.stderr
     # Each rank warned of its shard's failures, naming the shard: now rank 0 warns once
-    # per store, of every rank's.
+    # per store, of every rank's (and the retries leave none).
     warned = [line for line in run.stderr.splitlines() if "as failed (unreadable" in line]
     assert len(warned) == 2 and not any("shard-" in line for line in warned), warned
-    for name in (out, tmp_path / "g.h5"):
+    for name in (out, other):
         assert any(f"2 images were recorded in {name} as failed" in line for line in warned)
-    again = load_features(tmp_path / "g.h5", in_memory=True)
-    single = extract_features(
-        source, "timm:test_resnet@random", tmp_path / "single.h5", image_size=32, num_workers=0,
-        progress=False,
-    )  # fmt: skip
+    again = load_features(other, in_memory=True)
+    single = extract_features(source, "timm:test_resnet@random", tmp_path / "single.h5", **fast)
     merged, expected = load_features(out, in_memory=True), load_features(single, in_memory=True)
     assert merged.metadata["merged_from"] == 2
     assert merged.paths == expected.paths and merged.failures == expected.failures
     np.testing.assert_allclose(merged.features, expected.features, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(again.features, merged.features)
-    if kind == "webdataset":  # 14 samples in shards of 8 and 6: one shard to each rank
-        for rank, rows in ((0, list(range(8))), (1, list(range(8, 14)))):
-            with h5py.File(extract.shard_path(out, rank, 2), "r") as f:
-                assert f["indices"][:].tolist() == rows
-
-
-@pytest.mark.slow
-def test_torchrun_retry_failed_takes_a_repaired_image(tmp_path):
-    # Under torchrun the merged store's fingerprint, and the other rank's shard's, refused
-    # the repaired image: it needed --force, which extracted everything again. With the
-    # shards deleted after their merge, the retry extracted every image again. Both cases,
-    # the shards kept and deleted, run in one torchrun (its start is most of the time).
-    fast = dict(image_size=32, num_workers=0, progress=False)
-    runs = {}
-    for shards in ("kept", "deleted"):
-        folder = make_image_folder(tmp_path / shards / "data", n_per_class=3, special=False)
-        image = folder / "dog" / "001.jpg"
-        good = image.read_bytes()
-        image.write_bytes(b"not an image")
-        out = tmp_path / shards / "f.h5"
-        # The first run as torchrun's two ranks make it (the same shards), in this process.
-        shards_made = [
-            extract_features(folder, "timm:test_resnet@random", out, rank=r, world_size=2, **fast)
-            for r in range(2)
-        ]
-        merge_shards(shards_made, out)
-        assert [path for path, _ in load_features(out).failures] == ["dog/001.jpg"]
-        image.write_bytes(good)
-        if shards == "deleted":
-            for shard in shards_made:
-                shard.unlink()
-            # A done row marked in the merged store: it is taken from there, not extracted,
-            # with the record of the library versions that computed it.
-            with h5py.File(out, "r+") as f:
-                f["features"][f["paths"].asstr()[:].tolist().index("cat/001.jpg")] = 7.0
-                f.attrs["versions"] = json.dumps({"torch": "1.0"})
-        runs[shards] = folder, out
-    options = ["--image-size", "32", "--workers", "0", "--no-progress", "--retry-failed"]
-    script = tmp_path / "retry.py"
-    script.write_text(
-        "from extract.__main__ import main\n"
-        f"for folder, out in {[(str(f), str(o)) for f, o in runs.values()]!r}:\n"
-        f"    assert main([folder, 'timm:test_resnet@random', out, *{options!r}]) == 0\n"
-    )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    subprocess.run([*cmd, str(script)], env=ENV | {"OMP_NUM_THREADS": "1"}, check=True, timeout=120)
-    for shards, (folder, out) in runs.items():
+    # 14 samples in shards of 8 and 6: one shard to each rank
+    for rank, rows in ((0, list(range(8))), (1, list(range(8, 14)))):
+        with h5py.File(extract.shard_path(out, rank, 2), "r") as f:
+            assert f["indices"][:].tolist() == rows
+    for shards, (folder, stored) in retried.items():
         single = extract_features(
             folder, "timm:test_resnet@random", tmp_path / shards / "single.h5", **fast
         )
-        merged, expected = load_features(out, in_memory=True), load_features(single, True)
+        merged, expected = load_features(stored, in_memory=True), load_features(single, True)
         assert not merged.failures and merged.paths == expected.paths
         if shards == "deleted":
             marked = merged.paths.index("cat/001.jpg")
