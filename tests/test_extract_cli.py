@@ -536,37 +536,60 @@ def _source(kind: str, folder: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["folder", "parquet"])  # the writer is the sources' own
-def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, kind):
-    source = _source(kind, make_image_folder(tmp_path / "data", n_per_class=20))
-    n = len(extract.open_source(source))
+def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
+    # A folder and a Parquet file (the writer is the sources' own), killed side by side.
+    kinds = ("folder", "parquet")
+    sources = {
+        kind: _source(kind, make_image_folder(tmp_path / kind, n_per_class=20)) for kind in kinds
+    }
     options = ["timm:resnet18@random", "--image-size", "64", "--batch-size", "2"]
-    killed = tmp_path / "killed.h5"
-    proc = subprocess.Popen(_cli(source, options[0], str(killed), *options[1:]), env=ENV)
+    killed = {kind: tmp_path / f"{kind}-killed.h5" for kind in kinds}
+    procs = {
+        kind: subprocess.Popen(
+            _cli(sources[kind], options[0], str(killed[kind]), *options[1:]), env=ENV
+        )
+        for kind in kinds
+    }
     deadline = time.monotonic() + 120
-    # Kill once a few batches are stored: at an arbitrary point of the write loop.
-    while (status := _status(killed)) is None or (status != PENDING).sum() < 4:
-        assert proc.poll() is None, "the extraction ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    status = _status(killed)
-    assert 0 < (status == DONE).sum() and (status == PENDING).sum() > 0, "killed too late"
-    # The killed file opens and is refused as incomplete, not reported as corrupt.
-    with pytest.raises(extract.IncompleteStoreError):
-        load_features(killed)
-    # Resumed, and extracted once without a kill, in this process (the same calls as the
-    # command's, a fresh interpreter fewer).
+    # Kill each once a few batches are stored: at an arbitrary point of the write loop.
+    running = dict(procs)
+    try:
+        while running:
+            for kind, proc in list(running.items()):
+                status = _status(killed[kind])
+                if status is not None and (status != PENDING).sum() >= 4:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait()
+                    del running[kind]
+                else:
+                    assert proc.poll() is None, f"the {kind} extraction ended before its kill"
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    finally:  # a failed assertion leaves no extraction running behind the test
+        for proc in running.values():
+            proc.kill()
+            proc.wait()
     common = dict(image_size=64, batch_size=2, num_workers=0, progress=False)
-    extract_features(source, "timm:resnet18@random", killed, **common)
-    reference = extract_features(source, "timm:resnet18@random", tmp_path / "ref.h5", **common)
-    resumed, expected = load_features(killed, in_memory=True), load_features(reference, True)
-    assert len(resumed.rows) + len(resumed.failures) == n and len(resumed.failures) == 2
-    assert resumed.paths == expected.paths and resumed.failures == expected.failures
-    np.testing.assert_array_equal(resumed.labels, expected.labels)
-    np.testing.assert_array_equal(resumed.features, expected.features)
-    assert killed.read_bytes() == reference.read_bytes()  # the same file, byte for byte
+    for kind in kinds:
+        source, store = sources[kind], killed[kind]
+        n = len(extract.open_source(source))
+        status = _status(store)
+        assert 0 < (status == DONE).sum() and (status == PENDING).sum() > 0, "killed too late"
+        # The killed file opens and is refused as incomplete, not reported as corrupt.
+        with pytest.raises(extract.IncompleteStoreError):
+            load_features(store)
+        # Resumed, and extracted once without a kill, in this process (the same calls as the
+        # command's, a fresh interpreter fewer).
+        extract_features(source, "timm:resnet18@random", store, **common)
+        reference = extract_features(
+            source, "timm:resnet18@random", tmp_path / f"{kind}-ref.h5", **common
+        )
+        resumed, expected = load_features(store, in_memory=True), load_features(reference, True)
+        assert len(resumed.rows) + len(resumed.failures) == n and len(resumed.failures) == 2
+        assert resumed.paths == expected.paths and resumed.failures == expected.failures
+        np.testing.assert_array_equal(resumed.labels, expected.labels)
+        np.testing.assert_array_equal(resumed.features, expected.features)
+        assert store.read_bytes() == reference.read_bytes()  # the same file, byte for byte
 
 
 @pytest.mark.slow
