@@ -103,6 +103,7 @@ def test_bench_fit_objective_of_two_classes_is_logistic_regression_s(digits_unit
     assert bench_fit.objective(model, X, y, 0.5) == pytest.approx(want, rel=1e-9)
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # timed's own
 def test_repeat_keeps_the_best_time_of_its_fits(bench, monkeypatch, capsys):
     clock = iter([0.0, 5.0, 10.0, 12.0, 20.0, 27.0])  # calls of 5, 2 and 7 s
     monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
