@@ -23,6 +23,18 @@ is taken within the run).
 - ``active``: the share of rows whose loss at the cold solution is still above 10⁻⁷.
 - ``bf16``: X·Wᵀ in bfloat16 against float32 (best of 20) and the largest logit error
   of the bfloat16 product at the scale, against float64.
+- ``precondition``: preconditioners for one standalone L-BFGS (torch's, 200 pairs, strong
+  Wolfe, a single round) on the same objective from the same start, printed as the
+  evaluations until the objective is within 10⁻⁷ of the cold fit's (">N": not within
+  N = 800) and the lowest objective reached. Without one (the rows at unit norm); with
+  the rows at norms ρ_k = √(μ_k / mean μ), μ_k the solution's multipliers (the README's
+  equivalent penalties), which scale each class's curvature by 1/ρ_k²; with each class's
+  direction whitened, W_k = A_k·u_k, A_k = (M_k / (tr M_k / d) + δ·I)^(−1/2),
+  M_k = Σ_i p_ik(1 − p_ik)·x_i x_iᵀ, p the probabilities of the solution (an oracle: no
+  solver has it in advance), of the solution on 2,000 random rows, or of the start; with
+  the features' own second moment for every class; and with every direction's component
+  along the features' unit mean m̂ shrunk tenfold, A = I − 0.9·m̂m̂ᵀ (the linear head's
+  centring, in these coordinates).
 
     python benchmarks/cosine_tried.py --store runs/cache/fmnist_train_lite0_64.h5
     python benchmarks/cosine_tried.py --store runs/cache/fmnist_train_lite0_64.h5 --only chain once
@@ -43,7 +55,7 @@ import torch.nn.functional as F
 from sklearn.exceptions import ConvergenceWarning
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_cosine import add_data_arguments, load, objective  # noqa: E402
+from bench_cosine import add_data_arguments, load, multipliers, objective  # noqa: E402
 from bench_fit import threads  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
@@ -51,7 +63,7 @@ from mr2_probe import _solvers as solvers  # noqa: E402
 from mr2_probe._losses import margin_cross_entropy  # noqa: E402
 
 EXPERIMENTS = ["cold", "chain", "once", "memory", "one-round", "sooner", "subsample",
-               "linear", "path", "active", "bf16"]  # fmt: skip
+               "linear", "path", "active", "bf16", "precondition"]  # fmt: skip
 
 
 class Bench:
@@ -215,6 +227,89 @@ def bf16(b):
         f"  X·Wᵀ: float32 {1e3 * f32:.1f} ms, bfloat16 {1e3 * half:.1f} ms (float32's "
         f"time / bfloat16's: {f32 / half:.1f}); largest bfloat16 logit error {error:.3f}"
     )
+
+
+def _whitening(moment, delta):
+    """(M / (tr M / d) + δ·I)^(−1/2): M scaled to eigenvalues of mean 1, regularised by δ."""
+    moment = moment.double() * (len(moment) / moment.trace())
+    values, vectors = torch.linalg.eigh(moment)
+    return (vectors * (values + delta).rsqrt()) @ vectors.T
+
+
+def precondition(b, max_evals=800, within=1e-7):
+    X, y = torch.as_tensor(b.X), torch.as_tensor(b.y)
+    margins = torch.as_tensor(b.cold.margins_, dtype=torch.float32)
+    scale, (n, d), n_classes = b.args.scale, X.shape, len(b.cold.margins_)
+
+    def loss(W):  # the mean margin cross-entropy of the cosine head with rows W (K, d)
+        return margin_cross_entropy(scale * X @ F.normalize(W, dim=1).T, y, margins)
+
+    def curvature(W):  # p_ik(1 − p_ik) of the cosine head with rows W (n, K)
+        with torch.no_grad():
+            p = torch.softmax(scale * X @ F.normalize(W, dim=1).T / margins[y][:, None], dim=1)
+            return p * (1 - p)
+
+    def per_class(weights, rows=slice(None), delta=0.1):  # ten d × d moments: not a hot path
+        Xr = X[rows]
+        return torch.stack(
+            [_whitening((Xr * weights[rows, k, None]).T @ Xr, delta) for k in range(n_classes)]
+        )
+
+    cold = torch.as_tensor(b.cold.coef_, dtype=torch.float32)
+    target = float(loss(cold)) + within
+    start = F.normalize(torch.as_tensor(prototypes(b).coef_, dtype=torch.float32), dim=1)
+    mu = torch.as_tensor(multipliers(b.X, b.y, b.cold.coef_, b.cold.margins_), dtype=torch.float32)
+    rho = (mu / mu.mean()).sqrt()
+    solved, started = curvature(cold), curvature(start)
+    rows = torch.randperm(n, generator=torch.Generator().manual_seed(b.args.seed))[:2000]
+    mean = F.normalize(X.mean(0), dim=0).double()
+    shrink = torch.eye(d, dtype=torch.float64) - 0.9 * torch.outer(mean, mean)
+    every = lambda A: A.expand(n_classes, d, d)  # noqa: E731  (one A for every class)
+    print(f"  (multipliers μ_k / mean μ from {float(mu.min() / mu.mean()):.3g} to "
+          f"{float(mu.max() / mu.mean()):.3g}; the features' mean has norm "
+          f"{float(X.mean(0).norm()):.2f}; evaluations of a standalone L-BFGS)")  # fmt: skip
+    variants = [
+        ("none: rows at unit norm", None, start),
+        ("rows at norms √(μ_k / mean μ) (oracle)", None, start * rho[:, None]),
+        ("per class, the solution's curvature, δ = 0.1 (oracle)", per_class(solved), start),
+        ("per class, the solution's curvature, δ = 0.01 (oracle)",
+         per_class(solved, delta=0.01), start),
+        ("per class, the solution's curvature, δ = 0.001 (oracle)",
+         per_class(solved, delta=0.001), start),
+        ("per class, the solution's curvature on 2,000 rows, δ = 0.1",
+         per_class(solved, rows), start),
+        ("per class, the start's curvature, δ = 0.1", per_class(started), start),
+        ("shared, the features' second moment XᵀX, δ = 1", every(_whitening(X.T @ X, 1.0)),
+         start),
+        ("the mean direction shrunk tenfold", every(shrink), start),
+    ]  # fmt: skip
+    for name, A, W0 in variants:
+        if A is None:
+            u = W0.clone().requires_grad_()
+            weights = lambda u: u  # noqa: E731
+        else:
+            A = A.float()
+            # The start's directions in u, each row at unit norm (any norm: a cosine row's
+            # norm does not change the objective, and A_k's scale cancels against it).
+            u0 = torch.linalg.solve(A, W0[:, :, None])[:, :, 0]
+            u = F.normalize(u0, dim=1).requires_grad_()
+            weights = lambda u, A=A: (A @ u[:, :, None])[:, :, 0]  # noqa: E731
+        curve = []
+
+        def closure(u=u, weights=weights, curve=curve):
+            u.grad = None
+            value = loss(weights(u))
+            value.backward()
+            curve.append(float(value.detach()))
+            return value
+
+        optimizer = torch.optim.LBFGS([u], lr=1, max_iter=max_evals, max_eval=max_evals,
+                                      tolerance_grad=0.0, tolerance_change=0.0,
+                                      history_size=200, line_search_fn="strong_wolfe")  # fmt: skip
+        optimizer.step(closure)
+        reached = np.flatnonzero(np.asarray(curve) <= target)
+        evals = f"{reached[0] + 1:7d} " if len(reached) else f"{'>' + str(len(curve)):>7} "
+        print(f"  {name:<60}{evals}{min(curve):12.7f}")
 
 
 def main(argv=None):

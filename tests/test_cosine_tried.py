@@ -3,6 +3,7 @@
 import argparse
 
 import pytest
+import torch
 
 from tests._scripts import load_benchmark
 
@@ -31,7 +32,8 @@ def test_every_experiment_runs_and_prints_its_row(tried, capsys):
     for text in ["cold fit at scale 16", "ladder 16, in all", "from a converged fit at 4",
                  "800 L-BFGS pairs", "one round", "tol · √scale", "1/8 of the rows",
                  "linear head's directions", "the CV path's solver", "loss above 1e-7",
-                 "bfloat16 logit error"]:  # fmt: skip
+                 "bfloat16 logit error", "the start's curvature",
+                 "mean direction shrunk"]:  # fmt: skip
         assert text in out, text
     cold = next(line for line in out.splitlines() if "cold fit at scale" in line)
     assert cold.split()[-1] == "100.00"  # it agrees with itself
@@ -57,3 +59,24 @@ def test_the_path_solver_reaches_the_cold_solution(tried, bench, capsys):
     assert float(row[-3]) == pytest.approx(
         tried.objective(bench.X, bench.y, bench.cold.coef_, bench.cold.margins_), abs=1e-4
     )
+
+
+def test_whitening_is_the_inverse_square_root_of_the_regularised_moment(tried):
+    B = torch.randn(5, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    moment = B @ B.T
+    A = tried._whitening(moment, 0.1)
+    scaled = moment * 5 / moment.trace() + 0.1 * torch.eye(5, dtype=torch.float64)
+    torch.testing.assert_close(A @ scaled @ A, torch.eye(5, dtype=torch.float64))
+    torch.testing.assert_close(A, A.T)
+
+
+def test_every_preconditioner_solves_the_same_objective(tried, bench, capsys):
+    """Each is a change of coordinates: every L-BFGS reaches the cold fit's objective."""
+    tried.precondition(bench, max_evals=400)
+    rows = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("  (")]
+    assert len(rows) == 9
+    cold = tried.objective(bench.X, bench.y, bench.cold.coef_, bench.cold.margins_)
+    for row in rows:
+        evals, lowest = row.split()[-2:]
+        assert not evals.startswith(">"), row
+        assert float(lowest) <= cold + 1e-6, row
