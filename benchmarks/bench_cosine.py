@@ -24,9 +24,8 @@ order from the previous solution, against GridSearchCV over MR2LinearClassifier,
 fits every scale of every fold cold, and one cold fit at the largest scale on a fold's
 training rows (what the sweep costs per fold, in fits).
 
-``--repeat N`` keeps the best of N fit times for the rows that the 2× target compares
-(scikit-learn's and the linear head's at ``--C``, and the cosine head at each scale): on a
-shared machine one fit's time can be a fifth off.
+``--repeat N`` keeps the best of N fit times for every row of the table (not the
+``--sweep``'s): on a shared machine one fit's time can be a fifth off.
 
     python benchmarks/bench_cosine.py                                 # 20,000 × 512, 10 classes
     python benchmarks/bench_cosine.py --store runs/cache/fmnist_train_lite0_64.h5
@@ -123,6 +122,13 @@ def timed(fn, repeat=1):
     return best, out, short
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_data_arguments(parser)
@@ -149,8 +155,8 @@ def main(argv=None):
     )
     parser.add_argument("--sweep-folds", type=int, default=3)
     parser.add_argument(
-        "--repeat", type=int, default=1,
-        help="fits of scikit-learn's, the linear head's and each cosine row, best time kept",
+        "--repeat", type=_at_least_one, default=1,
+        help="fits per row of the table, best time kept (default: 1)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
@@ -198,7 +204,8 @@ def main(argv=None):
                objective(X, y, cosine.coef_, margins), cosine.score(Xt, yt), short)  # fmt: skip
         if not args.no_before:
             seconds, (coef, n_iter), _ = timed(
-                lambda s=scale, m=margins: cosine_lbfgs_before(X, y, s, m, args.tol, args.max_iter)
+                lambda s=scale, m=margins: cosine_lbfgs_before(X, y, s, m, args.tol, args.max_iter),
+                args.repeat,
             )
             acc = np.mean(np.argmax(Xt @ coef.T, axis=1) == yt)
             # torch's L-BFGS warns of nothing: it stopped short when it ran out of iterations.
@@ -234,7 +241,7 @@ def equivalent(X, y, Xt, yt, cosine, args, report):
         default = solvers._LINEAR_HISTORY
         solvers._LINEAR_HISTORY = history or default
         try:
-            seconds, _, short = timed(lambda linear=linear: linear.fit(X, y))
+            seconds, _, short = timed(lambda linear=linear: linear.fit(X, y), args.repeat)
         finally:
             solvers._LINEAR_HISTORY = default
         assert np.allclose(linear.margins_, cosine.margins_), "not the cosine head's margins"
@@ -247,7 +254,7 @@ def equivalent(X, y, Xt, yt, cosine, args, report):
                linear.n_iter_, None, linear.score(Xt, yt), short)  # fmt: skip
     if cosine.c_bar is None:  # no margins: scikit-learn's own problem
         sk = LogisticRegression(C=c_mean, fit_intercept=False, tol=tol, max_iter=args.max_iter)
-        seconds, _, short = timed(lambda: sk.fit(X, y))
+        seconds, _, short = timed(lambda: sk.fit(X, y), args.repeat)
         report("  same, LogisticRegression (sklearn)", seconds, int(sk.n_iter_[0]), None,
                sk.score(Xt, yt), short)  # fmt: skip
 
