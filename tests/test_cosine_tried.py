@@ -71,8 +71,14 @@ def test_whitening_is_the_inverse_square_root_of_the_regularised_moment(tried):
 
 
 def test_every_preconditioner_solves_the_same_objective(tried, bench, capsys):
-    """Each is a change of coordinates: every L-BFGS reaches the cold fit's objective."""
-    tried.precondition(bench, max_evals=400)
+    """Each is a change of coordinates: every L-BFGS starts at the estimator's start (the
+    class prototypes' directions) and reaches the cold fit's objective."""
+    curves = tried.precondition(bench, max_evals=400)
+    start = tried.prototypes(bench)
+    first = tried.objective(bench.X, bench.y, start.coef_, start.margins_)
+    assert len(curves) == 9
+    for name, curve in curves.items():
+        assert curve[0] == pytest.approx(first, rel=1e-5), name
     rows = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("  (")]
     assert len(rows) == 9
     cold = tried.objective(bench.X, bench.y, bench.cold.coef_, bench.cold.margins_)
