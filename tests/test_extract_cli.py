@@ -544,16 +544,14 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     }
     options = ["timm:resnet18@random", "--image-size", "64", "--batch-size", "2"]
     killed = {kind: tmp_path / f"{kind}-killed.h5" for kind in kinds}
-    procs = {
-        kind: subprocess.Popen(
-            _cli(sources[kind], options[0], str(killed[kind]), *options[1:]), env=ENV
-        )
-        for kind in kinds
-    }
-    deadline = time.monotonic() + 120
-    # Kill each once a few batches are stored: at an arbitrary point of the write loop.
-    running = dict(procs)
+    running = {}  # the extractions started and not yet killed
     try:
+        for kind in kinds:
+            running[kind] = subprocess.Popen(
+                _cli(sources[kind], options[0], str(killed[kind]), *options[1:]), env=ENV
+            )
+        deadline = time.monotonic() + 120
+        # Kill each once a few batches are stored: at an arbitrary point of the write loop.
         while running:
             for kind, proc in list(running.items()):
                 status = _status(killed[kind])
