@@ -238,6 +238,9 @@ def _whitening(moment, delta):
 
 
 def precondition(b, max_evals=800, within=1e-7):
+    if len(b.cold.coef_) == 1:  # two classes: the model keeps its rows as one difference
+        print("  (no preconditioners: two classes, one row of coefficients)")
+        return {}
     X, y = torch.as_tensor(b.X), torch.as_tensor(b.y)
     margins = torch.as_tensor(b.cold.margins_, dtype=torch.float32)
     scale, (n, d), n_classes = b.args.scale, X.shape, len(b.cold.margins_)

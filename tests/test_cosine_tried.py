@@ -86,3 +86,12 @@ def test_every_preconditioner_solves_the_same_objective(tried, bench, capsys):
         evals, lowest = row.split()[-2:]
         assert not evals.startswith(">"), row
         assert float(lowest) <= cold + 1e-6, row
+
+
+def test_two_classes_skip_the_preconditioners_with_a_line(tried, capsys):
+    bench = tried.Bench(argparse.Namespace(
+        store=None, n_samples=200, n_test=50, n_features=8, n_classes=2, scale=16.0,
+        tol=1e-4, max_iter=3000, seed=0))  # fmt: skip
+    bench.cold = bench.fit()
+    assert tried.precondition(bench) == {}
+    assert "two classes, one row of coefficients" in capsys.readouterr().out
