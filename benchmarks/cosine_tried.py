@@ -32,8 +32,8 @@ is taken within the run).
   curvature by 1/ρ_k²; with each class's direction whitened, W_k = A_k·u_k,
   A_k = (M_k / (tr M_k / d) + δ·I)^(−1/2), M_k = Σ_i p_ik(1 − p_ik)/γ_{y_i}²·x_i x_iᵀ (the
   curvature of each row's loss in its k-th logit), p the probabilities of the solution
-  (an oracle: no solver has it in advance), of the solution on 2,000 random rows, or of
-  the start; with the features' own second moment for every class; and with every
+  (an oracle: no solver has it in advance), its diagonal alone, of the solution on 2,000
+  random rows, or of the start; with the features' own second moment for every class; and with every
   direction's component along the features' unit mean m̂ shrunk tenfold,
   A = I − 0.9·m̂m̂ᵀ (the linear head's centring, in these coordinates).
 
@@ -254,11 +254,14 @@ def precondition(b, max_evals=800, within=1e-7):
             p = torch.softmax(scale * X @ F.normalize(W, dim=1).T * inv_gamma, dim=1)
             return p * (1 - p) * inv_gamma**2
 
-    def per_class(weights, rows=slice(None), delta=0.1):  # ten d × d moments: not a hot path
+    def per_class(weights, rows=slice(None), delta=0.1, diagonal=False):  # not a hot path
         Xr = X[rows]
-        return torch.stack(
-            [_whitening((Xr * weights[rows, k, None]).T @ Xr, delta) for k in range(n_classes)]
+        moments = (  # ten d × d moments, or their diagonals alone
+            [torch.diag(weights[rows, k] @ Xr**2) for k in range(n_classes)]
+            if diagonal
+            else [(Xr * weights[rows, k, None]).T @ Xr for k in range(n_classes)]
         )
+        return torch.stack([_whitening(moment, delta) for moment in moments])
 
     cold = torch.as_tensor(b.cold.coef_, dtype=torch.float32)
     target = float(loss(cold)) + within
@@ -281,6 +284,8 @@ def precondition(b, max_evals=800, within=1e-7):
          per_class(solved, delta=0.01), start),
         ("per class, the solution's curvature, δ = 0.001 (oracle)",
          per_class(solved, delta=0.001), start),
+        ("per class, its diagonal alone, δ = 0.1 (oracle)",
+         per_class(solved, diagonal=True), start),
         ("per class, the solution's curvature on 2,000 rows, δ = 0.1",
          per_class(solved, rows), start),
         ("per class, the start's curvature, δ = 0.1", per_class(started), start),

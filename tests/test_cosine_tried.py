@@ -76,11 +76,11 @@ def test_every_preconditioner_solves_the_same_objective(tried, bench, capsys):
     curves = tried.precondition(bench, max_evals=400)
     start = tried.prototypes(bench)
     first = tried.objective(bench.X, bench.y, start.coef_, start.margins_)
-    assert len(curves) == 9
+    assert len(curves) == 10
     for name, curve in curves.items():
         assert curve[0] == pytest.approx(first, rel=1e-5), name
     rows = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("  (")]
-    assert len(rows) == 9
+    assert len(rows) == 10
     cold = tried.objective(bench.X, bench.y, bench.cold.coef_, bench.cold.margins_)
     for row in rows:
         evals, lowest = row.split()[-2:]
