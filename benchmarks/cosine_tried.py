@@ -33,8 +33,8 @@ is taken within the run).
   A_k = (M_k / (tr M_k / d) + δ·I)^(−1/2), M_k = Σ_i p_ik(1 − p_ik)/γ_{y_i}²·x_i x_iᵀ (the
   curvature of each row's loss in its k-th logit), p the probabilities of the solution
   (an oracle: no solver has it in advance), its diagonal alone, of the solution on 2,000
-  random rows, or of the start; with the features' own second moment for every class; and with every
-  direction's component along the features' unit mean m̂ shrunk tenfold,
+  random rows, or of the start; with the features' own second moment for every class; and
+  with every direction's component along the features' unit mean m̂ shrunk tenfold,
   A = I − 0.9·m̂m̂ᵀ (the linear head's centring, in these coordinates).
 
     python benchmarks/cosine_tried.py --store runs/cache/fmnist_train_lite0_64.h5
@@ -245,13 +245,16 @@ def precondition(b, max_evals=800, within=1e-7):
     margins = torch.as_tensor(b.cold.margins_, dtype=torch.float32)
     scale, (n, d), n_classes = b.args.scale, X.shape, len(b.cold.margins_)
 
-    def loss(W):  # the mean margin cross-entropy of the cosine head with rows W (K, d)
-        return margin_cross_entropy(scale * X @ F.normalize(W, dim=1).T, y, margins)
+    def logits(W):  # the cosine head's logits with rows W (K, d), (n, K)
+        return scale * X @ F.normalize(W, dim=1).T
 
-    def curvature(W):  # p_ik(1 − p_ik) / γ_{y_i}² of the cosine head with rows W (n, K)
+    def loss(W):  # their mean margin cross-entropy
+        return margin_cross_entropy(logits(W), y, margins)
+
+    def curvature(W):  # p_ik(1 − p_ik) / γ_{y_i}², (n, K)
         with torch.no_grad():
             inv_gamma = margins.reciprocal()[y][:, None]
-            p = torch.softmax(scale * X @ F.normalize(W, dim=1).T * inv_gamma, dim=1)
+            p = torch.softmax(logits(W) * inv_gamma, dim=1)
             return p * (1 - p) * inv_gamma**2
 
     def per_class(weights, rows=slice(None), delta=0.1, diagonal=False):  # not a hot path
