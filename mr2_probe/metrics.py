@@ -55,7 +55,9 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
             return set()
         if a.dtype != object:
             return {{"U": str, "S": bytes}.get(a.dtype.kind, float)}
-        return {type(v) if isinstance(v, str | bytes) else float for v in set(a.tolist())}
+        # None (a missing label) is a kind of its own: counted as a number, the message
+        # sent a user looking for numbers that were not there.
+        return {type(v) if isinstance(v, str | bytes | None) else float for v in set(a.tolist())}
 
     def mix(kinds):  # "bytes and str": the kinds found, not always strings against numbers
         names = [name for kind, name in _KIND_NAMES.items() if kind in kinds]
@@ -93,7 +95,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
 
 
 #: Name of each kind of label, in the order a message lists them.
-_KIND_NAMES = {bytes: "bytes", str: "str", float: "number"}
+_KIND_NAMES = {bytes: "bytes", str: "str", float: "number", type(None): "None"}
 
 
 def _check_distinct(labels: np.ndarray) -> None:

@@ -407,6 +407,9 @@ def test_label_kinds_and_shapes_are_checked_before_scoring():
         (["a", "b"], [0, 1], "str and number"),
         # Kinds mixed in one array of objects: np.unique's sort raised a TypeError first.
         (np.array([b"a", "a", 1], dtype=object), [0, 1, 1], "bytes, str and number"),
+        # A missing label is named as such, not counted as a number.
+        (np.array(["a", None, "a"], dtype=object), ["a", "a", "a"], "str and None"),
+        (np.array([1, None], dtype=object), [1, 1], "number and None"),
     ],
 )
 def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
