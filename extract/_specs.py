@@ -96,6 +96,12 @@ def _looks_like_path(weights: str) -> bool:
     return os.sep in weights or weights.lower().endswith(_CHECKPOINT_SUFFIXES)
 
 
+def _names_a_file(weights: str) -> bool:
+    """Whether weights after '@' name a local checkpoint: a path by its form, or an existing
+    file whatever its name (``@ckpt``), as open_clip's weights are read."""
+    return _looks_like_path(weights) or os.path.isfile(weights)
+
+
 def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
     """Parse a backbone spec string (see the module docstring for the grammar).
 
@@ -163,17 +169,17 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
         raise BackboneError(f"The backbone spec {text!r} names no model; use one of {_SPEC_FORMS}.")
     if at and not weights or family == "moco" and not weights:
         raise BackboneError(f"The backbone spec {text!r} has an empty weights part after '@'.")
-    if family == "moco" and not _looks_like_path(weights):
+    if family == "moco" and not _names_a_file(weights):
         raise BackboneError(
-            f"MoCo weights must be a local checkpoint file (a path with a '/' or a checkpoint "
-            f"suffix such as .pth.tar). Got {weights!r} in {text!r} instead."
+            f"MoCo weights must be a local checkpoint file (an existing file, or a path with a "
+            f"'/' or a checkpoint suffix such as .pth.tar). Got {weights!r} in {text!r} instead."
         )
     if family in ("timm", "effnet-lite0") and weights and weights != RANDOM:
-        if not _looks_like_path(weights):
+        if not _names_a_file(weights):
             raise BackboneError(
-                f"{family} weights after '@' must be 'random' or a local checkpoint file (a "
-                f"path with a '/' or a checkpoint suffix such as .pth). Got {weights!r} in "
-                f"{text!r} instead; pretrained timm weights are chosen by the model name, "
-                f"e.g. 'timm:{model}' or 'timm:{model}.TAG'."
+                f"{family} weights after '@' must be 'random' or a local checkpoint file (an "
+                f"existing file, or a path with a '/' or a checkpoint suffix such as .pth). Got "
+                f"{weights!r} in {text!r} instead; pretrained timm weights are chosen by the "
+                f"model name, e.g. 'timm:{model}' or 'timm:{model}.TAG'."
             )
     return BackboneSpec(family, model, weights or None)

@@ -217,6 +217,25 @@ def test_timm_local_checkpoint(tmp_path):
         torch.testing.assert_close(bb.model(x), expected)
 
 
+@pytest.mark.parametrize("name", ["ckpt", "ckpt.h5"])
+def test_an_existing_checkpoint_is_taken_whatever_its_name(tmp_path, monkeypatch, name):
+    # A file in the working folder with no '/' and no checkpoint suffix was refused as "not
+    # a local checkpoint file"; the docs say timm takes 'random' or a local file after '@'.
+    monkeypatch.chdir(tmp_path)
+    reference = _save_timm_checkpoint(tmp_path / name, "test_resnet", seed=7)
+    assert parse_backbone_spec(f"timm:test_resnet@{name}").weights == name
+    bb = create_backbone(f"timm:test_resnet@{name}", image_size=32)
+    assert bb.weights_id == file_sha256(tmp_path / name)
+    x = torch.rand(2, 3, 32, 32)
+    with torch.inference_mode():
+        expected = reference.forward_head(reference.forward_features(x), pre_logits=True)
+        torch.testing.assert_close(bb.model(x), expected)
+    # A name that is no file is still refused, and MoCo takes such a file too.
+    with pytest.raises(ValueError, match="must be 'random' or a local checkpoint file"):
+        parse_backbone_spec("timm:test_resnet@other")
+    assert parse_backbone_spec(f"moco:{name}").weights == name
+
+
 @pytest.mark.parametrize(
     "state",
     [
