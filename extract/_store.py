@@ -129,6 +129,7 @@ def check_output(path: str | os.PathLike, overwrite: bool = False) -> None:
         format and ``overwrite`` is False.
     """
     text = os.fspath(path)
+    _check_output_text(text)
     if os.path.exists(text):
         problem = _file_problem(text)
         if problem == "is a folder":
@@ -169,10 +170,24 @@ def check_output(path: str | os.PathLike, overwrite: bool = False) -> None:
         )
 
 
+def _check_output_text(text: str) -> None:
+    """Refuse an output path that is empty or names a folder by its form, before ``Path``
+    reads "" as "." and drops a trailing separator (a store was written as the file
+    ``feats`` for ``feats/``)."""
+    if not text:
+        raise StoreError("The output path is empty; give a file path such as 'features.h5'.")
+    if text.endswith(tuple(filter(None, (os.sep, os.altsep)))):  # as cp reads a folder
+        raise StoreError(
+            f"The output {text!r} ends in {text[-1]!r}, as a folder's name does; give a file "
+            f"path such as {os.path.join(text, 'features.h5')!r}."
+        )
+
+
 def output_target(path: str | os.PathLike) -> Path:
     """The file a store at ``path`` is written to: a symbolic link's target (written
     through, as the shell's ``>`` does), so that the store's temporary file, lock and
     atomic rename act on the target and not on the link; otherwise ``path`` itself."""
+    _check_output_text(os.fspath(path))
     path = Path(path)
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 

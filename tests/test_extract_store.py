@@ -1269,6 +1269,11 @@ def test_fashion_mnist_store_is_tied_to_its_idx_files(tmp_path):
         (lambda p: _write(p, b"notes"), "exists and is not an HDF5 file"),
         (lambda p: _hdf5(p, x=[1]), "is an HDF5 file but not a feature store"),
         (lambda p: p.mkdir() or p, "is a folder; give a file path such as"),
+        # A path that ends in a separator was written as a file of the folder's name, and
+        # an empty one was said to be the folder '.'.
+        (lambda p: f"{p.with_name('feats')}/", "feats/' ends in '/', as a folder's name does"),
+        (lambda p: f"{p.with_name('out.h5')}/", r"give a file path such as '.*out.h5/features"),
+        (lambda p: "", r"^The output path is empty; give a file path such as 'features.h5'.$"),
         (
             lambda p: _write(p.with_name("file.txt"), b"x") / "o.h5",
             r"file.txt' is a file, not a folder",
@@ -1289,8 +1294,10 @@ def test_fashion_mnist_store_is_tied_to_its_idx_files(tmp_path):
 )
 def test_unusable_outputs_are_refused_before_any_work(folder, tmp_path, no_model, make, match):
     out = make(tmp_path / "out.h5")
+    before = sorted(tmp_path.iterdir())
     with pytest.raises(StoreError, match=match):
         extract_features(folder, BACKBONE, out, **FAST)
+    assert sorted(tmp_path.iterdir()) == before  # nothing written, no folder made
 
 
 def test_force_replaces_stores_and_empty_files_but_no_other_file(folder, tmp_path):
