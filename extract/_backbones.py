@@ -564,8 +564,8 @@ def create_backbone(
         with torch.inference_mode():
             dim = model(torch.zeros(1, 3, *pre["crop"], device=device)).shape[-1]
     except (AssertionError, RuntimeError) as err:  # e.g. a model built for one input size
-        if device_failed(err) or not image_size:
-            raise
+        if device_failed(err) or not image_size or "can't allocate memory" in str(err):
+            raise  # (the last: the CPU's memory at a huge size, which the CLI names so)
         reason = (str(err).strip().splitlines() or [type(err).__name__])[-1].strip()
         raise BackboneError(
             f"The backbone {str(spec)!r} does not take {pre['crop'][0]} × {pre['crop'][1]} "

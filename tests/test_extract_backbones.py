@@ -362,6 +362,26 @@ def test_a_timm_checkpoint_timm_cannot_resize(tmp_path, name, works):
             create_backbone(spec, image_size=160)
 
 
+def test_an_input_size_too_large_for_memory_is_no_bad_size(monkeypatch):
+    # The CPU allocator's failure at a huge --image-size was said to be a size the backbone
+    # does not take; raised as it is, the CLI says the machine ran out of memory.
+    from torch import nn
+
+    from extract import BackboneError, _backbones
+
+    message = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 12 bytes."
+
+    class Hungry(nn.Module):
+        def forward(self, x):
+            raise RuntimeError(message)
+
+    build = _backbones._BUILDERS["timm"]
+    monkeypatch.setitem(_backbones._BUILDERS, "timm", lambda *a: (Hungry(), *build(*a)[1:]))
+    with pytest.raises(RuntimeError, match=f"^{message}$") as info:
+        create_backbone("timm:test_resnet@random", image_size=64)
+    assert not isinstance(info.value, BackboneError)
+
+
 def test_checkpoint_checks_of_two_threads_see_their_own_loads(tmp_path):
     # The recording replaced Module.load_state_dict for the whole process: a thread saw
     # the other's loads (good checkpoints refused, bad ones accepted), and an unlucky
