@@ -178,8 +178,15 @@ def _extract(args: argparse.Namespace) -> int:
             )
     import torch
 
+    from mr2_probe._device import resolve_device
+
     from . import extract_features, load_features
     from ._reading import name_failures
+
+    try:  # named as the option, as mr2-probe names it
+        resolve_device(args.device)
+    except (ValueError, RuntimeError) as err:
+        return _error(f"--device {args.device!r}: {err}")
 
     # Configured once torch is imported: a Ctrl-C during its import leaves its loggers
     # unset, and the INFO lines of its exit handlers followed the one line of the interrupt.

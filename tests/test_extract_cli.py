@@ -414,6 +414,18 @@ def test_a_bad_worker_count_is_refused_before_force_touches_the_store(tmp_path, 
     np.testing.assert_array_equal(load_features(out).features, before)
 
 
+@pytest.mark.parametrize("value", ["gpu", ""])
+def test_a_bad_device_is_refused_by_the_option_s_name(tmp_path, capsys, no_model, value):
+    # The error named the parameter ("device='gpu' is not a torch device"), as mr2-probe
+    # names the option before it.
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    out = tmp_path / "out.h5"
+    assert main([str(folder), "timm:test_resnet@random", str(out), "--device", value]) == 2
+    line = _error_line(capsys, only_line=True)
+    assert line.startswith(f"mr2-extract: error: --device {value!r}: device={value!r} is not")
+    assert "Available devices: 'auto'" in line and not out.exists()
+
+
 def test_a_locked_store_is_one_line(tmp_path, capsys):
     # StoreLockedError is also a RuntimeError, whose clause came first and re-raised it:
     # a traceback and exit status 1.
