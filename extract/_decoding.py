@@ -214,11 +214,21 @@ def read_file(path: str, listed: tuple[int, int] | None = None) -> bytearray:
         the file was missing when listed), or if the file changes while it is read.
     """
     # Opened without blocking, then refused unless it is a regular file: a FIFO named like
-    # an image blocked the open (and the whole run) until something wrote into it.
-    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
-        st = os.fstat(fh.fileno())
+    # an image blocked the open (and the whole run) until something wrote into it. Checked
+    # before fdopen, whose error for a folder named the descriptor ("Is a directory: 5")
+    # and left it open.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device)", path)
+        fh = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with fh:
         check_listed(path, st, listed)
         data = bytearray(st.st_size)
         n = fh.readinto(data)

@@ -294,6 +294,20 @@ def test_a_fifo_named_like_an_image_is_a_failure_not_a_hang(tmp_path):
     assert set(reasons.values()) == {None}
 
 
+def test_a_folder_listed_as_an_image_is_named_in_its_reason(tmp_path):
+    # The reason named the file descriptor ("Is a directory: 5"), which was left open.
+    from extract._decoding import failure_reason, read_file
+
+    open_fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(IsADirectoryError) as info:
+            read_file(str(tmp_path))
+    assert failure_reason(info.value) == (
+        f"IsADirectoryError: [Errno 21] Is a directory: {str(tmp_path)!r}"
+    )
+    assert len(os.listdir("/proc/self/fd")) == open_fds
+
+
 def test_dataset_returns_jpeg_bytes_for_device_decoding(folder):
     src = image_folder(folder)
     ds = ItemDataset(src, lambda im: torch.zeros(3, 2, 2), jpeg_bytes=True)
