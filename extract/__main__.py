@@ -120,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
         "after the images changed; only feature stores and empty files are ever deleted",
     )
     parser.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=None,
+        help="refuse (record as failed) images of more pixels than this, before decoding "
+        "(default: PIL's limit, 89478485); 0 for no limit. With --retry-failed, images "
+        "refused under a lower limit are read again",
+    )
+    parser.add_argument(
         "--retry-failed",
         action="store_true",
         help="extract again the images an earlier run recorded as failed (after a transient "
@@ -165,6 +173,7 @@ def _extract(args: argparse.Namespace) -> int:
         ("--image-size", args.image_size, 1),
         ("--per-class", args.per_class, 1),
         ("--max-items", args.max_items, 1),
+        ("--max-image-pixels", args.max_image_pixels, 0),
     ):
         if value is not None and value < least:  # the options' names, not the parameters'
             return _error(f"{flag} must be at least {least}; got {value}")
@@ -187,6 +196,10 @@ def _extract(args: argparse.Namespace) -> int:
         resolve_device(args.device)
     except (ValueError, RuntimeError) as err:
         return _error(f"--device {args.device!r}: {err}")
+    if args.max_image_pixels is not None:  # PIL's limit, which the workers take from here
+        from PIL import Image
+
+        Image.MAX_IMAGE_PIXELS = args.max_image_pixels or None
 
     # Configured once torch is imported: a Ctrl-C during its import leaves its loggers
     # unset, and the INFO lines of its exit handlers followed the one line of the interrupt.

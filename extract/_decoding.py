@@ -8,6 +8,7 @@ import errno
 import hashlib
 import io
 import os
+import re
 import stat
 import warnings
 
@@ -82,10 +83,15 @@ def check_pixel_limit(width: int, height: int) -> None:
     """
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and width * height > limit:
-        raise Image.DecompressionBombError(
-            f"the image is {width}x{height} = {width * height} pixels, more than the limit "
-            f"of {limit} (PIL.Image.MAX_IMAGE_PIXELS); raise the limit to read it"
-        )
+        raise _over_the_limit(f"{width}x{height} = {width * height}")
+
+
+def _over_the_limit(pixels: str) -> Image.DecompressionBombError:
+    return Image.DecompressionBombError(
+        f"the image is {pixels} pixels, more than the limit of {Image.MAX_IMAGE_PIXELS} "
+        "(PIL.Image.MAX_IMAGE_PIXELS, mr2-extract --max-image-pixels); raise it to read the "
+        "image"
+    )
 
 
 def _scale_to_8_bits(image: Image.Image) -> Image.Image:
@@ -173,6 +179,12 @@ def decode_image(
         except Image.UnidentifiedImageError:
             # PIL would name the in-memory buffer (with its address) instead of the file.
             raise Image.UnidentifiedImageError(f"cannot identify image file {name!r}") from None
+        except Image.DecompressionBombError as err:
+            # PIL's own check, past twice the limit, names twice the limit and no remedy.
+            found = re.match(r"Image size \((\d+) pixels\)", str(err))
+            if found is None:
+                raise
+            raise _over_the_limit(found.group(1)) from None
         with opened as image:
             check_pixel_limit(*image.size)
             image.load()

@@ -700,6 +700,9 @@ class ItemDataset(torch.utils.data.Dataset):
     ) -> None:
         self.source, self.transform, self.jpeg_bytes = source, transform, jpeg_bytes
         self.max_aspect = max_aspect  # where long strips are cut (decode_image)
+        # PIL's limit as it is now, taken into the workers: those started by spawn or
+        # forkserver import PIL afresh, with its default.
+        self.max_pixels = Image.MAX_IMAGE_PIXELS
         self.sizes, self.mtimes = source.file_stats()
         self.reader_state: dict = {}  # per worker process: the archive's open cursor
 
@@ -707,6 +710,7 @@ class ItemDataset(torch.utils.data.Dataset):
         return len(self.source)
 
     def __getitem__(self, i: int) -> tuple[int, torch.Tensor | None, str | None, str]:
+        Image.MAX_IMAGE_PIXELS = self.max_pixels
         if self.source.archive is not None:
             return self.__getitems__([i])[0]
         if self.source.pixels is not None:
@@ -725,6 +729,7 @@ class ItemDataset(torch.utils.data.Dataset):
     def __getitems__(self, indices: list[int]) -> list:
         if self.source.archive is None:
             return [self[i] for i in indices]
+        Image.MAX_IMAGE_PIXELS = self.max_pixels
         read = self.source.archive.read(self.source.root, indices, self.reader_state)
         return [
             (i, None, failure_reason(data), "")

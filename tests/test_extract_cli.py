@@ -102,6 +102,29 @@ def test_a_run_in_which_every_image_failed_exits_with_an_error(tmp_path, capsys)
     assert len(load_features(out).failures) == 3  # recorded, for --retry-failed
 
 
+def test_max_image_pixels_sets_the_limit_and_retry_reads_what_it_refused(
+    tmp_path, capsys, monkeypatch
+):
+    # A CLI user had no way to raise PIL's limit, which the failure reason told them to do.
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)  # restored after
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = tmp_path / "f.h5"
+    args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
+    args += ["--no-progress", "--workers", "1"]
+    assert main([*args, "--max-image-pixels", "-1"]) == 2
+    assert "--max-image-pixels must be at least 0; got -1" in _error_line(capsys)
+    assert main([*args, "--max-image-pixels", "100"]) == 2  # every test image is larger
+    assert "more than the limit of 100" in _error_line(capsys)
+    failures = load_features(out).failures
+    assert len(failures) == 4
+    assert all("mr2-extract --max-image-pixels" in reason for _, reason in failures)
+    assert main([*args, "--max-image-pixels", "0", "--retry-failed"]) == 0
+    store = load_features(out)
+    assert len(store.failures) == 0 and store.features.shape == (4, 96)
+
+
 def test_failed_images_are_named_with_their_reasons(tmp_path, capsys, caplog):
     # The run counted its failed images only ("2 images were recorded in s.h5 as failed"),
     # a rerun too ("2 recorded as failed"): which images, and why, only h5py could tell.

@@ -667,6 +667,26 @@ def test_pixel_limit_applies_to_the_pil_and_tensor_paths_alike(tmp_path, monkeyp
     assert "40x36 = 1440 pixels, more than the limit of 1000" in ds[0][2]
 
 
+@pytest.mark.parametrize("jpeg_bytes", [True, False])
+def test_the_pixel_limit_is_the_one_set_when_the_dataset_was_made(
+    tmp_path, monkeypatch, jpeg_bytes
+):
+    # Workers started by spawn or forkserver import PIL afresh: the limit a user (or
+    # mr2-extract --max-image-pixels) set went unseen there, and the default applied.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    (tmp_path / "big.jpg").write_bytes(_jpeg(40, 36))  # 1440 pixels
+    src = image_list(_write_list(tmp_path, ["big.jpg,a"]))
+    ds = ItemDataset(src, lambda im: torch.zeros(3, 2, 2), jpeg_bytes=jpeg_bytes)
+    Image.MAX_IMAGE_PIXELS = 89478485  # as a fresh worker process has it
+    reason = ds[0][2]
+    assert "1440 pixels, more than the limit of 1000" in reason
+    assert "mr2-extract --max-image-pixels); raise it to read the image" in reason
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)  # no limit at all
+    ds = ItemDataset(src, lambda im: torch.zeros(3, 2, 2), jpeg_bytes=jpeg_bytes)
+    Image.MAX_IMAGE_PIXELS = 1000
+    assert ds[0][2] is None
+
+
 def test_device_jpeg_decoding_checks_the_pixel_limit(monkeypatch):
     from extract._batches import _decode_jpegs
 
