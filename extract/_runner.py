@@ -358,6 +358,23 @@ def _merge_on_rank0(
     return out
 
 
+_SOURCE_LOGGERS = ("extract._images", "extract._tar_shards", "extract._tables")
+
+
+@contextlib.contextmanager
+def _quiet(names: tuple[str, ...]) -> Iterator[None]:
+    """Only errors from the loggers ``names`` while the block runs."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
 def _extract_shard(
     source, spec, out, batch_size, num_workers, dtype, normalize, image_size, device, decode,
     n_per_class, max_items, keys, rank, world_size, progress, overwrite, retry_failed,
@@ -374,7 +391,10 @@ def _extract_shard(
         # The rank's GPU becomes the current one, so that nothing (pinned-memory threads
         # included) opens a context on GPU 0 from every rank.
         torch.cuda.set_device(device)
-    src = open_source(source, *keys)
+    # Under torchrun every rank lists the source; what listing it says (files left out,
+    # classes without images, links skipped) is said once, by rank 0.
+    with _quiet(_SOURCE_LOGGERS) if merged is not None and rank != 0 else contextlib.nullcontext():
+        src = open_source(source, *keys)
     if n_per_class is not None or max_items is not None:
         src = src.subset(n_per_class, max_items)
     if len(src) == 0:

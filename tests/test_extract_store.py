@@ -511,6 +511,28 @@ def _ranks_one_by_one(monkeypatch):
     monkeypatch.setattr(_runner, "_ranks_group", contextlib.nullcontext)
 
 
+def test_under_torchrun_what_the_listing_says_is_said_by_rank_0_alone(
+    tmp_path, monkeypatch, caplog
+):
+    # Files left out of a folder were named once per rank: eight times on eight GPUs.
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    (folder / "cat" / "notes.txt").write_text("not an image")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    said = {}
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="extract"):
+            extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+        said[rank] = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert said[1] == [] and len(said[0]) == 1 and "'cat/notes.txt'" in said[0][0]
+    assert logging.getLogger("extract._images").level == logging.NOTSET  # restored
+
+
 @pytest.mark.parametrize("change", ["added", "replaced"])
 def test_ranks_that_listed_the_source_differently_stop_before_any_work(
     tmp_path, monkeypatch, change
