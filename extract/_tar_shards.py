@@ -193,11 +193,23 @@ def _member_and_path(label_key: str, members: dict) -> tuple[str | None, list[st
     return None, []
 
 
-def _label_text(raw: bytes, path: list[str], where: str, label_key: str) -> str:
-    """A label as text: an integer (class index) or a class name."""
-    if not path:
+def _label_text(raw: bytes, path: list[str], where: str, label_key: str, is_json: bool) -> str:
+    """A label as text: an integer (class index) or a class name. A JSON member is decoded
+    as JSON, as webdataset decodes it, with or without a path into it."""
+    if not path and not is_json:
         return raw.decode("utf-8").strip()
     value = json.loads(raw)
+    if not path and isinstance(value, dict | list):  # each whole document became a class
+        if isinstance(value, list):
+            what, example = "an array", f"{label_key}.0"
+        else:
+            keys = ", ".join(list(value)[:8]) + (", ..." if len(value) > 8 else "")
+            what = f"an object (its keys: {keys or 'none'})"
+            example = f"{label_key}.{'label' if 'label' in value or not value else list(value)[0]}"
+        raise ShardError(
+            f"The {label_key!r} member of the {where} is {what}, not a label; give the "
+            f"label's path in it, e.g. --label-key {example}."
+        )
     for part in path:
         if isinstance(value, list) and part.isdigit() and int(part) < len(value):
             value = value[int(part)]
@@ -278,7 +290,8 @@ def index_shard(path: str, image_keys: tuple[str, ...], label_key: str) -> _Shar
                 raw = mm[offset : offset + length]
                 digest.update(raw)
                 try:
-                    index.labels.append(_label_text(raw, json_path, where, label_key))
+                    is_json = member.lower().endswith("json")
+                    index.labels.append(_label_text(raw, json_path, where, label_key, is_json))
                 except (UnicodeDecodeError, json.JSONDecodeError) as err:
                     raise ShardError(
                         f"The {member!r} member of the {where} is unreadable: {err}."

@@ -375,6 +375,15 @@ def test_an_img2dataset_folder_is_read_with_its_keys(tmp_path):
         open_source(f"webdataset:{tmp_path}/{{00000..00001}}.tar")  # no cls member
 
 
+def test_a_json_member_named_alone_is_decoded_as_json(tmp_path):
+    # Its raw text was the label: the JSON string "cat" became the class '"cat"'.
+    texts = [b'"dog"', b' "cat"']
+    samples = [{"__key__": f"k{k}", "jpg": b"x", "json": v} for k, v in enumerate(texts)]
+    _write_shard(tmp_path / "s.tar", samples)
+    src = open_source(f"webdataset:{tmp_path}/s.tar", label_key="json")
+    assert src.class_names == ["cat", "dog"] and src.labels.tolist() == [1, 0]
+
+
 @pytest.mark.parametrize(
     "sample, label_key, match",
     [
@@ -393,6 +402,20 @@ def test_an_img2dataset_folder_is_read_with_its_keys(tmp_path):
             "'json' member of the sample 'k0' .* unreadable",
         ),
         ({"txt": b"cat"}, "txt", r"No sample .* has a jpg/.* member \(the first has txt\)"),
+        # A JSON member named alone: each whole document was a class name (on img2dataset
+        # shards, every sample a class of its own).
+        (
+            {"jpg": b"x", "json": {"url": "u", "label": "cat"}},
+            "json",
+            r"The 'json' member of the sample 'k0' of .* is an object \(its keys: url, label\), "
+            r"not a label; give the label's path in it, e.g. --label-key json.label\.$",
+        ),
+        (
+            {"jpg": b"x", "json": {"url": "u", "key": "k0"}},
+            "json",
+            r"an object \(its keys: url, key\), .* e.g. --label-key json.url\.$",
+        ),
+        ({"jpg": b"x", "json": [3, "x"]}, "json", r"is an array, .* e.g. --label-key json.0\.$"),
     ],
 )
 def test_webdataset_label_and_image_errors_are_one_line(tmp_path, sample, label_key, match):
