@@ -275,6 +275,19 @@ def _check_one_split(where: str, base: str, files: list[str], configs: bool) -> 
         )
 
 
+def _saved_arrow_files(state: str) -> list[str] | None:
+    """The Arrow files that ``Dataset.save_to_disk``'s ``state.json`` lists, or None when
+    there is no such file or it is not datasets' (a training run's state.json, say: the
+    folder is then read as a folder of Parquet files)."""
+    try:
+        with open(state, encoding="utf-8") as fh:
+            data = json.load(fh).get("_data_files")
+        files = [d["filename"] for d in data]
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return None
+    return files if files and all(isinstance(f, str) for f in files) else None
+
+
 def _dataset_folder(folder: str) -> list[str]:
     """The data files of a Hugging Face dataset folder, one split only."""
     if os.path.isfile(os.path.join(folder, "dataset_dict.json")):
@@ -285,11 +298,9 @@ def _dataset_folder(folder: str) -> list[str]:
             f"{folder!r} holds the splits {splits} of a DatasetDict; give one split's folder, "
             f"e.g. parquet:{example}."
         )
-    state = os.path.join(folder, "state.json")
-    if os.path.isfile(state):  # Dataset.save_to_disk: Arrow streams listed in order
-        with open(state) as fh:
-            files = [os.path.join(folder, d["filename"]) for d in json.load(fh)["_data_files"]]
-        return [os.path.abspath(f) for f in files]
+    listed = _saved_arrow_files(os.path.join(folder, "state.json"))
+    if listed is not None:  # Dataset.save_to_disk: Arrow streams listed in order
+        return [os.path.abspath(os.path.join(folder, f)) for f in listed]
     files = sorted(glob.glob(os.path.join(glob.escape(folder), "**", "*.parquet"), recursive=True))
     if not files:
         raise TableError(f"The folder {folder!r} holds no .parquet files.")

@@ -9,6 +9,7 @@ import logging
 import os
 import posixpath
 import re
+import shutil
 import tarfile
 import tracemalloc
 
@@ -759,6 +760,16 @@ def test_save_to_disk_folders_read_their_arrow_streams(data, stores, tmp_path):
         TableError, match=r"splits \['train', 'test'\] of a DatasetDict; give one .*train"
     ):
         open_source(f"parquet:{tmp_path}")
+
+
+@pytest.mark.parametrize("state", ['{"step": 3}', "[1, 2]", "not json", '{"_data_files": 1}'])
+def test_a_state_json_of_something_else_leaves_a_parquet_folder_as_it_is(data, tmp_path, state):
+    # Any state.json was taken for save_to_disk's: a KeyError (a TypeError for an array)
+    # and a traceback, for a folder of Parquet files beside a training run's state.
+    shutil.copytree(data / "hf" / "data", tmp_path / "d")
+    (tmp_path / "d" / "state.json").write_text(state)
+    src = open_source(f"parquet:{tmp_path}/d")
+    assert src.class_names == ["cat", "dog"] and len(src) == 12
 
 
 # --- stores made from shards ---------------------------------------------------------
