@@ -87,7 +87,7 @@ def stat_containers(paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
 def open_listed(path: str, listed: tuple[int, int]) -> Iterator[BinaryIO]:
     """Open a container file, refused unless it is the one listed as ``(size, mtime_ns)``."""
     with open(path, "rb") as fh:
-        check_listed(path, os.fstat(fh.fileno()), listed)
+        check_listed(path, os.fstat(fh.fileno()), listed, container=True)
         yield fh
 
 

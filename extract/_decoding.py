@@ -191,8 +191,12 @@ def decode_image(
             return trim_aspect(to_rgb(image), max_aspect)
 
 
-def check_listed(path: str, st: os.stat_result, listed: tuple[int, int] | None) -> None:
-    """Refuse a file whose size or modification time differ from ``listed``.
+def check_listed(
+    path: str, st: os.stat_result, listed: tuple[int, int] | None, container: bool = False
+) -> None:
+    """Refuse a file whose size or modification time differ from ``listed``. The message
+    of a ``container`` (a tar shard, a Parquet / Arrow file) says that only --force takes
+    new contents: its rows' identity is the container's, which --retry-failed keeps.
 
     Raises
     ------
@@ -210,9 +214,14 @@ def check_listed(path: str, st: os.stat_result, listed: tuple[int, int] | None) 
         if size != st.st_size
         else "modified since, same size"
     )
+    remedy = (
+        "once it no longer changes, --retry-failed reads its rows again if its contents are "
+        "the same, --force if they changed"
+        if container
+        else "--retry-failed extracts it again once it no longer changes"
+    )
     raise FileChangedError(
-        f"{path} is not the file listed when the extraction started ({change}); "
-        "--retry-failed extracts it again once it no longer changes"
+        f"{path} is not the file listed when the extraction started ({change}); {remedy}"
     )
 
 

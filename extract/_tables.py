@@ -159,7 +159,7 @@ class _Cursor:
         self.key, self.start, self.values, self.paths = key, 0, None, None
         self.fh = open(path, "rb")
         try:
-            check_listed(path, os.fstat(self.fh.fileno()), listed)
+            check_listed(path, os.fstat(self.fh.fileno()), listed, container=True)
             self.batches = _Table(path, self.fh).stream(key[1], column)
         except BaseException:
             self.fh.close()

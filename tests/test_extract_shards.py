@@ -896,6 +896,16 @@ def test_a_shard_changed_during_the_run_gives_failed_rows(data, tmp_path):
     assert all(
         isinstance(r, OSError) and "00001.tar is not the file listed" in str(r) for r in read[1:]
     )
+    # Its reason said that --retry-failed takes it, which refuses a container whose
+    # contents changed; so is a Parquet file's.
+    remedy = "--retry-failed reads its rows again if its contents are the same, --force if"
+    assert remedy in str(read[1])
+    table = tmp_path / "hf"
+    shutil.copytree(data / "hf" / "data", table)
+    src = open_source(f"parquet:{table}")
+    os.utime(table / "train-00000-of-00001.parquet", ns=(0, 0))
+    read = src.archive.read(src.root, [0], {})
+    assert "(modified since, same size); once it no longer changes, " + remedy in str(read[0])
 
 
 # --- memory --------------------------------------------------------------------------
