@@ -24,7 +24,7 @@ from sklearn.preprocessing import StandardScaler
 
 from mr2_probe import MR2LinearClassifier
 from mr2_probe.cli import UsageError, load_xy, main
-from mr2_probe.cli._main import _cv_probe, _estimators, _in_cli_terms, _model
+from mr2_probe.cli._main import _cv_probe, _estimators, _in_cli_terms, _model, _without_unused_c
 from mr2_probe.cli._options import _grid, _parser
 from mr2_probe.cli._outputs import _OUTPUTS
 
@@ -221,6 +221,21 @@ def test_a_grid_of_both_heads_searches_c_where_it_penalises():
             *({"C": C, "head": "linear", "lam": lam} for C in (0.001, 1000) for lam in (0, 0.5)),
         ]
     )
+
+
+def test_a_grid_searches_the_minibatch_parameters_where_a_minibatch_solver_reads_them():
+    # With lam=0,0.5 the L-BFGS models (lam = 0, and ERM) searched learning_rate too, and
+    # reported a best value among identical fits.
+    args = Namespace(feature_scaling="none", cv=2, seed=0, n_jobs=None, scoring="worst_class")
+    grid = {"lam": [0, 0.5], "learning_rate": [0.1, 0.01]}
+    search = _model(MR2LinearClassifier(c_bar=1.0), grid, args)
+    searched = sorted(str(dict(sorted((k, v[0]) for k, v in g.items()))) for g in search.param_grid)
+    expected = [{"lam": 0}, *({"lam": 0.5, "learning_rate": r} for r in (0.1, 0.01))]
+    assert searched == sorted(str(c) for c in expected)
+    # ERM (lam = 0) searches none of it, so it is fitted alone; solver="adam" reads it.
+    assert not any(_without_unused_c(MR2LinearClassifier(), {"learning_rate": 0.1}).values())
+    adam = MR2LinearClassifier(solver="adam")
+    assert _without_unused_c(adam, {"learning_rate": 0.1}) == {"learning_rate": 0.1}
 
 
 def _no_progress(estimator):
@@ -638,6 +653,14 @@ NEEDS_H5 = pytest.mark.skipif(
             ["{d}/train.npz", "--head", "cosine", "--grid", "C=0.1,1"],
             "--grid C sets the L2 penalty of the linear head",
         ),
+        # L-BFGS (lam = 0) reads no minibatch parameter: the search chose among fits of
+        # one model and reported the first value as best.
+        (
+            ["{d}/train.npz", "--grid", "learning_rate=10,0.01"],
+            "--grid learning_rate sets the minibatch solvers' learning rate, and every model "
+            "of this search is fitted by L-BFGS (--lam 0), which does not read it",
+        ),
+        (["{d}/train.npz", "--grid", "batch_size=8,256"], "--grid batch_size sets the mini"),
         (
             ["{d}/train.npz", "--tilt", "1", "--val-size", "0.98"],
             "--val-size 0.98 cannot split the 72 training samples",

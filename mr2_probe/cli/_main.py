@@ -22,12 +22,14 @@ from ._options import (
     _MR2_ONLY,
     _OPTIONS,
     _SCALERS,
+    MINIBATCH_ONLY,
     _check_grid,
     _check_options,
     _given,
     _grid,
     _no_model,
     _parser,
+    _solver,
 )
 from ._outputs import _OUTPUTS, _prepare_out, _write_outputs
 from ._usage import UsageError, _one_line
@@ -266,13 +268,17 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
 
 
 def _without_unused_c(probe: MR2LinearClassifier, combination: dict) -> dict:
-    """``combination`` without C where C penalises nothing: a cosine head has no penalty of
-    its own, only a projection (lam > 0) has one. (Searched, such a C fits one model again
-    and reports a choice that means nothing.)"""
+    """``combination`` without what its fit does not read: C where it penalises nothing (a
+    cosine head has no penalty of its own, only a projection, lam > 0, has one), and the
+    minibatch solvers' parameters where L-BFGS fits it. (Searched, such a parameter fits
+    one model again and reports a choice that means nothing.)"""
     params = probe.get_params() | combination
+    unused = set()
     if "C" in combination and params["head"] == "cosine" and not params["lam"]:
-        return {key: value for key, value in combination.items() if key != "C"}
-    return combination
+        unused.add("C")
+    if MINIBATCH_ONLY & set(combination) and _no_model(probe, combination) is None:
+        unused |= MINIBATCH_ONLY if _solver(probe, combination) == "lbfgs" else set()
+    return {key: value for key, value in combination.items() if key not in unused}
 
 
 def _stopped_short(estimator, X, y) -> float:

@@ -499,6 +499,14 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
             f"{shown}: {invalid[0][1]})",
             file=sys.stderr,
         )
+    minibatch = [c for c, reason in reasons if not reason and _solver(mr2, c) != "lbfgs"]
+    for name in sorted(MINIBATCH_ONLY & set(grid)):
+        if not minibatch:  # searched, it chose among fits of one model
+            raise UsageError(
+                f"--grid {name} sets the minibatch solvers' {name.replace('_', ' ')}, and "
+                "every model of this search is fitted by L-BFGS (--lam 0), which does not "
+                f"read it: drop it, or search it with --lam > 0"
+            )
     if "scale" in grid and "cosine" not in grid.get("head", [args.head]):
         raise UsageError(
             "--grid scale searches the cosine head's logit scale, which no model of this "
@@ -509,6 +517,15 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
             "--logit-scale sets the cosine head's logit scale; add --head cosine, or drop "
             "--logit-scale (to scale the features, use --feature-scaling)"
         )
+
+
+#: The parameters that only the minibatch solvers read (L-BFGS does not).
+MINIBATCH_ONLY = frozenset({"batch_size", "learning_rate", "n_iter_no_change"})
+
+
+def _solver(probe: MR2LinearClassifier, combination: dict) -> str:
+    """The solver that fits ``probe`` with ``combination`` (a model: see _no_model)."""
+    return clone(probe).set_params(**combination)._check_solver()
 
 
 def _no_model(probe: MR2LinearClassifier, combination: dict) -> str | None:
