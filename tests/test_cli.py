@@ -419,8 +419,11 @@ def test_a_model_without_margins_but_with_a_compactness_loss_is_not_called_plain
     [
         (["c_bar=none,1,2.5"], {"c_bar": [None, 1, 2.5]}),
         (["lam=0,0.5", "head=linear,cosine"], {"lam": [0, 0.5], "head": ["linear", "cosine"]}),
+        # No spelling gave a boolean: "True" stayed a string, "1" an integer, both refused.
+        (["fit_intercept=True,false", "warm_start=FALSE"],
+         {"fit_intercept": [True, False], "warm_start": [False]}),
     ],
-)
+)  # fmt: skip
 def test_grid_specs(spec, expected):
     assert _grid(spec) == expected
 

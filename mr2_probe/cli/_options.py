@@ -315,6 +315,8 @@ def _grid_value(text: str):
     text = text.strip()
     if text.lower() in ("none", "null"):
         return None
+    if text.lower() in ("true", "false"):  # fit_intercept, warm_start
+        return text.lower() == "true"
     for kind in (int, float):
         try:
             return kind(text)
