@@ -93,6 +93,9 @@ def files(tmp_path_factory):
         X_uneven = np.random.default_rng(seed).normal(size=(66, 4))
         np.savez(folder / f"{name}.npz", X=X_uneven, y=uneven)
     (folder / "garbage.npz").write_bytes(b"not numpy at all")
+    (folder / "labels.txt").write_text("cat\ndog\n")
+    np.save(folder / "y_object.npy", np.array(FASHION)[y].astype(object), allow_pickle=True)
+    (folder / "images").mkdir()
     (folder / "X.csv").write_text("0.5,1.5,0\n")  # features as text: no format read here
     (folder / "notes.txt").write_text("a regular file\n")
     return folder
@@ -440,6 +443,23 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/missing.npz"], "'{d}/missing.npz' does not exist; check the path"),
         (["{d}/X.npy", "--labels", "{d}/missing.npy"], "'{d}/missing.npy' does not exist"),
         (["{d}/garbage.npz"], "'{d}/garbage.npz' is not a NumPy file"),
+        # A labels file was told to hold features; pandas' text labels (an object array,
+        # which numpy.save pickles) were refused for allow_pickle, which no option sets.
+        (
+            ["{d}/X.npy", "--labels", "{d}/labels.txt"],
+            "--labels '{d}/labels.txt' is not a NumPy file; save the labels with numpy.save",
+        ),
+        (
+            ["{d}/train.npz", "--test", "{d}/X.npy", "--test-labels", "{d}/labels.txt"],
+            "--test-labels '{d}/labels.txt' is not a NumPy file; save the labels with",
+        ),
+        (
+            ["{d}/X.npy", "--labels", "{d}/y_object.npy"],
+            "'{d}/y_object.npy' holds an array of Python objects (as numpy.save writes a pandas "
+            "column of text), which needs pickle to read and is not read: save it as text or "
+            "numbers, e.g. numpy.save(path, labels.astype(str))",
+        ),
+        (["{d}/images"], "'{d}/images' is a folder; mr2-probe reads features: extract a"),
         (["{d}/other.npz"], "must hold arrays X and y (or features and labels); found ['a', "),
         (["{d}/X.npy"], "holds features only; pass --labels FILE.npy"),
         (["{d}/X.csv"], "unknown feature file type '.csv'"),

@@ -101,6 +101,11 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
     if not suffix:
         if not os.path.exists(path):
             raise UsageError(f"{path!r} does not exist; check the path")
+        if os.path.isdir(path):  # images, most likely
+            raise UsageError(
+                f"{path!r} is a folder; mr2-probe reads features: extract a folder of images "
+                f"into a store first (mr2-extract {path} BACKBONE features.h5)"
+            )
         raise UsageError(
             f"unknown feature file type {Path(path).suffix or '(none)'!r} ({path}): neither "
             "a store from mr2-extract (HDF5, .h5) nor .npz (X and y) or .npy (with --labels)"
@@ -115,7 +120,7 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
     else:
         if labels is None:
             raise UsageError(f"{path} holds features only; pass {labels_option} FILE.npy")
-        X, y = _read(path, _load_npy), _read(labels, _load_npy)
+        X, y = _read(path, _load_npy), _read(labels, _load_npy, labels_option)
         source = f"{path} with labels {labels}"
     X, y = np.asarray(X), np.asarray(y)
     if y.dtype.kind == "S":  # bytes, which scikit-learn refuses as labels: their text
@@ -131,7 +136,9 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
     return X, y, names
 
 
-def _read(path: str, reader):
+def _read(path: str, reader, labels_option: str | None = None):
+    """``reader(path)``, its failures one line each; ``labels_option``: the option that
+    named ``path`` as a labels file (--labels, --test-labels)."""
     if not os.path.exists(path):
         raise UsageError(f"{path!r} does not exist; check the path")
     try:
@@ -140,13 +147,22 @@ def _read(path: str, reader):
         # np.load reads anything else as a pickle, whose error would talk of allow_pickle.
         if not magic.startswith(_NPZ + _NPY):
             raise UsageError(
-                f"{path!r} is not a NumPy file; write features with numpy.save (.npy) or "
+                f"{labels_option} {path!r} is not a NumPy file; save the labels with "
+                "numpy.save (.npy)"
+                if labels_option
+                else f"{path!r} is not a NumPy file; write features with numpy.save (.npy) or "
                 "numpy.savez (.npz)"
             )
         return reader(path)
     except UsageError:
         raise
     except Exception as error:  # a foreign or damaged file fails in many ways (zip, pickle)
+        if "allow_pickle" in str(error):  # an object array, which only a pickle holds
+            raise UsageError(
+                f"{path!r} holds an array of Python objects (as numpy.save writes a pandas "
+                "column of text), which needs pickle to read and is not read: save it as "
+                "text or numbers, e.g. numpy.save(path, labels.astype(str))"
+            ) from error
         raise UsageError(
             f"cannot read {path!r} as {Path(path).suffix or 'a NumPy file'}: "
             f"{type(error).__name__}: {_one_line(error)}"
