@@ -93,17 +93,19 @@ def offsets_splits(cv, X, y, groups=None, random_state=None, split_params=None) 
 
 
 def check_training_folds(
-    y_index: np.ndarray, classes: np.ndarray, splits, advice: str = FOLDS_ADVICE
+    y_index: np.ndarray, classes: np.ndarray, splits, advice: str = FOLDS_ADVICE, names=None
 ) -> None:
     """Refuse, before any fit, ``splits`` whose training part lacks a class (the offsets
     need every class's decision value from every fold's estimator), with ``advice``.
-    ``y_index`` holds each sample's index into ``classes``."""
+    ``y_index`` holds each sample's index into ``classes``; ``names``, if given, names
+    them in the message (a store's class names for its integer codes)."""
+    shown = classes if names is None else np.asarray(names, dtype=object)
     for n, (train, _) in enumerate(splits):
         missing = np.flatnonzero(np.bincount(y_index[train], minlength=len(classes)) == 0)
         if len(missing):
             raise ValueError(
                 f"The training part of fold {n} of the cv holds no sample of the classes "
-                f"{classes[missing][:5].tolist()}{' ...' if len(missing) > 5 else ''} "
+                f"{shown[missing][:5].tolist()}{' ...' if len(missing) > 5 else ''} "
                 f"({len(missing)} of {len(classes)}). {advice}".rstrip()
             )
 

@@ -479,13 +479,21 @@ def _check_known_labels(y, scored: dict) -> None:
 
 
 def check_offsets_folds(
-    y, offsets_cv, advice: str | None = None, *, X=None, groups=None, random_state=None
+    y,
+    offsets_cv,
+    advice: str | None = None,
+    *,
+    X=None,
+    groups=None,
+    random_state=None,
+    class_names=None,
 ) -> None:
     """Refuse, before any fit, an ``offsets_cv`` that :class:`TunedOffsetsClassifierCV`
     would refuse as its ``cv`` (or ``"prefit"``), or whose folds of ``y`` (split as the
     estimator splits them, with ``X``, ``groups`` and ``random_state``) leave a class out
     of a training part (then with ``advice``). A splitter that shuffles without a seed is
-    checked on one draw of its folds."""
+    checked on one draw of its folds. ``class_names[k]`` names the class of code k in the
+    message where ``y`` holds integer codes 0..K-1 (a feature store's)."""
     constraints = [c for c in TunedOffsetsClassifierCV._parameter_constraints["cv"]
                    if not isinstance(c, StrOptions)]  # fmt: skip
     validate_parameter_constraints(
@@ -503,7 +511,8 @@ def check_offsets_folds(
     with warnings.catch_warnings():  # scikit-learn's warning about small classes: refused below
         warnings.simplefilter("ignore", UserWarning)
         splits = offsets_splits(offsets_cv, X, y, groups, random_state)
-    check_training_folds(y_index, classes, splits, advice)
+    names = None if class_names is None else np.asarray(class_names, dtype=object)[classes]
+    check_training_folds(y_index, classes, splits, advice, names)
 
 
 def _score(points, X, y, split: str) -> None:

@@ -241,6 +241,24 @@ def test_a_grid_searches_the_minibatch_parameters_where_a_minibatch_solver_reads
     assert _without_unused_c(adam, {"learning_rate": 0.1}) == {"learning_rate": 0.1}
 
 
+@pytest.mark.parametrize(
+    "offsets, val_size, message",
+    [
+        ([], 0.1, "without a sample in the front's validation part (the first: 'b')"),
+        ([1.0], 0.5, "holds no sample of the classes ['d'] (1 of 4)"),
+    ],
+)
+def test_a_store_s_classes_are_named_in_the_front_s_split_errors(offsets, val_size, message):
+    # A store's classes were named by their integer codes here (the first: 1; classes
+    # [3]), and by their names everywhere else.
+    from mr2_probe.cli._inputs import _check_splits
+
+    y = np.r_[np.zeros(60, int), np.repeat([1, 2, 3], 2)]
+    args = Namespace(tilt=[1.0], offsets=offsets, val_size=val_size, seed=0, test="t.h5", Cs=None)
+    with pytest.raises(UsageError, match=re.escape(message)):
+        _check_splits(y, {}, args, names=["a", "b", "c", "d"])
+
+
 def _no_progress(estimator):
     return all(v == 0 for k, v in estimator.get_params().items() if k.endswith("verbose"))
 

@@ -491,17 +491,18 @@ def _check_splits(y, grid: dict, args, names=None) -> None:
                 f"with every class on both sides: {why}"
             ) from error
         classes = np.unique(y)
+        shown = None if names is None else _distinct(names)  # a store's names of its codes
         for part, name in ((fit_part, "fitting"), (validation, "validation")):
             missing = np.setdiff1d(classes, part)
             if len(missing):
                 raise UsageError(
                     f"--val-size {args.val_size:g} leaves {len(missing)} of the {len(classes)} "
                     f"classes without a sample in the front's {name} part (the first: "
-                    f"{missing.tolist()[0]!r}); {advice}"
+                    f"{missing[0].item() if shown is None else shown[missing[0]]!r}); {advice}"
                 )
         if args.offsets:  # the offsets are tuned on folds of the front's fitting part
             try:
-                check_offsets_folds(fit_part, OFFSETS_CV, advice="")
+                check_offsets_folds(fit_part, OFFSETS_CV, advice="", class_names=shown)
             except ValueError as error:
                 raise UsageError(
                     f"--offsets tunes offsets on {OFFSETS_CV} folds of the {len(fit_part)} "
