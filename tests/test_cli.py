@@ -1591,6 +1591,15 @@ def test_labels_that_are_nan_or_infinite_are_refused(files, tmp_path, capsys, ba
     assert "some labels are NaN or infinite; every row needs a class" in line
 
 
+def test_whole_float_labels_are_class_indices(files, tmp_path):
+    # Float labels kept their float spelling: the report keyed the training classes "0.0"
+    # where the test file's integer labels were "0", and printed classes as 1.0, 4.0.
+    np.save(tmp_path / "y_float.npy", np.load(files / "y.npy").astype(float))
+    X, y, names = load_xy(str(files / "X.npy"), str(tmp_path / "y_float.npy"))
+    assert y.dtype == np.int64 and names is None
+    np.testing.assert_array_equal(y, np.load(files / "y.npy"))
+
+
 def test_bytes_labels_that_are_not_utf8_are_refused(files, tmp_path, capsys):
     # Bytes labels are decoded as UTF-8 text; bytes that are not text must be refused with
     # that reason, not passed on as bytes (which scikit-learn refuses after the fit began).

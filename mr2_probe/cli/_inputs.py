@@ -129,6 +129,10 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
         except UnicodeDecodeError as error:
             raise UsageError(f"the labels of {source} are bytes that are not UTF-8 text") from error
     _check_xy(X, y, source, store)
+    if y.dtype.kind == "f" and np.abs(y).max() < 2**53:  # whole numbers now: class indices
+        # One spelling per class: float labels 0.0 were keyed "0.0" in the report where
+        # the other file's integer labels were "0".
+        y = y.astype(np.int64)
     if X.dtype == np.float16:
         # Scaled in float32: scikit-learn's scalers compute in the features' dtype, and a
         # float16 row norm overflows past 256 (Normalizer then zeroes the row).
