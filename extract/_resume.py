@@ -217,6 +217,14 @@ def _source_explained(f, provenance: dict, source, rows, retry_failed=False) -> 
             "; it failed in the store and has changed since: pass --retry-failed "
             "(retry_failed=True) to extract the changed failed images again"
         )
+    if difference is None and existing.get("shard_world_size", 1) > 1:
+        # Its fingerprint covers the whole source: what changed are other ranks' images.
+        difference = (
+            f"shard {existing.get('shard_rank')} of {existing['shard_world_size']} holds its "
+            "images unchanged, and images of the source in other shards changed (a shard's "
+            "fingerprint covers the whole source); only a run of every rank under torchrun "
+            "takes them as repaired failed images"
+        )
     return difference
 
 

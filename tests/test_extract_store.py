@@ -639,8 +639,15 @@ def test_retry_failed_takes_a_repaired_image_into_its_own_shard_only(tmp_path):
     single = load_features(extract_features(folder, BACKBONE, tmp_path / "single.h5", **FAST))
     assert not repaired.failures and repaired.paths == single.paths[0::2]
     np.testing.assert_allclose(repaired.features, single.features[0::2], rtol=1e-5, atol=1e-6)
-    with pytest.raises(ProvenanceError, match="source_fingerprint"):
-        shard(1, retry_failed=True)
+    # It said only that the fingerprints differ, naming no file and no remedy.
+    for retry in (True, False):
+        with pytest.raises(ProvenanceError, match=re.escape(
+            "(the images differ: shard 1 of 2 holds its images unchanged, and images of the "
+            "source in other shards changed (a shard's fingerprint covers the whole source); "
+            "only a run of every rank under torchrun takes them as repaired failed images). "
+            "Write to another output path, or pass --force (overwrite=True)"
+        )):  # fmt: skip
+            shard(1, retry_failed=retry)
 
 
 @pytest.mark.parametrize("shards", [1, 2])
