@@ -441,8 +441,8 @@ def test_a_model_without_margins_but_with_a_compactness_loss_is_not_called_plain
         (["c_bar=none,1,2.5"], {"c_bar": [None, 1, 2.5]}),
         (["lam=0,0.5", "head=linear,cosine"], {"lam": [0, 0.5], "head": ["linear", "cosine"]}),
         # No spelling gave a boolean: "True" stayed a string, "1" an integer, both refused.
-        (["fit_intercept=True,false", "warm_start=FALSE"],
-         {"fit_intercept": [True, False], "warm_start": [False]}),
+        (["fit_intercept=True,false", "class_weight=none"],
+         {"fit_intercept": [True, False], "class_weight": [None]}),
     ],
 )  # fmt: skip
 def test_grid_specs(spec, expected):
@@ -702,6 +702,10 @@ NEEDS_H5 = pytest.mark.skipif(
             "of this search is fitted by L-BFGS (--lam 0), which does not read it",
         ),
         (["{d}/train.npz", "--grid", "batch_size=8,256"], "--grid batch_size sets the mini"),
+        # Parameters that change no model: a "best" value among identical fits (and
+        # progress bars despite --no-progress).
+        (["{d}/train.npz", "--grid", "verbose=0,1"], "--grid verbose: verbose sets the prog"),
+        (["{d}/train.npz", "--grid", "warm_start=true,false"], "warm_start changes no model"),
         (
             ["{d}/train.npz", "--tilt", "1", "--val-size", "0.98"],
             "--val-size 0.98 cannot split the 72 training samples",

@@ -441,6 +441,14 @@ def _check_options(args) -> None:
             )
 
 
+#: Parameters that change no model of a search: why, for --grid's refusal.
+_NOT_SEARCHED = {
+    "verbose": "verbose sets the progress output, not the model (--no-progress hides it)",
+    "warm_start": "each fit of a search starts from a fresh copy of the probe, so "
+    "warm_start changes no model",
+}
+
+
 def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) -> None:
     """Every --grid name is a parameter of the estimator, every value a valid one, and
     none of them set by an option too (``given``: the options on the command line)."""
@@ -458,6 +466,8 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
                 f"--grid {name}: MR2LinearClassifier has no parameter {name!r}; {hint}"
                 f"its parameters are {', '.join(sorted(params))}"
             )
+        if name in _NOT_SEARCHED:  # no value changes the model a search fits
+            raise UsageError(f"--grid {name}: {_NOT_SEARCHED[name]}; drop it")
         for value in values:
             if name == "max_iter" and isinstance(value, Real) and value < 1:
                 raise UsageError(f"--grid max_iter={value}: max_iter must be at least 1")
