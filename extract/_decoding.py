@@ -195,8 +195,10 @@ def check_listed(
     path: str, st: os.stat_result, listed: tuple[int, int] | None, container: bool = False
 ) -> None:
     """Refuse a file whose size or modification time differ from ``listed``. The message
-    of a ``container`` (a tar shard, a Parquet / Arrow file) says that only --force takes
-    new contents: its rows' identity is the container's, which --retry-failed keeps.
+    of a ``container`` (a tar shard, a Parquet / Arrow file) says --force: its rows'
+    identity is the container's, and --retry-failed takes a changed container back only
+    where every one of its rows failed, rarely so for a change during a run, which fails
+    only the rows read after it.
 
     Raises
     ------
@@ -215,8 +217,8 @@ def check_listed(
         else "modified since, same size"
     )
     remedy = (
-        "once it no longer changes, --retry-failed reads its rows again if its contents are "
-        "the same, --force if they changed"
+        "once it no longer changes, --force extracts the store again (a changed shard or "
+        "Parquet file is not taken back row by row)"
         if container
         else "--retry-failed extracts it again once it no longer changes"
     )

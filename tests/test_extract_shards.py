@@ -32,7 +32,7 @@ from extract import (  # noqa: E402
     shard_path,
 )
 from extract._images import label_kind_problem  # noqa: E402
-from extract._schema import PENDING  # noqa: E402
+from extract._schema import FAILED, PENDING  # noqa: E402
 from extract._tables import TableError, _drop_cursor  # noqa: E402
 from extract._tar_shards import ShardError, tar_members  # noqa: E402
 from extract._testing import (  # noqa: E402
@@ -414,7 +414,8 @@ def test_a_json_member_named_alone_is_decoded_as_json(tmp_path):
         (
             {"jpg": b"x", "json": {"url": "u", "key": "k0"}},
             "json",
-            r"an object \(its keys: url, key\), .* e.g. --label-key json.url\.$",
+            r"an object \(its keys: url, key\), not a label; give the label's path in it, "
+            r"--label-key json.KEY, KEY the one that holds the label\.$",
         ),
         ({"jpg": b"x", "json": [3, "x"]}, "json", r"is an array, .* e.g. --label-key json.0\.$"),
     ],
@@ -896,9 +897,9 @@ def test_a_shard_changed_during_the_run_gives_failed_rows(data, tmp_path):
     assert all(
         isinstance(r, OSError) and "00001.tar is not the file listed" in str(r) for r in read[1:]
     )
-    # Its reason said that --retry-failed takes it, which refuses a container whose
-    # contents changed; so is a Parquet file's.
-    remedy = "--retry-failed reads its rows again if its contents are the same, --force if"
+    # Its reason said that --retry-failed takes it, which refuses a container whose rows
+    # were read in part before the change (0 here): --force; so is a Parquet file's.
+    remedy = "--force extracts the store again (a changed shard or Parquet file is not taken"
     assert remedy in str(read[1])
     table = tmp_path / "hf"
     shutil.copytree(data / "hf" / "data", table)
@@ -906,6 +907,16 @@ def test_a_shard_changed_during_the_run_gives_failed_rows(data, tmp_path):
     os.utime(table / "train-00000-of-00001.parquet", ns=(0, 0))
     read = src.archive.read(src.root, [0], {})
     assert "(modified since, same size); once it no longer changes, " + remedy in str(read[0])
+    out = tmp_path / "f.h5"
+    refused = "is not the file the store was made from"
+    shards = _copy(data / "wds", tmp_path / "wds2")
+    first = extract_features(f"webdataset:{shards}/*.tar", BACKBONE, out, **FAST)
+    os.utime(shards / "00001.tar", ns=(0, 0))  # as if changed after its first rows were read
+    with h5py.File(first, "r+") as f:
+        f["status"][6] = FAILED
+    with pytest.raises(ProvenanceError, match=refused):  # the remedy said is the one that works
+        extract_features(f"webdataset:{shards}/*.tar", BACKBONE, out, retry_failed=True, **FAST)
+    extract_features(f"webdataset:{shards}/*.tar", BACKBONE, out, overwrite=True, **FAST)
 
 
 # --- memory --------------------------------------------------------------------------
