@@ -201,14 +201,18 @@ def _label_text(raw: bytes, path: list[str], where: str, label_key: str, is_json
     value = json.loads(raw)
     if not path and isinstance(value, dict | list):  # each whole document became a class
         if isinstance(value, list):
-            what, example = "an array", f"{label_key}.0"
+            what, example = "an array", f"e.g. --label-key {label_key}.0"
         else:
             keys = ", ".join(list(value)[:8]) + (", ..." if len(value) > 8 else "")
             what = f"an object (its keys: {keys or 'none'})"
-            example = f"{label_key}.{'label' if 'label' in value or not value else list(value)[0]}"
+            example = (  # no guess among other keys (img2dataset's url, key, status, ...)
+                f"e.g. --label-key {label_key}.label"
+                if "label" in value
+                else f"--label-key {label_key}.KEY, KEY the one that holds the label"
+            )
         raise ShardError(
             f"The {label_key!r} member of the {where} is {what}, not a label; give the "
-            f"label's path in it, e.g. --label-key {example}."
+            f"label's path in it, {example}."
         )
     for part in path:
         if isinstance(value, list) and part.isdigit() and int(part) < len(value):
