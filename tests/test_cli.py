@@ -95,6 +95,7 @@ def files(tmp_path_factory):
     (folder / "garbage.npz").write_bytes(b"not numpy at all")
     (folder / "labels.txt").write_text("cat\ndog\n")
     np.save(folder / "y_object.npy", np.array(FASHION)[y].astype(object), allow_pickle=True)
+    np.save(folder / "X_object.npy", X.astype(object), allow_pickle=True)
     (folder / "images").mkdir()
     (folder / "X.csv").write_text("0.5,1.5,0\n")  # features as text: no format read here
     (folder / "notes.txt").write_text("a regular file\n")
@@ -474,8 +475,14 @@ NEEDS_H5 = pytest.mark.skipif(
         (
             ["{d}/X.npy", "--labels", "{d}/y_object.npy"],
             "'{d}/y_object.npy' holds an array of Python objects (as numpy.save writes a pandas "
-            "column of text), which needs pickle to read and is not read: save it as text or "
-            "numbers, e.g. numpy.save(path, labels.astype(str))",
+            "column of text), which needs pickle to read and is not read: save the labels as "
+            "text or numbers, e.g. numpy.save(path, labels.astype(str))",
+        ),
+        (
+            ["{d}/X_object.npy", "--labels", "{d}/y.npy"],
+            "'{d}/X_object.npy' holds an array of Python objects (as numpy.save writes rows of "
+            "unequal lengths), which needs pickle to read and is not read: save the features "
+            "as one 2-D array of numbers",
         ),
         (["{d}/images"], "'{d}/images' is a folder; mr2-probe reads features: extract a"),
         (["{d}/other.npz"], "must hold arrays X and y (or features and labels); found ['a', "),
@@ -706,6 +713,9 @@ NEEDS_H5 = pytest.mark.skipif(
         # progress bars despite --no-progress).
         (["{d}/train.npz", "--grid", "verbose=0,1"], "--grid verbose: verbose sets the prog"),
         (["{d}/train.npz", "--grid", "warm_start=true,false"], "warm_start changes no model"),
+        # True passed scikit-learn's numeric constraints as 1: C=true fitted C=1 again.
+        (["{d}/train.npz", "--grid", "C=true,1"], "--grid C=true: C is no true/false"),
+        (["{d}/train.npz", "--grid", "c_bar=False"], "--grid c_bar=false: c_bar is no true/"),
         (
             ["{d}/train.npz", "--tilt", "1", "--val-size", "0.98"],
             "--val-size 0.98 cannot split the 72 training samples",

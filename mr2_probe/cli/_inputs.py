@@ -162,11 +162,15 @@ def _read(path: str, reader, labels_option: str | None = None):
         raise
     except Exception as error:  # a foreign or damaged file fails in many ways (zip, pickle)
         if "allow_pickle" in str(error):  # an object array, which only a pickle holds
-            raise UsageError(
-                f"{path!r} holds an array of Python objects (as numpy.save writes a pandas "
-                "column of text), which needs pickle to read and is not read: save it as "
-                "text or numbers, e.g. numpy.save(path, labels.astype(str))"
-            ) from error
+            remedy = (
+                "(as numpy.save writes a pandas column of text), which needs pickle to read "
+                "and is not read: save the labels as text or numbers, e.g. "
+                "numpy.save(path, labels.astype(str))"
+                if labels_option
+                else "(as numpy.save writes rows of unequal lengths), which needs pickle to "
+                "read and is not read: save the features as one 2-D array of numbers"
+            )
+            raise UsageError(f"{path!r} holds an array of Python objects {remedy}") from error
         raise UsageError(
             f"cannot read {path!r} as {Path(path).suffix or 'a NumPy file'}: "
             f"{type(error).__name__}: {_one_line(error)}"

@@ -469,6 +469,9 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
         if name in _NOT_SEARCHED:  # no value changes the model a search fits
             raise UsageError(f"--grid {name}: {_NOT_SEARCHED[name]}; drop it")
         for value in values:
+            if isinstance(value, bool) and not isinstance(params[name], bool):
+                # scikit-learn's numeric constraints take True as 1
+                raise UsageError(f"--grid {name}={str(value).lower()}: {name} is no true/false")
             if name == "max_iter" and isinstance(value, Real) and value < 1:
                 raise UsageError(f"--grid max_iter={value}: max_iter must be at least 1")
             try:
