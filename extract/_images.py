@@ -710,9 +710,9 @@ class ItemDataset(torch.utils.data.Dataset):
         return len(self.source)
 
     def __getitem__(self, i: int) -> tuple[int, torch.Tensor | None, str | None, str]:
-        Image.MAX_IMAGE_PIXELS = self.max_pixels
         if self.source.archive is not None:
             return self.__getitems__([i])[0]
+        Image.MAX_IMAGE_PIXELS = self.max_pixels  # (__getitems__ sets it for archives)
         if self.source.pixels is not None:
             digest = sha256_hex(np.ascontiguousarray(self.source.pixels[i]))
             try:

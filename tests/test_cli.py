@@ -24,7 +24,7 @@ from sklearn.preprocessing import StandardScaler
 
 from mr2_probe import MR2LinearClassifier
 from mr2_probe.cli import UsageError, load_xy, main
-from mr2_probe.cli._main import _cv_probe, _estimators, _in_cli_terms, _model, _without_unused_c
+from mr2_probe.cli._main import _cv_probe, _estimators, _in_cli_terms, _model, _without_unused
 from mr2_probe.cli._options import _grid, _parser
 from mr2_probe.cli._outputs import _OUTPUTS
 
@@ -237,9 +237,9 @@ def test_a_grid_searches_the_minibatch_parameters_where_a_minibatch_solver_reads
     expected = [{"lam": 0}, *({"lam": 0.5, "learning_rate": r} for r in (0.1, 0.01))]
     assert searched == sorted(str(c) for c in expected)
     # ERM (lam = 0) searches none of it, so it is fitted alone; solver="adam" reads it.
-    assert not any(_without_unused_c(MR2LinearClassifier(), {"learning_rate": 0.1}).values())
+    assert not any(_without_unused(MR2LinearClassifier(), {"learning_rate": 0.1}).values())
     adam = MR2LinearClassifier(solver="adam")
-    assert _without_unused_c(adam, {"learning_rate": 0.1}) == {"learning_rate": 0.1}
+    assert _without_unused(adam, {"learning_rate": 0.1}) == {"learning_rate": 0.1}
 
 
 @pytest.mark.parametrize(

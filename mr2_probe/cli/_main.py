@@ -97,7 +97,7 @@ def _run(args, given: frozenset = frozenset()) -> int:
         )
 
     erm_grid = {key: values for key, values in grid.items() if key not in _MR2_ONLY}
-    if not any(_without_unused_c(erm, c) for c in ParameterGrid(erm_grid)):
+    if not any(_without_unused(erm, c) for c in ParameterGrid(erm_grid)):
         # Nothing it searches changes ERM (C alone, where the cosine head has no penalty):
         # a search would choose among fits of one model.
         erm_grid = {}
@@ -253,7 +253,7 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
     prefix = "" if args.feature_scaling == "none" else "probe__"
     searched = {prefix + key: values for key, values in grid.items()}
     combinations = list(ParameterGrid(grid))
-    valid = [_without_unused_c(probe, c) for c in combinations if _no_model(probe, c) is None]
+    valid = [_without_unused(probe, c) for c in combinations if _no_model(probe, c) is None]
     valid = list({tuple(sorted(c.items())): c for c in valid}.values())  # each model once
     if len(valid) < len(combinations):
         searched = [{prefix + key: [value] for key, value in c.items()} for c in valid]
@@ -267,7 +267,7 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
     )
 
 
-def _without_unused_c(probe: MR2LinearClassifier, combination: dict) -> dict:
+def _without_unused(probe: MR2LinearClassifier, combination: dict) -> dict:
     """``combination`` without what its fit does not read: C where it penalises nothing (a
     cosine head has no penalty of its own, only a projection, lam > 0, has one), and the
     minibatch solvers' parameters where L-BFGS fits it. (Searched, such a parameter fits
@@ -276,8 +276,8 @@ def _without_unused_c(probe: MR2LinearClassifier, combination: dict) -> dict:
     unused = set()
     if "C" in combination and params["head"] == "cosine" and not params["lam"]:
         unused.add("C")
-    if MINIBATCH_ONLY & set(combination) and _no_model(probe, combination) is None:
-        unused |= MINIBATCH_ONLY if _solver(probe, combination) == "lbfgs" else set()
+    if MINIBATCH_ONLY & set(combination) and _solver(probe, combination) == "lbfgs":
+        unused |= MINIBATCH_ONLY
     return {key: value for key, value in combination.items() if key not in unused}
 
 

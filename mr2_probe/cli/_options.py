@@ -315,7 +315,7 @@ def _grid_value(text: str):
     text = text.strip()
     if text.lower() in ("none", "null"):
         return None
-    if text.lower() in ("true", "false"):  # fit_intercept, warm_start
+    if text.lower() in ("true", "false"):  # fit_intercept
         return text.lower() == "true"
     for kind in (int, float):
         try:
@@ -514,14 +514,14 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
             f"{shown}: {invalid[0][1]})",
             file=sys.stderr,
         )
-    minibatch = [c for c, reason in reasons if not reason and _solver(mr2, c) != "lbfgs"]
-    for name in sorted(MINIBATCH_ONLY & set(grid)):
-        if not minibatch:  # searched, it chose among fits of one model
-            raise UsageError(
-                f"--grid {name} sets the minibatch solvers' {name.replace('_', ' ')}, and "
-                "every model of this search is fitted by L-BFGS (--lam 0), which does not "
-                f"read it: drop it, or search it with --lam > 0"
-            )
+    minibatch_only = sorted(MINIBATCH_ONLY & set(grid))
+    if minibatch_only and all(_solver(mr2, c) in (None, "lbfgs") for c in combinations):
+        name = minibatch_only[0]  # searched, it chose among fits of one model
+        raise UsageError(
+            f"--grid {name} sets the minibatch solvers' {name.replace('_', ' ')}, and every "
+            "model of this search is fitted by L-BFGS (--lam 0), which does not read it: "
+            "drop it, or search it with --lam > 0"
+        )
     if "scale" in grid and "cosine" not in grid.get("head", [args.head]):
         raise UsageError(
             "--grid scale searches the cosine head's logit scale, which no model of this "
@@ -538,9 +538,13 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
 MINIBATCH_ONLY = frozenset({"batch_size", "learning_rate", "n_iter_no_change"})
 
 
-def _solver(probe: MR2LinearClassifier, combination: dict) -> str:
-    """The solver that fits ``probe`` with ``combination`` (a model: see _no_model)."""
-    return clone(probe).set_params(**combination)._check_solver()
+def _solver(probe: MR2LinearClassifier, combination: dict) -> str | None:
+    """The solver that fits ``probe`` with ``combination``; None where that is no model
+    (see _no_model)."""
+    try:
+        return clone(probe).set_params(**combination)._check_solver()
+    except ValueError:
+        return None
 
 
 def _no_model(probe: MR2LinearClassifier, combination: dict) -> str | None:
