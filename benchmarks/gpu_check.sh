@@ -85,13 +85,13 @@ section() { # name limit_s json_path command...
         "$json" "$logs/$name.log" "$*" >>"$sections"
 }
 
-section pytest_cuda 60 "" "$PYTHON" -m pytest -m cuda -q -rfEs -p no:cacheprovider \
+section pytest_cuda 90 "" "$PYTHON" -m pytest -m cuda -q -rfEs -p no:cacheprovider \
     --continue-on-collection-errors --junitxml="$logs/pytest_cuda.xml"
-section probe_imagenet 100 "$logs/probe_imagenet.json" \
+section probe_imagenet 60 "$logs/probe_imagenet.json" \
     "$PYTHON" benchmarks/bench_probe_imagenet.py --json "$logs/probe_imagenet.json"
 # The GPU rows and their CPU peer (scikit-learn); the CPU rows of MR2 come from the CPU
 # machine (README, "Speed"). The JSON is written after each row.
-section bench_fit 35 "$logs/bench_fit.json" "$PYTHON" benchmarks/bench_fit.py \
+section bench_fit 100 "$logs/bench_fit.json" "$PYTHON" benchmarks/bench_fit.py \
     --n-samples 20000 --repeat 1 --tilts 5 --devices cuda --json "$logs/bench_fit.json"
 if [[ -f benchmarks/bench_cv.py ]]; then
     # The GPU rows alone (batched and fold by fold) at the script's default size; the CPU
@@ -104,11 +104,11 @@ else
     skip bench_cv "benchmarks/bench_cv.py does not exist in this tree"
 fi
 # Folder and Parquet (the device's image has no webdataset package to write shards with).
-section extract_timm 45 "$logs/extract_timm.json" "$PYTHON" benchmarks/bench_extract.py \
+section extract_timm 60 "$logs/extract_timm.json" "$PYTHON" benchmarks/bench_extract.py \
     --backbone timm:resnet50@random --image-size 224 --source-size 256 --n-images 512 \
     --batch-size 128 --workers 4 --sources folder,parquet --json "$logs/extract_timm.json"
 if "$PYTHON" -c "import open_clip" 2>/dev/null; then
-    section extract_open_clip 15 "$logs/extract_open_clip.json" \
+    section extract_open_clip 45 "$logs/extract_open_clip.json" \
         "$PYTHON" benchmarks/bench_extract.py --backbone open_clip:ViT-B-32@random \
         --image-size 224 --source-size 256 --n-images 512 --repeats 1 --batch-size 128 \
         --workers 4 --sources folder --json "$logs/extract_open_clip.json"
