@@ -432,10 +432,14 @@ def _timm(spec: BackboneSpec, image_size: int | None):
     elif spec.weights:
         path = _check_file(spec, spec.weights)
         # The overlay makes timm apply the model's own checkpoint filter (e.g. MAE key names).
+        # custom_load=False: a ViT whose registry weights are JAX .npz files (custom_load)
+        # read a PyTorch checkpoint with its .npz reader, which refused it, in timm before
+        # 1.0.31 (1.0.31 resets custom_load itself when a file is given).
+        overlay = dict(file=path, custom_load=False)
         with _library_reads(path):
             model = _fitting_load(
                 spec,
-                lambda: build(True, pretrained_cfg_overlay=dict(file=path)),
+                lambda: build(True, pretrained_cfg_overlay=overlay),
                 "Pass the model the checkpoint was trained as (for MoCo checkpoints, moco:...).",
             )
         weights_id = file_sha256(path)

@@ -283,6 +283,26 @@ def test_a_timm_vit_of_another_input_size(tmp_path):
         assert bb.model(torch.rand(1, 3, 160, 160)).shape == (1, 192)
 
 
+def test_a_checkpoint_file_is_never_read_as_the_registry_s_own_format(tmp_path, monkeypatch):
+    # vit_tiny's registry weights are JAX .npz files (custom_load): timm before 1.0.31 read
+    # a PyTorch file given for it with its .npz reader, which refused it, so every
+    # timm:vit_...@file.pth failed there (seen with timm 1.0.29). 1.0.31 resets custom_load
+    # itself when a file is given; the overlay now says so for every version.
+    import timm
+
+    asked = []
+    create_model = timm.create_model
+
+    def spy(name, *args, **kwargs):
+        asked.append(kwargs.get("pretrained_cfg_overlay"))
+        return create_model(name, *args, **kwargs)
+
+    monkeypatch.setattr(timm, "create_model", spy)
+    torch.save(create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), tmp_path / "v.pth")
+    create_backbone(f"timm:vit_tiny_patch16_224@{tmp_path / 'v.pth'}")
+    assert asked == [{"file": str(tmp_path / "v.pth"), "custom_load": False}]
+
+
 def test_an_open_clip_coca_model_embeds_as_its_encode_image(tmp_path):
     # CoCa's vision tower returns (pooled, tokens): building the backbone crashed.
     import open_clip
@@ -623,7 +643,7 @@ def test_moco_v3_vit_checkpoint(tmp_path):
     torch.save(vit.state_dict(), tmp_path / "plain.pth")
     timm_small = timm.create_model(
         "vit_small_patch16_224", pretrained=True, num_classes=0, num_heads=12, img_size=112,
-        pretrained_cfg_overlay=dict(file=str(tmp_path / "plain.pth")),
+        pretrained_cfg_overlay=dict(file=str(tmp_path / "plain.pth"), custom_load=False),
     ).eval()  # fmt: skip
     x = torch.rand(2, 3, 112, 112)
     with torch.inference_mode():
@@ -867,11 +887,21 @@ def test_a_model_folder_whose_config_names_another_architecture_is_one_error(tmp
     (tmp_path / "config.json").write_text(json.dumps({**config, "architecture": "test_vit"}))
     with pytest.raises(BackboneError) as info:
         create_backbone(f"timm:local-dir:{tmp_path}", image_size=32)
-    assert str(info.value) == (
+    message = str(info.value)
+    assert message.startswith(
         f"The checkpoint of backbone 'timm:local-dir:{tmp_path}' does not fit the timm model "
-        f"'local-dir:{tmp_path}': VisionTransformer has no attribute `conv1`, which its "
-        "config names. Its config.json must name the architecture its weights were trained as."
+        f"'local-dir:{tmp_path}': "
     )
+    assert message.endswith(
+        ". Its config.json must name the architecture its weights were trained as."
+    )
+    # timm 1.0.31 looks up the first convolution before loading; earlier ones load the
+    # weights and meet the resnet's keys.
+    cause = message.split(": ", 1)[1]
+    assert cause.startswith(
+        ("VisionTransformer has no attribute `conv1`, which its config names.",
+         'Unexpected key(s) in state_dict: "conv1.0.weight"')
+    )  # fmt: skip
 
 
 def test_hub_offline_setting_is_respected(no_network, monkeypatch):
