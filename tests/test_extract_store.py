@@ -1364,11 +1364,13 @@ _HOLD_LOCK_AND_FORK = """
 import os, sys, time
 from extract._locks import store_lock
 with store_lock(sys.argv[1]):
-    child = os.fork()
-    if child == 0:  # a long-lived child, as a DataLoader worker is
+    if os.fork() == 0:  # a long-lived child, as a DataLoader worker is
+        # Said by the child, so that the test goes on only once the child has dropped its
+        # copy of the lock (at the fork): the parent's word came first, and a parent killed
+        # before the child ran left the lock with it (seen on a loaded machine).
+        print(os.getpid(), flush=True)
         time.sleep(120)
         os._exit(0)
-    print(child, flush=True)
     time.sleep(120)
 """
 
