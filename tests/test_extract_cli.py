@@ -577,7 +577,8 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     sources = {
         kind: _source(kind, make_image_folder(tmp_path / kind, n_per_class=20)) for kind in kinds
     }
-    options = ["timm:resnet18@random", "--image-size", "64", "--batch-size", "2"]
+    # On the CPU: compared byte for byte with an uninterrupted run, and slow enough to kill.
+    options = ["timm:resnet18@random", "--image-size", "64", "--batch-size", "2", "--device", "cpu"]
     killed = {kind: tmp_path / f"{kind}-killed.h5" for kind in kinds}
     running = {}  # the extractions started and not yet killed
     try:
@@ -602,7 +603,7 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
         for proc in running.values():
             proc.kill()
             proc.wait()
-    common = dict(image_size=64, batch_size=2, num_workers=0, progress=False)
+    common = dict(image_size=64, batch_size=2, num_workers=0, progress=False, device="cpu")
     for kind in kinds:
         source, store = sources[kind], killed[kind]
         n = len(extract.open_source(source))
@@ -628,8 +629,9 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
 @pytest.mark.slow
 def test_torchrun_merges_the_ranks_shards_and_retries_failed_images(tmp_path):
     # torchrun's start is most of the time: every case runs in one torchrun.
-    fast = dict(image_size=32, num_workers=0, progress=False)
-    options = ["--image-size", "32", "--workers", "0", "--no-progress"]
+    # On the CPU: the ranks' rows are compared with one run's, in batches of other sizes.
+    fast = dict(image_size=32, num_workers=0, progress=False, device="cpu")
+    options = ["--image-size", "32", "--workers", "0", "--no-progress", "--device", "cpu"]
     # Two ranks over webdataset shards. The command line runs twice, then again on the first
     # store (which it reuses): each run after the first failed to make the ranks' group
     # again ("Gloo connectFullMesh failed"), as a script extracting a train and a test
@@ -742,6 +744,7 @@ def test_killed_writer_with_live_workers_resumes_at_once(tmp_path, caplog):
     folder = make_image_folder(tmp_path / "data", n_per_class=20, special=False)
     out = tmp_path / "f.h5"
     options = ["--image-size", "32", "--batch-size", "2", "--workers", "2", "--no-progress"]
+    options += ["--device", "cpu"]  # slow enough to kill mid-run
     proc = subprocess.Popen(
         [sys.executable, "-m", "extract", str(folder), "timm:test_resnet@random", str(out)]
         + options,
