@@ -570,10 +570,14 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             sample_weight, np.empty((len(y_index), 0)), dtype=np.float64, ensure_non_negative=True
         )
         if self.class_weight is not None:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                weights = compute_class_weight(
-                    self.class_weight, classes=self.classes_, y=y, sample_weight=sample_weight
-                )
+            if isinstance(self.class_weight, str) and self.class_weight == "balanced":
+                # scikit-learn's rule, sum(w) / (K · w_k) with w_k each class's weight, by
+                # hand: its compute_class_weight takes sample_weight from 1.7 on only.
+                counts = np.bincount(y_index, weights=sample_weight, minlength=n_classes)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    weights = counts.sum() / (n_classes * counts)
+            else:
+                weights = compute_class_weight(self.class_weight, classes=self.classes_, y=y)
             if isinstance(self.class_weight, dict):
                 given = np.array(list(self.class_weight.values()), dtype=float)
                 if not (np.isfinite(given).all() and (given >= 0).all()):

@@ -952,13 +952,39 @@ def test_tensor_with_autograd_history(params):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("class_weight", ["balanced", {0: 2.0, 1: 1.0, 2: 1.0}])
+def test_class_weights_need_no_sample_weight_of_scikit_learn(class_weight, monkeypatch):
+    # compute_class_weight takes sample_weight from scikit-learn 1.7 on: under 1.6, which
+    # the package supports, every fit with a class_weight was a TypeError.
+    from sklearn.utils import compute_class_weight
+
+    def as_in_1_6(class_weight, *, classes, y):
+        return compute_class_weight(class_weight, classes=classes, y=y)
+
+    monkeypatch.setattr("mr2_probe._classifier.compute_class_weight", as_in_1_6)
+    X, y = load_iris(return_X_y=True)
+    weight = np.where(y == 0, 3.0, 1.0)
+    model = MR2LinearClassifier(c_bar=None, class_weight=class_weight, device="cpu")
+    model.fit(X, y, sample_weight=weight)
+    # The weighted rule, sum(w) / (K · w_k): the classes weigh 150, 50 and 50 of 250, so
+    # every sample's weight becomes 5/3 (counting samples, class 0's would be 3 · 5/3).
+    per_class = [5 / 9, 5 / 3, 5 / 3] if class_weight == "balanced" else [2.0, 1.0, 1.0]
+    expected = MR2LinearClassifier(c_bar=None, device="cpu")
+    expected.fit(X, y, sample_weight=weight * np.array(per_class)[y])
+    np.testing.assert_allclose(model.coef_, expected.coef_, rtol=1e-5, atol=1e-6)
+
+
 def test_balanced_class_weight_with_sample_weight_matches_logistic_regression(digits):
     X, y = digits
     sample_weight = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
     ours = MR2LinearClassifier(
         c_bar=None, class_weight="balanced", tol=1e-7, max_iter=3000, device="cpu"
     )
-    ref = LogisticRegression(class_weight="balanced", tol=1e-10, max_iter=20000)
+    # scikit-learn's "balanced" rule with the sample weights counted (its own from 1.7 on;
+    # 1.6 counts samples, not weights), given as a dict so that every version agrees.
+    counts = np.bincount(y, weights=sample_weight)  # digits' classes are 0, ..., 9
+    balanced = {k: counts.sum() / (len(counts) * c) for k, c in enumerate(counts)}
+    ref = LogisticRegression(class_weight=balanced, tol=1e-10, max_iter=20000)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         ours.fit(X, y, sample_weight=sample_weight)
