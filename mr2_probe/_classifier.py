@@ -570,7 +570,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             sample_weight, np.empty((len(y_index), 0)), dtype=np.float64, ensure_non_negative=True
         )
         if self.class_weight is not None:
-            if isinstance(self.class_weight, str) and self.class_weight == "balanced":
+            if self.class_weight == "balanced":  # (validated: a dict, "balanced" or None)
                 # scikit-learn's rule, sum(w) / (K · w_k) with w_k each class's weight, by
                 # hand: its compute_class_weight takes sample_weight from 1.7 on only.
                 counts = np.bincount(y_index, weights=sample_weight, minlength=n_classes)
