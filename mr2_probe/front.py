@@ -230,8 +230,13 @@ def _convex(probe) -> bool:
 def _warm_fit(previous, tilt: float, X, y):
     """``previous`` refitted at ``tilt`` from its solution; None if it did not converge."""
     model = copy.deepcopy(previous)
+    warm_start = _final(model).warm_start
     _final(model).set_params(warm_start=True, class_tilt=tilt)
-    return None if fit_collecting_short(model, X, y) else model
+    if fit_collecting_short(model, X, y):
+        return None
+    # The point's model has its estimator's parameters: a later fit of it starts cold.
+    _final(model).set_params(warm_start=warm_start)
+    return model
 
 
 def accuracy_front(
@@ -338,6 +343,7 @@ def accuracy_front(
     tilts, offset_bounds = list(tilts), list(offset_bounds)  # arrays too: no truth value
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
     _check_known_labels(y, {"y_val": y_val, "y_test": y_test})
+    _check_scored_features(X, {"val": (X_val, y_val), "test": (X_test, y_test)})
     splits = hasattr(offsets_cv, "__iter__") and not isinstance(offsets_cv, str)
     if offset_bounds and splits and not hasattr(offsets_cv, "split"):
         offsets_cv = list(offsets_cv)  # an iterable of splits: the check would exhaust it
@@ -366,6 +372,12 @@ def accuracy_front(
             model = _warm_fit(previous, p.value, X, y)
         if model is None:
             model = _fit(clone(p.estimator), X, y, short, p.name)
+        if p.name == "ERM":
+            # The model's own checks of the scored features (finite values, the pipeline's
+            # steps), here rather than after every other fit.
+            for features in (X_val, X_test):
+                if features is not None:
+                    model.predict(features)
         fitted[p.name] = model
         # The sweep starts from the MR² point; without one (MR² is ERM's configuration)
         # the first tilt is fitted cold.
@@ -466,16 +478,57 @@ def _check_known_labels(y, scored: dict) -> None:
     for name, labels in scored.items():
         if labels is None:
             continue
-        unknown = np.setdiff1d(np.unique(column_or_1d(labels)), classes)
+        present = np.unique(column_or_1d(labels))
+        unknown = np.setdiff1d(present, classes)
         if len(unknown):
-            shown = ", ".join(map(repr, unknown[:5].tolist())) + (
-                ", ..." if len(unknown) > 5 else ""
-            )
             raise ValueError(
-                f"{name} holds labels that are no class of y, the training labels: {shown}. "
-                "No point of the front can predict them, so each would score 0% for every "
-                f"point; label {name} as y is labelled."
+                f"{name} holds labels that are no class of y, the training labels: "
+                f"{_shown(unknown)}. No point of the front can predict them, so each would "
+                f"score 0% for every point; label {name} as y is labelled."
             )
+        missing = np.setdiff1d(classes, present)
+        if len(missing):
+            warnings.warn(
+                f"{name} holds no sample of the classes {_shown(missing)} of y: its "
+                "per-class scores, and its worst class, are taken over the classes it holds"
+                f"{' (the rule reads them)' if name == 'y_val' else ''}. Give {name} samples "
+                "of every class.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+def _shown(labels) -> str:
+    """Up to five labels, repr'd."""
+    return ", ".join(map(repr, labels[:5].tolist())) + (", ..." if len(labels) > 5 else "")
+
+
+def _check_scored_features(X, scored: dict) -> None:
+    """Refuse, before any fit, a scored split whose features and labels differ in number,
+    or whose features are not as many as the training data's (where both have two
+    dimensions: a pipeline may take other inputs)."""
+    n_features = _n_features(X)
+    for split, (features, labels) in scored.items():
+        if features is None:
+            continue
+        if len(features) != len(column_or_1d(labels)):
+            raise ValueError(
+                f"X_{split} has {len(features)} samples but y_{split} has "
+                f"{len(column_or_1d(labels))} labels; they must be as many."
+            )
+        if None not in (n_features, _n_features(features)) and n_features != _n_features(features):
+            raise ValueError(
+                f"X_{split} has {_n_features(features)} features but X, the training data, "
+                f"has {n_features}."
+            )
+
+
+def _n_features(X) -> int | None:
+    """The number of columns of a 2-d array-like (arrays, frames, tensors, HDF5 datasets,
+    lists of rows), None for anything else."""
+    shape = getattr(X, "shape", None)
+    shape = np.shape(X) if shape is None else tuple(shape)
+    return shape[1] if len(shape) == 2 else None
 
 
 def check_offsets_folds(

@@ -368,6 +368,8 @@ def test_front_names_the_points_that_stopped_short(splits):
         (dict(offset_bounds=(0.01, 1.0)), r"offset_bounds must be fractions .*, got \[1.0\]"),
         (dict(bound=1.0), r"bound must be fractions in \[0, 1\), got \[1.0\]"),
         (dict(X_test=np.zeros((3, 8))), "X_test and y_test go together"),
+        (dict(X_val="one short"), r"X_val has 374 samples but y_val has 375 labels"),
+        (dict(X_test="7 features"), r"X_test has 7 features but X, the training data, has 8"),
         # Labels no point can predict: each a class at 0% everywhere, the worst class 0.
         (dict(y_val="shifted"), r"y_val holds labels that are no class of y, .*labels: 5\. "),
         (dict(y_test="text"), r"y_test holds labels .*: '0', '1', '10', '100', '101', \.\.\.\. No"),
@@ -400,14 +402,20 @@ def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeyp
         kwargs["offsets_cv"] = PredefinedSplit(np.where(y_fit == 4, 0, np.arange(len(y_fit)) % 2))
     if kwargs.pop("y_val", None) == "shifted":
         y_val = y_val + 1
+    if isinstance(kwargs.pop("X_val", None), str):
+        X_val = X_val[:-1]
     if kwargs.pop("y_test", None) == "text":
         kwargs.update(X_test=X_val, y_test=np.arange(len(y_val)).astype(str))
+    if isinstance(kwargs.get("X_test"), str):
+        kwargs.update(X_test=X_val[:, :7], y_test=y_val)
 
     def no_fit(*args, **kwargs):
         raise AssertionError("fitted before checking the options")
 
     monkeypatch.setattr(MR2LinearClassifier, "fit", no_fit)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match), warnings.catch_warnings():
+        # y_val holds no sample of a class of one training sample: a warning, then this.
+        warnings.simplefilter("ignore" if y_fit[0] == 7 else "error", UserWarning)
         accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val, **kwargs)
 
 
@@ -860,6 +868,44 @@ def test_point_names_are_short_unless_values_need_more_digits():
 
     assert _names("tilt={}", [1.23456789]) == ["tilt=1.23457"]
     assert _names("tilt={}", [1.0, 1.0000001]) == ["tilt=1", "tilt=1.0000001"]
+
+
+def test_non_finite_scored_features_are_refused_after_the_erm_fit_alone(splits, monkeypatch):
+    # The model's own check, after its first fit rather than after every point's.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    fits, fit = [], MR2LinearClassifier.fit
+
+    def counted(self, *args, **kwargs):
+        fits.append(self.c_bar)
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(MR2LinearClassifier, "fit", counted)
+    X_test = X_val.copy()
+    X_test[3, 2] = np.nan
+    with pytest.raises(ValueError, match="Input X contains NaN"):
+        accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val,
+                       tilts=(1, 5), X_test=X_test, y_test=y_val)  # fmt: skip
+    assert fits == [None]  # ERM's fit, no other
+
+
+def test_a_class_absent_from_y_val_is_named_in_a_warning(splits):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    held = y_val != 3
+    with pytest.warns(UserWarning, match=r"y_val holds no sample of the classes 3 of y: .*rule"):
+        front = accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val[held],
+                               y_val[held], tilts=())  # fmt: skip
+    assert front.point("ERM").validation["overall"] > 0
+
+
+def test_the_tilt_points_models_start_cold_when_refitted(splits):
+    # Fitted from the previous point's solution, each keeps its estimator's warm_start.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = MR2LinearClassifier(C=0.1, device="cpu")
+    front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(1, 5))
+    for p in front.points:
+        assert p.model.get_params() == p.estimator.get_params(), p.name
+    refit = front.point("tilt=5").model.fit(X_fit[y_fit < 3], y_fit[y_fit < 3])
+    assert refit.classes_.tolist() == [0, 1, 2]
 
 
 def test_five_unknown_labels_are_all_named(splits):
