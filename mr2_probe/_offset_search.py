@@ -198,11 +198,19 @@ def tune_class_offsets(
     # A class without samples (weight) here cannot show what its offset costs it: lowering
     # it only ever helps the others. Its offset is not searched.
     tuned = np.flatnonzero(objective.class_size > 0)
+    if len(tuned) < 2:
+        raise ValueError(
+            "Tuning offsets needs samples (weight) of at least 2 classes in the data, but "
+            f"only the class {classes[tuned].tolist()[0]!r} has any: raising its offset would cost "
+            "nothing seen here."
+        )
     if len(tuned) < n_classes:
         absent = classes[objective.class_size == 0].tolist()
         warnings.warn(
             f"Classes {absent} have no samples (weight) in the data the offsets are tuned "
-            "on, so their offsets are not tuned; tune on data that holds every class.",
+            "on, so their offsets are not tuned, and the others' are tuned blind to them: "
+            "an offset raised takes predictions from them at no cost seen here, so their "
+            "accuracy can drop. Tune on data that holds every class.",
             UserWarning,
             stacklevel=3,  # the caller of validate_params' wrapper
         )

@@ -861,7 +861,7 @@ def test_a_class_absent_from_the_tuning_data_keeps_its_offset():
         [[2.0, 0.0, 0.0], [1.0, 0.0, 1.5], [1.0, 0.0, 1.2], [0.0, 2.0, 0.0], [0.0, 1.5, 0.0]]
     )
     y = np.array([0, 0, 0, 1, 1])
-    with pytest.warns(UserWarning, match=r"Classes \[2\] have no samples"):
+    with pytest.warns(UserWarning, match=r"Classes \[2\] have no samples.*their accuracy can drop"):
         result = tune_class_offsets(decision, y, "accuracy")
     assert result.score == 1.0
     assert result.offsets[1] == result.offsets[2] < result.offsets[0]
@@ -869,6 +869,22 @@ def test_a_class_absent_from_the_tuning_data_keeps_its_offset():
     with pytest.warns(UserWarning, match=r"Classes \[2\] have no samples"):
         balanced = tune_class_offsets(decision, y, "balanced_accuracy")
     assert balanced.score == 1.0 and balanced.base_score == pytest.approx(2 / 3)
+
+
+def test_one_class_with_samples_is_refused_as_the_cv_path_refuses_it():
+    # Raising that class's offset costs nothing seen: it was tuned up to best_score_ 1.0
+    # and predicted for most new data.
+    X, y = _imbalanced()
+    weight = (y == 1).astype(float)
+    with pytest.raises(ValueError, match="at least 2 classes in the data, but only the class 1"):
+        tune_class_offsets(softmax(np.random.default_rng(0).normal(size=(len(y), 4)), 1), y,
+                           sample_weight=weight)  # fmt: skip
+    model = LogisticRegression().fit(X, y)
+    prefit = TunedOffsetsClassifierCV(model, cv="prefit")
+    with pytest.raises(ValueError, match="at least 2 classes in the data, but only the class 0"):
+        prefit.fit(X[y == 0], y[y == 0])
+    with pytest.raises(ValueError, match="at least 2 classes in the data, but only the class 2"):
+        prefit.fit(X, y, sample_weight=(y == 2).astype(float))
 
 
 def test_a_refit_leaves_nothing_of_the_previous_fit():
