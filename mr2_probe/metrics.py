@@ -344,7 +344,7 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
         labels, groups = _split_groups(groups)
         _check_known(y_true, labels)
     acc = per_class_accuracy(y_true, y_pred, labels, sample_weight)
-    if not by_label and groups is not None and labels is not None:  # (kinds checked)
+    if not by_label and labels is not None:  # (kinds checked)
         _check_known(y_true, np.asarray(labels), "labels")
     _present(acc)  # a clear error where no class has samples (weight) to score
     if groups is None:
@@ -407,9 +407,13 @@ def _split_groups(groups_by_label: Mapping) -> tuple[np.ndarray, np.ndarray]:
 def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
     unknown = np.setdiff1d(np.unique(y_true), labels)
     if len(unknown):
+        advice = (
+            "build the groups with class_groups(..., labels=all_classes)"
+            if where == "groups"
+            else "give every class of y_true in labels (the worst class would leave them out)"
+        )
         raise ValueError(
-            f"y_true has classes {unknown.tolist()} that are not in {where}; build the groups "
-            "with class_groups(..., labels=all_classes)."
+            f"y_true has classes {unknown.tolist()} that are not in {where}; {advice}."
         )
 
 

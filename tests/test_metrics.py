@@ -173,6 +173,13 @@ def test_classwise_summary_accepts_a_mapping_or_an_index_array():
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("groups", [None, [0, 2]])
+def test_classwise_summary_refuses_labels_without_a_class_of_y_true(groups):
+    # Without groups, class 2 (always wrong) was left out: worst 100%, overall 50%.
+    with pytest.raises(ValueError, match=r"classes \[2\] that are not in labels; give every"):
+        classwise_summary([0, 1, 2, 2], [0, 1, 1, 1], groups, labels=[0, 1])
+
+
 def test_classwise_summary_takes_the_group_names_of_a_report():
     # ClasswiseReport.groups: one name per class, aligned with its labels.
     names = [GROUPS[label] for label in sorted(GROUPS)]
