@@ -35,7 +35,7 @@ class ClasswiseReport:
     reference : str
         Name of the model whose per-class accuracy fixed the groups.
     labels : list
-        The classes, sorted.
+        The classes, sorted, or in the order of ``labels=`` where it was given.
     groups : list of str
         Group of each class ("easy", "medium", "hard"), aligned with ``labels``.
     rows : dict
@@ -75,8 +75,9 @@ class ClasswiseReport:
         return {"units": "percent", **_finite(data)}
 
     def to_json(self, **kwargs) -> str:
-        """JSON text of :meth:`to_dict`; keyword arguments go to ``json.dumps``."""
-        return json.dumps(self.to_dict(), **kwargs)
+        """JSON text of :meth:`to_dict` that strict parsers read (a label of ±inf written
+        "inf" or "-inf"); keyword arguments go to ``json.dumps``."""
+        return _strict_json(self.to_dict(), **kwargs)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> ClasswiseReport:
@@ -311,3 +312,20 @@ def _finite(value):
     if isinstance(value, float) and math.isnan(value):
         return None
     return value
+
+
+def _strict_json(value, **kwargs) -> str:
+    """JSON that strict parsers read: no Infinity or NaN, which ``json.dumps`` writes (as
+    C=inf); infinities as the strings "inf" and "-inf", as the options take them, and NaN
+    as null, as the reports write it."""
+
+    def strict(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+        if isinstance(v, dict):
+            return {key: strict(item) for key, item in v.items()}
+        if isinstance(v, list | tuple):
+            return [strict(item) for item in v]
+        return v
+
+    return json.dumps(strict(value), allow_nan=False, **kwargs)

@@ -172,6 +172,15 @@ def test_json_writes_missing_groups_as_null():
     assert np.isnan(ClasswiseReport.from_dict(json.loads(text)).rows["a"]["medium"])
 
 
+def test_json_of_infinite_labels_is_strict():
+    report = classwise_report({"a": [np.inf, 1.0, 1.0]}, [np.inf, 1.0, 2.0])
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    assert json.loads(report.to_json(), parse_constant=refuse)["labels"] == [1.0, 2.0, "inf"]
+
+
 @pytest.mark.parametrize("names", [[0.01, 1.0], [0, 1], ["0.01", 1]])
 def test_models_named_by_numbers_print_and_round_trip_by_their_names(names):
     y = [0, 0, 1, 1, 2, 2]

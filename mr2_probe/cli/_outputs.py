@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import tempfile
@@ -12,6 +11,7 @@ from pathlib import Path
 import joblib
 
 from ..front import _final
+from ..report import _strict_json
 from ._usage import UsageError
 
 # Every run removes those of an earlier run in the same folder before writing its own.
@@ -140,23 +140,6 @@ def _write_outputs(
     for name, write in figures.items():
         _replace_together(out, {name: write})
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)
-
-
-def _strict_json(value, **kwargs) -> str:
-    """JSON that strict parsers read: no Infinity or NaN, which ``json.dumps`` writes (as
-    C=inf); infinities as the strings "inf" and "-inf", as the options take them, and NaN
-    as null, as the reports write it."""
-
-    def strict(v):
-        if isinstance(v, float) and not math.isfinite(v):
-            return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
-        if isinstance(v, dict):
-            return {key: strict(item) for key, item in v.items()}
-        if isinstance(v, list | tuple):
-            return [strict(item) for item in v]
-        return v
-
-    return json.dumps(strict(value), allow_nan=False, **kwargs)
 
 
 def _text(content: str):
