@@ -1100,6 +1100,22 @@ def test_classes_of_one_name_are_scored_apart(tmp_path, capsys):
 
 
 @NEEDS_H5
+def test_a_name_told_apart_is_not_taken_from_another_class(tmp_path):
+    # A third class named "crane (1)", the name the second crane was told apart by: two
+    # classes shown alike, and the run stopped after its fits.
+    X, y = _blobs(30, seed=1)
+    X_test, y_test = _blobs(10, seed=2)
+    names = ["crane", "crane", "crane (1)"]
+    _store(tmp_path / "train.h5", X, y, names, source_fingerprint="sha256:train")
+    _store(tmp_path / "test.h5", X_test, y_test, names, source_fingerprint="sha256:test")
+    out = tmp_path / "run"
+    argv = [str(tmp_path / "train.h5"), "--test", str(tmp_path / "test.h5"), "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    labels = json.loads((out / "report.json").read_text())["labels"]
+    assert labels == ["crane (0)", "crane (1) (1)", "crane (1) (2)"]
+
+
+@NEEDS_H5
 def test_a_test_class_whose_every_image_failed_is_not_a_foreign_class(stores, tmp_path):
     # Refused as "1 classes that store.h5 does not ('Bag')", although no Bag was left.
     X_test, y_test = _blobs(10, seed=2)

@@ -384,10 +384,10 @@ def _repeated(names: list[str] | None) -> list[str]:
 def _distinct(names: list[str] | None) -> list[str] | None:
     """Class names with a repeated one told apart by its code, 'crane (134)': mapped to
     names, the predictions of two classes of one name were scored as one class."""
-    repeated = set(_repeated(names))
-    if not repeated:
-        return names
-    return [f"{name} ({k})" if name in repeated else name for k, name in enumerate(names)]
+    # Until no two are alike: 'crane (1)' may be another class's own name already.
+    while repeated := set(_repeated(names)):
+        names = [f"{name} ({k})" if name in repeated else name for k, name in enumerate(names)]
+    return names
 
 
 def _check_not_the_training_data(train: str, test: str) -> None:
