@@ -70,17 +70,37 @@ def test_whitening_is_the_inverse_square_root_of_the_regularised_moment(tried):
     torch.testing.assert_close(A, A.T)
 
 
+def test_low_rank_whitening_is_whitening_within_its_span_and_a_scalar_beyond(tried):
+    gen = torch.Generator().manual_seed(1)
+    B = torch.randn(6, 6, generator=gen, dtype=torch.float64)
+    moment = B @ B.T
+    basis = torch.linalg.qr(torch.randn(6, 6, generator=gen, dtype=torch.float64))[0]
+    torch.testing.assert_close(
+        tried._low_rank_whitening(moment, basis, 0.1), tried._whitening(moment, 0.1)
+    )
+    A = tried._low_rank_whitening(moment, basis[:, :2], 0.1)
+    inner = basis[:, :2].T @ moment @ basis[:, :2] * (6 / moment.trace())
+    within, I2 = basis[:, :2].T @ A @ basis[:, :2], torch.eye(2, dtype=torch.float64)
+    torch.testing.assert_close(within @ (inner + 0.1 * I2) @ within, I2)
+    rest = (6 - inner.trace()) / 4 + 0.1
+    beyond = basis[:, 2:].T @ A @ basis[:, 2:]
+    torch.testing.assert_close(beyond, rest.rsqrt() * torch.eye(4, dtype=torch.float64))
+    torch.testing.assert_close(
+        basis[:, :2].T @ A @ basis[:, 2:], torch.zeros(2, 4, dtype=torch.float64)
+    )
+
+
 def test_every_preconditioner_solves_the_same_objective(tried, bench, capsys):
     """Each is a change of coordinates: every L-BFGS starts at the estimator's start (the
     class prototypes' directions) and reaches the cold fit's objective."""
     curves = tried.precondition(bench, max_evals=400)
     start = tried.prototypes(bench)
     first = tried.objective(bench.X, bench.y, start.coef_, start.margins_)
-    assert len(curves) == 10
+    assert len(curves) == 12
     for name, curve in curves.items():
         assert curve[0] == pytest.approx(first, rel=1e-5), name
     rows = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("  (")]
-    assert len(rows) == 10
+    assert len(rows) == 12
     cold = tried.objective(bench.X, bench.y, bench.cold.coef_, bench.cold.margins_)
     for row in rows:
         evals, lowest = row.split()[-2:]
