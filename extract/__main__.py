@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 _EPILOG = """\
@@ -165,6 +168,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+@contextlib.contextmanager
+def _interrupts_held():
+    """A Ctrl-C inside is noted, and raised (KeyboardInterrupt) on leaving: one in the first
+    half second, while NumPy, SciPy and torch import, left them half imported, and the run
+    ended in a RecursionError's traceback or an abort in torch's C++ rather than in the
+    interrupt's one line and exit status 130. Outside the main thread (where Python runs
+    signal handlers) no change."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if noted:
+        raise KeyboardInterrupt
+
+
 def _extract(args: argparse.Namespace) -> int:
     """``main`` once the arguments are parsed, a KeyboardInterrupt aside."""
     for flag, value, least in (
@@ -185,12 +208,13 @@ def _extract(args: argparse.Namespace) -> int:
                 f"one. Leave {flag} out, or name shards as 'webdataset:PATTERN' and Parquet "
                 "files as 'parquet:PATTERN'"
             )
-    import torch
+    with _interrupts_held():
+        import torch
 
-    from mr2_probe._device import resolve_device
+        from mr2_probe._device import resolve_device
 
-    from . import extract_features, load_features
-    from ._reading import name_failures
+        from . import extract_features, load_features
+        from ._reading import name_failures
 
     try:  # named as the option, as mr2-probe names it
         resolve_device(args.device)

@@ -197,6 +197,30 @@ def test_ctrl_c_while_the_extraction_is_imported_is_one_line_and_130(tmp_path, c
         main([str(folder), "timm:test_resnet@random", str(tmp_path / "o.h5"), "--debug"])
 
 
+def test_a_real_ctrl_c_during_the_imports_waits_for_them_to_finish(tmp_path, capsys, monkeypatch):
+    # A SIGINT inside NumPy's or torch's import left them half imported: a RecursionError's
+    # traceback, or an abort in torch's C++. Held back, it ends the run once they are in.
+    real, imported = extract.__getattr__, []
+
+    def interrupted_while_importing(name):
+        if not imported:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # where an unheld interrupt is raised
+        imported.append(name)
+        return real(name)
+
+    monkeypatch.setattr(extract, "__getattr__", interrupted_while_importing)
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    try:
+        status = main([str(folder), "timm:test_resnet@random", str(tmp_path / "o.h5")])
+    except KeyboardInterrupt:
+        pytest.fail("the KeyboardInterrupt escaped main()")
+    assert set(imported) == {"extract_features", "load_features"}  # every import finished
+    assert status == 130
+    assert capsys.readouterr().err.endswith("run the same command again to resume\n")
+    assert not (tmp_path / "o.h5").exists()
+
+
 def test_cli_reads_shards_with_a_label_key(tmp_path, capsys):
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     write_webdataset(folder, tmp_path / "wds" / "%05d.tar", maxcount=3)
