@@ -709,6 +709,21 @@ NEEDS_H5 = pytest.mark.skipif(
             "of this search is fitted by L-BFGS (--lam 0), which does not read it",
         ),
         (["{d}/train.npz", "--grid", "batch_size=8,256"], "--grid batch_size sets the mini"),
+        # Nor does a model without a projection (lam = 0) read its temperature or rank, nor
+        # the cosine head a bias.
+        (
+            ["{d}/train.npz", "--grid", "tau=1,2"],
+            "--grid tau sets the compactness loss's temperature, which no model of this "
+            "search reads: drop it, or search it with --lam > 0",
+        ),
+        (
+            ["{d}/train.npz", "--grid", "lam=0,0", "--grid", "projection_rank=2,4"],
+            "--grid projection_rank sets the rank of the projection",
+        ),
+        (
+            ["{d}/train.npz", "--head", "cosine", "--grid", "fit_intercept=true,false"],
+            "--grid fit_intercept sets the linear head's bias, which no model",
+        ),
         # Parameters that change no model: a "best" value among identical fits (and
         # progress bars despite --no-progress).
         (["{d}/train.npz", "--grid", "verbose=0,1"], "--grid verbose: verbose sets the prog"),
@@ -1592,6 +1607,15 @@ def test_too_many_folds_say_how_many_the_classes_allow(tmp_path, capsys, y, cv, 
     argv = [str(tmp_path / "d.npz"), "--test", str(tmp_path / "t.npz"), "--grid", "C=0.1,1"]
     code, lines = _error([*argv, "--cv", str(cv), "--no-progress"], capsys)
     assert code == 2 and lines[0].endswith(advice), lines
+
+
+def test_a_parameter_that_some_models_of_the_grid_read_is_searched(files, capsys):
+    # tau is the compactness loss's: read where lam > 0, so searched beside lam=0,0.5.
+    argv = [str(files / "train.npz"), "--grid", "lam=0,0.5", "--grid", "tau=1,2", "--cv", "2"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        assert main([*argv, "--max-iter", "2", "--no-progress"]) == 0
+    assert "MR2 grid: best parameters" in capsys.readouterr().out
 
 
 def test_labels_of_two_dimensions_are_refused(files, tmp_path, capsys):

@@ -514,6 +514,14 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
             f"{shown}: {invalid[0][1]})",
             file=sys.stderr,
         )
+    models = [clone(mr2).set_params(**c) for c, reason in reasons if not reason]
+    for name, (reads, what, advice) in _READ_BY_SOME.items():
+        if name in grid and not any(reads(model) for model in models):
+            # Searched, it would choose among fits of one model.
+            raise UsageError(
+                f"--grid {name} sets {what}, which no model of this search reads: drop it, "
+                f"or {advice}"
+            )
     minibatch_only = sorted(MINIBATCH_ONLY & set(grid))
     if minibatch_only and all(_solver(mr2, c) in (None, "lbfgs") for c in combinations):
         name = minibatch_only[0]  # searched, it chose among fits of one model
@@ -536,6 +544,25 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
 
 #: The parameters that only the minibatch solvers read (L-BFGS does not).
 MINIBATCH_ONLY = frozenset({"batch_size", "learning_rate", "n_iter_no_change"})
+
+#: Parameters that only some models read: whether a model reads it, what it sets, advice.
+_READ_BY_SOME = {
+    "tau": (
+        lambda model: model.lam > 0,
+        "the compactness loss's temperature",
+        "search it with --lam > 0",
+    ),
+    "projection_rank": (
+        lambda model: model.lam > 0,
+        "the rank of the projection that --lam > 0 adds",
+        "search it with --lam > 0",
+    ),
+    "fit_intercept": (
+        lambda model: model.head == "linear",
+        "the linear head's bias",
+        "search it with the linear head",
+    ),
+}
 
 
 def _solver(probe: MR2LinearClassifier, combination: dict) -> str | None:
