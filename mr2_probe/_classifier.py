@@ -330,13 +330,14 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
 
     Notes
     -----
-    **Defaults, and the evidence for them.** ``benchmarks/quality.py`` (README, "When does
-    MR² help a linear probe?") tunes every variant against tuned LogisticRegression on
-    Fashion-MNIST × EfficientNet-Lite0 features at two resolutions. No variant gained a
-    point on the hard tercile at both resolutions. The cosine head with p = 3 gained +1.2
-    points of worst-class accuracy at 64 and at 96 px, +0.1 to +0.5 on the hard tercile,
-    and lost nothing overall or on the easy classes; the linear head's margins on the raw
-    features gained +0.1 to +0.7 (hard) and +0.6 to +1.1 (worst).
+    **Defaults, and the evidence for them.** ``benchmarks/quality.py`` (README, "The MR²
+    margins alone: when do they help a linear probe?") tunes every variant against tuned
+    LogisticRegression on Fashion-MNIST × EfficientNet-Lite0 features at two resolutions.
+    No variant gained a point on the hard tercile at both resolutions. The cosine head
+    with p = 3 gained +1.2 points of worst-class accuracy at 64 and at 96 px, +0.1 to +0.5
+    on the hard tercile, and lost nothing overall or on the easy classes; the linear
+    head's margins on the raw features gained +0.1 to +0.7 (hard) and +0.6 to +1.1
+    (worst).
 
     - ``c_bar=1.0``: margins on. For the linear head c̄ is an exact rescaling of C (and for
       the cosine head of ``scale``), so tune C (or ``scale``), not c̄.
