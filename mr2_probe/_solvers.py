@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -159,14 +158,6 @@ SMALL_STEP = 2**24
 SMALL_EVALUATION = 2**22
 
 
-# torch's thread count is the process's: fits in several Python threads (joblib's
-# threading backend) share it. The first to enter keeps the count to restore, and the last
-# to leave restores it; each restoring what it found left the count at 1 when they
-# overlapped.
-_ONE_THREAD_LOCK = threading.Lock()
-_one_thread = {"inside": 0, "restore": None}
-
-
 @contextlib.contextmanager
 def one_thread_if_small(device, work: int, small: int):
     """One intra-op thread for a CPU step of at most ``small`` multiply-adds; no change
@@ -174,18 +165,12 @@ def one_thread_if_small(device, work: int, small: int):
     if device.type != "cpu" or work > small:
         yield
         return
-    with _ONE_THREAD_LOCK:
-        if _one_thread["inside"] == 0:
-            _one_thread["restore"] = torch.get_num_threads()
-            torch.set_num_threads(1)
-        _one_thread["inside"] += 1
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         yield
     finally:
-        with _ONE_THREAD_LOCK:
-            _one_thread["inside"] -= 1
-            if _one_thread["inside"] == 0:
-                torch.set_num_threads(_one_thread["restore"])
+        torch.set_num_threads(previous)
 
 
 def _on_one_thread_if_small(work, small):

@@ -1290,26 +1290,6 @@ def test_small_minibatch_steps_run_on_one_thread(digits, monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_overlapping_one_thread_sections_restore_the_threads_found_before_the_first():
-    # Two fits in two Python threads (joblib's threading backend): the first leaves while
-    # the second is inside. Each restored what it found, and the count stayed at 1.
-    from mr2_probe._solvers import one_thread_if_small
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        first, second = (one_thread_if_small(torch.device("cpu"), 1, 10) for _ in range(2))
-        first.__enter__()
-        second.__enter__()
-        assert torch.get_num_threads() == 1
-        first.__exit__(None, None, None)
-        assert torch.get_num_threads() == 1  # the second is still inside
-        second.__exit__(None, None, None)
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_minibatch_statistics_are_the_ones_training_used(digits):
     from mr2_probe import class_margins, class_statistics
 
