@@ -1290,6 +1290,51 @@ def test_small_minibatch_steps_run_on_one_thread(digits, monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_overlapping_one_thread_sections_in_two_threads_each_restore_their_own():
+    # torch's (OpenMP) thread count is each OS thread's once the thread has read it (a
+    # thread that has not takes the count last set anywhere): a count shared by the
+    # sections left the first thread at 1 thread for good, and the second's section ran on
+    # 2.
+    import threading
+
+    from mr2_probe._solvers import one_thread_if_small
+
+    cpu, before = torch.device("cpu"), torch.get_num_threads()
+    torch.set_num_threads(2)
+    torch.ones(3).sum()
+    b_ready, a_in, b_in, a_out = (threading.Event() for _ in range(4))
+    seen = {}
+
+    def second():  # a joblib thread after an earlier fit
+        torch.set_num_threads(2)
+        assert torch.get_num_threads() == 2  # read: this thread's own from now on
+        b_ready.set()
+        a_in.wait()
+        with one_thread_if_small(cpu, 1, 10):
+            seen["second inside"] = torch.get_num_threads()
+            b_in.set()
+            a_out.wait()
+        seen["second after"] = torch.get_num_threads()
+
+    thread = threading.Thread(target=second)
+    try:
+        thread.start()
+        b_ready.wait()
+        with one_thread_if_small(cpu, 1, 10):
+            seen["first inside"] = torch.get_num_threads()
+            a_in.set()
+            b_in.wait()
+        a_out.set()
+        thread.join()
+        seen["first after"] = torch.get_num_threads()
+        assert seen == {"first inside": 1, "second inside": 1, "second after": 2,
+                        "first after": 2}  # fmt: skip
+    finally:
+        a_in.set(), b_in.set(), a_out.set()
+        thread.join()
+        torch.set_num_threads(before)
+
+
 def test_minibatch_statistics_are_the_ones_training_used(digits):
     from mr2_probe import class_margins, class_statistics
 
