@@ -26,7 +26,7 @@ from sklearn.base import BaseEstimator, clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.pipeline import Pipeline
 from sklearn.utils._param_validation import StrOptions, validate_parameter_constraints
-from sklearn.utils.validation import column_or_1d
+from sklearn.utils.validation import _num_samples, column_or_1d
 
 from ._offset_search import tune_class_offsets
 from ._offsets import TunedOffsetsClassifierCV, check_training_folds, offsets_splits
@@ -511,9 +511,10 @@ def _check_scored_features(X, scored: dict) -> None:
     for split, (features, labels) in scored.items():
         if features is None:
             continue
-        if len(features) != len(column_or_1d(labels)):
+        n_samples = _num_samples(features)  # sparse matrices too
+        if n_samples != len(column_or_1d(labels)):
             raise ValueError(
-                f"X_{split} has {len(features)} samples but y_{split} has "
+                f"X_{split} has {n_samples} samples but y_{split} has "
                 f"{len(column_or_1d(labels))} labels; they must be as many."
             )
         if None not in (n_features, _n_features(features)) and n_features != _n_features(features):
@@ -524,10 +525,14 @@ def _check_scored_features(X, scored: dict) -> None:
 
 
 def _n_features(X) -> int | None:
-    """The number of columns of a 2-d array-like (arrays, frames, tensors, HDF5 datasets,
-    lists of rows), None for anything else."""
+    """The number of columns of a 2-d array-like (arrays, sparse matrices, frames, tensors,
+    HDF5 datasets, lists of rows), None for anything else (ragged lists among them)."""
     shape = getattr(X, "shape", None)
-    shape = np.shape(X) if shape is None else tuple(shape)
+    if shape is None:
+        try:
+            shape = np.shape(X)
+        except ValueError:  # rows of several lengths (NumPy >= 1.24 refuses them)
+            return None
     return shape[1] if len(shape) == 2 else None
 
 

@@ -870,6 +870,23 @@ def test_point_names_are_short_unless_values_need_more_digits():
     assert _names("tilt={}", [1.0, 1.0000001]) == ["tilt=1", "tilt=1.0000001"]
 
 
+def test_scored_features_of_other_kinds_are_counted_or_left_to_the_pipeline():
+    # Sparse matrices (a TruncatedSVD pipeline's input) have no len(); ragged lists of
+    # tokens (a FunctionTransformer's) no shape: both went to the pipeline before the check.
+    import scipy.sparse as sp
+
+    from mr2_probe.front import _check_scored_features
+
+    X = sp.random(20, 6, density=0.5, format="csr", random_state=0)
+    _check_scored_features(X, {"val": (X[:5], np.arange(5))})
+    with pytest.raises(ValueError, match="X_val has 5 samples but y_val has 4 labels"):
+        _check_scored_features(X, {"val": (X[:5], np.arange(4))})
+    with pytest.raises(ValueError, match="X_val has 4 features but X, the training data, has 6"):
+        _check_scored_features(X, {"val": (X[:5, :4], np.arange(5))})
+    ragged = [[1, 2], [3], [4, 5, 6]]
+    _check_scored_features(ragged, {"val": (ragged, [0, 1, 0])})
+
+
 def test_non_finite_scored_features_are_refused_after_the_erm_fit_alone(splits, monkeypatch):
     # The model's own check, after its first fit rather than after every point's.
     X_fit, y_fit, X_val, y_val, *_ = splits
