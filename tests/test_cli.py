@@ -1609,6 +1609,23 @@ def test_too_many_folds_say_how_many_the_classes_allow(tmp_path, capsys, y, cv, 
     assert code == 2 and lines[0].endswith(advice), lines
 
 
+def test_a_test_set_without_a_training_class_is_said_in_a_note(tmp_path, capsys):
+    # Every score was over the classes the test set holds, without a word; with --tilt the
+    # front's own warning about it came out as a raw Python warning.
+    X, y = _blobs(30, seed=1)
+    X_test, y_test = _blobs(10, seed=2)
+    np.savez(tmp_path / "train.npz", X=X, y=y)
+    np.savez(tmp_path / "test.npz", X=X_test[y_test != 2], y=y_test[y_test != 2])
+    argv = [str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz"), "--tilt", "1"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert main([*argv, "--no-progress", "--out", str(tmp_path / "run")]) == 0
+    out, err = capsys.readouterr()
+    note = "the test set holds no sample of 1 of the 3 training classes (2): every score is over"
+    assert f"note: {note}" in out and "Warning" not in err
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["notes"][0].startswith(note)
+
+
 def test_a_parameter_that_some_models_of_the_grid_read_is_searched(files, capsys):
     # tau is the compactness loss's: read where lam > 0, so searched beside lam=0,0.5.
     argv = [str(files / "train.npz"), "--grid", "lam=0,0.5", "--grid", "tau=1,2", "--cv", "2"]

@@ -150,6 +150,13 @@ def _run(args, given: frozenset = frozenset()) -> int:
         plain = _final(fitted[mr2_name]).lam == 0 and _final(fitted[mr2_name]).class_tilt == 0
         what = "plain cross-entropy (γ_k = 1)" if plain else "γ_k = 1"
         notes.append(f"{mr2_name} has no margins: {how}, {what}")
+    untested = np.setdiff1d(np.unique(y), np.unique(y_test))
+    if len(untested):  # scored over the classes the test set holds, as the table is
+        shown = ", ".join(map(str, named(untested)[:5])) + (", ..." if len(untested) > 5 else "")
+        notes.append(
+            f"the test set holds no sample of {len(untested)} of the {len(np.unique(y))} "
+            f"training classes ({shown}): every score is over the classes it holds"
+        )
     if front_error is not None:
         notes.append(front_error)
     lines = [
@@ -364,7 +371,10 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args):
         X, y, test_size=args.val_size, stratify=y, random_state=args.seed
     )
     print(f"fitting the front on {len(y_fit)} samples, choosing on {len(y_val)}", file=sys.stderr)
-    with collecting_short() as short:  # the front gathers its fits' into one warning
+    with collecting_short() as short, warnings.catch_warnings():
+        # The front gathers its fits' warnings into one (short). A test set without some
+        # classes is this run's to report, as it does (their scores are nan).
+        warnings.filterwarnings("ignore", "y_test holds no sample", UserWarning)
         front = accuracy_front(
             base,
             X_fit,
