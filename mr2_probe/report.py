@@ -76,13 +76,15 @@ class ClasswiseReport:
 
     def to_json(self, **kwargs) -> str:
         """JSON text of :meth:`to_dict` that strict parsers read (a label of ±inf written
-        "inf" or "-inf"); keyword arguments go to ``json.dumps``."""
+        "inf" or "-inf", and read back by :meth:`from_dict` as that string); keyword
+        arguments go to ``json.dumps`` (``allow_nan=True`` has nothing left to allow)."""
         return _strict_json(self.to_dict(), **kwargs)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> ClasswiseReport:
-        """Inverse of :meth:`to_dict` (and, through ``json.loads``, of :meth:`to_json`), up
-        to the rounding of the percentages it writes (at 10⁻¹⁰ of a point: 83.3333333333
+        """Inverse of :meth:`to_dict` (and, through ``json.loads``, of :meth:`to_json`, but
+        for labels of ±inf, which it writes as strings), up to the rounding of the
+        percentages it writes (at 10⁻¹⁰ of a point: 83.3333333333
         reads back as 0.833333333333, not 5/6), which makes a report read back compare
         unequal to the one written; read back and written again, it is unchanged.
 
@@ -328,4 +330,4 @@ def _strict_json(value, **kwargs) -> str:
             return [strict(item) for item in v]
         return v
 
-    return json.dumps(strict(value), allow_nan=False, **kwargs)
+    return json.dumps(strict(value), **{"allow_nan": False, **kwargs})

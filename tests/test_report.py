@@ -179,6 +179,7 @@ def test_json_of_infinite_labels_is_strict():
         raise ValueError(f"not strict JSON: {constant}")
 
     assert json.loads(report.to_json(), parse_constant=refuse)["labels"] == [1.0, 2.0, "inf"]
+    assert json.loads(report.to_json(allow_nan=True, indent=1))["labels"][-1] == "inf"
 
 
 @pytest.mark.parametrize("names", [[0.01, 1.0], [0, 1], ["0.01", 1]])
