@@ -173,13 +173,23 @@ def _interrupts_held():
     """A Ctrl-C inside is noted, and raised (KeyboardInterrupt) on leaving: one in the first
     half second, while NumPy, SciPy and torch import, left them half imported, and the run
     ended in a RecursionError's traceback or an abort in torch's C++ rather than in the
-    interrupt's one line and exit status 130. Outside the main thread (where Python runs
-    signal handlers) no change."""
-    if threading.current_thread() is not threading.main_thread():
+    interrupt's one line and exit status 130. A second Ctrl-C is raised at once (an import
+    that hangs can still be left). No change outside the main thread (where Python runs
+    signal handlers), nor where SIGINT has another handler than Python's own (ignored, in
+    a job started in the background)."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
     noted = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+
+    def note(signum, frame):
+        if noted:
+            raise KeyboardInterrupt
+        noted.append(signum)
+
+    previous = signal.signal(signal.SIGINT, note)
     try:
         yield
     finally:

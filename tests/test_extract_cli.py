@@ -221,6 +221,29 @@ def test_a_real_ctrl_c_during_the_imports_waits_for_them_to_finish(tmp_path, cap
     assert not (tmp_path / "o.h5").exists()
 
 
+def test_held_interrupts_leave_an_ignored_sigint_ignored_and_yield_to_a_second(monkeypatch):
+    from extract.__main__ import _interrupts_held
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):  # the second Ctrl-C, at once
+        with _interrupts_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+            reached.append("first held")
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+            reached.append("second held")
+    assert reached == ["first held"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    # A job started in the background ignores SIGINT: it stays ignored.
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.SIG_IGN)
+    installed = []
+    monkeypatch.setattr(signal, "signal", lambda *args: installed.append(args))
+    with _interrupts_held():
+        pass
+    assert installed == []
+
+
 def test_cli_reads_shards_with_a_label_key(tmp_path, capsys):
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     write_webdataset(folder, tmp_path / "wds" / "%05d.tar", maxcount=3)
