@@ -1127,7 +1127,11 @@ def test_a_name_told_apart_is_not_taken_from_another_class(tmp_path):
     argv = [str(tmp_path / "train.h5"), "--test", str(tmp_path / "test.h5"), "--out", str(out)]
     assert main([*argv, "--no-progress"]) == 0
     labels = json.loads((out / "report.json").read_text())["labels"]
-    assert labels == ["crane (0)", "crane (1) (1)", "crane (1) (2)"]
+    assert labels == ["crane (code 0)", "crane (code 1)", "crane (1)"]
+    from mr2_probe.cli._inputs import _distinct
+
+    defeating = ["a", "a", "a (1)", "a (code 1)"]
+    assert len(set(_distinct(defeating))) == 4
 
 
 @NEEDS_H5

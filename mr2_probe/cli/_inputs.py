@@ -384,10 +384,17 @@ def _repeated(names: list[str] | None) -> list[str]:
 def _distinct(names: list[str] | None) -> list[str] | None:
     """Class names with a repeated one told apart by its code, 'crane (134)': mapped to
     names, the predictions of two classes of one name were scored as one class."""
-    # Until no two are alike: 'crane (1)' may be another class's own name already.
-    while repeated := set(_repeated(names)):
-        names = [f"{name} ({k})" if name in repeated else name for k, name in enumerate(names)]
-    return names
+    repeated = set(_repeated(names))
+    if not repeated:
+        return names
+    # 'crane (1)' may be another class's own name already: then 'crane (code 1)'.
+    for form in ("{} ({})", "{} (code {})"):
+        told = [form.format(name, k) if name in repeated else name for k, name in enumerate(names)]
+        if not _repeated(told):
+            return told
+    while repeated := set(_repeated(told)):  # names made to defeat both forms
+        told = [f"{name} ({k})" if name in repeated else name for k, name in enumerate(told)]
+    return told
 
 
 def _check_not_the_training_data(train: str, test: str) -> None:
