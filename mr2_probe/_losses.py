@@ -81,7 +81,12 @@ def _within_class_sq_distances(features, same, sample_weight=None) -> torch.Tens
     features = float32_at_least(features)
     with torch.autocast(features.device.type, enabled=False):
         member = same if sample_weight is None else same & (sample_weight > 0)[None, :]
-        first = member.to(features.dtype).argmax(1)  # (B,): argmax takes the first maximum
+        # (B,): argmax takes the first maximum (it refuses an empty batch's rows).
+        first = (
+            member.to(features.dtype).argmax(1)
+            if len(member)
+            else member.new_zeros(0, dtype=torch.long)
+        )
         return _gram_sq_distances(features - features.detach()[first])
 
 

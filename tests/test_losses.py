@@ -1072,3 +1072,39 @@ def test_a_small_but_measured_class_keeps_its_small_margin():
 def test_moments_difficulty_refuses_an_unknown_difficulty():
     with pytest.raises(ValueError, match="difficulty must be one of"):
         moments_difficulty(ClassMoments.zeros(2, 3), difficulty="median")
+
+
+@pytest.mark.parametrize("params", [{}, {"tau": None}, {"class_tilt": 1.0}, {"lam": 0.0}])
+def test_an_empty_batch_is_a_nan_loss_and_leaves_the_statistics(params):
+    # With lam > 0 (the default) the compactness loss's argmax refused the empty rows, an
+    # IndexError (under sync_stats, after that rank's collectives: the others then hung).
+    crit = MR2Loss(n_classes=3, n_features=4, **params)
+    crit(torch.randn(6, 3), torch.randn(6, 4), torch.tensor([0, 0, 1, 1, 2, 2]))
+    before = {k: v.clone() for k, v in crit.state_dict().items()}
+    features = torch.zeros(0, 4, requires_grad=True)
+    loss = crit(features @ torch.randn(4, 3), features, torch.zeros(0, dtype=torch.long))
+    assert torch.isnan(loss)  # as F.cross_entropy's of an empty batch
+    loss.backward()
+    assert features.grad.shape == (0, 4)
+    for key, value in crit.state_dict().items():
+        torch.testing.assert_close(value, before[key], equal_nan=True, msg=key)
+    empty = compactness_loss(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), 1.0)
+    assert float(empty) == 0.0
+
+
+@pytest.mark.parametrize("p", [2.0, 3.0])
+def test_one_batch_margins_are_the_classifiers_for_the_moment_difficulty(p):
+    # README: MR2Loss's spreads are unbiased, the classifier's plain means; the paper's
+    # a_k = ‖μ_k‖_p² + msd_k agrees, the spread alone is n_k / (n_k − 1) times larger.
+    gen = torch.Generator().manual_seed(0)
+    y = torch.tensor([0] * 2 + [1] * 8 + [2] * 4)
+    features = torch.randn(len(y), 4, generator=gen, dtype=torch.float64) + y[:, None]
+    stats = class_statistics(features, y, 3, p=p)
+    moment = MR2Loss(3, 4, p=p, difficulty="moment").double()
+    moment.update(features, y)
+    torch.testing.assert_close(moment.margins(), class_margins(stats, 1.0, p, "moment"))
+    spread = MR2Loss(3, 4, p=p, difficulty="spread").double()
+    spread.update(features, y)
+    n = torch.tensor([2.0, 8.0, 4.0], dtype=torch.float64)
+    unbiased = stats._replace(msd=stats.msd * n / (n - 1))
+    torch.testing.assert_close(spread.margins(), class_margins(unbiased, 1.0, p, "spread"))
