@@ -194,6 +194,17 @@ class MR2Loss(nn.Module):
         for name, value in self._recorded().items():
             self.register_buffer(name, value)
 
+    def extra_repr(self) -> str:
+        """The arguments that differ from their defaults, as nn.Linear's repr shows its."""
+        n_features = self.moment_sum.shape[-1]
+        shown = [f"n_classes={self.n_classes}", f"n_features={n_features}"]
+        defaults = {"c_bar": 1.0, "lam": 0.5, "p": 3.0 if self.normalize else 2.0, "rho": 0.9,
+                    "tau": 1.0, "normalize": False, "difficulty": "moment", "class_tilt": 0.0,
+                    "sync_stats": False}  # fmt: skip
+        shown += [f"{name}={getattr(self, name)!r}" for name, default in defaults.items()
+                  if getattr(self, name) != default]  # fmt: skip
+        return ", ".join(shown)
+
     def _recorded(self) -> dict:
         """What the sums are measured with (dev_p is in L_p, and φ normalised or not), saved
         with them as buffers: read with another p or normalize they would give other

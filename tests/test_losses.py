@@ -1108,3 +1108,10 @@ def test_one_batch_margins_are_the_classifiers_for_the_moment_difficulty(p):
     n = torch.tensor([2.0, 8.0, 4.0], dtype=torch.float64)
     unbiased = stats._replace(msd=stats.msd * n / (n - 1))
     torch.testing.assert_close(spread.margins(), class_margins(unbiased, 1.0, p, "spread"))
+
+
+def test_repr_shows_the_sizes_and_the_arguments_not_at_their_defaults():
+    assert repr(MR2Loss(10, 512)) == "MR2Loss(n_classes=10, n_features=512)"
+    assert repr(MR2Loss(3, 4, c_bar=None, normalize=True, p=3, class_tilt=2)) == (
+        "MR2Loss(n_classes=3, n_features=4, c_bar=None, normalize=True, class_tilt=2.0)"
+    )
