@@ -1303,35 +1303,41 @@ def test_overlapping_one_thread_sections_in_two_threads_each_restore_their_own()
     torch.set_num_threads(2)
     torch.ones(3).sum()
     b_ready, a_in, b_in, a_out = (threading.Event() for _ in range(4))
-    seen = {}
+    seen, failed = {}, []
 
     def second():  # a joblib thread after an earlier fit
-        torch.set_num_threads(2)
-        assert torch.get_num_threads() == 2  # read: this thread's own from now on
-        b_ready.set()
-        a_in.wait()
-        with one_thread_if_small(cpu, 1, 10):
-            seen["second inside"] = torch.get_num_threads()
-            b_in.set()
-            a_out.wait()
-        seen["second after"] = torch.get_num_threads()
+        try:
+            torch.set_num_threads(2)
+            assert torch.get_num_threads() == 2  # read: this thread's own from now on
+            b_ready.set()
+            assert a_in.wait(30)
+            with one_thread_if_small(cpu, 1, 10):
+                seen["second inside"] = torch.get_num_threads()
+                b_in.set()
+                assert a_out.wait(30)
+            seen["second after"] = torch.get_num_threads()
+        except BaseException as error:  # re-raised by the test, which then waits no more
+            failed.append(error)
+            b_ready.set(), b_in.set()
 
     thread = threading.Thread(target=second)
     try:
         thread.start()
-        b_ready.wait()
+        assert b_ready.wait(30)
         with one_thread_if_small(cpu, 1, 10):
             seen["first inside"] = torch.get_num_threads()
             a_in.set()
-            b_in.wait()
+            assert b_in.wait(30)
         a_out.set()
-        thread.join()
+        thread.join(30)
+        if failed:
+            raise failed[0]
         seen["first after"] = torch.get_num_threads()
         assert seen == {"first inside": 1, "second inside": 1, "second after": 2,
                         "first after": 2}  # fmt: skip
     finally:
         a_in.set(), b_in.set(), a_out.set()
-        thread.join()
+        thread.join(30)
         torch.set_num_threads(before)
 
 
