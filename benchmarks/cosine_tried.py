@@ -306,7 +306,7 @@ def precondition(b, max_evals=800, within=1e-7):
          per_class(solved, delta=0.01), start),
         ("per class, the solution's curvature, δ = 0.001 (oracle)",
          per_class(solved, delta=0.001), start),
-        *[(f"the same in the top {r} of {d} principal directions (oracle)",
+        *[(f"per class, δ = 0.1, top {r} of {d} principal directions (oracle)",
            per_class(solved, rank=r), start)
           for r in sorted({max(1, d // 20), max(1, d // 5)})],
         ("per class, its diagonal alone, δ = 0.1 (oracle)",

@@ -373,7 +373,7 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args):
     print(f"fitting the front on {len(y_fit)} samples, choosing on {len(y_val)}", file=sys.stderr)
     with collecting_short() as short, warnings.catch_warnings():
         # The front gathers its fits' warnings into one (short). A test set without some
-        # classes is this run's to report, as it does (their scores are nan).
+        # classes is this run's to report, as it does (in a note).
         warnings.filterwarnings("ignore", "y_test holds no sample", UserWarning)
         front = accuracy_front(
             base,
