@@ -298,8 +298,13 @@ def fit_lbfgs(
         state = optimizer.state[params[0]]
         n_round = offset = state.get("n_iter", 0)  # the evaluation after it is keyed at done
         done, evals = done + n_round, evals + state.get("func_evals", 0)
+        rescaled = False
         if head.is_plain_cosine:
             with torch.no_grad():
+                # Once a round (a host sync per round, not per step). Rows far from unit
+                # norm (a warm start from a minibatch fit, norms near 50) made the first
+                # round's test on the gradient in W pass at once: the fit stopped there.
+                rescaled = bool(((head.weight.norm(dim=1) - 1).abs() > 1e-3).any())
                 head.weight.copy_(F.normalize(head.weight, dim=1))
         # The line search may leave in .grad a point it tried and rejected: one more
         # evaluation gives the gradient (and the loss) where L-BFGS stopped.
@@ -307,7 +312,7 @@ def fit_lbfgs(
         largest = max(float(p.grad.abs().max()) for p in params if p.grad is not None)
         if largest <= tol or done >= max_iter or evals >= 4 * max_iter:
             break
-        if n_round <= 1:
+        if n_round <= 1 and not rescaled:
             break  # no progress in this round: a new one would start from the same point
     bar.close()
     n_iter = done

@@ -675,3 +675,23 @@ def test_a_restarted_fold_counts_and_reports_both_rounds(monkeypatch):
     assert search.n_iter_[0, :, 0].tolist() == [3 + second.n_iter[0], 3]
     assert reported[0] == (second.stop[0], second.largest_gradient[0])
     assert reported[1] == (first.stop[1], first.largest_gradient[1])
+
+
+def test_a_warm_start_from_rows_far_from_unit_norm_goes_on_to_the_solution():
+    # Minibatch fits leave the rows at their norms (about 50 here). L-BFGS's first round
+    # then met its test on the gradient in W at once, and the fit stopped after 0
+    # iterations with a warning of no progress, 0.0036 from tol.
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:400] / 16, y[:400]
+    kwargs = dict(head="cosine", scale=8.0, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = MR2LinearClassifier(**kwargs, solver="sgd", learning_rate=30.0, max_iter=200,
+                                  warm_start=True, random_state=0).fit(X, y)  # fmt: skip
+    assert np.linalg.norm(clf._head_state["weight"], axis=1).min() > 10
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        clf.set_params(solver="lbfgs").fit(X, y)
+    cold = MR2LinearClassifier(**kwargs).fit(X, y)
+    assert clf.n_iter_ > 0
+    assert clf.loss_curve_[-1] == pytest.approx(cold.loss_curve_[-1], abs=1e-6)
