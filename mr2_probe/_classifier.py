@@ -681,7 +681,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             verbose=verbose,
         )
         scale = head.scale if self.head == "cosine" else None
-        suspects = _range_suspects(C, self.c_bar, data.weight_sum, self.class_tilt, scale)
+        # A cosine head without a projection has no penalty: C and Σw play no part.
+        penalised = np.inf if self.head == "cosine" and self.lam == 0 else C
+        suspects = _range_suspects(penalised, self.c_bar, data.weight_sum, self.class_tilt, scale)
         if solver == "lbfgs":
             try:
                 result = fit_lbfgs(head, data.source, spec, **common)

@@ -560,7 +560,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         training rows' weights summing to ``weight_sum``: warns as a fold's own fit would."""
         result = SolverResult(n_iter, stop == "tol", largest_gradient=largest, stop=stop)
         if not result.converged:  # (the suspects are named in a warning only)
-            C, scale = (1.0, value) if self.head == "cosine" else (value, None)
+            # The cosine head penalises only a projection (lam > 0), at C = 1.
+            cosine = (1.0 if self.lam > 0 else np.inf, value)
+            C, scale = cosine if self.head == "cosine" else (value, None)
             result.range_suspects = _range_suspects(
                 C, self.c_bar, weight_sum, self.class_tilt, scale
             )

@@ -695,3 +695,23 @@ def test_a_warm_start_from_rows_far_from_unit_norm_goes_on_to_the_solution():
     cold = MR2LinearClassifier(**kwargs).fit(X, y)
     assert clf.n_iter_ > 0
     assert clf.loss_curve_[-1] == pytest.approx(cold.loss_curve_[-1], abs=1e-6)
+
+
+def test_a_short_cosine_fit_does_not_blame_c_or_the_weights_it_has_no_penalty_for():
+    # The warning named "C=1e-09 and sample weights summing to 300 (the penalty is
+    # ½‖W‖² / (C·Σw))" as the cause, for a head whose objective has no such penalty.
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:300] / 16, y[:300]
+    fits = [
+        lambda: MR2LinearClassifier(head="cosine", C=1e-9, max_iter=3, device="cpu").fit(X, y),
+        lambda: MR2LinearClassifier(head="cosine", max_iter=3, device="cpu").fit(
+            X, y, sample_weight=np.full(len(y), 1e-9)
+        ),
+        lambda: MR2LinearClassifierCV(head="cosine", Cs=[8.0, 64.0], cv=2, max_iter=2,
+                                      device="cpu").fit(X, y, sample_weight=np.full(300, 1e-9)),
+    ]  # fmt: skip
+    for fit in fits:
+        with pytest.warns(ConvergenceWarning) as caught:
+            fit()
+        for w in caught:
+            assert "C=" not in str(w.message) and "penalty" not in str(w.message), w.message
