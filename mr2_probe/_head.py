@@ -259,9 +259,13 @@ def decision_values(X, coef, intercept, projection, head: str):
         dtype = X.dtype if X.device.type == "mps" else dtype
         X = X.to(dtype)
         coef, intercept = (to_tensor(a, X.device, dtype) for a in (coef, intercept))
+        if head == "cosine" and projection is None:
+            # Rows at unit norm first: X·Wᵀ overflowed for rows of norm near float32's
+            # largest (NaN predictions where the fit had worked), which the head ignores.
+            return (X / row_norms(X).clamp_min(1e-12)[:, None]) @ coef.T + intercept
         z = X @ coef.T  # (N, K)
         if head == "cosine":
-            phi = X if projection is None else X @ to_tensor(projection, X.device, dtype).T
+            phi = X @ to_tensor(projection, X.device, dtype).T
             z = z / row_norms(phi).clamp_min(1e-12)[:, None]
         return z + intercept
     X = np.asarray(X)
@@ -273,9 +277,11 @@ def decision_values(X, coef, intercept, projection, head: str):
     z = np.empty((len(X), len(coef)), dtype=dtype)
     for start in range(0, len(X), _PREDICT_ROWS):
         x = X[start : start + _PREDICT_ROWS].astype(dtype, copy=False)
-        block = x @ coef.T
-        if head == "cosine":
-            phi = x if projection is None else x @ projection.T
-            block /= np.maximum(row_norms_numpy(phi), 1e-12)[:, None]
+        if head == "cosine" and projection is None:  # unit rows first, as above
+            block = (x / np.maximum(row_norms_numpy(x), 1e-12)[:, None]) @ coef.T
+        else:
+            block = x @ coef.T
+        if head == "cosine" and projection is not None:
+            block /= np.maximum(row_norms_numpy(x @ projection.T), 1e-12)[:, None]
         z[start : start + len(x)] = block + intercept
     return z

@@ -715,3 +715,22 @@ def test_a_short_cosine_fit_does_not_blame_c_or_the_weights_it_has_no_penalty_fo
             fit()
         for w in caught:
             assert "C=" not in str(w.message) and "penalty" not in str(w.message), w.message
+
+
+def test_predictions_of_rows_near_float32s_largest_value_are_those_of_the_unit_rows():
+    # X·Wᵀ overflowed before the division by ‖x‖: NaN probabilities and chance-level
+    # predictions from a model whose minibatch fit had worked on the same rows.
+    X, y = load_digits(return_X_y=True)
+    X, y = (X[:300] / 16).astype(np.float32), y[:300]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = MR2LinearClassifier(head="cosine", scale=16.0, solver="adam", max_iter=5,
+                                  device="cpu", random_state=0).fit(X, y)  # fmt: skip
+    huge = X * np.float32(1e37)  # row norms up to 4.7e37, below float32's largest 3.4e38
+    assert np.isfinite(huge).all()
+    np.testing.assert_allclose(
+        clf.decision_function(huge), clf.decision_function(X), rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_array_equal(clf.predict(huge), clf.predict(X))
+    as_tensor = clf.decision_function(torch.as_tensor(huge))
+    np.testing.assert_allclose(as_tensor.numpy(), clf.decision_function(X), rtol=1e-5, atol=1e-5)
