@@ -305,29 +305,22 @@ def in_percent(value):
     return _finite(_scaled(value, 100.0))
 
 
-def _finite(value):
-    """NaN → None throughout, since strict JSON has no NaN."""
+def _finite(value, infinities: bool = False):
+    """NaN → None throughout, since strict JSON has no NaN; with ``infinities`` also ±inf →
+    "inf" / "-inf" (as the options take them), tuples walked as the lists JSON makes them."""
     if isinstance(value, dict):
-        return {key: _finite(v) for key, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return {key: _finite(v, infinities) for key, v in value.items()}
+    if isinstance(value, list) or (infinities and isinstance(value, tuple)):
+        return [_finite(v, infinities) for v in value]
     if isinstance(value, float) and math.isnan(value):
         return None
+    if infinities and isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
     return value
 
 
 def _strict_json(value, **kwargs) -> str:
     """JSON that strict parsers read: no Infinity or NaN, which ``json.dumps`` writes (as
-    C=inf); infinities as the strings "inf" and "-inf", as the options take them, and NaN
-    as null, as the reports write it."""
-
-    def strict(v):
-        if isinstance(v, float) and not math.isfinite(v):
-            return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
-        if isinstance(v, dict):
-            return {key: strict(item) for key, item in v.items()}
-        if isinstance(v, list | tuple):
-            return [strict(item) for item in v]
-        return v
-
-    return json.dumps(strict(value), **{"allow_nan": False, **kwargs})
+    C=inf); infinities as the strings "inf" and "-inf", and NaN as null, as the reports
+    write it."""
+    return json.dumps(_finite(value, infinities=True), **{"allow_nan": False, **kwargs})
