@@ -511,16 +511,17 @@ def _check_scored_features(X, scored: dict) -> None:
     for split, (features, labels) in scored.items():
         if features is None:
             continue
-        n_samples = _num_samples(features)  # sparse matrices too
-        if n_samples != len(column_or_1d(labels)):
+        n_samples, n_labels = _num_samples(features), len(column_or_1d(labels))  # sparse too
+        if n_samples != n_labels:
             raise ValueError(
-                f"X_{split} has {n_samples} samples but y_{split} has "
-                f"{len(column_or_1d(labels))} labels; they must be as many."
+                f"X_{split} has {n_samples} samples but y_{split} has {n_labels} labels; they "
+                "must be as many."
             )
-        if None not in (n_features, _n_features(features)) and n_features != _n_features(features):
+        scored_features = _n_features(features)
+        if None not in (n_features, scored_features) and n_features != scored_features:
             raise ValueError(
-                f"X_{split} has {_n_features(features)} features but X, the training data, "
-                f"has {n_features}."
+                f"X_{split} has {scored_features} features but X, the training data, has "
+                f"{n_features}."
             )
 
 
