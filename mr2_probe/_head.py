@@ -262,7 +262,7 @@ def decision_values(X, coef, intercept, projection, head: str):
         if head == "cosine" and projection is None:
             # Rows at unit norm first: X·Wᵀ overflowed for rows of norm near float32's
             # largest (NaN predictions where the fit had worked), which the head ignores.
-            return (X / row_norms(X).clamp_min(1e-12)[:, None]) @ coef.T + intercept
+            return unit_rows(X) @ coef.T + intercept
         z = X @ coef.T  # (N, K)
         if head == "cosine":
             phi = X @ to_tensor(projection, X.device, dtype).T
@@ -281,7 +281,7 @@ def decision_values(X, coef, intercept, projection, head: str):
             block = (x / np.maximum(row_norms_numpy(x), 1e-12)[:, None]) @ coef.T
         else:
             block = x @ coef.T
-        if head == "cosine" and projection is not None:
-            block /= np.maximum(row_norms_numpy(x @ projection.T), 1e-12)[:, None]
+            if head == "cosine":
+                block /= np.maximum(row_norms_numpy(x @ projection.T), 1e-12)[:, None]
         z[start : start + len(x)] = block + intercept
     return z
