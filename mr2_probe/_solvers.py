@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ._losses import (
@@ -304,8 +303,9 @@ def fit_lbfgs(
                 # Once a round (a host sync per round, not per step). Rows far from unit
                 # norm (a warm start from a minibatch fit, norms near 50) made the first
                 # round's test on the gradient in W pass at once: the fit stopped there.
-                rescaled = bool(((head.weight.norm(dim=1) - 1).abs() > 1e-3).any())
-                head.weight.copy_(F.normalize(head.weight, dim=1))
+                norms = head.weight.norm(dim=1)
+                rescaled = bool(((norms - 1).abs() > 1e-3).any())
+                head.weight.div_(norms.clamp_min(1e-12)[:, None])  # F.normalize's rule
         # The line search may leave in .grad a point it tried and rejected: one more
         # evaluation gives the gradient (and the loss) where L-BFGS stopped.
         closure()
