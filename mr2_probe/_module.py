@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from functools import partial
@@ -198,9 +199,10 @@ class MR2Loss(nn.Module):
         """The arguments that differ from their defaults, as nn.Linear's repr shows its."""
         n_features = self.moment_sum.shape[-1]
         shown = [f"n_classes={self.n_classes}", f"n_features={n_features}"]
-        defaults = {"c_bar": 1.0, "lam": 0.5, "p": 3.0 if self.normalize else 2.0, "rho": 0.9,
-                    "tau": 1.0, "normalize": False, "difficulty": "moment", "class_tilt": 0.0,
-                    "sync_stats": False}  # fmt: skip
+        parameters = inspect.signature(type(self).__init__).parameters
+        defaults = {name: parameters[name].default for name in ("c_bar", "lam", "p", "rho",
+                    "tau", "normalize", "difficulty", "class_tilt", "sync_stats")}  # fmt: skip
+        defaults["p"] = 3.0 if self.normalize else 2.0  # what p=None resolves to
         shown += [f"{name}={getattr(self, name)!r}" for name, default in defaults.items()
                   if getattr(self, name) != default]  # fmt: skip
         return ", ".join(shown)
