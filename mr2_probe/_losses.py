@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._stats import class_statistics, float32_at_least, mean_spread
+from ._stats import class_indices, class_statistics, float32_at_least, mean_spread
 
 
 def margin_cross_entropy(
@@ -44,6 +44,7 @@ def margin_cross_entropy(
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
+    target = class_indices(target)
     scaled = logits / margins[target][:, None]  # (B, K)
     loss = F.cross_entropy(scaled, target, reduction="none")  # (B,)
     if sample_weight is not None:

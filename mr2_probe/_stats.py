@@ -62,6 +62,15 @@ def float32_at_least(features: torch.Tensor) -> torch.Tensor:
     return features
 
 
+def class_indices(labels: torch.Tensor) -> torch.Tensor:
+    """Integer class indices as int64, which torch's indexing reads as indices: a uint8
+    tensor would index as a boolean mask (torch.from_numpy of uint8 labels), and index_add_
+    refuses the narrow types. Other dtypes are returned as they are, for torch to refuse."""
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        return labels
+    return labels.long()
+
+
 def class_statistics(
     features: torch.Tensor,
     labels: torch.Tensor,
@@ -122,6 +131,7 @@ def class_statistics_chunked(
     transform = transform or (lambda x: x)
     sums = counts = None
     for x, y, w in chunks():
+        y = class_indices(y)
         phi = float32_at_least(transform(x))  # (B, d)
         if sums is None:
             sums = phi.new_zeros(n_classes, n_features)
@@ -138,6 +148,7 @@ def class_statistics_chunked(
     spread_p = torch.zeros_like(counts)
     spread_2 = torch.zeros_like(counts)
     for x, y, w in chunks():
+        y = class_indices(y)
         diff = mean[y].sub_(transform(x))  # (B, d), μ − φ: the spreads are even in it
         # (sub_ into mean's float32 rows: half-precision φ is promoted, not rounded to)
         w = torch.ones_like(y, dtype=diff.dtype) if w is None else w.to(diff.dtype)
@@ -309,6 +320,7 @@ def update_moments(
     counts and sums and then on its deviations, which need the union's class means.
     """
     n_classes, n_features = moments.sum.shape
+    labels = class_indices(labels)
     new = features.new_zeros
     batch = new(n_classes, n_features + 2)  # counts, Σ‖φ‖², Σφ: one tensor to reduce
     batch[:, 0].index_add_(0, labels, features.new_ones(len(labels)))

@@ -184,6 +184,28 @@ def test_margin_cross_entropy_matches_loop_with_gradients():
     torch.testing.assert_close(grad_got, grad_want)
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32])
+def test_narrow_integer_labels_are_class_indices_not_a_mask(dtype):
+    """torch.from_numpy of uint8 labels: indexing with a uint8 tensor reads it as a boolean
+    mask, which divided sample i's logits by γ_i (batch size K) or raised IndexError."""
+    labels = torch.tensor([2, 1, 2])  # no class 0, as many samples as classes
+    margins = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
+    logits = torch.randn(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    narrow = labels.to(dtype)
+    torch.testing.assert_close(
+        margin_cross_entropy(logits, narrow, margins), margin_cross_entropy(logits, labels, margins)
+    )
+    X, y, _ = _data(4, n=20)
+    torch.testing.assert_close(
+        tuple(class_statistics(X, y.to(dtype), 4, p=3.0)), tuple(class_statistics(X, y, 4, p=3.0))
+    )
+    moments = ClassMoments.zeros(4, X.shape[1], dtype=X.dtype)
+    torch.testing.assert_close(
+        tuple(moments_statistics(update_moments(moments, X, y.to(dtype), p=3.0))),
+        tuple(moments_statistics(update_moments(moments, X, y, p=3.0))),
+    )
+
+
 @pytest.mark.parametrize("s_bar, tau", [(1.0, 1.0), (4.0, 8.0), (0.1, 0.5)])
 def test_compactness_matches_loop_with_gradients(s_bar, tau):
     features, labels, _ = _data(5, n=30)
