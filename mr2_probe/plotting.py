@@ -432,36 +432,54 @@ _FRACTION_SCORERS = {*classwise_scorers(), "top_k_accuracy", "average_precision"
 _FRACTION_PREFIXES = ("f1", "precision", "recall", "jaccard", "roc_auc")
 
 
-def _in_percent(scoring) -> bool:
-    """Whether a search's ``scoring`` (None is accuracy) gives fractions."""
-    if scoring is None:
-        return True
-    return isinstance(scoring, str) and (
-        scoring in _FRACTION_SCORERS or scoring.startswith(_FRACTION_PREFIXES)
-    )
+def _in_percent(scoring: str) -> bool:
+    """Whether the scorer of that name gives fractions."""
+    return scoring in _FRACTION_SCORERS or scoring.startswith(_FRACTION_PREFIXES)
 
 
-def cv_curves(search, scoring: str = "score") -> dict:
+#: The class-wise curves that :func:`cv_curves` draws beside a search's own score.
+_CLASSWISE_CURVES = ("balanced_accuracy", "worst_class")
+
+
+def _own_scorer_name(search) -> str | None:
+    """The name of a search's ``scoring``: accuracy for None, a class-wise scorer's own
+    name, None for any other callable."""
+    scoring = search.scoring
+    if scoring is None or isinstance(scoring, str):
+        return scoring or "accuracy"
+    return next((k for k, v in classwise_scorers().items() if v is scoring), None)
+
+
+def cv_curves(search, scoring: str | None = None) -> dict:
     """Validation curves of a fitted :class:`~mr2_probe.MR2LinearClassifierCV` (or of a
     pipeline ending in one).
 
-    Returns ``{name: (n_Cs,) array}``, each the mean over folds: ``scoring`` names the
-    search's own held-out score (``scores_``); ``balanced_accuracy`` and ``worst_class``
-    come from ``class_accuracy_path_`` (classes absent from a fold's held-out rows left
-    out), whatever the search chose by. ``class_std`` is the spread itself (lower is
-    better), not its scorer's negation.
+    Returns ``{name: (n_Cs,) array}``, each the mean over folds: first the search's own
+    held-out score (``scores_``), named ``scoring`` or, by default, after the search's
+    ``scoring`` ("accuracy" for None, "score" for a callable of its own); then
+    ``balanced_accuracy`` and ``worst_class`` from ``class_accuracy_path_`` (classes absent
+    from a fold's held-out rows left out), whatever the search chose by. A search that chose
+    by ``class_std`` gives the spread itself (lower is better), not its scorer's negation.
+    A ``scoring`` that names another class-wise curve than the search's own is refused.
     """
     search = _final(search)
     check_is_fitted(search, "class_accuracy_path_")
+    own_name = _own_scorer_name(search)
+    name = scoring if scoring is not None else own_name or "score"
+    if own_name is not None and name != own_name and name in (*_CLASSWISE_CURVES, "class_std"):
+        raise ValueError(
+            f"scoring={name!r} would name the search's own scores, but it chose by "
+            f"{own_name!r}; leave scoring out to name them after the search's scoring."
+        )
     per_class = search.class_accuracy_path_  # (folds, Cs, K)
     own = next(iter(search.scores_.values())).mean(0)
-    curves = {scoring: -own if scoring == "class_std" else own}
+    curves = {name: -own if own_name == "class_std" else own}
     curves.setdefault("balanced_accuracy", np.nanmean(per_class, axis=2).mean(0))
     curves.setdefault("worst_class", np.nanmin(per_class, axis=2).mean(0))
     return curves
 
 
-def plot_cv_curve(searches, path, scoring: str = "score"):
+def plot_cv_curve(searches, path, scoring: str | None = None):
     """Held-out score against C (log axis) of each search, one line per scorer.
 
     Parameters
@@ -471,8 +489,9 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
         ending in one), coloured as in the other figures ("MR2" blue), the reference
         ("ERM") in the dark grey of the reference lines.
     path : str or path-like
-    scoring : str, default="score"
-        Name of the scorer the searches chose by, for the legend.
+    scoring : str, default=None
+        Name of the scorer the searches chose by, for the legend (None: each search's
+        ``scoring``, as :func:`cv_curves` names it).
 
     Returns
     -------
@@ -510,7 +529,8 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
     for name, search in searches.items():
         where = np.where(np.isfinite(search.Cs_), search.Cs_, no_penalty)
         curves = cv_curves(search, scoring)
-        raw = not _in_percent(search.scoring)
+        own_name = _own_scorer_name(search)  # None: a callable of the user's own
+        raw = own_name is None or not _in_percent(own_name)
         for i, (style, (label, curve)) in enumerate(
             zip(_CURVE_STYLES, curves.items(), strict=False)
         ):
@@ -519,7 +539,7 @@ def plot_cv_curve(searches, path, scoring: str = "score"):
             if i == 0 and raw:
                 own_axis = own_axis or ax.twinx()
                 own_axis.plot(where, curve, style, color=colours[name], label=shown)
-                own_axis.set_ylabel(f"held-out {_literal(scoring)} (mean over folds)")
+                own_axis.set_ylabel(f"held-out {_literal(label)} (mean over folds)")
             else:
                 ax.plot(where, 100 * curve, style, color=colours[name], label=shown)
         chosen = search.C_ if np.isfinite(search.C_) else no_penalty

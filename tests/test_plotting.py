@@ -161,6 +161,34 @@ def test_class_std_curve_is_the_spread_itself(tmp_path):
     assert "MR2 class_std (lower is better)" in labels
 
 
+def test_cv_curves_take_the_search_s_own_scoring_not_the_caller_s_label(tmp_path):
+    # The spread was negated only where the caller named it "class_std" (the curve ran
+    # below 0 by default), and a label "worst_class" on a search that chose by accuracy
+    # named the accuracy curve so and dropped the real worst-class curve.
+    from mr2_probe.metrics import class_std_scorer
+    from mr2_probe.plotting import cv_curves
+
+    X, y = load_iris(return_X_y=True)
+    for scoring in ("class_std", class_std_scorer):
+        search = MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring=scoring, device="cpu")
+        curves = cv_curves(search.fit(X, y))
+        assert list(curves) == ["class_std", "balanced_accuracy", "worst_class"]
+        np.testing.assert_allclose(curves["class_std"], -search.scores_[1].mean(0))
+        assert (curves["class_std"] > 0).all()
+        fig = plot_cv_curve({"MR2": search}, tmp_path / "cv.png")
+        assert "MR2 class_std (lower is better)" in fig.axes[0].get_legend_handles_labels()[1]
+    by_accuracy = MR2LinearClassifierCV([0.01, 1.0], cv=3, device="cpu").fit(X, y)
+    for label in ("worst_class", "balanced_accuracy", "class_std"):
+        with pytest.raises(ValueError, match=rf"^scoring='{label}' would name the search's own "):
+            cv_curves(by_accuracy, label)
+        with pytest.raises(ValueError, match="but it chose by 'accuracy'"):
+            plot_cv_curve({"MR2": by_accuracy}, tmp_path / "refused.png", label)
+    assert not (tmp_path / "refused.png").exists()
+    assert list(cv_curves(by_accuracy, "acc")) == ["acc", "balanced_accuracy", "worst_class"]
+    by_callable = MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring=lambda e, X, y: 0.5)
+    assert next(iter(cv_curves(by_callable.set_params(device="cpu").fit(X, y)))) == "score"
+
+
 @pytest.mark.parametrize("scoring", ["neg_log_loss", "f1_macro"])
 def test_cv_curve_keeps_scores_that_are_no_fractions_on_their_own_axis(tmp_path, scoring):
     # A log loss was drawn times 100 on the axis of held-out percentages (-109 "%").
@@ -473,7 +501,7 @@ def test_cv_curve_lines_axes_and_choices(tmp_path):
     from mr2_probe.plotting import cv_curves
 
     _, _, searches = _searches()
-    fig = plot_cv_curve(searches, tmp_path / "cv.png", scoring="worst_class")
+    fig = plot_cv_curve(searches, tmp_path / "cv.png")
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_xlabel() == "C (inverse L2 strength)"
     curves = [
@@ -481,15 +509,20 @@ def test_cv_curve_lines_axes_and_choices(tmp_path):
     ]
     for name, search in searches.items():
         mine = [line for line in curves if line.get_label().startswith(f"{name} ")]
-        expected = cv_curves(search, "worst_class")
+        expected = cv_curves(search)
+        assert list(expected) == ["accuracy", "balanced_accuracy", "worst_class"]
         assert [line.get_label() for line in mine] == [f"{name} {k}" for k in expected]
         for line, curve in zip(mine, expected.values(), strict=True):
             np.testing.assert_allclose(line.get_ydata(), 100 * curve)
         assert mine[0].get_linestyle() == "-"  # the search's own scorer solid
         colour = mine[0].get_color()
         assert colour == (SAME if name == "ERM" else LEVER_COLOURS["MR2"])
-        chosen = [
-            line for line in ax.lines if line.get_linestyle() == ":" and line.get_color() == colour
+        chosen = [  # unnamed: the curves are named, the chosen value's line is not
+            line
+            for line in ax.lines
+            if line.get_linestyle() == ":"
+            and line.get_color() == colour
+            and line.get_label().startswith("_")
         ]
         assert len(chosen) == 1 and chosen[0].get_xdata()[0] == search.C_
     # Every curve is named in the legend, on the axis of held-out scores.
@@ -515,7 +548,7 @@ def test_cv_curve_takes_searches_inside_pipelines(tmp_path):
 
     pipeline = make_pipeline(StandardScaler(), search).fit(X, y)
     curves, own = cv_curves(pipeline), cv_curves(pipeline[-1])
-    assert list(curves) == ["score", "balanced_accuracy", "worst_class"]
+    assert list(curves) == ["accuracy", "balanced_accuracy", "worst_class"]
     for name, curve in own.items():
         np.testing.assert_array_equal(curves[name], curve)
 
