@@ -304,8 +304,8 @@ def accuracy_front(
     Returns
     -------
     front : Front
-        Points in the order ERM, MR² (left out where its configuration is ERM's), tilts,
-        offsets; ``front.chosen`` names the rule's
+        Points in the order ERM, MR² (left out where its configuration is ERM's), tilts
+        (increasing), offsets (by bound); ``front.chosen`` names the rule's
         choice. Points whose fit stopped short of tol are named in one ConvergenceWarning.
 
     Examples
@@ -356,7 +356,7 @@ def accuracy_front(
     # another model (lam > 0, or ERM tuned on its own), the start of the tilt sweep.
     if not _same_configuration(mr2, erm):
         points.append(FrontPoint("MR2", "MR2", None, mr2))
-    positive = [float(t) for t in tilts if t > 0]
+    positive = sorted(float(t) for t in tilts if t > 0)  # a curve in t, drawn in its order
     points += [
         FrontPoint(name, "tilt", t, _with_params(estimator, class_tilt=t))
         for name, t in zip(_names("tilt={}", positive), positive, strict=True)

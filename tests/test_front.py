@@ -589,6 +589,18 @@ def test_plot_front(front, tmp_path):
         plot_front(front, tmp_path / "x.png", split="train")
 
 
+def test_tilt_points_run_in_increasing_tilt_whatever_the_order_given(splits):
+    # In the order given, plot_front's tilt curve went from t = 10 back to t = 0.5.
+    X_fit, y_fit, X_val, y_val, _, _ = splits
+    probe = MR2LinearClassifier(C=0.1, device="cpu")
+    shuffled = accuracy_front(
+        probe, X_fit, y_fit, X_val, y_val, tilts=(5, 0.5, 2, 0), offset_bounds=()
+    )
+    tilt = [p for p in shuffled.points if p.lever == "tilt"]
+    assert [p.value for p in tilt] == [0.5, 2.0, 5.0]
+    assert [p.name for p in tilt] == ["tilt=0.5", "tilt=2", "tilt=5"]
+
+
 @pytest.fixture
 def features(tmp_path, splits):
     X_fit, y_fit, _, _, X_test, y_test = splits
