@@ -648,7 +648,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         mean = self._coefs[np.arange(len(best)), best].mean(0)  # (rows, dof)
         d = self.n_features_in_
         self.coef_ = mean[:, :d]
-        self.intercept_ = mean[:, d] if mean.shape[1] > d else np.zeros(len(mean))
+        self.intercept_ = mean[:, d] if mean.shape[1] > d else np.zeros(len(mean), mean.dtype)
         self.projection_ = None
         head = self._new_head(data, scale=self.C_)
         stats, margins = self._statistics(head, data)[:2]

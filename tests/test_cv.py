@@ -142,6 +142,17 @@ def test_refit_false_averages_each_folds_best():
     assert clf.margins_.shape == (4,)
 
 
+@pytest.mark.parametrize("params", [dict(fit_intercept=False), dict(head="cosine", Cs=[2.0, 8.0])])
+def test_refit_false_without_intercept_keeps_the_coefficients_dtype(params):
+    # Its zero intercept was float64 beside float32 coefficients (refit=True: float32).
+    X, y = _blobs()
+    X = X.astype(np.float32)
+    clf = MR2LinearClassifierCV(**{"Cs": 3, **params}, cv=3, refit=False, tol=1e-3, device="cpu")
+    clf.fit(X, y)
+    assert clf.coef_.dtype == clf.intercept_.dtype == np.float32
+    assert not clf.intercept_.any()
+
+
 def test_refit_chooses_the_best_sum_over_folds_and_refits_there():
     X, y = _blobs()
     clf = MR2LinearClassifierCV([1e-3, 1e-2, 1.0], cv=3, tol=1e-8, device="cpu").fit(X, y)
