@@ -140,13 +140,16 @@ def _embed(backbone: Backbone, x: torch.Tensor, normalize: bool) -> np.ndarray:
     return z.cpu().numpy()
 
 
-def _refuse_non_finite(features: np.ndarray, reasons: list, dtype: np.dtype) -> None:
-    """Mark as failed (in ``reasons``, and zeroed) the rows whose features are not finite,
-    from the backbone or once stored in ``dtype`` (float16 ends at 65504): a NaN or an
-    infinity stored as done would reach every probe trained on the store."""
+def _refuse_non_finite(features: np.ndarray, reasons: list, dtype: np.dtype) -> np.ndarray:
+    """The features in the store's ``dtype``, the rows not finite there marked as failed
+    (in ``reasons``) and zeroed: from the backbone, or once stored (float16 ends at 65504).
+    A NaN or an infinity stored as done would reach every probe trained on the store. The
+    rows are written as returned, so that the test sees the stored values: HDF5's own
+    conversion takes 65504 < |x| < 65520 to inf, where NumPy's rounds it to 65504."""
     finite = np.isfinite(features).all(1)
     with np.errstate(over="ignore", invalid="ignore"):
-        fits = np.isfinite(features.astype(dtype)).all(1)
+        stored = features.astype(dtype)
+    fits = np.isfinite(stored).all(1)
     for k in np.flatnonzero(~fits):
         if reasons[k] is None:
             reasons[k] = (
@@ -155,4 +158,5 @@ def _refuse_non_finite(features: np.ndarray, reasons: list, dtype: np.dtype) -> 
                 else f"features beyond the range of the store's {np.dtype(dtype).name} "
                 "(--dtype float32 keeps them)"
             )
-    features[~fits] = 0
+    stored[~fits] = 0
+    return stored

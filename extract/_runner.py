@@ -640,7 +640,7 @@ def _run(
             ok = [k for k, r in enumerate(reasons) if r is None]
             if x is not None:
                 features[ok] = _embed(backbone, x, normalize)
-                _refuse_non_finite(features, reasons, f["features"].dtype)
+                features = _refuse_non_finite(features, reasons, f["features"].dtype)
             codes = np.array([DONE if r is None else FAILED for r in reasons], np.uint8)
             n_failed += int((codes == FAILED).sum())
             positions = np.searchsorted(rows, items)

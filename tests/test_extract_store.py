@@ -90,6 +90,27 @@ def test_non_finite_features_are_recorded_as_failures_not_stored(folder, tmp_pat
     assert (status == FAILED).sum() == len(reasons) and set(reasons) <= set(names)
 
 
+def test_features_just_beyond_float16_are_stored_as_tested(folder, tmp_path, monkeypatch):
+    # 65504 < x < 65520 passed the test in NumPy's float16 (rounded to 65504) but was
+    # written as float32 and converted by HDF5, to inf, in rows marked done.
+    from extract import _runner
+
+    embed = _runner._embed
+
+    def large(backbone, x, normalize):
+        z = embed(backbone, x, normalize)
+        z[:, -1] = 65510.0  # finite in float32
+        return z
+
+    monkeypatch.setattr(_runner, "_embed", large)
+    path = extract_features(folder, BACKBONE, tmp_path / "f.h5", dtype="float16", **FAST)
+    with h5py.File(path, "r") as f:
+        status, stored = f["status"][:], f["features"][:]
+    assert (status == DONE).any()
+    assert np.isfinite(stored).all()
+    assert (stored[status == DONE, -1] == 65504).all()
+
+
 def test_schema_and_provenance(store):
     with h5py.File(store, "r") as f:
         n = 14  # 2 classes x 5 images + 4 special files
