@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,8 @@ def _not_hdf5(path: str | os.PathLike) -> str | None:
     """Why an existing path is not an HDF5 file, or None if it is one."""
     if os.path.isdir(path):
         return "is a folder"
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a device or a FIFO has size 0 too
+        return "is not a regular file (a device, a FIFO or a socket)"
     if os.path.getsize(path) == 0:
         return "is empty"
     if not h5py.is_hdf5(path):
@@ -95,6 +98,9 @@ def _check_companions(text: str) -> None:
         problem = f"{tmp!r} exists and is not a store left by a killed run"
     elif os.path.isdir(lock):
         problem = f"{lock!r} is a folder, where mr2-extract keeps its lock file"
+    elif os.path.lexists(lock) and not stat.S_ISREG(os.stat(lock).st_mode):
+        # (reading a FIFO would wait for a writer)
+        problem = f"{lock!r} is not a regular file, where mr2-extract keeps its lock file"
     elif os.path.lexists(lock):
         try:
             with open(lock, "rb") as fh:

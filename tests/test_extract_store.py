@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -978,6 +979,11 @@ def _link(target, name):
     return link
 
 
+def _fifo(path):
+    os.mkfifo(path)
+    return path
+
+
 def _hdf5(path, **datasets):
     with h5py.File(path, "w") as f:
         for name, data in datasets.items():
@@ -997,6 +1003,7 @@ def _foreign(path, **datasets):
         (lambda p: p, StoreNotFoundError, "does not exist"),
         (lambda p: _write(p, b""), NotAStoreError, "is empty"),
         (lambda p: _write(p, b"not hdf5"), NotAStoreError, "is not an HDF5 file"),
+        (_fifo, NotAStoreError, r"is not a regular file \(a device, a FIFO or a socket\)"),
         (lambda p: p.mkdir() or p, NotAStoreError, "is a folder"),
         (
             lambda p: _hdf5(p, features=np.zeros((2, 3)), class_names=["a"]),
@@ -1320,6 +1327,11 @@ def test_fashion_mnist_store_is_tied_to_its_idx_files(tmp_path):
         # It said "never replaced (not even with --force)", which replaces it.
         (lambda p: _write(p, b""), "exists and is empty; pass --force .* to write the store"),
         (lambda p: _write(p, b"notes"), "exists and is not an HDF5 file"),
+        # A device or a FIFO (size 0) was "empty", and --force replaced it with a store.
+        (_fifo, "exists and is not a regular file .*; it is never replaced"),
+        (lambda p: _fifo(p.with_name("out.h5.tmp")) and p, "out.h5.tmp' exists and is not"),
+        # Reading a FIFO as a lock file waited for a writer, for ever.
+        (lambda p: _fifo(p.with_name("out.h5.lock")) and p, "h5.lock' is not a regular file"),
         (lambda p: _hdf5(p, x=[1]), "is an HDF5 file but not a feature store"),
         (lambda p: p.mkdir() or p, "is a folder; give a file path such as"),
         # A path that ends in a separator was written as a file of the folder's name, and
@@ -1361,6 +1373,10 @@ def test_force_replaces_stores_and_empty_files_but_no_other_file(folder, tmp_pat
     (tmp_path / "empty.h5").write_bytes(b"")
     extract_features(folder, BACKBONE, tmp_path / "empty.h5", overwrite=True, max_items=2, **FAST)
     assert load_features(tmp_path / "empty.h5").features.shape == (2, 96)
+    os.mkfifo(tmp_path / "fifo.h5")  # size 0, like an empty file: it was replaced
+    with pytest.raises(StoreError, match="is not a regular file"):
+        extract_features(folder, BACKBONE, tmp_path / "fifo.h5", overwrite=True, **FAST)
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo.h5").st_mode)
 
 
 def test_older_store_format_is_refused_before_loading_a_model(store, folder, tmp_path, no_model):
