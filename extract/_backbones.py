@@ -388,18 +388,25 @@ def _tags_preprocess(model: str) -> dict:
             for key in _TAG_PREPROCESS
             if (value := cfg.get(key)) is not None
         )
-    distinct = set(found.values())
-    if len(distinct) > 1:
+    by_cfg = {}  # each distinct preprocessing, with its tags
+    for tag, cfg in found.items():
+        by_cfg.setdefault(cfg, []).append(tag)
+    if len(by_cfg) > 1:
         logger.warning(
             "open_clip's pretrained tags of %s preprocess differently (%s); a local "
             "checkpoint gets open_clip's default for the architecture. Check that it is the "
             "checkpoint's (the store records it).",
             model,
-            ", ".join(f"{tag}: {dict(cfg)}" for tag, cfg in list(found.items())[:3]),
+            "; ".join(
+                ", ".join(tags[:3])
+                + (f" and {len(tags) - 3} more" if len(tags) > 3 else "")
+                + f": {dict(cfg)}"
+                for cfg, tags in by_cfg.items()
+            ),
         )
-    if len(distinct) != 1:
+    if len(by_cfg) != 1:
         return {}
-    return {_TAG_PREPROCESS[key]: value for key, value in next(iter(distinct))}
+    return {_TAG_PREPROCESS[key]: value for key, value in next(iter(by_cfg))}
 
 
 def _timm(spec: BackboneSpec, image_size: int | None):

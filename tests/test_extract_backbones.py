@@ -1,6 +1,7 @@
 """Backbone specs and the factory, with tiny random-weight models (no downloads)."""
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -329,6 +330,29 @@ def test_an_open_clip_coca_model_embeds_as_its_encode_image(tmp_path):
         expected = model.eval().encode_image(x, normalize=False)
         torch.testing.assert_close(bb.model(x), expected)
     assert bb.dim == 32
+
+
+def test_the_tags_warning_names_each_distinct_preprocessing_with_its_tags(monkeypatch, caplog):
+    # It showed the first three tags, which agreed (ViT-L-14: openai, laion400m_e31 and
+    # laion400m_e32), and never the one that differs (laion2b_s32b_b82k, mean = std = 0.5).
+    import open_clip
+
+    from extract._backbones import _tags_preprocess
+
+    openai, half = (
+        {"mean": (0.48,) * 3, "std": (0.27,) * 3},
+        {"mean": (0.5,) * 3, "std": (0.5,) * 3},
+    )
+    tags = {"a": openai, "b": openai, "c": openai, "d": openai, "e": openai, "odd": half}
+    monkeypatch.setattr(open_clip, "list_pretrained_tags_by_model", lambda model: list(tags))
+    monkeypatch.setattr(open_clip, "get_pretrained_cfg", lambda model, tag: tags[tag])
+    with caplog.at_level(logging.WARNING, logger="extract"):
+        assert _tags_preprocess("ViT-X") == {}
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert (
+        "(a, b, c and 2 more: {'mean': (0.48, 0.48, 0.48), 'std': (0.27, 0.27, 0.27)}; " in message
+    )
+    assert "; odd: {'mean': (0.5, 0.5, 0.5), 'std': (0.5, 0.5, 0.5)})" in message
 
 
 @pytest.mark.parametrize("agree", [True, False])
