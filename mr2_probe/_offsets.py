@@ -244,10 +244,12 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         s.t.   acc(argmax z) − acc(argmax (z + b)) ≤ max_accuracy_drop
 
     approximately: deterministic coordinate ascent from b = 0, over the classes in the
-    order of ``classes_``, reaches a point that no single offset can improve (see
+    order of ``classes_``, reaches a point that no single offset among those tried can
+    improve (every midpoint where a class has at most ``n_candidates`` + 1 distinct
+    thresholds, a subset beyond that, where a finer offset can still gain a little; see
     :func:`tune_class_offsets`; another order of the classes, such as the same labels as
-    text, can reach another such point), and on the held-out data
-    the objective is never lower than without offsets and the bound holds. The offsets
+    text, can reach another such point), and on the held-out data the objective is never
+    lower than without offsets and the bound holds. The offsets
     only see held-out predictions of the training data; the data passed to ``predict``
     or ``score`` later play no part in them. ``sample_weight`` goes to the estimator's
     ``fit`` (indexed per fold) and weights the held-out samples in the objective and the
