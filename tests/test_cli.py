@@ -835,6 +835,23 @@ def test_out_replaces_an_earlier_runs_files_and_no_one_elses(files, tmp_path, ca
         assert code == 2 and f"holds {name}, which this run would replace" in lines[0], name
 
 
+def test_a_reader_that_closes_stdout_early_still_gets_out_written(files, tmp_path, monkeypatch):
+    # `mr2-probe ... --out run | head -1`: the BrokenPipeError (an OSError) ended the run
+    # as a mistake in the inputs, status 2, after its fits and before --out was written.
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the report is printed
+    closed = open(write, "w")
+    monkeypatch.setattr(sys, "stdout", closed)
+    try:
+        code = main([str(files / "train.npz"), "--out", str(tmp_path / "run"), "--no-progress"])
+        print("more", flush=True)  # later output goes nowhere, without an error
+    finally:
+        monkeypatch.undo()
+        closed.close()
+    assert code == 0
+    assert {"report.json", "report.txt", "models.joblib"} <= set(os.listdir(tmp_path / "run"))
+
+
 def test_debug_shows_the_traceback(files):
     with pytest.raises(UsageError, match="does not exist"):
         main([str(files / "missing.npz"), "--debug"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import warnings
@@ -167,11 +168,10 @@ def _run(args, given: frozenset = frozenset()) -> int:
     lines += [line for name, cv in searches.items() for line in _cv_lines(name, cv, args)]
     lines += [f"note: {note}" for note in notes]
 
-    print(report.to_text(per_class=args.per_class))
-    if lines:
-        print("\n".join(lines))
-    if front is not None:
-        print(front.to_text())
+    _print_results(
+        [report.to_text(per_class=args.per_class), *(["\n".join(lines)] if lines else [])]
+        + ([front.to_text()] if front is not None else [])
+    )
     if out is not None:
         data = report.to_dict()
         data["inputs"] = _inputs_record(sources, args, y, y_test, names)
@@ -190,6 +190,19 @@ def _run(args, given: frozenset = frozenset()) -> int:
             }
         _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names)
     return status
+
+
+def _print_results(parts: list[str]) -> None:
+    """The run's tables on stdout. A reader that closes it early (``| head``, a pager left)
+    does not stop the run, whose models are fitted: the rest of stdout goes to the null
+    device, and --out is written as without it. (A BrokenPipeError, an OSError, ended the
+    run as a mistake in the inputs, status 2, before --out was written.)"""
+    try:
+        print("\n".join(parts), flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit would fail again
+        os.close(devnull)
 
 
 def _curves(search, args) -> dict:
