@@ -1035,6 +1035,31 @@ def test_text_labels_are_matched_to_a_store_s_classes_by_name(stores, tmp_path, 
 
 
 @NEEDS_H5
+def test_integer_labels_beside_a_store_are_taken_as_its_codes_with_a_warning(stores, capsys):
+    # They were scored as the store's codes without a word, even where the store lists
+    # its classes in another order (every score 0%).
+    for train, test in (("store.h5", "test.npz"), ("train.npz", "reversed.h5")):
+        args = [str(stores / train), "--test", str(stores / test), "--no-progress"]
+        assert main(args) == 0
+        numbers, store = (test, train) if train.endswith(".h5") else (train, test)
+        names = FASHION if store == "store.h5" else FASHION[::-1]
+        warning = [line for line in capsys.readouterr().err.splitlines() if "integer" in line]
+        assert warning == [
+            f"mr2-probe: warning: the integer labels of {stores / numbers} are taken as codes "
+            f"of {stores / store}'s class names (0 {names[0]!r}, 1 {names[1]!r}, "
+            f"2 {names[2]!r}), not matched by name: label {stores / numbers} with class names "
+            "to match them"
+        ]
+    for same in (
+        ["store.h5", "store_test.h5"],
+        ["train.npz", "test.npz"],
+        ["store.h5", "names.npz"],
+    ):
+        assert main([str(stores / same[0]), "--test", str(stores / same[1]), "--no-progress"]) == 0
+        assert "integer labels" not in capsys.readouterr().err
+
+
+@NEEDS_H5
 def test_unsigned_store_labels_are_matched_by_name(tmp_path, capsys):
     # uint8 labels, and a test store that lists a class it holds no label of: the name
     # table's -1 for that class overflowed uint8 (a traceback).

@@ -334,14 +334,27 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
     def text(labels):
         return labels.dtype.kind in "USO"
 
+    def as_codes(numbers, store, names):  # integer labels beside a store: no names to match
+        listed = _few(list(enumerate(names)), show=lambda code: f"{code[0]} {code[1]!r}")
+        print(
+            f"mr2-probe: warning: the integer labels of {numbers} are taken as codes of "
+            f"{store}'s class names ({listed}), not matched by name: label {numbers} with "
+            "class names to match them",
+            file=sys.stderr,
+        )
+
     if names is not None:
         if test_names is not None and names != test_names:
             held = [test_names[k] for k in np.unique(y_test).tolist()]  # not failed classes
         elif test_names is None and text(y_test):
             held = [str(v) for v in np.unique(y_test)]
         else:  # two stores of one list of names (codes alike), or integer test labels
+            if test_names is None:
+                as_codes(args.test, args.train, names)
             return y_test, test_names is not None
     elif test_names is None or not text(y):
+        if test_names is not None:
+            as_codes(args.train, args.test, test_names)
         return y_test, False
     if repeated:  # two classes of one name: which is which cannot be read off names
         both = names is not None and test_names is not None

@@ -14,6 +14,6 @@ def _one_line(error, limit: int = 1000) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _few(values, n: int = 4) -> str:
-    shown = ", ".join(repr(v) for v in list(values)[:n])
+def _few(values, n: int = 4, show=repr) -> str:
+    shown = ", ".join(show(v) for v in list(values)[:n])
     return shown + (f", ... ({len(values)} in all)" if len(values) > n else "")
