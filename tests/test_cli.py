@@ -96,6 +96,8 @@ def files(tmp_path_factory):
     (folder / "labels.txt").write_text("cat\ndog\n")
     np.save(folder / "y_object.npy", np.array(FASHION)[y].astype(object), allow_pickle=True)
     np.save(folder / "X_object.npy", X.astype(object), allow_pickle=True)
+    np.savez(folder / "y_object.npz", X=X, y=np.array(FASHION)[y].astype(object))
+    np.savez(folder / "X_object.npz", features=X.astype(object), labels=y)
     (folder / "images").mkdir()
     (folder / "X.csv").write_text("0.5,1.5,0\n")  # features as text: no format read here
     (folder / "notes.txt").write_text("a regular file\n")
@@ -483,6 +485,19 @@ NEEDS_H5 = pytest.mark.skipif(
             "'{d}/X_object.npy' holds an array of Python objects (as numpy.save writes rows of "
             "unequal lengths), which needs pickle to read and is not read: save the features "
             "as one 2-D array of numbers",
+        ),
+        # In a .npz the labels' objects were said to be the features'.
+        (
+            ["{d}/y_object.npz"],
+            "'{d}/y_object.npz' holds its 'y' as an array of Python objects (as numpy.save "
+            "writes a pandas column of text), which needs pickle to read and is not read: save "
+            "the labels as text or numbers, e.g. numpy.savez(path, X=X, y=labels.astype(str))",
+        ),
+        (
+            ["{d}/X_object.npz"],
+            "'{d}/X_object.npz' holds its 'features' as an array of Python objects (as "
+            "numpy.save writes rows of unequal lengths), which needs pickle to read and is not "
+            "read: save the features as one 2-D array of numbers",
         ),
         (["{d}/images"], "'{d}/images' is a folder; mr2-probe reads features: extract a"),
         (["{d}/other.npz"], "must hold arrays X and y (or features and labels); found ['a', "),

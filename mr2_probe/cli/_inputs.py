@@ -162,19 +162,26 @@ def _read(path: str, reader, labels_option: str | None = None):
         raise
     except Exception as error:  # a foreign or damaged file fails in many ways (zip, pickle)
         if "allow_pickle" in str(error):  # an object array, which only a pickle holds
-            remedy = (
-                "(as numpy.save writes a pandas column of text), which needs pickle to read "
-                "and is not read: save the labels as text or numbers, e.g. "
-                "numpy.save(path, labels.astype(str))"
-                if labels_option
-                else "(as numpy.save writes rows of unequal lengths), which needs pickle to "
-                "read and is not read: save the features as one 2-D array of numbers"
-            )
-            raise UsageError(f"{path!r} holds an array of Python objects {remedy}") from error
+            raise _objects(path, labels=bool(labels_option)) from error
         raise UsageError(
             f"cannot read {path!r} as {Path(path).suffix or 'a NumPy file'}: "
             f"{type(error).__name__}: {_one_line(error)}"
         ) from error
+
+
+def _objects(path: str, labels: bool, key: str | None = None) -> UsageError:
+    """The error for an array of Python objects (which only a pickle holds) in ``path``:
+    the labels' or the features' (its ``key`` in a .npz)."""
+    where = f"{path!r} holds {'its ' + repr(key) + ' as ' if key else ''}an array of Python objects"
+    save = f"numpy.savez(path, X=X, {key}=" if key else "numpy.save(path, "
+    remedy = (
+        "(as numpy.save writes a pandas column of text), which needs pickle to read and is "
+        f"not read: save the labels as text or numbers, e.g. {save}labels.astype(str))"
+        if labels
+        else "(as numpy.save writes rows of unequal lengths), which needs pickle to read and "
+        "is not read: save the features as one 2-D array of numbers"
+    )
+    return UsageError(f"{where} {remedy}")
 
 
 def _load_npy(path: str):
@@ -197,7 +204,15 @@ def _load_npz(path: str):
                 f"{path} must hold arrays X and y (or features and labels); "
                 f"found {sorted(data.files)}"
             )
-        return data[x_key], data[y_key]
+        arrays = []
+        for key in (x_key, y_key):
+            try:
+                arrays.append(data[key])
+            except ValueError as error:
+                if "allow_pickle" not in str(error):
+                    raise
+                raise _objects(path, labels=key == y_key, key=key) from error
+        return tuple(arrays)
 
 
 def _load_store(path: str):
