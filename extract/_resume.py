@@ -24,6 +24,7 @@ from ._schema import (
     PROVENANCE_DEFAULTS,
     PROVENANCE_KEYS,
     REPLACES,
+    StoreError,
     read_attrs,
 )
 from ._specs import Backbone
@@ -319,22 +320,46 @@ def _rebuilding(merged: Path, world_size: int | None) -> bool:
     are those of a forced rebuild of this very version of it, stopped before its merge
     (they say so: finished runs leave their shards too, and a store written since is not
     the one they replace)."""
+    return bool(_rebuild_shards(merged, world_size))
+
+
+def _rebuild_shards(merged: Path, world_size: int | None) -> list[Path]:
+    """The shards of :func:`_rebuilding`'s forced rebuild there are."""
     identity = _identity(merged)
     if world_size is None:
         paths = shards_beside(merged)
     else:
         paths = [shard_path(merged, r, world_size) for r in range(world_size)]
-    for path in paths:
-        if path.exists():
-            # Without HDF5's lock: another rank may be writing its shard already, and a
-            # reader's lock would refuse that writer, or the writer's this reader.
-            try:
-                with h5py.File(path, "r", locking=False) as f:
-                    if f.attrs.get(REPLACES) == identity:
-                        return True
-            except OSError:  # not a store (its own rank says so when it opens it)
-                continue
-    return False
+    return [path for path in paths if path.exists() and _replaces(path) == identity]
+
+
+def _replaces(shard: Path) -> str | None:
+    """The version of the merged store that ``shard`` replaces (a forced run's mark), if any."""
+    # Without HDF5's lock: another rank may be writing its shard already, and a reader's
+    # lock would refuse that writer, or the writer's this reader.
+    try:
+        with h5py.File(shard, "r", locking=False) as f:
+            return f.attrs.get(REPLACES)
+    except OSError:  # not a store (its own rank says so when it opens it), or none
+        return None
+
+
+def _refuse_other_rebuild(merged: Path, world_size: int) -> None:
+    """Refuse to reuse or resume ``merged`` while a forced rebuild of it by another number of
+    ranks than ``world_size`` is unfinished beside it: its rows are to be replaced."""
+    shards = _rebuild_shards(merged, None)
+    if not shards:
+        return
+    with h5py.File(shards[0], "r", locking=False) as f:
+        ranks = int(f.attrs.get("shard_world_size", 0))
+    if ranks == world_size:
+        return
+    raise StoreError(
+        f"A forced rebuild of {os.fspath(merged)!r} by {ranks} ranks was stopped before its "
+        f"merge (its shards lie beside it, {shards[0].name} the first): finish it with "
+        f"{ranks} ranks (torchrun --nproc_per_node {ranks}), whose merge replaces the store, "
+        "or rebuild the store anew with --force (overwrite=True)."
+    )
 
 
 def _open_or_create(

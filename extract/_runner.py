@@ -34,7 +34,9 @@ from ._resume import (
     _open_or_create,
     _provenance,
     _rebuilding,
+    _refuse_other_rebuild,
     _repaired_failures,
+    _replaces,
     _source_explained,
     _warn_of_other_versions,
 )
@@ -243,8 +245,8 @@ def extract_features(
     reuse = merged is not None and merged.exists() and not overwrite
     for path in ([] if reuse else [target]) + ([merged] if merged and rank == 0 else []):
         check_output(path, overwrite)
-    if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now
-        check_merging(os.fspath(merged))
+    if merged is not None and rank == 0:  # the merge's own file, found now (not after the
+        check_merging(os.fspath(merged))  # extraction, where ``out`` is to be completed)
     with _ranks_group() if merged is not None else contextlib.nullcontext():
         done = _extract_shard(
             source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
@@ -438,8 +440,22 @@ def _extract_shard(
                     "replaces the store.",
                     merged,
                 )
-        elif _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
-            return None
+        else:
+            _refuse_other_rebuild(merged, world_size)
+            if _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
+                return None
+    elif merged is None and world_size == 1 and out.exists() and not overwrite:
+        _refuse_other_rebuild(out, world_size)
+    # A shard that the interrupted rebuild did not write (a finished run's, or none): its
+    # rank extracts its rows anew, marked as the rebuild's. Resumed, it held the rows of the
+    # store to be replaced (images changed in place since were merged in as they were).
+    identity = _identity(merged) if merged is not None and merged.exists() else None
+    fresh = rebuild and _replaces(out) != identity
+    if fresh and out.exists():
+        logger.info(
+            "%s was not written by the interrupted rebuild; its rows are extracted anew.", out
+        )
+    overwrite = overwrite or fresh
     if not (overwrite or vouched) and out.exists() and not os.access(out.parent, os.W_OK):
         # A folder that cannot be written (a read-only file system): a complete store in
         # it is read as it is, without the lock that would be written beside it.
@@ -453,7 +469,7 @@ def _extract_shard(
         check_output(out, overwrite)  # deferred until the merged store was read
     make_output_folder(out)
     # A forced run under torchrun marks its shards with the store they are to replace.
-    replaces = _identity(merged) if merged is not None and overwrite and merged.exists() else None
+    replaces = identity if overwrite else None
     with store_lock(out):
         # A retry whose shards were deleted after their merge: the new shard takes its rows
         # from the merged store, so that only the failed ones are extracted again.

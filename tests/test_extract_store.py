@@ -458,6 +458,25 @@ def test_a_merge_keeps_files_of_its_own_name_and_replaces_its_leftover(
         with pytest.raises(StoreError, match="merged.h5.merging' exists and is not a merged"):
             extract_features(folder, BACKBONE, out, overwrite=True, max_items=6, **FAST)
     assert shards[0].stat().st_mtime_ns == made
+    # So too where the store exists, to be completed (a retry, a resumed rebuild): it was
+    # found only at the merge, after every rank's extraction.
+    merging.unlink()
+    merge_shards(shards, out)
+    merging.write_text("my notes\n")
+    with h5py.File(shards[0], "r+") as f:
+        f["status"][0] = 0  # a row of rank 0 left pending: the store is not complete
+    with h5py.File(out, "r+") as f:
+        f["status"][0] = 0
+    made = shards[0].stat().st_mtime_ns
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WORLD_SIZE", "2")
+        patch.setenv("RANK", "0")
+        with pytest.raises(StoreError, match="merged.h5.merging' exists and is not a merged"):
+            extract_features(folder, BACKBONE, out, max_items=6, **FAST)
+    assert shards[0].stat().st_mtime_ns == made
+    with h5py.File(shards[0], "r+") as f:
+        f["status"][0] = DONE
+    out.unlink()
     merging.unlink()
     merge_shards(shards, tmp_path / "first.h5")
     shutil.copy(tmp_path / "first.h5", merging)  # what a merge killed before its rename left
@@ -812,6 +831,65 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
         other = "float16" if made == "float32" else "float32"
         with pytest.raises(ProvenanceError, match=rf"'{out}' was made .* request has '{other}'"):
             extract_features(folder, BACKBONE, out, dtype=other, **fast)
+
+
+def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(tmp_path, monkeypatch):
+    # A forced rebuild killed before rank 1 made its shard: resumed without --force, rank 1
+    # resumed the finished run's shard, and the "rebuilt" store held its old rows (images
+    # changed in place since included). At another number of ranks, or in one process, the
+    # old store was reused as complete, the rebuild dropped without a word.
+    from extract import _runner
+    from extract._resume import _identity
+    from extract._schema import REPLACES
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    out = tmp_path / "f.h5"
+    fast = dict(FAST, batch_size=2)
+    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
+    merge_shards(shards, out)
+    identity = _identity(out)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    real_write = _runner.write_rows
+
+    def killed(*args, **kwargs):  # rank 0's forced run is killed after its first batch
+        real_write(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(_runner, "write_rows", killed)
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(folder, BACKBONE, out, overwrite=True, **fast)
+    monkeypatch.setattr(_runner, "write_rows", real_write)
+    # Rank 1 never ran: its shard is the finished run's. Elsewhere the rebuild is refused.
+    for world_size in ("1", "3"):
+        monkeypatch.setenv("WORLD_SIZE", world_size)
+        with pytest.raises(
+            StoreError,
+            match=r"by 2 ranks was stopped before its merge .*"
+            r"f\.shard-00000-of-00002\.h5 the first\): finish it with 2 ranks",
+        ):
+            extract_features(folder, BACKBONE, out, **fast)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    with pytest.raises(StoreError, match="by 2 ranks was stopped"):
+        extract_features(folder, BACKBONE, out, **fast)  # one process
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    written = []
+
+    def counted(f, positions, *args, **kwargs):
+        written.append(len(positions))
+        real_write(f, positions, *args, **kwargs)
+
+    monkeypatch.setattr(_runner, "write_rows", counted)
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, **fast)  # without --force
+    assert written == [2, 2, 2]  # rank 1's four rows anew, then rank 0's two left
+    for shard in shards:
+        with h5py.File(shard, "r") as f:
+            assert f.attrs[REPLACES] == identity
 
 
 def test_the_rebuild_check_reads_shards_that_another_rank_writes(folder, tmp_path):
