@@ -105,7 +105,8 @@ def test_every_preconditioner_solves_the_same_objective(tried, bench, capsys):
     for count in (3, 6):
         restarted = curves[f"per class, the curvature after {count} evaluations, δ = 0.1"]
         assert restarted[:count] == plain[:count]
-        assert restarted[count] == pytest.approx(plain[count - 1], rel=1e-5)  # from there
+        # from the best point by then (a line search's last trial can be worse)
+        assert restarted[count] == pytest.approx(min(plain[:count]), rel=1e-5)
     out = capsys.readouterr().out
     assert "(forming the 3 per-class moments: " in out
     rows = [line for line in out.splitlines() if not line.startswith("  (")]
