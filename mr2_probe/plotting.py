@@ -443,11 +443,19 @@ _CLASSWISE_CURVES = ("balanced_accuracy", "worst_class")
 
 def _own_scorer_name(search) -> str | None:
     """The name of a search's ``scoring``: accuracy for None, a class-wise scorer's own
-    name, None for any other callable."""
+    name (itself, or a copy: ``clone`` copies a search's scorer, as GridSearchCV's
+    best_estimator_ holds it), None for any other callable."""
     scoring = search.scoring
     if scoring is None or isinstance(scoring, str):
         return scoring or "accuracy"
-    return next((k for k, v in classwise_scorers().items() if v is scoring), None)
+    return next(
+        (
+            name
+            for name, scorer in classwise_scorers().items()
+            if scorer is scoring or (not isinstance(scorer, str) and repr(scorer) == repr(scoring))
+        ),
+        None,
+    )
 
 
 def cv_curves(search, scoring: str | None = None) -> dict:
@@ -460,16 +468,18 @@ def cv_curves(search, scoring: str | None = None) -> dict:
     ``balanced_accuracy`` and ``worst_class`` from ``class_accuracy_path_`` (classes absent
     from a fold's held-out rows left out), whatever the search chose by. A search that chose
     by ``class_std`` gives the spread itself (lower is better), not its scorer's negation.
-    A ``scoring`` that names another class-wise curve than the search's own is refused.
+    A ``scoring`` that names a class-wise curve other than the search's own (or any, for a
+    callable of the user's) is refused.
     """
     search = _final(search)
     check_is_fitted(search, "class_accuracy_path_")
     own_name = _own_scorer_name(search)
     name = scoring if scoring is not None else own_name or "score"
-    if own_name is not None and name != own_name and name in (*_CLASSWISE_CURVES, "class_std"):
+    if name != own_name and name in (*_CLASSWISE_CURVES, "class_std"):
+        chose = repr(own_name) if own_name else "a callable of its own"
         raise ValueError(
-            f"scoring={name!r} would name the search's own scores, but it chose by "
-            f"{own_name!r}; leave scoring out to name them after the search's scoring."
+            f"scoring={name!r} would name the search's own scores, but it chose by {chose}; "
+            "leave scoring out to name them after the search's scoring, or name them otherwise."
         )
     per_class = search.class_accuracy_path_  # (folds, Cs, K)
     own = next(iter(search.scores_.values())).mean(0)

@@ -9,6 +9,7 @@ pytest.importorskip("matplotlib", reason="plotting needs matplotlib (the 'plot' 
 
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.image import imread  # noqa: E402
+from sklearn.base import clone  # noqa: E402
 from sklearn.datasets import load_iris  # noqa: E402
 from sklearn.exceptions import NotFittedError  # noqa: E402
 
@@ -187,6 +188,14 @@ def test_cv_curves_take_the_search_s_own_scoring_not_the_caller_s_label(tmp_path
     assert list(cv_curves(by_accuracy, "acc")) == ["acc", "balanced_accuracy", "worst_class"]
     by_callable = MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring=lambda e, X, y: 0.5)
     assert next(iter(cv_curves(by_callable.set_params(device="cpu").fit(X, y)))) == "score"
+    with pytest.raises(ValueError, match="but it chose by a callable of its own"):
+        cv_curves(by_callable, "worst_class")  # it took the real worst-class curve's place
+    # A clone's scorer is a copy (GridSearchCV's best_estimator_ holds one): still known.
+    copied = clone(MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring=class_std_scorer))
+    assert copied.scoring is not class_std_scorer
+    curves = cv_curves(copied.set_params(device="cpu").fit(X, y))
+    assert list(curves) == ["class_std", "balanced_accuracy", "worst_class"]
+    assert (curves["class_std"] > 0).all()
 
 
 @pytest.mark.parametrize("scoring", ["neg_log_loss", "f1_macro"])
