@@ -245,8 +245,8 @@ def extract_features(
     reuse = merged is not None and merged.exists() and not overwrite
     for path in ([] if reuse else [target]) + ([merged] if merged and rank == 0 else []):
         check_output(path, overwrite)
-    if merged is not None and rank == 0:  # the merge's own file, found now (not after the
-        check_merging(os.fspath(merged))  # extraction, where ``out`` is to be completed)
+    if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now
+        check_merging(os.fspath(merged))  # (where out exists: once found incomplete)
     with _ranks_group() if merged is not None else contextlib.nullcontext():
         done = _extract_shard(
             source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
@@ -423,11 +423,7 @@ def _extract_shard(
         if retry_failed:  # the merged store holds every row: it tells what changed
             with open_store(merged, "r") as f:
                 vouched = _repaired_failures(f, whole, src, everything) is not None
-        if vouched:  # rank 0 takes the repairs into it before the merge
-            repair_merged = functools.partial(
-                _adopt_repaired_failures, merged, whole, src, everything
-            )
-        elif _rebuilding(merged, world_size):
+        if _rebuilding(merged, world_size):
             # A forced rebuild of this store was stopped before its merge: it resumes from
             # its shards (each is checked against this request), and its merge replaces
             # the store, as the forced run's would have; so too where the store was made
@@ -442,8 +438,14 @@ def _extract_shard(
                 )
         else:
             _refuse_other_rebuild(merged, world_size)
-            if _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
+            if vouched:  # rank 0 takes the repairs into it before the merge (a rebuild's
+                # merge replaces it, and its version is what the rebuild's shards name)
+                repair_merged = functools.partial(
+                    _adopt_repaired_failures, merged, whole, src, everything
+                )
+            elif _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
                 return None
+        check_merging(os.fspath(merged))  # before any image is extracted, on every rank
     elif merged is None and world_size == 1 and out.exists() and not overwrite:
         _refuse_other_rebuild(out, world_size)
     # A shard that the interrupted rebuild did not write (a finished run's, or none): its

@@ -471,11 +471,19 @@ def test_a_merge_keeps_files_of_its_own_name_and_replaces_its_leftover(
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("WORLD_SIZE", "2")
         patch.setenv("RANK", "0")
+        _ranks_one_by_one(patch)
         with pytest.raises(StoreError, match="merged.h5.merging' exists and is not a merged"):
             extract_features(folder, BACKBONE, out, max_items=6, **FAST)
     assert shards[0].stat().st_mtime_ns == made
-    with h5py.File(shards[0], "r+") as f:
-        f["status"][0] = DONE
+    for path in (shards[0], out):
+        with h5py.File(path, "r+") as f:
+            f["status"][0] = DONE
+    # A complete store is reused as it is: nothing would be merged.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WORLD_SIZE", "2")
+        patch.setenv("RANK", "0")
+        _ranks_one_by_one(patch)
+        assert extract_features(folder, BACKBONE, out, max_items=6, **FAST) == out
     out.unlink()
     merging.unlink()
     merge_shards(shards, tmp_path / "first.h5")
@@ -833,7 +841,10 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
             extract_features(folder, BACKBONE, out, dtype=other, **fast)
 
 
-def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(tmp_path, monkeypatch):
+@pytest.mark.parametrize("retry", [False, True])
+def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
+    tmp_path, monkeypatch, retry
+):
     # A forced rebuild killed before rank 1 made its shard: resumed without --force, rank 1
     # resumed the finished run's shard, and the "rebuilt" store held its old rows (images
     # changed in place since included). At another number of ranks, or in one process, the
@@ -843,10 +854,15 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(tmp_
     from extract._schema import REPLACES
 
     folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    image = folder / "cat" / "001.jpg"  # row 1, rank 1's
+    good = image.read_bytes()
+    if retry:  # with --retry-failed, a failed image repaired since: the same, not a retry
+        image.write_bytes(b"not an image")
     out = tmp_path / "f.h5"
     fast = dict(FAST, batch_size=2)
     shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
     merge_shards(shards, out)
+    image.write_bytes(good)
     identity = _identity(out)
     monkeypatch.setenv("WORLD_SIZE", "2")
     _ranks_one_by_one(monkeypatch)
@@ -856,7 +872,9 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(tmp_
         real_write(*args, **kwargs)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    merges = []
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair: (
+        merges.append((overwrite, repair)) or out))  # fmt: skip
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(_runner, "write_rows", killed)
     with pytest.raises(KeyboardInterrupt):
@@ -870,11 +888,11 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(tmp_
             match=r"by 2 ranks was stopped before its merge .*"
             r"f\.shard-00000-of-00002\.h5 the first\): finish it with 2 ranks",
         ):
-            extract_features(folder, BACKBONE, out, **fast)
+            extract_features(folder, BACKBONE, out, retry_failed=retry, **fast)
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.delenv("RANK")
     with pytest.raises(StoreError, match="by 2 ranks was stopped"):
-        extract_features(folder, BACKBONE, out, **fast)  # one process
+        extract_features(folder, BACKBONE, out, retry_failed=retry, **fast)  # one process
     monkeypatch.setenv("WORLD_SIZE", "2")
     written = []
 
@@ -885,8 +903,9 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(tmp_
     monkeypatch.setattr(_runner, "write_rows", counted)
     for rank in (1, 0):
         monkeypatch.setenv("RANK", str(rank))
-        extract_features(folder, BACKBONE, out, **fast)  # without --force
+        extract_features(folder, BACKBONE, out, retry_failed=retry, **fast)  # without --force
     assert written == [2, 2, 2]  # rank 1's four rows anew, then rank 0's two left
+    assert merges == [(True, None)] * 2  # the store replaced (not repaired), by rank 0
     for shard in shards:
         with h5py.File(shard, "r") as f:
             assert f.attrs[REPLACES] == identity
