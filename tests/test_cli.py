@@ -1065,6 +1065,10 @@ def test_integer_labels_beside_a_store_are_taken_as_its_codes_with_a_warning(sto
             f"2 {names[2]!r}), not matched by name: label {stores / numbers} with class names "
             "to match them"
         ]
+    # Labels of their own file: named as the file to relabel.
+    args = [str(stores / "X.npy"), "--labels", str(stores / "y.npy")]
+    assert main([*args, "--test", str(stores / "store_test.h5"), "--no-progress"]) == 0
+    assert f"the integer labels of {stores / 'y.npy'} are taken" in capsys.readouterr().err
     for same in (
         ["store.h5", "store_test.h5"],
         ["train.npz", "test.npz"],

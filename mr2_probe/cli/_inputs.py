@@ -365,11 +365,11 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
             held = [str(v) for v in np.unique(y_test)]
         else:  # two stores of one list of names (codes alike), or integer test labels
             if test_names is None:
-                as_codes(args.test, args.train, names)
+                as_codes(args.test_labels or args.test, args.train, names)
             return y_test, test_names is not None
     elif test_names is None or not text(y):
         if test_names is not None:
-            as_codes(args.train, args.test, test_names)
+            as_codes(args.labels or args.train, args.test, test_names)
         return y_test, False
     if repeated:  # two classes of one name: which is which cannot be read off names
         both = names is not None and test_names is not None
