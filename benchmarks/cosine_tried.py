@@ -40,8 +40,9 @@ is taken within the run).
   the features' unit mean m̂ shrunk tenfold, A = I − 0.9·m̂m̂ᵀ (the linear head's centring,
   in these coordinates); and, not an oracle, the run without a preconditioner stopped
   after 40 or 120 evaluations and restarted from its best point with the per-class
-  moments there (its evaluations counted in). Then the time to form the ten moments, against the
-  cold fit's time per iteration.
+  moments there (its evaluations counted in).
+- ``moments``: the time to form the per-class curvature moments of the solution (their
+  products alone), against the cold fit's time per iteration in the same run.
 
     python benchmarks/cosine_tried.py --store runs/cache/fmnist_train_lite0_64.h5
     python benchmarks/cosine_tried.py --store runs/cache/fmnist_train_lite0_64.h5 --only chain once
@@ -70,7 +71,7 @@ from mr2_probe import _solvers as solvers  # noqa: E402
 from mr2_probe._losses import margin_cross_entropy  # noqa: E402
 
 EXPERIMENTS = ["cold", "chain", "once", "memory", "one-round", "sooner", "subsample",
-               "linear", "path", "active", "bf16", "precondition"]  # fmt: skip
+               "linear", "path", "active", "bf16", "precondition", "moments"]  # fmt: skip
 
 
 class Bench:
@@ -274,10 +275,7 @@ def precondition(b, max_evals=800, within=1e-7, after=(40, 120)):
         return margin_cross_entropy(logits(W), y, margins)
 
     def curvature(W):  # p_ik(1 − p_ik) / γ_{y_i}², (n, K)
-        with torch.no_grad():
-            inv_gamma = margins.reciprocal()[y][:, None]
-            p = torch.softmax(logits(W) * inv_gamma, dim=1)
-            return p * (1 - p) * inv_gamma**2
+        return _curvature(logits(W), y, margins)
 
     def per_class(weights, rows=slice(None), delta=0.1, diagonal=False, rank=None):
         Xr = X[rows]  # not a hot path
@@ -382,14 +380,31 @@ def precondition(b, max_evals=800, within=1e-7, after=(40, 120)):
                 f"per class, the curvature after {count} evaluations, δ = 0.1",
                 plain[:count] + curve,
             )
-    began = time.perf_counter()
-    for k in range(n_classes):  # the ten moments' products alone, as per_class forms them
-        (X * solved[:, k, None]).T @ X
-    formed, iteration = time.perf_counter() - began, b.cold_seconds / b.cold.n_iter_
-    print(f"  (forming the {n_classes} per-class moments: {formed:.2f} s, the time of "
-          f"{formed / iteration:.0f} iterations of the cold fit, {1e3 * iteration:.1f} ms "
-          "each)")  # fmt: skip
     return curves
+
+
+def _curvature(logits, y, margins):
+    """p_ik(1 − p_ik) / γ_{y_i}² of the cosine head's ``logits`` (n, K): the curvature of
+    each row's loss in its k-th logit."""
+    with torch.no_grad():
+        inv_gamma = margins.reciprocal()[y][:, None]
+        p = torch.softmax(logits * inv_gamma, dim=1)
+        return p * (1 - p) * inv_gamma**2
+
+
+def moments(b):
+    """The time to form the per-class curvature moments that ``precondition`` whitens by,
+    against the time of one iteration of the cold fit (its own run just before)."""
+    X, y = torch.as_tensor(b.X), torch.as_tensor(b.y)
+    margins = torch.as_tensor(b.cold.margins_, dtype=torch.float32)
+    weights = _curvature(X @ torch.as_tensor(b.cold.coef_, dtype=torch.float32).T, y, margins)
+    began = time.perf_counter()
+    for k in range(weights.shape[1]):  # the products alone, as precondition forms them
+        (X * weights[:, k, None]).T @ X
+    formed, iteration = time.perf_counter() - began, b.cold_seconds / b.cold.n_iter_
+    print(f"  forming the {weights.shape[1]} per-class moments of the solution's curvature: "
+          f"{formed:.2f} s, the time of {formed / iteration:.0f} iterations of the cold fit "
+          f"({1e3 * iteration:.1f} ms each)")  # fmt: skip
 
 
 def main(argv=None):

@@ -32,7 +32,7 @@ def test_every_experiment_runs_and_prints_its_row(tried, capsys):
     for text in ["cold fit at scale 16", "ladder 16, in all", "from a converged fit at 4",
                  "800 L-BFGS pairs", "one round", "tol · √scale", "1/8 of the rows",
                  "linear head's directions", "the CV path's solver", "loss above 1e-7",
-                 "bfloat16 logit error", "the start's curvature",
+                 "bfloat16 logit error", "the start's curvature", "per-class moments",
                  "mean direction shrunk"]:  # fmt: skip
         assert text in out, text
     cold = next(line for line in out.splitlines() if "cold fit at scale" in line)
@@ -108,7 +108,6 @@ def test_every_preconditioner_solves_the_same_objective(tried, bench, capsys):
         # from the best point by then (a line search's last trial can be worse)
         assert restarted[count] == pytest.approx(min(plain[:count]), rel=1e-5)
     out = capsys.readouterr().out
-    assert "(forming the 3 per-class moments: " in out
     rows = [line for line in out.splitlines() if not line.startswith("  (")]
     assert len(rows) == 15
     cold = tried.objective(bench.X, bench.y, bench.cold.coef_, bench.cold.margins_)
@@ -116,6 +115,17 @@ def test_every_preconditioner_solves_the_same_objective(tried, bench, capsys):
         evals, lowest = row.split()[-2:]
         assert not evals.startswith(">"), row
         assert float(lowest) <= cold + 1e-6, row
+
+
+def test_the_moments_are_timed_against_the_cold_fit_s_iteration(tried, bench, capsys):
+    tried.moments(bench)
+    line = capsys.readouterr().out
+    assert line.startswith("  forming the 3 per-class moments of the solution's curvature: ")
+    seconds = float(line.split(": ")[1].split(" s,")[0])
+    iterations = float(line.split("the time of ")[1].split(" iterations")[0])
+    per_iteration = bench.cold_seconds / bench.cold.n_iter_
+    # each figure as printed: the seconds to 0.01, the iterations to 1
+    assert iterations == pytest.approx(seconds / per_iteration, abs=0.5 + 0.005 / per_iteration)
 
 
 def test_two_classes_skip_the_preconditioners_with_a_line(tried, capsys):
