@@ -474,11 +474,10 @@ def _extract_shard(
     replaces = identity if overwrite else None
     with store_lock(out):
         # A retry whose shards were deleted after their merge: the new shard takes its rows
-        # from the merged store, so that only the failed ones are extracted again.
-        # Not while a forced rebuild of it at another number of ranks is unfinished: its
-        # rows are to be replaced.
+        # from the merged store, so that only the failed ones are extracted again. (Not in
+        # a rebuild, whose rows are to be replaced; one at another number of ranks has been
+        # refused above.)
         seed = read_merged and retry_failed and not rebuild and not out.exists()
-        seed = seed and not _rebuilding(merged, None)
         _open_or_create(
             out, provenance, backbone, src, rows, overwrite, retry_failed, vouched, replaces
         )
