@@ -15,6 +15,7 @@ import numpy as np
 from ._locks import store_lock
 from ._reading import _open_for_reading
 from ._schema import (
+    MERGED_INTO,
     PENDING,
     PROVENANCE_KEYS,
     REPLACES,
@@ -68,7 +69,9 @@ def merge_shards(
     Parquet source); the merge checks that every rank is present once, that all shards
     share one provenance and are complete and together hold every row once, and writes
     each row to its position in the source (by the shards' ``indices``). An existing
-    ``out`` is replaced only if its provenance matches, or if ``overwrite`` is True.
+    ``out`` is replaced only if its provenance matches, or if ``overwrite`` is True. Each
+    shard is then marked with the version of ``out`` it went into (where it can be
+    written), so that a later run does not resume a shard of a store rebuilt otherwise since.
 
     Parameters
     ----------
@@ -130,10 +133,31 @@ def merge_shards(
         make_output_folder(out)
         with store_lock(out):
             _write_merged(files, out, overwrite)
+        merged_shards = [f.filename for f in files.values()]
     finally:
         for f in files.values():
             f.close()
+    _mark_merged(merged_shards, out)
     return Path(out)
+
+
+def _identity(path: str | os.PathLike) -> str:
+    """A file's size and modification time: which version of a store a shard names."""
+    stat = os.stat(path)
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _mark_merged(shards: list[str], out: str | os.PathLike) -> None:
+    """Mark each shard with the version of ``out`` it went into: a later run tells a shard
+    of this store from one of a store since rebuilt otherwise, whose rows it may not hold
+    (images changed in place). Best effort: a shard that cannot be written stays as it is."""
+    identity = _identity(out)
+    for path in shards:
+        try:
+            with h5py.File(path, "r+") as f:
+                f.attrs[MERGED_INTO] = identity
+        except OSError:
+            continue
 
 
 def _warn_of_versions(files: dict[int, h5py.File]) -> None:
@@ -260,7 +284,7 @@ def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike, overwrite
     record = {
         k: v
         for k, v in first.items()
-        if k not in PROVENANCE_KEYS and k not in ("class_names", REPLACES)
+        if k not in PROVENANCE_KEYS and k not in ("class_names", REPLACES, MERGED_INTO)
     }
     if os.path.exists(out) and not overwrite:  # replace only a store of the same thing
         with open_store(out, "r") as f:

@@ -17,7 +17,7 @@ import torch
 from ._batches import compute_precision
 from ._decoding import NOT_A_FILE
 from ._images import ImageSource
-from ._merge import shard_path, shards_beside
+from ._merge import _identity, shard_path, shards_beside
 from ._schema import (
     FAILED,
     FORMAT_VERSION,
@@ -309,12 +309,6 @@ def _adopt_repaired_failures(
         logger.info("%d failed images have changed since; they are extracted again.", n_changed)
 
 
-def _identity(path: Path) -> str:
-    """A file's size and modification time: which version of a store a shard replaces."""
-    stat = path.stat()
-    return f"{stat.st_size}:{stat.st_mtime_ns}"
-
-
 def _rebuilding(merged: Path, world_size: int | None) -> bool:
     """Whether shards of ``world_size`` ranks (of any number, if None) beside ``merged``
     are those of a forced rebuild of this very version of it, stopped before its merge
@@ -333,13 +327,14 @@ def _rebuild_shards(merged: Path, world_size: int | None) -> list[Path]:
     return [path for path in paths if path.exists() and _replaces(path) == identity]
 
 
-def _replaces(shard: Path) -> str | None:
-    """The version of the merged store that ``shard`` replaces (a forced run's mark), if any."""
+def _replaces(shard: Path, mark: str = REPLACES) -> str | None:
+    """The version of the merged store that ``shard`` replaces (a forced run's mark), or
+    with ``mark=MERGED_INTO`` the one it went into (merge_shards's), if any."""
     # Without HDF5's lock: another rank may be writing its shard already, and a reader's
     # lock would refuse that writer, or the writer's this reader.
     try:
         with h5py.File(shard, "r", locking=False) as f:
-            return f.attrs.get(REPLACES)
+            return f.attrs.get(mark)
     except OSError:  # not a store (its own rank says so when it opens it), or none
         return None
 

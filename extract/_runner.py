@@ -40,7 +40,7 @@ from ._resume import (
     _source_explained,
     _warn_of_other_versions,
 )
-from ._schema import DONE, FAILED, PENDING, StoreError, read_attrs
+from ._schema import DONE, FAILED, MERGED_INTO, PENDING, StoreError, read_attrs
 from ._specs import BackboneSpec
 from ._store import (
     check_output,
@@ -452,12 +452,33 @@ def _extract_shard(
     # rank extracts its rows anew, marked as the rebuild's. Resumed, it held the rows of the
     # store to be replaced (images changed in place since were merged in as they were).
     identity = _identity(merged) if merged is not None and merged.exists() else None
+    if merged is not None and identity is None and not overwrite:
+        # The merged store is gone (deleted) while a forced rebuild's shards lie here: they
+        # name the version they replace, and the rebuild is resumed as where it is there.
+        shards = [shard_path(merged, r, world_size) for r in range(world_size)]
+        marks = sorted({mark for path in shards if (mark := _replaces(path))})
+        if marks:
+            rebuild, identity = True, marks[0]
+            if rank == 0:
+                logger.info("Resuming the interrupted rebuild of %s from its shards.", merged)
     fresh = rebuild and _replaces(out) != identity
     if fresh and out.exists():
         logger.info(
             "%s was not written by the interrupted rebuild; its rows are extracted anew.", out
         )
-    overwrite = overwrite or fresh
+    # A shard that went into another version of the merged store (one rebuilt otherwise
+    # since, images changed in place included) is not resumed: made anew, from the rows of
+    # the store as it is where the run retries its failures.
+    stale = read_merged and not rebuild and _replaces(out, MERGED_INTO) not in (None, identity)
+    if stale:
+        logger.info(
+            "%s went into another version of %s; it is made anew%s.",
+            out,
+            merged,
+            " from the store's rows" if retry_failed else "",
+        )
+    marked = overwrite or fresh  # a forced run's shard, or the resumed rebuild's anew
+    overwrite = overwrite or fresh or stale
     if not (overwrite or vouched) and out.exists() and not os.access(out.parent, os.W_OK):
         # A folder that cannot be written (a read-only file system): a complete store in
         # it is read as it is, without the lock that would be written beside it.
@@ -471,13 +492,13 @@ def _extract_shard(
         check_output(out, overwrite)  # deferred until the merged store was read
     make_output_folder(out)
     # A forced run under torchrun marks its shards with the store they are to replace.
-    replaces = identity if overwrite else None
+    replaces = identity if marked else None
     with store_lock(out):
         # A retry whose shards were deleted after their merge: the new shard takes its rows
         # from the merged store, so that only the failed ones are extracted again. (Not in
         # a rebuild, whose rows are to be replaced; one at another number of ranks has been
         # refused above.)
-        seed = read_merged and retry_failed and not rebuild and not out.exists()
+        seed = read_merged and retry_failed and not rebuild and (stale or not out.exists())
         _open_or_create(
             out, provenance, backbone, src, rows, overwrite, retry_failed, vouched, replaces
         )

@@ -46,6 +46,8 @@ _REBUILD = "pass --force (overwrite=True) to delete it and recompute it"
 # On the shards of a forced run under torchrun: the size and modification time of the
 # merged store they are to replace (a rerun without --force resumes them by it).
 REPLACES = "replaces_store"
+#: A shard's mark, set by merge_shards: the version of the merged store it went into.
+MERGED_INTO = "merged_into_store"
 
 
 class StoreError(ValueError):

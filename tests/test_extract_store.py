@@ -911,6 +911,102 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
             assert f.attrs[REPLACES] == identity
 
 
+def _spy_writes(monkeypatch) -> list:
+    """The number of rows of each write of the extraction's rows, as the runs go."""
+    from extract import _runner
+
+    real_write, written = _runner.write_rows, []
+
+    def counted(f, positions, *args, **kwargs):
+        written.append(len(positions))
+        real_write(f, positions, *args, **kwargs)
+
+    monkeypatch.setattr(_runner, "write_rows", counted)
+    return written
+
+
+def _two_rank_store_with_stale_shard(tmp_path):
+    """A folder, a store merged from two ranks' shards, and the shards, rank 1's features
+    then set to 7: rows that no later version of the store holds (images changed in place
+    since, which the provenance cannot see, would leave such a shard)."""
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    out = tmp_path / "f.h5"
+    fast = dict(FAST, batch_size=2)
+    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
+    merge_shards(shards, out)
+    with h5py.File(shards[1], "r+") as f:
+        f["features"][:] = 7.0
+    return folder, out, shards, fast
+
+
+def test_a_retry_takes_no_rows_of_shards_that_went_into_another_version_of_the_store(
+    tmp_path, monkeypatch
+):
+    # The store rebuilt in one process (--force), then a --retry-failed under torchrun at
+    # the shards' number of ranks: it resumed rank 1's shard, merged into the old version,
+    # and merged its rows back into the rebuilt store.
+    from extract import _runner
+
+    folder, out, shards, fast = _two_rank_store_with_stale_shard(tmp_path)
+    image = folder / "cat" / "001.jpg"  # row 1, rank 1's
+    good = image.read_bytes()
+    image.write_bytes(b"not an image")
+    extract_features(folder, BACKBONE, out, overwrite=True, **fast)  # row 1 failed
+    rebuilt = load_features(out, in_memory=True).features
+    image.write_bytes(good)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    written = _spy_writes(monkeypatch)
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, retry_failed=True, **fast)
+    assert written == [1]  # the repaired image alone: the others from the rebuilt store
+    merge_shards(shards, out, overwrite=True)
+    again = load_features(out, in_memory=True)
+    assert not again.failures and not (again.features == 7.0).any()
+    rows = np.arange(len(again.features)) != 1  # the rebuilt store's rows (row 1 failed)
+    np.testing.assert_array_equal(again.features[rows], rebuilt)
+
+
+def test_a_rebuild_resumed_after_its_store_was_deleted_extracts_anew_a_rank_it_had_not_made(
+    tmp_path, monkeypatch
+):
+    # Rank 0's forced shard, rank 1's of the finished run, the store deleted: rank 1's old
+    # rows were resumed and merged as the rebuild's.
+    from extract import _runner
+    from extract._resume import _identity
+    from extract._schema import REPLACES
+
+    folder, out, shards, fast = _two_rank_store_with_stale_shard(tmp_path)
+    identity = _identity(out)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    real_write = _runner.write_rows
+
+    def killed(*args, **kwargs):  # rank 0's forced run is killed after its first batch
+        real_write(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(_runner, "write_rows", killed)
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(folder, BACKBONE, out, overwrite=True, **fast)
+    out.unlink()
+    monkeypatch.setattr(_runner, "write_rows", real_write)
+    written = _spy_writes(monkeypatch)
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, **fast)
+    assert written == [2, 2, 2]  # rank 1's four rows anew, then rank 0's two left
+    for shard in shards:
+        with h5py.File(shard, "r") as f:
+            assert f.attrs[REPLACES] == identity
+    merge_shards(shards, out)
+    assert not (load_features(out, in_memory=True).features == 7.0).any()
+
+
 def test_the_rebuild_check_reads_shards_that_another_rank_writes(folder, tmp_path):
     # Every rank read every shard with HDF5's lock, while a faster rank wrote its own: the
     # lock refused the reader (StoreLockedError), or the writer.
