@@ -456,7 +456,9 @@ def _extract_shard(
         # The merged store is gone (deleted) while a forced rebuild's shards lie here: they
         # name the version they replace, and the rebuild is resumed as where it is there.
         shards = [shard_path(merged, r, world_size) for r in range(world_size)]
-        marks = sorted({mark for path in shards if (mark := _replaces(path))})
+        unmerged = [path for path in shards if _replaces(path, MERGED_INTO) is None]
+        # (a finished rebuild's shards keep their mark, beside the version they went into)
+        marks = sorted({mark for path in unmerged if (mark := _replaces(path))})
         if marks:
             rebuild, identity = True, marks[0]
             if rank == 0:

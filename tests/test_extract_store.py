@@ -969,8 +969,9 @@ def test_a_retry_takes_no_rows_of_shards_that_went_into_another_version_of_the_s
     np.testing.assert_array_equal(again.features[rows], rebuilt)
 
 
+@pytest.mark.parametrize("earlier", [False, True])
 def test_a_rebuild_resumed_after_its_store_was_deleted_extracts_anew_a_rank_it_had_not_made(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, earlier
 ):
     # Rank 0's forced shard, rank 1's of the finished run, the store deleted: rank 1's old
     # rows were resumed and merged as the rebuild's.
@@ -979,10 +980,17 @@ def test_a_rebuild_resumed_after_its_store_was_deleted_extracts_anew_a_rank_it_h
     from extract._schema import REPLACES
 
     folder, out, shards, fast = _two_rank_store_with_stale_shard(tmp_path)
-    identity = _identity(out)
     monkeypatch.setenv("WORLD_SIZE", "2")
     _ranks_one_by_one(monkeypatch)
     monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    if earlier:  # a finished forced rebuild before: its shards keep their mark
+        for rank in (0, 1):
+            monkeypatch.setenv("RANK", str(rank))
+            extract_features(folder, BACKBONE, out, overwrite=True, **fast)
+        merge_shards(shards, out, overwrite=True)
+        with h5py.File(shards[1], "r+") as f:
+            f["features"][:] = 7.0
+    identity = _identity(out)
     real_write = _runner.write_rows
 
     def killed(*args, **kwargs):  # rank 0's forced run is killed after its first batch
