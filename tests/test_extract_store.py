@@ -786,6 +786,33 @@ def test_a_rank_without_rows_says_so_rather_than_reused(folder, tmp_path, caplog
     assert "Reused" not in caplog.text
 
 
+def _spy_writes(monkeypatch, written: list | None = None) -> list:
+    """Count the rows of each write of the extraction's rows into ``written`` (a new list by
+    default), as the runs go."""
+    from extract import _runner, _store
+
+    written = [] if written is None else written
+
+    def counted(f, positions, *args, **kwargs):
+        written.append(len(positions))
+        _store.write_rows(f, positions, *args, **kwargs)
+
+    monkeypatch.setattr(_runner, "write_rows", counted)
+    return written
+
+
+def _kill_after_a_write(monkeypatch) -> None:
+    """Make the extraction's next write of rows its last: written, then the run killed
+    (a KeyboardInterrupt)."""
+    from extract import _runner, _store
+
+    def killed(*args, **kwargs):
+        _store.write_rows(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_runner, "write_rows", killed)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
     tmp_path, monkeypatch, dtype
@@ -804,26 +831,15 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
     merge_shards(shards, out)
     monkeypatch.setenv("WORLD_SIZE", "2")
     _ranks_one_by_one(monkeypatch)
-    real_write = _runner.write_rows
-
-    def killed(*args, **kwargs):  # the run is killed after its first batch
-        real_write(*args, **kwargs)
-        raise KeyboardInterrupt
-
     written, merges = [], []
-
-    def counted(f, positions, *args, **kwargs):
-        written.append(len(positions))
-        real_write(f, positions, *args, **kwargs)
-
     monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair: (
         merges.append(overwrite) or out))  # fmt: skip
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
-        monkeypatch.setattr(_runner, "write_rows", killed)
+        _kill_after_a_write(monkeypatch)  # the run is killed after its first batch
         with pytest.raises(KeyboardInterrupt):
             extract_features(folder, BACKBONE, out, dtype=dtype, overwrite=True, **fast)
-        monkeypatch.setattr(_runner, "write_rows", counted)
+        _spy_writes(monkeypatch, written)
         extract_features(folder, BACKBONE, out, dtype=dtype, **fast)  # without --force
     assert written == [2, 2] and merges == [True, True]  # the rows left, then a replacement
     merge_shards(shards, out, overwrite=True)
@@ -866,20 +882,14 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
     identity = _identity(out)
     monkeypatch.setenv("WORLD_SIZE", "2")
     _ranks_one_by_one(monkeypatch)
-    real_write = _runner.write_rows
-
-    def killed(*args, **kwargs):  # rank 0's forced run is killed after its first batch
-        real_write(*args, **kwargs)
-        raise KeyboardInterrupt
-
     merges = []
     monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair: (
         merges.append((overwrite, repair)) or out))  # fmt: skip
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(_runner, "write_rows", killed)
+    _kill_after_a_write(monkeypatch)  # rank 0's forced run is killed after its first batch
     with pytest.raises(KeyboardInterrupt):
         extract_features(folder, BACKBONE, out, overwrite=True, **fast)
-    monkeypatch.setattr(_runner, "write_rows", real_write)
+    written = _spy_writes(monkeypatch)  # (the refusals below write nothing)
     # Rank 1 never ran: its shard is the finished run's. Elsewhere the rebuild is refused.
     for world_size in ("1", "3"):
         monkeypatch.setenv("WORLD_SIZE", world_size)
@@ -894,13 +904,6 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
     with pytest.raises(StoreError, match="by 2 ranks was stopped"):
         extract_features(folder, BACKBONE, out, retry_failed=retry, **fast)  # one process
     monkeypatch.setenv("WORLD_SIZE", "2")
-    written = []
-
-    def counted(f, positions, *args, **kwargs):
-        written.append(len(positions))
-        real_write(f, positions, *args, **kwargs)
-
-    monkeypatch.setattr(_runner, "write_rows", counted)
     for rank in (1, 0):
         monkeypatch.setenv("RANK", str(rank))
         extract_features(folder, BACKBONE, out, retry_failed=retry, **fast)  # without --force
@@ -909,20 +912,6 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
     for shard in shards:
         with h5py.File(shard, "r") as f:
             assert f.attrs[REPLACES] == identity
-
-
-def _spy_writes(monkeypatch) -> list:
-    """The number of rows of each write of the extraction's rows, as the runs go."""
-    from extract import _runner
-
-    real_write, written = _runner.write_rows, []
-
-    def counted(f, positions, *args, **kwargs):
-        written.append(len(positions))
-        real_write(f, positions, *args, **kwargs)
-
-    monkeypatch.setattr(_runner, "write_rows", counted)
-    return written
 
 
 def _two_rank_store_with_stale_shard(tmp_path):
@@ -991,18 +980,11 @@ def test_a_rebuild_resumed_after_its_store_was_deleted_extracts_anew_a_rank_it_h
         with h5py.File(shards[1], "r+") as f:
             f["features"][:] = 7.0
     identity = _identity(out)
-    real_write = _runner.write_rows
-
-    def killed(*args, **kwargs):  # rank 0's forced run is killed after its first batch
-        real_write(*args, **kwargs)
-        raise KeyboardInterrupt
-
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(_runner, "write_rows", killed)
+    _kill_after_a_write(monkeypatch)  # rank 0's forced run is killed after its first batch
     with pytest.raises(KeyboardInterrupt):
         extract_features(folder, BACKBONE, out, overwrite=True, **fast)
     out.unlink()
-    monkeypatch.setattr(_runner, "write_rows", real_write)
     written = _spy_writes(monkeypatch)
     for rank in (1, 0):
         monkeypatch.setenv("RANK", str(rank))
@@ -2082,13 +2064,7 @@ def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merg
     merges = []
     monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair: (
         merges.append((rank, repair)) or out))  # fmt: skip
-    real_write, written = _runner.write_rows, []
-
-    def counted(f, positions, *args, **kwargs):
-        written.append(len(positions))
-        real_write(f, positions, *args, **kwargs)
-
-    monkeypatch.setattr(_runner, "write_rows", counted)
+    written = _spy_writes(monkeypatch)
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
         extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
