@@ -448,9 +448,6 @@ def _extract_shard(
         check_merging(os.fspath(merged))  # before any image is extracted, on every rank
     elif merged is None and world_size == 1 and out.exists() and not overwrite:
         _refuse_other_rebuild(out, world_size)
-    # A shard that the interrupted rebuild did not write (a finished run's, or none): its
-    # rank extracts its rows anew, marked as the rebuild's. Resumed, it held the rows of the
-    # store to be replaced (images changed in place since were merged in as they were).
     identity = _identity(merged) if merged is not None and merged.exists() else None
     if merged is not None and identity is None and not overwrite:
         # The merged store is gone (deleted) while a forced rebuild's shards lie here: they
@@ -463,6 +460,9 @@ def _extract_shard(
             rebuild, identity = True, marks[0]
             if rank == 0:
                 logger.info("Resuming the interrupted rebuild of %s from its shards.", merged)
+    # A shard that the interrupted rebuild did not write (a finished run's, or none): its
+    # rank extracts its rows anew, marked as the rebuild's. Resumed, it held the rows of the
+    # store to be replaced (images changed in place since were merged in as they were).
     fresh = rebuild and _replaces(out) != identity
     if fresh and out.exists():
         logger.info(
