@@ -92,8 +92,16 @@ def merge_shards(
     ValueError
         If no shards are given or ranks are missing or repeated; ``ProvenanceError`` if the
         shards (or an existing ``out``) disagree; ``IncompleteStoreError`` if a shard has
-        pending rows.
+        pending rows, or went into another version of an existing ``out`` than the one
+        there (it was written since: made anew, ``extract_features`` makes such a shard
+        anew, or pass ``overwrite=True`` to replace ``out`` with their rows).
     """
+    return _merge(shards, out, overwrite, versions_checked=False)
+
+
+def _merge(shards, out, overwrite: bool, versions_checked: bool) -> Path:
+    """:func:`merge_shards`; ``versions_checked``: the caller made anew every shard that went
+    into another version of ``out`` (torchrun's merge, whose repair of ``out`` comes first)."""
     if isinstance(shards, str | bytes | os.PathLike):  # one path is no list of paths
         raise TypeError(
             f"The 'shards' parameter of merge_shards takes a list of shard paths, got one "
@@ -132,7 +140,7 @@ def merge_shards(
         check_merging(os.fspath(out))
         make_output_folder(out)
         with store_lock(out):
-            _write_merged(files, out, overwrite)
+            _write_merged(files, out, overwrite, versions_checked)
         merged_shards = [f.filename for f in files.values()]
     finally:
         for f in files.values():
@@ -145,6 +153,23 @@ def _identity(path: str | os.PathLike) -> str:
     """A file's size and modification time: which version of a store a shard names."""
     stat = os.stat(path)
     return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _refuse_other_versions(files: dict[int, h5py.File], out: Path) -> None:
+    """Refuse shards marked as merged into another version of ``out`` than the one there:
+    it was written since (rebuilt otherwise, say for images changed in place, which the
+    provenance cannot see), and their rows may not be its."""
+    identity = _identity(out)
+    other = [f.filename for f in files.values() if f.attrs.get(MERGED_INTO) not in (None, identity)]
+    if other:
+        raise ProvenanceError(
+            f"{len(other)} of the {len(files)} shards given to merge_shards (the first, "
+            f"{other[0]!r}) went into another version of {os.fspath(out)!r} than the one "
+            "there, which was written since: their rows may not be its (images changed in "
+            "place, say). Extract them again (extract_features(..., rank=r, world_size=W) "
+            "makes such a shard anew), or pass overwrite=True to replace the store with "
+            "their rows as they are."
+        )
 
 
 def _mark_merged(shards: list[str], out: str | os.PathLike) -> None:
@@ -268,7 +293,9 @@ def _runs(positions: np.ndarray) -> Iterator[tuple[slice, slice]]:
         yield slice(int(positions[lo]), int(positions[hi - 1]) + 1), slice(lo, hi)
 
 
-def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike, overwrite: bool) -> None:
+def _write_merged(
+    files: dict[int, h5py.File], out: Path, overwrite: bool, versions_checked: bool
+) -> None:
     world, first = len(files), read_attrs(files[0])
     n = first["n_total_rows"]
     positions = _merged_positions(files, n)
@@ -289,6 +316,8 @@ def _write_merged(files: dict[int, h5py.File], out: str | os.PathLike, overwrite
     if os.path.exists(out) and not overwrite:  # replace only a store of the same thing
         with open_store(out, "r") as f:
             check_provenance(out, read_attrs(f), provenance)
+        if not versions_checked:
+            _refuse_other_versions(files, out)
     tmp = f"{os.fspath(out)}.merging"
     # A killed merge's leftover (checked to be one) goes first: its room is the new one's.
     Path(tmp).unlink(missing_ok=True)

@@ -26,7 +26,7 @@ from ._batches import _assemble, _embed, _refuse_non_finite
 from ._decoding import MAX_ASPECT
 from ._images import ImageSource, ItemDataset, collate_items, open_source
 from ._locks import store_lock
-from ._merge import check_merging, merge_shards, shard_path
+from ._merge import _merge, check_merging, shard_path
 from ._reading import _NAMED_FAILURES, failed_rows, name_failures
 from ._resume import (
     _adopt_repaired_failures,
@@ -238,6 +238,11 @@ def extract_features(
     out = output_target(out)
     target = out if world_size == 1 else shard_path(out, rank, world_size)
     merged = out if target != out and not explicit else None
+    if explicit and target != out and not overwrite and _merged_elsewhere(target, out):
+        # Its rows went into a version of ``out`` written over since (images changed in
+        # place, say): resumed, merge_shards would refuse it.
+        logger.info("%s went into another version of %s; it is made anew.", target, out)
+        overwrite = True
     # Every output is checked before any image is listed or model loaded, except under
     # torchrun a rank's shard where a merged store exists: that is checked once the merged
     # store is found incomplete, after the model is loaded (complete, it is reused even
@@ -346,6 +351,12 @@ def _check_same_listing(src: ImageSource, fingerprint: str, world_size: int) -> 
         )
 
 
+def _merged_elsewhere(shard: Path, merged: Path) -> bool:
+    """Whether ``shard`` went into another version of the store ``merged`` than the one
+    there (merge_shards's mark); not where the store is gone."""
+    return merged.exists() and _replaces(shard, MERGED_INTO) not in (None, _identity(merged))
+
+
 def _merge_on_rank0(
     out: Path, rank: int, world_size: int, overwrite: bool, repair_merged=None
 ) -> Path:
@@ -355,7 +366,8 @@ def _merge_on_rank0(
     if rank == 0:
         if repair_merged is not None:  # no rank reads ``out`` any more
             repair_merged()
-        merge_shards([shard_path(out, r, world_size) for r in range(world_size)], out, overwrite)
+        shards = [shard_path(out, r, world_size) for r in range(world_size)]
+        _merge(shards, out, overwrite, versions_checked=True)  # each rank's, checked
     dist.barrier()
     return out
 
@@ -471,7 +483,7 @@ def _extract_shard(
     # A shard that went into another version of the merged store (one rebuilt otherwise
     # since, images changed in place included) is not resumed: made anew, from the rows of
     # the store as it is where the run retries its failures.
-    stale = read_merged and not rebuild and _replaces(out, MERGED_INTO) not in (None, identity)
+    stale = read_merged and not rebuild and _merged_elsewhere(out, merged)
     if stale:
         logger.info(
             "%s went into another version of %s; it is made anew%s.",

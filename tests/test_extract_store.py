@@ -958,6 +958,30 @@ def test_a_retry_takes_no_rows_of_shards_that_went_into_another_version_of_the_s
     np.testing.assert_array_equal(again.features[rows], rebuilt)
 
 
+def test_shards_that_went_into_another_version_of_the_store_are_not_merged_back(
+    tmp_path, monkeypatch
+):
+    # Without torchrun (rank and world_size given): the store rebuilt in one process since
+    # its shards were merged, the same calls resumed the shards as complete and
+    # merge_shards put their rows back into the rebuilt store.
+    folder, out, shards, fast = _two_rank_store_with_stale_shard(tmp_path)
+    extract_features(folder, BACKBONE, out, overwrite=True, **fast)
+    rebuilt = load_features(out, in_memory=True).features
+    with pytest.raises(ProvenanceError, match="2 of the 2 shards .* another version of"):
+        merge_shards(shards, out)  # shards merged elsewhere are refused
+    np.testing.assert_array_equal(load_features(out, in_memory=True).features, rebuilt)
+    written = _spy_writes(monkeypatch)
+    for rank in (0, 1):  # rank 0's shard as the rebuilt store; both went into the old one
+        extract_features(folder, BACKBONE, out, rank=rank, world_size=2, **fast)
+    assert written == [2, 2, 2, 2]  # every row anew
+    merge_shards(shards, out)
+    np.testing.assert_allclose(load_features(out, in_memory=True).features, rebuilt, rtol=1e-5)
+    for rank in (0, 1):  # merged into this version now: resumed as complete
+        extract_features(folder, BACKBONE, out, rank=rank, world_size=2, **fast)
+    assert written == [2, 2, 2, 2]
+    merge_shards(shards, out)
+
+
 @pytest.mark.parametrize("earlier", [False, True])
 def test_a_rebuild_resumed_after_its_store_was_deleted_extracts_anew_a_rank_it_had_not_made(
     tmp_path, monkeypatch, earlier
