@@ -343,17 +343,18 @@ def _refuse_other_rebuild(merged: Path, world_size: int) -> None:
     """Refuse to reuse or resume ``merged`` while a forced rebuild of it by another number of
     ranks than ``world_size`` is unfinished beside it: its rows are to be replaced."""
     shards = _rebuild_shards(merged, None)
-    if not shards:
+    sizes = set()  # the numbers of ranks that such rebuilds ran at
+    for shard in shards:
+        with h5py.File(shard, "r", locking=False) as f:
+            sizes.add(int(f.attrs.get("shard_world_size", 0)))
+    if not sizes or world_size in sizes:
         return
-    with h5py.File(shards[0], "r", locking=False) as f:
-        ranks = int(f.attrs.get("shard_world_size", 0))
-    if ranks == world_size:
-        return
+    ranks = " or ".join(map(str, sorted(sizes)))
     raise StoreError(
         f"A forced rebuild of {os.fspath(merged)!r} by {ranks} ranks was stopped before its "
         f"merge (its shards lie beside it, {shards[0].name} the first): finish it with "
-        f"{ranks} ranks (torchrun --nproc_per_node {ranks}), whose merge replaces the store, "
-        "or rebuild the store anew with --force (overwrite=True)."
+        f"{ranks} ranks (torchrun --nproc_per_node {min(sizes)}), whose merge replaces the "
+        "store, or rebuild the store anew with --force (overwrite=True)."
     )
 
 

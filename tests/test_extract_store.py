@@ -914,6 +914,23 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
             assert f.attrs[REPLACES] == identity
 
 
+def test_a_refused_rebuild_names_every_number_of_ranks_it_was_stopped_at(store, tmp_path):
+    # Forced rebuilds stopped at 2 and then at 3 ranks: the refusal named 2 alone.
+    from extract._resume import _identity, _refuse_other_rebuild
+    from extract._schema import REPLACES
+
+    out = tmp_path / "f.h5"
+    shutil.copy(store, out)
+    for world_size in (2, 3):
+        shard = shard_path(out, 0, world_size)
+        shutil.copy(store, shard)
+        with h5py.File(shard, "r+") as f:
+            f.attrs["shard_world_size"], f.attrs[REPLACES] = world_size, _identity(out)
+    with pytest.raises(StoreError, match="by 2 or 3 ranks .* finish it with 2 or 3 ranks"):
+        _refuse_other_rebuild(out, 1)
+    _refuse_other_rebuild(out, 3)  # the rebuild at 3 ranks is resumed
+
+
 def _two_rank_store_with_stale_shard(tmp_path):
     """A folder, a store merged from two ranks' shards, and the shards, rank 1's features
     then set to 7: rows that no later version of the store holds (images changed in place
