@@ -263,7 +263,9 @@ def accuracy_front(
     estimator : MR2LinearClassifier or Pipeline ending in one
         The MR² configuration (unfitted). ERM is the same with ``c_bar=None`` and
         ``lam=0`` (no margins, no learned projection), unless ``erm`` is given; the tilt
-        sweep sets ``class_tilt`` on the MR² configuration.
+        sweep sets ``class_tilt`` on the MR² configuration, and the MR² point is fitted
+        at ``class_tilt=0`` whatever the estimator's (a tilt of its own is a ``tilts``
+        value).
     X, y : training data of the front.
     X_val, y_val : validation data, the only data the rule reads; labels that are no
         class of ``y`` are refused (no point could predict them).

@@ -711,6 +711,11 @@ NEEDS_H5 = pytest.mark.skipif(
             ["{d}/train.npz", "--grid", "class_tilt=0,5", "--tilt", "1"],
             "--tilt sweeps class_tilt on the MR² model for the front, and --grid class_tilt",
         ),
+        # The front's MR² point is untilted: the tilt the grid chose was dropped from it.
+        (
+            ["{d}/train.npz", "--grid", "class_tilt=0,5", "--offsets", "1"],
+            "--offsets draws the front, whose MR² point is untilted",
+        ),
         (["{d}/train.npz", "--head", "cosine", "--C", "100"], "--C sets the L2 penalty of the"),
         (
             ["{d}/train.npz", "--head", "cosine", "--grid", "C=0.1,1"],

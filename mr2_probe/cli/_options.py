@@ -485,10 +485,14 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
             raise UsageError(
                 f"--grid {name} searches the value that {option} sets; pass one of them"
             )
-    if "class_tilt" in grid and args.tilt:
+    if "class_tilt" in grid and (args.tilt or args.offsets):
+        # The front fits its MR² point untilted: a tilt the grid chose would be dropped.
         raise UsageError(
             "--tilt sweeps class_tilt on the MR² model for the front, and --grid class_tilt "
             "searches it; pass one of them"
+            if args.tilt
+            else "--offsets draws the front, whose MR² point is untilted (--tilt sweeps "
+            "class_tilt), and --grid class_tilt searches it; pass one of them"
         )
     heads = grid.get("head", [args.head])
     lams = grid.get("lam", [args.lam])
