@@ -339,6 +339,18 @@ def _replaces(shard: Path, mark: str = REPLACES) -> str | None:
         return None
 
 
+def _check_other_shard(path: Path, provenance: dict) -> None:
+    """Refuse a request that another rank's shard ``path`` was not made by (its rank and
+    rows aside); read without HDF5's lock, as that rank may be writing it."""
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            attrs = read_attrs(f)
+    except OSError:  # not a store: its own rank says so
+        return
+    own = {k: attrs[k] for k in ("shard_rank", "n_rows") if k in attrs}
+    check_provenance(path, attrs, provenance | own)
+
+
 def _refuse_other_rebuild(merged: Path, world_size: int) -> None:
     """Refuse to reuse or resume ``merged`` while a forced rebuild of it by another number of
     ranks than ``world_size`` is unfinished beside it: its rows are to be replaced."""

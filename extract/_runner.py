@@ -30,6 +30,7 @@ from ._merge import _merge, check_merging, shard_path
 from ._reading import _NAMED_FAILURES, failed_rows, name_failures
 from ._resume import (
     _adopt_repaired_failures,
+    _check_other_shard,
     _identity,
     _open_or_create,
     _provenance,
@@ -476,6 +477,13 @@ def _extract_shard(
     # rank extracts its rows anew, marked as the rebuild's. Resumed, it held the rows of the
     # store to be replaced (images changed in place since were merged in as they were).
     fresh = rebuild and _replaces(out) != identity
+    if rebuild:
+        # Every rank checks the rebuild's shards against its request, not its own alone:
+        # otherwise a rank making its shard anew overwrote it while another's check refused
+        # the request (a resume with another --dtype, say), and the next resume refused it.
+        for path in (shard_path(merged, r, world_size) for r in range(world_size)):
+            if path != out and _replaces(path) == identity:
+                _check_other_shard(path, provenance)
     if fresh and out.exists():
         logger.info(
             "%s was not written by the interrupted rebuild; its rows are extracted anew.", out

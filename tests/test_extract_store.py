@@ -914,6 +914,34 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
             assert f.attrs[REPLACES] == identity
 
 
+def test_a_resumed_rebuild_asked_otherwise_is_refused_by_every_rank_before_any_write(
+    tmp_path, monkeypatch
+):
+    # Resumed with another dtype: rank 0 refused it against its shard, while rank 1, whose
+    # shard the rebuild had not made, overwrote it; the resume as first asked then failed
+    # on rank 1's shard.
+    from extract import _runner
+
+    folder, out, shards, fast = _two_rank_store_with_stale_shard(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    monkeypatch.setenv("RANK", "0")
+    _kill_after_a_write(monkeypatch)  # rank 0's forced run is killed after its first batch
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(folder, BACKBONE, out, overwrite=True, **fast)
+    written = _spy_writes(monkeypatch)
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        with pytest.raises(ProvenanceError, match="shard-00000-of-00002.h5' was made with a"):
+            extract_features(folder, BACKBONE, out, dtype="float16", **fast)
+    assert written == []
+    for rank in (1, 0):  # as first asked: resumed
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, **fast)
+    assert written == [2, 2, 2]  # rank 1's four rows anew, then rank 0's two left
+
+
 def test_a_refused_rebuild_names_every_number_of_ranks_it_was_stopped_at(store, tmp_path):
     # Forced rebuilds stopped at 2 and then at 3 ranks: the refusal named 2 alone.
     from extract._resume import _identity, _refuse_other_rebuild
