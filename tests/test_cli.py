@@ -1238,6 +1238,22 @@ def test_training_images_in_a_test_store_are_found_by_their_content(tmp_path, ca
     capsys.readouterr()
     assert main([*run, str(tmp_path / "mixed.h5")]) == 0
     assert "warning: 2 of the 12 images of --test" in capsys.readouterr().err
+    # So too for two list files in one folder (one source root): they were taken as one
+    # source, so that an image both list refused the run.
+    lists = dict(source_root="/lists", source="list:/lists/train.csv")
+    _store(tmp_path / "list_train.h5", X, y, FASHION, digests=train,
+           source_fingerprint="sha256:train.csv", **lists)  # fmt: skip
+    lists["source"] = "list:/lists/test.csv"
+    _store(tmp_path / "list_test.h5", X_test, y_test, FASHION, digests=mixed,
+           source_fingerprint="sha256:test.csv", **lists)  # fmt: skip
+    argv = [
+        str(tmp_path / "list_train.h5"),
+        "--no-progress",
+        "--test",
+        str(tmp_path / "list_test.h5"),
+    ]
+    assert main(argv) == 0
+    assert "warning: 2 of the 12 images of --test" in capsys.readouterr().err
 
 
 @NEEDS_H5

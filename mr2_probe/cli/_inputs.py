@@ -437,11 +437,14 @@ def _check_not_the_training_data(train: str, test: str) -> None:
 
         # The same image list, and the same shard of it (shards of one list are disjoint).
         keys = ("source_fingerprint", "shard_rank", "shard_world_size")
-        # Or stores of one source (its root and container files) whose images overlap:
-        # subsets of it (--per-class, --max-items) taken twice.
-        origin = ("source_root", "source_files")
+        # Or stores of one source (its root and container files; and its list file: two
+        # lists in one folder are two sources) whose images overlap: subsets of it
+        # (--per-class, --max-items) taken twice.
+        origin = ("source_root", "source_files", "source")
         with load_features(train) as a, load_features(test) as b:
-            mine, theirs = ([s.metadata.get(k) for k in keys + origin] for s in (a, b))
+            mine, theirs = (
+                [_compared(k, s.metadata.get(k)) for k in keys + origin] for s in (a, b)
+            )
             same_list = mine[0] is not None and mine[:3] == theirs[:3]
             same_source = bool(mine[3]) and mine[3:] == theirs[3:]
             common = _common_images(a, b)
@@ -468,6 +471,15 @@ def _check_not_the_training_data(train: str, test: str) -> None:
             "training accuracy; pass a store of other images, or leave --test out to hold "
             "out --test-size of the training data"
         )
+
+
+def _compared(key: str, value):
+    """A store's attribute ``key`` as the sources are compared: its ``source`` description
+    only for a list file (``list:<path>``); other sources are told apart by their root and
+    files, where a folder's description may name it through another path."""
+    if key != "source" or (isinstance(value, str) and value.startswith("list:")):
+        return value
+    return None
 
 
 def _common_images(train, test) -> tuple[int, int] | None:
