@@ -113,7 +113,13 @@ def to_rgb(image: Image.Image) -> Image.Image:
     floating-point images (mode ``F``) have no defined range and are refused.
     """
     if image.mode in _HIGH_BIT_MODES:
-        return _scale_to_8_bits(image).convert("RGB")
+        grey = _scale_to_8_bits(image)
+        key = image.info.get("transparency")  # a 16-bit grey value (PNG's tRNS)
+        if isinstance(key, int):  # its pixels composited on white, as the 8-bit twin's
+            values = np.array(grey)
+            values[np.asarray(image) == key] = 255
+            grey = Image.fromarray(values, "L")
+        return grey.convert("RGB")
     if image.mode == "F":
         raise ValueError(
             "floating-point images (PIL mode F) have no defined brightness range; save the "

@@ -477,13 +477,19 @@ def test_16_bit_greyscale_is_scaled_not_clipped(mode):
     np.testing.assert_array_equal(rgb, np.repeat(grey[..., None], 3, axis=2))
 
 
-def test_16_bit_png_file_decodes_like_its_8_bit_twin(tmp_path):
+@pytest.mark.parametrize("transparent", [False, True])
+def test_16_bit_png_file_decodes_like_its_8_bit_twin(tmp_path, transparent):
+    # With a grey value marked transparent (tRNS), the 16-bit file's were left black.
     grey = np.random.default_rng(1).integers(0, 256, (9, 8)).astype(np.uint8)
-    Image.fromarray(grey, "L").save(tmp_path / "8.png")
-    Image.fromarray(grey.astype(np.uint16) * 257).save(tmp_path / "16.png")
+    grey[:3, :3] = 0
+    key = dict(transparency=0) if transparent else {}
+    Image.fromarray(grey, "L").save(tmp_path / "8.png", **key)
+    Image.fromarray(grey.astype(np.uint16) * 257).save(tmp_path / "16.png", **key)
     assert Image.open(tmp_path / "16.png").mode == "I;16"
     src = image_list(_write_list(tmp_path, ["8.png,a", "16.png,a"]))
-    np.testing.assert_array_equal(np.asarray(load_image(src, 1)), np.asarray(load_image(src, 0)))
+    eight, sixteen = (np.asarray(load_image(src, k)) for k in (0, 1))
+    np.testing.assert_array_equal(sixteen, eight)
+    assert (eight[:3, :3] == (255 if transparent else 0)).all()
 
 
 @pytest.mark.parametrize(
