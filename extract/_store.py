@@ -470,6 +470,14 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
                 "load_features not yet closed, say), and HDF5 will not open it again for "
                 "writing: close it (store.close(), or leave its with block) and run again."
             ) from err
+        if isinstance(err, PermissionError):  # the file's own mode (the folder's is checked)
+            what, able, flag = (
+                ("read", "readable", "r") if mode == "r" else ("write", "writable", "w")
+            )
+            raise StoreError(
+                f"No permission to {what} the feature store {os.fspath(path)!r} (the file's "
+                f"mode): make it {able} (chmod u+{flag}), or write to another path."
+            ) from err
         if isinstance(err, FileNotFoundError):
             raise StoreNotFoundError(
                 f"The feature store {os.fspath(path)!r} does not exist; check the path."

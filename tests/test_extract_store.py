@@ -1394,6 +1394,25 @@ def test_a_file_system_without_locks_is_not_another_process(monkeypatch, tmp_pat
     assert "HDF5_USE_FILE_LOCKING=FALSE" in str(error.value)
 
 
+@pytest.mark.parametrize("mode, what", [("r", "read"), ("r+", "write")])
+def test_a_store_file_of_a_mode_that_refuses_is_not_called_no_store(
+    monkeypatch, tmp_path, mode, what
+):
+    # A read-only store (chmod 444, its folder writable) resumed by its user: "cannot read
+    # it as an HDF5 feature store ... delete it yourself", its rows done so far with it.
+    def refuse(path, mode):
+        raise PermissionError(
+            13,
+            "Unable to synchronously open file (unable to open file: name = 's.h5', errno = "
+            "13, error message = 'Permission denied', flags = 1, o_flags = 2)",
+        )
+
+    monkeypatch.setattr(h5py, "File", refuse)
+    with pytest.raises(StoreError, match=f"No permission to {what} the feature store") as error:
+        open_store(tmp_path / "s.h5", mode)
+    assert not isinstance(error.value, NotAStoreError) and "delete" not in str(error.value)
+
+
 def test_a_file_system_without_flock_is_said_and_written_without_the_lock_on_request(
     store, tmp_path, monkeypatch, caplog
 ):
