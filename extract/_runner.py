@@ -546,18 +546,25 @@ def _extract_shard(
             else:  # a rank with no rows (fewer shards, or items, than ranks)
                 logger.info("%s holds no rows of the request: nothing to extract.", out)
             return out, repair_merged, rebuild, (0, [])
+        kept = int((status == FAILED).sum())  # failures recorded before, not retried
         if (status != PENDING).any():
             logger.info(
-                "Resuming %s: %d of %d rows were extracted before.",
+                "Resuming %s: %d of %d rows were done before%s.",
                 out,
                 int((status != PENDING).sum()),
                 len(rows),
+                f" ({kept} of them recorded as failed)" if kept else "",
             )
         # The worker processes start here, before the store is opened for writing, so that
         # none of them inherits the HDF5 file (and its lock) from the writer.
         batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
         with open_store(out, "r+") as f:
             failed = _run(f, backbone, batches, rows, status, normalize, device, progress)
+        if kept:  # the warning counts the store's failures, the earlier runs' too
+            with open_store(out, "r") as f:
+                n_failed = int((f["status"][:] == FAILED).sum())
+                first = [(int(rows[row]), path, reason) for row, path, reason in failed_rows(f)]
+            failed = (n_failed, first)  # (source indices, as _run's)
     return out, repair_merged, rebuild, failed
 
 

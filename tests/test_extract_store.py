@@ -942,6 +942,29 @@ def test_a_resumed_rebuild_asked_otherwise_is_refused_by_every_rank_before_any_w
     assert written == [2, 2, 2]  # rank 1's four rows anew, then rank 0's two left
 
 
+def test_a_resumed_run_warns_of_the_failures_recorded_before_it_too(tmp_path, monkeypatch, caplog):
+    # The warning counted only the resumed run's failures (here 1 of 2), and the resume
+    # said that the failed rows were "extracted before".
+    caplog.set_level(logging.INFO, logger="extract")
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    (folder / "cat" / "001.jpg").write_text("not an image")  # row 1, in the first batch
+    (folder / "dog" / "002.jpg").write_text("not an image")  # row 5, in the resumed run's
+    out = tmp_path / "f.h5"
+    fast = dict(FAST, batch_size=2)
+    with monkeypatch.context() as patch:
+        _kill_after_a_write(patch)
+        with pytest.raises(KeyboardInterrupt):
+            extract_features(folder, BACKBONE, out, **fast)
+    caplog.clear()
+    extract_features(folder, BACKBONE, out, **fast)
+    assert f"Resuming {out}: 2 of 6 rows were done before (1 of them recorded as failed)." in (
+        caplog.text
+    )
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(f"2 images were recorded in {out} as")
+    assert re.search("'cat/001.jpg': UnidentifiedImageError.*; 'dog/002.jpg'", warnings[0])
+
+
 def test_a_refused_rebuild_names_every_number_of_ranks_it_was_stopped_at(store, tmp_path):
     # Forced rebuilds stopped at 2 and then at 3 ranks: the refusal named 2 alone.
     from extract._resume import _identity, _refuse_other_rebuild
