@@ -93,8 +93,9 @@ class ProbeHead(nn.Module):
 
     @property
     def is_plain_linear(self) -> bool:
-        """A linear head on the raw features, one row per class (closed-form gradients)."""
-        return self.head == "linear" and not self.pinned and not self.has_projection
+        """A linear head on the raw features (closed-form gradients): one row per class,
+        or for two classes one row, the first class's logit pinned at zero."""
+        return self.head == "linear" and not self.has_projection
 
     @property
     def is_plain_cosine(self) -> bool:
@@ -112,10 +113,24 @@ class ProbeHead(nn.Module):
 
     @torch.no_grad()
     def logit_weight(self) -> torch.Tensor:
-        """V, the matrix that maps φ to the logits (K, d')."""
+        """V, the matrix that maps φ to the logits (K, d'; a pinned head's first row zero)."""
         if self.head == "cosine":
             return self.scale * F.normalize(self.weight, dim=1)
-        return self.weight
+        return self._unpinned(self.weight)
+
+    @torch.no_grad()
+    def logit_bias(self) -> torch.Tensor | None:
+        """The intercepts of the K logits (a pinned head's first zero), or None."""
+        return None if self.bias is None else self._unpinned(self.bias)
+
+    def _unpinned(self, param: torch.Tensor) -> torch.Tensor:
+        """A pinned head's parameter with the first class's zero before it; else itself."""
+        return torch.cat([torch.zeros_like(param[:1]), param]) if self.pinned else param
+
+    @torch.no_grad()
+    def add_logit_bias_grad(self, grad: torch.Tensor, alpha: float = 1.0) -> None:
+        """Add α·∂f/∂b to ``bias.grad``, given the gradient in :meth:`logit_bias` (K,)."""
+        self.bias.grad.add_(grad[1:] if self.pinned else grad, alpha=alpha)
 
     @torch.no_grad()
     def add_logit_weight_grad(self, grad: torch.Tensor, alpha: float = 1.0) -> None:
@@ -125,7 +140,7 @@ class ProbeHead(nn.Module):
         u_k = w_k / ‖w_k‖; the radial part is zero, since f does not depend on ‖w_k‖.
         """
         if self.head != "cosine":
-            self.weight.grad.add_(grad, alpha=alpha)
+            self.weight.grad.add_(grad[1:] if self.pinned else grad, alpha=alpha)
             return
         # F.normalize's floor: a zero row (a class without weight) has the same gradient
         # as autograd gives through logits().

@@ -229,6 +229,8 @@ def fit_lbfgs(
     original one minus (∂f/∂b)·mᵀ: in the original coordinates the largest entry is at
     most tol·(1 + max_j |m_j|).
     """
+    if not head.has_closed_form:  # the estimator fits a projection (lam > 0) by minibatches
+        raise ValueError("L-BFGS fits a head without a projection (lam = 0).")
     stats, margins, _, _ = initial
     # With an unpenalised intercept, W·x + b = W·(x − m) + (b + W·m): the same objective,
     # but centred features condition it far better (embeddings have large common means).
@@ -362,28 +364,18 @@ def closed_form_chunks(head, source):
 def plain_data_term(head, source, margins, weight_sum, center=None) -> torch.Tensor:
     """(1/S) Σ_i w_i ℓ_γ(i); its gradients are added to the parameters' ``.grad``.
 
-    A plain linear or cosine head takes the closed form (:meth:`ProbeHead.has_closed_form`),
-    anything else autograd; chunks bound the memory of the logits, and gradients accumulate
+    In closed form (a head without a projection, :meth:`ProbeHead.has_closed_form`, the
+    only one L-BFGS fits); chunks bound the memory of the logits, and gradients accumulate
     across them.
     """
-    params = [p for p in head.parameters()]
-    total = params[0].new_zeros(())
-    if head.has_closed_form:
-        weight = head.logit_weight()
-        for x, y, w, r in closed_form_chunks(head, source):
-            loss, grad_w, grad_b = linear_margin_ce_grad(
-                x, weight, head.bias, y, margins, w, center, r
-            )
-            head.add_logit_weight_grad(grad_w, alpha=1 / weight_sum)
-            if grad_b is not None:
-                head.bias.grad.add_(grad_b, alpha=1 / weight_sum)
-            total += loss / weight_sum
-        return total
-    for x, y, w in source.chunks():
-        z = head.logits(head.features(x))  # (B, K)
-        loss = margin_cross_entropy(z, y, margins, w, reduction="sum") / weight_sum
-        loss.backward()
-        total += loss.detach()
+    total = head.weight.new_zeros(())
+    weight, bias = head.logit_weight(), head.logit_bias()
+    for x, y, w, r in closed_form_chunks(head, source):
+        loss, grad_w, grad_b = linear_margin_ce_grad(x, weight, bias, y, margins, w, center, r)
+        head.add_logit_weight_grad(grad_w, alpha=1 / weight_sum)
+        if grad_b is not None:
+            head.add_logit_bias_grad(grad_b, alpha=1 / weight_sum)
+        total += loss / weight_sum
     return total
 
 
@@ -391,25 +383,14 @@ def tilted_data_term(head, source, margins, risk, center=None, keep=True) -> tor
     """R_t(L) of :class:`ClassRisk`; its gradients are added to the parameters' ``.grad``.
 
     Pass 1 measures the class losses L_k, pass 2 accumulates Σ_i w_i·f_{y_i}·∇ℓ_i with
-    f = q / S_k. With ``keep`` the closed-form heads' logit gradients of pass 1 are kept
-    (N × K elements) instead of being recomputed.
+    f = q / S_k, in closed form as :func:`plain_data_term`. With ``keep`` the logit
+    gradients of pass 1 are kept (N × K elements) instead of being recomputed.
     """
     sums = head.weight.new_zeros(len(risk.share))
-    if not head.has_closed_form:
-        for x, y, w in source.chunks():
-            with torch.no_grad():
-                z = head.logits(head.features(x))  # (B, K)
-                loss = margin_cross_entropy(z, y, margins, reduction="none")
-            sums.index_add_(0, y, loss * w)
-        value, factor = risk.risk(risk.class_loss(sums))
-        for x, y, w in source.chunks():
-            z = head.logits(head.features(x))  # (B, K)
-            margin_cross_entropy(z, y, margins, w * factor[y], reduction="sum").backward()
-        return value
-    weight = head.logit_weight()
+    weight, bias = head.logit_weight(), head.logit_bias()
     kept = []
     for x, y, w, r in closed_form_chunks(head, source):
-        loss, grad_logits = linear_margin_ce_parts(x, weight, head.bias, y, margins, w, center, r)
+        loss, grad_logits = linear_margin_ce_parts(x, weight, bias, y, margins, w, center, r)
         if keep:
             kept.append(grad_logits)
         sums.index_add_(0, y, loss * w)
@@ -418,12 +399,12 @@ def tilted_data_term(head, source, margins, risk, center=None, keep=True) -> tor
         if keep:
             grad_logits = kept[i]
         else:
-            grad_logits = linear_margin_ce_parts(x, weight, head.bias, y, margins, w, center, r)[1]
+            grad_logits = linear_margin_ce_parts(x, weight, bias, y, margins, w, center, r)[1]
         grad_logits.mul_(factor[y][:, None])  # (B, K)
-        grad_w, grad_b = linear_grad_from_logits(x, grad_logits, center, head.bias is not None)
+        grad_w, grad_b = linear_grad_from_logits(x, grad_logits, center, bias is not None)
         head.add_logit_weight_grad(grad_w)
         if grad_b is not None:
-            head.bias.grad.add_(grad_b)
+            head.add_logit_bias_grad(grad_b)
     return value
 
 

@@ -1531,14 +1531,22 @@ def test_fits_and_predictions_ignore_the_caller_s_torch_modes(mode):
         "lbfgs": dict(c_bar=None, tol=1e-6),
         "adam": dict(lam=0.5, max_iter=5, random_state=0),
     }
+    # Two classes, tilted or not (one row, its L-BFGS fit on autograd): "Inference tensors
+    # cannot be saved for backward".
+    kinds["binary"] = dict(c_bar=None, tol=1e-6)
+    kinds["binary tilted"] = dict(c_bar=None, tol=1e-6, class_tilt=1.0)
+    labels = {k: (y == 0) if k.startswith("binary") else y for k in kinds}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        plain = {k: MR2LinearClassifier(**kw, device="cpu").fit(X, y) for k, kw in kinds.items()}
+        plain = {
+            k: MR2LinearClassifier(**kw, device="cpu").fit(X, labels[k]) for k, kw in kinds.items()
+        }
         search = MR2LinearClassifierCV([0.1, 1.0], cv=3, device="cpu").fit(X, y)
         with _CALLER_MODES[mode]():
             X_t = torch.as_tensor(X)  # an inference tensor under inference_mode
             fitted = {
-                k: MR2LinearClassifier(**kw, device="cpu").fit(X_t, y) for k, kw in kinds.items()
+                k: MR2LinearClassifier(**kw, device="cpu").fit(X_t, labels[k])
+                for k, kw in kinds.items()
             }
             searched = MR2LinearClassifierCV([0.1, 1.0], cv=3, device="cpu").fit(X_t, y)
             z = fitted["lbfgs"].decision_function(X_t)
@@ -1547,6 +1555,25 @@ def test_fits_and_predictions_ignore_the_caller_s_torch_modes(mode):
     np.testing.assert_allclose(searched.coef_, search.coef_, rtol=1e-5, atol=1e-5)
     assert z.dtype == torch.float32
     np.testing.assert_allclose(z.numpy(), plain["lbfgs"].decision_function(X), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tilt", [0.0, 1.0])
+def test_two_classes_on_uncentred_features_converge_as_scikit_learn_s(tilt):
+    # The two-class head (one row) skipped the intercept's re-parametrisation around the
+    # feature mean that the other linear heads take: on features of a large common mean
+    # (embeddings') the default fit stopped at max_iter, 2.4e-5 above the optimum.
+    X, y = make_classification(2000, 50, n_informative=20, random_state=0)
+    X = X + 20.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        model = MR2LinearClassifier(c_bar=None, class_tilt=tilt, device="cpu").fit(X, y)
+        centred = MR2LinearClassifier(c_bar=None, class_tilt=tilt, device="cpu")
+        centred.fit(X - X.mean(0), y)
+    np.testing.assert_allclose(model.coef_, centred.coef_, rtol=1e-3, atol=1e-3)
+    if tilt == 0:
+        reference = LogisticRegression(tol=1e-10, max_iter=10_000).fit(X, y)
+        np.testing.assert_allclose(model.coef_, reference.coef_, rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(model.intercept_, reference.intercept_, rtol=1e-3, atol=2e-2)
 
 
 @pytest.mark.parametrize("solver", ["adam", "sgd"])
