@@ -241,7 +241,9 @@ def margins_from_difficulty(
     # c̄·K in the margins' dtype: a Python float times an integer tensor is float32.
     scaled = c_bar * measured.sum().to(root.dtype) * root / root.sum().clamp_min(1e-30)
     # Without a measured class (all a_k = 0) there is no information: uniform margins.
-    return torch.where(measured, scaled, torch.full_like(root, c_bar)).to(dtype)
+    # (c̄ cast, not filled: beyond the dtype's range it is inf, which the estimator names.)
+    uniform = torch.tensor(c_bar, dtype=torch.float64, device=root.device).to(root.dtype)
+    return torch.where(measured, scaled, uniform).to(dtype)
 
 
 def class_margins(

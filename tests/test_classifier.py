@@ -741,6 +741,8 @@ def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
         ({"head": "cosine", "scale": 1e30}, 1.0, np.float32, "with scale=1e[+]30"),
         # The margins (c̄·K times each class's share) overflow: the statistics were blamed.
         ({"c_bar": 2e38}, 1.0, np.float32, "margins overflow in float32 arithmetic, with c_bar="),
+        # Beyond float32's range itself: torch's "cannot be converted to type float".
+        ({"c_bar": 1e39}, 1.0, np.float32, "margins overflow in float32 arithmetic, with c_bar="),
         ({"c_bar": 1e308}, 1.0, np.float64, "margins overflow in float64 arithmetic, with c_bar="),
     ],
 )
