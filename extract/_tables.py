@@ -290,9 +290,17 @@ def _saved_arrow_files(state: str) -> list[str] | None:
 
 def _dataset_folder(folder: str) -> list[str]:
     """The data files of a Hugging Face dataset folder, one split only."""
-    if os.path.isfile(os.path.join(folder, "dataset_dict.json")):
-        with open(os.path.join(folder, "dataset_dict.json")) as fh:
-            splits = json.load(fh).get("splits", [])
+    if os.path.isfile(path := os.path.join(folder, "dataset_dict.json")):
+        try:
+            with open(path) as fh:
+                splits = json.load(fh)["splits"]
+            if not (isinstance(splits, list) and all(isinstance(x, str) for x in splits)):
+                raise TypeError(f"its 'splits' are {splits!r}")
+        except (OSError, ValueError, TypeError, KeyError) as err:
+            raise TableError(
+                f"{path!r} is not the dataset_dict.json of a DatasetDict (a list of its split "
+                f"folders, 'splits'): {err!r}; give one split's folder."
+            ) from err
         example = os.path.join(folder, splits[0]) if splits else folder
         raise TableError(
             f"{folder!r} holds the splits {splits} of a DatasetDict; give one split's folder, "
@@ -346,9 +354,13 @@ def hf_class_names(schema, column: str) -> list[str] | None:
     raw = (schema.metadata or {}).get(HF_METADATA)
     if raw is None:
         return None
-    feature = json.loads(raw).get("info", {}).get("features", {}).get(column, {})
+    try:  # a schema written by hand may hold anything: then it names no classes
+        feature = (json.loads(raw).get("info") or {}).get("features", {}).get(column)
+    except (ValueError, AttributeError):
+        return None
     if isinstance(feature, dict) and feature.get("_type") == "ClassLabel":
-        return list(feature["names"])
+        names = feature.get("names")
+        return list(names) if isinstance(names, list) else None
     return None
 
 

@@ -346,8 +346,14 @@ def _index_class_names(root: str) -> tuple[str | None, list[str] | None]:
     for folder in (root, os.path.dirname(root)):
         path = os.path.join(folder, CLASS_NAMES_FILE)
         if os.path.isfile(path):
-            with open(path, encoding="utf-8") as fh:
-                return path, [line.strip() for line in fh.read().strip().splitlines()]
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    return path, [line.strip() for line in fh.read().strip().splitlines()]
+            except UnicodeDecodeError as err:
+                raise ShardError(
+                    f"The class names file {path!r} is not UTF-8 text ({err}); save it as "
+                    "UTF-8, one class name per line."
+                ) from err
     return None, None
 
 

@@ -248,6 +248,15 @@ def test_webdataset_labels_from_json_paths_and_classnames_txt(
     assert src.options["label_key"] == label_key
 
 
+def test_a_classnames_txt_that_is_not_utf8_is_named(data, tmp_path):
+    # "'utf-8' codec can't decode byte 0xff in position 0", of no file.
+    shards = tmp_path / "test"
+    shutil.copytree(data / "wds", shards)
+    (tmp_path / "classnames.txt").write_bytes("tabby\nhound\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"classnames.txt' is not UTF-8 text .* save it as UTF-8"):
+        open_source(f"webdataset:{shards}/*.tar")
+
+
 def _write_shard(path, samples):
     with wds.TarWriter(str(path)) as sink:
         for sample in samples:
@@ -764,6 +773,25 @@ def test_save_to_disk_folders_read_their_arrow_streams(data, stores, tmp_path):
         TableError, match=r"splits \['train', 'test'\] of a DatasetDict; give one .*train"
     ):
         open_source(f"parquet:{tmp_path}")
+
+
+@pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"splits": 3}', "{}"])
+def test_a_dataset_dict_json_of_something_else_is_named(data, tmp_path, content):
+    # A JSON error naming no file, or "'list' object has no attribute 'get'" and a traceback.
+    shutil.copytree(data / "hf" / "data", tmp_path / "d")
+    (tmp_path / "d" / "dataset_dict.json").write_text(content)
+    with pytest.raises(TableError, match="dataset_dict.json' is not the dataset_dict.json of a"):
+        open_source(f"parquet:{tmp_path}/d")
+
+
+@pytest.mark.parametrize("info", [None, [], {"features": {"label": {"_type": "ClassLabel"}}}])
+def test_a_schema_s_huggingface_metadata_of_another_shape_names_no_classes(tmp_path, info):
+    # An AttributeError ('NoneType' object has no attribute 'get') or a KeyError ('names').
+    metadata = {b"huggingface": json.dumps({"info": info})}
+    schema = pa.schema([("image", pa.binary()), ("label", pa.int64())], metadata=metadata)
+    _table(tmp_path / "t.parquet", {"image": [b"a", b"b"], "label": [1, 0]}, schema=schema)
+    src = open_source(f"parquet:{tmp_path}")
+    assert src.labels.tolist() == [1, 0] and src.class_names == ["0", "1"]
 
 
 @pytest.mark.parametrize("state", ['{"step": 3}', "[1, 2]", "not json", '{"_data_files": 1}'])
