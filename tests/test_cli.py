@@ -872,6 +872,22 @@ def test_a_reader_that_closes_stdout_early_still_gets_out_written(files, tmp_pat
     assert {"report.json", "report.txt", "models.joblib"} <= set(os.listdir(tmp_path / "run"))
 
 
+@pytest.mark.slow
+def test_a_locale_that_cannot_encode_the_report_still_gets_it_printed_and_written(files, tmp_path):
+    # Under LC_ALL=C (ASCII) the finished run's γ (c_bar=None) failed on stdout and in the
+    # report files: "'ascii' codec can't encode", status 2, and --out left empty.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONIOENCODING", "PYTHONUTF8")}
+    command = [sys.executable, "-m", "mr2_probe", str(files / "train.npz"), "--c-bar", "none"]
+    command += ["--out", str(tmp_path / "run"), "--no-progress"]
+    run = subprocess.run(
+        command, capture_output=True, env=env | {"LC_ALL": "C", "PYTHONUTF8": "0"}, timeout=300
+    )
+    assert run.returncode == 0, run.stderr.decode()
+    assert b"?" in run.stdout and b"accuracy" in run.stdout  # γ shown as ?
+    for name in ("report.txt", "report.md"):
+        assert "γ" in (tmp_path / "run" / name).read_text(encoding="utf-8")
+
+
 def test_debug_shows_the_traceback(files):
     with pytest.raises(UsageError, match="does not exist"):
         main([str(files / "missing.npz"), "--debug"])

@@ -196,9 +196,16 @@ def _print_results(parts: list[str]) -> None:
     """The run's tables on stdout. A reader that closes it early (``| head``, a pager left)
     does not stop the run, whose models are fitted: the rest of stdout goes to the null
     device, and --out is written as without it. (A BrokenPipeError, an OSError, ended the
-    run as a mistake in the inputs, status 2, before --out was written.)"""
+    run as a mistake in the inputs, status 2, before --out was written.) A stdout that
+    cannot encode a character (γ, ≤, a class name; cp1252, ASCII) shows it as ``?``, as
+    stderr shows it escaped, instead of ending the run as a mistake."""
+    text = "\n".join(parts)
     try:
-        print("\n".join(parts), flush=True)
+        try:
+            print(text, flush=True)
+        except UnicodeEncodeError:  # raised before any of the text is written
+            encoding = sys.stdout.encoding or "utf-8"
+            print(text.encode(encoding, errors="replace").decode(encoding), flush=True)
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit would fail again

@@ -72,7 +72,7 @@ def _prepare_out(path: str) -> Path:
 def _earlier_run(out: Path) -> bool:
     """Whether ``out`` holds an earlier run's files: its command.json, the options of a run."""
     try:
-        options = json.loads((out / "command.json").read_text())
+        options = json.loads((out / "command.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(options, dict) and {"train", "out"} <= options.keys()
@@ -143,7 +143,7 @@ def _write_outputs(
 
 
 def _text(content: str):
-    return lambda path: path.write_text(content + "\n")
+    return lambda path: path.write_text(content + "\n", encoding="utf-8")  # whatever the locale
 
 
 def _replace_together(folder: Path, files: dict) -> None:
