@@ -244,6 +244,23 @@ def test_a_grid_searches_the_minibatch_parameters_where_a_minibatch_solver_reads
     assert _without_unused(adam, {"learning_rate": 0.1}) == {"learning_rate": 0.1}
 
 
+def test_a_grid_searches_what_only_some_models_read_where_they_read_it():
+    # head=linear,cosine with scale=8,16 searched the linear head's unread scale, and
+    # c_bar=none,1 with p=2,3 the margin-free model's unread p: choices among identical fits.
+    args = Namespace(feature_scaling="none", cv=2, seed=0, n_jobs=None, scoring="worst_class")
+    grid = {"head": ["linear", "cosine"], "scale": [8.0, 16.0], "c_bar": [None, 1.0], "p": [2, 3]}
+    search = _model(MR2LinearClassifier(), grid, args)
+    searched = sorted(str(dict(sorted((k, v[0]) for k, v in g.items()))) for g in search.param_grid)
+    expected = [
+        {"c_bar": c_bar, "head": head} | scale | p
+        for head, scales in (("linear", [{}]), ("cosine", [{"scale": 8.0}, {"scale": 16.0}]))
+        for scale in scales
+        for c_bar, ps in ((None, [{}]), (1.0, [{"p": 2}, {"p": 3}]))
+        for p in ps
+    ]
+    assert searched == sorted(str(dict(sorted(c.items()))) for c in expected)
+
+
 @pytest.mark.parametrize(
     "offsets, val_size, message",
     [
@@ -729,6 +746,19 @@ NEEDS_H5 = pytest.mark.skipif(
             "of this search is fitted by L-BFGS (--lam 0), which does not read it",
         ),
         (["{d}/train.npz", "--grid", "batch_size=8,256"], "--grid batch_size sets the mini"),
+        # Nor does L-BFGS read random_state, nor a model without margins p or difficulty.
+        (
+            ["{d}/train.npz", "--grid", "random_state=0,1"],
+            "--grid random_state sets the minibatch solvers' random state, and every model",
+        ),
+        (
+            ["{d}/train.npz", "--c-bar", "none", "--grid", "p=2,3"],
+            "--grid p sets the norm of the class statistics behind the margins, which no model",
+        ),
+        (
+            ["{d}/train.npz", "--c-bar", "none", "--grid", "difficulty=moment,spread"],
+            "--grid difficulty sets what the margins measure a class's difficulty by, which no",
+        ),
         # Nor does a model without a projection (lam = 0) read its temperature or rank, nor
         # the cosine head a bias.
         (

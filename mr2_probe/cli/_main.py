@@ -22,6 +22,7 @@ from ._inputs import _check_splits, _inputs, _inputs_record
 from ._options import (
     _MR2_ONLY,
     _OPTIONS,
+    _READ_BY_SOME,
     _SCALERS,
     MINIBATCH_ONLY,
     _check_grid,
@@ -296,12 +297,16 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
 
 def _without_unused(probe: MR2LinearClassifier, combination: dict) -> dict:
     """``combination`` without what its fit does not read: C where it penalises nothing (a
-    cosine head has no penalty of its own, only a projection, lam > 0, has one), and the
-    minibatch solvers' parameters where L-BFGS fits it. (Searched, such a parameter fits
-    one model again and reports a choice that means nothing.)"""
-    params = probe.get_params() | combination
-    unused = set()
-    if "C" in combination and params["head"] == "cosine" and not params["lam"]:
+    cosine head has no penalty of its own, only a projection, lam > 0, has one), a logit
+    scale where the head is linear, what only some models read (_READ_BY_SOME: p without
+    margins, say) where this one does not, and the minibatch solvers' parameters where
+    L-BFGS fits it. (Searched, such a parameter fits one model again and reports a choice
+    that means nothing.)"""
+    model = clone(probe).set_params(**combination)
+    unused = {name for name, (reads, *_) in _READ_BY_SOME.items() if not reads(model)}
+    if model.head != "cosine":
+        unused.add("scale")
+    if model.head == "cosine" and not model.lam:
         unused.add("C")
     if MINIBATCH_ONLY & set(combination) and _solver(probe, combination) == "lbfgs":
         unused |= MINIBATCH_ONLY

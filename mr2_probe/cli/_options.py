@@ -546,8 +546,9 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
         )
 
 
-#: The parameters that only the minibatch solvers read (L-BFGS does not).
-MINIBATCH_ONLY = frozenset({"batch_size", "learning_rate", "n_iter_no_change"})
+#: The parameters that only the minibatch solvers read (L-BFGS does not; random_state
+#: seeds their order, and a projection's start, which only they fit).
+MINIBATCH_ONLY = frozenset({"batch_size", "learning_rate", "n_iter_no_change", "random_state"})
 
 #: Parameters that only some models read: whether a model reads it, what it sets, advice.
 _READ_BY_SOME = {
@@ -565,6 +566,16 @@ _READ_BY_SOME = {
         lambda model: model.head == "linear",
         "the linear head's bias",
         "search it with the linear head",
+    ),
+    "p": (
+        lambda model: model.c_bar is not None,
+        "the norm of the class statistics behind the margins",
+        "search it with margins (--c-bar other than none)",
+    ),
+    "difficulty": (
+        lambda model: model.c_bar is not None,
+        "what the margins measure a class's difficulty by",
+        "search it with margins (--c-bar other than none)",
     ),
 }
 
