@@ -244,6 +244,22 @@ def test_a_grid_searches_the_minibatch_parameters_where_a_minibatch_solver_reads
     assert _without_unused(adam, {"learning_rate": 0.1}) == {"learning_rate": 0.1}
 
 
+def test_the_options_a_run_does_not_read_are_known():
+    from mr2_probe.cli._options import _unread_options
+
+    plain = Namespace(tilt=[], offsets=[], grid=[], Cs=None, test="test.npz")
+    assert _unread_options(plain) == {
+        "cv",
+        "scoring",
+        "n_jobs",
+        "val_size",
+        "front_bound",
+        "test_size",
+    }
+    searched = Namespace(tilt=[], offsets=[1.0], grid=[], Cs=3, test=None)
+    assert _unread_options(searched) == set()
+
+
 def test_a_grid_searches_what_only_some_models_read_where_they_read_it():
     # head=linear,cosine with scale=8,16 searched the linear head's unread scale, and
     # c_bar=none,1 with p=2,3 the margin-free model's unread p: choices among identical fits.
@@ -969,6 +985,10 @@ def test_feature_scaling_logit_scale_and_the_deprecated_scale(files, tmp_path, c
     # command.json records the option by its name, not the deprecated one.
     options = json.loads((tmp_path / "b" / "command.json").read_text())
     assert options["feature_scaling"] == "standard" and "scale" not in options
+    # Only the options the run read: it recorded a search's cv and scoring, the front's
+    # val_size, and test_size beside --test, which no run can be given back.
+    unread = ("cv", "scoring", "n_jobs", "val_size", "front_bound", "test_size")
+    assert [options[name] for name in unread] == [None] * len(unread)
 
     cosine = ["--head", "cosine", "--logit-scale", "16", "--out", str(tmp_path / "c")]
     assert main([*data, *cosine]) == 0

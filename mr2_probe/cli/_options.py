@@ -334,6 +334,20 @@ def _given(argv) -> frozenset:
     return frozenset(vars(parser.parse_args(argv)))
 
 
+# The options of the front and of a search: what each applies to.
+_FRONT, _SEARCH = "the front (--tilt, --offsets)", "a search (--grid, --Cs)"
+_LEVER_OPTIONS = dict.fromkeys(("val_size", "front_bound"), _FRONT)
+_LEVER_OPTIONS |= dict.fromkeys(("cv", "scoring", "n_jobs"), _SEARCH)
+
+
+def _unread_options(args) -> set[str]:
+    """The options (by their names in ``args``) that this run does not read: the front's
+    without a front, a search's without a search, --test-size beside --test."""
+    has = {_FRONT: bool(args.tilt or args.offsets), _SEARCH: bool(args.grid) or args.Cs is not None}
+    unread = {name for name, lever in _LEVER_OPTIONS.items() if not has[lever]}
+    return unread | ({"test_size"} if args.test is not None else set())
+
+
 def _check_options(args) -> None:
     """Check the options that need no file; resolve the deprecated --scale."""
     if args.scale is not None:
@@ -353,15 +367,10 @@ def _check_options(args) -> None:
     args.feature_scaling = args.feature_scaling or "none"
     # Options of the front or of a search, given to a run that has none: they were
     # accepted and ignored (their defaults are set here, so that a given value is seen).
-    front, search = bool(args.tilt or args.offsets), bool(args.grid) or args.Cs is not None
-    for option, value, used, what in (
-        ("--val-size", args.val_size, front, "the front (--tilt, --offsets)"),
-        ("--front-bound", args.front_bound, front, "the front (--tilt, --offsets)"),
-        ("--cv", args.cv, search, "a search (--grid, --Cs)"),
-        ("--scoring", args.scoring, search, "a search (--grid, --Cs)"),
-        ("--n-jobs", args.n_jobs, search, "a search (--grid, --Cs)"),
-    ):
-        if value is not None and not used:
+    unread = _unread_options(args)
+    for name, what in _LEVER_OPTIONS.items():
+        if getattr(args, name) is not None and name in unread:
+            option = f"--{name.replace('_', '-')}"
             raise UsageError(f"{option} applies to {what}, which this run has not; drop it")
     for name, default in _LEVER_DEFAULTS.items():
         if getattr(args, name) is None:

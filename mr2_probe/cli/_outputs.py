@@ -12,6 +12,7 @@ import joblib
 
 from ..front import _final
 from ..report import _strict_json
+from ._options import _unread_options
 from ._usage import UsageError
 
 # Every run removes those of an earlier run in the same folder before writing its own.
@@ -100,7 +101,9 @@ def _write_outputs(
         plot_margins,
     )
 
-    options = {key: value for key, value in vars(args).items() if key != "scale"}
+    # As the run read them: None for what it does not read (a search's --cv without one).
+    unread = _unread_options(args)
+    options = {k: None if k in unread else v for k, v in vars(args).items() if k != "scale"}
     text, markdown = [report.to_text(per_class=True)], [report.to_markdown(per_class=True)]
     if lines:
         text.append("\n".join(lines))
