@@ -934,6 +934,13 @@ def test_a_locale_that_cannot_encode_the_report_still_gets_it_printed_and_writte
         assert "γ" in (tmp_path / "run" / name).read_text(encoding="utf-8")
 
 
+def test_a_hard_link_to_the_training_file_is_refused_as_test_set(files, tmp_path, capsys):
+    # Names were compared: a hard link (another name, one file) was taken as a test set.
+    os.link(files / "train.npz", tmp_path / "test.npz")
+    code, lines = _error([str(files / "train.npz"), "--test", str(tmp_path / "test.npz")], capsys)
+    assert code == 2 and "holds the training images of" in lines[-1]
+
+
 def test_debug_shows_the_traceback(files):
     with pytest.raises(UsageError, match="does not exist"):
         main([str(files / "missing.npz"), "--debug"])

@@ -431,7 +431,7 @@ def _check_not_the_training_data(train: str, test: str) -> None:
     image's sha256 (extract's) are compared by content: a test store of other images is
     taken even where the listings look alike, and one of training images is refused
     however it was listed; a few images shared by two sources are only said."""
-    shared = "the training images" if Path(train).resolve() == Path(test).resolve() else None
+    shared = "the training images" if _same_file(train, test) else None
     if not shared and {feature_format(train), feature_format(test)} <= set(_STORE):
         from extract import load_features
 
@@ -471,6 +471,15 @@ def _check_not_the_training_data(train: str, test: str) -> None:
             "training accuracy; pass a store of other images, or leave --test out to hold "
             "out --test-size of the training data"
         )
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: by its device and inode (a hard link, a link, a
+    path spelt otherwise), else by name."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
 
 
 def _compared(key: str, value):
