@@ -1808,6 +1808,10 @@ def test_a_file_of_no_samples_is_refused(tmp_path, capsys):
     np.savez(tmp_path / "empty.npz", X=np.zeros((0, 4), np.float32), y=np.zeros(0, int))
     line = _refused([str(tmp_path / "empty.npz")], capsys)
     assert line.endswith("empty.npz holds no samples")
+    # Rows of no columns failed inside the first fit, after "fitting ERM on 60 × 0 features".
+    np.savez(tmp_path / "narrow.npz", X=np.zeros((60, 0), np.float32), y=np.arange(60) % 3)
+    line = _refused([str(tmp_path / "narrow.npz")], capsys)
+    assert line.endswith("narrow.npz holds no features (its rows have 0 columns)")
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])

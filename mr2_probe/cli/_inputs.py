@@ -254,6 +254,8 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
         )
     if not len(y):
         raise UsageError(f"{source} holds no samples")
+    if not X.shape[1]:
+        raise UsageError(f"{source} holds no features (its rows have 0 columns)")
     if X.dtype.kind not in "iuf":  # complex numbers too, which no probe fits
         raise UsageError(f"the features of {source} must be real numbers; got dtype {X.dtype}")
     bad = np.flatnonzero(~np.isfinite(X).all(axis=1))
