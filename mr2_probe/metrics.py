@@ -8,7 +8,7 @@ comparison. The scorers at the end plug these scores into ``GridSearchCV(scoring
 from __future__ import annotations
 
 from collections.abc import Mapping
-from numbers import Number
+from numbers import Integral, Number
 
 import numpy as np
 from sklearn.metrics import make_scorer
@@ -158,6 +158,8 @@ def difficulty_groups(reference_accuracy, n_groups: int = 3) -> np.ndarray:
     >>> difficulty_groups([0.5])
     array([2])
     """
+    if isinstance(n_groups, bool) or not isinstance(n_groups, Integral) or n_groups < 1:
+        raise ValueError(f"n_groups must be an integer >= 1, got {n_groups!r}.")
     acc = np.asarray(reference_accuracy, dtype=float)
     order = np.argsort(-acc, kind="stable")
     groups = np.empty(len(acc), dtype=int)
@@ -314,7 +316,8 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     ----------
     y_true, y_pred : array-like of shape (n_samples,)
     groups : mapping or array-like, default=None
-        Either class label → group name (from :func:`class_groups`), or one group per class
+        Either class label → group name (from :func:`class_groups`; a pandas Series is
+        read so, by its index), or one group per class
         aligned with ``labels``: an index 0 (easy), 1 (medium) or 2 (hard), as
         :func:`difficulty_groups` gives with its three groups, or the group's name (as
         :attr:`~mr2_probe.report.ClasswiseReport.groups` holds). ``None`` uses the groups
@@ -339,6 +342,7 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     {'overall': 0.75, 'easy': 1.0, 'medium': 1.0, 'hard': 0.5, 'worst': 0.5, 'std': 0.236}
     """
     # A class of y_true outside the groups would count in "overall" alone.
+    groups = _by_label(groups)
     by_label = isinstance(groups, Mapping)
     if by_label:
         labels, groups = _split_groups(groups)
@@ -399,8 +403,17 @@ def _group_indices(groups) -> np.ndarray:
     return groups.astype(np.intp)
 
 
+def _by_label(groups):
+    """``groups`` with a pandas Series read as the mapping it is, label (its index) → group,
+    not by position; anything else as it is."""
+    if hasattr(groups, "index") and hasattr(groups, "items") and not isinstance(groups, Mapping):
+        return dict(groups.items())
+    return groups
+
+
 def _split_groups(groups_by_label: Mapping) -> tuple[np.ndarray, np.ndarray]:
     """Labels and group names of a label → group mapping, as aligned arrays."""
+    groups_by_label = _by_label(groups_by_label)
     return np.asarray(list(groups_by_label)), np.asarray(list(groups_by_label.values()))
 
 
@@ -496,6 +509,7 @@ def classwise_scorers(groups_by_label: Mapping | None = None) -> dict:
         "class_std": class_std_scorer,
     }
     if groups_by_label is not None:
+        groups_by_label = _by_label(groups_by_label)
         present = set(groups_by_label.values())
         scorers |= {
             name: make_group_scorer(groups_by_label, name)

@@ -549,6 +549,26 @@ def test_groups_of_any_mapping_type():
     )
 
 
+def test_groups_in_a_pandas_series_are_read_by_label():
+    # A Series keyed by label was read by position (easy and hard swapped, silently) by
+    # classwise_summary, and failed in group_accuracy and classwise_scorers.
+    pd = pytest.importorskip("pandas")
+    series = pd.Series(GROUPS).iloc[::-1]
+    assert classwise_summary(Y_TRUE, Y_PRED, series) == pytest.approx(
+        classwise_summary(Y_TRUE, Y_PRED, GROUPS)
+    )
+    assert group_accuracy(Y_TRUE, Y_PRED, series, "hard") == group_accuracy(
+        Y_TRUE, Y_PRED, GROUPS, "hard"
+    )
+    assert classwise_scorers(series).keys() == classwise_scorers(GROUPS).keys()
+
+
+@pytest.mark.parametrize("n_groups", [0, -1, 2.5, True])
+def test_difficulty_groups_refuse_a_number_of_groups_that_is_none(n_groups):
+    with pytest.raises(ValueError, match="n_groups must be an integer >= 1"):
+        difficulty_groups([0.9, 0.5, 0.7, 0.2], n_groups=n_groups)
+
+
 def test_group_names_held_as_objects_are_names():
     # A pandas column of group names is an object array.
     names = np.array([GROUPS[label] for label in sorted(GROUPS)], dtype=object)
