@@ -355,6 +355,7 @@ class MR2Loss(nn.Module):
     @torch.no_grad()
     def update(self, features: torch.Tensor, target: torch.Tensor) -> None:
         """Fold one batch into the running statistics."""
+        _check_indices(target)  # float targets were truncated to classes, without a word
         target = target.long()  # index_add_ takes int32 and int64 indices only
         phi = unit_rows(features) if self.normalize else features
         phi = phi.to(self.moment_sum.dtype)
@@ -382,8 +383,7 @@ class MR2Loss(nn.Module):
                 f"logits (B, {self.n_classes}), features (B, {d}) and targets (B,); got shapes "
                 f"{tuple(logits.shape)}, {tuple(features.shape)} and {tuple(target.shape)}."
             )
-        if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-            raise TypeError(f"targets must be class indices (integers), got {target.dtype}.")
+        _check_indices(target)
         if target.device.type == "cpu" and len(target):
             low, high = int(target.min()), int(target.max())
             if low < 0 or high >= self.n_classes:
@@ -427,3 +427,9 @@ class MR2Loss(nn.Module):
             compact = torch.where(self.initialised.any(), compact, torch.zeros_like(compact))
             loss = loss + self.lam * compact
         return loss
+
+
+def _check_indices(target: torch.Tensor) -> None:
+    """Refuse targets that are no class indices (floating-point, complex or boolean)."""
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise TypeError(f"targets must be class indices (integers), got {target.dtype}.")

@@ -599,6 +599,19 @@ def test_a_refused_batch_leaves_the_statistics_as_they_were(logits, features, ta
         assert torch.equal(value, before[name]), name
 
 
+@pytest.mark.parametrize(
+    "target", [torch.tensor([0.9, 1.7, 2.2]), torch.tensor([True, False, True])]
+)
+def test_update_refuses_targets_that_are_no_class_indices(target):
+    # update() truncated floats (0.9, 1.7, 2.2 counted as classes 0, 1, 2), as forward refuses.
+    criterion = MR2Loss(3, 4)
+    before = {name: value.clone() for name, value in criterion.state_dict().items()}
+    with pytest.raises(TypeError, match="targets must be class indices"):
+        criterion.update(torch.randn(3, 4), target)
+    for name, value in criterion.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.int16])
 def test_mr2_loss_takes_targets_of_any_integer_dtype(dtype):
     # int32 was counted in the statistics, then refused by cross_entropy; uint8 (which
