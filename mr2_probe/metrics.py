@@ -200,7 +200,8 @@ def class_groups(y_true, y_pred, labels=None) -> dict:
     {0: 'easy', 1: 'medium', 2: 'hard'}
     """
     labels = np.unique(y_true) if labels is None else np.asarray(labels)
-    # NaN (no samples) would rank first under argsort(-acc); treat it as the worst accuracy.
+    # NaN (no samples) is taken as the worst accuracy: ranked hardest by its value, not by
+    # where argsort happens to place NaN (last, under argsort(-acc)).
     acc = np.nan_to_num(per_class_accuracy(y_true, y_pred, labels), nan=-1.0)
     names = np.asarray(GROUP_NAMES)[difficulty_groups(acc, len(GROUP_NAMES))]
     # tolist() turns NumPy scalars into plain Python labels (JSON- and pickle-friendly).
