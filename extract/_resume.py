@@ -339,15 +339,19 @@ def _replaces(shard: Path, mark: str = REPLACES) -> str | None:
         return None
 
 
-def _check_other_shard(path: Path, provenance: dict) -> None:
+def _check_other_shard(path: Path, provenance: dict, retry_failed: bool) -> None:
     """Refuse a request that another rank's shard ``path`` was not made by (its rank and
-    rows aside); read without HDF5's lock, as that rank may be writing it."""
+    rows aside; and with ``retry_failed`` the listing, whose failed images may have been
+    repaired since: the shard's own rank takes them in, or refuses other changes); read
+    without HDF5's lock, as that rank may be writing it."""
     try:
         with h5py.File(path, "r", locking=False) as f:
             attrs = read_attrs(f)
     except OSError:  # not a store: its own rank says so
         return
     own = {k: attrs[k] for k in ("shard_rank", "n_rows") if k in attrs}
+    if retry_failed:
+        own["source_fingerprint"] = attrs.get("source_fingerprint")
     check_provenance(path, attrs, provenance | own)
 
 

@@ -483,7 +483,7 @@ def _extract_shard(
         # the request (a resume with another --dtype, say), and the next resume refused it.
         for path in (shard_path(merged, r, world_size) for r in range(world_size)):
             if path != out and _replaces(path) == identity:
-                _check_other_shard(path, provenance)
+                _check_other_shard(path, provenance, retry_failed)
     if fresh and out.exists():
         logger.info(
             "%s was not written by the interrupted rebuild; its rows are extracted anew.", out

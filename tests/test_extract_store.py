@@ -965,6 +965,41 @@ def test_a_resumed_run_warns_of_the_failures_recorded_before_it_too(tmp_path, mo
     assert re.search("'cat/001.jpg': UnidentifiedImageError.*; 'dog/002.jpg'", warnings[0])
 
 
+def test_a_resumed_rebuild_retries_a_failure_repaired_in_another_rank_s_shard(
+    tmp_path, monkeypatch
+):
+    # A forced rebuild's two shards, each cut after a batch, row 1 failed in both the store
+    # and rank 1's shard, then repaired: resumed with --retry-failed, rank 0 refused rank
+    # 1's shard for the listing that the repair changed (as every rank did under torchrun).
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    image = folder / "cat" / "001.jpg"  # row 1, rank 1's
+    good = image.read_bytes()
+    image.write_bytes(b"not an image")
+    out = tmp_path / "f.h5"
+    fast = dict(FAST, batch_size=2)
+    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
+    merge_shards(shards, out)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    for rank in (0, 1):  # the forced rebuild, each rank killed after its first batch
+        monkeypatch.setenv("RANK", str(rank))
+        with monkeypatch.context() as patch:
+            _kill_after_a_write(patch)
+            with pytest.raises(KeyboardInterrupt):
+                extract_features(folder, BACKBONE, out, overwrite=True, **fast)
+    image.write_bytes(good)
+    written = _spy_writes(monkeypatch)
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, retry_failed=True, **fast)
+    assert written == [2, 2, 1]  # rank 0's two left, rank 1's two left and its repaired row
+    merge_shards(shards, out, overwrite=True)
+    assert not load_features(out, in_memory=True).failures
+
+
 def test_a_refused_rebuild_names_every_number_of_ranks_it_was_stopped_at(store, tmp_path):
     # Forced rebuilds stopped at 2 and then at 3 ranks: the refusal named 2 alone.
     from extract._resume import _identity, _refuse_other_rebuild
