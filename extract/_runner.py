@@ -545,7 +545,10 @@ def _extract_shard(
                 _log_reused(out, status, first_failed)
             else:  # a rank with no rows (fewer shards, or items, than ranks)
                 logger.info("%s holds no rows of the request: nothing to extract.", out)
-            return out, repair_merged, rebuild, (0, [])
+            # Under torchrun its failures count in the merged store's warning, with the
+            # other ranks' (a resumed run's count is the store's, all told).
+            failures = (int((status == FAILED).sum()), _by_index(first_failed, rows))
+            return out, repair_merged, rebuild, failures if merged is not None else (0, [])
         kept = int((status == FAILED).sum())  # failures recorded before, not retried
         if (status != PENDING).any():
             logger.info(
@@ -562,10 +565,14 @@ def _extract_shard(
             failed = _run(f, backbone, batches, rows, status, normalize, device, progress)
         if kept:  # the warning counts the store's failures, the earlier runs' too
             with open_store(out, "r") as f:
-                n_failed = int((f["status"][:] == FAILED).sum())
-                first = [(int(rows[row]), path, reason) for row, path, reason in failed_rows(f)]
-            failed = (n_failed, first)  # (source indices, as _run's)
+                failed = (int((f["status"][:] == FAILED).sum()), _by_index(failed_rows(f), rows))
     return out, repair_merged, rebuild, failed
+
+
+def _by_index(first: list[tuple[int, str, str]], rows: np.ndarray) -> list[tuple[int, str, str]]:
+    """:func:`failed_rows`'s ``(row, path, reason)`` of a store of the source's ``rows`` as
+    ``(source index, path, reason)``, as :func:`_run` gives them (ranks' sorted together)."""
+    return [(int(rows[row]), path, reason) for row, path, reason in first]
 
 
 # Rows of a shard seeded from the merged store at a time (with W ranks a block spans about

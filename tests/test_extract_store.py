@@ -1000,6 +1000,45 @@ def test_a_resumed_rebuild_retries_a_failure_repaired_in_another_rank_s_shard(
     assert not load_features(out, in_memory=True).failures
 
 
+def test_under_torchrun_a_rank_with_nothing_left_counts_its_failures_in_the_warning(
+    tmp_path, monkeypatch
+):
+    # Rank 1 finished (one failure), rank 0 resumed: the merged store's warning counted
+    # rank 0's failures alone, and left out the finished rank's.
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    for name in ("cat/000.png", "cat/001.jpg", "dog/002.jpg"):  # rows 0 and 6 rank 0's, 1 rank 1's
+        (folder / name).write_text("not an image")
+    out = tmp_path / "f.h5"
+    fast = dict(FAST, batch_size=2)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    monkeypatch.setenv("RANK", "1")
+    extract_features(folder, BACKBONE, out, **fast)
+    monkeypatch.setenv("RANK", "0")
+    with monkeypatch.context() as patch:
+        _kill_after_a_write(patch)
+        with pytest.raises(KeyboardInterrupt):
+            extract_features(folder, BACKBONE, out, **fast)
+    told = {}
+    monkeypatch.setattr(
+        _runner,
+        "_all_ranks_failures",
+        lambda failed, n: told.setdefault(os.environ["RANK"], failed),
+    )
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        extract_features(folder, BACKBONE, out, **fast)
+    assert {
+        rank: (n, [(i, path) for i, path, _ in first]) for rank, (n, first) in told.items()
+    } == {
+        "1": (1, [(1, "cat/001.jpg")]),
+        "0": (2, [(0, "cat/000.png"), (6, "dog/002.jpg")]),
+    }
+
+
 def test_a_refused_rebuild_names_every_number_of_ranks_it_was_stopped_at(store, tmp_path):
     # Forced rebuilds stopped at 2 and then at 3 ranks: the refusal named 2 alone.
     from extract._resume import _identity, _refuse_other_rebuild
