@@ -6,6 +6,7 @@ or samples) and never synchronises with the host.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -241,9 +242,10 @@ def margins_from_difficulty(
     # c̄·K in the margins' dtype: a Python float times an integer tensor is float32.
     scaled = c_bar * measured.sum().to(root.dtype) * root / root.sum().clamp_min(1e-30)
     # Without a measured class (all a_k = 0) there is no information: uniform margins.
-    # (c̄ cast, not filled: beyond the dtype's range it is inf, which the estimator names.)
-    uniform = torch.tensor(c_bar, dtype=torch.float64, device=root.device).to(root.dtype)
-    return torch.where(measured, scaled, uniform).to(dtype)
+    # (c̄ beyond the dtype's range is inf, which the estimator names: torch refuses to fill
+    # with it. Filled, not copied from the host: no synchronisation, no float64 on MPS.)
+    fill = c_bar if abs(c_bar) <= torch.finfo(root.dtype).max else math.copysign(math.inf, c_bar)
+    return torch.where(measured, scaled, torch.full_like(root, fill)).to(dtype)
 
 
 def class_margins(
