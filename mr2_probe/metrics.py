@@ -318,7 +318,8 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     y_true, y_pred : array-like of shape (n_samples,)
     groups : mapping or array-like, default=None
         Either class label → group name (from :func:`class_groups`; a pandas Series is
-        read so, by its index), or one group per class
+        read so, by its index, where ``labels`` is None and its index holds every class of
+        ``y_true``, else by position), or one group per class
         aligned with ``labels``: an index 0 (easy), 1 (medium) or 2 (hard), as
         :func:`difficulty_groups` gives with its three groups, or the group's name (as
         :attr:`~mr2_probe.report.ClasswiseReport.groups` holds). ``None`` uses the groups
@@ -343,7 +344,9 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     {'overall': 0.75, 'easy': 1.0, 'medium': 1.0, 'hard': 0.5, 'worst': 0.5, 'std': 0.236}
     """
     # A class of y_true outside the groups would count in "overall" alone.
-    groups = _by_label(groups)
+    if _is_series(groups):  # by label where its index names the classes, else by position
+        keyed = labels is None and groups.index.is_unique and _covers(groups.index, y_true)
+        groups = _by_label(groups) if keyed else groups.to_numpy()
     by_label = isinstance(groups, Mapping)
     if by_label:
         labels, groups = _split_groups(groups)
@@ -404,12 +407,31 @@ def _group_indices(groups) -> np.ndarray:
     return groups.astype(np.intp)
 
 
+def _is_series(groups) -> bool:
+    """Whether ``groups`` is a pandas Series (duck-typed: pandas is not a dependency)."""
+    return hasattr(groups, "index") and hasattr(groups, "items") and hasattr(groups, "to_numpy")
+
+
+def _covers(index, y_true) -> bool:
+    """Whether a Series' ``index`` holds every class of ``y_true``."""
+    try:
+        return not len(np.setdiff1d(np.unique(y_true), np.asarray(index)))
+    except TypeError:  # labels of kinds that do not compare: not the index's
+        return False
+
+
 def _by_label(groups):
-    """``groups`` with a pandas Series read as the mapping it is, label (its index) → group,
-    not by position; anything else as it is."""
-    if hasattr(groups, "index") and hasattr(groups, "items") and not isinstance(groups, Mapping):
-        return dict(groups.items())
-    return groups
+    """A label → group mapping, a pandas Series read so (by its index, each label once);
+    anything else as it is."""
+    if not _is_series(groups):
+        return groups
+    if not groups.index.is_unique:
+        repeated = groups.index[groups.index.duplicated()].unique().tolist()
+        raise ValueError(
+            f"A Series of groups maps each label (its index) to a group; it names {repeated} "
+            "more than once."
+        )
+    return dict(groups.items())
 
 
 def _split_groups(groups_by_label: Mapping) -> tuple[np.ndarray, np.ndarray]:

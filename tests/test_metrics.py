@@ -561,6 +561,16 @@ def test_groups_in_a_pandas_series_are_read_by_label():
         Y_TRUE, Y_PRED, GROUPS, "hard"
     )
     assert classwise_scorers(series).keys() == classwise_scorers(GROUPS).keys()
+    # A column of a table (positions, a RangeIndex) stays aligned with the labels given.
+    order = [5, 4, 3, 2, 1, 0]
+    column = pd.Series([GROUPS[label] for label in order])
+    assert classwise_summary(Y_TRUE, Y_PRED, column, labels=order) == pytest.approx(
+        classwise_summary(Y_TRUE, Y_PRED, GROUPS)
+    )
+    names = np.array(["a", "b", "c", "d", "e", "f"])[Y_TRUE]  # classes its index is not
+    assert classwise_summary(names, names, pd.Series(["easy", "easy", "medium"] * 2))["easy"] == 1
+    with pytest.raises(ValueError, match=r"names \[0\] more than once"):
+        group_accuracy(Y_TRUE, Y_PRED, pd.Series(["easy", "hard"], index=[0, 0]))
 
 
 @pytest.mark.parametrize("n_groups", [0, -1, 2.5, True])
