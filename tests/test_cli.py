@@ -1482,7 +1482,7 @@ def test_saved_models_score_a_store_as_extract_loads_it(stores, tmp_path, capsys
             accuracy = model.score(store.features, store.labels)
             assert 100 * accuracy == pytest.approx(report["rows"][name]["overall"])
             assert set(model.predict(store.features)) <= {0, 1, 2}
-    names = json.loads((out / "class_names.json").read_text())
+    names = json.loads((out / "class_names.json").read_text(encoding="utf-8"))
     assert names == FASHION
     # The report speaks of the class names, in the order of their codes.
     assert report["labels"] == FASHION and "Ankle boot" in capsys.readouterr().out

@@ -69,7 +69,7 @@ labels:
   the training data lacks is refused. To score a store yourself,
   translate its labels by name first:
     models = joblib.load("runs/fmnist/models.joblib")  # "ERM grid", ... after --grid
-    trained = json.load(open("runs/fmnist/class_names.json"))
+    trained = json.load(open("runs/fmnist/class_names.json", encoding="utf-8"))
     store = extract.load_features("test.h5")
     code = {name: k for k, name in enumerate(trained)}
     y = np.array([code[name] for name in store.class_names])[store.labels]
