@@ -55,9 +55,21 @@ def _not_hdf5(path: str | os.PathLike) -> str | None:
         return "is not a regular file (a device, a FIFO or a socket)"
     if os.path.getsize(path) == 0:
         return "is empty"
-    if not h5py.is_hdf5(path):
-        return "is not an HDF5 file"
+    try:
+        if not h5py.is_hdf5(path):
+            return "is not an HDF5 file"
+    except PermissionError as err:  # the file's own mode: a store, for all one knows
+        raise _no_permission(path, "r") from err
     return None
+
+
+def _no_permission(path: str | os.PathLike, mode: str) -> StoreError:
+    """The error for a store file whose own mode forbids opening it in ``mode``."""
+    what, able, flag = ("read", "readable", "r") if mode == "r" else ("write", "writable", "w")
+    return StoreError(
+        f"No permission to {what} the feature store {os.fspath(path)!r} (the file's mode): "
+        f"make it {able} (chmod u+{flag}), or write to another path."
+    )
 
 
 def _file_problem(path: str | os.PathLike) -> str | None:
@@ -471,13 +483,7 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
                 "writing: close it (store.close(), or leave its with block) and run again."
             ) from err
         if isinstance(err, PermissionError):  # the file's own mode (the folder's is checked)
-            what, able, flag = (
-                ("read", "readable", "r") if mode == "r" else ("write", "writable", "w")
-            )
-            raise StoreError(
-                f"No permission to {what} the feature store {os.fspath(path)!r} (the file's "
-                f"mode): make it {able} (chmod u+{flag}), or write to another path."
-            ) from err
+            raise _no_permission(path, mode) from err
         if isinstance(err, FileNotFoundError):
             raise StoreNotFoundError(
                 f"The feature store {os.fspath(path)!r} does not exist; check the path."

@@ -1510,6 +1510,21 @@ def test_a_store_file_of_a_mode_that_refuses_is_not_called_no_store(
     assert not isinstance(error.value, NotAStoreError) and "delete" not in str(error.value)
 
 
+def test_a_store_file_that_cannot_be_read_is_named_so_by_reader_and_writer(
+    store, folder, tmp_path, monkeypatch
+):
+    # chmod 000: h5py.is_hdf5's PermissionError ("Unable to determine if file is accessible
+    # as hdf5") came out raw, before any check, from load_features and extract_features.
+    def refuse(path):
+        raise PermissionError(13, "Unable to determine if file is accessible as hdf5")
+
+    monkeypatch.setattr(h5py, "is_hdf5", refuse)
+    with pytest.raises(StoreError, match="No permission to read the feature store"):
+        load_features(store)
+    with pytest.raises(StoreError, match="No permission to read the feature store"):
+        extract_features(folder, BACKBONE, store, **FAST)
+
+
 def test_a_file_system_without_flock_is_said_and_written_without_the_lock_on_request(
     store, tmp_path, monkeypatch, caplog
 ):
