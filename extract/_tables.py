@@ -360,7 +360,8 @@ def hf_class_names(schema, column: str) -> list[str] | None:
         return None
     if isinstance(feature, dict) and feature.get("_type") == "ClassLabel":
         names = feature.get("names")
-        return list(names) if isinstance(names, list) else None
+        if isinstance(names, list) and all(isinstance(name, str) for name in names):
+            return list(names)
     return None
 
 

@@ -784,7 +784,13 @@ def test_a_dataset_dict_json_of_something_else_is_named(data, tmp_path, content)
         open_source(f"parquet:{tmp_path}/d")
 
 
-@pytest.mark.parametrize("info", [None, [], {"features": {"label": {"_type": "ClassLabel"}}}])
+@pytest.mark.parametrize(
+    "info",
+    [None, [], {"features": {"label": {"_type": "ClassLabel"}}}]
+    + [
+        {"features": {"label": {"_type": "ClassLabel", "names": n}}} for n in (["a", ["b"]], [1, 2])
+    ],
+)
 def test_a_schema_s_huggingface_metadata_of_another_shape_names_no_classes(tmp_path, info):
     # An AttributeError ('NoneType' object has no attribute 'get') or a KeyError ('names').
     metadata = {b"huggingface": json.dumps({"info": info})}
