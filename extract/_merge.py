@@ -71,7 +71,8 @@ def merge_shards(
     each row to its position in the source (by the shards' ``indices``). An existing
     ``out`` is replaced only if its provenance matches, or if ``overwrite`` is True. Each
     shard is then marked with the version of ``out`` it went into (where it can be
-    written), so that a later run does not resume a shard of a store rebuilt otherwise since.
+    written; a warning names one that cannot be), so that a later run does not resume a
+    shard of a store rebuilt otherwise since.
 
     Parameters
     ----------
@@ -92,9 +93,9 @@ def merge_shards(
     ValueError
         If no shards are given or ranks are missing or repeated; ``ProvenanceError`` if the
         shards (or an existing ``out``) disagree; ``IncompleteStoreError`` if a shard has
-        pending rows, or went into another version of an existing ``out`` than the one
-        there (it was written since: made anew, ``extract_features`` makes such a shard
-        anew, or pass ``overwrite=True`` to replace ``out`` with their rows).
+        pending rows; ``ProvenanceError`` too if a shard went into another version of an
+        existing ``out`` than the one there (written since: ``extract_features`` makes such
+        a shard anew, or ``overwrite=True`` replaces ``out`` with their rows).
     """
     return _merge(shards, out, overwrite, versions_checked=False)
 
@@ -181,8 +182,15 @@ def _mark_merged(shards: list[str], out: str | os.PathLike) -> None:
         try:
             with h5py.File(path, "r+") as f:
                 f.attrs[MERGED_INTO] = identity
-        except OSError:
-            continue
+        except OSError as err:
+            logger.warning(
+                "Could not mark the shard %s with the version of %s it went into (%s): a "
+                "later run takes it for a shard of another version of the store, and "
+                "extracts it anew.",
+                path,
+                out,
+                " ".join(str(err).split()),
+            )
 
 
 def _warn_of_versions(files: dict[int, h5py.File]) -> None:

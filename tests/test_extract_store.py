@@ -1124,6 +1124,24 @@ def test_shards_that_went_into_another_version_of_the_store_are_not_merged_back(
     merge_shards(shards, out)
 
 
+def test_a_shard_that_cannot_be_marked_at_its_merge_is_named(tmp_path, monkeypatch, caplog):
+    # Marks are best effort: a shard that cannot be written (read-only, open elsewhere)
+    # kept its mark of an earlier version, and the next run remade it without a word why.
+    folder, out, shards, fast = _two_rank_store_with_stale_shard(tmp_path)
+    real = h5py.File
+
+    def read_only(path, mode="r", **kwargs):
+        if mode == "r+" and Path(path) == shards[1]:
+            raise PermissionError(13, "Unable to synchronously open file (Permission denied)")
+        return real(path, mode, **kwargs)
+
+    monkeypatch.setattr(h5py, "File", read_only)
+    merge_shards(shards, out, overwrite=True)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith(f"Could not mark the shard {shards[1]}")
+    assert "extracts it anew" in warned[0]
+
+
 @pytest.mark.parametrize("earlier", [False, True])
 def test_a_rebuild_resumed_after_its_store_was_deleted_extracts_anew_a_rank_it_had_not_made(
     tmp_path, monkeypatch, earlier
