@@ -339,18 +339,43 @@ def _replaces(shard: Path, mark: str = REPLACES) -> str | None:
         return None
 
 
-def _check_other_shard(path: Path, provenance: dict, retry_failed: bool) -> None:
+def _rebuild_vouches(
+    merged: Path, world_size: int, identity: str, provenance: dict, source, rows_of
+) -> bool:
+    """Whether the shards of a resumed rebuild (those that replace the version ``identity``
+    of ``merged``) differ from the request only by failed images changed since (repaired):
+    then every rank takes the request's listing, and each rank its own repairs. A rank's
+    rows (``rows_of(rank)``) without such a shard are extracted anew whatever they hold.
+    Read without HDF5's lock: another rank may be taking in its repairs (each state of
+    which passes)."""
+    for rank in range(world_size):
+        path = shard_path(merged, rank, world_size)
+        if _replaces(path) != identity:
+            continue
+        try:
+            with h5py.File(path, "r", locking=False) as f:
+                attrs = read_attrs(f)
+                if attrs.get("source_fingerprint") == provenance["source_fingerprint"]:
+                    continue
+                own = provenance | {k: attrs[k] for k in ("shard_rank", "n_rows") if k in attrs}
+                if _repaired_failures(f, own, source, rows_of(rank), vouched=True) is None:
+                    return False
+        except OSError:
+            return False
+    return True
+
+
+def _check_other_shard(path: Path, provenance: dict, vouched: bool) -> None:
     """Refuse a request that another rank's shard ``path`` was not made by (its rank and
-    rows aside; and with ``retry_failed`` the listing, whose failed images may have been
-    repaired since: the shard's own rank takes them in, or refuses other changes); read
-    without HDF5's lock, as that rank may be writing it."""
+    rows aside; and where the rebuild ``vouched`` for repaired failures, the listing, which
+    they changed); read without HDF5's lock, as that rank may be writing it."""
     try:
         with h5py.File(path, "r", locking=False) as f:
             attrs = read_attrs(f)
     except OSError:  # not a store: its own rank says so
         return
     own = {k: attrs[k] for k in ("shard_rank", "n_rows") if k in attrs}
-    if retry_failed:
+    if vouched:
         own["source_fingerprint"] = attrs.get("source_fingerprint")
     check_provenance(path, attrs, provenance | own)
 

@@ -34,6 +34,7 @@ from ._resume import (
     _identity,
     _open_or_create,
     _provenance,
+    _rebuild_vouches,
     _rebuilding,
     _refuse_other_rebuild,
     _repaired_failures,
@@ -478,12 +479,17 @@ def _extract_shard(
     # store to be replaced (images changed in place since were merged in as they were).
     fresh = rebuild and _replaces(out) != identity
     if rebuild:
+        # Repaired failures are the rebuild's own to vouch for (the store it replaces may
+        # have held those images as done, or failed ones the rebuild had not reached).
+        vouched = retry_failed and _rebuild_vouches(
+            merged, world_size, identity, provenance, src, lambda r: rank_rows(src, r, world_size)
+        )
         # Every rank checks the rebuild's shards against its request, not its own alone:
         # otherwise a rank making its shard anew overwrote it while another's check refused
         # the request (a resume with another --dtype, say), and the next resume refused it.
         for path in (shard_path(merged, r, world_size) for r in range(world_size)):
             if path != out and _replaces(path) == identity:
-                _check_other_shard(path, provenance, retry_failed)
+                _check_other_shard(path, provenance, vouched)
     if fresh and out.exists():
         logger.info(
             "%s was not written by the interrupted rebuild; its rows are extracted anew.", out

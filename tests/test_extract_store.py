@@ -965,22 +965,27 @@ def test_a_resumed_run_warns_of_the_failures_recorded_before_it_too(tmp_path, mo
     assert re.search("'cat/001.jpg': UnidentifiedImageError.*; 'dog/002.jpg'", warnings[0])
 
 
+@pytest.mark.parametrize("failed_in_the_store", [True, False])
 def test_a_resumed_rebuild_retries_a_failure_repaired_in_another_rank_s_shard(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, failed_in_the_store
 ):
-    # A forced rebuild's two shards, each cut after a batch, row 1 failed in both the store
-    # and rank 1's shard, then repaired: resumed with --retry-failed, rank 0 refused rank
-    # 1's shard for the listing that the repair changed (as every rank did under torchrun).
+    # A forced rebuild's two shards, each cut after a batch, row 1 failed in rank 1's
+    # shard, then repaired: resumed with --retry-failed, rank 0 refused rank 1's shard for
+    # the listing that the repair changed (as every rank did under torchrun); and where
+    # the store being replaced held row 1 as done (the image broken after it was made),
+    # rank 1 took the repair while rank 0 refused its own shard.
     from extract import _runner
 
     folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
     image = folder / "cat" / "001.jpg"  # row 1, rank 1's
     good = image.read_bytes()
-    image.write_bytes(b"not an image")
+    if failed_in_the_store:
+        image.write_bytes(b"not an image")
     out = tmp_path / "f.h5"
     fast = dict(FAST, batch_size=2)
     shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
     merge_shards(shards, out)
+    image.write_bytes(b"not an image!")  # broken (again) before the rebuild
     monkeypatch.setenv("WORLD_SIZE", "2")
     _ranks_one_by_one(monkeypatch)
     monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
