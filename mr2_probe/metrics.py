@@ -318,8 +318,8 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     y_true, y_pred : array-like of shape (n_samples,)
     groups : mapping or array-like, default=None
         Either class label → group name (from :func:`class_groups`; a pandas Series is
-        read so, by its index, where ``labels`` is None and its index holds every class of
-        ``y_true``, else by position), or one group per class
+        read so, by its index, unless that is 0, 1, ... in order: a table's positions,
+        which both readings agree on without ``labels``), or one group per class
         aligned with ``labels``: an index 0 (easy), 1 (medium) or 2 (hard), as
         :func:`difficulty_groups` gives with its three groups, or the group's name (as
         :attr:`~mr2_probe.report.ClasswiseReport.groups` holds). ``None`` uses the groups
@@ -344,9 +344,9 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     {'overall': 0.75, 'easy': 1.0, 'medium': 1.0, 'hard': 0.5, 'worst': 0.5, 'std': 0.236}
     """
     # A class of y_true outside the groups would count in "overall" alone.
-    if _is_series(groups):  # by label where its index names the classes, else by position
-        keyed = labels is None and groups.index.is_unique and _covers(groups.index, y_true)
-        groups = _by_label(groups) if keyed else groups.to_numpy()
+    if _is_series(groups):  # by label, as a dict; a table's column (positions) by position
+        positions = np.array_equal(np.asarray(groups.index), np.arange(len(groups)))
+        groups = groups.to_numpy() if positions else _by_label(groups)
     by_label = isinstance(groups, Mapping)
     if by_label:
         labels, groups = _split_groups(groups)
@@ -410,14 +410,6 @@ def _group_indices(groups) -> np.ndarray:
 def _is_series(groups) -> bool:
     """Whether ``groups`` is a pandas Series (duck-typed: pandas is not a dependency)."""
     return hasattr(groups, "index") and hasattr(groups, "items") and hasattr(groups, "to_numpy")
-
-
-def _covers(index, y_true) -> bool:
-    """Whether a Series' ``index`` holds every class of ``y_true``."""
-    try:
-        return not len(np.setdiff1d(np.unique(y_true), np.asarray(index)))
-    except TypeError:  # labels of kinds that do not compare: not the index's
-        return False
 
 
 def _by_label(groups):

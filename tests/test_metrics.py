@@ -569,6 +569,13 @@ def test_groups_in_a_pandas_series_are_read_by_label():
     )
     names = np.array(["a", "b", "c", "d", "e", "f"])[Y_TRUE]  # classes its index is not
     assert classwise_summary(names, names, pd.Series(["easy", "easy", "medium"] * 2))["easy"] == 1
+    # Keyed by label, in another order than labels, or missing a class: read by label.
+    ordered = pd.Series(GROUPS).sort_values()
+    assert classwise_summary(Y_TRUE, Y_PRED, ordered, labels=sorted(GROUPS)) == pytest.approx(
+        classwise_summary(Y_TRUE, Y_PRED, GROUPS)
+    )
+    with pytest.raises(ValueError, match="that are not in groups"):
+        classwise_summary(Y_TRUE, Y_PRED, pd.Series({k + 1: v for k, v in GROUPS.items()}))
     with pytest.raises(ValueError, match=r"names \[0\] more than once"):
         group_accuracy(Y_TRUE, Y_PRED, pd.Series(["easy", "hard"], index=[0, 0]))
 
