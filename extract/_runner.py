@@ -484,11 +484,17 @@ def _extract_shard(
         vouched = retry_failed and _rebuild_vouches(
             merged, world_size, identity, provenance, src, lambda r: rank_rows(src, r, world_size)
         )
-        # Every rank checks the rebuild's shards against its request, not its own alone:
+    if merged is not None and not overwrite:
+        # Every rank checks the shards to be resumed against its request, not its own alone:
         # otherwise a rank making its shard anew overwrote it while another's check refused
         # the request (a resume with another --dtype, say), and the next resume refused it.
+        # (A rebuild's shards are those that name it; others', those of no other version.)
         for path in (shard_path(merged, r, world_size) for r in range(world_size)):
-            if path != out and _replaces(path) == identity:
+            if rebuild:
+                resumed = _replaces(path) == identity
+            else:
+                resumed = not _merged_elsewhere(path, merged)
+            if path != out and path.exists() and resumed:
                 _check_other_shard(path, provenance, vouched)
     if fresh and out.exists():
         logger.info(

@@ -965,6 +965,36 @@ def test_a_resumed_run_warns_of_the_failures_recorded_before_it_too(tmp_path, mo
     assert re.search("'cat/001.jpg': UnidentifiedImageError.*; 'dog/002.jpg'", warnings[0])
 
 
+def test_a_resumed_torchrun_run_asked_otherwise_is_refused_by_every_rank_before_any_write(
+    tmp_path, monkeypatch
+):
+    # Not a rebuild: the first run killed after rank 0's first batch, before rank 1 began
+    # (no merged store yet). Resumed with another dtype, rank 1 made and filled a float16
+    # shard while rank 0 refused its own; resumed as first asked, rank 1's was refused.
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    out, fast = tmp_path / "f.h5", dict(FAST, batch_size=2)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    monkeypatch.setenv("RANK", "0")
+    with monkeypatch.context() as patch:
+        _kill_after_a_write(patch)
+        with pytest.raises(KeyboardInterrupt):
+            extract_features(folder, BACKBONE, out, **fast)
+    written = _spy_writes(monkeypatch)
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(ProvenanceError, match="shard-00000-of-00002.h5' was made with a"):
+            extract_features(folder, BACKBONE, out, dtype="float16", **fast)
+    assert written == [] and not shard_path(out, 1, 2).exists()
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        extract_features(folder, BACKBONE, out, **fast)
+    assert written == [2, 2, 2]  # rank 1's four rows, then rank 0's two left
+
+
 @pytest.mark.parametrize("failed_in_the_store", [True, False])
 def test_a_resumed_rebuild_retries_a_failure_repaired_in_another_rank_s_shard(
     tmp_path, monkeypatch, failed_in_the_store
