@@ -185,8 +185,9 @@ def _mark_merged(shards: list[str], out: str | os.PathLike) -> None:
         except OSError as err:
             logger.warning(
                 "Could not mark the shard %s with the version of %s it went into (%s): a "
-                "later run takes it for a shard of another version of the store, and "
-                "extracts it anew.",
+                "later run cannot tell whether it went into the store as it is then (it "
+                "may extract it anew, or resume it as it is); make it writable, or delete "
+                "it now that it is merged.",
                 path,
                 out,
                 " ".join(str(err).split()),

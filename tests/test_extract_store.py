@@ -1174,7 +1174,7 @@ def test_a_shard_that_cannot_be_marked_at_its_merge_is_named(tmp_path, monkeypat
     merge_shards(shards, out, overwrite=True)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith(f"Could not mark the shard {shards[1]}")
-    assert "extracts it anew" in warned[0]
+    assert "make it writable, or delete it now that it is merged" in warned[0]
 
 
 @pytest.mark.parametrize("earlier", [False, True])
