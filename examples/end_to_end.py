@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
         stores[split] = extract_features(
             f"fashion-mnist:{split}",
             "effnet-lite0",
-            out / f"{split}_lite0_{args.image_size}px.h5",
+            # One store per subset: another --train-per-class is another store, not a
+            # clash with the one made before (a ProvenanceError).
+            out / f"{split}_lite0_{args.image_size}px_{per_class}pc.h5",
             image_size=args.image_size,
             n_per_class=per_class,
             progress=False,

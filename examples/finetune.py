@@ -1,7 +1,7 @@
 """Fine-tune a small backbone end to end with the MR² loss, then compare class by class.
 
 Run ``python examples/finetune.py`` (seconds on a CPU, no download). The same MLP backbone
-and linear head, from the same initial weights, is trained on half of scikit-learn's digits
+and cosine head, from the same initial weights, is trained on half of scikit-learn's digits
 twice: with plain cross-entropy (``MR2Loss(c_bar=None, lam=0)``, ERM) and with the MR² loss
 (class margins plus the compactness loss on the backbone's features). The per-class test
 accuracies are then compared, groups fixed by the ERM model.

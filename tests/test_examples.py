@@ -108,7 +108,11 @@ def test_end_to_end_extracts_fits_and_reports(tmp_path):
     report = json.loads((out / "report.json").read_text())
     # Class names come from the store, in the order of its codes.
     assert report["labels"][0] == "T-shirt/top" and report["labels"][-1] == "Ankle boot"
-    assert (out / "train_lite0_64px.h5").is_file() and (out / "margins.png").is_file()
+    assert (out / "train_lite0_64px_20pc.h5").is_file() and (out / "margins.png").is_file()
+    # Run again with another subset: its own store (the first one's was refused as made
+    # otherwise, a ProvenanceError), the test store reused.
+    _run("end_to_end.py", *args[:1], "10", *args[2:], "--out", str(out))
+    assert (out / "train_lite0_64px_10pc.h5").is_file()
 
 
 def test_demo_compares_erm_and_mr2():
