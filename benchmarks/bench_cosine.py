@@ -184,6 +184,7 @@ def main(argv=None):
         loss_text = f"{loss:11.6f}" if loss is not None else f"{'':>11}"
         iters = f"{n_iter:7d}{'*' if short else ' '}"
         print(f"{name:<46}{seconds:8.2f}{ratio:9.2f}×{iters}{loss_text}{100 * acc:8.2f}")
+        ratio = ratio if base else None  # JSON has no NaN: null before the linear head's row
         rows.append(dict(model=name, fit_s=seconds, ratio_to_linear=ratio, n_iter=n_iter,
                          stopped_short=short, objective=loss, accuracy=100 * acc))  # fmt: skip
 
