@@ -339,19 +339,14 @@ def _replaces(shard: Path, mark: str = REPLACES) -> str | None:
         return None
 
 
-def _rebuild_vouches(
-    merged: Path, world_size: int, identity: str, provenance: dict, source, rows_of
-) -> bool:
-    """Whether the shards of a resumed rebuild (those that replace the version ``identity``
-    of ``merged``) differ from the request only by failed images changed since (repaired):
-    then every rank takes the request's listing, and each rank its own repairs. A rank's
-    rows (``rows_of(rank)``) without such a shard are extracted anew whatever they hold.
-    Read without HDF5's lock: another rank may be taking in its repairs (each state of
-    which passes)."""
-    for rank in range(world_size):
-        path = shard_path(merged, rank, world_size)
-        if _replaces(path) != identity:
-            continue
+def _shards_vouch(shards: dict[int, Path], provenance: dict, source, rows_of) -> bool:
+    """Whether the shards a torchrun run resumes (rank -> path: a rebuild's, or with no
+    merged store, those there are) differ from the request only by failed images changed
+    since (repaired): then every rank takes the request's listing, and each rank its own
+    repairs. A rank's rows (``rows_of(rank)``) without such a shard are extracted anew
+    whatever they hold. Read without HDF5's lock: another rank may be taking in its repairs
+    (each state of which passes)."""
+    for rank, path in shards.items():
         try:
             with h5py.File(path, "r", locking=False) as f:
                 attrs = read_attrs(f)
@@ -367,7 +362,7 @@ def _rebuild_vouches(
 
 def _check_other_shard(path: Path, provenance: dict, vouched: bool) -> None:
     """Refuse a request that another rank's shard ``path`` was not made by (its rank and
-    rows aside; and where the rebuild ``vouched`` for repaired failures, the listing, which
+    rows aside; and where the run ``vouched`` for repaired failures, the listing, which
     they changed); read without HDF5's lock, as that rank may be writing it."""
     try:
         with h5py.File(path, "r", locking=False) as f:

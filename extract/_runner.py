@@ -34,11 +34,11 @@ from ._resume import (
     _identity,
     _open_or_create,
     _provenance,
-    _rebuild_vouches,
     _rebuilding,
     _refuse_other_rebuild,
     _repaired_failures,
     _replaces,
+    _shards_vouch,
     _source_explained,
     _warn_of_other_versions,
 )
@@ -478,12 +478,17 @@ def _extract_shard(
     # rank extracts its rows anew, marked as the rebuild's. Resumed, it held the rows of the
     # store to be replaced (images changed in place since were merged in as they were).
     fresh = rebuild and _replaces(out) != identity
-    if rebuild:
-        # Repaired failures are the rebuild's own to vouch for (the store it replaces may
-        # have held those images as done, or failed ones the rebuild had not reached).
-        vouched = retry_failed and _rebuild_vouches(
-            merged, world_size, identity, provenance, src, lambda r: rank_rows(src, r, world_size)
-        )
+    if merged is not None and retry_failed and (rebuild or not merged.exists()):
+        # Repaired failures are the shards' own to vouch for: a rebuild's (the store it
+        # replaces may have held those images as done, or failed ones the rebuild had not
+        # reached), or, before any merge, the run's.
+        shards = {r: shard_path(merged, r, world_size) for r in range(world_size)}
+        shards = {
+            r: path
+            for r, path in shards.items()
+            if (_replaces(path) == identity if rebuild else path.exists())
+        }
+        vouched = _shards_vouch(shards, provenance, src, lambda r: rank_rows(src, r, world_size))
     if merged is not None and not overwrite:
         # Every rank checks the shards to be resumed against its request, not its own alone:
         # otherwise a rank making its shard anew overwrote it while another's check refused

@@ -995,6 +995,39 @@ def test_a_resumed_torchrun_run_asked_otherwise_is_refused_by_every_rank_before_
     assert written == [2, 2, 2]  # rank 1's four rows, then rank 0's two left
 
 
+def test_a_first_torchrun_run_resumed_retries_a_failure_repaired_in_another_rank_s_shard(
+    tmp_path, monkeypatch
+):
+    # No merged store yet: rank 1 finished with row 1 failed, rank 0 was killed; the image
+    # repaired, a --retry-failed resume was refused by rank 0 (nothing vouched for the
+    # listing that the repair changed) while rank 1 took the repair.
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    image = folder / "cat" / "001.jpg"  # row 1, rank 1's
+    good = image.read_bytes()
+    image.write_bytes(b"not an image")
+    out, fast = tmp_path / "f.h5", dict(FAST, batch_size=2)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    monkeypatch.setenv("RANK", "1")
+    extract_features(folder, BACKBONE, out, **fast)
+    monkeypatch.setenv("RANK", "0")
+    with monkeypatch.context() as patch:
+        _kill_after_a_write(patch)
+        with pytest.raises(KeyboardInterrupt):
+            extract_features(folder, BACKBONE, out, **fast)
+    image.write_bytes(good)
+    written = _spy_writes(monkeypatch)
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        extract_features(folder, BACKBONE, out, retry_failed=True, **fast)
+    assert written == [1, 2]  # rank 1's repaired row, then rank 0's two left
+    merge_shards([shard_path(out, r, 2) for r in (0, 1)], out)
+    assert not load_features(out, in_memory=True).failures
+
+
 @pytest.mark.parametrize("failed_in_the_store", [True, False])
 def test_a_resumed_rebuild_retries_a_failure_repaired_in_another_rank_s_shard(
     tmp_path, monkeypatch, failed_in_the_store
