@@ -60,6 +60,8 @@ def main(argv=None):
     )
     parser.add_argument("--json", help="write the rows to this JSON file")
     args = parser.parse_args(argv)
+    if args.folds < 2:
+        parser.error(f"--folds must be at least 2; got {args.folds}")
 
     X, y = make_features(args.n_samples + 10_000, args.n_features, args.n_classes, args.seed)
     X, X_test, y, y_test = (

@@ -132,6 +132,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.n_images < 4:
         parser.error(f"--n-images must be at least 4 (one image per class); got {args.n_images}")
+    for option, value in (("--repeats", args.repeats), ("--batch-size", args.batch_size)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1; got {value}")
+    try:
+        resolve_device(args.device)
+    except (ValueError, RuntimeError) as error:
+        parser.error(f"--device: {error}")
     sources = args.sources.split(",")
     if not sources or set(sources) - set(SOURCES):
         parser.error(f"--sources takes some of {','.join(SOURCES)}; got {args.sources!r}")

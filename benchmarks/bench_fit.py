@@ -138,6 +138,8 @@ def main(argv=None):
         "uses (default: each library's own)",
     )
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1; got {args.repeat}")
     _limits = limit_threads(args.threads)  # noqa: F841  (held for the whole run)
     devices = set(args.devices.split(","))
     if not devices <= {"cpu", "cuda"}:

@@ -145,9 +145,13 @@ def main(argv=None):
     )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
+    if args.device not in ("auto", "cpu", "cuda"):
+        parser.error(f"--device takes auto, cpu or cuda; got {args.device!r}")
     name = args.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
     device = torch.device(name)
 
     start = time.perf_counter()

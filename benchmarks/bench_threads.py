@@ -74,6 +74,11 @@ def main(argv=None) -> None:
     parser.add_argument("--iters", type=int, default=20, help="L-BFGS iterations of each fit")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
+    for text in args.sizes:
+        try:
+            parse_size(text)
+        except ValueError:
+            parser.error(f"--sizes takes n x d x K, e.g. 1797x64x10; got {text!r}")
     print(
         f"torch threads={torch.get_num_threads()}, SMALL_EVALUATION={_solvers.SMALL_EVALUATION:,} "
         f"multiply-adds, {args.iters} iterations, best of {args.repeats}; ms per iteration"

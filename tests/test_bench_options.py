@@ -1,0 +1,31 @@
+"""The benchmarks refuse bad option values in one line (argparse's status 2), not with a
+traceback from deep in a run."""
+
+import pytest
+
+from tests._scripts import load_benchmark
+
+
+@pytest.mark.parametrize(
+    "script, argv, message",
+    [
+        # ZeroDivisionError, "range() arg 3 must not be zero", a torch device's ValueError.
+        ("bench_extract", ["--repeats", "0"], "--repeats must be at least 1; got 0"),
+        ("bench_extract", ["--batch-size", "0"], "--batch-size must be at least 1; got 0"),
+        ("bench_extract", ["--device", "bogus"], "--device: device='bogus' is not a torch"),
+        # "min() arg is an empty sequence", after the data were made.
+        ("bench_fit", ["--repeat", "0"], "--repeat must be at least 1; got 0"),
+        # "not enough values to unpack".
+        ("bench_threads", ["--sizes", "100x4"], "--sizes takes n x d x K, e.g. 1797x64x10; got"),
+        # scikit-learn's ValueError from the first search.
+        ("bench_cv", ["--folds", "1"], "--folds must be at least 2; got 1"),
+        # torch's RuntimeError at the first tensor.
+        ("bench_probe_imagenet", ["--device", "bogus"], "--device takes auto, cpu or cuda; got"),
+    ],
+)
+def test_a_bad_option_value_is_one_line(script, argv, message, capsys):
+    module = load_benchmark(script)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
