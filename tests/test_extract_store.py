@@ -857,6 +857,22 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
             extract_features(folder, BACKBONE, out, dtype=other, **fast)
 
 
+def _two_rank_store(tmp_path, broken: bool):
+    """A store merged from two ranks' shards, of batches of 2, row 1 (rank 1's image
+    ``cat/001.jpg``) failed in it where ``broken``: ``(folder, image, its good bytes,
+    out, the extraction's options, the shards)``."""
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    image = folder / "cat" / "001.jpg"  # row 1, rank 1's
+    good = image.read_bytes()
+    if broken:
+        image.write_bytes(b"not an image")
+    out = tmp_path / "f.h5"
+    fast = dict(FAST, batch_size=2)
+    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
+    merge_shards(shards, out)
+    return folder, image, good, out, fast, shards
+
+
 @pytest.mark.parametrize("retry", [False, True])
 def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
     tmp_path, monkeypatch, retry
@@ -869,15 +885,8 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
     from extract._resume import _identity
     from extract._schema import REPLACES
 
-    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
-    image = folder / "cat" / "001.jpg"  # row 1, rank 1's
-    good = image.read_bytes()
-    if retry:  # with --retry-failed, a failed image repaired since: the same, not a retry
-        image.write_bytes(b"not an image")
-    out = tmp_path / "f.h5"
-    fast = dict(FAST, batch_size=2)
-    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
-    merge_shards(shards, out)
+    # With --retry-failed, a failed image repaired since: the same, not a retry.
+    folder, image, good, out, fast, shards = _two_rank_store(tmp_path, broken=retry)
     image.write_bytes(good)
     identity = _identity(out)
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -1039,15 +1048,7 @@ def test_a_resumed_rebuild_retries_a_failure_repaired_in_another_rank_s_shard(
     # rank 1 took the repair while rank 0 refused its own shard.
     from extract import _runner
 
-    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
-    image = folder / "cat" / "001.jpg"  # row 1, rank 1's
-    good = image.read_bytes()
-    if failed_in_the_store:
-        image.write_bytes(b"not an image")
-    out = tmp_path / "f.h5"
-    fast = dict(FAST, batch_size=2)
-    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
-    merge_shards(shards, out)
+    folder, image, good, out, fast, shards = _two_rank_store(tmp_path, failed_in_the_store)
     image.write_bytes(b"not an image!")  # broken (again) before the rebuild
     monkeypatch.setenv("WORLD_SIZE", "2")
     _ranks_one_by_one(monkeypatch)
