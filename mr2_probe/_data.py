@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from sklearn import get_config
 from sklearn.utils import assert_all_finite
+from sklearn.utils.validation import _num_samples
 
 from ._device import inverse_row_norms, to_tensor
 
@@ -43,14 +44,22 @@ def cv_folds(cv, X, y, **split_params) -> list[tuple[np.ndarray, np.ndarray]]:
     """The (train, test) parts of ``cv.split(X, y, **split_params)`` as integer index
     arrays: a boolean mask (which scikit-learn's searches take too, indexing X[train])
     becomes the indices it selects, and an empty list an empty index. A cv that yields no
-    split (an empty list, or an iterator an earlier fit used up) is refused."""
-    folds = [
-        tuple(
-            np.flatnonzero(part) if np.asarray(part).dtype == bool else np.asarray(part, np.intp)
-            for part in fold
-        )
-        for fold in cv.split(X, y, **split_params)
-    ]
+    split (an empty list, or an iterator an earlier fit used up) is refused. Negative
+    indices count from the end, as NumPy's (and so scikit-learn's searches) read them."""
+    n_samples = _num_samples(X)
+
+    def indices(part) -> np.ndarray:
+        if np.asarray(part).dtype == bool:
+            return np.flatnonzero(part)
+        index = np.asarray(part, np.intp)
+        outside = index[(index < -n_samples) | (index >= n_samples)]
+        if len(outside):
+            raise IndexError(
+                f"cv gave the index {outside[0]}, outside the {n_samples} samples of X."
+            )
+        return np.where(index < 0, index + n_samples, index)
+
+    folds = [tuple(indices(part) for part in fold) for fold in cv.split(X, y, **split_params)]
     if not folds:
         raise ValueError(
             "cv yielded no split: an empty list, or an iterator that an earlier fit used up; "

@@ -992,6 +992,25 @@ def test_folds_given_as_boolean_masks_are_their_rows():
     np.testing.assert_array_equal(masks.fit(X, y).scores_[0], indices.fit(X, y).scores_[0])
 
 
+def test_negative_fold_indices_count_from_the_end_as_numpy_reads_them():
+    # np.bincount refused them ("'list' argument must have no negative elements"), where
+    # LogisticRegressionCV and GridSearchCV read -1 as the last row.
+    X, y = load_iris(return_X_y=True)
+    n = len(y)
+    rows = np.arange(n)
+    negative = [(rows[1::2] - n, rows[::2]), (rows[::2], rows[1::2] - n)]
+    positive = [(rows[1::2], rows[::2]), (rows[::2], rows[1::2])]
+    scores = [
+        MR2LinearClassifierCV([0.1, 10.0], cv=cv, device="cpu").fit(X, y).scores_[0]
+        for cv in (negative, positive)
+    ]
+    np.testing.assert_array_equal(*scores)
+    with pytest.raises(IndexError, match=f"cv gave the index {-n - 1}, outside the {n} samples"):
+        MR2LinearClassifierCV([1.0], cv=[(np.r_[rows[1:], -n - 1], rows[:1])], device="cpu").fit(
+            X, y
+        )
+
+
 def test_a_cosine_path_starts_each_scale_from_the_last_solution(monkeypatch):
     # Extrapolated in log(scale), the flat non-convex path ended further from independent
     # fits (digits: it chose 21.5, cold fits 1292) at no gain in iterations.
