@@ -587,7 +587,13 @@ def test_plot_front(front, tmp_path):
     dashed = [line for line in left.lines if line.get_linestyle() == "--"]
     erm = front.point("ERM").test["overall"]
     assert len(dashed) == 1 and dashed[0].get_xdata()[0] == pytest.approx(100 * (erm - 0.005))
-    assert "dashed: ERM − 0.5 pt" in fig._suptitle.get_text()
+    # The rule reads the validation split, where the line is its bound: on the test split
+    # the title said so of a line its own choice could fall left of.
+    assert "the rule's choice on the validation split; dashed: ERM − 0.5 pt here" in (
+        fig._suptitle.get_text()
+    )
+    on_val = plot_front(front, tmp_path / "val.png", split="validation")
+    assert "the rule's choice; dashed: ERM − 0.5 pt, its bound" in on_val._suptitle.get_text()
     assert left.get_xlabel() == "overall accuracy (%), test"
     assert [ax.get_ylabel() for ax in fig.axes] == [
         "worst-class accuracy (%)",
