@@ -272,7 +272,9 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     Returns
     -------
     ImageSource
-        Ids are paths relative to ``root``; classes are the sorted sub-folder names.
+        Ids are paths relative to ``root``; classes are the sorted sub-folder names. Hidden
+        folders and files (``.ipynb_checkpoints``, macOS's ``._x.jpg``) are left out, at
+        every level.
 
     Examples
     --------
@@ -289,7 +291,11 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     (['cat/1.png', 'cat/2.png', 'dog/1.png'], [0, 0, 1], ['cat', 'dog'])
     """
     root = os.fspath(root)
-    classes, class_to_idx = find_classes(root)
+    # A hidden folder (.ipynb_checkpoints, a file manager's .thumbs, .git) is no class:
+    # taken as one, it shifted every class index after it.
+    classes = [name for name in find_classes(root)[0] if not name.startswith(".")]
+    if not classes:
+        raise FileNotFoundError(f"Couldn't find any class folder in {root}.")
     # Listed by extension only: a corrupt file is kept so that it is recorded as a failure.
     items = _folder_items(root, classes)
     ids = [os.path.relpath(p, root) for p, _ in items]
@@ -312,9 +318,10 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     ``make_dataset`` order, each once: a folder reached again through a symbolic link (a
     link to a folder above it, a loop) is not walked again, nor the root or a folder above
     it from inside a class (a link to another class's folder is walked, as torchvision
-    walks it).
+    walks it). Hidden files and folders (their names start with a dot) are left out.
 
-    Raises FileNotFoundError, as ``make_dataset`` does, for a class without images.
+    Raises FileNotFoundError, as ``make_dataset`` does, for a class without images, and
+    OSError for a folder that cannot be listed.
     """
 
     def inode(path: str | Path) -> tuple[int, int]:
@@ -325,16 +332,29 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     # again, under this class's label).
     starts = {Path(os.path.abspath(root)), Path(os.path.realpath(root))}
     above = {inode(folder) for start in starts for folder in (start, *start.parents)}
+
+    def unreadable(error: OSError):
+        # os.walk leaves out a folder it cannot list, and its images with it, without a word.
+        raise OSError(
+            error.errno,
+            f"Cannot list the folder {error.filename!r} under {root!r} ({error.strerror}): its "
+            "images would be left out. Make it readable, or move it out of the class folders",
+        ) from error
+
     items, empty, other = [], [], []
     for index, name in enumerate(classes):
         seen, walked = set(above), []
-        for top, dirs, files in os.walk(os.path.join(root, name), followlinks=True):
+        walk = os.walk(os.path.join(root, name), onerror=unreadable, followlinks=True)
+        for top, dirs, files in walk:
             key = inode(top)
             if key in seen:
                 dirs[:] = []  # walked already: neither its files nor its folders again
                 continue
             seen.add(key)
-            walked.append((top, files))
+            # Hidden files and folders (macOS's ._x.jpg, .ipynb_checkpoints) are no images
+            # of the class, as a glob's * does not match them either.
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            walked.append((top, [f for f in files if not f.startswith(".")]))
         listed = [os.path.join(top, f) for top, files in sorted(walked) for f in sorted(files)]
         found = [(p, index) for p in listed if has_file_allowed_extension(p, IMG_EXTENSIONS)]
         if not found:
@@ -408,6 +428,10 @@ def _check_utf8(names: list[str], root: str) -> None:
         )
 
 
+#: Class indices from this one up are refused: the store would name every class below.
+MAX_CLASS_INDEX = 1 << 20
+
+
 def encode_labels(
     names: list[str], index_names: list[str] | None = None, *, as_names: bool = False
 ) -> tuple[np.ndarray, list[str]]:
@@ -420,18 +444,28 @@ def encode_labels(
     Raises
     ------
     ValueError
-        If ``index_names`` is given and an index is out of its range.
+        If ``index_names`` is given and an index is out of its range; without them, if an
+        index is :data:`MAX_CLASS_INDEX` or more (ids, not class indices).
     """
     if not as_names and all(name.isascii() and name.isdigit() for name in names):
-        labels = np.array([int(name) for name in names], dtype=np.int64)
-        n_classes = int(labels.max(initial=-1)) + 1
+        indices = [int(name) for name in names]
+        largest = max(indices, default=-1)
+        if index_names is not None and largest >= len(index_names):
+            raise ValueError(
+                f"A label is {largest}, but only {len(index_names)} class names are given."
+            )
+        if largest >= MAX_CLASS_INDEX:
+            raise ValueError(
+                f"The labels are read as class indices 0..K-1, and the largest, {largest}, "
+                f"would make {largest + 1} classes (at most {MAX_CLASS_INDEX} are taken). If "
+                "they are codes (ids) rather than indices, label the images by name (e.g. "
+                f"'id{largest}'), or number their classes from 0."
+            )
+        labels = np.array(indices, dtype=np.int64)
+        n_classes = largest + 1
         if index_names is None:
             _warn_of_unused_indices(names, labels, n_classes)
             return labels, [str(k) for k in range(n_classes)]
-        if n_classes > len(index_names):
-            raise ValueError(
-                f"A label is {n_classes - 1}, but only {len(index_names)} class names are given."
-            )
         return labels, list(index_names)
     class_names = sorted(set(names))
     return np.searchsorted(class_names, names).astype(np.int64), class_names
@@ -545,7 +579,12 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             continue
         if "\0" in line:  # no file name holds one (os.stat: "embedded null byte"), nor text
             raise ValueError(f"{list_file}:{number}: the line {line!r} holds a NUL byte.")
-        fields = next(csv.reader([line])) if delimiter else line.rsplit(None, 1)
+        try:
+            fields = next(csv.reader([line])) if delimiter else line.rsplit(None, 1)
+        except csv.Error as err:  # e.g. a field over csv's limit: a JSON file given by mistake
+            raise ValueError(
+                f"{list_file}:{number}: not a 'path,label' line ({err})." + _source_hint(list_file)
+            ) from None
         if len(fields) != 2:
             raise ValueError(
                 f"{list_file}:{number}: expected 'path,label', got {line!r} (a list with a "

@@ -102,6 +102,37 @@ def test_files_the_image_folder_leaves_out_are_said(folder, caplog):
     ]
 
 
+def test_hidden_folders_and_files_are_no_classes_nor_images(folder):
+    # A hidden folder beside the classes (.thumbs) became class 0, every index shifted;
+    # an empty one (.ipynb_checkpoints) refused the folder; hidden files in a class
+    # (macOS's ._x.jpg) were its images.
+    before = image_folder(folder)
+    for name in (".thumbs/t.jpg", "cat/._000.jpg", "cat/.ipynb_checkpoints/x-checkpoint.jpg"):
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_bytes((folder / before.ids[0]).read_bytes())
+    (folder / ".ipynb_checkpoints").mkdir()
+    after = image_folder(folder)
+    assert (after.ids, after.class_names) == (before.ids, before.class_names)
+    np.testing.assert_array_equal(after.labels, before.labels)
+
+
+def test_a_folder_that_cannot_be_listed_is_refused(folder, monkeypatch):
+    # os.walk left it out, and its images with it, without a word (a folder of another
+    # user's, unreadable).
+    private = folder / "cat" / "private"
+    private.mkdir()
+    scandir = os.scandir
+
+    def denied(path="."):
+        if os.fspath(path) == os.fspath(private):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", denied)
+    with pytest.raises(OSError, match=r"Cannot list the folder '.*private' under .*Permission"):
+        image_folder(folder)
+
+
 def test_image_folder_walks_a_folder_linked_again_once(folder):
     # A link to its own class folder: os.walk(followlinks=True) listed every image once
     # per level, down to the system's link limit (41 times).
@@ -190,6 +221,12 @@ def test_a_file_that_is_no_list_says_what_it_was_read_as(tmp_path, name, content
         (["cat/000.png,cat", "./cat/000.png,dog"], r"l.csv:2: './cat/000.png' is listed again"),
         # A third column is refused, not read as a file name with commas.
         (["a.jpg,cat,taken in 2020", "b.jpg,dog,taken in 2020"], "l.csv:1: expected 'path,"),
+        # A field over csv's limit (a JSON file given by mistake): csv.Error, a traceback.
+        (['{"x": "' + "y" * 150_000 + '", "l": [1, 2]}'], r"l.csv:1: not a 'path,label' line"),
+        # Ids taken for class indices: every index below them became a class name (2.98
+        # GiB for 400000002, "use a smaller --batch-size"), and one beyond int64 overflowed.
+        (["cat/000.png,400000000", "dog/001.jpg,400000001"], r"the largest, 400000001, would"),
+        (["cat/000.png,1", "dog/001.jpg,12345678901234567890"], r"would make 1234567890123456"),
     ],
 )
 def test_image_list_refuses_what_would_become_wrong_rows(folder, lines, match):
