@@ -660,6 +660,30 @@ def test_cli_front_of_a_cv_search_starts_from_its_choice(features, capsys, scali
     assert "tilt=1" in printed and chose in (1e-4, 1.0, 1e4)
 
 
+@pytest.mark.parametrize("lever", ["ERM", "MR2"])
+def test_cli_front_s_choice_of_a_model_fitted_already_is_that_model(
+    features, capsys, monkeypatch, lever
+):
+    # With --Cs, "chosen: ERM" was a cold fit at the search's C, and the search's own refit
+    # (warm from its folds' mean) stopped elsewhere within tol: one configuration reported
+    # twice, 5 of 250 test predictions apart.
+    from mr2_probe import front as front_module
+
+    def choose(front, bound=None):
+        return front.point(lever)
+
+    monkeypatch.setattr(front_module, "choose_point", choose)
+    out = features / "run"
+    argv = [str(features / "train.npz"), "--test", str(features / "test.npz"), "--Cs", "2"]
+    argv += ["--cv", "2", "--c-bar", "2", "--tilt", "1", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    assert f"the rule chose {lever}, the model '{lever}' fitted" in capsys.readouterr().err
+    rows = json.loads((out / "report.json").read_text())["rows"]
+    assert rows[f"chosen: {lever}"] == rows[lever]
+    models = joblib.load(out / "models.joblib")
+    np.testing.assert_array_equal(models[f"chosen: {lever}"].coef_, models[lever].coef_)
+
+
 @pytest.mark.parametrize("value", ["-1", "a,b", "nan"])
 def test_cli_front_bad_values(features, value, capsys):
     with pytest.raises(SystemExit):

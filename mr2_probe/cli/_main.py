@@ -121,7 +121,8 @@ def _run(args, given: frozenset = frozenset()) -> int:
         for configuration in (base, erm_base):
             _final(configuration).set_params(verbose=0)
         try:
-            front = _front(models, base, erm_base, X, y, X_test, y_test, args)
+            fitted_as = {"ERM": erm_name, "MR2": mr2_name}
+            front = _front(models, base, erm_base, X, y, X_test, y_test, args, fitted_as)
         except (ValueError, KeyboardInterrupt) as error:
             # The models already fitted are reported and written without the front; the
             # run still ends in an error (status 1, or 130 for Ctrl-C as elsewhere).
@@ -395,10 +396,11 @@ def _fit(model, X, y, name: str, args):
     return model
 
 
-def _front(models: dict, base, erm, X, y, X_test, y_test, args):
+def _front(models: dict, base, erm, X, y, X_test, y_test, args, fitted_as: dict):
     """Fit the front of ``base`` (the MR² configuration, tuned when searched) with ``erm``
     (ERM's, tuned on its own) on a validation split, choose by the rule, refit the choice
-    on all of the training data and add it to ``models``."""
+    on all of the training data and add it to ``models``: ERM or MR², the models fitted
+    there already (``fitted_as``: their names in ``models``), are not fitted again."""
     from ..front import accuracy_front
 
     X_fit, X_val, y_fit, y_val = train_test_split(
@@ -426,9 +428,19 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args):
         text = _in_cli_terms(warning.message, args)
         print(f"mr2-probe: warning: front: {text}", file=sys.stderr)
     chosen = front.point(front.chosen)
+    name = f"chosen: {chosen.name}"
+    if chosen.lever in fitted_as:
+        # Fitted again, a search's refit (warm from its folds' mean) and a cold fit of
+        # its choice stop at two points within tol: one configuration, two rows apart.
+        print(
+            f"front: the rule chose {chosen.name}, the model {fitted_as[chosen.lever]!r} "
+            "fitted on all training data above",
+            file=sys.stderr,
+        )
+        models[name] = models[fitted_as[chosen.lever]]
+        return front
     print(
         f"front: the rule chose {chosen.name}; refitting it on all training data", file=sys.stderr
     )
-    name = f"chosen: {chosen.name}"
     models[name] = _fit(clone(chosen.estimator), X, y, name, args)
     return front
