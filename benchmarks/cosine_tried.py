@@ -10,6 +10,8 @@ is taken within the run).
 - ``cold``: the estimator as it is, from the class prototypes (the reference).
 - ``chain``: warm starts up a ladder of scales (``warm_start=True``), 16 → 32 → … → scale.
 - ``once``: one warm start at the scale from a converged fit at scale / 4, / 2 and · 3/4.
+- ``ramp``: a few iterations at smaller scales, not converged (e.g. 15 at scale / 4, then
+  15 at scale / 2), each warm-starting the next, then the fit at the scale.
 - ``memory``: 50, 400 and 800 L-BFGS pairs instead of 200.
 - ``one-round``: a single L-BFGS round, the rows never rescaled to unit norm, which runs
   until L-BFGS's other tests stop it (not the gradient in W): iterations until the
@@ -70,7 +72,7 @@ from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
 from mr2_probe import _solvers as solvers  # noqa: E402
 from mr2_probe._losses import margin_cross_entropy  # noqa: E402
 
-EXPERIMENTS = ["cold", "chain", "once", "memory", "one-round", "sooner", "subsample",
+EXPERIMENTS = ["cold", "chain", "once", "ramp", "memory", "one-round", "sooner", "subsample",
                "linear", "path", "active", "bf16", "precondition", "moments"]  # fmt: skip
 
 
@@ -152,6 +154,20 @@ def once(b):
         clf = b.fit(start=start)
         b.row(f"from a converged fit at {first:g}: at {b.args.scale:g}", clf)
         b.row(f"from a converged fit at {first:g}: in all", clf, start.n_iter_ + clf.n_iter_)
+
+
+def ramp(b):
+    s = b.args.scale
+    plans = ([(s / 4, 15), (s / 2, 15)], [(s / 4, 30), (s / 2, 30)],
+             [(s / 8, 10), (s / 4, 10), (s / 2, 10)], [(s / 2, 30)])  # fmt: skip
+    for plan in plans:
+        clf, total = None, 0
+        for scale, iters in plan:
+            clf = b.fit(start=clf, scale=scale, max_iter=iters)
+            total += clf.n_iter_
+        clf = b.fit(start=clf)
+        steps = ", ".join(f"{n} at {scale:g}" for scale, n in plan)
+        b.row(f"ramp: {steps}, then {clf.n_iter_} at {s:g}; in all", clf, total + clf.n_iter_)
 
 
 def memory(b):

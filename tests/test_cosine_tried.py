@@ -30,7 +30,8 @@ def test_every_experiment_runs_and_prints_its_row(tried, capsys):
     tried.main(SMALL)
     out = capsys.readouterr().out
     for text in ["cold fit at scale 16", "ladder 16, in all", "from a converged fit at 4",
-                 "800 L-BFGS pairs", "one round", "tol · √scale", "1/8 of the rows",
+                 "ramp: 15 at 4, 15 at 8, then", "800 L-BFGS pairs", "one round",
+                 "tol · √scale", "1/8 of the rows",
                  "linear head's directions", "the CV path's solver", "loss above 1e-7",
                  "bfloat16 logit error", "the start's curvature", "per-class moments",
                  "mean direction shrunk"]:  # fmt: skip
