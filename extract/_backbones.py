@@ -229,9 +229,9 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
 
     _check_open_clip_model(spec)
 
-    def create(pretrained: str | None, **options):
+    def create(pretrained: str | None, size: int | None = image_size, **options):
         return open_clip.create_model_and_transforms(
-            spec.model, pretrained=pretrained, force_image_size=image_size, **options
+            spec.model, pretrained=pretrained, force_image_size=size, **options
         )
 
     weights = spec.weights
@@ -257,7 +257,7 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
         except BackboneError:
             raise
         except Exception as err:
-            misfit = _open_clip_misfit(spec, path, err, create)
+            misfit = _open_clip_misfit(spec, path, err, create, image_size)
             if misfit is None:
                 raise
             raise misfit from err
@@ -295,16 +295,30 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
     return visual, transform, pre, weights_id
 
 
-def _open_clip_misfit(spec: BackboneSpec, path: str, err: Exception, create):
+def _open_clip_misfit(spec: BackboneSpec, path: str, err: Exception, create, image_size):
     """One :class:`BackboneError` for a readable checkpoint that open_clip fails to load
     into a model it builds with random weights (another model's, one tower alone: its
-    "Missing key(s)", or an assertion of its resizing); None where the model itself cannot
-    be built, whose error is then the library's to show."""
+    "Missing key(s)", or an assertion of its resizing; or the model's own at its own input
+    size, which open_clip cannot resample to ``image_size``: a ResNet tower's attention
+    pool); None where the model itself cannot be built, whose error is then the library's
+    to show."""
     try:
         with _quiet_library_logs():
             create(None)
     except Exception:
         return None
+    if image_size:
+        try:
+            with _quiet_library_logs():
+                create(path, None, **_tags_preprocess(spec.model))
+        except Exception:
+            pass
+        else:
+            return BackboneError(
+                f"The checkpoint {path!r} fits the open_clip model {spec.model!r} at its own "
+                f"input size, but not at image_size={image_size} (--image-size): open_clip "
+                f"cannot resample it ({_load_error(err)}). Drop --image-size (image_size)."
+            )
     return BackboneError(
         f"The checkpoint {path!r} does not fit the open_clip model {spec.model!r}: open_clip "
         f"builds the model but cannot load the file into it ({_load_error(err)}). Pass a "

@@ -387,6 +387,33 @@ def test_a_local_open_clip_checkpoint_takes_its_tags_preprocessing(
     assert ("preprocess differently" in caplog.text) == (not agree)  # a warning says so
 
 
+def test_an_open_clip_checkpoint_that_fits_only_at_its_own_size_says_so(tmp_path):
+    # A ResNet tower's attention pool keeps its position embedding at the model's size: at
+    # --image-size the checkpoint was said not to fit the model ("pass a state_dict of the
+    # whole model"), when it was the model's own.
+    import open_clip
+
+    from extract import BackboneError
+
+    cfg = {
+        "embed_dim": 16,
+        "vision_cfg": {"image_size": 64, "layers": [1, 1, 1, 1], "width": 8, "head_width": 8},
+        "text_cfg": {"context_length": 8, "vocab_size": 100, "width": 16, "heads": 2, "layers": 1},
+    }
+    (tmp_path / "rn_tiny_test.json").write_text(json.dumps(cfg))
+    open_clip.add_model_config(tmp_path / "rn_tiny_test.json")
+    model, _, _ = open_clip.create_model_and_transforms("rn_tiny_test", pretrained=None)
+    torch.save(model.state_dict(), tmp_path / "rn.pt")
+    spec = f"open_clip:rn_tiny_test@{tmp_path / 'rn.pt'}"
+    assert create_backbone(spec).preprocess["crop"] == [64, 64]
+    with pytest.raises(
+        BackboneError,
+        match=r"fits the open_clip model 'rn_tiny_test' at its own input size, but not at "
+        r"image_size=128 .*attnpool\.positional_embedding.*Drop --image-size",
+    ):
+        create_backbone(spec, image_size=128)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name, works", [("crossvit_tiny_240", True), ("cait_xxs24_224", False)])
 def test_a_timm_checkpoint_timm_cannot_resize(tmp_path, name, works):
