@@ -1643,6 +1643,30 @@ def test_a_grid_search_with_a_failed_fit_still_reports(files, capsys):
     )
 
 
+def test_ctrl_c_while_the_figures_are_drawn_keeps_the_models_and_reports(
+    files, tmp_path, monkeypatch, capsys
+):
+    # --help said that Ctrl-C outside the front wrote nothing: the models and reports are
+    # written before the figures, which are drawn one by one.
+    import mr2_probe.plotting
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mr2_probe.plotting, "plot_group_accuracy", interrupted)
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--max-iter", "20", "--out", str(out), "--no-progress"]
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 130
+    assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
+    assert (out / "report.json").exists() and (out / "class_accuracy.png").exists()
+    assert not (out / "groups.png").exists() and not (out / "margins.png").exists()
+    assert "before\n  the models and reports are written, nothing is; while the figures" in (
+        _parser().format_help()
+    )
+
+
 _FRONT_STOPS = {
     # A front fit that failed (L-BFGS's step overflowing at --tilt 1e300) ended the run
     # with status 2 and nothing written: the main models' fits were lost.

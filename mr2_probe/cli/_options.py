@@ -83,8 +83,9 @@ errors:
   line "mr2-probe: error: ..." and exit status 2; --debug shows the traceback instead.
   A front whose fits fail (e.g. a --tilt too large for float32) is left out: the models
   fitted before it are reported and written, the error is said, and the status is 1;
-  so is a front interrupted by Ctrl-C, with status 130 (Ctrl-C elsewhere: 130, nothing
-  written).
+  so is a front interrupted by Ctrl-C, with status 130 (Ctrl-C elsewhere: 130; before
+  the models and reports are written, nothing is; while the figures are drawn, those
+  not yet drawn are missing).
 """
 
 _SCALERS = {"none": None, "standard": StandardScaler, "l2": Normalizer}
