@@ -660,9 +660,16 @@ def test_cli_front_of_a_cv_search_starts_from_its_choice(features, capsys, scali
     assert "tilt=1" in printed and chose in (1e-4, 1.0, 1e4)
 
 
-@pytest.mark.parametrize("lever", ["ERM", "MR2"])
+@pytest.mark.parametrize(
+    "lever, search, name",
+    [
+        ("ERM", ["--Cs", "2"], "ERM"),
+        ("MR2", ["--Cs", "2"], "MR2"),
+        ("MR2", ["--grid", "lam=0"], "MR2 grid"),
+    ],
+)
 def test_cli_front_s_choice_of_a_model_fitted_already_is_that_model(
-    features, capsys, monkeypatch, lever
+    features, capsys, monkeypatch, lever, search, name
 ):
     # With --Cs, "chosen: ERM" was a cold fit at the search's C, and the search's own refit
     # (warm from its folds' mean) stopped elsewhere within tol: one configuration reported
@@ -674,14 +681,21 @@ def test_cli_front_s_choice_of_a_model_fitted_already_is_that_model(
 
     monkeypatch.setattr(front_module, "choose_point", choose)
     out = features / "run"
-    argv = [str(features / "train.npz"), "--test", str(features / "test.npz"), "--Cs", "2"]
+    argv = [str(features / "train.npz"), "--test", str(features / "test.npz"), *search]
     argv += ["--cv", "2", "--c-bar", "2", "--tilt", "1", "--out", str(out), "--no-progress"]
     assert main(argv) == 0
-    assert f"the rule chose {lever}, the model '{lever}' fitted" in capsys.readouterr().err
-    rows = json.loads((out / "report.json").read_text())["rows"]
-    assert rows[f"chosen: {lever}"] == rows[lever]
+    printed = capsys.readouterr()
+    assert f"the rule chose {lever}, the model '{name}' fitted" in printed.err
+    report = json.loads((out / "report.json").read_text())
+    assert report["rows"][f"chosen: {lever}"] == report["rows"][name]
     models = joblib.load(out / "models.joblib")
-    np.testing.assert_array_equal(models[f"chosen: {lever}"].coef_, models[lever].coef_)
+    assert models[f"chosen: {lever}"] is models[name]  # (one object, pickled once)
+    # Its search is said once, under the model's own name.
+    assert f"chosen: {lever}:" not in printed.out
+    assert not any(key.startswith("chosen") for key in report.get("cv", {}))
+    assert not any(
+        key.startswith("chosen") for key in report.get("search", {}).get("best_params", {})
+    )
 
 
 @pytest.mark.parametrize("value", ["-1", "a,b", "nan"])

@@ -33,7 +33,7 @@ from ._options import (
     _parser,
     _solver,
 )
-from ._outputs import _OUTPUTS, _prepare_out, _write_outputs
+from ._outputs import _OUTPUTS, _once, _prepare_out, _write_outputs
 from ._usage import UsageError, _one_line
 
 
@@ -144,7 +144,7 @@ def _run(args, given: frozenset = frozenset()) -> int:
     report = classwise_report(predictions, named(y_test), reference=erm_name, labels=order)
     search = {
         name: {key.removeprefix("probe__"): v for key, v in model.best_params_.items()}
-        for name, model in models.items()
+        for name, model in _once(models).items()
         if hasattr(model, "best_params_")
     }
     notes = []
@@ -166,7 +166,7 @@ def _run(args, given: frozenset = frozenset()) -> int:
         f"{name}: best parameters by {args.scoring} ({args.cv}-fold CV): {best}"
         for name, best in search.items()
     ]
-    searches = {name: _final(m) for name, m in fitted.items() if hasattr(_final(m), "Cs_")}
+    searches = {name: _final(m) for name, m in _once(fitted).items() if hasattr(_final(m), "Cs_")}
     lines += [line for name, cv in searches.items() for line in _cv_lines(name, cv, args)]
     lines += [f"note: {note}" for note in notes]
 

@@ -79,6 +79,16 @@ def _earlier_run(out: Path) -> bool:
     return isinstance(options, dict) and {"train", "out"} <= options.keys()
 
 
+def _once(models: dict) -> dict:
+    """``models`` with each model under its first name only: the front's choice of ERM or
+    MR² is the model reported under that name, whose search is said once."""
+    first = {}
+    for name, model in models.items():
+        if not any(model is other for other in first.values()):
+            first[name] = model
+    return first
+
+
 def _quiet(model):
     """``model`` with verbose=0 in every parameter that sets it (a Pipeline's steps, a
     wrapper's estimator), as it is saved: the progress bars were the command's
@@ -137,7 +147,7 @@ def _write_outputs(
     }
     if front is not None:
         figures["front.png"] = lambda path: plot_front(front, path)
-    searches = {name: m for name, m in fitted.items() if hasattr(_final(m), "Cs_")}
+    searches = {name: m for name, m in _once(fitted).items() if hasattr(_final(m), "Cs_")}
     if searches:
         figures["cv_curve.png"] = lambda path: plot_cv_curve(searches, path, scoring=args.scoring)
     for name, write in figures.items():
