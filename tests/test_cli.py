@@ -955,6 +955,21 @@ def test_a_locale_that_cannot_encode_the_report_still_gets_it_printed_and_writte
         assert "γ" in (tmp_path / "run" / name).read_text(encoding="utf-8")
 
 
+def test_a_path_that_is_not_utf8_is_written_escaped_and_loses_no_model(files, tmp_path):
+    # A folder named in Latin-1 (os.fsdecode: a lone surrogate) failed report.json's UTF-8
+    # after every fit: status 2, and --out left without even the models.
+    folder = tmp_path / os.fsdecode(b"caf\xe9")
+    folder.mkdir()
+    shutil.copy(files / "train.npz", folder / "train.npz")
+    out = tmp_path / "run"
+    argv = [str(folder / "train.npz"), "--max-iter", "20", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert report["inputs"]["train"]["path"] == str(folder / "train.npz")
+    assert "\\udce9" in (out / "report.json").read_text(encoding="utf-8")
+
+
 def test_a_hard_link_to_the_training_file_is_refused_as_test_set(files, tmp_path, capsys):
     # Names were compared: a hard link (another name, one file) was taken as a test set.
     os.link(files / "train.npz", tmp_path / "test.npz")

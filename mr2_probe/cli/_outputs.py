@@ -156,7 +156,10 @@ def _write_outputs(
 
 
 def _text(content: str):
-    return lambda path: path.write_text(content + "\n", encoding="utf-8")  # whatever the locale
+    # UTF-8 whatever the locale. A lone surrogate (a path or class name that was not UTF-8,
+    # as os.listdir and sys.argv decode one) is written as its JSON escape, \udce9: it
+    # failed the whole run's writing, models included, after every fit.
+    return lambda path: path.write_text(content + "\n", encoding="utf-8", errors="backslashreplace")
 
 
 def _replace_together(folder: Path, files: dict) -> None:
