@@ -248,7 +248,9 @@ def _cell(value) -> str:
 # (CommonMark escapes any ASCII punctuation so): '|' ends a cell, '<' opens raw HTML (GitHub
 # drops "<unk>"), '*', '_', '`', '[', '~' format, '&' starts an entity, '\\' escapes.
 _MARKDOWN_SPECIAL = re.compile(r"([\\|<>*_`\[\]~&])")
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+# Every break str.splitlines knows (a vertical tab, a form feed, U+2028, ... split a row
+# in two as a newline did).
+_LINE_BREAK = re.compile(r"\r\n|[\n\v\f\r\x1c\x1d\x1e\x85\u2028\u2029]")
 
 
 def _text_table(header: list, rows: list) -> str:

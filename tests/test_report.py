@@ -112,6 +112,12 @@ def test_names_keep_their_cells_and_show_as_they_are():
     text = report.to_text(per_class=True)
     assert len(text.splitlines()) == 2 + 2 + 1 + 2 + 3  # no row split
     assert "cat dog" in text and "m 1" in text
+    # Every other break that str.splitlines knows split a row as the newline did.
+    for brk in "\v\f\x1c\x1d\x1e\x85\u2028\u2029":
+        odd = np.array([f"cat{brk}dog"] * 2 + ["ant"] * 2)
+        report = classwise_report({"m": odd[::-1], "ERM": odd}, odd, reference="ERM")
+        assert len(report.to_text(per_class=True).splitlines()) == 2 + 2 + 1 + 2 + 2, repr(brk)
+        assert f"cat{brk}dog" not in report.to_markdown(per_class=True), repr(brk)
 
 
 def _assert_same(read, report):
