@@ -334,6 +334,8 @@ def plot_group_accuracy(report: ClasswiseReport, path):
     colours = model_colours(report.rows, report.reference)
     fig = _figure(6.0, 4.0)
     ax = fig.add_subplot()
+    # The legend is given its entries: matplotlib leaves out a label that starts with "_".
+    handles, names = [], []
     for i, (name, row) in enumerate(report.rows.items()):
         # A group with no test sample (None after JSON, or NaN) is drawn as an empty bar,
         # without a label: no bar of 0 %.
@@ -341,13 +343,15 @@ def plot_group_accuracy(report: ClasswiseReport, path):
         offset = (i - (len(report.rows) - 1) / 2) * width
         shown = _literal(name)
         bars = ax.bar(x + offset, np.nan_to_num(values), width, label=shown, color=colours[name])
+        handles.append(bars)
+        names.append(shown)
         labels = [f"{v:.1f}" if np.isfinite(v) else "" for v in values]
         ax.bar_label(bars, labels=labels, fontsize=7)
     ax.set_xticks(x, list(columns))
     ax.set_xlabel(f"class group (terciles of {_literal(report.reference)})")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 108)
-    fig.legend(loc="outside lower center", ncols=min(4, len(report.rows)), fontsize=8)
+    fig.legend(handles, names, loc="outside lower center", ncols=min(4, len(names)), fontsize=8)
     _save(fig, path)
     return fig
 
@@ -559,6 +563,9 @@ def plot_cv_curve(searches, path, scoring: str | None = None):
     finite = [c for s in searches.values() for c in s.Cs_ if np.isfinite(c)]
     no_penalty = 10 * max(finite, default=1.0)
     own_axis = None  # the right-hand axis of scores that are no fractions, made once
+    # The legend's entries, the raw scores' first (matplotlib's own would leave out a
+    # label that starts with "_").
+    raw_entries, entries = [], []
     for name, search in searches.items():
         where = np.where(np.isfinite(search.Cs_), search.Cs_, no_penalty)
         curves = cv_curves(search, scoring)
@@ -571,10 +578,12 @@ def plot_cv_curve(searches, path, scoring: str | None = None):
             shown = f"{_literal(name)} {label}{lower}"
             if i == 0 and raw:
                 own_axis = own_axis or ax.twinx()
-                own_axis.plot(where, curve, style, color=colours[name], label=shown)
+                (line,) = own_axis.plot(where, curve, style, color=colours[name], label=shown)
                 own_axis.set_ylabel(f"held-out {_literal(label)} (mean over folds)")
+                raw_entries.append((line, shown))
             else:
-                ax.plot(where, 100 * curve, style, color=colours[name], label=shown)
+                (line,) = ax.plot(where, 100 * curve, style, color=colours[name], label=shown)
+                entries.append((line, shown))
         chosen = search.C_ if np.isfinite(search.C_) else no_penalty
         ax.axvline(chosen, color=colours[name], linestyle=":", linewidth=0.8)
     head = next(iter(searches.values())).head_
@@ -585,10 +594,7 @@ def plot_cv_curve(searches, path, scoring: str | None = None):
     ax.set_xlabel(xlabel)
     ax.set_ylabel("held-out score (%, mean over folds)")
     ax.set_title("validation curves (dotted vertical: the chosen value)", fontsize=9)
-    handles, labels = ax.get_legend_handles_labels()
-    if own_axis is not None:  # one legend for the curves of both axes, the raw ones first
-        more, more_labels = own_axis.get_legend_handles_labels()
-        handles, labels = more + handles, more_labels + labels
-    ax.legend(handles, labels, fontsize=7)
+    handles, labels = zip(*raw_entries, *entries, strict=True)
+    ax.legend(handles, labels, fontsize=7)  # one legend for the curves of both axes
     _save(fig, path)
     return fig

@@ -264,6 +264,22 @@ def test_cv_curves_of_erm_and_mr2_stand_out_from_white(tmp_path):
     assert min(_contrast_on_white(line.get_color()) for line in lines) >= 3
 
 
+def test_models_whose_names_start_with_an_underscore_are_in_the_legends(tmp_path):
+    # matplotlib leaves a label that starts with "_" out of a legend it gathers itself:
+    # the model's bars and curves were drawn, unnamed.
+    X, y = load_iris(return_X_y=True)
+    searches = {
+        name: MR2LinearClassifierCV([0.01, 1.0], cv=3, c_bar=c_bar, device="cpu").fit(X, y)
+        for name, c_bar in (("_baseline", None), ("MR2", 1.0))
+    }
+    fig = plot_cv_curve(searches, tmp_path / "cv.png")
+    shown = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert sum(t.startswith("_baseline ") for t in shown) == 3 == len(shown) - 3
+    report = classwise_report({"ERM": y, "_tuned": (y + 1) % 3, "MR2": y}, y)
+    fig = plot_group_accuracy(report, tmp_path / "groups.png")
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["ERM", "_tuned", "MR2"]
+
+
 def test_class_accuracy_plot_rejects_unknown_model(tmp_path, report):
     with pytest.raises(ValueError, match="model must be one of"):
         plot_class_accuracy(report, tmp_path / "x.png", model="LR")
