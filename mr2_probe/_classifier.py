@@ -74,12 +74,13 @@ def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None
     """The parameters that are extreme enough to overflow a fit on their own (``scale``:
     a cosine head's; ``dtype``: the data's, for sample weights near its largest number)."""
     suspects = []
-    # The gradient's sums Σ w_i·(p_i − y_i)·x_i reach 2·Σw (times the cosine head's scale,
-    # on its unit rows) before they are divided by Σw.
-    if dtype is not None and 2 * weight_sum * (scale or 1) > torch.finfo(dtype).max:
+    # The loss's and the gradient's sums (Σ w_i·ℓ_i, and times a cosine head's scale) are
+    # taken before the division by Σw: a cosine fit at Σw = 1.2e38 in float32 stalled at
+    # its start, one at 6e36 converged.
+    if dtype is not None and weight_sum > torch.finfo(dtype).max / 16:
         suspects.append(
-            f"sample weights summing to {weight_sum:g} (the gradient sums them before "
-            "dividing by their sum)"
+            f"sample weights summing to {weight_sum:g} (the loss and its gradient sum them "
+            "before dividing by their sum)"
         )
     if scale is not None and scale > 1 / _EXTREME:
         suspects.append(f"scale={scale:g} (the cosine head's logits are cosines times it)")
@@ -807,10 +808,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 f"{stopped}: {which} the objective too steep to resolve: "
                 f"{'; '.join(result.range_suspects)}. Use values of a usual order of magnitude."
             )
-        # The cosine head reads the features' directions only: scaling them changes nothing.
-        scale = "" if self.head == "cosine" else " or scale the features (e.g. StandardScaler)"
         if result.stop == "max_iter":
-            advice = f"{stopped}. Increase max_iter{scale}."
+            advice = f"{stopped}. Increase max_iter or scale the features (e.g. StandardScaler)."
             if solver == "lbfgs":
                 return advice
             # A minibatch solver's other lever is its step: one too large oscillates.
@@ -820,24 +819,18 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             )
         if result.stop == "max_eval":
             return (
-                f"{stopped}: its line searches needed many evaluations. Increase max_iter{scale}."
+                f"{stopped}: its line searches needed many evaluations. Increase max_iter or "
+                "scale the features (e.g. StandardScaler)."
             )
         precise = "a larger tol" if dtype == torch.float64 else "float64 features or a larger tol"
         if not progress:
-            start = (
-                f"lbfgs made no progress from its starting point, {gradient}: no step "
-                "along its first directions lowered the objective. "
-            )
-            if self.head == "cosine":
-                return (
-                    f"{start}The start is already as near the optimum as the precision of "
-                    f"the data allows (a warm start from a converged fit; use {precise})."
-                )
             return (
-                f"{start}Either the start is already as near the optimum as the precision "
-                f"of the data allows (a warm start from a converged fit; use {precise}), or "
-                "the features have very large values, which make the gradient as large "
-                "(scale them, e.g. StandardScaler)."
+                f"lbfgs made no progress from its starting point, {gradient}: no step "
+                "along its first directions lowered the objective. Either the start is "
+                "already as near the optimum as the precision of the data allows (a warm "
+                f"start from a converged fit; use {precise}), or the features have very "
+                "large values, which make the gradient as large (scale them, e.g. "
+                "StandardScaler)."
             )
         if dtype == torch.float64:
             return (

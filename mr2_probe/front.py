@@ -406,12 +406,9 @@ def accuracy_front(
             unfitted = clone(wrapper).set_params(max_accuracy_drop=b, store_cv_results=False)
             points.append(FrontPoint(name, "offsets", b, unfitted))
     if short:
-        # The cosine head reads the features' directions only: scaling them changes nothing.
-        cosine = getattr(_final(estimator), "head", None) == "cosine"
-        scale = "" if cosine else ", or scale the features"
         warnings.warn(
             f"The front's fits of {', '.join(short)} stopped short of tol; their points are "
-            f"scored as fitted. Increase max_iter{scale}.",
+            "scored as fitted. Increase max_iter, or scale the features.",
             ConvergenceWarning,
             stacklevel=2,
         )

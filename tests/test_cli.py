@@ -24,14 +24,7 @@ from sklearn.preprocessing import StandardScaler
 
 from mr2_probe import MR2LinearClassifier
 from mr2_probe.cli import UsageError, load_xy, main
-from mr2_probe.cli._main import (
-    _advice,
-    _cv_probe,
-    _estimators,
-    _in_cli_terms,
-    _model,
-    _without_unused,
-)
+from mr2_probe.cli._main import _cv_probe, _estimators, _in_cli_terms, _model, _without_unused
 from mr2_probe.cli._options import _grid, _parser
 from mr2_probe.cli._outputs import _OUTPUTS
 
@@ -206,20 +199,6 @@ def test_warnings_name_the_grid_where_it_sets_max_iter():
     assert _in_cli_terms(message, args) == (
         "lbfgs did not converge in 2 iterations (--grid max_iter=2). Raise --grid max_iter, "
         "or scale the features (--feature-scaling standard)."
-    )
-
-
-def test_a_cosine_search_short_of_tol_is_not_told_to_scale_the_features():
-    # The cosine head reads the features' directions: --feature-scaling was no remedy.
-    args = Namespace(feature_scaling="none", grid=[])
-    cosine, linear = (MR2LinearClassifier(head=head) for head in ("cosine", "linear"))
-    assert _in_cli_terms(_advice(cosine), args) == "Raise --max-iter."
-    assert _in_cli_terms(_advice(linear), args) == (
-        "Raise --max-iter, or scale the features (--feature-scaling standard)."
-    )
-    message = "lbfgs did not converge in max_iter=2 iterations. Increase max_iter."
-    assert _in_cli_terms(message, args) == (
-        "lbfgs did not converge in 2 iterations (--max-iter 2). Raise --max-iter."
     )
 
 

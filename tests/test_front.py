@@ -356,17 +356,6 @@ def test_front_names_the_points_that_stopped_short(splits):
         accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(5,))
 
 
-@pytest.mark.parametrize("head, advice", [("linear", ", or scale the features."), ("cosine", ".")])
-def test_front_advises_scaling_only_a_head_that_reads_the_scale(splits, head, advice):
-    # The cosine head reads the features' directions: scaling them was no remedy.
-    X_fit, y_fit, X_val, y_val, *_ = splits
-    probe = MR2LinearClassifier(head=head, max_iter=2, device="cpu")
-    with pytest.warns(ConvergenceWarning, match="front's fits") as caught:
-        accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=())
-    said = [str(w.message) for w in caught if "front's fits" in str(w.message)]
-    assert said[0].endswith(f"Increase max_iter{advice}")
-
-
 @pytest.mark.parametrize(
     "kwargs, match",
     [

@@ -334,7 +334,6 @@ def _in_cli_terms(message, args) -> str:
             r"Increase max_iter,? or scale the features(?: \(e\.g\. StandardScaler\))?",
             f"Raise {option}" + ("" if scaled else f", or scale the features ({scale})"),
         ),
-        (r"Increase max_iter\b", f"Raise {option}"),  # (a cosine head's: no scaling)
         (r"in max_iter=(\d+) (\w+)", rf"in \1 \2 ({option}{sep}\1)"),
         (r"(?<!--grid )\bmax_iter\b", option),  # not the option just written
         # "(and scale them, e.g. StandardScaler)" and the like: no advice where they are.
@@ -355,14 +354,6 @@ def _in_cli_terms(message, args) -> str:
     return text
 
 
-def _advice(probe) -> str:
-    """What a fit short of tol is told to do (the cosine head reads the features'
-    directions only: scaling them changes nothing)."""
-    if probe.head == "cosine":
-        return "Increase max_iter."
-    return "Increase max_iter or scale the features."
-
-
 def _fit(model, X, y, name: str, args):
     """``model`` fitted, its ConvergenceWarnings (a search's can be many) said in one line
     on stderr, their advice in mr2-probe's options."""
@@ -380,7 +371,7 @@ def _fit(model, X, y, name: str, args):
             why = (
                 f"the refit's: {_in_cli_terms(reason, args)}"
                 if reason
-                else _in_cli_terms(_advice(_final(model.best_estimator_)), args)
+                else _in_cli_terms("Increase max_iter or scale the features.", args)
             )
             print(
                 f"mr2-probe: warning: {name}: {n_short} of its {n_fits} fits stopped short of "
