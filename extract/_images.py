@@ -454,7 +454,7 @@ def encode_labels(
             raise ValueError(
                 f"A label is {largest}, but only {len(index_names)} class names are given."
             )
-        if largest >= MAX_CLASS_INDEX:
+        if index_names is None and largest >= MAX_CLASS_INDEX:
             raise ValueError(
                 f"The labels are read as class indices 0..K-1, and the largest, {largest}, "
                 f"would make {largest + 1} classes (at most {MAX_CLASS_INDEX} are taken). If "

@@ -102,6 +102,18 @@ def test_files_the_image_folder_leaves_out_are_said(folder, caplog):
     ]
 
 
+def test_class_indices_beyond_the_bound_are_taken_where_their_names_are_given():
+    # The bound is for indices without names (ids taken for indices); with a name for
+    # each class the indices are the names' positions, however many.
+    from extract._images import MAX_CLASS_INDEX, encode_labels
+
+    names = [f"c{k}" for k in range(MAX_CLASS_INDEX + 1)]
+    labels, classes = encode_labels(["0", str(MAX_CLASS_INDEX)], names)
+    assert labels.tolist() == [0, MAX_CLASS_INDEX] and classes == names
+    with pytest.raises(ValueError, match="only 3 class names are given"):
+        encode_labels(["0", "3"], names[:3])
+
+
 def test_hidden_folders_and_files_are_no_classes_nor_images(folder):
     # A hidden folder beside the classes (.thumbs) became class 0, every index shifted;
     # an empty one (.ipynb_checkpoints) refused the folder; hidden files in a class
