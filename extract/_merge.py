@@ -194,6 +194,33 @@ def _mark_merged(shards: list[str], out: str | os.PathLike) -> None:
             )
 
 
+def mark_superseded(out: str | os.PathLike, world_size: int | None = None) -> None:
+    """Mark the shards beside ``out`` that no run has merged (an interrupted run's), of
+    another number of ranks than ``world_size`` (any, where None), as gone into another
+    version of ``out``: a forced rebuild has just written it otherwise. Resumed at their
+    number of ranks, their rows (of images replaced in place, which the provenance cannot
+    see: what --force is for) went into the rebuilt store; marked, they are made anew."""
+    if not os.path.exists(out):
+        return
+    superseded = f"superseded by {_identity(out)}"
+    for path in shards_beside(out):
+        if world_size is not None and path.stem.endswith(f"-of-{world_size:05d}"):
+            continue
+        try:
+            with h5py.File(path, "r+") as f:
+                if MERGED_INTO not in f.attrs:
+                    f.attrs[MERGED_INTO] = superseded
+        except OSError as err:
+            logger.warning(
+                "Could not mark the shard %s of an interrupted run as superseded by the "
+                "rebuilt %s (%s): a later run at its number of ranks may resume it, its "
+                "rows those of the images as they were; delete it.",
+                path,
+                out,
+                " ".join(str(err).split()),
+            )
+
+
 def _warn_of_versions(files: dict[int, h5py.File]) -> None:
     """Say which shards were extracted with other library versions than rank 0's, which
     the merged store records (a resume with other versions says so too)."""

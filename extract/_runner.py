@@ -26,7 +26,7 @@ from ._batches import _assemble, _embed, _refuse_non_finite
 from ._decoding import MAX_ASPECT
 from ._images import ImageSource, ItemDataset, collate_items, open_source
 from ._locks import store_lock
-from ._merge import _merge, check_merging, shard_path
+from ._merge import _merge, check_merging, mark_superseded, shard_path
 from ._reading import _NAMED_FAILURES, failed_rows, name_failures
 from ._resume import (
     _adopt_repaired_failures,
@@ -264,6 +264,8 @@ def extract_features(
             return out
         shard, repair_merged, rebuild, failed = done
         if world_size == 1 or explicit:
+            if shard == out and (overwrite or rebuild):
+                mark_superseded(out)  # an interrupted run's shards hold what was rebuilt
             _warn_of_failures(shard, *failed)
             return shard
         # Each rank's failures are its shard's: the user hears of them once, as the
@@ -271,6 +273,8 @@ def extract_features(
         failed = _all_ranks_failures(failed, world_size)
         merged = _merge_on_rank0(out, rank, world_size, overwrite or rebuild, repair_merged)
         if rank == 0:
+            if overwrite or rebuild:  # another number of ranks' interrupted run's shards
+                mark_superseded(merged, world_size)
             _warn_of_failures(out, *failed)
         return merged
 

@@ -1069,6 +1069,67 @@ def test_a_resumed_rebuild_retries_a_failure_repaired_in_another_rank_s_shard(
     assert not load_features(out, in_memory=True).failures
 
 
+def _bitmaps(folder: Path, seed: int) -> None:
+    """Two classes of four 36 × 36 BMPs (one size whatever the pixels), their modification
+    times fixed: written again with other pixels, no listing can tell them apart."""
+    rng = np.random.default_rng(seed)
+    for k, name in enumerate(("cat", "dog")):
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        for i in range(4):
+            path = folder / name / f"{i}.bmp"
+            Image.fromarray(rng.integers(0, 255, (36, 36, 3), dtype=np.uint8)).save(path)
+            os.utime(path, ns=(10**18, 10**18 + k * 4 + i))
+
+
+@pytest.mark.parametrize("rebuilt_at", [1, 3])
+def test_a_forced_rebuild_at_other_ranks_supersedes_an_interrupted_run_s_shards(
+    tmp_path, monkeypatch, rebuilt_at
+):
+    # A torchrun run killed at 2 ranks, the images replaced in place (the same sizes and
+    # times: what --force is for), the store rebuilt with --force at 3 ranks or in one
+    # process, then --retry-failed at 2 ranks: the old shards, never merged, were resumed
+    # and merged over the rebuilt store, their rows those of the images replaced.
+    from extract import _runner
+
+    folder, out = tmp_path / "data", tmp_path / "f.h5"
+    _bitmaps(folder, seed=0)
+    (folder / "dog" / "9.bmp").write_bytes(b"not an image")  # a failure to retry
+    fast = dict(FAST, batch_size=2)
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):  # each rank killed after its first batch, before any merge
+        monkeypatch.setenv("RANK", str(rank))
+        with monkeypatch.context() as patch:
+            _kill_after_a_write(patch)
+            with pytest.raises(KeyboardInterrupt):
+                extract_features(folder, BACKBONE, out, **fast)
+    _bitmaps(folder, seed=1)  # replaced in place
+    if rebuilt_at == 1:
+        monkeypatch.delenv("WORLD_SIZE")
+        monkeypatch.delenv("RANK")
+        extract_features(folder, BACKBONE, out, overwrite=True, **fast)
+    else:  # rank 0 last, which merges the three shards
+        three = [shard_path(out, r, 3) for r in range(3)]
+
+        def merge(out, rank, *args):
+            return merge_shards(three, out, overwrite=True) if rank == 0 else out
+
+        monkeypatch.setattr(_runner, "_merge_on_rank0", merge)
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        for rank in (1, 2, 0):
+            monkeypatch.setenv("RANK", str(rank))
+            extract_features(folder, BACKBONE, out, overwrite=True, **fast)
+        monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    rebuilt = load_features(out, in_memory=True).features
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, retry_failed=True, **fast)
+    merge_shards([shard_path(out, r, 2) for r in (0, 1)], out, overwrite=True)
+    np.testing.assert_allclose(load_features(out, in_memory=True).features, rebuilt, atol=1e-5)
+
+
 def test_under_torchrun_a_rank_with_nothing_left_counts_its_failures_in_the_warning(
     tmp_path, monkeypatch
 ):
