@@ -309,6 +309,14 @@ def _extract(args: argparse.Namespace) -> int:
                 f"the machine ran out of memory ({_first_line(err)}); use a smaller "
                 f"--batch-size or --image-size, then run {_again(args)} to resume"
             )
+        if _peer_lost(err):
+            # Another rank died (killed, out of memory): torchrun names it; this one's
+            # finished rows are kept for the resume.
+            return _error(
+                f"another rank stopped while this one waited for it ({_first_line(err)}); "
+                f"see torchrun's report of the rank that failed, then run {_again(args)} to "
+                "resume"
+            )
         if "DataLoader worker" not in str(err):
             raise
         # The kernel ends a worker that runs out of memory; the rows done so far are kept.
@@ -317,6 +325,14 @@ def _extract(args: argparse.Namespace) -> int:
             f"--batch-size, then run {_again(args)} to resume."
         )
     return 0
+
+
+def _peer_lost(err: Exception) -> bool:
+    """Whether ``err`` is gloo's report of a rank that went away during a collective."""
+    text = str(err)
+    return "gloo" in text and any(
+        lost in text for lost in ("Connection reset by peer", "Connection closed by peer")
+    )
 
 
 def _again(args) -> str:

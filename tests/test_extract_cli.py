@@ -325,6 +325,24 @@ def test_a_killed_decoding_worker_is_a_one_line_error(tmp_path, capsys, monkeypa
     assert "run the same command again to resume" in line
 
 
+def test_a_rank_whose_peer_died_ends_in_one_line(tmp_path, capsys, monkeypatch):
+    # Under torchrun a rank waiting in a collective when another was killed printed gloo's
+    # traceback, not the one line every other failure gets.
+    def lost(*args, **kwargs):
+        raise RuntimeError(
+            "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+            "[127.0.0.1]:36556: Connection reset by peer. This is typically caused by a remote "
+            "worker hanging or bugs in the application."
+        )
+
+    monkeypatch.setattr(extract, "extract_features", lost)
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    assert main([str(folder), "timm:test_resnet@random", str(tmp_path / "o.h5")]) == 2
+    line = _error_line(capsys, only_line=True)
+    assert line.startswith("mr2-extract: error: another rank stopped while this one waited")
+    assert "Connection reset by peer" in line and "run the same command again to resume" in line
+
+
 def test_an_interrupted_forced_run_is_told_to_resume_without_force(tmp_path, capsys, monkeypatch):
     # "run the same command again to resume": with --force in it, the repeat deleted what
     # the stopped run had written and started over, at every repeat.
