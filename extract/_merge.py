@@ -6,6 +6,7 @@ import glob
 import itertools
 import logging
 import os
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -197,14 +198,19 @@ def _mark_merged(shards: list[str], out: str | os.PathLike) -> None:
 def mark_superseded(out: str | os.PathLike, world_size: int | None = None) -> None:
     """Mark the shards beside ``out`` that no run has merged (an interrupted run's), of
     another number of ranks than ``world_size`` (any, where None), as gone into another
-    version of ``out``: a forced rebuild has just written it otherwise. Resumed at their
+    version of ``out``: a forced rebuild writes it otherwise (has written it, under
+    torchrun; is about to, in one process). Resumed at their
     number of ranks, their rows (of images replaced in place, which the provenance cannot
     see: what --force is for) went into the rebuilt store; marked, they are made anew."""
-    if not os.path.exists(out):
-        return
-    superseded = f"superseded by {_identity(out)}"
+    # Any value but the store's identity: the store may not be written yet.
+    superseded = "superseded by a forced rebuild" + (
+        f" ({_identity(out)})" if os.path.exists(out) else ""
+    )
+    own = f".shard-{{}}-of-{world_size:05d}" if world_size is not None else None
     for path in shards_beside(out):
-        if world_size is not None and path.stem.endswith(f"-of-{world_size:05d}"):
+        if own is not None and re.search(own.format(r"\d+"), path.name):
+            continue
+        if not h5py.is_hdf5(path):  # a lock or a partial file, where out has no suffix
             continue
         try:
             with h5py.File(path, "r+") as f:

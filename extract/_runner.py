@@ -254,6 +254,11 @@ def extract_features(
         check_output(path, overwrite)
     if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now
         check_merging(os.fspath(merged))  # (where out exists: once found incomplete)
+    if overwrite and target == out:
+        # In one process a forced run writes ``out`` itself: an interrupted run's shards
+        # (of any number of ranks) hold rows of what it rebuilds. Marked before it starts,
+        # as it may be stopped and finished by a plain resume, which cannot tell it forced.
+        mark_superseded(out)
     with _ranks_group() if merged is not None else contextlib.nullcontext():
         done = _extract_shard(
             source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
@@ -264,8 +269,6 @@ def extract_features(
             return out
         shard, repair_merged, rebuild, failed = done
         if world_size == 1 or explicit:
-            if shard == out and (overwrite or rebuild):
-                mark_superseded(out)  # an interrupted run's shards hold what was rebuilt
             _warn_of_failures(shard, *failed)
             return shard
         # Each rank's failures are its shard's: the user hears of them once, as the

@@ -76,8 +76,9 @@ def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None
     suspects = []
     # The loss's and the gradient's sums (Σ w_i·ℓ_i, and times a cosine head's scale) are
     # taken before the division by Σw: a cosine fit at Σw = 1.2e38 in float32 stalled at
-    # its start, one at 6e36 converged.
-    if dtype is not None and weight_sum > torch.finfo(dtype).max / 16:
+    # its start, one at 6e36 converged; a linear head's resolve up to float32's largest.
+    near = torch.finfo(dtype).max / (16 if scale is not None else 2) if dtype else np.inf
+    if weight_sum > near:
         suspects.append(
             f"sample weights summing to {weight_sum:g} (the loss and its gradient sum them "
             "before dividing by their sum)"

@@ -275,10 +275,12 @@ def test_sample_weights_that_overflow_the_cosine_gradient_are_named():
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         clf.fit(X, y, sample_weight=np.full(len(y), 1e34))  # Σw = 6e36: a fit like any
-    # Short of tol for want of iterations, at weights that resolve: not blamed on them.
-    clf.set_params(max_iter=3)
-    with pytest.warns(ConvergenceWarning, match=r"max_iter=3 iterations\. Increase max_iter or"):
-        clf.fit(X, y, sample_weight=np.full(len(y), 1e34))
+    # Short of tol for want of iterations, at weights that resolve: not blamed on them
+    # (a linear head's resolve up to float32's largest).
+    for head, weight in (("cosine", 1e34), ("linear", 1e35)):
+        clf.set_params(max_iter=3, head=head)
+        with pytest.warns(ConvergenceWarning, match=r"max_iter=3 iterations\. Increase max_iter"):
+            clf.fit(X, y, sample_weight=np.full(len(y), weight))
 
 
 def _cosine_batch(X, y, weight, margins):

@@ -1081,7 +1081,23 @@ def _bitmaps(folder: Path, seed: int) -> None:
             os.utime(path, ns=(10**18, 10**18 + k * 4 + i))
 
 
-@pytest.mark.parametrize("rebuilt_at", [1, 3])
+def test_marking_shards_superseded_passes_over_files_that_are_no_shards(tmp_path, caplog):
+    # An output named without a suffix: its shards' lock files match the shards' names,
+    # and each was named in a warning that it could not be marked.
+    from extract._merge import mark_superseded
+
+    out = tmp_path / "features"
+    with h5py.File(tmp_path / "features.shard-00000-of-00002", "w"):
+        pass
+    (tmp_path / "features.shard-00001-of-00002.lock").write_text("123 host")
+    with caplog.at_level(logging.WARNING, logger="extract"):
+        mark_superseded(out)
+    assert not caplog.records
+    with h5py.File(tmp_path / "features.shard-00000-of-00002", "r") as f:
+        assert f.attrs["merged_into_store"] == "superseded by a forced rebuild"
+
+
+@pytest.mark.parametrize("rebuilt_at", [1, "1, stopped and resumed", 3])
 def test_a_forced_rebuild_at_other_ranks_supersedes_an_interrupted_run_s_shards(
     tmp_path, monkeypatch, rebuilt_at
 ):
@@ -1105,10 +1121,15 @@ def test_a_forced_rebuild_at_other_ranks_supersedes_an_interrupted_run_s_shards(
             with pytest.raises(KeyboardInterrupt):
                 extract_features(folder, BACKBONE, out, **fast)
     _bitmaps(folder, seed=1)  # replaced in place
-    if rebuilt_at == 1:
+    if rebuilt_at != 3:
         monkeypatch.delenv("WORLD_SIZE")
         monkeypatch.delenv("RANK")
-        extract_features(folder, BACKBONE, out, overwrite=True, **fast)
+        if rebuilt_at != 1:  # finished by a plain resume, which cannot tell it was forced
+            with monkeypatch.context() as patch:
+                _kill_after_a_write(patch)
+                with pytest.raises(KeyboardInterrupt):
+                    extract_features(folder, BACKBONE, out, overwrite=True, **fast)
+        extract_features(folder, BACKBONE, out, overwrite=rebuilt_at == 1, **fast)
     else:  # rank 0 last, which merges the three shards
         three = [shard_path(out, r, 3) for r in range(3)]
 
