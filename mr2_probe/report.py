@@ -165,7 +165,7 @@ def classwise_report(
     groups = class_groups(y, predictions[reference], labels)
     return ClasswiseReport(
         reference=reference,
-        labels=_as_text(labels.tolist()),
+        labels=_as_text((labels.astype(str) if labels.dtype.kind in "mM" else labels).tolist()),
         groups=list(groups.values()),
         rows={name: classwise_summary(y, pred, groups) for name, pred in predictions.items()},
         per_class={
@@ -192,7 +192,8 @@ def _class_order(labels, y) -> np.ndarray:
 
 
 def _as_text(labels: list) -> list:
-    """Bytes labels (h5py's fixed-length strings) as text, which JSON can hold: decoded,
+    """Bytes labels (h5py's fixed-length strings) as text, which JSON can hold (dates and
+    durations are given as their ISO text, "2024-01-01", by the caller): decoded,
     with backslash escapes where they are not UTF-8, unless two then read alike (the byte
     0xFF and the four characters backslash, x, f, f); then as their ``repr``, which never
     makes two alike."""

@@ -178,6 +178,22 @@ def test_json_writes_missing_groups_as_null():
     assert np.isnan(ClasswiseReport.from_dict(json.loads(text)).rows["a"]["medium"])
 
 
+@pytest.mark.parametrize(
+    "y, shown",
+    [
+        (np.array(["2024-01-01", "2024-01-02"], "datetime64[D]"), ["2024-01-01", "2024-01-02"]),
+        (np.array([1, 2], dtype="timedelta64[s]"), ["1 seconds", "2 seconds"]),
+    ],
+)
+def test_date_labels_are_written_as_their_iso_text(y, shown):
+    # The report took them, and to_json failed: "Object of type date is not JSON
+    # serializable" (datetime64[ns] became integers of nanoseconds).
+    y = np.repeat(y, 3)
+    report = classwise_report({"ERM": y, "MR2": y[::-1]}, y)
+    assert report.labels == shown
+    assert ClasswiseReport.from_dict(json.loads(report.to_json())).labels == shown
+
+
 def test_json_of_infinite_labels_is_strict():
     report = classwise_report({"a": [np.inf, 1.0, 1.0]}, [np.inf, 1.0, 2.0])
 
