@@ -281,11 +281,24 @@ def _saved_arrow_files(state: str) -> list[str] | None:
     folder is then read as a folder of Parquet files)."""
     try:
         with open(state, encoding="utf-8") as fh:
-            data = json.load(fh).get("_data_files")
+            state_data = json.load(fh)
+        data = state_data.get("_data_files")
         files = [d["filename"] for d in data]
     except (OSError, ValueError, AttributeError, TypeError, KeyError):
         return None
-    return files if files and all(isinstance(f, str) for f in files) else None
+    if not (files and all(isinstance(f, str) for f in files)):
+        return None
+    # datasets before 1.15 saved a selection (a split, a filter, a shuffle) as its parent's
+    # whole table beside an indices file, and the 2020 nlp library slices of its files:
+    # read as they are, every row of the parent was extracted.
+    sliced = any(isinstance(d, dict) and ("skip" in d or "take" in d) for d in data)
+    if state_data.get("_indices_data_files") or sliced:
+        raise TableError(
+            f"{os.path.dirname(state)!r} was saved by an old datasets release as a selection "
+            "of its files' rows (an indices file, or slices), which is not read here: load it "
+            "with datasets, call flatten_indices(), and save it again (save_to_disk)."
+        )
+    return files
 
 
 def _dataset_folder(folder: str) -> list[str]:
@@ -379,8 +392,11 @@ def _label_texts(values, column: str, path: str, names: list[str] | None) -> lis
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if values.null_count:
-        row = int(pc.index(pc.is_null(values), True).as_py())
+    # (pc.is_null, not null_count: a dictionary-encoded column can hold its null in the
+    # dictionary, which became a class "None", or "nan" of integers.)
+    missing = pc.is_null(values)
+    if pc.any(missing).as_py():
+        row = int(pc.index(missing, True).as_py())
         raise TableError(f"Row {row} of {path!r} has no {column!r} label.")
     kind = values.type.value_type if pa.types.is_dictionary(values.type) else values.type
     if pa.types.is_integer(kind):

@@ -347,7 +347,8 @@ def _index_class_names(root: str) -> tuple[str | None, list[str] | None]:
         path = os.path.join(folder, CLASS_NAMES_FILE)
         if os.path.isfile(path):
             try:
-                with open(path, encoding="utf-8") as fh:
+                # utf-8-sig: a byte-order mark, as editors save one, is no part of a name.
+                with open(path, encoding="utf-8-sig") as fh:
                     return path, [line.strip() for line in fh.read().strip().splitlines()]
             except UnicodeDecodeError as err:
                 raise ShardError(
