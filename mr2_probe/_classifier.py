@@ -557,6 +557,14 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 "needs minibatches and per-epoch statistics. Use solver='auto', 'adam' or "
                 "'sgd', or set lam=0."
             )
+        if self.lam > 0 and self.batch_size < 2:
+            # The compactness loss is over same-class pairs within a batch: a batch of one
+            # has none, and any lam fitted as lam=0 did, without a word.
+            raise ValueError(
+                f"lam={self.lam} needs batch_size >= 2, got batch_size={self.batch_size}: the "
+                "compactness loss compares samples of one class within a minibatch, and a "
+                "batch of one holds no pair. Use a larger batch_size, or set lam=0."
+            )
         return solver
 
     def _prepare(self, X, y, sample_weight):

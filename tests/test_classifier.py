@@ -569,6 +569,8 @@ def test_minibatch_is_reproducible_with_random_state(digits):
         ({"lam": -0.1}, "'lam' parameter"),
         ({"C": 0}, "'C' parameter"),
         ({"solver": "lbfgs", "lam": 0.5}, "solver='lbfgs' requires lam=0"),
+        # A batch of one holds no same-class pair: any lam was fitted as lam=0, unsaid.
+        ({"lam": 0.5, "batch_size": 1}, r"lam=0.5 needs batch_size >= 2, got batch_size=1"),
         ({"scale": 0.0}, "'scale' parameter of MR2LinearClassifier must be"),
         ({"scale": -64.0}, "'scale' parameter"),
         ({"tau": 0.0}, "'tau' parameter"),
