@@ -225,10 +225,23 @@ def _drop_cursor(state: dict) -> None:
 _CACHE_SPLIT = re.compile(r".+-(train|test|validation)(?:-\d{5}-of-\d{5})?$", re.I)
 
 
+# Hugging Face's shard names, <split>-00000-of-00004: the split (any name: query,
+# gallery, in_domain) and the shard's place in its split.
+_HF_SHARD = re.compile(r"^([A-Za-z][\w.]*?)-(\d{5})-of-(\d{5})$")
+
+
 def _split_of(relative: str) -> str | None:
-    """The split a file of a Hugging Face dataset folder belongs to, from its path."""
+    """The split a file of a Hugging Face dataset folder belongs to, from its path: the
+    name of a shard of a split (``train-00000-of-00004``, ``beans-train-...``) first, then
+    the first part of its path that names a split (``test/0000.parquet``)."""
     parts = relative.split(os.sep)
     parts[-1] = os.path.splitext(parts[-1])[0]
+    cached = _CACHE_SPLIT.match(parts[-1])
+    if cached and _HF_SHARD.match(parts[-1]):
+        return cached.group(1).lower()
+    shard = _HF_SHARD.match(parts[-1])
+    if shard and shard.group(1).lower() != "data":  # save_to_disk's data-00000-of-00002
+        return shard.group(1).lower()
     for part in parts:
         match = _SPLIT.match(part)
         if match:
@@ -266,6 +279,7 @@ def _check_one_split(where: str, base: str, files: list[str], configs: bool) -> 
     if len(by_split) > 1:
         names = sorted(str(s) for s in by_split)
         raise TableError(f"{where} holds the splits {names}; read one, e.g. parquet:{example}.")
+    _check_shard_counts(where, files, every=configs)
     folders = sorted({os.path.relpath(os.path.dirname(f), base) for f in files})
     if configs and len(folders) > 1:
         raise TableError(
@@ -273,6 +287,34 @@ def _check_one_split(where: str, base: str, files: list[str], configs: bool) -> 
             "dataset's configs (each a copy of its images) are; read one (or several, with a "
             f"pattern that names them), e.g. parquet:{example}."
         )
+
+
+def _check_shard_counts(where: str, files: list[str], every: bool) -> None:
+    """Refuse shards of one split named as of several counts (``-of-00001`` beside
+    ``-of-00002``: another revision's, every row twice), and, with ``every`` (a folder,
+    whose files no one chose), a split missing some of its shards."""
+    shards: dict[tuple[str, str], dict[int, set[int]]] = {}
+    for f in files:
+        name = _HF_SHARD.match(os.path.splitext(os.path.basename(f))[0])
+        if name:
+            key = (os.path.dirname(f), name.group(1))
+            shards.setdefault(key, {}).setdefault(int(name.group(3)), set()).add(int(name.group(2)))
+    for (folder, split), counts in sorted(shards.items()):
+        shown = os.path.join(folder, f"{split}-*")
+        if len(counts) > 1:
+            raise TableError(
+                f"{where} holds shards {shown!r} of {sorted(counts)} shards each: two "
+                "shardings of one split (a revision's files left beside another's), whose "
+                "rows would be read twice; keep one."
+            )
+        ((count, present),) = counts.items()
+        missing = sorted(set(range(count)) - present)
+        if every and missing:
+            raise TableError(
+                f"{where} lacks shard {missing[0]} of the {count} of {shown!r} "
+                f"({len(missing)} missing): a download cut short? Fetch them, or name the "
+                "shards to read with a pattern."
+            )
 
 
 def _saved_arrow_files(state: str) -> list[str] | None:

@@ -686,6 +686,33 @@ def test_a_split_over_folders_opens_by_pattern_and_suggestions_open(tmp_path):
         assert len(open_source(f"parquet:{suggested}")) == rows
 
 
+def test_hugging_face_shard_names_tell_their_split_and_count(tmp_path):
+    # Splits of other names (query, gallery) were read as one source, a folder named like a
+    # split (dev_set/) took every file under it for its split, and shards of two revisions
+    # (-of-00001 beside -of-00002) or with one missing were read without a word.
+    def files(folder, *names):
+        for name in names:
+            (tmp_path / folder / name).parent.mkdir(parents=True, exist_ok=True)
+            _table(tmp_path / folder / name, {"image": [b"a", b"b"], "label": [0, 1]})
+        return f"parquet:{tmp_path / folder}"
+
+    one = "-00000-of-00001.parquet"
+    with pytest.raises(TableError, match=r"holds the splits \['gallery', 'query'\]"):
+        open_source(files("q", f"data/query{one}", f"data/gallery{one}"))
+    with pytest.raises(TableError, match=r"holds the splits \['test', 'train'\]"):
+        open_source(files("d", f"dev_set/train{one}", f"dev_set/test{one}"))
+    stale = files(
+        "s", f"data/train{one}", *(f"data/train-0000{k}-of-00002.parquet" for k in (0, 1))
+    )
+    for source in (stale, f"{stale}/data/train-*.parquet"):
+        with pytest.raises(TableError, match=r"shards .*train-\*' of \[1, 2\] shards each"):
+            open_source(source)
+    cut = files("c", *(f"data/train-0000{k}-of-00003.parquet" for k in (0, 2)))
+    with pytest.raises(TableError, match=r"lacks shard 1 of the 3 of .*train-\*' \(1 missing\)"):
+        open_source(cut)
+    assert len(open_source(f"{cut}/data/train-*.parquet")) == 4  # the shards named: read
+
+
 def test_the_splits_of_datasets_cache_files_are_told_apart(tmp_path):
     # <builder>-<split>[-NNNNN-of-NNNNN].arrow: three splits were read as one source.
     for split in ("train", "test", "validation"):
