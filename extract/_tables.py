@@ -232,14 +232,12 @@ _HF_SHARD = re.compile(r"^([A-Za-z][\w.]*?)-(\d{5})-of-(\d{5})$")
 
 def _split_of(relative: str) -> str | None:
     """The split a file of a Hugging Face dataset folder belongs to, from its path: the
-    name of a shard of a split (``train-00000-of-00004``, ``beans-train-...``) first, then
-    the first part of its path that names a split (``test/0000.parquet``)."""
+    name of a shard of a split (``train-00000-of-00004``) first, then the first part of
+    its path that names a split (``test/0000.parquet``), then a ``datasets`` cache file's
+    (``beans-train-00000-of-00002``)."""
     parts = relative.split(os.sep)
     parts[-1] = os.path.splitext(parts[-1])[0]
-    cached = _CACHE_SPLIT.match(parts[-1])
-    if cached and _HF_SHARD.match(parts[-1]):
-        return cached.group(1).lower()
-    shard = _HF_SHARD.match(parts[-1])
+    shard = _HF_SHARD.match(parts[-1])  # (not beans-train-...: a cache file, below)
     if shard and shard.group(1).lower() != "data":  # save_to_disk's data-00000-of-00002
         return shard.group(1).lower()
     for part in parts:
