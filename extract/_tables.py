@@ -231,19 +231,23 @@ _HF_SHARD = re.compile(r"^([A-Za-z][\w.]*?)-(\d{5})-of-(\d{5})$")
 
 
 def _split_of(relative: str) -> str | None:
-    """The split a file of a Hugging Face dataset folder belongs to, from its path: the
-    name of a shard of a split (``train-00000-of-00004``) first, then the first part of
-    its path that names a split (``test/0000.parquet``), then a ``datasets`` cache file's
+    """The split a file of a Hugging Face dataset folder belongs to, from its path: a
+    shard's name that names a split (``train-00000-of-00004``), else the first folder of
+    its path that does (``test/0000.parquet``, ``train/data-00000-of-00002.arrow``), else a
+    shard's name of any split (``query-00000-of-00001``), else a ``datasets`` cache file's
     (``beans-train-00000-of-00002``)."""
     parts = relative.split(os.sep)
     parts[-1] = os.path.splitext(parts[-1])[0]
     shard = _HF_SHARD.match(parts[-1])  # (not beans-train-...: a cache file, below)
-    if shard and shard.group(1).lower() != "data":  # save_to_disk's data-00000-of-00002
-        return shard.group(1).lower()
-    for part in parts:
+    prefix = shard.group(1) if shard else ""
+    if _SPLIT.fullmatch(prefix):  # train-00000-of-00004 under dev_set/ is train's
+        return _SPLIT.match(prefix).group(1).lower()
+    for part in parts[:-1] if shard else parts:  # train/images-00000-of-00001 is train's
         match = _SPLIT.match(part)
         if match:
             return match.group(1).lower()
+    if shard:  # a split of another name: query-00000-of-00001
+        return prefix.lower()
     match = _CACHE_SPLIT.match(parts[-1])
     return match.group(1).lower() if match else None
 
@@ -277,7 +281,6 @@ def _check_one_split(where: str, base: str, files: list[str], configs: bool) -> 
     if len(by_split) > 1:
         names = sorted(str(s) for s in by_split)
         raise TableError(f"{where} holds the splits {names}; read one, e.g. parquet:{example}.")
-    _check_shard_counts(where, files, every=configs)
     folders = sorted({os.path.relpath(os.path.dirname(f), base) for f in files})
     if configs and len(folders) > 1:
         raise TableError(
@@ -285,6 +288,7 @@ def _check_one_split(where: str, base: str, files: list[str], configs: bool) -> 
             "dataset's configs (each a copy of its images) are; read one (or several, with a "
             f"pattern that names them), e.g. parquet:{example}."
         )
+    _check_shard_counts(where, files, every=configs)
 
 
 def _check_shard_counts(where: str, files: list[str], every: bool) -> None:
@@ -295,7 +299,7 @@ def _check_shard_counts(where: str, files: list[str], every: bool) -> None:
     for f in files:
         name = _HF_SHARD.match(os.path.splitext(os.path.basename(f))[0])
         if name:
-            key = (os.path.dirname(f), name.group(1))
+            key = (os.path.dirname(f), name.group(1).lower())
             shards.setdefault(key, {}).setdefault(int(name.group(3)), set()).add(int(name.group(2)))
     for (folder, split), counts in sorted(shards.items()):
         shown = os.path.join(folder, f"{split}-*")
@@ -307,7 +311,7 @@ def _check_shard_counts(where: str, files: list[str], every: bool) -> None:
             )
         ((count, present),) = counts.items()
         missing = sorted(set(range(count)) - present)
-        if every and missing:
+        if every and missing and present != set(range(1, count + 1)):  # (or from 1)
             raise TableError(
                 f"{where} lacks shard {missing[0]} of the {count} of {shown!r} "
                 f"({len(missing)} missing): a download cut short? Fetch them, or name the "
@@ -331,7 +335,8 @@ def _saved_arrow_files(state: str) -> list[str] | None:
     # datasets before 1.15 saved a selection (a split, a filter, a shuffle) as its parent's
     # whole table beside an indices file, and the 2020 nlp library slices of its files:
     # read as they are, every row of the parent was extracted.
-    sliced = any(isinstance(d, dict) and ("skip" in d or "take" in d) for d in data)
+    # (datasets 1.0-1.5 wrote skip 0 and take of every row for whole files too.)
+    sliced = any(isinstance(d, dict) and d.get("skip") not in (None, 0) for d in data)
     if state_data.get("_indices_data_files") or sliced:
         raise TableError(
             f"{os.path.dirname(state)!r} was saved by an old datasets release as a selection "

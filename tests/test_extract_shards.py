@@ -711,6 +711,21 @@ def test_hugging_face_shard_names_tell_their_split_and_count(tmp_path):
     with pytest.raises(TableError, match=r"lacks shard 1 of the 3 of .*train-\*' \(1 missing\)"):
         open_source(cut)
     assert len(open_source(f"{cut}/data/train-*.parquet")) == 4  # the shards named: read
+    # A shard name of no split's under the splits' folders: the folders tell the split.
+    with pytest.raises(TableError, match=r"holds the splits \['test', 'train'\]"):
+        open_source(f"{files('f', f'train/images{one}', f'test/images{one}')}/*/images-*.parquet")
+    # Shards numbered from 1, or in capitals, are one complete split.
+    assert (
+        len(open_source(files("n", *(f"data/train-0000{k}-of-00002.parquet" for k in (1, 2))))) == 4
+    )
+    assert (
+        len(
+            open_source(
+                files("u", "data/Train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet")
+            )
+        )
+        == 4
+    )
 
 
 def test_the_splits_of_datasets_cache_files_are_told_apart(tmp_path):
@@ -817,14 +832,16 @@ def test_save_to_disk_folders_read_their_arrow_streams(data, stores, tmp_path):
     # (the 2020 nlp library, as slices of its files): every row of the parent was read.
     for state in (
         {"_data_files": files, "_indices_data_files": [{"filename": "indices.arrow"}]},
-        {"_data_files": [{"filename": files[0]["filename"], "skip": 0, "take": 3}]},
+        {"_data_files": [{"filename": files[0]["filename"], "skip": 2, "take": 3}]},
     ):
         (tmp_path / "state.json").write_text(json.dumps(state))
         with pytest.raises(TableError, match="saved by an old datasets release as a selection"):
             open_source(f"parquet:{tmp_path}")
-    flattened = {"_data_files": files, "_indices_data_files": None}
-    (tmp_path / "state.json").write_text(json.dumps(flattened))
-    assert len(open_source(f"parquet:{tmp_path}")) == len(table)  # datasets' own, flattened
+    # datasets' own, flattened; and 1.0-1.5's, which gave every whole file skip 0 and take
+    whole = [dict(f, skip=0, take=n) for f, n in zip(files, (7, len(table) - 7), strict=True)]
+    for state in ({"_data_files": files, "_indices_data_files": None}, {"_data_files": whole}):
+        (tmp_path / "state.json").write_text(json.dumps(state))
+        assert len(open_source(f"parquet:{tmp_path}")) == len(table)
 
 
 @pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"splits": 3}', "{}"])
