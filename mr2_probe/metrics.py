@@ -204,8 +204,10 @@ def class_groups(y_true, y_pred, labels=None) -> dict:
     # where argsort happens to place NaN (last, under argsort(-acc)).
     acc = np.nan_to_num(per_class_accuracy(y_true, y_pred, labels), nan=-1.0)
     names = np.asarray(GROUP_NAMES)[difficulty_groups(acc, len(GROUP_NAMES))]
-    # tolist() turns NumPy scalars into plain Python labels (JSON- and pickle-friendly).
-    return dict(zip(labels.tolist(), names.tolist(), strict=True))
+    # tolist() turns NumPy scalars into plain Python labels (JSON- and pickle-friendly);
+    # not dates and durations, which it makes integers at some units (datetime64[ns]).
+    keys = list(labels) if labels.dtype.kind in "mM" else labels.tolist()
+    return dict(zip(keys, names.tolist(), strict=True))
 
 
 def _sample_weight(sample_weight, n_samples: int) -> np.ndarray:

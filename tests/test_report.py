@@ -183,6 +183,11 @@ def test_json_writes_missing_groups_as_null():
     [
         (np.array(["2024-01-01", "2024-01-02"], "datetime64[D]"), ["2024-01-01", "2024-01-02"]),
         (np.array([1, 2], dtype="timedelta64[s]"), ["1 seconds", "2 seconds"]),
+        # tolist() made these integers, which matched no class of y in the groups.
+        (
+            np.array(["2024-01-01", "2024-01-02"], "datetime64[ns]"),
+            ["2024-01-01T00:00:00.000000000", "2024-01-02T00:00:00.000000000"],
+        ),
     ],
 )
 def test_date_labels_are_written_as_their_iso_text(y, shown):
