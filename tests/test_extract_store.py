@@ -801,6 +801,28 @@ def _spy_writes(monkeypatch, written: list | None = None) -> list:
     return written
 
 
+def _killed_run(monkeypatch, *args, **kwargs) -> None:
+    """``extract_features(*args, **kwargs)`` killed after its first write of rows."""
+    with monkeypatch.context() as patch:
+        _kill_after_a_write(patch)
+        with pytest.raises(KeyboardInterrupt):
+            extract_features(*args, **kwargs)
+
+
+def _rank_1_done_rank_0_killed(monkeypatch, folder, out, fast) -> None:
+    """Two torchrun ranks run one after the other without a merge: rank 1's shard
+    finished, rank 0's killed after its first batch; RANK and WORLD_SIZE left set."""
+    from extract import _runner
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    monkeypatch.setenv("RANK", "1")
+    extract_features(folder, BACKBONE, out, **fast)
+    monkeypatch.setenv("RANK", "0")
+    _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
+
+
 def _kill_after_a_write(monkeypatch) -> None:
     """Make the extraction's next write of rows its last: written, then the run killed
     (a KeyboardInterrupt)."""
@@ -960,10 +982,7 @@ def test_a_resumed_run_warns_of_the_failures_recorded_before_it_too(tmp_path, mo
     (folder / "dog" / "002.jpg").write_text("not an image")  # row 5, in the resumed run's
     out = tmp_path / "f.h5"
     fast = dict(FAST, batch_size=2)
-    with monkeypatch.context() as patch:
-        _kill_after_a_write(patch)
-        with pytest.raises(KeyboardInterrupt):
-            extract_features(folder, BACKBONE, out, **fast)
+    _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
     caplog.clear()
     extract_features(folder, BACKBONE, out, **fast)
     assert f"Resuming {out}: 2 of 6 rows were done before (1 of them recorded as failed)." in (
@@ -988,10 +1007,7 @@ def test_a_resumed_torchrun_run_asked_otherwise_is_refused_by_every_rank_before_
     _ranks_one_by_one(monkeypatch)
     monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
     monkeypatch.setenv("RANK", "0")
-    with monkeypatch.context() as patch:
-        _kill_after_a_write(patch)
-        with pytest.raises(KeyboardInterrupt):
-            extract_features(folder, BACKBONE, out, **fast)
+    _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
     written = _spy_writes(monkeypatch)
     for rank in ("1", "0"):
         monkeypatch.setenv("RANK", rank)
@@ -1010,23 +1026,13 @@ def test_a_first_torchrun_run_resumed_retries_a_failure_repaired_in_another_rank
     # No merged store yet: rank 1 finished with row 1 failed, rank 0 was killed; the image
     # repaired, a --retry-failed resume was refused by rank 0 (nothing vouched for the
     # listing that the repair changed) while rank 1 took the repair.
-    from extract import _runner
 
     folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
     image = folder / "cat" / "001.jpg"  # row 1, rank 1's
     good = image.read_bytes()
     image.write_bytes(b"not an image")
     out, fast = tmp_path / "f.h5", dict(FAST, batch_size=2)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
-    monkeypatch.setenv("RANK", "1")
-    extract_features(folder, BACKBONE, out, **fast)
-    monkeypatch.setenv("RANK", "0")
-    with monkeypatch.context() as patch:
-        _kill_after_a_write(patch)
-        with pytest.raises(KeyboardInterrupt):
-            extract_features(folder, BACKBONE, out, **fast)
+    _rank_1_done_rank_0_killed(monkeypatch, folder, out, fast)
     image.write_bytes(good)
     written = _spy_writes(monkeypatch)
     for rank in ("1", "0"):
@@ -1055,10 +1061,7 @@ def test_a_resumed_rebuild_retries_a_failure_repaired_in_another_rank_s_shard(
     monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
     for rank in (0, 1):  # the forced rebuild, each rank killed after its first batch
         monkeypatch.setenv("RANK", str(rank))
-        with monkeypatch.context() as patch:
-            _kill_after_a_write(patch)
-            with pytest.raises(KeyboardInterrupt):
-                extract_features(folder, BACKBONE, out, overwrite=True, **fast)
+        _killed_run(monkeypatch, folder, BACKBONE, out, overwrite=True, **fast)
     image.write_bytes(good)
     written = _spy_writes(monkeypatch)
     for rank in (0, 1):
@@ -1116,19 +1119,13 @@ def test_a_forced_rebuild_at_other_ranks_supersedes_an_interrupted_run_s_shards(
     monkeypatch.setenv("WORLD_SIZE", "2")
     for rank in (0, 1):  # each rank killed after its first batch, before any merge
         monkeypatch.setenv("RANK", str(rank))
-        with monkeypatch.context() as patch:
-            _kill_after_a_write(patch)
-            with pytest.raises(KeyboardInterrupt):
-                extract_features(folder, BACKBONE, out, **fast)
+        _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
     _bitmaps(folder, seed=1)  # replaced in place
     if rebuilt_at != 3:
         monkeypatch.delenv("WORLD_SIZE")
         monkeypatch.delenv("RANK")
         if rebuilt_at != 1:  # finished by a plain resume, which cannot tell it was forced
-            with monkeypatch.context() as patch:
-                _kill_after_a_write(patch)
-                with pytest.raises(KeyboardInterrupt):
-                    extract_features(folder, BACKBONE, out, overwrite=True, **fast)
+            _killed_run(monkeypatch, folder, BACKBONE, out, overwrite=True, **fast)
         extract_features(folder, BACKBONE, out, overwrite=rebuilt_at == 1, **fast)
     else:  # rank 0 last, which merges the three shards
         three = [shard_path(out, r, 3) for r in range(3)]
@@ -1163,16 +1160,7 @@ def test_under_torchrun_a_rank_with_nothing_left_counts_its_failures_in_the_warn
         (folder / name).write_text("not an image")
     out = tmp_path / "f.h5"
     fast = dict(FAST, batch_size=2)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
-    monkeypatch.setenv("RANK", "1")
-    extract_features(folder, BACKBONE, out, **fast)
-    monkeypatch.setenv("RANK", "0")
-    with monkeypatch.context() as patch:
-        _kill_after_a_write(patch)
-        with pytest.raises(KeyboardInterrupt):
-            extract_features(folder, BACKBONE, out, **fast)
+    _rank_1_done_rank_0_killed(monkeypatch, folder, out, fast)
     told = {}
     monkeypatch.setattr(
         _runner,
