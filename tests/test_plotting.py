@@ -251,14 +251,18 @@ def _contrast_on_white(colour) -> float:
     return 1.05 / (linear @ [0.2126, 0.7152, 0.0722] + 0.05)
 
 
+def _iris_searches(erm_name: str) -> dict:
+    """Searches of ERM (named ``erm_name``) and MR² over two Cs on iris."""
+    X, y = load_iris(return_X_y=True)
+    return {
+        name: MR2LinearClassifierCV([0.01, 1.0], cv=3, c_bar=c_bar, device="cpu").fit(X, y)
+        for name, c_bar in ((erm_name, None), ("MR2", 1.0))
+    }
+
+
 def test_cv_curves_of_erm_and_mr2_stand_out_from_white(tmp_path):
     # ERM's curves and chosen-value line were the reference's light grey (contrast 1.7).
-    X, y = load_iris(return_X_y=True)
-    searches = {
-        name: MR2LinearClassifierCV([0.01, 1.0], cv=3, c_bar=c_bar, device="cpu").fit(X, y)
-        for name, c_bar in (("ERM", None), ("MR2", 1.0))
-    }
-    fig = plot_cv_curve(searches, tmp_path / "cv.png")
+    fig = plot_cv_curve(_iris_searches("ERM"), tmp_path / "cv.png")
     lines = fig.axes[0].lines
     assert len({line.get_color() for line in lines}) == 2
     assert min(_contrast_on_white(line.get_color()) for line in lines) >= 3
@@ -267,14 +271,10 @@ def test_cv_curves_of_erm_and_mr2_stand_out_from_white(tmp_path):
 def test_models_whose_names_start_with_an_underscore_are_in_the_legends(tmp_path):
     # matplotlib leaves a label that starts with "_" out of a legend it gathers itself:
     # the model's bars and curves were drawn, unnamed.
-    X, y = load_iris(return_X_y=True)
-    searches = {
-        name: MR2LinearClassifierCV([0.01, 1.0], cv=3, c_bar=c_bar, device="cpu").fit(X, y)
-        for name, c_bar in (("_baseline", None), ("MR2", 1.0))
-    }
-    fig = plot_cv_curve(searches, tmp_path / "cv.png")
+    fig = plot_cv_curve(_iris_searches("_baseline"), tmp_path / "cv.png")
     shown = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert sum(t.startswith("_baseline ") for t in shown) == 3 == len(shown) - 3
+    y = load_iris(return_X_y=True)[1]
     report = classwise_report({"ERM": y, "_tuned": (y + 1) % 3, "MR2": y}, y)
     fig = plot_group_accuracy(report, tmp_path / "groups.png")
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["ERM", "_tuned", "MR2"]
