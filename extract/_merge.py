@@ -206,9 +206,9 @@ def mark_superseded(out: str | os.PathLike, world_size: int | None = None) -> No
     superseded = "superseded by a forced rebuild" + (
         f" ({_identity(out)})" if os.path.exists(out) else ""
     )
-    own = f".shard-{{}}-of-{world_size:05d}" if world_size is not None else None
+    own = re.compile(rf"\.shard-\d+-of-{world_size:05d}") if world_size is not None else None
     for path in shards_beside(out):
-        if own is not None and re.search(own.format(r"\d+"), path.name):
+        if own is not None and own.search(path.name):
             continue
         if not h5py.is_hdf5(path):  # a lock or a partial file, where out has no suffix
             continue

@@ -240,8 +240,9 @@ def _split_of(relative: str) -> str | None:
     parts[-1] = os.path.splitext(parts[-1])[0]
     shard = _HF_SHARD.match(parts[-1])  # (not beans-train-...: a cache file, below)
     prefix = shard.group(1) if shard else ""
-    if _SPLIT.fullmatch(prefix):  # train-00000-of-00004 under dev_set/ is train's
-        return _SPLIT.match(prefix).group(1).lower()
+    named = _SPLIT.fullmatch(prefix)
+    if named:  # train-00000-of-00004 under dev_set/ is train's
+        return named.group(1).lower()
     for part in parts[:-1] if shard else parts:  # train/images-00000-of-00001 is train's
         match = _SPLIT.match(part)
         if match:
