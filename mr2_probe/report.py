@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
@@ -258,16 +259,32 @@ def _text_table(header: list, rows: list) -> str:
     # A line break in a name would split its row: shown as a space.
     header = [_one_line(h) for h in header]
     cells = [[_one_line(_cell(v)) for v in row] for row in rows]
-    # Left-aligned names, right-aligned numbers, each column as wide as its longest cell.
-    widths = [max(len(h), *(len(row[j]) for row in cells)) for j, h in enumerate(header)]
+    # Left-aligned names, right-aligned numbers, each column as wide as its longest cell
+    # in a terminal's columns (a CJK character takes two, a combining accent none).
+    widths = [max(_columns(h), *(_columns(row[j]) for row in cells)) for j, h in enumerate(header)]
     widths[1:] = [max(9, w + 2) for w in widths[1:]]
 
     def line(row: list) -> str:
-        rest = zip(row[1:], widths[1:], strict=True)
-        return f"{row[0]:<{widths[0]}}" + "".join(f"{v:>{w}}" for v, w in rest)
+        padded = [row[0] + " " * (widths[0] - _columns(row[0]))]
+        padded += [" " * (w - _columns(v)) + v for v, w in zip(row[1:], widths[1:], strict=True)]
+        return "".join(padded)
 
     head = line(header)
-    return "\n".join([head, "-" * len(head), *(line(row) for row in cells)])
+    return "\n".join([head, "-" * _columns(head), *(line(row) for row in cells)])
+
+
+def _columns(text: str) -> int:
+    """How many columns of a monospaced terminal ``text`` takes: two for each wide or
+    full-width character (CJK, most emoji), none for a combining mark or a zero-width
+    format character, one for the rest (the ambiguous ones as in Western locales)."""
+    return sum(
+        0
+        if unicodedata.combining(c) or unicodedata.category(c) in ("Mn", "Me", "Cf")
+        else 2
+        if unicodedata.east_asian_width(c) in ("W", "F")
+        else 1
+        for c in text
+    )
 
 
 def _one_line(text) -> str:

@@ -307,6 +307,21 @@ def test_text_and_markdown_tables_exactly():
     ]
 
 
+def test_text_table_columns_line_up_with_wide_and_combining_characters():
+    # Widths were counted with len(): a CJK name (two columns a character) pushed its row's
+    # numbers a column right, a decomposed accent (no column of its own) pulled them left.
+    names = ["猫", "cafe\u0301", "🐕", "plain"]
+    text = classwise_report({"erm": names * 2}, names * 2).to_text(per_class=True)
+    assert text.splitlines()[-6:] == [
+        "class    group      erm",
+        "-----------------------",
+        "cafe\u0301      easy   100.00",
+        "plain     easy   100.00",
+        "猫      medium   100.00",
+        "🐕        hard   100.00",
+    ]
+
+
 def test_markdown_shows_entities_as_written():
     # "&lt;" would show as "<" on GitHub.
     report = classwise_report({"erm": ["a&lt;b", "c"]}, ["a&lt;b", "c"])
