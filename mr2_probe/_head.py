@@ -274,10 +274,13 @@ def decision_values(X, coef, intercept, projection, head: str):
         dtype = X.dtype if X.device.type == "mps" else dtype
         X = X.to(dtype)
         coef, intercept = (to_tensor(a, X.device, dtype) for a in (coef, intercept))
-        if head == "cosine" and projection is None:
-            # Rows at unit norm first: X·Wᵀ overflowed for rows of norm near float32's
-            # largest (NaN predictions where the fit had worked), which the head ignores.
-            return unit_rows(X) @ coef.T + intercept
+        if head == "cosine":
+            # Rows at unit norm first: X·Wᵀ (and X·Pᵀ) overflowed for rows of norm near
+            # float32's largest (NaN predictions where the fit had worked), which the head
+            # ignores.
+            X = unit_rows(X)
+            if projection is None:
+                return X @ coef.T + intercept
         z = X @ coef.T  # (N, K)
         if head == "cosine":
             phi = X @ to_tensor(projection, X.device, dtype).T
@@ -292,11 +295,10 @@ def decision_values(X, coef, intercept, projection, head: str):
     z = np.empty((len(X), len(coef)), dtype=dtype)
     for start in range(0, len(X), _PREDICT_ROWS):
         x = X[start : start + _PREDICT_ROWS].astype(dtype, copy=False)
-        if head == "cosine" and projection is None:  # unit rows first, as above
-            block = (x / np.maximum(row_norms_numpy(x), 1e-12)[:, None]) @ coef.T
-        else:
-            block = x @ coef.T
-            if head == "cosine":
-                block /= np.maximum(row_norms_numpy(x @ projection.T), 1e-12)[:, None]
+        if head == "cosine":  # unit rows first, as above
+            x = x / np.maximum(row_norms_numpy(x), 1e-12)[:, None]
+        block = x @ coef.T
+        if head == "cosine" and projection is not None:
+            block /= np.maximum(row_norms_numpy(x @ projection.T), 1e-12)[:, None]
         z[start : start + len(x)] = block + intercept
     return z

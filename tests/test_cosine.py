@@ -737,6 +737,28 @@ def test_a_short_cosine_fit_does_not_blame_c_or_the_weights_it_has_no_penalty_fo
             assert "C=" not in str(w.message) and "penalty" not in str(w.message), w.message
 
 
+@pytest.mark.parametrize("rank", [None, 4])
+def test_a_projection_fits_and_predicts_rows_near_float32s_largest_value(rank):
+    # With lam > 0 (a projection P), decision values divided x·Wᵀ by ‖x·Pᵀ‖: x·Wᵀ overflowed
+    # for rows of norm near float32's largest value (infinite decision values), where the
+    # fit had worked on those rows.
+    X, y = load_digits(return_X_y=True)
+    X, y = (X[:300] / 16).astype(np.float32), y[:300]
+    kwargs = dict(head="cosine", scale=16.0, lam=0.5, projection_rank=rank, max_iter=3,
+                  batch_size=100, device="cpu", random_state=0)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = MR2LinearClassifier(**kwargs).fit(X, y)
+        scaled = MR2LinearClassifier(**kwargs).fit(X * np.float32(1e37), y)
+    assert clf.projection_ is not None
+    huge = X * np.float32(1e37)
+    for data in (huge, torch.as_tensor(huge)):
+        got = np.asarray(clf.decision_function(data))
+        np.testing.assert_allclose(got, clf.decision_function(X), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(scaled.coef_, clf.coef_, rtol=1e-3, atol=1e-4)
+    np.testing.assert_array_equal(scaled.predict(huge), clf.predict(X))
+
+
 def test_predictions_of_rows_near_float32s_largest_value_are_those_of_the_unit_rows():
     # X·Wᵀ overflowed before the division by ‖x‖: NaN probabilities and chance-level
     # predictions from a model whose minibatch fit had worked on the same rows.
