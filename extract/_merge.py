@@ -24,6 +24,7 @@ from ._schema import (
     ProvenanceError,
     StoreError,
     read_attrs,
+    shard_own,
 )
 from ._store import (
     _check_companions,
@@ -281,8 +282,7 @@ def _check_shard(path, f: h5py.File, reference: dict, first, world: int) -> None
             f"but {world} were given to merge_shards."
         )
     check_format(path, attrs)
-    own = {k: attrs[k] for k in ("shard_rank", "n_rows")}
-    diffs = provenance_differences(attrs, reference | own, names=("it", "the first"))
+    diffs = provenance_differences(attrs, reference | shard_own(attrs), names=("it", "the first"))
     if diffs:
         # Only the listing differs (not the source's root, backbone or settings): the
         # ranks listed one source at different times.

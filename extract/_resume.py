@@ -26,6 +26,7 @@ from ._schema import (
     REPLACES,
     StoreError,
     read_attrs,
+    shard_own,
 )
 from ._specs import Backbone
 from ._store import check_provenance, create_store, open_store
@@ -352,7 +353,7 @@ def _shards_vouch(shards: dict[int, Path], provenance: dict, source, rows_of) ->
                 attrs = read_attrs(f)
                 if attrs.get("source_fingerprint") == provenance["source_fingerprint"]:
                     continue
-                own = provenance | {k: attrs[k] for k in ("shard_rank", "n_rows") if k in attrs}
+                own = provenance | shard_own(attrs)
                 if _repaired_failures(f, own, source, rows_of(rank), vouched=True) is None:
                     return False
         except OSError:
@@ -369,7 +370,7 @@ def _check_other_shard(path: Path, provenance: dict, vouched: bool) -> None:
             attrs = read_attrs(f)
     except OSError:  # not a store: its own rank says so
         return
-    own = {k: attrs[k] for k in ("shard_rank", "n_rows") if k in attrs}
+    own = shard_own(attrs)
     if vouched:
         own["source_fingerprint"] = attrs.get("source_fingerprint")
     check_provenance(path, attrs, provenance | own)

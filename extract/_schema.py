@@ -93,6 +93,12 @@ def read_attrs(f: h5py.File) -> dict[str, Any]:
     return attrs
 
 
+def shard_own(attrs: dict) -> dict[str, Any]:
+    """The provenance in which one rank's shard differs from another's of the same run:
+    its rank and its rows."""
+    return {k: attrs[k] for k in ("shard_rank", "n_rows") if k in attrs}
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, bytes):  # np.bytes_ too, before it is taken for a NumPy scalar
         return value.decode()
