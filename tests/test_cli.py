@@ -70,6 +70,7 @@ def files(tmp_path_factory):
     np.savez(folder / "train.npz", X=X, y=y)
     np.savez(folder / "test.npz", X=X_test, y=y_test)
     np.savez(folder / "names.npz", X=X_test, y=np.array(FASHION)[y_test])
+    np.savez(folder / "bool.npz", X=X_test, y=y_test > 0)
     np.savez(folder / "one_class.npz", X=X[y == 2], y=np.array(FASHION)[y[y == 2]])
     np.savez(folder / "wide.npz", X=np.c_[X_test, X_test], y=y_test)
     np.savez(folder / "other.npz", a=X, b=y)
@@ -825,6 +826,28 @@ NEEDS_H5 = pytest.mark.skipif(
         ),
         pytest.param(
             ["{d}/single.h5"], "(the first: 'Trouser'), which no split puts", marks=NEEDS_H5
+        ),
+        # A stratified --test-size split that held out every sample of small classes: they
+        # were scored 0% without a note (or, with one class left, refused after a fit).
+        (
+            ["{d}/uneven.npz", "--test-size", "0.7"],
+            "cannot hold out --test-size 0.7 of {d}/uneven.npz with every class in both parts: "
+            "it leaves 1 of the 4 classes no sample to train on (the first: 1); choose a",
+        ),
+        (["{d}/uneven.npz", "--test-size", "0.9"], "it leaves 3 of the 4 classes no sample"),
+        # Booleans beside a store were taken for codes, then indexed its names as a mask
+        # (an IndexError after every fit).
+        pytest.param(
+            ["{d}/store.h5", "--test", "{d}/bool.npz"],
+            "the labels of {d}/bool.npz are booleans (True/False), which name no class of "
+            "{d}/store.h5: label them",
+            marks=NEEDS_H5,
+        ),
+        pytest.param(
+            ["{d}/bool.npz", "--test", "{d}/store_test.h5"],
+            "the labels of {d}/bool.npz are booleans (True/False), which name no class of "
+            "{d}/store_test.h5",
+            marks=NEEDS_H5,
         ),
         # Outputs that cannot be written, found before any work.
         (["{d}/train.npz", "--out", ""], "--out needs a folder; got an empty name"),

@@ -307,6 +307,17 @@ def _inputs(args):
                 f"cannot hold out --test-size {args.test_size:g} of {args.train} with every "
                 f"class in both parts: {why}"
             ) from error
+        # A stratified split can still leave a small class no sample to train on (all its
+        # samples held out): the probe would never predict it, and be scored 0% on it.
+        missing = np.setdiff1d(classes, y)
+        if len(missing):
+            first = names[missing[0]] if names is not None else missing[0].item()
+            raise UsageError(
+                f"cannot hold out --test-size {args.test_size:g} of {args.train} with every "
+                f"class in both parts: it leaves {len(missing)} of the {len(classes)} classes "
+                f"no sample to train on (the first: {first!r}); choose a smaller --test-size, "
+                "give those classes more samples, or pass --test"
+            )
         return X, y, X_test, y_test, names, _sources(args)
     _check_not_the_training_data(args.train, args.test)
     X_test, y_test, test_names = load_xy(args.test, args.test_labels, "--test-labels")
@@ -360,6 +371,17 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
             file=sys.stderr,
         )
 
+    # Booleans are neither codes of a store's class names nor names (they were taken for
+    # codes, then indexed the names as a mask, after every fit).
+    for labels, source, store in (
+        (y_test, args.test_labels or args.test, args.train if names is not None else None),
+        (y, args.labels or args.train, args.test if test_names is not None else None),
+    ):
+        if store is not None and labels.dtype.kind == "b":
+            raise UsageError(
+                f"the labels of {source} are booleans (True/False), which name no class of "
+                f"{store}: label them with its class names or their integer codes"
+            )
     if names is not None:
         if test_names is not None and names != test_names:
             held = [test_names[k] for k in np.unique(y_test).tolist()]  # not failed classes
