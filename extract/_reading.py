@@ -152,9 +152,12 @@ _TEXT = ("paths", "failure_reason", "content_sha256")  # a store's string datase
 def _check_shapes(
     path: str | os.PathLike, f: h5py.File, labels: np.ndarray, status: np.ndarray
 ) -> None:
-    n_classes = len(f["class_names"])
+    names = f["class_names"]
+    n_classes = len(names) if names.ndim == 1 else 0
     problem = None
-    if labels.dtype.kind not in "iu":
+    if names.ndim != 1:
+        problem = f"'class_names' has shape {names.shape}, not (n_classes,)"
+    elif labels.dtype.kind not in "iu":
         problem = f"'labels' has dtype {labels.dtype}, not integers (codes into class_names)"
     elif f["features"].ndim != 2:
         problem = f"'features' has shape {f['features'].shape}, not (n_rows, n_features)"
@@ -181,6 +184,19 @@ def _check_shapes(
         raise NotAStoreError(
             f"The feature store {os.fspath(path)!r} is inconsistent: {problem}; rebuild it."
         )
+
+
+def _text(path, f: h5py.File, name: str) -> np.ndarray:
+    """A string dataset as str: UTF-8, as h5py writes str (its fixed-length byte strings,
+    NumPy's ``S`` arrays that other tools write, read as ASCII by default)."""
+    try:
+        return f[name].asstr(encoding="utf-8")[()]
+    except UnicodeDecodeError as error:
+        raise NotAStoreError(
+            f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} holds text that "
+            f"is not UTF-8 ({error.reason} at byte {error.start} of an entry); write it as "
+            "UTF-8 (h5py writes Python str so)."
+        ) from None
 
 
 def load_features(
@@ -227,9 +243,10 @@ def load_features(
     try:
         attrs = read_attrs(f)
         check_not_newer(path, attrs)  # older formats are read
-        labels = f["labels"][:]
-        n = len(labels)
-        status = f["status"][:] if "status" in f else np.full(n, DONE, np.uint8)
+        # [()] reads a scalar dataset too, which _check_shapes refuses by its shape.
+        labels = np.asarray(f["labels"][()])
+        n = labels.size
+        status = np.asarray(f["status"][()]) if "status" in f else np.full(n, DONE, np.uint8)
         _check_shapes(path, f, labels, status)
         n_pending = int((status == PENDING).sum())
         if n_pending and not allow_incomplete:
@@ -247,7 +264,7 @@ def load_features(
             )
         rows = np.flatnonzero(status == DONE)
         if "paths" in f:
-            all_paths = f["paths"].asstr()[:]
+            all_paths = _text(path, f, "paths")
         else:
             all_paths = np.array([str(i) for i in range(n)], dtype=object)
         failed = np.flatnonzero(status == FAILED)
@@ -256,7 +273,7 @@ def load_features(
         store = FeatureStore(
             features=f["features"] if len(rows) == len(status) else RowView(f["features"], rows),
             labels=labels[rows],
-            class_names=list(f["class_names"].asstr()[:]),
+            class_names=list(_text(path, f, "class_names")),
             paths=[str(p) for p in all_paths[rows]],
             indices=indices[rows],
             rows=rows,
@@ -288,7 +305,7 @@ def failed_rows(f: h5py.File) -> list[tuple[int, str, str]]:
     """``(row, path, reason)`` of the first failed rows of the open store ``f``, in row
     order, at most as many as a message names."""
     failed = np.flatnonzero(f["status"][:] == FAILED)[:_NAMED_FAILURES]
-    paths = f["paths"].asstr() if "paths" in f else None
+    paths = f["paths"].asstr(encoding="utf-8", errors="replace") if "paths" in f else None
     return [
         (
             int(i),

@@ -1529,6 +1529,18 @@ def _foreign(path, **datasets):
         (lambda p: _foreign(p, paths=[b"x", b"y"]), NotAStoreError, r"'paths' has shape \(2,\)"),
         (lambda p: _foreign(p, class_names=[0, 1]), NotAStoreError, "'class_names' has dtype"),
         (lambda p: _foreign(p, paths=np.arange(6)), NotAStoreError, "'paths' has dtype int64"),
+        # Scalar datasets: a TypeError from len() and h5py's nameless "Illegal slicing
+        # argument for scalar dataspace".
+        (lambda p: _foreign(p, class_names=b"ab"), NotAStoreError, r"'class_names' has shape \(\)"),
+        (lambda p: _foreign(p, labels=1), NotAStoreError, r"'labels' has shape \(\) for 6"),
+        (lambda p: _foreign(p, status=1), NotAStoreError, r"'status' has shape \(\) for 6"),
+        # Bytes that are not UTF-8: a UnicodeDecodeError that named no file.
+        (
+            lambda p: _foreign(p, class_names=[b"a", b"\xe9t\xe9"]),
+            NotAStoreError,
+            r"x.h5' is inconsistent: 'class_names' holds text that is not UTF-8 \(invalid",
+        ),
+        (lambda p: _foreign(p, paths=[b"\xff"] * 6), NotAStoreError, "'paths' holds text that"),
     ],
 )
 def test_load_features_errors_are_store_errors(tmp_path, make, error, match):
@@ -1536,6 +1548,16 @@ def test_load_features_errors_are_store_errors(tmp_path, make, error, match):
     with pytest.raises(error, match=match) as info:
         load_features(tmp_path / "x.h5")
     assert isinstance(info.value, StoreError) and isinstance(info.value, ValueError)
+
+
+def test_a_foreign_store_s_utf8_byte_strings_are_read_as_text(tmp_path):
+    # NumPy byte strings (dtype S), as other tools write text: h5py reads them as ASCII by
+    # default, so "café" was "'ascii' codec can't decode byte 0xc3" and no store.
+    names, paths = ["café", "naïve"], [f"图/{i}.jpg" for i in range(6)]
+    encode = lambda texts: np.array([t.encode() for t in texts])  # noqa: E731
+    _foreign(tmp_path / "x.h5", class_names=encode(names), paths=encode(paths))
+    with load_features(tmp_path / "x.h5") as loaded:
+        assert loaded.class_names == names and loaded.paths == paths
 
 
 def test_a_truncated_store_is_not_a_store_rather_than_locked(store, folder, tmp_path):
