@@ -380,6 +380,18 @@ def test_grid_search_tunes_erm_and_mr2_alike(files, tmp_path, capsys):
     assert "| ERM grid |" in (out / "report.md").read_text().replace("  ", " ")
 
 
+def test_command_json_writes_null_for_an_option_the_grid_searched(files, tmp_path):
+    # It wrote --c-bar's default, 1.0, which no model took, beside the grid that searched it.
+    argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--max-iter", "3"]
+    argv += ["--grid", "c_bar=none,2"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        main([*argv, "--out", str(tmp_path / "run"), "--no-progress"])
+    options = json.loads((tmp_path / "run" / "command.json").read_text())
+    assert options["grid"] == ["c_bar=none,2"] and options["c_bar"] is None
+    assert options["lam"] == 0.0 and options["max_iter"] == 3  # not searched: as read
+
+
 @pytest.mark.parametrize("cs", ["4", pytest.param("bisect", marks=pytest.mark.slow)])
 def test_cv_path_chooses_c_prints_the_curve_and_plots_it(files, tmp_path, capsys, cs):
     out = tmp_path / "run"
@@ -695,6 +707,16 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/train.npz", "--grid", "C=1,2", "--Cs", "4"], "use one of them"),
         (["{d}/train.npz", "--grid", "device=cpu,cuda:7"], "--grid device=cuda:7: device="),
         (["{d}/train.npz", "--grid", "scale=8,16"], "--grid scale searches the cosine head"),
+        # Options that no model reads, accepted (and written to command.json) without a word.
+        (
+            ["{d}/train.npz", "--c-bar", "none", "--p", "3"],
+            "--p sets the norm of the class statistics behind the margins, which no model of "
+            "this run reads: drop it, or use it with margins (--c-bar other than none)",
+        ),
+        (
+            ["{d}/train.npz", "--logit-scale", "3", "--grid", "head=linear"],
+            "--logit-scale sets the cosine head's logit scale; add --head cosine",
+        ),
         # A grid of no MR2 model: every MR2 fit failed, after ERM's search.
         (
             ["{d}/train.npz", "--lam", "0.5", "--grid", "solver=lbfgs"],

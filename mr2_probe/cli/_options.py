@@ -111,6 +111,11 @@ _OPTIONS = {
 }
 
 
+def _dest(option: str) -> str:
+    """The name in ``args`` of a command-line option (``--logit-scale``: logit_scale)."""
+    return option[2:].replace("-", "_")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mr2-probe",
@@ -491,7 +496,7 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
             except ValueError as error:
                 raise UsageError(f"--grid {name}={value}: {_one_line(error)}") from error
     for name, option in _OPTIONS.items():
-        if name in grid and option[2:].replace("-", "_") in given:
+        if name in grid and _dest(option) in given:
             raise UsageError(
                 f"--grid {name} searches the value that {option} sets; pass one of them"
             )
@@ -549,7 +554,15 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
             "--grid scale searches the cosine head's logit scale, which no model of this "
             "search has; add --head cosine (or head=cosine to the grid), or search C"
         )
-    if args.logit_scale is not None and args.head != "cosine" and "head" not in grid:
+    for name, (reads, what, advice) in _READ_BY_SOME.items():
+        option = _OPTIONS.get(name)
+        if option is not None and _dest(option) in given and name not in grid:
+            if not any(reads(model) for model in models):  # accepted, and read by none
+                raise UsageError(
+                    f"{option} sets {what}, which no model of this run reads: drop it, or "
+                    f"{advice.replace('search it', 'use it')}"
+                )
+    if args.logit_scale is not None and "cosine" not in grid.get("head", [args.head]):
         raise UsageError(
             "--logit-scale sets the cosine head's logit scale; add --head cosine, or drop "
             "--logit-scale (to scale the features, use --feature-scaling)"

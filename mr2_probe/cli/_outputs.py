@@ -12,7 +12,7 @@ import joblib
 
 from ..front import _final
 from ..report import _strict_json
-from ._options import _unread_options
+from ._options import _OPTIONS, _dest, _grid, _unread_options
 from ._usage import UsageError
 
 # Every run removes those of an earlier run in the same folder before writing its own.
@@ -112,7 +112,11 @@ def _write_outputs(
     )
 
     # As the run read them: None for what it does not read (a search's --cv without one).
-    unread = _unread_options(args)
+    # Also null: an option whose parameter --grid searched (its value is the default,
+    # which no model took; the grid's values are under "grid"). --seed still seeds the
+    # splits where the grid searches random_state.
+    searched = {_dest(_OPTIONS[name]) for name in _grid(args.grid) if name in _OPTIONS}
+    unread = _unread_options(args) | (searched - {"seed"})
     options = {k: None if k in unread else v for k, v in vars(args).items() if k != "scale"}
     text, markdown = [report.to_text(per_class=True)], [report.to_markdown(per_class=True)]
     if lines:
