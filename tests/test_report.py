@@ -309,16 +309,17 @@ def test_text_and_markdown_tables_exactly():
 
 def test_text_table_columns_line_up_with_wide_and_combining_characters():
     # Widths were counted with len(): a CJK name (two columns a character) pushed its row's
-    # numbers a column right, a decomposed accent (no column of its own) pulled them left.
-    names = ["猫", "cafe\u0301", "🐕", "plain"]
+    # numbers a column right, a decomposed accent (no column of its own) pulled them left,
+    # and a tab moved them to the terminal's next tab stop.
+    names = ["猫", "cafe\u0301", "🐕", "pl\tain"]  # a tab: to the next tab stop
     text = classwise_report({"erm": names * 2}, names * 2).to_text(per_class=True)
     assert text.splitlines()[-6:] == [
-        "class    group      erm",
-        "-----------------------",
-        "cafe\u0301      easy   100.00",
-        "plain     easy   100.00",
-        "猫      medium   100.00",
-        "🐕        hard   100.00",
+        "class     group      erm",
+        "------------------------",
+        "cafe\u0301       easy   100.00",
+        "pl ain     easy   100.00",
+        "猫       medium   100.00",
+        "🐕         hard   100.00",
     ]
 
 
