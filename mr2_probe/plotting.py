@@ -137,6 +137,8 @@ def _change_label(delta: float) -> str:
 
 #: Classes beyond which the per-class figure names none, nor labels their changes.
 MANY_CLASSES = 60
+# Beyond MANY_CLASSES, margins.png names this many classes at each end of the margins.
+_EXTREMES = 5
 
 
 def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None):
@@ -244,7 +246,9 @@ def plot_margins(classifier, path, class_names=None):
     path : str or path-like
     class_names : sequence of str, default=None
         Names printed beside the points when ``classes_`` are integer codes 0..K-1 (a
-        feature store's labels): class k is ``class_names[k]``.
+        feature store's labels): class k is ``class_names[k]``. Beyond
+        :data:`MANY_CLASSES` classes only the five of the largest and the five of the
+        smallest margins are named.
 
     Returns
     -------
@@ -284,11 +288,21 @@ def plot_margins(classifier, path, class_names=None):
     fig = _figure(6.0, 4.5)
     ax = fig.add_subplot()
     ax.scatter(msd, gamma, color=LEVER_COLOURS["MR2"])
-    for label, xi, yi in zip(labels, msd, gamma, strict=True):
+    # Beyond MANY_CLASSES the names would cover one another: only the classes of the
+    # largest and the smallest margins are named.
+    named = np.arange(len(labels))
+    if len(labels) > MANY_CLASSES:
+        ranked = np.argsort(gamma, kind="stable")
+        named = np.r_[ranked[:_EXTREMES], ranked[-_EXTREMES:]]
+    for k in named:
         ax.annotate(
-            _literal(label), (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=8
-        )
-    ax.set_xlabel("class spread msd_k (mean squared L_p distance to the class mean)")
+            _literal(labels[k]), (msd[k], gamma[k]), textcoords="offset points", xytext=(4, 3),
+            fontsize=8,
+        )  # fmt: skip
+    xlabel = "class spread msd_k (mean squared L_p distance to the class mean)"
+    if len(named) < len(labels):
+        xlabel += f"\n{len(labels)} classes; named: the {_EXTREMES} largest and smallest margins"
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("margin γ_k")
     c_bar = getattr(classifier, "c_bar", 1.0)
     if c_bar is None:

@@ -11,7 +11,7 @@ from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.image import imread  # noqa: E402
 from sklearn.base import clone  # noqa: E402
 from sklearn.datasets import load_iris  # noqa: E402
-from sklearn.exceptions import NotFittedError  # noqa: E402
+from sklearn.exceptions import ConvergenceWarning, NotFittedError  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
 from mr2_probe.plotting import (  # noqa: E402
@@ -385,6 +385,34 @@ def test_margin_plot_names_integer_classes(tmp_path):
     clf = MR2LinearClassifier(max_iter=30, device="cpu").fit(X, y)
     fig = plot_margins(clf, tmp_path / "margins.png", class_names=["Bag", "Coat", "Shirt"])
     assert [t.get_text() for t in fig.axes[0].texts] == ["Bag", "Coat", "Shirt"]
+
+
+def test_margin_plot_beyond_many_classes_names_the_extreme_margins(tmp_path):
+    # 1,000 names covered one another (and took seconds to lay out): only the classes of
+    # the five largest and five smallest margins are named.
+    from mr2_probe.plotting import MANY_CLASSES
+
+    rng = np.random.default_rng(0)
+    k = MANY_CLASSES + 1
+    y = np.repeat(np.arange(k), 3)
+    X = rng.normal(size=(len(y), 4)) * rng.uniform(0.1, 3, size=k).repeat(3)[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = MR2LinearClassifier(max_iter=1, device="cpu").fit(X, y)
+    names = [f"c{i}" for i in range(k)]
+    fig = plot_margins(clf, tmp_path / "margins.png", class_names=names)
+    ranked = np.argsort(clf.margins_, kind="stable")
+    expected = [names[i] for i in np.r_[ranked[:5], ranked[-5:]]]
+    assert [t.get_text() for t in fig.axes[0].texts] == expected
+    assert (
+        fig.axes[0].get_xlabel().endswith(f"{k} classes; named: the 5 largest and smallest margins")
+    )
+    # At the limit every class is named.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = MR2LinearClassifier(max_iter=1, device="cpu").fit(X[:-3], y[:-3])
+    fig = plot_margins(clf, tmp_path / "margins.png", class_names=names)
+    assert len(fig.axes[0].texts) == MANY_CLASSES
 
 
 def test_margin_plot_names_float_codes_of_classes(tmp_path):
