@@ -62,6 +62,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.folds < 2:
         parser.error(f"--folds must be at least 2; got {args.folds}")
+    if args.n_Cs < 1:
+        parser.error(f"--n-Cs must be at least 1; got {args.n_Cs}")
 
     X, y = make_features(args.n_samples + 10_000, args.n_features, args.n_classes, args.seed)
     X, X_test, y, y_test = (

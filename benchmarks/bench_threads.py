@@ -74,6 +74,9 @@ def main(argv=None) -> None:
     parser.add_argument("--iters", type=int, default=20, help="L-BFGS iterations of each fit")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
+    for option, value in (("--iters", args.iters), ("--repeats", args.repeats)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1; got {value}")
     for text in args.sizes:
         try:
             parse_size(text)

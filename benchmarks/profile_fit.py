@@ -3,7 +3,8 @@
 Fits ``MR2LinearClassifier(c_bar=None)`` on bench_fit.py's features (centred by default,
 where the estimator and LogisticRegression take the same iterations) under torch's
 profiler, and prints the share of the fit's time spent in matrix products (aten::mm,
-aten::addmm) and the number of function evaluations. Then times, side by side in this
+aten::addmm), the L-BFGS iterations and how many times each product ran (with one row
+block, once per evaluation of the objective). Then times, side by side in this
 process, torch's X·Wᵀ on one chunk of the rows (the estimator's chunk size) against
 NumPy's (its BLAS), best of ``--repeat``.
 
@@ -52,6 +53,8 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1; got {args.repeat}")
     _limits = limit_threads(args.threads)  # noqa: F841  (held for the whole run)
     # bench_fit.py's training rows: the first n of the n · 6/5 it draws (the rest is its test)
     X, y = make_features(

@@ -19,6 +19,13 @@ from tests._scripts import load_benchmark
         ("bench_threads", ["--sizes", "100x4"], "--sizes takes n x d x K, e.g. 1797x64x10; got"),
         # scikit-learn's ValueError from the first search.
         ("bench_cv", ["--folds", "1"], "--folds must be at least 2; got 1"),
+        # UnboundLocalError, "min() arg is an empty sequence", "need at least one array to
+        # stack", and an IndexError or scikit-learn's ValueError after the main table.
+        ("bench_threads", ["--repeats", "0"], "--repeats must be at least 1; got 0"),
+        ("profile_fit", ["--repeat", "0"], "--repeat must be at least 1; got 0"),
+        ("bench_cv", ["--n-Cs", "0"], "--n-Cs must be at least 1; got 0"),
+        ("bench_cosine", ["--sweep-folds", "1"], "--sweep-folds must be at least 2; got 1"),
+        ("bench_cosine", ["--sweep-scales"], "--sweep-scales: expected at least one argument"),
         # torch's RuntimeError at the first tensor.
         ("bench_probe_imagenet", ["--device", "bogus"], "--device takes auto, cpu or cuda; got"),
     ],
