@@ -118,6 +118,18 @@ def test_every_preconditioner_solves_the_same_objective(tried, bench, capsys):
         assert float(lowest) <= cold + 1e-6, row
 
 
+def test_multipliers_not_all_positive_leave_out_the_row_norm_oracle(tried, capsys):
+    # Separable rows at scale 64: the solution's multipliers are ±1e-7, whose square roots
+    # (NaN) ended torch's L-BFGS in "value cannot be converted to type float".
+    bench = tried.Bench(argparse.Namespace(
+        store=None, n_samples=400, n_test=100, n_features=16, n_classes=3, scale=64.0,
+        tol=1e-4, max_iter=3000, seed=0))  # fmt: skip
+    tried.cold(bench)
+    curves = tried.precondition(bench, max_evals=20, after=(3, 6))
+    assert len(curves) == 14 and not any(name.startswith("rows at norms") for name in curves)
+    assert "not all positive: no row-norm oracle" in capsys.readouterr().out
+
+
 def test_the_moments_are_timed_against_the_cold_fit_s_iteration(tried, bench, capsys):
     tried.moments(bench)
     line = capsys.readouterr().out
