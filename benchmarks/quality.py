@@ -148,10 +148,11 @@ def build_methods(C_GRID):
 
 
 TILTS = [0.5, 1.0, 2.0, 5.0, 10.0]
-# The offsets' bound on the tuning split's accuracy: half the rule's, which leaves room for
-# the gap between the tuning split and the validation split (one configuration, since
-# each costs two fits; mr2-probe --offsets sweeps bounds on one set of folds instead).
-OFFSET_BOUNDS = [0.0025]
+# The offsets' bound on the tuning split's accuracy: half the rule's (--bound), which
+# leaves room for the gap between the tuning split and the validation split (one
+# configuration, since each costs two fits; mr2-probe --offsets sweeps bounds on one set
+# of folds instead).
+OFFSET_SHARE = 0.5
 ERM = "ERM (c_bar=None ≡ LogisticRegression, std)"
 
 
@@ -163,16 +164,18 @@ def _offsets(probe, bound):
     )
 
 
-def build_lever_methods(C_GRID):
+def build_lever_methods(C_GRID, rule_bound: float = 0.005):
     """name → Method: tuned ERM, then each lever at ERM's chosen C (its configurations are
-    the lever's own values, read from the configurations chosen before it in the seed)."""
+    the lever's own values, read from the configurations chosen before it in the seed);
+    the offsets tuned within OFFSET_SHARE of ``rule_bound`` (a fraction)."""
+    offset_bounds = [OFFSET_SHARE * rule_bound]
 
     def at_erm_c(**axes):
         return lambda chosen: _grid(C=[chosen[ERM]["C"]], **axes)
 
     def tilted(chosen):
         best = chosen["tilt"]
-        return _grid(C=[best["C"]], class_tilt=[best["class_tilt"]], bound=OFFSET_BOUNDS)
+        return _grid(C=[best["C"]], class_tilt=[best["class_tilt"]], bound=offset_bounds)
 
     probe = dict(max_iter=1000)
     return {
@@ -194,7 +197,7 @@ def build_lever_methods(C_GRID):
             warm_from=ERM,
         ),
         "offsets": Method(
-            at_erm_c(bound=OFFSET_BOUNDS),
+            at_erm_c(bound=offset_bounds),
             lambda c, seed: make_pipeline(
                 StandardScaler(),
                 _offsets(MR2LinearClassifier(c_bar=None, C=c["C"], **probe), c["bound"]),
@@ -407,7 +410,7 @@ def main(argv=None):
 
     def methods_for(grid, subset=None):
         if args.levers:
-            return build_lever_methods(grid)
+            return build_lever_methods(grid, bound)
         methods = build_methods(grid)
         reference = next(iter(methods))
         return {
