@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -158,56 +157,19 @@ SMALL_STEP = 2**24
 SMALL_EVALUATION = 2**22
 
 
-class _OpenSections:
-    """The one-thread sections open at once in a process's threads (joblib's or Dask's
-    threads running several fits). torch's thread count is each thread's own once the
-    thread has read it, but a thread that has not takes the count last set anywhere: within
-    another thread's section, that section's transient 1."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.open = 0
-        self.replaced = 1  # the count that the first of the open sections replaced
-
-    def own_count(self) -> int:
-        """The calling thread's count, read under ``lock``: the count the open sections
-        replaced where it reads 1 while they are open, a thread's first read of another
-        thread's transient 1 (or a 1 set in a thread while the sections were open)."""
-        count = torch.get_num_threads()
-        return self.replaced if self.open and count == 1 else count
-
-
-_OPEN_SECTIONS = _OpenSections()
-
-
 @contextlib.contextmanager
 def one_thread_if_small(device, work: int, small: int):
-    """One intra-op thread for a CPU step of at most ``small`` multiply-adds, the thread's
-    own count restored after it; otherwise the thread's own count (see
-    :class:`_OpenSections`)."""
-    if device.type != "cpu":
+    """One intra-op thread for a CPU step of at most ``small`` multiply-adds; no change
+    otherwise."""
+    if device.type != "cpu" or work > small:
         yield
         return
-    sections = _OPEN_SECTIONS
-    with sections.lock:
-        previous = sections.own_count()
-        if work > small:
-            if previous != torch.get_num_threads():
-                torch.set_num_threads(previous)
-        else:
-            if not sections.open:
-                sections.replaced = previous
-            sections.open += 1
-            torch.set_num_threads(1)
-    if work > small:
-        yield
-        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         yield
     finally:
-        with sections.lock:
-            torch.set_num_threads(previous)
-            sections.open -= 1
+        torch.set_num_threads(previous)
 
 
 def _on_one_thread_if_small(work, small):
