@@ -171,7 +171,7 @@ def _check_shapes(
         problem = f"'class_names' has dtype {f['class_names'].dtype}, not strings"
     else:  # the optional datasets, one entry per row (a short 'status' dropped rows)
         for name in (name for name in ("status", "indices", *_TEXT) if name in f):
-            if f[name].shape[:1] != labels.shape:
+            if (f[name].shape or ())[:1] != labels.shape:  # None: an empty dataspace
                 problem = f"'{name}' has shape {f[name].shape} for {len(labels)} rows"
                 break
             if name in _TEXT and f[name].dtype.kind not in "SOU":

@@ -1534,6 +1534,12 @@ def _foreign(path, **datasets):
         (lambda p: _foreign(p, class_names=b"ab"), NotAStoreError, r"'class_names' has shape \(\)"),
         (lambda p: _foreign(p, labels=1), NotAStoreError, r"'labels' has shape \(\) for 6"),
         (lambda p: _foreign(p, status=1), NotAStoreError, r"'status' has shape \(\) for 6"),
+        # An empty dataspace (h5py.Empty): shape None, a TypeError from its slice.
+        (
+            lambda p: _foreign(p, status=h5py.Empty("u1")),
+            NotAStoreError,
+            "'status' has shape None for 6",
+        ),
         # Bytes that are not UTF-8: a UnicodeDecodeError that named no file.
         (
             lambda p: _foreign(p, class_names=[b"a", b"\xe9t\xe9"]),
