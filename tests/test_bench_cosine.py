@@ -59,7 +59,7 @@ def test_runs_every_section_and_writes_its_rows(bench, tmp_path, capsys):
     out = tmp_path / "rows.json"
     bench.main(["--n-samples", "400", "--n-test", "100", "--n-features", "16",
                 "--n-classes", "3", "--scales", "8", "--c-bar", "none", "--sweep",
-                "--sweep-scales", "4", "8", "--linear-history", "30",
+                "--sweep-scales", "4", "8", "--linear-history", "30", "--seed", "1",
                 "--json", str(out)])  # fmt: skip
 
     def refuse(constant):  # strict JSON: a NaN ratio was written as NaN
@@ -71,7 +71,12 @@ def test_runs_every_section_and_writes_its_rows(bench, tmp_path, capsys):
     assert sum(name.startswith("  linear at mean μ") for name in names) == 2
     assert any(name.endswith(", 30 pairs") for name in names)
     assert any("LogisticRegression (sklearn)" in name and "same" in name for name in names)
-    assert sum(1 for row in rows if "search" in row) == 3
+    searches = [row for row in rows if "search" in row]
+    assert len(searches) == 3
+    # Both searches' scale by one rule, the best mean score over the folds: the path's was
+    # its scale_, with refit=False the mean of the folds' best (6.67 here, where the
+    # folds chose 4, 8 and 8, and the best mean score is 4's).
+    assert [row["chosen_scale"] for row in searches[1:]] == [4.0, 4.0]
     assert "scale search over 4, 8" in capsys.readouterr().out
 
 
