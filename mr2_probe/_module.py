@@ -384,6 +384,7 @@ class MR2Loss(nn.Module):
                 f"{tuple(logits.shape)}, {tuple(features.shape)} and {tuple(target.shape)}."
             )
         _check_indices(target)
+        target = target.long()  # torch has no min or max of uint16, uint32 or uint64
         if target.device.type == "cpu" and len(target):
             low, high = int(target.min()), int(target.max())
             if low < 0 or high >= self.n_classes:
@@ -391,7 +392,7 @@ class MR2Loss(nn.Module):
                     f"Target {low if low < 0 else high} is out of bounds: the classes are "
                     f"0..{self.n_classes - 1} (targets to ignore are not supported)."
                 )
-        return target.long()
+        return target
 
     def forward(
         self, logits: torch.Tensor, features: torch.Tensor, target: torch.Tensor
@@ -407,10 +408,11 @@ class MR2Loss(nn.Module):
             each = margin_cross_entropy(logits, target, margins, reduction="none")  # (B,)
             if self.training:
                 self._update_class_loss(each.detach(), target)
-            # In the statistics' dtype (float32 at least): a rare class's q/π (7e4) is
-            # inf in float16.
+            # In the statistics' dtype at least (float32 at least): a rare class's q/π
+            # (7e4) is inf in float16; float64 losses stay float64.
             ratio = self._tilt_ratio()
-            loss = (each.to(ratio.dtype) * ratio[target]).mean()
+            dtype = torch.promote_types(each.dtype, ratio.dtype)
+            loss = (each.to(dtype) * ratio[target].to(dtype)).mean()
         if self.lam > 0:
             phi = unit_rows(features) if self.normalize else features
             # s̄ and τ in the statistics' dtype (float32), as the distances are: in float16

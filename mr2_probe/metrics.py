@@ -161,6 +161,11 @@ def difficulty_groups(reference_accuracy, n_groups: int = 3) -> np.ndarray:
     if isinstance(n_groups, bool) or not isinstance(n_groups, Integral) or n_groups < 1:
         raise ValueError(f"n_groups must be an integer >= 1, got {n_groups!r}.")
     acc = np.asarray(reference_accuracy, dtype=float)
+    if acc.ndim != 1:
+        raise ValueError(
+            "reference_accuracy must hold one accuracy per class, shape (n_classes,); got "
+            f"shape {acc.shape}."
+        )
     order = np.argsort(-acc, kind="stable")
     groups = np.empty(len(acc), dtype=int)
     rank = np.arange(len(acc))

@@ -612,10 +612,13 @@ def test_update_refuses_targets_that_are_no_class_indices(target):
         assert torch.equal(value, before[name]), name
 
 
-@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.int16])
+@pytest.mark.parametrize(
+    "dtype", [torch.int32, torch.uint8, torch.int16, torch.uint16, torch.uint32, torch.uint64]
+)
 def test_mr2_loss_takes_targets_of_any_integer_dtype(dtype):
     # int32 was counted in the statistics, then refused by cross_entropy; uint8 (which
-    # cross_entropy takes) was refused by index_add_.
+    # cross_entropy takes) was refused by index_add_; uint16 to uint64 (torch.from_numpy
+    # of such labels) by their range check: torch has no min or max of them.
     features, target = torch.randn(9, 4), torch.arange(9) % 3
     logits = torch.randn(9, 3)
     want, got = MR2Loss(3, 4, lam=0.5), MR2Loss(3, 4, lam=0.5)
@@ -623,6 +626,21 @@ def test_mr2_loss_takes_targets_of_any_integer_dtype(dtype):
         got(logits, features, target.to(dtype)), want(logits, features, target)
     )
     torch.testing.assert_close(got.moment_count, want.moment_count)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5])
+def test_a_tilted_mr2_loss_of_float64_inputs_is_float64(lam):
+    # The per-sample losses were cast to the statistics' float32 (meant to lift float16):
+    # a float64 loss lost its precision, and gradcheck failed, only where tilted.
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(12, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    features = torch.randn(12, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    target = torch.arange(12) % 3
+    criterion = MR2Loss(3, 4, lam=lam, class_tilt=2.0)
+    criterion(logits.detach(), features.detach(), target)  # statistics and class losses
+    criterion.eval()
+    assert criterion(logits, features, target).dtype == torch.float64
+    assert torch.autograd.gradcheck(lambda z, f: criterion(z, f, target), (logits, features))
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

@@ -108,6 +108,14 @@ def test_hard_tercile_of_a_single_class_is_its_accuracy():
     assert classwise_summary([0, 0], [0, 1])["hard"] == 0.5
 
 
+@pytest.mark.parametrize("shape", [(2, 2), (3, 3), (6, 1)])
+def test_difficulty_groups_refuse_anything_but_one_accuracy_per_class(shape):
+    # A 2 × 2 array gave two groups for four accuracies, a 6 × 1 column NumPy's broadcast
+    # error.
+    with pytest.raises(ValueError, match=re.escape(f"shape (n_classes,); got shape {shape}.")):
+        difficulty_groups(np.ones(shape))
+
+
 def test_difficulty_groups_break_ties_by_class_order():
     np.testing.assert_array_equal(difficulty_groups(np.ones(6)), [0, 0, 1, 1, 2, 2])
 
