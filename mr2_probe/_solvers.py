@@ -18,6 +18,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
+import queue
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -159,17 +162,63 @@ SMALL_EVALUATION = 2**22
 
 @contextlib.contextmanager
 def one_thread_if_small(device, work: int, small: int):
-    """One intra-op thread for a CPU step of at most ``small`` multiply-adds; no change
-    otherwise."""
+    """One intra-op thread for a CPU step of at most ``small`` multiply-adds, the calling
+    thread's own count restored after it; no change otherwise.
+
+    ``torch.set_num_threads`` also sets the count that threads which have not used torch
+    yet take at their first operation: another thread's fit starting within this section
+    (joblib's threading backend, Dask's workers) kept its 1 for life. That count is put
+    back to this thread's own at once, from a thread of its own (:class:`_CountSetter`).
+    (torch fixes a thread's count at its first parallel operation: a thread that called
+    ``torch.set_num_threads`` but has run none yet takes the count set last anywhere, as
+    it did when any section ended.)
+    """
     if device.type != "cpu" or work > small:
         yield
         return
     previous = torch.get_num_threads()
+    if previous == 1:  # a thread's own 1 (set there, or taken): nothing to change
+        yield
+        return
     torch.set_num_threads(1)
+    _COUNT_SETTER.set(previous)
     try:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+class _CountSetter:
+    """A thread of its own that calls ``torch.set_num_threads``: it sets the count of the
+    threads that have not used torch yet, and its own, which serves nothing else."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests = queue.SimpleQueue()
+        self.thread = None
+
+    def set(self, count: int) -> None:
+        """Set that count, and return once it is set."""
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():  # first use, or a fork
+                self.thread = threading.Thread(
+                    target=self._serve, daemon=True, name="mr2-probe-thread-count"
+                )
+                self.thread.start()
+        done = threading.Event()
+        self.requests.put((count, done))
+        done.wait()
+
+    def _serve(self) -> None:
+        while True:
+            count, done = self.requests.get()
+            torch.set_num_threads(count)
+            done.set()
+
+
+_COUNT_SETTER = _CountSetter()
+if hasattr(os, "register_at_fork"):  # a child starts its own thread (and lock)
+    os.register_at_fork(after_in_child=_COUNT_SETTER.__init__)
 
 
 def _on_one_thread_if_small(work, small):

@@ -1294,6 +1294,54 @@ def test_small_minibatch_steps_run_on_one_thread(digits, monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_threads_using_torch_within_another_threads_one_thread_section_keep_their_count():
+    # A new thread (joblib's or Dask's, running another fit) whose first torch operation
+    # falls within another thread's section took its transient 1 (torch.set_num_threads
+    # sets the count of threads that have not used torch yet), and kept it for its life.
+    import threading
+
+    from mr2_probe._solvers import one_thread_if_small
+
+    cpu, before = torch.device("cpu"), torch.get_num_threads()
+    seen = {}
+
+    def new_thread(name, work):
+        torch.ones(3).sum()  # its first operation: the count it takes
+        with one_thread_if_small(cpu, work, 10):
+            seen[f"{name} inside"] = torch.get_num_threads()
+        seen[f"{name} after"] = torch.get_num_threads()
+
+    try:
+        torch.set_num_threads(2)
+        torch.ones(3).sum()
+        with one_thread_if_small(cpu, 1, 10):
+            for name, work in (("small", 1), ("large", 100)):
+                thread = threading.Thread(target=new_thread, args=(name, work))
+                thread.start(), thread.join(30)
+            assert torch.get_num_threads() == 1
+            # nested: the inner section restores the outer one's 1
+            with one_thread_if_small(cpu, 1, 10):
+                pass
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        assert seen == {"small inside": 1, "small after": 2, "large inside": 2,
+                        "large after": 2}  # fmt: skip
+
+        # A thread that set its own count to 1 keeps it, within another's section too.
+        def own_one():
+            torch.set_num_threads(1)
+            with one_thread_if_small(cpu, 1, 10):
+                pass
+            seen["own one"] = torch.get_num_threads()
+
+        with one_thread_if_small(cpu, 1, 10):
+            thread = threading.Thread(target=own_one)
+            thread.start(), thread.join(30)
+        assert seen["own one"] == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_overlapping_one_thread_sections_in_two_threads_each_restore_their_own():
     # torch's (OpenMP) thread count is each OS thread's once the thread has read it (a
     # thread that has not takes the count last set anywhere): a count shared by the
