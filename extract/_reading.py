@@ -231,8 +231,10 @@ def load_features(
         If a run is writing it.
     IncompleteStoreError
         If rows are still pending and ``allow_incomplete`` is False.
+    ProvenanceError
+        If it was written in a newer store format than this version reads.
 
-    All four derive from :class:`StoreError` (a ``ValueError``).
+    All five derive from :class:`StoreError` (a ``ValueError``).
 
     Examples
     --------

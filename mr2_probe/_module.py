@@ -384,15 +384,17 @@ class MR2Loss(nn.Module):
                 f"{tuple(logits.shape)}, {tuple(features.shape)} and {tuple(target.shape)}."
             )
         _check_indices(target)
-        target = target.long()  # torch has no min or max of uint16, uint32 or uint64
         if target.device.type == "cpu" and len(target):
-            low, high = int(target.min()), int(target.max())
+            # torch has no min or max of uint16, uint32 or uint64: NumPy's, on the values
+            # as given (as int64, the largest uint64 wrap to negative numbers).
+            values = target.numpy() if target.dtype in _UNSIGNED_WIDE else target
+            low, high = int(values.min()), int(values.max())
             if low < 0 or high >= self.n_classes:
                 raise ValueError(
                     f"Target {low if low < 0 else high} is out of bounds: the classes are "
                     f"0..{self.n_classes - 1} (targets to ignore are not supported)."
                 )
-        return target
+        return target.long()
 
     def forward(
         self, logits: torch.Tensor, features: torch.Tensor, target: torch.Tensor
@@ -429,6 +431,9 @@ class MR2Loss(nn.Module):
             compact = torch.where(self.initialised.any(), compact, torch.zeros_like(compact))
             loss = loss + self.lam * compact
         return loss
+
+
+_UNSIGNED_WIDE = (torch.uint16, torch.uint32, torch.uint64)
 
 
 def _check_indices(target: torch.Tensor) -> None:

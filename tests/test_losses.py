@@ -626,6 +626,9 @@ def test_mr2_loss_takes_targets_of_any_integer_dtype(dtype):
         got(logits, features, target.to(dtype)), want(logits, features, target)
     )
     torch.testing.assert_close(got.moment_count, want.moment_count)
+    if dtype == torch.uint64:  # named as given, not wrapped to a negative int64
+        with pytest.raises(ValueError, match=f"Target {2**63 + 5} is out of bounds"):
+            got(logits[:1], features[:1], torch.tensor([2**63 + 5], dtype=dtype))
 
 
 @pytest.mark.parametrize("lam", [0.0, 0.5])
