@@ -389,7 +389,9 @@ def plot_front(front, path, split: str = "test"):
     Returns
     -------
     fig : matplotlib.figure.Figure
-        Two axes; in each, one line per lever in the order ERM, MR², tilt, offsets.
+        Two axes; in each, one labelled line per lever in the order ERM, MR², tilt,
+        offsets (the legend's), among unlabelled ones: the tilt curve's segment from the
+        untilted point, the ring on the chosen point and the dashed bound.
 
     Examples
     --------
