@@ -166,12 +166,14 @@ def one_thread_if_small(device, work: int, small: int):
     thread's own count restored after it; no change otherwise.
 
     ``torch.set_num_threads`` also sets the count that threads which have not used torch
-    yet take at their first operation: another thread's fit starting within this section
-    (joblib's threading backend, Dask's workers) kept its 1 for life. That count is put
-    back to this thread's own at once, from a thread of its own (:class:`_CountSetter`).
-    (torch fixes a thread's count at its first parallel operation: a thread that called
-    ``torch.set_num_threads`` but has run none yet takes the count set last anywhere, as
-    it did when any section ended.)
+    yet take at their first parallel operation: another thread's fit starting within this
+    section (joblib's threading backend, Dask's workers) kept its 1 for life. That count is
+    put back to this thread's own from a thread of its own (:class:`_CountSetter`), as
+    soon as that thread runs, without waiting for it: a thread whose first operation falls
+    in between still takes the 1 (fewer of them, not none; ``torch.set_num_threads(n)`` at
+    the start of a task sets its count for sure). torch fixes a thread's count at its first
+    parallel operation: one that called ``torch.set_num_threads`` but has run none yet
+    takes the count set last anywhere, as it did when any section ended.
     """
     if device.type != "cpu" or work > small:
         yield
@@ -181,8 +183,8 @@ def one_thread_if_small(device, work: int, small: int):
         yield
         return
     torch.set_num_threads(1)
-    _COUNT_SETTER.set(previous)
     try:
+        _COUNT_SETTER.set(previous)
         yield
     finally:
         torch.set_num_threads(previous)
@@ -198,22 +200,37 @@ class _CountSetter:
         self.thread = None
 
     def set(self, count: int) -> None:
-        """Set that count, and return once it is set."""
+        """Have that count set, in the order asked; return at once (waiting for that
+        thread would cost up to Python's switch interval, 5 ms, while other threads run
+        Python)."""
         with self.lock:
             if self.thread is None or not self.thread.is_alive():  # first use, or a fork
-                self.thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._serve, daemon=True, name="mr2-probe-thread-count"
                 )
-                self.thread.start()
+                try:
+                    thread.start()
+                except RuntimeError:  # at interpreter shutdown (Python 3.12): not set
+                    return
+                self.thread = thread
+        self.requests.put(count)
+
+    def drain(self) -> None:
+        """Return once every count asked for so far is set."""
         done = threading.Event()
-        self.requests.put((count, done))
-        done.wait()
+        self.requests.put(done)
+        with self.lock:
+            alive = self.thread is not None and self.thread.is_alive()
+        if alive:
+            done.wait()
 
     def _serve(self) -> None:
         while True:
-            count, done = self.requests.get()
-            torch.set_num_threads(count)
-            done.set()
+            request = self.requests.get()
+            if isinstance(request, threading.Event):
+                request.set()
+            else:
+                torch.set_num_threads(request)
 
 
 _COUNT_SETTER = _CountSetter()

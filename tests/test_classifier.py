@@ -1298,9 +1298,11 @@ def test_threads_using_torch_within_another_threads_one_thread_section_keep_thei
     # A new thread (joblib's or Dask's, running another fit) whose first torch operation
     # falls within another thread's section took its transient 1 (torch.set_num_threads
     # sets the count of threads that have not used torch yet), and kept it for its life.
+    # The count is put back from a thread of its own, without waiting: drained here, so
+    # that the new threads start after it, as all but those in a short gap do.
     import threading
 
-    from mr2_probe._solvers import one_thread_if_small
+    from mr2_probe._solvers import _COUNT_SETTER, one_thread_if_small
 
     cpu, before = torch.device("cpu"), torch.get_num_threads()
     seen = {}
@@ -1315,6 +1317,7 @@ def test_threads_using_torch_within_another_threads_one_thread_section_keep_thei
         torch.set_num_threads(2)
         torch.ones(3).sum()
         with one_thread_if_small(cpu, 1, 10):
+            _COUNT_SETTER.drain()
             for name, work in (("small", 1), ("large", 100)):
                 thread = threading.Thread(target=new_thread, args=(name, work))
                 thread.start(), thread.join(30)
@@ -1338,6 +1341,25 @@ def test_threads_using_torch_within_another_threads_one_thread_section_keep_thei
             thread = threading.Thread(target=own_one)
             thread.start(), thread.join(30)
         assert seen["own one"] == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_an_interrupt_while_a_one_thread_section_starts_restores_the_count(monkeypatch):
+    # Asking for the count's reset came before the section's try: an interrupt there left
+    # the thread on one thread for good.
+    from mr2_probe import _solvers
+
+    def interrupted(count):
+        raise KeyboardInterrupt
+
+    cpu, before = torch.device("cpu"), torch.get_num_threads()
+    monkeypatch.setattr(_solvers._COUNT_SETTER, "set", interrupted)
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(KeyboardInterrupt), _solvers.one_thread_if_small(cpu, 1, 10):
+            pass
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
 
