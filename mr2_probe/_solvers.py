@@ -19,7 +19,6 @@ import contextlib
 import functools
 import math
 import os
-import queue
 import threading
 from dataclasses import dataclass, field
 
@@ -182,28 +181,35 @@ def one_thread_if_small(device, work: int, small: int):
     if previous == 1:  # a thread's own 1 (set there, or taken): nothing to change
         yield
         return
-    torch.set_num_threads(1)
+    request = None
     try:
-        _COUNT_SETTER.set(previous)
+        torch.set_num_threads(1)
+        request = _COUNT_SETTER.set(previous)
         yield
     finally:
-        torch.set_num_threads(previous)
+        torch.set_num_threads(previous)  # first: an interrupt in what follows keeps it
+        # A request not yet served is dropped: served later, it would undo a count that
+        # the program sets after the section (served before, it set this same count).
+        _COUNT_SETTER.cancel(request)
 
 
 class _CountSetter:
     """A thread of its own that calls ``torch.set_num_threads``: it sets the count of the
-    threads that have not used torch yet, and its own, which serves nothing else."""
+    threads that have not used torch yet, and its own, which serves nothing else. Only the
+    latest request is pending: each sets the same process-wide value, the last one wins."""
 
     def __init__(self):
-        self.lock = threading.Lock()
-        self.requests = queue.SimpleQueue()
+        self.changed = threading.Condition()
+        self.pending = None  # the latest request not yet served: [count], or [None]
+        self.asked = self.served = 0
         self.thread = None
 
-    def set(self, count: int) -> None:
-        """Have that count set, in the order asked; return at once (waiting for that
-        thread would cost up to Python's switch interval, 5 ms, while other threads run
-        Python)."""
-        with self.lock:
+    def set(self, count: int) -> list | None:
+        """Have that count set unless :meth:`cancel` drops it first, or a later request
+        replaces it; return at once (waiting for that thread would cost up to Python's
+        switch interval, 5 ms, while other threads run Python). The request, for
+        ``cancel``."""
+        with self.changed:
             if self.thread is None or not self.thread.is_alive():  # first use, or a fork
                 thread = threading.Thread(
                     target=self._serve, daemon=True, name="mr2-probe-thread-count"
@@ -211,26 +217,36 @@ class _CountSetter:
                 try:
                     thread.start()
                 except RuntimeError:  # at interpreter shutdown (Python 3.12): not set
-                    return
+                    return None
                 self.thread = thread
-        self.requests.put(count)
+            request = [count]
+            self.pending, self.asked = request, self.asked + 1
+            self.changed.notify_all()
+        return request
+
+    def cancel(self, request: list | None) -> None:
+        """Drop ``request`` if it is not served yet (once this returns, it never is)."""
+        if request is not None:
+            with self.changed:
+                request[0] = None
 
     def drain(self) -> None:
-        """Return once every count asked for so far is set."""
-        done = threading.Event()
-        self.requests.put(done)
-        with self.lock:
-            alive = self.thread is not None and self.thread.is_alive()
-        if alive:
-            done.wait()
+        """Return once every request made so far is served, replaced or dropped."""
+        with self.changed:
+            asked = self.asked
+            self.changed.wait_for(
+                lambda: self.served >= asked or not (self.thread and self.thread.is_alive())
+            )
 
     def _serve(self) -> None:
         while True:
-            request = self.requests.get()
-            if isinstance(request, threading.Event):
-                request.set()
-            else:
-                torch.set_num_threads(request)
+            with self.changed:
+                self.changed.wait_for(lambda: self.pending is not None)
+                request, self.pending = self.pending, None
+                if request[0] is not None:  # under the lock: not while cancel drops it
+                    torch.set_num_threads(request[0])
+                self.served = self.asked
+                self.changed.notify_all()
 
 
 _COUNT_SETTER = _CountSetter()

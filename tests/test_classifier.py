@@ -1345,6 +1345,29 @@ def test_threads_using_torch_within_another_threads_one_thread_section_keep_thei
         torch.set_num_threads(before)
 
 
+def test_a_count_reset_not_served_by_the_section_s_end_is_dropped():
+    # Served after the section, the reset undid the count the program set next: new
+    # threads took the section's thread's old count instead of the one set since.
+    import threading
+
+    from mr2_probe._solvers import _COUNT_SETTER, one_thread_if_small
+
+    cpu, before = torch.device("cpu"), torch.get_num_threads()
+    taken = []
+    try:
+        torch.set_num_threads(2)
+        with _COUNT_SETTER.changed:  # the setter cannot serve until released
+            with one_thread_if_small(cpu, 1, 10):
+                pass
+            torch.set_num_threads(3)
+        _COUNT_SETTER.drain()
+        thread = threading.Thread(target=lambda: taken.append(torch.get_num_threads()))
+        thread.start(), thread.join(30)
+        assert taken == [3]
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_an_interrupt_while_a_one_thread_section_starts_restores_the_count(monkeypatch):
     # Asking for the count's reset came before the section's try: an interrupt there left
     # the thread on one thread for good.
