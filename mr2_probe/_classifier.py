@@ -31,6 +31,7 @@ from ._data import (
     H5Source,
     TensorSource,
     block_rows,
+    check_dense_tensor,
     check_finite_tensor,
     check_h5_open,
     h5_dtype,
@@ -861,6 +862,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     def _validate_fit_data(self, X, y):
         """Validate X and y; return X ready for the device, y as NumPy, device and dtype."""
         check_h5_open(X=X, y=y)
+        if is_torch_tensor(X):
+            check_dense_tensor(X, type(self).__name__)
         if is_torch_tensor(X) or is_h5_dataset(X):
             validate_data(self, X, y, skip_check_array=True)
             if len(X.shape) != 2:
@@ -943,6 +946,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     def _validate_predict_data(self, X):
         check_is_fitted(self)
         check_h5_open(X=X)
+        if is_torch_tensor(X):
+            check_dense_tensor(X, type(self).__name__)
         if is_torch_tensor(X) or is_h5_dataset(X):
             if len(X.shape) != 2:  # before the check of the features, which reads shape[1]
                 raise ValueError(

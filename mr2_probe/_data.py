@@ -102,17 +102,30 @@ def raise_nonfinite(has_nan: bool, dtype, estimator_name: str) -> None:
     assert_all_finite(witness, estimator_name=estimator_name, input_name="X")
 
 
-def check_finite_tensor(X: torch.Tensor, estimator_name: str) -> None:
-    """Raise scikit-learn's error if a floating tensor holds NaN or infinity.
-
-    One reduction on X's device and one host synchronisation, outside any training loop.
-    A tensor on the ``meta`` device, which has a shape but no values, is refused first.
-    """
+def check_dense_tensor(X: torch.Tensor, estimator_name: str) -> None:
+    """Refuse a tensor that holds no plain values: a sparse one (scikit-learn's error for
+    sparse data), or one on the ``meta`` device (a shape, no values); before any copy of
+    X to another device, which fails on either with torch's own error."""
+    if X.layout != torch.strided:
+        raise TypeError(
+            f"Sparse data was passed for X (a tensor of layout {X.layout}), but dense data "
+            "is required. Use X.to_dense() to convert to a dense tensor."
+        )
     if X.is_meta:
         raise ValueError(
             f"X is a tensor on the 'meta' device, which holds no values: {estimator_name} "
             "needs the features themselves, on the CPU or a GPU."
         )
+
+
+def check_finite_tensor(X: torch.Tensor, estimator_name: str) -> None:
+    """Raise scikit-learn's error if a floating tensor holds NaN or infinity.
+
+    One reduction on X's device and one host synchronisation, outside any training loop.
+    A sparse tensor, or one on the ``meta`` device, is refused first
+    (:func:`check_dense_tensor`).
+    """
+    check_dense_tensor(X, estimator_name)
     if bool(torch.isfinite(X).all()):
         return
     dtype = np.float64 if X.dtype == torch.float64 else np.float32

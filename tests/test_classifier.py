@@ -618,8 +618,32 @@ def test_a_meta_tensor_is_a_clear_value_error():
         lambda: MR2LinearClassifier().fit(meta, y),
         lambda: MR2LinearClassifierCV([1.0], cv=2).fit(meta, y),
         lambda: fitted.predict(meta),
+        # With a device of its own, X was copied there first: torch's "Cannot copy out of
+        # meta tensor; no data!".
+        lambda: MR2LinearClassifier(device="cpu").fit(meta, y),
+        lambda: MR2LinearClassifierCV([1.0], cv=2, device=torch.device("cpu")).fit(meta, y),
     ):
         with pytest.raises(ValueError, match="X is a tensor on the 'meta' device"):
+            call()
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_a_sparse_tensor_is_refused_as_scikit_learn_refuses_sparse_data(layout):
+    # torch's "Could not run 'aten::ne.Scalar' with arguments from the 'SparseCPU'
+    # backend" (several kilobytes) or "unsupported tensor layout: SparseCsr".
+    X, y = _blobs()
+    sparse = torch.as_tensor(X)
+    sparse = sparse.to_sparse() if layout == "coo" else sparse.to_sparse_csr()
+    fitted = MR2LinearClassifier(device="cpu").fit(X, y)
+    message = "Sparse data was passed for X .*, but dense data is required. Use X.to_dense()"
+    for call in (
+        lambda: MR2LinearClassifier(device="cpu").fit(sparse, y),
+        lambda: MR2LinearClassifier(lam=0.5, device="cpu").fit(sparse, y),
+        lambda: MR2LinearClassifierCV([1.0], cv=2, device="cpu").fit(sparse, y),
+        lambda: fitted.predict(sparse),
+        lambda: fitted.predict_proba(sparse),
+    ):
+        with pytest.raises(TypeError, match=message):
             call()
 
 
