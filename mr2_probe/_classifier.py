@@ -735,11 +735,22 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             rise = f"rising from {curve[0]:.3g} to {curve[-1]:.3g} in {len(curve)} epochs"
             if not np.isfinite(curve[0]):
                 rise = "not finite from its first epoch on"
+            projection = ""
+            if head.has_projection:
+                # Each step moves every entry of P by about learning_rate: its penalty
+                # ½‖P − I‖²/(C·Σw) grows with the entries' number over C, whatever X is.
+                entries = sum(p.numel() for p in (head.proj_full, head.proj_a, head.proj_b)
+                              if p is not None)  # fmt: skip
+                projection = (
+                    f" (with lam > 0 the step also moves the projection's {entries} entries, "
+                    f"whose penalty is ½‖P − I‖² / (C·Σw) at C={C:g}: a larger C, or a "
+                    "projection_rank, also helps)"
+                )
             raise ValueError(
                 f"Cannot fit: the {solver} solver diverged, its epoch loss {rise}: "
                 f"learning_rate={self.learning_rate:g} is too large a step for these "
-                "features. Use a smaller learning_rate (or scale the features, e.g. "
-                "StandardScaler) and fit again."
+                f"features{projection}. Use a smaller learning_rate (or scale the "
+                "features, e.g. StandardScaler) and fit again."
             )
         # Only then a synchronisation of its own; otherwise _export's check names the features.
         if suspects and not all(bool(torch.isfinite(p).all()) for p in head.parameters()):

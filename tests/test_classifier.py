@@ -1294,6 +1294,22 @@ def test_a_diverging_minibatch_fit_is_refused_naming_the_learning_rate(digits, d
         clf.fit(X, y, sample_weight=np.full(len(y), weight))
 
 
+def test_a_projection_s_penalty_that_diverges_is_named_beside_the_learning_rate():
+    # 1,000 standardised features, 50 samples, C = 1e-6: Adam moves each of the 10⁶
+    # entries of P by about its step, and ½‖P − I‖²/(C·Σw) took the loss from 2.3 to
+    # 8.6·10⁴. The message blamed only the features, which were already standardised.
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1], 25)
+    X = rng.normal(size=(50, 1000))
+    clf = MR2LinearClassifier(lam=0.5, C=1e-6, max_iter=5, random_state=0, device="cpu")
+    with pytest.raises(ValueError, match=r"projection's 1000000 entries, whose penalty is .*"
+                       r"at C=1e-06: a larger C, or a projection_rank, also helps"):  # fmt: skip
+        clf.fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.set_params(projection_rank=8).fit(X, y)  # as the message says
+
+
 def test_small_minibatch_steps_run_on_one_thread(digits, monkeypatch):
     from mr2_probe import _losses
 
