@@ -738,13 +738,18 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             projection = ""
             if head.has_projection:
                 # Each step moves every entry of P by about learning_rate: its penalty
-                # ½‖P − I‖²/(C·Σw) grows with the entries' number over C, whatever X is.
+                # grows with the entries' number over C, whatever X is.
+                low_rank = head.proj_a is not None
                 entries = sum(p.numel() for p in (head.proj_full, head.proj_a, head.proj_b)
                               if p is not None)  # fmt: skip
+                penalty = "½(‖A‖² + ‖B‖²), P = I + ABᵀ," if low_rank else "½‖P − I‖²"
+                rank = "a smaller projection_rank" if low_rank else "a projection_rank"
+                # MR2LinearClassifierCV has no C of its own to raise where it searches the
+                # cosine head's scale (its projection's C is 1).
+                helps = f"a larger C, or {rank}," if "C" in self.get_params() else rank
                 projection = (
                     f" (with lam > 0 the step also moves the projection's {entries} entries, "
-                    f"whose penalty is ½‖P − I‖² / (C·Σw) at C={C:g}: a larger C, or a "
-                    "projection_rank, also helps)"
+                    f"whose penalty is {penalty} / (C·Σw) at C={C:g}: {helps} also helps)"
                 )
             raise ValueError(
                 f"Cannot fit: the {solver} solver diverged, its epoch loss {rise}: "

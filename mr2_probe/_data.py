@@ -102,14 +102,30 @@ def raise_nonfinite(has_nan: bool, dtype, estimator_name: str) -> None:
     assert_all_finite(witness, estimator_name=estimator_name, input_name="X")
 
 
+_SPARSE_LAYOUTS = (
+    torch.sparse_coo,
+    torch.sparse_csr,
+    torch.sparse_csc,
+    torch.sparse_bsr,
+    torch.sparse_bsc,
+)
+
+
 def check_dense_tensor(X: torch.Tensor, estimator_name: str) -> None:
     """Refuse a tensor that holds no plain values: a sparse one (scikit-learn's error for
     sparse data), or one on the ``meta`` device (a shape, no values); before any copy of
     X to another device, which fails on either with torch's own error."""
-    if X.layout != torch.strided:
+    if X.layout in _SPARSE_LAYOUTS:
         raise TypeError(
             f"Sparse data was passed for X (a tensor of layout {X.layout}), but dense data "
             "is required. Use X.to_dense() to convert to a dense tensor."
+        )
+    if X.layout != torch.strided or X.is_nested:
+        kind = "a nested tensor" if X.is_nested else f"a tensor of layout {X.layout}"
+        raise TypeError(
+            f"X is {kind}, not a plain dense tensor (torch.strided) of shape (n_samples, "
+            "n_features): convert it first (X.to_dense(), or torch.stack of a nested "
+            "tensor's rows)."
         )
     if X.is_meta:
         raise ValueError(

@@ -31,7 +31,13 @@ from sklearn.utils.validation import (
     indexable,
 )
 
-from ._data import cv_folds, is_torch_tensor, routing_enabled, whole_or_unchanged
+from ._data import (
+    check_dense_tensor,
+    cv_folds,
+    is_torch_tensor,
+    routing_enabled,
+    whole_or_unchanged,
+)
 from ._device import to_numpy
 from ._offset_search import OBJECTIVES, tune_class_offsets
 
@@ -381,6 +387,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             raise ValueError(
                 f"{type(self).__name__} requires y to be passed, but the target y is None."
             )
+        if is_torch_tensor(X):  # before the folds index it, with torch's own error
+            check_dense_tensor(X, type(self).__name__)
         X, y = indexable(X, to_numpy(y) if is_torch_tensor(y) else y)
         y = column_or_1d(y, warn=True)
         if not len(y):

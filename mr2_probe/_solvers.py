@@ -203,6 +203,7 @@ class _CountSetter:
         self.pending = None  # the latest request not yet served: [count], or [None]
         self.asked = self.served = 0
         self.thread = None
+        self.serving = False  # while the thread serves (False once an error ended it)
 
     def set(self, count: int) -> list | None:
         """Have that count set unless :meth:`cancel` drops it first, or a later request
@@ -218,7 +219,7 @@ class _CountSetter:
                     thread.start()
                 except RuntimeError:  # at interpreter shutdown (Python 3.12): not set
                     return None
-                self.thread = thread
+                self.thread, self.serving = thread, True
             request = [count]
             self.pending, self.asked = request, self.asked + 1
             self.changed.notify_all()
@@ -234,18 +235,21 @@ class _CountSetter:
         """Return once every request made so far is served, replaced or dropped."""
         with self.changed:
             asked = self.asked
-            self.changed.wait_for(
-                lambda: self.served >= asked or not (self.thread and self.thread.is_alive())
-            )
+            self.changed.wait_for(lambda: self.served >= asked or not self.serving)
 
     def _serve(self) -> None:
-        while True:
+        try:
+            while True:
+                with self.changed:
+                    self.changed.wait_for(lambda: self.pending is not None)
+                    request, self.pending = self.pending, None
+                    if request[0] is not None:  # under the lock: not while cancel drops it
+                        torch.set_num_threads(request[0])
+                    self.served = self.asked
+                    self.changed.notify_all()
+        finally:  # ended by an error: a drain waiting on it returns
             with self.changed:
-                self.changed.wait_for(lambda: self.pending is not None)
-                request, self.pending = self.pending, None
-                if request[0] is not None:  # under the lock: not while cancel drops it
-                    torch.set_num_threads(request[0])
-                self.served = self.asked
+                self.serving = False
                 self.changed.notify_all()
 
 

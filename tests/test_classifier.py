@@ -3,8 +3,10 @@
 import contextlib
 import os
 import pickle
+import re
 import subprocess
 import sys
+import time
 import warnings
 
 import joblib
@@ -19,7 +21,13 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, MR2Loss, compactness_loss
+from mr2_probe import (
+    MR2LinearClassifier,
+    MR2LinearClassifierCV,
+    MR2Loss,
+    TunedOffsetsClassifierCV,
+    compactness_loss,
+)
 
 cuda = pytest.mark.cuda  # skipped without CUDA (tests/conftest.py)
 
@@ -642,9 +650,21 @@ def test_a_sparse_tensor_is_refused_as_scikit_learn_refuses_sparse_data(layout):
         lambda: MR2LinearClassifierCV([1.0], cv=2, device="cpu").fit(sparse, y),
         lambda: fitted.predict(sparse),
         lambda: fitted.predict_proba(sparse),
+        # its folds indexed X before the probe saw it
+        lambda: TunedOffsetsClassifierCV(MR2LinearClassifier(device="cpu"), cv=2).fit(sparse, y),
     ):
         with pytest.raises(TypeError, match=message):
             call()
+
+
+def test_a_nested_tensor_is_refused_as_no_plain_dense_tensor():
+    # It passed as strided, then torch's "NestedTensorImpl doesn't support sizes".
+    X, y = _blobs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # nested tensors are a prototype
+        nested = torch.nested.nested_tensor(list(torch.as_tensor(X)))
+    with pytest.raises(TypeError, match="X is a nested tensor, not a plain dense tensor"):
+        MR2LinearClassifier(device="cpu").fit(nested, y)
 
 
 @pytest.mark.parametrize(
@@ -1310,6 +1330,40 @@ def test_a_projection_s_penalty_that_diverges_is_named_beside_the_learning_rate(
         clf.set_params(projection_rank=8).fit(X, y)  # as the message says
 
 
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (
+            lambda: MR2LinearClassifier(lam=0.5, projection_rank=4, device="cpu"),
+            "projection's 80 entries, whose penalty is ½(‖A‖² + ‖B‖²), P = I + ABᵀ, / (C·Σw) "
+            "at C=1: a larger C, or a smaller projection_rank, also helps",
+        ),
+        # The search has no C of its own where it searches the cosine head's scale.
+        (
+            lambda: MR2LinearClassifierCV([8.0], head="cosine", lam=0.5, cv=2, device="cpu"),
+            "projection's 100 entries, whose penalty is ½‖P − I‖² / (C·Σw) at C=1: a "
+            "projection_rank also helps",
+        ),
+    ],
+)
+def test_a_diverged_projection_s_message_fits_its_penalty_and_estimator(
+    make, expected, monkeypatch
+):
+    # A low-rank projection's penalty was written as ½‖P − I‖², with "a projection_rank"
+    # as advice where one was set; the search was told of a C it does not have.
+    from mr2_probe import _classifier
+    from mr2_probe._solvers import SolverResult
+
+    def diverged(head, source, spec, **kwargs):
+        return SolverResult(2, False, loss_curve=[2.0, 3e4], stop="diverged")
+
+    monkeypatch.setattr(_classifier, "fit_minibatch", diverged)
+    X, y = _blobs()
+    X = np.c_[X, X, X, X, X][:, :10]
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        make().fit(X, y)
+
+
 def test_small_minibatch_steps_run_on_one_thread(digits, monkeypatch):
     from mr2_probe import _losses
 
@@ -1406,6 +1460,31 @@ def test_a_count_reset_not_served_by_the_section_s_end_is_dropped():
         assert taken == [3]
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_drain_returns_when_the_count_setter_s_thread_ends_on_an_error(monkeypatch):
+    # Its thread died without a word to those waiting: drain() waited for ever.
+    import threading
+
+    from mr2_probe._solvers import _CountSetter
+
+    real, release = torch.set_num_threads, threading.Event()
+
+    def failing(count):
+        if threading.current_thread().name == "mr2-probe-thread-count":
+            release.wait(10)  # until drain() waits on it
+            raise RuntimeError("no")
+        real(count)
+
+    monkeypatch.setattr(torch, "set_num_threads", failing)
+    # Its traceback, which keeps the thread alive a while after the error.
+    monkeypatch.setattr(threading, "excepthook", lambda args: time.sleep(0.5))
+    setter = _CountSetter()
+    setter.set(2)
+    waiter = threading.Thread(target=setter.drain, daemon=True)
+    waiter.start(), waiter.join(0.3)
+    release.set(), waiter.join(5)
+    assert not waiter.is_alive()
 
 
 def test_an_interrupt_while_a_one_thread_section_starts_restores_the_count(monkeypatch):
