@@ -535,11 +535,17 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
         )
     models = [clone(mr2).set_params(**c) for c, reason in reasons if not reason]
     for name, (reads, what, advice) in _READ_BY_SOME.items():
-        if name in grid and not any(reads(model) for model in models):
-            # Searched, it would choose among fits of one model.
+        option = _OPTIONS.get(name)
+        if name in grid:  # searched, it would choose among fits of one model
+            given_as, whose = f"--grid {name}", "search"
+        elif option is not None and _dest(option) in given:  # accepted, and read by none
+            given_as, whose, advice = option, "run", advice.replace("search it", "use it")
+        else:
+            continue
+        if not any(reads(model) for model in models):
             raise UsageError(
-                f"--grid {name} sets {what}, which no model of this search reads: drop it, "
-                f"or {advice}"
+                f"{given_as} sets {what}, which no model of this {whose} reads: drop it, or "
+                f"{advice}"
             )
     minibatch_only = sorted(MINIBATCH_ONLY & set(grid))
     if minibatch_only and all(_solver(mr2, c) in (None, "lbfgs") for c in combinations):
@@ -554,14 +560,6 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
             "--grid scale searches the cosine head's logit scale, which no model of this "
             "search has; add --head cosine (or head=cosine to the grid), or search C"
         )
-    for name, (reads, what, advice) in _READ_BY_SOME.items():
-        option = _OPTIONS.get(name)
-        if option is not None and _dest(option) in given and name not in grid:
-            if not any(reads(model) for model in models):  # accepted, and read by none
-                raise UsageError(
-                    f"{option} sets {what}, which no model of this run reads: drop it, or "
-                    f"{advice.replace('search it', 'use it')}"
-                )
     if args.logit_scale is not None and "cosine" not in grid.get("head", [args.head]):
         raise UsageError(
             "--logit-scale sets the cosine head's logit scale; add --head cosine, or drop "
