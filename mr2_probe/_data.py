@@ -137,11 +137,9 @@ def check_dense_tensor(X: torch.Tensor, estimator_name: str) -> None:
 def check_finite_tensor(X: torch.Tensor, estimator_name: str) -> None:
     """Raise scikit-learn's error if a floating tensor holds NaN or infinity.
 
-    One reduction on X's device and one host synchronisation, outside any training loop.
-    A sparse tensor, or one on the ``meta`` device, is refused first
-    (:func:`check_dense_tensor`).
+    One reduction on X's device and one host synchronisation, outside any training loop;
+    X has passed :func:`check_dense_tensor` (where it came in, before any copy).
     """
-    check_dense_tensor(X, estimator_name)
     if bool(torch.isfinite(X).all()):
         return
     dtype = np.float64 if X.dtype == torch.float64 else np.float32
