@@ -181,10 +181,8 @@ def _mark_merged(shards: list[str], out: str | os.PathLike) -> None:
     (images changed in place). Best effort: a shard that cannot be written stays as it is."""
     identity = _identity(out)
     for path in shards:
-        try:
-            with h5py.File(path, "r+") as f:
-                f.attrs[MERGED_INTO] = identity
-        except OSError as err:
+        problem = _mark(path, identity)
+        if problem:
             logger.warning(
                 "Could not mark the shard %s with the version of %s it went into (%s): a "
                 "later run cannot tell whether it went into the store as it is then (it "
@@ -192,8 +190,20 @@ def _mark_merged(shards: list[str], out: str | os.PathLike) -> None:
                 "it now that it is merged.",
                 path,
                 out,
-                " ".join(str(err).split()),
+                problem,
             )
+
+
+def _mark(path, value: str, over: bool = True) -> str | None:
+    """Set the shard's MERGED_INTO mark to ``value`` (not over one it has, unless
+    ``over``); best effort: the OSError that prevented it, on one line, else None."""
+    try:
+        with h5py.File(path, "r+") as f:
+            if over or MERGED_INTO not in f.attrs:
+                f.attrs[MERGED_INTO] = value
+    except OSError as err:
+        return " ".join(str(err).split())
+    return None
 
 
 def mark_superseded(out: str | os.PathLike, world_size: int | None = None) -> None:
@@ -213,18 +223,15 @@ def mark_superseded(out: str | os.PathLike, world_size: int | None = None) -> No
             continue
         if not h5py.is_hdf5(path):  # a lock or a partial file, where out has no suffix
             continue
-        try:
-            with h5py.File(path, "r+") as f:
-                if MERGED_INTO not in f.attrs:
-                    f.attrs[MERGED_INTO] = superseded
-        except OSError as err:
+        problem = _mark(path, superseded, over=False)  # a merged shard keeps its mark
+        if problem:
             logger.warning(
                 "Could not mark the shard %s of an interrupted run as superseded by the "
                 "rebuilt %s (%s): a later run at its number of ranks may resume it, its "
                 "rows those of the images as they were; delete it.",
                 path,
                 out,
-                " ".join(str(err).split()),
+                problem,
             )
 
 
