@@ -167,8 +167,8 @@ def _check_shapes(
         problem = f"'labels' has shape {labels.shape} for {len(f['features'])} feature rows"
     elif len(labels) and (labels.min() < 0 or labels.max() >= n_classes):
         problem = f"'labels' holds values outside 0..{n_classes - 1} ({n_classes} class names)"
-    elif f["class_names"].dtype.kind not in "SOU":
-        problem = f"'class_names' has dtype {f['class_names'].dtype}, not strings"
+    elif names.dtype.kind not in "SOU":
+        problem = f"'class_names' has dtype {names.dtype}, not strings"
     else:  # the optional datasets, one entry per row (a short 'status' dropped rows)
         for name in (name for name in ("status", "indices", *_TEXT) if name in f):
             if (f[name].shape or ())[:1] != labels.shape:  # None: an empty dataspace

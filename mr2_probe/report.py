@@ -258,8 +258,11 @@ _LINE_BREAK = re.compile(r"\r\n|[\n\v\f\r\x1c\x1d\x1e\x85\u2028\u2029]")
 def _text_table(header: list, rows: list) -> str:
     # A line break in a name would split its row, a tab move the columns after it to the
     # terminal's next tab stop: each shown as a space.
-    header = [_one_line(h).replace("\t", " ") for h in header]
-    cells = [[_one_line(_cell(v)).replace("\t", " ") for v in row] for row in rows]
+    def flat(text) -> str:
+        return _one_line(text).replace("\t", " ")
+
+    header = [flat(h) for h in header]
+    cells = [[flat(_cell(v)) for v in row] for row in rows]
     # Left-aligned names, right-aligned numbers, each column as wide as its longest cell
     # in a terminal's columns (a CJK character takes two, a combining accent none).
     widths = [max(_columns(h), *(_columns(row[j]) for row in cells)) for j, h in enumerate(header)]
