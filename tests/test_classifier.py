@@ -1364,7 +1364,15 @@ def test_a_diverged_projection_s_message_fits_its_penalty_and_estimator(
         make().fit(X, y)
 
 
-def test_small_minibatch_steps_run_on_one_thread(digits, monkeypatch):
+@pytest.fixture
+def threads():
+    """This thread's torch thread count, put back as it was after the test."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_small_minibatch_steps_run_on_one_thread(digits, monkeypatch, threads):
     from mr2_probe import _losses
 
     threads_seen = []
@@ -1375,20 +1383,16 @@ def test_small_minibatch_steps_run_on_one_thread(digits, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(_losses, "compactness_loss", recording_loss)
-    before = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:
-        X, y = digits  # 256 × 64 × (64 + 10 + 256) multiply-adds a step
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            MR2LinearClassifier(lam=0.5, max_iter=2, device="cpu").fit(X, y)
-        assert set(threads_seen) == {1}
-        assert torch.get_num_threads() == 2  # restored
-    finally:
-        torch.set_num_threads(before)
+    X, y = digits  # 256 × 64 × (64 + 10 + 256) multiply-adds a step
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        MR2LinearClassifier(lam=0.5, max_iter=2, device="cpu").fit(X, y)
+    assert set(threads_seen) == {1}
+    assert torch.get_num_threads() == 2  # restored
 
 
-def test_threads_using_torch_within_another_threads_one_thread_section_keep_their_count():
+def test_threads_using_torch_within_another_threads_one_thread_section_keep_their_count(threads):
     # A new thread (joblib's or Dask's, running another fit) whose first torch operation
     # falls within another thread's section took its transient 1 (torch.set_num_threads
     # sets the count of threads that have not used torch yet), and kept it for its life.
@@ -1398,7 +1402,7 @@ def test_threads_using_torch_within_another_threads_one_thread_section_keep_thei
 
     from mr2_probe._solvers import _COUNT_SETTER, one_thread_if_small
 
-    cpu, before = torch.device("cpu"), torch.get_num_threads()
+    cpu = torch.device("cpu")
     seen = {}
 
     def new_thread(name, work):
@@ -1407,59 +1411,53 @@ def test_threads_using_torch_within_another_threads_one_thread_section_keep_thei
             seen[f"{name} inside"] = torch.get_num_threads()
         seen[f"{name} after"] = torch.get_num_threads()
 
-    try:
-        torch.set_num_threads(2)
-        torch.ones(3).sum()
-        with one_thread_if_small(cpu, 1, 10):
-            _COUNT_SETTER.drain()
-            for name, work in (("small", 1), ("large", 100)):
-                thread = threading.Thread(target=new_thread, args=(name, work))
-                thread.start(), thread.join(30)
-            assert torch.get_num_threads() == 1
-            # nested: the inner section restores the outer one's 1
-            with one_thread_if_small(cpu, 1, 10):
-                pass
-            assert torch.get_num_threads() == 1
-        assert torch.get_num_threads() == 2
-        assert seen == {"small inside": 1, "small after": 2, "large inside": 2,
-                        "large after": 2}  # fmt: skip
-
-        # A thread that set its own count to 1 keeps it, within another's section too.
-        def own_one():
-            torch.set_num_threads(1)
-            with one_thread_if_small(cpu, 1, 10):
-                pass
-            seen["own one"] = torch.get_num_threads()
-
-        with one_thread_if_small(cpu, 1, 10):
-            thread = threading.Thread(target=own_one)
+    torch.set_num_threads(2)
+    torch.ones(3).sum()
+    with one_thread_if_small(cpu, 1, 10):
+        _COUNT_SETTER.drain()
+        for name, work in (("small", 1), ("large", 100)):
+            thread = threading.Thread(target=new_thread, args=(name, work))
             thread.start(), thread.join(30)
-        assert seen["own one"] == 1
-    finally:
-        torch.set_num_threads(before)
+        assert torch.get_num_threads() == 1
+        # nested: the inner section restores the outer one's 1
+        with one_thread_if_small(cpu, 1, 10):
+            pass
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+    assert seen == {"small inside": 1, "small after": 2, "large inside": 2,
+                    "large after": 2}  # fmt: skip
+
+    # A thread that set its own count to 1 keeps it, within another's section too.
+    def own_one():
+        torch.set_num_threads(1)
+        with one_thread_if_small(cpu, 1, 10):
+            pass
+        seen["own one"] = torch.get_num_threads()
+
+    with one_thread_if_small(cpu, 1, 10):
+        thread = threading.Thread(target=own_one)
+        thread.start(), thread.join(30)
+    assert seen["own one"] == 1
 
 
-def test_a_count_reset_not_served_by_the_section_s_end_is_dropped():
+def test_a_count_reset_not_served_by_the_section_s_end_is_dropped(threads):
     # Served after the section, the reset undid the count the program set next: new
     # threads took the section's thread's old count instead of the one set since.
     import threading
 
     from mr2_probe._solvers import _COUNT_SETTER, one_thread_if_small
 
-    cpu, before = torch.device("cpu"), torch.get_num_threads()
+    cpu = torch.device("cpu")
     taken = []
-    try:
-        torch.set_num_threads(2)
-        with _COUNT_SETTER.changed:  # the setter cannot serve until released
-            with one_thread_if_small(cpu, 1, 10):
-                pass
-            torch.set_num_threads(3)
-        _COUNT_SETTER.drain()
-        thread = threading.Thread(target=lambda: taken.append(torch.get_num_threads()))
-        thread.start(), thread.join(30)
-        assert taken == [3]
-    finally:
-        torch.set_num_threads(before)
+    torch.set_num_threads(2)
+    with _COUNT_SETTER.changed:  # the setter cannot serve until released
+        with one_thread_if_small(cpu, 1, 10):
+            pass
+        torch.set_num_threads(3)
+    _COUNT_SETTER.drain()
+    thread = threading.Thread(target=lambda: taken.append(torch.get_num_threads()))
+    thread.start(), thread.join(30)
+    assert taken == [3]
 
 
 def test_a_drain_returns_when_the_count_setter_s_thread_ends_on_an_error(monkeypatch):
@@ -1487,7 +1485,7 @@ def test_a_drain_returns_when_the_count_setter_s_thread_ends_on_an_error(monkeyp
     assert not waiter.is_alive()
 
 
-def test_an_interrupt_while_a_one_thread_section_starts_restores_the_count(monkeypatch):
+def test_an_interrupt_while_a_one_thread_section_starts_restores_the_count(monkeypatch, threads):
     # Asking for the count's reset came before the section's try: an interrupt there left
     # the thread on one thread for good.
     from mr2_probe import _solvers
@@ -1495,18 +1493,15 @@ def test_an_interrupt_while_a_one_thread_section_starts_restores_the_count(monke
     def interrupted(count):
         raise KeyboardInterrupt
 
-    cpu, before = torch.device("cpu"), torch.get_num_threads()
+    cpu = torch.device("cpu")
     monkeypatch.setattr(_solvers._COUNT_SETTER, "set", interrupted)
-    try:
-        torch.set_num_threads(2)
-        with pytest.raises(KeyboardInterrupt), _solvers.one_thread_if_small(cpu, 1, 10):
-            pass
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
+    torch.set_num_threads(2)
+    with pytest.raises(KeyboardInterrupt), _solvers.one_thread_if_small(cpu, 1, 10):
+        pass
+    assert torch.get_num_threads() == 2
 
 
-def test_overlapping_one_thread_sections_in_two_threads_each_restore_their_own():
+def test_overlapping_one_thread_sections_in_two_threads_each_restore_their_own(threads):
     # torch's (OpenMP) thread count is each OS thread's once the thread has read it (a
     # thread that has not takes the count last set anywhere): a count shared by the
     # sections left the first thread at 1 thread for good, and the second's section ran on
@@ -1515,7 +1510,7 @@ def test_overlapping_one_thread_sections_in_two_threads_each_restore_their_own()
 
     from mr2_probe._solvers import one_thread_if_small
 
-    cpu, before = torch.device("cpu"), torch.get_num_threads()
+    cpu = torch.device("cpu")
     torch.set_num_threads(2)
     torch.ones(3).sum()
     b_ready, a_in, b_in, a_out = (threading.Event() for _ in range(4))
@@ -1554,7 +1549,6 @@ def test_overlapping_one_thread_sections_in_two_threads_each_restore_their_own()
     finally:
         a_in.set(), b_in.set(), a_out.set()
         thread.join(30)
-        torch.set_num_threads(before)
 
 
 def test_minibatch_statistics_are_the_ones_training_used(digits):
@@ -2140,7 +2134,9 @@ def test_a_minibatch_fit_out_of_epochs_names_the_learning_rate_too(digits):
 
 
 @pytest.mark.parametrize("small, expected", [(None, 1), (0, 2)])
-def test_small_full_batch_evaluations_run_on_one_thread(digits, monkeypatch, small, expected):
+def test_small_full_batch_evaluations_run_on_one_thread(
+    digits, monkeypatch, small, expected, threads
+):
     # 2 × 1797 × 64 × 10 multiply-adds an evaluation, at most SMALL_EVALUATION: one thread;
     # above it, torch's threads.
     from mr2_probe import _batched, _solvers
@@ -2160,18 +2156,14 @@ def test_small_full_batch_evaluations_run_on_one_thread(digits, monkeypatch, sma
 
     monkeypatch.setattr(_solvers, "linear_margin_ce_grad", fit_recording)
     monkeypatch.setattr(_batched.FoldBatch, "evaluate", search_recording)
-    before = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:
-        X, y = digits
-        MR2LinearClassifier(max_iter=3, device="cpu").fit(X, y)
-        # Two folds of 600 rows in one batched problem: 2 × 600 × 64 × 2 × 10.
-        search = MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=2, max_iter=3, device="cpu")
-        search.fit(X[:600], y[:600])
-        assert seen == {"fit": {expected}, "search": {expected}}
-        assert torch.get_num_threads() == 2  # restored
-    finally:
-        torch.set_num_threads(before)
+    X, y = digits
+    MR2LinearClassifier(max_iter=3, device="cpu").fit(X, y)
+    # Two folds of 600 rows in one batched problem: 2 × 600 × 64 × 2 × 10.
+    search = MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=2, max_iter=3, device="cpu")
+    search.fit(X[:600], y[:600])
+    assert seen == {"fit": {expected}, "search": {expected}}
+    assert torch.get_num_threads() == 2  # restored
 
 
 def test_a_cosine_warm_start_continues_from_the_previous_rows():
