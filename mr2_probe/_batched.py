@@ -613,9 +613,11 @@ def _next_step(step, slope, value0, value, trial_slope, long, low, high) -> torc
 
 @dataclass
 class FoldSteps:
-    """One fold's solutions along the path, as :class:`~mr2_probe._path.FoldPath` keeps them."""
+    """One fold's solutions along the path, as :class:`~mr2_probe._path.FoldPath` keeps them
+    (no value fails here: an overflow raises for all folds)."""
 
     steps: dict = field(default_factory=dict)
+    failures: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -56,6 +56,11 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+class FitDivergedError(ValueError):
+    """A fit that diverged or left floating-point range at its parameters' values: a
+    search records that value as failed, where an error in the data fails every value."""
+
+
 def _overflow_message(what, dtype, suspects=()):
     """The error of a fit that left floating-point range: the ``suspects`` (parameters
     found extreme) when there are any, else the features' scale."""
@@ -713,7 +718,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 if "overflow" not in str(exc):
                     raise
                 what = "L-BFGS's step overflows"
-                raise ValueError(_overflow_message(what, data.dtype, suspects)) from exc
+                raise FitDivergedError(_overflow_message(what, data.dtype, suspects)) from exc
         else:
             result = fit_minibatch(
                 head,
@@ -731,7 +736,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if result.stop == "diverged":
             curve = result.loss_curve
             if suspects:  # an extreme parameter, not the step size
-                raise ValueError(_overflow_message("the loss overflows", data.dtype, suspects))
+                what = "the loss overflows"
+                raise FitDivergedError(_overflow_message(what, data.dtype, suspects))
             rise = f"rising from {curve[0]:.3g} to {curve[-1]:.3g} in {len(curve)} epochs"
             if not np.isfinite(curve[0]):
                 rise = "not finite from its first epoch on"
@@ -751,7 +757,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                     f" (with lam > 0 the step also moves the projection's {entries} entries, "
                     f"whose penalty is {penalty} / (C·Σw) at C={C:g}: {helps} also helps)"
                 )
-            raise ValueError(
+            raise FitDivergedError(
                 f"Cannot fit: the {solver} solver diverged, its epoch loss {rise}: "
                 f"learning_rate={self.learning_rate:g} is too large a step for these "
                 f"features{projection}. Use a smaller learning_rate (or scale the "
@@ -760,7 +766,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         # Only then a synchronisation of its own; otherwise _export's check names the features.
         if suspects and not all(bool(torch.isfinite(p).all()) for p in head.parameters()):
             what = "the fit produced non-finite coefficients"
-            raise ValueError(_overflow_message(what, data.dtype, suspects))
+            raise FitDivergedError(_overflow_message(what, data.dtype, suspects))
         return result
 
     def _export(self, head, result, solver, dtype):
@@ -769,7 +775,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         state = head.export()
         fitted = [state["coef"], state["intercept"], to_numpy(result.margins)]
         if not all(np.isfinite(a).all() for a in fitted):
-            raise ValueError(_overflow_message("the fit produced non-finite coefficients", dtype))
+            what = "the fit produced non-finite coefficients"
+            raise FitDivergedError(_overflow_message(what, dtype))
         self._warn_if_short(result, solver, dtype)
         return state
 

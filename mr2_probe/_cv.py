@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from numbers import Integral
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.base import _fit_context
+from sklearn.exceptions import FitFailedWarning
 from sklearn.metrics import check_scoring, get_scorer, get_scorer_names, make_scorer
 from sklearn.model_selection import check_cv
 from sklearn.utils import metadata_routing
@@ -21,7 +23,14 @@ from sklearn.utils.validation import _check_sample_weight
 from tqdm.auto import tqdm
 
 from ._batched import BatchedPath, FoldBatch, HeldOut
-from ._classifier import MR2LinearClassifier, _class_stats, _range_suspects, both_class_logits
+from ._classifier import (
+    FitDivergedError,
+    MR2LinearClassifier,
+    _class_stats,
+    _outside_stacklevel,
+    _range_suspects,
+    both_class_logits,
+)
 from ._data import H5Source, cv_folds, is_torch_tensor, routing_enabled, whole_or_unchanged
 from ._device import default_torch_modes, to_numpy, to_tensor
 from ._head import open_pair
@@ -123,7 +132,7 @@ random_state, device
     scores_ : dict
         Class label → ndarray (n_folds, n_Cs), the held-out scores, the same array for
         every class (one label, the positive class, for two classes), as in
-        LogisticRegressionCV.
+        LogisticRegressionCV. NaN where a value's fit diverged on that fold (see Notes).
     coefs_paths_ : dict
         Class label → ndarray (n_folds, n_Cs, n_dof): that class's coefficients along each
         fold's path, the intercept last when there is one (one label for two classes).
@@ -165,6 +174,13 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
 
     With ``c_bar=None``, ``lam=0``, ``class_tilt=0`` and the same ``Cs`` and ``cv`` it
     solves the problems of multinomial LogisticRegressionCV (lbfgs) and chooses as it does.
+
+    A value whose fit diverges on a fold (a minibatch solver with a projection at a C too
+    small for its ``learning_rate``, say) is recorded as failed, as GridSearchCV records a
+    failed candidate: NaN in ``scores_``, ``coefs_paths_`` and ``class_accuracy_path_`` on
+    that fold, 0 in ``n_iter_``, never chosen, and a FitFailedWarning with the first
+    error; the next value starts cold. ``fit`` raises that error only when no value can be
+    chosen: none fitted on every fold (with ``refit=False``: on some fold, none fitted).
 
     References
     ----------
@@ -356,6 +372,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 else:
                     evaluate(values)
             self._store_path(paths)
+            self._check_failures(paths)
             if self.refit:
                 self._refit(data, solver, paths)
             else:
@@ -593,6 +610,35 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         self.class_accuracy_path_ = np.array([[s.class_accuracy for s in row] for row in steps])
         self._path_n_iter = np.array([[[s.n_iter for s in row] for row in steps]])
         self._coefs = coefs
+
+    def _check_failures(self, paths):
+        """Raises where no value can be chosen because fits failed (every value on some
+        fold with refit=False, some fold at every value with refit=True); else a
+        FitFailedWarning names the values that failed, which score NaN."""
+        failed = np.array([[v in path.failures for v in self.Cs_] for path in paths])
+        if not failed.any():
+            return
+        fold, value = np.argwhere(failed)[0]
+        error = paths[fold].failures[self.Cs_[value]]
+        name = "scale" if self.head == "cosine" else "C"
+        if failed.all(1).any() if not self.refit else failed.any(0).all():
+            where = "on one fold" if not self.refit else "on some fold"
+            raise FitDivergedError(
+                f"Every value of Cs failed {where}, so none can be chosen; at {name}="
+                f"{self.Cs_[value]:g} on fold {fold}: {error}"
+            ) from error
+        values = ", ".join(
+            f"{v:g} (fold{'s' if n > 1 else ''} {', '.join(map(str, np.flatnonzero(column)))})"
+            for v, column, n in zip(self.Cs_, failed.T, failed.sum(0), strict=True)
+            if n
+        )
+        warnings.warn(
+            f"{failed.sum()} of {failed.size} fits failed, their scores set to NaN and "
+            f"never chosen: {name}={values}. The first error, at {name}="
+            f"{self.Cs_[value]:g} on fold {fold}: {error}",
+            FitFailedWarning,
+            stacklevel=_outside_stacklevel(),
+        )
 
     def _chosen(self, value):
         self.C_ = self.scale_ = float(value)

@@ -17,6 +17,7 @@ import torch
 from scipy.special import log_softmax, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin
 
+from ._classifier import FitDivergedError
 from ._device import to_numpy
 
 
@@ -69,6 +70,11 @@ class Step:
         accuracy = class_accuracy(z.argmax(1), y_test, z.shape[1], weight)
         return cls(coef, score(z, y_test, weight), int(n_iter), accuracy)
 
+    @classmethod
+    def failed(cls, shape: tuple, n_classes: int) -> Step:
+        """The step of a value whose fit failed: NaN everywhere, no iteration counted."""
+        return cls(np.full(shape, np.nan), np.nan, 0, np.full(n_classes, np.nan))
+
 
 @dataclass
 class FoldPath:
@@ -79,6 +85,10 @@ class FoldPath:
     ``test_blocks()`` gives the held-out rows on the device as ``(where, x)`` pairs (x
     rows of the held-out set, ``where`` their positions in it): a block at a time from an
     HDF5 store, which is never held whole, and in one block from memory.
+
+    A value whose fit diverges (:class:`~mr2_probe._classifier.FitDivergedError`) gets a
+    failed step (NaN) and its error in ``failures``; the next value starts cold, as the
+    first one did.
     """
 
     data: object  # FitData of the training rows
@@ -88,8 +98,10 @@ class FoldPath:
     head: object
     initial: tuple | None
     steps: dict = field(default_factory=dict)
+    failures: dict = field(default_factory=dict)  # value → the error of its failed fit
     # (value, the head's parameters) of the last two solutions, for the predictor step.
     _previous: list = field(default_factory=list)
+    _start: list | None = None  # the head's parameters before its first fit
 
     def run(self, values: Sequence[float], solve: Callable, score: Callable, progress) -> None:
         """Solve at ``values`` in increasing order, each from the previous solution.
@@ -99,10 +111,17 @@ class FoldPath:
         corrects it. A cosine head or a learned projection starts from the previous
         solution itself.
         """
+        if self._start is None:
+            self._start = self._params()
         for value in sorted(values):
-            cold = not self.steps
+            cold = not self._previous  # the first value, or the first after a failed one
             self._predict(float(value))
-            result, state = solve(self.head, self.data, value, cold, self.initial)
+            try:
+                result, state = solve(self.head, self.data, value, cold, self.initial)
+            except FitDivergedError as exc:
+                self._fail(float(value), exc)
+                progress.update(1)
+                continue
             z = None  # (B, K)
             with torch.no_grad():
                 for where, x in self.test_blocks():
@@ -122,6 +141,17 @@ class FoldPath:
 
     def _params(self) -> list[torch.Tensor]:
         return [p.detach().clone() for p in self.head.parameters()]
+
+    @torch.no_grad()
+    def _fail(self, value: float, error: FitDivergedError) -> None:
+        """Records ``value`` as failed and puts the head back at its start."""
+        for param, start in zip(self.head.parameters(), self._start, strict=True):
+            param.copy_(start)
+        self._previous = []
+        self.failures[value] = error
+        coef = self.head.export()["coef"]
+        dof = coef.shape[1] + (self.head.bias is not None)
+        self.steps[value] = Step.failed((len(coef), dof), self.head.n_classes)
 
     @torch.no_grad()
     def _predict(self, value: float) -> None:

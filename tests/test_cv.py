@@ -7,7 +7,7 @@ import pytest
 import sklearn
 import torch
 from sklearn.datasets import load_digits, load_iris, make_blobs, make_classification
-from sklearn.exceptions import ConvergenceWarning, UnsetMetadataPassedError
+from sklearn.exceptions import ConvergenceWarning, FitFailedWarning, UnsetMetadataPassedError
 from sklearn.linear_model import LogisticRegressionCV
 from sklearn.metrics import make_scorer
 from sklearn.model_selection import GridSearchCV, GroupKFold, StratifiedKFold
@@ -15,6 +15,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils._param_validation import InvalidParameterError
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
+from mr2_probe._classifier import FitDivergedError
 from mr2_probe._losses import margin_cross_entropy
 from mr2_probe._path import bisect_search
 from mr2_probe.metrics import worst_class_accuracy
@@ -1690,3 +1691,42 @@ def test_a_tilted_search_s_batched_path_is_the_fits_of_its_cs(monkeypatch):
             cold = MR2LinearClassifier(C=C, **common).fit(X[train], y[train])
             expected = np.hstack([cold.coef_, cold.intercept_[:, None]])
             np.testing.assert_allclose(paths[f, j], expected, atol=1e-4)
+
+
+def _diverging_search(Cs, **params):
+    """A search whose minibatch fits with a projection diverge at C = 10⁻⁶ and fit at
+    C ≥ 10⁻⁵ (300 features, 60 rows: the penalty of P's 90,000 entries over C·Σw)."""
+    X = np.random.default_rng(0).normal(size=(60, 300)).astype(np.float32)
+    y = np.repeat(np.arange(3), 20)
+    search = MR2LinearClassifierCV(
+        Cs, cv=3, lam=0.5, max_iter=5, random_state=0, device="cpu", **params
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return search.fit(X, y)
+
+
+@pytest.mark.parametrize("refit", [True, False])
+def test_a_value_whose_fit_diverges_scores_nan_and_the_search_goes_on(refit):
+    # It stopped the whole search with the diverged fit's error; GridSearchCV records such
+    # a candidate as failed and goes on. The values after it start cold, as without it.
+    with pytest.warns(FitFailedWarning, match=r"3 of 12 fits failed.*C=1e-06 \(folds 0, 1, 2\)"):
+        search = _diverging_search([1e-6, 1e-5, 1.0, 10.0], refit=refit)
+    scores = search.scores_[0]
+    assert np.isnan(scores[:, 0]).all() and np.isfinite(scores[:, 1:]).all()
+    assert np.isnan(search.coefs_paths_[0][:, 0]).all()
+    assert np.isnan(search.class_accuracy_path_[:, 0]).all()
+    assert (search.n_iter_[0, :, 0] == 0).all() and (search.n_iter_[0, :, 1:] > 0).all()
+    without = _diverging_search([1e-5, 1.0, 10.0], refit=refit)
+    np.testing.assert_array_equal(scores[:, 1:], without.scores_[0])
+    np.testing.assert_array_equal(search.coefs_paths_[0][:, 1:], without.coefs_paths_[0])
+    assert search.C_ == without.C_ and search.C_ != 1e-6
+    # (refit=False: means over the folds of other arrays, equal to rounding)
+    np.testing.assert_allclose(search.coef_, without.coef_, rtol=1e-6)
+
+
+@pytest.mark.parametrize("refit", [True, False])
+def test_a_search_whose_every_value_fails_names_the_error(refit):
+    with pytest.raises(FitDivergedError, match=r"Every value of Cs failed.*at C=1e-07 on fold 0"):
+        _diverging_search([1e-7, 1e-6], refit=refit)
+    assert issubclass(FitDivergedError, ValueError)
