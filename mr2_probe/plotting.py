@@ -36,8 +36,11 @@ _LEVER_ORDER = ("tilt", "offsets", "MR2", "ERM")
 
 def _literal(name) -> str:
     """A class or model name as matplotlib draws it literally: two $ signs in a name
-    started mathtext, which failed on it ("$_$") or typeset it."""
-    return str(name).replace("$", r"\$")
+    started mathtext, which failed on it ("$_$") or typeset it. A lone surrogate (a file
+    name that was not UTF-8, as os.listdir decodes it) is drawn as its escape, \\udce9:
+    matplotlib refused the text with a TypeError."""
+    text = str(name).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.replace("$", r"\$")
 
 
 def _figure(width: float, height: float):

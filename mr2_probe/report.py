@@ -255,12 +255,15 @@ _MARKDOWN_SPECIAL = re.compile(r"([\\|<>*_`\[\]~&])")
 _LINE_BREAK = re.compile(r"\r\n|[\n\v\f\r\x1c\x1d\x1e\x85\u2028\u2029]")
 
 
-def _text_table(header: list, rows: list) -> str:
-    # A line break in a name would split its row, a tab move the columns after it to the
-    # terminal's next tab stop: each shown as a space.
-    def flat(text) -> str:
-        return _one_line(text).replace("\t", " ")
+def flat_text(text) -> str:
+    """``text`` as plain text in one line of a table or a note: a line break would split
+    its line, a tab move what follows to the terminal's next tab stop; each shown as a
+    space."""
+    return _one_line(text).replace("\t", " ")
 
+
+def _text_table(header: list, rows: list) -> str:
+    flat = flat_text
     header = [flat(h) for h in header]
     cells = [[flat(_cell(v)) for v in row] for row in rows]
     # Left-aligned names, right-aligned numbers, each column as wide as its longest cell

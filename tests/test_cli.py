@@ -1555,21 +1555,27 @@ def test_saved_models_score_a_store_as_extract_loads_it(stores, tmp_path, capsys
         )
 
 
-def test_a_failed_plot_loses_no_fit(files, tmp_path, monkeypatch):
-    """The models are written before the figures."""
+def test_a_failed_plot_loses_no_fit(files, tmp_path, monkeypatch, capsys):
+    """The models are written before the figures; a figure that fails is said in one
+    line, and the others are still drawn (a traceback, and every later figure lost)."""
     import mr2_probe.plotting
 
     def broken(report, path, **kwargs):
         Path(path).write_bytes(b"\x89PNG half a figure")
-        raise RuntimeError("no figures today")
+        raise RuntimeError("no figures\ntoday")
 
     monkeypatch.setattr(mr2_probe.plotting, "plot_class_accuracy", broken)
     out = tmp_path / "run"
-    with pytest.raises(RuntimeError, match="no figures today"):
-        main([str(files / "train.npz"), "--out", str(out), "--no-progress"])
+    assert main([str(files / "train.npz"), "--out", str(out), "--no-progress"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert "mr2-probe: error: class_accuracy.png is left out: no figures today" in err
     assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
     # A figure is whole or absent: no half-written file, under its name or another.
     assert not [name for name in os.listdir(out) if "class_accuracy" in name]
+    assert (out / "groups.png").exists() and (out / "margins.png").exists()
+    argv = [str(files / "train.npz"), "--out", str(out), "--no-progress", "--debug"]
+    with pytest.raises(RuntimeError, match="no figures"):  # --debug: the traceback
+        main(argv)
 
 
 @pytest.mark.slow
@@ -1602,12 +1608,32 @@ def test_a_run_that_fails_writing_leaves_the_earlier_outputs_whole(
         raise RuntimeError("no figures today")
 
     monkeypatch.setattr(mr2_probe.plotting, "plot_group_accuracy", broken)
-    with pytest.raises(RuntimeError, match="no figures today"):
-        main([*argv, "--C", "0.01"])
+    margins = (out / "margins.png").stat().st_mtime_ns
+    assert main([*argv, "--C", "0.01"]) == 1
     assert json.loads((out / "command.json").read_text())["C"] == 0.01
     assert (out / "class_accuracy.png").exists()  # written before the broken figure
     assert not (out / "groups.png").exists()  # none of the earlier run's figures is left
-    assert not (out / "margins.png").exists()
+    assert (out / "margins.png").stat().st_mtime_ns != margins  # drawn anew after it
+
+
+def test_names_that_are_not_plain_text_are_drawn_and_noted_on_one_line(tmp_path, capsys):
+    # A lone surrogate (a file name that was not UTF-8, as os.listdir decodes it) passed
+    # every fit, then failed the first figure with matplotlib's TypeError: a traceback and
+    # no figure at all. A line break in a class the test set lacks split its note.
+    names = np.array(["caf\udce9", "new\nline", "b"])
+    X, y = _blobs(30, seed=1)
+    X_test, y_test = _blobs(10, seed=2)
+    np.savez(tmp_path / "train.npz", X=X, y=names[y])
+    np.savez(tmp_path / "test.npz", X=X_test[y_test != 1], y=names[y_test[y_test != 1]])
+    out = tmp_path / "run"
+    argv = [str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz"), "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    assert {"class_accuracy.png", "groups.png", "margins.png"} <= set(os.listdir(out))
+    note = "note: the test set holds no sample of 1 of the 3 training classes (new line)"
+    assert any(line.startswith(note) for line in capsys.readouterr().out.splitlines())
+    for report in ("report.txt", "report.md"):
+        lines = (out / report).read_text(encoding="utf-8").splitlines()
+        assert any(line.startswith(note) for line in lines), report
 
 
 def test_help_explains_options_outputs_and_labels(capsys):

@@ -17,7 +17,7 @@ from .._classifier import MR2LinearClassifier
 from .._cv import MR2LinearClassifierCV
 from ..front import _final, collecting_short, fit_collecting_short
 from ..metrics import classwise_scorers
-from ..report import classwise_report, in_percent
+from ..report import classwise_report, flat_text, in_percent
 from ._inputs import _check_splits, _inputs, _inputs_record
 from ._options import (
     _MR2_ONLY,
@@ -60,9 +60,10 @@ def _chosen_configuration(model):
 
 
 def main(argv=None) -> int:
-    """Run ``mr2-probe``; returns 0 (1 where the front failed and was left out, 130 where it
-    was interrupted: the main models are reported and written either way), or exits with
-    status 2 and one line on a mistake, 130 on Ctrl-C elsewhere."""
+    """Run ``mr2-probe``; returns 0 (1 where the front or a figure failed and was left
+    out, 130 where the front was interrupted: the main models are reported and written
+    either way), or exits with status 2 and one line on a mistake, 130 on Ctrl-C
+    elsewhere."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -155,7 +156,8 @@ def _run(args, given: frozenset = frozenset()) -> int:
         notes.append(f"{mr2_name} has no margins: {how}, {what}")
     untested = np.setdiff1d(np.unique(y), np.unique(y_test))
     if len(untested):  # scored over the classes the test set holds, as the table is
-        shown = ", ".join(map(str, named(untested)[:5])) + (", ..." if len(untested) > 5 else "")
+        shown = ", ".join(map(flat_text, named(untested)[:5]))
+        shown += ", ..." if len(untested) > 5 else ""
         notes.append(
             f"the test set holds no sample of {len(untested)} of the {len(np.unique(y))} "
             f"training classes ({shown}): every score is over the classes it holds"
@@ -190,7 +192,8 @@ def _run(args, given: frozenset = frozenset()) -> int:
                 for name, cv in searches.items()
                 for what in ["scale" if cv.head_ == "cosine" else "C"]
             }
-        _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names)
+        if _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names):
+            status = status or 1  # a figure failed and is missing
     return status
 
 

@@ -62,7 +62,8 @@ files written to --out:
 
 labels:
   The models learn the labels exactly as the training file holds them and predict the
-  same kind. A store's labels are integer codes 0..K-1 into its own class names; the
+  same kind, but for float labels (whole numbers) below 2**53, read as integers (10.0
+  as 10). A store's labels are integer codes 0..K-1 into its own class names; the
   models predict the training store's codes (class_names.json). A test store's classes
   are matched to the training store's by name (it may lack some or order them
   differently), and so are text labels of a NumPy file against a store's names; a class

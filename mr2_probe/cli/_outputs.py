@@ -13,7 +13,7 @@ import joblib
 from ..front import _final
 from ..report import _strict_json
 from ._options import _OPTIONS, _dest, _grid, _unread_options
-from ._usage import UsageError
+from ._usage import UsageError, _one_line
 
 # Every run removes those of an earlier run in the same folder before writing its own.
 _FIGURES = ("class_accuracy.png", "groups.png", "margins.png", "front.png", "cv_curve.png")
@@ -100,9 +100,10 @@ def _quiet(model):
 
 def _write_outputs(
     out: Path, report, lines: list, data: dict, front, fitted: dict, args, mr2_name, names
-) -> None:
+) -> list:
     """Models, class names, options, the three reports (each with the search's choices,
-    the notes and the front), then the figures."""
+    the notes and the front), then the figures; the names of those that failed, each said
+    in one line."""
     from ..plotting import (
         plot_class_accuracy,
         plot_cv_curve,
@@ -154,9 +155,17 @@ def _write_outputs(
     searches = {name: m for name, m in _once(fitted).items() if hasattr(_final(m), "Cs_")}
     if searches:
         figures["cv_curve.png"] = lambda path: plot_cv_curve(searches, path, scoring=args.scoring)
+    failed = []
     for name, write in figures.items():
-        _replace_together(out, {name: write})
+        try:
+            _replace_together(out, {name: write})
+        except Exception as error:  # that figure is missing; the others are still drawn
+            if args.debug:
+                raise
+            failed.append(name)
+            print(f"mr2-probe: error: {name} is left out: {_one_line(error)}", file=sys.stderr)
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)
+    return failed
 
 
 def _text(content: str):
