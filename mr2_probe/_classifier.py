@@ -57,8 +57,8 @@ def _dtype_name(dtype) -> str:
 
 
 class FitDivergedError(ValueError):
-    """A fit that diverged or left floating-point range at its parameters' values: a
-    search records that value as failed, where an error in the data fails every value."""
+    """A fit that diverged, or left floating-point range through an extreme parameter: a
+    search records that value as failed, where an error in the data fails the search."""
 
 
 def _overflow_message(what, dtype, suspects=()):
@@ -74,6 +74,12 @@ def _overflow_message(what, dtype, suspects=()):
         f"Cannot fit: {what} in {name} arithmetic, the features are too large. Scale "
         "them (e.g. StandardScaler, or divide X by a constant) and fit again."
     )
+
+
+def _overflow_error(what, dtype, suspects=()) -> ValueError:
+    """The error of :func:`_overflow_message`: a FitDivergedError where ``suspects``
+    (parameters) are to blame, a plain ValueError where the features are."""
+    return (FitDivergedError if suspects else ValueError)(_overflow_message(what, dtype, suspects))
 
 
 def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None) -> list:
@@ -718,7 +724,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 if "overflow" not in str(exc):
                     raise
                 what = "L-BFGS's step overflows"
-                raise FitDivergedError(_overflow_message(what, data.dtype, suspects)) from exc
+                raise _overflow_error(what, data.dtype, suspects) from exc
         else:
             result = fit_minibatch(
                 head,
@@ -737,7 +743,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             curve = result.loss_curve
             if suspects:  # an extreme parameter, not the step size
                 what = "the loss overflows"
-                raise FitDivergedError(_overflow_message(what, data.dtype, suspects))
+                raise _overflow_error(what, data.dtype, suspects)
             rise = f"rising from {curve[0]:.3g} to {curve[-1]:.3g} in {len(curve)} epochs"
             if not np.isfinite(curve[0]):
                 rise = "not finite from its first epoch on"
@@ -766,7 +772,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         # Only then a synchronisation of its own; otherwise _export's check names the features.
         if suspects and not all(bool(torch.isfinite(p).all()) for p in head.parameters()):
             what = "the fit produced non-finite coefficients"
-            raise FitDivergedError(_overflow_message(what, data.dtype, suspects))
+            raise _overflow_error(what, data.dtype, suspects)
         return result
 
     def _export(self, head, result, solver, dtype):
@@ -776,7 +782,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         fitted = [state["coef"], state["intercept"], to_numpy(result.margins)]
         if not all(np.isfinite(a).all() for a in fitted):
             what = "the fit produced non-finite coefficients"
-            raise FitDivergedError(_overflow_message(what, dtype))
+            raise _overflow_error(what, dtype)
         self._warn_if_short(result, solver, dtype)
         return state
 

@@ -180,7 +180,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     failed candidate: NaN in ``scores_``, ``coefs_paths_`` and ``class_accuracy_path_`` on
     that fold, 0 in ``n_iter_``, never chosen, and a FitFailedWarning with the first
     error; the next value starts cold. ``fit`` raises that error only when no value can be
-    chosen: none fitted on every fold (with ``refit=False``: on some fold, none fitted).
+    chosen: none fitted on every fold (with ``refit=False``: on some fold, none fitted);
+    and, as GridSearchCV, when the refit at the chosen value fails. An error in the data
+    (features too large for their dtype, say) fails the search at once.
 
     References
     ----------
@@ -616,17 +618,21 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         fold with refit=False, some fold at every value with refit=True); else a
         FitFailedWarning names the values that failed, which score NaN."""
         failed = np.array([[v in path.failures for v in self.Cs_] for path in paths])
+        self._failed = failed  # (n_folds, n_Cs), for _best
         if not failed.any():
             return
         fold, value = np.argwhere(failed)[0]
-        error = paths[fold].failures[self.Cs_[value]]
         name = "scale" if self.head == "cosine" else "C"
         if failed.all(1).any() if not self.refit else failed.any(0).all():
+            if not self.refit:  # the fold without a value to choose
+                fold, value = np.flatnonzero(failed.all(1))[0], 0
             where = "on one fold" if not self.refit else "on some fold"
+            error = paths[fold].failures[self.Cs_[value]]
             raise FitDivergedError(
                 f"Every value of Cs failed {where}, so none can be chosen; at {name}="
                 f"{self.Cs_[value]:g} on fold {fold}: {error}"
             ) from error
+        error = paths[fold].failures[self.Cs_[value]]
         values = ", ".join(
             f"{v:g} (fold{'s' if n > 1 else ''} {', '.join(map(str, np.flatnonzero(column)))})"
             for v, column, n in zip(self.Cs_, failed.T, failed.sum(0), strict=True)
@@ -643,20 +649,23 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     def _chosen(self, value):
         self.C_ = self.scale_ = float(value)
 
-    def _best(self, scores: np.ndarray) -> np.ndarray:
-        """Index in ``Cs_`` of the best of ``scores`` (…, n_Cs), NaN scores left out. Ties
-        go, as in LogisticRegressionCV's argmax, to the value listed first in ``Cs`` (the
-        smallest for an int or ``"bisect"``), though ``Cs_`` is sorted."""
+    def _best(self, scores: np.ndarray, failed: np.ndarray) -> np.ndarray:
+        """Index in ``Cs_`` of the best of ``scores`` (…, n_Cs) among the values whose fits
+        did not fail (``failed``, of the same shape; _check_failures leaves one at least),
+        NaN scores ranked last. Ties go, as in LogisticRegressionCV's argmax, to the value
+        listed first in ``Cs`` (the smallest for an int or ``"bisect"``), though ``Cs_``
+        is sorted."""
         if isinstance(self.Cs, Integral | str):
             order = np.arange(len(self.Cs_))
         else:  # Cs_ holds the sorted unique values of Cs: each one's first position in it
             order = np.unique(np.asarray(self.Cs, dtype=float), return_index=True)[1]
-        finite = np.where(np.isnan(scores), -np.inf, scores)
-        top = finite == finite.max(-1, keepdims=True)
+        finite = np.where(np.isnan(scores) | failed, -np.inf, scores)
+        top = (finite == finite.max(-1, keepdims=True)) & ~failed
         return np.argmin(np.where(top, order, np.inf), axis=-1)
 
     def _refit(self, data, solver, paths):
-        best = int(self._best(next(iter(self.scores_.values())).sum(0)))
+        scores = next(iter(self.scores_.values())).sum(0)
+        best = int(self._best(scores, self._failed.any(0)))
         self._chosen(self.Cs_[best])
         head = self._new_head(data, scale=self.C_)
         cold = head.has_projection
@@ -681,15 +690,22 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 weight = F.normalize(torch.as_tensor(weight), dim=1)
             head.load({"weight": weight, "bias": bias})
         C = 1.0 if self.head == "cosine" else self.C_
-        result = self._solve(head, data, solver, C, init_cosine=cold)
-        self._finish(head, result, solver, data)
+        try:
+            result = self._solve(head, data, solver, C, init_cosine=cold)
+            self._finish(head, result, solver, data)
+        except FitDivergedError as error:  # as GridSearchCV's refit, it fails the search
+            name = "scale" if self.head == "cosine" else "C"
+            raise FitDivergedError(
+                f"The refit on all the data at the chosen {name}={self.C_:g} failed, though "
+                f"the folds' fits there did not: {error}"
+            ) from error
 
     def _average_folds(self, data, solver):
         for name in ("loss_curve_", "class_losses_", "tilt_weights_"):  # no refit: none
             if hasattr(self, name):
                 delattr(self, name)
         scores = next(iter(self.scores_.values()))
-        best = self._best(scores)  # (n_folds,)
+        best = self._best(scores, self._failed)  # (n_folds,)
         self._chosen(np.mean(self.Cs_[best]))
         mean = self._coefs[np.arange(len(best)), best].mean(0)  # (rows, dof)
         d = self.n_features_in_

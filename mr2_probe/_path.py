@@ -71,9 +71,10 @@ class Step:
         return cls(coef, score(z, y_test, weight), int(n_iter), accuracy)
 
     @classmethod
-    def failed(cls, shape: tuple, n_classes: int) -> Step:
-        """The step of a value whose fit failed: NaN everywhere, no iteration counted."""
-        return cls(np.full(shape, np.nan), np.nan, 0, np.full(n_classes, np.nan))
+    def failed(cls, shape: tuple, dtype, n_classes: int) -> Step:
+        """The step of a value whose fit failed: NaN everywhere (the coefficients in the
+        ``dtype`` of the others), no iteration counted."""
+        return cls(np.full(shape, np.nan, dtype), np.nan, 0, np.full(n_classes, np.nan))
 
 
 @dataclass
@@ -151,7 +152,7 @@ class FoldPath:
         self.failures[value] = error
         coef = self.head.export()["coef"]
         dof = coef.shape[1] + (self.head.bias is not None)
-        self.steps[value] = Step.failed((len(coef), dof), self.head.n_classes)
+        self.steps[value] = Step.failed((len(coef), dof), coef.dtype, self.head.n_classes)
 
     @torch.no_grad()
     def _predict(self, value: float) -> None:

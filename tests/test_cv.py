@@ -18,7 +18,7 @@ from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
 from mr2_probe._classifier import FitDivergedError
 from mr2_probe._losses import margin_cross_entropy
 from mr2_probe._path import bisect_search
-from mr2_probe.metrics import worst_class_accuracy
+from mr2_probe.metrics import group_accuracy, worst_class_accuracy
 
 SKLEARN = tuple(int(part) for part in sklearn.__version__.split(".")[:2])
 
@@ -1693,13 +1693,13 @@ def test_a_tilted_search_s_batched_path_is_the_fits_of_its_cs(monkeypatch):
             np.testing.assert_allclose(paths[f, j], expected, atol=1e-4)
 
 
-def _diverging_search(Cs, **params):
+def _diverging_search(Cs, cv=3, **params):
     """A search whose minibatch fits with a projection diverge at C = 10⁻⁶ and fit at
     C ≥ 10⁻⁵ (300 features, 60 rows: the penalty of P's 90,000 entries over C·Σw)."""
     X = np.random.default_rng(0).normal(size=(60, 300)).astype(np.float32)
     y = np.repeat(np.arange(3), 20)
     search = MR2LinearClassifierCV(
-        Cs, cv=3, lam=0.5, max_iter=5, random_state=0, device="cpu", **params
+        Cs, cv=cv, lam=0.5, max_iter=5, random_state=0, device="cpu", **params
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -1721,8 +1721,10 @@ def test_a_value_whose_fit_diverges_scores_nan_and_the_search_goes_on(refit):
     np.testing.assert_array_equal(scores[:, 1:], without.scores_[0])
     np.testing.assert_array_equal(search.coefs_paths_[0][:, 1:], without.coefs_paths_[0])
     assert search.C_ == without.C_ and search.C_ != 1e-6
-    # (refit=False: means over the folds of other arrays, equal to rounding)
-    np.testing.assert_allclose(search.coef_, without.coef_, rtol=1e-6)
+    # The failed steps' NaN in the coefficients' dtype: float64 ones made the folds' mean,
+    # refit=False's coef_ and a refit's start, float64 and other.
+    assert search.coefs_paths_[0].dtype == np.float32
+    np.testing.assert_array_equal(search.coef_, without.coef_)
 
 
 @pytest.mark.parametrize("refit", [True, False])
@@ -1730,3 +1732,53 @@ def test_a_search_whose_every_value_fails_names_the_error(refit):
     with pytest.raises(FitDivergedError, match=r"Every value of Cs failed.*at C=1e-07 on fold 0"):
         _diverging_search([1e-7, 1e-6], refit=refit)
     assert issubclass(FitDivergedError, ValueError)
+
+
+def test_refit_false_names_the_fold_where_every_value_failed():
+    # It named the first failure, on fold 0, where the second value had fitted.
+    train = [np.r_[0:15, 20:35, 40:55], np.r_[0:7, 20:27, 40:47]]  # fewer rows: C too small
+    folds = [(rows, np.setdiff1d(np.arange(60), rows)) for rows in train]
+    with pytest.raises(FitDivergedError, match=r"failed on one fold.*at C=3.16e-06 on fold 1"):
+        _diverging_search([3.16e-6, 5.62e-6], refit=False, cv=folds)
+
+
+@pytest.mark.parametrize("refit", [True, False])
+def test_a_failed_value_is_never_chosen_where_a_scorer_gives_nan(refit):
+    # A fold that holds out no sample of the "hard" group scores NaN at every value: the
+    # failed value tied with the others there and, listed first, was chosen (refit=False:
+    # NaN coefficients that predicted one class; refit=True: the refit failed).
+    scoring = make_scorer(group_accuracy, groups_by_label={0: "e", 1: "e", 2: "h"}, group="h")
+    held_out = [np.r_[0:10, 20:30], np.r_[10:20, 40:50], np.r_[30:40, 50:60]]
+    folds = [(np.setdiff1d(np.arange(60), rows), rows) for rows in held_out]
+    with pytest.warns(FitFailedWarning, match="C=1e-06"):
+        search = _diverging_search([1e-6, 1e-5, 1.0], refit=refit, cv=folds, scoring=scoring)
+    assert np.isnan(search.scores_[0][0]).all()  # the fold without the group
+    assert search.C_ == 1e-5 and np.isfinite(search.coef_).all()
+
+
+def test_a_refit_that_diverges_names_the_refit_and_the_chosen_value():
+    # Every fold fits at scale 1000, the refit on all rows does not: its error named
+    # neither the refit nor the scale, only the projection's C = 1.
+    match = r"^The refit on all the data at the chosen scale=1000 failed.*adam solver diverged"
+    with pytest.raises(FitDivergedError, match=match):
+        _diverging_search([1000.0], head="cosine", learning_rate=1.0)
+
+
+def test_features_too_large_fail_a_search_at_once(tmp_path):
+    # An error in the data is no value's failure: it was recorded as one, at C = 1e30, and
+    # the search went on.
+    h5py = pytest.importorskip("h5py")
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 20)
+    X = rng.normal(size=(60, 5))
+    X[:20] += 1
+    X[20:40, 0] -= 1
+    X = (X * 4e9).astype(np.float32)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = X
+    search = MR2LinearClassifierCV([1e-4, 1.0, 1e30], cv=3, max_iter=50, device="cpu")
+    with h5py.File(tmp_path / "x.h5", "r") as f, warnings.catch_warnings():
+        warnings.simplefilter("error", FitFailedWarning)
+        with pytest.raises(ValueError, match="the features are too large") as info:
+            search.fit(f["X"], y)
+    assert not isinstance(info.value, FitDivergedError)
