@@ -114,12 +114,15 @@ def tune_class_offsets(
         Largest loss of overall accuracy on ``(decision, y)`` allowed, as a fraction (0.005
         is half a point), relative to no offsets. ``None``: no bound.
     classes : array-like of shape (n_classes,), default=None
-        Labels of the columns, passed to a scorer or callable (``classes[y]``). Default:
+        Distinct labels of the columns, passed to a scorer or callable (``classes[y]``);
+        a scorer's ``labels``, if it has any, must name one of them at least. Default:
         ``0 … n_classes − 1``.
     sample_weight : array-like of shape (n_samples,), default=None
         Weights of the samples in the objective and in the accuracy bound (a class's
         accuracy is its weighted fraction of correct predictions; a class of zero weight
-        is left out, as an absent one).
+        is left out, as an absent one). A scorer or callable is given every row with its
+        weight, those of weight 0 too: scikit-learn's averages over labels (f1 "macro")
+        count the labels of every row.
     max_sweeps : int, default=50
         Most sweeps over the classes; a :class:`~sklearn.exceptions.ConvergenceWarning`
         says when the last one still improved.
@@ -183,17 +186,25 @@ def tune_class_offsets(
             f"{y.dtype}{got}. Encode labels with np.unique(labels, return_inverse=True)."
         )
     classes = np.arange(n_classes) if classes is None else np.asarray(classes)
-    if len(classes) != n_classes:
-        raise ValueError(f"classes has {len(classes)} labels but decision has {n_classes} columns.")
+    if classes.ndim != 1 or len(classes) != n_classes:
+        raise ValueError(
+            f"classes must hold one label per column of decision ({n_classes}), got shape "
+            f"{classes.shape}."
+        )
+    if len(np.unique(classes)) != n_classes:
+        raise ValueError(f"classes must be distinct labels, got {classes.tolist()}.")
     weight = _check_sample_weight(sample_weight, z, ensure_non_negative=True)
     if not weight.sum() > 0:
         raise ValueError("The sum of sample weights must be positive.")
-    if sample_weight is not None and not (weight > 0).all():
-        # Rows of zero weight are no rows: their thresholds would be candidates too, and
-        # move the search's path (a row dropped and a row of zero weight tuned alike).
+    objective = _Objective(scoring, classes, y, weight, sample_weight is not None)
+    if objective.metric is None and not (weight > 0).all():
+        # For a counted objective rows of zero weight are no rows: their thresholds would
+        # be candidates too, and move the search's path (a row dropped and a row of zero
+        # weight tuned alike). A scorer keeps them: scikit-learn's averages over labels
+        # (f1 "macro") count the labels of every row, whatever its weight.
         keep = weight > 0
         z, y, weight = z[keep], y[keep], weight[keep]
-    objective = _Objective(scoring, classes, y, weight, sample_weight is not None)
+        objective = _Objective(scoring, classes, y, weight, sample_weight is not None)
     search = _Search(z, objective, max_accuracy_drop, n_candidates)
     # A class without samples (weight) here cannot show what its offset costs it: lowering
     # it only ever helps the others. Its offset is not searched.
@@ -244,6 +255,38 @@ def tune_class_offsets(
     )
 
 
+def scoring_function(scoring, weighted: bool, classes=None) -> tuple:
+    """The function, sign and keyword arguments of a scoring that is no name, checked
+    before any fit: it must score labels, take ``sample_weight`` when the samples are
+    ``weighted``, and name among its ``labels`` (if it has any) one of ``classes`` at
+    least."""
+    func, sign, kwargs = scoring, 1, {}
+    if hasattr(scoring, "_score_func"):  # a scorer from make_scorer
+        if getattr(scoring, "_response_method", "predict") != "predict":
+            raise ValueError(
+                f"scoring={scoring!r} scores probabilities or decision values, but offsets "
+                "change only the predicted labels. Use a scorer on labels, e.g. "
+                "make_scorer(f1_score, average='macro')."
+            )
+        func, sign, kwargs = scoring._score_func, scoring._sign, scoring._kwargs
+    if weighted:
+        parameters = inspect.signature(func).parameters.values()
+        if not any(p.name == "sample_weight" or p.kind is p.VAR_KEYWORD for p in parameters):
+            raise ValueError(
+                f"The scoring function {getattr(func, '__name__', func)!r} takes no "
+                "sample_weight, so the offsets cannot be tuned on weighted samples: fit "
+                "without sample_weight, or score with a function that takes it."
+            )
+    labels = kwargs.get("labels")
+    if classes is not None and labels is not None and not np.isin(labels, classes).any():
+        raise ValueError(
+            f"The scorer's labels {list(labels)!r} name none of the classes "
+            f"{np.asarray(classes).tolist()!r}: every candidate would score alike. Give the "
+            "scorer labels as the estimator's classes_ holds them."
+        )
+    return func, sign, kwargs
+
+
 class _Objective:
     """A class-wise objective scored for many candidate predictions at once."""
 
@@ -253,28 +296,13 @@ class _Objective:
         self.name, self.metric = scoring, None
         if isinstance(scoring, str):
             return
-        func, sign, kwargs = scoring, 1, {}
-        if hasattr(scoring, "_score_func"):  # a scorer from make_scorer
-            if getattr(scoring, "_response_method", "predict") != "predict":
-                raise ValueError(
-                    f"scoring={scoring!r} scores probabilities or decision values, but offsets "
-                    "change only the predicted labels. Use a scorer on labels, e.g. "
-                    "make_scorer(f1_score, average='macro')."
-                )
-            func, sign, kwargs = scoring._score_func, scoring._sign, scoring._kwargs
+        func, sign, kwargs = scoring_function(scoring, weighted, classes)
         counted = [name for known, s, name in _COUNTED_METRICS if func is known and s == sign]
         if not kwargs and counted:
             self.name = counted[0]
             return
         self.name = None
         if weighted:
-            parameters = inspect.signature(func).parameters.values()
-            if not any(p.name == "sample_weight" or p.kind is p.VAR_KEYWORD for p in parameters):
-                raise ValueError(
-                    f"The scoring function {getattr(func, '__name__', func)!r} takes no "
-                    "sample_weight, so the offsets cannot be tuned on weighted samples: fit "
-                    "without sample_weight, or score with a function that takes it."
-                )
             kwargs = {**kwargs, "sample_weight": weight}
         name = getattr(func, "__name__", func)
 
@@ -315,7 +343,10 @@ class _Objective:
         return [ranked[:, : int(hard.sum())].mean(1)]  # the hard third are the lowest
 
     def score(self, pred: np.ndarray) -> float:
-        """The objective of one prediction (columns)."""
+        """The objective of one prediction (columns); a scorer's NaN stays NaN (the search
+        ranks it below every number)."""
+        if self.metric is not None:
+            return self.metric(pred)
         correct = pred == self.y
         counts = np.bincount(self.y[correct], self.weight[correct], self.n_classes)[None]
         return float(self.keys(counts, lambda m: pred)[0][0])

@@ -39,7 +39,7 @@ from ._data import (
     whole_or_unchanged,
 )
 from ._device import to_numpy
-from ._offset_search import OBJECTIVES, tune_class_offsets
+from ._offset_search import OBJECTIVES, scoring_function, tune_class_offsets
 
 
 # ---------------------------------------------------------------------------- estimator
@@ -399,6 +399,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         _check_per_class_decision(self.estimator, len(np.unique(y)))
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, y, ensure_non_negative=True)
+        if not isinstance(self.scoring, str):  # a scorer that cannot work, before any fit
+            classes = None if self.cv == "prefit" else np.unique(y)  # else the estimator's
+            scoring_function(self.scoring, sample_weight is not None, classes)
         if self.cv == "prefit":
             decision, y_index, index = self._prefit_decision(X, y, fit_params)
         else:

@@ -26,6 +26,7 @@ from sklearn.base import BaseEstimator, clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.pipeline import Pipeline
 from sklearn.utils._param_validation import StrOptions, validate_parameter_constraints
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _num_samples, column_or_1d
 
 from ._offset_search import tune_class_offsets
@@ -476,6 +477,13 @@ def _check_known_labels(y, scored: dict) -> None:
     """Refuse, before any fit, labels of a scored split that are no class of ``y``: no
     point can predict them, so each would be a class at 0% for every point, and the rule's
     worst-class accuracy 0 throughout (shifted or re-encoded labels, most often)."""
+    # scikit-learn's error for labels that are no classes (continuous, or of mixed types),
+    # before np.unique sorts them; its warning on many classes is the fits' to give.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for labels in (y, *scored.values()):
+            if labels is not None:
+                check_classification_targets(labels)
     classes = np.unique(column_or_1d(y))
     for name, labels in scored.items():
         if labels is None:

@@ -373,6 +373,10 @@ def test_front_names_the_points_that_stopped_short(splits):
         # Labels no point can predict: each a class at 0% everywhere, the worst class 0.
         (dict(y_val="shifted"), r"y_val holds labels that are no class of y, .*labels: 5\. "),
         (dict(y_test="text"), r"y_test holds labels .*: '0', '1', '10', '100', '101', \.\.\.\. No"),
+        # scikit-learn's error, as the fits give it: y_val named values of a regression
+        # target "no class of y", and mixed labels failed np.unique with a TypeError.
+        (dict(y_val="continuous"), "Unknown label type: continuous"),
+        (dict(y_val="mixed"), "Unknown label type: unknown"),
         (dict(tilts=(0, 1, 2, 1.0)), r"tilts must be distinct, got \[1.0\] more than once"),
         (dict(offset_bounds=(0.01, 0.01)), r"offset_bounds must be distinct, got \[0.01\]"),
         (dict(erm=LogisticRegression()), "erm must be an MR2LinearClassifier .* got Logistic"),
@@ -400,8 +404,12 @@ def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeyp
         y_fit[0] = kwargs.pop("one_of_class")
     if kwargs.get("offsets_cv") == "without 4":  # fold 0 holds out every sample of class 4
         kwargs["offsets_cv"] = PredefinedSplit(np.where(y_fit == 4, 0, np.arange(len(y_fit)) % 2))
-    if kwargs.pop("y_val", None) == "shifted":
-        y_val = y_val + 1
+    y_val = {
+        "shifted": y_val + 1,
+        "continuous": y_val + 0.5,
+        "mixed": np.array([str(v) if i % 2 else v for i, v in enumerate(y_val)], object),
+        None: y_val,
+    }[kwargs.pop("y_val", None)]
     if isinstance(kwargs.pop("X_val", None), str):
         X_val = X_val[:-1]
     if kwargs.pop("y_test", None) == "text":

@@ -9,6 +9,7 @@ import pytest
 import torch
 from scipy.special import softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.datasets import make_classification
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import (
@@ -1346,3 +1347,73 @@ def test_predict_log_proba_stays_finite_for_a_confident_model():
     assert np.isfinite(log_proba).all()
     expected = log_softmax(probe.decision_function(X) + clf.offsets_, axis=1)
     np.testing.assert_allclose(log_proba, expected, rtol=1e-9, atol=1e-9)
+
+
+def test_a_label_set_scorer_tunes_with_the_zero_weight_rows_it_counts():
+    # Rows of zero weight were dropped before any scorer: f1 "macro" then averaged over
+    # two labels instead of scikit-learn's three (class 2's only row has weight 0), and
+    # the offsets "raised" it from 0.517 to 0.708 where scikit-learn's own value fell to
+    # 0.472, below no offsets at all.
+    z = np.array([
+        [-0.2, -2.0, -4.4], [2.0, -0.7, -1.3], [4.9, 2.8, -3.5], [-0.7, 2.0, 1.6],
+        [-2.3, 3.5, 3.7], [-2.2, -3.6, -2.8], [1.3, 2.1, 0.3], [-0.6, -0.1, 0.5],
+    ])  # fmt: skip
+    y = np.array([0, 1, 0, 1, 0, 0, 1, 2])
+    w = np.array([1, 1, 1, 1, 1, 1, 1, 0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the untuned class 2; f1 of a class never right
+        result = tune_class_offsets(z, y, make_scorer(f1_score, average="macro"), sample_weight=w)
+
+        def f1(pred):
+            return f1_score(y, pred, average="macro", sample_weight=w)
+
+        assert result.score == pytest.approx(f1((z + result.offsets).argmax(1)))
+        assert result.base_score == pytest.approx(f1(z.argmax(1)))
+    assert result.score >= result.base_score
+
+
+class _CountingFits(LogisticRegression):
+    fits = 0
+
+    def fit(self, X, y, sample_weight=None):
+        type(self).fits += 1
+        return super().fit(X, y, sample_weight=sample_weight)
+
+
+@pytest.mark.parametrize(
+    "scoring, weighted, match",
+    [
+        (make_scorer(roc_auc_score, response_method="predict_proba", multi_class="ovr"), False,
+         "scores probabilities or decision values"),
+        (lambda y_true, y_pred: float(np.mean(y_true == y_pred)), True, "takes no sample_weight"),
+        (make_scorer(f1_score, average="macro", labels=["a", "b", "c"]), False,
+         r"labels \['a', 'b', 'c'\] name none of the classes \[0, 1, 2\]"),
+    ],
+)  # fmt: skip
+def test_a_scorer_that_cannot_work_is_refused_before_any_fit(scoring, weighted, match):
+    # They were refused by the search, after every fold's fit and the refit; labels that
+    # name no class were not refused at all, every candidate scoring 0.
+    X, y = make_classification(120, 5, n_informative=3, n_classes=3, random_state=0)
+    _CountingFits.fits = 0
+    weight = np.ones(len(y)) if weighted else None
+    with pytest.raises(ValueError, match=match):
+        TunedOffsetsClassifierCV(_CountingFits(), scoring=scoring, cv=3).fit(X, y, weight)
+    assert _CountingFits.fits == 0
+
+
+@pytest.mark.parametrize(
+    "classes, match",
+    [(np.array([["a", "b", "c"]]), r"one label per column .*shape \(1, 3\)"),
+     (np.array(["a", "a", "b"]), r"distinct labels, got \['a', 'a', 'b'\]")],
+)  # fmt: skip
+def test_classes_that_are_no_labels_of_the_columns_are_refused(classes, match):
+    z = np.random.default_rng(0).normal(size=(30, 3))
+    with pytest.raises(ValueError, match=match):
+        tune_class_offsets(z, np.arange(30) % 3, classes=classes)
+
+
+def test_a_scorer_s_nan_is_reported_as_nan():
+    # It was reported as -inf, the search's rank for it.
+    z = np.random.default_rng(0).normal(size=(30, 3))
+    result = tune_class_offsets(z, np.arange(30) % 3, make_scorer(lambda t, p: float("nan")))
+    assert np.isnan(result.score) and np.isnan(result.base_score)
