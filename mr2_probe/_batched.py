@@ -400,18 +400,40 @@ class Memory:
             return
         change = reg - self.reg
         self.reg = reg
-        self.y[:, :, :n_penalised] += change[:, None, None] * self.s[:, :, :n_penalised]
+        # From a penalty far stronger than the new one (C = 1e-30, then 1) the correction
+        # cancels nearly all of y, the gradient and the objective, leaving rounding: a pair
+        # or point so cancelled is dropped (its relative error above 1e-3), not trusted.
+        exact = 1e3 * torch.finfo(self.y.dtype).eps
+        correction = change[:, None, None] * self.s[:, :, :n_penalised]
+        self.y[:, :, :n_penalised] += correction
+        sound = self.y.norm(dim=2) >= exact * correction.norm(dim=2)  # (B, history)
         if self.point is not None:
             weight = self.point[:, :n_penalised]
-            self.value += 0.5 * change * weight.square().sum(1)
+            value = 0.5 * change * weight.square().sum(1)
+            self.value += value
             self.grad[:, :n_penalised] += change[:, None] * weight
+            cancelled = (self.value.abs() < exact * value.abs()) | (
+                self.grad.norm(dim=1) < exact * (change.abs() * weight.norm(dim=1))
+            )
+            if bool(cancelled.any()):  # the next solve evaluates its start afresh
+                self.point = self.value = self.grad = None
         sy = (self.s * self.y).sum(2)
-        keep = (self.rho != 0) & (sy > 0)
+        keep = (self.rho != 0) & (sy > 0) & sound
+        dropped = ((self.rho != 0) & ~keep).any(1)  # (B,): a fold that lost pairs here
         self.rho = torch.where(keep, 1.0 / sy.where(keep, 1.0), 0)
         newest = (self.slot - 1) % self.s.shape[1]
         yy = self.y[:, newest].square().sum(1)
         fresh = keep[:, newest] & (yy > 0)
-        self.h0 = torch.where(fresh, sy[:, newest] / yy.where(fresh, 1.0), self.h0)
+        h0 = torch.where(fresh, sy[:, newest] / yy.where(fresh, 1.0), self.h0)
+        # A fold that lost pairs takes h0 from its newest pair kept, or 1 as after forget:
+        # the old penalty's scale (1/reg at C = 1e-30), kept, made its steps vanish.
+        stamp = self._live_stamps()
+        folds = torch.arange(len(stamp), device=stamp.device)
+        live = stamp.argmax(1)
+        sy_live, yy_live = sy[folds, live], self.y[folds, live].square().sum(1)
+        some = (stamp.amax(1) >= 0) & (yy_live > 0)
+        after_drop = torch.where(some, sy_live / yy_live.where(some, 1.0), 1.0)
+        self.h0 = torch.where(dropped, after_drop, h0)
 
 
 @torch.no_grad()

@@ -1782,3 +1782,21 @@ def test_features_too_large_fail_a_search_at_once(tmp_path):
         with pytest.raises(ValueError, match="the features are too large") as info:
             search.fit(f["X"], y)
     assert not isinstance(info.value, FitDivergedError)
+
+
+@pytest.mark.parametrize("first", [1e-30, 1e-12])
+def test_a_path_after_an_extreme_c_gives_the_next_c_s_cold_solution(first):
+    # The batched memory carried from C = 1e-30 to C = 1: its correction cancelled all
+    # but the rounding of the old penalty's curvature, and its step scale (1/reg, 1e-28)
+    # was kept; C = 1 stopped after one iteration at the start, scored 0.707 against a
+    # cold fit's 0.973, and tied with 1e-30, which was chosen.
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(np.float32)
+    params = dict(cv=3, max_iter=50, refit=False, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        path = MR2LinearClassifierCV([first, 1.0], **params).fit(X, y)
+        cold = MR2LinearClassifierCV([1.0], **params).fit(X, y)
+    np.testing.assert_array_equal(path.scores_[0][:, 1], cold.scores_[0][:, 0])
+    np.testing.assert_allclose(path.coefs_paths_[0][:, 1], cold.coefs_paths_[0][:, 0], atol=1e-3)
+    assert path.C_ == 1.0
