@@ -191,7 +191,11 @@ def tune_class_offsets(
             f"classes must hold one label per column of decision ({n_classes}), got shape "
             f"{classes.shape}."
         )
-    if len(np.unique(classes)) != n_classes:
+    try:
+        repeated = len(set(classes.tolist())) != n_classes  # (labels of mixed types too)
+    except TypeError:  # unhashable labels: left to the scorer
+        repeated = False
+    if repeated:
         raise ValueError(f"classes must be distinct labels, got {classes.tolist()}.")
     weight = _check_sample_weight(sample_weight, z, ensure_non_negative=True)
     if not weight.sum() > 0:
@@ -255,11 +259,13 @@ def tune_class_offsets(
     )
 
 
-def scoring_function(scoring, weighted: bool, classes=None) -> tuple:
+def scoring_function(scoring, weighted: bool, classes=None, labels=None, weight=None) -> tuple:
     """The function, sign and keyword arguments of a scoring that is no name, checked
     before any fit: it must score labels, take ``sample_weight`` when the samples are
     ``weighted``, and name among its ``labels`` (if it has any) one of ``classes`` at
-    least."""
+    least; given ``labels`` (true labels, weighted by ``weight``), it scores them once
+    as their own predictions, so that its own errors (a ``pos_label`` that is no class,
+    ``average="binary"`` on more classes) come before the fits too."""
     func, sign, kwargs = scoring, 1, {}
     if hasattr(scoring, "_score_func"):  # a scorer from make_scorer
         if getattr(scoring, "_response_method", "predict") != "predict":
@@ -277,14 +283,30 @@ def scoring_function(scoring, weighted: bool, classes=None) -> tuple:
                 "sample_weight, so the offsets cannot be tuned on weighted samples: fit "
                 "without sample_weight, or score with a function that takes it."
             )
-    labels = kwargs.get("labels")
-    if classes is not None and labels is not None and not np.isin(labels, classes).any():
+    named = {**getattr(func, "keywords", {}), **kwargs}.get("labels")  # functools.partial's
+    if classes is not None and named is not None and not np.isin(named, classes).any():
         raise ValueError(
-            f"The scorer's labels {list(labels)!r} name none of the classes "
+            f"The scorer's labels {np.asarray(named).tolist()!r} name none of the classes "
             f"{np.asarray(classes).tolist()!r}: every candidate would score alike. Give the "
             "scorer labels as the estimator's classes_ holds them."
         )
+    if labels is not None:
+        trial = {**kwargs, "sample_weight": weight} if weighted else kwargs
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (ill-defined scores of perfect predictions)
+            _number(func(labels, labels, **trial), func)
     return func, sign, kwargs
+
+
+def _number(value, func) -> float:
+    """A scoring function's ``value`` as a float, refused if it is no single number."""
+    if np.ndim(value) or np.asarray(value).dtype.kind not in "biuf":
+        shown = f"an array of shape {np.shape(value)}" if np.ndim(value) else repr(value)
+        raise ValueError(  # e.g. average=None: one score per class
+            f"The scoring function {getattr(func, '__name__', func)!r} returned {shown}, not "
+            "a number: the offsets maximise one score (e.g. average='macro')."
+        )
+    return float(value)
 
 
 class _Objective:
@@ -304,17 +326,9 @@ class _Objective:
         self.name = None
         if weighted:
             kwargs = {**kwargs, "sample_weight": weight}
-        name = getattr(func, "__name__", func)
 
         def metric(pred: np.ndarray) -> float:
-            value = func(classes[y], classes[pred], **kwargs)
-            if np.ndim(value) or np.asarray(value).dtype.kind not in "biuf":
-                shown = f"an array of shape {np.shape(value)}" if np.ndim(value) else repr(value)
-                raise ValueError(  # e.g. average=None: one score per class
-                    f"The scoring function {name!r} returned {shown}, not a number: the "
-                    "offsets maximise one score (e.g. average='macro')."
-                )
-            return sign * float(value)
+            return sign * _number(func(classes[y], classes[pred], **kwargs), func)
 
         self.metric = metric
 

@@ -401,7 +401,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             sample_weight = _check_sample_weight(sample_weight, y, ensure_non_negative=True)
         if not isinstance(self.scoring, str):  # a scorer that cannot work, before any fit
             classes = None if self.cv == "prefit" else np.unique(y)  # else the estimator's
-            scoring_function(self.scoring, sample_weight is not None, classes)
+            scoring_function(self.scoring, sample_weight is not None, classes, y, sample_weight)
         if self.cv == "prefit":
             decision, y_index, index = self._prefit_decision(X, y, fit_params)
         else:

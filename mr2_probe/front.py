@@ -477,19 +477,25 @@ def _check_known_labels(y, scored: dict) -> None:
     """Refuse, before any fit, labels of a scored split that are no class of ``y``: no
     point can predict them, so each would be a class at 0% for every point, and the rule's
     worst-class accuracy 0 throughout (shifted or re-encoded labels, most often)."""
-    # scikit-learn's error for labels that are no classes (continuous, or of mixed types),
-    # before np.unique sorts them; its warning on many classes is the fits' to give.
+    # Training labels that are no classes (continuous, or of mixed types) get scikit-learn's
+    # error, as the fits would give it, before np.unique sorts them; its warning on many
+    # classes is the fits' to give.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        for labels in (y, *scored.values()):
-            if labels is not None:
-                check_classification_targets(labels)
+        check_classification_targets(y)
     classes = np.unique(column_or_1d(y))
     for name, labels in scored.items():
         if labels is None:
             continue
-        present = np.unique(column_or_1d(labels))
-        unknown = np.setdiff1d(present, classes)
+        try:
+            present = np.unique(column_or_1d(labels))
+            unknown = np.setdiff1d(present, classes)
+        except TypeError as error:  # labels that cannot be sorted together ('<' of str, int)
+            kinds = sorted({type(v).__name__ for v in column_or_1d(labels)})
+            raise ValueError(
+                f"{name} holds labels that cannot be compared with each other or with y's "
+                f"(of types {', '.join(kinds)}); label {name} as y is labelled."
+            ) from error
         if len(unknown):
             raise ValueError(
                 f"{name} holds labels that are no class of y, the training labels: "

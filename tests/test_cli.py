@@ -1578,6 +1578,20 @@ def test_a_failed_plot_loses_no_fit(files, tmp_path, monkeypatch, capsys):
         main(argv)
 
 
+def test_a_figure_failing_without_a_message_names_its_error(files, tmp_path, monkeypatch, capsys):
+    # "groups.png is left out: " said nothing of why.
+    import mr2_probe.plotting
+
+    def broken(*args, **kwargs):
+        raise AssertionError()
+
+    monkeypatch.setattr(mr2_probe.plotting, "plot_group_accuracy", broken)
+    argv = [str(files / "train.npz"), "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert "mr2-probe: error: groups.png is left out: AssertionError" in err
+
+
 @pytest.mark.slow
 def test_a_run_that_fails_writing_leaves_the_earlier_outputs_whole(
     files, tmp_path, monkeypatch, capsys

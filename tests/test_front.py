@@ -373,10 +373,14 @@ def test_front_names_the_points_that_stopped_short(splits):
         # Labels no point can predict: each a class at 0% everywhere, the worst class 0.
         (dict(y_val="shifted"), r"y_val holds labels that are no class of y, .*labels: 5\. "),
         (dict(y_test="text"), r"y_test holds labels .*: '0', '1', '10', '100', '101', \.\.\.\. No"),
-        # scikit-learn's error, as the fits give it: y_val named values of a regression
-        # target "no class of y", and mixed labels failed np.unique with a TypeError.
-        (dict(y_val="continuous"), "Unknown label type: continuous"),
-        (dict(y_val="mixed"), "Unknown label type: unknown"),
+        # Training labels of a regression target: scikit-learn's error, as the fits give
+        # it (y_val's values were named "no class of y"). Mixed labels failed np.unique
+        # with a TypeError.
+        (dict(y="continuous"), "Unknown label type: continuous"),
+        (
+            dict(y_val="mixed"),
+            r"y_val holds labels that cannot be compared .*\(of types int64, str\)",
+        ),
         (dict(tilts=(0, 1, 2, 1.0)), r"tilts must be distinct, got \[1.0\] more than once"),
         (dict(offset_bounds=(0.01, 0.01)), r"offset_bounds must be distinct, got \[0.01\]"),
         (dict(erm=LogisticRegression()), "erm must be an MR2LinearClassifier .* got Logistic"),
@@ -404,9 +408,10 @@ def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeyp
         y_fit[0] = kwargs.pop("one_of_class")
     if kwargs.get("offsets_cv") == "without 4":  # fold 0 holds out every sample of class 4
         kwargs["offsets_cv"] = PredefinedSplit(np.where(y_fit == 4, 0, np.arange(len(y_fit)) % 2))
+    if kwargs.pop("y", None) == "continuous":
+        y_fit = y_fit + np.linspace(0, 0.5, len(y_fit))
     y_val = {
         "shifted": y_val + 1,
-        "continuous": y_val + 0.5,
         "mixed": np.array([str(v) if i % 2 else v for i, v in enumerate(y_val)], object),
         None: y_val,
     }[kwargs.pop("y_val", None)]
@@ -1009,3 +1014,12 @@ def test_the_markdown_table_rule_and_the_offsets_points_models(front, splits):
         np.testing.assert_array_equal(
             p.model.predict(X_val), p.model.classes_[np.argmax(p.model.decision_function(X_val), 1)]
         )
+
+
+def test_labels_of_object_dtype_are_classes_as_the_training_labels_are(splits):
+    # The check of a regression target, run on y_val too, refused object-dtype labels (a
+    # pandas column of ints) that the front scored before.
+    from mr2_probe.front import _check_known_labels
+
+    _, y_fit, _, y_val, *_ = splits
+    _check_known_labels(y_fit, {"y_val": y_val.astype(object), "y_test": list(y_val)})

@@ -1,5 +1,6 @@
 """Tuned class offsets: the search, and the meta-estimator that feeds it held-out data."""
 
+import functools
 import inspect
 import pickle
 import warnings
@@ -1388,6 +1389,11 @@ class _CountingFits(LogisticRegression):
         (lambda y_true, y_pred: float(np.mean(y_true == y_pred)), True, "takes no sample_weight"),
         (make_scorer(f1_score, average="macro", labels=["a", "b", "c"]), False,
          r"labels \['a', 'b', 'c'\] name none of the classes \[0, 1, 2\]"),
+        (functools.partial(f1_score, average="macro", labels=[5, 6]), False,
+         r"labels \[5, 6\] name none of the classes"),
+        # scikit-learn's own errors, from one trial on the labels before the fits
+        (make_scorer(f1_score), False, "Target is multiclass but average='binary'"),
+        (make_scorer(f1_score, average=None), True, "returned an array of shape"),
     ],
 )  # fmt: skip
 def test_a_scorer_that_cannot_work_is_refused_before_any_fit(scoring, weighted, match):
@@ -1417,3 +1423,10 @@ def test_a_scorer_s_nan_is_reported_as_nan():
     z = np.random.default_rng(0).normal(size=(30, 3))
     result = tune_class_offsets(z, np.arange(30) % 3, make_scorer(lambda t, p: float("nan")))
     assert np.isnan(result.score) and np.isnan(result.base_score)
+
+
+def test_classes_of_mixed_types_are_distinct_labels():
+    # Their check for repeats sorted them: TypeError, where they had tuned.
+    z = np.random.default_rng(0).normal(size=(30, 2))
+    result = tune_class_offsets(z, np.arange(30) % 2, classes=np.array([0, "a"], dtype=object))
+    assert result.score >= result.base_score

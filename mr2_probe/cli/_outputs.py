@@ -163,7 +163,8 @@ def _write_outputs(
             if args.debug:
                 raise
             failed.append(name)
-            print(f"mr2-probe: error: {name} is left out: {_one_line(error)}", file=sys.stderr)
+            why = _one_line(error) or type(error).__name__  # AssertionError() says nothing
+            print(f"mr2-probe: error: {name} is left out: {why}", file=sys.stderr)
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)
     return failed
 
