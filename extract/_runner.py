@@ -555,9 +555,10 @@ def _extract_shard(
             first_failed = failed_rows(f)
         failed = status == FAILED
         if retry_failed and failed.any():
+            # Pending here only: the store keeps them failed until each is written again,
+            # so that a retry stopped before then leaves them as a failed row (which a
+            # repair and the next --retry-failed take), not as a row never extracted.
             status[failed] = PENDING
-            with open_store(out, "r+") as f:
-                f["status"][:] = status
             logger.info("Extracting again the %d images recorded as failed.", int(failed.sum()))
         # The pending rows, batch_size at a time: a run stopped between batches resumes on
         # whole batches, batched as the first run was, and a retry reads its failed rows

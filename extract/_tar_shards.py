@@ -468,8 +468,9 @@ def webdataset_shards(
     _check_label_kinds(texts, ids, pattern)
     try:
         labels, class_names = encode_labels(texts, index_names)
-    except ValueError as err:
-        raise ShardError(f"{err} ({names_file!r})") from None
+    except ValueError as err:  # the class-names file, where one was read
+        where = f" ({names_file!r})" if names_file is not None else ""
+        raise ShardError(f"{err}{where}") from None
     relative = tuple(os.path.relpath(p, root) for p in paths)
     archive = TarSamples(
         paths=relative,

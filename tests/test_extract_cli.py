@@ -608,6 +608,34 @@ def test_retry_failed_takes_a_repaired_image(tmp_path, capsys):
     assert "--retry-failed" not in line
 
 
+def test_a_retry_stopped_before_its_failed_images_keeps_them_failed(tmp_path, capsys, monkeypatch):
+    # The retry wrote its failed rows back as pending before reading them: stopped there,
+    # the store said "not extracted yet" to load_features, and once the image was
+    # repaired the next --retry-failed refused it as changed (only --force went on).
+    import extract._runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    good = (folder / "dog" / "001.jpg").read_bytes()
+    (folder / "dog" / "001.jpg").write_bytes(b"not an image")
+    out = tmp_path / "f.h5"
+    args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
+    args += ["--no-progress", "--workers", "0", "--retry-failed"]
+    assert main(args) == 0
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(extract._runner, "write_rows", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(folder, "timm:test_resnet@random", out, image_size=32,
+                         progress=False, num_workers=0, retry_failed=True)  # fmt: skip
+    monkeypatch.undo()
+    assert [path for path, _ in load_features(out, in_memory=True).failures] == ["dog/001.jpg"]
+    (folder / "dog" / "001.jpg").write_bytes(good)
+    assert main(args) == 0
+    assert not load_features(out, in_memory=True).failures
+
+
 @pytest.mark.parametrize("message, expected", [
     # --image-size 100000 asked for 120 GB: a raw RuntimeError traceback.
     ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "

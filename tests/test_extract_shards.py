@@ -431,6 +431,8 @@ def test_a_json_member_named_alone_is_decoded_as_json(tmp_path):
             r"--label-key json.KEY, KEY the one that holds the label\.$",
         ),
         ({"jpg": b"x", "json": [3, "x"]}, "json", r"is an array, .* e.g. --label-key json.0\.$"),
+        # Without classnames.txt the message ended in "(None)", as if naming a file.
+        ({"jpg": b"x", "cls": 2000000}, None, r"would make 2000001 classes .* from 0\.$"),
     ],
 )
 def test_webdataset_label_and_image_errors_are_one_line(tmp_path, sample, label_key, match):
