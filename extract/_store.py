@@ -514,6 +514,12 @@ def write_rows(
     # buffers small writes in each open dataset, and h5py only prints the errors of a
     # dataset closed when it is freed.
     data = f["features"], f["failure_reason"], f["content_sha256"], f["status"]
+    if (data[3][rows] != PENDING).any():
+        # A retry's failed rows stay failed in the store until this write: pending first,
+        # so that a run killed before their status is written leaves them to be
+        # recomputed, not failed with another image's digest and reason.
+        data[3][rows] = PENDING
+        f.flush()
     data[0][rows] = features
     data[1][rows] = np.array([_truncate(r) for r in reasons], REASON_DTYPE)
     data[2][rows] = np.array([d.encode() for d in digests], DIGEST_DTYPE)

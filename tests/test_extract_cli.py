@@ -636,6 +636,46 @@ def test_a_retry_stopped_before_its_failed_images_keeps_them_failed(tmp_path, ca
     assert not load_features(out, in_memory=True).failures
 
 
+def test_a_retry_killed_while_writing_a_row_leaves_it_to_be_recomputed(tmp_path, monkeypatch):
+    # Killed after the row's features, digest and (empty) reason reached the file, before
+    # its status: the row stayed failed, with the reason of none, and a plain rerun took
+    # the store as complete.
+    import extract._runner
+    import extract._store
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    good = (folder / "dog" / "001.jpg").read_bytes()
+    (folder / "dog" / "001.jpg").write_bytes(b"not an image")
+    out = tmp_path / "f.h5"
+    run = dict(image_size=32, progress=False, num_workers=0)
+    extract_features(folder, "timm:test_resnet@random", out, **run)
+    (folder / "dog" / "001.jpg").write_bytes(good)
+
+    class KilledAtStatus:  # the file, killed once the row's reason is written, not its status
+        def __init__(self, f):
+            self.f = f
+
+        def __getitem__(self, name):
+            return self.f[name]
+
+        def flush(self):
+            written = self.f["failure_reason"][:] == b""
+            if (written & (self.f["status"][:] != DONE)).any():
+                raise KeyboardInterrupt
+            self.f.flush()
+
+    def killed(f, *args):
+        extract._store.write_rows(KilledAtStatus(f), *args)
+
+    monkeypatch.setattr(extract._runner, "write_rows", killed)
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(folder, "timm:test_resnet@random", out, retry_failed=True, **run)
+    monkeypatch.undo()
+    assert list(_status(out)).count(PENDING) == 1  # to be recomputed, not failed
+    extract_features(folder, "timm:test_resnet@random", out, **run)  # a plain rerun
+    assert not load_features(out, in_memory=True).failures
+
+
 @pytest.mark.parametrize("message, expected", [
     # --image-size 100000 asked for 120 GB: a raw RuntimeError traceback.
     ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "

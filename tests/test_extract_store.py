@@ -2179,8 +2179,11 @@ def test_rows_written_apart_go_to_their_own_positions_only(tmp_path):
         assert f["content_sha256"][:].tolist() == [b"", b"a" * 64, b"", b"b" * 64, b""]
 
 
-def test_rows_are_marked_done_only_after_their_data_is_flushed():
-    # A run killed between the two must leave rows pending, never done with no features.
+@pytest.mark.parametrize("before", [PENDING, FAILED])
+def test_rows_are_marked_done_only_after_their_data_is_flushed(before):
+    # A run killed between the two must leave rows pending, never done with no features;
+    # a retry's failed rows are marked pending first (killed after their new reason was
+    # written, they stayed failed with it, and a rerun took the store as complete).
     from extract._store import write_rows
 
     events = []
@@ -2188,6 +2191,9 @@ def test_rows_are_marked_done_only_after_their_data_is_flushed():
     class Dataset:
         def __init__(self, name):
             self.name = name
+
+        def __getitem__(self, key):
+            return np.full(2, before, np.uint8)
 
         def __setitem__(self, key, value):
             events.append(self.name)
@@ -2199,6 +2205,9 @@ def test_rows_are_marked_done_only_after_their_data_is_flushed():
     names = ("features", "failure_reason", "content_sha256", "status")
     write_rows(File({n: Dataset(n) for n in names}), np.arange(2), np.ones((2, 4)),
                np.array([DONE, DONE]), ["", ""], ["0" * 64] * 2)  # fmt: skip
+    if before == FAILED:
+        assert events[:2] == ["status", "flush"]
+        del events[:2]
     assert sorted(events[:3]) == sorted(names[:3])
     assert events[3:] == ["flush", "status", "flush"]
 
