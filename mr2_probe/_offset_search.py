@@ -192,7 +192,8 @@ def tune_class_offsets(
             f"{classes.shape}."
         )
     try:
-        repeated = len(set(classes.tolist())) != n_classes  # (labels of mixed types too)
+        labels = classes.tolist()  # (of mixed types too; NaN is no label set() can tell)
+        repeated = len(set(labels)) != n_classes or sum(v != v for v in labels) > 1
     except TypeError:  # unhashable labels: left to the scorer
         repeated = False
     if repeated:
@@ -294,7 +295,7 @@ def scoring_function(scoring, weighted: bool, classes=None, labels=None, weight=
         trial = {**kwargs, "sample_weight": weight} if weighted else kwargs
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (ill-defined scores of perfect predictions)
-            _number(func(labels, labels, **trial), func)
+            _number(func(np.array(labels), np.array(labels), **trial), func)  # copies
     return func, sign, kwargs
 
 

@@ -1410,7 +1410,8 @@ def test_a_scorer_that_cannot_work_is_refused_before_any_fit(scoring, weighted, 
 @pytest.mark.parametrize(
     "classes, match",
     [(np.array([["a", "b", "c"]]), r"one label per column .*shape \(1, 3\)"),
-     (np.array(["a", "a", "b"]), r"distinct labels, got \['a', 'a', 'b'\]")],
+     (np.array(["a", "a", "b"]), r"distinct labels, got \['a', 'a', 'b'\]"),
+     (np.array([0.0, np.nan, np.nan]), r"distinct labels, got \[0.0, nan, nan\]")],
 )  # fmt: skip
 def test_classes_that_are_no_labels_of_the_columns_are_refused(classes, match):
     z = np.random.default_rng(0).normal(size=(30, 3))
@@ -1430,3 +1431,18 @@ def test_classes_of_mixed_types_are_distinct_labels():
     z = np.random.default_rng(0).normal(size=(30, 2))
     result = tune_class_offsets(z, np.arange(30) % 2, classes=np.array([0, "a"], dtype=object))
     assert result.score >= result.base_score
+
+
+def test_the_scorer_s_trial_leaves_the_labels_alone():
+    # The trial before the fits gave the scorer the caller's own y as y_pred: a scorer
+    # that edits its input rewrote y, and a class was lost before any fit.
+    X, y = make_classification(90, 5, n_informative=3, n_classes=3, random_state=0)
+    given = y.copy()
+
+    def editing(y_true, y_pred):
+        y_pred[y_pred == 2] = 1
+        return float(np.mean(y_true == y_pred))
+
+    search = TunedOffsetsClassifierCV(LogisticRegression(), scoring=editing, cv=3).fit(X, y)
+    np.testing.assert_array_equal(y, given)
+    assert search.classes_.tolist() == [0, 1, 2]
