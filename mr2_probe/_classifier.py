@@ -319,7 +319,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         the margins the last epoch trained with. A class whose difficulty is 0 to rounding
         (a_k^{1/3} at most 10⁻⁶ of the largest: one sample, or copies of one row, under
         ``difficulty="spread"``) has no measured difficulty: it gets γ = c̄ and is left out
-        of the normalisation, as a class without training weight is.
+        of the normalisation, as a class without training weight is. Under
+        ``difficulty="spread"`` so does a class whose spread msd_k is at most the dtype's
+        epsilon times its second moment ‖μ_k‖_p² + msd_k (a bound on the rounding of copies
+        of one row; in float32 a relative spread below about 3.5·10⁻⁴, which float64
+        features resolve down to about 1.5·10⁻⁸).
     class_stats_ : dict of ndarray
         ``mean`` (K, d), ``msd`` (K,) in L_p, ``msd_l2`` (K,), ``count`` (K,) and
         ``difficulty`` a_k (K,) of the representation φ, as set by ``difficulty``: the

@@ -240,7 +240,10 @@ def margins_from_difficulty(
         measured &= a > eps * moment
     root = torch.where(measured, root, torch.zeros_like(root))  # NaN a_k of unseen classes too
     # c̄·K in the margins' dtype: a Python float times an integer tensor is float32.
-    scaled = c_bar * measured.sum().to(root.dtype) * root / root.sum().clamp_min(1e-30)
+    # (The floor only keeps 0/0 away when no class is measured: the dtype's smallest
+    # normal number, not a fixed 1e-30, which float64 features of norm 1e-50 fell under.)
+    total = root.sum().clamp_min(torch.finfo(root.dtype).tiny)
+    scaled = c_bar * measured.sum().to(root.dtype) * root / total
     # Without a measured class (all a_k = 0) there is no information: uniform margins.
     # (c̄ beyond the dtype's range is inf, which the estimator names: torch refuses to fill
     # with it. Filled, not copied from the host: no synchronisation, no float64 on MPS.)

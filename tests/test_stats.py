@@ -244,3 +244,14 @@ def test_running_statistics_with_an_unseen_class_keep_s_bar_finite():
     Xn, yn = X.double().numpy(), y.numpy()
     ref = np.mean([((Xn[yn == k] - Xn[yn == k].mean(0)) ** 2).sum(1).sum() / 3 for k in (0, 1)])
     np.testing.assert_allclose(loss.s_bar().item(), ref, rtol=1e-5)
+
+
+def test_margins_of_tiny_float64_difficulties_are_those_of_their_scale():
+    # Σ_j a_j^{1/3} had a floor of 1e-30: float64 features of norm 1e-50 (a ~ 1e-100)
+    # got margins of about 0.002 where c̄ = 1.
+    from mr2_probe._stats import margins_from_difficulty
+
+    a = torch.tensor([1.0, 2.0, 8.0], dtype=torch.float64)
+    torch.testing.assert_close(
+        margins_from_difficulty(a * 1e-100, 1.0), margins_from_difficulty(a, 1.0)
+    )
