@@ -19,7 +19,7 @@ from ._decoding import NOT_A_FILE
 from ._images import ImageSource
 from ._merge import _identity, shard_path, shards_beside
 from ._schema import (
-    FAILED,
+    DONE,
     FORMAT_VERSION,
     PROVENANCE_DEFAULTS,
     PROVENANCE_KEYS,
@@ -167,7 +167,9 @@ def _row_difference(
     )
     differs = np.logical_or.reduce(list(differs.values()))
     if retry_failed:  # a failed image replaced since: the retry extracts it again
-        differs &= ~(file_only & (f["status"][:n] == FAILED))
+        # (So is one not extracted yet: a retry killed while writing a batch leaves it
+        # pending. No row of either holds features of the file as it was.)
+        differs &= ~(file_only & (f["status"][:n] != DONE))
     if not differs.any():
         if len(stored_ids) > len(rows):
             return (
@@ -216,8 +218,8 @@ def _source_explained(f, provenance: dict, source, rows, retry_failed=False) -> 
     difference = _source_difference(f, source, rows, retrying)
     if difference and _repaired_failures(f, provenance, source, rows) is not None:
         difference += (
-            "; it failed in the store and has changed since: pass --retry-failed "
-            "(retry_failed=True) to extract the changed failed images again"
+            "; it failed in the store (or was not extracted yet) and has changed since: "
+            "pass --retry-failed (retry_failed=True) to extract the changed failed images again"
         )
     if difference is None and existing.get("shard_world_size", 1) > 1:
         # Its fingerprint covers the whole source: what changed are other ranks' images.
@@ -239,7 +241,8 @@ def _same_settings(existing: dict, provenance: dict) -> bool:
 
 def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False) -> tuple | None:
     """Whether the store ``f`` differs from the request only by failed images that have
-    changed since (repaired, replaced): then the stored file identities with the request's
+    changed since (repaired, replaced; or images not extracted yet, which no row holds
+    features of either): then the stored file identities with the request's
     in place of theirs, ``(file_size, file_mtime_ns, n_changed)``; otherwise None, and any
     other difference is left to the provenance check, which refuses it.
 
@@ -272,7 +275,7 @@ def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False)
     sizes, mtimes = source.file_stats()
     stored_sizes, stored_mtimes = f["file_size"][:], f["file_mtime_ns"][:]
     changed = (stored_sizes != sizes[rows]) | (stored_mtimes != mtimes[rows])
-    if not (f["status"][:][changed] == FAILED).all():
+    if not (f["status"][:][changed] != DONE).all():  # failed, or pending (see above)
         return None
     if not changed.any() and not vouched:
         return None

@@ -596,7 +596,10 @@ def test_retry_failed_takes_a_repaired_image(tmp_path, capsys):
     assert main(args) == 2  # without --retry-failed the change is refused, naming it
     line = _error_line(capsys)
     assert "dog/001.jpg' is not the file the store was made from" in line
-    assert "failed in the store and has changed since: pass --retry-failed" in line
+    assert (
+        "failed in the store (or was not extracted yet) and has changed since: pass --retry-failed"
+        in line
+    )
     assert main([*args, "--retry-failed"]) == 0
     repaired = load_features(out, in_memory=True)
     assert not repaired.failures and len(repaired.paths) == 6
@@ -636,22 +639,25 @@ def test_a_retry_stopped_before_its_failed_images_keeps_them_failed(tmp_path, ca
     assert not load_features(out, in_memory=True).failures
 
 
-def test_a_retry_killed_while_writing_a_row_leaves_it_to_be_recomputed(tmp_path, monkeypatch):
-    # Killed after the row's features, digest and (empty) reason reached the file, before
-    # its status: the row stayed failed, with the reason of none, and a plain rerun took
-    # the store as complete.
+def test_a_retry_killed_while_writing_takes_repairs_of_its_batch_next(tmp_path, monkeypatch):
+    # Killed after the rows' features, digests and (empty) reasons reached the file, before
+    # their status: a row stayed failed with the reason of none, and a plain rerun took
+    # the store as complete. Its batch is left pending now, and a pending row's changed
+    # file is a repair to the next --retry-failed (it was refused as another file).
     import extract._runner
     import extract._store
 
     folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
-    good = (folder / "dog" / "001.jpg").read_bytes()
-    (folder / "dog" / "001.jpg").write_bytes(b"not an image")
+    broken = [folder / "cat" / "001.jpg", folder / "cat" / "002.jpg"]
+    good = [path.read_bytes() for path in broken]
+    for path in broken:
+        path.write_bytes(b"not an image")
     out = tmp_path / "f.h5"
     run = dict(image_size=32, progress=False, num_workers=0)
     extract_features(folder, "timm:test_resnet@random", out, **run)
-    (folder / "dog" / "001.jpg").write_bytes(good)
+    broken[1].write_bytes(good[1])
 
-    class KilledAtStatus:  # the file, killed once the row's reason is written, not its status
+    class KilledAtStatus:  # the file, killed once the rows' reasons are written, not their status
         def __init__(self, f):
             self.f = f
 
@@ -671,8 +677,9 @@ def test_a_retry_killed_while_writing_a_row_leaves_it_to_be_recomputed(tmp_path,
     with pytest.raises(KeyboardInterrupt):
         extract_features(folder, "timm:test_resnet@random", out, retry_failed=True, **run)
     monkeypatch.undo()
-    assert list(_status(out)).count(PENDING) == 1  # to be recomputed, not failed
-    extract_features(folder, "timm:test_resnet@random", out, **run)  # a plain rerun
+    assert list(_status(out)).count(PENDING) == 2  # to be recomputed, not failed
+    broken[0].write_bytes(good[0])
+    extract_features(folder, "timm:test_resnet@random", out, retry_failed=True, **run)
     assert not load_features(out, in_memory=True).failures
 
 
