@@ -193,8 +193,8 @@ def tune_class_offsets(
         )
     try:
         labels = classes.tolist()  # (of mixed types too; NaN is no label set() can tell)
-        repeated = len(set(labels)) != n_classes or sum(v != v for v in labels) > 1
-    except TypeError:  # unhashable labels: left to the scorer
+        repeated = bool(len(set(labels)) != n_classes or sum(v != v for v in labels) > 1)
+    except TypeError:  # unhashable labels, or pd.NA's ambiguous truth: left to the scorer
         repeated = False
     if repeated:
         raise ValueError(f"classes must be distinct labels, got {classes.tolist()}.")
@@ -292,7 +292,7 @@ def scoring_function(scoring, weighted: bool, classes=None, labels=None, weight=
             "scorer labels as the estimator's classes_ holds them."
         )
     if labels is not None:
-        trial = {**kwargs, "sample_weight": weight} if weighted else kwargs
+        trial = {**kwargs, "sample_weight": np.array(weight)} if weighted else kwargs
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (ill-defined scores of perfect predictions)
             _number(func(np.array(labels), np.array(labels), **trial), func)  # copies

@@ -1436,13 +1436,16 @@ def test_classes_of_mixed_types_are_distinct_labels():
 def test_the_scorer_s_trial_leaves_the_labels_alone():
     # The trial before the fits gave the scorer the caller's own y as y_pred: a scorer
     # that edits its input rewrote y, and a class was lost before any fit.
+    # So did its sample_weight, the caller's array.
     X, y = make_classification(90, 5, n_informative=3, n_classes=3, random_state=0)
-    given = y.copy()
+    given, weight = y.copy(), np.ones(len(y))
 
-    def editing(y_true, y_pred):
+    def editing(y_true, y_pred, sample_weight):
         y_pred[y_pred == 2] = 1
+        sample_weight[:] = 0.5
         return float(np.mean(y_true == y_pred))
 
-    search = TunedOffsetsClassifierCV(LogisticRegression(), scoring=editing, cv=3).fit(X, y)
+    search = TunedOffsetsClassifierCV(LogisticRegression(), scoring=editing, cv=3)
+    search.fit(X, y, sample_weight=weight)
     np.testing.assert_array_equal(y, given)
-    assert search.classes_.tolist() == [0, 1, 2]
+    assert search.classes_.tolist() == [0, 1, 2] and (weight == 1).all()
