@@ -584,7 +584,7 @@ def plot_cv_curve(searches, path, scoring: str | None = None):
     own_axis = None  # the right-hand axis of scores that are no fractions, made once
     # The legend's entries, the raw scores' first (matplotlib's own would leave out a
     # label that starts with "_").
-    raw_entries, entries = [], []
+    raw_entries, entries, raw_labels = [], [], []
     for name, search in searches.items():
         where = np.where(np.isfinite(search.Cs_), search.Cs_, no_penalty)
         curves = cv_curves(search, scoring)
@@ -598,16 +598,21 @@ def plot_cv_curve(searches, path, scoring: str | None = None):
             if i == 0 and raw:
                 own_axis = own_axis or ax.twinx()
                 (line,) = own_axis.plot(where, curve, style, color=colours[name], label=shown)
-                own_axis.set_ylabel(f"held-out {_literal(label)} (mean over folds)")
+                raw_labels += [_literal(label)] if _literal(label) not in raw_labels else []
+                # every score drawn on it, not only the last search's
+                own_axis.set_ylabel(f"held-out {', '.join(raw_labels)} (mean over folds)")
                 raw_entries.append((line, shown))
             else:
                 (line,) = ax.plot(where, 100 * curve, style, color=colours[name], label=shown)
                 entries.append((line, shown))
         chosen = search.C_ if np.isfinite(search.C_) else no_penalty
         ax.axvline(chosen, color=colours[name], linestyle=":", linewidth=0.8)
-    head = next(iter(searches.values())).head_
+    heads = {s.head_ for s in searches.values()}
     ax.set_xscale("log")
-    xlabel = "logit scale" if head == "cosine" else "C (inverse L2 strength)"
+    xlabel = {
+        frozenset({"cosine"}): "logit scale",
+        frozenset({"linear"}): "C (inverse L2 strength)",
+    }.get(frozenset(heads), "C (inverse L2 strength) of linear heads, logit scale of cosine heads")
     if any(np.isinf(s.Cs_).any() for s in searches.values()):
         xlabel += f"; C = inf (no penalty) drawn at {no_penalty:g}"
     ax.set_xlabel(xlabel)

@@ -248,8 +248,9 @@ def _cell(value) -> str:
 
 # Characters that Markdown gives a meaning to in a table cell, escaped with a backslash
 # (CommonMark escapes any ASCII punctuation so): '|' ends a cell, '<' opens raw HTML (GitHub
-# drops "<unk>"), '*', '_', '`', '[', '~' format, '&' starts an entity, '\\' escapes.
-_MARKDOWN_SPECIAL = re.compile(r"([\\|<>*_`\[\]~&])")
+# drops "<unk>"), '*', '_', '`', '[', '~' format, '&' starts an entity, '\\' escapes, '$'
+# opens math where it is rendered (GitHub).
+_MARKDOWN_SPECIAL = re.compile(r"([\\|<>*_`\[\]~&$])")
 # Every break str.splitlines knows (a vertical tab, a form feed, U+2028, ... split a row
 # in two as a newline did).
 _LINE_BREAK = re.compile(r"\r\n|[\n\v\f\r\x1c\x1d\x1e\x85\u2028\u2029]")
@@ -312,10 +313,13 @@ def _markdown_table(header: list, rows: list) -> str:
 
 
 def _scaled(value, factor: float):
-    """Accuracies times ``factor`` (a dict's values, a list's items); None reads as NaN."""
+    """Accuracies times ``factor`` (a dict's values, a list's, tuple's or array's items, as
+    a list); None reads as NaN."""
     if isinstance(value, dict):
         return {key: _scaled(v, factor) for key, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, np.ndarray) and value.ndim:  # per_class_accuracy's
+        value = value.tolist()
+    if isinstance(value, list | tuple):
         return [_scaled(v, factor) for v in value]
     value = math.nan if value is None else float(value)
     if factor > 1:
@@ -327,8 +331,8 @@ def _scaled(value, factor: float):
 
 
 def in_percent(value):
-    """Accuracies (a dict's values, a list's items) in percent with NaN as None, as
-    :meth:`ClasswiseReport.to_dict` writes them."""
+    """Accuracies (a dict's values, a list's, tuple's or NumPy array's items, given back
+    as lists) in percent with NaN as None, as :meth:`ClasswiseReport.to_dict` writes them."""
     return _finite(_scaled(value, 100.0))
 
 

@@ -650,3 +650,14 @@ def test_a_nan_of_any_number_type_among_object_labels_is_refused(nan):
     y_pred = np.array([0.0, 0.0, 1.0, 1.0], dtype=object)
     with pytest.raises(ValueError, match="Input y_true contains NaN"):
         per_class_accuracy(y_true, y_pred)
+
+
+def test_a_series_of_groups_by_class_index_holds_for_test_sets_lacking_a_class():
+    # Its index 0, 1, 2 was read as positions: with class 1 absent from y_true, three
+    # groups for two classes, a ValueError where the dict of the same groups worked.
+    pd = pytest.importorskip("pandas")
+    groups = {0: "easy", 1: "medium", 2: "hard"}
+    y_true, y_pred = [0, 0, 2, 2], [0, 0, 2, 0]
+    assert classwise_summary(y_true, y_pred, pd.Series(groups)) == pytest.approx(
+        classwise_summary(y_true, y_pred, groups), nan_ok=True
+    )

@@ -656,3 +656,19 @@ def test_a_gain_under_a_twentieth_of_a_point_is_not_labelled_zero(tmp_path):
     mr2[0] = 0
     fig = plot_class_accuracy(classwise_report({"ERM": erm, "MR2": mr2}, y), tmp_path / "c.png")
     assert [t.get_text() for t in fig.axes[0].texts] == ["+0.03"]
+
+
+def test_cv_curve_axes_name_every_search_drawn_on_them(tmp_path):
+    # The x axis took the first search's head, the right-hand axis the last raw score's.
+    X, y = load_iris(return_X_y=True)
+    searches = {
+        "ERM": MR2LinearClassifierCV([4.0, 16.0], cv=3, head="cosine", scoring="neg_log_loss",
+                                     device="cpu").fit(X, y),
+        "MR2": MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring="neg_brier_score",
+                                     device="cpu").fit(X, y),
+    }  # fmt: skip
+    fig = plot_cv_curve(searches, tmp_path / "cv.png")
+    assert fig.axes[0].get_xlabel() == (
+        "C (inverse L2 strength) of linear heads, logit scale of cosine heads"
+    )
+    assert fig.axes[1].get_ylabel() == "held-out neg_log_loss, neg_brier_score (mean over folds)"

@@ -337,6 +337,9 @@ def test_percent_values_read_back_as_the_fractions_they_were_written_from():
     assert read.rows["erm"]["overall"] == 0.57  # exactly: 57.0 / 100, not 57.0 * 0.01
     assert read.per_class["erm"] == [0.57, 0.14]
     assert in_percent({"a": [float("nan"), 0.57]}) == {"a": [None, 57.0]}
+    # per_class_accuracy's arrays, and tuples: a TypeError ("only 0-dimensional arrays").
+    assert in_percent({"a": np.array([np.nan, 0.57])}) == {"a": [None, 57.0]}
+    assert in_percent((0.5, 1.0)) == [50.0, 100.0]
 
 
 def test_an_empty_group_is_explained_under_the_table():
@@ -399,6 +402,8 @@ def test_missing_scores_given_as_none_print_as_nan():
         ("a\\|b", "a\\\\\\|b"),
         # Brackets make a link: "[x](y)" would show as a link to y.
         ("[x](y)", "\\[x\\](y)"),
+        # Dollars open math where Markdown renders it (GitHub): "$5-$10" showed as math.
+        ("$5-$10", "\\$5-\\$10"),
     ],
 )
 def test_markdown_escapes_backslashes_and_brackets(name, shown):
