@@ -639,6 +639,19 @@ def test_a_retry_stopped_before_its_failed_images_keeps_them_failed(tmp_path, ca
     assert not load_features(out, in_memory=True).failures
 
 
+def _store_of_broken_images(tmp_path, *names, run):
+    """A store of a class folder whose images ``names`` were broken: the folder, the
+    store, their paths and their good bytes (to repair them with)."""
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    broken = [folder / name for name in names]
+    good = [path.read_bytes() for path in broken]
+    for path in broken:
+        path.write_bytes(b"not an image")
+    out = tmp_path / "f.h5"
+    extract_features(folder, "timm:test_resnet@random", out, **run)
+    return folder, out, broken, good
+
+
 def test_a_retry_killed_while_writing_takes_repairs_of_its_batch_next(tmp_path, monkeypatch):
     # Killed after the rows' features, digests and (empty) reasons reached the file, before
     # their status: a row stayed failed with the reason of none, and a plain rerun took
@@ -647,14 +660,10 @@ def test_a_retry_killed_while_writing_takes_repairs_of_its_batch_next(tmp_path, 
     import extract._runner
     import extract._store
 
-    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
-    broken = [folder / "cat" / "001.jpg", folder / "cat" / "002.jpg"]
-    good = [path.read_bytes() for path in broken]
-    for path in broken:
-        path.write_bytes(b"not an image")
-    out = tmp_path / "f.h5"
     run = dict(image_size=32, progress=False, num_workers=0)
-    extract_features(folder, "timm:test_resnet@random", out, **run)
+    folder, out, broken, good = _store_of_broken_images(
+        tmp_path, "cat/001.jpg", "cat/002.jpg", run=run
+    )
     broken[1].write_bytes(good[1])
 
     class KilledAtStatus:  # the file, killed once the rows' reasons are written, not their status
@@ -681,6 +690,35 @@ def test_a_retry_killed_while_writing_takes_repairs_of_its_batch_next(tmp_path, 
     broken[0].write_bytes(good[0])
     extract_features(folder, "timm:test_resnet@random", out, retry_failed=True, **run)
     assert not load_features(out, in_memory=True).failures
+
+
+def test_a_retry_stopped_after_taking_repairs_leaves_them_to_extract(tmp_path, monkeypatch):
+    # The repaired rows it had not reached stayed failed, with the old file's reason and
+    # digest under the new file's identity: a plain rerun took the store as complete and
+    # never read the repaired image.
+    import extract._runner
+    import extract._store
+
+    run = dict(image_size=32, progress=False, num_workers=0, batch_size=1)
+    folder, out, broken, good = _store_of_broken_images(
+        tmp_path, "dog/001.jpg", "dog/002.jpg", run=run
+    )
+    for path, data in zip(broken, good, strict=True):
+        path.write_bytes(data)
+    calls = []
+
+    def stopped_after_one(*args):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(extract._store.write_rows(*args))
+
+    monkeypatch.setattr(extract._runner, "write_rows", stopped_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(folder, "timm:test_resnet@random", out, retry_failed=True, **run)
+    monkeypatch.undo()
+    extract_features(folder, "timm:test_resnet@random", out, **run)  # a plain rerun
+    store = load_features(out, in_memory=True)
+    assert not store.failures and (_status(out) == DONE).all()
 
 
 @pytest.mark.parametrize("message, expected", [
