@@ -325,8 +325,10 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     y_true, y_pred : array-like of shape (n_samples,)
     groups : mapping or array-like, default=None
         Either class label → group name (from :func:`class_groups`; a pandas Series is
-        read so, by its index, unless that is 0, 1, ... in order and ``labels`` are given
-        or ``y_true`` holds a label outside it: a table's positions), or one group per class
+        read so, by its index, unless that is 0, 1, ... in order: a table's positions,
+        which both readings agree on when ``y_true`` holds the classes 0, 1, ...; where it
+        holds fewer classes, all in that index, and no ``labels`` are given, the readings
+        differ and the Series is refused), or one group per class
         aligned with ``labels``: an index 0 (easy), 1 (medium) or 2 (hard), as
         :func:`difficulty_groups` gives with its three groups, or the group's name (as
         :attr:`~mr2_probe.report.ClasswiseReport.groups` holds). ``None`` uses the groups
@@ -353,10 +355,18 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     # A class of y_true outside the groups would count in "overall" alone.
     if _is_series(groups):  # by label, as a dict; a table's column (positions) by position
         positions = np.array_equal(np.asarray(groups.index), np.arange(len(groups)))
-        if positions and labels is None:
-            # Classes 0, 1, ...: by label, which holds where y_true lacks one of them (by
-            # position the groups then outnumbered its classes).
-            positions = not np.isin(np.unique(_labels_1d(y_true, y_pred)[0]), groups.index).all()
+        classes = np.unique(_labels_1d(y_true, y_pred)[0])
+        if positions and labels is None and len(classes) != len(groups):
+            if np.isin(classes, groups.index).all():
+                # Read by position, the groups outnumber the classes; by label, they are
+                # groups of classes 0, 1, ... that y_true lacks some of, or of classes
+                # labelled otherwise that lack the last ones: which, only its maker knows.
+                raise ValueError(
+                    f"groups is a pandas Series indexed 0..{len(groups) - 1}, which reads as "
+                    "one group per class in order or as class label → group, and y_true "
+                    f"holds {len(classes)} classes, not {len(groups)}, all among its index: "
+                    "the two readings differ. Pass a dict (class label → group) or labels."
+                )
         groups = groups.to_numpy() if positions else _by_label(groups)
     by_label = isinstance(groups, Mapping)
     if by_label:

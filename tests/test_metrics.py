@@ -652,12 +652,16 @@ def test_a_nan_of_any_number_type_among_object_labels_is_refused(nan):
         per_class_accuracy(y_true, y_pred)
 
 
-def test_a_series_of_groups_by_class_index_holds_for_test_sets_lacking_a_class():
+def test_a_series_of_groups_by_index_on_a_test_set_lacking_a_class_is_named():
     # Its index 0, 1, 2 was read as positions: with class 1 absent from y_true, three
-    # groups for two classes, a ValueError where the dict of the same groups worked.
+    # groups for two classes, "must give one group index per class". Read by label it
+    # fits classes 0, 1, 2 but gave classes labelled 1, 2, 3 the wrong groups (easy
+    # lost): the two readings differ, and the error says so.
     pd = pytest.importorskip("pandas")
-    groups = {0: "easy", 1: "medium", 2: "hard"}
-    y_true, y_pred = [0, 0, 2, 2], [0, 0, 2, 0]
-    assert classwise_summary(y_true, y_pred, pd.Series(groups)) == pytest.approx(
-        classwise_summary(y_true, y_pred, groups), nan_ok=True
-    )
+    series = pd.Series(["easy", "medium", "hard"])
+    with pytest.raises(ValueError, match=r"indexed 0..2, .* holds 2 classes, not 3, .* differ"):
+        classwise_summary([1, 1, 2, 2], [1, 1, 2, 1], series)
+    summary = classwise_summary([1, 2, 3], [1, 2, 3], series)  # a table's positions
+    assert summary["easy"] == summary["hard"] == 1
+    groups = {0: "easy", 1: "medium", 2: "hard"}  # as a dict, by label
+    assert np.isnan(classwise_summary([0, 2], [0, 2], groups)["medium"])
