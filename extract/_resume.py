@@ -285,15 +285,14 @@ def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False)
 
 
 def _adopt_repaired_failures(
-    out: Path, provenance: dict, source, rows, vouched: bool = False, pending: bool = True
+    out: Path, provenance: dict, source, rows, vouched: bool = False
 ) -> None:
     """Before a --retry-failed run: the failed images of ``out`` that have changed since
-    (:func:`_repaired_failures`) are taken as the store's: their size and modification
-    time, and the store's fingerprint, become the request's. With ``pending`` their rows
-    are marked pending first: a retry stopped before it reached them left them failed,
-    with the old file's reason and digest under the new file's identity, and a plain rerun
-    took the store as complete. (A merged store under torchrun takes the shards' rows
-    right after: ``pending=False``.)"""
+    (:func:`_repaired_failures`) are taken as the store's: their rows are marked pending,
+    then their size and modification time, and the store's fingerprint, become the
+    request's. Left failed, a retry stopped before it reached them (or, under torchrun,
+    before the merge into the merged store) kept the old file's reason and digest under
+    the new file's identity, and a plain rerun took the store as complete."""
     with open_store(out, "r") as f:
         repaired = _repaired_failures(f, provenance, source, rows, vouched)
         attrs = read_attrs(f)
@@ -308,13 +307,12 @@ def _adopt_repaired_failures(
         # between the two leaves the marker, by which the next one finishes the adoption.
         f.attrs[_ADOPTING] = provenance["source_fingerprint"]
         f.flush()
-        if pending:
-            changed = (f["file_size"][:] != sizes) | (f["file_mtime_ns"][:] != mtimes)
-            if changed.any():  # none is done (see _repaired_failures): to extract again
-                status = f["status"][:]
-                status[changed] = PENDING
-                f["status"][:] = status
-                f.flush()
+        changed = (f["file_size"][:] != sizes) | (f["file_mtime_ns"][:] != mtimes)
+        if changed.any():  # none is done (see _repaired_failures): to extract again
+            status = f["status"][:]
+            status[changed] = PENDING
+            f["status"][:] = status
+            f.flush()
         f["file_size"][:], f["file_mtime_ns"][:] = sizes, mtimes
         f.flush()
         f.attrs["source_fingerprint"] = provenance["source_fingerprint"]

@@ -462,7 +462,7 @@ def _extract_shard(
             if vouched:  # rank 0 takes the repairs into it before the merge (a rebuild's
                 # merge replaces it, and its version is what the rebuild's shards name)
                 repair_merged = functools.partial(
-                    _adopt_repaired_failures, merged, whole, src, everything, pending=False
+                    _adopt_repaired_failures, merged, whole, src, everything
                 )
             elif _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
                 return None

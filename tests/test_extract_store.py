@@ -2468,6 +2468,11 @@ def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merg
     repair = merges[0][1]
     assert repair is not None
     repair()  # what rank 0 does before its merge
+    with h5py.File(out, "r") as f:
+        # The repaired row is to be extracted until the merge: left failed, with the old
+        # reason under the new file's identity, a run killed here left a store that a
+        # plain rerun reused as complete, the shards never merged.
+        assert f["status"][f["paths"].asstr()[:].tolist().index("dog/001.jpg")] == PENDING
     merge_shards([shard_path(out, r, 2) for r in (0, 1)], out, overwrite=True)
     merged = load_features(out, in_memory=True)
     assert not merged.failures and merged.metadata["versions"] == {"torch": "1.0"}
