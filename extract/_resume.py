@@ -243,9 +243,10 @@ def _same_settings(existing: dict, provenance: dict) -> bool:
 def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False) -> tuple | None:
     """Whether the store ``f`` differs from the request only by failed images that have
     changed since (repaired, replaced; or images not extracted yet, which no row holds
-    features of either): then the stored file identities with the request's
-    in place of theirs, ``(file_size, file_mtime_ns, n_changed)``; otherwise None, and any
-    other difference is left to the provenance check, which refuses it.
+    features of either): then the stored file identities with the request's in place of
+    theirs and the rows whose files changed, ``(file_size, file_mtime_ns, changed)``;
+    otherwise None, and any other difference is left to the provenance check, which
+    refuses it.
 
     A shard holds some rows of the source, and its fingerprint covers the whole source: a
     shard whose own rows are unchanged cannot tell what changed in the others. It takes the
@@ -281,7 +282,7 @@ def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False)
     if not changed.any() and not vouched:
         return None
     stored_sizes[changed], stored_mtimes[changed] = sizes[rows][changed], mtimes[rows][changed]
-    return stored_sizes, stored_mtimes, int(changed.sum())
+    return stored_sizes, stored_mtimes, changed
 
 
 def _adopt_repaired_failures(
@@ -301,14 +302,14 @@ def _adopt_repaired_failures(
             with open_store(out, "r+") as f:  # killed after the fingerprint, before this
                 del f.attrs[_ADOPTING]
         return
-    sizes, mtimes, n_changed = repaired
+    sizes, mtimes, changed = repaired
+    n_changed = int(changed.sum())
     with open_store(out, "r+") as f:
         # The files' identities, then the fingerprint that covers them; a run killed
         # between the two leaves the marker, by which the next one finishes the adoption.
         f.attrs[_ADOPTING] = provenance["source_fingerprint"]
         f.flush()
-        changed = (f["file_size"][:] != sizes) | (f["file_mtime_ns"][:] != mtimes)
-        if changed.any():  # none is done (see _repaired_failures): to extract again
+        if n_changed:  # none is done (see _repaired_failures): to extract again
             status = f["status"][:]
             status[changed] = PENDING
             f["status"][:] = status

@@ -337,7 +337,7 @@ class Memory:
         change of coordinates of the same objective, which ignores the rows' norms, so the
         pairs become s' = s / ρ and y' = ρ·y row by row (sᵀy is unchanged), and the last
         point and gradient likewise."""
-        n_folds, k = norms.shape[:2]
+        k = norms.shape[1]
 
         def rows(t):  # (B, ..., K·d) as (B, ..., K, d)
             return t.view(*t.shape[:-1], k, -1)
@@ -347,15 +347,19 @@ class Memory:
         if self.point is not None:
             rows(self.point).div_(norms)
             rows(self.grad).mul_(norms)
-        # h0 = sᵀy / yᵀy of each fold's newest pair (a fold that stopped early or rejected
-        # its last pairs has an older one than the ring's newest slot).
+        self.h0 = self._newest_live_h0(self.h0)
+
+    def _newest_live_h0(self, otherwise: torch.Tensor | float) -> torch.Tensor:
+        """h0 = sᵀy / yᵀy of each fold's newest pair in use (a fold that stopped early or
+        rejected its last pairs has an older one than the ring's newest slot); ``otherwise``
+        for a fold without one."""
         stamp = self._live_stamps()
         newest = stamp.argmax(1)  # (B,)
-        folds = torch.arange(n_folds, device=newest.device)
+        folds = torch.arange(len(stamp), device=newest.device)
         s, y = self.s[folds, newest], self.y[folds, newest]  # (B, P)
         sy, yy = (s * y).sum(1), y.square().sum(1)
         fresh = (stamp.amax(1) >= 0) & (yy > 0)
-        self.h0 = torch.where(fresh, sy / yy.where(fresh, 1.0), self.h0)
+        return torch.where(fresh, sy / yy.where(fresh, 1.0), otherwise)
 
     def _live_stamps(self) -> torch.Tensor:
         """The stamps of the pairs still in use, −1 where a pair was rejected or dropped
@@ -427,13 +431,7 @@ class Memory:
         h0 = torch.where(fresh, sy[:, newest] / yy.where(fresh, 1.0), self.h0)
         # A fold that lost pairs takes h0 from its newest pair kept, or 1 as after forget:
         # the old penalty's scale (1/reg at C = 1e-30), kept, made its steps vanish.
-        stamp = self._live_stamps()
-        folds = torch.arange(len(stamp), device=stamp.device)
-        live = stamp.argmax(1)
-        sy_live, yy_live = sy[folds, live], self.y[folds, live].square().sum(1)
-        some = (stamp.amax(1) >= 0) & (yy_live > 0)
-        after_drop = torch.where(some, sy_live / yy_live.where(some, 1.0), 1.0)
-        self.h0 = torch.where(dropped, after_drop, h0)
+        self.h0 = torch.where(dropped, self._newest_live_h0(1.0), h0)
 
 
 @torch.no_grad()

@@ -622,17 +622,16 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         if not failed.any():
             return
         fold, value = np.argwhere(failed)[0]
-        name = "scale" if self.head == "cosine" else "C"
-        if failed.all(1).any() if not self.refit else failed.any(0).all():
-            if not self.refit:  # the fold without a value to choose
-                fold, value = np.flatnonzero(failed.all(1))[0], 0
+        blocked = failed.all(1).any() if not self.refit else failed.any(0).all()
+        if blocked and not self.refit:  # the fold without a value to choose
+            fold, value = np.flatnonzero(failed.all(1))[0], 0
+        error, name = paths[fold].failures[self.Cs_[value]], self._value_name()
+        if blocked:
             where = "on one fold" if not self.refit else "on some fold"
-            error = paths[fold].failures[self.Cs_[value]]
             raise FitDivergedError(
                 f"Every value of Cs failed {where}, so none can be chosen; at {name}="
                 f"{self.Cs_[value]:g} on fold {fold}: {error}"
             ) from error
-        error = paths[fold].failures[self.Cs_[value]]
         values = ", ".join(
             f"{v:g} (fold{'s' if n > 1 else ''} {', '.join(map(str, np.flatnonzero(column)))})"
             for v, column, n in zip(self.Cs_, failed.T, failed.sum(0), strict=True)
@@ -645,6 +644,10 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             FitFailedWarning,
             stacklevel=_outside_stacklevel(),
         )
+
+    def _value_name(self) -> str:
+        """The name of the searched value: the cosine head's scale, or C."""
+        return "scale" if self.head == "cosine" else "C"
 
     def _chosen(self, value):
         self.C_ = self.scale_ = float(value)
@@ -694,10 +697,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             result = self._solve(head, data, solver, C, init_cosine=cold)
             self._finish(head, result, solver, data)
         except FitDivergedError as error:  # as GridSearchCV's refit, it fails the search
-            name = "scale" if self.head == "cosine" else "C"
             raise FitDivergedError(
-                f"The refit on all the data at the chosen {name}={self.C_:g} failed, though "
-                f"the folds' fits there did not: {error}"
+                f"The refit on all the data at the chosen {self._value_name()}={self.C_:g} "
+                f"failed, though the folds' fits there did not: {error}"
             ) from error
 
     def _average_folds(self, data, solver):

@@ -355,12 +355,12 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     # A class of y_true outside the groups would count in "overall" alone.
     if _is_series(groups):  # by label, as a dict; a table's column (positions) by position
         positions = np.array_equal(np.asarray(groups.index), np.arange(len(groups)))
-        classes = np.unique(_labels_1d(y_true, y_pred)[0])
-        if positions and labels is None and len(classes) != len(groups):
-            if np.isin(classes, groups.index).all():
-                # Read by position, the groups outnumber the classes; by label, they are
-                # groups of classes 0, 1, ... that y_true lacks some of, or of classes
-                # labelled otherwise that lack the last ones: which, only its maker knows.
+        if positions and labels is None:
+            classes = np.unique(_labels_1d(y_true, y_pred)[0])
+            # Read by position, the groups outnumber the classes; by label, they are groups
+            # of classes 0, 1, ... that y_true lacks some of, or of classes labelled
+            # otherwise that lack the last ones: which, only its maker knows.
+            if len(classes) != len(groups) and np.isin(classes, groups.index).all():
                 raise ValueError(
                     f"groups is a pandas Series indexed 0..{len(groups) - 1}, which reads as "
                     "one group per class in order or as class label → group, and y_true "
