@@ -216,8 +216,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         trains with minibatches; ``lam = 0`` keeps the problem convex for a linear head.
         The projection, its penalty and the default τ are this library's (see Notes).
     p : float or None, default=None
-        Order p ≥ 1 of the norm of the class statistics. ``None`` means 3 for the cosine
-        head (with unit-norm features every class has a_k = 1 under p = 2) and 2 otherwise.
+        Order p ≥ 1 of the norm of the class statistics (``np.inf``: the largest absolute
+        entry). ``None`` means 3 for the cosine head (with unit-norm features every class
+        has a_k = 1 under p = 2) and 2 otherwise.
     head : {"linear", "cosine"}, default="linear"
         ``"linear"``: z = W·φ + b. ``"cosine"``: z = scale · cos(w_k, φ), no intercept;
         as in ``F.normalize``, norms below 1e-12 count as 1e-12, so a zero row has logits
@@ -466,7 +467,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     _parameter_constraints: dict = {
         "c_bar": [Interval(Real, 0, None, closed="neither"), None],
         "lam": [Interval(Real, 0, None, closed="left")],
-        "p": [Interval(Real, 1, None, closed="left"), None],
+        "p": [Interval(Real, 1, None, closed="both"), None],
         "head": [StrOptions({"linear", "cosine"})],
         "C": [Interval(Real, 0, None, closed="right")],
         "fit_intercept": ["boolean"],

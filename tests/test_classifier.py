@@ -598,6 +598,25 @@ def test_invalid_parameters(params, message):
         MR2LinearClassifier(**params).fit(X, y)
 
 
+@pytest.mark.parametrize("head", ["linear", "cosine"])
+def test_p_may_be_infinite_the_maximum_norm(digits, head):
+    # DESIGN.md lets p be any order >= 1, and the class statistics take p = inf.
+    from mr2_probe import class_margins, class_statistics
+
+    X, y = digits
+    clf = MR2LinearClassifier(c_bar=2.0, p=np.inf, head=head, max_iter=5, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+    features = torch.as_tensor(X)
+    if head == "cosine":
+        features = torch.nn.functional.normalize(features, dim=1)
+    stats = class_statistics(features, torch.as_tensor(y), 10, np.inf)
+    expected = class_margins(stats, 2.0, np.inf).numpy()
+    np.testing.assert_allclose(clf.margins_, expected, rtol=1e-10)
+    assert np.ptp(clf.margins_) > 0.05
+
+
 def _unavailable_devices():
     names = ["foo", "meta", f"cuda:{torch.cuda.device_count()}"]
     if not torch.cuda.is_available():
