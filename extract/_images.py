@@ -8,6 +8,7 @@ their items' bytes, and share everything else here.
 
 from __future__ import annotations
 
+import collections
 import csv
 import gzip
 import hashlib
@@ -432,6 +433,33 @@ def _check_utf8(names: list[str], root: str) -> None:
 MAX_CLASS_INDEX = 1 << 20
 
 
+def text_problem(text: str) -> str | None:
+    """Why ``text`` can be no class name in a store, or None: HDF5's strings are UTF-8
+    without NUL characters (a JSON label may spell either, "\\u0000" or "\\ud800")."""
+    if "\0" in text:
+        return "holds a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not UTF-8 text (it holds a lone surrogate)"
+    return None
+
+
+def _check_index_names(names: list[str]) -> None:
+    """Class names given for class indices (a class-names file, a ClassLabel feature) name
+    each class once, in text a store can hold."""
+    for name in names:
+        problem = text_problem(name)
+        if problem:
+            raise ValueError(f"The class name {name!r} {problem}, which a store cannot hold.")
+    name, count = collections.Counter(names).most_common(1)[0] if names else ("", 1)
+    if count > 1:
+        raise ValueError(
+            f"The class names give {name!r} {count} times: each class needs a name of its "
+            "own, or its per-class results could not be told apart."
+        )
+
+
 def encode_labels(
     names: list[str], index_names: list[str] | None = None, *, as_names: bool = False
 ) -> tuple[np.ndarray, list[str]]:
@@ -444,9 +472,12 @@ def encode_labels(
     Raises
     ------
     ValueError
-        If ``index_names`` is given and an index is out of its range; without them, if an
-        index is :data:`MAX_CLASS_INDEX` or more (ids, not class indices).
+        If ``index_names`` is given and an index is out of its range, or they name a class
+        twice or hold text a store cannot (:func:`text_problem`); without them, if an index
+        is :data:`MAX_CLASS_INDEX` or more (ids, not class indices).
     """
+    if index_names is not None:
+        _check_index_names(index_names)
     if not as_names and all(name.isascii() and name.isdigit() for name in names):
         indices = [int(name) for name in names]
         largest = max(indices, default=-1)

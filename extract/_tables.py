@@ -25,7 +25,7 @@ import numpy as np
 
 from ._archives import Archive, archive_source, container_root, expand_pattern, stat_containers
 from ._decoding import check_listed
-from ._images import ImageSource, encode_labels, label_kind_problem
+from ._images import ImageSource, encode_labels, label_kind_problem, text_problem
 
 HF_METADATA = b"huggingface"  # the schema metadata key holding the datasets Features
 _STREAM_ROWS = 64  # rows per record batch when streaming a row group
@@ -458,7 +458,15 @@ def _label_texts(values, column: str, path: str, names: list[str] | None) -> lis
             )
         return numbers.astype(str).tolist()
     if _holds_text(values.type):
-        return [str(v).strip() for v in values.to_pylist()]
+        texts = [str(v).strip() for v in values.to_pylist()]
+        for row, text in enumerate(texts):
+            problem = text_problem(text)
+            if problem:
+                raise TableError(
+                    f"Row {row} of {path!r} has the {column!r} label {text!r}, which "
+                    f"{problem}: a store cannot hold it as a class name."
+                )
+        return texts
     raise TableError(
         f"The {column!r} column of {path!r} is {values.type}; a label column holds integer "
         "class indices or class names. Choose it with --label-key."
@@ -558,9 +566,12 @@ def parquet_files(
             f"{label_key!r} label {texts[i]!r}, {why}; give every row a class index, or every "
             "row a name."
         )
-    labels, class_names = encode_labels(
-        texts, list(named.pop()) if named else None, as_names=as_names
-    )
+    try:
+        labels, class_names = encode_labels(
+            texts, list(named.pop()) if named else None, as_names=as_names
+        )
+    except ValueError as err:  # the ClassLabel names of the files
+        raise TableError(f"The {label_key!r} labels of {pattern!r}: {err}") from None
     # Row groups (record batches) are numbered across files: the units ranks divide.
     group_rows = np.array([n for ix in indexes for n in ix.group_rows], np.int64)
     n_groups = np.array([len(ix.group_rows) for ix in indexes], np.int64)

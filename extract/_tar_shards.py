@@ -33,7 +33,7 @@ from ._archives import (
     open_listed,
     stat_containers,
 )
-from ._images import ImageSource, encode_labels, label_kind_problem
+from ._images import ImageSource, encode_labels, label_kind_problem, text_problem
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +197,8 @@ def _label_text(raw: bytes, path: list[str], where: str, label_key: str, is_json
     """A label as text: an integer (class index) or a class name. A JSON member is decoded
     as JSON, as webdataset decodes it, with or without a path into it."""
     if not path and not is_json:
-        return raw.decode("utf-8").strip()
+        # utf-8-sig: a byte-order mark, as editors save one, is no part of a name.
+        return _storable(raw.decode("utf-8-sig").strip(), where, label_key)
     value = json.loads(raw)
     if not path and isinstance(value, dict | list):  # each whole document became a class
         if isinstance(value, list):
@@ -226,7 +227,17 @@ def _label_text(raw: bytes, path: list[str], where: str, label_key: str, is_json
             f"The {label_key!r} label of the {where} is {value!r}; a label is an integer class "
             "index or a class name."
         )
-    return str(value).strip()
+    return _storable(str(value).strip(), where, label_key)
+
+
+def _storable(text: str, where: str, label_key: str) -> str:
+    problem = text_problem(text)
+    if problem:
+        raise ShardError(
+            f"The {label_key!r} label of the {where} is {text!r}, which {problem}: a store "
+            "cannot hold it as a class name."
+        )
+    return text
 
 
 def _label_key_hint(members: dict) -> str:

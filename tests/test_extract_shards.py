@@ -249,6 +249,36 @@ def test_webdataset_labels_from_json_paths_and_classnames_txt(
     assert src.options["label_key"] == label_key
 
 
+def test_a_byte_order_mark_in_a_text_label_is_no_part_of_the_name(tmp_path):
+    # It made "\ufeffcat" a second class beside "cat", without a word.
+    _write_shard(
+        tmp_path / "s.tar",
+        [{"__key__": "a", "jpg": b"x", "txt": "\ufeffcat".encode()},
+         {"__key__": "b", "jpg": b"x", "txt": b"cat"}],
+    )  # fmt: skip
+    src = open_source(f"webdataset:{tmp_path}/s.tar", label_key="txt")
+    assert src.class_names == ["cat"]
+    np.testing.assert_array_equal(src.labels, [0, 0])
+
+
+@pytest.mark.parametrize(
+    "names, match",
+    [
+        ("tabby\nhound\ntabby\n", r"The class names give 'tabby' 2 times: each class needs"),
+        ("tabby\nho\0und\n", r"The class name 'ho\\x00und' holds a NUL character"),
+    ],
+)
+def test_class_names_of_indices_name_each_class_once_in_storable_text(tmp_path, names, match):
+    # Accepted, a store named two classes alike (their per-class results indistinct), or
+    # h5py refused a NUL with its own words.
+    shards = tmp_path / "test"
+    shards.mkdir()
+    _write_shard(shards / "s.tar", [{"__key__": "a", "jpg": b"x", "cls": 0}])
+    (tmp_path / "classnames.txt").write_text(names, encoding="utf-8")
+    with pytest.raises(ShardError, match=match + r".*classnames.txt'\)$"):
+        open_source(f"webdataset:{shards}/s.tar")
+
+
 def test_a_classnames_txt_that_is_not_utf8_is_named(data, tmp_path):
     # "'utf-8' codec can't decode byte 0xff in position 0", of no file.
     shards = tmp_path / "test"
@@ -433,6 +463,23 @@ def test_a_json_member_named_alone_is_decoded_as_json(tmp_path):
         ({"jpg": b"x", "json": [3, "x"]}, "json", r"is an array, .* e.g. --label-key json.0\.$"),
         # Without classnames.txt the message ended in "(None)", as if naming a file.
         ({"jpg": b"x", "cls": 2000000}, None, r"would make 2000001 classes .* from 0\.$"),
+        # Text HDF5 cannot hold ended in h5py's "VLEN strings do not support embedded
+        # NULLs", or "surrogates not allowed", of no sample.
+        (
+            {"jpg": b"x", "txt": b"cat\0dog"},
+            "txt",
+            r"The 'txt' label of the sample 'k0' of .* is 'cat\\x00dog', which holds a NUL",
+        ),
+        (
+            {"jpg": b"x", "json": b'{"label": "x\\u0000"}'},
+            "json.label",
+            r"is 'x\\x00', which holds a NUL character",
+        ),
+        (
+            {"jpg": b"x", "json": b'{"label": "\\ud800"}'},
+            "json.label",
+            r"is '\\ud800', which is not UTF-8 text \(it holds a lone surrogate\)",
+        ),
     ],
 )
 def test_webdataset_label_and_image_errors_are_one_line(tmp_path, sample, label_key, match):
@@ -617,6 +664,18 @@ def test_a_damaged_page_fails_the_rows_of_its_row_group_alone(tmp_path):
     _drop_cursor(state)
     assert all(isinstance(r, OSError) and "page header" in str(r) for r in read[:20])
     assert read[20:] == images[20:]
+
+
+def test_parquet_labels_and_class_names_a_store_cannot_hold_are_refused(tmp_path):
+    rows = {"image": [{"bytes": b"a", "path": None}] * 2, "label": ["a", "b\0"]}
+    _table(tmp_path / "t.parquet", rows)
+    with pytest.raises(TableError, match=r"Row 1 of .* the 'label' label 'b\\x00', which holds"):
+        open_source(f"parquet:{tmp_path}/t.parquet")
+    rows = {"image": [{"bytes": b"a", "path": None}], "label": [0]}
+    _table(tmp_path / "t.parquet", rows, schema=hf_image_schema(["a", "a"]))
+    match = r"The 'label' labels of .*t.parquet': The class names give 'a' 2 times"
+    with pytest.raises(TableError, match=match):
+        open_source(f"parquet:{tmp_path}/t.parquet")
 
 
 def test_class_label_out_of_range_is_refused(tmp_path):
