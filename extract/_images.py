@@ -535,7 +535,7 @@ def label_kind_problem(labels: list[str], as_names: bool = False) -> tuple[int, 
     names such as "+1" it is a name), or a class name where
     other labels are class indices (ASCII digits): one such label would make every label a
     class name, sorted as text ("10" before "2"), and renumber the classes. None otherwise.
-    (List files keep reading such a mix as names, as they always have.) With ``as_names``
+    (List files keep reading such a mix as names, with a warning.) With ``as_names``
     (labels that were strings) digits are names too."""
     if "" in labels:
         return labels.index(""), "which is empty: every sample needs a label"
@@ -651,7 +651,16 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
                 "perhaps spelt otherwise); list each image once (to weight it, use "
                 "sample_weight when fitting)."
             )
-    labels, class_names = encode_labels([label for _, label, _ in rows])
+    texts = [label for _, label, _ in rows]
+    problem = label_kind_problem(texts)
+    if problem and any(text.isascii() and text.isdigit() for text in texts):
+        i, why = problem  # read as names, as list files always have: said, not refused
+        logger.warning(
+            "%s:%d: the label %r, %s: a list file then reads every label as a class name, "
+            "the classes sorted as text ('10' before '2'), not numbered by the indices.",
+            list_file, rows[i][2], texts[i], why,
+        )  # fmt: skip
+    labels, class_names = encode_labels(texts)
     ids = [path for path, _, _ in rows]
     sizes, mtimes = stat_files(str(list_file.parent), ids)
     return ImageSource(

@@ -82,6 +82,33 @@ def test_class_indices_that_leave_classes_empty_or_merge_are_said(folder, caplog
         assert len(caplog.records) == 1 and re.search(warning, caplog.text)
 
 
+@pytest.mark.parametrize(
+    "labels, warning",
+    [
+        (["0", "2", "10", "-1"], r"list.csv:4: the label '-1', which is no class index"),
+        (["2", "cat", "10"], r"list.csv:2: the label 'cat', a class name, where other"),
+        (["cat", "dog", "-1"], None),  # names alone, "-1" one of them
+        (["+1", "-1", "-1"], None),
+    ],
+)
+def test_a_list_that_mixes_indices_with_names_says_it_reads_them_as_names(
+    folder, caplog, labels, warning
+):
+    # Its classes were renumbered as sorted text ("2" became class 4), without a word.
+    images = ["cat/000.png", "dog/001.jpg", "cat/002.png", "dog/004.jpg"]
+    (folder / "list.csv").write_text(
+        "".join(f"{p},{y}\n" for p, y in zip(images, labels, strict=False))
+    )
+    caplog.set_level(logging.WARNING, logger="extract")
+    src = image_list(folder / "list.csv")
+    assert src.class_names == sorted(set(labels))
+    if warning is None:
+        assert not caplog.records
+    else:
+        assert len(caplog.records) == 1 and re.search(warning, caplog.text)
+        assert "every label as a class name, the classes sorted as text" in caplog.text
+
+
 def test_files_the_image_folder_leaves_out_are_said(folder, caplog):
     # A .gif, a file without an extension and an image beside the class folders were left
     # out of the store without a word.
