@@ -321,11 +321,16 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 for key, value in split_params.items()
             }
             folds = cv_folds(cv, X, labels, **split_params)  # X as given, as GridSearchCV splits it
+            score = _Scorer(scorer, self.classes_)
             # The fits weigh rows by sample_weight and class_weight, the scorers by
-            # sample_weight alone.
+            # sample_weight alone, where they take it (else every held-out row counts).
             for part, weight, why in (
                 ("training", data.sample_weight, "nothing can be fitted"),
-                ("held-out", score_weight, "no candidate can be scored"),
+                (
+                    "held-out",
+                    score_weight if score.weighted else None,
+                    "no candidate can be scored",
+                ),
             ):
                 for f, fold in enumerate(folds):
                     rows = fold[part == "held-out"]
@@ -340,7 +345,6 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                             "them. Give their samples positive weights or use "
                             "other folds."
                         )
-            score = _Scorer(scorer, self.classes_)
             if self._batches_folds(data, solver):
                 groups = self._batched_paths(data, folds, score_weight)
                 paths = [path for group in groups for path in group.paths]

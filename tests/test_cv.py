@@ -635,6 +635,16 @@ def test_a_fold_without_training_weight_is_refused():
         ValueError, match="held-out rows of fold 2 have no sample weight: no candidate can be sc"
     ):
         MR2LinearClassifierCV(Cs=[1.0], cv=folds, device="cpu").fit(X, y, sample_weight=weight)
+
+    # A scorer that takes no sample_weight counts every held-out row: it can score them (it
+    # was refused with the message above).
+    def accuracy(y_true, y_pred):
+        return np.mean(y_true == y_pred)
+
+    search = MR2LinearClassifierCV(Cs=[1.0], cv=folds, scoring=make_scorer(accuracy), device="cpu")
+    unweighted = search.fit(X, y, sample_weight=weight).scores_[1][2, 0]
+    # Fold 2's fits are those of weights 1 on its held-out rows (they are not trained on).
+    assert unweighted == search.fit(X, y, sample_weight=np.ones(len(y))).scores_[1][2, 0]
     # A class weighted zero weighs nothing in the fits, but the scorers count its samples.
     only_0 = [(np.flatnonzero(y != 0), np.flatnonzero(y == 0)), *folds[1:]]
     search = MR2LinearClassifierCV(Cs=[1.0], cv=only_0, class_weight={0: 0.0}, device="cpu")
