@@ -279,6 +279,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     # Under metadata routing ``groups`` is not this estimator's own: it goes to a splitter
     # that asks for it (an outer router needs no request for it here).
     __metadata_request__fit = {"groups": metadata_routing.UNUSED}
+    # score's sample_weight is the scorer's alone, as LogisticRegressionCV's **score_params
+    # are: a request of this estimator's own for it was required, and did nothing.
+    __metadata_request__score = {"sample_weight": metadata_routing.UNUSED}
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None, groups=None):

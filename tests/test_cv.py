@@ -1499,13 +1499,38 @@ def test_under_routing_score_gives_the_scorer_the_weights_it_requests(request_we
         scorer = _recording_scorer(seen, request_weights)
         clf = MR2LinearClassifierCV([1.0], cv=3, scoring=scorer, device="cpu").fit(X, y)
         seen.clear()
+        if not request_weights:  # LogisticRegressionCV's error: the weights go nowhere
+            theirs = LogisticRegressionCV(Cs=[1.0], cv=3, scoring=scorer).fit(X, y)
+            for search in (theirs, clf):
+                with pytest.raises(TypeError, match="unexpected argument.*not routed to any"):
+                    search.score(X, y, sample_weight=weight)
+            return
         score = clf.score(X, y, sample_weight=weight)
     hits = clf.predict(X) == y
-    if request_weights:
-        assert np.allclose(seen[0], weight)
-        assert score == pytest.approx(np.average(hits, weights=weight))
-    else:
-        assert seen == [None] and score == pytest.approx(hits.mean())
+    assert np.allclose(seen[0], weight)
+    assert score == pytest.approx(np.average(hits, weights=weight))
+
+
+def test_under_routing_the_scorer_s_request_alone_routes_score_weights():
+    # As for LogisticRegressionCV, the scorer's request is the whole recipe: an outer search
+    # raised UnsetMetadataPassedError for MR2LinearClassifierCV.score, asking for a request
+    # of the estimator's own, which then changed nothing (False weighted the scores too).
+    from sklearn.model_selection import cross_validate
+
+    X, y = _blobs()
+    weight = np.random.default_rng(2).uniform(0.1, 3.0, len(y))
+    scores = {}
+    with sklearn.config_context(enable_metadata_routing=True):
+        for request in (True, False):
+            seen = []
+            scorer = _recording_scorer(seen, request)
+            search = MR2LinearClassifierCV([1.0], cv=3, scoring=scorer, device="cpu")
+            search.set_fit_request(sample_weight=True)
+            result = cross_validate(search, X, y, cv=2, params={"sample_weight": weight})
+            scores[request] = result["test_score"]
+            outer_scores = seen[-2:]  # after each outer fold's inner search, its score
+            assert all((got is not None) == request for got in outer_scores)
+    assert not np.allclose(scores[True], scores[False])
 
 
 # Found by mutation testing of _batched.py.
