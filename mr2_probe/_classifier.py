@@ -1029,7 +1029,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         return z[:, 0] if z.shape[1] == 1 else z
 
     def predict_proba(self, X):
-        """Class probabilities, softmax of the logits, shape (n_samples, n_classes)."""
+        """Class probabilities, softmax of the logits, shape (n_samples, n_classes).
+
+        float64 for array input, whatever the model's dtype (a float32 softmax underflows
+        to 0 at logit gaps past about 100, which a cosine head's scale reaches); a torch
+        tensor in gives one of the logits' dtype, on its device."""
         return self._probabilities(X, log=False)
 
     def predict_log_proba(self, X):
