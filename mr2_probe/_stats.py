@@ -144,6 +144,8 @@ def class_statistics_chunked(
             w = w.to(phi.dtype)
             sums.index_add_(0, y, phi * w[:, None])
             counts.index_add_(0, y, w)
+    if sums is None:  # no chunk at all: no class present, as for a chunk of no rows
+        sums, counts = torch.zeros(n_classes, n_features), torch.zeros(n_classes)
     mean = sums / counts.clamp_min(torch.finfo(sums.dtype).tiny)[:, None]  # (K, d)
 
     spread_p = torch.zeros_like(counts)
@@ -325,9 +327,12 @@ def update_moments(
     ``torch.distributed.all_reduce``): the batch is then the union of every process's
     batch, and every process folds in the same sums. It is called twice, on the batch's
     counts and sums and then on its deviations, which need the union's class means.
+    The features are taken in the running sums' dtype (half-precision activations into
+    float32 sums, say), and the sums keep it.
     """
     n_classes, n_features = moments.sum.shape
     labels = class_indices(labels)
+    features = features.to(moments.sum.dtype)
     new = features.new_zeros
     batch = new(n_classes, n_features + 2)  # counts, Σ‖φ‖², Σφ: one tensor to reduce
     batch[:, 0].index_add_(0, labels, features.new_ones(len(labels)))

@@ -152,6 +152,38 @@ def test_update_moments_in_l2_keeps_dev_p_equal_to_dev_2():
     np.testing.assert_allclose(m.dev_p.numpy(), ref, rtol=1e-12)
 
 
+@pytest.mark.parametrize(
+    "sums, features",
+    [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
+     (torch.float64, torch.float32), (torch.float32, torch.float64)],
+)  # fmt: skip
+def test_update_moments_takes_features_in_the_sums_dtype(sums, features):
+    # Half-precision activations into float32 sums (or float32 ones into float64 sums)
+    # raised in index_add_; float64 ones turned float32 sums into float64, unsaid.
+    gen = torch.Generator().manual_seed(5)
+    X = torch.randn(12, 4, generator=gen).to(features)
+    y = torch.tensor([0, 1, 2] * 4)
+    start = mr2_probe.ClassMoments.zeros(3, 4, dtype=sums)
+    m = mr2_probe.update_moments(mr2_probe.update_moments(start, X, y, p=3.0), X[:6], y[:6], p=3.0)
+    cast = X.to(sums)
+    ref = mr2_probe.update_moments(mr2_probe.update_moments(start, cast, y, p=3.0), cast[:6],
+                                   y[:6], p=3.0)  # fmt: skip
+    for got, want in zip(m, ref, strict=True):
+        assert got.dtype == sums
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_chunked_statistics_of_no_chunk_are_those_of_no_rows():
+    # It raised AttributeError ("'NoneType' object has no attribute 'clamp_min'").
+    none = mr2_probe.class_statistics_chunked(lambda: [], 3, 2)
+    empty = mr2_probe.class_statistics_chunked(
+        lambda: [(torch.zeros(0, 2), torch.zeros(0, dtype=torch.long), None)], 3, 2
+    )
+    for got, want in zip(none, empty, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert none.count.tolist() == [0, 0, 0]
+
+
 def _stream(batches, K, d, rho, p=2.0):
     m = mr2_probe.ClassMoments.zeros(K, d, dtype=torch.float64)
     for X, y in batches:
