@@ -369,7 +369,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
       the cosine head of ``scale``), so tune C (or ``scale``), not c̄.
     - ``lam=0.0``: on frozen features the compactness loss needs the learnable projection,
       minibatch training, and cost 0.5 to 1.0 point overall and 0.5 to 2.0 on the hard
-      tercile (README, "Which lever helps the worst classes?").
+      tercile (README, "The MR² margins alone: when do they help a linear probe?").
     - ``head="linear"``, ``p=None`` (2 linear, 3 cosine): the linear head keeps the problem
       convex and, with ``c_bar=None``, exactly LogisticRegression; ``head="cosine"`` on
       L2-normalised embeddings is the variant to try for the worst class. ``scale=64``

@@ -128,6 +128,25 @@ def class_statistics_chunked(
     mean, with no cancellation of first and second moments; an L_p spread with p ≠ 2 does
     not decompose into them at all). ``transform`` maps a chunk of inputs to the
     representation φ. Sums are taken in float32 at least (:func:`class_statistics`).
+
+    Parameters
+    ----------
+    chunks : callable
+        Returns a fresh iterable of ``(X, y, sample_weight)`` tensors, ``y`` integers in
+        ``[0, n_classes)``, ``sample_weight`` None or of shape (len(y),).
+    n_classes : int
+    n_features : int
+        The width of φ (of ``transform``'s output where one is given).
+    p : float, default=2.0
+        Order p >= 1 of the norm in which the spreads msd_k are measured (``inf``: the
+        largest absolute entry).
+    transform : callable, default=None
+        Maps a chunk's X to φ; None: φ = X.
+
+    Returns
+    -------
+    ClassStats
+        As :func:`class_statistics` gives it; zero statistics where no chunk holds a row.
     """
     transform = transform or (lambda x: x)
     sums = counts = None
@@ -199,6 +218,14 @@ def class_difficulty(stats: ClassStats, p: float = 2.0, difficulty: str = "momen
     p = 2, a second moment about the origin. ``"spread"``: a_k = msd_k, the spread around the
     class mean alone, which ignores where the class sits (invariant to a common shift of
     the features).
+
+    Parameters
+    ----------
+    stats : ClassStats
+    p : float, default=2.0
+        Order p >= 1 of the norm in which the spreads msd_k are measured (``inf``: the
+        largest absolute entry).
+    difficulty : {"moment", "spread"}, default="moment"
     """
     if difficulty == "spread":
         return stats.msd
@@ -257,6 +284,19 @@ def class_margins(
     stats: ClassStats, c_bar: float | None, p: float = 2.0, difficulty: str = "moment"
 ) -> torch.Tensor:
     """Margins γ (K,) from class statistics; ``c_bar=None`` gives γ ≡ 1 (plain CE).
+
+    Parameters
+    ----------
+    stats : ClassStats
+    c_bar : float or None
+        The mean margin c̄ > 0 (over the classes present); None: no margins.
+    p : float, default=2.0
+        Order p >= 1 of the norm in which the spreads msd_k are measured (``inf``: the
+        largest absolute entry).
+    difficulty : {"moment", "spread"}, default="moment"
+        The a_k the margins grow with (:func:`class_difficulty`), as
+        :func:`margins_from_difficulty` turns it into margins.
+
     Examples
     --------
     >>> import torch
@@ -329,6 +369,24 @@ def update_moments(
     counts and sums and then on its deviations, which need the union's class means.
     The features are taken in the running sums' dtype (half-precision activations into
     float32 sums, say), and the sums keep it.
+
+    Parameters
+    ----------
+    moments : ClassMoments
+        The sums so far (``ClassMoments.zeros(n_classes, n_features)`` at the start).
+    features : torch.Tensor of shape (batch_size, n_features)
+    labels : torch.Tensor of shape (batch_size,), integers in ``[0, n_classes)``
+    rho : float, default=0.9
+        The decay ρ of a class's sums each time a batch holds the class.
+    p : float, default=2.0
+        Order p >= 1 of the norm of ``dev_p`` (its deviations are kept only for p != 2).
+    all_reduce : callable, default=None
+        Sums a tensor in place across processes (see above); None: this process alone.
+
+    Returns
+    -------
+    ClassMoments
+        The new sums; ``moments`` is left as it was.
     """
     n_classes, n_features = moments.sum.shape
     labels = class_indices(labels)
@@ -402,6 +460,13 @@ def moments_statistics(moments: ClassMoments, p: float = 2.0) -> ClassStats:
     the L_p to the L2 deviations from the running mean, exact when that ratio is the same
     about the running and the true mean, approximate otherwise. ``count`` is Σw, the
     decayed weight of each class.
+
+    Parameters
+    ----------
+    moments : ClassMoments
+    p : float, default=2.0
+        The order of the norm of ``msd``: that of the sums' ``dev_p``
+        (:func:`update_moments`'s ``p``).
     """
     tiny = torch.finfo(moments.count.dtype).tiny
     count = moments.count.clamp_min(tiny)
@@ -425,6 +490,13 @@ def moments_difficulty(
     ``"moment"``: ‖μ̂_k‖_p² overstates ‖μ_k‖_p² by the noise of the running mean, Σŵ²·msd_k
     in L2, so a_k = ‖μ̂_k‖_p² + (1 − Σŵ²)·msd_k: in L2 that is exactly Σw‖φ‖² / Σw, the
     weighted mean of ‖φ‖², unbiased; in L_p the same correction is an approximation.
+
+    Parameters
+    ----------
+    moments : ClassMoments
+    p : float, default=2.0
+        As in :func:`moments_statistics`.
+    difficulty : {"moment", "spread"}, default="moment"
     """
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}.")
