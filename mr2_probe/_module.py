@@ -80,7 +80,8 @@ class MR2Loss(nn.Module):
     lam : float, default=0.5
         Weight of the compactness loss.
     p : float or None, default=None
-        Norm of the class statistics. ``None`` means 3 when ``normalize`` (under p = 2 every
+        Order p >= 1 of the norm of the class statistics (``inf``: the largest absolute
+        entry). ``None`` means 3 when ``normalize`` (under p = 2 every
         unit-norm class has a_k = 1, hence the same margin; p = 3 is the paper's choice for
         normalised features) and 2 otherwise, as :class:`MR2LinearClassifier` chooses for
         its cosine head.
@@ -175,8 +176,8 @@ class MR2Loss(nn.Module):
         if tau is not None and not (math.isfinite(tau) and tau > 0):
             raise ValueError(f"tau must be a finite number > 0, or None, got {tau}.")
         p = (3.0 if normalize else 2.0) if p is None else p
-        if not (math.isfinite(p) and p >= 1):
-            raise ValueError(f"p must be a finite number >= 1, got {p}.")
+        if not p >= 1:  # NaN too; inf is the maximum norm
+            raise ValueError(f"p must be a number >= 1 (inf included), got {p}.")
         if difficulty not in DIFFICULTIES:
             raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}.")
         if not 0 <= rho < 1:

@@ -34,7 +34,7 @@ def overall_mean(stats: ClassStats) -> torch.Tensor:
 
 
 def lp_norm_sq(v: torch.Tensor, p: float, *, overwrite: bool = False) -> torch.Tensor:
-    """‖v‖_p² along the last dimension, for a finite p ≥ 1.
+    """‖v‖_p² along the last dimension, for p ≥ 1 (p = inf: the largest |v_j|²).
 
     For p ≠ 2 each row is divided by its largest entry before the p-th powers are summed,
     and multiplied back after: unscaled, |v_j|^p leaves the dtype's range when the largest
@@ -44,6 +44,8 @@ def lp_norm_sq(v: torch.Tensor, p: float, *, overwrite: bool = False) -> torch.T
     """
     if p == 2:
         return (v * v).sum(-1)
+    if p == math.inf:  # (the powers below: inf · 0 = NaN in the gradient of x^inf)
+        return v.abs().amax(-1).square()
     if v.dtype in (torch.float16, torch.bfloat16):  # sums of powers leave float16's range
         return lp_norm_sq(v.float(), p, overwrite=True).to(v.dtype)
     a = v.abs_() if overwrite and not v.requires_grad else v.abs()

@@ -63,7 +63,7 @@ def test_lp_statistics_and_margins_keep_their_range_at_large_p(p, dtype, scale):
     assert lp_norm_sq(row, p).item() == float("inf")
 
 
-@pytest.mark.parametrize("p", [1.0, 3.0, 2.5])
+@pytest.mark.parametrize("p", [1.0, 3.0, 2.5, float("inf")])
 def test_lp_norm_sq_matches_the_norm_and_keeps_its_gradient(p):
     v = torch.randn(7, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     v[2] = 0.0
@@ -301,8 +301,12 @@ def _classes(n_classes, n_per_class=30, d=16, seed=0):
     return means[labels] + noise * spread[labels, None], labels
 
 
-@pytest.mark.parametrize("n_classes", [100, pytest.param(1000, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("p", [2.0, 3.0])
+@pytest.mark.parametrize(
+    "n_classes, p",
+    [(100, 2.0), (100, 3.0), (100, float("inf")),  # inf: refused by MR2Loss until now
+     pytest.param(1000, 2.0, marks=pytest.mark.slow),
+     pytest.param(1000, 3.0, marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_streamed_statistics_match_the_exact_ones(n_classes, p):
     # Batches of 64 hold about one sample of a class (at K = 1000, most hold none).
     features, labels = _classes(n_classes)
@@ -543,7 +547,8 @@ def test_mr2_loss_keeps_float32_statistics_when_cast_to_half():
         (dict(lam=-1.0), "lam must be a finite number >= 0"),
         (dict(c_bar=float("nan")), "c_bar must be a finite number > 0"),
         (dict(c_bar=float("inf")), "c_bar must be"),
-        (dict(p=float("nan")), "p must be a finite number >= 1"),
+        (dict(p=float("nan")), r"p must be a number >= 1 \(inf included\), got nan"),
+        (dict(p=0.5), "p must be a number >= 1"),
         (dict(n_classes=0), "n_classes must be an int >= 1"),
     ],
 )
