@@ -472,12 +472,11 @@ def encode_labels(
     Raises
     ------
     ValueError
-        If ``index_names`` is given and an index is out of its range, or they name a class
-        twice or hold text a store cannot (:func:`text_problem`); without them, if an index
-        is :data:`MAX_CLASS_INDEX` or more (ids, not class indices).
+        If ``index_names`` is given and an index is out of its range, or they name the
+        indices' classes but a class twice or in text a store cannot hold
+        (:func:`text_problem`); without them, if an index is :data:`MAX_CLASS_INDEX` or
+        more (ids, not class indices).
     """
-    if index_names is not None:
-        _check_index_names(index_names)
     if not as_names and all(name.isascii() and name.isdigit() for name in names):
         indices = [int(name) for name in names]
         largest = max(indices, default=-1)
@@ -497,6 +496,7 @@ def encode_labels(
         if index_names is None:
             _warn_of_unused_indices(names, labels, n_classes)
             return labels, [str(k) for k in range(n_classes)]
+        _check_index_names(index_names)  # (names of labels that are no indices go unread)
         return labels, list(index_names)
     class_names = sorted(set(names))
     return np.searchsorted(class_names, names).astype(np.int64), class_names
@@ -653,8 +653,11 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             )
     texts = [label for _, label, _ in rows]
     problem = label_kind_problem(texts)
-    if problem and any(text.isascii() and text.isdigit() for text in texts):
-        i, why = problem  # read as names, as list files always have: said, not refused
+    if problem and any(  # read as names, as list files always have: said where it matters
+        text.isascii() and text.isdigit() and k != int(text)
+        for k, text in enumerate(sorted(set(texts)))
+    ):
+        i, why = problem
         logger.warning(
             "%s:%d: the label %r, %s: a list file then reads every label as a class name, "
             "the classes sorted as text ('10' before '2'), not numbered by the indices.",

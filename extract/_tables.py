@@ -458,7 +458,13 @@ def _label_texts(values, column: str, path: str, names: list[str] | None) -> lis
             )
         return numbers.astype(str).tolist()
     if _holds_text(values.type):
-        texts = [str(v).strip() for v in values.to_pylist()]
+        try:
+            texts = [str(v).strip() for v in values.to_pylist()]
+        except UnicodeDecodeError as err:  # a string column of bytes that are not UTF-8
+            row = next(i for i, v in enumerate(values) if not _decodes(v))
+            raise TableError(
+                f"Row {row} of {path!r} has a {column!r} label that is not UTF-8 text ({err})."
+            ) from None
         for row, text in enumerate(texts):
             problem = text_problem(text)
             if problem:
@@ -471,6 +477,14 @@ def _label_texts(values, column: str, path: str, names: list[str] | None) -> lis
         f"The {column!r} column of {path!r} is {values.type}; a label column holds integer "
         "class indices or class names. Choose it with --label-key."
     )
+
+
+def _decodes(scalar) -> bool:
+    try:
+        scalar.as_py()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _starts(counts: np.ndarray) -> np.ndarray:

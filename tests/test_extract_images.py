@@ -89,6 +89,7 @@ def test_class_indices_that_leave_classes_empty_or_merge_are_said(folder, caplog
         (["2", "cat", "10"], r"list.csv:2: the label 'cat', a class name, where other"),
         (["cat", "dog", "-1"], None),  # names alone, "-1" one of them
         (["+1", "-1", "-1"], None),
+        (["1", "-1", "1", "-1"], None),  # "1" is class 1 as a name too: nothing renumbered
     ],
 )
 def test_a_list_that_mixes_indices_with_names_says_it_reads_them_as_names(

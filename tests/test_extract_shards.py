@@ -277,6 +277,9 @@ def test_class_names_of_indices_name_each_class_once_in_storable_text(tmp_path, 
     (tmp_path / "classnames.txt").write_text(names, encoding="utf-8")
     with pytest.raises(ShardError, match=match + r".*classnames.txt'\)$"):
         open_source(f"webdataset:{shards}/s.tar")
+    # Labels that are names leave the file unread: it is no concern of theirs.
+    _write_shard(shards / "s.tar", [{"__key__": "a", "jpg": b"x", "txt": b"cat"}])
+    assert open_source(f"webdataset:{shards}/s.tar", label_key="txt").class_names == ["cat"]
 
 
 def test_a_classnames_txt_that_is_not_utf8_is_named(data, tmp_path):
@@ -675,6 +678,20 @@ def test_parquet_labels_and_class_names_a_store_cannot_hold_are_refused(tmp_path
     _table(tmp_path / "t.parquet", rows, schema=hf_image_schema(["a", "a"]))
     match = r"The 'label' labels of .*t.parquet': The class names give 'a' 2 times"
     with pytest.raises(TableError, match=match):
+        open_source(f"parquet:{tmp_path}/t.parquet")
+    # String labels are names: the ClassLabel names go unread.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([pa.field("image", pa.binary()), pa.field("label", pa.string())],
+                       metadata=hf_image_schema(["a", "a"]).metadata)  # fmt: skip
+    pq.write_table(pa.table({"image": [b"a"], "label": ["cat"]}, schema=schema),
+                   tmp_path / "t.parquet")  # fmt: skip
+    assert open_source(f"parquet:{tmp_path}/t.parquet").class_names == ["cat"]
+    # A string column of bytes that are not UTF-8 ended in a bare UnicodeDecodeError.
+    labels = pa.array([b"cat", b"d\xffg"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"image": [b"a", b"b"], "label": labels}), tmp_path / "t.parquet")
+    with pytest.raises(TableError, match=r"Row 1 of .* has a 'label' label that is not UTF-8"):
         open_source(f"parquet:{tmp_path}/t.parquet")
 
 
