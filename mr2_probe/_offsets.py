@@ -33,7 +33,9 @@ from sklearn.utils.validation import (
 
 from ._data import (
     check_dense_tensor,
+    check_h5_open,
     cv_folds,
+    is_h5_dataset,
     is_torch_tensor,
     routing_enabled,
     whole_or_unchanged,
@@ -119,8 +121,17 @@ def check_training_folds(
 def _fold_decision(estimator, X, y, train, test, fit_params, classes, keep):
     """Fit on the training part of a fold; decision values on its held-out part."""
     fit_params = _check_method_params(X, fit_params, indices=train)
-    estimator.fit(_safe_indexing(X, train), _safe_indexing(y, train), **fit_params)
-    return _decision(estimator, _safe_indexing(X, test), classes), (estimator if keep else None)
+    estimator.fit(_rows(X, train), _safe_indexing(y, train), **fit_params)
+    return _decision(estimator, _rows(X, test), classes), (estimator if keep else None)
+
+
+def _rows(X, index):
+    """``X``'s rows at ``index`` (sorted, see :func:`offsets_splits`): an HDF5 dataset is
+    read at each row once, as h5py takes no repeated index (a bootstrap's)."""
+    if not is_h5_dataset(X) or np.all(np.diff(index) > 0):
+        return _safe_indexing(X, index)
+    unique, inverse = np.unique(index, return_inverse=True)
+    return _safe_indexing(X, unique)[inverse]
 
 
 def _fitted_inside(estimator):
@@ -387,6 +398,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             raise ValueError(
                 f"{type(self).__name__} requires y to be passed, but the target y is None."
             )
+        check_h5_open(X=X, y=y, sample_weight=sample_weight)
         if is_torch_tensor(X):  # before the folds index it, with torch's own error
             check_dense_tensor(X, type(self).__name__)
         X, y = indexable(X, to_numpy(y) if is_torch_tensor(y) else y)

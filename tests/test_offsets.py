@@ -793,6 +793,27 @@ def test_a_float_cv_takes_an_hdf5_dataset(tmp_path):
     np.testing.assert_allclose(tuned.offsets_, in_memory.offsets_, atol=1e-6)
 
 
+def test_folds_that_repeat_rows_take_an_hdf5_dataset(tmp_path):
+    # A bootstrap's training part, sorted, repeats rows, which h5py refuses ("Indexing
+    # elements must be in increasing order"); MR2LinearClassifierCV took the same folds.
+    h5py = pytest.importorskip("h5py")
+    X, y = _imbalanced()
+    X = X.astype(np.float32)
+    rng = np.random.default_rng(0)
+    boot = np.sort(rng.choice(len(y), len(y)))
+    cv = [(boot, np.setdiff1d(np.arange(len(y)), boot))]
+    probe = MR2LinearClassifier(c_bar=None, device="cpu")
+    in_memory = TunedOffsetsClassifierCV(probe, cv=cv).fit(X, y)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"], f["w"] = X, np.ones(len(y))
+        tuned = TunedOffsetsClassifierCV(probe, cv=cv).fit(f["X"], y)
+        weights = f["w"]
+    np.testing.assert_allclose(tuned.offsets_, in_memory.offsets_, atol=1e-6)
+    # A dataset of a closed file, h5py's "Unable to synchronously get dataspace".
+    with pytest.raises(ValueError, match="sample_weight is a dataset of an HDF5 file that is"):
+        TunedOffsetsClassifierCV(probe, cv=cv).fit(X, y, sample_weight=weights)
+
+
 def test_folds_given_as_boolean_masks_are_their_rows():
     # np.sort put a mask's False entries first, and the fits took the last rows instead: a
     # "holds no sample of the classes" error on stratified folds, or an IndexError.
