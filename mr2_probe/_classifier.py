@@ -132,7 +132,8 @@ def both_class_logits(z):
 
 
 def _floating(X):
-    """X as computed on: half-precision (or integer) tensors and float16 arrays as float32.
+    """X as computed on: half-precision (or integer) tensors and float16 arrays as float32,
+    arrays of the other byte order in their own precision.
 
     Tensors are detached: features straight from a backbone may carry autograd history.
     Complex tensors are refused: a cast would drop their imaginary part silently.
@@ -141,7 +142,13 @@ def _floating(X):
         reject_complex(X)
         X = X.detach()
         return X if X.dtype in (torch.float32, torch.float64) else X.float()
-    if getattr(X, "dtype", None) == np.float16:  # stores often hold float16
+    dtype = getattr(X, "dtype", None)
+    if isinstance(dtype, np.dtype) and dtype.kind == "f" and not dtype.isnative:
+        # check_array's dtype=[float64, float32] takes big-endian float32 for neither, and
+        # made it float64, where the same rows as an HDF5 dataset or a tensor are float32
+        dtype = dtype.newbyteorder("=")
+        X = np.asarray(X, dtype=dtype)
+    if dtype == np.float16:  # stores often hold float16
         return X.astype(np.float32)
     return X
 
@@ -599,6 +606,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 "This solver needs samples of at least 2 classes in the data, but the data "
                 f"contains only one class: {self.classes_[0]!r}."
             )
+        check_h5_open(sample_weight=sample_weight)
         if is_torch_tensor(sample_weight):
             sample_weight = to_numpy(sample_weight)
         sample_weight = _check_sample_weight(
@@ -1052,6 +1060,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
 
     def score(self, X, y, sample_weight=None):
         """Mean accuracy of :meth:`predict` on ``(X, y)``; y may be a torch tensor."""
+        check_h5_open(X=X, y=y, sample_weight=sample_weight)
         y = to_numpy(y) if is_torch_tensor(y) else y
         if is_torch_tensor(sample_weight):
             sample_weight = to_numpy(sample_weight)

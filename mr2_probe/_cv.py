@@ -31,7 +31,14 @@ from ._classifier import (
     _range_suspects,
     both_class_logits,
 )
-from ._data import H5Source, cv_folds, is_torch_tensor, routing_enabled, whole_or_unchanged
+from ._data import (
+    H5Source,
+    check_h5_open,
+    cv_folds,
+    is_torch_tensor,
+    routing_enabled,
+    whole_or_unchanged,
+)
 from ._device import default_torch_modes, to_numpy, to_tensor
 from ._head import open_pair
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
@@ -440,6 +447,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         ``scoring`` is None), as LogisticRegressionCV scores, so that a search or
         ``cross_val_score`` over this estimator reads the metric it was tuned for. Under
         metadata routing ``sample_weight`` goes to the scorer as its request says."""
+        check_h5_open(X=X, y=y, sample_weight=sample_weight)
         if routing_enabled() and sample_weight is not None:
             routed = process_routing(self, "score", sample_weight=sample_weight)
             sample_weight = routed.scorer.score.get("sample_weight")

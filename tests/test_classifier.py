@@ -364,6 +364,11 @@ def test_a_dataset_of_a_closed_file_is_named(tmp_path):
         MR2LinearClassifier(device="cpu").fit(X, labels)
     with pytest.raises(ValueError, match="HDF5 file that is closed"):
         clf.predict(features)
+    # The weights too, in fit and score (h5py's words, "Invalid dataset identifier").
+    for fit in (MR2LinearClassifier(device="cpu").fit, MR2LinearClassifierCV([1.0], cv=2).fit,
+                clf.score):  # fmt: skip
+        with pytest.raises(ValueError, match="sample_weight is a dataset of an HDF5 file that"):
+            fit(X, y, sample_weight=labels)
 
 
 @pytest.mark.parametrize("stored", [">f4", ">f8", "longdouble"])
@@ -381,6 +386,19 @@ def test_h5py_datasets_of_other_byte_orders_and_widths_fit(tmp_path, stored):
         np.testing.assert_allclose(clf.coef_, in_memory.coef_, rtol=1e-5, atol=1e-6)
         search = MR2LinearClassifierCV([1.0], cv=2, device="cpu").fit(f["features"], y)
         assert search.coef_.dtype == expected
+
+
+@pytest.mark.parametrize("order", [">f4", ">f2"])
+def test_big_endian_arrays_fit_in_their_own_precision(order):
+    # Big-endian float32 rows were fitted in float64 (check_array's dtype list takes them
+    # for no float32), where the same rows as an HDF5 dataset or a tensor are float32.
+    X, y = _blobs()
+    X = X.astype(order)
+    clf = MR2LinearClassifier(device="cpu").fit(X, y)
+    native = MR2LinearClassifier(device="cpu").fit(X.astype(np.float32), y)
+    assert clf.coef_.dtype == np.float32
+    np.testing.assert_array_equal(clf.coef_, native.coef_)
+    np.testing.assert_array_equal(clf.decision_function(X), native.decision_function(X))
 
 
 def test_pipeline_and_grid_search(digits):
