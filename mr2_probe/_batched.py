@@ -64,7 +64,9 @@ class FoldBatch:
 
     ``weight`` (B, N) is each fold's sample weight (zero off its training rows),
     ``inv_gamma`` (B, K) each fold's inverse margins, ``center`` (B, d) each fold's weighted
-    feature mean (the intercept's re-parametrisation), or None without an intercept.
+    feature mean (the intercept's re-parametrisation), or None without an intercept, and
+    ``bias_scale`` (B,) the scale each fold's intercept is taken in (fit_lbfgs's σ_b, see
+    :func:`~mr2_probe._stats.intercept_scale`), or None for 1.
 
     With ``cosine`` the head is the cosine head: the logits are s·(x/‖x‖)·(W/‖W‖)ᵀ row by
     row, s the value solved at, with no intercept and no penalty. The normalised features
@@ -82,6 +84,7 @@ class FoldBatch:
     # A linear head of two classes with the first class's logit pinned at zero (one row
     # of parameters, scikit-learn's binomial model), as ProbeHead pins it.
     pinned: bool = False
+    bias_scale: torch.Tensor | None = None
     weight_sum: torch.Tensor = field(init=False)
     row_scale: torch.Tensor | None = field(init=False, default=None)
     class_weight: torch.Tensor | None = field(init=False, default=None)  # S_k (B, K)
@@ -150,7 +153,8 @@ class FoldBatch:
         """Objective and gradient of the folds ``folds`` (A,) at ``params`` (A, K·(d+1)).
 
         ``params`` holds each fold's W (K, d) flattened, then (with an intercept) its
-        intercept b' (K,) in the centred coordinates: the logits are W·(x − m) + b'. The
+        intercept β = b' / σ_b (K,) in the centred coordinates: the logits are
+        W·(x − m) + σ_b·β. The
         objective is fit_lbfgs's, (1/S) Σ_i w_i CE(z_i / γ_{y_i}, y_i) + ½‖W‖² / (C·S) at
         C = ``value`` (with ``tilt`` > 0 the data term is the tilted class risk); for a
         cosine head, the same data term of the logits s·(x/‖x‖)·(W/‖W‖)ᵀ at s = ``value``,
@@ -160,7 +164,8 @@ class FoldBatch:
         weight = params[:, : k * d].view(n_folds, k, d)
         bias = None
         if self.fit_intercept:
-            bias = params[:, k * d :] - torch.einsum("akd,ad->ak", weight, self.center[folds])
+            bias = params[:, k * d :] * self._scale(folds)
+            bias = bias - torch.einsum("akd,ad->ak", weight, self.center[folds])
         if self.cosine:
             norms = self.direction_norms(params)  # (A, K, 1)
             unit = weight / norms
@@ -187,8 +192,12 @@ class FoldBatch:
         grad_w = grad_w + reg[:, None, None] * weight
         grads = [grad_w.reshape(n_folds, -1)]
         if self.fit_intercept:
-            grads.append(grad_b)
+            grads.append(grad_b * self._scale(folds))
         return loss, torch.cat(grads, dim=1)
+
+    def _scale(self, folds=slice(None)):
+        """σ_b of the folds ``folds`` as a column (A, 1), or 1."""
+        return 1.0 if self.bias_scale is None else self.bias_scale[folds][:, None]
 
     def _blocks(self, stacked, bias, folds, factor=None):
         """Per block of rows: its start, x, y, sample weights (b, A), the losses
@@ -271,7 +280,8 @@ class FoldBatch:
         weight = coef[:, :, :d]
         parts = [weight.reshape(len(coef), k * d)]
         if self.fit_intercept:
-            parts.append(coef[:, :, d] + torch.einsum("bkd,bd->bk", weight, self.center))
+            bias = coef[:, :, d] + torch.einsum("bkd,bd->bk", weight, self.center)
+            parts.append(bias / self._scale())
         return torch.cat(parts, dim=1)
 
     def coefficients(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -281,8 +291,8 @@ class FoldBatch:
         weight = params[:, : k * d].view(-1, k, d)
         if not self.fit_intercept:
             return weight, None
-        bias = params[:, k * d :] - torch.einsum("bkd,bd->bk", weight, self.center)
-        return weight, bias
+        bias = params[:, k * d :] * self._scale()
+        return weight, bias - torch.einsum("bkd,bd->bk", weight, self.center)
 
 
 @dataclass

@@ -43,7 +43,7 @@ from ._device import default_torch_modes, to_numpy, to_tensor
 from ._head import open_pair
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
 from ._solvers import SolverResult
-from ._stats import overall_mean
+from ._stats import intercept_scale, overall_mean
 from .metrics import classwise_scorers
 
 # The class-wise scorers of mr2_probe.metrics that ``scoring`` accepts by name.
@@ -549,19 +549,21 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             if cosine:
                 head.init_weight_from_means(stats.mean)
             start = head.weight.detach().flatten() if cosine else None
-            return fold.source.w, margins.reciprocal(), overall_mean(stats), start
+            center, scale = overall_mean(stats), intercept_scale(stats)
+            return fold.source.w, margins.reciprocal(), center, scale, start
 
         def batch(X, y, parts):
-            weights, inv_gamma, centers = (
-                torch.stack(part) for part in list(zip(*parts, strict=True))[:3]
+            weights, inv_gamma, centers, scales = (
+                torch.stack(part) for part in list(zip(*parts, strict=True))[:4]
             )
-            centers = centers if self.fit_intercept and not cosine else None
+            if not self.fit_intercept or cosine:
+                centers = scales = None
             tilt, pinned = float(self.class_tilt), not cosine and data.n_classes == 2
             k = data.n_classes
-            return FoldBatch(X, y, weights, inv_gamma, centers, k, cosine, tilt, pinned)
+            return FoldBatch(X, y, weights, inv_gamma, centers, k, cosine, tilt, pinned, scales)
 
         def start(parts):
-            return torch.stack([part[3] for part in parts]) if cosine else None
+            return torch.stack([part[4] for part in parts]) if cosine else None
 
         if self._one_batch(data, len(folds)):
             parts = [fold_parts(train) for train, _ in folds]

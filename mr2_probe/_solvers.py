@@ -38,6 +38,7 @@ from ._stats import (
     class_margins,
     class_statistics_chunked,
     compactness_tau,
+    intercept_scale,
     mean_spread,
     overall_mean,
 )
@@ -313,18 +314,24 @@ def fit_lbfgs(
     linear head with an intercept, (W, b') with b' = b + W·m, m the weighted feature mean.
     There the gradient in b' is the original one in b, and the gradient in W is the
     original one minus (∂f/∂b)·mᵀ: in the original coordinates the largest entry is at
-    most tol·(1 + max_j |m_j|).
+    most tol·(1 + max_j |m_j|). For features of a large scale (σ_b > 1, see
+    :func:`~mr2_probe._stats.intercept_scale`) the intercept is b' / σ_b, whose gradient
+    is σ_b times that in b': the test on it is stricter.
     """
     if not head.has_closed_form:  # the estimator fits a projection (lam > 0) by minibatches
         raise ValueError("L-BFGS fits a head without a projection (lam = 0).")
     stats, margins, _, _ = initial
     # With an unpenalised intercept, W·x + b = W·(x − m) + (b + W·m): the same objective,
     # but centred features condition it far better (embeddings have large common means).
-    center = None
+    # Features of a large scale (σ ≥ 16) also get the intercept scaled, β = b' / σ_b:
+    # its curvature then matches the weights' (see intercept_scale).
+    center, bias_scale = None, 1.0
     if head.is_plain_linear and head.bias is not None:
         center = overall_mean(stats)  # (d,)
+        bias_scale = float(intercept_scale(stats))  # once per fit
         with torch.no_grad():
             head.bias += head.weight @ center
+            head.bias /= bias_scale
     params = [p for p in head.parameters()]
     for param in params:  # the closed-form path writes gradients in place
         param.grad = torch.zeros_like(param)
@@ -343,9 +350,9 @@ def fit_lbfgs(
         for param in params:
             param.grad.zero_()
         if tilt > 0:
-            total = tilted_data_term(head, source, margins, risk, center, keep)
+            total = tilted_data_term(head, source, margins, risk, center, keep, bias_scale)
         else:
-            total = plain_data_term(head, source, margins, weight_sum, center)
+            total = plain_data_term(head, source, margins, weight_sum, center, bias_scale)
         penalty = reg * head.penalty()
         if penalty.requires_grad:
             penalty.backward()
@@ -416,6 +423,7 @@ def fit_lbfgs(
         stop = "stalled"
     if center is not None:
         with torch.no_grad():
+            head.bias *= bias_scale
             head.bias -= head.weight @ center
     loss_curve = [float(v) for _, v in sorted(curve.items())]
     result = SolverResult(n_iter, stop == "tol", loss_curve, largest, stats, margins, stop=stop)
@@ -447,33 +455,36 @@ def closed_form_chunks(head, source):
         yield x, y, w, r
 
 
-def plain_data_term(head, source, margins, weight_sum, center=None) -> torch.Tensor:
+def plain_data_term(head, source, margins, weight_sum, center=None, bias_scale=1.0) -> torch.Tensor:
     """(1/S) Σ_i w_i ℓ_γ(i); its gradients are added to the parameters' ``.grad``.
 
     In closed form (a head without a projection, :meth:`ProbeHead.has_closed_form`, the
     only one L-BFGS fits); chunks bound the memory of the logits, and gradients accumulate
-    across them.
+    across them. The head's intercept is taken as b / ``bias_scale`` (its gradient too).
     """
     total = head.weight.new_zeros(())
-    weight, bias = head.logit_weight(), head.logit_bias()
+    weight, bias = head.logit_weight(), _scaled(head.logit_bias(), bias_scale)
     for x, y, w, r in closed_form_chunks(head, source):
         loss, grad_w, grad_b = linear_margin_ce_grad(x, weight, bias, y, margins, w, center, r)
         head.add_logit_weight_grad(grad_w, alpha=1 / weight_sum)
         if grad_b is not None:
-            head.add_logit_bias_grad(grad_b, alpha=1 / weight_sum)
+            head.add_logit_bias_grad(grad_b, alpha=bias_scale / weight_sum)
         total += loss / weight_sum
     return total
 
 
-def tilted_data_term(head, source, margins, risk, center=None, keep=True) -> torch.Tensor:
+def tilted_data_term(
+    head, source, margins, risk, center=None, keep=True, bias_scale=1.0
+) -> torch.Tensor:
     """R_t(L) of :class:`ClassRisk`; its gradients are added to the parameters' ``.grad``.
 
     Pass 1 measures the class losses L_k, pass 2 accumulates Σ_i w_i·f_{y_i}·∇ℓ_i with
-    f = q / S_k, in closed form as :func:`plain_data_term`. With ``keep`` the logit
-    gradients of pass 1 are kept (N × K elements) instead of being recomputed.
+    f = q / S_k, in closed form as :func:`plain_data_term` (``bias_scale`` as there). With
+    ``keep`` the logit gradients of pass 1 are kept (N × K elements) instead of being
+    recomputed.
     """
     sums = head.weight.new_zeros(len(risk.share))
-    weight, bias = head.logit_weight(), head.logit_bias()
+    weight, bias = head.logit_weight(), _scaled(head.logit_bias(), bias_scale)
     kept = []
     for x, y, w, r in closed_form_chunks(head, source):
         loss, grad_logits = linear_margin_ce_parts(x, weight, bias, y, margins, w, center, r)
@@ -490,8 +501,13 @@ def tilted_data_term(head, source, margins, risk, center=None, keep=True) -> tor
         grad_w, grad_b = linear_grad_from_logits(x, grad_logits, center, bias is not None)
         head.add_logit_weight_grad(grad_w)
         if grad_b is not None:
-            head.add_logit_bias_grad(grad_b)
+            head.add_logit_bias_grad(grad_b, alpha=bias_scale)
     return value
+
+
+def _scaled(bias, scale):
+    """The intercept b = scale·β of the parameter β, or None."""
+    return bias if bias is None or scale == 1.0 else bias * scale
 
 
 def _with_class_losses(result: SolverResult, head, source, spec, risk: ClassRisk):

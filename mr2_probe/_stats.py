@@ -33,6 +33,30 @@ def overall_mean(stats: ClassStats) -> torch.Tensor:
     return (stats.count[:, None] * stats.mean).sum(0) / stats.count.sum()
 
 
+# Below it, the intercept is taken as it is (see intercept_scale).
+_INTERCEPT_SCALE_FROM = 16.0
+
+
+def intercept_scale(stats: ClassStats) -> torch.Tensor:
+    """σ_b, the scale in which the L-BFGS solvers take a linear head's intercept (a
+    scalar tensor): the power of two nearest the RMS entry σ of the centred features,
+    where that is 16 or more, else 1.
+
+    The intercept's curvature is about 1, the weights' about σ²: with features of a
+    large scale one scalar step size fits only the weights, and the intercept crept
+    (features of scale 10⁶ stalled far from the optimum). Taken as β = b / σ_b, its
+    curvature is about σ² too. A power of two keeps the change exact.
+    """
+    count = stats.count
+    total = count.sum().clamp_min(torch.finfo(count.dtype).tiny)
+    between = (stats.mean - overall_mean(stats)).square().sum(1)  # (K,)
+    second = (count * (stats.msd_l2 + between)).sum() / total  # Σ_j of the entries' variance
+    exponent = torch.log2(second / stats.mean.shape[1]).mul(0.5).round()
+    exponent = exponent.nan_to_num(0.0, 0.0, 0.0).clamp(0, 126)  # NaN, no spread, overflow
+    one = torch.ones_like(exponent)
+    return torch.where(exponent.exp2() >= _INTERCEPT_SCALE_FROM, exponent.exp2(), one)
+
+
 def lp_norm_sq(v: torch.Tensor, p: float, *, overwrite: bool = False) -> torch.Tensor:
     """‖v‖_p² along the last dimension, for p ≥ 1 (p = inf: the largest |v_j|²).
 

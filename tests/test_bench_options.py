@@ -15,6 +15,7 @@ from tests._scripts import load_benchmark
         ("bench_extract", ["--device", "bogus"], "--device: device='bogus' is not a torch"),
         # "min() arg is an empty sequence", after the data were made.
         ("bench_fit", ["--repeat", "0"], "--repeat must be at least 1; got 0"),
+        ("bench_feature_scale", ["--scales", "0"], "--scales must be positive; got [0.0]"),
         # "not enough values to unpack".
         ("bench_threads", ["--sizes", "100x4"], "--sizes takes n x d x K, e.g. 1797x64x10; got"),
         # scikit-learn's ValueError from the first search.
