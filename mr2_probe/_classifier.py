@@ -143,7 +143,7 @@ def _floating(X):
         X = X.detach()
         return X if X.dtype in (torch.float32, torch.float64) else X.float()
     dtype = getattr(X, "dtype", None)
-    if isinstance(dtype, np.dtype) and dtype.kind == "f" and not dtype.isnative:
+    if isinstance(X, np.ndarray) and dtype.kind == "f" and not dtype.isnative:
         # check_array's dtype=[float64, float32] takes big-endian float32 for neither, and
         # made it float64, where the same rows as an HDF5 dataset or a tensor are float32
         dtype = dtype.newbyteorder("=")

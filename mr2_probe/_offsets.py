@@ -398,7 +398,11 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             raise ValueError(
                 f"{type(self).__name__} requires y to be passed, but the target y is None."
             )
-        check_h5_open(X=X, y=y, sample_weight=sample_weight)
+        check_h5_open(X=X, y=y, sample_weight=sample_weight, groups=groups, **fit_params)
+        # Per-sample parameters are read into memory: the folds index them with the
+        # repeated rows of a bootstrap, which h5py refuses (X is read row by row, _rows).
+        groups = groups[...] if is_h5_dataset(groups) else groups
+        fit_params = {k: v[...] if is_h5_dataset(v) else v for k, v in fit_params.items()}
         if is_torch_tensor(X):  # before the folds index it, with torch's own error
             check_dense_tensor(X, type(self).__name__)
         X, y = indexable(X, to_numpy(y) if is_torch_tensor(y) else y)
@@ -606,6 +610,11 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         """
         decision = self._offset_decision(X)
         return self.classes_[decision.argmax(1)]
+
+    def score(self, X, y, sample_weight=None):
+        """Mean accuracy of :meth:`predict` on ``(X, y)``, as ClassifierMixin's."""
+        check_h5_open(X=X, y=y, sample_weight=sample_weight)  # h5py's words otherwise
+        return super().score(X, y, sample_weight=sample_weight)
 
     @available_if(_inner_has("predict_proba"))
     def predict_proba(self, X):

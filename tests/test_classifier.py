@@ -404,10 +404,13 @@ def test_a_dataset_of_a_closed_file_is_named(tmp_path):
     with pytest.raises(ValueError, match="HDF5 file that is closed"):
         clf.predict(features)
     # The weights too, in fit and score (h5py's words, "Invalid dataset identifier").
+    search = MR2LinearClassifierCV([1.0], cv=2, scoring="balanced_accuracy").fit(X, y)
     for fit in (MR2LinearClassifier(device="cpu").fit, MR2LinearClassifierCV([1.0], cv=2).fit,
-                clf.score):  # fmt: skip
+                clf.score, search.score):  # fmt: skip
         with pytest.raises(ValueError, match="sample_weight is a dataset of an HDF5 file that"):
             fit(X, y, sample_weight=labels)
+    with pytest.raises(ValueError, match="y is a dataset of an HDF5 file that is closed"):
+        search.score(X, labels)
 
 
 @pytest.mark.parametrize("stored", [">f4", ">f8", "longdouble"])
@@ -438,6 +441,15 @@ def test_big_endian_arrays_fit_in_their_own_precision(order):
     assert clf.coef_.dtype == np.float32
     np.testing.assert_array_equal(clf.coef_, native.coef_)
     np.testing.assert_array_equal(clf.decision_function(X), native.decision_function(X))
+    # A sparse matrix of them is refused in scikit-learn's words, as a native one is
+    # (a conversion of any big-endian input ended in "setting an array element with a
+    # sequence").
+    from scipy import sparse
+
+    matrix = sparse.csr_matrix(X.astype(np.float32))
+    matrix.data = matrix.data.astype(order)
+    with pytest.raises(TypeError, match="Sparse data was passed for X, but dense data"):
+        MR2LinearClassifier(device="cpu").fit(matrix, y)
 
 
 def test_pipeline_and_grid_search(digits):

@@ -804,14 +804,26 @@ def test_folds_that_repeat_rows_take_an_hdf5_dataset(tmp_path):
     cv = [(boot, np.setdiff1d(np.arange(len(y)), boot))]
     probe = MR2LinearClassifier(c_bar=None, device="cpu")
     in_memory = TunedOffsetsClassifierCV(probe, cv=cv).fit(X, y)
+    groups = np.arange(len(y)) % 4
+    grouped = MR2LinearClassifierCV([1.0], cv=GroupKFold(2), c_bar=None, device="cpu")
     with h5py.File(tmp_path / "x.h5", "w") as f:
-        f["X"], f["w"] = X, np.ones(len(y))
+        f["X"], f["w"], f["y"], f["groups"] = X, np.ones(len(y)), y, groups
         tuned = TunedOffsetsClassifierCV(probe, cv=cv).fit(f["X"], y)
-        weights = f["w"]
+        # groups indexed by the same folds (to the inner search's fit) as h5py refused them
+        inner = TunedOffsetsClassifierCV(grouped, cv=cv).fit(X, y, groups=f["groups"])
+        closed = {name: f[name] for name in ("w", "y", "groups")}
     np.testing.assert_allclose(tuned.offsets_, in_memory.offsets_, atol=1e-6)
+    expected = TunedOffsetsClassifierCV(grouped, cv=cv).fit(X, y, groups=groups)
+    np.testing.assert_allclose(inner.offsets_, expected.offsets_, atol=1e-6)
     # A dataset of a closed file, h5py's "Unable to synchronously get dataspace".
+    for name, kwargs in (("sample_weight", {"sample_weight": closed["w"]}),
+                         ("groups", {"groups": closed["groups"]})):  # fmt: skip
+        with pytest.raises(ValueError, match=f"{name} is a dataset of an HDF5 file that is"):
+            TunedOffsetsClassifierCV(grouped, cv=cv).fit(X, y, **kwargs)
+    with pytest.raises(ValueError, match="y is a dataset of an HDF5 file that is closed"):
+        tuned.score(X, closed["y"])
     with pytest.raises(ValueError, match="sample_weight is a dataset of an HDF5 file that is"):
-        TunedOffsetsClassifierCV(probe, cv=cv).fit(X, y, sample_weight=weights)
+        tuned.score(X, y, sample_weight=closed["w"])
 
 
 def test_folds_given_as_boolean_masks_are_their_rows():
