@@ -653,15 +653,18 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             )
     texts = [label for _, label, _ in rows]
     problem = label_kind_problem(texts)
-    if problem and any(  # read as names, as list files always have: said where it matters
-        text.isascii() and text.isdigit() and k != int(text)
-        for k, text in enumerate(sorted(set(texts)))
-    ):
+    digits = {text for text in texts if text.isascii() and text.isdigit()}
+    renumbered = any(  # read as names, as list files always have: said where it matters
+        text in digits and k != int(text) for k, text in enumerate(sorted(set(texts)))
+    )
+    # A -1 among class indices may mark unlabelled rows, except in a ±1 labelling.
+    unlabelled = digits != {"1"} and any(re.fullmatch(r"-\d+", text) for text in texts)
+    if problem and (renumbered or unlabelled):
         i, why = problem
         logger.warning(
             "%s:%d: the label %r, %s: a list file then reads every label as a class name, "
-            "the classes sorted as text ('10' before '2'), not numbered by the indices.",
-            list_file, rows[i][2], texts[i], why,
+            "the classes sorted as text ('10' before '2'), and %r is a class of its own.",
+            list_file, rows[i][2], texts[i], why, texts[i],
         )  # fmt: skip
     labels, class_names = encode_labels(texts)
     ids = [path for path, _, _ in rows]

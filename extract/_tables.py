@@ -562,15 +562,16 @@ def parquet_files(
     indexes, columns = zip(*(_index_file(p, image_key, label_key) for p in paths), strict=True)
     if len(set(columns)) > 1:
         raise TableError(f"The files hold their images in different columns: {set(columns)}.")
-    named = {tuple(ix.names) for ix in indexes if ix.names is not None}
-    if len(named) > 1 or (named and any(ix.names is None for ix in indexes)):
-        raise TableError(f"The files of {pattern!r} disagree on the {label_key!r} class names.")
     if len({ix.text for ix in indexes}) > 1:
         raise TableError(
             f"The files of {pattern!r} disagree on the {label_key!r} labels: class indices "
             "(integers) in some, class names (strings) in others."
         )
     as_names = indexes[0].text  # a string column holds names, digits or not
+    # ClassLabel names name integer labels: labels that are names leave them unread.
+    named = set() if as_names else {tuple(ix.names) for ix in indexes if ix.names is not None}
+    if len(named) > 1 or (named and any(ix.names is None for ix in indexes)):
+        raise TableError(f"The files of {pattern!r} disagree on the {label_key!r} class names.")
     texts = [t for ix in indexes for t in ix.labels]
     problem = label_kind_problem(texts, as_names)
     if problem:

@@ -472,11 +472,13 @@ def webdataset_shards(
             f"No sample of the webdataset source {pattern!r} has a {'/'.join(image_keys)} "
             f"member (the first has {', '.join(first)}); choose the image with --image-key."
         )
-    names_file, index_names = _index_class_names(root)
     ids = [k for ix in indexes for k in ix.keys]
     _refuse_repeated_keys(ids, file, paths)
     texts = [t for ix in indexes for t in ix.labels]
     _check_label_kinds(texts, ids, pattern)
+    # The class-names file names class indices: labels that are names leave it unread.
+    indices = all(text.isascii() and text.isdigit() for text in texts)
+    names_file, index_names = _index_class_names(root) if indices else (None, None)
     try:
         labels, class_names = encode_labels(texts, index_names)
     except ValueError as err:  # the class-names file, where one was read

@@ -90,6 +90,8 @@ def test_class_indices_that_leave_classes_empty_or_merge_are_said(folder, caplog
         (["cat", "dog", "-1"], None),  # names alone, "-1" one of them
         (["+1", "-1", "-1"], None),
         (["1", "-1", "1", "-1"], None),  # "1" is class 1 as a name too: nothing renumbered
+        # Nothing renumbered, but -1 may mark unlabelled rows: said (it was, then was not).
+        (["-1", "1", "2", "2"], r"list.csv:1: the label '-1', which is no class index"),
     ],
 )
 def test_a_list_that_mixes_indices_with_names_says_it_reads_them_as_names(

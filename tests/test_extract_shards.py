@@ -277,8 +277,11 @@ def test_class_names_of_indices_name_each_class_once_in_storable_text(tmp_path, 
     (tmp_path / "classnames.txt").write_text(names, encoding="utf-8")
     with pytest.raises(ShardError, match=match + r".*classnames.txt'\)$"):
         open_source(f"webdataset:{shards}/s.tar")
-    # Labels that are names leave the file unread: it is no concern of theirs.
+    # Labels that are names leave the file unread: it is no concern of theirs (not even
+    # where it is no UTF-8 text).
     _write_shard(shards / "s.tar", [{"__key__": "a", "jpg": b"x", "txt": b"cat"}])
+    assert open_source(f"webdataset:{shards}/s.tar", label_key="txt").class_names == ["cat"]
+    (tmp_path / "classnames.txt").write_bytes("tabby\nhound\xe9\n".encode("latin-1"))
     assert open_source(f"webdataset:{shards}/s.tar", label_key="txt").class_names == ["cat"]
 
 
@@ -688,6 +691,10 @@ def test_parquet_labels_and_class_names_a_store_cannot_hold_are_refused(tmp_path
     pq.write_table(pa.table({"image": [b"a"], "label": ["cat"]}, schema=schema),
                    tmp_path / "t.parquet")  # fmt: skip
     assert open_source(f"parquet:{tmp_path}/t.parquet").class_names == ["cat"]
+    # Nor do files disagree on names they leave unread.
+    pq.write_table(pa.table({"image": [b"b"], "label": ["dog"]}), tmp_path / "u.parquet")
+    assert open_source(f"parquet:{tmp_path}/*.parquet").class_names == ["cat", "dog"]
+    (tmp_path / "u.parquet").unlink()
     # A string column of bytes that are not UTF-8 ended in a bare UnicodeDecodeError.
     labels = pa.array([b"cat", b"d\xffg"], pa.binary()).view(pa.string())
     pq.write_table(pa.table({"image": [b"a", b"b"], "label": labels}), tmp_path / "t.parquet")
