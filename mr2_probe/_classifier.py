@@ -831,6 +831,22 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 f"{curve[best]:.4g} (epoch {best + 1} of {len(curve)}): its steps took it away "
                 f"from its best point. Use a smaller learning_rate than {self.learning_rate:g}."
             )
+        if result.stop in ("above_start", "no_progress"):
+            best = min(result.loss_curve)
+            start = (
+                f"its starting point's, log K = {math.log(len(self.classes_)):.4g} (zero weights)"
+            )
+            if result.stop == "above_start":
+                return (
+                    f"{solver}'s best epoch loss, {best:.4g}, stayed above {start}: its steps "
+                    f"are too large. Use a smaller learning_rate than {self.learning_rate:g}."
+                )
+            return (
+                f"{solver} made no progress from its starting point: its best epoch loss, "
+                f"{best:.4g}, is within tol of {start}. Either its steps are too small (use a "
+                f"larger learning_rate than {self.learning_rate:g}), or the penalty holds the "
+                "optimum at zero (a very small C)."
+            )
         gradient = (  # (none for a minibatch solver)
             f"with a largest gradient entry of {result.largest_gradient:.2g} > tol={self.tol}"
             if result.largest_gradient is not None

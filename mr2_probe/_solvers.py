@@ -55,8 +55,9 @@ class SolverResult:
     class_loss: torch.Tensor | None = None  # L_k at the solution (K,)
     tilt_weights: torch.Tensor | None = None  # q = softmax(t·L + log π) at the solution (K,)
     # Why the solver stopped: "tol", "max_iter", "max_eval" (L-BFGS's function
-    # evaluations), "stalled" (L-BFGS no longer improving), or "rose" (a minibatch fit that
-    # ended well above its best epoch loss).
+    # evaluations), "stalled" (L-BFGS no longer improving), "rose" (a minibatch fit that
+    # ended well above its best epoch loss), "above_start" or "no_progress" (a minibatch
+    # fit from zero whose best epoch loss stayed above, or within tol of, the start's).
     stop: str = "tol"
     # The estimator's parameters extreme enough to make the objective too steep to resolve
     # (its messages name them): set by the estimator, not by the solvers.
@@ -624,6 +625,11 @@ def fit_minibatch(
     if tilt > 0:
         class_loss = risk.class_loss(class_losses(head, source, margins, spec.n_classes))
     params = [p for p in head.parameters()]
+    # From zero (a linear head, no projection: a cold start) every logit is 0 and the
+    # objective log K, tilted or not, whatever the margins: the yardstick of progress.
+    start = None
+    if lam == 0 and head.is_plain_linear and not any(bool(p.any()) for p in params):
+        start = math.log(spec.n_classes)
     optimizer = _Adam(params) if solver == "adam" else _NesterovSGD(params)
     reg = 1.0 / (C * weight_sum)
     lr, decays = learning_rate, 0
@@ -680,5 +686,9 @@ def fit_minibatch(
     bar.close()
     if converged and curve[-1] > best + ROSE * abs(best):
         converged, stop = False, "rose"
+    if start is not None and stop != "diverged" and curve and best >= start * (1 - tol):
+        # Three plateaus read as convergence where the fit never left its start (a step
+        # too small) or never came back below it (one too large, at a plateau of noise).
+        converged, stop = False, "above_start" if best > start else "no_progress"
     result = SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)
     return _with_class_losses(result, head, source, spec, risk)

@@ -1360,6 +1360,32 @@ def recorded_step_sizes(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "solver, step, match",
+    [
+        ("adam", 1e-12, r"adam made no progress from its starting point: its best epoch loss, "
+                        r"1.099, is within tol of its starting point's, log K = 1.099"),
+        ("sgd", 1e-12, "sgd made no progress from its starting point"),
+        ("adam", 1e3, r"adam's best epoch loss, \d+\.?\d*, stayed above its starting point's, "
+                      r"log K = 1.099 \(zero weights\): its steps are too large"),
+    ],
+)  # fmt: skip
+def test_a_minibatch_fit_that_never_got_below_its_start_is_not_converged(solver, step, match):
+    # Three plateaus read as convergence, without a word: from zero, at log 3 throughout
+    # (a step too small), or at a plateau of noise 130 times above it (one too large).
+    rng = np.random.default_rng(6)
+    y = rng.integers(0, 3, 300)
+    X = rng.normal(size=(300, 8)) + rng.normal(size=(3, 8))[y]
+    common = dict(c_bar=None, solver=solver, random_state=0, device="cpu")
+    with pytest.warns(ConvergenceWarning, match=match):
+        MR2LinearClassifier(learning_rate=step, **common).fit(X, y)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        fitted = MR2LinearClassifier(**common).fit(X, y)  # the default step
+    assert min(fitted.loss_curve_) < 0.5 * np.log(3)
+    assert not any("starting point" in str(w.message) for w in caught)
+
+
 def test_minibatch_step_size_falls_tenfold_at_each_plateau(digits, recorded_step_sizes):
     step_sizes = recorded_step_sizes()
     X, y = digits
