@@ -843,9 +843,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 )
             return (
                 f"{solver} made no progress from its starting point: its best epoch loss, "
-                f"{best:.4g}, is within tol of {start}. Either its steps are too small (use a "
-                f"larger learning_rate than {self.learning_rate:g}), or the penalty holds the "
-                "optimum at zero (a very small C)."
+                f"{best:.4g}, is within 1e-6 of {start}. Either its steps are too small (use "
+                f"a larger learning_rate than {self.learning_rate:g}), or the penalty holds "
+                "the optimum at zero (a very small C)."
             )
         gradient = (  # (none for a minibatch solver)
             f"with a largest gradient entry of {result.largest_gradient:.2g} > tol={self.tol}"

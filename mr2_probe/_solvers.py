@@ -57,7 +57,7 @@ class SolverResult:
     # Why the solver stopped: "tol", "max_iter", "max_eval" (L-BFGS's function
     # evaluations), "stalled" (L-BFGS no longer improving), "rose" (a minibatch fit that
     # ended well above its best epoch loss), "above_start" or "no_progress" (a minibatch
-    # fit from zero whose best epoch loss stayed above, or within tol of, the start's).
+    # fit from zero whose best epoch loss stayed above, or within 10⁻⁶ of, the start's).
     stop: str = "tol"
     # The estimator's parameters extreme enough to make the objective too steep to resolve
     # (its messages name them): set by the estimator, not by the solvers.
@@ -571,6 +571,10 @@ TILT_WINDOW = 32
 # A minibatch fit that ends with its epoch loss this far above its best (relative) is not
 # called converged: its steps took it away from its best point (a step too large for SGD).
 ROSE = 0.05
+# A minibatch fit from zero whose best epoch loss is within this fraction of the start's
+# log K made no progress (its steps too small): uninformative features on fewer than about
+# d / (2·10⁻⁶·log K) rows have their optimum further below it.
+NO_PROGRESS = 1e-6
 
 
 def _diverged(value: float, first: float) -> bool:
@@ -686,9 +690,10 @@ def fit_minibatch(
     bar.close()
     if converged and curve[-1] > best + ROSE * abs(best):
         converged, stop = False, "rose"
-    if start is not None and stop != "diverged" and curve and best >= start * (1 - tol):
-        # Three plateaus read as convergence where the fit never left its start (a step
-        # too small) or never came back below it (one too large, at a plateau of noise).
+    if start is not None and stop != "diverged" and curve and best >= start * (1 - NO_PROGRESS):
+        # Three plateaus read as convergence where the fit never came back below its start
+        # (a step too large, at a plateau of its noise) or never left it (one too small).
+        # (Not within tol: features that carry nothing have their optimum that near.)
         converged, stop = False, "above_start" if best > start else "no_progress"
     result = SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)
     return _with_class_losses(result, head, source, spec, risk)
