@@ -822,6 +822,14 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     def _finish(self, head, result, solver, data):
         self._store(self._export(head, result, solver, data.dtype), result, solver, data.device)
 
+    @staticmethod
+    def _suspects_message(stopped: str, suspects: list) -> str:
+        which = "an extreme parameter makes" if len(suspects) == 1 else "extreme parameters make"
+        return (
+            f"{stopped}: {which} the objective too steep to resolve: {'; '.join(suspects)}. "
+            "Use values of a usual order of magnitude."
+        )
+
     def _convergence_message(self, result, solver, dtype):
         if result.stop == "rose":
             curve = result.loss_curve
@@ -833,9 +841,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             )
         if result.stop in ("above_start", "no_progress"):
             best = min(result.loss_curve)
-            start = (
-                f"its starting point's, log K = {math.log(len(self.classes_)):.4g} (zero weights)"
-            )
+            log_k = f"log K = {math.log(len(self.classes_)):.4g}"
+            start = f"its starting point's, {log_k} (zero weights)"
+            if result.range_suspects:  # an extreme parameter pins it, not the step size
+                stopped = f"{solver}'s best epoch loss stayed at or above its start's {log_k}"
+                return self._suspects_message(stopped, result.range_suspects)
             if result.stop == "above_start":
                 return (
                     f"{solver}'s best epoch loss, {best:.4g}, stayed above {start}: its steps "
@@ -870,15 +880,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         else:
             stopped = f"lbfgs made no progress from its starting point, {gradient}"
         if result.range_suspects:  # neither the budget, tol nor the data is the cause
-            which = (
-                "an extreme parameter makes"
-                if len(result.range_suspects) == 1
-                else "extreme parameters make"
-            )
-            return (
-                f"{stopped}: {which} the objective too steep to resolve: "
-                f"{'; '.join(result.range_suspects)}. Use values of a usual order of magnitude."
-            )
+            return self._suspects_message(stopped, result.range_suspects)
         if result.stop == "max_iter":
             advice = f"{stopped}. Increase max_iter or scale the features (e.g. StandardScaler)."
             if solver == "lbfgs":

@@ -1386,6 +1386,16 @@ def test_a_minibatch_fit_that_never_got_below_its_start_is_not_converged(solver,
     assert not any("starting point" in str(w.message) for w in caught)
 
 
+def test_a_minibatch_fit_pinned_at_its_start_by_an_extreme_tilt_names_the_tilt():
+    # The step size was blamed ("use a larger learning_rate"), not class_tilt=1e7.
+    X, y = load_iris(return_X_y=True)
+    with pytest.warns(ConvergenceWarning) as record:
+        MR2LinearClassifier(solver="sgd", class_tilt=1e7, random_state=0, device="cpu").fit(X, y)
+    message = str(record[0].message)
+    assert "stayed at or above its start's log K = 1.099: an extreme parameter" in message
+    assert "class_tilt=1e+07" in message and "learning_rate" not in message
+
+
 def test_a_minibatch_fit_on_features_that_carry_nothing_is_no_failure_to_progress():
     # Its optimum lies within tol (1e-4) of log 2: the first form of the test above said
     # "made no progress" of a fit that had converged as far as L-BFGS's (0.693126 against
