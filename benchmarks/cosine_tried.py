@@ -45,6 +45,12 @@ is taken within the run).
   moments there (its evaluations counted in).
 - ``moments``: the time to form the per-class curvature moments of the solution (their
   products alone), against the cold fit's time per iteration in the same run.
+- ``riemannian``: an L-BFGS on the product of the K unit spheres (the rows kept at unit
+  norm: tangent gradients, steps retracted by normalising the rows, the stored pairs
+  projected onto each new point's tangent space), 200 pairs, Armijo backtracking from a
+  step of 1, with the usual scalar initial inverse Hessian sᵀy / yᵀy or one per class (its
+  rows' block of the latest pair), from the estimator's start, counted in evaluations until
+  the objective is within 10⁻⁷ of the cold fit's, as ``precondition`` counts them.
 
     python benchmarks/cosine_tried.py --store runs/cache/fmnist_train_lite0_64.h5
     python benchmarks/cosine_tried.py --store runs/cache/fmnist_train_lite0_64.h5 --only chain once
@@ -73,7 +79,8 @@ from mr2_probe import _solvers as solvers  # noqa: E402
 from mr2_probe._losses import margin_cross_entropy  # noqa: E402
 
 EXPERIMENTS = ["cold", "chain", "once", "ramp", "memory", "one-round", "sooner", "subsample",
-               "linear", "path", "active", "bf16", "precondition", "moments"]  # fmt: skip
+               "linear", "path", "active", "bf16", "precondition", "moments",
+               "riemannian"]  # fmt: skip
 
 
 class Bench:
@@ -429,6 +436,76 @@ def moments(b):
     print(f"  forming the {weights.shape[1]} per-class moments of the solution's curvature: "
           f"{formed:.2f} s, the time of {formed / iteration:.0f} iterations of the cold fit "
           f"({1e3 * iteration:.1f} ms each)")  # fmt: skip
+
+
+def riemannian(b, max_evals=800, within=1e-7, history=200):
+    X, y = torch.as_tensor(b.X), torch.as_tensor(b.y)
+    margins = torch.as_tensor(b.cold.margins_, dtype=torch.float32)
+    scale = b.args.scale
+
+    def value_and_gradient(U):  # the objective at unit rows U and its tangent gradient
+        U = U.float().requires_grad_()
+        value = margin_cross_entropy(scale * X @ U.T, y, margins)
+        (grad,) = torch.autograd.grad(value, U)
+        U, grad = U.detach().double(), grad.double()
+        return float(value.detach()), grad - (grad * U).sum(1, keepdim=True) * U
+
+    def tangent(U, V):  # V's row-wise projection onto the tangent space at U
+        return V - (V * U).sum(1, keepdim=True) * U
+
+    target = float(margin_cross_entropy(
+        X @ torch.as_tensor(b.cold.coef_, dtype=torch.float32).T, y, margins)) + within  # fmt: skip
+    start = F.normalize(torch.as_tensor(prototypes(b).coef_, dtype=torch.float64), dim=1)
+    if len(start) == 1:  # two classes: one row of coefficients, no class blocks
+        print("  (no Riemannian L-BFGS: two classes, one row of coefficients)")
+        return {}
+    curves = {}
+    for name, per_class in (("scalar", False), ("per class", True)):
+        U = start
+        value, grad = value_and_gradient(U)
+        curve, pairs = [value], []
+        while len(curve) < max_evals and min(curve) > target:
+            direction = -grad  # the two-loop recursion over the pairs (s, y)
+            alphas = []
+            for s, yv in reversed(pairs):
+                alphas.append(float((s * direction).sum()) / float((s * yv).sum()))
+                direction = direction - alphas[-1] * yv
+            if pairs:
+                s, yv = pairs[-1]
+                sy, yy = (s * yv).sum(1), (yv * yv).sum(1)
+                h0 = float(sy.sum() / yy.sum())
+                if per_class:  # each class's rows' block of the latest pair
+                    h0 = torch.where((sy > 0) & (yy > 0), sy / yy.clamp_min(1e-300), h0)[:, None]
+                direction = direction * h0
+            for (s, yv), alpha in zip(pairs, reversed(alphas), strict=True):
+                direction = direction + (alpha - float((yv * direction).sum()) / float(
+                    (s * yv).sum())) * s  # fmt: skip
+            direction = tangent(U, direction)
+            slope = float((grad * direction).sum())
+            if slope >= 0:  # not a descent direction: the memory is dropped
+                pairs, direction, slope = [], -grad, -float((grad * grad).sum())
+            step = 1.0 if len(curve) > 1 else min(1.0, 1.0 / float(grad.abs().sum()))
+            while len(curve) < max_evals:  # Armijo backtracking along the retraction
+                moved = F.normalize(U + step * direction, dim=1)
+                new_value, new_grad = value_and_gradient(moved)
+                curve.append(new_value)
+                if new_value <= value + 1e-4 * step * slope:
+                    break
+                step /= 2
+            else:
+                break
+            s_new = tangent(moved, step * direction)
+            y_new = new_grad - tangent(moved, grad)
+            pairs = [(tangent(moved, s), tangent(moved, yv)) for s, yv in pairs]
+            if float((s_new * y_new).sum()) > 1e-10 * float((y_new * y_new).sum()):
+                pairs = (pairs + [(s_new, y_new)])[-history:]
+            U, value, grad = moved, new_value, new_grad
+        reached = np.flatnonzero(np.asarray(curve) <= target)
+        evals = f"{reached[0] + 1:7d} " if len(reached) else f"{'>' + str(len(curve)):>7} "
+        label = f"on the unit spheres (Riemannian), {history} pairs, {name} sᵀy/yᵀy"
+        print(f"  {label:<60}{evals}{min(curve):12.7f}")
+        curves[name] = curve
+    return curves
 
 
 def main(argv=None):

@@ -34,10 +34,21 @@ def test_every_experiment_runs_and_prints_its_row(tried, capsys):
                  "tol · √scale", "1/8 of the rows",
                  "linear head's directions", "the CV path's solver", "loss above 1e-7",
                  "bfloat16 logit error", "the start's curvature", "per-class moments",
-                 "mean direction shrunk"]:  # fmt: skip
+                 "mean direction shrunk", "on the unit spheres (Riemannian)"]:  # fmt: skip
         assert text in out, text
     cold = next(line for line in out.splitlines() if "cold fit at scale" in line)
     assert cold.split()[-1] == "100.00"  # it agrees with itself
+
+
+def test_the_riemannian_l_bfgs_reaches_the_cold_objective(tried, bench, capsys):
+    curves = tried.riemannian(bench)
+    target = tried.objective(bench.X, bench.y, bench.cold.coef_, bench.cold.margins_) + 1e-7
+    assert set(curves) == {"scalar", "per class"}
+    for curve in curves.values():
+        assert min(curve) <= target + 1e-6  # float32 evaluations against the float64 one
+        assert curve[0] == pytest.approx(curves["scalar"][0])  # the same start
+    rows = capsys.readouterr().out.splitlines()
+    assert sum("on the unit spheres (Riemannian), 200 pairs" in row for row in rows) == 2
 
 
 def test_rounds_add_up_to_the_iterations(bench):
