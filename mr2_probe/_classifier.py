@@ -271,9 +271,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         mean m (b' = b + W·m, the same objective, better conditioned): the gradient in b'
         is the original one, and in the original coordinates the gradient in W may be up
         to (1 + max_j |m_j|)·``tol`` (a bound of 13 × ``tol`` on digits' raw pixels; 2.2 ×
-        ``tol`` measured there). Where the centred features' entries have an RMS of 16 or
-        more, the intercept is further taken as b' / σ_b (σ_b the power of two nearest
-        that RMS), so that one step size fits it and the weights (features of scale 10⁶
+        ``tol`` measured there). Where the power of two σ_b nearest the centred features'
+        RMS entry is 16 or more (an RMS above about 11.3), the intercept is further taken
+        as b' / σ_b, so that one step size fits it and the weights (features of scale 10⁶
         stalled far from the optimum): its test is then σ_b times stricter. For the
         cosine head the gradient is taken in the unit class directions W / ‖W‖ (row by
         row), so the test does not depend on the norms the rows drift to.

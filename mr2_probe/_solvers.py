@@ -324,7 +324,7 @@ def fit_lbfgs(
     stats, margins, _, _ = initial
     # With an unpenalised intercept, W·x + b = W·(x − m) + (b + W·m): the same objective,
     # but centred features condition it far better (embeddings have large common means).
-    # Features of a large scale (σ ≥ 16) also get the intercept scaled, β = b' / σ_b:
+    # Features of a large scale (σ_b ≥ 16) also get the intercept scaled, β = b' / σ_b:
     # its curvature then matches the weights' (see intercept_scale).
     center, bias_scale = None, 1.0
     if head.is_plain_linear and head.bias is not None:
@@ -461,7 +461,8 @@ def plain_data_term(head, source, margins, weight_sum, center=None, bias_scale=1
 
     In closed form (a head without a projection, :meth:`ProbeHead.has_closed_form`, the
     only one L-BFGS fits); chunks bound the memory of the logits, and gradients accumulate
-    across them. The head's intercept is taken as b / ``bias_scale`` (its gradient too).
+    across them. The head's intercept parameter is β = b / ``bias_scale`` (the gradient
+    added to it is in β).
     """
     total = head.weight.new_zeros(())
     weight, bias = head.logit_weight(), _scaled(head.logit_bias(), bias_scale)

@@ -40,7 +40,7 @@ _INTERCEPT_SCALE_FROM = 16.0
 def intercept_scale(stats: ClassStats) -> torch.Tensor:
     """σ_b, the scale in which the L-BFGS solvers take a linear head's intercept (a
     scalar tensor): the power of two nearest the RMS entry σ of the centred features,
-    where that is 16 or more, else 1.
+    where that power is 16 or more (σ above about 11.3), else 1.
 
     The intercept's curvature is about 1, the weights' about σ²: with features of a
     large scale one scalar step size fits only the weights, and the intercept crept
