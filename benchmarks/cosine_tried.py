@@ -48,9 +48,10 @@ is taken within the run).
 - ``riemannian``: an L-BFGS on the product of the K unit spheres (the rows kept at unit
   norm: tangent gradients, steps retracted by normalising the rows, the stored pairs
   projected onto each new point's tangent space), 200 pairs, Armijo backtracking from a
-  step of 1 (at the first iteration min(1, 1/‖g‖₁), as torch's L-BFGS), with the usual scalar initial inverse Hessian sᵀy / yᵀy or one per class (its
-  rows' block of the latest pair), from the estimator's start, counted in evaluations until
-  the objective is within 10⁻⁷ of the cold fit's, as ``precondition`` counts them.
+  step of 1 (at the first iteration min(1, 1/‖g‖₁), as torch's L-BFGS), with the usual
+  scalar initial inverse Hessian sᵀy / yᵀy or one per class (its rows' block of the latest
+  pair), from the estimator's start, counted in evaluations until the objective is within
+  10⁻⁷ of the cold fit's, as ``precondition`` counts them.
 
     python benchmarks/cosine_tried.py --store runs/cache/fmnist_train_lite0_64.h5
     python benchmarks/cosine_tried.py --store runs/cache/fmnist_train_lite0_64.h5 --only chain once
