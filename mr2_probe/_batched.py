@@ -652,11 +652,13 @@ class FoldSteps:
 
 @dataclass
 class HeldOut:
-    """A fold's held-out rows on the device, their label indices and scoring weights."""
+    """A fold's held-out rows on the device, their label indices, their scorer's weights
+    and their sample weights (for the class accuracies)."""
 
     X: torch.Tensor
     y_index: np.ndarray
     weight: np.ndarray | None
+    accuracy_weight: np.ndarray | None
     row_scale: torch.Tensor | None = None  # 1/‖x‖ of X, once a cosine head needs it
 
     def logits(self, coef: torch.Tensor, intercept: torch.Tensor | None, cosine: bool):
@@ -773,7 +775,7 @@ class BatchedPath:
                     exported = coef[f, 1:] - coef[f, :1]
                 self.paths[f].steps[value] = Step.scored(
                     z.cpu().numpy(), exported.cpu().numpy(), bias, result.n_iter[f],
-                    held_out.y_index, held_out.weight, score,
+                    held_out.y_index, held_out.weight, score, held_out.accuracy_weight,
                 )  # fmt: skip
                 report(
                     value,

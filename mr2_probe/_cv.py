@@ -146,7 +146,8 @@ random_state, device
     class_accuracy_path_ : ndarray of shape (n_folds, n_Cs, n_classes)
         Held-out accuracy of each class along each path (NaN where a fold holds out no
         sample of the class, or none of positive weight), weighted by ``sample_weight``:
-        every class-wise curve, whatever ``scoring`` chose.
+        every class-wise curve, whatever ``scoring`` chose (under metadata routing too,
+        whatever the scorer requests).
     n_iter_ : ndarray of shape (1, n_folds, n_Cs)
         Solver iterations (or epochs) along each path: 0 where a value's start, the
         previous solution, already met ``tol``.
@@ -321,9 +322,18 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             scorer = check_classwise_scoring(HeldOutLogits(), self.scoring)
             data = self._prepare(X, y, sample_weight)
             score_weight, split_params = self._route_fit(sample_weight, groups)
-            if score_weight is not None:
-                sw = to_numpy(score_weight) if is_torch_tensor(score_weight) else score_weight
-                score_weight = _check_sample_weight(sw, np.empty((len(data.y_index), 0)))
+            # The scorer's weights (under routing, as its request says) and the class
+            # accuracies' (the sample weights, whatever the scorer takes).
+            score_weight, accuracy_weight = (
+                None
+                if weight is None
+                else _check_sample_weight(
+                    to_numpy(weight) if is_torch_tensor(weight) else weight,
+                    np.empty((len(data.y_index), 0)),
+                )
+                for weight in (score_weight, sample_weight)
+            )
+            weights = score_weight, accuracy_weight
             labels = self.classes_[data.y_index]
             cv = check_cv(self.cv, labels, classifier=True)
             split_params = {
@@ -356,7 +366,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                             "other folds."
                         )
             if self._batches_folds(data, solver):
-                groups = self._batched_paths(data, folds, score_weight)
+                groups = self._batched_paths(data, folds, weights)
                 paths = [path for group in groups for path in group.paths]
                 report = functools.partial(self._report, solver, data.dtype)
 
@@ -368,7 +378,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                         for group in groups
                     )
             else:
-                paths = [self._fold_path(data, train, test, score_weight) for train, test in folds]
+                paths = [self._fold_path(data, train, test, weights) for train, test in folds]
 
                 def run(new, bar):
                     Parallel(n_jobs=self.n_jobs, require="sharedmem")(
@@ -490,11 +500,13 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             )
         return np.unique(values)
 
-    def _fold_path(self, data, train, test, score_weight):
+    def _fold_path(self, data, train, test, weights):
+        """The path of one fold; ``weights`` are the scorer's and the class accuracies'
+        over all rows (or None)."""
         fold = data.subset(train)
         head = self._new_head(fold, scale=1.0)
         initial = None if head.has_projection else self._statistics(head, fold)
-        weight = None if score_weight is None else score_weight[test]
+        score_weight, accuracy_weight = (None if w is None else w[test] for w in weights)
         if isinstance(data.source, H5Source):  # read again at each value, never held whole
             blocks = functools.partial(data.row_blocks, test)
         else:  # copied to the device once
@@ -503,7 +515,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             def blocks():
                 return held_out
 
-        return FoldPath(fold, blocks, data.y_index[test], weight, head, initial)
+        return FoldPath(
+            fold, blocks, data.y_index[test], score_weight, accuracy_weight, head, initial
+        )
 
     # The folds of a plain linear or cosine head are solved by the batched L-BFGS of
     # _batched.py, with its memory carried along the path. On a GPU, and on a CPU while the
@@ -528,13 +542,13 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             return bool(self._batch_folds)
         return data.device.type == "cuda" or n_folds * data.n_classes <= self._BATCH_MAX_COLUMNS_CPU
 
-    def _batched_paths(self, data, folds, score_weight) -> list[BatchedPath]:
+    def _batched_paths(self, data, folds, weights) -> list[BatchedPath]:
         """One :class:`BatchedPath` of all folds (held-out rows weighted zero), or one per
-        fold on its own training rows."""
+        fold on its own training rows (``weights`` as :meth:`_fold_path` takes them)."""
 
         def held_out(test):
-            weight = None if score_weight is None else score_weight[test]
-            return HeldOut(data.rows(test), data.y_index[test], weight)
+            score_weight, accuracy_weight = (None if w is None else w[test] for w in weights)
+            return HeldOut(data.rows(test), data.y_index[test], score_weight, accuracy_weight)
 
         cosine = self.head == "cosine"
 

@@ -62,12 +62,14 @@ class Step:
     class_accuracy: np.ndarray  # (K,), NaN for classes absent from the held-out rows
 
     @classmethod
-    def scored(cls, z, coef, intercept, n_iter, y_test, weight, score) -> Step:
-        """The step of a solution (coef, intercept or None) whose held-out logits are z."""
+    def scored(cls, z, coef, intercept, n_iter, y_test, weight, score, accuracy_weight) -> Step:
+        """The step of a solution (coef, intercept or None) whose held-out logits are z:
+        scored with ``weight`` (the scorer's), its class accuracies with ``accuracy_weight``
+        (the sample weights, whatever the scorer takes)."""
         # A copy: without an intercept coef may share memory with the solver's parameters,
         # which the next value of the path overwrites in place.
         coef = np.hstack([coef, intercept[:, None]]) if intercept is not None else coef.copy()
-        accuracy = class_accuracy(z.argmax(1), y_test, z.shape[1], weight)
+        accuracy = class_accuracy(z.argmax(1), y_test, z.shape[1], accuracy_weight)
         return cls(coef, score(z, y_test, weight), int(n_iter), accuracy)
 
     @classmethod
@@ -96,6 +98,7 @@ class FoldPath:
     test_blocks: Callable
     y_test: np.ndarray  # label indices
     score_weight: np.ndarray | None
+    accuracy_weight: np.ndarray | None  # the held-out rows' sample weights
     head: object
     initial: tuple | None
     steps: dict = field(default_factory=dict)
@@ -135,7 +138,7 @@ class FoldPath:
             intercept = state["intercept"] if self.head.bias is not None else None
             self.steps[float(value)] = Step.scored(
                 z, state["coef"], intercept, result.n_iter, self.y_test, self.score_weight,
-                score,
+                score, self.accuracy_weight,
             )  # fmt: skip
             self._previous = [*self._previous, (float(value), self._params())][-2:]
             progress.update(1)

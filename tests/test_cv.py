@@ -1407,7 +1407,7 @@ def test_a_fold_path_starts_each_value_on_the_line_through_its_last_two_solution
             weight.copy_(torch.tensor(solutions[value]))
         return SimpleNamespace(n_iter=1), {"coef": np.zeros((1, 2)), "intercept": None}
 
-    path = FoldPath(None, lambda: [], np.array([], dtype=int), None, head, None)
+    path = FoldPath(None, lambda: [], np.array([], dtype=int), None, None, head, None)
     progress = SimpleNamespace(update=lambda n: None)
     path.run([2000.0, 2.0, 20.0], solve, lambda z, y, w: 0.0, progress)
     # At 2000, t = log(2000/20) / log(20/2) = 2: [1, 2] + 2·([1, 2] − [0, 0]).
@@ -1465,6 +1465,9 @@ def test_under_routing_the_scores_get_the_weights_the_scorer_requests(request_we
         assert all(any(np.allclose(got, w) for w in expected if len(w) == len(got)) for got in seen)
     else:
         assert all(got is None for got in seen)
+    # The class accuracies are weighted by sample_weight whatever the scorer takes, as
+    # without routing (they followed the scorer's request: unweighted for False).
+    np.testing.assert_array_equal(clf.class_accuracy_path_, plain.class_accuracy_path_)
 
 
 def test_under_routing_weights_the_scorer_leaves_unrequested_are_refused():
