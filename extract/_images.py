@@ -433,6 +433,17 @@ def _check_utf8(names: list[str], root: str) -> None:
 MAX_CLASS_INDEX = 1 << 20
 
 
+def is_index(label: str) -> bool:
+    """Whether a textual label is a class index: ASCII digits ("٣" is a digit to
+    ``str.isdigit``, not a class index here)."""
+    return label.isascii() and label.isdigit()
+
+
+def _is_unlabelled(label: str) -> bool:
+    """Whether a textual label is a negative integer, as -1 marks an unlabelled sample."""
+    return re.fullmatch(r"-\d+", label) is not None
+
+
 def text_problem(text: str) -> str | None:
     """Why ``text`` can be no class name in a store, or None: HDF5's strings are UTF-8
     without NUL characters (a JSON label may spell either, "\\u0000" or "\\ud800")."""
@@ -477,7 +488,7 @@ def encode_labels(
         (:func:`text_problem`); without them, if an index is :data:`MAX_CLASS_INDEX` or
         more (ids, not class indices).
     """
-    if not as_names and all(name.isascii() and name.isdigit() for name in names):
+    if not as_names and all(map(is_index, names)):
         indices = [int(name) for name in names]
         largest = max(indices, default=-1)
         if index_names is not None and largest >= len(index_names):
@@ -539,11 +550,11 @@ def label_kind_problem(labels: list[str], as_names: bool = False) -> tuple[int, 
     (labels that were strings) digits are names too."""
     if "" in labels:
         return labels.index(""), "which is empty: every sample needs a label"
-    digits = [label.isascii() and label.isdigit() for label in labels]
+    digits = [is_index(label) for label in labels]
     indices = [d and not as_names for d in digits]
     if all(indices):
         return None
-    unlabelled = [bool(re.fullmatch(r"-\d+", label)) for label in labels]
+    unlabelled = [_is_unlabelled(label) for label in labels]
     if all(unlabelled) or (any(digits) and any(unlabelled)):  # names may be "-1" and "+1"
         i = unlabelled.index(True)
         return i, (
@@ -653,12 +664,12 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             )
     texts = [label for _, label, _ in rows]
     problem = label_kind_problem(texts)
-    digits = {text for text in texts if text.isascii() and text.isdigit()}
+    digits = set(filter(is_index, texts))
     renumbered = any(  # read as names, as list files always have: said where it matters
         text in digits and k != int(text) for k, text in enumerate(sorted(set(texts)))
     )
     # A -1 among class indices may mark unlabelled rows, except in a ±1 labelling.
-    unlabelled = digits != {"1"} and any(re.fullmatch(r"-\d+", text) for text in texts)
+    unlabelled = digits != {"1"} and any(map(_is_unlabelled, texts))
     if problem and (renumbered or unlabelled):
         i, why = problem
         logger.warning(

@@ -33,7 +33,7 @@ from ._archives import (
     open_listed,
     stat_containers,
 )
-from ._images import ImageSource, encode_labels, label_kind_problem, text_problem
+from ._images import ImageSource, encode_labels, is_index, label_kind_problem, text_problem
 
 logger = logging.getLogger(__name__)
 
@@ -477,7 +477,7 @@ def webdataset_shards(
     texts = [t for ix in indexes for t in ix.labels]
     _check_label_kinds(texts, ids, pattern)
     # The class-names file names class indices: labels that are names leave it unread.
-    indices = all(text.isascii() and text.isdigit() for text in texts)
+    indices = all(map(is_index, texts))
     names_file, index_names = _index_class_names(root) if indices else (None, None)
     try:
         labels, class_names = encode_labels(texts, index_names)
