@@ -19,6 +19,7 @@ from mr2_probe._classifier import FitDivergedError
 from mr2_probe._losses import margin_cross_entropy
 from mr2_probe._path import bisect_search
 from mr2_probe.metrics import group_accuracy, worst_class_accuracy
+from tests._scripts import load_benchmark
 
 SKLEARN = tuple(int(part) for part in sklearn.__version__.split(".")[:2])
 
@@ -35,9 +36,7 @@ def test_the_path_on_features_of_a_large_scale_scores_as_on_unit_ones(batch_fold
     # Scaled by 10⁶ at C·10⁻¹², the same problem: the batched path stalled at C = 0.01
     # (0.6675 against 0.735 held out), its intercept all but fixed.
     monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
-    rng = np.random.default_rng(2)
-    Z = rng.normal(size=(400, 10))
-    y = (Z[:, 0] + Z[:, 1] + 0.5 * rng.normal(size=400) > 0).astype(int) + (Z[:, 2] > 1)
+    Z, y = load_benchmark("bench_feature_scale").data()  # as bench_feature_scale.py's
     Cs, folds = np.array([0.01, 1.0, 100.0]), _folds(y)
     common = dict(cv=folds, c_bar=None, max_iter=1000, device="cpu")
     unit = MR2LinearClassifierCV(Cs=Cs, **common).fit(Z, y)
