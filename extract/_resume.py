@@ -298,9 +298,7 @@ def _adopt_repaired_failures(
         repaired = _repaired_failures(f, provenance, source, rows, vouched)
         attrs = read_attrs(f)
     if repaired is None:
-        if attrs.get(_ADOPTING) == attrs.get("source_fingerprint") is not None:
-            with open_store(out, "r+") as f:  # killed after the fingerprint, before this
-                del f.attrs[_ADOPTING]
+        _drop_finished_mark(out, attrs)
         return
     sizes, mtimes, changed = repaired
     n_changed = int(changed.sum())
@@ -321,6 +319,16 @@ def _adopt_repaired_failures(
         del f.attrs[_ADOPTING]
     if n_changed:
         logger.info("%d failed images have changed since; they are extracted again.", n_changed)
+
+
+def _drop_finished_mark(out: Path, attrs: dict) -> None:
+    """Remove the mark of an adoption killed after it wrote the fingerprint, before it
+    removed the mark (``attrs`` are ``out``'s): the adoption is finished, whichever run
+    comes next (one without --retry-failed too, which otherwise left the mark in the
+    metadata of the store it completed)."""
+    if attrs.get(_ADOPTING) == attrs.get("source_fingerprint") is not None:
+        with open_store(out, "r+") as f:
+            del f.attrs[_ADOPTING]
 
 
 def _rebuilding(merged: Path, world_size: int | None) -> bool:
@@ -423,6 +431,7 @@ def _open_or_create(
                 provenance,
                 lambda: _source_explained(f, provenance, source, rows, retry_failed),
             )
+        _drop_finished_mark(out, existing)  # (a retry has removed it above)
         _warn_of_other_versions(out, existing.get("versions"))
         return
     sizes, mtimes = source.file_stats()

@@ -2075,9 +2075,13 @@ def test_a_refused_retry_names_the_image_that_stops_it(tmp_path):
         extract_features(folder, BACKBONE, out, **FAST)
 
 
-def test_a_retry_killed_before_removing_its_mark_is_tidied_by_the_next(tmp_path, monkeypatch):
+@pytest.mark.parametrize("retry", [True, False])
+def test_a_retry_killed_before_removing_its_mark_is_tidied_by_the_next(
+    tmp_path, monkeypatch, retry
+):
     # Killed after the fingerprint, before the mark was removed: the next run found the
-    # store up to date and left the mark in its metadata for good.
+    # store up to date and left the mark in its metadata for good; a run without
+    # --retry-failed still did, after it had extracted the repaired image.
     folder, out = _store_with_a_repaired_failure(tmp_path, n_per_class=3)
 
     def killed(attrs, name):
@@ -2089,7 +2093,7 @@ def test_a_retry_killed_before_removing_its_mark_is_tidied_by_the_next(tmp_path,
     monkeypatch.undo()
     # (the repaired row is to be extracted, as it was marked before the kill)
     assert "adopting_source_fingerprint" in load_features(out, allow_incomplete=True).metadata
-    again = load_features(extract_features(folder, BACKBONE, out, retry_failed=True, **FAST))
+    again = load_features(extract_features(folder, BACKBONE, out, retry_failed=retry, **FAST))
     assert not again.failures and "adopting_source_fingerprint" not in again.metadata
 
 
