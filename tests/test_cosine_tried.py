@@ -43,7 +43,7 @@ def test_every_experiment_runs_and_prints_its_row(tried, capsys):
 def test_the_riemannian_l_bfgs_reaches_the_cold_objective(tried, bench, capsys):
     curves = tried.riemannian(bench)
     target = tried.objective(bench.X, bench.y, bench.cold.coef_, bench.cold.margins_) + 1e-7
-    assert set(curves) == {"scalar", "per class"}
+    assert set(curves) == {"scalar", "per class", "exact steps"}
     for curve in curves.values():
         assert min(curve) <= target + 1e-6  # float32 evaluations against the float64 one
         # ... on the spheres: rows off them (no retraction) reached 2.8e-4 below it
@@ -55,7 +55,28 @@ def test_the_riemannian_l_bfgs_reaches_the_cold_objective(tried, bench, capsys):
     reached = [i for i, value in enumerate(curves["per class"]) if value <= target + 1e-6]
     assert reached[0] + 1 <= 38
     rows = capsys.readouterr().out.splitlines()
-    assert sum("on the unit spheres (Riemannian), 200 pairs" in row for row in rows) == 2
+    assert sum("on the unit spheres (Riemannian), 200 pairs" in row for row in rows) == 3
+    # Steps that minimise along the retraction: one evaluation per iteration, each lower.
+    exact = curves["exact steps"]
+    assert all(b <= a for a, b in zip(exact, exact[1:], strict=False))
+
+
+def test_an_exact_step_minimises_along_the_retraction(tried, bench):
+    X, y = torch.as_tensor(bench.X), torch.as_tensor(bench.y)
+    margins = torch.as_tensor(bench.cold.margins_, dtype=torch.float32)
+    U = torch.nn.functional.normalize(torch.randn(3, X.shape[1], dtype=torch.float64), dim=1)
+    G = torch.randn_like(U)
+    D = G - (G * U).sum(1, keepdim=True) * U  # tangent at U
+
+    def along(t):  # the objective at the retracted rows, computed directly
+        rows = torch.nn.functional.normalize(U + t * D, dim=1).float()
+        return float(tried.margin_cross_entropy(16.0 * X @ rows.T, y, margins))
+
+    for first in (1.0, 1e-3):
+        t = tried.exact_step(X, y, margins, 16.0, U, D, first)
+        assert t != first
+        assert along(t) <= min(along(first), along(0.0)) + 1e-7
+        assert along(t) <= min(along(0.95 * t), along(1.05 * t)) + 1e-7
 
 
 def test_rounds_add_up_to_the_iterations(bench):
