@@ -463,6 +463,7 @@ _NOT_SEARCHED = {
     "verbose": "verbose sets the progress output, not the model (--no-progress hides it)",
     "warm_start": "each fit of a search starts from a fresh copy of the probe, so "
     "warm_start changes no model",
+    "device": "device sets where the fits run, not the model (--device chooses it)",
 }
 
 
@@ -493,8 +494,6 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
                 raise UsageError(f"--grid max_iter={value}: max_iter must be at least 1")
             try:
                 clone(mr2).set_params(**{name: value})._validate_params()
-                if name == "device":
-                    resolve_device(value)  # as --device is: every fit would fail on it
             except ValueError as error:
                 raise UsageError(f"--grid {name}={value}: {_one_line(error)}") from error
     for name, option in _OPTIONS.items():
