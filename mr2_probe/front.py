@@ -194,10 +194,11 @@ def fit_collecting_short(estimator, X, y, **fit_params) -> list:
 
 
 def _fit(estimator, X, y, short: list, name: str, **fit_params):
-    """``estimator`` fitted; ``name`` appended to ``short`` if a fit stopped short of tol
-    (its ConvergenceWarnings are gathered into one by :func:`accuracy_front`)."""
-    if fit_collecting_short(estimator, X, y, **fit_params):
-        short.append(name)
+    """``estimator`` fitted; ``(name, its ConvergenceWarnings)`` appended to ``short`` if a
+    fit stopped short of tol (they are gathered into one by :func:`accuracy_front`)."""
+    caught = fit_collecting_short(estimator, X, y, **fit_params)
+    if caught:
+        short.append((name, caught))
     return estimator
 
 
@@ -309,7 +310,8 @@ def accuracy_front(
     front : Front
         Points in the order ERM, MR² (left out where its configuration is ERM's), tilts
         (increasing), offsets (by bound); ``front.chosen`` names the rule's
-        choice. Points whose fit stopped short of tol are named in one ConvergenceWarning.
+        choice. Points whose fit stopped short of tol are named in one ConvergenceWarning,
+        with the first one's own warning (its advice).
 
     Examples
     --------
@@ -407,9 +409,13 @@ def accuracy_front(
             unfitted = clone(wrapper).set_params(max_accuracy_drop=b, store_cv_results=False)
             points.append(FrontPoint(name, "offsets", b, unfitted))
     if short:
+        # The first fit's own warning: its advice (an extreme class_tilt, say), which
+        # "increase max_iter" would not replace.
+        (first, caught), *_ = short
         warnings.warn(
-            f"The front's fits of {', '.join(short)} stopped short of tol; their points are "
-            "scored as fitted. Increase max_iter, or scale the features.",
+            f"The front's fits of {', '.join(name for name, _ in short)} stopped short of "
+            f"tol; their points are scored as fitted. {first}: "
+            + " ".join(str(caught[0].message).split()),
             ConvergenceWarning,
             stacklevel=2,
         )

@@ -356,6 +356,18 @@ def test_front_names_the_points_that_stopped_short(splits):
         accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(5,))
 
 
+def test_front_passes_on_the_first_short_fits_own_advice(splits):
+    # A tilt too steep to resolve: the estimator names it, and the front's one warning
+    # said "Increase max_iter, or scale the features" instead, which does not help.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    with pytest.warns(ConvergenceWarning) as record:
+        accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val, tilts=(1e30,))
+    (message,) = [str(w.message) for w in record if "front's fits" in str(w.message)]
+    assert message.startswith("The front's fits of tilt=1e+30 stopped short of tol")
+    assert "tilt=1e+30: lbfgs made no progress" in message
+    assert "class_tilt=1e+30" in message and "Increase max_iter" not in message
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
