@@ -321,14 +321,28 @@ def _adopt_repaired_failures(
         logger.info("%d failed images have changed since; they are extracted again.", n_changed)
 
 
-def _drop_finished_mark(out: Path, attrs: dict) -> None:
+def _drop_finished_mark(out: Path, attrs: dict, best_effort: bool = False) -> None:
     """Remove the mark of an adoption killed after it wrote the fingerprint, before it
     removed the mark (``attrs`` are ``out``'s): the adoption is finished, whichever run
     comes next (one without --retry-failed too, which otherwise left the mark in the
-    metadata of the store it completed)."""
-    if attrs.get(_ADOPTING) == attrs.get("source_fingerprint") is not None:
+    metadata of the store it completed). With ``best_effort`` a store that cannot be
+    opened for writing (open elsewhere, say) keeps it, as such a run found it: the run
+    only reads a finished store."""
+    if not attrs.get(_ADOPTING) == attrs.get("source_fingerprint") is not None:
+        return
+    try:
         with open_store(out, "r+") as f:
             del f.attrs[_ADOPTING]
+    except (StoreError, OSError) as error:
+        if not best_effort:
+            raise
+        logger.info(
+            "%s keeps the mark of a --retry-failed run stopped before it removed it (%s): "
+            "it could not be opened for writing (%s); a later run removes it.",
+            out,
+            _ADOPTING,
+            " ".join(str(error).split()),
+        )
 
 
 def _rebuilding(merged: Path, world_size: int | None) -> bool:
@@ -431,7 +445,7 @@ def _open_or_create(
                 provenance,
                 lambda: _source_explained(f, provenance, source, rows, retry_failed),
             )
-        _drop_finished_mark(out, existing)  # (a retry has removed it above)
+        _drop_finished_mark(out, existing, best_effort=True)  # (a retry removed it above)
         _warn_of_other_versions(out, existing.get("versions"))
         return
     sizes, mtimes = source.file_stats()

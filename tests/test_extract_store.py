@@ -2097,6 +2097,21 @@ def test_a_retry_killed_before_removing_its_mark_is_tidied_by_the_next(
     assert not again.failures and "adopting_source_fingerprint" not in again.metadata
 
 
+def test_a_finished_store_open_elsewhere_keeps_a_killed_retrys_mark_and_is_reused(tmp_path):
+    # The mark's removal opened a finished store for writing: a store held open for
+    # reading (a load_features handle) was refused instead of reused, as it was before.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    with h5py.File(out, "r+") as f:  # as a retry killed before it removed its mark left it
+        f.attrs["adopting_source_fingerprint"] = f.attrs["source_fingerprint"]
+    with load_features(out) as held:
+        assert extract_features(folder, BACKBONE, out, **FAST) == out
+        assert "adopting_source_fingerprint" in held.metadata
+    # Once nothing holds it, the next run removes the mark.
+    extract_features(folder, BACKBONE, out, **FAST)
+    assert "adopting_source_fingerprint" not in load_features(out).metadata
+
+
 def _new_store(path, n=3, dim=4, indices=None, **provenance):
     """An empty store of ``n`` rows, as extract_features creates one before any row."""
     from extract._store import create_store
