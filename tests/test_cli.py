@@ -1711,6 +1711,16 @@ def test_the_front_s_short_fits_are_one_warning_line(files, capsys):
     assert any(line.startswith("mr2-probe: warning: front: The front's fits") for line in err)
 
 
+def test_the_front_s_warning_gives_the_estimator_s_advice_in_the_cli_s_terms(files, capsys):
+    # A tilt too steep to resolve: the front's line said "Raise --max-iter, or scale the
+    # features", which does not help; the estimator's own advice names the tilt.
+    main([str(files / "train.npz"), "--tilt", "1e30", "--no-progress"])
+    err = capsys.readouterr().err.splitlines()
+    (line,) = [line for line in err if line.startswith("mr2-probe: warning: front:")]
+    assert "tilt=1e+30: lbfgs" in line and "--tilt 1e+30 (the tilt multiplies" in line
+    assert "class_tilt" not in line and "Raise --max-iter" not in line
+
+
 def test_a_grid_search_with_a_failed_fit_still_reports(files, capsys):
     # A failed fit scores NaN in every column, the count of short fits too: the run ended
     # in "cannot convert float NaN to integer".

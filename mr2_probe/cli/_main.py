@@ -419,7 +419,8 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args, fitted_as: dict)
             erm=erm,
         )
     for warning in short:
-        text = _in_cli_terms(warning.message, args)
+        # The front's tilts are --tilt's (the estimator's advice names class_tilt).
+        text = _in_cli_terms(re.sub(r"\bclass_tilt=", "--tilt ", str(warning.message)), args)
         print(f"mr2-probe: warning: front: {text}", file=sys.stderr)
     chosen = front.point(front.chosen)
     name = f"chosen: {chosen.name}"
