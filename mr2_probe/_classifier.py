@@ -650,6 +650,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 f"{_dtype_name(dtype)}, in which X is computed: multiply the weights by a small "
                 "factor and C by its inverse (the same problem), and fit again."
             )
+        if weight_sum > torch.finfo(dtype).max:  # Σ w_i·ℓ_i overflows from the start
+            raise ValueError(
+                f"The loss is summed with sample weights summing to {weight_sum:g}, beyond "
+                f"the range of {_dtype_name(dtype)}, in which X is computed: multiply the "
+                "weights by a small factor and C by its inverse (the same problem), and fit "
+                "again."
+            )
 
         y_t = to_tensor(y_index.astype(np.int64), device)
         w_t = to_tensor(sample_weight, device, dtype)

@@ -27,6 +27,7 @@ from ._classifier import (
     FitDivergedError,
     MR2LinearClassifier,
     _class_stats,
+    _dtype_name,
     _outside_stacklevel,
     _range_suspects,
     both_class_logits,
@@ -321,6 +322,14 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 )
             scorer = check_classwise_scoring(HeldOutLogits(), self.scoring)
             data = self._prepare(X, y, sample_weight)
+            if self.head == "cosine" and not isinstance(values, str):
+                top = torch.finfo(data.dtype).max  # a scale the logits cannot hold
+                if values.max() > top:
+                    raise ValueError(
+                        f"Cs holds the logit scale {values.max():g}, beyond the range of "
+                        f"{_dtype_name(data.dtype)}, in which X is computed (up to {top:g}): "
+                        "its fits would overflow. Search scales of a usual order of magnitude."
+                    )
             score_weight, split_params = self._route_fit(sample_weight, groups)
             # The scorer's weights (under routing, as its request says) and the class
             # accuracies' (the sample weights, whatever the scorer takes).

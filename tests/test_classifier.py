@@ -865,6 +865,8 @@ def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
         ({}, 1e-300, np.float64, "with C=1 and sample weights summing to 6e-299"),
         # These three blamed the features (iris-sized ones) too.
         ({}, 1e37, np.float32, "with sample weights summing to 6e[+]38"),
+        # The cosine head's line search failed on the infinite sum: an IndexError.
+        ({"head": "cosine"}, 1e37, np.float32, "with sample weights summing to 6e[+]38"),
         ({}, 1e39, np.float32, "sample_weight holds values up to 1e[+]39, beyond the range"),
         ({"head": "cosine", "scale": 1e30}, 1.0, np.float32, "with scale=1e[+]30"),
         # The margins (c̄·K times each class's share) overflow: the statistics were blamed.

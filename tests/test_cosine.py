@@ -264,13 +264,14 @@ def test_features_whose_squares_overflow_float32_are_normalised(digits_unit):
 
 
 def test_sample_weights_that_overflow_the_cosine_gradient_are_named():
-    # In float32 weights summing to 1e38 overflow the loss's and gradient's sums (times
+    # In float32 weights summing to 6e38 overflow the loss's and gradient's sums (times
     # the scale) before the division by their sum: the fit stayed at its start, and the
-    # warning blamed the start or the features' values.
+    # warning blamed the start or the features' values; then it named the weights in a
+    # warning. A sum beyond float32's largest number is now refused before the fit.
     X, y = _normalised_blobs()
     X = X.astype(np.float32)
     clf = MR2LinearClassifier(head="cosine", tol=1e-3, device="cpu")
-    with pytest.warns(ConvergenceWarning, match=r"sample weights summing to 6e\+38 \(the loss"):
+    with pytest.raises(ValueError, match=r"with sample weights summing to 6e\+38, beyond the"):
         clf.fit(X, y, sample_weight=np.full(len(y), 1e36))
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)

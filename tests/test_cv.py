@@ -521,6 +521,24 @@ def test_bad_parameters_are_named(params, error, match):
         clf.fit(X, y)
 
 
+def test_a_scale_or_a_weight_sum_beyond_the_features_dtype_is_refused():
+    # A logit scale beyond float32's range was searched: NaN and inf coefficients in
+    # coefs_paths_, scored at chance (and scikit-learn's bare NaN error for log loss).
+    # Weights whose sum overflows float32 are named (before any fit, as in a single fit).
+    X, y = _blobs()
+    X = (X / np.linalg.norm(X, axis=1, keepdims=True)).astype(np.float32)
+    search = MR2LinearClassifierCV(Cs=[8.0, 1e39], cv=3, head="cosine", device="cpu")
+    with pytest.raises(ValueError, match=r"logit scale 1e\+39, beyond the range of float32"):
+        search.fit(X, y)
+    search.set_params(Cs=[8.0])
+    with pytest.raises(ValueError, match="with sample weights summing to"):
+        search.fit(X, y, sample_weight=np.full(len(y), 1e37))
+    with warnings.catch_warnings():  # in float64, 1e39 is a scale like another
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        search.set_params(Cs=[8.0, 1e39]).fit(X.astype(np.float64), y)
+    assert np.isfinite(search.coef_).all()
+
+
 def _spy_batched(monkeypatch):
     import mr2_probe._batched as batched
 
