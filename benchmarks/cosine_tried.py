@@ -445,37 +445,36 @@ def moments(b):
 
 def exact_step(X, y, margins, scale, U, direction, first):
     """The step t that minimises the cosine head's objective along the retraction
-    U + t·D (rows normalised), D tangent at U, from the products X·Uᵀ and X·Dᵀ alone:
-    1-D Newton from ``first``, each step halved until it lowers the objective."""
+    U + t·D (rows normalised), D a descent direction tangent at U, from the products X·Uᵀ
+    and X·Dᵀ alone: the step doubled from ``first`` until the slope turns, then Newton's
+    steps kept within the bracket [lo, hi] of slopes below and above 0 (else its midpoint)."""
     cosines, moved = (X @ U.float().T).double(), (X @ direction.float().T).double()
     norms = (direction * direction).sum(1)  # D is tangent: ‖U + t·D‖² = 1 + t²‖d_k‖²
 
-    def along(t):
-        t = t.detach().requires_grad_()
+    def along(t):  # the slope and curvature of the objective at step t
+        t = torch.tensor(t, dtype=torch.float64, requires_grad=True)
         rows = (cosines + t * moved) / (1 + t * t * norms).sqrt()
         value = margin_cross_entropy(scale * rows, y, margins.double())
         (slope,) = torch.autograd.grad(value, t, create_graph=True)
         (curvature,) = torch.autograd.grad(slope, t)
-        return float(value.detach()), float(slope.detach()), float(curvature)
+        return float(slope.detach()), float(curvature)
 
-    t = torch.tensor(float(first), dtype=torch.float64)
-    value, slope, curvature = along(t)
-    for _ in range(30):
-        change = -slope / curvature if curvature > 0 else -slope
-        half = 1.0
-        while half > 1e-8:
-            trial = t + half * change
-            new_value, new_slope, new_curvature = along(trial)
-            if new_value <= value:
-                break
-            half /= 2
-        else:
+    lo, t = 0.0, float(first)
+    slope, curvature = along(t)
+    while slope < 0 and t < 1e12:
+        lo, t = t, 2 * t
+        slope, curvature = along(t)
+    hi = t
+    for _ in range(100):
+        newton = t - slope / curvature if curvature > 0 else float("nan")
+        trial = newton if lo < newton < hi else (lo + hi) / 2
+        converged = abs(trial - t) <= 1e-12 * trial
+        t = trial
+        slope, curvature = along(t)
+        lo, hi = (t, hi) if slope < 0 else (lo, t)
+        if converged:
             break
-        done = abs(float(trial - t)) <= 1e-12 * max(1.0, abs(float(trial)))
-        t, value, slope, curvature = trial, new_value, new_slope, new_curvature
-        if done:
-            break
-    return float(t)
+    return t
 
 
 def riemannian(b, max_evals=800, within=1e-7, history=200):
