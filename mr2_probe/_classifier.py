@@ -650,6 +650,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 f"{_dtype_name(dtype)}, in which X is computed: multiply the weights by a small "
                 "factor and C by its inverse (the same problem), and fit again."
             )
+        if largest < torch.finfo(dtype).tiny:  # every weight subnormal, or 0 once in dtype
+            raise ValueError(
+                f"sample_weight holds values up to {largest:g} only, below the smallest "
+                f"normal number of {_dtype_name(dtype)}, in which X is computed: multiply the "
+                "weights by a large factor and C by its inverse (the same problem), and fit "
+                "again."
+            )
         if weight_sum > torch.finfo(dtype).max:  # Σ w_i·ℓ_i overflows from the start
             raise ValueError(
                 f"The loss is summed with sample weights summing to {weight_sum:g}, beyond "
