@@ -95,6 +95,13 @@ def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None
             f"sample weights summing to {weight_sum:g} (the loss and its gradient sum them "
             "before dividing by their sum)"
         )
+    # Weights near the dtype's smallest normal number (subnormal ones lose their precision,
+    # the smallest become 0): a cosine fit's failure at such weights blamed the features.
+    elif dtype is not None and weight_sum < 1024 * torch.finfo(dtype).tiny:
+        suspects.append(
+            f"sample weights summing to {weight_sum:g} (near the smallest normal number of "
+            f"{_dtype_name(dtype)}, in which X is computed)"
+        )
     if scale is not None and scale > 1 / _EXTREME:
         suspects.append(f"scale={scale:g} (the cosine head's logits are cosines times it)")
     if class_tilt > 1 / _EXTREME:
@@ -649,13 +656,6 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 f"sample_weight holds values up to {largest:g}, beyond the range of "
                 f"{_dtype_name(dtype)}, in which X is computed: multiply the weights by a small "
                 "factor and C by its inverse (the same problem), and fit again."
-            )
-        if largest < torch.finfo(dtype).tiny:  # every weight subnormal, or 0 once in dtype
-            raise ValueError(
-                f"sample_weight holds values up to {largest:g} only, below the smallest "
-                f"normal number of {_dtype_name(dtype)}, in which X is computed: multiply the "
-                "weights by a large factor and C by its inverse (the same problem), and fit "
-                "again."
             )
         if weight_sum > torch.finfo(dtype).max:  # Σ w_i·ℓ_i overflows from the start
             raise ValueError(
