@@ -357,9 +357,15 @@ def _in_cli_terms(message, args) -> str:
     return text
 
 
-def _fit(model, X, y, name: str, args):
+def _front_terms(message) -> str:
+    """A front fit's warning with its tilt as --tilt's (the estimator names class_tilt)."""
+    return re.sub(r"\bclass_tilt=", "--tilt ", str(message))
+
+
+def _fit(model, X, y, name: str, args, front: bool = False):
     """``model`` fitted, its ConvergenceWarnings (a search's can be many) said in one line
-    on stderr, their advice in mr2-probe's options."""
+    on stderr, their advice in mr2-probe's options (``front``: a point of the front's, its
+    tilt --tilt's)."""
     if isinstance(model, GridSearchCV):
         with warnings.catch_warnings():  # (the filter reaches the workers too)
             warnings.simplefilter("ignore", ConvergenceWarning)
@@ -385,7 +391,8 @@ def _fit(model, X, y, name: str, args):
     short = fit_collecting_short(model, X, y)
     if short:
         fits = f"{len(short)} of its fits" if len(short) > 1 else "its fit"
-        first = _in_cli_terms(short[0].message, args)
+        message = _front_terms(short[0].message) if front else short[0].message
+        first = _in_cli_terms(message, args)
         print(f"mr2-probe: warning: {name}: {fits} stopped short of tol ({first})", file=sys.stderr)
     return model
 
@@ -419,8 +426,7 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args, fitted_as: dict)
             erm=erm,
         )
     for warning in short:
-        # The front's tilts are --tilt's (the estimator's advice names class_tilt).
-        text = _in_cli_terms(re.sub(r"\bclass_tilt=", "--tilt ", str(warning.message)), args)
+        text = _in_cli_terms(_front_terms(warning.message), args)
         print(f"mr2-probe: warning: front: {text}", file=sys.stderr)
     chosen = front.point(front.chosen)
     name = f"chosen: {chosen.name}"
@@ -437,5 +443,5 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args, fitted_as: dict)
     print(
         f"front: the rule chose {chosen.name}; refitting it on all training data", file=sys.stderr
     )
-    models[name] = _fit(clone(chosen.estimator), X, y, name, args)
+    models[name] = _fit(clone(chosen.estimator), X, y, name, args, front=True)
     return front
