@@ -16,6 +16,7 @@ import numpy as np
 from ._locks import store_lock
 from ._reading import _open_for_reading
 from ._schema import (
+    ADOPTING,
     MERGED_INTO,
     PENDING,
     PROVENANCE_KEYS,
@@ -360,7 +361,8 @@ def _write_merged(
     record = {
         k: v
         for k, v in first.items()
-        if k not in PROVENANCE_KEYS and k not in ("class_names", REPLACES, MERGED_INTO)
+        # (a shard's adopting mark: a complete shard's adoption is finished)
+        if k not in PROVENANCE_KEYS and k not in ("class_names", REPLACES, MERGED_INTO, ADOPTING)
     }
     if os.path.exists(out) and not overwrite:  # replace only a store of the same thing
         with open_store(out, "r") as f:

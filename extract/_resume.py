@@ -19,6 +19,7 @@ from ._decoding import NOT_A_FILE
 from ._images import ImageSource
 from ._merge import _identity, shard_path, shards_beside
 from ._schema import (
+    ADOPTING,
     DONE,
     FORMAT_VERSION,
     PENDING,
@@ -31,9 +32,6 @@ from ._schema import (
 )
 from ._specs import Backbone
 from ._store import check_provenance, create_store, open_store
-
-# Set while --retry-failed takes repaired failures into a store (_adopt_repaired_failures).
-_ADOPTING = "adopting_source_fingerprint"
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +205,7 @@ def _source_explained(f, provenance: dict, source, rows, retry_failed=False) -> 
     """:func:`_source_difference`, and where the store differs only by failed images that
     have changed since, the option that takes them."""
     existing = read_attrs(f)
-    if existing.get(_ADOPTING) == provenance["source_fingerprint"] and _same_settings(
+    if existing.get(ADOPTING) == provenance["source_fingerprint"] and _same_settings(
         existing, provenance
     ):  # (a run with --retry-failed finishes it, unless something else differs)
         return (
@@ -258,7 +256,7 @@ def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False)
         return None
     # An adoption of this very source, killed before it wrote the fingerprint: it had
     # found the store to differ by repaired failures alone; it is finished now.
-    vouched = vouched or existing.get(_ADOPTING) == provenance["source_fingerprint"]
+    vouched = vouched or existing.get(ADOPTING) == provenance["source_fingerprint"]
     if not _same_settings(existing, provenance) or "file_size" not in f:
         return None
     if (existing.get("source_files") or {}) != source.files:
@@ -305,7 +303,7 @@ def _adopt_repaired_failures(
     with open_store(out, "r+") as f:
         # The files' identities, then the fingerprint that covers them; a run killed
         # between the two leaves the marker, by which the next one finishes the adoption.
-        f.attrs[_ADOPTING] = provenance["source_fingerprint"]
+        f.attrs[ADOPTING] = provenance["source_fingerprint"]
         f.flush()
         if n_changed:  # none is done (see _repaired_failures): to extract again
             status = f["status"][:]
@@ -316,7 +314,7 @@ def _adopt_repaired_failures(
         f.flush()
         f.attrs["source_fingerprint"] = provenance["source_fingerprint"]
         f.flush()
-        del f.attrs[_ADOPTING]
+        del f.attrs[ADOPTING]
     if n_changed:
         logger.info("%d failed images have changed since; they are extracted again.", n_changed)
 
@@ -328,11 +326,11 @@ def _drop_finished_mark(out: Path, attrs: dict, best_effort: bool = False) -> No
     metadata of the store it completed). With ``best_effort`` a store that cannot be
     opened for writing (open elsewhere, say) keeps it, as such a run found it: the run
     only reads a finished store."""
-    if not attrs.get(_ADOPTING) == attrs.get("source_fingerprint") is not None:
+    if not attrs.get(ADOPTING) == attrs.get("source_fingerprint") is not None:
         return
     try:
         with open_store(out, "r+") as f:
-            del f.attrs[_ADOPTING]
+            del f.attrs[ADOPTING]
     except (StoreError, OSError) as error:
         if not best_effort:
             raise
@@ -340,7 +338,7 @@ def _drop_finished_mark(out: Path, attrs: dict, best_effort: bool = False) -> No
             "%s keeps the mark of a --retry-failed run stopped before it removed it (%s): "
             "it could not be opened for writing (%s); a later run removes it.",
             out,
-            _ADOPTING,
+            ADOPTING,
             " ".join(str(error).split()),
         )
 

@@ -48,6 +48,9 @@ _REBUILD = "pass --force (overwrite=True) to delete it and recompute it"
 REPLACES = "replaces_store"
 #: A shard's mark, set by merge_shards: the version of the merged store it went into.
 MERGED_INTO = "merged_into_store"
+#: Set while --retry-failed takes repaired failures into a store: the source fingerprint
+#: it adopts (extract._resume._adopt_repaired_failures), removed once it has.
+ADOPTING = "adopting_source_fingerprint"
 
 
 class StoreError(ValueError):

@@ -263,6 +263,19 @@ def test_shards_merge_into_a_folder_that_does_not_exist_yet(store, folder, tmp_p
     assert load_features(merged).paths == load_features(store).paths
 
 
+def test_a_merge_leaves_out_a_shard_s_finished_adopting_mark(folder, tmp_path):
+    # Shard 0's attributes made the merged store's: the mark of a --retry-failed run
+    # killed before it removed it (the adoption finished) went into the merged store.
+    shards = [
+        extract_features(folder, BACKBONE, tmp_path / "f.h5", rank=r, world_size=2, **FAST)
+        for r in range(2)
+    ]
+    with h5py.File(shards[0], "r+") as f:
+        f.attrs["adopting_source_fingerprint"] = f.attrs["source_fingerprint"]
+    merged = merge_shards(shards, tmp_path / "merged.h5")
+    assert "adopting_source_fingerprint" not in load_features(merged).metadata
+
+
 def test_merge_shards_refuses_no_shards_and_takes_any_iterable(store, folder, tmp_path):
     # No shards failed with a bare "KeyError: 0", after the lock file was written; shards
     # from a generator failed with a TypeError (len() of a generator).
