@@ -652,8 +652,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError("The sum of sample weights must be positive.")
         largest = float(sample_weight.max())
         if largest > torch.finfo(dtype).max:
+            # (class_weight multiplies them: it may be the one to blame)
+            named = "sample_weight" if self.class_weight is None else "sample_weight × class_weight"
             raise ValueError(
-                f"sample_weight holds values up to {largest:g}, beyond the range of "
+                f"{named} holds values up to {largest:g}, beyond the range of "
                 f"{_dtype_name(dtype)}, in which X is computed: multiply the weights by a small "
                 "factor and C by its inverse (the same problem), and fit again."
             )

@@ -871,6 +871,13 @@ def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
         ({"head": "cosine"}, 1e-42, np.float32, "sample weights summing to 6e-41 [(]near the"),
         ({"head": "cosine"}, 1e-310, np.float64, "sample weights summing to 6e-309 [(]near"),
         ({}, 1e39, np.float32, "sample_weight holds values up to 1e[+]39, beyond the range"),
+        # class_weight multiplies the weights: said, not sample_weight alone.
+        (
+            {"class_weight": {0: 1e39, 1: 1, 2: 1}},
+            1.0,
+            np.float32,
+            "sample_weight × class_weight holds values up to 1e[+]39",
+        ),
         ({"head": "cosine", "scale": 1e30}, 1.0, np.float32, "with scale=1e[+]30"),
         # The margins (c̄·K times each class's share) overflow: the statistics were blamed.
         ({"c_bar": 2e38}, 1.0, np.float32, "margins overflow in float32 arithmetic, with c_bar="),
