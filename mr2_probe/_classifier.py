@@ -650,21 +650,19 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         weight_sum = float(sample_weight.sum())
         if weight_sum <= 0:
             raise ValueError("The sum of sample weights must be positive.")
-        largest = float(sample_weight.max())
-        if largest > torch.finfo(dtype).max:
+        largest, top = float(sample_weight.max()), torch.finfo(dtype).max
+        if largest > top or weight_sum > top:  # (the sum: Σ w_i·ℓ_i overflows from the start)
             # (class_weight multiplies them: it may be the one to blame)
             named = "sample_weight" if self.class_weight is None else "sample_weight × class_weight"
-            raise ValueError(
-                f"{named} holds values up to {largest:g}, beyond the range of "
-                f"{_dtype_name(dtype)}, in which X is computed: multiply the weights by a small "
-                "factor and C by its inverse (the same problem), and fit again."
+            what = (
+                f"{named} holds values up to {largest:g}"
+                if largest > top
+                else f"The loss is summed with sample weights summing to {weight_sum:g}"
             )
-        if weight_sum > torch.finfo(dtype).max:  # Σ w_i·ℓ_i overflows from the start
             raise ValueError(
-                f"The loss is summed with sample weights summing to {weight_sum:g}, beyond "
-                f"the range of {_dtype_name(dtype)}, in which X is computed: multiply the "
-                "weights by a small factor and C by its inverse (the same problem), and fit "
-                "again."
+                f"{what}, beyond the range of {_dtype_name(dtype)}, in which X is computed: "
+                "multiply the weights by a small factor and C by its inverse (the same "
+                "problem), and fit again."
             )
 
         y_t = to_tensor(y_index.astype(np.int64), device)

@@ -515,7 +515,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         fold = data.subset(train)
         head = self._new_head(fold, scale=1.0)
         initial = None if head.has_projection else self._statistics(head, fold)
-        score_weight, accuracy_weight = (None if w is None else w[test] for w in weights)
+        score_weight, accuracy_weight = _held_out_weights(weights, test)
         if isinstance(data.source, H5Source):  # read again at each value, never held whole
             blocks = functools.partial(data.row_blocks, test)
         else:  # copied to the device once
@@ -556,7 +556,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         fold on its own training rows (``weights`` as :meth:`_fold_path` takes them)."""
 
         def held_out(test):
-            score_weight, accuracy_weight = (None if w is None else w[test] for w in weights)
+            score_weight, accuracy_weight = _held_out_weights(weights, test)
             return HeldOut(data.rows(test), data.y_index[test], score_weight, accuracy_weight)
 
         cosine = self.head == "cosine"
@@ -759,6 +759,12 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         self.margins_ = to_numpy(margins)
         self.class_stats_ = _class_stats(stats, self.p_, self.difficulty)
         self.solver_, self.device_, self.head_ = solver, str(data.device), self.head
+
+
+def _held_out_weights(weights: tuple, test) -> tuple:
+    """The scorer's and the class accuracies' weights (each None or over all rows) of the
+    held-out rows ``test``."""
+    return tuple(None if w is None else w[test] for w in weights)
 
 
 def _takes_sample_weight(scorer) -> bool:
