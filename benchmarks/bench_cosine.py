@@ -2,10 +2,12 @@
 
 L2-normalised features (synthetic by default, or the ``features`` of a feature store with
 ``--store``), one run: scikit-learn's LogisticRegression and the linear head at ``--C``,
-then the cosine head at each ``--scales`` value, solved as the estimator does and as it
-was solved before (autograd gradients, 10 L-BFGS pairs, the test on tol in W), with the
-same tol. Each cosine row prints its time relative to the linear head, its iterations,
-its training objective and its test accuracy.
+then the cosine head at each ``--scales`` value, solved as the estimator does (L-BFGS on
+the unit spheres), by its previous solver (rounds of torch's L-BFGS, which the estimator
+keeps for problems whose products exceed ``KEEP_PRODUCTS``; ``--no-rounds`` skips it) and as
+it was solved before that (autograd gradients, 10 L-BFGS pairs, the test on tol in W;
+``--no-before`` skips it), with the same tol. Each cosine row prints its time relative to
+the linear head, its iterations, its training objective and its test accuracy.
 
 Each scale also gets a linear problem of comparable penalty ("linear at mean μ"). At its
 solution the cosine head meets ∇_k L + μ_k·v_k = 0 (v_k the k-th row of coef_, L the mean
@@ -45,6 +47,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import torch
@@ -144,7 +147,10 @@ def main(argv=None):
         default=1.0,
         help="the cosine heads' mean margin c̄, or 'none' (default: 1, the estimator's)",
     )
-    parser.add_argument("--no-before", action="store_true", help="skip the previous solver")
+    parser.add_argument(
+        "--no-rounds", action="store_true", help="skip the rounds of torch's L-BFGS"
+    )
+    parser.add_argument("--no-before", action="store_true", help="skip the autograd solver")
     parser.add_argument(
         "--linear-history", type=int, help="also fit the mean-μ linear problems with N pairs"
     )
@@ -207,6 +213,12 @@ def main(argv=None):
         margins = cosine.margins_
         report(f"MR2 cosine, scale={scale:g}", seconds, cosine.n_iter_,
                objective(X, y, cosine.coef_, margins), cosine.score(Xt, yt), short)  # fmt: skip
+        if not args.no_rounds:  # the previous solver, kept beyond KEEP_PRODUCTS
+            rounds = MR2LinearClassifier(head="cosine", scale=scale, c_bar=args.c_bar, **common)
+            with patch.object(solvers, "KEEP_PRODUCTS", 0):
+                seconds, _, short = timed(lambda rounds=rounds: rounds.fit(X, y), args.repeat)
+            report("  rounds of torch's L-BFGS (previous)", seconds, rounds.n_iter_,
+                   objective(X, y, rounds.coef_, margins), rounds.score(Xt, yt), short)  # fmt: skip
         if not args.no_before:
             seconds, (coef, n_iter), _ = timed(
                 lambda s=scale, m=margins: cosine_lbfgs_before(X, y, s, m, args.tol, args.max_iter),

@@ -7,7 +7,10 @@ training objective, and how many test predictions agree with the cold fit's. Ite
 objectives do not depend on the machine's load (the bf16 experiment's times do; its ratio
 is taken within the run).
 
-- ``cold``: the estimator as it is, from the class prototypes (the reference).
+- ``cold``: the previous solver, rounds of torch's L-BFGS (the estimator's for problems
+  whose kept products would exceed ``KEEP_PRODUCTS`` elements), from the class prototypes:
+  the reference every experiment below is measured against and varies; then the
+  estimator's own solver, the L-BFGS on the unit spheres (``mr2_probe/_sphere.py``).
 - ``chain``: warm starts up a ladder of scales (``warm_start=True``), 16 → 32 → … → scale.
 - ``once``: one warm start at the scale from a converged fit at scale / 4, / 2 and · 3/4.
 - ``ramp``: a few iterations at smaller scales, not converged (e.g. 15 at scale / 4, then
@@ -98,11 +101,14 @@ class Bench:
                        device="cpu")  # fmt: skip
         self.cold, self.any_short = None, False
 
-    def fit(self, X=None, y=None, start=None, round_test=True, **params):
-        """A cosine fit (warm from ``start``'s solution if given); also sets ``short_``
-        (a ConvergenceWarning) and ``rounds_`` (the iterations of each L-BFGS round).
-        ``round_test=False`` ends a round on L-BFGS's other tests only, not on the gradient
-        in W (which shrinks as the rows' norms grow); the fit's final test is unchanged."""
+    def fit(self, X=None, y=None, start=None, round_test=True, spheres=False, **params):
+        """A cosine fit (warm from ``start``'s solution if given) by the previous solver,
+        rounds of torch's L-BFGS (which the estimator keeps for problems whose products
+        exceed ``KEEP_PRODUCTS``), or with ``spheres`` by the estimator's L-BFGS on the unit
+        spheres; also sets ``short_`` (a ConvergenceWarning) and ``rounds_`` (the
+        iterations of each L-BFGS round). ``round_test=False`` ends a round on L-BFGS's
+        other tests only, not on the gradient in W (which shrinks as the rows' norms grow);
+        the fit's final test is unchanged."""
         clf = MR2LinearClassifier(**{**self.kw, **params})
         if start is not None:
             clf.set_params(warm_start=True)
@@ -122,6 +128,7 @@ class Bench:
 
         with (
             patch.object(solvers, "_LBFGS", Counted),
+            patch.object(solvers, "KEEP_PRODUCTS", solvers.KEEP_PRODUCTS if spheres else 0),
             warnings.catch_warnings(record=True) as caught,
         ):
             warnings.simplefilter("always", ConvergenceWarning)
@@ -148,6 +155,7 @@ def cold(b):
     b.cold_seconds = time.perf_counter() - began
     b.row(f"cold fit at scale {b.args.scale:g}", b.cold)
     print(f"  (its L-BFGS rounds: {', '.join(map(str, b.cold.rounds_))} iterations)")
+    b.row("the estimator's solver: L-BFGS on the unit spheres", b.fit(spheres=True))
 
 
 def chain(b):

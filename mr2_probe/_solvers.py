@@ -33,6 +33,7 @@ from ._losses import (
     margin_cross_entropy,
     tilted_class_risk,
 )
+from ._sphere import KEEP_PRODUCTS, sphere_lbfgs
 from ._stats import (
     ClassStats,
     class_margins,
@@ -69,8 +70,9 @@ class SolverResult:
 _KEEP_LOGIT_GRADS = 2**26
 # L-BFGS pairs of every head but the plain cosine one: scikit-learn's (scipy's m = 10).
 _LINEAR_HISTORY = 10
-# L-BFGS for a plain cosine head: the most restarts from unit-norm rows (see fit_lbfgs),
-# and its memory, at most 200 pairs of K × d updates and 2**26 elements in all.
+# L-BFGS for a plain cosine head: its memory, at most 200 pairs of K × d updates and 2**26
+# elements in all; and where the rounds of torch's L-BFGS fit it (see fit_lbfgs), the most
+# restarts from unit-norm rows.
 _COSINE_ROUNDS = 20
 _COSINE_HISTORY = 200
 _COSINE_HISTORY_ELEMENTS = 2**26
@@ -302,7 +304,9 @@ def fit_lbfgs(
     verbose,
     tilt: float = 0.0,
 ):
-    """Full-batch L-BFGS (strong Wolfe line search) on the margin objective (λ = 0).
+    """Full-batch L-BFGS (strong Wolfe line search) on the margin objective (λ = 0); for a
+    plain cosine head, where its products fit in memory, L-BFGS on the unit spheres
+    (:func:`~mr2_probe._sphere.sphere_lbfgs`, an exact line search).
 
     ``initial`` is :func:`refresh_statistics` of the starting point; without a projection
     the representation is fixed, and so are the statistics and margins. With ``tilt`` > 0
@@ -364,16 +368,25 @@ def fit_lbfgs(
         curve[n_iter] = total
         return total
 
-    # A cosine head's objective does not depend on the norms of W's rows, and its gradient
-    # in W shrinks as 1 / ‖w_k‖ while L-BFGS lets the norms grow: each round ends with the
+    # A cosine head's objective does not depend on the norms of W's rows, and it is badly
+    # conditioned at large scales: more pairs than the linear head's 10 cut the iterations
+    # (README, "Speed"). Its solver is an L-BFGS on the unit spheres (mr2_probe/_sphere.py)
+    # where the products X·Wᵀ of two directions are kept (n_samples × n_classes each, up
+    # to KEEP_PRODUCTS); beyond that, rounds of torch's L-BFGS below: the gradient in W
+    # shrinks as 1 / ‖w_k‖ while L-BFGS lets the norms grow, so each round ends with the
     # rows rescaled to unit norm, which leaves the objective where it is, and the test on
     # tol is then the gradient in the unit directions, whatever the norms had become.
-    # Its objective is also badly conditioned at large scales: more pairs than the linear
-    # head's 10 cut the iterations (README, "Speed").
     rounds, history = 1, _LINEAR_HISTORY
     if head.is_plain_cosine:
         pairs = _COSINE_HISTORY_ELEMENTS // (2 * head.weight.numel())
         rounds, history = _COSINE_ROUNDS, int(min(_COSINE_HISTORY, max(10, pairs)))
+    if head.is_plain_cosine and source.n_samples * spec.n_classes <= KEEP_PRODUCTS:
+        n_iter, stop, largest, values = sphere_lbfgs(
+            head, source, margins, risk, history=history, max_iter=max_iter, tol=tol, bar=bar
+        )
+        bar.close()
+        result = SolverResult(n_iter, stop == "tol", values, largest, stats, margins, stop=stop)
+        return _with_class_losses(result, head, source, spec, risk)
     for _ in range(rounds):
         optimizer = _LBFGS(
             params,

@@ -70,6 +70,7 @@ def test_runs_every_section_and_writes_its_rows(bench, tmp_path, capsys):
     names = [row.get("model", row.get("search")) for row in rows]
     assert sum(name.startswith("  linear at mean μ") for name in names) == 2
     assert any(name.endswith(", 30 pairs") for name in names)
+    assert sum(name.startswith("  rounds of torch's L-BFGS") for name in names) == 1
     assert any("LogisticRegression (sklearn)" in name and "same" in name for name in names)
     searches = [row for row in rows if "search" in row]
     assert len(searches) == 3
@@ -128,7 +129,8 @@ def test_repeat_keeps_the_best_time_of_its_fits(bench, monkeypatch, capsys):
     bench.main(["--n-samples", "300", "--n-test", "60", "--n-features", "8",
                 "--n-classes", "3", "--scales", "8", "16", "--no-before", "--no-equivalent",
                 "--repeat", "2"])  # fmt: skip
-    assert fits == [2, 2, 2, 2]  # scikit-learn's, the linear head's and both cosine rows
+    # scikit-learn's, the linear head's, and both scales' cosine rows and their rounds'
+    assert fits == [2] * 6
     assert "best of 2, " in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench.main(["--repeat", "0"])

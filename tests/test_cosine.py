@@ -5,17 +5,20 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from sklearn.exceptions import ConvergenceWarning
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
 from mr2_probe import _batched as batched
+from mr2_probe import _solvers as solvers
 from mr2_probe._batched import FoldBatch, Memory
 from mr2_probe._data import H5Source, TensorSource
 from mr2_probe._head import PAIR_OPENING, open_pair
 from mr2_probe._losses import margin_cross_entropy, tilted_class_risk
 from mr2_probe._path import FoldPath
 from mr2_probe._solvers import ClassRisk, plain_data_term, tilted_data_term
+from mr2_probe._sphere import _Line, _Memory, _tangent
 from tests.reference_mr2 import cosine_lbfgs_before
 
 from .test_head import _head
@@ -777,3 +780,104 @@ def test_predictions_of_rows_near_float32s_largest_value_are_those_of_the_unit_r
     np.testing.assert_array_equal(clf.predict(huge), clf.predict(X))
     as_tensor = clf.decision_function(torch.as_tensor(huge))
     np.testing.assert_allclose(as_tensor.numpy(), clf.decision_function(X), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tilt", [0.0, 2.0])
+def test_the_line_gives_the_objective_and_its_derivatives_along_the_retraction(tilt):
+    """The objective at the rows U + t·D normalised, and its first two derivatives in t,
+    from the kept products r·X·Uᵀ and r·X·Dᵀ alone, against autograd on the model."""
+    gen = torch.Generator().manual_seed(0)
+    n, d, k, scale = 50, 6, 4, 7.0
+    X = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    y, w = torch.arange(n) % k, torch.rand(n, generator=gen, dtype=torch.float64)
+    U = F.normalize(torch.randn(k, d, generator=gen, dtype=torch.float64), dim=1)
+    D = _tangent(U, torch.randn(k, d, generator=gen, dtype=torch.float64))
+    margins = 1 + torch.rand(k, generator=gen, dtype=torch.float64)
+    risk = ClassRisk(torch.zeros(k, dtype=X.dtype).index_add_(0, y, w), tilt)
+    r = 1 / X.norm(dim=1)
+    onehot = torch.zeros(n, k, dtype=X.dtype).scatter_(1, y[:, None], w[:, None])
+    line = _Line(
+        (X @ U.T) * r[:, None], (X @ D.T) * r[:, None], (D * D).sum(1), scale / margins[y],
+        y, onehot, risk,
+    )  # fmt: skip
+    for step in (0.0, 0.3, 2.0):
+        t = torch.tensor(step, dtype=X.dtype, requires_grad=True)
+        z = scale * F.normalize(X, dim=1) @ F.normalize(U + t * D, dim=1).T
+        loss = margin_cross_entropy(z, y, margins, reduction="none")
+        value = risk.risk(risk.class_loss(torch.zeros(k, dtype=X.dtype).index_add(0, y, loss * w)))
+        (slope,) = torch.autograd.grad(value[0], t, create_graph=True)
+        (curvature,) = torch.autograd.grad(slope, t)
+        got = line(step)
+        assert got[0] == pytest.approx(float(value[0]), rel=1e-12)
+        assert got[1] == pytest.approx(float(slope), rel=1e-10, abs=1e-14)
+        assert got[2] == pytest.approx(float(curvature), rel=1e-10, abs=1e-14)
+
+
+def test_the_compact_memory_is_the_two_loop_recursion_on_projected_pairs():
+    """−H·g of the spheres' memory, in compact form with one initial scale per class and
+    the pairs projected (once) onto the tangent space at U, is the two-loop recursion's."""
+    gen = torch.Generator().manual_seed(0)
+    k, d, history = 4, 7, 5
+    memory = _Memory((k, d), history, torch.zeros(1, dtype=torch.float64))
+    pairs = []
+    for _ in range(8):  # more pairs than the memory keeps: the oldest are dropped
+        at = F.normalize(torch.randn(k, d, generator=gen, dtype=torch.float64), dim=1)
+        s = _tangent(at, torch.randn(k, d, generator=gen, dtype=torch.float64))
+        y = 2 * s + 0.1 * _tangent(at, torch.randn(k, d, generator=gen, dtype=torch.float64))
+        assert memory.add(s, y)
+        pairs = (pairs + [(s, y)])[-history:]
+    U = F.normalize(torch.randn(k, d, generator=gen, dtype=torch.float64), dim=1)
+    g = _tangent(U, torch.randn(k, d, generator=gen, dtype=torch.float64))
+    memory.project(U)
+    s, y = pairs[-1]  # the initial scales: the latest pair's blocks, as it was added
+    torch.testing.assert_close(memory.gamma, (s * y).sum(1) / (y * y).sum(1))
+    pairs = [(_tangent(U, s), _tangent(U, y)) for s, y in pairs]
+    q, alphas = g.clone(), []
+    for s, y in reversed(pairs):
+        alphas.append(float((s * q).sum() / (s * y).sum()))
+        q = q - alphas[-1] * y
+    q = q * memory.gamma[:, None]
+    for (s, y), alpha in zip(pairs, reversed(alphas), strict=True):
+        q = q + (alpha - float((y * q).sum() / (s * y).sum())) * s
+    torch.testing.assert_close(memory.apply(U, g), -_tangent(U, q), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "data, params",
+    [
+        ("digits", {"scale": 16.0}),
+        ("digits", {"scale": 64.0}),
+        ("blobs", {"scale": 64.0, "class_tilt": 2.0}),
+        ("blobs", {"scale": 256.0, "class_weight": "balanced"}),
+    ],
+)
+def test_the_spheres_reach_the_solution_of_the_rounds(digits_unit, monkeypatch, data, params):
+    """The L-BFGS on the unit spheres and the previous solver (rounds of torch's L-BFGS,
+    kept for products beyond KEEP_PRODUCTS) fit the same model: predictions alike and
+    the objective no higher, tilted and weighted ones too."""
+    X, y = digits_unit if data == "digits" else _normalised_blobs()
+    X = X.astype(np.float64)
+    spheres = _fit(X, y, tol=1e-6, **params)
+    monkeypatch.setattr(solvers, "KEEP_PRODUCTS", 0)
+    monkeypatch.setattr(solvers, "sphere_lbfgs", _not_called)
+    rounds = _fit(X, y, tol=1e-6, **params)
+    assert np.mean(spheres.predict(X) == rounds.predict(X)) >= 0.995
+    assert spheres.loss_curve_[-1] <= rounds.loss_curve_[-1] * (1 + 1e-7)
+    assert spheres.n_iter_ < rounds.n_iter_
+    assert np.isfinite(spheres.coef_).all()
+
+
+def _not_called(*args, **kwargs):
+    raise AssertionError("the spheres' solver ran beyond KEEP_PRODUCTS")
+
+
+def test_an_hdf5_source_is_read_block_by_block_as_the_tensor_is(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    X, y = _normalised_blobs()
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        f.create_dataset("X", data=X, chunks=(64, X.shape[1]))
+    tensor = _fit(X, y, scale=64.0, tol=1e-6)
+    with h5py.File(tmp_path / "X.h5", "r") as f:
+        stored = _fit(f["X"], y, scale=64.0, tol=1e-6)
+    assert stored.n_iter_ == tensor.n_iter_
+    np.testing.assert_allclose(stored.coef_, tensor.coef_, rtol=1e-9, atol=1e-9)
