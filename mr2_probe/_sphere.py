@@ -71,7 +71,9 @@ class _Line:
         self.Yw = weighted_onehot  # w_i at (i, y_i), (n, K), float64
         self.Ca, self.Ma = C * factor_rows[:, None], M * factor_rows[:, None]
         # Σ_{i∈k} w_i·a_i·C_ik and ·M_ik: the true class's terms of z' and z'', by class.
-        self.true = torch.stack([self.Ca.double(), self.Ma.double()]).mul_(weighted_onehot).sum(1)
+        weights = weighted_onehot.gather(1, self.y)[:, 0]
+        true = torch.stack([self.Ca.gather(1, self.y)[:, 0], self.Ma.gather(1, self.y)[:, 0]])
+        self.true = self.Yw.new_zeros(2, C.shape[1]).index_add_(1, y, true.double() * weights)
         self.p = torch.empty_like(C)
         self.block = max(1, _LINE_BLOCK // C.shape[1])
         self.floor = math.log(torch.finfo(C.dtype).tiny) + 1  # exp(floor) is e·tiny
@@ -195,8 +197,8 @@ class _Memory:
         if not m:
             return
         A, B = (S * U).sum(-1), (Y * U).sum(-1)  # components along U (m, K)
-        S -= A[..., None] * U
-        Y -= B[..., None] * U
+        S.addcmul_(A[..., None], U, value=-1)
+        Y.addcmul_(B[..., None], U, value=-1)
         A, B = A.double(), B.double()
         self.SY[:m, :m] -= A @ B.T
         self.YY[:, :m, :m] -= B.T[:, :, None] * B.T[:, None, :]
