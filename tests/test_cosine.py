@@ -497,6 +497,18 @@ def test_a_two_class_cosine_path_keeps_both_rows_between_scales(batch_folds, mon
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("tilt", [0.0, 1.0])
+def test_a_cuda_cosine_fit_on_the_spheres_is_the_cpu_one(digits_unit, tilt):
+    X, y = digits_unit
+    X = X.astype(np.float32)
+    cpu = _fit(X, y, scale=64.0, class_tilt=tilt)
+    gpu = _fit(X, y, scale=64.0, class_tilt=tilt, device="cuda")
+    assert np.mean(gpu.predict(X) == cpu.predict(X)) > 0.99
+    assert gpu.loss_curve_[-1] == pytest.approx(cpu.loss_curve_[-1], rel=1e-4)
+    assert np.isfinite(gpu.coef_).all()
+
+
+@pytest.mark.cuda
 def test_cuda_cosine_search_chooses_as_the_cpu_one(digits_unit):
     X, y = digits_unit
     X = X.astype(np.float32)
