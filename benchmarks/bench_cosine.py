@@ -3,8 +3,9 @@
 L2-normalised features (synthetic by default, or the ``features`` of a feature store with
 ``--store``), one run: scikit-learn's LogisticRegression and the linear head at ``--C``,
 then the cosine head at each ``--scales`` value, solved as the estimator does (L-BFGS on
-the unit spheres), by its previous solver (rounds of torch's L-BFGS, which the estimator
-keeps for problems whose products exceed ``KEEP_PRODUCTS``; ``--no-rounds`` skips it) and as
+the unit spheres where ``runs_on_spheres`` takes it, as on the default data), by its
+previous solver (rounds of torch's L-BFGS, which the estimator keeps elsewhere;
+``--no-rounds`` skips it) and as
 it was solved before that (autograd gradients, 10 L-BFGS pairs, the test on tol in W;
 ``--no-before`` skips it), with the same tol. Each cosine row prints its time relative to
 the linear head, its iterations, its training objective and its test accuracy.
@@ -213,9 +214,9 @@ def main(argv=None):
         margins = cosine.margins_
         report(f"MR2 cosine, scale={scale:g}", seconds, cosine.n_iter_,
                objective(X, y, cosine.coef_, margins), cosine.score(Xt, yt), short)  # fmt: skip
-        if not args.no_rounds:  # the previous solver, kept beyond KEEP_PRODUCTS
+        if not args.no_rounds:  # the previous solver, kept where the spheres do not pay
             rounds = MR2LinearClassifier(head="cosine", scale=scale, c_bar=args.c_bar, **common)
-            with patch.object(solvers, "KEEP_PRODUCTS", 0):
+            with patch.object(solvers, "runs_on_spheres", lambda *args: False):
                 seconds, _, short = timed(lambda rounds=rounds: rounds.fit(X, y), args.repeat)
             report("  rounds of torch's L-BFGS (previous)", seconds, rounds.n_iter_,
                    objective(X, y, rounds.coef_, margins), rounds.score(Xt, yt), short)  # fmt: skip

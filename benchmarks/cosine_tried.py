@@ -7,8 +7,8 @@ training objective, and how many test predictions agree with the cold fit's. Ite
 objectives do not depend on the machine's load (the bf16 experiment's times do; its ratio
 is taken within the run).
 
-- ``cold``: the previous solver, rounds of torch's L-BFGS (the estimator's for problems
-  whose kept products would exceed ``KEEP_PRODUCTS`` elements), from the class prototypes:
+- ``cold``: the previous solver, rounds of torch's L-BFGS (the estimator's where
+  ``runs_on_spheres`` does not take the spheres), from the class prototypes:
   the reference every experiment below is measured against and varies; then the
   estimator's own solver, the L-BFGS on the unit spheres (``mr2_probe/_sphere.py``).
 - ``chain``: warm starts up a ladder of scales (``warm_start=True``), 16 → 32 → … → scale.
@@ -103,8 +103,8 @@ class Bench:
 
     def fit(self, X=None, y=None, start=None, round_test=True, spheres=False, **params):
         """A cosine fit (warm from ``start``'s solution if given) by the previous solver,
-        rounds of torch's L-BFGS (which the estimator keeps for problems whose products
-        exceed ``KEEP_PRODUCTS``), or with ``spheres`` by the estimator's L-BFGS on the unit
+        rounds of torch's L-BFGS (which the estimator keeps where ``runs_on_spheres``
+        does not take the spheres), or with ``spheres`` by the estimator's L-BFGS on the unit
         spheres; also sets ``short_`` (a ConvergenceWarning) and ``rounds_`` (the
         iterations of each L-BFGS round). ``round_test=False`` ends a round on L-BFGS's
         other tests only, not on the gradient in W (which shrinks as the rows' norms grow);
@@ -128,7 +128,7 @@ class Bench:
 
         with (
             patch.object(solvers, "_LBFGS", Counted),
-            patch.object(solvers, "KEEP_PRODUCTS", solvers.KEEP_PRODUCTS if spheres else 0),
+            patch.object(solvers, "runs_on_spheres", lambda *args: spheres),
             warnings.catch_warnings(record=True) as caught,
         ):
             warnings.simplefilter("always", ConvergenceWarning)

@@ -33,7 +33,7 @@ from ._losses import (
     margin_cross_entropy,
     tilted_class_risk,
 )
-from ._sphere import KEEP_PRODUCTS, sphere_lbfgs
+from ._sphere import runs_on_spheres, sphere_lbfgs
 from ._stats import (
     ClassStats,
     class_margins,
@@ -371,8 +371,8 @@ def fit_lbfgs(
     # A cosine head's objective does not depend on the norms of W's rows, and it is badly
     # conditioned at large scales: more pairs than the linear head's 10 cut the iterations
     # (README, "Speed"). Its solver is an L-BFGS on the unit spheres (mr2_probe/_sphere.py)
-    # where the products X·Wᵀ of two directions are kept (n_samples × n_classes each, up
-    # to KEEP_PRODUCTS); beyond that, rounds of torch's L-BFGS below: the gradient in W
+    # where that pays (runs_on_spheres: products X·Wᵀ of two directions kept, X large
+    # enough, logits smooth enough); elsewhere, rounds of torch's L-BFGS below: the gradient in W
     # shrinks as 1 / ‖w_k‖ while L-BFGS lets the norms grow, so each round ends with the
     # rows rescaled to unit norm, which leaves the objective where it is, and the test on
     # tol is then the gradient in the unit directions, whatever the norms had become.
@@ -380,7 +380,9 @@ def fit_lbfgs(
     if head.is_plain_cosine:
         pairs = _COSINE_HISTORY_ELEMENTS // (2 * head.weight.numel())
         rounds, history = _COSINE_ROUNDS, int(min(_COSINE_HISTORY, max(10, pairs)))
-    if head.is_plain_cosine and source.n_samples * spec.n_classes <= KEEP_PRODUCTS:
+    if head.is_plain_cosine and runs_on_spheres(
+        source, head.weight.shape[1], spec.n_classes, float(head.scale), margins
+    ):
         n_iter, stop, largest, values = sphere_lbfgs(
             head, source, margins, risk, history=history, max_iter=max_iter, tol=tol, bar=bar
         )

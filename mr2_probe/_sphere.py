@@ -32,6 +32,17 @@ import torch.nn.functional as F
 
 # Products C and M kept (n_samples × n_classes elements each) when they fit in this many.
 KEEP_PRODUCTS = 2**24
+# An iteration here costs more than one of the rounds of torch's L-BFGS (a line search over
+# the n × K products, a memory in compact form), so the spheres run where reading X
+# dominates it, at least this many entries of X (fmnist features, 1,280 of them, scales 64
+# and 256: 20,000 rows took 12% to 21% less time than the rounds, 5,000 rows 14% less to
+# 13% more, 500 rows up to 1.7 times more; README, "Speed")...
+MIN_ENTRIES = 2**24
+# ...and where the logits stay smooth: with scale / min γ beyond this the loss is nearly
+# piecewise linear, and a line search along the retraction makes little progress (digits
+# at scale 10¹²: still 4e7 after 2,000 iterations, where the rounds reach 0 in 22; at 10⁵,
+# 132 iterations against 24; at 512, 46 against 40).
+MAX_SHARPNESS = 1024.0
 # Rows of C and M per block of a line evaluation (bounds its temporaries).
 _LINE_BLOCK = 2**22
 # The kept cosines C are recomputed from X every this many iterations (rounding drift).
@@ -40,6 +51,8 @@ _REFRESH = 50
 # this fraction of the slope at t = 0 (a strong Wolfe test with c₂ = 0.1), or once t
 # changes by less than _LINE_RTOL of itself.
 _LINE_STEPS = 30
+# Halvings of a step without a sufficient decrease, at most (2⁻⁶⁰ of the first).
+_BACKTRACKS = 60
 _LINE_SLOPE = 0.1
 _LINE_RTOL = 1e-6
 # Iterations in a row that do not lower the best objective by more than the dtype's
@@ -120,27 +133,39 @@ class _Line:
         slope, curvature = along.tolist()
         return float(value), slope, curvature, factor
 
-    def minimise(self, first: float, slope0: float):
-        """The step that (nearly) minimises the objective along the line: doubled from
-        ``first`` until the slope turns, then Newton's steps within the bracket of the
-        slope's change of sign (else its midpoint), until the slope is within
-        _LINE_SLOPE of ``slope0``. Returns (t, value, class factor at t); the last
-        evaluation is at t."""
+    def minimise(self, first: float, slope0: float, value0: float):
+        """A step that (nearly) minimises the objective along the line: doubled from
+        ``first`` while the slope stays negative and the decrease sufficient, then Newton's
+        steps within the bracket (else its midpoint), until the slope is within _LINE_SLOPE
+        of ``slope0`` at a sufficient decrease from ``value0``. A step whose value is above
+        that (the far plateau of a large scale, where the slope vanishes too) bounds the
+        bracket from above. Returns (t, value, class factor at t); the last evaluation is
+        at t."""
+        # value0 is the previous line's: its rounding differs from this line's by a few
+        # epsilons (the caller's test of the decrease takes this line's own value at 0).
+        slack = 16 * torch.finfo(self.C.dtype).eps * max(1.0, abs(value0))
+
+        def sufficient(t, value):
+            return value <= value0 + _ARMIJO * t * slope0 + slack
+
         lo, t = 0.0, first
         value, slope, curvature, factor = self(t)
         while slope < 0 and t < 1e12 and abs(slope) > _LINE_SLOPE * abs(slope0):
+            if not sufficient(t, value):
+                break
             lo, t = t, 2 * t
             value, slope, curvature, factor = self(t)
         hi = t
         for _ in range(_LINE_STEPS):
-            if abs(slope) <= _LINE_SLOPE * abs(slope0):
+            enough = sufficient(t, value)
+            if enough and abs(slope) <= _LINE_SLOPE * abs(slope0):
                 break
-            newton = t - slope / curvature if curvature > 0 else float("nan")
+            newton = t - slope / curvature if enough and curvature > 0 else float("nan")
             trial = newton if lo < newton < hi else (lo + hi) / 2
             converged = abs(trial - t) <= _LINE_RTOL * trial
             t = trial
             value, slope, curvature, factor = self(t)
-            lo, hi = (t, hi) if slope < 0 else (lo, t)
+            lo, hi = (t, hi) if slope < 0 and sufficient(t, value) else (lo, t)
             if converged:
                 break
         return t, value, factor
@@ -228,6 +253,15 @@ class _Memory:
         return True
 
 
+def runs_on_spheres(source, n_features: int, n_classes: int, scale: float, margins) -> bool:
+    """Whether a plain cosine fit takes :func:`sphere_lbfgs` (else the rounds of torch's
+    L-BFGS): products that fit, enough entries of X, logits smooth enough."""
+    n = source.n_samples
+    if n * n_classes > KEEP_PRODUCTS or n * n_features < MIN_ENTRIES:
+        return False
+    return scale <= MAX_SHARPNESS * float(margins.min())
+
+
 def sphere_lbfgs(head, source, margins, risk, *, history, max_iter, tol, bar):
     """Fit a plain cosine head's rows by L-BFGS on the unit spheres (see the module).
 
@@ -266,7 +300,9 @@ def sphere_lbfgs(head, source, margins, risk, *, history, max_iter, tol, bar):
     line = _Line(C, C, C.new_zeros(C.shape[1]), factor_rows, y, onehot, risk)
     value, _, _, factor = line(0.0)
     g = gradient(line, factor)
-    memory = _Memory(U.shape, history, U)
+    # The Grams of the per-class scales hold K × history² numbers: no more than the pairs'
+    # 2 × history × K × d (2,000 classes of 8 features took 610 MB at 200 pairs).
+    memory = _Memory(U.shape, min(history, max(10, 2 * U.shape[1])), U)
     curve = [value]
     largest = float(g.abs().max())
     n_iter, stop = 0, "tol"
@@ -286,13 +322,15 @@ def sphere_lbfgs(head, source, margins, risk, *, history, max_iter, tol, bar):
         M = both[:, : len(D)]
         if refresh:
             C = both[:, len(D) :]
-        first = 1.0 if n_iter else min(1.0, 1.0 / float(g.abs().sum()))
+        # Without pairs (the first iteration, or the memory dropped or not yet formed) the
+        # direction is −g, of any size: the first step moves the rows by at most 1 (ℓ1).
+        first = 1.0 if memory.order else min(1.0, 1.0 / float(g.abs().sum()))
         line = _Line(C, M, (D * D).sum(1), factor_rows, y, onehot, risk)
-        t, new_value, factor = line.minimise(first, slope)
+        t, new_value, factor = line.minimise(first, slope, value)
         accepted = new_value <= value + _ARMIJO * t * slope
         if not accepted:  # against this line's own value at 0 (the rounding differs)
             base = line(0.0)[0]
-            for _ in range(_LINE_STEPS):  # backtracking; the last evaluation at t
+            for _ in range(_BACKTRACKS):  # halving; the last evaluation at t
                 new_value, _, _, factor = line(t)
                 accepted = new_value <= base + _ARMIJO * t * slope
                 if accepted:

@@ -498,7 +498,7 @@ def test_a_two_class_cosine_path_keeps_both_rows_between_scales(batch_folds, mon
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("tilt", [0.0, 1.0])
-def test_a_cuda_cosine_fit_on_the_spheres_is_the_cpu_one(digits_unit, tilt):
+def test_a_cuda_cosine_fit_on_the_spheres_is_the_cpu_one(spheres, digits_unit, tilt):
     X, y = digits_unit
     X = X.astype(np.float32)
     cpu = _fit(X, y, scale=64.0, class_tilt=tilt)
@@ -854,6 +854,13 @@ def test_the_compact_memory_is_the_two_loop_recursion_on_projected_pairs():
     torch.testing.assert_close(memory.apply(U, g), -_tangent(U, q), rtol=1e-12, atol=1e-14)
 
 
+@pytest.fixture
+def spheres(monkeypatch):
+    """Every plain cosine fit on the spheres, whatever runs_on_spheres would choose (the
+    small problems of the tests are below its MIN_ENTRIES)."""
+    monkeypatch.setattr(solvers, "runs_on_spheres", lambda *args: True)
+
+
 @pytest.mark.parametrize(
     "data, params",
     [
@@ -864,26 +871,95 @@ def test_the_compact_memory_is_the_two_loop_recursion_on_projected_pairs():
     ],
 )
 def test_the_spheres_reach_the_solution_of_the_rounds(digits_unit, monkeypatch, data, params):
-    """The L-BFGS on the unit spheres and the previous solver (rounds of torch's L-BFGS,
-    kept for products beyond KEEP_PRODUCTS) fit the same model: predictions alike and
-    the objective no higher, tilted and weighted ones too."""
+    """The L-BFGS on the unit spheres and the previous solver (rounds of torch's L-BFGS)
+    fit the same model: predictions alike and the objective no higher, tilted and
+    weighted ones too."""
     X, y = digits_unit if data == "digits" else _normalised_blobs()
     X = X.astype(np.float64)
-    spheres = _fit(X, y, tol=1e-6, **params)
-    monkeypatch.setattr(solvers, "KEEP_PRODUCTS", 0)
+    monkeypatch.setattr(solvers, "runs_on_spheres", lambda *args: True)
+    on_spheres = _fit(X, y, tol=1e-6, **params)
+    monkeypatch.setattr(solvers, "runs_on_spheres", lambda *args: False)
     monkeypatch.setattr(solvers, "sphere_lbfgs", _not_called)
     rounds = _fit(X, y, tol=1e-6, **params)
-    assert np.mean(spheres.predict(X) == rounds.predict(X)) >= 0.995
-    assert spheres.loss_curve_[-1] <= rounds.loss_curve_[-1] * (1 + 1e-7)
-    assert spheres.n_iter_ < rounds.n_iter_
-    assert np.isfinite(spheres.coef_).all()
+    assert np.mean(on_spheres.predict(X) == rounds.predict(X)) >= 0.995
+    assert on_spheres.loss_curve_[-1] <= rounds.loss_curve_[-1] * (1 + 1e-7)
+    assert on_spheres.n_iter_ < rounds.n_iter_
+    assert np.isfinite(on_spheres.coef_).all()
 
 
 def _not_called(*args, **kwargs):
-    raise AssertionError("the spheres' solver ran beyond KEEP_PRODUCTS")
+    raise AssertionError("the spheres' solver ran where runs_on_spheres said not to")
 
 
-def test_an_hdf5_source_is_read_block_by_block_as_the_tensor_is(tmp_path):
+def test_the_spheres_run_where_x_is_large_products_fit_and_logits_are_smooth(monkeypatch):
+    from mr2_probe import _sphere
+
+    source = TensorSource(torch.zeros(1000, 20), torch.zeros(1000), torch.ones(1000), 64)
+    margins = torch.tensor([0.5, 1.0, 2.0])
+    monkeypatch.setattr(_sphere, "MIN_ENTRIES", 20_000)
+    assert _sphere.runs_on_spheres(source, 20, 3, 512.0, margins)
+    assert not _sphere.runs_on_spheres(source, 19, 3, 512.0, margins)  # X too small
+    assert not _sphere.runs_on_spheres(source, 20, 3, 513.0, margins)  # s / min γ > 1024
+    monkeypatch.setattr(_sphere, "KEEP_PRODUCTS", 2999)
+    assert not _sphere.runs_on_spheres(source, 20, 3, 512.0, margins)  # products too many
+
+
+def test_a_huge_scale_runs_on_the_rounds_and_separates_the_classes():
+    # On the spheres digits at scale 10¹² was still at a loss of 4e7 after 2,000
+    # iterations; the rounds reach 0 in about 20.
+    X, y = load_digits(return_X_y=True)
+    clf = MR2LinearClassifier(head="cosine", scale=1e12, device="cpu").fit(X, y)
+    assert clf.loss_curve_[-1] == 0 and clf.score(X, y) == 1.0
+
+
+def test_the_spheres_line_search_does_not_take_the_far_plateau_of_a_huge_scale(spheres):
+    # At scale 10¹² the slope along the retraction vanishes far out too (the rows turn to
+    # D/‖D‖): a step of 1 along an unscaled −g was taken there, 260 times the start's loss,
+    # then no backtracking recovered a decrease and the fit stalled after 1 iteration.
+    X, y = load_digits(return_X_y=True)
+    with pytest.warns(ConvergenceWarning, match="did not converge in max_iter=20"):
+        clf = MR2LinearClassifier(head="cosine", scale=1e12, max_iter=20, device="cpu").fit(X, y)
+    assert clf.n_iter_ == 20 and clf.loss_curve_[-1] < clf.loss_curve_[0] / 10
+    assert (np.diff(clf.loss_curve_) < 0).all()
+
+
+@pytest.mark.parametrize("weight, dtype", [(1e-42, np.float32), (1e-310, np.float64)])
+def test_weights_near_the_smallest_normal_number_fit_as_unit_weights_on_the_spheres(
+    spheres, weight, dtype
+):
+    # The objective does not depend on the weights' scale: taken relative to the largest.
+    # Taken as given, the fit stopped at once, "converged", far from the optimum (in
+    # float32 1e-42 keeps 3 bits). (c_bar=None: the margins' class statistics, weighted
+    # too, are not under test.)
+    X, y = np.random.RandomState(0).randn(60, 4).astype(dtype), np.arange(60) % 3
+    unit = _fit(X, y, c_bar=None, max_iter=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        tiny = MR2LinearClassifier(head="cosine", c_bar=None, device="cpu").fit(
+            X, y, np.full(60, weight)
+        )
+    # The same objective reached (the starts differ: the class prototypes, weighted too).
+    assert tiny.loss_curve_[-1] == pytest.approx(unit.loss_curve_[-1], rel=1e-5)
+    assert np.array_equal(tiny.predict(X), unit.predict(X))
+
+
+def test_a_stall_on_float32_rounding_ends_the_fit_on_the_spheres(spheres):
+    # A gradient of 1e-7 asked for, below float32's rounding of it: the fit ran on to
+    # max_iter, its steps accepted on rounding alone. It stops, with the float64 advice.
+    X, y = np.random.RandomState(0).randn(60, 4), np.arange(60) % 3
+    with pytest.warns(ConvergenceWarning) as record:
+        stalled = MR2LinearClassifier(head="cosine", tol=1e-7, device="cpu").fit(
+            X.astype(np.float32), y
+        )
+    message = str(record[0].message)
+    assert "Use float64 features for a tighter solution" in message and "scale" not in message
+    assert stalled.n_iter_ < 100
+    precise = MR2LinearClassifier(head="cosine", tol=1e-7, device="cpu").fit(X, y)
+    assert precise.n_iter_ < 100
+    assert precise.loss_curve_[-1] <= stalled.loss_curve_[-1] + 1e-6
+
+
+def test_an_hdf5_source_is_read_block_by_block_as_the_tensor_is(spheres, tmp_path):
     h5py = pytest.importorskip("h5py")
     X, y = _normalised_blobs()
     with h5py.File(tmp_path / "X.h5", "w") as f:
