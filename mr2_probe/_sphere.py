@@ -41,7 +41,7 @@ MIN_ENTRIES = 2**24
 # ...and where the logits stay smooth: with scale / min γ beyond this the loss is nearly
 # piecewise linear, and a line search along the retraction makes little progress (digits
 # at scale 10¹²: still 4e7 after 2,000 iterations, where the rounds reach 0 in 22; at 10⁵,
-# 132 iterations against 24; at 512, 46 against 40).
+# 132 iterations against 24; at 512, s / min γ = 518, 46 against 40).
 MAX_SHARPNESS = 1024.0
 # Rows of C and M per block of a line evaluation (bounds its temporaries).
 _LINE_BLOCK = 2**22
@@ -255,7 +255,10 @@ class _Memory:
 
 def runs_on_spheres(source, n_features: int, n_classes: int, scale: float, margins) -> bool:
     """Whether a plain cosine fit takes :func:`sphere_lbfgs` (else the rounds of torch's
-    L-BFGS): products that fit, enough entries of X, logits smooth enough."""
+    L-BFGS): products that fit, enough entries of X, logits smooth enough, and a device
+    with float64 (not MPS), in which the line's sums and the memory's Grams are taken."""
+    if source.y.device.type == "mps":
+        return False
     n = source.n_samples
     if n * n_classes > KEEP_PRODUCTS or n * n_features < MIN_ENTRIES:
         return False
@@ -301,7 +304,8 @@ def sphere_lbfgs(head, source, margins, risk, *, history, max_iter, tol, bar):
     value, _, _, factor = line(0.0)
     g = gradient(line, factor)
     # The Grams of the per-class scales hold K × history² numbers: no more than the pairs'
-    # 2 × history × K × d (2,000 classes of 8 features took 610 MB at 200 pairs).
+    # 2 × history × K × d (in float64, so up to twice their bytes in float32; 2,000
+    # classes of 8 features took 610 MB at 200 pairs).
     memory = _Memory(U.shape, min(history, max(10, 2 * U.shape[1])), U)
     curve = [value]
     largest = float(g.abs().max())

@@ -1,6 +1,7 @@
 """The cosine head's L-BFGS: closed-form gradients, unit-direction rounds, same solutions."""
 
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -900,6 +901,8 @@ def test_the_spheres_run_where_x_is_large_products_fit_and_logits_are_smooth(mon
     assert _sphere.runs_on_spheres(source, 20, 3, 512.0, margins)
     assert not _sphere.runs_on_spheres(source, 19, 3, 512.0, margins)  # X too small
     assert not _sphere.runs_on_spheres(source, 20, 3, 513.0, margins)  # s / min γ > 1024
+    mps = SimpleNamespace(n_samples=1000, y=SimpleNamespace(device=torch.device("mps")))
+    assert not _sphere.runs_on_spheres(mps, 20, 3, 512.0, margins)  # no float64 on MPS
     monkeypatch.setattr(_sphere, "KEEP_PRODUCTS", 2999)
     assert not _sphere.runs_on_spheres(source, 20, 3, 512.0, margins)  # products too many
 
