@@ -29,8 +29,10 @@ order from the previous solution, against GridSearchCV over MR2LinearClassifier,
 fits every scale of every fold cold, and one cold fit at the largest scale on a fold's
 training rows (what the sweep costs per fold, in fits).
 
-``--repeat N`` keeps the best of N fit times for every row of the table (not the
-``--sweep``'s): on a shared machine one fit's time can be a fifth off.
+``--device cuda`` fits the MR2 rows there (``benchmarks/gpu_check.sh`` does, on 20,000 ×
+1,024 synthetic features, where the spheres run). ``--repeat N`` keeps the best of N fit
+times for every row of the table (not the ``--sweep``'s): on a shared machine one fit's
+time can be a fifth off.
 
     python benchmarks/bench_cosine.py                                 # 20,000 × 512, 10 classes
     python benchmarks/bench_cosine.py --store runs/cache/fmnist_train_lite0_64.h5
@@ -170,16 +172,19 @@ def main(argv=None):
         help="fits per row of the table, best time kept (default: 1)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--device", default="cpu", help="the MR2 rows' device (scikit-learn's: the CPU)"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     if args.sweep_folds < 2:
         parser.error(f"--sweep-folds must be at least 2; got {args.sweep_folds}")
 
     X, y, Xt, yt = load(args)
-    common = dict(tol=args.tol, max_iter=args.max_iter, device="cpu")
+    common = dict(tol=args.tol, max_iter=args.max_iter, device=args.device)
     with warnings.catch_warnings():  # torch's warm-up, two iterations: short of tol
         warnings.simplefilter("ignore", ConvergenceWarning)
-        MR2LinearClassifier(max_iter=2, device="cpu").fit(X[:500], y[:500])
+        MR2LinearClassifier(max_iter=2, device=args.device).fit(X[:500], y[:500])
     print(
         f"{len(y)} × {X.shape[1]} L2-normalised float32 train, {len(yt)} test, "
         f"{len(np.unique(y))} classes, tol={args.tol}, "
@@ -254,7 +259,7 @@ def equivalent(X, y, Xt, yt, cosine, args, report):
     c_mean, c_range = equivalent_C(mu.mean(), len(y)), equivalent_C(mu, len(y))
     tol = args.tol / cosine.scale
     kw = dict(fit_intercept=False, c_bar=cosine.c_bar, p=cosine.p_, C=c_mean, tol=tol,
-              max_iter=args.max_iter, device="cpu")  # fmt: skip
+              max_iter=args.max_iter, device=args.device)  # fmt: skip
     histories = [None] + ([args.linear_history] if args.linear_history else [])
     for history in histories:
         linear = MR2LinearClassifier(**kw)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: with a CUDA device, every CUDA test (pytest -m cuda), the ImageNet-size
 # probe (benchmarks/bench_probe_imagenet.py), bench_fit.py (the GPU rows and the CPU peer),
-# bench_cv.py (where it exists), bench_extract.py (timm; open_clip too where it is
-# installed), each under its own time limit and 5 minutes in all (a rerun fits in a
+# bench_cv.py (where it exists), bench_cosine.py (the cosine head's two solvers),
+# bench_extract.py (timm; open_clip too where it is installed), each under its own time limit and 5 minutes in all (a rerun fits in a
 # 15-minute device lease with the machine's start), collected into one JSON file. Without
 # CUDA it says so, writes why into that file and exits 0; an interpreter that cannot
 # import torch exits 1. Run it from anywhere; the project need not be installed
@@ -103,6 +103,10 @@ if [[ -f benchmarks/bench_cv.py ]]; then
 else
     skip bench_cv "benchmarks/bench_cv.py does not exist in this tree"
 fi
+# The cosine head on the GPU: its L-BFGS on the unit spheres (X of 2**24 entries or more)
+# against the rounds of torch's L-BFGS, beside the linear head and scikit-learn (CPU).
+section bench_cosine 40 "$logs/bench_cosine.json" "$PYTHON" benchmarks/bench_cosine.py \
+    --device cuda --n-features 1024 --no-before --no-equivalent --json "$logs/bench_cosine.json"
 # Folder and Parquet (the device's image has no webdataset package to write shards with).
 section extract_timm 60 "$logs/extract_timm.json" "$PYTHON" benchmarks/bench_extract.py \
     --backbone timm:resnet50@random --image-size 224 --source-size 256 --n-images 512 \
