@@ -103,10 +103,12 @@ if [[ -f benchmarks/bench_cv.py ]]; then
 else
     skip bench_cv "benchmarks/bench_cv.py does not exist in this tree"
 fi
-# The cosine head on the GPU: its L-BFGS on the unit spheres (X of 2**24 entries or more)
-# against the rounds of torch's L-BFGS, beside the linear head and scikit-learn (CPU).
+# The cosine head on the GPU: its L-BFGS on the unit spheres (which the estimator takes on
+# a CPU only, until measured here) against the rounds of torch's L-BFGS, beside the linear
+# head and scikit-learn (CPU).
 section bench_cosine 40 "$logs/bench_cosine.json" "$PYTHON" benchmarks/bench_cosine.py \
-    --device cuda --n-features 1024 --no-before --no-equivalent --json "$logs/bench_cosine.json"
+    --device cuda --spheres --n-features 1024 --no-before --no-equivalent \
+    --json "$logs/bench_cosine.json"
 # Folder and Parquet (the device's image has no webdataset package to write shards with).
 section extract_timm 60 "$logs/extract_timm.json" "$PYTHON" benchmarks/bench_extract.py \
     --backbone timm:resnet50@random --image-size 224 --source-size 256 --n-images 512 \

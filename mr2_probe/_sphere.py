@@ -255,9 +255,13 @@ class _Memory:
 
 def runs_on_spheres(source, n_features: int, n_classes: int, scale: float, margins) -> bool:
     """Whether a plain cosine fit takes :func:`sphere_lbfgs` (else the rounds of torch's
-    L-BFGS): products that fit, enough entries of X, logits smooth enough, and a device
-    with float64 (not MPS), in which the line's sums and the memory's Grams are taken."""
-    if source.y.device.type == "mps":
+    L-BFGS): products that fit, enough entries of X, logits smooth enough, on a CPU.
+
+    Only the CPU has measured them: on a GPU, where reading X is cheap and each line
+    evaluation waits on the host, the rounds run until ``benchmarks/gpu_check.sh``
+    (bench_cosine.py --spheres) shows the spheres faster there (and MPS has no float64,
+    which the line's sums and the memory's Grams take)."""
+    if source.y.device.type != "cpu":
         return False
     n = source.n_samples
     if n * n_classes > KEEP_PRODUCTS or n * n_features < MIN_ENTRIES:

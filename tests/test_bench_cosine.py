@@ -135,3 +135,20 @@ def test_repeat_keeps_the_best_time_of_its_fits(bench, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--repeat", "0"])
     assert "--repeat: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_spheres_fit_the_cosine_rows_on_the_spheres_where_the_estimator_would_not(
+    bench, monkeypatch, capsys
+):
+    calls = []
+    real = bench.solvers.sphere_lbfgs
+    monkeypatch.setattr(
+        bench.solvers, "sphere_lbfgs", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    args = ["--n-samples", "300", "--n-test", "60", "--n-features", "8", "--n-classes", "3",
+            "--scales", "8", "--no-before", "--no-equivalent"]  # fmt: skip
+    bench.main(args)  # 300 × 8: below MIN_ENTRIES, the rounds
+    assert not calls and "(spheres)" not in capsys.readouterr().out
+    bench.main([*args, "--spheres"])
+    assert len(calls) == 1  # the cosine row, not its rounds
+    assert "MR2 cosine, scale=8 (spheres)" in capsys.readouterr().out

@@ -500,6 +500,7 @@ def test_a_two_class_cosine_path_keeps_both_rows_between_scales(batch_folds, mon
 @pytest.mark.cuda
 @pytest.mark.parametrize("tilt", [0.0, 1.0])
 def test_a_cuda_cosine_fit_on_the_spheres_is_the_cpu_one(spheres, digits_unit, tilt):
+    # (Forced: the estimator takes the spheres on a CPU only, until measured on a GPU.)
     X, y = digits_unit
     X = X.astype(np.float32)
     cpu = _fit(X, y, scale=64.0, class_tilt=tilt)
@@ -901,8 +902,9 @@ def test_the_spheres_run_where_x_is_large_products_fit_and_logits_are_smooth(mon
     assert _sphere.runs_on_spheres(source, 20, 3, 512.0, margins)
     assert not _sphere.runs_on_spheres(source, 19, 3, 512.0, margins)  # X too small
     assert not _sphere.runs_on_spheres(source, 20, 3, 513.0, margins)  # s / min γ > 1024
-    mps = SimpleNamespace(n_samples=1000, y=SimpleNamespace(device=torch.device("mps")))
-    assert not _sphere.runs_on_spheres(mps, 20, 3, 512.0, margins)  # no float64 on MPS
+    for device in ("cuda", "mps"):  # measured on a CPU only; MPS has no float64
+        other = SimpleNamespace(n_samples=1000, y=SimpleNamespace(device=torch.device(device)))
+        assert not _sphere.runs_on_spheres(other, 20, 3, 512.0, margins)
     monkeypatch.setattr(_sphere, "KEEP_PRODUCTS", 2999)
     assert not _sphere.runs_on_spheres(source, 20, 3, 512.0, margins)  # products too many
 
