@@ -305,8 +305,8 @@ def fit_lbfgs(
     tilt: float = 0.0,
 ):
     """Full-batch L-BFGS (strong Wolfe line search) on the margin objective (λ = 0); for a
-    plain cosine head, where its products fit in memory, L-BFGS on the unit spheres
-    (:func:`~mr2_probe._sphere.sphere_lbfgs`, an exact line search).
+    plain cosine head where :func:`~mr2_probe._sphere.runs_on_spheres` takes it, L-BFGS on
+    the unit spheres (:func:`~mr2_probe._sphere.sphere_lbfgs`).
 
     ``initial`` is :func:`refresh_statistics` of the starting point; without a projection
     the representation is fixed, and so are the statistics and margins. With ``tilt`` > 0
@@ -371,9 +371,10 @@ def fit_lbfgs(
     # A cosine head's objective does not depend on the norms of W's rows, and it is badly
     # conditioned at large scales: more pairs than the linear head's 10 cut the iterations
     # (README, "Speed"). Its solver is an L-BFGS on the unit spheres (mr2_probe/_sphere.py)
-    # where that pays (runs_on_spheres: products X·Wᵀ of two directions kept, X large
-    # enough, logits smooth enough); elsewhere, rounds of torch's L-BFGS below: the gradient in W
-    # shrinks as 1 / ‖w_k‖ while L-BFGS lets the norms grow, so each round ends with the
+    # where that pays (runs_on_spheres: on a CPU, X large enough, the products X·Wᵀ of two
+    # directions kept, logits smooth enough); elsewhere, rounds of torch's L-BFGS below:
+    # the gradient in W shrinks as 1 / ‖w_k‖ while L-BFGS lets the norms grow, so each
+    # round ends with the
     # rows rescaled to unit norm, which leaves the objective where it is, and the test on
     # tol is then the gradient in the unit directions, whatever the norms had become.
     rounds, history = 1, _LINEAR_HISTORY

@@ -35,7 +35,7 @@ KEEP_PRODUCTS = 2**24
 # An iteration here costs more than one of the rounds of torch's L-BFGS (a line search over
 # the n × K products, a memory in compact form), so the spheres run where reading X
 # dominates it, at least this many entries of X (fmnist features, 1,280 of them, scales 64
-# and 256: 20,000 rows took 12% to 21% less time than the rounds, 5,000 rows 14% less to
+# and 256: 20,000 rows took 10% to 30% less time than the rounds, 5,000 rows 14% less to
 # 13% more, 500 rows up to 1.7 times more; README, "Speed")...
 MIN_ENTRIES = 2**24
 # ...and where the logits stay smooth: with scale / min γ beyond this the loss is nearly
@@ -51,10 +51,10 @@ _REFRESH = 50
 # this fraction of the slope at t = 0 (a strong Wolfe test with c₂ = 0.1), or once t
 # changes by less than _LINE_RTOL of itself.
 _LINE_STEPS = 30
-# Halvings of a step without a sufficient decrease, at most (2⁻⁶⁰ of the first).
-_BACKTRACKS = 60
 _LINE_SLOPE = 0.1
 _LINE_RTOL = 1e-6
+# Halvings of a step without a sufficient decrease, at most (2⁻⁶⁰ of the first).
+_BACKTRACKS = 60
 # Iterations in a row that do not lower the best objective by more than the dtype's
 # relative precision (float64: scipy's ftol as scikit-learn sets it, 64 epsilons, as
 # fit_lbfgs), after which the fit has stalled on rounding.
