@@ -42,7 +42,7 @@ from ._data import (
 )
 from ._device import default_torch_modes, resolve_device, to_numpy, to_tensor, torch_dtype
 from ._head import ProbeHead, decision_values
-from ._solvers import MarginSpec, fit_lbfgs, fit_minibatch, refresh_statistics
+from ._solvers import SGD_STABLE, MarginSpec, fit_lbfgs, fit_minibatch, refresh_statistics
 from ._stats import DIFFICULTIES, class_difficulty
 
 # Parameters this far out put the objective itself out of floating-point range.
@@ -792,6 +792,16 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 projection = (
                     f" (with lam > 0 the step also moves the projection's {entries} entries, "
                     f"whose penalty is {penalty} / (C·Σw) at C={C:g}: {helps} also helps)"
+                )
+            stiff = self.learning_rate / (C * data.weight_sum)  # the penalty's curvature × lr
+            if solver == "sgd" and head.head == "linear" and stiff > SGD_STABLE:
+                helps = "a larger C or " if "C" in self.get_params() else ""
+                raise FitDivergedError(
+                    f"Cannot fit: the sgd solver diverged, its epoch loss {rise}: the penalty "
+                    f"½‖W‖² / (C·Σw) at C={C:g} alone has a curvature that, times "
+                    f"learning_rate={self.learning_rate:g}, is {stiff:.3g}, beyond the "
+                    f"{SGD_STABLE:.3g} within which SGD with Nesterov momentum converges. "
+                    f"Use {helps}a smaller learning_rate and fit again."
                 )
             raise FitDivergedError(
                 f"Cannot fit: the {solver} solver diverged, its epoch loss {rise}: "

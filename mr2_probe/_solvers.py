@@ -561,6 +561,12 @@ class _Adam:
             param.addcdiv_(m, (v / correction2).sqrt_().add_(self.eps), value=-step)
 
 
+# On a quadratic of curvature λ these steps converge only while learning_rate·λ is below
+# 2(1 + μ) / (1 + 2μ), 1.357 at μ = 0.9: the penalty ½‖W‖² / (C·Σw) alone beyond it (a
+# small C) diverges the fit, whatever the features.
+SGD_STABLE = 2 * (1 + 0.9) / (1 + 2 * 0.9)
+
+
 class _NesterovSGD:
     """SGD with Nesterov momentum, as ``torch.optim.SGD(momentum=0.9, nesterov=True)``."""
 

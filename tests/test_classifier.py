@@ -1457,6 +1457,22 @@ def test_a_diverging_minibatch_fit_is_refused_naming_the_learning_rate(digits, d
         clf.fit(X, y, sample_weight=np.full(len(y), weight))
 
 
+def test_an_sgd_fit_diverged_by_a_small_c_names_c_not_the_features(digits):
+    # C = 1e-6 on 1,797 rows: the penalty's curvature 1/(C·Σw) = 556 times the default
+    # learning_rate 0.003 is 1.67, beyond Nesterov momentum's limit of 1.36: the loss went
+    # from 2.35 to 3.6e5 in 3 epochs, and the message said to scale the (already scaled)
+    # features.
+    X, y = digits
+    clf = MR2LinearClassifier(solver="sgd", C=1e-6, c_bar=None, random_state=0, device="cpu")
+    expected = r"at C=1e-06 alone .* is 1\.67, beyond the 1\.36 .* Use a larger C or a smaller"
+    with pytest.raises(ValueError, match=expected) as info:
+        clf.fit(X / 16, y)
+    assert "features" not in str(info.value)
+    with warnings.catch_warnings():  # as the message says
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.set_params(C=1e-5).fit(X / 16, y)
+
+
 def test_a_projection_s_penalty_that_diverges_is_named_beside_the_learning_rate():
     # 1,000 standardised features, 50 samples, C = 1e-6: Adam moves each of the 10⁶
     # entries of P by about its step, and ½‖P − I‖²/(C·Σw) took the loss from 2.3 to
