@@ -793,15 +793,21 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                     f" (with lam > 0 the step also moves the projection's {entries} entries, "
                     f"whose penalty is {penalty} / (C·Σw) at C={C:g}: {helps} also helps)"
                 )
-            stiff = self.learning_rate / (C * data.weight_sum)  # the penalty's curvature × lr
-            if solver == "sgd" and head.head == "linear" and stiff > SGD_STABLE:
-                helps = "a larger C or " if "C" in self.get_params() else ""
+            # The penalty's curvature 1/(C·Σw) times the step: beyond SGD_STABLE the
+            # penalty alone diverges sgd (½‖W‖² of a linear head, a projection's ½‖P − I‖²).
+            weight_sum = data.weight_sum
+            stiff = self.learning_rate / (C * weight_sum)
+            penalised = head.head == "linear" or head.has_projection
+            if solver == "sgd" and penalised and stiff > SGD_STABLE:
+                larger = C * stiff / SGD_STABLE
+                helps = f", or a C above {larger:.3g}" if "C" in self.get_params() else ""
                 raise FitDivergedError(
                     f"Cannot fit: the sgd solver diverged, its epoch loss {rise}: the penalty "
-                    f"½‖W‖² / (C·Σw) at C={C:g} alone has a curvature that, times "
-                    f"learning_rate={self.learning_rate:g}, is {stiff:.3g}, beyond the "
-                    f"{SGD_STABLE:.3g} within which SGD with Nesterov momentum converges. "
-                    f"Use {helps}a smaller learning_rate and fit again."
+                    f"/ (C·Σw), at C={C:g} and Σw={weight_sum:.4g}, alone has a curvature "
+                    f"that, times learning_rate={self.learning_rate:g}, is {stiff:.3g}, beyond "
+                    f"the {SGD_STABLE:.3g} within which SGD with Nesterov momentum converges. "
+                    f"For the penalty alone, use a learning_rate below "
+                    f"{self.learning_rate * SGD_STABLE / stiff:.3g}{helps}, and fit again."
                 )
             raise FitDivergedError(
                 f"Cannot fit: the {solver} solver diverged, its epoch loss {rise}: "

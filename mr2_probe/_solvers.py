@@ -561,16 +561,17 @@ class _Adam:
             param.addcdiv_(m, (v / correction2).sqrt_().add_(self.eps), value=-step)
 
 
-# On a quadratic of curvature λ these steps converge only while learning_rate·λ is below
-# 2(1 + μ) / (1 + 2μ), 1.357 at μ = 0.9: the penalty ½‖W‖² / (C·Σw) alone beyond it (a
-# small C) diverges the fit, whatever the features.
-SGD_STABLE = 2 * (1 + 0.9) / (1 + 2 * 0.9)
+# The sgd solver's momentum. On a quadratic of curvature λ its steps converge only while
+# learning_rate·λ is below 2(1 + μ) / (1 + 2μ), 1.357 at μ = 0.9: the penalty (½‖W‖², a
+# projection's) / (C·Σw) alone beyond it (a small C·Σw) diverges the fit, whatever X is.
+SGD_MOMENTUM = 0.9
+SGD_STABLE = 2 * (1 + SGD_MOMENTUM) / (1 + 2 * SGD_MOMENTUM)
 
 
 class _NesterovSGD:
     """SGD with Nesterov momentum, as ``torch.optim.SGD(momentum=0.9, nesterov=True)``."""
 
-    def __init__(self, params, momentum=0.9) -> None:
+    def __init__(self, params, momentum=SGD_MOMENTUM) -> None:
         self.params, self.momentum = params, momentum
         self.buffers = [torch.zeros_like(p) for p in params]
 

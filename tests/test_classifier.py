@@ -1464,13 +1464,21 @@ def test_an_sgd_fit_diverged_by_a_small_c_names_c_not_the_features(digits):
     # features.
     X, y = digits
     clf = MR2LinearClassifier(solver="sgd", C=1e-6, c_bar=None, random_state=0, device="cpu")
-    expected = r"at C=1e-06 alone .* is 1\.67, beyond the 1\.36 .* Use a larger C or a smaller"
+    expected = (
+        r"at C=1e-06 and Σw=1797, alone .* is 1\.67, beyond the 1\.36 .* For the penalty "
+        r"alone, use a learning_rate below 0\.00244, or a C above 1\.23e-06, and fit again"
+    )
     with pytest.raises(ValueError, match=expected) as info:
         clf.fit(X / 16, y)
     assert "features" not in str(info.value)
     with warnings.catch_warnings():  # as the message says
         warnings.simplefilter("ignore", ConvergenceWarning)
-        clf.set_params(C=1e-5).fit(X / 16, y)
+        clf.set_params(C=1.3e-6).fit(X / 16, y)
+        clf.set_params(C=1e-6, learning_rate=0.0024).fit(X / 16, y)
+    # A cosine head's projection (lam > 0) has the same penalty's curvature.
+    with pytest.raises(ValueError, match=r"is 1\.67, beyond the 1\.36") as info:
+        clf.set_params(head="cosine", lam=0.5, learning_rate=0.003).fit(X / 16, y)
+    assert "features" not in str(info.value)
 
 
 def test_a_projection_s_penalty_that_diverges_is_named_beside_the_learning_rate():
