@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the previous solver, kept in tests/
 from bench_fit import make_features, threads  # noqa: E402
 
-from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, _sphere  # noqa: E402
 from mr2_probe import _solvers as solvers  # noqa: E402
 from mr2_probe._classifier import both_class_logits  # noqa: E402
 from mr2_probe._losses import margin_cross_entropy  # noqa: E402
@@ -179,7 +179,7 @@ def main(argv=None):
     )
     parser.add_argument(
         "--spheres", action="store_true",
-        help="the cosine rows on the unit spheres wherever the estimator would not take them",
+        help="the cosine rows on the unit spheres on any device but MPS, any X and scale",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
@@ -223,7 +223,7 @@ def main(argv=None):
            linear.score(Xt, yt), short)  # fmt: skip
     for scale in args.scales:
         cosine = MR2LinearClassifier(head="cosine", scale=scale, c_bar=args.c_bar, **common)
-        chosen = (lambda *a: True) if args.spheres else solvers.runs_on_spheres
+        chosen = _spheres_wherever_they_can if args.spheres else solvers.runs_on_spheres
         with patch.object(solvers, "runs_on_spheres", chosen):
             seconds, _, short = timed(lambda cosine=cosine: cosine.fit(X, y), args.repeat)
         margins = cosine.margins_
@@ -254,6 +254,13 @@ def main(argv=None):
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=str))
+
+
+def _spheres_wherever_they_can(source, n_features, n_classes, scale, margins):
+    """``--spheres``: the spheres whatever the device (but MPS, without float64), the size
+    of X or the scale, where their products fit."""
+    fits = source.n_samples * n_classes <= _sphere.KEEP_PRODUCTS
+    return source.y.device.type != "mps" and fits
 
 
 def equivalent(X, y, Xt, yt, cosine, args, report):
