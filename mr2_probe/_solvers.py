@@ -384,9 +384,11 @@ def fit_lbfgs(
     if head.is_plain_cosine and runs_on_spheres(
         source, head.weight.shape[1], spec.n_classes, float(head.scale), margins
     ):
+        blocks = functools.partial(closed_form_chunks, head, source)
         n_iter, stop, largest, values = sphere_lbfgs(
-            head, source, margins, risk, history=history, max_iter=max_iter, tol=tol, bar=bar
-        )
+            head, source, margins, risk, blocks=blocks, history=history, max_iter=max_iter,
+            tol=tol, bar=bar,
+        )  # fmt: skip
         bar.close()
         result = SolverResult(n_iter, stop == "tol", values, largest, stats, margins, stop=stop)
         return _with_class_losses(result, head, source, spec, risk)

@@ -269,14 +269,15 @@ def runs_on_spheres(source, n_features: int, n_classes: int, scale: float, margi
     return scale <= MAX_SHARPNESS * float(margins.min())
 
 
-def sphere_lbfgs(head, source, margins, risk, *, history, max_iter, tol, bar):
+def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol, bar):
     """Fit a plain cosine head's rows by L-BFGS on the unit spheres (see the module).
 
-    ``risk`` is the fit's :class:`~mr2_probe._solvers.ClassRisk` (tilted or not). Leaves
+    ``risk`` is the fit's :class:`~mr2_probe._solvers.ClassRisk` (tilted or not);
+    ``blocks()`` iterates over the source's blocks (x, y, w, r), r = 1/‖x‖ (those of
+    :func:`~mr2_probe._solvers.closed_form_chunks`). Leaves
     ``head.weight`` at unit rows and returns (iterations, why it stopped, the largest
     entry of the last gradient, the objective at each iteration).
     """
-    inverse_norms = source.inverse_norms()
     # The objective is invariant to the weights' scale: taken relative to the largest, so
     # that weights near the dtype's smallest normal number keep their precision.
     y, w = source.y, source.w / source.w.max()
@@ -286,13 +287,12 @@ def sphere_lbfgs(head, source, margins, risk, *, history, max_iter, tol, bar):
     U = F.normalize(head.weight.detach(), dim=1)
 
     def products(V):  # r·X·Vᵀ over the chunks (n, rows of V)
-        blocks = zip(source.chunks(), inverse_norms, strict=True)
-        return torch.cat([(x @ V.T) * r[:, None] for (x, _, _), r in blocks])
+        return torch.cat([(x @ V.T) * r[:, None] for x, _, _, r in blocks()])
 
     def gradient(line, factor):  # the tangent gradient in U at the line's last step (K, d)
         grad = torch.zeros_like(U)
         start = 0
-        for (x, yb, _), r in zip(source.chunks(), inverse_norms, strict=True):
+        for x, yb, _, r in blocks():
             rows = slice(start, start + len(x))
             start += len(x)
             p = line.p[rows]  # softmax − onehot, times w·f_y·a·r
