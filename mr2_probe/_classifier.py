@@ -799,7 +799,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             stiff = self.learning_rate / (C * weight_sum)
             penalised = head.head == "linear" or head.has_projection
             if solver == "sgd" and penalised and stiff > SGD_STABLE:
-                larger = C * stiff / SGD_STABLE
+                larger = self.learning_rate / (SGD_STABLE * weight_sum)  # C·Σw·SGD_STABLE = lr
                 helps = f", or a C above {larger:.3g}" if "C" in self.get_params() else ""
                 raise FitDivergedError(
                     f"Cannot fit: the sgd solver diverged, its epoch loss {rise}: the penalty "
@@ -807,7 +807,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                     f"that, times learning_rate={self.learning_rate:g}, is {stiff:.3g}, beyond "
                     f"the {SGD_STABLE:.3g} within which SGD with Nesterov momentum converges. "
                     f"For the penalty alone, use a learning_rate below "
-                    f"{self.learning_rate * SGD_STABLE / stiff:.3g}{helps}, and fit again."
+                    f"{SGD_STABLE * C * weight_sum:.3g}{helps}, and fit again."
                 )
             raise FitDivergedError(
                 f"Cannot fit: the {solver} solver diverged, its epoch loss {rise}: "
