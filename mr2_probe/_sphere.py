@@ -20,7 +20,9 @@ triangular solves, no loop over the pairs.
 The fit stops on the test on ``tol`` (the largest entry of the gradient in U), at
 ``max_iter``, or stalled: no step decreases the objective even without the pairs, or
 _FLAT iterations in a row lower it by less than the dtype's precision (rounding alone;
-float64: 64 epsilons, scikit-learn's ftol).
+float64: 64 epsilons, scikit-learn's ftol). Each stop is decided on the cosines, objective
+and gradient recomputed from X (the kept ones drift in rounding), at the cost of an
+iteration's two reads of X.
 """
 
 from __future__ import annotations
@@ -301,12 +303,17 @@ def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol,
             grad += p.T @ x
         return _tangent(U, grad)
 
+    onehot = torch.zeros(len(y), len(U), dtype=torch.float64, device=y.device)
+    onehot.scatter_(1, y[:, None], w64[:, None])
+
+    def exact():  # the cosines, objective and gradient at U, from X
+        C = products(U)
+        line = _Line(C, C, C.new_zeros(C.shape[1]), factor_rows, y, onehot, risk)
+        value, _, _, factor = line(0.0)
+        return C, value, gradient(line, factor)
+
     # (No row is 0: the start is the prototypes, where a zero one is replaced, or a fit's.)
-    C = products(U)
-    onehot = torch.zeros_like(C, dtype=torch.float64).scatter_(1, y[:, None], w64[:, None])
-    line = _Line(C, C, C.new_zeros(C.shape[1]), factor_rows, y, onehot, risk)
-    value, _, _, factor = line(0.0)
-    g = gradient(line, factor)
+    C, value, g = exact()
     # The Grams of the per-class scales hold K × history² numbers: no more than the pairs'
     # 2 × history × K × d (in float64, so up to twice their bytes in float32; 2,000
     # classes of 8 features took 610 MB at 200 pairs).
@@ -316,7 +323,25 @@ def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol,
     n_iter, stop = 0, "tol"
     best, flat = value, 0
     resolution = max(torch.finfo(C.dtype).eps, _TOLERANCE_CHANGE)
-    while largest > tol:
+    # Whether C, the objective and g come from the kept products (the cosines updated step
+    # by step drift in rounding: in float32, with features sharing a large common
+    # component, far enough for a gradient 200 times tol to pass for one below it). Every
+    # stop is decided on them recomputed from X: a test on tol that fails there, or a
+    # line that finds a decrease there, and the fit goes on.
+    drift, settle = False, None  # settle: a stop to decide from X ("line", "stalled")
+    while True:
+        if drift and (settle or largest <= tol or n_iter >= max_iter):
+            C, value, g = exact()
+            largest, drift = float(g.abs().max()), False
+            curve[-1] = best = value  # (the same point, its objective from X)
+            flat = 0
+            if settle == "stalled":
+                stop = "stalled" if largest > tol else "tol"
+                break
+            settle = None
+            continue
+        if largest <= tol:
+            break
         if n_iter >= max_iter:
             stop = "max_iter"
             break
@@ -348,9 +373,13 @@ def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol,
             if memory.order:  # no decrease: start again without the pairs
                 memory.clear()
                 continue
+            if drift:  # ...and from cosines recomputed from X
+                settle = "line"
+                continue
             stop = "stalled"
             break
         C = (C + t * M) * (1 + t * t * line.nd).rsqrt().to(C.dtype)
+        drift = True
         U, previous = F.normalize(U + t * D, dim=1), g
         g = gradient(line, factor)
         memory.project(U)
@@ -365,8 +394,7 @@ def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol,
         else:  # below the objective's rounding: steps that rounding alone accepts
             flat += 1
             if flat >= _FLAT and largest > tol:
-                stop = "stalled"
-                break
+                settle = "stalled"  # it stands; whether at tol, from X
     with torch.no_grad():
         head.weight.copy_(U)
     return n_iter, stop, largest, curve
