@@ -32,19 +32,28 @@ import math
 import torch
 import torch.nn.functional as F
 
-# Products C and M kept (n_samples × n_classes elements each) when they fit in this many.
-KEEP_PRODUCTS = 2**24
+# Products C and M kept (n_samples × n_classes elements each) when they fit in this many:
+# with the line's and the gradient's arrays of that size, about nine (at 2**24 the peak
+# memory grew by 620 MB in float32 and 1.1 GB in float64 over the rounds').
+KEEP_PRODUCTS = 2**22
 # An iteration here costs more than one of the rounds of torch's L-BFGS (a line search over
 # the n × K products, a memory in compact form), so the spheres run where reading X
 # dominates it, at least this many entries of X (fmnist features, 1,280 of them, scales 64
 # and 256: 20,000 rows took 10% to 30% less time than the rounds, 5,000 rows 14% less to
 # 13% more, 500 rows up to 1.7 times more; README, "Speed")...
 MIN_ENTRIES = 2**24
+# ...with this many features per class at least: the line's cost grows with n × K, the
+# reads with n × d (synthetic, scales 64 and 256: d = K = 128, 3.6 times the rounds'
+# time; d / K = 8 and 10, 1.1 to 3.8 times; 32, 1.29 and 0.65 times; fmnist's 128, 0.7 to
+# 0.9 times)...
+MIN_FEATURES_PER_CLASS = 64
 # ...and where the logits stay smooth: with scale / min γ beyond this the loss is nearly
 # piecewise linear, and a line search along the retraction makes little progress (digits
 # at scale 10¹²: still 4e7 after 2,000 iterations, where the rounds reach 0 in 22; at 10⁵,
-# 132 iterations against 24; at 512, s / min γ = 518, 46 against 40).
-MAX_SHARPNESS = 1024.0
+# 132 iterations against 24; at 512, s / min γ = 518, 46 against 40; features with a
+# common mean component at 700 and 1,000: an objective 1e-3 higher than the rounds', 97%
+# of the predictions alike, where at 256 and 512 the spheres' was lower).
+MAX_SHARPNESS = 512.0
 # Rows of C and M per block of a line evaluation (bounds its temporaries).
 _LINE_BLOCK = 2**22
 # The kept cosines C are recomputed from X every this many iterations (rounding drift).
@@ -257,7 +266,8 @@ class _Memory:
 
 def runs_on_spheres(source, n_features: int, n_classes: int, scale: float, margins) -> bool:
     """Whether a plain cosine fit takes :func:`sphere_lbfgs` (else the rounds of torch's
-    L-BFGS): products that fit, enough entries of X, logits smooth enough, on a CPU.
+    L-BFGS): products that fit, enough entries of X and features per class, logits smooth
+    enough, on a CPU.
 
     Only the CPU has measured them: on a GPU, where reading X is cheap and each line
     evaluation waits on the host, the rounds run until ``benchmarks/gpu_check.sh``
@@ -267,6 +277,8 @@ def runs_on_spheres(source, n_features: int, n_classes: int, scale: float, margi
         return False
     n = source.n_samples
     if n * n_classes > KEEP_PRODUCTS or n * n_features < MIN_ENTRIES:
+        return False
+    if n_features < MIN_FEATURES_PER_CLASS * n_classes:
         return False
     return scale <= MAX_SHARPNESS * float(margins.min())
 

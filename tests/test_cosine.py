@@ -896,17 +896,20 @@ def _not_called(*args, **kwargs):
 def test_the_spheres_run_where_x_is_large_products_fit_and_logits_are_smooth(monkeypatch):
     from mr2_probe import _sphere
 
-    source = TensorSource(torch.zeros(1000, 20), torch.zeros(1000), torch.ones(1000), 64)
+    source = TensorSource(torch.zeros(1000, 200), torch.zeros(1000), torch.ones(1000), 64)
     margins = torch.tensor([0.5, 1.0, 2.0])
-    monkeypatch.setattr(_sphere, "MIN_ENTRIES", 20_000)
-    assert _sphere.runs_on_spheres(source, 20, 3, 512.0, margins)
-    assert not _sphere.runs_on_spheres(source, 19, 3, 512.0, margins)  # X too small
-    assert not _sphere.runs_on_spheres(source, 20, 3, 513.0, margins)  # s / min γ > 1024
+    monkeypatch.setattr(_sphere, "MIN_ENTRIES", 195_000)
+    assert _sphere.runs_on_spheres(source, 200, 3, 256.0, margins)
+    assert not _sphere.runs_on_spheres(source, 194, 3, 256.0, margins)  # X too small
+    monkeypatch.setattr(_sphere, "MIN_ENTRIES", 190_000)
+    assert _sphere.runs_on_spheres(source, 192, 3, 256.0, margins)
+    assert not _sphere.runs_on_spheres(source, 191, 3, 256.0, margins)  # d < 64 K
+    assert not _sphere.runs_on_spheres(source, 200, 3, 257.0, margins)  # s / min γ > 512
     for device in ("cuda", "mps"):  # measured on a CPU only; MPS has no float64
         other = SimpleNamespace(n_samples=1000, y=SimpleNamespace(device=torch.device(device)))
-        assert not _sphere.runs_on_spheres(other, 20, 3, 512.0, margins)
+        assert not _sphere.runs_on_spheres(other, 200, 3, 256.0, margins)
     monkeypatch.setattr(_sphere, "KEEP_PRODUCTS", 2999)
-    assert not _sphere.runs_on_spheres(source, 20, 3, 512.0, margins)  # products too many
+    assert not _sphere.runs_on_spheres(source, 200, 3, 256.0, margins)  # products too many
 
 
 def test_a_huge_scale_runs_on_the_rounds_and_separates_the_classes():
