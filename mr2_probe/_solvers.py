@@ -371,8 +371,9 @@ def fit_lbfgs(
     # A cosine head's objective does not depend on the norms of W's rows, and it is badly
     # conditioned at large scales: more pairs than the linear head's 10 cut the iterations
     # (README, "Speed"). Its solver is an L-BFGS on the unit spheres (mr2_probe/_sphere.py)
-    # where that pays (runs_on_spheres: on a CPU, X large enough, the products X·Wᵀ of two
-    # directions kept, logits smooth enough); elsewhere, rounds of torch's L-BFGS below:
+    # where that pays (runs_on_spheres: on a CPU, X large enough, 64 features per class at
+    # least, the products X·Wᵀ of two directions kept, logits smooth enough); elsewhere,
+    # rounds of torch's L-BFGS below:
     # the gradient in W shrinks as 1 / ‖w_k‖ while L-BFGS lets the norms grow, so each
     # round ends with the
     # rows rescaled to unit norm, which leaves the objective where it is, and the test on

@@ -337,9 +337,9 @@ def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol,
     resolution = max(torch.finfo(C.dtype).eps, _TOLERANCE_CHANGE)
     # Whether C, the objective and g come from the kept products (the cosines updated step
     # by step drift in rounding: in float32, with features sharing a large common
-    # component, far enough for a gradient 200 times tol to pass for one below it). Every
-    # stop is decided on them recomputed from X: a test on tol that fails there, or a
-    # line that finds a decrease there, and the fit goes on.
+    # component, far enough for a gradient hundreds of times tol to pass for one below it).
+    # Every stop is decided on them recomputed from X: a test on tol that fails there, or a
+    # line that finds a decrease there, and the fit goes on; a stall stands.
     drift, settle = False, None  # settle: a stop to decide from X ("line", "stalled")
     while True:
         if drift and (settle or largest <= tol or n_iter >= max_iter):

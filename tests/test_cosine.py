@@ -970,8 +970,8 @@ def test_a_stall_on_float32_rounding_ends_the_fit_on_the_spheres(spheres):
 @pytest.mark.parametrize("mean", [1e3, 1e4])
 def test_a_fit_on_the_spheres_converges_only_where_the_gradient_from_x_meets_tol(spheres, mean):
     # The kept cosines, updated step by step, drift in float32 where the features share a
-    # large common component: the fit stopped "converged", no warning, at a gradient from
-    # X of 1.2e-4 and 1.0e-4 against a reported 5.4e-5 and 4.1e-6 (tol 1e-4).
+    # large common component: the fit stopped "converged", no warning, at a gradient of
+    # 3.9e-4 and 3.3e-3 (recomputed in float64) against a reported 6.4e-5 and 2.8e-5.
     rng = np.random.default_rng(0)
     y = rng.integers(0, 4, 600)
     X = (rng.normal(size=(4, 20))[y] * 0.4 + rng.normal(size=(600, 20)) + mean).astype(np.float32)
@@ -980,6 +980,39 @@ def test_a_fit_on_the_spheres_converges_only_where_the_gradient_from_x_meets_tol
         clf = MR2LinearClassifier(head="cosine", scale=64.0, device="cpu", warm_start=True)
         clf.fit(X, y)
         clf.set_params(max_iter=0).fit(X, y)  # the test on tol at the same point, from X
+
+
+def test_a_line_without_a_decrease_on_drifted_cosines_is_searched_again_from_x(
+    spheres, monkeypatch
+):
+    # The second and third lines (with the pairs, then along −g) find no decrease: the
+    # third's cosines are the kept ones, so the fit recomputes them from X and searches
+    # again instead of stopping as stalled.
+    from mr2_probe import _sphere
+
+    lines = []
+    line_init, call = _sphere._Line.__init__, _sphere._Line.__call__
+
+    def init(self, *args):
+        line_init(self, *args)
+        lines.append(self)
+
+    def no_decrease(self, t):
+        value, slope, curvature, factor = call(self, t)
+        failing = any(self is line for line in lines[2:4]) and t > 0
+        return (value + 1.0 if failing else value), slope, curvature, factor
+
+    monkeypatch.setattr(_sphere._Line, "__init__", init)
+    monkeypatch.setattr(_sphere._Line, "__call__", no_decrease)
+    X, y = _normalised_blobs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        clf = MR2LinearClassifier(head="cosine", scale=16.0, device="cpu").fit(X, y)
+    assert len(clf.loss_curve_) == clf.n_iter_ + 1 and clf.n_iter_ > 2
+    # Lines: the start's (at t = 0 only), the first step's, the two failing ones, the
+    # refresh's at the same point, then the search again along −g.
+    assert [line.M is line.C for line in lines[:6]] == [True, False, False, False, True, False]
+    assert max(clf.loss_curve_[2:]) < clf.loss_curve_[1]
 
 
 def test_an_hdf5_source_is_read_block_by_block_as_the_tensor_is(spheres, tmp_path):
