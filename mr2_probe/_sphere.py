@@ -21,8 +21,7 @@ The fit stops on the test on ``tol`` (the largest entry of the gradient in U), a
 ``max_iter``, or stalled: no step decreases the objective even without the pairs, or
 _FLAT iterations in a row lower it by less than the dtype's precision (rounding alone;
 float64: 64 epsilons, scikit-learn's ftol). Each stop is decided on the cosines, objective
-and gradient recomputed from X (the kept ones drift in rounding), at the cost of an
-iteration's two reads of X.
+and gradient recomputed from X (the kept ones drift in rounding), two reads of X each time.
 """
 
 from __future__ import annotations
@@ -51,8 +50,8 @@ MIN_FEATURES_PER_CLASS = 64
 # piecewise linear, and a line search along the retraction makes little progress (digits
 # at scale 10¹²: still 4e7 after 2,000 iterations, where the rounds reach 0 in 22; at 10⁵,
 # 132 iterations against 24; at 512, s / min γ = 518, 46 against 40; features with a
-# common mean component at 700 and 1,000: an objective 1e-3 higher than the rounds', 97%
-# of the predictions alike, where at 256 and 512 the spheres' was lower).
+# common mean component at 700 and 1,000: an objective 0.8 to 3.4e-3 (relative) above the
+# rounds', 96% to 98% of the predictions alike, where at 256 and 512 the spheres' was lower).
 MAX_SHARPNESS = 512.0
 # Rows of C and M per block of a line evaluation (bounds its temporaries).
 _LINE_BLOCK = 2**22
