@@ -43,8 +43,8 @@ KEEP_PRODUCTS = 2**22
 MIN_ENTRIES = 2**24
 # ...with this many features per class at least: the line's cost grows with n × K, the
 # reads with n × d (synthetic, scales 64 and 256: d = K = 128, 3.6 times the rounds'
-# time; d / K = 8 and 10, 1.1 to 3.8 times; 32, 1.29 and 0.65 times; fmnist's 128, 0.7 to
-# 0.9 times)...
+# time; d / K = 8 and 10, 1.1 to 3.8 times; 32, 1.23 and 0.97 times; 64, 1.12 and 0.93
+# times; fmnist's 128, 0.7 to 0.9 times)...
 MIN_FEATURES_PER_CLASS = 64
 # ...and where the logits stay smooth: with scale / min γ beyond this the loss is nearly
 # piecewise linear, and a line search along the retraction makes little progress (digits
