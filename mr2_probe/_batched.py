@@ -33,7 +33,7 @@ import torch
 from . import _solvers
 from ._classifier import _overflow_message
 from ._data import block_rows
-from ._device import inverse_row_norms
+from ._device import inverse_row_norms, tangent_rows
 from ._head import open_pair
 from ._path import Step
 from ._solvers import _COSINE_HISTORY, _KEEP_LOGIT_GRADS, ClassRisk, one_thread_if_small
@@ -182,8 +182,7 @@ class FoldBatch:
         grad_w = grad_w.reshape(n_folds, k, d)
         if self.cosine:
             # ∂f/∂w_k = s·(I − u_k u_kᵀ)·∂f/∂v_k / ‖w_k‖: no radial part, f ignores the norms.
-            grad_w -= (grad_w * unit).sum(2, keepdim=True) * unit
-            grad_w *= value / norms
+            grad_w = tangent_rows(unit, grad_w) * (value / norms)
             return loss, grad_w.reshape(n_folds, -1)
         if self.fit_intercept:
             grad_w -= grad_b[:, :, None] * self.center[folds][:, None, :]

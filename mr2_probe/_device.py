@@ -152,6 +152,12 @@ def unit_rows(x: torch.Tensor) -> torch.Tensor:
     return x / row_norms(x).clamp_min(1e-12)[:, None]
 
 
+def tangent_rows(unit: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """v's rows (along the last dimension) projected onto the tangent spaces of the unit
+    rows ``unit``, v − (v·u)·u: what changes a direction, not a row's norm."""
+    return v - (v * unit).sum(-1, keepdim=True) * unit
+
+
 def row_norms_numpy(x: np.ndarray) -> np.ndarray:
     """:func:`row_norms` for a NumPy array."""
     with np.errstate(over="ignore"):

@@ -15,7 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._device import row_norms, row_norms_numpy, to_numpy, to_tensor, torch_dtype, unit_rows
+from ._device import (
+    row_norms,
+    row_norms_numpy,
+    tangent_rows,
+    to_numpy,
+    to_tensor,
+    torch_dtype,
+    unit_rows,
+)
 
 # A two-class cosine head's rows start at least this angle (radians) away from opposite
 # each other, each from the axis of their difference: cos 0.1 = 0.995 of the widest margin.
@@ -145,8 +153,7 @@ class ProbeHead(nn.Module):
         # F.normalize's floor: a zero row (a class without weight) has the same gradient
         # as autograd gives through logits().
         norm = torch.linalg.vector_norm(self.weight, dim=1, keepdim=True).clamp_min(1e-12)
-        unit = self.weight / norm  # (K, d')
-        tangent = grad - (grad * unit).sum(1, keepdim=True) * unit  # (K, d')
+        tangent = tangent_rows(self.weight / norm, grad)  # (K, d')
         self.weight.grad.add_(tangent / norm, alpha=alpha * self.scale)
 
     @property

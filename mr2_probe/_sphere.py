@@ -31,6 +31,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ._device import tangent_rows
+
 # Products C and M kept (n_samples × n_classes elements each) when they fit in this many:
 # with the line's and the gradient's arrays of that size, about nine (at 2**24 the peak
 # memory grew by 620 MB in float32 and 1.1 GB in float64 over the rounds').
@@ -72,11 +74,6 @@ _FLAT = 5
 _TOLERANCE_CHANGE = 64 * torch.finfo(torch.float64).eps
 # The sufficient decrease a step must give (Armijo's c₁, as torch's strong Wolfe search).
 _ARMIJO = 1e-4
-
-
-def _tangent(U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-    """V's rows projected onto the tangent spaces of the unit rows U."""
-    return V - (V * U).sum(1, keepdim=True) * U
 
 
 class _Line:
@@ -224,7 +221,7 @@ class _Memory:
         p_slot[idx], v_slot[idx] = p[:, 0], v[:, 0]
         Hg = scale * g + (p_slot.to(U.dtype) @ Sf).reshape(U.shape)
         Hg -= scale * (v_slot.to(U.dtype) @ Yf).reshape(U.shape)
-        return -_tangent(U, Hg)
+        return -tangent_rows(U, Hg)
 
     def project(self, U: torch.Tensor) -> None:
         """Project the stored pairs onto the tangent space at U, and their Grams with them."""
@@ -312,7 +309,7 @@ def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol,
             p.scatter_add_(1, yb[:, None], -torch.ones_like(p[:, :1]))
             p.mul_((w[rows] * factor.to(x.dtype)[yb] * factor_rows[rows] * r)[:, None])
             grad += p.T @ x
-        return _tangent(U, grad)
+        return tangent_rows(U, grad)
 
     onehot = torch.zeros(len(y), len(U), dtype=torch.float64, device=y.device)
     onehot.scatter_(1, y[:, None], w64[:, None])
@@ -394,7 +391,7 @@ def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol,
         U, previous = F.normalize(U + t * D, dim=1), g
         g = gradient(line, factor)
         memory.project(U)
-        memory.add(_tangent(U, t * D), g - _tangent(U, previous))
+        memory.add(tangent_rows(U, t * D), g - tangent_rows(U, previous))
         value = new_value
         curve.append(value)
         n_iter += 1

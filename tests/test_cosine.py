@@ -15,11 +15,12 @@ from mr2_probe import _batched as batched
 from mr2_probe import _solvers as solvers
 from mr2_probe._batched import FoldBatch, Memory
 from mr2_probe._data import H5Source, TensorSource
+from mr2_probe._device import tangent_rows
 from mr2_probe._head import PAIR_OPENING, open_pair
 from mr2_probe._losses import margin_cross_entropy, tilted_class_risk
 from mr2_probe._path import FoldPath
 from mr2_probe._solvers import ClassRisk, plain_data_term, tilted_data_term
-from mr2_probe._sphere import _Line, _Memory, _tangent
+from mr2_probe._sphere import _Line, _Memory
 from tests.reference_mr2 import cosine_lbfgs_before
 
 from .test_head import _head
@@ -805,7 +806,7 @@ def test_the_line_gives_the_objective_and_its_derivatives_along_the_retraction(t
     X = torch.randn(n, d, generator=gen, dtype=torch.float64)
     y, w = torch.arange(n) % k, torch.rand(n, generator=gen, dtype=torch.float64)
     U = F.normalize(torch.randn(k, d, generator=gen, dtype=torch.float64), dim=1)
-    D = _tangent(U, torch.randn(k, d, generator=gen, dtype=torch.float64))
+    D = tangent_rows(U, torch.randn(k, d, generator=gen, dtype=torch.float64))
     margins = 1 + torch.rand(k, generator=gen, dtype=torch.float64)
     risk = ClassRisk(torch.zeros(k, dtype=X.dtype).index_add_(0, y, w), tilt)
     r = 1 / X.norm(dim=1)
@@ -836,16 +837,16 @@ def test_the_compact_memory_is_the_two_loop_recursion_on_projected_pairs():
     pairs = []
     for _ in range(8):  # more pairs than the memory keeps: the oldest are dropped
         at = F.normalize(torch.randn(k, d, generator=gen, dtype=torch.float64), dim=1)
-        s = _tangent(at, torch.randn(k, d, generator=gen, dtype=torch.float64))
-        y = 2 * s + 0.1 * _tangent(at, torch.randn(k, d, generator=gen, dtype=torch.float64))
+        s = tangent_rows(at, torch.randn(k, d, generator=gen, dtype=torch.float64))
+        y = 2 * s + 0.1 * tangent_rows(at, torch.randn(k, d, generator=gen, dtype=torch.float64))
         assert memory.add(s, y)
         pairs = (pairs + [(s, y)])[-history:]
     U = F.normalize(torch.randn(k, d, generator=gen, dtype=torch.float64), dim=1)
-    g = _tangent(U, torch.randn(k, d, generator=gen, dtype=torch.float64))
+    g = tangent_rows(U, torch.randn(k, d, generator=gen, dtype=torch.float64))
     memory.project(U)
     s, y = pairs[-1]  # the initial scales: the latest pair's blocks, as it was added
     torch.testing.assert_close(memory.gamma, (s * y).sum(1) / (y * y).sum(1))
-    pairs = [(_tangent(U, s), _tangent(U, y)) for s, y in pairs]
+    pairs = [(tangent_rows(U, s), tangent_rows(U, y)) for s, y in pairs]
     q, alphas = g.clone(), []
     for s, y in reversed(pairs):
         alphas.append(float((s * q).sum() / (s * y).sum()))
@@ -853,7 +854,7 @@ def test_the_compact_memory_is_the_two_loop_recursion_on_projected_pairs():
     q = q * memory.gamma[:, None]
     for (s, y), alpha in zip(pairs, reversed(alphas), strict=True):
         q = q + (alpha - float((y * q).sum() / (s * y).sum())) * s
-    torch.testing.assert_close(memory.apply(U, g), -_tangent(U, q), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(memory.apply(U, g), -tangent_rows(U, q), rtol=1e-12, atol=1e-14)
 
 
 @pytest.fixture
