@@ -337,14 +337,35 @@ def fit_lbfgs(
         with torch.no_grad():
             head.bias += head.weight @ center
             head.bias /= bias_scale
+    risk = ClassRisk.of_source(source, spec.n_classes, tilt)
+    bar = _progress(max_iter, verbose, "MR2 lbfgs")
+    # A cosine head's objective does not depend on the norms of W's rows, and it is badly
+    # conditioned at large scales: more pairs than the linear head's 10 cut the iterations
+    # (README, "Speed"). Its solver is an L-BFGS on the unit spheres (mr2_probe/_sphere.py)
+    # where that pays (runs_on_spheres: on a CPU, X large enough, 64 features per class at
+    # least, the products X·Wᵀ of two directions kept, logits smooth enough); elsewhere,
+    # rounds of torch's L-BFGS below.
+    rounds, history = 1, _LINEAR_HISTORY
+    if head.is_plain_cosine:
+        pairs = _COSINE_HISTORY_ELEMENTS // (2 * head.weight.numel())
+        rounds, history = _COSINE_ROUNDS, int(min(_COSINE_HISTORY, max(10, pairs)))
+    if head.is_plain_cosine and runs_on_spheres(
+        source, head.weight.shape[1], spec.n_classes, float(head.scale), margins
+    ):
+        blocks = functools.partial(closed_form_chunks, head, source)
+        n_iter, stop, largest, values = sphere_lbfgs(
+            head, source, margins, risk, blocks=blocks, history=history, max_iter=max_iter,
+            tol=tol, bar=bar,
+        )  # fmt: skip
+        bar.close()
+        result = SolverResult(n_iter, stop == "tol", values, largest, stats, margins, stop=stop)
+        return _with_class_losses(result, head, source, spec, risk)
     params = [p for p in head.parameters()]
     for param in params:  # the closed-form path writes gradients in place
         param.grad = torch.zeros_like(param)
     reg = 1.0 / (C * weight_sum)
-    risk = ClassRisk.of_source(source, spec.n_classes, tilt)
     keep = source.n_samples * spec.n_classes <= _KEEP_LOGIT_GRADS
     curve: dict[int, torch.Tensor] = {}
-    bar = _progress(max_iter, verbose, "MR2 lbfgs")
     done = evals = 0  # iterations and evaluations of the finished rounds
     # What the current optimizer's n_iter counts beyond this fit's new iterations: none
     # while its round runs, all of them once it is over (and added to done).
@@ -368,31 +389,10 @@ def fit_lbfgs(
         curve[n_iter] = total
         return total
 
-    # A cosine head's objective does not depend on the norms of W's rows, and it is badly
-    # conditioned at large scales: more pairs than the linear head's 10 cut the iterations
-    # (README, "Speed"). Its solver is an L-BFGS on the unit spheres (mr2_probe/_sphere.py)
-    # where that pays (runs_on_spheres: on a CPU, X large enough, 64 features per class at
-    # least, the products X·Wᵀ of two directions kept, logits smooth enough); elsewhere,
-    # rounds of torch's L-BFGS below:
-    # the gradient in W shrinks as 1 / ‖w_k‖ while L-BFGS lets the norms grow, so each
-    # round ends with the
-    # rows rescaled to unit norm, which leaves the objective where it is, and the test on
-    # tol is then the gradient in the unit directions, whatever the norms had become.
-    rounds, history = 1, _LINEAR_HISTORY
-    if head.is_plain_cosine:
-        pairs = _COSINE_HISTORY_ELEMENTS // (2 * head.weight.numel())
-        rounds, history = _COSINE_ROUNDS, int(min(_COSINE_HISTORY, max(10, pairs)))
-    if head.is_plain_cosine and runs_on_spheres(
-        source, head.weight.shape[1], spec.n_classes, float(head.scale), margins
-    ):
-        blocks = functools.partial(closed_form_chunks, head, source)
-        n_iter, stop, largest, values = sphere_lbfgs(
-            head, source, margins, risk, blocks=blocks, history=history, max_iter=max_iter,
-            tol=tol, bar=bar,
-        )  # fmt: skip
-        bar.close()
-        result = SolverResult(n_iter, stop == "tol", values, largest, stats, margins, stop=stop)
-        return _with_class_losses(result, head, source, spec, risk)
+    # A cosine head's gradient in W shrinks as 1 / ‖w_k‖ while L-BFGS lets the norms grow,
+    # so each round ends with the rows rescaled to unit norm, which leaves the objective
+    # where it is, and the test on tol is then the gradient in the unit directions, whatever
+    # the norms had become.
     for _ in range(rounds):
         optimizer = _LBFGS(
             params,
