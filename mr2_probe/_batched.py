@@ -33,7 +33,7 @@ import torch
 from . import _solvers
 from ._classifier import _overflow_message
 from ._data import block_rows
-from ._device import inverse_row_norms, tangent_rows
+from ._device import inverse_row_norms, rows_product, tangent_rows, transposed_product
 from ._head import open_pair
 from ._path import Step
 from ._solvers import _COSINE_HISTORY, _KEEP_LOGIT_GRADS, ClassRisk, one_thread_if_small
@@ -208,7 +208,7 @@ class FoldBatch:
         w, inv_gamma = self.weight[folds], self.inv_gamma[folds]  # (A, N), (A, K)
         for start, x, y in self._row_blocks(n_folds):
             b = len(y)
-            z = x @ stacked.T if bias is None else torch.addmm(bias.reshape(-1), x, stacked.T)
+            z = rows_product(x, stacked, None if bias is None else bias.reshape(-1))
             z = z.view(b, n_folds, k)
             scale = inv_gamma[:, y].T  # (b, A): 1/γ_{y_i} in each fold
             if self.cosine:
@@ -233,7 +233,7 @@ class FoldBatch:
         grad_b = stacked.new_zeros(n_folds, k)
         for _, x, _, sw, ell, z in self._blocks(stacked, bias, folds):
             loss += (ell * sw).sum(0)
-            grad_v.addmm_(z.view(len(x), n_folds * k).T, x)
+            grad_v += transposed_product(z.view(len(x), n_folds * k), x)
             grad_b += z.sum(0)
         total = self.weight_sum[folds]
         return loss / total, grad_v / total.repeat_interleave(k)[:, None], grad_b / total[:, None]
@@ -262,7 +262,7 @@ class FoldBatch:
         else:
             blocks = ((x, z) for _, x, _, _, _, z in self._blocks(stacked, bias, folds, factor))
         for x, z in blocks:
-            grad_v.addmm_(z.view(len(x), n_folds * k).T, x)
+            grad_v += transposed_product(z.view(len(x), n_folds * k), x)
             grad_b += z.sum(0)
         return risk, grad_v, grad_b
 

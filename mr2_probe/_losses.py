@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ._device import rows_product, transposed_product
 from ._stats import class_indices, class_statistics, float32_at_least, mean_spread
 
 
@@ -218,7 +219,7 @@ def linear_margin_ce_parts(
     if center is not None:
         offset = weight @ center  # (K,)
         bias = bias - offset if bias is not None else -offset
-    z = X @ weight.T if bias is None else torch.addmm(bias, X, weight.T)  # (B, K)
+    z = rows_product(X, weight, bias)  # (B, K)
     inv_gamma = margins.reciprocal()[target]  # (B,)
     z.mul_((inv_gamma if row_scale is None else inv_gamma * row_scale)[:, None])
     lse = torch.logsumexp(z, dim=1)  # (B,)
@@ -240,7 +241,7 @@ def linear_grad_from_logits(
     has_bias: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gradients in W and b of a loss whose gradient in the logits W·(x − m) + b is given."""
-    grad_weight = grad_logits.T @ X  # (K, d)
+    grad_weight = transposed_product(grad_logits, X)  # (K, d)
     grad_bias = grad_logits.sum(0)  # (K,)
     if center is not None:
         grad_weight -= grad_bias[:, None] * center

@@ -31,7 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._device import tangent_rows
+from ._device import rows_product, tangent_rows, transposed_product
 
 # Products C and M kept (n_samples × n_classes elements each) when they fit in this many:
 # with the line's and the gradient's arrays of that size, about nine (at 2**24 the peak
@@ -297,7 +297,7 @@ def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol,
     U = F.normalize(head.weight.detach(), dim=1)
 
     def products(V):  # r·X·Vᵀ over the chunks (n, rows of V)
-        return torch.cat([(x @ V.T) * r[:, None] for x, _, _, r in blocks()])
+        return torch.cat([rows_product(x, V) * r[:, None] for x, _, _, r in blocks()])
 
     def gradient(line, factor):  # the tangent gradient in U at the line's last step (K, d)
         grad = torch.zeros_like(U)
@@ -308,7 +308,7 @@ def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol,
             p = line.p[rows]  # softmax − onehot, times w·f_y·a·r
             p.scatter_add_(1, yb[:, None], -torch.ones_like(p[:, :1]))
             p.mul_((w[rows] * factor.to(x.dtype)[yb] * factor_rows[rows] * r)[:, None])
-            grad += p.T @ x
+            grad += transposed_product(p, x)
         return tangent_rows(U, grad)
 
     onehot = torch.zeros(len(y), len(U), dtype=torch.float64, device=y.device)

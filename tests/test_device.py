@@ -1,6 +1,6 @@
 """Devices and the tensors on them: which devices this machine has, the one a name or
-torchrun's rank resolves to, arrays as tensors, and row norms that neither overflow nor
-divide by zero."""
+torchrun's rank resolves to, arrays as tensors, row norms that neither overflow nor
+divide by zero, and the products of the closed-form fits."""
 
 import warnings
 
@@ -8,14 +8,17 @@ import numpy as np
 import pytest
 import torch
 
+from mr2_probe import _device
 from mr2_probe._device import (
     available_devices,
     inverse_row_norms,
     resolve_device,
     row_norms,
     row_norms_numpy,
+    rows_product,
     to_tensor,
     torch_dtype,
+    transposed_product,
     unit_rows,
 )
 
@@ -154,3 +157,80 @@ def test_zero_rows_have_finite_gradients_through_their_norms():
     x = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
     unit_rows(x).sum().backward()
     assert torch.isfinite(x.grad).all()
+
+
+def _exact(a, b):
+    return a.double() @ b.double().T
+
+
+@pytest.fixture
+def threads():
+    """Set torch's thread count for a test; the count before it is put back."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("k", [1, 5, 6, 10, 30])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_rows_product_is_x_times_v_transposed(k, with_bias):
+    gen = torch.Generator().manual_seed(k)
+    x = torch.randn(700, 96, generator=gen)[:, :80]  # a column slice: strided rows
+    v = torch.randn(k, 80, generator=gen)
+    bias = torch.randn(k, generator=gen) if with_bias else None
+    expected = _exact(x, v) + (0 if bias is None else bias.double())
+    torch.testing.assert_close(rows_product(x, v, bias).double(), expected, rtol=0, atol=1e-4)
+    assert rows_product(x, v, bias).dtype == torch.float32
+
+
+def test_rows_product_takes_onednn_for_float32_rows_of_six_classes_or_more(monkeypatch):
+    # The rule of _device's comment: oneDNN's kernel from 6 rows of v on, float32 on the
+    # CPU, nothing recording gradients; torch's product otherwise.
+    calls = []
+
+    def spy(x, v, bias, *rest):
+        calls.append(len(v))
+        return x @ v.T if bias is None else torch.addmm(bias, x, v.T)
+
+    monkeypatch.setattr(_device, "_onednn_linear", spy)
+    x = torch.randn(50, 8)
+    for k in (2, 5, 6, 10):
+        rows_product(x, torch.randn(k, 8))
+    rows_product(x.double(), torch.randn(10, 8, dtype=torch.float64))
+    v = torch.randn(10, 8, requires_grad=True)
+    out = rows_product(x, v)
+    assert out.grad_fn is not None  # torch's product, which records the gradient
+    with torch.no_grad():
+        rows_product(x, v)
+    assert calls == [6, 10, 10]
+
+
+@pytest.mark.parametrize("broken", ["raises", "wrong"])
+def test_rows_product_without_a_working_onednn_kernel_is_torchs_product(monkeypatch, broken):
+    def op(x, v, *rest):
+        if broken == "raises":
+            raise RuntimeError("no oneDNN here")
+        return (x @ v.T) + 1
+
+    monkeypatch.setattr(_device, "_onednn_linear", None)  # probed again, at the next call
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", op, raising=False)
+    x, v = torch.randn(40, 8), torch.randn(10, 8)
+    torch.testing.assert_close(rows_product(x, v), x @ v.T)
+    assert _device._onednn_linear is False
+
+
+@pytest.mark.parametrize("n", [128, 1000, 4099])
+@pytest.mark.parametrize("k", [1, 10, 64, 65])
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_transposed_product_is_g_transposed_times_x(threads, n, k, count):
+    # Split over row parts on more than one thread (4099 rows: parts and a remainder),
+    # whole otherwise; the same sums either way.
+    threads(count)
+    gen = torch.Generator().manual_seed(n + k)
+    g = torch.randn(k, n, generator=gen).T  # a transposed view, as the solvers pass
+    x = torch.randn(n, 300, generator=gen)
+    out = transposed_product(g, x)
+    assert out.shape == (k, 300) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), _exact(g.T, x.T), rtol=1e-4, atol=1e-3)
+    x64 = x.double()
+    torch.testing.assert_close(transposed_product(g.double(), x64), g.double().T @ x64)
