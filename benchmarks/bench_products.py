@@ -84,7 +84,8 @@ def main(argv=None):
         parser.error(f"--sizes takes n x d x K, e.g. 1797x64x10; got {args.sizes}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"float32, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    threads = torch.get_num_threads()
+    print(f"float32, torch {torch.__version__}, {threads} thread{'s' * (threads > 1)}, "
           f"best of {args.repeats}, ms")  # fmt: skip
     header = (f"{'n x d x K':>15} {'x·vᵀ torch':>11} {'library':>8} {'ratio':>6}"
               f" {'gᵀ·x torch':>11} {'library':>8} {'ratio':>6}   relative error")  # fmt: skip
