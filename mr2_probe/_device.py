@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import warnings
 
 import numpy as np
@@ -160,39 +161,64 @@ def tangent_rows(unit: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 # x·vᵀ for a float32 block of rows x and few rows in v (the logits of K classes) runs at
 # about 40 GFLOP/s in torch's default CPU matrix product (MKL): 20,000 × 1,280 by 10 rows,
-# 12.5 ms on two threads. oneDNN's linear, the kernel torch's own compiler emits for
-# a linear layer on the CPU, takes 5.7 to 6.1 ms from 6 rows on (float32 arithmetic, the
-# sums in another order); with 2 to 4 rows MKL's is the faster. float64 stays with MKL
-# (oneDNN has none), as does anything that records gradients (README, "Speed").
-_ONEDNN_MIN_ROWS = 6
+# 12.5 ms on two threads. oneDNN's linear, the kernel torch's own compiler emits for a
+# linear layer on the CPU, takes 5.7 ms (float32 arithmetic, the sums in another order).
+# From 10 rows on it was the faster at every block size of the fits measured (1.2 to 2.8
+# times: 4,096 to 32,768 rows of 4,096 to 256 features); with 6 or 8 it lost on some
+# (0.78 to 0.94 times at 4,096 × 1,024 and 32,768 × 256), and with 2 to 4 MKL's was the
+# faster. float64 stays with MKL (oneDNN has none), as does anything that records
+# gradients: the op records none (README, "Speed").
+_ONEDNN_MIN_ROWS = 10
 _onednn_linear = None  # the op once it has given the product on a small case, or False
+_onednn_probe = threading.Lock()
+
+
+def _probe_onednn():
+    """oneDNN's linear op if it exists, is enabled, and gives x·vᵀ on a small case (in
+    float32 on the CPU, whatever the caller's default dtype, device and autocast)."""
+    op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    if op is None or not torch.backends.mkldnn.is_available():
+        return False
+    cpu = dict(dtype=torch.float32, device="cpu")
+    a = torch.arange(24, **cpu).reshape(4, 6) / 7
+    b = torch.arange(60, **cpu).reshape(10, 6).flip(0) / 5
+    bias = torch.arange(10, **cpu) / 3
+    try:
+        with torch.autocast("cpu", enabled=False), torch.no_grad():
+            ok = torch.allclose(op(a, b, bias, "none", [], ""), torch.addmm(bias, a, b.T))
+    except RuntimeError:
+        return False
+    return op if ok else False
 
 
 def _onednn():
     global _onednn_linear
     if _onednn_linear is None:
-        _onednn_linear = False
-        op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-        if op is not None and torch.backends.mkldnn.is_available():
-            a = torch.arange(24.0).reshape(4, 6) / 7
-            b = torch.arange(48.0).reshape(8, 6).flip(0) / 5
-            try:
-                if torch.allclose(op(a, b, None, "none", [], ""), a @ b.T, rtol=1e-5):
-                    _onednn_linear = op
-            except RuntimeError:
-                pass
-    return _onednn_linear
+        with _onednn_probe:  # threads wait for the answer: every fit takes the same kernel
+            if _onednn_linear is None:
+                _onednn_linear = _probe_onednn()
+    return _onednn_linear if torch.backends.mkldnn.enabled else False
 
 
 def rows_product(x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None):
-    """x·vᵀ (+ bias) (n, K) for rows x (n, d) and v (K, d); oneDNN's kernel where it is
-    the faster (above), torch's matrix product otherwise."""
+    """x·vᵀ (+ bias) (n, K) for rows x (n, d) and v (K, d), ``bias`` (K,); oneDNN's kernel
+    where it is the faster (above), torch's matrix product otherwise.
+
+    For the fits' own products, which record no gradient: a tensor that requires one takes
+    torch's product, but forward-mode dual tensors are not told apart (their tangents
+    would be lost on oneDNN's path)."""
+    records = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, v, bias)
+    )
     if (
         x.device.type == "cpu"
         and x.dtype == torch.float32 == v.dtype
         and len(v) >= _ONEDNN_MIN_ROWS
-        and not (torch.is_grad_enabled() and (x.requires_grad or v.requires_grad))
-        and (bias is None or bias.dtype == torch.float32)
+        and not records
+        and (
+            bias is None
+            or (bias.dtype == torch.float32 and bias.shape == v.shape[:1] and bias.is_contiguous())
+        )
     ):
         op = _onednn()
         if op:

@@ -2,6 +2,10 @@
 torchrun's rank resolves to, arrays as tensors, row norms that neither overflow nor
 divide by zero, and the products of the closed-form fits."""
 
+import concurrent.futures
+import contextlib
+import threading
+import time
 import warnings
 
 import numpy as np
@@ -183,9 +187,10 @@ def test_rows_product_is_x_times_v_transposed(k, with_bias):
     assert rows_product(x, v, bias).dtype == torch.float32
 
 
-def test_rows_product_takes_onednn_for_float32_rows_of_six_classes_or_more(monkeypatch):
-    # The rule of _device's comment: oneDNN's kernel from 6 rows of v on, float32 on the
-    # CPU, nothing recording gradients; torch's product otherwise.
+def test_rows_product_takes_onednn_for_float32_rows_of_ten_classes_or_more(monkeypatch):
+    # The rule of _device's comment: oneDNN's kernel from 10 rows of v on, float32 on the
+    # CPU, a plain (K,) bias, nothing recording gradients, oneDNN enabled; torch's
+    # product otherwise.
     calls = []
 
     def spy(x, v, bias, *rest):
@@ -194,15 +199,74 @@ def test_rows_product_takes_onednn_for_float32_rows_of_six_classes_or_more(monke
 
     monkeypatch.setattr(_device, "_onednn_linear", spy)
     x = torch.randn(50, 8)
-    for k in (2, 5, 6, 10):
+    for k in (2, 6, 9, 10, 16):
         rows_product(x, torch.randn(k, 8))
-    rows_product(x.double(), torch.randn(10, 8, dtype=torch.float64))
-    v = torch.randn(10, 8, requires_grad=True)
-    out = rows_product(x, v)
-    assert out.grad_fn is not None  # torch's product, which records the gradient
+    assert calls == [10, 16]
+    v = torch.randn(16, 8)
+    rows_product(x.double(), v.double())
+    rows_product(x, v, torch.randn(32)[::2])  # a strided bias
+    rows_product(x, v, torch.randn(1, 16))  # a bias that broadcasts
+    bias = torch.randn(16, requires_grad=True)
+    assert rows_product(x, v, bias).grad_fn is not None  # torch's product records it
+    grad_v = v.clone().requires_grad_()
+    assert rows_product(x, grad_v).grad_fn is not None
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    rows_product(x, v)
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", True)
+    assert calls == [10, 16]
     with torch.no_grad():
-        rows_product(x, v)
-    assert calls == [6, 10, 10]
+        rows_product(x, grad_v, bias)
+    assert calls == [10, 16, 16]
+
+
+@pytest.mark.parametrize("setting", ["float64", "meta", "autocast"])
+def test_the_onednn_probe_does_not_depend_on_the_callers_defaults(setting):
+    # A first fit under another default dtype or device, or in autocast, once left oneDNN
+    # off for the rest of the process.
+    expected = bool(_device._probe_onednn())
+    if setting == "float64":
+        context = _default_dtype(torch.float64)
+    elif setting == "meta":
+        context = torch.device("meta")
+    else:
+        context = torch.autocast("cpu", dtype=torch.bfloat16)
+    with context:
+        assert bool(_device._probe_onednn()) is expected
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def test_threads_that_call_during_the_probe_wait_for_its_answer(monkeypatch):
+    # Every thread's logits from the same kernel: before, the others took torch's product
+    # while the first probed, and parallel fits differed from run to run.
+    probe = _device._probe_onednn
+
+    def slow_probe():
+        time.sleep(0.2)
+        return probe()
+
+    monkeypatch.setattr(_device, "_onednn_linear", None)
+    monkeypatch.setattr(_device, "_probe_onednn", slow_probe)
+    gen = torch.Generator().manual_seed(0)
+    x, v = torch.randn(300, 64, generator=gen), torch.randn(10, 64, generator=gen)
+    barrier = threading.Barrier(4)
+
+    def product(_):
+        barrier.wait()
+        return rows_product(x, v)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(product, range(4)))
+    for out in results:
+        assert torch.equal(out, rows_product(x, v))
 
 
 @pytest.mark.parametrize("broken", ["raises", "wrong"])
