@@ -163,19 +163,20 @@ def tangent_rows(unit: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 # about 40 GFLOP/s in torch's default CPU matrix product (MKL): 20,000 × 1,280 by 10 rows,
 # 12.5 ms on two threads. oneDNN's linear, the kernel torch's own compiler emits for a
 # linear layer on the CPU, takes 5.7 ms (float32 arithmetic, the sums in another order).
-# From 10 rows on it was the faster at every block size of the fits measured (1.2 to 2.8
-# times: 4,096 to 32,768 rows of 4,096 to 256 features); with 6 or 8 it lost on some
-# (0.78 to 0.94 times at 4,096 × 1,024 and 32,768 × 256), and with 2 to 4 MKL's was the
-# faster. float64 stays with MKL (oneDNN has none), as does anything that records
-# gradients: the op records none (README, "Speed").
+# At the fits' block size (2²³ entries) with 10 to 200 rows it was 1.2 to 2.8 times as
+# fast for 512, 768 and 2,048 features; with 1,024 it lost at 20 and 24 rows (0.84 and
+# 0.78 times, 16 at 4,096 rows or fewer too: 0.69 to 0.79) and won elsewhere. With 6 or 8
+# rows it lost at some sizes (0.78 to 0.94 times), with 2 to 4 MKL's was the faster.
+# float64 stays with MKL (oneDNN has none), as does anything that records gradients: the
+# op records none (README, "Speed").
 _ONEDNN_MIN_ROWS = 10
 _onednn_linear = None  # the op once it has given the product on a small case, or False
 _onednn_probe = threading.Lock()
 
 
 def _probe_onednn():
-    """oneDNN's linear op if it exists, is enabled, and gives x·vᵀ on a small case (in
-    float32 on the CPU, whatever the caller's default dtype, device and autocast)."""
+    """oneDNN's linear op if torch has it and it gives x·vᵀ + b on a small case (in float32
+    on the CPU, whatever the caller's default dtype, device and autocast), else False."""
     op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
     if op is None or not torch.backends.mkldnn.is_available():
         return False
