@@ -171,7 +171,7 @@ def tangent_rows(unit: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 # op records none (README, "Speed").
 _ONEDNN_MIN_ROWS = 10
 _onednn_linear = None  # the op once it has given the product on a small case, or False
-_onednn_probe = threading.Lock()
+_probe_lock = threading.Lock()
 
 
 def _probe_onednn():
@@ -195,7 +195,7 @@ def _probe_onednn():
 def _onednn():
     global _onednn_linear
     if _onednn_linear is None:
-        with _onednn_probe:  # threads wait for the answer: every fit takes the same kernel
+        with _probe_lock:  # threads wait for the answer: every fit takes the same kernel
             if _onednn_linear is None:
                 _onednn_linear = _probe_onednn()
     return _onednn_linear if torch.backends.mkldnn.enabled else False
@@ -229,10 +229,10 @@ def rows_product(x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = N
 
 # gᵀ·x with few columns in g (a gradient in the weights, K × d, from the logits' gradient
 # over a block of rows) runs on one thread in torch's CPU matrix product, whatever the
-# thread count (6,553 × 1,280 by 10 columns, two threads: 3.9 ms; the whole 20,000 rows:
-# 13.2 ms on two threads, 14.6 on one). The rows cut into a few parts, one batched product
-# and a sum over the parts run on every thread (2.3 and 8.6 ms); from about 100 columns on,
-# and on one thread, there is nothing to gain (README, "Speed").
+# thread count (the whole 20,000 × 1,280 by 10 columns: 13.3 ms on two threads, 14.7 on
+# one; one block of 6,553 rows, 4.2 ms). The rows cut into a few parts, one batched
+# product and a sum over the parts run on every thread (7.5 and 2.5 ms); with 30 columns
+# 1.4 times as fast, with 100 no faster, on one thread no faster (README, "Speed").
 _SPLIT_MAX_COLUMNS = 64
 _SPLIT_MIN_ENTRIES = 2**18  # below it (digits, 1,797 × 64) the split costs more than it saves
 _SPLIT_MIN_ROWS = 128  # per part

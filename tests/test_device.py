@@ -219,6 +219,14 @@ def test_rows_product_takes_onednn_for_float32_rows_of_ten_classes_or_more(monke
     assert calls == [10, 16, 16]
 
 
+def test_the_probe_finds_onednns_linear_where_torch_has_it():
+    # Else the logits would quietly stay with torch's product (a renamed op, new arguments).
+    op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    if op is None or not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN linear op")
+    assert _device._probe_onednn() is not False
+
+
 @pytest.mark.parametrize("setting", ["float64", "meta", "autocast"])
 def test_the_onednn_probe_does_not_depend_on_the_callers_defaults(setting):
     # A first fit under another default dtype or device, or in autocast, once left oneDNN
@@ -281,6 +289,20 @@ def test_rows_product_without_a_working_onednn_kernel_is_torchs_product(monkeypa
     x, v = torch.randn(40, 8), torch.randn(10, 8)
     torch.testing.assert_close(rows_product(x, v), x @ v.T)
     assert _device._onednn_linear is False
+
+
+def test_transposed_product_splits_the_rows_only_where_more_threads_can_run(threads, monkeypatch):
+    calls = []
+    bmm = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda a, b: calls.append(len(a)) or bmm(a, b))
+    g, x = torch.randn(4096, 10), torch.randn(4096, 128)  # 2¹⁹ entries of x
+    threads(2)
+    transposed_product(g, x)
+    transposed_product(torch.randn(4096, 65), x)  # more columns than the split takes
+    transposed_product(g[:1000], x[:1000, :64])  # fewer entries
+    threads(1)
+    transposed_product(g, x)
+    assert calls == [8]  # 4 parts per thread
 
 
 @pytest.mark.parametrize("n", [128, 1000, 4099])
