@@ -3,10 +3,11 @@
 Fits ``MR2LinearClassifier(c_bar=None)`` on bench_fit.py's features (centred by default,
 where the estimator and LogisticRegression take the same iterations) under torch's
 profiler, and prints the share of the fit's time spent in matrix products (aten::mm,
-aten::addmm), the L-BFGS iterations and how many times each product ran (with one row
-block, once per evaluation of the objective). Then times, side by side in this
-process, torch's X·Wᵀ on one chunk of the rows (the estimator's chunk size) against
-NumPy's (its BLAS), best of ``--repeat``.
+aten::addmm, and those of ``_device.rows_product`` and ``transposed_product``: oneDNN's
+linear, aten::bmm), the L-BFGS iterations and how many times each product ran (with one
+row block, once per evaluation of the objective). Then times, side by side in this
+process, X·Wᵀ on one chunk of the rows (the estimator's chunk size) by torch's product,
+the library's and NumPy's (its BLAS), best of ``--repeat``.
 
     python benchmarks/profile_fit.py --threads 1      # the README's one-thread profile
 """
@@ -32,8 +33,9 @@ from bench_fit import add_feature_arguments, limit_threads, make_features, threa
 
 from mr2_probe import MR2LinearClassifier  # noqa: E402
 from mr2_probe._data import block_rows  # noqa: E402
+from mr2_probe._device import rows_product  # noqa: E402
 
-PRODUCTS = ("aten::mm", "aten::addmm")
+PRODUCTS = ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "aten::bmm")
 
 
 def best_time(fn, repeat):
@@ -84,10 +86,12 @@ def main(argv=None):
     W = clf.coef_.astype(np.float32)
     Xt, Wt = torch.from_numpy(block), torch.from_numpy(W)
     t_torch = best_time(lambda: Xt @ Wt.T, args.repeat)
+    t_library = best_time(lambda: rows_product(Xt, Wt), args.repeat)
     t_numpy = best_time(lambda: block @ W.T, args.repeat)
     print(f"X·Wᵀ on a {len(block)} × {args.n_features} block, {args.n_classes} rows of W: torch "
-          f"{1e3 * t_torch:.1f} ms, NumPy {1e3 * t_numpy:.1f} ms "
-          f"(torch / NumPy: {t_torch / t_numpy:.2f})")  # fmt: skip
+          f"{1e3 * t_torch:.1f} ms, library {1e3 * t_library:.1f} ms, NumPy "
+          f"{1e3 * t_numpy:.1f} ms (torch / NumPy: {t_torch / t_numpy:.2f}, library / NumPy: "
+          f"{t_library / t_numpy:.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 import re
 
 import pytest
+import torch
 
+from mr2_probe import _device
 from tests._scripts import load_benchmark
 
 
@@ -17,4 +19,19 @@ def test_the_products_share_of_a_fit_is_found_and_the_block_timed(capsys):
     calls = re.search(r"calls \{(.*?)\}", out).group(1)
     assert "aten::addmm" in calls and "aten::mm" in calls  # the two products per evaluation
     assert "row blocks per evaluation: 1" in out
-    assert re.search(r"X·Wᵀ on a 600 × 32 block, 4 rows of W: torch [\d.]+ ms, NumPy", out)
+    assert re.search(
+        r"X·Wᵀ on a 600 × 32 block, 4 rows of W: torch [\d.]+ ms, library [\d.]+ ms, NumPy", out
+    )
+
+
+@pytest.mark.slow
+def test_the_librarys_own_products_are_counted_as_products(capsys):
+    # From 10 classes the logits take oneDNN's linear, and 2¹⁸ entries or more split the
+    # gradient into a batched product (on more than one thread): both are the fit's products.
+    module = load_benchmark("profile_fit")
+    argv = ["--n-samples", "2000", "--n-features", "256", "--n-classes", "10", "--repeat", "1"]
+    module.main(argv)
+    calls = re.search(r"calls \{(.*?)\}", capsys.readouterr().out).group(1)
+    assert ("aten::bmm" in calls) is (torch.get_num_threads() > 1)
+    if _device._probe_onednn():
+        assert "mkldnn::_linear_pointwise" in calls
