@@ -78,6 +78,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1; got {args.repeats}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1; got {args.threads}")
     try:
         sizes = [parse_size(s) for s in args.sizes]
     except ValueError:

@@ -20,6 +20,7 @@ from tests._scripts import load_benchmark
         ("bench_threads", ["--sizes", "100x4"], "--sizes takes n x d x K, e.g. 1797x64x10; got"),
         ("bench_products", ["--sizes", "100x4"], "--sizes takes n x d x K, e.g. 1797x64x10; got"),
         ("bench_products", ["--repeats", "0"], "--repeats must be at least 1; got 0"),
+        ("bench_products", ["--threads", "0"], "--threads must be at least 1; got 0"),
         # scikit-learn's ValueError from the first search.
         ("bench_cv", ["--folds", "1"], "--folds must be at least 2; got 1"),
         # UnboundLocalError, "min() arg is an empty sequence", "need at least one array to
