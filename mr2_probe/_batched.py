@@ -651,12 +651,12 @@ class FoldSteps:
 
 @dataclass
 class HeldOut:
-    """A fold's held-out rows on the device, their label indices, their scorer's weights
-    and their sample weights (for the class accuracies)."""
+    """A fold's held-out rows on the device, their label indices, their scorer's metadata
+    (its weights among them) and their sample weights (for the class accuracies)."""
 
     X: torch.Tensor
     y_index: np.ndarray
-    weight: np.ndarray | None
+    score_params: dict
     accuracy_weight: np.ndarray | None
     row_scale: torch.Tensor | None = None  # 1/‖x‖ of X, once a cosine head needs it
 
@@ -774,7 +774,7 @@ class BatchedPath:
                     exported = coef[f, 1:] - coef[f, :1]
                 self.paths[f].steps[value] = Step.scored(
                     z.cpu().numpy(), exported.cpu().numpy(), bias, result.n_iter[f],
-                    held_out.y_index, held_out.weight, score, held_out.accuracy_weight,
+                    held_out.y_index, held_out.score_params, score, held_out.accuracy_weight,
                 )  # fmt: skip
                 report(
                     value,

@@ -17,9 +17,14 @@ from sklearn.metrics import check_scoring, get_scorer, get_scorer_names, make_sc
 from sklearn.model_selection import check_cv
 from sklearn.utils import metadata_routing
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.metadata_routing import MetadataRouter, MethodMapping, process_routing
+from sklearn.utils.metadata_routing import (
+    MetadataRouter,
+    MethodMapping,
+    _raise_for_params,
+    process_routing,
+)
 from sklearn.utils.parallel import Parallel, delayed
-from sklearn.utils.validation import _check_sample_weight
+from sklearn.utils.validation import _check_method_params, _check_sample_weight
 from tqdm.auto import tqdm
 
 from ._batched import BatchedPath, FoldBatch, HeldOut
@@ -293,7 +298,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     __metadata_request__score = {"sample_weight": metadata_routing.UNUSED}
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y, sample_weight=None, groups=None):
+    def fit(self, X, y, sample_weight=None, groups=None, **params):
         """Search along each fold's path, then refit at the best value.
 
         Parameters
@@ -307,11 +312,17 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             ``split`` as GridSearchCV passes them. Under metadata routing, ``groups`` go
             to a splitter that asks for them, and ``sample_weight`` weights the held-out
             scores only where the scorer asks for them, as in LogisticRegressionCV.
+        **params : dict
+            Only under metadata routing: metadata for the scorer, as its requests say
+            (``set_score_request(groups=True)``, or an alias such as
+            ``set_score_request(sample_weight="score_weight")``), per-sample ones indexed to
+            each fold's held-out rows, as LogisticRegressionCV routes them.
 
         Returns
         -------
         self : MR2LinearClassifierCV
         """
+        _raise_for_params(params, self, "fit")
         with default_torch_modes(), whole_or_unchanged(self):
             values = self._check_Cs()
             solver = self._check_solver()
@@ -330,19 +341,22 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                         f"{_dtype_name(data.dtype)}, in which X is computed (up to {top:g}): "
                         "its fits would overflow. Search scales of a usual order of magnitude."
                     )
-            score_weight, split_params = self._route_fit(sample_weight, groups)
-            # The scorer's weights (under routing, as its request says) and the class
-            # accuracies' (the sample weights, whatever the scorer takes).
+            score_params, split_params = self._route_fit(sample_weight, groups, params)
+            # The scorer's metadata (its weights, and under routing whatever its requests
+            # name) and the class accuracies' weights (the sample weights, whatever the
+            # scorer takes).
+            rows = np.empty((len(data.y_index), 0))
+            score_params = {
+                key: to_numpy(value) if is_torch_tensor(value) else value
+                for key, value in score_params.items()
+            }
             score_weight, accuracy_weight = (
-                None
-                if weight is None
-                else _check_sample_weight(
-                    to_numpy(weight) if is_torch_tensor(weight) else weight,
-                    np.empty((len(data.y_index), 0)),
-                )
-                for weight in (score_weight, sample_weight)
+                None if weight is None else _check_sample_weight(weight, rows)
+                for weight in (score_params.get("sample_weight"), sample_weight)
             )
-            weights = score_weight, accuracy_weight
+            if score_weight is not None:
+                score_params["sample_weight"] = score_weight
+            weights = score_params, accuracy_weight
             labels = self.classes_[data.y_index]
             cv = check_cv(self.cv, labels, classifier=True)
             split_params = {
@@ -415,21 +429,24 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             self.n_iter_ = self._path_n_iter
             return self
 
-    def _route_fit(self, sample_weight, groups) -> tuple:
-        """The held-out scores' weights and the splitter's ``split`` parameters.
+    def _route_fit(self, sample_weight, groups, params) -> tuple:
+        """The held-out scorer's metadata (over all rows) and the splitter's ``split``
+        parameters.
 
         Under scikit-learn's metadata routing, as the requests say, as LogisticRegressionCV
-        routes them: ``sample_weight`` to the scorer where it asks for them (a scorer that
-        leaves the request unset refuses them, scikit-learn's error), ``groups`` to a
-        splitter that asks for them. ``sample_weight`` weights the fits either way.
-        Otherwise the weights weight the scores too, and ``groups`` go to the splitter."""
+        routes them: ``sample_weight`` and any other metadata (``groups``, an alias) to the
+        scorer where it asks for them (a scorer that leaves the request of metadata given
+        unset refuses them, scikit-learn's error), ``groups`` to a splitter that asks for
+        them. ``sample_weight`` weights the fits either way. Otherwise the weights weight
+        the scores too, and ``groups`` go to the splitter."""
         if not routing_enabled():
-            return sample_weight, ({} if groups is None else {"groups": groups})
-        given = {"sample_weight": sample_weight, "groups": groups}
+            score = {} if sample_weight is None else {"sample_weight": sample_weight}
+            return score, ({} if groups is None else {"groups": groups})
+        given = {"sample_weight": sample_weight, "groups": groups, **params}
         routed = process_routing(
             self, "fit", **{key: value for key, value in given.items() if value is not None}
         )
-        return routed.scorer.score.get("sample_weight"), routed.splitter.split
+        return dict(routed.scorer.score), routed.splitter.split
 
     def get_metadata_routing(self):
         """Get metadata routing of this object.
@@ -461,24 +478,29 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             return get_scorer("accuracy")
         return check_classwise_scoring(self, self.scoring)
 
-    def score(self, X, y, sample_weight=None):
+    def score(self, X, y, sample_weight=None, **params):
         """The ``scoring`` option's score of the fitted model on ``(X, y)`` (accuracy when
         ``scoring`` is None), as LogisticRegressionCV scores, so that a search or
         ``cross_val_score`` over this estimator reads the metric it was tuned for. Under
-        metadata routing ``sample_weight`` goes to the scorer as its request says."""
+        metadata routing ``sample_weight`` and ``params`` go to the scorer as its requests
+        say; otherwise ``params`` are refused."""
+        _raise_for_params(params, self, "score")
         check_h5_open(X=X, y=y, sample_weight=sample_weight)
-        if routing_enabled() and sample_weight is not None:
-            routed = process_routing(self, "score", sample_weight=sample_weight)
-            sample_weight = routed.scorer.score.get("sample_weight")
+        kwargs = {} if sample_weight is None else {"sample_weight": sample_weight}
+        if routing_enabled() and (sample_weight is not None or params):
+            given = {**kwargs, **params}
+            kwargs = dict(process_routing(self, "score", **given).scorer.score)
+        kwargs = {
+            key: to_numpy(value) if is_torch_tensor(value) else value
+            for key, value in kwargs.items()
+        }
         if self.scoring is None:
-            return super().score(X, y, sample_weight=sample_weight)
+            return super().score(X, y, sample_weight=kwargs.get("sample_weight"))
         y = to_numpy(y) if is_torch_tensor(y) else y
-        if is_torch_tensor(sample_weight):
-            sample_weight = to_numpy(sample_weight)
         # The folds' positive class; the classes are those of (X, y), as scikit-learn's.
         scorer = with_labels(check_classwise_scoring(self, self.scoring), self.classes_, False)
-        weighted = sample_weight is not None and _takes_sample_weight(scorer)
-        kwargs = {"sample_weight": sample_weight} if weighted else {}
+        if not _takes_sample_weight(scorer):
+            kwargs.pop("sample_weight", None)
         estimator = self
         if is_torch_tensor(X):
             # The metrics take NumPy, and predict_proba of a CUDA tensor is one: the logits,
@@ -515,7 +537,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         fold = data.subset(train)
         head = self._new_head(fold, scale=1.0)
         initial = None if head.has_projection else self._statistics(head, fold)
-        score_weight, accuracy_weight = _held_out_weights(weights, test)
+        score_params, accuracy_weight = _held_out_weights(weights, test, len(data.y_index))
         if isinstance(data.source, H5Source):  # read again at each value, never held whole
             blocks = functools.partial(data.row_blocks, test)
         else:  # copied to the device once
@@ -525,7 +547,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 return held_out
 
         return FoldPath(
-            fold, blocks, data.y_index[test], score_weight, accuracy_weight, head, initial
+            fold, blocks, data.y_index[test], score_params, accuracy_weight, head, initial
         )
 
     # The folds of a plain linear or cosine head are solved by the batched L-BFGS of
@@ -556,8 +578,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         fold on its own training rows (``weights`` as :meth:`_fold_path` takes them)."""
 
         def held_out(test):
-            score_weight, accuracy_weight = _held_out_weights(weights, test)
-            return HeldOut(data.rows(test), data.y_index[test], score_weight, accuracy_weight)
+            score_params, accuracy_weight = _held_out_weights(weights, test, len(data.y_index))
+            return HeldOut(data.rows(test), data.y_index[test], score_params, accuracy_weight)
 
         cosine = self.head == "cosine"
 
@@ -761,10 +783,15 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         self.solver_, self.device_, self.head_ = solver, str(data.device), self.head
 
 
-def _held_out_weights(weights: tuple, test) -> tuple:
-    """The scorer's and the class accuracies' weights (each None or over all rows) of the
-    held-out rows ``test``."""
-    return tuple(None if w is None else w[test] for w in weights)
+def _held_out_weights(weights: tuple, test, n_samples: int) -> tuple:
+    """The scorer's metadata (a dict over all ``n_samples`` rows, the per-sample ones
+    indexed as scikit-learn's searches index them) and the class accuracies' weights (None
+    or over all rows) of the held-out rows ``test``."""
+    score_params, accuracy_weight = weights
+    if score_params:
+        rows = np.empty((n_samples, 0))
+        score_params = _check_method_params(rows, score_params, indices=test)
+    return score_params, None if accuracy_weight is None else accuracy_weight[test]
 
 
 def _takes_sample_weight(scorer) -> bool:
@@ -811,6 +838,10 @@ class _Scorer:
         self.scorer, self.estimator, self.classes = scorer, HeldOutLogits(classes), classes
         self.weighted = _takes_sample_weight(scorer)
 
-    def __call__(self, z, y_index, weight) -> float:
-        kwargs = {"sample_weight": weight} if weight is not None and self.weighted else {}
+    def __call__(self, z, y_index, params) -> float:
+        """The score of held-out logits ``z``; ``params`` the scorer's metadata of those
+        rows (its weights passed where the metric takes them)."""
+        kwargs = dict(params or {})
+        if not self.weighted:
+            kwargs.pop("sample_weight", None)
         return float(self.scorer(self.estimator, z, self.classes[y_index], **kwargs))

@@ -62,15 +62,15 @@ class Step:
     class_accuracy: np.ndarray  # (K,), NaN for classes absent from the held-out rows
 
     @classmethod
-    def scored(cls, z, coef, intercept, n_iter, y_test, weight, score, accuracy_weight) -> Step:
+    def scored(cls, z, coef, intercept, n_iter, y_test, params, score, accuracy_weight) -> Step:
         """The step of a solution (coef, intercept or None) whose held-out logits are z:
-        scored with ``weight`` (the scorer's), its class accuracies with ``accuracy_weight``
-        (the sample weights, whatever the scorer takes)."""
+        scored with ``params`` (the scorer's metadata, its weights among them), its class
+        accuracies with ``accuracy_weight`` (the sample weights, whatever the scorer takes)."""
         # A copy: without an intercept coef may share memory with the solver's parameters,
         # which the next value of the path overwrites in place.
         coef = np.hstack([coef, intercept[:, None]]) if intercept is not None else coef.copy()
         accuracy = class_accuracy(z.argmax(1), y_test, z.shape[1], accuracy_weight)
-        return cls(coef, score(z, y_test, weight), int(n_iter), accuracy)
+        return cls(coef, score(z, y_test, params), int(n_iter), accuracy)
 
     @classmethod
     def failed(cls, shape: tuple, dtype, n_classes: int) -> Step:
@@ -97,7 +97,7 @@ class FoldPath:
     data: object  # FitData of the training rows
     test_blocks: Callable
     y_test: np.ndarray  # label indices
-    score_weight: np.ndarray | None
+    score_params: dict  # the held-out rows' metadata for the scorer, weights among them
     accuracy_weight: np.ndarray | None  # the held-out rows' sample weights
     head: object
     initial: tuple | None
@@ -137,7 +137,7 @@ class FoldPath:
                 z = np.empty((0, self.head.n_classes), np.float32)
             intercept = state["intercept"] if self.head.bias is not None else None
             self.steps[float(value)] = Step.scored(
-                z, state["coef"], intercept, result.n_iter, self.y_test, self.score_weight,
+                z, state["coef"], intercept, result.n_iter, self.y_test, self.score_params,
                 score, self.accuracy_weight,
             )  # fmt: skip
             self._previous = [*self._previous, (float(value), self._params())][-2:]

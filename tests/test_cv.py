@@ -1571,6 +1571,48 @@ def test_under_routing_the_scorer_s_request_alone_routes_score_weights():
     assert not np.allclose(scores[True], scores[False])
 
 
+@pytest.mark.parametrize("batch", [True, False])
+def test_under_routing_any_metadata_the_scorer_requests_reaches_it_per_fold(batch):
+    # Only sample_weight reached the scorer: groups it requested were dropped without a
+    # word, and an alias of its weights was refused (TypeError) by fit and score, where
+    # LogisticRegressionCV passes both.
+    from sklearn.metrics import accuracy_score, make_scorer
+    from sklearn.model_selection import StratifiedKFold
+
+    X, y = _blobs()
+    tags = np.arange(len(y)) * 10.0  # a row's own tag: which rows each call scored
+    weight = np.random.default_rng(3).uniform(0.1, 3.0, len(y))
+    cv = StratifiedKFold(3)
+    seen = []
+
+    def metric(y_true, y_pred, groups=None, sample_weight=None):
+        seen.append((groups, sample_weight))
+        return accuracy_score(y_true, y_pred, sample_weight=sample_weight)
+
+    with sklearn.config_context(enable_metadata_routing=True):
+        scorer = make_scorer(metric).set_score_request(groups=True, sample_weight="w_score")
+        search = MR2LinearClassifierCV([0.1, 10.0], cv=cv, scoring=scorer, device="cpu")
+        search._batch_folds = batch
+        search.fit(X, y, groups=tags, w_score=weight)
+        tested = [test for _, test in cv.split(X, y)]
+        # The fold each call scored, told by its rows' tags (the calls' order is the path's).
+        folds = [
+            next(f for f, test in enumerate(tested) if np.array_equal(tags[test], groups))
+            for groups, _ in seen
+        ]
+        assert sorted(folds) == [0, 0, 1, 1, 2, 2]  # each fold at both values
+        for (_, got), fold in zip(seen, folds, strict=True):
+            np.testing.assert_allclose(got, weight[tested[fold]])
+        seen.clear()
+        score = search.score(X, y, groups=tags, w_score=weight)
+        np.testing.assert_array_equal(seen[0][0], tags)
+        assert score == pytest.approx(np.average(search.predict(X) == y, weights=weight))
+    with pytest.raises(ValueError, match="w_score"):  # without routing: refused
+        search.fit(X, y, w_score=weight)
+    with pytest.raises(ValueError, match="w_score"):
+        search.score(X, y, w_score=weight)
+
+
 # Found by mutation testing of _batched.py.
 def test_a_held_out_row_that_overflows_leaves_the_fold_objective_finite():
     """A held-out row (weight zero) whose logits overflow to inf must not turn the fold's
