@@ -20,8 +20,10 @@ triangular solves, no loop over the pairs.
 The fit stops on the test on ``tol`` (the largest entry of the gradient in U), at
 ``max_iter``, or stalled: no step decreases the objective even without the pairs, or
 _FLAT iterations in a row lower it by less than the dtype's precision (rounding alone;
-float64: 64 epsilons, scikit-learn's ftol). Each stop is decided on the cosines, objective
-and gradient recomputed from X (the kept ones drift in rounding), two reads of X each time.
+float64: 64 epsilons of max(1, |f|), scikit-learn's ftol; float32: an epsilon of |f|, or of
+the rounding of a mean over the rows where that is larger). Each stop is decided on the
+cosines, objective and gradient recomputed from X (the kept ones drift in rounding), two
+reads of X each time.
 """
 
 from __future__ import annotations
@@ -331,6 +333,12 @@ def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol,
     n_iter, stop = 0, "tol"
     best, flat = value, 0
     resolution = max(torch.finfo(C.dtype).eps, _TOLERANCE_CHANGE)
+    # A decrease is flat below resolution · max(floor, |best|). float64: scipy's ftol, as
+    # the rounds. float32: each row's loss rounds by about an epsilon (log Σ exp, absolute),
+    # their weighted mean by about eps / √(effective rows), so the test is relative down to
+    # that (an absolute epsilon stopped fits at an objective of 4e-5, "stalled", while it
+    # still fell by 3e-4 of itself per iteration).
+    floor = 1.0 if C.dtype == torch.float64 else float(w64.sum() / w64.square().sum().sqrt()) ** -1
     # Whether C, the objective and g come from the kept products (the cosines updated step
     # by step drift in rounding: in float32, with features sharing a large common
     # component, far enough for a gradient hundreds of times tol to pass for one below it).
@@ -397,7 +405,7 @@ def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol,
         n_iter += 1
         bar.update(1)
         largest = float(g.abs().max())
-        if value < best - resolution * max(1.0, abs(best)):
+        if value < best - resolution * max(floor, abs(best)):
             best, flat = value, 0
         else:  # below the objective's rounding: steps that rounding alone accepts
             flat += 1
