@@ -647,6 +647,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                     "a positive weight."
                 )
             sample_weight = sample_weight * weights[y_index]
+        if self.head == "cosine" and self.lam == 0 and sample_weight.max() > 0:
+            # Its objective (no penalty, no compactness term) does not depend on the
+            # weights' scale: taken relative to the largest here, in float64, so that
+            # weights near the smallest normal number of X's dtype, or beyond its largest,
+            # keep their ratios in it (1e-42 in float32 kept 3 bits, and the class
+            # statistics of the margins were 1.4% off).
+            sample_weight = sample_weight / sample_weight.max()
         weight_sum = float(sample_weight.sum())
         if weight_sum <= 0:
             raise ValueError("The sum of sample weights must be positive.")

@@ -524,15 +524,20 @@ def test_bad_parameters_are_named(params, error, match):
 def test_a_scale_or_a_weight_sum_beyond_the_features_dtype_is_refused():
     # A logit scale beyond float32's range was searched: NaN and inf coefficients in
     # coefs_paths_, scored at chance (and scikit-learn's bare NaN error for log loss).
-    # Weights whose sum overflows float32 are named (before any fit, as in a single fit).
+    # Weights whose sum overflows float32 are named (before any fit, as in a single fit)
+    # for a linear head; a cosine head's objective ignores their scale, and takes them.
     X, y = _blobs()
     X = (X / np.linalg.norm(X, axis=1, keepdims=True)).astype(np.float32)
     search = MR2LinearClassifierCV(Cs=[8.0, 1e39], cv=3, head="cosine", device="cpu")
     with pytest.raises(ValueError, match=r"logit scale 1e\+39, beyond the range of float32"):
         search.fit(X, y)
-    search.set_params(Cs=[8.0])
+    huge = np.full(len(y), 1e37)
+    search.set_params(Cs=[8.0], head="linear")
     with pytest.raises(ValueError, match="with sample weights summing to"):
-        search.fit(X, y, sample_weight=np.full(len(y), 1e37))
+        search.fit(X, y, sample_weight=huge)
+    search.set_params(head="cosine")
+    unit = search.fit(X, y).coef_
+    np.testing.assert_allclose(search.fit(X, y, sample_weight=huge).coef_, unit, rtol=1e-6)
     with warnings.catch_warnings():  # in float64, 1e39 is a scale like another
         warnings.simplefilter("ignore", ConvergenceWarning)
         search.set_params(Cs=[8.0, 1e39]).fit(X.astype(np.float64), y)
