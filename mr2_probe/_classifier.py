@@ -432,7 +432,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     of P (held constant, they let P shrink towards zero). With sample weights the
     compactness term counts a sample as w copies of itself (each partner's term times w_j,
     the class means weighted), as :func:`~mr2_probe.compactness_loss` does: a row of weight
-    0 takes no part.
+    0 takes no part. Unlike the data term and the penalty (where scaling every weight is
+    scaling C), it depends on the weights' overall scale: weights summing to 1 all but
+    switch it off, and large ones strengthen it.
 
     **Class tilt.** Write the data term as Σ_k π_k·L_k, with S_k = Σ_{i∈k} w_i the weight
     of class k, π_k = S_k / S its share and L_k = Σ_{i∈k} w_i·CE(z_i / γ_k, y_i) / S_k its
@@ -566,6 +568,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         y : array-like of shape (n_samples,)
             Labels of any type (strings too).
         sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples, times ``class_weight``'s: see the objective in the class
+            docstring for where they enter (with ``lam > 0``, their overall scale too).
 
         Returns
         -------
@@ -666,10 +670,15 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 if largest > top
                 else f"The loss is summed with sample weights summing to {weight_sum:g}"
             )
-            raise ValueError(
-                f"{what}, beyond the range of {_dtype_name(dtype)}, in which X is computed: "
+            same = (
                 "multiply the weights by a small factor and C by its inverse (the same "
                 "problem), and fit again."
+                if self.lam == 0
+                else "with lam > 0 the compactness loss counts a sample as w copies of "
+                "itself, so no smaller weights make the same problem; use smaller weights."
+            )
+            raise ValueError(
+                f"{what}, beyond the range of {_dtype_name(dtype)}, in which X is computed: " + same
             )
 
         y_t = to_tensor(y_index.astype(np.int64), device)

@@ -867,7 +867,9 @@ def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
         ({}, 1e37, np.float32, "with sample weights summing to 6e[+]38"),
         # (The cosine head, whose objective ignores the weights' scale, fits at such
         # weights: tests/test_cosine.py.)
-        ({}, 1e39, np.float32, "sample_weight holds values up to 1e[+]39, beyond the range"),
+        ({}, 1e39, np.float32, "1e[+]39, beyond the range of float32.*C by its inverse"),
+        # With a compactness loss no rescaling of C makes the same problem: it was advised.
+        ({"lam": 0.5}, 1e39, np.float32, "1e[+]39, beyond.*no smaller weights make the same"),
         # class_weight multiplies the weights: said, not sample_weight alone.
         (
             {"class_weight": {0: 1e39, 1: 1, 2: 1}},
