@@ -215,6 +215,7 @@ def rows_product(x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = N
         x.device.type == "cpu"
         and x.dtype == torch.float32 == v.dtype
         and len(v) >= _ONEDNN_MIN_ROWS
+        and v.shape[-1] > 0  # (oneDNN has no primitive for 0 features)
         and not records
         and (
             bias is None
@@ -223,7 +224,8 @@ def rows_product(x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = N
     ):
         op = _onednn()
         if op:
-            return op(x, v, bias, "none", [], "")
+            # (oneDNN refuses weights whose strides overlap; a copy is K × d.)
+            return op(x, v.contiguous(), bias, "none", [], "")
     return x @ v.T if bias is None else torch.addmm(bias, x, v.T)
 
 

@@ -187,6 +187,21 @@ def test_rows_product_is_x_times_v_transposed(k, with_bias):
     assert rows_product(x, v, bias).dtype == torch.float32
 
 
+@pytest.mark.parametrize("case", ["no features", "overlapping weights"])
+def test_rows_product_takes_what_torchs_product_takes(case):
+    # oneDNN's kernel raised on both ("could not create a primitive descriptor", "could
+    # not construct a memory descriptor using strides") where torch's product works.
+    gen = torch.Generator().manual_seed(0)
+    if case == "no features":
+        x, v = torch.randn(5, 0), torch.randn(12, 0)
+    else:
+        x, v = torch.randn(40, 70, generator=gen), torch.randn(200, generator=gen)
+        v = v.as_strided((12, 70), (5, 1))  # rows sharing entries
+    bias = torch.randn(12, generator=gen)
+    expected = _exact(x, v) + bias.double()
+    torch.testing.assert_close(rows_product(x, v, bias).double(), expected, rtol=0, atol=1e-4)
+
+
 def test_rows_product_takes_onednn_for_float32_rows_of_ten_classes_or_more(monkeypatch):
     # The rule of _device's comment: oneDNN's kernel from 10 rows of v on, float32 on the
     # CPU, a plain (K,) bias, nothing recording gradients, oneDNN enabled; torch's
