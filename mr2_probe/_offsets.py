@@ -11,7 +11,7 @@ import warnings
 from numbers import Integral, Real
 
 import numpy as np
-from scipy.special import log_softmax, softmax
+from scipy.special import expit, log_expit, log_softmax, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, _fit_context, clone
 from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import StratifiedShuffleSplit, check_cv
@@ -273,11 +273,16 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
     bound; other fit parameters go to ``fit`` only.
 
     Adding b_k to the logit of class k multiplies the odds of class k by exp(b_k): the
-    offsets act as a tuned class prior, and :meth:`predict_proba` is
-    softmax(log p + b). They leave the learned features and weights untouched, so they
-    correct where the decision boundaries sit between classes, not how well the classes
-    are separated. With a softmax model (LogisticRegression, MR2LinearClassifier)
-    ``predict`` and the argmax of ``predict_proba`` agree.
+    offsets act as a tuned class prior. They leave the learned features and weights
+    untouched, so they correct where the decision boundaries sit between classes, not how
+    well the classes are separated. :meth:`predict_proba` applies them through the
+    estimator's own link from decision values to probabilities where its probabilities
+    show it (on the rows given): softmax(z + b) for a softmax model (LogisticRegression,
+    MR2LinearClassifier), σ(z + b) normalised for one-vs-rest sigmoids
+    (OneVsRestClassifier(LogisticRegression()), SGDClassifier(loss="log_loss")); there
+    ``predict`` and the argmax of ``predict_proba`` agree, and with zero offsets it is the
+    estimator's own. For another estimator it is softmax(log p + b), a class prior on its
+    probabilities, whose argmax can differ from ``predict`` (as SVC's own can).
 
     Cost: ``n_folds + 1`` fits of the estimator (none with ``cv="prefit"``, one with
     ``refit=False``), plus the search: 0.1 to 0.3 s per sweep for 50,000 held-out samples
@@ -618,7 +623,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
 
     @available_if(_inner_has("predict_proba"))
     def predict_proba(self, X):
-        """Probabilities with the offsets as a class prior: softmax(log p + offsets_).
+        """Probabilities with the offsets, through the estimator's link where it is
+        softmax's or one-vs-rest sigmoids' (see Notes), else softmax(log p + offsets_).
 
         Parameters
         ----------
@@ -645,15 +651,28 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         return log_softmax(self._log_proba(X), axis=1)
 
     def _log_proba(self, X) -> np.ndarray:
-        """The estimator's log-probabilities plus the offsets (unnormalised)."""
+        """Unnormalised log-probabilities with the offsets: the decision values plus the
+        offsets through the estimator's link where its probabilities show it to be
+        softmax's or normalised one-vs-rest sigmoids', else its log-probabilities plus the
+        offsets."""
         check_is_fitted(self, "offsets_")
-        if hasattr(self.estimator_, "predict_log_proba"):
+        proba = self.estimator_.predict_proba(X)
+        proba = np.asarray(to_numpy(proba) if is_torch_tensor(proba) else proba, np.float64)
+        z = _decision(self.estimator_, X, self.classes_)
+        # (float32 probabilities, or a decision function rounded apart from them, agree
+        # to these tolerances; the links themselves differ by far more.)
+        if np.allclose(softmax(z, axis=1), proba, rtol=1e-4, atol=1e-6):
+            return z + self.offsets_
+        sigmoids = expit(z)
+        sigmoids /= sigmoids.sum(1, keepdims=True)
+        if np.allclose(sigmoids, proba, rtol=1e-4, atol=1e-6):
+            return log_expit(z + self.offsets_)
+        if hasattr(self.estimator_, "predict_log_proba"):  # (finite where p underflows)
             log_proba = self.estimator_.predict_log_proba(X)
-        else:
-            with np.errstate(divide="ignore"):
-                log_proba = np.log(self.estimator_.predict_proba(X))
-        log_proba = to_numpy(log_proba) if is_torch_tensor(log_proba) else log_proba
-        return np.asarray(log_proba, dtype=np.float64) + self.offsets_
+            log_proba = to_numpy(log_proba) if is_torch_tensor(log_proba) else log_proba
+            return np.asarray(log_proba, dtype=np.float64) + self.offsets_
+        with np.errstate(divide="ignore"):
+            return np.log(proba) + self.offsets_
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
