@@ -7,6 +7,7 @@ the offsets on them and refits the inner classifier on all the data.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from numbers import Integral, Real
 
@@ -277,7 +278,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
     untouched, so they correct where the decision boundaries sit between classes, not how
     well the classes are separated. :meth:`predict_proba` applies them through the
     estimator's own link from decision values to probabilities where its probabilities
-    show it (on the rows given): softmax(z + b) for a softmax model (LogisticRegression,
+    show it, row by row: softmax(z + b) for a softmax model (LogisticRegression,
     MR2LinearClassifier), σ(z + b) normalised for one-vs-rest sigmoids
     (OneVsRestClassifier(LogisticRegression()), SGDClassifier(loss="log_loss")); there
     ``predict`` and the argmax of ``predict_proba`` agree, and with zero offsets it is the
@@ -651,28 +652,38 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         return log_softmax(self._log_proba(X), axis=1)
 
     def _log_proba(self, X) -> np.ndarray:
-        """Unnormalised log-probabilities with the offsets: the decision values plus the
-        offsets through the estimator's link where its probabilities show it to be
-        softmax's or normalised one-vs-rest sigmoids', else its log-probabilities plus the
-        offsets."""
+        """Unnormalised log-probabilities with the offsets, row by row: the decision values
+        plus the offsets through the estimator's link where its probabilities show it to
+        be softmax's or normalised one-vs-rest sigmoids', else its log-probabilities plus
+        the offsets. (Row by row, so that a row's probabilities do not depend on the others
+        given with it.)"""
         check_is_fitted(self, "offsets_")
         proba = self.estimator_.predict_proba(X)
         proba = np.asarray(to_numpy(proba) if is_torch_tensor(proba) else proba, np.float64)
         z = _decision(self.estimator_, X, self.classes_)
+        out = np.empty_like(z)
         # (float32 probabilities, or a decision function rounded apart from them, agree
         # to these tolerances; the links themselves differ by far more.)
-        if np.allclose(softmax(z, axis=1), proba, rtol=1e-4, atol=1e-6):
-            return z + self.offsets_
+        alike = functools.partial(np.isclose, rtol=1e-4, atol=1e-6)
+        softmax_rows = alike(softmax(z, axis=1), proba).all(1)
+        out[softmax_rows] = z[softmax_rows] + self.offsets_
         sigmoids = expit(z)
-        sigmoids /= sigmoids.sum(1, keepdims=True)
-        if np.allclose(sigmoids, proba, rtol=1e-4, atol=1e-6):
-            return log_expit(z + self.offsets_)
-        if hasattr(self.estimator_, "predict_log_proba"):  # (finite where p underflows)
-            log_proba = self.estimator_.predict_log_proba(X)
-            log_proba = to_numpy(log_proba) if is_torch_tensor(log_proba) else log_proba
-            return np.asarray(log_proba, dtype=np.float64) + self.offsets_
-        with np.errstate(divide="ignore"):
-            return np.log(proba) + self.offsets_
+        total = sigmoids.sum(1, keepdims=True)
+        # scikit-learn's one-vs-rest rows whose sigmoids all underflow are uniform.
+        sigmoids = np.divide(sigmoids, total, out=np.full_like(z, 1 / z.shape[1]), where=total > 0)
+        sigmoid_rows = ~softmax_rows & alike(sigmoids, proba).all(1)
+        out[sigmoid_rows] = log_expit(z[sigmoid_rows] + self.offsets_)
+        other = ~(softmax_rows | sigmoid_rows)
+        if other.any():
+            if hasattr(self.estimator_, "predict_log_proba"):  # (finite where p underflows)
+                log_proba = self.estimator_.predict_log_proba(X)
+                log_proba = to_numpy(log_proba) if is_torch_tensor(log_proba) else log_proba
+                log_proba = np.asarray(log_proba, dtype=np.float64)
+            else:
+                with np.errstate(divide="ignore"):
+                    log_proba = np.log(proba)
+            out[other] = log_proba[other] + self.offsets_
+        return out
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

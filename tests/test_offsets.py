@@ -717,6 +717,28 @@ def test_predict_proba_takes_the_offsets_through_the_estimators_link(link):
     np.testing.assert_allclose(clf.predict_proba(X), p, rtol=1e-6, atol=1e-9)
 
 
+def test_predict_proba_of_a_row_does_not_depend_on_the_rows_beside_it():
+    # The link was read from the whole batch: one row of an SGDClassifier whose sigmoids
+    # all underflow (uniform probabilities) sent every row of the batch to softmax(log p
+    # + b), so a row alone and in a batch got different probabilities (argmax ≠ predict).
+    from sklearn.datasets import make_classification
+    from sklearn.linear_model import SGDClassifier
+
+    X, y = make_classification(600, 12, n_informative=8, n_classes=3, random_state=0)
+    X = X * 300  # decision values up to ±1e6
+    probe = SGDClassifier(loss="log_loss", random_state=0).fit(X, y)
+    clf = TunedOffsetsClassifierCV(probe, cv="prefit").fit(X, y)
+    clf.offsets_ = np.array([-0.8, 0.0, 0.8])
+    batch = clf.predict_proba(X)
+    alone = np.concatenate([clf.predict_proba(X[i : i + 1]) for i in range(len(X))])
+    np.testing.assert_allclose(alone, batch, rtol=1e-12, atol=1e-300)
+    # Where the largest probability is not a tie of saturated sigmoids, it is predict's.
+    top = np.sort(batch, axis=1)
+    clear = top[:, -1] > top[:, -2]
+    assert clear.mean() > 0.5
+    np.testing.assert_array_equal(batch[clear].argmax(1), clf.predict(X)[clear])
+
+
 def test_pipeline_grid_search_pickle_and_torch_features():
     X, y = _imbalanced(seed=9)
     pipe = make_pipeline(StandardScaler(), TunedOffsetsClassifierCV(LogisticRegression(), cv=3))
