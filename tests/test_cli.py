@@ -1243,6 +1243,37 @@ def test_unsigned_store_labels_are_matched_by_name(tmp_path, capsys):
     }
 
 
+@NEEDS_H5
+def test_class_names_in_two_unicode_forms_are_matched_as_one(tmp_path, capsys):
+    # A test store extracted from a folder copied off macOS spells "ñandú" decomposed
+    # (NFD): refused as "test.h5 has 1 class that train.h5 does not ('ñandú')".
+    X, y = _blobs(30, seed=1)
+    X_test, y_test = _blobs(10, seed=2)
+    composed = ["cat", "\u00f1and\u00fa", "dog"]
+    decomposed = ["cat", "n\u0303andu\u0301", "dog"]
+    _store(tmp_path / "train.h5", X, y, composed, source_fingerprint="sha256:train")
+    _store(tmp_path / "test.h5", X_test, y_test, decomposed, source_fingerprint="sha256:test")
+    np.savez(tmp_path / "test.npz", X=X_test, y=np.array(decomposed)[y_test])
+    np.savez(tmp_path / "train.npz", X=X, y=np.array(composed)[y])
+    out = tmp_path / "run"
+    for train, test in (
+        ("train.h5", "test.h5"),
+        ("train.h5", "test.npz"),
+        ("train.npz", "test.h5"),
+    ):
+        argv = [str(tmp_path / train), "--test", str(tmp_path / test), "--no-progress"]
+        assert main([*argv, "--out", str(out)]) == 0
+        report = json.loads((out / "report.json").read_text())
+        assert sorted(report["labels"]) == sorted(composed)  # the training spelling
+        assert report["inputs"]["test"]["samples_per_class"] == {
+            name: int((y_test == k).sum()) for k, name in enumerate(composed)
+        }
+    # Both forms as two training classes: which one a test "ñandú" is cannot be told.
+    _store(tmp_path / "both.h5", X, y, [*composed[:2], decomposed[1]], source_fingerprint="a")
+    status, err = _error([str(tmp_path / "both.h5"), "--test", str(tmp_path / "test.h5")], capsys)
+    assert status == 2 and "one name in two Unicode forms" in err[-1]
+
+
 @pytest.mark.slow
 def test_the_report_records_paths_absolute_and_each_class_s_count(files, tmp_path, monkeypatch):
     # Relative paths, a labels file for each side, classes of uneven sizes.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -408,21 +409,44 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
             f"cannot be matched to the training classes by name; {remedy}"
         )
     if names is None:  # text training labels: the test codes' names, checked as labels
-        return np.asarray(test_names, dtype=object)[y_test].astype(str), True
-    foreign = [name for name in held if name not in names]
+        spelt = {_nfc(v): v for v in np.unique(y).astype(str).tolist()}
+        named = [spelt.get(_nfc(name), name) for name in test_names]
+        return np.asarray(named, dtype=object)[y_test].astype(str), True
+    code = _codes_by_name(names, args.train)
+    foreign = [name for name in held if _nfc(name) not in code]
     if foreign:
         raise UsageError(
             f"{args.test} has {len(foreign)} class{'es' if len(foreign) > 1 else ''} that "
             f"{args.train} does not "
             f"({_few(foreign)}); a probe cannot predict classes it was not trained on"
         )
-    code = {name: k for k, name in enumerate(names)}
     if test_names is None:  # text labels: codes of their distinct values
         values, inverse = np.unique(y_test, return_inverse=True)
-        return np.array([code[str(v)] for v in values], dtype=y.dtype)[inverse], True
+        return np.array([code[_nfc(str(v))] for v in values], dtype=y.dtype)[inverse], True
     # -1 marks a class the test store lists but holds no label of (none is read).
-    table = np.array([code.get(name, -1) for name in test_names], dtype=np.int64)
+    table = np.array([code.get(_nfc(name), -1) for name in test_names], dtype=np.int64)
     return table[y_test].astype(y.dtype), True
+
+
+def _nfc(name: str) -> str:
+    """A class name as names are matched: one Unicode form (a folder made on macOS spells
+    'ñandú' with combining accents, NFD, where Linux and Windows keep what was typed)."""
+    return unicodedata.normalize("NFC", name)
+
+
+def _codes_by_name(names: list[str], path: str) -> dict[str, int]:
+    """Each class name's code, keyed by :func:`_nfc`; two names spelt alike in NFC (one
+    name in two Unicode forms) are refused, as no test label can be matched to either."""
+    code = {}
+    for k, name in enumerate(names):
+        other = code.setdefault(_nfc(name), k)
+        if other != k:
+            raise UsageError(
+                f"{path} lists the class names {names[other]!r} and {name!r}, which are "
+                "one name in two Unicode forms (composed and decomposed accents): the test "
+                "labels cannot be matched to the training classes by name; rename one of them"
+            )
+    return code
 
 
 def _repeated(names: list[str] | None) -> list[str]:
