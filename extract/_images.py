@@ -292,9 +292,9 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     (['cat/1.png', 'cat/2.png', 'dog/1.png'], [0, 0, 1], ['cat', 'dog'])
     """
     root = os.fspath(root)
-    # A hidden folder (.ipynb_checkpoints, a file manager's .thumbs, .git) is no class:
-    # taken as one, it shifted every class index after it.
-    classes = [name for name in find_classes(root)[0] if not name.startswith(".")]
+    # A hidden folder (.ipynb_checkpoints, a file manager's .thumbs, .git, an unzipped
+    # __MACOSX) is no class: taken as one, it shifted every class index after it.
+    classes = [name for name in find_classes(root)[0] if not _hidden(name)]
     if not classes:
         raise FileNotFoundError(f"Couldn't find any class folder in {root}.")
     # Listed by extension only: a corrupt file is kept so that it is recorded as a failure.
@@ -314,12 +314,20 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     )
 
 
+def _hidden(name: str) -> bool:
+    """Whether a file or folder of an image folder is left out as no image or class: a
+    hidden one (its name starts with a dot), or the ``__MACOSX`` folder of resource forks
+    that unzipping an archive made by macOS's Finder leaves beside its folders."""
+    return name.startswith(".") or name == "__MACOSX"
+
+
 def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     """(path, class index) of the images under ``root/<class>``, in torchvision's
     ``make_dataset`` order, each once: a folder reached again through a symbolic link (a
     link to a folder above it, a loop) is not walked again, nor the root or a folder above
     it from inside a class (a link to another class's folder is walked, as torchvision
-    walks it). Hidden files and folders (their names start with a dot) are left out.
+    walks it). Hidden files and folders (their names start with a dot) and ``__MACOSX``
+    folders are left out.
 
     Raises FileNotFoundError, as ``make_dataset`` does, for a class without images, and
     OSError for a folder that cannot be listed.
@@ -354,8 +362,8 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
             seen.add(key)
             # Hidden files and folders (macOS's ._x.jpg, .ipynb_checkpoints) are no images
             # of the class, as a glob's * does not match them either.
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            walked.append((top, [f for f in files if not f.startswith(".")]))
+            dirs[:] = [d for d in dirs if not _hidden(d)]
+            walked.append((top, [f for f in files if not _hidden(f)]))
         listed = [os.path.join(top, f) for top, files in sorted(walked) for f in sorted(files)]
         found = [(p, index) for p in listed if has_file_allowed_extension(p, IMG_EXTENSIONS)]
         if not found:
@@ -388,7 +396,7 @@ def _warn_of_left_out(root: str, other: list[str]) -> None:
         files = [
             f
             for f in files
-            if not any(part.startswith(".") for part in Path(os.path.relpath(f, root)).parts)
+            if not any(_hidden(part) for part in Path(os.path.relpath(f, root)).parts)
         ]
         if files:
             logger.warning(

@@ -158,6 +158,22 @@ def test_hidden_folders_and_files_are_no_classes_nor_images(folder):
     np.testing.assert_array_equal(after.labels, before.labels)
 
 
+def test_a_macosx_folder_is_no_class_nor_images(folder, caplog):
+    # A folder unzipped from a Finder archive holds __MACOSX/<class>/._x.jpg beside its
+    # classes: refused as "Found no valid file for the classes __MACOSX" (or, holding an
+    # image, taken for class 0).
+    caplog.set_level(logging.WARNING, logger="extract")
+    before = image_folder(folder)
+    image = (folder / before.ids[0]).read_bytes()
+    for name in ("__MACOSX/cat/._000.jpg", "__MACOSX/dog/notes.txt", "cat/__MACOSX/x.jpg"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(image)
+    after = image_folder(folder)
+    assert (after.ids, after.class_names) == (before.ids, before.class_names)
+    np.testing.assert_array_equal(after.labels, before.labels)
+    assert not caplog.records  # left out without a word, as hidden files are
+
+
 def test_a_folder_that_cannot_be_listed_is_refused(folder, monkeypatch):
     # os.walk left it out, and its images with it, without a word (a folder of another
     # user's, unreadable).
