@@ -9,10 +9,12 @@ pyplot's figure registry, so the returned figure is freed with its last referenc
 from __future__ import annotations
 
 import colorsys
+import contextlib
 import itertools
 import math
 import os
 import re
+import warnings
 
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
@@ -63,8 +65,54 @@ def _patch(colour: str):
     return Patch(color=colour)
 
 
+class MissingGlyphWarning(UserWarning):
+    """Some text of a figure (a class name, most often) has characters that the plot font
+    lacks: they are drawn as boxes. ``characters``: those characters, in order of first
+    appearance."""
+
+    def __init__(self, message: str, characters=()):
+        super().__init__(message)
+        self.characters = tuple(characters)
+
+
+# matplotlib's warning for each character its font lacks, at every text drawn.
+_GLYPH = re.compile(r"Glyph (\d+) .*missing from font")
+
+
+@contextlib.contextmanager
+def _caught(category=Warning, pattern: str = ""):
+    """Yields a list that collects the warnings of ``category`` whose message matches
+    ``pattern`` raised inside; the others are warned again as they came, through the
+    filters outside."""
+    matched, caught = [], []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield matched
+    finally:  # (a failed figure's warnings too)
+        for w in caught:
+            if issubclass(w.category, category) and re.match(pattern, str(w.message)):
+                matched.append(w.message)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
 def _save(fig, path) -> None:
-    fig.savefig(os.fspath(path), dpi=120)
+    # One warning for the characters the font lacks, not matplotlib's one per character
+    # and text drawn.
+    with _caught(UserWarning, _GLYPH.pattern) as glyphs:
+        fig.savefig(os.fspath(path), dpi=120)
+    missing = list(dict.fromkeys(chr(int(_GLYPH.match(str(w)).group(1))) for w in glyphs))
+    if missing:
+        shown = ", ".join(repr(c) for c in missing)
+        warnings.warn(
+            MissingGlyphWarning(
+                f"the plot font lacks the characters {shown}: they are drawn as boxes in "
+                f"{os.fspath(path)}",
+                missing,
+            ),
+            stacklevel=3,
+        )
 
 
 def model_colours(names, reference: str | None = None) -> dict:

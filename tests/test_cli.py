@@ -1682,6 +1682,28 @@ def test_names_that_are_not_plain_text_are_drawn_and_noted_on_one_line(tmp_path,
         assert any(line.startswith(note) for line in lines), report
 
 
+def test_class_names_the_plot_font_lacks_are_said_in_one_line(tmp_path, capsys):
+    # matplotlib warned once per character and text drawn, with its source lines:
+    # "UserWarning: Glyph 29483 (\\N{CJK UNIFIED IDEOGRAPH-732B}) missing from font(s)".
+    matplotlib = pytest.importorskip("matplotlib")
+    names = np.array(["\u732b", "dog", "\u732b\u72ac"])  # 猫, dog, 猫犬
+    X, y = _blobs(30, seed=1)
+    X_test, y_test = _blobs(10, seed=2)
+    np.savez(tmp_path / "train.npz", X=X, y=names[y])
+    np.savez(tmp_path / "test.npz", X=X_test, y=names[y_test])
+    argv = [str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz")]
+    with warnings.catch_warnings(record=True) as caught, matplotlib.rc_context():
+        warnings.simplefilter("always")
+        matplotlib.rcParams["font.family"] = ["DejaVu Sans"]  # (bundled, no CJK glyphs)
+        assert main([*argv, "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert not [w for w in caught if "missing from font" in str(w.message)]
+    said = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert said == [
+        "mr2-probe: warning: the plot font has no glyph for '\u732b', '\u72ac', which show "
+        "as boxes in the figures (in 2 class names: '\u732b', '\u732b\u72ac')"
+    ]
+
+
 def test_help_explains_options_outputs_and_labels(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])

@@ -139,6 +139,27 @@ def test_names_with_dollar_signs_are_drawn_as_written(tmp_path):
     assert all(t.get_parse_math() for t in fig.axes[0].get_xticklabels())
 
 
+def test_characters_the_font_lacks_are_one_warning_per_figure(tmp_path):
+    # matplotlib warned "Glyph 29483 (...) missing from font(s) DejaVu Sans" for each
+    # character of each text drawn.
+    import matplotlib
+
+    from mr2_probe.plotting import MissingGlyphWarning
+
+    y = np.repeat(np.array(["\u732b", "\u732b\u72ac", "dog"]), 3)  # 猫, 猫犬, dog
+    report = classwise_report({"ERM": y, "MR2": np.roll(y, 1)}, y)
+    with warnings.catch_warnings(record=True) as caught, matplotlib.rc_context():
+        warnings.simplefilter("always")
+        matplotlib.rcParams["font.family"] = ["DejaVu Sans"]  # (bundled, no CJK glyphs)
+        plot_class_accuracy(report, tmp_path / "classes.png")
+    assert [(w.category, w.message.characters) for w in caught] == [
+        (MissingGlyphWarning, ("\u732b", "\u72ac"))
+    ]
+    assert str(caught[0].message).endswith(
+        "they are drawn as boxes in " + str(tmp_path / "classes.png")
+    )
+
+
 def test_class_std_curve_is_the_spread_itself(tmp_path):
     # It was its scorer's negation: a line near -5 on an axis of held-out percentages.
     from mr2_probe.plotting import cv_curves

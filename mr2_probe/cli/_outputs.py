@@ -13,7 +13,7 @@ import joblib
 from ..front import _final
 from ..report import _strict_json
 from ._options import _OPTIONS, _dest, _grid, _unread_options
-from ._usage import UsageError, _one_line
+from ._usage import UsageError, _few, _one_line
 
 # Every run removes those of an earlier run in the same folder before writing its own.
 _FIGURES = ("class_accuracy.png", "groups.png", "margins.png", "front.png", "cv_curve.png")
@@ -105,6 +105,8 @@ def _write_outputs(
     the notes and the front), then the figures; the names of those that failed, each said
     in one line."""
     from ..plotting import (
+        MissingGlyphWarning,
+        _caught,
         plot_class_accuracy,
         plot_cv_curve,
         plot_front,
@@ -156,17 +158,37 @@ def _write_outputs(
     if searches:
         figures["cv_curve.png"] = lambda path: plot_cv_curve(searches, path, scoring=args.scoring)
     failed = []
-    for name, write in figures.items():
-        try:
-            _replace_together(out, {name: write})
-        except Exception as error:  # that figure is missing; the others are still drawn
-            if args.debug:
-                raise
-            failed.append(name)
-            why = _one_line(error) or type(error).__name__  # AssertionError() says nothing
-            print(f"mr2-probe: error: {name} is left out: {why}", file=sys.stderr)
+    with _caught(MissingGlyphWarning) as glyphs:
+        for name, write in figures.items():
+            try:
+                _replace_together(out, {name: write})
+            except Exception as error:  # that figure is missing; the others are still drawn
+                if args.debug:
+                    raise
+                failed.append(name)
+                why = _one_line(error) or type(error).__name__  # AssertionError() says nothing
+                print(f"mr2-probe: error: {name} is left out: {why}", file=sys.stderr)
+    if glyphs:  # once for all figures, not matplotlib's lines for each character
+        _warn_of_missing_glyphs(glyphs, report.labels)
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)
     return failed
+
+
+def _warn_of_missing_glyphs(glyphs: list, labels) -> None:
+    """Say in one line which class names have characters the plot font lacks (the
+    figures draw those as boxes)."""
+    missing = list(dict.fromkeys(c for warning in glyphs for c in warning.characters))
+    affected = [str(k) for k in labels if any(c in str(k) for c in missing)]
+    where = (
+        f" (in {len(affected)} class name{'s' if len(affected) > 1 else ''}: {_few(affected)})"
+        if affected
+        else ""
+    )
+    print(
+        f"mr2-probe: warning: the plot font has no glyph for {_few(missing, 6)}, which "
+        f"{'shows as a box' if len(missing) == 1 else 'show as boxes'} in the figures{where}",
+        file=sys.stderr,
+    )
 
 
 def _text(content: str):
