@@ -130,7 +130,7 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
         except UnicodeDecodeError as error:
             raise UsageError(f"the labels of {source} are bytes that are not UTF-8 text") from error
     _check_xy(X, y, source, store)
-    if y.dtype.kind == "f" and np.abs(y).max() < 2**53:  # whole numbers now: class indices
+    if y.dtype.kind == "f":  # whole numbers below 2**53 now: class indices
         # One spelling per class: float labels 0.0 were keyed "0.0" in the report where
         # the other file's integer labels were "0".
         y = y.astype(np.int64)
@@ -277,6 +277,16 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
         raise UsageError(
             f"{source}: the labels are {kind} numbers, such as {example.item()!r}, not "
             "classes; give class labels (integers or text)"
+        )
+    if y.dtype.kind == "f" and np.abs(y).max() >= 2**53:
+        # Not read as integers (float64 no longer tells neighbouring ones apart there), they
+        # failed after the first "fitting" line, in scikit-learn's words ("Unknown label
+        # type: continuous").
+        largest = y[np.argmax(np.abs(y))]
+        raise UsageError(
+            f"{source}: the labels are floats as large as {largest.item()!r}; float labels "
+            "must be whole numbers below 2**53 in magnitude: give class labels as integers "
+            "or text"
         )
 
 
