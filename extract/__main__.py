@@ -147,6 +147,10 @@ def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
+def _plural(n: int, word: str, words: str | None = None) -> str:
+    return word if n == 1 else words or word + "s"
+
+
 def _error(message: object) -> int:
     text = " ".join(str(message).split())  # one line, whatever the exception
     print(f"mr2-extract: error: {text}", file=sys.stderr)
@@ -267,12 +271,15 @@ def _extract(args: argparse.Namespace) -> int:
             # The failed rows are in the file (as zeros) but left out of what is loaded:
             # counted as such, the log's "usable rows of N" and h5py's shape agree.
             rows = (
-                f"{n_usable} usable rows of {n_usable + n_failed} ({n_failed} failed)"
+                f"{n_usable} usable {_plural(n_usable, 'row')} of {n_usable + n_failed} "
+                f"({n_failed} failed)"
                 if n_failed
-                else f"{n_usable} rows"
+                else f"{n_usable} {_plural(n_usable, 'row')}"
             )
+            n_classes = len(store.class_names)
             print(
-                f"{path}: {rows} x {n_features} features, {len(store.class_names)} classes"
+                f"{path}: {rows} x {n_features} features, {n_classes} "
+                f"{_plural(n_classes, 'class', 'classes')}"
                 + ("" if n_failed else ", 0 failed images")
             )
             if store.failures and not n_usable:

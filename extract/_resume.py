@@ -316,7 +316,12 @@ def _adopt_repaired_failures(
         f.flush()
         del f.attrs[ADOPTING]
     if n_changed:
-        logger.info("%d failed images have changed since; they are extracted again.", n_changed)
+        logger.info(
+            "%d failed %s changed since; %s extracted again.",
+            n_changed,
+            "image has" if n_changed == 1 else "images have",
+            "it is" if n_changed == 1 else "they are",
+        )
 
 
 def _drop_finished_mark(out: Path, attrs: dict, best_effort: bool = False) -> None:

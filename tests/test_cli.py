@@ -1409,6 +1409,12 @@ def test_training_images_in_a_test_store_are_found_by_their_content(tmp_path, ca
     capsys.readouterr()
     assert main([*run, str(tmp_path / "mixed.h5")]) == 0
     assert "warning: 2 of the 12 images of --test" in capsys.readouterr().err
+    # One image: "1 of the 12 images ... are byte for byte images" read wrong.
+    _store(tmp_path / "one.h5", X_test, y_test, FASHION, digests=other[:11] + train[:1],
+           source_fingerprint="sha256:one", source_root="/d")  # fmt: skip
+    assert main([*run, str(tmp_path / "one.h5")]) == 0
+    one = f"{tmp_path / 'one.h5'} is a byte for byte image of {tmp_path / 'train.h5'}"
+    assert one in capsys.readouterr().err
     # So too for two list files in one folder (one source root): they were taken as one
     # source, so that an image both list refused the run.
     lists = dict(source_root="/lists", source="list:/lists/train.csv")

@@ -255,6 +255,16 @@ def test_held_interrupts_leave_an_ignored_sigint_ignored_and_yield_to_a_second(m
     assert installed == []
 
 
+def test_the_summary_counts_one_row_and_one_class_in_the_singular(tmp_path, capsys):
+    # "1 rows x 96 features, 1 classes".
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    shutil.rmtree(folder / "dog")
+    out = tmp_path / "f.h5"
+    args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
+    assert main([*args, "--no-progress", "--workers", "0"]) == 0
+    assert f"{out}: 1 row x 96 features, 1 class, 0 failed images" in capsys.readouterr().out
+
+
 def test_cli_reads_shards_with_a_label_key(tmp_path, capsys):
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     write_webdataset(folder, tmp_path / "wds" / "%05d.tar", maxcount=3)
@@ -582,7 +592,7 @@ def test_retry_failed_extracts_again_only_the_failed_images(tmp_path, capsys, ca
     np.testing.assert_array_equal(again.features[kept], first.features)
 
 
-def test_retry_failed_takes_a_repaired_image(tmp_path, capsys):
+def test_retry_failed_takes_a_repaired_image(tmp_path, capsys, caplog):
     folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
     good = (folder / "dog" / "001.jpg").read_bytes()
     (folder / "dog" / "001.jpg").write_bytes(b"not an image")
@@ -600,7 +610,9 @@ def test_retry_failed_takes_a_repaired_image(tmp_path, capsys):
         "failed in the store (or was not extracted yet) and has changed since: pass --retry-failed"
         in line
     )
+    caplog.set_level(logging.INFO, logger="extract")
     assert main([*args, "--retry-failed"]) == 0
+    assert "1 failed image has changed since; it is extracted again." in caplog.messages
     repaired = load_features(out, in_memory=True)
     assert not repaired.failures and len(repaired.paths) == 6
     assert main(args) == 0  # and the store is the request's now: reused

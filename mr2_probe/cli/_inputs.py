@@ -513,9 +513,12 @@ def _check_not_the_training_data(train: str, test: str) -> None:
                         f"{n_common} of the training images"
                     )  # fmt: skip
                 elif n_common:
+                    are = (
+                        "is a byte for byte image" if n_common == 1 else "are byte for byte images"
+                    )
                     print(
                         f"mr2-probe: warning: {n_common} of the {n_test} images of --test "
-                        f"{test} are byte for byte images of {train}",
+                        f"{test} {are} of {train}",
                         file=sys.stderr,
                     )
             elif same_list:
