@@ -309,7 +309,10 @@ class MR2Loss(nn.Module):
 
     def class_weights(self) -> torch.Tensor:
         """The tilt's class weights q = softmax(t·L + log π) (K,); classes not seen get 0
-        (all of them before the first training batch)."""
+        (all of them before the first training batch). L and π are tracked only in
+        training batches with ``class_tilt`` ≠ 0 (at t = 0 no class loss is computed, nor
+        summed across processes): with t = 0 throughout, every weight stays 0, and a tilt
+        switched on later starts them from its first batch."""
         return self._class_weights(self._class_share())
 
     def _class_weights(self, share: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,11 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
             return {{"U": str, "S": bytes}.get(a.dtype.kind, float)}
         # None (a missing label) is a kind of its own: counted as a number, the message
         # sent a user looking for numbers that were not there.
-        return {type(v) if isinstance(v, str | bytes | None) else float for v in set(a.tolist())}
+        # pandas' missing value, pd.NA, counts as None does.
+        return {
+            type(v) if isinstance(v, str | bytes | None) else type(None) if _is_na(v) else float
+            for v in set(a.tolist())
+        }
 
     def mix(kinds):  # "bytes and str": the kinds found, not always strings against numbers
         names = [name for kind, name in _KIND_NAMES.items() if kind in kinds]
@@ -116,10 +120,17 @@ def _check_no_nan(name: str, a: np.ndarray) -> None:
     and its samples lost)."""
     if a.dtype.kind in "fc":
         nan = np.isnan(a).any()
+    elif a.dtype.kind in "mM":  # NaT, the dates' NaN
+        nan = np.isnat(a).any()
     else:  # objects: a NaN among them (a float, or NumPy's or Decimal's)
         nan = a.dtype == object and any(isinstance(v, Number) and v != v for v in set(a.tolist()))
     if nan:
-        raise ValueError(f"Input {name} contains NaN.")
+        raise ValueError(f"Input {name} contains {'NaT' if a.dtype.kind in 'mM' else 'NaN'}.")
+
+
+def _is_na(value) -> bool:
+    """Whether a label is pandas' missing value (pd.NA), without importing pandas."""
+    return type(value).__name__ == "NAType" and type(value).__module__.startswith("pandas")
 
 
 def _labels_1d(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:

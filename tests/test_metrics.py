@@ -392,6 +392,10 @@ def test_labels_that_are_no_classes_and_groups_of_another_length_are_refused():
         per_class_accuracy([0.0, 1.0], [0.0, np.nan])
     with pytest.raises(ValueError, match="Input y_true contains NaN"):
         per_class_accuracy(np.array([0.0, np.nan, 1.0], dtype=object), [0.0, 0.0, 1.0])
+    # NaT, the NaN of dates: its samples were dropped without a word.
+    dates = np.array(["2020-01-01", "NaT", "NaT", "2020-01-02"], dtype="datetime64[D]")
+    with pytest.raises(ValueError, match="Input y_true contains NaT"):
+        worst_class_accuracy(dates, dates)
     for score in (worst_class_accuracy, class_accuracy_std, hard_tercile_accuracy):
         with pytest.raises(ValueError, match="No class of y_true has samples"):
             score([], [])
@@ -432,6 +436,13 @@ def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
         per_class_accuracy(y_true, y_pred)
     with pytest.raises(ValueError, match=rf"^Mix of label input types \({kinds}\): labels holds"):
         per_class_accuracy(y_pred, y_pred, labels=y_true)
+
+
+def test_pandas_missing_labels_are_named_as_missing():
+    # pd.NA was counted as a number: "str and number", where no number was given.
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(ValueError, match=r"^Mix of label input types \(str and None\)"):
+        worst_class_accuracy(pd.array(["a", "b", None], dtype="string"), np.array(["a", "b", "b"]))
 
 
 @pytest.mark.parametrize(
