@@ -388,7 +388,7 @@ def accuracy_front(
         # the first tilt is fitted cold.
         previous = model if p.lever in ("MR2", "tilt") else None
     if offset_bounds:
-        bounds = sorted(float(b) for b in offset_bounds)
+        bounds = sorted(float(b) + 0.0 for b in offset_bounds)  # (−0 is 0, named so)
         wrapper = TunedOffsetsClassifierCV(
             points[0].estimator,
             scoring="worst_class",
@@ -539,6 +539,8 @@ def _check_scored_features(X, scored: dict) -> None:
                 f"X_{split} has {n_samples} samples but y_{split} has {n_labels} labels; they "
                 "must be as many."
             )
+        if not n_samples:  # (it failed after the ERM fit, in predict's words)
+            raise ValueError(f"X_{split} has no samples: nothing can be scored on it.")
         scored_features = _n_features(features)
         if None not in (n_features, scored_features) and n_features != scored_features:
             raise ValueError(

@@ -219,6 +219,21 @@ def test_front_takes_arrays_of_tilts_and_bounds(splits):
     assert [p.name for p in front.points] == ["ERM", "MR2", "tilt=1", "offsets≤0pt", "offsets≤1pt"]
 
 
+def test_a_bound_of_minus_zero_is_zero_and_an_empty_split_is_refused_before_any_fit(splits):
+    # -0.0 was named "offsets≤-0pt" (and stored as -0.0); an empty validation split failed
+    # after the ERM fit, in predict's words ("Found array with 0 sample(s)").
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = MR2LinearClassifier(C=0.1, device="cpu")
+    front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(), offset_bounds=[-0.0])
+    assert front.points[-1].name == "offsets≤0pt"
+    assert str(front.points[-1].value) == "0.0"
+    with pytest.raises(ValueError, match="X_val has no samples"):
+        accuracy_front(probe, X_fit, y_fit, X_val[:0], y_val[:0], tilts=())
+    from mr2_probe.cli._options import _floats  # --tilt=-0 and --offsets=-0 likewise
+
+    assert [str(v) for v in _floats("-0,0.5")] == ["0.0", "0.5"]
+
+
 def test_front_offsets_take_a_group_splitter(splits):
     from sklearn.model_selection import GroupKFold
 

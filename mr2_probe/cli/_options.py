@@ -279,7 +279,7 @@ def _optional_float(text: str):
 
 def _floats(text: str) -> tuple[float, ...]:
     try:
-        values = tuple(float(v) for v in text.split(","))
+        values = tuple(float(v) + 0.0 for v in text.split(","))  # (−0 is 0, named so)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated numbers, e.g. 0,0.5,1, got {text!r}"
