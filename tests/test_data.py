@@ -55,3 +55,28 @@ def test_hdf5_minibatches_are_non_empty_and_hold_every_row_once(tmp_path, batch_
     assert 0 < min(sizes) and max(sizes) <= batch_size
     rows = torch.cat([b[0][:, 0] for b in batches]).numpy() / 3
     np.testing.assert_array_equal(np.sort(rows), np.arange(200))
+
+
+@pytest.mark.parametrize("batch_size", [10, 100])
+def test_hdf5_minibatches_are_full_and_mix_rows_from_across_the_file(tmp_path, batch_size):
+    # Blocks were shuffled whole: a store written class by class gave batches of one or
+    # two classes each (fits that stopped early at a worse solution), every block ended
+    # in a short batch, and no batch was larger than a block.
+    h5py = pytest.importorskip("h5py")
+    from mr2_probe._data import H5Source
+
+    n = 6000
+    X = np.arange(n, dtype=np.float64)[:, None]
+    y = torch.arange(n) // 600  # ten classes, one after another
+    w = torch.ones(n, dtype=torch.float64)
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        source = H5Source(
+            f.create_dataset("X", data=X, chunks=(20, 1)), y, w, 60, "cpu", torch.float64
+        )
+        batches = list(source.batches(batch_size, torch.Generator().manual_seed(0)))
+    sizes = [len(b[0]) for b in batches]
+    assert sizes == [batch_size] * (n // batch_size)  # (a block holds 60 rows here)
+    rows = torch.cat([b[0][:, 0] for b in batches]).numpy()
+    np.testing.assert_array_equal(np.sort(rows), np.arange(n))
+    classes = [len(torch.unique(b[1])) for b in batches]
+    assert np.mean(classes) >= (1.9 if batch_size == 10 else 4)
