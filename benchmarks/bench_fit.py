@@ -140,10 +140,18 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1; got {args.repeat}")
-    _limits = limit_threads(args.threads)  # noqa: F841  (held for the whole run)
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1; got {args.threads}")
+    if args.n_samples < 5:  # a test row per five training rows
+        parser.error(f"--n-samples must be at least 5 (else no test rows); got {args.n_samples}")
     devices = set(args.devices.split(","))
     if not devices <= {"cpu", "cuda"}:
         parser.error(f"--devices takes cpu, cuda or both; got {args.devices!r}")
+    if not torch.cuda.is_available():
+        devices.discard("cuda")
+        if not devices:
+            parser.error(f"--devices {args.devices}: no CUDA device here")
+    _limits = limit_threads(args.threads)  # noqa: F841  (held for the whole run)
 
     X, y = make_features(
         args.n_samples * 6 // 5, args.n_features, args.n_classes, args.seed, args.offset
@@ -155,10 +163,8 @@ def main(argv=None):
 
     common = dict(C=args.C, max_iter=args.max_iter)
     models = [("LogisticRegression (sklearn)", "cpu", LogisticRegression(**common))]
-    if "cuda" in devices and torch.cuda.is_available():
+    if "cuda" in devices:
         timed_fit(MR2LinearClassifier(max_iter=2, device="cuda"), X_train[:500], y_train[:500])
-    else:
-        devices.discard("cuda")
     for device in [d for d in ("cpu", "cuda") if d in devices]:
         models += [
             (

@@ -57,6 +57,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1; got {args.repeat}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1; got {args.threads}")
     _limits = limit_threads(args.threads)  # noqa: F841  (held for the whole run)
     # bench_fit.py's training rows: the first n of the n · 6/5 it draws (the rest is its test)
     X, y = make_features(

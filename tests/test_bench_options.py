@@ -15,6 +15,11 @@ from tests._scripts import load_benchmark
         ("bench_extract", ["--device", "bogus"], "--device: device='bogus' is not a torch"),
         # "min() arg is an empty sequence", after the data were made.
         ("bench_fit", ["--repeat", "0"], "--repeat must be at least 1; got 0"),
+        # torch's RuntimeError "must be positive" at torch.set_num_threads.
+        ("bench_fit", ["--threads", "0"], "--threads must be at least 1; got 0"),
+        ("profile_fit", ["--threads", "0"], "--threads must be at least 1; got 0"),
+        # scikit-learn's ValueError at the first predict, on no test rows.
+        ("bench_fit", ["--n-samples", "4"], "--n-samples must be at least 5 (else no test rows)"),
         ("bench_feature_scale", ["--scales", "0"], "--scales must be positive; got [0.0]"),
         # "not enough values to unpack".
         ("bench_threads", ["--sizes", "100x4"], "--sizes takes n x d x K, e.g. 1797x64x10; got"),
@@ -40,3 +45,14 @@ def test_a_bad_option_value_is_one_line(script, argv, message, capsys):
         module.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_fit_refuses_cuda_alone_without_cuda(capsys, monkeypatch):
+    """--devices cuda without CUDA would time scikit-learn alone, and exit 0."""
+    module = load_benchmark("bench_fit")
+    monkeypatch.setattr(module.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--devices", "cuda", "--n-samples", "50", "--n-features", "4",
+                     "--n-classes", "2", "--repeat", "1"])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "--devices cuda: no CUDA device here" in capsys.readouterr().err
