@@ -69,6 +69,7 @@ from bench_fit import make_features, threads  # noqa: E402
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, _sphere  # noqa: E402
 from mr2_probe import _solvers as solvers  # noqa: E402
 from mr2_probe._classifier import both_class_logits  # noqa: E402
+from mr2_probe._device import resolve_device  # noqa: E402
 from mr2_probe._losses import margin_cross_entropy  # noqa: E402
 from tests.reference_mr2 import cosine_lbfgs_before  # noqa: E402
 
@@ -97,6 +98,21 @@ def add_data_arguments(parser) -> None:
     parser.add_argument("--n-test", type=int, default=5_000)
     parser.add_argument("--n-features", type=int, default=512)
     parser.add_argument("--n-classes", type=int, default=10)
+
+
+def check_data_arguments(parser, args) -> None:
+    """Refuse the options of :func:`load` that leave no training or no test row."""
+    for option, value in (("--n-samples", args.n_samples), ("--n-test", args.n_test)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1; got {value}")
+    if args.store:
+        from extract import load_features
+
+        with load_features(args.store) as store:
+            n = len(store.labels)
+        if n <= args.n_samples:
+            parser.error(f"--store {args.store} has {n} rows: not one test row after "
+                         f"--n-samples {args.n_samples}")  # fmt: skip
 
 
 def objective(X, y, coef, margins):
@@ -159,7 +175,9 @@ def main(argv=None):
     )
     parser.add_argument("--no-before", action="store_true", help="skip the autograd solver")
     parser.add_argument(
-        "--linear-history", type=int, help="also fit the mean-μ linear problems with N pairs"
+        "--linear-history",
+        type=_at_least_one,
+        help="also fit the mean-μ linear problems with N pairs",
     )
     parser.add_argument(
         "--no-equivalent", action="store_true", help="skip the equivalent linear problems"
@@ -185,6 +203,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.sweep_folds < 2:
         parser.error(f"--sweep-folds must be at least 2; got {args.sweep_folds}")
+    try:
+        resolve_device(args.device)
+    except (ValueError, RuntimeError) as error:
+        parser.error(f"--device: {error}")
+    check_data_arguments(parser, args)
 
     X, y, Xt, yt = load(args)
     common = dict(tol=args.tol, max_iter=args.max_iter, device=args.device)

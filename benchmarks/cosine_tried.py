@@ -79,7 +79,13 @@ import torch.nn.functional as F
 from sklearn.exceptions import ConvergenceWarning
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_cosine import add_data_arguments, load, multipliers, objective  # noqa: E402
+from bench_cosine import (  # noqa: E402
+    add_data_arguments,
+    check_data_arguments,
+    load,
+    multipliers,
+    objective,
+)
 from bench_fit import threads  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
@@ -573,6 +579,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", nargs="+", choices=EXPERIMENTS, help="these experiments")
     args = parser.parse_args(argv)
+    check_data_arguments(parser, args)
     bench = Bench(args)
     print(f"{len(bench.y)} × {bench.X.shape[1]} L2-normalised float32 train, {len(bench.yt)} "
           f"test, scale={args.scale:g}, tol={args.tol}, c_bar=1, {threads()}")  # fmt: skip

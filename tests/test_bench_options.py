@@ -1,9 +1,14 @@
 """The benchmarks refuse bad option values in one line (argparse's status 2), not with a
 traceback from deep in a run."""
 
+import numpy as np
 import pytest
 
 from tests._scripts import load_benchmark
+
+# Small data, so that a value accepted without its check runs to the end in a second.
+SMALL_COSINE = ["--n-samples", "60", "--n-test", "20", "--n-features", "8", "--n-classes", "3",
+                "--scales", "16", "--no-rounds", "--no-before"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -35,6 +40,13 @@ from tests._scripts import load_benchmark
         ("bench_cv", ["--n-Cs", "0"], "--n-Cs must be at least 1; got 0"),
         ("bench_cosine", ["--sweep-folds", "1"], "--sweep-folds must be at least 2; got 1"),
         ("bench_cosine", ["--sweep-scales"], "--sweep-scales: expected at least one argument"),
+        # no row at 0, an IndexError at -3 (after the main table).
+        ("bench_cosine", ["--linear-history", "0", *SMALL_COSINE], "must be at least 1, got 0"),
+        ("bench_cosine", ["--linear-history", "-3", *SMALL_COSINE], "must be at least 1, got -3"),
+        # a torch device's ValueError at the warm-up fit.
+        ("bench_cosine", ["--device", "bogus"], "--device: device='bogus' is not a torch"),
+        # an empty test split.
+        ("bench_cosine", [*SMALL_COSINE, "--n-test", "0"], "--n-test must be at least 1; got 0"),
         # torch's RuntimeError at the first tensor.
         ("bench_probe_imagenet", ["--device", "bogus"], "--device takes auto, cpu or cuda; got"),
     ],
@@ -56,3 +68,30 @@ def test_bench_fit_refuses_cuda_alone_without_cuda(capsys, monkeypatch):
                      "--n-classes", "2", "--repeat", "1"])  # fmt: skip
     assert exit_info.value.code == 2
     assert "--devices cuda: no CUDA device here" in capsys.readouterr().err
+
+
+class _Store:
+    """load_features' store, ten rows of it."""
+
+    features = np.random.default_rng(0).normal(size=(10, 8)).astype(np.float32)
+    labels = np.arange(10) % 3
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("script", ["bench_cosine", "cosine_tried"])
+def test_a_store_without_a_test_row_is_refused(script, capsys, monkeypatch):
+    """--n-samples of all a store's rows or more would leave an empty test split."""
+    monkeypatch.setattr("extract.load_features", lambda path: _Store())
+    module = load_benchmark(script)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--store", "ten.h5", "--n-samples", "10", "--n-test", "5",
+                     "--scales" if script == "bench_cosine" else "--scale", "16"])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "--store ten.h5 has 10 rows: not one test row after --n-samples 10" in (
+        capsys.readouterr().err
+    )
