@@ -83,7 +83,9 @@ def main(argv=None):
     try:
         sizes = [parse_size(s) for s in args.sizes]
     except ValueError:
-        parser.error(f"--sizes takes n x d x K, e.g. 1797x64x10; got {args.sizes}")
+        parser.error(
+            f"--sizes takes n x d x K of at least 1 each, e.g. 1797x64x10; got {args.sizes}"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()

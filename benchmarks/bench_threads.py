@@ -31,6 +31,8 @@ ALWAYS, NEVER = 0, 2**62  # SMALL_EVALUATION: every evaluation on torch's thread
 
 def parse_size(text: str) -> tuple[int, int, int]:
     n, d, k = (int(v) for v in text.lower().split("x"))
+    if min(n, d, k) < 1:
+        raise ValueError(f"a size of 0 or less in {text!r}")
     return n, d, k
 
 
@@ -81,7 +83,9 @@ def main(argv=None) -> None:
         try:
             parse_size(text)
         except ValueError:
-            parser.error(f"--sizes takes n x d x K, e.g. 1797x64x10; got {text!r}")
+            parser.error(
+                f"--sizes takes n x d x K of at least 1 each, e.g. 1797x64x10; got {text!r}"
+            )
     print(
         f"torch threads={torch.get_num_threads()}, SMALL_EVALUATION={_solvers.SMALL_EVALUATION:,} "
         f"multiply-adds, {args.iters} iterations, best of {args.repeats}; ms per iteration"

@@ -27,8 +27,11 @@ SMALL_COSINE = ["--n-samples", "60", "--n-test", "20", "--n-features", "8", "--n
         ("bench_fit", ["--n-samples", "4"], "--n-samples must be at least 5 (else no test rows)"),
         ("bench_feature_scale", ["--scales", "0"], "--scales must be positive; got [0.0]"),
         # "not enough values to unpack".
-        ("bench_threads", ["--sizes", "100x4"], "--sizes takes n x d x K, e.g. 1797x64x10; got"),
-        ("bench_products", ["--sizes", "100x4"], "--sizes takes n x d x K, e.g. 1797x64x10; got"),
+        ("bench_threads", ["--sizes", "100x4"], "--sizes takes n x d x K of at least 1 each"),
+        ("bench_products", ["--sizes", "100x4"], "--sizes takes n x d x K of at least 1 each"),
+        # the estimator's ValueError on no rows, torch's RuntimeError on an empty tensor.
+        ("bench_threads", ["--sizes", "0x8x5"], "--sizes takes n x d x K of at least 1 each"),
+        ("bench_products", ["--sizes", "0x5x3"], "--sizes takes n x d x K of at least 1 each"),
         ("bench_products", ["--repeats", "0"], "--repeats must be at least 1; got 0"),
         ("bench_products", ["--threads", "0"], "--threads must be at least 1; got 0"),
         # scikit-learn's ValueError from the first search.
