@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     for option, value in (("--repeats", args.repeats), ("--batch-size", args.batch_size)):
         if value < 1:
             parser.error(f"{option} must be at least 1; got {value}")
+    if args.workers < 0:
+        parser.error(f"--workers must be at least 0; got {args.workers}")
     try:
         resolve_device(args.device)
     except (ValueError, RuntimeError) as error:

@@ -44,6 +44,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if any(not s > 0 for s in args.scales):
         parser.error(f"--scales must be positive; got {args.scales}")
+    if args.max_iter < 1:
+        parser.error(f"--max-iter must be at least 1; got {args.max_iter}")
     Z, y = data()
     print(f"{'scale':>8}  {'solver':<28}{'iters':>6}{'train acc':>11}{'mean CE':>10}{'ratio':>8}")
     for s in args.scales:

@@ -385,7 +385,7 @@ def main(argv=None):
         "--levers", action="store_true", help="the levers' table (tilt, offsets) under the rule"
     )
     parser.add_argument(
-        "--bound", type=float, default=0.5, help="the rule's bound in points (--levers)"
+        "--bound", type=float, help="the rule's bound in points (--levers; default: 0.5)"
     )
     parser.add_argument(
         "--methods",
@@ -395,7 +395,11 @@ def main(argv=None):
         "(the reference that defines the groups)",
     )
     args = parser.parse_args(argv)
-    bound = args.bound / 100 if args.levers else None
+    if args.bound is not None and not args.levers:
+        parser.error("--bound applies to --levers, not to the MR² table")
+    if args.data == "synthetic" and min(args.classes) < 2:
+        parser.error(f"--classes must be at least 2 each; got {args.classes}")
+    bound = (0.5 if args.bound is None else args.bound) / 100 if args.levers else None
     if args.methods and args.levers:  # a lever starts from others' choices ("tilt + offsets")
         parser.error("--methods applies to the MR² table, not to --levers")
     if args.methods:

@@ -10,6 +10,8 @@ from tests._scripts import load_benchmark
 SMALL_COSINE = ["--n-samples", "60", "--n-test", "20", "--n-features", "8", "--n-classes", "3",
                 "--scales", "16", "--no-rounds", "--no-before"]  # fmt: skip
 
+SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
+
 
 @pytest.mark.parametrize(
     "script, argv, message",
@@ -18,6 +20,8 @@ SMALL_COSINE = ["--n-samples", "60", "--n-test", "20", "--n-features", "8", "--n
         ("bench_extract", ["--repeats", "0"], "--repeats must be at least 1; got 0"),
         ("bench_extract", ["--batch-size", "0"], "--batch-size must be at least 1; got 0"),
         ("bench_extract", ["--device", "bogus"], "--device: device='bogus' is not a torch"),
+        # the DataLoader's ValueError, after the images were written.
+        ("bench_extract", ["--workers", "-1"], "--workers must be at least 0; got -1"),
         # "min() arg is an empty sequence", after the data were made.
         ("bench_fit", ["--repeat", "0"], "--repeat must be at least 1; got 0"),
         # torch's RuntimeError "must be positive" at torch.set_num_threads.
@@ -26,6 +30,11 @@ SMALL_COSINE = ["--n-samples", "60", "--n-test", "20", "--n-features", "8", "--n
         # scikit-learn's ValueError at the first predict, on no test rows.
         ("bench_fit", ["--n-samples", "4"], "--n-samples must be at least 5 (else no test rows)"),
         ("bench_feature_scale", ["--scales", "0"], "--scales must be positive; got [0.0]"),
+        # a ZeroDivisionError after the first fits.
+        ("bench_feature_scale", ["--max-iter", "0"], "--max-iter must be at least 1; got 0"),
+        # the synthetic data's error at K=0; a --bound that changed nothing.
+        ("quality", ["--data", "synthetic", "--classes", "0"], "--classes must be at least 2"),
+        ("quality", ["--data", "synthetic", *SMALL_QUALITY, "--bound", "1"], "--bound applies to"),
         # "not enough values to unpack".
         ("bench_threads", ["--sizes", "100x4"], "--sizes takes n x d x K of at least 1 each"),
         ("bench_products", ["--sizes", "100x4"], "--sizes takes n x d x K of at least 1 each"),
