@@ -75,13 +75,15 @@ def main(argv=None):
     Cs = np.logspace(-4, 4, args.n_Cs)
     folds = list(StratifiedKFold(args.folds, shuffle=True, random_state=0).split(X, y))
     common = dict(tol=1e-4, max_iter=args.max_iter)
+    # scikit-learn ≥ 1.8 asks for its current attributes and an L2-only path (else a
+    # FutureWarning at each fit, the warm-up's included).
+    current = "use_legacy_attributes" in LogisticRegressionCV().get_params()
+    new_api = dict(l1_ratios=(0,), use_legacy_attributes=False) if current else {}
+    lrcv = dict(n_jobs=-1, scoring="accuracy", **new_api)  # the search's and its warm-up's
     models = {}
     if "lrcv" not in args.skip:
-        # scikit-learn ≥ 1.8 asks for its current attributes and an L2-only path.
-        current = "use_legacy_attributes" in LogisticRegressionCV().get_params()
-        new_api = dict(l1_ratios=(0,), use_legacy_attributes=False) if current else {}
         models["LogisticRegressionCV(n_jobs=-1)"] = LogisticRegressionCV(
-            Cs=Cs, cv=folds, n_jobs=-1, scoring="accuracy", **new_api, **common
+            Cs=Cs, cv=folds, **lrcv, **common
         )
     if "cpu" not in args.skip:
         # The estimator's own choice first, then the other way of solving the folds.
@@ -110,7 +112,7 @@ def main(argv=None):
     # imports of scikit-learn's fitting code (a worker that only ran abs() still made the
     # first LogisticRegressionCV pay 13 s of imports on a small problem).
     timed_fit(MR2LinearClassifier(max_iter=2, device="cpu"), X[:500], y[:500])
-    timed_fit(LogisticRegressionCV(Cs=2, cv=2, n_jobs=-1, max_iter=5), X[:500], y[:500])
+    timed_fit(LogisticRegressionCV(Cs=2, cv=2, max_iter=5, **lrcv), X[:500], y[:500])
     if torch.cuda.is_available():  # the CUDA context, cuBLAS handles and lazy kernels
         timed_fit(MR2LinearClassifierCV([1.0], cv=2, device="cuda"), X[:500], y[:500])
     rows = []
