@@ -13,8 +13,9 @@ is taken within the run).
   estimator's own solver, the L-BFGS on the unit spheres (``mr2_probe/_sphere.py``).
 - ``chain``: warm starts up a ladder of scales (``warm_start=True``), 16 → 32 → … → scale.
 - ``once``: one warm start at the scale from a converged fit at scale / 4, / 2 and · 3/4.
-- ``ramp``: a few iterations at smaller scales, not converged (e.g. 15 at scale / 4, then
-  15 at scale / 2), each warm-starting the next, then the fit at the scale.
+- ``ramp``: a few iterations at smaller scales, not converged (e.g. at most 15 at scale / 4,
+  then at most 15 at scale / 2), each warm-starting the next, then the fit at the scale;
+  its rows print the iterations each step ran, of its cap.
 - ``memory``: 50, 400 and 800 L-BFGS pairs instead of 200.
 - ``one-round``: a single L-BFGS round, the rows never rescaled to unit norm, which runs
   until L-BFGS's other tests stop it (not the gradient in W): iterations until the
@@ -40,12 +41,12 @@ is taken within the run).
   (an oracle: no solver has it in advance), the same within the features' top d/20 and
   d/5 principal directions only (uncentred; beyond them the mean of the remaining
   eigenvalues), its diagonal alone, one moment of the curvature summed over the classes
-  for every class, of the solution on 2,000 random rows, or of the start; with the
-  features' own second moment for every class; with every direction's component along
-  the features' unit mean m̂ shrunk tenfold, A = I − 0.9·m̂m̂ᵀ (the linear head's centring,
-  in these coordinates); and, not an oracle, the run without a preconditioner stopped
-  after 40 or 120 evaluations and restarted from its best point with the per-class
-  moments there (its evaluations counted in).
+  for every class, of the solution on 2,000 random rows (or all, if fewer), or of the
+  start; with the features' own second moment for every class; with every direction's
+  component along the features' unit mean m̂ shrunk tenfold, A = I − 0.9·m̂m̂ᵀ (the
+  linear head's centring, in these coordinates); and, not an oracle, the run without a
+  preconditioner stopped after 40 or 120 evaluations and restarted from its best point
+  with the per-class moments there (its evaluations counted in).
 - ``moments``: the time to form the per-class curvature moments of the solution (their
   products alone), against the cold fit's time per iteration in the same run.
 - ``riemannian``: an L-BFGS on the product of the K unit spheres (the rows kept at unit
@@ -187,12 +188,13 @@ def ramp(b):
     plans = ([(s / 4, 15), (s / 2, 15)], [(s / 4, 30), (s / 2, 30)],
              [(s / 8, 10), (s / 4, 10), (s / 2, 10)], [(s / 2, 30)])  # fmt: skip
     for plan in plans:
-        clf, total = None, 0
+        clf, total, steps = None, 0, []
         for scale, iters in plan:
             clf = b.fit(start=clf, scale=scale, max_iter=iters)
             total += clf.n_iter_
+            steps.append(f"{clf.n_iter_} of {iters} at {scale:g}")  # run, of at most
         clf = b.fit(start=clf)
-        steps = ", ".join(f"{n} at {scale:g}" for scale, n in plan)
+        steps = ", ".join(steps)
         b.row(f"ramp: {steps}, then {clf.n_iter_} at {s:g}; in all", clf, total + clf.n_iter_)
 
 
@@ -367,7 +369,7 @@ def precondition(b, max_evals=800, within=1e-7, after=(40, 120)):
          per_class(solved, diagonal=True), start),
         ("shared, the solution's curvature summed, δ = 0.1 (oracle)",
          every(_whitening((X * solved.sum(1, keepdim=True)).T @ X, 0.1)), start),
-        ("per class, the solution's curvature on 2,000 rows, δ = 0.1",
+        (f"per class, the solution's curvature on {len(rows):,} rows, δ = 0.1",
          per_class(solved, rows), start),
         ("per class, the start's curvature, δ = 0.1", per_class(started), start),
         ("shared, the features' second moment XᵀX, δ = 1", every(_whitening(X.T @ X, 1.0)),

@@ -30,7 +30,7 @@ def test_every_experiment_runs_and_prints_its_row(tried, capsys):
     tried.main(SMALL)
     out = capsys.readouterr().out
     for text in ["cold fit at scale 16", "ladder 16, in all", "from a converged fit at 4",
-                 "ramp: 15 at 4, 15 at 8, then", "800 L-BFGS pairs", "one round",
+                 "of 15 at 4, ", "800 L-BFGS pairs", "one round",
                  "tol · √scale", "1/8 of the rows",
                  "linear head's directions", "the CV path's solver", "loss above 1e-7",
                  "bfloat16 logit error", "the start's curvature", "per-class moments",
@@ -153,6 +153,7 @@ def test_every_preconditioner_solves_the_same_objective(tried, bench, capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if not line.startswith("  (")]
     assert len(rows) == 15
+    assert any("the solution's curvature on 400 rows" in row for row in rows)  # all of them
     cold = tried.objective(bench.X, bench.y, bench.cold.coef_, bench.cold.margins_)
     for row in rows:
         evals, lowest = row.split()[-2:]
@@ -190,3 +191,28 @@ def test_two_classes_skip_the_preconditioners_with_a_line(tried, capsys):
     tried.cold(bench)  # the reference fit, timed
     assert tried.precondition(bench) == {}
     assert "two classes, one row of coefficients" in capsys.readouterr().out
+
+
+def test_a_ramp_prints_the_iterations_its_warm_ups_ran(tried, bench, capsys, monkeypatch):
+    """Each step of a ramp prints the iterations it ran, of its cap, not the cap alone."""
+    fits, fit = [], bench.fit
+
+    def recorded(**params):
+        clf = fit(**params)
+        fits.append((params.get("scale"), params.get("max_iter"), clf.n_iter_))
+        return clf
+
+    monkeypatch.setattr(bench, "fit", recorded)
+    tried.ramp(bench)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "ramp:" in line]
+    expected, steps = [], []
+    for scale, cap, n in fits:
+        if cap is None:  # the fit at the scale ends the ramp
+            expected.append(f"ramp: {', '.join(steps)}, then {n} at 16; in all")
+            steps = []
+        else:
+            steps.append(f"{n} of {cap} at {scale:g}")
+    assert len(lines) == len(expected) == 4
+    for line, text in zip(lines, expected, strict=True):
+        assert text in line
+    assert any(n < cap for _, cap, n in fits if cap is not None)  # a step stopped short of it
