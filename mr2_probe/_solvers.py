@@ -60,6 +60,9 @@ class SolverResult:
     # ended well above its best epoch loss), "above_start" or "no_progress" (a minibatch
     # fit from zero whose best epoch loss stayed above, or within 10⁻⁶ of, the start's).
     stop: str = "tol"
+    # A minibatch fit's best epoch loss after its start, where "above_start" or
+    # "no_progress" says it (with one batch an epoch, the first epoch's is the start's).
+    best_after_start: float | None = None
     # The estimator's parameters extreme enough to make the objective too steep to resolve
     # (its messages name them): set by the estimator, not by the solvers.
     range_suspects: list = field(default_factory=list)
@@ -665,6 +668,7 @@ def fit_minibatch(
     reg = 1.0 / (C * weight_sum)
     lr, decays = learning_rate, 0
     best, stalled, curve, converged, stop = float("inf"), 0, [], False, "max_iter"
+    n_batches = 0  # in the first epoch
     bar = _progress(max_iter, verbose, f"MR2 {solver}")
     for epoch in range(max_iter):
         if epoch > 0 and head.has_projection:
@@ -696,6 +700,7 @@ def fit_minibatch(
                 )
                 loss = loss + lam * compact
             optimizer.step(torch.autograd.grad(loss, params), lr)
+            n_batches += epoch == 0
             # Tilted: the epoch's value is R_t of its class losses plus the other terms.
             epoch_loss += (loss if tilt == 0 else loss - data).detach() * len(y)
         if tilt > 0:
@@ -717,10 +722,22 @@ def fit_minibatch(
     bar.close()
     if converged and curve[-1] > best + ROSE * abs(best):
         converged, stop = False, "rose"
-    if start is not None and stop != "diverged" and curve and best >= start * (1 - NO_PROGRESS):
+    # An epoch's value is the mean of its batches' losses before their steps: with one
+    # batch an epoch, the first is the start itself, so the test reads the epochs after
+    # it (none after a single epoch: max_iter stands). Read with it, every such fit "made
+    # no progress", its steps "too small", however far a step too large took it above.
+    after = curve[1:] if n_batches == 1 else curve
+    if (
+        start is not None
+        and stop != "diverged"
+        and after
+        and min(after) >= start * (1 - NO_PROGRESS)
+    ):
         # Three plateaus read as convergence where the fit never came back below its start
         # (a step too large, at a plateau of its noise) or never left it (one too small).
         # (Not within tol: features that carry nothing have their optimum that near.)
-        converged, stop = False, "above_start" if best > start else "no_progress"
+        converged, stop = False, "above_start" if min(after) > start else "no_progress"
     result = SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)
+    if stop in ("above_start", "no_progress"):
+        result.best_after_start = min(after)
     return _with_class_losses(result, head, source, spec, risk)

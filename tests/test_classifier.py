@@ -1391,6 +1391,32 @@ def test_a_minibatch_fit_that_never_got_below_its_start_is_not_converged(solver,
     assert not any("starting point" in str(w.message) for w in caught)
 
 
+@pytest.mark.parametrize("solver", ["adam", "sgd"])
+def test_one_batch_an_epoch_reads_the_start_test_after_the_first_epoch(solver):
+    # An epoch's loss is its batches' before their steps: with one batch an epoch the
+    # first is log K itself, so every fit "made no progress, steps too small" (iris at
+    # learning_rate=10, its loss 170 times log K; max_iter=1 too).
+    X, y = load_iris(return_X_y=True)  # 150 rows: one batch of the default 256
+    common = dict(solver=solver, random_state=0, device="cpu")
+    with pytest.warns(ConvergenceWarning, match="its steps are too large") as record:
+        clf = MR2LinearClassifier(learning_rate=10, **common).fit(X, y)
+    best = float(re.search(r"best epoch loss, ([\d.e+]+),", str(record[0].message)).group(1))
+    assert best == pytest.approx(min(clf.loss_curve_[1:]), rel=1e-3) and best > np.log(3)
+    with pytest.warns(ConvergenceWarning, match="did not converge in max_iter=1 epochs"):
+        MR2LinearClassifier(max_iter=1, **common).fit(X, y)
+
+
+def test_a_projection_rank_above_the_features_is_refused():
+    # Accepted, rank 100 on iris's 4 features fitted worse than the full projection (0.907
+    # against 0.96 training accuracy) at a greater cost.
+    X, y = load_iris(return_X_y=True)
+    clf = MR2LinearClassifier(lam=0.5, projection_rank=5, max_iter=1, device="cpu")
+    with pytest.raises(ValueError, match="projection_rank=5 is more than the 4 features"):
+        clf.fit(X, y)
+    clf.set_params(projection_rank=4).fit(X, y)  # as many as the features: a fit
+    clf.set_params(projection_rank=5, lam=0.0).fit(X, y)  # (unused without a projection)
+
+
 def test_a_minibatch_fit_pinned_at_its_start_by_an_extreme_tilt_names_the_tilt():
     # The step size was blamed ("use a larger learning_rate"), not class_tilt=1e7.
     X, y = load_iris(return_X_y=True)
@@ -1501,7 +1527,7 @@ def test_a_projection_s_penalty_that_diverges_is_named_beside_the_learning_rate(
     [
         (
             lambda: MR2LinearClassifier(lam=0.5, projection_rank=4, device="cpu"),
-            "projection's 80 entries, whose penalty is ½(‖A‖² + ‖B‖²), P = I + ABᵀ, / (C·Σw) "
+            "projection's 80 entries, whose penalty is ½(‖A‖² + ‖B‖²), P = I + A·B, / (C·Σw) "
             "at C=1: a larger C, or a smaller projection_rank, also helps",
         ),
         # The search has no C of its own where it searches the cosine head's scale.
