@@ -249,7 +249,8 @@ def _open_clip(spec: BackboneSpec, image_size: int | None):
         with _quiet_library_logs():  # open_clip warns that the model is randomly initialised
             model, _, transform = create(None)
         weights_id = params_weights_id(RANDOM_ID, model.visual)
-    elif weights and (_looks_like_path(weights) or os.path.exists(weights)):
+    elif weights and (_looks_like_path(weights) or os.path.isfile(weights)):
+        # (a file: a folder named as a pretrained tag, ./openai, is no checkpoint)
         path = _check_file(spec, weights)
         try:
             with _library_reads(path):

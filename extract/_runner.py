@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from numbers import Integral
 from pathlib import Path
 
 import numpy as np
@@ -226,8 +227,12 @@ def extract_features(
     for name, value in (
         ("image_size", image_size), ("n_per_class", n_per_class), ("max_items", max_items)
     ):  # fmt: skip
-        if value is not None and not value >= 1:
-            raise ValueError(f"The '{name}' parameter must be >= 1. Got {value!r} instead.")
+        # (an int: 32.5 failed deep inside torch, True passed as 1)
+        whole = isinstance(value, Integral) and not isinstance(value, bool)
+        if value is not None and not (whole and value >= 1):
+            raise ValueError(f"The '{name}' parameter must be an int >= 1. Got {value!r} instead.")
+    if not isinstance(normalize, bool | np.bool_):  # ('no' was taken as true)
+        raise ValueError(f"The 'normalize' parameter must be True or False. Got {normalize!r}.")
     explicit = rank is not None or world_size is not None
     if explicit:
         rank, world_size = rank or 0, world_size or 1

@@ -399,9 +399,27 @@ def _library_reads(path: str) -> Iterator[None]:
     except BackboneError:
         raise
     except Exception:
-        if not str(path).endswith(".safetensors"):
+        if str(path).endswith(".safetensors"):
+            _check_safetensors(path)
+        else:
             read_checkpoint(path)
         raise
+
+
+def _check_safetensors(path: str) -> None:
+    """One :class:`BackboneError` line where ``path`` cannot be read as a safetensors file
+    (a truncated download: the library's traceback, or a misfit blamed on the model)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, "pt") as f:
+            for key in f.keys():
+                f.get_slice(key)
+    except Exception as err:  # safetensors' own error type is no OSError nor ValueError
+        raise BackboneError(
+            f"The checkpoint {path!r} cannot be read as a safetensors file ({err}); is it a "
+            "whole, downloaded file?"
+        ) from err
 
 
 def _unreadable(path: str, err: BaseException) -> BackboneError:

@@ -1119,6 +1119,37 @@ def test_unreadable_checkpoints_are_one_error_line_for_every_family(tmp_path):
             assert "\n" not in str(info.value)
 
 
+def test_a_truncated_safetensors_checkpoint_is_one_error_line(tmp_path):
+    # timm's traceback (SafetensorError, exit 1), and open_clip's misfit blamed on the
+    # model ("Pass a state_dict of the whole model").
+    import timm
+    from safetensors.torch import save_file
+
+    from extract import BackboneError
+
+    whole = tmp_path / "whole.safetensors"
+    save_file(timm.create_model("resnet18", num_classes=0).state_dict(), whole)
+    path = tmp_path / "truncated.safetensors"
+    path.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    name = register_tiny_open_clip(tmp_path)
+    for spec in (f"timm:resnet18@{path}", f"open_clip:{name}@{path}"):
+        with pytest.raises(BackboneError, match="cannot be read as a safetensors file") as info:
+            create_backbone(spec, image_size=32)
+        assert "\n" not in str(info.value)
+
+
+def test_a_folder_named_as_a_pretrained_tag_is_no_checkpoint(no_network, tmp_path, monkeypatch):
+    # open_clip:RN50@openai with a folder ./openai was refused as "a folder, not a
+    # checkpoint file"; the tag is meant (here: offline, the download's error).
+    from extract import BackboneError
+
+    (tmp_path / "openai").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BackboneError) as info:
+        create_backbone("open_clip:RN50@openai", image_size=32)
+    assert "is a folder" not in str(info.value) and "tag 'openai'" in str(info.value)
+
+
 def test_effnet_lite0_takes_timm_s_names_and_wrapped_states(tmp_path):
     # timm's own tf_efficientnet_lite0 state (as `module.` under `state_dict` too) failed
     # with KeyError: 'conv_stem'; a state of another model listed every missing key.

@@ -1454,7 +1454,10 @@ def test_float16_and_normalize(folder, tmp_path):
         (dict(decode="gpu"), "'decode' parameter"),
         (dict(batch_size=0), "'batch_size' parameter"),
         (dict(rank=2, world_size=2), "rank must be in"),
-        (dict(max_items=0), "'max_items' parameter must be >= 1"),
+        (dict(max_items=0), "'max_items' parameter must be an int >= 1"),
+        # 32.5 failed deep inside torch; "no" was taken as true.
+        (dict(image_size=32.5), "'image_size' parameter must be an int >= 1"),
+        (dict(normalize="no"), "'normalize' parameter must be True or False"),
     ],
 )
 def test_invalid_arguments(folder, tmp_path, kwargs, match):
