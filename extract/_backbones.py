@@ -111,7 +111,8 @@ def _check_timm_model(spec: BackboneSpec) -> None:
 
 def _check_model_folder(spec: BackboneSpec, where: str) -> None:
     """Refuse a ``local-dir:`` folder whose config.json is missing, is not a JSON object or
-    names no architecture that timm has (timm's KeyError or JSON traceback otherwise)."""
+    names no architecture that timm has (timm's KeyError or JSON traceback otherwise), or
+    that holds no weights file where weights are to be read."""
     import timm
 
     path = os.path.join(where, "config.json")
@@ -132,6 +133,15 @@ def _check_model_folder(spec: BackboneSpec, where: str) -> None:
     if not timm.is_model(arch):
         hint = _suggest(arch, timm.list_models(), "`timm.list_models()`")
         raise BackboneError(f"{about} names an architecture timm does not have, {arch!r}{hint}")
+    # The files timm takes its weights from (none: timm's "No suitable checkpoints" traceback,
+    # a folder half copied, say); '@random' reads the config alone.
+    if spec.weights != RANDOM and not any(
+        name.endswith((".safetensors", ".pth", ".pth.tar", ".bin")) for name in os.listdir(where)
+    ):
+        raise BackboneError(
+            f"{about} holds no weights file (model.safetensors or pytorch_model.bin, say; "
+            f"'@{RANDOM}' for its architecture with random weights); {saved}"
+        )
 
 
 def _check_own_weights(spec: BackboneSpec) -> None:
@@ -147,6 +157,15 @@ def _check_own_weights(spec: BackboneSpec) -> None:
 def _check_open_clip_model(spec: BackboneSpec) -> None:
     import open_clip
 
+    if spec.model.startswith("local-dir:"):
+        # (else open_clip's FileNotFoundError read as a download that failed: "no network")
+        where = spec.model.removeprefix("local-dir:")
+        if not os.path.isfile(os.path.join(where, "open_clip_config.json")):
+            what = "holds no open_clip_config.json" if os.path.isdir(where) else "is no folder"
+            raise BackboneError(
+                f"The open_clip model folder {where!r} of backbone {str(spec)!r} {what}: "
+                "'local-dir:' reads a folder that holds open_clip_config.json and the weights."
+            )
     if spec.model.startswith(_MODEL_SOURCES):
         return
     models = open_clip.list_models()

@@ -857,6 +857,13 @@ def test_timm_hub_and_folder_names_are_built_as_timm_builds_them(no_network, tmp
         create_backbone(f"timm:local-dir:{folder}@/w.pth")
     with pytest.raises(BackboneError, match="holds no config.json"):
         create_backbone(f"timm:local-dir:{tmp_path / 'nothing'}")
+    # A folder with its config but no weights (half copied): timm's traceback before.
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "config.json").write_bytes((folder / "config.json").read_bytes())
+    with pytest.raises(BackboneError, match="holds no weights file"):
+        create_backbone(f"timm:local-dir:{half}")
+    create_backbone(f"timm:local-dir:{half}@random", image_size=32)  # its config alone
     # Offline, a hub name is one clear error, with no checkpoint to offer in its place...
     hub = "hf-hub:nobody/saved-resnet"
     with pytest.raises(WeightsUnavailableError, match="could not be loaded") as info:
@@ -1136,6 +1143,15 @@ def test_a_truncated_safetensors_checkpoint_is_one_error_line(tmp_path):
         with pytest.raises(BackboneError, match="cannot be read as a safetensors file") as info:
             create_backbone(spec, image_size=32)
         assert "\n" not in str(info.value)
+
+
+def test_an_open_clip_model_folder_without_its_config_is_named(tmp_path):
+    # open_clip's FileNotFoundError was read as a failed download: "no network".
+    from extract import BackboneError
+
+    for where, what in ((tmp_path / "nowhere", "is no folder"), (tmp_path, "holds no open_clip")):
+        with pytest.raises(BackboneError, match=what):
+            create_backbone(f"open_clip:local-dir:{where}", image_size=32)
 
 
 def test_a_folder_named_as_a_pretrained_tag_is_no_checkpoint(no_network, tmp_path, monkeypatch):
