@@ -157,7 +157,7 @@ def _check_own_weights(spec: BackboneSpec) -> None:
 def _check_open_clip_model(spec: BackboneSpec) -> None:
     import open_clip
 
-    if spec.model.startswith("local-dir:"):
+    if spec.model.startswith("local-dir:") and not spec.weights:  # (weights: refused later)
         # (else open_clip's FileNotFoundError read as a download that failed: "no network")
         where = spec.model.removeprefix("local-dir:")
         if not os.path.isfile(os.path.join(where, "open_clip_config.json")):
