@@ -392,8 +392,8 @@ def _library_reads(path: str) -> Iterator[None]:
     """Around a library's load of the checkpoint ``path``: where it fails, one
     :class:`BackboneError` line if the file itself cannot be read (a truncated download,
     not a checkpoint at all), else the library's own error stands. The file is read again
-    only then. A ``.safetensors`` file is read by the libraries, not by torch.load: left to
-    them."""
+    only then: a ``.safetensors`` file by safetensors (the libraries read it so, not by
+    torch.load), any other by torch.load."""
     try:
         yield
     except BackboneError:
