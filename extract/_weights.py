@@ -9,7 +9,7 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -398,11 +398,15 @@ def _library_reads(path: str) -> Iterator[None]:
         yield
     except BackboneError:
         raise
-    except Exception:
+    except Exception as err:
         if str(path).endswith(".safetensors"):
             _check_safetensors(path)
-        else:
-            read_checkpoint(path)
+        elif not isinstance(checkpoint := read_checkpoint(path), Mapping):
+            # (the library's AttributeError: "'list' object has no attribute 'items'")
+            raise BackboneError(
+                f"The checkpoint {path!r} holds a {type(checkpoint).__name__}, not a "
+                "state_dict (a mapping of parameter names to tensors, or a dict holding one)."
+            ) from err
         raise
 
 

@@ -1126,6 +1126,19 @@ def test_unreadable_checkpoints_are_one_error_line_for_every_family(tmp_path):
             assert "\n" not in str(info.value)
 
 
+def test_a_checkpoint_that_holds_no_mapping_is_one_error_line(tmp_path):
+    # timm's and open_clip's AttributeError traceback ("'list' object has no attribute
+    # 'items'").
+    from extract import BackboneError
+
+    path = tmp_path / "list.pth"
+    torch.save([1, 2, 3], path)
+    name = register_tiny_open_clip(tmp_path)
+    for spec in (f"timm:resnet18@{path}", f"open_clip:{name}@{path}"):
+        with pytest.raises(BackboneError, match="holds a list, not a state_dict"):
+            create_backbone(spec, image_size=32)
+
+
 def test_a_truncated_safetensors_checkpoint_is_one_error_line(tmp_path):
     # timm's traceback (SafetensorError, exit 1), and open_clip's misfit blamed on the
     # model ("Pass a state_dict of the whole model").
