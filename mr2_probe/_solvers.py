@@ -727,17 +727,14 @@ def fit_minibatch(
     # it (none after a single epoch: max_iter stands). Read with it, every such fit "made
     # no progress", its steps "too small", however far a step too large took it above.
     after = curve[1:] if n_batches == 1 else curve
-    if (
-        start is not None
-        and stop != "diverged"
-        and after
-        and min(after) >= start * (1 - NO_PROGRESS)
-    ):
+    lowest = min(after, default=None)
+    pinned = start is not None and lowest is not None and lowest >= start * (1 - NO_PROGRESS)
+    if pinned and stop != "diverged":
         # Three plateaus read as convergence where the fit never came back below its start
         # (a step too large, at a plateau of its noise) or never left it (one too small).
         # (Not within tol: features that carry nothing have their optimum that near.)
-        converged, stop = False, "above_start" if min(after) > start else "no_progress"
+        converged, stop = False, "above_start" if lowest > start else "no_progress"
     result = SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)
     if stop in ("above_start", "no_progress"):
-        result.best_after_start = min(after)
+        result.best_after_start = lowest
     return _with_class_losses(result, head, source, spec, risk)

@@ -338,7 +338,7 @@ def sphere_lbfgs(head, source, margins, risk, *, blocks, history, max_iter, tol,
     # their weighted mean by about eps / √(effective rows), so the test is relative down to
     # that (an absolute epsilon stopped fits at an objective of 4e-5, "stalled", while it
     # still fell by 3e-4 of itself per iteration).
-    floor = 1.0 if C.dtype == torch.float64 else float(w64.sum() / w64.square().sum().sqrt()) ** -1
+    floor = 1.0 if C.dtype == torch.float64 else float(w64.square().sum().sqrt() / w64.sum())
     # Whether C, the objective and g come from the kept products (the cosines updated step
     # by step drift in rounding: in float32, with features sharing a large common
     # component, far enough for a gradient hundreds of times tol to pass for one below it).
