@@ -1,7 +1,7 @@
 """Directions tried to speed up the cosine head at a large scale, counted in iterations.
 
-The README's "Tried, and slower" list for the cosine head: each experiment here fits the
-cosine head at ``--scale`` (256 by default) on the same L2-normalised features as
+The "Tried, and slower" list of docs/speed.md for the cosine head: each experiment here
+fits the cosine head at ``--scale`` (256 by default) on the same L2-normalised features as
 ``bench_cosine.py`` (its ``--store`` and row counts), and prints L-BFGS iterations, the
 training objective, and how many test predictions agree with the cold fit's. Iterations and
 objectives do not depend on the machine's load (the bf16 experiment's times do; its ratio
@@ -34,7 +34,7 @@ is taken within the run).
   evaluations until the objective is within 10⁻⁷ of the cold fit's (">N": not within it
   after the N evaluations made, about 800) and the lowest objective reached. Without one
   (the rows at unit norm); with the rows at norms ρ_k = √(μ_k / mean μ), μ_k the
-  solution's multipliers (the README's equivalent penalties), which scale each class's
+  solution's multipliers (docs/speed.md's equivalent penalties), which scale each class's
   curvature by 1/ρ_k²; with each class's direction whitened, W_k = A_k·u_k,
   A_k = (M_k / (tr M_k / d) + δ·I)^(−1/2), M_k = Σ_i p_ik(1 − p_ik)/γ_{y_i}²·x_i x_iᵀ (the
   curvature of each row's loss in its k-th logit), p the probabilities of the solution

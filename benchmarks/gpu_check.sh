@@ -90,12 +90,12 @@ section pytest_cuda 90 "" "$PYTHON" -m pytest -m cuda -q -rfEs -p no:cacheprovid
 section probe_imagenet 60 "$logs/probe_imagenet.json" \
     "$PYTHON" benchmarks/bench_probe_imagenet.py --json "$logs/probe_imagenet.json"
 # The GPU rows and their CPU peer (scikit-learn); the CPU rows of MR2 come from the CPU
-# machine (README, "Speed"). The JSON is written after each row.
+# machine (docs/speed.md). The JSON is written after each row.
 section bench_fit 100 "$logs/bench_fit.json" "$PYTHON" benchmarks/bench_fit.py \
     --n-samples 20000 --repeat 1 --tilts 5 --devices cuda --json "$logs/bench_fit.json"
 if [[ -f benchmarks/bench_cv.py ]]; then
     # The GPU rows alone (batched and fold by fold) at the script's default size; the CPU
-    # peers' figures come from the CPU machine (README, "Speed").
+    # peers' figures come from the CPU machine (docs/speed.md).
     # shellcheck disable=SC2086 # BENCH_CV_ARGS is a list of words
     section bench_cv 45 "$logs/bench_cv.json" \
         "$PYTHON" benchmarks/bench_cv.py ${BENCH_CV_ARGS:---skip lrcv --skip grid --skip cpu} \

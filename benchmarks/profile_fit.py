@@ -9,7 +9,7 @@ row block, once per evaluation of the objective). Then times, side by side in th
 process, X·Wᵀ on one chunk of the rows (the estimator's chunk size) by torch's product,
 the library's and NumPy's (its BLAS), best of ``--repeat``.
 
-    python benchmarks/profile_fit.py --threads 1      # the README's one-thread profile
+    python benchmarks/profile_fit.py --threads 1      # docs/speed.md's one-thread profile
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ _HISTORY_ELEMENTS = 2**26
 # A cosine head's path keeps as many pairs as its single fit does (_COSINE_HISTORY: its
 # problem is badly conditioned at large scales), and carries them to a next scale within
 # this factor of the last scale that formed pairs: further away they cost more iterations
-# than none on a tenfold grid (benchmarks/bench_scale_path.py, README "Speed").
+# than none on a tenfold grid (benchmarks/bench_scale_path.py, docs/speed.md).
 _CARRY_SCALE_RATIO = 4.0
 # The restarts of a cosine fold that stalls at one scale (fit_lbfgs restarts up to 19
 # times). One took the float32 fold that had stalled on rounding to tol; where float32

@@ -168,7 +168,7 @@ def tangent_rows(unit: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 # 0.78 times, 16 at 4,096 rows or fewer too: 0.69 to 0.79) and won elsewhere. With 6 or 8
 # rows it lost at some sizes (0.78 to 0.94 times), with 2 to 4 MKL's was the faster.
 # float64 stays with MKL (oneDNN has none), as does anything that records gradients: the
-# op records none (README, "Speed").
+# op records none (docs/speed.md).
 _ONEDNN_MIN_ROWS = 10
 _onednn_linear = None  # the op once it has given the product on a small case, or False
 _probe_lock = threading.Lock()
@@ -234,7 +234,7 @@ def rows_product(x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = N
 # thread count (the whole 20,000 × 1,280 by 10 columns: 13.3 ms on two threads, 14.7 on
 # one; one block of 6,553 rows, 4.2 ms). The rows cut into a few parts, one batched
 # product and a sum over the parts run on every thread (7.5 and 2.5 ms); with 30 columns
-# 1.4 times as fast, with 100 no faster, on one thread no faster (README, "Speed").
+# 1.4 times as fast, with 100 no faster, on one thread no faster (docs/speed.md).
 _SPLIT_MAX_COLUMNS = 64
 _SPLIT_MIN_ENTRIES = 2**18  # below it (digits, 1,797 × 64) the split costs more than it saves
 _SPLIT_MIN_ROWS = 128  # per part

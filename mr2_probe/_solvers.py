@@ -344,7 +344,7 @@ def fit_lbfgs(
     bar = _progress(max_iter, verbose, "MR2 lbfgs")
     # A cosine head's objective does not depend on the norms of W's rows, and it is badly
     # conditioned at large scales: more pairs than the linear head's 10 cut the iterations
-    # (README, "Speed"). Its solver is an L-BFGS on the unit spheres (mr2_probe/_sphere.py)
+    # (docs/speed.md). Its solver is an L-BFGS on the unit spheres (mr2_probe/_sphere.py)
     # where that pays (runs_on_spheres: on a CPU, X large enough, 64 features per class at
     # least, the products X·Wᵀ of two directions kept, logits smooth enough); elsewhere,
     # rounds of torch's L-BFGS below.

@@ -5,7 +5,7 @@ solver works on the rows U at unit norm (one sphere per class): the tangent grad
 steps retracted by normalising the rows, L-BFGS pairs projected onto the current point's
 tangent space, and one initial inverse Hessian per class (each class's block of the latest
 pair), which suits a problem whose classes are penalised by very different multipliers
-(README, "Speed").
+(docs/speed.md).
 
 Each step is searched along the retraction U + t·D without reading X again. With the kept
 products C = r·X·Uᵀ and M = r·X·Dᵀ (r_i = 1/‖x_i‖), the cosines at step t are
@@ -43,7 +43,7 @@ KEEP_PRODUCTS = 2**22
 # the n × K products, a memory in compact form), so the spheres run where reading X
 # dominates it, at least this many entries of X (fmnist features, 1,280 of them, scales 64
 # and 256: 20,000 rows took 10% to 30% less time than the rounds, 5,000 rows 14% less to
-# 13% more, 500 rows up to 1.7 times more; README, "Speed")...
+# 13% more, 500 rows up to 1.7 times more; docs/speed.md)...
 MIN_ENTRIES = 2**24
 # ...with this many features per class at least: the line's cost grows with n × K, the
 # reads with n × d (synthetic, scales 64 and 256: d = K = 128, 3.6 times the rounds'

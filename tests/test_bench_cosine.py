@@ -42,7 +42,7 @@ def test_multipliers_of_a_penalised_linear_head_are_its_penalty(bench, digits_un
 
 
 def test_cosine_solution_is_stationary_for_its_equivalent_penalties(bench, digits_unit):
-    """The README's equivalence: at the cosine solution ∇_k L = −μ_k·v_k, with μ_k > 0 (the
+    """docs/speed.md's equivalence: at the cosine solution ∇_k L = −μ_k·v_k, with μ_k > 0 (the
     gradient in the logit weights is radial, what is left of it is the solver's tol)."""
     X, y = digits_unit
     cosine = _fit(X, y, head="cosine", scale=32.0, tol=1e-8)
