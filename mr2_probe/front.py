@@ -404,6 +404,7 @@ def accuracy_front(
                 base.cv_results_["y"],
                 "worst_class",
                 b,
+                classes=base.classes_,  # a class it warns of by its label, not its column
             )
             fitted[name] = _offsets_model(base, tuned, b)
             unfitted = clone(wrapper).set_params(max_accuracy_drop=b, store_cv_results=False)

@@ -496,6 +496,23 @@ def test_offsets_take_an_iterable_of_splits(splits):
         assert len(front.points) == 2 + len(bounds)
 
 
+def test_the_offsets_points_name_a_class_absent_from_the_held_out_data_by_its_label(splits):
+    # Each bound's tuning named it by its column ("Classes [2]"), beside the fit's "['c']".
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    names = np.array(list("abcde"), dtype=object)
+    y_fit, y_val = names[y_fit], names[y_val]
+    held_out = np.flatnonzero(y_fit != "c")[:100]
+    folds = [(np.setdiff1d(np.arange(len(y_fit)), held_out), held_out)]
+    with pytest.warns(UserWarning, match="have no samples") as caught:
+        accuracy_front(
+            MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val, tilts=(0,),
+            offset_bounds=(0.01, 0.02), offsets_cv=folds,
+        )  # fmt: skip
+    absent = [str(w.message) for w in caught if "have no samples" in str(w.message)]
+    assert len(absent) == 3  # the fit's, then each bound's
+    assert all(message.startswith("Classes ['c'] ") for message in absent)
+
+
 def test_offsets_take_folds_given_as_boolean_masks(splits):
     # Sorted as masks, they named the last rows, and the check before the fits refused them.
     from sklearn.model_selection import StratifiedKFold
