@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
-from .front import _final
+from .front import _final, _names
 from .metrics import GROUP_NAMES, classwise_scorers
 from .report import ClasswiseReport
 
@@ -484,12 +484,14 @@ def plot_front(front, path, split: str = "test"):
                 ax.plot([100 * start["overall"], *x], [100 * start[column], *y], "-", color=colour)
             style = "o-" if len(points) > 1 or lever == "tilt" else "s"
             ax.plot(x, y, style, color=colour, label=lever, markersize=6)
+            # In as many digits as tell the values apart, as the points' names are (tilts of
+            # 1 and 1.0000001 were both labelled "1").
+            values = [
+                p.value * (1 if lever == "tilt" else 100) for p in points if p.value is not None
+            ]
+            shown = iter(_names("{}", values))
             for p, xi, yi in zip(points, x, y, strict=True):
-                text = (
-                    p.name
-                    if p.value is None
-                    else f"{p.value if lever == 'tilt' else 100 * p.value:g}"
-                )
+                text = p.name if p.value is None else next(shown)
                 ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=7)
             for p, xi, yi in zip(points, x, y, strict=True):
                 if p.name == chosen:

@@ -782,6 +782,21 @@ def test_the_front_s_probe_is_the_one_the_search_chose(splits, head):
     assert params["head"] == head and isinstance(probe[0], StandardScaler)
 
 
+def test_plot_front_labels_close_values_apart_as_their_names_are(splits, tmp_path):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    front = accuracy_front(
+        MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val,
+        tilts=(1.0, 1.0000001), offset_bounds=(0.01, 0.0100000001),
+    )  # fmt: skip
+    assert [p.name for p in front.points][-4:] == [
+        "tilt=1", "tilt=1.0000001", "offsets≤1pt", "offsets≤1.00000001pt"
+    ]  # fmt: skip
+    fig = plot_front(front, tmp_path / "front.png")
+    # Each was labelled "1".
+    labels = ["1", "1.0000001", "1", "1.00000001"]
+    assert [t.get_text() for t in fig.axes[0].texts][-4:] == labels
+
+
 @pytest.mark.parametrize("with_mr2", [True, False])
 def test_plot_front_tilt_curve_starts_at_the_untilted_point_in_both_axes(tmp_path, with_mr2):
     # The tilt sweep starts from the MR² model, or from ERM when there is no MR² point:
