@@ -533,6 +533,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             ) from exc
         self.estimator_ = self.estimator
         self.classes_ = np.asarray(self.estimator_.classes_)
+        # Its columns are of its classes, whatever y holds: 3 pairwise columns passed as one
+        # per class where y held 2 of its 3 classes.
+        _check_per_class_decision(self.estimator_, len(self.classes_))
         sorter = np.argsort(self.classes_)
         try:
             position = np.searchsorted(self.classes_, y, sorter=sorter)

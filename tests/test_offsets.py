@@ -1077,6 +1077,11 @@ def test_one_vs_one_decision_values_are_refused():
     # Two classes: one decision value either way.
     binary = TunedOffsetsClassifierCV(SVC(decision_function_shape="ovo"), cv=3)
     assert binary.fit(X[y > 0], y[y > 0]).score(X[y > 0], y[y > 0]) > 0.9
+    # A prefitted one of 3 classes, tuned on data of 2 of them: its 3 pairwise columns
+    # were read as one per class (it scored 0.04 on iris, against 0.97 for the SVC).
+    prefit = SVC(decision_function_shape="ovo").fit(X, y)
+    with pytest.raises(ValueError, match="one decision value per pair of classes"):
+        TunedOffsetsClassifierCV(prefit, cv="prefit").fit(X[y > 0], y[y > 0])
 
 
 def test_a_cv_without_splits_is_named():
