@@ -208,7 +208,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         on the training part and requires a single split (a float ``cv``, or one split).
         Not used with ``cv="prefit"``.
     n_jobs : int, default=None
-        Folds fitted in parallel (joblib); ``None`` means 1.
+        Folds fitted in parallel (joblib; in threads for an HDF5 dataset, which does not
+        pickle); ``None`` means 1.
     random_state : int, RandomState instance or None, default=None
         Shuffles the split of a float ``cv``; unused otherwise.
     store_cv_results : bool, default=False
@@ -570,7 +571,10 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 f"refit=False keeps the estimator of a single split, but cv has "
                 f"{len(splits)} splits. Use refit=True, a float cv such as 0.2, or one split."
             )
-        folds = Parallel(n_jobs=self.n_jobs)(
+        # h5py's objects do not pickle: the folds of an HDF5 dataset run in threads, which
+        # share it (in worker processes they failed with "Could not pickle the task").
+        shared = "sharedmem" if is_h5_dataset(X) else None
+        folds = Parallel(n_jobs=self.n_jobs, require=shared)(
             delayed(_fold_decision)(
                 clone(self.estimator), X, y, train, test, fit_params, self.classes_, not self.refit
             )

@@ -843,6 +843,19 @@ def test_a_float_cv_takes_an_hdf5_dataset(tmp_path):
     np.testing.assert_allclose(tuned.offsets_, in_memory.offsets_, atol=1e-6)
 
 
+def test_folds_of_an_hdf5_dataset_run_in_parallel(tmp_path):
+    # Sent to worker processes, they failed: "Could not pickle the task" (h5py's objects).
+    h5py = pytest.importorskip("h5py")
+    X, y = _imbalanced()
+    X = X.astype(np.float32)
+    probe = MR2LinearClassifier(c_bar=None, device="cpu")
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = X
+        tuned = TunedOffsetsClassifierCV(probe, cv=3, n_jobs=2).fit(f["X"], y)
+    in_memory = TunedOffsetsClassifierCV(probe, cv=3).fit(X, y)
+    np.testing.assert_allclose(tuned.offsets_, in_memory.offsets_, atol=1e-6)
+
+
 def test_folds_that_repeat_rows_take_an_hdf5_dataset(tmp_path):
     # A bootstrap's training part, sorted, repeats rows, which h5py refuses ("Indexing
     # elements must be in increasing order"); MR2LinearClassifierCV took the same folds.
