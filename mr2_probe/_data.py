@@ -42,16 +42,30 @@ def whole_or_unchanged(estimator):
 
 def cv_folds(cv, X, y, **split_params) -> list[tuple[np.ndarray, np.ndarray]]:
     """The (train, test) parts of ``cv.split(X, y, **split_params)`` as integer index
-    arrays: a boolean mask (which scikit-learn's searches take too, indexing X[train])
-    becomes the indices it selects, and an empty list an empty index. A cv that yields no
+    arrays: a boolean mask (which scikit-learn's searches take too, indexing X[train]; one
+    entry per sample) becomes the indices it selects, and an empty list an empty index;
+    indices of another type are refused, as NumPy's indexing refuses them. A cv that yields no
     split (an empty list, or an iterator an earlier fit used up) is refused. Negative
     indices count from the end, as NumPy's (and so scikit-learn's searches) read them."""
     n_samples = _num_samples(X)
 
     def indices(part) -> np.ndarray:
-        if np.asarray(part).dtype == bool:
+        part = np.asarray(part)
+        if part.dtype == bool:
+            # (a shorter mask left the rows past its end out of every part, without a word)
+            if part.shape != (n_samples,):
+                raise IndexError(
+                    f"cv gave a boolean mask of shape {part.shape} for the {n_samples} "
+                    "samples of X: a mask needs one entry per sample."
+                )
             return np.flatnonzero(part)
-        index = np.asarray(part, np.intp)
+        if part.size and part.dtype.kind not in "iu":
+            # (float indices were truncated to rows, where NumPy refuses them)
+            raise IndexError(
+                f"cv gave indices of dtype {part.dtype}: a fold's parts must be integer "
+                "indices or boolean masks."
+            )
+        index = part.astype(np.intp)
         outside = index[(index < -n_samples) | (index >= n_samples)]
         if len(outside):
             raise IndexError(

@@ -1062,6 +1062,24 @@ def test_negative_fold_indices_count_from_the_end_as_numpy_reads_them():
         )
 
 
+@pytest.mark.parametrize(
+    "part, match",
+    [
+        (np.arange(100) % 3 == 0, r"cv gave a boolean mask of shape \(100,\) for the 150 samples"),
+        (np.arange(1, 150, 2) + 0.5, "cv gave indices of dtype float64"),
+    ],
+)
+def test_folds_that_numpy_cannot_index_x_with_are_refused(part, match):
+    # A mask of 100 entries left rows 100 to 149 out of every part, and float indices were
+    # truncated to rows, without a word, where LogisticRegressionCV and GridSearchCV
+    # refuse both (NumPy's IndexError).
+    X, y = load_iris(return_X_y=True)
+    rows = np.arange(len(y))
+    train = ~part if part.dtype == bool else rows[::2]
+    with pytest.raises(IndexError, match=match):
+        MR2LinearClassifierCV([1.0], cv=[(train, part)], device="cpu").fit(X, y)
+
+
 def test_a_cosine_path_starts_each_scale_from_the_last_solution(monkeypatch):
     # Extrapolated in log(scale), the flat non-convex path ended further from independent
     # fits (digits: it chose 21.5, cold fits 1292) at no gain in iterations.
