@@ -24,7 +24,7 @@ from sklearn.utils.metadata_routing import (
     process_routing,
 )
 from sklearn.utils.parallel import Parallel, delayed
-from sklearn.utils.validation import _check_method_params, _check_sample_weight
+from sklearn.utils.validation import _check_method_params, _check_sample_weight, check_is_fitted
 from tqdm.auto import tqdm
 
 from ._batched import BatchedPath, FoldBatch, HeldOut
@@ -485,6 +485,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         metadata routing ``sample_weight`` and ``params`` go to the scorer as its requests
         say; otherwise ``params`` are refused."""
         _raise_for_params(params, self, "score")
+        # (a scoring was told the classes_ of a fit that never ran: an AttributeError)
+        check_is_fitted(self)
         check_h5_open(X=X, y=y, sample_weight=sample_weight)
         kwargs = {} if sample_weight is None else {"sample_weight": sample_weight}
         if routing_enabled() and (sample_weight is not None or params):

@@ -7,7 +7,12 @@ import pytest
 import sklearn
 import torch
 from sklearn.datasets import load_digits, load_iris, make_blobs, make_classification
-from sklearn.exceptions import ConvergenceWarning, FitFailedWarning, UnsetMetadataPassedError
+from sklearn.exceptions import (
+    ConvergenceWarning,
+    FitFailedWarning,
+    NotFittedError,
+    UnsetMetadataPassedError,
+)
 from sklearn.linear_model import LogisticRegressionCV
 from sklearn.metrics import make_scorer
 from sklearn.model_selection import GridSearchCV, GroupKFold, StratifiedKFold
@@ -973,6 +978,15 @@ def test_score_of_many_classes_counts_the_classes_of_its_data():
     X0, y0 = X[y == 0], y[y == 0]
     expected = f1_score(y0, search.predict(X0), average="macro")
     assert search.score(X0, y0) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("scoring", [None, "worst_class", "neg_log_loss"])
+def test_score_before_fit_is_not_fitted_whatever_the_scoring(scoring):
+    # With a scoring, score read classes_ first: "AttributeError: ... has no attribute
+    # 'classes_'" instead of scikit-learn's NotFittedError.
+    X, y = load_iris(return_X_y=True)
+    with pytest.raises(NotFittedError, match="is not fitted yet"):
+        MR2LinearClassifierCV(scoring=scoring, device="cpu").score(X, y)
 
 
 def test_refit_false_after_a_refit_leaves_no_refit_attributes():
