@@ -139,8 +139,9 @@ def both_class_logits(z):
 
 
 def _floating(X):
-    """X as computed on: half-precision (or integer) tensors and float16 arrays as float32,
-    arrays of the other byte order in their own precision.
+    """X as computed on: half-precision (or integer) tensors and float16 arrays (and
+    DataFrames of float16 columns) as float32, arrays of the other byte order in their own
+    precision.
 
     Tensors are detached: features straight from a backbone may carry autograd history.
     Complex tensors are refused: a cast would drop their imaginary part silently.
@@ -150,6 +151,13 @@ def _floating(X):
         X = X.detach()
         return X if X.dtype in (torch.float32, torch.float64) else X.float()
     dtype = getattr(X, "dtype", None)
+    dtypes = getattr(X, "dtypes", None)  # a DataFrame's, one per column
+    if dtype is None and dtypes is not None and len(dtypes):
+        # check_array made float16 columns float64 (float16 is neither of its dtypes),
+        # where the same rows as an array, a tensor or a store train in float32
+        if all(isinstance(d, np.dtype) and d == np.float16 for d in dtypes):
+            return X.astype(np.float32)
+        return X
     if isinstance(X, np.ndarray) and dtype.kind == "f" and not dtype.isnative:
         # check_array's dtype=[float64, float32] takes big-endian float32 for neither, and
         # made it float64, where the same rows as an HDF5 dataset or a tensor are float32

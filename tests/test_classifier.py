@@ -1192,11 +1192,17 @@ def test_lam_scales_the_compactness_term_of_the_minibatch_objective():
     assert first[2.0] - first[1.0] == pytest.approx(2 * step, rel=1e-4)
 
 
-def test_float16_features_train_in_float32():
+@pytest.mark.parametrize("frame", [False, True])
+def test_float16_features_train_in_float32(frame):
+    # A DataFrame of float16 columns trained in float64 (check_array's choice for float16),
+    # where the same rows as an array trained in float32.
+    pd = pytest.importorskip("pandas") if frame else None
     X, y = _blobs()
-    clf = MR2LinearClassifier(device="cpu").fit(X.astype(np.float16), y)
+    X = X.astype(np.float16)
+    X = pd.DataFrame(X, columns=[f"f{j}" for j in range(X.shape[1])]) if frame else X
+    clf = MR2LinearClassifier(device="cpu").fit(X, y)
     assert clf.coef_.dtype == np.float32
-    assert clf.score(X.astype(np.float16), y) > 0.9
+    assert clf.score(X, y) > 0.9
 
 
 def test_warm_start_with_a_new_projection_rank_starts_afresh(digits):
