@@ -113,9 +113,10 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
         labels are (GridSearchCV's scorers take ``pos_label=1``); for another, pass
         ``make_scorer(recall_score, pos_label=...)``.
     refit : bool, default=True
-        Refit on all the data at the best value, starting from the folds' mean solution.
-        ``False`` keeps the mean of each fold's best coefficients, and ``C_`` is then the
-        mean of each fold's best value.
+        Refit on all the data at the best value, starting from the folds' mean solution
+        (with a learned projection, ``lam > 0``, from a fit's own start, as
+        :class:`MR2LinearClassifier` at that value). ``False`` keeps the mean of each
+        fold's best coefficients, and ``C_`` is then the mean of each fold's best value.
     n_jobs : int, default=None
         Folds solved in parallel threads (joblib), whatever joblib backend is active (a
         process backend, loky or dask, would fill copies of the paths): the device
