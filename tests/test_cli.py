@@ -249,7 +249,7 @@ def test_a_grid_searches_the_minibatch_parameters_where_a_minibatch_solver_reads
 def test_the_options_a_run_does_not_read_are_known():
     from mr2_probe.cli._options import _unread_options
 
-    plain = Namespace(tilt=[], offsets=[], grid=[], Cs=None, test="test.npz")
+    plain = Namespace(tilt=[], offsets=[], grid=[], Cs=None, test="test.npz", lam=0.0)
     assert _unread_options(plain) == {
         "cv",
         "scoring",
@@ -257,9 +257,22 @@ def test_the_options_a_run_does_not_read_are_known():
         "val_size",
         "front_bound",
         "test_size",
+        "seed",
     }
-    searched = Namespace(tilt=[], offsets=[1.0], grid=[], Cs=3, test=None)
+    searched = Namespace(tilt=[], offsets=[1.0], grid=[], Cs=3, test=None, lam=0.0)
     assert _unread_options(searched) == set()
+
+
+def test_a_seed_that_nothing_reads_is_refused(files, capsys):
+    # With a --test file, no search, no front and L-BFGS fits, nothing is split or drawn
+    # at random: --seed 5 fitted the models of --seed 0 (and command.json said 5).
+    test = [str(files / "train.npz"), "--test", str(files / "test.npz")]
+    line = _refused([*test, "--seed", "5"], capsys)
+    assert "--seed seeds the --test-size split, a search's folds" in line and "drop it" in line
+    for read in (["--lam", "0.5"], ["--grid", "C=1,2"], ["--tilt", "1"]):
+        assert _checked([*test, "--seed", "5", *read]).seed == 5
+    assert _checked([test[0], "--seed", "5"]).seed == 5  # the --test-size split
+    assert _checked(test).seed == 0
 
 
 def test_a_grid_searches_what_only_some_models_read_where_they_read_it():
@@ -1060,8 +1073,9 @@ def test_feature_scaling_logit_scale_and_the_deprecated_scale(files, tmp_path, c
     options = json.loads((tmp_path / "b" / "command.json").read_text())
     assert options["feature_scaling"] == "standard" and "scale" not in options
     # Only the options the run read: it recorded a search's cv and scoring, the front's
-    # val_size, and test_size beside --test, which no run can be given back.
-    unread = ("cv", "scoring", "n_jobs", "val_size", "front_bound", "test_size")
+    # val_size, and test_size beside --test, which no run can be given back, nor a seed
+    # where nothing is split or drawn at random.
+    unread = ("cv", "scoring", "n_jobs", "val_size", "front_bound", "test_size", "seed")
     assert [options[name] for name in unread] == [None] * len(unread)
 
     cosine = ["--head", "cosine", "--logit-scale", "16", "--out", str(tmp_path / "c")]

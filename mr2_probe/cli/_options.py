@@ -259,7 +259,13 @@ def _parser() -> argparse.ArgumentParser:
         "accuracy is within this many points of ERM's (default: 0.5)",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:1")
-    parser.add_argument("--seed", type=int, default=0, help="split and minibatch seed")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the --test-size split, a search's folds, the front's split and the "
+        "minibatch solvers (--lam > 0) (default: 0)",
+    )
     parser.add_argument("--per-class", action="store_true", help="also print one row per class")
     parser.add_argument(
         "--out",
@@ -350,10 +356,16 @@ _LEVER_OPTIONS |= dict.fromkeys(("cv", "scoring", "n_jobs"), _SEARCH)
 
 def _unread_options(args) -> set[str]:
     """The options (by their names in ``args``) that this run does not read: the front's
-    without a front, a search's without a search, --test-size beside --test."""
+    without a front, a search's without a search, --test-size beside --test, and --seed
+    where nothing is split or drawn at random."""
     has = {_FRONT: bool(args.tilt or args.offsets), _SEARCH: bool(args.grid) or args.Cs is not None}
     unread = {name for name, lever in _LEVER_OPTIONS.items() if not has[lever]}
-    return unread | ({"test_size"} if args.test is not None else set())
+    if args.test is not None:
+        unread.add("test_size")
+        # L-BFGS (lam = 0) draws nothing: the seed splits and orders minibatches only.
+        if not any(has.values()) and args.lam == 0:
+            unread.add("seed")
+    return unread
 
 
 def _check_options(args) -> None:
@@ -380,6 +392,13 @@ def _check_options(args) -> None:
         if getattr(args, name) is not None and name in unread:
             option = f"--{name.replace('_', '-')}"
             raise UsageError(f"{option} applies to {what}, which this run has not; drop it")
+    if args.seed is not None and "seed" in unread:
+        raise UsageError(
+            "--seed seeds the --test-size split, a search's folds (--grid, --Cs), the front's "
+            "split (--tilt, --offsets) and the minibatch solvers (--lam > 0), none of which "
+            "this run has; drop it"
+        )
+    args.seed = 0 if args.seed is None else args.seed
     for name, default in _LEVER_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
