@@ -27,8 +27,8 @@ def main(argv=None):
     # One line, as argparse's own refusals, rather than an estimator's traceback.
     if not args.C > 0:
         parser.error(f"--C must be a positive number, got {args.C:g}")
-    if args.seed < 0:
-        parser.error(f"--seed must be >= 0, got {args.seed}")
+    if not 0 <= args.seed < 2**32:  # NumPy's seeds, as train_test_split takes them
+        parser.error(f"--seed must be between 0 and 2**32 - 1, got {args.seed}")
 
     X, y = load_digits(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(

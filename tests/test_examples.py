@@ -125,7 +125,12 @@ def test_demo_compares_erm_and_mr2():
 
 
 @pytest.mark.parametrize(
-    "argv, message", [(["--C", "0"], "--C must be a positive number"), (["--seed", "-1"], "--seed")]
+    "argv, message",
+    [
+        (["--C", "0"], "--C must be a positive number"),
+        (["--seed", "-1"], "--seed must be between 0 and 2**32 - 1"),
+        (["--seed", str(2**32)], "--seed must be between 0 and 2**32 - 1"),
+    ],
 )
 def test_demo_refuses_bad_options_in_one_line(argv, message, capsys):
     # They ended in an InvalidParameterError traceback.
