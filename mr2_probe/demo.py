@@ -20,7 +20,10 @@ from .report import classwise_report
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # Named as it is run: argparse's default, the file's name, gave "usage: demo.py".
+    parser = argparse.ArgumentParser(
+        prog="python -m mr2_probe.demo", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--C", type=float, default=0.05, help="inverse L2 strength")
     parser.add_argument("--seed", type=int, default=0, help="split and minibatch seed")
     args = parser.parse_args(argv)

@@ -139,3 +139,11 @@ def test_demo_refuses_bad_options_in_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_demo_s_usage_names_the_command_that_runs_it(capsys):
+    from mr2_probe.demo import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m mr2_probe.demo [-h]")
