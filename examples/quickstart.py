@@ -31,6 +31,13 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     parser.add_argument("--plots", metavar="DIR", help="also write PNG figures into DIR")
     args = parser.parse_args(argv)
+    # One line, as argparse's own refusals, rather than an estimator's traceback.
+    if not args.C > 0:  # (inf: no penalty)
+        parser.error(f"--C must be a positive number, got {args.C:g}")
+    if not 0 < args.c_bar < float("inf"):
+        parser.error(f"--c-bar must be a positive finite number, got {args.c_bar:g}")
+    if not 0 <= args.seed < 2**32:  # NumPy's seeds, as train_test_split takes them
+        parser.error(f"--seed must be between 0 and 2**32 - 1, got {args.seed}")
 
     X, y = load_digits(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(

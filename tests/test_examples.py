@@ -141,6 +141,22 @@ def test_demo_refuses_bad_options_in_one_line(argv, message, capsys):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--C", "0"], "--C must be a positive number, got 0"),
+        (["--c-bar", "-1"], "--c-bar must be a positive finite number, got -1"),
+        (["--c-bar", "inf"], "--c-bar must be a positive finite number, got inf"),
+        (["--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
+    ],
+)
+def test_quickstart_refuses_bad_options_in_one_line(argv, message, capsys):
+    # They ended in the estimator's (or train_test_split's) InvalidParameterError traceback.
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(EXAMPLES / "quickstart.py"), run_name="quickstart")["main"](argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_demo_s_usage_names_the_command_that_runs_it(capsys):
     from mr2_probe.demo import main
 
