@@ -52,6 +52,20 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--dask", type=int, metavar="N_WORKERS", default=0)
     parser.add_argument("--seed", type=int, default=0, help="train/test split seed")
     args = parser.parse_args(argv)
+    # One line before any fit: GridSearchCV scores a candidate that fails as NaN and goes
+    # on (--c-bar 0 was left out of the search with a warning per fold), and max_iter=0
+    # reports the untrained starting point.
+    bad = [("--C", v, "positive numbers") for v in args.C if not v > 0]  # (inf: no penalty)
+    finite = "positive finite numbers"
+    bad += [("--c-bar", v, finite) for v in args.c_bar if not 0 < v < float("inf")]
+    if bad:
+        option, value, what = bad[0]
+        parser.error(f"{option} takes {what}, got {value:g}")
+    for option, value, least in (("--cv", args.cv, 2), ("--max-iter", args.max_iter, 1)):
+        if value < least:
+            parser.error(f"{option} must be at least {least}, got {value}")
+    if not 0 <= args.seed < 2**32:  # NumPy's seeds, as train_test_split takes them
+        parser.error(f"--seed must be between 0 and 2**32 - 1, got {args.seed}")
 
     X, y = load_digits(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(

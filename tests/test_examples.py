@@ -157,6 +157,25 @@ def test_quickstart_refuses_bad_options_in_one_line(argv, message, capsys):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--C", "0.1", "0"], "--C takes positive numbers, got 0"),
+        (["--c-bar", "1", "0"], "--c-bar takes positive finite numbers, got 0"),
+        (["--c-bar", "inf"], "--c-bar takes positive finite numbers, got inf"),
+        (["--cv", "1"], "--cv must be at least 2, got 1"),
+        (["--max-iter", "0"], "--max-iter must be at least 1, got 0"),
+        (["--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
+    ],
+)
+def test_grid_search_refuses_bad_options_before_any_fit(argv, message, capsys):
+    # --c-bar 0 was left out of the search with a warning per fold, the rest reported;
+    # --max-iter 0 reported the untrained probe; the others ended in a traceback.
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(EXAMPLES / "grid_search.py"), run_name="grid_search")["main"](argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_demo_s_usage_names_the_command_that_runs_it(capsys):
     from mr2_probe.demo import main
 
