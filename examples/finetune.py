@@ -78,6 +78,16 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--per-class", action="store_true", help="add the per-class table")
     args = parser.parse_args(argv)
+    # One line, as argparse's own refusals: --epochs 0 reported two untrained networks,
+    # the others ended in a traceback.
+    if args.epochs < 1:
+        parser.error(f"--epochs must be at least 1, got {args.epochs}")
+    if not 0 < args.c_bar < float("inf"):
+        parser.error(f"--c-bar must be a positive finite number, got {args.c_bar:g}")
+    if not 0 <= args.lam < float("inf"):
+        parser.error(f"--lam must be a finite number >= 0, got {args.lam:g}")
+    if not 0 <= args.seed < 2**32:  # NumPy's seeds, as train_test_split takes them
+        parser.error(f"--seed must be between 0 and 2**32 - 1, got {args.seed}")
 
     X, y = load_digits(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(

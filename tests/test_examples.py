@@ -176,6 +176,22 @@ def test_grid_search_refuses_bad_options_before_any_fit(argv, message, capsys):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--epochs", "0"], "--epochs must be at least 1, got 0"),
+        (["--c-bar", "0"], "--c-bar must be a positive finite number, got 0"),
+        (["--lam", "-1"], "--lam must be a finite number >= 0, got -1"),
+        (["--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
+    ],
+)
+def test_finetune_refuses_bad_options_in_one_line(argv, message, capsys):
+    # --epochs 0 reported two untrained networks; the others ended in a traceback.
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(EXAMPLES / "finetune.py"), run_name="finetune")["main"](argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_demo_s_usage_names_the_command_that_runs_it(capsys):
     from mr2_probe.demo import main
 
