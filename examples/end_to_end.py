@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--c-bar", default="1", help="mean margin of the MR² probe")
     parser.add_argument("--out", default="runs/fmnist_lite0", help="output folder")
     args = parser.parse_args(argv)
+    # One line, as argparse's own refusals, rather than extract's traceback.
+    for option in ("--train-per-class", "--test-per-class", "--image-size"):
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value < 1:
+            parser.error(f"{option} must be at least 1, got {value}")
 
     out = Path(args.out)
     stores = {}

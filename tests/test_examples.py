@@ -192,6 +192,18 @@ def test_finetune_refuses_bad_options_in_one_line(argv, message, capsys):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option", ["--train-per-class", "--test-per-class", "--image-size"])
+def test_end_to_end_refuses_sizes_below_one_in_one_line(option, tmp_path, capsys):
+    # They ended in extract's ValueError traceback.
+    script = runpy.run_path(str(EXAMPLES / "end_to_end.py"), run_name="end_to_end")
+    with pytest.raises(SystemExit) as exit_:
+        script["main"]([option, "0", "--out", str(tmp_path / "run")])
+    assert (
+        exit_.value.code == 2 and f"{option} must be at least 1, got 0" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_demo_s_usage_names_the_command_that_runs_it(capsys):
     from mr2_probe.demo import main
 
