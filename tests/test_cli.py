@@ -275,6 +275,18 @@ def test_a_seed_that_nothing_reads_is_refused(files, capsys):
     assert _checked(test).seed == 0
 
 
+@pytest.mark.parametrize("ranks, refused", [("100", 100), ("7,2", 7), ("none,2,7", 7)])
+def test_a_grid_of_projection_ranks_above_the_features_is_refused_before_any_fit(
+    files, ranks, refused, capsys
+):
+    # Six features: a rank of 7 failed every fit of it, after ERM's fit and the others:
+    # left out of the search under scikit-learn's FitFailedWarning, or the run ended in
+    # its "All the 3 fits failed".
+    argv = [str(files / "train.npz"), "--lam", "0.5", "--grid", f"projection_rank={ranks}"]
+    line = _refused([*argv, "--max-iter", "2"], capsys)
+    assert f"--grid projection_rank={refused}: the features have 6 columns" in line
+
+
 def test_a_grid_searches_what_only_some_models_read_where_they_read_it():
     # head=linear,cosine with scale=8,16 searched the linear head's unread scale, and
     # c_bar=none,1 with p=2,3 the margin-free model's unread p: choices among identical fits.

@@ -587,6 +587,19 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
         )
 
 
+def _check_grid_on_data(grid: dict, n_features: int) -> None:
+    """What --grid searches, checked against the training features once they are read:
+    a projection_rank above their count fails every fit of it, after the other fits (a
+    search then left it out, or ended in scikit-learn's "All the fits failed")."""
+    too_large = [r for r in grid.get("projection_rank", []) if r is not None and r > n_features]
+    if too_large:
+        raise UsageError(
+            f"--grid projection_rank={too_large[0]}: the features have {n_features} "
+            f"columns, and a projection's rank is at most that; search ranks up to "
+            f"{n_features} (none is the full projection)"
+        )
+
+
 #: The parameters that only the minibatch solvers read (L-BFGS does not; random_state
 #: seeds their order, and a projection's start, which only they fit).
 MINIBATCH_ONLY = frozenset({"batch_size", "learning_rate", "n_iter_no_change", "random_state"})
