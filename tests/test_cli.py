@@ -287,6 +287,22 @@ def test_a_grid_of_projection_ranks_above_the_features_is_refused_before_any_fit
     assert f"--grid projection_rank={refused}: the features have 6 columns" in line
 
 
+@pytest.mark.parametrize(
+    "options, given",
+    [(["--head", "cosine"], "--head cosine"), (["--grid", "head=linear,cosine"], "--grid head")],
+)
+def test_a_cosine_head_of_one_feature_is_refused_before_any_fit(
+    files, tmp_path, options, given, capsys
+):
+    # Its fits failed after ERM's (the estimator's error in its own terms, head='cosine'),
+    # or left the cosine head out of the search under scikit-learn's FitFailedWarning.
+    with np.load(files / "train.npz") as data:
+        np.savez(tmp_path / "one_feature.npz", X=data["X"][:, :1], y=data["y"])
+    line = _refused([str(tmp_path / "one_feature.npz"), *options, "--max-iter", "2"], capsys)
+    assert line.startswith(f"mr2-probe: error: {given}")
+    assert "needs at least 2 features, and the features have 1" in line
+
+
 def test_a_grid_searches_what_only_some_models_read_where_they_read_it():
     # head=linear,cosine with scale=8,16 searched the linear head's unread scale, and
     # c_bar=none,1 with p=2,3 the margin-free model's unread p: choices among identical fits.

@@ -26,7 +26,7 @@ from ._options import (
     _SCALERS,
     MINIBATCH_ONLY,
     _check_grid,
-    _check_grid_on_data,
+    _check_on_data,
     _check_options,
     _given,
     _grid,
@@ -91,7 +91,7 @@ def _run(args, given: frozenset = frozenset()) -> int:
     out = _prepare_out(args.out) if args.out is not None else None
     X, y, X_test, y_test, names, sources = _inputs(args)
     _check_splits(y, grid, args, names)
-    _check_grid_on_data(grid, X.shape[1])
+    _check_on_data(grid, args, X.shape[1])
     replaced = [name for name in _OUTPUTS if out is not None and (out / name).exists()]
     if replaced:  # said once the run is known to start
         print(

@@ -587,16 +587,23 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
         )
 
 
-def _check_grid_on_data(grid: dict, n_features: int) -> None:
-    """What --grid searches, checked against the training features once they are read:
-    a projection_rank above their count fails every fit of it, after the other fits (a
-    search then left it out, or ended in scikit-learn's "All the fits failed")."""
+def _check_on_data(grid: dict, args, n_features: int) -> None:
+    """The head and what --grid searches, checked against the training features once they
+    are read: a projection_rank above their count, or a cosine head of one feature,
+    fails every fit of it, after the other fits (a search then left it out, or ended in
+    scikit-learn's "All the fits failed")."""
     too_large = [r for r in grid.get("projection_rank", []) if r is not None and r > n_features]
     if too_large:
         raise UsageError(
             f"--grid projection_rank={too_large[0]}: the features have {n_features} "
             f"columns, and a projection's rank is at most that; search ranks up to "
             f"{n_features} (none is the full projection)"
+        )
+    if n_features < 2 and "cosine" in grid.get("head", [args.head]):
+        given = "--grid head=cosine" if "head" in grid else "--head cosine"
+        raise UsageError(
+            f"{given} needs at least 2 features, and the features have 1: the cosine of a "
+            "single feature with any direction is ±1; use the linear head"
         )
 
 
