@@ -74,6 +74,11 @@ def rank_rows(src: ImageSource, rank: int, world_size: int) -> np.ndarray:
     return np.flatnonzero(src.archive.unit % world_size == rank)
 
 
+def _whole(value: object) -> bool:
+    """Whether ``value`` is an integer, not a bool."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
 def _distributed_env() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
@@ -216,8 +221,11 @@ def extract_features(
         raise ValueError(f"The 'dtype' parameter must be one of {_DTYPES}. Got {dtype!r} instead.")
     if decode not in _DECODES:
         raise ValueError(f"The 'decode' parameter must be one of {_DECODES}. Got {decode!r}.")
-    if batch_size < 1:
-        raise ValueError(f"The 'batch_size' parameter must be >= 1. Got {batch_size!r} instead.")
+    # (an int: 2.5 failed once the store was created, or overwritten; True passed as 1)
+    if not (_whole(batch_size) and batch_size >= 1):
+        raise ValueError(
+            f"The 'batch_size' parameter must be an int >= 1. Got {batch_size!r} instead."
+        )
     # Checked here, not by the DataLoader: that is built after the store is (re)created,
     # and a bad value then would have cost an overwritten store.
     if num_workers is not None and not (isinstance(num_workers, int) and num_workers >= 0):
@@ -228,8 +236,7 @@ def extract_features(
         ("image_size", image_size), ("n_per_class", n_per_class), ("max_items", max_items)
     ):  # fmt: skip
         # (an int: 32.5 failed deep inside torch, True passed as 1)
-        whole = isinstance(value, Integral) and not isinstance(value, bool)
-        if value is not None and not (whole and value >= 1):
+        if value is not None and not (_whole(value) and value >= 1):
             raise ValueError(f"The '{name}' parameter must be an int >= 1. Got {value!r} instead.")
     if not isinstance(normalize, bool | np.bool_):  # ('no' was taken as true)
         raise ValueError(f"The 'normalize' parameter must be True or False. Got {normalize!r}.")

@@ -1453,6 +1453,9 @@ def test_float16_and_normalize(folder, tmp_path):
         (dict(dtype="float64"), "'dtype' parameter"),
         (dict(decode="gpu"), "'decode' parameter"),
         (dict(batch_size=0), "'batch_size' parameter"),
+        # 2.5 failed once the store was created; True passed as 1.
+        (dict(batch_size=2.5), "'batch_size' parameter must be an int >= 1"),
+        (dict(batch_size=True), "'batch_size' parameter must be an int >= 1"),
         (dict(rank=2, world_size=2), "rank must be in"),
         (dict(max_items=0), "'max_items' parameter must be an int >= 1"),
         # 32.5 failed deep inside torch; "no" was taken as true.
@@ -1463,6 +1466,7 @@ def test_float16_and_normalize(folder, tmp_path):
 def test_invalid_arguments(folder, tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         extract_features(folder, BACKBONE, tmp_path / "x.h5", **(FAST | kwargs))
+    assert not (tmp_path / "x.h5").exists()
 
 
 def test_tiny_open_clip_extraction(folder, tmp_path):
