@@ -217,7 +217,7 @@ def extract_features(
     >>> load_features(path).features.shape  # doctest: +SKIP
     (200, 1280)
     """
-    if dtype not in _DTYPES:
+    if not isinstance(dtype, str) or dtype not in _DTYPES:  # (np.dtype("float16") == its name)
         raise ValueError(f"The 'dtype' parameter must be one of {_DTYPES}. Got {dtype!r} instead.")
     if decode not in _DECODES:
         raise ValueError(f"The 'decode' parameter must be one of {_DECODES}. Got {decode!r}.")
@@ -228,7 +228,7 @@ def extract_features(
         )
     # Checked here, not by the DataLoader: that is built after the store is (re)created,
     # and a bad value then would have cost an overwritten store.
-    if num_workers is not None and not (isinstance(num_workers, int) and num_workers >= 0):
+    if num_workers is not None and not (_whole(num_workers) and num_workers >= 0):
         raise ValueError(
             f"The 'num_workers' parameter must be an int >= 0 or None. Got {num_workers!r} instead."
         )
@@ -238,11 +238,20 @@ def extract_features(
         # (an int: 32.5 failed deep inside torch, True passed as 1)
         if value is not None and not (_whole(value) and value >= 1):
             raise ValueError(f"The '{name}' parameter must be an int >= 1. Got {value!r} instead.")
+    # NumPy's integers as Python's: timm asserts an int image size, and the store's
+    # provenance, written as JSON, holds the rank and the number of ranks.
+    batch_size, num_workers, image_size = (
+        None if value is None else int(value) for value in (batch_size, num_workers, image_size)
+    )
     if not isinstance(normalize, bool | np.bool_):  # ('no' was taken as true)
         raise ValueError(f"The 'normalize' parameter must be True or False. Got {normalize!r}.")
     explicit = rank is not None or world_size is not None
     if explicit:
         rank, world_size = rank or 0, world_size or 1
+        for name, value in (("rank", rank), ("world_size", world_size)):
+            if not _whole(value):  # (0.5 failed naming the shard, after the model loaded)
+                raise ValueError(f"The '{name}' parameter must be an int. Got {value!r} instead.")
+        rank, world_size = int(rank), int(world_size)
     else:
         rank, world_size = _distributed_env()
     if not 0 <= rank < world_size:

@@ -1461,12 +1461,30 @@ def test_float16_and_normalize(folder, tmp_path):
         # 32.5 failed deep inside torch; "no" was taken as true.
         (dict(image_size=32.5), "'image_size' parameter must be an int >= 1"),
         (dict(normalize="no"), "'normalize' parameter must be True or False"),
+        # These failed once the model was built: naming the shard, writing the provenance.
+        (dict(rank=0.5, world_size=2), "'rank' parameter must be an int"),
+        (dict(rank=0, world_size=2.0), "'world_size' parameter must be an int"),
+        (dict(dtype=np.dtype("float16")), "'dtype' parameter"),
     ],
 )
 def test_invalid_arguments(folder, tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         extract_features(folder, BACKBONE, tmp_path / "x.h5", **(FAST | kwargs))
     assert not (tmp_path / "x.h5").exists()
+    assert not list(tmp_path.iterdir())
+
+
+def test_numpy_integers_are_taken_for_every_count(folder, tmp_path):
+    # image_size failed in timm with a bare AssertionError, num_workers was refused, and a
+    # NumPy rank failed in the store's JSON provenance once the model was built.
+    counts = dict(batch_size=4, num_workers=0, image_size=32, max_items=3)
+    fast = FAST | {name: np.int64(value) for name, value in counts.items()}
+    path = extract_features(
+        folder, BACKBONE, tmp_path / "x.h5", rank=np.int64(1), world_size=np.int64(2), **fast
+    )
+    with load_features(path) as store:
+        assert store.paths == ["cat/001.jpg"]  # row 1 of the first 3, rank 1 of 2
+        assert (store.metadata["shard_rank"], store.metadata["shard_world_size"]) == (1, 2)
 
 
 def test_tiny_open_clip_extraction(folder, tmp_path):
