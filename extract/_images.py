@@ -292,6 +292,7 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     (['cat/1.png', 'cat/2.png', 'dog/1.png'], [0, 0, 1], ['cat', 'dog'])
     """
     root = os.fspath(root)
+    _check_dangling_links(root)
     # A hidden folder (.ipynb_checkpoints, a file manager's .thumbs, .git, an unzipped
     # __MACOSX) is no class: taken as one, it shifted every class index after it.
     classes = [name for name in find_classes(root)[0] if not _hidden(name)]
@@ -319,6 +320,19 @@ def _hidden(name: str) -> bool:
     hidden one (its name starts with a dot), or the ``__MACOSX`` folder of resource forks
     that unzipping an archive made by macOS's Finder leaves beside its folders."""
     return name.startswith(".") or name == "__MACOSX"
+
+
+def _check_dangling_links(root: str) -> None:
+    """Refuse a symbolic link beside the class folders whose target does not exist (a
+    share not mounted, a folder moved): ``find_classes`` left it out without a word, and
+    its class with it, every class index after it shifted."""
+    for entry in sorted(os.scandir(root), key=lambda entry: entry.name):
+        if entry.is_symlink() and not _hidden(entry.name) and not os.path.exists(entry.path):
+            raise FileNotFoundError(
+                f"{entry.path!r} under {root!r} {why_missing(entry.path)}: a class folder "
+                "that cannot be reached would be left out with its class. Restore its "
+                "target, or remove the link"
+            )
 
 
 def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:

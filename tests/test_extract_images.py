@@ -191,6 +191,19 @@ def test_a_folder_that_cannot_be_listed_is_refused(folder, monkeypatch):
         image_folder(folder)
 
 
+@pytest.mark.parametrize(
+    "target, why",
+    [("missing/dog", r"is a symbolic link to '.*missing/dog', which does not exist"),
+     ("zebra", "is a symbolic link in a loop of links")],
+)  # fmt: skip
+def test_a_class_folder_link_that_reaches_nothing_is_refused(folder, target, why):
+    # A class linked to a share not mounted was left out without a word: one class fewer,
+    # every index after it shifted.
+    os.symlink(folder / target, folder / "zebra")
+    with pytest.raises(FileNotFoundError, match=f"'.*zebra' under .* {why}: a class folder"):
+        image_folder(folder)
+
+
 def test_image_folder_walks_a_folder_linked_again_once(folder):
     # A link to its own class folder: os.walk(followlinks=True) listed every image once
     # per level, down to the system's link limit (41 times).
