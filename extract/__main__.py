@@ -216,6 +216,8 @@ def _extract(args: argparse.Namespace) -> int:
             return _error(f"{flag} must be at least {least}; got {value}")
     kind = args.source.partition(":")[0]  # as open_source reads the spec
     for flag, value in (("--image-key", args.image_key), ("--label-key", args.label_key)):
+        if value is not None and not value.strip():  # ("$KEY" unset: the default was read)
+            return _error(f"{flag} is empty; name a member or column, or leave {flag} out")
         if value is not None and kind not in ("webdataset", "parquet"):
             return _error(
                 f"{flag} applies to webdataset: and parquet: sources; {args.source!r} is not "

@@ -737,6 +737,12 @@ def open_source(
     ImageSource
     """
     text = source.description if isinstance(source, ImageSource) else os.fspath(source)
+    for name, value in (("image_key", image_key), ("label_key", label_key)):
+        if isinstance(value, str) and not value.strip():  # (read as the default)
+            raise ValueError(
+                f"The '{name}' parameter is empty. Got {value!r}; name a member or column, "
+                "or leave it None for the default."
+            )
     kind, _, pattern = text.partition(":")
     if isinstance(source, ImageSource):
         kind = "opened"  # the keys applied when it was opened

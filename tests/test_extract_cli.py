@@ -397,6 +397,25 @@ def test_counts_and_sizes_below_one_are_one_line_errors(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("option", ["--image-key", "--label-key"])
+@pytest.mark.parametrize("kind", ["webdataset", "parquet"])
+def test_an_empty_source_key_is_refused(tmp_path, capsys, no_model, option, kind):
+    # ("$KEY" unset in a script) The default key or column was read without a word.
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    write_webdataset(folder, tmp_path / "webdataset" / "%05d.tar")
+    write_parquet(folder, tmp_path / "parquet" / "a.parquet")
+    out = tmp_path / "out.h5"
+    source = f"{kind}:{tmp_path / kind}"
+    assert main([source, "timm:test_resnet@random", str(out), option, " ", "--no-progress"]) == 2
+    assert _error_line(capsys, only_line=True) == (
+        f"mr2-extract: error: {option} is empty; name a member or column, or leave {option} out"
+    )
+    name = option.removeprefix("--").replace("-", "_")
+    with pytest.raises(ValueError, match=f"^The '{name}' parameter is empty. Got ''"):
+        extract_features(source, "timm:test_resnet@random", out, **{name: ""})
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("option, value", [("--label-key", "cls"), ("--image-key", "jpg")])
 def test_source_keys_for_other_sources_are_refused_by_the_option_s_name(
     tmp_path, capsys, no_model, option, value
