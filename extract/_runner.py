@@ -275,11 +275,6 @@ def extract_features(
         check_output(path, overwrite)
     if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now
         check_merging(os.fspath(merged))  # (where out exists: once found incomplete)
-    if overwrite and target == out:
-        # In one process a forced run writes ``out`` itself: an interrupted run's shards
-        # (of any number of ranks) hold rows of what it rebuilds. Marked before it starts,
-        # as it may be stopped and finished by a plain resume, which cannot tell it forced.
-        mark_superseded(out)
     with _ranks_group() if merged is not None else contextlib.nullcontext():
         done = _extract_shard(
             source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
@@ -566,6 +561,13 @@ def _extract_shard(
         # a rebuild, whose rows are to be replaced; one at another number of ranks has been
         # refused above.)
         seed = read_merged and retry_failed and not rebuild and (stale or not out.exists())
+        if overwrite and world_size == 1:
+            # In one process a forced run writes ``out`` itself: an interrupted run's shards
+            # (of any number of ranks) hold rows of what it rebuilds. Marked before it writes,
+            # as it may be stopped and finished by a plain resume, which cannot tell it
+            # forced; not before its source and model are found (a run refused for a
+            # misspelt backbone had the shards made anew).
+            mark_superseded(out)
         _open_or_create(
             out, provenance, backbone, src, rows, overwrite, retry_failed, vouched, replaces
         )

@@ -1161,6 +1161,19 @@ def test_a_forced_rebuild_at_other_ranks_supersedes_an_interrupted_run_s_shards(
     np.testing.assert_allclose(load_features(out, in_memory=True).features, rebuilt, atol=1e-5)
 
 
+def test_a_forced_run_refused_before_it_writes_supersedes_no_shards(folder, tmp_path, monkeypatch):
+    # A --force run stopped by a misspelt backbone had marked the shards beside the store
+    # as superseded: their rows, though nothing was rebuilt, were extracted anew.
+    out = tmp_path / "f.h5"
+    extract_features(folder, BACKBONE, out, **FAST)
+    extract_features(folder, BACKBONE, out, rank=0, world_size=2, **FAST)
+    with pytest.raises(ValueError, match="timm has no model"):
+        extract_features(folder, "timm:test_resnett@random", out, overwrite=True, **FAST)
+    written = _spy_writes(monkeypatch)
+    extract_features(folder, BACKBONE, out, rank=0, world_size=2, **FAST)
+    assert written == []  # the shard is reused, not made anew
+
+
 def test_under_torchrun_a_rank_with_nothing_left_counts_its_failures_in_the_warning(
     tmp_path, monkeypatch
 ):
