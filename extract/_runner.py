@@ -243,8 +243,13 @@ def extract_features(
     batch_size, num_workers, image_size = (
         None if value is None else int(value) for value in (batch_size, num_workers, image_size)
     )
-    if not isinstance(normalize, bool | np.bool_):  # ('no' was taken as true)
-        raise ValueError(f"The 'normalize' parameter must be True or False. Got {normalize!r}.")
+    for name, value in (
+        ("normalize", normalize), ("overwrite", overwrite), ("retry_failed", retry_failed),
+        ("progress", progress),
+    ):  # fmt: skip
+        # ('no' was taken as true: overwrite="no" deleted the store)
+        if not isinstance(value, bool | np.bool_):
+            raise ValueError(f"The '{name}' parameter must be True or False. Got {value!r}.")
     explicit = rank is not None or world_size is not None
     if explicit:
         rank, world_size = rank or 0, world_size or 1

@@ -1487,6 +1487,17 @@ def test_invalid_arguments(folder, tmp_path, kwargs, match):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("name", ["overwrite", "retry_failed", "progress"])
+def test_a_flag_that_is_not_a_bool_is_refused_before_any_work(store, folder, tmp_path, name):
+    # overwrite="no" (a config file's text) was taken as true: the store was deleted and
+    # extracted anew.
+    out = Path(shutil.copy(store, tmp_path / "f.h5"))
+    before = out.stat().st_mtime_ns
+    with pytest.raises(ValueError, match=f"The '{name}' parameter must be True or False"):
+        extract_features(folder, BACKBONE, out, **(FAST | {name: "no"}))
+    assert out.stat().st_mtime_ns == before
+
+
 def test_numpy_integers_are_taken_for_every_count(folder, tmp_path):
     # image_size failed in timm with a bare AssertionError, num_workers was refused, and a
     # NumPy rank failed in the store's JSON provenance once the model was built.
