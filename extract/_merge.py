@@ -100,6 +100,10 @@ def merge_shards(
         existing ``out`` than the one there (written since: ``extract_features`` makes such
         a shard anew, or ``overwrite=True`` replaces ``out`` with their rows).
     """
+    if not isinstance(overwrite, bool | np.bool_):  # ("no" replaced any store at out)
+        raise ValueError(
+            f"The 'overwrite' parameter of merge_shards must be True or False. Got {overwrite!r}."
+        )
     return _merge(shards, out, overwrite, versions_checked=False)
 
 

@@ -300,6 +300,17 @@ def test_merge_shards_refuses_no_shards_and_takes_any_iterable(store, folder, tm
     assert load_features(out).paths == load_features(store).paths
 
 
+def test_merge_shards_refuses_an_overwrite_that_is_not_a_bool(folder, tmp_path):
+    # overwrite="no" was taken as true: a store made otherwise was replaced by the shards'.
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **(FAST | dict(dtype="float16")))
+    shards = [
+        extract_features(folder, BACKBONE, out, rank=r, world_size=2, **FAST) for r in range(2)
+    ]
+    with pytest.raises(ValueError, match="The 'overwrite' parameter of merge_shards must be"):
+        merge_shards(shards, out, overwrite="no")
+    assert load_features(out).metadata["dtype"] == "float16"
+
+
 def test_classes_are_separable(store):
     from sklearn.linear_model import LogisticRegression
 
