@@ -750,6 +750,9 @@ def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.d
         collate_fn=collate_items,
         pin_memory=device.type == "cuda",
         persistent_workers=False,
+        # Its workers' base seed drawn from a generator of its own: drawn from torch's
+        # global one, a run left the caller's random stream elsewhere than a reuse did.
+        generator=torch.Generator(),
     )
 
 

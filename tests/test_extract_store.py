@@ -1509,6 +1509,16 @@ def test_a_flag_that_is_not_a_bool_is_refused_before_any_work(store, folder, tmp
     assert out.stat().st_mtime_ns == before
 
 
+def test_an_extraction_leaves_torch_s_global_random_stream_as_it_was(folder, tmp_path):
+    # The loader drew its workers' seed from the global generator: a script seeded before
+    # extracting drew other numbers after a run than after a reuse of its store.
+    torch.manual_seed(0)
+    extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    after = torch.rand(3)
+    torch.manual_seed(0)
+    torch.testing.assert_close(after, torch.rand(3), rtol=0, atol=0)
+
+
 def test_numpy_integers_are_taken_for_every_count(folder, tmp_path):
     # image_size failed in timm with a bare AssertionError, num_workers was refused, and a
     # NumPy rank failed in the store's JSON provenance once the model was built.
