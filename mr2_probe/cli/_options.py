@@ -182,7 +182,9 @@ def _parser() -> argparse.ArgumentParser:
         help="inverse L2 strength, as in LogisticRegression (default: 1); the cosine head "
         "has no penalty of its own: with it, C penalises only MR²'s projection (--lam > 0)",
     )
-    parser.add_argument("--max-iter", type=int, default=100, help="iterations / epochs")
+    parser.add_argument(
+        "--max-iter", type=int, default=100, help="iterations / epochs (default: 100)"
+    )
     parser.add_argument(
         "--feature-scaling",
         choices=tuple(_SCALERS),
@@ -225,9 +227,15 @@ def _parser() -> argparse.ArgumentParser:
         "--scoring",
         choices=_SCORINGS,
         default=None,
-        help="metric the grid search refits on (default: worst_class)",
+        help="metric the grid search or --Cs chooses by (default: worst_class)",
     )
-    parser.add_argument("--n-jobs", type=int, default=None, help="parallel grid fits")
+    parser.add_argument(
+        "--n-jobs",
+        type=int,
+        default=None,
+        help="fits run in parallel: the grid search's, or the folds of --Cs (which solves "
+        "them as one batched problem where it can, on torch's threads)",
+    )
     parser.add_argument(
         "--tilt",
         type=_floats,
