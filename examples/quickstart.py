@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None):
     print(f"digits: {len(y_train)} train / {len(y_test)} test images, 10 classes")
     print(report.to_text(per_class=args.per_class))
     if args.json:
-        with open(args.json, "w") as file:
-            file.write(report.to_json(indent=2))
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)  # as --plots makes its folder
+        path.write_text(report.to_json(indent=2))
     if args.plots:
         write_plots(report, fitted[list(fitted)[1]][-1], Path(args.plots))
     return report
