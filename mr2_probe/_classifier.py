@@ -459,7 +459,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     balanced mean). The penalty is unchanged. ∇R_t = Σ_k q_k·∇L_k with
     q = softmax(t·L + log π): the plain gradient with sample i weighted by q_{y_i} / S_{y_i}
     instead of 1 / S. The minibatch solvers take each step's q from running class losses,
-    averages over about the last 32 samples of each class (at the start, one exact pass).
+    averages over about the last 32 samples of each class, or over its last pass where it
+    has fewer (at the start, one exact pass).
 
     Margins and tilt act in training only: ``predict`` is the plain argmax of the logits.
     With ``c_bar=None``, ``lam=0`` and ``class_tilt=0`` the objective is that of

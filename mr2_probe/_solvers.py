@@ -595,8 +595,9 @@ LR_DECAYS = 2
 # A rise of the epoch loss by this factor is a diverged fit (see _diverged).
 DIVERGED = 1e3
 # The minibatch solvers' running class losses, from which each step's tilt weights q come,
-# average about the last this many samples of each class (by weight): a few batches when
-# a batch holds many samples of a class, many when it holds few.
+# average about the last this many samples of each class (by weight), or the whole class
+# where it has fewer: a few batches when a batch holds many samples of a class, many when
+# it holds few.
 TILT_WINDOW = 32
 # A minibatch fit that ends with its epoch loss this far above its best (relative) is not
 # called converged: its steps took it away from its best point (a step too large for SGD).
@@ -645,8 +646,12 @@ def fit_minibatch(
     With ``tilt`` > 0 each minibatch takes the class weights q from a running estimate of
     every class's loss L_k (at the start, one exact pass), which each minibatch moves
     towards the class's mean loss in it by the class's weight there over that of
-    ``TILT_WINDOW`` samples (at most all the way): an average over about the last 32
-    samples of the class. The minibatch then carries Σ_i w_i·q_{y_i}/S_{y_i}·ℓ_i scaled by
+    ``TILT_WINDOW`` samples, or of the whole class where it weighs less (at most all the
+    way): an average over about the last 32 samples of the class, or its last pass. A
+    batch that holds a whole class thus sets its loss to the exact one, as repeated rows
+    do for integer sample weights (a window counted in samples alone did not: 60 rows
+    weighted 1 to 3 in one batch, t = 2, gave probabilities 0.002 away from the rows
+    repeated). The minibatch then carries Σ_i w_i·q_{y_i}/S_{y_i}·ℓ_i scaled by
     N/B, whose gradient is that of the tilted risk at those weights. Weights held for a
     whole epoch, from the previous epoch's losses, made large tilts swing from one class to
     another epoch after epoch (digits, c̄ = 2, λ = 0.5, t = 20: 0% of the worst class's
@@ -684,7 +689,9 @@ def fit_minibatch(
                 sums += batch
                 seen = torch.zeros_like(sums).index_add_(0, y, w)
                 fresh = batch / seen.clamp_min(torch.finfo(batch.dtype).tiny)
-                rate = (seen * (source.n_samples / (TILT_WINDOW * weight_sum))).clamp(max=1.0)
+                # The window: TILT_WINDOW samples of the mean weight, at most the class.
+                window = risk.class_weight.clamp(max=TILT_WINDOW * weight_sum / source.n_samples)
+                rate = (seen / window.clamp_min(torch.finfo(seen.dtype).tiny)).clamp(max=1.0)
                 class_loss = torch.where(seen > 0, class_loss.lerp(fresh, rate), class_loss)
                 factor = risk.risk(class_loss)[1]  # q_k / S_k (K,)
                 data = (each * (w * factor[y])).sum() * (source.n_samples / len(y))

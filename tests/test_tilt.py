@@ -613,3 +613,17 @@ def test_a_batch_of_many_samples_of_a_class_sets_its_running_loss_to_the_batch_m
     assert len(steps) == len(epochs) == 4
     for step, epoch in zip(steps, epochs, strict=True):
         torch.testing.assert_close(step, epoch)
+
+
+@pytest.mark.parametrize("solver", ["adam", "sgd"])
+def test_a_tilted_minibatch_fit_with_integer_weights_is_that_of_the_rows_repeated(solver):
+    # One batch an epoch holds every class whole: its running class losses are then the
+    # exact ones, with the rows weighted or repeated alike. Classes lighter than the
+    # averaging window (20 rows weighted 1 to 3) were moved only part of the way, by a
+    # rate counted in rows: 0.002 apart in probability.
+    rng = np.random.default_rng(0)
+    X, y, sw = rng.random((60, 10)), rng.integers(0, 3, 60), rng.integers(1, 4, 60)
+    params = {"solver": solver, "class_tilt": 2.0, "max_iter": 20, "random_state": 0}
+    weighted = _fit(**params).fit(X, y, sample_weight=sw)
+    repeated = _fit(**params).fit(X.repeat(sw, axis=0), y.repeat(sw))
+    np.testing.assert_allclose(weighted.predict_proba(X), repeated.predict_proba(X), atol=1e-9)
