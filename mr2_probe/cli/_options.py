@@ -45,8 +45,9 @@ examples:
       --front-bound 0.5 --out runs/front
 
 files written to --out:
-  report.txt, report.md  the class-wise tables (one row per class too), the grid
-                         search's choices and the front, accuracies in percent
+  report.txt, report.md  the class-wise tables (one row per class too), the search's
+                         choices (--Cs: with its validation curves) and the front,
+                         accuracies in percent
   report.json            the same in percent ("units": "percent")
   class_accuracy.png     per-class accuracy of the MR² model against ERM
   margins.png            the MR² model's margin per class (or that it has none)
