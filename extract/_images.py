@@ -274,8 +274,8 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     -------
     ImageSource
         Ids are paths relative to ``root``; classes are the sorted sub-folder names. Hidden
-        folders and files (``.ipynb_checkpoints``, macOS's ``._x.jpg``) are left out, at
-        every level.
+        folders and files (``.ipynb_checkpoints``, macOS's ``._x.jpg``) and the
+        ``__MACOSX`` folders of an unzipped Finder archive are left out, at every level.
 
     Examples
     --------
