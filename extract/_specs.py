@@ -103,7 +103,14 @@ def _names_a_file(weights: str) -> bool:
 
 
 def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
-    """Parse a backbone spec string (see the module docstring for the grammar).
+    """Parse a backbone spec string.
+
+    The grammar: ``open_clip:MODEL[@TAG|@CHECKPOINT|@random]``,
+    ``timm:MODEL[@CHECKPOINT|@random]``, ``moco:[ARCH@]CHECKPOINT`` or
+    ``effnet-lite0[@CHECKPOINT|@random]``; the first ``@`` separates the model from its
+    weights. Without ``@`` a timm or open_clip model gets its pretrained weights, and
+    ``effnet-lite0`` those of its package (docs/extract.md, "Backbones", says what each
+    form names).
 
     Parameters
     ----------
