@@ -715,7 +715,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(
                 f"projection_rank={rank} is more than the {self.n_features_in_} features: a "
                 "residual of that rank is no more than a full projection. Use "
-                "projection_rank=None for a full one, or a rank below the features'."
+                f"projection_rank=None for a full one, or a rank of at most {self.n_features_in_}."
             )
         return ProbeHead(
             self.n_features_in_,
