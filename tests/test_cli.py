@@ -1308,6 +1308,7 @@ def test_class_names_in_two_unicode_forms_are_matched_as_one(tmp_path, capsys):
         ("train.h5", "test.h5"),
         ("train.h5", "test.npz"),
         ("train.npz", "test.h5"),
+        ("train.npz", "test.npz"),  # (refused as two classes absent from training)
     ):
         argv = [str(tmp_path / train), "--test", str(tmp_path / test), "--no-progress"]
         assert main([*argv, "--out", str(out)]) == 0
@@ -1319,6 +1320,9 @@ def test_class_names_in_two_unicode_forms_are_matched_as_one(tmp_path, capsys):
     # Both forms as two training classes: which one a test "ñandú" is cannot be told.
     _store(tmp_path / "both.h5", X, y, [*composed[:2], decomposed[1]], source_fingerprint="a")
     status, err = _error([str(tmp_path / "both.h5"), "--test", str(tmp_path / "test.h5")], capsys)
+    assert status == 2 and "one name in two Unicode forms" in err[-1]
+    np.savez(tmp_path / "both.npz", X=X, y=np.array([*composed[:2], decomposed[1]])[y])
+    status, err = _error([str(tmp_path / "both.npz"), "--test", str(tmp_path / "test.npz")], capsys)
     assert status == 2 and "one name in two Unicode forms" in err[-1]
 
 

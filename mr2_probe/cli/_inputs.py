@@ -405,6 +405,8 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
     elif test_names is None or not text(y):
         if test_names is not None:
             as_codes(args.labels or args.train, args.test, test_names)
+        elif _strings(y) and _strings(y_test):  # text labels on both sides
+            return _spelt_as_trained(y, y_test, args.train), False
         return y_test, False
     if repeated:  # two classes of one name: which is which cannot be read off names
         both = names is not None and test_names is not None
@@ -436,6 +438,29 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
     # -1 marks a class the test store lists but holds no label of (none is read).
     table = np.array([code.get(_nfc(name), -1) for name in test_names], dtype=np.int64)
     return table[y_test].astype(y.dtype), True
+
+
+def _strings(labels: np.ndarray) -> bool:
+    """Whether every label is a str (a str array, or an object array of str alone)."""
+    if labels.dtype.kind != "O":
+        return labels.dtype.kind == "U"
+    try:
+        values = np.unique(labels)
+    except TypeError:  # labels of several types do not sort
+        return False
+    return all(isinstance(v, str) for v in values.tolist())
+
+
+def _spelt_as_trained(y: np.ndarray, y_test: np.ndarray, train: str) -> np.ndarray:
+    """Text test labels spelt as the training labels they equal in NFC (:func:`_nfc`), as
+    a store's class names are matched: 'ñandú' in decomposed accents was a class absent
+    from training, though it printed alike. Others are left as they are."""
+    trained = [str(v) for v in np.unique(y)]
+    code = _codes_by_name(trained, train)
+    values, inverse = np.unique(y_test, return_inverse=True)
+    spelt = [trained[code[_nfc(v)]] if _nfc(v) in code else v for v in values.tolist()]
+    spelt = np.asarray(spelt, dtype=object)[inverse]
+    return spelt.astype(str) if y_test.dtype.kind == "U" else spelt
 
 
 def _nfc(name: str) -> str:
