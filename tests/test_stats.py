@@ -138,6 +138,34 @@ def test_spread_margins_of_classes_of_copies_are_all_c_bar(p):
     np.testing.assert_array_equal(margins.numpy(), np.full(3, 1.5, dtype=np.float32))
 
 
+def test_spread_margins_take_the_rounding_threshold_in_the_lp_norm():
+    # A class's spread counts as rounding when it is at most ε times its second moment
+    # ‖μ_k‖_p² + msd_k, in the norm of the spreads, as the streamed margins take it. Here
+    # class 1 (rows 1 ± 0.01 in one of 100 entries) has an L1 spread of 1e-4 against an L1
+    # moment of 1e4: unmeasured, c̄, and class 0 alone is measured, c̄ too. Measured against
+    # the L2 moment (100) instead, class 1 got a margin of 0.03 and class 0 one of 2.97.
+    gen = torch.Generator().manual_seed(8)
+    X = torch.cat([0.1 * torch.randn(20, 100, generator=gen), torch.ones(2, 100)])
+    X[20:, 0] += torch.tensor([0.01, -0.01])
+    y = torch.tensor([0] * 20 + [1] * 2)
+    stats = mr2_probe.class_statistics(X, y, 2, p=1.0)
+    assert 1e-5 < stats.msd[1].item() < 1e-3  # below ε·1e4, above ε·100
+    exact = mr2_probe.class_margins(stats, 1.5, 1.0, "spread")
+    np.testing.assert_array_equal(exact.numpy(), np.full(2, 1.5, dtype=np.float32))
+    m = mr2_probe.update_moments(mr2_probe.ClassMoments.zeros(2, 100), X, y, p=1.0)
+    streamed = _stats.moments_margins(m, 1.5, 1.0, "spread", m.count > 0)
+    np.testing.assert_array_equal(streamed.numpy(), exact.numpy())
+
+
+@pytest.mark.parametrize("scale, expected", [(40.0, 32.0), (48.0, 64.0)])
+def test_intercept_scale_is_the_nearest_power_of_two(scale, expected):
+    # σ = 40 lies nearer 32 than 64 on a log scale (2^5.5 ≈ 45.3), σ = 48 nearer 64: the
+    # exponent is rounded, neither floored nor ceiled. Two classes at ±σ in one feature:
+    # the centred features' RMS entry is σ.
+    stats = mr2_probe.class_statistics(torch.tensor([[-scale], [scale]]), torch.tensor([0, 1]), 2)
+    assert _stats.intercept_scale(stats).item() == expected
+
+
 def test_update_moments_in_l2_keeps_dev_p_equal_to_dev_2():
     # Kills: dev_p left at zero for p = 2 (ClassMoments documents dev_p as Σw·‖φ − c‖_p²,
     # which in L2 is dev_2), checked against a NumPy loop about the batch means.
