@@ -955,6 +955,24 @@ def test_weighted_margin_cross_entropy_is_the_mean_of_repeated_rows():
     torch.testing.assert_close(weighted, total / counts.sum())
 
 
+def test_margin_cross_entropy_without_reduction_weighs_each_sample():
+    # reduction="none" gives w_i·ℓ_i, as compactness_loss does; "sum" is their sum.
+    # Reference: the log-softmax of z / γ_y in NumPy.
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(8, 3, generator=gen, dtype=torch.float64)
+    target = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    margins = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
+    weight = torch.tensor([0.0, 1.0, 2.5, 0.5, 3.0, 1.0, 0.25, 2.0], dtype=torch.float64)
+    z = logits.numpy() / margins.numpy()[target.numpy()][:, None]
+    top = z.max(1)
+    lse = top + np.log(np.exp(z - top[:, None]).sum(1))
+    ref = weight.numpy() * (lse - z[np.arange(8), target.numpy()])
+    got = margin_cross_entropy(logits, target, margins, weight, reduction="none")
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-12)
+    total = margin_cross_entropy(logits, target, margins, weight, reduction="sum")
+    np.testing.assert_allclose(total.item(), ref.sum(), rtol=1e-12)
+
+
 # Class statistics on hand-made inputs, each value worked out by hand.
 
 
