@@ -139,6 +139,15 @@ def test_class_groups_rank_a_class_without_samples_hardest():
     assert groups == {0: "medium", 1: "easy", 2: "hard"}
 
 
+def test_class_groups_with_labels_out_of_order_map_each_label_to_its_own_group():
+    # Per class: 1, 0.5, 0; labels given in another order than the sorted one must not
+    # move a group onto another class (the accuracies or the keys taken in sorted order).
+    y_true, y_ref = [0, 0, 1, 1, 2, 2], [0, 0, 1, 0, 0, 0]
+    groups = class_groups(y_true, y_ref, labels=[2, 0, 1])
+    assert groups == {0: "easy", 1: "medium", 2: "hard"}
+    assert list(groups) == [2, 0, 1]
+
+
 GROUPS = {0: "easy", 1: "easy", 2: "medium", 3: "medium", 4: "hard", 5: "hard"}
 Y_TRUE = np.repeat(np.arange(6), 4)
 Y_PRED = np.array([0, 0, 0, 0, 1, 1, 1, 0, 2, 2, 0, 0, 3, 3, 3, 3, 4, 0, 0, 0, 5, 5, 0, 0])
