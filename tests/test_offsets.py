@@ -273,6 +273,18 @@ def test_equal_objectives_are_broken_by_overall_accuracy():
     np.testing.assert_array_equal(pred, [0, 1, 1, 1, 1, 1, 1, 2, 2])
 
 
+def test_offsets_as_near_as_the_current_one_either_side_go_to_the_lower():
+    # Class 0's rows are predicted 0 above their thresholds -3, -2.5, 1, 3.5, class 1's
+    # below theirs 2.5, 3, -1, -3.5: the offsets -1.75 and 1.75 each fix one more row of
+    # one class, the same worst class and accuracy at the same distance from 0: the
+    # lower is kept.
+    t = np.array([-3, -2.5, 1, 3.5, 2.5, 3, -1, -3.5])
+    y = np.repeat([0, 1], 4)
+    result = tune_class_offsets(np.column_stack([np.zeros(8), t]), y)
+    np.testing.assert_array_equal(result.offsets, [-0.875, 0.875])
+    assert (result.base_score, result.score, result.accuracy_drop) == (0.5, 0.5, -0.125)
+
+
 def test_binary_decision_is_read_as_two_columns():
     rng = np.random.default_rng(0)
     y = rng.integers(0, 2, 200)
@@ -404,8 +416,12 @@ def test_the_first_winning_candidate_is_argmaxs_own_under_rounding():
             make_scorer(accuracy_score, greater_is_better=False),
             lambda t, p: -accuracy_score(t, p),
         ),
+        # The spread itself is maximised, greater being better as for any scoring: not
+        # searched as class_std_scorer's negated spread, whose metric it is.
+        (class_accuracy_std, class_accuracy_std),
+        (make_scorer(class_accuracy_std), class_accuracy_std),
     ],
-    ids=["keyword-arguments", "negated"],
+    ids=["keyword-arguments", "negated", "spread-callable", "spread-scorer"],
 )
 def test_a_scorer_of_a_named_metric_keeps_its_sign_and_keywords(scoring, metric):
     # A scorer of one of the named metrics was searched as the name, its keyword
