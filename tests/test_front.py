@@ -35,6 +35,8 @@ def _point(name, overall, worst, lever="tilt"):
     [
         # The best worst class within the bound wins, whatever lies beyond it.
         ([("ERM", 0.90, 0.60), ("a", 0.897, 0.66), ("b", 0.80, 0.90)], 0.005, "a"),
+        # The bound is counted from ERM's overall accuracy, not from the best point's.
+        ([("ERM", 0.90, 0.60), ("a", 0.92, 0.62), ("b", 0.896, 0.70)], 0.005, "b"),
         # A point just outside the bound is not eligible.
         ([("ERM", 0.90, 0.60), ("a", 0.894, 0.66)], 0.005, "ERM"),
         # Equal worst class: the higher overall accuracy.
