@@ -373,6 +373,10 @@ def test_candidates_of_a_class():
     near = [48.5, 49.5, 50.5, 51.5]  # two on each side of 50.3
     expected = np.unique(np.concatenate([spread, near, [-0.99, 99.99, 50.3]]))
     np.testing.assert_allclose(_candidates(edges, 50.3, 16), expected, rtol=0, atol=1e-12)
+    # One midpoint more than n_candidates is enough to thin them: of the 17 midpoints
+    # 0.5 to 16.5 the 16 ranks spread from 0 to 16 leave out 8.5.
+    thinned = _candidates(np.arange(18.0), 0.0, 16)
+    assert len(thinned) == 16 + 3 and 8.5 not in thinned
     # One distinct threshold: the ends lie 1 beyond it (not on it, where argmax breaks
     # the tie and the offset cannot move past).
     np.testing.assert_array_equal(_candidates(np.array([2.0, 2.0]), 0.0, 128), [0.0, 1.0, 3.0])
