@@ -544,6 +544,17 @@ def test_worst_class_of_a_biased_probe_improves_and_is_reported(make_estimator):
     np.testing.assert_allclose(clf.decision_function(X), z + clf.offsets_)
 
 
+def test_score_is_the_accuracy_of_predict_under_the_sample_weights():
+    X, y = _imbalanced()
+    clf = TunedOffsetsClassifierCV(LogisticRegression(), cv=3).fit(X, y)
+    weight = 1 / np.bincount(y)[y]  # each class weighs alike: the balanced accuracy
+    pred = clf.predict(X)
+    expected = accuracy_score(y, pred, sample_weight=weight)
+    assert expected != pytest.approx(accuracy_score(y, pred))
+    assert clf.score(X, y, sample_weight=weight) == pytest.approx(expected, abs=1e-12)
+    assert clf.score(X, y) == pytest.approx(accuracy_score(y, pred), abs=1e-12)
+
+
 @pytest.mark.parametrize("bound", [0.0, 0.01, 0.05])
 def test_estimator_respects_the_bound_on_held_out_data(bound):
     X, y = _imbalanced(seed=1)
