@@ -276,7 +276,9 @@ def accuracy_front(
         itself). Along the curve each fit starts from the previous point's solution
         (a linear head solved by L-BFGS: a convex problem, solved to ``tol`` from either
         start, so a cold refit agrees to within ``tol``; each point keeps the model it
-        scored as ``model``), and cold where that fit stops short of ``tol``.
+        scored as ``model``), and cold where that fit stops short of ``tol``. A front
+        that would hold ERM alone (an estimator of ERM's configuration, no tilt above 0
+        and no ``offset_bounds``) is refused.
     offset_bounds : sequence of float, default=()
         Bounds (fractions of overall accuracy, 0.005 = 0.5 pt) for class offsets tuned on
         the ERM probe by :class:`TunedOffsetsClassifierCV` (worst-class objective,
@@ -366,6 +368,13 @@ def accuracy_front(
         FrontPoint(name, "tilt", t, _with_params(estimator, class_tilt=t))
         for name, t in zip(_names("tilt={}", positive), positive, strict=True)
     ]
+    if len(points) == 1 and not offset_bounds:
+        # (it fitted ERM alone and "chose" it: a front of one point, without a word)
+        raise ValueError(
+            "The front would hold ERM alone: the estimator has ERM's configuration "
+            "(c_bar=None, lam=0, or erm's own), and no tilt above 0 nor offset bound was "
+            "given. Give tilts or offset_bounds, or an MR² estimator (c_bar set)."
+        )
     fitted, previous, short = {}, None, []
     for p in points:
         model = None

@@ -676,6 +676,11 @@ NEEDS_H5 = pytest.mark.skipif(
         # Refused by the front itself, after the ERM and MR² fits.
         (["{d}/train.npz", "--tilt", "0,1,2,1"], "--tilt gives 1 more than once; each value"),
         (["{d}/train.npz", "--offsets", "0.5,0.5"], "--offsets gives 0.5 more than once"),
+        # A front of ERM alone: it failed after the other fits, in the library's terms.
+        (
+            ["{d}/train.npz", "--c-bar", "none", "--tilt", "0"],
+            "--tilt 0 with --c-bar none is a front of ERM alone",
+        ),
         (["{d}/train.npz", "--n-jobs", "0", "--grid", "C=1,2"], "--n-jobs 0 runs nothing"),
         (["{d}/train.npz", "--max-iter", "0"], "--max-iter must be at least 1; got 0"),
         (["{d}/train.npz", "--grid", "max_iter=0,5"], "--grid max_iter=0: max_iter must be at"),

@@ -204,10 +204,11 @@ def test_an_erm_given_alike_but_for_number_types_is_no_second_point(splits):
         warnings.simplefilter("ignore", ConvergenceWarning)
         front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(1,), erm=erm)
     assert [p.name for p in front.points] == ["ERM", "tilt=1"]
-    # lam=0 is ERM's lam=0.0 inside a pipeline too: no MR² point of its own.
+    # lam=0 is ERM's lam=0.0 inside a pipeline too: no MR² point of its own, so without
+    # tilts the front would hold ERM alone.
     probe = make_pipeline(StandardScaler(), MR2LinearClassifier(c_bar=None, lam=0, device="cpu"))
-    front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=())
-    assert [p.name for p in front.points] == ["ERM"]
+    with pytest.raises(ValueError, match="The front would hold ERM alone"):
+        accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=())
 
 
 def test_front_takes_arrays_of_tilts_and_bounds(splits):
@@ -459,6 +460,20 @@ def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeyp
         # y_val holds no sample of a class of one training sample: a warning, then this.
         warnings.simplefilter("ignore" if y_fit[0] == 7 else "error", UserWarning)
         accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val, **kwargs)
+
+
+@pytest.mark.parametrize("tilts", [(), (0.0,)])
+def test_a_front_of_erm_alone_is_refused_before_any_fit(splits, tilts, monkeypatch):
+    # An ERM estimator, no tilt above 0 and no offsets: it fitted ERM and "chose" it.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fitted before checking the options")
+
+    monkeypatch.setattr(MR2LinearClassifier, "fit", no_fit)
+    erm = MR2LinearClassifier(c_bar=None, device="cpu")
+    with pytest.raises(ValueError, match="The front would hold ERM alone"):
+        accuracy_front(erm, X_fit, y_fit, X_val, y_val, tilts=tilts)
 
 
 @pytest.mark.parametrize("offsets_cv", [0.3, "splitter"])

@@ -441,6 +441,13 @@ def _check_options(args) -> None:
                 f"{option} gives {', '.join(f'{v:g}' for v in repeated)} more than once; each "
                 "value is one point of the front"
             )
+    mr2_is_erm = args.c_bar is None and args.lam == 0 and not args.grid
+    if args.tilt and not args.offsets and mr2_is_erm and not any(t > 0 for t in args.tilt):
+        # (the front failed after every other fit, in the library's terms)
+        raise UsageError(
+            "--tilt 0 with --c-bar none is a front of ERM alone (MR² is then ERM's "
+            "configuration); give --tilt values above 0, --offsets, or a --c-bar"
+        )
     searched = {
         "linear": ("--C", args.C, "C"),
         "cosine": ("--logit-scale", args.logit_scale, "logit scale"),
