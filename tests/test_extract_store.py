@@ -799,6 +799,39 @@ def test_a_retry_in_another_precision_is_refused_before_it_touches_the_store(tmp
         assert f.attrs["source_fingerprint"] == fingerprint
 
 
+@pytest.mark.parametrize(
+    "cat_lines, match",
+    [
+        (["cat/000.png,cat", "cat/001.jpg,dog"], r"cat/001\.jpg' is labelled 'dog' in the request"),
+        (["cat/000.png,cats", "cat/001.jpg,cats"], r"the classes are \['cat', 'dog'\] in"),
+    ],
+    ids=["a label", "a class name"],
+)
+def test_a_retry_refuses_a_list_relabelled_beside_a_repaired_failure(tmp_path, cat_lines, match):
+    # A repaired failed image is taken only where nothing else changed: a list whose labels
+    # or class names changed too (the list file is no image: only they tell) leaves the
+    # store as it was, its labels, class names and fingerprint those it was made with.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    dog_lines = ["dog/000.png,dog", "dog/001.jpg,dog"]
+    listed = folder / "list.csv"
+    listed.write_text("\n".join(["cat/000.png,cat", "cat/001.jpg,cat", *dog_lines]) + "\n")
+    image = folder / "dog" / "001.jpg"
+    good = image.read_bytes()
+    image.write_bytes(b"not an image")
+    out = extract_features(listed, BACKBONE, tmp_path / "f.h5", **FAST)
+    with h5py.File(out, "r") as f:
+        fingerprint = f.attrs["source_fingerprint"]
+    image.write_bytes(good)
+    listed.write_text("\n".join([*cat_lines, *dog_lines]) + "\n")
+    with pytest.raises(ProvenanceError, match=match):
+        extract_features(listed, BACKBONE, out, retry_failed=True, **FAST)
+    with h5py.File(out, "r") as f:
+        assert f.attrs["source_fingerprint"] == fingerprint
+        assert f["labels"][:].tolist() == [0, 0, 1, 1]
+        assert f["class_names"].asstr()[:].tolist() == ["cat", "dog"]
+        assert f["status"][:].tolist() == [DONE, DONE, DONE, FAILED]
+
+
 def test_a_rank_without_rows_says_so_rather_than_reused(folder, tmp_path, caplog):
     # Rank 2 of 3 over two images: its new, empty shard was "Reused the complete feature
     # store (0 rows, nothing to compute)".
