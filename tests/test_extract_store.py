@@ -2078,6 +2078,17 @@ def test_older_store_format_is_refused_before_loading_a_model(store, folder, tmp
         load_features(old)
 
 
+def test_a_store_of_the_next_format_is_newer_and_never_to_be_rebuilt():
+    # One format above this version's is a newer store (not one to rebuild with --force,
+    # which would delete what the newer version wrote).
+    from extract._schema import FORMAT_VERSION
+    from extract._store import check_format
+
+    with pytest.raises(ProvenanceError, match="by a newer mr2-extract") as error:
+        check_format("f.h5", {"format_version": FORMAT_VERSION + 1})
+    assert "--force" not in str(error.value)
+
+
 def test_complete_store_is_reused_and_says_so(store, folder, caplog):
     caplog.set_level(logging.INFO, logger="extract")
     extract_features(folder, BACKBONE, store, **FAST)
