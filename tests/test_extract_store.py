@@ -580,6 +580,19 @@ def test_shards_of_a_source_listed_at_different_times_are_refused_as_such(tmp_pa
         merge_shards([first, foreign], out)
 
 
+def test_a_shard_of_another_rank_is_never_resumed_as_this_rank_s(tmp_path):
+    # Rank 0's shard copied to rank 1's name holds as many rows of the same source: only
+    # its rank tells that its rows are not rank 1's, which the request would get.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = tmp_path / "f.h5"
+    first = extract_features(folder, BACKBONE, out, rank=0, world_size=2, **FAST)
+    second = shard_path(out, rank=1, world_size=2)
+    shutil.copy(first, second)
+    with pytest.raises(ProvenanceError, match="shard_rank: file has 0, request has 1"):
+        extract_features(folder, BACKBONE, out, rank=1, world_size=2, **FAST)
+    assert load_features(second).paths == load_features(first).paths  # left as it was
+
+
 def _ranks_one_by_one(monkeypatch):
     """Run torchrun's ranks in this process one after another: no process group."""
     from extract import _runner
