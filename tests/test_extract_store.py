@@ -554,6 +554,27 @@ def test_shards_of_other_library_versions_are_said_at_merge(folder, tmp_path, ca
     assert "'torch': '2.1.0'" in caplog.text and str(shards[1]) in caplog.text
 
 
+def test_shards_merged_a_block_at_a_time_put_every_row_in_its_place(
+    store, folder, tmp_path, monkeypatch
+):
+    # A shard longer than the merge's block (8192 rows) is copied in several blocks: each
+    # block's rows go to their own places, not to those of the shard's first block.
+    from extract import _merge
+
+    monkeypatch.setattr(_merge, "_MERGE_BLOCK", 3)  # rows 0-2, 3-5 and 6 of each shard
+    out = tmp_path / "merged.h5"
+    shards = [
+        extract_features(folder, BACKBONE, out, rank=r, world_size=2, **FAST) for r in range(2)
+    ]
+    merge_shards(shards, out)
+    with h5py.File(store, "r") as single, h5py.File(out, "r") as merged:
+        for name in ("status", "failure_reason", "content_sha256", "paths", "labels"):
+            assert merged[name][:].tolist() == single[name][:].tolist(), name
+        np.testing.assert_allclose(
+            merged["features"][:], single["features"][:], rtol=1e-5, atol=1e-6
+        )
+
+
 def test_shards_of_a_source_listed_at_different_times_are_refused_as_such(tmp_path):
     # An image added between two ranks' starts: the merge said "request has" for the
     # first shard's values, and advised --force alone.
