@@ -1110,6 +1110,28 @@ def test_a_shard_changed_during_the_run_gives_failed_rows(data, tmp_path):
     extract_features(f"webdataset:{shards}/*.tar", BACKBONE, out, overwrite=True, **FAST)
 
 
+def test_a_retry_refuses_a_replaced_parquet_file_whose_rows_all_failed(tmp_path):
+    # A changed container is not taken by --retry-failed, even one whose rows all failed:
+    # the store records the files it was made from, and would keep the old file's identity
+    # under the request's fingerprint.
+    folder = make_image_folder(tmp_path / "images", n_per_class=2, special=False)
+    cat, dog = (sorted(p.read_bytes() for p in (folder / k).iterdir()) for k in ("cat", "dog"))
+
+    def table(name, images, labels):
+        rows = {"image": [{"bytes": b, "path": None} for b in images], "label": labels}
+        _table(tmp_path / name, rows, schema=hf_image_schema(["a", "b"]))
+
+    table("0.parquet", [cat[0], dog[0]], [0, 1])
+    table("1.parquet", [b"not an image"], [1])
+    source, out = f"parquet:{tmp_path}/{{0,1}}.parquet", tmp_path / "f.h5"
+    extract_features(source, BACKBONE, out, **FAST)
+    before = out.read_bytes()
+    table("1.parquet", [dog[1]], [1])
+    with pytest.raises(ProvenanceError, match=r"1\.parquet' is not the file the store was made"):
+        extract_features(source, BACKBONE, out, retry_failed=True, **FAST)
+    assert out.read_bytes() == before
+
+
 # --- memory --------------------------------------------------------------------------
 
 
