@@ -575,6 +575,23 @@ def test_shards_merged_a_block_at_a_time_put_every_row_in_its_place(
         )
 
 
+def test_shards_of_a_subset_merge_into_the_subset_s_single_run(folder, tmp_path):
+    # The rows of a subset (--per-class) are items 0, 1, 5, 6, ... of the source: the merge
+    # places them by their order among the shards' indices, not at those indices.
+    single = extract_features(folder, BACKBONE, tmp_path / "single.h5", n_per_class=2, **FAST)
+    out = tmp_path / "merged.h5"
+    shards = [
+        extract_features(folder, BACKBONE, out, n_per_class=2, rank=r, world_size=2, **FAST)
+        for r in range(2)
+    ]
+    merge_shards(shards, out)
+    with h5py.File(single, "r") as one, h5py.File(out, "r") as merged:
+        assert merged["indices"][:].tolist() == one["indices"][:].tolist() != [0, 1, 2, 3]
+        for name in ("status", "paths", "labels", "content_sha256"):
+            assert merged[name][:].tolist() == one[name][:].tolist(), name
+        np.testing.assert_allclose(merged["features"][:], one["features"][:], rtol=1e-5, atol=1e-6)
+
+
 def test_shards_of_a_source_listed_at_different_times_are_refused_as_such(tmp_path):
     # An image added between two ranks' starts: the merge said "request has" for the
     # first shard's values, and advised --force alone.
