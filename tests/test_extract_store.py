@@ -1081,6 +1081,32 @@ def test_a_resumed_rebuild_asked_otherwise_is_refused_by_every_rank_before_any_w
     assert written == [2, 2, 2]  # rank 1's four rows anew, then rank 0's two left
 
 
+def test_a_rank_making_its_shard_anew_refuses_another_rank_s_shard_of_other_images(
+    tmp_path, monkeypatch
+):
+    # Rank 0's shard deleted, an image of rank 1's changed since: rank 0's new shard would
+    # be of the images as they are, rank 1's of those as they were. Rank 0 refuses before
+    # it writes, as rank 1 does.
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = tmp_path / "f.h5"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, **FAST)
+    shard_path(out, 0, 2).unlink()
+    changed = folder / "cat" / "001.jpg"  # row 1: rank 1's
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    written = _spy_writes(monkeypatch)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ProvenanceError, match="shard-00001-of-00002.h5' was made with a"):
+        extract_features(folder, BACKBONE, out, **FAST)
+    assert written == [] and not shard_path(out, 0, 2).exists()
+
+
 def test_a_resumed_run_warns_of_the_failures_recorded_before_it_too(tmp_path, monkeypatch, caplog):
     # The warning counted only the resumed run's failures (here 1 of 2), and the resume
     # said that the failed rows were "extracted before".
