@@ -743,6 +743,30 @@ def test_a_subset_whose_images_moved_in_the_source_is_refused_by_name(tmp_path):
     np.testing.assert_array_equal(load_features(out, in_memory=True).indices, before)
 
 
+def test_a_retry_records_each_repaired_image_s_identity_and_takes_the_next_repair(tmp_path):
+    # A retry takes the repaired image's size and modification time into the store, as its
+    # fingerprint: left as they were, the image, done since, counted as changed, and a
+    # later retry of another repaired failure was refused.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    images = [folder / "cat" / "001.jpg", folder / "dog" / "001.jpg"]
+    good = [image.read_bytes() for image in images]
+    for image in images:
+        image.write_bytes(b"not an image, but as long as it is".ljust(len(good[0]), b"."))
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    for image, content in zip(images, good, strict=True):
+        image.write_bytes(content)
+        extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
+        with h5py.File(out, "r") as f:
+            row = f["paths"].asstr()[:].tolist().index(image.relative_to(folder).as_posix())
+            stat = image.stat()
+            assert f["status"][row] == DONE
+            assert (f["file_size"][row], f["file_mtime_ns"][row]) == (
+                stat.st_size,
+                stat.st_mtime_ns,
+            )
+    assert not load_features(out).failures
+
+
 def test_retry_failed_takes_a_repaired_image_into_its_own_shard_only(tmp_path):
     # A repaired image changes the source's fingerprint, which every shard records. The
     # shard holding it takes the repair; another shard, its own rows unchanged, cannot tell
