@@ -2057,6 +2057,18 @@ def test_another_folder_with_the_same_names_is_refused(
     assert "source_root" in str(info.value) and "--force" in str(info.value)
 
 
+def test_the_same_folder_through_a_link_or_a_relative_path_is_reused(
+    store, folder, tmp_path, monkeypatch
+):
+    # The root is recorded resolved: the same images named otherwise are the same source.
+    before = store.read_bytes()
+    (tmp_path / "link").symlink_to(folder)
+    monkeypatch.chdir(folder.parent)
+    for other in (tmp_path / "link", Path(folder.name)):
+        assert extract_features(other, BACKBONE, store, **FAST) == store
+    assert store.read_bytes() == before
+
+
 def test_a_changed_file_is_refused_on_resume_and_force_rebuilds(folder, tmp_path):
     images = _copy_tree(folder, tmp_path / "images")
     out = tmp_path / "f.h5"
