@@ -575,6 +575,21 @@ def test_shards_merged_a_block_at_a_time_put_every_row_in_its_place(
         )
 
 
+@pytest.mark.parametrize("row", [0, -1])
+def test_a_shard_with_a_row_pending_anywhere_is_not_merged(folder, tmp_path, row):
+    # Its first row or its last: a merged store never holds a row that no rank extracted.
+    out = tmp_path / "merged.h5"
+    shards = [
+        extract_features(folder, BACKBONE, out, max_items=6, rank=r, world_size=2, **FAST)
+        for r in range(2)
+    ]
+    with h5py.File(shards[1], "r+") as f:
+        f["status"][row] = PENDING
+    with pytest.raises(IncompleteStoreError, match="1 rows not extracted"):
+        merge_shards(shards, out)
+    assert not out.exists()
+
+
 def test_shards_of_a_subset_merge_into_the_subset_s_single_run(folder, tmp_path):
     # The rows of a subset (--per-class) are items 0, 1, 5, 6, ... of the source: the merge
     # places them by their order among the shards' indices, not at those indices.
