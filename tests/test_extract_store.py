@@ -874,6 +874,17 @@ def _store_with_a_repaired_failure(tmp_path, n_per_class):
     return folder, out
 
 
+def test_a_retry_takes_a_repair_into_a_store_written_before_the_precision_was_recorded(
+    tmp_path,
+):
+    # Such a store computed in float32, as this request does: the same settings.
+    folder, out = _store_with_a_repaired_failure(tmp_path, n_per_class=2)
+    with h5py.File(out, "r+") as f:
+        del f.attrs["compute"]
+    extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
+    assert not load_features(out).failures
+
+
 def test_a_retry_in_another_precision_is_refused_before_it_touches_the_store(tmp_path):
     # The precision ("compute") was left out of what a repair must keep: a retry computed
     # in float32 took the repaired images into a store made in bfloat16 autocast, rewrote
