@@ -151,6 +151,16 @@ def test_fitted_attributes_have_logistic_regression_cv_shapes(n_classes):
     assert clf.margins_.shape == (n_classes,) and set(clf.predict(X)) <= set(labels)
 
 
+def test_a_value_listed_twice_is_solved_once():
+    # Solved a second time from its own solution, its n_iter_ read 0.
+    X, y = _blobs()
+    once = MR2LinearClassifierCV([0.1, 1.0, 10.0], cv=3, device="cpu").fit(X, y)
+    twice = MR2LinearClassifierCV([1.0, 0.1, 1.0, 10.0], cv=3, device="cpu").fit(X, y)
+    np.testing.assert_array_equal(twice.Cs_, once.Cs_)
+    np.testing.assert_array_equal(twice.n_iter_, once.n_iter_)
+    np.testing.assert_array_equal(twice.coef_, once.coef_)
+
+
 def test_refit_false_averages_each_folds_best():
     X, y = _blobs()
     Cs = [1e-3, 1e-2, 1e-1, 1.0]
@@ -231,6 +241,18 @@ def test_bisection_refines_around_the_best_score_not_a_nan():
     values, scores = bisect_search(evaluate, np.arange(-6.0, 7.0, 2.0))
     assert abs(np.log10(values[np.nanargmax(scores)]) - 0.3) <= 1 / 16 + 1e-9
     assert np.log10(values).tolist()[:2] == [-6.0, -4.0]  # nothing refined near the NaN
+
+
+def test_bisection_refines_around_the_smallest_of_tied_best_values():
+    # A plateau of equal scores (accuracy ties often): the halvings go to its smallest
+    # value, as argmax along a grid does, not to its largest.
+    def evaluate(values):
+        return np.where(np.abs(np.log10(values)) <= 2.5, 1.0, 0.0)
+
+    grid = np.arange(-6.0, 7.0, 2.0)
+    values, _ = bisect_search(evaluate, grid)
+    refined = np.setdiff1d(np.round(np.log10(values), 9), grid)
+    assert len(refined) and (refined < 0).all()
 
 
 def test_bisect_searches_c_and_stores_what_it_evaluated(monkeypatch):
