@@ -1901,6 +1901,31 @@ def test_a_value_whose_fit_diverges_scores_nan_and_the_search_goes_on(refit):
     np.testing.assert_array_equal(search.coef_, without.coef_)
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # max_iter=5
+def test_the_value_after_a_failed_one_starts_cold_as_the_first_did(monkeypatch):
+    # Not on the line through the solutions before the failure: adam's result depends on
+    # its start, so the value after the failed one is fitted as if it were the first.
+    real = MR2LinearClassifierCV._path_solver
+
+    def failing_at_one(self, solver):
+        solve = real(self, solver)
+
+        def failing(head, data, value, cold, initial):
+            if value == 1.0:
+                raise FitDivergedError("diverged")
+            return solve(head, data, value, cold, initial)
+
+        return failing
+
+    monkeypatch.setattr(MR2LinearClassifierCV, "_path_solver", failing_at_one)
+    X, y = _blobs()
+    common = dict(cv=3, solver="adam", max_iter=5, random_state=0, refit=False, device="cpu")
+    with pytest.warns(FitFailedWarning, match="C=1 "):
+        path = MR2LinearClassifierCV([0.01, 0.1, 1.0, 10.0], **common).fit(X, y)
+    alone = MR2LinearClassifierCV([10.0], **common).fit(X, y)
+    np.testing.assert_array_equal(path.coefs_paths_[0][:, -1], alone.coefs_paths_[0][:, 0])
+
+
 @pytest.mark.parametrize("refit", [True, False])
 def test_a_search_whose_every_value_fails_names_the_error(refit):
     with pytest.raises(FitDivergedError, match=r"Every value of Cs failed.*at C=1e-07 on fold 0"):
@@ -1927,6 +1952,18 @@ def test_a_failed_value_is_never_chosen_where_a_scorer_gives_nan(refit):
     with pytest.warns(FitFailedWarning, match="C=1e-06"):
         search = _diverging_search([1e-6, 1e-5, 1.0], refit=refit, cv=folds, scoring=scoring)
     assert np.isnan(search.scores_[0][0]).all()  # the fold without the group
+    assert search.C_ == 1e-5 and np.isfinite(search.coef_).all()
+
+
+def test_a_value_failed_on_one_fold_is_never_refitted_where_every_sum_is_nan():
+    # Every value's sum over the folds is NaN (fold 2 holds out no sample of the group):
+    # the value that failed on fold 1 alone is still never the one refitted.
+    scoring = make_scorer(group_accuracy, groups_by_label={0: "e", 1: "e", 2: "h"}, group="h")
+    train = [np.r_[0:15, 20:35, 40:55], np.r_[0:7, 20:27, 40:47], np.r_[5:20, 25:60]]
+    folds = [(rows, np.setdiff1d(np.arange(60), rows)) for rows in train]
+    with pytest.warns(FitFailedWarning, match=r"1 of 6 fits failed.*C=4.2e-06 \(fold 1\)"):
+        search = _diverging_search([4.2e-6, 1e-5], cv=folds, scoring=scoring)
+    assert np.isnan(search.scores_[0][2]).all()
     assert search.C_ == 1e-5 and np.isfinite(search.coef_).all()
 
 
