@@ -1901,23 +1901,52 @@ def test_a_value_whose_fit_diverges_scores_nan_and_the_search_goes_on(refit):
     np.testing.assert_array_equal(search.coef_, without.coef_)
 
 
-@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # max_iter=5
-def test_the_value_after_a_failed_one_starts_cold_as_the_first_did(monkeypatch):
-    # Not on the line through the solutions before the failure: adam's result depends on
-    # its start, so the value after the failed one is fitted as if it were the first.
+def _failing_at(monkeypatch, fails):
+    """Fold paths whose fit at a value diverges where ``fails(value, the fold's training
+    weight)``."""
     real = MR2LinearClassifierCV._path_solver
 
-    def failing_at_one(self, solver):
+    def path_solver(self, solver):
         solve = real(self, solver)
 
         def failing(head, data, value, cold, initial):
-            if value == 1.0:
+            if fails(value, data.weight_sum):
                 raise FitDivergedError("diverged")
             return solve(head, data, value, cold, initial)
 
         return failing
 
-    monkeypatch.setattr(MR2LinearClassifierCV, "_path_solver", failing_at_one)
+    monkeypatch.setattr(MR2LinearClassifierCV, "_path_solver", path_solver)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # max_iter=5
+@pytest.mark.parametrize("refit", [True, False])
+def test_values_failed_on_different_folds_block_a_refit_only(refit, monkeypatch):
+    # Every value failed on some fold, no fold at every value: no value can be refitted,
+    # but each fold has a best value of its own to average (refit=False).
+    X, y = _blobs(n=60)
+    rows = np.arange(60)
+    folds = [(rows[:40], rows[40:]), (rows[15:], rows[:15])]
+    _failing_at(
+        monkeypatch, lambda value, weight_sum: (value, weight_sum) in {(0.1, 40), (1.0, 45)}
+    )
+    search = MR2LinearClassifierCV(
+        [0.1, 1.0], cv=folds, solver="adam", max_iter=5, random_state=0, refit=refit, device="cpu"
+    )
+    if refit:
+        with pytest.raises(FitDivergedError, match="Every value of Cs failed on some fold"):
+            search.fit(X, y)
+        return
+    with pytest.warns(FitFailedWarning, match="2 of 4 fits failed"):
+        search.fit(X, y)
+    assert search.C_ == pytest.approx(0.55) and np.isfinite(search.coef_).all()
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # max_iter=5
+def test_the_value_after_a_failed_one_starts_cold_as_the_first_did(monkeypatch):
+    # Not on the line through the solutions before the failure: adam's result depends on
+    # its start, so the value after the failed one is fitted as if it were the first.
+    _failing_at(monkeypatch, lambda value, weight_sum: value == 1.0)
     X, y = _blobs()
     common = dict(cv=3, solver="adam", max_iter=5, random_state=0, refit=False, device="cpu")
     with pytest.warns(FitFailedWarning, match="C=1 "):
