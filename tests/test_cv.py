@@ -614,6 +614,24 @@ def test_folds_solved_as_one_batched_problem_give_the_per_fold_path(params, monk
     np.testing.assert_allclose(batched.coef_, per_fold.coef_, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [dict(head="cosine", Cs=[2.0, 8.0]), dict(Cs=[0.1, 1.0]), dict(Cs=[0.1, 1.0], class_tilt=1.0)],
+)
+def test_the_batched_path_in_blocks_of_rows_is_the_path_in_one(params, monkeypatch):
+    # Each block takes its own rows' norms, margins and weights, wherever it starts.
+    import mr2_probe._batched as batched
+
+    X, y = _blobs(n=200)
+    X = X + 3.0  # rows of different norms
+    common = dict(cv=3, refit=False, tol=1e-6, max_iter=300, device="cpu", **params)
+    whole = MR2LinearClassifierCV(**common).fit(X, y)
+    monkeypatch.setattr(batched, "block_rows", lambda n_features, n_classes: 64)
+    blocks = MR2LinearClassifierCV(**common).fit(X, y)
+    np.testing.assert_allclose(blocks.scores_[0], whole.scores_[0])
+    np.testing.assert_allclose(blocks.coefs_paths_[0], whole.coefs_paths_[0], atol=1e-6)
+
+
 def test_folds_solved_one_by_one_hold_one_copy_of_training_rows_at_a_time(monkeypatch):
     import mr2_probe._batched as batched
 
