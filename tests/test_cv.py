@@ -14,7 +14,7 @@ from sklearn.exceptions import (
     UnsetMetadataPassedError,
 )
 from sklearn.linear_model import LogisticRegressionCV
-from sklearn.metrics import make_scorer
+from sklearn.metrics import accuracy_score, make_scorer
 from sklearn.model_selection import GridSearchCV, GroupKFold, StratifiedKFold
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils._param_validation import InvalidParameterError
@@ -968,6 +968,16 @@ def test_score_reads_the_metric_the_search_was_tuned_for(scoring):
         "worst_class": worst_class_accuracy(y, search.predict(X)),
     }[scoring]
     assert search.score(X, y) == pytest.approx(expected)
+
+
+def test_score_without_a_scoring_is_the_accuracy_under_the_weights():
+    X, y = _blobs()
+    clf = MR2LinearClassifierCV([0.01, 1.0], cv=3, device="cpu").fit(X, y)
+    # Weights that lean on the misclassified rows, so that they change the accuracy.
+    weight = np.random.default_rng(0).uniform(0, 2, len(y)) * (clf.predict(X) != y) + 0.1
+    expected = accuracy_score(y, clf.predict(X), sample_weight=weight)
+    assert expected != pytest.approx(accuracy_score(y, clf.predict(X)))
+    assert clf.score(X, y, sample_weight=weight) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("labels", [[1, 2], ["b", "c"]])
