@@ -80,3 +80,50 @@ def test_hdf5_minibatches_are_full_and_mix_rows_from_across_the_file(tmp_path, b
     np.testing.assert_array_equal(np.sort(rows), np.arange(n))
     classes = [len(torch.unique(b[1])) for b in batches]
     assert np.mean(classes) >= (1.9 if batch_size == 10 else 4)
+
+
+def folds_of(pairs):
+    """A splitter that yields the given (train, test) pairs."""
+
+    class Given:
+        def split(self, X, y=None):
+            yield from pairs
+
+    return Given()
+
+
+@pytest.mark.parametrize("index", [40, 41, -41])
+def test_fold_indices_past_either_end_are_refused(index):
+    # Row n is one past the last: read as a row it failed deep inside (a torch index error,
+    # or a weight array one longer than the samples), not as the cv's fault.
+    from mr2_probe._data import cv_folds
+
+    X, y = _blobs(n=40)
+    folds = [(np.r_[np.arange(1, 39), index], np.array([0]))]
+    with pytest.raises(IndexError, match=f"cv gave the index {index}, outside the 40 samples"):
+        cv_folds(folds_of(folds), X, y)
+    last = cv_folds(folds_of([(np.array([39, -40]), np.array([-1]))]), X, y)
+    np.testing.assert_array_equal(last[0][0], [39, 0])
+    np.testing.assert_array_equal(last[0][1], [39])
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_a_fold_s_rows_keep_their_own_weights(tmp_path, stored):
+    # A fold's training rows keep their labels and sample weights, and its weight sum (the
+    # penalty's scale, ½‖W‖² / (C·Σw)) is theirs: a row drawn twice counts twice.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    weight = np.arange(1.0, 41.0)
+    rows = np.array([5, 1, 30, 30, 12])
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        features = f.create_dataset("X", data=X) if stored else X
+        data = MR2LinearClassifier(device="cpu")._prepare(features, y, weight)
+        fold = data.subset(rows)
+        assert fold.weight_sum == pytest.approx(weight[rows].sum())
+        if stored:  # every row in its place, weighted by how often the fold holds it
+            counts = np.bincount(rows, minlength=40)
+            np.testing.assert_allclose(fold.source.w.numpy(), weight * counts)
+            return
+        np.testing.assert_allclose(fold.source.X.numpy(), X[rows])
+        np.testing.assert_allclose(fold.source.w.numpy(), weight[rows])
+        np.testing.assert_array_equal(fold.source.y.numpy(), data.y_index[rows])
