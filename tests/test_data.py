@@ -107,6 +107,84 @@ def test_fold_indices_past_either_end_are_refused(index):
     np.testing.assert_array_equal(last[0][1], [39])
 
 
+def test_row_blocks_of_an_hdf5_store_put_every_row_in_its_place(tmp_path, monkeypatch):
+    # Blocks of 8 rows, rows asked out of order (one twice), some the first of their
+    # block: each comes back once, from its own block, at its position in the request.
+    h5py = pytest.importorskip("h5py")
+    from mr2_probe import _classifier
+
+    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 8)
+    X, y = _blobs(n=40)
+    rows = np.array([8, 3, 16, 9, 0, 23, 39, 8])
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        data = MR2LinearClassifier(device="cpu")._prepare(f.create_dataset("X", data=X), y, None)
+        assert data.source.rows == 8
+        got = np.full((len(rows), X.shape[1]), np.nan)
+        for where, block in data.row_blocks(rows):
+            assert np.isnan(got[where]).all()
+            got[where] = block.numpy()
+    np.testing.assert_array_equal(got, X[rows])
+
+
+@pytest.mark.parametrize("head", ["linear", "cosine"])
+def test_a_fit_read_in_small_blocks_is_the_fit_read_whole(monkeypatch, head):
+    # Blocks of 7 rows, the last one short: every row is in exactly one block, so the
+    # statistics and the loss, and with them the model, are those of the rows read at once.
+    from mr2_probe import _classifier
+
+    X, y = _blobs(n=60)
+    params = dict(head=head, device="cpu", max_iter=500)
+    whole = MR2LinearClassifier(**params).fit(X, y)
+    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 7)
+    blocks = MR2LinearClassifier(**params).fit(X, y)
+    np.testing.assert_allclose(blocks.class_stats_["mean"], whole.class_stats_["mean"])
+    np.testing.assert_allclose(blocks.coef_, whole.coef_, rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [200, 203])
+@pytest.mark.parametrize("batch_size", [7, 64])
+def test_hdf5_minibatch_rows_keep_their_own_label_and_weight(tmp_path, batch_size, n):
+    # Each row's label and weight travel with it, through the shuffled pieces, the
+    # shuffle within a buffer and the rows carried into the next buffer; 200 rows are 25
+    # pieces of 8, the last buffer as full as the others (its short batch still comes).
+    h5py = pytest.importorskip("h5py")
+    from mr2_probe._data import H5Source
+
+    X = np.repeat(np.arange(n, dtype=np.float64)[:, None], 2, axis=1)
+    y = torch.arange(n) % 5
+    w = torch.arange(n, dtype=torch.float64) + 0.5
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        source = H5Source(
+            f.create_dataset("X", data=X, chunks=(8, 2)), y, w, 40, "cpu", torch.float64
+        )
+        batches = list(source.batches(batch_size, torch.Generator().manual_seed(0)))
+        blocks = list(source.chunks())
+    for x, labels, weights in batches + blocks:
+        row = x[:, 0]
+        torch.testing.assert_close(labels, row.long() % 5)
+        torch.testing.assert_close(weights, row + 0.5)
+    rows = torch.cat([b[0][:, 0] for b in batches]).numpy()
+    np.testing.assert_array_equal(np.sort(rows), np.arange(n))
+
+
+def test_a_weighted_fit_of_an_hdf5_store_is_that_of_the_array(tmp_path, monkeypatch):
+    # The store is read in blocks of 16 rows: each block's sample weights are its own
+    # rows', as the in-memory fit weighs them.
+    h5py = pytest.importorskip("h5py")
+    from mr2_probe import _classifier
+
+    X, y = _blobs(n=80)
+    weight = np.random.default_rng(0).uniform(0.1, 3.0, size=len(y))
+    params = dict(device="cpu", tol=1e-6, max_iter=500)
+    in_memory = MR2LinearClassifier(**params).fit(X, y, sample_weight=weight)
+    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 16)
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        stored = f.create_dataset("X", data=X, chunks=(16, X.shape[1]))
+        streamed = MR2LinearClassifier(**params).fit(stored, y, sample_weight=weight)
+    np.testing.assert_allclose(streamed.class_stats_["mean"], in_memory.class_stats_["mean"])
+    np.testing.assert_allclose(streamed.coef_, in_memory.coef_, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("stored", [False, True])
 def test_a_fold_s_rows_keep_their_own_weights(tmp_path, stored):
     # A fold's training rows keep their labels and sample weights, and its weight sum (the
