@@ -123,15 +123,19 @@ def test_numpy_decision_values_are_computed_in_the_wider_precision():
         np.testing.assert_allclose(z, want + intercept.astype(np.float64), rtol=1e-12)
 
 
+@pytest.mark.parametrize("projected", [False, True])
 @pytest.mark.parametrize("as_tensor", [False, True])
-def test_a_zero_row_s_cosine_decision_values_are_the_intercept(as_tensor):
-    # A zero row has no direction: its logits are 0 (plus the intercept), not 0/0 = NaN.
+def test_a_zero_row_s_cosine_decision_values_are_the_intercept(as_tensor, projected):
+    # A zero row has no direction: its logits are 0 (plus the intercept), not 0/0 = NaN,
+    # with a learned projection too (P = 2·I halves the other row's logits: ‖P·x̂‖ = 2).
     X = np.array([[0.0, 0.0, 0.0], [3.0, 4.0, 0.0]])
     coef, intercept = np.eye(2, 3), np.array([0.5, -0.5])
+    projection = 2 * np.eye(3) if projected else None
     if as_tensor:
         X = torch.as_tensor(X)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no invalid-value warning either
-        z = decision_values(X, coef, intercept, None, "cosine")
+        z = decision_values(X, coef, intercept, projection, "cosine")
     z = np.asarray(z)
-    np.testing.assert_allclose(z, [[0.5, -0.5], [0.6 + 0.5, 0.8 - 0.5]])
+    half = 0.5 if projected else 1.0
+    np.testing.assert_allclose(z, [[0.5, -0.5], [0.6 * half + 0.5, 0.8 * half - 0.5]])
