@@ -529,6 +529,10 @@ def test_hdf5_input_is_read_in_blocks_and_matches_memory(tmp_path, monkeypatch):
         ),
         (dict(Cs=[]), ValueError, "'Cs' parameter"),
         (dict(Cs=[1.0, np.nan]), ValueError, "positive C values"),
+        # Strings were read as numbers ("a" failed in NumPy's words), booleans as 0 and 1.
+        (dict(Cs=["0.1", "1"]), ValueError, r"positive C values .* Got \['0.1', '1'\]"),
+        (dict(Cs=["a"]), ValueError, "positive C values"),
+        (dict(Cs=[True, True]), ValueError, "positive C values"),
         (dict(Cs=[1.0, np.inf], head="cosine"), ValueError, "positive, finite logit scales"),
         (dict(Cs=[1.0], head="cosine"), None, None),
         (dict(Cs="grid"), InvalidParameterError, "'Cs' parameter of MR2LinearClassifierCV"),
