@@ -457,7 +457,13 @@ def webdataset_shards(
         If a shard is damaged (a wrong header checksum, data after the end marker) or a
         sample has no label.
     """
-    image_keys = tuple(k.strip().lower() for k in (image_key or ";".join(IMAGE_KEYS)).split(";"))
+    keys = (image_key or ";".join(IMAGE_KEYS)).split(";")
+    image_keys = tuple(k.strip().lower() for k in keys if k.strip())  # ("jpg;;png": two)
+    if not image_keys:  # (";" was searched for members "k." and said none had "/")
+        raise ValueError(
+            f"The 'image_key' parameter names no member extension. Got {image_key!r}; give "
+            "one such as 'jpg', or alternatives such as 'jpg;png'."
+        )
     label_key = label_key or "cls"
     paths = _shard_paths(pattern)
     root = os.path.dirname(paths[0]) if os.path.isdir(pattern) else container_root(paths)

@@ -1243,6 +1243,12 @@ def test_a_sample_with_several_images_gives_the_first_of_the_image_keys(tmp_path
     assert src.archive.read(src.root, [0], {}) == [bytearray(b"jpg bytes")]  # jpg before png
     src = open_source(f"webdataset:{tmp_path}/s.tar", image_key="png;jpg")
     assert src.archive.read(src.root, [0], {}) == [bytearray(b"png bytes")]
+    # Empty alternatives are none: ";" named no member (a "has no / member" error).
+    src = open_source(f"webdataset:{tmp_path}/s.tar", image_key=" png ;; jpg")
+    assert src.archive.read(src.root, [0], {}) == [bytearray(b"png bytes")]
+    assert src.options["image_key"] == "png;jpg"
+    with pytest.raises(ValueError, match="'image_key' parameter names no member extension"):
+        open_source(f"webdataset:{tmp_path}/s.tar", image_key=" ; ")
 
 
 def test_parquet_file_identity_is_its_size_and_footer(tmp_path):
