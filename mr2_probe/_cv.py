@@ -523,11 +523,17 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             )
         # Numbers only: strings ("0.1", from a command line) were read as numbers, and "a"
         # failed in NumPy's words; booleans as 0 and 1.
-        numeric = np.asarray(self.Cs).dtype.kind in "iuf"
-        values = np.asarray(self.Cs, dtype=float) if numeric else np.array([np.nan])
+        values = np.asarray(self.Cs)
+        numeric = values.dtype.kind in "iuf"
+        values = values.astype(float) if numeric else values
         # C = inf is no penalty, as in scikit-learn; a logit scale must be finite.
         top = np.inf if self.head == "linear" else np.finfo(float).max
-        if values.ndim != 1 or not len(values) or not np.all((values > 0) & (values <= top)):
+        if (
+            not numeric
+            or values.ndim != 1
+            or not len(values)
+            or not np.all((values > 0) & (values <= top))
+        ):
             name = "positive C values (np.inf: no penalty)"
             if self.head == "cosine":
                 name = "positive, finite logit scales"
