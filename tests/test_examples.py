@@ -144,53 +144,34 @@ def test_demo_refuses_bad_options_in_one_line(argv, message, capsys):
 
 
 @pytest.mark.parametrize(
-    "argv, message",
+    "script, argv, message",
     [
-        (["--C", "0"], "--C must be a positive number, got 0"),
-        (["--c-bar", "-1"], "--c-bar must be a positive finite number, got -1"),
-        (["--c-bar", "inf"], "--c-bar must be a positive finite number, got inf"),
-        (["--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
+        # quickstart: they ended in the estimator's (or train_test_split's)
+        # InvalidParameterError traceback.
+        ("quickstart", ["--C", "0"], "--C must be a positive number, got 0"),
+        ("quickstart", ["--c-bar", "-1"], "--c-bar must be a positive finite number, got -1"),
+        ("quickstart", ["--c-bar", "inf"], "--c-bar must be a positive finite number, got inf"),
+        ("quickstart", ["--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
+        # grid_search, before any fit: --c-bar 0 was left out of the search with a warning
+        # per fold, the rest reported; --max-iter 0 reported the untrained probe; the
+        # others ended in a traceback.
+        ("grid_search", ["--C", "0.1", "0"], "--C takes positive numbers, got 0"),
+        ("grid_search", ["--c-bar", "1", "0"], "--c-bar takes positive finite numbers, got 0"),
+        ("grid_search", ["--c-bar", "inf"], "--c-bar takes positive finite numbers, got inf"),
+        ("grid_search", ["--cv", "1"], "--cv must be at least 2, got 1"),
+        ("grid_search", ["--max-iter", "0"], "--max-iter must be at least 1, got 0"),
+        ("grid_search", ["--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
+        # finetune: --epochs 0 reported two untrained networks; the others ended in a
+        # traceback.
+        ("finetune", ["--epochs", "0"], "--epochs must be at least 1, got 0"),
+        ("finetune", ["--c-bar", "0"], "--c-bar must be a positive finite number, got 0"),
+        ("finetune", ["--lam", "-1"], "--lam must be a finite number >= 0, got -1"),
+        ("finetune", ["--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
     ],
 )
-def test_quickstart_refuses_bad_options_in_one_line(argv, message, capsys):
-    # They ended in the estimator's (or train_test_split's) InvalidParameterError traceback.
+def test_examples_refuse_bad_options_in_one_line(script, argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
-        runpy.run_path(str(EXAMPLES / "quickstart.py"), run_name="quickstart")["main"](argv)
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--C", "0.1", "0"], "--C takes positive numbers, got 0"),
-        (["--c-bar", "1", "0"], "--c-bar takes positive finite numbers, got 0"),
-        (["--c-bar", "inf"], "--c-bar takes positive finite numbers, got inf"),
-        (["--cv", "1"], "--cv must be at least 2, got 1"),
-        (["--max-iter", "0"], "--max-iter must be at least 1, got 0"),
-        (["--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
-    ],
-)
-def test_grid_search_refuses_bad_options_before_any_fit(argv, message, capsys):
-    # --c-bar 0 was left out of the search with a warning per fold, the rest reported;
-    # --max-iter 0 reported the untrained probe; the others ended in a traceback.
-    with pytest.raises(SystemExit) as exit_:
-        runpy.run_path(str(EXAMPLES / "grid_search.py"), run_name="grid_search")["main"](argv)
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--epochs", "0"], "--epochs must be at least 1, got 0"),
-        (["--c-bar", "0"], "--c-bar must be a positive finite number, got 0"),
-        (["--lam", "-1"], "--lam must be a finite number >= 0, got -1"),
-        (["--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
-    ],
-)
-def test_finetune_refuses_bad_options_in_one_line(argv, message, capsys):
-    # --epochs 0 reported two untrained networks; the others ended in a traceback.
-    with pytest.raises(SystemExit) as exit_:
-        runpy.run_path(str(EXAMPLES / "finetune.py"), run_name="finetune")["main"](argv)
+        runpy.run_path(str(EXAMPLES / f"{script}.py"), run_name=script)["main"](argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
