@@ -1329,6 +1329,9 @@ def test_class_names_in_two_unicode_forms_are_matched_as_one(tmp_path, capsys):
     np.savez(tmp_path / "both.npz", X=X, y=np.array([*composed[:2], decomposed[1]])[y])
     status, err = _error([str(tmp_path / "both.npz"), "--test", str(tmp_path / "test.npz")], capsys)
     assert status == 2 and "one name in two Unicode forms" in err[-1]
+    # Text training labels in both forms against a store's names: both were read as one.
+    status, err = _error([str(tmp_path / "both.npz"), "--test", str(tmp_path / "test.h5")], capsys)
+    assert status == 2 and "one name in two Unicode forms" in err[-1]
 
 
 @pytest.mark.slow

@@ -421,8 +421,7 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
             f"cannot be matched to the training classes by name; {remedy}"
         )
     if names is None:  # text training labels: the test codes' names, checked as labels
-        spelt = {_nfc(v): v for v in np.unique(y).astype(str).tolist()}
-        named = [spelt.get(_nfc(name), name) for name in test_names]
+        named = _as_trained(test_names, y, args.train)
         return np.asarray(named, dtype=object)[y_test].astype(str), True
     code = _codes_by_name(names, args.train)
     foreign = [name for name in held if _nfc(name) not in code]
@@ -455,12 +454,18 @@ def _spelt_as_trained(y: np.ndarray, y_test: np.ndarray, train: str) -> np.ndarr
     """Text test labels spelt as the training labels they equal in NFC (:func:`_nfc`), as
     a store's class names are matched: 'ñandú' in decomposed accents was a class absent
     from training, though it printed alike. Others are left as they are."""
+    values, inverse = np.unique(y_test, return_inverse=True)
+    spelt = np.asarray(_as_trained(values.tolist(), y, train), dtype=object)[inverse]
+    return spelt.astype(str) if y_test.dtype.kind == "U" else spelt
+
+
+def _as_trained(names: list[str], y: np.ndarray, train: str) -> list[str]:
+    """Each name spelt as the text training label it equals in NFC (:func:`_nfc`), or as
+    it is where none does; training labels that are one name in two Unicode forms are
+    refused (:func:`_codes_by_name`), as a test name cannot be matched to either."""
     trained = [str(v) for v in np.unique(y)]
     code = _codes_by_name(trained, train)
-    values, inverse = np.unique(y_test, return_inverse=True)
-    spelt = [trained[code[_nfc(v)]] if _nfc(v) in code else v for v in values.tolist()]
-    spelt = np.asarray(spelt, dtype=object)[inverse]
-    return spelt.astype(str) if y_test.dtype.kind == "U" else spelt
+    return [trained[code[_nfc(v)]] if _nfc(v) in code else v for v in names]
 
 
 def _nfc(name: str) -> str:
