@@ -26,6 +26,7 @@ from ._backbones import create_backbone
 from ._batches import _assemble, _embed, _refuse_non_finite
 from ._decoding import MAX_ASPECT
 from ._images import ImageSource, ItemDataset, collate_items, open_source
+from ._launcher import stops_with_launcher
 from ._locks import store_lock
 from ._merge import _merge, check_merging, mark_superseded, shard_path
 from ._reading import _NAMED_FAILURES, failed_rows, name_failures
@@ -280,7 +281,8 @@ def extract_features(
         check_output(path, overwrite)
     if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now
         check_merging(os.fspath(merged))  # (where out exists: once found incomplete)
-    with _ranks_group() if merged is not None else contextlib.nullcontext():
+    group = _ranks_group() if merged is not None else contextlib.nullcontext()
+    with stops_with_launcher(), group:
         done = _extract_shard(
             source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
             device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,

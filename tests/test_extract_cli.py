@@ -936,6 +936,51 @@ def test_torchrun_merges_the_ranks_shards_and_retries_failed_images(tmp_path):
         np.testing.assert_allclose(merged.features, expected.features, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_ranks_stop_when_torchrun_s_launcher_is_killed(tmp_path, caplog):
+    # torchrun starts its ranks in sessions of their own: with the launcher killed outright
+    # they went on extracting (holding the device and the locks) to the end of the run.
+    caplog.set_level(logging.INFO, logger="extract")
+    folder = make_image_folder(tmp_path / "data", n_per_class=60, special=False)
+    out, log = tmp_path / "f.h5", tmp_path / "stderr.txt"
+    options = ["--image-size", "160", "--batch-size", "2", "--workers", "0", "--no-progress"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += ["-m", "extract", str(folder), "timm:test_resnet@random", str(out), *options]
+    cmd += ["--device", "cpu"]
+    with log.open("w") as stderr:
+        launcher = subprocess.Popen(cmd, env=ENV | {"OMP_NUM_THREADS": "1"}, stderr=stderr)
+    shards = [extract.shard_path(out, rank, 2) for rank in range(2)]
+    deadline = time.monotonic() + 120
+    while any((status := _status(s)) is None or (status == DONE).sum() < 2 for s in shards):
+        assert launcher.poll() is None, "the extraction ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    ranks = _children(launcher.pid)
+    assert len(ranks) == 2
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    try:
+        deadline = time.monotonic() + 30
+        while any(_running(rank) for rank in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_running(rank) for rank in ranks), "the ranks outlived their launcher"
+    finally:
+        for rank in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGKILL)
+    # Each rank ends in one line: interrupted, or (where its peer ended first, while it
+    # waited) another rank stopped; both resumable.
+    ended = [line for line in log.read_text().splitlines() if line.startswith("mr2-extract:")]
+    assert len(ended) == 2 and all("run the same command again to resume" in e for e in ended)
+    assert all((_status(s) == PENDING).any() for s in shards)  # stopped, not finished
+    # A shard resumes, unlocked.
+    extract_features(
+        folder, "timm:test_resnet@random", out, rank=1, world_size=2, image_size=160,
+        num_workers=0, progress=False, device="cpu",
+    )  # fmt: skip
+    assert "Resuming" in caplog.text and (_status(shards[1]) == DONE).all()
+
+
 def _children(pid: int) -> list[int]:
     """Process ids whose parent is ``pid`` (Linux /proc)."""
     children = []

@@ -1,0 +1,60 @@
+"""A torchrun rank's run stopped once its launcher is gone.
+
+torchrun starts each rank in a session of its own, so a launcher killed outright (SIGKILL:
+``kill -9``, the kernel's out-of-memory killer) leaves its ranks extracting, holding the
+device and the store's locks for as long as the run lasts; its other ends (Ctrl-C, SIGTERM,
+SIGHUP) stop them itself. Each rank watches its parent, as torch's DataLoader workers watch
+theirs, and is interrupted as by a Ctrl-C once the parent has changed: the rows written so
+far are kept, and the same command resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+
+logger = logging.getLogger(__name__)
+
+# How often the parent is looked at, and how long an interrupted rank has to end before it
+# is killed (its main thread may be waiting in C, where no KeyboardInterrupt reaches it).
+POLL_S = 1.0
+GRACE_S = 60.0
+
+
+@contextlib.contextmanager
+def stops_with_launcher() -> Iterator[None]:
+    """Inside, under torchrun (its ``TORCHELASTIC_RUN_ID`` set), a SIGINT to the main thread
+    once this process's parent is no longer the launcher that started it, and SIGKILL
+    :data:`GRACE_S` seconds later if the process still runs. Elsewhere, nothing."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or (
+        threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+    launcher, main = os.getppid(), threading.main_thread().ident
+    left = threading.Event()
+
+    def watch() -> None:
+        while not left.wait(POLL_S):
+            if os.getppid() != launcher:
+                logger.warning(
+                    "torchrun's launcher (pid %d) is gone: this rank stops; run the same "
+                    "command again to resume",
+                    launcher,
+                )
+                signal.pthread_kill(main, signal.SIGINT)  # as a Ctrl-C, in the main thread
+                if not left.wait(GRACE_S):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return
+
+    watcher = threading.Thread(target=watch, name="mr2-extract launcher watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        left.set()
+        watcher.join()
