@@ -142,6 +142,8 @@ def test_class_indices_beyond_the_bound_are_taken_where_their_names_are_given():
     assert labels.tolist() == [0, MAX_CLASS_INDEX] and classes == names
     with pytest.raises(ValueError, match="only 3 class names are given"):
         encode_labels(["0", "3"], names[:3])
+    with pytest.raises(ValueError, match=f"the largest, {MAX_CLASS_INDEX}, would make"):
+        encode_labels(["0", str(MAX_CLASS_INDEX)])  # without names: the bound is refused
 
 
 def test_hidden_folders_and_files_are_no_classes_nor_images(folder):
@@ -204,6 +206,15 @@ def test_a_class_folder_link_that_reaches_nothing_is_refused(folder, target, why
         image_folder(folder)
 
 
+def test_a_hidden_link_that_reaches_nothing_is_no_class_and_not_refused(folder):
+    # An editor's lock file beside the classes (Emacs writes .#name as a link to
+    # user@host.pid, which does not exist) is hidden, as left out as a hidden folder.
+    before = image_folder(folder)
+    os.symlink("user@host.4242:1700000000", folder / ".#notes.txt")
+    after = image_folder(folder)
+    assert (after.ids, after.class_names) == (before.ids, before.class_names)
+
+
 def test_image_folder_walks_a_folder_linked_again_once(folder):
     # A link to its own class folder: os.walk(followlinks=True) listed every image once
     # per level, down to the system's link limit (41 times).
@@ -218,6 +229,37 @@ def test_image_folder_walks_a_folder_linked_again_once(folder):
     dogs = [i for i in before.ids if i.startswith("dog/")]
     # Folder by folder in sorted order (torchvision's make_dataset order), each once.
     assert after.ids == cats + [i.replace("dog/", "cat/dogs/") for i in dogs] + dogs
+
+
+def test_image_folder_order_is_torchvision_s_whatever_the_listing_order(folder, monkeypatch):
+    # Folders are walked in the order the file system lists them: their images came in
+    # that order, not in torchvision's make_dataset order (sorted by folder, then name).
+    for name in ("cat/z/000.png", "cat/b/000.png", "cat/b/a/000.png"):
+        (folder / name).parent.mkdir(exist_ok=True)
+        shutil.copy(folder / "cat/000.png", folder / name)
+    scandir = os.scandir
+
+    class Reversed:  # a listing in reverse order (ext4 lists by hash, not by name)
+        def __init__(self, path="."):
+            with scandir(path) as entries:
+                self.entries = iter(sorted(entries, key=lambda e: e.name, reverse=True))
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self.entries)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(os, "scandir", Reversed)
+    ids = image_folder(folder).ids
+    assert ids[:3] == ["cat/000.png", "cat/001.jpg", "cat/002.jpg"]
+    assert ids[8:11] == ["cat/b/000.png", "cat/b/a/000.png", "cat/z/000.png"]
 
 
 def test_image_folder_without_images_in_a_class_is_refused(folder):
@@ -244,6 +286,15 @@ def test_image_folder_refuses_names_that_are_not_utf8(folder):
         fh.write((folder / "cat" / "000.png").read_bytes())
     with pytest.raises(ValueError, match=r"1 file or folder names .* not valid UTF-8: 'cat/bad"):
         image_folder(folder)
+
+
+def test_a_whitespace_separated_list_takes_file_names_with_blanks(folder):
+    # The label is the last field: the rest of the line, blanks included, is the path.
+    shutil.copy(folder / "cat/000.png", folder / "cat/my photo.png")
+    (folder / "list.txt").write_text("cat/my photo.png 1\ndog/001.jpg\t0\n")
+    src = image_list(folder / "list.txt")
+    assert src.ids == ["cat/my photo.png", "dog/001.jpg"] and src.labels.tolist() == [1, 0]
+    assert src.file_size[0] == (folder / "cat/my photo.png").stat().st_size
 
 
 def test_image_list_with_a_byte_order_mark(folder):
@@ -380,6 +431,18 @@ def test_dataset_records_unreadable_images(folder):
     assert ds[src.ids.index("cat/grey.jpg")][1].shape[0] == 3
 
 
+def test_a_listed_image_that_is_missing_fails_alone(folder):
+    # The images listed after a missing one are read: each keeps the size and time it had
+    # when listed, so that none of them is taken for a file that changed since.
+    listed = folder / "list.csv"
+    listed.write_text("cat/gone.jpg,cat\ncat/000.png,cat\ndog/001.jpg,dog\n")
+    src = image_list(listed)
+    ds = ItemDataset(src, lambda im: torch.from_numpy(np.array(im)).permute(2, 0, 1))
+    reasons = [ds[i][2] for i in range(len(src))]
+    assert reasons[0].startswith("FileNotFoundError") and reasons[1:] == [None, None]
+    assert src.file_size[0] == -1 and src.file_size[2] == (folder / "dog/001.jpg").stat().st_size
+
+
 def test_a_fifo_named_like_an_image_is_a_failure_not_a_hang(tmp_path):
     # open() of a FIFO waits for a writer: the run hung for ever on it.
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
@@ -494,6 +557,20 @@ def _damage(root, name, change):
             ),
             r"holds 100 bytes of data, not the 15680 its header announces \(20 x 28 x 28\)",
         ),
+        (  # more pixels than announced: not the file the header describes
+            lambda r: _damage(
+                r,
+                "t10k-images-idx3-ubyte.gz",
+                lambda b: gzip.compress(gzip.decompress(b) + bytes(100)),
+            ),
+            r"holds 15780 bytes of data, not the 15680 its header announces \(20 x 28 x 28\)",
+        ),
+        (  # a label 10 would be a class without a name among Fashion-MNIST's ten
+            lambda r: write_idx(
+                r, "t10k", np.zeros((20, 28, 28)), np.r_[np.arange(10), np.arange(1, 11)]
+            ),
+            r"expected n x 28 x 28 and n labels in 0..9",
+        ),
         (  # the labels file where the images belong
             lambda r: _damage(
                 r,
@@ -535,6 +612,20 @@ def test_subset_keeps_order_and_first_items_per_class(idx_root, n_per_class, n, 
     # The fingerprint identifies the item list: equal only when nothing was dropped.
     same = src.fingerprint() == fashion_mnist("train", idx_root).fingerprint()
     assert same == (expected == 50)
+
+
+def test_a_subset_of_a_subset_keeps_each_item_s_place_and_file(folder):
+    # An ImageSource subset by the caller and given to extract_features with --per-class or
+    # --max-items is subset again: its items keep their positions in the full source (the
+    # store's indices) and their own files' sizes and times, not those of the first items.
+    full = image_folder(folder)  # cat: items 0..7, dog: 8..11
+    again = full.subset(n_per_class=3).subset(n_per_class=1)
+    assert again.ids == ["cat/000.png", "dog/000.png"]
+    assert again.source_index.tolist() == [0, 8]
+    np.testing.assert_array_equal(again.labels, [0, 1])
+    stats = [os.stat(folder / item) for item in again.ids]
+    assert again.file_size.tolist() == [st.st_size for st in stats]
+    assert again.file_mtime_ns.tolist() == [st.st_mtime_ns for st in stats]
 
 
 def test_a_folder_named_like_the_fashion_mnist_spec_is_a_folder(tmp_path, monkeypatch):
