@@ -101,10 +101,10 @@ def _hard_links(fmt, names) -> list[tuple[str, str]]:
     an earlier one) to the members ``names``: to long names and under one where the format
     has them."""
     long = fmt != tarfile.USTAR_FORMAT
-    return [  # (the second named as ./a.cls: tar compares names normalised)
+    return [  # (the second named as ./a.cls, ./c.cls as c.cls: tar compares names normalised)
         (
             f"{'y' * 120 if long and k == 0 else 'h'}{k}.{name.split('.')[-1]}",
-            "./" * (k == 1) + name,
+            name.removeprefix("./") if name.startswith("./") else "./" * (k == 1) + name,
         )
         for k, name in enumerate(names)
         if long or len(name) <= 100
@@ -116,27 +116,28 @@ def test_tar_headers_are_read_as_tarfile_reads_them(tmp_path, fmt, caplog):
     import mmap
 
     long_dir = "/".join(["folder"] * 15)  # 104 characters: ustar stores it in the prefix
-    names = ["a.jpg", "a.cls", f"{long_dir}/b.seg.png", "ü/é.txt"]
+    names = ["a.jpg", "a.cls", f"{long_dir}/b.seg.png", "ü/é.txt", "./c.cls"]
     if fmt != tarfile.USTAR_FORMAT:
         names.append("x" * 150 + ".jpg")  # longer than any ustar name: pax / GNU long name
     _tar(tmp_path / "t.tar", fmt, names)
     with tarfile.open(tmp_path / "t.tar") as tf:
         # A hard link reads as the earlier member it names, names compared normalised (as
         # tarfile's extractfile finds it); one to no earlier member is skipped.
-        expected, seen = [], {}
+        expected, seen = [], {}  # (seen by normalised name)
         for m in tf.getmembers():
+            name = posixpath.normpath(m.name)
             if m.islnk():
                 try:
                     content = tf.extractfile(m).read()
                 except KeyError:  # tarfile finds no such member before it either
                     continue
-                seen[m.name] = seen[posixpath.normpath(m.linkname)]
-                assert content == tf.extractfile(seen[m.name]).read()
+                seen[name] = seen[posixpath.normpath(m.linkname)]
+                assert content == tf.extractfile(seen[name]).read()
             elif m.isreg():
-                seen[m.name] = m
+                seen[name] = m
             else:
                 continue
-            expected.append((m.name, seen[m.name].offset_data, seen[m.name].size))
+            expected.append((m.name, seen[name].offset_data, seen[name].size))
     with (
         open(tmp_path / "t.tar", "rb") as fh,
         mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm,
@@ -164,6 +165,9 @@ def _damage(path, how) -> int:
         data = data[: headers[-1] + 100]
     elif how == "inside a pax header":
         data = data[: headers[-1] + 513]  # the writer puts a pax header before each member
+    elif how == "in a pax header's padding":  # its records whole, its last block not
+        size = int(bytes(data[headers[-1] + 124 : headers[-1] + 136]).strip(b"\0 "), 8)
+        data = data[: headers[-1] + 512 + size + 1]
     elif how == "inside a label":
         label = [m for m in members if m.name.endswith(".cls")][-1]
         data = data[: label.offset_data]
@@ -193,6 +197,7 @@ def _damage(path, how) -> int:
         ("after end", "data after the end-of-archive marker"),
         ("inside a header", r"damaged at byte {} \(the file ends inside a tar header\)"),
         ("inside a pax header", r"damaged at byte {} \(the file ends inside a tar header\)"),
+        ("in a pax header's padding", r"damaged at byte {} \(the file ends inside a tar head"),
         ("inside a label", r"damaged at byte \d+ \(the file ends inside the member '.*\.cls': it"),
         ("inside a member", r"damaged at byte \d+ \(the file ends inside the member '.*\.cls': it"),
         ("in a member's padding", r"at byte \d+ \(the file ends inside the member '.*\.cls': it"),
@@ -242,7 +247,8 @@ def test_webdataset_labels_from_json_paths_and_classnames_txt(
     for shard in (data / "wds").glob("*.tar"):
         (shards / shard.name).write_bytes(shard.read_bytes())
     # clip_benchmark's layout; a byte-order mark, as editors save one, is no part of a name
-    (tmp_path / "classnames.txt").write_text("tabby\nhound\n", encoding="utf-8-sig")
+    # (nor are a Windows line end and blanks after a name)
+    (tmp_path / "classnames.txt").write_text("tabby \r\nhound\n", encoding="utf-8-sig")
     src = open_source(f"webdataset:{shards}/*.tar", label_key=label_key)
     assert src.class_names == class_names
     np.testing.assert_array_equal(src.labels, open_source(data / "folder").labels)
@@ -344,6 +350,7 @@ def test_a_sample_key_used_twice_is_refused(tmp_path, shards):
 def test_empty_and_unlabelled_labels_are_refused(tmp_path, labels, row, why):
     assert label_kind_problem(["cat", "dog", "-1"]) is None  # names: ±1 labels, say
     assert label_kind_problem(["+1", "-1"]) is None
+    assert label_kind_problem(["-5C", "-10C"]) is None  # names that start like a -1
     samples = [{"__key__": f"s{k:03d}", "jpg": b"x", "txt": v} for k, v in enumerate(labels)]
     _write_shard(tmp_path / "00000.tar", samples)
     with pytest.raises(ShardError, match=f"sample 's00{row}' .* has the label {why}"):
@@ -423,6 +430,34 @@ def test_an_img2dataset_folder_is_read_with_its_keys(tmp_path):
         match=r"choose it with --label-key, e.g. --label-key json.label or --label-key txt\.$",
     ):
         open_source(f"webdataset:{tmp_path}/{{00000..00001}}.tar")  # no cls member
+
+
+def _write_tar(path, members):
+    """A tar of ``(name, bytes)`` members, written as they are given."""
+    with tarfile.open(path, "w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_members_are_grouped_into_samples_as_webdataset_groups_them(tmp_path):
+    # Extensions are lower-cased (a camera's A.JPG is a jpg member), WebDataset's metadata
+    # members (__meta__/...) are no samples, and a member whose extension ends in json is
+    # decoded as JSON, as webdataset decodes it.
+    members = [("__meta__/info.txt", b"x"), ("a.JPG", b"jpeg"), ("a.Cls", b"1"), ("b.jpg", b"")]
+    _write_tar(tmp_path / "s.tar", [*members, ("b.cls", b"0"), ("c.jpg", b"x"), ("c.cls", b"1")])
+    src = open_source(f"webdataset:{tmp_path}/s.tar")
+    assert src.ids == ["a", "b", "c"] and src.labels.tolist() == [1, 0, 1]
+    assert src.archive.read(src.root, [0], {})[0] == b"jpeg"
+    assert open_source(f"webdataset:{tmp_path}/s.tar", image_key="JPG").ids == ["a", "b", "c"]
+    _write_tar(tmp_path / "s.tar", [("a.jpg", b"x"), ("a.meta.json", b'"cat"')])
+    assert open_source(f"webdataset:{tmp_path}/s.tar", label_key="meta.json").class_names == ["cat"]
+    # Two members of one name in a row: the sample's second image would replace its first.
+    _write_tar(tmp_path / "s.tar", [("a.jpg", b"x"), ("a.jpg", b"y"), ("a.cls", b"0")])
+    with pytest.raises(ShardError, match="has two 'a.jpg' members in a row"):
+        open_source(f"webdataset:{tmp_path}/s.tar")
 
 
 def test_a_json_member_named_alone_is_decoded_as_json(tmp_path):
@@ -510,6 +545,15 @@ def test_bad_shard_patterns(tmp_path, monkeypatch, pattern, error, match):
     _write_shard(tmp_path / "s.tar", [{"__key__": "k", "jpg": b"x", "cls": 0}])
     with pytest.raises(error, match=match):
         open_source(f"webdataset:{pattern}")
+
+
+def test_a_glob_that_matches_folders_too_names_its_files_alone(tmp_path):
+    # A folder beside the shards (a scratch folder, a copy in progress) matched by '*' was
+    # taken for a shard and failed to open: IsADirectoryError.
+    _write_shard(tmp_path / "s.tar", [{"__key__": "k", "jpg": b"x", "cls": 0}])
+    (tmp_path / "tmp.tar").mkdir()
+    src = open_source(f"webdataset:{tmp_path}/*")
+    assert list(src.files) == ["s.tar"] and src.ids == ["k"]
 
 
 def test_samples_without_image_or_with_bad_bytes_are_failed_rows(tmp_path):
@@ -1249,6 +1293,32 @@ def test_a_sample_with_several_images_gives_the_first_of_the_image_keys(tmp_path
     assert src.options["image_key"] == "png;jpg"
     with pytest.raises(ValueError, match="'image_key' parameter names no member extension"):
         open_source(f"webdataset:{tmp_path}/s.tar", image_key=" ; ")
+
+
+def test_a_shard_s_identity_is_its_size_headers_and_labels(tmp_path):
+    # A shard's identity (kept in the store to recognise the shards it was made from) is
+    # the sha256 of its size, every header block and pax record, and its label members:
+    # a shard rewritten to the same size with other member headers (times, pax records)
+    # or labels is another shard.
+    path = tmp_path / "s.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in (("a.jpg", b"x" * 10), ("a.cls", b"1"), ("b.jpg", b"y"), ("b.cls", b"0")):
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = len(data), {"comment": name}
+            tf.addfile(info, io.BytesIO(data))
+    whole = path.read_bytes()
+    digest = hashlib.sha256(f"{len(whole)}\n".encode())
+    with tarfile.open(path) as tf:
+        members = tf.getmembers()
+    for m in members:  # a pax header, its records, the member's header
+        pax_size = int(whole[m.offset + 124 : m.offset + 136].strip(b"\0 "), 8)
+        digest.update(whole[m.offset : m.offset + 512])
+        digest.update(whole[m.offset + 512 : m.offset + 512 + pax_size])
+        digest.update(whole[m.offset_data - 512 : m.offset_data])
+    for m in members[1::2]:  # the labels, sample by sample
+        digest.update(whole[m.offset_data : m.offset_data + m.size])
+    expected = f"sha256:{digest.hexdigest()}"
+    assert open_source(f"webdataset:{path}").files == {"s.tar": expected}
 
 
 def test_parquet_file_identity_is_its_size_and_footer(tmp_path):
