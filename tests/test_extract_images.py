@@ -46,6 +46,8 @@ def test_image_folder_lists_every_file_in_sorted_order(folder):
         (["cat/000.png 1", "", "dog/001.jpg 0"], ["0", "1"], [1, 0]),
         # -1 is no class index: the labels are names.
         (["cat/000.png,-1", "dog/001.jpg,3"], ["-1", "3"], [0, 1]),
+        # Blanks around a field (a CSV written "path, label") are no part of it.
+        (["cat/000.png, cat", " dog/001.jpg ,dog "], ["cat", "dog"], [0, 1]),
     ],
 )
 def test_image_list(folder, lines, class_names, labels):
@@ -397,9 +399,12 @@ def test_file_names_with_commas_are_quoted_csv(folder):
         ["missing,3", "cat/000.png,0", "dog/001.jpg,1"],  # an index
         # No extension, but a label that another line has: no header's column name.
         ["missing,cat", "cat/000.png,cat", "dog/001.jpg,dog"],
+        # An image without an extension (a content-addressed name) that is there.
+        ["cat/0001,dog", "cat/000.png,cat", "dog/001.jpg,cat"],
     ],
 )
 def test_a_first_image_missing_with_its_own_label_is_no_header(folder, lines):
+    shutil.copy(folder / "cat/000.png", folder / "cat/0001")
     (folder / "l.csv").write_text("\n".join(lines) + "\n")
     assert image_list(folder / "l.csv").ids[0] == lines[0].split(",")[0]
 
@@ -650,6 +655,12 @@ def test_a_folder_named_like_the_fashion_mnist_spec_is_a_folder(tmp_path, monkey
 def test_open_source_errors(source, error, match):
     with pytest.raises(error, match=match):
         open_source(source)
+
+
+@pytest.mark.parametrize("key", ["image_key", "label_key"])
+def test_a_blank_key_is_refused_not_read_as_the_default(folder, key):
+    with pytest.raises(ValueError, match=f"The '{key}' parameter is empty. Got ' '; name a"):
+        open_source(folder, **{key: " "})
 
 
 def test_a_broken_symbolic_link_source_names_where_its_chain_ends(tmp_path):
