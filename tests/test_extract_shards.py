@@ -1280,6 +1280,41 @@ def test_tar_reading_holds_one_block(tmp_path):
     assert n_read == 512 and peak < 12_000 * 8 * 4  # a few blocks of 8, not 6 MB of samples
 
 
+@pytest.mark.parametrize("kind", ["webdataset", "parquet"])
+def test_archived_items_are_read_as_asked_in_any_order_and_after_a_subset(data, kind):
+    # Each item's bytes are its own: read in any order within a container, and after a
+    # subset (--per-class, --max-items), whose rows keep their places in the containers.
+    src = open_source(_source(data, kind))
+    folder = open_source(_source(data, "folder"))
+    images = [(data / "folder" / item).read_bytes() for item in folder.ids]
+    assert src.archive.read(src.root, [2, 0, 1], {}) == [images[2], images[0], images[1]]
+    sub = src.subset(n_per_class=2)  # items 0, 1 (cat), 8, 9 (dog)
+    assert sub.archive.read(sub.root, list(range(len(sub))), {}) == [
+        images[i] for i in sub.source_index
+    ]
+    assert sub.source_index.tolist() == [0, 1, 8, 9]
+
+
+@pytest.mark.parametrize("jpeg_bytes", [True, False])
+def test_archived_images_meet_the_pixel_limit_set_when_the_dataset_was_made(
+    tmp_path, monkeypatch, jpeg_bytes
+):
+    # Workers started by spawn or forkserver import PIL afresh, with its default limit.
+    from PIL import Image
+
+    from extract._images import ItemDataset
+
+    image = io.BytesIO()
+    Image.new("RGB", (40, 36)).save(image, format="JPEG")  # 1440 pixels
+    _write_shard(tmp_path / "s.tar", [{"__key__": "k", "jpg": image.getvalue(), "cls": 0}])
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    src = open_source(f"webdataset:{tmp_path}/s.tar")
+    ds = ItemDataset(src, lambda im: torch.zeros(3, 2, 2), jpeg_bytes=jpeg_bytes)
+    Image.MAX_IMAGE_PIXELS = 89478485  # as a fresh worker process has it
+    (reason,) = [reason for _, _, reason, _ in ds.__getitems__([0])]
+    assert "1440 pixels, more than the limit of 1000" in reason
+
+
 def test_a_sample_with_several_images_gives_the_first_of_the_image_keys(tmp_path):
     samples = [{"__key__": "k0", "png": b"png bytes", "jpg": b"jpg bytes", "cls": "0"}]
     _write_shard(tmp_path / "s.tar", samples)
