@@ -593,8 +593,16 @@ def label_kind_problem(labels: list[str], as_names: bool = False) -> tuple[int, 
 def _source_hint(path: Path) -> str:
     """What a file that is not a list file may have been meant as, by its extension."""
     suffix = "".join(path.suffixes[-2:]).lower()
-    if suffix.endswith((".tar", ".tar.gz", ".tgz")):
-        return f" For WebDataset shards, write 'webdataset:{path}'."
+    if suffix.endswith(".tar"):
+        return (
+            f" For WebDataset shards, write 'webdataset:{path}'; extract an archive of class "
+            "folders, and give its folder."
+        )
+    if suffix.endswith((".tar.gz", ".tgz", ".zip")):  # (webdataset: takes no compressed tar)
+        return (
+            " An archive is no source: extract it, and give its folder of class folders (or "
+            "decompress WebDataset shards, and write 'webdataset:PATTERN')."
+        )
     if suffix.endswith((".parquet", ".arrow")):
         return f" For a Parquet or Arrow file, write 'parquet:{path}'."
     if suffix.endswith(IMG_EXTENSIONS):

@@ -328,6 +328,11 @@ def test_image_list_bad_line(tmp_path):
     ("t.parquet", b"PAR1\x15\x04\xff", r"write 'parquet:.*t.parquet'"),
     ("one.jpg", b"\xff\xd8\xff\xe0", "A single image is no source"),
     ("s.tar", b"a,b,c\n", r"expected 'path,label'.*write 'webdataset:.*s.tar'"),
+    # An archive of class folders: "Save the list as UTF-8" (zip), or a webdataset: source
+    # that refuses a compressed tar, then one whose members have no 'cls' label.
+    ("photos.zip", b"PK\x03\x04\x14\x00\x00\x00\x08\x00\xff", r"An archive is no source: "
+     r"extract it, and give its folder of class folders \(or decompress WebDataset"),
+    ("photos.tgz", b"\x1f\x8b\x08\x00", "An archive is no source: extract it"),
 ])  # fmt: skip
 def test_a_file_that_is_no_list_says_what_it_was_read_as(tmp_path, name, content, match):
     (tmp_path / name).write_bytes(content)
