@@ -429,13 +429,18 @@ def test_alpha_is_composited_on_white_and_grey_becomes_rgb():
     assert rgb.getpixel((1, 0)) == (10, 20, 30)
     grey = to_rgb(Image.new("L", (1, 1), 77))
     assert grey.mode == "RGB" and grey.getpixel((0, 0)) == (77, 77, 77)
+    la = Image.new("LA", (2, 1), (40, 0))  # greyscale with alpha: transparent, then opaque
+    la.putpixel((1, 0), (40, 255))
+    assert list(to_rgb(la).getdata()) == [(255, 255, 255), (40, 40, 40)]
 
 
 def test_dataset_records_unreadable_images(folder):
+    (folder / "cat/empty.jpg").write_bytes(b"")  # PIL: "cannot identify image file"
     src = image_folder(folder)
     ds = ItemDataset(src, lambda im: torch.from_numpy(np.array(im)).permute(2, 0, 1))
     reasons = {src.ids[i]: ds[i][2] for i in range(len(src))}
     assert "UnidentifiedImageError" in reasons.pop("cat/corrupt.jpg")
+    assert reasons.pop("cat/empty.jpg").endswith("empty.jpg': it is empty (0 bytes)")
     assert "truncated" in reasons.pop("cat/truncated.jpg").lower()
     assert set(reasons.values()) == {None}
     assert ds[src.ids.index("cat/grey.jpg")][1].shape[0] == 3
@@ -690,6 +695,10 @@ def test_16_bit_greyscale_is_scaled_not_clipped(mode):
     image = Image.frombytes(mode, (7, 6), wide.astype(dtype).tobytes())
     rgb = np.asarray(to_rgb(image))
     np.testing.assert_array_equal(rgb, np.repeat(grey[..., None], 3, axis=2))
+    # Values between two 8-bit levels go to the nearest (round(v / 257)), not down.
+    between = np.array([[128, 129, 32896 + 128, 65535 - 128]], np.uint32)
+    image = Image.frombytes(mode, (4, 1), between.astype(dtype).tobytes())
+    assert np.asarray(to_rgb(image))[0, :, 0].tolist() == [0, 1, 128, 255]
 
 
 @pytest.mark.parametrize("transparent", [False, True])
@@ -773,6 +782,16 @@ def _stuffed_then_fake_frame(data: bytes) -> bytes:
         (b"\x89PNG\r\n", "not a JPEG"),
         (_jpeg()[:30], "truncated JPEG"),
         (b"\xff\xd8\xff\xda\x00\x02", "image data before the frame header"),
+        # A frame header that the data ends with, its size whole: read (the pixel limit
+        # applies); one cut in its size, a marker without its length: truncated.
+        (b"\xff\xd8\xff\xc0\x00\x11\x08\x00\x24\x00\x28", (40, 36)),
+        # Arithmetic coding (SOF9), which libjpeg-turbo decodes, has its size too.
+        (_jpeg().replace(b"\xff\xc0", b"\xff\xc9", 1), (40, 36)),
+        (b"\xff\xd8\xff\xc0\x00\x11\x08\x00\x24\x00", "truncated JPEG"),
+        (b"\xff\xd8\xff\xe0\x00", "truncated JPEG"),
+        # A height of 0 (defined later by a DNL marker, which libjpeg does not read).
+        (b"\xff\xd8\xff\xc0\x00\x11\x08\x00\x00\x00\x28", "gives a 40x0 image"),
+        (b"\xff\xd8\xff\xe0\x00\x01" + bytes(10), r"corrupt JPEG header \(segment length 1 at"),
     ],
 )
 def test_jpeg_size_reads_the_frame_header(data, expected):
@@ -969,6 +988,27 @@ def test_dataset_hashes_what_it_reads_and_refuses_changed_files(folder):
     (folder / "dog/001.jpg").write_bytes((folder / "dog/002.jpg").read_bytes() + b"\0")
     reason = ds[i][2]
     assert reason.startswith("FileChangedError") and "dog/001.jpg" in reason and "bytes" in reason
+    # Rewritten to the same size (an editor saving over it): its time tells.
+    i = src.ids.index("dog/002.jpg")
+    st = (folder / "dog/002.jpg").stat()
+    os.utime(folder / "dog/002.jpg", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    reason = ds[i][2]
+    assert reason.startswith("FileChangedError") and "(modified since, same size)" in reason
+
+
+def test_a_file_that_shrinks_while_it_is_read_is_refused(folder, monkeypatch):
+    # Its bytes past the new end would be zeros, decoded (a JPEG's lower part grey).
+    from extract._decoding import FileChangedError, read_file
+
+    fstat = os.fstat
+
+    def larger(fd):  # the size when opened: 10 bytes more than are left to read
+        st = fstat(fd)
+        return os.stat_result((*st[:6], st.st_size + 10, *st[7:10]))
+
+    monkeypatch.setattr(os, "fstat", larger)
+    with pytest.raises(FileChangedError, match="001.jpg changed while it was read; --retry"):
+        read_file(str(folder / "dog/001.jpg"))
 
 
 def test_fingerprint_covers_file_identity_and_idx_files(folder, tmp_path):
