@@ -524,6 +524,36 @@ def test_a_block_arrives_with_its_decoded_images_stacked(tmp_path):
     assert all(bytes(t[:2]) == b"\xff\xd8" for t in raw if t is not None)
 
 
+def test_a_block_s_images_reach_the_backbone_in_its_rows_order(tmp_path):
+    # Images decoded in the worker (PNG) and on the device (JPEG) are put back in the
+    # block's order, without the rows that failed (in the worker, or on the device): a
+    # failed JPEG between them must shift no image onto another row (and its label).
+    from torchvision.transforms import v2 as T
+
+    from extract._batches import _assemble
+
+    files = {"0.png": (255, 0, 0), "1.jpg": None, "2.jpg": (0, 255, 0), "3.png": None}
+    files["4.png"] = (0, 0, 255)
+    lines = []
+    for name, colour in files.items():
+        image = Image.new("RGB", (8, 8), colour or (0, 0, 0))
+        image.save(tmp_path / name, format="PNG" if name.endswith("png") else "JPEG")
+        lines.append(f"{name},a")
+    whole = _jpeg(8, 8)
+    (tmp_path / "1.jpg").write_bytes(whole[: len(whole) - 20])  # cut: fails on the device
+    (tmp_path / "3.png").write_bytes(b"not a png")  # fails in the worker
+    src = image_list(_write_list(tmp_path, lines))
+    pre = {"interpolation": "bilinear", "resize": 8, "crop": 8, "mean": [0.0] * 3, "std": [1.0] * 3}
+    ds = ItemDataset(src, lambda im: T.functional.to_image(im).float() / 255, jpeg_bytes=True)
+    _, decoded, raw, reasons, _ = collate_items(ds.__getitems__(list(range(len(src)))))
+    assert raw[1] is not None and [r is None for r in reasons] == [True, True, True, False, True]
+    x, reasons = _assemble(decoded, raw, reasons, pre, torch.device("cpu"))
+    assert reasons[1].startswith("RuntimeError") and reasons[3].startswith("Unidentified")
+    assert [r is None for r in reasons] == [True, False, True, False, True]
+    assert x.shape == (3, 3, 8, 8)
+    assert x.mean(dim=(2, 3)).argmax(dim=1).tolist() == [0, 1, 2]  # red, green, blue
+
+
 def test_a_png_named_jpg_is_decoded_by_pil_not_dropped(folder):
     Image.new("RGB", (5, 4), (10, 200, 30)).save(folder / "cat" / "really_png.jpg", format="PNG")
     src = image_folder(folder)
