@@ -684,6 +684,50 @@ def test_rows_without_image_bytes_say_where_the_image_is(tmp_path):
     assert str(third) == "the row holds no image bytes"  # no image at all
 
 
+def test_rows_of_a_large_row_group_are_read_as_asked_in_any_order(tmp_path):
+    # A row before the cursor's record batch (64 rows) reopens the row group: read from
+    # the batch the cursor holds, a negative position gave another row's image.
+    images = [f"image {k}".encode() for k in range(150)]
+    _table(tmp_path / "t.parquet", {"image": images, "label": [0] * 150}, row_group_size=150)
+    src = open_source(f"parquet:{tmp_path}/t.parquet")
+    rows = [100, 3, 140, 70, 69]
+    assert src.archive.read(src.root, rows, {}) == [images[k] for k in rows]
+    # A row that fails is named by its file and row (not by its id after the file).
+    from extract._images import ItemDataset
+
+    ((_, _, reason, _),) = ItemDataset(src, lambda im: torch.zeros(3, 2, 2)).__getitems__([3])
+    assert reason.endswith("cannot identify image file '" + str(tmp_path / "t.parquet:3'"))
+
+
+def test_a_parquet_folder_is_read_in_sorted_order_whatever_the_listing(tmp_path, monkeypatch):
+    # The files of a folder came in the order the file system lists them (ext4: by hash).
+    for k in range(3):
+        _table(tmp_path / f"train-0000{k}-of-00003.parquet", {"image": [b"x"], "label": [k]})
+    scandir = os.scandir
+
+    class Reversed:  # a listing in reverse order
+        def __init__(self, path="."):
+            with scandir(path) as entries:
+                self.entries = iter(sorted(entries, key=lambda e: e.name, reverse=True))
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self.entries)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(os, "scandir", Reversed)
+    src = open_source(f"parquet:{tmp_path}")
+    assert src.labels.tolist() == [0, 1, 2]
+    assert list(src.files) == [f"train-0000{k}-of-00003.parquet" for k in range(3)]
+
+
 def test_a_damaged_page_fails_the_rows_of_its_row_group_alone(tmp_path):
     # Rows are read a record batch at a time: a page header that cannot be read fails the
     # rows of its row group, each on its own, and the next row group reads as before.
