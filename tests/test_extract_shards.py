@@ -653,6 +653,12 @@ def test_parquet_string_labels_of_digits_are_class_names(tmp_path):
         ({"image": [b"a"], "label": [None]}, {}, "Row 0 .* has no 'label' label"),
         ({"image": [b"a"], "label": [0.5]}, {}, "'label' column .* is double"),
         ({"image": [b"a"], "label": [0]}, {"image_key": "img"}, "has no column 'img'"),
+        # A struct with a 'bytes' field of text is no Hugging Face Image.
+        (
+            {"image": [{"bytes": "a", "path": None}], "label": [0]},
+            {},
+            "column 'image' .* is struct<bytes: string, path: null>, not encoded images",
+        ),
     ],
 )
 def test_parquet_column_errors_are_one_line(tmp_path, columns, kwargs, match):
@@ -671,6 +677,14 @@ def test_a_null_in_a_label_column_s_dictionary_is_a_missing_label(tmp_path, dict
     _arrow_stream(tmp_path / "t.arrow", table, 2)
     with pytest.raises(TableError, match="Row 1 .* has no 'label' label"):
         open_source(f"parquet:{tmp_path}/t.arrow")
+
+
+def test_files_with_their_images_in_different_columns_are_refused(tmp_path):
+    # Read from the first file's column, every row of the other failed: no such column.
+    _table(tmp_path / "a.parquet", {"image": [b"x"], "label": [0]})
+    _table(tmp_path / "b.parquet", {"img": [b"x"], "label": [1]})
+    with pytest.raises(TableError, match="hold their images in different columns"):
+        open_source(f"parquet:{tmp_path}/*.parquet")
 
 
 def test_rows_without_image_bytes_say_where_the_image_is(tmp_path):
