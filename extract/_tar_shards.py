@@ -247,6 +247,19 @@ def _label_key_hint(members: dict) -> str:
     return f", e.g. {' or '.join(present)}" if present else ""
 
 
+def _refuse_members_apart(key: str, members: dict, samples: list, where: str) -> None:
+    """Refuse a sample without its label whose key has other members elsewhere in the
+    shard (``tar cf s.tar *.jpg *.cls``): it lacks no --label-key, its label lies apart."""
+    apart = [ext for k, other in samples if k == key and other is not members for ext in other]
+    if apart:
+        raise ShardError(
+            f"The {where} has its members apart ({', '.join(members)} here; "
+            f"{', '.join(apart)} after other samples' members): a sample is read from "
+            "consecutive members, as WebDataset reads it; write each sample's members "
+            "together (e.g. tar --sort=name)."
+        )
+
+
 @dataclass
 class _ShardIndex:
     keys: list[str]
@@ -296,6 +309,7 @@ def index_shard(path: str, image_keys: tuple[str, ...], label_key: str) -> _Shar
                 where = f"sample {key!r} of {path!r}"
                 member, json_path = _member_and_path(label_key, members)
                 if member is None:
+                    _refuse_members_apart(key, members, samples, where)
                     raise ShardError(
                         f"The {where} has no {label_key!r} label (its members: "
                         f"{', '.join(members)}); choose it with --label-key"

@@ -340,6 +340,20 @@ def test_a_sample_key_used_twice_is_refused(tmp_path, shards):
 
 
 @pytest.mark.parametrize(
+    "members, match",
+    [  # tar cf s.tar *.jpg *.cls: each image, then each label
+        (["a.jpg", "b.jpg", "a.cls", "b.cls"], r"\(jpg here; cls after other samples' members\)"),
+        (["a.jpg", "a.cls", "b.jpg", "b.cls", "a.txt"], r"\(txt here; jpg, cls after other"),
+    ],
+)
+def test_a_sample_whose_members_lie_apart_is_refused_as_such(tmp_path, members, match):
+    # It was said to have no 'cls' label, to be chosen with --label-key (txt, here).
+    _write_tar(tmp_path / "s.tar", [(name, b"0") for name in members])
+    with pytest.raises(ShardError, match=r"The sample 'a' of .* has its members apart " + match):
+        open_source(f"webdataset:{tmp_path}/s.tar")
+
+
+@pytest.mark.parametrize(
     "labels, row, why",
     [  # each became a class: '' for the empty and blank ones, '-1' for an unlabelled split
         (["cat", "dog", "", "dog"], 2, "'', which is empty"),
