@@ -643,6 +643,9 @@ def test_parquet_string_labels_of_digits_are_class_names(tmp_path):
     _table(tmp_path / "0.parquet", {"image": [b"a", b"b", b"c"], "label": ["10", "2", "10"]})
     src = open_source(f"parquet:{tmp_path}/0.parquet")
     assert src.class_names == ["10", "2"] and src.labels.tolist() == [0, 1, 0]
+    # Names all, digits among them: no mix of indices with names to refuse.
+    _table(tmp_path / "0.parquet", {"image": [b"a", b"b", b"c"], "label": ["10", "cat", "2"]})
+    assert open_source(f"parquet:{tmp_path}/0.parquet").class_names == ["10", "2", "cat"]
     # and among such labels a "-1" still marks an unlabelled row, not a class
     _table(tmp_path / "1.parquet", {"image": [b"a", b"b", b"c"], "label": ["0", "1", "-1"]})
     with pytest.raises(TableError, match="Row 2 .* '-1', which is no class index"):
