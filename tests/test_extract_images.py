@@ -1046,6 +1046,11 @@ def test_fingerprint_covers_file_identity_and_idx_files(folder, tmp_path):
     path = folder / "cat" / "001.jpg"
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1))
     assert image_folder(folder).fingerprint() != before  # same name, same size, newer
+    # The same images and class indices under other class names: another source.
+    named = [image_list(_write_list(folder, [f"cat/000.png,{c}", f"dog/001.jpg,{d}"]))
+             for c, d in (("cat", "dog"), ("kitten", "puppy"))]  # fmt: skip
+    assert named[0].labels.tolist() == named[1].labels.tolist() == [0, 1]
+    assert named[0].fingerprint() != named[1].fingerprint()
     rng = np.random.default_rng(0)
     write_idx(tmp_path, "t10k", rng.integers(0, 255, (4, 28, 28)), np.arange(4))
     first = fashion_mnist("test", tmp_path)
