@@ -903,6 +903,9 @@ def test_hugging_face_shard_names_tell_their_split_and_count(tmp_path):
     one = "-00000-of-00001.parquet"
     with pytest.raises(TableError, match=r"holds the splits \['gallery', 'query'\]"):
         open_source(files("q", f"data/query{one}", f"data/gallery{one}"))
+    # Splits whose names start with a split's (GLUE MNLI's): two splits, not one.
+    with pytest.raises(TableError, match=r"splits \['validation_matched', 'validation_mism"):
+        open_source(files("m", f"data/validation_matched{one}", f"data/validation_mismatched{one}"))
     with pytest.raises(TableError, match=r"holds the splits \['test', 'train'\]"):
         open_source(files("d", f"dev_set/train{one}", f"dev_set/test{one}"))
     stale = files(
