@@ -151,6 +151,39 @@ def test_tar_headers_are_read_as_tarfile_reads_them(tmp_path, fmt, caplog):
     assert [name for name, _, _ in expected] == [*names, *linked, "z"]
 
 
+def _rewrite_header(data: bytearray, offset: int, start: int, value: bytes) -> None:
+    """Write ``value`` at ``start`` of the tar header at ``offset``; fix its checksum."""
+    header = data[offset : offset + 512]
+    header[start : start + len(value)] = value
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    data[offset : offset + 512] = header
+
+
+def test_a_pax_size_record_and_gnu_header_times_are_read_as_tar_reads_them(tmp_path):
+    # A pax 'size' record (how pax writes a member of 8 GiB or more) is the member's size,
+    # whatever its ustar field says; a GNU header's access and change times (incremental
+    # dumps) lie where ustar has its name prefix, and are no part of the name.
+    with tarfile.open(tmp_path / "p.tar", "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, size in (("a.jpg", 600), ("a.cls", 1)):
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = size, {"size": str(size)}
+            tf.addfile(info, io.BytesIO(b"1" * size))
+    with tarfile.open(tmp_path / "g.tar", "w", format=tarfile.GNU_FORMAT) as tf:
+        for name, size in (("a.jpg", 600), ("a.cls", 1)):
+            info = tarfile.TarInfo(name)
+            info.size = size
+            tf.addfile(info, io.BytesIO(b"1" * size))
+    for path, start, value in (("p.tar", 124, b"00000000000\0"), ("g.tar", 345, b"14677016640\0")):
+        data = bytearray((tmp_path / path).read_bytes())
+        with tarfile.open(tmp_path / path) as tf:
+            first = tf.getmembers()[0]
+        _rewrite_header(data, first.offset_data - 512, start, value)  # the member's own header
+        (tmp_path / path).write_bytes(bytes(data))
+        src = open_source(f"webdataset:{tmp_path / path}")
+        assert src.ids == ["a"] and src.archive.read(src.root, [0], {}) == [b"1" * 600]
+
+
 def _damage(path, how) -> int:
     """Damage a shard; returns the offset of the header the damage is in."""
     data = bytearray(path.read_bytes())
