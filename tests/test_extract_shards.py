@@ -936,6 +936,9 @@ def test_hugging_face_shard_names_tell_their_split_and_count(tmp_path):
     one = "-00000-of-00001.parquet"
     with pytest.raises(TableError, match=r"holds the splits \['gallery', 'query'\]"):
         open_source(files("q", f"data/query{one}", f"data/gallery{one}"))
+    # The pattern suggested reads one split: not train*, which names train_extra's too.
+    with pytest.raises(TableError, match=r"e.g. parquet:.*/x/data/train-00000-of-00001.parquet\.$"):
+        open_source(files("x", f"data/train{one}", f"data/train_extra{one}"))
     # Splits whose names start with a split's (GLUE MNLI's): two splits, not one.
     with pytest.raises(TableError, match=r"splits \['validation_matched', 'validation_mism"):
         open_source(files("m", f"data/validation_matched{one}", f"data/validation_mismatched{one}"))
