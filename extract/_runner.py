@@ -253,11 +253,17 @@ def extract_features(
             raise ValueError(f"The '{name}' parameter must be True or False. Got {value!r}.")
     explicit = rank is not None or world_size is not None
     if explicit:
-        rank, world_size = rank or 0, world_size or 1
+        # (not ``or``: world_size=0 was taken as 1, and rank=False as 0)
+        rank = 0 if rank is None else rank
+        world_size = 1 if world_size is None else world_size
         for name, value in (("rank", rank), ("world_size", world_size)):
             if not _whole(value):  # (0.5 failed naming the shard, after the model loaded)
                 raise ValueError(f"The '{name}' parameter must be an int. Got {value!r} instead.")
         rank, world_size = int(rank), int(world_size)
+        if world_size < 1:
+            raise ValueError(
+                f"The 'world_size' parameter must be an int >= 1. Got {world_size!r} instead."
+            )
     else:
         rank, world_size = _distributed_env()
     if not 0 <= rank < world_size:

@@ -1648,6 +1648,10 @@ def test_float16_and_normalize(folder, tmp_path):
         # These failed once the model was built: naming the shard, writing the provenance.
         (dict(rank=0.5, world_size=2), "'rank' parameter must be an int"),
         (dict(rank=0, world_size=2.0), "'world_size' parameter must be an int"),
+        # These were taken as one rank (a whole store written) and as rank 0.
+        (dict(rank=0, world_size=0), "'world_size' parameter must be an int >= 1"),
+        (dict(world_size=0), "'world_size' parameter must be an int >= 1"),
+        (dict(rank=False, world_size=2), "'rank' parameter must be an int"),
         (dict(dtype=np.dtype("float16")), "'dtype' parameter"),
     ],
 )
