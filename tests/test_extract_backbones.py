@@ -206,6 +206,36 @@ def test_a_timm_checkpoint_with_a_decoder_and_a_head_is_taken(tmp_path):
     assert bb.weights_id == file_sha256(tmp_path / "w.pth")
 
 
+def _non_persistent_buffers(model) -> dict:
+    return {
+        f"{prefix}.{name}": buffer
+        for prefix, module in model.named_modules()
+        for name, buffer in module._buffers.items()
+        if name in module._non_persistent_buffers_set
+    }
+
+
+@pytest.mark.parametrize(
+    "name, extra",
+    [
+        # DINO's projection head, where the headless model's head is an Identity.
+        ("test_vit", lambda model: {"head.mlp.0.weight": torch.zeros(4, 8)}),
+        # Relative position indexes, which timm keeps out of the state dict (non-persistent
+        # buffers) and other code saved with it.
+        ("test_coatnet", _non_persistent_buffers),
+    ],
+    ids=["projection-head", "non-persistent-buffers"],
+)
+def test_a_timm_checkpoint_s_keys_in_layers_without_weights_are_taken(tmp_path, name, extra):
+    # Keys in places of the model that hold no weight of it are no deeper model's weights.
+    import timm
+
+    model = timm.create_model(name, num_classes=5)
+    torch.save(model.state_dict() | extra(model), tmp_path / "w.pth")
+    bb = create_backbone(f"timm:{name}@{tmp_path / 'w.pth'}")
+    assert bb.weights_id == file_sha256(tmp_path / "w.pth")
+
+
 def test_timm_local_checkpoint(tmp_path):
     path = tmp_path / "w.pth"
     reference = _save_timm_checkpoint(path, "test_resnet", seed=7)
