@@ -1231,6 +1231,16 @@ def test_effnet_lite0_takes_timm_s_names_and_wrapped_states(tmp_path):
     ) as info:
         create_backbone(f"effnet-lite0@{tmp_path / 'other.pth'}", image_size=32)
     assert "\n" not in str(info.value)
+    assert str(info.value).endswith("; 1 of the checkpoint's weights have no place in it (x).")
+    # A deeper model's weights beside all of Lite0's: refused, not the rest loaded.
+    deeper = lite.state_dict() | {"blocks.6.1.conv_pw.weight": torch.zeros(1)}
+    torch.save(deeper, tmp_path / "deeper.pth")
+    with pytest.raises(
+        BackboneError,
+        match=r"match the architecture 'tf_efficientnet_lite0': 1 of the checkpoint's weights "
+        r"have no place in it \(blocks\.6\.1\.conv_pw\.weight\)\.$",
+    ):
+        create_backbone(f"effnet-lite0@{tmp_path / 'deeper.pth'}", image_size=32)
 
 
 def test_file_sha256_is_the_sha256_of_the_whole_file(tmp_path):
