@@ -1696,6 +1696,29 @@ def test_numpy_integers_are_taken_for_every_count(folder, tmp_path):
         assert (store.metadata["shard_rank"], store.metadata["shard_world_size"]) == (1, 2)
 
 
+@pytest.mark.parametrize(
+    "counts, paths",
+    [
+        (dict(max_items=1), ["cat/000.png"]),
+        (dict(n_per_class=1), ["cat/000.png", "dog/000.png"]),
+        (dict(n_per_class=1, max_items=1, batch_size=1), ["cat/000.png"]),
+    ],
+)
+def test_counts_of_one_are_taken(folder, tmp_path, counts, paths):
+    path = extract_features(folder, BACKBONE, tmp_path / "x.h5", **(FAST | counts))
+    with load_features(path) as store:
+        assert store.paths == paths
+
+
+def test_numpy_booleans_are_taken_for_every_flag(folder, tmp_path):
+    # (np.bool_ is what a flag read from an array or a DataFrame is)
+    flags = dict(normalize=True, overwrite=False, retry_failed=False, progress=False)
+    fast = FAST | {name: np.bool_(value) for name, value in flags.items()}
+    with load_features(extract_features(folder, BACKBONE, tmp_path / "x.h5", **fast)) as store:
+        assert store.metadata["normalize"] is True
+        np.testing.assert_allclose(np.linalg.norm(store.features[:], axis=1), 1, rtol=1e-5)
+
+
 def test_tiny_open_clip_extraction(folder, tmp_path):
     pytest.importorskip("open_clip")
     from extract._testing import register_tiny_open_clip
