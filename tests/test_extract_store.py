@@ -2796,6 +2796,40 @@ def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merg
     np.testing.assert_allclose(merged.features[keep], single.features[keep], rtol=1e-5, atol=1e-6)
 
 
+def test_a_torchrun_retry_extracts_again_a_transient_failure_of_a_complete_store(
+    tmp_path, monkeypatch
+):
+    # The image unchanged (a read error that passed): the merged store is complete, and
+    # --retry-failed is what makes its ranks read the failed image again, not reuse it.
+    from extract import _images, _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    read_file = _images.read_file
+
+    def flaky(path, listed=None):
+        if path.endswith("dog/001.jpg"):
+            raise OSError(errno.EIO, "Input/output error")
+        return read_file(path, listed)
+
+    monkeypatch.setattr(_images, "read_file", flaky)
+    out = tmp_path / "f.h5"
+    merge_shards(
+        [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **FAST) for r in (0, 1)], out
+    )
+    assert [path for path, _ in load_features(out, in_memory=True).failures] == ["dog/001.jpg"]
+    monkeypatch.setattr(_images, "read_file", read_file)  # the file system recovers
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *args: out)
+    written = _spy_writes(monkeypatch)
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
+    assert written == [1]  # the failed image alone, by the rank that holds it
+    merge_shards([shard_path(out, r, 2) for r in (0, 1)], out, overwrite=True)
+    assert not load_features(out, in_memory=True).failures
+
+
 def test_the_default_worker_count_leaves_one_cpu_to_the_main_process(tmp_path, monkeypatch):
     # By default the loader has min(8, cpu_count - 1) workers, as documented: one CPU is left
     # to the main process.
