@@ -2259,6 +2259,9 @@ def test_complete_store_is_reused_and_says_so(store, folder, caplog):
     caplog.set_level(logging.INFO, logger="extract")
     extract_features(folder, BACKBONE, store, **FAST)
     assert "Reused the complete feature store" in caplog.text and "--force" in caplog.text
+    # Its failures are said in that line, once: not warned of as this run's.
+    assert "; 2 recorded as failed ('cat/corrupt.jpg'" in caplog.text
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
 
 
 _HOLD_LOCK_AND_FORK = """
