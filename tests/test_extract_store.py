@@ -2,6 +2,7 @@
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -2683,6 +2684,26 @@ def test_a_batch_of_jpegs_alone_is_decoded_on_the_tensor_path(tmp_path):
     np.testing.assert_allclose(
         tensor.features, pil.features, atol=0.05 * np.abs(pil.features).max()
     )
+    # Resized by torchvision, not by PIL: the store's "tensor" is what made its rows.
+    assert (tensor.features != pil.features).any(axis=1).all()
+
+
+def test_tensor_decoding_of_a_transform_that_does_not_crop_at_the_centre_is_pil_s(
+    folder, tmp_path, monkeypatch
+):
+    # Only a resize and a centre crop have a tensor twin: a squashing transform's images are
+    # decoded by PIL, and the store records it so.
+    from extract import _backbones
+
+    squash = functools.partial(_backbones._timm_data, crop_mode="squash")  # (as some tags do)
+    monkeypatch.setattr(_backbones, "_timm_data", squash)
+    pil = extract_features(folder, BACKBONE, tmp_path / "p.h5", decode="pil", **FAST)
+    tensor = extract_features(folder, BACKBONE, tmp_path / "t.h5", decode="tensor", **FAST)
+    pil, tensor = load_features(pil, in_memory=True), load_features(tensor, in_memory=True)
+    assert tensor.metadata["preprocessing"] == pil.metadata["preprocessing"]
+    assert pil.metadata["preprocessing"]["mode"] == "squash"
+    assert pil.metadata["preprocessing"]["decode"] == "pil"
+    np.testing.assert_array_equal(tensor.features, pil.features)
 
 
 def test_a_cpu_store_holds_the_float32_forward_pass(tmp_path):
