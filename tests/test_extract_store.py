@@ -2010,6 +2010,40 @@ def test_a_file_system_without_flock_is_said_and_written_without_the_lock_on_req
     assert written and "written without its lock" in caplog.text
 
 
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP])
+@pytest.mark.parametrize("setting", ["FALSE", "0", "BEST_EFFORT"])
+def test_each_file_system_without_flock_is_written_without_it_on_each_of_hdf5_s_settings(
+    tmp_path, monkeypatch, caplog, code, setting
+):
+    # Every errno of a file system without locks (Lustre, NFS), and every value by which
+    # HDF5 opens files without its own lock.
+    import fcntl
+
+    def no_flock(fh, operation):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.setenv("HDF5_USE_FILE_LOCKING", setting)
+    caplog.set_level(logging.WARNING, logger="extract")
+    with store_lock(tmp_path / "s.h5"):
+        assert "written without its lock" in caplog.text
+
+
+def test_a_writer_running_under_another_user_is_not_said_to_be_dead(monkeypatch):
+    # Signalling another user's process is refused (EPERM): it runs, and writes the store.
+    import socket
+
+    from extract import _locks
+
+    def refuse(pid, signal):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "kill", refuse)
+    message = _locks._locked_message("s.h5", "s.h5.lock", f"4321 {socket.gethostname()}")
+    assert message.startswith("The feature store 's.h5' is being written by another process")
+    assert "(pid 4321)" in message and "no longer running" not in message
+
+
 def test_a_reader_refused_by_a_writer_is_told_its_pid(store, tmp_path):
     # The message named none, where the documentation promised it; a released lock's pid
     # (this process's, left by its finished run) is not the writer's.
