@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 
+import numpy as np
 import pytest
 
 pytest.importorskip("timm")
@@ -234,6 +235,37 @@ def test_a_timm_checkpoint_s_keys_in_layers_without_weights_are_taken(tmp_path, 
     torch.save(model.state_dict() | extra(model), tmp_path / "w.pth")
     bb = create_backbone(f"timm:{name}@{tmp_path / 'w.pth'}")
     assert bb.weights_id == file_sha256(tmp_path / "w.pth")
+
+
+@pytest.mark.parametrize("image_size", [None, 48])
+@pytest.mark.parametrize(
+    "spec", ["timm:test_resnet", "effnet-lite0", "moco:test_resnet", "open_clip"]
+)
+def test_the_recorded_preprocessing_is_the_transform_s(tmp_path, spec, image_size):
+    # What the store records (and the tensor decoding path applies) is what the library's
+    # own eval transform does: its resize, crop, interpolation, mean and std.
+    import timm
+
+    if spec.startswith("moco:"):
+        torch.save(timm.create_model("test_resnet", num_classes=0).state_dict(), tmp_path / "m.pth")
+        spec = f"{spec}@{tmp_path / 'm.pth'}"
+    elif spec == "open_clip":
+        spec = f"open_clip:{register_tiny_open_clip(tmp_path)}@random"
+    else:
+        spec += "@random"
+    bb = create_backbone(spec, image_size=image_size)
+    steps = {type(step).__name__: step for step in bb.transform.transforms}
+    resize, crop, normalize = steps["Resize"], steps["CenterCrop"], steps["Normalize"]
+    assert bb.preprocess["resize"] == resize.size
+    assert bb.preprocess["crop"] == list(crop.size)
+    assert bb.preprocess["interpolation"] == resize.interpolation.value
+    np.testing.assert_allclose(bb.preprocess["mean"], np.asarray(normalize.mean), rtol=1e-6)
+    np.testing.assert_allclose(bb.preprocess["std"], np.asarray(normalize.std), rtol=1e-6)
+    if spec.startswith("moco:"):  # MoCo's published evaluation: bilinear, 224 of 256
+        assert bb.preprocess["interpolation"] == "bilinear"
+        assert create_backbone(spec, image_size=224).preprocess["resize"] == 256
+    if spec.startswith("effnet-lite0"):
+        assert bb.preprocess["mean"] == bb.preprocess["std"] == [0.5] * 3
 
 
 def test_timm_local_checkpoint(tmp_path):
