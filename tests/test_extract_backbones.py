@@ -99,6 +99,18 @@ def test_missing_checkpoint_is_a_clear_error(spec):
         create_backbone(spec)
 
 
+@pytest.mark.parametrize("suffix", [".pt", ".pth", ".bin", ".safetensors", ".pth.tar", ".ckpt"])
+@pytest.mark.parametrize("head", ["timm:test_resnet", "open_clip:RN50", "effnet-lite0"])
+def test_a_bare_name_with_a_checkpoint_suffix_is_a_missing_file(
+    tmp_path, monkeypatch, head, suffix
+):
+    # Its suffix says it is a checkpoint (docs/extract.md): a missing file, not an unknown
+    # pretrained tag nor weights that are no file.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"'w{re.escape(suffix)}' .* does not exist"):
+        create_backbone(f"{head}@w{suffix}")
+
+
 @pytest.mark.parametrize(
     "make, what",
     [
@@ -1257,6 +1269,10 @@ def test_effnet_lite0_takes_timm_s_names_and_wrapped_states(tmp_path):
     x = torch.rand(2, 3, 32, 32)
     with torch.inference_mode():
         torch.testing.assert_close(bb.model(x), lite(x))
+    torch.save({"model": lite.state_dict()}, tmp_path / "nested.pth")  # (as timm's scripts)
+    nested = create_backbone(f"effnet-lite0@{tmp_path / 'nested.pth'}", image_size=32)
+    with torch.inference_mode():
+        torch.testing.assert_close(nested.model(x), lite(x))
     torch.save({"x": torch.zeros(1)}, tmp_path / "other.pth")
     with pytest.raises(
         BackboneError, match=r"245 of its parameters are not in the checkpoint \(conv_stem"
