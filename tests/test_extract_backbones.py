@@ -587,6 +587,20 @@ def test_a_device_error_while_probing_is_not_blamed_on_the_input_size(monkeypatc
         create_backbone("timm:test_resnet@random", image_size=64)
 
 
+@pytest.mark.parametrize("error", [RuntimeError, AssertionError])
+def test_a_model_failing_at_its_own_input_size_is_not_told_to_drop_image_size(monkeypatch, error):
+    # No --image-size was given: there is none to drop, and the model's error is its own.
+    from extract import BackboneError
+
+    def broken(self, x):
+        raise error("the model's own failure")
+
+    monkeypatch.setattr(torch.nn.Conv2d, "forward", broken)
+    with pytest.raises(error, match="the model's own failure") as info:
+        create_backbone("timm:test_resnet@random")
+    assert not isinstance(info.value, BackboneError)
+
+
 def test_older_torch_s_refusal_of_objects_is_recognised(tmp_path, monkeypatch):
     # torch 2.3's wording has no "can still be loaded".
     import pickle
