@@ -1125,6 +1125,9 @@ def test_open_clip_default_tag_offline_and_models_without_tags(no_network, tmp_p
     try:
         with pytest.raises(WeightsUnavailableError, match="tag 'fake_tag'") as info:
             create_backbone(f"open_clip:{name}")  # the first listed tag
+        # A tag in other case and with '-', as open_clip takes it, is that tag.
+        with pytest.raises(WeightsUnavailableError, match="tag 'fake_tag'"):
+            create_backbone(f"open_clip:{name}@Fake-Tag")
     finally:
         del open_clip.pretrained._PRETRAINED[name]
     assert f"open_clip:{name}@/path/to/checkpoint.pth" in str(info.value)
