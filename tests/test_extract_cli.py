@@ -282,6 +282,36 @@ def test_cli_reads_shards_with_a_label_key(tmp_path, capsys):
     assert "--label-key applies to webdataset: and parquet: sources" in _error_line(capsys)
 
 
+def test_cli_reads_parquet_files_with_their_keys(tmp_path, capsys):
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    write_parquet(folder, tmp_path / "parquet" / "a.parquet")
+    out = tmp_path / "f.h5"
+    args = [f"parquet:{tmp_path}/parquet/a.parquet", "timm:test_resnet@random", str(out)]
+    args += ["--image-size", "32", "--no-progress", "--workers", "0"]
+    assert main([*args, "--image-key", "image", "--label-key", "label"]) == 0
+    assert "4 rows x 96 features, 2 classes, 0 failed images" in capsys.readouterr().out
+    with load_features(out) as store:
+        assert store.class_names == ["cat", "dog"]
+        options = store.metadata["source_options"]
+        assert (options["image_key"], options["label_key"]) == ("image", "label")
+
+
+def test_under_torchrun_a_rank_other_than_0_prints_no_summary(tmp_path, capsys, monkeypatch):
+    # Rank 0 reports the merged store, once; the other ranks say nothing more.
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    out = tmp_path / "f.h5"
+    args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
+    args += ["--no-progress", "--workers", "0"]
+    assert main(args) == 0
+    assert "f.h5: 2 rows x 96 features" in capsys.readouterr().out
+    monkeypatch.setattr(_runner, "extract_features", lambda *args, **kwargs: out)
+    monkeypatch.setenv("RANK", "1")
+    assert main(args) == 0
+    assert capsys.readouterr().out == ""
+
+
 def _error_line(capsys, only_line: bool = False) -> str:
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("mr2-extract: error: ")]
