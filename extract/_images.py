@@ -707,6 +707,20 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             "the classes sorted as text ('10' before '2'), and %r is a class of its own.",
             list_file, rows[i][2], texts[i], why, texts[i],
         )  # fmt: skip
+    elif all(re.fullmatch(r"\d+\.0+", text) for text in texts):
+        # Integers as pandas writes them in a column that held a missing value: read as
+        # names, class 4 was "2.0" (12 classes), without a word.
+        order = {text: k for k, text in enumerate(sorted(set(texts)))}
+        moved = next((i for i, text in enumerate(texts) if order[text] != float(text)), None)
+        if moved is not None:
+            logger.warning(
+                "%s:%d: the label %r is a whole number written as a decimal (as pandas "
+                "writes integers in a column that held a missing value): a list file then "
+                "reads every label as a class name, the classes sorted as text ('10.0' "
+                "before '2.0'); write the labels as integers ('2') to read them as class "
+                "indices.",
+                list_file, rows[moved][2], texts[moved],
+            )  # fmt: skip
     labels, class_names = encode_labels(texts)
     ids = [path for path, _, _ in rows]
     sizes, mtimes = stat_files(str(list_file.parent), ids)

@@ -94,6 +94,11 @@ def test_class_indices_that_leave_classes_empty_or_merge_are_said(folder, caplog
         (["1", "-1", "1", "-1"], None),  # "1" is class 1 as a name too: nothing renumbered
         # Nothing renumbered, but -1 may mark unlabelled rows: said (it was, then was not).
         (["-1", "1", "2", "2"], r"list.csv:1: the label '-1', which is no class index"),
+        # Integers written as decimals (pandas, in a column that held a NaN): renumbered.
+        (["1.0", "2.0", "1.0", "2.0"], r"list.csv:1: the label '1.0' is a whole number"),
+        (["0.0", "10.0", "1.0", "2.0"], r"list.csv:2: the label '10.0' is a whole number"),
+        (["0.0", "1.0", "1.0", "0.0"], None),  # classes 0 and 1 either way
+        (["0.5", "1.0", "1.0", "0.5"], None),  # not integers: names
     ],
 )
 def test_a_list_that_mixes_indices_with_names_says_it_reads_them_as_names(
