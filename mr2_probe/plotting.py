@@ -161,6 +161,22 @@ def _spare_colours():
             yield colour
 
 
+def _fitted(estimator, caller: str, kind: str, *attributes: str):
+    """The estimator itself (a pipeline's last step), fitted and holding ``attributes``:
+    a fitted estimator of another kind (a TunedOffsetsClassifierCV, a GridSearchCV) was
+    refused as not fitted, or failed on an attribute it lacks."""
+    estimator = _final(estimator)
+    check_is_fitted(estimator)
+    lacks = [name for name in attributes if not hasattr(estimator, name)]
+    if lacks:
+        raise ValueError(
+            f"{caller} reads {' and '.join(attributes)} of a fitted {kind} (or of a Pipeline "
+            f"ending in one); {type(estimator).__name__} has no {lacks[0]}. Pass the {kind} "
+            "itself (a TunedOffsetsClassifierCV's estimator_, a search's best_estimator_)."
+        )
+    return estimator
+
+
 # Longer class names are cut to this many characters under the bars (the report keeps them).
 _TICK_CHARACTERS = 32
 
@@ -318,8 +334,9 @@ def plot_margins(classifier, path, class_names=None):
     >>> fig.axes[0].get_ylabel()
     'margin γ_k'
     """
-    classifier = _final(classifier)
-    check_is_fitted(classifier, ["margins_", "class_stats_"])
+    classifier = _fitted(
+        classifier, "plot_margins", "MR2LinearClassifier", "margins_", "class_stats_"
+    )
     msd = np.asarray(classifier.class_stats_["msd"], dtype=float)
     gamma = np.asarray(classifier.margins_, dtype=float)
     labels = [str(label) for label in classifier.classes_]
@@ -567,8 +584,9 @@ def cv_curves(search, scoring: str | None = None) -> dict:
     A ``scoring`` that names a class-wise curve other than the search's own (or any, for a
     callable of the user's) is refused.
     """
-    search = _final(search)
-    check_is_fitted(search, "class_accuracy_path_")
+    search = _fitted(
+        search, "cv_curves", "MR2LinearClassifierCV", "class_accuracy_path_", "scores_"
+    )
     own_name = _own_scorer_name(search)
     name = scoring if scoring is not None else own_name or "score"
     if name != own_name and name in (*_CLASSWISE_CURVES, "class_std"):
@@ -626,7 +644,10 @@ def plot_cv_curve(searches, path, scoring: str | None = None):
     # The reference's light grey is for filled marks: a thin curve or dotted line of it is
     # barely seen on white, so its curves take the dark grey of the reference lines.
     colours = {name: SAME if c == REFERENCE else c for name, c in colours.items()}
-    searches = {name: _final(s) for name, s in searches.items()}
+    searches = {
+        name: _fitted(s, "plot_cv_curve", "MR2LinearClassifierCV", "class_accuracy_path_", "Cs_")
+        for name, s in searches.items()
+    }
     # C = inf (no penalty) has no place on a log axis: it is drawn a decade beyond the
     # largest finite value, and the axis says so.
     finite = [c for s in searches.values() for c in s.Cs_ if np.isfinite(c)]

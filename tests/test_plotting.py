@@ -473,6 +473,44 @@ def test_margin_plot_takes_a_classifier_inside_a_pipeline(tmp_path):
     assert [t.get_text() for t in fig.axes[0].texts] == ["0", "1", "2"]
 
 
+@pytest.mark.parametrize("wrapper", ["offsets", "search"])
+def test_figures_of_a_fitted_wrapper_name_the_estimator_to_pass(tmp_path, wrapper):
+    # A fitted TunedOffsetsClassifierCV or GridSearchCV around the probe was refused as
+    # "not fitted yet" by plot_margins and cv_curves, and failed plot_cv_curve on "Cs_".
+    from sklearn.model_selection import GridSearchCV
+
+    from mr2_probe import TunedOffsetsClassifierCV
+    from mr2_probe.plotting import cv_curves
+
+    def wrap(estimator):
+        if wrapper == "offsets":
+            return TunedOffsetsClassifierCV(estimator, cv=2)
+        return GridSearchCV(estimator, {"c_bar": [1.0]}, cv=2)
+
+    X, y = load_iris(return_X_y=True)
+    probe = wrap(MR2LinearClassifier(max_iter=30, device="cpu"))
+    search = wrap(MR2LinearClassifierCV([0.01, 1.0], cv=2, max_iter=30, device="cpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        probe.fit(X, y), search.fit(X, y)
+    name = type(probe).__name__
+    with pytest.raises(
+        ValueError,
+        match=rf"^plot_margins reads margins_ and class_stats_ of a "
+        rf"fitted MR2LinearClassifier .*; {name} has no margins_. Pass the ",
+    ):
+        plot_margins(probe, tmp_path / "margins.png")
+    kind = "of a fitted MR2LinearClassifierCV"
+    with pytest.raises(ValueError, match=rf"^cv_curves reads .* {kind} .*; {name} has no "):
+        cv_curves(search)
+    with pytest.raises(ValueError, match=rf"^plot_cv_curve reads .* {kind} .*; {name} has no "):
+        plot_cv_curve({"MR2": search}, tmp_path / "cv.png")
+    assert not list(tmp_path.iterdir())
+    # The estimator it holds is drawn.
+    inner = probe.estimator_ if wrapper == "offsets" else probe.best_estimator_
+    plot_margins(inner, tmp_path / "margins.png")
+
+
 def test_margin_plot_needs_a_fitted_classifier(tmp_path):
     with pytest.raises(NotFittedError):
         plot_margins(MR2LinearClassifier(), tmp_path / "margins.png")
