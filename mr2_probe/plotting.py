@@ -598,8 +598,14 @@ def cv_curves(search, scoring: str | None = None) -> dict:
     per_class = search.class_accuracy_path_  # (folds, Cs, K)
     own = next(iter(search.scores_.values())).mean(0)
     curves = {name: -own if own_name == "class_std" else own}
-    curves.setdefault("balanced_accuracy", np.nanmean(per_class, axis=2).mean(0))
-    curves.setdefault("worst_class", np.nanmin(per_class, axis=2).mean(0))
+    with warnings.catch_warnings():
+        # A value whose fit failed on a fold is NaN for every class there: NaN on its
+        # curves, without NumPy's warnings of an empty slice.
+        warnings.filterwarnings(
+            "ignore", "Mean of empty slice|All-NaN slice encountered", RuntimeWarning
+        )
+        curves.setdefault("balanced_accuracy", np.nanmean(per_class, axis=2).mean(0))
+        curves.setdefault("worst_class", np.nanmin(per_class, axis=2).mean(0))
     return curves
 
 

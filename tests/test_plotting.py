@@ -665,6 +665,32 @@ def test_cv_curve_takes_searches_inside_pipelines(tmp_path):
         np.testing.assert_array_equal(curves[name], curve)
 
 
+def test_curves_of_a_value_that_failed_are_nan_without_numpy_s_warnings(tmp_path):
+    # A value whose fit diverged (NaN for every class of every fold) warned "Mean of empty
+    # slice" and "All-NaN slice encountered", from plotting.py, at each curve and figure.
+    from sklearn.exceptions import FitFailedWarning
+
+    from mr2_probe.plotting import cv_curves
+
+    X = np.random.default_rng(0).normal(size=(60, 300)).astype(np.float32)
+    y = np.repeat(np.arange(3), 20)
+    search = MR2LinearClassifierCV(
+        [1e-6, 1.0], cv=3, lam=0.5, max_iter=5, random_state=0, device="cpu"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("ignore", FitFailedWarning)
+        search.fit(X, y)
+    assert np.isnan(search.class_accuracy_path_[:, 0]).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        curves = cv_curves(search)
+        plot_cv_curve({"MR2": search}, tmp_path / "cv.png")
+    assert list(curves) == ["accuracy", "balanced_accuracy", "worst_class"]
+    for curve in curves.values():
+        assert np.isnan(curve[0]) and np.isfinite(curve[1])
+
+
 def test_cv_curve_needs_at_least_one_search(tmp_path):
     # No search raised a bare StopIteration.
     with pytest.raises(ValueError, match=r"^searches must name at least one search, got an "):
