@@ -640,6 +640,11 @@ def test_plot_front(front, tmp_path):
     assert at_mr2 == ["MR2"]
     # Tilt points labelled by t, offsets points by their bound in points.
     assert [t.get_text() for t in left.texts] == ["ERM", "MR2", "1", "5", "0", "1"]
+    # Each beside its point, up and to the right, not over its marker.
+    drawn = [next(line for line in left.lines if line.get_label() == p.lever) for p in front.points]
+    points = [xy for line in dict.fromkeys(drawn) for xy in line.get_xydata().tolist()]
+    assert [tuple(t.xy) for t in left.texts] == [tuple(xy) for xy in points]
+    assert {(t.xyann, t.anncoords) for t in left.texts} == {((4, 3), "offset points")}
     # One ring, on the rule's choice; the dashed line at ERM's overall accuracy − bound.
     chosen = front.point(front.chosen).test
     rings = [line for line in left.lines if line.get_markersize() == 14]
@@ -852,6 +857,21 @@ def test_plot_front_tilt_curve_starts_at_the_untilted_point_in_both_axes(tmp_pat
     # Only the levers the front holds are drawn and named: no empty MR² or offsets line.
     named = [line.get_label() for line in fig.axes[0].lines if line.get_label()[0] != "_"]
     assert named == ["ERM", "tilt"]
+
+
+def test_plot_front_draws_the_validation_split_where_a_point_lacks_test_scores(tmp_path):
+    # Test scores of some points only (a front put together by hand): every point is drawn
+    # on the split they all have, not the others' test scores beside its validation ones.
+    scores = {"overall": 0.9, "worst": 0.5, "hard": 0.7}
+    test = {"overall": 0.8, "worst": 0.4, "hard": 0.6}
+    points = [
+        FrontPoint("ERM", "ERM", None, None, scores, test),
+        FrontPoint("tilt=1", "tilt", 1.0, None, {**scores, "worst": 0.6}, None),
+    ]
+    fig = plot_front(Front(points, bound=0.05), tmp_path / "f.png")
+    assert fig.axes[0].get_xlabel() == "overall accuracy (%), validation"
+    erm = next(line for line in fig.axes[0].lines if line.get_label() == "ERM")
+    assert (erm.get_xdata()[0], erm.get_ydata()[0]) == pytest.approx((90, 50))
 
 
 def test_a_front_has_no_point_of_an_unknown_name():

@@ -155,9 +155,26 @@ def test_characters_the_font_lacks_are_one_warning_per_figure(tmp_path):
     assert [(w.category, w.message.characters) for w in caught] == [
         (MissingGlyphWarning, ("\u732b", "\u72ac"))
     ]
+    assert caught[0].filename == __file__  # the caller's line, not the library's
     assert str(caught[0].message).endswith(
         "they are drawn as boxes in " + str(tmp_path / "classes.png")
     )
+
+
+def test_names_that_are_not_utf8_are_drawn_as_their_escapes(tmp_path):
+    # A lone surrogate (a file name that was not UTF-8, as os.listdir decodes it) is drawn
+    # as its escape, as report.json writes it: not as "?", which another name can be.
+    y = np.repeat(np.array(["caf\udce9", "caf?"]), 2)
+    report = classwise_report({"ERM": y, "MR2 \udce9": np.roll(y, 1)}, y)
+    fig = plot_class_accuracy(report, tmp_path / "classes.png")
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["caf?", "caf\\udce9"]
+    assert fig.axes[0].get_title() == "per-class accuracy: MR2 \\udce9 vs ERM"
+
+
+def test_figures_are_written_at_120_dots_per_inch(tmp_path, report):
+    fig = plot_group_accuracy(report, tmp_path / "groups.png")
+    height, width = imread(tmp_path / "groups.png").shape[:2]
+    assert (width, height) == (120 * fig.get_figwidth(), 120 * fig.get_figheight())
 
 
 def test_class_std_curve_is_the_spread_itself(tmp_path):
@@ -343,7 +360,10 @@ def test_group_accuracy_plot(tmp_path, report):
         # Only the reference is grey, whatever its name.
         (["ERM grid", "MR2"], "MR2", [OTHER_COLOURS[0], REFERENCE]),
         # A lever is a whole word of the name.
-        (["amr2", "tilted", "offsets2"], None, list(OTHER_COLOURS[:3])),
+        (["amr2", "tilted", "offsets2", "0tilt"], None, list(OTHER_COLOURS[:4])),
+        # A tilt or offsets point of the MR² model takes its lever's colour, not MR²'s.
+        (["ERM", "MR2", "MR2 tilt=2", "MR2 offsets≤1pt"], "ERM",
+         [REFERENCE, LEVER_COLOURS["MR2"], LEVER_COLOURS["tilt"], LEVER_COLOURS["offsets"]]),
     ],
 )  # fmt: skip
 def test_model_colours(names, reference, expected):
@@ -368,6 +388,9 @@ def test_group_accuracy_plot_leaves_a_group_without_classes_unlabelled(tmp_path)
     ax = fig.axes[0]
     labels = [[t.get_text() for t in ax.texts[4 * i : 4 * i + 4]] for i in range(2)]
     assert labels == [["100.0", "", "50.0", "50.0"], ["100.0", "", "100.0", "100.0"]]
+    # Its bars are empty (of height 0), not NaN.
+    heights = [[b.get_height() for b in container] for container in ax.containers]
+    assert heights == [[100, 0, 50, 50], [100, 0, 100, 100]]
 
 
 @pytest.mark.parametrize("c_bar", [None, 2.0])
@@ -399,11 +422,13 @@ def test_margin_plot(tmp_path, c_bar):
         assert ax.lines[0].get_ydata()[0] == pytest.approx(c_bar)
 
 
-def test_margin_plot_names_integer_classes(tmp_path):
+@pytest.mark.parametrize("dtype", [np.int64, np.uint8])  # (MNIST's labels are uint8)
+def test_margin_plot_names_integer_classes(tmp_path, dtype):
     rng = np.random.default_rng(0)
     y = np.repeat([0, 1, 2], 20)
     X = rng.normal(size=(60, 3)) + 3 * y[:, None]
-    clf = MR2LinearClassifier(max_iter=30, device="cpu").fit(X, y)
+    clf = MR2LinearClassifier(max_iter=30, device="cpu").fit(X, y.astype(dtype))
+    assert clf.classes_.dtype == dtype
     fig = plot_margins(clf, tmp_path / "margins.png", class_names=["Bag", "Coat", "Shirt"])
     assert [t.get_text() for t in fig.axes[0].texts] == ["Bag", "Coat", "Shirt"]
 
@@ -529,6 +554,9 @@ def test_class_accuracy_plot_places_its_bars_labels_and_axes(tmp_path, report):
     tops = np.maximum([a.get_height() for a in ref], [b.get_height() for b in other])
     changed = [1, 2, 5]  # the classes 3, 1 and 4 in the sorted order
     assert [t.xy for t in ax.texts] == [pytest.approx((i + 0.2, tops[i])) for i in changed]
+    assert {(t.get_horizontalalignment(), t.get_verticalalignment()) for t in ax.texts} == {
+        ("center", "bottom")
+    }
     # The lowest bar is 25 %: the axis starts at the decade below it, and ends above 100.
     assert ax.get_ylim() == pytest.approx((10, 104))
     assert ax.get_title() == "per-class accuracy: MR2 vs ERM"
@@ -691,6 +719,42 @@ def test_curves_of_a_value_that_failed_are_nan_without_numpy_s_warnings(tmp_path
         assert np.isnan(curve[0]) and np.isfinite(curve[1])
 
 
+def test_cv_curves_leave_out_a_class_a_fold_holds_out_no_sample_of(tmp_path):
+    # A class of two samples is held out by two of three folds: the third fold's balanced
+    # and worst-class accuracies are over the classes it holds out, not NaN.
+    from mr2_probe.plotting import cv_curves
+
+    rng = np.random.default_rng(0)
+    y = np.r_[np.repeat([0, 1], 30), 2, 2]
+    X = rng.normal(size=(len(y), 4)) + 2 * y[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (scikit-learn's: a class of 2 < 3)
+        search = MR2LinearClassifierCV([0.01, 1.0], cv=3, device="cpu").fit(X, y)
+    path = search.class_accuracy_path_
+    assert np.isnan(path[..., 2]).any()
+    curves = cv_curves(search)
+    np.testing.assert_allclose(curves["balanced_accuracy"], np.nanmean(path, axis=2).mean(0))
+    np.testing.assert_allclose(curves["worst_class"], np.nanmin(path, axis=2).mean(0))
+    assert all(np.isfinite(curve).all() for curve in curves.values())
+
+
+def test_cv_curve_marks_a_choice_of_c_inf_where_its_curves_draw_it(tmp_path):
+    # The chosen value's line of a search that chose C = inf was drawn at inf: nowhere.
+    # Where only a later search tries C = inf, the axis says where it is drawn too.
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], 20)
+    X = rng.normal(size=(60, 2)) + 6 * y[:, None]
+    finite = MR2LinearClassifierCV([1e-4, 1e-2], cv=3, device="cpu").fit(X, y)
+    search = MR2LinearClassifierCV([1e-4, np.inf], cv=3, c_bar=None, device="cpu").fit(X, y)
+    assert search.C_ == np.inf
+    ax = plot_cv_curve({"MR2": finite, "ERM": search}, tmp_path / "cv.png").axes[0]
+    assert ax.get_xlabel().endswith("; C = inf (no penalty) drawn at 0.1")
+    erm = [line for line in ax.lines if line.get_label().startswith("ERM ")]
+    np.testing.assert_array_equal(erm[0].get_xdata(), [1e-4, 0.1])
+    chosen = [line for line in ax.lines if line.get_label().startswith("_")]  # (unnamed)
+    assert [line.get_xdata()[0] for line in chosen] == [finite.C_, 0.1]
+
+
 def test_cv_curve_needs_at_least_one_search(tmp_path):
     # No search raised a bare StopIteration.
     with pytest.raises(ValueError, match=r"^searches must name at least one search, got an "):
@@ -721,15 +785,23 @@ def test_many_classes_keep_the_figure_s_width_and_name_none(tmp_path):
     assert fig.get_size_inches()[0] == pytest.approx(0.35 * MANY_CLASSES + 2)
     assert len(ax.patches) == 400 and not ax.texts and not ax.get_xticklabels()
     assert "200 classes, named in the report" in ax.get_xlabel()
+    assert ax.get_xlim() == pytest.approx((-0.7, 199.7))  # the bars edge to edge
     few = classwise_report({"ERM": erm[:300], "MR2": mr2[:300]}, y[:300])  # 60 classes
     assert len(plot_class_accuracy(few, tmp_path / "few.png").axes[0].get_xticklabels()) == 60
 
 
-def test_class_accuracy_axis_starts_a_decade_below_the_lowest_bar(tmp_path):
-    # The lowest bar is 50 %: the axis starts at 40 %, not at 0.
-    report = classwise_report({"ERM": [0, 0, 1, 0], "MR2": [0, 0, 1, 1]}, [0, 0, 1, 1])
+@pytest.mark.parametrize(
+    "erm, mr2, bottom",
+    [
+        ([0, 0, 1, 0], [0, 0, 1, 1], 40),  # the lowest bar is 50 %: from 40 %, not from 0
+        ([0, 0, 1, 1], [0, 0, 1, 0], 40),  # the model's bar, not only the reference's
+        ([0, 0, 0, 0], [0, 0, 1, 1], 0),  # a class at 0 %: from 0, not below it
+    ],
+)
+def test_class_accuracy_axis_starts_a_decade_below_the_lowest_bar(tmp_path, erm, mr2, bottom):
+    report = classwise_report({"ERM": erm, "MR2": mr2}, [0, 0, 1, 1])
     fig = plot_class_accuracy(report, tmp_path / "c.png")
-    assert fig.axes[0].get_ylim() == pytest.approx((40, 104))
+    assert fig.axes[0].get_ylim() == pytest.approx((bottom, 104))
 
 
 def test_a_gain_under_a_twentieth_of_a_point_is_not_labelled_zero(tmp_path):
@@ -751,9 +823,12 @@ def test_cv_curve_axes_name_every_search_drawn_on_them(tmp_path):
                                      device="cpu").fit(X, y),
         "MR2": MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring="neg_brier_score",
                                      device="cpu").fit(X, y),
+        "tilt": MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring="neg_log_loss",
+                                      class_tilt=1.0, device="cpu").fit(X, y),
     }  # fmt: skip
     fig = plot_cv_curve(searches, tmp_path / "cv.png")
     assert fig.axes[0].get_xlabel() == (
         "C (inverse L2 strength) of linear heads, logit scale of cosine heads"
     )
+    # Each score once, however many searches chose by it.
     assert fig.axes[1].get_ylabel() == "held-out neg_log_loss, neg_brier_score (mean over folds)"
