@@ -15,6 +15,7 @@ import torch
 from mr2_probe import _device
 from mr2_probe._device import (
     available_devices,
+    default_torch_modes,
     inverse_row_norms,
     resolve_device,
     row_norms,
@@ -80,6 +81,8 @@ def test_an_available_mps_or_xpu_device_is_accepted(monkeypatch, name, xpus):
         ("cuda:2", 2, 0),  # beyond the GPUs there are
         ("xpu:2", 0, 2),
         ("xpu", 0, 0),
+        ("mps", 0, 0),  # none on this machine
+        ("meta", 0, 0),  # a torch device, but none to train on
     ],
 )
 def test_a_device_beyond_those_available_is_refused_listing_them(monkeypatch, name, cuda, xpu):
@@ -99,6 +102,32 @@ def test_cuda_without_an_index_is_the_only_gpu_of_a_one_gpu_machine(monkeypatch)
 def test_a_device_that_is_no_name_at_all_is_a_value_error():
     with pytest.raises(ValueError, match="device='None' is not a torch device"):
         resolve_device(None)
+
+
+_CALLER_MODES = {
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+    "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("mode", _CALLER_MODES)
+def test_default_torch_modes_set_aside_the_caller_s(mode):
+    # A fit inside the caller's no_grad / inference_mode block left its penalty's gradient
+    # out, and inside autocast ran its products in bfloat16.
+    x = torch.ones(2, 3)
+    with _CALLER_MODES[mode]():
+        with default_torch_modes():
+            assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+            assert not torch.is_autocast_enabled("cpu")
+            w = torch.ones(3, 3, requires_grad=True)
+            assert (x @ w).dtype == torch.float32 and (x @ w).requires_grad
+        # Predictions keep the caller's gradient modes, in the model's precision.
+        with default_torch_modes(gradients=False):
+            assert torch.is_grad_enabled() == (mode == "autocast")
+            assert torch.is_inference_mode_enabled() == (mode == "inference_mode")
+            assert not torch.is_autocast_enabled("cpu") and (x @ x.T).dtype == torch.float32
+        assert torch.is_autocast_enabled("cpu") == (mode == "autocast")  # restored
 
 
 def test_torch_dtypes_are_kept_and_numpy_ones_mapped():
@@ -124,6 +153,20 @@ def test_read_only_arrays_are_shared_without_a_warning():
     assert tensor.data_ptr() == x.ctypes.data  # no copy
 
 
+@pytest.mark.parametrize("dtype", [">f4", ">f8"])
+def test_big_endian_arrays_are_read_in_their_precision(dtype):
+    # (an HDF5 store written so, say: torch.from_numpy refuses another byte order)
+    x = np.arange(6).reshape(3, 2).astype(dtype)
+    tensor = to_tensor(x, torch.device("cpu"))
+    assert tensor.dtype == torch_dtype(x.dtype.newbyteorder("="))
+    np.testing.assert_array_equal(tensor.numpy(), x)
+
+
+def test_tensors_that_record_gradients_come_back_as_arrays():
+    x = torch.arange(3.0, requires_grad=True) * 2
+    np.testing.assert_array_equal(_device.to_numpy(x), [0.0, 2.0, 4.0])
+
+
 def test_reversed_rows_are_read_as_given():
     x = np.arange(6, dtype=np.float64).reshape(3, 2)[::-1]
     np.testing.assert_array_equal(to_tensor(x, torch.device("cpu")).numpy(), x)
@@ -139,6 +182,22 @@ def test_row_norms_of_many_rows_are_those_of_each_row():
     # Taken a block of rows at a time: every row is measured once, in order.
     x = torch.randn(10, 3, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(row_norms(x, rows=4), x.norm(dim=1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_norms_whose_squares_overflow_are_exact(dtype):
+    big = torch.finfo(dtype).max / 4
+    x = torch.tensor([[3 * big / 5, 4 * big / 5], [3.0, 4.0]], dtype=dtype)
+    torch.testing.assert_close(row_norms(x), torch.tensor([big, 5.0], dtype=dtype))
+    torch.testing.assert_close(unit_rows(x), torch.tensor([[0.6, 0.8]] * 2, dtype=dtype))
+
+
+def test_tangent_rows_keep_what_changes_a_direction():
+    unit = unit_rows(torch.tensor([[3.0, 4.0, 0.0], [0.0, 0.0, 2.0]]))
+    v = torch.tensor([[1.0, 1.0, 1.0], [1.0, 2.0, 3.0]])
+    tangent = _device.tangent_rows(unit, v)
+    torch.testing.assert_close(tangent, torch.tensor([[0.16, -0.12, 1.0], [1.0, 2.0, 0.0]]))
+    torch.testing.assert_close((tangent * unit).sum(1), torch.zeros(2))
 
 
 def test_row_norms_whose_squares_overflow_are_exact_in_numpy():
@@ -216,6 +275,7 @@ def test_rows_product_takes_onednn_for_float32_rows_of_ten_classes_or_more(monke
     x = torch.randn(50, 8)
     for k in (2, 6, 9, 10, 16):
         rows_product(x, torch.randn(k, 8))
+    rows_product(x.to("meta"), torch.randn(16, 8, device="meta"))  # not on the CPU
     assert calls == [10, 16]
     v = torch.randn(16, 8)
     rows_product(x.double(), v.double())
@@ -313,11 +373,13 @@ def test_transposed_product_splits_the_rows_only_where_more_threads_can_run(thre
     g, x = torch.randn(4096, 10), torch.randn(4096, 128)  # 2¹⁹ entries of x
     threads(2)
     transposed_product(g, x)
+    transposed_product(torch.randn(4096, 64), x)  # as many columns as the split takes
     transposed_product(torch.randn(4096, 65), x)  # more columns than the split takes
     transposed_product(g[:1000], x[:1000, :64])  # fewer entries
+    transposed_product(g.to("meta"), x.to("meta"))  # not on the CPU
     threads(1)
     transposed_product(g, x)
-    assert calls == [8]  # 4 parts per thread
+    assert calls == [8, 8]  # 4 parts per thread
 
 
 @pytest.mark.parametrize("n", [128, 1000, 4099])
