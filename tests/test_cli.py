@@ -593,6 +593,13 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/X.csv"], "unknown feature file type '.csv'"),
         (["{d}/missing"], "'{d}/missing' does not exist; check the path"),
         (["{d}/train.npz", "--labels", "{d}/y.npy"], "--labels is for .npy features only"),
+        # A missing file, or one of no known format, was said to hold its own labels.
+        (["{d}/missing", "--labels", "{d}/y.npy"], "'{d}/missing' does not exist; check the"),
+        (["{d}/X.csv", "--labels", "{d}/y.npy"], "unknown feature file type '.csv'"),
+        (
+            ["{d}/train.npz", "--test", "{d}/missing", "--test-labels", "{d}/y.npy"],
+            "'{d}/missing' does not exist; check the path",
+        ),
         pytest.param(["{d}/missing.h5"], "'{d}/missing.h5' does not exist", marks=NEEDS_H5),
         pytest.param(["{d}/garbage.h5"], "is not an HDF5 file", marks=NEEDS_H5),
         pytest.param(["{d}/no_labels.h5"], "it has no 'labels' dataset", marks=NEEDS_H5),

@@ -470,7 +470,8 @@ def _check_options(args) -> None:
         ("--labels", args.labels, args.train),
         ("--test-labels", args.test_labels, args.test),
     ):
-        if labels is not None and feature_format(features) != ".npy":
+        # (A file that is missing or of no known format is load_xy's to say so.)
+        if labels is not None and feature_format(features) not in (".npy", ""):
             raise UsageError(
                 f"{option} is for .npy features only; {features!r} holds its own labels: "
                 f"drop {option}"
