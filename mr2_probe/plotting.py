@@ -597,7 +597,7 @@ def cv_curves(search, scoring: str | None = None) -> dict:
         )
     per_class = search.class_accuracy_path_  # (folds, Cs, K)
     own = next(iter(search.scores_.values())).mean(0)
-    curves = {name: -own if own_name == "class_std" else own}
+    curves = {name: 0.0 - own if own_name == "class_std" else own}  # (a spread of 0 is 0, not -0)
     with warnings.catch_warnings():
         # A value whose fit failed on a fold is NaN for every class there: NaN on its
         # curves, without NumPy's warnings of an empty slice.

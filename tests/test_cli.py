@@ -472,6 +472,22 @@ def test_cv_path_chooses_c_prints_the_curve_and_plots_it(files, tmp_path, capsys
     assert (out / "cv_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_cv_search_by_class_std_reports_a_spread_of_0_as_0(files, tmp_path, capsys):
+    # A fold set whose classes all scored alike (spread 0) was reported -0.00 (and -0.0 in
+    # report.json): the negation of its scorer's 0.
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--Cs", "2"]
+    main([*argv, "--scoring", "class_std", "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    curves = [
+        cv["curves"]["class_std"]
+        for cv in json.loads((out / "report.json").read_text())["cv"].values()
+    ]
+    assert 0 in np.concatenate(curves)  # a fold set of spread 0 is in the run
+    assert not np.signbit(np.concatenate(curves)).any()
+    assert "-0.00" not in printed and "-0.00" not in (out / "report.txt").read_text()
+
+
 @pytest.mark.parametrize(
     "grid, mr2_best",
     [
