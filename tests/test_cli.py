@@ -1951,6 +1951,23 @@ def test_a_stopped_front_loses_no_fitted_model(stop, files, tmp_path, monkeypatc
         main([*argv, "--debug"])
 
 
+def test_a_figure_failing_after_an_interrupted_front_keeps_status_130(files, tmp_path, monkeypatch):
+    # Ctrl-C's status outranks a missing figure's 1.
+    import mr2_probe.front
+    import mr2_probe.plotting
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no figures today")
+
+    monkeypatch.setattr(mr2_probe.front, "accuracy_front", interrupted)
+    monkeypatch.setattr(mr2_probe.plotting, "plot_group_accuracy", broken)
+    argv = [str(files / "train.npz"), "--tilt", "1", "--out", str(tmp_path / "run")]
+    assert main([*argv, "--no-progress"]) == 130
+
+
 def test_a_bound_that_reads_as_a_fraction_is_warned_of(files, capsys):
     # --front-bound 0.005 (the Python API's bound=0.005) ran silently at 0.005 points.
     argv = [str(files / "train.npz"), "--tilt", "1", "--offsets", "0,0.01,1"]
