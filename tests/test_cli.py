@@ -1819,6 +1819,18 @@ def test_float16_features_are_scaled_in_float32(tmp_path, capsys):
     assert tables[0] == tables[1] and float(tables[0][0].split()[1]) > 90
 
 
+def test_boolean_features_are_fitted_as_the_estimator_fits_them(tmp_path, capsys):
+    # Binary attributes saved as booleans were refused as not "real numbers", where
+    # MR2LinearClassifier (and scikit-learn) fit them as 0 and 1.
+    X, y = _blobs(20, seed=1)
+    tables = []
+    for features in (X > 0, (X > 0).astype(np.float32)):
+        np.savez(tmp_path / "f.npz", X=features, y=y)
+        assert main([str(tmp_path / "f.npz"), "--no-progress"]) == 0
+        tables.append(capsys.readouterr().out.splitlines()[2:4])
+    assert tables[0] == tables[1]
+
+
 def test_bytes_labels_are_read_as_text(files, tmp_path, capsys):
     # scikit-learn refuses bytes labels: a traceback, exit status 1, after "fitting ERM".
     data = np.load(files / "names.npz")

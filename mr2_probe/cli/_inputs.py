@@ -257,7 +257,9 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
         raise UsageError(f"{source} holds no samples")
     if not X.shape[1]:
         raise UsageError(f"{source} holds no features (its rows have 0 columns)")
-    if X.dtype.kind not in "iuf":  # complex numbers too, which no probe fits
+    # (Booleans are numbers to the estimators and scikit-learn; complex numbers are no
+    # probe's, nor text or dates.)
+    if X.dtype.kind not in "biuf":
         raise UsageError(f"the features of {source} must be real numbers; got dtype {X.dtype}")
     bad = np.flatnonzero(~np.isfinite(X).all(axis=1))
     if len(bad):
