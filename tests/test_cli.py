@@ -362,10 +362,13 @@ def test_a_cv_path_is_seeded_and_scored_by_the_options():
 
 
 @pytest.mark.parametrize("flag, verbose", [([], 1), (["--no-progress"], 0)])
-def test_the_probes_show_progress_bars_unless_no_progress_and_default_to_c_1(flag, verbose):
+def test_the_probes_show_progress_bars_unless_no_progress_and_take_c_or_1(flag, verbose):
     erm, mr2 = _estimators(_parser().parse_args(["train.npz", *flag]))
     assert erm.verbose == mr2.verbose == verbose
     assert erm.C == mr2.C == 1.0
+    # --C is both probes' C.
+    erm, mr2 = _estimators(_parser().parse_args(["train.npz", *flag, "--C", "0.25"]))
+    assert erm.C == mr2.C == 0.25
 
 
 def test_ctrl_c_ends_the_run_with_status_130_and_one_line(monkeypatch, capsys):
