@@ -366,9 +366,10 @@ def test_the_probes_show_progress_bars_unless_no_progress_and_take_c_or_1(flag, 
     erm, mr2 = _estimators(_parser().parse_args(["train.npz", *flag]))
     assert erm.verbose == mr2.verbose == verbose
     assert erm.C == mr2.C == 1.0
-    # --C is both probes' C.
-    erm, mr2 = _estimators(_parser().parse_args(["train.npz", *flag, "--C", "0.25"]))
-    assert erm.C == mr2.C == 0.25
+    # --C is both probes' C, --device their device; --p is MR²'s.
+    options = ["--C", "0.25", "--device", "cpu", "--p", "3"]
+    erm, mr2 = _estimators(_parser().parse_args(["train.npz", *flag, *options]))
+    assert erm.C == mr2.C == 0.25 and erm.device == mr2.device == "cpu" and mr2.p == 3
 
 
 def test_ctrl_c_ends_the_run_with_status_130_and_one_line(monkeypatch, capsys):
