@@ -416,7 +416,7 @@ def test_grid_search_tunes_erm_and_mr2_alike(files, tmp_path, capsys):
     # ERM searched the parameter it shares (C), not the margins.
     best = report["search"]["best_params"]
     assert set(best["ERM grid"]) == {"C"} and set(best["MR2 grid"]) == {"C", "c_bar"}
-    assert report["search"]["scoring"] == "balanced_accuracy"
+    assert report["search"]["scoring"] == "balanced_accuracy" and report["search"]["cv"] == 2
     assert set(os.listdir(out)) == OUTPUTS  # an .npy input has no class names
     for name in ("class_accuracy.png", "groups.png", "margins.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -436,6 +436,13 @@ def test_command_json_writes_null_for_an_option_the_grid_searched(files, tmp_pat
     options = json.loads((tmp_path / "run" / "command.json").read_text())
     assert options["grid"] == ["c_bar=none,2"] and options["c_bar"] is None
     assert options["lam"] == 0.0 and options["max_iter"] == 3  # not searched: as read
+    # A searched random_state is --seed's parameter, but --seed still seeds the folds.
+    argv[-1] = "random_state=1,2"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        main([*argv, "--lam", "0.5", "--out", str(tmp_path / "seeded"), "--no-progress"])
+    options = json.loads((tmp_path / "seeded" / "command.json").read_text())
+    assert options["grid"] == ["random_state=1,2"] and options["seed"] == 0
 
 
 @pytest.mark.parametrize("cs", ["4", pytest.param("bisect", marks=pytest.mark.slow)])
@@ -2228,6 +2235,14 @@ def _checked(argv):
     args = _parser().parse_args(argv)
     _check_options(args)
     return args
+
+
+def test_the_front_and_search_options_default_as_the_help_says(files):
+    # --val-size 0.1, --front-bound 0.5, --cv 3, --scoring worst_class and --seed 0 (the
+    # help's defaults), where the run has a front and a search to read them.
+    args = _checked([str(files / "train.npz"), "--tilt", "1", "--Cs", "3"])
+    assert (args.val_size, args.front_bound, args.cv) == (0.1, 0.5, 3)
+    assert (args.scoring, args.seed) == ("worst_class", 0)
 
 
 def test_a_front_bound_of_zero_is_taken(files):
