@@ -285,6 +285,11 @@ def test_a_grid_of_projection_ranks_above_the_features_is_refused_before_any_fit
     argv = [str(files / "train.npz"), "--lam", "0.5", "--grid", f"projection_rank={ranks}"]
     line = _refused([*argv, "--max-iter", "2"], capsys)
     assert f"--grid projection_rank={refused}: the features have 6 columns" in line
+    # A rank of every column is a projection, and is taken.
+    from mr2_probe.cli._options import _check_on_data
+
+    args = _checked(argv[:1])
+    _check_on_data({"projection_rank": [None, 6]}, args, n_features=6)
 
 
 @pytest.mark.parametrize(
@@ -2243,6 +2248,16 @@ def test_the_front_and_search_options_default_as_the_help_says(files):
     args = _checked([str(files / "train.npz"), "--tilt", "1", "--Cs", "3"])
     assert (args.val_size, args.front_bound, args.cv) == (0.1, 0.5, 3)
     assert (args.scoring, args.seed) == ("worst_class", 0)
+
+
+def test_a_logit_scale_is_taken_where_the_grid_searches_the_cosine_head(files):
+    # --logit-scale sets the scale of the grid's cosine models (refused only where no
+    # model of the run has the cosine head).
+    from mr2_probe.cli._options import _check_grid, _given
+
+    argv = [str(files / "train.npz"), "--logit-scale", "16", "--grid", "head=linear,cosine"]
+    args = _checked(argv)
+    _check_grid(_grid(args.grid), _estimators(args)[1], args, _given(argv))
 
 
 def test_a_front_bound_of_zero_is_taken(files):
