@@ -2260,6 +2260,16 @@ def test_a_logit_scale_is_taken_where_the_grid_searches_the_cosine_head(files):
     _check_grid(_grid(args.grid), _estimators(args)[1], args, _given(argv))
 
 
+def test_minibatch_parameters_are_taken_where_some_model_of_the_grid_reads_them(files):
+    # lam=0,0.5: the lam = 0.5 models are fitted by a minibatch solver, which reads
+    # learning_rate (refused only where every model is fitted by L-BFGS).
+    from mr2_probe.cli._options import _check_grid, _given
+
+    argv = [str(files / "train.npz"), "--grid", "lam=0,0.5", "--grid", "learning_rate=0.1,0.01"]
+    args = _checked(argv)
+    _check_grid(_grid(args.grid), _estimators(args)[1], args, _given(argv))
+
+
 def test_a_front_bound_of_zero_is_taken(files):
     # The front's bound is in points "from 0": a bound of 0 (no overall accuracy given up
     # against ERM) is the strictest rule, and must be accepted, not refused as out of range.
