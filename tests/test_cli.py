@@ -2270,6 +2270,14 @@ def test_minibatch_parameters_are_taken_where_some_model_of_the_grid_reads_them(
     _check_grid(_grid(args.grid), _estimators(args)[1], args, _given(argv))
 
 
+@pytest.mark.parametrize("options", [["--grid", "lam=0,0.5"], ["--lam", "0.5"], ["--offsets", "1"]])
+def test_a_tilt_0_front_without_margins_is_taken_where_it_is_more_than_erm(files, options):
+    # --c-bar none --tilt 0 is a front of ERM alone, and refused, but not where MR² has a
+    # compactness loss (or a grid that may choose one) or the front has offsets too.
+    args = _checked([str(files / "train.npz"), "--c-bar", "none", "--tilt", "0", *options])
+    assert args.tilt == (0.0,)
+
+
 def test_a_front_bound_of_zero_is_taken(files):
     # The front's bound is in points "from 0": a bound of 0 (no overall accuracy given up
     # against ERM) is the strictest rule, and must be accepted, not refused as out of range.
