@@ -2278,6 +2278,31 @@ def test_a_tilt_0_front_without_margins_is_taken_where_it_is_more_than_erm(files
     assert args.tilt == (0.0,)
 
 
+def test_the_test_size_split_is_seeded_by_seed(files):
+    # The held-out test set is the stratified split of --seed (report.json records it).
+    from sklearn.model_selection import train_test_split
+
+    from mr2_probe.cli._inputs import _inputs
+
+    X, y, _ = load_xy(str(files / "train.npz"))
+    for seed in ("3", "7"):
+        args = _checked([str(files / "train.npz"), "--test-size", "0.5", "--seed", seed])
+        _, y_fit, X_test, y_test, *_ = _inputs(args)
+        split = train_test_split(X, y, test_size=0.5, stratify=y, random_state=int(seed))
+        np.testing.assert_array_equal(X_test, split[1])
+        np.testing.assert_array_equal(y_fit, split[2])
+
+
+def test_models_are_saved_without_progress_bars_behind_a_scaler():
+    # A Pipeline's probe kept the run's verbose=1 (probe__verbose), unlike a bare probe.
+    from mr2_probe.cli._outputs import _quiet
+
+    model = _quiet(
+        Pipeline([("scale", StandardScaler()), ("probe", MR2LinearClassifier(verbose=1))])
+    )
+    assert model[-1].verbose == 0
+
+
 def test_a_front_bound_of_zero_is_taken(files):
     # The front's bound is in points "from 0": a bound of 0 (no overall accuracy given up
     # against ERM) is the strictest rule, and must be accepted, not refused as out of range.
