@@ -1524,6 +1524,11 @@ def test_training_images_in_a_test_store_are_found_by_their_content(tmp_path, ca
     ]
     assert main(argv) == 0
     assert "warning: 2 of the 12 images of --test" in capsys.readouterr().err
+    # But two subsets of one source (its root) that share images are one set taken twice.
+    _store(tmp_path / "subset.h5", X_test, y_test, FASHION, digests=mixed,
+           source_fingerprint="sha256:subset", source_root="/a")  # fmt: skip
+    status, err = _error([*run, str(tmp_path / "subset.h5")], capsys)
+    assert status == 2 and "holds 2 of the training images of" in err[-1]
 
 
 @NEEDS_H5
