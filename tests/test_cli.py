@@ -2125,6 +2125,23 @@ def test_a_test_set_without_a_training_class_is_said_in_a_note(tmp_path, capsys)
     assert json.loads((tmp_path / "run" / "report.json").read_text())["notes"][0].startswith(note)
 
 
+@pytest.mark.parametrize(
+    "held, shown",
+    [(3, "(3, 4, 5, 6, 7)"), (2, "(2, 3, 4, 5, 6, ...)")],
+)
+def test_a_note_of_untested_classes_names_five_and_marks_more(tmp_path, capsys, held, shown):
+    # The note names up to five of the classes the test set lacks; "..." only where
+    # there are more.
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(8), 6)
+    X = np.eye(8)[y] * 4 + rng.normal(size=(len(y), 8))
+    np.savez(tmp_path / "train.npz", X=X, y=y)
+    np.savez(tmp_path / "test.npz", X=X[y < held], y=y[y < held])
+    main([str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz"), "--no-progress"])
+    training_classes = f"of {8 - held} of the 8 training classes {shown}:"
+    assert training_classes in capsys.readouterr().out
+
+
 def test_a_parameter_that_some_models_of_the_grid_read_is_searched(files, capsys):
     # tau is the compactness loss's: read where lam > 0, so searched beside lam=0,0.5.
     argv = [str(files / "train.npz"), "--grid", "lam=0,0.5", "--grid", "tau=1,2", "--cv", "2"]
