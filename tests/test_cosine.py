@@ -1042,6 +1042,23 @@ def test_a_line_without_a_decrease_on_drifted_cosines_is_searched_again_from_x(
     assert max(clf.loss_curve_[2:]) < clf.loss_curve_[1]
 
 
+@pytest.mark.parametrize("tilt", [0.0, 2.0])
+def test_a_fit_on_the_spheres_read_in_small_blocks_is_the_fit_read_whole(
+    spheres, monkeypatch, tilt
+):
+    # Blocks of 7 rows, the last one short: the products and the gradient take each
+    # block's rows at their own place, so the fit is that of the rows read at once. (The
+    # spheres run where X is large, read in many blocks; the tests' problems fit in one.)
+    from mr2_probe import _classifier
+
+    X, y = _normalised_blobs(n=300)
+    whole = _fit(X, y, scale=16.0, tol=1e-8, class_tilt=tilt)
+    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 7)
+    blocks = _fit(X, y, scale=16.0, tol=1e-8, class_tilt=tilt)
+    np.testing.assert_allclose(blocks.loss_curve_[-1], whole.loss_curve_[-1], rtol=1e-6)
+    np.testing.assert_allclose(blocks.coef_, whole.coef_, rtol=1e-6, atol=1e-8)
+
+
 def test_an_hdf5_source_is_read_block_by_block_as_the_tensor_is(spheres, tmp_path):
     h5py = pytest.importorskip("h5py")
     X, y = _normalised_blobs()
