@@ -76,6 +76,20 @@ def test_the_intercept_is_scaled_only_for_features_of_a_large_scale(digits):
     assert float(intercept_scale(constant)) == 1.0
 
 
+@pytest.mark.parametrize("n_classes", [3, 2])
+def test_a_warm_start_on_features_of_a_large_scale_starts_at_the_previous_intercept(n_classes):
+    # While L-BFGS runs, the intercept is (b + W·m) / σ_b (σ_b = 4096 and 2048 here): a
+    # warm start's enters it so, and leaves it so. max_iter=0 keeps the start, the
+    # previous fit.
+    X, y = _blobs(n_classes=n_classes)
+    X = X * 1000 + 5000
+    clf = MR2LinearClassifier(C=1e-6, warm_start=True, device="cpu").fit(X, y)
+    coef, intercept = clf.coef_.copy(), clf.intercept_.copy()
+    clf.set_params(max_iter=0).fit(X, y)
+    np.testing.assert_allclose(clf.intercept_, intercept, rtol=1e-12)
+    np.testing.assert_allclose(clf.coef_, coef, rtol=1e-12)
+
+
 @pytest.mark.parametrize(
     "n_classes, C", [(2, 1.0), (3, 0.1), pytest.param(10, 1.0, marks=pytest.mark.slow)]
 )
