@@ -175,13 +175,17 @@ def _finite_block(block, dtype, estimator_name):
     return block
 
 
-def _class_stats(stats, p, difficulty):
-    """``class_stats_``: the statistics that gave the margins, as NumPy."""
+def _class_stats(stats, p, difficulty, weight_scale=1.0):
+    """``class_stats_``: the statistics that gave the margins, as NumPy; ``weight_scale``
+    (:class:`FitData`'s) makes the counts the class weights as given."""
+    count = to_numpy(stats.count)
+    if weight_scale != 1.0:  # (in float64: weights beyond X's dtype sum beyond it too)
+        count = count.astype(np.float64) * weight_scale
     return {
         "mean": to_numpy(stats.mean),
         "msd": to_numpy(stats.msd),
         "msd_l2": to_numpy(stats.msd_l2),
-        "count": to_numpy(stats.count),
+        "count": count,
         "difficulty": to_numpy(class_difficulty(stats, p, difficulty)),
     }
 
@@ -665,13 +669,15 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                     "a positive weight."
                 )
             sample_weight = sample_weight * weights[y_index]
+        weight_scale = 1.0
         if self.head == "cosine" and self.lam == 0 and sample_weight.max() > 0:
             # Its objective (no penalty, no compactness term) does not depend on the
             # weights' scale: taken relative to the largest here, in float64, so that
             # weights near the smallest normal number of X's dtype, or beyond its largest,
             # keep their ratios in it (1e-42 in float32 kept 3 bits, and the class
-            # statistics of the margins were 1.4% off).
-            sample_weight = sample_weight / sample_weight.max()
+            # statistics of the margins were 1.4% off). class_stats_ counts them as given.
+            weight_scale = float(sample_weight.max())
+            sample_weight = sample_weight / weight_scale
         weight_sum = float(sample_weight.sum())
         if weight_sum <= 0:
             raise ValueError("The sum of sample weights must be positive.")
@@ -703,7 +709,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         else:
             source = TensorSource(X, y_t, w_t, rows)
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
-        return FitData(source, y_index, sample_weight, weight_sum, n_classes, device, dtype, seed)
+        return FitData(
+            source, y_index, sample_weight, weight_sum, n_classes, device, dtype, seed, weight_scale
+        )
 
     def _new_head(self, data, scale=None):
         """A fresh head for ``data`` (zero weights, P = I), on its device; ``scale``
@@ -889,7 +897,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             warnings.warn(message, ConvergenceWarning, stacklevel=_outside_stacklevel())
 
     def _finish(self, head, result, solver, data):
-        self._store(self._export(head, result, solver, data.dtype), result, solver, data.device)
+        state = self._export(head, result, solver, data.dtype)
+        self._store(state, result, solver, data.device, data.weight_scale)
 
     @staticmethod
     def _suspects_message(stopped: str, suspects: list) -> str:
@@ -1055,12 +1064,12 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         )
         return state if same else None
 
-    def _store(self, state, result, solver, device):
+    def _store(self, state, result, solver, device, weight_scale=1.0):
         self.coef_ = state["coef"]
         self.intercept_ = state["intercept"]
         self.projection_ = state["projection"]
         self.margins_ = to_numpy(result.margins)
-        self.class_stats_ = _class_stats(result.stats, self.p_, self.difficulty)
+        self.class_stats_ = _class_stats(result.stats, self.p_, self.difficulty, weight_scale)
         self.n_iter_ = int(result.n_iter)
         self.loss_curve_ = list(result.loss_curve)
         self.class_losses_ = to_numpy(result.class_loss)

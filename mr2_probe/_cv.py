@@ -791,7 +791,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         head = self._new_head(data, scale=self.C_)
         stats, margins = self._statistics(head, data)[:2]
         self.margins_ = to_numpy(margins)
-        self.class_stats_ = _class_stats(stats, self.p_, self.difficulty)
+        self.class_stats_ = _class_stats(stats, self.p_, self.difficulty, data.weight_scale)
         self.solver_, self.device_, self.head_ = solver, str(data.device), self.head
 
 

@@ -306,7 +306,9 @@ class FitData:
     """One fit's training data on the device, validated and weighted, with its facts.
 
     ``sample_weight`` (NumPy) already includes the class weights; ``seed`` is the fit's
-    one draw from ``random_state``.
+    one draw from ``random_state``; ``weight_scale`` is what the weights were divided by
+    (a cosine head's, taken relative to the largest), which the class sizes it reports
+    are multiplied back by.
     """
 
     source: TensorSource
@@ -317,6 +319,7 @@ class FitData:
     device: torch.device
     dtype: torch.dtype
     seed: int
+    weight_scale: float = 1.0
 
     def subset(self, rows: np.ndarray) -> FitData:
         """The same problem on some rows (a fold's training set), without a new upload.

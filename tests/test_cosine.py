@@ -962,6 +962,28 @@ def test_weights_of_any_scale_fit_a_cosine_head_as_unit_weights(
     np.testing.assert_allclose(scaled.coef_, unit.coef_, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("fit", ["fit", "search", "search without refit"])
+@pytest.mark.parametrize("weight", [2.5, 1e-42])
+def test_class_stats_count_each_class_s_weight_as_given(fit, weight):
+    # The cosine head's weights are taken relative to the largest: its class_stats_
+    # counted 20, 5 and 5 where the classes weigh 200, 50 and 50 (the linear head's
+    # counts), class_weight {0: 4} and sample weights 2.5 dividing them by 10.
+    X, y = np.random.RandomState(0).randn(60, 4).astype(np.float32), np.arange(60) % 3
+    weights = np.full(60, weight)
+    sizes = np.bincount(y, weights=weights * np.where(y == 0, 4.0, 1.0))
+    params = dict(class_weight={0: 4.0}, device="cpu")
+    for head in ("linear", "cosine") if weight > 1 else ("cosine",):  # (a linear head
+        # refuses weights near float32's smallest number: its penalty divides by them)
+        if fit == "fit":
+            clf = MR2LinearClassifier(head=head, **params)
+        else:
+            clf = MR2LinearClassifierCV(Cs=2, cv=3, head=head, refit=fit == "search", **params)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            clf.fit(X, y, sample_weight=weights)
+        np.testing.assert_allclose(clf.class_stats_["count"], sizes, rtol=1e-6)
+
+
 def test_a_stall_on_float32_rounding_ends_the_fit_on_the_spheres(spheres):
     # A gradient of 1e-7 asked for, below float32's rounding of it: the fit ran on to
     # max_iter, its steps accepted on rounding alone. It stops, with the float64 advice.
