@@ -631,6 +631,20 @@ def test_convergence_warning_and_progress_bar(digits, capsys):
     assert "MR2 lbfgs" in capsys.readouterr().err
 
 
+def test_a_minibatch_plateau_is_relative_to_the_epoch_loss():
+    # tol is relative: epochs that lower a loss of 0.03 by 1% of itself (3e-4, below
+    # tol=1e-3 in absolute terms) still improve it, and the fit goes on to max_iter.
+    X, y = make_blobs(n_samples=200, centers=[[-3, 0], [3, 0]], random_state=0)
+    clf = MR2LinearClassifier(
+        C=np.inf, solver="adam", learning_rate=0.05, max_iter=80, tol=1e-3, device="cpu",
+        random_state=0,
+    )  # fmt: skip
+    with pytest.warns(ConvergenceWarning, match="did not converge in max_iter=80"):
+        clf.fit(X, y)
+    curve = np.array(clf.loss_curve_)
+    assert curve[-1] < 0.05 and (-np.diff(curve[-10:]) > 1e-3 * curve[-10:-1]).all()
+
+
 def test_minibatch_is_reproducible_with_random_state(digits):
     X, y = digits
     kwargs = dict(solver="adam", max_iter=3, random_state=3, device="cpu")
