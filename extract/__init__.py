@@ -12,6 +12,10 @@ import importlib
 import importlib.util
 import re
 
+# First, as the process starts: it notes this process's parent, torchrun's launcher for a
+# rank, which a launcher killed before the run began would leave unseen.
+from . import _launcher  # noqa: F401
+
 # Each name from the module that defines it, imported on first use: reading a store
 # (load_features) needs h5py and NumPy only, not torch, torchvision and timm, which the
 # extraction imports (seconds).

@@ -24,18 +24,33 @@ logger = logging.getLogger(__name__)
 POLL_S = 1.0
 GRACE_S = 60.0
 
+# This process and its parent as first seen, when ``extract`` was imported (it imports this
+# module first): the parent at the call was taken for the launcher, and a launcher killed
+# before it (while torch imported, or between a script's two calls) left the run going on
+# to its end under its new parent.
+_first_seen = (os.getpid(), os.getppid())
+
+
+def _launcher_pid() -> int:
+    """This process's parent as first seen (a forked child's, as it is now)."""
+    global _first_seen
+    if _first_seen[0] != os.getpid():  # (forked after the import: its parent is the forker)
+        _first_seen = (os.getpid(), os.getppid())
+    return _first_seen[1]
+
 
 @contextlib.contextmanager
 def stops_with_launcher() -> Iterator[None]:
     """Inside, under torchrun (its ``TORCHELASTIC_RUN_ID`` set), a SIGINT to the main thread
-    once this process's parent is no longer the launcher that started it, and SIGKILL
-    :data:`GRACE_S` seconds later if the process still runs. Elsewhere, nothing."""
+    once this process's parent is no longer the launcher that started it (already at the
+    entry, too), and SIGKILL :data:`GRACE_S` seconds later if it has not left by then.
+    Elsewhere, nothing."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or (
         threading.current_thread() is not threading.main_thread()
     ):
         yield
         return
-    launcher, main = os.getppid(), threading.main_thread().ident
+    launcher, main = _launcher_pid(), threading.main_thread().ident
     left = threading.Event()
 
     def watch() -> None:

@@ -1015,6 +1015,46 @@ def test_ranks_stop_when_torchrun_s_launcher_is_killed(tmp_path, caplog):
     assert "Resuming" in caplog.text and (_status(shards[left[0]]) == DONE).all()
 
 
+_RANK = """
+import os, time
+import extract
+from extract import _launcher
+_launcher.POLL_S = 0.05
+first = os.getppid()
+print("ready", flush=True)
+while os.getppid() == first:  # the launcher killed before the run, as torch imports
+    time.sleep(0.01)
+try:
+    with _launcher.stops_with_launcher():
+        time.sleep(20)  # the run
+    print("ran to the end", flush=True)
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+"""
+
+
+def test_a_rank_whose_launcher_died_before_the_run_stops(tmp_path):
+    # The parent at the call was taken for the launcher: killed before it (while torch
+    # imported, or between a script's two calls), the rank extracted to the end.
+    log = tmp_path / "rank.txt"
+    launcher_code = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {_RANK!r}], stdout=open({str(log)!r}, 'w'))\n"
+        "time.sleep(60)\n"
+    )
+    env = ENV | {"TORCHELASTIC_RUN_ID": "test"}
+    launcher = subprocess.Popen([sys.executable, "-c", launcher_code], env=env)
+    deadline = time.monotonic() + 60
+    while "ready" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    launcher.kill()
+    launcher.wait()
+    while len(log.read_text().split()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.read_text().split() == ["ready", "stopped"]
+
+
 def _children(pid: int) -> list[int]:
     """Process ids whose parent is ``pid`` (Linux /proc)."""
     children = []
