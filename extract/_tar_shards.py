@@ -250,12 +250,17 @@ def _label_key_hint(members: dict) -> str:
 def _refuse_members_apart(key: str, members: dict, samples: list, where: str) -> None:
     """Refuse a sample without its label whose key has other members elsewhere in the
     shard (``tar cf s.tar *.jpg *.cls``): it lacks no --label-key, its label lies apart."""
-    apart = [ext for k, other in samples if k == key and other is not members for ext in other]
+    here = next(i for i, (_, other) in enumerate(samples) if other is members)
+    apart = [
+        f"{', '.join(ext for k, other in side if k == key for ext in other)} {when}"
+        for side, when in ((samples[:here], "earlier"), (samples[here + 1 :], "later"))
+        if any(k == key for k, _ in side)
+    ]  # (one shard's members were all said to come later, those before it too)
     if apart:
         raise ShardError(
             f"The {where} has its members apart ({', '.join(members)} here; "
-            f"{', '.join(apart)} after other samples' members): a sample is read from "
-            "consecutive members, as WebDataset reads it; write each sample's members "
+            f"{' and '.join(apart)}, other samples' members between): a sample is read "
+            "from consecutive members, as WebDataset reads it; write each sample's members "
             "together (e.g. tar --sort=name)."
         )
 

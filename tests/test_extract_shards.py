@@ -374,9 +374,11 @@ def test_a_sample_key_used_twice_is_refused(tmp_path, shards):
 
 @pytest.mark.parametrize(
     "members, match",
-    [  # tar cf s.tar *.jpg *.cls: each image, then each label
-        (["a.jpg", "b.jpg", "a.cls", "b.cls"], r"\(jpg here; cls after other samples' members\)"),
-        (["a.jpg", "a.cls", "b.jpg", "b.cls", "a.txt"], r"\(txt here; jpg, cls after other"),
+    [  # tar cf s.tar *.jpg *.cls (each image, then each label), or *.cls *.jpg
+        (["a.jpg", "b.jpg", "a.cls", "b.cls"], r"\(jpg here; cls later, other samples' members"),
+        (["a.cls", "b.cls", "a.jpg", "b.jpg"], r"\(jpg here; cls earlier, other samples' members"),
+        (["a.jpg", "a.cls", "b.jpg", "b.cls", "a.txt"], r"\(txt here; jpg, cls earlier, other"),
+        (["a.cls", "b.cls", "a.jpg", "b.jpg", "a.txt"], r"\(jpg here; cls earlier and txt later,"),
     ],
 )
 def test_a_sample_whose_members_lie_apart_is_refused_as_such(tmp_path, members, match):
