@@ -55,7 +55,7 @@ def stops_with_launcher() -> Iterator[None]:
 
     def watch() -> None:
         while not left.wait(POLL_S):
-            if os.getppid() != launcher:
+            if os.getppid() != launcher and not left.is_set():  # (not once the run has left)
                 logger.warning(
                     "torchrun's launcher (pid %d) is gone: this rank stops; run the same "
                     "command again to resume",
@@ -67,9 +67,10 @@ def stops_with_launcher() -> Iterator[None]:
                 return
 
     watcher = threading.Thread(target=watch, name="mr2-extract launcher watch", daemon=True)
-    watcher.start()
-    try:
+    try:  # (started inside: a Ctrl-C right after the start left a watcher behind)
+        watcher.start()
         yield
     finally:
         left.set()
-        watcher.join()
+        if watcher.is_alive():
+            watcher.join()
