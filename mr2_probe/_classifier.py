@@ -178,9 +178,9 @@ def _finite_block(block, dtype, estimator_name):
 def _class_stats(stats, p, difficulty, weight_scale=1.0):
     """``class_stats_``: the statistics that gave the margins, as NumPy; ``weight_scale``
     (:class:`FitData`'s) makes the counts the class weights as given."""
-    count = to_numpy(stats.count)
-    if weight_scale != 1.0:  # (in float64: weights beyond X's dtype sum beyond it too)
-        count = count.astype(np.float64) * weight_scale
+    # In float64 whatever the weights (weights of 1e-42, the cosine head's taken relative to
+    # the largest, are beyond float32's normal numbers): one dtype, whatever their values.
+    count = to_numpy(stats.count).astype(np.float64) * weight_scale
     return {
         "mean": to_numpy(stats.mean),
         "msd": to_numpy(stats.msd),

@@ -982,6 +982,7 @@ def test_class_stats_count_each_class_s_weight_as_given(fit, weight):
             warnings.simplefilter("ignore", ConvergenceWarning)
             clf.fit(X, y, sample_weight=weights)
         np.testing.assert_allclose(clf.class_stats_["count"], sizes, rtol=1e-6)
+        assert clf.class_stats_["count"].dtype == np.float64  # (whatever the weights)
 
 
 def test_a_stall_on_float32_rounding_ends_the_fit_on_the_spheres(spheres):
