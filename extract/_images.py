@@ -599,9 +599,14 @@ def _source_hint(path: Path) -> str:
             "folders, and give its folder."
         )
     if suffix.endswith((".tar.gz", ".tgz", ".zip")):  # (webdataset: takes no compressed tar)
+        shards = (
+            ""
+            if suffix.endswith(".zip")
+            # (WebDataset shards are tar files)
+            else (" (or decompress WebDataset shards, and write 'webdataset:PATTERN')")
+        )
         return (
-            " An archive is no source: extract it, and give its folder of class folders (or "
-            "decompress WebDataset shards, and write 'webdataset:PATTERN')."
+            f" An archive is no source: extract it, and give its folder of class folders{shards}."
         )
     if suffix.endswith((".parquet", ".arrow")):
         return f" For a Parquet or Arrow file, write 'parquet:{path}'."
