@@ -700,9 +700,10 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     texts = [label for _, label, _ in rows]
     problem = label_kind_problem(texts)
     digits = set(filter(is_index, texts))
-    renumbered = any(  # read as names, as list files always have: said where it matters
-        text in digits and k != int(text) for k, text in enumerate(sorted(set(texts)))
-    )
+    # Read as names, as list files always have: said where that renumbers a class, one
+    # whose place among the sorted names is not the number it spells.
+    order = {text: k for k, text in enumerate(sorted(set(texts)))}
+    renumbered = any(order[text] != int(text) for text in digits)
     # A -1 among class indices may mark unlabelled rows, except in a ±1 labelling.
     unlabelled = digits != {"1"} and any(map(_is_unlabelled, texts))
     if problem and (renumbered or unlabelled):
@@ -715,16 +716,14 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     elif all(re.fullmatch(r"\d+\.0+", text) for text in texts):
         # Integers as pandas writes them in a column that held a missing value: read as
         # names, class 4 was "2.0" (12 classes), without a word.
-        order = {text: k for k, text in enumerate(sorted(set(texts)))}
         moved = next((i for i, text in enumerate(texts) if order[text] != float(text)), None)
         if moved is not None:
             logger.warning(
                 "%s:%d: the label %r is a whole number written as a decimal (as pandas "
                 "writes integers in a column that held a missing value): a list file then "
-                "reads every label as a class name, the classes sorted as text ('10.0' "
-                "before '2.0'); write the labels as integers ('2') to read them as class "
-                "indices.",
-                list_file, rows[moved][2], texts[moved],
+                "reads every label as a class name, the classes sorted as text (class %d "
+                "is %r); write the labels as integers ('2') to read them as class indices.",
+                list_file, rows[moved][2], texts[moved], order[texts[moved]], texts[moved],
             )  # fmt: skip
     labels, class_names = encode_labels(texts)
     ids = [path for path, _, _ in rows]
