@@ -43,10 +43,13 @@ def _launcher_pid() -> int:
 def stops_with_launcher() -> Iterator[None]:
     """Inside, under torchrun (its ``TORCHELASTIC_RUN_ID`` set), a SIGINT to the main thread
     once this process's parent is no longer the launcher that started it (already at the
-    entry, too), and SIGKILL :data:`GRACE_S` seconds later if it has not left by then.
-    Elsewhere, nothing."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or (
-        threading.current_thread() is not threading.main_thread()
+    entry, too), and SIGKILL :data:`GRACE_S` seconds later if it has not left by then
+    (where SIGINT is ignored, or its handler does not raise, that is how the rank ends).
+    Elsewhere (not under torchrun, outside the main thread, on Windows), nothing."""
+    if (
+        "TORCHELASTIC_RUN_ID" not in os.environ
+        or threading.current_thread() is not threading.main_thread()
+        or not hasattr(signal, "pthread_kill")  # (Windows: no signal to a thread)
     ):
         yield
         return
