@@ -169,10 +169,11 @@ def _fitted(estimator, caller: str, kind: str, *attributes: str):
     check_is_fitted(estimator)
     lacks = [name for name in attributes if not hasattr(estimator, name)]
     if lacks:
+        inner = next((a for a in ("estimator_", "best_estimator_") if hasattr(estimator, a)), None)
         raise ValueError(
             f"{caller} reads {' and '.join(attributes)} of a fitted {kind} (or of a Pipeline "
             f"ending in one); {type(estimator).__name__} has no {lacks[0]}. Pass the {kind} "
-            "itself (a TunedOffsetsClassifierCV's estimator_, a search's best_estimator_)."
+            + (f"itself (its {inner}, if that is one)." if inner else "itself.")
         )
     return estimator
 

@@ -519,12 +519,21 @@ def test_figures_of_a_fitted_wrapper_name_the_estimator_to_pass(tmp_path, wrappe
         warnings.simplefilter("ignore", ConvergenceWarning)
         probe.fit(X, y), search.fit(X, y)
     name = type(probe).__name__
+    attribute = "estimator_" if wrapper == "offsets" else "best_estimator_"
     with pytest.raises(
         ValueError,
         match=rf"^plot_margins reads margins_ and class_stats_ of a "
-        rf"fitted MR2LinearClassifier .*; {name} has no margins_. Pass the ",
+        rf"fitted MR2LinearClassifier .*; {name} has no margins_. Pass the "
+        rf"MR2LinearClassifier itself \(its {attribute}, if that is one\)\.$",
     ):
         plot_margins(probe, tmp_path / "margins.png")
+    # A fitted estimator of another kind is told to pass one, with no attribute to take.
+    from sklearn.linear_model import LogisticRegression
+
+    with pytest.raises(
+        ValueError, match=r"LogisticRegression has no margins_\. Pass the \w+ itself\.$"
+    ):
+        plot_margins(LogisticRegression(max_iter=500).fit(X, y), tmp_path / "margins.png")
     kind = "of a fitted MR2LinearClassifierCV"
     with pytest.raises(ValueError, match=rf"^cv_curves reads .* {kind} .*; {name} has no "):
         cv_curves(search)
