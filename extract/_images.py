@@ -599,15 +599,10 @@ def _source_hint(path: Path) -> str:
             "folders, and give its folder."
         )
     if suffix.endswith((".tar.gz", ".tgz", ".zip")):  # (webdataset: takes no compressed tar)
-        shards = (
-            ""
-            if suffix.endswith(".zip")
-            # (WebDataset shards are tar files)
-            else (" (or decompress WebDataset shards, and write 'webdataset:PATTERN')")
-        )
-        return (
-            f" An archive is no source: extract it, and give its folder of class folders{shards}."
-        )
+        hint = " An archive is no source: extract it, and give its folder of class folders"
+        if suffix.endswith(".zip"):  # (WebDataset shards are tar files, never zips)
+            return hint + "."
+        return hint + " (or decompress WebDataset shards, and write 'webdataset:PATTERN')."
     if suffix.endswith((".parquet", ".arrow")):
         return f" For a Parquet or Arrow file, write 'parquet:{path}'."
     if suffix.endswith(IMG_EXTENSIONS):
