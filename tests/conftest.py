@@ -1,5 +1,7 @@
 """Fixtures shared by several test modules, and the ``cuda`` marker's skip."""
 
+import os
+
 import pytest
 import torch
 
@@ -22,3 +24,29 @@ def no_model(monkeypatch):
         raise AssertionError("a model was loaded before the output was checked")
 
     monkeypatch.setattr("extract._runner.create_backbone", forbidden)
+
+
+@pytest.fixture
+def reversed_listing(monkeypatch):
+    """Every folder listed by ``os.scandir`` in reverse order of names, as a file system
+    may list them (ext4 by hash, not by name): an order taken from the listing shows."""
+    scandir = os.scandir
+
+    class Reversed:
+        def __init__(self, path="."):
+            with scandir(path) as entries:
+                self.entries = iter(sorted(entries, key=lambda e: e.name, reverse=True))
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self.entries)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(os, "scandir", Reversed)

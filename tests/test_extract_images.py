@@ -238,32 +238,12 @@ def test_image_folder_walks_a_folder_linked_again_once(folder):
     assert after.ids == cats + [i.replace("dog/", "cat/dogs/") for i in dogs] + dogs
 
 
-def test_image_folder_order_is_torchvision_s_whatever_the_listing_order(folder, monkeypatch):
+def test_image_folder_order_is_torchvision_s_whatever_the_listing_order(folder, reversed_listing):
     # Folders are walked in the order the file system lists them: their images came in
     # that order, not in torchvision's make_dataset order (sorted by folder, then name).
     for name in ("cat/z/000.png", "cat/b/000.png", "cat/b/a/000.png"):
         (folder / name).parent.mkdir(exist_ok=True)
         shutil.copy(folder / "cat/000.png", folder / name)
-    scandir = os.scandir
-
-    class Reversed:  # a listing in reverse order (ext4 lists by hash, not by name)
-        def __init__(self, path="."):
-            with scandir(path) as entries:
-                self.entries = iter(sorted(entries, key=lambda e: e.name, reverse=True))
-
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            return next(self.entries)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-    monkeypatch.setattr(os, "scandir", Reversed)
     ids = image_folder(folder).ids
     assert ids[:3] == ["cat/000.png", "cat/001.jpg", "cat/002.jpg"]
     assert ids[8:11] == ["cat/b/000.png", "cat/b/a/000.png", "cat/z/000.png"]

@@ -765,30 +765,10 @@ def test_rows_of_a_large_row_group_are_read_as_asked_in_any_order(tmp_path):
     assert reason.endswith("cannot identify image file '" + str(tmp_path / "t.parquet:3'"))
 
 
-def test_a_parquet_folder_is_read_in_sorted_order_whatever_the_listing(tmp_path, monkeypatch):
+def test_a_parquet_folder_is_read_in_sorted_order_whatever_the_listing(tmp_path, reversed_listing):
     # The files of a folder came in the order the file system lists them (ext4: by hash).
     for k in range(3):
         _table(tmp_path / f"train-0000{k}-of-00003.parquet", {"image": [b"x"], "label": [k]})
-    scandir = os.scandir
-
-    class Reversed:  # a listing in reverse order
-        def __init__(self, path="."):
-            with scandir(path) as entries:
-                self.entries = iter(sorted(entries, key=lambda e: e.name, reverse=True))
-
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            return next(self.entries)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-    monkeypatch.setattr(os, "scandir", Reversed)
     src = open_source(f"parquet:{tmp_path}")
     assert src.labels.tolist() == [0, 1, 2]
     assert list(src.files) == [f"train-0000{k}-of-00003.parquet" for k in range(3)]
