@@ -50,3 +50,18 @@ def reversed_listing(monkeypatch):
             pass
 
     monkeypatch.setattr(os, "scandir", Reversed)
+
+
+# Torch modes a caller may hold around a fit or a prediction (features extracted under
+# no_grad or inference_mode, a training loop's autocast).
+_CALLER_MODES = {
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+    "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+}
+
+
+@pytest.fixture(params=list(_CALLER_MODES))
+def caller_mode(request):
+    """``(name, mode)``: each torch mode a caller may hold, ``mode()`` its context."""
+    return request.param, _CALLER_MODES[request.param]

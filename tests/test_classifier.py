@@ -1949,18 +1949,11 @@ def test_divergence_is_a_thousandfold_rise_over_the_first_epoch_or_over_one():
     assert not _diverged(0.05, 1e-5)  # a warm start near a zero loss, then some noise
 
 
-_CALLER_MODES = {
-    "no_grad": torch.no_grad,
-    "inference_mode": torch.inference_mode,
-    "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
-}
-
-
-@pytest.mark.parametrize("mode", _CALLER_MODES)
-def test_fits_and_predictions_ignore_the_caller_s_torch_modes(mode):
+def test_fits_and_predictions_ignore_the_caller_s_torch_modes(caller_mode):
     # Fitted in the no_grad / inference_mode block that extracted the features, L-BFGS
     # left the penalty's gradient out (coef_ off by 0.7 on iris) and a minibatch fit
     # failed; inside autocast the products ran in bfloat16 (off by 0.16) and lam > 0 failed.
+    _, enter = caller_mode
     X, y = make_blobs(120, n_features=4, centers=3, random_state=0)
     X = (X / 4).astype(np.float32)
     kinds = {
@@ -1978,7 +1971,7 @@ def test_fits_and_predictions_ignore_the_caller_s_torch_modes(mode):
             k: MR2LinearClassifier(**kw, device="cpu").fit(X, labels[k]) for k, kw in kinds.items()
         }
         search = MR2LinearClassifierCV([0.1, 1.0], cv=3, device="cpu").fit(X, y)
-        with _CALLER_MODES[mode]():
+        with enter():
             X_t = torch.as_tensor(X)  # an inference tensor under inference_mode
             fitted = {
                 k: MR2LinearClassifier(**kw, device="cpu").fit(X_t, labels[k])

@@ -104,19 +104,12 @@ def test_a_device_that_is_no_name_at_all_is_a_value_error():
         resolve_device(None)
 
 
-_CALLER_MODES = {
-    "no_grad": torch.no_grad,
-    "inference_mode": torch.inference_mode,
-    "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
-}
-
-
-@pytest.mark.parametrize("mode", _CALLER_MODES)
-def test_default_torch_modes_set_aside_the_caller_s(mode):
+def test_default_torch_modes_set_aside_the_caller_s(caller_mode):
     # A fit inside the caller's no_grad / inference_mode block left its penalty's gradient
     # out, and inside autocast ran its products in bfloat16.
+    mode, enter = caller_mode
     x = torch.ones(2, 3)
-    with _CALLER_MODES[mode]():
+    with enter():
         with default_torch_modes():
             assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
             assert not torch.is_autocast_enabled("cpu")
