@@ -654,17 +654,27 @@ def _ranks_one_by_one(monkeypatch):
     monkeypatch.setattr(_runner, "_ranks_group", contextlib.nullcontext)
 
 
+def _ranks_without_merge(monkeypatch, world_size: int = 2) -> list:
+    """torchrun's ranks of ``world_size`` run one by one in this process (each test sets
+    RANK), none merging: the list returned gets each would-be merge's
+    ``(rank, overwrite, repair)``."""
+    from extract import _runner
+
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    _ranks_one_by_one(monkeypatch)
+    merges = []
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair: (
+        merges.append((rank, overwrite, repair)) or out))  # fmt: skip
+    return merges
+
+
 def test_under_torchrun_what_the_listing_says_is_said_by_rank_0_alone(
     tmp_path, monkeypatch, caplog
 ):
     # Files left out of a folder were named once per rank: eight times on eight GPUs.
-    from extract import _runner
-
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     (folder / "cat" / "notes.txt").write_text("not an image")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    _ranks_without_merge(monkeypatch)
     said = {}
     for rank in (1, 0):
         monkeypatch.setenv("RANK", str(rank))
@@ -971,11 +981,7 @@ def _killed_run(monkeypatch, *args, **kwargs) -> None:
 def _rank_1_done_rank_0_killed(monkeypatch, folder, out, fast) -> None:
     """Two torchrun ranks run one after the other without a merge: rank 1's shard
     finished, rank 0's killed after its first batch; RANK and WORLD_SIZE left set."""
-    from extract import _runner
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    _ranks_without_merge(monkeypatch)
     monkeypatch.setenv("RANK", "1")
     extract_features(folder, BACKBONE, out, **fast)
     monkeypatch.setenv("RANK", "0")
@@ -1003,18 +1009,12 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
     # --force again every shard was made anew, its finished rows computed again. A rebuild
     # made as the old store was (float32: images replaced in place, which the provenance
     # cannot see) kept the old store, reused as complete.
-    from extract import _runner
-
     folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
     out = tmp_path / "f.h5"
     fast = dict(FAST, batch_size=2)
     shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
     merge_shards(shards, out)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    written, merges = [], []
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair: (
-        merges.append(overwrite) or out))  # fmt: skip
+    merges, written = _ranks_without_merge(monkeypatch), []
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
         _kill_after_a_write(monkeypatch)  # the run is killed after its first batch
@@ -1022,7 +1022,8 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
             extract_features(folder, BACKBONE, out, dtype=dtype, overwrite=True, **fast)
         _spy_writes(monkeypatch, written)
         extract_features(folder, BACKBONE, out, dtype=dtype, **fast)  # without --force
-    assert written == [2, 2] and merges == [True, True]  # the rows left, then a replacement
+    assert written == [2, 2]  # the rows left,
+    assert [overwrite for _, overwrite, _ in merges] == [True, True]  # then a replacement
     merge_shards(shards, out, overwrite=True)
     rebuilt = load_features(out, in_memory=True)
     assert rebuilt.features.dtype == np.dtype(dtype) and len(rebuilt.paths) == 8
@@ -1062,7 +1063,6 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
     # resumed the finished run's shard, and the "rebuilt" store held its old rows (images
     # changed in place since included). At another number of ranks, or in one process, the
     # old store was reused as complete, the rebuild dropped without a word.
-    from extract import _runner
     from extract._resume import _identity
     from extract._schema import REPLACES
 
@@ -1070,11 +1070,7 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
     folder, image, good, out, fast, shards = _two_rank_store(tmp_path, broken=retry)
     image.write_bytes(good)
     identity = _identity(out)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    merges = []
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair: (
-        merges.append((overwrite, repair)) or out))  # fmt: skip
+    merges = _ranks_without_merge(monkeypatch)
     monkeypatch.setenv("RANK", "0")
     _kill_after_a_write(monkeypatch)  # rank 0's forced run is killed after its first batch
     with pytest.raises(KeyboardInterrupt):
@@ -1098,7 +1094,7 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
         monkeypatch.setenv("RANK", str(rank))
         extract_features(folder, BACKBONE, out, retry_failed=retry, **fast)  # without --force
     assert written == [2, 2, 2]  # rank 1's four rows anew, then rank 0's two left
-    assert merges == [(True, None)] * 2  # the store replaced (not repaired), by rank 0
+    assert [merge[1:] for merge in merges] == [(True, None)] * 2  # replaced, not repaired
     for shard in shards:
         with h5py.File(shard, "r") as f:
             assert f.attrs[REPLACES] == identity
@@ -1110,12 +1106,8 @@ def test_a_resumed_rebuild_asked_otherwise_is_refused_by_every_rank_before_any_w
     # Resumed with another dtype: rank 0 refused it against its shard, while rank 1, whose
     # shard the rebuild had not made, overwrote it; the resume as first asked then failed
     # on rank 1's shard.
-    from extract import _runner
-
     folder, out, shards, fast = _two_rank_store_with_stale_shard(tmp_path)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    _ranks_without_merge(monkeypatch)
     monkeypatch.setenv("RANK", "0")
     _kill_after_a_write(monkeypatch)  # rank 0's forced run is killed after its first batch
     with pytest.raises(KeyboardInterrupt):
@@ -1138,13 +1130,9 @@ def test_a_rank_making_its_shard_anew_refuses_another_rank_s_shard_of_other_imag
     # Rank 0's shard deleted, an image of rank 1's changed since: rank 0's new shard would
     # be of the images as they are, rank 1's of those as they were. Rank 0 refuses before
     # it writes, as rank 1 does.
-    from extract import _runner
-
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     out = tmp_path / "f.h5"
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    _ranks_without_merge(monkeypatch)
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
         extract_features(folder, BACKBONE, out, **FAST)
@@ -1184,13 +1172,9 @@ def test_a_resumed_torchrun_run_asked_otherwise_is_refused_by_every_rank_before_
     # Not a rebuild: the first run killed after rank 0's first batch, before rank 1 began
     # (no merged store yet). Resumed with another dtype, rank 1 made and filled a float16
     # shard while rank 0 refused its own; resumed as first asked, rank 1's was refused.
-    from extract import _runner
-
     folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
     out, fast = tmp_path / "f.h5", dict(FAST, batch_size=2)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    _ranks_without_merge(monkeypatch)
     monkeypatch.setenv("RANK", "0")
     _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
     written = _spy_writes(monkeypatch)
@@ -1237,13 +1221,9 @@ def test_a_resumed_rebuild_retries_a_failure_repaired_in_another_rank_s_shard(
     # the listing that the repair changed (as every rank did under torchrun); and where
     # the store being replaced held row 1 as done (the image broken after it was made),
     # rank 1 took the repair while rank 0 refused its own shard.
-    from extract import _runner
-
     folder, image, good, out, fast, shards = _two_rank_store(tmp_path, failed_in_the_store)
     image.write_bytes(b"not an image!")  # broken (again) before the rebuild
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    _ranks_without_merge(monkeypatch)
     for rank in (0, 1):  # the forced rebuild, each rank killed after its first batch
         monkeypatch.setenv("RANK", str(rank))
         _killed_run(monkeypatch, folder, BACKBONE, out, overwrite=True, **fast)
@@ -1299,9 +1279,7 @@ def test_a_forced_rebuild_at_other_ranks_supersedes_an_interrupted_run_s_shards(
     _bitmaps(folder, seed=0)
     (folder / "dog" / "9.bmp").write_bytes(b"not an image")  # a failure to retry
     fast = dict(FAST, batch_size=2)
-    _ranks_one_by_one(monkeypatch)
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_without_merge(monkeypatch)
     for rank in (0, 1):  # each rank killed after its first batch, before any merge
         monkeypatch.setenv("RANK", str(rank))
         _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
@@ -1413,8 +1391,6 @@ def test_a_retry_takes_no_rows_of_shards_that_went_into_another_version_of_the_s
     # The store rebuilt in one process (--force), then a --retry-failed under torchrun at
     # the shards' number of ranks: it resumed rank 1's shard, merged into the old version,
     # and merged its rows back into the rebuilt store.
-    from extract import _runner
-
     folder, out, shards, fast = _two_rank_store_with_stale_shard(tmp_path)
     image = folder / "cat" / "001.jpg"  # row 1, rank 1's
     good = image.read_bytes()
@@ -1422,9 +1398,7 @@ def test_a_retry_takes_no_rows_of_shards_that_went_into_another_version_of_the_s
     extract_features(folder, BACKBONE, out, overwrite=True, **fast)  # row 1 failed
     rebuilt = load_features(out, in_memory=True).features
     image.write_bytes(good)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    _ranks_without_merge(monkeypatch)
     written = _spy_writes(monkeypatch)
     for rank in (1, 0):
         monkeypatch.setenv("RANK", str(rank))
@@ -1485,14 +1459,11 @@ def test_a_rebuild_resumed_after_its_store_was_deleted_extracts_anew_a_rank_it_h
 ):
     # Rank 0's forced shard, rank 1's of the finished run, the store deleted: rank 1's old
     # rows were resumed and merged as the rebuild's.
-    from extract import _runner
     from extract._resume import _identity
     from extract._schema import REPLACES
 
     folder, out, shards, fast = _two_rank_store_with_stale_shard(tmp_path)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *a: out)
+    _ranks_without_merge(monkeypatch)
     if earlier:  # a finished forced rebuild before: its shards keep their mark
         for rank in (0, 1):
             monkeypatch.setenv("RANK", str(rank))
@@ -2808,8 +2779,6 @@ def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merg
     # A torchrun retry after its shards were deleted seeds each new shard from the merged store
     # (every one of its rows, and the recorded versions) and extracts the repaired image alone.
     # torchrun's two ranks run here one by one, in this process.
-    from extract import _runner
-
     folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
     image = folder / "dog" / "001.jpg"
     good = image.read_bytes()
@@ -2824,18 +2793,14 @@ def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merg
         marked = f["paths"].asstr()[:].tolist().index("cat/001.jpg")
         f["features"][marked] = 7.0
         f.attrs["versions"] = json.dumps({"torch": "1.0"})
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    merges = []
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair: (
-        merges.append((rank, repair)) or out))  # fmt: skip
+    merges = _ranks_without_merge(monkeypatch)
     written = _spy_writes(monkeypatch)
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
         extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
     assert written == [1]  # the repaired image alone is extracted
-    assert [rank for rank, _ in merges] == [0, 1]
-    repair = merges[0][1]
+    assert [rank for rank, _, _ in merges] == [0, 1]
+    repair = merges[0][2]
     assert repair is not None
     repair()  # what rank 0 does before its merge
     with h5py.File(out, "r") as f:
@@ -2859,7 +2824,7 @@ def test_a_torchrun_retry_extracts_again_a_transient_failure_of_a_complete_store
 ):
     # The image unchanged (a read error that passed): the merged store is complete, and
     # --retry-failed is what makes its ranks read the failed image again, not reuse it.
-    from extract import _images, _runner
+    from extract import _images
 
     folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
     read_file = _images.read_file
@@ -2876,9 +2841,7 @@ def test_a_torchrun_retry_extracts_again_a_transient_failure_of_a_complete_store
     )
     assert [path for path, _ in load_features(out, in_memory=True).failures] == ["dog/001.jpg"]
     monkeypatch.setattr(_images, "read_file", read_file)  # the file system recovers
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    _ranks_one_by_one(monkeypatch)
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, *args: out)
+    _ranks_without_merge(monkeypatch)
     written = _spy_writes(monkeypatch)
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
