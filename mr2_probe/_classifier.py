@@ -932,8 +932,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             return (
                 f"{solver} made no progress from its starting point: its best epoch loss, "
                 f"{best:.4g}, is within 1e-6 of {start}. Either its steps are too small (use "
-                f"a larger learning_rate than {self.learning_rate:g}), or the penalty holds "
-                "the optimum at zero (a very small C)."
+                f"a larger learning_rate than {self.learning_rate:g}), or the optimum is "
+                "there: the penalty holds it at zero (a very small C), or the features do "
+                "not tell the classes apart (constant ones)."
             )
         gradient = (  # (none for a minibatch solver)
             f"with a largest gradient entry of {result.largest_gradient:.2g} > tol={self.tol}"

@@ -739,8 +739,11 @@ def fit_minibatch(
     if pinned and stop != "diverged":
         # Three plateaus read as convergence where the fit never came back below its start
         # (a step too large, at a plateau of its noise) or never left it (one too small).
-        # (Not within tol: features that carry nothing have their optimum that near.)
-        converged, stop = False, "above_start" if lowest > start else "no_progress"
+        # (Not within tol: features that carry nothing have their optimum that near.) Above
+        # it by its rounding alone (log K of logits that stayed equal: features that carry
+        # nothing, whatever the step) is no progress, not a step too large.
+        above = lowest > start * (1 + NO_PROGRESS)
+        converged, stop = False, "above_start" if above else "no_progress"
     result = SolverResult(len(curve), converged, curve, stats=stats, margins=margins, stop=stop)
     if stop in ("above_start", "no_progress"):
         result.best_after_start = lowest

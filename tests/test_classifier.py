@@ -1426,6 +1426,23 @@ def test_a_minibatch_fit_that_never_got_below_its_start_is_not_converged(solver,
 
 
 @pytest.mark.parametrize("solver", ["adam", "sgd"])
+@pytest.mark.parametrize("n_classes, value", [(2, 1.0), (4, 0.0), (5, 1.0)])
+def test_features_that_carry_nothing_made_no_progress_not_steps_too_large(solver, n_classes, value):
+    # Constant features: the logits stay equal, the epoch loss log K up to its rounding.
+    # One ulp above it (adam: 2 classes of ones, 4 of zeros) read as "stayed above its
+    # starting point: its steps are too large. Use a smaller learning_rate", and no step
+    # size changes it.
+    y = np.arange(6 * n_classes) % n_classes
+    X = np.full((len(y), 3), value)
+    clf = MR2LinearClassifier(solver=solver, random_state=0, device="cpu")
+    with pytest.warns(ConvergenceWarning, match="made no progress") as record:
+        clf.fit(X, y)
+    assert min(clf.loss_curve_) == pytest.approx(np.log(n_classes), rel=1e-12)
+    message = str(record[0].message)
+    assert "too large" not in message and "do not tell the classes apart" in message
+
+
+@pytest.mark.parametrize("solver", ["adam", "sgd"])
 def test_one_batch_an_epoch_reads_the_start_test_after_the_first_epoch(solver):
     # An epoch's loss is its batches' before their steps: with one batch an epoch the
     # first is log K itself, so every fit "made no progress, steps too small" (iris at
