@@ -413,6 +413,14 @@ class Memory:
             return
         change = reg - self.reg
         self.reg = reg
+        # From or to a penalty beyond the dtype's range (C·S subnormal: 1/(C·S) = inf) the
+        # correction is inf − inf or 0·inf: NaN in every pair, which those folds forget.
+        lost = ~torch.isfinite(change)  # (B,)
+        if bool(lost.any()):
+            self.s[lost] = 0
+            self.y[lost] = 0
+            self.forget(lost)
+            change = torch.where(lost, 0.0, change)
         # From a penalty far stronger than the new one (C = 1e-30, then 1) the correction
         # cancels nearly all of y, the gradient and the objective, leaving rounding: a pair
         # or point so cancelled is dropped (its relative error above 1e-3), not trusted.
@@ -425,8 +433,11 @@ class Memory:
             value = 0.5 * change * weight.square().sum(1)
             self.value += value
             self.grad[:, :n_penalised] += change[:, None] * weight
-            cancelled = (self.value.abs() < exact * value.abs()) | (
-                self.grad.norm(dim=1) < exact * (change.abs() * weight.norm(dim=1))
+            # (NaN, where the last solve's penalty was out of range, counts as cancelled.)
+            cancelled = (
+                lost
+                | ~(self.value.abs() >= exact * value.abs())
+                | ~(self.grad.norm(dim=1) >= exact * (change.abs() * weight.norm(dim=1)))
             )
             if bool(cancelled.any()):  # the next solve evaluates its start afresh
                 self.point = self.value = self.grad = None

@@ -2056,12 +2056,14 @@ def test_features_too_large_fail_a_search_at_once(tmp_path):
     assert not isinstance(info.value, FitDivergedError)
 
 
-@pytest.mark.parametrize("first", [1e-30, 1e-12])
+@pytest.mark.parametrize("first", [1e-320, 1e-30, 1e-12])
 def test_a_path_after_an_extreme_c_gives_the_next_c_s_cold_solution(first):
     # The batched memory carried from C = 1e-30 to C = 1: its correction cancelled all
     # but the rounding of the old penalty's curvature, and its step scale (1/reg, 1e-28)
     # was kept; C = 1 stopped after one iteration at the start, scored 0.707 against a
-    # cold fit's 0.973, and tied with 1e-30, which was chosen.
+    # cold fit's 0.973, and tied with 1e-30, which was chosen. From a C whose penalty
+    # 1/(C·S) overflows (1e-320), the correction made every pair and the carried
+    # objective NaN: C = 1 stopped at its start and scored chance, 0.333.
     X, y = load_iris(return_X_y=True)
     X = X.astype(np.float32)
     params = dict(cv=3, max_iter=50, refit=False, device="cpu")
