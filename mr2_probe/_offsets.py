@@ -119,6 +119,14 @@ def check_training_folds(
             )
 
 
+def _log_gap(q: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Largest |log q − log p| of each row over the entries where p is positive (inf where
+    q underflows there), the distance of probabilities q from p in their logarithms."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gap = np.abs(np.log(q) - np.log(p))
+    return np.where(p > 0, gap, 0.0).max(1)
+
+
 def _fold_decision(estimator, X, y, train, test, fit_params, classes, keep):
     """Fit on the training part of a fold; decision values on its held-out part."""
     fit_params = _check_method_params(X, fit_params, indices=train)
@@ -672,13 +680,23 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         # (float32 probabilities, or a decision function rounded apart from them, agree
         # to these tolerances; the links themselves differ by far more.)
         alike = functools.partial(np.isclose, rtol=1e-4, atol=1e-6)
-        softmax_rows = alike(softmax(z, axis=1), proba).all(1)
-        out[softmax_rows] = z[softmax_rows] + self.offsets_
+        softmaxes = softmax(z, axis=1)
+        softmax_rows = alike(softmaxes, proba).all(1)
         sigmoids = expit(z)
         total = sigmoids.sum(1, keepdims=True)
         # scikit-learn's one-vs-rest rows whose sigmoids all underflow are uniform.
         sigmoids = np.divide(sigmoids, total, out=np.full_like(z, 1 / z.shape[1]), where=total > 0)
-        sigmoid_rows = ~softmax_rows & alike(sigmoids, proba).all(1)
+        sigmoid_rows = alike(sigmoids, proba).all(1)
+        # A saturated row (one probability near 1, the others below atol) is alike under
+        # both links; its small probabilities tell them apart by orders of magnitude (a
+        # one-vs-rest row's 2e-7 is softmax's 4e-16), which read as softmax's made
+        # predict_log_proba 20 nats off the estimator's own with no offsets.
+        both = softmax_rows & sigmoid_rows
+        if both.any():
+            gaps = [_log_gap(q[both], proba[both]) for q in (softmaxes, sigmoids)]
+            softmax_rows[both] = gaps[0] <= gaps[1]
+        sigmoid_rows &= ~softmax_rows
+        out[softmax_rows] = z[softmax_rows] + self.offsets_
         out[sigmoid_rows] = log_expit(z[sigmoid_rows] + self.offsets_)
         other = ~(softmax_rows | sigmoid_rows)
         if other.any():

@@ -770,6 +770,31 @@ def test_predict_proba_of_a_row_does_not_depend_on_the_rows_beside_it():
     np.testing.assert_array_equal(batch[clear].argmax(1), clf.predict(X)[clear])
 
 
+@pytest.mark.parametrize("link", ["one-vs-rest", "softmax"])
+def test_predict_log_proba_of_saturated_rows_follows_the_estimators_link(link):
+    # Rows with one probability near 1 and the others below 1e-6 are alike under both
+    # links; a one-vs-rest row was read as softmax's: with no offsets its log-probabilities
+    # were 20 nats off the estimator's own (3.5e-16 where it gave 2.4e-7).
+    from sklearn.datasets import make_blobs
+    from sklearn.multiclass import OneVsRestClassifier
+
+    centers = [[-30, 0], [30, 0], [0, 30]]
+    X, y = make_blobs(150, 2, centers=centers, cluster_std=3.0, random_state=0)
+    estimator = {
+        "one-vs-rest": OneVsRestClassifier(LogisticRegression(C=100, max_iter=1000)),
+        "softmax": LogisticRegression(C=100, max_iter=1000),
+    }[link].fit(X, y)
+    clf = TunedOffsetsClassifierCV(estimator, cv="prefit").fit(X, y)
+    z, p = clf.estimator_.decision_function(X), clf.estimator_.predict_proba(X)
+    assert np.isclose(softmax(z, axis=1), p, rtol=1e-4, atol=1e-6).all(1).sum() > 10  # saturated
+    clf.offsets_ = np.zeros(3)  # no offsets: the estimator's own
+    np.testing.assert_allclose(clf.predict_log_proba(X), np.log(p), rtol=1e-9, atol=1e-12)
+    clf.offsets_ = np.array([0.9, -0.6, 0.3])
+    expected = {"one-vs-rest": expit(z + clf.offsets_), "softmax": np.exp(z + clf.offsets_)}[link]
+    expected = np.log(expected / expected.sum(1, keepdims=True))
+    np.testing.assert_allclose(clf.predict_log_proba(X), expected, rtol=1e-9, atol=1e-12)
+
+
 def test_pipeline_grid_search_pickle_and_torch_features():
     X, y = _imbalanced(seed=9)
     pipe = make_pipeline(StandardScaler(), TunedOffsetsClassifierCV(LogisticRegression(), cv=3))
