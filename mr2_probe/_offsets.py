@@ -291,7 +291,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
     MR2LinearClassifier), σ(z + b) normalised for one-vs-rest sigmoids
     (OneVsRestClassifier(LogisticRegression()), SGDClassifier(loss="log_loss")); there
     ``predict`` and the argmax of ``predict_proba`` agree, and with zero offsets it is the
-    estimator's own. For another estimator it is softmax(log p + b), a class prior on its
+    estimator's own (but on a row whose sigmoids all underflow, which scikit-learn makes
+    uniform: there it is those sigmoids normalised in log space, whose argmax is
+    ``predict``'s). For another estimator it is softmax(log p + b), a class prior on its
     probabilities, whose argmax can differ from ``predict`` (as SVC's own can).
 
     Cost: ``n_folds + 1`` fits of the estimator (none with ``cv="prefit"``, one with
