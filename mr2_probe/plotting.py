@@ -8,6 +8,7 @@ pyplot's figure registry, so the returned figure is freed with its last referenc
 
 from __future__ import annotations
 
+import collections
 import colorsys
 import contextlib
 import itertools
@@ -490,6 +491,7 @@ def plot_front(front, path, split: str = "test"):
         ("worst-class accuracy (%)", "hard-tercile accuracy (%)"),
         strict=True,
     ):
+        stacked = collections.Counter()  # labels so far at each spot, stacked upwards
         for lever, colour in LEVER_COLOURS.items():
             points = [p for p in front.points if p.lever == lever]
             if not points:
@@ -510,7 +512,13 @@ def plot_front(front, path, split: str = "test"):
             shown = iter(_names("{}", values))
             for p, xi, yi in zip(points, x, y, strict=True):
                 text = p.name if p.value is None else next(shown)
-                ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=7)
+                # ERM and MR2 at one spot (c_bar = 0, or margins that change nothing) wrote
+                # one name over the other.
+                above = 8 * stacked[xi, yi]
+                stacked[xi, yi] += 1
+                ax.annotate(
+                    text, (xi, yi), textcoords="offset points", xytext=(4, 3 + above), fontsize=7
+                )
             for p, xi, yi in zip(points, x, y, strict=True):
                 if p.name == chosen:
                     ax.plot(xi, yi, "o", markersize=14, markerfacecolor="none", color="black")

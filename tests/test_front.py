@@ -859,6 +859,20 @@ def test_plot_front_tilt_curve_starts_at_the_untilted_point_in_both_axes(tmp_pat
     assert named == ["ERM", "tilt"]
 
 
+def test_plot_front_stacks_the_names_of_points_at_one_spot(tmp_path):
+    # ERM and MR² at one spot (margins that change no prediction) wrote "MR2" over "ERM".
+    same = {"overall": 0.9, "worst": 0.5, "hard": 0.7}
+    points = [
+        FrontPoint("ERM", "ERM", None, None, same, None),
+        FrontPoint("MR2", "MR2", None, None, same, None),
+        FrontPoint("tilt=1", "tilt", 1.0, None, {**same, "worst": 0.6, "hard": 0.8}, None),
+    ]
+    fig = plot_front(Front(points, bound=0.05), tmp_path / "f.png")
+    for ax in fig.axes[:2]:
+        names = {t.get_text(): t.xyann for t in ax.texts}
+        assert names == {"ERM": (4, 3), "MR2": (4, 11), "1": (4, 3)}
+
+
 def test_plot_front_draws_the_validation_split_where_a_point_lacks_test_scores(tmp_path):
     # Test scores of some points only (a front put together by hand): every point is drawn
     # on the split they all have, not the others' test scores beside its validation ones.
