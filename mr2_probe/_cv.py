@@ -3,6 +3,7 @@ cross-validation along a warm-started path, the features uploaded once."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import warnings
@@ -59,9 +60,10 @@ CLASSWISE_SCORERS = {
 
 
 def check_classwise_scoring(estimator, scoring):
-    """A scorer for ``scoring``: a scikit-learn name or callable, or a class-wise name."""
+    """A scorer for ``scoring``: a scikit-learn name or callable, or a class-wise name (a
+    copy, as scikit-learn's ``get_scorer`` gives one: a request set on it stays there)."""
     if isinstance(scoring, str) and scoring in CLASSWISE_SCORERS:
-        scoring = CLASSWISE_SCORERS[scoring]
+        scoring = copy.deepcopy(CLASSWISE_SCORERS[scoring])
     return check_scoring(estimator, scoring)
 
 

@@ -532,7 +532,9 @@ def classwise_scorers(groups_by_label: Mapping | None = None) -> dict:
     -------
     scorers : dict
         ``accuracy``, ``balanced_accuracy``, ``worst_class``, ``hard_tercile`` and
-        ``class_std`` (negated, greater is better), plus the fixed groups.
+        ``class_std`` (negated, greater is better), plus the fixed groups. New scorers at
+        each call, as scikit-learn's ``get_scorer`` gives: a metadata request set on one
+        (``set_score_request``) changes no other.
 
     Examples
     --------
@@ -551,9 +553,9 @@ def classwise_scorers(groups_by_label: Mapping | None = None) -> dict:
     scorers = {
         "accuracy": "accuracy",
         "balanced_accuracy": "balanced_accuracy",
-        "worst_class": worst_class_scorer,
-        "hard_tercile": hard_tercile_scorer,
-        "class_std": class_std_scorer,
+        "worst_class": make_scorer(worst_class_accuracy),
+        "hard_tercile": make_scorer(hard_tercile_accuracy),
+        "class_std": make_scorer(class_accuracy_std, greater_is_better=False),
     }
     if groups_by_label is not None:
         groups_by_label = _by_label(groups_by_label)

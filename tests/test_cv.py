@@ -23,7 +23,7 @@ from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
 from mr2_probe._classifier import FitDivergedError
 from mr2_probe._losses import margin_cross_entropy
 from mr2_probe._path import bisect_search
-from mr2_probe.metrics import group_accuracy, worst_class_accuracy
+from mr2_probe.metrics import classwise_scorers, group_accuracy, worst_class_accuracy
 from tests._scripts import load_benchmark
 
 SKLEARN = tuple(int(part) for part in sklearn.__version__.split(".")[:2])
@@ -1595,6 +1595,25 @@ def test_under_routing_weights_the_scorer_leaves_unrequested_are_refused():
         theirs = refused(LogisticRegressionCV(Cs=[1.0], cv=3))
         assert refused(MR2LinearClassifierCV([1.0], cv=3, device="cpu")) == theirs
     assert theirs or SKLEARN < (1, 9)
+
+
+def test_a_request_set_on_a_classwise_scorer_stays_on_that_scorer():
+    # A request set on classwise_scorers()'s worst-class scorer (a multi-metric search's)
+    # was set on the scorer scoring="worst_class" names, in every search of the program:
+    # weights it refused under routing were taken. scikit-learn's names give copies.
+    X, y = _blobs()
+    weight = np.ones(len(y))
+    with sklearn.config_context(enable_metadata_routing=True):
+        requested = classwise_scorers()["worst_class"].set_score_request(sample_weight=True)
+        try:
+            search = MR2LinearClassifierCV([1.0], cv=3, scoring="worst_class", device="cpu")
+            with pytest.raises(UnsetMetadataPassedError, match="set_score_request"):
+                search.fit(X, y, sample_weight=weight)
+            assert classwise_scorers()["worst_class"].get_metadata_routing().score.requests == {
+                "sample_weight": None
+            }
+        finally:  # (the module's own scorer, where the dictionary held it)
+            requested.set_score_request(sample_weight=None)
 
 
 def test_under_routing_groups_go_to_a_splitter_that_asks_for_them():
