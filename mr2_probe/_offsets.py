@@ -713,6 +713,10 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         return out
 
     def __sklearn_tags__(self):
+        # The estimator's inputs, as scikit-learn's meta-estimators take them: a selector
+        # reads allow_nan (SequentialFeatureSelector refused NaN that the estimator fits).
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = get_tags(self.estimator).input_tags.sparse
+        inner = get_tags(self.estimator).input_tags
+        tags.input_tags.sparse = inner.sparse
+        tags.input_tags.allow_nan = inner.allow_nan
         return tags

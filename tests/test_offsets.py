@@ -11,7 +11,9 @@ import torch
 from scipy.special import expit, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.datasets import load_iris, make_classification
+from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
+from sklearn.feature_selection import SequentialFeatureSelector
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import (
     accuracy_score,
@@ -1613,3 +1615,16 @@ def test_the_scorer_s_trial_leaves_the_labels_alone():
     search.fit(X, y, sample_weight=weight)
     np.testing.assert_array_equal(y, given)
     assert search.classes_.tolist() == [0, 1, 2] and (weight == 1).all()
+
+
+def test_missing_values_are_taken_where_the_estimator_takes_them():
+    # The tags said NaN was refused whatever the estimator: a feature selector over the
+    # offsets of a HistGradientBoostingClassifier refused data that both fit.
+    X, y = _imbalanced(sizes=(30, 30, 30), n_features=3)
+    X[::7, 0] = np.nan
+    tuned = TunedOffsetsClassifierCV(HistGradientBoostingClassifier(max_iter=5), cv=3)
+    selector = SequentialFeatureSelector(tuned, n_features_to_select=2, cv=2).fit(X, y)
+    assert selector.get_support().sum() == 2
+    probe = TunedOffsetsClassifierCV(LogisticRegression(), cv=3)
+    with pytest.raises(ValueError, match="Input X contains NaN"):
+        SequentialFeatureSelector(probe, n_features_to_select=2, cv=2).fit(X, y)
