@@ -210,7 +210,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         - a splitter or an iterable of (train, validation) index arrays; a sample held
           out in several splits counts once per split;
         - ``"prefit"``: ``estimator`` is already fitted and ``fit(X_val, y_val)`` tunes
-          the offsets on the validation set it is given; nothing is fitted.
+          the offsets on the validation set it is given; nothing is fitted. In a search
+          (``GridSearchCV`` over ``max_accuracy_drop``, say), which clones it unfitted,
+          pass it as ``sklearn.frozen.FrozenEstimator(estimator)``.
     refit : bool, default=True
         Refit the estimator on all of X after tuning. ``False`` keeps the estimator fitted
         on the training part and requires a single split (a float ``cv``, or one split).
@@ -540,7 +542,10 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         except NotFittedError as exc:
             raise NotFittedError(
                 "When cv='prefit', the estimator must already be fitted. Fit it on "
-                "training data first, or let this estimator fit it with cv=5."
+                "training data first, or let this estimator fit it with cv=5. A search or "
+                "cross-validation (GridSearchCV, cross_validate) fits a clone of this "
+                "estimator, whose estimator is an unfitted copy: wrap the fitted one in "
+                "sklearn.frozen.FrozenEstimator, which stays fitted through clones."
             ) from exc
         self.estimator_ = self.estimator
         self.classes_ = np.asarray(self.estimator_.classes_)

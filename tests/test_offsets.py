@@ -14,6 +14,7 @@ from sklearn.datasets import load_iris, make_classification
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.feature_selection import SequentialFeatureSelector
+from sklearn.frozen import FrozenEstimator
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import (
     accuracy_score,
@@ -878,6 +879,20 @@ def test_bad_input_errors(params, error, match):
     clf = TunedOffsetsClassifierCV(**{"estimator": LogisticRegression(), "cv": 3, **params})
     with pytest.raises(error, match=match):
         clf.fit(X, y)
+
+
+def test_a_search_over_a_prefitted_estimator_is_told_of_frozen_estimator():
+    # A search clones the prefitted estimator unfitted, and was told to fit it first: it
+    # had been fitted. A FrozenEstimator stays fitted through the clones.
+    X, y = _imbalanced()
+    fitted = LogisticRegression().fit(X[::2], y[::2])
+    grid = {"max_accuracy_drop": [None, 0.01]}
+    search = GridSearchCV(TunedOffsetsClassifierCV(fitted, cv="prefit"), grid, error_score="raise")
+    with pytest.raises(NotFittedError, match=r"wrap the fitted one in .*FrozenEstimator"):
+        search.fit(X[1::2], y[1::2])
+    frozen = TunedOffsetsClassifierCV(FrozenEstimator(fitted), cv="prefit")
+    search = GridSearchCV(frozen, grid).fit(X[1::2], y[1::2])
+    np.testing.assert_array_equal(search.best_estimator_.estimator_.coef_, fitted.coef_)
 
 
 def test_a_fold_without_a_class_is_refused_before_any_fit():
