@@ -63,12 +63,20 @@ class FitDivergedError(ValueError):
 
 def _overflow_message(what, dtype, suspects=()):
     """The error of a fit that left floating-point range: the ``suspects`` (parameters
-    found extreme) when there are any, else the features' scale."""
+    found extreme) when there are any, else the features' scale (or, where scikit-learn's
+    ``assume_finite`` skipped their check, their NaN or infinity)."""
     name = _dtype_name(dtype)
     if suspects:
         return (
             f"Cannot fit: {what} in {name} arithmetic, with {' and '.join(suspects)}. Use "
             "values of a usual order of magnitude and fit again."
+        )
+    if sklearn.get_config()["assume_finite"]:
+        # X was not checked: NaN in it was told to scale the features.
+        return (
+            f"Cannot fit: {what} in {name} arithmetic: the features hold NaN or infinity, "
+            "which assume_finite=True did not check for, or are too large. Check X with "
+            "assume_finite=False, and scale it (e.g. StandardScaler) if it is finite."
         )
     return (
         f"Cannot fit: {what} in {name} arithmetic, the features are too large. Scale "

@@ -12,6 +12,7 @@ import warnings
 import joblib
 import numpy as np
 import pytest
+import sklearn
 import torch
 from sklearn.base import clone
 from sklearn.datasets import load_digits, load_iris, make_blobs, make_classification
@@ -882,6 +883,21 @@ def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
         warnings.simplefilter("error", ConvergenceWarning)  # an error, not only a warning
         with pytest.raises(ValueError, match="features are too large. Scale them"):
             clf.fit((X * scale).astype(dtype), y)
+    assert not hasattr(clf, "coef_")
+
+
+@pytest.mark.parametrize("params", [{}, {"lam": 0.5, "max_iter": 3}, {"head": "cosine"}])
+@pytest.mark.parametrize("kind", ["array", "tensor"])
+def test_nan_features_under_assume_finite_are_not_blamed_on_their_scale(params, kind):
+    # scikit-learn's assume_finite=True skips the check of X: a NaN in it was told that the
+    # features were too large, to be scaled.
+    X, y = _blobs()
+    X[5, 2] = np.nan
+    X = torch.as_tensor(X) if kind == "tensor" else X
+    clf = MR2LinearClassifier(random_state=0, device="cpu", **params)
+    with sklearn.config_context(assume_finite=True):
+        with pytest.raises(ValueError, match="hold NaN or infinity, which assume_finite=True"):
+            clf.fit(X, y)
     assert not hasattr(clf, "coef_")
 
 
