@@ -174,8 +174,12 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
             )
     if not model:
         raise BackboneError(f"The backbone spec {text!r} names no model; use one of {_SPEC_FORMS}.")
-    if at and not weights or family == "moco" and not weights:
+    if at and not weights:
         raise BackboneError(f"The backbone spec {text!r} has an empty weights part after '@'.")
+    if family == "moco" and not weights:  # ('moco:' has no '@' to name)
+        raise BackboneError(
+            f"The backbone spec {text!r} names no checkpoint; use 'moco:[ARCH@]CHECKPOINT'."
+        )
     if family == "moco" and not _names_a_file(weights):
         raise BackboneError(
             f"MoCo weights must be a local checkpoint file (an existing file, or a path with a "
