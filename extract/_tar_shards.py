@@ -4,7 +4,8 @@ Opening the source reads each shard's tar headers once (memory-mapped: the image
 never touched) and groups the members into samples as WebDataset does: consecutive
 members sharing a key (the name up to the first dot of its last component, e.g.
 ``000012`` for ``000012.jpg``), extensions lower-cased, ``__*__`` metadata members and
-names without an extension skipped, regular files only. Each sample then becomes one row,
+names without an extension skipped, regular files only (a hard link is read as the
+earlier member it names, as tar extracts it). Each sample then becomes one row,
 read later by offset (``os.preadv``), so that a resumed run reads only the rows it still
 needs and ranks read whole shards.
 """

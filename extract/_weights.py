@@ -32,8 +32,8 @@ def params_weights_id(name: str, model: nn.Module) -> str:
     sha256 of the parameters loaded (names, dtypes, shapes and bytes of the state dict).
 
     Hub weights are named by their tag, for the cache can hold another revision under the
-    same tag; random weights by :data:`RANDOM_ID`, for another torch, timm or open_clip
-    can initialise the same model otherwise from the same seed.
+    same tag; random weights by :data:`~extract._specs.RANDOM_ID`, for another torch, timm
+    or open_clip can initialise the same model otherwise from the same seed.
     """
     digest = hashlib.sha256()
     for key, tensor in model.state_dict().items():
