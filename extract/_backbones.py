@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import sys
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -585,6 +586,8 @@ def create_backbone(
         weights are neither cached nor downloadable.
     FileNotFoundError
         If a checkpoint path is not a file (missing, a folder, a broken symbolic link, a FIFO).
+    ValueError
+        If ``image_size`` is not an int >= 1.
 
     Examples
     --------
@@ -593,6 +596,14 @@ def create_backbone(
     (96, 'random-init:seed0')
     """
     spec = parse_backbone_spec(spec)
+    if image_size is not None:
+        # (0 was taken as no override and True as 1 pixel; 2.5, "32" and NumPy's integers
+        # failed inside timm in a bare AssertionError or TypeError)
+        if isinstance(image_size, bool) or not isinstance(image_size, Integral) or image_size < 1:
+            raise ValueError(
+                f"The 'image_size' parameter must be an int >= 1. Got {image_size!r} instead."
+            )
+        image_size = int(image_size)
     # Random initialisation is seeded so that resumed runs and shards use the same weights;
     # fork_rng restores the caller's global RNG state afterwards.
     # Models are built on the CPU: its generator alone is seeded (torch.manual_seed would

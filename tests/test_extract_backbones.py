@@ -172,6 +172,21 @@ def test_timm_random_backbone(spec, dim, channels_last):
     assert again.weights_id == bb.weights_id
 
 
+@pytest.mark.parametrize("image_size", [0, -1, True, 2.5, "32"])
+def test_an_image_size_that_is_no_positive_int_is_refused(image_size):
+    # 0 was taken as no override (the model's own 160 px) and True as 1 pixel; 2.5 and
+    # "32" failed inside timm in a bare AssertionError; -1 was blamed on the model.
+    with pytest.raises(ValueError, match=r"The 'image_size' parameter must be an int >= 1"):
+        create_backbone("timm:test_resnet@random", image_size=image_size)
+
+
+@pytest.mark.parametrize("spec", ["timm:test_resnet@random", "timm:test_vit@random"])
+def test_an_image_size_of_numpy_s_integers_is_taken(spec):
+    # np.int64(32) failed inside timm (an AssertionError, or a TypeError for the ViT).
+    bb = create_backbone(spec, image_size=np.int64(32))
+    assert bb.preprocess["crop"] == [32, 32]
+
+
 def test_random_weights_of_another_initialisation_are_recorded_apart(monkeypatch):
     # Random weights were recorded as "random-init:seed0" alone: a release of timm that
     # initialises the model otherwise (here: one more draw before it) made other weights
