@@ -735,6 +735,16 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     )
 
 
+def check_keys(image_key: str | None, label_key: str | None) -> None:
+    """Refuse an empty or blank member or column name, which was read as the default."""
+    for name, value in (("image_key", image_key), ("label_key", label_key)):
+        if isinstance(value, str) and not value.strip():
+            raise ValueError(
+                f"The '{name}' parameter is empty. Got {value!r}; name a member or column, "
+                "or leave it None for the default."
+            )
+
+
 def open_source(
     source: str | os.PathLike | ImageSource,
     image_key: str | None = None,
@@ -758,12 +768,7 @@ def open_source(
     ImageSource
     """
     text = source.description if isinstance(source, ImageSource) else os.fspath(source)
-    for name, value in (("image_key", image_key), ("label_key", label_key)):
-        if isinstance(value, str) and not value.strip():  # (read as the default)
-            raise ValueError(
-                f"The '{name}' parameter is empty. Got {value!r}; name a member or column, "
-                "or leave it None for the default."
-            )
+    check_keys(image_key, label_key)
     kind, _, pattern = text.partition(":")
     if isinstance(source, ImageSource):
         kind = "opened"  # the keys applied when it was opened

@@ -34,7 +34,14 @@ from ._archives import (
     open_listed,
     stat_containers,
 )
-from ._images import ImageSource, encode_labels, is_index, label_kind_problem, text_problem
+from ._images import (
+    ImageSource,
+    check_keys,
+    encode_labels,
+    is_index,
+    label_kind_problem,
+    text_problem,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -477,6 +484,7 @@ def webdataset_shards(
         If a shard is damaged (a wrong header checksum, data after the end marker) or a
         sample has no label.
     """
+    check_keys(image_key, label_key)  # ("" was read as the default)
     keys = (image_key or ";".join(IMAGE_KEYS)).split(";")
     image_keys = tuple(k.strip().lower() for k in keys if k.strip())  # ("jpg;;png": two)
     if not image_keys:  # (";" was searched for members "k." and said none had "/")

@@ -1141,6 +1141,20 @@ def test_tensor_decoding_reads_jpeg_samples_undecoded(data, stores, tmp_path):
     )
 
 
+@pytest.mark.parametrize("kind", ["webdataset", "parquet"])
+@pytest.mark.parametrize("key", ["image_key", "label_key"])
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_key_is_refused_by_the_source_functions_too(data, kind, key, value):
+    # webdataset_shards and parquet_files read "" as the default (label_key="" as "cls" or
+    # "label"), where open_source refuses it; " " was looked for as a member or column.
+    from extract import parquet_files, webdataset_shards
+
+    opener = {"webdataset": webdataset_shards, "parquet": parquet_files}[kind]
+    pattern = _source(data, kind).partition(":")[2]
+    with pytest.raises(ValueError, match=f"^The '{key}' parameter is empty. Got {value!r}"):
+        opener(pattern, **{key: value})
+
+
 def test_webdataset_store_keeps_keys_as_paths(stores):
     loaded = load_features(stores["webdataset"])
     assert "cat/alpha" in loaded.paths and "cat/corrupt" in dict(loaded.failures)
