@@ -234,13 +234,18 @@ def load_features(
     ProvenanceError
         If it was written in a newer store format than this version reads.
 
-    All five derive from :class:`StoreError` (a ``ValueError``).
+    All five derive from :class:`StoreError` (a ``ValueError``). A flag that is not True or
+    False is a ``ValueError`` too.
 
     Examples
     --------
     >>> with load_features("features.h5") as store:  # doctest: +SKIP
     ...     clf.fit(store.features, store.labels)
     """
+    for name, value in (("in_memory", in_memory), ("allow_incomplete", allow_incomplete)):
+        # ('no' was taken as true: allow_incomplete="no" loaded an incomplete store)
+        if not isinstance(value, bool | np.bool_):
+            raise ValueError(f"The '{name}' parameter must be True or False. Got {value!r}.")
     f = _open_for_reading(path)
     try:
         attrs = read_attrs(f)

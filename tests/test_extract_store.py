@@ -419,6 +419,19 @@ def test_incomplete_store_is_refused_or_loaded_with_a_warning(store, tmp_path):
     assert loaded.n_pending == 3 and loaded.rows.min() == 3 and len(loaded.rows) == 9
 
 
+@pytest.mark.parametrize("flag", ["in_memory", "allow_incomplete"])
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_load_features_flags_must_be_true_or_false(store, tmp_path, flag, value):
+    # allow_incomplete="no" was taken as true: an incomplete store loaded with a warning.
+    partial = tmp_path / "partial.h5"
+    partial.write_bytes(store.read_bytes())
+    with h5py.File(partial, "r+") as f:
+        f["status"][:3] = PENDING
+    with pytest.raises(ValueError, match=f"The '{flag}' parameter must be True or False"):
+        load_features(partial, **{flag: value})
+    assert load_features(store, **{flag: np.True_}).n_pending == 0
+
+
 def test_shards_merge_into_the_single_run(store, folder, tmp_path):
     out = tmp_path / "merged.h5"
     shards = [
