@@ -72,10 +72,16 @@ def predict(net: Net, X: torch.Tensor) -> np.ndarray:
 
 def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=15)
-    parser.add_argument("--c-bar", type=float, default=2.0, help="mean MR² margin")
-    parser.add_argument("--lam", type=float, default=0.5, help="compactness weight")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=15, help="training epochs (default: 15)")
+    parser.add_argument(
+        "--c-bar", type=float, default=2.0, help="mean MR² margin (default: 2, the paper's)"
+    )
+    parser.add_argument(
+        "--lam", type=float, default=0.5, help="compactness weight (default: 0.5, the paper's)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="train/test split and training seed (default: 0)"
+    )
     parser.add_argument("--per-class", action="store_true", help="add the per-class table")
     args = parser.parse_args(argv)
     # One line, as argparse's own refusals: --epochs 0 reported two untrained networks,

@@ -44,13 +44,38 @@ def dask_backend(n_workers: int) -> contextlib.ExitStack:
 
 def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--refit", choices=list(SCORERS), default="worst_class")
-    parser.add_argument("--c-bar", type=float, nargs="+", default=[1.0, 2.0])
-    parser.add_argument("--C", type=float, nargs="+", default=[0.02, 0.1])
-    parser.add_argument("--cv", type=int, default=3, help="number of folds")
-    parser.add_argument("--max-iter", type=int, default=100, help="L-BFGS iterations")
-    parser.add_argument("--dask", type=int, metavar="N_WORKERS", default=0)
-    parser.add_argument("--seed", type=int, default=0, help="train/test split seed")
+    parser.add_argument(
+        "--refit",
+        choices=list(SCORERS),
+        default="worst_class",
+        help="the score the best candidate is chosen and refitted by (default: worst_class)",
+    )
+    parser.add_argument(
+        "--c-bar",
+        type=float,
+        nargs="+",
+        default=[1.0, 2.0],
+        help="c_bar values searched beside None, the ERM probe (default: 1 2)",
+    )
+    parser.add_argument(
+        "--C",
+        type=float,
+        nargs="+",
+        default=[0.02, 0.1],
+        help="C values searched (default: 0.02 0.1)",
+    )
+    parser.add_argument("--cv", type=int, default=3, help="number of folds (default: 3)")
+    parser.add_argument(
+        "--max-iter", type=int, default=100, help="L-BFGS iterations (default: 100)"
+    )
+    parser.add_argument(
+        "--dask",
+        type=int,
+        metavar="N_WORKERS",
+        default=0,
+        help="run the search on a local Dask cluster of this many workers (default: 0, no Dask)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="train/test split seed (default: 0)")
     args = parser.parse_args(argv)
     # One line before any fit: GridSearchCV scores a candidate that fails as NaN and goes
     # on (--c-bar 0 was left out of the search with a warning per fold), and max_iter=0

@@ -24,9 +24,9 @@ from mr2_probe.report import classwise_report
 
 def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--C", type=float, default=0.05, help="inverse L2 strength")
-    parser.add_argument("--c-bar", type=float, default=1.0, help="mean MR² margin")
-    parser.add_argument("--seed", type=int, default=0, help="train/test split seed")
+    parser.add_argument("--C", type=float, default=0.05, help="inverse L2 strength (default: 0.05)")
+    parser.add_argument("--c-bar", type=float, default=1.0, help="mean MR² margin (default: 1)")
+    parser.add_argument("--seed", type=int, default=0, help="train/test split seed (default: 0)")
     parser.add_argument("--per-class", action="store_true", help="add the per-class table")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     parser.add_argument("--plots", metavar="DIR", help="also write PNG figures into DIR")
