@@ -263,9 +263,10 @@ def load_features(
                 "Python, load_features(..., allow_incomplete=True) loads the completed rows)."
             )
         if n_pending:
+            n_done = int((status == DONE).sum())
             warnings.warn(
-                f"Loading {int((status == DONE).sum())} completed rows of an incomplete store "
-                f"({n_pending} rows pending).",
+                f"Loading {n_done} completed row{'s' * (n_done != 1)} of an incomplete store "
+                f"({n_pending} row{'s' * (n_pending != 1)} pending).",
                 UserWarning,
                 stacklevel=2,
             )

@@ -484,7 +484,8 @@ def _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator,
     for name, values in (("offset_bounds", offset_bounds), ("bound", [bound])):
         bad = [b for b in values if not 0 <= float(b) < 1]
         if bad:
-            raise ValueError(f"{name} must be fractions in [0, 1), got {bad}.")
+            what, got = ("fractions", bad) if name == "offset_bounds" else ("a fraction", bound)
+            raise ValueError(f"{name} must be {what} in [0, 1), got {got}.")
     if (X_test is None) != (y_test is None):
         raise ValueError("X_test and y_test go together: pass both or neither.")
 

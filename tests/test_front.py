@@ -392,11 +392,11 @@ def test_front_passes_on_the_first_short_fits_own_advice(splits):
         (dict(tilts=(-1, 2)), r"tilts must be finite numbers >= 0, got \[-1\]"),
         (dict(tilts=(float("nan"),)), "tilts must be finite"),
         (dict(tilts=(1, float("inf"))), r"tilts must be finite numbers >= 0, got \[inf\]"),
-        (dict(bound=5), r"bound must be fractions in \[0, 1\), got \[5\]"),
+        (dict(bound=5), r"bound must be a fraction in \[0, 1\), got 5\."),
         (dict(offset_bounds=(0.01, 1.5)), "offset_bounds must be fractions"),
         # 1 is all of the accuracy: no bound, and no fraction in [0, 1) either.
         (dict(offset_bounds=(0.01, 1.0)), r"offset_bounds must be fractions .*, got \[1.0\]"),
-        (dict(bound=1.0), r"bound must be fractions in \[0, 1\), got \[1.0\]"),
+        (dict(bound=1.0), r"bound must be a fraction in \[0, 1\), got 1.0\."),
         (dict(X_test=np.zeros((3, 8))), "X_test and y_test go together"),
         (dict(X_val="one short"), r"X_val has 374 samples but y_val has 375 labels"),
         (dict(X_test="7 features"), r"X_test has 7 features but X, the training data, has 8"),
