@@ -302,12 +302,18 @@ def group_accuracy(
     0.5
     """
     labels, names = _split_groups(groups_by_label)
-    if group not in set(names):
-        raise ValueError(f"group must be one of {sorted(set(names))}, got {group!r}.")
+    _check_group(names, group)
     _check_known(y_true, labels)
     acc = per_class_accuracy(y_true, y_pred, labels, sample_weight)[names == group]
     # A fold may hold no sample of a small group: report NaN rather than warn.
     return float(np.nanmean(acc)) if np.isfinite(acc).any() else float("nan")
+
+
+def _check_group(names: np.ndarray, group: str) -> None:
+    """Refuse a ``group`` that none of the classes' group ``names`` is."""
+    known = sorted(set(np.asarray(names).tolist()))  # (as str, not NumPy's np.str_('hard'))
+    if group not in known:
+        raise ValueError(f"group must be one of {known}, got {group!r}.")
 
 
 def hard_tercile_accuracy(y_true, y_pred, sample_weight=None) -> float:
@@ -516,6 +522,8 @@ def make_group_scorer(groups_by_label: Mapping, group: str = "hard"):
     >>> 0 <= scorer(LogisticRegression(max_iter=500).fit(X, y), X, y) <= 1
     True
     """
+    _, names = _split_groups(groups_by_label)
+    _check_group(names, group)  # (said only when a search first scored, after its fits)
     return make_scorer(group_accuracy, groups_by_label=dict(groups_by_label), group=group)
 
 

@@ -173,6 +173,9 @@ def test_scalar_scores(score, expected):
 def test_group_accuracy_rejects_unknown_group():
     with pytest.raises(ValueError, match="group must be one of"):
         group_accuracy(Y_TRUE, Y_PRED, GROUPS, "hardest")
+    # Its scorer refuses it when made, not when a search first scores, after its fits.
+    with pytest.raises(ValueError, match=r"one of \['easy', 'hard', 'medium'\], got 'hardest'"):
+        make_group_scorer(GROUPS, "hardest")
 
 
 def test_group_accuracy_is_nan_when_the_group_has_no_samples():
