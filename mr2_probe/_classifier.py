@@ -123,6 +123,11 @@ def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None
     return suspects
 
 
+def _plain(value):
+    """``value`` as Python's number or text where it is NumPy's, for a message."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def _count(n: int, noun: str) -> str:
     """``n`` and ``noun``, plural but for one: "1 iteration", "23 iterations"."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
@@ -644,7 +649,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if n_classes < 2:
             raise ValueError(
                 "This solver needs samples of at least 2 classes in the data, but the data "
-                f"contains only one class: {self.classes_[0]!r}."
+                f"contains only one class: {self.classes_.tolist()[0]!r}."
             )
         check_h5_open(sample_weight=sample_weight)
         if is_torch_tensor(sample_weight):
@@ -664,9 +669,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             if isinstance(self.class_weight, dict):
                 given = np.array(list(self.class_weight.values()), dtype=float)
                 if not (np.isfinite(given).all() and (given >= 0).all()):
+                    # (a dict of np.unique's classes and computed weights shown as Python's
+                    # numbers and text: {0: -1.0}, not {np.int64(0): np.float64(-1.0)})
+                    shown = {_plain(k): _plain(v) for k, v in self.class_weight.items()}
                     raise ValueError(
-                        f"class_weight={self.class_weight!r}: every class weight must be a "
-                        "finite number >= 0."
+                        f"class_weight={shown!r}: every class weight must be a finite number >= 0."
                     )
             bad = ~np.isfinite(weights)
             if bad.any():

@@ -798,6 +798,17 @@ def test_bad_training_input(make, message):
         MR2LinearClassifier(device="cpu").fit(X, y)
 
 
+@pytest.mark.parametrize(
+    "label, shown",
+    [(np.str_("cat"), "'cat'"), (np.int64(3), "3"), (np.float64(2.0), "2.0"), (np.True_, "True")],
+)
+def test_one_class_is_named_as_text_not_as_numpy(label, shown):
+    # NumPy 2 repr'd the class as np.str_('cat'), np.int64(3), np.True_.
+    X, _ = _blobs()
+    with pytest.raises(ValueError, match=rf"contains only one class: {re.escape(shown)}\.$"):
+        MR2LinearClassifier(device="cpu").fit(X, np.full(len(X), label))
+
+
 @contextlib.contextmanager
 def _as_kind(X, kind, tmp_path):
     """``X`` as a tensor, or as an HDF5 dataset of an open file (closed after the block)."""
@@ -1111,6 +1122,16 @@ def test_a_class_weight_that_is_not_a_finite_non_negative_number_is_named(weight
     X, y = _blobs()
     clf = MR2LinearClassifier(class_weight={0: weight}, device="cpu")
     with pytest.raises(ValueError, match="every class weight must be a finite number >= 0"):
+        clf.fit(X, y)
+
+
+def test_a_bad_class_weight_of_numpy_keys_and_values_is_shown_as_python_values():
+    # A dict built from np.unique's classes and computed weights: the message showed
+    # {np.int64(0): np.float64(-1.0), ...} under NumPy 2.
+    X, y = _blobs(2)
+    weights = dict(zip(np.unique(y), -np.ones(2), strict=True))
+    clf = MR2LinearClassifier(class_weight=weights, device="cpu")
+    with pytest.raises(ValueError, match=r"^class_weight=\{0: -1.0, 1: -1.0\}: every class"):
         clf.fit(X, y)
 
 
