@@ -1065,6 +1065,14 @@ def test_one_class_with_samples_is_refused_as_the_cv_path_refuses_it():
         prefit.fit(X, y, sample_weight=(y == 2).astype(float))
 
 
+@pytest.mark.parametrize("label, shown", [("cat", "'cat'"), (3, "3"), (True, "True")])
+def test_one_class_is_named_as_text_not_as_numpy(label, shown):
+    # NumPy 2 repr'd the class of np.unique as np.str_('cat'), np.int64(3), np.True_.
+    X, _ = _imbalanced()
+    with pytest.raises(ValueError, match=rf"contains only one class: {shown}\.$"):
+        TunedOffsetsClassifierCV(LogisticRegression()).fit(X, np.full(len(X), label))
+
+
 def test_a_refit_leaves_nothing_of_the_previous_fit():
     pd = pytest.importorskip("pandas")
     X, y = _imbalanced()
