@@ -392,6 +392,10 @@ def test_front_passes_on_the_first_short_fits_own_advice(splits):
         (dict(tilts=(-1, 2)), r"tilts must be finite numbers >= 0, got \[-1\]"),
         (dict(tilts=(float("nan"),)), "tilts must be finite"),
         (dict(tilts=(1, float("inf"))), r"tilts must be finite numbers >= 0, got \[inf\]"),
+        # An array's values as Python's numbers, not NumPy 2's [np.int64(-1)].
+        (dict(tilts=np.array([-1, 2])), r"tilts must be finite numbers >= 0, got \[-1\]\."),
+        (dict(tilts=np.array([1.0, np.inf])), r"tilts must be finite numbers .*, got \[inf\]\."),
+        (dict(offset_bounds=np.array([0.01, 1.5])), r"fractions in \[0, 1\), got \[1.5\]\."),
         (dict(bound=5), r"bound must be a fraction in \[0, 1\), got 5\."),
         (dict(offset_bounds=(0.01, 1.5)), "offset_bounds must be fractions"),
         # 1 is all of the accuracy: no bound, and no fraction in [0, 1) either.
@@ -994,6 +998,14 @@ def test_the_front_chooses_with_its_own_bound(splits):
     worst = max(p.validation["worst"] for p in wide.points)
     assert wide.point(wide.chosen).validation["worst"] == worst
     assert choose_point(wide, 0.0).name != wide.chosen  # the bound made the choice
+
+
+def test_a_front_of_numpy_options_is_shown_with_python_numbers(splits):
+    # Its repr said bound=np.float64(0.01) under NumPy 2.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    front = accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val,
+                           tilts=np.array([1.0]), bound=np.float64(0.01))  # fmt: skip
+    assert "bound=0.01," in repr(front) and "np." not in repr(front)
 
 
 def test_erm_and_mr2_are_untilted_whatever_the_probe_and_erm_given(splits):
