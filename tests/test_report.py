@@ -260,6 +260,9 @@ def test_an_empty_test_set_is_named():
 def test_models_whose_names_read_alike_are_refused():
     with pytest.raises(ValueError, match="distinct names as text"):
         classwise_report({1: [0, 1], "1": [0, 1]}, [0, 1])
+    # Named as Python's values, not NumPy 2's [np.float64(0.1), '0.1'] of an array's.
+    with pytest.raises(ValueError, match=r"as text, got \[0\.1, '0\.1'\]\.$"):
+        classwise_report({np.float64(0.1): [0, 1], "0.1": [0, 1]}, [0, 1])
 
 
 def test_labels_order_the_classes_and_break_ties_in_that_order():
