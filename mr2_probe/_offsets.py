@@ -112,9 +112,12 @@ def check_training_folds(
     for n, (train, _) in enumerate(splits):
         missing = np.flatnonzero(np.bincount(y_index[train], minlength=len(classes)) == 0)
         if len(missing):
+            # (names given as a list of NumPy's strings stay theirs in an object array:
+            # shown as 'emu', not np.str_('emu'))
+            listed = [v.item() if isinstance(v, np.generic) else v for v in shown[missing][:5]]
             raise ValueError(
                 f"The training part of fold {n} of the cv holds no sample of the classes "
-                f"{shown[missing][:5].tolist()}{' ...' if len(missing) > 5 else ''} "
+                f"{listed}{' ...' if len(missing) > 5 else ''} "
                 f"({len(missing)} of {len(classes)}). {advice}".rstrip()
             )
 

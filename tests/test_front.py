@@ -3,6 +3,7 @@
 import ast
 import json
 import os
+import re
 import warnings
 
 import joblib
@@ -19,7 +20,7 @@ from sklearn.preprocessing import StandardScaler
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, TunedOffsetsClassifierCV
 from mr2_probe.cli import main
 from mr2_probe.cli._outputs import _OUTPUTS
-from mr2_probe.front import Front, FrontPoint, accuracy_front, choose_point
+from mr2_probe.front import Front, FrontPoint, accuracy_front, check_offsets_folds, choose_point
 from mr2_probe.metrics import classwise_summary, difficulty_groups, per_class_accuracy
 from mr2_probe.plotting import LEVER_COLOURS, plot_front
 
@@ -998,6 +999,20 @@ def test_the_front_chooses_with_its_own_bound(splits):
     worst = max(p.validation["worst"] for p in wide.points)
     assert wide.point(wide.chosen).validation["worst"] == worst
     assert choose_point(wide, 0.0).name != wide.chosen  # the bound made the choice
+
+
+@pytest.mark.parametrize(
+    "labels, class_names, shown",
+    [
+        (np.array([0, 0, 0, 0, 1, 1, 1, 1, 2]), None, "[2]"),
+        (np.array(list("aaaabbbbc")), None, "['c']"),
+        # A list of NumPy's strings (list(names_array)) stayed NumPy's: [np.str_('emu')].
+        (np.array([0, 0, 0, 0, 1, 1, 1, 1, 2]), list(np.array(["cat", "dog", "emu"])), "['emu']"),
+    ],
+)
+def test_a_class_missing_from_an_offsets_fold_is_named_as_python_text(labels, class_names, shown):
+    with pytest.raises(ValueError, match=rf"holds no sample of the classes {re.escape(shown)} "):
+        check_offsets_folds(labels, 3, class_names=class_names)
 
 
 def test_a_front_of_numpy_options_is_shown_with_python_numbers(splits):
