@@ -645,7 +645,8 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/complex.npz"], "features of {d}/complex.npz must be real numbers; got dtype"),
         # An archive read as one array: its key names taken for 2 labels, or for features.
         (["{d}/X.npy", "--labels", "{d}/train.npz"], "train.npz is a .npz archive, not a"),
-        (["{d}/archive.npy", "--labels", "{d}/y.npy"], "archive.npy is a .npz archive, not"),
+        # A .npz under a .npy name is read as the archive it is, which holds its labels.
+        (["{d}/archive.npy", "--labels", "{d}/y.npy"], "archive.npy' holds its own labels"),
         (["{d}/train.npz", "--test", "{d}/wide.npz"], "test features have 12 columns"),
         (["{d}/train.npz", "--test", "{d}/names.npz"], "3 classes absent from the training"),
         # One class: scikit-learn's error, after "fitting ERM" had been printed.
@@ -1632,6 +1633,30 @@ def test_feature_files_are_read_by_their_content_whatever_their_names(stores, tm
     status, err = _error([str(stores / "store.h5"), "--test", str(tmp_path / "s"), *run], capsys)
     assert status == 2 and "the training images" in err[-1]
     assert main([str(tmp_path / "t"), *run]) == 0  # a .npz by its zip signature
+
+
+@NEEDS_H5
+@pytest.mark.parametrize(
+    "source, name, labels",
+    [
+        ("store.h5", "feats.npz", None),  # mr2-extract photos/ BACKBONE feats.npz
+        ("store.h5", "feats.npy", None),
+        ("train.npz", "train.h5", None),
+        ("X.npy", "X.h5", "y.npy"),
+    ],
+)
+def test_a_feature_file_under_another_format_s_suffix_is_read_by_its_content(
+    stores, tmp_path, capsys, source, name, labels
+):
+    # mr2-extract writes its store under the name given; feats.npz was refused as "not a
+    # NumPy file", and a .npz named train.h5 as "not an HDF5 file".
+    with np.load(stores / "train.npz") as data:
+        np.save(tmp_path / "X.npy", data["X"])
+        np.save(tmp_path / "y.npy", data["y"])
+    shutil.copy(stores / source if source != "X.npy" else tmp_path / source, tmp_path / name)
+    given = [] if labels is None else ["--labels", str(tmp_path / labels)]
+    assert main([str(tmp_path / name), *given, "--no-progress"]) == 0
+    assert "error" not in capsys.readouterr().err
 
 
 @NEEDS_H5

@@ -20,17 +20,17 @@ _NPY, _NPZ = (b"\x93NUMPY",), (b"PK\x03\x04", b"PK\x05\x06")  # their first byte
 
 
 def feature_format(path) -> str:
-    """A feature file's format as a suffix of ``_FORMATS``: its own, or for another suffix
-    (or none) what its content is (a store that mr2-extract wrote under any name, by h5py's
-    own test; a NumPy file by its magic bytes); '' where neither tells."""
+    """A feature file's format as a suffix of ``_FORMATS``: what its content is (a store
+    that mr2-extract wrote under any name, ``feats.npz`` too, by h5py's own test; a NumPy
+    file by its magic bytes), else its own suffix (whose reader then says what is wrong
+    with the file); '' where neither tells."""
     suffix = Path(path).suffix.lower()
-    if suffix in _FORMATS:
-        return suffix
+    known = suffix if suffix in _FORMATS else ""
     try:
         with open(path, "rb") as file:
             magic = file.read(6)
-    except OSError:
-        return ""
+    except OSError:  # missing, a folder: load_xy says which
+        return known
     if magic.startswith(_NPY):
         return ".npy"
     if magic.startswith(_NPZ):
@@ -38,8 +38,10 @@ def feature_format(path) -> str:
     try:
         import h5py
     except ImportError:  # no store can be read without it
-        return ""
-    return ".h5" if h5py.is_hdf5(path) else ""
+        return known
+    # (mr2-extract writes its store under the name given, features.npz as well: read by
+    # the suffix, it was refused as "not a NumPy file".)
+    return ".h5" if h5py.is_hdf5(path) else known
 
 
 # What report.json records of a store, so that a per-class result can be traced to the
@@ -120,7 +122,12 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
         source = path
     else:
         if labels is None:
-            raise UsageError(f"{path} holds features only; pass {labels_option} FILE.npy")
+            what = (  # (a .npy under a .npz name, read as the .npy it is)
+                "holds one array, not a .npz archive of X and y"
+                if Path(path).suffix.lower() == ".npz"
+                else "holds features only"
+            )
+            raise UsageError(f"{path} {what}; pass {labels_option} FILE.npy")
         X, y = _read(path, _load_npy), _read(labels, _load_npy, labels_option)
         source = f"{path} with labels {labels}"
     X, y = np.asarray(X), np.asarray(y)
