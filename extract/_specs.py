@@ -3,6 +3,7 @@ of a bad one."""
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,6 +103,24 @@ def _names_a_file(weights: str) -> bool:
     return _looks_like_path(weights) or os.path.isfile(weights)
 
 
+def _family_hint(word: str, text: str) -> str:
+    """`` Did you mean '...'?`` with the spec ``text`` spelt with the family closest to
+    ``word`` (``open-clip``, ``tim``, ``effnet-lite``), or '' where none is close."""
+    spelt = {family.replace("-", "_"): family for family in FAMILIES}
+    close = difflib.get_close_matches(word.lower().replace("-", "_"), spelt, n=1, cutoff=0.6)
+    if not close:
+        return ""
+    family = spelt[close[0]]
+    rest = text[len(word) :].removeprefix(":")
+    if family == "effnet-lite0":  # no model name: its weights, if any, follow
+        fixed = family + (rest[rest.index("@") :] if "@" in rest else "")
+    elif rest and not rest.startswith("@"):
+        fixed = f"{family}:{rest}"
+    else:  # no model named ('timm', 'timm@random'): the forms above say what to write
+        return ""
+    return f" Did you mean {fixed!r}?"
+
+
 def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
     """Parse a backbone spec string.
 
@@ -147,10 +166,12 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
         if not sep:
             raise BackboneError(
                 f"The backbone spec {text!r} has no family; use one of {_SPEC_FORMS}."
+                + _family_hint(text.split("@", 1)[0], text)
             )
     if family not in FAMILIES:
         raise BackboneError(
             f"The backbone family must be one of {FAMILIES}. Got {family!r} in {text!r} instead."
+            + _family_hint(family, text)
         )
     model, at, weights = rest.partition("@")
     if family == "effnet-lite0" and model != "tf_efficientnet_lite0":

@@ -14,7 +14,13 @@ pytest.importorskip("open_clip")
 
 import torch  # noqa: E402
 
-from extract import BackboneSpec, create_backbone, file_sha256, parse_backbone_spec  # noqa: E402
+from extract import (  # noqa: E402
+    BackboneError,
+    BackboneSpec,
+    create_backbone,
+    file_sha256,
+    parse_backbone_spec,
+)
 from extract._testing import register_tiny_open_clip  # noqa: E402
 from extract._weights import lite0_key, moco_state_dict  # noqa: E402
 
@@ -90,6 +96,32 @@ def test_parse_backbone_spec(spec, expected):
 def test_parse_backbone_spec_errors(spec, match):
     with pytest.raises(ValueError, match=match):
         parse_backbone_spec(spec)
+
+
+@pytest.mark.parametrize(
+    "spec, meant",
+    [
+        ("open-clip:ViT-B-32@laion2b_s34b_b79k", "open_clip:ViT-B-32@laion2b_s34b_b79k"),
+        ("openclip:RN50", "open_clip:RN50"),
+        ("tim:resnet18@random", "timm:resnet18@random"),
+        ("TIMM:resnet18", "timm:resnet18"),
+        ("Moco:/ckpt/m.pth.tar", "moco:/ckpt/m.pth.tar"),
+        ("effnet-lite@random", "effnet-lite0@random"),
+        ("efficientnet-lite0", "effnet-lite0"),
+    ],
+)
+def test_a_misspelt_family_is_refused_with_the_spec_spelt_right(spec, meant):
+    # An unknown model had the closest names; a misspelt family only the list of families.
+    with pytest.raises(BackboneError, match=re.escape(f"Did you mean {meant!r}?")):
+        parse_backbone_spec(spec)
+    parse_backbone_spec(meant)
+
+
+@pytest.mark.parametrize("spec", ["keras:resnet18", "resnet18", "timm", "timm@random", "tim:"])
+def test_a_spec_far_from_any_family_or_naming_no_model_gets_no_guess(spec):
+    with pytest.raises(BackboneError) as info:
+        parse_backbone_spec(spec)
+    assert "Did you mean" not in str(info.value)
 
 
 @pytest.mark.parametrize(
