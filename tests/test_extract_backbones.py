@@ -117,6 +117,15 @@ def test_a_misspelt_family_is_refused_with_the_spec_spelt_right(spec, meant):
     parse_backbone_spec(meant)
 
 
+def test_effnet_lite0_weights_that_are_no_file_are_told_its_own_pretrained_spec():
+    # It was told that "pretrained timm weights are chosen by the model name, e.g.
+    # 'timm:tf_efficientnet_lite0'": a hub download, and other weights than the package's.
+    with pytest.raises(BackboneError) as info:
+        parse_backbone_spec("effnet-lite0@imagenet")
+    assert "are 'effnet-lite0', without '@'" in str(info.value)
+    assert "timm:" not in str(info.value)
+
+
 @pytest.mark.parametrize("spec", ["keras:resnet18", "resnet18", "timm", "timm@random", "tim:"])
 def test_a_spec_far_from_any_family_or_naming_no_model_gets_no_guess(spec):
     with pytest.raises(BackboneError) as info:
