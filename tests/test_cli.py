@@ -790,6 +790,7 @@ NEEDS_H5 = pytest.mark.skipif(
         (["{d}/train.npz", "--grid", "c_bar"], "--grid expects NAME=V1,V2"),
         (["{d}/train.npz", "--grid", "C=1", "--grid", "C=2"], "--grid names 'C' twice"),
         (["{d}/train.npz", "--grid", "Cc=1,2"], "no parameter 'Cc'; did you mean 'C'?"),
+        (["{d}/train.npz", "--grid", "c=1,2"], "no parameter 'c'; did you mean 'C'?"),
         (["{d}/train.npz", "--grid", "C=1,-1"], "--grid C=-1: The 'C' parameter"),
         (["{d}/train.npz", "--grid", "C=1,2", "--Cs", "4"], "use one of them"),
         # A device is where the fits run: a search of it fitted every model once per device

@@ -514,7 +514,10 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
     params = mr2.get_params(deep=False)
     for name, values in grid.items():
         if name not in params:
-            close = difflib.get_close_matches(name, params, n=1)
+            # (c for C, a case apart, which difflib misses; c-bar for c_bar)
+            spelt = {key.lower(): key for key in params}
+            key = name.lower().replace("-", "_")
+            close = [spelt[key]] if key in spelt else difflib.get_close_matches(name, params, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise UsageError(
                 f"--grid {name}: MR2LinearClassifier has no parameter {name!r}; {hint}"
