@@ -295,9 +295,27 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     _check_dangling_links(root)
     # A hidden folder (.ipynb_checkpoints, a file manager's .thumbs, .git, an unzipped
     # __MACOSX) is no class: taken as one, it shifted every class index after it.
-    classes = [name for name in find_classes(root)[0] if not _hidden(name)]
+    try:
+        classes = [name for name in find_classes(root)[0] if not _hidden(name)]
+    except FileNotFoundError:  # no folder in root at all: said below, as hidden ones alone
+        classes = []
     if not classes:
-        raise FileNotFoundError(f"Couldn't find any class folder in {root}.")
+        images = [
+            entry.name
+            for entry in os.scandir(root)
+            if entry.is_file() and not _hidden(entry.name)
+            and has_file_allowed_extension(entry.name, IMG_EXTENSIONS)
+        ]  # fmt: skip
+        # (A class's own folder given as the source, most likely.)
+        held = (
+            f"; it holds {len(images)} {'image' if len(images) == 1 else 'images'} itself "
+            f"(such as {min(images)!r}), but images are read from its class sub-folders only "
+            f"({os.path.join(root, 'CLASS', min(images))}): give the folder that holds the "
+            "class folders, or a 'path,label' list file"
+            if images
+            else ""
+        )
+        raise FileNotFoundError(f"Couldn't find any class folder in {root}{held}.")
     # Listed by extension only: a corrupt file is kept so that it is recorded as a failure.
     items = _folder_items(root, classes)
     ids = [os.path.relpath(p, root) for p, _ in items]

@@ -255,6 +255,24 @@ def test_image_folder_without_images_in_a_class_is_refused(folder):
         image_folder(folder)
 
 
+@pytest.mark.parametrize("hidden", [False, True])
+def test_a_class_s_own_folder_given_as_the_source_is_told_to_give_the_one_above(folder, hidden):
+    # torchvision's "Couldn't find any class folder in data/cat." left it at that.
+    cat = sorted(folder.iterdir())[0]
+    if hidden:  # a hidden folder beside the images is no class either
+        (cat / ".ipynb_checkpoints").mkdir()
+    images = sorted(p.name for p in cat.iterdir() if not p.name.startswith("."))
+    with pytest.raises(FileNotFoundError) as info:
+        open_source(str(cat))
+    message = str(info.value)
+    assert f"holds {len(images)} images itself (such as {images[0]!r})" in message
+    assert "give the folder that holds the class folders" in message
+    empty = folder.parent / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"Couldn't find any class folder in .*empty\.$"):
+        image_folder(empty)  # nothing to say of images
+
+
 def test_sources_in_a_folder_whose_name_is_not_utf8_are_refused_by_name(folder, tmp_path):
     # Only the names below the root were checked: h5py refused the root after the model
     # was loaded ("surrogates not allowed").
