@@ -228,8 +228,18 @@ def _label_text(raw: bytes, path: list[str], where: str, label_key: str, is_json
             value = value[int(part)]
         elif isinstance(value, dict) and part in value:
             value = value[part]
-        else:
-            raise ShardError(f"The {where} has no {label_key!r} label; choose it with --label-key.")
+        else:  # what is there, for a misspelt path (json.lable) or an index past the end
+            if isinstance(value, dict):
+                keys = ", ".join(list(value)[:8]) + (", ..." if len(value) > 8 else "")
+                there = f"; {part!r} is not among the keys there ({keys or 'none'})"
+            elif isinstance(value, list):
+                items = f"{len(value)} {'item' if len(value) == 1 else 'items'}, from 0"
+                there = f"; {part!r} is no index of the array there ({items})"
+            else:
+                there = f"; {part!r} is inside {value!r}, which has no parts"
+            raise ShardError(
+                f"The {where} has no {label_key!r} label{there}; choose it with --label-key."
+            )
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ShardError(
             f"The {label_key!r} label of the {where} is {value!r}; a label is an integer class "

@@ -526,10 +526,19 @@ def test_a_json_member_named_alone_is_decoded_as_json(tmp_path):
             None,
             r"sample 'k0' of .* has no 'cls' label \(its members: jpg, txt\)",
         ),
-        ({"jpg": b"x", "json": {"y": 1}}, "json.label", "has no 'json.label' label"),
+        # A misspelt path said what is there (it was "has no 'json.label' label" alone).
+        (
+            {"jpg": b"x", "json": {"y": 1, "lable": "cat"}},
+            "json.label",
+            r"has no 'json.label' label; 'label' is not among the keys there \(y, lable\)",
+        ),
         ({"jpg": b"x", "json": {"label": 1.5}}, "json.label", "is 1.5; a label is an integer"),
         ({"jpg": b"x", "json": {"label": True}}, "json.label", "is True; a label is an integer"),
-        ({"jpg": b"x", "json": {"labels": [3]}}, "json.labels.1", "has no 'json.labels.1'"),
+        (
+            {"jpg": b"x", "json": {"labels": [3]}},
+            "json.labels.1",
+            r"has no 'json.labels.1' label; '1' is no index of the array there \(1 item, from 0\)",
+        ),
         (
             {"jpg": b"x", "json": b"{not json"},
             "json.label",
