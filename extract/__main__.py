@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import errno
 import logging
 import os
@@ -32,9 +33,25 @@ path, or add --force to delete it and recompute it.
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal of an unknown option names the closest one, as
+    it names the choices of a misspelt value (what Python 3.14's ``suggest_on_error``
+    does for choices alone)."""
+
+    def error(self, message):
+        unknown = message.partition("unrecognized arguments: ")[2].split()
+        options = [option for action in self._actions for option in action.option_strings]
+        hints = []
+        for word in unknown:
+            name = word.partition("=")[0]
+            close = difflib.get_close_matches(name, options, n=1) if name.startswith("-") else []
+            hints += [f"{name}: did you mean {close[0]}?"] if close else []
+        super().error("; ".join([message, *hints]))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``mr2-extract`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mr2-extract",
         description=(
             "Extract frozen-backbone embeddings of an image collection into an HDF5 feature "

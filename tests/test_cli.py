@@ -1636,6 +1636,16 @@ def test_feature_files_are_read_by_their_content_whatever_their_names(stores, tm
     assert main([str(tmp_path / "t"), *run]) == 0  # a .npz by its zip signature
 
 
+@pytest.mark.parametrize(
+    "typo, meant", [("--tets", "--test"), ("--feature-scale=standard", "--feature-scaling")]
+)
+def test_a_misspelt_option_is_refused_with_the_closest_one(files, capsys, typo, meant):
+    # argparse said "unrecognized arguments: --tets ..." and no more.
+    status, err = _error([str(files / "train.npz"), typo, str(files / "test.npz")], capsys)
+    name = typo.partition("=")[0]
+    assert status == 2 and err[-1].endswith(f"; {name}: did you mean {meant}?")
+
+
 @NEEDS_H5
 @pytest.mark.parametrize(
     "source, name, labels",

@@ -54,6 +54,21 @@ def test_help_explains_options_with_examples(capsys):
         assert needle in text
 
 
+@pytest.mark.parametrize(
+    "typo, meant", [("--image-sise", "--image-size"), ("--max-itmes", "--max-items")]
+)
+def test_a_misspelt_option_is_refused_with_the_closest_one(capsys, typo, meant):
+    # argparse said "unrecognized arguments: --image-sise 32" and no more.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["photos/", "timm:resnet18@random", "out.h5", typo, "32"])
+    assert exit_info.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        line
+        == f"mr2-extract: error: unrecognized arguments: {typo} 32; {typo}: did you mean {meant}?"
+    )
+
+
 def test_label_key_help_says_what_each_source_kind_makes_of_digits(capsys):
     # "Labels of digits are class indices" was said of both kinds, but a Parquet string
     # column holds class names, digits or not ("10" and "2" sorted as text).
