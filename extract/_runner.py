@@ -595,7 +595,12 @@ def _extract_shard(
             # so that a retry stopped before then leaves them as a failed row (which a
             # repair and the next --retry-failed take), not as a row never extracted.
             status[failed] = PENDING
-            logger.info("Extracting again the %d images recorded as failed.", int(failed.sum()))
+            n_failed = int(failed.sum())
+            logger.info(
+                "Extracting again the %d %s recorded as failed.",
+                n_failed,
+                "image" if n_failed == 1 else "images",
+            )
         # The pending rows, batch_size at a time: a run stopped between batches resumes on
         # whole batches, batched as the first run was, and a retry reads its failed rows
         # alone (a row done before is never read, nor written, again).

@@ -650,6 +650,7 @@ def test_retry_failed_extracts_again_only_the_failed_images(tmp_path, capsys, ca
     monkeypatch.setattr(_images, "read_file", flaky_again)
     assert main([*args, "--retry-failed"]) == 0
     assert [os.path.relpath(path, folder) for path in read] == ["dog/001.jpg"]
+    assert "Extracting again the 1 image recorded as failed." in caplog.messages  # not "1 images"
     again = load_features(out, in_memory=True)
     assert not again.failures and len(again.paths) == 6
     kept = np.isin(again.paths, first.paths)
