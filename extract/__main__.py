@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import errno
 import logging
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
+
+# (Light: mr2_probe imports its names on first use; NumPy and torch come after parsing.)
+from mr2_probe.cli._usage import _interrupts_held
 
 _EPILOG = """\
 examples:
@@ -187,36 +187,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"mr2-extract: interrupted; run {_again(args)} to resume", file=sys.stderr)
         return 130
-
-
-@contextlib.contextmanager
-def _interrupts_held():
-    """A Ctrl-C inside is noted, and raised (KeyboardInterrupt) on leaving: one in the first
-    half second, while NumPy, SciPy and torch import, left them half imported, and the run
-    ended in a RecursionError's traceback or an abort in torch's C++ rather than in the
-    interrupt's one line and exit status 130. A second Ctrl-C is raised at once (an import
-    that hangs can still be left). No change outside the main thread (where Python runs
-    signal handlers), nor where SIGINT has another handler than Python's own (ignored, in
-    a job started in the background)."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    noted = []
-
-    def note(signum, frame):
-        if noted:
-            raise KeyboardInterrupt
-        noted.append(signum)
-
-    previous = signal.signal(signal.SIGINT, note)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if noted:
-        raise KeyboardInterrupt
 
 
 def _extract(args: argparse.Namespace) -> int:

@@ -7,8 +7,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+import types
 import warnings
 from argparse import Namespace
 from pathlib import Path
@@ -22,6 +25,7 @@ from sklearn.exceptions import ConvergenceWarning, FitFailedWarning
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
+import mr2_probe.cli._main as cli_main
 from mr2_probe import MR2LinearClassifier
 from mr2_probe.cli import UsageError, load_xy, main
 from mr2_probe.cli._main import _cv_probe, _estimators, _in_cli_terms, _model, _without_unused
@@ -388,6 +392,72 @@ def test_ctrl_c_ends_the_run_with_status_130_and_one_line(monkeypatch, capsys):
         cli_main.main(["train.npz"])
     assert exit_.value.code == 130
     assert capsys.readouterr().err == "mr2-probe: interrupted\n"
+
+
+class _ImportedSlowly(types.ModuleType):
+    """mr2_probe.cli._main as it imports NumPy, scikit-learn and torch: ``during(name)``
+    runs while ``from ._main import name`` reads it (a Ctrl-C there, say)."""
+
+    def __init__(self, during):
+        super().__init__("mr2_probe.cli._main")
+        self.during, self.read = during, []
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # the import system's and inspect's questions
+            raise AttributeError(name)
+        self.during(name)
+        self.read.append(name)
+        return getattr(cli_main, name)
+
+
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler, whatever the test run inherited (a job started in the
+    background ignores SIGINT, and the held imports then leave it so)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_while_the_command_imports_its_libraries_is_one_line_and_130(
+    files, tmp_path, capsys, monkeypatch
+):
+    # mr2_probe and its command imported NumPy, scikit-learn and torch (seconds) before
+    # main() ran: a Ctrl-C then printed a 40-line traceback of the import machinery.
+    def interrupted(name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "mr2_probe.cli._main", _ImportedSlowly(interrupted))
+    argv = [str(files / "train.npz"), "--out", str(tmp_path / "run"), "--no-progress"]
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+    except KeyboardInterrupt:  # not pytest's own: fail this test, not the session
+        pytest.fail("the KeyboardInterrupt escaped main()")
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err == "mr2-probe: interrupted\n"
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(KeyboardInterrupt):  # --debug: the traceback
+        main([*argv, "--debug"])
+
+
+@pytest.mark.usefixtures("python_sigint")
+def test_a_real_ctrl_c_while_the_command_imports_waits_for_the_imports(files, capsys, monkeypatch):
+    # A SIGINT inside NumPy's or torch's import leaves them half imported (a RecursionError's
+    # traceback, an abort in torch's C++): held back, it ends the run once they are in.
+    def interrupted(name):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # where an unheld interrupt is raised
+
+    module = _ImportedSlowly(interrupted)
+    monkeypatch.setitem(sys.modules, "mr2_probe.cli._main", module)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            main([str(files / "train.npz"), "--no-progress"])
+    except KeyboardInterrupt:
+        pytest.fail("the KeyboardInterrupt escaped main()")
+    assert module.read == ["main"] and exit_.value.code == 130  # the import finished
+    assert capsys.readouterr() == ("", "mr2-probe: interrupted\n")
 
 
 @pytest.mark.slow

@@ -5,8 +5,33 @@ input files (``_inputs``), its output folder (``_outputs``) and the run itself
 (``_main``).
 """
 
-from ._inputs import load_xy
-from ._main import main
-from ._usage import UsageError
+import importlib
+import sys
+
+from ._usage import _interrupts_held
+
+_MODULES = {"UsageError": "._usage", "load_xy": "._inputs"}
 
 __all__ = ["UsageError", "load_xy", "main"]
+
+
+def main(argv=None) -> int:
+    """Run ``mr2-probe`` (``_main.main``), once NumPy, scikit-learn and torch are imported:
+    a Ctrl-C in those seconds printed a traceback of the import machinery, as the
+    command's modules import them. It ends the run as elsewhere, in one line and status
+    130 (a Ctrl-C during the imports held until they finish, ``_interrupts_held``)."""
+    try:
+        with _interrupts_held():
+            from ._main import main as run
+    except KeyboardInterrupt:
+        if "--debug" in (sys.argv[1:] if argv is None else argv):
+            raise
+        print("mr2-probe: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    return run(argv)
+
+
+def __getattr__(name: str):
+    if name in _MODULES:
+        return getattr(importlib.import_module(_MODULES[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
