@@ -255,7 +255,9 @@ def fashion_mnist(
         labels=y.astype(np.int64),
         class_names=list(FASHION_MNIST_CLASSES),
         root=str(root.resolve()),
-        description=f"fashion-mnist:{split}@{root}",
+        # (As a folder's: absolute, so that a store and report.json name the files read
+        # wherever the command ran; "fashion-mnist:test@fm" named none.)
+        description=f"fashion-mnist:{split}@{os.path.join(os.getcwd(), root)}",
         source_index=np.arange(n, dtype=np.int64),
         pixels=pixels,
         files={images.name: images_id, labels.name: labels_id},

@@ -612,7 +612,7 @@ def parquet_files(
         labels=labels,
         class_names=class_names,
         root=root,
-        description=f"parquet:{pattern}",
+        description=f"parquet:{os.path.join(os.getcwd(), pattern)}",  # as typed, anchored
         identities=[ix.identity for ix in indexes],
         options={"image_key": columns[0], "label_key": label_key},
     )

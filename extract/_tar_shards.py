@@ -545,7 +545,7 @@ def webdataset_shards(
         labels=labels,
         class_names=class_names,
         root=root,
-        description=f"webdataset:{pattern}",
+        description=f"webdataset:{os.path.join(os.getcwd(), pattern)}",  # as typed, anchored
         identities=[ix.digest for ix in indexes],
         options={"image_key": ";".join(image_keys), "label_key": label_key},
     )

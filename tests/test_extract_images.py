@@ -575,6 +575,15 @@ def idx_root(tmp_path):
     return tmp_path
 
 
+def test_a_relative_fashion_mnist_folder_is_recorded_as_an_absolute_one(idx_root, monkeypatch):
+    # "fashion-mnist:test@fm" was the store's source (and report.json's) as typed: it named
+    # the files read only from the folder the command ran in.
+    monkeypatch.chdir(idx_root.parent)
+    src = open_source(f"fashion-mnist:test@{idx_root.name}")
+    assert src.description == f"fashion-mnist:test@{idx_root}"
+    assert open_source(f"fashion-mnist:test@{idx_root}").description == src.description
+
+
 def _damage(root, name, change):
     path = root / name
     path.write_bytes(change(path.read_bytes()))

@@ -518,6 +518,21 @@ def test_a_json_member_named_alone_is_decoded_as_json(tmp_path):
     assert src.class_names == ["cat", "dog"] and src.labels.tolist() == [1, 0]
 
 
+def test_a_relative_shard_or_parquet_pattern_is_recorded_anchored_as_typed(tmp_path, monkeypatch):
+    # 'webdataset:shards/{0..1}.tar' was the store's source as typed: relative to a folder
+    # that neither the store nor report.json named.
+    (tmp_path / "shards").mkdir()
+    for k in range(2):
+        _write_shard(
+            tmp_path / "shards" / f"{k}.tar", [{"__key__": f"k{k}", "jpg": b"x", "cls": b"0"}]
+        )
+    pq.write_table(pa.table({"image": [b"a"], "label": ["cat"]}), tmp_path / "t.parquet")
+    monkeypatch.chdir(tmp_path)
+    src = open_source("webdataset:shards/{0..1}.tar")
+    assert src.description == f"webdataset:{tmp_path}/shards/{{0..1}}.tar"
+    assert open_source("parquet:*.parquet").description == f"parquet:{tmp_path}/*.parquet"
+
+
 @pytest.mark.parametrize(
     "sample, label_key, match",
     [
