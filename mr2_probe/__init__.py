@@ -47,24 +47,4 @@ def __dir__():
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ClassMoments",
-    "ClassStats",
-    "MR2LinearClassifier",
-    "MR2LinearClassifierCV",
-    "MR2Loss",
-    "TunedOffsetsClassifierCV",
-    "class_difficulty",
-    "class_margins",
-    "class_statistics",
-    "class_statistics_chunked",
-    "compactness_loss",
-    "margin_cross_entropy",
-    "margins_from_difficulty",
-    "mean_spread",
-    "moments_difficulty",
-    "moments_statistics",
-    "pairwise_sq_distances",
-    "tune_class_offsets",
-    "update_moments",
-]
+__all__ = sorted(_MODULES)
