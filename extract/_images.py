@@ -813,7 +813,12 @@ def open_source(
     # folder), and a path that exists under the spec's name is that path.
     if kind == "fashion-mnist" and not os.path.exists(text):
         split, _, root = pattern.partition("@")
-        return _utf8_paths(fashion_mnist(split or "train", root or FASHION_MNIST_ROOT))
+        if not split:  # (read as train: a test set asked as 'fashion-mnist' was the train set)
+            raise ValueError(
+                f"The image source {text!r} names no Fashion-MNIST split; use "
+                "'fashion-mnist:train' or 'fashion-mnist:test' (with '@ROOT' for another folder)."
+            )
+        return _utf8_paths(fashion_mnist(split, root or FASHION_MNIST_ROOT))
     if os.path.isdir(text):
         return _utf8_paths(image_folder(text))
     if os.path.isfile(text):

@@ -699,6 +699,11 @@ def test_a_folder_named_like_the_fashion_mnist_spec_is_a_folder(tmp_path, monkey
     "source, error, match",
     [
         ("fashion-mnist:val", ValueError, "split must be 'train' or 'test'"),
+        # No split was read as train, whatever set the user meant.
+        *[
+            (spec, ValueError, f"The image source '{spec}' names no Fashion-MNIST split; use")
+            for spec in ("fashion-mnist", "fashion-mnist:", "fashion-mnist:@/data/fm")
+        ],
         ("fashion-mnist:train@/nonexistent", FileNotFoundError, "dataset-fashion-mnist"),
         # A path that is not there says so first.
         ("/nonexistent/images", FileNotFoundError, "'/nonexistent/images' does not exist; a"),
