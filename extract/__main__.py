@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import errno
 import logging
 import os
@@ -11,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 # (Light: mr2_probe imports its names on first use; NumPy and torch come after parsing.)
-from mr2_probe.cli._usage import _interrupts_held
+from mr2_probe.cli._usage import SuggestingParser, _interrupts_held
 
 _EPILOG = """\
 examples:
@@ -33,25 +32,9 @@ path, or add --force to delete it and recompute it.
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser, whose refusal of an unknown option names the closest one, as
-    it names the choices of a misspelt value (what Python 3.14's ``suggest_on_error``
-    does for choices alone)."""
-
-    def error(self, message):
-        unknown = message.partition("unrecognized arguments: ")[2].split()
-        options = [option for action in self._actions for option in action.option_strings]
-        hints = []
-        for word in unknown:
-            name = word.partition("=")[0]
-            close = difflib.get_close_matches(name, options, n=1) if name.startswith("-") else []
-            hints += [f"{name}: did you mean {close[0]}?"] if close else []
-        super().error("; ".join([message, *hints]))
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``mr2-extract`` argument parser."""
-    parser = _Parser(
+    parser = SuggestingParser(
         prog="mr2-extract",
         description=(
             "Extract frozen-backbone embeddings of an image collection into an HDF5 feature "

@@ -1707,7 +1707,13 @@ def test_feature_files_are_read_by_their_content_whatever_their_names(stores, tm
 
 
 @pytest.mark.parametrize(
-    "typo, meant", [("--tets", "--test"), ("--feature-scale=standard", "--feature-scaling")]
+    "typo, meant",
+    [
+        ("--tets", "--test"),
+        ("--feature-scale=standard", "--feature-scaling"),
+        # argparse: "ambiguous option: --c could match --c-bar, --cv", not naming --C.
+        ("--c=0.1", "--C"),
+    ],
 )
 def test_a_misspelt_option_is_refused_with_the_closest_one(files, capsys, typo, meant):
     # argparse said "unrecognized arguments: --tets ..." and no more.

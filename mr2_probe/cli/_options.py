@@ -16,7 +16,7 @@ from sklearn.preprocessing import Normalizer, StandardScaler
 from .._classifier import MR2LinearClassifier
 from .._device import resolve_device
 from ._inputs import feature_format
-from ._usage import UsageError, _one_line
+from ._usage import SuggestingParser, UsageError, _one_line
 
 EXAMPLES = """\
 examples:
@@ -119,24 +119,8 @@ def _dest(option: str) -> str:
     return option[2:].replace("-", "_")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser, whose refusal of an unknown option names the closest one, as
-    it names the choices of a misspelt value (what Python 3.14's ``suggest_on_error``
-    does for choices alone)."""
-
-    def error(self, message):
-        unknown = message.partition("unrecognized arguments: ")[2].split()
-        options = [option for action in self._actions for option in action.option_strings]
-        hints = []
-        for word in unknown:
-            name = word.partition("=")[0]
-            close = difflib.get_close_matches(name, options, n=1) if name.startswith("-") else []
-            hints += [f"{name}: did you mean {close[0]}?"] if close else []
-        super().error("; ".join([message, *hints]))
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = SuggestingParser(
         prog="mr2-probe",
         description=(
             "Fit an ERM probe and an MR² probe (MR2LinearClassifier) on frozen features, "

@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import difflib
 import signal
 import threading
 
 
 class UsageError(ValueError):
     """A mistake in the options or the input files of ``mr2-probe``, told in one line."""
+
+
+class SuggestingParser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal of an unknown option names the closest one, as
+    it names the choices of a misspelt value (what Python 3.14's ``suggest_on_error``
+    does for choices alone), and of an ambiguous abbreviation the option it is in another
+    case (``--c``: ``--C``, which argparse's prefixes, case by case, never offer)."""
+
+    def error(self, message):
+        options = [option for action in self._actions for option in action.option_strings]
+        unknown = message.partition("unrecognized arguments: ")[2].split()
+        ambiguous = message.partition("ambiguous option: ")[2].partition(" could match")[0]
+        hints = []
+        for word in [*unknown, *ambiguous.split()]:
+            name = word.partition("=")[0]
+            other_case = [option for option in options if option.lower() == name.lower()]
+            close = other_case or (
+                difflib.get_close_matches(name, options, n=1) if name.startswith("-") else []
+            )
+            hints += [f"{name}: did you mean {close[0]}?"] if close else []
+        super().error("; ".join([message, *hints]))
 
 
 def _one_line(error, limit: int = 1000) -> str:
