@@ -756,8 +756,13 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
 
 
 def check_keys(image_key: str | None, label_key: str | None) -> None:
-    """Refuse an empty or blank member or column name, which was read as the default."""
+    """Refuse a member or column name that is no text (5 failed on its missing ``split``)
+    or is empty or blank (read as the default)."""
     for name, value in (("image_key", image_key), ("label_key", label_key)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(
+                f"The '{name}' parameter must be a str or None. Got {value!r} instead."
+            )
         if isinstance(value, str) and not value.strip():
             raise ValueError(
                 f"The '{name}' parameter is empty. Got {value!r}; name a member or column, "

@@ -1179,6 +1179,23 @@ def test_an_empty_key_is_refused_by_the_source_functions_too(data, kind, key, va
         opener(pattern, **{key: value})
 
 
+@pytest.mark.parametrize("kind", ["webdataset", "parquet"])
+@pytest.mark.parametrize("key", ["image_key", "label_key"])
+@pytest.mark.parametrize("value", [5, b"cls", ["png"]])
+def test_a_key_that_is_no_text_is_refused(data, kind, key, value):
+    # It failed in a bare AttributeError ('int' object has no attribute 'split') or, as
+    # bytes, a TypeError of str and bytes mixed.
+    from extract import parquet_files, webdataset_shards
+
+    opener = {"webdataset": webdataset_shards, "parquet": parquet_files}[kind]
+    source = _source(data, kind)
+    message = rf"^The '{key}' parameter must be a str or None. Got {re.escape(repr(value))}"
+    with pytest.raises(ValueError, match=message):
+        opener(source.partition(":")[2], **{key: value})
+    with pytest.raises(ValueError, match=message):
+        open_source(source, **{key: value})
+
+
 def test_webdataset_store_keeps_keys_as_paths(stores):
     loaded = load_features(stores["webdataset"])
     assert "cat/alpha" in loaded.paths and "cat/corrupt" in dict(loaded.failures)
