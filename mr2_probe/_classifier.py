@@ -37,6 +37,7 @@ from ._data import (
     h5_dtype,
     is_h5_dataset,
     is_torch_tensor,
+    plain,
     reject_complex,
     whole_or_unchanged,
 )
@@ -121,11 +122,6 @@ def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None
             f"C={C:g} and sample weights summing to {weight_sum:g} (the penalty is ½‖W‖² / (C·Σw))"
         )
     return suspects
-
-
-def _plain(value):
-    """``value`` as Python's number or text where it is NumPy's, for a message."""
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def _count(n: int, noun: str) -> str:
@@ -671,7 +667,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 if not (np.isfinite(given).all() and (given >= 0).all()):
                     # (a dict of np.unique's classes and computed weights shown as Python's
                     # numbers and text: {0: -1.0}, not {np.int64(0): np.float64(-1.0)})
-                    shown = {_plain(k): _plain(v) for k, v in self.class_weight.items()}
+                    shown = {plain(k): plain(v) for k, v in self.class_weight.items()}
                     raise ValueError(
                         f"class_weight={shown!r}: every class weight must be a finite number >= 0."
                     )

@@ -20,6 +20,12 @@ def is_torch_tensor(X) -> bool:
     return isinstance(X, torch.Tensor)
 
 
+def plain(value):
+    """``value`` as Python's number or text where it is NumPy's, for a message: 'cat', 3,
+    True, not NumPy 2's np.str_('cat'), np.int64(3), np.True_."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def routing_enabled() -> bool:
     """Whether scikit-learn's metadata routing is on (``set_config``)."""
     return bool(get_config().get("enable_metadata_routing", False))

@@ -38,6 +38,7 @@ from ._data import (
     cv_folds,
     is_h5_dataset,
     is_torch_tensor,
+    plain,
     routing_enabled,
     whole_or_unchanged,
 )
@@ -114,7 +115,7 @@ def check_training_folds(
         if len(missing):
             # (names given as a list of NumPy's strings stay theirs in an object array:
             # shown as 'emu', not np.str_('emu'))
-            listed = [v.item() if isinstance(v, np.generic) else v for v in shown[missing][:5]]
+            listed = [plain(v) for v in shown[missing][:5]]
             raise ValueError(
                 f"The training part of fold {n} of the cv holds no sample of the classes "
                 f"{listed}{' ...' if len(missing) > 5 else ''} "

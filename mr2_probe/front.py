@@ -29,6 +29,7 @@ from sklearn.utils._param_validation import StrOptions, validate_parameter_const
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _num_samples, column_or_1d
 
+from ._data import plain
 from ._offset_search import tune_class_offsets
 from ._offsets import TunedOffsetsClassifierCV, check_training_folds, offsets_splits
 from .metrics import classwise_summary, difficulty_groups, per_class_accuracy
@@ -474,7 +475,7 @@ def _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator,
                 "pass the probe at the value it chose (MR2LinearClassifier with C=search.C_, "
                 "or scale=search.C_ for a cosine head)."
             )
-    bad = _plain([t for t in tilts if not (math.isfinite(float(t)) and float(t) >= 0)])
+    bad = [plain(t) for t in tilts if not (math.isfinite(float(t)) and float(t) >= 0)]
     if bad:
         raise ValueError(f"tilts must be finite numbers >= 0, got {bad}.")
     for name, values in (("tilts", [t for t in tilts if t > 0]), ("offset_bounds", offset_bounds)):
@@ -482,18 +483,12 @@ def _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator,
         if repeated:
             raise ValueError(f"{name} must be distinct, got {repeated} more than once.")
     for name, values in (("offset_bounds", offset_bounds), ("bound", [bound])):
-        bad = _plain([b for b in values if not 0 <= float(b) < 1])
+        bad = [plain(b) for b in values if not 0 <= float(b) < 1]
         if bad:
             what, got = ("fractions", bad) if name == "offset_bounds" else ("a fraction", bound)
             raise ValueError(f"{name} must be {what} in [0, 1), got {got}.")
     if (X_test is None) != (y_test is None):
         raise ValueError("X_test and y_test go together: pass both or neither.")
-
-
-def _plain(values: list) -> list:
-    """``values`` with NumPy's numbers as Python's, for a message: [-1.0], not NumPy 2's
-    [np.float64(-1.0)] of an array's values."""
-    return [v.item() if isinstance(v, np.generic) else v for v in values]
 
 
 def _check_known_labels(y, scored: dict) -> None:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ._data import plain
 from .metrics import (
     GROUP_NAMES,
     _check_no_nan,
@@ -155,7 +156,7 @@ def classwise_report(
     named = {str(name): model for name, model in models.items()}
     if len(named) < len(models):
         # (keys of an array's values as Python's: [1, '1'], not NumPy 2's [np.int64(1), '1'])
-        given = [name.item() if isinstance(name, np.generic) else name for name in models]
+        given = [plain(name) for name in models]
         raise ValueError(f"models must have distinct names as text, got {given}.")
     # The reference by its name as text too (the key 0.01 is the model "0.01").
     reference = next(iter(named)) if reference is None else str(reference)
