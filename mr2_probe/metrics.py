@@ -14,6 +14,8 @@ import numpy as np
 from sklearn.metrics import make_scorer
 from sklearn.utils import column_or_1d
 
+from ._data import plain
+
 GROUP_NAMES = ("easy", "medium", "hard")
 
 
@@ -313,7 +315,7 @@ def _check_group(names: np.ndarray, group: str) -> None:
     """Refuse a ``group`` that none of the classes' group ``names`` is."""
     known = sorted(set(np.asarray(names).tolist()))  # (as str, not NumPy's np.str_('hard'))
     if group not in known:
-        raise ValueError(f"group must be one of {known}, got {group!r}.")
+        raise ValueError(f"group must be one of {known}, got {plain(group)!r}.")
 
 
 def hard_tercile_accuracy(y_true, y_pred, sample_weight=None) -> float:

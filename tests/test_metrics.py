@@ -176,6 +176,11 @@ def test_group_accuracy_rejects_unknown_group():
     # Its scorer refuses it when made, not when a search first scores, after its fits.
     with pytest.raises(ValueError, match=r"one of \['easy', 'hard', 'medium'\], got 'hardest'"):
         make_group_scorer(GROUPS, "hardest")
+    # A group taken from an array is named as text, not as NumPy 2's np.str_('hardest').
+    for refuse in (group_accuracy, make_group_scorer):
+        args = (Y_TRUE, Y_PRED) if refuse is group_accuracy else ()
+        with pytest.raises(ValueError, match=r"'medium'\], got 'hardest'\.$"):
+            refuse(*args, GROUPS, np.array(["hardest"])[0])
 
 
 def test_group_accuracy_is_nan_when_the_group_has_no_samples():
