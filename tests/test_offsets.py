@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from scipy.special import expit, softmax
+from scipy.special import expit, log_expit, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.datasets import load_iris, make_classification
 from sklearn.ensemble import HistGradientBoostingClassifier
@@ -778,6 +778,27 @@ def test_predict_proba_of_a_row_does_not_depend_on_the_rows_beside_it():
     clear = top[:, -1] > top[:, -2]
     assert clear.mean() > 0.5
     np.testing.assert_array_equal(batch[clear].argmax(1), clf.predict(X)[clear])
+
+
+def test_predict_proba_of_a_one_vs_rest_row_whose_sigmoids_all_underflow_is_finite():
+    # OneVsRestClassifier leaves such a row's probabilities at zero (not uniform, as
+    # SGDClassifier's own): read as another link's, log 0 made them NaN (30 rows of 600).
+    from sklearn.datasets import make_classification
+    from sklearn.linear_model import SGDClassifier
+    from sklearn.multiclass import OneVsRestClassifier
+
+    X, y = make_classification(600, 12, n_informative=8, n_classes=3, random_state=0)
+    X = X * 300  # decision values up to ±1e6
+    probe = OneVsRestClassifier(SGDClassifier(loss="log_loss", random_state=0)).fit(X, y)
+    zero = (probe.predict_proba(X) == 0).all(1)
+    assert zero.sum() > 10
+    clf = TunedOffsetsClassifierCV(probe, cv="prefit").fit(X, y)
+    for offsets in (clf.offsets_, np.zeros(3)):
+        clf.offsets_ = offsets
+        z = probe.decision_function(X[zero])
+        expected = softmax(log_expit(z + offsets), axis=1)  # the sigmoids, in log space
+        np.testing.assert_allclose(clf.predict_proba(X[zero]), expected, rtol=1e-9)
+        np.testing.assert_array_equal(expected.argmax(1), clf.predict(X[zero]))
 
 
 @pytest.mark.parametrize("link", ["one-vs-rest", "softmax"])
