@@ -86,7 +86,10 @@ def main(argv: list[str] | None = None):
     if bad:
         option, value, what = bad[0]
         parser.error(f"{option} takes {what}, got {value:g}")
-    for option, value, least in (("--cv", args.cv, 2), ("--max-iter", args.max_iter, 1)):
+    # (--dask -1 waited 10 s for a worker after the data was read, then ended in a traceback)
+    for option, value, least in (
+        ("--cv", args.cv, 2), ("--max-iter", args.max_iter, 1), ("--dask", args.dask, 0)
+    ):  # fmt: skip
         if value < least:
             parser.error(f"{option} must be at least {least}, got {value}")
     if not 0 <= args.seed < 2**32:  # NumPy's seeds, as train_test_split takes them

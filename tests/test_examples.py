@@ -160,6 +160,7 @@ def test_demo_refuses_bad_options_in_one_line(argv, message, capsys):
         ("grid_search", ["--c-bar", "inf"], "--c-bar takes positive finite numbers, got inf"),
         ("grid_search", ["--cv", "1"], "--cv must be at least 2, got 1"),
         ("grid_search", ["--max-iter", "0"], "--max-iter must be at least 1, got 0"),
+        ("grid_search", ["--dask", "-1"], "--dask must be at least 0, got -1"),
         ("grid_search", ["--seed", "-1"], "--seed must be between 0 and 2**32 - 1, got -1"),
         # finetune: --epochs 0 reported two untrained networks; the others ended in a
         # traceback.
