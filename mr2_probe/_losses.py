@@ -25,6 +25,9 @@ def margin_cross_entropy(
     ----------
     logits : torch.Tensor of shape (n_samples, n_classes)
     target : torch.Tensor of shape (n_samples,), class indices
+        Integers in ``[0, n_classes)``. Targets to ignore (cross_entropy's
+        ``ignore_index=-100``) are not supported: give those samples any class and a
+        ``sample_weight`` of 0.
     margins : torch.Tensor of shape (n_classes,)
     sample_weight : torch.Tensor of shape (n_samples,), default=None
     reduction : {"mean", "sum", "none"}, default="mean"
@@ -46,7 +49,11 @@ def margin_cross_entropy(
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
     target = class_indices(target)
-    scaled = logits / margins[target][:, None]  # (B, K)
+    # gather, not margins[target]: indexing wraps negative targets, and cross_entropy
+    # then took -100 (its ignore_index, with 100 classes or more) as a sample of loss 0
+    # that "mean" still counted.
+    gamma = margins.gather(0, target.reshape(-1)).view(target.shape)
+    scaled = logits / gamma[:, None]  # (B, K)
     loss = F.cross_entropy(scaled, target, reduction="none")  # (B,)
     if sample_weight is not None:
         loss = loss * sample_weight

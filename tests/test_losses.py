@@ -941,6 +941,17 @@ def test_compactness_is_exact_in_float32_beside_a_far_row_of_another_class():
     torch.testing.assert_close(distances, torch.tensor([[0.0, 25, 1], [25, 0, 20], [1, 20, 0]]))
 
 
+@pytest.mark.parametrize("target", [-100, -1, 100])
+def test_margin_cross_entropy_refuses_targets_out_of_range(target):
+    """-100, cross_entropy's ignore_index, with 100 classes: margins[-100] wrapped to class
+    0's margin, cross_entropy then gave the sample a loss of 0, and "mean" counted it (4.77
+    where cross_entropy, ignoring it, gives 6.37). Refused, as -1 and 100 are."""
+    logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 1, target, 3])
+    with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+        margin_cross_entropy(logits, labels, torch.ones(100))
+
+
 def test_weighted_margin_cross_entropy_is_the_mean_of_repeated_rows():
     torch.manual_seed(0)
     logits, target = torch.randn(12, 4, dtype=torch.float64), torch.arange(12) % 4
