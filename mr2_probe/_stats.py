@@ -379,6 +379,7 @@ class ClassMoments(NamedTuple):
         return cls(count, count_sq, sums, sum_sq, dev_p, dev_2, m2)
 
 
+@torch.no_grad()
 def update_moments(
     moments: ClassMoments,
     features: torch.Tensor,
@@ -394,7 +395,8 @@ def update_moments(
     batch, and every process folds in the same sums. It is called twice, on the batch's
     counts and sums and then on its deviations, which need the union's class means.
     The features are taken in the running sums' dtype (half-precision activations into
-    float32 sums, say), and the sums keep it.
+    float32 sums, say), and the sums keep it. The sums carry no gradient, as BatchNorm's
+    running statistics do not: a backbone's features may be passed as they are.
 
     Parameters
     ----------

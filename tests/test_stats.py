@@ -180,6 +180,22 @@ def test_update_moments_in_l2_keeps_dev_p_equal_to_dev_2():
     np.testing.assert_allclose(m.dev_p.numpy(), ref, rtol=1e-12)
 
 
+def test_update_moments_carries_no_gradient_from_the_features():
+    # A backbone's features passed as they are: the sums carried their graph, margins
+    # from them a gradient, and the second batch's backward went through the first
+    # batch's freed graph ("Trying to backward through the graph a second time").
+    gen = torch.Generator().manual_seed(6)
+    net = torch.nn.Linear(3, 4)
+    m = mr2_probe.ClassMoments.zeros(2, 4)
+    for _ in range(2):
+        phi = net(torch.randn(6, 3, generator=gen))
+        y = torch.tensor([0, 1] * 3)
+        m = mr2_probe.update_moments(m, phi, y, p=3.0)
+        assert not any(t.requires_grad for t in m)
+        margins = mr2_probe.margins_from_difficulty(mr2_probe.moments_difficulty(m, 3.0), 2.0)
+        mr2_probe.margin_cross_entropy(phi[:, :2], y, margins).backward()
+
+
 @pytest.mark.parametrize(
     "sums, features",
     [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
