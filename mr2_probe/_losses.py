@@ -48,6 +48,18 @@ def margin_cross_entropy(
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
+    # Shapes that broadcast were taken silently: logits of one row scored every target,
+    # and weights of shape (B, 1) made a (B, B) loss (of shape (1,): the sum for a mean).
+    if logits.shape[:1] != target.shape[:1] or margins.shape != logits.shape[1:2]:
+        raise ValueError(
+            f"margin_cross_entropy takes logits (n_samples, n_classes), targets (n_samples,) "
+            f"and margins (n_classes,); got shapes {tuple(logits.shape)}, "
+            f"{tuple(target.shape)} and {tuple(margins.shape)}."
+        )
+    if sample_weight is not None and sample_weight.shape != target.shape:
+        raise ValueError(
+            f"sample_weight.shape == {tuple(sample_weight.shape)}, expected {tuple(target.shape)}!"
+        )
     target = class_indices(target)
     # gather, not margins[target]: indexing wraps negative targets, and cross_entropy
     # then took -100 (its ignore_index, with 100 classes or more) as a sample of loss 0

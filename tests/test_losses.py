@@ -952,6 +952,25 @@ def test_margin_cross_entropy_refuses_targets_out_of_range(target):
         margin_cross_entropy(logits, labels, torch.ones(100))
 
 
+@pytest.mark.parametrize(
+    "n_logits, n_margins, weight_shape, match",
+    [(1, 3, None, r"logits \(n_samples, n_classes\)"),
+     (4, 4, None, r"margins \(n_classes,\)"),
+     (4, 3, (4, 1), r"sample_weight.shape == \(4, 1\), expected \(4,\)"),
+     (4, 3, (1,), r"sample_weight.shape == \(1,\), expected \(4,\)")],
+)  # fmt: skip
+def test_margin_cross_entropy_refuses_shapes_that_broadcast(
+    n_logits, n_margins, weight_shape, match
+):
+    """They were taken silently: one row of logits scored all 4 targets (cross_entropy
+    refuses it), weights (B, 1) made the loss (B, B), and weights (1,) gave the sum for
+    "mean"."""
+    logits = torch.randn(n_logits, 3, generator=torch.Generator().manual_seed(0))
+    weight = None if weight_shape is None else torch.ones(weight_shape)
+    with pytest.raises(ValueError, match=match):
+        margin_cross_entropy(logits, torch.tensor([0, 1, 2, 1]), torch.ones(n_margins), weight)
+
+
 def test_weighted_margin_cross_entropy_is_the_mean_of_repeated_rows():
     torch.manual_seed(0)
     logits, target = torch.randn(12, 4, dtype=torch.float64), torch.arange(12) % 4
