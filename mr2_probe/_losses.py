@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -162,6 +164,21 @@ def compactness_loss(
     """
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}.")
+    # A vector s̄ (the classes' spreads, say) broadcast along the columns when it had
+    # B entries; other shapes failed inside torch's products.
+    shapes = [tuple(getattr(v, "shape", ())) for v in (s_bar, tau)]  # () for a float
+    n_samples = features.shape[:1]
+    several = any(math.prod(shape) > 1 for shape in shapes)
+    if features.ndim != 2 or target.shape != n_samples or several:
+        raise ValueError(
+            f"compactness_loss takes features (n_samples, n_features), targets (n_samples,) "
+            f"and a scalar s_bar and tau; got shapes {tuple(features.shape)}, "
+            f"{tuple(target.shape)}, {shapes[0]} and {shapes[1]}."
+        )
+    if sample_weight is not None and sample_weight.shape != n_samples:
+        raise ValueError(
+            f"sample_weight.shape == {tuple(sample_weight.shape)}, expected {tuple(n_samples)}!"
+        )
     same = target[:, None] == target[None, :]  # (B, B)
     distances = _within_class_sq_distances(features, same, sample_weight)  # (B, B)
     exponent = (distances - 2 * s_bar) / tau

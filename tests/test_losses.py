@@ -971,6 +971,29 @@ def test_margin_cross_entropy_refuses_shapes_that_broadcast(
         margin_cross_entropy(logits, torch.tensor([0, 1, 2, 1]), torch.ones(n_margins), weight)
 
 
+@pytest.mark.parametrize(
+    "n_features, target_shape, s_bar, weight_shape, match",
+    [(1, (4,), 1.0, None, r"features \(n_samples, n_features\)"),
+     (3, (4, 1), 1.0, None, r"targets \(n_samples,\)"),
+     (3, (4,), torch.ones(4), None, r"scalar s_bar and tau; got .* \(4,\) and \(\)"),
+     (3, (4,), 1.0, (4, 1), r"sample_weight.shape == \(4, 1\), expected \(4,\)")],
+)  # fmt: skip
+def test_compactness_loss_refuses_inconsistent_shapes(
+    n_features, target_shape, s_bar, weight_shape, match
+):
+    """A vector s̄ of B entries (the classes' spreads, say) broadcast along the columns,
+    silently; the other shapes failed inside torch's products (IndexError, "Expected size
+    for first two dimensions of batch2 tensor")."""
+    features = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    features = features[0] if n_features == 1 else features
+    target = torch.tensor([0, 1, 1, 1]).reshape(target_shape)
+    weight = None if weight_shape is None else torch.ones(weight_shape)
+    with pytest.raises(ValueError, match=match):
+        compactness_loss(features, target, s_bar, sample_weight=weight)
+    one = compactness_loss(torch.randn(4, 3), torch.tensor([0, 1, 1, 1]), torch.tensor([0.5]))
+    assert one.shape == ()  # a one-element s̄ is a scalar still
+
+
 def test_weighted_margin_cross_entropy_is_the_mean_of_repeated_rows():
     torch.manual_seed(0)
     logits, target = torch.randn(12, 4, dtype=torch.float64), torch.arange(12) % 4
