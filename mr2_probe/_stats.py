@@ -136,7 +136,7 @@ def class_statistics(
     (tensor([ 1., 16.]), tensor([2., 2.]))
     """
     return class_statistics_chunked(
-        lambda: [(features, labels, sample_weight)], n_classes, features.shape[1], p
+        lambda: [(features, labels, sample_weight)], n_classes, features.shape[-1], p
     )
 
 
@@ -179,6 +179,7 @@ def class_statistics_chunked(
     for x, y, w in chunks():
         y = class_indices(y)
         phi = float32_at_least(transform(x))  # (B, d)
+        _check_chunk(phi, y, w, n_features)
         if sums is None:
             sums = phi.new_zeros(n_classes, n_features)
             counts = phi.new_zeros(n_classes)
@@ -205,6 +206,18 @@ def class_statistics_chunked(
         spread_p.index_add_(0, y, (sq2 if p == 2 else lp_norm_sq(diff, p, overwrite=True)) * w)
     denom = counts.clamp_min(torch.finfo(counts.dtype).tiny)
     return ClassStats(mean, spread_p / denom, spread_2 / denom, counts)
+
+
+def _check_chunk(phi, y, w, n_features: int) -> None:
+    """Refuse a chunk whose shapes do not match, before torch's index_add_ (weights of
+    shape (B, 1) failed there as "source tensor shape must match self tensor shape")."""
+    if phi.ndim != 2 or phi.shape[1] != n_features or y.shape != phi.shape[:1]:
+        raise ValueError(
+            f"class statistics take features (n_samples, {n_features}) and labels "
+            f"(n_samples,); got shapes {tuple(phi.shape)} and {tuple(y.shape)}."
+        )
+    if w is not None and w.shape != y.shape:
+        raise ValueError(f"sample_weight.shape == {tuple(w.shape)}, expected {tuple(y.shape)}!")
 
 
 def mean_spread(stats: ClassStats) -> torch.Tensor:

@@ -180,6 +180,23 @@ def test_update_moments_in_l2_keeps_dev_p_equal_to_dev_2():
     np.testing.assert_allclose(m.dev_p.numpy(), ref, rtol=1e-12)
 
 
+@pytest.mark.parametrize(
+    "rows, label_shape, weight_shape, match",
+    [(slice(None), (4,), (4, 1), r"sample_weight.shape == \(4, 1\), expected \(4,\)!"),
+     (slice(None), (4,), (3,), r"sample_weight.shape == \(3,\), expected \(4,\)!"),
+     (slice(None), (4, 1), None, r"labels \(n_samples,\); got shapes \(4, 3\) and \(4, 1\)"),
+     (0, (1,), None, r"features \(n_samples, 3\) .* got shapes \(3,\)")],
+)  # fmt: skip
+def test_class_statistics_refuse_inconsistent_shapes(rows, label_shape, weight_shape, match):
+    # Weights (B, 1) failed inside index_add_ ("source tensor shape must match self tensor
+    # shape"), one row of features with an IndexError of a tuple index.
+    X = torch.randn(4, 3, generator=torch.Generator().manual_seed(7))[rows]
+    y = torch.tensor([0, 1, 1, 1])[: 1 if rows == 0 else 4].reshape(label_shape)
+    weight = None if weight_shape is None else torch.ones(weight_shape)
+    with pytest.raises(ValueError, match=match):
+        mr2_probe.class_statistics(X, y, 2, 3.0, weight)
+
+
 def test_update_moments_carries_no_gradient_from_the_features():
     # A backbone's features passed as they are: the sums carried their graph, margins
     # from them a gradient, and the second batch's backward went through the first
