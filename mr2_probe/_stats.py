@@ -7,6 +7,7 @@ or samples) and never synchronises with the host.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -296,6 +297,12 @@ def margins_from_difficulty(
     ``moment`` (K,) (a spread's scale: ‖μ_k‖_p² + msd_k), when a_k is at most the dtype's
     epsilon times it, which holds for every class when each is copies of one row.
     """
+    # c̄ = 0 (read as "no margins", which is None) gave margins of 0, and a loss of NaN;
+    # a negative c̄ negative margins. (A tensor is not compared: that would synchronise.)
+    if isinstance(c_bar, numbers.Real) and not c_bar > 0:
+        raise ValueError(
+            f"c_bar must be a number > 0, got {c_bar}; None (in class_margins) means no margins."
+        )
     dtype, eps = a.dtype, torch.finfo(a.dtype).eps  # rounding is the given dtype's
     a = float32_at_least(a)  # c̄·K·a^{1/3} and Σ_j a_j^{1/3} leave float16's range
     present = torch.ones_like(a, dtype=torch.bool) if present is None else present

@@ -180,6 +180,18 @@ def test_update_moments_in_l2_keeps_dev_p_equal_to_dev_2():
     np.testing.assert_allclose(m.dev_p.numpy(), ref, rtol=1e-12)
 
 
+@pytest.mark.parametrize("c_bar", [0, 0.0, -1.0, float("nan"), np.float32(0)])
+def test_class_margins_refuse_a_c_bar_that_is_not_positive(c_bar):
+    # c̄ = 0 (read as "no margins", which is None) gave margins of 0 and a margin
+    # cross-entropy of NaN; -1 negative margins.
+    X = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 1.0], [0.0, 9.0]])
+    stats = mr2_probe.class_statistics(X, torch.tensor([0, 0, 1, 1]), 2)
+    with pytest.raises(ValueError, match="c_bar must be a number > 0, got .*None"):
+        mr2_probe.class_margins(stats, c_bar)
+    with pytest.raises(ValueError, match="c_bar must be a number > 0"):
+        mr2_probe.margins_from_difficulty(torch.tensor([1.0, 2.0]), c_bar)
+
+
 @pytest.mark.parametrize(
     "rows, label_shape, weight_shape, match",
     [(slice(None), (4,), (4, 1), r"sample_weight.shape == \(4, 1\), expected \(4,\)!"),
