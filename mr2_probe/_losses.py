@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -146,7 +147,7 @@ def compactness_loss(
     s_bar : float or scalar tensor
         Mean within-class spread s̄ (L2); pairs further apart than 2 s̄ are pulled in.
     tau : float or scalar tensor, default=1.0
-        Temperature of the exponent.
+        Temperature of the exponent, > 0.
     reduction : {"mean", "none"}, default="mean"
         ``"none"``: each sample's loss, times its weight when ``sample_weight`` is given.
     sample_weight : torch.Tensor of shape (n_samples,), default=None
@@ -179,6 +180,10 @@ def compactness_loss(
         raise ValueError(
             f"sample_weight.shape == {tuple(sample_weight.shape)}, expected {tuple(n_samples)}!"
         )
+    # τ = 0 made the loss inf; τ < 0 pushed each class apart, silently. (A tensor is not
+    # compared: that would synchronise.)
+    if isinstance(tau, numbers.Real) and not tau > 0:
+        raise ValueError(f"tau must be a number > 0, got {tau}.")
     same = target[:, None] == target[None, :]  # (B, B)
     distances = _within_class_sq_distances(features, same, sample_weight)  # (B, B)
     exponent = (distances - 2 * s_bar) / tau

@@ -994,6 +994,14 @@ def test_compactness_loss_refuses_inconsistent_shapes(
     assert one.shape == ()  # a one-element s̄ is a scalar still
 
 
+@pytest.mark.parametrize("tau", [0, 0.0, -1.0, float("nan")])
+def test_compactness_loss_refuses_a_tau_that_is_not_positive(tau):
+    # τ = 0 gave a loss of inf; τ = -1 a finite loss that pushes each class apart.
+    features = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="tau must be a number > 0"):
+        compactness_loss(features, torch.tensor([0, 0, 0, 1, 1, 1]), 1.0, tau)
+
+
 def test_weighted_margin_cross_entropy_is_the_mean_of_repeated_rows():
     torch.manual_seed(0)
     logits, target = torch.randn(12, 4, dtype=torch.float64), torch.arange(12) % 4
