@@ -63,6 +63,12 @@ def margin_cross_entropy(
         raise ValueError(
             f"sample_weight.shape == {tuple(sample_weight.shape)}, expected {tuple(target.shape)}!"
         )
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        # (torch's "gather(): Expected dtype int32/int64 for index" said nothing of this)
+        raise TypeError(
+            f"targets must be class indices (integers), got {target.dtype}: class "
+            "probabilities (cross_entropy's soft targets) are not supported."
+        )
     target = class_indices(target)
     # gather, not margins[target]: indexing wraps negative targets, and cross_entropy
     # then took -100 (its ignore_index, with 100 classes or more) as a sample of loss 0

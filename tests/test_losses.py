@@ -1002,6 +1002,22 @@ def test_compactness_loss_refuses_a_tau_that_is_not_positive(tau):
         compactness_loss(features, torch.tensor([0, 0, 0, 1, 1, 1]), 1.0, tau)
 
 
+@pytest.mark.parametrize(
+    "target",
+    [
+        torch.tensor([0.0, 1.0, 2.0, 1.0]),
+        torch.full((4, 3), 1 / 3),
+        torch.tensor([1, 0, 1, 1]).bool(),
+    ],
+)
+def test_margin_cross_entropy_refuses_targets_that_are_not_class_indices(target):
+    # Float class indices and cross_entropy's soft targets (B, K) ended in torch's
+    # "gather(): Expected dtype int32/int64 for index".
+    logits = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(TypeError, match="targets must be class indices .* not supported"):
+        margin_cross_entropy(logits, target, torch.ones(3))
+
+
 def test_weighted_margin_cross_entropy_is_the_mean_of_repeated_rows():
     torch.manual_seed(0)
     logits, target = torch.randn(12, 4, dtype=torch.float64), torch.arange(12) % 4
