@@ -358,9 +358,14 @@ class MR2Loss(nn.Module):
 
     @torch.no_grad()
     def update(self, features: torch.Tensor, target: torch.Tensor) -> None:
-        """Fold one batch into the running statistics."""
-        _check_indices(target)  # float targets were truncated to classes, without a word
-        target = target.long()  # index_add_ takes int32 and int64 indices only
+        """Fold one batch into the running statistics (features (B, d), targets (B,))."""
+        # Checked as forward checks them: a target out of range or features of another
+        # width failed inside index_add_ ("index out of range in self").
+        self._fold(features, self._check_batch(None, features, target))
+
+    @torch.no_grad()
+    def _fold(self, features: torch.Tensor, target: torch.Tensor) -> None:
+        """:meth:`update` of a batch checked by :meth:`_check_batch` (int64 targets)."""
         phi = unit_rows(features) if self.normalize else features
         phi = phi.to(self.moment_sum.dtype)
         moments = update_moments(
@@ -375,9 +380,16 @@ class MR2Loss(nn.Module):
 
     def _check_batch(self, logits, features, target) -> torch.Tensor:
         """The batch's targets as int64, once its shapes (and, on the CPU, where this costs
-        no synchronisation, its targets' range) are checked: before anything is updated."""
+        no synchronisation, its targets' range) are checked: before anything is updated.
+        ``logits`` None: :meth:`update`'s batch, features and targets alone."""
         d = self.moment_sum.shape[-1]
-        if (
+        if logits is None:  # update: features and targets alone
+            if features.ndim != 2 or features.shape[1] != d or target.shape != features.shape[:1]:
+                raise ValueError(
+                    f"MR2Loss was made for {d} features: update takes features (B, {d}) and "
+                    f"targets (B,); got shapes {tuple(features.shape)} and {tuple(target.shape)}."
+                )
+        elif (
             logits.ndim != 2 or features.ndim != 2 or target.ndim != 1
             or logits.shape[1] != self.n_classes or features.shape[1] != d
             or not len(target) == len(logits) == len(features)
@@ -387,7 +399,7 @@ class MR2Loss(nn.Module):
                 f"logits (B, {self.n_classes}), features (B, {d}) and targets (B,); got shapes "
                 f"{tuple(logits.shape)}, {tuple(features.shape)} and {tuple(target.shape)}."
             )
-        _check_indices(target)
+        _check_indices(target)  # float targets were truncated to classes, without a word
         if target.device.type == "cpu" and len(target):
             # torch has no min or max of uint16, uint32 or uint64: NumPy's, on the values
             # as given (as int64, the largest uint64 wrap to negative numbers).
@@ -406,7 +418,7 @@ class MR2Loss(nn.Module):
         """Loss for a batch: logits (B, K), representation φ (B, d), targets (B,)."""
         target = self._check_batch(logits, features, target)
         if self.training:
-            self.update(features.detach(), target)
+            self._fold(features.detach(), target)
         margins = self.margins().to(logits.dtype)
         if self.class_tilt == 0:
             loss = margin_cross_entropy(logits, target, margins)

@@ -617,6 +617,22 @@ def test_update_refuses_targets_that_are_no_class_indices(target):
         assert torch.equal(value, before[name]), name
 
 
+@pytest.mark.parametrize("features, target, match", [
+    # index_add_'s "source tensor shape must match self tensor shape", "Index is supposed
+    # to be a vector" and "index out of range in self", as forward refuses them.
+    ((3, 5), torch.tensor([0, 1, 2]), r"update takes features \(B, 4\) .* \(3, 5\) and \(3,\)"),
+    ((3, 4), torch.tensor([[0], [1], [2]]), r"got shapes \(3, 4\) and \(3, 1\)"),
+    ((3, 4), torch.tensor([0, 1, 3]), "Target 3 is out of bounds: the classes are 0..2"),
+])  # fmt: skip
+def test_update_refuses_a_batch_that_forward_refuses(features, target, match):
+    criterion = MR2Loss(3, 4)
+    before = {name: value.clone() for name, value in criterion.state_dict().items()}
+    with pytest.raises(ValueError, match=match):
+        criterion.update(torch.randn(features), target)
+    for name, value in criterion.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
 @pytest.mark.parametrize(
     "dtype", [torch.int32, torch.uint8, torch.int16, torch.uint16, torch.uint32, torch.uint64]
 )
