@@ -438,6 +438,7 @@ def update_moments(
     """
     n_classes, n_features = moments.sum.shape
     labels = class_indices(labels)
+    _check_chunk(features, labels, None, n_features)  # (index_add_'s errors said little)
     features = features.to(moments.sum.dtype)
     new = features.new_zeros
     batch = new(n_classes, n_features + 2)  # counts, Σ‖φ‖², Σφ: one tensor to reduce

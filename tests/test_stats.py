@@ -207,6 +207,9 @@ def test_class_statistics_refuse_inconsistent_shapes(rows, label_shape, weight_s
     weight = None if weight_shape is None else torch.ones(weight_shape)
     with pytest.raises(ValueError, match=match):
         mr2_probe.class_statistics(X, y, 2, 3.0, weight)
+    if weight_shape is None:  # the running sums' too
+        with pytest.raises(ValueError, match=match):
+            mr2_probe.update_moments(mr2_probe.ClassMoments.zeros(2, 3), X, y)
 
 
 def test_update_moments_carries_no_gradient_from_the_features():
