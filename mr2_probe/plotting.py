@@ -512,7 +512,7 @@ def plot_front(front, path, split: str = "test"):
             shown = iter(_names("{}", values))
             for p, xi, yi in zip(points, x, y, strict=True):
                 text = p.name if p.value is None else next(shown)
-                # ERM and MR2 at one spot (c_bar = 0, or margins that change nothing) wrote
+                # ERM and MR2 at one spot (margins that change no prediction) wrote
                 # one name over the other.
                 above = 8 * stacked[xi, yi]
                 stacked[xi, yi] += 1
