@@ -64,8 +64,9 @@ class MR2Loss(nn.Module):
     synchronised) is left out of the running moments, and a class whose batch loss is not
     finite out of the class losses that the tilt tracks. The running sums stay in float32
     at least, with their values, when the module is cast to half precision. Targets are
-    class indices of any integer dtype; a batch that is refused (wrong shapes, targets out
-    of range) leaves the statistics as they were. The state dict records the ``p`` and
+    class indices of any integer dtype (no soft targets, label smoothing or
+    ``ignore_index``: leave the samples out of the batch); a batch that is refused (wrong
+    shapes, targets out of range) leaves the statistics as they were. The state dict records the ``p`` and
     ``normalize`` that the statistics were measured with (buffers ``stats_p`` and
     ``stats_normalize``); ``load_state_dict`` into a module built with others raises and
     loads none of its statistics (torch may have loaded other modules' by then).
