@@ -990,6 +990,41 @@ def test_folds_that_repeat_rows_take_an_hdf5_dataset(tmp_path):
         tuned.score(X, y, sample_weight=closed["w"])
 
 
+@pytest.mark.parametrize("incomplete", [False, True])
+def test_folds_of_an_hdf5_dataset_are_streamed_not_loaded(tmp_path, monkeypatch, incomplete):
+    # Each fold's rows were read into memory by h5py's indexing (80% of a store at cv=5),
+    # and the inner MR2LinearClassifier fitted that copy: only the refit streamed the store.
+    h5py = pytest.importorskip("h5py")
+    from extract._reading import RowView
+    from mr2_probe import _classifier, _data
+
+    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 32)
+    streamed = []
+    original = _data.H5Source.__init__
+
+    def spy(self, dataset, *args):
+        streamed.append(len(dataset))
+        original(self, dataset, *args)
+
+    monkeypatch.setattr(_data.H5Source, "__init__", spy)
+    X, y = _imbalanced()
+    X = X.astype(np.float32)
+    kept = np.arange(len(y)) % 7 != 3 if incomplete else np.ones(len(y), bool)
+    cv = [(np.arange(0, kept.sum(), 2), np.arange(1, kept.sum(), 2))] * 2
+    probe = MR2LinearClassifier(c_bar=None, device="cpu")
+    in_memory = TunedOffsetsClassifierCV(probe, cv=cv).fit(X[kept], y[kept])
+    lr = TunedOffsetsClassifierCV(LogisticRegression(), cv=cv).fit(X[kept], y[kept])
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f.create_dataset("X", data=X, chunks=(7, X.shape[1]))
+        stored = RowView(f["X"], np.flatnonzero(kept)) if incomplete else f["X"]
+        tuned = TunedOffsetsClassifierCV(probe, cv=cv).fit(stored, y[kept])
+        assert streamed == [len(cv[0][0]), len(cv[0][0]), kept.sum()]  # folds, then refit
+        np.testing.assert_allclose(tuned.offsets_, in_memory.offsets_, atol=1e-4)
+        # any other estimator reads its rows with numpy.asarray
+        other = TunedOffsetsClassifierCV(LogisticRegression(), cv=cv).fit(stored, y[kept])
+    np.testing.assert_allclose(other.offsets_, lr.offsets_, atol=1e-6)
+
+
 def test_folds_given_as_boolean_masks_are_their_rows():
     # np.sort put a mask's False entries first, and the fits took the last rows instead: a
     # "holds no sample of the classes" error on stratified folds, or an IndexError.
