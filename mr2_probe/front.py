@@ -29,7 +29,7 @@ from sklearn.utils._param_validation import StrOptions, validate_parameter_const
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _num_samples, column_or_1d
 
-from ._data import plain
+from ._data import check_h5_open, plain
 from ._offset_search import tune_class_offsets
 from ._offsets import TunedOffsetsClassifierCV, check_training_folds, offsets_splits
 from .metrics import classwise_summary, difficulty_groups, per_class_accuracy
@@ -349,6 +349,8 @@ def accuracy_front(
     offsets≤1pt ← chosen        94.63     91.92      89.09
     """
     tilts, offset_bounds = list(tilts), list(offset_bounds)  # arrays too: no truth value
+    # (h5py's "Unable to synchronously get dataspace" from the checks below otherwise)
+    check_h5_open(X=X, y=y, X_val=X_val, y_val=y_val, X_test=X_test, y_test=y_test, groups=groups)
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
     _check_known_labels(y, {"y_val": y_val, "y_test": y_test})
     _check_scored_features(X, {"val": (X_val, y_val), "test": (X_test, y_test)})

@@ -272,6 +272,21 @@ def test_offsets_points_go_by_bound_and_each_scores_its_own(splits):
     assert front.point("offsets≤0pt").validation != front.point("offsets≤2pt").validation
 
 
+@pytest.mark.parametrize("closed", ["X", "y", "X_val", "y_val", "X_test", "groups"])
+def test_a_dataset_of_a_closed_hdf5_file_is_named(splits, tmp_path, closed):
+    # h5py's "Unable to synchronously get dataspace (identifier is not of specified type)"
+    # (a RuntimeError), or "Invalid dataset identifier" of a closed y, from the checks.
+    h5py = pytest.importorskip("h5py")
+    X_fit, y_fit, X_val, y_val, X_test, y_test = splits
+    data = dict(X=X_fit, y=y_fit, X_val=X_val, y_val=y_val, X_test=X_test, y_test=y_test)
+    data["groups"] = np.arange(len(y_fit)) % 3
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        data[closed] = f.create_dataset(closed, data=data[closed])
+    probe = MR2LinearClassifier(device="cpu")
+    with pytest.raises(ValueError, match=f"^{closed} is a dataset of an HDF5 file that is closed"):
+        accuracy_front(probe, **data, tilts=(1,), offset_bounds=(0.01,))
+
+
 def test_front_erm_may_be_tuned_on_its_own(splits):
     X_fit, y_fit, X_val, y_val, *_ = splits
     mr2 = MR2LinearClassifier(c_bar=2.0, C=0.003, device="cpu")
