@@ -225,15 +225,19 @@ _PIECES_PER_BLOCK = 64
 class H5Source(TensorSource):
     """An HDF5 dataset read block by block; never loaded whole.
 
-    Minibatches shuffle pieces of the dataset (whole HDF5 chunks) across the file and the
-    rows within a buffer of them, the usual compromise between random access and
-    contiguous reads on disk (see :meth:`batches`).
+    Minibatches shuffle pieces of the dataset (whole HDF5 chunks, where a block holds one)
+    across the file and the rows within a buffer of them, the usual compromise between
+    random access and contiguous reads on disk (see :meth:`batches`).
     """
 
     def __init__(self, dataset, y, w, rows, device, dtype) -> None:
         self.dataset, self.y, self.w, self.device, self.dtype = dataset, y, w, device, dtype
         chunks = getattr(dataset, "chunks", None)
         chunk = chunks[0] if chunks else 1
+        if chunk > rows:
+            # A chunk of more rows than a block (column chunks of every row, (n, 1)) is
+            # read a block at a time: whole chunks were the whole dataset, in memory at once.
+            chunk = 1
         self.rows = max(chunk, rows // chunk * chunk)  # whole HDF5 chunks per read
         self.piece = chunk * max(1, self.rows // _PIECES_PER_BLOCK // chunk)  # whole chunks
         self.n_samples = dataset.shape[0]

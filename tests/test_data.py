@@ -82,6 +82,27 @@ def test_hdf5_minibatches_are_full_and_mix_rows_from_across_the_file(tmp_path, b
     assert np.mean(classes) >= (1.9 if batch_size == 10 else 4)
 
 
+@pytest.mark.parametrize("chunks", [(200, 1), (120, 3)])
+def test_hdf5_chunks_taller_than_a_block_are_read_a_block_at_a_time(tmp_path, chunks):
+    # Reads were whole chunks: a store chunked by column ((n, 1)), or in chunks of more
+    # rows than a block, was read into memory whole at each pass and each minibatch epoch.
+    h5py = pytest.importorskip("h5py")
+    from mr2_probe._data import H5Source
+
+    X = np.arange(200 * 3, dtype=np.float64).reshape(200, 3)
+    y = torch.arange(200) % 2
+    w = torch.ones(200, dtype=torch.float64)
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        dataset = f.create_dataset("X", data=X, chunks=chunks, compression="gzip")
+        source = H5Source(dataset, y, w, 48, "cpu", torch.float64)
+        blocks = [x for x, _, _ in source.chunks()]
+        batches = [x for x, _, _ in source.batches(16, torch.Generator().manual_seed(0))]
+    assert max(map(len, blocks)) == 48
+    np.testing.assert_array_equal(torch.cat(blocks).numpy(), X)
+    assert max(map(len, batches)) == 16 and len(batches) == -(-200 // 16)
+    np.testing.assert_array_equal(np.sort(torch.cat(batches)[:, 0].numpy()), X[:, 0])
+
+
 def folds_of(pairs):
     """A splitter that yields the given (train, test) pairs."""
 
