@@ -344,6 +344,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                         f"{_dtype_name(data.dtype)}, in which X is computed (up to {top:g}): "
                         "its fits would overflow. Search scales of a usual order of magnitude."
                     )
+            check_h5_open(groups=groups, **params)  # h5py's words from the splitter otherwise
             score_params, split_params = self._route_fit(sample_weight, groups, params)
             # The scorer's metadata (its weights, and under routing whatever its requests
             # name) and the class accuracies' weights (the sample weights, whatever the

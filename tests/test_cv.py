@@ -443,6 +443,18 @@ def test_an_hdf5_fold_without_held_out_rows_is_named_as_in_memory(tmp_path):
     assert str(stored.value) == str(memory.value)
 
 
+def test_groups_of_a_closed_hdf5_file_are_named(tmp_path):
+    # sample_weight was named; groups reached the splitter, and h5py's "Unable to
+    # synchronously get dataspace (identifier is not of specified type)", a RuntimeError.
+    h5py = pytest.importorskip("h5py")
+    X, y = load_iris(return_X_y=True)
+    with h5py.File(tmp_path / "g.h5", "w") as f:
+        groups = f.create_dataset("groups", data=np.arange(len(y)) % 5)
+    search = MR2LinearClassifierCV([1.0], cv=GroupKFold(5), device="cpu")
+    with pytest.raises(ValueError, match="^groups is a dataset of an HDF5 file that is closed"):
+        search.fit(X, y, groups=groups)
+
+
 def test_group_splitters_get_their_groups():
     from sklearn.model_selection import GroupKFold
 
