@@ -1,6 +1,7 @@
 """Fixtures shared by several test modules, and the ``cuda`` marker's skip."""
 
 import os
+import signal
 
 import pytest
 import torch
@@ -65,3 +66,12 @@ _CALLER_MODES = {
 def caller_mode(request):
     """``(name, mode)``: each torch mode a caller may hold, ``mode()`` its context."""
     return request.param, _CALLER_MODES[request.param]
+
+
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler, whatever the test run inherited (a job started in the
+    background ignores SIGINT, and the held imports then leave it so)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

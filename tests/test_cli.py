@@ -410,15 +410,6 @@ class _ImportedSlowly(types.ModuleType):
         return getattr(cli_main, name)
 
 
-@pytest.fixture
-def python_sigint():
-    """Python's own SIGINT handler, whatever the test run inherited (a job started in the
-    background ignores SIGINT, and the held imports then leave it so)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
 def test_ctrl_c_while_the_command_imports_its_libraries_is_one_line_and_130(
     files, tmp_path, capsys, monkeypatch
 ):

@@ -212,15 +212,6 @@ def test_ctrl_c_while_the_extraction_is_imported_is_one_line_and_130(tmp_path, c
         main([str(folder), "timm:test_resnet@random", str(tmp_path / "o.h5"), "--debug"])
 
 
-@pytest.fixture
-def python_sigint():
-    """Python's own SIGINT handler, whatever the test run inherited (a job started in the
-    background ignores SIGINT, and the held imports then leave it so)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
 @pytest.mark.usefixtures("python_sigint")
 def test_a_real_ctrl_c_during_the_imports_waits_for_them_to_finish(tmp_path, capsys, monkeypatch):
     # A SIGINT inside NumPy's or torch's import left them half imported: a RecursionError's
