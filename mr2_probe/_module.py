@@ -66,10 +66,11 @@ class MR2Loss(nn.Module):
     at least, with their values, when the module is cast to half precision. Targets are
     class indices of any integer dtype (no soft targets, label smoothing or
     ``ignore_index``: leave the samples out of the batch); a batch that is refused (wrong
-    shapes, targets out of range) leaves the statistics as they were. The state dict records the ``p`` and
-    ``normalize`` that the statistics were measured with (buffers ``stats_p`` and
-    ``stats_normalize``); ``load_state_dict`` into a module built with others raises and
-    loads none of its statistics (torch may have loaded other modules' by then).
+    shapes, targets out of range) leaves the statistics as they were. The state dict
+    records the ``p`` and ``normalize`` that the statistics were measured with (buffers
+    ``stats_p`` and ``stats_normalize``); ``load_state_dict`` into a module built with
+    others raises and loads none of its statistics (torch may have loaded other modules'
+    by then).
 
     Parameters
     ----------
