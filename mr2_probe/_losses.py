@@ -51,23 +51,30 @@ def margin_cross_entropy(
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
-    # Shapes that broadcast were taken silently: logits of one row scored every target,
-    # and weights of shape (B, 1) made a (B, B) loss (of shape (1,): the sum for a mean).
-    if logits.shape[:1] != target.shape[:1] or margins.shape != logits.shape[1:2]:
-        raise ValueError(
-            f"margin_cross_entropy takes logits (n_samples, n_classes), targets (n_samples,) "
-            f"and margins (n_classes,); got shapes {tuple(logits.shape)}, "
-            f"{tuple(target.shape)} and {tuple(margins.shape)}."
-        )
-    if sample_weight is not None and sample_weight.shape != target.shape:
-        raise ValueError(
-            f"sample_weight.shape == {tuple(sample_weight.shape)}, expected {tuple(target.shape)}!"
-        )
     if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         # (torch's "gather(): Expected dtype int32/int64 for index" said nothing of this)
         raise TypeError(
             f"targets must be class indices (integers), got {target.dtype}: class "
             "probabilities (cross_entropy's soft targets) are not supported."
+        )
+    # Shapes that broadcast were taken silently: logits of one row scored every target,
+    # and weights of shape (B, 1) made a (B, B) loss (of shape (1,): the sum for a mean);
+    # one-hot targets (B, K) of integers a loss of shape (B, K) (cross_entropy read the
+    # (B, B, K) quotients as B classes of K positions).
+    if (
+        logits.ndim != 2
+        or target.ndim != 1
+        or logits.shape[:1] != target.shape
+        or margins.shape != logits.shape[1:2]
+    ):
+        raise ValueError(
+            "margin_cross_entropy takes logits (n_samples, n_classes), targets (n_samples,) "
+            "of class indices (not one-hot) and margins (n_classes,); got shapes "
+            f"{tuple(logits.shape)}, {tuple(target.shape)} and {tuple(margins.shape)}."
+        )
+    if sample_weight is not None and sample_weight.shape != target.shape:
+        raise ValueError(
+            f"sample_weight.shape == {tuple(sample_weight.shape)}, expected {tuple(target.shape)}!"
         )
     target = class_indices(target)
     # gather, not margins[target]: indexing wraps negative targets, and cross_entropy

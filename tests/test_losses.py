@@ -987,6 +987,18 @@ def test_margin_cross_entropy_refuses_shapes_that_broadcast(
         margin_cross_entropy(logits, torch.tensor([0, 1, 2, 1]), torch.ones(n_margins), weight)
 
 
+@pytest.mark.parametrize("target_shape", [(4, 3), (4, 1)])
+def test_margin_cross_entropy_refuses_targets_that_are_no_vector(target_shape):
+    """One-hot targets of integers, F.one_hot(y) (4, 3), were taken silently: a loss of
+    shape (4, 3) for "none" and its mean for "mean" (cross_entropy read the (4, 4, 3)
+    quotients as 4 classes at 3 positions); (4, 1) ended in torch's "Expected target size"."""
+    logits = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    target = torch.tensor([0, 1, 2, 1])
+    target = torch.nn.functional.one_hot(target, 3) if target_shape == (4, 3) else target[:, None]
+    with pytest.raises(ValueError, match=r"targets \(n_samples,\) of class indices \(not one-hot"):
+        margin_cross_entropy(logits, target, torch.ones(3), reduction="none")
+
+
 @pytest.mark.parametrize(
     "n_features, target_shape, s_bar, weight_shape, match",
     [(1, (4,), 1.0, None, r"features \(n_samples, n_features\)"),
