@@ -147,10 +147,13 @@ def _rows(X, index, estimator):
     worker processes pickles it, which no dataset can be): the rows, each read once, as
     h5py takes no repeated index (a bootstrap's)."""
     if is_h5_dataset(X) and isinstance(estimator, MR2LinearClassifier):
-        from extract._reading import RowView  # h5py is there: X is one of its datasets
-
-        rows = np.asarray(index, dtype=np.int64)
-        return RowView(X.dataset, X.rows[rows]) if isinstance(X, RowView) else RowView(X, rows)
+        try:  # (extract's stores lock with fcntl: POSIX only)
+            from extract._reading import RowView
+        except ImportError:  # read into memory, as for another estimator
+            RowView = None
+        if RowView is not None:
+            rows = np.asarray(index, dtype=np.int64)
+            return RowView(X.dataset, X.rows[rows]) if isinstance(X, RowView) else RowView(X, rows)
     if not is_h5_dataset(X) or np.all(np.diff(index) > 0):
         return _safe_indexing(X, index)
     unique, inverse = np.unique(index, return_inverse=True)

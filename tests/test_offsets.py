@@ -3,6 +3,7 @@
 import functools
 import inspect
 import pickle
+import sys
 import warnings
 
 import numpy as np
@@ -1023,6 +1024,21 @@ def test_folds_of_an_hdf5_dataset_are_streamed_not_loaded(tmp_path, monkeypatch,
         # any other estimator reads its rows with numpy.asarray
         other = TunedOffsetsClassifierCV(LogisticRegression(), cv=cv).fit(stored, y[kept])
     np.testing.assert_allclose(other.offsets_, lr.offsets_, atol=1e-6)
+
+
+def test_folds_of_an_hdf5_dataset_are_read_where_extract_cannot_be_imported(tmp_path, monkeypatch):
+    # The folds' row view is extract's, whose stores lock with fcntl (POSIX only): where it
+    # cannot be imported, the folds are read into memory as before, not a ModuleNotFoundError.
+    h5py = pytest.importorskip("h5py")
+    X, y = _imbalanced()
+    X = X.astype(np.float32)
+    cv = [(np.arange(0, len(y), 2), np.arange(1, len(y), 2))]
+    probe = MR2LinearClassifier(c_bar=None, device="cpu")
+    in_memory = TunedOffsetsClassifierCV(probe, cv=cv).fit(X, y)
+    monkeypatch.setitem(sys.modules, "extract._reading", None)  # import raises ImportError
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        tuned = TunedOffsetsClassifierCV(probe, cv=cv).fit(f.create_dataset("X", data=X), y)
+    np.testing.assert_allclose(tuned.offsets_, in_memory.offsets_, atol=1e-4)
 
 
 def test_folds_given_as_boolean_masks_are_their_rows():
