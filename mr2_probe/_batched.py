@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from . import _solvers
-from ._classifier import _overflow_message
+from ._classifier import FitDivergedError, _overflow_message, _range_suspects
 from ._data import block_rows
 from ._device import inverse_row_norms, rows_product, tangent_rows, transposed_product
 from ._head import open_pair
@@ -654,7 +654,8 @@ def _next_step(step, slope, value0, value, trial_slope, long, low, high) -> torc
 @dataclass
 class FoldSteps:
     """One fold's solutions along the path, as :class:`~mr2_probe._path.FoldPath` keeps them
-    (no value fails here: an overflow raises for all folds)."""
+    (a value fails here where its penalty overflows, :meth:`BatchedPath._fail`; an overflow
+    of the fit itself raises for all folds)."""
 
     steps: dict = field(default_factory=dict)
     failures: dict = field(default_factory=dict)
@@ -754,6 +755,10 @@ class BatchedPath:
         for value in sorted(values):
             value = float(value)
             self._start_nearest(value)
+            failed = self._out_of_range(value)
+            if failed.all():
+                self._fail(value, failed, progress)
+                continue
             if cosine:
                 self._carry_or_forget(value)
             if cosine and self.batch.n_classes == 2:
@@ -775,6 +780,8 @@ class BatchedPath:
                     self._formed_at = value
             coef, intercept = self._coefficients(value)
             for f, held_out in enumerate(self.held_out):
+                if failed[f]:
+                    continue
                 z = held_out.logits(coef[f], None if intercept is None else intercept[f], cosine)
                 if self.batch.pinned:  # the first class's logit, pinned at zero
                     z = torch.cat([torch.zeros_like(z), z], 1)
@@ -795,9 +802,38 @@ class BatchedPath:
                     float(result.largest_gradient[f]),
                 )
                 progress.update(1)
+            self._fail(value, failed, progress)
             if cosine and self.batch.n_classes == 2:
                 self._rows[value] = self.params.clone()
             self._last = value
+
+    def _out_of_range(self, value: float) -> np.ndarray:
+        """(B,) the folds whose penalty 1/(C·Σw) overflows X's dtype at C = ``value`` (C·Σw
+        subnormal, C = 1e-320 say): their objective is NaN from the start, and they fail
+        there as a fold's own fit does (FitDivergedError), instead of scoring a fit that
+        could not move (chance)."""
+        if self.batch.cosine:  # no penalty
+            return np.zeros(self.batch.n_folds, dtype=bool)
+        return (~torch.isfinite(1.0 / (value * self.batch.weight_sum))).cpu().numpy()
+
+    def _fail(self, value: float, failed: np.ndarray, progress) -> None:
+        """Record ``value`` as failed on the folds ``failed`` (B,), as
+        :meth:`~mr2_probe._path.FoldPath._fail` records a fold's failed fit."""
+        if not failed.any():
+            return
+        coef, intercept = self._coefficients(value)  # (for the shapes alone)
+        shape = (coef.shape[1], coef.shape[2] + (intercept is not None))
+        dtype = torch.empty(0, dtype=coef.dtype).numpy().dtype
+        for f in np.flatnonzero(failed):
+            weight_sum = float(self.batch.weight_sum[f])
+            suspects = _range_suspects(value, None, weight_sum)
+            what = "the penalty 1/(C·Σw) overflows"
+            self.paths[f].failures[value] = FitDivergedError(
+                _overflow_message(what, self.params.dtype, suspects)
+            )
+            n_classes = self.batch.n_classes + self.batch.pinned
+            self.paths[f].steps[value] = Step.failed(shape, dtype, n_classes)
+            progress.update(1)
 
     def _coefficients(self, value: float):
         """Every fold's coef (B, K, d) and intercept (B, K) or None at the solution of
@@ -858,7 +894,7 @@ class BatchedPath:
 
     @torch.no_grad()
     def _start_nearest(self, value: float) -> None:
-        solved = list(self.paths[0].steps)
+        solved = [v for v in self.paths[0].steps if not any(v in p.failures for p in self.paths)]
         if not solved:
             return
 

@@ -2087,6 +2087,19 @@ def test_features_too_large_fail_a_search_at_once(tmp_path):
     assert not isinstance(info.value, FitDivergedError)
 
 
+@pytest.mark.parametrize("lam", [0.0, 0.1])  # the batched path, and the folds' own fits
+def test_a_c_whose_penalty_overflows_fails_on_every_path(lam):
+    # The batched path scored C = 1e-320 (1/(C·Σw) = inf in float32) at chance, with
+    # ConvergenceWarnings, where the folds' own fits (and a single fit) failed there.
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(np.float32)
+    search = MR2LinearClassifierCV([1e-320, 1.0], cv=3, device="cpu", lam=lam)
+    with pytest.warns(FitFailedWarning, match=r"3 of 6 fits failed.*\(folds 0, 1, 2\)"):
+        search.fit(X, y)
+    assert np.isnan(search.scores_[0][:, 0]).all() and not np.isnan(search.scores_[0][:, 1]).any()
+    assert np.isnan(search.coefs_paths_[0][:, 0]).all() and search.C_ == 1.0
+
+
 @pytest.mark.parametrize("first", [1e-320, 1e-30, 1e-12])
 def test_a_path_after_an_extreme_c_gives_the_next_c_s_cold_solution(first):
     # The batched memory carried from C = 1e-30 to C = 1: its correction cancelled all
@@ -2100,6 +2113,7 @@ def test_a_path_after_an_extreme_c_gives_the_next_c_s_cold_solution(first):
     params = dict(cv=3, max_iter=50, refit=False, device="cpu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("ignore", FitFailedWarning)  # 1e-320 (the test below)
         path = MR2LinearClassifierCV([first, 1.0], **params).fit(X, y)
         cold = MR2LinearClassifierCV([1.0], **params).fit(X, y)
     np.testing.assert_array_equal(path.scores_[0][:, 1], cold.scores_[0][:, 0])
