@@ -12,6 +12,8 @@ from collections.abc import Sequence
 # (Light: mr2_probe imports its names on first use; NumPy and torch come after parsing.)
 from mr2_probe.cli._usage import SuggestingParser, _interrupts_held
 
+from ._paths import plural
+
 _EPILOG = """\
 examples:
   mr2-extract photos/ open_clip:ViT-B-32@/ckpt/open_clip_vit_b32.pt photos_clip.h5 --normalize
@@ -147,10 +149,6 @@ def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
-def _plural(n: int, word: str, words: str | None = None) -> str:
-    return word if n == 1 else words or word + "s"
-
-
 def _error(message: object) -> int:
     text = " ".join(str(message).split())  # one line, whatever the exception
     print(f"mr2-extract: error: {text}", file=sys.stderr)
@@ -243,15 +241,15 @@ def _extract(args: argparse.Namespace) -> int:
             # The failed rows are in the file (as zeros) but left out of what is loaded:
             # counted as such, the log's "usable rows of N" and h5py's shape agree.
             rows = (
-                f"{n_usable} usable {_plural(n_usable, 'row')} of {n_usable + n_failed} "
+                f"{n_usable} usable {plural(n_usable, 'row')} of {n_usable + n_failed} "
                 f"({n_failed} failed)"
                 if n_failed
-                else f"{n_usable} {_plural(n_usable, 'row')}"
+                else f"{n_usable} {plural(n_usable, 'row')}"
             )
             n_classes = len(store.class_names)
             print(
                 f"{path}: {rows} x {n_features} features, {n_classes} "
-                f"{_plural(n_classes, 'class', 'classes')}"
+                f"{plural(n_classes, 'class', 'classes')}"
                 + ("" if n_failed else ", 0 failed images")
             )
             if store.failures and not n_usable:

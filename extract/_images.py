@@ -39,7 +39,7 @@ from ._decoding import (
     read_file,
     sha256_hex,
 )
-from ._paths import why_missing
+from ._paths import plural, why_missing
 
 logger = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
         ]  # fmt: skip
         # (A class's own folder given as the source, most likely.)
         held = (
-            f"; it holds {len(images)} {'image' if len(images) == 1 else 'images'} itself "
+            f"; it holds {len(images)} {plural(len(images), 'image')} itself "
             f"(such as {min(images)!r}), but images are read from its class sub-folders only "
             f"({os.path.join(root, 'CLASS', min(images))}): give the folder that holds the "
             "class folders, or a 'path,label' list file"

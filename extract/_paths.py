@@ -1,9 +1,14 @@
-"""What a path that cannot be read is, for messages that say so."""
+"""Words for messages: what a path that cannot be read is, and a count's noun."""
 
 from __future__ import annotations
 
 import errno
 import os
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``word`` for one, else ``words`` (default: ``word`` + "s"): "1 image", "2 images"."""
+    return word if n == 1 else words or word + "s"
 
 
 def why_missing(path: str) -> str:

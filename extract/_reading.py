@@ -10,6 +10,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from ._paths import plural
 from ._schema import (
     _REQUIRED,
     DONE,
@@ -265,8 +266,8 @@ def load_features(
         if n_pending:
             n_done = int((status == DONE).sum())
             warnings.warn(
-                f"Loading {n_done} completed row{'s' * (n_done != 1)} of an incomplete store "
-                f"({n_pending} row{'s' * (n_pending != 1)} pending).",
+                f"Loading {n_done} completed {plural(n_done, 'row')} of an incomplete store "
+                f"({n_pending} {plural(n_pending, 'row')} pending).",
                 UserWarning,
                 stacklevel=2,
             )

@@ -29,6 +29,7 @@ from ._images import ImageSource, ItemDataset, collate_items, open_source
 from ._launcher import stops_with_launcher
 from ._locks import store_lock
 from ._merge import _merge, check_merging, mark_superseded, shard_path
+from ._paths import plural
 from ._reading import _NAMED_FAILURES, failed_rows, name_failures
 from ._resume import (
     _adopt_repaired_failures,
@@ -599,7 +600,7 @@ def _extract_shard(
             logger.info(
                 "Extracting again the %d %s recorded as failed.",
                 n_failed,
-                "image" if n_failed == 1 else "images",
+                plural(n_failed, "image"),
             )
         # The pending rows, batch_size at a time: a run stopped between batches resumes on
         # whole batches, batched as the first run was, and a retry reads its failed rows

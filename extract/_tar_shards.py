@@ -42,6 +42,7 @@ from ._images import (
     label_kind_problem,
     text_problem,
 )
+from ._paths import plural
 
 logger = logging.getLogger(__name__)
 
@@ -233,7 +234,7 @@ def _label_text(raw: bytes, path: list[str], where: str, label_key: str, is_json
                 keys = ", ".join(list(value)[:8]) + (", ..." if len(value) > 8 else "")
                 there = f"; {part!r} is not among the keys there ({keys or 'none'})"
             elif isinstance(value, list):
-                items = f"{len(value)} {'item' if len(value) == 1 else 'items'}, from 0"
+                items = f"{len(value)} {plural(len(value), 'item')}, from 0"
                 there = f"; {part!r} is no index of the array there ({items})"
             else:
                 there = f"; {part!r} is inside {value!r}, which has no parts"
