@@ -824,14 +824,12 @@ class BatchedPath:
         coef, intercept = self._coefficients(value)  # (for the shapes alone)
         shape = (coef.shape[1], coef.shape[2] + (intercept is not None))
         dtype = torch.empty(0, dtype=coef.dtype).numpy().dtype
+        n_classes, what = self.batch.n_classes + self.batch.pinned, "the penalty 1/(C·Σw) overflows"
         for f in np.flatnonzero(failed):
-            weight_sum = float(self.batch.weight_sum[f])
-            suspects = _range_suspects(value, None, weight_sum)
-            what = "the penalty 1/(C·Σw) overflows"
+            suspects = _range_suspects(value, None, float(self.batch.weight_sum[f]))
             self.paths[f].failures[value] = FitDivergedError(
                 _overflow_message(what, self.params.dtype, suspects)
             )
-            n_classes = self.batch.n_classes + self.batch.pinned
             self.paths[f].steps[value] = Step.failed(shape, dtype, n_classes)
             progress.update(1)
 

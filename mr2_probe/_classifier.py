@@ -645,7 +645,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if n_classes < 2:
             raise ValueError(
                 "This solver needs samples of at least 2 classes in the data, but the data "
-                f"contains only one class: {self.classes_.tolist()[0]!r}."
+                f"contains only one class: {plain(self.classes_[0])!r}."
             )
         check_h5_open(sample_weight=sample_weight)
         if is_torch_tensor(sample_weight):

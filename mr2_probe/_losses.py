@@ -9,7 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from ._device import rows_product, transposed_product
-from ._stats import class_indices, class_statistics, float32_at_least, mean_spread
+from ._stats import (
+    check_weight_shape,
+    class_indices,
+    class_statistics,
+    float32_at_least,
+    mean_spread,
+)
 
 
 def margin_cross_entropy(
@@ -72,10 +78,7 @@ def margin_cross_entropy(
             "of class indices (not one-hot) and margins (n_classes,); got shapes "
             f"{tuple(logits.shape)}, {tuple(target.shape)} and {tuple(margins.shape)}."
         )
-    if sample_weight is not None and sample_weight.shape != target.shape:
-        raise ValueError(
-            f"sample_weight.shape == {tuple(sample_weight.shape)}, expected {tuple(target.shape)}!"
-        )
+    check_weight_shape(sample_weight, target.shape)
     target = class_indices(target)
     # gather, not margins[target]: indexing wraps negative targets, and cross_entropy
     # then took -100 (its ignore_index, with 100 classes or more) as a sample of loss 0
@@ -189,10 +192,7 @@ def compactness_loss(
             f"and a scalar s_bar and tau; got shapes {tuple(features.shape)}, "
             f"{tuple(target.shape)}, {shapes[0]} and {shapes[1]}."
         )
-    if sample_weight is not None and sample_weight.shape != n_samples:
-        raise ValueError(
-            f"sample_weight.shape == {tuple(sample_weight.shape)}, expected {tuple(n_samples)}!"
-        )
+    check_weight_shape(sample_weight, n_samples)
     # τ = 0 made the loss inf; τ < 0 pushed each class apart, silently. (A tensor is not
     # compared: that would synchronise.)
     if isinstance(tau, numbers.Real) and not tau > 0:

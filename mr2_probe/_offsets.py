@@ -593,7 +593,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         if len(self.classes_) < 2:
             raise ValueError(
                 "Tuning offsets needs samples of at least 2 classes in the data, but the "
-                f"data contains only one class: {self.classes_.tolist()[0]!r}."
+                f"data contains only one class: {plain(self.classes_[0])!r}."
             )
         splits = offsets_splits(
             self.cv, X, y, random_state=self.random_state, split_params=split_params

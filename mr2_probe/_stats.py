@@ -217,8 +217,16 @@ def _check_chunk(phi, y, w, n_features: int) -> None:
             f"class statistics take features (n_samples, {n_features}) and labels "
             f"(n_samples,); got shapes {tuple(phi.shape)} and {tuple(y.shape)}."
         )
-    if w is not None and w.shape != y.shape:
-        raise ValueError(f"sample_weight.shape == {tuple(w.shape)}, expected {tuple(y.shape)}!")
+    check_weight_shape(w, y.shape)
+
+
+def check_weight_shape(sample_weight, shape) -> None:
+    """Refuse sample weights (or None) of another shape than ``shape``, the samples', in
+    scikit-learn's words (weights of shape (B, 1) broadcast, or failed inside torch)."""
+    if sample_weight is not None and sample_weight.shape != shape:
+        raise ValueError(
+            f"sample_weight.shape == {tuple(sample_weight.shape)}, expected {tuple(shape)}!"
+        )
 
 
 def mean_spread(stats: ClassStats) -> torch.Tensor:

@@ -7,6 +7,7 @@ comparison. The scorers at the end plug these scores into ``GridSearchCV(scoring
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from numbers import Integral, Number
 
@@ -563,9 +564,9 @@ def classwise_scorers(groups_by_label: Mapping | None = None) -> dict:
     scorers = {
         "accuracy": "accuracy",
         "balanced_accuracy": "balanced_accuracy",
-        "worst_class": make_scorer(worst_class_accuracy),
-        "hard_tercile": make_scorer(hard_tercile_accuracy),
-        "class_std": make_scorer(class_accuracy_std, greater_is_better=False),
+        "worst_class": copy.deepcopy(worst_class_scorer),
+        "hard_tercile": copy.deepcopy(hard_tercile_scorer),
+        "class_std": copy.deepcopy(class_std_scorer),
     }
     if groups_by_label is not None:
         groups_by_label = _by_label(groups_by_label)
