@@ -1150,9 +1150,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     def predict_proba(self, X):
         """Class probabilities, softmax of the logits, shape (n_samples, n_classes).
 
-        float64 for array input, whatever the model's dtype (a float32 softmax underflows
-        to 0 at logit gaps past about 100, which a cosine head's scale reaches); a torch
-        tensor in gives one of the logits' dtype, on its device."""
+        float64 whatever the model's and X's dtype (a float32 softmax underflows to 0 at
+        logit gaps past about 100, which a cosine head's scale reaches, and its rows sum to
+        one only to float32's rounding, which scikit-learn's metrics, checking in float64,
+        warn of); a torch tensor in gives a float64 tensor on its device (float32 on MPS,
+        which has no float64)."""
         return self._probabilities(X, log=False)
 
     def predict_log_proba(self, X):
@@ -1161,11 +1163,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
 
     def _probabilities(self, X, log):
         z = both_class_logits(self._logits(self._validate_predict_data(X)))
+        # Probabilities in float64: a float32 softmax underflows to 0 for logit gaps past
+        # ~100 (a cosine head's scale reaches that), and then log(predict_proba) and
+        # predict_log_proba disagree; and its rows miss one by up to 2.4e-7, past the 1.5e-8
+        # of log_loss's check (a tensor is read as float64 there: "do not sum to one").
         if is_torch_tensor(z):
+            z = z if z.device.type == "mps" else z.double()
             return torch.log_softmax(z, dim=1) if log else torch.softmax(z, dim=1)
-        # Probabilities in float64: a float32 softmax underflows
-        # to 0 for logit gaps past ~100 (a cosine head's scale reaches that), and then
-        # log(predict_proba) and predict_log_proba disagree.
         z = z.astype(np.float64)
         return log_softmax(z, axis=1) if log else softmax(z, axis=1)
 

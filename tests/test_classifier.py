@@ -18,6 +18,7 @@ from sklearn.base import clone
 from sklearn.datasets import load_digits, load_iris, make_blobs, make_classification
 from sklearn.exceptions import ConvergenceWarning, DataConversionWarning, NotFittedError
 from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import log_loss
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -353,7 +354,7 @@ def test_torch_tensor_input_matches_numpy(digits, dtype):
     assert from_tensor.device_ == "cpu"
     np.testing.assert_allclose(from_tensor.coef_, from_numpy.coef_, rtol=1e-5, atol=1e-6)
     proba = from_tensor.predict_proba(tensor)
-    assert isinstance(proba, torch.Tensor) and proba.dtype == dtype
+    assert isinstance(proba, torch.Tensor) and proba.dtype == torch.float64
     np.testing.assert_allclose(proba.numpy(), from_numpy.predict_proba(tensor.numpy()), atol=1e-5)
     np.testing.assert_array_equal(from_tensor.predict(tensor), from_numpy.predict(X))
 
@@ -2207,6 +2208,27 @@ def test_probabilities_of_a_float32_model_are_computed_in_float64():
     log_proba = model.predict_log_proba(X.astype(np.float32))
     assert log_proba.min() < -104  # past float32's smallest positive exp
     np.testing.assert_allclose(np.log(proba), log_proba, rtol=1e-6)
+
+
+@pytest.mark.parametrize("head", ["linear", "cosine"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_probabilities_of_a_float32_tensor_sum_to_one_as_scikit_learn_checks(head, dtype):
+    # A float32 softmax's rows miss one by up to 2.4e-7; log_loss reads a tensor as float64
+    # and warns past 1.5e-8 ("The y_prob values do not sum to one"), and a cosine head's
+    # logit gaps underflow it to 0, where predict_log_proba is finite. A tensor's
+    # probabilities are float64 on its device, as an array's are.
+    X, y = _blobs(n_classes=3, n=90)
+    X = torch.as_tensor(X, dtype=dtype)
+    model = MR2LinearClassifier(head=head, scale=200.0, max_iter=20, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    proba, log_proba = model.predict_proba(X), model.predict_log_proba(X)
+    assert proba.dtype == log_proba.dtype == torch.float64 and proba.device == X.device
+    np.testing.assert_allclose(torch.log(proba).numpy(), log_proba.numpy(), rtol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        log_loss(y, proba)
 
 
 def test_predictions_on_an_hdf5_dataset_are_computed_block_by_block(tmp_path, monkeypatch):
