@@ -53,9 +53,10 @@ from ._solvers import SolverResult
 from ._stats import intercept_scale, overall_mean
 from .metrics import classwise_scorers
 
-# The class-wise scorers of mr2_probe.metrics that ``scoring`` accepts by name.
+# The class-wise scorers of mr2_probe.metrics that ``scoring`` accepts by name (beside
+# scikit-learn's own, which it gives too).
 CLASSWISE_SCORERS = {
-    name: scorer for name, scorer in classwise_scorers().items() if not isinstance(scorer, str)
+    name: scorer for name, scorer in classwise_scorers().items() if name not in get_scorer_names()
 }
 
 

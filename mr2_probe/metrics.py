@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from numbers import Integral, Number
 
 import numpy as np
-from sklearn.metrics import make_scorer
+from sklearn.metrics import get_scorer, make_scorer
 from sklearn.utils import column_or_1d
 
 from ._data import plain
@@ -543,9 +543,10 @@ def classwise_scorers(groups_by_label: Mapping | None = None) -> dict:
     -------
     scorers : dict
         ``accuracy``, ``balanced_accuracy``, ``worst_class``, ``hard_tercile`` and
-        ``class_std`` (negated, greater is better), plus the fixed groups. New scorers at
-        each call, as scikit-learn's ``get_scorer`` gives: a metadata request set on one
-        (``set_score_request``) changes no other.
+        ``class_std`` (negated, greater is better), plus the fixed groups; scorer objects
+        all, the first two scikit-learn's own. New scorers at each call, as scikit-learn's
+        ``get_scorer`` gives: a metadata request set on one (``set_score_request``) changes
+        no other.
 
     Examples
     --------
@@ -562,8 +563,9 @@ def classwise_scorers(groups_by_label: Mapping | None = None) -> dict:
     {'C': 1.0}
     """
     scorers = {
-        "accuracy": "accuracy",
-        "balanced_accuracy": "balanced_accuracy",
+        # Scorers, not names: under metadata routing each takes set_score_request.
+        "accuracy": get_scorer("accuracy"),
+        "balanced_accuracy": get_scorer("balanced_accuracy"),
         "worst_class": copy.deepcopy(worst_class_scorer),
         "hard_tercile": copy.deepcopy(hard_tercile_scorer),
         "class_std": copy.deepcopy(class_std_scorer),

@@ -574,7 +574,7 @@ def _own_scorer_name(search) -> str | None:
         (
             name
             for name, scorer in classwise_scorers().items()
-            if scorer is scoring or (not isinstance(scorer, str) and repr(scorer) == repr(scoring))
+            if scorer is scoring or repr(scorer) == repr(scoring)
         ),
         None,
     )

@@ -6,6 +6,7 @@ from types import MappingProxyType
 
 import numpy as np
 import pytest
+import sklearn
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.datasets import load_digits, load_iris
@@ -531,6 +532,29 @@ def test_group_scorers_score_their_own_group():
         "accuracy", "balanced_accuracy", "worst_class", "hard_tercile", "class_std", "easy",
         "hard",
     }  # fmt: skip
+
+
+def test_every_classwise_scorer_takes_a_metadata_request():
+    # "accuracy" and "balanced_accuracy" were names: under metadata routing a weighted
+    # search asked for set_score_request on each scorer, which a name has not
+    # (AttributeError), and the dictionary's entries could not be called either.
+    X, y = load_iris(return_X_y=True)
+    weight = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
+    with sklearn.config_context(enable_metadata_routing=True):
+        scorers = {
+            name: scorer.set_score_request(sample_weight=True)
+            for name, scorer in classwise_scorers({0: "easy", 1: "medium", 2: "hard"}).items()
+        }
+        model = LogisticRegression(max_iter=500).set_fit_request(sample_weight=True)
+        search = GridSearchCV(model, {"C": [1.0]}, scoring=scorers, refit="accuracy", cv=3)
+        search.fit(X, y, sample_weight=weight)
+    fitted = search.best_estimator_
+    assert scorers["accuracy"](fitted, X, y, sample_weight=weight) == pytest.approx(
+        fitted.score(X, y, sample_weight=weight)
+    )
+    assert scorers["balanced_accuracy"](fitted, X, y) == pytest.approx(
+        balanced_accuracy_score(y, fitted.predict(X))
+    )
 
 
 def test_the_balanced_accuracy_scorer_is_balanced():
