@@ -21,8 +21,8 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import (
     _check_sample_weight,
+    _check_y,
     check_is_fitted,
-    column_or_1d,
     validate_data,
 )
 
@@ -1029,7 +1029,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                     "of 1 sample and 1 feature is required."
                 )
             y = y[...] if is_h5_dataset(y) else y
-            y = column_or_1d(to_numpy(y) if is_torch_tensor(y) else np.asarray(y), warn=True)
+            # As validate_data checks y beside a NumPy X: NaN among object labels (a pandas
+            # column's missing value) is named, not a TypeError from sorting the classes.
+            y = _check_y(to_numpy(y) if is_torch_tensor(y) else np.asarray(y), estimator=self)
             if len(y) != X.shape[0]:
                 raise ValueError(f"X has {X.shape[0]} samples but y has {len(y)}.")
         else:

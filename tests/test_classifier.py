@@ -2194,6 +2194,19 @@ def test_labels_of_another_length_than_a_tensor_x_are_refused(tmp_path, kind, n_
         MR2LinearClassifier(device="cpu").fit(data, y)
 
 
+@pytest.mark.parametrize("kind", ["array", "tensor", "h5"])
+def test_a_missing_label_beside_a_tensor_x_gets_numpys_error(tmp_path, kind):
+    # NaN among object labels (a pandas column's missing value): validate_data names it
+    # beside a NumPy X; beside a tensor or HDF5 X the classes' sort raised "'<' not
+    # supported between instances of 'float' and 'str'".
+    X, y = _blobs(n_classes=3, n=30)
+    labels = np.array(["a", "b", "c"], dtype=object)[y]
+    labels[4] = np.nan
+    data = contextlib.nullcontext(X) if kind == "array" else _as_kind(X, kind, tmp_path)
+    with data as X, pytest.raises(ValueError, match="Input contains NaN"):
+        MR2LinearClassifier(device="cpu").fit(X, labels)
+
+
 def test_probabilities_of_a_float32_model_are_computed_in_float64():
     # A float32 model's probabilities are computed in float64: with large logit gaps (a cosine
     # head's scale) a float32 softmax underflows to 0, and log(predict_proba) would be -inf
