@@ -26,8 +26,8 @@ from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import (
     _check_method_params,
     _check_sample_weight,
+    _check_y,
     check_is_fitted,
-    column_or_1d,
     has_fit_parameter,
     indexable,
 )
@@ -443,7 +443,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         if is_torch_tensor(X):  # before the folds index it, with torch's own error
             check_dense_tensor(X, type(self).__name__)
         X, y = indexable(X, to_numpy(y) if is_torch_tensor(y) else y)
-        y = column_or_1d(y, warn=True)
+        # (NaN among object labels named as the estimator names it, not a TypeError from
+        # sorting the classes)
+        y = _check_y(y, estimator=self)
         if not len(y):
             raise ValueError(
                 "Found array with 0 sample(s) (shape=(0,)) while a minimum of 1 is required."

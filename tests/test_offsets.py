@@ -1145,6 +1145,23 @@ def test_one_class_is_named_as_text_not_as_numpy(label, shown):
         TunedOffsetsClassifierCV(LogisticRegression()).fit(X, np.full(len(X), label))
 
 
+@pytest.mark.parametrize("cv", [3, "prefit"])
+def test_a_missing_label_gets_the_estimator_s_error(cv):
+    # NaN among object labels (a pandas column's missing value): LogisticRegression says
+    # "Input contains NaN"; the wrapper's sort of the classes raised "'<' not supported
+    # between instances of 'float' and 'str'" before any fit.
+    X, y = _imbalanced()
+    labels = np.array(["a", "b", "c", "d"], dtype=object)[y]
+    labels[4] = np.nan
+    estimator = LogisticRegression()
+    if cv == "prefit":
+        estimator.fit(X, np.array(["a", "b", "c", "d"])[y])
+    with pytest.raises(ValueError, match="Input contains NaN"):
+        LogisticRegression().fit(X, labels)
+    with pytest.raises(ValueError, match="Input contains NaN"):
+        TunedOffsetsClassifierCV(estimator, cv=cv).fit(X, labels)
+
+
 def test_a_refit_leaves_nothing_of_the_previous_fit():
     pd = pytest.importorskip("pandas")
     X, y = _imbalanced()
