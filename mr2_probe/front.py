@@ -500,6 +500,15 @@ def _check_known_labels(y, scored: dict) -> None:
     # Training labels that are no classes (continuous, or of mixed types) get scikit-learn's
     # error, as the fits would give it, before np.unique sorts them; its warning on many
     # classes is the fits' to give.
+    # NaN among object labels (a pandas column's missing value) is no class: sorting it
+    # with the others raised "'<' not supported between instances of 'float' and 'str'".
+    for name, labels in {"y": y, **scored}.items():
+        labels = None if labels is None else column_or_1d(labels)
+        if labels is not None and labels.dtype == object and (labels != labels).any():
+            raise ValueError(
+                f"{name} holds NaN, a missing label, which is no class: leave those samples "
+                "out or label them."
+            )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         check_classification_targets(y)

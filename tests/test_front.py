@@ -1152,6 +1152,22 @@ def test_five_unknown_labels_are_all_named(splits):
         accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val + 5)
 
 
+@pytest.mark.parametrize("split", ["y", "y_val", "y_test"])
+def test_a_missing_label_is_named_before_any_fit(splits, split):
+    # NaN among object labels (a pandas column's missing value): the sort of y's classes
+    # raised "'<' not supported between instances of 'float' and 'str'"; y_val's was told
+    # it held labels of types that cannot be compared.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    names = np.array([f"class {k}" for k in range(10)], dtype=object)
+    labels = {"y": names[y_fit], "y_val": names[y_val], "y_test": names[y_val]}
+    labels[split][3] = np.nan
+    with pytest.raises(ValueError, match=f"^{split} holds NaN, a missing label"):
+        accuracy_front(
+            MR2LinearClassifier(device="cpu"), X_fit, labels["y"], X_val, labels["y_val"],
+            X_test=X_val, y_test=labels["y_test"],
+        )  # fmt: skip
+
+
 def test_the_markdown_table_rule_and_the_offsets_points_models(front, splits):
     assert front.to_markdown().splitlines()[3] == "|" + "---|" * 7
     X_fit, y_fit, X_val, y_val, *_ = splits
