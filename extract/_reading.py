@@ -18,10 +18,18 @@ from ._schema import (
     PENDING,
     IncompleteStoreError,
     NotAStoreError,
+    StoreError,
     StoreNotFoundError,
     read_attrs,
 )
-from ._store import _not_hdf5, check_not_newer, open_store
+from ._store import (
+    DAMAGE_ERRORS,
+    _not_hdf5,
+    check_not_newer,
+    damaged,
+    open_store,
+    read_structure,
+)
 
 
 class RowView:
@@ -135,9 +143,13 @@ def _open_for_reading(path: str | os.PathLike) -> h5py.File:
             f"{text!r} {problem}; pass an HDF5 feature store written by mr2-extract."
         )
     f = open_store(text, "r")
+    try:
+        found = read_structure(text, f)
+    except BaseException:
+        f.close()
+        raise
     missing = [name for name in _REQUIRED if not isinstance(f.get(name), h5py.Dataset)]
     if missing:
-        found = sorted(f.keys())
         f.close()
         raise NotAStoreError(
             f"The HDF5 file {text!r} is not a feature store: it has no "
@@ -226,8 +238,8 @@ def load_features(
     StoreNotFoundError
         If ``path`` does not exist.
     NotAStoreError
-        If it is a folder, empty, not HDF5, lacks ``features`` / ``labels`` /
-        ``class_names``, or their shapes disagree.
+        If it is a folder, empty, not HDF5, damaged (h5py cannot read its structures),
+        lacks ``features`` / ``labels`` / ``class_names``, or their shapes disagree.
     StoreLockedError
         If a run is writing it.
     IncompleteStoreError
@@ -294,12 +306,20 @@ def load_features(
             n_pending=n_pending,
             file=f,
         )
+    except StoreError:
+        f.close()
+        raise
+    except DAMAGE_ERRORS as error:  # h5py's, reading a damaged file's structures or data
+        f.close()
+        raise damaged(path, error) from error
     except BaseException:
         f.close()
         raise
     if in_memory:
         try:  # closed whatever happens, a MemoryError included
             store.features = np.asarray(store.features)
+        except DAMAGE_ERRORS as error:
+            raise damaged(path, error) from error
         finally:
             store.close()
         store.file = None

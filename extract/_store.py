@@ -72,13 +72,48 @@ def _no_permission(path: str | os.PathLike, mode: str) -> StoreError:
     )
 
 
+# What h5py raises reading the structures of a damaged HDF5 file (a bad signature, a
+# message not aligned, an address past its end), after it opened: RuntimeError, KeyError
+# and OSError; and a JSON attribute cut or overwritten.
+DAMAGE_ERRORS = (OSError, RuntimeError, KeyError, json.JSONDecodeError)
+
+
+def damaged(path: str | os.PathLike, error: BaseException) -> NotAStoreError:
+    """The error for a store that opened and then could not be read (a damaged file)."""
+    text = error.args[0] if isinstance(error, KeyError) and error.args else error
+    return NotAStoreError(
+        f"Cannot read {os.fspath(path)!r} as an HDF5 feature store (the file is damaged): "
+        f"{' '.join(str(text).split())}. A file that cannot be read as a store is never "
+        "replaced, not even with --force (overwrite=True): delete it yourself to extract "
+        "it again, or write to another path."
+    )
+
+
+def read_structure(path: str | os.PathLike, f: h5py.File) -> list[str]:
+    """The names in the open store ``f``, each object's header and the attributes read
+    (cheap: no data), or a NotAStoreError where the file is damaged."""
+    try:
+        names = sorted(f.keys())
+        for name in names:
+            obj = f[name]
+            if isinstance(obj, h5py.Dataset):
+                obj.shape, obj.dtype  # noqa: B018 (read from the object's header)
+        read_attrs(f)
+    except StoreError:
+        raise
+    except DAMAGE_ERRORS as error:
+        raise damaged(path, error) from error
+    return names
+
+
 def _file_problem(path: str | os.PathLike) -> str | None:
     """Why an existing path is not a store written by mr2-extract, or None if it is one."""
     problem = _not_hdf5(path)
     if problem:
         return problem
     with open_store(path, "r") as f:
-        if "features" not in f or "format_version" not in f.attrs:
+        names = read_structure(path, f)
+        if "features" not in names or "format_version" not in f.attrs:
             return "is an HDF5 file but not a feature store written by mr2-extract"
     return None
 

@@ -1833,6 +1833,26 @@ def test_a_truncated_store_is_not_a_store_rather_than_locked(store, folder, tmp_
         extract_features(folder, BACKBONE, truncated, overwrite=True, **FAST)
 
 
+@pytest.mark.parametrize(
+    "signature",
+    [b"SNOD", b"TREE", b"HEAP", b"GCOL"],  # symbol table, B-tree, local and global heaps
+)
+def test_a_damaged_store_is_not_a_store(store, folder, tmp_path, signature):
+    # A store whose HDF5 structures are damaged (a disk error, a bad copy) opens, then
+    # h5py raises as it reads them: load_features raised h5py's RuntimeError or OSError
+    # (not a StoreError), and mr2-extract printed a traceback.
+    data = store.read_bytes()
+    assert signature in data
+    damaged = tmp_path / "d.h5"
+    damaged.write_bytes(bad := data.replace(signature, b"XXXX", 1))
+    with pytest.raises(NotAStoreError, match=r"the file is damaged\): .*signature"):
+        load_features(damaged, in_memory=True)
+    for overwrite in (False, True):  # never replaced, as a file cut short is not
+        with pytest.raises(NotAStoreError, match=r"damaged.*delete it yourself to extract"):
+            extract_features(folder, BACKBONE, damaged, overwrite=overwrite, **FAST)
+    assert damaged.read_bytes() == bad
+
+
 def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
     partial = tmp_path / "partial.h5"
     partial.write_bytes(store.read_bytes())
