@@ -55,8 +55,13 @@ class RowView:
     def __getitem__(self, key):
         if isinstance(key, tuple) and key and key[0] is not Ellipsis:
             rows = self[key[0]]
-            rest = key[1:] if np.ndim(rows) < self.ndim else (slice(None), *key[1:])
-            return rows[rest]
+            if np.ndim(rows) < self.ndim:
+                return rows[key[1:]]
+            # Arrays of rows and of columns are paired, as NumPy pairs them (X[[9, 1],
+            # [0, 5]] is X[9, 0] and X[1, 5]), not crossed.
+            paired = np.ndim(key[0]) > 0 and any(np.ndim(k) > 0 for k in key[1:])
+            first = np.arange(len(rows)) if paired else slice(None)
+            return rows[(first, *key[1:])]
         if isinstance(key, tuple) or key is Ellipsis:
             return self[:][key]
         selected = self.rows[key]

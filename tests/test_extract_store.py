@@ -207,6 +207,10 @@ def test_a_store_with_failures_indexes_as_one_without(store, monkeypatch):
             3, -1, slice(None), slice(2, 9, 3), slice(None, None, -1), [7, 0, 7, 11],
             np.array([10, 2, 5]), whole[:, 0] > 0, (slice(1, 6), slice(None, 4)), (4, 5),
             ([9, 1], 0), (Ellipsis, 2), np.array([], int),
+            # arrays of rows and columns are paired, not crossed (a (2, 2) block)
+            ([9, 1], [0, 5]), (np.array([2, 3]), np.array([4])), (whole[:, 0] > 0, 1),
+            (whole[:, 0] > 0, np.arange((whole[:, 0] > 0).sum()) % 96), ([4], whole[0] > 0),
+            (slice(0, 4), [1, 5]), (slice(None, 3), whole[0] > 0),
         ]  # fmt: skip
         for key in keys:
             np.testing.assert_array_equal(view[key], whole[key], err_msg=repr(key))
