@@ -10,6 +10,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from ._locks import _lock_holder
 from ._paths import plural
 from ._schema import (
     _REQUIRED,
@@ -19,6 +20,7 @@ from ._schema import (
     IncompleteStoreError,
     NotAStoreError,
     StoreError,
+    StoreLockedError,
     StoreNotFoundError,
     read_attrs,
 )
@@ -246,7 +248,7 @@ def load_features(
         If it is a folder, empty, not HDF5, damaged (h5py cannot read its structures),
         lacks ``features`` / ``labels`` / ``class_names``, or their shapes disagree.
     StoreLockedError
-        If a run is writing it.
+        If a run is writing it (an incomplete store whose run holds its lock, too).
     IncompleteStoreError
         If rows are still pending and ``allow_incomplete`` is False.
     ProvenanceError
@@ -274,6 +276,17 @@ def load_features(
         status = np.asarray(f["status"][()]) if "status" in f else np.full(n, DONE, np.uint8)
         _check_shapes(path, f, labels, status)
         n_pending = int((status == PENDING).sum())
+        # (HDF5's own lock off, as on NFS: the run's lock, beside a link's target, tells)
+        holder = (
+            _lock_holder(os.path.realpath(path)) if n_pending and not allow_incomplete else None
+        )
+        if holder:
+            raise StoreLockedError(
+                f"The feature store {os.fspath(path)!r} is being written by another process "
+                f"(pid {holder}): {n_pending} of {len(status)} rows are not extracted yet; "
+                "wait for it to finish (from Python, load_features(..., "
+                "allow_incomplete=True) loads the completed rows)."
+            )
         if n_pending and not allow_incomplete:
             raise IncompleteStoreError(
                 f"The feature store {os.fspath(path)!r} has {n_pending} of {len(status)} rows "

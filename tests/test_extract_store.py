@@ -1857,6 +1857,25 @@ def test_a_damaged_store_is_not_a_store(store, folder, tmp_path, signature):
     assert damaged.read_bytes() == bad
 
 
+def test_an_incomplete_store_being_written_is_locked_not_to_be_run_again(store, tmp_path):
+    # With HDF5's own lock off (HDF5_USE_FILE_LOCKING=FALSE, as on NFS), a store read while
+    # its run writes it was "not extracted yet; run the same extraction command again",
+    # which the run's lock then refused: the run's lock names its writer.
+    partial = tmp_path / "partial.h5"
+    partial.write_bytes(store.read_bytes())
+    with h5py.File(partial, "r+") as f:
+        f["status"][:3] = PENDING
+    with _held_open(partial, "r", lock=True) as writer:
+        (tmp_path / "link.h5").symlink_to(partial)  # its lock lies beside the target
+        for path in (partial, tmp_path / "link.h5"):
+            with pytest.raises(StoreLockedError, match=rf"process \(pid {writer}\): 3 of"):
+                load_features(path)
+        with pytest.warns(UserWarning, match="incomplete store"):
+            assert load_features(partial, allow_incomplete=True).n_pending == 3
+    with pytest.raises(IncompleteStoreError, match="run the same extraction command again"):
+        load_features(partial)
+
+
 def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
     partial = tmp_path / "partial.h5"
     partial.write_bytes(store.read_bytes())
