@@ -348,7 +348,9 @@ def accuracy_front(
     tilt=1                      92.96     87.54      84.62
     offsets≤1pt ← chosen        94.63     91.92      89.09
     """
-    tilts, offset_bounds = list(tilts), list(offset_bounds)  # arrays too: no truth value
+    tilts, offset_bounds = _numbers("tilts", tilts), _numbers("offset_bounds", offset_bounds)
+    if not isinstance(bound, Real):  # (its range is checked below)
+        raise ValueError(f"bound must be a number, a fraction in [0, 1), got {plain(bound)!r}.")
     # (h5py's "Unable to synchronously get dataspace" from the checks below otherwise)
     check_h5_open(X=X, y=y, X_val=X_val, y_val=y_val, X_test=X_test, y_test=y_test, groups=groups)
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
@@ -449,6 +451,28 @@ def _offsets_model(base, tuned, bound: float):
     model._take_tuning(tuned)
     del model.cv_results_  # the base's, kept for the bounds' tuning only
     return model
+
+
+def _numbers(name: str, values) -> list:
+    """``values``, a sequence of numbers (a list, a tuple, a 1-D array), as a list (an
+    array has no truth value); a ValueError that names the option for anything else: a
+    single number, text, or items that are no numbers failed in Python's words ("'float'
+    object is not iterable", "could not convert string to float: ','")."""
+    items = None if isinstance(values, str | bytes) or not np.iterable(values) else list(values)
+
+    def number(v) -> bool:  # (a 0-d tensor or array too: a tensor's items are)
+        return isinstance(v, Real) or (getattr(v, "ndim", None) == 0 and hasattr(v, "__float__"))
+
+    if items is None or not all(number(v) for v in items):
+        raise ValueError(
+            f"{name} must be a sequence of numbers, e.g. {name}=[{_EXAMPLES[name]}], got "
+            f"{plain(values)!r}."
+        )
+    return items
+
+
+#: A value of each sequence option, for its error message.
+_EXAMPLES = {"tilts": 1.0, "offset_bounds": 0.005}
 
 
 def _names(template: str, values: list[float]) -> list[str]:

@@ -9,6 +9,7 @@ import warnings
 import joblib
 import numpy as np
 import pytest
+import torch
 from matplotlib.colors import to_hex
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
@@ -223,6 +224,21 @@ def test_front_takes_arrays_of_tilts_and_bounds(splits):
     assert [p.name for p in front.points] == ["ERM", "MR2", "tilt=1", "offsets≤0pt", "offsets≤1pt"]
 
 
+def test_tilts_and_bounds_of_a_tensor_pass_the_options_check(splits, monkeypatch):
+    # Its items are 0-d tensors, numbers to float() and '>' alike: not refused as text is.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+
+    def fitted(*args, **kwargs):
+        raise AssertionError("fitted")
+
+    monkeypatch.setattr(MR2LinearClassifier, "fit", fitted)
+    with pytest.raises(AssertionError, match="fitted"):
+        accuracy_front(
+            MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val,
+            tilts=torch.tensor([0.0, 1.0]), offset_bounds=torch.tensor([0.01]),
+        )  # fmt: skip
+
+
 def test_a_bound_of_minus_zero_is_zero_and_an_empty_split_is_refused_before_any_fit(splits):
     # -0.0 was named "offsets≤-0pt" (and stored as -0.0); an empty validation split failed
     # after the ERM fit, in predict's words ("Found array with 0 sample(s)").
@@ -432,6 +448,18 @@ def test_front_passes_on_the_first_short_fits_own_advice(splits):
             r"y_val holds labels that cannot be compared .*\(of types int64, str\)",
         ),
         (dict(tilts=(0, 1, 2, 1.0)), r"tilts must be distinct, got \[1.0\] more than once"),
+        # A single value, text or items that are no numbers: Python's "'float' object is
+        # not iterable", "could not convert string to float: ','" or a '>' of str and int.
+        (dict(tilts=2.0), r"tilts must be a sequence of numbers, e.g. tilts=\[1.0\], got 2.0\."),
+        (dict(tilts=np.float64(2)), r"tilts must be a sequence of numbers, .*, got 2.0\."),
+        (dict(tilts="1,2"), r"tilts must be a sequence of numbers, .*, got '1,2'\."),
+        (dict(tilts=["1"]), r"tilts must be a sequence of numbers, .*, got \['1'\]\."),
+        (dict(tilts=[1.0, None]), r"tilts must be a sequence of numbers, .*, got \[1.0, None\]"),
+        (dict(tilts=None), r"tilts must be a sequence of numbers, .*, got None\."),
+        (dict(offset_bounds=0.01), r"offset_bounds must be a sequence of numbers, .*, got 0.01\."),
+        (dict(offset_bounds=[[0.01]]), r"offset_bounds must be a sequence of numbers"),
+        (dict(bound="0.01"), r"bound must be a number, a fraction in \[0, 1\), got '0.01'\."),
+        (dict(bound=None), r"bound must be a number, a fraction in \[0, 1\), got None\."),
         (dict(offset_bounds=(0.01, 0.01)), r"offset_bounds must be distinct, got \[0.01\]"),
         (dict(erm=LogisticRegression()), "erm must be an MR2LinearClassifier .* got Logistic"),
         # Refused by the offsets' own estimator, after the ERM, MR² and tilt fits.
