@@ -120,9 +120,10 @@ def classwise_report(
     Parameters
     ----------
     models : mapping
-        Model name → a fitted estimator with ``predict`` or an array of predictions. The
-        report names each model by ``str(name)`` (a name such as the C of a fit prints as
-        given, and reads back from JSON as it was written).
+        Model name → a fitted estimator with ``predict`` or an array of predictions (a
+        pandas DataFrame of predictions, one column per model, too). The report names
+        each model by ``str(name)`` (a name such as the C of a fit prints as given, and
+        reads back from JSON as it was written).
     y : array-like of shape (n_samples,)
         True test labels, of any type.
     X : array-like of shape (n_samples, n_features), default=None
@@ -151,12 +152,20 @@ def classwise_report(
     >>> round(report.rows["mr2"]["hard"], 2)
     0.5
     """
-    if not models:
+    if not hasattr(models, "items"):  # (a list of models: "no attribute 'items'")
+        raise ValueError(
+            "models must map each model's name to a fitted estimator or its predictions, "
+            f"e.g. {{'ERM': erm, 'MR2': mr2}}; got a {type(models).__name__}."
+        )
+    # Items, not the truth value or length: a pandas DataFrame of predictions, one column
+    # per model, has neither ("The truth value of a DataFrame is ambiguous").
+    items = list(models.items())
+    if not items:
         raise ValueError("models must name at least one model, got an empty mapping.")
-    named = {str(name): model for name, model in models.items()}
-    if len(named) < len(models):
+    named = {str(name): model for name, model in items}
+    if len(named) < len(items):
         # (keys of an array's values as Python's: [1, '1'], not NumPy 2's [np.int64(1), '1'])
-        given = [plain(name) for name in models]
+        given = [plain(name) for name, _ in items]
         raise ValueError(f"models must have distinct names as text, got {given}.")
     # The reference by its name as text too (the key 0.01 is the model "0.01").
     reference = next(iter(named)) if reference is None else str(reference)

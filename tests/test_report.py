@@ -257,6 +257,22 @@ def test_an_empty_test_set_is_named():
         classwise_report({"ERM": []}, [])
 
 
+def test_models_as_a_dataframe_of_predictions_one_column_each():
+    # "The truth value of a DataFrame is ambiguous" before; its columns are the models.
+    pd = pytest.importorskip("pandas")
+    report = classwise_report(pd.DataFrame(MODELS), Y)
+    assert report.rows == classwise_report(MODELS, Y).rows
+    with pytest.raises(ValueError, match="distinct names as text"):
+        classwise_report(pd.DataFrame([[0, 1], [1, 1]], columns=["erm", "erm"]), [0, 1])
+
+
+@pytest.mark.parametrize("models", [[[0, 1]], np.array([[0, 1]]), LogisticRegression()])
+def test_models_that_are_no_mapping_are_refused(models):
+    # A list of models failed with "'list' object has no attribute 'items'".
+    with pytest.raises(ValueError, match=r"models must map each model's name .*; got a \w+\."):
+        classwise_report(models, [0, 1])
+
+
 def test_models_whose_names_read_alike_are_refused():
     with pytest.raises(ValueError, match="distinct names as text"):
         classwise_report({1: [0, 1], "1": [0, 1]}, [0, 1])
