@@ -469,8 +469,24 @@ def _by_label(groups):
 
 def _split_groups(groups_by_label: Mapping) -> tuple[np.ndarray, np.ndarray]:
     """Labels and group names of a label → group mapping, as aligned arrays."""
-    groups_by_label = _by_label(groups_by_label)
+    groups_by_label = _mapping(groups_by_label)
     return np.asarray(list(groups_by_label)), np.asarray(list(groups_by_label.values()))
+
+
+def _mapping(groups_by_label) -> Mapping:
+    """A label → group mapping (a pandas Series read by its index), or a ValueError for
+    anything else: difficulty_groups' array of one group per class, which
+    classwise_summary takes, failed with "'numpy.ndarray' object has no attribute
+    'values'"."""
+    groups_by_label = _by_label(groups_by_label)
+    if not isinstance(groups_by_label, Mapping):
+        raise ValueError(
+            "groups_by_label must map each class label to its group name, as class_groups "
+            "gives it (e.g. {'cat': 'easy', 'dog': 'hard'}); got a "
+            f"{type(groups_by_label).__name__}. One group per class (difficulty_groups') "
+            "goes to classwise_summary with its labels."
+        )
+    return groups_by_label
 
 
 def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
@@ -571,7 +587,7 @@ def classwise_scorers(groups_by_label: Mapping | None = None) -> dict:
         "class_std": copy.deepcopy(class_std_scorer),
     }
     if groups_by_label is not None:
-        groups_by_label = _by_label(groups_by_label)
+        groups_by_label = _mapping(groups_by_label)
         present = set(groups_by_label.values())
         scorers |= {
             name: make_group_scorer(groups_by_label, name)

@@ -184,6 +184,29 @@ def test_group_accuracy_rejects_unknown_group():
             refuse(*args, GROUPS, np.array(["hardest"])[0])
 
 
+@pytest.mark.parametrize(
+    "groups, kind",
+    [
+        (np.array([0, 0, 1, 1, 2, 2]), "ndarray"),  # difficulty_groups', as classwise_summary
+        (["easy", "easy", "medium", "medium", "hard", "hard"], "list"),
+    ],
+)
+def test_groups_that_are_no_mapping_are_refused_by_the_group_scores(groups, kind):
+    # "'numpy.ndarray' object has no attribute 'values'" before.
+    match = rf"groups_by_label must map each class label .*; got a {kind}\. One group per"
+    for call in (
+        lambda: group_accuracy(Y_TRUE, Y_PRED, groups),
+        lambda: make_group_scorer(groups),
+        lambda: classwise_scorers(groups),
+    ):
+        with pytest.raises(ValueError, match=match):
+            call()
+    # (None is classwise_scorers' default, no fixed groups; to make_group_scorer, "'NoneType'
+    # object is not iterable".)
+    with pytest.raises(ValueError, match="groups_by_label must map .*; got a NoneType"):
+        make_group_scorer(None)
+
+
 def test_group_accuracy_is_nan_when_the_group_has_no_samples():
     keep = Y_TRUE < 4
     assert np.isnan(group_accuracy(Y_TRUE[keep], Y_PRED[keep], GROUPS, "hard"))
