@@ -665,8 +665,9 @@ def choose_point(front: Front, bound: float | None = None) -> FrontPoint:
         A fraction (0.005 = 0.5 pt); ``None`` uses ``front.bound``.
     """
     bound = front.bound if bound is None else bound
-    if not 0 <= bound < 1:
-        raise ValueError(f"bound must be a fraction in [0, 1), got {bound}.")
+    # (text, "0.01", failed the comparison: "'<=' not supported between 'int' and 'str'")
+    if not (isinstance(bound, Real) and 0 <= bound < 1):
+        raise ValueError(f"bound must be a fraction in [0, 1), got {plain(bound)!r}.")
     floor = front.point("ERM").validation["overall"] - bound
     eligible = [p for p in front.points if p.validation["overall"] >= floor - 1e-12]
     # max() keeps the first of equal keys: the earlier point wins a full tie.
