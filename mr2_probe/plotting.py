@@ -16,6 +16,7 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
@@ -651,6 +652,11 @@ def plot_cv_curve(searches, path, scoring: str | None = None):
     >>> fig.axes[0].get_xscale()
     'log'
     """
+    if not isinstance(searches, Mapping):  # (one search: "object is not iterable")
+        raise ValueError(
+            "searches must map each model's name to a fitted MR2LinearClassifierCV, e.g. "
+            f"{{'MR2': search}}; got a {type(searches).__name__}."
+        )
     if not searches:
         raise ValueError("searches must name at least one search, got an empty mapping.")
     fig = _figure(7.0, 4.5)

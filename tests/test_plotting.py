@@ -771,6 +771,18 @@ def test_cv_curve_needs_at_least_one_search(tmp_path):
     assert not (tmp_path / "cv.png").exists()
 
 
+@pytest.mark.parametrize("how", ["one search", "a list"])
+def test_cv_curve_refuses_searches_that_are_no_mapping(tmp_path, how):
+    # One search failed with "'MR2LinearClassifierCV' object is not iterable", a list with
+    # "'list' object has no attribute 'items'".
+    search = MR2LinearClassifierCV(device="cpu")
+    searches = search if how == "one search" else [search]
+    kind = type(searches).__name__
+    with pytest.raises(ValueError, match=rf"^searches must map each model's name .*; got a {kind}"):
+        plot_cv_curve(searches, tmp_path / "cv.png")
+    assert not (tmp_path / "cv.png").exists()
+
+
 def test_cv_curves_need_a_fitted_search():
     # An unfitted search is refused as not fitted, as the figures' other inputs are.
     from sklearn.exceptions import NotFittedError
