@@ -184,6 +184,23 @@ def _fitted(estimator, caller: str, kind: str, *attributes: str):
 _TICK_CHARACTERS = 32
 
 
+def _check_report(report, caller: str) -> None:
+    """Refuse anything but a ClasswiseReport, naming the way from what it most likely is:
+    a report's dictionary (``to_dict``, or report.json read back) failed with "'dict'
+    object has no attribute 'rows'"."""
+    if not isinstance(report, ClasswiseReport):
+        advice = (
+            "; read a report's dictionary (to_dict, or report.json loaded) back with "
+            "ClasswiseReport.from_dict"
+            if isinstance(report, Mapping)
+            else ""
+        )
+        raise ValueError(
+            f"{caller} draws a ClasswiseReport (mr2_probe.report.classwise_report's), got a "
+            f"{type(report).__name__}{advice}."
+        )
+
+
 def _class_ticks(names: list[str], slot: float) -> tuple[list[str], float, float]:
     """Class names to draw under the bars, their rotation, and the height they take
     (inches).
@@ -248,6 +265,7 @@ def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None)
     >>> [t.get_text() for t in fig.axes[0].get_xticklabels()]
     ['0', '1', '2']
     """
+    _check_report(report, "plot_class_accuracy")
     names = [name for name in report.rows if name != report.reference]
     model = (names[0] if names else report.reference) if model is None else str(model)
     if model not in report.rows:
@@ -413,6 +431,7 @@ def plot_group_accuracy(report: ClasswiseReport, path):
     >>> len(fig.axes[0].containers)
     3
     """
+    _check_report(report, "plot_group_accuracy")
     columns = (*GROUP_NAMES, "worst")
     x = np.arange(len(columns))
     width = 0.8 / len(report.rows)

@@ -771,6 +771,17 @@ def test_cv_curve_needs_at_least_one_search(tmp_path):
     assert not (tmp_path / "cv.png").exists()
 
 
+@pytest.mark.parametrize("plot", [plot_class_accuracy, plot_group_accuracy])
+def test_a_report_s_dictionary_is_refused_naming_from_dict(tmp_path, plot):
+    # "'dict' object has no attribute 'rows'" before (report.json read back, say).
+    report = classwise_report({"erm": [0, 1, 0], "mr2": [0, 1, 1]}, [0, 1, 1])
+    with pytest.raises(ValueError, match=r"got a dict; read .* with ClasswiseReport\.from_dict\."):
+        plot(report.to_dict(), tmp_path / "figure.png")
+    with pytest.raises(ValueError, match=r"draws a ClasswiseReport .*, got a list\.$"):
+        plot([report], tmp_path / "figure.png")
+    assert not (tmp_path / "figure.png").exists()
+
+
 @pytest.mark.parametrize("how", ["one search", "a list"])
 def test_cv_curve_refuses_searches_that_are_no_mapping(tmp_path, how):
     # One search failed with "'MR2LinearClassifierCV' object is not iterable", a list with
