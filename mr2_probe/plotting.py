@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
-from .front import _final, _names
+from .front import Front, _final, _names
 from .metrics import GROUP_NAMES, classwise_scorers
 from .report import ClasswiseReport
 
@@ -499,6 +499,11 @@ def plot_front(front, path, split: str = "test"):
     >>> [ax.get_ylabel() for ax in fig.axes]
     ['worst-class accuracy (%)', 'hard-tercile accuracy (%)']
     """
+    if not isinstance(front, Front):  # ("'ClasswiseReport' object has no attribute 'points'")
+        raise ValueError(
+            f"plot_front draws a Front (mr2_probe.front.accuracy_front's), got a "
+            f"{type(front).__name__}."
+        )
     if split not in ("test", "validation"):
         raise ValueError(f"split must be 'test' or 'validation', got {split!r}.")
     if split == "test" and any(p.test is None for p in front.points):

@@ -722,6 +722,11 @@ def test_plot_front(front, tmp_path):
     assert legend == ["ERM", "MR2", "tilt", "offsets"]
     with pytest.raises(ValueError, match="split must be"):
         plot_front(front, tmp_path / "x.png", split="train")
+    # Its dictionary, or a report: "'dict' object has no attribute 'points'" before.
+    for other in (front.to_dict(), front.points):
+        with pytest.raises(ValueError, match=r"plot_front draws a Front .*, got a (dict|list)\.$"):
+            plot_front(other, tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_tilt_points_run_in_increasing_tilt_whatever_the_order_given(splits):
