@@ -1636,6 +1636,85 @@ def test_failed_images_of_a_store_are_named_when_left_out(stores, tmp_path, caps
 
 
 @NEEDS_H5
+@pytest.mark.parametrize(
+    "options, streamed",
+    [
+        ([], True),
+        (["--test", "store_test.h5"], True),
+        (["--Cs", "3", "--cv", "2"], True),
+        (["--feature-scaling", "standard"], False),
+        (["--grid", "C=0.1,1"], False),
+        (["--tilt", "0,1"], False),
+    ],
+)
+def test_a_store_stays_in_its_file_for_the_models_that_stream_it(
+    stores, monkeypatch, options, streamed
+):
+    # A store larger than memory is read a block at a time by the probes and their --Cs
+    # search; a scaler, a --grid search and the front take arrays. The file is closed after.
+    from mr2_probe._data import is_h5_dataset
+
+    seen, fit = [], cli_main._fit
+    monkeypatch.setattr(
+        cli_main, "_fit", lambda model, X, *a, **k: seen.append(X) or fit(model, X, *a, **k)
+    )
+    options = [str(stores / o) if o.endswith(".h5") else o for o in options]
+    assert main([str(stores / "store.h5"), *options, "--no-progress"]) == 0
+    assert len(seen) >= 2 and {is_h5_dataset(X) for X in seen} == {streamed}
+    assert not any(getattr(X, "dataset", X).id.valid for X in seen if streamed)
+
+
+@NEEDS_H5
+@pytest.mark.parametrize("held_out", [True, False])
+def test_a_streamed_store_gives_the_models_and_report_of_its_arrays(
+    stores, files, tmp_path, held_out
+):
+    # Its failed image left out in both, the held-out part split alike.
+    import h5py
+
+    from extract._schema import FAILED
+
+    X, y = _blobs(30, seed=1)
+    path = shutil.copy(stores / "store.h5", tmp_path / "failed.h5")
+    with h5py.File(path, "r+") as f:
+        f["status"][3] = FAILED
+    np.savez(tmp_path / "same.npz", X=np.delete(X, 3, axis=0), y=np.delete(y, 3))
+    runs = {}
+    for name, train, test in (("store", path, "store_test.h5"), ("arrays", "same.npz", "test.npz")):
+        test = [] if held_out else ["--test", str(stores / test)]
+        out = tmp_path / name
+        assert main([str(tmp_path / train), *test, "--out", str(out), "--no-progress"]) == 0
+        runs[name] = (
+            joblib.load(out / "models.joblib"),
+            json.loads((out / "report.json").read_text())["rows"],
+        )
+    (store_models, store_rows), (models, rows) = runs["store"], runs["arrays"]
+    assert store_rows == rows
+    for name, model in models.items():
+        np.testing.assert_array_equal(store_models[name].coef_, model.coef_)
+
+
+@NEEDS_H5
+def test_a_store_of_integer_features_is_computed_in_float64_as_their_array(files, tmp_path):
+    # (A store's features stream in float32; integers were computed so, not as arrays are.)
+    import h5py
+
+    X, y = _blobs(30, seed=1)
+    X = np.round(X * 10).astype(np.int16)
+    with h5py.File(tmp_path / "int.h5", "w") as f:
+        f["features"], f["labels"], f["class_names"] = X, y, FASHION
+    np.savez(tmp_path / "int.npz", X=X, y=y)
+    coefs = []
+    for name in ("int.h5", "int.npz"):
+        out = tmp_path / name.replace(".", "_")
+        assert main([str(tmp_path / name), "--out", str(out), "--no-progress"]) == 0
+        coefs.append({k: m.coef_ for k, m in joblib.load(out / "models.joblib").items()})
+    for name, coef in coefs[1].items():
+        assert coefs[0][name].dtype == np.float64
+        np.testing.assert_array_equal(coefs[0][name], coef)
+
+
+@NEEDS_H5
 def test_stores_that_differ_in_decoding_only_are_compared(stores, capsys):
     # GPU (tensor) and CPU (PIL) decoding resize slightly differently: the same features.
     argv = [str(stores / "r18.h5"), "--test", str(stores / "r18_tensor.h5"), "--no-progress"]
@@ -2404,7 +2483,8 @@ def test_a_tilt_0_front_without_margins_is_taken_where_it_is_more_than_erm(files
 
 
 def test_the_test_size_split_is_seeded_by_seed(files):
-    # The held-out test set is the stratified split of --seed (report.json records it).
+    # The held-out test set is the stratified split of --seed (report.json records it),
+    # each part in the file's order (the order a store is read in).
     from sklearn.model_selection import train_test_split
 
     from mr2_probe.cli._inputs import _inputs
@@ -2413,9 +2493,12 @@ def test_the_test_size_split_is_seeded_by_seed(files):
     for seed in ("3", "7"):
         args = _checked([str(files / "train.npz"), "--test-size", "0.5", "--seed", seed])
         _, y_fit, X_test, y_test, *_ = _inputs(args)
-        split = train_test_split(X, y, test_size=0.5, stratify=y, random_state=int(seed))
-        np.testing.assert_array_equal(X_test, split[1])
-        np.testing.assert_array_equal(y_fit, split[2])
+        split = train_test_split(
+            np.arange(len(y)), test_size=0.5, stratify=y, random_state=int(seed)
+        )
+        train, test = (np.sort(part) for part in split)
+        np.testing.assert_array_equal(X_test, X[test])
+        np.testing.assert_array_equal(y_fit, y[train])
 
 
 def test_models_are_saved_without_progress_bars_behind_a_scaler():

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
+from .._data import is_h5_dataset
 from ..front import OFFSETS_CV, check_offsets_folds
 from ._usage import UsageError, _few, _one_line
 
@@ -100,6 +101,14 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
     the file raises a :class:`UsageError` or an ``extract.StoreError`` (both ValueErrors)
     with a one-line message.
     """
+    return _load_xy(path, labels, labels_option)
+
+
+def _load_xy(path: str, labels=None, labels_option: str = "--labels", stack=None):
+    """:func:`load_xy`; with ``stack`` (a contextlib.ExitStack) a store's features stay in
+    the file, which ``stack`` closes: X is its ``h5py.Dataset`` (a row view of its
+    completed rows where images failed), checked a block at a time, never read whole
+    (floating-point features; integers are read, computed in float64 as arrays are)."""
     suffix = feature_format(path)
     if not suffix:
         if not os.path.exists(path):
@@ -115,7 +124,7 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
         )
     names = store = None
     if suffix in _STORE:
-        X, y, names, store = _load_store(path)
+        X, y, names, store = _load_store(path, stack)
         source = path
     elif suffix == ".npz":
         X, y = _read(path, _load_npz)
@@ -130,7 +139,8 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
             raise UsageError(f"{path} {what}; pass {labels_option} FILE.npy")
         X, y = _read(path, _load_npy), _read(labels, _load_npy, labels_option)
         source = f"{path} with labels {labels}"
-    X, y = np.asarray(X), np.asarray(y)
+    X = X if _lazy(X) else np.asarray(X)
+    y = np.asarray(y)
     if y.dtype.kind == "S":  # bytes, which scikit-learn refuses as labels: their text
         try:
             y = np.char.decode(y, "utf-8")
@@ -141,7 +151,7 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
         # One spelling per class: float labels 0.0 were keyed "0.0" in the report where
         # the other file's integer labels were "0".
         y = y.astype(np.int64)
-    if X.dtype == np.float16:
+    if X.dtype == np.float16 and not _lazy(X):  # (a store's blocks are, as they are read)
         # Scaled in float32: scikit-learn's scalers compute in the features' dtype, and a
         # float16 row norm overflows past 256 (Normalizer then zeroes the row).
         X = X.astype(np.float32)
@@ -223,14 +233,23 @@ def _load_npz(path: str):
         return tuple(arrays)
 
 
-def _load_store(path: str):
+def _lazy(X) -> bool:
+    """Whether X is a store's features left in its file (:func:`_load_xy`'s ``stack``)."""
+    return not isinstance(X, np.ndarray) and is_h5_dataset(X)
+
+
+def _load_store(path: str, stack=None):
     try:
         from extract import load_features
     except ImportError as error:  # the extract extra is optional
         raise UsageError(
             'reading HDF5 stores needs the extract extra: pip install "mr2-probe[extract]"'
         ) from error
-    store = load_features(path, in_memory=True)  # StoreError: a one-line ValueError
+    # StoreError: a one-line ValueError
+    if stack is None:
+        store = load_features(path, in_memory=True)
+    else:
+        store = stack.enter_context(load_features(path))
     if store.failures:
         first, reason = store.failures[0]
         n = len(store.failures)
@@ -243,7 +262,11 @@ def _load_store(path: str):
             f"mr2-probe: warning: {path}: {images} left out (the first, {first!r}: {reason})",
             file=sys.stderr,
         )
-    return np.asarray(store.features), np.asarray(store.labels), list(store.class_names), store
+    # Integer features are read into memory, as arrays: a store's are computed in float32,
+    # an array of integers in float64.
+    streamed = stack is not None and store.features.dtype.kind == "f"
+    X = store.features if streamed else np.asarray(store.features)
+    return X, np.asarray(store.labels), list(store.class_names), store
 
 
 def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
@@ -268,7 +291,7 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
     # probe's, nor text or dates.)
     if X.dtype.kind not in "biuf":
         raise UsageError(f"the features of {source} must be real numbers; got dtype {X.dtype}")
-    bad = np.flatnonzero(~np.isfinite(X).all(axis=1))
+    bad = _nonfinite_rows(X)
     if len(bad):
         first, rows, remedy = f"row {bad[0]}", "rows", ""
         if store is not None:
@@ -299,11 +322,36 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
         )
 
 
-def _inputs(args):
+def _nonfinite_rows(X) -> np.ndarray:
+    """The rows of X that hold NaN or infinity; a store's features read a block of about
+    64 MiB at a time."""
+    if not _lazy(X):
+        return np.flatnonzero(~np.isfinite(X).all(axis=1))
+    step = max(1, (64 << 20) // max(1, X.dtype.itemsize * X.shape[1]))
+    bad = [
+        start + np.flatnonzero(~np.isfinite(np.asarray(X[start : start + step])).all(axis=1))
+        for start in range(0, X.shape[0], step)  # a loop over blocks, not rows
+    ]
+    return np.concatenate(bad)
+
+
+def _rows(X, rows: np.ndarray):
+    """X's rows ``rows`` (increasing): a copy of an array, a row view of a store's
+    features (read as the fit reads them, a block at a time)."""
+    if not _lazy(X):
+        return X[rows]
+    from extract._reading import RowView
+
+    return RowView(X.dataset, X.rows[rows]) if isinstance(X, RowView) else RowView(X, rows)
+
+
+def _inputs(args, stack=None):
     """Training and test data, checked to describe one task; the class names, if any; the
     files' records (:func:`_sources`, read now: a store replaced during the fit is not
-    described)."""
-    X, y, names = load_xy(args.train, args.labels)
+    described). With ``stack`` a store's features stay in its file (:func:`_load_xy`),
+    open until ``stack`` closes; the part held out by --test-size is then a row view of
+    them, as the rest."""
+    X, y, names = _load_xy(args.train, args.labels, stack=stack)
     repeated = _repeated(names)
     names = _distinct(names)
     classes = np.unique(y)
@@ -315,8 +363,10 @@ def _inputs(args):
         )
     if args.test is None:
         try:
-            X, X_test, y, y_test = train_test_split(
-                X, y, test_size=args.test_size, stratify=y, random_state=args.seed
+            # Each part in the file's order: a store's rows are read in it, a block at a
+            # time (a shuffled order read the whole store for every block).
+            parts = train_test_split(
+                np.arange(len(y)), test_size=args.test_size, stratify=y, random_state=args.seed
             )
         except ValueError as error:
             why = _single_sample_classes(y, names) or (
@@ -327,6 +377,8 @@ def _inputs(args):
                 f"cannot hold out --test-size {args.test_size:g} of {args.train} with every "
                 f"class in both parts: {why}"
             ) from error
+        train, test = (np.sort(part) for part in parts)
+        X, X_test, y, y_test = _rows(X, train), _rows(X, test), y[train], y[test]
         # A stratified split can still leave a small class no sample to train on (all its
         # samples held out): the probe would never predict it, and be scored 0% on it.
         missing = np.setdiff1d(classes, y)
@@ -340,7 +392,7 @@ def _inputs(args):
             )
         return X, y, X_test, y_test, names, _sources(args)
     _check_not_the_training_data(args.train, args.test)
-    X_test, y_test, test_names = load_xy(args.test, args.test_labels, "--test-labels")
+    X_test, y_test, test_names = _load_xy(args.test, args.test_labels, "--test-labels", stack)
     if X_test.shape[1] != X.shape[1]:
         raise UsageError(
             f"the test features have {X_test.shape[1]} columns and the training features "

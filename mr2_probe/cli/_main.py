@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -89,9 +90,20 @@ def _run(args, given: frozenset = frozenset()) -> int:
     grid = _grid(args.grid)
     _check_grid(grid, mr2, args, given)
     out = _prepare_out(args.out) if args.out is not None else None
-    X, y, X_test, y_test, names, sources = _inputs(args)
-    _check_splits(y, grid, args, names)
-    _check_on_data(grid, args, X.shape[1])
+    with contextlib.ExitStack() as stack:  # the stores read, and --out, until the run ends
+        # A store's features stay in the file, read a block at a time by each fit and
+        # prediction, where every model of the run streams them: a probe, or its --Cs
+        # search. A scaler (--feature-scaling), a --grid search (its folds are copies) and
+        # the front (--tilt, --offsets) take arrays, and read the stores whole.
+        streamed = args.feature_scaling == "none" and not grid and not (args.tilt or args.offsets)
+        inputs = _inputs(args, stack if streamed else None)
+        _check_splits(inputs[1], grid, args, inputs[4])
+        _check_on_data(grid, args, inputs[0].shape[1])
+        return _fit_and_report(args, erm, mr2, grid, out, *inputs)
+
+
+def _fit_and_report(args, erm, mr2, grid, out, X, y, X_test, y_test, names, sources) -> int:
+    """The models fitted, compared, printed and written to ``out``; the exit status."""
     replaced = [name for name in _OUTPUTS if out is not None and (out / name).exists()]
     if replaced:  # said once the run is known to start
         print(
