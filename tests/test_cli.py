@@ -2554,10 +2554,27 @@ def test_a_command_json_holding_just_train_and_out_marks_an_earlier_run(tmp_path
 
 
 def test_out_may_name_a_folder_inside_folders_that_do_not_exist_yet(tmp_path):
-    from mr2_probe.cli._outputs import _prepare_out
+    from mr2_probe.cli._outputs import _claim_out, _prepare_out
 
     out = _prepare_out(str(tmp_path / "runs" / "cv" / "first"))
-    assert out.is_dir() and out == tmp_path / "runs" / "cv" / "first"
+    assert out == tmp_path / "runs" / "cv" / "first" and not (tmp_path / "runs").exists()
+    with _claim_out(out):  # once the inputs are checked
+        assert out.is_dir()
+
+
+@pytest.mark.parametrize(
+    "argv", [["nan.npz"], ["train.npz", "--Cs", "3", "--cv", "40"], ["train.npz", "--C", "-1"]]
+)
+def test_a_refused_run_leaves_no_new_out_and_an_existing_one_as_it_was(
+    files, tmp_path, capsys, argv
+):
+    new, existing = tmp_path / "runs" / "first", tmp_path / "earlier"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine\n")
+    for out in (new, existing):
+        _refused([str(files / argv[0]), *argv[1:], "--out", str(out)], capsys)
+    assert not (tmp_path / "runs").exists()
+    assert os.listdir(existing) == ["notes.txt"]
 
 
 def test_out_without_matplotlib_is_refused_before_any_work(tmp_path, monkeypatch):

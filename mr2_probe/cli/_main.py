@@ -35,7 +35,7 @@ from ._options import (
     _parser,
     _solver,
 )
-from ._outputs import _OUTPUTS, _once, _prepare_out, _write_outputs
+from ._outputs import _OUTPUTS, _claim_out, _once, _prepare_out, _write_outputs
 from ._usage import UsageError, _one_line
 
 
@@ -99,6 +99,8 @@ def _run(args, given: frozenset = frozenset()) -> int:
         inputs = _inputs(args, stack if streamed else None)
         _check_splits(inputs[1], grid, args, inputs[4])
         _check_on_data(grid, args, inputs[0].shape[1])
+        if out is not None:  # created once the inputs are checked: a refused run leaves none
+            stack.enter_context(_claim_out(out))
         return _fit_and_report(args, erm, mr2, grid, out, *inputs)
 
 

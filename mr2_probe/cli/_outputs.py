@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -30,7 +31,8 @@ _OUTPUTS = (
 
 
 def _prepare_out(path: str) -> Path:
-    """Create the output folder and make sure this run can write there, before any work."""
+    """Make sure this run can write the output folder, before any work. A new folder is
+    created once the inputs are checked (:func:`_claim_out`): a refused run leaves none."""
     if not path:
         raise UsageError("--out needs a folder; got an empty name")
     out = Path(path)
@@ -52,15 +54,11 @@ def _prepare_out(path: str) -> Path:
             f"no earlier mr2-probe run wrote them ({why}); choose another --out, or move "
             "them away"
         )
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
+    try:  # the folder, or the one that its new folders will be made in
+        with tempfile.TemporaryFile(dir=next(f for f in (out, *out.parents) if f.exists())):
             pass
     except OSError as error:
-        raise UsageError(
-            f"cannot write to --out {path!r} ({error.strerror or error}); choose a folder "
-            "you can write to"
-        ) from error
+        raise _unwritable(path, error) from error
     try:
         import matplotlib  # noqa: F401
     except ImportError as error:
@@ -68,6 +66,23 @@ def _prepare_out(path: str) -> Path:
             '--out draws plots, which need matplotlib: pip install "mr2-probe[plot]"'
         ) from error
     return out
+
+
+def _unwritable(path: str, error: OSError) -> UsageError:
+    return UsageError(
+        f"cannot write to --out {path!r} ({error.strerror or error}); choose a folder you "
+        "can write to"
+    )
+
+
+@contextlib.contextmanager
+def _claim_out(out: Path):
+    """The output folder (checked by :func:`_prepare_out`), created for the run inside."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise _unwritable(str(out), error) from error
+    yield out
 
 
 def _earlier_run(out: Path) -> bool:
