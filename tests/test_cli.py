@@ -2562,6 +2562,25 @@ def test_out_may_name_a_folder_inside_folders_that_do_not_exist_yet(tmp_path):
         assert out.is_dir()
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="--out is locked on POSIX systems")
+def test_a_second_run_into_an_out_in_use_is_refused_and_mixes_nothing(files, tmp_path, capsys):
+    import fcntl
+
+    out = tmp_path / "run"
+    out.mkdir()
+    held = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a run writing there holds it
+        line = _refused([str(files / "train.npz"), "--out", str(out)], capsys)
+    finally:
+        os.close(held)
+    assert line == (
+        f"mr2-probe: error: --out {str(out)!r} is being written by another mr2-probe run, "
+        "whose files this run's would mix with; wait for it to end, or choose another --out"
+    )
+    assert os.listdir(out) == []
+
+
 @pytest.mark.parametrize(
     "argv", [["nan.npz"], ["train.npz", "--Cs", "3", "--cv", "40"], ["train.npz", "--C", "-1"]]
 )

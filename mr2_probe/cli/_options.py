@@ -59,7 +59,8 @@ files written to --out:
   class_names.json       the class names of an HDF5 store: class k is entry k
   command.json           the options of the run
   A run replaces an earlier run's files there, and says so when it starts; a folder
-  holding files of these names that no earlier run wrote (no command.json) is refused.
+  holding files of these names that no earlier run wrote (no command.json) is refused,
+  and so is a folder that another run is writing to.
 
 labels:
   The models learn the labels exactly as the training file holds them and predict the

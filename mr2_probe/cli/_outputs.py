@@ -77,12 +77,36 @@ def _unwritable(path: str, error: OSError) -> UsageError:
 
 @contextlib.contextmanager
 def _claim_out(out: Path):
-    """The output folder (checked by :func:`_prepare_out`), created for the run inside."""
+    """The output folder (checked by :func:`_prepare_out`), created for the run inside and
+    held by it: a second run into it meanwhile is refused, as their files would mix. The
+    lock is the folder's own (``flock``, released by the kernel when its holder ends: none
+    is left behind by a killed run, nor a lock file in the folder); POSIX systems only, and
+    none where the file system has no locks."""
+    try:
+        import fcntl
+    except ImportError:  # Windows, whose folders open to no lock
+        fcntl = None
     try:
         out.mkdir(parents=True, exist_ok=True)
+        folder = os.open(out, os.O_RDONLY) if fcntl is not None else None
     except OSError as error:
         raise _unwritable(str(out), error) from error
-    yield out
+    if folder is None:
+        yield out
+        return
+    try:
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(
+                f"--out {str(out)!r} is being written by another mr2-probe run, whose files "
+                "this run's would mix with; wait for it to end, or choose another --out"
+            ) from None
+        except OSError:  # a file system without locks: the run goes on unlocked
+            pass
+        yield out
+    finally:
+        os.close(folder)  # (and its lock)
 
 
 def _earlier_run(out: Path) -> bool:
