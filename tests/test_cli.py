@@ -90,6 +90,7 @@ def files(tmp_path_factory):
     np.save(folder / "y_half.npy", y + 0.5)
     np.savez(folder / "complex_y.npz", X=X, y=y + 0j)
     np.savez(folder / "huge_y.npz", X=X, y=y + 2.0**53)  # whole, but not read as integers
+    np.savez(folder / "record_y.npz", X=X, y=np.array([(k,) for k in y], dtype=[("k", "i4")]))
     # Class 7 has one sample, which no stratified split puts on both sides.
     np.savez(folder / "single.npz", X=np.r_[X, X[:1]], y=np.r_[y, 7])
     np.savez(folder / "pair.npz", X=np.r_[X, X[:2]], y=np.r_[y, 7, 7])  # one, once held out
@@ -978,6 +979,11 @@ NEEDS_H5 = pytest.mark.skipif(
         # words ("Unknown label type: continuous"), naming no file.
         (["{d}/X.npy", "--labels", "{d}/y_half.npy"], "the labels are real numbers, such as 0."),
         (["{d}/complex_y.npz"], "complex_y.npz: the labels are complex numbers, such as 0j, not"),
+        # Fitted, then a TypeError's traceback while reporting (status 1).
+        (
+            ["{d}/record_y.npz"],
+            "the labels of {d}/record_y.npz are records of dtype [('k', '<i4')]",
+        ),
         (
             ["{d}/huge_y.npz"],
             "huge_y.npz: the labels are floats as large as 9007199254740994.0; float labels "

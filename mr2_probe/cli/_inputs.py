@@ -279,6 +279,11 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
         )
     if y.ndim != 1:
         raise UsageError(f"the labels of {source} must be a 1-D array; got shape {y.shape}")
+    if y.dtype.kind == "V":  # (fitted, then a TypeError's traceback in the report)
+        raise UsageError(
+            f"the labels of {source} are records of dtype {y.dtype}, not classes; give class "
+            "labels (integers or text), such as one field of the records"
+        )
     if len(X) != len(y):
         raise UsageError(
             f"{source}: {len(X)} rows of features but {len(y)} labels; each row needs one label"
