@@ -2040,6 +2040,18 @@ def test_boolean_features_are_fitted_as_the_estimator_fits_them(tmp_path, capsys
     assert tables[0] == tables[1]
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_float_labels_of_any_precision_are_read_as_integers_without_a_warning(tmp_path, dtype):
+    # float16 labels printed NumPy's "RuntimeWarning: overflow encountered in cast" with
+    # its source line, from the check against 2**53.
+    X, y = _blobs(10, seed=1)
+    np.savez(tmp_path / "f.npz", X=X, y=y.astype(dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, labels, _ = load_xy(str(tmp_path / "f.npz"))
+    assert labels.dtype == np.int64 and (labels == y).all()
+
+
 def test_bytes_labels_are_read_as_text(files, tmp_path, capsys):
     # scikit-learn refuses bytes labels: a traceback, exit status 1, after "fitting ERM".
     data = np.load(files / "names.npz")

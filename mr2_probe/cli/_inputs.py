@@ -315,7 +315,8 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
             f"{source}: the labels are {kind} numbers, such as {example.item()!r}, not "
             "classes; give class labels (integers or text)"
         )
-    if y.dtype.kind == "f" and np.abs(y).max() >= 2**53:
+    # (2**53 in float16 overflows, with NumPy's RuntimeWarning: compared as a Python float)
+    if y.dtype.kind == "f" and float(np.abs(y).max()) >= 2**53:
         # Not read as integers (float64 no longer tells neighbouring ones apart there), they
         # failed after the first "fitting" line, in scikit-learn's words ("Unknown label
         # type: continuous").
