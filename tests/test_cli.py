@@ -2580,6 +2580,22 @@ def test_out_may_name_a_folder_inside_folders_that_do_not_exist_yet(tmp_path):
         assert out.is_dir()
 
 
+@pytest.mark.parametrize("error, status", [(KeyboardInterrupt, 130), (ValueError("failed"), 2)])
+def test_a_run_failing_before_it_writes_leaves_no_new_out(
+    files, tmp_path, monkeypatch, capsys, error, status
+):
+    def fit(*args, **kwargs):  # as every fit of a search failing, or Ctrl-C during a fit
+        raise error
+
+    monkeypatch.setattr(cli_main, "_fit", fit)
+    new, existing = tmp_path / "runs" / "first", tmp_path / "earlier"
+    existing.mkdir()
+    for out in (new, existing):
+        code, _ = _error([str(files / "train.npz"), "--out", str(out), "--no-progress"], capsys)
+        assert code == status
+    assert not (tmp_path / "runs").exists() and existing.is_dir()
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="--out is locked on POSIX systems")
 def test_a_second_run_into_an_out_in_use_is_refused_and_mixes_nothing(files, tmp_path, capsys):
     import fcntl

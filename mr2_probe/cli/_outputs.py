@@ -81,32 +81,46 @@ def _claim_out(out: Path):
     held by it: a second run into it meanwhile is refused, as their files would mix. The
     lock is the folder's own (``flock``, released by the kernel when its holder ends: none
     is left behind by a killed run, nor a lock file in the folder); POSIX systems only, and
-    none where the file system has no locks."""
+    none where the file system has no locks. A run that fails (every fit of a search,
+    Ctrl-C) before writing there leaves none of the folders it created."""
     try:
         import fcntl
     except ImportError:  # Windows, whose folders open to no lock
         fcntl = None
+    new = [f for f in (out, *out.parents) if not f.exists()]  # innermost first
     try:
         out.mkdir(parents=True, exist_ok=True)
         folder = os.open(out, os.O_RDONLY) if fcntl is not None else None
     except OSError as error:
         raise _unwritable(str(out), error) from error
-    if folder is None:
-        yield out
-        return
     try:
+        if folder is not None:
+            _lock(out, folder, fcntl)
         try:
-            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(
-                f"--out {str(out)!r} is being written by another mr2-probe run, whose files "
-                "this run's would mix with; wait for it to end, or choose another --out"
-            ) from None
-        except OSError:  # a file system without locks: the run goes on unlocked
-            pass
-        yield out
+            yield out
+        except BaseException:
+            for created in new:  # held by this run: no other run's
+                try:
+                    created.rmdir()  # only where empty
+                except OSError:
+                    break
+            raise
     finally:
-        os.close(folder)  # (and its lock)
+        if folder is not None:
+            os.close(folder)  # (and its lock)
+
+
+def _lock(out: Path, folder: int, fcntl) -> None:
+    """Lock ``out`` (its descriptor ``folder``) for this run, or refuse it as another's."""
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise UsageError(
+            f"--out {str(out)!r} is being written by another mr2-probe run, whose files "
+            "this run's would mix with; wait for it to end, or choose another --out"
+        ) from None
+    except OSError:  # a file system without locks: the run goes on unlocked
+        pass
 
 
 def _earlier_run(out: Path) -> bool:
