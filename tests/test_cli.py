@@ -27,6 +27,7 @@ from sklearn.preprocessing import StandardScaler
 
 import mr2_probe.cli._main as cli_main
 from mr2_probe import MR2LinearClassifier
+from mr2_probe._data import is_h5_dataset
 from mr2_probe.cli import UsageError, load_xy, main
 from mr2_probe.cli._main import _cv_probe, _estimators, _in_cli_terms, _model, _without_unused
 from mr2_probe.cli._options import _grid, _parser
@@ -1641,6 +1642,14 @@ def test_failed_images_of_a_store_are_named_when_left_out(stores, tmp_path, caps
     assert "1 image failed extraction and is left out (the first, 'item/00003'" in err
 
 
+@pytest.fixture
+def streaming(monkeypatch):
+    """Every store streamed, however small: a store that fits in memory is read into it."""
+    import mr2_probe.cli._inputs as inputs
+
+    monkeypatch.setattr(inputs, "in_memory_limit", lambda: 0)
+
+
 @NEEDS_H5
 @pytest.mark.parametrize(
     "options, streamed",
@@ -1654,26 +1663,50 @@ def test_failed_images_of_a_store_are_named_when_left_out(stores, tmp_path, caps
     ],
 )
 def test_a_store_stays_in_its_file_for_the_models_that_stream_it(
-    stores, monkeypatch, options, streamed
+    stores, monkeypatch, streaming, options, streamed
 ):
     # A store larger than memory is read a block at a time by the probes and their --Cs
     # search; a scaler, a --grid search and the front take arrays. The file is closed after.
-    from mr2_probe._data import is_h5_dataset
-
-    seen, fit = [], cli_main._fit
-    monkeypatch.setattr(
-        cli_main, "_fit", lambda model, X, *a, **k: seen.append(X) or fit(model, X, *a, **k)
-    )
+    seen = _models_inputs(monkeypatch)
     options = [str(stores / o) if o.endswith(".h5") else o for o in options]
     assert main([str(stores / "store.h5"), *options, "--no-progress"]) == 0
     assert len(seen) >= 2 and {is_h5_dataset(X) for X in seen} == {streamed}
     assert not any(getattr(X, "dataset", X).id.valid for X in seen if streamed)
 
 
+def _models_inputs(monkeypatch) -> list:
+    """The X of every fit of the run, as the models get them."""
+    seen, fit = [], cli_main._fit
+    monkeypatch.setattr(
+        cli_main, "_fit", lambda model, X, *a, **k: seen.append(X) or fit(model, X, *a, **k)
+    )
+    return seen
+
+
+@NEEDS_H5
+def test_a_store_that_fits_in_memory_is_read_into_it(stores, monkeypatch):
+    # Streamed, each pass of a fit reads the file again (about three times the fit's time
+    # on a 617 MB store): only a store whose features are above the limit is.
+    import h5py
+
+    import mr2_probe.cli._inputs as inputs
+
+    assert inputs.in_memory_limit() >= 1 << 30 or not hasattr(os, "sysconf")
+    with h5py.File(stores / "store.h5", "r") as f:
+        size = f["features"].size * f["features"].dtype.itemsize
+    seen = _models_inputs(monkeypatch)
+    for limit, streamed in ((None, False), (size, False), (size - 1, True)):
+        if limit is not None:
+            monkeypatch.setattr(inputs, "in_memory_limit", lambda limit=limit: limit)
+        seen.clear()
+        assert main([str(stores / "store.h5"), "--no-progress"]) == 0
+        assert seen and {is_h5_dataset(X) for X in seen} == {streamed}
+
+
 @NEEDS_H5
 @pytest.mark.parametrize("held_out", [True, False])
 def test_a_streamed_store_gives_the_models_and_report_of_its_arrays(
-    stores, files, tmp_path, held_out
+    stores, files, tmp_path, streaming, held_out
 ):
     # Its failed image left out in both, the held-out part split alike.
     import h5py

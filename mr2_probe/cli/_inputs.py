@@ -263,10 +263,24 @@ def _load_store(path: str, stack=None):
             file=sys.stderr,
         )
     # Integer features are read into memory, as arrays: a store's are computed in float32,
-    # an array of integers in float64.
-    streamed = stack is not None and store.features.dtype.kind == "f"
+    # an array of integers in float64. So are features that fit in memory (a quarter of
+    # it, as a fit may hold a float32 copy beside them): each pass over a streamed store
+    # reads the file again, about three times the fit's time here.
+    features = store.features
+    size = int(np.prod(features.shape, dtype=np.int64)) * features.dtype.itemsize
+    streamed = stack is not None and features.dtype.kind == "f" and size > in_memory_limit()
     X = store.features if streamed else np.asarray(store.features)
     return X, np.asarray(store.labels), list(store.class_names), store
+
+
+def in_memory_limit() -> int:
+    """The most bytes of a store's features that ``mr2-probe`` reads into memory: a quarter
+    of the machine's physical memory (1 GiB where the system does not say); larger ones are
+    read a block at a time by every fit and prediction."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (AttributeError, OSError, ValueError):  # no sysconf, or not these names
+        return 1 << 30
 
 
 def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:

@@ -91,10 +91,11 @@ def _run(args, given: frozenset = frozenset()) -> int:
     _check_grid(grid, mr2, args, given)
     out = _prepare_out(args.out) if args.out is not None else None
     with contextlib.ExitStack() as stack:  # the stores read, and --out, until the run ends
-        # A store's features stay in the file, read a block at a time by each fit and
-        # prediction, where every model of the run streams them: a probe, or its --Cs
-        # search. A scaler (--feature-scaling), a --grid search (its folds are copies) and
-        # the front (--tilt, --offsets) take arrays, and read the stores whole.
+        # A store's features larger than a quarter of memory stay in the file, read a block
+        # at a time by each fit and prediction, where every model of the run streams them:
+        # a probe, or its --Cs search. A scaler (--feature-scaling), a --grid search (its
+        # folds are copies) and the front (--tilt, --offsets) take arrays, and read the
+        # stores whole.
         streamed = args.feature_scaling == "none" and not grid and not (args.tilt or args.offsets)
         inputs = _inputs(args, stack if streamed else None)
         _check_splits(inputs[1], grid, args, inputs[4])
