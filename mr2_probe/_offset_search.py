@@ -67,7 +67,7 @@ class OffsetTuning(NamedTuple):
         "decision": ["array-like"],
         "y": ["array-like"],
         "scoring": [StrOptions(set(OBJECTIVES)), callable],
-        "max_accuracy_drop": [Interval(Real, 0, None, closed="left"), None],
+        "max_accuracy_drop": [Interval(Real, 0, 1, closed="left"), None],
         "classes": ["array-like", None],
         "sample_weight": ["array-like", None],
         "max_sweeps": [Interval(Integral, 1, None, closed="left")],
@@ -111,8 +111,8 @@ def tune_class_offsets(
         is, from per-class counts and with its tie rules; any other is called once per
         candidate offset, which is slower.
     max_accuracy_drop : float or None, default=None
-        Largest loss of overall accuracy on ``(decision, y)`` allowed, as a fraction (0.005
-        is half a point), relative to no offsets. ``None``: no bound.
+        Largest loss of overall accuracy on ``(decision, y)`` allowed, as a fraction in
+        [0, 1) (0.005 is half a point), relative to no offsets. ``None``: no bound.
     classes : array-like of shape (n_classes,), default=None
         Distinct labels of the columns, passed to a scorer or callable (``classes[y]``);
         a scorer's ``labels``, if it has any, must name one of them at least. Default:

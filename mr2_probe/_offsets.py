@@ -217,7 +217,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         ``metric(y_true, y_pred) -> float``.
     max_accuracy_drop : float or None, default=None
         Largest loss of overall accuracy on the held-out data that the offsets may cause,
-        as a fraction (0.005 is half a point), relative to no offsets. ``None``: no bound.
+        as a fraction in [0, 1) (0.005 is half a point), relative to no offsets. ``None``:
+        no bound.
     cv : int, float, cross-validation generator, iterable or "prefit", default=5
         Where the held-out decision values come from:
 
@@ -352,7 +353,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
     _parameter_constraints: dict = {
         "estimator": [HasMethods(["fit", "decision_function"])],
         "scoring": [StrOptions(set(OBJECTIVES)), callable],
-        "max_accuracy_drop": [Interval(Real, 0, None, closed="left"), None],
+        # A fraction of the accuracy, in [0, 1) as accuracy_front's offset_bounds: 5 passed.
+        "max_accuracy_drop": [Interval(Real, 0, 1, closed="left"), None],
         "cv": [
             "cv_object",
             StrOptions({"prefit"}),

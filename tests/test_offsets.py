@@ -143,7 +143,7 @@ def test_accuracy_bound_holds_on_the_tuning_data(bound, seed):
     if bound == 0.0:
         assert np.mean(pred == y) >= _accuracy(z, y)
     # A bound that no candidate can reach changes nothing.
-    loose = tune_class_offsets(z, y, max_accuracy_drop=1.0)
+    loose = tune_class_offsets(z, y, max_accuracy_drop=0.99)
     np.testing.assert_array_equal(loose.offsets, free.offsets)
 
 
@@ -863,8 +863,11 @@ def test_pipeline_grid_search_pickle_and_torch_features():
         (
             {"max_accuracy_drop": -0.1},
             ValueError,
-            r"'max_accuracy_drop' parameter .* range \[0.0, inf\)",
+            r"'max_accuracy_drop' parameter .* range \[0.0, 1.0\)",
         ),
+        # No bound at all, which accuracy_front's offset_bounds refused: it was accepted.
+        ({"max_accuracy_drop": 5}, ValueError, r"'max_accuracy_drop' parameter .* \[0.0, 1.0\)"),
+        ({"max_accuracy_drop": 1.0}, ValueError, r"'max_accuracy_drop' parameter .* \[0.0, 1.0\)"),
         ({"refit": False}, ValueError, r"refit=False keeps the estimator of a single split"),
         ({"refit": False, "cv": 2}, ValueError, r"single split, but cv has 2 splits"),
         ({"cv": "prefit"}, NotFittedError, r"cv='prefit', the estimator must already be fitted"),
@@ -888,6 +891,8 @@ def test_pipeline_grid_search_pickle_and_torch_features():
         "unknown-scoring",
         "no-decision-function",
         "negative-bound",
+        "bound-beyond-one",
+        "bound-of-one",
         "refit-false-kfold",
         "refit-false-two-folds",
         "prefit-unfitted",
@@ -1252,6 +1257,14 @@ def test_metadata_routing_sends_groups_where_they_are_requested():
         # groups that nothing asks for are refused, as scikit-learn refuses them.
         with pytest.raises(TypeError, match="groups"):
             TunedOffsetsClassifierCV(LogisticRegression(), cv=3).fit(X, y, groups=groups)
+
+
+@pytest.mark.parametrize("bound", [1.0, 5, -0.1])
+def test_an_accuracy_drop_that_is_no_fraction_is_refused(bound):
+    # As accuracy_front's offset_bounds: a drop of 1 or more bounds nothing, and passed.
+    z, y = _biased_logits(0, bias=0.8)
+    with pytest.raises(ValueError, match=r"'max_accuracy_drop' parameter .* \[0.0, 1.0\)"):
+        tune_class_offsets(z, y, max_accuracy_drop=bound)
 
 
 def test_one_vs_one_decision_values_are_refused():
