@@ -157,6 +157,12 @@ def classwise_report(
             "models must map each model's name to a fitted estimator or its predictions, "
             f"e.g. {{'ERM': erm, 'MR2': mr2}}; got a {type(models).__name__}."
         )
+    if getattr(models, "ndim", None) == 1:  # a pandas Series: its items are single values
+        raise ValueError(
+            "models must map each model's name to a fitted estimator or its predictions, "
+            "e.g. {'ERM': erm, 'MR2': mr2}; got a Series, one model's predictions: pass "
+            "{'name': predictions} (or a DataFrame, one column per model)."
+        )
     # Items, not the truth value or length: a pandas DataFrame of predictions, one column
     # per model, has neither ("The truth value of a DataFrame is ambiguous").
     items = list(models.items())
@@ -221,7 +227,13 @@ def _predictions(name: str, model, X) -> np.ndarray:
         if X is None:
             raise ValueError(f"Model {name!r} is an estimator: pass X to predict with it.")
         return np.asarray(model.predict(X))
-    return np.asarray(model)
+    predictions = np.asarray(model)
+    if predictions.ndim == 0:  # ("y_true and y_pred must have the same shape, got (6,) and ()")
+        raise ValueError(
+            f"Model {name!r} is a single value, {plain(predictions.item())!r}: models must map "
+            "each model's name to a fitted estimator or its predictions (one per sample of y)."
+        )
+    return predictions
 
 
 def _render(report: ClasswiseReport, per_class: bool, table) -> str:

@@ -273,6 +273,16 @@ def test_models_that_are_no_mapping_are_refused(models):
         classwise_report(models, [0, 1])
 
 
+def test_one_models_predictions_in_place_of_the_mapping_are_refused():
+    # A Series is a mapping of its index to single predictions: "y_true and y_pred must have
+    # the same shape, got (6,) and ()".
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(ValueError, match=r"models must map .*; got a Series, one model's pred"):
+        classwise_report(pd.Series(MODELS["erm"]), Y)
+    with pytest.raises(ValueError, match=r"Model 'ERM' is a single value, 'cat': models must map"):
+        classwise_report({"ERM": "cat"}, Y)
+
+
 def test_models_whose_names_read_alike_are_refused():
     with pytest.raises(ValueError, match="distinct names as text"):
         classwise_report({1: [0, 1], "1": [0, 1]}, [0, 1])
