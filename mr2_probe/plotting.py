@@ -121,7 +121,8 @@ def model_colours(names, reference: str | None = None) -> dict:
     """The palette's colour of each model name: grey for ``reference``, a lever's colour for
     a name that contains the lever (case-insensitive: "MR2 grid", "chosen: tilt=5"), then
     :data:`OTHER_COLOURS` and further hues; no two models share a colour, and only
-    ``reference`` is grey.
+    ``reference`` is grey. ``names`` is an iterable of names (a report's ``rows`` too); a
+    single name as text is one model, not one per character.
 
     Examples
     --------
@@ -132,6 +133,8 @@ def model_colours(names, reference: str | None = None) -> dict:
     """
     colours, used = {}, set()
     spare = _spare_colours()
+    if isinstance(names, str):  # ("ERM": the models "E", "R" and "M")
+        names = [names]
     for name in names:
         # tilt and offsets first: "chosen: tilt=5" is a point of the MR² model's tilt. A
         # lever counts as a word of the name ("thermal" is not "ERM"), and the reference's

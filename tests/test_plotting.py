@@ -370,6 +370,13 @@ def test_model_colours(names, reference, expected):
     assert list(model_colours(names, reference).values()) == expected
 
 
+@pytest.mark.parametrize("reference", ["ERM", None])
+def test_model_colours_of_one_name_as_text_is_one_model(reference):
+    # It was a model per character: {"E": ..., "R": ..., "M": ...}.
+    assert model_colours("ERM", reference) == model_colours(["ERM"], reference)
+    assert list(model_colours("MR2 grid")) == ["MR2 grid"]
+
+
 def test_model_colours_stay_distinct_and_keep_grey_for_the_reference():
     names = ["ERM", "MR2", *"abcdefghijkl"]
     colours = model_colours(names, reference="ERM")
