@@ -303,7 +303,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         ``tol`` measured there). Where the power of two σ_b nearest the centred features'
         RMS entry is 16 or more (an RMS above about 11.3), the intercept is further taken
         as b' / σ_b, so that one step size fits it and the weights (features of scale 10⁶
-        stalled far from the optimum): its test is then σ_b times stricter. For the
+        stalled far from the optimum): its test is then σ_b times stricter. With margins
+        the linear head's test is on c̄ times the gradient, that in W / c̄ and b / c̄, in
+        which c̄ is a rescaling of C (see Notes): a fit stops where the one at ``c_bar=1``
+        and C / c̄² does (on the gradient in W, c̄ = 10⁴ met ``tol`` at its zero start,
+        silently). For the
         cosine head the gradient is taken in the unit class directions W / ‖W‖ (row by
         row), so the test does not depend on the norms the rows drift to.
         Minibatch solvers: an epoch improves when its mean loss is below the best so far

@@ -49,7 +49,7 @@ from ._data import (
 from ._device import default_torch_modes, to_numpy, to_tensor
 from ._head import open_pair
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
-from ._solvers import SolverResult
+from ._solvers import SolverResult, gradient_unit
 from ._stats import intercept_scale, overall_mean
 from .metrics import classwise_scorers
 
@@ -397,11 +397,13 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 groups = self._batched_paths(data, folds, weights)
                 paths = [path for group in groups for path in group.paths]
                 report = functools.partial(self._report, solver, data.dtype)
+                # The test on c̄ times the gradient, as fit_lbfgs's (see gradient_unit).
+                tol = self.tol / gradient_unit(self.c_bar, self.head == "linear")
 
                 def run(new, bar):
                     Parallel(n_jobs=self.n_jobs, require="sharedmem")(
                         delayed(group.run)(
-                            new, score, bar, max_iter=self.max_iter, tol=self.tol, report=report
+                            new, score, bar, max_iter=self.max_iter, tol=tol, report=report
                         )
                         for group in groups
                     )
@@ -655,6 +657,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     def _report(self, solver, dtype, value, weight_sum, n_iter, stop, largest):
         """A batched fold's solver outcome at ``value`` (C, or the cosine head's scale), its
         training rows' weights summing to ``weight_sum``: warns as a fold's own fit would."""
+        largest *= gradient_unit(self.c_bar, self.head == "linear")  # in fit_lbfgs's units
         result = SolverResult(n_iter, stop == "tol", largest_gradient=largest, stop=stop)
         if not result.converged:  # (the suspects are named in a warning only)
             # The cosine head penalises only a projection (lam > 0), at C = 1.

@@ -324,11 +324,16 @@ def fit_lbfgs(
     original one minus (∂f/∂b)·mᵀ: in the original coordinates the largest entry is at
     most tol·(1 + max_j |m_j|). For features of a large scale (σ_b > 1, see
     :func:`~mr2_probe._stats.intercept_scale`) the intercept is b' / σ_b, whose gradient
-    is σ_b times that in b': the test on it is stricter.
+    is σ_b times that in b': the test on it is stricter. For a linear head with margins
+    the gradient is multiplied by c̄ before the test (:func:`gradient_unit`), and so is
+    the largest entry returned.
     """
     if not head.has_closed_form:  # the estimator fits a projection (lam > 0) by minibatches
         raise ValueError("L-BFGS fits a head without a projection (lam = 0).")
     stats, margins, _, _ = initial
+    # The test is on c̄ times the gradient (see gradient_unit); reported in those units.
+    unit = gradient_unit(spec.c_bar, head.is_plain_linear)
+    gtol = tol / unit
     # With an unpenalised intercept, W·x + b = W·(x − m) + (b + W·m): the same objective,
     # but centred features condition it far better (embeddings have large common means).
     # Features of a large scale (σ_b ≥ 16) also get the intercept scaled, β = b' / σ_b:
@@ -402,7 +407,7 @@ def fit_lbfgs(
             lr=1,
             max_iter=max_iter - done,
             max_eval=4 * max_iter - evals,
-            tolerance_grad=tol,
+            tolerance_grad=gtol,
             # scipy's ftol as scikit-learn sets it, float64's even for float32 data: the
             # gradient test, not float32 rounding of the loss, decides when to stop.
             tolerance_change=64 * torch.finfo(torch.float64).eps,
@@ -428,7 +433,7 @@ def fit_lbfgs(
         # evaluation gives the gradient (and the loss) where L-BFGS stopped.
         closure()
         largest = max(float(p.grad.abs().max()) for p in params if p.grad is not None)
-        if largest <= tol or done >= max_iter or evals >= 4 * max_iter:
+        if largest <= gtol or done >= max_iter or evals >= 4 * max_iter:
             break
         if n_round <= 1 and not rescaled:
             break  # no progress in this round: a new one would start from the same point
@@ -436,7 +441,7 @@ def fit_lbfgs(
     n_iter = done
     # Converged means the gradient test was met, whatever made L-BFGS stop. The test is
     # L-BFGS's own, in its coordinates: with the intercept re-parametrised around m.
-    if largest <= tol:
+    if largest <= gtol:
         stop = "tol"
     elif n_iter >= max_iter:
         stop = "max_iter"
@@ -449,8 +454,23 @@ def fit_lbfgs(
             head.bias *= bias_scale
             head.bias -= head.weight @ center
     loss_curve = [float(v) for _, v in sorted(curve.items())]
+    largest *= unit
     result = SolverResult(n_iter, stop == "tol", loss_curve, largest, stats, margins, stop=stop)
     return _with_class_losses(result, head, source, spec, risk)
+
+
+def gradient_unit(c_bar, linear: bool) -> float:
+    """What L-BFGS multiplies the gradient by before its test on ``tol``: c̄ for a linear
+    head with margins, else 1.
+
+    The margins γ = c̄·g (g of mean 1) make the linear head's logits W·x / γ: W = c̄·W' fits
+    as W' does at c̄ = 1 and C / c̄², with a gradient in W c̄ times smaller than in W'. The
+    test is on the gradient in W', so that the fit stops where that of the same problem
+    at c̄ = 1 does: on the gradient in W, c_bar=1e4 met tol at its start (zeros) and
+    c_bar=50 stopped short of the fit at c̄ = 1, on a test 50 times looser. (A cosine
+    head's objective and gradient depend on scale / c̄ alone.)
+    """
+    return float(c_bar) if linear and c_bar is not None else 1.0
 
 
 class _LBFGS(torch.optim.LBFGS):

@@ -186,6 +186,22 @@ def test_c_bar_is_a_rescaling_of_C_for_the_linear_head(digits):
     np.testing.assert_array_equal(two.predict(X), one.predict(X))
 
 
+@pytest.mark.parametrize("c_bar", [50.0, 1e4])
+def test_a_large_c_bar_stops_where_the_same_problem_at_c_bar_one_does(digits, c_bar):
+    # c̄ divides the gradient in W by c̄: tested on it, tol was met 50 times sooner at
+    # c̄ = 50 (9% of the predictions changed), and at c̄ = 1e4 at the start: zeros,
+    # n_iter_ = 0 and no warning.
+    X, y = digits
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        large = MR2LinearClassifier(c_bar=c_bar, device="cpu").fit(X, y)
+        one = MR2LinearClassifier(c_bar=1.0, C=1 / c_bar**2, device="cpu").fit(X, y)
+    assert large.n_iter_ > 0
+    scale = np.abs(one.coef_).max()
+    np.testing.assert_allclose(large.coef_ / c_bar, one.coef_, rtol=0, atol=5e-4 * scale)
+    np.testing.assert_array_equal(large.predict(X), one.predict(X))
+
+
 def test_spread_difficulty_uses_the_spread_around_the_class_mean(digits):
     X, y = digits
     moment = MR2LinearClassifier(c_bar=1.0, C=0.1, device="cpu").fit(X, y)

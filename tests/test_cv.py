@@ -428,6 +428,28 @@ def test_hdf5_held_out_rows_are_never_held_whole(tmp_path, monkeypatch):
     np.testing.assert_allclose(stored.scores_[0], memory.scores_[0], atol=0.01)
 
 
+@pytest.mark.parametrize("one_batch", [True, False])
+def test_a_large_c_bar_is_searched_as_the_same_problem_at_c_bar_one(one_batch):
+    # The batched L-BFGS tested the gradient in W, c̄ times smaller than at c̄ = 1 with
+    # C / c̄²: at c̄ = 1e4 every fold stopped at its start (zeros, n_iter_ 0, no warning).
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:600] / 16, y[:600]
+    searches = []
+    for c_bar, Cs in [(1e4, [1.0, 100.0]), (1.0, [1e-8, 1e-6])]:
+        search = MR2LinearClassifierCV(c_bar=c_bar, Cs=Cs, cv=3, device="cpu")
+        search._batch_folds = one_batch
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ConvergenceWarning)
+            searches.append(search.fit(X, y))
+    large, one = searches
+    assert (large.n_iter_ > 0).all()
+    paths, expected = large.coefs_paths_[0] / 1e4, one.coefs_paths_[0]
+    # Weights near 1e-7 at C = 1e-8, intercepts (the last column) near 0.05.
+    weights = np.abs(expected[..., :-1]).max()
+    np.testing.assert_allclose(paths, expected, rtol=1e-2, atol=1e-2 * weights)
+    np.testing.assert_array_equal(large.scores_[0], one.scores_[0])
+
+
 def test_an_hdf5_fold_without_held_out_rows_is_named_as_in_memory(tmp_path):
     h5py = pytest.importorskip("h5py")
     X, y = load_digits(return_X_y=True)
