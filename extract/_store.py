@@ -90,14 +90,22 @@ def damaged(path: str | os.PathLike, error: BaseException) -> NotAStoreError:
 
 
 def read_structure(path: str | os.PathLike, f: h5py.File) -> list[str]:
-    """The names in the open store ``f``, each object's header and the attributes read
-    (cheap: no data), or a NotAStoreError where the file is damaged."""
+    """The names in the open store ``f``, each object's header, each chunked dataset's
+    chunk index and the attributes read (cheap: no data), or a NotAStoreError where the
+    file is damaged."""
     try:
         names = sorted(f.keys())
         for name in names:
             obj = f[name]
             if isinstance(obj, h5py.Dataset):
                 obj.shape, obj.dtype  # noqa: B018 (read from the object's header)
+                # Counting the chunks walks every node of the index, no data: a damaged
+                # node, which only a read of the rows met (a store reused as complete), is
+                # found here; 0.3 ms for 1,563 chunks (100,000 rows). (h5py built against
+                # HDF5 before 1.10.5 has no such count.)
+                count = getattr(obj.id, "get_num_chunks", None)
+                if obj.chunks is not None and count is not None:
+                    count()
         read_attrs(f)
     except StoreError:
         raise

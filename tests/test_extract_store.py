@@ -1857,6 +1857,25 @@ def test_a_damaged_store_is_not_a_store(store, folder, tmp_path, signature):
     assert damaged.read_bytes() == bad
 
 
+def test_a_store_whose_chunk_index_is_damaged_is_not_a_store(store, folder, tmp_path, caplog):
+    # The features' chunk index (a B-tree that only their reads walk) damaged: the store
+    # was reused as complete, and loaded lazily; h5py's "wrong B-tree signature" came out
+    # of the first read of its rows, naming no file.
+    data = store.read_bytes()
+    assert data.count(b"TREE\x01") == 1  # the one B-tree of raw data chunks
+    damaged = tmp_path / "d.h5"
+    damaged.write_bytes(bad := data.replace(b"TREE\x01", b"XXXX\x01"))
+    caplog.set_level(logging.INFO, logger="extract")
+    for in_memory in (False, True):
+        with pytest.raises(NotAStoreError, match=r"'\S*d\.h5' .*damaged\): .*B-tree signature"):
+            load_features(damaged, in_memory=in_memory)
+    for overwrite in (False, True):
+        with pytest.raises(NotAStoreError, match=r"damaged.*delete it yourself to extract"):
+            extract_features(folder, BACKBONE, damaged, overwrite=overwrite, **FAST)
+    assert "Reused" not in caplog.text
+    assert damaged.read_bytes() == bad
+
+
 def test_an_incomplete_store_being_written_is_locked_not_to_be_run_again(store, tmp_path):
     # With HDF5's own lock off (HDF5_USE_FILE_LOCKING=FALSE, as on NFS), a store read while
     # its run writes it was "not extracted yet; run the same extraction command again",
