@@ -68,7 +68,7 @@ class RowView:
             return self[:][key]
         selected = self.rows[key]
         if np.ndim(selected) == 0:
-            return self.dataset[int(selected)]
+            return self._read(int(selected))
         out = np.empty((len(selected), *self.shape[1:]), self.dtype)
         order = np.argsort(selected, kind="stable")
         ordered = selected[order]
@@ -78,10 +78,20 @@ class RowView:
         while start < len(ordered):  # a loop over blocks of the store, not over rows
             lo = int(ordered[start])
             stop = int(np.searchsorted(ordered, lo + block))
-            part = self.dataset[lo : int(ordered[stop - 1]) + 1]
+            part = self._read(slice(lo, int(ordered[stop - 1]) + 1))
             out[order[start:stop]] = part[ordered[start:stop] - lo]
             start = stop
         return out
+
+    def _read(self, key):
+        """``dataset[key]``; h5py's error reading a damaged file (a chunk index or a
+        compressed chunk that cannot be read) a NotAStoreError naming the file."""
+        try:
+            return self.dataset[key]
+        except (OSError, RuntimeError) as error:
+            if not self.dataset.id.valid:  # a closed file, not a damaged one
+                raise
+            raise damaged(self.dataset.file.filename, error) from error
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         out = self[:]

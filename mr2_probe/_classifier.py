@@ -38,6 +38,7 @@ from ._data import (
     is_h5_dataset,
     is_torch_tensor,
     plain,
+    read_h5,
     reject_complex,
     whole_or_unchanged,
 )
@@ -1132,7 +1133,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if is_h5_dataset(X):
             rows = block_rows(self.n_features_in_, len(self.classes_))
             parts = [
-                self._logits(_finite_block(X[i : i + rows], h5_dtype(X), type(self).__name__))
+                self._logits(
+                    _finite_block(read_h5(X, slice(i, i + rows)), h5_dtype(X), type(self).__name__)
+                )
                 for i in range(0, X.shape[0], rows)
             ]
             return np.concatenate(parts) if parts else np.empty((0, self.coef_.shape[0]))

@@ -112,6 +112,25 @@ def check_h5_open(**arrays) -> None:
             )
 
 
+def read_h5(X, key):
+    """``X[key]`` of an HDF5 dataset (or a row view of one); h5py's error reading a damaged
+    file (a chunk index or a compressed chunk that cannot be read) a ValueError naming the
+    file: h5py's own ("Can't synchronously read data (wrong B-tree signature)") names none.
+    """
+    try:
+        return X[key]
+    except (OSError, RuntimeError) as error:
+        dataset = getattr(X, "dataset", X)
+        if not dataset.id.valid:  # a closed file, not a damaged one
+            raise
+        raise ValueError(
+            f"Cannot read the rows of the HDF5 dataset {dataset.name!r} in "
+            f"{dataset.file.filename!r} (the file is damaged): {' '.join(str(error).split())}. "
+            "Extract the features again: mr2-extract never replaces a damaged file, delete it "
+            "yourself first or write to another path."
+        ) from error
+
+
 def raise_nonfinite(has_nan: bool, dtype, estimator_name: str) -> None:
     """Raise scikit-learn's own error for non-finite input (NaN takes precedence, as there).
 
@@ -246,7 +265,9 @@ class H5Source(TensorSource):
         self._inverse_norms = None
 
     def _read(self, start: int, stop: int) -> torch.Tensor:
-        block = to_tensor(np.asarray(self.dataset[start:stop]), self.device, self.dtype)
+        block = to_tensor(
+            np.asarray(read_h5(self.dataset, slice(start, stop))), self.device, self.dtype
+        )
         # Accumulated on the device and checked once after a full pass.
         self.has_nan |= torch.isnan(block).any()
         self.has_inf |= torch.isinf(block).any()
@@ -385,5 +406,5 @@ class FitData:
         bounds = np.searchsorted(rows[order], [*starts, n])
         for start, lo, hi in zip(starts, bounds[:-1], bounds[1:], strict=True):  # blocks
             where = order[lo:hi]
-            block = np.asarray(self.source.dataset[start : min(start + size, n)])
+            block = np.asarray(read_h5(self.source.dataset, slice(start, min(start + size, n))))
             yield where, to_tensor(block[rows[where] - start], self.device, self.dtype)

@@ -1876,6 +1876,40 @@ def test_a_store_whose_chunk_index_is_damaged_is_not_a_store(store, folder, tmp_
     assert damaged.read_bytes() == bad
 
 
+@pytest.mark.parametrize("failed", [False, True])  # features an h5py.Dataset, a RowView
+def test_rows_of_a_damaged_store_read_lazily_name_the_file(tmp_path, failed):
+    # A compressed chunk that no longer decompresses (a store written by another tool, as
+    # load_features reads any) opens, its index intact: h5py's "filter returned failure
+    # during read" came out of the first read of its rows, naming no file, from a row
+    # view and from a probe's streamed fit and predict alike.
+    from mr2_probe import MR2LinearClassifier
+
+    path = tmp_path / "gz.h5"
+    X = np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32)
+    y = np.arange(40) % 2
+    with h5py.File(path, "w") as f:
+        f.create_dataset("features", data=X, chunks=(10, 8), compression="gzip")
+        f.create_dataset("labels", data=y)
+        f.create_dataset("class_names", data=["a", "b"], dtype=h5py.string_dtype())
+        if failed:
+            f.create_dataset("status", data=np.full(40, DONE, np.uint8))
+            f["status"][0] = FAILED
+        chunk = f["features"].id.get_chunk_info(2)
+    data = bytearray(path.read_bytes())
+    data[chunk.byte_offset : chunk.byte_offset + chunk.size] = b"\xff" * chunk.size
+    path.write_bytes(bytes(data))
+    fitted = MR2LinearClassifier().fit(X, y)
+    damaged = rf"'{re.escape(str(path))}' .*\(the file is damaged\): .*filter returned failure"
+    with load_features(path) as store:
+        if failed:
+            with pytest.raises(NotAStoreError, match=damaged):
+                store.features[:]
+        with pytest.raises(ValueError, match=damaged):
+            MR2LinearClassifier(max_iter=5).fit(store.features, store.labels)
+        with pytest.raises(ValueError, match=damaged):
+            fitted.predict(store.features)
+
+
 def test_an_incomplete_store_being_written_is_locked_not_to_be_run_again(store, tmp_path):
     # With HDF5's own lock off (HDF5_USE_FILE_LOCKING=FALSE, as on NFS), a store read while
     # its run writes it was "not extracted yet; run the same extraction command again",
