@@ -5,7 +5,9 @@ torchrun starts each rank in a session of its own, so a launcher killed outright
 device and the store's locks for as long as the run lasts; its other ends (Ctrl-C, SIGTERM,
 SIGHUP) stop them itself. Each rank watches its parent, as torch's DataLoader workers watch
 theirs, and is interrupted as by a Ctrl-C once the parent has changed: the rows written so
-far are kept, and the same command resumes.
+far are kept, and the same command resumes. A rank still connecting to the launcher's
+store (which died with it) is killed at once: torch retries that connection for the
+group's timeout, where no Ctrl-C reaches it, and it holds nothing yet.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
@@ -31,6 +34,23 @@ GRACE_S = 60.0
 _first_seen = (os.getpid(), os.getppid())
 
 
+# Set while this rank connects to torchrun's store (no lock taken, no file open): killed at
+# once there when its launcher is gone, rather than GRACE_S later.
+_connecting = threading.Event()
+
+
+@contextlib.contextmanager
+def connecting() -> Iterator[None]:
+    """Inside, this rank holds nothing that a kill would leave behind: once its launcher is
+    gone it is killed at once (torch retries a refused connection to the launcher's store,
+    which died with it, until the group's timeout; the Ctrl-C only makes it retry)."""
+    _connecting.set()
+    try:
+        yield
+    finally:
+        _connecting.clear()
+
+
 def _launcher_pid() -> int:
     """This process's parent as first seen (a forked child's, as it is now)."""
     global _first_seen
@@ -44,8 +64,9 @@ def stops_with_launcher() -> Iterator[None]:
     """Inside, under torchrun (its ``TORCHELASTIC_RUN_ID`` set), a SIGINT to the main thread
     once this process's parent is no longer the launcher that started it (already at the
     entry, too), and SIGKILL :data:`GRACE_S` seconds later if it has not left by then
-    (where SIGINT is ignored, or its handler does not raise, that is how the rank ends).
-    Elsewhere (not under torchrun, outside the main thread, on Windows), nothing."""
+    (where SIGINT is ignored, or its handler does not raise, that is how the rank ends), or
+    within :data:`POLL_S` where it is :func:`connecting`. Elsewhere (not under torchrun,
+    outside the main thread, on Windows), nothing."""
     if (
         "TORCHELASTIC_RUN_ID" not in os.environ
         or threading.current_thread() is not threading.main_thread()
@@ -65,8 +86,10 @@ def stops_with_launcher() -> Iterator[None]:
                     launcher,
                 )
                 signal.pthread_kill(main, signal.SIGINT)  # as a Ctrl-C, in the main thread
-                if not left.wait(GRACE_S):
-                    os.kill(os.getpid(), signal.SIGKILL)
+                end = time.monotonic() + GRACE_S
+                while not left.wait(min(POLL_S, max(0.0, end - time.monotonic()))):
+                    if _connecting.is_set() or time.monotonic() >= end:
+                        os.kill(os.getpid(), signal.SIGKILL)
                 return
 
     watcher = threading.Thread(target=watch, name="mr2-extract launcher watch", daemon=True)

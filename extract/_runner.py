@@ -26,7 +26,7 @@ from ._backbones import create_backbone
 from ._batches import _assemble, _embed, _refuse_non_finite
 from ._decoding import MAX_ASPECT
 from ._images import ImageSource, ItemDataset, collate_items, open_source
-from ._launcher import stops_with_launcher
+from ._launcher import connecting, stops_with_launcher
 from ._locks import store_lock
 from ._merge import _merge, check_merging, mark_superseded, shard_path
 from ._paths import plural
@@ -330,9 +330,12 @@ def _ranks_group() -> Iterator[None]:
     # gloo: what is exchanged is small and on the host, so no GPU is needed; the long
     # timeout lets fast ranks wait for slow ones at the end of an hours-long run.
     timeout = timedelta(hours=24)
-    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
-    store = dist.PrefixStore(f"mr2-extract/{next(_RUNS)}", store)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    with connecting():  # (a launcher killed meanwhile took its store: killed at once)
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        store = dist.PrefixStore(f"mr2-extract/{next(_RUNS)}", store)
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
     try:
         yield
     finally:

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -1060,6 +1061,58 @@ def test_a_rank_whose_launcher_died_before_the_run_stops(tmp_path):
     while len(log.read_text().split()) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert log.read_text().split() == ["ready", "stopped"]
+
+
+_CONNECTING_RANK = """
+import os, time
+import extract
+from extract import _launcher, _runner
+_launcher.POLL_S = 0.05
+print(os.getpid(), flush=True)
+with _launcher.stops_with_launcher(), _runner._ranks_group():  # the launcher's store
+    pass
+print("joined", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_connecting_to_a_killed_launcher_s_store_stops_at_once(tmp_path):
+    # Killed outright while its ranks still started, the launcher took its store with it:
+    # torch retried the connection for the group's timeout (24 hours), where the Ctrl-C
+    # the rank sent itself was lost ("Interrupted system call - retrying"), so each rank
+    # lived on until its kill 60 s later. Connecting, a rank holds nothing: it ends now.
+    log = tmp_path / "rank.txt"
+    with socket.socket() as unreachable:  # a port bound, never listened on: refused
+        unreachable.bind(("127.0.0.1", 0))
+        env = ENV | {
+            "TORCHELASTIC_RUN_ID": "test", "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(unreachable.getsockname()[1]),
+            "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
+        }  # fmt: skip
+        launcher_code = (
+            "import subprocess, sys, time\n"
+            f"subprocess.Popen([sys.executable, '-c', {_CONNECTING_RANK!r}], "
+            f"stdout=open({str(log)!r}, 'w'))\n"
+            "time.sleep(120)\n"
+        )
+        launcher = subprocess.Popen([sys.executable, "-c", launcher_code], env=env)
+        deadline = time.monotonic() + 60
+        while not (log.read_text() if log.exists() else "").strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        rank = int(log.read_text().split()[0])
+        try:
+            time.sleep(0.5)  # connecting
+            launcher.kill()
+            launcher.wait()
+            stopped = time.monotonic() + 10
+            while _running(rank) and time.monotonic() < stopped:
+                time.sleep(0.05)
+            assert not _running(rank), "the rank outlived its launcher"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGKILL)
+    assert "joined" not in log.read_text()
 
 
 def _children(pid: int) -> list[int]:
