@@ -1092,3 +1092,38 @@ def test_an_hdf5_source_is_read_block_by_block_as_the_tensor_is(spheres, tmp_pat
         stored = _fit(f["X"], y, scale=64.0, tol=1e-6)
     assert stored.n_iter_ == tensor.n_iter_
     np.testing.assert_allclose(stored.coef_, tensor.coef_, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("tilt", [0.0, 2.0])
+def test_integer_sample_weights_on_the_spheres_fit_as_repeated_rows(spheres, tilt):
+    # The gradient on the spheres carries each row's weight, as its objective does: a row
+    # of weight 3 is three copies of it. (Unit weights, or weights equal within each
+    # class, hid a gradient without them.)
+    X, y = _normalised_blobs(n=120)
+    w = np.arange(120) % 3 + 1.0
+    weighted = MR2LinearClassifier(head="cosine", scale=16.0, tol=1e-8, class_tilt=tilt,
+                                   device="cpu").fit(X, y, sample_weight=w)  # fmt: skip
+    rows = np.repeat(np.arange(120), w.astype(int))
+    repeated = MR2LinearClassifier(head="cosine", scale=16.0, tol=1e-8, class_tilt=tilt,
+                                   device="cpu").fit(X[rows], y[rows])  # fmt: skip
+    np.testing.assert_allclose(weighted.coef_, repeated.coef_, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(weighted.loss_curve_[-1], repeated.loss_curve_[-1], rtol=1e-9)
+
+
+@pytest.mark.parametrize("curvature", [-1.0, 0.0, 1e-12])
+def test_the_spheres_memory_keeps_no_pair_without_positive_curvature(curvature):
+    # sᵀy ≤ 10⁻¹⁰·yᵀy: stored, such a pair makes −H·g no descent direction (or divides
+    # by its rounding); it is refused and the memory, its scales and −g stay as they were.
+    gen = torch.Generator().manual_seed(0)
+    k, d = 3, 5
+    U = F.normalize(torch.randn(k, d, generator=gen, dtype=torch.float64), dim=1)
+    s = tangent_rows(U, torch.randn(k, d, generator=gen, dtype=torch.float64))
+    memory = _Memory((k, d), 4, U)
+    assert memory.add(s, 2 * s)
+    gamma, before = memory.gamma.clone(), memory.apply(U, s)
+    y = tangent_rows(U, torch.randn(k, d, generator=gen, dtype=torch.float64))
+    y = y - (s * y).sum() / (s * s).sum() * s + curvature * s / (s * s).sum()  # sᵀy = curvature
+    assert not memory.add(s, y)
+    assert memory.order == [0]
+    torch.testing.assert_close(memory.gamma, gamma)
+    torch.testing.assert_close(memory.apply(U, s), before)
