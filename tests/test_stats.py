@@ -157,10 +157,11 @@ def test_spread_margins_take_the_rounding_threshold_in_the_lp_norm():
     np.testing.assert_array_equal(streamed.numpy(), exact.numpy())
 
 
-@pytest.mark.parametrize("scale, expected", [(40.0, 32.0), (48.0, 64.0)])
+@pytest.mark.parametrize("scale, expected", [(40.0, 32.0), (48.0, 64.0), (12.0, 16.0), (11.0, 1.0)])
 def test_intercept_scale_is_the_nearest_power_of_two(scale, expected):
     # σ = 40 lies nearer 32 than 64 on a log scale (2^5.5 ≈ 45.3), σ = 48 nearer 64: the
-    # exponent is rounded, neither floored nor ceiled. Two classes at ±σ in one feature:
+    # exponent is rounded, neither floored nor ceiled. The nearest power 16 is taken (σ = 12),
+    # 8 is not (σ = 11: the intercept as it is). Two classes at ±σ in one feature:
     # the centred features' RMS entry is σ.
     stats = mr2_probe.class_statistics(torch.tensor([[-scale], [scale]]), torch.tensor([0, 1]), 2)
     assert _stats.intercept_scale(stats).item() == expected
