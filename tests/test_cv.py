@@ -2141,3 +2141,18 @@ def test_a_path_after_an_extreme_c_gives_the_next_c_s_cold_solution(first):
     np.testing.assert_array_equal(path.scores_[0][:, 1], cold.scores_[0][:, 0])
     np.testing.assert_allclose(path.coefs_paths_[0][:, 1], cold.coefs_paths_[0][:, 0], atol=1e-3)
     assert path.C_ == 1.0
+
+
+def test_a_fold_whose_objective_nears_zero_stalls_on_an_absolute_change_below_ftol():
+    """scipy's ftol, as fit_lbfgs takes it: a change of the objective by at most 64 ε of
+    max(|f|, |f'|, 1), absolute below 1. Separable folds without a penalty and tol = 0
+    stall at an objective of about 1e-14 (kills: a test relative to |f| alone, which
+    iterated on until the objective was exactly 0)."""
+    from mr2_probe._batched import lbfgs_batched
+
+    batch = _batched_two_folds(n_classes=2, n=60, scale=3.0)
+    params = batch.X.new_zeros(2, batch.n_params)
+    result = lbfgs_batched(batch, params, float("inf"), max_iter=300, tol=0.0)
+    assert result.stop == ["stalled", "stalled"]
+    value, _ = batch.evaluate(params, torch.arange(2), float("inf"))
+    assert ((value > 0) & (value < 1e-12)).all()
