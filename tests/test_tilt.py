@@ -97,12 +97,15 @@ def test_the_risk_s_gradient_is_q_where_the_two_forms_meet():
     torch.testing.assert_close(loss.grad, q.detach())
 
 
-def test_absent_class_gets_no_weight():
-    loss = torch.tensor([0.2, 9.0, 0.7], dtype=torch.float64)
+@pytest.mark.parametrize("absent", [9.0, math.inf, math.nan])
+@pytest.mark.parametrize("tilt", [0.0, 5.0])
+def test_absent_class_gets_no_weight(absent, tilt):
+    # Whatever its loss: an infinite or NaN one made R_t NaN (0·inf, t·inf + log 0).
+    loss = torch.tensor([0.2, absent, 0.7], dtype=torch.float64)
     share = torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64)
-    risk, q = tilted_class_risk(loss, share, 5.0)
+    risk, q = tilted_class_risk(loss, share, tilt)
     assert q[1] == 0 and torch.isclose(q.sum(), torch.tensor(1.0, dtype=torch.float64))
-    assert risk < 1.0
+    assert 0.449 < risk < 1.0  # (the mean of the present classes: 0.45)
 
 
 # keep (the logits' gradients kept between the two passes) applies to the closed forms
