@@ -1127,3 +1127,26 @@ def test_the_spheres_memory_keeps_no_pair_without_positive_curvature(curvature):
     assert memory.order == [0]
     torch.testing.assert_close(memory.gamma, gamma)
     torch.testing.assert_close(memory.apply(U, s), before)
+
+
+def test_a_solve_after_a_fold_stopped_early_reads_its_pairs_newest_first(monkeypatch):
+    # Fold 0 stopped after 2 iterations while fold 1 went round the ring: the next solve
+    # puts fold 0's pairs back in the order formed before its two-loop recursion reads
+    # them (kills: lbfgs_batched without memory.compact(), which read them out of order).
+    X, y = _normalised_blobs()
+    X, y = torch.as_tensor(X), torch.as_tensor(y)
+    batch = _cosine_batch(X, y, torch.ones(2, len(y), dtype=X.dtype), [1.0] * 6)
+    means = torch.zeros(6, X.shape[1], dtype=X.dtype).index_add_(0, y, X)
+    params = torch.nn.functional.normalize(means, dim=1).flatten().repeat(2, 1)
+    memory = Memory.empty(params, 3)
+    batched.lbfgs_batched(batch, params, 8.0, max_iter=np.array([2, 10]), tol=1e-12, memory=memory)
+    read, two_loop = [], batched._two_loop
+
+    def spy(s, y, rho, h0, g, order):
+        stamps = torch.where(memory.rho != 0, memory.stamp, -1)[0, order].tolist()
+        read.append([stamp for stamp in stamps if stamp >= 0])
+        return two_loop(s, y, rho, h0, g, order)
+
+    monkeypatch.setattr(batched, "_two_loop", spy)
+    batched.lbfgs_batched(batch, params, 8.0, max_iter=1, tol=1e-12, memory=memory)
+    assert read[0] == [1, 0]  # fold 0's pairs, newest first
