@@ -2156,3 +2156,23 @@ def test_a_fold_whose_objective_nears_zero_stalls_on_an_absolute_change_below_ft
     assert result.stop == ["stalled", "stalled"]
     value, _ = batch.evaluate(params, torch.arange(2), float("inf"))
     assert ((value > 0) & (value < 1e-12)).all()
+
+
+def test_a_memory_that_points_uphill_is_dropped_for_a_gradient_step():
+    """A stored pair of negative curvature (s = g, y = −g) makes −H·g no descent direction:
+    the fold steps along −g and drops that pair, which its later iterations would read
+    again (kills: the step along −g with the pair kept)."""
+    from mr2_probe._batched import Memory, lbfgs_batched
+
+    batch = _batched_two_folds()
+    params = batch.X.new_zeros(2, batch.n_params)
+    _, g = batch.evaluate(params, torch.arange(2), 1.0)
+    memory = Memory.empty(params, 5)
+    memory.s[:, 0], memory.y[:, 0] = g, -g
+    memory.rho[:, 0] = -1 / g.square().sum(1)
+    memory.stamp[:, 0], memory.slot, memory.used, memory.clock = 0, 1, 1, 1
+    result = lbfgs_batched(batch, params, 1.0, max_iter=1, tol=1e-12, memory=memory)
+    assert result.n_iter.tolist() == [1, 1]
+    assert (memory.rho[:, 0] == 0).all() and (memory.rho[:, 1] > 0).all()
+    value, _ = batch.evaluate(params, torch.arange(2), 1.0)
+    assert (value < np.log(3)).all()  # (from zero: log K)
