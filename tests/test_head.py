@@ -107,6 +107,16 @@ def test_a_zero_prototype_starts_on_the_first_axis_when_the_others_cancel():
     torch.testing.assert_close(head.weight.detach()[:2], means[:2])
 
 
+def test_a_zero_prototype_starts_opposite_the_sum_of_the_others():
+    # A class without a direction starts away from the classes that have one, as
+    # init_weight_from_means documents (kills: a start along their sum, among them).
+    head = _head(n_features=3)
+    means = torch.tensor([[2.0, 0, 0], [0, 3.0, 0], [0, 0, 0]], dtype=torch.float64)
+    head.init_weight_from_means(means)
+    away = -torch.tensor([1.0, 1.0, 0], dtype=torch.float64) / 2**0.5
+    torch.testing.assert_close(head.weight.detach()[2], away)
+
+
 def test_numpy_decision_values_are_computed_in_the_wider_precision():
     # float64 rows of a float32 model: scikit-learn promotes to float64 (as for float32
     # rows of a float64 model); in the model's float32 they lost ~7 digits.
