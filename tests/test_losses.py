@@ -957,6 +957,20 @@ def test_compactness_is_exact_in_float32_beside_a_far_row_of_another_class():
     torch.testing.assert_close(distances, torch.tensor([[0.0, 25, 1], [25, 0, 20], [1, 20, 0]]))
 
 
+def test_compactness_is_exact_in_float32_beside_a_far_row_of_weight_zero_in_the_class():
+    # A row of weight 0 takes no part, its distance from its class's rows included: each
+    # row is taken relative to the first row of its class of positive weight. Relative to
+    # the far row of weight 0 first in the class, the float32 distances of 0.05-spread rows
+    # lost their precision (kills: the first row of the class whatever its weight).
+    g = torch.Generator().manual_seed(1)
+    x64 = torch.randn(16, 256, generator=g, dtype=torch.float64) * 0.05
+    y, w = torch.arange(16) % 4, torch.ones(16, dtype=torch.float64)
+    x64[0], w[0] = 1e5 / 16, 0.0
+    got = compactness_loss(x64.float(), y, 0.64, 1.28, sample_weight=w.float())
+    want = compactness_loss(x64, y, 0.64, 1.28, sample_weight=w)
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+
+
 @pytest.mark.parametrize("target", [-100, -1, 100])
 def test_margin_cross_entropy_refuses_targets_out_of_range(target):
     """-100, cross_entropy's ignore_index, with 100 classes: margins[-100] wrapped to class
