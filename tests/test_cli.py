@@ -976,6 +976,11 @@ NEEDS_H5 = pytest.mark.skipif(
             ["{d}/train.npz", "--tilt", "1", "--val-size", "0.98"],
             "--val-size 0.98 cannot split the 72 training samples",
         ),
+        # scikit-learn's sentence kept its full stop before the advice: "parameters.; choose"
+        (
+            ["{d}/train.npz", "--tilt", "1", "--val-size", "0.999"],
+            "Adjust any of the aforementioned parameters; choose a --val-size that leaves",
+        ),
         # Labels that are no classes: refused after the fit had started, in scikit-learn's
         # words ("Unknown label type: continuous"), naming no file.
         (["{d}/X.npy", "--labels", "{d}/y_half.npy"], "the labels are real numbers, such as 0."),

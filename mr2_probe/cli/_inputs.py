@@ -721,7 +721,7 @@ def _check_splits(y, grid: dict, args, names=None) -> None:
             )
         except ValueError as error:
             single = _single_sample_classes(y, names, after_test_split=args.test is None)
-            why = single or f"{_one_line(error)}; {advice}"
+            why = single or f"{_one_line(error).rstrip('.')}; {advice}"
             raise UsageError(
                 f"--val-size {args.val_size:g} cannot split the {len(y)} training samples "
                 f"with every class on both sides: {why}"
