@@ -256,7 +256,9 @@ def load_features(
         If ``path`` does not exist.
     NotAStoreError
         If it is a folder, empty, not HDF5, damaged (h5py cannot read its structures),
-        lacks ``features`` / ``labels`` / ``class_names``, or their shapes disagree.
+        lacks ``features`` / ``labels`` / ``class_names``, their shapes disagree, or its
+        labels are not integers (floats, booleans) or not codes into ``class_names`` (a
+        value below 0 or from K on).
     StoreLockedError
         If a run is writing it (an incomplete store whose run holds its lock, too).
     IncompleteStoreError
