@@ -2675,3 +2675,4 @@ def test_out_without_matplotlib_is_refused_before_any_work(tmp_path, monkeypatch
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     with pytest.raises(UsageError, match=r"^--out draws plots, which need matplotlib: pip inst"):
         _prepare_out(str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()  # it made the folder first, then refused
