@@ -10,6 +10,7 @@ import warnings
 from numbers import Integral
 
 import numpy as np
+import sklearn
 import torch
 import torch.nn.functional as F
 from sklearn.base import _fit_context
@@ -18,6 +19,7 @@ from sklearn.metrics import check_scoring, get_scorer, get_scorer_names, make_sc
 from sklearn.model_selection import check_cv
 from sklearn.utils import metadata_routing
 from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.fixes import parse_version
 from sklearn.utils.metadata_routing import (
     MetadataRouter,
     MethodMapping,
@@ -52,6 +54,8 @@ from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
 from ._solvers import SolverResult, gradient_unit
 from ._stats import intercept_scale, overall_mean
 from .metrics import classwise_scorers
+
+_SKLEARN = parse_version(sklearn.__version__).release[:2]
 
 # The class-wise scorers of mr2_probe.metrics that ``scoring`` accepts by name (beside
 # scikit-learn's own, which it gives too).
@@ -298,8 +302,12 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     # that asks for it (an outer router needs no request for it here).
     __metadata_request__fit = {"groups": metadata_routing.UNUSED}
     # score's sample_weight is the scorer's alone, as LogisticRegressionCV's **score_params
-    # are: a request of this estimator's own for it was required, and did nothing.
-    __metadata_request__score = {"sample_weight": metadata_routing.UNUSED}
+    # are from scikit-learn 1.9 on: a request of this estimator's own for it was required,
+    # and did nothing. Before 1.9 LogisticRegressionCV's own request is what an outer
+    # router reads (unset, it refuses the weights, asking for set_score_request), and so is
+    # this one's: marked unused there, a scorer's request for them was dropped silently.
+    if _SKLEARN >= (1, 9):
+        __metadata_request__score = {"sample_weight": metadata_routing.UNUSED}
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None, groups=None, **params):
