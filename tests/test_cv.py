@@ -1635,17 +1635,35 @@ def test_a_request_set_on_a_classwise_scorer_stays_on_that_scorer():
     # A request set on classwise_scorers()'s worst-class scorer (a multi-metric search's)
     # was set on the scorer scoring="worst_class" names, in every search of the program:
     # weights it refused under routing were taken. scikit-learn's names give copies.
+    from sklearn.utils.metadata_routing import process_routing
+
     X, y = _blobs()
     weight = np.ones(len(y))
+
+    def scored_weights(search):  # what fit gives its scorer: refused, or the weights taken
+        try:
+            routed = process_routing(search, "fit", sample_weight=weight).scorer.score
+        except UnsetMetadataPassedError as err:
+            assert "set_score_request" in str(err)
+            with pytest.raises(UnsetMetadataPassedError, match="set_score_request"):
+                search.fit(X, y, sample_weight=weight)
+            return "refused"
+        return "sample_weight" in routed
+
     with sklearn.config_context(enable_metadata_routing=True):
+        unrequested = make_scorer(worst_class_accuracy)
         requested = classwise_scorers()["worst_class"].set_score_request(sample_weight=True)
         try:
             search = MR2LinearClassifierCV([1.0], cv=3, scoring="worst_class", device="cpu")
-            with pytest.raises(UnsetMetadataPassedError, match="set_score_request"):
-                search.fit(X, y, sample_weight=weight)
-            assert classwise_scorers()["worst_class"].get_metadata_routing().score.requests == {
-                "sample_weight": None
-            }
+            # As LogisticRegressionCV with a scorer whose request is unset: refused from
+            # scikit-learn 1.9 on, before it not taken (such a scorer asks for none).
+            theirs = scored_weights(LogisticRegressionCV(Cs=[1.0], cv=3, scoring=unrequested))
+            assert scored_weights(search) == theirs
+            assert theirs == ("refused" if SKLEARN >= (1, 9) else False)
+            assert (
+                classwise_scorers()["worst_class"].get_metadata_routing().score.requests
+                == unrequested.get_metadata_routing().score.requests
+            )
         finally:  # (the module's own scorer, where the dictionary held it)
             requested.set_score_request(sample_weight=None)
 
