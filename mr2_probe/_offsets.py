@@ -312,10 +312,10 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
     (OneVsRestClassifier(LogisticRegression()), SGDClassifier(loss="log_loss")); there
     ``predict`` and the argmax of ``predict_proba`` agree, and with zero offsets it is the
     estimator's own (but on a row whose sigmoids all underflow, which scikit-learn makes
-    uniform, or all zero for OneVsRestClassifier: there it is those sigmoids normalised in
-    log space, whose argmax is ``predict``'s). For another estimator it is
-    softmax(log p + b), a class prior on its probabilities, whose argmax can differ from
-    ``predict`` (as SVC's own can).
+    uniform, or all zero for OneVsRestClassifier, NaN before scikit-learn 1.7: there it is
+    those sigmoids normalised in log space, whose argmax is ``predict``'s). For another
+    estimator it is softmax(log p + b), a class prior on its probabilities, whose argmax
+    can differ from ``predict`` (as SVC's own can).
 
     Cost: ``n_folds + 1`` fits of the estimator (none with ``cv="prefit"``, one with
     ``refit=False``), plus the search: 0.1 to 0.3 s per sweep for 50,000 held-out samples
@@ -714,10 +714,10 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         sigmoids = expit(z)
         total = sigmoids.sum(1, keepdims=True)
         # scikit-learn's one-vs-rest rows whose sigmoids all underflow are uniform
-        # (SGDClassifier's) or all zero (OneVsRestClassifier's: read as another link's,
-        # their log 0 made every probability NaN).
+        # (SGDClassifier's) or all zero (OneVsRestClassifier's, all NaN before scikit-learn
+        # 1.7 (0 / 0): read as another link's, every probability was NaN).
         sigmoids = np.divide(sigmoids, total, out=np.full_like(z, 1 / z.shape[1]), where=total > 0)
-        zeros = (total[:, 0] == 0) & (proba == 0).all(1)
+        zeros = (total[:, 0] == 0) & ((proba == 0).all(1) | np.isnan(proba).all(1))
         sigmoid_rows = alike(sigmoids, proba).all(1) | zeros
         # A saturated row (one probability near 1, the others below atol) is alike under
         # both links; its small probabilities tell them apart by orders of magnitude (a
