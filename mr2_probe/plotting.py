@@ -77,8 +77,9 @@ class MissingGlyphWarning(UserWarning):
         self.characters = tuple(characters)
 
 
-# matplotlib's warning for each character its font lacks, at every text drawn.
-_GLYPH = re.compile(r"Glyph (\d+) .*missing from font")
+# matplotlib's warning for each character its font lacks, at every text drawn ("missing
+# from font(s) DejaVu Sans."; matplotlib 3.7's says "missing from current font.").
+_GLYPH = re.compile(r"Glyph (\d+) .*missing from (current )?font")
 
 
 @contextlib.contextmanager
