@@ -215,9 +215,11 @@ def _load_npz(path: str):
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise UsageError(f"{path} holds one array, not a .npz archive of X and y")
     with data:
-        x_key = "X" if "X" in data else "features"
-        y_key = "y" if "y" in data else "labels"
-        if x_key not in data or y_key not in data:
+        # Names, not ``key in data``: NumPy 1.24 reads the array to tell (an object
+        # array's error then named neither the array nor whether it held the labels).
+        x_key = "X" if "X" in data.files else "features"
+        y_key = "y" if "y" in data.files else "labels"
+        if x_key not in data.files or y_key not in data.files:
             raise UsageError(
                 f"{path} must hold arrays X and y (or features and labels); "
                 f"found {sorted(data.files)}"
