@@ -118,6 +118,16 @@ def _save(fig, path) -> None:
         )
 
 
+def _legend(owner, handles, labels, **kwargs):
+    """``owner.legend(handles, labels, **kwargs)``, each label shown as given: matplotlib
+    3.7 leaves out an entry whose label starts with "_" (a model named "_baseline"), even
+    one given explicitly, so such a label is given with a leading space and then set."""
+    legend = owner.legend(handles, [" " + t if t.startswith("_") else t for t in labels], **kwargs)
+    for text, label in zip(legend.get_texts(), labels, strict=True):
+        text.set_text(label)
+    return legend
+
+
 def model_colours(names, reference: str | None = None) -> dict:
     """The palette's colour of each model name: grey for ``reference``, a lever's colour for
     a name that contains the lever (case-insensitive: "MR2 grid", "chosen: tilt=5"), then
@@ -319,7 +329,7 @@ def plot_class_accuracy(report: ClasswiseReport, path, model: str | None = None)
     ax.set_title(f"per-class accuracy: {shown} vs {reference}")
     handles = [_patch(c) for c in (REFERENCE, GAIN, LOSS, SAME)]
     labels = [reference, f"{shown}: gain", f"{shown}: loss", f"{shown}: same"]
-    fig.legend(handles, labels, loc="outside lower center", ncols=4, fontsize=8)
+    _legend(fig, handles, labels, loc="outside lower center", ncols=4, fontsize=8)
     _save(fig, path)
     return fig
 
@@ -459,7 +469,7 @@ def plot_group_accuracy(report: ClasswiseReport, path):
     ax.set_xlabel(f"class group (terciles of {_literal(report.reference)})")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 108)
-    fig.legend(handles, names, loc="outside lower center", ncols=min(4, len(names)), fontsize=8)
+    _legend(fig, handles, names, loc="outside lower center", ncols=min(4, len(names)), fontsize=8)
     _save(fig, path)
     return fig
 
@@ -739,6 +749,6 @@ def plot_cv_curve(searches, path, scoring: str | None = None):
     ax.set_ylabel("held-out score (%, mean over folds)")
     ax.set_title("validation curves (dotted vertical: the chosen value)", fontsize=9)
     handles, labels = zip(*raw_entries, *entries, strict=True)
-    ax.legend(handles, labels, fontsize=7)  # one legend for the curves of both axes
+    _legend(ax, handles, labels, fontsize=7)  # one legend for the curves of both axes
     _save(fig, path)
     return fig
