@@ -858,11 +858,12 @@ def test_a_gain_under_a_twentieth_of_a_point_is_not_labelled_zero(tmp_path):
 
 def test_cv_curve_axes_name_every_search_drawn_on_them(tmp_path):
     # The x axis took the first search's head, the right-hand axis the last raw score's.
+    # (Scores of three classes that scikit-learn 1.6 has: its neg_brier_score is binary.)
     X, y = load_iris(return_X_y=True)
     searches = {
         "ERM": MR2LinearClassifierCV([4.0, 16.0], cv=3, head="cosine", scoring="neg_log_loss",
                                      device="cpu").fit(X, y),
-        "MR2": MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring="neg_brier_score",
+        "MR2": MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring="matthews_corrcoef",
                                      device="cpu").fit(X, y),
         "tilt": MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring="neg_log_loss",
                                       class_tilt=1.0, device="cpu").fit(X, y),
@@ -872,4 +873,4 @@ def test_cv_curve_axes_name_every_search_drawn_on_them(tmp_path):
         "C (inverse L2 strength) of linear heads, logit scale of cosine heads"
     )
     # Each score once, however many searches chose by it.
-    assert fig.axes[1].get_ylabel() == "held-out neg_log_loss, neg_brier_score (mean over folds)"
+    assert fig.axes[1].get_ylabel() == "held-out neg_log_loss, matthews_corrcoef (mean over folds)"
