@@ -1022,14 +1022,23 @@ def test_a_fit_on_the_spheres_converges_only_where_the_gradient_from_x_meets_tol
     # The kept cosines, updated step by step, drift in float32 where the features share a
     # large common component: the fit stopped "converged", no warning, at a gradient of
     # 3.9e-4 and 3.3e-3 (recomputed in float64) against a reported 6.4e-5 and 2.8e-5.
+    # (Under torch 2.5's float32 kernels the fit at 1e3 can stall just short of tol, at
+    # 1.1e-4 to 2.4e-4: it says so, and the test from X agrees.)
     rng = np.random.default_rng(0)
     y = rng.integers(0, 4, 600)
     X = (rng.normal(size=(4, 20))[y] * 0.4 + rng.normal(size=(600, 20)) + mean).astype(np.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ConvergenceWarning)
-        clf = MR2LinearClassifier(head="cosine", scale=64.0, device="cpu", warm_start=True)
-        clf.fit(X, y)
-        clf.set_params(max_iter=0).fit(X, y)  # the test on tol at the same point, from X
+
+    def short(fit):  # the ConvergenceWarning of a fit, or None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            fit()
+        return next((w.message for w in caught if w.category is ConvergenceWarning), None)
+
+    clf = MR2LinearClassifier(head="cosine", scale=64.0, device="cpu", warm_start=True)
+    stalled = short(lambda: clf.fit(X, y))
+    assert stalled is None or "float32 arithmetic cannot resolve" in str(stalled)
+    # The test on tol at the same point, from X: converged where the fit said so.
+    assert (short(lambda: clf.set_params(max_iter=0).fit(X, y)) is None) == (stalled is None)
 
 
 def test_a_line_without_a_decrease_on_drifted_cosines_is_searched_again_from_x(
