@@ -439,8 +439,12 @@ def _label_texts(values, column: str, path: str, names: list[str] | None) -> lis
     import pyarrow.compute as pc
 
     # (pc.is_null, not null_count: a dictionary-encoded column can hold its null in the
-    # dictionary, which became a class "None", or "nan" of integers.)
-    missing = pc.is_null(values)
+    # dictionary, which became a class "None", or "nan" of integers. Of the values, not the
+    # indices: pyarrow 21's is_null of a dictionary column sees only the indices' nulls.)
+    decoded = values
+    if pa.types.is_dictionary(values.type):
+        decoded = pc.cast(values, values.type.value_type)
+    missing = pc.is_null(decoded)
     if pc.any(missing).as_py():
         row = int(pc.index(missing, True).as_py())
         raise TableError(f"Row {row} of {path!r} has no {column!r} label.")
