@@ -300,6 +300,8 @@ def test_a_timm_checkpoint_s_keys_in_layers_without_weights_are_taken(tmp_path, 
     # Keys in places of the model that hold no weight of it are no deeper model's weights.
     import timm
 
+    if not timm.list_models(name):  # timm 1.0.21 has no test_coatnet: a small CoAtNet
+        name = "coatnet_nano_rw_224"
     model = timm.create_model(name, num_classes=5)
     torch.save(model.state_dict() | extra(model), tmp_path / "w.pth")
     bb = create_backbone(f"timm:{name}@{tmp_path / 'w.pth'}")
