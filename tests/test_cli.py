@@ -2676,3 +2676,18 @@ def test_out_without_matplotlib_is_refused_before_any_work(tmp_path, monkeypatch
     with pytest.raises(UsageError, match=r"^--out draws plots, which need matplotlib: pip inst"):
         _prepare_out(str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()  # it made the folder first, then refused
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symbolic links need privileges there")
+@pytest.mark.parametrize("inside", ["", "run"])
+def test_out_through_a_link_to_nothing_is_refused_before_any_file_is_read(tmp_path, capsys, inside):
+    # (It was found once the inputs were read, as "cannot write ... (File exists)".)
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    out = tmp_path / "link" / inside
+    line = _refused([str(tmp_path / "missing.npz"), "--out", str(out)], capsys)
+    assert line == (
+        f"mr2-probe: error: --out {str(out)!r} cannot be a folder: "
+        f"{str(tmp_path / 'link')!r} is a link to {str(tmp_path / 'gone')!r}, which does not "
+        "exist; create that folder, or choose another --out"
+    )
+    assert not (tmp_path / "gone").exists()

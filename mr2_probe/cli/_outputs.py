@@ -42,6 +42,12 @@ def _prepare_out(path: str) -> Path:
                 f"--out {path!r} cannot be a folder: {str(folder)!r} is a file; choose "
                 "another --out"
             )
+        if folder.is_symlink() and not folder.exists():  # (mkdir: "File exists", later)
+            raise UsageError(
+                f"--out {path!r} cannot be a folder: {str(folder)!r} is a link to "
+                f"{os.readlink(folder)!r}, which does not exist; create that folder, or "
+                "choose another --out"
+            )
     taken = [name for name in _OUTPUTS if (out / name).exists()]
     if taken and not _earlier_run(out):
         why = (
