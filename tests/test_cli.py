@@ -1759,6 +1759,33 @@ def test_a_store_of_integer_features_is_computed_in_float64_as_their_array(files
 
 
 @NEEDS_H5
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_store_whose_features_do_not_decompress_is_named_as_damaged(
+    tmp_path, monkeypatch, capsys, streamed
+):
+    # Read into memory or checked a block at a time, h5py's "Can't synchronously read data
+    # (filter returned failure during read)" named no file (as --feature-scaling's did).
+    import h5py
+
+    import mr2_probe.cli._inputs as inputs
+
+    if streamed:
+        monkeypatch.setattr(inputs, "in_memory_limit", lambda: 0)
+    path = tmp_path / "gz.h5"
+    X, y = _blobs(30, seed=1)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("features", data=X, chunks=(10, 6), compression="gzip")
+        f["labels"], f["class_names"] = y, FASHION
+        chunk = f["features"].id.get_chunk_info(2)
+    data = bytearray(path.read_bytes())
+    data[chunk.byte_offset : chunk.byte_offset + chunk.size] = b"\xff" * chunk.size
+    path.write_bytes(bytes(data))
+    line = _refused([str(path)], capsys)
+    named = rf"{re.escape(repr(str(path)))} .*\(the file is damaged\): .*filter returned failure"
+    assert re.search(named, line), line
+
+
+@NEEDS_H5
 def test_stores_that_differ_in_decoding_only_are_compared(stores, capsys):
     # GPU (tensor) and CPU (PIL) decoding resize slightly differently: the same features.
     argv = [str(stores / "r18.h5"), "--test", str(stores / "r18_tensor.h5"), "--no-progress"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
-from .._data import is_h5_dataset
+from .._data import is_h5_dataset, read_h5
 from ..front import OFFSETS_CV, check_offsets_folds
 from ._usage import UsageError, _few, _one_line
 
@@ -243,6 +243,7 @@ def _lazy(X) -> bool:
 def _load_store(path: str, stack=None):
     try:
         from extract import load_features
+        from extract._store import DAMAGE_ERRORS, damaged
     except ImportError as error:  # the extract extra is optional
         raise UsageError(
             'reading HDF5 stores needs the extract extra: pip install "mr2-probe[extract]"'
@@ -271,7 +272,10 @@ def _load_store(path: str, stack=None):
     features = store.features
     size = int(np.prod(features.shape, dtype=np.int64)) * features.dtype.itemsize
     streamed = stack is not None and features.dtype.kind == "f" and size > in_memory_limit()
-    X = store.features if streamed else np.asarray(store.features)
+    try:
+        X = store.features if streamed else np.asarray(store.features)
+    except DAMAGE_ERRORS as error:  # as load_features(in_memory=True) names them
+        raise damaged(path, error) from error
     return X, np.asarray(store.labels), list(store.class_names), store
 
 
@@ -351,7 +355,8 @@ def _nonfinite_rows(X) -> np.ndarray:
         return np.flatnonzero(~np.isfinite(X).all(axis=1))
     step = max(1, (64 << 20) // max(1, X.dtype.itemsize * X.shape[1]))
     bad = [
-        start + np.flatnonzero(~np.isfinite(np.asarray(X[start : start + step])).all(axis=1))
+        start
+        + np.flatnonzero(~np.isfinite(np.asarray(read_h5(X, slice(start, start + step)))).all(1))
         for start in range(0, X.shape[0], step)  # a loop over blocks, not rows
     ]
     return np.concatenate(bad)
