@@ -2661,6 +2661,20 @@ def test_a_run_failing_before_it_writes_leaves_no_new_out(
     assert not (tmp_path / "runs").exists() and existing.is_dir()
 
 
+def test_a_run_failing_before_it_writes_leaves_no_new_out_named_through_dotdot(
+    files, tmp_path, monkeypatch, capsys
+):
+    # runs/../other/first: "runs" was created, then left behind ("runs/.." is no folder
+    # of this run's to remove, and the removal stopped there).
+    def fit(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_main, "_fit", fit)
+    out = tmp_path / "runs" / ".." / "other" / "first"
+    code, _ = _error([str(files / "train.npz"), "--out", str(out), "--no-progress"], capsys)
+    assert code == 130 and os.listdir(tmp_path) == []
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="--out is locked on POSIX systems")
 def test_a_second_run_into_an_out_in_use_is_refused_and_mixes_nothing(files, tmp_path, capsys):
     import fcntl

@@ -93,7 +93,8 @@ def _claim_out(out: Path):
         import fcntl
     except ImportError:  # Windows, whose folders open to no lock
         fcntl = None
-    new = [f for f in (out, *out.parents) if not f.exists()]  # innermost first
+    # Innermost first; not "runs/..", which is no folder of its own: "runs" is.
+    new = [f for f in (out, *out.parents) if f.name != ".." and not f.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
         folder = os.open(out, os.O_RDONLY) if fcntl is not None else None
