@@ -450,6 +450,24 @@ def test_a_large_c_bar_is_searched_as_the_same_problem_at_c_bar_one(one_batch):
     np.testing.assert_array_equal(large.scores_[0], one.scores_[0])
 
 
+@pytest.mark.parametrize("one_batch", [True, False])
+def test_a_large_c_bar_folds_warnings_give_the_gradient_tested_against_tol(one_batch):
+    # A batched fold's largest gradient is reported in fit_lbfgs's units, c̄ times the
+    # gradient in W, the one tested against tol: in W's it read "8e-08 > tol=1e-07".
+    import re
+
+    X, y = load_digits(return_X_y=True)
+    X, y = (X[:600] / 16).astype(np.float32), y[:600]  # float32 stalls short of tol
+    search = MR2LinearClassifierCV(c_bar=1e3, Cs=[10.0], cv=2, tol=1e-7, device="cpu")
+    search._batch_folds = one_batch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        search.fit(X, y)
+    pattern = r"largest gradient entry of (\S+) > tol=1e-07"
+    reported = [float(g) for w in caught for g in re.findall(pattern, str(w.message))]
+    assert len(reported) >= 2 and min(reported) > 1e-7, reported
+
+
 def test_an_hdf5_fold_without_held_out_rows_is_named_as_in_memory(tmp_path):
     h5py = pytest.importorskip("h5py")
     X, y = load_digits(return_X_y=True)
