@@ -202,6 +202,32 @@ def test_a_large_c_bar_stops_where_the_same_problem_at_c_bar_one_does(digits, c_
     np.testing.assert_array_equal(large.predict(X), one.predict(X))
 
 
+@pytest.mark.parametrize("c_bar", [0.01, 0.1])
+def test_a_small_c_bar_fit_that_met_its_test_does_not_warn(c_bar):
+    # L-BFGS stops on c̄ times the gradient in W (the problem at c_bar=1 and C / c̄²):
+    # the same test decides whether it converged, or every such fit warned.
+    X, y = load_digits(return_X_y=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        model = MR2LinearClassifier(c_bar=c_bar, C=c_bar**2, device="cpu").fit(
+            X[:600] / 16, y[:600]
+        )
+    assert 0 < model.n_iter_ < model.max_iter
+
+
+def test_a_cosine_heads_c_bar_is_no_unit_of_its_gradient_test():
+    # Its objective depends on scale / c̄ alone: (c̄ = 50, scale 500) is the fit of (1, 10),
+    # stopped by the same test (tested on 50 times the gradient, it ran 15 steps more).
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:600] / 16, y[:600]
+    fits = [
+        MR2LinearClassifier(head="cosine", c_bar=c_bar, scale=10 * c_bar, device="cpu").fit(X, y)
+        for c_bar in (1.0, 50.0)
+    ]
+    assert fits[0].n_iter_ == fits[1].n_iter_
+    np.testing.assert_array_equal(fits[0].predict(X), fits[1].predict(X))
+
+
 def test_spread_difficulty_uses_the_spread_around_the_class_mean(digits):
     X, y = digits
     moment = MR2LinearClassifier(c_bar=1.0, C=0.1, device="cpu").fit(X, y)
