@@ -105,10 +105,11 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
 
 
 def _load_xy(path: str, labels=None, labels_option: str = "--labels", stack=None):
-    """:func:`load_xy`; with ``stack`` (a contextlib.ExitStack) a store's features stay in
-    the file, which ``stack`` closes: X is its ``h5py.Dataset`` (a row view of its
-    completed rows where images failed), checked a block at a time, never read whole
-    (floating-point features; integers are read, computed in float64 as arrays are)."""
+    """:func:`load_xy`; with ``stack`` (a contextlib.ExitStack) a store's features larger
+    than :func:`in_memory_limit` stay in the file, which ``stack`` closes: X is its
+    ``h5py.Dataset`` (a row view of its completed rows where images failed), checked a
+    block at a time, never read whole (floating-point features; integers are read,
+    computed in float64 as arrays are). Smaller ones are read into memory."""
     suffix = feature_format(path)
     if not suffix:
         if not os.path.exists(path):
@@ -375,9 +376,9 @@ def _rows(X, rows: np.ndarray):
 def _inputs(args, stack=None):
     """Training and test data, checked to describe one task; the class names, if any; the
     files' records (:func:`_sources`, read now: a store replaced during the fit is not
-    described). With ``stack`` a store's features stay in its file (:func:`_load_xy`),
-    open until ``stack`` closes; the part held out by --test-size is then a row view of
-    them, as the rest."""
+    described). With ``stack`` a store's features above the memory limit stay in its
+    file (:func:`_load_xy`), open until ``stack`` closes; the part held out by --test-size
+    is then a row view of them, as the rest."""
     X, y, names = _load_xy(args.train, args.labels, stack=stack)
     repeated = _repeated(names)
     names = _distinct(names)
