@@ -1696,7 +1696,6 @@ def test_a_store_that_fits_in_memory_is_read_into_it(stores, monkeypatch):
 
     import mr2_probe.cli._inputs as inputs
 
-    assert inputs.in_memory_limit() >= 1 << 30 or not hasattr(os, "sysconf")
     with h5py.File(stores / "store.h5", "r") as f:
         size = f["features"].size * f["features"].dtype.itemsize
     seen = _models_inputs(monkeypatch)
@@ -1706,6 +1705,41 @@ def test_a_store_that_fits_in_memory_is_read_into_it(stores, monkeypatch):
         seen.clear()
         assert main([str(stores / "store.h5"), "--no-progress"]) == 0
         assert seen and {is_h5_dataset(X) for X in seen} == {streamed}
+
+
+@NEEDS_H5
+def test_a_store_read_into_memory_is_closed_at_once(stores):
+    # (It stayed open until the run ended.) One streamed stays open until then.
+    import contextlib
+
+    import h5py
+
+    from mr2_probe.cli._inputs import _load_xy
+
+    def open_files():
+        ids = h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE)
+        return [os.fsdecode(h5py.h5f.FileID(i).name) for i in ids]
+
+    path = str(stores / "store.h5")
+    with contextlib.ExitStack() as stack:
+        assert isinstance(_load_xy(path, stack=stack)[0], np.ndarray)
+        assert path not in open_files()
+
+
+@pytest.mark.skipif(not hasattr(os, "sysconf"), reason="the machine's memory from sysconf")
+@pytest.mark.parametrize(
+    "cap, share",
+    [("1073741824\n", 1 << 28), ("max\n", None), ("", None), ("9223372036854771712", None)],
+)
+def test_the_memory_limit_is_a_quarter_of_a_control_group_s_cap(tmp_path, monkeypatch, cap, share):
+    # A batch job or a container capped at 1 GiB on a large machine read up to a quarter of
+    # the machine's memory: killed for it. Without a cap, a quarter of the machine's.
+    import mr2_probe.cli._inputs as inputs
+
+    (tmp_path / "memory.max").write_text(cap)
+    monkeypatch.setattr(inputs, "_CGROUP_LIMITS", (str(tmp_path / "memory.max"),))
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert inputs.in_memory_limit() == min(share or machine // 4, machine // 4)
 
 
 @NEEDS_H5

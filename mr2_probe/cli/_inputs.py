@@ -244,16 +244,24 @@ def _lazy(X) -> bool:
 def _load_store(path: str, stack=None):
     try:
         from extract import load_features
-        from extract._store import DAMAGE_ERRORS, damaged
     except ImportError as error:  # the extract extra is optional
         raise UsageError(
             'reading HDF5 stores needs the extract extra: pip install "mr2-probe[extract]"'
         ) from error
-    # StoreError: a one-line ValueError
-    if stack is None:
-        store = load_features(path, in_memory=True)
+    # StoreError: a one-line ValueError. Integer features are read into memory, as arrays:
+    # a store's are computed in float32, an array of integers in float64. So are features
+    # that fit in memory (a quarter of it, as a fit may hold a float32 copy beside them):
+    # each pass over a streamed store reads the file again, about three times the fit's
+    # time here. Those read are closed at once.
+    store = load_features(path)
+    features = store.features
+    size = int(np.prod(features.shape, dtype=np.int64)) * features.dtype.itemsize
+    streamed = stack is not None and features.dtype.kind == "f" and size > in_memory_limit()
+    if streamed:
+        stack.enter_context(store)
     else:
-        store = stack.enter_context(load_features(path))
+        store.close()
+        store = load_features(path, in_memory=True)
     if store.failures:
         first, reason = store.failures[0]
         n = len(store.failures)
@@ -266,28 +274,33 @@ def _load_store(path: str, stack=None):
             f"mr2-probe: warning: {path}: {images} left out (the first, {first!r}: {reason})",
             file=sys.stderr,
         )
-    # Integer features are read into memory, as arrays: a store's are computed in float32,
-    # an array of integers in float64. So are features that fit in memory (a quarter of
-    # it, as a fit may hold a float32 copy beside them): each pass over a streamed store
-    # reads the file again, about three times the fit's time here.
-    features = store.features
-    size = int(np.prod(features.shape, dtype=np.int64)) * features.dtype.itemsize
-    streamed = stack is not None and features.dtype.kind == "f" and size > in_memory_limit()
-    try:
-        X = store.features if streamed else np.asarray(store.features)
-    except DAMAGE_ERRORS as error:  # as load_features(in_memory=True) names them
-        raise damaged(path, error) from error
+    X = store.features if streamed else np.asarray(store.features)
     return X, np.asarray(store.labels), list(store.class_names), store
+
+
+# Where a control group caps the process's memory (a container, a batch job): cgroup v2's
+# file, then v1's. "max", or v1's huge number, is no cap.
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
 def in_memory_limit() -> int:
     """The most bytes of a store's features that ``mr2-probe`` reads into memory: a quarter
-    of the machine's physical memory (1 GiB where the system does not say); larger ones are
-    read a block at a time by every fit and prediction."""
+    of the memory it may use, the machine's physical memory or its control group's cap
+    where lower (1 GiB where the system says neither); larger ones are read a block at a
+    time by every fit and prediction."""
+    memory = []
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+        memory.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, OSError, ValueError):  # no sysconf, or not these names
-        return 1 << 30
+        pass
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path) as file:
+                memory.append(int(file.read().strip()))
+            break
+        except (OSError, ValueError):  # not there, or "max"
+            continue
+    return min(memory) // 4 if memory else 1 << 30
 
 
 def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
