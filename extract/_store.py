@@ -96,7 +96,13 @@ def read_structure(path: str | os.PathLike, f: h5py.File) -> list[str]:
     try:
         names = sorted(f.keys())
         for name in names:
-            obj = f[name]
+            # A link to another file, or a soft link to nothing (valid in a store that
+            # another tool wrote, or that a user added to): not this file's structure, and
+            # opening it is no read of this file (it opened another file, or failed).
+            link = f.get(name, getlink=True)
+            if isinstance(link, h5py.ExternalLink):
+                continue
+            obj = f.get(name) if isinstance(link, h5py.SoftLink) else f[name]
             if isinstance(obj, h5py.Dataset):
                 obj.shape, obj.dtype  # noqa: B018 (read from the object's header)
                 # Counting the chunks walks every node of the index, no data: a damaged

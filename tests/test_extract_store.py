@@ -1876,6 +1876,26 @@ def test_a_store_whose_chunk_index_is_damaged_is_not_a_store(store, folder, tmp_
     assert damaged.read_bytes() == bad
 
 
+@pytest.mark.parametrize(
+    "link",
+    [h5py.SoftLink("/nowhere"), h5py.ExternalLink("missing.h5", "/x")],
+    ids=["soft", "external"],
+)
+def test_a_store_with_a_link_to_nothing_is_read(tmp_path, link):
+    # A soft link to nothing, or a link to another file that is not there (a store that
+    # another tool wrote, or a user added to): HDF5 allows both, and load_features reads
+    # any HDF5 file with the three datasets; opening the links at open called the store
+    # "damaged", never to be replaced.
+    path = tmp_path / "s.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("features", data=np.ones((4, 3), np.float32), chunks=(2, 3))
+        f.create_dataset("labels", data=np.arange(4) % 2)
+        f.create_dataset("class_names", data=["a", "b"], dtype=h5py.string_dtype())
+        f["extra"] = link
+    with load_features(path) as store:
+        np.testing.assert_array_equal(store.features[:], np.ones((4, 3)))
+
+
 @pytest.mark.parametrize("failed", [False, True])  # features an h5py.Dataset, a RowView
 def test_rows_of_a_damaged_store_read_lazily_name_the_file(tmp_path, failed):
     # A compressed chunk that no longer decompresses (a store written by another tool, as
