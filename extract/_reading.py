@@ -91,7 +91,7 @@ class RowView:
         except (OSError, RuntimeError) as error:
             if not self.dataset.id.valid:  # a closed file, not a damaged one
                 raise
-            raise damaged(self.dataset.file.filename, error) from error
+            raise damaged(self.dataset.file.filename, error, self.dataset) from error
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         out = self[:]
@@ -340,8 +340,9 @@ def load_features(
         f.close()
         raise
     except DAMAGE_ERRORS as error:  # h5py's, reading a damaged file's structures or data
+        problem = damaged(path, error, f)
         f.close()
-        raise damaged(path, error) from error
+        raise problem from error
     except BaseException:
         f.close()
         raise
@@ -349,7 +350,7 @@ def load_features(
         try:  # closed whatever happens, a MemoryError included
             store.features = np.asarray(store.features)
         except DAMAGE_ERRORS as error:
-            raise damaged(path, error) from error
+            raise damaged(path, error, store.file) from error
         finally:
             store.close()
         store.file = None

@@ -78,9 +78,47 @@ def _no_permission(path: str | os.PathLike, mode: str) -> StoreError:
 DAMAGE_ERRORS = (OSError, RuntimeError, KeyError, json.JSONDecodeError)
 
 
-def damaged(path: str | os.PathLike, error: BaseException) -> NotAStoreError:
-    """The error for a store that opened and then could not be read (a damaged file)."""
+def missing_filters(source: h5py.File | h5py.Dataset) -> list[str]:
+    """The filters (compression) of the dataset ``source``, or of the datasets at the root
+    of the file ``source``, that this HDF5 cannot load: a plugin not installed, as
+    hdf5plugin's Blosc or Zstd for a file that another tool wrote."""
+    if isinstance(source, h5py.Dataset):
+        datasets = [source]
+    else:
+        links = ((name, source.get(name, getlink=True)) for name in source)
+        objects = (source[name] for name, link in links if isinstance(link, h5py.HardLink))
+        datasets = [obj for obj in objects if isinstance(obj, h5py.Dataset)]
+    missing = {}
+    for dataset in datasets:
+        dcpl = dataset.id.get_create_plist()
+        for i in range(dcpl.get_nfilters()):
+            code, _, _, name = dcpl.get_filter(i)
+            if not h5py.h5z.filter_avail(code):
+                missing[code] = f"{name.decode(errors='replace') or 'filter'} (id {code})"
+    return list(missing.values())
+
+
+def damaged(
+    path: str | os.PathLike,
+    error: BaseException,
+    source: h5py.File | h5py.Dataset | None = None,
+) -> StoreError:
+    """The error for a store that opened and then could not be read (a damaged file); one
+    that names the filters ``source`` is compressed with that this HDF5 cannot load, where
+    that is why (the file may well be intact)."""
     text = error.args[0] if isinstance(error, KeyError) and error.args else error
+    try:  # (read from the datasets' headers, which the damage may have reached too)
+        missing = missing_filters(source) if source is not None and source.id.valid else []
+    except DAMAGE_ERRORS:
+        missing = []
+    if missing:
+        return StoreError(
+            f"Cannot read the feature store {os.fspath(path)!r}: it is compressed with HDF5 "
+            f"filters that this HDF5 cannot load ({', '.join(missing)}): "
+            f"{' '.join(str(text).split())}. Install their plugin (pip install hdf5plugin, "
+            "then import hdf5plugin before reading it) or name its folder in "
+            "HDF5_PLUGIN_PATH; the file itself is not known to be damaged."
+        )
     return NotAStoreError(
         f"Cannot read {os.fspath(path)!r} as an HDF5 feature store (the file is damaged): "
         f"{' '.join(str(text).split())}. A file that cannot be read as a store is never "

@@ -123,12 +123,33 @@ def read_h5(X, key):
         dataset = getattr(X, "dataset", X)
         if not dataset.id.valid:  # a closed file, not a damaged one
             raise
+        missing = _missing_filters(dataset)
+        if missing:  # a plugin not installed (hdf5plugin's Blosc, say), not a damaged file
+            raise ValueError(
+                f"Cannot read the rows of the HDF5 dataset {dataset.name!r} in "
+                f"{dataset.file.filename!r}: it is compressed with HDF5 filters that this "
+                f"HDF5 cannot load ({', '.join(missing)}). Install their plugin (pip install "
+                "hdf5plugin, then import hdf5plugin before reading it) or name its folder in "
+                "HDF5_PLUGIN_PATH."
+            ) from error
         raise ValueError(
             f"Cannot read the rows of the HDF5 dataset {dataset.name!r} in "
             f"{dataset.file.filename!r} (the file is damaged): {' '.join(str(error).split())}. "
             "Extract the features again: mr2-extract never replaces a damaged file, delete it "
             "yourself first or write to another path."
         ) from error
+
+
+def _missing_filters(dataset) -> list[str]:
+    """The filters (compression) of the HDF5 ``dataset`` that this HDF5 cannot load."""
+    h5z = sys.modules["h5py"].h5z
+    dcpl = dataset.id.get_create_plist()
+    filters = (dcpl.get_filter(i) for i in range(dcpl.get_nfilters()))
+    return [
+        f"{name.decode(errors='replace') or 'filter'} (id {code})"
+        for code, _, _, name in filters
+        if not h5z.filter_avail(code)
+    ]
 
 
 def raise_nonfinite(has_nan: bool, dtype, estimator_name: str) -> None:

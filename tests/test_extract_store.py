@@ -1930,6 +1930,46 @@ def test_rows_of_a_damaged_store_read_lazily_name_the_file(tmp_path, failed):
             fitted.predict(store.features)
 
 
+@pytest.mark.parametrize("failed", [False, True])  # features an h5py.Dataset, a RowView
+def test_a_store_compressed_with_a_filter_not_loaded_is_not_called_damaged(tmp_path, failed):
+    # A store that another tool compressed with a filter whose plugin is not installed here
+    # (hdf5plugin's Blosc, say): an intact file was "damaged", to be deleted and extracted
+    # again, from load_features, a row view and a probe's streamed fit and predict alike.
+    from mr2_probe import MR2LinearClassifier
+
+    path = tmp_path / "blosc.h5"
+    X = np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32)
+    y = np.arange(40) % 2
+    with h5py.File(path, "w") as f:
+        features = f.create_dataset(
+            "features", (40, 8), np.float32, chunks=(10, 8), compression=32099,
+            allow_unknown_filter=True,
+        )  # fmt: skip
+        for start in range(0, 40, 10):  # written as stored, as that filter would leave them
+            features.id.write_direct_chunk((start, 0), X[start : start + 10].tobytes())
+        f.create_dataset("labels", data=y)
+        f.create_dataset("class_names", data=["a", "b"], dtype=h5py.string_dtype())
+        if failed:
+            f.create_dataset("status", data=np.full(40, DONE, np.uint8))
+            f["status"][0] = FAILED
+    fitted = MR2LinearClassifier().fit(X, y)
+    plugin = r"filters that this HDF5 cannot load \(filter \(id 32099\)\).*Install their plugin"
+    with pytest.raises(StoreError, match=plugin) as raised:
+        load_features(path, in_memory=True)
+    assert not isinstance(raised.value, NotAStoreError)
+    with load_features(path) as store:
+        if failed:
+            with pytest.raises(StoreError, match=plugin):
+                store.features[:]
+        for fit_or_predict in (
+            lambda: MR2LinearClassifier(max_iter=5).fit(store.features, store.labels),
+            lambda: fitted.predict(store.features),
+        ):
+            with pytest.raises(ValueError, match=plugin) as raised:
+                fit_or_predict()
+            assert "(the file is damaged)" not in str(raised.value)
+
+
 def test_an_incomplete_store_being_written_is_locked_not_to_be_run_again(store, tmp_path):
     # With HDF5's own lock off (HDF5_USE_FILE_LOCKING=FALSE, as on NFS), a store read while
     # its run writes it was "not extracted yet; run the same extraction command again",
