@@ -640,6 +640,34 @@ NEEDS_H5 = pytest.mark.skipif(
 )
 
 
+@NEEDS_H5
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
+    tmp_path, capsys, monkeypatch, streamed
+):
+    # A compressed chunk that does not decompress, in a store whose every row succeeded (its
+    # features an h5py.Dataset): its reading into memory, or the scan for NaN of a store
+    # streamed, said h5py's "filter returned failure during read" alone, naming no file.
+    import h5py
+
+    if streamed:
+        monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 0)
+
+    path = tmp_path / "gz.h5"
+    X, y = _blobs(20, 0, d=8)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("features", data=X.astype(np.float32), chunks=(10, 8), compression="gzip")
+        f.create_dataset("labels", data=y)
+        f.create_dataset("class_names", data=["a", "b", "c"], dtype=h5py.string_dtype())
+        chunk = f["features"].id.get_chunk_info(2)
+    data = bytearray(path.read_bytes())
+    data[chunk.byte_offset : chunk.byte_offset + chunk.size] = b"\xff" * chunk.size
+    path.write_bytes(bytes(data))
+    _, lines = _error([str(path), "--no-progress", "--max-iter", "2"], capsys)
+    assert len(lines) == 1, lines
+    assert re.search(rf"'{re.escape(str(path))}'.* \(the file is damaged\): .*filter", lines[0])
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
