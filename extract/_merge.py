@@ -28,6 +28,7 @@ from ._schema import (
     shard_own,
 )
 from ._store import (
+    DAMAGE_ERRORS,
     _check_companions,
     check_format,
     check_output,
@@ -280,7 +281,7 @@ def _merge_leftover(path: str) -> bool:
     try:
         with h5py.File(path, "r", locking=False) as f:
             return "features" in f and "merged_from" in f.attrs
-    except OSError:
+    except DAMAGE_ERRORS:  # (not open, or its structures cannot be read: no merge's)
         return False
 
 

@@ -182,7 +182,7 @@ def _creation_leftover(tmp: str) -> bool:
     try:
         with h5py.File(tmp, "r", locking=False) as f:
             return set(f.keys()) <= set(STORE_DATASETS)
-    except OSError:
+    except DAMAGE_ERRORS:  # (or opens, and its structures cannot be read)
         return True
 
 

@@ -1733,6 +1733,25 @@ def test_leftover_temporary_file_from_a_killed_creation_is_replaced(folder, tmp_
     assert load_features(out).features.shape == (4, 96)
 
 
+@pytest.mark.parametrize("signature", [b"SNOD", b"TREE", b"HEAP"])
+def test_a_damaged_leftover_of_a_killed_creation_or_merge_is_no_traceback(
+    store, tmp_path, signature
+):
+    # A creation killed while HDF5 wrote its structures leaves a .tmp that opens and then
+    # cannot be read (a merge's .merging, the same): h5py's RuntimeError came out of
+    # extract_features, a traceback from mr2-extract. The .tmp is replaced, as one that does
+    # not open at all; the .merging, not known to be a merge's, is refused in one line.
+    from extract._merge import check_merging
+
+    out = tmp_path / "out.h5"
+    bad = store.read_bytes().replace(signature, b"XXXX", 1)
+    _write(out.with_name("out.h5.tmp"), bad)
+    check_output(out)
+    _write(out.with_name("out.h5.merging"), bad)
+    with pytest.raises(StoreError, match=r"out\.h5\.merging' exists and is not a merged store"):
+        check_merging(os.fspath(out))
+
+
 def _write(path, data: bytes):
     path.write_bytes(data)
     return path
