@@ -8,6 +8,7 @@ import fcntl
 import logging
 import os
 import socket
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -81,7 +82,11 @@ def _lock_holder(path: str | os.PathLike) -> str | None:
     "pid" or "pid on host H"; None otherwise (the file keeps the last writer's record after
     it is released)."""
     try:
-        with open(f"{os.fspath(path)}.lock", "rb") as fh:
+        # (not blocking: a FIFO of that name, opened to be read, waits for a writer)
+        fd = os.open(f"{os.fspath(path)}.lock", os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # no lock file of mr2-extract
+                return None
             try:
                 fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:  # held: its record is the writer's

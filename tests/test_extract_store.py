@@ -2021,6 +2021,32 @@ def test_an_incomplete_store_being_written_is_locked_not_to_be_run_again(store, 
         load_features(partial)
 
 
+def test_an_incomplete_store_beside_a_fifo_named_as_its_lock_is_not_waited_for(store, tmp_path):
+    # The run's lock looked for beside an incomplete store: a FIFO of that name (a user's,
+    # never written by mr2-extract, which refuses it) was opened to be read, and
+    # load_features waited for a writer to it, for ever.
+    partial = tmp_path / "partial.h5"
+    partial.write_bytes(store.read_bytes())
+    with h5py.File(partial, "r+") as f:
+        f["status"][0] = PENDING
+    _fifo(tmp_path / "partial.h5.lock")
+
+    class Waited(Exception):
+        pass
+
+    def waited(*_):
+        raise Waited("load_features waited for a writer to the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(5)
+    try:
+        with pytest.raises(IncompleteStoreError, match="not extracted yet"):
+            load_features(partial)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
     partial = tmp_path / "partial.h5"
     partial.write_bytes(store.read_bytes())
