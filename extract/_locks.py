@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import stat
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -133,6 +134,24 @@ def _without_locks(path: str, lock_path: str, err: OSError) -> None:
     )
 
 
+# Waits before a lock held is taken for a writer's: a reader that looks for the writer
+# (_lock_holder) holds it, shared, for a moment; a writer holds it for its run.
+_RETRY_S = (0.002, 0.02, 0.1)
+
+
+def _lock_exclusive(fh) -> None:
+    """``flock`` ``fh`` exclusively, tried again over about 0.1 s while it is held; the
+    BlockingIOError of the last try where it still is."""
+    for wait in (*_RETRY_S, None):
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if wait is None:
+                raise
+            time.sleep(wait)
+
+
 @contextmanager
 def store_lock(path: str | os.PathLike) -> Iterator[None]:
     """Hold an exclusive lock on ``<path>.lock`` while writing ``path``.
@@ -153,7 +172,7 @@ def store_lock(path: str | os.PathLike) -> Iterator[None]:
         ) from err
     try:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_exclusive(fh)
         except BlockingIOError:
             fh.seek(0)
             holder = fh.read().strip() or "unknown"

@@ -2,6 +2,7 @@
 
 import contextlib
 import errno
+import fcntl
 import functools
 import hashlib
 import json
@@ -381,6 +382,25 @@ def test_second_writer_gets_a_clear_error(folder, tmp_path):
     with store_lock(out), pytest.raises(StoreLockedError, match="another process"):
         extract_features(folder, BACKBONE, out, **FAST)
     assert not out.exists()
+
+
+def test_a_reader_looking_for_the_writer_does_not_refuse_a_writer(tmp_path):
+    # load_features looks for the run of an incomplete store by taking its lock, shared,
+    # for a moment: a run starting then was refused as "being written by another process"
+    # (the last writer's pid, even its own), 4 starts in 10 beside a reader polling.
+    import threading
+
+    from extract._locks import _lock_holder
+
+    out = tmp_path / "f.h5"
+    with store_lock(out):
+        pass  # the lock file, as a finished run leaves it
+    reader = open(f"{out}.lock", "rb")  # as _lock_holder holds it, a moment longer
+    fcntl.flock(reader, fcntl.LOCK_SH)
+    threading.Timer(0.02, reader.close).start()
+    with store_lock(out):
+        assert _lock_holder(out) is None  # this process's own
+    assert reader.closed
 
 
 def test_a_complete_store_in_a_read_only_folder_is_reused(store, folder, monkeypatch, caplog):
