@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-per-class", type=int, default=200, help="train images/class")
     parser.add_argument("--test-per-class", type=int, default=100, help="test images/class")
     parser.add_argument("--image-size", type=int, default=96, help="backbone input size")
-    parser.add_argument("--c-bar", default="1", help="mean margin of the MR² probe")
+    parser.add_argument("--c-bar", default="1", help="mean margin of the MR² probe, 'none' for ERM")
     parser.add_argument("--out", default="runs/fmnist_lite0", help="output folder")
     args = parser.parse_args(argv)
     # One line, as argparse's own refusals, rather than extract's traceback.
@@ -35,6 +35,13 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, option[2:].replace("-", "_"))
         if value < 1:
             parser.error(f"{option} must be at least 1, got {value}")
+    # Before the extraction (minutes at the defaults), not by mr2-probe after it.
+    try:
+        c_bar = None if args.c_bar.lower() in ("none", "null") else float(args.c_bar)
+    except ValueError:
+        c_bar = float("nan")
+    if c_bar is not None and not 0 < c_bar < float("inf"):
+        parser.error(f"--c-bar must be a positive finite number or 'none', got {args.c_bar!r}")
 
     out = Path(args.out)
     stores = {}

@@ -188,6 +188,18 @@ def test_end_to_end_refuses_sizes_below_one_in_one_line(option, tmp_path, capsys
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "inf", "nan"])
+def test_end_to_end_refuses_a_bad_c_bar_before_extracting(value, tmp_path, capsys):
+    # mr2-probe refused it only once both stores were extracted (minutes at the defaults).
+    script = runpy.run_path(str(EXAMPLES / "end_to_end.py"), run_name="end_to_end")
+    argv = ["--train-per-class", "1", "--test-per-class", "1", "--image-size", "8"]
+    with pytest.raises(SystemExit) as exit_:
+        script["main"]([*argv, "--c-bar", value, "--out", str(tmp_path / "run")])
+    message = f"--c-bar must be a positive finite number or 'none', got {value!r}"
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_demo_s_usage_names_the_command_that_runs_it(capsys):
     from mr2_probe.demo import main
 
