@@ -2582,6 +2582,13 @@ def test_a_fraction_of_one_is_refused_as_out_of_range(files, capsys, options):
     assert f"{options[-2]} must be a fraction between 0 and 1 (both excluded)" in line
 
 
+def test_a_c_bar_that_is_no_number_is_refused_in_the_user_s_words(files, capsys):
+    # argparse named the parsing function: "invalid _optional_float value: 'abc'".
+    status, err = _error([str(files / "train.npz"), "--c-bar", "abc"], capsys)
+    assert status == 2
+    assert err[-1].endswith("argument --c-bar: expected a number or 'none', got 'abc'")
+
+
 def _checked(argv):
     """The options of ``argv`` parsed and checked as mr2-probe does before reading files."""
     from mr2_probe.cli._options import _check_options

@@ -290,7 +290,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _optional_float(text: str):
-    return None if text.lower() in ("none", "null") else float(text)
+    try:
+        return None if text.lower() in ("none", "null") else float(text)
+    except ValueError:  # argparse named the function: "invalid _optional_float value"
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {text!r}") from None
 
 
 def _floats(text: str) -> tuple[float, ...]:
