@@ -15,6 +15,7 @@ import contextlib
 import warnings
 
 import joblib
+import numpy as np
 from sklearn.base import clone
 from sklearn.datasets import load_digits
 from sklearn.exceptions import ConvergenceWarning
@@ -99,6 +100,12 @@ def main(argv: list[str] | None = None):
     X_train, X_test, y_train, y_test = train_test_split(
         X, y, test_size=0.5, stratify=y, random_state=args.seed
     )
+    # (StratifiedKFold's ValueError ended in a traceback)
+    fewest = int(np.bincount(y_train).min())
+    if args.cv > fewest:
+        parser.error(
+            f"--cv must be at most {fewest}, the fewest training images of a class, got {args.cv}"
+        )
     pipe = make_pipeline(StandardScaler(), MR2LinearClassifier(max_iter=args.max_iter))
     # c_bar=None is the ERM probe: the search decides whether margins are worth it.
     grid = {

@@ -176,6 +176,15 @@ def test_examples_refuse_bad_options_in_one_line(script, argv, message, capsys):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_grid_search_refuses_more_folds_than_a_class_has_images_in_one_line(capsys):
+    # StratifiedKFold's ValueError ended in a traceback once the data was split.
+    script = runpy.run_path(str(EXAMPLES / "grid_search.py"), run_name="grid_search")
+    with pytest.raises(SystemExit) as exit_:
+        script["main"](["--cv", "100"])
+    message = "--cv must be at most 87, the fewest training images of a class, got 100"
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("option", ["--train-per-class", "--test-per-class", "--image-size"])
 def test_end_to_end_refuses_sizes_below_one_in_one_line(option, tmp_path, capsys):
     # They ended in extract's ValueError traceback.
