@@ -38,6 +38,11 @@ def main(argv: list[str] | None = None):
         parser.error(f"--c-bar must be a positive finite number, got {args.c_bar:g}")
     if not 0 <= args.seed < 2**32:  # NumPy's seeds, as train_test_split takes them
         parser.error(f"--seed must be between 0 and 2**32 - 1, got {args.seed}")
+    # (after the fits, a folder as --json or a file as --plots ended in an OSError traceback)
+    if args.json and Path(args.json).is_dir():
+        parser.error(f"--json takes a file to write, got the folder {args.json}")
+    if args.plots and Path(args.plots).exists() and not Path(args.plots).is_dir():
+        parser.error(f"--plots takes a folder, got the file {args.plots}")
 
     X, y = load_digits(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(

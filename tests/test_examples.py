@@ -176,6 +176,25 @@ def test_examples_refuse_bad_options_in_one_line(script, argv, message, capsys):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "option, message",
+    [("--json", "--json takes a file to write, got the folder"),
+     ("--plots", "--plots takes a folder, got the file")],
+)  # fmt: skip
+def test_quickstart_refuses_outputs_of_the_wrong_kind_before_fitting(
+    option, message, tmp_path, capsys
+):
+    # They ended in IsADirectoryError / FileExistsError tracebacks once the probes were fitted.
+    target = tmp_path if option == "--json" else tmp_path / "a_file"
+    target.touch()
+    script = runpy.run_path(str(EXAMPLES / "quickstart.py"), run_name="quickstart")
+    with pytest.raises(SystemExit) as exit_:
+        script["main"]([option, str(target)])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and f"{message} {target}" in captured.err
+    assert "digits:" not in captured.out  # nothing was fitted
+
+
 def test_grid_search_refuses_more_folds_than_a_class_has_images_in_one_line(capsys):
     # StratifiedKFold's ValueError ended in a traceback once the data was split.
     script = runpy.run_path(str(EXAMPLES / "grid_search.py"), run_name="grid_search")
