@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--c-bar must be a positive finite number or 'none', got {args.c_bar!r}")
 
     out = Path(args.out)
+    if out.exists() and not out.is_dir():  # (extract's StoreError traceback)
+        parser.error(f"--out takes a folder, got the file {args.out}")
     stores = {}
     for split, per_class in (("train", args.train_per_class), ("test", args.test_per_class)):
         stores[split] = extract_features(

@@ -228,6 +228,16 @@ def test_end_to_end_refuses_a_bad_c_bar_before_extracting(value, tmp_path, capsy
     assert not (tmp_path / "run").exists()
 
 
+def test_end_to_end_refuses_a_file_as_out_in_one_line(tmp_path, capsys):
+    # It ended in extract's StoreError traceback.
+    (tmp_path / "a_file").touch()
+    script = runpy.run_path(str(EXAMPLES / "end_to_end.py"), run_name="end_to_end")
+    with pytest.raises(SystemExit) as exit_:
+        script["main"](["--image-size", "8", "--out", str(tmp_path / "a_file")])
+    message = f"--out takes a folder, got the file {tmp_path / 'a_file'}"
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_demo_s_usage_names_the_command_that_runs_it(capsys):
     from mr2_probe.demo import main
 
