@@ -350,7 +350,9 @@ def load_features(
         try:  # closed whatever happens, a MemoryError included
             store.features = np.asarray(store.features)
         except DAMAGE_ERRORS as error:
-            raise damaged(path, error, store.file) from error
+            # (the features' filters: another dataset's, never read, is no reason)
+            dataset = getattr(store.features, "dataset", store.features)
+            raise damaged(path, error, dataset) from error
         finally:
             store.close()
         store.file = None

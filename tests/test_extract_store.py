@@ -1982,6 +1982,28 @@ def test_rows_of_a_damaged_store_read_lazily_name_the_file(tmp_path, failed):
             fitted.predict(store.features)
 
 
+def test_a_damaged_store_read_into_memory_is_not_blamed_on_another_datasets_filter(tmp_path):
+    # A gzip chunk of the features that no longer decompresses, beside a dataset (never
+    # read) compressed with a filter not installed here: the file's filters were all read,
+    # and the damaged file was "compressed with filters that this HDF5 cannot load", "not
+    # known to be damaged".
+    path = tmp_path / "gz.h5"
+    X = np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("features", data=X, chunks=(10, 8), compression="gzip")
+        f.create_dataset("labels", data=np.arange(40) % 2)
+        f.create_dataset("class_names", data=["a", "b"], dtype=h5py.string_dtype())
+        f.create_dataset(
+            "notes", (4,), np.float32, chunks=(4,), compression=32099, allow_unknown_filter=True
+        )
+        chunk = f["features"].id.get_chunk_info(2)
+    data = bytearray(path.read_bytes())
+    data[chunk.byte_offset : chunk.byte_offset + chunk.size] = b"\xff" * chunk.size
+    path.write_bytes(bytes(data))
+    with pytest.raises(NotAStoreError, match=r"\(the file is damaged\): .*filter returned"):
+        load_features(path, in_memory=True)
+
+
 @pytest.mark.parametrize("failed", [False, True])  # features an h5py.Dataset, a RowView
 def test_a_store_compressed_with_a_filter_not_loaded_is_not_called_damaged(tmp_path, failed):
     # A store that another tool compressed with a filter whose plugin is not installed here
