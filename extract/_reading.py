@@ -179,6 +179,22 @@ def _open_for_reading(path: str | os.PathLike) -> h5py.File:
 _TEXT = ("paths", "failure_reason", "content_sha256")  # a store's string datasets
 
 
+def _check_types(path: str | os.PathLike, f: h5py.File) -> None:
+    """Refuse a dataset that load_features reads in a type NumPy has no equivalent of (as
+    HDF5's H5T_TIME): reading it raised h5py's TypeError."""
+    for name in ("features", "labels", "class_names", "status", "indices", *_TEXT):
+        if name not in f:
+            continue
+        try:
+            f[name].dtype  # noqa: B018
+        except TypeError:
+            raise NotAStoreError(
+                f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} has an HDF5 "
+                f"type that NumPy has no equivalent of ({type(f[name].id.get_type()).__name__})"
+                "; rebuild it."
+            ) from None
+
+
 def _check_shapes(
     path: str | os.PathLike, f: h5py.File, labels: np.ndarray, status: np.ndarray
 ) -> None:
@@ -282,6 +298,7 @@ def load_features(
     try:
         attrs = read_attrs(f)
         check_not_newer(path, attrs)  # older formats are read
+        _check_types(path, f)
         # [()] reads a scalar dataset too, which _check_shapes refuses by its shape.
         labels = np.asarray(f["labels"][()])
         n = labels.size

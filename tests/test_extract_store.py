@@ -1948,6 +1948,23 @@ def test_a_store_with_a_dataset_numpy_cannot_type_is_read(tmp_path):
         assert store.features.shape == (4, 3)
 
 
+@pytest.mark.parametrize("name", ["features", "labels", "status", "paths"])
+def test_a_store_dataset_read_in_a_type_numpy_cannot_type_is_refused(tmp_path, name):
+    # One of the datasets load_features reads in H5T_TIME (another dataset is read since
+    # a2d52c3): h5py's TypeError "No NumPy equivalent for TypeTimeID exists" came out.
+    path = tmp_path / "s.h5"
+    with h5py.File(path, "w") as f:
+        if name != "features":
+            f.create_dataset("features", data=np.ones((4, 3), np.float32))
+        if name != "labels":
+            f.create_dataset("labels", data=np.arange(4) % 2)
+        f.create_dataset("class_names", data=["a", "b"], dtype=h5py.string_dtype())
+        shape = (4, 3) if name == "features" else (4,)
+        h5py.h5d.create(f.id, name.encode(), h5py.h5t.UNIX_D32LE, h5py.h5s.create_simple(shape))
+    with pytest.raises(NotAStoreError, match=rf"inconsistent: '{name}' has an HDF5 type that"):
+        load_features(path)
+
+
 @pytest.mark.parametrize("failed", [False, True])  # features an h5py.Dataset, a RowView
 def test_rows_of_a_damaged_store_read_lazily_name_the_file(tmp_path, failed):
     # A compressed chunk that no longer decompresses (a store written by another tool, as
