@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():  # (extract's StoreError traceback)
         parser.error(f"--out takes a folder, got the file {args.out}")
+    # (a file among the folders above: extract's StoreError traceback too)
+    above = next((p for p in out.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        parser.error(f"--out {args.out} is inside {above}, which is a file, not a folder")
     stores = {}
     for split, per_class in (("train", args.train_per_class), ("test", args.test_per_class)):
         stores[split] = extract_features(

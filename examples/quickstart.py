@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None):
         parser.error(f"--json takes a file to write, got the folder {args.json}")
     if args.plots and Path(args.plots).exists() and not Path(args.plots).is_dir():
         parser.error(f"--plots takes a folder, got the file {args.plots}")
+    # (a file among the folders above, as --json notes.txt/r.json: its folders not made)
+    for option, value in (("--json", args.json), ("--plots", args.plots)):
+        blocking = value and _file_above(Path(value))
+        if blocking:
+            parser.error(f"{option} {value} is inside {blocking}, which is a file, not a folder")
 
     X, y = load_digits(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(
@@ -68,6 +73,13 @@ def main(argv: list[str] | None = None):
     if args.plots:
         write_plots(report, fitted[list(fitted)[1]][-1], Path(args.plots))
     return report
+
+
+def _file_above(path: Path) -> Path | None:
+    """The nearest existing folder above ``path``, where that is a file (no folder can be
+    made in it)."""
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    return parent if parent is not None and not parent.is_dir() else None
 
 
 def write_plots(report, classifier, directory: Path) -> None:

@@ -195,6 +195,21 @@ def test_quickstart_refuses_outputs_of_the_wrong_kind_before_fitting(
     assert "digits:" not in captured.out  # nothing was fitted
 
 
+@pytest.mark.parametrize("option, below", [("--json", "r.json"), ("--plots", "figures/png")])
+def test_quickstart_refuses_outputs_inside_a_file_before_fitting(option, below, tmp_path, capsys):
+    # A file among the folders above (notes.txt/r.json): FileExistsError or
+    # NotADirectoryError tracebacks once the probes were fitted.
+    (tmp_path / "notes.txt").touch()
+    target = tmp_path / "notes.txt" / below
+    script = runpy.run_path(str(EXAMPLES / "quickstart.py"), run_name="quickstart")
+    with pytest.raises(SystemExit) as exit_:
+        script["main"]([option, str(target)])
+    captured = capsys.readouterr()
+    message = f"{option} {target} is inside {tmp_path / 'notes.txt'}, which is a file, not a"
+    assert exit_.value.code == 2 and message in captured.err
+    assert "digits:" not in captured.out  # nothing was fitted
+
+
 def test_grid_search_refuses_more_folds_than_a_class_has_images_in_one_line(capsys):
     # StratifiedKFold's ValueError ended in a traceback once the data was split.
     script = runpy.run_path(str(EXAMPLES / "grid_search.py"), run_name="grid_search")
@@ -235,6 +250,16 @@ def test_end_to_end_refuses_a_file_as_out_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         script["main"](["--image-size", "8", "--out", str(tmp_path / "a_file")])
     message = f"--out takes a folder, got the file {tmp_path / 'a_file'}"
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_end_to_end_refuses_an_out_inside_a_file_in_one_line(tmp_path, capsys):
+    # It ended in extract's StoreError traceback ("is a file, not a folder").
+    (tmp_path / "a_file").touch()
+    script = runpy.run_path(str(EXAMPLES / "end_to_end.py"), run_name="end_to_end")
+    with pytest.raises(SystemExit) as exit_:
+        script["main"](["--image-size", "8", "--out", str(tmp_path / "a_file" / "run")])
+    message = f"is inside {tmp_path / 'a_file'}, which is a file, not a folder"
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
