@@ -147,9 +147,21 @@ def _missing_filters(dataset) -> list[str]:
     filters = (dcpl.get_filter(i) for i in range(dcpl.get_nfilters()))
     return [
         f"{name.decode(errors='replace') or 'filter'} (id {code})"
-        for code, _, _, name in filters
+        for i, (code, flags, _, name) in enumerate(filters)
         if not h5z.filter_avail(code)
+        # an optional one that no chunk was written with (skipped) is no reason
+        and not (flags & h5z.FLAG_OPTIONAL and not _optional_filter_applied(dataset, i))
     ]
+
+
+def _optional_filter_applied(dataset, index: int) -> bool:
+    """Whether the optional filter at ``index`` of the HDF5 ``dataset``'s pipeline was
+    applied to a chunk (a writer that cannot load it skips it, marking the chunks so)."""
+    if dataset.chunks is None:
+        return True
+    dsid = dataset.id
+    masks = [dsid.get_chunk_info(i).filter_mask for i in range(dsid.get_num_chunks())]
+    return any(not mask & (1 << index) for mask in masks)
 
 
 def raise_nonfinite(has_nan: bool, dtype, estimator_name: str) -> None:

@@ -2021,6 +2021,43 @@ def test_a_damaged_store_read_into_memory_is_not_blamed_on_another_datasets_filt
         load_features(path, in_memory=True)
 
 
+@pytest.mark.parametrize("applied", [False, True])
+def test_an_optional_filter_not_loaded_is_named_only_where_a_chunk_was_written_with_it(
+    tmp_path, applied
+):
+    # An optional filter (H5Z_FLAG_OPTIONAL) that the writer could not load either is
+    # skipped, each chunk marked so, and read without it: a gzip chunk that no longer
+    # decompresses was blamed on it ("not known to be damaged"), from load_features and a
+    # probe's streamed fit alike. Applied to a chunk (a writer with the plugin), it is named.
+    from mr2_probe import MR2LinearClassifier
+
+    path = tmp_path / "opt.h5"
+    X = np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk((10, 8))
+        dcpl.set_filter(32099, h5py.h5z.FLAG_OPTIONAL)
+        dcpl.set_deflate(4)
+        space = h5py.h5s.create_simple((40, 8))
+        h5py.h5d.create(f.id, b"features", h5py.h5t.NATIVE_FLOAT, space, dcpl=dcpl)
+        f["features"][...] = X  # 32099 skipped: each chunk's filter mask says so
+        if applied:  # as a writer with its plugin leaves a chunk (gzip then 32099)
+            f["features"].id.write_direct_chunk((20, 0), b"\x00" * 50, filter_mask=0)
+        f.create_dataset("labels", data=np.arange(40) % 2)
+        f.create_dataset("class_names", data=["a", "b"], dtype=h5py.string_dtype())
+        chunk = f["features"].id.get_chunk_info(2)
+    if not applied:
+        data = bytearray(path.read_bytes())
+        data[chunk.byte_offset : chunk.byte_offset + chunk.size] = b"\xff" * chunk.size
+        path.write_bytes(bytes(data))
+    plugin = r"filters that this HDF5 cannot load \(filter \(id 32099\)\)"
+    problem = plugin if applied else r"\(the file is damaged\): .*filter returned failure"
+    with pytest.raises(StoreError, match=problem):
+        load_features(path, in_memory=True)
+    with load_features(path) as store, pytest.raises(ValueError, match=problem):
+        MR2LinearClassifier(max_iter=5).fit(store.features, store.labels)
+
+
 @pytest.mark.parametrize("failed", [False, True])  # features an h5py.Dataset, a RowView
 def test_a_store_compressed_with_a_filter_not_loaded_is_not_called_damaged(tmp_path, failed):
     # A store that another tool compressed with a filter whose plugin is not installed here
