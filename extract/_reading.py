@@ -181,10 +181,23 @@ _TEXT = ("paths", "failure_reason", "content_sha256")  # a store's string datase
 
 def _check_types(path: str | os.PathLike, f: h5py.File) -> None:
     """Refuse a dataset that load_features reads in a type NumPy has no equivalent of (as
-    HDF5's H5T_TIME): reading it raised h5py's TypeError."""
+    HDF5's H5T_TIME): reading it raised h5py's TypeError; or a link to nothing in its place
+    (h5py's KeyError, which called the file damaged)."""
     for name in ("features", "labels", "class_names", "status", "indices", *_TEXT):
         if name not in f:
             continue
+        link = f.get(name, getlink=True)
+        if isinstance(link, h5py.SoftLink | h5py.ExternalLink) and f.get(name) is None:
+            target = (
+                f"{link.path!r} in {link.filename!r}"
+                if isinstance(link, h5py.ExternalLink)
+                else repr(link.path)
+            )
+            raise NotAStoreError(
+                f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} is a link "
+                f"to {target}, which cannot be opened (the file itself is not damaged); "
+                "restore its target or rebuild the store."
+            )
         try:
             f[name].dtype  # noqa: B018
         except TypeError:

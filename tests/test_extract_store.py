@@ -1948,6 +1948,23 @@ def test_a_store_with_a_dataset_numpy_cannot_type_is_read(tmp_path):
         assert store.features.shape == (4, 3)
 
 
+@pytest.mark.parametrize("link", ["soft", "external"])
+@pytest.mark.parametrize("name", ["status", "paths", "indices"])
+def test_a_store_dataset_read_that_links_to_nothing_is_not_called_damaged(tmp_path, name, link):
+    # A dataset that load_features reads given as a link whose target is gone (a soft link
+    # to nothing, a file moved away): "(the file is damaged)", never to be replaced.
+    path = tmp_path / "s.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("features", data=np.ones((4, 3), np.float32))
+        f.create_dataset("labels", data=np.arange(4) % 2)
+        f.create_dataset("class_names", data=["a", "b"], dtype=h5py.string_dtype())
+        gone = str(tmp_path / "gone.h5")
+        f[name] = h5py.SoftLink("/nothing") if link == "soft" else h5py.ExternalLink(gone, "/x")
+    with pytest.raises(NotAStoreError, match=rf"inconsistent: '{name}' is a link to '/") as raised:
+        load_features(path)
+    assert "(the file is damaged)" not in str(raised.value)
+
+
 @pytest.mark.parametrize("name", ["features", "labels", "status", "paths"])
 def test_a_store_dataset_read_in_a_type_numpy_cannot_type_is_refused(tmp_path, name):
     # One of the datasets load_features reads in H5T_TIME (another dataset is read since
