@@ -161,6 +161,27 @@ def test_characters_the_font_lacks_are_one_warning_per_figure(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "wording", ["missing from font(s) DejaVu Sans.", "missing from current font."]
+)
+def test_both_wordings_of_matplotlib_s_glyph_warning_are_gathered(tmp_path, wording):
+    # matplotlib 3.7 says "missing from current font.", later ones "missing from font(s)
+    # ...": the older wording was not gathered into one MissingGlyphWarning.
+    from mr2_probe.plotting import MissingGlyphWarning, _save
+
+    class Figure:  # warns as matplotlib's savefig does, per character and text drawn
+        def savefig(self, path, dpi):
+            for code in (29483, 29483, 29356):
+                warnings.warn(f"Glyph {code} ({chr(code)}) {wording}", UserWarning, stacklevel=2)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _save(Figure(), tmp_path / "f.png")
+    assert [(w.category, w.message.characters) for w in caught] == [
+        (MissingGlyphWarning, ("\u732b", "\u72ac"))
+    ]
+
+
 def test_names_that_are_not_utf8_are_drawn_as_their_escapes(tmp_path):
     # A lone surrogate (a file name that was not UTF-8, as os.listdir decodes it) is drawn
     # as its escape, as report.json writes it: not as "?", which another name can be.
