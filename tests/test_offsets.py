@@ -808,6 +808,33 @@ def test_predict_proba_of_a_one_vs_rest_row_whose_sigmoids_all_underflow_is_fini
         np.testing.assert_array_equal(expected.argmax(1), clf.predict(X[zero]))
 
 
+def test_predict_proba_of_a_one_vs_rest_row_that_is_nan_as_before_sklearn_1_7_is_finite():
+    # OneVsRestClassifier before scikit-learn 1.7 gives a row whose sigmoids all underflow
+    # NaN (0 / 0), not zeros: read as another link's, every probability was NaN. (Such a
+    # scikit-learn, made here: the test above meets only zeros from 1.7 on.)
+    from sklearn.datasets import make_classification
+    from sklearn.linear_model import SGDClassifier
+    from sklearn.multiclass import OneVsRestClassifier
+
+    X, y = make_classification(600, 12, n_informative=8, n_classes=3, random_state=0)
+    X = X * 300  # decision values up to ±1e6
+    probe = OneVsRestClassifier(SGDClassifier(loss="log_loss", random_state=0)).fit(X, y)
+    own = probe.predict_proba
+
+    def predict_proba(X):
+        proba = own(X)
+        proba[(proba == 0).all(1) | np.isnan(proba).all(1)] = np.nan
+        return proba
+
+    probe.predict_proba = predict_proba
+    zero = (expit(probe.decision_function(X)) == 0).all(1)
+    assert zero.sum() > 10 and np.isnan(probe.predict_proba(X[zero])).all()
+    clf = TunedOffsetsClassifierCV(probe, cv="prefit").fit(X, y)
+    z = probe.decision_function(X[zero])
+    expected = softmax(log_expit(z + clf.offsets_), axis=1)
+    np.testing.assert_allclose(clf.predict_proba(X[zero]), expected, rtol=1e-9)
+
+
 @pytest.mark.parametrize("link", ["one-vs-rest", "softmax"])
 def test_predict_log_proba_of_saturated_rows_follows_the_estimators_link(link):
     # Rows with one probability near 1 and the others below 1e-6 are alike under both
