@@ -198,6 +198,11 @@ def _check_types(path: str | os.PathLike, f: h5py.File) -> None:
                 f"to {target}, which cannot be opened (the file itself is not damaged); "
                 "restore its target or rebuild the store."
             )
+        if not isinstance(f[name], h5py.Dataset):  # (h5py's AttributeError or TypeError)
+            raise NotAStoreError(
+                f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} is a "
+                f"{type(f[name]).__name__.lower()}, not a dataset; rebuild it."
+            )
         try:
             f[name].dtype  # noqa: B018
         except TypeError:

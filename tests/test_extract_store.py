@@ -1948,6 +1948,20 @@ def test_a_store_with_a_dataset_numpy_cannot_type_is_read(tmp_path):
         assert store.features.shape == (4, 3)
 
 
+@pytest.mark.parametrize("name", ["status", "paths", "indices", "failure_reason"])
+def test_a_group_in_place_of_a_store_dataset_is_refused_as_inconsistent(tmp_path, name):
+    # h5py's AttributeError ("'Group' object has no attribute 'shape'") or TypeError
+    # ("Accessing a group is done with bytes or str") came out.
+    path = tmp_path / "s.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("features", data=np.ones((4, 3), np.float32))
+        f.create_dataset("labels", data=np.arange(4) % 2)
+        f.create_dataset("class_names", data=["a", "b"], dtype=h5py.string_dtype())
+        f.create_group(name)
+    with pytest.raises(NotAStoreError, match=rf"inconsistent: '{name}' is a group, not a data"):
+        load_features(path)
+
+
 @pytest.mark.parametrize("link", ["soft", "external"])
 @pytest.mark.parametrize("name", ["status", "paths", "indices"])
 def test_a_store_dataset_read_that_links_to_nothing_is_not_called_damaged(tmp_path, name, link):
