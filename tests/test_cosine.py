@@ -559,10 +559,10 @@ def test_a_path_fold_that_stalls_in_float32_restarts_as_a_fit_does(batch_folds, 
         assert ours <= 1.5 * theirs
 
 
-def test_a_fold_that_stopped_early_keeps_its_pairs_in_the_order_formed():
-    """Fold 0 stops after 2 iterations while fold 1 goes round the ring of 3 slots: fold 0's
-    pairs stay where they were, out of the ring's order. Its initial scale is taken from
-    its own newest pair, and before the next solve its pairs are put back in order."""
+def _fold_zero_stopped_early():
+    """Two folds of six classes at scale 8, memories of 3 pairs: fold 0 stopped after 2
+    iterations, fold 1 after 10 (round the ring). The batch, the points, the memory and
+    the solve's result."""
     X, y = _normalised_blobs()
     X, y = torch.as_tensor(X), torch.as_tensor(y)
     batch = _cosine_batch(X, y, torch.ones(2, len(y), dtype=X.dtype), [1.0] * 6)
@@ -572,6 +572,14 @@ def test_a_fold_that_stopped_early_keeps_its_pairs_in_the_order_formed():
     result = batched.lbfgs_batched(
         batch, params, 8.0, max_iter=np.array([2, 10]), tol=1e-12, memory=memory
     )
+    return batch, params, memory, result
+
+
+def test_a_fold_that_stopped_early_keeps_its_pairs_in_the_order_formed():
+    """Fold 0 stops after 2 iterations while fold 1 goes round the ring of 3 slots: fold 0's
+    pairs stay where they were, out of the ring's order. Its initial scale is taken from
+    its own newest pair, and before the next solve its pairs are put back in order."""
+    batch, params, memory, result = _fold_zero_stopped_early()
     assert result.n_iter.tolist() == [2, 10] and (memory.rho[0] != 0).sum() == 2
 
     def fold_zero_newest_first():
@@ -1142,13 +1150,7 @@ def test_a_solve_after_a_fold_stopped_early_reads_its_pairs_newest_first(monkeyp
     # Fold 0 stopped after 2 iterations while fold 1 went round the ring: the next solve
     # puts fold 0's pairs back in the order formed before its two-loop recursion reads
     # them (kills: lbfgs_batched without memory.compact(), which read them out of order).
-    X, y = _normalised_blobs()
-    X, y = torch.as_tensor(X), torch.as_tensor(y)
-    batch = _cosine_batch(X, y, torch.ones(2, len(y), dtype=X.dtype), [1.0] * 6)
-    means = torch.zeros(6, X.shape[1], dtype=X.dtype).index_add_(0, y, X)
-    params = torch.nn.functional.normalize(means, dim=1).flatten().repeat(2, 1)
-    memory = Memory.empty(params, 3)
-    batched.lbfgs_batched(batch, params, 8.0, max_iter=np.array([2, 10]), tol=1e-12, memory=memory)
+    batch, params, memory, _ = _fold_zero_stopped_early()
     read, two_loop = [], batched._two_loop
 
     def spy(s, y, rho, h0, g, order):
