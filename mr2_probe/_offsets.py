@@ -40,6 +40,7 @@ from ._data import (
     is_h5_dataset,
     is_torch_tensor,
     plain,
+    read_h5,
     routing_enabled,
     whole_or_unchanged,
 )
@@ -154,10 +155,13 @@ def _rows(X, index, estimator):
         if RowView is not None:
             rows = np.asarray(index, dtype=np.int64)
             return RowView(X.dataset, X.rows[rows]) if isinstance(X, RowView) else RowView(X, rows)
-    if not is_h5_dataset(X) or np.all(np.diff(index) > 0):
+    if not is_h5_dataset(X):
         return _safe_indexing(X, index)
+    # (h5py's error reading a damaged file named none: read_h5's names it)
+    if np.all(np.diff(index) > 0):
+        return read_h5(X, np.asarray(index))
     unique, inverse = np.unique(index, return_inverse=True)
-    return _safe_indexing(X, unique)[inverse]
+    return read_h5(X, unique)[inverse]
 
 
 def _fitted_inside(estimator):

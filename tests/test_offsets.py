@@ -983,6 +983,31 @@ def test_a_float_cv_takes_an_hdf5_dataset(tmp_path):
     np.testing.assert_allclose(tuned.offsets_, in_memory.offsets_, atol=1e-6)
 
 
+@pytest.mark.parametrize("bootstrap", [False, True])  # rows read once each, or repeated
+def test_a_damaged_hdf5_dataset_read_for_another_estimator_names_its_file(tmp_path, bootstrap):
+    # Read into memory for an estimator other than an MR² probe, a compressed chunk that no
+    # longer decompresses gave h5py's OSError alone ("filter returned failure during read"
+    # or "inflate() failed"), naming no file.
+    h5py = pytest.importorskip("h5py")
+    X, y = _imbalanced()
+    cv = 3
+    if bootstrap:
+        boot = np.sort(np.random.default_rng(0).choice(len(y), len(y)))
+        cv = [(boot, np.setdiff1d(np.arange(len(y)), boot))]
+    path = tmp_path / "gz.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset(
+            "X", data=X.astype(np.float32), chunks=(20, X.shape[1]), compression="gzip"
+        )
+        chunk = f["X"].id.get_chunk_info(1)
+    data = bytearray(path.read_bytes())
+    data[chunk.byte_offset : chunk.byte_offset + chunk.size] = b"\xff" * chunk.size
+    path.write_bytes(bytes(data))
+    with h5py.File(path, "r") as f:
+        with pytest.raises(ValueError, match=rf"'{path}' \(the file is damaged\)"):
+            TunedOffsetsClassifierCV(LogisticRegression(), cv=cv).fit(f["X"], y)
+
+
 def test_folds_of_an_hdf5_dataset_run_in_parallel(tmp_path):
     # Sent to worker processes, they failed: "Could not pickle the task" (h5py's objects).
     h5py = pytest.importorskip("h5py")
