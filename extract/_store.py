@@ -27,6 +27,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from mr2_probe._h5 import missing_filters
+
 from ._locks import _lock_holder
 from ._schema import (
     _REBUILD,
@@ -76,41 +78,6 @@ def _no_permission(path: str | os.PathLike, mode: str) -> StoreError:
 # message not aligned, an address past its end), after it opened: RuntimeError, KeyError
 # and OSError; and a JSON attribute cut or overwritten.
 DAMAGE_ERRORS = (OSError, RuntimeError, KeyError, json.JSONDecodeError)
-
-
-def missing_filters(source: h5py.File | h5py.Dataset) -> list[str]:
-    """The filters (compression) of the dataset ``source``, or of the datasets at the root
-    of the file ``source``, that this HDF5 cannot load: a plugin not installed, as
-    hdf5plugin's Blosc or Zstd for a file that another tool wrote."""
-    if isinstance(source, h5py.Dataset):
-        datasets = [source]
-    else:
-        links = ((name, source.get(name, getlink=True)) for name in source)
-        objects = (source[name] for name, link in links if isinstance(link, h5py.HardLink))
-        datasets = [obj for obj in objects if isinstance(obj, h5py.Dataset)]
-    missing = {}
-    for dataset in datasets:
-        dcpl = dataset.id.get_create_plist()
-        for i in range(dcpl.get_nfilters()):
-            code, flags, _, name = dcpl.get_filter(i)
-            if h5py.h5z.filter_avail(code):
-                continue
-            if flags & h5py.h5z.FLAG_OPTIONAL and not optional_filter_applied(dataset, i):
-                continue  # skipped when written (HDF5 could not load it then either)
-            missing[code] = f"{name.decode(errors='replace') or 'filter'} (id {code})"
-    return list(missing.values())
-
-
-def optional_filter_applied(dataset: h5py.Dataset, index: int) -> bool:
-    """Whether the optional filter at ``index`` of ``dataset``'s pipeline was applied to
-    a chunk: a writer that cannot load such a filter skips it, marking each chunk so (its
-    filter mask), and HDF5 then reads them without it. (One chunk index walk, on an error's
-    path.)"""
-    if dataset.chunks is None:
-        return True
-    dsid = dataset.id
-    masks = [dsid.get_chunk_info(i).filter_mask for i in range(dsid.get_num_chunks())]
-    return any(not mask & (1 << index) for mask in masks)
 
 
 def damaged(

@@ -14,6 +14,7 @@ from sklearn.utils import assert_all_finite
 from sklearn.utils.validation import _num_samples
 
 from ._device import inverse_row_norms, to_tensor
+from ._h5 import missing_filters
 
 
 def is_torch_tensor(X) -> bool:
@@ -123,7 +124,7 @@ def read_h5(X, key):
         dataset = getattr(X, "dataset", X)
         if not dataset.id.valid:  # a closed file, not a damaged one
             raise
-        missing = _missing_filters(dataset)
+        missing = missing_filters(dataset)
         if missing:  # a plugin not installed (hdf5plugin's Blosc, say), not a damaged file
             raise ValueError(
                 f"Cannot read the rows of the HDF5 dataset {dataset.name!r} in "
@@ -138,30 +139,6 @@ def read_h5(X, key):
             "Extract the features again: mr2-extract never replaces a damaged file, delete it "
             "yourself first or write to another path."
         ) from error
-
-
-def _missing_filters(dataset) -> list[str]:
-    """The filters (compression) of the HDF5 ``dataset`` that this HDF5 cannot load."""
-    h5z = sys.modules["h5py"].h5z
-    dcpl = dataset.id.get_create_plist()
-    filters = (dcpl.get_filter(i) for i in range(dcpl.get_nfilters()))
-    return [
-        f"{name.decode(errors='replace') or 'filter'} (id {code})"
-        for i, (code, flags, _, name) in enumerate(filters)
-        if not h5z.filter_avail(code)
-        # an optional one that no chunk was written with (skipped) is no reason
-        and not (flags & h5z.FLAG_OPTIONAL and not _optional_filter_applied(dataset, i))
-    ]
-
-
-def _optional_filter_applied(dataset, index: int) -> bool:
-    """Whether the optional filter at ``index`` of the HDF5 ``dataset``'s pipeline was
-    applied to a chunk (a writer that cannot load it skips it, marking the chunks so)."""
-    if dataset.chunks is None:
-        return True
-    dsid = dataset.id
-    masks = [dsid.get_chunk_info(i).filter_mask for i in range(dsid.get_num_chunks())]
-    return any(not mask & (1 << index) for mask in masks)
 
 
 def raise_nonfinite(has_nan: bool, dtype, estimator_name: str) -> None:

@@ -1,0 +1,46 @@
+"""HDF5 filters a dataset needs that this HDF5 cannot load, for the errors of both the
+estimators' reads (``_data.read_h5``) and extract's stores (``extract._store.damaged``).
+
+Light on purpose: no torch, scikit-learn or NumPy, and h5py only where it is called (with
+an h5py object, so it is there), as ``load_features`` imports neither torch nor
+scikit-learn.
+"""
+
+from __future__ import annotations
+
+
+def missing_filters(source) -> list[str]:
+    """The filters (compression) of the HDF5 dataset ``source``, or of the datasets at the
+    root of the HDF5 file ``source``, that this HDF5 cannot load: a plugin not installed,
+    as hdf5plugin's Blosc or Zstd for a file that another tool wrote."""
+    import h5py
+
+    if isinstance(source, h5py.Dataset):
+        datasets = [source]
+    else:
+        links = ((name, source.get(name, getlink=True)) for name in source)
+        objects = (source[name] for name, link in links if isinstance(link, h5py.HardLink))
+        datasets = [obj for obj in objects if isinstance(obj, h5py.Dataset)]
+    missing = {}
+    for dataset in datasets:
+        dcpl = dataset.id.get_create_plist()
+        for i in range(dcpl.get_nfilters()):
+            code, flags, _, name = dcpl.get_filter(i)
+            if h5py.h5z.filter_avail(code):
+                continue
+            if flags & h5py.h5z.FLAG_OPTIONAL and not optional_filter_applied(dataset, i):
+                continue  # skipped when written (HDF5 could not load it then either)
+            missing[code] = f"{name.decode(errors='replace') or 'filter'} (id {code})"
+    return list(missing.values())
+
+
+def optional_filter_applied(dataset, index: int) -> bool:
+    """Whether the optional filter at ``index`` of the HDF5 ``dataset``'s pipeline was
+    applied to a chunk: a writer that cannot load such a filter skips it, marking each chunk
+    so (its filter mask), and HDF5 then reads them without it. (One chunk index walk, on an
+    error's path.)"""
+    if dataset.chunks is None:
+        return True
+    dsid = dataset.id
+    masks = [dsid.get_chunk_info(i).filter_mask for i in range(dsid.get_num_chunks())]
+    return any(not mask & (1 << index) for mask in masks)
