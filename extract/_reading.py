@@ -51,6 +51,13 @@ class RowView:
         self.shape = (len(rows), *dataset.shape[1:])
         self.dtype, self.ndim, self.chunks = dataset.dtype, dataset.ndim, dataset.chunks
 
+    @classmethod
+    def of(cls, X, rows: np.ndarray) -> RowView:
+        """The rows ``rows`` (increasing) of ``X``, an ``h5py.Dataset`` or a row view of
+        one, as one view of the dataset."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return cls(X.dataset, X.rows[rows]) if isinstance(X, RowView) else cls(X, rows)
+
     def __len__(self) -> int:
         return len(self.rows)
 

@@ -153,8 +153,7 @@ def _rows(X, index, estimator):
         except ImportError:  # read into memory, as for another estimator
             RowView = None
         if RowView is not None:
-            rows = np.asarray(index, dtype=np.int64)
-            return RowView(X.dataset, X.rows[rows]) if isinstance(X, RowView) else RowView(X, rows)
+            return RowView.of(X, index)
     if not is_h5_dataset(X):
         return _safe_indexing(X, index)
     # (h5py's error reading a damaged file named none: read_h5's names it)

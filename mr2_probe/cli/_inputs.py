@@ -383,7 +383,7 @@ def _rows(X, rows: np.ndarray):
         return X[rows]
     from extract._reading import RowView
 
-    return RowView(X.dataset, X.rows[rows]) if isinstance(X, RowView) else RowView(X, rows)
+    return RowView.of(X, rows)
 
 
 def _inputs(args, stack=None):
