@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
-from .._data import is_h5_dataset, read_h5
+from .._data import block_rows, is_h5_dataset, read_h5
 from ..front import OFFSETS_CV, check_offsets_folds
 from ._usage import UsageError, _few, _one_line
 
@@ -363,11 +363,11 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
 
 
 def _nonfinite_rows(X) -> np.ndarray:
-    """The rows of X that hold NaN or infinity; a store's features read a block of about
-    64 MiB at a time."""
+    """The rows of X that hold NaN or infinity; a store's features read a block at a time,
+    the estimators' blocks (:func:`~mr2_probe._data.block_rows`)."""
     if not _lazy(X):
         return np.flatnonzero(~np.isfinite(X).all(axis=1))
-    step = max(1, (64 << 20) // max(1, X.dtype.itemsize * X.shape[1]))
+    step = block_rows(X.shape[1], 1)
     bad = [
         start
         + np.flatnonzero(~np.isfinite(np.asarray(read_h5(X, slice(start, start + step)))).all(1))
