@@ -19,7 +19,12 @@ from sklearn.datasets import load_digits, load_iris, make_blobs, make_classifica
 from sklearn.exceptions import ConvergenceWarning, DataConversionWarning, NotFittedError
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss
-from sklearn.model_selection import GridSearchCV
+from sklearn.model_selection import (
+    GridSearchCV,
+    StratifiedKFold,
+    StratifiedShuffleSplit,
+    cross_val_score,
+)
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -428,6 +433,33 @@ def test_h5py_dataset_is_streamed_not_loaded(tmp_path, digits, monkeypatch):
         in_memory = MR2LinearClassifier(c_bar=1.0, device="cpu").fit(X.astype(np.float32), y)
         np.testing.assert_allclose(streamed.coef_, in_memory.coef_, rtol=1e-4, atol=1e-5)
         np.testing.assert_array_equal(streamed.predict(f["features"]), in_memory.predict(X))
+
+
+@pytest.mark.parametrize(
+    "cv, works",
+    [
+        (StratifiedKFold(3, shuffle=True, random_state=0), True),
+        (StratifiedShuffleSplit(2, test_size=0.3, random_state=0), False),
+    ],
+)
+def test_an_outer_split_of_a_dataset_works_where_its_parts_are_in_increasing_order(
+    tmp_path, cv, works
+):
+    # The README: scikit-learn indexes X with each part as the splitter gives it, and h5py
+    # reads rows only at increasing indices; K-fold parts are (shuffled too), a shuffled
+    # split's are not, and h5py refuses them before any fit.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n_classes=3, n=90)
+    X = X.astype(np.float32)
+    probe = MR2LinearClassifier(device="cpu")
+    with h5py.File(tmp_path / "features.h5", "w") as f:
+        f["features"] = X
+        if works:
+            scores = cross_val_score(probe, f["features"], y, cv=cv)
+            np.testing.assert_allclose(scores, cross_val_score(probe, X, y, cv=cv))
+        else:
+            with pytest.raises(TypeError, match="increasing order"):
+                cross_val_score(probe, f["features"], y, cv=cv)
 
 
 def test_h5py_dataset_with_nan_is_rejected(tmp_path):
