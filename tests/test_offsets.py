@@ -1743,6 +1743,11 @@ class _CountingFits(LogisticRegression):
         # scikit-learn's own errors, from one trial on the labels before the fits
         (make_scorer(f1_score), False, "Target is multiclass but average='binary'"),
         (make_scorer(f1_score, average=None), True, "returned an array of shape"),
+        # a scorer(estimator, X, y), as GridSearchCV takes: "missing 1 required positional
+        # argument: 'y'"
+        (lambda estimator, X, y: estimator.score(X, y), False,
+         r"takes 3 positional arguments, as a scorer\(estimator, X, y\) does"),
+        (lambda estimator, X, y, sample_weight=None: 0.0, True, "takes 3 positional"),
     ],
 )  # fmt: skip
 def test_a_scorer_that_cannot_work_is_refused_before_any_fit(scoring, weighted, match):
