@@ -3,11 +3,12 @@ cross-validation along a warm-started path, the features uploaded once."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
 import warnings
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 import sklearn
@@ -871,4 +872,15 @@ class _Scorer:
         kwargs = dict(params or {})
         if not self.weighted:
             kwargs.pop("sample_weight", None)
-        return float(self.scorer(self.estimator, z, self.classes[y_index], **kwargs))
+        score = self.scorer(self.estimator, z, self.classes[y_index], **kwargs)
+        if hasattr(score, "item"):  # a NumPy scalar, or an array of one value
+            with contextlib.suppress(ValueError):
+                score = score.item()
+        if not isinstance(score, Real):
+            # (in GridSearchCV's words: float() raised "only 0-dimensional arrays can be
+            # converted" or "argument must be a string or a real number, not 'NoneType'")
+            raise ValueError(
+                f"scoring must return a number, got {score!r} ({type(score)}) instead. "
+                f"(scorer={self.scorer!r})"
+            )
+        return float(score)

@@ -1350,6 +1350,25 @@ def test_a_plain_callable_scorer_gets_the_weights_when_it_takes_them():
     assert seen and all(seen)
 
 
+@pytest.mark.parametrize(
+    "returned, shown",
+    [(None, "None"), (np.ones(2), r"array\(\[1., 1.\]\)"), ("high", "'high'"),
+     (np.array([0.5]), None), (np.float32(0.5), None)],
+)  # fmt: skip
+def test_a_scorer_that_returns_no_number_is_named_as_grid_search_names_it(returned, shown):
+    # float() of its value raised Python's TypeError or ValueError ("only 0-dimensional
+    # arrays can be converted to Python scalars", "float() argument must be a string or a
+    # real number, not 'NoneType'"); one value, an array of one too, is taken as
+    # GridSearchCV takes it.
+    X, y = _blobs(n_classes=3)
+    clf = MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=3, scoring=lambda e, X, y: returned)
+    if shown is None:
+        assert clf.set_params(device="cpu").fit(X, y).C_ == 0.1  # a tie: the first
+        return
+    with pytest.raises(ValueError, match=f"scoring must return a number, got {shown} "):
+        clf.set_params(device="cpu").fit(X, y)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("n_classes", [2, 3])
 def test_a_tensor_is_scored_by_the_search_s_metric_as_an_array_is(device, n_classes):
