@@ -338,13 +338,15 @@ def plot_margins(classifier, path, class_names=None):
     """Margin γ_k of each class against its spread msd_k, for a fitted MR² classifier.
 
     A classifier fitted with ``c_bar=None`` has no margins (γ_k = 1 for every class): the
-    figure says so in its title and draws no mean-margin line.
+    figure says so in its title and draws no mean-margin line (as for any fit whose
+    margins are all 1).
 
     Parameters
     ----------
     classifier : MR2LinearClassifier
         Fitted (or a fitted pipeline ending in one); reads ``margins_``,
-        ``class_stats_["msd"]``, ``classes_`` and ``c_bar``.
+        ``class_stats_["msd"]``, ``classes_`` and ``c_bar``. The title's c̄ is the
+        fitted margins' mean (a ``set_params`` after the fit changes nothing here).
     path : str or path-like
     class_names : sequence of str, default=None
         Names printed beside the points when ``classes_`` are integer codes 0..K-1 (a
@@ -407,12 +409,13 @@ def plot_margins(classifier, path, class_names=None):
         xlabel += f"\n{len(labels)} classes; named: the {_EXTREMES} largest and smallest margins"
     ax.set_xlabel(xlabel)
     ax.set_ylabel("margin γ_k")
-    c_bar = getattr(classifier, "c_bar", 1.0)
-    if c_bar is None:
-        ax.set_title("no MR² margins: c_bar=None (γ_k = 1 for every class)")
+    # The fitted margins, not the c_bar parameter, which set_params may have changed since
+    # the fit: their mean is the fit's c̄, and a fit with c_bar=None left them all at 1.
+    if np.all(gamma == 1):
+        ax.set_title("no MR² margins: γ_k = 1 for every class (as c_bar=None)")
     else:
         ax.axhline(float(gamma.mean()), color=SAME, linestyle="--", linewidth=0.8)
-        ax.set_title(f"MR² margin per class (dashed: mean margin c̄ = {c_bar:g})")
+        ax.set_title(f"MR² margin per class (dashed: mean margin c̄ = {gamma.mean():g})")
     _save(fig, path)
     return fig
 

@@ -443,11 +443,15 @@ def test_margin_plot(tmp_path, c_bar):
     assert to_hex(ax.collections[0].get_facecolor()[0]) == LEVER_COLOURS["MR2"]
     if c_bar is None:
         # No margins: the title says so, and there is no mean-margin line to draw.
-        assert ax.get_title().startswith("no MR² margins: c_bar=None")
+        assert ax.get_title() == "no MR² margins: γ_k = 1 for every class (as c_bar=None)"
         assert len(ax.lines) == 0
     else:
         assert ax.get_title() == "MR² margin per class (dashed: mean margin c̄ = 2)"
         assert ax.lines[0].get_ydata()[0] == pytest.approx(c_bar)
+    # The figure shows the fitted model: set_params changes nothing until the next fit.
+    before = ax.get_title()
+    clf.set_params(c_bar=3.0 if c_bar is None else None)
+    assert plot_margins(clf, path).axes[0].get_title() == before
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.uint8])  # (MNIST's labels are uint8)
