@@ -222,7 +222,7 @@ def fashion_mnist(
 
     Parameters
     ----------
-    split : {"train", "test"}
+    split : {"train", "test"}, default="train"
     root : path-like, default="/usr/share/datasets/fashion-mnist"
 
     Returns

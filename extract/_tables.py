@@ -539,10 +539,11 @@ def parquet_files(
     image_key : str, optional
         The image column: binary, or a struct with a ``bytes`` field (Hugging Face's
         ``Image`` feature). Default: ``image``, else the only such column.
-    label_key : str, default="label"
-        The label column: integers (class indices) or strings (class names, sorted).
-        Integer classes are named by the Hugging Face ``ClassLabel`` names in the schema's
-        ``huggingface`` metadata when present, else ``"0"``, ``"1"``, ...
+    label_key : str, optional
+        The label column (default: ``label``): integers (class indices) or strings
+        (class names, sorted). Integer classes are named by the Hugging Face
+        ``ClassLabel`` names in the schema's ``huggingface`` metadata when present, else
+        ``"0"``, ``"1"``, ...
 
     Returns
     -------

@@ -477,8 +477,8 @@ def webdataset_shards(
         the first present being read. Default: the first image extension present
         (``jpg``, ``jpeg``, ``png``, ``webp``, ...). A sample with none of them is kept as
         a failed row.
-    label_key : str, default="cls"
-        The label's member (``cls``, ``txt``), or a member and a JSON path
+    label_key : str, optional
+        The label's member (default: ``cls``; ``txt``, ...), or a member and a JSON path
         (``json.label``, ``json.meta.class``). Integer labels are class indices (named
         by ``classnames.txt`` beside the shards or in their parent folder, as
         clip_benchmark ships them, else ``"0"``, ``"1"``, ...); other labels are class
