@@ -81,7 +81,9 @@ class Backbone:
     dim : int
         Embedding size.
     channels_last : bool
-        Whether the model is convolutional (channels-last memory format helps).
+        Whether the model runs in channels-last memory format, which helps convolutions:
+        a model without attention modules (one with any, a ViT or open_clip's ResNets
+        with their attention pool, runs in the default format).
     """
 
     spec: BackboneSpec
