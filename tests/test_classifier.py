@@ -1046,6 +1046,12 @@ def test_a_stall_from_a_tiny_c_bar_names_it(digits, c_bar):
          "C=1e-12 and sample weights summing to 150 (the penalty is"),
         ({"c_bar": 1e-9, "C": 1e-12}, "extreme parameters make the objective too steep to "
          "resolve: c_bar=1e-09 (the margins divide the logits by it); C=1e-12 and"),
+        # A large c̄ is a small C (C / c̄²): the advice was to scale the features, or a
+        # larger tol.
+        ({"c_bar": 1e8}, "an extreme parameter makes the objective too steep to resolve: "
+         "c_bar=1e+08 with C=1 (the margins divide the logits by about c̄: the problem of "
+         "C / c̄² = 1e-16 at c̄ = 1)."),
+        ({"c_bar": 1e6}, "c_bar=1e+06 with C=1 (the margins divide"),
         # Named once (the note on steep tilts also named it, with other advice).
         ({"class_tilt": 2e6}, "an extreme parameter makes the objective too steep to resolve: "
          "class_tilt=2e+06 (the tilt multiplies every class's loss). Use values of a usual "
