@@ -2575,6 +2575,22 @@ def test_an_archive_with_features_but_no_labels_is_refused_by_name(files, tmp_pa
     assert "must hold arrays X and y (or features and labels); found ['X']" in line
 
 
+@pytest.mark.parametrize("extra", [{"features": 0}, {"labels": 0}])
+def test_an_archive_with_both_spellings_of_an_array_is_refused(files, tmp_path, capsys, extra):
+    # An archive holding X and y and also features or labels was read as X and y without a
+    # word, whichever pair was meant.
+    X, y = np.load(files / "X.npy"), np.load(files / "y.npy")
+    arrays = {
+        "X": X,
+        "y": y,
+        **{key: {"features": X[:, ::-1], "labels": y[::-1]}[key] for key in extra},
+    }
+    np.savez(tmp_path / "both.npz", **arrays)
+    line = _refused([str(tmp_path / "both.npz")], capsys)
+    pair = ("X", "features") if "features" in extra else ("y", "labels")
+    assert f"holds both {pair[0]!r} and {pair[1]!r}; keep one pair, X and y or" in line
+
+
 @pytest.mark.parametrize(
     "options", [["--test-size", "1"], ["--tilt", "1", "--val-size", "1"]]
 )  # fmt: skip

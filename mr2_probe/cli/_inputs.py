@@ -218,6 +218,12 @@ def _load_npz(path: str):
     with data:
         # Names, not ``key in data``: NumPy 1.24 reads the array to tell (an object
         # array's error then named neither the array nor whether it held the labels).
+        for pair in (("X", "features"), ("y", "labels")):
+            if set(pair) <= set(data.files):  # which of them is meant? (X and y were read)
+                raise UsageError(
+                    f"{path} holds both {pair[0]!r} and {pair[1]!r}; keep one pair, X and y "
+                    f"or features and labels (found {sorted(data.files)})"
+                )
         x_key = "X" if "X" in data.files else "features"
         y_key = "y" if "y" in data.files else "labels"
         if x_key not in data.files or y_key not in data.files:
