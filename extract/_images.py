@@ -358,7 +358,8 @@ def _check_dangling_links(root: str) -> None:
 def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     """(path, class index) of the images under ``root/<class>``, in torchvision's
     ``make_dataset`` order, each once: a folder reached again through a symbolic link (a
-    link to a folder above it, a loop) is not walked again, nor the root or a folder above
+    link to a folder above it, a loop) is not walked again (of two names of one folder,
+    the first in sorted order is kept), nor the root or a folder above
     it from inside a class (a link to another class's folder is walked, as torchvision
     walks it). Hidden files and folders (their names start with a dot) and ``__MACOSX``
     folders are left out.
@@ -395,8 +396,10 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
                 continue
             seen.add(key)
             # Hidden files and folders (macOS's ._x.jpg, .ipynb_checkpoints) are no images
-            # of the class, as a glob's * does not match them either.
-            dirs[:] = [d for d in dirs if not _hidden(d)]
+            # of the class, as a glob's * does not match them either. Walked in sorted
+            # order, not the file system's (ext4 lists by hash): of two names of one folder
+            # (a link to it beside it), the one kept is the first sorted, on any copy.
+            dirs[:] = sorted(d for d in dirs if not _hidden(d))
             walked.append((top, [f for f in files if not _hidden(f)]))
         listed = [os.path.join(top, f) for top, files in sorted(walked) for f in sorted(files)]
         found = [(p, index) for p in listed if has_file_allowed_extension(p, IMG_EXTENSIONS)]

@@ -249,6 +249,24 @@ def test_image_folder_order_is_torchvision_s_whatever_the_listing_order(folder, 
     assert ids[8:11] == ["cat/b/000.png", "cat/b/a/000.png", "cat/z/000.png"]
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_folder_linked_twice_in_a_class_keeps_the_first_name_in_sorted_order(
+    folder, request, reverse
+):
+    # One folder reached under two names (photos, and links a_link and b_link to it) was
+    # walked under the name the file system listed first: ext4 (by hash) and tmpfs kept
+    # 'cat/b_link/...' and 'cat/a_link/...' for the same tree, so a store made on one copy
+    # was refused on the other as made from other images.
+    if reverse:  # (else the file system's own order)
+        request.getfixturevalue("reversed_listing")
+    (folder / "cat" / "photos").mkdir()
+    shutil.copy(folder / "cat/000.png", folder / "cat/photos/x.png")
+    for name in ("b_link", "a_link"):
+        os.symlink("photos", folder / "cat" / name)
+    ids = [i for i in image_folder(folder).ids if i.endswith("x.png")]
+    assert ids == ["cat/a_link/x.png"]
+
+
 def test_image_folder_without_images_in_a_class_is_refused(folder):
     (folder / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no valid file for the classes empty"):
