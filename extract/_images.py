@@ -646,10 +646,10 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     Raises
     ------
     ValueError
-        For a line that is not ``path,label``, an empty label, an image listed twice, or a
-        first line that looks like another header (no such file, no file extension, and a
-        label that is not an index and that no other line has): it would otherwise become
-        an image of a class of its own.
+        For a line that is not ``path,label``, an empty path or label, an image listed
+        twice, or a first line that looks like another header (no such file, no file
+        extension, and a label that is not an index and that no other line has): it would
+        otherwise become an image of a class of its own.
 
     Returns
     -------
@@ -701,6 +701,10 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             )
     first_line = {}
     for path, label, number in rows:
+        if not path:  # (it named the list's own folder: a failed image, recorded as '')
+            raise ValueError(
+                f"{list_file}:{number}: the image labelled {label!r} has an empty path."
+            )
         if not label:
             raise ValueError(f"{list_file}:{number}: {path!r} has an empty label.")
         # The entry, however it is spelt (relative or absolute, through linked folders);
