@@ -691,9 +691,10 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         rows = rows[1:]
     elif len(rows) > 1 and rows[0][1] not in {label for _, label, _ in rows[1:]}:
         # A header names no file: no such image, no extension, a label that is no index
-        # and that no other line has.
+        # and that no other line has. (A folder is no image: "image,class" beside an
+        # image/ folder was an image of a class "class".)
         path, label, number = rows[0]
-        named = (list_file.parent / path).exists() or os.path.splitext(path)[1]
+        named = (list_file.parent / path).is_file() or os.path.splitext(path)[1]
         if not named and not label.isdigit():
             raise ValueError(
                 f"{list_file}:{number}: {path},{label} looks like a header (no such image, and "

@@ -388,6 +388,16 @@ def test_image_list_refuses_what_would_become_wrong_rows(folder, lines, match):
         image_list(folder / "l.csv")
 
 
+def test_image_list_header_naming_a_folder_beside_the_list_is_refused(folder):
+    # "image,class" above rows of image/...: a folder named image beside the list made
+    # the header an image (the folder, recorded as failed) of a class "class", sorted
+    # between cat and dog, whose index it shifted.
+    (folder / "image").mkdir()
+    (folder / "l.csv").write_text("image,class\ncat/000.png,cat\ndog/001.jpg,dog\n")
+    with pytest.raises(ValueError, match=r"l.csv:1: image,class looks like a header"):
+        image_list(folder / "l.csv")
+
+
 def test_image_list_refuses_one_file_under_two_spellings(folder):
     for second in (folder / "cat" / "000.png", "dog/../cat/000.png"):
         (folder / "l.csv").write_text(f"cat/000.png,cat\ndog/001.jpg,dog\n{second},dog\n")
