@@ -182,7 +182,9 @@ def _extract(args: argparse.Namespace) -> int:
     ):
         if value is not None and value < least:  # the options' names, not the parameters'
             return _error(f"{flag} must be at least {least}; got {value}")
-    kind = args.source.partition(":")[0]  # as open_source reads the spec
+    kind, colon, _ = args.source.partition(":")  # as open_source reads the spec
+    if not colon and os.path.exists(args.source):
+        kind = "path"  # (a folder named parquet)
     for flag, value in (("--image-key", args.image_key), ("--label-key", args.label_key)):
         if value is not None and not value.strip():  # ("$KEY" unset: the default was read)
             return _error(f"{flag} is empty; name a member or column, or leave {flag} out")

@@ -802,9 +802,11 @@ def open_source(
     """
     text = source.description if isinstance(source, ImageSource) else os.fspath(source)
     check_keys(image_key, label_key)
-    kind, _, pattern = text.partition(":")
+    kind, colon, pattern = text.partition(":")
     if isinstance(source, ImageSource):
         kind = "opened"  # the keys applied when it was opened
+    elif not colon and os.path.exists(text):
+        kind = "path"  # a folder or file named as a spec's word ('parquet') is that path
     if kind == "webdataset":
         from ._tar_shards import webdataset_shards
 

@@ -453,6 +453,21 @@ def test_an_empty_source_key_is_refused(tmp_path, capsys, no_model, option, kind
     assert not out.exists()
 
 
+def test_a_folder_named_like_a_source_spec_is_a_folder(tmp_path, monkeypatch, capsys):
+    # A folder named parquet (no colon: no spec) was refused as the spec's "empty
+    # pattern", and --label-key was taken there for a Parquet source's.
+    monkeypatch.chdir(tmp_path)
+    make_image_folder(tmp_path / "parquet", n_per_class=1, special=False)
+    args = ["parquet", "timm:test_resnet@random", "f.h5", "--image-size", "32"]
+    args += ["--no-progress", "--workers", "0", "--device", "cpu"]
+    assert main([*args, "--label-key", "cls"]) == 2
+    assert "--label-key applies to webdataset: and parquet: sources; 'parquet' is not" in (
+        _error_line(capsys, only_line=True)
+    )
+    assert main(args) == 0
+    assert "2 rows x 96 features, 2 classes" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("option, value", [("--label-key", "cls"), ("--image-key", "jpg")])
 def test_source_keys_for_other_sources_are_refused_by_the_option_s_name(
     tmp_path, capsys, no_model, option, value

@@ -716,11 +716,14 @@ def test_a_subset_of_a_subset_keeps_each_item_s_place_and_file(folder):
     assert again.file_mtime_ns.tolist() == [st.st_mtime_ns for st in stats]
 
 
-def test_a_folder_named_like_the_fashion_mnist_spec_is_a_folder(tmp_path, monkeypatch):
-    for name in ("fashion-mnist-photos", "fashion-mnist"):
+@pytest.mark.parametrize("spec", ["fashion-mnist", "webdataset", "parquet"])
+def test_a_folder_named_like_a_source_spec_is_a_folder(tmp_path, monkeypatch, spec):
+    # A folder named webdataset or parquet (no colon: no spec) was refused as that spec's
+    # 'empty pattern', as a folder named fashion-mnist is not.
+    for name in (f"{spec}-photos", spec):
         make_image_folder(tmp_path / name, n_per_class=2, special=False)
     monkeypatch.chdir(tmp_path)
-    for name in ("fashion-mnist-photos", "fashion-mnist", "./fashion-mnist"):
+    for name in (f"{spec}-photos", spec, f"./{spec}"):
         src = open_source(name)
         assert src.ids == ["cat/000.png", "cat/001.jpg", "dog/000.png", "dog/001.jpg"], name
 
