@@ -634,7 +634,7 @@ def _source_hint(path: Path) -> str:
 
 
 def image_list(list_file: str | os.PathLike) -> ImageSource:
-    """Images listed as ``path,label`` lines (CSV, or whitespace-separated text).
+    """Images listed as ``path,label`` lines (CSV, or tab- or whitespace-separated text).
 
     Parameters
     ----------
@@ -666,8 +666,15 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             f"lines) but is not UTF-8 text (byte {err.start}: {err.reason})."
             + (_source_hint(list_file) or " Save the list as UTF-8.")
         ) from None
-    # A comma anywhere makes the list CSV (a file name with a comma is then quoted).
-    delimiter = "," if any("," in line for line in text) else None
+    # A comma anywhere makes the list CSV (a file name with a comma is then quoted); a tab
+    # on every line, a list of tab-separated fields, whose labels may hold blanks ("golden
+    # retriever" was split at its blank, its path taking "golden" after the tab).
+    if any("," in line for line in text):
+        delimiter = ","
+    elif all("\t" in line for line in text if line.strip()):
+        delimiter = "\t"
+    else:
+        delimiter = None
     rows = []
     for number, line in enumerate(text, 1):
         if not line.strip():
@@ -675,7 +682,12 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         if "\0" in line:  # no file name holds one (os.stat: "embedded null byte"), nor text
             raise ValueError(f"{list_file}:{number}: the line {line!r} holds a NUL byte.")
         try:
-            fields = next(csv.reader([line])) if delimiter else line.rsplit(None, 1)
+            if delimiter == ",":
+                fields = next(csv.reader([line]))
+            elif delimiter == "\t":
+                fields = re.split(r"\t+", line.strip())
+            else:
+                fields = line.rsplit(None, 1)
         except csv.Error as err:  # e.g. a field over csv's limit: a JSON file given by mistake
             raise ValueError(
                 f"{list_file}:{number}: not a 'path,label' line ({err})." + _source_hint(list_file)

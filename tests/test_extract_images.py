@@ -320,6 +320,19 @@ def test_a_whitespace_separated_list_takes_file_names_with_blanks(folder):
     assert src.file_size[0] == (folder / "cat/my photo.png").stat().st_size
 
 
+def test_a_tab_separated_list_takes_labels_with_blanks(folder):
+    # A tab on every line: the label is the field after it. "golden retriever/1.png<TAB>
+    # golden retriever" was the image 'golden retriever/1.png<TAB>golden' (no such file,
+    # recorded as failed) of a class 'retriever'.
+    (folder / "golden retriever").mkdir()
+    shutil.copy(folder / "cat/000.png", folder / "golden retriever/1.png")
+    lines = ["golden retriever/1.png\tgolden retriever", "dog/001.jpg\t\tdog "]
+    (folder / "list.tsv").write_text("\n".join(lines) + "\n")
+    src = image_list(folder / "list.tsv")
+    assert src.ids == ["golden retriever/1.png", "dog/001.jpg"]
+    assert src.class_names == ["dog", "golden retriever"] and src.labels.tolist() == [1, 0]
+
+
 def test_image_list_with_a_byte_order_mark(folder):
     # Spreadsheet programs save "CSV UTF-8" with a BOM: the header is still the header.
     (folder / "bom.csv").write_text(
