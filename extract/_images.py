@@ -320,6 +320,15 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
         raise FileNotFoundError(f"Couldn't find any class folder in {root}{held}.")
     # Listed by extension only: a corrupt file is kept so that it is recorded as a failure.
     items = _folder_items(root, classes)
+    if all(name.lower() in _SPLIT_NAMES for name in classes):
+        # (A dataset's folder given instead of a split's: the classes were the splits.)
+        logger.warning(
+            "The class folders of %r are %s, names of splits: each is read as one class of "
+            "every image under it. To extract a split, give its folder (e.g. %r).",
+            root,
+            ", ".join(map(repr, classes)),
+            os.path.join(root, classes[0]),
+        )
     ids = [os.path.relpath(p, root) for p, _ in items]
     _check_utf8([*classes, *ids], root)
     sizes, mtimes = stat_files(root, ids)
@@ -333,6 +342,10 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
         file_size=sizes,
         file_mtime_ns=mtimes,
     )
+
+
+# Folder names of a dataset's splits (compared in lower case), which no class is named.
+_SPLIT_NAMES = frozenset({"train", "training", "test", "testing", "val", "valid", "validation"})
 
 
 def _hidden(name: str) -> bool:

@@ -139,6 +139,24 @@ def test_files_the_image_folder_leaves_out_are_said(folder, caplog):
     ]
 
 
+@pytest.mark.parametrize("splits", [("train", "val"), ("Test", "Train")])
+def test_split_folders_given_as_the_source_are_said(tmp_path, caplog, splits):
+    # A dataset's folder holding train/ and val/, each with class folders, made a store
+    # whose classes were the splits (every image of both, a probe taught to tell them
+    # apart), without a word.
+    for split in splits:
+        make_image_folder(tmp_path / "ds" / split, n_per_class=1, special=False)
+    caplog.set_level(logging.WARNING, logger="extract")
+    src = image_folder(tmp_path / "ds")
+    assert src.class_names == sorted(splits)  # read as torchvision reads it
+    first = os.path.join(tmp_path / "ds", sorted(splits)[0])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"The class folders of {str(tmp_path / 'ds')!r} are "
+        f"{', '.join(map(repr, sorted(splits)))}, names of splits: each is read as one class "
+        f"of every image under it. To extract a split, give its folder (e.g. {first!r})."
+    ]
+
+
 def test_class_indices_beyond_the_bound_are_taken_where_their_names_are_given():
     # The bound is for indices without names (ids taken for indices); with a name for
     # each class the indices are the names' positions, however many.
