@@ -817,7 +817,8 @@ def open_source(
         ``"fashion-mnist:train"`` / ``"fashion-mnist:test[@ROOT]"``,
         ``"webdataset:PATTERN"`` (tar shards, see :func:`webdataset_shards`),
         ``"parquet:PATTERN"`` (Parquet / Arrow files or a Hugging Face dataset folder, see
-        :func:`parquet_files`), or an ``ImageSource`` (returned as is).
+        :func:`parquet_files`), or an ``ImageSource`` (returned as is, its labels as int64;
+        one whose counts, labels or names a store cannot hold is refused).
     image_key, label_key : str, optional
         Which member (WebDataset) or column (Parquet) holds the image and the label.
 
@@ -848,7 +849,7 @@ def open_source(
                 "as 'webdataset:PATTERN' and Parquet files as 'parquet:PATTERN'."
             )
     if isinstance(source, ImageSource):
-        return source
+        return _checked(source)
     # The spec is its own word before a colon (a folder named fashion-mnist-photos is a
     # folder), and a path that exists under the spec's name is that path.
     if kind == "fashion-mnist" and not os.path.exists(text):
@@ -868,6 +869,40 @@ def open_source(
         f"The image source {text!r} {what}; a source is a folder, a list file, "
         "'fashion-mnist:train|test[@ROOT]', 'webdataset:PATTERN' or 'parquet:PATTERN'."
     )
+
+
+def _checked(src: ImageSource) -> ImageSource:
+    """An ImageSource given as it is (built by the caller), refused where its store could
+    not be written or read back: ids, labels and source indices of other counts, labels
+    that are no class indices into its class names (load_features refused the store once
+    every image was extracted), a class named twice, or text that is not UTF-8. Labels
+    are returned as int64 (a list, or whole numbers in floats, are taken)."""
+    labels = np.asarray(src.labels)
+    n_ids, n_labels, n_index = len(src.ids), labels.size, len(src.source_index)
+    if labels.ndim != 1 or not n_ids == n_labels == n_index:
+        raise ValueError(
+            f"The ImageSource {src.description!r} has {n_ids} ids, {n_labels} labels and "
+            f"{n_index} source indices; it needs one of each per item."
+        )
+    k = len(src.class_names)
+    if labels.dtype.kind in "iuf":
+        with np.errstate(invalid="ignore"):  # (NaN is no index)
+            bad = labels[~((labels >= 0) & (labels < k) & (labels % 1 == 0))]
+    else:  # text, booleans, objects (Python ints in range taken)
+        bad = [
+            v
+            for v in labels.tolist()
+            if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < k)
+        ]
+    if len(bad):
+        got = bad[0].item() if isinstance(bad[0], np.generic) else bad[0]
+        raise ValueError(
+            f"The labels of the ImageSource {src.description!r} must be class indices, "
+            f"integers in 0..{k - 1} (its {k} class names). Got {got!r} instead."
+        )
+    _check_index_names(list(src.class_names))
+    _check_utf8(list(src.ids), src.root)
+    return _utf8_paths(replace(src, labels=labels.astype(np.int64)))
 
 
 def _utf8_paths(src: ImageSource) -> ImageSource:

@@ -779,6 +779,47 @@ def test_open_source_errors(source, error, match):
         open_source(source)
 
 
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        # Labels beyond the class names: extracted whole, then refused by load_features
+        # ("'labels' holds values outside 0..1 ...; rebuild it").
+        (dict(labels=np.array([0, 5])), r"must be class indices, integers in 0..1 .* Got 5"),
+        (dict(labels=np.array([0, -1])), r"must be class indices, integers in 0..1 .* Got -1"),
+        (dict(labels=np.array([0.0, 0.5])), r"must be class indices, .* Got 0.5"),
+        (dict(labels=np.array([0.0, np.nan])), r"must be class indices, .* Got nan"),
+        (dict(labels=["cat", "dog"]), r"must be class indices, .* Got 'cat'"),
+        (dict(labels=np.array([0, None])), r"must be class indices, .* Got None"),
+        (dict(labels=np.array([True, False])), r"must be class indices, .* Got True"),
+        # Counts apart: zip()'s "argument 3 is shorter than arguments 1-2".
+        (dict(labels=np.array([0])), r"has 2 ids, 1 labels and 2 source indices; it needs one"),
+        # A class named twice was stored so: its per-class results could not be told apart.
+        (dict(class_names=["cat", "cat"]), r"The class names give 'cat' 2 times"),
+        # A name that is not UTF-8: a UnicodeEncodeError writing the store.
+        (dict(ids=["cat/000.png", "dog/\udcff.jpg"]), r"not valid UTF-8: 'dog/.+xff.jpg'"),
+    ],
+)
+def test_an_image_source_built_by_hand_is_refused_where_its_store_could_not_be(
+    folder, change, match
+):
+    from extract import ImageSource
+
+    mine = dict(
+        ids=["cat/000.png", "dog/001.jpg"],
+        labels=np.array([0, 1]),
+        class_names=["cat", "dog"],
+        root=str(folder),
+        description="mine",
+        source_index=np.arange(2),
+    )
+    with pytest.raises(ValueError, match=match):
+        open_source(ImageSource(**(mine | change)))
+    # Labels as a list, or whole numbers in floats (a DataFrame's column), are indices.
+    for labels in ([0, 1], np.array([0.0, 1.0]), np.array([0, 1], dtype=object)):
+        src = open_source(ImageSource(**(mine | dict(labels=labels))))
+        assert src.labels.dtype == np.int64 and src.labels.tolist() == [0, 1]
+
+
 @pytest.mark.parametrize("key", ["image_key", "label_key"])
 def test_a_blank_key_is_refused_not_read_as_the_default(folder, key):
     with pytest.raises(ValueError, match=f"The '{key}' parameter is empty. Got ' '; name a"):
