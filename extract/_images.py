@@ -377,8 +377,10 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     walks it). Hidden files and folders (their names start with a dot) and ``__MACOSX``
     folders are left out.
 
-    Raises FileNotFoundError, as ``make_dataset`` does, for a class without images, and
-    OSError for a folder that cannot be listed.
+    Raises FileNotFoundError, as ``make_dataset`` does, for a class without images (and
+    for a link in a class whose target does not exist, unless it is named as an image:
+    that is listed, and recorded as a failed image), and OSError for a folder that cannot
+    be listed.
     """
 
     def inode(path: str | Path) -> tuple[int, int]:
@@ -419,7 +421,16 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
         if not found:
             empty.append(name)
         items += found
-        other += [p for p in listed if not has_file_allowed_extension(p, IMG_EXTENSIONS)]
+        others = [p for p in listed if not has_file_allowed_extension(p, IMG_EXTENSIONS)]
+        for path in others:
+            if os.path.islink(path) and not os.path.exists(path):
+                # (os.walk lists a link it cannot follow as a file: said as no image.)
+                raise FileNotFoundError(
+                    f"{path!r} under {root!r} {why_missing(path)}: a folder of the class "
+                    f"{name!r} that cannot be reached would be left out with its images. "
+                    "Restore its target, or remove the link"
+                )
+        other += others
     if empty:
         raise FileNotFoundError(
             f"Found no valid file for the classes {', '.join(sorted(empty))}. "

@@ -231,6 +231,20 @@ def test_a_class_folder_link_that_reaches_nothing_is_refused(folder, target, why
         image_folder(folder)
 
 
+def test_a_folder_link_in_a_class_that_reaches_nothing_is_refused(folder, caplog):
+    # A link to a share not mounted inside a class left its images out, said only as "a
+    # file ... left out: only files with an image extension are read".
+    os.symlink(folder / "missing" / "more", folder / "cat" / "more")
+    why = r"is a symbolic link to '.*missing/more', which does not exist: a folder of the"
+    with pytest.raises(FileNotFoundError, match=f"'.*cat/more' under .* {why} class 'cat'"):
+        image_folder(folder)
+    # A link named as an image is listed, and recorded as a failed image when read.
+    os.remove(folder / "cat" / "more")
+    os.symlink(folder / "missing.jpg", folder / "cat" / "gone.jpg")
+    caplog.set_level(logging.WARNING, logger="extract")
+    assert "cat/gone.jpg" in image_folder(folder).ids and not caplog.records
+
+
 def test_a_hidden_link_that_reaches_nothing_is_no_class_and_not_refused(folder):
     # An editor's lock file beside the classes (Emacs writes .#name as a link to
     # user@host.pid, which does not exist) is hidden, as left out as a hidden folder.
