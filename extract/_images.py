@@ -671,9 +671,9 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     ------
     ValueError
         For a line that is not ``path,label``, an empty path or label, an image listed
-        twice, or a first line that looks like another header (no such file, no file
-        extension, and a label that is not an index and that no other line has): it would
-        otherwise become an image of a class of its own.
+        twice, a header after the first line, or a first line that looks like another
+        header (no such file, no file extension, and a label that is not an index and that
+        no other line has): it would otherwise become an image of a class of its own.
 
     Returns
     -------
@@ -738,6 +738,11 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             )
     first_line = {}
     for path, label, number in rows:
+        if [path.lower(), label.lower()] == ["path", "label"]:
+            raise ValueError(
+                f"{list_file}:{number}: a second header {path},{label} (lists joined with their "
+                "headers?); a header is the first line only: remove it."
+            )
         if not path:  # (it named the list's own folder: a failed image, recorded as '')
             raise ValueError(
                 f"{list_file}:{number}: the image labelled {label!r} has an empty path."

@@ -414,6 +414,9 @@ def test_a_file_that_is_no_list_says_what_it_was_read_as(tmp_path, name, content
         # labels into names sorted as text ("10" before "2").
         (["filename,label", "cat/000.png,0", "dog/001.jpg,1"], r"l.csv:1: filename,label looks"),
         (["cat/000.png,cat", "dog/001.jpg,"], "l.csv:2: 'dog/001.jpg' has an empty label"),
+        # Lists joined with their headers (cat a.csv b.csv): the second header was an image
+        # 'path' of a class 'label' (with index labels, every class read as a name).
+        (["path,label", "cat/000.png,0", "Path,Label", "dog/001.jpg,1"], r"l.csv:3: a second"),
         # A line without a path was an image (the list's own folder), recorded as failed.
         (["cat/000.png,cat", " ,dog"], "l.csv:2: the image labelled 'dog' has an empty path"),
         (["cat/000.png,cat", "./cat/000.png,dog"], r"l.csv:2: './cat/000.png' is listed again"),
