@@ -680,10 +680,11 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     ImageSource
     """
     list_file = Path(list_file)
-    # utf-8-sig: a byte-order mark, as spreadsheet programs write one, is not text.
+    # utf-8-sig: a byte-order mark, as spreadsheet programs write one, is not text; nor is
+    # one that begins a later line (lists joined: cat a.csv b.csv).
     try:
         with open(list_file, newline="", encoding="utf-8-sig") as fh:
-            text = fh.read().splitlines()
+            text = [line.removeprefix("\ufeff") for line in fh.read().splitlines()]
     except UnicodeDecodeError as err:
         raise ValueError(
             f"The image source {os.fspath(list_file)!r} was read as a list file (path,label "

@@ -365,6 +365,19 @@ def test_a_tab_separated_list_takes_labels_with_blanks(folder):
     assert src.class_names == ["dog", "golden retriever"] and src.labels.tolist() == [1, 0]
 
 
+def test_image_list_joined_from_lists_with_byte_order_marks(folder):
+    # "CSV UTF-8" lists joined (cat a.csv b.csv): the second list's mark began a line, its
+    # header became an image '\ufeffpath' of a class 'label', a path '\ufeffdog/...'
+    # named no file.
+    bom = "\ufeff"
+    (folder / "l.csv").write_text(f"{bom}cat/000.png,cat\n{bom}dog/001.jpg,dog\n")
+    src = image_list(folder / "l.csv")
+    assert (src.ids, src.class_names) == (["cat/000.png", "dog/001.jpg"], ["cat", "dog"])
+    (folder / "l.csv").write_text(f"{bom}path,label\ncat/000.png,cat\n{bom}path,label\n")
+    with pytest.raises(ValueError, match="l.csv:3: a second header path,label"):
+        image_list(folder / "l.csv")
+
+
 def test_image_list_with_a_byte_order_mark(folder):
     # Spreadsheet programs save "CSV UTF-8" with a BOM: the header is still the header.
     (folder / "bom.csv").write_text(
