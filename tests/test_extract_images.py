@@ -201,6 +201,19 @@ def test_a_macosx_folder_is_no_class_nor_images(folder, caplog):
     assert not caplog.records  # left out without a word, as hidden files are
 
 
+def test_the_lost_and_found_folder_of_a_file_system_is_no_class(folder, caplog):
+    # Class folders at the root of an ext4 volume (a disk mounted at /mnt/data) lie beside
+    # its lost+found: refused as "Found no valid file for the classes lost+found" (and,
+    # after fsck recovered files into it, a class of its own).
+    caplog.set_level(logging.WARNING, logger="extract")
+    before = image_folder(folder)
+    (folder / "lost+found").mkdir()
+    after = image_folder(folder)
+    assert (after.ids, after.class_names) == (before.ids, before.class_names)
+    (folder / "lost+found" / "#1234").write_bytes((folder / before.ids[0]).read_bytes())
+    assert image_folder(folder).class_names == before.class_names and not caplog.records
+
+
 def test_a_folder_that_cannot_be_listed_is_refused(folder, monkeypatch):
     # os.walk left it out, and its images with it, without a word (a folder of another
     # user's, unreadable).
