@@ -277,8 +277,9 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     ImageSource
         Ids are paths relative to ``root``; classes are the sorted sub-folder names. Hidden
         folders and files (``.ipynb_checkpoints``, macOS's ``._x.jpg``), the
-        ``__MACOSX`` folders of an unzipped Finder archive and a file system's
-        ``lost+found`` are left out, at every level.
+        ``__MACOSX`` folders of an unzipped Finder archive, a file system's
+        ``lost+found`` and a Synology NAS's ``@eaDir`` thumbnails are left out, at every
+        level.
 
     Examples
     --------
@@ -352,10 +353,11 @@ _SPLIT_NAMES = frozenset({"train", "training", "test", "testing", "val", "valid"
 def _hidden(name: str) -> bool:
     """Whether a file or folder of an image folder is left out as no image or class: a
     hidden one (its name starts with a dot), the ``__MACOSX`` folder of resource forks
-    that unzipping an archive made by macOS's Finder leaves beside its folders, or the
+    that unzipping an archive made by macOS's Finder leaves beside its folders, the
     ``lost+found`` folder at the root of an ext2/3/4 file system (class folders on a
-    mounted disk)."""
-    return name.startswith(".") or name in ("__MACOSX", "lost+found")
+    mounted disk), or the ``@eaDir`` folders of thumbnails that a Synology NAS writes in
+    every folder of images."""
+    return name.startswith(".") or name in ("__MACOSX", "lost+found", "@eaDir")
 
 
 def _check_dangling_links(root: str) -> None:

@@ -214,6 +214,21 @@ def test_the_lost_and_found_folder_of_a_file_system_is_no_class(folder, caplog):
     assert image_folder(folder).class_names == before.class_names and not caplog.records
 
 
+def test_a_synology_thumbnail_folder_is_no_class_nor_images(folder, caplog):
+    # A Synology NAS writes @eaDir/<image>/SYNOFILE_THUMB_*.jpg beside every image (and
+    # an @eaDir beside the classes): each class held its images' thumbnails as images
+    # of its own, and @eaDir was a class.
+    caplog.set_level(logging.WARNING, logger="extract")
+    before = image_folder(folder)
+    image = (folder / before.ids[0]).read_bytes()
+    for name in ("cat/@eaDir/000.png/SYNOFILE_THUMB_M.jpg", "@eaDir/cat@SynoEAStream"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(image)
+    after = image_folder(folder)
+    assert (after.ids, after.class_names) == (before.ids, before.class_names)
+    assert not caplog.records
+
+
 def test_a_folder_that_cannot_be_listed_is_refused(folder, monkeypatch):
     # os.walk left it out, and its images with it, without a word (a folder of another
     # user's, unreadable).
