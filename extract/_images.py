@@ -277,9 +277,9 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     ImageSource
         Ids are paths relative to ``root``; classes are the sorted sub-folder names. Hidden
         folders and files (``.ipynb_checkpoints``, macOS's ``._x.jpg``), the
-        ``__MACOSX`` folders of an unzipped Finder archive, a file system's
-        ``lost+found`` and a Synology NAS's ``@eaDir`` thumbnails are left out, at every
-        level.
+        ``__MACOSX`` folders of an unzipped Finder archive, a file system's own folders
+        (``lost+found``, ``System Volume Information``, ``$RECYCLE.BIN``) and a Synology
+        NAS's ``@eaDir`` thumbnails are left out, at every level.
 
     Examples
     --------
@@ -350,14 +350,20 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
 _SPLIT_NAMES = frozenset({"train", "training", "test", "testing", "val", "valid", "validation"})
 
 
+_SYSTEM_FOLDERS = frozenset(
+    {"__MACOSX", "lost+found", "System Volume Information", "$RECYCLE.BIN", "@eaDir"}
+)
+
+
 def _hidden(name: str) -> bool:
     """Whether a file or folder of an image folder is left out as no image or class: a
     hidden one (its name starts with a dot), the ``__MACOSX`` folder of resource forks
     that unzipping an archive made by macOS's Finder leaves beside its folders, the
-    ``lost+found`` folder at the root of an ext2/3/4 file system (class folders on a
-    mounted disk), or the ``@eaDir`` folders of thumbnails that a Synology NAS writes in
-    every folder of images."""
-    return name.startswith(".") or name in ("__MACOSX", "lost+found", "@eaDir")
+    folders of a file system's own at its root (``lost+found`` of ext2/3/4, ``System
+    Volume Information`` and ``$RECYCLE.BIN`` of a drive Windows wrote to: class folders
+    on a mounted disk), or the ``@eaDir`` folders of thumbnails that a Synology NAS
+    writes in every folder of images."""
+    return name.startswith(".") or name in _SYSTEM_FOLDERS
 
 
 def _check_dangling_links(root: str) -> None:
@@ -379,8 +385,8 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     link to a folder above it, a loop) is not walked again (of two names of one folder,
     the first in sorted order is kept), nor the root or a folder above
     it from inside a class (a link to another class's folder is walked, as torchvision
-    walks it). Hidden files and folders (their names start with a dot) and ``__MACOSX``
-    folders are left out.
+    walks it). Hidden files and folders (their names start with a dot), ``__MACOSX``
+    folders and the other system folders of :func:`_hidden` are left out.
 
     Raises FileNotFoundError, as ``make_dataset`` does, for a class without images (and
     for a link in a class whose target does not exist, unless it is named as an image:

@@ -201,16 +201,18 @@ def test_a_macosx_folder_is_no_class_nor_images(folder, caplog):
     assert not caplog.records  # left out without a word, as hidden files are
 
 
-def test_the_lost_and_found_folder_of_a_file_system_is_no_class(folder, caplog):
-    # Class folders at the root of an ext4 volume (a disk mounted at /mnt/data) lie beside
-    # its lost+found: refused as "Found no valid file for the classes lost+found" (and,
-    # after fsck recovered files into it, a class of its own).
+@pytest.mark.parametrize("system", ["lost+found", "System Volume Information", "$RECYCLE.BIN"])
+def test_a_file_system_s_own_folder_is_no_class(folder, caplog, system):
+    # Class folders at the root of a mounted disk lie beside its file system's folders
+    # (ext4's lost+found, a Windows-written drive's System Volume Information): refused as
+    # "Found no valid file for the classes lost+found" (or, holding images, a class).
     caplog.set_level(logging.WARNING, logger="extract")
     before = image_folder(folder)
-    (folder / "lost+found").mkdir()
+    (folder / system).mkdir()
+    (folder / system / "IndexerVolumeGuid").write_bytes(b"x")
     after = image_folder(folder)
     assert (after.ids, after.class_names) == (before.ids, before.class_names)
-    (folder / "lost+found" / "#1234").write_bytes((folder / before.ids[0]).read_bytes())
+    (folder / system / "#1234.jpg").write_bytes((folder / before.ids[0]).read_bytes())
     assert image_folder(folder).class_names == before.class_names and not caplog.records
 
 
