@@ -231,6 +231,20 @@ def test_a_synology_thumbnail_folder_is_no_class_nor_images(folder, caplog):
     assert not caplog.records
 
 
+@pytest.mark.parametrize("bin_name", ["#recycle", "@Recycle"])
+def test_a_nas_share_s_recycle_bin_is_no_class(folder, caplog, bin_name):
+    # Class folders at the root of a Synology (#recycle) or QNAP (@Recycle) share lie
+    # beside its recycle bin, which keeps deleted images in their folders: they were a
+    # class of their own.
+    caplog.set_level(logging.WARNING, logger="extract")
+    before = image_folder(folder)
+    (folder / bin_name / "cat").mkdir(parents=True)
+    (folder / bin_name / "cat" / "x.jpg").write_bytes((folder / before.ids[0]).read_bytes())
+    after = image_folder(folder)
+    assert (after.ids, after.class_names) == (before.ids, before.class_names)
+    assert not caplog.records
+
+
 def test_a_folder_that_cannot_be_listed_is_refused(folder, monkeypatch):
     # os.walk left it out, and its images with it, without a word (a folder of another
     # user's, unreadable).
