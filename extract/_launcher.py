@@ -63,8 +63,9 @@ def _launcher_pid() -> int:
 def stops_with_launcher() -> Iterator[None]:
     """Inside, under torchrun (its ``TORCHELASTIC_RUN_ID`` set), a SIGINT to the main thread
     once this process's parent is no longer the launcher that started it (already at the
-    entry, too), and SIGKILL :data:`GRACE_S` seconds later if it has not left by then
-    (where SIGINT is ignored, or its handler does not raise, that is how the rank ends), or
+    entry, too; a SIGINT ignored at the entry, as a shell's background job inherits it,
+    raises KeyboardInterrupt inside), and SIGKILL :data:`GRACE_S` seconds later if it has
+    not left by then (where SIGINT's handler does not raise, that is how the rank ends), or
     within :data:`POLL_S` where it is :func:`connecting`. Elsewhere (not under torchrun,
     outside the main thread, on Windows), nothing."""
     if (
@@ -76,6 +77,12 @@ def stops_with_launcher() -> Iterator[None]:
         return
     launcher, main = _launcher_pid(), threading.main_thread().ident
     left = threading.Event()
+    # A shell ignores SIGINT in the jobs it starts in the background without job control
+    # (`torchrun ... &` in a script), and the ranks inherit that: the watcher's Ctrl-C was
+    # lost there, and a rank whose launcher was killed ran on for GRACE_S, then was killed.
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def watch() -> None:
         while not left.wait(POLL_S):
@@ -100,3 +107,5 @@ def stops_with_launcher() -> Iterator[None]:
         left.set()
         if watcher.is_alive():
             watcher.join()
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)

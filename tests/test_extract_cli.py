@@ -1056,13 +1056,18 @@ except KeyboardInterrupt:
 """
 
 
-def test_a_rank_whose_launcher_died_before_the_run_stops(tmp_path):
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_a_rank_whose_launcher_died_before_the_run_stops(tmp_path, sigint):
     # The parent at the call was taken for the launcher: killed before it (while torch
-    # imported, or between a script's two calls), the rank extracted to the end.
+    # imported, or between a script's two calls), the rank extracted to the end. With
+    # SIGINT ignored, as in a shell's background job (`torchrun ... &` in a script), the
+    # rank's Ctrl-C was lost: it ran on (to its kill GRACE_S later).
     log = tmp_path / "rank.txt"
+    ignore = "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    rank = (ignore if sigint == "ignored" else "") + _RANK
     launcher_code = (
         "import subprocess, sys, time\n"
-        f"subprocess.Popen([sys.executable, '-c', {_RANK!r}], stdout=open({str(log)!r}, 'w'))\n"
+        f"subprocess.Popen([sys.executable, '-c', {rank!r}], stdout=open({str(log)!r}, 'w'))\n"
         "time.sleep(60)\n"
     )
     env = ENV | {"TORCHELASTIC_RUN_ID": "test"}
