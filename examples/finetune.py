@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None):
         predictions[name] = predict(net, X_test)
 
     print(
-        f"digits, MLP fine-tuned {args.epochs} epochs: "
+        f"digits, MLP fine-tuned {args.epochs} epoch{'s' if args.epochs != 1 else ''}: "
         f"{len(y_train)} train / {len(y_test)} test images"
     )
     report = classwise_report(predictions, y_test)
