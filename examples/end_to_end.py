@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--out {args.out} is inside {above}, which is a file, not a folder")
     stores = {}
     for split, per_class in (("train", args.train_per_class), ("test", args.test_per_class)):
+        # Fashion-MNIST holds 6,000 images of each class for training and 1,000 for test:
+        # beyond, the store was named after the figure asked for, not the images it held.
+        per_class = min(per_class, {"train": 6000, "test": 1000}[split])
         stores[split] = extract_features(
             f"fashion-mnist:{split}",
             "effnet-lite0",

@@ -197,6 +197,20 @@ def test_quickstart_refuses_outputs_of_the_wrong_kind_before_fitting(
     assert "digits:" not in captured.out  # nothing was fitted
 
 
+def test_end_to_end_names_its_stores_after_the_images_they_hold(tmp_path):
+    # Fashion-MNIST has 1,000 test images of each class: --test-per-class 2000 named its
+    # store ..._2000pc.h5 (and 1500 made another store of the same images).
+    main = runpy.run_path(str(EXAMPLES / "end_to_end.py"), run_name="end_to_end")["main"]
+    calls = []
+    main.__globals__["extract_features"] = lambda *a, **kw: calls.append((a[2].name, kw)) or a[2]
+    main.__globals__["mr2_probe"] = lambda argv: 0
+    main(["--train-per-class", "7000", "--test-per-class", "2000", "--out", str(tmp_path)])
+    assert [(name, kw["n_per_class"]) for name, kw in calls] == [
+        ("train_lite0_96px_6000pc.h5", 6000),
+        ("test_lite0_96px_1000pc.h5", 1000),
+    ]
+
+
 @pytest.mark.parametrize("option, below", [("--json", "r.json"), ("--plots", "figures/png")])
 def test_quickstart_refuses_outputs_inside_a_file_before_fitting(option, below, tmp_path, capsys):
     # A file among the folders above (notes.txt/r.json): FileExistsError or
