@@ -807,7 +807,7 @@ def test_moco_checkpoint(tmp_path, prefix, extra):
     state |= extra | {"module.queue": torch.zeros(8, 3)}
     path = tmp_path / "moco.pth.tar"
     torch.save({"epoch": 800, "arch": "resnet18", "state_dict": state}, path)
-    assert set(moco_state_dict(torch.load(path))) == set(resnet.state_dict())
+    assert set(moco_state_dict(torch.load(path, weights_only=True))) == set(resnet.state_dict())
     bb = create_backbone(f"moco:resnet18@{path}", image_size=32)
     assert bb.dim == 512 and bb.preprocess["interpolation"] == "bilinear"
     x = torch.rand(2, 3, 32, 32)

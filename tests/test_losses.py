@@ -727,7 +727,7 @@ def test_synchronised_statistics_are_those_of_the_global_batch(tmp_path):
         logits = torch.randn(10, 4, generator=g, requires_grad=True)
         batches.append((logits, features.requires_grad_(), labels))
     torch.multiprocessing.spawn(_two_ranks, args=(tmp_path / "init", tmp_path, batches), nprocs=2)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     alone = MR2Loss(4, 5, c_bar=1.0, lam=0.5, p=3.0, class_tilt=2.0, sync_stats=True)
     for logits, features, labels in batches:
         alone(logits, features, labels)  # no process group: sync_stats changes nothing
