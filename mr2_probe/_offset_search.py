@@ -294,7 +294,13 @@ def scoring_function(scoring, weighted: bool, classes=None, labels=None, weight=
                 "without sample_weight, or score with a function that takes it."
             )
     named = {**getattr(func, "keywords", {}), **kwargs}.get("labels")  # functools.partial's
-    if classes is not None and named is not None and not np.isin(named, classes).any():
+    # Compared as objects: NumPy's isin of strings against numbers matches '1' with 1 once
+    # the classes are many (its sorting path makes both strings).
+    if (
+        classes is not None
+        and named is not None
+        and not np.isin(np.asarray(named, object), np.asarray(classes, object)).any()
+    ):
         raise ValueError(
             f"The scorer's labels {np.asarray(named).tolist()!r} name none of the classes "
             f"{np.asarray(classes).tolist()!r}: every candidate would score alike. Give the "

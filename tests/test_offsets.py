@@ -1761,6 +1761,20 @@ def test_a_scorer_that_cannot_work_is_refused_before_any_fit(scoring, weighted, 
     assert _CountingFits.fits == 0
 
 
+def test_scorer_labels_that_are_the_classes_numbers_as_text_are_refused_among_many_classes():
+    # Among 20 classes, labels ['0', '1'] of the classes 0, 1, ... were taken to name
+    # classes (NumPy's isin, sorting, compares them as strings): the offsets were tuned on
+    # a score that no candidate moves, one of them to +15.
+    X, y = make_classification(
+        400, 8, n_informative=6, n_classes=20, n_clusters_per_class=1, random_state=0
+    )
+    scoring = make_scorer(f1_score, average="macro", labels=["0", "1"])
+    _CountingFits.fits = 0
+    with pytest.raises(ValueError, match=r"labels \['0', '1'\] name none of the classes"):
+        TunedOffsetsClassifierCV(_CountingFits(), scoring=scoring, cv=3).fit(X, y)
+    assert _CountingFits.fits == 0
+
+
 @pytest.mark.parametrize(
     "classes, match",
     [(np.array([["a", "b", "c"]]), r"one label per column .*shape \(1, 3\)"),
