@@ -489,8 +489,17 @@ def _mapping(groups_by_label) -> Mapping:
     return groups_by_label
 
 
+def _text_and_numbers(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether one array holds text and the other numbers, so that no label of one is a
+    label of the other: NumPy's setdiff1d and isin take '1' for 1 once the labels are
+    many (their sorting path makes both text)."""
+    kinds = {a.dtype.kind, b.dtype.kind}
+    return bool(kinds & set("US")) and bool(kinds & set("biuf"))
+
+
 def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
-    unknown = np.setdiff1d(np.unique(y_true), labels)
+    present, labels = np.unique(y_true), np.asarray(labels)
+    unknown = present if _text_and_numbers(present, labels) else np.setdiff1d(present, labels)
     if len(unknown):
         advice = (
             "build the groups with class_groups(..., labels=all_classes)"

@@ -1,5 +1,6 @@
 """Class-wise metrics and the scikit-learn scorers built on them."""
 
+import json
 import re
 import warnings
 from types import MappingProxyType
@@ -273,6 +274,19 @@ def test_classes_missing_from_the_groups_are_refused(score):
     # Groups read back from JSON have string keys: no class of y_true is in them.
     with pytest.raises(ValueError, match="that are not in groups"):
         score(Y_TRUE, Y_PRED, {str(k): v for k, v in GROUPS.items()})
+
+
+@pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
+def test_groups_keyed_by_the_classes_numbers_as_text_are_refused_among_many_classes(score):
+    # Among 20 classes, JSON's keys '0', '1', ... were taken for the classes 0, 1, ...
+    # (NumPy's setdiff1d, sorting, compares them as text): a "Mix of label input types"
+    # followed, where 5 classes are told that they are not in the groups.
+    y = np.arange(40) % 20
+    groups = json.loads(json.dumps(class_groups(y, y)))  # keys '0', '1', ...
+    with pytest.raises(ValueError, match=r"classes \[0, 1, 2, .*\] that are not in groups"):
+        score(y, y, groups)
+    text = y.astype(str).astype(object)  # the same text, in an object array: classes
+    score(text, text, groups)
 
 
 def test_integer_sample_weights_score_as_repeated_samples():
