@@ -32,7 +32,7 @@ from sklearn.utils.validation import _num_samples, column_or_1d
 from ._data import check_h5_open, plain
 from ._offset_search import tune_class_offsets
 from ._offsets import TunedOffsetsClassifierCV, check_training_folds, offsets_splits
-from .metrics import classwise_summary, difficulty_groups, per_class_accuracy
+from .metrics import _text_and_numbers, classwise_summary, difficulty_groups, per_class_accuracy
 
 # The folds of the training data on which the front's offsets are tuned, by default.
 OFFSETS_CV = 3
@@ -542,7 +542,9 @@ def _check_known_labels(y, scored: dict) -> None:
             continue
         try:
             present = np.unique(column_or_1d(labels))
-            unknown = np.setdiff1d(present, classes)
+            unknown = (
+                present if _text_and_numbers(present, classes) else np.setdiff1d(present, classes)
+            )
         except TypeError as error:  # labels that cannot be sorted together ('<' of str, int)
             kinds = sorted({type(v).__name__ for v in column_or_1d(labels)})
             raise ValueError(

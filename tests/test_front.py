@@ -512,6 +512,28 @@ def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeyp
         accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val, **kwargs)
 
 
+@pytest.mark.parametrize("as_text", ["y_test", "y"])
+def test_labels_that_are_the_classes_numbers_as_text_are_refused_among_many_classes(
+    as_text, monkeypatch
+):
+    # Among 20 classes, y_test's '0', '1', ... were taken for the classes 0, 1, ... (NumPy's
+    # setdiff1d, sorting, compares them as text): the fits ran, then the first score failed
+    # on a "Mix of label input types".
+    rng = np.random.default_rng(0)
+    y = np.arange(400) % 20
+    X = rng.normal(size=(400, 4)) + y[:, None]
+    labels = {"y": y, "y_test": y}
+    labels[as_text] = y.astype(str)
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fitted before checking the labels")
+
+    monkeypatch.setattr(MR2LinearClassifier, "fit", no_fit)
+    with pytest.raises(ValueError, match="y_test holds labels that are no class of y"):
+        clf = MR2LinearClassifier(device="cpu")
+        accuracy_front(clf, X, labels["y"], X, labels["y"], X_test=X, y_test=labels["y_test"])
+
+
 @pytest.mark.parametrize("tilts", [(), (0.0,)])
 def test_a_front_of_erm_alone_is_refused_before_any_fit(splits, tilts, monkeypatch):
     # An ERM estimator, no tilt above 0 and no offsets: it fitted ERM and "chose" it.
