@@ -289,6 +289,19 @@ def test_a_folder_link_in_a_class_that_reaches_nothing_is_refused(folder, caplog
     assert "cat/gone.jpg" in image_folder(folder).ids and not caplog.records
 
 
+@pytest.mark.parametrize("name", ["000.json", "annotations.xml"])
+def test_a_file_link_in_a_class_that_reaches_nothing_is_left_out_as_before(folder, caplog, name):
+    # A git-annex or DVC dataset whose images were fetched and annotations not: each
+    # annotation is a link to an object not in the cache. Left out with a warning as any
+    # file without an image extension, not refused as a folder out of reach.
+    before = image_folder(folder)
+    os.symlink(".git/annex/objects/Xx/Yy/SHA256E-s12--ab/SHA256E-s12--ab", folder / "cat" / name)
+    caplog.set_level(logging.WARNING, logger="extract")
+    after = image_folder(folder)
+    assert (after.ids, after.class_names) == (before.ids, before.class_names)
+    assert f"'cat/{name}'" in caplog.text and "left out" in caplog.text
+
+
 def test_a_hidden_link_that_reaches_nothing_is_no_class_and_not_refused(folder):
     # An editor's lock file beside the classes (Emacs writes .#name as a link to
     # user@host.pid, which does not exist) is hidden, as left out as a hidden folder.
