@@ -714,10 +714,11 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         ) from None
     # A comma anywhere makes the list CSV (a file name with a comma is then quoted); a tab
     # on every line, a list of tab-separated fields, whose labels may hold blanks ("golden
-    # retriever" was split at its blank, its path taking "golden" after the tab).
+    # retriever" was split at its blank, its path taking "golden" after the tab). A tab
+    # that begins or ends a line (an indented list, a trailing tab) separates no fields.
     if any("," in line for line in text):
         delimiter = ","
-    elif all("\t" in line for line in text if line.strip()):
+    elif all("\t" in line.strip() for line in text if line.strip()):
         delimiter = "\t"
     else:
         delimiter = None

@@ -422,6 +422,17 @@ def test_a_tab_separated_list_takes_labels_with_blanks(folder):
     assert src.class_names == ["dog", "golden retriever"] and src.labels.tolist() == [1, 0]
 
 
+@pytest.mark.parametrize("line", ["\t{path} {label}", "{path} {label}\t", "{path} \t {label}"])
+def test_a_tab_around_a_blank_separated_line_is_no_separator(folder, line):
+    # A tab that begins or ends every line (an indented list, a trailing tab) is no field
+    # separator: the lines were refused as "expected 'path,label'".
+    pairs = [("cat/000.png", "cat"), ("dog/001.jpg", "dog")]
+    lines = [line.format(path=path, label=label) for path, label in pairs]
+    (folder / "list.txt").write_text("\n".join(lines) + "\n")
+    src = image_list(folder / "list.txt")
+    assert (src.ids, src.class_names) == (["cat/000.png", "dog/001.jpg"], ["cat", "dog"])
+
+
 def test_image_list_joined_from_lists_with_byte_order_marks(folder):
     # "CSV UTF-8" lists joined (cat a.csv b.csv): the second list's mark began a line, its
     # header became an image '\ufeffpath' of a class 'label', a path '\ufeffdog/...'
