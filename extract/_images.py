@@ -927,11 +927,11 @@ def _checked(src: ImageSource) -> ImageSource:
     if labels.dtype.kind in "iuf":
         with np.errstate(invalid="ignore"):  # (NaN is no index)
             bad = labels[~((labels >= 0) & (labels < k) & (labels % 1 == 0))]
-    else:  # text, booleans, objects (Python ints in range taken)
+    else:  # text, booleans, objects (Python's and numpy's ints in range taken)
         bad = [
             v
             for v in labels.tolist()
-            if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < k)
+            if not (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v < k)
         ]
     if len(bad):
         got = bad[0].item() if isinstance(bad[0], np.generic) else bad[0]

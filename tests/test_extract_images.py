@@ -912,8 +912,10 @@ def test_an_image_source_built_by_hand_is_refused_where_its_store_could_not_be(
     )
     with pytest.raises(ValueError, match=match):
         open_source(ImageSource(**(mine | change)))
-    # Labels as a list, or whole numbers in floats (a DataFrame's column), are indices.
-    for labels in ([0, 1], np.array([0.0, 1.0]), np.array([0, 1], dtype=object)):
+    # Labels as a list, or whole numbers in floats (a DataFrame's column), are indices; so
+    # are numpy integers in an object array (they were refused as "Got 0").
+    numpy_ints = np.array([np.int64(0), np.uint8(1)], dtype=object)
+    for labels in ([0, 1], np.array([0.0, 1.0]), np.array([0, 1], dtype=object), numpy_ints):
         src = open_source(ImageSource(**(mine | dict(labels=labels))))
         assert src.labels.dtype == np.int64 and src.labels.tolist() == [0, 1]
 
