@@ -278,9 +278,9 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
         Ids are paths relative to ``root``; classes are the sorted sub-folder names. Hidden
         folders and files (``.ipynb_checkpoints``, macOS's ``._x.jpg``), the
         ``__MACOSX`` folders of an unzipped Finder archive, a file system's own folders
-        (``lost+found``, ``System Volume Information``, ``$RECYCLE.BIN``), a Synology
-        NAS's ``@eaDir`` thumbnails and a NAS share's recycle bin (``#recycle``,
-        ``@Recycle``) are left out, at every level.
+        (``lost+found``, ``System Volume Information``, ``$RECYCLE.BIN``,
+        ``$Recycle.Bin``), a Synology NAS's ``@eaDir`` thumbnails and a NAS share's
+        recycle bin (``#recycle``, ``@Recycle``) are left out, at every level.
 
     Examples
     --------
@@ -353,6 +353,7 @@ _SPLIT_NAMES = frozenset({"train", "training", "test", "testing", "val", "valid"
 
 _SYSTEM_FOLDERS = frozenset(
     {"__MACOSX", "lost+found", "System Volume Information", "$RECYCLE.BIN", "@eaDir"}
+    | {"$Recycle.Bin"}  # (the recycle bin's spelling on an NTFS drive)
     | {"#recycle", "@Recycle"}  # a NAS share's recycle bin (Synology, QNAP)
 )
 
@@ -362,10 +363,10 @@ def _hidden(name: str) -> bool:
     hidden one (its name starts with a dot), the ``__MACOSX`` folder of resource forks
     that unzipping an archive made by macOS's Finder leaves beside its folders, the
     folders of a file system's own at its root (``lost+found`` of ext2/3/4, ``System
-    Volume Information`` and ``$RECYCLE.BIN`` of a drive Windows wrote to: class folders
-    on a mounted disk), the ``@eaDir`` folders of thumbnails that a Synology NAS writes
-    in every folder of images, or a NAS share's recycle bin of deleted files (``#recycle``,
-    ``@Recycle``)."""
+    Volume Information`` and ``$RECYCLE.BIN`` (``$Recycle.Bin`` on NTFS) of a drive
+    Windows wrote to: class folders on a mounted disk), the ``@eaDir`` folders of
+    thumbnails that a Synology NAS writes in every folder of images, or a NAS share's
+    recycle bin of deleted files (``#recycle``, ``@Recycle``)."""
     return name.startswith(".") or name in _SYSTEM_FOLDERS
 
 

@@ -201,7 +201,9 @@ def test_a_macosx_folder_is_no_class_nor_images(folder, caplog):
     assert not caplog.records  # left out without a word, as hidden files are
 
 
-@pytest.mark.parametrize("system", ["lost+found", "System Volume Information", "$RECYCLE.BIN"])
+@pytest.mark.parametrize(
+    "system", ["lost+found", "System Volume Information", "$RECYCLE.BIN", "$Recycle.Bin"]
+)
 def test_a_file_system_s_own_folder_is_no_class(folder, caplog, system):
     # Class folders at the root of a mounted disk lie beside its file system's folders
     # (ext4's lost+found, a Windows-written drive's System Volume Information): refused as
