@@ -276,12 +276,12 @@ def scoring_function(scoring, weighted: bool, classes=None, labels=None, weight=
                 "make_scorer(f1_score, average='macro')."
             )
         func, sign, kwargs = scoring._score_func, scoring._sign, scoring._kwargs
-    if _required_positional(func) > 2:
+    if (required := _required_positional(func, kwargs)) > 2:
         # A scorer(estimator, X, y), as GridSearchCV and MR2LinearClassifierCV take it:
         # called as metric(y_true, y_pred) its trial failed with Python's "missing 1
         # required positional argument".
         raise ValueError(
-            f"scoring={scoring!r} takes {_required_positional(func)} positional arguments, "
+            f"scoring={scoring!r} takes {required} positional arguments, "
             "as a scorer(estimator, X, y) does; the offsets are scored on predicted labels "
             "alone. Give a metric(y_true, y_pred), or a scorer made by make_scorer(metric)."
         )
@@ -314,16 +314,17 @@ def scoring_function(scoring, weighted: bool, classes=None, labels=None, weight=
     return func, sign, kwargs
 
 
-def _required_positional(func) -> int:
-    """How many positional arguments ``func`` requires besides ``sample_weight`` (which a
-    metric may require: it is given by name), 2 where it shows no signature."""
+def _required_positional(func, given=()) -> int:
+    """How many positional arguments ``func`` requires besides ``sample_weight`` and those
+    ``given`` by name (a make_scorer's keyword arguments, as make_group_scorer's
+    ``groups_by_label``), 2 where it shows no signature."""
     try:
         parameters = inspect.signature(func).parameters.values()
     except (TypeError, ValueError):  # (some builtins: called as they are)
         return 2
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return sum(
-        p.kind in positional and p.default is p.empty and p.name != "sample_weight"
+        p.kind in positional and p.default is p.empty and p.name not in {"sample_weight", *given}
         for p in parameters
     )
 

@@ -48,7 +48,9 @@ from mr2_probe import (
 from mr2_probe.metrics import (
     class_accuracy_std,
     class_std_scorer,
+    group_accuracy,
     hard_tercile_accuracy,
+    make_group_scorer,
     per_class_accuracy,
     worst_class_accuracy,
     worst_class_scorer,
@@ -1773,6 +1775,30 @@ def test_scorer_labels_that_are_the_classes_numbers_as_text_are_refused_among_ma
     with pytest.raises(ValueError, match=r"labels \['0', '1'\] name none of the classes"):
         TunedOffsetsClassifierCV(_CountingFits(), scoring=scoring, cv=3).fit(X, y)
     assert _CountingFits.fits == 0
+
+
+def _scaled_accuracy(y_true, y_pred, scale):
+    return scale * float(np.mean(y_true == y_pred))
+
+
+@pytest.mark.parametrize(
+    "scoring, metric",
+    [
+        (make_group_scorer({0: "easy", 1: "hard", 2: "hard"}),
+         lambda t, p: group_accuracy(t, p, {0: "easy", 1: "hard", 2: "hard"})),
+        (make_scorer(_scaled_accuracy, scale=2.0), lambda t, p: _scaled_accuracy(t, p, 2.0)),
+    ],
+    ids=["make_group_scorer", "make_scorer_keyword"],
+)  # fmt: skip
+def test_a_scorer_whose_metric_gets_a_third_argument_by_name_is_taken(scoring, metric):
+    # make_scorer gives its keywords by name (make_group_scorer its groups_by_label): the
+    # metric's third positional parameter was counted as a scorer(estimator, X, y)'s, and
+    # the scorer refused.
+    z = np.random.default_rng(0).normal(size=(60, 3))
+    y = np.arange(60) % 3
+    result = tune_class_offsets(z, y, scoring)
+    assert result.score == pytest.approx(metric(y, (z + result.offsets).argmax(1)))
+    assert result.score >= result.base_score
 
 
 @pytest.mark.parametrize(
