@@ -8,6 +8,7 @@ import copy
 import functools
 import inspect
 import warnings
+from decimal import Decimal
 from numbers import Integral, Real
 
 import numpy as np
@@ -876,7 +877,7 @@ class _Scorer:
         if hasattr(score, "item"):  # a NumPy scalar, or an array of one value
             with contextlib.suppress(ValueError):
                 score = score.item()
-        if not isinstance(score, Real):
+        if not isinstance(score, (Real, Decimal)):  # (a Decimal is no Real, but a number)
             # (in GridSearchCV's words: float() raised "only 0-dimensional arrays can be
             # converted" or "argument must be a string or a real number, not 'NoneType'")
             raise ValueError(

@@ -1,6 +1,8 @@
 """MR2LinearClassifierCV: the path, its choices, LogisticRegressionCV, inputs and errors."""
 
 import warnings
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -1353,7 +1355,10 @@ def test_a_plain_callable_scorer_gets_the_weights_when_it_takes_them():
 @pytest.mark.parametrize(
     "returned, shown",
     [(None, "None"), (np.ones(2), r"array\(\[1., 1.\]\)"), ("high", "'high'"),
-     (np.array([0.5]), None), (np.float32(0.5), None)],
+     (np.array([0.5]), None), (np.float32(0.5), None),
+     # numbers GridSearchCV takes (a Decimal was refused: it is no numbers.Real)
+     (Decimal("0.5"), None), (Fraction(1, 2), None), (np.bool_(True), None),
+     (torch.tensor(0.5), None)],
 )  # fmt: skip
 def test_a_scorer_that_returns_no_number_is_named_as_grid_search_names_it(returned, shown):
     # float() of its value raised Python's TypeError or ValueError ("only 0-dimensional
