@@ -1069,6 +1069,24 @@ def test_a_fit_short_of_tol_names_an_extreme_parameter(params, named):
     assert message.endswith("Use values of a usual order of magnitude.")
 
 
+@pytest.mark.parametrize(
+    "params, weight", [({"c_bar": 10.0, "C": 1e-7}, 1.0), ({"c_bar": 10.0}, 1e-7)]
+)  # fmt: skip
+def test_a_usual_c_bar_with_a_small_c_is_not_named(params, weight):
+    # C·Σw / c̄² = 1.5e-9 named c_bar=10 as extreme ("the problem of C / c̄² = 0.01", or
+    # 1e-9): the fit stops on its precision, and the larger tol advised resolves it (the
+    # problem at c̄ = 1, C / c̄², converges).
+    X, y = load_iris(return_X_y=True)
+    sample_weight = np.full(len(y), weight)
+    with pytest.warns(ConvergenceWarning, match="no longer improving") as record:
+        MR2LinearClassifier(device="cpu", **params).fit(X, y, sample_weight=sample_weight)
+    message = str(record[0].message)
+    assert "Use a larger tol" in message and "c_bar" not in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        MR2LinearClassifier(device="cpu", tol=1e-3, **params).fit(X, y, sample_weight=sample_weight)
+
+
 def test_a_cosine_prototype_of_no_direction_still_fits():
     # Class 1's rows are opposite in turn: their normalised rows cancel, so its prototype is
     # 0, where the cosine head's gradient (∝ 1/‖w_k‖) is undefined; the fit used to end in
