@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from decimal import Decimal
 from numbers import Integral, Real
 from typing import NamedTuple
 
@@ -331,6 +332,8 @@ def _required_positional(func, given=()) -> int:
 
 def _number(value, func) -> float:
     """A scoring function's ``value`` as a float, refused if it is no single number."""
+    if isinstance(value, (Real, Decimal)):  # (a Fraction or a Decimal: an object array)
+        return float(value)
     if np.ndim(value) or np.asarray(value).dtype.kind not in "biuf":
         shown = f"an array of shape {np.shape(value)}" if np.ndim(value) else repr(value)
         raise ValueError(  # e.g. average=None: one score per class

@@ -5,6 +5,8 @@ import inspect
 import pickle
 import sys
 import warnings
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -232,6 +234,17 @@ def test_a_scoring_function_that_returns_an_array_is_named():
         tune_class_offsets(z, y, make_scorer(recall_score, average=None))
     with pytest.raises(ValueError, match="'<lambda>' returned None, not a number"):
         tune_class_offsets(z, y, make_scorer(lambda t, p: None))
+
+
+@pytest.mark.parametrize("number", [Fraction, Decimal])
+def test_a_scoring_function_s_fraction_or_decimal_is_a_number(number):
+    # NumPy holds them as objects: they were refused as "not a number", which GridSearchCV
+    # takes.
+    z, y = _biased_logits(0)
+    result = tune_class_offsets(z, y, lambda t, p: number(int(np.sum(t == p))) / len(t))
+    expected = tune_class_offsets(z, y, lambda t, p: float(np.mean(t == p)))
+    np.testing.assert_array_equal(result.offsets, expected.offsets)
+    assert result.score == pytest.approx(expected.score)
 
 
 def _tied_worst_classes():
