@@ -2588,7 +2588,16 @@ def test_an_archive_with_both_spellings_of_an_array_is_refused(files, tmp_path, 
     np.savez(tmp_path / "both.npz", **arrays)
     line = _refused([str(tmp_path / "both.npz")], capsys)
     pair = ("X", "features") if "features" in extra else ("y", "labels")
-    assert f"holds both {pair[0]!r} and {pair[1]!r}; keep one pair, X and y or" in line
+    assert f"holds both {pair[0]!r} and {pair[1]!r}, other arrays of as many rows" in line
+
+
+def test_an_archive_with_class_names_as_labels_beside_x_and_y_is_read(files, tmp_path):
+    # Class names saved as 'labels' beside X and y (a row per class, not per sample) name
+    # no rival to y: the archive is read as X and y.
+    X, y = np.load(files / "X.npy"), np.load(files / "y.npy")
+    names = np.unique(y).astype(str)
+    np.savez(tmp_path / "named.npz", X=X, y=y, labels=names, features=X)
+    assert main([str(tmp_path / "named.npz"), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
 
 
 @pytest.mark.parametrize(

@@ -219,10 +219,11 @@ def _load_npz(path: str):
         # Names, not ``key in data``: NumPy 1.24 reads the array to tell (an object
         # array's error then named neither the array nor whether it held the labels).
         for pair in (("X", "features"), ("y", "labels")):
-            if set(pair) <= set(data.files):  # which of them is meant? (X and y were read)
+            if set(pair) <= set(data.files) and _rival(data, *pair):
                 raise UsageError(
-                    f"{path} holds both {pair[0]!r} and {pair[1]!r}; keep one pair, X and y "
-                    f"or features and labels (found {sorted(data.files)})"
+                    f"{path} holds both {pair[0]!r} and {pair[1]!r}, other arrays of as many "
+                    "rows; keep one pair, X and y or features and labels (found "
+                    f"{sorted(data.files)})"
                 )
         x_key = "X" if "X" in data.files else "features"
         y_key = "y" if "y" in data.files else "labels"
@@ -240,6 +241,17 @@ def _load_npz(path: str):
                     raise
                 raise _objects(path, labels=key == y_key, key=key) from error
         return tuple(arrays)
+
+
+def _rival(data, key: str, other: str) -> bool:
+    """Whether an archive's ``other`` could be meant instead of its ``key`` (X read, where
+    features too could be the rows' features): another array of as many rows. (Class names
+    saved as ``labels`` beside X and y are not: they have a row per class.)"""
+    try:
+        first, second = data[key], data[other]
+    except ValueError:  # an array of objects: not read as either (refused when it is key)
+        return False
+    return np.ndim(second) > 0 and len(first) == len(second) and not np.array_equal(first, second)
 
 
 def _lazy(X) -> bool:
