@@ -126,7 +126,13 @@ def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None
     # c̄ = 1e8 stalled at its start, and the warning told to scale the features). A c̄ of
     # a usual order is none (1e3 at most, 1/√_EXTREME): iris at c̄ = 10 with C·Σw = 1.5e-5
     # (C=1e-7, or weights of 1e-7) stopped on its precision, and a larger tol resolved it.
-    elif c_bar is not None and c_bar > _EXTREME**-0.5 and C * weight_sum / c_bar / c_bar < _EXTREME:
+    # (A linear head's: a cosine head's margins divide its scaled cosines, and no C.)
+    elif (
+        scale is None
+        and c_bar is not None
+        and c_bar > _EXTREME**-0.5
+        and C * weight_sum / c_bar / c_bar < _EXTREME
+    ):
         suspects.append(
             f"c_bar={c_bar:g} with C={C:g} (the margins divide the logits by about c̄: the "
             f"problem of C / c̄² = {C / c_bar / c_bar:g} at c̄ = 1)"

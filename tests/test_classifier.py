@@ -1087,6 +1087,15 @@ def test_a_usual_c_bar_with_a_small_c_is_not_named(params, weight):
         MR2LinearClassifier(device="cpu", tol=1e-3, **params).fit(X, y, sample_weight=sample_weight)
 
 
+def test_a_large_c_bar_is_no_small_c_for_a_cosine_head():
+    # W / c̄ solves the problem of C / c̄² for the linear head only: a cosine head's margins
+    # divide its scaled cosines, and its C (a projection's penalty) is another matter.
+    from mr2_probe._classifier import _range_suspects
+
+    assert _range_suspects(1.0, 1e8, 150.0)[0].startswith("c_bar=1e+08 with C=1 (")
+    assert _range_suspects(1.0, 1e8, 150.0, scale=16.0) == []
+
+
 def test_a_cosine_prototype_of_no_direction_still_fits():
     # Class 1's rows are opposite in turn: their normalised rows cancel, so its prototype is
     # 0, where the cosine head's gradient (∝ 1/‖w_k‖) is undefined; the fit used to end in
