@@ -16,6 +16,7 @@ distributed = pytest.importorskip(
     "dask.distributed",
     reason="the Dask backend needs dask[distributed] (pip install 'dask[distributed]')",
 )
+import dask  # noqa: E402  (installed with dask.distributed)
 
 GRID = [
     {"c_bar": [None, 1.0], "lam": [0.0], "C": [0.1, 1.0]},
@@ -38,13 +39,15 @@ def _search(X, y):
 
 
 @pytest.mark.slow
-def test_dask_backend_matches_the_default_backend():
+def test_dask_backend_matches_the_default_backend(tmp_path):
     X, y = load_digits(return_X_y=True)
     X, y = X[:360] / 16.0, y[:360]
     local = _search(X, y)
     # In-process workers: no process start-up or re-import of torch, yet every fit is a
-    # Dask task run by one of two single-threaded workers.
+    # Dask task run by one of two single-threaded workers. The scheduler's and the workers'
+    # dask-scratch-space in tmp_path, not left in /tmp.
     with (
+        dask.config.set({"temporary-directory": str(tmp_path)}),
         distributed.LocalCluster(
             n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
         ) as cluster,
