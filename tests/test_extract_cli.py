@@ -31,6 +31,22 @@ ROOT = Path(extract.__file__).resolve().parent.parent
 ENV = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
+def _env(tmp_path: Path | str, **extra: str) -> dict:
+    """ENV for a process a test starts: its temporary files (torchrun's torchelastic_*
+    folders, multiprocessing's pymp-* of a killed run) in ``tmp_path``, not left in /tmp."""
+    return ENV | {"TMPDIR": str(tmp_path), **extra}
+
+
+@pytest.fixture
+def short_tmp():
+    """A folder in /tmp, removed after the test: the TMPDIR of a process with DataLoader
+    workers, whose AF_UNIX sockets (multiprocessing's, at most 107 bytes) a tmp_path, or a
+    long TMPDIR, is too deep for ("AF_UNIX path too long", and the run waits)."""
+    folder = tempfile.mkdtemp(dir="/tmp" if os.access("/tmp", os.W_OK) else None)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "extract", *args, "--workers", "0", "--no-progress"]
 
@@ -857,7 +873,7 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     try:
         for kind in kinds:
             running[kind] = subprocess.Popen(
-                _cli(sources[kind], options[0], str(killed[kind]), *options[1:]), env=ENV
+                _cli(sources[kind], options[0], str(killed[kind]), *options[1:]), env=_env(tmp_path)
             )
         deadline = time.monotonic() + 120
         # Kill each once a few batches are stored: at an arbitrary point of the write loop.
@@ -955,7 +971,7 @@ def test_torchrun_merges_the_ranks_shards_and_retries_failed_images(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += [str(script)]
     run = subprocess.run(
-        cmd, env=ENV | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120
+        cmd, env=_env(tmp_path, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 0, run.stderr
     # Each rank warned of its shard's failures, naming the shard: now rank 0 warns once
@@ -1003,7 +1019,7 @@ def test_ranks_stop_when_torchrun_s_launcher_is_killed(tmp_path, caplog):
     cmd += ["-m", "extract", str(folder), "timm:test_resnet@random", str(out), *options]
     cmd += ["--device", "cpu"]
     with log.open("w") as stderr:
-        launcher = subprocess.Popen(cmd, env=ENV | {"OMP_NUM_THREADS": "1"}, stderr=stderr)
+        launcher = subprocess.Popen(cmd, env=_env(tmp_path, OMP_NUM_THREADS="1"), stderr=stderr)
     shards = [extract.shard_path(out, rank, 2) for rank in range(2)]
     deadline = time.monotonic() + 120
     # (one rank may start well after the other on a loaded machine)
@@ -1070,7 +1086,7 @@ def test_a_rank_whose_launcher_died_before_the_run_stops(tmp_path, sigint):
         f"subprocess.Popen([sys.executable, '-c', {rank!r}], stdout=open({str(log)!r}, 'w'))\n"
         "time.sleep(60)\n"
     )
-    env = ENV | {"TORCHELASTIC_RUN_ID": "test"}
+    env = _env(tmp_path, TORCHELASTIC_RUN_ID="test")
     launcher = subprocess.Popen([sys.executable, "-c", launcher_code], env=env)
     deadline = time.monotonic() + 60
     while "ready" not in (log.read_text() if log.exists() else ""):
@@ -1104,7 +1120,7 @@ def test_a_rank_connecting_to_a_killed_launcher_s_store_stops_at_once(tmp_path):
     log = tmp_path / "rank.txt"
     with socket.socket() as unreachable:  # a port bound, never listened on: refused
         unreachable.bind(("127.0.0.1", 0))
-        env = ENV | {
+        env = _env(tmp_path) | {
             "TORCHELASTIC_RUN_ID": "test", "TORCHELASTIC_USE_AGENT_STORE": "True",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(unreachable.getsockname()[1]),
             "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
@@ -1158,7 +1174,7 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_killed_writer_with_live_workers_resumes_at_once(tmp_path, caplog):
+def test_killed_writer_with_live_workers_resumes_at_once(tmp_path, short_tmp, caplog):
     caplog.set_level(logging.INFO, logger="extract")
     folder = make_image_folder(tmp_path / "data", n_per_class=20, special=False)
     out = tmp_path / "f.h5"
@@ -1167,7 +1183,7 @@ def test_killed_writer_with_live_workers_resumes_at_once(tmp_path, caplog):
     proc = subprocess.Popen(
         [sys.executable, "-m", "extract", str(folder), "timm:test_resnet@random", str(out)]
         + options,
-        env=ENV | {"OMP_NUM_THREADS": "1"},
+        env=_env(short_tmp, OMP_NUM_THREADS="1"),
     )
     deadline = time.monotonic() + 120
     while (status := _status(out)) is None or (status != PENDING).sum() < 4:
