@@ -283,7 +283,9 @@ def extract_features(
     # torchrun a rank's shard where a merged store exists: that is checked once the merged
     # store is found incomplete, after the model is loaded (complete, it is reused even
     # where no shard could be written, as in a read-only folder).
-    reuse = merged is not None and merged.exists() and not overwrite
+    # (os.path.exists: False, not Path.exists's PermissionError, in a folder that cannot be
+    # searched, which check_output refuses by name)
+    reuse = merged is not None and os.path.exists(merged) and not overwrite
     for path in ([] if reuse else [target]) + ([merged] if merged and rank == 0 else []):
         check_output(path, overwrite)
     if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now

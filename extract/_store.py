@@ -275,10 +275,12 @@ def _check_output_text(text: str) -> None:
 def output_target(path: str | os.PathLike) -> Path:
     """The file a store at ``path`` is written to: a symbolic link's target (written
     through, as the shell's ``>`` does), so that the store's temporary file, lock and
-    atomic rename act on the target and not on the link; otherwise ``path`` itself."""
+    atomic rename act on the target and not on the link; otherwise ``path`` itself (also
+    where it cannot be looked at: in a folder that cannot be searched, which
+    :func:`check_output` refuses by name, and not ``Path.is_symlink``'s PermissionError)."""
     _check_output_text(os.fspath(path))
     path = Path(path)
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    return Path(os.path.realpath(path)) if os.path.islink(path) else path
 
 
 def make_output_folder(path: str | os.PathLike) -> None:

@@ -550,12 +550,23 @@ def _main_as_nobody(argv: list[str]) -> tuple[int, str]:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), err
 
 
-def test_unwritable_output_folder_is_a_one_line_error(tmp_path, no_model):
+@pytest.mark.parametrize(
+    "mode, ranks",
+    [(0o555, None), (0o000, None), (0o000, "2")],
+    ids=["read-only", "unsearchable", "unsearchable-torchrun"],
+)
+def test_unwritable_output_folder_is_a_one_line_error(tmp_path, no_model, monkeypatch, mode, ranks):
+    # A folder that cannot be searched ended in Path's PermissionError, "[Errno 13]
+    # Permission denied: '.../ro/sub/f.h5'" (extract_features raised it), not named.
+    if ranks is not None:  # rank 0 of torchrun's
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", ranks)
     folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
     base = Path(tempfile.mkdtemp(dir="/tmp" if os.geteuid() == 0 else tmp_path))
     try:
         base.chmod(0o755)
-        (base / "ro").mkdir(mode=0o555)
+        (base / "ro").mkdir()
+        (base / "ro").chmod(mode)  # (mkdir's mode would be masked by the umask)
         argv = [str(folder), "timm:test_resnet@random", str(base / "ro" / "sub" / "f.h5")]
         if os.geteuid() == 0:  # root writes everywhere: run as nobody
             status, err = _main_as_nobody([*argv, "--no-progress"])
