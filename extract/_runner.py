@@ -10,7 +10,10 @@ import contextlib
 import functools
 import itertools
 import logging
+import multiprocessing.util
 import os
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from numbers import Integral
@@ -245,6 +248,7 @@ def extract_features(
     batch_size, num_workers, image_size = (
         None if value is None else int(value) for value in (batch_size, num_workers, image_size)
     )
+    _check_worker_sockets(num_workers)
     for name, value in (
         ("normalize", normalize), ("overwrite", overwrite), ("retry_failed", retry_failed),
         ("progress", progress),
@@ -752,9 +756,44 @@ def worker_order(blocks: list[np.ndarray], units: np.ndarray, n_workers: int) ->
     return [lists[i % n_workers][i // n_workers] for i in range(len(blocks))]
 
 
+def _workers(num_workers: int | None) -> int:
+    """The DataLoader's worker processes: ``num_workers``, or for None the CPUs but one (8 at
+    most)."""
+    return min(8, max(0, (os.cpu_count() or 1) - 1)) if num_workers is None else num_workers
+
+
+# The bytes of an AF_UNIX socket's path at most (sun_path, less its closing NUL).
+_SOCKET_PATH_BYTES = 103 if sys.platform == "darwin" else 107
+
+
+def _check_worker_sockets(num_workers: int | None) -> None:
+    """Refuse DataLoader workers whose batches could not reach this process. With torch's
+    file_descriptor sharing (Linux's default) a worker passes each batch's tensors through
+    a socket in multiprocessing's temporary folder, ``<TMPDIR>/pymp-*/listener-*``: where
+    TMPDIR was too long for that path (over 75 bytes), every worker failed ("AF_UNIX path
+    too long") and the run waited for ever."""
+    if (
+        _workers(num_workers) == 0
+        or torch.multiprocessing.get_sharing_strategy() != "file_descriptor"
+        # (a multiprocessing that picks a shorter folder itself, CPython gh-132124)
+        or hasattr(multiprocessing.util, "_get_base_temp_dir")
+    ):
+        return
+    # (not made here, by multiprocessing.util.get_temp_dir: a TMPDIR this process cannot
+    # write to, an output check's to name, would end in its PermissionError)
+    folder = os.path.join(tempfile.gettempdir(), "pymp-12345678")
+    if len(os.fsencode(os.path.join(folder, "listener-12345678"))) > _SOCKET_PATH_BYTES:
+        raise ValueError(
+            f"The temporary folder {os.path.dirname(folder)!r} (TMPDIR) is too long a path "
+            "for the sockets that the DataLoader's worker processes make inside it (an "
+            f"AF_UNIX socket's path holds {_SOCKET_PATH_BYTES} bytes: TMPDIR "
+            f"{_SOCKET_PATH_BYTES - 32} at most); set TMPDIR to a shorter folder, such as "
+            "/tmp, or pass num_workers=0 (--workers 0)."
+        )
+
+
 def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.data.DataLoader:
-    if num_workers is None:
-        num_workers = min(8, max(0, (os.cpu_count() or 1) - 1))
+    num_workers = _workers(num_workers)
     if src.archive is not None:
         blocks = worker_order(blocks, src.archive.unit, num_workers)
     return torch.utils.data.DataLoader(

@@ -621,6 +621,29 @@ def test_a_bad_worker_count_is_refused_before_force_touches_the_store(tmp_path, 
     np.testing.assert_array_equal(load_features(out).features, before)
 
 
+@pytest.mark.parametrize("num_workers", [2, None])
+def test_a_tmpdir_too_long_for_the_workers_sockets_is_refused_before_any_work(
+    tmp_path, no_model, monkeypatch, num_workers
+):
+    # A worker passes its batches through a socket in multiprocessing's temporary folder,
+    # <TMPDIR>/pymp-*/listener-*: under a TMPDIR of over 75 bytes every worker failed
+    # ("AF_UNIX path too long") and the run waited for ever.
+    import multiprocessing.util
+
+    import torch
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / ("x" * 80)))
+    # (as a multiprocessing that picks a shorter folder itself, CPython gh-132124, has)
+    monkeypatch.delattr(multiprocessing.util, "_get_base_temp_dir", raising=False)
+    monkeypatch.setattr(torch.multiprocessing, "get_sharing_strategy", lambda: "file_descriptor")
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)  # None: 3 workers
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    out = tmp_path / "f.h5"
+    with pytest.raises(ValueError, match=r"\(TMPDIR\) is too long a path .* num_workers=0"):
+        extract_features(folder, "timm:test_resnet@random", out, num_workers=num_workers)
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("value", ["gpu", ""])
 def test_a_bad_device_is_refused_by_the_option_s_name(tmp_path, capsys, no_model, value):
     # The error named the parameter ("device='gpu' is not a torch device"), as mr2-probe
