@@ -15,6 +15,8 @@ import warnings
 import numpy as np
 from PIL import Image
 
+from ._schema import shorten
+
 NOT_A_FILE = -1  # file_size / file_mtime_ns of in-memory items and of files missing when listed
 _JPEG_MAGIC = b"\xff\xd8\xff"  # start-of-image marker and the next marker's prefix
 # Start-of-frame markers (they carry the image size): C0..CF except DHT, JPG and DAC.
@@ -274,5 +276,6 @@ def sha256_hex(data: bytes | bytearray | memoryview) -> str:
 
 
 def failure_reason(err: Exception) -> str:
-    """A failed item's recorded reason: the exception's type and message, cut to 200."""
-    return f"{type(err).__name__}: {err}"[:200]
+    """A failed item's recorded reason: the exception's type and message, in 200 bytes
+    (:func:`~extract._schema.shorten`: a long path in the middle is left out first)."""
+    return shorten(f"{type(err).__name__}: {err}")

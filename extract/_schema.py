@@ -80,9 +80,25 @@ class IncompleteStoreError(StoreError, RuntimeError):
     """The store still has rows that were never extracted."""
 
 
+def shorten(reason: str, size: int = 200) -> str:
+    """``reason`` in at most ``size`` UTF-8 bytes, its middle left out ("...") where it is
+    longer, never inside a character: its start names the error, its end the cause and
+    the remedy, and the path between them can be long (cut at its end, a reason under a
+    long folder lost "it is empty (0 bytes)")."""
+    data = reason.encode()
+    if len(data) <= size:
+        return reason
+    head = (size - 3) // 2
+    return (
+        data[:head].decode("utf-8", "ignore")
+        + "..."
+        + data[len(data) - (size - 3 - head) :].decode("utf-8", "ignore")
+    )
+
+
 def _truncate(reason: str) -> bytes:
-    """UTF-8 bytes of ``reason`` cut to the field's size, never inside a character."""
-    return reason.encode()[:200].decode("utf-8", "ignore").encode()
+    """UTF-8 bytes of ``reason`` in the field's size (:func:`shorten`)."""
+    return shorten(reason).encode()
 
 
 def read_attrs(f: h5py.File) -> dict[str, Any]:
