@@ -2601,6 +2601,22 @@ def test_an_archive_with_class_names_as_labels_beside_x_and_y_is_read(files, tmp
 
 
 @pytest.mark.parametrize(
+    "key, other, match",
+    [("y", "labels", "labels of .* must be a 1-D array; got shape"), ("X", "features", "2-D")],
+)
+def test_an_archive_with_a_scalar_beside_its_other_spelling_is_refused_by_its_shape(
+    files, tmp_path, capsys, key, other, match
+):
+    # A scalar y (or X) beside per-row labels (features) stopped in the rows' count as
+    # "cannot read ... as .npz: TypeError: len() of unsized object".
+    X, y = np.load(files / "X.npy"), np.load(files / "y.npy")
+    arrays = {"X": X, "y": y, other: {"X": X, "y": y}[key], key: np.array(1)}
+    np.savez(tmp_path / "scalar.npz", **arrays)
+    line = _refused([str(tmp_path / "scalar.npz")], capsys)
+    assert re.search(match, line) and "TypeError" not in line, line
+
+
+@pytest.mark.parametrize(
     "options", [["--test-size", "1"], ["--tilt", "1", "--val-size", "1"]]
 )  # fmt: skip
 def test_a_fraction_of_one_is_refused_as_out_of_range(files, capsys, options):

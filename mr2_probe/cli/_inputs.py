@@ -246,12 +246,15 @@ def _load_npz(path: str):
 def _rival(data, key: str, other: str) -> bool:
     """Whether an archive's ``other`` could be meant instead of its ``key`` (X read, where
     features too could be the rows' features): another array of as many rows. (Class names
-    saved as ``labels`` beside X and y are not: they have a row per class.)"""
+    saved as ``labels`` beside X and y are not: they have a row per class; nor is anything
+    beside a scalar ``key``, refused by its shape.)"""
     try:
         first, second = data[key], data[other]
     except ValueError:  # an array of objects: not read as either (refused when it is key)
         return False
-    return np.ndim(second) > 0 and len(first) == len(second) and not np.array_equal(first, second)
+    if np.ndim(first) == 0 or np.ndim(second) == 0:
+        return False
+    return len(first) == len(second) and not np.array_equal(first, second)
 
 
 def _lazy(X) -> bool:
