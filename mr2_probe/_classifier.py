@@ -92,9 +92,12 @@ def _overflow_error(what, dtype, suspects=()) -> ValueError:
     return (FitDivergedError if suspects else ValueError)(_overflow_message(what, dtype, suspects))
 
 
-def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None) -> list:
+def _range_suspects(
+    C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None, stalled=False
+) -> list:
     """The parameters that are extreme enough to overflow a fit on their own (``scale``:
-    a cosine head's; ``dtype``: the data's, for sample weights near its largest number)."""
+    a cosine head's; ``dtype``: the data's, for sample weights near its largest number;
+    ``stalled``: whether the fit stopped on its precision, short of tol)."""
     suspects = []
     # The loss's and the gradient's sums (Σ w_i·ℓ_i, and times a cosine head's scale) are
     # taken before the division by Σw: a cosine fit at Σw = 1.2e38 in float32 stalled at
@@ -124,13 +127,15 @@ def _range_suspects(C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None
         )
     # A large c̄ is a small C: W / c̄ solves the problem of C / c̄² at c̄ = 1 (iris at
     # c̄ = 1e8 stalled at its start, and the warning told to scale the features). A c̄ of
-    # a usual order is none (1e3 at most, 1/√_EXTREME): iris at c̄ = 10 with C·Σw = 1.5e-5
-    # (C=1e-7, or weights of 1e-7) stopped on its precision, and a larger tol resolved it.
+    # a usual order is none of a fit ``stalled`` on its precision (1e3 at most,
+    # 1/√_EXTREME): iris at c̄ = 10 with C·Σw = 1.5e-5 (C=1e-7, or weights of 1e-7)
+    # stopped so, and a larger tol resolved it; one that ran out of max_iter is its own
+    # (iris at c̄ = 500, C = 1e-5 still did at max_iter=5000 or tol=1e-3).
     # (A linear head's: a cosine head's margins divide its scaled cosines, and no C.)
     elif (
         scale is None
         and c_bar is not None
-        and c_bar > _EXTREME**-0.5
+        and c_bar > (_EXTREME**-0.5 if stalled else 1)
         and C * weight_sum / c_bar / c_bar < _EXTREME
     ):
         suspects.append(
@@ -845,6 +850,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 n_iter_no_change=self.n_iter_no_change,
                 generator=torch.Generator(device=data.device).manual_seed(data.seed),
                 **common,
+            )
+        if result.stop == "stalled":  # (a usual c̄ is none of a stall on precision)
+            suspects = _range_suspects(
+                penalised, self.c_bar, data.weight_sum, self.class_tilt, scale, data.dtype, True
             )
         result.range_suspects = suspects
         if result.stop == "diverged":

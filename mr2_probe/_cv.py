@@ -674,7 +674,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             cosine = (1.0 if self.lam > 0 else np.inf, value)
             C, scale = cosine if self.head == "cosine" else (value, None)
             result.range_suspects = _range_suspects(
-                C, self.c_bar, weight_sum, self.class_tilt, scale, dtype
+                C, self.c_bar, weight_sum, self.class_tilt, scale, dtype, stop == "stalled"
             )
         self._warn_if_short(result, solver, dtype)
 

@@ -1052,6 +1052,9 @@ def test_a_stall_from_a_tiny_c_bar_names_it(digits, c_bar):
          "c_bar=1e+08 with C=1 (the margins divide the logits by about c̄: the problem of "
          "C / c̄² = 1e-16 at c̄ = 1)."),
         ({"c_bar": 1e6}, "c_bar=1e+06 with C=1 (the margins divide"),
+        # A usual c̄ with a small C, out of iterations: "Increase max_iter or scale the
+        # features", where neither max_iter=5000 nor tol=1e-3 converged (C / c̄² = 4e-11).
+        ({"c_bar": 500.0, "C": 1e-5}, "c_bar=500 with C=1e-05 (the margins divide"),
         # Named once (the note on steep tilts also named it, with other advice).
         ({"class_tilt": 2e6}, "an extreme parameter makes the objective too steep to resolve: "
          "class_tilt=2e+06 (the tilt multiplies every class's loss). Use values of a usual "
