@@ -227,6 +227,10 @@ def _load_npz(path: str):
                 )
         x_key = "X" if "X" in data.files else "features"
         y_key = "y" if "y" in data.files else "labels"
+        if {x_key, "y", "labels"} <= set(data.files):
+            rows = {key: _row_count(data, key) for key in ("y", "labels", x_key)}
+            if rows["labels"] == rows[x_key] != rows["y"]:  # y: class names, say
+                y_key = "labels"
         if x_key not in data.files or y_key not in data.files:
             raise UsageError(
                 f"{path} must hold arrays X and y (or features and labels); "
@@ -255,6 +259,15 @@ def _rival(data, key: str, other: str) -> bool:
     if np.ndim(first) == 0 or np.ndim(second) == 0:
         return False
     return len(first) == len(second) and not np.array_equal(first, second)
+
+
+def _row_count(data, key: str) -> int | None:
+    """The rows of an archive's array ``key``; None for a scalar or an array of objects."""
+    try:
+        array = data[key]
+    except ValueError:
+        return None
+    return len(array) if np.ndim(array) else None
 
 
 def _lazy(X) -> bool:
