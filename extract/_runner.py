@@ -248,7 +248,6 @@ def extract_features(
     batch_size, num_workers, image_size = (
         None if value is None else int(value) for value in (batch_size, num_workers, image_size)
     )
-    _check_worker_sockets(num_workers)
     for name, value in (
         ("normalize", normalize), ("overwrite", overwrite), ("retry_failed", retry_failed),
         ("progress", progress),
@@ -292,6 +291,10 @@ def extract_features(
     reuse = merged is not None and os.path.exists(merged) and not overwrite
     for path in ([] if reuse else [target]) + ([merged] if merged and rank == 0 else []):
         check_output(path, overwrite)
+    # (A store that exists may be complete, reused without a worker process: checked before
+    # its workers start.)
+    if overwrite or not (reuse or os.path.exists(target)):
+        _check_worker_sockets(num_workers)
     if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now
         check_merging(os.fspath(merged))  # (where out exists: once found incomplete)
     group = _ranks_group() if merged is not None else contextlib.nullcontext()
@@ -636,6 +639,7 @@ def _extract_shard(
             )
         # The worker processes start here, before the store is opened for writing, so that
         # none of them inherits the HDF5 file (and its lock) from the writer.
+        _check_worker_sockets(num_workers)
         batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
         with open_store(out, "r+") as f:
             failed = _run(f, backbone, batches, rows, status, normalize, device, progress)

@@ -644,6 +644,33 @@ def test_a_tmpdir_too_long_for_the_workers_sockets_is_refused_before_any_work(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("complete", [True, False])
+def test_a_long_tmpdir_refuses_workers_only_where_they_start(tmp_path, monkeypatch, complete):
+    # A complete store is reused without a worker process: under a long TMPDIR it was
+    # refused all the same; a store to resume is refused before its workers start.
+    import multiprocessing.util
+
+    import torch
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    out = tmp_path / "f.h5"
+    extract_features(folder, "timm:test_resnet@random", out, num_workers=0, progress=False)
+    if not complete:
+        with h5py.File(out, "r+") as f:
+            f["status"][0] = PENDING
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / ("x" * 80)))
+    monkeypatch.delattr(multiprocessing.util, "_get_base_temp_dir", raising=False)
+    monkeypatch.setattr(torch.multiprocessing, "get_sharing_strategy", lambda: "file_descriptor")
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)  # None: 3 workers
+    if complete:
+        assert extract_features(folder, "timm:test_resnet@random", out, progress=False) == out
+    else:
+        with pytest.raises(ValueError, match=r"\(TMPDIR\) is too long a path"):
+            extract_features(folder, "timm:test_resnet@random", out, progress=False)
+        with h5py.File(out, "r") as f:
+            assert f["status"][0] == PENDING
+
+
 @pytest.mark.parametrize("value", ["gpu", ""])
 def test_a_bad_device_is_refused_by_the_option_s_name(tmp_path, capsys, no_model, value):
     # The error named the parameter ("device='gpu' is not a torch device"), as mr2-probe
