@@ -85,9 +85,11 @@ def shorten(reason: str, size: int = 200) -> str:
     longer, never inside a character: its start names the error, its end the cause and
     the remedy, and the path between them can be long (cut at its end, a reason under a
     long folder lost "it is empty (0 bytes)")."""
-    data = reason.encode()
+    # (A lone surrogate, a file name's undecodable byte, written as its escape: no
+    # UnicodeEncodeError at the row's write.)
+    data = reason.encode("utf-8", "backslashreplace")
     if len(data) <= size:
-        return reason
+        return data.decode()
     head = (size - 3) // 2
     return (
         data[:head].decode("utf-8", "ignore")

@@ -1274,6 +1274,9 @@ def test_a_long_reason_keeps_its_start_and_its_cause(letter):
     assert reason.endswith("/cat/empty.jpg': it is empty (0 bytes)") and "..." in reason
     short = ValueError("it is empty (0 bytes)")
     assert failure_reason(short) == "ValueError: it is empty (0 bytes)"
+    # An undecodable byte of a name (a lone surrogate) is written as its escape.
+    odd = failure_reason(OSError("cannot read /data/\udcff.jpg"))
+    assert odd == "OSError: cannot read /data/\\udcff.jpg" and _truncate(odd) == odd.encode()
 
 
 def test_a_file_that_shrinks_while_it_is_read_is_refused(folder, monkeypatch):
