@@ -2591,6 +2591,14 @@ def test_an_archive_with_both_spellings_of_an_array_is_refused(files, tmp_path, 
     assert f"holds both {pair[0]!r} and {pair[1]!r}, other arrays of as many rows" in line
 
 
+def test_an_archive_with_a_copy_of_x_holding_nan_is_refused_for_its_nan(files, tmp_path, capsys):
+    X, y = np.load(files / "X.npy"), np.load(files / "y.npy")
+    X[5] = np.nan
+    np.savez(tmp_path / "copy.npz", X=X, y=y, features=X.copy())
+    line = _refused([str(tmp_path / "copy.npz")], capsys)
+    assert "1 of 90 rows hold NaN or infinite features (the first is row 5)" in line
+
+
 def test_an_archive_with_class_names_as_y_beside_features_and_labels_is_read(files, tmp_path):
     # The mirror of the next test: y read as the labels, 3 class names against 90 rows
     # ("90 rows of features but 3 labels").

@@ -258,7 +258,9 @@ def _rival(data, key: str, other: str) -> bool:
         return False
     if np.ndim(first) == 0 or np.ndim(second) == 0:
         return False
-    return len(first) == len(second) and not np.array_equal(first, second)
+    # (NaN equal to NaN: a copy of X with a NaN row is the same array, refused for its NaN.)
+    floats = first.dtype.kind in "fc" and second.dtype.kind in "fc"
+    return len(first) == len(second) and not np.array_equal(first, second, equal_nan=floats)
 
 
 def _row_count(data, key: str) -> int | None:
