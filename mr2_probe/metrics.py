@@ -89,6 +89,8 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     if given:
         _check_distinct(labels)
     weight = _sample_weight(sample_weight, len(y_true))
+    if not len(y_true):  # NumPy < 1.25 warns comparing empty arrays of other dtypes
+        return np.full(len(labels), np.nan)
     sorter = np.argsort(labels)
     position = np.searchsorted(labels, y_true, sorter=sorter)
     position = np.clip(position, 0, len(labels) - 1)

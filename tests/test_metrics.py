@@ -632,6 +632,25 @@ def test_an_empty_weighted_test_set_scores_no_class():
     assert per_class_accuracy(np.array([]), np.array([]), sample_weight=[]).shape == (0,)
 
 
+@pytest.mark.parametrize(
+    "y_true, y_pred, labels, expected",
+    [
+        (np.array([], dtype=str), np.array([]), None, []),
+        (np.array([]), np.array([]), ["a", "b"], [np.nan, np.nan]),
+        (np.array([], dtype=str), np.array([], dtype=int), ["a"], [np.nan]),
+    ],
+)
+def test_an_empty_test_set_of_other_dtypes_scores_no_class_without_a_warning(
+    y_true, y_pred, labels, expected
+):
+    # NumPy 1.24 (the floor) warned "FutureWarning: elementwise comparison failed" where
+    # empty labels of two dtypes (no kind: not a mix) were compared.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        acc = per_class_accuracy(y_true, y_pred, labels)
+    np.testing.assert_array_equal(acc, expected)
+
+
 def test_a_group_scores_the_classes_it_has_samples_of():
     # The fold holds class 4 (25%) but no sample of class 5, the other hard class.
     keep = Y_TRUE != 5
