@@ -198,6 +198,18 @@ def test_warnings_give_their_advice_in_the_options_of_the_command(message, scali
     assert _in_cli_terms(message, Namespace(feature_scaling=scaling, grid=[])) == expected
 
 
+@pytest.mark.parametrize("grid", [[], ["learning_rate=0.003,0.01"]])
+def test_warnings_name_the_grid_for_the_learning_rate(grid):
+    # mr2-probe has no --learning-rate (refused as unrecognized): --grid sets it.
+    message = (
+        "adam did not converge in max_iter=5 epochs. Increase max_iter or scale the features "
+        "(e.g. StandardScaler). If loss_curve_ oscillates, use a smaller learning_rate than 0.003."
+    )
+    said = _in_cli_terms(message, Namespace(feature_scaling="standard", grid=grid))
+    assert said.endswith("use a smaller --grid learning_rate than 0.003.")
+    assert "learning_rate" not in said.replace("--grid learning_rate", "")
+
+
 def test_warnings_name_the_grid_where_it_sets_max_iter():
     message = (
         "lbfgs did not converge in max_iter=2 iterations. Increase max_iter or scale the "

@@ -342,7 +342,8 @@ def _stopped_short(estimator, X, y) -> float:
 
 def _in_cli_terms(message, args) -> str:
     """An estimator's warning on one line, its advice in mr2-probe's options: --max-iter
-    for max_iter (--grid max_iter where the grid sets it), --feature-scaling standard for a
+    for max_iter (--grid max_iter where the grid sets it), --grid learning_rate for
+    learning_rate (there is no option of it), --feature-scaling standard for a
     scaler (no advice to scale where the features are scaled so already); a larger tol,
     which is no option, becomes the fit kept as it is."""
     scaled = args.feature_scaling == "standard"
@@ -356,6 +357,8 @@ def _in_cli_terms(message, args) -> str:
         ),
         (r"in max_iter=(\d+) (\w+)", rf"in \1 \2 ({option}{sep}\1)"),
         (r"(?<!--grid )\bmax_iter\b", option),  # not the option just written
+        # No --learning-rate: the minibatch solvers' step is set by --grid alone.
+        (r"\blearning_rate\b", "--grid learning_rate"),
         # "(and scale them, e.g. StandardScaler)" and the like: no advice where they are.
         (r" ?\((?:and,? )?(?:for features [^()]*, )?scale them, e\.g\. StandardScaler\)", "")
         if scaled
