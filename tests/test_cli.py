@@ -210,6 +210,20 @@ def test_warnings_name_the_grid_for_the_learning_rate(grid):
     assert "learning_rate" not in said.replace("--grid learning_rate", "")
 
 
+def test_a_search_whose_every_fit_fails_says_why_in_one_line(tmp_path, capsys):
+    # SGD diverges on features of this size in every fold: scikit-learn's "All the 2 fits
+    # failed" was printed with its tracebacks on one line, cut before the estimator's error.
+    X, y = _blobs(30, seed=1)
+    np.savez(tmp_path / "large.npz", X=X * 1e5, y=y)
+    argv = [str(tmp_path / "large.npz"), "--grid", "solver=sgd", "--cv", "2", "--max-iter", "2"]
+    code, lines = _error([*argv, "--no-progress", "--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and lines[-1].startswith("mr2-probe: error: ERM grid: every fit of its")
+    assert "Traceback" not in lines[-1] and "File " not in lines[-1]
+    assert "Cannot fit: the sgd solver diverged" in lines[-1]
+    assert "Use a smaller --grid learning_rate" in lines[-1]
+    assert not (tmp_path / "run").exists()
+
+
 def test_warnings_name_the_grid_where_it_sets_max_iter():
     message = (
         "lbfgs did not converge in max_iter=2 iterations. Increase max_iter or scale the "

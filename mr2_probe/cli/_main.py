@@ -358,7 +358,7 @@ def _in_cli_terms(message, args) -> str:
         (r"in max_iter=(\d+) (\w+)", rf"in \1 \2 ({option}{sep}\1)"),
         (r"(?<!--grid )\bmax_iter\b", option),  # not the option just written
         # No --learning-rate: the minibatch solvers' step is set by --grid alone.
-        (r"\blearning_rate\b", "--grid learning_rate"),
+        (r"\blearning_rate\b(?!=)", "--grid learning_rate"),  # not learning_rate=V, its value
         # "(and scale them, e.g. StandardScaler)" and the like: no advice where they are.
         (r" ?\((?:and,? )?(?:for features [^()]*, )?scale them, e\.g\. StandardScaler\)", "")
         if scaled
@@ -377,6 +377,23 @@ def _in_cli_terms(message, args) -> str:
     return text
 
 
+def _all_fits_failed(error: ValueError, name: str, args) -> ValueError:
+    """GridSearchCV's "All the N fits failed" as the first failed fit's own error, in
+    mr2-probe's options; its message held every failure's traceback, which one line cut
+    before any error was named. Any other error is returned as it is."""
+    text = str(error)
+    failed = re.match(r"\s*All the (\d+) fits failed", text)
+    # Each traceback ends in its error's line, the only line that starts with a name and
+    # ': ' (the frames' lines are indented).
+    cause = re.search(r"^(?:[\w.]+\.)?\w+: (.+)$", text, re.MULTILINE)
+    if failed is None or cause is None:
+        return error
+    return ValueError(
+        f"{name}: every fit of its search failed ({failed[1]} fits), the first as: "
+        f"{_in_cli_terms(cause[1], args)}"
+    )
+
+
 def _front_terms(message) -> str:
     """A front fit's warning with its tilt as --tilt's (the estimator names class_tilt)."""
     return re.sub(r"\bclass_tilt=", "--tilt ", str(message))
@@ -389,7 +406,10 @@ def _fit(model, X, y, name: str, args, front: bool = False):
     if isinstance(model, GridSearchCV):
         with warnings.catch_warnings():  # (the filter reaches the workers too)
             warnings.simplefilter("ignore", ConvergenceWarning)
-            model.fit(X, y)
+            try:
+                model.fit(X, y)
+            except ValueError as error:
+                raise _all_fits_failed(error, name, args) from error
         results = model.cv_results_
         folds = [results[k] for k in results if re.fullmatch(r"split\d+_test_stopped_short", k)]
         # The solver's own reason, where this process has it: the refit's.
