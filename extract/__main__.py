@@ -195,6 +195,7 @@ def _extract(args: argparse.Namespace) -> int:
                 "files as 'parquet:PATTERN'"
             )
     with _interrupts_held():
+        import numpy as np
         import torch
 
         from mr2_probe._device import resolve_device
@@ -249,9 +250,13 @@ def _extract(args: argparse.Namespace) -> int:
                 else f"{n_usable} {plural(n_usable, 'row')}"
             )
             n_classes = len(store.class_names)
+            # A store lists every class of its source: --max-items (the first items) or
+            # failed images can leave some without a row, which the count said nothing of.
+            held = len(np.unique(store.labels)) if n_usable else 0
             print(
                 f"{path}: {rows} x {n_features} features, {n_classes} "
                 f"{plural(n_classes, 'class', 'classes')}"
+                + (f" ({held} with rows)" if held < n_classes else "")
                 + ("" if n_failed else ", 0 failed images")
             )
             if store.failures and not n_usable:

@@ -288,6 +288,17 @@ def test_the_summary_counts_one_row_and_one_class_in_the_singular(tmp_path, caps
     assert f"{out}: 1 row x 96 features, 1 class, 0 failed images" in capsys.readouterr().out
 
 
+def test_the_summary_says_how_many_classes_hold_rows(tmp_path, capsys):
+    # --max-items 2 keeps two cats: the store lists both classes, and the summary said
+    # "2 rows x 96 features, 2 classes" as if both had rows.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = tmp_path / "f.h5"
+    args = [str(folder), "timm:test_resnet@random", str(out), "--image-size", "32"]
+    assert main([*args, "--max-items", "2", "--no-progress", "--workers", "0"]) == 0
+    expected = f"{out}: 2 rows x 96 features, 2 classes (1 with rows), 0 failed images"
+    assert expected in capsys.readouterr().out
+
+
 def test_cli_reads_shards_with_a_label_key(tmp_path, capsys):
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     write_webdataset(folder, tmp_path / "wds" / "%05d.tar", maxcount=3)
