@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -825,8 +826,14 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         scale = head.scale if self.head == "cosine" else None
         # A cosine head without a projection has no penalty: C and Σw play no part.
         penalised = np.inf if self.head == "cosine" and self.lam == 0 else C
-        suspects = _range_suspects(
-            penalised, self.c_bar, data.weight_sum, self.class_tilt, scale, data.dtype
+        suspects_of = functools.partial(  # (after the fit: whether it stalled, too)
+            _range_suspects,
+            penalised,
+            self.c_bar,
+            data.weight_sum,
+            self.class_tilt,
+            scale,
+            data.dtype,
         )
         if solver == "lbfgs":
             try:
@@ -837,7 +844,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 if "overflow" not in str(exc):
                     raise
                 what = "L-BFGS's step overflows"
-                raise _overflow_error(what, data.dtype, suspects) from exc
+                raise _overflow_error(what, data.dtype, suspects_of()) from exc
         else:
             result = fit_minibatch(
                 head,
@@ -851,10 +858,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 generator=torch.Generator(device=data.device).manual_seed(data.seed),
                 **common,
             )
-        if result.stop == "stalled":  # (a usual c̄ is none of a stall on precision)
-            suspects = _range_suspects(
-                penalised, self.c_bar, data.weight_sum, self.class_tilt, scale, data.dtype, True
-            )
+        # (a usual c̄ is none of a stall on precision)
+        suspects = suspects_of(stalled=result.stop == "stalled")
         result.range_suspects = suspects
         if result.stop == "diverged":
             curve = result.loss_curve
