@@ -27,7 +27,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mr2_probe._h5 import missing_filters
+from mr2_probe._h5 import PLUGIN_ADVICE, missing_filters
 
 from ._locks import _lock_holder
 from ._schema import (
@@ -97,9 +97,8 @@ def damaged(
         return StoreError(
             f"Cannot read the feature store {os.fspath(path)!r}: it is compressed with HDF5 "
             f"filters that this HDF5 cannot load ({', '.join(missing)}): "
-            f"{' '.join(str(text).split())}. Install their plugin (pip install hdf5plugin, "
-            "then import hdf5plugin before reading it) or name its folder in "
-            "HDF5_PLUGIN_PATH; the file itself is not known to be damaged."
+            f"{' '.join(str(text).split())}. {PLUGIN_ADVICE}; the file itself is not known "
+            "to be damaged."
         )
     return NotAStoreError(
         f"Cannot read {os.fspath(path)!r} as an HDF5 feature store (the file is damaged): "

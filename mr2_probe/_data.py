@@ -14,7 +14,7 @@ from sklearn.utils import assert_all_finite
 from sklearn.utils.validation import _num_samples
 
 from ._device import inverse_row_norms, to_tensor
-from ._h5 import missing_filters
+from ._h5 import PLUGIN_ADVICE, missing_filters
 
 
 def is_torch_tensor(X) -> bool:
@@ -129,9 +129,7 @@ def read_h5(X, key):
             raise ValueError(
                 f"Cannot read the rows of the HDF5 dataset {dataset.name!r} in "
                 f"{dataset.file.filename!r}: it is compressed with HDF5 filters that this "
-                f"HDF5 cannot load ({', '.join(missing)}). Install their plugin (pip install "
-                "hdf5plugin, then import hdf5plugin before reading it) or name its folder in "
-                "HDF5_PLUGIN_PATH."
+                f"HDF5 cannot load ({', '.join(missing)}). {PLUGIN_ADVICE}."
             ) from error
         raise ValueError(
             f"Cannot read the rows of the HDF5 dataset {dataset.name!r} in "

@@ -8,6 +8,12 @@ scikit-learn.
 
 from __future__ import annotations
 
+# What to do about the filters that missing_filters names, in both packages' errors.
+PLUGIN_ADVICE = (
+    "Install their plugin (pip install hdf5plugin, then import hdf5plugin before reading "
+    "it) or name its folder in HDF5_PLUGIN_PATH"
+)
+
 
 def missing_filters(source) -> list[str]:
     """The filters (compression) of the HDF5 dataset ``source``, or of the datasets at the
