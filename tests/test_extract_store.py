@@ -1999,6 +1999,16 @@ def test_a_store_dataset_read_in_a_type_numpy_cannot_type_is_refused(tmp_path, n
         load_features(path)
 
 
+def _labels_beside(f, y, failed: bool) -> None:
+    """A store's labels ``y`` of classes a and b beside its features in ``f``; with
+    ``failed``, a status whose row 0 failed (the features read as a row view)."""
+    f.create_dataset("labels", data=y)
+    f.create_dataset("class_names", data=["a", "b"], dtype=h5py.string_dtype())
+    if failed:
+        f.create_dataset("status", data=np.full(len(y), DONE, np.uint8))
+        f["status"][0] = FAILED
+
+
 @pytest.mark.parametrize("failed", [False, True])  # features an h5py.Dataset, a RowView
 def test_rows_of_a_damaged_store_read_lazily_name_the_file(tmp_path, failed):
     # A compressed chunk that no longer decompresses (a store written by another tool, as
@@ -2012,11 +2022,7 @@ def test_rows_of_a_damaged_store_read_lazily_name_the_file(tmp_path, failed):
     y = np.arange(40) % 2
     with h5py.File(path, "w") as f:
         f.create_dataset("features", data=X, chunks=(10, 8), compression="gzip")
-        f.create_dataset("labels", data=y)
-        f.create_dataset("class_names", data=["a", "b"], dtype=h5py.string_dtype())
-        if failed:
-            f.create_dataset("status", data=np.full(40, DONE, np.uint8))
-            f["status"][0] = FAILED
+        _labels_beside(f, y, failed)
         chunk = f["features"].id.get_chunk_info(2)
     data = bytearray(path.read_bytes())
     data[chunk.byte_offset : chunk.byte_offset + chunk.size] = b"\xff" * chunk.size
@@ -2109,11 +2115,7 @@ def test_a_store_compressed_with_a_filter_not_loaded_is_not_called_damaged(tmp_p
         )  # fmt: skip
         for start in range(0, 40, 10):  # written as stored, as that filter would leave them
             features.id.write_direct_chunk((start, 0), X[start : start + 10].tobytes())
-        f.create_dataset("labels", data=y)
-        f.create_dataset("class_names", data=["a", "b"], dtype=h5py.string_dtype())
-        if failed:
-            f.create_dataset("status", data=np.full(40, DONE, np.uint8))
-            f["status"][0] = FAILED
+        _labels_beside(f, y, failed)
     fitted = MR2LinearClassifier().fit(X, y)
     plugin = r"filters that this HDF5 cannot load \(filter \(id 32099\)\).*Install their plugin"
     with pytest.raises(StoreError, match=plugin) as raised:
