@@ -371,7 +371,7 @@ def fit_lbfgs(
     params = [p for p in head.parameters()]
     for param in params:  # the closed-form path writes gradients in place
         param.grad = torch.zeros_like(param)
-    reg = 1.0 / (C * weight_sum)
+    reg = 1.0 / (float(C) * weight_sum)  # inf where it overflows: refused after the fit
     keep = source.n_samples * spec.n_classes <= _KEEP_LOGIT_GRADS
     curve: dict[int, torch.Tensor] = {}
     done = evals = 0  # iterations and evaluations of the finished rounds
@@ -690,7 +690,7 @@ def fit_minibatch(
     if lam == 0 and head.is_plain_linear and not any(bool(p.any()) for p in params):
         start = math.log(spec.n_classes)
     optimizer = _Adam(params) if solver == "adam" else _NesterovSGD(params)
-    reg = 1.0 / (C * weight_sum)
+    reg = 1.0 / (float(C) * weight_sum)  # inf where it overflows: refused after the fit
     lr, decays = learning_rate, 0
     best, stalled, curve, converged, stop = float("inf"), 0, [], False, "max_iter"
     n_batches = 0  # in the first epoch

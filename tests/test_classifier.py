@@ -35,6 +35,7 @@ from mr2_probe import (
     TunedOffsetsClassifierCV,
     compactness_loss,
 )
+from mr2_probe._classifier import FitDivergedError
 from tests._scripts import load_benchmark
 
 cuda = pytest.mark.cuda  # skipped without CUDA (tests/conftest.py)
@@ -1703,6 +1704,19 @@ def test_an_sgd_fit_diverged_by_a_small_c_names_c_not_the_features(digits):
     with pytest.raises(ValueError, match=r"is 1\.67, beyond the 1\.36") as info:
         clf.set_params(head="cosine", lam=0.5, learning_rate=0.003).fit(X / 16, y)
     assert "features" not in str(info.value)
+
+
+@pytest.mark.parametrize("solver", ["lbfgs", "sgd"])
+def test_a_numpy_c_whose_penalty_overflows_is_refused_without_numpy_s_warning(solver):
+    # 1/(C·Σw) of a NumPy float C let "overflow encountered in scalar divide" out before
+    # the estimator's own error said the same.
+    X, y = load_iris(return_X_y=True)
+    clf = MR2LinearClassifier(C=np.float64(1e-320), solver=solver, max_iter=3, device="cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(FitDivergedError, match="C=9.99989e-321"):
+            clf.fit(X, y)
+    assert not [w for w in caught if "encountered" in str(w.message)]
 
 
 def test_a_projection_s_penalty_that_diverges_is_named_beside_the_learning_rate():

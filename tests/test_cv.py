@@ -2205,6 +2205,18 @@ def test_a_c_whose_penalty_overflows_fails_on_every_path(lam):
     assert np.isnan(search.coefs_paths_[0][:, 0]).all() and search.C_ == 1.0
 
 
+def test_a_minibatch_c_whose_penalty_overflows_fails_without_numpy_s_warning():
+    # The search's C is a NumPy float: 1/(C·Σw) let "overflow encountered in scalar
+    # divide" out of the minibatch solver before its own error said the same.
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV([1e-320, 1.0], cv=3, device="cpu", solver="sgd", max_iter=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        search.fit(X, y)
+    assert np.isnan(search.scores_[0][:, 0]).all() and search.C_ == 1.0
+    assert not [w for w in caught if "encountered" in str(w.message)]
+
+
 @pytest.mark.parametrize("first", [1e-320, 1e-30, 1e-12])
 def test_a_path_after_an_extreme_c_gives_the_next_c_s_cold_solution(first):
     # The batched memory carried from C = 1e-30 to C = 1: its correction cancelled all
