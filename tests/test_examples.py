@@ -285,3 +285,27 @@ def test_demo_s_usage_names_the_command_that_runs_it(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert capsys.readouterr().out.startswith("usage: python -m mr2_probe.demo [-h]")
+
+
+def test_readme_quick_start_in_python_reports_every_lever_by_class_name(tmp_path, monkeypatch):
+    # The README's Quick start, run as written on two stores whose classes are listed in
+    # different orders (the test folder lacks one class): labels matched by name.
+    from extract import extract_features
+    from extract._testing import make_image_folder
+
+    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+    start = readme.index("The same in Python, with the levers side by side:")
+    code = readme[start:].split("```python\n", 1)[1].split("```", 1)[0]
+    options = dict(batch_size=8, num_workers=0, image_size=32, progress=False, device="cpu")
+    for name, classes in [("train", ("cat", "dog", "fox")), ("test", ("dog", "fox"))]:
+        folder = make_image_folder(tmp_path / name, classes, n_per_class=12, special=False)
+        extract_features(folder, "timm:test_resnet@random", tmp_path / f"{name}.h5", **options)
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})
+    lines = out.getvalue().splitlines()
+    assert lines[0].split() == ["model", "overall", "easy", "medium", "hard", "worst", "std"]
+    assert [line.split()[0] for line in lines[2:6]] == ["ERM", "MR2", "tilt", "offsets"]
+    per_class = lines[lines.index(next(x for x in lines if x.startswith("class "))) + 2 :]
+    assert sorted(line.split()[0] for line in per_class) == ["dog", "fox"]
