@@ -446,7 +446,7 @@ def test_h5py_dataset_is_streamed_not_loaded(tmp_path, digits, monkeypatch):
 def test_an_outer_split_of_a_dataset_works_where_its_parts_are_in_increasing_order(
     tmp_path, cv, works
 ):
-    # The README: scikit-learn indexes X with each part as the splitter gives it, and h5py
+    # docs/estimator.md: scikit-learn indexes X with each part as the splitter gives it, and h5py
     # reads rows only at increasing indices; K-fold parts are (shuffled too), a shuffled
     # split's are not, and h5py refuses them before any fit.
     h5py = pytest.importorskip("h5py")
@@ -1456,7 +1456,7 @@ def _demo_split():
 
 
 def test_readme_call_converges_on_digits_with_its_defaults():
-    # The README's call on the demo's split, raw pixel values. With the settings before
+    # docs/estimator.md's call on the demo's split, raw pixel values. With the settings before
     # this solver's (Adam 1e-3, absolute tol): 75 to 100 epochs (some seeds warned at
     # max_iter=100), 95.86% test accuracy over seeds 0 to 7. With s̄ and τ held within an
     # epoch: 32 to 49 epochs, 95.90%; differentiated through them: 63 to 77, 96.55%.

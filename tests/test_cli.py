@@ -2032,7 +2032,7 @@ def test_saved_models_score_a_store_as_extract_loads_it(stores, tmp_path, capsys
     assert names == FASHION
     # The report speaks of the class names, in the order of their codes.
     assert report["labels"] == FASHION and "Ankle boot" in capsys.readouterr().out
-    # The README's snippet for a store whose classes are coded otherwise (reversed order).
+    # docs/cli.md's snippet for a store whose classes are coded otherwise (reversed order).
     with load_features(stores / "reversed.h5") as store:
         code = {name: k for k, name in enumerate(names)}
         y = np.array([code[name] for name in store.class_names])[store.labels]

@@ -1292,7 +1292,7 @@ def test_an_empty_batch_is_a_nan_loss_and_leaves_the_statistics(params):
 
 @pytest.mark.parametrize("p", [2.0, 3.0])
 def test_one_batch_margins_are_the_classifiers_for_the_moment_difficulty(p):
-    # README: MR2Loss's spreads are unbiased, the classifier's plain means; the paper's
+    # docs/estimator.md: MR2Loss's spreads are unbiased, the classifier's plain means; the paper's
     # a_k = ‖μ_k‖_p² + msd_k agrees, the spread alone is n_k / (n_k − 1) times larger.
     gen = torch.Generator().manual_seed(0)
     y = torch.tensor([0] * 2 + [1] * 8 + [2] * 4)
