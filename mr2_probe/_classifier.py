@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 import sys
@@ -144,6 +145,16 @@ def _range_suspects(
             f"problem of C / c̄² = {C / c_bar / c_bar:g} at c̄ = 1)"
         )
     return suspects
+
+
+def _fingerprint(*arrays) -> str:
+    """A digest of the arrays' shapes and values (None counts as an empty array)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        a = np.ascontiguousarray([] if a is None else a, dtype=np.float64)
+        digest.update(f"{a.shape}".encode())
+        digest.update(a.view(np.uint8))
+    return digest.hexdigest()
 
 
 def _count(n: int, noun: str) -> str:
@@ -362,7 +373,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         LogisticRegression's). A head fitted with ``lam=0`` starts a fit with ``lam > 0``
         from its rows, the projection at P = I (where the two fits agree); a change of
         ``head``, of ``projection_rank``, or from ``lam > 0`` back to ``lam=0`` starts
-        afresh.
+        afresh. ``coef_`` and ``intercept_`` assigned (another model's, or to an estimator
+        never fitted) are the start instead, as in LogisticRegression: the head's rows and
+        intercept (a two-class cosine head's rows ∓ ``coef_``), a projection at P = I.
     random_state : int, RandomState instance or None, default=None
         Seeds the minibatch order and the low-rank projection's initialisation, through a
         local ``torch.Generator``.
@@ -1091,14 +1104,18 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         return X, y, device, dtype
 
     def _warm_state(self, n_classes):
-        """The previous fit's parameters, if warm_start applies to this fit."""
-        state = getattr(self, "_head_state", None)
-        if not self.warm_start or state is None:
+        """The previous fit's parameters, if warm_start applies to this fit (or those of
+        the coef_ and intercept_ assigned since: :meth:`_assigned_state`)."""
+        if not self.warm_start:
+            return None
+        state = self._assigned_state(getattr(self, "_head_state", None))
+        if state is None:
             return None
         n_features = state["weight"].shape[-1]
         if (n_features, state["n_classes"]) != (self.n_features_in_, n_classes):
+            start = state.get("start", "the previous fit's solution")
             raise ValueError(
-                f"warm_start=True starts from the previous fit's solution, for {n_features} "
+                f"warm_start=True starts from {start}, for {n_features} "
                 f"features and {state['n_classes']} classes; this fit has "
                 f"{self.n_features_in_} features and {n_classes} classes. Fit with "
                 "warm_start=False for other data."
@@ -1111,6 +1128,42 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             not projected or (self.lam > 0 and rank == self.projection_rank)
         )
         return state if same else None
+
+    def _assigned_state(self, state):
+        """``state``, or where ``coef_`` or ``intercept_`` differ from the fit's own (assigned,
+        or assigned to an estimator never fitted) a state of theirs, as LogisticRegression's
+        warm start reads them: this head's rows and intercept, a projection at P = I."""
+        coef, intercept = getattr(self, "coef_", None), getattr(self, "intercept_", None)
+        if coef is None:
+            return state
+        # (the fit's own, or a state pickled before their fingerprint was kept)
+        if state is not None and state.get("fingerprint") in (None, _fingerprint(coef, intercept)):
+            return state
+        coef = np.asarray(coef, dtype=np.float64)
+        rows = len(coef) if coef.ndim == 2 else 0
+        bias = np.zeros(rows) if intercept is None else np.asarray(intercept, dtype=np.float64)
+        if rows in (0, 2) or bias.shape != (rows,):
+            raise ValueError(
+                f"warm_start=True starts from the assigned coef_ and intercept_, of shapes "
+                f"{coef.shape} and {bias.shape}; they must be (n_classes, n_features) and "
+                "(n_classes,), or (1, n_features) and (1,) for two classes."
+            )
+        if not (np.isfinite(coef).all() and np.isfinite(bias).all()):
+            # (the fit started there and failed, blaming the features' scale)
+            raise ValueError(
+                "warm_start=True starts from the assigned coef_ and intercept_, which hold NaN "
+                "or infinity. Assign finite values, or fit with warm_start=False."
+            )
+        # A two-class cosine head has both rows: its coef_ is their difference.
+        weight = np.vstack([-coef, coef]) if self.head == "cosine" and rows == 1 else coef
+        return {
+            "weight": weight,
+            "bias": bias,
+            **dict.fromkeys(("proj_full", "proj_a", "proj_b")),
+            "n_classes": max(rows, 2),  # (one row: two classes)
+            "head": self.head,
+            "start": "the assigned coef_ and intercept_",
+        }
 
     def _store(self, state, result, solver, device, weight_scale=1.0):
         self.coef_ = state["coef"]
@@ -1129,6 +1182,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             **{k: state[k] for k in ("weight", "bias", "proj_full", "proj_a", "proj_b")},
             "n_classes": len(self.classes_),
             "head": self.head,
+            # coef_ and intercept_ assigned, or changed in place, start a warm fit instead
+            "fingerprint": _fingerprint(self.coef_, self.intercept_),
         }
 
     # ----------------------------------------------------------------- prediction

@@ -2649,6 +2649,42 @@ def test_statistics_overflowing_by_the_weights_name_the_weights():
     assert "features are too large" not in str(info.value)
 
 
+@pytest.mark.parametrize("head", ["linear", "cosine"])
+@pytest.mark.parametrize("n_classes", [3, 2])
+@pytest.mark.parametrize("fitted", [True, False])
+def test_a_warm_start_starts_from_an_assigned_coef_and_intercept_(head, n_classes, fitted):
+    # As LogisticRegression's warm start reads them (another model's, say): they were
+    # ignored, the fit starting from the previous solution, or cold on an estimator never
+    # fitted (max_iter=0 keeps the starting point).
+    X, y = _blobs(n_classes=n_classes, n=90)
+    source = LogisticRegression(C=0.1).fit(X, y)
+    model = MR2LinearClassifier(head=head, max_iter=5, warm_start=True, device="cpu")
+    if fitted:
+        _short_fit(model, X, y)
+    model.coef_, model.intercept_ = source.coef_.copy(), source.intercept_.copy()
+    _short_fit(model.set_params(max_iter=0), X, y)
+    if head == "linear":
+        np.testing.assert_allclose(model.coef_, source.coef_, rtol=1e-10)
+        np.testing.assert_allclose(model.intercept_, source.intercept_, rtol=1e-10)
+    else:  # the rows' directions, at the head's scale (a cosine head has no intercept)
+        unit = lambda coef: coef / np.linalg.norm(coef, axis=1, keepdims=True)  # noqa: E731
+        np.testing.assert_allclose(unit(model.coef_), unit(source.coef_), rtol=1e-6)
+    before = model.coef_.copy()
+    _short_fit(model, X, y)  # its own coef_ again: the previous solution, as before
+    np.testing.assert_allclose(model.coef_, before, rtol=1e-12)
+    model.coef_ = source.coef_[:, :3]
+    with pytest.raises(ValueError, match="starts from the assigned coef_ and intercept_, for 3"):
+        model.fit(X, y)
+    model.coef_ = np.full_like(source.coef_, np.nan)
+    with pytest.raises(ValueError, match="assigned coef_ and intercept_, which hold NaN"):
+        model.fit(X, y)
+    # Two rows are no start (LogisticRegression's binary coef_ has one row; torch's error
+    # from copying two into the head's one, or the wrong number of classes for three).
+    model.coef_, model.intercept_ = np.vstack([source.coef_[:1]] * 2), np.zeros(2)
+    with pytest.raises(ValueError, match=r"must be \(n_classes, n_features\)"):
+        model.fit(X, y)
+
+
 def test_a_warm_start_across_a_change_of_head_starts_afresh():
     # A linear head's rows are no cosine head's start: the cosine fit starts at the class
     # means' directions, as a cold one does (max_iter=0 keeps the starting point).
