@@ -1215,7 +1215,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
 
     def _logits(self, X):
         if is_h5_dataset(X):
-            rows = block_rows(self.n_features_in_, len(self.classes_))
+            rows = block_rows(X.shape[1], len(self.classes_))
             parts = [
                 self._logits(
                     _finite_block(read_h5(X, slice(i, i + rows)), h5_dtype(X), type(self).__name__)
@@ -1227,8 +1227,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         # until the next fit (models pickled before head_ existed keep it in _head_state).
         head = getattr(self, "head_", None) or getattr(self, "_head_state", {}).get("head")
         head = head or self.head  # a refit=False search pickled before head_ existed
+        # No projection where coef_, intercept_ and classes_ were assigned to an estimator
+        # never fitted (another model's), which predicts with them as LogisticRegression does.
+        projection = getattr(self, "projection_", None)
         with default_torch_modes(gradients=False):  # the model's precision, not autocast's
-            return decision_values(X, self.coef_, self.intercept_, self.projection_, head)
+            return decision_values(X, self.coef_, self.intercept_, projection, head)
 
     def decision_function(self, X):
         """Logits (margins are training-only). Shape (n_samples,) for two classes.

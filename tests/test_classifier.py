@@ -2685,6 +2685,25 @@ def test_a_warm_start_starts_from_an_assigned_coef_and_intercept_(head, n_classe
         model.fit(X, y)
 
 
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+@pytest.mark.parametrize("n_classes", [3, 2])
+def test_assigned_coef_intercept_and_classes_predict_as_logistic_regression(n_classes, kind):
+    # An estimator never fitted, given another model's coef_, intercept_ and classes_,
+    # predicts with them as LogisticRegression does; it raised an AttributeError on
+    # projection_, which only a fit sets.
+    X, y = _blobs(n_classes=n_classes, n=90)
+    source = LogisticRegression(C=0.1).fit(X, y)
+    model = MR2LinearClassifier(device="cpu")
+    model.coef_, model.intercept_, model.classes_ = source.coef_, source.intercept_, source.classes_
+    rows = X if kind == "numpy" else torch.from_numpy(X)
+    np.testing.assert_array_equal(model.predict(rows), source.predict(X))
+    for method in ("decision_function", "predict_proba"):
+        out = getattr(model, method)(rows)
+        out = out.numpy() if kind == "tensor" else out
+        np.testing.assert_allclose(out, getattr(source, method)(X), rtol=1e-10, atol=1e-12)
+    assert model.score(rows, y) == source.score(X, y)
+
+
 def test_a_warm_start_across_a_change_of_head_starts_afresh():
     # A linear head's rows are no cosine head's start: the cosine fit starts at the class
     # means' directions, as a cold one does (max_iter=0 keeps the starting point).
