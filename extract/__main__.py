@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 # (Light: mr2_probe imports its names on first use; NumPy and torch come after parsing.)
-from mr2_probe.cli._usage import SuggestingParser, _interrupts_held
+from mr2_probe.cli._usage import SuggestingParser, _interrupts_held, add_version
 
 from ._paths import plural
 
@@ -142,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-progress", action="store_true", help="hide the progress bar (e.g. in batch jobs)"
     )
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    add_version(parser, ("torch", "timm", "open_clip_torch", "h5py", "Pillow"))
     return parser
 
 

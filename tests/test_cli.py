@@ -2170,6 +2170,19 @@ def test_help_explains_options_outputs_and_labels(capsys):
         assert name in text
 
 
+def test_version_names_the_program_and_its_libraries(capsys):
+    # A bug report wants the versions: there was no --version ("the following arguments
+    # are required: train").
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"mr2-probe {importlib.metadata.version('mr2-probe')} (Python ")
+    assert f"torch {importlib.metadata.version('torch')}" in line and "scikit-learn" in line
+
+
 def test_float16_features_are_scaled_in_float32(tmp_path, capsys):
     # Normalizer computed float16 row norms, which overflow past 256: every such row was
     # zeroed, and the probes scored 28.75% where float32 features scored 93.75%.

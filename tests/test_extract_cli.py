@@ -86,6 +86,26 @@ def test_a_misspelt_option_is_refused_with_the_closest_one(capsys, typo, meant):
     )
 
 
+def test_version_names_the_program_and_the_backbones_libraries(capsys, monkeypatch):
+    # A library that is not installed is named so, not an error.
+    import importlib.metadata
+
+    real = importlib.metadata.version
+
+    def version(name):
+        if name == "open_clip_torch":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"mr2-extract {real('mr2-probe')} (Python ")
+    assert f"timm {real('timm')}" in line and "open_clip_torch not installed" in line
+
+
 def test_label_key_help_says_what_each_source_kind_makes_of_digits(capsys):
     # "Labels of digits are class indices" was said of both kinds, but a Parquet string
     # column holds class names, digits or not ("10" and "2" sorted as text).

@@ -16,7 +16,7 @@ from sklearn.preprocessing import Normalizer, StandardScaler
 from .._classifier import MR2LinearClassifier
 from .._device import resolve_device
 from ._inputs import feature_format
-from ._usage import SuggestingParser, UsageError, _one_line
+from ._usage import SuggestingParser, UsageError, _one_line, add_version
 
 EXAMPLES = """\
 examples:
@@ -286,6 +286,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error, not one line"
     )
+    add_version(parser, ("numpy", "scikit-learn", "torch"))
     return parser
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import importlib.metadata
+import platform
 import signal
 import threading
 
@@ -32,6 +34,24 @@ class SuggestingParser(argparse.ArgumentParser):
             )
             hints += [f"{name}: did you mean {close[0]}?"] if close else []
         super().error("; ".join([message, *hints]))
+
+
+def add_version(parser: argparse.ArgumentParser, packages: tuple[str, ...]) -> None:
+    """``--version``: the program's version and those of ``packages`` (distribution names),
+    read from their metadata, without importing them; a package not installed is named so.
+    """
+
+    def version(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    libraries = ", ".join(f"{name} {version(name)}" for name in packages)
+    text = f"{parser.prog} {version('mr2-probe')} (Python {platform.python_version()}, {libraries})"
+    parser.add_argument(
+        "--version", action="version", version=text, help="print the versions and exit"
+    )
 
 
 def _one_line(error, limit: int = 1000) -> str:
