@@ -705,7 +705,10 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         the offsets. (Row by row, so that a row's probabilities do not depend on the others
         given with it.)"""
         check_is_fitted(self, "offsets_")
-        proba = self.estimator_.predict_proba(X)
+        # (Before scikit-learn 1.7 a one-vs-rest row whose sigmoids all underflow is 0 / 0,
+        # NaN with a RuntimeWarning: such a row is read below, its probabilities finite.)
+        with np.errstate(invalid="ignore"):
+            proba = self.estimator_.predict_proba(X)
         proba = np.asarray(to_numpy(proba) if is_torch_tensor(proba) else proba, np.float64)
         z = _decision(self.estimator_, X, self.classes_)
         out = np.empty_like(z)
