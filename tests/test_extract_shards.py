@@ -12,6 +12,7 @@ import re
 import shutil
 import tarfile
 import tracemalloc
+import warnings
 
 import h5py
 import numpy as np
@@ -1626,3 +1627,18 @@ def test_a_folder_without_tar_shards_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"holds no \.tar shards") as info:
         open_source(f"webdataset:{tmp_path}")
     assert str(tmp_path) in str(info.value)
+
+
+def test_a_parquet_reader_dropped_mid_row_group_closes_its_file(data):
+    # The reader keeps its place in a row group, an open file, between blocks; a dataset
+    # dropped there (the end of a run, a worker that exits) left the file to the garbage
+    # collector, which warned "unclosed file".
+    from extract._images import ItemDataset
+
+    dataset = ItemDataset(open_source(_source(data, "parquet")), lambda image: image)
+    assert len(dataset.__getitems__([0, 1])) == 2 and "cursor" in dataset.reader_state
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del dataset
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
