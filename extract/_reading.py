@@ -178,7 +178,9 @@ def _open_for_reading(path: str | os.PathLike) -> h5py.File:
         raise NotAStoreError(
             f"The HDF5 file {text!r} is not a feature store: it has no "
             f"{' / '.join(repr(m) for m in missing)} dataset (it holds {found}); pass a store "
-            "written by mr2-extract."
+            "written by mr2-extract, or write the missing datasets into it: any HDF5 file "
+            "with 'features' (n, d), integer 'labels' (n,), codes 0..K-1, and 'class_names' "
+            "(K,) text is read as one."
         )
     return f
 

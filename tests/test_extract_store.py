@@ -1816,7 +1816,9 @@ def _foreign(path, **datasets):
             lambda p: _hdf5(p, features=np.zeros((2, 3)), class_names=["a"]),
             NotAStoreError,
             r"not a feature store: it has no 'labels' dataset \(it holds \['class_names', "
-            r"'features'\]\)",
+            r"'features'\]\); pass a store written by mr2-extract, or write the missing "
+            r"datasets into it: any HDF5 file with 'features' \(n, d\), integer 'labels' "
+            r"\(n,\), codes 0..K-1, and 'class_names' \(K,\) text is read as one\.",
         ),
         (
             lambda p: _hdf5(p, features=np.zeros((2, 3)), labels=[0, 5], class_names=["a"]),
