@@ -1355,8 +1355,8 @@ def stores(files):
     _store(files / "r18.h5", X, y, FASHION, preprocessing=pre, **made)
     tensor = pre | {"decode": "tensor", "transform": "Compose(other)"}  # rounding only
     _store(files / "r18_tensor.h5", X_test, y_test, FASHION, preprocessing=tensor, **made)
-    _store(
-        files / "r34.h5", X_test, y_test, FASHION, preprocessing=pre,
+    _store(  # one more column: named by its backbone, not by its width
+        files / "r34.h5", np.hstack([X_test, X_test[:, :1]]), y_test, FASHION, preprocessing=pre,
         **made | {"backbone": "timm:resnet34", "weights": "sha256:bb"},
     )  # fmt: skip
     crop = pre | {"crop": [64, 64]}

@@ -470,13 +470,14 @@ def _inputs(args, stack=None):
         return X, y, X_test, y_test, names, _sources(args)
     _check_not_the_training_data(args.train, args.test)
     X_test, y_test, test_names = _load_xy(args.test, args.test_labels, "--test-labels", stack)
+    # Stores of two backbones are named by them first, rather than by their widths.
+    sources = _sources(args)
+    _check_same_extraction(args.train, args.test, sources)
     if X_test.shape[1] != X.shape[1]:
         raise UsageError(
             f"the test features have {X_test.shape[1]} columns and the training features "
             f"{X.shape[1]}; use features of the same backbone and settings"
         )
-    sources = _sources(args)
-    _check_same_extraction(args.train, args.test, sources)
     repeated += _repeated(test_names)
     test_names = _distinct(test_names)
     y_test, matched = _match_by_name(y, names, y_test, test_names, repeated, args)
