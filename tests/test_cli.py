@@ -2655,6 +2655,45 @@ def test_an_archive_with_class_names_as_labels_beside_x_and_y_is_read(files, tmp
     assert main([str(tmp_path / "named.npz"), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
 
 
+@pytest.mark.parametrize("key", ["class_names", "target_names"])
+def test_an_archive_s_class_names_name_its_integer_labels(files, tmp_path, key):
+    # Names saved beside integer codes, as a store keeps them (scikit-learn's datasets:
+    # target_names), were dropped without a word: the reports named the classes 0, 1, 2.
+    # The test archive codes its classes in the reverse order, and is matched by name.
+    X, y = np.load(files / "X.npy"), np.load(files / "y.npy")
+    data = np.load(files / "test.npz")
+    names = np.array(FASHION)
+    np.savez(tmp_path / "train.npz", X=X, y=y, **{key: names})
+    np.savez(tmp_path / "test.npz", X=data["X"], y=2 - data["y"], **{key: names[::-1]})
+    np.savez(tmp_path / "train_text.npz", X=X, y=names[y])
+    np.savez(tmp_path / "test_text.npz", X=data["X"], y=names[data["y"]])
+    reports = {}
+    for run in ("", "_text"):
+        out = tmp_path / f"out{run}"
+        argv = [str(tmp_path / f"train{run}.npz"), "--test", str(tmp_path / f"test{run}.npz")]
+        assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+        reports[run] = json.loads((out / "report.json").read_text())
+    assert reports[""]["labels"] == sorted(FASHION)
+    for part in ("labels", "per_class", "rows"):
+        assert reports[""][part] == reports["_text"][part]
+
+
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        (FASHION[:2], "'y' holds codes outside 0..1, the classes that its 'class_names' names"),
+        (["a", "b", "a"], "'class_names' names two classes 'a'; give each class a name"),
+        ([[0, 1, 2]], "'class_names' must list the classes' names as text, the k-th naming"),
+    ],
+)
+def test_an_archive_s_class_names_that_cannot_name_its_labels_are_refused(
+    files, tmp_path, capsys, names, message
+):
+    X, y = np.load(files / "X.npy"), np.load(files / "y.npy")
+    np.savez(tmp_path / "named.npz", X=X, y=y, class_names=np.array(names))
+    assert message in _refused([str(tmp_path / "named.npz")], capsys)
+
+
 def test_an_archive_with_a_scalar_beside_its_other_spelling_is_refused_by_its_shape(
     files, tmp_path, capsys
 ):

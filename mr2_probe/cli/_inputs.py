@@ -244,7 +244,45 @@ def _load_npz(path: str):
                 if "allow_pickle" not in str(error):
                     raise
                 raise _objects(path, labels=key == y_key, key=key) from error
+        named = next((key for key in _NAME_KEYS if key in data.files), None)
+        if named is not None and arrays[1].dtype.kind in "iu":
+            arrays[1] = _named(path, data, named, arrays[1], y_key)
         return tuple(arrays)
+
+
+# Names of the integer labels' classes in a .npz, the k-th naming code k, as a store's
+# class_names (scikit-learn's datasets call them target_names).
+_NAME_KEYS = ("class_names", "target_names")
+
+
+def _named(path: str, data, key: str, codes: np.ndarray, y_key: str) -> np.ndarray:
+    """The labels ``codes`` as the class names that ``data[key]`` lists, one per code."""
+    try:
+        names = data[key]
+    except ValueError as error:
+        raise _objects(path, labels=True, key=key) from error
+    if names.ndim != 1 or names.dtype.kind not in "US":
+        raise UsageError(
+            f"{path}'s {key!r} must list the classes' names as text, the k-th naming code k "
+            f"of {y_key!r}; found an array of {names.dtype} of shape {names.shape}"
+        )
+    if names.dtype.kind == "S":
+        try:
+            names = np.char.decode(names, "utf-8")
+        except UnicodeDecodeError as error:
+            raise UsageError(f"{path}'s {key!r} holds bytes that are not UTF-8 text") from error
+    if codes.size and (codes.min() < 0 or codes.max() >= len(names)):
+        raise UsageError(
+            f"{path}'s {y_key!r} holds codes outside 0..{len(names) - 1}, the classes that "
+            f"its {key!r} names; save the names of every class, the k-th naming code k"
+        )
+    unique, counts = np.unique(names, return_counts=True)
+    if (counts > 1).any():
+        raise UsageError(
+            f"{path}'s {key!r} names two classes {str(unique[counts > 1][0])!r}; give each "
+            "class a name of its own"
+        )
+    return names[codes]
 
 
 def _rival(data, key: str, other: str) -> bool:

@@ -135,7 +135,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "train",
         help="training features: an HDF5 store from mr2-extract (.h5), a .npz with X and y "
-        "(or features and labels), or a .npy with --labels, e.g. train.h5; each file is read "
+        "(or features and labels; class_names, if given, name integer labels), or a .npy "
+        "with --labels, e.g. train.h5; each file is read "
         "as what its content is, whatever its name",
     )
     held_out = parser.add_mutually_exclusive_group()
