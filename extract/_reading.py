@@ -242,9 +242,10 @@ def _check_shapes(
         problem = f"'labels' holds values outside 0..{n_classes - 1} ({n_classes} class names)"
     elif names.dtype.kind not in "SOU":
         problem = f"'class_names' has dtype {names.dtype}, not strings"
-    else:  # the optional datasets, one entry per row (a short 'status' dropped rows)
+    else:  # the optional datasets, one entry per row (a short 'status' dropped rows; one
+        # of (N, 2) raised IndexError, and 'indices' or 'paths' of it loaded as such)
         for name in (name for name in ("status", "indices", *_TEXT) if name in f):
-            if (f[name].shape or ())[:1] != labels.shape:  # None: an empty dataspace
+            if (f[name].shape or ()) != labels.shape:  # None: an empty dataspace
                 problem = f"'{name}' has shape {f[name].shape} for {len(labels)} rows"
                 break
             if name in _TEXT and f[name].dtype.kind not in "SOU":

@@ -1830,6 +1830,23 @@ def _foreign(path, **datasets):
         (lambda p: _foreign(p, status=np.ones(3, np.uint8)), NotAStoreError, "'status' has"),
         (lambda p: _foreign(p, status=[1] * 5 + [3]), NotAStoreError, r"codes \[3\], not 0"),
         (lambda p: _foreign(p, paths=[b"x", b"y"]), NotAStoreError, r"'paths' has shape \(2,\)"),
+        # A column per row: a 'status' of shape (6, 2) raised IndexError, 'indices' and
+        # 'paths' of that shape loaded as such.
+        (
+            lambda p: _foreign(p, status=np.ones((6, 2), "u1")),
+            NotAStoreError,
+            r"'status' has shape \(6, 2\) for 6",
+        ),
+        (
+            lambda p: _foreign(p, indices=np.ones((6, 2))),
+            NotAStoreError,
+            r"'indices' has shape \(6, 2\) for 6",
+        ),
+        (
+            lambda p: _foreign(p, paths=[[b"x", b"y"]] * 6),
+            NotAStoreError,
+            r"'paths' has shape \(6, 2\) for 6",
+        ),
         (lambda p: _foreign(p, class_names=[0, 1]), NotAStoreError, "'class_names' has dtype"),
         (lambda p: _foreign(p, paths=np.arange(6)), NotAStoreError, "'paths' has dtype int64"),
         # Scalar datasets: a TypeError from len() and h5py's nameless "Illegal slicing
