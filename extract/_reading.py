@@ -188,6 +188,50 @@ def _open_for_reading(path: str | os.PathLike) -> h5py.File:
 _TEXT = ("paths", "failure_reason", "content_sha256")  # a store's string datasets
 
 
+def _missing_virtual_source(path: str | os.PathLike, dataset: h5py.Dataset) -> str | None:
+    """The first source of the virtual dataset ``dataset`` (of the file ``path``) that
+    cannot be opened, as "'file' (dataset 'name')"; None for a dataset that is not virtual,
+    or whose sources all open. HDF5 reads a missing source's rows as the fill value, without
+    an error (shards of a virtual features dataset, one deleted or left behind by a move).
+    Looked for where HDF5 looks: HDF5_VDS_PREFIX, the store's folder, the name as given."""
+    if not dataset.is_virtual:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    prefixes = [p for p in os.environ.get("HDF5_VDS_PREFIX", "").split(os.pathsep) if p]
+    opened: dict[str, h5py.File | None] = {}
+    try:
+        for source in dataset.virtual_sources():
+            name, inside = source.file_name, source.dset_name
+            if "%b" in name or "%b" in inside:  # a printf-style name HDF5 numbers itself
+                continue
+            if name == ".":  # the store itself
+                if not isinstance(dataset.file.get(inside), h5py.Dataset):
+                    return f"{inside!r} (in the store itself)"
+                continue
+            if name not in opened:
+                opened[name] = None
+                base = name if os.path.isabs(name) else None
+                relative = os.path.basename(name) if base else name
+                candidates = [base] if base else []
+                candidates += [
+                    os.path.join(p.replace("${ORIGIN}", folder), relative) for p in prefixes
+                ]
+                candidates += [os.path.join(folder, relative), name]
+                for candidate in candidates:
+                    try:
+                        opened[name] = h5py.File(candidate, "r")
+                        break
+                    except OSError:
+                        continue
+            if opened[name] is None or not isinstance(opened[name].get(inside), h5py.Dataset):
+                return f"{name!r} (dataset {inside!r})"
+    finally:
+        for source_file in opened.values():
+            if source_file is not None:
+                source_file.close()
+    return None
+
+
 def _check_types(path: str | os.PathLike, f: h5py.File) -> None:
     """Refuse a dataset that load_features reads in a type NumPy has no equivalent of (as
     HDF5's H5T_TIME): reading it raised h5py's TypeError; or a link to nothing in its place
@@ -211,6 +255,14 @@ def _check_types(path: str | os.PathLike, f: h5py.File) -> None:
             raise NotAStoreError(
                 f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} is a "
                 f"{type(f[name]).__name__.lower()}, not a dataset; rebuild it."
+            )
+        missing = _missing_virtual_source(path, f[name])
+        if missing:
+            raise NotAStoreError(
+                f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} is a "
+                f"virtual dataset whose source {missing} cannot be opened, and HDF5 reads "
+                "its rows as fill values (zeros) without an error; restore the source "
+                "file beside the store, or merge the shards into one store (merge_shards)."
             )
         try:
             f[name].dtype  # noqa: B018

@@ -1957,6 +1957,48 @@ def test_a_store_with_a_link_to_nothing_is_read(tmp_path, link):
         np.testing.assert_array_equal(store.features[:], np.ones((4, 3)))
 
 
+def _virtual_store(folder: Path, name: str) -> Path:
+    """A store whose ``name`` dataset is virtual, its rows in part0.h5 and part1.h5 (named
+    relative to the store, as h5py's VirtualSource writes a relative name)."""
+    data = dict(features=np.arange(24, dtype=np.float32).reshape(6, 4) + 1, labels=[1, 1] * 3)
+    rows = dict(data, class_names=["a", "b"])
+    for part in range(2):
+        with h5py.File(folder / f"part{part}.h5", "w") as f:
+            f[name] = np.asarray(data[name])[3 * part : 3 * part + 3]
+    with h5py.File(folder / "s.h5", "w") as f:
+        layout = h5py.VirtualLayout(np.shape(data[name]), np.asarray(data[name]).dtype)
+        for part in range(2):
+            shape = (3, *np.shape(data[name])[1:])
+            layout[3 * part : 3 * part + 3] = h5py.VirtualSource(f"part{part}.h5", name, shape)
+        f.create_virtual_dataset(name, layout, fillvalue=0)
+        for other, values in rows.items():
+            if other != name:
+                f[other] = values
+    return folder / "s.h5"
+
+
+@pytest.mark.parametrize("name", ["features", "labels"])
+@pytest.mark.parametrize("lose", ["file", "dataset", None])
+def test_a_virtual_dataset_is_read_only_with_every_source(tmp_path, monkeypatch, name, lose):
+    # A virtual dataset (shards joined by an HDF5 VDS) whose source file was deleted, or
+    # lacks its dataset: HDF5 reads those rows as the fill value without an error, and the
+    # store loaded zeros as features (labels as class 0).
+    path = _virtual_store(tmp_path, name)
+    if lose == "file":
+        (tmp_path / "part1.h5").unlink()
+    elif lose == "dataset":
+        with h5py.File(tmp_path / "part1.h5", "a") as f:
+            f.move(name, "other")
+    monkeypatch.chdir(tmp_path.parent)  # the sources are found beside the store
+    if lose is None:
+        store = load_features(path, in_memory=True)
+        assert store.features[3:].min() > 0 and (store.labels == 1).all()
+        return
+    with pytest.raises(NotAStoreError, match=rf"'{name}' is a virtual dataset whose source "
+                       rf"'part1.h5' \(dataset '{name}'\) cannot be opened"):  # fmt: skip
+        load_features(path)
+
+
 def test_a_store_with_a_dataset_numpy_cannot_type_is_read(tmp_path):
     # Another dataset in a type that NumPy has no equivalent of (HDF5's H5T_TIME), which
     # load_features never reads: its type converted at open raised h5py's TypeError.
