@@ -292,7 +292,7 @@ def _check_shapes(
         problem = f"'labels' has shape {labels.shape} for {len(f['features'])} feature rows"
     elif len(labels) and (labels.min() < 0 or labels.max() >= n_classes):
         problem = f"'labels' holds values outside 0..{n_classes - 1} ({n_classes} class names)"
-    elif names.dtype.kind not in "SOU":
+    elif h5py.check_string_dtype(names.dtype) is None:  # (an object dtype: vlen ints too)
         problem = f"'class_names' has dtype {names.dtype}, not strings"
     else:  # the optional datasets, one entry per row (a short 'status' dropped rows; one
         # of (N, 2) raised IndexError, and 'indices' or 'paths' of it loaded as such)
@@ -300,7 +300,7 @@ def _check_shapes(
             if (f[name].shape or ()) != labels.shape:  # None: an empty dataspace
                 problem = f"'{name}' has shape {f[name].shape} for {len(labels)} rows"
                 break
-            if name in _TEXT and f[name].dtype.kind not in "SOU":
+            if name in _TEXT and h5py.check_string_dtype(f[name].dtype) is None:
                 problem = f"'{name}' has dtype {f[name].dtype}, not strings"
                 break
         unknown = np.setdiff1d(status, [PENDING, DONE, FAILED])

@@ -1798,6 +1798,17 @@ def _hdf5(path, **datasets):
     return path
 
 
+def _vlen_ints(path, name):
+    """A foreign store whose ``name`` dataset holds variable-length integer arrays."""
+    _foreign(path, status=np.array([1, 2, 1, 1, 1, 1], np.uint8))
+    with h5py.File(path, "a") as f:
+        n = len(f[name]) if name in f else 6
+        if name in f:
+            del f[name]
+        f.create_dataset(name, (n,), dtype=h5py.vlen_dtype(np.int64))
+    return path
+
+
 def _foreign(path, **datasets):
     """A store written by other code: six rows of two classes, and ``datasets``."""
     rows = dict(features=np.zeros((6, 4)), labels=[0, 1] * 3, class_names=[b"a", b"b"])
@@ -1849,6 +1860,16 @@ def _foreign(path, **datasets):
         ),
         (lambda p: _foreign(p, class_names=[0, 1]), NotAStoreError, "'class_names' has dtype"),
         (lambda p: _foreign(p, paths=np.arange(6)), NotAStoreError, "'paths' has dtype int64"),
+        # Variable-length integers (an object dtype too): h5py's TypeError from asstr(), or
+        # an AttributeError decoding failure reasons.
+        *(
+            (
+                functools.partial(_vlen_ints, name=name),
+                NotAStoreError,
+                f"'{name}' has dtype object, not strings",
+            )
+            for name in ("class_names", "paths", "failure_reason")
+        ),
         # Scalar datasets: a TypeError from len() and h5py's nameless "Illegal slicing
         # argument for scalar dataspace".
         (lambda p: _foreign(p, class_names=b"ab"), NotAStoreError, r"'class_names' has shape \(\)"),
