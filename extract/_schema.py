@@ -109,8 +109,13 @@ def read_attrs(f: h5py.File) -> dict[str, Any]:
     # (it compares, and goes into JSON reports, as one).
     attrs = {k: _plain(v) for k, v in f.attrs.items()}
     for key in ("preprocessing", "versions", "class_names", "source_files", "source_options"):
-        if key in attrs:
-            attrs[key] = json.loads(attrs[key])
+        if isinstance(attrs.get(key), str):
+            try:
+                attrs[key] = json.loads(attrs[key])
+            except json.JSONDecodeError:
+                # Another tool's attribute of that name ('cat,dog'): kept as it is, as one
+                # of a list or a number is. It called the file damaged (a list: TypeError).
+                pass
     return attrs
 
 

@@ -1907,6 +1907,28 @@ def test_a_foreign_store_s_utf8_byte_strings_are_read_as_text(tmp_path):
         assert loaded.class_names == names and loaded.paths == paths
 
 
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("class_names", "a,b", "a,b"),
+        ("class_names", np.array([b"a", b"b"]), ["a", "b"]),
+        ("versions", "torch 2.1", "torch 2.1"),
+        ("versions", 3, 3),
+        ("preprocessing", '{"resize": 256}', {"resize": 256}),
+    ],
+)
+def test_a_foreign_store_s_attributes_of_a_store_s_names_are_read_as_they_are(
+    tmp_path, key, value, expected
+):
+    # Another tool's attribute named as one that mr2-extract writes in JSON: plain text
+    # called the file damaged (a JSONDecodeError), a list or a number raised TypeError.
+    _foreign(tmp_path / "x.h5")
+    with h5py.File(tmp_path / "x.h5", "a") as f:
+        f.attrs[key] = value
+    with load_features(tmp_path / "x.h5") as loaded:
+        assert loaded.metadata[key] == expected and loaded.class_names == ["a", "b"]
+
+
 def test_a_truncated_store_is_not_a_store_rather_than_locked(store, folder, tmp_path):
     # HDF5's "truncated file: ... sblock->base_addr" contains "lock": it was reported as
     # open for writing in another process, and the user was sent to wait for no one.
