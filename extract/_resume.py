@@ -18,6 +18,7 @@ from ._batches import compute_precision
 from ._decoding import NOT_A_FILE
 from ._images import ImageSource
 from ._merge import _identity, shard_path, shards_beside
+from ._paths import plural
 from ._schema import (
     ADOPTING,
     DONE,
@@ -104,13 +105,13 @@ def _file_list_difference(stored: dict, src: ImageSource) -> str | None:
     for k in range(max(len(old), len(new))):
         if k >= len(new):
             return (
-                f"the store was made from {len(old)} files, the request reads {len(new)}: "
-                f"{os.path.join(src.root, old[k])!r} is not in the request"
+                f"the store was made from {len(old)} {plural(len(old), 'file')}, the request "
+                f"reads {len(new)}: {os.path.join(src.root, old[k])!r} is not in the request"
             )
         if k >= len(old):
             return (
-                f"the store was made from {len(old)} files, the request reads {len(new)}: "
-                f"{os.path.join(src.root, new[k])!r} is new"
+                f"the store was made from {len(old)} {plural(len(old), 'file')}, the request "
+                f"reads {len(new)}: {os.path.join(src.root, new[k])!r} is new"
             )
         if old[k] != new[k]:
             return (

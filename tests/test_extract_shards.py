@@ -1263,6 +1263,9 @@ def test_another_shard_set_is_refused_naming_the_first_difference(data, tmp_path
 
     more = refused(f"{shards}/{{00000..00002}}.tar")
     assert f"made from 2 files, the request reads 3: '{shards}/00002.tar' is new" in more
+    one = extract_features(f"webdataset:{shards}/00000.tar", BACKBONE, tmp_path / "g.h5", **FAST)
+    with pytest.raises(ProvenanceError, match="made from 1 file, the request reads 2: "):
+        extract_features(f"webdataset:{shards}/{{00000..00001}}.tar", BACKBONE, one, **FAST)
     other = refused(f"{shards}/00000.tar::{shards}/00002.tar")
     assert "file 2 of the source is '00001.tar' in the store, '00002.tar' in the request" in other
     key = refused(f"{shards}/{{00000..00001}}.tar", label_key="json.label")
