@@ -92,7 +92,8 @@ class ImageSource:
         In-memory greyscale images (Fashion-MNIST); None for file sources.
     file_size, file_mtime_ns : ndarray of shape (n_items,), dtype int64, optional
         Size and modification time of each file when the collection was listed (-1 for
-        in-memory items and missing files); None: taken when first needed.
+        in-memory items and missing files); None: taken when it is opened
+        (:func:`open_source`, which ``extract_features`` calls).
     files : dict of str to str
         Identity (``sha256:<hex>``) of each file holding many items, in source order:
         Fashion-MNIST's IDX files (their content), tar shards (their headers and label
@@ -942,7 +943,13 @@ def _checked(src: ImageSource) -> ImageSource:
         )
     _check_index_names(list(src.class_names))
     _check_utf8(list(src.ids), src.root)
-    return _utf8_paths(replace(src, labels=labels.astype(np.int64)))
+    # Its files listed now, as a folder's are when it is opened: taken each time they were
+    # needed, a file replaced while the model loaded was extracted as the new file under
+    # the fingerprint of the old one, and the complete store was refused by the next run.
+    sizes, mtimes = src.file_stats()
+    return _utf8_paths(
+        replace(src, labels=labels.astype(np.int64), file_size=sizes, file_mtime_ns=mtimes)
+    )
 
 
 def _utf8_paths(src: ImageSource) -> ImageSource:

@@ -764,6 +764,39 @@ def test_ranks_that_listed_the_source_differently_stop_before_any_work(
     _runner._check_same_listing(source, theirs[0][1], 2)  # the same listing: no error
 
 
+@pytest.mark.parametrize("kind", ["folder", "built by hand"])
+def test_an_image_replaced_while_the_model_loads_is_a_failed_row(tmp_path, monkeypatch, kind):
+    # An ImageSource built by hand had its files' sizes and times taken each time they
+    # were needed: an image replaced while the model loaded was extracted as the new file
+    # under the fingerprint of the old one, and the next run refused the complete store by
+    # its fingerprint alone. As a folder's, its files are listed once, when it is opened.
+    from extract import ImageSource, _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    source = folder
+    if kind == "built by hand":
+        ids = image_folder(folder).ids
+        labels = np.array([int(i.startswith("dog")) for i in ids])
+        source = ImageSource(ids, labels, ["cat", "dog"], str(folder), "mine", np.arange(4))
+    image = folder / "cat" / "001.jpg"
+    real_create = _runner.create_backbone
+
+    def replacing(*args, **kwargs):
+        Image.new("RGB", (50, 50), "red").save(image)
+        return real_create(*args, **kwargs)
+
+    monkeypatch.setattr(_runner, "create_backbone", replacing)
+    out = extract_features(source, BACKBONE, tmp_path / "f.h5", **FAST)
+    assert [(path, reason.split(":")[0]) for path, reason in load_features(out).failures] == [
+        ("cat/001.jpg", "FileChangedError")
+    ]
+    monkeypatch.setattr(_runner, "create_backbone", real_create)
+    with pytest.raises(ProvenanceError, match=r"001.jpg' is not the file the store was made"):
+        extract_features(source, BACKBONE, out, **FAST)
+    extract_features(source, BACKBONE, out, retry_failed=True, **FAST)
+    assert not load_features(out).failures
+
+
 def test_reading_a_store_imports_neither_torch_nor_the_backbones(store):
     # `from extract import load_features` imported torch, torchvision and the extraction
     # (10 s here) to read an HDF5 file.
