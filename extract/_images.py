@@ -451,7 +451,8 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     if empty:
         raise FileNotFoundError(
             f"Found no valid file for the classes {', '.join(sorted(empty))}. "
-            f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}"
+            f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}. Each folder under "
+            f"{root!r} is a class: put its images in it, or move it out of the source"
         )
     _warn_of_left_out(root, other)
     return items

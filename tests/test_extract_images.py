@@ -360,8 +360,12 @@ def test_a_folder_linked_twice_in_a_class_keeps_the_first_name_in_sorted_order(
 
 def test_image_folder_without_images_in_a_class_is_refused(folder):
     (folder / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="no valid file for the classes empty"):
+    with pytest.raises(FileNotFoundError, match="no valid file for the classes empty") as info:
         image_folder(folder)
+    # What to do, too (torchvision's words said only what was missing).
+    assert str(info.value).endswith(
+        "is a class: put its images in it, or move it out of the source"
+    )
 
 
 @pytest.mark.parametrize("hidden", [False, True])
