@@ -160,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``mr2-extract``; returns the exit status (2 for a usage or data error, 130
     after Ctrl-C)."""
     args = build_parser().parse_args(argv)
+    args.replaced = _version(args.out) if args.force else None  # what a --force replaces
     try:
         # Everything after parsing, the imports of torch and the models (seconds) too: a
         # Ctrl-C during them printed a traceback of the import machinery.
@@ -167,7 +168,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
-        print(f"mr2-extract: interrupted; run {_again(args)} to resume", file=sys.stderr)
+        if args.replaced is not None and not _rebuild_begun(args.out, args.replaced):
+            # (told to drop --force, the rerun reused the store it was to rebuild: images
+            # replaced in place, which the provenance cannot see, kept their old features)
+            print(
+                "mr2-extract: interrupted before the rebuild began (the store there is still "
+                "the old one); run the same command again, with --force, to rebuild it",
+                file=sys.stderr,
+            )
+        else:
+            print(f"mr2-extract: interrupted; run {_again(args)} to resume", file=sys.stderr)
         return 130
 
 
@@ -312,6 +322,43 @@ def _extract(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version(out: str) -> tuple[int, int, int] | None:
+    """The store at ``out`` (through a link) as ``(inode, size, mtime_ns)``; None where
+    there is none."""
+    try:
+        st = os.stat(out)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _rebuild_begun(out: str, before: tuple[int, int, int]) -> bool:
+    """Whether a --force run stopped after it began to replace the store that was at
+    ``out`` (``before``): a new store is there, or under torchrun a shard of the run marks
+    that store as the one it replaces (a run without --force resumes from it); otherwise
+    such a run reuses the old store as complete."""
+    if _version(out) != before:
+        return True
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if world_size == 1:
+        return False
+    import h5py
+
+    from ._merge import shard_path
+    from ._schema import REPLACES
+
+    target = os.path.realpath(out) if os.path.islink(out) else out
+    old = f"{before[1]}:{before[2]}"  # _merge._identity of the store replaced
+    for rank in range(world_size):
+        try:
+            with h5py.File(shard_path(target, rank, world_size), "r", locking=False) as f:
+                if f.attrs.get(REPLACES) == old:
+                    return True
+        except OSError:  # not made yet
+            continue
+    return False
+
+
 def _peer_lost(err: Exception) -> bool:
     """Whether ``err`` is gloo's report of a rank that went away during a collective."""
     text = str(err)
@@ -322,8 +369,14 @@ def _peer_lost(err: Exception) -> bool:
 
 def _again(args) -> str:
     """The command that resumes this run: the same one, but a forced one without --force
-    (which would delete what the stopped run wrote and start over)."""
-    return "the same command again without --force" if args.force else "the same command again"
+    (which would delete what the stopped run wrote and start over), unless it stopped
+    before its rebuild began (then, without --force, the old store would be reused)."""
+    if not args.force:
+        return "the same command again"
+    replaced = getattr(args, "replaced", None)
+    if replaced is not None and not _rebuild_begun(args.out, replaced):
+        return "the same command again (with --force: its rebuild had not begun)"
+    return "the same command again without --force"
 
 
 if __name__ == "__main__":

@@ -452,6 +452,44 @@ def test_an_interrupted_forced_run_is_told_to_resume_without_force(tmp_path, cap
     assert "run the same command again to resume" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, MemoryError])
+@pytest.mark.parametrize("begun", [None, "store", "shard", "other shard"])
+def test_a_forced_run_interrupted_before_its_rebuild_began_is_told_to_keep_force(
+    tmp_path, capsys, monkeypatch, begun, stop
+):
+    # A --force stopped while the model loaded was told to resume without --force: the rerun
+    # reused the old store as complete (images replaced in place kept their old features).
+    out = tmp_path / "o.h5"
+    out.write_bytes(b"the old store")
+    old = f"{out.stat().st_size}:{out.stat().st_mtime_ns}"
+
+    def interrupted(*args, **kwargs):
+        if begun == "store":  # the new store replaced the old one (one process)
+            (tmp_path / "new").write_bytes(b"a new store")
+            os.replace(tmp_path / "new", out)
+        elif begun:  # a rank's shard marked as replacing it (torchrun)
+            monkeypatch.setenv("WORLD_SIZE", "2")
+            mark = old if begun == "shard" else "another store"
+            with h5py.File(extract.shard_path(out, 1, 2), "w") as f:
+                f.attrs["replaces_store"] = mark
+        raise stop
+
+    monkeypatch.setattr(extract, "extract_features", interrupted)
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    status = main([str(folder), "timm:test_resnet@random", str(out), "--force"])
+    assert status == (130 if stop is KeyboardInterrupt else 2)
+    err = capsys.readouterr().err
+    if begun in ("store", "shard"):
+        assert "run the same command again without --force to resume" in err
+    elif stop is MemoryError:  # out of memory while the model loaded
+        assert "run the same command again (with --force: its rebuild had not begun) to " in err
+    else:
+        assert (
+            "interrupted before the rebuild began (the store there is still the old one); "
+            "run the same command again, with --force, to rebuild it" in err
+        )
+
+
 @pytest.mark.parametrize(
     "option, value, name, least",
     [
