@@ -421,7 +421,12 @@ def check_format(path: str | os.PathLike, attrs: dict) -> None:
 def check_not_newer(path: str | os.PathLike, attrs: dict) -> None:
     """Refuse a store written by a newer mr2-extract, whose rows may mean other things."""
     version = attrs.get("format_version")
-    if isinstance(version, int) and version > FORMAT_VERSION:
+    # (a number of any kind: a tool that writes numbers as doubles, as MATLAB does, wrote 3.0)
+    if (
+        isinstance(version, int | float)
+        and not isinstance(version, bool)
+        and version > FORMAT_VERSION
+    ):
         raise ProvenanceError(
             f"The feature store {os.fspath(path)!r} was written in store format {version} by "
             f"a newer mr2-extract (this one writes format {FORMAT_VERSION}); upgrade "

@@ -2749,15 +2749,22 @@ def test_older_store_format_is_refused_before_loading_a_model(store, folder, tmp
         load_features(old)
 
 
-def test_a_store_of_the_next_format_is_newer_and_never_to_be_rebuilt():
+@pytest.mark.parametrize("kind", [int, float])
+def test_a_store_of_the_next_format_is_newer_and_never_to_be_rebuilt(tmp_path, kind):
     # One format above this version's is a newer store (not one to rebuild with --force,
-    # which would delete what the newer version wrote).
+    # which would delete what the newer version wrote). Written as a double (3.0), it was
+    # loaded, and called older.
     from extract._schema import FORMAT_VERSION
     from extract._store import check_format
 
     with pytest.raises(ProvenanceError, match="by a newer mr2-extract") as error:
-        check_format("f.h5", {"format_version": FORMAT_VERSION + 1})
+        check_format("f.h5", {"format_version": kind(FORMAT_VERSION + 1)})
     assert "--force" not in str(error.value)
+    _foreign(tmp_path / "x.h5")
+    with h5py.File(tmp_path / "x.h5", "a") as f:
+        f.attrs["format_version"] = kind(FORMAT_VERSION + 1)
+    with pytest.raises(ProvenanceError, match="by a newer mr2-extract"):
+        load_features(tmp_path / "x.h5")
 
 
 def test_complete_store_is_reused_and_says_so(store, folder, caplog):
