@@ -10,7 +10,12 @@ import sys
 from collections.abc import Sequence
 
 # (Light: mr2_probe imports its names on first use; NumPy and torch come after parsing.)
-from mr2_probe.cli._usage import SuggestingParser, _interrupts_held, add_version
+from mr2_probe.cli._usage import (
+    SuggestingParser,
+    _interrupts_held,
+    add_version,
+    warnings_in_one_line,
+)
 
 from ._paths import plural
 
@@ -164,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Everything after parsing, the imports of torch and the models (seconds) too: a
         # Ctrl-C during them printed a traceback of the import machinery.
-        return _extract(args)
+        with warnings_in_one_line("mr2-extract", raw=args.debug):
+            return _extract(args)
     except KeyboardInterrupt:
         if args.debug:
             raise

@@ -2170,6 +2170,30 @@ def test_help_explains_options_outputs_and_labels(capsys):
         assert name in text
 
 
+def test_a_library_s_warning_comes_out_in_one_line_once(tmp_path, capsys, monkeypatch):
+    # scikit-learn's "least populated class" warning came out as Python shows warnings (its
+    # file and line, then the source line), once for each model's search.
+    def show(msg):  # Python's own display of a warning, which pytest records instead
+        text = warnings.formatwarning(msg.message, msg.category, msg.filename, msg.lineno)
+        sys.stderr.write(text)
+
+    monkeypatch.setattr(warnings, "_showwarnmsg_impl", show)
+    X, y = _blobs(20, seed=3)
+    keep = (y != 2) | (np.cumsum(y == 2) <= 4)  # a class of 4 samples, 3 for training
+    np.savez(tmp_path / "few.npz", X=X[keep], y=y[keep])
+    argv = [str(tmp_path / "few.npz"), "--Cs", "3", "--cv", "5", "--no-progress"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "least populated" in line] == [
+        "mr2-probe: warning: The least populated class in y has only 3 members, which is less "
+        "than n_splits=5."
+    ]
+    assert not [line for line in err if "warnings.warn(" in line or ".py:" in line]
+    # --debug: Python's own form
+    main([*argv, "--debug"])
+    assert "UserWarning: The least populated class" in capsys.readouterr().err
+
+
 def test_version_names_the_program_and_its_libraries(capsys):
     # A bug report wants the versions: there was no --version ("the following arguments
     # are required: train").

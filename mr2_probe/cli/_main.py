@@ -36,7 +36,7 @@ from ._options import (
     _solver,
 )
 from ._outputs import _OUTPUTS, _claim_out, _once, _prepare_out, _write_outputs
-from ._usage import UsageError, _one_line
+from ._usage import UsageError, _one_line, warnings_in_one_line
 
 
 def _scaled(probe: MR2LinearClassifier, scaling: str):
@@ -69,7 +69,8 @@ def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        return _run(args, _given(argv))
+        with warnings_in_one_line("mr2-probe", raw=args.debug):
+            return _run(args, _given(argv))
     except KeyboardInterrupt:
         if args.debug:
             raise

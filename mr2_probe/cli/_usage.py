@@ -9,6 +9,7 @@ import importlib.metadata
 import platform
 import signal
 import threading
+import warnings
 
 
 class UsageError(ValueError):
@@ -52,6 +53,32 @@ def add_version(parser: argparse.ArgumentParser, packages: tuple[str, ...]) -> N
     parser.add_argument(
         "--version", action="version", version=text, help="print the versions and exit"
     )
+
+
+@contextlib.contextmanager
+def warnings_in_one_line(prog: str, raw: bool = False):
+    """Warnings shown while it runs come out as one line each, ``prog: warning: ...``, and
+    each message once: Python's form (the file, line and source line of the warning call)
+    repeated a library's warning for every fit of a search. ``raw`` (--debug) keeps
+    Python's form."""
+    if raw:
+        yield
+        return
+    shown = set()
+    original = warnings.formatwarning
+
+    def one_line(message, category, filename, lineno, line=None):
+        text = _one_line(message)
+        if text in shown:
+            return ""
+        shown.add(text)
+        return f"{prog}: warning: {text}\n"
+
+    warnings.formatwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = original
 
 
 def _one_line(error, limit: int = 1000) -> str:
