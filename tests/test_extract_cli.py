@@ -435,6 +435,7 @@ def test_a_rank_whose_peer_died_ends_in_one_line(tmp_path, capsys, monkeypatch):
     line = _error_line(capsys, only_line=True)
     assert line.startswith("mr2-extract: error: another rank stopped while this one waited")
     assert "Connection reset by peer" in line and "run the same command again to resume" in line
+    assert "[/__w/pytorch" in line and "bugs in the application.)" in line  # both ends
 
 
 def test_an_interrupted_forced_run_is_told_to_resume_without_force(tmp_path, capsys, monkeypatch):
