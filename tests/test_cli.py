@@ -2194,6 +2194,21 @@ def test_a_library_s_warning_comes_out_in_one_line_once(tmp_path, capsys, monkey
     assert "UserWarning: The least populated class" in capsys.readouterr().err
 
 
+def test_a_search_that_scored_every_value_the_same_says_so_in_a_note(tmp_path, capsys):
+    # A class of five samples, drawn as another class: worst-class accuracy 20% at every C,
+    # and the search chose the strongest penalty, C = 1e-4, without a word.
+    rng = np.random.default_rng(1)
+    X = np.r_[rng.normal(0, 1, (30, 4)), rng.normal(3, 1, (30, 4)), rng.normal(0, 1, (5, 4))]
+    np.savez(tmp_path / "tie.npz", X=X, y=np.repeat([0, 1, 2], [30, 30, 5]))
+    argv = [str(tmp_path / "tie.npz"), "--Cs", "3", "--cv", "5", "--scoring", "worst_class"]
+    assert main([*argv, "--test-size", "0.2", "--no-progress"]) == 0
+    note = (
+        "ERM's search scored every C the same by worst_class (20.00%): it chose the first, "
+        "C=0.0001, as LogisticRegressionCV breaks ties; another --scoring may tell them apart"
+    )
+    assert f"note: {note}" in capsys.readouterr().out.splitlines()
+
+
 def test_version_names_the_program_and_its_libraries(capsys):
     # A bug report wants the versions: there was no --version ("the following arguments
     # are required: train").

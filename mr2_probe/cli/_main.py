@@ -188,6 +188,7 @@ def _fit_and_report(args, erm, mr2, grid, out, X, y, X_test, y_test, names, sour
     ]
     searches = {name: _final(m) for name, m in _once(fitted).items() if hasattr(_final(m), "Cs_")}
     lines += [line for name, cv in searches.items() for line in _cv_lines(name, cv, args)]
+    notes += [note for name, cv in searches.items() for note in _tie_note(name, cv, args)]
     lines += [f"note: {note}" for note in notes]
 
     _print_results(
@@ -257,6 +258,22 @@ def _cv_lines(name: str, search, args) -> list[str]:
         row = "  ".join(f"{100 * curve[j]:17.2f}" for curve in curves.values())
         lines.append(f"{mark}{value:10.4g}  {row}")
     return lines
+
+
+def _tie_note(name: str, search, args) -> list[str]:
+    """A note where a search's every value scored the same: it chose the first, as
+    LogisticRegressionCV breaks ties, which tells nothing (worst-class accuracy 0 at every
+    C where a class has a few samples chose the strongest penalty, a near-constant model,
+    without a word)."""
+    own = np.asarray(next(iter(_curves(search, args).values())), dtype=float)
+    if len(own) < 2 or np.isnan(own).all() or np.nanmax(own) != np.nanmin(own):
+        return []
+    what = "scale" if search.head_ == "cosine" else "C"
+    return [
+        f"{name}'s search scored every {what} the same by {args.scoring} "
+        f"({100 * np.nanmax(own):.2f}%): it chose the first, {what}={search.C_:.4g}, as "
+        "LogisticRegressionCV breaks ties; another --scoring may tell them apart"
+    ]
 
 
 def _estimators(args) -> tuple[MR2LinearClassifier, MR2LinearClassifier]:
