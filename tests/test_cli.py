@@ -781,6 +781,12 @@ def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
             "renamed.h5 has 3 classes that {d}/store.h5 does not ('Sandal', 'Shirt', 'Bag')",
             marks=NEEDS_H5,
         ),
+        pytest.param(  # names in another case, or a letter off: the likely ones named
+            ["{d}/store.h5", "--test", "{d}/near.h5"],
+            "not trained on (did you mean 'T-shirt/top' for 't-shirt/top', 'Trouser' for "
+            "'Trousers'?)",
+            marks=NEEDS_H5,
+        ),
         pytest.param(
             ["{d}/store.h5", "--test", "{d}/store.h5"],
             "holds the training images of {d}/store.h5, so its accuracy would be training",
@@ -1326,6 +1332,7 @@ def stores(files):
     _store(files / "store.h5", X, y, FASHION, source_fingerprint="sha256:train")
     _store(files / "store_test.h5", X_test, y_test, FASHION, source_fingerprint="sha256:test")
     _store(files / "renamed.h5", X_test, y_test, ["Sandal", "Shirt", "Bag"])
+    _store(files / "near.h5", X_test, y_test, ["t-shirt/top", "Trousers", "Ankle boot"])
     shutil.copy(files / "store.h5", files / "store_copy.h5")
     # Two subsets of one source (--per-class 30, then 3): the second's images are the first's.
     _store(files / "most.h5", X, y, FASHION, source_fingerprint="sha256:a", source_root="/fm")

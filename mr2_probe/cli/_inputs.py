@@ -3,6 +3,7 @@ refused."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 import unicodedata
@@ -607,6 +608,7 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
             f"{args.test} has {len(foreign)} class{'es' if len(foreign) > 1 else ''} that "
             f"{args.train} does not "
             f"({_few(foreign)}); a probe cannot predict classes it was not trained on"
+            + _near_names(foreign, names)
         )
     if test_names is None:  # text labels: codes of their distinct values
         values, inverse = np.unique(y_test, return_inverse=True)
@@ -614,6 +616,22 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
     # -1 marks a class the test store lists but holds no label of (none is read).
     table = np.array([code.get(_nfc(name), -1) for name in test_names], dtype=np.int64)
     return table[y_test].astype(y.dtype), True
+
+
+def _near_names(foreign: list[str], names: list[str]) -> str:
+    """``" (did you mean 'bag' for 'Bag'?)"``: training class names that differ from the
+    test's unknown ones in case, or in a letter or two, for the first three of them."""
+    folded = {}
+    for name in names:
+        folded.setdefault(name.casefold(), name)
+    pairs = []
+    for name in foreign[:3]:
+        near = folded.get(name.casefold()) or next(
+            iter(difflib.get_close_matches(name, names, n=1, cutoff=0.8)), None
+        )
+        if near is not None:
+            pairs.append(f"{near!r} for {name!r}")
+    return f" (did you mean {', '.join(pairs)}?)" if pairs else ""
 
 
 def _strings(labels: np.ndarray) -> bool:
