@@ -193,10 +193,12 @@ def _missing_virtual_source(path: str | os.PathLike, dataset: h5py.Dataset) -> s
     cannot be opened, as "'file' (dataset 'name')"; None for a dataset that is not virtual,
     or whose sources all open. HDF5 reads a missing source's rows as the fill value, without
     an error (shards of a virtual features dataset, one deleted or left behind by a move).
-    Looked for where HDF5 looks: HDF5_VDS_PREFIX, the store's folder, the name as given."""
+    Looked for where HDF5 looks: HDF5_VDS_PREFIX, the store's folder (that of the link it
+    is read through, and its real one), the name as given."""
     if not dataset.is_virtual:
         return None
     folder = os.path.dirname(os.path.abspath(path))
+    folders = dict.fromkeys([folder, os.path.dirname(os.path.realpath(path))])
     prefixes = [p for p in os.environ.get("HDF5_VDS_PREFIX", "").split(os.pathsep) if p]
     opened: dict[str, h5py.File | None] = {}
     try:
@@ -216,7 +218,7 @@ def _missing_virtual_source(path: str | os.PathLike, dataset: h5py.Dataset) -> s
                 candidates += [
                     os.path.join(p.replace("${ORIGIN}", folder), relative) for p in prefixes
                 ]
-                candidates += [os.path.join(folder, relative), name]
+                candidates += [os.path.join(f, relative) for f in folders] + [name]
                 for candidate in candidates:
                     try:
                         opened[name] = h5py.File(candidate, "r")

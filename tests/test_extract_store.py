@@ -2075,6 +2075,27 @@ def test_a_virtual_dataset_is_read_only_with_every_source(tmp_path, monkeypatch,
         load_features(path)
 
 
+@pytest.mark.parametrize("link", ["store", "folder"])
+def test_a_virtual_store_read_through_a_link_finds_its_sources(tmp_path, monkeypatch, link):
+    # HDF5 finds a relative source beside the store's real file too (a store linked from
+    # another folder): it read every row, and load_features refused the store as missing
+    # its sources, having looked beside the link alone.
+    (tmp_path / "real").mkdir()
+    path = _virtual_store(tmp_path / "real", "features")
+    (tmp_path / "elsewhere").mkdir()
+    if link == "store":
+        linked = tmp_path / "elsewhere" / "s.h5"
+        linked.symlink_to(path)
+    else:  # a link to the folder: the store's folder is the link's
+        (tmp_path / "elsewhere" / "real").symlink_to(tmp_path / "real")
+        linked = tmp_path / "elsewhere" / "real" / "s.h5"
+    monkeypatch.chdir(tmp_path)
+    with h5py.File(linked, "r") as f:
+        assert f["features"][:].min() > 0  # HDF5 reads every row
+    store = load_features(linked, in_memory=True)
+    assert store.features[3:].min() > 0
+
+
 def test_a_store_with_a_dataset_numpy_cannot_type_is_read(tmp_path):
     # Another dataset in a type that NumPy has no equivalent of (HDF5's H5T_TIME), which
     # load_features never reads: its type converted at open raised h5py's TypeError.
