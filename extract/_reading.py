@@ -193,13 +193,18 @@ def _missing_virtual_source(path: str | os.PathLike, dataset: h5py.Dataset) -> s
     cannot be opened, as "'file' (dataset 'name')"; None for a dataset that is not virtual,
     or whose sources all open. HDF5 reads a missing source's rows as the fill value, without
     an error (shards of a virtual features dataset, one deleted or left behind by a move).
-    Looked for where HDF5 looks: HDF5_VDS_PREFIX, the store's folder (that of the link it
+    Looked for where HDF5 looks: its HDF5_VDS_PREFIX, the store's folder (that of the link it
     is read through, and its real one), the name as given."""
     if not dataset.is_virtual:
         return None
     folder = os.path.dirname(os.path.abspath(path))
     folders = dict.fromkeys([folder, os.path.dirname(os.path.realpath(path))])
+    # HDF5_VDS_PREFIX twice, as HDF5 reads it: as it is now, each of its folders taken as
+    # written; and as it was when HDF5 started, in one piece, its ${ORIGIN} the store's
+    # folder (read as such in both, HDF5's zeros were loaded without a word).
     prefixes = [p for p in os.environ.get("HDF5_VDS_PREFIX", "").split(os.pathsep) if p]
+    started = os.fsdecode(dataset.id.get_access_plist().get_virtual_prefix())
+    prefixes += [started.replace("${ORIGIN}", folder)] if started else []
     opened: dict[str, h5py.File | None] = {}
     try:
         for source in dataset.virtual_sources():
@@ -215,9 +220,7 @@ def _missing_virtual_source(path: str | os.PathLike, dataset: h5py.Dataset) -> s
                 base = name if os.path.isabs(name) else None
                 relative = os.path.basename(name) if base else name
                 candidates = [base] if base else []
-                candidates += [
-                    os.path.join(p.replace("${ORIGIN}", folder), relative) for p in prefixes
-                ]
+                candidates += [os.path.join(p, relative) for p in prefixes]
                 candidates += [os.path.join(f, relative) for f in folders] + [name]
                 for candidate in candidates:
                     try:
