@@ -149,8 +149,12 @@ def row_norms(x: torch.Tensor, rows: int = 8192) -> torch.Tensor:
 
 def unit_rows(x: torch.Tensor) -> torch.Tensor:
     """x with each row divided by its norm (:func:`row_norms`, safe from overflow); zero
-    rows stay zero, as with ``F.normalize``."""
-    return x / row_norms(x).clamp_min(1e-12)[:, None]
+    rows stay zero, as with ``F.normalize``. (In float16, where 1e-12 rounds to 0, the
+    floor is its smallest normal number, 6.1e-5: zero rows became NaN, as F.normalize's
+    do. Rows of a smaller norm are divided by the floor, as F.normalize's below 1e-12 are;
+    a floor among the subnormals would give a zero row a gradient beyond float16's range.)"""
+    floor = max(1e-12, torch.finfo(x.dtype).tiny) if x.is_floating_point() else 1e-12
+    return x / row_norms(x).clamp_min(floor)[:, None]
 
 
 def tangent_rows(unit: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -506,6 +506,30 @@ def test_normalized_mr2_loss_is_safe_from_overflow_in_the_norms():
     assert small.moment_sum.abs().sum() > 0
 
 
+@pytest.mark.parametrize("tau", [1.0, None])
+def test_normalized_mr2_loss_takes_a_zero_row_of_float16_features(tau):
+    # A zero row (a dead ReLU's features) was NaN once normalised in float16 (1e-12 rounds
+    # to 0): the batch was left out of the statistics and every gradient was NaN.
+    gen = torch.Generator().manual_seed(0)
+    features, target = torch.randn(12, 4, generator=gen).relu(), torch.arange(12) % 3
+    features[[0, 3]] = 0
+    logits = torch.randn(12, 3, generator=gen)
+    grads, losses = [], []
+    for dtype in (torch.float32, torch.float16):
+        criterion = MR2Loss(3, 4, normalize=True, tau=tau)
+        phi = features.to(dtype, copy=True).requires_grad_()
+        loss = criterion(logits, phi, target)
+        loss.backward()
+        losses.append((criterion, loss))
+        grads.append(phi.grad.float())
+    assert torch.isfinite(grads[1]).all() and (losses[1][0].moment_count > 0).all()
+    # (the zero rows' gradients are 1/floor times their share, as with F.normalize)
+    rows = features.any(1)
+    torch.testing.assert_close(grads[1][rows], grads[0][rows], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(losses[1][0].margins(), losses[0][0].margins(), atol=1e-2, rtol=0)
+    torch.testing.assert_close(losses[1][1], losses[0][1], atol=1e-2, rtol=0)
+
+
 def test_mr2_loss_leaves_a_non_finite_batch_out_of_its_statistics():
     # One overflowed batch (an AMP step GradScaler skips) made every later loss NaN.
     gen = torch.Generator().manual_seed(0)
