@@ -318,7 +318,13 @@ class MR2Loss(nn.Module):
         return self._class_weights(self._class_share())
 
     def _class_weights(self, share: torch.Tensor) -> torch.Tensor:
-        weights = tilted_class_risk(self.running_class_loss, share, self.class_tilt)[1]
+        # Relative to the largest loss of a class seen (the weights do not change), with t
+        # at most the dtype's largest number: t·L overflowed (t = 1e300 in float32 is inf),
+        # and every weight, and the loss, was NaN.
+        loss = self.running_class_loss
+        loss = loss - torch.where(share > 0, loss, 0).amax()  # (losses are >= 0)
+        tilt = min(self.class_tilt, torch.finfo(loss.dtype).max)
+        weights = tilted_class_risk(loss, share, tilt)[1]
         return torch.where(share > 0, weights, torch.zeros_like(weights))
 
     def _tilt_ratio(self) -> torch.Tensor:

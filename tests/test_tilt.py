@@ -357,6 +357,27 @@ def test_mr2loss_tilt():
         MR2Loss(4, 5, class_tilt=-1.0)
 
 
+@pytest.mark.parametrize("tilt", [1e38, 1e300])
+def test_mr2loss_with_a_tilt_beyond_float32_s_range_leans_on_the_worst_class(tilt):
+    # t·L_k overflowed to inf in float32 (t = 1e300 is inf there): every class weight and
+    # the loss were NaN. t → ∞ is the worst class's loss, as at t = 1e30.
+    gen = torch.Generator().manual_seed(0)
+    features, target = torch.randn(40, 5, generator=gen), torch.arange(40) % 4
+    logits = 4 * torch.randn(40, 4, generator=gen, requires_grad=True)
+    values, weights = [], []
+    for t in (1e30, tilt):
+        criterion = MR2Loss(4, 5, c_bar=1.0, lam=0.0, class_tilt=t)
+        for _ in range(2):
+            values.append(criterion(logits, features, target))
+        weights.append(criterion.class_weights())
+    assert torch.isfinite(torch.stack(values)).all()
+    torch.testing.assert_close(weights[1], weights[0])
+    assert torch.equal(weights[0], torch.eye(4)[int(weights[0].argmax())])
+    torch.testing.assert_close(values[2:], values[:2])
+    (grad,) = torch.autograd.grad(values[-1], logits)
+    assert torch.isfinite(grad).all()
+
+
 def test_mr2loss_evaluated_before_training_is_the_plain_loss():
     # A validation pass before the first training step (a sanity check): no statistics yet,
     # so no tilt and no compactness term, and every class weight 0, not NaN.
