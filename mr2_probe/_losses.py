@@ -94,7 +94,10 @@ def margin_cross_entropy(
         return loss.sum()
     if sample_weight is None:
         return loss.mean()
-    return loss.sum() / sample_weight.sum()
+    # Summed in float32 at least: in float16 both sums pass 65504 beyond about 30,000
+    # samples, and the mean was inf / inf (or inf).
+    mean = float32_at_least(loss).sum() / float32_at_least(sample_weight).sum()
+    return mean.to(loss.dtype)
 
 
 def pairwise_sq_distances(features: torch.Tensor) -> torch.Tensor:
