@@ -293,6 +293,13 @@ def _minibatch_step_work(head, source, spec, kwargs) -> int:
     return batch_size * d * (d + spec.n_classes + batch_size)
 
 
+def _penalty_factor(C, weight_sum) -> float:
+    """1/(C·Σw), the penalty's factor: inf where it overflows (C·Σw of 0 included, as of
+    C=1e-320 and weights of 1e-150), refused after the fit with the estimator's own error."""
+    product = float(C) * float(weight_sum)
+    return 1.0 / product if product > 0 else math.inf
+
+
 @_on_one_thread_if_small(_evaluation_work, lambda: SMALL_EVALUATION)
 def fit_lbfgs(
     head,
@@ -371,7 +378,7 @@ def fit_lbfgs(
     params = [p for p in head.parameters()]
     for param in params:  # the closed-form path writes gradients in place
         param.grad = torch.zeros_like(param)
-    reg = 1.0 / (float(C) * weight_sum)  # inf where it overflows: refused after the fit
+    reg = _penalty_factor(C, weight_sum)
     keep = source.n_samples * spec.n_classes <= _KEEP_LOGIT_GRADS
     curve: dict[int, torch.Tensor] = {}
     done = evals = 0  # iterations and evaluations of the finished rounds
@@ -690,7 +697,7 @@ def fit_minibatch(
     if lam == 0 and head.is_plain_linear and not any(bool(p.any()) for p in params):
         start = math.log(spec.n_classes)
     optimizer = _Adam(params) if solver == "adam" else _NesterovSGD(params)
-    reg = 1.0 / (float(C) * weight_sum)  # inf where it overflows: refused after the fit
+    reg = _penalty_factor(C, weight_sum)
     lr, decays = learning_rate, 0
     best, stalled, curve, converged, stop = float("inf"), 0, [], False, "max_iter"
     n_batches = 0  # in the first epoch

@@ -1719,6 +1719,17 @@ def test_a_numpy_c_whose_penalty_overflows_is_refused_without_numpy_s_warning(so
     assert not [w for w in caught if "encountered" in str(w.message)]
 
 
+@pytest.mark.parametrize("C", [1e-200, np.float64(1e-200)])
+@pytest.mark.parametrize("solver", ["lbfgs", "sgd"])
+def test_a_penalty_whose_c_times_the_weights_underflows_to_0_is_refused_by_name(C, solver):
+    # C·Σw of 1e-200 · 1.5e-148 is 0: 1/(C·Σw) raised ZeroDivisionError from the solver
+    # where the estimator's own error names C and the weights.
+    X, y = load_iris(return_X_y=True)
+    clf = MR2LinearClassifier(C=C, solver=solver, max_iter=3, device="cpu")
+    with pytest.raises(FitDivergedError, match="C=1e-200 and sample weights summing to 1.5e-148"):
+        clf.fit(X, y, sample_weight=np.full(len(y), 1e-150))
+
+
 def test_a_projection_s_penalty_that_diverges_is_named_beside_the_learning_rate():
     # 1,000 standardised features, 50 samples, C = 1e-6: Adam moves each of the 10⁶
     # entries of P by about its step, and ½‖P − I‖²/(C·Σw) took the loss from 2.3 to
