@@ -2724,6 +2724,18 @@ def test_an_archive_s_class_names_name_its_integer_labels(files, tmp_path, key):
         assert reports[""][part] == reports["_text"][part]
 
 
+@pytest.mark.parametrize("kind", ["float", "bool"])
+def test_an_archive_s_class_names_name_its_whole_number_or_boolean_labels(files, tmp_path, kind):
+    # Class indices saved as floats (read as integers) and booleans (False and True: codes
+    # 0 and 1) kept their names dropped without a word: the report named 0, 1, 2 or False.
+    X, y = np.load(files / "X.npy"), np.load(files / "y.npy")
+    labels, names = (y.astype(float), FASHION) if kind == "float" else (y > 0, FASHION[:2])
+    np.savez(tmp_path / "named.npz", X=X, y=labels, class_names=np.array(names))
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "named.npz"), "--out", str(out), "--no-progress"]) == 0
+    assert json.loads((out / "report.json").read_text())["labels"] == sorted(names)
+
+
 @pytest.mark.parametrize(
     "names, message",
     [

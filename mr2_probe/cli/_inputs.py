@@ -246,14 +246,28 @@ def _load_npz(path: str):
                     raise
                 raise _objects(path, labels=key == y_key, key=key) from error
         named = next((key for key in _NAME_KEYS if key in data.files), None)
-        if named is not None and arrays[1].dtype.kind in "iu":
-            arrays[1] = _named(path, data, named, arrays[1], y_key)
+        codes = _as_class_codes(arrays[1]) if named is not None else None
+        if codes is not None:
+            arrays[1] = _named(path, data, named, codes, y_key)
         return tuple(arrays)
 
 
 # Names of the integer labels' classes in a .npz, the k-th naming code k, as a store's
 # class_names (scikit-learn's datasets call them target_names).
 _NAME_KEYS = ("class_names", "target_names")
+
+
+def _as_class_codes(labels: np.ndarray):
+    """Labels that a .npz's class names can name, as integer codes: integers, whole numbers
+    (class indices, as :func:`_load_xy` reads them) and booleans (False and True: 0 and 1);
+    None for text, or numbers that are no codes (refused as labels later)."""
+    if labels.dtype.kind in "iu":
+        return labels
+    if labels.dtype.kind == "b":
+        return labels.astype(np.int64)
+    if labels.dtype.kind == "f" and np.isfinite(labels).all() and (labels % 1 == 0).all():
+        return labels.astype(np.int64)
+    return None
 
 
 def _named(path: str, data, key: str, codes: np.ndarray, y_key: str) -> np.ndarray:
