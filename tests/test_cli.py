@@ -2724,6 +2724,30 @@ def test_an_archive_s_class_names_name_its_integer_labels(files, tmp_path, key):
         assert reports[""][part] == reports["_text"][part]
 
 
+@pytest.mark.parametrize("named", ["train", "test"])
+def test_integer_labels_beside_an_archive_s_class_names_are_taken_as_its_codes(
+    files, tmp_path, capsys, named
+):
+    # As a store's: an archive naming its integer labels beside one of the same codes
+    # without names was refused ("the test labels hold 3 classes absent from the training
+    # labels (0, 1, 2)"), though it had run before the names were read.
+    X, y = np.load(files / "X.npy"), np.load(files / "y.npy")
+    data = np.load(files / "test.npz")
+    names = {"class_names": np.array(FASHION)}
+    np.savez(tmp_path / "train.npz", X=X, y=y, **(names if named == "train" else {}))
+    np.savez(tmp_path / "test.npz", X=data["X"], y=data["y"], **(names if named == "test" else {}))
+    out = tmp_path / "out"
+    argv = [str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz")]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    plain = tmp_path / ("test.npz" if named == "train" else "train.npz")
+    assert f"the integer labels of {plain} are taken as codes of" in capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert report["labels"] == sorted(FASHION)
+    arrays = dict(np.load(plain))
+    np.savez(plain, X=arrays["X"], y=arrays["y"] + 1)  # codes 1..3 of three names
+    assert "hold codes outside 0..2, the classes that" in _refused(argv, capsys)
+
+
 @pytest.mark.parametrize("kind", ["float", "bool"])
 def test_an_archive_s_class_names_name_its_whole_number_or_boolean_labels(files, tmp_path, kind):
     # Class indices saved as floats (read as integers) and booleans (False and True: codes

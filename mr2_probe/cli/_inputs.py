@@ -533,6 +533,9 @@ def _inputs(args, stack=None):
         )
     repeated += _repeated(test_names)
     test_names = _distinct(test_names)
+    if names is None and test_names is None:  # a .npz's class names beside integer labels
+        y, y_test = _codes_of_named(y, y_test, args)
+        classes = np.unique(y)
     y_test, matched = _match_by_name(y, names, y_test, test_names, repeated, args)
     unseen = sorted(set(np.unique(y_test).tolist()) - set(classes.tolist()), key=str)
     if unseen:
@@ -552,6 +555,56 @@ def _inputs(args, stack=None):
     return X, y, X_test, y_test, names, sources
 
 
+def _as_codes(numbers: str, store: str, names) -> None:
+    """Say that the integer labels of ``numbers`` are taken as codes of ``store``'s
+    class ``names``, not matched by name."""
+    listed = _few(list(enumerate(names)), show=lambda code: f"{code[0]} {code[1]!r}")
+    print(
+        f"mr2-probe: warning: the integer labels of {numbers} are taken as codes of "
+        f"{store}'s class names ({listed}), not matched by name: label {numbers} with "
+        "class names to match them",
+        file=sys.stderr,
+    )
+
+
+def _codes_of_named(y, y_test, args):
+    """``y`` and ``y_test``, integer labels of a NumPy file beside a .npz whose class_names
+    named its labels (:func:`_named`) taken as codes of those names, as integer labels beside
+    a store are taken as its codes (with its warning line)."""
+    for plain, labelled, numbers, named in (
+        (y_test, y, args.test_labels or args.test, args.train),
+        (y, y_test, args.labels or args.train, args.test),
+    ):
+        if plain.dtype.kind not in "iu" or labelled.dtype.kind != "U":
+            continue
+        listed = _npz_class_names(named)
+        if listed is None:
+            continue
+        if plain.size and (plain.min() < 0 or plain.max() >= len(listed)):
+            raise UsageError(
+                f"the integer labels of {numbers} hold codes outside 0..{len(listed) - 1}, "
+                f"the classes that {named}'s class names list; label {numbers} with class names"
+            )
+        _as_codes(numbers, named, listed.tolist())
+        if plain is y:
+            return listed[y], y_test
+        return y, listed[y_test]
+    return y, y_test
+
+
+def _npz_class_names(path: str):
+    """The class names that a .npz lists for its integer labels (:func:`_named`), or None
+    (another kind of file, or none listed)."""
+    if feature_format(path) != ".npz":
+        return None
+    with np.load(path, allow_pickle=False) as data:
+        key = next((key for key in _NAME_KEYS if key in data.files), None)
+        if key is None:
+            return None
+        names = data[key]  # (checked as the file was read)
+    return np.char.decode(names, "utf-8") if names.dtype.kind == "S" else names
+
+
 def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
     """The test labels in the training labels' terms, matched by class name where the two
     name their classes differently; and whether they were (or are codes of one list).
@@ -564,15 +617,6 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
 
     def text(labels):
         return labels.dtype.kind in "USO"
-
-    def as_codes(numbers, store, names):  # integer labels beside a store: no names to match
-        listed = _few(list(enumerate(names)), show=lambda code: f"{code[0]} {code[1]!r}")
-        print(
-            f"mr2-probe: warning: the integer labels of {numbers} are taken as codes of "
-            f"{store}'s class names ({listed}), not matched by name: label {numbers} with "
-            "class names to match them",
-            file=sys.stderr,
-        )
 
     # Booleans are neither codes of a store's class names nor names (they were taken for
     # codes, then indexed the names as a mask, after every fit).
@@ -592,11 +636,11 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
             held = [str(v) for v in np.unique(y_test)]
         else:  # two stores of one list of names (codes alike), or integer test labels
             if test_names is None:
-                as_codes(args.test_labels or args.test, args.train, names)
+                _as_codes(args.test_labels or args.test, args.train, names)
             return y_test, test_names is not None
     elif test_names is None or not text(y):
         if test_names is not None:
-            as_codes(args.labels or args.train, args.test, test_names)
+            _as_codes(args.labels or args.train, args.test, test_names)
         elif _strings(y) and _strings(y_test):  # text labels on both sides
             return _spelt_as_trained(y, y_test, args.train), False
         return y_test, False
