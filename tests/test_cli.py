@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 import warnings
@@ -2214,6 +2215,42 @@ def test_a_search_that_scored_every_value_the_same_says_so_in_a_note(tmp_path, c
         "C=0.0001, as LogisticRegressionCV breaks ties; another --scoring may tell them apart"
     )
     assert f"note: {note}" in capsys.readouterr().out.splitlines()
+
+
+def test_overlapping_runs_put_python_s_warning_form_back():
+    # Runs in two threads: the first to end put back the form it had found, and the other
+    # then the first's one-line form, for good (every later warning of the process in one
+    # line, each message once).
+    from mr2_probe.cli._usage import warnings_in_one_line
+
+    original = warnings.formatwarning
+    first, second = warnings_in_one_line("mr2-probe"), warnings_in_one_line("mr2-extract")
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert warnings.formatwarning("x", UserWarning, "a.py", 1) == "mr2-extract: warning: x\n"
+    second.__exit__(None, None, None)
+    assert warnings.formatwarning is original
+    # A form another library sets during a run stays after it; the run's, restored by
+    # another after the run, gives the form it replaced (it deadlocked on its lock).
+    try:
+        with warnings_in_one_line("mr2-probe"):
+            ours = warnings.formatwarning
+            warnings.formatwarning = str
+        assert warnings.formatwarning is str
+        warnings.formatwarning = ours
+        with warnings_in_one_line("mr2-probe"):
+            pass
+        shown = []  # (in a thread of its own: a deadlock fails the test, not hangs it)
+        thread = threading.Thread(
+            target=lambda: shown.append(warnings.formatwarning("x", UserWarning, "a.py", 1)),
+            daemon=True,
+        )
+        thread.start()
+        thread.join(10)
+        assert shown == [original("x", UserWarning, "a.py", 1)]
+    finally:
+        warnings.formatwarning = original
 
 
 def test_version_names_the_program_and_its_libraries(capsys):

@@ -60,25 +60,52 @@ def warnings_in_one_line(prog: str, raw: bool = False):
     """Warnings shown while it runs come out as one line each, ``prog: warning: ...``, and
     each message once: Python's form (the file, line and source line of the warning call)
     repeated a library's warning for every fit of a search. ``raw`` (--debug) keeps
-    Python's form."""
+    Python's form. Runs that overlap (in threads) share the one-line form; the last to end
+    puts Python's back (a form set meanwhile by another library stays)."""
     if raw:
         yield
         return
-    shown = set()
-    original = warnings.formatwarning
-
-    def one_line(message, category, filename, lineno, line=None):
-        text = _one_line(message)
-        if text in shown:
-            return ""
-        shown.add(text)
-        return f"{prog}: warning: {text}\n"
-
-    warnings.formatwarning = one_line
+    with _one_line_runs["lock"]:
+        if not _one_line_runs["progs"]:
+            # (ours where something restored it after the last run: its form stays the one)
+            if warnings.formatwarning is not _warning_in_one_line:
+                _one_line_runs["original"] = warnings.formatwarning
+            _one_line_runs["shown"] = set()
+            warnings.formatwarning = _warning_in_one_line
+        _one_line_runs["progs"].append(prog)
     try:
         yield
     finally:
-        warnings.formatwarning = original
+        with _one_line_runs["lock"]:
+            _one_line_runs["progs"].remove(prog)
+            if not _one_line_runs["progs"] and warnings.formatwarning is _warning_in_one_line:
+                warnings.formatwarning = _one_line_runs["original"]
+
+
+# The runs of warnings_in_one_line under way (their programs, the latest last), the messages
+# they have shown, and the form they replaced: one run's end restored the form that the other
+# had replaced, leaving every warning of the process in one line, each once, for good.
+_one_line_runs: dict = {
+    "lock": threading.Lock(),
+    "progs": [],
+    "shown": set(),
+    "original": warnings.formatwarning,
+}
+
+
+def _warning_in_one_line(message, category, filename, lineno, line=None) -> str:
+    """:func:`warnings.formatwarning` while :func:`warnings_in_one_line` runs; the form it
+    replaced where it is left in place after the runs (restored so by another library)."""
+    text = _one_line(message)
+    with _one_line_runs["lock"]:
+        prog = _one_line_runs["progs"][-1] if _one_line_runs["progs"] else None
+        if prog is not None:
+            if text in _one_line_runs["shown"]:
+                return ""
+            _one_line_runs["shown"].add(text)
+    if prog is None:
+        return _one_line_runs["original"](message, category, filename, lineno, line)
+    return f"{prog}: warning: {text}\n"
 
 
 def _one_line(error, limit: int = 1000) -> str:
