@@ -98,7 +98,9 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
     """Features, labels and class names from an HDF5 store, a .npz or a .npy file.
 
     Returns ``(X, y, class_names)``: the labels as the file holds them (a store's integer
-    codes 0..K-1) and the store's class names (``None`` for NumPy files). Every problem with
+    codes 0..K-1; a .npz's integer labels as the names its ``class_names`` or
+    ``target_names`` list, the k-th naming code k) and the store's class names (``None``
+    for NumPy files). Every problem with
     the file raises a :class:`UsageError` or an ``extract.StoreError`` (both ValueErrors)
     with a one-line message.
     """
