@@ -2266,6 +2266,24 @@ def test_version_names_the_program_and_its_libraries(capsys):
     assert f"torch {importlib.metadata.version('torch')}" in line and "scikit-learn" in line
 
 
+def test_version_of_a_checkout_not_installed_is_its_own(capsys, monkeypatch):
+    # Run from a source checkout (PYTHONPATH), not installed: "mr2-probe not installed",
+    # or an installed release's version where another is installed beside the checkout.
+    import importlib.metadata
+
+    import mr2_probe
+
+    def version(name):
+        if name == "mr2-probe":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return "1.0"
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith(f"mr2-probe {mr2_probe.__version__} (Python ")
+
+
 def test_float16_features_are_scaled_in_float32(tmp_path, capsys):
     # Normalizer computed float16 row norms, which overflow past 256: every such row was
     # zeroed, and the probes scored 28.75% where float32 features scored 93.75%.

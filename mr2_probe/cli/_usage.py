@@ -48,8 +48,10 @@ def add_version(parser: argparse.ArgumentParser, packages: tuple[str, ...]) -> N
         except importlib.metadata.PackageNotFoundError:
             return "not installed"
 
+    from mr2_probe import __version__  # (the code that runs: a checkout, not installed too)
+
     libraries = ", ".join(f"{name} {version(name)}" for name in packages)
-    text = f"{parser.prog} {version('mr2-probe')} (Python {platform.python_version()}, {libraries})"
+    text = f"{parser.prog} {__version__} (Python {platform.python_version()}, {libraries})"
     parser.add_argument(
         "--version", action="version", version=text, help="print the versions and exit"
     )
