@@ -2819,6 +2819,8 @@ def test_an_archive_s_class_names_name_its_whole_number_or_boolean_labels(files,
     "names, message",
     [
         (FASHION[:2], "'y' holds codes outside 0..1, the classes that its 'class_names' names"),
+        # (no names at all: it said "codes outside 0..-1")
+        (np.array([], "U1"), "'class_names' is empty, naming none of the classes of 'y'; save"),
         (["a", "b", "a"], "'class_names' names two classes 'a'; give each class a name"),
         ([[0, 1, 2]], "'class_names' must list the classes' names as text, the k-th naming"),
     ],

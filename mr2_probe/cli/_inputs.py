@@ -289,10 +289,13 @@ def _named(path: str, data, key: str, codes: np.ndarray, y_key: str) -> np.ndarr
         except UnicodeDecodeError as error:
             raise UsageError(f"{path}'s {key!r} holds bytes that are not UTF-8 text") from error
     if codes.size and (codes.min() < 0 or codes.max() >= len(names)):
-        raise UsageError(
-            f"{path}'s {y_key!r} holds codes outside 0..{len(names) - 1}, the classes that "
-            f"its {key!r} names; save the names of every class, the k-th naming code k"
+        what = (  # (an empty list said "codes outside 0..-1")
+            f"{path}'s {y_key!r} holds codes outside 0..{len(names) - 1}, the classes that its "
+            f"{key!r} names"
+            if len(names)
+            else f"{path}'s {key!r} is empty, naming none of the classes of {y_key!r}"
         )
+        raise UsageError(f"{what}; save the names of every class, the k-th naming code k")
     unique, counts = np.unique(names, return_counts=True)
     if (counts > 1).any():
         raise UsageError(
