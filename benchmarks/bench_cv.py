@@ -58,7 +58,7 @@ def main(argv=None):
         choices=("grid", "lrcv", "cpu"),
         help="leave a peer out (speed-ups are then against the first row)",
     )
-    parser.add_argument("--json", help="write the rows to this JSON file")
+    parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     args = parser.parse_args(argv)
     if args.folds < 2:
         parser.error(f"--folds must be at least 2; got {args.folds}")
@@ -141,7 +141,9 @@ def main(argv=None):
             f"{row['C']:10.4g} {100 * row['test_accuracy']:8.2f}%"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        args.json.parent.mkdir(parents=True, exist_ok=True)  # as the other benchmarks do
+        args.json.write_text(json.dumps({"args": config, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """bench_cv.py runs its peers as scikit-learn asks, without its FutureWarnings."""
 
+import json
 import warnings
 
 from tests._scripts import load_benchmark
@@ -16,3 +17,20 @@ def test_no_future_warning_from_the_warm_up_or_the_search(capsys):
     future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
     assert not future
     assert "LogisticRegressionCV(n_jobs=-1)" in capsys.readouterr().out
+
+
+def test_json_goes_into_a_folder_it_makes(tmp_path, capsys):
+    """--json runs/cv.json where runs/ does not exist yet: the folder is made, as
+    bench_fit.py's and bench_cosine.py's are (a FileNotFoundError after the whole run)."""
+    module = load_benchmark("bench_cv")
+    out = tmp_path / "runs" / "cv.json"
+    argv = ["--n-samples", "200", "--n-features", "8", "--n-classes", "3", "--n-Cs", "2",
+            "--folds", "2", "--max-iter", "20", "--skip", "grid", "--skip", "lrcv",
+            "--json", str(out)]  # fmt: skip
+    module.main(argv)
+    result = json.loads(out.read_text())
+    assert result["args"]["json"] == str(out)
+    assert [row["model"] for row in result["rows"]] == [
+        "MR2LinearClassifierCV cpu, batched",
+        "MR2LinearClassifierCV cpu, fold by fold",
+    ]
