@@ -184,9 +184,10 @@ def main(argv=None):
     )
     parser.add_argument("--sweep", action="store_true", help="also time a search of the scale")
     parser.add_argument(
-        "--sweep-scales", type=float, nargs="+", default=[8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
-    )
-    parser.add_argument("--sweep-folds", type=int, default=3)
+        "--sweep-scales", type=float, nargs="+",
+        help="the scales --sweep searches (default: 8 16 32 64 128 256)",
+    )  # fmt: skip
+    parser.add_argument("--sweep-folds", type=int, help="--sweep's folds (default: 3)")
     parser.add_argument(
         "--repeat", type=_at_least_one, default=1,
         help="fits per row of the table, best time kept (default: 1)",
@@ -201,8 +202,22 @@ def main(argv=None):
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
-    if args.sweep_folds < 2:
+    if args.sweep_folds is not None and args.sweep_folds < 2:
         parser.error(f"--sweep-folds must be at least 2; got {args.sweep_folds}")
+    # Options of rows that no option asked for: they changed nothing, without a word.
+    for option, value in (
+        ("--sweep-scales", args.sweep_scales),
+        ("--sweep-folds", args.sweep_folds),
+    ):
+        if value is not None and not args.sweep:
+            parser.error(f"{option} applies to --sweep, which was not given")
+    if args.linear_history is not None and args.no_equivalent:
+        parser.error("--linear-history fits the linear problems at mean μ, which --no-equivalent "
+                     "skips: give one or the other")  # fmt: skip
+    if args.sweep_scales is None:
+        args.sweep_scales = [8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
+    if args.sweep_folds is None:
+        args.sweep_folds = 3
     try:
         resolve_device(args.device)
     except (ValueError, RuntimeError) as error:

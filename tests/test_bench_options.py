@@ -52,6 +52,22 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
         ("bench_cv", ["--n-Cs", "0"], "--n-Cs must be at least 1; got 0"),
         ("bench_cosine", ["--sweep-folds", "1"], "--sweep-folds must be at least 2; got 1"),
         ("bench_cosine", ["--sweep-scales"], "--sweep-scales: expected at least one argument"),
+        # options of rows not asked for, which changed nothing and said nothing.
+        (
+            "bench_cosine",
+            [*SMALL_COSINE, "--sweep-scales", "8", "16"],
+            "--sweep-scales applies to --sweep, which was not given",
+        ),
+        (
+            "bench_cosine",
+            [*SMALL_COSINE, "--sweep-folds", "2"],
+            "--sweep-folds applies to --sweep, which was not given",
+        ),
+        (
+            "bench_cosine",
+            [*SMALL_COSINE, "--linear-history", "5", "--no-equivalent"],
+            "--linear-history fits the linear problems at mean μ, which --no-equivalent skips",
+        ),
         # no row at 0, an IndexError at -3 (after the main table).
         ("bench_cosine", ["--linear-history", "0", *SMALL_COSINE], "must be at least 1, got 0"),
         ("bench_cosine", ["--linear-history", "-3", *SMALL_COSINE], "must be at least 1, got -3"),
