@@ -64,7 +64,7 @@ from sklearn.model_selection import GridSearchCV, StratifiedKFold
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the previous solver, kept in tests/
-from bench_fit import make_features, threads  # noqa: E402
+from bench_fit import check_feature_arguments, make_features, threads  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, _sphere  # noqa: E402
 from mr2_probe import _solvers as solvers  # noqa: E402
@@ -105,6 +105,8 @@ def check_data_arguments(parser, args) -> None:
     for option, value in (("--n-samples", args.n_samples), ("--n-test", args.n_test)):
         if value < 1:
             parser.error(f"{option} must be at least 1; got {value}")
+    if not args.store:  # the synthetic features' (a store's are its own)
+        check_feature_arguments(parser, args)
     if args.store:
         from extract import load_features
 

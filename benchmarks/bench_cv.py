@@ -25,7 +25,7 @@ from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
 from sklearn.model_selection import GridSearchCV, StratifiedKFold
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_fit import make_features, threads, timed_fit  # noqa: E402
+from bench_fit import check_feature_arguments, make_features, threads, timed_fit  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
 
@@ -60,6 +60,7 @@ def main(argv=None):
     )
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     args = parser.parse_args(argv)
+    check_feature_arguments(parser, args)
     if args.folds < 2:
         parser.error(f"--folds must be at least 2; got {args.folds}")
     if args.n_Cs < 1:

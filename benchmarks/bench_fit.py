@@ -51,6 +51,15 @@ def add_feature_arguments(parser) -> None:
     parser.add_argument("--n-classes", type=int, default=100)
 
 
+def check_feature_arguments(parser, args) -> None:
+    """Refuse make_features' options that leave nothing to classify (no feature, fewer than
+    two classes): a traceback from the data or the first fit, after the warm-up."""
+    if args.n_features < 1:
+        parser.error(f"--n-features must be at least 1; got {args.n_features}")
+    if args.n_classes < 2:
+        parser.error(f"--n-classes must be at least 2; got {args.n_classes}")
+
+
 def limit_threads(n: int | None):
     """Give torch and the BLAS (and OpenMP) n threads each; the limits to hold on to."""
     if n is None:
@@ -142,6 +151,7 @@ def main(argv=None):
         parser.error(f"--repeat must be at least 1; got {args.repeat}")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be at least 1; got {args.threads}")
+    check_feature_arguments(parser, args)
     if args.n_samples < 5:  # a test row per five training rows
         parser.error(f"--n-samples must be at least 5 (else no test rows); got {args.n_samples}")
     devices = set(args.devices.split(","))

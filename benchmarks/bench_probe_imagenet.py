@@ -145,6 +145,11 @@ def main(argv=None):
     )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
+    # (a traceback from the data's generation or the first fit, the features made)
+    if args.n_features < 1:
+        parser.error(f"--n-features must be at least 1; got {args.n_features}")
+    if args.n_classes < 2:
+        parser.error(f"--n-classes must be at least 2; got {args.n_classes}")
     if args.device not in ("auto", "cpu", "cuda"):
         parser.error(f"--device takes auto, cpu or cuda; got {args.device!r}")
     name = args.device

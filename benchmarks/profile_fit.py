@@ -29,7 +29,13 @@ from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_fit import add_feature_arguments, limit_threads, make_features, threads  # noqa: E402
+from bench_fit import (  # noqa: E402
+    add_feature_arguments,
+    check_feature_arguments,
+    limit_threads,
+    make_features,
+    threads,
+)
 
 from mr2_probe import MR2LinearClassifier  # noqa: E402
 from mr2_probe._data import block_rows  # noqa: E402
@@ -55,6 +61,7 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    check_feature_arguments(parser, args)
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1; got {args.repeat}")
     if args.threads is not None and args.threads < 1:

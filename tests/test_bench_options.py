@@ -10,6 +10,8 @@ from tests._scripts import load_benchmark
 SMALL_COSINE = ["--n-samples", "60", "--n-test", "20", "--n-features", "8", "--n-classes", "3",
                 "--scales", "16", "--no-rounds", "--no-before"]  # fmt: skip
 
+SMALL_FIT = ["--n-samples", "60", "--n-features", "4"]  # bench_fit's options, and others'
+
 SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
 
 
@@ -75,6 +77,28 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
         ("bench_cosine", ["--device", "bogus"], "--device: device='bogus' is not a torch"),
         # an empty test split.
         ("bench_cosine", [*SMALL_COSINE, "--n-test", "0"], "--n-test must be at least 1; got 0"),
+        # scikit-learn's "at least 2 classes" or NumPy's "high <= 0" from the synthetic
+        # data (torch's RuntimeError in bench_probe_imagenet), after the data were made.
+        ("bench_fit", [*SMALL_FIT, "--n-classes", "1"], "--n-classes must be at least 2; got 1"),
+        ("bench_fit", [*SMALL_FIT, "--n-features", "0"], "--n-features must be at least 1; got 0"),
+        ("profile_fit", [*SMALL_FIT, "--n-classes", "0"], "--n-classes must be at least 2; got 0"),
+        ("bench_cv", [*SMALL_FIT, "--n-classes", "1"], "--n-classes must be at least 2; got 1"),
+        ("bench_cosine", [*SMALL_COSINE, "--n-classes", "1"], "--n-classes must be at least 2"),
+        (
+            "cosine_tried",
+            [*SMALL_FIT, "--n-classes", "0", "--only", "cold"],
+            "--n-classes must be at least 2; got 0",
+        ),
+        (
+            "bench_probe_imagenet",
+            [*SMALL_FIT, "--n-classes", "1"],
+            "--n-classes must be at least 2",
+        ),
+        (
+            "bench_probe_imagenet",
+            [*SMALL_FIT, "--n-features", "0"],
+            "--n-features must be at least",
+        ),
         # torch's RuntimeError at the first tensor.
         ("bench_probe_imagenet", ["--device", "bogus"], "--device takes auto, cpu or cuda; got"),
     ],
