@@ -373,13 +373,21 @@ def table(dataset: str, results: list[dict]) -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", choices=("fmnist", "synthetic"), default="fmnist")
-    parser.add_argument("--image-sizes", type=int, nargs="+", default=[64, 96])
-    parser.add_argument("--classes", type=int, nargs="+", default=[10, 100, 1000])
+    # Each data set's own options: None, until they are known to apply (below).
     parser.add_argument(
-        "--kinds", nargs="+", choices=("spread", "norm"), default=["spread", "norm"]
+        "--image-sizes", type=int, nargs="+", help="--data fmnist's (default: 64 96)"
     )
+    parser.add_argument(
+        "--classes", type=int, nargs="+", help="--data synthetic's (default: 10 100 1000)"
+    )
+    parser.add_argument(
+        "--kinds", nargs="+", choices=("spread", "norm"),
+        help="--data synthetic's (default: spread norm)",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--cache", type=Path, default=Path("runs/cache"))
+    parser.add_argument(
+        "--cache", type=Path, help="--data fmnist's feature stores (default: runs/cache)"
+    )
     parser.add_argument("--out", type=Path, help="write all results as JSON")
     parser.add_argument(
         "--levers", action="store_true", help="the levers' table (tilt, offsets) under the rule"
@@ -395,6 +403,17 @@ def main(argv=None):
         "(the reference that defines the groups)",
     )
     args = parser.parse_args(argv)
+    # (another data set's options were ignored without a word: --data synthetic
+    # --image-sizes 64 ran the synthetic sets as if it were not there)
+    for option, data in (("--image-sizes", "fmnist"), ("--cache", "fmnist"),
+                         ("--classes", "synthetic"), ("--kinds", "synthetic")):  # fmt: skip
+        if getattr(args, option[2:].replace("-", "_")) is not None and args.data != data:
+            parser.error(f"{option} applies to --data {data}, not to --data {args.data}")
+    defaults = dict(image_sizes=[64, 96], cache=Path("runs/cache"), classes=[10, 100, 1000],
+                    kinds=["spread", "norm"])  # fmt: skip
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.bound is not None and not args.levers:
         parser.error("--bound applies to --levers, not to the MR² table")
     if args.data == "synthetic" and min(args.classes) < 2:

@@ -37,6 +37,28 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
         # the synthetic data's error at K=0; a --bound that changed nothing.
         ("quality", ["--data", "synthetic", "--classes", "0"], "--classes must be at least 2"),
         ("quality", ["--data", "synthetic", *SMALL_QUALITY, "--bound", "1"], "--bound applies to"),
+        # another data set's options, which ran the defaults without a word.
+        (
+            "quality",
+            ["--data", "synthetic", *SMALL_QUALITY, "--image-sizes", "64"],
+            "--image-sizes applies to --data fmnist, not to --data synthetic",
+        ),
+        (
+            "quality",
+            ["--data", "synthetic", *SMALL_QUALITY, "--cache", "runs/cache"],
+            "--cache applies to --data fmnist, not to --data synthetic",
+        ),
+        # (--cache a file: without the check, a FileExistsError before any extraction)
+        (
+            "quality",
+            ["--data", "fmnist", "--classes", "10", "--cache", __file__],
+            "--classes applies to --data synthetic, not to --data fmnist",
+        ),
+        (
+            "quality",
+            ["--data", "fmnist", "--kinds", "norm", "--cache", __file__],
+            "--kinds applies to --data synthetic, not to --data fmnist",
+        ),
         # "not enough values to unpack".
         ("bench_threads", ["--sizes", "100x4"], "--sizes takes n x d x K of at least 1 each"),
         ("bench_products", ["--sizes", "100x4"], "--sizes takes n x d x K of at least 1 each"),
