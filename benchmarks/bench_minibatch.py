@@ -253,7 +253,9 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--sweep", action="store_true", help="step size × patience sweep")
     parser.add_argument("--no-steps", action="store_true", help="skip the per-step table")
-    parser.add_argument("--dims", type=int, nargs="+", default=[64, 128, 256, 512, 768])
+    parser.add_argument(
+        "--dims", type=int, nargs="+", help="d of the per-step table (default: 64 128 256 512 768)"
+    )
     parser.add_argument("--C", type=float, default=1.0, help="C of every model (default 1)")
     parser.add_argument(
         "--standardize", action="store_true", help="StandardScaler first (the demo: --C 0.05)"
@@ -263,6 +265,10 @@ def main(argv=None):
     if args.row:
         print(json.dumps(fit_row(*json.loads(args.row))))
         return
+    if args.dims is not None and args.no_steps:  # (ignored without a word)
+        parser.error("--dims sizes the per-step table, which --no-steps skips")
+    if args.dims is None:
+        args.dims = [64, 128, 256, 512, 768]
 
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     print(

@@ -59,6 +59,12 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
             ["--data", "fmnist", "--kinds", "norm", "--cache", __file__],
             "--kinds applies to --data synthetic, not to --data fmnist",
         ),
+        # the per-step table's sizes, for a table not made: ignored without a word.
+        (
+            "bench_minibatch",
+            ["--seeds", "0", "--no-steps", "--dims", "16"],
+            "--dims sizes the per-step table, which --no-steps skips",
+        ),
         # "not enough values to unpack".
         ("bench_threads", ["--sizes", "100x4"], "--sizes takes n x d x K of at least 1 each"),
         ("bench_products", ["--sizes", "100x4"], "--sizes takes n x d x K of at least 1 each"),
