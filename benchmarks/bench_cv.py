@@ -65,6 +65,8 @@ def main(argv=None):
         parser.error(f"--folds must be at least 2; got {args.folds}")
     if args.n_Cs < 1:
         parser.error(f"--n-Cs must be at least 1; got {args.n_Cs}")
+    if args.n_samples < args.folds:  # (scikit-learn's ValueError, after the data were made)
+        parser.error(f"--n-samples must be at least --folds ({args.folds}); got {args.n_samples}")
 
     X, y = make_features(args.n_samples + 10_000, args.n_features, args.n_classes, args.seed)
     X, X_test, y, y_test = (

@@ -145,7 +145,11 @@ def main(argv=None):
     )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
-    # (a traceback from the data's generation or the first fit, the features made)
+    # (a traceback from the data's generation or a fit, the features made: --batch-size at
+    # Adam's fit, after L-BFGS's)
+    for option, value in (("--n-samples", args.n_samples), ("--batch-size", args.batch_size)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1; got {value}")
     if args.n_features < 1:
         parser.error(f"--n-features must be at least 1; got {args.n_features}")
     if args.n_classes < 2:

@@ -127,6 +127,17 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
             [*SMALL_FIT, "--n-features", "0"],
             "--n-features must be at least",
         ),
+        ("bench_cv", [*SMALL_FIT, "--n-samples", "4"], "--n-samples must be at least --folds (5)"),
+        (
+            "bench_probe_imagenet",
+            [*SMALL_FIT, "--n-samples", "0"],
+            "--n-samples must be at least 1",
+        ),
+        (
+            "bench_probe_imagenet",
+            [*SMALL_FIT, "--batch-size", "0"],
+            "--batch-size must be at least",
+        ),
         # torch's RuntimeError at the first tensor.
         ("bench_probe_imagenet", ["--device", "bogus"], "--device takes auto, cpu or cuda; got"),
     ],
