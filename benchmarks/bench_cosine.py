@@ -204,6 +204,8 @@ def main(argv=None):
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
+    if args.json is not None and args.json.is_dir():  # (an IsADirectoryError after the run)
+        parser.error(f"--json takes a file to write, got the folder {args.json}")
     if args.sweep_folds is not None and args.sweep_folds < 2:
         parser.error(f"--sweep-folds must be at least 2; got {args.sweep_folds}")
     # Options of rows that no option asked for: they changed nothing, without a word.

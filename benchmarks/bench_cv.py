@@ -60,6 +60,8 @@ def main(argv=None):
     )
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     args = parser.parse_args(argv)
+    if args.json is not None and args.json.is_dir():  # (an IsADirectoryError after the run)
+        parser.error(f"--json takes a file to write, got the folder {args.json}")
     check_feature_arguments(parser, args)
     if args.folds < 2:
         parser.error(f"--folds must be at least 2; got {args.folds}")

@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
+    if args.json is not None and args.json.is_dir():  # (an IsADirectoryError after the run)
+        parser.error(f"--json takes a file to write, got the folder {args.json}")
     if args.n_images < 4:
         parser.error(f"--n-images must be at least 4 (one image per class); got {args.n_images}")
     for option, value in (("--repeats", args.repeats), ("--batch-size", args.batch_size)):

@@ -147,6 +147,8 @@ def main(argv=None):
         "uses (default: each library's own)",
     )
     args = parser.parse_args(argv)
+    if args.json is not None and args.json.is_dir():  # (an OSError after the first row)
+        parser.error(f"--json takes a file to write, got the folder {args.json}")
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1; got {args.repeat}")
     if args.threads is not None and args.threads < 1:

@@ -145,6 +145,8 @@ def main(argv=None):
     )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
+    if args.json is not None and args.json.is_dir():  # (an IsADirectoryError after the run)
+        parser.error(f"--json takes a file to write, got the folder {args.json}")
     # (a traceback from the data's generation or a fit, the features made: --batch-size at
     # Adam's fit, after L-BFGS's)
     for option, value in (("--n-samples", args.n_samples), ("--batch-size", args.batch_size)):

@@ -403,6 +403,8 @@ def main(argv=None):
         "(the reference that defines the groups)",
     )
     args = parser.parse_args(argv)
+    if args.out is not None and args.out.is_dir():  # (an IsADirectoryError after a seed)
+        parser.error(f"--out takes a file to write, got the folder {args.out}")
     # (another data set's options were ignored without a word: --data synthetic
     # --image-sizes 64 ran the synthetic sets as if it were not there)
     for option, data in (("--image-sizes", "fmnist"), ("--cache", "fmnist"),

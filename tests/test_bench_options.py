@@ -1,6 +1,8 @@
 """The benchmarks refuse bad option values in one line (argparse's status 2), not with a
 traceback from deep in a run."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,14 @@ SMALL_COSINE = ["--n-samples", "60", "--n-test", "20", "--n-features", "8", "--n
                 "--scales", "16", "--no-rounds", "--no-before"]  # fmt: skip
 
 SMALL_FIT = ["--n-samples", "60", "--n-features", "4"]  # bench_fit's options, and others'
+
+SMALL_CV = ["--n-samples", "60", "--n-features", "4", "--n-classes", "3", "--n-Cs", "1",
+            "--skip", "lrcv", "--skip", "grid"]  # fmt: skip
+
+SMALL_EXTRACT = ["--n-images", "4", "--repeats", "1", "--batch-size", "4", "--workers", "0",
+                 "--image-size", "32", "--source-size", "40", "--sources", "folder"]  # fmt: skip
+
+FOLDER = str(Path(__file__).parent)  # a folder that exists
 
 SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
 
@@ -138,10 +148,21 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
             [*SMALL_FIT, "--batch-size", "0"],
             "--batch-size must be at least",
         ),
+        # a folder to write the JSON to: an IsADirectoryError after the run (bench_fit's after
+        # its first row, quality's after its first seed).
+        ("bench_fit", [*SMALL_FIT, "--n-classes", "3", "--repeat", "1", "--json", FOLDER],
+         "--json takes a file to write, got the folder"),
+        ("bench_cv", [*SMALL_CV, "--json", FOLDER], "--json takes a file to write"),
+        ("bench_cosine", [*SMALL_COSINE, "--json", FOLDER], "--json takes a file to write"),
+        ("bench_extract", [*SMALL_EXTRACT, "--json", FOLDER], "--json takes a file to write"),
+        ("bench_probe_imagenet", [*SMALL_FIT, "--n-classes", "3", "--peer-rows", "0",
+                                  "--json", FOLDER], "--json takes a file to write"),
+        ("quality", ["--data", "synthetic", *SMALL_QUALITY, "--out", FOLDER],
+         "--out takes a file to write, got the folder"),
         # torch's RuntimeError at the first tensor.
         ("bench_probe_imagenet", ["--device", "bogus"], "--device takes auto, cpu or cuda; got"),
     ],
-)
+)  # fmt: skip
 def test_a_bad_option_value_is_one_line(script, argv, message, capsys):
     module = load_benchmark(script)
     with pytest.raises(SystemExit) as exit_info:
