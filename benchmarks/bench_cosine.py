@@ -96,8 +96,8 @@ def add_data_arguments(parser) -> None:
     parser.add_argument("--store", type=Path, help="a feature store (.h5) instead of synthetic")
     parser.add_argument("--n-samples", type=int, default=20_000)
     parser.add_argument("--n-test", type=int, default=5_000)
-    parser.add_argument("--n-features", type=int, default=512)
-    parser.add_argument("--n-classes", type=int, default=10)
+    parser.add_argument("--n-features", type=int, help="synthetic features' (default: 512)")
+    parser.add_argument("--n-classes", type=int, help="synthetic features' (default: 10)")
 
 
 def check_data_arguments(parser, args) -> None:
@@ -105,7 +105,13 @@ def check_data_arguments(parser, args) -> None:
     for option, value in (("--n-samples", args.n_samples), ("--n-test", args.n_test)):
         if value < 1:
             parser.error(f"{option} must be at least 1; got {value}")
-    if not args.store:  # the synthetic features' (a store's are its own)
+    if args.store:  # a store's features and classes are its own: they were ignored
+        for option in ("--n-features", "--n-classes"):
+            if getattr(args, option[2:].replace("-", "_")) is not None:
+                parser.error(f"{option} applies to synthetic features, not to --store")
+    else:
+        args.n_features = 512 if args.n_features is None else args.n_features
+        args.n_classes = 10 if args.n_classes is None else args.n_classes
         check_feature_arguments(parser, args)
     if args.store:
         from extract import load_features

@@ -207,3 +207,17 @@ def test_a_store_without_a_test_row_is_refused(script, capsys, monkeypatch):
     assert "--store ten.h5 has 10 rows: not one test row after --n-samples 10" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("script", ["bench_cosine", "cosine_tried"])
+@pytest.mark.parametrize("option", ["--n-features", "--n-classes"])
+def test_a_store_refuses_the_synthetic_features_options(script, option, capsys, monkeypatch):
+    """A store's features and classes are its own: --n-classes 2 with --store fitted all
+    three classes of the store's rows without a word."""
+    monkeypatch.setattr("extract.load_features", lambda path: _Store())
+    module = load_benchmark(script)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--store", "ten.h5", "--n-samples", "6", "--n-test", "4", option, "2",
+                     "--scales" if script == "bench_cosine" else "--scale", "16"])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert f"{option} applies to synthetic features, not to --store" in capsys.readouterr().err
