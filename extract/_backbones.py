@@ -22,6 +22,7 @@ first ``@`` separates the model from its weights, so checkpoint paths may contai
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import logging
@@ -184,6 +185,23 @@ def _normalised_preprocess(size: int | tuple, resize: int, interpolation: str, m
         # cut only where a kept-ratio resize would leave its short side under one pixel.
         cfg["max_aspect"] = max(cfg["crop"])
     return cfg
+
+
+@contextlib.contextmanager
+def _built_in_float32():
+    """torch's default dtype float32 inside, the caller's put back after: a model's
+    parameters are made in it. Under ``torch.set_default_dtype(torch.float64)`` a random
+    model drew other weights (another weights_id) and extracted in float64, under float16
+    in half precision (the store's provenance says float32)."""
+    dtype = torch.get_default_dtype()
+    if dtype == torch.float32:
+        yield
+        return
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(dtype)
 
 
 def _stable_repr(transform: Any) -> str:
@@ -608,7 +626,7 @@ def create_backbone(
     # fork_rng restores the caller's global RNG state afterwards.
     # Models are built on the CPU: its generator alone is seeded (torch.manual_seed would
     # reseed every CUDA device's too, which fork_rng(devices=[]) does not restore).
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), _built_in_float32():
         torch.random.default_generator.manual_seed(0)
         model, transform, pre, weights_id = _BUILDERS[spec.family](spec, image_size)
     model = model.eval().requires_grad_(False).to(device)
@@ -618,7 +636,8 @@ def create_backbone(
     pre["transform"] = _stable_repr(transform)
     try:
         with torch.inference_mode():
-            dim = model(torch.zeros(1, 3, *pre["crop"], device=device)).shape[-1]
+            x = torch.zeros(1, 3, *pre["crop"], device=device, dtype=torch.float32)
+            dim = model(x).shape[-1]
     except (AssertionError, RuntimeError) as err:  # e.g. a model built for one input size
         if device_failed(err) or not image_size or "can't allocate memory" in str(err):
             raise  # (the last: the CPU's memory at a huge size, which the CLI names so)

@@ -127,6 +127,7 @@ def compute_precision(device: torch.device) -> str:
 
 def _embed(backbone: Backbone, x: torch.Tensor, normalize: bool) -> np.ndarray:
     device = x.device
+    x = x.to(torch.float32)  # (a transform's under another default dtype: its ToTensor's)
     if backbone.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     autocast = compute_precision(device) != "float32"

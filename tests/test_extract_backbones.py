@@ -255,6 +255,35 @@ def test_random_init_leaves_global_rng_alone():
     assert torch.equal(torch.rand(3), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_a_model_is_built_in_float32_under_another_default_dtype(tmp_path, dtype):
+    # Under torch.set_default_dtype(torch.float64) a random model drew other weights (another
+    # weights_id) and extracted in float64 (features 0.17 off); under float16 in half
+    # precision, while the store's provenance said float32.
+    from extract import extract_features, load_features
+    from extract._testing import make_image_folder
+
+    spec = "timm:test_resnet@random"
+    folder = make_image_folder(tmp_path / "images", ("cat", "dog"), n_per_class=2, special=False)
+    options = dict(batch_size=4, num_workers=0, image_size=32, progress=False, device="cpu")
+    expected = create_backbone(spec, image_size=32)
+    extract_features(folder, spec, tmp_path / "expected.h5", **options)
+    torch.set_default_dtype(dtype)
+    try:
+        bb = create_backbone(spec, image_size=32)
+        assert torch.get_default_dtype() == dtype  # the caller's, put back
+        if dtype == torch.float64:
+            extract_features(folder, spec, tmp_path / "float64.h5", **options)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert {p.dtype for p in bb.model.parameters()} == {torch.float32}
+    assert bb.weights_id == expected.weights_id
+    if dtype == torch.float64:
+        got = load_features(tmp_path / "float64.h5", in_memory=True).features
+        want = load_features(tmp_path / "expected.h5", in_memory=True).features
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def _save_timm_checkpoint(path, name, seed):
     import timm
 
