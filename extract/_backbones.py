@@ -188,20 +188,23 @@ def _normalised_preprocess(size: int | tuple, resize: int, interpolation: str, m
 
 
 @contextlib.contextmanager
-def _built_in_float32():
-    """torch's default dtype float32 inside, the caller's put back after: a model's
-    parameters are made in it. Under ``torch.set_default_dtype(torch.float64)`` a random
-    model drew other weights (another weights_id) and extracted in float64, under float16
-    in half precision (the store's provenance says float32)."""
+def _built_in_float32_on_the_cpu():
+    """torch's default dtype float32 and default device the CPU inside, the caller's put
+    back after: a model's parameters are made in them. Under
+    ``torch.set_default_dtype(torch.float64)`` a random model drew other weights (another
+    weights_id) and extracted in float64, under float16 in half precision (the store's
+    provenance says float32). Under ``torch.set_default_device("cuda")`` its weights were
+    drawn on the GPU, by a generator that is not seeded here."""
     dtype = torch.get_default_dtype()
-    if dtype == torch.float32:
-        yield
-        return
-    torch.set_default_dtype(torch.float32)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(dtype)
+    with torch.device("cpu"):
+        if dtype == torch.float32:
+            yield
+            return
+        torch.set_default_dtype(torch.float32)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(dtype)
 
 
 def _stable_repr(transform: Any) -> str:
@@ -626,7 +629,7 @@ def create_backbone(
     # fork_rng restores the caller's global RNG state afterwards.
     # Models are built on the CPU: its generator alone is seeded (torch.manual_seed would
     # reseed every CUDA device's too, which fork_rng(devices=[]) does not restore).
-    with torch.random.fork_rng(devices=[]), _built_in_float32():
+    with torch.random.fork_rng(devices=[]), _built_in_float32_on_the_cpu():
         torch.random.default_generator.manual_seed(0)
         model, transform, pre, weights_id = _BUILDERS[spec.family](spec, image_size)
     model = model.eval().requires_grad_(False).to(device)

@@ -640,7 +640,10 @@ def _extract_shard(
         # The worker processes start here, before the store is opened for writing, so that
         # none of them inherits the HDF5 file (and its lock) from the writer.
         _check_worker_sockets(num_workers)
-        batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
+        # (its workers' base seed is drawn there, from a CPU generator: under
+        # torch.set_default_device("cuda") a tensor on the GPU that generator cannot fill)
+        with torch.device("cpu"):
+            batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
         with open_store(out, "r+") as f:
             failed = _run(f, backbone, batches, rows, status, normalize, device, progress)
         if kept:  # the warning counts the store's failures, the earlier runs' too

@@ -284,6 +284,29 @@ def test_a_model_is_built_in_float32_under_another_default_dtype(tmp_path, dtype
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_model_is_built_and_fed_on_the_cpu_under_another_default_device(tmp_path):
+    # Under torch.set_default_device("cuda") a random model drew its weights on the GPU,
+    # whose generator is not seeded here, and the loader's base seed, drawn from a CPU
+    # generator into a GPU tensor, failed ("meta" stands for CUDA: both failed on it).
+    from extract import extract_features, load_features
+    from extract._testing import make_image_folder
+
+    spec = "timm:test_resnet@random"
+    folder = make_image_folder(tmp_path / "images", ("cat", "dog"), n_per_class=2, special=False)
+    options = dict(batch_size=4, num_workers=0, image_size=32, progress=False, device="cpu")
+    expected = create_backbone(spec, image_size=32)
+    extract_features(folder, spec, tmp_path / "expected.h5", **options)
+    torch.set_default_device("meta")
+    try:
+        bb = create_backbone(spec, image_size=32)
+        extract_features(folder, spec, tmp_path / "meta.h5", **options)
+    finally:
+        torch.set_default_device(None)
+    assert bb.weights_id == expected.weights_id
+    got = load_features(tmp_path / "meta.h5", in_memory=True).features
+    np.testing.assert_array_equal(got, load_features(tmp_path / "expected.h5").features[:])
+
+
 def _save_timm_checkpoint(path, name, seed):
     import timm
 
