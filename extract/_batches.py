@@ -92,7 +92,9 @@ def _assemble(
     pinned for a GPU) and its raw JPEGs decoded here, in the batch's order; returns
     ``(x, reasons)``, a JPEG that fails to decode marked in ``reasons``."""
     reasons = list(reasons)
-    ready = None if decoded is None else decoded.to(device, non_blocking=True)
+    # (float32 whatever torch's default dtype, which a transform's ToTensor takes: under
+    # float64 these rows failed to join the decoded JPEGs' float32 in one batch)
+    ready = None if decoded is None else decoded.to(device, torch.float32, non_blocking=True)
     todo = [k for k, t in enumerate(raw) if t is not None]
     images = {}
     for k, img in zip(
@@ -127,7 +129,6 @@ def compute_precision(device: torch.device) -> str:
 
 def _embed(backbone: Backbone, x: torch.Tensor, normalize: bool) -> np.ndarray:
     device = x.device
-    x = x.to(torch.float32)  # (a transform's under another default dtype: its ToTensor's)
     if backbone.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     autocast = compute_precision(device) != "float32"

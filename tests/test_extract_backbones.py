@@ -267,21 +267,25 @@ def test_a_model_is_built_in_float32_under_another_default_dtype(tmp_path, dtype
     folder = make_image_folder(tmp_path / "images", ("cat", "dog"), n_per_class=2, special=False)
     options = dict(batch_size=4, num_workers=0, image_size=32, progress=False, device="cpu")
     expected = create_backbone(spec, image_size=32)
-    extract_features(folder, spec, tmp_path / "expected.h5", **options)
+    for decode in ("auto", "tensor"):
+        extract_features(folder, spec, tmp_path / f"expected-{decode}.h5", decode=decode, **options)
     torch.set_default_dtype(dtype)
     try:
         bb = create_backbone(spec, image_size=32)
         assert torch.get_default_dtype() == dtype  # the caller's, put back
         if dtype == torch.float64:
-            extract_features(folder, spec, tmp_path / "float64.h5", **options)
+            # (decode="tensor": a batch of decoded JPEGs and the transform's other images)
+            for decode in ("auto", "tensor"):
+                extract_features(folder, spec, tmp_path / f"{decode}.h5", decode=decode, **options)
     finally:
         torch.set_default_dtype(torch.float32)
     assert {p.dtype for p in bb.model.parameters()} == {torch.float32}
     assert bb.weights_id == expected.weights_id
     if dtype == torch.float64:
-        got = load_features(tmp_path / "float64.h5", in_memory=True).features
-        want = load_features(tmp_path / "expected.h5", in_memory=True).features
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        for decode in ("auto", "tensor"):
+            got = load_features(tmp_path / f"{decode}.h5", in_memory=True).features
+            want = load_features(tmp_path / f"expected-{decode}.h5", in_memory=True).features
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_model_is_built_and_fed_on_the_cpu_under_another_default_device(tmp_path):
