@@ -773,7 +773,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 # difference: a start where every sample scores the two classes alike).
                 # Its rows start with that difference: at ∓ it, they were opposite, a
                 # stationary point that the refit never left (open_pair).
-                difference = torch.as_tensor(weight[0])
+                difference = torch.as_tensor(weight[0], device=head.weight.device)
                 cos = difference.norm() / (2 * self.C_)
                 weight = open_pair(torch.stack([-difference, difference]), cos)[0]
             elif self.head == "cosine":
@@ -781,7 +781,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 # times that of unit rows, so the first round's test on tol took another
                 # precision than the folds' fits (at s = 10⁻⁴ the refit moved away from the
                 # start that every fold had kept). The objective ignores the norms.
-                weight = F.normalize(torch.as_tensor(weight), dim=1)
+                weight = F.normalize(torch.as_tensor(weight, device=head.weight.device), dim=1)
             head.load({"weight": weight, "bias": bias})
         C = 1.0 if self.head == "cosine" else self.C_
         try:

@@ -290,6 +290,20 @@ def test_cosine_head_searches_the_logit_scale():
     np.testing.assert_allclose(norms, clf.C_)  # coef_ rows are scale × unit directions
 
 
+@pytest.mark.parametrize("n_classes", [2, 4])
+def test_a_cosine_refit_starts_on_its_device_under_another_default_device(n_classes):
+    # torch.set_default_device("cuda") in a user's session ("meta" stands for it): the
+    # refit's start from the folds' mean was made on that device, and failed on meta.
+    X, y = _blobs(n_classes)
+    expected = MR2LinearClassifierCV([1.0, 16.0], cv=3, head="cosine", device="cpu").fit(X, y)
+    torch.set_default_device("meta")
+    try:
+        clf = MR2LinearClassifierCV([1.0, 16.0], cv=3, head="cosine", device="cpu").fit(X, y)
+    finally:
+        torch.set_default_device(None)
+    np.testing.assert_array_equal(clf.coef_, expected.coef_)
+
+
 def test_a_cosine_search_penalises_its_projection_with_c_one(monkeypatch):
     # The values searched are logit scales; the projection (lam > 0) has C = 1 along the
     # folds' paths and in the refit, as documented, not C = the scale.
