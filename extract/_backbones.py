@@ -208,8 +208,13 @@ def _built_in_float32_on_the_cpu():
 
 
 def _stable_repr(transform: Any) -> str:
-    # Function reprs carry memory addresses, which differ between runs.
-    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(transform))
+    # Function reprs carry memory addresses, which differ between runs. Tensors (timm's
+    # Normalize mean and std) are shown with torch's default print options: under the
+    # caller's torch.set_printoptions(precision=2) a store was refused on resuming, its
+    # transform recorded as 'tensor([0.5000, ...' and asked for as 'tensor([0.50, ...'.
+    with torch._tensor_str.printoptions(profile="default"):
+        shown = repr(transform)
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", shown)
 
 
 def _timm_data(model: nn.Module, image_size: int | None, **overrides: Any):

@@ -311,6 +311,22 @@ def test_a_model_is_built_and_fed_on_the_cpu_under_another_default_device(tmp_pa
     np.testing.assert_array_equal(got, load_features(tmp_path / "expected.h5").features[:])
 
 
+@pytest.mark.parametrize("options", [dict(precision=2), dict(sci_mode=True), dict(profile="short")])
+def test_the_recorded_transform_does_not_depend_on_torchs_print_options(options):
+    # Under torch.set_printoptions(precision=2) timm's Normalize was recorded as
+    # 'tensor([0.50, ...' (the default's 'tensor([0.5000, ...'): a store made in another
+    # session was refused on resuming, for a preprocessing that differed in its repr alone.
+    expected = create_backbone("timm:test_resnet@random", image_size=32).preprocess
+    torch.set_printoptions(**options)
+    try:
+        got = create_backbone("timm:test_resnet@random", image_size=32).preprocess
+        assert repr(torch.tensor([0.5])) != "tensor([0.5000])"  # the caller's, put back
+    finally:
+        torch.set_printoptions(profile="default")
+    assert "tensor([0.5000, 0.5000, 0.5000])" in got["transform"]
+    assert got == expected
+
+
 def _save_timm_checkpoint(path, name, seed):
     import timm
 
