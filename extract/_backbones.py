@@ -637,11 +637,12 @@ def create_backbone(
     with torch.random.fork_rng(devices=[]), _built_in_float32_on_the_cpu():
         torch.random.default_generator.manual_seed(0)
         model, transform, pre, weights_id = _BUILDERS[spec.family](spec, image_size)
+        # (here: a tensor's repr names its dtype and device where they are not the default)
+        pre["transform"] = _stable_repr(transform)
     model = model.eval().requires_grad_(False).to(device)
     channels_last = _is_convolutional(model)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    pre["transform"] = _stable_repr(transform)
     try:
         with torch.inference_mode():
             x = torch.zeros(1, 3, *pre["crop"], device=device, dtype=torch.float32)

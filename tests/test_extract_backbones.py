@@ -281,6 +281,9 @@ def test_a_model_is_built_in_float32_under_another_default_dtype(tmp_path, dtype
         torch.set_default_dtype(torch.float32)
     assert {p.dtype for p in bb.model.parameters()} == {torch.float32}
     assert bb.weights_id == expected.weights_id
+    # (the transform's tensors were recorded as 'tensor([0.5000, ...], dtype=torch.float32)'
+    # under another default dtype: a store was refused on resuming)
+    assert bb.preprocess == expected.preprocess
     if dtype == torch.float64:
         for decode in ("auto", "tensor"):
             got = load_features(tmp_path / f"{decode}.h5", in_memory=True).features
