@@ -143,7 +143,7 @@ def extract_features(
         that the stored features are bit-identical to an uninterrupted run's).
     num_workers : int, optional
         DataLoader worker processes reading and decoding images while the model runs.
-        Default: ``min(8, cpu_count - 1)``.
+        Default: ``min(8, cpu_count - 1)``, of the CPUs this process may run on.
     dtype : {"float32", "float16"}, default="float32"
         Storage type of ``features``.
     normalize : bool, default=False
@@ -765,8 +765,16 @@ def worker_order(blocks: list[np.ndarray], units: np.ndarray, n_workers: int) ->
 
 def _workers(num_workers: int | None) -> int:
     """The DataLoader's worker processes: ``num_workers``, or for None the CPUs but one (8 at
-    most)."""
-    return min(8, max(0, (os.cpu_count() or 1) - 1)) if num_workers is None else num_workers
+    most) of those this process may run on: os.cpu_count() counts the machine's, and a job
+    given one core of 16 (Slurm, taskset) started 8 workers on it, which torch warned of
+    (an error under ``-W error``)."""
+    if num_workers is not None:
+        return num_workers
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # (macOS, Windows: no affinity)
+        cpus = os.cpu_count() or 1
+    return min(8, max(0, cpus - 1))
 
 
 # The bytes of an AF_UNIX socket's path at most (sun_path, less its closing NUL).

@@ -3402,7 +3402,8 @@ def test_a_torchrun_retry_extracts_again_a_transient_failure_of_a_complete_store
 
 def test_the_default_worker_count_leaves_one_cpu_to_the_main_process(tmp_path, monkeypatch):
     # By default the loader has min(8, cpu_count - 1) workers, as documented: one CPU is left
-    # to the main process.
+    # to the main process. The CPUs are those the process may run on: given one core of a
+    # 64-core machine (Slurm, taskset), it started 8 workers there, which torch warned of.
     real, asked = torch.utils.data.DataLoader, []
 
     def spy(*args, num_workers=0, **kwargs):
@@ -3412,10 +3413,15 @@ def test_the_default_worker_count_leaves_one_cpu_to_the_main_process(tmp_path, m
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     monkeypatch.setattr(torch.utils.data, "DataLoader", spy)
     fast = {k: v for k, v in FAST.items() if k != "num_workers"}
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
     for cpus, expected in ((3, 2), (1, 0), (32, 8)):
-        monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)), False)
         extract_features(folder, BACKBONE, tmp_path / f"{cpus}.h5", **fast)
         assert asked[-1] == expected
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # (macOS, Windows)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    extract_features(folder, BACKBONE, tmp_path / "no-affinity.h5", **fast)
+    assert asked[-1] == 2
 
 
 def test_fashion_mnist_images_are_extracted_from_memory(tmp_path):
