@@ -977,6 +977,21 @@ def load_image(source: ImageSource, i: int) -> Image.Image:
     return decode_image(read_file(source.path(i)), source.path(i))
 
 
+def _in_float32(transform, image) -> torch.Tensor:
+    """``transform(image)`` under torch's default dtype float32, the caller's put back after:
+    a transform's ToTensor makes the pixels in the default dtype. Under
+    ``torch.set_default_dtype(torch.float16)`` they were rounded to half precision (features
+    3e-5 off, bfloat16's 6e-4), and a resumed store mixed rows of either session."""
+    dtype = torch.get_default_dtype()
+    if dtype == torch.float32:
+        return transform(image)
+    torch.set_default_dtype(torch.float32)
+    try:
+        return transform(image)
+    finally:
+        torch.set_default_dtype(dtype)
+
+
 class ItemDataset(torch.utils.data.Dataset):
     """Items as ``(index, tensor or None, failure reason or None, content sha256)``.
 
@@ -1014,7 +1029,7 @@ class ItemDataset(torch.utils.data.Dataset):
         if self.source.pixels is not None:
             digest = sha256_hex(np.ascontiguousarray(self.source.pixels[i]))
             try:
-                return i, self.transform(load_image(self.source, i)), None, digest
+                return i, _in_float32(self.transform, load_image(self.source, i)), None, digest
             except Exception as err:  # an unreadable image is recorded, never fatal
                 return i, None, failure_reason(err), digest
         path = self.source.path(i)
@@ -1043,7 +1058,8 @@ class ItemDataset(torch.utils.data.Dataset):
                 check_pixel_limit(*jpeg_size(data))
                 # A plain bytearray-backed tensor crosses the worker queue cheaply.
                 return i, torch.frombuffer(data, dtype=torch.uint8), None, digest
-            return i, self.transform(decode_image(data, name, self.max_aspect)), None, digest
+            image = decode_image(data, name, self.max_aspect)
+            return i, _in_float32(self.transform, image), None, digest
         except Exception as err:  # an unreadable image is recorded, never fatal
             return i, None, failure_reason(err), digest
 
