@@ -2219,6 +2219,25 @@ def test_a_c_whose_penalty_overflows_fails_on_every_path(lam):
     assert np.isnan(search.coefs_paths_[0][:, 0]).all() and search.C_ == 1.0
 
 
+def test_a_failed_c_of_the_batched_path_is_recorded_under_another_default_device():
+    # torch.set_default_device("cuda") in a user's session ("meta" stands for it): the
+    # batched path's record of a failed C took its dtype from a tensor made there, and
+    # the search failed ("can't convert cuda:0 device type tensor to numpy").
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(np.float32)
+    expected = MR2LinearClassifierCV([1e-320, 1.0], cv=3, device="cpu")
+    with pytest.warns(FitFailedWarning):
+        expected.fit(X, y)
+    search = MR2LinearClassifierCV([1e-320, 1.0], cv=3, device="cpu")
+    torch.set_default_device("meta")
+    try:
+        with pytest.warns(FitFailedWarning, match=r"3 of 6 fits failed"):
+            search.fit(X, y)
+    finally:
+        torch.set_default_device(None)
+    np.testing.assert_array_equal(search.coef_, expected.coef_)
+
+
 def test_a_minibatch_c_whose_penalty_overflows_fails_without_numpy_s_warning():
     # The search's C is a NumPy float: 1/(C·Σw) let "overflow encountered in scalar
     # divide" out of the minibatch solver before its own error said the same.
