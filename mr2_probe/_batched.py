@@ -824,7 +824,8 @@ class BatchedPath:
         coef, intercept = self._coefficients(value)  # (for the shapes alone)
         shape = (coef.shape[1], coef.shape[2] + (intercept is not None))
         dtype = torch.empty(0, dtype=coef.dtype, device="cpu").numpy().dtype
-        n_classes, what = self.batch.n_classes + self.batch.pinned, "the penalty 1/(C·Σw) overflows"
+        # (n_classes counts both classes of a pinned head: one row, two class accuracies)
+        n_classes, what = self.batch.n_classes, "the penalty 1/(C·Σw) overflows"
         for f in np.flatnonzero(failed):
             suspects = _range_suspects(value, None, float(self.batch.weight_sum[f]))
             self.paths[f].failures[value] = FitDivergedError(

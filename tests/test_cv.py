@@ -2207,16 +2207,21 @@ def test_features_too_large_fail_a_search_at_once(tmp_path):
 
 
 @pytest.mark.parametrize("lam", [0.0, 0.1])  # the batched path, and the folds' own fits
-def test_a_c_whose_penalty_overflows_fails_on_every_path(lam):
+@pytest.mark.parametrize("n_classes", [3, 2])
+def test_a_c_whose_penalty_overflows_fails_on_every_path(lam, n_classes):
     # The batched path scored C = 1e-320 (1/(C·Σw) = inf in float32) at chance, with
     # ConvergenceWarnings, where the folds' own fits (and a single fit) failed there.
+    # With two classes (one pinned row) its record held three class accuracies, and the
+    # search failed ("inhomogeneous shape" of class_accuracy_path_).
     X, y = load_iris(return_X_y=True)
-    X = X.astype(np.float32)
+    X, y = X[y < n_classes].astype(np.float32), y[y < n_classes]
     search = MR2LinearClassifierCV([1e-320, 1.0], cv=3, device="cpu", lam=lam)
     with pytest.warns(FitFailedWarning, match=r"3 of 6 fits failed.*\(folds 0, 1, 2\)"):
         search.fit(X, y)
-    assert np.isnan(search.scores_[0][:, 0]).all() and not np.isnan(search.scores_[0][:, 1]).any()
-    assert np.isnan(search.coefs_paths_[0][:, 0]).all() and search.C_ == 1.0
+    scores, coefs = (next(iter(d.values())) for d in (search.scores_, search.coefs_paths_))
+    assert np.isnan(scores[:, 0]).all() and not np.isnan(scores[:, 1]).any()
+    assert np.isnan(coefs[:, 0]).all() and search.C_ == 1.0
+    assert search.class_accuracy_path_.shape == (3, 2, n_classes)
 
 
 def test_a_failed_c_of_the_batched_path_is_recorded_under_another_default_device():
