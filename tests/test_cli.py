@@ -2217,6 +2217,19 @@ def test_a_search_that_scored_every_value_the_same_says_so_in_a_note(tmp_path, c
     assert f"note: {note}" in capsys.readouterr().out.splitlines()
 
 
+def test_a_search_with_one_value_scored_notes_no_tie():
+    # A value whose fit failed is NaN on the curve: with one other value alone scored, the
+    # note said the search "scored every C the same" and "chose the first" (it had failed).
+    from mr2_probe import MR2LinearClassifierCV
+    from mr2_probe.cli._main import _tie_note
+
+    X, y = load_digits(n_class=3, return_X_y=True)
+    search = MR2LinearClassifierCV([1e-320, 1.0], cv=3, device="cpu")
+    with pytest.warns(FitFailedWarning):
+        search.fit(X.astype(np.float32), y)
+    assert _tie_note("MR2", search, Namespace(scoring="accuracy")) == []
+
+
 def test_overlapping_runs_put_python_s_warning_form_back():
     # Runs in two threads: the first to end put back the form it had found, and the other
     # then the first's one-line form, for good (every later warning of the process in one

@@ -266,12 +266,14 @@ def _tie_note(name: str, search, args) -> list[str]:
     C where a class has a few samples chose the strongest penalty, a near-constant model,
     without a word)."""
     own = np.asarray(next(iter(_curves(search, args).values())), dtype=float)
-    if len(own) < 2 or np.isnan(own).all() or np.nanmax(own) != np.nanmin(own):
+    scored = own[~np.isnan(own)]  # (a value whose fit failed is NaN: no tie of one value)
+    if len(scored) < 2 or scored.max() != scored.min():
         return []
     what = "scale" if search.head_ == "cosine" else "C"
+    every = f"every {what}" + (" that did not fail" if len(scored) < len(own) else "")
     return [
-        f"{name}'s search scored every {what} the same by {args.scoring} "
-        f"({100 * np.nanmax(own):.2f}%): it chose the first, {what}={search.C_:.4g}, as "
+        f"{name}'s search scored {every} the same by {args.scoring} "
+        f"({100 * scored.max():.2f}%): it chose the first, {what}={search.C_:.4g}, as "
         "LogisticRegressionCV breaks ties; another --scoring may tell them apart"
     ]
 
