@@ -318,12 +318,14 @@ class MR2Loss(nn.Module):
         return self._class_weights(self._class_share())
 
     def _class_weights(self, share: torch.Tensor) -> torch.Tensor:
-        # Relative to the largest loss of a class seen (the weights do not change), with t
-        # at most the dtype's largest number: t·L overflowed (t = 1e300 in float32 is inf),
-        # and every weight, and the loss, was NaN.
+        # With t at most the dtype's largest number, and where t·L overflows, relative to
+        # the largest loss of a class seen (the weights do not change): t·L overflowed
+        # (t = 1e300 in float32 is inf), and every weight, and the loss, was NaN. (Only
+        # there: elsewhere the shift rounded the weights otherwise, in their last bits.)
         loss = self.running_class_loss
-        loss = loss - torch.where(share > 0, loss, 0).amax()  # (losses are >= 0)
         tilt = min(self.class_tilt, torch.finfo(loss.dtype).max)
+        top = torch.where(share > 0, loss, 0).amax()  # (losses are >= 0)
+        loss = loss - torch.where(torch.isfinite(tilt * top), 0, top)
         weights = tilted_class_risk(loss, share, tilt)[1]
         return torch.where(share > 0, weights, torch.zeros_like(weights))
 

@@ -378,6 +378,21 @@ def test_mr2loss_with_a_tilt_beyond_float32_s_range_leans_on_the_worst_class(til
     assert torch.isfinite(grad).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mr2loss_class_weights_are_the_tilted_risk_s_to_the_bit(dtype):
+    # The weights of a tilt within the dtype's range are softmax(t·L + log π) as
+    # tilted_class_risk gives them: taken relative to the largest loss (for the overflow
+    # of t·L at t = 1e300), they differed in their last bits at t = 8.
+    gen = torch.Generator().manual_seed(0)
+    criterion = MR2Loss(4, 3, c_bar=1.0, lam=0.0, class_tilt=8.0).to(dtype)
+    criterion.class_samples.copy_(torch.tensor([5, 7, 3, 9]))
+    for _ in range(20):
+        loss = 3 * torch.rand(4, generator=gen, dtype=dtype)
+        criterion.running_class_loss.copy_(loss)
+        expected = tilted_class_risk(loss, criterion._class_share(), 8.0)[1]
+        assert torch.equal(criterion.class_weights(), expected)
+
+
 def test_mr2loss_evaluated_before_training_is_the_plain_loss():
     # A validation pass before the first training step (a sanity check): no statistics yet,
     # so no tilt and no compactness term, and every class weight 0, not NaN.
