@@ -2217,6 +2217,17 @@ def test_a_search_that_scored_every_value_the_same_says_so_in_a_note(tmp_path, c
     assert f"note: {note}" in capsys.readouterr().out.splitlines()
 
 
+def test_a_name_in_another_case_and_another_unicode_form_is_suggested():
+    # Names are matched in NFC: a training class 'Café' of decomposed é (macOS folder
+    # names) and a test one 'CAFÉ' of composed É differ in case alone, and were not named.
+    from mr2_probe.cli._inputs import _near_names
+
+    decomposed = "Cafe\u0301"
+    assert _near_names(["CAF\u00c9"], [decomposed, "Bag"]) == (
+        f" (did you mean {decomposed!r} for 'CAF\u00c9'?)"
+    )
+
+
 def test_a_search_with_one_value_scored_notes_no_tie():
     # A value whose fit failed is NaN on the curve: with one other value alone scored, the
     # note said the search "scored every C the same" and "chose the first" (it had failed).

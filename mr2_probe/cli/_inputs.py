@@ -684,12 +684,12 @@ def _match_by_name(y, names, y_test, test_names, repeated: list[str], args):
 def _near_names(foreign: list[str], names: list[str]) -> str:
     """``" (did you mean 'bag' for 'Bag'?)"``: training class names that differ from the
     test's unknown ones in case, or in a letter or two, for the first three of them."""
-    folded = {}
+    folded = {}  # (in NFC, as names are matched: 'CAFÉ' for a decomposed 'Café' too)
     for name in names:
-        folded.setdefault(name.casefold(), name)
+        folded.setdefault(_nfc(name).casefold(), name)
     pairs = []
     for name in foreign[:3]:
-        near = folded.get(name.casefold()) or next(
+        near = folded.get(_nfc(name).casefold()) or next(
             iter(difflib.get_close_matches(name, names, n=1, cutoff=0.8)), None
         )
         if near is not None:
