@@ -2277,6 +2277,16 @@ def test_overlapping_runs_put_python_s_warning_form_back():
         warnings.formatwarning = original
 
 
+def test_the_installed_version_is_the_one_mr2_probe_says():
+    # pyproject.toml takes its version from mr2_probe.__version__, which --version prints:
+    # two copies of the number could part at a release.
+    import importlib.metadata
+
+    import mr2_probe
+
+    assert importlib.metadata.version("mr2-probe") == mr2_probe.__version__
+
+
 def test_version_names_the_program_and_its_libraries(capsys):
     # A bug report wants the versions: there was no --version ("the following arguments
     # are required: train").
