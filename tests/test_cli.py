@@ -2284,7 +2284,11 @@ def test_the_installed_version_is_the_one_mr2_probe_says():
 
     import mr2_probe
 
-    assert importlib.metadata.version("mr2-probe") == mr2_probe.__version__
+    try:
+        installed = importlib.metadata.version("mr2-probe")
+    except importlib.metadata.PackageNotFoundError:  # a checkout on PYTHONPATH alone
+        pytest.skip("mr2-probe is not installed (pip install -e .)")
+    assert installed == mr2_probe.__version__
 
 
 def test_version_names_the_program_and_its_libraries(capsys):
