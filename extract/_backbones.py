@@ -188,6 +188,22 @@ def _normalised_preprocess(size: int | tuple, resize: int, interpolation: str, m
 
 
 @contextlib.contextmanager
+def float32_default():
+    """torch's default dtype float32 inside, the caller's put back after: timm's models make
+    their parameters in it, and a transform's ToTensor its pixels (neither takes a dtype).
+    torch has one default for the whole process: other threads see float32 meanwhile."""
+    dtype = torch.get_default_dtype()
+    if dtype == torch.float32:
+        yield
+        return
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(dtype)
+
+
+@contextlib.contextmanager
 def _built_in_float32_on_the_cpu():
     """torch's default dtype float32 and default device the CPU inside, the caller's put
     back after: a model's parameters are made in them. Under
@@ -195,16 +211,8 @@ def _built_in_float32_on_the_cpu():
     weights_id) and extracted in float64, under float16 in half precision (the store's
     provenance says float32). Under ``torch.set_default_device("cuda")`` its weights were
     drawn on the GPU, by a generator that is not seeded here."""
-    dtype = torch.get_default_dtype()
-    with torch.device("cpu"):
-        if dtype == torch.float32:
-            yield
-            return
-        torch.set_default_dtype(torch.float32)
-        try:
-            yield
-        finally:
-            torch.set_default_dtype(dtype)
+    with torch.device("cpu"), float32_default():
+        yield
 
 
 def _stable_repr(transform: Any) -> str:

@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
 
+from ._backbones import float32_default
 from ._decoding import (
     _JPEG_MAGIC,
     MAX_ASPECT,
@@ -982,14 +983,8 @@ def _in_float32(transform, image) -> torch.Tensor:
     a transform's ToTensor makes the pixels in the default dtype. Under
     ``torch.set_default_dtype(torch.float16)`` they were rounded to half precision (features
     3e-5 off, bfloat16's 6e-4), and a resumed store mixed rows of either session."""
-    dtype = torch.get_default_dtype()
-    if dtype == torch.float32:
+    with float32_default():
         return transform(image)
-    torch.set_default_dtype(torch.float32)
-    try:
-        return transform(image)
-    finally:
-        torch.set_default_dtype(dtype)
 
 
 class ItemDataset(torch.utils.data.Dataset):
