@@ -166,14 +166,13 @@ class _Cursor:
             raise
 
     def close(self) -> None:
-        self.fh.close()
-
-    def __del__(self) -> None:
-        # A reader dropped mid-row-group (a run's end, a worker's exit) closes its file
-        # itself, rather than leave it to the collector's "unclosed file" warning.
         fh = getattr(self, "fh", None)  # (none where open() itself failed)
         if fh is not None:
             fh.close()
+
+    # A reader dropped mid-row-group (a run's end, a worker's exit) closes its file itself,
+    # rather than leave it to the collector's "unclosed file" warning.
+    __del__ = close
 
     def take(self, row: int) -> bytearray | Exception:
         while self.values is None or row >= self.start + len(self.values):
