@@ -811,10 +811,13 @@ class BatchedPath:
         """(B,) the folds whose penalty 1/(C·Σw) overflows X's dtype at C = ``value`` (C·Σw
         subnormal, C = 1e-320 say): their objective is NaN from the start, and they fail
         there as a fold's own fit does (FitDivergedError), instead of scoring a fit that
-        could not move (chance)."""
+        could not move (chance). So do those where its square overflows (float64's
+        C = 1e-300 on iris, float32's 1e-30): a fold's own fit fails there too, its line
+        search's interpolation squaring slopes of that size (NaN coefficients)."""
         if self.batch.cosine:  # no penalty
             return np.zeros(self.batch.n_folds, dtype=bool)
-        return (~torch.isfinite(1.0 / (value * self.batch.weight_sum))).cpu().numpy()
+        penalty = 1.0 / (value * self.batch.weight_sum)  # (B,)
+        return (~torch.isfinite(penalty * penalty)).cpu().numpy()
 
     def _fail(self, value: float, failed: np.ndarray, progress) -> None:
         """Record ``value`` as failed on the folds ``failed`` (B,), as
@@ -825,7 +828,7 @@ class BatchedPath:
         shape = (coef.shape[1], coef.shape[2] + (intercept is not None))
         dtype = torch.empty(0, dtype=coef.dtype, device="cpu").numpy().dtype
         # (n_classes counts both classes of a pinned head: one row, two class accuracies)
-        n_classes, what = self.batch.n_classes, "the penalty 1/(C·Σw) overflows"
+        n_classes, what = self.batch.n_classes, "the penalty 1/(C·Σw) or its square overflows"
         for f in np.flatnonzero(failed):
             suspects = _range_suspects(value, None, float(self.batch.weight_sum[f]))
             self.paths[f].failures[value] = FitDivergedError(

@@ -2224,6 +2224,20 @@ def test_a_c_whose_penalty_overflows_fails_on_every_path(lam, n_classes):
     assert search.class_accuracy_path_.shape == (3, 2, n_classes)
 
 
+@pytest.mark.parametrize("dtype, C", [(np.float64, 1e-300), (np.float32, 1e-30)])
+def test_a_c_whose_penalty_squared_overflows_fails_as_a_single_fit_does(dtype, C):
+    # 1/(C·Σw) finite but its square not (6.7e297 in float64): a single fit failed there
+    # (FitDivergedError, its line search NaN), and the batched path scored it at chance.
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(dtype)
+    with pytest.raises(FitDivergedError):
+        MR2LinearClassifier(C=C, device="cpu").fit(X, y)
+    search = MR2LinearClassifierCV([C, 1.0], cv=3, device="cpu")
+    with pytest.warns(FitFailedWarning, match=r"3 of 6 fits failed.*\(folds 0, 1, 2\)"):
+        search.fit(X, y)
+    assert np.isnan(search.scores_[0][:, 0]).all() and search.C_ == 1.0
+
+
 def test_a_failed_c_of_the_batched_path_is_recorded_under_another_default_device():
     # torch.set_default_device("cuda") in a user's session ("meta" stands for it): the
     # batched path's record of a failed C took its dtype from a tensor made there, and
@@ -2255,7 +2269,7 @@ def test_a_minibatch_c_whose_penalty_overflows_fails_without_numpy_s_warning():
     assert not [w for w in caught if "encountered" in str(w.message)]
 
 
-@pytest.mark.parametrize("first", [1e-320, 1e-30, 1e-12])
+@pytest.mark.parametrize("first", [1e-320, 1e-30, 1e-18, 1e-12])
 def test_a_path_after_an_extreme_c_gives_the_next_c_s_cold_solution(first):
     # The batched memory carried from C = 1e-30 to C = 1: its correction cancelled all
     # but the rounding of the old penalty's curvature, and its step scale (1/reg, 1e-28)
