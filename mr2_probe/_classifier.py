@@ -210,6 +210,31 @@ def _floating(X):
     return X
 
 
+def _check_dtypes(X):
+    """check_array's ``dtype`` for X: float32 for a DataFrame of another library than
+    pandas (polars, a pyarrow Table) whose columns are all float16 or float32, else
+    float64 or float32 (X's own where it is one of them).
+
+    check_array reads no dtype from such a frame and made it float64 (polars' Float16 and
+    Float32 alike), where a pandas DataFrame of the same columns trains in float32.
+    """
+    either = [np.float64, np.float32]
+    if getattr(X, "dtype", None) is not None:
+        return either
+    try:
+        import narwhals.stable.v2 as nw  # scikit-learn's own, from its version 1.8
+    except ImportError:
+        return either
+    if nw.dependencies.is_pandas_like_dataframe(X):  # check_array reads its dtypes
+        return either
+    frame = nw.from_native(X, eager_only=True, pass_through=True)
+    if frame is X or not len(frame.schema):
+        return either
+    if all(d in (nw.Float16, nw.Float32) for d in frame.schema.values()):
+        return np.float32
+    return either
+
+
 def _finite_block(block, dtype, estimator_name):
     """One block of an HDF5 dataset as NumPy, refused as the NumPy path would refuse it."""
     block = np.asarray(block, dtype=dtype)
@@ -1082,7 +1107,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             if len(y) != X.shape[0]:
                 raise ValueError(f"X has {X.shape[0]} samples but y has {len(y)}.")
         else:
-            X, y = validate_data(self, _floating(X), y, dtype=[np.float64, np.float32], order="C")
+            dtype = _check_dtypes(X)
+            X, y = validate_data(self, _floating(X), y, dtype=dtype, order="C")
         if self.head == "cosine" and X.shape[1] == 1:
             # Every direction of one feature is ±1: the cosine is the sample's sign, and
             # the fit stood still (no gradient) and predicted one class, without a word.
@@ -1209,9 +1235,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             X = _floating(X)  # as in fit: half precision is computed in float32
             check_finite_tensor(X, type(self).__name__)
             return X
-        return validate_data(
-            self, _floating(X), reset=False, dtype=[np.float64, np.float32], order="C"
-        )
+        dtype = _check_dtypes(X)
+        return validate_data(self, _floating(X), reset=False, dtype=dtype, order="C")
 
     def _logits(self, X):
         if is_h5_dataset(X):

@@ -1369,14 +1369,26 @@ def test_lam_scales_the_compactness_term_of_the_minibatch_objective():
     assert first[2.0] - first[1.0] == pytest.approx(2 * step, rel=1e-4)
 
 
-@pytest.mark.parametrize("frame", [False, True])
-def test_float16_features_train_in_float32(frame):
+def _frame(kind, X):
+    """X as a DataFrame of ``kind`` ("pandas", "polars", "pyarrow"), or as given (None)."""
+    names = [f"f{j}" for j in range(X.shape[1])]
+    if kind == "pandas":
+        return pytest.importorskip("pandas").DataFrame(X, columns=names)
+    if kind == "polars":
+        return pytest.importorskip("polars").DataFrame(X, schema=names)
+    if kind == "pyarrow":
+        return pytest.importorskip("pyarrow").table(dict(zip(names, X.T, strict=True)))
+    return X
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("frame", [None, "pandas", "polars", "pyarrow"])
+def test_float16_features_train_in_float32(frame, dtype):
     # A DataFrame of float16 columns trained in float64 (check_array's choice for float16),
-    # where the same rows as an array trained in float32.
-    pd = pytest.importorskip("pandas") if frame else None
+    # where the same rows as an array trained in float32. A polars DataFrame or a pyarrow
+    # Table of float16 or float32 columns did still (check_array reads no dtype from them).
     X, y = _blobs()
-    X = X.astype(np.float16)
-    X = pd.DataFrame(X, columns=[f"f{j}" for j in range(X.shape[1])]) if frame else X
+    X = _frame(frame, X.astype(dtype))
     clf = MR2LinearClassifier(device="cpu").fit(X, y)
     assert clf.coef_.dtype == np.float32
     assert clf.score(X, y) > 0.9
