@@ -295,9 +295,27 @@ class MR2Loss(nn.Module):
         """Current margins γ (K,); classes not seen yet get c̄."""
         if self.c_bar is None:
             return torch.ones_like(self.moment_count)
+        self._check_c_bar(self.moment_sum.dtype)
         return moments_margins(
             self.moments(), self.c_bar, self.p, self.difficulty, self.initialised
         )
+
+    def _check_c_bar(self, *dtypes: torch.dtype) -> None:
+        """Refuse a c̄ beyond the normal numbers of the dtypes in which the margins (about c̄
+        each) are computed and divide the logits: in float32, c̄ = 1e-300 made every margin
+        0 and the loss NaN, and c̄ = 1e39 every margin inf and the cross-entropy log K,
+        without a gradient. (A Python comparison: no synchronisation.)"""
+        for dtype in dtypes:
+            info = torch.finfo(dtype)
+            if self.c_bar is not None and not info.tiny <= self.c_bar <= info.max:
+                rounded = "0, and the loss NaN" if self.c_bar < 1 else "inf, and the loss flat"
+                raise ValueError(
+                    f"c_bar={self.c_bar:g} is out of the range of {str(dtype)[6:]}, in which "
+                    f"MR2Loss's margins divide the logits (its normal numbers, from "
+                    f"{info.tiny:.3g} to {info.max:.3g}): they would round to {rounded}. Use "
+                    "a c_bar of a usual order of magnitude (1.0, say), or compute in float64 "
+                    "(criterion.double(), float64 logits)."
+                )
 
     def s_bar(self) -> torch.Tensor:
         """s̄: the mean L2 spread over the classes seen (each class's spread unbiased, as the
@@ -427,6 +445,7 @@ class MR2Loss(nn.Module):
     ) -> torch.Tensor:
         """Loss for a batch: logits (B, K), representation φ (B, d), targets (B,)."""
         target = self._check_batch(logits, features, target)
+        self._check_c_bar(self.moment_sum.dtype, logits.dtype)  # before the batch is folded
         if self.training:
             self._fold(features.detach(), target)
         margins = self.margins().to(logits.dtype)

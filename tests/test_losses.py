@@ -1,6 +1,7 @@
 """The vectorised MR² functions against literal per-class loops, values and gradients."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -579,6 +580,27 @@ def test_mr2_loss_keeps_float32_statistics_when_cast_to_half():
 def test_mr2_loss_refuses_invalid_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         MR2Loss(**({"n_classes": 3, "n_features": 4} | kwargs))
+
+
+@pytest.mark.parametrize(
+    "c_bar, dtype, logits_dtype",
+    [
+        (1e-300, torch.float32, torch.float32),  # margins 0: the loss was NaN
+        (1e39, torch.float32, torch.float32),  # margins inf: the cross-entropy was log K
+        (1e-300, torch.float64, torch.float32),  # margins cast to the logits' dtype
+        (1e-5, torch.float32, torch.float16),  # below float16's smallest normal number
+    ],
+)
+def test_mr2_loss_refuses_a_c_bar_beyond_the_range_of_its_margins(c_bar, dtype, logits_dtype):
+    gen = torch.Generator().manual_seed(0)
+    features, target = torch.randn(12, 4, generator=gen), torch.arange(12) % 3
+    criterion = MR2Loss(3, 4, c_bar=c_bar).to(dtype)
+    before = {name: value.clone() for name, value in criterion.state_dict().items()}
+    logits = torch.randn(12, 3, generator=gen).to(logits_dtype)
+    with pytest.raises(ValueError, match=re.escape(f"c_bar={c_bar:g} is out of the range of")):
+        criterion(logits, features.to(dtype), target)
+    for name, value in criterion.state_dict().items():  # the batch was not folded in
+        assert torch.equal(value, before[name]), name
 
 
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
