@@ -326,7 +326,9 @@ def margins_from_difficulty(
     # (The floor only keeps 0/0 away when no class is measured: the dtype's smallest
     # normal number, not a fixed 1e-30, which float64 features of norm 1e-50 fell under.)
     total = root.sum().clamp_min(torch.finfo(root.dtype).tiny)
-    scaled = c_bar * measured.sum().to(root.dtype) * root / total
+    # c̄ last: K·a_k^{1/3} / Σ_j a_j^{1/3} is at most K, and a margin at most c̄·K (c̄·K·a_k^{1/3}
+    # overflowed first: float32's c̄ = 1e38 gave inf margins).
+    scaled = c_bar * (measured.sum().to(root.dtype) * root / total)
     # Without a measured class (all a_k = 0) there is no information: uniform margins.
     # (c̄ beyond the dtype's range is inf, which the estimator names: torch refuses to fill
     # with it. Filled, not copied from the host: no synchronisation, no float64 on MPS.)

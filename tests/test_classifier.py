@@ -1009,11 +1009,17 @@ def test_nan_features_under_assume_finite_are_not_blamed_on_their_scale(params, 
             "sample_weight × class_weight holds values up to 1e[+]39",
         ),
         ({"head": "cosine", "scale": 1e30}, 1.0, np.float32, "with scale=1e[+]30"),
-        # The margins (c̄·K times each class's share) overflow: the statistics were blamed.
-        ({"c_bar": 2e38}, 1.0, np.float32, "margins overflow in float32 arithmetic, with c_bar="),
+        # The margins (c̄ times K·a_k^{1/3} / Σ_j a_j^{1/3}, 1.05 for the hardest class here)
+        # overflow: the statistics were blamed.
+        ({"c_bar": 3.4e38}, 1.0, np.float32, "margins overflow in float32 arithmetic, with c_bar="),
         # Beyond float32's range itself: torch's "cannot be converted to type float".
         ({"c_bar": 1e39}, 1.0, np.float32, "margins overflow in float32 arithmetic, with c_bar="),
-        ({"c_bar": 1e308}, 1.0, np.float64, "margins overflow in float64 arithmetic, with c_bar="),
+        (
+            {"c_bar": 1.75e308},
+            1.0,
+            np.float64,
+            "margins overflow in float64 arithmetic, with c_bar=",
+        ),
     ],
 )
 def test_an_extreme_parameter_is_named_not_blamed_on_the_features(params, weight, dtype, named):

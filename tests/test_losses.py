@@ -603,6 +603,20 @@ def test_mr2_loss_refuses_a_c_bar_beyond_the_range_of_its_margins(c_bar, dtype, 
         assert torch.equal(value, before[name]), name
 
 
+@pytest.mark.parametrize("c_bar, dtype", [(1e-300, torch.float64), (1e38, torch.float32)])
+def test_mr2_loss_keeps_margins_of_an_extreme_c_bar_its_dtype_holds(c_bar, dtype):
+    # float32's c̄ = 1e38: c̄·K·a_k^{1/3} overflowed before the division, every margin inf.
+    gen = torch.Generator().manual_seed(0)
+    features = torch.randn(12, 4, generator=gen, dtype=dtype, requires_grad=True)
+    criterion = MR2Loss(3, 4, c_bar=c_bar, lam=0.0).to(dtype)
+    loss = criterion(features @ torch.randn(4, 3, generator=gen, dtype=dtype), features,
+                     torch.arange(12) % 3)  # fmt: skip
+    margins = criterion.margins()
+    assert torch.isfinite(margins).all() and (margins > 0).all()
+    torch.testing.assert_close(margins.mean(), torch.tensor(c_bar, dtype=dtype))
+    assert torch.isfinite(loss)
+
+
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
 def test_a_trained_mr2_loss_cast_to_half_keeps_its_statistics(half):
     # The buffers were rounded to half precision before being made float32 again: sums past
