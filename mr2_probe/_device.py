@@ -152,7 +152,11 @@ def unit_rows(x: torch.Tensor) -> torch.Tensor:
     rows stay zero, as with ``F.normalize``. (In float16, where 1e-12 rounds to 0, the
     floor is its smallest normal number, 6.1e-5: zero rows became NaN, as F.normalize's
     do. Rows of a smaller norm are divided by the floor, as F.normalize's below 1e-12 are;
-    a floor among the subnormals would give a zero row a gradient beyond float16's range.)"""
+    a floor among the subnormals would give a zero row a gradient beyond float16's range.)
+    Integer rows are divided in float32, as the class statistics take them (torch's
+    vector_norm refused them: MR2Loss(normalize=True) failed on integer features)."""
+    if not (x.is_floating_point() or x.is_complex()):
+        x = x.float()
     floor = max(1e-12, torch.finfo(x.dtype).tiny) if x.is_floating_point() else 1e-12
     return x / row_norms(x).clamp_min(floor)[:, None]
 

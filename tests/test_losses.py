@@ -617,6 +617,19 @@ def test_mr2_loss_keeps_margins_of_an_extreme_c_bar_its_dtype_holds(c_bar, dtype
     assert torch.isfinite(loss)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.uint8])
+def test_mr2_loss_normalizes_integer_features_as_float_ones(dtype):
+    # torch's vector_norm refused integer features ("Expected a floating point or complex
+    # tensor as input. Got Long"), where normalize=False took them.
+    gen = torch.Generator().manual_seed(0)
+    features = torch.randint(0, 6, (12, 4), generator=gen)
+    logits, target = torch.randn(12, 3, generator=gen), torch.arange(12) % 3
+    given, floats = (MR2Loss(3, 4, normalize=True) for _ in range(2))
+    value = given(logits, features.to(dtype), target)
+    torch.testing.assert_close(value, floats(logits, features.float(), target), rtol=0, atol=0)
+    torch.testing.assert_close(given.margins(), floats.margins(), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
 def test_a_trained_mr2_loss_cast_to_half_keeps_its_statistics(half):
     # The buffers were rounded to half precision before being made float32 again: sums past
