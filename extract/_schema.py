@@ -108,6 +108,11 @@ def read_attrs(f: h5py.File) -> dict[str, Any]:
     # Plain Python values: an attribute that another tool wrote as an array is a list
     # (it compares, and goes into JSON reports, as one).
     attrs = {k: _plain(v) for k, v in f.attrs.items()}
+    version = f.attrs.get("format_version")
+    if isinstance(version, np.ndarray) and version.size == 1:
+        # One number written as an array of one ([3.0], as MATLAB and some h5py code write
+        # scalars): the number. As a list it passed the newer-format check that 3.0 fails.
+        attrs["format_version"] = _plain(version.reshape(())[()])
     for key in ("preprocessing", "versions", "class_names", "source_files", "source_options"):
         if isinstance(attrs.get(key), str):
             try:

@@ -421,6 +421,13 @@ def check_format(path: str | os.PathLike, attrs: dict) -> None:
 def check_not_newer(path: str | os.PathLike, attrs: dict) -> None:
     """Refuse a store written by a newer mr2-extract, whose rows may mean other things."""
     version = attrs.get("format_version")
+    if isinstance(version, list):  # (one of one element is its number: read_attrs)
+        raise ProvenanceError(
+            f"The feature store {os.fspath(path)!r} records its format_version as {version}, "
+            "not one number, so which store format it was written in is unknown; write it "
+            f"as one number (this version writes format {FORMAT_VERSION}), or write to "
+            "another output path."
+        )
     # (a number of any kind: a tool that writes numbers as doubles, as MATLAB does, wrote 3.0)
     if (
         isinstance(version, int | float)

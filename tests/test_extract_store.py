@@ -2790,21 +2790,50 @@ def test_older_store_format_is_refused_before_loading_a_model(store, folder, tmp
         load_features(old)
 
 
-@pytest.mark.parametrize("kind", [int, float])
+@pytest.mark.parametrize(
+    "kind",
+    [int, float, lambda v: [float(v)], lambda v: np.full((1, 1), v, np.int64)],
+    ids=["int", "float", "[float]", "[[int]]"],
+)
 def test_a_store_of_the_next_format_is_newer_and_never_to_be_rebuilt(tmp_path, kind):
     # One format above this version's is a newer store (not one to rebuild with --force,
     # which would delete what the newer version wrote). Written as a double (3.0), it was
-    # loaded, and called older.
-    from extract._schema import FORMAT_VERSION
+    # loaded, and called older; written as an array of one ([3.0]), it was loaded too.
+    from extract._schema import FORMAT_VERSION, read_attrs
     from extract._store import check_format
 
-    with pytest.raises(ProvenanceError, match="by a newer mr2-extract") as error:
-        check_format("f.h5", {"format_version": kind(FORMAT_VERSION + 1)})
-    assert "--force" not in str(error.value)
     _foreign(tmp_path / "x.h5")
     with h5py.File(tmp_path / "x.h5", "a") as f:
         f.attrs["format_version"] = kind(FORMAT_VERSION + 1)
+        attrs = read_attrs(f)
+    with pytest.raises(
+        ProvenanceError, match=rf"store format {FORMAT_VERSION + 1}(\.0)? by a newer"
+    ) as error:
+        check_format("f.h5", attrs)
+    assert "--force" not in str(error.value)
     with pytest.raises(ProvenanceError, match="by a newer mr2-extract"):
+        load_features(tmp_path / "x.h5")
+    with h5py.File(tmp_path / "x.h5", "a") as f:  # this version's format, as an array too
+        f.attrs["format_version"] = kind(FORMAT_VERSION)
+        check_format("f.h5", read_attrs(f))
+
+
+@pytest.mark.parametrize("version", [[], [2, 3], [b"2", b"3"]])
+def test_a_store_whose_format_is_no_one_number_is_refused_as_such(tmp_path, version):
+    # An array of other than one element names no format: it was loaded (a list passed
+    # the newer-format check), and called older (to rebuild with --force) by extract.
+    from extract._schema import read_attrs
+    from extract._store import check_format
+
+    _foreign(tmp_path / "x.h5")
+    with h5py.File(tmp_path / "x.h5", "a") as f:
+        f.attrs["format_version"] = np.asarray(version, dtype=None if version else float)
+        attrs = read_attrs(f)
+    match = "records its format_version as .*, not one number"
+    with pytest.raises(ProvenanceError, match=match) as error:
+        check_format("f.h5", attrs)
+    assert "--force" not in str(error.value)
+    with pytest.raises(ProvenanceError, match=match):
         load_features(tmp_path / "x.h5")
 
 
