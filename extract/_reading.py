@@ -10,6 +10,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from mr2_probe._h5 import EXTERNAL_ADVICE, missing_external_file
+
 from ._locks import _lock_holder
 from ._paths import plural
 from ._schema import (
@@ -268,6 +270,13 @@ def _check_types(path: str | os.PathLike, f: h5py.File) -> None:
                 f"virtual dataset whose source {missing} cannot be opened, and HDF5 reads "
                 "its rows as fill values (zeros) without an error; restore the source "
                 "file beside the store, or merge the shards into one store (merge_shards)."
+            )
+        missing = missing_external_file(f[name])
+        if missing:
+            raise NotAStoreError(
+                f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} keeps its "
+                f"rows in the external file {missing}, which is not there ({EXTERNAL_ADVICE}); "
+                "restore that file, or rebuild the store."
             )
         try:
             f[name].dtype  # noqa: B018

@@ -27,7 +27,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mr2_probe._h5 import PLUGIN_ADVICE, missing_filters
+from mr2_probe._h5 import EXTERNAL_ADVICE, PLUGIN_ADVICE, missing_external_file, missing_filters
 
 from ._locks import _lock_holder
 from ._schema import (
@@ -93,6 +93,21 @@ def damaged(
         missing = missing_filters(source) if source is not None and source.id.valid else []
     except DAMAGE_ERRORS:
         missing = []
+    try:
+        external = (
+            missing_external_file(source)
+            if isinstance(source, h5py.Dataset) and source.id.valid
+            else None
+        )
+    except DAMAGE_ERRORS:
+        external = None
+    if external:  # deleted or moved after the store was opened
+        return NotAStoreError(
+            f"Cannot read the feature store {os.fspath(path)!r}: its dataset "
+            f"{source.name!r} keeps its rows in the external file {external}, which is not "
+            f"there ({EXTERNAL_ADVICE}): {' '.join(str(text).split())}. Restore that file; "
+            "the store itself is not known to be damaged."
+        )
     if missing:
         return StoreError(
             f"Cannot read the feature store {os.fspath(path)!r}: it is compressed with HDF5 "

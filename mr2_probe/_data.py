@@ -14,7 +14,7 @@ from sklearn.utils import assert_all_finite
 from sklearn.utils.validation import _num_samples
 
 from ._device import inverse_row_norms, to_tensor
-from ._h5 import PLUGIN_ADVICE, missing_filters
+from ._h5 import EXTERNAL_ADVICE, PLUGIN_ADVICE, missing_external_file, missing_filters
 
 
 def is_torch_tensor(X) -> bool:
@@ -124,6 +124,13 @@ def read_h5(X, key):
         dataset = getattr(X, "dataset", X)
         if not dataset.id.valid:  # a closed file, not a damaged one
             raise
+        external = missing_external_file(dataset)
+        if external:  # a file beside it that is not there, not a damaged file
+            raise ValueError(
+                f"Cannot read the rows of the HDF5 dataset {dataset.name!r} in "
+                f"{dataset.file.filename!r}: they are kept in the external file {external}, "
+                f"which is not there ({EXTERNAL_ADVICE}); restore that file."
+            ) from error
         missing = missing_filters(dataset)
         if missing:  # a plugin not installed (hdf5plugin's Blosc, say), not a damaged file
             raise ValueError(

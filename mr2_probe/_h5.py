@@ -1,5 +1,6 @@
-"""HDF5 filters a dataset needs that this HDF5 cannot load, for the errors of both the
-estimators' reads (``_data.read_h5``) and extract's stores (``extract._store.damaged``).
+"""HDF5 filters a dataset needs that this HDF5 cannot load, and external raw data files
+missing, for the errors of both the estimators' reads (``_data.read_h5``) and extract's
+stores (``extract._store.damaged``).
 
 Light on purpose: no torch, scikit-learn or NumPy, and h5py only where it is called (with
 an h5py object, so it is there), as ``load_features`` imports neither torch nor
@@ -7,6 +8,8 @@ scikit-learn.
 """
 
 from __future__ import annotations
+
+import os
 
 # What to do about the filters that missing_filters names, in both packages' errors.
 PLUGIN_ADVICE = (
@@ -50,3 +53,29 @@ def optional_filter_applied(dataset, index: int) -> bool:
     dsid = dataset.id
     masks = [dsid.get_chunk_info(i).filter_mask for i in range(dsid.get_num_chunks())]
     return any(not mask & (1 << index) for mask in masks)
+
+
+# Where HDF5 looks for a dataset's external raw data files, for the errors that name one.
+EXTERNAL_ADVICE = (
+    "HDF5 looks for a relative name from the current folder, or from HDF5_EXTFILE_PREFIX "
+    "where that was set when it started, ${ORIGIN} there meaning the HDF5 file's folder"
+)
+
+
+def missing_external_file(dataset) -> str | None:
+    """The first external raw data file of the HDF5 ``dataset`` (``create_dataset(...,
+    external=[...])``) that is not there, as "'name'" (with the path HDF5 opens where that
+    differs); None for a dataset whose raw data lies in its own file, or whose external
+    files are all there. Looked for where HDF5 looks: under the dataset's external file
+    prefix (HDF5_EXTFILE_PREFIX, resolved when the dataset was opened), else as named."""
+    external = dataset.external
+    if not external:
+        return None
+    prefix = os.fsdecode(dataset.id.get_access_plist().get_efile_prefix())
+    for name, _offset, _size in external:
+        name = os.fsdecode(name)
+        full = name if os.path.isabs(name) or not prefix else os.path.join(prefix, name)
+        if not os.path.isfile(full):
+            shown = os.path.abspath(full)
+            return repr(name) if shown == name else f"{name!r} (looked for as {shown!r})"
+    return None

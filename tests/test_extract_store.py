@@ -2116,6 +2116,47 @@ def test_a_virtual_store_read_through_a_link_finds_its_sources(tmp_path, monkeyp
     assert store.features[3:].min() > 0
 
 
+def _external_store(folder: Path, name: str, raw: str) -> Path:
+    """A store whose ``name`` dataset keeps its rows in the external raw data file ``raw``
+    (h5py's ``create_dataset(..., external=...)``), a name relative to the current folder."""
+    data = dict(features=np.arange(24, dtype=np.float32).reshape(6, 4) + 1, labels=[1, 0] * 3)
+    with h5py.File(folder / "s.h5", "w") as f:
+        for key, values in (data | dict(class_names=["a", "b"])).items():
+            if key == name:
+                values = np.asarray(values)
+                f.create_dataset(key, values.shape, values.dtype, external=[(raw, 0, 1 << 20)])
+                f[key][...] = values
+            else:
+                f[key] = values
+    return folder / "s.h5"
+
+
+@pytest.mark.parametrize("name", ["features", "labels"])
+def test_a_dataset_whose_external_file_is_missing_is_said_so(tmp_path, monkeypatch, name):
+    # Its rows in a file beside the store (h5py's external=), deleted or left behind by a
+    # move: the store was called damaged ("unable to open external raw data file"), never
+    # to be replaced, where the file is whole and names the one to restore.
+    from extract._reading import RowView
+    from mr2_probe._data import read_h5
+
+    monkeypatch.chdir(tmp_path)
+    path = _external_store(tmp_path, name, "rows.raw")
+    assert load_features(path, in_memory=True).features.sum() == 300
+    store = load_features(path)  # opened with its file, which then goes
+    (tmp_path / "rows.raw").unlink()
+    message = rf"'{name}' keeps its rows in the external file 'rows.raw' \(looked for as "
+    for in_memory in (False, True):
+        with pytest.raises(NotAStoreError, match=message + r".*restore that file") as error:
+            load_features(path, in_memory=in_memory)
+        assert "damaged" not in str(error.value)
+    if name == "features":  # read after the file went: by the estimators, and by a view
+        with pytest.raises(ValueError, match=r"external file 'rows.raw' \(looked for as"):
+            read_h5(store.features, slice(None))
+        with pytest.raises(NotAStoreError, match=r"external file 'rows.raw' .* not known to be"):
+            RowView.of(store.features, np.arange(3))[:]
+    store.close()
+
+
 def test_a_store_with_a_dataset_numpy_cannot_type_is_read(tmp_path):
     # Another dataset in a type that NumPy has no equivalent of (HDF5's H5T_TIME), which
     # load_features never reads: its type converted at open raised h5py's TypeError.
