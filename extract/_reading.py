@@ -10,7 +10,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mr2_probe._h5 import EXTERNAL_ADVICE, missing_external_file
+from mr2_probe._h5 import EXTERNAL_ADVICE, missing_external_file, short_external_file
 
 from ._locks import _lock_holder
 from ._paths import plural
@@ -277,6 +277,14 @@ def _check_types(path: str | os.PathLike, f: h5py.File) -> None:
                 f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} keeps its "
                 f"rows in the external file {missing}, which is not there ({EXTERNAL_ADVICE}); "
                 "restore that file, or rebuild the store."
+            )
+        short = short_external_file(f[name])
+        if short:
+            raise NotAStoreError(
+                f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} keeps its "
+                f"rows in the external file {short}, which is cut short, and HDF5 reads the "
+                "missing bytes as zeros without an error; restore the whole file, or rebuild "
+                "the store."
             )
         try:
             f[name].dtype  # noqa: B018

@@ -68,14 +68,41 @@ def missing_external_file(dataset) -> str | None:
     differs); None for a dataset whose raw data lies in its own file, or whose external
     files are all there. Looked for where HDF5 looks: under the dataset's external file
     prefix (HDF5_EXTFILE_PREFIX, resolved when the dataset was opened), else as named."""
-    external = dataset.external
-    if not external:
-        return None
-    prefix = os.fsdecode(dataset.id.get_access_plist().get_efile_prefix())
-    for name, _offset, _size in external:
-        name = os.fsdecode(name)
-        full = name if os.path.isabs(name) or not prefix else os.path.join(prefix, name)
+    for name, full, _offset, _size in _external_files(dataset):
         if not os.path.isfile(full):
             shown = os.path.abspath(full)
             return repr(name) if shown == name else f"{name!r} (looked for as {shown!r})"
     return None
+
+
+def short_external_file(dataset) -> str | None:
+    """The first external raw data file of the HDF5 ``dataset`` that is shorter than the
+    rows it holds there, as "'name' (40 of its 96 bytes)"; None where each holds all of
+    them (or is not there: :func:`missing_external_file`). HDF5 reads the bytes past a
+    file's end as zeros, without an error (a copy cut short, a disk that filled)."""
+    left = (dataset.size or 0) * dataset.id.get_type().get_size()
+    for name, full, offset, size in _external_files(dataset):
+        held = min(size, left)  # the bytes of the rows in this file, from offset on
+        left -= held
+        try:
+            found = os.path.getsize(full) - offset
+        except OSError:
+            continue
+        if found < held:
+            return f"{name!r} ({max(found, 0)} of its {held} bytes)"
+    return None
+
+
+def _external_files(dataset) -> list[tuple[str, str, int, int]]:
+    """``(name, path, offset, size)`` of each external raw data file of ``dataset``: its
+    name as recorded and the path HDF5 opens (under the dataset's external file prefix,
+    HDF5_EXTFILE_PREFIX resolved when the dataset was opened, else as named)."""
+    if not dataset.external:  # (None: its rows lie in its own file)
+        return []
+    prefix = os.fsdecode(dataset.id.get_access_plist().get_efile_prefix())
+    files = []
+    for name, offset, size in dataset.external:
+        name = os.fsdecode(name)
+        full = name if os.path.isabs(name) or not prefix else os.path.join(prefix, name)
+        files.append((name, full, offset, size))
+    return files

@@ -2157,6 +2157,23 @@ def test_a_dataset_whose_external_file_is_missing_is_said_so(tmp_path, monkeypat
     store.close()
 
 
+@pytest.mark.parametrize("name", ["features", "labels"])
+def test_a_dataset_whose_external_file_is_cut_short_is_refused(tmp_path, monkeypatch, name):
+    # HDF5 reads the bytes past an external file's end as zeros without an error: a copy
+    # cut short loaded the last rows as zero features (labels as class 0).
+    monkeypatch.chdir(tmp_path)
+    path = _external_store(tmp_path, name, "rows.raw")
+    whole = (tmp_path / "rows.raw").read_bytes()
+    (tmp_path / "rows.raw").write_bytes(whole[:-1])
+    cut = rf"'rows.raw' \({len(whole) - 1} of its {len(whole)} bytes\), which is cut short"
+    with pytest.raises(
+        NotAStoreError, match=rf"'{name}' keeps its rows in the external file {cut}"
+    ):
+        load_features(path)
+    (tmp_path / "rows.raw").write_bytes(whole + b"more")  # longer is no loss
+    assert load_features(path, in_memory=True).features.sum() == 300
+
+
 def test_a_store_with_a_dataset_numpy_cannot_type_is_read(tmp_path):
     # Another dataset in a type that NumPy has no equivalent of (HDF5's H5T_TIME), which
     # load_features never reads: its type converted at open raised h5py's TypeError.
