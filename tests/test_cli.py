@@ -2871,6 +2871,34 @@ def test_an_archive_s_class_names_that_cannot_name_its_labels_are_refused(
     assert message in _refused([str(tmp_path / "named.npz")], capsys)
 
 
+@pytest.mark.parametrize("key, kind", [("class_names", "bytes"), ("target_names", "str")])
+def test_an_archive_s_class_names_beside_text_labels_must_list_them(
+    files, tmp_path, capsys, key, kind
+):
+    # Text labels beside class names were read as they are, and the names left unread
+    # without a word: names that list other classes than the labels now stop the run, as
+    # they do beside integer labels; names that list them (in another order, with a class
+    # more, a label in decomposed accents) are no mistake.
+    X, y = np.load(files / "X.npy"), np.load(files / "y.npy")
+    labels = np.array(["café", "Trouser", "Ankle boot"])[y]
+    labels = np.char.encode(labels, "utf-8") if kind == "bytes" else labels
+    listed = np.array(["Trouser", "Ankle boot", "cafe\u0301", "Bag"])
+    np.savez(tmp_path / "named.npz", X=X, y=labels, **{key: listed})
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "named.npz"), "--out", str(out), "--no-progress"]) == 0
+    assert json.loads((out / "report.json").read_text())["labels"] == sorted(
+        ["Ankle boot", "Trouser", "café"]
+    )
+    capsys.readouterr()
+    np.savez(tmp_path / "named.npz", X=X, y=labels, **{key: np.array(FASHION)})
+    line = _refused([str(tmp_path / "named.npz")], capsys)
+    assert line.endswith(
+        f"named.npz's 'y' holds 1 class name that its {key!r} does not list ('café'): text "
+        f"labels must be among those names; save {key!r} with the name of every class, or "
+        "leave it out"
+    )
+
+
 def test_an_archive_with_a_scalar_beside_its_other_spelling_is_refused_by_its_shape(
     files, tmp_path, capsys
 ):

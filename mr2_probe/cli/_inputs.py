@@ -99,7 +99,8 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
 
     Returns ``(X, y, class_names)``: the labels as the file holds them (a store's integer
     codes 0..K-1; a .npz's integer labels as the names its ``class_names`` or
-    ``target_names`` list, the k-th naming code k) and the store's class names (``None``
+    ``target_names`` list, the k-th naming code k; text labels, which those names must
+    list) and the store's class names (``None``
     for NumPy files). Every problem with
     the file raises a :class:`UsageError` or an ``extract.StoreError`` (both ValueErrors)
     with a one-line message.
@@ -251,6 +252,8 @@ def _load_npz(path: str):
         codes = _as_class_codes(arrays[1]) if named is not None else None
         if codes is not None:
             arrays[1] = _named(path, data, named, codes, y_key)
+        elif named is not None:
+            _check_text_named(path, data, named, arrays[1], y_key)
         return tuple(arrays)
 
 
@@ -274,6 +277,41 @@ def _as_class_codes(labels: np.ndarray):
 
 def _named(path: str, data, key: str, codes: np.ndarray, y_key: str) -> np.ndarray:
     """The labels ``codes`` as the class names that ``data[key]`` lists, one per code."""
+    names = _class_names(path, data, key, y_key)
+    if codes.size and (codes.min() < 0 or codes.max() >= len(names)):
+        what = (  # (an empty list said "codes outside 0..-1")
+            f"{path}'s {y_key!r} holds codes outside 0..{len(names) - 1}, the classes that its "
+            f"{key!r} names"
+            if len(names)
+            else f"{path}'s {key!r} is empty, naming none of the classes of {y_key!r}"
+        )
+        raise UsageError(f"{what}; save the names of every class, the k-th naming code k")
+    return names[codes]
+
+
+def _check_text_named(path: str, data, key: str, labels: np.ndarray, y_key: str) -> None:
+    """Refuse text labels that the class names ``data[key]`` beside them do not all name
+    (compared in NFC, as names are matched): they were read as they are, and the names
+    left unread without a word. Labels of other kinds are refused as labels later."""
+    if labels.dtype.kind not in "US":
+        return
+    names = _class_names(path, data, key, y_key)
+    try:
+        values = np.unique(np.char.decode(labels, "utf-8") if labels.dtype.kind == "S" else labels)
+    except UnicodeDecodeError:  # (refused as labels, by _load_xy)
+        return
+    known = {_nfc(name) for name in names.tolist()}
+    unnamed = [value for value in values.tolist() if _nfc(value) not in known]  # classes
+    if unnamed:
+        raise UsageError(
+            f"{path}'s {y_key!r} holds {len(unnamed)} class name{'s' if len(unnamed) > 1 else ''} "
+            f"that its {key!r} does not list ({_few(unnamed)}): text labels must be among "
+            f"those names; save {key!r} with the name of every class, or leave it out"
+        )
+
+
+def _class_names(path: str, data, key: str, y_key: str) -> np.ndarray:
+    """The class names that ``data[key]`` lists, as str, checked to be text and distinct."""
     try:
         names = data[key]
     except ValueError as error:
@@ -288,21 +326,13 @@ def _named(path: str, data, key: str, codes: np.ndarray, y_key: str) -> np.ndarr
             names = np.char.decode(names, "utf-8")
         except UnicodeDecodeError as error:
             raise UsageError(f"{path}'s {key!r} holds bytes that are not UTF-8 text") from error
-    if codes.size and (codes.min() < 0 or codes.max() >= len(names)):
-        what = (  # (an empty list said "codes outside 0..-1")
-            f"{path}'s {y_key!r} holds codes outside 0..{len(names) - 1}, the classes that its "
-            f"{key!r} names"
-            if len(names)
-            else f"{path}'s {key!r} is empty, naming none of the classes of {y_key!r}"
-        )
-        raise UsageError(f"{what}; save the names of every class, the k-th naming code k")
     unique, counts = np.unique(names, return_counts=True)
     if (counts > 1).any():
         raise UsageError(
             f"{path}'s {key!r} names two classes {str(unique[counts > 1][0])!r}; give each "
             "class a name of its own"
         )
-    return names[codes]
+    return names
 
 
 def _rival(data, key: str, other: str) -> bool:
