@@ -2086,6 +2086,22 @@ def test_a_figure_failing_without_a_message_names_its_error(files, tmp_path, mon
     assert "mr2-probe: error: groups.png is left out: AssertionError" in err
 
 
+def test_a_run_removes_the_files_that_a_killed_run_left_half_written(files, tmp_path):
+    # A run killed while writing (SIGKILL, a power cut) leaves its files half written
+    # beside their places; those of files that the next run does not write (the front's
+    # figure, the CV curve, a store's class names) were left in the folder for good.
+    out = tmp_path / "run"
+    out.mkdir()
+    left = [".front.partial.png", ".cv_curve.partial.png", ".class_names.partial.json"]
+    left += [".models.partial.joblib", ".report.partial.md"]
+    for name in [*left, ".notes.partial.txt", "front.partial.png"]:  # the last two: not its
+        (out / name).write_bytes(b"half")
+    assert main([str(files / "train.npz"), "--out", str(out), "--no-progress"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        OUTPUTS | {".notes.partial.txt", "front.partial.png"}
+    )
+
+
 @pytest.mark.slow
 def test_a_run_that_fails_writing_leaves_the_earlier_outputs_whole(
     files, tmp_path, monkeypatch, capsys

@@ -201,6 +201,8 @@ def _write_outputs(
     }
     if names is not None:
         files["class_names.json"] = _text(json.dumps(names, ensure_ascii=False))
+    for name in _OUTPUTS:  # a killed run's files half written (this run holds the folder)
+        _partial(out, name).unlink(missing_ok=True)
     _replace_together(out, files)
     if names is None:  # an earlier run's class names would describe other data
         (out / "class_names.json").unlink(missing_ok=True)
@@ -261,7 +263,7 @@ def _text(content: str):
 def _replace_together(folder: Path, files: dict) -> None:
     """Write each file (name -> function writing a path) beside its place, then move them
     all into place; if a write fails, nothing is moved and the error names the file."""
-    partial = {name: folder / f".{Path(name).stem}.partial{Path(name).suffix}" for name in files}
+    partial = {name: _partial(folder, name) for name in files}
     try:
         for name, write in files.items():
             try:
@@ -274,3 +276,9 @@ def _replace_together(folder: Path, files: dict) -> None:
     finally:
         for path in partial.values():
             path.unlink(missing_ok=True)
+
+
+def _partial(folder: Path, name: str) -> Path:
+    """Where the file ``name`` is written whole before it is renamed into its place (a run
+    killed meanwhile leaves it: the next run into ``folder`` removes it)."""
+    return folder / f".{Path(name).stem}.partial{Path(name).suffix}"
