@@ -2675,12 +2675,34 @@ def test_a_parameter_that_some_models_of_the_grid_read_is_searched(files, capsys
     assert "MR2 grid: best parameters" in capsys.readouterr().out
 
 
-def test_labels_of_two_dimensions_are_refused(files, tmp_path, capsys):
-    # Labels saved as a column (n, 1) have one per row, but are no 1-D class vector: they
-    # must be refused by name, not fitted as whatever scikit-learn makes of a column.
-    np.save(tmp_path / "y_column.npy", np.load(files / "y.npy")[:, None])
-    line = _refused([str(files / "X.npy"), "--labels", str(tmp_path / "y_column.npy")], capsys)
-    assert "must be a 1-D array; got shape (90, 1)" in line
+@pytest.mark.parametrize("shape", [(1, 90), (90, 2), (90, 1, 1)])
+def test_labels_of_two_dimensions_are_refused(files, tmp_path, capsys, shape):
+    # Labels of more than one per row, or of another layout, are no 1-D class vector:
+    # they must be refused by name, not fitted as whatever scikit-learn makes of them.
+    y = np.load(files / "y.npy")
+    np.save(tmp_path / "y_2d.npy", np.repeat(y, np.prod(shape) // len(y)).reshape(shape))
+    line = _refused([str(files / "X.npy"), "--labels", str(tmp_path / "y_2d.npy")], capsys)
+    assert f"must be a 1-D array; got shape {shape}" in line
+
+
+def test_labels_saved_as_a_column_are_read_with_a_warning(files, tmp_path, capsys):
+    # A column (n, 1), as a DataFrame's y[["label"]] gives: one label per row, which
+    # scikit-learn's estimators (MR2LinearClassifier's too) read with a warning
+    # (DataConversionWarning); mr2-probe refused it as labels of two dimensions.
+    X, y = np.load(files / "X.npy"), np.load(files / "y.npy")
+    np.save(tmp_path / "y_column.npy", y[:, None])
+    np.savez(tmp_path / "test.npz", X=X[::3], y=np.array(FASHION)[y[::3, None]])
+    np.savez(tmp_path / "train.npz", X=X, y=np.array(FASHION)[y])
+    out = tmp_path / "out"
+    argv = [str(files / "X.npy"), "--labels", str(tmp_path / "y_column.npy")]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "y_column.npy are a column of shape (90, 1), read as one label per row; " in err
+    assert json.loads((out / "report.json").read_text())["inputs"]["train"]["samples"] == 72
+    argv = [str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz")]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    assert "the labels of " + str(tmp_path / "test.npz") in capsys.readouterr().err
+    assert json.loads((out / "report.json").read_text())["labels"] == sorted(FASHION)
 
 
 def test_a_file_of_no_samples_is_refused(tmp_path, capsys):

@@ -146,6 +146,13 @@ def _load_xy(path: str, labels=None, labels_option: str = "--labels", stack=None
         source = f"{path} with labels {labels}"
     X = X if _lazy(X) else np.asarray(X)
     y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:  # a column: one label per row, as scikit-learn reads it
+        print(
+            f"mr2-probe: warning: the labels of {source} are a column of shape {y.shape}, read "
+            f"as one label per row; save them with shape ({len(y)},) (y.ravel())",
+            file=sys.stderr,
+        )
+        y = y.ravel()
     if y.dtype.kind == "S":  # bytes, which scikit-learn refuses as labels: their text
         try:
             y = np.char.decode(y, "utf-8")
