@@ -18,6 +18,7 @@ import math
 import os
 import re
 import struct
+import unicodedata
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -306,6 +307,7 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
         classes = [name for name in find_classes(root)[0] if not _hidden(name)]
     except FileNotFoundError:  # no folder in root at all: said below, as hidden ones alone
         classes = []
+    _check_one_form(classes, root)
     if not classes:
         images = [
             entry.name
@@ -370,6 +372,24 @@ def _hidden(name: str) -> bool:
     thumbnails that a Synology NAS writes in every folder of images, or a NAS share's
     recycle bin of deleted files (``#recycle``, ``@Recycle``)."""
     return name.startswith(".") or name in _SYSTEM_FOLDERS
+
+
+def _check_one_form(classes: list[str], root: str) -> None:
+    """Refuse two class folders whose names are one name in two Unicode forms (an
+    accent composed, 'caf\\xe9', and decomposed, 'cafe\\u0301', as a copy from macOS
+    spells it): two classes that print alike, and that mr2-probe matches by name in NFC
+    as one, so that it refused the store's class names."""
+    seen: dict[str, str] = {}
+    for name in classes:
+        other = seen.setdefault(unicodedata.normalize("NFC", name), name)
+        if other != name:
+            raise ValueError(
+                f"The class folders {other!r} and {name!r} under {root!r} are one name in "
+                f"two Unicode forms, {ascii(other)} and {ascii(name)} (an accent composed in "
+                "one and decomposed in the other, as a copy made on macOS spells it): they "
+                "would be two classes that print alike. Move the images of one into the "
+                "other, or rename one of them."
+            )
 
 
 def _check_dangling_links(root: str) -> None:

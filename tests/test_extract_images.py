@@ -406,6 +406,18 @@ def test_image_folder_refuses_names_that_are_not_utf8(folder):
         image_folder(folder)
 
 
+def test_class_folders_of_one_name_in_two_unicode_forms_are_refused(folder):
+    # 'café' typed on Linux (composed) beside 'café' copied from macOS (decomposed) made two
+    # classes that print alike, which mr2-probe, matching names in NFC, then refused.
+    for name in ("caf\u00e9", "cafe\u0301"):
+        shutil.copytree(folder / "cat", folder / name)
+    match = r"'cafe\\u0301' and 'caf\\xe9' \(an accent composed in one and decomposed"
+    with pytest.raises(ValueError, match=match):
+        image_folder(folder)
+    shutil.rmtree(folder / "cafe\u0301")  # one form alone is a class as any other
+    assert image_folder(folder).class_names == ["caf\u00e9", "cat", "dog"]
+
+
 def test_a_whitespace_separated_list_takes_file_names_with_blanks(folder):
     # The label is the last field: the rest of the line, blanks included, is the path.
     shutil.copy(folder / "cat/000.png", folder / "cat/my photo.png")
