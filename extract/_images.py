@@ -415,9 +415,10 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     folders and the other system folders of :func:`_hidden` are left out.
 
     Raises FileNotFoundError, as ``make_dataset`` does, for a class without images (and
-    for a link in a class whose target does not exist, unless it is named as a file: one
-    named as an image is listed, and recorded as a failed image, another is left out as
-    any file without an image extension), and OSError for a folder that cannot be listed.
+    for a link in a class whose target does not exist, unless it is a file's
+    (:func:`_a_file_s`): one named as an image is listed, and recorded as a failed image,
+    another is left out as any file without an image extension), and OSError for a folder
+    that cannot be listed.
     """
 
     def inode(path: str | Path) -> tuple[int, int]:
@@ -460,9 +461,9 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
         items += found
         others = [p for p in listed if not has_file_allowed_extension(p, IMG_EXTENSIONS)]
         for path in others:
-            if os.path.islink(path) and not os.path.exists(path) and not _file_name(path):
+            if os.path.islink(path) and not os.path.exists(path) and not _a_file_s(path):
                 # (os.walk lists a link it cannot follow as a file: said as no image. One
-                # named as a file, an annotation of git-annex or DVC not fetched, is one.)
+                # to a file, an annotation of git-annex or DVC not fetched, is one.)
                 raise FileNotFoundError(
                     f"{path!r} under {root!r} {why_missing(path)}: a folder of the class "
                     f"{name!r} that cannot be reached would be left out with its images. "
@@ -479,10 +480,19 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     return items
 
 
-def _file_name(path: str) -> bool:
-    """Whether a name is a file's, with an extension (``gone.jpg``, ``000.json``), rather
-    than a folder's (``more``)."""
-    return bool(os.path.splitext(os.path.basename(path))[1])
+# Where git-annex and DVC keep the objects their links name: files, never folders.
+_OBJECT_STORES = re.compile(r"(^|/)(\.git/annex/objects|annex/objects|\.dvc/cache)/")
+
+
+def _a_file_s(link: str) -> bool:
+    """Whether a symbolic link whose target does not exist is a file's, rather than a
+    folder's (``more``): its target is a git-annex or DVC object (``LICENSE`` to
+    ``.git/annex/objects/.../SHA256E-s12--ab``), a file not fetched, or its name has an
+    extension (``gone.jpg``, ``000.json``). (A target's name is no sign: folders are named
+    with dots, ``2019.06.01``.)"""
+    if _OBJECT_STORES.search(os.readlink(link)):
+        return True
+    return bool(os.path.splitext(os.path.basename(link))[1])
 
 
 def _warn_of_left_out(root: str, other: list[str]) -> None:

@@ -277,11 +277,12 @@ def test_a_class_folder_link_that_reaches_nothing_is_refused(folder, target, why
         image_folder(folder)
 
 
-def test_a_folder_link_in_a_class_that_reaches_nothing_is_refused(folder, caplog):
+@pytest.mark.parametrize("target", ["more", "2019.06.01"])  # (a folder named with dots too)
+def test_a_folder_link_in_a_class_that_reaches_nothing_is_refused(folder, caplog, target):
     # A link to a share not mounted inside a class left its images out, said only as "a
     # file ... left out: only files with an image extension are read".
-    os.symlink(folder / "missing" / "more", folder / "cat" / "more")
-    why = r"is a symbolic link to '.*missing/more', which does not exist: a folder of the"
+    os.symlink(folder / "missing" / target, folder / "cat" / "more")
+    why = f"is a symbolic link to '.*missing/{target}', which does not exist: a folder of the"
     with pytest.raises(FileNotFoundError, match=f"'.*cat/more' under .* {why} class 'cat'"):
         image_folder(folder)
     # A link named as an image is listed, and recorded as a failed image when read.
@@ -291,13 +292,26 @@ def test_a_folder_link_in_a_class_that_reaches_nothing_is_refused(folder, caplog
     assert "cat/gone.jpg" in image_folder(folder).ids and not caplog.records
 
 
-@pytest.mark.parametrize("name", ["000.json", "annotations.xml"])
-def test_a_file_link_in_a_class_that_reaches_nothing_is_left_out_as_before(folder, caplog, name):
+_ANNEXED = "../.git/annex/objects/Xx/Yy/SHA256E-s12--ab/SHA256E-s12--ab"
+
+
+@pytest.mark.parametrize(
+    "name, target",
+    [("000.json", _ANNEXED), ("annotations.xml", _ANNEXED),
+     # Files without an extension were refused as folders out of reach: one annexed (a
+     # key without an extension, of git-annex's SHA256E or SHA256 backends), or a DVC
+     # object.
+     ("LICENSE", _ANNEXED), ("NOTES", "../.git/annex/objects/Xx/Yy/SHA256-s9--cd/SHA256-s9--cd"),
+     ("labels", "../../.dvc/cache/files/md5/ab/cdef0123456789")],
+)  # fmt: skip
+def test_a_file_link_in_a_class_that_reaches_nothing_is_left_out_as_before(
+    folder, caplog, name, target
+):
     # A git-annex or DVC dataset whose images were fetched and annotations not: each
     # annotation is a link to an object not in the cache. Left out with a warning as any
     # file without an image extension, not refused as a folder out of reach.
     before = image_folder(folder)
-    os.symlink(".git/annex/objects/Xx/Yy/SHA256E-s12--ab/SHA256E-s12--ab", folder / "cat" / name)
+    os.symlink(target, folder / "cat" / name)
     caplog.set_level(logging.WARNING, logger="extract")
     after = image_folder(folder)
     assert (after.ids, after.class_names) == (before.ids, before.class_names)
