@@ -712,6 +712,19 @@ def _source_hint(path: Path) -> str:
     return ""
 
 
+def _a_tab_in_its_path(folder: Path, line: str) -> bool:
+    """Whether a line of a list whose every line holds a tab is ``path label`` with the tab
+    in its path: split at the tab it names no file, at its last blank one that exists (a
+    blank-separated list of files whose names hold tabs, read as the file 'a' of a class
+    'b/1.png cat'). Lines that both splits read alike are not looked up."""
+    at_tab = re.split(r"\t+", line.strip())
+    at_blank = line.rsplit(None, 1)
+    if len(at_tab) != 2 or len(at_blank) != 2 or at_tab[0].strip() == at_blank[0].strip():
+        return False
+    named = [os.path.lexists(folder / fields[0].strip()) for fields in (at_tab, at_blank)]
+    return named == [False, True]
+
+
 def image_list(list_file: str | os.PathLike) -> ImageSource:
     """Images listed as ``path,label`` lines (CSV, or tab- or whitespace-separated text).
 
@@ -749,10 +762,13 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     # A comma anywhere makes the list CSV (a file name with a comma is then quoted); a tab
     # on every line, a list of tab-separated fields, whose labels may hold blanks ("golden
     # retriever" was split at its blank, its path taking "golden" after the tab). A tab
-    # that begins or ends a line (an indented list, a trailing tab) separates no fields.
+    # that begins or ends a line (an indented list, a trailing tab) separates no fields,
+    # nor one in a file name of a blank-separated list (:func:`_a_tab_in_its_path`).
     if any("," in line for line in text):
         delimiter = ","
-    elif all("\t" in line.strip() for line in text if line.strip()):
+    elif all("\t" in line.strip() for line in text if line.strip()) and not any(
+        _a_tab_in_its_path(list_file.parent, line) for line in text
+    ):
         delimiter = "\t"
     else:
         delimiter = None

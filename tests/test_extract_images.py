@@ -465,6 +465,19 @@ def test_a_tab_around_a_blank_separated_line_is_no_separator(folder, line):
     assert (src.ids, src.class_names) == (["cat/000.png", "dog/001.jpg"], ["cat", "dog"])
 
 
+@pytest.mark.parametrize("n_lines", [1, 2])
+def test_a_tab_in_the_file_names_of_a_blank_separated_list_is_no_separator(folder, n_lines):
+    # Every path holding a tab made every line hold one: the list was read as tab-separated,
+    # the image 'a' of a class 'b/0.png cat' (or refused, its first line taken for a header).
+    (folder / "a\tb").mkdir()
+    pairs = [("a\tb/0.png", "cat"), ("a\tb/1.png", "dog")][:n_lines]
+    for path, _ in pairs:
+        shutil.copy(folder / "cat/000.png", folder / path)
+    (folder / "list.txt").write_text("".join(f"{path} {label}\n" for path, label in pairs))
+    src = image_list(folder / "list.txt")
+    assert (src.ids, src.class_names) == ([p for p, _ in pairs], [y for _, y in pairs])
+
+
 def test_image_list_joined_from_lists_with_byte_order_marks(folder):
     # "CSV UTF-8" lists joined (cat a.csv b.csv): the second list's mark began a line, its
     # header became an image '\ufeffpath' of a class 'label', a path '\ufeffdog/...'
