@@ -8,7 +8,6 @@ import errno
 import hashlib
 import io
 import os
-import re
 import stat
 import warnings
 
@@ -85,15 +84,25 @@ def check_pixel_limit(width: int, height: int) -> None:
     """
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and width * height > limit:
-        raise _over_the_limit(f"{width}x{height} = {width * height}")
+        raise Image.DecompressionBombError(
+            f"the image is {width}x{height} = {width * height} pixels, more than the limit of "
+            f"{limit} (PIL.Image.MAX_IMAGE_PIXELS, mr2-extract --max-image-pixels); raise it "
+            "to read the image"
+        )
 
 
-def _over_the_limit(pixels: str) -> Image.DecompressionBombError:
-    return Image.DecompressionBombError(
-        f"the image is {pixels} pixels, more than the limit of {Image.MAX_IMAGE_PIXELS} "
-        "(PIL.Image.MAX_IMAGE_PIXELS, mr2-extract --max-image-pixels); raise it to read the "
-        "image"
-    )
+def _unchecked_size(data: bytes | bytearray) -> tuple[int, int] | None:
+    """The size an image file's header gives, read without PIL's pixel limit (which
+    refused it past twice the limit, naming the pixels alone); None if PIL cannot say."""
+    limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None  # (as ItemDataset sets it for each item: this process's)
+    try:
+        with Image.open(io.BytesIO(data)) as image:  # (the header alone: nothing decoded)
+            return image.size
+    except Exception:
+        return None
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
 
 
 def _scale_to_8_bits(image: Image.Image) -> Image.Image:
@@ -187,12 +196,14 @@ def decode_image(
         except Image.UnidentifiedImageError:
             # PIL would name the in-memory buffer (with its address) instead of the file.
             raise Image.UnidentifiedImageError(f"cannot identify image file {name!r}") from None
-        except Image.DecompressionBombError as err:
-            # PIL's own check, past twice the limit, names twice the limit and no remedy.
-            found = re.match(r"Image size \((\d+) pixels\)", str(err))
-            if found is None:
+        except Image.DecompressionBombError:
+            # PIL's own check, past twice the limit, names twice the limit and no remedy:
+            # said as check_pixel_limit says it on every other path (the size, the limit).
+            size = _unchecked_size(data)
+            if size is None:
                 raise
-            raise _over_the_limit(found.group(1)) from None
+            check_pixel_limit(*size)
+            raise  # (not over the limit after all: the limit changed meanwhile)
         with opened as image:
             check_pixel_limit(*image.size)
             image.load()

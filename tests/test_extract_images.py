@@ -1208,6 +1208,24 @@ def test_pixel_limit_applies_to_the_pil_and_tensor_paths_alike(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("jpeg_bytes", [True, False])
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_an_image_past_twice_the_limit_is_said_as_any_over_it(
+    tmp_path, monkeypatch, jpeg_bytes, fmt
+):
+    # PIL refuses it itself: reworded, its message named the pixels alone ('the image is
+    # 2400 pixels'), where every other path says 'the image is 60x40 = 2400 pixels'.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    Image.new("RGB", (60, 40)).save(tmp_path / "big.img", format=fmt)
+    src = image_list(_write_list(tmp_path, ["big.img,a"]))
+    reason = ItemDataset(src, lambda im: torch.zeros(3, 2, 2), jpeg_bytes=jpeg_bytes)[0][2]
+    assert reason == (
+        "DecompressionBombError: the image is 60x40 = 2400 pixels, more than the limit of 1000 "
+        "(PIL.Image.MAX_IMAGE_PIXELS, mr2-extract --max-image-pixels); raise it to read the image"
+    )
+    assert Image.MAX_IMAGE_PIXELS == 1000  # as it was
+
+
+@pytest.mark.parametrize("jpeg_bytes", [True, False])
 def test_the_pixel_limit_is_the_one_set_when_the_dataset_was_made(
     tmp_path, monkeypatch, jpeg_bytes
 ):
