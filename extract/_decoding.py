@@ -110,18 +110,27 @@ def _scale_to_8_bits(image: Image.Image) -> Image.Image:
     values = np.asarray(image)
     if image.mode == "I" and values.size and (values.min() < 0 or values.max() > 65535):
         raise ValueError(
-            "32-bit integer pixels outside 0..65535 have no defined brightness scale; "
+            "integer pixels outside 0..65535 (PIL mode I) have no defined brightness scale; "
             "save the image with 8 or 16 bits per channel"
         )
     grey = (values.astype(np.uint32) * 255 + 32767) // 65535  # round(v / 257)
     return Image.fromarray(grey.astype(np.uint8), "L")
 
 
+def _32_bit_integers(image: Image.Image) -> bool:
+    """Whether an opened (not yet loaded) image's file holds 32-bit integer pixels (TIFF's
+    ``I;32S``, ``I;32N``, ...): PIL opens them in mode ``I`` as 16-bit files (PGM, signed
+    TIFF), and only the raw mode its decoder is given tells them apart."""
+    rawmodes = (t.args if isinstance(t.args, str) else (t.args or ("",))[0] for t in image.tile)
+    return image.mode == "I" and any(str(mode).startswith("I;32") for mode in rawmodes)
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
     """RGB copy of a PIL image; transparent pixels are composited on white.
 
     16-bit greyscale images (modes ``I;16*`` and ``I``) are scaled to 8 bits, not clipped;
-    floating-point images (mode ``F``) have no defined range and are refused.
+    floating-point images (mode ``F``) have no defined range and are refused, as are files
+    of 32-bit integers (by :func:`decode_image`, which PIL opens in mode ``I`` too).
     """
     if image.mode in _HIGH_BIT_MODES:
         grey = _scale_to_8_bits(image)
@@ -206,6 +215,13 @@ def decode_image(
             raise  # (not over the limit after all: the limit changed meanwhile)
         with opened as image:
             check_pixel_limit(*image.size)
+            if _32_bit_integers(image):
+                # (Read as 16 bits, 8-bit values in them came out black; torchvision's
+                # convert("RGB") clips at 255, white for 16-bit values: no scale is right.)
+                raise ValueError(
+                    "32-bit integer pixels (a TIFF's) have no defined brightness range; save "
+                    "the image with 8 or 16 bits per channel"
+                )
             image.load()
             return trim_aspect(to_rgb(image), max_aspect)
 

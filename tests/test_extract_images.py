@@ -1028,6 +1028,21 @@ def test_images_without_a_brightness_scale_are_refused(image, match):
         to_rgb(image)
 
 
+@pytest.mark.parametrize("scale", [1, 257])
+def test_a_tiff_of_32_bit_integers_is_refused_not_darkened(scale):
+    # PIL opens it in mode I, as 16-bit files: its values were read as 16-bit ones, and 8-bit
+    # values in it (numpy's int32 saved by PIL) came out black (255 -> 1) without a word.
+    grey = np.arange(256, dtype=np.int32).reshape(16, 16) * scale
+    data = io.BytesIO()
+    Image.fromarray(grey, "I").save(data, format="TIFF")
+    with pytest.raises(ValueError, match=r"^32-bit integer pixels \(a TIFF's\) have no defined"):
+        decode_image(data.getvalue(), "x.tif")
+    # Files of 16 bits opened in mode I too are scaled as before: a PGM of maxval 4095.
+    pgm = b"P5 2 1 4095\n" + np.array([0, 4095], ">u2").tobytes()
+    assert Image.open(io.BytesIO(pgm)).mode == "I"
+    assert np.asarray(decode_image(pgm))[0, :, 0].tolist() == [0, 255]
+
+
 def _write_list(folder, lines):
     (folder / "list.csv").write_text("\n".join(lines) + "\n")
     return folder / "list.csv"
