@@ -379,17 +379,31 @@ def _check_one_form(classes: list[str], root: str) -> None:
     accent composed, 'caf\\xe9', and decomposed, 'cafe\\u0301', as a copy from macOS
     spells it): two classes that print alike, and that mr2-probe matches by name in NFC
     as one, so that it refused the store's class names."""
+    twins = nfc_twins(classes)
+    if twins:
+        raise ValueError(
+            f"Under {root!r}, the class folders {_two_forms(*twins)}: they would be two "
+            "classes that print alike. Move the images of one into the other, or rename one "
+            "of them."
+        )
+
+
+def nfc_twins(names) -> tuple[str, str] | None:
+    """The first two names that are one name in two Unicode forms (equal in NFC), or None."""
     seen: dict[str, str] = {}
-    for name in classes:
+    for name in names:
         other = seen.setdefault(unicodedata.normalize("NFC", name), name)
         if other != name:
-            raise ValueError(
-                f"The class folders {other!r} and {name!r} under {root!r} are one name in "
-                f"two Unicode forms, {ascii(other)} and {ascii(name)} (an accent composed in "
-                "one and decomposed in the other, as a copy made on macOS spells it): they "
-                "would be two classes that print alike. Move the images of one into the "
-                "other, or rename one of them."
-            )
+            return other, name
+    return None
+
+
+def _two_forms(one: str, other: str) -> str:
+    return (
+        f"{one!r} and {other!r} are one name in two Unicode forms, {ascii(one)} and "
+        f"{ascii(other)} (an accent composed in one and decomposed in the other, as a copy "
+        "made on macOS spells it)"
+    )
 
 
 def _check_dangling_links(root: str) -> None:
@@ -593,6 +607,12 @@ def _check_index_names(names: list[str]) -> None:
             f"The class names give {name!r} {count} times: each class needs a name of its "
             "own, or its per-class results could not be told apart."
         )
+    twins = nfc_twins(names)
+    if twins:
+        raise ValueError(
+            f"The class names {_two_forms(*twins)}: each class needs a name of its own, or "
+            "its per-class results could not be told apart."
+        )
 
 
 def encode_labels(
@@ -634,6 +654,12 @@ def encode_labels(
         _check_index_names(index_names)  # (names of labels that are no indices go unread)
         return labels, list(index_names)
     class_names = sorted(set(names))
+    twins = nfc_twins(class_names)
+    if twins:  # (two classes that print alike, which mr2-probe matches by name as one)
+        raise ValueError(
+            f"The labels {_two_forms(*twins)}: they would be two classes that print alike. "
+            "Spell them alike."
+        )
     return np.searchsorted(class_names, names).astype(np.int64), class_names
 
 

@@ -432,6 +432,16 @@ def test_class_folders_of_one_name_in_two_unicode_forms_are_refused(folder):
     assert image_folder(folder).class_names == ["caf\u00e9", "cat", "dog"]
 
 
+@pytest.mark.parametrize("sep", [",", " "])
+def test_list_labels_of_one_name_in_two_unicode_forms_are_refused(folder, sep):
+    # 'café' composed on one line, decomposed on another: two classes that printed alike.
+    (folder / "list.csv").write_text(f"cat/000.png{sep}caf\u00e9\ndog/001.jpg{sep}cafe\u0301\n")
+    with pytest.raises(
+        ValueError, match=r"The labels .* two Unicode forms, 'cafe\\u0301' and 'caf\\xe9'"
+    ):
+        image_list(folder / "list.csv")
+
+
 def test_a_whitespace_separated_list_takes_file_names_with_blanks(folder):
     # The label is the last field: the rest of the line, blanks included, is the path.
     shutil.copy(folder / "cat/000.png", folder / "cat/my photo.png")
@@ -940,6 +950,11 @@ def test_open_source_errors(source, error, match):
         (dict(labels=np.array([0])), r"has 2 ids, 1 labels and 2 source indices; it needs one"),
         # A class named twice was stored so: its per-class results could not be told apart.
         (dict(class_names=["cat", "cat"]), r"The class names give 'cat' 2 times"),
+        # So was one name in two Unicode forms, which printed alike.
+        (
+            dict(class_names=["caf\u00e9", "cafe\u0301"]),
+            r"The class names .* two Unicode forms, 'caf\\xe9' and 'cafe\\u0301'",
+        ),
         # A name that is not UTF-8: a UnicodeEncodeError writing the store.
         (dict(ids=["cat/000.png", "dog/\udcff.jpg"]), r"not valid UTF-8: 'dog/.+xff.jpg'"),
     ],
