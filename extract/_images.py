@@ -409,9 +409,16 @@ def _two_forms(one: str, other: str) -> str:
 def _check_dangling_links(root: str) -> None:
     """Refuse a symbolic link beside the class folders whose target does not exist (a
     share not mounted, a folder moved): ``find_classes`` left it out without a word, and
-    its class with it, every class index after it shifted."""
+    its class with it, every class index after it shifted. One to a git-annex or DVC
+    object (:func:`_a_file_s`), a file not fetched such as a dataset's README.md, is no
+    class: left out, with the other files beside the class folders."""
     for entry in sorted(os.scandir(root), key=lambda entry: entry.name):
-        if entry.is_symlink() and not _hidden(entry.name) and not os.path.exists(entry.path):
+        if (
+            entry.is_symlink()
+            and not _hidden(entry.name)
+            and not os.path.exists(entry.path)
+            and not _a_file_s(entry.path, by_name=False)
+        ):
             raise FileNotFoundError(
                 f"{entry.path!r} under {root!r} {why_missing(entry.path)}: a class folder "
                 "that cannot be reached would be left out with its class. Restore its "
@@ -498,15 +505,16 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
 _OBJECT_STORES = re.compile(r"(^|/)(\.git/annex/objects|annex/objects|\.dvc/cache)/")
 
 
-def _a_file_s(link: str) -> bool:
+def _a_file_s(link: str, by_name: bool = True) -> bool:
     """Whether a symbolic link whose target does not exist is a file's, rather than a
     folder's (``more``): its target is a git-annex or DVC object (``LICENSE`` to
-    ``.git/annex/objects/.../SHA256E-s12--ab``), a file not fetched, or its name has an
-    extension (``gone.jpg``, ``000.json``). (A target's name is no sign: folders are named
-    with dots, ``2019.06.01``.)"""
+    ``.git/annex/objects/.../SHA256E-s12--ab``), a file not fetched, or, ``by_name``, its
+    name has an extension (``gone.jpg``, ``000.json``). (A target's name is no sign: folders
+    are named with dots, ``2019.06.01``, as classes are beside the class folders, CUB-200's
+    ``001.Black_footed_Albatross``.)"""
     if _OBJECT_STORES.search(os.readlink(link)):
         return True
-    return bool(os.path.splitext(os.path.basename(link))[1])
+    return by_name and bool(os.path.splitext(os.path.basename(link))[1])
 
 
 def _warn_of_left_out(root: str, other: list[str]) -> None:
@@ -514,7 +522,10 @@ def _warn_of_left_out(root: str, other: list[str]) -> None:
     whose extension is not an image's, and those in the root itself, outside every class
     (hidden files, such as .DS_Store, and those in hidden folders, such as
     .ipynb_checkpoints, are left out without a word)."""
-    in_root = sorted(e.path for e in os.scandir(root) if e.is_file())
+    # (with links to files that are not there: those to folders were refused)
+    in_root = sorted(
+        e.path for e in os.scandir(root) if e.is_file() or e.is_symlink() and not e.is_dir()
+    )
     for files, where, why in (
         (
             other,

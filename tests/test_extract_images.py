@@ -265,15 +265,17 @@ def test_a_folder_that_cannot_be_listed_is_refused(folder, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "target, why",
-    [("missing/dog", r"is a symbolic link to '.*missing/dog', which does not exist"),
-     ("zebra", "is a symbolic link in a loop of links")],
+    "name, target, why",
+    [("zebra", "missing/dog", r"is a symbolic link to '.*missing/dog', which does not exist"),
+     ("zebra", "zebra", "is a symbolic link in a loop of links"),
+     # (a class named with a dot, as CUB-200's are, is no file)
+     ("002.Zebra", "missing/002.Zebra", r"is a symbolic link to '.*/002.Zebra', which does")],
 )  # fmt: skip
-def test_a_class_folder_link_that_reaches_nothing_is_refused(folder, target, why):
+def test_a_class_folder_link_that_reaches_nothing_is_refused(folder, name, target, why):
     # A class linked to a share not mounted was left out without a word: one class fewer,
     # every index after it shifted.
-    os.symlink(folder / target, folder / "zebra")
-    with pytest.raises(FileNotFoundError, match=f"'.*zebra' under .* {why}: a class folder"):
+    os.symlink(folder / target, folder / name)
+    with pytest.raises(FileNotFoundError, match=f"'.*{name}' under .* {why}.*: a class folder"):
         image_folder(folder)
 
 
@@ -316,6 +318,24 @@ def test_a_file_link_in_a_class_that_reaches_nothing_is_left_out_as_before(
     after = image_folder(folder)
     assert (after.ids, after.class_names) == (before.ids, before.class_names)
     assert f"'cat/{name}'" in caplog.text and "left out" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "name, target",
+    [("README.md", ".git/annex/objects/Xx/Yy/SHA256E-s12--ab.md/SHA256E-s12--ab.md"),
+     ("LICENSE", ".git/annex/objects/Xx/Yy/SHA256E-s9--cd/SHA256E-s9--cd")],
+)  # fmt: skip
+def test_a_file_link_beside_the_classes_that_reaches_nothing_is_left_out(
+    folder, caplog, name, target
+):
+    # A git-annex (DataLad) dataset whose README.md was not fetched: the link was refused
+    # as a class folder out of reach, and with it the whole source.
+    before = image_folder(folder)
+    os.symlink(target, folder / name)
+    caplog.set_level(logging.WARNING, logger="extract")
+    after = image_folder(folder)
+    assert (after.ids, after.class_names) == (before.ids, before.class_names)
+    assert f"1 file in {str(folder)!r} itself is left out ('{name}')" in caplog.text
 
 
 def test_a_hidden_link_that_reaches_nothing_is_no_class_and_not_refused(folder):
