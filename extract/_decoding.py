@@ -222,8 +222,41 @@ def decode_image(
                     "32-bit integer pixels (a TIFF's) have no defined brightness range; save "
                     "the image with 8 or 16 bits per channel"
                 )
+            key = _16_bit_colour_key(image)
             image.load()
-            return trim_aspect(to_rgb(image), max_aspect)
+            rgb = to_rgb(image)
+            if key is not None:
+                rgb = _key_on_white(rgb, data, key)
+            return trim_aspect(rgb, max_aspect)
+
+
+def _16_bit_colour_key(image: Image.Image) -> tuple[int, int, int] | None:
+    """The transparent colour (tRNS) of an opened 16-bit RGB PNG, taken out of its info:
+    PIL gives it in 16 bits and compares it with its 8-bit pixels (their high bytes), so
+    that the colour's pixels were left as they are and others, whose high bytes spell
+    the key, made white."""
+    key = image.info.get("transparency")
+    if image.mode != "RGB" or not isinstance(key, tuple):
+        return None
+    if not any(t.args == "RGB;16B" for t in image.tile):  # (PNG's raw mode of 16 bits)
+        return None
+    del image.info["transparency"]
+    return key
+
+
+def _key_on_white(rgb: Image.Image, data: bytes | bytearray, key: tuple) -> Image.Image:
+    """``rgb`` with the pixels of a 16-bit PNG (``data``) that are ``key`` made white, as
+    :func:`to_rgb` composites the transparent colour of an 8-bit one."""
+    import torch
+    from torchvision.io import ImageReadMode, decode_png
+
+    with warnings.catch_warnings():  # (torchvision >= 0.29: decoders deprecated)
+        warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        wide = decode_png(raw, ImageReadMode.UNCHANGED).numpy()  # (3, H, W), uint16
+    values = np.array(rgb)
+    values[(wide == np.array(key, np.uint16)[:, None, None]).all(axis=0)] = 255
+    return Image.fromarray(values, "RGB")
 
 
 def check_listed(

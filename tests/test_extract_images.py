@@ -9,6 +9,7 @@ import re
 import shutil
 import struct
 import threading
+import zlib
 
 import numpy as np
 import pytest
@@ -1049,6 +1050,39 @@ def test_16_bit_png_file_decodes_like_its_8_bit_twin(tmp_path, transparent):
     eight, sixteen = (np.asarray(load_image(src, k)) for k in (0, 1))
     np.testing.assert_array_equal(sixteen, eight)
     assert (eight[:3, :3] == (255 if transparent else 0)).all()
+
+
+def _rgb_png_16_bits(pixels: np.ndarray, key: tuple) -> bytes:
+    """A 16-bit RGB PNG of ``pixels`` (H, W, 3) whose colour ``key`` is transparent (tRNS),
+    which PIL does not write."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    rows = b"".join(b"\0" + row.astype(">u2").tobytes() for row in pixels)
+    height, width, _ = pixels.shape
+    header = struct.pack(">IIBBBBB", width, height, 16, 2, 0, 0, 0)  # 16 bits, RGB
+    chunks = [
+        (b"IHDR", header),
+        (b"tRNS", struct.pack(">3H", *key)),
+        (b"IDAT", zlib.compress(rows)),
+    ]
+    return b"\x89PNG\r\n\x1a\n" + b"".join(chunk(*c) for c in [*chunks, (b"IEND", b"")])
+
+
+@pytest.mark.parametrize("key", [(0x1234, 0x5678, 0x9ABC), (0, 0, 0)])
+def test_16_bit_rgb_png_s_transparent_colour_is_composited_on_white(key):
+    # PIL gives the key in 16 bits and compares it with its 8-bit pixels: the key's pixels
+    # stayed as they were, and others whose 8 bits spelt the key (0x00FF for 0) went white.
+    pixels = np.zeros((2, 3, 3), np.uint16)
+    pixels[0] = [(65535, 0, 0), key, (0x00FF, 0, 0)]
+    pixels[1] = [(0x1200, 0x5600, 0x9A00), (12, 34, 56), key]
+    rgb = np.asarray(decode_image(_rgb_png_16_bits(pixels, key)))
+    expected = (pixels >> 8).astype(np.uint8)  # (PIL's 8 bits of each pixel)
+    expected[(pixels == key).all(axis=2)] = 255
+    np.testing.assert_array_equal(rgb, expected)
 
 
 @pytest.mark.parametrize(
