@@ -327,6 +327,7 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
         raise FileNotFoundError(f"Couldn't find any class folder in {root}{held}.")
     # Listed by extension only: a corrupt file is kept so that it is recorded as a failure.
     items = _folder_items(root, classes)
+    ids = [os.path.relpath(p, root) for p, _ in items]
     if all(name.lower() in _SPLIT_NAMES for name in classes):
         # (A dataset's folder given instead of a split's: the classes were the splits.)
         logger.warning(
@@ -336,7 +337,19 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
             ", ".join(map(repr, classes)),
             os.path.join(root, classes[0]),
         )
-    ids = [os.path.relpath(p, root) for p, _ in items]
+    elif len(classes) == 1 and _in_sub_folders_alone(ids):
+        # (A folder given one level above the class folders, as an archive unpacked into a
+        # folder of its own name leaves them: one class of every image, without a word.)
+        inner = sorted({i.split(os.sep)[1] for i in ids})
+        logger.warning(
+            "%r holds one class folder, %r, and it holds no image itself but sub-folders "
+            "(%s): every image is read as of one class. To read them as the classes, give "
+            "its folder, %r.",
+            root,
+            classes[0],
+            ", ".join(map(repr, inner[:3])) + (", ..." if len(inner) > 3 else ""),
+            os.path.join(root, classes[0]),
+        )
     _check_utf8([*classes, *ids], root)
     sizes, mtimes = stat_files(root, ids)
     return ImageSource(
@@ -349,6 +362,13 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
         file_size=sizes,
         file_mtime_ns=mtimes,
     )
+
+
+def _in_sub_folders_alone(ids: list[str]) -> bool:
+    """Whether the images of one class lie in two or more of its sub-folders, none in
+    the class folder itself (``class/sub/x.jpg``, not ``class/x.jpg``)."""
+    parts = [i.split(os.sep) for i in ids]
+    return all(len(p) > 2 for p in parts) and len({p[1] for p in parts}) > 1
 
 
 # Folder names of a dataset's splits (compared in lower case), which no class is named.

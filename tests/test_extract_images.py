@@ -158,6 +158,25 @@ def test_split_folders_given_as_the_source_are_said(tmp_path, caplog, splits):
     ]
 
 
+def test_a_folder_above_the_class_folders_given_as_the_source_is_said(tmp_path, caplog):
+    # An archive unpacked into a folder of its own name (ds/photos/cat, ds/photos/dog), ds
+    # given: one class 'photos' of every image, without a word.
+    make_image_folder(tmp_path / "ds" / "photos", n_per_class=1, special=False)
+    caplog.set_level(logging.WARNING, logger="extract")
+    src = image_folder(tmp_path / "ds")
+    assert src.class_names == ["photos"]  # read as torchvision reads it
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{str(tmp_path / 'ds')!r} holds one class folder, 'photos', and it holds no image "
+        "itself but sub-folders ('cat', 'dog'): every image is read as of one class. To read "
+        f"them as the classes, give its folder, {str(tmp_path / 'ds' / 'photos')!r}."
+    ]
+    caplog.clear()  # one class of images of its own, or two classes: nothing to say
+    shutil.copy(tmp_path / "ds/photos/cat/000.png", tmp_path / "ds/photos/x.png")
+    assert image_folder(tmp_path / "ds").class_names == ["photos"] and not caplog.records
+    make_image_folder(tmp_path / "ds" / "more", n_per_class=1, special=False)
+    assert image_folder(tmp_path / "ds").class_names == ["more", "photos"] and not caplog.records
+
+
 def test_class_indices_beyond_the_bound_are_taken_where_their_names_are_given():
     # The bound is for indices without names (ids taken for indices); with a name for
     # each class the indices are the names' positions, however many.
