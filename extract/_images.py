@@ -860,7 +860,8 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         # and that no other line has. (A folder is no image: "image,class" beside an
         # image/ folder was an image of a class "class".)
         path, label, number = rows[0]
-        named = (list_file.parent / path).is_file() or os.path.splitext(path)[1]
+        # (os.path's isfile: a name too long for the file system is no file, not an error)
+        named = os.path.isfile(list_file.parent / path) or os.path.splitext(path)[1]
         if not named and not label.isdigit():
             raise ValueError(
                 f"{list_file}:{number}: {path},{label} looks like a header (no such image, and "

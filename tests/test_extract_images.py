@@ -664,6 +664,9 @@ def test_file_names_with_commas_are_quoted_csv(folder):
         ["missing,cat", "cat/000.png,cat", "dog/001.jpg,dog"],
         # An image without an extension (a content-addressed name) that is there.
         ["cat/0001,dog", "cat/000.png,cat", "dog/001.jpg,cat"],
+        # A name too long for the file system (an OSError, 'File name too long', refused
+        # the list): a failed image when read, as other lines' are.
+        ["x" * 300 + ".jpg,dog", "cat/000.png,cat", "dog/001.jpg,cat"],
     ],
 )
 def test_a_first_image_missing_with_its_own_label_is_no_header(folder, lines):
