@@ -95,11 +95,12 @@ def _overflow_error(what, dtype, suspects=()) -> ValueError:
 
 
 def _range_suspects(
-    C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None, stalled=False
+    C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None, stalled=False, tau=None
 ) -> list:
     """The parameters that are extreme enough to overflow a fit on their own (``scale``:
     a cosine head's; ``dtype``: the data's, for sample weights near its largest number;
-    ``stalled``: whether the fit stopped on its precision, short of tol)."""
+    ``stalled``: whether the fit stopped on its precision, short of tol; ``tau``: the
+    compactness loss's, where it takes part)."""
     suspects = []
     # The loss's and the gradient's sums (Σ w_i·ℓ_i, and times a cosine head's scale) are
     # taken before the division by Σw: a cosine fit at Σw = 1.2e38 in float32 stalled at
@@ -123,6 +124,9 @@ def _range_suspects(
         suspects.append(f"class_tilt={class_tilt:g} (the tilt multiplies every class's loss)")
     if c_bar is not None and c_bar < _EXTREME:
         suspects.append(f"c_bar={c_bar:g} (the margins divide the logits by it)")
+    # (float32's τ = 1e-38 made the compactness loss NaN, and the learning rate was blamed)
+    if tau is not None and tau < _EXTREME:
+        suspects.append(f"tau={tau:g} (the compactness loss divides the distances by it)")
     if C * weight_sum < _EXTREME:
         suspects.append(
             f"C={C:g} and sample weights summing to {weight_sum:g} (the penalty is ½‖W‖² / (C·Σw))"
@@ -872,6 +876,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             self.class_tilt,
             scale,
             data.dtype,
+            tau=self.tau if self.lam > 0 else None,
         )
         if solver == "lbfgs":
             try:

@@ -1009,6 +1009,8 @@ def test_nan_features_under_assume_finite_are_not_blamed_on_their_scale(params, 
             "sample_weight × class_weight holds values up to 1e[+]39",
         ),
         ({"head": "cosine", "scale": 1e30}, 1.0, np.float32, "with scale=1e[+]30"),
+        # τ rounds to 0 in float32: the learning rate was blamed (loss not finite).
+        ({"lam": 0.5, "tau": 1e-38, "max_iter": 5}, 1.0, np.float32, "with tau=1e-38"),
         # The margins (c̄ times K·a_k^{1/3} / Σ_j a_j^{1/3}, 1.05 for the hardest class here)
         # overflow: the statistics were blamed.
         ({"c_bar": 3.4e38}, 1.0, np.float32, "margins overflow in float32 arithmetic, with c_bar="),
