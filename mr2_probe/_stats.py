@@ -199,7 +199,9 @@ def class_statistics_chunked(
     spread_2 = torch.zeros_like(counts)
     for x, y, w in chunks():
         y = class_indices(y)
-        diff = mean[y].sub_(transform(x))  # (B, d), μ − φ: the spreads are even in it
+        phi = transform(x)
+        phi = phi.float() if phi.dtype == torch.bool else phi  # (sub_ refuses a bool one)
+        diff = mean[y].sub_(phi)  # (B, d), μ − φ: the spreads are even in it
         # (sub_ into mean's float32 rows: half-precision φ is promoted, not rounded to)
         w = torch.ones_like(y, dtype=diff.dtype) if w is None else w.to(diff.dtype)
         sq2 = torch.linalg.vector_norm(diff, dim=-1).square()

@@ -364,3 +364,14 @@ def test_margins_of_tiny_float64_difficulties_are_those_of_their_scale():
     torch.testing.assert_close(
         margins_from_difficulty(a * 1e-100, 1.0), margins_from_difficulty(a, 1.0)
     )
+
+
+def test_class_statistics_of_boolean_features_are_those_of_their_float32_values():
+    # The second pass subtracted the rows from their class means: torch refuses a bool
+    # operand ("Subtraction, the `-` operator, with a bool tensor is not supported").
+    gen = torch.Generator().manual_seed(0)
+    features, labels = torch.rand(12, 4, generator=gen) > 0.5, torch.arange(12) % 3
+    given = mr2_probe.class_statistics(features, labels, 3, p=3.0)
+    expected = mr2_probe.class_statistics(features.float(), labels, 3, p=3.0)
+    for name, value in given._asdict().items():
+        torch.testing.assert_close(value, getattr(expected, name), rtol=0, atol=0)
