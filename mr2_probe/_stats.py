@@ -313,6 +313,7 @@ def margins_from_difficulty(
         raise ValueError(
             f"c_bar must be a number > 0, got {c_bar}; None (in class_margins) means no margins."
         )
+    a = a if a.is_floating_point() else a.float()  # integers: float32 margins, not rounded
     dtype, eps = a.dtype, torch.finfo(a.dtype).eps  # rounding is the given dtype's
     a = float32_at_least(a)  # c̄·K·a^{1/3} and Σ_j a_j^{1/3} leave float16's range
     present = torch.ones_like(a, dtype=torch.bool) if present is None else present

@@ -375,3 +375,14 @@ def test_class_statistics_of_boolean_features_are_those_of_their_float32_values(
     expected = mr2_probe.class_statistics(features.float(), labels, 3, p=3.0)
     for name, value in given._asdict().items():
         torch.testing.assert_close(value, getattr(expected, name), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8])
+def test_margins_of_integer_difficulties_are_those_of_their_float32_values(dtype):
+    # torch.finfo refused the integer dtype (TypeError), and the margins would have been
+    # cast back to it (rounded to integers).
+    difficulty = torch.tensor([1, 8, 27])
+    margins = mr2_probe.margins_from_difficulty(difficulty.to(dtype), 2.0)
+    expected = mr2_probe.margins_from_difficulty(difficulty.float(), 2.0)
+    torch.testing.assert_close(margins, expected, rtol=0, atol=0)
+    torch.testing.assert_close(margins, torch.tensor([1.0, 2.0, 3.0]))
