@@ -317,6 +317,24 @@ class MR2Loss(nn.Module):
                     "(criterion.double(), float64 logits)."
                 )
 
+    def _check_compactness(self, dtype: torch.dtype) -> None:
+        """Refuse a τ that ``dtype`` (the distances', float32 at least) rounds to 0 or to a
+        subnormal number, or a λ that it rounds to inf: in float32, τ = 1e-300 divided the
+        distances by 0, and λ = 1e300 multiplied the compactness loss by inf; either loss
+        was inf."""
+        info = torch.finfo(dtype)
+        for name, value, wrong in (
+            ("tau", self.tau, self.tau is not None and self.tau < info.tiny),
+            ("lam", self.lam, self.lam > info.max),
+        ):
+            if wrong:
+                raise ValueError(
+                    f"{name}={value:g} is out of the range of {str(dtype)[6:]}, in which "
+                    "MR2Loss computes its compactness loss (its normal numbers, from "
+                    f"{info.tiny:.3g} to {info.max:.3g}): the loss would be inf. Use a {name} "
+                    "of a usual order of magnitude, or compute in float64 (float64 features)."
+                )
+
     def s_bar(self) -> torch.Tensor:
         """s̄: the mean L2 spread over the classes seen (each class's spread unbiased, as the
         class docstring says: the estimator's is the plain mean over a class's rows)."""
@@ -446,6 +464,8 @@ class MR2Loss(nn.Module):
         """Loss for a batch: logits (B, K), representation φ (B, d), targets (B,)."""
         target = self._check_batch(logits, features, target)
         self._check_c_bar(self.moment_sum.dtype, logits.dtype)  # before the batch is folded
+        if self.lam > 0:
+            self._check_compactness(torch.promote_types(features.dtype, torch.float32))
         if self.training:
             self._fold(features.detach(), target)
         margins = self.margins().to(logits.dtype)

@@ -603,6 +603,27 @@ def test_mr2_loss_refuses_a_c_bar_beyond_the_range_of_its_margins(c_bar, dtype, 
         assert torch.equal(value, before[name]), name
 
 
+@pytest.mark.parametrize(
+    "kwargs, features_dtype",
+    [(dict(tau=1e-300), torch.float32), (dict(lam=1e300), torch.float32),
+     (dict(tau=1e-300), torch.float16), (dict(tau=1e-6), torch.float16)],
+)  # fmt: skip
+def test_mr2_loss_refuses_a_tau_or_lam_beyond_the_range_of_its_distances(kwargs, features_dtype):
+    # The distances are in float32 at least: τ = 1e-300 divided them by 0, λ = 1e300 made
+    # the term inf; the loss was inf. (float32 for float16 features: τ = 1e-6 is taken.)
+    gen = torch.Generator().manual_seed(0)
+    features, target = torch.randn(12, 4, generator=gen), torch.arange(12) % 3
+    criterion = MR2Loss(3, 4, **kwargs)
+    logits = torch.randn(12, 3, generator=gen)
+    if kwargs.get("tau") == 1e-6:
+        assert torch.isfinite(criterion(logits, features.to(features_dtype), target))
+        return
+    ((name, value),) = kwargs.items()
+    with pytest.raises(ValueError, match=re.escape(f"{name}={value:g} is out of the range of")):
+        criterion(logits, features.to(features_dtype), target)
+    assert not criterion.initialised.any()  # the batch was not folded in
+
+
 @pytest.mark.parametrize("c_bar, dtype", [(1e-300, torch.float64), (1e38, torch.float32)])
 def test_mr2_loss_keeps_margins_of_an_extreme_c_bar_its_dtype_holds(c_bar, dtype):
     # float32's c̄ = 1e38: c̄·K·a_k^{1/3} overflowed before the division, every margin inf.
