@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from . import _solvers
-from ._classifier import FitDivergedError, _overflow_message, _range_suspects
+from ._classifier import FitDivergedError, _overflow_message, _range_suspects, _scale_underflow
 from ._data import block_rows
 from ._device import inverse_row_norms, rows_product, tangent_rows, transposed_product
 from ._head import open_pair
@@ -814,8 +814,9 @@ class BatchedPath:
         could not move (chance). So do those where its square overflows (float64's
         C = 1e-300 on iris, float32's 1e-30): a fold's own fit fails there too, its line
         search's interpolation squaring slopes of that size (NaN coefficients)."""
-        if self.batch.cosine:  # no penalty
-            return np.zeros(self.batch.n_folds, dtype=bool)
+        if self.batch.cosine:  # no penalty; a scale the dtype rounds to 0 (_scale_underflow)
+            tiny = torch.finfo(self.batch.X.dtype).tiny
+            return np.full(self.batch.n_folds, value < tiny)
         penalty = 1.0 / (value * self.batch.weight_sum)  # (B,)
         return (~torch.isfinite(penalty * penalty)).cpu().numpy()
 
@@ -831,9 +832,10 @@ class BatchedPath:
         n_classes, what = self.batch.n_classes, "the penalty 1/(C·Σw) or its square overflows"
         for f in np.flatnonzero(failed):
             suspects = _range_suspects(value, None, float(self.batch.weight_sum[f]))
-            self.paths[f].failures[value] = FitDivergedError(
-                _overflow_message(what, self.params.dtype, suspects)
-            )
+            error = FitDivergedError(_overflow_message(what, self.params.dtype, suspects))
+            if self.batch.cosine:
+                error = _scale_underflow(value, self.params.dtype)
+            self.paths[f].failures[value] = error
             self.paths[f].steps[value] = Step.failed(shape, dtype, n_classes)
             progress.update(1)
 

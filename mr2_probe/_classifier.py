@@ -94,6 +94,13 @@ def _overflow_error(what, dtype, suspects=()) -> ValueError:
     return (FitDivergedError if suspects else ValueError)(_overflow_message(what, dtype, suspects))
 
 
+def _scale_underflow(scale, dtype) -> FitDivergedError:
+    """The error of a cosine head's ``scale`` below ``dtype``'s normal numbers: float32's
+    scale=1e-300 is 0, the coefficients s·W were 0 and every prediction the first class."""
+    suspects = [f"scale={scale:g} (the cosine head's logits are cosines times it)"]
+    return FitDivergedError(_overflow_message("the logits underflow", dtype, suspects))
+
+
 def _range_suspects(
     C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None, stalled=False, tau=None
 ) -> list:
@@ -866,6 +873,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             verbose=verbose,
         )
         scale = head.scale if self.head == "cosine" else None
+        if scale is not None and scale < torch.finfo(data.dtype).tiny:
+            raise _scale_underflow(scale, data.dtype)
         # A cosine head without a projection has no penalty: C and Σw play no part.
         penalised = np.inf if self.head == "cosine" and self.lam == 0 else C
         suspects_of = functools.partial(  # (after the fit: whether it stalled, too)

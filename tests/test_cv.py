@@ -2238,6 +2238,22 @@ def test_a_c_whose_penalty_squared_overflows_fails_as_a_single_fit_does(dtype, C
     assert np.isnan(search.scores_[0][:, 0]).all() and search.C_ == 1.0
 
 
+@pytest.mark.parametrize("lam", [0.0, 0.5])  # the batched path, and the folds' own fits
+def test_a_cosine_scale_that_rounds_to_zero_fails_as_a_single_fit_does(lam):
+    # float32's scale = 1e-300 is 0: the coefficients s·W were 0, every prediction the
+    # first class, without a word (n_iter_ = 0); the search scored it at chance.
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(np.float32)
+    with pytest.raises(FitDivergedError, match="with scale=1e-300"):
+        MR2LinearClassifier(head="cosine", scale=1e-300, lam=lam, device="cpu").fit(X, y)
+    search = MR2LinearClassifierCV([1e-300, 1.0], head="cosine", lam=lam, max_iter=5, cv=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        with pytest.warns(FitFailedWarning, match=r"3 of 6 fits failed.*scale=1e-300"):
+            search.set_params(device="cpu").fit(X, y)
+    assert np.isnan(search.scores_[0][:, 0]).all() and search.C_ == 1.0
+
+
 def test_a_failed_c_of_the_batched_path_is_recorded_under_another_default_device():
     # torch.set_default_device("cuda") in a user's session ("meta" stands for it): the
     # batched path's record of a failed C took its dtype from a tensor made there, and
