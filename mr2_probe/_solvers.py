@@ -591,7 +591,11 @@ class _Adam:
         for param, grad, m, v in zip(self.params, grads, self.m, self.v, strict=True):
             m.lerp_(grad, 1 - beta1)
             v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            param.addcdiv_(m, (v / correction2).sqrt_().add_(self.eps), value=-step)
+            # (a step beyond the dtype's range, float32's learning_rate=1e300, failed in
+            # torch, "value cannot be converted to type float without overflow": at its
+            # largest number it diverges, and the fit says so, as in float64)
+            largest = torch.finfo(param.dtype).max
+            param.addcdiv_(m, (v / correction2).sqrt_().add_(self.eps), value=-min(step, largest))
 
 
 # The sgd solver's momentum. On a quadratic of curvature λ its steps converge only while
@@ -612,7 +616,8 @@ class _NesterovSGD:
     def step(self, grads, lr: float) -> None:
         for param, grad, buf in zip(self.params, grads, self.buffers, strict=True):
             buf.mul_(self.momentum).add_(grad)
-            param.add_(grad.add(buf, alpha=self.momentum), alpha=-lr)
+            largest = torch.finfo(param.dtype).max  # (as _Adam's step)
+            param.add_(grad.add(buf, alpha=self.momentum), alpha=-min(lr, largest))
 
 
 # The step size is divided by LR_DECAY when the epoch loss reaches a plateau, and the fit

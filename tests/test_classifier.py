@@ -1702,6 +1702,17 @@ def test_a_diverging_minibatch_fit_is_refused_naming_the_learning_rate(digits, d
         clf.fit(X, y, sample_weight=np.full(len(y), weight))
 
 
+@pytest.mark.parametrize("solver", ["adam", "sgd"])
+def test_a_learning_rate_beyond_float32_diverges_as_in_float64(solver):
+    # In float32 the step failed in torch ("value cannot be converted to type float
+    # without overflow"), where float64 features said the fit diverged.
+    X, y = _blobs()
+    clf = MR2LinearClassifier(solver=solver, learning_rate=1e300, max_iter=3, device="cpu")
+    for dtype in (np.float64, np.float32):
+        with pytest.raises(FitDivergedError, match=rf"{solver} solver diverged.*1e\+300"):
+            clf.fit(X.astype(dtype), y)
+
+
 def test_an_sgd_fit_diverged_by_a_small_c_names_c_not_the_features(digits):
     # C = 1e-6 on 1,797 rows: the penalty's curvature 1/(C·Σw) = 556 times the default
     # learning_rate 0.003 is 1.67, beyond Nesterov momentum's limit of 1.36: the loss went
