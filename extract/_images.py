@@ -773,12 +773,16 @@ def _a_tab_in_its_path(folder: Path, line: str) -> bool:
     """Whether a line of a list whose every line holds a tab is ``path label`` with the tab
     in its path: split at the tab it names no file, at its last blank one that exists (a
     blank-separated list of files whose names hold tabs, read as the file 'a' of a class
-    'b/1.png cat'). Lines that both splits read alike are not looked up."""
+    'b/1.png cat'; two tabs in a name split it into three fields at its tabs). Lines that
+    both splits read alike are not looked up."""
     at_tab = re.split(r"\t+", line.strip())
     at_blank = line.rsplit(None, 1)
-    if len(at_tab) != 2 or len(at_blank) != 2 or at_tab[0].strip() == at_blank[0].strip():
+    if len(at_blank) != 2 or len(at_tab) == 2 and at_tab[0].strip() == at_blank[0].strip():
         return False
-    named = [os.path.lexists(folder / fields[0].strip()) for fields in (at_tab, at_blank)]
+    named = [
+        len(fields) == 2 and os.path.lexists(folder / fields[0].strip())
+        for fields in (at_tab, at_blank)
+    ]
     return named == [False, True]
 
 

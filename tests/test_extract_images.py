@@ -516,11 +516,12 @@ def test_a_tab_around_a_blank_separated_line_is_no_separator(folder, line):
 
 
 @pytest.mark.parametrize("n_lines", [1, 2])
-def test_a_tab_in_the_file_names_of_a_blank_separated_list_is_no_separator(folder, n_lines):
+@pytest.mark.parametrize("name", ["{}.png", "{}\tc.png"])  # (two tabs: three fields at tabs)
+def test_a_tab_in_the_file_names_of_a_blank_separated_list_is_no_separator(folder, n_lines, name):
     # Every path holding a tab made every line hold one: the list was read as tab-separated,
     # the image 'a' of a class 'b/0.png cat' (or refused, its first line taken for a header).
     (folder / "a\tb").mkdir()
-    pairs = [("a\tb/0.png", "cat"), ("a\tb/1.png", "dog")][:n_lines]
+    pairs = [("a\tb/" + name.format(0), "cat"), ("a\tb/" + name.format(1), "dog")][:n_lines]
     for path, _ in pairs:
         shutil.copy(folder / "cat/000.png", folder / path)
     (folder / "list.txt").write_text("".join(f"{path} {label}\n" for path, label in pairs))
