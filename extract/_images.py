@@ -769,21 +769,25 @@ def _source_hint(path: Path) -> str:
     return ""
 
 
-def _a_tab_in_its_path(folder: Path, line: str) -> bool:
-    """Whether a line of a list whose every line holds a tab is ``path label`` with the tab
-    in its path: split at the tab it names no file, at its last blank one that exists (a
-    blank-separated list of files whose names hold tabs, read as the file 'a' of a class
-    'b/1.png cat'; two tabs in a name split it into three fields at its tabs). Lines that
-    both splits read alike are not looked up."""
-    at_tab = re.split(r"\t+", line.strip())
-    at_blank = line.rsplit(None, 1)
-    if len(at_blank) != 2 or len(at_tab) == 2 and at_tab[0].strip() == at_blank[0].strip():
-        return False
-    named = [
-        len(fields) == 2 and os.path.lexists(folder / fields[0].strip())
-        for fields in (at_tab, at_blank)
-    ]
-    return named == [False, True]
+def _tabs_in_its_paths(folder: Path, text: list[str]) -> bool:
+    """Whether a list whose every line holds a tab is ``path label`` lines with the tabs in
+    their paths: split at its tabs a line names no file, at its last blank one that exists
+    (a blank-separated list of files whose names hold tabs, read as the file 'a' of a class
+    'b/1.png cat'; two tabs in a name split it into three fields). The first line whose
+    splits differ and that names a file one way alone decides: one list, one format, and a
+    look-up or two, not two for each line of a tab-separated list of labels with blanks."""
+    for line in text:
+        at_tab = re.split(r"\t+", line.strip())
+        at_blank = line.rsplit(None, 1)
+        if len(at_blank) != 2 or len(at_tab) == 2 and at_tab[0].strip() == at_blank[0].strip():
+            continue
+        named = [
+            len(fields) == 2 and os.path.lexists(folder / fields[0].strip())
+            for fields in (at_tab, at_blank)
+        ]
+        if named[0] != named[1]:
+            return named[1]
+    return False
 
 
 def image_list(list_file: str | os.PathLike) -> ImageSource:
@@ -824,11 +828,11 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     # on every line, a list of tab-separated fields, whose labels may hold blanks ("golden
     # retriever" was split at its blank, its path taking "golden" after the tab). A tab
     # that begins or ends a line (an indented list, a trailing tab) separates no fields,
-    # nor one in a file name of a blank-separated list (:func:`_a_tab_in_its_path`).
+    # nor one in a file name of a blank-separated list (:func:`_tabs_in_its_paths`).
     if any("," in line for line in text):
         delimiter = ","
-    elif all("\t" in line.strip() for line in text if line.strip()) and not any(
-        _a_tab_in_its_path(list_file.parent, line) for line in text
+    elif all("\t" in line.strip() for line in text if line.strip()) and not _tabs_in_its_paths(
+        list_file.parent, text
     ):
         delimiter = "\t"
     else:
