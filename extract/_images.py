@@ -521,8 +521,12 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     return items
 
 
-# Where git-annex and DVC keep the objects their links name: files, never folders.
-_OBJECT_STORES = re.compile(r"(^|/)(\.git/annex/objects|annex/objects|\.dvc/cache)/")
+# Where git-annex and DVC keep the objects their links name: files, never folders. (A DVC
+# cache outside the project, as one shared on a server is, by its objects' names: an md5
+# in hex, its first 2 digits a folder, ``files/md5/ab/cdef...`` in DVC 3.)
+_OBJECT_STORES = re.compile(
+    r"(^|/)(\.git/annex/objects|annex/objects|\.dvc/cache)/|/[0-9a-f]{2}/[0-9a-f]{30}$"
+)
 
 
 def _a_file_s(link: str, by_name: bool = True) -> bool:

@@ -324,7 +324,9 @@ _ANNEXED = "../.git/annex/objects/Xx/Yy/SHA256E-s12--ab/SHA256E-s12--ab"
      # key without an extension, of git-annex's SHA256E or SHA256 backends), or a DVC
      # object.
      ("LICENSE", _ANNEXED), ("NOTES", "../.git/annex/objects/Xx/Yy/SHA256-s9--cd/SHA256-s9--cd"),
-     ("labels", "../../.dvc/cache/files/md5/ab/cdef0123456789")],
+     ("labels", "../../.dvc/cache/files/md5/ab/cdef0123456789"),
+     # (a DVC cache shared on a server, outside the project: dvc cache dir /srv/dvc-cache)
+     ("labels", "/srv/dvc-cache/files/md5/ab/" + "cdef0123456789" * 2 + "ab")],
 )  # fmt: skip
 def test_a_file_link_in_a_class_that_reaches_nothing_is_left_out_as_before(
     folder, caplog, name, target
@@ -343,7 +345,8 @@ def test_a_file_link_in_a_class_that_reaches_nothing_is_left_out_as_before(
 @pytest.mark.parametrize(
     "name, target",
     [("README.md", ".git/annex/objects/Xx/Yy/SHA256E-s12--ab.md/SHA256E-s12--ab.md"),
-     ("LICENSE", ".git/annex/objects/Xx/Yy/SHA256E-s9--cd/SHA256E-s9--cd")],
+     ("LICENSE", ".git/annex/objects/Xx/Yy/SHA256E-s9--cd/SHA256E-s9--cd"),
+     ("LICENSE", "/srv/dvc-cache/ab/" + "cdef0123456789" * 2 + "ab")],  # (DVC 2)
 )  # fmt: skip
 def test_a_file_link_beside_the_classes_that_reaches_nothing_is_left_out(
     folder, caplog, name, target
