@@ -93,16 +93,24 @@ def check_pixel_limit(width: int, height: int) -> None:
 
 def _unchecked_size(data: bytes | bytearray) -> tuple[int, int] | None:
     """The size an image file's header gives, read without PIL's pixel limit (which
-    refused it past twice the limit, naming the pixels alone); None if PIL cannot say."""
-    limit = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None  # (as ItemDataset sets it for each item: this process's)
-    try:
-        with Image.open(io.BytesIO(data)) as image:  # (the header alone: nothing decoded)
-            return image.size
-    except Exception:
-        return None
-    finally:
-        Image.MAX_IMAGE_PIXELS = limit
+    refused it past twice the limit, naming the pixels alone); None if PIL cannot say.
+
+    Image.open checks the limit once a format's plugin has read the header: the plugins are
+    called here as it calls them, without the check. (Setting PIL.Image.MAX_IMAGE_PIXELS to
+    None for the moment would lift the limit for every thread decoding meanwhile.)"""
+    prefix = bytes(data[:16])
+    Image.init()
+    for name in list(Image.ID):
+        factory, accept = Image.OPEN[name]
+        found = accept(prefix) if accept else True
+        if not found or isinstance(found, str):  # (a str: PIL's warning, no match)
+            continue
+        try:
+            with factory(io.BytesIO(data), "") as image:  # (the header alone: nothing decoded)
+                return image.size
+        except Exception:
+            continue
+    return None
 
 
 def _scale_to_8_bits(image: Image.Image) -> Image.Image:

@@ -709,7 +709,7 @@ def test_alpha_is_composited_on_white_and_grey_becomes_rgb():
     assert grey.mode == "RGB" and grey.getpixel((0, 0)) == (77, 77, 77)
     la = Image.new("LA", (2, 1), (40, 0))  # greyscale with alpha: transparent, then opaque
     la.putpixel((1, 0), (40, 255))
-    assert list(to_rgb(la).getdata()) == [(255, 255, 255), (40, 40, 40)]
+    assert [to_rgb(la).getpixel((x, 0)) for x in range(2)] == [(255, 255, 255), (40, 40, 40)]
 
 
 def test_dataset_records_unreadable_images(folder):
@@ -1340,7 +1340,17 @@ def test_an_image_past_twice_the_limit_is_said_as_any_over_it(
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
     Image.new("RGB", (60, 40)).save(tmp_path / "big.img", format=fmt)
     src = image_list(_write_list(tmp_path, ["big.img,a"]))
+    # The size is read without lifting the limit, even for a moment: other threads
+    # decoding meanwhile would go unchecked.
+    limits, open_image = [], Image.open
+
+    def open_recording_the_limit(*args, **kwargs):
+        limits.append(Image.MAX_IMAGE_PIXELS)
+        return open_image(*args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", open_recording_the_limit)
     reason = ItemDataset(src, lambda im: torch.zeros(3, 2, 2), jpeg_bytes=jpeg_bytes)[0][2]
+    assert set(limits) <= {1000}  # (none where the JPEG header gives the size)
     assert reason == (
         "DecompressionBombError: the image is 60x40 = 2400 pixels, more than the limit of 1000 "
         "(PIL.Image.MAX_IMAGE_PIXELS, mr2-extract --max-image-pixels); raise it to read the image"
