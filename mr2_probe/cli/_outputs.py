@@ -231,7 +231,10 @@ def _write_outputs(
                 why = _one_line(error) or type(error).__name__  # AssertionError() says nothing
                 print(f"mr2-probe: error: {name} is left out: {why}", file=sys.stderr)
     if glyphs:  # once for all figures, not matplotlib's lines for each character
-        _warn_of_missing_glyphs(glyphs, report.labels)
+        # The classes drawn: the report's, and the training classes of margins.png (a class
+        # that the test set lacks among them).
+        trained = names if names is not None else getattr(_final(fitted[mr2_name]), "classes_", [])
+        _warn_of_missing_glyphs(glyphs, [*report.labels, *trained])
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)
     return failed
 
@@ -240,7 +243,7 @@ def _warn_of_missing_glyphs(glyphs: list, labels) -> None:
     """Say in one line which class names have characters the plot font lacks (the
     figures draw those as boxes)."""
     missing = list(dict.fromkeys(c for warning in glyphs for c in warning.characters))
-    affected = [str(k) for k in labels if any(c in str(k) for c in missing)]
+    affected = list(dict.fromkeys(str(k) for k in labels if any(c in str(k) for c in missing)))
     where = (
         f" (in {len(affected)} class name{'s' if len(affected) > 1 else ''}: {_few(affected)})"
         if affected
