@@ -1795,15 +1795,35 @@ def test_a_store_read_into_memory_is_closed_at_once(stores):
     "cap, share",
     [("1073741824\n", 1 << 28), ("max\n", None), ("", None), ("9223372036854771712", None)],
 )
-def test_the_memory_limit_is_a_quarter_of_a_control_group_s_cap(tmp_path, monkeypatch, cap, share):
+@pytest.mark.parametrize(
+    "version, group",
+    [(2, "/"), (1, "/"), (2, "/system.slice/job.service"), (1, "/slurm/uid_1000/job_42")],
+)
+def test_the_memory_limit_is_a_quarter_of_a_control_group_s_cap(
+    tmp_path, monkeypatch, cap, share, version, group
+):
     # A batch job or a container capped at 1 GiB on a large machine read up to a quarter of
-    # the machine's memory: killed for it. Without a cap, a quarter of the machine's.
+    # the machine's memory: killed for it. Without a cap, a quarter of the machine's. A
+    # group below the root (a batch job's, a systemd service's): the root's file alone was
+    # read, and the job's cap went unseen. Its parent's cap binds too.
     import mr2_probe.cli._inputs as inputs
 
-    (tmp_path / "memory.max").write_text(cap)
-    monkeypatch.setattr(inputs, "_CGROUP_LIMITS", (str(tmp_path / "memory.max"),))
+    root = tmp_path / "cgroup"
+    folder, name = (root, "memory.max") if version == 2 else (root / "memory", "limit_in_bytes")
+    name = name if version == 2 else f"memory.{name}"
+    mine = folder / group.strip("/")
+    mine.mkdir(parents=True)
+    (folder / name).write_text("max\n" if version == 2 else "9223372036854771712\n")
+    (mine / name).write_text(cap)  # (the root's own, where the group is the root)
+    line = f"0::{group}" if version == 2 else f"4:memory:{group}\n0::/"
+    (tmp_path / "cgroup.txt").write_text(f"9:name=systemd:/\n{line}\n")
+    monkeypatch.setattr(inputs, "_CGROUP_ROOT", str(root))
+    monkeypatch.setattr(inputs, "_PROC_CGROUP", str(tmp_path / "cgroup.txt"))
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert inputs.in_memory_limit() == min(share or machine // 4, machine // 4)
+    if group != "/":  # a cap above the group's, lower, binds
+        (mine.parent / name).write_text(str(1 << 26))
+        assert inputs.in_memory_limit() == 1 << 24
 
 
 @NEEDS_H5

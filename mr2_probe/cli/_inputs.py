@@ -409,9 +409,9 @@ def _load_store(path: str, stack=None):
     return X, np.asarray(store.labels), list(store.class_names), store
 
 
-# Where a control group caps the process's memory (a container, a batch job): cgroup v2's
-# file, then v1's. "max", or v1's huge number, is no cap.
-_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+# Where the control groups are (a container's own at their root), and which the process is
+# in: cgroup v2's "0::/PATH" and v1's "N:memory:/PATH" lines.
+_CGROUP_ROOT, _PROC_CGROUP = "/sys/fs/cgroup", "/proc/self/cgroup"
 
 
 def in_memory_limit() -> int:
@@ -424,14 +424,44 @@ def in_memory_limit() -> int:
         memory.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, OSError, ValueError):  # no sysconf, or not these names
         pass
-    for path in _CGROUP_LIMITS:
+    memory += _cgroup_caps()
+    return min(memory) // 4 if memory else 1 << 30
+
+
+def _cgroup_caps() -> list[int]:
+    """The memory caps of the process's control group and of each group above it (the
+    lowest binds): cgroup v2's memory.max, v1's memory.limit_in_bytes. A batch job's group
+    lies below the root (Slurm's /slurm/uid_1000/job_42, a systemd service's slice), whose
+    file alone was read: its cap went unseen. "max", or v1's huge number, is no cap (the
+    machine's memory is lower)."""
+    try:
+        with open(_PROC_CGROUP) as file:
+            lines = file.read().splitlines()
+    except OSError:
+        lines = []
+    v2, v1 = ["/"], ["/"]  # the root's too: a container's own groups, whatever it says
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if not controllers:
+            v2.append(path)
+        elif "memory" in controllers.split(","):
+            v1.append(path)
+    files = set()
+    for folder, name, paths in (
+        (_CGROUP_ROOT, "memory.max", v2),
+        (os.path.join(_CGROUP_ROOT, "memory"), "memory.limit_in_bytes", v1),
+    ):
+        for path in paths:
+            parts = [part for part in path.split("/") if part and part != ".."]
+            files |= {os.path.join(folder, *parts[:k], name) for k in range(len(parts) + 1)}
+    caps = []
+    for path in sorted(files):  # (a few groups: the depth of the process's)
         try:
             with open(path) as file:
-                memory.append(int(file.read().strip()))
-            break
+                caps.append(int(file.read().strip()))
         except (OSError, ValueError):  # not there, or "max"
             continue
-    return min(memory) // 4 if memory else 1 << 30
+    return caps
 
 
 def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
