@@ -14,7 +14,13 @@ from sklearn.utils import assert_all_finite
 from sklearn.utils.validation import _num_samples
 
 from ._device import inverse_row_norms, to_tensor
-from ._h5 import EXTERNAL_ADVICE, PLUGIN_ADVICE, missing_external_file, missing_filters
+from ._h5 import (
+    EXTERNAL_ADVICE,
+    PLUGIN_ADVICE,
+    missing_external_file,
+    missing_filters,
+    short_external_file,
+)
 
 
 def is_torch_tensor(X) -> bool:
@@ -103,13 +109,21 @@ def is_h5_dataset(X) -> bool:
 def check_h5_open(**arrays) -> None:
     """A clear error for an HDF5 dataset (or row view) among ``arrays`` (name → array) whose
     file is closed: h5py's own is "Unable to synchronously get dataspace (identifier is not
-    of specified type)"."""
+    of specified type)"; or whose external raw data file is cut short (read as zeros)."""
     for name, a in arrays.items():
         if is_h5_dataset(a) and not getattr(a, "dataset", a).id.valid:
             raise ValueError(
                 f"{name} is a dataset of an HDF5 file that is closed: use the store inside "
                 "its with block (before store.close()), or load it with "
                 "load_features(path, in_memory=True)."
+            )
+        short = short_external_file(getattr(a, "dataset", a)) if is_h5_dataset(a) else None
+        if short:  # HDF5 reads the bytes past its end as zeros, without an error
+            dataset = getattr(a, "dataset", a)
+            raise ValueError(
+                f"{name} is the HDF5 dataset {dataset.name!r} of {dataset.file.filename!r}, "
+                f"whose rows are kept in the external file {short}, which is cut short: HDF5 "
+                "reads the missing bytes as zeros, without an error. Restore the whole file."
             )
 
 

@@ -1,5 +1,7 @@
 """The fit data's blocks and sources (mr2_probe._data): block sizes, HDF5 rows and minibatches."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -226,3 +228,31 @@ def test_a_fold_s_rows_keep_their_own_weights(tmp_path, stored):
         np.testing.assert_allclose(fold.source.X.numpy(), X[rows])
         np.testing.assert_allclose(fold.source.w.numpy(), weight[rows])
         np.testing.assert_array_equal(fold.source.y.numpy(), data.y_index[rows])
+
+
+@pytest.mark.parametrize("method", ["fit", "predict"])
+def test_an_hdf5_dataset_whose_external_file_is_cut_short_is_refused(tmp_path, method):
+    # Rows kept in an external raw data file (h5py's external=) that was cut short: HDF5
+    # reads the bytes past its end as zeros without an error, and the probe fitted (or
+    # predicted) on zero rows without a word. A missing file is named as such.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    X = X.astype(np.float32)
+    raw = tmp_path / "rows.raw"
+    fitted = MR2LinearClassifier(device="cpu").fit(X, y)
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        f.create_dataset("X", X.shape, X.dtype, external=[(str(raw), 0, X.nbytes)])[...] = X
+        call = (
+            (lambda: MR2LinearClassifier(device="cpu").fit(f["X"], y))
+            if method == "fit"
+            else (lambda: fitted.predict(f["X"]))
+        )
+        call()  # whole: read as it is
+        raw.write_bytes(raw.read_bytes()[: X.nbytes // 2])
+        name = re.escape(repr(str(raw)))
+        cut = rf"external file {name} \({X.nbytes // 2} of its {X.nbytes} bytes\), which is cut"
+        with pytest.raises(ValueError, match=cut):
+            call()
+        raw.unlink()
+        with pytest.raises(ValueError, match=rf"external file {name}, which is not there"):
+            call()
