@@ -402,7 +402,8 @@ def _load_store(path: str, stack=None):
             else f"{n} images failed extraction and are"
         )
         print(
-            f"mr2-probe: warning: {path}: {images} left out (the first, {first!r}: {reason})",
+            f"mr2-probe: warning: {path}: {images} left out (the first, {first!r}: "
+            f"{_one_line(reason)})",  # (a reason of several lines, from another tool)
             file=sys.stderr,
         )
     X = store.features if streamed else np.asarray(store.features)
