@@ -2734,6 +2734,41 @@ def test_labels_saved_as_a_column_are_read_with_a_warning(files, tmp_path, capsy
     assert json.loads((out / "report.json").read_text())["labels"] == sorted(FASHION)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX's")
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["{t}/fifo.npz"], "'{t}/fifo.npz'"),
+        (["{t}/fifo"], "'{t}/fifo'"),
+        (["{d}/X.npy", "--labels", "{t}/fifo.npy"], "--labels '{t}/fifo.npy'"),
+        (["{d}/train.npz", "--test", "{t}/fifo.npz"], "'{t}/fifo.npz'"),
+    ],
+)
+def test_a_pipe_is_refused_rather_than_waited_on(files, tmp_path, capsys, argv, named):
+    # A FIFO (or a pipe, <(cat features.npz)) named as an input: its open waited for a
+    # writer for ever; a pipe with one was read in part, then called "not a NumPy file".
+    for name in ("fifo.npz", "fifo", "fifo.npy"):
+        os.mkfifo(tmp_path / name)
+
+    class Waited(BaseException):  # (no handler of the run's catches it)
+        pass
+
+    def waited(*_):
+        raise Waited("mr2-probe waited for a writer to the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(10)
+    try:
+        line = _refused([a.format(t=tmp_path, d=files) for a in argv], capsys)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert line.endswith(
+        f"{named.format(t=tmp_path)} is not a regular file (a pipe, a FIFO, a device or a "
+        "socket), which mr2-probe cannot read: save it to a file first"
+    )
+
+
 def test_a_file_of_no_samples_is_refused(tmp_path, capsys):
     # An empty file (no rows) must be said to hold no samples, in one line, rather than
     # fail further on with an index error and a traceback.

@@ -28,6 +28,8 @@ def feature_format(path) -> str:
     with the file); '' where neither tells."""
     suffix = Path(path).suffix.lower()
     known = suffix if suffix in _FORMATS else ""
+    if not os.path.isfile(path):  # (a FIFO's open waits for a writer, for ever)
+        return known
     try:
         with open(path, "rb") as file:
             magic = file.read(6)
@@ -115,6 +117,10 @@ def _load_xy(path: str, labels=None, labels_option: str = "--labels", stack=None
     block at a time, never read whole (floating-point features; integers are read,
     computed in float64 as arrays are). Smaller ones are read into memory."""
     suffix = feature_format(path)
+    if suffix not in _STORE:  # (a store's reader says so itself)
+        for named, option in ((path, None), (labels, labels_option)):
+            if named is not None:
+                _check_regular(named, option)
     if not suffix:
         if not os.path.exists(path):
             raise UsageError(f"{path!r} does not exist; check the path")
@@ -168,6 +174,18 @@ def _load_xy(path: str, labels=None, labels_option: str = "--labels", stack=None
         # float16 row norm overflows past 256 (Normalizer then zeroes the row).
         X = X.astype(np.float32)
     return X, y, names
+
+
+def _check_regular(path: str, labels_option: str | None) -> None:
+    """Refuse a pipe, a device or a socket (``<(cat features.npz)``, a FIFO) as a NumPy
+    file: its open waited for a writer for ever, or it was read in part and then called
+    "not a NumPy file" (the file is opened twice)."""
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        what = f"{labels_option} {path!r}" if labels_option else repr(path)
+        raise UsageError(
+            f"{what} is not a regular file (a pipe, a FIFO, a device or a socket), which "
+            "mr2-probe cannot read: save it to a file first"
+        )
 
 
 def _read(path: str, reader, labels_option: str | None = None):
