@@ -113,6 +113,15 @@ def read_attrs(f: h5py.File) -> dict[str, Any]:
         # One number written as an array of one ([3.0], as MATLAB and some h5py code write
         # scalars): the number. As a list it passed the newer-format check that 3.0 fails.
         attrs["format_version"] = _plain(version.reshape(())[()])
+    text = attrs.get("format_version")
+    for number in (int, float) if isinstance(text, str) else ():
+        # Written as text ("3", as some tools write every attribute): its number. As text
+        # it passed the newer-format check, and was called an older format to rebuild.
+        try:
+            attrs["format_version"] = number(text)
+            break
+        except ValueError:
+            continue
     for key in ("preprocessing", "versions", "class_names", "source_files", "source_options"):
         if isinstance(attrs.get(key), str):
             try:

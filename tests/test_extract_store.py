@@ -2850,13 +2850,14 @@ def test_older_store_format_is_refused_before_loading_a_model(store, folder, tmp
 
 @pytest.mark.parametrize(
     "kind",
-    [int, float, lambda v: [float(v)], lambda v: np.full((1, 1), v, np.int64)],
-    ids=["int", "float", "[float]", "[[int]]"],
+    [int, float, lambda v: [float(v)], lambda v: np.full((1, 1), v, np.int64), str],
+    ids=["int", "float", "[float]", "[[int]]", "text"],
 )
 def test_a_store_of_the_next_format_is_newer_and_never_to_be_rebuilt(tmp_path, kind):
     # One format above this version's is a newer store (not one to rebuild with --force,
     # which would delete what the newer version wrote). Written as a double (3.0), it was
-    # loaded, and called older; written as an array of one ([3.0]), it was loaded too.
+    # loaded, and called older; written as an array of one ([3.0]) or as text ("3"), it
+    # was loaded too (and text called "format 3 by an older mr2-extract").
     from extract._schema import FORMAT_VERSION, read_attrs
     from extract._store import check_format
 
