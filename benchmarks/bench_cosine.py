@@ -64,7 +64,16 @@ from sklearn.model_selection import GridSearchCV, StratifiedKFold
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the previous solver, kept in tests/
-from bench_fit import check_feature_arguments, make_features, threads  # noqa: E402
+from bench_fit import (  # noqa: E402
+    AT_LEAST_0_FINITE,
+    POSITIVE,
+    POSITIVE_FINITE,
+    SEED,
+    check_feature_arguments,
+    check_values,
+    make_features,
+    threads,
+)
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, _sphere  # noqa: E402
 from mr2_probe import _solvers as solvers  # noqa: E402
@@ -224,6 +233,10 @@ def main(argv=None):
     if args.linear_history is not None and args.no_equivalent:
         parser.error("--linear-history fits the linear problems at mean μ, which --no-equivalent "
                      "skips: give one or the other")  # fmt: skip
+    check_values(parser, args, POSITIVE, "--C")
+    check_values(parser, args, POSITIVE_FINITE, "--scales", "--c-bar", "--sweep-scales")
+    check_values(parser, args, AT_LEAST_0_FINITE, "--tol")
+    check_values(parser, args, SEED, "--seed")
     if args.sweep_scales is None:
         args.sweep_scales = [8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
     if args.sweep_folds is None:

@@ -25,7 +25,14 @@ from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
 from sklearn.model_selection import GridSearchCV, StratifiedKFold
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_fit import check_feature_arguments, make_features, threads, timed_fit  # noqa: E402
+from bench_fit import (  # noqa: E402
+    SEED,
+    check_feature_arguments,
+    check_values,
+    make_features,
+    threads,
+    timed_fit,
+)
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
 
@@ -63,6 +70,7 @@ def main(argv=None):
     if args.json is not None and args.json.is_dir():  # (an IsADirectoryError after the run)
         parser.error(f"--json takes a file to write, got the folder {args.json}")
     check_feature_arguments(parser, args)
+    check_values(parser, args, SEED, "--seed")
     if args.folds < 2:
         parser.error(f"--folds must be at least 2; got {args.folds}")
     if args.n_Cs < 1:

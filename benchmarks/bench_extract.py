@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--json takes a file to write, got the folder {args.json}")
     if args.n_images < 4:
         parser.error(f"--n-images must be at least 4 (one image per class); got {args.n_images}")
-    for option, value in (("--repeats", args.repeats), ("--batch-size", args.batch_size)):
+    # (--image-size 0: create_backbone's ValueError, --source-size 0: PIL's, once written)
+    for option in ("--repeats", "--batch-size", "--image-size", "--source-size"):
+        value = getattr(args, option[2:].replace("-", "_"))
         if value < 1:
             parser.error(f"{option} must be at least 1; got {value}")
     if args.workers < 0:

@@ -14,14 +14,19 @@ iterations. The intercept's scale (``intercept_scale``) is what the large scales
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 from scipy.special import logsumexp
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
-from mr2_probe import MR2LinearClassifier
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_fit import POSITIVE_FINITE, check_values  # noqa: E402
+
+from mr2_probe import MR2LinearClassifier  # noqa: E402
 
 
 def data(n=400, seed=2):
@@ -42,8 +47,7 @@ def main(argv=None) -> None:
     parser.add_argument("--same-problem", action="store_true", help="C / s² at scale s")
     parser.add_argument("--max-iter", type=int, default=1000)
     args = parser.parse_args(argv)
-    if any(not s > 0 for s in args.scales):
-        parser.error(f"--scales must be positive; got {args.scales}")
+    check_values(parser, args, POSITIVE_FINITE, "--scales")  # (inf: a ValueError at the fit)
     if args.max_iter < 1:
         parser.error(f"--max-iter must be at least 1; got {args.max_iter}")
     Z, y = data()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 import warnings
 from pathlib import Path
@@ -58,6 +59,29 @@ def check_feature_arguments(parser, args) -> None:
         parser.error(f"--n-features must be at least 1; got {args.n_features}")
     if args.n_classes < 2:
         parser.error(f"--n-classes must be at least 2; got {args.n_classes}")
+
+
+# What an option's values must be (check_values' ``must``): its words and its test. NaN
+# fails every test (its comparisons are False).
+POSITIVE = "positive", lambda v: v > 0
+POSITIVE_FINITE = "positive and finite", lambda v: 0 < v < math.inf
+AT_LEAST_1 = "at least 1", lambda v: v >= 1
+AT_LEAST_0_FINITE = "at least 0 and finite", lambda v: 0 <= v < math.inf
+FINITE = "finite", math.isfinite
+SEED = "between 0 and 2**32 - 1", lambda v: 0 <= v < 2**32  # NumPy's and random_state's
+
+
+def check_values(parser, args, must, *options: str) -> None:
+    """Refuse in one line each of ``options`` (flags, e.g. ``"--C"``) whose value, or one of
+    whose values for a list, fails ``must`` (e.g. :data:`POSITIVE`): such values ended in
+    scikit-learn's InvalidParameterError or NumPy's error once the data were made, or after
+    minutes of fits. An option left at None is not checked."""
+    words, test = must
+    for option in options:
+        value = getattr(args, option[2:].replace("-", "_"))
+        values = value if isinstance(value, list) else [value]
+        if value is not None and not all(test(v) for v in values):
+            parser.error(f"{option} must be {words}; got {value}")
 
 
 def limit_threads(n: int | None):
@@ -154,6 +178,10 @@ def main(argv=None):
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be at least 1; got {args.threads}")
     check_feature_arguments(parser, args)
+    check_values(parser, args, POSITIVE, "--C")
+    check_values(parser, args, AT_LEAST_0_FINITE, "--tilts")
+    check_values(parser, args, FINITE, "--offset")
+    check_values(parser, args, SEED, "--seed")
     if args.n_samples < 5:  # a test row per five training rows
         parser.error(f"--n-samples must be at least 5 (else no test rows); got {args.n_samples}")
     devices = set(args.devices.split(","))

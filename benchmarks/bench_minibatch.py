@@ -267,6 +267,14 @@ def main(argv=None):
         return
     if args.dims is not None and args.no_steps:  # (ignored without a word)
         parser.error("--dims sizes the per-step table, which --no-steps skips")
+    # (each fresh process's traceback: scikit-learn's InvalidParameterError at --C 0, at a
+    # --seeds -1 after the peer's rows; torch's RuntimeError at --dims -2, d = 0 timed)
+    if not args.C > 0:
+        parser.error(f"--C must be positive; got {args.C}")
+    if not all(0 <= seed < 2**32 for seed in args.seeds):
+        parser.error(f"--seeds must be between 0 and 2**32 - 1; got {args.seeds}")
+    if args.dims is not None and min(args.dims) < 1:
+        parser.error(f"--dims must be at least 1; got {args.dims}")
     if args.dims is None:
         args.dims = [64, 128, 256, 512, 768]
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -34,7 +35,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mr2_probe import MR2LinearClassifier
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_fit import POSITIVE, SEED, check_values  # noqa: E402
+
+from mr2_probe import MR2LinearClassifier  # noqa: E402
 
 CHUNK = 1 << 17  # rows generated or predicted at a time
 
@@ -156,6 +160,8 @@ def main(argv=None):
         parser.error(f"--n-features must be at least 1; got {args.n_features}")
     if args.n_classes < 2:
         parser.error(f"--n-classes must be at least 2; got {args.n_classes}")
+    check_values(parser, args, POSITIVE, "--C")
+    check_values(parser, args, SEED, "--seed")
     if args.device not in ("auto", "cpu", "cuda"):
         parser.error(f"--device takes auto, cpu or cuda; got {args.device!r}")
     name = args.device

@@ -15,7 +15,9 @@ choose differently.
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,8 +25,11 @@ from sklearn.datasets import load_digits
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import GridSearchCV, StratifiedKFold
 
-from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
-from mr2_probe import _batched as batched
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_fit import AT_LEAST_0_FINITE, check_values  # noqa: E402
+
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
+from mr2_probe import _batched as batched  # noqa: E402
 
 GRIDS = {
     "4 to 64, steps of 2": [4.0, 8.0, 16.0, 32.0, 64.0],
@@ -50,10 +55,11 @@ def search(X, y, Cs, ratio, **params):
     return clf, sum(issubclass(w.category, ConvergenceWarning) for w in caught)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tol", type=float, default=1e-5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_values(parser, args, AT_LEAST_0_FINITE, "--tol")
     torch.manual_seed(0)
     X, y = load_digits(return_X_y=True)
     unit = X / np.linalg.norm(X, axis=1, keepdims=True)

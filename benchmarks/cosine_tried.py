@@ -87,7 +87,13 @@ from bench_cosine import (  # noqa: E402
     multipliers,
     objective,
 )
-from bench_fit import threads  # noqa: E402
+from bench_fit import (  # noqa: E402
+    AT_LEAST_0_FINITE,
+    POSITIVE_FINITE,
+    SEED,
+    check_values,
+    threads,
+)
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
 from mr2_probe import _solvers as solvers  # noqa: E402
@@ -582,6 +588,9 @@ def main(argv=None):
     parser.add_argument("--only", nargs="+", choices=EXPERIMENTS, help="these experiments")
     args = parser.parse_args(argv)
     check_data_arguments(parser, args)
+    check_values(parser, args, POSITIVE_FINITE, "--scale")
+    check_values(parser, args, AT_LEAST_0_FINITE, "--tol")
+    check_values(parser, args, SEED, "--seed")
     bench = Bench(args)
     print(f"{len(bench.y)} × {bench.X.shape[1]} L2-normalised float32 train, {len(bench.yt)} "
           f"test, scale={args.scale:g}, tol={args.tol}, c_bar=1, {threads()}")  # fmt: skip

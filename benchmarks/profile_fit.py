@@ -30,8 +30,11 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_fit import (  # noqa: E402
+    FINITE,
+    SEED,
     add_feature_arguments,
     check_feature_arguments,
+    check_values,
     limit_threads,
     make_features,
     threads,
@@ -62,6 +65,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     check_feature_arguments(parser, args)
+    check_values(parser, args, FINITE, "--offset")
+    check_values(parser, args, SEED, "--seed")
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1; got {args.repeat}")
     if args.threads is not None and args.threads < 1:

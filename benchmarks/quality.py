@@ -49,13 +49,20 @@ from sklearn.model_selection import train_test_split
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import Normalizer, StandardScaler
 
-from mr2_probe import (
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_fit import AT_LEAST_1, SEED, check_values  # noqa: E402
+
+from mr2_probe import (  # noqa: E402
     MR2LinearClassifier,
     TunedOffsetsClassifierCV,
     class_margins,
     class_statistics,
 )
-from mr2_probe.metrics import classwise_summary, difficulty_groups, per_class_accuracy
+from mr2_probe.metrics import (  # noqa: E402
+    classwise_summary,
+    difficulty_groups,
+    per_class_accuracy,
+)
 
 COLUMNS = ("overall", "easy", "medium", "hard", "worst")
 
@@ -418,6 +425,12 @@ def main(argv=None):
             setattr(args, name, value)
     if args.bound is not None and not args.levers:
         parser.error("--bound applies to --levers, not to the MR² table")
+    # (scikit-learn's InvalidParameterError after the features were extracted, or at the
+    # offsets after the tilt's fits; extract's ValueError at --image-sizes 0)
+    check_values(parser, args, SEED, "--seeds")
+    check_values(parser, args, AT_LEAST_1, "--image-sizes")
+    if args.bound is not None and not 0 <= args.bound <= 100:
+        parser.error(f"--bound must be between 0 and 100 (points); got {args.bound}")
     if args.data == "synthetic" and min(args.classes) < 2:
         parser.error(f"--classes must be at least 2 each; got {args.classes}")
     bound = (0.5 if args.bound is None else args.bound) / 100 if args.levers else None

@@ -41,7 +41,7 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
         ("profile_fit", ["--threads", "0"], "--threads must be at least 1; got 0"),
         # scikit-learn's ValueError at the first predict, on no test rows.
         ("bench_fit", ["--n-samples", "4"], "--n-samples must be at least 5 (else no test rows)"),
-        ("bench_feature_scale", ["--scales", "0"], "--scales must be positive; got [0.0]"),
+        ("bench_feature_scale", ["--scales", "0"], "--scales must be positive and finite; got [0"),
         # a ZeroDivisionError after the first fits.
         ("bench_feature_scale", ["--max-iter", "0"], "--max-iter must be at least 1; got 0"),
         # the synthetic data's error at K=0; a --bound that changed nothing.
@@ -161,6 +161,50 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
          "--out takes a file to write, got the folder"),
         # torch's RuntimeError at the first tensor.
         ("bench_probe_imagenet", ["--device", "bogus"], "--device takes auto, cpu or cuda; got"),
+        # scikit-learn's InvalidParameterError at a fit (the tilts' after the untilted rows,
+        # --sweep-scales' after the main table), NumPy's ValueError at a negative seed or
+        # a NaN / infinite feature, once the data were made.
+        ("bench_fit", [*SMALL_FIT, "--C", "0"], "--C must be positive; got 0.0"),
+        ("bench_fit", [*SMALL_FIT, "--tilts", "1", "-1"], "--tilts must be at least 0 and finite"),
+        ("bench_fit", [*SMALL_FIT, "--offset", "nan"], "--offset must be finite; got nan"),
+        ("bench_fit", [*SMALL_FIT, "--seed", "-1"], "--seed must be between 0 and 2**32 - 1"),
+        ("profile_fit", [*SMALL_FIT, "--offset", "inf"], "--offset must be finite; got inf"),
+        ("profile_fit", [*SMALL_FIT, "--seed", "-1"], "--seed must be between 0 and 2**32 - 1"),
+        ("bench_cv", [*SMALL_CV, "--seed", "-1"], "--seed must be between 0 and 2**32 - 1"),
+        ("bench_cosine", [*SMALL_COSINE, "--C", "-1"], "--C must be positive; got -1.0"),
+        ("bench_cosine", [*SMALL_COSINE, "--scales", "0"], "--scales must be positive and finite"),
+        ("bench_cosine", [*SMALL_COSINE, "--c-bar", "0"], "--c-bar must be positive and finite"),
+        ("bench_cosine", [*SMALL_COSINE, "--tol", "-1"], "--tol must be at least 0 and finite"),
+        ("bench_cosine", [*SMALL_COSINE, "--sweep", "--sweep-scales", "0", "8"],
+         "--sweep-scales must be positive and finite; got [0.0, 8.0]"),
+        ("bench_cosine", [*SMALL_COSINE, "--seed", "-1"], "--seed must be between 0 and 2**32"),
+        ("cosine_tried", [*SMALL_FIT, "--scale", "0", "--only", "cold"],
+         "--scale must be positive and finite; got 0.0"),
+        ("cosine_tried", [*SMALL_FIT, "--scale", "16", "--tol", "nan", "--only", "cold"],
+         "--tol must be at least 0 and finite; got nan"),
+        ("cosine_tried", [*SMALL_FIT, "--scale", "16", "--seed", "-1", "--only", "cold"],
+         "--seed must be between 0 and 2**32 - 1"),
+        ("bench_probe_imagenet", [*SMALL_FIT, "--peer-rows", "0", "--C", "0"],
+         "--C must be positive; got 0.0"),
+        ("bench_probe_imagenet", [*SMALL_FIT, "--peer-rows", "0", "--seed", "-1"],
+         "--seed must be between 0 and 2**32 - 1"),
+        ("bench_feature_scale", ["--scales", "1", "inf"], "--scales must be positive and finite"),
+        ("bench_scale_path", ["--tol", "-1"], "--tol must be at least 0 and finite; got -1.0"),
+        ("quality", ["--data", "synthetic", *SMALL_QUALITY[:-2], "--seeds", "-1"],
+         "--seeds must be between 0 and 2**32 - 1; got [-1]"),
+        ("quality", ["--data", "synthetic", *SMALL_QUALITY, "--levers", "--bound", "-1"],
+         "--bound must be between 0 and 100 (points); got -1.0"),
+        ("quality", ["--data", "synthetic", *SMALL_QUALITY, "--levers", "--bound", "nan"],
+         "--bound must be between 0 and 100 (points); got nan"),
+        ("quality", ["--data", "fmnist", "--image-sizes", "0", "--cache", __file__],
+         "--image-sizes must be at least 1; got [0]"),
+        # create_backbone's ValueError, PIL's "cannot write empty image", the images written.
+        ("bench_extract", [*SMALL_EXTRACT, "--image-size", "0"], "--image-size must be at least 1"),
+        ("bench_extract", [*SMALL_EXTRACT, "--source-size", "0"], "--source-size must be at least"),
+        # each fresh process's traceback (--seeds: after the peer's rows); d = 0 was timed.
+        ("bench_minibatch", ["--no-steps", "--seeds", "0", "--C", "0"], "--C must be positive"),
+        ("bench_minibatch", ["--no-steps", "--seeds", "-1"], "--seeds must be between 0 and 2**32"),
+        ("bench_minibatch", ["--seeds", "0", "--dims", "0"], "--dims must be at least 1; got [0]"),
     ],
 )  # fmt: skip
 def test_a_bad_option_value_is_one_line(script, argv, message, capsys):
