@@ -66,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the previous solver, kept in tests/
 from bench_fit import (  # noqa: E402
     AT_LEAST_0_FINITE,
+    AT_LEAST_1,
     POSITIVE,
     POSITIVE_FINITE,
     SEED,
@@ -236,6 +237,7 @@ def main(argv=None):
     check_values(parser, args, POSITIVE, "--C")
     check_values(parser, args, POSITIVE_FINITE, "--scales", "--c-bar", "--sweep-scales")
     check_values(parser, args, AT_LEAST_0_FINITE, "--tol")
+    check_values(parser, args, AT_LEAST_1, "--max-iter")  # (0: fits of no iteration, timed)
     check_values(parser, args, SEED, "--seed")
     if args.sweep_scales is None:
         args.sweep_scales = [8.0, 16.0, 32.0, 64.0, 128.0, 256.0]

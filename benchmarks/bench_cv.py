@@ -26,6 +26,7 @@ from sklearn.model_selection import GridSearchCV, StratifiedKFold
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_fit import (  # noqa: E402
+    AT_LEAST_1,
     SEED,
     check_feature_arguments,
     check_values,
@@ -71,6 +72,7 @@ def main(argv=None):
         parser.error(f"--json takes a file to write, got the folder {args.json}")
     check_feature_arguments(parser, args)
     check_values(parser, args, SEED, "--seed")
+    check_values(parser, args, AT_LEAST_1, "--max-iter")  # (0: searches of no iteration, timed)
     if args.folds < 2:
         parser.error(f"--folds must be at least 2; got {args.folds}")
     if args.n_Cs < 1:

@@ -179,6 +179,7 @@ def main(argv=None):
         parser.error(f"--threads must be at least 1; got {args.threads}")
     check_feature_arguments(parser, args)
     check_values(parser, args, POSITIVE, "--C")
+    check_values(parser, args, AT_LEAST_1, "--max-iter")  # (0: fits of no iteration, timed)
     check_values(parser, args, AT_LEAST_0_FINITE, "--tilts")
     check_values(parser, args, FINITE, "--offset")
     check_values(parser, args, SEED, "--seed")

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_fit import POSITIVE, SEED, check_values  # noqa: E402
+from bench_fit import AT_LEAST_1, POSITIVE, SEED, check_values  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier  # noqa: E402
 
@@ -162,6 +162,8 @@ def main(argv=None):
         parser.error(f"--n-classes must be at least 2; got {args.n_classes}")
     check_values(parser, args, POSITIVE, "--C")
     check_values(parser, args, SEED, "--seed")
+    # (0: a fit of no iteration timed, its accuracy the start's; -1: scikit-learn's error)
+    check_values(parser, args, AT_LEAST_1, "--lbfgs-iter", "--adam-epochs")
     if args.device not in ("auto", "cpu", "cuda"):
         parser.error(f"--device takes auto, cpu or cuda; got {args.device!r}")
     name = args.device

@@ -89,6 +89,7 @@ from bench_cosine import (  # noqa: E402
 )
 from bench_fit import (  # noqa: E402
     AT_LEAST_0_FINITE,
+    AT_LEAST_1,
     POSITIVE_FINITE,
     SEED,
     check_values,
@@ -590,6 +591,7 @@ def main(argv=None):
     check_data_arguments(parser, args)
     check_values(parser, args, POSITIVE_FINITE, "--scale")
     check_values(parser, args, AT_LEAST_0_FINITE, "--tol")
+    check_values(parser, args, AT_LEAST_1, "--max-iter")  # (0: fits of no iteration)
     check_values(parser, args, SEED, "--seed")
     bench = Bench(args)
     print(f"{len(bench.y)} × {bench.X.shape[1]} L2-normalised float32 train, {len(bench.yt)} "

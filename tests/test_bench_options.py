@@ -198,6 +198,18 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
          "--bound must be between 0 and 100 (points); got nan"),
         ("quality", ["--data", "fmnist", "--image-sizes", "0", "--cache", __file__],
          "--image-sizes must be at least 1; got [0]"),
+        # fits of no iteration timed and tabled (-1: scikit-learn's InvalidParameterError).
+        ("bench_probe_imagenet", [*SMALL_FIT, "--peer-rows", "0", "--lbfgs-iter", "0"],
+         "--lbfgs-iter must be at least 1; got 0"),
+        ("bench_probe_imagenet", [*SMALL_FIT, "--peer-rows", "0", "--adam-epochs", "0"],
+         "--adam-epochs must be at least 1; got 0"),
+        ("bench_fit", [*SMALL_FIT, "--n-classes", "3", "--repeat", "1", "--max-iter", "0"],
+         "--max-iter must be at least 1; got 0"),
+        ("bench_cv", [*SMALL_CV, "--max-iter", "0"], "--max-iter must be at least 1; got 0"),
+        ("bench_cosine", [*SMALL_COSINE, "--max-iter", "0"], "--max-iter must be at least 1"),
+        ("cosine_tried", [*SMALL_FIT, "--scale", "16", "--max-iter", "0", "--only", "cold"],
+         "--max-iter must be at least 1; got 0"),
+        ("bench_fit", [*SMALL_FIT, "--max-iter", "-1"], "--max-iter must be at least 1; got -1"),
         # create_backbone's ValueError, PIL's "cannot write empty image", the images written.
         ("bench_extract", [*SMALL_EXTRACT, "--image-size", "0"], "--image-size must be at least 1"),
         ("bench_extract", [*SMALL_EXTRACT, "--source-size", "0"], "--source-size must be at least"),
