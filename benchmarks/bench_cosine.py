@@ -70,6 +70,7 @@ from bench_fit import (  # noqa: E402
     POSITIVE,
     POSITIVE_FINITE,
     SEED,
+    check_distinct,
     check_feature_arguments,
     check_values,
     make_features,
@@ -237,6 +238,8 @@ def main(argv=None):
     check_values(parser, args, POSITIVE, "--C")
     check_values(parser, args, POSITIVE_FINITE, "--scales", "--c-bar", "--sweep-scales")
     check_values(parser, args, AT_LEAST_0_FINITE, "--tol")
+    # (the same rows twice; --sweep-scales 8 8: a ValueError after the search's fits)
+    check_distinct(parser, args, "--scales", "--sweep-scales")
     check_values(parser, args, AT_LEAST_1, "--max-iter")  # (0: fits of no iteration, timed)
     check_values(parser, args, SEED, "--seed")
     if args.sweep_scales is None:

@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     sources = args.sources.split(",")
     if not sources or set(sources) - set(SOURCES):
         parser.error(f"--sources takes some of {','.join(SOURCES)}; got {args.sources!r}")
+    if len(set(sources)) < len(sources):  # (run once, listed twice in --json)
+        parser.error(f"--sources takes each source once; got {args.sources!r}")
     if "webdataset" in sources and importlib.util.find_spec("webdataset") is None:
         print("bench_extract: the webdataset package (which writes the shards) is not "
               "installed: the webdataset source is skipped")  # fmt: skip

@@ -24,7 +24,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_fit import POSITIVE_FINITE, check_values  # noqa: E402
+from bench_fit import POSITIVE_FINITE, check_distinct, check_values  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier  # noqa: E402
 
@@ -48,6 +48,7 @@ def main(argv=None) -> None:
     parser.add_argument("--max-iter", type=int, default=1000)
     args = parser.parse_args(argv)
     check_values(parser, args, POSITIVE_FINITE, "--scales")  # (inf: a ValueError at the fit)
+    check_distinct(parser, args, "--scales")
     if args.max_iter < 1:
         parser.error(f"--max-iter must be at least 1; got {args.max_iter}")
     Z, y = data()

@@ -84,6 +84,16 @@ def check_values(parser, args, must, *options: str) -> None:
             parser.error(f"{option} must be {words}; got {value}")
 
 
+def check_distinct(parser, args, *options: str) -> None:
+    """Refuse in one line a list option (flags, e.g. ``"--tilts"``) that repeats a value: its
+    row was made and printed twice, a repeated seed counted twice in a mean, and the tables
+    keyed by the value kept one of the two. An option left at None is not checked."""
+    for option in options:
+        values = getattr(args, option[2:].replace("-", "_"))
+        if values is not None and len(set(values)) < len(values):
+            parser.error(f"{option} takes each value once; got {values}")
+
+
 def limit_threads(n: int | None):
     """Give torch and the BLAS (and OpenMP) n threads each; the limits to hold on to."""
     if n is None:
@@ -181,6 +191,7 @@ def main(argv=None):
     check_values(parser, args, POSITIVE, "--C")
     check_values(parser, args, AT_LEAST_1, "--max-iter")  # (0: fits of no iteration, timed)
     check_values(parser, args, AT_LEAST_0_FINITE, "--tilts")
+    check_distinct(parser, args, "--tilts")  # (two rows, and one ratio: keyed by the name)
     check_values(parser, args, FINITE, "--offset")
     check_values(parser, args, SEED, "--seed")
     if args.n_samples < 5:  # a test row per five training rows

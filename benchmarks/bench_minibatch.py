@@ -275,6 +275,10 @@ def main(argv=None):
         parser.error(f"--seeds must be between 0 and 2**32 - 1; got {args.seeds}")
     if args.dims is not None and min(args.dims) < 1:
         parser.error(f"--dims must be at least 1; got {args.dims}")
+    # (a seed counted twice in the medians and means, a row of the table twice)
+    for option, values in (("--seeds", args.seeds), ("--dims", args.dims)):
+        if values is not None and len(set(values)) < len(values):
+            parser.error(f"{option} takes each value once; got {values}")
     if args.dims is None:
         args.dims = [64, 128, 256, 512, 768]
 

@@ -86,6 +86,8 @@ def main(argv=None):
         parser.error(
             f"--sizes takes n x d x K of at least 1 each, e.g. 1797x64x10; got {args.sizes}"
         )
+    if len(set(sizes)) < len(sizes):  # (a row twice)
+        parser.error(f"--sizes takes each size once; got {args.sizes}")
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()

@@ -86,6 +86,8 @@ def main(argv=None) -> None:
             parser.error(
                 f"--sizes takes n x d x K of at least 1 each, e.g. 1797x64x10; got {text!r}"
             )
+    if len({parse_size(text) for text in args.sizes}) < len(args.sizes):  # (a row twice)
+        parser.error(f"--sizes takes each size once; got {args.sizes}")
     print(
         f"torch threads={torch.get_num_threads()}, SMALL_EVALUATION={_solvers.SMALL_EVALUATION:,} "
         f"multiply-adds, {args.iters} iterations, best of {args.repeats}; ms per iteration"

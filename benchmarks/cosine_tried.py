@@ -92,6 +92,7 @@ from bench_fit import (  # noqa: E402
     AT_LEAST_1,
     POSITIVE_FINITE,
     SEED,
+    check_distinct,
     check_values,
     threads,
 )
@@ -593,6 +594,7 @@ def main(argv=None):
     check_values(parser, args, AT_LEAST_0_FINITE, "--tol")
     check_values(parser, args, AT_LEAST_1, "--max-iter")  # (0: fits of no iteration)
     check_values(parser, args, SEED, "--seed")
+    check_distinct(parser, args, "--only")  # (an experiment run and printed twice)
     bench = Bench(args)
     print(f"{len(bench.y)} × {bench.X.shape[1]} L2-normalised float32 train, {len(bench.yt)} "
           f"test, scale={args.scale:g}, tol={args.tol}, c_bar=1, {threads()}")  # fmt: skip

@@ -50,7 +50,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import Normalizer, StandardScaler
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_fit import AT_LEAST_1, SEED, check_values  # noqa: E402
+from bench_fit import AT_LEAST_1, SEED, check_distinct, check_values  # noqa: E402
 
 from mr2_probe import (  # noqa: E402
     MR2LinearClassifier,
@@ -429,6 +429,9 @@ def main(argv=None):
     # offsets after the tilt's fits; extract's ValueError at --image-sizes 0)
     check_values(parser, args, SEED, "--seeds")
     check_values(parser, args, AT_LEAST_1, "--image-sizes")
+    # (a seed counted twice in mean ± std; a data set run twice, its first results
+    # overwritten in --out)
+    check_distinct(parser, args, "--seeds", "--image-sizes", "--classes", "--kinds")
     if args.bound is not None and not 0 <= args.bound <= 100:
         parser.error(f"--bound must be between 0 and 100 (points); got {args.bound}")
     if args.data == "synthetic" and min(args.classes) < 2:
