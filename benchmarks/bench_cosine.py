@@ -253,6 +253,10 @@ def main(argv=None):
     check_data_arguments(parser, args)
 
     X, y, Xt, yt = load(args)
+    smallest = np.unique(y, return_counts=True)[1].min()
+    if args.sweep and args.sweep_folds > smallest:  # (StratifiedKFold's, after the table)
+        parser.error(f"--sweep-folds must be at most the training rows of the smallest class "
+                     f"({smallest}); got {args.sweep_folds}")  # fmt: skip
     common = dict(tol=args.tol, max_iter=args.max_iter, device=args.device)
     with warnings.catch_warnings():  # torch's warm-up, two iterations: short of tol
         warnings.simplefilter("ignore", ConvergenceWarning)

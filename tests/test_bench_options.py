@@ -236,6 +236,9 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
          "--sizes takes each size once"),
         ("bench_extract", [*SMALL_EXTRACT, "--sources", "folder,folder"],
          "--sources takes each source once"),
+        # StratifiedKFold's ValueError, after the main table.
+        ("bench_cosine", [*SMALL_COSINE, "--no-equivalent", "--sweep", "--sweep-folds", "100"],
+         "--sweep-folds must be at most the training rows of the smallest class"),
         # create_backbone's ValueError, PIL's "cannot write empty image", the images written.
         ("bench_extract", [*SMALL_EXTRACT, "--image-size", "0"], "--image-size must be at least 1"),
         ("bench_extract", [*SMALL_EXTRACT, "--source-size", "0"], "--source-size must be at least"),
