@@ -274,21 +274,22 @@ def main(argv=None):
     rows, base = [], None
 
     def report(name, seconds, n_iter, loss, acc, short=False):
-        ratio = seconds / base if base else float("nan")
+        ratio = seconds / base
         loss_text = f"{loss:11.6f}" if loss is not None else f"{'':>11}"
         iters = f"{n_iter:7d}{'*' if short else ' '}"
         print(f"{name:<46}{seconds:8.2f}{ratio:9.2f}×{iters}{loss_text}{100 * acc:8.2f}")
-        ratio = ratio if base else None  # JSON has no NaN: null before the linear head's row
         rows.append(dict(model=name, fit_s=seconds, ratio_to_linear=ratio, n_iter=n_iter,
                          stopped_short=short, objective=loss, accuracy=100 * acc))  # fmt: skip
 
     sk = LogisticRegression(C=args.C, tol=args.tol, max_iter=args.max_iter)
-    seconds, _, short = timed(lambda: sk.fit(X, y), args.repeat)
-    report(f"LogisticRegression (sklearn) C={args.C:g}", seconds, int(sk.n_iter_[0]), None,
-           sk.score(Xt, yt), short)  # fmt: skip
+    sk_seconds, _, sk_short = timed(lambda: sk.fit(X, y), args.repeat)
     linear = MR2LinearClassifier(c_bar=None, C=args.C, **common)
     seconds, _, short = timed(lambda: linear.fit(X, y), args.repeat)
     base = seconds
+    # scikit-learn's row printed once the linear head's time, its ratio's base, is known (it
+    # printed nan×, and null in --json)
+    report(f"LogisticRegression (sklearn) C={args.C:g}", sk_seconds, int(sk.n_iter_[0]), None,
+           sk.score(Xt, yt), sk_short)  # fmt: skip
     report(f"MR2 linear, c_bar=None, C={args.C:g}", seconds, linear.n_iter_, None,
            linear.score(Xt, yt), short)  # fmt: skip
     for scale in args.scales:
