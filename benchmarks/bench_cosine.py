@@ -211,7 +211,7 @@ def main(argv=None):
         "--repeat", type=_at_least_one, default=1,
         help="fits per row of the table, best time kept (default: 1)",
     )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, help="synthetic features' (default: 0)")
     parser.add_argument(
         "--device", default="cpu", help="the MR2 rows' device (scikit-learn's: the CPU)"
     )
@@ -242,6 +242,9 @@ def main(argv=None):
     check_distinct(parser, args, "--scales", "--sweep-scales")
     check_values(parser, args, AT_LEAST_1, "--max-iter")  # (0: fits of no iteration, timed)
     check_values(parser, args, SEED, "--seed")
+    if args.store and args.seed is not None:  # (it drew the synthetic features alone: ignored)
+        parser.error("--seed applies to synthetic features, not to --store")
+    args.seed = 0 if args.seed is None else args.seed
     if args.sweep_scales is None:
         args.sweep_scales = [8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
     if args.sweep_folds is None:

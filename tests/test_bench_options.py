@@ -294,11 +294,20 @@ def test_a_store_without_a_test_row_is_refused(script, capsys, monkeypatch):
     )
 
 
-@pytest.mark.parametrize("script", ["bench_cosine", "cosine_tried"])
-@pytest.mark.parametrize("option", ["--n-features", "--n-classes"])
+@pytest.mark.parametrize(
+    "script, option",
+    [
+        ("bench_cosine", "--n-features"),
+        ("bench_cosine", "--n-classes"),
+        ("bench_cosine", "--seed"),  # (it draws nothing else there: cosine_tried's does)
+        ("cosine_tried", "--n-features"),
+        ("cosine_tried", "--n-classes"),
+    ],
+)
 def test_a_store_refuses_the_synthetic_features_options(script, option, capsys, monkeypatch):
     """A store's features and classes are its own: --n-classes 2 with --store fitted all
-    three classes of the store's rows without a word."""
+    three classes of the store's rows without a word, and bench_cosine's --seed changed
+    nothing."""
     monkeypatch.setattr("extract.load_features", lambda path: _Store())
     module = load_benchmark(script)
     with pytest.raises(SystemExit) as exit_info:
