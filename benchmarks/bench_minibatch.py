@@ -333,11 +333,13 @@ def main(argv=None):
             epochs = f"{np.mean([r['n_iter'] for r in results]):.0f}"
         converged = f"{sum(r['converged'] for r in results)}/{len(results)}"
         accuracy = 100 * np.mean([r["accuracy"] for r in results])
+        # LogisticRegression keeps no loss curve: '-', where its NaN printed 'nan'
         loss = np.mean([r["loss"] for r in results])
+        loss = f"{'-':>7}" if kind.startswith("logistic") else f"{loss:>7.4f}"
         dynamo = "yes" if any(r["dynamo"] for r in results) else "no"
         print(
             f"{name:<{width}} {seconds:>6.2f} {seconds / peer:>5.1f}× {epochs:>7} {converged:>5} "
-            f"{accuracy:>6.2f} {loss:>7.4f} {dynamo:>6}"
+            f"{accuracy:>6.2f} {loss} {dynamo:>6}"
         )
 
 
