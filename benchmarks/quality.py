@@ -363,13 +363,36 @@ def margin_tracking(X, y, X_test, y_test, erm_prediction):
     }
 
 
+def _defined(value) -> bool:
+    """Whether a figure is a number: a group with no class (medium at K = 2) has no accuracy,
+    a ρ of a constant ranking (every class's error 0) none either; they are NaN."""
+    return not (isinstance(value, float | np.floating) and np.isnan(value))
+
+
+def _strict(results):
+    """``results`` for strict JSON: each NaN as null (json.dumps wrote it as NaN)."""
+    if isinstance(results, dict):
+        return {key: _strict(value) for key, value in results.items()}
+    if isinstance(results, list | tuple):
+        return [_strict(value) for value in results]
+    return results if _defined(results) else None
+
+
+def write_results(path: Path, results: dict) -> None:
+    """Write ``results`` as strict JSON, whole: a run stopped while writing keeps the last."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(_strict(results), indent=2, default=str))
+    partial.replace(path)
+
+
 def table(dataset: str, results: list[dict]) -> str:
     lines = []
     for name in results[0]:
         cells = []
         for column in COLUMNS:
             values = 100 * np.array([r[name][column] for r in results])
-            cells.append(f"{values.mean():.2f} ± {values.std():.2f}")
+            defined = not np.isnan(values).all()  # "–": no class in the group (K = 2's medium)
+            cells.append(f"{values.mean():.2f} ± {values.std():.2f}" if defined else "–")
         # †: in some seed no configuration kept validation overall accuracy within the
         # rule's bound, and the one closest to it was used.
         outside = any(not r[name].get("validation", {}).get("within_rule", True) for r in results)
@@ -500,18 +523,19 @@ def main(argv=None):
             summaries, reference = run_seed(X, y, X_test, y_test, methods, seed, refits, bound)
             results.append(summaries)
             if args.out:  # after every seed, so that a long run keeps what it measured
-                partial = everything | {dataset: {"seeds": results}}
-                args.out.write_text(json.dumps(partial, indent=2, default=str))
+                write_results(args.out, everything | {dataset: {"seeds": results}})
         print(table(dataset, results), flush=True)
         rho = margin_tracking(X, y, X_test, y_test, reference)
-        tracking.append(f"| {dataset} | {rho['moment']:+.2f} | {rho['spread']:+.2f} |")
+        # "–": no ρ where the errors or the margins are all equal (a constant ranking)
+        cells = [f"{rho[k]:+.2f}" if _defined(rho[k]) else "–" for k in ("moment", "spread")]
+        tracking.append(f"| {dataset} | {cells[0]} | {cells[1]} |")
         everything[dataset] = {
             "seconds": time.perf_counter() - start,
             "margin_error_spearman": rho,
             "seeds": results,
         }
         if args.out:  # after every data set, so that a long run keeps what it measured
-            args.out.write_text(json.dumps(everything, indent=2, default=str))
+            write_results(args.out, everything)
     print("\nDoes γ follow difficulty? Spearman ρ between γ_k and the ERM probe's test error")
     print("| data | ρ, difficulty=moment (paper) | ρ, difficulty=spread |\n|---|---|---|")
     print("\n".join(tracking))

@@ -1,5 +1,6 @@
 """The quality benchmark's synthetic data does what its table claims to show."""
 
+import json
 import re
 
 import pytest
@@ -57,3 +58,24 @@ def test_a_method_filter_that_cannot_run_is_refused_before_any_work(quality, cap
     with pytest.raises(SystemExit):
         quality.main(["--data", "synthetic", *argv])
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_undefined_figures_print_a_dash_and_write_null(quality, tmp_path, capsys):
+    """Two classes leave the medium group empty, and both classes' errors are 0 (ρ of a
+    constant ranking): they printed 'nan ± nan' and '+nan', and --out held NaN (no JSON)."""
+    out = tmp_path / "quality.json"
+    with pytest.warns(Warning, match="constant"):  # scipy's: ρ is not defined
+        quality.main(["--data", "synthetic", "--classes", "2", "--kinds", "norm", "--seeds",
+                      "0", "--methods", "ERM", "--out", str(out)])  # fmt: skip
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is no JSON")
+
+    results = json.loads(out.read_text(), parse_constant=refuse)["synthetic K=2, norm"]
+    assert results["seeds"][0]["ERM (LogisticRegression, std)"]["medium"] is None
+    assert results["margin_error_spearman"] == {"moment": None, "spread": None}
+    printed = capsys.readouterr().out
+    assert "nan" not in printed
+    assert "| 100.00 ± 0.00 | – | 100.00 ± 0.00 |" in printed
+    assert "| synthetic K=2, norm | – | – |" in printed
+    assert not list(tmp_path.glob("*.tmp"))
