@@ -87,6 +87,10 @@ def main(argv=None):
         y[: args.n_samples],
         y[args.n_samples :],
     )
+    largest = np.bincount(y).max()
+    if args.folds > largest:  # (StratifiedKFold's ValueError, the data made)
+        parser.error(f"--folds must be at most the training rows of the largest class "
+                     f"({largest} of --n-samples {args.n_samples}); got {args.folds}")  # fmt: skip
     Cs = np.logspace(-4, 4, args.n_Cs)
     folds = list(StratifiedKFold(args.folds, shuffle=True, random_state=0).split(X, y))
     common = dict(tol=1e-4, max_iter=args.max_iter)

@@ -236,6 +236,9 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
          "--sizes takes each size once"),
         ("bench_extract", [*SMALL_EXTRACT, "--sources", "folder,folder"],
          "--sources takes each source once"),
+        # StratifiedKFold's ValueError: 60 rows of 100 classes, at most 3 of one.
+        ("bench_cv", [*SMALL_FIT, "--n-classes", "100", "--n-Cs", "1", "--skip", "lrcv"],
+         "--folds must be at most the training rows of the largest class (3 of --n-samples 60)"),
         # StratifiedKFold's ValueError, after the main table.
         ("bench_cosine", [*SMALL_COSINE, "--no-equivalent", "--sweep", "--sweep-folds", "100"],
          "--sweep-folds must be at most the training rows of the smallest class"),
