@@ -72,6 +72,7 @@ from bench_fit import (  # noqa: E402
     SEED,
     check_distinct,
     check_feature_arguments,
+    check_output,
     check_values,
     make_features,
     threads,
@@ -221,8 +222,7 @@ def main(argv=None):
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
-    if args.json is not None and args.json.is_dir():  # (an IsADirectoryError after the run)
-        parser.error(f"--json takes a file to write, got the folder {args.json}")
+    check_output(parser, "--json", args.json)  # (an OSError after the run)
     if args.sweep_folds is not None and args.sweep_folds < 2:
         parser.error(f"--sweep-folds must be at least 2; got {args.sweep_folds}")
     # Options of rows that no option asked for: they changed nothing, without a word.

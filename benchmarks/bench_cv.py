@@ -29,6 +29,7 @@ from bench_fit import (  # noqa: E402
     AT_LEAST_1,
     SEED,
     check_feature_arguments,
+    check_output,
     check_values,
     make_features,
     threads,
@@ -68,8 +69,7 @@ def main(argv=None):
     )
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     args = parser.parse_args(argv)
-    if args.json is not None and args.json.is_dir():  # (an IsADirectoryError after the run)
-        parser.error(f"--json takes a file to write, got the folder {args.json}")
+    check_output(parser, "--json", args.json)  # (an OSError after the run)
     check_feature_arguments(parser, args)
     check_values(parser, args, SEED, "--seed")
     check_values(parser, args, AT_LEAST_1, "--max-iter")  # (0: searches of no iteration, timed)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,10 +30,13 @@ from pathlib import Path
 import torch
 from torchvision.datasets import ImageFolder
 
-from extract import create_backbone, extract_features
-from extract._batches import compute_precision
-from extract._testing import make_image_folder, write_parquet, write_webdataset
-from mr2_probe._device import resolve_device
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_fit import check_output  # noqa: E402
+
+from extract import create_backbone, extract_features  # noqa: E402
+from extract._batches import compute_precision  # noqa: E402
+from extract._testing import make_image_folder, write_parquet, write_webdataset  # noqa: E402
+from mr2_probe._device import resolve_device  # noqa: E402
 
 SOURCES = ("folder", "webdataset", "parquet")
 
@@ -130,8 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
-    if args.json is not None and args.json.is_dir():  # (an IsADirectoryError after the run)
-        parser.error(f"--json takes a file to write, got the folder {args.json}")
+    check_output(parser, "--json", args.json)  # (an OSError after the run)
     if args.n_images < 4:
         parser.error(f"--n-images must be at least 4 (one image per class); got {args.n_images}")
     # (--image-size 0: create_backbone's ValueError, --source-size 0: PIL's, once written)

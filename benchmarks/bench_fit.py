@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 import warnings
 from pathlib import Path
@@ -82,6 +83,22 @@ def check_values(parser, args, must, *options: str) -> None:
         values = value if isinstance(value, list) else [value]
         if value is not None and not all(test(v) for v in values):
             parser.error(f"{option} must be {words}; got {value}")
+
+
+def check_output(parser, option: str, path: Path | None) -> None:
+    """Refuse in one line a file to write that the run could not write at its end: a
+    folder, or a file under a file or in a folder this process cannot write to (an OSError
+    after the run, which was lost). None is not checked."""
+    if path is None:
+        return
+    if path.is_dir():
+        parser.error(f"{option} takes a file to write, got the folder {path}")
+    folder = path.absolute().parent
+    while not folder.exists():  # the folders still to make: made in the first one there is
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        parser.error(f"{option} {path} cannot be written: {folder} is not a folder this "
+                     "process can write in")  # fmt: skip
 
 
 def check_distinct(parser, args, *options: str) -> None:
@@ -181,8 +198,7 @@ def main(argv=None):
         "uses (default: each library's own)",
     )
     args = parser.parse_args(argv)
-    if args.json is not None and args.json.is_dir():  # (an OSError after the first row)
-        parser.error(f"--json takes a file to write, got the folder {args.json}")
+    check_output(parser, "--json", args.json)  # (an OSError after the first row)
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1; got {args.repeat}")
     if args.threads is not None and args.threads < 1:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_fit import AT_LEAST_1, POSITIVE, SEED, check_values  # noqa: E402
+from bench_fit import AT_LEAST_1, POSITIVE, SEED, check_output, check_values  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier  # noqa: E402
 
@@ -149,8 +149,7 @@ def main(argv=None):
     )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
-    if args.json is not None and args.json.is_dir():  # (an IsADirectoryError after the run)
-        parser.error(f"--json takes a file to write, got the folder {args.json}")
+    check_output(parser, "--json", args.json)  # (an OSError after the run)
     # (a traceback from the data's generation or a fit, the features made: --batch-size at
     # Adam's fit, after L-BFGS's)
     for option, value in (("--n-samples", args.n_samples), ("--batch-size", args.batch_size)):

@@ -50,7 +50,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import Normalizer, StandardScaler
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_fit import AT_LEAST_1, SEED, check_distinct, check_values  # noqa: E402
+from bench_fit import AT_LEAST_1, SEED, check_distinct, check_output, check_values  # noqa: E402
 
 from mr2_probe import (  # noqa: E402
     MR2LinearClassifier,
@@ -433,8 +433,7 @@ def main(argv=None):
         "(the reference that defines the groups)",
     )
     args = parser.parse_args(argv)
-    if args.out is not None and args.out.is_dir():  # (an IsADirectoryError after a seed)
-        parser.error(f"--out takes a file to write, got the folder {args.out}")
+    check_output(parser, "--out", args.out)  # (an OSError after the first data set's seeds)
     # (another data set's options were ignored without a word: --data synthetic
     # --image-sizes 64 ran the synthetic sets as if it were not there)
     for option, data in (("--image-sizes", "fmnist"), ("--cache", "fmnist"),

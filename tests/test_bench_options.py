@@ -21,6 +21,7 @@ SMALL_EXTRACT = ["--n-images", "4", "--repeats", "1", "--batch-size", "4", "--wo
                  "--image-size", "32", "--source-size", "40", "--sources", "folder"]  # fmt: skip
 
 FOLDER = str(Path(__file__).parent)  # a folder that exists
+UNDER_A_FILE = f"{__file__}/runs/out.json"  # a file that cannot be made
 
 SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
 
@@ -236,6 +237,17 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
          "--sizes takes each size once"),
         ("bench_extract", [*SMALL_EXTRACT, "--sources", "folder,folder"],
          "--sources takes each source once"),
+        # a file to write under a file: an OSError (FileExistsError) once the run was done
+        # (bench_fit's after its first row, quality's after its first seed).
+        ("bench_fit", [*SMALL_FIT, "--n-classes", "3", "--repeat", "1", "--json", UNDER_A_FILE],
+         f"--json {UNDER_A_FILE} cannot be written: {__file__} is not a folder"),
+        ("bench_cv", [*SMALL_CV, "--json", UNDER_A_FILE], "is not a folder this process can"),
+        ("bench_cosine", [*SMALL_COSINE, "--json", UNDER_A_FILE], "is not a folder this process"),
+        ("bench_extract", [*SMALL_EXTRACT, "--json", UNDER_A_FILE], "is not a folder this"),
+        ("bench_probe_imagenet", [*SMALL_FIT, "--n-classes", "3", "--peer-rows", "0",
+                                  "--json", UNDER_A_FILE], "is not a folder this process"),
+        ("quality", ["--data", "synthetic", *SMALL_QUALITY, "--methods", "ERM", "--out",
+                     UNDER_A_FILE], f"--out {UNDER_A_FILE} cannot be written"),
         # StratifiedKFold's ValueError: 60 rows of 100 classes, at most 3 of one.
         ("bench_cv", [*SMALL_FIT, "--n-classes", "100", "--n-Cs", "1", "--skip", "lrcv"],
          "--folds must be at most the training rows of the largest class (3 of --n-samples 60)"),
