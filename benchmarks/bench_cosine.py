@@ -245,6 +245,11 @@ def main(argv=None):
     if args.store and args.seed is not None:  # (it drew the synthetic features alone: ignored)
         parser.error("--seed applies to synthetic features, not to --store")
     args.seed = 0 if args.seed is None else args.seed
+    if not args.scales:  # (no cosine row: they changed nothing, without a word)
+        for option in ("--spheres", "--linear-history"):
+            if getattr(args, option[2:].replace("-", "_")):
+                parser.error(f"{option} applies to the cosine rows, which --scales with no "
+                             "value skips")  # fmt: skip
     if args.sweep_scales is None:
         args.sweep_scales = [8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
     if args.sweep_folds is None:

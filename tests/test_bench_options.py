@@ -109,6 +109,12 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
             [*SMALL_COSINE, "--linear-history", "5", "--no-equivalent"],
             "--linear-history fits the linear problems at mean μ, which --no-equivalent skips",
         ),
+        # options of the cosine rows, with none (--scales with no value: the main table's
+        # other rows, or --sweep's).
+        ("bench_cosine", [*SMALL_COSINE[:-3], "--spheres"],
+         "--spheres applies to the cosine rows, which --scales with no value skips"),
+        ("bench_cosine", [*SMALL_COSINE[:-3], "--linear-history", "5"],
+         "--linear-history applies to the cosine rows, which --scales with no value skips"),
         # no row at 0, an IndexError at -3 (after the main table).
         ("bench_cosine", ["--linear-history", "0", *SMALL_COSINE], "must be at least 1, got 0"),
         ("bench_cosine", ["--linear-history", "-3", *SMALL_COSINE], "must be at least 1, got -3"),
