@@ -77,6 +77,9 @@ def main(argv=None):
         args.n_samples * 6 // 5, args.n_features, args.n_classes, args.seed, args.offset
     )
     X, y = X[: args.n_samples], y[: args.n_samples]
+    if len(np.unique(y)) < 2:  # (the estimator's ValueError at the warm-up: 0 rows, 1 class)
+        parser.error(f"--n-samples must draw two classes or more; got {args.n_samples} rows "
+                     f"of {len(np.unique(y))} class(es)")  # fmt: skip
     clf = MR2LinearClassifier(c_bar=None, max_iter=1000, device="cpu")
     with warnings.catch_warnings():  # the first fit's one-time costs, outside the profile
         warnings.simplefilter("ignore", ConvergenceWarning)

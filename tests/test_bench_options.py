@@ -243,6 +243,11 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
          "--sizes takes each size once"),
         ("bench_extract", [*SMALL_EXTRACT, "--sources", "folder,folder"],
          "--sources takes each source once"),
+        # the estimator's ValueError at the warm-up fit, on no row or one class.
+        ("profile_fit", ["--n-samples", "0", "--n-features", "4"],
+         "--n-samples must draw two classes or more; got 0 rows of 0 class(es)"),
+        ("profile_fit", ["--n-samples", "1", "--n-features", "4"],
+         "--n-samples must draw two classes or more; got 1 rows of 1 class(es)"),
         # a file to write under a file: an OSError (FileExistsError) once the run was done
         # (bench_fit's after its first row, quality's after its first seed).
         ("bench_fit", [*SMALL_FIT, "--n-classes", "3", "--repeat", "1", "--json", UNDER_A_FILE],
