@@ -156,3 +156,26 @@ def test_spheres_fit_the_cosine_rows_on_the_spheres_where_the_estimator_would_no
     bench.main([*args, "--spheres"])
     assert len(calls) == 1  # the cosine row, not its rounds
     assert "MR2 cosine, scale=8 (spheres)" in capsys.readouterr().out
+
+
+class _ClassOrderedStore:
+    """A store written from a class-per-folder tree: its rows in class order, 600 a class."""
+
+    labels = np.repeat(np.arange(3), 600)
+    features = (np.random.default_rng(0).normal(size=(1800, 8)) + labels[:, None]).astype(
+        np.float32
+    )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_the_warm_up_takes_rows_of_every_class_of_a_class_ordered_store(bench, monkeypatch, capsys):
+    """Its first 500 rows are one class: the warm-up fit failed (needs 2 classes)."""
+    monkeypatch.setattr("extract.load_features", lambda path: _ClassOrderedStore())
+    bench.main(["--store", "ordered.h5", "--n-samples", "1500", "--n-test", "300",
+                "--scales", "16", "--no-rounds", "--no-before", "--no-equivalent"])  # fmt: skip
+    assert "1500 × 8 L2-normalised float32 train, 300 test, 3 classes" in capsys.readouterr().out
