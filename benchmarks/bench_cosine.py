@@ -73,6 +73,7 @@ from bench_fit import (  # noqa: E402
     check_distinct,
     check_feature_arguments,
     check_output,
+    check_two_classes,
     check_values,
     make_features,
     threads,
@@ -261,6 +262,7 @@ def main(argv=None):
     check_data_arguments(parser, args)
 
     X, y, Xt, yt = load(args)
+    check_two_classes(parser, y)
     smallest = np.unique(y, return_counts=True)[1].min()
     if args.sweep and args.sweep_folds > smallest:  # (StratifiedKFold's, after the table)
         parser.error(f"--sweep-folds must be at most the training rows of the smallest class "

@@ -30,6 +30,7 @@ from bench_fit import (  # noqa: E402
     SEED,
     check_feature_arguments,
     check_output,
+    check_two_classes,
     check_values,
     make_features,
     threads,
@@ -87,6 +88,7 @@ def main(argv=None):
         y[: args.n_samples],
         y[args.n_samples :],
     )
+    check_two_classes(parser, y)
     largest = np.bincount(y).max()
     if args.folds > largest:  # (StratifiedKFold's ValueError, the data made)
         parser.error(f"--folds must be at most the training rows of the largest class "

@@ -101,6 +101,15 @@ def check_output(parser, option: str, path: Path | None) -> None:
                      "process can write in")  # fmt: skip
 
 
+def check_two_classes(parser, y) -> None:
+    """Refuse in one line training rows ``y`` of fewer than two classes (a row or two, a
+    store's first rows of one class): the estimator's ValueError at the warm-up fit."""
+    n_classes = len(np.unique(np.asarray(y)))
+    if n_classes < 2:
+        parser.error(f"--n-samples {len(y)} takes rows of {n_classes} class(es); two or more "
+                     "are needed")  # fmt: skip
+
+
 def check_distinct(parser, args, *options: str) -> None:
     """Refuse in one line a list option (flags, e.g. ``"--tilts"``) that repeats a value: its
     row was made and printed twice, a repeated seed counted twice in a mean, and the tables
@@ -226,6 +235,7 @@ def main(argv=None):
     )
     n_train = args.n_samples
     X_train, y_train, X_test, y_test = X[:n_train], y[:n_train], X[n_train:], y[n_train:]
+    check_two_classes(parser, y_train)
     # Warm up torch's lazy initialisation so that it is not billed to the first model.
     timed_fit(MR2LinearClassifier(max_iter=2, device="cpu"), X_train[:500], y_train[:500])
 

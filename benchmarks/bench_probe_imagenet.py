@@ -36,7 +36,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_fit import AT_LEAST_1, POSITIVE, SEED, check_output, check_values  # noqa: E402
+from bench_fit import (  # noqa: E402
+    AT_LEAST_1,
+    POSITIVE,
+    SEED,
+    check_output,
+    check_two_classes,
+    check_values,
+)
 
 from mr2_probe import MR2LinearClassifier  # noqa: E402
 
@@ -176,6 +183,7 @@ def main(argv=None):
     X, y = make_features(args.n_samples, args.n_features, args.n_classes, args.seed, device)
     _sync(device)
     generate_s = time.perf_counter() - start
+    check_two_classes(parser, y.cpu())
     # Warm up (CUDA context, cuBLAS handles, kernels) so that it is not billed to a fit.
     warm = min(len(y), 4096)
     with warnings.catch_warnings():

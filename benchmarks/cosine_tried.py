@@ -93,6 +93,7 @@ from bench_fit import (  # noqa: E402
     POSITIVE_FINITE,
     SEED,
     check_distinct,
+    check_two_classes,
     check_values,
     threads,
 )
@@ -596,6 +597,7 @@ def main(argv=None):
     check_values(parser, args, SEED, "--seed")
     check_distinct(parser, args, "--only")  # (an experiment run and printed twice)
     bench = Bench(args)
+    check_two_classes(parser, bench.y)
     print(f"{len(bench.y)} × {bench.X.shape[1]} L2-normalised float32 train, {len(bench.yt)} "
           f"test, scale={args.scale:g}, tol={args.tol}, c_bar=1, {threads()}")  # fmt: skip
     print(f"  {'experiment':<60}{'iters':>8}{'objective':>12}{'acc %':>8}{'agree %':>9}")

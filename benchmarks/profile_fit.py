@@ -34,6 +34,7 @@ from bench_fit import (  # noqa: E402
     SEED,
     add_feature_arguments,
     check_feature_arguments,
+    check_two_classes,
     check_values,
     limit_threads,
     make_features,
@@ -77,9 +78,7 @@ def main(argv=None):
         args.n_samples * 6 // 5, args.n_features, args.n_classes, args.seed, args.offset
     )
     X, y = X[: args.n_samples], y[: args.n_samples]
-    if len(np.unique(y)) < 2:  # (the estimator's ValueError at the warm-up: 0 rows, 1 class)
-        parser.error(f"--n-samples must draw two classes or more; got {args.n_samples} rows "
-                     f"of {len(np.unique(y))} class(es)")  # fmt: skip
+    check_two_classes(parser, y)
     clf = MR2LinearClassifier(c_bar=None, max_iter=1000, device="cpu")
     with warnings.catch_warnings():  # the first fit's one-time costs, outside the profile
         warnings.simplefilter("ignore", ConvergenceWarning)

@@ -243,11 +243,22 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
          "--sizes takes each size once"),
         ("bench_extract", [*SMALL_EXTRACT, "--sources", "folder,folder"],
          "--sources takes each source once"),
-        # the estimator's ValueError at the warm-up fit, on no row or one class.
+        # the estimator's ValueError at the warm-up fit, on no row or one class (seed 11:
+        # five rows of one class of two).
         ("profile_fit", ["--n-samples", "0", "--n-features", "4"],
-         "--n-samples must draw two classes or more; got 0 rows of 0 class(es)"),
+         "--n-samples 0 takes rows of 0 class(es); two or more are needed"),
         ("profile_fit", ["--n-samples", "1", "--n-features", "4"],
-         "--n-samples must draw two classes or more; got 1 rows of 1 class(es)"),
+         "--n-samples 1 takes rows of 1 class(es); two or more are needed"),
+        ("bench_fit", [*SMALL_FIT[2:], "--n-samples", "5", "--n-classes", "2", "--seed", "11"],
+         "--n-samples 5 takes rows of 1 class(es); two or more are needed"),
+        ("bench_cv", [*SMALL_CV[2:], "--n-samples", "5", "--n-classes", "2", "--seed", "11"],
+         "--n-samples 5 takes rows of 1 class(es); two or more are needed"),
+        ("bench_cosine", [*SMALL_COSINE[2:], "--n-samples", "1"],
+         "--n-samples 1 takes rows of 1 class(es); two or more are needed"),
+        ("cosine_tried", [*SMALL_COSINE[2:8], "--n-samples", "1", "--only", "cold"],
+         "--n-samples 1 takes rows of 1 class(es); two or more are needed"),
+        ("bench_probe_imagenet", [*SMALL_FIT[2:], "--n-samples", "1", "--peer-rows", "0"],
+         "--n-samples 1 takes rows of 1 class(es); two or more are needed"),
         # a file to write under a file: an OSError (FileExistsError) once the run was done
         # (bench_fit's after its first row, quality's after its first seed).
         ("bench_fit", [*SMALL_FIT, "--n-classes", "3", "--repeat", "1", "--json", UNDER_A_FILE],
