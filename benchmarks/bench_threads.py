@@ -86,6 +86,10 @@ def main(argv=None) -> None:
             parser.error(
                 f"--sizes takes n x d x K of at least 1 each, e.g. 1797x64x10; got {text!r}"
             )
+    for text in args.sizes:  # (the estimator's ValueError on one class, after the rows before)
+        n, _, k = parse_size(text)
+        if min(n, k) < 2:
+            parser.error(f"--sizes fits classifiers: n and K must be at least 2; got {text!r}")
     if len({parse_size(text) for text in args.sizes}) < len(args.sizes):  # (a row twice)
         parser.error(f"--sizes takes each size once; got {args.sizes}")
     print(

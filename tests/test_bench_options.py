@@ -81,6 +81,11 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
         ("bench_products", ["--sizes", "100x4"], "--sizes takes n x d x K of at least 1 each"),
         # the estimator's ValueError on no rows, torch's RuntimeError on an empty tensor.
         ("bench_threads", ["--sizes", "0x8x5"], "--sizes takes n x d x K of at least 1 each"),
+        # the estimator's ValueError on one class, after the sizes before it.
+        ("bench_threads", ["--sizes", "60x4x3", "100x4x1", "--iters", "1", "--repeats", "1"],
+         "--sizes fits classifiers: n and K must be at least 2; got '100x4x1'"),
+        ("bench_threads", ["--sizes", "1x4x3", "--iters", "1", "--repeats", "1"],
+         "--sizes fits classifiers: n and K must be at least 2; got '1x4x3'"),
         ("bench_products", ["--sizes", "0x5x3"], "--sizes takes n x d x K of at least 1 each"),
         ("bench_products", ["--repeats", "0"], "--repeats must be at least 1; got 0"),
         ("bench_products", ["--threads", "0"], "--threads must be at least 1; got 0"),
