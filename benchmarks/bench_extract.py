@@ -33,7 +33,7 @@ from torchvision.datasets import ImageFolder
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_fit import check_output  # noqa: E402
 
-from extract import create_backbone, extract_features  # noqa: E402
+from extract import BackboneError, create_backbone, extract_features  # noqa: E402
 from extract._batches import compute_precision  # noqa: E402
 from extract._testing import make_image_folder, write_parquet, write_webdataset  # noqa: E402
 from mr2_probe._device import resolve_device  # noqa: E402
@@ -158,6 +158,13 @@ def main(argv: list[str] | None = None) -> None:
               "installed: the webdataset source is skipped")  # fmt: skip
         sources.remove("webdataset")
     device = resolve_device(args.device)
+    # One untimed batch first: the process's one-time costs (a CUDA context, lazy
+    # initialisation) were billed to the first pipeline, the baseline. Before the images are
+    # written: a --backbone that names no model ended in a BackboneError once they were.
+    try:
+        bare_forward(argparse.Namespace(**{**vars(args), "n_images": args.batch_size}), device)
+    except BackboneError as error:
+        parser.error(f"--backbone: {error}")
     with tempfile.TemporaryDirectory() as tmp:
         per_class = args.n_images // 4
         args.n_images = 4 * per_class
@@ -177,9 +184,6 @@ def main(argv: list[str] | None = None) -> None:
             runs[f"extract_features ({name} -> HDF5)"] = lambda k, name=name: extract_store(
                 args, device, paths[name], Path(tmp) / f"{name}{k}.h5"
             )
-        # One untimed batch first: the process's one-time costs (a CUDA context, lazy
-        # initialisation) were billed to the first pipeline, the baseline.
-        bare_forward(argparse.Namespace(**{**vars(args), "n_images": args.batch_size}), device)
         # Interleaved repeats, best kept: shared machines make single timings noisy.
         rates = dict.fromkeys(runs, 0.0)
         for k in range(args.repeats):

@@ -33,6 +33,11 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
         ("bench_extract", ["--repeats", "0"], "--repeats must be at least 1; got 0"),
         ("bench_extract", ["--batch-size", "0"], "--batch-size must be at least 1; got 0"),
         ("bench_extract", ["--device", "bogus"], "--device: device='bogus' is not a torch"),
+        # a BackboneError, after the images were written.
+        ("bench_extract", [*SMALL_EXTRACT, "--backbone", "bogus"],
+         "--backbone: The backbone spec 'bogus' has no family"),
+        ("bench_extract", [*SMALL_EXTRACT, "--backbone", "timm:no_such_model@random"],
+         "--backbone: timm has no model 'no_such_model'"),
         # the DataLoader's ValueError, after the images were written.
         ("bench_extract", ["--workers", "-1"], "--workers must be at least 0; got -1"),
         # "min() arg is an empty sequence", after the data were made.
