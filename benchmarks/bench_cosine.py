@@ -127,10 +127,13 @@ def check_data_arguments(parser, args) -> None:
         args.n_classes = 10 if args.n_classes is None else args.n_classes
         check_feature_arguments(parser, args)
     if args.store:
-        from extract import load_features
+        from extract import StoreError, load_features
 
-        with load_features(args.store) as store:
-            n = len(store.labels)
+        try:  # (a traceback: no such file, not a store, one being written)
+            with load_features(args.store) as store:
+                n = len(store.labels)
+        except StoreError as error:
+            parser.error(f"--store: {error}")
         if n <= args.n_samples:
             parser.error(f"--store {args.store} has {n} rows: not one test row after "
                          f"--n-samples {args.n_samples}")  # fmt: skip

@@ -341,6 +341,23 @@ def test_a_store_without_a_test_row_is_refused(script, capsys, monkeypatch):
     )
 
 
+@pytest.mark.parametrize("script", ["bench_cosine", "cosine_tried"])
+@pytest.mark.parametrize(
+    "store, message",
+    [
+        ("no-such-store.h5", "--store: The feature store 'no-such-store.h5' does not exist"),
+        (__file__, "is not an HDF5 file; pass an HDF5 feature store"),
+    ],
+)
+def test_a_store_that_cannot_be_read_is_one_line(script, store, message, capsys):
+    """A missing file or one that is no store ended in the store's traceback."""
+    module = load_benchmark(script)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--store", store, "--scales" if script == "bench_cosine" else "--scale", "16"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "script, option",
     [
