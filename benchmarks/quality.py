@@ -445,6 +445,8 @@ def main(argv=None):
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.cache.exists() and not args.cache.is_dir():  # (a FileExistsError at its mkdir)
+        parser.error(f"--cache takes a folder of feature stores, got the file {args.cache}")
     if args.bound is not None and not args.levers:
         parser.error("--bound applies to --levers, not to the MR² table")
     # (scikit-learn's InvalidParameterError after the features were extracted, or at the

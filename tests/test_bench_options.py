@@ -75,6 +75,8 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
             ["--data", "fmnist", "--kinds", "norm", "--cache", __file__],
             "--kinds applies to --data synthetic, not to --data fmnist",
         ),
+        ("quality", ["--data", "fmnist", "--cache", __file__],
+         "--cache takes a folder of feature stores, got the file"),
         # the per-step table's sizes, for a table not made: ignored without a word.
         (
             "bench_minibatch",
@@ -213,7 +215,7 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
          "--bound must be between 0 and 100 (points); got -1.0"),
         ("quality", ["--data", "synthetic", *SMALL_QUALITY, "--levers", "--bound", "nan"],
          "--bound must be between 0 and 100 (points); got nan"),
-        ("quality", ["--data", "fmnist", "--image-sizes", "0", "--cache", __file__],
+        ("quality", ["--data", "fmnist", "--image-sizes", "0", "--cache", FOLDER],
          "--image-sizes must be at least 1; got [0]"),
         # fits of no iteration timed and tabled (-1: scikit-learn's InvalidParameterError).
         ("bench_probe_imagenet", [*SMALL_FIT, "--peer-rows", "0", "--lbfgs-iter", "0"],
