@@ -241,7 +241,10 @@ def _check_dtypes(X):
     frame = nw.from_native(X, eager_only=True, pass_through=True)
     if frame is X or not len(frame.schema):
         return either
-    if all(d in (nw.Float16, nw.Float32) for d in frame.schema.values()):
+    # (narwhals 2.0.1, scikit-learn 1.8's floor, has no Float16: every such frame failed
+    # there with an AttributeError)
+    floats = (nw.Float32, getattr(nw, "Float16", nw.Float32))
+    if all(d in floats for d in frame.schema.values()):
         return np.float32
     return either
 

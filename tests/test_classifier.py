@@ -1402,6 +1402,18 @@ def test_float16_features_train_in_float32(frame, dtype):
     assert clf.score(X, y) > 0.9
 
 
+@pytest.mark.parametrize("dtype, expected", [(np.float32, np.float32), (np.float64, np.float64)])
+def test_a_pyarrow_table_trains_under_a_narwhals_without_float16(monkeypatch, dtype, expected):
+    # narwhals 2.0.1 (scikit-learn 1.8's floor) has no Float16: fitting any pyarrow Table
+    # or polars DataFrame failed with an AttributeError reading its columns' dtypes.
+    nw = pytest.importorskip("narwhals.stable.v2")
+    monkeypatch.delattr(nw, "Float16", raising=False)
+    X, y = _blobs()
+    clf = MR2LinearClassifier(device="cpu").fit(_frame("pyarrow", X.astype(dtype)), y)
+    assert clf.coef_.dtype == expected
+    assert clf.predict(_frame("pyarrow", X.astype(dtype))).shape == y.shape
+
+
 def test_warm_start_with_a_new_projection_rank_starts_afresh(digits):
     X, y = digits
     clf = MR2LinearClassifier(
