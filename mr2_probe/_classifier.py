@@ -227,7 +227,9 @@ def _check_dtypes(X):
     float64 or float32 (X's own where it is one of them).
 
     check_array reads no dtype from such a frame and made it float64 (polars' Float16 and
-    Float32 alike), where a pandas DataFrame of the same columns trains in float32.
+    Float32 alike), where a pandas DataFrame of the same columns trains in float32. The
+    columns are read through narwhals, scikit-learn's own from its version 1.8: without it
+    (scikit-learn 1.6 or 1.7 alone) such a frame trains in float64, as before.
     """
     either = [np.float64, np.float32]
     if getattr(X, "dtype", None) is not None:
