@@ -601,6 +601,18 @@ def test_mr2_loss_refuses_a_c_bar_beyond_the_range_of_its_margins(c_bar, dtype, 
         criterion(logits, features.to(dtype), target)
     for name, value in criterion.state_dict().items():  # the batch was not folded in
         assert torch.equal(value, before[name]), name
+    if dtype == logits_dtype:  # the margins asked for alone are refused too
+        with pytest.raises(ValueError, match=re.escape(f"c_bar={c_bar:g} is out of the range")):
+            criterion.margins()
+
+
+def test_mr2_loss_takes_an_extreme_tau_without_a_compactness_term():
+    # With lam=0 τ takes no part in the loss: float32's τ = 1e-300 is no reason to refuse it.
+    gen = torch.Generator().manual_seed(0)
+    features, target = torch.randn(12, 4, generator=gen), torch.arange(12) % 3
+    logits = torch.randn(12, 3, generator=gen)
+    value = MR2Loss(3, 4, lam=0.0, tau=1e-300)(logits, features, target)
+    torch.testing.assert_close(value, MR2Loss(3, 4, lam=0.0)(logits, features, target))
 
 
 @pytest.mark.parametrize(
