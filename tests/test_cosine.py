@@ -810,7 +810,7 @@ def test_predictions_of_rows_near_float32s_largest_value_are_those_of_the_unit_r
 @pytest.mark.parametrize("tilt", [0.0, 2.0])
 def test_the_line_gives_the_objective_and_its_derivatives_along_the_retraction(tilt):
     """The objective at the rows U + t·D normalised, and its first two derivatives in t,
-    from the kept products r·X·Uᵀ and r·X·Dᵀ alone, against autograd on the model."""
+    from the kept products r·U·Xᵀ and r·D·Xᵀ alone, against autograd on the model."""
     gen = torch.Generator().manual_seed(0)
     n, d, k, scale = 50, 6, 4, 7.0
     X = torch.randn(n, d, generator=gen, dtype=torch.float64)
@@ -821,9 +821,8 @@ def test_the_line_gives_the_objective_and_its_derivatives_along_the_retraction(t
     risk = ClassRisk(torch.zeros(k, dtype=X.dtype).index_add_(0, y, w), tilt)
     r = 1 / X.norm(dim=1)
     onehot = torch.zeros(n, k, dtype=X.dtype).scatter_(1, y[:, None], w[:, None])
-    line = _Line(
-        (X @ U.T) * r[:, None], (X @ D.T) * r[:, None], (D * D).sum(1), scale / margins[y],
-        y, onehot, risk,
+    line = _Line(  # the products class-major (K × n), as the fit keeps them
+        (U @ X.T) * r, (D @ X.T) * r, (D * D).sum(1), scale / margins[y], y, onehot, risk,
     )  # fmt: skip
     for step in (0.0, 0.3, 2.0):
         t = torch.tensor(step, dtype=X.dtype, requires_grad=True)
