@@ -147,13 +147,13 @@ class _Line:
         return float(value), slope, curvature, factor
 
     def minimise(self, first: float, slope0: float, value0: float):
-        """A step that (nearly) minimises the objective along the line: doubled from
-        ``first`` while the slope stays negative and the decrease sufficient, then Newton's
-        steps within the bracket (else its midpoint), until the slope is within _LINE_SLOPE
-        of ``slope0`` at a sufficient decrease from ``value0``. A step whose value is above
-        that (the far plateau of a large scale, where the slope vanishes too) bounds the
-        bracket from above. Returns (t, value, class factor at t); the last evaluation is
-        at t."""
+        """A step that (nearly) minimises the objective along the line: from ``first``, while
+        the slope stays negative and the decrease sufficient, Newton's step or twice the step,
+        whichever is shorter, then Newton's steps within the bracket (else its midpoint),
+        until the slope is within _LINE_SLOPE of ``slope0`` at a sufficient decrease from
+        ``value0``. A step whose value is above that (the far plateau of a large scale, where
+        the slope vanishes too) bounds the bracket from above. Returns (t, value, class
+        factor at t); the last evaluation is at t."""
         # value0 is the previous line's: its rounding differs from this line's by a few
         # epsilons (the caller's test of the decrease takes this line's own value at 0).
         slack = 16 * torch.finfo(self.C.dtype).eps * max(1.0, abs(value0))
@@ -161,12 +161,16 @@ class _Line:
         def sufficient(t, value):
             return value <= value0 + _ARMIJO * t * slope0 + slack
 
-        lo, t = 0.0, first
+        lo, t, grown = 0.0, first, 0
         value, slope, curvature, factor = self(t)
         while slope < 0 and t < 1e12 and abs(slope) > _LINE_SLOPE * abs(slope0):
             if not sufficient(t, value):
                 break
-            lo, t = t, 2 * t
+            # Newton's step where it is short of doubling: one evaluation where doubling and
+            # the Newton step back into the bracket took two (fmnist features, scale 256: 2.4
+            # evaluations per line instead of 2.9). Doubling alone after _LINE_STEPS of them.
+            newton = t - slope / curvature if curvature > 0 and grown < _LINE_STEPS else math.inf
+            lo, t, grown = t, min(newton, 2 * t), grown + 1
             value, slope, curvature, factor = self(t)
         hi = t
         for _ in range(_LINE_STEPS):
