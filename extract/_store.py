@@ -436,19 +436,18 @@ def check_format(path: str | os.PathLike, attrs: dict) -> None:
 def check_not_newer(path: str | os.PathLike, attrs: dict) -> None:
     """Refuse a store written by a newer mr2-extract, whose rows may mean other things."""
     version = attrs.get("format_version")
-    if isinstance(version, list):  # (one of one element is its number: read_attrs)
+    number = isinstance(version, int | float) and not isinstance(version, bool)
+    # Not one number (an array of one, or text of one, is its number: read_attrs): a list,
+    # text ("three"), a boolean, NaN. Called older, it was to be deleted with --force.
+    if version is not None and not (number and version == version):
         raise ProvenanceError(
-            f"The feature store {os.fspath(path)!r} records its format_version as {version}, "
+            f"The feature store {os.fspath(path)!r} records its format_version as {version!r}, "
             "not one number, so which store format it was written in is unknown; write it "
             f"as one number (this version writes format {FORMAT_VERSION}), or write to "
             "another output path."
         )
     # (a number of any kind: a tool that writes numbers as doubles, as MATLAB does, wrote 3.0)
-    if (
-        isinstance(version, int | float)
-        and not isinstance(version, bool)
-        and version > FORMAT_VERSION
-    ):
+    if number and version > FORMAT_VERSION:
         raise ProvenanceError(
             f"The feature store {os.fspath(path)!r} was written in store format {version} by "
             f"a newer mr2-extract (this one writes format {FORMAT_VERSION}); upgrade "

@@ -2877,16 +2877,23 @@ def test_a_store_of_the_next_format_is_newer_and_never_to_be_rebuilt(tmp_path, k
         check_format("f.h5", read_attrs(f))
 
 
-@pytest.mark.parametrize("version", [[], [2, 3], [b"2", b"3"]])
+@pytest.mark.parametrize(
+    "version",
+    [[], [2, 3], [b"2", b"3"], "three", b"[3]", np.bool_(True), np.nan, np.complex128(3)],
+)
 def test_a_store_whose_format_is_no_one_number_is_refused_as_such(tmp_path, version):
     # An array of other than one element names no format: it was loaded (a list passed
-    # the newer-format check), and called older (to rebuild with --force) by extract.
+    # the newer-format check), and called older (to rebuild with --force) by extract. So
+    # were text that is no number, a boolean, NaN and a complex number.
     from extract._schema import read_attrs
     from extract._store import check_format
 
     _foreign(tmp_path / "x.h5")
     with h5py.File(tmp_path / "x.h5", "a") as f:
-        f.attrs["format_version"] = np.asarray(version, dtype=None if version else float)
+        arrays = isinstance(version, list)
+        f.attrs["format_version"] = (
+            np.asarray(version, dtype=None if version else float) if arrays else version
+        )
         attrs = read_attrs(f)
     match = "records its format_version as .*, not one number"
     with pytest.raises(ProvenanceError, match=match) as error:
