@@ -141,7 +141,8 @@ def shard_own(attrs: dict) -> dict[str, Any]:
 
 def _plain(value: Any) -> Any:
     if isinstance(value, bytes):  # np.bytes_ too, before it is taken for a NumPy scalar
-        return value.decode()
+        # (another tool's text in Latin-1, b"caf\xe9": its bytes escaped, not a traceback)
+        return value.decode("utf-8", "backslashreplace")
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):

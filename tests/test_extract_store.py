@@ -1948,6 +1948,7 @@ def test_a_foreign_store_s_utf8_byte_strings_are_read_as_text(tmp_path):
         ("versions", "torch 2.1", "torch 2.1"),
         ("versions", 3, 3),
         ("preprocessing", '{"resize": 256}', {"resize": 256}),
+        ("source", np.bytes_(b"caf\xe9"), "caf\\xe9"),  # not UTF-8: UnicodeDecodeError
     ],
 )
 def test_a_foreign_store_s_attributes_of_a_store_s_names_are_read_as_they_are(
@@ -2879,7 +2880,8 @@ def test_a_store_of_the_next_format_is_newer_and_never_to_be_rebuilt(tmp_path, k
 
 @pytest.mark.parametrize(
     "version",
-    [[], [2, 3], [b"2", b"3"], "three", b"[3]", np.bool_(True), np.nan, np.complex128(3)],
+    [[], [2, 3], [b"2", b"3"], "three", b"[3]", np.bool_(True), np.nan, np.complex128(3)]
+    + [np.bytes_(b"\xff")],  # (not UTF-8: UnicodeDecodeError)
 )
 def test_a_store_whose_format_is_no_one_number_is_refused_as_such(tmp_path, version):
     # An array of other than one element names no format: it was loaded (a list passed
