@@ -2117,13 +2117,14 @@ def test_a_run_removes_the_files_that_a_killed_run_left_half_written(files, tmp_
     # figure, the CV curve, a store's class names) were left in the folder for good.
     out = tmp_path / "run"
     out.mkdir()
-    left = [".front.partial.png", ".cv_curve.partial.png", ".class_names.partial.json"]
+    left = [".front.partial.png", ".class_names.partial.json"]
     left += [".models.partial.joblib", ".report.partial.md"]
     for name in [*left, ".notes.partial.txt", "front.partial.png"]:  # the last two: not its
         (out / name).write_bytes(b"half")
+    (out / ".cv_curve.partial.png").mkdir()  # a folder, no run's: its removal failed the run
     assert main([str(files / "train.npz"), "--out", str(out), "--no-progress"]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        OUTPUTS | {".notes.partial.txt", "front.partial.png"}
+        OUTPUTS | {".notes.partial.txt", "front.partial.png", ".cv_curve.partial.png"}
     )
 
 

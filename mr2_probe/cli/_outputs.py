@@ -202,7 +202,9 @@ def _write_outputs(
     if names is not None:
         files["class_names.json"] = _text(json.dumps(names, ensure_ascii=False))
     for name in _OUTPUTS:  # a killed run's files half written (this run holds the folder)
-        _partial(out, name).unlink(missing_ok=True)
+        partial = _partial(out, name)
+        if partial.is_symlink() or not partial.is_dir():  # (a folder is none: the user's)
+            partial.unlink(missing_ok=True)
     _replace_together(out, files)
     if names is None:  # an earlier run's class names would describe other data
         (out / "class_names.json").unlink(missing_ok=True)
