@@ -68,7 +68,7 @@ def missing_external_file(dataset) -> str | None:
     differs); None for a dataset whose raw data lies in its own file, or whose external
     files are all there. Looked for where HDF5 looks: under the dataset's external file
     prefix (HDF5_EXTFILE_PREFIX, resolved when the dataset was opened), else as named."""
-    for name, full, _offset, _size in _external_files(dataset):
+    for name, full, _offset, _held in _external_files(dataset):
         if not os.path.isfile(full):
             shown = os.path.abspath(full)
             return repr(name) if shown == name else f"{name!r} (looked for as {shown!r})"
@@ -80,10 +80,7 @@ def short_external_file(dataset) -> str | None:
     rows it holds there, as "'name' (40 of its 96 bytes)"; None where each holds all of
     them (or is not there: :func:`missing_external_file`). HDF5 reads the bytes past a
     file's end as zeros, without an error (a copy cut short, a disk that filled)."""
-    left = (dataset.size or 0) * dataset.id.get_type().get_size()
-    for name, full, offset, size in _external_files(dataset):
-        held = min(size, left)  # the bytes of the rows in this file, from offset on
-        left -= held
+    for name, full, offset, held in _external_files(dataset):
         try:
             found = os.path.getsize(full) - offset
         except OSError:
@@ -94,15 +91,23 @@ def short_external_file(dataset) -> str | None:
 
 
 def _external_files(dataset) -> list[tuple[str, str, int, int]]:
-    """``(name, path, offset, size)`` of each external raw data file of ``dataset``: its
-    name as recorded and the path HDF5 opens (under the dataset's external file prefix,
-    HDF5_EXTFILE_PREFIX resolved when the dataset was opened, else as named)."""
+    """``(name, path, offset, held)`` of each external raw data file of ``dataset`` that
+    holds some of its rows (``held`` bytes of them, from ``offset`` on): its name as
+    recorded and the path HDF5 opens (under the dataset's external file prefix,
+    HDF5_EXTFILE_PREFIX resolved when the dataset was opened, else as named). The files
+    past its rows (an extendible dataset's next, not yet written) are none: HDF5 reads
+    none of them."""
     if not dataset.external:  # (None: its rows lie in its own file)
         return []
     prefix = os.fsdecode(dataset.id.get_access_plist().get_efile_prefix())
+    left = (dataset.size or 0) * dataset.id.get_type().get_size()
     files = []
     for name, offset, size in dataset.external:
+        held = min(size, left)  # the bytes of the rows in this file
+        left -= held
+        if not held:
+            continue
         name = os.fsdecode(name)
         full = name if os.path.isabs(name) or not prefix else os.path.join(prefix, name)
-        files.append((name, full, offset, size))
+        files.append((name, full, offset, held))
     return files

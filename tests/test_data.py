@@ -256,3 +256,18 @@ def test_an_hdf5_dataset_whose_external_file_is_cut_short_is_refused(tmp_path, m
         raw.unlink()
         with pytest.raises(ValueError, match=rf"external file {name}, which is not there"):
             call()
+
+
+def test_an_hdf5_dataset_s_external_files_past_its_rows_are_not_its_own(tmp_path):
+    # A file past the rows, whose offset lies beyond its end (an extendible dataset's next,
+    # not yet written): HDF5 reads none of it, and the fit was refused as cut short.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    X = X.astype(np.float32)
+    (tmp_path / "later.raw").write_bytes(b"x")
+    external = [(str(tmp_path / "rows.raw"), 0, X.nbytes)]
+    external += [(str(tmp_path / "later.raw"), 8, h5py.h5f.UNLIMITED)]
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        f.create_dataset("X", X.shape, X.dtype, maxshape=(None, 6), external=external)[...] = X
+        fitted = MR2LinearClassifier(device="cpu").fit(f["X"], y)
+        np.testing.assert_array_equal(fitted.predict(f["X"]), fitted.predict(X))

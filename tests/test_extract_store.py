@@ -2175,6 +2175,23 @@ def test_a_dataset_whose_external_file_is_cut_short_is_refused(tmp_path, monkeyp
     assert load_features(path, in_memory=True).features.sum() == 300
 
 
+@pytest.mark.parametrize("later", [("next.raw", 0), ("later.raw", 8)])
+def test_external_files_past_a_dataset_s_rows_are_not_looked_for(tmp_path, monkeypatch, later):
+    # An extendible dataset's external files past its rows (the next, never written; one
+    # whose offset lies past its end): HDF5 reads none of them, and the store is whole.
+    # The first was called missing, the second cut short ("0 of its 0 bytes").
+    monkeypatch.chdir(tmp_path)
+    X = np.arange(24, dtype=np.float32).reshape(6, 4) + 1
+    (tmp_path / "later.raw").write_bytes(b"x")
+    external = [("rows.raw", 0, X.nbytes), (*later, h5py.h5f.UNLIMITED)]
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        f.create_dataset("features", X.shape, X.dtype, maxshape=(None, 4), external=external)
+        f["features"][...] = X
+        f["labels"], f["class_names"] = [1, 0] * 3, ["a", "b"]
+    assert not (tmp_path / "next.raw").exists()
+    assert load_features(tmp_path / "s.h5", in_memory=True).features.sum() == 300
+
+
 def test_a_store_with_a_dataset_numpy_cannot_type_is_read(tmp_path):
     # Another dataset in a type that NumPy has no equivalent of (HDF5's H5T_TIME), which
     # load_features never reads: its type converted at open raised h5py's TypeError.
