@@ -2212,6 +2212,30 @@ def test_class_names_the_plot_font_lacks_are_said_in_one_line(tmp_path, capsys, 
     ]
 
 
+@NEEDS_H5
+def test_a_store_s_class_name_of_no_row_is_not_said_to_be_drawn(tmp_path, capsys):
+    # A store's class name that no row has (its images all failed, say) is drawn in no
+    # figure: the missing-glyph warning named it among those drawn as boxes.
+    import h5py
+
+    matplotlib = pytest.importorskip("matplotlib")
+    X, y = _blobs(30, seed=1)
+    with h5py.File(tmp_path / "train.h5", "w") as f:
+        f["features"], f["labels"] = X.astype(np.float32), y
+        names = ["\u732b", "dog", "cat", "\u732b\u72ac"]  # 猫, ..., 猫犬 of no row
+        f["class_names"] = np.array(names, dtype=h5py.string_dtype())
+    with warnings.catch_warnings(), matplotlib.rc_context():
+        warnings.simplefilter("ignore")
+        matplotlib.rcParams["font.family"] = ["DejaVu Sans"]  # (bundled, no CJK glyphs)
+        argv = [str(tmp_path / "train.h5"), "--out", str(tmp_path / "run"), "--no-progress"]
+        assert main(argv) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "glyph" in line]
+    assert said == [
+        "mr2-probe: warning: the plot font has no glyph for '\u732b', which shows as a box "
+        "in the figures (in 1 class name: '\u732b')"
+    ]
+
+
 def test_help_explains_options_outputs_and_labels(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])

@@ -235,7 +235,9 @@ def _write_outputs(
     if glyphs:  # once for all figures, not matplotlib's lines for each character
         # The classes drawn: the report's, and the training classes of margins.png (a class
         # that the test set lacks among them).
-        trained = names if names is not None else getattr(_final(fitted[mr2_name]), "classes_", [])
+        # (a store's codes as its names: one of no row is drawn nowhere)
+        trained = list(getattr(_final(fitted[mr2_name]), "classes_", []))
+        trained = [names[int(k)] for k in trained] if names is not None else trained
         _warn_of_missing_glyphs(glyphs, [*report.labels, *trained])
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)
     return failed
