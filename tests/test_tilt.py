@@ -241,6 +241,17 @@ def test_tilt_composes_with_margins_and_weights():
     np.testing.assert_allclose(again.coef_, double_c.coef_, atol=1e-5)
 
 
+def test_a_tilted_fit_of_features_of_a_large_scale_is_that_of_the_features_scaled_down():
+    # Features 32 times larger (σ_b = 128: L-BFGS takes the intercept as b / σ_b) at C / 32²
+    # are the same problem, with coef_ / 32. The tilted term's intercept gradient is in
+    # b / σ_b too: taken in b, the fit stalled far from the optimum (coef_ 0.75 off).
+    X, y = _uneven()
+    small = _fit(c_bar=None, class_tilt=2.0, C=1e-3 * 32**2).fit(X, y)
+    large = _fit(c_bar=None, class_tilt=2.0, C=1e-3).fit(32 * X, y)
+    np.testing.assert_allclose(32 * large.coef_, small.coef_, atol=1e-4)
+    np.testing.assert_allclose(large.intercept_, small.intercept_, atol=1e-3)
+
+
 @pytest.mark.parametrize("lam", [0.0, pytest.param(0.5, marks=pytest.mark.slow)])
 def test_minibatch_tilt_lowers_worst_class_loss(lam):
     X, y = _uneven(n=600)
