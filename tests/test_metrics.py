@@ -213,6 +213,17 @@ def test_group_accuracy_is_nan_when_the_group_has_no_samples():
     assert np.isnan(group_accuracy(Y_TRUE[keep], Y_PRED[keep], GROUPS, "hard"))
 
 
+def test_a_group_without_samples_is_nan_in_the_summary_without_a_warning():
+    # The mean of a group whose classes are all absent is NaN, not NumPy's "Mean of empty
+    # slice" RuntimeWarning beside it.
+    keep = Y_TRUE < 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = classwise_summary(Y_TRUE[keep], Y_PRED[keep], GROUPS)
+    assert np.isnan(summary["hard"])
+    assert summary["easy"] == 0.875 and summary["medium"] == 0.75
+
+
 def test_classwise_summary_accepts_a_mapping_or_an_index_array():
     from_mapping = classwise_summary(Y_TRUE, Y_PRED, GROUPS)
     from_index = classwise_summary(Y_TRUE, Y_PRED, [0, 0, 1, 1, 2, 2])
