@@ -368,6 +368,28 @@ def test_mr2loss_tilt():
         MR2Loss(4, 5, class_tilt=-1.0)
 
 
+def test_mr2loss_tilted_batch_loss_is_the_mean_of_its_weighted_losses():
+    # After a first batch, a second of other class proportions: π counts every sample seen,
+    # L_k is the EMA of the batch means, and the loss is mean_i(ℓ_i·q_{y_i} / π_{y_i}) over
+    # the batch, the docstring's estimate of Σ_k q_k·L_k (not normalised by Σ_i q / π).
+    gen = torch.Generator().manual_seed(1)
+    criterion = MR2Loss(3, 4, c_bar=None, lam=0.0, class_tilt=2.0, rho=0.9).double()
+    first, second = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2]), torch.tensor([0, 1, 1, 1, 2, 2])
+    batches = [(torch.randn(len(t), 3, generator=gen, dtype=torch.float64), t)
+               for t in (first, second)]  # fmt: skip
+    L, counts = torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+    for n, (logits, target) in enumerate(batches):
+        value = criterion(logits, torch.zeros(len(target), 4, dtype=torch.float64), target)
+        each = torch.nn.functional.cross_entropy(logits, target, reduction="none")
+        seen = torch.bincount(target, minlength=3).double()
+        mean = torch.zeros(3, dtype=torch.float64).index_add(0, target, each) / seen
+        L = mean if n == 0 else 0.9 * L + 0.1 * mean
+        counts += seen
+        share = counts / counts.sum()
+        q = torch.softmax(2.0 * L + share.log(), 0)
+        torch.testing.assert_close(value, (each * (q / share)[target]).mean())
+
+
 @pytest.mark.parametrize("tilt", [1e38, 1e300])
 def test_mr2loss_with_a_tilt_beyond_float32_s_range_leans_on_the_worst_class(tilt):
     # t·L_k overflowed to inf in float32 (t = 1e300 is inf there): every class weight and
