@@ -605,6 +605,17 @@ def test_every_classwise_scorer_takes_a_metadata_request():
     )
 
 
+def test_classwise_scorers_are_new_at_each_call():
+    # A request set on one call's scorers (a weighted search's) is not another call's, nor
+    # the module's ready-made scorers' (shared, a later unweighted search was sent weights).
+    with sklearn.config_context(enable_metadata_routing=True):
+        for scorer in classwise_scorers({0: "easy", 1: "hard"}).values():
+            scorer.set_score_request(sample_weight=True)
+        again = classwise_scorers({0: "easy", 1: "hard"})
+        for scorer in [*again.values(), worst_class_scorer, hard_tercile_scorer, class_std_scorer]:
+            assert scorer.get_metadata_routing().score.requests["sample_weight"] is None
+
+
 def test_the_balanced_accuracy_scorer_is_balanced():
     X, y = load_iris(return_X_y=True)
     keep = np.r_[0:50, 50:60, 100:150]  # 50, 10 and 50 samples
