@@ -925,6 +925,11 @@ def test_plot_front_tilt_curve_starts_at_the_untilted_point_in_both_axes(tmp_pat
         assert ax.get_xlabel() == "overall accuracy (%), validation"
         dashed = [line for line in ax.lines if line.get_linestyle() == "--"]
         assert dashed[0].get_xdata()[0] == pytest.approx(85.0)
+        # One ring, on the rule's choice (tilt=1), not on ERM.
+        (ring,) = [line for line in ax.lines if line.get_markersize() == 14]
+        assert (ring.get_xdata()[0], ring.get_ydata()[0]) == pytest.approx(
+            (88.0, 100 * points[-2].validation[column])
+        )
     # One tilt point is still a point of the curve: a round marker, not ERM's square.
     fig = plot_front(Front(points[:1] + points[-1:], bound=0.05), tmp_path / "one.png")
     tilt = next(line for line in fig.axes[0].lines if line.get_label() == "tilt")
