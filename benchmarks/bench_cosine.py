@@ -273,10 +273,11 @@ def main(argv=None):
     common = dict(tol=args.tol, max_iter=args.max_iter, device=args.device)
     with warnings.catch_warnings():  # torch's warm-up, two iterations: short of tol
         warnings.simplefilter("ignore", ConvergenceWarning)
-        # 500 rows from all the training rows: a store's first 500 may be one class (a
-        # class-per-folder tree's rows are in class order), which the fit refused
-        warm = slice(None, None, max(1, len(y) // 500))
-        MR2LinearClassifier(max_iter=2, device=args.device).fit(X[warm][:500], y[warm][:500])
+        # At most 500 rows spread over all the training rows: a store's first 500 may be one
+        # class (a class-per-folder tree's rows are in class order), which the fit refused;
+        # the step rounds up, else under 1,000 rows it was 1 and took the first 500
+        warm = slice(None, None, -(-len(y) // 500))
+        MR2LinearClassifier(max_iter=2, device=args.device).fit(X[warm], y[warm])
     print(
         f"{len(y)} × {X.shape[1]} L2-normalised float32 train, {len(yt)} test, "
         f"{len(np.unique(y))} classes, tol={args.tol}, "

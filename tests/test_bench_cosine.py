@@ -173,9 +173,14 @@ class _ClassOrderedStore:
         return False
 
 
-def test_the_warm_up_takes_rows_of_every_class_of_a_class_ordered_store(bench, monkeypatch, capsys):
+# 900 rows (600 of class 0): under 1,000 rows the step was 1, the first 500 rows class 0
+@pytest.mark.parametrize("n_samples, n_classes", [(1500, 3), (900, 2)])
+def test_the_warm_up_takes_rows_of_every_class_of_a_class_ordered_store(
+    bench, monkeypatch, capsys, n_samples, n_classes
+):
     """Its first 500 rows are one class: the warm-up fit failed (needs 2 classes)."""
     monkeypatch.setattr("extract.load_features", lambda path: _ClassOrderedStore())
-    bench.main(["--store", "ordered.h5", "--n-samples", "1500", "--n-test", "300",
+    bench.main(["--store", "ordered.h5", "--n-samples", str(n_samples), "--n-test", "300",
                 "--scales", "16", "--no-rounds", "--no-before", "--no-equivalent"])  # fmt: skip
-    assert "1500 × 8 L2-normalised float32 train, 300 test, 3 classes" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{n_samples} × 8 L2-normalised float32 train, 300 test, {n_classes} classes" in out
