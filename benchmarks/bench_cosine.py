@@ -266,10 +266,12 @@ def main(argv=None):
 
     X, y, Xt, yt = load(args)
     check_two_classes(parser, y)
-    smallest = np.unique(y, return_counts=True)[1].min()
-    if args.sweep and args.sweep_folds > smallest:  # (StratifiedKFold's, after the table)
-        parser.error(f"--sweep-folds must be at most the training rows of the smallest class "
-                     f"({smallest}); got {args.sweep_folds}")  # fmt: skip
+    # (StratifiedKFold's ValueError, after the table; it refuses more folds than the rows of
+    # every class, and only warns of a class with fewer rows than folds, which the sweep runs)
+    largest = np.unique(y, return_counts=True)[1].max()
+    if args.sweep and args.sweep_folds > largest:
+        parser.error(f"--sweep-folds must be at most the training rows of the largest class "
+                     f"({largest}); got {args.sweep_folds}")  # fmt: skip
     common = dict(tol=args.tol, max_iter=args.max_iter, device=args.device)
     with warnings.catch_warnings():  # torch's warm-up, two iterations: short of tol
         warnings.simplefilter("ignore", ConvergenceWarning)

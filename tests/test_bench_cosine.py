@@ -184,3 +184,24 @@ def test_the_warm_up_takes_rows_of_every_class_of_a_class_ordered_store(
                 "--scales", "16", "--no-rounds", "--no-before", "--no-equivalent"])  # fmt: skip
     out = capsys.readouterr().out
     assert f"{n_samples} × 8 L2-normalised float32 train, 300 test, {n_classes} classes" in out
+
+
+class _SmallClassStore(_ClassOrderedStore):
+    """100 training rows of two classes and 2 of a third, then 30 test rows."""
+
+    labels = np.r_[np.repeat([0, 1], 50), [2, 2], np.tile([0, 1, 2], 10)]
+    features = (np.random.default_rng(0).normal(size=(132, 8)) + labels[:, None]).astype(np.float32)
+
+
+def test_the_sweep_runs_with_a_class_of_fewer_rows_than_folds(bench, monkeypatch, capsys):
+    """StratifiedKFold only warns of it; the sweep was refused above the smallest class."""
+    monkeypatch.setattr("extract.load_features", lambda path: _SmallClassStore())
+    with warnings.catch_warnings():  # "The least populated class in y has only 2 members"
+        warnings.simplefilter("ignore", UserWarning)
+        bench.main(["--store", "small.h5", "--n-samples", "102", "--n-test", "30",
+                    "--scales", "8", "--no-rounds", "--no-before", "--no-equivalent",
+                    "--sweep", "--sweep-scales", "4", "8", "--sweep-folds", "3",
+                    "--max-iter", "50"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "102 × 8 L2-normalised float32 train, 30 test, 3 classes" in out
+    assert "GridSearchCV(MR2LinearClassifier) (cold)" in out

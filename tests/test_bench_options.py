@@ -287,7 +287,7 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
          "--folds must be at most the training rows of the largest class (3 of --n-samples 60)"),
         # StratifiedKFold's ValueError, after the main table.
         ("bench_cosine", [*SMALL_COSINE, "--no-equivalent", "--sweep", "--sweep-folds", "100"],
-         "--sweep-folds must be at most the training rows of the smallest class"),
+         "--sweep-folds must be at most the training rows of the largest class"),
         # create_backbone's ValueError, PIL's "cannot write empty image", the images written.
         ("bench_extract", [*SMALL_EXTRACT, "--image-size", "0"], "--image-size must be at least 1"),
         ("bench_extract", [*SMALL_EXTRACT, "--source-size", "0"], "--source-size must be at least"),
