@@ -2,6 +2,7 @@
 traceback from deep in a run."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -381,3 +382,28 @@ def test_a_store_refuses_the_synthetic_features_options(script, option, capsys, 
                      "--scales" if script == "bench_cosine" else "--scale", "16"])  # fmt: skip
     assert exit_info.value.code == 2
     assert f"{option} applies to synthetic features, not to --store" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "must, accepted, refused",
+    [
+        ("POSITIVE", [1e-8, 1.0, np.inf], [0.0, -1.0, np.nan]),  # --C (C = inf is valid)
+        ("POSITIVE_FINITE", [1e-8, 1.0], [0.0, np.inf, np.nan]),  # --scales 1
+        ("AT_LEAST_1", [1], [0, -1]),  # --max-iter 1
+        ("AT_LEAST_0_FINITE", [0.0, 1e-8], [-1e-8, np.inf, np.nan]),  # --tol 0, --tilts 0
+        ("FINITE", [0.0, -1.0], [np.inf, -np.inf, np.nan]),  # --offset 0
+        ("SEED", [0, 2**32 - 1], [-1, 2**32]),  # --seed 0
+    ],
+)
+def test_check_values_accepts_the_values_at_its_limits(must, accepted, refused, capsys):
+    """The limits themselves are valid values (--tol 0, --seed 0, --offset 0, --scales 1):
+    only the values past them are refused, each alone and in a list."""
+    bench_fit = load_benchmark("bench_fit")
+    parser = bench_fit.argparse.ArgumentParser(prog="bench")
+    check = getattr(bench_fit, must)
+    for value in [*accepted, accepted]:
+        bench_fit.check_values(parser, SimpleNamespace(x=value), check, "--x")
+    for value in [*refused, [*accepted, refused[0]]]:
+        with pytest.raises(SystemExit):
+            bench_fit.check_values(parser, SimpleNamespace(x=value), check, "--x")
+        assert f"--x must be {check[0]}" in capsys.readouterr().err
