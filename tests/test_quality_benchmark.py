@@ -79,3 +79,21 @@ def test_undefined_figures_print_a_dash_and_write_null(quality, tmp_path, capsys
     assert "| 100.00 ± 0.00 | – | 100.00 ± 0.00 |" in printed
     assert "| synthetic K=2, norm | – | – |" in printed
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_synthetic_data_ignore_a_file_where_fmnist_s_cache_would_be(
+    quality, tmp_path, monkeypatch, capsys
+):
+    """--data synthetic reads no cache: ./runs/cache a file refused it ('--cache takes a
+    folder'), an option it was not given and does not take."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "cache").write_text("not a folder")
+
+    def made(*args, **kwargs):  # the first work after the checks
+        raise RuntimeError("the data were made")
+
+    monkeypatch.setattr(quality, "synthetic_features", made)
+    with pytest.raises(RuntimeError, match="the data were made"):
+        quality.main(["--data", "synthetic", "--classes", "2", "--seeds", "0"])
+    assert "--cache" not in capsys.readouterr().err
