@@ -807,10 +807,19 @@ def test_predictions_of_rows_near_float32s_largest_value_are_those_of_the_unit_r
     np.testing.assert_allclose(as_tensor.numpy(), clf.decision_function(X), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("block", [None, 4 * 7 + 3])
 @pytest.mark.parametrize("tilt", [0.0, 2.0])
-def test_the_line_gives_the_objective_and_its_derivatives_along_the_retraction(tilt):
+def test_the_line_gives_the_objective_and_its_derivatives_along_the_retraction(
+    monkeypatch, tilt, block
+):
     """The objective at the rows U + t·D normalised, and its first two derivatives in t,
-    from the kept products r·U·Xᵀ and r·D·Xᵀ alone, against autograd on the model."""
+    from the kept products r·U·Xᵀ and r·D·Xᵀ alone, against autograd on the model; and the
+    softmax kept for the gradient. Also taken in blocks of 7 of the 50 rows, the last one
+    short (the fits' problems take one block)."""
+    from mr2_probe import _sphere
+
+    if block:
+        monkeypatch.setattr(_sphere, "_LINE_BLOCK", block)
     gen = torch.Generator().manual_seed(0)
     n, d, k, scale = 50, 6, 4, 7.0
     X = torch.randn(n, d, generator=gen, dtype=torch.float64)
@@ -824,6 +833,7 @@ def test_the_line_gives_the_objective_and_its_derivatives_along_the_retraction(t
     line = _Line(  # the products class-major (K × n), as the fit keeps them
         (U @ X.T) * r, (D @ X.T) * r, (D * D).sum(1), scale / margins[y], y, onehot, risk,
     )  # fmt: skip
+    assert line.block == (7 if block else _sphere._LINE_BLOCK // k)
     for step in (0.0, 0.3, 2.0):
         t = torch.tensor(step, dtype=X.dtype, requires_grad=True)
         z = scale * F.normalize(X, dim=1) @ F.normalize(U + t * D, dim=1).T
@@ -835,6 +845,8 @@ def test_the_line_gives_the_objective_and_its_derivatives_along_the_retraction(t
         assert got[0] == pytest.approx(float(value[0].detach()), rel=1e-12)
         assert got[1] == pytest.approx(float(slope.detach()), rel=1e-10, abs=1e-14)
         assert got[2] == pytest.approx(float(curvature), rel=1e-10, abs=1e-14)
+        softmax = torch.softmax(z.detach() / margins[y, None], dim=1)
+        torch.testing.assert_close(line.p, softmax.T, rtol=1e-12, atol=1e-15)
 
 
 def test_the_compact_memory_is_the_two_loop_recursion_on_projected_pairs():
