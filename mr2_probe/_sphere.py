@@ -168,9 +168,11 @@ class _Line:
                 break
             # Newton's step where it is short of doubling: one evaluation where doubling and
             # the Newton step back into the bracket took two (fmnist features, scale 256: 2.4
-            # evaluations per line instead of 2.9). Doubling alone after _LINE_STEPS of them.
-            newton = t - slope / curvature if curvature > 0 and grown < _LINE_STEPS else math.inf
-            lo, t, grown = t, min(newton, 2 * t), grown + 1
+            # evaluations per line instead of 2.9). Doubling alone after _LINE_STEPS of them,
+            # and where Newton's step does not move t (below its rounding, or an infinite
+            # curvature: the same t evaluated again) or is NaN (an infinite slope).
+            newton = t - slope / curvature if curvature > 0 and grown < _LINE_STEPS else math.nan
+            lo, t, grown = t, newton if t < newton < 2 * t else 2 * t, grown + 1
             value, slope, curvature, factor = self(t)
         hi = t
         for _ in range(_LINE_STEPS):

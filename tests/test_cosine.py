@@ -1,5 +1,6 @@
 """The cosine head's L-BFGS: closed-form gradients, unit-direction rounds, same solutions."""
 
+import math
 import warnings
 from types import SimpleNamespace
 
@@ -847,6 +848,37 @@ def test_the_line_gives_the_objective_and_its_derivatives_along_the_retraction(
         assert got[2] == pytest.approx(float(curvature), rel=1e-10, abs=1e-14)
         softmax = torch.softmax(z.detach() / margins[y, None], dim=1)
         torch.testing.assert_close(line.p, softmax.T, rtol=1e-12, atol=1e-15)
+
+
+class _GivenLine(_Line):
+    """A line of given (value, slope, curvature) in t, its steps recorded."""
+
+    def __init__(self, along):
+        self.C, self.along, self.steps = torch.zeros(1, dtype=torch.float64), along, []
+
+    def __call__(self, t):
+        self.steps.append(t)
+        return (*self.along(t), None)
+
+
+@pytest.mark.parametrize(
+    "along",
+    [
+        lambda t: ((t - 5) ** 2, 2 * (t - 5), math.inf),  # Newton's step 0
+        lambda t: ((t - 5) ** 2, 2 * (t - 5), 1e30),  # below t's rounding
+        lambda t: (-t, -math.inf, math.inf),  # NaN
+    ],
+)
+def test_the_spheres_line_search_grows_its_step_where_newton_s_step_does_not(along):
+    # The growing phase takes Newton's step where it is short of doubling: where that step
+    # left t as it was, the same t was evaluated again up to 30 times (46 evaluations
+    # instead of 16), and a NaN one (an infinite slope) made the step NaN. Each step now
+    # grows (doubling), every t evaluated once.
+    line = _GivenLine(along)
+    t, _, _ = line.minimise(1e-3, -10.0, 25.0)
+    assert math.isfinite(t) and t > 0
+    assert all(math.isfinite(step) for step in line.steps)
+    assert len(set(line.steps)) == len(line.steps) <= 70
 
 
 def test_the_compact_memory_is_the_two_loop_recursion_on_projected_pairs():
