@@ -881,6 +881,15 @@ def test_the_spheres_line_search_grows_its_step_where_newton_s_step_does_not(alo
     assert len(set(line.steps)) == len(line.steps) <= 70
 
 
+def test_the_spheres_line_search_grows_its_step_by_newton_s_where_shorter():
+    # On a parabola from its slope at 0: doubled to 4.096, then Newton's step lands on the
+    # minimum at 5 (one evaluation; doubling to 8.192 and back took two).
+    line = _GivenLine(lambda t: ((t - 5) ** 2, 2 * (t - 5), 2.0))
+    t, value, _ = line.minimise(1e-3, -10.0, 25.0)
+    assert (t, value) == (5.0, 0.0)
+    assert line.steps == [1e-3 * 2**i for i in range(13)] + [5.0]
+
+
 def test_the_compact_memory_is_the_two_loop_recursion_on_projected_pairs():
     """−H·g of the spheres' memory, in compact form with one initial scale per class and
     the pairs projected (once) onto the tangent space at U, is the two-loop recursion's."""
