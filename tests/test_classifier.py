@@ -390,7 +390,9 @@ def test_dataframe_keeps_feature_names():
     frame = pd.DataFrame(X, columns=[f"f{i}" for i in range(X.shape[1])])
     clf = MR2LinearClassifier(device="cpu").fit(frame, y)
     np.testing.assert_array_equal(clf.feature_names_in_, frame.columns)
-    np.testing.assert_array_equal(clf.predict(frame), clf.predict(X.copy()))
+    # An array without the names is taken with scikit-learn's warning.
+    with pytest.warns(UserWarning, match="X does not have valid feature names"):
+        np.testing.assert_array_equal(clf.predict(frame), clf.predict(X.copy()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -822,6 +824,8 @@ def test_a_meta_tensor_is_a_clear_value_error():
             call()
 
 
+# torch's own note on building the CSR tensor the test passes, not the library's.
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta:UserWarning")
 @pytest.mark.parametrize("layout", ["coo", "csr"])
 def test_a_sparse_tensor_is_refused_as_scikit_learn_refuses_sparse_data(layout):
     # torch's "Could not run 'aten::ne.Scalar' with arguments from the 'SparseCPU'
@@ -1641,6 +1645,9 @@ def test_one_batch_an_epoch_reads_the_start_test_after_the_first_epoch(solver):
         MR2LinearClassifier(max_iter=1, **common).fit(X, y)
 
 
+# max_iter=1: fits that show the rank is accepted, not fits to convergence.
+@pytest.mark.filterwarnings("ignore:adam did not converge:sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.filterwarnings("ignore:lbfgs did not converge:sklearn.exceptions.ConvergenceWarning")
 def test_a_projection_rank_above_the_features_is_refused():
     # Accepted, rank 100 on iris's 4 features fitted worse than the full projection (0.907
     # against 0.96 training accuracy) at a greater cost.
@@ -2060,10 +2067,11 @@ def test_compactness_term_has_no_gradient_along_a_common_scale_of_the_features()
     w = torch.rand(60, generator=gen, dtype=torch.float64) + 0.5
     s_bar, tau = 2.0, 4.0  # the epoch's, from the full data: the batch's spread differs
     (grad,) = torch.autograd.grad(compactness_term(phi, y, w, s_bar, tau, 3), phi)
-    radial = float((grad * phi).sum())  # d/da of the loss at a·φ, a = 1
-    assert abs(radial) < 1e-10 * float(grad.norm() * phi.norm())
+    point = phi.detach()  # (products with phi itself would be part of the graph)
+    radial = float((grad * point).sum())  # d/da of the loss at a·φ, a = 1
+    assert abs(radial) < 1e-10 * float(grad.norm() * point.norm())
     (held,) = torch.autograd.grad(compactness_loss(phi, y, s_bar, tau, sample_weight=w), phi)
-    assert float((held * phi).sum()) > 0.1 * float(held.norm() * phi.norm())
+    assert float((held * point).sum()) > 0.1 * float(held.norm() * point.norm())
     # Its value is the loss at the epoch's s̄ and τ; a batch with no spread keeps them.
     value = compactness_term(phi, y, w, s_bar, tau, 3)
     torch.testing.assert_close(value, compactness_loss(phi, y, s_bar, tau, sample_weight=w))
@@ -2622,6 +2630,8 @@ def test_a_minibatch_fit_out_of_epochs_names_the_learning_rate_too(digits):
     assert message.endswith("If loss_curve_ oscillates, use a smaller learning_rate than 0.5.")
 
 
+# max_iter=3: enough evaluations to see their threads, short of convergence.
+@pytest.mark.filterwarnings("ignore:lbfgs did not converge:sklearn.exceptions.ConvergenceWarning")
 @pytest.mark.parametrize("small, expected", [(None, 1), (0, 2)])
 def test_small_full_batch_evaluations_run_on_one_thread(
     digits, monkeypatch, small, expected, threads
