@@ -2272,6 +2272,8 @@ def test_a_library_s_warning_comes_out_in_one_line_once(tmp_path, capsys, monkey
     assert "UserWarning: The least populated class" in capsys.readouterr().err
 
 
+# The class of five samples, four for training, is fewer than --cv 5's folds on purpose.
+@pytest.mark.filterwarnings("ignore:The least populated class in y:UserWarning")
 def test_a_search_that_scored_every_value_the_same_says_so_in_a_note(tmp_path, capsys):
     # A class of five samples, drawn as another class: worst-class accuracy 20% at every C,
     # and the search chose the strongest penalty, C = 1e-4, without a word.
@@ -2487,12 +2489,15 @@ def test_the_chosen_tilt_s_refit_warns_in_the_cli_s_terms_too(tmp_path, capsys):
     assert "--tilt 200 makes the objective" in line and "class_tilt" not in line
 
 
+# The failed fits' NaN scores, which scikit-learn's search notes beside its FitFailedWarning.
+@pytest.mark.filterwarnings("ignore:One or more of the test scores are non-finite:UserWarning")
 def test_a_grid_search_with_a_failed_fit_still_reports(files, capsys):
     # A failed fit scores NaN in every column, the count of short fits too: the run ended
     # in "cannot convert float NaN to integer".
     argv = [str(files / "train.npz"), "--grid", "solver=sgd", "--grid", "learning_rate=0.003,1000"]
     argv += ["--lam", "0.5", "--feature-scaling", "standard", "--cv", "2", "--max-iter", "5"]
-    assert main([*argv, "--no-progress"]) == 0
+    with pytest.warns(FitFailedWarning, match="2 fits failed out of a total of 4"):
+        assert main([*argv, "--no-progress"]) == 0
     assert (
         "best parameters by worst_class (2-fold CV): {'learning_rate': 0.003"
         in capsys.readouterr().out
