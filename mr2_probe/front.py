@@ -354,8 +354,9 @@ def accuracy_front(
     # (h5py's "Unable to synchronously get dataspace" from the checks below otherwise)
     check_h5_open(X=X, y=y, X_val=X_val, y_val=y_val, X_test=X_test, y_test=y_test, groups=groups)
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
-    _check_known_labels(y, {"y_val": y_val, "y_test": y_test})
+    # (counts first: an empty split is refused without a warning that it lacks every class)
     _check_scored_features(X, {"val": (X_val, y_val), "test": (X_test, y_test)})
+    _check_known_labels(y, {"y_val": y_val, "y_test": y_test})
     splits = hasattr(offsets_cv, "__iter__") and not isinstance(offsets_cv, str)
     if offset_bounds and splits and not hasattr(offsets_cv, "split"):
         offsets_cv = list(offsets_cv)  # an iterable of splits: the check would exhaust it

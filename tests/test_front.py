@@ -249,7 +249,9 @@ def test_a_bound_of_minus_zero_is_zero_and_an_empty_split_is_refused_before_any_
     front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(), offset_bounds=[-0.0])
     assert front.points[-1].name == "offsets≤0pt"
     assert str(front.points[-1].value) == "0.0"
-    with pytest.raises(ValueError, match="X_val has no samples"):
+    # Refused without the warning that y_val holds no sample of its classes first.
+    with warnings.catch_warnings(), pytest.raises(ValueError, match="X_val has no samples"):
+        warnings.simplefilter("error")
         accuracy_front(probe, X_fit, y_fit, X_val[:0], y_val[:0], tilts=())
     from mr2_probe.cli._options import _floats  # --tilt=-0 and --offsets=-0 likewise
 
