@@ -1368,6 +1368,8 @@ def test_parquet_reading_streams_within_a_row_group(tmp_path):
     assert 0 < peak < os.path.getsize(path) / 4 and left == 0
 
 
+# Three workers whatever the machine's CPUs: torch notes where they are more than those.
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 def test_loader_workers_each_stream_whole_row_groups(tmp_path, monkeypatch):
     # Blocks dealt round-robin in source order: every worker streamed every row group past
     # the other workers' blocks (its cursor only goes forward), reading the data W times.
