@@ -3,9 +3,12 @@
 import json
 import warnings
 
+import pytest
+
 from tests._scripts import load_benchmark
 
 
+@pytest.mark.slow
 def test_no_future_warning_from_the_warm_up_or_the_search(capsys):
     """The untimed LogisticRegressionCV warm-up takes the timed search's arguments."""
     module = load_benchmark("bench_cv")

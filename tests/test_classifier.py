@@ -297,6 +297,7 @@ def test_compactness_of_classes_that_are_all_copies_of_one_row_is_finite(digits)
     )
 
 
+@pytest.mark.slow
 def test_paper_call_works_and_learns_a_projection(digits):
     X, y = digits
     clf = MR2LinearClassifier(c_bar=2, lam=0.5, p=3, max_iter=15, random_state=0, device="cpu")
@@ -1306,6 +1307,7 @@ def test_class_weights_need_no_sample_weight_of_scikit_learn(class_weight, monke
     np.testing.assert_allclose(model.coef_, expected.coef_, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_balanced_class_weight_with_sample_weight_matches_logistic_regression(digits):
     X, y = digits
     sample_weight = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
@@ -1494,6 +1496,7 @@ def _demo_split():
     return train_test_split(X, y, test_size=0.5, stratify=y, random_state=0)
 
 
+@pytest.mark.slow
 def test_readme_call_converges_on_digits_with_its_defaults():
     # docs/estimator.md's call on the demo's split, raw pixel values. With the settings before
     # this solver's (Adam 1e-3, absolute tol): 75 to 100 epochs (some seeds warned at
@@ -1669,6 +1672,7 @@ def test_a_minibatch_fit_pinned_at_its_start_by_an_extreme_tilt_names_the_tilt()
     assert "class_tilt=1e+07" in message and "learning_rate" not in message
 
 
+@pytest.mark.slow
 def test_a_minibatch_fit_on_features_that_carry_nothing_is_no_failure_to_progress():
     # Its optimum lies within tol (1e-4) of log 2: the first form of the test above said
     # "made no progress" of a fit that had converged as far as L-BFGS's (0.693126 against
@@ -1681,6 +1685,7 @@ def test_a_minibatch_fit_on_features_that_carry_nothing_is_no_failure_to_progres
     assert not any("starting point" in str(w.message) for w in caught)
 
 
+@pytest.mark.slow
 def test_minibatch_step_size_falls_tenfold_at_each_plateau(digits, recorded_step_sizes):
     step_sizes = recorded_step_sizes()
     X, y = digits

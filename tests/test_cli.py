@@ -521,6 +521,7 @@ def test_grid_search_tunes_erm_and_mr2_alike(files, tmp_path, capsys):
     assert "| ERM grid |" in (out / "report.md").read_text().replace("  ", " ")
 
 
+@pytest.mark.slow
 def test_command_json_writes_null_for_an_option_the_grid_searched(files, tmp_path):
     # It wrote --c-bar's default, 1.0, which no model took, beside the grid that searched it.
     argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--max-iter", "3"]
@@ -578,6 +579,7 @@ def test_cv_path_chooses_c_prints_the_curve_and_plots_it(files, tmp_path, capsys
     assert (out / "cv_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_a_cv_search_by_class_std_reports_a_spread_of_0_as_0(files, tmp_path, capsys):
     # A fold set whose classes all scored alike (spread 0) was reported -0.00 (and -0.0 in
     # report.json): the negation of its scorer's 0.
@@ -1475,6 +1477,7 @@ def test_unsigned_store_labels_are_matched_by_name(tmp_path, capsys):
 
 
 @NEEDS_H5
+@pytest.mark.slow
 def test_class_names_in_two_unicode_forms_are_matched_as_one(tmp_path, capsys):
     # A test store extracted from a folder copied off macOS spells "ñandú" decomposed
     # (NFD): refused as "test.h5 has 1 class that train.h5 does not ('ñandú')".
@@ -1833,6 +1836,7 @@ def test_the_memory_limit_is_a_quarter_of_a_control_group_s_cap(
 
 @NEEDS_H5
 @pytest.mark.parametrize("held_out", [True, False])
+@pytest.mark.slow
 def test_a_streamed_store_gives_the_models_and_report_of_its_arrays(
     stores, files, tmp_path, streaming, held_out
 ):
@@ -1862,6 +1866,7 @@ def test_a_streamed_store_gives_the_models_and_report_of_its_arrays(
 
 
 @NEEDS_H5
+@pytest.mark.slow
 def test_a_store_of_integer_features_is_computed_in_float64_as_their_array(files, tmp_path):
     # (A store's features stream in float32; integers were computed so, not as arrays are.)
     import h5py
@@ -2479,6 +2484,7 @@ def test_the_front_s_warning_gives_the_estimator_s_advice_in_the_cli_s_terms(fil
     assert "class_tilt" not in line and "Raise --max-iter" not in line
 
 
+@pytest.mark.slow
 def test_the_chosen_tilt_s_refit_warns_in_the_cli_s_terms_too(tmp_path, capsys):
     # The rule chose a steep tilt; its refit's warning named class_tilt where the front's
     # own line named --tilt.
@@ -2616,6 +2622,7 @@ def test_saved_models_refit_without_progress_bars(files, tmp_path, capsys):
 
 
 @NEEDS_H5
+@pytest.mark.slow
 def test_written_reports_keep_their_sections_text_and_figures(tmp_path, monkeypatch):
     import mr2_probe.plotting as plotting
 
@@ -2747,6 +2754,7 @@ def test_labels_of_two_dimensions_are_refused(files, tmp_path, capsys, shape):
     assert f"must be a 1-D array; got shape {shape}" in line
 
 
+@pytest.mark.slow
 def test_labels_saved_as_a_column_are_read_with_a_warning(files, tmp_path, capsys):
     # A column (n, 1), as a DataFrame's y[["label"]] gives: one label per row, which
     # scikit-learn's estimators (MR2LinearClassifier's too) read with a warning
@@ -2930,6 +2938,7 @@ def test_an_archive_with_class_names_as_labels_beside_x_and_y_is_read(files, tmp
 
 
 @pytest.mark.parametrize("key", ["class_names", "target_names"])
+@pytest.mark.slow
 def test_an_archive_s_class_names_name_its_integer_labels(files, tmp_path, key):
     # Names saved beside integer codes, as a store keeps them (scikit-learn's datasets:
     # target_names), were dropped without a word: the reports named the classes 0, 1, 2.

@@ -935,6 +935,7 @@ def spheres(monkeypatch):
         ("blobs", {"scale": 256.0, "class_weight": "balanced"}),
     ],
 )
+@pytest.mark.slow
 def test_the_spheres_reach_the_solution_of_the_rounds(digits_unit, monkeypatch, data, params):
     """The L-BFGS on the unit spheres and the previous solver (rounds of torch's L-BFGS)
     fit the same model: predictions alike and the objective no higher, tilted and

@@ -133,6 +133,7 @@ def test_low_rank_whitening_is_whitening_within_its_span_and_a_scalar_beyond(tri
     )
 
 
+@pytest.mark.slow
 def test_every_preconditioner_solves_the_same_objective(tried, bench, capsys):
     """Each is a change of coordinates: every L-BFGS starts at the estimator's start (the
     class prototypes' directions) and reaches the cold fit's objective; those restarted

@@ -199,6 +199,7 @@ def test_refit_chooses_the_best_sum_over_folds_and_refits_there():
     np.testing.assert_allclose(clf.margins_, ref.margins_)
 
 
+@pytest.mark.slow
 def test_classwise_scorer_picks_the_value_that_maximises_it():
     # Imbalanced classes: weak penalties favour the large classes' accuracy.
     X, y = _blobs(n=400, std=4.0)
@@ -259,6 +260,7 @@ def test_bisection_refines_around_the_smallest_of_tied_best_values():
     assert len(refined) and (refined < 0).all()
 
 
+@pytest.mark.slow
 def test_bisect_searches_c_and_stores_what_it_evaluated(monkeypatch):
     import mr2_probe._cv as cv_module
 
@@ -392,6 +394,7 @@ def test_tied_scores_choose_the_c_listed_first_as_logistic_regression_cv(refit):
 
 
 @pytest.mark.parametrize("block", [None, 64])
+@pytest.mark.slow
 def test_hdf5_folds_with_unsorted_held_out_rows_score_like_memory(tmp_path, monkeypatch, block):
     # ShuffleSplit's held-out indices are not sorted: the rows were read sorted while the
     # labels kept the split's order, and the scores fell to chance. With blocks of 64 rows
@@ -417,6 +420,7 @@ def test_hdf5_folds_with_unsorted_held_out_rows_score_like_memory(tmp_path, monk
     assert stored.scores_[0].mean() > 0.8
 
 
+@pytest.mark.slow
 def test_hdf5_held_out_rows_are_never_held_whole(tmp_path, monkeypatch):
     # Every fold kept its held-out rows on the device for the whole search: together, the
     # whole store, however large.
@@ -706,6 +710,7 @@ def test_the_batched_path_in_blocks_of_rows_is_the_path_in_one(params, monkeypat
     np.testing.assert_allclose(blocks.coefs_paths_[0], whole.coefs_paths_[0], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_folds_solved_one_by_one_hold_one_copy_of_training_rows_at_a_time(monkeypatch):
     import mr2_probe._batched as batched
 
@@ -913,6 +918,7 @@ def test_line_search_steps_are_exact_on_a_quadratic():
     torch.testing.assert_close(fallback, torch.tensor([4.0, 4.5, 2.0]))
 
 
+@pytest.mark.slow
 def test_a_bisection_starts_each_value_from_the_nearest_solution(monkeypatch):
     import mr2_probe._batched as batched
 
@@ -1734,6 +1740,7 @@ def test_a_request_set_on_a_classwise_scorer_stays_on_that_scorer():
             requested.set_score_request(sample_weight=None)
 
 
+@pytest.mark.slow
 def test_under_routing_groups_go_to_a_splitter_that_asks_for_them():
     # An outer search's groups raised UnsetMetadataPassedError for MR2LinearClassifierCV.fit
     # (its fit names groups); they go to a group splitter, inner or outer, and only there.
@@ -1793,6 +1800,7 @@ def test_under_routing_score_gives_the_scorer_the_weights_it_requests(request_we
 
 # scikit-learn's reference, at its default max_iter=100 on the blobs
 @pytest.mark.filterwarnings("ignore:lbfgs failed to converge:sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.slow
 def test_under_routing_the_scorer_s_request_alone_routes_score_weights():
     # As for LogisticRegressionCV, the scorer's request is the whole recipe: an outer search
     # raised UnsetMetadataPassedError for MR2LinearClassifierCV.score, asking for a request
@@ -2227,6 +2235,7 @@ def test_features_too_large_fail_a_search_at_once(tmp_path):
 @pytest.mark.filterwarnings("ignore:adam did not converge:sklearn.exceptions.ConvergenceWarning")
 @pytest.mark.parametrize("lam", [0.0, 0.1])  # the batched path, and the folds' own fits
 @pytest.mark.parametrize("n_classes", [3, 2])
+@pytest.mark.slow
 def test_a_c_whose_penalty_overflows_fails_on_every_path(lam, n_classes):
     # The batched path scored C = 1e-320 (1/(C·Σw) = inf in float32) at chance, with
     # ConvergenceWarnings, where the folds' own fits (and a single fit) failed there.

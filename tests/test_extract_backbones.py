@@ -143,6 +143,7 @@ def test_missing_checkpoint_is_a_clear_error(spec):
 
 @pytest.mark.parametrize("suffix", [".pt", ".pth", ".bin", ".safetensors", ".pth.tar", ".ckpt"])
 @pytest.mark.parametrize("head", ["timm:test_resnet", "open_clip:RN50", "effnet-lite0"])
+@pytest.mark.slow
 def test_a_bare_name_with_a_checkpoint_suffix_is_a_missing_file(
     tmp_path, monkeypatch, head, suffix
 ):

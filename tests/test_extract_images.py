@@ -177,6 +177,7 @@ def test_a_folder_above_the_class_folders_given_as_the_source_is_said(tmp_path, 
     assert image_folder(tmp_path / "ds").class_names == ["more", "photos"] and not caplog.records
 
 
+@pytest.mark.slow
 def test_class_indices_beyond_the_bound_are_taken_where_their_names_are_given():
     # The bound is for indices without names (ids taken for indices); with a name for
     # each class the indices are the names' positions, however many.

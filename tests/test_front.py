@@ -820,6 +820,7 @@ def test_cli_front_of_a_cv_search_starts_from_its_choice(features, capsys, scali
         ("MR2", ["--grid", "lam=0"], "MR2 grid"),
     ],
 )
+@pytest.mark.slow
 def test_cli_front_s_choice_of_a_model_fitted_already_is_that_model(
     features, capsys, monkeypatch, lever, search, name
 ):
@@ -948,6 +949,7 @@ def test_plot_front_tilt_curve_starts_at_the_untilted_point_in_both_axes(tmp_pat
     assert named == ["ERM", "tilt"]
 
 
+@pytest.mark.slow
 def test_plot_front_stacks_the_names_of_points_at_one_spot(tmp_path):
     # ERM and MR² at one spot (margins that change no prediction) wrote "MR2" over "ERM".
     same = {"overall": 0.9, "worst": 0.5, "hard": 0.7}

@@ -685,6 +685,7 @@ def test_sample_weight_with_a_float_cv_weights_the_held_out_rows():
     assert clf.best_score_ == pytest.approx(expected.score)
 
 
+@pytest.mark.slow
 def test_sample_weight_reaches_the_fits_that_take_it_and_else_says_so():
     # They went to every estimator's fit: a Pipeline refused them ("Pipeline.fit does not
     # accept the sample_weight parameter"), with or without <step>__sample_weight, and an
@@ -1144,6 +1145,7 @@ def test_folds_given_as_boolean_masks_are_their_rows():
 # The outer cv=3 (StratifiedKFold) is given the groups the inner GroupKFold needs, and
 # notes that it ignores them, as in any scikit-learn search.
 @pytest.mark.filterwarnings("ignore:The groups parameter is ignored by StratifiedKFold:UserWarning")
+@pytest.mark.slow
 def test_a_group_splitter_is_given_the_groups():
     # fit took no groups (they went to the estimator's fit): a GroupKFold could not run.
     X, y = _imbalanced()
@@ -1578,6 +1580,7 @@ def test_multiclass_worst_class_no_single_offset_improves(seed, weighted, bound)
     assert result.score == pytest.approx(_class_accuracies(y, pred, weight, k).min(), abs=1e-12)
 
 
+@pytest.mark.slow
 def test_a_scoring_callable_gets_the_sample_weights():
     # A callable that takes sample_weight is scored weighted: the reported scores are
     # the weighted metric's.

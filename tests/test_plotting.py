@@ -221,6 +221,7 @@ def test_class_std_curve_is_the_spread_itself(tmp_path):
     assert "MR2 class_std (lower is better)" in labels
 
 
+@pytest.mark.slow
 def test_cv_curves_take_the_search_s_own_scoring_not_the_caller_s_label(tmp_path):
     # The spread was negated only where the caller named it "class_std" (the curve ran
     # below 0 by default), and a label "worst_class" on a search that chose by accuracy
@@ -678,6 +679,7 @@ def _searches(head="linear"):
     )
 
 
+@pytest.mark.slow
 def test_cv_curve_lines_axes_and_choices(tmp_path):
     from mr2_probe.plotting import cv_curves
 
@@ -838,6 +840,7 @@ def test_cv_curves_need_a_fitted_search():
         cv_curves(MR2LinearClassifierCV(device="cpu"))
 
 
+@pytest.mark.slow
 def test_many_classes_keep_the_figure_s_width_and_name_none(tmp_path):
     # At 0.35 inch a class, 1,000 classes drew a PNG 42,240 pixels wide in 18 s, a label
     # above every changed bar and a name under each.
@@ -881,6 +884,7 @@ def test_a_gain_under_a_twentieth_of_a_point_is_not_labelled_zero(tmp_path):
     assert [t.get_text() for t in fig.axes[0].texts] == ["+0.03"]
 
 
+@pytest.mark.slow
 def test_cv_curve_axes_name_every_search_drawn_on_them(tmp_path):
     # The x axis took the first search's head, the right-hand axis the last raw score's.
     # (Scores of three classes that scikit-learn 1.6 has: its neg_brier_score is binary.)

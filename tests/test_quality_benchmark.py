@@ -15,6 +15,7 @@ def quality():
 
 
 @pytest.mark.parametrize("kind, sign", [("spread", 1), ("norm", -1)])
+@pytest.mark.slow
 def test_margins_follow_difficulty_only_when_spread_drives_it(quality, kind, sign):
     X, X_test, y, y_test = quality.synthetic_features(10, kind)
     erm = LogisticRegression(C=0.03, max_iter=500).fit(X, y)
