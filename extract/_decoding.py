@@ -128,8 +128,9 @@ def _scale_to_8_bits(image: Image.Image) -> Image.Image:
 def _32_bit_integers(image: Image.Image) -> bool:
     """Whether an opened (not yet loaded) image's file holds 32-bit integer pixels (TIFF's
     ``I;32S``, ``I;32N``, ...): PIL opens them in mode ``I`` as 16-bit files (PGM, signed
-    TIFF), and only the raw mode its decoder is given tells them apart."""
-    rawmodes = (t.args if isinstance(t.args, str) else (t.args or ("",))[0] for t in image.tile)
+    TIFF), and only the raw mode its decoder is given tells them apart (a tile's 4th
+    field: its ``args`` from Pillow 11, a plain tuple before)."""
+    rawmodes = (t[3] if isinstance(t[3], str) else (t[3] or ("",))[0] for t in image.tile)
     return image.mode == "I" and any(str(mode).startswith("I;32") for mode in rawmodes)
 
 
@@ -246,7 +247,7 @@ def _16_bit_colour_key(image: Image.Image) -> tuple[int, int, int] | None:
     key = image.info.get("transparency")
     if image.mode != "RGB" or not isinstance(key, tuple):
         return None
-    if not any(t.args == "RGB;16B" for t in image.tile):  # (PNG's raw mode of 16 bits)
+    if not any(t[3] == "RGB;16B" for t in image.tile):  # (PNG's raw mode of 16 bits)
         return None
     del image.info["transparency"]
     return key

@@ -268,6 +268,10 @@ def test_an_hdf5_dataset_s_external_files_past_its_rows_are_not_its_own(tmp_path
     external = [(str(tmp_path / "rows.raw"), 0, X.nbytes)]
     external += [(str(tmp_path / "later.raw"), 8, h5py.h5f.UNLIMITED)]
     with h5py.File(tmp_path / "X.h5", "w") as f:
-        f.create_dataset("X", X.shape, X.dtype, maxshape=(None, 6), external=external)[...] = X
+        try:
+            X_h5 = f.create_dataset("X", X.shape, X.dtype, maxshape=(None, 6), external=external)
+        except ValueError as error:  # HDF5 1.12 (the floors): no chunked external layout
+            pytest.skip(f"this HDF5 cannot make an extendible external dataset: {error}")
+        X_h5[...] = X
         fitted = MR2LinearClassifier(device="cpu").fit(f["X"], y)
         np.testing.assert_array_equal(fitted.predict(f["X"]), fitted.predict(X))
