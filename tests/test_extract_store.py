@@ -2185,7 +2185,10 @@ def test_external_files_past_a_dataset_s_rows_are_not_looked_for(tmp_path, monke
     (tmp_path / "later.raw").write_bytes(b"x")
     external = [("rows.raw", 0, X.nbytes), (*later, h5py.h5f.UNLIMITED)]
     with h5py.File(tmp_path / "s.h5", "w") as f:
-        f.create_dataset("features", X.shape, X.dtype, maxshape=(None, 4), external=external)
+        try:
+            f.create_dataset("features", X.shape, X.dtype, maxshape=(None, 4), external=external)
+        except ValueError as error:  # HDF5 1.12 (the floors): no chunked external layout
+            pytest.skip(f"this HDF5 cannot make an extendible external dataset: {error}")
         f["features"][...] = X
         f["labels"], f["class_names"] = [1, 0] * 3, ["a", "b"]
     assert not (tmp_path / "next.raw").exists()
