@@ -33,6 +33,7 @@ from mr2_probe.cli import UsageError, load_xy, main
 from mr2_probe.cli._main import _cv_probe, _estimators, _in_cli_terms, _model, _without_unused
 from mr2_probe.cli._options import _grid, _parser
 from mr2_probe.cli._outputs import _OUTPUTS
+from tests._alarm import fails_after_waiting
 
 FASHION = ["T-shirt/top", "Trouser", "Ankle boot"]
 OUTPUTS = {
@@ -2791,19 +2792,8 @@ def test_a_pipe_is_refused_rather_than_waited_on(files, tmp_path, capsys, argv, 
     for name in ("fifo.npz", "fifo", "fifo.npy"):
         os.mkfifo(tmp_path / name)
 
-    class Waited(BaseException):  # (no handler of the run's catches it)
-        pass
-
-    def waited(*_):
-        raise Waited("mr2-probe waited for a writer to the FIFO")
-
-    previous = signal.signal(signal.SIGALRM, waited)
-    signal.alarm(10)
-    try:
+    with fails_after_waiting(10, "mr2-probe waited for a writer to the FIFO"):
         line = _refused([a.format(t=tmp_path, d=files) for a in argv], capsys)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
     assert line.endswith(
         f"{named.format(t=tmp_path)} is not a regular file (a pipe, a FIFO, a device or a "
         "socket), which mr2-probe cannot read: save it to a file first"

@@ -45,6 +45,7 @@ from extract._locks import store_lock  # noqa: E402
 from extract._schema import DONE, FAILED, PENDING  # noqa: E402
 from extract._store import check_output, open_store  # noqa: E402
 from extract._testing import make_image_folder, write_idx  # noqa: E402
+from tests._alarm import fails_after_waiting  # noqa: E402
 
 BACKBONE = "timm:test_resnet@random"
 # On the CPU wherever a test is about something else than the device: with a GPU present
@@ -2420,20 +2421,9 @@ def test_an_incomplete_store_beside_a_fifo_named_as_its_lock_is_not_waited_for(s
         f["status"][0] = PENDING
     _fifo(tmp_path / "partial.h5.lock")
 
-    class Waited(Exception):
-        pass
-
-    def waited(*_):
-        raise Waited("load_features waited for a writer to the FIFO")
-
-    previous = signal.signal(signal.SIGALRM, waited)
-    signal.alarm(5)
-    try:
+    with fails_after_waiting(5, "load_features waited for a writer to the FIFO"):
         with pytest.raises(IncompleteStoreError, match="not extracted yet"):
             load_features(partial)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def test_incomplete_and_locked_stores_are_store_errors(store, tmp_path):
