@@ -481,9 +481,10 @@ def plot_front(front, path, split: str = "test"):
     """Overall accuracy against worst-class accuracy (left) and the hard tercile (right).
 
     Each lever is a point (ERM, MR²) or a curve (the ``class_tilt`` sweep, the sweep of
-    the offsets' bound), labelled with its value; the rule's choice is ringed, and a
-    dashed line marks ERM's overall accuracy minus the rule's bound, on the split drawn (the
-    rule reads the validation split: on the test split its choice can fall left of it).
+    the offsets' bound), labelled with its value (``t=5``, ``≤1pt``); the rule's choice is
+    ringed, and a dashed line marks ERM's overall accuracy minus the rule's bound, on the
+    split drawn (the rule reads the validation split: on the test split its choice can fall
+    left of it).
 
     Parameters
     ----------
@@ -551,7 +552,8 @@ def plot_front(front, path, split: str = "test"):
             values = [
                 p.value * (1 if lever == "tilt" else 100) for p in points if p.value is not None
             ]
-            shown = iter(_names("{}", values))
+            # "t=5" and "≤5pt": a tilt and an offsets bound of one value were both "5".
+            shown = iter(_names("t={}" if lever == "tilt" else "≤{}pt", values))
             for p, xi, yi in zip(points, x, y, strict=True):
                 text = p.name if p.value is None else next(shown)
                 # ERM and MR2 at one spot (margins that change no prediction) wrote

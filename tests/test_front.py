@@ -717,8 +717,9 @@ def test_plot_front(front, tmp_path):
         and line.get_markersize() < 10  # not the ring of the rule's choice
     ]
     assert at_mr2 == ["MR2"]
-    # Tilt points labelled by t, offsets points by their bound in points.
-    assert [t.get_text() for t in left.texts] == ["ERM", "MR2", "1", "5", "0", "1"]
+    # Tilt points labelled by t, offsets points by their bound in points: a tilt of 5 and
+    # a bound of 5 points were both labelled "5".
+    assert [t.get_text() for t in left.texts] == ["ERM", "MR2", "t=1", "t=5", "≤0pt", "≤1pt"]
     # Each beside its point, up and to the right, not over its marker.
     drawn = [next(line for line in left.lines if line.get_label() == p.lever) for p in front.points]
     points = [xy for line in dict.fromkeys(drawn) for xy in line.get_xydata().tolist()]
@@ -900,7 +901,7 @@ def test_plot_front_labels_close_values_apart_as_their_names_are(splits, tmp_pat
     ]  # fmt: skip
     fig = plot_front(front, tmp_path / "front.png")
     # Each was labelled "1".
-    labels = ["1", "1.0000001", "1", "1.00000001"]
+    labels = ["t=1", "t=1.0000001", "≤1pt", "≤1.00000001pt"]
     assert [t.get_text() for t in fig.axes[0].texts][-4:] == labels
 
 
@@ -961,7 +962,7 @@ def test_plot_front_stacks_the_names_of_points_at_one_spot(tmp_path):
     fig = plot_front(Front(points, bound=0.05), tmp_path / "f.png")
     for ax in fig.axes[:2]:
         names = {t.get_text(): t.xyann for t in ax.texts}
-        assert names == {"ERM": (4, 3), "MR2": (4, 11), "1": (4, 3)}
+        assert names == {"ERM": (4, 3), "MR2": (4, 11), "t=1": (4, 3)}
 
 
 def test_plot_front_draws_the_validation_split_where_a_point_lacks_test_scores(tmp_path):
