@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import struct
 import unicodedata
 import zlib
@@ -794,15 +795,42 @@ def _tabs_in_its_paths(folder: Path, text: list[str]) -> bool:
     return False
 
 
+def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
+    """Whether a blank-separated list quotes its fields as a shell does (``'my dir/1.jpg' 3``,
+    ``"a.jpg" "golden retriever"``, as ``shlex.quote`` writes them): read at the last blank,
+    such a line named the file ``'my dir/1.jpg'``, quotes included, recorded as failed. The
+    first line whose two readings differ and that names a file one way alone decides (a name
+    that holds a quote character, ``"it's".jpg``, is read as it stands where it exists)."""
+    for line in text:
+        if "'" not in line and '"' not in line:
+            continue
+        try:
+            quoted = shlex.split(line)
+        except ValueError:  # (no closing quotation: an apostrophe in a name)
+            continue
+        plain = line.rsplit(None, 1)
+        if len(quoted) != 2 or len(plain) == 2 and plain[0].strip() == quoted[0]:
+            continue
+        named = [
+            len(fields) == 2 and os.path.lexists(folder / fields[0].strip())
+            for fields in (plain, quoted)
+        ]
+        if named[0] != named[1]:
+            return named[1]
+    return False
+
+
 def image_list(list_file: str | os.PathLike) -> ImageSource:
     """Images listed as ``path,label`` lines (CSV, or tab- or whitespace-separated text).
 
     Parameters
     ----------
     list_file : path-like
-        One ``path,label`` per line. Relative paths are resolved against the list file's
-        folder. Labels are class names (sorted into indices), or integers (then class ``k``
-        is named ``"k"``). A first line ``path,label`` (in any case) is a header.
+        One ``path,label`` per line. Fields of a blank-separated list may be quoted as a
+        shell quotes them (``'my dir/1.jpg' 3``). Relative paths are resolved against the
+        list file's folder. Labels are class names (sorted into indices), or integers
+        (then class ``k`` is named ``"k"``). A first line ``path,label`` (in any case) is a
+        header.
 
     Raises
     ------
@@ -839,6 +867,8 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         list_file.parent, text
     ):
         delimiter = "\t"
+    elif _quoted_as_a_shell_does(list_file.parent, text):
+        delimiter = "shell"
     else:
         delimiter = None
     rows = []
@@ -852,9 +882,12 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
                 fields = next(csv.reader([line]))
             elif delimiter == "\t":
                 fields = re.split(r"\t+", line.strip())
+            elif delimiter == "shell":
+                fields = shlex.split(line)
             else:
                 fields = line.rsplit(None, 1)
-        except csv.Error as err:  # e.g. a field over csv's limit: a JSON file given by mistake
+        except (csv.Error, ValueError) as err:  # e.g. a field over csv's limit: a JSON file
+            # given by mistake; a quote left open in a list quoted as a shell does
             raise ValueError(
                 f"{list_file}:{number}: not a 'path,label' line ({err})." + _source_hint(list_file)
             ) from None

@@ -495,6 +495,33 @@ def test_a_whitespace_separated_list_takes_file_names_with_blanks(folder):
     assert src.file_size[0] == (folder / "cat/my photo.png").stat().st_size
 
 
+@pytest.mark.parametrize(
+    "line",
+    ['"my cat/0 1.png" 1', "'my cat/0 1.png' 1", "'my cat/0 1.png' '1'", 'my\\ cat/"0 1.png" 1'],
+)
+def test_a_blank_separated_list_takes_paths_quoted_as_a_shell_quotes_them(folder, line):
+    # The quotes were taken as part of the name: '"my cat/0 1.png"' named no file, and was
+    # recorded as failed.
+    (folder / "my cat").mkdir()
+    shutil.copy(folder / "cat/000.png", folder / "my cat/0 1.png")
+    (folder / "list.txt").write_text(f"dog/001.jpg 0\n{line}\n")
+    src = image_list(folder / "list.txt")
+    assert src.ids == ["dog/001.jpg", "my cat/0 1.png"] and src.labels.tolist() == [0, 1]
+    assert load_image(src, 1).size == (40, 36)
+
+
+def test_a_name_with_quote_characters_is_read_as_it_stands_where_it_exists(folder):
+    # An apostrophe or quotes in a file name that exists are characters of the name; in a
+    # list quoted as a shell quotes, labels are unquoted too, and a quote left open is said.
+    for name in ("it's.png", '"a".png'):
+        shutil.copy(folder / "cat/000.png", folder / name)
+    (folder / "list.txt").write_text('"a".png 1\nit\'s.png 0\n')
+    assert image_list(folder / "list.txt").ids == ['"a".png', "it's.png"]
+    (folder / "list.txt").write_text("'dog/001.jpg' 'golden retriever'\n'a\"b.png 1\n")
+    with pytest.raises(ValueError, match=r"list.txt:2: not a 'path,label' line \(No closing"):
+        image_list(folder / "list.txt")
+
+
 def test_a_tab_separated_list_takes_labels_with_blanks(folder):
     # A tab on every line: the label is the field after it. "golden retriever/1.png<TAB>
     # golden retriever" was the image 'golden retriever/1.png<TAB>golden' (no such file,
