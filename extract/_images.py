@@ -820,42 +820,9 @@ def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
     return False
 
 
-def image_list(list_file: str | os.PathLike) -> ImageSource:
-    """Images listed as ``path,label`` lines (CSV, or tab- or whitespace-separated text).
-
-    Parameters
-    ----------
-    list_file : path-like
-        One ``path,label`` per line. Fields of a blank-separated list may be quoted as a
-        shell quotes them (``'my dir/1.jpg' 3``). Relative paths are resolved against the
-        list file's folder. Labels are class names (sorted into indices), or integers
-        (then class ``k`` is named ``"k"``). A first line ``path,label`` (in any case) is a
-        header.
-
-    Raises
-    ------
-    ValueError
-        For a line that is not ``path,label``, an empty path or label, an image listed
-        twice, a header after the first line, or a first line that looks like another
-        header (no such file, no file extension, and a label that is not an index and that
-        no other line has): it would otherwise become an image of a class of its own.
-
-    Returns
-    -------
-    ImageSource
-    """
-    list_file = Path(list_file)
-    # utf-8-sig: a byte-order mark, as spreadsheet programs write one, is not text; nor is
-    # one that begins a later line (lists joined: cat a.csv b.csv).
-    try:
-        with open(list_file, newline="", encoding="utf-8-sig") as fh:
-            text = [line.removeprefix("\ufeff") for line in fh.read().splitlines()]
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"The image source {os.fspath(list_file)!r} was read as a list file (path,label "
-            f"lines) but is not UTF-8 text (byte {err.start}: {err.reason})."
-            + (_source_hint(list_file) or " Save the list as UTF-8.")
-        ) from None
+def _list_rows(list_file: Path, folder: Path, text: list[str]) -> list[list]:
+    """``[path, label, line number]`` of each line of a list file's ``text``, its paths
+    relative to ``folder`` where a file's existence tells two readings of a line apart."""
     # A comma anywhere makes the list CSV (a file name with a comma is then quoted); a tab
     # on every line, a list of tab-separated fields, whose labels may hold blanks ("golden
     # retriever" was split at its blank, its path taking "golden" after the tab). A tab
@@ -864,10 +831,10 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     if any("," in line for line in text):
         delimiter = ","
     elif all("\t" in line.strip() for line in text if line.strip()) and not _tabs_in_its_paths(
-        list_file.parent, text
+        folder, text
     ):
         delimiter = "\t"
-    elif _quoted_as_a_shell_does(list_file.parent, text):
+    elif _quoted_as_a_shell_does(folder, text):
         delimiter = "shell"
     else:
         delimiter = None
@@ -898,6 +865,70 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
                 + _source_hint(list_file)
             )
         rows.append([f.strip() for f in fields] + [number])
+    return rows
+
+
+def _list_folder_and_rows(list_file: Path, text: list[str]) -> tuple[Path, list[list]]:
+    """The folder a list's relative paths are resolved against, and its rows
+    (:func:`_list_rows`, split where a file's existence decides, in that folder): the list
+    file's, as named; for a list that is a symbolic link to a list elsewhere (a dataset's
+    list linked into a project), its target's where the first line whose path names a file
+    in one of the two alone names it there. (A list kept by git-annex or DVC, a link to an
+    object in their store, keeps its own folder: no image lies beside the object.)"""
+    named, target = list_file.parent, Path(os.path.realpath(list_file)).parent
+    if target == Path(os.path.realpath(named)):
+        return named, _list_rows(list_file, named, text)
+    try:
+        there = _list_rows(list_file, target, text)
+    except ValueError:  # (read beside the target, a line is no 'path,label' line)
+        return named, _list_rows(list_file, named, text)
+    here = _list_rows(list_file, named, text)
+    for (path, _, _), (other, _, _) in zip(here, there, strict=True):
+        if os.path.isabs(path) and os.path.isabs(other):
+            continue
+        if os.path.lexists(named / path) != os.path.lexists(target / other):
+            return (target, there) if os.path.lexists(target / other) else (named, here)
+    return named, here
+
+
+def image_list(list_file: str | os.PathLike) -> ImageSource:
+    """Images listed as ``path,label`` lines (CSV, or tab- or whitespace-separated text).
+
+    Parameters
+    ----------
+    list_file : path-like
+        One ``path,label`` per line. Fields of a blank-separated list may be quoted as a
+        shell quotes them (``'my dir/1.jpg' 3``). Relative paths are resolved against the
+        list file's folder (a linked list's own folder, or its target's where the first
+        relative path that names a file in one of the two alone names it there). Labels
+        are class names (sorted into indices), or integers (then class ``k`` is named
+        ``"k"``). A first line ``path,label`` (in any case) is a header.
+
+    Raises
+    ------
+    ValueError
+        For a line that is not ``path,label``, an empty path or label, an image listed
+        twice, a header after the first line, or a first line that looks like another
+        header (no such file, no file extension, and a label that is not an index and that
+        no other line has): it would otherwise become an image of a class of its own.
+
+    Returns
+    -------
+    ImageSource
+    """
+    list_file = Path(list_file)
+    # utf-8-sig: a byte-order mark, as spreadsheet programs write one, is not text; nor is
+    # one that begins a later line (lists joined: cat a.csv b.csv).
+    try:
+        with open(list_file, newline="", encoding="utf-8-sig") as fh:
+            text = [line.removeprefix("\ufeff") for line in fh.read().splitlines()]
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"The image source {os.fspath(list_file)!r} was read as a list file (path,label "
+            f"lines) but is not UTF-8 text (byte {err.start}: {err.reason})."
+            + (_source_hint(list_file) or " Save the list as UTF-8.")
+        ) from None
+    folder, rows = _list_folder_and_rows(list_file, text)
     if rows and [f.lower() for f in rows[0][:2]] == ["path", "label"]:
         rows = rows[1:]
     elif len(rows) > 1 and rows[0][1] not in {label for _, label, _ in rows[1:]}:
@@ -906,7 +937,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         # image/ folder was an image of a class "class".)
         path, label, number = rows[0]
         # (os.path's isfile: a name too long for the file system is no file, not an error)
-        named = os.path.isfile(list_file.parent / path) or os.path.splitext(path)[1]
+        named = os.path.isfile(folder / path) or os.path.splitext(path)[1]
         if not named and not label.isdigit():
             raise ValueError(
                 f"{list_file}:{number}: {path},{label} looks like a header (no such image, and "
@@ -928,7 +959,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         # The entry, however it is spelt (relative or absolute, through linked folders);
         # the file's own link is not followed: two entries that link to one cached object
         # (DVC, git-annex) are two images with the same bytes.
-        full = os.path.join(list_file.parent, path)  # ".." after a link is the link's
+        full = os.path.join(folder, path)  # ".." after a link is the link's
         entry = os.path.join(os.path.realpath(os.path.dirname(full)), os.path.basename(full))
         earlier = first_line.setdefault(entry, number)
         if earlier != number:
@@ -967,12 +998,12 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             )  # fmt: skip
     labels, class_names = encode_labels(texts)
     ids = [path for path, _, _ in rows]
-    sizes, mtimes = stat_files(str(list_file.parent), ids)
+    sizes, mtimes = stat_files(str(folder), ids)
     return ImageSource(
         ids=ids,
         labels=labels,
         class_names=class_names,
-        root=str(list_file.parent),
+        root=str(folder),
         description=f"list:{list_file.resolve()}",
         source_index=np.arange(len(rows), dtype=np.int64),
         file_size=sizes,

@@ -522,6 +522,30 @@ def test_a_name_with_quote_characters_is_read_as_it_stands_where_it_exists(folde
         image_list(folder / "list.txt")
 
 
+@pytest.mark.parametrize("beside", ["target", "target, quoted", "link", "annex"])
+def test_a_linked_list_reads_the_images_beside_it_or_beside_its_target(folder, tmp_path, beside):
+    # A dataset's list linked into a project read its images beside the link: none there,
+    # every image recorded as failed (the store named the target as its list). A list kept
+    # by git-annex links to an object in its store: its images lie beside the link.
+    (tmp_path / "work").mkdir()
+    lines = "cat/000.png cat\ndog/001.jpg dog\n"
+    if "quoted" in beside:  # (quotes that name a file beside the target alone)
+        lines = "'cat/000.png' cat\n'dog/001.jpg' dog\n"
+    if beside.startswith("target"):
+        (folder / "list.txt").write_text(lines)
+        os.symlink(folder / "list.txt", tmp_path / "work/list.txt")
+        linked, expected = tmp_path / "work/list.txt", folder
+    else:
+        objects = tmp_path / ("work/.git/annex/objects/ab/cd" if beside == "annex" else "work")
+        objects.mkdir(parents=True, exist_ok=True)
+        (objects / "SHA256E-s30--ef.txt").write_text(lines)
+        os.symlink(objects / "SHA256E-s30--ef.txt", folder / "list.txt")
+        linked, expected = folder / "list.txt", folder
+    src = image_list(linked)
+    assert src.root == str(expected) and src.file_size.min() > 0
+    assert all(load_image(src, i).size == (40, 36) for i in range(len(src)))
+
+
 def test_a_tab_separated_list_takes_labels_with_blanks(folder):
     # A tab on every line: the label is the field after it. "golden retriever/1.png<TAB>
     # golden retriever" was the image 'golden retriever/1.png<TAB>golden' (no such file,
