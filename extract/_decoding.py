@@ -134,12 +134,22 @@ def _32_bit_integers(image: Image.Image) -> bool:
     return image.mode == "I" and any(str(mode).startswith("I;32") for mode in rawmodes)
 
 
+def _signed_integers(image: Image.Image) -> bool:
+    """Whether an opened TIFF holds signed integer pixels (``SampleFormat`` 2, numpy's
+    ``int8`` and ``int16``): PIL opens 8-bit ones in mode ``L`` as unsigned bytes (-1 read
+    as 255, -128 as 128) and 16-bit ones in mode ``I``, scaled then as unsigned ones
+    (32767 as 127), or refused as outside 0..65535 where a value is negative."""
+    formats = getattr(image, "tag_v2", {}).get(339, ())  # (TIFF's SampleFormat tag)
+    return 2 in np.atleast_1d(formats).tolist()
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
     """RGB copy of a PIL image; transparent pixels are composited on white.
 
     16-bit greyscale images (modes ``I;16*`` and ``I``) are scaled to 8 bits, not clipped;
     floating-point images (mode ``F``) have no defined range and are refused, as are files
-    of 32-bit integers (by :func:`decode_image`, which PIL opens in mode ``I`` too).
+    of 32-bit integers and TIFFs of signed integers (by :func:`decode_image`: PIL opens them
+    in mode ``I`` too, or ``L`` for 8 bits).
     """
     if image.mode in _HIGH_BIT_MODES:
         grey = _scale_to_8_bits(image)
@@ -230,6 +240,11 @@ def decode_image(
                 raise ValueError(
                     "32-bit integer pixels (a TIFF's) have no defined brightness range; save "
                     "the image with 8 or 16 bits per channel"
+                )
+            if _signed_integers(image):
+                raise ValueError(
+                    "signed integer pixels (a TIFF's int8 or int16) have no defined "
+                    "brightness range; save the image with unsigned 8 or 16 bits per channel"
                 )
             key = _16_bit_colour_key(image)
             image.load()

@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, TiffImagePlugin
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from extract import fashion_mnist, image_folder, image_list, open_source
@@ -1201,6 +1201,29 @@ def test_a_tiff_of_32_bit_integers_is_refused_not_darkened(scale):
     pgm = b"P5 2 1 4095\n" + np.array([0, 4095], ">u2").tobytes()
     assert Image.open(io.BytesIO(pgm)).mode == "I"
     assert np.asarray(decode_image(pgm))[0, :, 0].tolist() == [0, 255]
+
+
+@pytest.mark.parametrize(
+    "dtype, values", [(np.int16, [0, 1000, 32767]), (np.int16, [-1, 0, 9]), (np.int8, [-1, 0, 5])]
+)
+def test_a_tiff_of_signed_integers_is_refused_not_read_as_unsigned(dtype, values):
+    # SampleFormat 2 (numpy's int16, int8): 16-bit values were scaled as unsigned (32767 a
+    # mid grey), or refused as "outside 0..65535, save with 8 or 16 bits", which they had;
+    # PIL reads signed bytes as unsigned (-1 white).
+    pixels = np.array([values], dtype)
+    info = TiffImagePlugin.ImageFileDirectory_v2()
+    info[339] = 2  # SampleFormat: signed integers
+    data = io.BytesIO()
+    Image.fromarray(pixels.view(np.dtype(dtype).str.replace("i", "u"))).save(
+        data, format="TIFF", tiffinfo=info
+    )
+    assert Image.open(data).tag_v2[339] in (2, (2,))
+    with pytest.raises(ValueError, match=r"^signed integer pixels \(a TIFF's int8 or int16\)"):
+        decode_image(data.getvalue(), "x.tif")
+    # Unsigned ones are read as before.
+    data = io.BytesIO()
+    Image.fromarray(np.abs(pixels).view(np.dtype(dtype).str.replace("i", "u"))).save(data, "TIFF")
+    assert decode_image(data.getvalue()).size == (3, 1)
 
 
 def _write_list(folder, lines):
