@@ -441,9 +441,10 @@ def _check_dangling_links(root: str) -> None:
             and not _a_file_s(entry.path, by_name=False)
         ):
             raise FileNotFoundError(
-                f"{entry.path!r} under {root!r} {why_missing(entry.path)}: a class folder "
-                "that cannot be reached would be left out with its class. Restore its "
-                "target, or remove the link"
+                f"{entry.path!r} under {root!r} {why_missing(entry.path)}: it may be a "
+                "class folder, which would be left out with its class (a link that reaches "
+                "nothing cannot tell a folder from a file). Restore its target, or remove "
+                "the link"
             )
 
 
@@ -507,9 +508,10 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
                 # (os.walk lists a link it cannot follow as a file: said as no image. One
                 # to a file, an annotation of git-annex or DVC not fetched, is one.)
                 raise FileNotFoundError(
-                    f"{path!r} under {root!r} {why_missing(path)}: a folder of the class "
-                    f"{name!r} that cannot be reached would be left out with its images. "
-                    "Restore its target, or remove the link"
+                    f"{path!r} under {root!r} {why_missing(path)}: it may be a folder of "
+                    f"the class {name!r}, whose images would be left out (a link that "
+                    "reaches nothing cannot tell a folder from a file, and its name has no "
+                    "extension). Restore its target, or remove the link"
                 )
         other += others
     if empty:

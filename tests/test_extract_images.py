@@ -296,7 +296,7 @@ def test_a_class_folder_link_that_reaches_nothing_is_refused(folder, name, targe
     # A class linked to a share not mounted was left out without a word: one class fewer,
     # every index after it shifted.
     os.symlink(folder / target, folder / name)
-    with pytest.raises(FileNotFoundError, match=f"'.*{name}' under .* {why}.*: a class folder"):
+    with pytest.raises(FileNotFoundError, match=f"'.*{name}' under .* {why}.*: it may be a class"):
         image_folder(folder)
 
 
@@ -305,14 +305,30 @@ def test_a_folder_link_in_a_class_that_reaches_nothing_is_refused(folder, caplog
     # A link to a share not mounted inside a class left its images out, said only as "a
     # file ... left out: only files with an image extension are read".
     os.symlink(folder / "missing" / target, folder / "cat" / "more")
-    why = f"is a symbolic link to '.*missing/{target}', which does not exist: a folder of the"
-    with pytest.raises(FileNotFoundError, match=f"'.*cat/more' under .* {why} class 'cat'"):
+    why = f"is a symbolic link to '.*missing/{target}', which does not exist: it may be a"
+    with pytest.raises(FileNotFoundError, match=f"'.*cat/more' under .* {why} folder of the class"):
         image_folder(folder)
     # A link named as an image is listed, and recorded as a failed image when read.
     os.remove(folder / "cat" / "more")
     os.symlink(folder / "missing.jpg", folder / "cat" / "gone.jpg")
     caplog.set_level(logging.WARNING, logger="extract")
     assert "cat/gone.jpg" in image_folder(folder).ids and not caplog.records
+
+
+@pytest.mark.parametrize("where", ["cat/LICENSE", "LICENSE"])
+def test_a_broken_file_link_without_extension_is_said_to_be_perhaps_a_folder(folder, where):
+    # A plain link to a file that is gone, named without an extension, was said to be "a
+    # folder ... that cannot be reached": the message now says that it is a broken link,
+    # where it leads, and that a folder cannot be told from a file there.
+    os.symlink(folder.parent / "elsewhere/LICENSE", folder / where)
+    link, target = re.escape(str(folder / where)), re.escape(str(folder.parent / "elsewhere"))
+    with pytest.raises(FileNotFoundError) as error:
+        image_folder(folder)
+    assert re.match(
+        f"'{link}' under .* is a symbolic link to '{target}/LICENSE', which does not",
+        str(error.value),
+    )
+    assert "cannot tell a folder from a file" in str(error.value)
 
 
 _ANNEXED = "../.git/annex/objects/Xx/Yy/SHA256E-s12--ab/SHA256E-s12--ab"
