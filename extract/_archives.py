@@ -19,6 +19,7 @@ import numpy as np
 
 from ._decoding import check_listed
 from ._images import ImageSource
+from ._paths import expand_home
 
 _GLOB_CHARS = frozenset("*?[")
 _REMOTE = ("http://", "https://", "s3://", "gs://", "hf://", "pipe:", "gopen:")
@@ -48,6 +49,7 @@ def expand_pattern(pattern: str, kind: str) -> list[str]:
         raise ValueError(f"The {kind} source has an empty pattern; give e.g. {_EXAMPLES[kind]}.")
     paths: list[str] = []
     for part in expand_urls(pattern):
+        part = expand_home(part)
         if part.startswith(_REMOTE):
             raise ValueError(
                 f"The {kind} source {part!r} is not a local file; download the shards "

@@ -42,7 +42,7 @@ from ._decoding import (
     read_file,
     sha256_hex,
 )
-from ._paths import plural, why_missing
+from ._paths import expand_home, plural, why_missing
 
 logger = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ def fashion_mnist(
     prefix = {"train": "train", "test": "t10k"}.get(split)
     if prefix is None:
         raise ValueError(f"The Fashion-MNIST split must be 'train' or 'test'. Got {split!r}.")
-    root = Path(root)
+    root = Path(expand_home(os.fspath(root)))
     images = root / f"{prefix}-images-idx3-ubyte.gz"
     labels = root / f"{prefix}-labels-idx1-ubyte.gz"
     if not images.is_file() or not labels.is_file():
@@ -300,7 +300,7 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
     >>> source.ids, source.labels.tolist(), source.class_names
     (['cat/1.png', 'cat/2.png', 'dog/1.png'], [0, 0, 1], ['cat', 'dog'])
     """
-    root = os.fspath(root)
+    root = expand_home(os.fspath(root))
     _check_dangling_links(root)
     # A hidden folder (.ipynb_checkpoints, a file manager's .thumbs, .git, an unzipped
     # __MACOSX) is no class: taken as one, it shifted every class index after it.
@@ -918,7 +918,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     -------
     ImageSource
     """
-    list_file = Path(list_file)
+    list_file = Path(expand_home(os.fspath(list_file)))
     # utf-8-sig: a byte-order mark, as spreadsheet programs write one, is not text; nor is
     # one that begins a later line (lists joined: cat a.csv b.csv).
     try:
@@ -1052,6 +1052,8 @@ def open_source(
     ImageSource
     """
     text = source.description if isinstance(source, ImageSource) else os.fspath(source)
+    if not isinstance(source, ImageSource):
+        text = expand_home(text)  # (a spec's own ~, after its colon, where it is read)
     check_keys(image_key, label_key)
     kind, colon, pattern = text.partition(":")
     if isinstance(source, ImageSource):

@@ -23,3 +23,13 @@ def why_missing(path: str) -> str:
         if error.errno == errno.ELOOP:
             return "is a symbolic link in a loop of links"
     return f"is a symbolic link to {os.path.realpath(path)!r}, which does not exist"
+
+
+def expand_home(path: str) -> str:
+    """``path`` with a leading ``~`` or ``~user`` expanded to that home folder, as
+    torchvision's datasets expand their root (and as a shell does not, after
+    ``fashion-mnist:test@`` or in a quoted pattern), unless a file or folder of that name
+    exists here (``./~``)."""
+    if not path.startswith("~") or os.path.lexists(path.split(os.sep, 1)[0]):
+        return path
+    return os.path.expanduser(path)

@@ -999,6 +999,33 @@ def test_fashion_mnist_idx(idx_root):
 
 
 @pytest.mark.parametrize(
+    "spec, n",
+    [("~/data", 12), ("~/data/list.txt", 2), ("fashion-mnist:test@~", 20),
+     ("webdataset:~/shards/{000000..000001}.tar", 6), ("parquet:~/pq/*.parquet", 6)],
+)  # fmt: skip
+def test_a_source_in_the_home_folder_is_read_as_torchvision_reads_one(
+    folder, idx_root, monkeypatch, spec, n
+):
+    # torchvision's datasets expand a root's ~ (ImageFolder("~/data")); a shell does not
+    # after 'fashion-mnist:test@' nor in a quoted pattern: "'~/data' does not exist".
+    pytest.importorskip("webdataset")
+    pytest.importorskip("pyarrow")
+    from extract._testing import write_parquet, write_webdataset
+
+    small = make_image_folder(idx_root / "small", n_per_class=3, special=False)
+    write_webdataset(small, idx_root / "shards/%06d.tar", maxcount=3)
+    write_parquet(small, idx_root / "pq/a.parquet")
+    shutil.move(folder, idx_root / "data")
+    (idx_root / "data/list.txt").write_text("cat/000.png 0\ndog/001.jpg 1\n")
+    monkeypatch.setenv("HOME", str(idx_root))
+    monkeypatch.chdir(idx_root / "pq")
+    assert len(open_source(spec)) == n
+    (idx_root / "pq/~").mkdir()  # (a folder named ~ here is that folder)
+    with pytest.raises(FileNotFoundError, match="'~/data' does not exist"):
+        open_source("~/data")
+
+
+@pytest.mark.parametrize(
     "n_per_class, n, expected",
     [(2, None, 20), (None, 7, 7), (1, 4, 4), (10, None, 50)],
 )
