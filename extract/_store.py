@@ -30,6 +30,7 @@ import numpy as np
 from mr2_probe._h5 import EXTERNAL_ADVICE, PLUGIN_ADVICE, missing_external_file, missing_filters
 
 from ._locks import _lock_holder
+from ._paths import expand_home
 from ._schema import (
     _REBUILD,
     DIGEST_DTYPE,
@@ -291,9 +292,10 @@ def output_target(path: str | os.PathLike) -> Path:
     through, as the shell's ``>`` does), so that the store's temporary file, lock and
     atomic rename act on the target and not on the link; otherwise ``path`` itself (also
     where it cannot be looked at: in a folder that cannot be searched, which
-    :func:`check_output` refuses by name, and not ``Path.is_symlink``'s PermissionError)."""
+    :func:`check_output` refuses by name, and not ``Path.is_symlink``'s PermissionError).
+    A leading ``~`` is the home folder, as in the source's path (:func:`expand_home`)."""
     _check_output_text(os.fspath(path))
-    path = Path(path)
+    path = Path(expand_home(os.fspath(path)))
     return Path(os.path.realpath(path)) if os.path.islink(path) else path
 
 

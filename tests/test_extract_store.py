@@ -1780,6 +1780,17 @@ def test_tiny_open_clip_extraction(folder, tmp_path):
     np.testing.assert_allclose(np.linalg.norm(loaded.features, axis=1), 1, rtol=1e-5)
 
 
+def test_a_store_written_to_the_home_folder_with_a_tilde_lands_there(folder, tmp_path, monkeypatch):
+    # The source's ~ is the home folder; the output's made a folder named '~' where the
+    # run started and wrote the store in it.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    out = extract_features(folder, BACKBONE, "~/f.h5", **FAST)
+    assert out == tmp_path / "f.h5" and out.is_file()
+    assert not os.path.lexists("~")
+
+
 def test_leftover_temporary_file_from_a_killed_creation_is_replaced(folder, tmp_path):
     # A creation killed at any point leaves an HDF5 file (h5py writes the signature when it
     # opens it); a .tmp of other bytes is a user's file, refused (test above).
