@@ -143,6 +143,17 @@ def _signed_integers(image: Image.Image) -> bool:
     return 2 in np.atleast_1d(formats).tolist()
 
 
+def _white_is_zero(image: Image.Image) -> bool:
+    """Whether an opened TIFF of 16-bit greyscale pixels counts brightness down
+    (PhotometricInterpretation 0, WhiteIsZero): PIL inverts 8-bit ones as it reads them
+    (raw mode ``L;I``) and 16-bit ones not, which came out as their 8-bit twin's negative."""
+    if not image.mode.startswith("I;16") or getattr(image, "tag_v2", {}).get(262) != 0:
+        return False
+    # (Read by a raw mode of PIL's that keeps the values: one day it may invert them.)
+    rawmodes = (t[3] if isinstance(t[3], str) else (t[3] or ("",))[0] for t in image.tile)
+    return all(str(mode) in ("I;16", "I;16B", "I;16R", "I;16N") for mode in rawmodes)
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
     """RGB copy of a PIL image; transparent pixels are composited on white.
 
@@ -247,7 +258,10 @@ def decode_image(
                     "brightness range; save the image with unsigned 8 or 16 bits per channel"
                 )
             key = _16_bit_colour_key(image)
+            white_is_zero = _white_is_zero(image)
             image.load()
+            if white_is_zero:  # (as PIL reads an 8-bit one: 0 is white)
+                image = Image.fromarray(65535 - np.asarray(image).astype(np.uint16))
             rgb = to_rgb(image)
             if key is not None:
                 rgb = _key_on_white(rgb, data, key)

@@ -1269,6 +1269,22 @@ def test_a_tiff_of_signed_integers_is_refused_not_read_as_unsigned(dtype, values
     assert decode_image(data.getvalue()).size == (3, 1)
 
 
+def test_a_16_bit_white_is_zero_tiff_decodes_like_its_8_bit_twin():
+    # WhiteIsZero (PhotometricInterpretation 0, as scanners and MONOCHROME1 exports write
+    # it): PIL inverts 8-bit pixels as it reads them, and not 16-bit ones, which came out
+    # as the negative of their 8-bit twin.
+    grey = np.array([[0, 64, 255]], np.uint8)
+    info = TiffImagePlugin.ImageFileDirectory_v2()
+    info[262] = 0  # WhiteIsZero: Pillow writes 8 bits inverted, as the tag says
+    eight, sixteen = io.BytesIO(), io.BytesIO()
+    Image.fromarray(grey).save(eight, "TIFF", tiffinfo=info)
+    # (Pillow writes 16 bits as they are: stored inverted here, as other writers do)
+    Image.fromarray(65535 - grey.astype(np.uint16) * 257).save(sixteen, "TIFF", tiffinfo=info)
+    assert Image.open(sixteen).tag_v2[262] == 0
+    for data in (eight, sixteen):
+        assert np.asarray(decode_image(data.getvalue()))[0, :, 0].tolist() == [0, 64, 255]
+
+
 def _write_list(folder, lines):
     (folder / "list.csv").write_text("\n".join(lines) + "\n")
     return folder / "list.csv"
