@@ -13,7 +13,7 @@ import numpy as np
 from mr2_probe._h5 import EXTERNAL_ADVICE, missing_external_file, short_external_file
 
 from ._locks import _lock_holder
-from ._paths import plural
+from ._paths import expand_home, plural
 from ._schema import (
     _REQUIRED,
     DONE,
@@ -396,6 +396,7 @@ def load_features(
         # ('no' was taken as true: allow_incomplete="no" loaded an incomplete store)
         if not isinstance(value, bool | np.bool_):
             raise ValueError(f"The '{name}' parameter must be True or False. Got {value!r}.")
+    path = expand_home(os.fspath(path))  # (as extract_features writes it)
     f = _open_for_reading(path)
     try:
         attrs = read_attrs(f)
