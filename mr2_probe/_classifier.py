@@ -1121,8 +1121,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 )
             y = y[...] if is_h5_dataset(y) else y
             # As validate_data checks y beside a NumPy X: NaN among object labels (a pandas
-            # column's missing value) is named, not a TypeError from sorting the classes.
-            y = _check_y(to_numpy(y) if is_torch_tensor(y) else np.asarray(y), estimator=self)
+            # column's missing value) is named, not a TypeError from sorting the classes,
+            # and a pandas column of a nullable dtype ("Int64", "boolean") is converted as
+            # scikit-learn converts it (classes_ of float64 beside a NumPy X, of int64 or
+            # bool beside a tensor, before).
+            y = _check_y(to_numpy(y) if is_torch_tensor(y) else y, estimator=self)
             if len(y) != X.shape[0]:
                 raise ValueError(f"X has {X.shape[0]} samples but y has {len(y)}.")
         else:

@@ -2388,6 +2388,22 @@ def test_labels_of_another_length_than_a_tensor_x_are_refused(tmp_path, kind, n_
         MR2LinearClassifier(device="cpu").fit(data, y)
 
 
+@pytest.mark.parametrize("dtype", ["Int64", "boolean"])
+@pytest.mark.parametrize("kind", ["tensor", "h5"])
+def test_nullable_pandas_labels_give_the_classes_a_numpy_x_gives(tmp_path, kind, dtype):
+    # scikit-learn converts a pandas column of a nullable dtype to float64 beside a NumPy
+    # X; beside a tensor or HDF5 X the classes came out int64 or bool, so one model's
+    # predictions differed in dtype with the container of its features.
+    pd = pytest.importorskip("pandas")
+    X, y = _blobs(n_classes=2, n=40)
+    labels = pd.Series(y.astype(bool) if dtype == "boolean" else y, dtype=dtype)
+    expected = MR2LinearClassifier(device="cpu").fit(X, labels).classes_
+    with _as_kind(X, kind, tmp_path) as data:
+        classes = MR2LinearClassifier(device="cpu").fit(data, labels).classes_
+    assert classes.dtype == expected.dtype == np.float64
+    np.testing.assert_array_equal(classes, expected)
+
+
 @pytest.mark.parametrize("kind", ["array", "tensor", "h5"])
 def test_a_missing_label_beside_a_tensor_x_gets_numpys_error(tmp_path, kind):
     # NaN among object labels (a pandas column's missing value): validate_data names it
