@@ -10,7 +10,12 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mr2_probe._h5 import EXTERNAL_ADVICE, missing_external_file, short_external_file
+from mr2_probe._h5 import (
+    EXTERNAL_ADVICE,
+    file_named_as_folder,
+    missing_external_file,
+    short_external_file,
+)
 
 from ._locks import _lock_holder
 from ._paths import expand_home, plural
@@ -158,6 +163,9 @@ class FeatureStore:
 def _open_for_reading(path: str | os.PathLike) -> h5py.File:
     """Open a store to read it; every way in which ``path`` is not one is a StoreError."""
     text = os.fspath(path)
+    problem = file_named_as_folder(text) if not os.path.exists(text) else None
+    if problem:  # ('s1.h5/': "does not exist", beside the store s1.h5)
+        raise NotAStoreError(f"The feature store path {text!r} {problem}.")
     if not os.path.exists(text):
         raise StoreNotFoundError(
             f"The feature store {text!r} does not exist; check the path, or write it with "
@@ -373,10 +381,10 @@ def load_features(
     StoreNotFoundError
         If ``path`` does not exist.
     NotAStoreError
-        If it is a folder, empty, not HDF5, damaged (h5py cannot read its structures),
-        lacks ``features`` / ``labels`` / ``class_names``, their shapes disagree, or its
-        labels are not integers (floats, booleans) or not codes into ``class_names`` (a
-        value below 0 or from K on).
+        If it is a folder, names a file as a folder (``s1.h5/``), empty, not HDF5,
+        damaged (h5py cannot read its structures), lacks ``features`` / ``labels`` /
+        ``class_names``, their shapes disagree, or its labels are not integers (floats,
+        booleans) or not codes into ``class_names`` (a value below 0 or from K on).
     StoreLockedError
         If a run is writing it (an incomplete store whose run holds its lock, too).
     IncompleteStoreError

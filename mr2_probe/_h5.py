@@ -1,6 +1,7 @@
 """HDF5 filters a dataset needs that this HDF5 cannot load, and external raw data files
 missing, for the errors of both the estimators' reads (``_data.read_h5``) and extract's
-stores (``extract._store.damaged``).
+stores (``extract._store.damaged``); and a file named as a folder, for the errors of both
+packages' readers (``load_features``, ``mr2-probe``'s).
 
 Light on purpose: no torch, scikit-learn or NumPy, and h5py only where it is called (with
 an h5py object, so it is there), as ``load_features`` imports neither torch nor
@@ -10,6 +11,24 @@ scikit-learn.
 from __future__ import annotations
 
 import os
+
+
+def file_named_as_folder(path) -> str | None:
+    """Why ``path``, which does not exist, cannot be read, where it names a file as a
+    folder: ``s1.h5/`` ("names the file 's1.h5' as a folder: ..."), ``notes.txt/run.npz``;
+    None where no part of it is a file. Its readers said that ``s1.h5/`` did not exist,
+    beside an ``s1.h5`` that does."""
+    text = os.fsdecode(path)  # (bytes too, as h5py takes them)
+    head = text.rstrip(os.sep + (os.altsep or ""))
+    if head != text and os.path.isfile(head):
+        return f"names the file {head!r} as a folder: pass it without the trailing {text[-1]!r}"
+    folder = os.path.dirname(head)
+    while folder and not os.path.isdir(folder):  # (the root is a folder)
+        if os.path.isfile(folder):
+            return f"names the file {folder!r} as a folder; check the path"
+        folder = os.path.dirname(folder)
+    return None
+
 
 # What to do about the filters that missing_filters names, in both packages' errors.
 PLUGIN_ADVICE = (

@@ -755,6 +755,15 @@ def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
             ["{d}/train.npz", "--test", "{d}/missing", "--test-labels", "{d}/y.npy"],
             "'{d}/missing' does not exist; check the path",
         ),
+        # A file named as a folder (a '/' after its name) was said not to exist.
+        (["{d}/train.npz/"], "'{d}/train.npz/' names the file '{d}/train.npz' as a folder: pass"),
+        (["{d}/X.npy", "--labels", "{d}/y.npy/"], "names the file '{d}/y.npy' as a folder"),
+        (["{d}/train.npz/X.npz"], "names the file '{d}/train.npz' as a folder; check the path"),
+        pytest.param(
+            ["{d}/store.h5/"],
+            "'{d}/store.h5/' names the file '{d}/store.h5' as a folder: pass it without the",
+            marks=NEEDS_H5,
+        ),
         pytest.param(["{d}/missing.h5"], "'{d}/missing.h5' does not exist", marks=NEEDS_H5),
         pytest.param(["{d}/garbage.h5"], "is not an HDF5 file", marks=NEEDS_H5),
         pytest.param(["{d}/no_labels.h5"], "it has no 'labels' dataset", marks=NEEDS_H5),

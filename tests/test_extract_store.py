@@ -1944,6 +1944,27 @@ def test_load_features_errors_are_store_errors(tmp_path, make, error, match):
     assert isinstance(info.value, StoreError) and isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("x.h5/", "names the file '{d}/x.h5' as a folder: pass it without the trailing '/'."),
+        ("x.h5/y.h5", "names the file '{d}/x.h5' as a folder; check the path."),
+    ],
+)
+def test_a_store_named_as_a_folder_is_said_to_be_a_file(tmp_path, name, problem):
+    # 'x.h5/' (a '/' after a completed name) was said not to exist, beside the store x.h5.
+    _foreign(tmp_path / "x.h5")
+    with pytest.raises(NotAStoreError) as info:
+        load_features(f"{tmp_path}/{name}")
+    assert str(info.value) == (
+        f"The feature store path '{tmp_path}/{name}' {problem.format(d=tmp_path)}"
+    )
+    with pytest.raises(NotAStoreError, match="as a folder"):  # a path in bytes, as h5py's
+        load_features(os.fsencode(f"{tmp_path}/{name}"))
+    with pytest.raises(StoreNotFoundError, match="does not exist"):
+        load_features(os.fsencode(f"{tmp_path}/missing.h5/"))
+
+
 def test_a_foreign_store_s_utf8_byte_strings_are_read_as_text(tmp_path):
     # NumPy byte strings (dtype S), as other tools write text: h5py reads them as ASCII by
     # default, so "café" was "'ascii' codec can't decode byte 0xc3" and no store.

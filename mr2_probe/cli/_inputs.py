@@ -13,6 +13,7 @@ import numpy as np
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
 from .._data import block_rows, is_h5_dataset, read_h5
+from .._h5 import file_named_as_folder
 from ..front import OFFSETS_CV, check_offsets_folds
 from ._usage import UsageError, _few, _one_line
 
@@ -123,7 +124,7 @@ def _load_xy(path: str, labels=None, labels_option: str = "--labels", stack=None
                 _check_regular(named, option)
     if not suffix:
         if not os.path.exists(path):
-            raise UsageError(f"{path!r} does not exist; check the path")
+            raise _not_there(path)
         if os.path.isdir(path):  # images, most likely
             raise UsageError(
                 f"{path!r} is a folder; mr2-probe reads features: extract a folder of images "
@@ -188,11 +189,17 @@ def _check_regular(path: str, labels_option: str | None) -> None:
         )
 
 
+def _not_there(path: str) -> UsageError:
+    """The error for a file to read that is not there: ``s1.npz/`` names the file s1.npz
+    as a folder (said not to exist, beside it)."""
+    return UsageError(f"{path!r} {file_named_as_folder(path) or 'does not exist; check the path'}")
+
+
 def _read(path: str, reader, labels_option: str | None = None):
     """``reader(path)``, its failures one line each; ``labels_option``: the option that
     named ``path`` as a labels file (--labels, --test-labels)."""
     if not os.path.exists(path):
-        raise UsageError(f"{path!r} does not exist; check the path")
+        raise _not_there(path)
     try:
         with open(path, "rb") as file:
             magic = file.read(6)
