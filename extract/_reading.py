@@ -316,7 +316,7 @@ def _check_shapes(
         problem = f"'labels' has dtype {labels.dtype}, not integers (codes into class_names)"
     elif f["features"].ndim != 2:
         problem = f"'features' has shape {f['features'].shape}, not (n_rows, n_features)"
-    elif f["features"].dtype.kind not in "fiu":
+    elif f["features"].dtype.kind not in "bfiu":  # (booleans are 0 and 1, as in an array)
         problem = f"'features' has dtype {f['features'].dtype}, not numbers"
     elif labels.shape != (len(f["features"]),):
         problem = f"'labels' has shape {labels.shape} for {len(f['features'])} feature rows"

@@ -3287,3 +3287,21 @@ def test_out_through_a_link_to_nothing_is_refused_before_any_file_is_read(tmp_pa
         "exist; create that folder, or choose another --out"
     )
     assert not (tmp_path / "gone").exists()
+
+
+@NEEDS_H5
+def test_a_store_s_boolean_features_are_read_as_a_npz_s_are(tmp_path, capsys):
+    # A store of boolean features was refused ("not numbers"), the same features in a .npz
+    # taken as 0/1, as scikit-learn takes a boolean X.
+    import h5py
+
+    X, y = _blobs(30, seed=1)
+    np.savez(tmp_path / "b.npz", X=X > 0, y=y)
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        f["features"], f["labels"], f["class_names"] = X > 0, y, FASHION
+    tables = []
+    for name in ("b.npz", "b.h5"):
+        assert main([str(tmp_path / name), "--max-iter", "20", "--no-progress"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        tables.append([line for line in out if line.startswith(("ERM ", "MR2 "))])
+    assert tables[0] == tables[1] and len(tables[0]) == 2

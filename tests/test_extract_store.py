@@ -2543,6 +2543,15 @@ def test_features_that_are_no_numbers_are_refused(store, tmp_path):
         load_features(copy)
 
 
+def test_boolean_features_are_read_as_an_array_s_are(tmp_path):
+    # Boolean features (binary codes, thresholded activations) were refused as "not
+    # numbers", where the estimators (and mr2-probe's .npz) take a boolean array as 0/1.
+    X = np.arange(24).reshape(6, 4) % 3 == 0
+    _foreign(tmp_path / "x.h5", features=X)
+    with load_features(tmp_path / "x.h5", in_memory=True) as loaded:
+        np.testing.assert_array_equal(loaded.features, X)
+
+
 @pytest.mark.parametrize("mode", ["r", "r+"])
 def test_a_file_system_without_locks_is_not_another_process(monkeypatch, tmp_path, mode):
     # HDF5's lock failing with ENOSYS (Lustre, NFS without locks) was reported as another
