@@ -19,6 +19,7 @@ from ._h5 import (
     PLUGIN_ADVICE,
     missing_external_file,
     missing_filters,
+    missing_virtual_source,
     short_external_file,
 )
 
@@ -109,17 +110,27 @@ def is_h5_dataset(X) -> bool:
 def check_h5_open(**arrays) -> None:
     """A clear error for an HDF5 dataset (or row view) among ``arrays`` (name → array) whose
     file is closed: h5py's own is "Unable to synchronously get dataspace (identifier is not
-    of specified type)"; or whose external raw data file is cut short (read as zeros)."""
+    of specified type)"; or whose external raw data file is cut short, or virtual dataset's
+    source file cannot be opened (both read as zeros)."""
     for name, a in arrays.items():
-        if is_h5_dataset(a) and not getattr(a, "dataset", a).id.valid:
+        if not is_h5_dataset(a):
+            continue
+        dataset = getattr(a, "dataset", a)
+        if not dataset.id.valid:
             raise ValueError(
                 f"{name} is a dataset of an HDF5 file that is closed: use the store inside "
                 "its with block (before store.close()), or load it with "
                 "load_features(path, in_memory=True)."
             )
-        short = short_external_file(getattr(a, "dataset", a)) if is_h5_dataset(a) else None
+        missing = missing_virtual_source(dataset.file.filename, dataset)
+        if missing:  # HDF5 reads its rows as fill values (zeros), without an error
+            raise ValueError(
+                f"{name} is the HDF5 dataset {dataset.name!r} of {dataset.file.filename!r}, a "
+                f"virtual dataset whose source {missing} cannot be opened: HDF5 reads its rows "
+                "as fill values (zeros), without an error. Restore the source file beside it."
+            )
+        short = short_external_file(dataset)
         if short:  # HDF5 reads the bytes past its end as zeros, without an error
-            dataset = getattr(a, "dataset", a)
             raise ValueError(
                 f"{name} is the HDF5 dataset {dataset.name!r} of {dataset.file.filename!r}, "
                 f"whose rows are kept in the external file {short}, which is cut short: HDF5 "

@@ -1,7 +1,8 @@
 """HDF5 filters a dataset needs that this HDF5 cannot load, and external raw data files
-missing, for the errors of both the estimators' reads (``_data.read_h5``) and extract's
-stores (``extract._store.damaged``); and a file named as a folder, for the errors of both
-packages' readers (``load_features``, ``mr2-probe``'s).
+or virtual datasets' sources missing, for the errors of both the estimators' reads
+(``_data.read_h5``, ``check_h5_open``) and extract's stores (``extract._store.damaged``);
+and a file named as a folder, for the errors of both packages' readers (``load_features``,
+``mr2-probe``'s).
 
 Light on purpose: no torch, scikit-learn or NumPy, and h5py only where it is called (with
 an h5py object, so it is there), as ``load_features`` imports neither torch nor
@@ -72,6 +73,57 @@ def optional_filter_applied(dataset, index: int) -> bool:
     dsid = dataset.id
     masks = [dsid.get_chunk_info(i).filter_mask for i in range(dsid.get_num_chunks())]
     return any(not mask & (1 << index) for mask in masks)
+
+
+def missing_virtual_source(path, dataset) -> str | None:
+    """The first source of the virtual dataset ``dataset`` (of the file ``path``) that
+    cannot be opened, as "'file' (dataset 'name')"; None for a dataset that is not virtual,
+    or whose sources all open. HDF5 reads a missing source's rows as the fill value, without
+    an error (shards of a virtual features dataset, one deleted or left behind by a move).
+    Looked for where HDF5 looks: its HDF5_VDS_PREFIX, the store's folder (that of the link it
+    is read through, and its real one), the name as given."""
+    import h5py
+
+    if not dataset.is_virtual:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    folders = dict.fromkeys([folder, os.path.dirname(os.path.realpath(path))])
+    # HDF5_VDS_PREFIX twice, as HDF5 reads it: as it is now, each of its folders taken as
+    # written; and as it was when HDF5 started, in one piece, its ${ORIGIN} the store's
+    # folder (read as such in both, HDF5's zeros were loaded without a word).
+    prefixes = [p for p in os.environ.get("HDF5_VDS_PREFIX", "").split(os.pathsep) if p]
+    started = os.fsdecode(dataset.id.get_access_plist().get_virtual_prefix())
+    prefixes += [started.replace("${ORIGIN}", folder)] if started else []
+    opened: dict = {}  # name → its h5py.File, None where none opens
+    try:
+        for source in dataset.virtual_sources():
+            name, inside = source.file_name, source.dset_name
+            if "%b" in name or "%b" in inside:  # a printf-style name HDF5 numbers itself
+                continue
+            if name == ".":  # the store itself
+                if not isinstance(dataset.file.get(inside), h5py.Dataset):
+                    return f"{inside!r} (in the store itself)"
+                continue
+            if name not in opened:
+                opened[name] = None
+                base = name if os.path.isabs(name) else None
+                relative = os.path.basename(name) if base else name
+                candidates = [base] if base else []
+                candidates += [os.path.join(p, relative) for p in prefixes]
+                candidates += [os.path.join(f, relative) for f in folders] + [name]
+                for candidate in candidates:
+                    try:
+                        opened[name] = h5py.File(candidate, "r")
+                        break
+                    except OSError:
+                        continue
+            if opened[name] is None or not isinstance(opened[name].get(inside), h5py.Dataset):
+                return f"{name!r} (dataset {inside!r})"
+    finally:
+        for source_file in opened.values():
+            if source_file is not None:
+                source_file.close()
+    return None
 
 
 # Where HDF5 looks for a dataset's external raw data files, for the errors that name one.

@@ -275,3 +275,33 @@ def test_an_hdf5_dataset_s_external_files_past_its_rows_are_not_its_own(tmp_path
         X_h5[...] = X
         fitted = MR2LinearClassifier(device="cpu").fit(f["X"], y)
         np.testing.assert_array_equal(fitted.predict(f["X"]), fitted.predict(X))
+
+
+@pytest.mark.parametrize("method", ["fit", "predict"])
+def test_an_hdf5_virtual_dataset_whose_source_is_missing_is_refused(tmp_path, method):
+    # A virtual dataset (shards joined by an HDF5 VDS) passed to the estimator itself, one of
+    # its source files deleted: HDF5 reads those rows as the fill value (zeros) without an
+    # error, and the probe fitted (or predicted) on them without a word. load_features
+    # refused it; the estimator's own path did not.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    X = X.astype(np.float32)
+    layout = h5py.VirtualLayout(shape=X.shape, dtype=X.dtype)
+    for part, rows in enumerate((slice(0, 20), slice(20, 40))):
+        with h5py.File(tmp_path / f"part{part}.h5", "w") as f:
+            f["x"] = X[rows]
+        layout[rows] = h5py.VirtualSource(str(tmp_path / f"part{part}.h5"), "x", shape=(20, 6))
+    fitted = MR2LinearClassifier(device="cpu").fit(X, y)
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        f.create_virtual_dataset("X", layout, fillvalue=0)
+    with h5py.File(tmp_path / "X.h5", "r") as f:
+        call = (
+            (lambda: MR2LinearClassifier(device="cpu").fit(f["X"], y))
+            if method == "fit"
+            else (lambda: fitted.predict(f["X"]))
+        )
+        call()  # whole: read as it is
+        (tmp_path / "part1.h5").unlink()
+        source = re.escape(repr(str(tmp_path / "part1.h5")))
+        with pytest.raises(ValueError, match=rf"virtual dataset whose source {source} \(dataset"):
+            call()
