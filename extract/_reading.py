@@ -235,7 +235,7 @@ def _check_types(path: str | os.PathLike, f: h5py.File) -> None:
         if missing:
             raise NotAStoreError(
                 f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} keeps its "
-                f"rows in the external file {missing}, which is not there ({EXTERNAL_ADVICE}); "
+                f"rows in the external file {missing} ({EXTERNAL_ADVICE}); "
                 "restore that file, or rebuild the store."
             )
         short = short_external_file(f[name])

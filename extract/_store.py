@@ -105,8 +105,8 @@ def damaged(
     if external:  # deleted or moved after the store was opened
         return NotAStoreError(
             f"Cannot read the feature store {os.fspath(path)!r}: its dataset "
-            f"{source.name!r} keeps its rows in the external file {external}, which is not "
-            f"there ({EXTERNAL_ADVICE}): {' '.join(str(text).split())}. Restore that file; "
+            f"{source.name!r} keeps its rows in the external file {external} "
+            f"({EXTERNAL_ADVICE}): {' '.join(str(text).split())}. Restore that file; "
             "the store itself is not known to be damaged."
         )
     if missing:

@@ -153,8 +153,8 @@ def read_h5(X, key):
         if external:  # a file beside it that is not there, not a damaged file
             raise ValueError(
                 f"Cannot read the rows of the HDF5 dataset {dataset.name!r} in "
-                f"{dataset.file.filename!r}: they are kept in the external file {external}, "
-                f"which is not there ({EXTERNAL_ADVICE}); restore that file."
+                f"{dataset.file.filename!r}: they are kept in the external file {external} "
+                f"({EXTERNAL_ADVICE}); restore that file."
             ) from error
         missing = missing_filters(dataset)
         if missing:  # a plugin not installed (hdf5plugin's Blosc, say), not a damaged file

@@ -135,14 +135,20 @@ EXTERNAL_ADVICE = (
 
 def missing_external_file(dataset) -> str | None:
     """The first external raw data file of the HDF5 ``dataset`` (``create_dataset(...,
-    external=[...])``) that is not there, as "'name'" (with the path HDF5 opens where that
-    differs); None for a dataset whose raw data lies in its own file, or whose external
-    files are all there. Looked for where HDF5 looks: under the dataset's external file
-    prefix (HDF5_EXTFILE_PREFIX, resolved when the dataset was opened), else as named."""
+    external=[...])``) that is not a file there, as "'name', which is not there" (with the
+    path HDF5 opens where that differs; "which is a folder, not a file" for a folder, which
+    was called not there); None for a dataset whose raw data lies in its own file, or whose
+    external files are all there. Looked for where HDF5 looks: under the dataset's external
+    file prefix (HDF5_EXTFILE_PREFIX, resolved when the dataset was opened), else as named."""
     for name, full, _offset, _held in _external_files(dataset):
         if not os.path.isfile(full):
             shown = os.path.abspath(full)
-            return repr(name) if shown == name else f"{name!r} (looked for as {shown!r})"
+            named = repr(name) if shown == name else f"{name!r} (looked for as {shown!r})"
+            if os.path.isdir(full):
+                return f"{named}, which is a folder, not a file"
+            if os.path.exists(full):
+                return f"{named}, which is not a regular file (a pipe, a device or a socket)"
+            return f"{named}, which is not there"
     return None
 
 
@@ -152,6 +158,8 @@ def short_external_file(dataset) -> str | None:
     them (or is not there: :func:`missing_external_file`). HDF5 reads the bytes past a
     file's end as zeros, without an error (a copy cut short, a disk that filled)."""
     for name, full, offset, held in _external_files(dataset):
+        if not os.path.isfile(full):  # (a folder's size is none of its rows)
+            continue
         try:
             found = os.path.getsize(full) - offset
         except OSError:

@@ -234,7 +234,8 @@ def test_a_fold_s_rows_keep_their_own_weights(tmp_path, stored):
 def test_an_hdf5_dataset_whose_external_file_is_cut_short_is_refused(tmp_path, method):
     # Rows kept in an external raw data file (h5py's external=) that was cut short: HDF5
     # reads the bytes past its end as zeros without an error, and the probe fitted (or
-    # predicted) on zero rows without a word. A missing file is named as such.
+    # predicted) on zero rows without a word. A missing file is named as such, and a folder
+    # in its place as a folder.
     h5py = pytest.importorskip("h5py")
     X, y = _blobs(n=40)
     X = X.astype(np.float32)
@@ -255,6 +256,9 @@ def test_an_hdf5_dataset_whose_external_file_is_cut_short_is_refused(tmp_path, m
             call()
         raw.unlink()
         with pytest.raises(ValueError, match=rf"external file {name}, which is not there"):
+            call()
+        raw.mkdir()  # a folder in its place: said to be "not there"
+        with pytest.raises(ValueError, match=rf"external file {name}, which is a folder, not a"):
             call()
 
 

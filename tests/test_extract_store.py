@@ -2193,6 +2193,17 @@ def test_a_dataset_whose_external_file_is_missing_is_said_so(tmp_path, monkeypat
     store.close()
 
 
+def test_a_dataset_whose_external_file_is_a_folder_is_said_so(tmp_path, monkeypatch):
+    # A folder where its external file should be was said to be "not there".
+    monkeypatch.chdir(tmp_path)
+    path = _external_store(tmp_path, "features", "rows.raw")
+    (tmp_path / "rows.raw").unlink()
+    (tmp_path / "rows.raw").mkdir()
+    message = r"external file 'rows.raw' \(looked for as .*\), which is a folder, not a file"
+    with pytest.raises(NotAStoreError, match=message):
+        load_features(path)
+
+
 @pytest.mark.parametrize("name", ["features", "labels"])
 def test_a_dataset_whose_external_file_is_cut_short_is_refused(tmp_path, monkeypatch, name):
     # HDF5 reads the bytes past an external file's end as zeros without an error: a copy
