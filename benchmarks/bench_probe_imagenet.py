@@ -162,6 +162,10 @@ def main(argv=None):
     for option, value in (("--n-samples", args.n_samples), ("--batch-size", args.batch_size)):
         if value < 1:
             parser.error(f"{option} must be at least 1; got {value}")
+    if args.peer_rows < 0:  # (skipped as 0 would, without a word)
+        parser.error(
+            f"--peer-rows must be at least 0 (0 skips the comparison); got {args.peer_rows}"
+        )
     if args.n_features < 1:
         parser.error(f"--n-features must be at least 1; got {args.n_features}")
     if args.n_classes < 2:
@@ -184,6 +188,10 @@ def main(argv=None):
     _sync(device)
     generate_s = time.perf_counter() - start
     check_two_classes(parser, y.cpu())
+    peer_classes = len(torch.unique(y[: args.peer_rows])) if args.peer_rows else 2
+    if peer_classes < 2:  # (scikit-learn's ValueError after the main fits)
+        parser.error(f"--peer-rows {args.peer_rows} takes rows of {peer_classes} class; two or "
+                     "more are needed (0 skips the comparison)")  # fmt: skip
     # Warm up (CUDA context, cuBLAS handles, kernels) so that it is not billed to a fit.
     warm = min(len(y), 4096)
     with warnings.catch_warnings():

@@ -218,6 +218,11 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
          "--bound must be between 0 and 100 (points); got nan"),
         ("quality", ["--data", "fmnist", "--image-sizes", "0", "--cache", FOLDER],
          "--image-sizes must be at least 1; got [0]"),
+        # skipped as 0 skips it, without a word; scikit-learn's ValueError after the main fits.
+        ("bench_probe_imagenet", [*SMALL_FIT, "--peer-rows", "-1"],
+         "--peer-rows must be at least 0 (0 skips the comparison); got -1"),
+        ("bench_probe_imagenet", [*SMALL_FIT, "--n-classes", "3", "--peer-rows", "1"],
+         "--peer-rows 1 takes rows of 1 class; two or more are needed"),
         # fits of no iteration timed and tabled (-1: scikit-learn's InvalidParameterError).
         ("bench_probe_imagenet", [*SMALL_FIT, "--peer-rows", "0", "--lbfgs-iter", "0"],
          "--lbfgs-iter must be at least 1; got 0"),
