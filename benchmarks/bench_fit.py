@@ -93,7 +93,7 @@ def check_output(parser, option: str, path: Path | None) -> None:
         return
     if path.is_dir():
         parser.error(f"{option} takes a file to write, got the folder {path}")
-    folder = path.absolute().parent
+    folder = Path(os.path.realpath(path)).parent  # (a link's target's: written through)
     while not folder.exists():  # the folders still to make: made in the first one there is
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
@@ -321,9 +321,18 @@ def _write_json(args, n_test: int, rows: list, tilt_ratios: list) -> None:
         "tilt_fit_time_ratios": tilt_ratios,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.json.with_name(args.json.name + ".tmp")
-    partial.write_text(json.dumps(result, indent=2) + "\n")
-    partial.replace(args.json)
+    write_whole(args.json, json.dumps(result, indent=2) + "\n")
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole: beside it first, then renamed into its place, so
+    that a run stopped while writing keeps the last. A symbolic link is written through, to
+    its target, as ``open(path, "w")`` writes it: the rename replaced the link itself with
+    a file, and its target kept the old results."""
+    target = Path(os.path.realpath(path))
+    partial = target.with_name(target.name + ".tmp")
+    partial.write_text(text)
+    partial.replace(target)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,14 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import Normalizer, StandardScaler
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_fit import AT_LEAST_1, SEED, check_distinct, check_output, check_values  # noqa: E402
+from bench_fit import (  # noqa: E402
+    AT_LEAST_1,
+    SEED,
+    check_distinct,
+    check_output,
+    check_values,
+    write_whole,
+)
 
 from mr2_probe import (  # noqa: E402
     MR2LinearClassifier,
@@ -379,10 +386,9 @@ def _strict(results):
 
 
 def write_results(path: Path, results: dict) -> None:
-    """Write ``results`` as strict JSON, whole: a run stopped while writing keeps the last."""
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(_strict(results), indent=2, default=str))
-    partial.replace(path)
+    """Write ``results`` as strict JSON, whole: a run stopped while writing keeps the last
+    (through a symbolic link, to its target)."""
+    write_whole(path, json.dumps(_strict(results), indent=2, default=str))
 
 
 def table(dataset: str, results: list[dict]) -> str:

@@ -1,6 +1,7 @@
 """The benchmarks refuse bad option values in one line (argparse's status 2), not with a
 traceback from deep in a run."""
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -309,6 +310,27 @@ def test_a_bad_option_value_is_one_line(script, argv, message, capsys):
         module.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "script, argv",
+    [
+        ("bench_fit", [*SMALL_FIT, "--n-classes", "3", "--repeat", "1", "--devices", "cpu",
+                       "--json"]),
+        ("quality", ["--data", "synthetic", *SMALL_QUALITY, "--methods", "ERM", "--out"]),
+    ],
+)  # fmt: skip
+def test_a_results_file_that_is_a_link_is_written_through_it(script, argv, tmp_path, capsys):
+    # The file was written beside the link, then renamed over it: the link became a file,
+    # and its target kept the last run's results.
+    (tmp_path / "kept").mkdir()
+    target = tmp_path / "kept" / "results.json"
+    target.write_text("{}")
+    (tmp_path / "latest.json").symlink_to(target)
+    load_benchmark(script).main([*argv, str(tmp_path / "latest.json")])
+    assert (tmp_path / "latest.json").is_symlink()
+    assert json.loads(target.read_text())
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["kept", "latest.json", "results.json"]
 
 
 def test_bench_fit_refuses_cuda_alone_without_cuda(capsys, monkeypatch):
