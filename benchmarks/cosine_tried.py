@@ -100,6 +100,7 @@ from bench_fit import (  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
 from mr2_probe import _solvers as solvers  # noqa: E402
+from mr2_probe._classifier import both_class_logits  # noqa: E402
 from mr2_probe._losses import margin_cross_entropy  # noqa: E402
 
 EXPERIMENTS = ["cold", "chain", "once", "ramp", "memory", "one-round", "sooner", "subsample",
@@ -233,6 +234,9 @@ def subsample(b):
     rng = np.random.default_rng(b.args.seed)
     for part in (4, 8):
         rows = rng.permutation(len(b.y))[: len(b.y) // part]
+        if len(np.unique(b.y[rows])) < len(np.unique(b.y)):  # (a warm start's ValueError)
+            print(f"  (no start from 1/{part} of the rows: they lack a class of the training rows)")
+            continue
         start = b.fit(X=b.X[rows], y=b.y[rows])
         clf = b.fit(start=start)
         b.row(f"from a fit on 1/{part} of the rows ({start.n_iter_} iterations): all rows", clf)
@@ -259,12 +263,15 @@ def path(b):
     search = MR2LinearClassifierCV(Cs=[b.args.scale], cv=[(rows, rows)], refit=False, **kw)
     search.fit(b.X, b.y)
     clf = prototypes(b)  # the fitted attributes of these data; its weights are replaced
-    clf.coef_ = np.stack([search.coefs_paths_[label][0, 0] for label in search.classes_])
+    # (two classes: one row of coefficients, the second class's: a KeyError at the first)
+    labels = [label for label in search.classes_ if label in search.coefs_paths_]
+    clf.coef_ = np.stack([search.coefs_paths_[label][0, 0] for label in labels])
     b.row("the CV path's solver, one fold of all the rows", clf, int(search.n_iter_.sum()))
 
 
 def active(b):
-    logits = torch.as_tensor(b.X @ b.cold.coef_.T, dtype=torch.float64)
+    # (two classes: one row of coefficients, the logits (0, z))
+    logits = both_class_logits(torch.as_tensor(b.X @ b.cold.coef_.T, dtype=torch.float64))
     margins = torch.as_tensor(b.cold.margins_)
     losses = margin_cross_entropy(logits, torch.as_tensor(b.y), margins, reduction="none")
     share = 100 * np.mean(losses.numpy() > 1e-7)
@@ -517,12 +524,12 @@ def riemannian(b, max_evals=800, within=1e-7, history=200):
     def tangent(U, V):  # V's row-wise projection onto the tangent space at U
         return V - (V * U).sum(1, keepdim=True) * U
 
-    target = float(margin_cross_entropy(
-        X @ torch.as_tensor(b.cold.coef_, dtype=torch.float32).T, y, margins)) + within  # fmt: skip
     start = F.normalize(torch.as_tensor(prototypes(b).coef_, dtype=torch.float64), dim=1)
     if len(start) == 1:  # two classes: one row of coefficients, no class blocks
         print("  (no Riemannian L-BFGS: two classes, one row of coefficients)")
         return {}
+    target = float(margin_cross_entropy(
+        X @ torch.as_tensor(b.cold.coef_, dtype=torch.float32).T, y, margins)) + within  # fmt: skip
     curves = {}
     variants = [  # (name, label, one initial inverse Hessian per class, exact steps)
         ("scalar", "scalar sᵀy/yᵀy", False, False),

@@ -217,3 +217,21 @@ def test_a_ramp_prints_the_iterations_its_warm_ups_ran(tried, bench, capsys, mon
     for line, text in zip(lines, expected, strict=True):
         assert text in line
     assert any(n < cap for _, cap, n in fits if cap is not None)  # a step stopped short of it
+
+
+def test_two_classes_run_the_experiments_of_class_blocks_or_say_they_skip(tried, capsys):
+    # One row of coefficients (two classes: a store's first rows of two, the test rows of a
+    # third, say): the CV path's row was a KeyError, the active share and the Riemannian
+    # L-BFGS the margin loss's ValueError; a quarter of 12 rows lacking a class, a warm
+    # start's ValueError.
+    bench = tried.Bench(argparse.Namespace(
+        store=None, n_samples=12, n_test=10, n_features=8, n_classes=2, scale=16.0,
+        tol=1e-4, max_iter=3000, seed=0))  # fmt: skip
+    tried.cold(bench)
+    for experiment in (tried.path, tried.active, tried.riemannian, tried.subsample):
+        experiment(bench)
+    out = capsys.readouterr().out
+    assert "the CV path's solver, one fold of all the rows" in out
+    assert "rows with a loss above 1e-7 at the cold solution" in out
+    assert "(no Riemannian L-BFGS: two classes, one row of coefficients)" in out
+    assert "(no start from 1/8 of the rows: they lack a class of the training rows)" in out
