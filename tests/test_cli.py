@@ -2508,19 +2508,30 @@ def test_the_chosen_tilt_s_refit_warns_in_the_cli_s_terms_too(tmp_path, capsys):
     assert "--tilt 200 makes the objective" in line and "class_tilt" not in line
 
 
-# The failed fits' NaN scores, which scikit-learn's search notes beside its FitFailedWarning.
-@pytest.mark.filterwarnings("ignore:One or more of the test scores are non-finite:UserWarning")
-def test_a_grid_search_with_a_failed_fit_still_reports(files, capsys):
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_grid_search_with_a_failed_fit_still_reports(files, capsys, debug):
     # A failed fit scores NaN in every column, the count of short fits too: the run ended
-    # in "cannot convert float NaN to integer".
+    # in "cannot convert float NaN to integer". Each failed setting is one line with its
+    # error: scikit-learn's FitFailedWarning held every failure's traceback, on one line
+    # cut at 1,000 characters before any error was named, then a line per scorer of its
+    # NaN scores; --debug shows them still.
     argv = [str(files / "train.npz"), "--grid", "solver=sgd", "--grid", "learning_rate=0.003,1000"]
     argv += ["--lam", "0.5", "--feature-scaling", "standard", "--cv", "2", "--max-iter", "5"]
-    with pytest.warns(FitFailedWarning, match="2 fits failed out of a total of 4"):
-        assert main([*argv, "--no-progress"]) == 0
-    assert (
-        "best parameters by worst_class (2-fold CV): {'learning_rate': 0.003"
-        in capsys.readouterr().out
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main([*argv, "--no-progress", *(["--debug"] if debug else [])]) == 0
+    out, err = capsys.readouterr()
+    assert "best parameters by worst_class (2-fold CV): {'learning_rate': 0.003" in out
+    failed = [line for line in err.splitlines() if "failed in" in line]
+    assert [line.split(":")[2] for line in failed] == [" ERM grid", " MR2 grid"]
+    for line in failed:
+        assert "learning_rate=1000, solver=sgd failed in 2 of its 2 folds, left out of the " in line
+        assert "(scored NaN there): Cannot fit: the sgd solver diverged" in line
+        assert line.endswith("errors; --debug shows the tracebacks)")  # (each fold's own)
+    nan = "test scores are non-finite"
+    sklearn_s = [w for w in caught if w.category is FitFailedWarning or nan in str(w.message)]
+    assert bool(sklearn_s) == debug
+    assert sum(w.category is FitFailedWarning for w in sklearn_s) == (2 if debug else 0)
 
 
 def test_ctrl_c_while_the_figures_are_drawn_keeps_the_models_and_reports(

@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 from sklearn.base import clone
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.exceptions import ConvergenceWarning, FitFailedWarning
 from sklearn.model_selection import GridSearchCV, ParameterGrid, StratifiedKFold, train_test_split
 from sklearn.pipeline import Pipeline
 
@@ -414,6 +414,62 @@ def _all_fits_failed(error: ValueError, name: str, args) -> ValueError:
     )
 
 
+def _said_failed_fits(search: GridSearchCV, caught: list, name: str, args) -> bool:
+    """Say in one line each setting of ``search`` whose fit failed in some folds (it scores
+    NaN there, which leaves it out of the choice), with the error (in mr2-probe's options)
+    that scikit-learn's FitFailedWarning names, held in ``caught``: that warning held every
+    failure's traceback, on one line cut at 1,000 characters, before any error was named,
+    and was followed by a line per scorer of the NaN scores (which :func:`_show` then
+    leaves out, but under --debug). Returns whether any setting failed."""
+    results = search.cv_results_
+    failed = np.zeros(len(results["params"]), dtype=int)  # each setting's failed folds
+    for fold in range(search.n_splits_):
+        # A failed fit scores NaN in every column (error_score), its folds' count too.
+        scores = [results[k] for k in results if re.fullmatch(rf"split{fold}_test_.+", k)]
+        failed += np.isnan(np.asarray(scores, dtype=float)).all(axis=0)
+    errors = []
+    for warning in caught:
+        if not issubclass(warning.category, FitFailedWarning):
+            continue
+        # Its failures grouped by error, each group's traceback ending in its error's line,
+        # the only line that starts with a name and ': ' (the frames' lines are indented).
+        groups = re.split(r"\n\d+ fits? failed with the following error:", str(warning.message))
+        for group in groups[1:]:
+            lines = re.findall(r"^(?:[\w.]+\.)?\w+: (.+)$", group, re.MULTILINE)
+            errors += [_in_cli_terms(lines[-1], args)] if lines else []
+    errors = list(dict.fromkeys(errors))
+    # (which setting failed of which error, the warning does not say where errors differ)
+    why = f": {errors[0]}" if errors else ""
+    more = f"the first of the search's {len(errors)} errors; " if len(errors) > 1 else ""
+    for params, count in zip(results["params"], failed, strict=True):
+        if count:
+            setting = ", ".join(f"{k.removeprefix('probe__')}={v}" for k, v in params.items())
+            print(
+                f"mr2-probe: warning: {name}: {setting} failed in {count} of its "
+                f"{search.n_splits_} folds, left out of the choice (scored NaN there){why} "
+                f"({more}--debug shows the tracebacks)",
+                file=sys.stderr,
+            )
+    return bool(np.any(failed))
+
+
+def _show(caught: list, hide_failed_fits: bool = False) -> None:
+    """Show the warnings ``caught`` while a search ran, as they would have been shown;
+    with ``hide_failed_fits`` (said by :func:`_said_failed_fits`) without scikit-learn's
+    own of its failed fits: their FitFailedWarning and the NaN test scores' UserWarning."""
+    for warning in caught:
+        text = str(warning.message)
+        if hide_failed_fits and (
+            issubclass(warning.category, FitFailedWarning)
+            or text.startswith("One or more of the test scores are non-finite")
+        ):
+            continue
+        warnings.warn_explicit(
+            warning.message, warning.category, warning.filename, warning.lineno,
+            source=warning.source,
+        )  # fmt: skip
+
+
 def _front_terms(message) -> str:
     """A front fit's warning with its tilt as --tilt's (the estimator names class_tilt)."""
     return re.sub(r"\bclass_tilt=", "--tilt ", str(message))
@@ -424,12 +480,17 @@ def _fit(model, X, y, name: str, args, front: bool = False):
     on stderr, their advice in mr2-probe's options (``front``: a point of the front's, its
     tilt --tilt's)."""
     if isinstance(model, GridSearchCV):
-        with warnings.catch_warnings():  # (the filter reaches the workers too)
+        # (the filter reaches the workers too; the search's own warnings are held, and
+        # shown after it, but for its failed fits': see _said_failed_fits)
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("ignore", ConvergenceWarning)
             try:
                 model.fit(X, y)
             except ValueError as error:
+                _show(caught)
                 raise _all_fits_failed(error, name, args) from error
+        said = _said_failed_fits(model, caught, name, args)
+        _show(caught, hide_failed_fits=said and not args.debug)
         results = model.cv_results_
         folds = [results[k] for k in results if re.fullmatch(r"split\d+_test_stopped_short", k)]
         # The solver's own reason, where this process has it: the refit's.
