@@ -755,6 +755,9 @@ def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
             ["{d}/train.npz", "--test", "{d}/missing", "--test-labels", "{d}/y.npy"],
             "'{d}/missing' does not exist; check the path",
         ),
+        # A missing .npy without --labels was said to hold features only.
+        (["{d}/missing.npy"], "'{d}/missing.npy' does not exist; check the path"),
+        (["{d}/train.npz", "--test", "{d}/missing.npy"], "'{d}/missing.npy' does not exist"),
         # A file named as a folder (a '/' after its name) was said not to exist.
         (["{d}/train.npz/"], "'{d}/train.npz/' names the file '{d}/train.npz' as a folder: pass"),
         (["{d}/X.npy", "--labels", "{d}/y.npy/"], "names the file '{d}/y.npy' as a folder"),

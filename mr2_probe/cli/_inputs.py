@@ -142,6 +142,8 @@ def _load_xy(path: str, labels=None, labels_option: str = "--labels", stack=None
         X, y = _read(path, _load_npz)
         source = path
     else:
+        if not os.path.exists(path):  # (it was said to hold features only)
+            raise _not_there(path)
         if labels is None:
             what = (  # (a .npy under a .npz name, read as the .npy it is)
                 "holds one array, not a .npz archive of X and y"
