@@ -1,28 +1,16 @@
-"""Words for messages: what a path that cannot be read is, and a count's noun."""
+"""Words for messages: what a path that cannot be read is (mr2_probe._h5's why_missing,
+which mr2-probe's messages say too), and a count's noun; a path's leading ``~``."""
 
 from __future__ import annotations
 
-import errno
 import os
+
+from mr2_probe._h5 import why_missing  # noqa: F401
 
 
 def plural(n: int, word: str, words: str | None = None) -> str:
     """``word`` for one, else ``words`` (default: ``word`` + "s"): "1 image", "2 images"."""
     return word if n == 1 else words or word + "s"
-
-
-def why_missing(path: str) -> str:
-    """Why ``path``, which is not there to read, is not: "does not exist", or, for a
-    symbolic link, where its chain of links ends (a target that does not exist, named as
-    the chain reaches it) or that the chain is a loop."""
-    if not os.path.islink(path):
-        return "does not exist"
-    try:
-        os.stat(path)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            return "is a symbolic link in a loop of links"
-    return f"is a symbolic link to {os.path.realpath(path)!r}, which does not exist"
 
 
 def expand_home(path: str) -> str:

@@ -15,6 +15,7 @@ from mr2_probe._h5 import (
     file_named_as_folder,
     missing_external_file,
     short_external_file,
+    why_missing,
 )
 from mr2_probe._h5 import missing_virtual_source as _missing_virtual_source
 
@@ -167,10 +168,10 @@ def _open_for_reading(path: str | os.PathLike) -> h5py.File:
     problem = file_named_as_folder(text) if not os.path.exists(text) else None
     if problem:  # ('s1.h5/': "does not exist", beside the store s1.h5)
         raise NotAStoreError(f"The feature store path {text!r} {problem}.")
-    if not os.path.exists(text):
+    if not os.path.exists(text):  # (a link to a store moved away was said not to exist)
         raise StoreNotFoundError(
-            f"The feature store {text!r} does not exist; check the path, or write it with "
-            "mr2-extract."
+            f"The feature store {text!r} {why_missing(text)}; check the path, or write it "
+            "with mr2-extract."
         )
     problem = _not_hdf5(text)
     if problem:

@@ -1,8 +1,8 @@
 """HDF5 filters a dataset needs that this HDF5 cannot load, and external raw data files
 or virtual datasets' sources missing, for the errors of both the estimators' reads
 (``_data.read_h5``, ``check_h5_open``) and extract's stores (``extract._store.damaged``);
-and a file named as a folder, for the errors of both packages' readers (``load_features``,
-``mr2-probe``'s).
+and why a path to read is not there (a link to nothing, a file named as a folder), for the
+errors of both packages' readers (``load_features``, ``mr2-probe``'s).
 
 Light on purpose: no torch, scikit-learn or NumPy, and h5py only where it is called (with
 an h5py object, so it is there), as ``load_features`` imports neither torch nor
@@ -11,7 +11,22 @@ scikit-learn.
 
 from __future__ import annotations
 
+import errno
 import os
+
+
+def why_missing(path: str) -> str:
+    """Why ``path``, which is not there to read, is not: "does not exist", or, for a
+    symbolic link, where its chain of links ends (a target that does not exist, named as
+    the chain reaches it) or that the chain is a loop."""
+    if not os.path.islink(path):
+        return "does not exist"
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "is a symbolic link in a loop of links"
+    return f"is a symbolic link to {os.path.realpath(path)!r}, which does not exist"
 
 
 def file_named_as_folder(path) -> str | None:

@@ -1127,6 +1127,19 @@ def test_mistakes_end_in_one_line_and_status_2(files, stores, argv, message, cap
     assert message.format(d=files) in line
 
 
+@pytest.mark.parametrize("name", ["train.npz", pytest.param("store.h5", marks=NEEDS_H5), "y.npy"])
+def test_a_link_to_a_file_moved_away_is_said_to_be_one(files, stores, tmp_path, name, capsys):
+    # A symbolic link whose file was moved away was said not to exist, beside it.
+    link = tmp_path / f"link{Path(name).suffix}"
+    link.symlink_to(tmp_path / "moved" / name)
+    argv = [str(files / "X.npy"), "--labels", str(link)] if name == "y.npy" else [str(link)]
+    line = _refused(argv, capsys)
+    assert (
+        f"'{link}' is a symbolic link to '{tmp_path}/moved/{name}', which does not exist; check "
+        "the path"
+    ) in line
+
+
 def test_cs_needs_two_values_to_choose_from(files, capsys):
     # --Cs 1 "chose" its one value, C = 1e-4, and MR² predicted a single class.
     code, lines = _error([str(files / "train.npz"), "--Cs", "1"], capsys)

@@ -13,7 +13,7 @@ import numpy as np
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
 from .._data import block_rows, is_h5_dataset, read_h5
-from .._h5 import file_named_as_folder
+from .._h5 import file_named_as_folder, why_missing
 from ..front import OFFSETS_CV, check_offsets_folds
 from ._usage import UsageError, _few, _one_line
 
@@ -193,8 +193,9 @@ def _check_regular(path: str, labels_option: str | None) -> None:
 
 def _not_there(path: str) -> UsageError:
     """The error for a file to read that is not there: ``s1.npz/`` names the file s1.npz
-    as a folder (said not to exist, beside it)."""
-    return UsageError(f"{path!r} {file_named_as_folder(path) or 'does not exist; check the path'}")
+    as a folder (said not to exist, beside it); a link, where its chain of links ends."""
+    problem = file_named_as_folder(path) or f"{why_missing(path)}; check the path"
+    return UsageError(f"{path!r} {problem}")
 
 
 def _read(path: str, reader, labels_option: str | None = None):
