@@ -226,13 +226,20 @@ def check_finite_tensor(X: torch.Tensor, estimator_name: str) -> None:
 
 
 def reject_complex(X) -> None:
-    """Complex tensors and stores would lose their imaginary part in a cast: refuse them."""
+    """Complex tensors and stores would lose their imaginary part in a cast: refuse them;
+    and stores of no numbers (text, records), which failed a block into the fit in torch's
+    words ("can't convert np.ndarray of type numpy.bytes_")."""
     dtype = X.dtype if is_torch_tensor(X) else np.dtype(X.dtype)
     complex_ = X.is_complex() if is_torch_tensor(X) else dtype.kind == "c"
     if complex_:
         raise ValueError(
             f"Complex data not supported: X has dtype {dtype}. Pass real features, for "
             "example X.real, X.abs(), or the real and imaginary parts side by side."
+        )
+    if not is_torch_tensor(X) and dtype.kind not in "biuf":
+        raise ValueError(
+            f"X is an HDF5 dataset of dtype {dtype}, not numbers: the features must be real "
+            "numbers (floats, integers or booleans). Store them as such."
         )
 
 

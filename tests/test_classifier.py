@@ -954,6 +954,24 @@ def test_complex_input_is_refused(method, kind, tmp_path):
                 getattr(clf, method)(complex_X)
 
 
+@pytest.mark.parametrize("dtype", ["S1", "f4,f4"])
+@pytest.mark.parametrize("method", ["fit", "predict"])
+def test_an_hdf5_dataset_of_no_numbers_is_refused(method, dtype, tmp_path):
+    # Text, or records: torch's TypeError ("can't convert np.ndarray of type numpy.bytes_")
+    # a block into the fit, where an array's is scikit-learn's ValueError.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    clf = MR2LinearClassifier(device="cpu").fit(X[:, :2], y)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        stored = f.create_dataset("X", (40, 2), dtype=dtype)
+        message = f"X is an HDF5 dataset of dtype {re.escape(str(stored.dtype))}, not numbers"
+        with pytest.raises(ValueError, match=message):
+            if method == "fit":
+                MR2LinearClassifier(device="cpu").fit(stored, y)
+            else:
+                clf.predict(stored)
+
+
 @pytest.mark.parametrize(
     "dtype, scale, params",
     [
