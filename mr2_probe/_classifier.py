@@ -1110,9 +1110,10 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             check_dense_tensor(X, type(self).__name__)
         if is_torch_tensor(X) or is_h5_dataset(X):
             validate_data(self, X, y, skip_check_array=True)
-            if len(X.shape) != 2:
+            if len(X.shape or ()) != 2:  # (None: an HDF5 dataset of an empty dataspace)
                 raise ValueError(
-                    f"Expected a 2D X of shape (n_samples, n_features), got shape {tuple(X.shape)}."
+                    "Expected a 2D X of shape (n_samples, n_features), got shape "
+                    f"{tuple(X.shape or ())}."
                 )
             if X.shape[0] < 1 or X.shape[1] < 1:
                 raise ValueError(
@@ -1241,9 +1242,11 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if is_torch_tensor(X):
             check_dense_tensor(X, type(self).__name__)
         if is_torch_tensor(X) or is_h5_dataset(X):
-            if len(X.shape) != 2:  # before the check of the features, which reads shape[1]
+            if len(X.shape or ()) != 2:  # before the check of the features (shape[1]); None:
+                # an HDF5 dataset of an empty dataspace (h5py.Empty)
                 raise ValueError(
-                    f"Expected a 2D X of shape (n_samples, n_features), got shape {tuple(X.shape)}."
+                    "Expected a 2D X of shape (n_samples, n_features), got shape "
+                    f"{tuple(X.shape or ())}."
                 )
             if X.shape[0] == 0:  # as check_array says it of NumPy rows
                 raise ValueError(

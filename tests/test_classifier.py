@@ -954,6 +954,21 @@ def test_complex_input_is_refused(method, kind, tmp_path):
                 getattr(clf, method)(complex_X)
 
 
+@pytest.mark.parametrize("method", ["fit", "predict"])
+def test_an_hdf5_dataset_of_an_empty_dataspace_is_refused_as_no_2d_x(method, tmp_path):
+    # h5py.Empty: shape None, a TypeError ("object of type 'NoneType' has no len()").
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    clf = MR2LinearClassifier(device="cpu").fit(X, y)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = h5py.Empty("f4")
+        with pytest.raises(ValueError, match=r"Expected a 2D X .*, got shape \(\)\."):
+            if method == "fit":
+                MR2LinearClassifier(device="cpu").fit(f["X"], y)
+            else:
+                clf.predict(f["X"])
+
+
 @pytest.mark.parametrize("dtype", ["S1", "f4,f4"])
 @pytest.mark.parametrize("method", ["fit", "predict"])
 def test_an_hdf5_dataset_of_no_numbers_is_refused(method, dtype, tmp_path):
