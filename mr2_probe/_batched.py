@@ -812,11 +812,12 @@ class BatchedPath:
         subnormal, C = 1e-320 say): their objective is NaN from the start, and they fail
         there as a fold's own fit does (FitDivergedError), instead of scoring a fit that
         could not move (chance). So do those where its square overflows (float64's
-        C = 1e-300 on iris, float32's 1e-30): a fold's own fit fails there too, its line
-        search's interpolation squaring slopes of that size (NaN coefficients). Where a fold's
-        own fit starts to fail depends on its data's gradient: just below that square's
-        overflow (float64's C = 6e-157 on iris's folds of 100 rows) the search fails a C
-        that its own fit stops at chance, which no search would choose anyway."""
+        C = 1e-300 on iris, float32's 1e-30): a float64 fold's own fit fails there too, its
+        line search's interpolation squaring slopes of that size (NaN coefficients). Where a
+        fold's own fit starts to fail depends on its data's gradient: just below that
+        square's overflow (float64's C = 6e-157 on iris's folds of 100 rows) the search fails
+        a C that its own fit stops at chance, which no search would choose anyway; so does
+        it a float32 one's down to C·Σw of about 1e-38 (its L-BFGS computes in float64)."""
         if self.batch.cosine:  # no penalty; a scale the dtype rounds to 0 (_scale_underflow)
             tiny = torch.finfo(self.batch.X.dtype).tiny
             return np.full(self.batch.n_folds, value < tiny)

@@ -493,6 +493,15 @@ class _LBFGS(torch.optim.LBFGS):
         torch.optim.Optimizer.add_param_group, "__wrapped__", torch.optim.Optimizer.add_param_group
     )
 
+    def _gather_flat_grad(self):
+        # The search direction, its memory and the line search's products in float64, as
+        # scipy's L-BFGS-B for scikit-learn's float32 fits: in float32 the square of a
+        # directional derivative overflowed (iris weighted 1e-20 warm-started from 1e-13,
+        # features scaled by 1e10) where the fit in float64 resolved. The steps are added
+        # to the parameters in their own dtype. (MPS has no float64: float32 there.)
+        flat = super()._gather_flat_grad()
+        return flat if flat.device.type == "mps" else flat.double()
+
 
 def closed_form_chunks(head, source):
     """Blocks (x, y, w, r) for a closed-form head: raw x, and for the cosine head the row

@@ -994,8 +994,6 @@ def test_an_hdf5_dataset_of_no_numbers_is_refused(method, dtype, tmp_path):
         (np.float64, 1e150, {"c_bar": None}),
         (np.float64, 1e200, {}),  # ‖x‖² overflows: NaN margins
         (np.float64, 1e200, {"lam": 0.5, "max_iter": 3}),
-        (np.float32, 1e10, {}),
-        (np.float32, 1e14, {"c_bar": None}),
         (np.float32, 1e18, {}),  # a RuntimeError escaped from L-BFGS
         (np.float32, 1e18, {"lam": 0.5, "max_iter": 3}),
         (np.float32, 1e30, {}),
@@ -1009,6 +1007,39 @@ def test_features_too_large_raise_instead_of_leaving_nan(dtype, scale, params):
         with pytest.raises(ValueError, match="features are too large. Scale them"):
             clf.fit((X * scale).astype(dtype), y)
     assert not hasattr(clf, "coef_")
+
+
+@pytest.mark.parametrize("scale, params", [(1e10, {}), (1e14, {"c_bar": None})])
+def test_float32_features_of_a_large_scale_fit_as_float64(scale, params):
+    # L-BFGS's line search took the products of float32 gradients in float32 and overflowed:
+    # "the features are too large", where the same rows in float64 fit. Its arithmetic is
+    # float64's, as scipy's L-BFGS-B is for scikit-learn's float32 fits.
+    X, y = _blobs()
+    fits = []
+    for dtype in (np.float32, np.float64):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # (as float64's, at 1e14)
+            clf = MR2LinearClassifier(random_state=0, device="cpu", **params)
+            fits.append(clf.fit((X * scale).astype(dtype), y))
+    assert fits[0].coef_.dtype == np.float32
+    largest = np.abs(fits[1].coef_).max()
+    np.testing.assert_allclose(fits[0].coef_, fits[1].coef_, rtol=0, atol=0.05 * largest)
+    np.testing.assert_array_equal(fits[0].predict(X * scale), fits[1].predict(X * scale))
+
+
+def test_a_warm_start_at_a_tiny_penalty_scale_does_no_worse_than_a_cold_fit():
+    # Float32 iris weighted 1e-20 (C·Σw = 1.5e-18): from coefficients of 1e-13 (a search's
+    # folds' mean, where its refit starts) the penalty's gradient, 1e4, times the step's
+    # overflowed float32 in the line search: FitDivergedError, where a cold fit stops at
+    # its start with a ConvergenceWarning.
+    X, y = load_iris(return_X_y=True)
+    X, w = X.astype(np.float32), np.full(len(y), 1e-20)
+    start = np.random.default_rng(0).normal(size=(3, 4)) * 1e-13
+    clf = MR2LinearClassifier(warm_start=True, device="cpu")
+    clf.coef_, clf.intercept_ = start, np.zeros(3)
+    with pytest.warns(ConvergenceWarning, match="C=1 and sample weights summing to 1.5e-18"):
+        clf.fit(X, y, sample_weight=w)
+    assert np.isfinite(clf.coef_).all() and np.abs(clf.coef_).max() < 1e-6
 
 
 @pytest.mark.parametrize("params", [{}, {"lam": 0.5, "max_iter": 3}, {"head": "cosine"}])
@@ -1029,7 +1060,6 @@ def test_nan_features_under_assume_finite_are_not_blamed_on_their_scale(params, 
 @pytest.mark.parametrize(
     "params, weight, dtype, named",
     [
-        ({"c_bar": 1e-10}, 1.0, np.float32, "with c_bar=1e-10"),
         ({"C": 1e-300}, 1.0, np.float64, "with C=1e-300 and sample weights summing to 60"),
         ({}, 1e-300, np.float64, "with C=1 and sample weights summing to 6e-299"),
         # These three blamed the features (iris-sized ones) too.
@@ -1046,7 +1076,6 @@ def test_nan_features_under_assume_finite_are_not_blamed_on_their_scale(params, 
             np.float32,
             "sample_weight × class_weight holds values up to 1e[+]39",
         ),
-        ({"head": "cosine", "scale": 1e30}, 1.0, np.float32, "with scale=1e[+]30"),
         # τ rounds to 0 in float32: the learning rate was blamed (loss not finite).
         ({"lam": 0.5, "tau": 1e-38, "max_iter": 5}, 1.0, np.float32, "with tau=1e-38"),
         # The margins (c̄ times K·a_k^{1/3} / Σ_j a_j^{1/3}, 1.05 for the hardest class here)
@@ -1069,6 +1098,21 @@ def test_an_extreme_parameter_is_named_not_blamed_on_the_features(params, weight
         with pytest.raises(ValueError, match=named) as info:
             MR2LinearClassifier(device="cpu", **params).fit(X, y, np.full(60, weight))
     assert "features" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "params, named",
+    [({"c_bar": 1e-10}, "c_bar=1e-10"), ({"head": "cosine", "scale": 1e30}, "scale=1e[+]30")],
+)
+def test_an_extreme_parameter_in_float32_warns_as_in_float64(params, named):
+    # The float32 fits overflowed in L-BFGS's line search, which computed in float32 (an
+    # error naming the parameter); in float64 they stop short of tol, and warn naming it.
+    X, y = np.random.RandomState(0).randn(60, 4), np.arange(60) % 3
+    for dtype in (np.float32, np.float64):
+        clf = MR2LinearClassifier(device="cpu", **params)
+        with pytest.warns(ConvergenceWarning, match=f"too steep to resolve: {named}"):
+            clf.fit(X.astype(dtype), y)
+        assert np.isfinite(clf.coef_).all()
 
 
 @pytest.mark.parametrize("c_bar", [1e-30, 1e-300])

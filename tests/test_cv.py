@@ -1128,6 +1128,19 @@ def test_refit_false_after_a_refit_leaves_no_refit_attributes():
         assert not hasattr(search, name)
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # C·Σw = 1.5e-18
+def test_a_refit_at_a_tiny_penalty_scale_does_not_fail_where_its_folds_did_not():
+    # Float32 iris weighted 1e-20: the refit started from the folds' mean coefficients
+    # (1e-13) and overflowed float32 in L-BFGS's line search (FitDivergedError), where a
+    # cold fit stops at its start.
+    X, y = load_iris(return_X_y=True)
+    X, w = X.astype(np.float32), np.full(len(y), 1e-20)
+    search = MR2LinearClassifierCV([1.0], cv=3, device="cpu").fit(X, y, sample_weight=w)
+    cold = MR2LinearClassifier(device="cpu").fit(X, y, sample_weight=w)
+    assert np.isfinite(search.coef_).all()
+    assert search.score(X, y) >= cold.score(X, y)
+
+
 def test_a_refit_false_search_predicts_with_its_head_even_pickled_without_head_():
     X, y = load_iris(return_X_y=True)
     search = MR2LinearClassifierCV([0.1, 1.0], cv=3, refit=False, device="cpu").fit(X, y)
@@ -2220,7 +2233,9 @@ def test_features_too_large_fail_a_search_at_once(tmp_path):
     X = rng.normal(size=(60, 5))
     X[:20] += 1
     X[20:40, 0] -= 1
-    X = (X * 4e15).astype(np.float32)  # (4e9 fits since the intercept takes their scale)
+    # (4e9 fits since the intercept takes their scale, float32's 4e15 since L-BFGS computes
+    # in float64, as float64's does)
+    X = X * 1e100
     with h5py.File(tmp_path / "x.h5", "w") as f:
         f["X"] = X
     search = MR2LinearClassifierCV([1e-4, 1.0, 1e30], cv=3, max_iter=50, device="cpu")
@@ -2252,10 +2267,12 @@ def test_a_c_whose_penalty_overflows_fails_on_every_path(lam, n_classes):
     assert search.class_accuracy_path_.shape == (3, 2, n_classes)
 
 
-@pytest.mark.parametrize("dtype, C", [(np.float64, 1e-300), (np.float32, 1e-30)])
+@pytest.mark.parametrize("dtype, C", [(np.float64, 1e-300), (np.float32, 1e-44)])
 def test_a_c_whose_penalty_squared_overflows_fails_as_a_single_fit_does(dtype, C):
     # 1/(C·Σw) finite but its square not (6.7e297 in float64): a single fit failed there
     # (FitDivergedError, its line search NaN), and the batched path scored it at chance.
+    # (A float32 single fit, whose L-BFGS computes in float64, fails where the penalty
+    # itself overflows float32: at C = 1e-30 it stops at its start, as in float64.)
     X, y = load_iris(return_X_y=True)
     X = X.astype(dtype)
     with pytest.raises(FitDivergedError):
