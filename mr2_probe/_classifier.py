@@ -773,9 +773,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if weight_sum <= 0:
             raise ValueError("The sum of sample weights must be positive.")
         largest, top = float(sample_weight.max()), torch.finfo(dtype).max
+        # (class_weight multiplies them: it may be the one to blame)
+        named = "sample_weight" if self.class_weight is None else "sample_weight × class_weight"
         if largest > top or weight_sum > top:  # (the sum: Σ w_i·ℓ_i overflows from the start)
-            # (class_weight multiplies them: it may be the one to blame)
-            named = "sample_weight" if self.class_weight is None else "sample_weight × class_weight"
             what = (
                 f"{named} holds values up to {largest:g}"
                 if largest > top
@@ -790,6 +790,21 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             )
             raise ValueError(
                 f"{what}, beyond the range of {_dtype_name(dtype)}, in which X is computed: " + same
+            )
+        if not torch.tensor(largest, dtype=dtype, device="cpu"):  # (whatever the default)
+            # Every weight rounds to 0 in X's dtype (float32's 1e-300): the fit failed on an
+            # overflow of L-BFGS's step, and a search's on "sample weights summing to 0".
+            same = (
+                "multiply them by a large factor and C by its inverse (the same "
+                "problem), and fit again."
+                if self.lam == 0
+                else "with lam > 0 the compactness loss counts a sample as w copies of "
+                "itself, so no larger weights make the same problem; use larger weights."
+            )
+            raise ValueError(
+                f"{named} holds values up to {largest:g}, which underflow to 0 in "
+                f"{_dtype_name(dtype)}, in which X is computed: every sample would weigh "
+                "nothing. Rescale the weights: " + same
             )
 
         y_t = to_tensor(y_index.astype(np.int64), device)

@@ -1865,6 +1865,21 @@ def test_a_penalty_whose_c_times_the_weights_underflows_to_0_is_refused_by_name(
         clf.fit(X, y, sample_weight=np.full(len(y), 1e-150))
 
 
+@pytest.mark.parametrize("weight", [1e-300, 1e-46])
+@pytest.mark.parametrize(
+    "estimator", [MR2LinearClassifier(), MR2LinearClassifierCV([1.0], cv=3)], ids=type
+)
+def test_weights_that_underflow_in_float32_are_refused_by_name(estimator, weight):
+    # Every weight is 0 in float32: the fit blamed an overflow of L-BFGS's step, and the
+    # search "sample weights summing to 0" (which they do not, as given).
+    X, y = load_iris(return_X_y=True)
+    named = f"up to {weight:g}, which underflow to 0 in float32.*Rescale the weights: multiply"
+    with pytest.raises(ValueError, match=named + " them by a large factor and C by its inverse"):
+        clone(estimator).set_params(device="cpu").fit(
+            X.astype(np.float32), y, sample_weight=np.full(len(y), weight)
+        )
+
+
 def test_a_projection_s_penalty_that_diverges_is_named_beside_the_learning_rate():
     # 1,000 standardised features, 50 samples, C = 1e-6: Adam moves each of the 10⁶
     # entries of P by about its step, and ½‖P − I‖²/(C·Σw) took the loss from 2.3 to
