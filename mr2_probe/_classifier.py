@@ -205,6 +205,11 @@ def _floating(X):
         return X if X.dtype in (torch.float32, torch.float64) else X.float()
     dtype = getattr(X, "dtype", None)
     dtypes = getattr(X, "dtypes", None)  # a DataFrame's, one per column
+    if dtype is None and dtypes is not None and not len(dtypes) and hasattr(X, "shape"):
+        # A DataFrame without columns: check_array's np.result_type of no dtypes failed
+        # ("at least one array or dtype is required"), where an array of that shape is
+        # refused for its 0 features.
+        return np.empty(X.shape)
     if dtype is None and dtypes is not None and len(dtypes):
         # check_array made float16 columns float64 (float16 is neither of its dtypes),
         # where the same rows as an array, a tensor or a store train in float32

@@ -2412,6 +2412,22 @@ def test_training_data_without_rows_or_features_is_refused(tmp_path, kind, shape
         MR2LinearClassifier(device="cpu").fit(data, y)
 
 
+@pytest.mark.parametrize("method", ["fit", "predict", "predict_proba", "decision_function"])
+def test_a_dataframe_without_columns_is_refused_for_its_0_features(method):
+    # check_array failed on its dtypes, "at least one array or dtype is required", where
+    # an array of that shape is refused for its 0 features.
+    pd = pytest.importorskip("pandas")
+    X, y = _blobs(n=12)
+    empty = pd.DataFrame(index=range(12))
+    message = r"Found array with 0 feature\(s\) \(shape=\(12, 0\)\) while a minimum of 1"
+    clf = MR2LinearClassifier(device="cpu")
+    with pytest.raises(ValueError, match=message):
+        if method == "fit":
+            clf.fit(empty, y)
+        else:
+            getattr(clf.fit(X, y), method)(empty)
+
+
 @pytest.mark.parametrize("shape", [(6,), (6, 2, 2)])
 def test_training_tensors_that_are_not_2d_are_refused(shape):
     # A tensor X that is not 2-D is refused with the documented ValueError, not an IndexError
