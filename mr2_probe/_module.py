@@ -19,6 +19,7 @@ from ._stats import (
     ClassStats,
     centred_sum,
     compactness_tau,
+    float32_at_least,
     mean_spread,
     moments_margins,
     moments_statistics,
@@ -63,7 +64,9 @@ class MR2Loss(nn.Module):
     statistics of its own batches. A batch with a non-finite feature (on any rank, when
     synchronised) is left out of the running moments, and a class whose batch loss is not
     finite out of the class losses that the tilt tracks. The running sums stay in float32
-    at least, with their values, when the module is cast to half precision. Targets are
+    at least, with their values, when the module is cast to half precision; the margin
+    cross-entropy of half-precision logits is computed, and returned, in float32 (as
+    autocast runs cross_entropy), and logits that are not floating point are refused. Targets are
     class indices of any integer dtype (no soft targets, label smoothing or
     ``ignore_index``: leave the samples out of the batch); a batch that is refused (wrong
     shapes, targets out of range) leaves the statistics as they were. The state dict
@@ -445,6 +448,14 @@ class MR2Loss(nn.Module):
                 f"logits (B, {self.n_classes}), features (B, {d}) and targets (B,); got shapes "
                 f"{tuple(logits.shape)}, {tuple(features.shape)} and {tuple(target.shape)}."
             )
+        if logits is not None and not logits.is_floating_point():
+            # (torch.finfo's TypeError, "requires a floating point input type", said nothing
+            # of the logits; cross_entropy refuses them too)
+            raise TypeError(
+                f"logits must be floating point, got {logits.dtype}: they are a model's "
+                "outputs, which the cross-entropy differentiates. Pass them as the model "
+                "computes them, or cast them (logits.float())."
+            )
         _check_indices(target)  # float targets were truncated to classes, without a word
         if target.device.type == "cpu" and len(target):
             # torch has no min or max of uint16, uint32 or uint64: NumPy's, on the values
@@ -463,6 +474,9 @@ class MR2Loss(nn.Module):
     ) -> torch.Tensor:
         """Loss for a batch: logits (B, K), representation φ (B, d), targets (B,)."""
         target = self._check_batch(logits, features, target)
+        # The margin cross-entropy in float32 at least, as autocast runs cross_entropy: in
+        # float16, z / γ passed 65504 (logits of 9 at c̄ = 1e-4) and the loss was NaN.
+        logits = float32_at_least(logits)
         self._check_c_bar(self.moment_sum.dtype, logits.dtype)  # before the batch is folded
         if self.lam > 0:
             self._check_compactness(torch.promote_types(features.dtype, torch.float32))

@@ -588,7 +588,6 @@ def test_mr2_loss_refuses_invalid_settings(kwargs, match):
         (1e-300, torch.float32, torch.float32),  # margins 0: the loss was NaN
         (1e39, torch.float32, torch.float32),  # margins inf: the cross-entropy was log K
         (1e-300, torch.float64, torch.float32),  # margins cast to the logits' dtype
-        (1e-5, torch.float32, torch.float16),  # below float16's smallest normal number
     ],
 )
 def test_mr2_loss_refuses_a_c_bar_beyond_the_range_of_its_margins(c_bar, dtype, logits_dtype):
@@ -604,6 +603,30 @@ def test_mr2_loss_refuses_a_c_bar_beyond_the_range_of_its_margins(c_bar, dtype, 
     if dtype == logits_dtype:  # the margins asked for alone are refused too
         with pytest.raises(ValueError, match=re.escape(f"c_bar={c_bar:g} is out of the range")):
             criterion.margins()
+
+
+@pytest.mark.parametrize("c_bar", [1e-4, 8e-5, 1e-5])
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_mr2_loss_of_half_precision_logits_is_computed_in_float32(c_bar, half):
+    # z / γ of float16 logits passed 65504 at c̄ = 1e-4 (logits of about 9): the loss was
+    # NaN; below float16's smallest normal number (1e-5) c̄ was refused. As autocast runs
+    # cross_entropy, in float32: the loss of the same logits in float32.
+    gen = torch.Generator().manual_seed(0)
+    features, target = torch.randn(16, 5, generator=gen), torch.arange(16) % 4
+    logits = (torch.randn(16, 4, generator=gen) * 3).to(half)
+    value = MR2Loss(4, 5, c_bar=c_bar)(logits, features, target)
+    expected = MR2Loss(4, 5, c_bar=c_bar)(logits.float(), features, target)
+    assert value.dtype == torch.float32 and torch.isfinite(value)
+    torch.testing.assert_close(value, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.bool])
+def test_mr2_loss_refuses_logits_that_are_not_floating_point(dtype):
+    # torch.finfo's TypeError ("requires a floating point input type") named no argument.
+    criterion = MR2Loss(3, 4)
+    with pytest.raises(TypeError, match=f"logits must be floating point, got {dtype}"):
+        criterion(torch.ones(6, 3, dtype=dtype), torch.randn(6, 4), torch.arange(6) % 3)
+    assert not criterion.initialised.any()  # the batch was not folded in
 
 
 def test_mr2_loss_takes_an_extreme_tau_without_a_compactness_term():
