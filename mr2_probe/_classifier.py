@@ -233,8 +233,8 @@ def _check_dtypes(X):
 
     check_array reads no dtype from such a frame and made it float64 (polars' Float16 and
     Float32 alike), where a pandas DataFrame of the same columns trains in float32. The
-    columns are read through narwhals, scikit-learn's own from its version 1.8: without it
-    (scikit-learn 1.6 or 1.7 alone) such a frame trains in float64, as before.
+    columns are read through narwhals, scikit-learn's own from its version 1.8; without it
+    (scikit-learn 1.6 or 1.7 alone) from the frame's ``schema`` (:func:`_schema_floats`).
     """
     either = [np.float64, np.float32]
     if getattr(X, "dtype", None) is not None:
@@ -242,7 +242,7 @@ def _check_dtypes(X):
     try:
         import narwhals.stable.v2 as nw  # scikit-learn's own, from its version 1.8
     except ImportError:
-        return either
+        return np.float32 if _schema_floats(X) else either
     if nw.dependencies.is_pandas_like_dataframe(X):  # check_array reads its dtypes
         return either
     frame = nw.from_native(X, eager_only=True, pass_through=True)
@@ -254,6 +254,22 @@ def _check_dtypes(X):
     if all(d in floats for d in frame.schema.values()):
         return np.float32
     return either
+
+
+# The names of float16 and float32 types in a polars DataFrame's schema (Float16, Float32)
+# and a pyarrow Table's (halffloat, float), lower-cased.
+_HALF_OR_SINGLE = frozenset({"float16", "float32", "halffloat", "float"})
+
+
+def _schema_floats(X) -> bool:
+    """Whether X has a ``schema`` (a polars DataFrame's, name → dtype, or a pyarrow Table's,
+    with ``types``) of columns that are all float16 or float32: where narwhals is missing
+    (scikit-learn 1.6 and 1.7 come without it) such frames trained in float64."""
+    schema = getattr(X, "schema", None)
+    types = getattr(schema, "types", None)  # pyarrow's
+    if types is None and callable(getattr(schema, "values", None)):  # polars'
+        types = list(schema.values())
+    return bool(types) and all(str(t).lower() in _HALF_OR_SINGLE for t in types)
 
 
 def _finite_block(block, dtype, estimator_name):

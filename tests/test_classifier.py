@@ -1500,6 +1500,30 @@ def test_a_pyarrow_table_trains_under_a_narwhals_without_float16(monkeypatch, dt
     assert clf.predict(_frame("pyarrow", X.astype(dtype))).shape == y.shape
 
 
+@pytest.mark.parametrize("dtype, expected", [(np.float16, np.float32), (np.float32, np.float32),
+                                             (np.float64, np.float64)])  # fmt: skip
+@pytest.mark.parametrize("frame", ["polars", "pyarrow"])
+def test_a_frame_trains_in_float32_without_narwhals(monkeypatch, frame, dtype, expected):
+    # scikit-learn 1.6 and 1.7 come without narwhals: polars and pyarrow frames of float16
+    # or float32 columns trained in float64 there (their schema is read instead).
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_narwhals(name, globals=None, *args, **kwargs):  # in mr2_probe's modules only
+        if name.startswith("narwhals") and (globals or {}).get("__name__", "").startswith(
+            "mr2_probe"
+        ):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, globals, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_narwhals)
+    X, y = _blobs()
+    clf = MR2LinearClassifier(device="cpu").fit(_frame(frame, X.astype(dtype)), y)
+    assert clf.coef_.dtype == expected
+    assert clf.score(_frame(frame, X.astype(dtype)), y) > 0.9
+
+
 def test_warm_start_with_a_new_projection_rank_starts_afresh(digits):
     X, y = digits
     clf = MR2LinearClassifier(
