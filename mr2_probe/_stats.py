@@ -193,7 +193,11 @@ def class_statistics_chunked(
             counts.index_add_(0, y, w)
     if sums is None:  # no chunk at all: no class present, as for a chunk of no rows
         sums, counts = torch.zeros(n_classes, n_features), torch.zeros(n_classes)
-    mean = sums / counts.clamp_min(torch.finfo(sums.dtype).tiny)[:, None]  # (K, d)
+    # A class without weight divides by 1 (its statistics 0); a subnormal weight sum by
+    # itself: clamped to the smallest normal number, float32's weights of 1e-40 made the
+    # class means 0.43 times their value (at C = 1e40, an ordinary problem).
+    denom = torch.where(counts > 0, counts, torch.ones_like(counts))
+    mean = sums / denom[:, None]  # (K, d)
 
     spread_p = torch.zeros_like(counts)
     spread_2 = torch.zeros_like(counts)
@@ -207,7 +211,6 @@ def class_statistics_chunked(
         sq2 = torch.linalg.vector_norm(diff, dim=-1).square()
         spread_2.index_add_(0, y, sq2 * w)
         spread_p.index_add_(0, y, (sq2 if p == 2 else lp_norm_sq(diff, p, overwrite=True)) * w)
-    denom = counts.clamp_min(torch.finfo(counts.dtype).tiny)
     return ClassStats(mean, spread_p / denom, spread_2 / denom, counts)
 
 

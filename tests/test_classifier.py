@@ -1904,6 +1904,21 @@ def test_weights_that_underflow_in_float32_are_refused_by_name(estimator, weight
         )
 
 
+def test_class_stats_of_subnormal_float32_weights_are_float64_s():
+    # Weights of 1e-40 with C = 1e40 (C·Σw = 150, an ordinary problem): the float32 fit's
+    # class means were 0.43 times float64's (weight sums clamped up to float32's tiny).
+    X, y = load_iris(return_X_y=True)
+    fits = [
+        MR2LinearClassifier(C=1e40, device="cpu").fit(X.astype(dtype), y, np.full(len(y), 1e-40))
+        for dtype in (np.float32, np.float64)
+    ]
+    for name in ("mean", "msd"):
+        np.testing.assert_allclose(
+            fits[0].class_stats_[name], fits[1].class_stats_[name], rtol=1e-4
+        )
+    np.testing.assert_allclose(fits[0].margins_, fits[1].margins_, rtol=1e-4)
+
+
 def test_a_projection_s_penalty_that_diverges_is_named_beside_the_learning_rate():
     # 1,000 standardised features, 50 samples, C = 1e-6: Adam moves each of the 10⁶
     # entries of P by about its step, and ½‖P − I‖²/(C·Σw) took the loss from 2.3 to

@@ -62,6 +62,20 @@ def test_chunked_statistics_apply_the_transform_in_both_passes(p):
     np.testing.assert_allclose(stats.count.numpy(), count)
 
 
+@pytest.mark.parametrize("weight", [1e-40, 1e-44])
+def test_statistics_of_subnormal_weights_are_those_of_the_weights_scaled_up(weight):
+    # Weight sums below float32's smallest normal number were clamped up to it: weights
+    # of 1e-40 (at C = 1e40, an ordinary fit) made the class means 0.43 times their value.
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 3, generator=gen) + 5, torch.arange(40) % 2
+    tiny = _stats.class_statistics(x, y, 2, 2.0, torch.full((40,), weight))
+    ones = _stats.class_statistics(x, y, 2, 2.0, torch.ones(40))
+    # (subnormal weights keep 3 to 17 bits: the products w·x round in their last)
+    rtol = 1e-5 if weight == 1e-40 else 1e-2
+    torch.testing.assert_close(tiny.mean, ones.mean, rtol=rtol, atol=0)
+    torch.testing.assert_close(tiny.msd, ones.msd, rtol=20 * rtol, atol=0)
+
+
 def test_mean_spread_without_any_present_class_is_zero():
     # Kills: dropping clamp_min(1) in mean_spread's denominator (0 / 0 = NaN, and a NaN
     # compactness temperature) when every sample has zero weight.
