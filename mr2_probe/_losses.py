@@ -15,6 +15,7 @@ from ._stats import (
     class_statistics,
     float32_at_least,
     mean_spread,
+    weight_divisor,
 )
 
 
@@ -225,7 +226,7 @@ def compactness_loss(
         share = 1.0 / same.sum(1).to(loss.dtype)  # (B,)
     else:
         class_weight = same.to(loss.dtype) @ weight  # W_{y_i} (B,)
-        share = weight / class_weight.clamp_min(torch.finfo(loss.dtype).tiny)
+        share = weight / weight_divisor(class_weight)
     return (loss * share).sum() / share.sum().clamp_min(1.0)
 
 

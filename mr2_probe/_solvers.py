@@ -42,6 +42,7 @@ from ._stats import (
     intercept_scale,
     mean_spread,
     overall_mean,
+    weight_divisor,
 )
 
 
@@ -102,12 +103,12 @@ class ClassRisk:
 
     def class_loss(self, loss_sums: torch.Tensor) -> torch.Tensor:
         """L_k from Σ_{i∈k} w_i ℓ_i (0 for classes without weight)."""
-        return loss_sums / self.class_weight.clamp_min(torch.finfo(loss_sums.dtype).tiny)
+        return loss_sums / weight_divisor(self.class_weight)
 
     def risk(self, class_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """R_t and the per-sample factor f_k = q_k / S_k that weights w_i·ℓ_i in ∇R_t."""
         risk, q = tilted_class_risk(class_loss, self.share, self.tilt)
-        factor = q / self.class_weight.clamp_min(torch.finfo(q.dtype).tiny)
+        factor = q / weight_divisor(self.class_weight)
         return risk, factor
 
     def weights(self, class_loss: torch.Tensor) -> torch.Tensor:
@@ -729,10 +730,10 @@ def fit_minibatch(
                 batch = torch.zeros_like(sums).index_add_(0, y, each.detach() * w)
                 sums += batch
                 seen = torch.zeros_like(sums).index_add_(0, y, w)
-                fresh = batch / seen.clamp_min(torch.finfo(batch.dtype).tiny)
+                fresh = batch / weight_divisor(seen)
                 # The window: TILT_WINDOW samples of the mean weight, at most the class.
                 window = risk.class_weight.clamp(max=TILT_WINDOW * weight_sum / source.n_samples)
-                rate = (seen / window.clamp_min(torch.finfo(seen.dtype).tiny)).clamp(max=1.0)
+                rate = (seen / weight_divisor(window)).clamp(max=1.0)
                 class_loss = torch.where(seen > 0, class_loss.lerp(fresh, rate), class_loss)
                 factor = risk.risk(class_loss)[1]  # q_k / S_k (K,)
                 data = (each * (w * factor[y])).sum() * (source.n_samples / len(y))

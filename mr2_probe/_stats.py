@@ -90,6 +90,13 @@ def float32_at_least(features: torch.Tensor) -> torch.Tensor:
     return features
 
 
+def weight_divisor(weight: torch.Tensor) -> torch.Tensor:
+    """Weight sums to divide by: themselves where positive, subnormal ones included, and 1
+    where 0 (whatever is divided is 0 there). Clamped up to the dtype's smallest normal
+    number instead, float32's weights of 1e-40 gave quotients 0.4 times their value."""
+    return torch.where(weight > 0, weight, torch.ones_like(weight))
+
+
 def class_indices(labels: torch.Tensor) -> torch.Tensor:
     """Integer class indices as int64, which torch's indexing reads as indices: a uint8
     tensor would index as a boolean mask (torch.from_numpy of uint8 labels), and index_add_
@@ -193,10 +200,9 @@ def class_statistics_chunked(
             counts.index_add_(0, y, w)
     if sums is None:  # no chunk at all: no class present, as for a chunk of no rows
         sums, counts = torch.zeros(n_classes, n_features), torch.zeros(n_classes)
-    # A class without weight divides by 1 (its statistics 0); a subnormal weight sum by
-    # itself: clamped to the smallest normal number, float32's weights of 1e-40 made the
-    # class means 0.43 times their value (at C = 1e40, an ordinary problem).
-    denom = torch.where(counts > 0, counts, torch.ones_like(counts))
+    # (float32's weights of 1e-40, at C = 1e40 an ordinary problem, made the class means
+    # 0.43 times their value)
+    denom = weight_divisor(counts)
     mean = sums / denom[:, None]  # (K, d)
 
     spread_p = torch.zeros_like(counts)

@@ -1086,6 +1086,20 @@ def test_compactness_is_exact_in_float32_beside_a_far_row_of_another_class():
     torch.testing.assert_close(distances, torch.tensor([[0.0, 25, 1], [25, 0, 20], [1, 20, 0]]))
 
 
+def test_compactness_mean_of_subnormal_float32_weights_is_float64_s():
+    # The mean weighs sample i by w_i / W_{y_i}: class sums W below float32's smallest
+    # normal number were clamped up to it, and the shares of weights of 1e-40 summed to
+    # less than 1: half of float64's loss. (τ small enough that the loss, whose partners
+    # count as w copies, shows above float32's rounding.)
+    features, labels, _ = _data(5, n=30)
+    weight = torch.tensor([1, 2, 3] * 10, dtype=torch.float64) * 1e-40
+    losses = [
+        compactness_loss(features.to(dtype), labels, 0.0, 0.05, sample_weight=weight.to(dtype))
+        for dtype in (torch.float32, torch.float64)
+    ]
+    torch.testing.assert_close(losses[0].double(), losses[1], rtol=1e-4, atol=0)
+
+
 def test_compactness_is_exact_in_float32_beside_a_far_row_of_weight_zero_in_the_class():
     # A row of weight 0 takes no part, its distance from its class's rows included: each
     # row is taken relative to the first row of its class of positive weight. Relative to

@@ -43,6 +43,24 @@ def _fit(**params):
 
 
 # ----------------------------------------------------------------- the risk itself
+
+
+@pytest.mark.parametrize("solver", ["lbfgs", "adam"])
+def test_a_tilt_of_subnormal_float32_weights_is_float64_s(solver):
+    # Weights of 1e-40 with C = 1e39 (C·Σw = 10, the problem of C = 0.1 at weights 1):
+    # their class sums S_k, below float32's smallest normal number, were clamped up to it,
+    # and the class losses L_k = Σ w·ℓ / S_k taken 0.4 times their value.
+    X, y = _uneven(n=100)
+    fits = [
+        _fit(C=1e39, class_tilt=2.0, solver=solver, max_iter=50).fit(
+            X.astype(dtype), y, np.full(len(y), 1e-40)
+        )
+        for dtype in (np.float32, np.float64)
+    ]
+    np.testing.assert_allclose(fits[0].class_losses_, fits[1].class_losses_, rtol=1e-3)
+    np.testing.assert_allclose(fits[0].tilt_weights_, fits[1].tilt_weights_, rtol=1e-3)
+
+
 def test_tilted_risk_limits():
     loss = torch.tensor([0.2, 1.5, 0.7], dtype=torch.float64)
     share = torch.tensor([0.5, 0.2, 0.3], dtype=torch.float64)
