@@ -459,8 +459,9 @@ def update_moments(
         The new sums; ``moments`` is left as it was.
     """
     n_classes, n_features = moments.sum.shape
-    labels = class_indices(labels)
     _check_chunk(features, labels, None, n_features)  # (index_add_'s errors said little)
+    _check_class_indices(labels, n_classes)
+    labels = class_indices(labels)
     features = features.to(moments.sum.dtype)
     new = features.new_zeros
     batch = new(n_classes, n_features + 2)  # counts, Σ‖φ‖², Σφ: one tensor to reduce
@@ -501,6 +502,26 @@ def update_moments(
         decay * moments.dev_2 + dev_2,
         decay * centred_sum(moments) + dev[:, 2] + between,
     )
+
+
+def _check_class_indices(labels: torch.Tensor, n_classes: int) -> None:
+    """Refuse labels that are no class indices in ``[0, n_classes)`` before index_add_ takes
+    them (its "index out of range in self" and "Expected dtype int32/int64 for index" named
+    neither the labels nor the classes); their range on the CPU alone, where reading it
+    costs no synchronisation."""
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(f"labels must be class indices (integers), got {labels.dtype}.")
+    if labels.device.type == "cpu" and len(labels):
+        # torch has no min or max of uint16, uint32 or uint64: NumPy's, on the values as
+        # given (as int64, the largest uint64 wrap to negative numbers).
+        wide = labels.dtype in (torch.uint16, torch.uint32, torch.uint64)
+        values = labels.numpy() if wide else labels
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high >= n_classes:
+            raise ValueError(
+                f"Label {low if low < 0 else high} is out of bounds: the classes are "
+                f"0..{n_classes - 1}."
+            )
 
 
 def centred_sum(moments: ClassMoments) -> torch.Tensor:

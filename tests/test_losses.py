@@ -1330,6 +1330,25 @@ def test_an_older_state_s_spread_is_never_negative():
     assert float(moments_statistics(moments).msd.min()) == 0.0
 
 
+@pytest.mark.parametrize("labels, error, match", [
+    # index_add_'s "index out of range in self" and "Expected dtype int32/int64 for index"
+    (torch.tensor([0, 1, 3]), ValueError, "Label 3 is out of bounds: the classes are 0..2"),
+    (torch.tensor([0, -1, 2]), ValueError, "Label -1 is out of bounds: the classes are 0..2"),
+    (torch.tensor([0, 2**63 + 5], dtype=torch.uint64), ValueError, f"Label {2**63 + 5} is out"),
+    (torch.tensor([0, 2], dtype=torch.uint16), None, None),
+    (torch.tensor([0.0, 1.0, 2.0]), TypeError, "class indices .*, got torch.float32"),
+    (torch.tensor([True, False, True]), TypeError, "class indices .*, got torch.bool"),
+])  # fmt: skip
+def test_update_moments_refuses_labels_that_are_no_class_indices(labels, error, match):
+    features = torch.randn(len(labels), 2)
+    if error is None:  # (wide unsigned labels in range are taken)
+        moments = update_moments(ClassMoments.zeros(3, 2), features, labels)
+        assert moments.count.tolist() == [1.0, 0.0, 1.0]
+        return
+    with pytest.raises(error, match=match):
+        update_moments(ClassMoments.zeros(3, 2), features, labels)
+
+
 def test_overall_mean_weighs_each_class_by_its_samples():
     from mr2_probe._stats import class_statistics, overall_mean
 
