@@ -181,15 +181,21 @@ def classwise_report(
     predictions = {name: _predictions(name, model, X) for name, model in models.items()}
     _check_no_nan("y", np.asarray(y))  # named as the caller knows it, before labels meet it
     labels = np.unique(y) if labels is None else _class_order(labels, y)
+    per_class = {}
+    for name, pred in predictions.items():
+        try:
+            per_class[name] = per_class_accuracy(y, pred, labels)
+        except ValueError as error:  # it says y_pred, not which model's predictions
+            raise ValueError(
+                f"The predictions of model {name!r} cannot be scored against y: {error}"
+            ) from None
     groups = class_groups(y, predictions[reference], labels)
     return ClasswiseReport(
         reference=reference,
         labels=_as_text((labels.astype(str) if labels.dtype.kind in "mM" else labels).tolist()),
         groups=list(groups.values()),
         rows={name: classwise_summary(y, pred, groups) for name, pred in predictions.items()},
-        per_class={
-            name: per_class_accuracy(y, pred, labels).tolist() for name, pred in predictions.items()
-        },
+        per_class={name: accuracy.tolist() for name, accuracy in per_class.items()},
     )
 
 

@@ -59,6 +59,19 @@ def test_errors(models, kwargs, message):
         classwise_report(models, Y, **kwargs)
 
 
+@pytest.mark.parametrize("predictions, match", [
+    (Y[:5], r"must have the same shape, got \(6,\) and \(5,\)"),
+    (np.arange(6), r"Mix of label input types \(str and number\)"),
+    (np.array([Y, Y]), r"y should be a 1d array, got an array of shape \(2, 6\)"),
+    (np.array([*Y[:5], None], dtype=object), r"Mix of label input types \(str and None\)"),
+])  # fmt: skip
+def test_predictions_that_cannot_be_scored_name_their_model(predictions, match):
+    # Among several models, the errors said "y_pred" without naming whose predictions.
+    models = {**MODELS, "tilt": predictions}
+    with pytest.raises(ValueError, match=f"The predictions of model 'tilt' cannot be .*{match}"):
+        classwise_report(models, Y)
+
+
 def test_text_table_rows(report):
     lines = report.to_text().splitlines()
     assert lines[0].split() == ["model", *COLUMNS]
