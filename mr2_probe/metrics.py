@@ -51,39 +51,20 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
             f"y_true and y_pred must have the same shape, got {y_true.shape} and {y_pred.shape}."
         )
 
-    # scikit-learn's check (float labels stay allowed): strings against numbers would
-    # otherwise score every class 0.
-    def kinds_of(a):  # by dtype, or by value where it holds objects; none when empty
-        if a.size == 0:
-            return set()
-        if a.dtype != object:
-            return {{"U": str, "S": bytes}.get(a.dtype.kind, float)}
-        # None (a missing label) is a kind of its own: counted as a number, the message
-        # sent a user looking for numbers that were not there.
-        # pandas' missing value, pd.NA, counts as None does.
-        return {
-            type(v) if isinstance(v, str | bytes | None) else type(None) if _is_na(v) else float
-            for v in set(a.tolist())
-        }
-
-    def mix(kinds):  # "bytes and str": the kinds found, not always strings against numbers
-        names = [name for kind, name in _KIND_NAMES.items() if kind in kinds]
-        return f"Mix of label input types ({', '.join(names[:-1])} and {names[-1]})"
-
     for name, a in (("y_true", y_true), ("y_pred", y_pred)):
         _check_no_nan(name, a)
-    kinds = kinds_of(y_true) | kinds_of(y_pred)
+    kinds = _kinds_of(y_true) | _kinds_of(y_pred)
     if len(kinds) > 1:
         raise ValueError(
-            f"{mix(kinds)}: y_true holds {y_true.dtype} labels and y_pred {y_pred.dtype} labels."
+            f"{_mix(kinds)}: y_true holds {y_true.dtype} labels and y_pred {y_pred.dtype} labels."
         )
     given = labels is not None  # (np.unique's own classes are each there once)
     labels = np.asarray(labels) if given else np.unique(y_true)
     if labels.ndim != 1 or (len(labels) == 0 and len(y_true)):
         raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
-    if len(kinds | kinds_of(labels)) > 1:  # every class would be scored NaN
+    if len(kinds | _kinds_of(labels)) > 1:  # every class would be scored NaN
         raise ValueError(
-            f"{mix(kinds | kinds_of(labels))}: labels holds {labels.dtype} labels and y_true "
+            f"{_mix(kinds | _kinds_of(labels))}: labels holds {labels.dtype} labels and y_true "
             f"{y_true.dtype} labels."
         )
     if given:
@@ -105,6 +86,43 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
 
 #: Name of each kind of label, in the order a message lists them.
 _KIND_NAMES = {bytes: "bytes", str: "str", float: "number", type(None): "None"}
+
+
+# scikit-learn's check (float labels stay allowed): strings against numbers would
+# otherwise score every class 0.
+def _kinds_of(a: np.ndarray) -> set:
+    """The kinds of label ``a`` holds: by dtype, or by value where it holds objects; none
+    when empty."""
+    if a.size == 0:
+        return set()
+    if a.dtype != object:
+        return {{"U": str, "S": bytes}.get(a.dtype.kind, float)}
+    # None (a missing label) is a kind of its own: counted as a number, the message
+    # sent a user looking for numbers that were not there.
+    # pandas' missing value, pd.NA, counts as None does.
+    return {
+        type(v) if isinstance(v, str | bytes | None) else type(None) if _is_na(v) else float
+        for v in set(a.tolist())
+    }
+
+
+def _mix(kinds: set) -> str:
+    """The start of the message on a mix, "Mix of label input types (bytes and str)": the
+    kinds found, not always strings against numbers."""
+    names = [name for kind, name in _KIND_NAMES.items() if kind in kinds]
+    return f"Mix of label input types ({', '.join(names[:-1])} and {names[-1]})"
+
+
+def _classes(y, name: str = "y_true") -> np.ndarray:
+    """The sorted classes of the labels ``y``, once they are checked to hold no NaN and one
+    kind of label: np.unique of a mix failed with "'<' not supported between instances of
+    'int' and 'str'"."""
+    y = np.asarray(y)
+    _check_no_nan(name, y)
+    kinds = _kinds_of(y)
+    if len(kinds) > 1:
+        raise ValueError(f"{_mix(kinds)} in {name}.")
+    return np.unique(y)
 
 
 def _check_distinct(labels: np.ndarray) -> None:
@@ -220,7 +238,7 @@ def class_groups(y_true, y_pred, labels=None) -> dict:
     >>> class_groups([0, 0, 1, 1, 2, 2], [0, 0, 1, 0, 0, 0])
     {0: 'easy', 1: 'medium', 2: 'hard'}
     """
-    labels = np.unique(y_true) if labels is None else np.asarray(labels)
+    labels = _classes(y_true) if labels is None else np.asarray(labels)
     # NaN (no samples) is taken as the worst accuracy: ranked hardest by its value, not by
     # where argsort happens to place NaN (last, under argsort(-acc)).
     acc = np.nan_to_num(per_class_accuracy(y_true, y_pred, labels), nan=-1.0)
@@ -378,7 +396,7 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     if _is_series(groups):  # by label, as a dict; a table's column (positions) by position
         positions = np.array_equal(np.asarray(groups.index), np.arange(len(groups)))
         if positions and labels is None:
-            classes = np.unique(_labels_1d(y_true, y_pred)[0])
+            classes = _classes(_labels_1d(y_true, y_pred)[0])
             # Read by position, the groups outnumber the classes; by label, they are groups
             # of classes 0, 1, ... that y_true lacks some of, or of classes labelled
             # otherwise that lack the last ones: which, only its maker knows.
@@ -500,7 +518,7 @@ def _text_and_numbers(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
-    present, labels = np.unique(y_true), np.asarray(labels)
+    present, labels = _classes(y_true), np.asarray(labels)
     unknown = present if _text_and_numbers(present, labels) else np.setdiff1d(present, labels)
     if len(unknown):
         advice = (

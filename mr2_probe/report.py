@@ -14,7 +14,7 @@ import numpy as np
 from ._data import plain
 from .metrics import (
     GROUP_NAMES,
-    _check_no_nan,
+    _classes,
     class_groups,
     classwise_summary,
     per_class_accuracy,
@@ -179,8 +179,8 @@ def classwise_report(
         raise ValueError(f"reference must be one of {list(named)}, got {reference!r}.")
     models = named
     predictions = {name: _predictions(name, model, X) for name, model in models.items()}
-    _check_no_nan("y", np.asarray(y))  # named as the caller knows it, before labels meet it
-    labels = np.unique(y) if labels is None else _class_order(labels, y)
+    # y checked (no NaN, one kind of label) and named as the caller knows it
+    labels = _classes(y, "y") if labels is None else _class_order(labels, y)
     per_class = {}
     for name, pred in predictions.items():
         try:
@@ -202,7 +202,7 @@ def classwise_report(
 def _class_order(labels, y) -> np.ndarray:
     """The classes of ``y`` in the order of ``labels``, checked to hold each once (as y's
     own values: a label 2.0 for the class 2 is reported as 2)."""
-    labels, classes = np.asarray(labels), np.unique(y)
+    labels, classes = np.asarray(labels), _classes(y, "y")
     if (
         labels.ndim != 1
         or len(labels) != len(classes)

@@ -427,6 +427,19 @@ def test_two_classes_are_easy_and_hard():
     assert summary["easy"] == 1.0 and summary["hard"] == 0.5 == summary["worst"]
 
 
+@pytest.mark.parametrize("score", [
+    lambda y: class_groups(y, y),
+    lambda y: group_accuracy(y, y, {"a": "easy", 1: "hard"}),
+    lambda y: classwise_summary(y, y, {"a": "easy", 1: "hard"}),
+])  # fmt: skip
+def test_labels_of_two_kinds_in_y_true_alone_are_refused_by_name(score):
+    # np.unique of y_true, before per_class_accuracy's check, failed with "'<' not supported
+    # between instances of 'int' and 'str'" (a pandas column of objects, say).
+    y = np.array(["a", 1, "a", 1], dtype=object)
+    with pytest.raises(ValueError, match=r"^Mix of label input types \(str and number\) in y_true"):
+        score(y)
+
+
 def test_labels_of_two_kinds_are_refused_as_scikit_learn_refuses_them():
     # Strings against numbers matched nothing: every class scored 0% (and a front built on
     # such test labels "chose" ERM), where accuracy_score raises.

@@ -406,6 +406,14 @@ def test_a_nan_label_in_y_is_named_whatever_the_labels(labels):
             classwise_report({"erm": [0, 1, 1]}, y, labels=labels)
 
 
+@pytest.mark.parametrize("labels", [None, ["a", 1]])
+def test_labels_of_two_kinds_in_y_are_refused_by_name(labels):
+    # np.unique(y) failed with "'<' not supported between instances of 'int' and 'str'".
+    y = np.array(["a", 1, "a", 1], dtype=object)
+    with pytest.raises(ValueError, match=r"^Mix of label input types \(str and number\) in y\."):
+        classwise_report({"erm": y}, y, labels=labels)
+
+
 def test_per_class_table_lists_tied_classes_in_label_order():
     # Reference accuracies 25, 50, 75, 75, 0, 0 %: classes 2 and 3 tie, as do 4 and 5.
     y = np.repeat(np.arange(6), 4)
