@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import re
@@ -221,7 +222,13 @@ def _as_text(labels: list) -> list:
     durations are given as their ISO text, "2024-01-01", by the caller): decoded,
     with backslash escapes where they are not UTF-8, unless two then read alike (the byte
     0xFF and the four characters backslash, x, f, f); then as their ``repr``, which never
-    makes two alike."""
+    makes two alike. Dates, times and durations held as objects (datetime's, or pandas'
+    Timestamp of a column with a time zone) are written as those of datetime64 are: their
+    ISO text (a duration as its ``str``)."""
+    if labels and all(isinstance(v, datetime.date | datetime.time) for v in labels):
+        return [v.isoformat() for v in labels]
+    if labels and all(isinstance(v, datetime.timedelta) for v in labels):
+        return [str(v) for v in labels]
     if not labels or not isinstance(labels[0], bytes):
         return labels
     text = [v.decode("utf-8", "backslashreplace") for v in labels]

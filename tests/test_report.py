@@ -1,6 +1,7 @@
 """ClasswiseReport: groups fixed by the reference, tables, JSON round trip."""
 
 import json
+from datetime import date, datetime, timedelta, timezone
 
 import numpy as np
 import pytest
@@ -201,6 +202,14 @@ def test_json_writes_missing_groups_as_null():
             np.array(["2024-01-01", "2024-01-02"], "datetime64[ns]"),
             ["2024-01-01T00:00:00.000000000", "2024-01-02T00:00:00.000000000"],
         ),
+        # Held as objects (a pandas column's .dt.date, or its Timestamps with a time zone):
+        # to_json failed as it did for datetime64 before.
+        (np.array([date(2024, 1, 1), date(2024, 1, 2)]), ["2024-01-01", "2024-01-02"]),
+        (
+            np.array([datetime(2024, 1, day, tzinfo=timezone.utc) for day in (1, 2)]),
+            ["2024-01-01T00:00:00+00:00", "2024-01-02T00:00:00+00:00"],
+        ),
+        (np.array([timedelta(seconds=1), timedelta(days=1)]), ["0:00:01", "1 day, 0:00:00"]),
     ],
 )
 def test_date_labels_are_written_as_their_iso_text(y, shown):
