@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ._device import rows_product, transposed_product
 from ._stats import (
+    check_tensors,
     check_weight_shape,
     class_indices,
     class_statistics,
@@ -58,6 +59,7 @@ def margin_cross_entropy(
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
+    check_tensors("margin_cross_entropy", logits=logits, target=target, margins=margins)
     if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         # (torch's "gather(): Expected dtype int32/int64 for index" said nothing of this)
         raise TypeError(

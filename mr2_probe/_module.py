@@ -18,6 +18,7 @@ from ._stats import (
     ClassMoments,
     ClassStats,
     centred_sum,
+    check_tensors,
     compactness_tau,
     float32_at_least,
     mean_spread,
@@ -431,6 +432,7 @@ class MR2Loss(nn.Module):
         """The batch's targets as int64, once its shapes (and, on the CPU, where this costs
         no synchronisation, its targets' range) are checked: before anything is updated.
         ``logits`` None: :meth:`update`'s batch, features and targets alone."""
+        check_tensors(type(self).__name__, logits=logits, features=features, target=target)
         d = self.moment_sum.shape[-1]
         if logits is None:  # update: features and targets alone
             if features.ndim != 2 or features.shape[1] != d or target.shape != features.shape[:1]:

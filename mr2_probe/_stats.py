@@ -231,6 +231,21 @@ def _check_chunk(phi, y, w, n_features: int) -> None:
     check_weight_shape(w, y.shape)
 
 
+def check_tensors(caller: str, **values) -> None:
+    """Refuse arguments that are no torch tensors (None is left to the caller), as torch's
+    functions refuse them, naming the argument: NumPy labels failed with "'numpy.ndarray'
+    object has no attribute 'is_floating_point'", a list with "... has no attribute
+    'ndim'"."""
+    for name, value in values.items():
+        if value is not None and not isinstance(value, torch.Tensor):
+            module, kind = type(value).__module__.partition(".")[0], type(value).__qualname__
+            kind = kind if module == "builtins" else f"{module}.{kind}"  # numpy.ndarray
+            raise TypeError(
+                f"{caller} takes torch tensors: {name} is a {kind}; torch.as_tensor({name}) "
+                "makes one."
+            )
+
+
 def check_weight_shape(sample_weight, shape) -> None:
     """Refuse sample weights (or None) of another shape than ``shape``, the samples', in
     scikit-learn's words (weights of shape (B, 1) broadcast, or failed inside torch)."""

@@ -762,6 +762,31 @@ def test_update_refuses_a_batch_that_forward_refuses(features, target, match):
         assert torch.equal(value, before[name]), name
 
 
+@pytest.mark.parametrize("argument", ["logits", "features", "target"])
+@pytest.mark.parametrize("convert", [np.asarray, torch.Tensor.tolist])
+def test_arrays_that_are_no_tensors_are_refused_by_name(argument, convert):
+    # NumPy labels (scikit-learn's) failed with "'numpy.ndarray' object has no attribute
+    # 'is_floating_point'", a list with "'list' object has no attribute 'ndim'".
+    batch = {
+        "logits": torch.randn(6, 3),
+        "features": torch.randn(6, 4),
+        "target": torch.arange(6) % 3,
+    }
+    batch[argument] = convert(batch[argument])
+    kind = "numpy.ndarray" if convert is np.asarray else "list"
+    match = f"takes torch tensors: {argument} is a {kind}; torch.as_tensor\\({argument}\\)"
+    criterion = MR2Loss(3, 4)
+    with pytest.raises(TypeError, match=f"^MR2Loss {match}"):
+        criterion(**batch)
+    if argument != "logits":
+        with pytest.raises(TypeError, match=f"^MR2Loss {match}"):
+            criterion.update(batch["features"], batch["target"])
+    if argument != "features":
+        with pytest.raises(TypeError, match=f"^margin_cross_entropy {match}"):
+            margin_cross_entropy(batch["logits"], batch["target"], torch.ones(3))
+    assert float(criterion.moment_count.sum()) == 0  # nothing folded in
+
+
 @pytest.mark.parametrize(
     "dtype", [torch.int32, torch.uint8, torch.int16, torch.uint16, torch.uint32, torch.uint64]
 )
