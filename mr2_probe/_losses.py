@@ -112,6 +112,7 @@ def pairwise_sq_distances(features: torch.Tensor) -> torch.Tensor:
     bfloat16 Gram matrix would leave errors as large as the distances (float16 overflows
     beyond norms of 256).
     """
+    check_tensors("pairwise_sq_distances", features=features)
     features = float32_at_least(features)
     with torch.autocast(features.device.type, enabled=False):
         return _gram_sq_distances(features - features.mean(0, keepdim=True))
@@ -187,6 +188,7 @@ def compactness_loss(
     """
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}.")
+    check_tensors("compactness_loss", features=features, target=target, sample_weight=sample_weight)
     # A vector s̄ (the classes' spreads, say) broadcast along the columns when it had
     # B entries; other shapes failed inside torch's products.
     shapes = [tuple(getattr(v, "shape", ())) for v in (s_bar, tau)]  # () for a float

@@ -143,6 +143,7 @@ def class_statistics(
     >>> stats.msd, stats.count
     (tensor([ 1., 16.]), tensor([2., 2.]))
     """
+    check_tensors("class_statistics", features=features, labels=labels, sample_weight=sample_weight)
     return class_statistics_chunked(
         lambda: [(features, labels, sample_weight)], n_classes, features.shape[-1], p
     )
@@ -473,6 +474,7 @@ def update_moments(
     ClassMoments
         The new sums; ``moments`` is left as it was.
     """
+    check_tensors("update_moments", features=features, labels=labels)
     n_classes, n_features = moments.sum.shape
     _check_chunk(features, labels, None, n_features)  # (index_add_'s errors said little)
     _check_class_indices(labels, n_classes)

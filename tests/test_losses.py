@@ -787,6 +787,22 @@ def test_arrays_that_are_no_tensors_are_refused_by_name(argument, convert):
     assert float(criterion.moment_count.sum()) == 0  # nothing folded in
 
 
+@pytest.mark.parametrize("function, arguments", [
+    (lambda features, labels: class_statistics(features, labels, 3), ("features", "labels")),
+    (lambda features, labels: update_moments(ClassMoments.zeros(3, 4), features, labels),
+     ("features", "labels")),
+    (lambda features, target: compactness_loss(features, target, 1.0), ("features", "target")),
+    (lambda features, target: pairwise_sq_distances(features), ("features",)),
+])  # fmt: skip
+def test_the_pure_functions_refuse_arrays_that_are_no_tensors_by_name(function, arguments):
+    # "'numpy.ndarray' object has no attribute 'is_floating_point'" (or 'to').
+    tensors = (torch.randn(6, 4), torch.arange(6) % 3)
+    for i, name in enumerate(arguments):
+        given = [t.numpy() if j == i else t for j, t in enumerate(tensors)]
+        with pytest.raises(TypeError, match=f"takes torch tensors: {name} is a numpy.ndarray"):
+            function(*given)
+
+
 @pytest.mark.parametrize(
     "dtype", [torch.int32, torch.uint8, torch.int16, torch.uint16, torch.uint32, torch.uint64]
 )
