@@ -95,6 +95,15 @@ class ClasswiseReport:
         NaN. A dictionary without ``"units"`` holds fractions (reports written before the
         key existed).
         """
+        takes = (
+            "from_dict takes the dictionary of ClasswiseReport.to_dict (json.loads of "
+            "to_json's text, or of the command line's report.json)"
+        )
+        if not isinstance(data, Mapping):  # ("'str' object has no attribute 'get'")
+            raise TypeError(f"{takes}; got a {type(data).__name__}.")
+        missing = [key for key in cls.__dataclass_fields__ if key not in data]
+        if missing:  # (a KeyError naming the first)
+            raise ValueError(f"{takes}; got one without {missing}.")
         units = data.get("units", "fraction")
         if units not in _UNITS:
             raise ValueError(

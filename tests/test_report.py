@@ -170,6 +170,17 @@ def test_json_is_in_percent_like_the_tables(report):
     assert report.to_dict()["rows"]["erm"]["overall"] == 57.0
 
 
+def test_from_dict_refuses_what_is_no_report_s_dictionary(report):
+    # The JSON text itself failed with "'str' object has no attribute 'get'", a dictionary
+    # of something else with a KeyError.
+    with pytest.raises(TypeError, match="^from_dict takes the dictionary .*; got a str"):
+        ClasswiseReport.from_dict(report.to_json())
+    data = report.to_dict()
+    del data["groups"], data["per_class"]
+    with pytest.raises(ValueError, match=r"; got one without \['groups', 'per_class'\]\.$"):
+        ClasswiseReport.from_dict(data)
+
+
 def test_from_dict_reads_fractions_without_units_and_refuses_unknown_units(report):
     data = report.to_dict()
     old = {key: value for key, value in data.items() if key != "units"}
