@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._paths import expand_home
+
 FAMILIES = ("open_clip", "timm", "moco", "effnet-lite0")
 RANDOM = "random"  # the weights part that asks for random initialisation
 RANDOM_ID = "random-init:seed0"
@@ -198,6 +200,9 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
             )
     if not model:
         raise BackboneError(f"The backbone spec {text!r} names no model; use one of {_SPEC_FORMS}.")
+    # A shell leaves a ~ after '@' as it is: '@~/ckpt.pth' is in the home folder, as a
+    # source's and the output's ~ are (:func:`expand_home`).
+    weights = expand_home(weights)
     if at and not weights:
         raise BackboneError(f"The backbone spec {text!r} has an empty weights part after '@'.")
     if family == "moco" and not weights:  # ('moco:' has no '@' to name)

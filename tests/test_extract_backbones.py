@@ -445,6 +445,33 @@ def test_an_existing_checkpoint_is_taken_whatever_its_name(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize(
+    "spec, weights",
+    [("timm:test_resnet@~/w.pth", "w.pth"), ("moco:~/m/w.pth.tar", "m/w.pth.tar"),
+     ("moco:resnet50@~/w.pth", "w.pth"), ("effnet-lite0@~/w.pth", "w.pth"),
+     ("open_clip:RN50@~/c/w", "c/w"), ("timm:hf-hub:org/x@~/w.pth", "w.pth")],
+)  # fmt: skip
+def test_a_checkpoint_in_the_home_folder_is_read_as_a_source_there_is(
+    tmp_path, monkeypatch, spec, weights
+):
+    # A shell leaves a ~ after '@' as it is: 'timm:test_resnet@~/ckpt.pth' was refused as
+    # "The checkpoint '~/ckpt.pth' ... does not exist", while '~/photos' is the home folder.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert parse_backbone_spec(spec).weights == str(tmp_path / "home" / weights)
+    if spec.startswith("timm:test_resnet"):
+        (tmp_path / "home").mkdir()
+        reference = _save_timm_checkpoint(tmp_path / "home/w.pth", "test_resnet", seed=7)
+        bb = create_backbone(spec, image_size=32)
+        assert bb.weights_id == file_sha256(tmp_path / "home/w.pth")
+        x = torch.rand(2, 3, 32, 32)
+        with torch.inference_mode():
+            expected = reference.forward_head(reference.forward_features(x), pre_logits=True)
+            torch.testing.assert_close(bb.model(x), expected)
+    (tmp_path / "~").mkdir()  # (a folder named ~ here is that folder)
+    assert parse_backbone_spec(spec).weights == "~/" + weights
+
+
+@pytest.mark.parametrize(
     "state",
     [
         {"foo.weight": torch.zeros(3)},  # another model's weights altogether
