@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 
 from ._locks import store_lock
+from ._paths import expand_home
 from ._reading import _open_for_reading
 from ._schema import (
     ADOPTING,
@@ -127,6 +128,7 @@ def _merge(shards, out, overwrite: bool, versions_checked: bool) -> Path:
     reference = None  # every shard is checked against the first one given
     try:
         for path in shards:
+            path = expand_home(os.fspath(path))  # (~: as extract_features writes a shard)
             f = _open_for_reading(path)
             attrs = read_attrs(f)
             check_format(path, attrs)

@@ -273,6 +273,22 @@ def test_shards_merge_into_a_folder_that_does_not_exist_yet(store, folder, tmp_p
     assert load_features(merged).paths == load_features(store).paths
 
 
+def test_shards_written_to_the_home_folder_with_a_tilde_merge_under_that_name(
+    store, folder, tmp_path, monkeypatch
+):
+    # extract_features wrote '~/f.h5''s shards in the home folder; merge_shards read the
+    # output's ~ as the home folder, and refused the shards' as "'~/f.shard-00000-of-
+    # 00002.h5' does not exist".
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for r in range(2):
+        extract_features(folder, BACKBONE, "~/f.h5", rank=r, world_size=2, **FAST)
+    merged = merge_shards([shard_path("~/f.h5", r, 2) for r in range(2)], "~/f.h5")
+    assert merged == tmp_path / "f.h5" and not os.path.lexists("~")
+    assert load_features("~/f.h5").paths == load_features(store).paths
+
+
 def test_a_merge_leaves_out_a_shard_s_finished_adopting_mark(folder, tmp_path):
     # Shard 0's attributes made the merged store's: the mark of a --retry-failed run
     # killed before it removed it (the adoption finished) went into the merged store.
