@@ -822,6 +822,38 @@ def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
     return False
 
 
+_AS_A_SHELL = (
+    " The list's lines are read as a shell reads them (other lines quote their paths so), "
+    "and this one names no file as it stands: quote a path that holds a blank or a quote "
+    "('my dir/1.jpg' 3, as shlex.quote writes it)."
+)
+
+
+def _shell_fields(folder: Path, line: str) -> list[str]:
+    """The fields of a line of a list quoted as a shell quotes them (``shlex.split``); its
+    fields split at its last blank where those name a file and the shell's differ, as for a
+    name written as it stands in such a list, with an apostrophe, a backslash or blanks
+    (``it's.png 1``, ``Tom's and Ann's.png``: unquoted, that one named the file ``Toms and
+    Anns.png``, recorded as failed). A look-up for a line whose two readings differ alone.
+
+    Raises
+    ------
+    ValueError
+        From ``shlex.split`` (a quote left open), where the line names no file as it stands.
+    """
+    plain = line.rsplit(None, 1)
+    try:
+        quoted, error = shlex.split(line), None
+    except ValueError as err:
+        quoted, error = None, err
+    if len(plain) == 2 and quoted != [field.strip() for field in plain]:
+        if os.path.lexists(os.path.join(folder, plain[0].strip())):
+            return plain
+    if error is not None:
+        raise error
+    return quoted
+
+
 def _list_rows(list_file: Path, folder: Path, text: list[str]) -> list[list]:
     """``[path, label, line number]`` of each line of a list file's ``text``, its paths
     relative to ``folder`` where a file's existence tells two readings of a line apart."""
@@ -852,14 +884,19 @@ def _list_rows(list_file: Path, folder: Path, text: list[str]) -> list[list]:
             elif delimiter == "\t":
                 fields = re.split(r"\t+", line.strip())
             elif delimiter == "shell":
-                fields = shlex.split(line)
+                fields = _shell_fields(folder, line)
             else:
                 fields = line.rsplit(None, 1)
         except (csv.Error, ValueError) as err:  # e.g. a field over csv's limit: a JSON file
             # given by mistake; a quote left open in a list quoted as a shell does
             raise ValueError(
-                f"{list_file}:{number}: not a 'path,label' line ({err})." + _source_hint(list_file)
+                f"{list_file}:{number}: not a 'path,label' line ({err})."
+                + (_AS_A_SHELL if delimiter == "shell" else _source_hint(list_file))
             ) from None
+        if len(fields) != 2 and delimiter == "shell":
+            raise ValueError(
+                f"{list_file}:{number}: expected 'path,label', got {line!r}." + _AS_A_SHELL
+            )
         if len(fields) != 2:
             raise ValueError(
                 f"{list_file}:{number}: expected 'path,label', got {line!r} (a list with a "

@@ -538,6 +538,28 @@ def test_a_name_with_quote_characters_is_read_as_it_stands_where_it_exists(folde
         image_list(folder / "list.txt")
 
 
+@pytest.mark.parametrize(
+    "name", ["it's 1.png", "Tom's and Ann's.png", "a\\b.png", "my photo.png", 'say "hi".png']
+)
+def test_a_name_written_as_it_stands_in_a_list_quoted_as_a_shell_quotes_is_read_so(folder, name):
+    # Beside a quoted line, a name written as it stands was read as a shell reads it: an
+    # apostrophe or a blank refused the list ("No closing quotation", "expected
+    # 'path,label' ... read as CSV"), a backslash or two apostrophes made another name
+    # ('ab.png', 'Toms and Anns.png'), recorded as failed.
+    (folder / "my cat").mkdir()
+    shutil.copy(folder / "cat/000.png", folder / "my cat/0 1.png")
+    shutil.copy(folder / "cat/000.png", folder / name)
+    (folder / "list.txt").write_text(f"'my cat/0 1.png' 1\n{name} 0\ndog/001.jpg owner's\n")
+    src = image_list(folder / "list.txt")
+    assert src.ids == ["my cat/0 1.png", name, "dog/001.jpg"]
+    assert src.class_names == ["0", "1", "owner's"] and src.file_size.min() > 0
+    # A line that names no file as it stands is read as a shell reads it, and refused so.
+    (folder / "list.txt").write_text("'my cat/0 1.png' 1\nmy gone.png 0\n")
+    message = r"list.txt:2: expected 'path,label', got 'my gone.png 0'. The list's lines are"
+    with pytest.raises(ValueError, match=message):
+        image_list(folder / "list.txt")
+
+
 @pytest.mark.parametrize("beside", ["target", "target, quoted", "link", "annex"])
 def test_a_linked_list_reads_the_images_beside_it_or_beside_its_target(folder, tmp_path, beside):
     # A dataset's list linked into a project read its images beside the link: none there,
