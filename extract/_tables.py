@@ -26,6 +26,7 @@ import numpy as np
 from ._archives import Archive, archive_source, container_root, expand_pattern, stat_containers
 from ._decoding import check_listed
 from ._images import ImageSource, check_keys, encode_labels, label_kind_problem, text_problem
+from ._paths import expand_home
 
 HF_METADATA = b"huggingface"  # the schema metadata key holding the datasets Features
 _STREAM_ROWS = 64  # rows per record batch when streaming a row group
@@ -565,6 +566,7 @@ def parquet_files(
     """
     check_keys(image_key, label_key)  # ("" was read as the default)
     label_key = label_key or "label"
+    pattern = expand_home(pattern)  # (a folder's ~, as each part of a pattern's)
     folder = os.path.isdir(pattern)
     paths = _dataset_folder(pattern) if folder else expand_pattern(pattern, "parquet")
     root = os.path.abspath(pattern) if folder else container_root(paths)

@@ -42,7 +42,7 @@ from ._images import (
     label_kind_problem,
     text_problem,
 )
-from ._paths import plural
+from ._paths import expand_home, plural
 
 logger = logging.getLogger(__name__)
 
@@ -504,6 +504,7 @@ def webdataset_shards(
             "one such as 'jpg', or alternatives such as 'jpg;png'."
         )
     label_key = label_key or "cls"
+    pattern = expand_home(pattern)  # (a folder's ~, as each part of a pattern's)
     paths = _shard_paths(pattern)
     root = os.path.dirname(paths[0]) if os.path.isdir(pattern) else container_root(paths)
     sizes, mtimes = stat_containers(paths)

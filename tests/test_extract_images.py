@@ -1023,13 +1023,16 @@ def test_fashion_mnist_idx(idx_root):
 @pytest.mark.parametrize(
     "spec, n",
     [("~/data", 12), ("~/data/list.txt", 2), ("fashion-mnist:test@~", 20),
-     ("webdataset:~/shards/{000000..000001}.tar", 6), ("parquet:~/pq/*.parquet", 6)],
+     ("webdataset:~/shards/{000000..000001}.tar", 6), ("parquet:~/pq/*.parquet", 6),
+     ("webdataset:~/shards", 6), ("parquet:~/pq", 6)],
 )  # fmt: skip
 def test_a_source_in_the_home_folder_is_read_as_torchvision_reads_one(
     folder, idx_root, monkeypatch, spec, n
 ):
     # torchvision's datasets expand a root's ~ (ImageFolder("~/data")); a shell does not
-    # after 'fashion-mnist:test@' nor in a quoted pattern: "'~/data' does not exist".
+    # after 'fashion-mnist:test@' nor in a quoted pattern: "'~/data' does not exist". A
+    # folder of shards or Parquet files was "the shard '/home/u/pq' ... does not exist",
+    # and a pattern's store recorded its source as 'parquet:/where/it/ran/~/pq/*.parquet'.
     pytest.importorskip("webdataset")
     pytest.importorskip("pyarrow")
     from extract._testing import write_parquet, write_webdataset
@@ -1041,7 +1044,8 @@ def test_a_source_in_the_home_folder_is_read_as_torchvision_reads_one(
     (idx_root / "data/list.txt").write_text("cat/000.png 0\ndog/001.jpg 1\n")
     monkeypatch.setenv("HOME", str(idx_root))
     monkeypatch.chdir(idx_root / "pq")
-    assert len(open_source(spec)) == n
+    src = open_source(spec)
+    assert len(src) == n and "~" not in src.description and str(idx_root) in src.description
     (idx_root / "pq/~").mkdir()  # (a folder named ~ here is that folder)
     with pytest.raises(FileNotFoundError, match="'~/data' does not exist"):
         open_source("~/data")
