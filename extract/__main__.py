@@ -17,7 +17,7 @@ from mr2_probe.cli._usage import (
     warnings_in_one_line,
 )
 
-from ._paths import plural
+from ._paths import expand_home, plural
 
 _EPILOG = """\
 examples:
@@ -334,9 +334,9 @@ def _extract(args: argparse.Namespace) -> int:
 
 def _version(out: str) -> tuple[int, int, int] | None:
     """The store at ``out`` (through a link) as ``(inode, size, mtime_ns)``; None where
-    there is none."""
+    there is none. ``~`` is the home folder, as the store's (extract_features)."""
     try:
-        st = os.stat(out)
+        st = os.stat(expand_home(out))
     except OSError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
@@ -357,6 +357,7 @@ def _rebuild_begun(out: str, before: tuple[int, int, int]) -> bool:
     from ._merge import shard_path
     from ._schema import REPLACES
 
+    out = expand_home(out)  # (as extract_features writes it)
     target = os.path.realpath(out) if os.path.islink(out) else out
     old = f"{before[1]}:{before[2]}"  # _merge._identity of the store replaced
     for rank in range(world_size):

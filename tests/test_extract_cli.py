@@ -453,14 +453,18 @@ def test_an_interrupted_forced_run_is_told_to_resume_without_force(tmp_path, cap
     assert "run the same command again to resume" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("spelt", ["as a path", "with ~"])
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, MemoryError])
 @pytest.mark.parametrize("begun", [None, "store", "shard", "other shard"])
 def test_a_forced_run_interrupted_before_its_rebuild_began_is_told_to_keep_force(
-    tmp_path, capsys, monkeypatch, begun, stop
+    tmp_path, capsys, monkeypatch, begun, stop, spelt
 ):
     # A --force stopped while the model loaded was told to resume without --force: the rerun
     # reused the old store as complete (images replaced in place kept their old features).
+    # So too for an output given as '~/o.h5', whose store was looked for in './~'.
     out = tmp_path / "o.h5"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
     out.write_bytes(b"the old store")
     old = f"{out.stat().st_size}:{out.stat().st_mtime_ns}"
 
@@ -477,7 +481,8 @@ def test_a_forced_run_interrupted_before_its_rebuild_began_is_told_to_keep_force
 
     monkeypatch.setattr(extract, "extract_features", interrupted)
     folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
-    status = main([str(folder), "timm:test_resnet@random", str(out), "--force"])
+    named = "~/o.h5" if spelt == "with ~" else str(out)
+    status = main([str(folder), "timm:test_resnet@random", named, "--force"])
     assert status == (130 if stop is KeyboardInterrupt else 2)
     err = capsys.readouterr().err
     if begun in ("store", "shard"):
