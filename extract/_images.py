@@ -799,12 +799,13 @@ def _tabs_in_its_paths(folder: Path, text: list[str]) -> bool:
 
 def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
     """Whether a blank-separated list quotes its fields as a shell does (``'my dir/1.jpg' 3``,
-    ``"a.jpg" "golden retriever"``, as ``shlex.quote`` writes them): read at the last blank,
-    such a line named the file ``'my dir/1.jpg'``, quotes included, recorded as failed. The
-    first line whose two readings differ and that names a file one way alone decides (a name
+    ``"a.jpg" "golden retriever"``, as ``shlex.quote`` writes them, or ``my\\ dir/1.jpg 3``,
+    as ``printf %q`` and a shell's completion write them): read at the last blank, such a
+    line named the file ``'my dir/1.jpg'``, quotes included, recorded as failed. The first
+    line whose two readings differ and that names a file one way alone decides (a name
     that holds a quote character, ``"it's".jpg``, is read as it stands where it exists)."""
     for line in text:
-        if "'" not in line and '"' not in line:
+        if "'" not in line and '"' not in line and "\\" not in line:
             continue
         try:
             quoted = shlex.split(line)

@@ -513,11 +513,12 @@ def test_a_whitespace_separated_list_takes_file_names_with_blanks(folder):
 
 @pytest.mark.parametrize(
     "line",
-    ['"my cat/0 1.png" 1', "'my cat/0 1.png' 1", "'my cat/0 1.png' '1'", 'my\\ cat/"0 1.png" 1'],
-)
+    ['"my cat/0 1.png" 1', "'my cat/0 1.png' 1", "'my cat/0 1.png' '1'", 'my\\ cat/"0 1.png" 1',
+     "my\\ cat/0\\ 1.png 1"],
+)  # fmt: skip
 def test_a_blank_separated_list_takes_paths_quoted_as_a_shell_quotes_them(folder, line):
     # The quotes were taken as part of the name: '"my cat/0 1.png"' named no file, and was
-    # recorded as failed.
+    # recorded as failed; so were the backslashes of a name escaped as printf %q writes it.
     (folder / "my cat").mkdir()
     shutil.copy(folder / "cat/000.png", folder / "my cat/0 1.png")
     (folder / "list.txt").write_text(f"dog/001.jpg 0\n{line}\n")
