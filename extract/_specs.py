@@ -200,9 +200,11 @@ def parse_backbone_spec(spec: str | BackboneSpec) -> BackboneSpec:
             )
     if not model:
         raise BackboneError(f"The backbone spec {text!r} names no model; use one of {_SPEC_FORMS}.")
-    # A shell leaves a ~ after '@' as it is: '@~/ckpt.pth' is in the home folder, as a
-    # source's and the output's ~ are (:func:`expand_home`).
+    # A shell leaves a ~ after '@' or 'local-dir:' as it is: '@~/ckpt.pth' is in the home
+    # folder, as a source's and the output's ~ are (:func:`expand_home`).
     weights = expand_home(weights)
+    if model.startswith("local-dir:"):  # (neither timm nor open_clip expands it)
+        model = "local-dir:" + expand_home(model.removeprefix("local-dir:"))
     if at and not weights:
         raise BackboneError(f"The backbone spec {text!r} has an empty weights part after '@'.")
     if family == "moco" and not weights:  # ('moco:' has no '@' to name)

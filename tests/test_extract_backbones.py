@@ -1079,6 +1079,30 @@ def _into_hub_cache(folder, cache, repo: str) -> None:
     (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
 
 
+@pytest.mark.parametrize("family", ["timm", "open_clip"])
+def test_a_model_folder_in_the_home_folder_is_read_as_a_checkpoint_there_is(
+    tmp_path, monkeypatch, family
+):
+    # 'timm:local-dir:~/saved' was "The timm model folder '~/saved' ... holds no
+    # config.json" (a shell leaves that ~ as it is, as timm and open_clip do), while
+    # '@~/ckpt.pth' is in the home folder.
+    from timm.models import save_for_hf
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    spec = parse_backbone_spec(f"{family}:local-dir:~/saved@random")
+    assert spec.model == f"local-dir:{tmp_path / 'saved'}" and spec.weights == "random"
+    if family == "timm":
+        import timm
+
+        reference = timm.create_model("test_resnet", num_classes=0).eval()
+        save_for_hf(reference, tmp_path / "saved")
+        bb = create_backbone("timm:local-dir:~/saved", image_size=32)
+        x = torch.rand(2, 3, 32, 32)
+        with torch.inference_mode():
+            torch.testing.assert_close(bb.model(x), reference(x))
+
+
 def test_timm_hub_and_folder_names_are_built_as_timm_builds_them(no_network, tmp_path):
     # timm's 'hf-hub:' and 'local-dir:' names were refused ("timm has no model").
     import timm
