@@ -32,7 +32,7 @@ from ._schema import (
     shard_own,
 )
 from ._specs import Backbone
-from ._store import check_provenance, create_store, open_store
+from ._store import check_attrs_room, check_provenance, create_store, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -301,6 +301,7 @@ def _adopt_repaired_failures(
         return
     sizes, mtimes, changed = repaired
     n_changed = int(changed.sum())
+    check_attrs_room(out)  # (on a full disk the attributes' writes left it unreadable)
     with open_store(out, "r+") as f:
         # The files' identities, then the fingerprint that covers them; a run killed
         # between the two leaves the marker, by which the next one finishes the adoption.

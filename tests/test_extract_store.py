@@ -883,6 +883,34 @@ def test_a_retry_records_each_repaired_image_s_identity_and_takes_the_next_repai
     assert not load_features(out).failures
 
 
+@pytest.mark.parametrize("shard", [False, True])
+def test_a_retry_on_a_full_disk_is_refused_before_it_touches_the_store(
+    tmp_path, monkeypatch, shard
+):
+    # A retry writes a repaired image's identity into the store's attributes, which HDF5
+    # puts at the end of the file: on a full disk that write failed (a RuntimeError of
+    # HDF5's cache, a traceback) and left the complete store unreadable, as "damaged".
+    from extract import _store
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    image = folder / "cat" / "001.jpg"  # row 1: rank 1's of 2
+    good = image.read_bytes()
+    image.write_bytes(b"not an image")
+    retry = dict(retry_failed=True, **(dict(rank=1, world_size=2) if shard else {}), **FAST)
+    asked = tmp_path / "f.h5"
+    out = extract_features(folder, BACKBONE, asked, **dict(retry, retry_failed=False))
+    before = out.read_bytes()
+    image.write_bytes(good)
+    usage = shutil.disk_usage(tmp_path)
+    with monkeypatch.context() as patch:
+        patch.setattr(_store.shutil, "disk_usage", lambda _: usage._replace(free=4096))
+        with pytest.raises(StoreError, match=r"No space left to update .* folder has 4 KiB free"):
+            extract_features(folder, BACKBONE, asked, **retry)
+    assert out.read_bytes() == before  # left as it was, for the retry once there is room
+    extract_features(folder, BACKBONE, asked, **retry)
+    assert not load_features(out).failures
+
+
 def test_retry_failed_takes_a_repaired_image_into_its_own_shard_only(tmp_path):
     # A repaired image changes the source's fingerprint, which every shard records. The
     # shard holding it takes the repair; another shard, its own rows unchanged, cannot tell
