@@ -31,6 +31,7 @@ from ._schema import (
 from ._store import (
     DAMAGE_ERRORS,
     _check_companions,
+    check_attrs_room,
     check_format,
     check_output,
     check_provenance,
@@ -204,12 +205,14 @@ def _mark_merged(shards: list[str], out: str | os.PathLike) -> None:
 
 def _mark(path, value: str, over: bool = True) -> str | None:
     """Set the shard's MERGED_INTO mark to ``value`` (not over one it has, unless
-    ``over``); best effort: the OSError that prevented it, on one line, else None."""
+    ``over``); best effort: the OSError that prevented it (or the lack of room for it),
+    on one line, else None."""
     try:
         with h5py.File(path, "r+") as f:
             if over or MERGED_INTO not in f.attrs:
+                check_attrs_room(path)  # (on a full disk the write left it unreadable)
                 f.attrs[MERGED_INTO] = value
-    except OSError as err:
+    except (OSError, StoreError) as err:
         return " ".join(str(err).split())
     return None
 

@@ -1571,6 +1571,32 @@ def test_a_shard_that_cannot_be_marked_at_its_merge_is_named(tmp_path, monkeypat
     assert "make it writable, or delete it now that it is merged" in warned[0]
 
 
+def test_shards_are_not_marked_where_the_merged_store_took_the_last_room(
+    tmp_path, monkeypatch, caplog
+):
+    # Each shard's mark is an attribute, which HDF5 writes at the end of the file: on a
+    # disk that the merged store had filled, the write failed and left the shards
+    # unreadable, refused by every later run at their number of ranks, --force included.
+    from extract import _merge, _store
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = tmp_path / "f.h5"
+    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **FAST) for r in (0, 1)]
+    before = [shard.read_bytes() for shard in shards]
+    usage, write_merged = shutil.disk_usage(tmp_path), _merge._write_merged
+
+    def filling(*args):
+        write_merged(*args)
+        monkeypatch.setattr(_store.shutil, "disk_usage", lambda _: usage._replace(free=4096))
+
+    monkeypatch.setattr(_merge, "_write_merged", filling)
+    merge_shards(shards, out)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 2 and all("No space left to update" in w for w in warned)
+    assert [shard.read_bytes() for shard in shards] == before  # left as they were
+    assert len(load_features(out).paths) == 4
+
+
 @pytest.mark.parametrize("earlier", [False, True])
 def test_a_rebuild_resumed_after_its_store_was_deleted_extracts_anew_a_rank_it_had_not_made(
     tmp_path, monkeypatch, earlier
