@@ -303,13 +303,15 @@ def _check_shard(path, f: h5py.File, reference: dict, first, world: int) -> None
     diffs = provenance_differences(attrs, reference | shard_own(attrs), names=("it", "the first"))
     if diffs:
         # Only the listing differs (not the source's root, backbone or settings): the
-        # ranks listed one source at different times.
+        # ranks listed one source at different times, or took other subsets of it (which
+        # the listing alone records).
         keys = {d.split(":")[0].split(".")[0] for d in diffs}
         listed = keys <= {"source_fingerprint", "n_total_rows"}
         advice = (
-            "The ranks listed different images: the source changed between their starts. "
-            "Extract every rank again with --force (overwrite=True) from the source as it is "
-            "now."
+            "The ranks listed different images: the source changed between their starts, "
+            "or they were asked for different subsets (n_per_class, max_items). Extract "
+            "every rank again with --force (overwrite=True) from the source as it is now, "
+            "each with the same options."
             if listed
             else "Merge the shards of one run."
         )

@@ -691,6 +691,17 @@ def test_shards_of_a_source_listed_at_different_times_are_refused_as_such(tmp_pa
         merge_shards([first, foreign], out)
 
 
+@pytest.mark.parametrize("subset", ["n_per_class", "max_items"])
+def test_shards_of_other_subsets_are_refused_naming_the_subsets(folder, tmp_path, subset):
+    # Ranks run by hand with another --per-class or --max-items each: the merge blamed a
+    # source that changed between their starts, which it had not.
+    out = tmp_path / "f.h5"
+    first = extract_features(folder, BACKBONE, out, rank=0, world_size=2, **{subset: 3}, **FAST)
+    second = extract_features(folder, BACKBONE, out, rank=1, world_size=2, **{subset: 2}, **FAST)
+    with pytest.raises(ProvenanceError, match=r"or they were asked for different subsets"):
+        merge_shards([first, second], out)
+
+
 def test_a_shard_of_another_rank_is_never_resumed_as_this_rank_s(tmp_path):
     # Rank 0's shard copied to rank 1's name holds as many rows of the same source: only
     # its rank tells that its rows are not rank 1's, which the request would get.
