@@ -328,8 +328,10 @@ def write_whole(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` whole: beside it first, then renamed into its place, so
     that a run stopped while writing keeps the last. A symbolic link is written through, to
     its target, as ``open(path, "w")`` writes it: the rename replaced the link itself with
-    a file, and its target kept the old results."""
+    a file, and its target kept the old results. The target's folders are made where
+    missing, as check_output takes them (a FileNotFoundError after the whole run)."""
     target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".tmp")
     partial.write_text(text)
     partial.replace(target)

@@ -312,6 +312,7 @@ def test_a_bad_option_value_is_one_line(script, argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("folder", ["kept", "kept/new"])
 @pytest.mark.parametrize(
     "script, argv",
     [
@@ -320,17 +321,22 @@ def test_a_bad_option_value_is_one_line(script, argv, message, capsys):
         ("quality", ["--data", "synthetic", *SMALL_QUALITY, "--methods", "ERM", "--out"]),
     ],
 )  # fmt: skip
-def test_a_results_file_that_is_a_link_is_written_through_it(script, argv, tmp_path, capsys):
+def test_a_results_file_that_is_a_link_is_written_through_it(
+    script, argv, folder, tmp_path, capsys
+):
     # The file was written beside the link, then renamed over it: the link became a file,
-    # and its target kept the last run's results.
-    (tmp_path / "kept").mkdir()
-    target = tmp_path / "kept" / "results.json"
-    target.write_text("{}")
+    # and its target kept the last run's results. A link into a folder still to make (as
+    # check_output takes it) ended the run in a FileNotFoundError, its results lost.
+    target = tmp_path / folder / "results.json"
+    if folder == "kept":
+        target.parent.mkdir()
+        target.write_text("{}")
     (tmp_path / "latest.json").symlink_to(target)
     load_benchmark(script).main([*argv, str(tmp_path / "latest.json")])
     assert (tmp_path / "latest.json").is_symlink()
     assert json.loads(target.read_text())
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["kept", "latest.json", "results.json"]
+    names = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")}
+    assert names == {"kept", folder, f"{folder}/results.json", "latest.json"}
 
 
 def test_bench_fit_refuses_cuda_alone_without_cuda(capsys, monkeypatch):
