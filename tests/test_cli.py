@@ -2550,6 +2550,33 @@ def test_a_grid_search_with_a_failed_fit_still_reports(files, capsys, debug):
     assert sum(w.category is FitFailedWarning for w in sklearn_s) == (2 if debug else 0)
 
 
+def test_a_failed_setting_s_line_names_no_other_setting_s_error(files, capsys):
+    # Two settings diverging, each fold of its own error: scikit-learn's warning does not
+    # say which error is whose, and each line named the first one, so learning_rate=1000's
+    # line advised on "times learning_rate=500".
+    argv = [
+        str(files / "train.npz"),
+        "--grid",
+        "solver=sgd",
+        "--grid",
+        "learning_rate=0.003,500,1000",
+    ]
+    argv += ["--lam", "0.5", "--feature-scaling", "standard", "--cv", "2", "--max-iter", "5"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main([*argv, "--no-progress"]) == 0
+    failed = [line for line in capsys.readouterr().err.splitlines() if "failed in" in line]
+    assert len(failed) == 4  # (ERM's and MR2's)
+    for line in failed:
+        own = line.split("failed in")[0].split(": ")[-1]
+        assert own in ("learning_rate=500, solver=sgd ", "learning_rate=1000, solver=sgd ")
+        if own.startswith("learning_rate=500"):
+            assert "diverged" in line and "times learning_rate=500," in line
+        else:
+            assert "diverged" not in line and "learning_rate=500" not in line
+            assert "(which of the search's 4 errors are its, scikit-learn does not say;" in line
+
+
 def test_ctrl_c_while_the_figures_are_drawn_keeps_the_models_and_reports(
     files, tmp_path, monkeypatch, capsys
 ):

@@ -438,11 +438,22 @@ def _said_failed_fits(search: GridSearchCV, caught: list, name: str, args) -> bo
             lines = re.findall(r"^(?:[\w.]+\.)?\w+: (.+)$", group, re.MULTILINE)
             errors += [_in_cli_terms(lines[-1], args)] if lines else []
     errors = list(dict.fromkeys(errors))
-    # (which setting failed of which error, the warning does not say where errors differ)
-    why = f": {errors[0]}" if errors else ""
-    more = f"the first of the search's {len(errors)} errors; " if len(errors) > 1 else ""
-    for params, count in zip(results["params"], failed, strict=True):
+    # Which setting failed of which error, the warning does not say where errors differ:
+    # the first error is the first failed setting's (the fits are listed setting by setting,
+    # each error where it first failed). A later setting's line named it too, with the
+    # first's numbers (its learning_rate, its C) in place of its own.
+    first = int(np.argmax(failed > 0))
+    for index, (params, count) in enumerate(zip(results["params"], failed, strict=True)):
         if count:
+            own = bool(errors) and (len(errors) == 1 or index == first)
+            why, more = (f": {errors[0]}" if own else ""), ""
+            if len(errors) > 1:
+                more = (
+                    f"the first of the search's {len(errors)} errors; "
+                    if own
+                    else f"which of the search's {len(errors)} errors are its, scikit-learn "
+                    "does not say; "
+                )
             setting = ", ".join(f"{k.removeprefix('probe__')}={v}" for k, v in params.items())
             print(
                 f"mr2-probe: warning: {name}: {setting} failed in {count} of its "
