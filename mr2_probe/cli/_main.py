@@ -495,6 +495,9 @@ def _fit(model, X, y, name: str, args, front: bool = False):
         # shown after it, but for its failed fits': see _said_failed_fits)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("ignore", ConvergenceWarning)
+            # (its errors held whatever the filters say, python -W ignore too: shown after
+            # it as they say, by _show)
+            warnings.simplefilter("always", FitFailedWarning)
             try:
                 model.fit(X, y)
             except ValueError as error:
