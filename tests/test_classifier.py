@@ -969,6 +969,21 @@ def test_an_hdf5_dataset_of_an_empty_dataspace_is_refused_as_no_2d_x(method, tmp
                 clf.predict(f["X"])
 
 
+@pytest.mark.parametrize("method", ["fit", "predict"])
+def test_an_hdf5_dataset_of_booleans_is_taken_as_0_and_1(method, tmp_path):
+    # As a boolean array is (and as load_features reads a store of them): the refusal of
+    # stores of no numbers must leave booleans out.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    B = X > 0
+    clf = MR2LinearClassifier(device="cpu").fit(B, y)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = B
+        fitted = MR2LinearClassifier(device="cpu").fit(f["X"], y) if method == "fit" else clf
+        scores = fitted.decision_function(f["X"])
+    np.testing.assert_allclose(scores, clf.decision_function(B), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", ["S1", "f4,f4"])
 @pytest.mark.parametrize("method", ["fit", "predict"])
 def test_an_hdf5_dataset_of_no_numbers_is_refused(method, dtype, tmp_path):
