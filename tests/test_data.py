@@ -1,5 +1,6 @@
 """The fit data's blocks and sources (mr2_probe._data): block sizes, HDF5 rows and minibatches."""
 
+import os
 import re
 
 import numpy as np
@@ -260,6 +261,24 @@ def test_an_hdf5_dataset_whose_external_file_is_cut_short_is_refused(tmp_path, m
         raw.mkdir()  # a folder in its place: said to be "not there"
         with pytest.raises(ValueError, match=rf"external file {name}, which is a folder, not a"):
             call()
+
+
+def test_a_folder_in_place_of_a_large_external_file_is_said_to_be_a_folder(tmp_path):
+    # Rows taking more bytes than a folder's size (4,096 on ext4): the folder's size must not
+    # be taken for the file's, which said it was cut short.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    fitted = MR2LinearClassifier(device="cpu").fit(X, y)
+    X = np.tile(X.astype(np.float32), (40, 1))  # (1,600 rows: 38,400 bytes)
+    raw = tmp_path / "rows.raw"
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        f.create_dataset("X", X.shape, X.dtype, external=[(str(raw), 0, X.nbytes)])[...] = X
+        raw.unlink()
+        raw.mkdir()
+        assert os.path.getsize(raw) < X.nbytes
+        name = re.escape(repr(str(raw)))
+        with pytest.raises(ValueError, match=rf"external file {name}, which is a folder, not a"):
+            fitted.predict(f["X"])
 
 
 def test_an_hdf5_dataset_s_external_files_past_its_rows_are_not_its_own(tmp_path):
