@@ -2550,6 +2550,38 @@ def test_a_grid_search_with_a_failed_fit_still_reports(files, capsys, debug):
     assert sum(w.category is FitFailedWarning for w in sklearn_s) == (2 if debug else 0)
 
 
+def test_a_search_whose_every_fit_failed_ends_though_a_warning_was_held(tmp_path, capsys):
+    # A warning held while the search ran (a class of fewer rows than folds), every fit
+    # failing: its warnings were shown inside the block that held them, each held again
+    # as it was shown, and the run never ended, its memory growing.
+    y = np.repeat([0, 1, 2], [40, 40, 5])
+    X = np.random.default_rng(0).normal(size=(len(y), 4)) + y[:, None]
+    np.savez(tmp_path / "few.npz", X=X, y=y)
+    argv = [str(tmp_path / "few.npz"), "--grid", "solver=sgd", "--grid", "learning_rate=1000"]
+    argv += ["--lam", "0.5", "--feature-scaling", "standard", "--cv", "5", "--max-iter", "5"]
+    with fails_after_waiting(10, "the search's held warnings were shown for ever"):
+        with pytest.warns(UserWarning, match="least populated class in y has only 4 members"):
+            code, lines = _error([*argv, "--no-progress"], capsys)
+    assert code == 2
+    assert "every fit of its search failed (5 fits), the first as: Cannot fit:" in lines[-1]
+
+
+def test_a_search_ending_in_another_error_shows_the_warnings_it_held(files, monkeypatch):
+    # A refit's RuntimeError (out of memory on all the rows), a Ctrl-C: the warnings held
+    # while the search ran were dropped.
+    from sklearn.model_selection import GridSearchCV
+
+    def fit(self, X, y=None, **params):
+        warnings.warn("held while the search ran", UserWarning, stacklevel=2)
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(GridSearchCV, "fit", fit)
+    argv = [str(files / "train.npz"), "--grid", "C=0.5,1", "--cv", "2", "--no-progress"]
+    with pytest.warns(UserWarning, match="held while the search ran"):
+        with pytest.raises(RuntimeError, match="out of memory"):
+            main(argv)
+
+
 @pytest.mark.parametrize("action", ["always", "ignore"])
 def test_a_failed_setting_s_line_names_no_other_setting_s_error(files, capsys, action):
     # Two settings diverging, each fold of its own error: scikit-learn's warning does not

@@ -500,9 +500,16 @@ def _fit(model, X, y, name: str, args, front: bool = False):
             warnings.simplefilter("always", FitFailedWarning)
             try:
                 model.fit(X, y)
-            except ValueError as error:
-                _show(caught)
-                raise _all_fits_failed(error, name, args) from error
+                failure = None
+            except BaseException as error:  # (a refit's RuntimeError, a Ctrl-C too)
+                failure = error
+        if failure is not None:
+            # Shown out of the block: in it, each warning shown was held again, behind the
+            # one shown, for ever (a search whose every fit failed, a warning held).
+            _show(caught)
+            if isinstance(failure, ValueError):
+                raise _all_fits_failed(failure, name, args) from failure
+            raise failure
         said = _said_failed_fits(model, caught, name, args)
         _show(caught, hide_failed_fits=said and not args.debug)
         results = model.cv_results_
