@@ -2047,6 +2047,24 @@ def test_a_store_named_as_a_folder_is_said_to_be_a_file(tmp_path, name, problem)
         load_features(os.fsencode(f"{tmp_path}/missing.h5/"))
 
 
+@pytest.mark.parametrize(
+    "name, error, problem",
+    [
+        ("missing.h5", StoreNotFoundError, "does not exist"),
+        ("x.h5/", NotAStoreError, "names the file 'x.h5' as a folder"),
+        ("x.h5/y.h5", NotAStoreError, "names the file 'x.h5' as a folder"),
+    ],
+)
+def test_a_relative_path_not_there_is_said_so(tmp_path, monkeypatch, name, error, problem):
+    # A relative path's folders end in '' (no folder), where an absolute one's end in '/':
+    # looking up its folders for a file must stop there, not loop for ever.
+    monkeypatch.chdir(tmp_path)
+    _foreign(tmp_path / "x.h5")
+    with fails_after_waiting(10, f"load_features({name!r}) looked for its folders for ever"):
+        with pytest.raises(error, match=re.escape(problem)):
+            load_features(name)
+
+
 def test_a_foreign_store_s_utf8_byte_strings_are_read_as_text(tmp_path):
     # NumPy byte strings (dtype S), as other tools write text: h5py reads them as ASCII by
     # default, so "café" was "'ascii' codec can't decode byte 0xc3" and no store.
