@@ -111,7 +111,8 @@ def check_h5_open(**arrays) -> None:
     """A clear error for an HDF5 dataset (or row view) among ``arrays`` (name → array) whose
     file is closed: h5py's own is "Unable to synchronously get dataspace (identifier is not
     of specified type)"; or whose external raw data file is cut short, or virtual dataset's
-    source file cannot be opened (both read as zeros)."""
+    source file cannot be opened (both read as zeros), or external raw data file is not a
+    file there (a pipe's read waited for ever)."""
     for name, a in arrays.items():
         if not is_h5_dataset(a):
             continue
@@ -128,6 +129,13 @@ def check_h5_open(**arrays) -> None:
                 f"{name} is the HDF5 dataset {dataset.name!r} of {dataset.file.filename!r}, a "
                 f"virtual dataset whose source {missing} cannot be opened: HDF5 reads its rows "
                 "as fill values (zeros), without an error. Restore the source file beside it."
+            )
+        external = missing_external_file(dataset)
+        if external:  # before any read: HDF5 waits on a pipe for a writer, for ever
+            raise ValueError(
+                f"{name} is the HDF5 dataset {dataset.name!r} of {dataset.file.filename!r}, "
+                f"whose rows are kept in the external file {external} ({EXTERNAL_ADVICE}); "
+                "restore that file."
             )
         short = short_external_file(dataset)
         if short:  # HDF5 reads the bytes past its end as zeros, without an error

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mr2_probe import MR2LinearClassifier
+from tests._alarm import fails_after_waiting
 
 from .test_classifier import _blobs
 
@@ -279,6 +280,28 @@ def test_a_folder_in_place_of_a_large_external_file_is_said_to_be_a_folder(tmp_p
         name = re.escape(repr(str(raw)))
         with pytest.raises(ValueError, match=rf"external file {name}, which is a folder, not a"):
             fitted.predict(f["X"])
+
+
+@pytest.mark.parametrize("method", ["fit", "predict"])
+def test_a_pipe_in_place_of_an_external_file_is_refused_before_any_read(tmp_path, method):
+    # A FIFO where the rows' external file should be: HDF5's read waited for a writer, for
+    # ever (a file of its size 0 was refused as cut short, before folders were told apart).
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    X = X.astype(np.float32)
+    fitted = MR2LinearClassifier(device="cpu").fit(X, y)
+    raw = tmp_path / "rows.raw"
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        f.create_dataset("X", X.shape, X.dtype, external=[(str(raw), 0, X.nbytes)])[...] = X
+        raw.unlink()
+        os.mkfifo(raw)
+        name = re.escape(repr(str(raw)))
+        with fails_after_waiting(10, "the estimator waited for a writer to the FIFO"):
+            with pytest.raises(ValueError, match=rf"external file {name}, which is not a regular"):
+                if method == "fit":
+                    MR2LinearClassifier(device="cpu").fit(f["X"], y)
+                else:
+                    fitted.predict(f["X"])
 
 
 def test_an_hdf5_dataset_s_external_files_past_its_rows_are_not_its_own(tmp_path):
