@@ -2608,8 +2608,13 @@ def test_a_failed_setting_s_line_names_no_other_setting_s_error(files, capsys, a
         warnings.simplefilter(action)
         assert main([*argv, "--no-progress"]) == 0
     assert not [w for w in caught if w.category is FitFailedWarning]  # (said in its lines)
-    failed = [line for line in capsys.readouterr().err.splitlines() if "failed in" in line]
+    err = capsys.readouterr().err.splitlines()
+    failed = [line for line in err if "failed in" in line]
     assert len(failed) == 4  # (ERM's and MR2's)
+    # Of the fits that ran (learning_rate=0.003's 2 folds and the refit), every one stopped
+    # at --max-iter 5: "3 of its 7" counted the 4 failed ones among them.
+    short = [line for line in err if "stopped short of tol" in line]
+    assert len(short) == 2 and all("3 of its 3 fits stopped short" in line for line in short)
     for line in failed:
         own = line.split("failed in")[0].split(": ")[-1]
         assert own in ("learning_rate=500, solver=sgd ", "learning_rate=1000, solver=sgd ")

@@ -516,8 +516,10 @@ def _fit(model, X, y, name: str, args, front: bool = False):
         folds = [results[k] for k in results if re.fullmatch(r"split\d+_test_stopped_short", k)]
         # The solver's own reason, where this process has it: the refit's.
         reason = getattr(_final(model.best_estimator_), "_stop_reason", None)
-        # A failed fit scores NaN in every column (GridSearchCV warns of it on its own).
-        n_short, n_fits = int(np.nansum(folds)) + (reason is not None), np.size(folds) + 1
+        # A failed fit scores NaN in every column (said in its own line): not counted among
+        # the fits that ran ("3 of its 5" where 2 of the 5 had failed).
+        n_short = int(np.nansum(folds)) + (reason is not None)
+        n_fits = int(np.isfinite(np.asarray(folds, dtype=float)).sum()) + 1
         if n_short:
             why = (
                 f"the refit's: {_in_cli_terms(reason, args)}"
