@@ -51,6 +51,7 @@ from ._resume import (
 from ._schema import DONE, FAILED, MERGED_INTO, PENDING, StoreError, read_attrs
 from ._specs import BackboneSpec
 from ._store import (
+    check_attrs_room,
     check_output,
     check_provenance,
     make_output_folder,
@@ -669,6 +670,11 @@ def _seed_from_merged(shard: Path, merged: Path, rows: np.ndarray) -> None:
     (its failed images aside, which the retry extracts again), so its done rows are this
     shard's; a copy stopped part way leaves the rest pending, extracted by the next run."""
     names = ("features", "failure_reason", "content_sha256", "status")
+    try:
+        check_attrs_room(shard)  # (on a full disk the versions' write left it unreadable)
+    except StoreError:
+        shard.unlink()  # made for the seed, holding nothing: the next run seeds it again
+        raise
     with open_store(merged, "r") as src, open_store(shard, "r+") as dst:
         # Its rows were computed with the merged store's libraries, which it records.
         versions = read_attrs(src).get("versions")

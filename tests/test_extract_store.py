@@ -3585,13 +3585,10 @@ def test_a_source_without_images_is_refused(tmp_path):
     assert not out.exists()
 
 
-def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merged_store(
-    tmp_path, monkeypatch
-):
-    # A torchrun retry after its shards were deleted seeds each new shard from the merged store
-    # (every one of its rows, and the recorded versions) and extracts the repaired image alone.
-    # torchrun's two ranks run here one by one, in this process.
-    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+def _merged_then_repaired(tmp_path, n_per_class: int) -> tuple[Path, Path, list[Path]]:
+    """``(folder, out, shards)``: ``out`` merged from two ranks' shards, deleted since, its
+    image dog/001.jpg recorded as failed and repaired since."""
+    folder = make_image_folder(tmp_path / "data", n_per_class=n_per_class, special=False)
     image = folder / "dog" / "001.jpg"
     good = image.read_bytes()
     image.write_bytes(b"not an image")
@@ -3601,6 +3598,16 @@ def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merg
     image.write_bytes(good)
     for shard in shards:
         shard.unlink()
+    return folder, out, shards
+
+
+def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merged_store(
+    tmp_path, monkeypatch
+):
+    # A torchrun retry after its shards were deleted seeds each new shard from the merged store
+    # (every one of its rows, and the recorded versions) and extracts the repaired image alone.
+    # torchrun's two ranks run here one by one, in this process.
+    folder, out, _ = _merged_then_repaired(tmp_path, n_per_class=3)
     with h5py.File(out, "r+") as f:  # a done row marked: taken from the merged store
         marked = f["paths"].asstr()[:].tolist().index("cat/001.jpg")
         f["features"][marked] = 7.0
@@ -3629,6 +3636,34 @@ def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merg
     single = load_features(single, in_memory=True)
     keep = [k for k, p in enumerate(single.paths) if p != "cat/001.jpg"]
     np.testing.assert_allclose(merged.features[keep], single.features[keep], rtol=1e-5, atol=1e-6)
+
+
+def test_a_torchrun_retry_on_a_full_disk_is_refused_before_it_seeds_its_shard(
+    tmp_path, monkeypatch
+):
+    # A shard seeded from the merged store takes the versions the merged store records, an
+    # attribute written again, which HDF5 puts at the end of the file: on a disk the new
+    # shard had filled, that write failed and left the shard unreadable.
+    from extract import _runner, _store
+
+    folder, out, shards = _merged_then_repaired(tmp_path, n_per_class=2)
+    _ranks_without_merge(monkeypatch)
+    monkeypatch.setenv("RANK", "1")
+    usage, create = shutil.disk_usage(tmp_path), _runner._open_or_create
+    with monkeypatch.context() as patch:
+
+        def filling(*args):
+            create(*args)
+            patch.setattr(_store.shutil, "disk_usage", lambda _: usage._replace(free=4096))
+
+        patch.setattr(_runner, "_open_or_create", filling)
+        with pytest.raises(StoreError, match=r"No space left to update .* folder has 4 KiB free"):
+            extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
+    assert not shards[1].exists()  # made for the seed alone: the next run seeds it again
+    written = _spy_writes(monkeypatch)
+    extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
+    assert written == [1]  # the repaired image alone is extracted
+    assert not load_features(shards[1]).failures
 
 
 def test_a_torchrun_retry_extracts_again_a_transient_failure_of_a_complete_store(
