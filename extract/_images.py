@@ -832,10 +832,11 @@ _AS_A_SHELL = (
 
 def _shell_fields(folder: Path, line: str) -> list[str]:
     """The fields of a line of a list quoted as a shell quotes them (``shlex.split``); its
-    fields split at its last blank where those name a file and the shell's differ, as for a
-    name written as it stands in such a list, with an apostrophe, a backslash or blanks
-    (``it's.png 1``, ``Tom's and Ann's.png``: unquoted, that one named the file ``Toms and
-    Anns.png``, recorded as failed). A look-up for a line whose two readings differ alone.
+    fields split at its last blank where that names a file and the shell's name differs,
+    as for a name written as it stands in such a list, with an apostrophe, a backslash or
+    blanks (``it's.png 1``, ``Tom's and Ann's.png``: unquoted, that one named the file
+    ``Toms and Anns.png``, recorded as failed). A look-up for a line whose two names differ
+    alone.
 
     Raises
     ------
@@ -847,7 +848,9 @@ def _shell_fields(folder: Path, line: str) -> list[str]:
         quoted, error = shlex.split(line), None
     except ValueError as err:
         quoted, error = None, err
-    if len(plain) == 2 and quoted != [field.strip() for field in plain]:
+    # (Its name alone: a line whose readings differ in its label alone, 'a.jpg "cat"',
+    # is read as a shell reads it, its label unquoted.)
+    if len(plain) == 2 and (quoted is None or quoted[:1] != [plain[0].strip()]):
         if os.path.lexists(os.path.join(folder, plain[0].strip())):
             return plain
     if error is not None:

@@ -561,6 +561,23 @@ def test_a_name_written_as_it_stands_in_a_list_quoted_as_a_shell_quotes_is_read_
         image_list(folder / "list.txt")
 
 
+@pytest.mark.parametrize(
+    "label, name", [("'1'", "1"), ('"1"', "1"), ("'owner'\"'\"'s'", "owner's")]
+)
+def test_a_label_quoted_as_a_shell_quotes_it_after_a_name_as_it_stands_is_read_unquoted(
+    folder, label, name
+):
+    # In a list quoted as a shell quotes, a line whose name needs no quotes (it exists
+    # either way) was read as it stands, label too: 'a.jpg "1"' made a class '"1"' of its
+    # own, beside the class '1' of the quoted lines.
+    (folder / "my cat").mkdir()
+    shutil.copy(folder / "cat/000.png", folder / "my cat/0 1.png")
+    (folder / "list.txt").write_text(f"'my cat/0 1.png' {label}\ndog/001.jpg {label}\n")
+    src = image_list(folder / "list.txt")
+    assert src.ids == ["my cat/0 1.png", "dog/001.jpg"]
+    assert [src.class_names[k] for k in src.labels] == [name, name]
+
+
 @pytest.mark.parametrize("beside", ["target", "target, quoted", "link", "annex"])
 def test_a_linked_list_reads_the_images_beside_it_or_beside_its_target(folder, tmp_path, beside):
     # A dataset's list linked into a project read its images beside the link: none there,
