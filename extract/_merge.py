@@ -309,9 +309,9 @@ def _check_shard(path, f: h5py.File, reference: dict, first, world: int) -> None
         listed = keys <= {"source_fingerprint", "n_total_rows"}
         advice = (
             "The ranks listed different images: the source changed between their starts, "
-            "or they were asked for different subsets (n_per_class, max_items). Extract "
-            "every rank again with --force (overwrite=True) from the source as it is now, "
-            "each with the same options."
+            "or they were asked for different subsets (--per-class (n_per_class) or "
+            "--max-items (max_items)). Extract every rank again with --force "
+            "(overwrite=True) from the source as it is now, each with the same options."
             if listed
             else "Merge the shards of one run."
         )

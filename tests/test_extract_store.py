@@ -698,7 +698,8 @@ def test_shards_of_other_subsets_are_refused_naming_the_subsets(folder, tmp_path
     out = tmp_path / "f.h5"
     first = extract_features(folder, BACKBONE, out, rank=0, world_size=2, **{subset: 3}, **FAST)
     second = extract_features(folder, BACKBONE, out, rank=1, world_size=2, **{subset: 2}, **FAST)
-    with pytest.raises(ProvenanceError, match=r"or they were asked for different subsets"):
+    asked = r"or they were asked for different subsets \(--per-class \(n_per_class\) or "
+    with pytest.raises(ProvenanceError, match=asked + r"--max-items \(max_items\)\)"):
         merge_shards([first, second], out)
 
 
