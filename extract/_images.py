@@ -825,8 +825,8 @@ def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
 
 _AS_A_SHELL = (
     " The list's lines are read as a shell reads them (other lines quote their paths so), "
-    "and this one names no file as it stands: quote a path that holds a blank or a quote "
-    "('my dir/1.jpg' 3, as shlex.quote writes it)."
+    "and this one names no file as it stands: quote a path or a label that holds a blank "
+    "or a quote ('my dir/1.jpg' 'golden retriever', as shlex.quote writes them)."
 )
 
 

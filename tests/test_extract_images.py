@@ -559,6 +559,10 @@ def test_a_name_written_as_it_stands_in_a_list_quoted_as_a_shell_quotes_is_read_
     message = r"list.txt:2: expected 'path,label', got 'my gone.png 0'. The list's lines are"
     with pytest.raises(ValueError, match=message):
         image_list(folder / "list.txt")
+    # So is a label with a blank, unquoted: the message said to quote the path alone.
+    (folder / "list.txt").write_text("'my cat/0 1.png' 1\ndog/001.jpg golden retriever\n")
+    with pytest.raises(ValueError, match=r"quote a path or a label that holds a blank"):
+        image_list(folder / "list.txt")
 
 
 @pytest.mark.parametrize(
