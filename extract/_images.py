@@ -897,7 +897,7 @@ def _list_rows(list_file: Path, folder: Path, text: list[str]) -> list[list]:
                 f"{list_file}:{number}: not a 'path,label' line ({err})."
                 + (_AS_A_SHELL if delimiter == "shell" else _source_hint(list_file))
             ) from None
-        if len(fields) != 2 and delimiter == "shell":
+        if len(fields) > 2 and delimiter == "shell":  # (one field: no label, quoted or not)
             raise ValueError(
                 f"{list_file}:{number}: expected 'path,label', got {line!r}." + _AS_A_SHELL
             )

@@ -563,6 +563,11 @@ def test_a_name_written_as_it_stands_in_a_list_quoted_as_a_shell_quotes_is_read_
     (folder / "list.txt").write_text("'my cat/0 1.png' 1\ndog/001.jpg golden retriever\n")
     with pytest.raises(ValueError, match=r"quote a path or a label that holds a blank"):
         image_list(folder / "list.txt")
+    # A line without a label, its file there, was said to name no file as it stands.
+    (folder / "list.txt").write_text("'my cat/0 1.png' 1\ndog/001.jpg\n")
+    with pytest.raises(ValueError, match=r"got 'dog/001.jpg' \(a list") as refused:
+        image_list(folder / "list.txt")
+    assert "names no file" not in str(refused.value)
 
 
 @pytest.mark.parametrize(
