@@ -59,7 +59,13 @@ def margin_cross_entropy(
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
-    check_tensors("margin_cross_entropy", logits=logits, target=target, margins=margins)
+    check_tensors(
+        "margin_cross_entropy",
+        logits=logits,
+        target=target,
+        margins=margins,
+        sample_weight=sample_weight,
+    )
     if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         # (torch's "gather(): Expected dtype int32/int64 for index" said nothing of this)
         raise TypeError(

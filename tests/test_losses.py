@@ -803,6 +803,21 @@ def test_the_pure_functions_refuse_arrays_that_are_no_tensors_by_name(function, 
             function(*given)
 
 
+@pytest.mark.parametrize("function", [
+    lambda features, target, w: margin_cross_entropy(
+        features[:, :3], target, torch.ones(3), sample_weight=w
+    ),
+    lambda features, target, w: class_statistics(features, target, 3, sample_weight=w),
+    lambda features, target, w: compactness_loss(features, target, 1.0, sample_weight=w),
+])  # fmt: skip
+def test_sample_weights_that_are_no_tensors_are_refused_by_name(function):
+    # margin_cross_entropy's NumPy weights failed with "'numpy.ndarray' object has no
+    # attribute 'is_floating_point'", where its other arguments were named.
+    features, target = torch.randn(6, 4), torch.arange(6) % 3
+    with pytest.raises(TypeError, match="takes torch tensors: sample_weight is a numpy.ndarray"):
+        function(features, target, np.ones(6, dtype=np.float32))
+
+
 @pytest.mark.parametrize(
     "dtype", [torch.int32, torch.uint8, torch.int16, torch.uint16, torch.uint32, torch.uint64]
 )
