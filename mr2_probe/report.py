@@ -202,7 +202,8 @@ def classwise_report(
     groups = class_groups(y, predictions[reference], labels)
     return ClasswiseReport(
         reference=reference,
-        labels=_as_text((labels.astype(str) if labels.dtype.kind in "mM" else labels).tolist()),
+        # (each as its str: astype(str) cut them to 21 characters, "86400000000 microseco")
+        labels=_as_text([str(v) for v in labels] if labels.dtype.kind in "mM" else labels.tolist()),
         groups=list(groups.values()),
         rows={name: classwise_summary(y, pred, groups) for name, pred in predictions.items()},
         per_class={name: accuracy.tolist() for name, accuracy in per_class.items()},

@@ -208,6 +208,12 @@ def test_json_writes_missing_groups_as_null():
     [
         (np.array(["2024-01-01", "2024-01-02"], "datetime64[D]"), ["2024-01-01", "2024-01-02"]),
         (np.array([1, 2], dtype="timedelta64[s]"), ["1 seconds", "2 seconds"]),
+        # (a pandas column of durations is timedelta64[us]: astype(str) cut them to 21
+        # characters, "86400000000 microseco")
+        (
+            np.array([1, 2], dtype="timedelta64[D]").astype("timedelta64[us]"),
+            ["86400000000 microseconds", "172800000000 microseconds"],
+        ),
         # tolist() made these integers, which matched no class of y in the groups.
         (
             np.array(["2024-01-01", "2024-01-02"], "datetime64[ns]"),
