@@ -186,6 +186,7 @@ def class_statistics_chunked(
     transform = transform or (lambda x: x)
     sums = counts = None
     for x, y, w in chunks():
+        _check_class_indices(y, n_classes)  # (index_add_'s errors named no labels)
         y = class_indices(y)
         phi = float32_at_least(transform(x))  # (B, d)
         _check_chunk(phi, y, w, n_features)
@@ -528,7 +529,7 @@ def _check_class_indices(labels: torch.Tensor, n_classes: int) -> None:
     costs no synchronisation."""
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise TypeError(f"labels must be class indices (integers), got {labels.dtype}.")
-    if labels.device.type == "cpu" and len(labels):
+    if labels.device.type == "cpu" and labels.numel():  # (any shape: checked after)
         # torch has no min or max of uint16, uint32 or uint64: NumPy's, on the values as
         # given (as int64, the largest uint64 wrap to negative numbers).
         wide = labels.dtype in (torch.uint16, torch.uint32, torch.uint64)

@@ -1400,9 +1400,13 @@ def test_update_moments_refuses_labels_that_are_no_class_indices(labels, error, 
     if error is None:  # (wide unsigned labels in range are taken)
         moments = update_moments(ClassMoments.zeros(3, 2), features, labels)
         assert moments.count.tolist() == [1.0, 0.0, 1.0]
+        assert class_statistics(features, labels, 3).count.tolist() == [1.0, 0.0, 1.0]
         return
     with pytest.raises(error, match=match):
         update_moments(ClassMoments.zeros(3, 2), features, labels)
+    # class_statistics (and its chunked form) failed in index_add_'s words, as update did
+    with pytest.raises(error, match=match):
+        class_statistics(features, labels, 3)
 
 
 def test_overall_mean_weighs_each_class_by_its_samples():
