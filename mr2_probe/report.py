@@ -234,11 +234,21 @@ def _as_text(labels: list) -> list:
     0xFF and the four characters backslash, x, f, f); then as their ``repr``, which never
     makes two alike. Dates, times and durations held as objects (datetime's, or pandas'
     Timestamp of a column with a time zone) are written as those of datetime64 are: their
-    ISO text (a duration as its ``str``)."""
+    ISO text (a duration as its ``str``). Other objects JSON cannot hold (pandas' Interval
+    and Period, a Decimal) are written as their ``str`` (their ``repr`` where two read
+    alike), NumPy's scalars as Python's."""
     if labels and all(isinstance(v, datetime.date | datetime.time) for v in labels):
         return [v.isoformat() for v in labels]
     if labels and all(isinstance(v, datetime.timedelta) for v in labels):
         return [str(v) for v in labels]
+    # NumPy's numbers held as objects (np.int64(3)); its datetime64 become text below
+    labels = [v.item() if isinstance(v, np.number | np.bool_) else v for v in labels]
+    if not all(isinstance(v, str | bytes | int | float) or v is None for v in labels):
+        # Other objects (pandas' Interval of pd.cut, its Period, a Decimal): as their str,
+        # or where two read alike their repr; to_json failed ("Object of type Interval is
+        # not JSON serializable"), as it did for np.int64 held as objects.
+        text = [str(v) for v in labels]
+        return text if len(set(text)) == len(text) else [repr(v) for v in labels]
     if not labels or not isinstance(labels[0], bytes):
         return labels
     text = [v.decode("utf-8", "backslashreplace") for v in labels]

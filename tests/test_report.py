@@ -2,6 +2,7 @@
 
 import json
 from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
 
 import numpy as np
 import pytest
@@ -233,6 +234,29 @@ def test_date_labels_are_written_as_their_iso_text(y, shown):
     # The report took them, and to_json failed: "Object of type date is not JSON
     # serializable" (datetime64[ns] became integers of nanoseconds).
     y = np.repeat(y, 3)
+    report = classwise_report({"ERM": y, "MR2": y[::-1]}, y)
+    assert report.labels == shown
+    assert ClasswiseReport.from_dict(json.loads(report.to_json())).labels == shown
+
+
+@pytest.mark.parametrize(
+    "y, shown",
+    [
+        # pd.cut's bins, a pandas column of periods and NumPy's scalars held as objects:
+        # to_json failed with "Object of type Interval (Period, int64) is not JSON
+        # serializable".
+        (lambda pd: pd.cut(pd.Series([1, 5]), [0, 2, 6]), ["(0, 2]", "(2, 6]"]),
+        (
+            lambda pd: pd.Series(pd.period_range("2024-01", periods=2, freq="M")),
+            ["2024-01", "2024-02"],
+        ),
+        (lambda pd: np.array([np.int64(1), np.int64(2)], dtype=object), [1, 2]),
+        (lambda pd: np.array([Decimal("1.5"), Decimal("2.5")]), ["1.5", "2.5"]),
+    ],
+)
+def test_labels_held_as_other_objects_are_written_as_their_text(y, shown):
+    pd = pytest.importorskip("pandas")
+    y = np.repeat(np.asarray(y(pd)), 3)
     report = classwise_report({"ERM": y, "MR2": y[::-1]}, y)
     assert report.labels == shown
     assert ClasswiseReport.from_dict(json.loads(report.to_json())).labels == shown
