@@ -75,8 +75,8 @@ _KEEP_LOGIT_GRADS = 2**26
 # L-BFGS pairs of every head but the plain cosine one: scikit-learn's (scipy's m = 10).
 _LINEAR_HISTORY = 10
 # L-BFGS for a plain cosine head: its memory, at most 200 pairs of K × d updates and 2**26
-# elements in all; and where the rounds of torch's L-BFGS fit it (see fit_lbfgs), the most
-# restarts from unit-norm rows.
+# elements in all (float64 ones, _LBFGS's: 512 MiB at most, twice float32's); and where the
+# rounds of torch's L-BFGS fit it (see fit_lbfgs), the most restarts from unit-norm rows.
 _COSINE_ROUNDS = 20
 _COSINE_HISTORY = 200
 _COSINE_HISTORY_ELEMENTS = 2**26
