@@ -788,13 +788,18 @@ def _tabs_in_its_paths(folder: Path, text: list[str]) -> bool:
         at_blank = line.rsplit(None, 1)
         if len(at_blank) != 2 or len(at_tab) == 2 and at_tab[0].strip() == at_blank[0].strip():
             continue
-        named = [
-            len(fields) == 2 and os.path.lexists(folder / fields[0].strip())
-            for fields in (at_tab, at_blank)
-        ]
-        if named[0] != named[1]:
-            return named[1]
+        decided = _one_reading_names_a_file(folder, at_tab, at_blank)
+        if decided is not None:
+            return decided
     return False
+
+
+def _one_reading_names_a_file(folder: Path, one: list[str], other: list[str]) -> bool | None:
+    """Of a line's two readings as ``path label`` fields, whether ``other`` alone names a
+    file in ``folder`` (True), ``one`` alone (False), or neither or both (None: the line
+    does not decide)."""
+    named = [len(f) == 2 and os.path.lexists(folder / f[0].strip()) for f in (one, other)]
+    return named[1] if named[0] != named[1] else None
 
 
 def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
@@ -814,12 +819,9 @@ def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
         plain = line.rsplit(None, 1)
         if len(quoted) != 2 or len(plain) == 2 and plain[0].strip() == quoted[0]:
             continue
-        named = [
-            len(fields) == 2 and os.path.lexists(folder / fields[0].strip())
-            for fields in (plain, quoted)
-        ]
-        if named[0] != named[1]:
-            return named[1]
+        decided = _one_reading_names_a_file(folder, plain, quoted)
+        if decided is not None:
+            return decided
     return False
 
 
