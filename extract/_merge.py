@@ -60,9 +60,13 @@ def shard_path(out: str | os.PathLike, rank: int, world_size: int) -> Path:
 
 
 def shards_beside(out: str | os.PathLike) -> list[Path]:
-    """The shards of ``out`` there are, of any number of ranks (:func:`shard_path`'s names)."""
+    """The shards of ``out`` there are, of any number of ranks (:func:`shard_path`'s names).
+    The glob's ``*`` alone took, for an ``out`` without a suffix (``feats``), the shards of
+    ``feats.h5`` beside it (``feats.shard-00000-of-00002.h5``): each name must be one."""
     out = Path(out)
-    return sorted(out.parent.glob(f"{glob.escape(out.stem)}.shard-*-of-*{glob.escape(out.suffix)}"))
+    name = re.compile(rf"{re.escape(out.stem)}\.shard-\d+-of-\d+{re.escape(out.suffix)}")
+    found = out.parent.glob(f"{glob.escape(out.stem)}.shard-*-of-*{glob.escape(out.suffix)}")
+    return sorted(path for path in found if name.fullmatch(path.name))
 
 
 def merge_shards(

@@ -1647,3 +1647,21 @@ def test_a_parquet_reader_dropped_mid_row_group_closes_its_file(data):
         del dataset
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_the_shards_beside_an_output_without_a_suffix_are_its_own(tmp_path):
+    # `feats`'s shards were globbed as feats.shard-*-of-*, which took those of feats.h5
+    # beside it (a forced rebuild of `feats` would mark them superseded).
+    from extract._merge import shards_beside
+
+    for rank in range(2):
+        shard_path(tmp_path / "feats.h5", rank, 2).touch()
+        shard_path(tmp_path / "feats", rank, 3).touch()
+    assert [p.name for p in shards_beside(tmp_path / "feats")] == [
+        "feats.shard-00000-of-00003",
+        "feats.shard-00001-of-00003",
+    ]
+    assert [p.name for p in shards_beside(tmp_path / "feats.h5")] == [
+        "feats.shard-00000-of-00002.h5",
+        "feats.shard-00001-of-00002.h5",
+    ]
