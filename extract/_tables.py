@@ -530,13 +530,13 @@ def _index_file(path: str, image_key: str | None, label_key: str) -> tuple[_File
 
 
 def parquet_files(
-    pattern: str, image_key: str | None = None, label_key: str | None = None
+    pattern: str | os.PathLike, image_key: str | None = None, label_key: str | None = None
 ) -> ImageSource:
     """Rows of Parquet files (or of a Hugging Face ``datasets`` folder) of encoded images.
 
     Parameters
     ----------
-    pattern : str
+    pattern : str or path-like
         Parquet files as a brace pattern or local glob
         (``data/train-{00000..00003}-of-00004.parquet``, ``data/train-*.parquet``), or a
         folder: a Hugging Face dataset repository or export (its ``.parquet`` files,
@@ -566,7 +566,8 @@ def parquet_files(
     """
     check_keys(image_key, label_key)  # ("" was read as the default)
     label_key = label_key or "label"
-    pattern = expand_home(pattern)  # (a folder's ~, as each part of a pattern's)
+    # (a pathlib.Path failed on 'startswith'; a folder's ~, as each part of a pattern's)
+    pattern = expand_home(os.fsdecode(pattern))
     folder = os.path.isdir(pattern)
     paths = _dataset_folder(pattern) if folder else expand_pattern(pattern, "parquet")
     root = os.path.abspath(pattern) if folder else container_root(paths)

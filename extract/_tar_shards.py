@@ -462,13 +462,13 @@ def _refuse_repeated_keys(ids: list[str], file: np.ndarray, paths: list[str]) ->
 
 
 def webdataset_shards(
-    pattern: str, image_key: str | None = None, label_key: str | None = None
+    pattern: str | os.PathLike, image_key: str | None = None, label_key: str | None = None
 ) -> ImageSource:
     """Samples of WebDataset tar shards, one row each, in shard and archive order.
 
     Parameters
     ----------
-    pattern : str
+    pattern : str or path-like
         Shards as WebDataset names them: a brace pattern (``shards/{00000..00127}.tar``),
         a local glob (``shards/*.tar``), several joined by ``::``, or a folder (its
         ``.tar`` files, sorted), e.g. the output folder of ``img2dataset``.
@@ -504,7 +504,8 @@ def webdataset_shards(
             "one such as 'jpg', or alternatives such as 'jpg;png'."
         )
     label_key = label_key or "cls"
-    pattern = expand_home(pattern)  # (a folder's ~, as each part of a pattern's)
+    # (a pathlib.Path failed on 'startswith'; a folder's ~, as each part of a pattern's)
+    pattern = expand_home(os.fsdecode(pattern))
     paths = _shard_paths(pattern)
     root = os.path.dirname(paths[0]) if os.path.isdir(pattern) else container_root(paths)
     sizes, mtimes = stat_containers(paths)

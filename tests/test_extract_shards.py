@@ -1665,3 +1665,17 @@ def test_the_shards_beside_an_output_without_a_suffix_are_its_own(tmp_path):
         "feats.shard-00000-of-00002.h5",
         "feats.shard-00001-of-00002.h5",
     ]
+
+
+def test_webdataset_shards_and_parquet_files_take_a_pathlib_path(data):
+    # Paths as pathlib gives them failed with "'PosixPath' object has no attribute
+    # 'startswith'" (the folder's ~ looked for).
+    from extract import parquet_files, webdataset_shards
+
+    for read, folder, text in (
+        (webdataset_shards, data / "wds", "webdataset:"),
+        (parquet_files, data / "hf", "parquet:"),
+    ):
+        given, as_text = read(folder), open_source(f"{text}{folder}")
+        assert given.ids == as_text.ids and given.description == as_text.description
+        np.testing.assert_array_equal(given.labels, as_text.labels)
