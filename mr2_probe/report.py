@@ -241,8 +241,12 @@ def _as_text(labels: list) -> list:
         return [v.isoformat() for v in labels]
     if labels and all(isinstance(v, datetime.timedelta) for v in labels):
         return [str(v) for v in labels]
-    # NumPy's numbers held as objects (np.int64(3)); its datetime64 become text below
-    labels = [v.item() if isinstance(v, np.number | np.bool_) else v for v in labels]
+    # NumPy's numbers held as objects (np.int64(3)); its datetime64 and timedelta64 (an
+    # integer to NumPy, whose item() in nanoseconds is a bare int) become text below
+    labels = [
+        v.item() if isinstance(v, np.number | np.bool_) and not isinstance(v, np.timedelta64) else v
+        for v in labels
+    ]
     if not all(isinstance(v, str | bytes | int | float) or v is None for v in labels):
         # Other objects (pandas' Interval of pd.cut, its Period, a Decimal): as their str,
         # or where two read alike their repr; to_json failed ("Object of type Interval is

@@ -252,6 +252,16 @@ def test_date_labels_are_written_as_their_iso_text(y, shown):
         ),
         (lambda pd: np.array([np.int64(1), np.int64(2)], dtype=object), [1, 2]),
         (lambda pd: np.array([Decimal("1.5"), Decimal("2.5")]), ["1.5", "2.5"]),
+        # NumPy's durations held as objects, as a timedelta64 array's (not 1 and 2: the
+        # nanoseconds' item() is a bare int)
+        (
+            lambda pd: np.array([np.timedelta64(1, "ns"), np.timedelta64(2, "ns")], dtype=object),
+            ["1 nanoseconds", "2 nanoseconds"],
+        ),
+        (
+            lambda pd: np.array([np.timedelta64(1, "ns"), np.timedelta64(2, "ns")]),
+            ["1 nanoseconds", "2 nanoseconds"],
+        ),
     ],
 )
 def test_labels_held_as_other_objects_are_written_as_their_text(y, shown):
