@@ -671,7 +671,8 @@ def _seed_from_merged(shard: Path, merged: Path, rows: np.ndarray) -> None:
     shard's; a copy stopped part way leaves the rest pending, extracted by the next run."""
     names = ("features", "failure_reason", "content_sha256", "status")
     try:
-        check_attrs_room(shard)  # (on a full disk the versions' write left it unreadable)
+        # (on a full disk the versions' write left it unreadable)
+        check_attrs_room(shard, "the shard, made for it, is removed: the next run makes it again")
     except StoreError:
         shard.unlink()  # made for the seed, holding nothing: the next run seeds it again
         raise

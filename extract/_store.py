@@ -339,17 +339,17 @@ def _check_space(path: str, size: int) -> None:
 ATTRS_ROOM = 1 << 16
 
 
-def check_attrs_room(path: str | os.PathLike) -> None:
+def check_attrs_room(path: str | os.PathLike, left: str = "the store is left as it was") -> None:
     """Refuse to change the attributes of the existing store ``path`` where its folder has
     no room left for them: a write there that a full disk refused left the store unreadable
-    (a --retry-failed on a full disk made a complete store "damaged")."""
+    (a --retry-failed on a full disk made a complete store "damaged"). ``left`` says what
+    becomes of the store (one the caller removes is not left as it was)."""
     free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
     if free < ATTRS_ROOM:
         raise StoreError(
             f"No space left to update the feature store {os.fspath(path)!r}: HDF5 needs about "
             f"{ATTRS_ROOM >> 10} KiB at the end of the file to change its attributes and its "
-            f"folder has {free >> 10} KiB free; free some space, then run again (the store is "
-            "left as it was)."
+            f"folder has {free >> 10} KiB free; free some space, then run again ({left})."
         )
 
 
