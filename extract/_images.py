@@ -854,7 +854,12 @@ def _shell_fields(folder: Path, line: str) -> list[str]:
     # is read as a shell reads it, its label unquoted.)
     if len(plain) == 2 and (quoted is None or quoted[:1] != [plain[0].strip()]):
         if os.path.lexists(os.path.join(folder, plain[0].strip())):
-            return plain
+            # its label as a shell reads it ("it's.png 'cat'" made a class "'cat'")
+            try:
+                label = shlex.split(plain[1])
+            except ValueError:  # (an apostrophe in a label: read as it stands)
+                label = None
+            return [plain[0], label[0]] if label and len(label) == 1 else plain
     if error is not None:
         raise error
     return quoted

@@ -587,6 +587,22 @@ def test_a_label_quoted_as_a_shell_quotes_it_after_a_name_as_it_stands_is_read_u
     assert [src.class_names[k] for k in src.labels] == [name, name]
 
 
+@pytest.mark.parametrize("stands", ["it's.png", "Tom's and Ann's.png", "a\\b.png"])
+@pytest.mark.parametrize("label, name", [("'1'", "1"), ('"1"', "1"), ("1", "1")])
+def test_a_label_quoted_after_a_name_that_needs_quotes_as_it_stands_is_read_unquoted(
+    folder, stands, label, name
+):
+    # A name as it stands that a shell reads otherwise (an apostrophe, a backslash) kept
+    # its quoted label's quotes: "it's.png '1'" made a class "'1'" of its own.
+    (folder / "my cat").mkdir()
+    shutil.copy(folder / "cat/000.png", folder / "my cat/0 1.png")
+    shutil.copy(folder / "cat/000.png", folder / stands)
+    (folder / "list.txt").write_text(f"'my cat/0 1.png' 1\n{stands} {label}\n")
+    src = image_list(folder / "list.txt")
+    assert src.ids == ["my cat/0 1.png", stands]
+    assert [src.class_names[k] for k in src.labels] == ["1", name]
+
+
 @pytest.mark.parametrize("beside", ["target", "target, quoted", "link", "annex"])
 def test_a_linked_list_reads_the_images_beside_it_or_beside_its_target(folder, tmp_path, beside):
     # A dataset's list linked into a project read its images beside the link: none there,
