@@ -92,7 +92,10 @@ class MR2Loss(nn.Module):
         normalised features) and 2 otherwise, as :class:`MR2LinearClassifier` chooses for
         its cosine head.
     rho : float, default=0.9
-        Decay of a class's running moments each time a batch holds that class.
+        Decay of a class's running moments each time a batch holds that class. A ``rho``
+        that the statistics' dtype rounds to 1 (0.99999999 in float32) is refused when a
+        batch is folded in: nothing would decay. Keep the statistics in float64
+        (``criterion.double()``) for such a decay.
     tau : float or None, default=1.0
         Temperature of the compactness loss, the paper's form by default (s̄ a statistic,
         not differentiated). ``None`` uses τ = 2 s̄ (s̄ floored at the rounding of the
@@ -413,9 +416,23 @@ class MR2Loss(nn.Module):
         # width failed inside index_add_ ("index out of range in self").
         self._fold(features, self._check_batch(None, features, target))
 
+    def _check_rho(self, *dtypes: torch.dtype) -> None:
+        """Refuse a ρ that ``dtypes`` (the running statistics') round to 1: in float32,
+        ρ = 0.99999999 was 1.0, and nothing decayed, without a word. (A Python comparison:
+        no synchronisation.)"""
+        for dtype in dtypes:
+            if self.rho > 0 and torch.tensor(self.rho, dtype=dtype).item() == 1:
+                raise ValueError(
+                    f"rho={self.rho!r} rounds to 1 in {str(dtype)[6:]}, in which MR2Loss keeps "
+                    "its running statistics: nothing would decay. Use a rho at most "
+                    f"{1 - torch.finfo(dtype).eps / 2!r}, or keep the statistics in float64 "
+                    "(criterion.double())."
+                )
+
     @torch.no_grad()
     def _fold(self, features: torch.Tensor, target: torch.Tensor) -> None:
         """:meth:`update` of a batch checked by :meth:`_check_batch` (int64 targets)."""
+        self._check_rho(self.moment_sum.dtype, self.running_class_loss.dtype)
         phi = unit_rows(features) if self.normalize else features
         phi = phi.to(self.moment_sum.dtype)
         moments = update_moments(

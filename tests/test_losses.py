@@ -659,6 +659,24 @@ def test_mr2_loss_refuses_a_tau_or_lam_beyond_the_range_of_its_distances(kwargs,
     assert not criterion.initialised.any()  # the batch was not folded in
 
 
+@pytest.mark.parametrize("how", ["update", "forward"])
+@pytest.mark.parametrize("rho", [0.99999999, 1 - 2**-25])
+def test_mr2_loss_refuses_a_rho_its_statistics_round_to_1(rho, how):
+    # In float32, ρ = 0.99999999 was 1.0: nothing decayed (the counts grew as sums), unsaid.
+    gen = torch.Generator().manual_seed(0)
+    features, target = torch.randn(12, 4, generator=gen), torch.arange(12) % 3
+    criterion = MR2Loss(3, 4, rho=rho, class_tilt=1.0)
+    fold = (lambda: criterion.update(features, target)) if how == "update" else (
+        lambda: criterion(torch.randn(12, 3, generator=gen), features, target))  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape(f"rho={rho!r} rounds to 1 in float32")):
+        fold()
+    assert not criterion.initialised.any()  # the batch was not folded in
+    criterion.double()  # float64 statistics keep the decay
+    fold()
+    fold()
+    assert (criterion.moment_count < 8).all() and (criterion.moment_count > 7.99).all()
+
+
 @pytest.mark.parametrize("c_bar, dtype", [(1e-300, torch.float64), (1e38, torch.float32)])
 def test_mr2_loss_keeps_margins_of_an_extreme_c_bar_its_dtype_holds(c_bar, dtype):
     # float32's c̄ = 1e38: c̄·K·a_k^{1/3} overflowed before the division, every margin inf.
