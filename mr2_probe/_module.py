@@ -17,6 +17,8 @@ from ._stats import (
     DIFFICULTIES,
     ClassMoments,
     ClassStats,
+    _check_class_indices,
+    _update_moments,
     centred_sum,
     check_tensors,
     compactness_tau,
@@ -24,7 +26,6 @@ from ._stats import (
     mean_spread,
     moments_margins,
     moments_statistics,
-    update_moments,
 )
 
 
@@ -435,7 +436,7 @@ class MR2Loss(nn.Module):
         self._check_rho(self.moment_sum.dtype, self.running_class_loss.dtype)
         phi = unit_rows(features) if self.normalize else features
         phi = phi.to(self.moment_sum.dtype)
-        moments = update_moments(
+        moments = _update_moments(  # the batch checked: its targets' range read once
             self.moments(), phi, target, self.rho, self.p, all_reduce=self._all_reduce()
         )
         # A batch with a non-finite feature (an overflowed mixed-precision step) is left
@@ -475,17 +476,8 @@ class MR2Loss(nn.Module):
                 "outputs, which the cross-entropy differentiates. Pass them as the model "
                 "computes them, or cast them (logits.float())."
             )
-        _check_indices(target)  # float targets were truncated to classes, without a word
-        if target.device.type == "cpu" and len(target):
-            # torch has no min or max of uint16, uint32 or uint64: NumPy's, on the values
-            # as given (as int64, the largest uint64 wrap to negative numbers).
-            values = target.numpy() if target.dtype in _UNSIGNED_WIDE else target
-            low, high = int(values.min()), int(values.max())
-            if low < 0 or high >= self.n_classes:
-                raise ValueError(
-                    f"Target {low if low < 0 else high} is out of bounds: the classes are "
-                    f"0..{self.n_classes - 1} (targets to ignore are not supported)."
-                )
+        # Float targets were truncated to classes, without a word; the range on the CPU.
+        _check_class_indices(target, self.n_classes, "target")
         return target.long()
 
     def forward(
@@ -529,12 +521,3 @@ class MR2Loss(nn.Module):
             compact = torch.where(self.initialised.any(), compact, torch.zeros_like(compact))
             loss = loss + self.lam * compact
         return loss
-
-
-_UNSIGNED_WIDE = (torch.uint16, torch.uint32, torch.uint64)
-
-
-def _check_indices(target: torch.Tensor) -> None:
-    """Refuse targets that are no class indices (floating-point, complex or boolean)."""
-    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-        raise TypeError(f"targets must be class indices (integers), got {target.dtype}.")

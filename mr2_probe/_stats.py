@@ -479,7 +479,13 @@ def update_moments(
     n_classes, n_features = moments.sum.shape
     _check_chunk(features, labels, None, n_features)  # (index_add_'s errors said little)
     _check_class_indices(labels, n_classes)
-    labels = class_indices(labels)
+    return _update_moments(moments, features, class_indices(labels), rho, p, all_reduce)
+
+
+def _update_moments(moments, features, labels, rho, p, all_reduce) -> ClassMoments:
+    """:func:`update_moments` of a batch already checked (int64 labels in range): MR2Loss
+    checks its batches once, its targets' range read once."""
+    n_classes, n_features = moments.sum.shape
     features = features.to(moments.sum.dtype)
     new = features.new_zeros
     batch = new(n_classes, n_features + 2)  # counts, Σ‖φ‖², Σφ: one tensor to reduce
@@ -522,13 +528,14 @@ def update_moments(
     )
 
 
-def _check_class_indices(labels: torch.Tensor, n_classes: int) -> None:
+def _check_class_indices(labels: torch.Tensor, n_classes: int, name: str = "label") -> None:
     """Refuse labels that are no class indices in ``[0, n_classes)`` before index_add_ takes
     them (its "index out of range in self" and "Expected dtype int32/int64 for index" named
     neither the labels nor the classes); their range on the CPU alone, where reading it
-    costs no synchronisation."""
+    costs no synchronisation. ``name``: what the errors call a label (MR2Loss's
+    "target")."""
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise TypeError(f"labels must be class indices (integers), got {labels.dtype}.")
+        raise TypeError(f"{name}s must be class indices (integers), got {labels.dtype}.")
     if labels.device.type == "cpu" and labels.numel():  # (any shape: checked after)
         # torch has no min or max of uint16, uint32 or uint64: NumPy's, on the values as
         # given (as int64, the largest uint64 wrap to negative numbers).
@@ -537,8 +544,8 @@ def _check_class_indices(labels: torch.Tensor, n_classes: int) -> None:
         low, high = int(values.min()), int(values.max())
         if low < 0 or high >= n_classes:
             raise ValueError(
-                f"Label {low if low < 0 else high} is out of bounds: the classes are "
-                f"0..{n_classes - 1}."
+                f"{name.capitalize()} {low if low < 0 else high} is out of bounds: the classes "
+                f"are 0..{n_classes - 1} ({name}s to ignore are not supported)."
             )
 
 

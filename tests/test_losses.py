@@ -2,6 +2,7 @@
 
 import math
 import re
+from functools import partial
 
 import numpy as np
 import pytest
@@ -778,6 +779,28 @@ def test_update_refuses_a_batch_that_forward_refuses(features, target, match):
         criterion.update(torch.randn(features), target)
     for name, value in criterion.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.parametrize("how", ["update", "forward"])
+def test_mr2_loss_reads_its_targets_range_once_a_batch(how, monkeypatch):
+    # _check_batch and update_moments each read the range (two min/max reads a batch),
+    # one worded "Target …", the other "Label …": one check now serves both.
+    criterion = MR2Loss(3, 4)
+    reads = []
+    for name in ("min", "max"):
+        read = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _r=read, _n=name, **k: (
+            reads.append(_n), _r(t, *a, **k))[1])  # fmt: skip
+    fold = criterion.update if how == "update" else partial(criterion, torch.randn(6, 3))
+    fold(torch.randn(6, 4), torch.arange(6) % 3)
+    assert sorted(reads) == ["max", "min"]
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=re.escape(
+        "Target 3 is out of bounds: the classes are 0..2 (targets to ignore are not")):  # fmt: skip
+        fold(torch.randn(6, 4), torch.arange(6) % 3 + 1)
+    with pytest.raises(ValueError, match=re.escape(
+        "Label 3 is out of bounds: the classes are 0..2 (labels to ignore are not")):  # fmt: skip
+        update_moments(ClassMoments.zeros(3, 4), torch.randn(6, 4), torch.arange(6) % 3 + 1)
 
 
 @pytest.mark.parametrize("argument", ["logits", "features", "target"])
