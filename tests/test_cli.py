@@ -2550,6 +2550,21 @@ def test_a_grid_search_with_a_failed_fit_still_reports(files, capsys, debug):
     assert sum(w.category is FitFailedWarning for w in sklearn_s) == (2 if debug else 0)
 
 
+def test_debug_shows_the_failed_fits_tracebacks_under_python_w_ignore(files, capsys):
+    # Each failed setting's line says "--debug shows the tracebacks": under python -W ignore
+    # the filters hid scikit-learn's FitFailedWarning, --debug or not.
+    argv = [str(files / "train.npz"), "--grid", "solver=sgd", "--grid", "learning_rate=0.003,1000"]
+    argv += ["--lam", "0.5", "--feature-scaling", "standard", "--cv", "2", "--max-iter", "5"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("ignore")
+        assert main([*argv, "--no-progress", "--debug"]) == 0
+    failed = [line for line in capsys.readouterr().err.splitlines() if "failed in" in line]
+    assert len(failed) == 2 and all("--debug shows the tracebacks" in line for line in failed)
+    shown = [str(w.message) for w in caught if w.category is FitFailedWarning]
+    assert len(shown) == 2 and all("Traceback" in text for text in shown)
+    assert not [w for w in caught if w.category is not FitFailedWarning]  # (the rest ignored)
+
+
 def test_a_search_whose_every_fit_failed_ends_though_a_warning_was_held(tmp_path, capsys):
     # A warning held while the search ran (a class of fewer rows than folds), every fit
     # failing: its warnings were shown inside the block that held them, each held again

@@ -464,21 +464,26 @@ def _said_failed_fits(search: GridSearchCV, caught: list, name: str, args) -> bo
     return bool(np.any(failed))
 
 
-def _show(caught: list, hide_failed_fits: bool = False) -> None:
+def _show(caught: list, hide_failed_fits: bool = False, debug: bool = False) -> None:
     """Show the warnings ``caught`` while a search ran, as they would have been shown;
     with ``hide_failed_fits`` (said by :func:`_said_failed_fits`) without scikit-learn's
-    own of its failed fits: their FitFailedWarning and the NaN test scores' UserWarning."""
+    own of its failed fits: their FitFailedWarning and the NaN test scores' UserWarning.
+    ``debug`` (--debug, whose tracebacks the failed settings' lines promise) shows the
+    FitFailedWarning whatever the filters say (python -W ignore hid it)."""
     for warning in caught:
         text = str(warning.message)
+        failed_fits = issubclass(warning.category, FitFailedWarning)
         if hide_failed_fits and (
-            issubclass(warning.category, FitFailedWarning)
-            or text.startswith("One or more of the test scores are non-finite")
+            failed_fits or text.startswith("One or more of the test scores are non-finite")
         ):
             continue
-        warnings.warn_explicit(
-            warning.message, warning.category, warning.filename, warning.lineno,
-            source=warning.source,
-        )  # fmt: skip
+        with warnings.catch_warnings():
+            if debug and failed_fits:
+                warnings.simplefilter("always", FitFailedWarning)
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno,
+                source=warning.source,
+            )  # fmt: skip
 
 
 def _front_terms(message) -> str:
@@ -506,12 +511,12 @@ def _fit(model, X, y, name: str, args, front: bool = False):
         if failure is not None:
             # Shown out of the block: in it, each warning shown was held again, behind the
             # one shown, for ever (a search whose every fit failed, a warning held).
-            _show(caught)
+            _show(caught, debug=args.debug)
             if isinstance(failure, ValueError):
                 raise _all_fits_failed(failure, name, args) from failure
             raise failure
         said = _said_failed_fits(model, caught, name, args)
-        _show(caught, hide_failed_fits=said and not args.debug)
+        _show(caught, hide_failed_fits=said and not args.debug, debug=args.debug)
         results = model.cv_results_
         folds = [results[k] for k in results if re.fullmatch(r"split\d+_test_stopped_short", k)]
         # The solver's own reason, where this process has it: the refit's.
