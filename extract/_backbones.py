@@ -121,7 +121,7 @@ def _check_model_folder(spec: BackboneSpec, where: str) -> None:
     about = f"The timm model folder {where!r} of backbone {str(spec)!r}"
     saved = "timm's save_for_hf writes the folder that 'local-dir:' reads."
     if not os.path.isfile(path):
-        raise BackboneError(f"{about} holds no config.json; {saved}")
+        raise BackboneError(f"{about} {_not_a_model_folder(where, 'config.json')}; {saved}")
     try:
         with open(path, "rb") as f:
             config = json.load(f)
@@ -146,6 +146,14 @@ def _check_model_folder(spec: BackboneSpec, where: str) -> None:
         )
 
 
+def _not_a_model_folder(where: str, config: str) -> str:
+    """What is wrong with a ``local-dir:`` folder without its config: missing, a file or
+    a folder without it."""
+    if os.path.isdir(where):
+        return f"holds no {config}"
+    return "is no folder" if os.path.exists(where) else "does not exist"
+
+
 def _check_own_weights(spec: BackboneSpec) -> None:
     """Refuse a local checkpoint for a model that brings its own weights (``hf-hub:`` or
     ``local-dir:``); ``@random`` keeps only its architecture."""
@@ -163,7 +171,7 @@ def _check_open_clip_model(spec: BackboneSpec) -> None:
         # (else open_clip's FileNotFoundError read as a download that failed: "no network")
         where = spec.model.removeprefix("local-dir:")
         if not os.path.isfile(os.path.join(where, "open_clip_config.json")):
-            what = "holds no open_clip_config.json" if os.path.isdir(where) else "is no folder"
+            what = _not_a_model_folder(where, "open_clip_config.json")
             raise BackboneError(
                 f"The open_clip model folder {where!r} of backbone {str(spec)!r} {what}: "
                 "'local-dir:' reads a folder that holds open_clip_config.json and the weights."

@@ -1127,8 +1127,13 @@ def test_timm_hub_and_folder_names_are_built_as_timm_builds_them(no_network, tmp
     assert random.weights_id.split(":")[-1] != bb.weights_id.split(":")[-1]  # not the folder's
     with pytest.raises(BackboneError, match="brings its own weights; drop '@/w.pth'"):
         create_backbone(f"timm:local-dir:{folder}@/w.pth")
-    with pytest.raises(BackboneError, match="holds no config.json"):
+    # A missing folder is said to be missing ("holds no config.json" before), a file no folder.
+    with pytest.raises(BackboneError, match=r"/nothing' of backbone .* does not exist; timm's"):
         create_backbone(f"timm:local-dir:{tmp_path / 'nothing'}")
+    with pytest.raises(BackboneError, match="config.json' of backbone .* is no folder; timm's"):
+        create_backbone(f"timm:local-dir:{folder / 'config.json'}")
+    with pytest.raises(BackboneError, match="holds no config.json"):
+        create_backbone(f"timm:local-dir:{tmp_path}")
     # A folder with its config but no weights (half copied): timm's traceback before.
     half = tmp_path / "half"
     half.mkdir()
@@ -1440,7 +1445,12 @@ def test_an_open_clip_model_folder_without_its_config_is_named(tmp_path):
     # open_clip's FileNotFoundError was read as a failed download: "no network".
     from extract import BackboneError
 
-    for where, what in ((tmp_path / "nowhere", "is no folder"), (tmp_path, "holds no open_clip")):
+    (tmp_path / "a.txt").write_text("")
+    for where, what in (
+        (tmp_path / "nowhere", "does not exist"),
+        (tmp_path / "a.txt", "is no folder"),
+        (tmp_path, "holds no open_clip"),
+    ):
         with pytest.raises(BackboneError, match=what):
             create_backbone(f"open_clip:local-dir:{where}", image_size=32)
 
