@@ -30,6 +30,7 @@ from ._schema import (
 )
 from ._store import (
     DAMAGE_ERRORS,
+    NO_ROOM,
     _check_companions,
     check_attrs_room,
     check_format,
@@ -196,14 +197,16 @@ def _mark_merged(shards: list[str], out: str | os.PathLike) -> None:
     for path in shards:
         problem = _mark(path, identity)
         if problem:
+            # (on a full disk a rerun reuses the merged store: it does not mark the shard)
+            full = problem.startswith(NO_ROOM)
             logger.warning(
                 "Could not mark the shard %s with the version of %s it went into (%s): a "
                 "later run cannot tell whether it went into the store as it is then (it "
-                "may extract it anew, or resume it as it is); make it writable, or delete "
-                "it now that it is merged.",
+                "may extract it anew, or resume it as it is); %s it now that it is merged.",
                 path,
                 out,
                 problem,
+                "delete" if full else "make it writable, or delete",
             )
 
 
@@ -214,7 +217,8 @@ def _mark(path, value: str, over: bool = True) -> str | None:
     try:
         with h5py.File(path, "r+") as f:
             if over or MERGED_INTO not in f.attrs:
-                check_attrs_room(path)  # (on a full disk the write left it unreadable)
+                # (on a full disk the write left it unreadable; the caller advises)
+                check_attrs_room(path, "the shard is left as it was", advice=None)
                 f.attrs[MERGED_INTO] = value
     except (OSError, StoreError) as err:
         return " ".join(str(err).split())

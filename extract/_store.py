@@ -337,19 +337,25 @@ def _check_space(path: str, size: int) -> None:
 # Room that HDF5 takes at the end of a store to change its attributes: each attribute set,
 # a new one or one written again, takes a block of a few KiB there.
 ATTRS_ROOM = 1 << 16
+NO_ROOM = "No space left to update the feature store"  # check_attrs_room's refusal begins so
 
 
-def check_attrs_room(path: str | os.PathLike, left: str = "the store is left as it was") -> None:
+def check_attrs_room(
+    path: str | os.PathLike,
+    left: str = "the store is left as it was",
+    advice: str | None = "free some space, then run again",
+) -> None:
     """Refuse to change the attributes of the existing store ``path`` where its folder has
     no room left for them: a write there that a full disk refused left the store unreadable
     (a --retry-failed on a full disk made a complete store "damaged"). ``left`` says what
-    becomes of the store (one the caller removes is not left as it was)."""
+    becomes of the store (one the caller removes is not left as it was); ``advice``, what
+    to do (None where the caller gives its own: a rerun does not redo every write)."""
     free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
     if free < ATTRS_ROOM:
         raise StoreError(
-            f"No space left to update the feature store {os.fspath(path)!r}: HDF5 needs about "
+            f"{NO_ROOM} {os.fspath(path)!r}: HDF5 needs about "
             f"{ATTRS_ROOM >> 10} KiB at the end of the file to change its attributes and its "
-            f"folder has {free >> 10} KiB free; free some space, then run again ({left})."
+            f"folder has {free >> 10} KiB free" + (f"; {advice}" if advice else "") + f" ({left})."
         )
 
 

@@ -1605,6 +1605,11 @@ def test_shards_are_not_marked_where_the_merged_store_took_the_last_room(
     merge_shards(shards, out)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 2 and all("No space left to update" in w for w in warned)
+    # A rerun reuses the merged store and marks no shard: "free some space, then run
+    # again" was no help; deleting the merged shard is.
+    assert all("free some space" not in w and "run again" not in w for w in warned)
+    assert all("(the shard is left as it was)" in w for w in warned)
+    assert all(w.endswith("as it is); delete it now that it is merged.") for w in warned)
     assert [shard.read_bytes() for shard in shards] == before  # left as they were
     assert len(load_features(out).paths) == 4
 
