@@ -941,6 +941,27 @@ def _list_folder_and_rows(list_file: Path, text: list[str]) -> tuple[Path, list[
     return named, here
 
 
+def _warn_of_working_folder_paths(
+    list_file: Path, folder: Path, ids: list[str], sizes: np.ndarray
+) -> None:
+    """Say why every image of a list will fail where no relative path names a file in the
+    list's folder but the first names one in the working folder (``find data -name '*.png'
+    > lists/train.txt``): its paths are read relative to the list's folder all the same."""
+    relative = [i for i, path in enumerate(ids) if not os.path.isabs(path)]
+    if not relative or (sizes[relative] != NOT_A_FILE).any():
+        return
+    first = ids[relative[0]]
+    if not os.path.lexists(first) or os.path.samefile(folder, os.curdir):
+        return
+    logger.warning(
+        "%s: no image it lists is found in its folder %s, against which its relative paths "
+        "are read, but %r is found in the working folder: write its paths relative to the "
+        "list's folder (or absolute), or move the list into the working folder; its images "
+        "will be recorded as failed.",
+        list_file, folder, first,
+    )  # fmt: skip
+
+
 def image_list(list_file: str | os.PathLike) -> ImageSource:
     """Images listed as ``path,label`` lines (CSV, or tab- or whitespace-separated text).
 
@@ -1049,6 +1070,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     labels, class_names = encode_labels(texts)
     ids = [path for path, _, _ in rows]
     sizes, mtimes = stat_files(str(folder), ids)
+    _warn_of_working_folder_paths(list_file, folder, ids, sizes)
     return ImageSource(
         ids=ids,
         labels=labels,

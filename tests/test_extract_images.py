@@ -60,6 +60,27 @@ def test_image_list(folder, lines, class_names, labels):
     assert all(load_image(src, i).size == (40, 36) for i in range(len(src)))
 
 
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_list_whose_paths_are_the_working_folder_s_says_so(
+    folder, tmp_path, monkeypatch, caplog, beside
+):
+    # `find data -name '*.png' > lists/train.txt`: every image failed, the reason unsaid.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lists").mkdir()
+    list_file = tmp_path / "lists" / "train.txt"
+    list_file.write_text("data/cat/000.png cat\ndata/dog/001.jpg dog\n")
+    if beside:  # found beside the list too: read there, without a word
+        shutil.copytree(folder, tmp_path / "lists" / "data")
+    caplog.set_level(logging.WARNING, logger="extract")
+    src = image_list(list_file)
+    assert src.root == str(list_file.parent)  # read against the list's folder all the same
+    if beside:
+        assert not caplog.records
+    else:
+        assert len(caplog.records) == 1
+        assert "'data/cat/000.png' is found in the working folder" in caplog.text
+
+
 @pytest.mark.parametrize(
     "labels, warning",
     [
