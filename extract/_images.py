@@ -794,6 +794,29 @@ def _tabs_in_its_paths(folder: Path, text: list[str]) -> bool:
     return False
 
 
+def _quoted_as_csv_quotes(folder: Path, text: list[str]) -> bool:
+    """Whether a tab-separated list quotes its fields as the csv module does
+    (``csv.writer(f, delimiter="\\t", quoting=csv.QUOTE_ALL)``: ``"cat/000.png"<TAB>"cat"``):
+    split at its tabs, such a line named the file ``"cat/000.png"``, quotes included, of a
+    class ``"cat"``. The first line whose two readings differ and that names a file one way
+    alone decides (a name that holds a quote character is read as it stands where it
+    exists)."""
+    for line in text:
+        if '"' not in line:
+            continue
+        try:
+            quoted = next(csv.reader([line.strip()], delimiter="\t"))
+        except csv.Error:
+            continue
+        plain = re.split(r"\t+", line.strip())
+        if len(quoted) != 2 or len(plain) == 2 and plain[0].strip() == quoted[0].strip():
+            continue
+        decided = _one_reading_names_a_file(folder, plain, quoted)
+        if decided is not None:
+            return decided
+    return False
+
+
 def _one_reading_names_a_file(folder: Path, one: list[str], other: list[str]) -> bool | None:
     """Of a line's two readings as ``path label`` fields, whether ``other`` alone names a
     file in ``folder`` (True), ``one`` alone (False), or neither or both (None: the line
@@ -878,7 +901,7 @@ def _list_rows(list_file: Path, folder: Path, text: list[str]) -> list[list]:
     elif all("\t" in line.strip() for line in text if line.strip()) and not _tabs_in_its_paths(
         folder, text
     ):
-        delimiter = "\t"
+        delimiter = "csv-tab" if _quoted_as_csv_quotes(folder, text) else "\t"
     elif _quoted_as_a_shell_does(folder, text):
         delimiter = "shell"
     else:
@@ -894,6 +917,8 @@ def _list_rows(list_file: Path, folder: Path, text: list[str]) -> list[list]:
                 fields = next(csv.reader([line]))
             elif delimiter == "\t":
                 fields = re.split(r"\t+", line.strip())
+            elif delimiter == "csv-tab":  # (the csv module's quotes, on every field)
+                fields = next(csv.reader([line.strip()], delimiter="\t"))
             elif delimiter == "shell":
                 fields = _shell_fields(folder, line)
             else:

@@ -1,5 +1,6 @@
 """Image sources and decoding."""
 
+import csv
 import gzip
 import hashlib
 import io
@@ -659,6 +660,32 @@ def test_a_tab_separated_list_takes_labels_with_blanks(folder):
     src = image_list(folder / "list.tsv")
     assert src.ids == ["golden retriever/1.png", "dog/001.jpg"]
     assert src.class_names == ["dog", "golden retriever"] and src.labels.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("header", [False, True])
+def test_a_tab_separated_list_quoted_as_the_csv_module_quotes_is_read_unquoted(folder, header):
+    # csv.writer(f, delimiter="\t", quoting=csv.QUOTE_ALL): its quotes were kept, every
+    # image '"cat/000.png"' failed, of a class '"cat"' (a header: refused as "looks like one").
+    rows = [["path", "label"]] * header + [
+        ["cat/000.png", "golden retriever"],
+        ["dog/001.jpg", "dog"],
+    ]
+    with open(folder / "list.tsv", "w", newline="") as f:
+        csv.writer(f, delimiter="\t", quoting=csv.QUOTE_ALL).writerows(rows)
+    src = image_list(folder / "list.tsv")
+    assert (src.ids, src.class_names) == (
+        ["cat/000.png", "dog/001.jpg"],
+        ["dog", "golden retriever"],
+    )
+    assert src.file_size.min() > 0
+
+
+def test_a_quote_in_the_names_of_a_tab_separated_list_is_read_as_it_stands(folder):
+    # Read as the csv module reads it, '"a".png' was the file 'a.png' (no such file).
+    shutil.copy(folder / "cat/000.png", folder / '"a".png')
+    (folder / "list.tsv").write_text('"a".png\t"cat"\ndog/001.jpg\tdog\n')
+    src = image_list(folder / "list.tsv")
+    assert src.ids == ['"a".png', "dog/001.jpg"] and src.file_size.min() > 0
 
 
 @pytest.mark.parametrize("line", ["\t{path} {label}", "{path} {label}\t", "{path} \t {label}"])
