@@ -783,15 +783,15 @@ def _tabs_in_its_paths(folder: Path, text: list[str]) -> bool:
     'b/1.png cat'; two tabs in a name split it into three fields). The first line whose
     splits differ and that names a file one way alone decides: one list, one format, and a
     look-up or two, not two for each line of a tab-separated list of labels with blanks."""
-    for line in text:
+
+    def readings(line: str):
         at_tab = re.split(r"\t+", line.strip())
         at_blank = line.rsplit(None, 1)
         if len(at_blank) != 2 or len(at_tab) == 2 and at_tab[0].strip() == at_blank[0].strip():
-            continue
-        decided = _one_reading_names_a_file(folder, at_tab, at_blank)
-        if decided is not None:
-            return decided
-    return False
+            return None
+        return at_tab, at_blank
+
+    return _first_deciding_line(folder, text, readings)
 
 
 def _quoted_as_csv_quotes(folder: Path, text: list[str]) -> bool:
@@ -801,28 +801,35 @@ def _quoted_as_csv_quotes(folder: Path, text: list[str]) -> bool:
     class ``"cat"``. The first line whose two readings differ and that names a file one way
     alone decides (a name that holds a quote character is read as it stands where it
     exists)."""
-    for line in text:
+
+    def readings(line: str):
         if '"' not in line:
-            continue
+            return None
         try:
             quoted = next(csv.reader([line.strip()], delimiter="\t"))
         except csv.Error:
-            continue
+            return None
         plain = re.split(r"\t+", line.strip())
         if len(quoted) != 2 or len(plain) == 2 and plain[0].strip() == quoted[0].strip():
+            return None
+        return plain, quoted
+
+    return _first_deciding_line(folder, text, readings)
+
+
+def _first_deciding_line(folder: Path, text: list[str], readings) -> bool:
+    """Whether a list's lines are read the other way: ``readings(line)`` gives a line's two
+    readings as ``path label`` fields, the usual one and the other (None where they do not
+    differ), and the first line of which one reading alone names a file in ``folder``
+    decides (the other names it: True); a list without such a line is read as usual."""
+    for line in text:
+        pair = readings(line)
+        if pair is None:
             continue
-        decided = _one_reading_names_a_file(folder, plain, quoted)
-        if decided is not None:
-            return decided
+        named = [len(f) == 2 and os.path.lexists(folder / f[0].strip()) for f in pair]
+        if named[0] != named[1]:
+            return named[1]
     return False
-
-
-def _one_reading_names_a_file(folder: Path, one: list[str], other: list[str]) -> bool | None:
-    """Of a line's two readings as ``path label`` fields, whether ``other`` alone names a
-    file in ``folder`` (True), ``one`` alone (False), or neither or both (None: the line
-    does not decide)."""
-    named = [len(f) == 2 and os.path.lexists(folder / f[0].strip()) for f in (one, other)]
-    return named[1] if named[0] != named[1] else None
 
 
 def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
@@ -832,20 +839,20 @@ def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
     line named the file ``'my dir/1.jpg'``, quotes included, recorded as failed. The first
     line whose two readings differ and that names a file one way alone decides (a name
     that holds a quote character, ``"it's".jpg``, is read as it stands where it exists)."""
-    for line in text:
+
+    def readings(line: str):
         if "'" not in line and '"' not in line and "\\" not in line:
-            continue
+            return None
         try:
             quoted = shlex.split(line)
         except ValueError:  # (no closing quotation: an apostrophe in a name)
-            continue
+            return None
         plain = line.rsplit(None, 1)
         if len(quoted) != 2 or len(plain) == 2 and plain[0].strip() == quoted[0]:
-            continue
-        decided = _one_reading_names_a_file(folder, plain, quoted)
-        if decided is not None:
-            return decided
-    return False
+            return None
+        return plain, quoted
+
+    return _first_deciding_line(folder, text, readings)
 
 
 _AS_A_SHELL = (
