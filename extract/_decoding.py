@@ -128,10 +128,14 @@ def _scale_to_8_bits(image: Image.Image) -> Image.Image:
 def _32_bit_integers(image: Image.Image) -> bool:
     """Whether an opened (not yet loaded) image's file holds 32-bit integer pixels (TIFF's
     ``I;32S``, ``I;32N``, ...): PIL opens them in mode ``I`` as 16-bit files (PGM, signed
-    TIFF), and only the raw mode its decoder is given tells them apart (a tile's 4th
-    field: its ``args`` from Pillow 11, a plain tuple before)."""
-    rawmodes = (t[3] if isinstance(t[3], str) else (t[3] or ("",))[0] for t in image.tile)
-    return image.mode == "I" and any(str(mode).startswith("I;32") for mode in rawmodes)
+    TIFF), and only the raw mode its decoder is given tells them apart."""
+    return image.mode == "I" and any(mode.startswith("I;32") for mode in _raw_modes(image))
+
+
+def _raw_modes(image: Image.Image) -> list[str]:
+    """The raw modes that an opened image's tiles give their decoder: each tile's 4th field
+    (its ``args`` from Pillow 11, a plain tuple before), a mode or a tuple led by one."""
+    return [str(t[3] if isinstance(t[3], str) else (t[3] or ("",))[0]) for t in image.tile]
 
 
 def _signed_integers(image: Image.Image) -> bool:
@@ -150,8 +154,7 @@ def _white_is_zero(image: Image.Image) -> bool:
     if not image.mode.startswith("I;16") or getattr(image, "tag_v2", {}).get(262) != 0:
         return False
     # (Read by a raw mode of PIL's that keeps the values: one day it may invert them.)
-    rawmodes = (t[3] if isinstance(t[3], str) else (t[3] or ("",))[0] for t in image.tile)
-    return all(str(mode) in ("I;16", "I;16B", "I;16R", "I;16N") for mode in rawmodes)
+    return all(mode in ("I;16", "I;16B", "I;16R", "I;16N") for mode in _raw_modes(image))
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

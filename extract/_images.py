@@ -30,6 +30,8 @@ import torch
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
 
+from mr2_probe._h5 import why_missing
+
 from ._backbones import float32_default
 from ._decoding import (
     _JPEG_MAGIC,
@@ -42,7 +44,7 @@ from ._decoding import (
     read_file,
     sha256_hex,
 )
-from ._paths import expand_home, plural, why_missing
+from ._paths import expand_home, plural
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,9 @@
-"""Words for messages: what a path that cannot be read is (mr2_probe._h5's why_missing,
-which mr2-probe's messages say too), and a count's noun; a path's leading ``~``."""
+"""A count's noun for messages, and a path's leading ``~``. (What a path that cannot be
+read is: mr2_probe._h5's why_missing, which mr2-probe's messages say too.)"""
 
 from __future__ import annotations
 
 import os
-
-from mr2_probe._h5 import why_missing  # noqa: F401
 
 
 def plural(n: int, word: str, words: str | None = None) -> str:

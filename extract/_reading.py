@@ -14,10 +14,10 @@ from mr2_probe._h5 import (
     EXTERNAL_ADVICE,
     file_named_as_folder,
     missing_external_file,
+    missing_virtual_source,
     short_external_file,
     why_missing,
 )
-from mr2_probe._h5 import missing_virtual_source as _missing_virtual_source
 
 from ._locks import _lock_holder
 from ._paths import expand_home, plural
@@ -165,10 +165,11 @@ class FeatureStore:
 def _open_for_reading(path: str | os.PathLike) -> h5py.File:
     """Open a store to read it; every way in which ``path`` is not one is a StoreError."""
     text = os.fspath(path)
-    problem = file_named_as_folder(text) if not os.path.exists(text) else None
-    if problem:  # ('s1.h5/': "does not exist", beside the store s1.h5)
-        raise NotAStoreError(f"The feature store path {text!r} {problem}.")
-    if not os.path.exists(text):  # (a link to a store moved away was said not to exist)
+    if not os.path.exists(text):
+        problem = file_named_as_folder(text)
+        if problem:  # ('s1.h5/': "does not exist", beside the store s1.h5)
+            raise NotAStoreError(f"The feature store path {text!r} {problem}.")
+        # (a link to a store moved away was said not to exist)
         raise StoreNotFoundError(
             f"The feature store {text!r} {why_missing(text)}; check the path, or write it "
             "with mr2-extract."
@@ -224,7 +225,7 @@ def _check_types(path: str | os.PathLike, f: h5py.File) -> None:
                 f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} is a "
                 f"{type(f[name]).__name__.lower()}, not a dataset; rebuild it."
             )
-        missing = _missing_virtual_source(path, f[name])
+        missing = missing_virtual_source(path, f[name])
         if missing:
             raise NotAStoreError(
                 f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} is a "

@@ -16,7 +16,8 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from ._paths import why_missing
+from mr2_probe._h5 import why_missing
+
 from ._specs import _MODEL_SOURCES, RANDOM, BackboneError, BackboneSpec, WeightsUnavailableError
 
 # MoCo checkpoints nest the backbone under these prefixes (v2: query encoder, v3: base encoder).
