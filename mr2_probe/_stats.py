@@ -49,7 +49,7 @@ def intercept_scale(stats: ClassStats) -> torch.Tensor:
     curvature is about σ² too. A power of two keeps the change exact.
     """
     count = stats.count
-    total = count.sum().clamp_min(torch.finfo(count.dtype).tiny)
+    total = weight_divisor(count.sum())  # (a subnormal sum as it is: see weight_divisor)
     between = (stats.mean - overall_mean(stats)).square().sum(1)  # (K,)
     second = (count * (stats.msd_l2 + between)).sum() / total  # Σ_j of the entries' variance
     exponent = torch.log2(second / stats.mean.shape[1]).mul(0.5).round()

@@ -76,6 +76,18 @@ def test_statistics_of_subnormal_weights_are_those_of_the_weights_scaled_up(weig
     torch.testing.assert_close(tiny.msd, ones.msd, rtol=20 * rtol, atol=0)
 
 
+def test_intercept_scale_of_subnormal_weights_is_that_of_the_weights_scaled_up():
+    # intercept_scale divided by the weights' sum clamped up to float32's smallest normal
+    # number, as the class statistics did: weights of 1e-40 on 60 rows of scale 100 took
+    # the intercept in 64 where the same weights scaled up (and float64's) take it in 128.
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(60, 5, generator=gen) * 100, torch.arange(60) % 3
+    tiny = _stats.class_statistics(x, y, 3, 2.0, torch.full((60,), 1e-40))
+    ones = _stats.class_statistics(x, y, 3, 2.0, torch.ones(60))
+    assert float(tiny.count.sum()) < torch.finfo(torch.float32).tiny  # (subnormal)
+    assert float(_stats.intercept_scale(tiny)) == float(_stats.intercept_scale(ones)) == 128.0
+
+
 def test_mean_spread_without_any_present_class_is_zero():
     # Kills: dropping clamp_min(1) in mean_spread's denominator (0 / 0 = NaN, and a NaN
     # compactness temperature) when every sample has zero weight.
