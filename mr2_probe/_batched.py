@@ -811,18 +811,21 @@ class BatchedPath:
         """(B,) the folds whose penalty 1/(C·Σw) overflows X's dtype at C = ``value`` (C·Σw
         subnormal, C = 1e-320 say): their objective is NaN from the start, and they fail
         there as a fold's own fit does (FitDivergedError), instead of scoring a fit that
-        could not move (chance). So do those where its square overflows (float64's
-        C = 1e-300 on iris, float32's 1e-30): a float64 fold's own fit fails there too, its
-        line search's interpolation squaring slopes of that size (NaN coefficients). Where a
-        fold's own fit starts to fail depends on its data's gradient: just below that
-        square's overflow (float64's C = 6e-157 on iris's folds of 100 rows) the search fails
-        a C that its own fit stops at chance, which no search would choose anyway; so does
-        it a float32 one's down to C·Σw of about 1e-38 (its L-BFGS computes in float64)."""
+        could not move (chance). So do those where its square overflows float64 (C = 1e-300
+        on iris): a fold's own fit fails there too, its line search's interpolation squaring
+        slopes of that size (NaN coefficients). That square is taken in float64 for float32
+        data too, as a float32 fit's L-BFGS computes in float64: float32's C = 1e-30 on iris,
+        whose square overflowed float32, failed every fold where its own fit stops at its
+        start, as in float64 (a ConvergenceWarning). Where a fold's own fit starts to fail
+        depends on its data's gradient: just below that square's overflow (float64's
+        C = 6e-157 on iris's folds of 100 rows) the search fails a C that its own fit stops
+        at chance, which no search would choose anyway."""
         if self.batch.cosine:  # no penalty; a scale the dtype rounds to 0 (_scale_underflow)
             tiny = torch.finfo(self.batch.X.dtype).tiny
             return np.full(self.batch.n_folds, value < tiny)
-        penalty = 1.0 / (value * self.batch.weight_sum)  # (B,)
-        return (~torch.isfinite(penalty * penalty)).cpu().numpy()
+        penalty = 1.0 / (value * self.batch.weight_sum.cpu().double())  # (B,) (MPS: no float64)
+        in_range = torch.isfinite(penalty.to(self.batch.X.dtype)) & torch.isfinite(penalty**2)
+        return (~in_range).numpy()
 
     def _fail(self, value: float, failed: np.ndarray, progress) -> None:
         """Record ``value`` as failed on the folds ``failed`` (B,), as

@@ -2384,3 +2384,27 @@ def test_a_memory_that_points_uphill_is_dropped_for_a_gradient_step():
     assert (memory.rho[:, 0] == 0).all() and (memory.rho[:, 1] > 0).all()
     value, _ = batch.evaluate(params, torch.arange(2), 1.0)
     assert (value < np.log(3)).all()  # (from zero: log K)
+
+
+@pytest.mark.parametrize("batch_folds", [True, False])
+def test_a_float32_c_whose_penalty_squared_overflows_float32_alone_is_fitted(
+    batch_folds, monkeypatch
+):
+    # float32's C = 1e-30 on iris: 1/(C·Σw) = 1e28, whose square overflows float32 but
+    # not float64, in which a float32 fit's L-BFGS computes. The single fit stops at its
+    # start with a ConvergenceWarning, as in float64; the batched path failed the value on
+    # every fold (FitFailedWarning, NaN scores) where float64's search fitted it.
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+    X, y = load_iris(return_X_y=True)
+    scores = {}
+    for dtype in (np.float64, np.float32):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FitFailedWarning)
+            with pytest.warns(ConvergenceWarning, match="C=1e-30"):
+                MR2LinearClassifier(C=1e-30, device="cpu").fit(X.astype(dtype), y)
+            with pytest.warns(ConvergenceWarning, match="C=1e-30"):
+                search = MR2LinearClassifierCV([1e-30, 1.0], cv=3, device="cpu")
+                search.fit(X.astype(dtype), y)
+        scores[dtype] = search.scores_[0]
+        assert np.isfinite(search.coefs_paths_[0]).all() and search.C_ == 1.0
+    np.testing.assert_allclose(scores[np.float32], scores[np.float64], atol=0.02)  # a row
