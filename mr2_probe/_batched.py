@@ -86,12 +86,14 @@ class FoldBatch:
     pinned: bool = False
     bias_scale: torch.Tensor | None = None
     weight_sum: torch.Tensor = field(init=False)
+    _weight_sum64: torch.Tensor = field(init=False)  # S in float64, for 1/(C·S)
     row_scale: torch.Tensor | None = field(init=False, default=None)
     class_weight: torch.Tensor | None = field(init=False, default=None)  # S_k (B, K)
 
     def __post_init__(self) -> None:
         # S in float64, as fit_lbfgs takes it, then in the data's dtype.
-        self.weight_sum = self.weight.sum(1, dtype=torch.float64).to(self.weight.dtype)
+        self._weight_sum64 = self.weight.sum(1, dtype=torch.float64)
+        self.weight_sum = self._weight_sum64.to(self.weight.dtype)
         self.set_rows(self.X, self.y)
 
     def set_rows(self, X: torch.Tensor, y: torch.Tensor) -> None:
@@ -130,6 +132,13 @@ class FoldBatch:
     def n_penalised(self) -> int:
         """How many leading parameters the penalty ½‖W‖²/(C·S) takes (none for cosine)."""
         return 0 if self.cosine else self.rows * self.X.shape[1]
+
+    def penalty(self, value: float, folds=slice(None), dtype=None) -> torch.Tensor:
+        """1/(C·S) of the folds ``folds`` (A,) at C = ``value``, in X's dtype (or ``dtype``):
+        C·S is formed in float64, as fit_lbfgs forms it (_penalty_factor). In float32 a C
+        beyond its range is inf: weights of 1e-39 with C = 1e39 (the problem of weights of 1
+        at C = 1) made the penalty 0, and every fold solved C = inf instead."""
+        return (1.0 / (value * self._weight_sum64[folds])).to(dtype or self.weight.dtype)
 
     def direction_norms(self, params: torch.Tensor) -> torch.Tensor:
         """‖w_k‖ (A, K, 1) of each fold's rows of W (the cosine head's)."""
@@ -186,7 +195,7 @@ class FoldBatch:
             return loss, grad_w.reshape(n_folds, -1)
         if self.fit_intercept:
             grad_w -= grad_b[:, :, None] * self.center[folds][:, None, :]
-        reg = 1.0 / (value * self.weight_sum[folds])  # (A,)
+        reg = self.penalty(value, folds)  # (A,)
         loss = loss + 0.5 * reg * weight.square().sum((1, 2))
         grad_w = grad_w + reg[:, None, None] * weight
         grads = [grad_w.reshape(n_folds, -1)]
@@ -490,7 +499,7 @@ def lbfgs_batched(
     if memory is None:
         memory = Memory.empty(params, history)
     memory.compact()
-    memory.move_to(1.0 / (value * batch.weight_sum), batch.n_penalised)
+    memory.move_to(batch.penalty(value), batch.n_penalised)
     s_hist, y_hist, rho, h0, slot = memory.s, memory.y, memory.rho, memory.h0, memory.slot
     history = s_hist.shape[1]
     n_iter = np.zeros(n_folds, dtype=int)
@@ -823,7 +832,7 @@ class BatchedPath:
         if self.batch.cosine:  # no penalty; a scale the dtype rounds to 0 (_scale_underflow)
             tiny = torch.finfo(self.batch.X.dtype).tiny
             return np.full(self.batch.n_folds, value < tiny)
-        penalty = 1.0 / (value * self.batch.weight_sum.cpu().double())  # (B,) (MPS: no float64)
+        penalty = self.batch.penalty(value, dtype=torch.float64).cpu()  # (B,)
         in_range = torch.isfinite(penalty.to(self.batch.X.dtype)) & torch.isfinite(penalty**2)
         return (~in_range).numpy()
 

@@ -1291,6 +1291,9 @@ def test_a_line_search_stops_when_its_step_no_longer_moves_the_point():
         X = torch.zeros(0, 4)
         evaluations = 0
 
+        def penalty(self, value, folds=slice(None), dtype=None):
+            return 1.0 / (value * self.weight_sum[folds])
+
         def evaluate(self, params, folds, value):
             self.evaluations += 1
             moved = (params != 1).any(1).float()  # 0 at the start, 1 anywhere else
@@ -2408,3 +2411,21 @@ def test_a_float32_c_whose_penalty_squared_overflows_float32_alone_is_fitted(
         scores[dtype] = search.scores_[0]
         assert np.isfinite(search.coefs_paths_[0]).all() and search.C_ == 1.0
     np.testing.assert_allclose(scores[np.float32], scores[np.float64], atol=0.02)  # a row
+
+
+@pytest.mark.parametrize("batch_folds", [True, False])
+def test_float32_weights_scaled_down_with_c_scaled_up_search_the_same_problem(
+    batch_folds, monkeypatch
+):
+    # Weights of 1e-39 at C = 1e39 are the problem of weights of 1 at C = 1 (C·Σw the
+    # same); the batched path formed C·Σw in float32, in which C = 1e39 is inf: the
+    # penalty was 0, and the folds scored 1.0, 0.96, 0.96 (C = inf) for 0.98, 0.96, 0.98.
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(np.float32)
+    searches = [
+        MR2LinearClassifierCV([1 / w], cv=3, device="cpu").fit(X, y, np.full(len(y), w))
+        for w in (1.0, 1e-39)
+    ]
+    np.testing.assert_array_equal(searches[1].scores_[0], searches[0].scores_[0])
+    np.testing.assert_array_equal(searches[1].n_iter_, searches[0].n_iter_)
