@@ -447,6 +447,14 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         fit_params = {k: v[...] if is_h5_dataset(v) else v for k, v in fit_params.items()}
         if is_torch_tensor(X):  # before the folds index it, with torch's own error
             check_dense_tensor(X, type(self).__name__)
+        if is_h5_dataset(X) and not X.shape:
+            # An HDF5 dataset of an empty dataspace (h5py.Empty, shape None) or a scalar
+            # one: indexable's len() gave scikit-learn's TypeError, "Expected sequence or
+            # array-like", where an MR² probe names the shape it needs.
+            raise ValueError(
+                "Expected a 2D X of shape (n_samples, n_features), got shape "
+                f"{tuple(X.shape or ())}."
+            )
         X, y = indexable(X, to_numpy(y) if is_torch_tensor(y) else y)
         # (NaN among object labels named as the estimator names it, not a TypeError from
         # sorting the classes)

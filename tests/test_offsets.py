@@ -1006,6 +1006,21 @@ def test_a_float_cv_takes_an_hdf5_dataset(tmp_path):
     np.testing.assert_allclose(tuned.offsets_, in_memory.offsets_, atol=1e-6)
 
 
+@pytest.mark.parametrize("cv", [3, "prefit"])
+@pytest.mark.parametrize("data", ["empty", "scalar"])
+def test_an_hdf5_dataset_of_no_rows_is_refused_as_no_2d_x(tmp_path, data, cv):
+    # h5py.Empty (shape None) or a scalar dataset: indexable's len() gave scikit-learn's
+    # "TypeError: Expected sequence or array-like", where MR2LinearClassifier says this.
+    h5py = pytest.importorskip("h5py")
+    X, y = _imbalanced()
+    probe = MR2LinearClassifier(c_bar=None, device="cpu")
+    probe = probe.fit(X, y) if cv == "prefit" else probe
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = h5py.Empty("f4") if data == "empty" else 1.0
+        with pytest.raises(ValueError, match=r"Expected a 2D X .*, got shape \(\)\."):
+            TunedOffsetsClassifierCV(probe, cv=cv).fit(f["X"], y)
+
+
 @pytest.mark.parametrize("bootstrap", [False, True])  # rows read once each, or repeated
 def test_a_damaged_hdf5_dataset_read_for_another_estimator_names_its_file(tmp_path, bootstrap):
     # Read into memory for an estimator other than an MR² probe, a compressed chunk that no
