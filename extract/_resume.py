@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
@@ -202,9 +203,12 @@ def _row_difference(
     )
 
 
-def _source_explained(f, provenance: dict, source, rows, retry_failed=False) -> str | None:
+def _source_explained(
+    f, provenance: dict, source, rows, retry_failed=False, others: bool = True
+) -> str | None:
     """:func:`_source_difference`, and where the store differs only by failed images that
-    have changed since, the option that takes them."""
+    have changed since, the option that takes them. A shard whose own rows are unchanged
+    says so (other shards' images changed) unless ``others`` is False: None then."""
     existing = read_attrs(f)
     if existing.get(ADOPTING) == provenance["source_fingerprint"] and _same_settings(
         existing, provenance
@@ -221,7 +225,7 @@ def _source_explained(f, provenance: dict, source, rows, retry_failed=False) -> 
             "; it failed in the store (or was not extracted yet) and has changed since: "
             "pass --retry-failed (retry_failed=True) to extract the changed failed images again"
         )
-    if difference is None and existing.get("shard_world_size", 1) > 1:
+    if difference is None and others and existing.get("shard_world_size", 1) > 1:
         # Its fingerprint covers the whole source: what changed are other ranks' images.
         difference = (
             f"shard {existing.get('shard_rank')} of {existing['shard_world_size']} holds its "
@@ -401,10 +405,34 @@ def _shards_vouch(shards: dict[int, Path], provenance: dict, source, rows_of) ->
     return True
 
 
-def _check_other_shard(path: Path, provenance: dict, vouched: bool) -> None:
+def _shards_explained(
+    shards: dict[int, Path], provenance: dict, source, rows_of, retry_failed: bool
+) -> str | None:
+    """The first image, in rank order, in which the shards a torchrun run resumes (rank ->
+    path) differ from the request (their rows ``rows_of(rank)``), as
+    :func:`_source_explained` names it: every rank names it, whichever shard holds it.
+    Read without HDF5's lock, as other ranks may be writing their shards."""
+    for rank, path in shards.items():
+        try:
+            with h5py.File(path, "r", locking=False) as f:
+                own = provenance | shard_own(read_attrs(f))
+                difference = _source_explained(
+                    f, own, source, rows_of(rank), retry_failed, others=False
+                )
+        except OSError:  # not a store: its own rank says so
+            continue
+        if difference:
+            return difference
+    return None
+
+
+def _check_other_shard(
+    path: Path, provenance: dict, vouched: bool, explain_source: Callable[[], str | None]
+) -> None:
     """Refuse a request that another rank's shard ``path`` was not made by (its rank and
     rows aside; and where the run ``vouched`` for repaired failures, the listing, which
-    they changed); read without HDF5's lock, as that rank may be writing it."""
+    they changed), ``explain_source`` naming the image that differs; read without HDF5's
+    lock, as that rank may be writing it."""
     try:
         with h5py.File(path, "r", locking=False) as f:
             attrs = read_attrs(f)
@@ -413,7 +441,7 @@ def _check_other_shard(path: Path, provenance: dict, vouched: bool) -> None:
     own = shard_own(attrs)
     if vouched:
         own["source_fingerprint"] = attrs.get("source_fingerprint")
-    check_provenance(path, attrs, provenance | own)
+    check_provenance(path, attrs, provenance | own, explain_source)
 
 
 def _refuse_other_rebuild(merged: Path, world_size: int) -> None:

@@ -44,6 +44,7 @@ from ._resume import (
     _refuse_other_rebuild,
     _repaired_failures,
     _replaces,
+    _shards_explained,
     _shards_vouch,
     _source_explained,
     _warn_of_other_versions,
@@ -544,13 +545,24 @@ def _extract_shard(
         # otherwise a rank making its shard anew overwrote it while another's check refused
         # the request (a resume with another --dtype, say), and the next resume refused it.
         # (A rebuild's shards are those that name it; others', those of no other version.)
-        for path in (shard_path(merged, r, world_size) for r in range(world_size)):
-            if rebuild:
-                resumed = _replaces(path) == identity
-            else:
-                resumed = not _merged_elsewhere(path, merged)
-            if path != out and path.exists() and resumed:
-                _check_other_shard(path, provenance, vouched)
+        # Where the images differ, each names the first that does, whichever shard holds it.
+        resumed = {
+            r: path
+            for r in range(world_size)
+            if (path := shard_path(merged, r, world_size)).exists()
+            and (_replaces(path) == identity if rebuild else not _merged_elsewhere(path, merged))
+        }
+        explain = functools.partial(
+            _shards_explained,
+            resumed,
+            provenance,
+            src,
+            lambda r: rank_rows(src, r, world_size),
+            retry_failed,
+        )
+        for path in resumed.values():
+            if path != out:
+                _check_other_shard(path, provenance, vouched, explain)
     if fresh and out.exists():
         logger.info(
             "%s was not written by the interrupted rebuild; its rows are extracted anew.", out

@@ -1276,6 +1276,31 @@ def test_a_rank_making_its_shard_anew_refuses_another_rank_s_shard_of_other_imag
     assert written == [] and not shard_path(out, 0, 2).exists()
 
 
+@pytest.mark.parametrize("changed", ["cat/000.png", "cat/001.jpg", "cat/002.jpg"])
+def test_a_resumed_rebuild_of_a_changed_image_is_refused_naming_it_by_every_rank(
+    tmp_path, monkeypatch, changed
+):
+    # A forced rebuild at 3 ranks killed, then an image changed: each rank refused the
+    # resume naming another rank's shard and two fingerprints, where one process names the
+    # image. Rows 0, 1, 2 are ranks 0, 1, 2's.
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    out = tmp_path / "f.h5"
+    fast = dict(FAST, batch_size=1)
+    extract_features(folder, BACKBONE, out, **fast)
+    _ranks_without_merge(monkeypatch, world_size=3)
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        _killed_run(monkeypatch, folder, BACKBONE, out, overwrite=True, **fast)
+    image = folder / changed
+    image.write_bytes(image.read_bytes() + b"\0")
+    written = _spy_writes(monkeypatch)
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        with pytest.raises(ProvenanceError, match=rf"the images differ: '{image}' is not the"):
+            extract_features(folder, BACKBONE, out, **fast)
+    assert written == []
+
+
 def test_a_resumed_run_warns_of_the_failures_recorded_before_it_too(tmp_path, monkeypatch, caplog):
     # The warning counted only the resumed run's failures (here 1 of 2), and the resume
     # said that the failed rows were "extracted before".
