@@ -596,10 +596,11 @@ def _extract_shard(
     replaces = identity if marked else None
     with store_lock(out):
         # A retry whose shards were deleted after their merge: the new shard takes its rows
-        # from the merged store, so that only the failed ones are extracted again. (Not in
-        # a rebuild, whose rows are to be replaced; one at another number of ranks has been
-        # refused above.)
-        seed = read_merged and retry_failed and not rebuild and (stale or not out.exists())
+        # from the merged store, so that only the failed ones are extracted again; so does
+        # a run resuming a store of this request left incomplete (a run in one process
+        # killed), so that only its pending rows are extracted. (Not in a rebuild, whose
+        # rows are to be replaced; one at another number of ranks has been refused above.)
+        seed = read_merged and not rebuild and (stale or not out.exists())
         if overwrite and world_size == 1:
             # In one process a forced run writes ``out`` itself: an interrupted run's shards
             # (of any number of ranks) hold rows of what it rebuilds. Marked before it writes,
@@ -611,7 +612,7 @@ def _extract_shard(
             out, provenance, backbone, src, rows, overwrite, retry_failed, vouched, replaces
         )
         if seed:
-            _seed_from_merged(out, merged, rows)
+            _seed_from_merged(out, merged, rows, retry_failed)
         with open_store(out, "r") as f:
             status = f["status"][:]
             first_failed = failed_rows(f)
@@ -676,11 +677,12 @@ def _by_index(first: list[tuple[int, str, str]], rows: np.ndarray) -> list[tuple
 _SEED_BLOCK = 4096
 
 
-def _seed_from_merged(shard: Path, merged: Path, rows: np.ndarray) -> None:
+def _seed_from_merged(shard: Path, merged: Path, rows: np.ndarray, retry_failed: bool) -> None:
     """Copy the merged store's rows ``rows`` (their features, status, failure reasons and
     digests) into the shard just created for them. The merged store matched the request
     (its failed images aside, which the retry extracts again), so its done rows are this
-    shard's; a copy stopped part way leaves the rest pending, extracted by the next run."""
+    shard's, and its pending rows (a store left incomplete) pending here; a copy stopped
+    part way leaves the rest pending, extracted by the next run."""
     names = ("features", "failure_reason", "content_sha256", "status")
     try:
         # (on a full disk the versions' write left it unreadable)
@@ -699,8 +701,10 @@ def _seed_from_merged(shard: Path, merged: Path, rows: np.ndarray) -> None:
             span = slice(int(block[0]), int(block[-1]) + 1)  # rows increase in a shard
             for name in names:  # status last: a row counts as done once all is there
                 dst[name][lo : lo + len(block)] = src[name][span][block - span.start]
-    logger.info("%s takes %d rows from %s; its failed images are extracted again.",
-                shard, len(rows), merged)  # fmt: skip
+        taken = int((dst["status"][:] != PENDING).sum())
+    if taken:  # (none where the rank has no rows, or the store none done)
+        logger.info("%s takes %d rows from %s%s.", shard, taken, merged,
+                    "; its failed images are extracted again" if retry_failed else "")  # fmt: skip
 
 
 def _is_complete(

@@ -1301,6 +1301,33 @@ def test_a_resumed_rebuild_of_a_changed_image_is_refused_naming_it_by_every_rank
     assert written == []
 
 
+def test_a_run_in_one_process_resumed_under_torchrun_extracts_only_its_pending_rows(
+    tmp_path, monkeypatch
+):
+    # Each rank made its shard anew and extracted every row, the killed run's done rows
+    # thrown away (the merge replaced the store with the same features).
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
+    out, fast = tmp_path / "f.h5", dict(FAST, batch_size=2)
+    expected = load_features(extract_features(folder, BACKBONE, tmp_path / "one.h5", **fast))
+    _killed_run(monkeypatch, folder, BACKBONE, out, **fast)  # rows 0 and 1 done
+    _ranks_without_merge(monkeypatch)
+
+    def merge(out, rank, n, overwrite, repair):
+        return merge_shards([shard_path(out, r, n) for r in range(n)], out) if rank == 0 else out
+
+    monkeypatch.setattr(_runner, "_merge_on_rank0", merge)
+    written = _spy_writes(monkeypatch)
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, **fast)
+    assert written == [2, 1, 2, 1]  # rows 3, 5, 7, then 2, 4, 6
+    merged = load_features(out, in_memory=True)
+    assert merged.paths == expected.paths  # (load_features refuses an incomplete store)
+    np.testing.assert_allclose(merged.features, expected.features[:], atol=1e-5)
+
+
 def test_a_resumed_run_warns_of_the_failures_recorded_before_it_too(tmp_path, monkeypatch, caplog):
     # The warning counted only the resumed run's failures (here 1 of 2), and the resume
     # said that the failed rows were "extracted before".
