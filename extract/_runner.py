@@ -31,7 +31,7 @@ from ._decoding import MAX_ASPECT
 from ._images import ImageSource, ItemDataset, collate_items, open_source
 from ._launcher import connecting, stops_with_launcher
 from ._locks import store_lock
-from ._merge import _merge, check_merging, mark_superseded, shard_path
+from ._merge import _mark, _merge, check_merging, mark_superseded, shard_path
 from ._paths import plural
 from ._reading import _NAMED_FAILURES, failed_rows, name_failures
 from ._resume import (
@@ -417,9 +417,15 @@ def _merge_on_rank0(
 
     dist.barrier()  # every shard is complete before rank 0 reads them
     if rank == 0:
+        shards = [shard_path(out, r, world_size) for r in range(world_size)]
         if repair_merged is not None:  # no rank reads ``out`` any more
             repair_merged()
-        shards = [shard_path(out, r, world_size) for r in range(world_size)]
+            # The shards hold what the store, its repairs pending, awaits: marked with its
+            # new version, a run killed before the merge resumes them and merges them (they
+            # went into another version, it made every one anew, every row extracted again).
+            # (best effort, unsaid: the merge's own mark says where a shard cannot be marked)
+            for shard in shards:
+                _mark(shard, _identity(out))
         _merge(shards, out, overwrite, versions_checked=True)  # each rank's, checked
     dist.barrier()
     return out

@@ -3696,6 +3696,46 @@ def test_a_torchrun_retry_after_the_shards_were_deleted_takes_rows_from_the_merg
     np.testing.assert_allclose(merged.features[keep], single.features[keep], rtol=1e-5, atol=1e-6)
 
 
+def test_a_torchrun_retry_killed_before_its_merge_is_merged_by_a_plain_rerun(tmp_path, monkeypatch):
+    # docs/extract.md: a run killed between taking the repairs into the merged store and
+    # the merge leaves it incomplete, and a plain rerun merges the shards. The repairs
+    # changed the store, whose shards had gone into its version before: the rerun made
+    # every shard anew, every row extracted again.
+    import torch.distributed as dist
+
+    from extract import _runner
+
+    folder, image, good, out, fast, shards = _two_rank_store(tmp_path, broken=True)
+    image.write_bytes(good)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    monkeypatch.setattr(dist, "barrier", lambda: None)
+    written = _spy_writes(monkeypatch)
+    monkeypatch.setenv("RANK", "1")
+    extract_features(folder, BACKBONE, out, retry_failed=True, **fast)
+    monkeypatch.setenv("RANK", "0")
+    with monkeypatch.context() as patch:  # rank 0 killed in its merge, after the repairs
+        patch.setattr(_runner, "_merge", lambda *args, **kwargs: _interrupt())
+        with pytest.raises(KeyboardInterrupt):
+            extract_features(folder, BACKBONE, out, retry_failed=True, **fast)
+    assert written == [1]  # the repaired image
+    with pytest.raises(IncompleteStoreError):
+        load_features(out)
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, **fast)
+    assert written == [1]  # the shards merged as they were
+    merged = load_features(out, in_memory=True)
+    alone = dict(rank=0, world_size=1)  # WORLD_SIZE is still 2 here
+    single = load_features(extract_features(folder, BACKBONE, tmp_path / "one.h5", **alone, **fast))
+    assert not merged.failures and merged.paths == single.paths
+    np.testing.assert_allclose(merged.features, single.features[:], atol=1e-5)
+
+
+def _interrupt():
+    raise KeyboardInterrupt
+
+
 def test_a_torchrun_retry_on_a_full_disk_is_refused_before_it_seeds_its_shard(
     tmp_path, monkeypatch
 ):
