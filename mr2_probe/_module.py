@@ -218,14 +218,17 @@ class MR2Loss(nn.Module):
                   if getattr(self, name) != default]  # fmt: skip
         return ", ".join(shown)
 
-    def _recorded(self) -> dict:
+    def _recorded(self, device=None) -> dict:
         """What the sums are measured with (dev_p is in L_p, and φ normalised or not), saved
-        with them as buffers: read with another p or normalize they would give other
-        statistics. float32 both (MPS has no float64, averaging models subtracts buffers,
-        which bool ones refuse); p is compared as rounded to it."""
+        with them as buffers on ``device`` (default: torch's): read with another p or
+        normalize they would give other statistics. p in float64, exactly (in float32, which
+        kept it before, p = 1e39 was inf, as p = inf is), but on MPS, which has no float64;
+        normalize in float32 (averaging models subtracts buffers, which bool ones refuse)."""
+        device = torch.get_default_device() if device is None else torch.device(device)
+        exact = torch.float32 if device.type == "mps" else torch.float64
         return {
-            "stats_p": torch.tensor(self.p, dtype=torch.float32),
-            "stats_normalize": torch.tensor(float(self.normalize)),
+            "stats_p": torch.full((), self.p, dtype=exact, device=device),
+            "stats_normalize": torch.tensor(float(self.normalize), device=device),
         }
 
     def _apply(self, fn, recurse=True):
@@ -235,9 +238,14 @@ class MR2Loss(nn.Module):
         # The values are kept too: rounded to half precision on the way, sums past 65504
         # became inf (float16), and a bfloat16 mean read as a shift made spreads of 0.16
         # into 37.
-        names = [f"moment_{n}" for n in ClassMoments._fields] + ["running_class_loss", "stats_p"]
+        # p is moved in float32 (MPS has no float64) and written again, exactly, where it
+        # went: cast with the module (module.float()), it was rounded to float32.
+        names = [f"moment_{n}" for n in ClassMoments._fields] + ["running_class_loss"]
         before = {name: self._buffers[name] for name in names}
+        self._buffers["stats_p"] = self._buffers["stats_p"].float()
         super()._apply(fn, recurse)
+        device = self._buffers["stats_p"].device
+        self._buffers["stats_p"] = self._recorded(device)["stats_p"]
         for name in names:
             buffer = self._buffers[name]
             if buffer.dtype in (torch.float16, torch.bfloat16):
@@ -255,12 +263,15 @@ class MR2Loss(nn.Module):
         wrong = []
         count = state_dict.get(f"{prefix}moment_count")
         device = count.device if isinstance(count, torch.Tensor) else None
-        for name, ours in self._recorded().items():
-            saved = state_dict.setdefault(prefix + name, ours.to(device)).detach()
-            state_dict[prefix + name] = saved.float()  # a bool of a state saved before
+        for name, ours in self._recorded(device).items():
+            saved = state_dict.setdefault(prefix + name, ours).detach()
+            # Compared as saved: a p kept in float32 (saved before it was kept exactly, or
+            # on MPS) with this module's rounded to float32; a flag saved as a bool as one.
             if saved.is_meta:  # no value to compare (a state of a module built on meta)
+                state_dict[prefix + name] = saved.to(ours.dtype)
                 continue
-            if saved.shape != () or not bool(saved.cpu().float() == ours):
+            state_dict[prefix + name] = self._recorded(saved.device)[name]  # exactly ours
+            if saved.shape != () or not bool(saved.cpu() == ours.cpu().to(saved.dtype)):
                 value = saved.tolist()  # (a flag as the flag it is: saved as a number)
                 value = bool(value) if name == "stats_normalize" else value
                 wrong.append(f"{name.removeprefix('stats_')}={value!r}")
@@ -283,8 +294,8 @@ class MR2Loss(nn.Module):
         if "moment_m2" not in self._buffers:
             self._buffers["moment_m2"] = _saved_centred_sum(self._buffers.get)
         device = self._buffers["moment_count"].device
-        for name, value in self._recorded().items():
-            self._buffers.setdefault(name, value.to(device))
+        for name, value in self._recorded(device).items():
+            self._buffers.setdefault(name, value)
 
     def moments(self) -> ClassMoments:
         """The running sums (buffers ``moment_*``, saved in the state dict)."""

@@ -1105,14 +1105,30 @@ def test_a_state_measured_with_another_p_or_normalize_is_refused(other):
 
 
 def test_a_nested_loss_is_named_and_its_p_compared_as_stored():
-    # The refusal named no submodule; p is kept in float32 (MPS has no float64), compared
-    # as rounded to it, through .double() too.
+    # The refusal named no submodule; p is compared as it was saved, through .double() too.
     nested = torch.nn.ModuleDict({"crit": MR2Loss(3, 4, p=1.7)}).double()
     state = nested.state_dict()
     torch.nn.ModuleDict({"crit": MR2Loss(3, 4, p=1.7)}).load_state_dict(state)
     with pytest.raises(RuntimeError, match="class statistics of crit were measured with p=1.7"):
         torch.nn.ModuleDict({"crit": MR2Loss(3, 4, p=2.0)}).load_state_dict(state)
-    assert MR2Loss(3, 4).stats_p.dtype == torch.float32
+
+
+@pytest.mark.parametrize("saved, loaded", [(1e39, math.inf), (math.inf, 1e39), (1e10 + 1, 1e10)])
+@pytest.mark.parametrize("cast", ["float", "half", "double"])
+def test_p_is_kept_exactly_in_the_state(saved, loaded, cast):
+    # stats_p was a float32 buffer: p = 1e39 was saved as inf, and loaded into a module of
+    # p = inf (and back) without a word, as 1e10 + 1 into 1e10.
+    state = getattr(MR2Loss(3, 4, p=saved), cast)().state_dict()
+    assert state["stats_p"].dtype == torch.float64 and state["stats_p"].item() == saved
+    MR2Loss(3, 4, p=saved).load_state_dict(state)
+    with pytest.raises(RuntimeError, match=re.escape(f"measured with p={saved!r}, and")):
+        MR2Loss(3, 4, p=loaded).load_state_dict(state)
+    # A state saved with p in float32 (before it was kept exactly) is compared as saved.
+    old = state | {"stats_p": state["stats_p"].float()}
+    for p in (saved, float(old["stats_p"])):
+        module = MR2Loss(3, 4, p=p)
+        module.load_state_dict(old)
+        assert module.stats_p.item() == p and module.stats_p.dtype == torch.float64
 
 
 def test_compactness_is_exact_in_float32_under_a_large_common_mean():
