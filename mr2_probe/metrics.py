@@ -8,6 +8,7 @@ comparison. The scorers at the end plug these scores into ``GridSearchCV(scoring
 from __future__ import annotations
 
 import copy
+import datetime
 from collections.abc import Mapping
 from numbers import Integral, Number
 
@@ -53,7 +54,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
 
     for name, a in (("y_true", y_true), ("y_pred", y_pred)):
         _check_no_nan(name, a)
-    kinds = _kinds_of(y_true) | _kinds_of(y_pred)
+    kinds = _label_kinds(y_true, y_pred)
     if len(kinds) > 1:
         raise ValueError(
             f"{_mix(kinds)}: y_true holds {y_true.dtype} labels and y_pred {y_pred.dtype} labels."
@@ -62,10 +63,10 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     labels = np.asarray(labels) if given else np.unique(y_true)
     if labels.ndim != 1 or (len(labels) == 0 and len(y_true)):
         raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
-    if len(kinds | _kinds_of(labels)) > 1:  # every class would be scored NaN
+    kinds = _label_kinds(y_true, y_pred, labels)
+    if len(kinds) > 1:  # every class would be scored NaN
         raise ValueError(
-            f"{_mix(kinds | _kinds_of(labels))}: labels holds {labels.dtype} labels and y_true "
-            f"{y_true.dtype} labels."
+            f"{_mix(kinds)}: labels holds {labels.dtype} labels and y_true {y_true.dtype} labels."
         )
     if given:
         _check_distinct(labels)
@@ -84,8 +85,20 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         return np.where(total > 0, correct / total, np.nan)
 
 
-#: Name of each kind of label, in the order a message lists them.
-_KIND_NAMES = {bytes: "bytes", str: "str", float: "number", type(None): "None"}
+#: Name of each kind of label, in the order a message lists them (an aware datetime's kind
+#: is tzinfo).
+_KIND_NAMES = {
+    bytes: "bytes",
+    str: "str",
+    float: "number",
+    datetime.date: "date",
+    datetime.datetime: "datetime",
+    datetime.tzinfo: "datetime with a time zone",
+    type(None): "None",
+}
+#: The kinds of dates held as objects, which never compare equal to one another (a date to
+#: the datetime of its midnight, a naive datetime to an aware one).
+_DATE_KINDS = {datetime.date, datetime.datetime, datetime.tzinfo}
 
 
 # scikit-learn's check (float labels stay allowed): strings against numbers would
@@ -100,10 +113,29 @@ def _kinds_of(a: np.ndarray) -> set:
     # None (a missing label) is a kind of its own: counted as a number, the message
     # sent a user looking for numbers that were not there.
     # pandas' missing value, pd.NA, counts as None does.
-    return {
-        type(v) if isinstance(v, str | bytes | None) else type(None) if _is_na(v) else float
-        for v in set(a.tolist())
-    }
+    return {_kind(v) for v in set(a.tolist())}
+
+
+def _kind(label) -> type:
+    """The kind of one label held as an object (see :data:`_KIND_NAMES`)."""
+    if isinstance(label, str | bytes | None):
+        return type(label)
+    if _is_na(label):
+        return type(None)
+    if isinstance(label, datetime.datetime):  # pandas' Timestamp too
+        return datetime.tzinfo if label.tzinfo is not None else datetime.datetime
+    return datetime.date if isinstance(label, datetime.date) else float
+
+
+def _label_kinds(*arrays: np.ndarray) -> set:
+    """The kinds of label ``arrays`` hold together. Dates held as objects count as numbers
+    (they compare with NumPy's datetime64 as numbers do), but where dates of two kinds are
+    mixed: a date never equals a datetime, and datetime labels scored 0% against date
+    predictions (mixed in y, np.unique failed: "can't compare datetime.datetime to
+    datetime.date"), where scikit-learn refuses them."""
+    kinds = set().union(*map(_kinds_of, arrays))
+    dates = kinds & _DATE_KINDS
+    return kinds if len(dates) > 1 else kinds - dates | ({float} if dates else set())
 
 
 def _mix(kinds: set) -> str:
@@ -119,7 +151,7 @@ def _classes(y, name: str = "y_true") -> np.ndarray:
     'int' and 'str'"."""
     y = np.asarray(y)
     _check_no_nan(name, y)
-    kinds = _kinds_of(y)
+    kinds = _label_kinds(y)
     if len(kinds) > 1:
         raise ValueError(f"{_mix(kinds)} in {name}.")
     return np.unique(y)

@@ -3,6 +3,7 @@
 import json
 import re
 import warnings
+from datetime import date, datetime, timezone
 from types import MappingProxyType
 
 import numpy as np
@@ -508,6 +509,14 @@ def test_label_kinds_and_shapes_are_checked_before_scoring():
         # A missing label is named as such, not counted as a number.
         (np.array(["a", None, "a"], dtype=object), ["a", "a", "a"], "str and None"),
         (np.array([1, None], dtype=object), [1, 1], "number and None"),
+        # A date never equals a datetime (nor a naive datetime an aware one): every class
+        # scored 0%, where scikit-learn refuses them.
+        (np.array([date(2024, 1, 1)]), np.array([datetime(2024, 1, 1)]), "date and datetime"),
+        (
+            np.array([datetime(2024, 1, 1, tzinfo=timezone.utc)]),
+            np.array([datetime(2024, 1, 1)]),
+            "datetime and datetime with a time zone",
+        ),
     ],
 )
 def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
@@ -515,6 +524,13 @@ def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
         per_class_accuracy(y_true, y_pred)
     with pytest.raises(ValueError, match=rf"^Mix of label input types \({kinds}\): labels holds"):
         per_class_accuracy(y_pred, y_pred, labels=y_true)
+
+
+def test_dates_of_one_kind_are_scored_against_datetime64():
+    # Dates held as objects compare with NumPy's datetime64 of their unit: one kind.
+    days = np.array(["2024-01-01", "2024-01-02", "2024-01-02"], "datetime64[D]")
+    for y_pred in (days, days.astype("datetime64[us]")):
+        np.testing.assert_array_equal(per_class_accuracy(y_pred.astype(object), y_pred), [1, 1])
 
 
 def test_pandas_missing_labels_are_named_as_missing():

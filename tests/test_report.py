@@ -474,6 +474,18 @@ def test_labels_of_two_kinds_in_y_are_refused_by_name(labels):
         classwise_report({"erm": y}, y, labels=labels)
 
 
+def test_dates_and_datetimes_in_y_are_refused_by_name():
+    # np.unique(y) failed with "can't compare datetime.datetime to datetime.date"; date
+    # labels against datetime predictions scored every class 0%.
+    y = np.array([date(2024, 1, 1), datetime(2024, 1, 2)] * 2)
+    with pytest.raises(ValueError, match=r"^Mix of label input types \(date and datetime\) in y\."):
+        classwise_report({"erm": y}, y)
+    days = np.array([date(2024, 1, 1), date(2024, 1, 2)] * 2)
+    times = np.array([datetime(2024, 1, 1), datetime(2024, 1, 2)] * 2)
+    with pytest.raises(ValueError, match=r"'erm' cannot be .*\(date and datetime\)"):
+        classwise_report({"erm": times}, days)
+
+
 def test_per_class_table_lists_tied_classes_in_label_order():
     # Reference accuracies 25, 50, 75, 75, 0, 0 %: classes 2 and 3 tie, as do 4 and 5.
     y = np.repeat(np.arange(6), 4)
