@@ -173,14 +173,20 @@ def _check_distinct(labels: np.ndarray) -> None:
 def _check_no_nan(name: str, a: np.ndarray) -> None:
     """Refuse NaN labels: a NaN is no class (it would be scored as one, NaN, as NaN != NaN,
     and its samples lost)."""
+    what = "NaT" if a.dtype.kind in "mM" else "NaN"
     if a.dtype.kind in "fc":
         nan = np.isnan(a).any()
     elif a.dtype.kind in "mM":  # NaT, the dates' NaN
         nan = np.isnat(a).any()
-    else:  # objects: a NaN among them (a float, or NumPy's or Decimal's)
-        nan = a.dtype == object and any(isinstance(v, Number) and v != v for v in set(a.tolist()))
+    else:  # objects: a NaN among them (a float, or NumPy's or Decimal's), or a NaT (pandas'
+        # among the Timestamps of a column with a time zone, NumPy's): scored as a class
+        # that sorted nowhere, it left the next class NaN.
+        values = set(a.tolist()) if a.dtype == object else set()
+        dated = Number | datetime.date | np.datetime64
+        nan = {v for v in values if isinstance(v, dated) and v != v}
+        what = "NaN" if any(isinstance(v, Number) for v in nan) else "NaT"
     if nan:
-        raise ValueError(f"Input {name} contains {'NaT' if a.dtype.kind in 'mM' else 'NaN'}.")
+        raise ValueError(f"Input {name} contains {what}.")
 
 
 def _is_na(value) -> bool:

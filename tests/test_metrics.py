@@ -483,6 +483,24 @@ def test_labels_that_are_no_classes_and_groups_of_another_length_are_refused():
         classwise_summary([0, 1, 2], [0, 1, 1], groups=[0, 1])
 
 
+@pytest.mark.parametrize("nat", ["numpy", "pandas"])
+def test_a_nat_held_as_an_object_is_refused(nat):
+    # A NaT among the Timestamps of a column with a time zone (np.asarray gives objects)
+    # was scored as a class that sorted nowhere: the class after it scored NaN.
+    if nat == "pandas":
+        pd = pytest.importorskip("pandas")
+        days = pd.Series(pd.to_datetime(["2024-01-01", None, "2024-01-02"]).tz_localize("UTC"))
+    else:
+        days = np.array(["2024-01-01", "NaT", "2024-01-02"], "datetime64[D]").astype("O")
+        days[1] = np.datetime64("NaT")  # (astype makes it None)
+    y = np.asarray(days)[[0, 1, 2, 2]]
+    assert y.dtype == object
+    with pytest.raises(ValueError, match="^Input y_true contains NaT"):
+        per_class_accuracy(y, y)
+    with pytest.raises(ValueError, match="^Input y_pred contains NaT"):
+        per_class_accuracy(y[[0, 0, 2, 2]], y)
+
+
 def test_label_kinds_and_shapes_are_checked_before_scoring():
     # Bytes labels (h5py's strings) against text ones scored every class 0.
     with pytest.raises(ValueError, match="Mix of label input types"):
