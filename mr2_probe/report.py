@@ -214,17 +214,38 @@ def _class_order(labels, y) -> np.ndarray:
     """The classes of ``y`` in the order of ``labels``, checked to hold each once (as y's
     own values: a label 2.0 for the class 2 is reported as 2)."""
     labels, classes = np.asarray(labels), _classes(y, "y")
+    if classes.dtype.kind in "mM":
+        labels = _in_unit(labels, classes.dtype)
     if (
         labels.ndim != 1
         or len(labels) != len(classes)
         or set(labels.tolist()) != set(classes.tolist())
     ):
+        shown = [
+            [str(v) for v in a] if a.dtype.kind in "mM" else a.tolist() for a in (classes, labels)
+        ]
         raise ValueError(
             f"labels must hold each class of y once, in the order to report them; y has the "
-            f"classes {classes.tolist()}, labels are {labels.tolist()}."
+            f"classes {shown[0]}, labels are {shown[1]}."
         )
     position = {v: i for i, v in enumerate(classes.tolist())}
     return classes[[position[v] for v in labels.tolist()]]
+
+
+def _in_unit(labels: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Dates or durations ``labels`` (NumPy's at any unit, or datetime's) in the unit of
+    ``dtype`` (y's classes') where they are exactly so, as NumPy compares them: days for a
+    pandas column's nanoseconds were refused, their tolist() dates against y's integers.
+    Other labels (text among them) as they are."""
+    kinds = datetime.date | datetime.timedelta | np.datetime64 | np.timedelta64
+    if not (labels.dtype.kind in "mM" or all(isinstance(v, kinds) for v in labels.flat)):
+        return labels
+    try:
+        own = np.asarray(labels, dtype=f"{dtype.kind}8")  # (their own unit)
+        converted = own.astype(dtype)
+    except (TypeError, ValueError, OverflowError):
+        return labels
+    return converted if own.shape == labels.shape and (converted == own).all() else labels
 
 
 def _as_text(labels: list) -> list:

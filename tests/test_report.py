@@ -458,6 +458,25 @@ def test_labels_that_only_compare_equal_report_y_s_own_classes():
     assert report.labels == [2, 0, 1] and all(type(v) is int for v in report.labels)
 
 
+@pytest.mark.parametrize(
+    "labels",
+    [
+        np.array(["2024-01-02", "2024-01-01"], "datetime64[D]"),
+        [np.datetime64("2024-01-02"), np.datetime64("2024-01-01")],
+        [date(2024, 1, 2), datetime(2024, 1, 1)],
+    ],
+)
+def test_dates_as_labels_at_another_unit_order_y_s_classes(labels):
+    # Days for a pandas column's nanoseconds were refused: y's classes were compared as
+    # integers of nanoseconds (tolist()), and listed so in the message.
+    y = np.repeat(np.array(["2024-01-01", "2024-01-02"], "datetime64[ns]"), 3)
+    report = classwise_report({"erm": y}, y, labels=labels)
+    assert report.labels == ["2024-01-02T00:00:00.000000000", "2024-01-01T00:00:00.000000000"]
+    # Not a class of y (5 o'clock): refused, y's classes named as dates.
+    with pytest.raises(ValueError, match=r"classes \['2024-01-01T00:00:00.000000000', .*05:00"):
+        classwise_report({"erm": y}, y, labels=[datetime(2024, 1, 2, 5), date(2024, 1, 1)])
+
+
 @pytest.mark.parametrize("labels", [None, [0, 1, float("nan")], [0, 1]])
 def test_a_nan_label_in_y_is_named_whatever_the_labels(labels):
     # With labels given it read "labels must hold each class of y once", listing NaN in both.
