@@ -69,6 +69,8 @@ def lp_norm_sq(v: torch.Tensor, p: float, *, overwrite: bool = False) -> torch.T
     """
     if p == 2:
         return (v * v).sum(-1)
+    if not p >= 1:  # (NaN too) p = 0.5 gave spreads of no norm, NaN spreads of NaN
+        raise ValueError(f"p must be a number >= 1 (inf included), got {p!r}.")
     if p == math.inf:  # (the powers below: inf · 0 = NaN in the gradient of x^inf)
         return v.abs().amax(-1).square()
     if v.dtype in (torch.float16, torch.bfloat16):  # sums of powers leave float16's range
@@ -476,6 +478,8 @@ def update_moments(
         The new sums; ``moments`` is left as it was.
     """
     check_tensors("update_moments", features=features, labels=labels)
+    if not 0 <= rho <= 1:  # (NaN too) ρ = 2 let the sums grow, ρ < 0 made them negative
+        raise ValueError(f"rho must be in [0, 1], got {rho!r}: it is the decay of the sums.")
     n_classes, n_features = moments.sum.shape
     _check_chunk(features, labels, None, n_features)  # (index_add_'s errors said little)
     _check_class_indices(labels, n_classes)

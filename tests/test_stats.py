@@ -239,6 +239,31 @@ def test_class_statistics_refuse_inconsistent_shapes(rows, label_shape, weight_s
             mr2_probe.update_moments(mr2_probe.ClassMoments.zeros(2, 3), X, y)
 
 
+@pytest.mark.parametrize("p", [0.5, 0.0, -1.0, float("nan")])
+def test_an_order_p_below_1_is_refused(p):
+    # p = 0.5 gave spreads of no norm, margins from them, NaN spreads of NaN (or margins
+    # of c̄ each), without a word: MR2Loss and the estimator refuse them.
+    X = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 0, 0, 1, 1, 1])
+    match = "p must be a number >= 1"
+    with pytest.raises(ValueError, match=match):
+        mr2_probe.class_statistics(X, y, 2, p)
+    with pytest.raises(ValueError, match=match):
+        mr2_probe.class_margins(mr2_probe.class_statistics(X, y, 2), 1.0, p)
+    with pytest.raises(ValueError, match=match):
+        mr2_probe.update_moments(mr2_probe.ClassMoments.zeros(2, 3), X, y, p=p)
+
+
+@pytest.mark.parametrize("rho", [-0.5, 1.5, float("nan")])
+def test_update_moments_refuses_a_decay_outside_0_1(rho):
+    # ρ = 1.5 made the sums grow with every batch, ρ < 0 made them negative, unsaid.
+    X, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+    with pytest.raises(ValueError, match=r"rho must be in \[0, 1\]"):
+        mr2_probe.update_moments(mr2_probe.ClassMoments.zeros(2, 3), X, y, rho=rho)
+    sums = mr2_probe.update_moments(mr2_probe.ClassMoments.zeros(2, 3), X, y, rho=1.0)
+    assert sums.count.tolist() == [2.0, 2.0]  # ρ = 1: sums that do not decay
+
+
 def test_update_moments_carries_no_gradient_from_the_features():
     # A backbone's features passed as they are: the sums carried their graph, margins
     # from them a gradient, and the second batch's backward went through the first
