@@ -60,7 +60,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
             f"{_mix(kinds)}: y_true holds {y_true.dtype} labels and y_pred {y_pred.dtype} labels."
         )
     given = labels is not None  # (np.unique's own classes are each there once)
-    labels = np.asarray(labels) if given else np.unique(y_true)
+    labels = _as_dates(np.asarray(labels), y_true) if given else np.unique(y_true)
     if labels.ndim != 1 or (len(labels) == 0 and len(y_true)):
         raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
     kinds = _label_kinds(y_true, y_pred, labels)
@@ -196,10 +196,25 @@ def _is_na(value) -> bool:
 
 def _labels_1d(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:
     """The labels as arrays; a column vector counts as the labels it holds, as in
-    scikit-learn's metrics."""
-    return tuple(
+    scikit-learn's metrics. Dates held as objects against NumPy's dates are NumPy's."""
+    y_true, y_pred = (
         column_or_1d(a) if a.ndim == 2 else a for a in (np.asarray(y_true), np.asarray(y_pred))
     )
+    return _as_dates(y_true, y_pred), _as_dates(y_pred, y_true)
+
+
+def _as_dates(a: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """``a`` as NumPy's datetime64, each at its own unit, where it holds dates as objects
+    (datetime's, pandas' Timestamps, without a time zone) and ``other`` datetime64: NumPy
+    compares such objects with a datetime64 array through its item(), an integer at
+    nanoseconds (a pandas column's unit) and a date at days, so that Timestamps against a
+    column's dates scored every class 0%. Other arrays as they are."""
+    if other.dtype.kind != "M" or a.dtype != object or not a.size:
+        return a
+    dates = datetime.date | np.datetime64
+    if not all(isinstance(v, dates) and getattr(v, "tzinfo", None) is None for v in a.flat):
+        return a
+    return np.asarray(a.tolist(), dtype="M8")
 
 
 def difficulty_groups(reference_accuracy, n_groups: int = 3) -> np.ndarray:

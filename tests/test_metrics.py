@@ -544,11 +544,24 @@ def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
         per_class_accuracy(y_pred, y_pred, labels=y_true)
 
 
-def test_dates_of_one_kind_are_scored_against_datetime64():
-    # Dates held as objects compare with NumPy's datetime64 of their unit: one kind.
+@pytest.mark.parametrize("unit", ["D", "s", "us", "ns"])
+@pytest.mark.parametrize("held", ["date", "datetime", "Timestamp"])
+def test_dates_held_as_objects_are_scored_against_datetime64_of_any_unit(unit, held):
+    # NumPy compared them through the datetime64's item(): an integer at nanoseconds (a
+    # pandas column's unit), a date at days; every class scored 0%.
     days = np.array(["2024-01-01", "2024-01-02", "2024-01-02"], "datetime64[D]")
-    for y_pred in (days, days.astype("datetime64[us]")):
-        np.testing.assert_array_equal(per_class_accuracy(y_pred.astype(object), y_pred), [1, 1])
+    y = days.astype(f"datetime64[{unit}]")
+    objects = days.astype(object)  # datetime.date
+    if held == "datetime":
+        objects = days.astype("datetime64[us]").astype(object)
+    elif held == "Timestamp":
+        objects = np.array(list(pytest.importorskip("pandas").to_datetime(days)), dtype=object)
+    for y_true, y_pred in ((y, objects), (objects, y)):
+        np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred), [1.0, 1.0])
+        np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred, labels=days[:2]), [1, 1])
+        assert classwise_summary(y_true, y_pred)["overall"] == 1.0
+    at_five = np.array([datetime(2024, 1, 1, 5), datetime(2024, 1, 2, 5)] * 2, dtype=object)
+    np.testing.assert_array_equal(per_class_accuracy(days[[0, 1, 0, 1]], at_five), [0.0, 0.0])
 
 
 def test_pandas_missing_labels_are_named_as_missing():
