@@ -571,7 +571,8 @@ def _text_and_numbers(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
-    present, labels = _classes(y_true), np.asarray(labels)
+    present = _classes(y_true)
+    labels = _as_dates(np.asarray(labels), present)  # (dates as objects: NumPy's, as scored)
     unknown = present if _text_and_numbers(present, labels) else np.setdiff1d(present, labels)
     if len(unknown):
         advice = (
@@ -579,9 +580,9 @@ def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
             if where == "groups"
             else "give every class of y_true in labels (the worst class would leave them out)"
         )
-        raise ValueError(
-            f"y_true has classes {unknown.tolist()} that are not in {where}; {advice}."
-        )
+        # (dates as dates: tolist() of nanoseconds gives integers)
+        shown = [str(v) for v in unknown] if unknown.dtype.kind in "mM" else unknown.tolist()
+        raise ValueError(f"y_true has classes {shown} that are not in {where}; {advice}.")
 
 
 # ---------------------------------------------------------------------------- scorers

@@ -289,6 +289,19 @@ def test_classes_missing_from_the_groups_are_refused(score):
 
 
 @pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
+def test_groups_keyed_by_dates_score_a_datetime64_y(score):
+    # Keys of datetime.date against a pandas column's datetime64[ns] were refused, its
+    # classes named as integers of nanoseconds ([1704067200000000000, ...]).
+    y = np.array(["2024-01-01", "2024-01-02", "2024-01-02"], "datetime64[ns]")
+    groups = {date(2024, 1, 1): "easy", date(2024, 1, 2): "hard"}
+    as_numpy = {np.datetime64(k, "ns"): v for k, v in groups.items()}  # (class_groups')
+    expected = score(y, y[[0, 0, 2]], as_numpy)
+    assert score(y, y[[0, 0, 2]], groups) == pytest.approx(expected, nan_ok=True)
+    with pytest.raises(ValueError, match=r"classes \['2024-01-02T00:00:00.000000000'\] that"):
+        score(y, y, {date(2024, 1, 1): "hard"})
+
+
+@pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
 def test_groups_keyed_by_the_classes_numbers_as_text_are_refused_among_many_classes(score):
     # Among 20 classes, JSON's keys '0', '1', ... were taken for the classes 0, 1, ...
     # (NumPy's setdiff1d, sorting, compares them as text): a "Mix of label input types"
