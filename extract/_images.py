@@ -819,6 +819,37 @@ def _quoted_as_csv_quotes(folder: Path, text: list[str]) -> bool:
     return _first_deciding_line(folder, text, readings)
 
 
+def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> bool:
+    """Whether a list is CSV separated by semicolons (``cat/000.png;cat``, as spreadsheet
+    programs write CSV where a comma is the decimal separator): every line splits into two
+    fields at a semicolon (quoted as the csv module quotes), and the first line whose two
+    readings differ names a file that way alone (a file name with a semicolon, in a list
+    separated otherwise, is read as it stands). ``commas``: the list is read as comma CSV
+    (a comma in it), else at its last blank or its tab."""
+    lines = [line for line in text if line.strip()]
+    if not lines or not all(";" in line for line in lines):
+        return False
+    try:
+        if any(len(next(csv.reader([line], delimiter=";"))) != 2 for line in lines):
+            return False
+    except csv.Error:
+        return False
+
+    def readings(line: str):
+        if commas:
+            try:
+                usual = next(csv.reader([line]))
+            except csv.Error:
+                usual = []
+        elif "\t" in line.strip():
+            usual = re.split(r"\t+", line.strip())
+        else:
+            usual = line.rsplit(None, 1)
+        return usual, next(csv.reader([line], delimiter=";"))
+
+    return _first_deciding_line(folder, lines, readings)
+
+
 def _first_deciding_line(folder: Path, text: list[str], readings) -> bool:
     """Whether a list's lines are read the other way: ``readings(line)`` gives a line's two
     readings as ``path label`` fields, the usual one and the other (None where they do not
@@ -904,8 +935,13 @@ def _list_rows(list_file: Path, folder: Path, text: list[str]) -> list[list]:
     # on every line, a list of tab-separated fields, whose labels may hold blanks ("golden
     # retriever" was split at its blank, its path taking "golden" after the tab). A tab
     # that begins or ends a line (an indented list, a trailing tab) separates no fields,
-    # nor one in a file name of a blank-separated list (:func:`_tabs_in_its_paths`).
-    if any("," in line for line in text):
+    # nor one in a file name of a blank-separated list (:func:`_tabs_in_its_paths`). A
+    # semicolon on every line may separate its fields, as spreadsheet programs write CSV
+    # where a comma is the decimal separator (:func:`_separated_by_semicolons`).
+    commas = any("," in line for line in text)
+    if _separated_by_semicolons(folder, text, commas):
+        delimiter = "csv-semicolon"
+    elif commas:
         delimiter = ","
     elif all("\t" in line.strip() for line in text if line.strip()) and not _tabs_in_its_paths(
         folder, text
@@ -928,6 +964,8 @@ def _list_rows(list_file: Path, folder: Path, text: list[str]) -> list[list]:
                 fields = re.split(r"\t+", line.strip())
             elif delimiter == "csv-tab":  # (the csv module's quotes, on every field)
                 fields = next(csv.reader([line.strip()], delimiter="\t"))
+            elif delimiter == "csv-semicolon":
+                fields = next(csv.reader([line], delimiter=";"))
             elif delimiter == "shell":
                 fields = _shell_fields(folder, line)
             else:
@@ -997,7 +1035,8 @@ def _warn_of_working_folder_paths(
 
 
 def image_list(list_file: str | os.PathLike) -> ImageSource:
-    """Images listed as ``path,label`` lines (CSV, or tab- or whitespace-separated text).
+    """Images listed as ``path,label`` lines (CSV, separated by commas or semicolons, or
+    tab- or whitespace-separated text).
 
     Parameters
     ----------

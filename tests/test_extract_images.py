@@ -854,6 +854,46 @@ def test_file_names_with_commas_are_quoted_csv(folder):
 
 
 @pytest.mark.parametrize(
+    "lines, ids, class_names",
+    [
+        (["cat/000.png;cat", "dog/001.jpg;dog"], ["cat/000.png", "dog/001.jpg"], ["cat", "dog"]),
+        (["Path;Label", "cat/000.png;cat"], ["cat/000.png"], ["cat"]),
+        # Quoted as csv quotes a name with a semicolon; a label with a blank; a name with
+        # a comma, left unquoted as semicolons separate.
+        (['"cat/a;b.png";golden retriever', "cat/a,b.png;cat"], ["cat/a;b.png", "cat/a,b.png"],
+         ["cat", "golden retriever"]),
+    ],
+)  # fmt: skip
+def test_a_list_separated_by_semicolons_is_read_as_csv(folder, lines, ids, class_names):
+    # CSV as spreadsheet programs write it where a comma is the decimal separator was
+    # refused: "expected 'path,label', got 'cat/000.png;cat'".
+    for name in ("a;b.png", "a,b.png"):
+        shutil.copy(folder / "cat/000.png", folder / "cat" / name)
+    (folder / "l.csv").write_text("\n".join(lines) + "\n")
+    src = image_list(folder / "l.csv")
+    assert (src.ids, src.class_names) == (ids, class_names)
+    assert src.file_size.min() > 0
+
+
+@pytest.mark.parametrize(
+    "line, label",
+    [("{},cat", "cat"), ("{}\tgolden retriever", "golden retriever"), ("{} cat", "cat"),
+     ("'{}' 'cat'", "cat")],
+)  # fmt: skip
+def test_a_semicolon_in_the_names_of_a_list_separated_otherwise_is_read_as_it_stands(
+    folder, line, label
+):
+    # (a folder 'a' too: read at its semicolons, each line names it all the same)
+    (folder / "a").mkdir()
+    names = ["a;0.png", "a;1.png"]
+    for name in names:
+        shutil.copy(folder / "cat/000.png", folder / name)
+    (folder / "l.txt").write_text("".join(line.format(name) + "\n" for name in names))
+    src = image_list(folder / "l.txt")
+    assert src.ids == names and src.class_names == [label]
+
+
+@pytest.mark.parametrize(
     "lines",
     [
         ["missing.jpg,dog", "cat/000.png,cat", "dog/001.jpg,cat"],  # a file name
