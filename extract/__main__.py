@@ -222,6 +222,7 @@ def _extract(args: argparse.Namespace) -> int:
         from mr2_probe._device import resolve_device
 
         from . import extract_features, load_features
+        from ._images import working_folder_hint
         from ._reading import name_failures
 
     try:  # named as the option, as mr2-probe names it
@@ -281,11 +282,21 @@ def _extract(args: argparse.Namespace) -> int:
                 + ("" if n_failed else ", 0 failed images")
             )
             if store.failures and not n_usable:
-                # A store without one feature is no result: the exit status says so.
+                # A store without one feature is no result: the exit status says so. A
+                # list's paths written relative to the working folder: said as its warning
+                # said it, a rewritten or moved list being another source (--force).
+                hint = ""
+                if str(store.metadata.get("source", "")).startswith("list:"):
+                    failed = [path for path, _ in store.failures]
+                    hint = working_folder_hint(str(store.metadata.get("source_root")), failed)
                 return _error(
                     f"every image failed {name_failures(n_failed, store.failures[:1])}; the "
-                    "store records why; once they are readable, --retry-failed extracts them "
-                    "again"
+                    "store records why; "
+                    + (
+                        f"{hint}, then run again with --force"
+                        if hint
+                        else "once they are readable, --retry-failed extracts them again"
+                    )
                 )
     except torch.OutOfMemoryError:
         if args.debug:

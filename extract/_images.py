@@ -1013,6 +1013,12 @@ def _list_folder_and_rows(list_file: Path, text: list[str]) -> tuple[Path, list[
     return named, here
 
 
+_WORKING_FOLDER_ADVICE = (
+    "write its paths relative to the list's folder (or absolute), or move the list into the "
+    "working folder"
+)
+
+
 def _warn_of_working_folder_paths(
     list_file: Path, folder: Path, ids: list[str], sizes: np.ndarray
 ) -> None:
@@ -1027,11 +1033,25 @@ def _warn_of_working_folder_paths(
         return
     logger.warning(
         "%s: no image it lists is found in its folder %s, against which its relative paths "
-        "are read, but %r is found in the working folder: write its paths relative to the "
-        "list's folder (or absolute), or move the list into the working folder; its images "
-        "will be recorded as failed.",
-        list_file, folder, first,
+        "are read, but %r is found in the working folder: %s; its images will be recorded "
+        "as failed.",
+        list_file, folder, first, _WORKING_FOLDER_ADVICE,
     )  # fmt: skip
+
+
+def working_folder_hint(folder: str, failed: list[str]) -> str:
+    """Why every image of a list failed where its first relative path of ``failed`` names
+    no file in the list's ``folder``, against which it is read, but one in the working
+    folder (as :func:`image_list` warns): what to do, or '' where it is not so."""
+    first = next((path for path in failed if not os.path.isabs(path)), None)
+    if first is None or not os.path.lexists(first) or not os.path.isdir(folder):
+        return ""
+    if os.path.lexists(os.path.join(folder, first)) or os.path.samefile(folder, os.curdir):
+        return ""
+    return (
+        f"{first!r} is found in the working folder, not in the list's folder {folder}, "
+        f"against which its relative paths are read: {_WORKING_FOLDER_ADVICE}"
+    )
 
 
 def image_list(list_file: str | os.PathLike) -> ImageSource:

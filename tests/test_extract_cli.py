@@ -154,6 +154,32 @@ def test_a_run_in_which_every_image_failed_exits_with_an_error(tmp_path, capsys)
     assert len(load_features(out).failures) == 3  # recorded, for --retry-failed
 
 
+@pytest.mark.parametrize("in_working_folder", [True, False])
+def test_every_image_of_a_list_of_the_working_folder_s_paths_failing_says_why(
+    tmp_path, capsys, monkeypatch, in_working_folder
+):
+    # find data -name '*.png' > lists/train.txt: the warning said why, the error did not,
+    # and told to --retry-failed, which reads the same paths.
+    monkeypatch.chdir(tmp_path)
+    if in_working_folder:
+        make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    (tmp_path / "lists").mkdir()
+    (tmp_path / "lists/train.txt").write_text("data/cat/000.png cat\ndata/dog/000.png dog\n")
+    args = ["lists/train.txt", "timm:test_resnet@random", "f.h5", "--image-size", "32"]
+    assert main([*args, "--no-progress", "--workers", "0"]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("mr2-extract: error: every image failed (the first, 'data/cat/")
+    folder = os.path.realpath(tmp_path / "lists")
+    hint = (
+        f"the store records why; 'data/cat/000.png' is found in the working folder, not in the "
+        f"list's folder {folder}, against which its relative paths are read: write its paths "
+        "relative to the list's folder (or absolute), or move the list into the working "
+        "folder, then run again with --force"
+    )
+    assert line.endswith(hint) == in_working_folder
+    assert line.endswith("--retry-failed extracts them again") != in_working_folder
+
+
 def test_max_image_pixels_sets_the_limit_and_retry_reads_what_it_refused(
     tmp_path, capsys, monkeypatch
 ):
