@@ -200,7 +200,7 @@ def _mark_merged(shards: list[str], out: str | os.PathLike) -> None:
             # (on a full disk a rerun reuses the merged store: it does not mark the shard)
             full = problem.startswith(NO_ROOM)
             logger.warning(
-                "Could not mark the shard %s with the version of %s it went into (%s): a "
+                "Could not mark the shard %s with the version of %s it went into: %s. A "
                 "later run cannot tell whether it went into the store as it is then (it "
                 "may extract it anew, or resume it as it is); %s it now that it is merged.",
                 path,
@@ -213,7 +213,7 @@ def _mark_merged(shards: list[str], out: str | os.PathLike) -> None:
 def _mark(path, value: str, over: bool = True) -> str | None:
     """Set the shard's MERGED_INTO mark to ``value`` (not over one it has, unless
     ``over``); best effort: the OSError that prevented it (or the lack of room for it),
-    on one line, else None."""
+    on one line without its final full stop (a sentence of the caller's), else None."""
     try:
         with h5py.File(path, "r+") as f:
             if over or MERGED_INTO not in f.attrs:
@@ -221,7 +221,7 @@ def _mark(path, value: str, over: bool = True) -> str | None:
                 check_attrs_room(path, "the shard is left as it was", advice=None)
                 f.attrs[MERGED_INTO] = value
     except (OSError, StoreError) as err:
-        return " ".join(str(err).split())
+        return " ".join(str(err).split()).removesuffix(".")
     return None
 
 
@@ -246,7 +246,7 @@ def mark_superseded(out: str | os.PathLike, world_size: int | None = None) -> No
         if problem:
             logger.warning(
                 "Could not mark the shard %s of an interrupted run as superseded by the "
-                "rebuilt %s (%s): a later run at its number of ranks may resume it, its "
+                "rebuilt %s: %s. A later run at its number of ranks may resume it, its "
                 "rows those of the images as they were; delete it.",
                 path,
                 out,

@@ -1447,6 +1447,27 @@ def test_marking_shards_superseded_passes_over_files_that_are_no_shards(tmp_path
         assert f.attrs["merged_into_store"] == "superseded by a forced rebuild"
 
 
+def test_a_shard_that_cannot_be_marked_superseded_is_named_in_sentences(
+    tmp_path, monkeypatch, caplog
+):
+    # The reason, a sentence of its own, was nested in parentheses: "(... as it was).):".
+    from extract import _store
+    from extract._merge import mark_superseded
+
+    shard = tmp_path / "f.shard-00000-of-00002.h5"
+    with h5py.File(shard, "w"):
+        pass
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(_store.shutil, "disk_usage", lambda _: usage._replace(free=4096))
+    with caplog.at_level(logging.WARNING, logger="extract"):
+        mark_superseded(tmp_path / "f.h5")
+    [warned] = [r.getMessage() for r in caplog.records]
+    assert warned.startswith(f"Could not mark the shard {shard} of an interrupted run as ")
+    assert "rebuilt " + str(tmp_path / "f.h5") + ": No space left to update" in warned
+    assert "(the shard is left as it was). A later run at its number of ranks" in warned
+    assert warned.endswith("as they were; delete it.")
+
+
 @pytest.mark.parametrize("rebuilt_at", [1, "1, stopped and resumed", 3])
 def test_a_forced_rebuild_at_other_ranks_supersedes_an_interrupted_run_s_shards(
     tmp_path, monkeypatch, rebuilt_at
@@ -1660,7 +1681,8 @@ def test_shards_are_not_marked_where_the_merged_store_took_the_last_room(
     # A rerun reuses the merged store and marks no shard: "free some space, then run
     # again" was no help; deleting the merged shard is.
     assert all("free some space" not in w and "run again" not in w for w in warned)
-    assert all("(the shard is left as it was)" in w for w in warned)
+    # (the error's own sentence: "... as it was).): a later run" nested it in parentheses)
+    assert all("(the shard is left as it was). A later run cannot tell" in w for w in warned)
     assert all(w.endswith("as it is); delete it now that it is merged.") for w in warned)
     assert [shard.read_bytes() for shard in shards] == before  # left as they were
     assert len(load_features(out).paths) == 4
