@@ -21,6 +21,7 @@ import shlex
 import struct
 import unicodedata
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -957,9 +958,10 @@ def _shell_fields(folder: Path, line: str) -> list[str]:
     return quoted
 
 
-def _list_rows(list_file: Path, folder: Path, text: list[str]) -> list[list]:
-    """``[path, label, line number]`` of each line of a list file's ``text``, its paths
-    relative to ``folder`` where a file's existence tells two readings of a line apart."""
+def _list_format(folder: Path, text: list[str]) -> str | None:
+    """How the lines of a list file's ``text`` split into fields, its paths relative to
+    ``folder`` where a file's existence tells two readings apart: ",", "csv-semicolon",
+    "\t", "csv-tab", "shell" or None (at the last blank)."""
     # A comma anywhere makes the list CSV (a file name with a comma is then quoted); a tab
     # on every line, a list of tab-separated fields, whose labels may hold blanks ("golden
     # retriever" was split at its blank, its path taking "golden" after the tab). A tab
@@ -969,18 +971,23 @@ def _list_rows(list_file: Path, folder: Path, text: list[str]) -> list[list]:
     # where a comma is the decimal separator (:func:`_separated_by_semicolons`).
     commas = any("," in line for line in text)
     if _separated_by_semicolons(folder, text, commas):
-        delimiter = "csv-semicolon"
-    elif commas:
-        delimiter = ","
-    elif all("\t" in line.strip() for line in text if line.strip()) and not _tabs_in_its_paths(
+        return "csv-semicolon"
+    if commas:
+        return ","
+    if all("\t" in line.strip() for line in text if line.strip()) and not _tabs_in_its_paths(
         folder, text
     ):
-        delimiter = "csv-tab" if _quoted_as_csv_quotes(folder, text) else "\t"
-    elif _quoted_as_a_shell_does(folder, text):
-        delimiter = "shell"
-    else:
-        delimiter = None
-    rows = []
+        return "csv-tab" if _quoted_as_csv_quotes(folder, text) else "\t"
+    return "shell" if _quoted_as_a_shell_does(folder, text) else None
+
+
+def _list_rows(
+    list_file: Path, folder: Path, text: list[str], delimiter: str | None
+) -> Iterator[list]:
+    """``[path, label, line number]`` of each line of a list file's ``text``, split as
+    ``delimiter`` says (:func:`_list_format`), one line at a time; in a list quoted as a
+    shell quotes, a line's path relative to ``folder`` where a file's existence tells two
+    readings of it apart (:func:`_shell_fields`)."""
     for number, line in enumerate(text, 1):
         if not line.strip():
             continue
@@ -1015,8 +1022,7 @@ def _list_rows(list_file: Path, folder: Path, text: list[str]) -> list[list]:
                 'comma is read as CSV: quote a file name that holds one, "a,b.jpg",cat).'
                 + _source_hint(list_file)
             )
-        rows.append([f.strip() for f in fields] + [number])
-    return rows
+        yield [f.strip() for f in fields] + [number]
 
 
 def _list_folder_and_rows(list_file: Path, text: list[str]) -> tuple[Path, list[list]]:
@@ -1024,22 +1030,42 @@ def _list_folder_and_rows(list_file: Path, text: list[str]) -> tuple[Path, list[
     (:func:`_list_rows`, split where a file's existence decides, in that folder): the list
     file's, as named; for a list that is a symbolic link to a list elsewhere (a dataset's
     list linked into a project), its target's where the first line whose path names a file
-    in one of the two alone names it there. (A list kept by git-annex or DVC, a link to an
-    object in their store, keeps its own folder: no image lies beside the object.)"""
+    in one of the two alone names it there, and where its lines are 'path,label' lines
+    read there. (A list kept by git-annex or DVC, a link to an object in their store, keeps
+    its own folder: no image lies beside the object.) Each line is read once, and read
+    both ways as far as that first line alone, where the two folders read it otherwise."""
     named, target = list_file.parent, Path(os.path.realpath(list_file)).parent
+    delimiter = _list_format(named, text)
+    here = _list_rows(list_file, named, text, delimiter)
     if target == Path(os.path.realpath(named)):
-        return named, _list_rows(list_file, named, text)
-    try:
-        there = _list_rows(list_file, target, text)
-    except ValueError:  # (read beside the target, a line is no 'path,label' line)
-        return named, _list_rows(list_file, named, text)
-    here = _list_rows(list_file, named, text)
-    for (path, _, _), (other, _, _) in zip(here, there, strict=True):
-        if os.path.isabs(path) and os.path.isabs(other):
+        return named, list(here)
+    other_delimiter = _list_format(target, text)
+    # (split alike, with no look-up, the lines are the same rows in either folder)
+    there = None
+    if other_delimiter != delimiter or delimiter == "shell":
+        there = _list_rows(list_file, target, text, other_delimiter)
+    rows, other_rows = [], []
+    for row in here:
+        rows.append(row)
+        try:
+            other = row if there is None else next(there)
+        except ValueError:  # (read beside the target, a line is no 'path,label' line)
+            return named, rows + list(here)
+        other_rows.append(other)
+        path, other_path = row[0], other[0]
+        if os.path.isabs(path) and os.path.isabs(other_path):
             continue
-        if os.path.lexists(named / path) != os.path.lexists(target / other):
-            return (target, there) if os.path.lexists(target / other) else (named, here)
-    return named, here
+        if os.path.lexists(named / path) == os.path.lexists(target / other_path):
+            continue
+        if not os.path.lexists(target / other_path):
+            return named, rows + list(here)
+        if there is None:
+            return target, rows + list(here)
+        try:
+            return target, other_rows + list(there)
+        except ValueError:  # (as above, on a later line)
+            return named, rows + list(here)
+    return named, rows
 
 
 _WORKING_FOLDER_ADVICE = (

@@ -676,6 +676,29 @@ def test_a_linked_list_reads_the_images_beside_it_or_beside_its_target(folder, t
     assert all(load_image(src, i).size == (40, 36) for i in range(len(src)))
 
 
+@pytest.mark.parametrize("beside", ["target", "link"])
+def test_a_linked_list_is_read_once(folder, tmp_path, monkeypatch, beside):
+    # Its lines were read twice, beside the link and beside its target, to decide which
+    # folder it names: 0.23 s of CPU for 100,000 lines, not 0.11.
+    lines = ["cat/000.png,cat", *(f"{k}.png,dog" for k in range(50))]
+    (tmp_path / "work").mkdir()
+    list_file, expected = tmp_path / "work/list.csv", folder
+    if beside == "target":
+        (folder / "list.csv").write_text("\n".join(lines) + "\n")
+        os.symlink(folder / "list.csv", list_file)
+    else:
+        (tmp_path / "l.csv").write_text("\n".join(lines) + "\n")
+        list_file, expected = folder / "list.csv", folder
+        os.symlink(tmp_path / "l.csv", list_file)
+    read, reader = [], csv.reader
+    monkeypatch.setattr(
+        csv, "reader", lambda lines, **kw: read.append(lines) or reader(lines, **kw)
+    )
+    src = image_list(list_file)
+    assert src.root == str(expected) and len(src) == 51 and src.file_size[0] > 0
+    assert len(read) == 51
+
+
 def test_a_tab_separated_list_takes_labels_with_blanks(folder):
     # A tab on every line: the label is the field after it. "golden retriever/1.png<TAB>
     # golden retriever" was the image 'golden retriever/1.png<TAB>golden' (no such file,
