@@ -346,11 +346,11 @@ def _drop_finished_mark(out: Path, attrs: dict, best_effort: bool = False) -> No
         if not best_effort:
             raise
         logger.info(
-            "%s keeps the mark of a --retry-failed run stopped before it removed it (%s): "
-            "it could not be opened for writing (%s); a later run removes it.",
+            "%s keeps the mark of a --retry-failed run stopped before it removed it (%s), "
+            "as it could not be opened for writing: %s. A later run removes it.",
             out,
             ADOPTING,
-            " ".join(str(error).split()),
+            " ".join(str(error).split()).removesuffix("."),
         )
 
 

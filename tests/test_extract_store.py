@@ -3289,16 +3289,21 @@ def test_a_retry_killed_before_removing_its_mark_is_tidied_by_the_next(
     assert not again.failures and "adopting_source_fingerprint" not in again.metadata
 
 
-def test_a_finished_store_open_elsewhere_keeps_a_killed_retrys_mark_and_is_reused(tmp_path):
+def test_a_finished_store_open_elsewhere_keeps_a_killed_retrys_mark_and_is_reused(tmp_path, caplog):
     # The mark's removal opened a finished store for writing: a store held open for
     # reading (a load_features handle) was refused instead of reused, as it was before.
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
     with h5py.File(out, "r+") as f:  # as a retry killed before it removed its mark left it
         f.attrs["adopting_source_fingerprint"] = f.attrs["source_fingerprint"]
-    with load_features(out) as held:
+    with load_features(out) as held, caplog.at_level(logging.INFO, logger="extract"):
         assert extract_features(folder, BACKBONE, out, **FAST) == out
         assert "adopting_source_fingerprint" in held.metadata
+    # The error's sentence was nested in parentheses: "(... and run again.); a later run".
+    [said] = [r.getMessage() for r in caplog.records if "keeps the mark" in r.getMessage()]
+    assert said.endswith(
+        "(store.close(), or leave its with block) and run again. A later run removes it."
+    )
     # Once nothing holds it, the next run removes the mark.
     extract_features(folder, BACKBONE, out, **FAST)
     assert "adopting_source_fingerprint" not in load_features(out).metadata
