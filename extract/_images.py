@@ -1162,7 +1162,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
                 f"{list_file}:{number}: {path},{label} looks like a header (no such image, and "
                 "no other line has its label); a header must be 'path,label'."
             )
-    first_line = {}
+    first_line, resolved = {}, {}
     for path, label, number in rows:
         if [path.lower(), label.lower()] == ["path", "label"]:
             raise ValueError(
@@ -1179,7 +1179,10 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         # the file's own link is not followed: two entries that link to one cached object
         # (DVC, git-annex) are two images with the same bytes.
         full = os.path.join(folder, path)  # ".." after a link is the link's
-        entry = os.path.join(os.path.realpath(os.path.dirname(full)), os.path.basename(full))
+        parent = os.path.dirname(full)  # (resolved once a folder: a look-up per component)
+        if parent not in resolved:
+            resolved[parent] = os.path.realpath(parent)
+        entry = os.path.join(resolved[parent], os.path.basename(full))
         earlier = first_line.setdefault(entry, number)
         if earlier != number:
             raise ValueError(

@@ -893,6 +893,20 @@ def test_image_list_refuses_one_file_under_two_spellings(folder):
     assert image_list(folder / "l.csv").ids == ["a.png", "b.png"]
 
 
+def test_a_list_resolves_the_folder_of_its_images_once(folder, monkeypatch):
+    # Each line's folder was resolved to tell spellings of one file apart (a look-up for
+    # each part of its path): 2.7 s of CPU for a list of 100,000 images, not 0.7.
+    lines = [f"cat/{k}.png,cat" for k in range(30)] + [f"dog/{k}.jpg,dog" for k in range(30)]
+    (folder / "l.csv").write_text("\n".join(lines) + "\n")
+    resolved, real = [], os.path.realpath
+    monkeypatch.setattr(os.path, "realpath", lambda p, **k: resolved.append(str(p)) or real(p, **k))
+    assert len(image_list(folder / "l.csv")) == 60
+    assert sorted(p for p in resolved if p.endswith(("cat", "dog"))) == [
+        str(folder / "cat"),
+        str(folder / "dog"),
+    ]
+
+
 def test_file_names_with_commas_are_quoted_csv(folder):
     shutil.copy(folder / "cat" / "000.png", folder / "cat" / "a,b.png")
     (folder / "l.txt").write_text("cat/a,b.png cat\ndog/001.jpg dog\n")
