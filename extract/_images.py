@@ -889,33 +889,13 @@ def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
     return _first_deciding_line(folder, text, readings)
 
 
-# A shell's words (shlex.split's, in POSIX mode): runs of plain characters, '...' (taken as
-# they stand), "..." (where a backslash escapes a quote or a backslash alone) and \x (x),
-# separated by blanks; each character of a word is one alternative: one way to match it.
-_WORD = r"""(?:[^ \t\r\n'"\\]|'[^']*'|"(?:[^"\\]|\\.)*"|\\.)+"""
-_SHELL_WORD = re.compile(_WORD, re.S)
-_SHELL_WORDS = re.compile(rf"[ \t\r\n]*(?:{_WORD}(?:[ \t\r\n]+{_WORD})*)?[ \t\r\n]*", re.S)
-_SHELL_PART = re.compile(r"""'([^']*)'|"((?:[^"\\]|\\.)*)"|\\(.)""", re.S)
-_ESCAPED_IN_QUOTES = re.compile(r'\\([\\"])')
-
-
 def _shell_split(line: str) -> list[str]:
-    """``shlex.split(line)``, by regular expressions: 15-25 µs a line of shlex's own was
-    most of the time a quoted list of 100,000 lines took to read. A line without a quote
-    or a backslash is split at its blanks; a line shlex refuses (a quote left open, a
-    backslash at its end) raises shlex's ValueError."""
+    """``shlex.split(line)``; a line without a quote or a backslash is split at its blanks
+    without it (shlex took about 10 µs a line, most of the time a list of 100,000 lines
+    took to read where only some of its lines are quoted)."""
     if "'" not in line and '"' not in line and "\\" not in line:
-        return re.findall(r"[^ \t\r\n]+", line)
-    if not _SHELL_WORDS.fullmatch(line):
-        return shlex.split(line)  # (its error)
-    return [_SHELL_PART.sub(_unquoted, word) for word in _SHELL_WORD.findall(line)]
-
-
-def _unquoted(part: re.Match) -> str:
-    single, double, escaped = part.groups()
-    if single is not None:
-        return single
-    return escaped if double is None else _ESCAPED_IN_QUOTES.sub(r"\1", double)
+        return re.findall(r"[^ \t\r\n]+", line)  # (shlex's blanks, not str.split's)
+    return shlex.split(line)
 
 
 _AS_A_SHELL = (
