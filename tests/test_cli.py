@@ -2009,6 +2009,8 @@ def test_feature_files_are_read_by_their_content_whatever_their_names(stores, tm
         ("--feature-scale=standard", "--feature-scaling"),
         # argparse: "ambiguous option: --c could match --c-bar, --cv", not naming --C.
         ("--c=0.1", "--C"),
+        # An option with its value glued on, no close spelling of it without the dashes.
+        ("--C0.1", "--C"),
     ],
 )
 def test_a_misspelt_option_is_refused_with_the_closest_one(files, capsys, typo, meant):
@@ -2016,6 +2018,14 @@ def test_a_misspelt_option_is_refused_with_the_closest_one(files, capsys, typo, 
     status, err = _error([str(files / "train.npz"), typo, str(files / "test.npz")], capsys)
     name = typo.partition("=")[0]
     assert status == 2 and err[-1].endswith(f"; {name}: did you mean {meant}?")
+
+
+@pytest.mark.parametrize("typo", ["--bogus", "--quiet", "--verbose", "--tol"])
+def test_an_unknown_option_like_none_of_ours_is_refused_without_a_suggestion(files, capsys, typo):
+    # With the dashes compared too, --bogus and --quiet came within difflib's cutoff of
+    # --out ("did you mean --out?"), --verbose of --version, --tol of --tilt.
+    status, err = _error([str(files / "train.npz"), typo], capsys)
+    assert status == 2 and err[-1].endswith(f"unrecognized arguments: {typo}")
 
 
 @NEEDS_H5

@@ -19,8 +19,9 @@ class UsageError(ValueError):
 class SuggestingParser(argparse.ArgumentParser):
     """argparse's parser, whose refusal of an unknown option names the closest one, as
     it names the choices of a misspelt value (what Python 3.14's ``suggest_on_error``
-    does for choices alone), and of an ambiguous abbreviation the option it is in another
-    case (``--c``: ``--C``, which argparse's prefixes, case by case, never offer)."""
+    does for choices alone, at the same cutoff: none where none is that close), and of an
+    ambiguous abbreviation the option it is in another case (``--c``: ``--C``, which
+    argparse's prefixes, case by case, never offer)."""
 
     def error(self, message):
         options = [option for action in self._actions for option in action.option_strings]
@@ -30,11 +31,30 @@ class SuggestingParser(argparse.ArgumentParser):
         for word in [*unknown, *ambiguous.split()]:
             name = word.partition("=")[0]
             other_case = [option for option in options if option.lower() == name.lower()]
-            close = other_case or (
-                difflib.get_close_matches(name, options, n=1) if name.startswith("-") else []
+            # (compared without their dashes, which every option shares: with them, --bogus
+            # came within difflib's cutoff of --out)
+            bare = {option.lstrip("-"): option for option in options}
+            # (an option with its value glued on, --C0.1, is no close spelling of --C)
+            glued = [o for o in options if name.startswith(o) and _number(name[len(o) :])]
+            close = (
+                other_case
+                or [
+                    bare[match]
+                    for match in difflib.get_close_matches(name.lstrip("-"), bare, n=1)
+                    if name.startswith("-")
+                ]
+                or sorted(glued, key=len)[-1:]
             )
             hints += [f"{name}: did you mean {close[0]}?"] if close else []
         super().error("; ".join([message, *hints]))
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def add_version(parser: argparse.ArgumentParser, packages: tuple[str, ...]) -> None:
