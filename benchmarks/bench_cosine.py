@@ -77,6 +77,7 @@ from bench_fit import (  # noqa: E402
     check_values,
     make_features,
     threads,
+    untrained_test_rows,
 )
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, _sphere  # noqa: E402
@@ -287,6 +288,8 @@ def main(argv=None):
         + threads()
         + (f", from {args.store}" if args.store else ", synthetic")
     )
+    if note := untrained_test_rows(y, yt):
+        print(note)
     header = f"{'model':<46}{'fit s':>8}{'× linear':>10}{'iters':>8}{'objective':>11}{'acc %':>8}"
     print(header)
     print("-" * len(header))

@@ -110,6 +110,19 @@ def check_two_classes(parser, y) -> None:
                      "are needed")  # fmt: skip
 
 
+def untrained_test_rows(y, yt) -> str | None:
+    """The line that says so where test rows ``yt`` hold classes that the training rows
+    ``y`` lack (a store's rows in class order, its last classes beyond ``--n-samples``):
+    every accuracy counts them wrong, 0% where all are, which was printed without a word."""
+    untrained = ~np.isin(yt, y)
+    if not untrained.any():
+        return None
+    classes = np.unique(yt[untrained])
+    named = ", ".join(map(str, classes[:4])) + (", ..." if len(classes) > 4 else "")
+    return (f"({untrained.sum()} of the {len(yt)} test rows are of classes that the "
+            f"training rows lack ({named}): every model predicts them wrong)")  # fmt: skip
+
+
 def check_distinct(parser, args, *options: str) -> None:
     """Refuse in one line a list option (flags, e.g. ``"--tilts"``) that repeats a value: its
     row was made and printed twice, a repeated seed counted twice in a mean, and the tables

@@ -96,6 +96,7 @@ from bench_fit import (  # noqa: E402
     check_two_classes,
     check_values,
     threads,
+    untrained_test_rows,
 )
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
@@ -607,6 +608,8 @@ def main(argv=None):
     check_two_classes(parser, bench.y)
     print(f"{len(bench.y)} × {bench.X.shape[1]} L2-normalised float32 train, {len(bench.yt)} "
           f"test, scale={args.scale:g}, tol={args.tol}, c_bar=1, {threads()}")  # fmt: skip
+    if note := untrained_test_rows(bench.y, bench.yt):
+        print(note)
     print(f"  {'experiment':<60}{'iters':>8}{'objective':>12}{'acc %':>8}{'agree %':>9}")
     cold(bench)  # every other experiment compares with it
     for name in args.only or EXPERIMENTS[1:]:

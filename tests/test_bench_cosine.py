@@ -186,6 +186,27 @@ def test_the_warm_up_takes_rows_of_every_class_of_a_class_ordered_store(
     assert f"{n_samples} × 8 L2-normalised float32 train, 300 test, {n_classes} classes" in out
 
 
+# 1200 training rows: classes 0 and 1, the 300 test rows all of class 2 (0% accuracy);
+# 1000: 100 of them
+@pytest.mark.parametrize("n_samples, untrained", [(1200, 300), (1000, 100), (1500, 0)])
+def test_test_rows_of_classes_the_training_rows_lack_are_said(
+    bench, monkeypatch, capsys, n_samples, untrained
+):
+    """Every accuracy was 0.00 without a word: a store's rows in class order, its last
+    class beyond --n-samples."""
+    monkeypatch.setattr("extract.load_features", lambda path: _ClassOrderedStore())
+    bench.main(["--store", "ordered.h5", "--n-samples", str(n_samples), "--n-test", "300",
+                "--scales", "16", "--no-rounds", "--no-before", "--no-equivalent",
+                "--max-iter", "50"])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    said = [line for line in lines if "classes that the training rows lack" in line]
+    if untrained:
+        assert said == [f"({untrained} of the 300 test rows are of classes that the "
+                        "training rows lack (2): every model predicts them wrong)"]  # fmt: skip
+    else:
+        assert not said
+
+
 class _SmallClassStore(_ClassOrderedStore):
     """100 training rows of two classes and 2 of a third, then 30 test rows."""
 

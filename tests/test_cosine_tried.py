@@ -2,6 +2,7 @@
 
 import argparse
 
+import numpy as np
 import pytest
 import torch
 
@@ -235,3 +236,27 @@ def test_two_classes_run_the_experiments_of_class_blocks_or_say_they_skip(tried,
     assert "rows with a loss above 1e-7 at the cold solution" in out
     assert "(no Riemannian L-BFGS: two classes, one row of coefficients)" in out
     assert "(no start from 1/8 of the rows: they lack a class of the training rows)" in out
+
+
+class _ClassOrderedStore:
+    """A store written from a class-per-folder tree: 300 rows of each of 3 classes in turn."""
+
+    labels = np.repeat(np.arange(3), 300)
+    features = (np.random.default_rng(0).normal(size=(900, 8)) + labels[:, None]).astype(np.float32)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_test_rows_of_classes_the_training_rows_lack_are_said(tried, monkeypatch, capsys):
+    # The first 600 rows train (classes 0 and 1), the 300 test rows are class 2: every
+    # accuracy was 0.00 without a word.
+    monkeypatch.setattr("extract.load_features", lambda path: _ClassOrderedStore())
+    tried.main(["--store", "ordered.h5", "--n-samples", "600", "--n-test", "300",
+                "--max-iter", "50", "--only", "active"])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == ("(300 of the 300 test rows are of classes that the training rows "
+                        "lack (2): every model predicts them wrong)")  # fmt: skip
