@@ -35,6 +35,7 @@ from bench_fit import (  # noqa: E402
     make_features,
     threads,
     timed_fit,
+    untrained_test_rows,
 )
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
@@ -154,6 +155,8 @@ def main(argv=None):
         f"{args.n_Cs} Cs × {args.folds} folds, {threads()}; LogisticRegressionCV computes "
         "in float64 (it converts X), the others in float32"
     )
+    if note := untrained_test_rows(y, y_test):
+        print(note)
     print(f"{'search':38s} {'fit s':>8s} {'speed-up':>9s} {'C':>10s} {'test acc':>9s}")
     for row in rows:
         row["speedup"] = base / row["seconds"]

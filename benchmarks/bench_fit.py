@@ -112,8 +112,9 @@ def check_two_classes(parser, y) -> None:
 
 def untrained_test_rows(y, yt) -> str | None:
     """The line that says so where test rows ``yt`` hold classes that the training rows
-    ``y`` lack (a store's rows in class order, its last classes beyond ``--n-samples``):
-    every accuracy counts them wrong, 0% where all are, which was printed without a word."""
+    ``y`` lack (a store's rows in class order, its last classes beyond ``--n-samples``;
+    synthetic labels of more classes than a few rows draw): every accuracy counts them
+    wrong, 0% where all are, which was printed without a word."""
     untrained = ~np.isin(yt, y)
     if not untrained.any():
         return None
@@ -280,6 +281,8 @@ def main(argv=None):
         f"max_iter={args.max_iter}, best of {args.repeat}, "
         f"{threads()}"
     )
+    if note := untrained_test_rows(y_train, y_test):
+        print(note)
     header = (
         f"{'model':<30}{'device':>7}{'fit s':>9}{'speed-up':>10}{'iters':>7}"
         f"{'objective':>11}{'acc %':>8}{'hard %':>8}{'worst %':>9}"

@@ -2,6 +2,7 @@
 traceback from deep in a run."""
 
 import json
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -440,3 +441,30 @@ def test_check_values_accepts_the_values_at_its_limits(must, accepted, refused, 
         with pytest.raises(SystemExit):
             bench_fit.check_values(parser, SimpleNamespace(x=value), check, "--x")
         assert f"--x must be {check[0]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "script, argv",
+    [
+        ("bench_fit", ["--n-features", "4", "--n-classes", "30", "--repeat", "1", "--devices",
+                       "cpu", "--tilts", "--max-iter", "20"]),
+        ("bench_cv", ["--n-features", "4", "--n-classes", "10", "--n-Cs", "1", "--skip", "lrcv",
+                      "--skip", "grid", "--folds", "2", "--max-iter", "20"]),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("n_samples, said", [(20, 1), (600, 0)])
+def test_test_rows_of_classes_the_training_rows_lack_are_said(
+    script, argv, n_samples, said, capsys
+):
+    # Synthetic labels of more classes than a few training rows draw: the test rows of the
+    # others were scored wrong by every model without a word (bench_fit printed 0.00).
+    with warnings.catch_warnings():  # (few rows of many classes: scikit-learn's warnings)
+        warnings.simplefilter("ignore")
+        load_benchmark(script).main([*argv, "--n-samples", str(n_samples)])
+    lines = [
+        line
+        for line in capsys.readouterr().out.splitlines()
+        if "test rows are of classes that the training rows lack (" in line
+    ]
+    assert len(lines) == said
+    assert all(line.endswith("): every model predicts them wrong)") for line in lines)
