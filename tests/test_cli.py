@@ -930,6 +930,9 @@ def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
         # Grids, checked against the estimator before any fit.
         (["{d}/train.npz", "--grid", "c_bar"], "--grid expects NAME=V1,V2"),
         (["{d}/train.npz", "--grid", "C=1", "--grid", "C=2"], "--grid names 'C' twice"),
+        # A value twice (1 and 1.0 too) fitted one model twice, in every fold.
+        (["{d}/train.npz", "--grid", "C=1,2,1.0"], "--grid C gives 1 more than once; each"),
+        (["{d}/train.npz", "--grid", "c_bar=none,1,None"], "--grid c_bar gives none more than"),
         (["{d}/train.npz", "--grid", "Cc=1,2"], "no parameter 'Cc'; did you mean 'C'?"),
         (["{d}/train.npz", "--grid", "c=1,2"], "no parameter 'c'; did you mean 'C'?"),
         (["{d}/train.npz", "--grid", "C=1,-1"], "--grid C=-1: The 'C' parameter"),
@@ -1036,7 +1039,7 @@ def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
             "search reads: drop it, or search it with --lam > 0",
         ),
         (
-            ["{d}/train.npz", "--grid", "lam=0,0", "--grid", "projection_rank=2,4"],
+            ["{d}/train.npz", "--grid", "lam=0", "--grid", "projection_rank=2,4"],
             "--grid projection_rank sets the rank of the projection",
         ),
         (

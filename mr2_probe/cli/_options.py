@@ -337,6 +337,16 @@ def _grid(specs: list[str]) -> dict:
                 f"--grid {name}=V1,V2,V3"
             )
         grid[name] = [_grid_value(v) for v in values.split(",")]
+        # (1 and 1.0 are one value, true and 1 two: a search fitted the same model twice)
+        counts = Counter((isinstance(v, bool), v) for v in grid[name])
+        repeated = [v for (_, v), n in counts.items() if n > 1]
+        if repeated:
+            shown = ", ".join(
+                str(v).lower() if v is None or isinstance(v, bool) else str(v) for v in repeated
+            )
+            raise UsageError(
+                f"--grid {name} gives {shown} more than once; each value is one model of the search"
+            )
     return grid
 
 
