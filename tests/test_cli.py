@@ -862,6 +862,15 @@ def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
             ["{d}/train.npz", "--c-bar", "none", "--tilt", "0"],
             "--tilt 0 with --c-bar none is a front of ERM alone",
         ),
+        # ... and so with a grid none of whose models has margins or a compactness loss.
+        (
+            ["{d}/train.npz", "--grid", "c_bar=none", "--tilt", "0"],
+            "--tilt 0 with --grid c_bar=none is a front of ERM alone",
+        ),
+        (
+            ["{d}/train.npz", "--c-bar", "none", "--grid", "C=0.1,1", "--tilt", "0"],
+            "--tilt 0 with --c-bar none is a front of ERM alone",
+        ),
         (["{d}/train.npz", "--n-jobs", "0", "--grid", "C=1,2"], "--n-jobs 0 runs nothing"),
         (["{d}/train.npz", "--max-iter", "0"], "--max-iter must be at least 1; got 0"),
         (["{d}/train.npz", "--grid", "max_iter=0,5"], "--grid max_iter=0: max_iter must be at"),

@@ -589,6 +589,20 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
             f"{shown}: {invalid[0][1]})",
             file=sys.stderr,
         )
+    if (
+        grid
+        and args.tilt
+        and not args.offsets
+        and not any(t > 0 for t in args.tilt)
+        and all(
+            c.get("c_bar", args.c_bar) is None and not c.get("lam", args.lam) for c in combinations
+        )
+    ):  # (as without --grid: the front failed after every other fit, in the library's terms)
+        given = "--grid c_bar=none" if "c_bar" in grid else "--c-bar none"
+        raise UsageError(
+            f"--tilt 0 with {given} is a front of ERM alone (MR² is then ERM's configuration, "
+            "whatever the grid chooses); give --tilt values above 0, --offsets, or a c_bar"
+        )
     models = [clone(mr2).set_params(**c) for c, reason in reasons if not reason]
     for name, (reads, what, advice) in _READ_BY_SOME.items():
         option = _OPTIONS.get(name)
