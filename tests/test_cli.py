@@ -2342,6 +2342,24 @@ def test_a_search_that_scored_every_value_the_same_says_so_in_a_note(tmp_path, c
     assert f"note: {note}" in capsys.readouterr().out.splitlines()
 
 
+@pytest.mark.filterwarnings("ignore:The least populated class in y:UserWarning")
+def test_a_grid_that_scored_every_setting_the_same_says_so_in_a_note(tmp_path, capsys):
+    # As --Cs's search: ERM's worst-class accuracy 20% at every C, and the grid chose the
+    # first setting, the strongest penalty, without a word (MR² scored them apart).
+    rng = np.random.default_rng(1)
+    X = np.r_[rng.normal(0, 1, (30, 4)), rng.normal(3, 1, (30, 4)), rng.normal(0, 1, (5, 4))]
+    np.savez(tmp_path / "tie.npz", X=X, y=np.repeat([0, 1, 2], [30, 30, 5]))
+    argv = [str(tmp_path / "tie.npz"), "--cv", "5", "--grid", "C=0.0001,1,100"]
+    assert main([*argv, "--test-size", "0.2", "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    note = (
+        "ERM grid's search scored every setting the same by worst_class (20.00%): it chose "
+        "the first, C=0.0001, as GridSearchCV breaks ties; another --scoring may tell them apart"
+    )
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == [f"note: {note}"]
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["notes"] == [note]
+
+
 def test_a_name_in_another_case_and_another_unicode_form_is_suggested():
     # Names are matched in NFC: a training class 'Café' of decomposed é (macOS folder
     # names) and a test one 'CAFÉ' of composed É differ in case alone, and were not named.

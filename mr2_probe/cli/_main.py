@@ -189,6 +189,9 @@ def _fit_and_report(args, erm, mr2, grid, out, X, y, X_test, y_test, names, sour
     searches = {name: _final(m) for name, m in _once(fitted).items() if hasattr(_final(m), "Cs_")}
     lines += [line for name, cv in searches.items() for line in _cv_lines(name, cv, args)]
     notes += [note for name, cv in searches.items() for note in _tie_note(name, cv, args)]
+    notes += [
+        note for name, grid in _once(models).items() for note in _grid_tie_note(name, grid, args)
+    ]
     lines += [f"note: {note}" for note in notes]
 
     _print_results(
@@ -275,6 +278,26 @@ def _tie_note(name: str, search, args) -> list[str]:
         f"{name}'s search scored {every} the same by {args.scoring} "
         f"({100 * scored.max():.2f}%): it chose the first, {what}={search.C_:.4g}, as "
         "LogisticRegressionCV breaks ties; another --scoring may tell them apart"
+    ]
+
+
+def _grid_tie_note(name: str, search, args) -> list[str]:
+    """:func:`_tie_note` for a --grid search (GridSearchCV, which chooses the first of
+    settings scored the same too): its choice of C=0.0001 among C=0.0001,1,100, all of
+    worst-class accuracy 0, was said nowhere. Nothing for a model that searched nothing."""
+    if not hasattr(search, "cv_results_"):
+        return []
+    means = np.asarray(search.cv_results_[f"mean_test_{args.scoring}"], dtype=float)
+    scored = means[~np.isnan(means)]  # (settings that failed in some folds: NaN)
+    if len(scored) < 2 or scored.max() != scored.min():
+        return []
+    value = 0.0 - scored[0] if args.scoring == "class_std" else scored[0]  # (its scorer's sign)
+    every = "every setting" + (" that did not fail" if len(scored) < len(means) else "")
+    chose = ", ".join(f"{k.removeprefix('probe__')}={v}" for k, v in search.best_params_.items())
+    return [
+        f"{name}'s search scored {every} the same by {args.scoring} ({100 * value:.2f}%): it "
+        f"chose the first, {chose}, as GridSearchCV breaks ties; another --scoring may tell "
+        "them apart"
     ]
 
 
