@@ -1185,14 +1185,17 @@ def _two_rank_store(tmp_path, broken: bool):
     return folder, image, good, out, fast, shards
 
 
+@pytest.mark.parametrize("kept", [True, False])  # the finished run's shard of rank 1
 @pytest.mark.parametrize("retry", [False, True])
 def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
-    tmp_path, monkeypatch, retry
+    tmp_path, monkeypatch, retry, kept
 ):
     # A forced rebuild killed before rank 1 made its shard: resumed without --force, rank 1
     # resumed the finished run's shard, and the "rebuilt" store held its old rows (images
     # changed in place since included). At another number of ranks, or in one process, the
-    # old store was reused as complete, the rebuild dropped without a word.
+    # old store was reused as complete, the rebuild dropped without a word. Where that
+    # shard is gone, rank 1 takes no rows from the store it replaces (a resume of a store
+    # left incomplete takes them; a rebuild is to extract them anew).
     from extract._resume import _identity
     from extract._schema import REPLACES
 
@@ -1220,6 +1223,8 @@ def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
     with pytest.raises(StoreError, match="by 2 ranks was stopped"):
         extract_features(folder, BACKBONE, out, retry_failed=retry, **fast)  # one process
     monkeypatch.setenv("WORLD_SIZE", "2")
+    if not kept:
+        shards[1].unlink()
     for rank in (1, 0):
         monkeypatch.setenv("RANK", str(rank))
         extract_features(folder, BACKBONE, out, retry_failed=retry, **fast)  # without --force
