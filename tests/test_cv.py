@@ -2429,3 +2429,23 @@ def test_float32_weights_scaled_down_with_c_scaled_up_search_the_same_problem(
     ]
     np.testing.assert_array_equal(searches[1].scores_[0], searches[0].scores_[0])
     np.testing.assert_array_equal(searches[1].n_iter_, searches[0].n_iter_)
+
+
+@pytest.mark.parametrize("batch_folds", [True, False])
+def test_float32_weights_scaled_down_with_c_scaled_up_carry_the_path_alike(
+    batch_folds, monkeypatch
+):
+    # The same path, C = 1 then 10 with weights of 1, as C = 1e39 then 1e40 with weights
+    # of 1e-39: the memory carried to the next C is corrected by the change of 1/(C·Σw),
+    # which formed in float32 (C = inf, no change) left the last solve's gradient, below
+    # tol, as the next C's start: every fold stopped there at 0 iterations.
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(np.float32)
+    searches = [
+        MR2LinearClassifierCV([1 / w, 10 / w], cv=3, device="cpu").fit(X, y, np.full(len(y), w))
+        for w in (1.0, 1e-39)
+    ]
+    assert (searches[1].n_iter_ > 0).all()
+    np.testing.assert_array_equal(searches[1].scores_[0], searches[0].scores_[0])
+    np.testing.assert_allclose(searches[1].coefs_paths_[0], searches[0].coefs_paths_[0], atol=0.1)
