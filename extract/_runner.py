@@ -575,14 +575,13 @@ def _extract_shard(
         )
     # A shard that went into another version of the merged store (one rebuilt otherwise
     # since, images changed in place included) is not resumed: made anew, from the rows of
-    # the store as it is where the run retries its failures.
+    # the store as it is (a retry's, or a store left incomplete: one complete is reused).
     stale = read_merged and not rebuild and _merged_elsewhere(out, merged)
     if stale:
         logger.info(
-            "%s went into another version of %s; it is made anew%s.",
+            "%s went into another version of %s; it is made anew from the store's rows.",
             out,
             merged,
-            " from the store's rows" if retry_failed else "",
         )
     marked = overwrite or fresh  # a forced run's shard, or the resumed rebuild's anew
     overwrite = overwrite or fresh or stale
@@ -709,7 +708,7 @@ def _seed_from_merged(shard: Path, merged: Path, rows: np.ndarray, retry_failed:
                 dst[name][lo : lo + len(block)] = src[name][span][block - span.start]
         taken = int((dst["status"][:] != PENDING).sum())
     if taken:  # (none where the rank has no rows, or the store none done)
-        logger.info("%s takes %d rows from %s%s.", shard, taken, merged,
+        logger.info("%s takes %d %s from %s%s.", shard, taken, plural(taken, "row"), merged,
                     "; its failed images are extracted again" if retry_failed else "")  # fmt: skip
 
 

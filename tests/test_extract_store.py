@@ -1333,6 +1333,33 @@ def test_a_run_in_one_process_resumed_under_torchrun_extracts_only_its_pending_r
     np.testing.assert_allclose(merged.features, expected.features[:], atol=1e-5)
 
 
+@pytest.mark.parametrize("retry", [False, True])
+def test_shards_of_another_version_resumed_under_torchrun_are_said_made_from_the_store(
+    tmp_path, monkeypatch, caplog, retry
+):
+    # A store rebuilt in one process (--force) and killed, resumed under torchrun: the
+    # shards merged into its old version are made anew from its rows, only the pending
+    # ones extracted; without --retry-failed the log said "made anew" (as of every row)
+    # and "takes 1 rows".
+    folder, _, _, out, fast, _ = _two_rank_store(tmp_path, broken=False)
+    _killed_run(monkeypatch, folder, BACKBONE, out, overwrite=True, **fast)  # rows 0, 1 done
+    _ranks_without_merge(monkeypatch)
+    written = _spy_writes(monkeypatch)
+    caplog.set_level(logging.INFO, logger="extract")
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, retry_failed=retry, **fast)
+    assert written == [2, 1, 2, 1]  # rows 3, 5, 7, then 2, 4, 6
+    said = [r.getMessage() for r in caplog.records if "f.shard-" in r.getMessage()]
+    for rank in (1, 0):
+        shard = shard_path(out, rank, 2)
+        assert (
+            f"{shard} went into another version of {out}; it is made anew from the store's rows."
+            in said
+        )
+        assert any(line.startswith(f"{shard} takes 1 row from {out}") for line in said)
+
+
 def test_a_resumed_run_warns_of_the_failures_recorded_before_it_too(tmp_path, monkeypatch, caplog):
     # The warning counted only the resumed run's failures (here 1 of 2), and the resume
     # said that the failed rows were "extracted before".
