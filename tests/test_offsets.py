@@ -1818,6 +1818,19 @@ def test_scorer_labels_that_are_the_classes_numbers_as_text_are_refused_among_ma
     assert _CountingFits.fits == 0
 
 
+def test_scorer_labels_that_name_some_classes_and_another_label_are_taken():
+    # Labels that name the classes and one the tuning data lacks (the full data set's
+    # four, say) are the scorer's to score: only labels that name no class are refused.
+    z = np.random.default_rng(0).normal(size=(60, 3))
+    y = np.arange(60) % 3
+    scoring = make_scorer(f1_score, average="macro", labels=[0, 1, 2, 3], zero_division=0)
+    result = tune_class_offsets(z, y, scoring)
+    pred = (z + result.offsets).argmax(1)
+    assert result.score == f1_score(y, pred, average="macro", labels=[0, 1, 2, 3],
+                                    zero_division=0)  # fmt: skip
+    assert result.score >= result.base_score
+
+
 def _scaled_accuracy(y_true, y_pred, scale):
     return scale * float(np.mean(y_true == y_pred))
 
