@@ -1003,6 +1003,25 @@ def test_a_linear_lbfgs_sweep_starts_each_tilt_from_the_previous_point(splits, m
     assert starts == [(0.0, False), (0.0, False), (1.0, True), (5.0, True)]
 
 
+def test_a_cosine_head_sweep_fits_each_tilt_cold(splits, monkeypatch):
+    # L-BFGS solves the cosine head too, but its problem is not convex (the weights are
+    # normalised): a warm start can end at another solution than the point's refit.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    starts, fit = [], MR2LinearClassifier.fit
+
+    def recording_fit(self, X, y, **kwargs):
+        starts.append((self.class_tilt, self.warm_start))
+        return fit(self, X, y, **kwargs)
+
+    monkeypatch.setattr(MR2LinearClassifier, "fit", recording_fit)
+    front = accuracy_front(
+        MR2LinearClassifier(head="cosine", device="cpu"), X_fit, y_fit, X_val, y_val,
+        tilts=(1,),
+    )  # fmt: skip
+    assert front.point("tilt=1").model.solver_ == "lbfgs"
+    assert starts == [(0.0, False), (0.0, False), (1.0, False)]
+
+
 def test_point_names_write_each_value_in_full(splits):
     # A tilt of 10 is "tilt=10" and one of 2.5 "tilt=2.5", a bound of 2.5 pt
     # "offsets≤2.5pt": the values as %g writes them, never cut to fewer digits.
