@@ -250,6 +250,13 @@ def test_a_scoring_function_s_fraction_or_decimal_is_a_number(number):
     assert result.score == pytest.approx(expected.score)
 
 
+def test_a_scoring_function_s_numpy_bool_is_a_number():
+    # (t == p).all() gives NumPy's bool, no Real: it is the number 0 or 1, as Python's is.
+    z, y = _biased_logits(0)
+    result = tune_class_offsets(z, y, lambda t, p: np.mean(t == p) > 0.7)
+    assert result.score in (0.0, 1.0) and result.score >= result.base_score
+
+
 def _tied_worst_classes():
     """Classes 0 and 1 tie at 0.5; fixing either costs three samples of a large class."""
     rows, labels = [], []
