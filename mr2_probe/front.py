@@ -671,7 +671,8 @@ def choose_point(front: Front, bound: float | None = None) -> FrontPoint:
     # (text, "0.01", failed the comparison: "'<=' not supported between 'int' and 'str'")
     if not (isinstance(bound, Real) and 0 <= bound < 1):
         raise ValueError(f"bound must be a fraction in [0, 1), got {plain(bound)!r}.")
-    floor = front.point("ERM").validation["overall"] - bound
+    # (in float64: a float32 bound made the floor float32, rounding ERM's accuracy with it)
+    floor = front.point("ERM").validation["overall"] - float(bound)
     eligible = [p for p in front.points if p.validation["overall"] >= floor - 1e-12]
     # max() keeps the first of equal keys: the earlier point wins a full tie.
     return max(eligible, key=lambda p: (p.validation["worst"], p.validation["overall"]))

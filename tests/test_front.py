@@ -59,6 +59,16 @@ def test_selection_rule(points, bound, expected):
     assert choose_point(front).name == expected
 
 
+def test_a_float32_bound_is_the_float64_it_holds_in_the_rule_as_in_the_front():
+    # np.float32(0.005) holds 0.0049999998882: the floor was computed in float32, ERM's
+    # accuracy rounded with it, and a point 0.5 pt below ERM (179/200 against 180/200) was
+    # chosen, where accuracy_front's offsets take the bound as float(bound), below 0.005.
+    front = Front([_point("ERM", 180 / 200, 0.5), _point("a", 179 / 200, 0.7)])
+    assert choose_point(front, np.float32(0.005)).name == "ERM"
+    assert choose_point(front, float(np.float32(0.005))).name == "ERM"
+    assert choose_point(front, 0.005).name == "a"
+
+
 @pytest.mark.parametrize("bound", [-0.1, 1.0, "0.01", np.float64(1.5)])
 def test_selection_rule_rejects_a_bad_bound(bound):
     # A bound of 1 (100 points) was taken: every point within it, the rule no rule at all.
