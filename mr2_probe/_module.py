@@ -149,6 +149,10 @@ class MR2Loss(nn.Module):
     torch.Size([3])
     """
 
+    # 2: stats_p holds p exactly; a state of version 1 holds it rounded to float32, whatever
+    # the dtype it was cast to (.double()), and is compared so.
+    _version = 2
+
     def __init__(
         self,
         n_classes: int,
@@ -263,6 +267,7 @@ class MR2Loss(nn.Module):
         wrong = []
         count = state_dict.get(f"{prefix}moment_count")
         device = count.device if isinstance(count, torch.Tensor) else None
+        rounded = local_metadata.get("version", self._version) < 2  # p in float32, any dtype
         for name, ours in self._recorded(device).items():
             saved = state_dict.setdefault(prefix + name, ours).detach()
             # Compared as saved: a p kept in float32 (saved before it was kept exactly, or
@@ -271,7 +276,8 @@ class MR2Loss(nn.Module):
                 state_dict[prefix + name] = saved.to(ours.dtype)
                 continue
             state_dict[prefix + name] = self._recorded(saved.device)[name]  # exactly ours
-            if saved.shape != () or not bool(saved.cpu() == ours.cpu().to(saved.dtype)):
+            dtype = torch.float32 if rounded and saved.is_floating_point() else saved.dtype
+            if saved.shape != () or not bool(saved.cpu().to(dtype) == ours.cpu().to(dtype)):
                 value = saved.tolist()  # (a flag as the flag it is: saved as a number)
                 value = bool(value) if name == "stats_normalize" else value
                 wrong.append(f"{name.removeprefix('stats_')}={value!r}")
@@ -296,6 +302,7 @@ class MR2Loss(nn.Module):
         device = self._buffers["moment_count"].device
         for name, value in self._recorded(device).items():
             self._buffers.setdefault(name, value)
+        self._buffers["stats_p"] = self._recorded(device)["stats_p"]  # rounded before: exact
 
     def moments(self) -> ClassMoments:
         """The running sums (buffers ``moment_*``, saved in the state dict)."""

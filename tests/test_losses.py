@@ -1,6 +1,7 @@
 """The vectorised MR² functions against literal per-class loops, values and gradients."""
 
 import math
+import pickle
 import re
 from functools import partial
 
@@ -1129,6 +1130,24 @@ def test_p_is_kept_exactly_in_the_state(saved, loaded, cast):
         module = MR2Loss(3, 4, p=p)
         module.load_state_dict(old)
         assert module.stats_p.item() == p and module.stats_p.dtype == torch.float64
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_state_of_p_rounded_to_float32_then_cast_to_float64_loads(whole):
+    # Before p was kept exactly, .double() cast its float32 rounding (1.7000000476837158):
+    # such a state (version 1) was refused by a module of p = 1.7, its state then compared
+    # in float64, as a whole module pickled so kept it rounded.
+    module = MR2Loss(3, 4, p=1.7).double()
+    module.stats_p = module.stats_p.float().double()  # as the module of version 1 held it
+    if whole:  # torch.save(module) then torch.load
+        module = pickle.loads(pickle.dumps(module))
+        assert module.stats_p.item() == 1.7
+        return
+    state = module.state_dict()
+    state._metadata[""]["version"] = 1
+    MR2Loss(3, 4, p=1.7).load_state_dict(state)
+    with pytest.raises(RuntimeError, match="measured with p=1.7000000476837158, and"):
+        MR2Loss(3, 4, p=1.7).load_state_dict(state | {"stats_p": state["stats_p"]})  # version 2
 
 
 def test_compactness_is_exact_in_float32_under_a_large_common_mean():
