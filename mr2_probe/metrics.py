@@ -134,6 +134,10 @@ def _label_kinds(*arrays: np.ndarray) -> set:
     predictions (mixed in y, np.unique failed: "can't compare datetime.datetime to
     datetime.date"), where scikit-learn refuses them."""
     kinds = set().union(*map(_kinds_of, arrays))
+    if any(a.dtype.kind == "M" for a in arrays) and datetime.tzinfo in kinds:
+        # NumPy's datetime64 are naive datetimes (a column with a time zone's .values, in
+        # UTC): against aware ones every class scored 0%.
+        kinds = kinds - {float} | {datetime.datetime}
     dates = kinds & _DATE_KINDS
     return kinds if len(dates) > 1 else kinds - dates | ({float} if dates else set())
 

@@ -548,6 +548,12 @@ def test_label_kinds_and_shapes_are_checked_before_scoring():
             np.array([datetime(2024, 1, 1)]),
             "datetime and datetime with a time zone",
         ),
+        # NumPy's datetime64 (a tz-aware pandas column's .values) are naive: scored 0%.
+        (
+            np.array([datetime(2024, 1, 1, tzinfo=timezone.utc)]),
+            np.array(["2024-01-01"], "datetime64[ns]"),
+            "datetime and datetime with a time zone",
+        ),
     ],
 )
 def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
