@@ -218,7 +218,19 @@ def _as_dates(a: np.ndarray, other: np.ndarray) -> np.ndarray:
     dates = datetime.date | np.datetime64
     if not all(isinstance(v, dates) and getattr(v, "tzinfo", None) is None for v in a.flat):
         return a
-    return np.asarray(a.tolist(), dtype="M8")
+    return np.asarray(_numpy_times(a.tolist()), dtype="M8")
+
+
+def _numpy_times(values: list) -> list:
+    """pandas' Timestamps (without a time zone) and Timedeltas among ``values`` as NumPy's
+    datetime64 and timedelta64 at their own unit: taken as datetime's, their nanoseconds
+    were cut off (two classes 1 ns apart scored as one). Other values as they are."""
+    return [
+        v.to_datetime64() if hasattr(v, "to_datetime64") and v.tzinfo is None
+        else v.to_timedelta64() if hasattr(v, "to_timedelta64")
+        else v
+        for v in values
+    ]  # fmt: skip
 
 
 def difficulty_groups(reference_accuracy, n_groups: int = 3) -> np.ndarray:

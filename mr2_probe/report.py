@@ -16,6 +16,7 @@ from ._data import plain
 from .metrics import (
     GROUP_NAMES,
     _classes,
+    _numpy_times,
     class_groups,
     classwise_summary,
     per_class_accuracy,
@@ -241,7 +242,7 @@ def _in_unit(labels: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if not (labels.dtype.kind in "mM" or all(isinstance(v, kinds) for v in labels.flat)):
         return labels
     try:
-        own = np.asarray(labels, dtype=f"{dtype.kind}8")  # (their own unit)
+        own = np.asarray(_numpy_times(labels.tolist()), dtype=f"{dtype.kind}8")  # own unit
         converted = own.astype(dtype)
     except (TypeError, ValueError, OverflowError):
         return labels

@@ -583,6 +583,17 @@ def test_dates_held_as_objects_are_scored_against_datetime64_of_any_unit(unit, h
     np.testing.assert_array_equal(per_class_accuracy(days[[0, 1, 0, 1]], at_five), [0.0, 0.0])
 
 
+def test_timestamps_held_as_objects_keep_their_nanoseconds():
+    # Taken as datetime's, cut to microseconds: two classes 1 ns apart were scored as one
+    # (y held as Timestamps) or each 0% (predictions held so).
+    pd = pytest.importorskip("pandas")
+    times = pd.to_datetime(["2024-01-01 00:00:00.000000001", "2024-01-01 00:00:00.000000002"])
+    y, objects = np.asarray(times)[[0, 1, 1]], np.array(list(times), dtype=object)[[0, 1, 1]]
+    for y_true, y_pred in ((y, objects), (objects, y)):
+        np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred), [1.0, 1.0])
+    np.testing.assert_array_equal(per_class_accuracy(y, y, labels=objects[:2]), [1.0, 1.0])
+
+
 def test_pandas_missing_labels_are_named_as_missing():
     # pd.NA was counted as a number: "str and number", where no number was given.
     pd = pytest.importorskip("pandas")

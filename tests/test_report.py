@@ -477,6 +477,21 @@ def test_dates_as_labels_at_another_unit_order_y_s_classes(labels):
         classwise_report({"erm": y}, y, labels=[datetime(2024, 1, 2, 5), date(2024, 1, 1)])
 
 
+@pytest.mark.parametrize("kind", ["datetime", "timedelta"])
+def test_pandas_times_as_labels_keep_their_nanoseconds(kind):
+    # Timestamps (Timedeltas) 1 ns apart were taken as datetime's, cut to microseconds:
+    # refused as labels, each listed as the same time.
+    pd = pytest.importorskip("pandas")
+    times = (
+        pd.to_datetime(["2024-01-01 00:00:00.000000001", "2024-01-01 00:00:00.000000002"])
+        if kind == "datetime"
+        else pd.to_timedelta([1, 2])
+    )
+    y = np.asarray(times)[[0, 1, 1]]
+    report = classwise_report({"erm": y}, y, labels=list(times)[::-1])
+    assert report.labels == [str(v) for v in np.asarray(times)[::-1]]
+
+
 @pytest.mark.parametrize("labels", [None, [0, 1, float("nan")], [0, 1]])
 def test_a_nan_label_in_y_is_named_whatever_the_labels(labels):
     # With labels given it read "labels must hold each class of y once", listing NaN in both.
