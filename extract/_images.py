@@ -825,8 +825,10 @@ def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> boo
     programs write CSV where a comma is the decimal separator): every line splits into two
     fields at a semicolon (quoted as the csv module quotes), and the first line whose two
     readings differ names a file that way alone (a file name with a semicolon, in a list
-    separated otherwise, is read as it stands). ``commas``: the list is read as comma CSV
-    (a comma in it), else at its last blank or its tab."""
+    separated otherwise, is read as it stands), or, where no line does (its images not
+    found, or not yet there), a line read otherwise is no ``path label`` line.
+    ``commas``: the list is read as comma CSV (a comma in it), else at its last blank or
+    its tab."""
     lines = [line for line in text if line.strip()]
     if not lines or not all(";" in line for line in lines):
         return False
@@ -848,14 +850,28 @@ def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> boo
             usual = line.rsplit(None, 1)
         return usual, next(csv.reader([line], delimiter=";"))
 
-    return _first_deciding_line(folder, lines, readings)
+    def refused(line: str) -> bool:  # read otherwise: no comma field, or blank, splits it
+        if not commas:
+            return len(line.rsplit(None, 1)) != 2  # (a tab in it: at a tab, or in its path)
+        try:
+            return len(next(csv.reader([line]))) != 2
+        except csv.Error:
+            return True
+
+    # (read otherwise, a list of missing images was refused: "expected 'path,label', got
+    # 'cat/000.png;cat'", where a comma-separated one records them as failed; a line that
+    # names a file whole, 'a;b.png', is a file without a label, refused still)
+    first = next(filter(refused, lines), None)
+    undecided = first is not None and not os.path.lexists(folder / first.strip())
+    return _first_deciding_line(folder, lines, readings, undecided=undecided)
 
 
-def _first_deciding_line(folder: Path, text: list[str], readings) -> bool:
+def _first_deciding_line(folder: Path, text: list[str], readings, undecided=False) -> bool:
     """Whether a list's lines are read the other way: ``readings(line)`` gives a line's two
     readings as ``path label`` fields, the usual one and the other (None where they do not
     differ), and the first line of which one reading alone names a file in ``folder``
-    decides (the other names it: True); a list without such a line is read as usual."""
+    decides (the other names it: True); a list without such a line is read as usual
+    (``undecided``: True, the other way)."""
     for line in text:
         pair = readings(line)
         if pair is None:
@@ -863,7 +879,7 @@ def _first_deciding_line(folder: Path, text: list[str], readings) -> bool:
         named = [len(f) == 2 and os.path.lexists(folder / f[0].strip()) for f in pair]
         if named[0] != named[1]:
             return named[1]
-    return False
+    return undecided
 
 
 def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:

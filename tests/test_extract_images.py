@@ -940,6 +940,31 @@ def test_a_list_separated_by_semicolons_is_read_as_csv(folder, lines, ids, class
 
 
 @pytest.mark.parametrize(
+    "lines, ids",
+    [
+        (["cat/000.png;cat", "dog/001.jpg;dog"], ["cat/000.png", "dog/001.jpg"]),
+        (['"a,b.png";cat', "c.png;dog"], ["a,b.png", "c.png"]),
+        # Split at its blanks as it stands: a semicolon in its names.
+        (["a;0.png cat", "a;1.png dog"], ["a;0.png", "a;1.png"]),
+    ],
+)
+def test_a_list_separated_by_semicolons_of_missing_images_records_them_as_failed(
+    tmp_path, lines, ids
+):
+    # No line named a file either way: read at its blanks, it was refused ("expected
+    # 'path,label', got 'cat/000.png;cat'"), where a comma-separated one records them.
+    (tmp_path / "l.csv").write_text("\n".join(lines) + "\n")
+    src = image_list(tmp_path / "l.csv")
+    assert (src.ids, src.class_names) == (ids, ["cat", "dog"])
+    assert (src.file_size < 0).all()
+    # A file named with a semicolon, listed without a label: refused as before.
+    (tmp_path / "a;b.png").write_bytes(b"")
+    (tmp_path / "n.csv").write_text("a;b.png\n")
+    with pytest.raises(ValueError, match=r"n.csv:1: expected 'path,label', got 'a;b.png'"):
+        image_list(tmp_path / "n.csv")
+
+
+@pytest.mark.parametrize(
     "line, label",
     [("{},cat", "cat"), ("{}\tgolden retriever", "golden retriever"), ("{} cat", "cat"),
      ("'{}' 'cat'", "cat")],
