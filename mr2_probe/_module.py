@@ -276,6 +276,8 @@ class MR2Loss(nn.Module):
                 state_dict[prefix + name] = saved.to(ours.dtype)
                 continue
             state_dict[prefix + name] = self._recorded(saved.device)[name]  # exactly ours
+            if name == "stats_p":  # an averaged p = inf (AveragedModel: inf + w·(inf − inf))
+                saved = torch.where(saved.isnan(), math.inf, saved)
             dtype = torch.float32 if rounded and saved.is_floating_point() else saved.dtype
             if saved.shape != () or not bool(saved.cpu().to(dtype) == ours.cpu().to(dtype)):
                 value = saved.tolist()  # (a flag as the flag it is: saved as a number)

@@ -1199,6 +1199,19 @@ def test_an_older_state_loads_into_modules_built_on_meta_and_averages():
     assert assigned.stats_normalize.dtype == torch.float32
 
 
+def test_an_averaged_state_of_p_inf_loads():
+    # AveragedModel averages stats_p too: inf + w·(inf − inf) is NaN, and the averaged
+    # state was refused by every module, p = inf too ("measured with p=nan").
+    source = MR2Loss(3, 4, p=math.inf)
+    averaged = torch.optim.swa_utils.AveragedModel(source, use_buffers=True)
+    for _ in range(2):
+        averaged.update_parameters(source)
+    state = averaged.module.state_dict()
+    MR2Loss(3, 4, p=math.inf).load_state_dict(state)
+    with pytest.raises(RuntimeError, match=r"measured with p=inf, and"):
+        MR2Loss(3, 4, p=2.0).load_state_dict(state)
+
+
 def test_compactness_is_exact_in_float32_beside_a_far_row_of_another_class():
     # Centred on the batch's mean, one row of norm 1e5 in a class of its own moved every
     # row by 1e5 / B: the float32 loss was 4.86 against 1.07, its gradient all wrong.
