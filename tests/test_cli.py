@@ -1139,6 +1139,16 @@ def test_mistakes_end_in_one_line_and_status_2(files, stores, argv, message, cap
     assert message.format(d=files) in line
 
 
+def test_tilt_0_with_a_grid_whose_only_models_are_erm_is_refused_before_any_fit(files, capsys):
+    # lam=0.5 with solver=lbfgs is no model, left out of the search: counted as a choice of
+    # it, every model was fitted, then the front failed in the library's terms.
+    argv = [str(files / "train.npz"), "--c-bar", "none", "--grid", "lam=0,0.5", "--grid",
+            "solver=lbfgs", "--tilt", "0", "--no-progress"]  # fmt: skip
+    status, err = _error(argv, capsys)
+    assert status == 2 and not any(line.startswith("fitting") for line in err)
+    assert err[-1].startswith("mr2-probe: error: --tilt 0 with --c-bar none is a front of ERM")
+
+
 @pytest.mark.parametrize("name", ["train.npz", pytest.param("store.h5", marks=NEEDS_H5), "y.npy"])
 def test_a_link_to_a_file_moved_away_is_said_to_be_one(files, stores, tmp_path, name, capsys):
     # A symbolic link whose file was moved away was said not to exist, beside it.

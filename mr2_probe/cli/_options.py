@@ -595,7 +595,9 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
         and not args.offsets
         and not any(t > 0 for t in args.tilt)
         and all(
-            c.get("c_bar", args.c_bar) is None and not c.get("lam", args.lam) for c in combinations
+            c.get("c_bar", args.c_bar) is None and not c.get("lam", args.lam)
+            for c, reason in reasons
+            if not reason  # (a combination left out of the search is no choice of it)
         )
     ):  # (as without --grid: the front failed after every other fit, in the library's terms)
         given = "--grid c_bar=none" if "c_bar" in grid else "--c-bar none"
