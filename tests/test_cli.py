@@ -942,6 +942,10 @@ def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
         # A value twice (1 and 1.0 too) fitted one model twice, in every fold.
         (["{d}/train.npz", "--grid", "C=1,2,1.0"], "--grid C gives 1 more than once; each"),
         (["{d}/train.npz", "--grid", "c_bar=none,1,None"], "--grid c_bar gives none more than"),
+        # Two empty values were "given more than once" (said as ''), one the estimator's error.
+        (["{d}/train.npz", "--grid", "C=1,,"], "--grid C has an empty value in 'C=1,,'; separ"),
+        (["{d}/train.npz", "--grid", "C=1,2,"], "--grid C has an empty value in 'C=1,2,'"),
+        (["{d}/train.npz", "--grid", "C=1, ,2"], "--grid C has an empty value in 'C=1, ,2'"),
         (["{d}/train.npz", "--grid", "Cc=1,2"], "no parameter 'Cc'; did you mean 'C'?"),
         (["{d}/train.npz", "--grid", "c=1,2"], "no parameter 'c'; did you mean 'C'?"),
         (["{d}/train.npz", "--grid", "C=1,-1"], "--grid C=-1: The 'C' parameter"),

@@ -336,6 +336,11 @@ def _grid(specs: list[str]) -> dict:
                 f"--grid names {name!r} twice; give all its values at once, e.g. "
                 f"--grid {name}=V1,V2,V3"
             )
+        if any(not v.strip() for v in values.split(",")):  # (two commas, or one at an end)
+            raise UsageError(
+                f"--grid {name} has an empty value in {spec!r}; separate its values by single "
+                f"commas, e.g. --grid {name}=V1,V2"
+            )
         grid[name] = [_grid_value(v) for v in values.split(",")]
         # (1 and 1.0 are one value, true and 1 two: a search fitted the same model twice)
         counts = Counter((isinstance(v, bool), v) for v in grid[name])
