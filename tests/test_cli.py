@@ -2037,6 +2037,10 @@ def test_feature_files_are_read_by_their_content_whatever_their_names(stores, tm
         ("--c=0.1", "--C"),
         # An option with its value glued on, no close spelling of it without the dashes.
         ("--C0.1", "--C"),
+        # ... whatever its value, a choice or a number, and with a single dash.
+        ("--headcosine", "--head"),
+        ("--scoringworst_class", "--scoring"),
+        ("-C0.1", "--C"),
     ],
 )
 def test_a_misspelt_option_is_refused_with_the_closest_one(files, capsys, typo, meant):
@@ -2046,10 +2050,11 @@ def test_a_misspelt_option_is_refused_with_the_closest_one(files, capsys, typo, 
     assert status == 2 and err[-1].endswith(f"; {name}: did you mean {meant}?")
 
 
-@pytest.mark.parametrize("typo", ["--bogus", "--quiet", "--verbose", "--tol"])
+@pytest.mark.parametrize("typo", ["--bogus", "--quiet", "--verbose", "--tol", "headcosine"])
 def test_an_unknown_option_like_none_of_ours_is_refused_without_a_suggestion(files, capsys, typo):
     # With the dashes compared too, --bogus and --quiet came within difflib's cutoff of
-    # --out ("did you mean --out?"), --verbose of --version, --tol of --tilt.
+    # --out ("did you mean --out?"), --verbose of --version, --tol of --tilt. A word
+    # without dashes is no option, whatever it starts with (--head takes cosine).
     status, err = _error([str(files / "train.npz"), typo], capsys)
     assert status == 2 and err[-1].endswith(f"unrecognized arguments: {typo}")
 

@@ -72,7 +72,14 @@ def test_help_explains_options_with_examples(capsys):
 
 
 @pytest.mark.parametrize(
-    "typo, meant", [("--image-sise", "--image-size"), ("--max-itmes", "--max-items")]
+    "typo, meant",
+    [
+        ("--image-sise", "--image-size"),
+        ("--max-itmes", "--max-items"),
+        # A value glued on (no close spelling without the dashes): the option that takes it.
+        ("--dtypefloat16", "--dtype"),
+        ("--image-size96", "--image-size"),
+    ],
 )
 def test_a_misspelt_option_is_refused_with_the_closest_one(capsys, typo, meant):
     # argparse said "unrecognized arguments: --image-sise 32" and no more.

@@ -34,8 +34,16 @@ class SuggestingParser(argparse.ArgumentParser):
             # (compared without their dashes, which every option shares: with them, --bogus
             # came within difflib's cutoff of --out)
             bare = {option.lstrip("-"): option for option in options}
-            # (an option with its value glued on, --C0.1, is no close spelling of --C)
-            glued = [o for o in options if name.startswith(o) and _number(name[len(o) :])]
+            # (an option with its value glued on, --C0.1 or --headcosine, is no close
+            # spelling of it: the option that takes the rest as its value is meant)
+            glued = [
+                option
+                for action in self._actions
+                for option in action.option_strings
+                if name.startswith("-")  # (a word without dashes, a file, is no option)
+                and name.lstrip("-").startswith(option.lstrip("-"))
+                and _takes(action, name.lstrip("-")[len(option.lstrip("-")) :])
+            ]
             close = (
                 other_case
                 or [
@@ -49,10 +57,15 @@ class SuggestingParser(argparse.ArgumentParser):
         super().error("; ".join([message, *hints]))
 
 
-def _number(text: str) -> bool:
+def _takes(action: argparse.Action, text: str) -> bool:
+    """Whether ``action``'s option takes ``text`` as its value (--head: cosine, --C: 0.1)."""
+    if not text or action.nargs == 0:  # (a flag takes none)
+        return False
+    if action.choices is not None:
+        return text in action.choices
     try:
-        float(text)
-    except ValueError:
+        (action.type or str)(text)
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
         return False
     return True
 
