@@ -998,9 +998,20 @@ def test_a_front_has_no_point_of_an_unknown_name():
         front.point("tilt=2")
 
 
-def test_a_linear_lbfgs_sweep_starts_each_tilt_from_the_previous_point(splits, monkeypatch):
-    # A linear head solved by L-BFGS is a convex problem: each tilt is fitted from the
-    # previous point's solution (the MR² point's first), ERM and MR² cold.
+@pytest.mark.parametrize(
+    "head, tilts, expected",
+    [
+        # A linear head solved by L-BFGS is a convex problem: each tilt is fitted from the
+        # previous point's solution (the MR² point's first), ERM and MR² cold.
+        ("linear", (1, 5), [(0.0, False), (0.0, False), (1.0, True), (5.0, True)]),
+        # L-BFGS solves the cosine head too, but its problem is not convex (the weights are
+        # normalised): a warm start can end at another solution than the point's refit.
+        ("cosine", (1,), [(0.0, False), (0.0, False), (1.0, False)]),
+    ],
+)
+def test_an_lbfgs_sweep_warm_starts_each_tilt_where_the_problem_is_convex(
+    splits, monkeypatch, head, tilts, expected
+):
     X_fit, y_fit, X_val, y_val, *_ = splits
     starts, fit = [], MR2LinearClassifier.fit
 
@@ -1009,29 +1020,10 @@ def test_a_linear_lbfgs_sweep_starts_each_tilt_from_the_previous_point(splits, m
         return fit(self, X, y, **kwargs)
 
     monkeypatch.setattr(MR2LinearClassifier, "fit", recording_fit)
-    accuracy_front(
-        MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val, tilts=(1, 5)
-    )
-    assert starts == [(0.0, False), (0.0, False), (1.0, True), (5.0, True)]
-
-
-def test_a_cosine_head_sweep_fits_each_tilt_cold(splits, monkeypatch):
-    # L-BFGS solves the cosine head too, but its problem is not convex (the weights are
-    # normalised): a warm start can end at another solution than the point's refit.
-    X_fit, y_fit, X_val, y_val, *_ = splits
-    starts, fit = [], MR2LinearClassifier.fit
-
-    def recording_fit(self, X, y, **kwargs):
-        starts.append((self.class_tilt, self.warm_start))
-        return fit(self, X, y, **kwargs)
-
-    monkeypatch.setattr(MR2LinearClassifier, "fit", recording_fit)
-    front = accuracy_front(
-        MR2LinearClassifier(head="cosine", device="cpu"), X_fit, y_fit, X_val, y_val,
-        tilts=(1,),
-    )  # fmt: skip
+    probe = MR2LinearClassifier(C=0.1, head=head, device="cpu")
+    front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=tilts)
     assert front.point("tilt=1").model.solver_ == "lbfgs"
-    assert starts == [(0.0, False), (0.0, False), (1.0, False)]
+    assert starts == expected
 
 
 def test_point_names_write_each_value_in_full(splits):
