@@ -364,6 +364,17 @@ def load_features(
         attrs = read_attrs(f)
         check_not_newer(path, attrs)  # older formats are read
         _check_types(path, f)
+        # A store that mr2-extract wrote (every format) has these: one without 'status'
+        # loaded its pending and failed rows as extracted (zeros), 'indices' or 'paths'
+        # were made up as its row numbers.
+        missing = [n for n in ("status", "failure_reason", "indices", "paths") if n not in f]
+        if "format_version" in attrs and missing:
+            raise NotAStoreError(
+                f"The feature store {os.fspath(path)!r} is inconsistent: it was written by "
+                f"mr2-extract (format {attrs['format_version']}) and has no "
+                f"{' / '.join(repr(m) for m in missing)} dataset; rebuild it (mr2-extract "
+                "with --force)."
+            )
         # [()] reads a scalar dataset too, which _check_shapes refuses by its shape.
         labels = np.asarray(f["labels"][()])
         n = labels.size

@@ -33,7 +33,13 @@ from ._schema import (
     shard_own,
 )
 from ._specs import Backbone
-from ._store import check_attrs_room, check_provenance, create_store, open_store
+from ._store import (
+    check_attrs_room,
+    check_provenance,
+    check_written,
+    create_store,
+    open_store,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -468,6 +474,8 @@ def _open_or_create(
     retry_failed: bool = False, vouched: bool = False, replaces: str | None = None,
 ) -> None:  # fmt: skip
     if out.exists() and not overwrite:
+        with open_store(out, "r") as f:
+            check_written(out, f)  # (a dataset deleted by hand: h5py's KeyError below)
         if retry_failed:
             _adopt_repaired_failures(out, provenance, source, rows, vouched)
         with open_store(out, "r") as f:

@@ -55,6 +55,7 @@ from ._store import (
     check_attrs_room,
     check_output,
     check_provenance,
+    check_written,
     make_output_folder,
     open_store,
     output_target,
@@ -719,6 +720,7 @@ def _is_complete(
     a store made differently is refused here, before any GPU work. Under torchrun every
     rank reads the merged store before any writes it, so they all decide alike."""
     with open_store(store, "r") as f:
+        check_written(store, f)
         check_provenance(
             store,
             read_attrs(f),

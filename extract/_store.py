@@ -34,6 +34,8 @@ from ._paths import expand_home
 from ._schema import (
     _REBUILD,
     DIGEST_DTYPE,
+    DONE,
+    FAILED,
     FORMAT_VERSION,
     PENDING,
     PROVENANCE_DEFAULTS,
@@ -458,6 +460,37 @@ def check_format(path: str | os.PathLike, attrs: dict) -> None:
         f"older mr2-extract; this version writes format {FORMAT_VERSION}, which also records "
         f"the identity of every image. Rebuild it with --force (overwrite=True)."
     )
+
+
+def check_written(path: str | os.PathLike, f: h5py.File) -> None:
+    """Refuse a store of this format that lacks a dataset every run writes, whose datasets
+    disagree in length, or whose 'status' holds codes that are no row state (a dataset
+    deleted or replaced by hand): a run resuming it raised h5py's KeyError, or read the
+    rows wrongly."""
+    check_format(path, read_attrs(f))
+    problem = None
+    missing = [name for name in STORE_DATASETS if not isinstance(f.get(name), h5py.Dataset)]
+    if missing:
+        problem = f"it has no {' / '.join(repr(m) for m in missing)} dataset"
+    elif f["features"].ndim != 2 or f["class_names"].ndim != 1:
+        name = "features" if f["features"].ndim != 2 else "class_names"
+        problem = f"{name!r} has shape {f[name].shape}"
+    else:
+        n = len(f["features"])
+        for name in STORE_DATASETS:
+            if name not in ("features", "class_names") and f[name].shape != (n,):
+                problem = f"{name!r} has shape {f[name].shape} for {n} feature rows"
+                break
+        else:
+            unknown = np.setdiff1d(f["status"][()], [PENDING, DONE, FAILED])
+            if len(unknown):
+                problem = (
+                    f"'status' holds codes {unknown.tolist()}, not {PENDING}, {DONE}, {FAILED}"
+                )
+    if problem:
+        raise NotAStoreError(
+            f"The feature store {os.fspath(path)!r} is inconsistent: {problem}; {_REBUILD}."
+        )
 
 
 def check_not_newer(path: str | os.PathLike, attrs: dict) -> None:

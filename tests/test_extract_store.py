@@ -3988,3 +3988,55 @@ def test_a_lock_that_fails_for_another_reason_is_never_skipped(tmp_path, monkeyp
     with pytest.raises(StoreError, match=r"Cannot lock .*s\.h5\.lock.*: Input/output error\.$"):
         with store_lock(tmp_path / "s.h5"):
             pass
+
+
+def _damage(store, path, name):
+    """A copy of ``store`` whose dataset ``name`` was deleted, cut short or given a code
+    that is no row state."""
+    path.write_bytes(store.read_bytes())
+    with h5py.File(path, "r+") as f:
+        if name == "status=7":
+            f["status"][0] = 7
+        elif name == "short status":
+            status = f["status"][:-1]
+            del f["status"]
+            f["status"] = status
+        else:
+            del f[name]
+    return path
+
+
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("status", "it has no 'status' dataset"),
+        ("content_sha256", "it has no 'content_sha256' dataset"),
+        ("failure_reason", "it has no 'failure_reason' dataset"),
+        ("labels", "it has no 'labels' dataset"),
+        ("short status", r"'status' has shape \(13,\) for 14 feature rows"),
+        ("status=7", r"'status' holds codes \[7\], not 0, 1, 2"),
+    ],
+)
+@pytest.mark.parametrize("pending", [False, True])
+def test_a_store_missing_a_dataset_is_not_resumed(store, folder, tmp_path, name, match, pending):
+    # A store whose 'status' was deleted raised h5py's KeyError when a run resumed it (so
+    # did one without 'content_sha256' or 'failure_reason' with rows pending); one without
+    # 'labels' was reused as complete, and loaded by no one.
+    out = _damage(store, tmp_path / "f.h5", name)
+    if pending and name != "status":
+        with h5py.File(out, "r+") as f:
+            f["status"][1:3] = PENDING
+    with pytest.raises(NotAStoreError, match=rf"is inconsistent: {match}; pass --force"):
+        extract_features(folder, BACKBONE, out, **FAST)
+    if name == "status" and not pending:  # as the error says
+        extract_features(folder, BACKBONE, out, overwrite=True, **FAST)
+        assert len(load_features(out).labels) == 12  # (2 failed)
+
+
+@pytest.mark.parametrize("name", ["status", "failure_reason", "indices", "paths"])
+def test_a_store_of_mr2_extract_missing_a_dataset_is_not_loaded(store, tmp_path, name):
+    # Without 'status' its pending and failed rows were loaded as extracted (zeros);
+    # without 'indices' or 'paths' they were made up as its row numbers.
+    out = _damage(store, tmp_path / "f.h5", name)
+    with pytest.raises(NotAStoreError, match=f"has no '{name}' dataset; rebuild it"):
+        load_features(out)
