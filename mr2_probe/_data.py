@@ -112,7 +112,7 @@ def check_h5_open(**arrays) -> None:
     file is closed: h5py's own is "Unable to synchronously get dataspace (identifier is not
     of specified type)"; or whose external raw data file is cut short, or virtual dataset's
     source file cannot be opened (both read as zeros), or external raw data file is not a
-    file there (a pipe's read waited for ever)."""
+    file there (a pipe's read waited for ever); or, but for X, of an empty dataspace."""
     for name, a in arrays.items():
         if not is_h5_dataset(a):
             continue
@@ -122,6 +122,14 @@ def check_h5_open(**arrays) -> None:
                 f"{name} is a dataset of an HDF5 file that is closed: use the store inside "
                 "its with block (before store.close()), or load it with "
                 "load_features(path, in_memory=True)."
+            )
+        if dataset.shape is None and not name.startswith("X"):  # (X: the estimator's words)
+            # An empty dataspace (h5py.Empty): h5py's "Use () not None as shape arguments".
+            empty = "an HDF5 dataset of an empty dataspace (h5py.Empty), which holds no values"
+            raise ValueError(
+                f"Sample weights must be 1D array or scalar, got 0D array: {empty}."
+                if name == "sample_weight"
+                else f"{name} should be a 1d array, got an array of shape () instead: {empty}."
             )
         missing = missing_virtual_source(dataset.file.filename, dataset)
         if missing:  # HDF5 reads its rows as fill values (zeros), without an error

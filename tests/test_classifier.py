@@ -969,6 +969,35 @@ def test_an_hdf5_dataset_of_an_empty_dataspace_is_refused_as_no_2d_x(method, tmp
                 clf.predict(f["X"])
 
 
+@pytest.mark.parametrize("cv", [False, True])
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("y", r"y should be a 1d array, got an array of shape \(\) instead: an HDF5 dataset"),
+        ("sample_weight", r"Sample weights must be 1D array or scalar, got 0D array: an HDF5"),
+    ],
+)
+def test_an_hdf5_y_or_weight_of_an_empty_dataspace_is_refused_in_scikit_learn_s_words(
+    tmp_path, name, match, cv
+):
+    # h5py.Empty as y or sample_weight gave h5py's "TypeError: Use () not None as shape
+    # arguments".
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    clf = (
+        MR2LinearClassifierCV(Cs=[1.0], cv=2, device="cpu")
+        if cv
+        else MR2LinearClassifier(device="cpu")
+    )
+    with h5py.File(tmp_path / "e.h5", "w") as f:
+        f["e"] = h5py.Empty("i8" if name == "y" else "f8")
+        with pytest.raises(ValueError, match=match):
+            if name == "y":
+                clf.fit(X, f["e"])
+            else:
+                clf.fit(X, y, sample_weight=f["e"])
+
+
 @pytest.mark.parametrize("method", ["fit", "predict"])
 def test_an_hdf5_dataset_of_booleans_is_taken_as_0_and_1(method, tmp_path):
     # As a boolean array is (and as load_features reads a store of them): the refusal of

@@ -1028,6 +1028,29 @@ def test_an_hdf5_dataset_of_no_rows_is_refused_as_no_2d_x(tmp_path, data, cv):
             TunedOffsetsClassifierCV(probe, cv=cv).fit(f["X"], y)
 
 
+@pytest.mark.parametrize("name", ["y", "sample_weight"])
+def test_an_hdf5_y_or_weight_of_an_empty_dataspace_is_refused_in_scikit_learn_s_words(
+    tmp_path, name
+):
+    # h5py.Empty as sample_weight gave h5py's "TypeError: Use () not None as shape
+    # arguments"; as y, scikit-learn's "Expected sequence or array-like".
+    h5py = pytest.importorskip("h5py")
+    X, y = _imbalanced()
+    tuned = TunedOffsetsClassifierCV(MR2LinearClassifier(c_bar=None, device="cpu"), cv=2)
+    match = (
+        r"y should be a 1d array, got an array of shape \(\) instead: an HDF5 dataset"
+        if name == "y"
+        else r"Sample weights must be 1D array or scalar, got 0D array: an HDF5 dataset"
+    )
+    with h5py.File(tmp_path / "e.h5", "w") as f:
+        f["e"] = h5py.Empty("i8" if name == "y" else "f8")
+        with pytest.raises(ValueError, match=match):
+            if name == "y":
+                tuned.fit(X, f["e"])
+            else:
+                tuned.fit(X, y, sample_weight=f["e"])
+
+
 @pytest.mark.parametrize("bootstrap", [False, True])  # rows read once each, or repeated
 def test_a_damaged_hdf5_dataset_read_for_another_estimator_names_its_file(tmp_path, bootstrap):
     # Read into memory for an estimator other than an MR² probe, a compressed chunk that no
