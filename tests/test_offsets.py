@@ -3,6 +3,7 @@
 import functools
 import inspect
 import pickle
+import re
 import sys
 import warnings
 from decimal import Decimal
@@ -1014,17 +1015,26 @@ def test_a_float_cv_takes_an_hdf5_dataset(tmp_path):
 
 
 @pytest.mark.parametrize("cv", [3, "prefit"])
-@pytest.mark.parametrize("data", ["empty", "scalar"])
+@pytest.mark.parametrize("data", ["empty", "scalar", "1d", "3d"])
 def test_an_hdf5_dataset_of_no_rows_is_refused_as_no_2d_x(tmp_path, data, cv):
     # h5py.Empty (shape None) or a scalar dataset: indexable's len() gave scikit-learn's
-    # "TypeError: Expected sequence or array-like", where MR2LinearClassifier says this.
+    # "TypeError: Expected sequence or array-like", where MR2LinearClassifier says this;
+    # one of 1 or 3 dimensions was named by a fold's shape ("got shape (40,)" of 60 rows).
     h5py = pytest.importorskip("h5py")
     X, y = _imbalanced()
     probe = MR2LinearClassifier(c_bar=None, device="cpu")
     probe = probe.fit(X, y) if cv == "prefit" else probe
+    data, shape = {
+        "empty": (h5py.Empty("f4"), ()),
+        "scalar": (1.0, ()),
+        "1d": (X[:, 0], (len(X),)),
+        "3d": (X[:, :, None], (*X.shape, 1)),
+    }[data]
     with h5py.File(tmp_path / "x.h5", "w") as f:
-        f["X"] = h5py.Empty("f4") if data == "empty" else 1.0
-        with pytest.raises(ValueError, match=r"Expected a 2D X .*, got shape \(\)\."):
+        f["X"] = data
+        with pytest.raises(
+            ValueError, match="Expected a 2D X .*, got shape " + re.escape(f"{shape}.")
+        ):
             TunedOffsetsClassifierCV(probe, cv=cv).fit(f["X"], y)
 
 
