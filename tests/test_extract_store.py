@@ -4040,3 +4040,18 @@ def test_a_store_of_mr2_extract_missing_a_dataset_is_not_loaded(store, tmp_path,
     out = _damage(store, tmp_path / "f.h5", name)
     with pytest.raises(NotAStoreError, match=f"has no '{name}' dataset; rebuild it"):
         load_features(out)
+
+
+@pytest.mark.parametrize("name", ["status", "content_sha256", "paths"])
+def test_a_shard_missing_a_dataset_is_not_merged(folder, tmp_path, name):
+    # merge_shards raised h5py's KeyError ("object 'status' doesn't exist").
+    out = tmp_path / "merged.h5"
+    shards = [
+        extract_features(folder, BACKBONE, out, max_items=4, rank=r, world_size=2, **FAST)
+        for r in range(2)
+    ]
+    with h5py.File(shards[1], "r+") as f:
+        del f[name]
+    with pytest.raises(NotAStoreError, match=f"inconsistent: it has no '{name}' dataset; pass"):
+        merge_shards(shards, out)
+    assert not out.exists()
