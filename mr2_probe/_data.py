@@ -135,8 +135,8 @@ def check_h5_open(**arrays) -> None:
         if missing:  # HDF5 reads its rows as fill values (zeros), without an error
             raise ValueError(
                 f"{name} is the HDF5 dataset {dataset.name!r} of {dataset.file.filename!r}, a "
-                f"virtual dataset whose source {missing} cannot be opened: HDF5 reads its rows "
-                "as fill values (zeros), without an error. Restore the source file beside it."
+                f"virtual dataset whose source {missing}: HDF5 reads its rows as fill values "
+                "(zeros), without an error. Restore the source file beside it."
             )
         external = missing_external_file(dataset)
         if external:  # before any read: HDF5 waits on a pipe for a writer, for ever

@@ -92,9 +92,12 @@ def optional_filter_applied(dataset, index: int) -> bool:
 
 def missing_virtual_source(path, dataset) -> str | None:
     """The first source of the virtual dataset ``dataset`` (of the file ``path``) that
-    cannot be opened, as "'file' (dataset 'name')"; None for a dataset that is not virtual,
-    or whose sources all open. HDF5 reads a missing source's rows as the fill value, without
-    an error (shards of a virtual features dataset, one deleted or left behind by a move).
+    cannot be opened, as "'file' (dataset 'name') cannot be opened", or that is short of the
+    rows mapped from it, as "'file' (dataset 'name') has shape (40, 4), short of the (60,
+    4) mapped from it"; None for a dataset that is not virtual, or whose sources all open
+    and hold what is mapped. HDF5 reads a missing source's rows, and those past a short
+    one's end, as the fill value, without an error (shards of a virtual features dataset,
+    one deleted or left behind by a move, or written again with fewer rows).
     Looked for where HDF5 looks: its HDF5_VDS_PREFIX, the store's folder (that of the link it
     is read through, and its real one), the name as given."""
     import h5py
@@ -117,7 +120,10 @@ def missing_virtual_source(path, dataset) -> str | None:
                 continue
             if name == ".":  # the store itself
                 if not isinstance(dataset.file.get(inside), h5py.Dataset):
-                    return f"{inside!r} (in the store itself)"
+                    return f"{inside!r} (in the store itself) cannot be opened"
+                short = _short_source(source, dataset.file[inside], dataset)
+                if short:
+                    return f"{inside!r} (in the store itself) {short}"
                 continue
             if name not in opened:
                 opened[name] = None
@@ -133,12 +139,38 @@ def missing_virtual_source(path, dataset) -> str | None:
                     except OSError:
                         continue
             if opened[name] is None or not isinstance(opened[name].get(inside), h5py.Dataset):
-                return f"{name!r} (dataset {inside!r})"
+                return f"{name!r} (dataset {inside!r}) cannot be opened"
+            short = _short_source(source, opened[name][inside], dataset)
+            if short:
+                return f"{name!r} (dataset {inside!r}) {short}"
     finally:
         for source_file in opened.values():
             if source_file is not None:
                 source_file.close()
     return None
+
+
+def _short_source(source, found, dataset) -> str | None:
+    """Why the dataset ``found`` cannot give what the mapping ``source`` of the virtual
+    ``dataset`` takes from it ("has shape (40, 4), short of the (60, 4) mapped from it"),
+    or None. Mappings of a dataset that grows (a dimension unlimited) take what is there."""
+    import h5py
+
+    if None in (dataset.maxshape or ()) or found.shape is None:
+        return None
+    space = source.src_space
+    if space.get_select_type() == h5py.h5s.SEL_HYPERSLABS:
+        reach = tuple(int(stop) + 1 for stop in space.get_select_bounds()[1])
+    elif space.get_select_type() == h5py.h5s.SEL_ALL:  # the whole source, in its place's shape
+        first, last = source.vspace.get_select_bounds()
+        reach = tuple(int(b) - int(a) + 1 for a, b in zip(first, last, strict=True))
+    else:
+        return None
+    if len(reach) != len(found.shape):
+        return None
+    if all(r <= n for r, n in zip(reach, found.shape, strict=True)):
+        return None
+    return f"has shape {found.shape}, short of the {reach} mapped from it"
 
 
 # Where HDF5 looks for a dataset's external raw data files, for the errors that name one.

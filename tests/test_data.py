@@ -351,3 +351,23 @@ def test_an_hdf5_virtual_dataset_whose_source_is_missing_is_refused(tmp_path, me
         source = re.escape(repr(str(tmp_path / "part1.h5")))
         with pytest.raises(ValueError, match=rf"virtual dataset whose source {source} \(dataset"):
             call()
+
+
+@pytest.mark.parametrize("select", ["rows", "whole"])
+def test_an_hdf5_virtual_dataset_whose_source_is_short_is_refused(tmp_path, select):
+    # Its source written again with fewer rows: HDF5 read the rows mapped past its end as
+    # the fill value (zeros), without an error, and the probe fitted on them without a
+    # word (a mapping of the whole source: h5py's OSError, called a damaged file).
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    X = X.astype(np.float32)
+    layout = h5py.VirtualLayout(shape=X.shape, dtype=X.dtype)
+    source = h5py.VirtualSource(str(tmp_path / "part.h5"), "x", shape=X.shape)
+    layout[...] = source[:40] if select == "rows" else source
+    with h5py.File(tmp_path / "part.h5", "w") as f:
+        f["x"] = X[:30]
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        f.create_virtual_dataset("X", layout, fillvalue=0)
+    with h5py.File(tmp_path / "X.h5", "r") as f:
+        with pytest.raises(ValueError, match=r"\(dataset 'x'\) has shape \(30, 6\), short of the"):
+            MR2LinearClassifier(device="cpu").fit(f["X"], y)

@@ -2302,24 +2302,31 @@ def _virtual_store(folder: Path, name: str) -> Path:
 
 
 @pytest.mark.parametrize("name", ["features", "labels"])
-@pytest.mark.parametrize("lose", ["file", "dataset", None])
+@pytest.mark.parametrize("lose", ["file", "dataset", "rows", None])
 def test_a_virtual_dataset_is_read_only_with_every_source(tmp_path, monkeypatch, name, lose):
     # A virtual dataset (shards joined by an HDF5 VDS) whose source file was deleted, or
-    # lacks its dataset: HDF5 reads those rows as the fill value without an error, and the
-    # store loaded zeros as features (labels as class 0).
+    # lacks its dataset, or some of its rows (written again shorter): HDF5 reads those rows
+    # as the fill value without an error, and the store loaded zeros as features (labels as
+    # class 0).
     path = _virtual_store(tmp_path, name)
     if lose == "file":
         (tmp_path / "part1.h5").unlink()
     elif lose == "dataset":
         with h5py.File(tmp_path / "part1.h5", "a") as f:
             f.move(name, "other")
+    elif lose == "rows":
+        with h5py.File(tmp_path / "part1.h5", "a") as f:
+            rows = f[name][:2]
+            del f[name]
+            f[name] = rows
     monkeypatch.chdir(tmp_path.parent)  # the sources are found beside the store
     if lose is None:
         store = load_features(path, in_memory=True)
         assert store.features[3:].min() > 0 and (store.labels == 1).all()
         return
+    why = r"has shape \(2,.*\), short of the \(3,.*\) mapped" if lose == "rows" else "cannot be"
     with pytest.raises(NotAStoreError, match=rf"'{name}' is a virtual dataset whose source "
-                       rf"'part1.h5' \(dataset '{name}'\) cannot be opened"):  # fmt: skip
+                       rf"'part1.h5' \(dataset '{name}'\) {why}"):  # fmt: skip
         load_features(path)
 
 
