@@ -337,8 +337,9 @@ def load_features(
     NotAStoreError
         If it is a folder, names a file as a folder (``s1.h5/``), empty, not HDF5,
         damaged (h5py cannot read its structures), lacks ``features`` / ``labels`` /
-        ``class_names``, their shapes disagree, or its labels are not integers (floats,
-        booleans) or not codes into ``class_names`` (a value below 0 or from K on).
+        ``class_names`` (or, written by mr2-extract, ``status`` / ``failure_reason`` /
+        ``indices`` / ``paths``), their shapes disagree, or its labels are not integers
+        (floats, booleans) or not codes into ``class_names`` (a value below 0 or from K on).
     StoreLockedError
         If a run is writing it (an incomplete store whose run holds its lock, too).
     IncompleteStoreError
