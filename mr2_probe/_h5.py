@@ -162,8 +162,13 @@ def _short_source(source, found, dataset) -> str | None:
     if space.get_select_type() == h5py.h5s.SEL_HYPERSLABS:
         reach = tuple(int(stop) + 1 for stop in space.get_select_bounds()[1])
     elif space.get_select_type() == h5py.h5s.SEL_ALL:  # the whole source, in its place's shape
-        first, last = source.vspace.get_select_bounds()
-        reach = tuple(int(b) - int(a) + 1 for a, b in zip(first, last, strict=True))
+        vspace = source.vspace
+        if vspace.get_select_type() == h5py.h5s.SEL_HYPERSLABS and vspace.is_regular_hyperslab():
+            _, _, count, block = vspace.get_regular_hyperslab()  # (every other row: its count)
+            reach = tuple(int(c) * int(b) for c, b in zip(count, block, strict=True))
+        else:
+            first, last = vspace.get_select_bounds()
+            reach = tuple(int(b) - int(a) + 1 for a, b in zip(first, last, strict=True))
     else:
         return None
     if len(reach) != len(found.shape):

@@ -371,3 +371,23 @@ def test_an_hdf5_virtual_dataset_whose_source_is_short_is_refused(tmp_path, sele
     with h5py.File(tmp_path / "X.h5", "r") as f:
         with pytest.raises(ValueError, match=r"\(dataset 'x'\) has shape \(30, 6\), short of the"):
             MR2LinearClassifier(device="cpu").fit(f["X"], y)
+
+
+def test_an_hdf5_virtual_dataset_placing_whole_sources_every_other_row_is_read(tmp_path):
+    # A whole source placed every other row was called short of the rows between its first
+    # and last place ((59, 6) for 30 rows): the dataset, all of whose rows are there, was
+    # refused; only the rows placed are taken from it.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=60)
+    X = X.astype(np.float32)
+    layout = h5py.VirtualLayout(shape=X.shape, dtype=X.dtype)
+    for start in (0, 1):
+        with h5py.File(tmp_path / f"part{start}.h5", "w") as f:
+            f["x"] = X[start::2]
+        source = h5py.VirtualSource(str(tmp_path / f"part{start}.h5"), "x", shape=(30, 6))
+        layout[start::2] = source
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        f.create_virtual_dataset("X", layout, fillvalue=0)
+    with h5py.File(tmp_path / "X.h5", "r") as f:
+        np.testing.assert_array_equal(f["X"][()], X)
+        MR2LinearClassifier(device="cpu", max_iter=5).fit(f["X"], y)
