@@ -308,7 +308,7 @@ def _check_shard(path, f: h5py.File, reference: dict, first, world: int) -> None
             f"The shard {os.fspath(path)!r} is one of {attrs['shard_world_size']} shards, "
             f"but {world} were given to merge_shards."
         )
-    check_written(path, f)  # (a dataset deleted by hand: h5py's KeyError below)
+    check_written(path, f, shard=True)  # (a dataset deleted by hand: h5py's KeyError)
     diffs = provenance_differences(attrs, reference | shard_own(attrs), names=("it", "the first"))
     if diffs:
         # Only the listing differs (not the source's root, backbone or settings): the

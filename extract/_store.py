@@ -462,11 +462,12 @@ def check_format(path: str | os.PathLike, attrs: dict) -> None:
     )
 
 
-def check_written(path: str | os.PathLike, f: h5py.File) -> None:
+def check_written(path: str | os.PathLike, f: h5py.File, shard: bool = False) -> None:
     """Refuse a store of this format that lacks a dataset every run writes, whose datasets
     disagree in length, or whose 'status' holds codes that are no row state (a dataset
     deleted or replaced by hand): a run resuming it raised h5py's KeyError, or read the
-    rows wrongly."""
+    rows wrongly. ``shard``: one given to merge_shards, whose overwrite is the merged
+    store's (it is its rank that is extracted again)."""
     check_format(path, read_attrs(f))
     problem = None
     missing = [name for name in STORE_DATASETS if not isinstance(f.get(name), h5py.Dataset)]
@@ -487,6 +488,11 @@ def check_written(path: str | os.PathLike, f: h5py.File) -> None:
                 problem = (
                     f"'status' holds codes {unknown.tolist()}, not {PENDING}, {DONE}, {FAILED}"
                 )
+    if problem and shard:
+        raise NotAStoreError(
+            f"The shard {os.fspath(path)!r} is inconsistent: {problem}; extract its rank "
+            "again with --force (overwrite=True) before merging."
+        )
     if problem:
         raise NotAStoreError(
             f"The feature store {os.fspath(path)!r} is inconsistent: {problem}; {_REBUILD}."
