@@ -112,7 +112,8 @@ def check_h5_open(**arrays) -> None:
     file is closed: h5py's own is "Unable to synchronously get dataspace (identifier is not
     of specified type)"; or whose external raw data file is cut short, or virtual dataset's
     source file cannot be opened (both read as zeros), or external raw data file is not a
-    file there (a pipe's read waited for ever); or, but for X, of an empty dataspace."""
+    file there (a pipe's read waited for ever); or, but for X, of an empty dataspace; or
+    labels (y, y_val, y_test) of text, which h5py reads as bytes."""
     for name, a in arrays.items():
         if not is_h5_dataset(a):
             continue
@@ -130,6 +131,14 @@ def check_h5_open(**arrays) -> None:
                 f"Sample weights must be 1D array or scalar, got 0D array: {empty}."
                 if name == "sample_weight"
                 else f"{name} should be a 1d array, got an array of shape () instead: {empty}."
+            )
+        if name.startswith("y") and sys.modules["h5py"].check_string_dtype(dataset.dtype):
+            # h5py reads text as bytes, which scikit-learn refuses as labels ("labels
+            # represented as bytes is not supported"), naming neither the file nor the cure.
+            raise ValueError(
+                f"{name} is the HDF5 dataset {dataset.name!r} of {dataset.file.filename!r}, "
+                "of text, which h5py reads as bytes: scikit-learn takes no bytes as labels. "
+                f'Pass its text, {name}.asstr("utf-8")[()].'
             )
         missing = missing_virtual_source(dataset.file.filename, dataset)
         if missing:  # HDF5 reads its rows as fill values (zeros), without an error

@@ -998,6 +998,35 @@ def test_an_hdf5_y_or_weight_of_an_empty_dataspace_is_refused_in_scikit_learn_s_
                 clf.fit(X, y, sample_weight=f["e"])
 
 
+@pytest.mark.parametrize("dtype", ["variable", "fixed"])
+def test_hdf5_labels_of_text_are_refused_naming_the_cure(tmp_path, dtype):
+    # h5py reads text as bytes: every entry point gave scikit-learn's "Support for labels
+    # represented as bytes is not supported", naming neither the dataset nor the cure.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    names = np.array(["cat", "dog", "émeu", "gnu"])[y]
+    probe = MR2LinearClassifier(device="cpu").fit(X, names)
+    with h5py.File(tmp_path / "y.h5", "w") as f:
+        if dtype == "variable":
+            f.create_dataset("y", data=names.astype(object), dtype=h5py.string_dtype())
+        else:  # bytes of 8 at most (NumPy's "S8", as h5py writes them)
+            f.create_dataset("y", data=np.char.encode(names, "utf-8").astype("S8"))
+        calls = [
+            lambda: MR2LinearClassifier(device="cpu").fit(X, f["y"]),
+            lambda: MR2LinearClassifierCV(Cs=[1.0], cv=2, device="cpu").fit(X, f["y"]),
+            lambda: TunedOffsetsClassifierCV(MR2LinearClassifier(device="cpu")).fit(X, f["y"]),
+            lambda: probe.score(X, f["y"]),
+        ]
+        for call in calls:
+            cure = re.escape('Pass its text, y.asstr("utf-8")[()].')
+            with pytest.raises(ValueError, match=rf"y is the HDF5 dataset '/y' .* text.*{cure}$"):
+                call()
+        # The cure it names: the same model as from the text itself.
+        refit = MR2LinearClassifier(device="cpu").fit(X, f["y"].asstr("utf-8")[()])
+    np.testing.assert_array_equal(refit.classes_, probe.classes_)
+    np.testing.assert_array_equal(refit.coef_, probe.coef_)
+
+
 @pytest.mark.parametrize("method", ["fit", "predict"])
 def test_an_hdf5_dataset_of_booleans_is_taken_as_0_and_1(method, tmp_path):
     # As a boolean array is (and as load_features reads a store of them): the refusal of
