@@ -267,7 +267,10 @@ class MR2Loss(nn.Module):
         wrong = []
         count = state_dict.get(f"{prefix}moment_count")
         device = count.device if isinstance(count, torch.Tensor) else None
-        rounded = local_metadata.get("version", self._version) < 2  # p in float32, any dtype
+        # p in float32, any dtype: a state of version 1, or of no version (its _metadata lost
+        # to a dict copy or safetensors, as torch's BatchNorm reads it: the first) where it
+        # holds a finite float32 value (an exact p = 1e39 is no inf).
+        version = local_metadata.get("version")
         for name, ours in self._recorded(device).items():
             saved = state_dict.setdefault(prefix + name, ours).detach()
             # Compared as saved: a p kept in float32 (saved before it was kept exactly, or
@@ -278,7 +281,9 @@ class MR2Loss(nn.Module):
             state_dict[prefix + name] = self._recorded(saved.device)[name]  # exactly ours
             if name == "stats_p":  # an averaged p = inf (AveragedModel: inf + w·(inf − inf))
                 saved = torch.where(saved.isnan(), math.inf, saved)
-            dtype = torch.float32 if rounded and saved.is_floating_point() else saved.dtype
+            held = bool((saved.float() == saved).all() and saved.isfinite().all())
+            old = version < 2 if version is not None else held
+            dtype = torch.float32 if old and saved.is_floating_point() else saved.dtype
             if saved.shape != () or not bool(saved.cpu().to(dtype) == ours.cpu().to(dtype)):
                 value = saved.tolist()  # (a flag as the flag it is: saved as a number)
                 value = bool(value) if name == "stats_normalize" else value

@@ -1146,8 +1146,26 @@ def test_a_state_of_p_rounded_to_float32_then_cast_to_float64_loads(whole):
     state = module.state_dict()
     state._metadata[""]["version"] = 1
     MR2Loss(3, 4, p=1.7).load_state_dict(state)
+    # Without its version (a dict copy, as one stripping DDP's "module.", or safetensors),
+    # read as torch reads it (the first): it was refused so still.
+    MR2Loss(3, 4, p=1.7).load_state_dict(dict(state))
+    state._metadata[""]["version"] = 2
     with pytest.raises(RuntimeError, match="measured with p=1.7000000476837158, and"):
-        MR2Loss(3, 4, p=1.7).load_state_dict(state | {"stats_p": state["stats_p"]})  # version 2
+        MR2Loss(3, 4, p=1.7).load_state_dict(state)
+
+
+@pytest.mark.parametrize("version", [None, 2])
+@pytest.mark.parametrize(
+    "saved, loaded", [(1.7, 1.7000000476837158), (1e39, math.inf), (math.inf, 1e39)]
+)
+def test_a_state_of_p_not_a_float32_is_compared_exactly_whatever_its_version(
+    version, saved, loaded
+):
+    # A p that float32 cannot hold was kept exactly (version 2), its _metadata lost or not.
+    state = MR2Loss(3, 4, p=saved).state_dict()
+    state = dict(state) if version is None else state
+    with pytest.raises(RuntimeError, match=re.escape(f"measured with p={saved!r}, and")):
+        MR2Loss(3, 4, p=loaded).load_state_dict(state)
 
 
 def test_compactness_is_exact_in_float32_under_a_large_common_mean():
