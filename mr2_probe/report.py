@@ -242,7 +242,9 @@ def _in_unit(labels: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if not (labels.dtype.kind in "mM" or all(isinstance(v, kinds) for v in labels.flat)):
         return labels
     try:
-        own = np.asarray(_numpy_times(labels.tolist()), dtype=f"{dtype.kind}8")  # own unit
+        # (NumPy's as they are: tolist() gives nanoseconds as integers, read as days)
+        own = labels if labels.dtype != object else np.asarray(_numpy_times(labels.tolist()))
+        own = np.asarray(own, dtype=f"{dtype.kind}8")  # at their own unit
         converted = own.astype(dtype)
     except (TypeError, ValueError, OverflowError):
         return labels

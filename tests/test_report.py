@@ -475,6 +475,19 @@ def test_dates_as_labels_at_another_unit_order_y_s_classes(labels):
     # Not a class of y (5 o'clock): refused, y's classes named as dates.
     with pytest.raises(ValueError, match=r"classes \['2024-01-01T00:00:00.000000000', .*05:00"):
         classwise_report({"erm": y}, y, labels=[datetime(2024, 1, 2, 5), date(2024, 1, 1)])
+    # Nanoseconds for days (their tolist() integers were read as days): taken too.
+    days = y.astype("datetime64[D]")
+    report = classwise_report({"erm": days}, days, labels=np.asarray(labels, "datetime64[ns]"))
+    assert report.labels == ["2024-01-02", "2024-01-01"]
+
+
+def test_durations_in_nanoseconds_as_labels_order_y_s_classes_in_days():
+    # Their tolist() integers of nanoseconds were read as days: 86400000000000 days.
+    y = np.array([1, 2, 2], "timedelta64[D]")
+    report = classwise_report(
+        {"erm": y}, y, labels=np.array([2, 1], "timedelta64[D]").astype("m8[ns]")
+    )
+    assert report.labels == ["2 days", "1 days"]
 
 
 @pytest.mark.parametrize("kind", ["datetime", "timedelta"])
