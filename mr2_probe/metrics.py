@@ -200,7 +200,7 @@ def _is_na(value) -> bool:
 
 def _labels_1d(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:
     """The labels as arrays; a column vector counts as the labels it holds, as in
-    scikit-learn's metrics. Dates held as objects against NumPy's dates are NumPy's."""
+    scikit-learn's metrics. Dates (durations) held as objects against NumPy's are NumPy's."""
     y_true, y_pred = (
         column_or_1d(a) if a.ndim == 2 else a for a in (np.asarray(y_true), np.asarray(y_pred))
     )
@@ -212,13 +212,17 @@ def _as_dates(a: np.ndarray, other: np.ndarray) -> np.ndarray:
     (datetime's, pandas' Timestamps, without a time zone) and ``other`` datetime64: NumPy
     compares such objects with a datetime64 array through its item(), an integer at
     nanoseconds (a pandas column's unit) and a date at days, so that Timestamps against a
-    column's dates scored every class 0%. Other arrays as they are."""
-    if other.dtype.kind != "M" or a.dtype != object or not a.size:
+    column's dates scored every class 0%. Durations as objects (datetime's timedelta,
+    pandas' Timedelta) against timedelta64 likewise as NumPy's. Other arrays as they are."""
+    if other.dtype.kind not in "mM" or a.dtype != object or not a.size:
         return a
-    dates = datetime.date | np.datetime64
-    if not all(isinstance(v, dates) and getattr(v, "tzinfo", None) is None for v in a.flat):
+    if other.dtype.kind == "M":
+        times = datetime.date | np.datetime64
+    else:
+        times = datetime.timedelta | np.timedelta64
+    if not all(isinstance(v, times) and getattr(v, "tzinfo", None) is None for v in a.flat):
         return a
-    return np.asarray(_numpy_times(a.tolist()), dtype="M8")
+    return np.asarray(_numpy_times(a.tolist()), dtype=f"{other.dtype.kind}8")
 
 
 def _numpy_times(values: list) -> list:

@@ -583,6 +583,26 @@ def test_dates_held_as_objects_are_scored_against_datetime64_of_any_unit(unit, h
     np.testing.assert_array_equal(per_class_accuracy(days[[0, 1, 0, 1]], at_five), [0.0, 0.0])
 
 
+@pytest.mark.parametrize("unit", ["D", "us", "ns"])
+@pytest.mark.parametrize("held", ["timedelta", "Timedelta"])
+def test_durations_held_as_objects_are_scored_against_timedelta64_of_any_unit(unit, held):
+    # As dates: NumPy compared them through the timedelta64's item(), an integer at
+    # nanoseconds (a pandas column's unit); every class scored 0%.
+    days = np.array([1, 2, 2], "timedelta64[D]")
+    y = days.astype(f"timedelta64[{unit}]")
+    objects = days.astype(object)  # datetime.timedelta
+    if held == "Timedelta":
+        objects = np.array(list(pytest.importorskip("pandas").to_timedelta(days)), dtype=object)
+    for y_true, y_pred in ((y, objects), (objects, y)):
+        np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred), [1.0, 1.0])
+        np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred, labels=days[:2]), [1, 1])
+        assert classwise_summary(y_true, y_pred)["overall"] == 1.0
+    np.testing.assert_array_equal(per_class_accuracy(y, y, labels=objects[:2]), [1.0, 1.0])
+    # An hour more is another class.
+    later = (days + np.timedelta64(1, "h")).astype(object)
+    np.testing.assert_array_equal(per_class_accuracy(y, later), [0.0, 0.0])
+
+
 def test_timestamps_held_as_objects_keep_their_nanoseconds():
     # Taken as datetime's, cut to microseconds: two classes 1 ns apart were scored as one
     # (y held as Timestamps) or each 0% (predictions held so).
