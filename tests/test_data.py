@@ -390,4 +390,4 @@ def test_an_hdf5_virtual_dataset_placing_whole_sources_every_other_row_is_read(t
         f.create_virtual_dataset("X", layout, fillvalue=0)
     with h5py.File(tmp_path / "X.h5", "r") as f:
         np.testing.assert_array_equal(f["X"][()], X)
-        MR2LinearClassifier(device="cpu", max_iter=5).fit(f["X"], y)
+        MR2LinearClassifier(device="cpu").fit(f["X"], y)
