@@ -131,15 +131,18 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
         process backend, loky or dask, would fill copies of the paths): the device
         tensors are shared, and torch releases the GIL in its kernels. Folds solved as one
         batched problem (see above) use torch's own threads instead.
-    c_bar, lam, p, head, fit_intercept, difficulty, tau, projection_rank, solver, \
-max_iter, tol, batch_size, learning_rate, n_iter_no_change, class_weight, class_tilt, \
-random_state, device
-        As in :class:`MR2LinearClassifier`; ``class_weight="balanced"`` is computed on all
-        the data, as in LogisticRegressionCV.
+    c_bar, lam, p, head, fit_intercept, difficulty
+        As in :class:`MR2LinearClassifier`.
     scale : float, default=64.0
         Unused: the linear head has no logit scale and the cosine head searches it.
+    tau, projection_rank, solver, max_iter, tol, batch_size, learning_rate, \
+n_iter_no_change, class_weight, class_tilt, random_state
+        As in :class:`MR2LinearClassifier`; ``class_weight="balanced"`` is computed on all
+        the data, as in LogisticRegressionCV.
     verbose : int, default=0
         A progress bar over the path's solutions when positive.
+    device
+        As in :class:`MR2LinearClassifier`.
 
     Attributes
     ----------
