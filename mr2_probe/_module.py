@@ -132,6 +132,8 @@ class MR2Loss(nn.Module):
     process_group : torch.distributed.ProcessGroup or None, default=None
         The group to synchronise over with ``sync_stats``; ``None`` is the default group.
 
+    Notes
+    -----
     Before the first training batch there are no statistics: the loss is then the margin
     cross-entropy alone (no tilt, no compactness term), as in a validation pass before
     training.
