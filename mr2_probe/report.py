@@ -237,9 +237,12 @@ def _in_unit(labels: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Dates or durations ``labels`` (NumPy's at any unit, or datetime's) in the unit of
     ``dtype`` (y's classes') where they are exactly so, as NumPy compares them: days for a
     pandas column's nanoseconds were refused, their tolist() dates against y's integers.
-    Other labels (text among them) as they are."""
-    kinds = datetime.date | datetime.timedelta | np.datetime64 | np.timedelta64
-    if not (labels.dtype.kind in "mM" or all(isinstance(v, kinds) for v in labels.flat)):
+    Other labels (text among them, durations for dates and dates for durations: cast, a
+    duration of 1 day was the date 1970-01-02) as they are."""
+    kinds = (
+        datetime.date | np.datetime64 if dtype.kind == "M" else datetime.timedelta | np.timedelta64
+    )
+    if not (labels.dtype.kind == dtype.kind or all(isinstance(v, kinds) for v in labels.flat)):
         return labels
     try:
         # (NumPy's as they are: tolist() gives nanoseconds as integers, read as days)

@@ -490,6 +490,18 @@ def test_durations_in_nanoseconds_as_labels_order_y_s_classes_in_days():
     assert report.labels == ["2 days", "1 days"]
 
 
+@pytest.mark.parametrize("held", [np.asarray, lambda a: np.array(list(a), dtype=object)])
+@pytest.mark.parametrize("kind", ["dates", "durations"])
+def test_durations_as_labels_of_dates_are_refused_and_dates_of_durations(kind, held):
+    # Cast to y's kind (NumPy's, or its scalars held as objects), a duration of 1 day was
+    # taken as the date 1970-01-02, a date as its days since 1970: reported as y's classes.
+    days = np.array([1, 2, 2], "timedelta64[D]")
+    dates = np.datetime64("1970-01-01") + days
+    y, labels = (dates, days) if kind == "dates" else (days, dates)
+    with pytest.raises(ValueError, match="labels must hold each class of y once"):
+        classwise_report({"erm": y}, y, labels=held(labels[[2, 0]]))
+
+
 @pytest.mark.parametrize("kind", ["datetime", "timedelta"])
 def test_pandas_times_as_labels_keep_their_nanoseconds(kind):
     # Timestamps (Timedeltas) 1 ns apart were taken as datetime's, cut to microseconds:
