@@ -134,8 +134,9 @@ def check_h5_open(**arrays) -> None:
             )
         if name.startswith("y") and sys.modules["h5py"].check_string_dtype(dataset.dtype):
             # h5py reads text as bytes, which scikit-learn refuses as labels ("labels
-            # represented as bytes is not supported"), naming neither the file nor the cure.
-            raise ValueError(
+            # represented as bytes is not supported"), naming neither the file nor the cure;
+            # a TypeError as its (and as NumPy's bytes labels get), which callers catch.
+            raise TypeError(
                 f"{name} is the HDF5 dataset {dataset.name!r} of {dataset.file.filename!r}, "
                 "of text, which h5py reads as bytes: scikit-learn takes no bytes as labels. "
                 f'Pass its text, {name}.asstr("utf-8")[()].'
