@@ -21,6 +21,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss
 from sklearn.model_selection import (
     GridSearchCV,
+    GroupKFold,
     StratifiedKFold,
     StratifiedShuffleSplit,
     cross_val_score,
@@ -1024,6 +1025,12 @@ def test_hdf5_labels_of_text_are_refused_naming_the_cure(tmp_path, dtype):
                 call()
         # The cure it names: the same model as from the text itself.
         refit = MR2LinearClassifier(device="cpu").fit(X, f["y"].asstr("utf-8")[()])
+        # Groups of text are no labels: taken as h5py reads them, as the text's groups.
+        search = MR2LinearClassifierCV(Cs=[1.0], cv=GroupKFold(2), device="cpu")
+        grouped = search.fit(X, names, groups=f["y"]).class_accuracy_path_
+        np.testing.assert_array_equal(
+            grouped, search.fit(X, names, groups=names).class_accuracy_path_
+        )
     np.testing.assert_array_equal(refit.classes_, probe.classes_)
     np.testing.assert_array_equal(refit.coef_, probe.coef_)
 

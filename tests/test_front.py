@@ -317,6 +317,25 @@ def test_a_dataset_of_a_closed_hdf5_file_is_named(splits, tmp_path, closed):
         accuracy_front(probe, **data, tilts=(1,), offset_bounds=(0.01,))
 
 
+@pytest.mark.parametrize("text", ["y", "y_val", "y_test"])
+def test_labels_of_an_hdf5_dataset_of_text_are_refused_by_name(splits, tmp_path, text):
+    # h5py reads text as bytes, which scikit-learn refuses as labels naming neither the
+    # split nor the cure: each split's own name and cure are said.
+    h5py = pytest.importorskip("h5py")
+    X_fit, y_fit, X_val, y_val, X_test, y_test = splits
+    names = np.array(["ant", "bee", "cat", "dog", "émeu"])
+    data = dict(y=names[y_fit], y_val=names[y_val], y_test=names[y_test])
+    with h5py.File(tmp_path / "y.h5", "w") as f:
+        data[text] = f.create_dataset(
+            text, data=data[text].astype(object), dtype=h5py.string_dtype()
+        )
+        cure = re.escape(f'Pass its text, {text}.asstr("utf-8")[()].')
+        with pytest.raises(TypeError, match=rf"^{text} is the HDF5 dataset '/{text}' .*{cure}$"):
+            accuracy_front(
+                MR2LinearClassifier(device="cpu"), X_fit, X_val=X_val, X_test=X_test, **data
+            )
+
+
 def test_front_erm_may_be_tuned_on_its_own(splits):
     X_fit, y_fit, X_val, y_val, *_ = splits
     mr2 = MR2LinearClassifier(c_bar=2.0, C=0.003, device="cpu")
