@@ -138,7 +138,7 @@ def _merge(shards, out, overwrite: bool, versions_checked: bool) -> Path:
             path = expand_home(os.fspath(path))  # (~: as extract_features writes a shard)
             f = _open_for_reading(path)
             attrs = read_attrs(f)
-            check_format(path, attrs)
+            check_format(path, attrs, shard=True)
             rank = attrs["shard_rank"]
             if rank in files:
                 f.close()

@@ -449,16 +449,23 @@ def _write_new_store(tmp, n, dim, dtype, chunk_rows, provenance, record, labels,
         f.attrs["class_names"] = json.dumps(list(class_names))
 
 
-def check_format(path: str | os.PathLike, attrs: dict) -> None:
-    """Refuse a store written in another format than this version's."""
+def check_format(path: str | os.PathLike, attrs: dict, shard: bool = False) -> None:
+    """Refuse a store written in another format than this version's. ``shard``: one given
+    to merge_shards, whose overwrite is the merged store's (it is its rank that is extracted
+    again)."""
     version = attrs.get("format_version")
     if version == FORMAT_VERSION:
         return
     check_not_newer(path, attrs)
+    what, cure = (
+        ("shard", "Extract its rank again with --force (overwrite=True) before merging.")
+        if shard
+        else ("feature store", "Rebuild it with --force (overwrite=True).")
+    )
     raise ProvenanceError(
-        f"The feature store {os.fspath(path)!r} was written in store format {version} by an "
-        f"older mr2-extract; this version writes format {FORMAT_VERSION}, which also records "
-        f"the identity of every image. Rebuild it with --force (overwrite=True)."
+        f"The {what} {os.fspath(path)!r} was written in store format {version} by an older "
+        f"mr2-extract; this version writes format {FORMAT_VERSION}, which also records the "
+        f"identity of every image. {cure}"
     )
 
 
@@ -468,7 +475,7 @@ def check_written(path: str | os.PathLike, f: h5py.File, shard: bool = False) ->
     deleted or replaced by hand): a run resuming it raised h5py's KeyError, or read the
     rows wrongly. ``shard``: one given to merge_shards, whose overwrite is the merged
     store's (it is its rank that is extracted again)."""
-    check_format(path, read_attrs(f))
+    check_format(path, read_attrs(f), shard)
     problem = None
     missing = [name for name in STORE_DATASETS if not isinstance(f.get(name), h5py.Dataset)]
     if missing:

@@ -4066,3 +4066,25 @@ def test_a_shard_missing_a_dataset_is_not_merged(folder, tmp_path, name):
         with pytest.raises(NotAStoreError, match=match):
             merge_shards(shards, out, overwrite=overwrite)
     assert not out.exists()
+
+
+def test_a_shard_of_an_older_store_format_is_not_merged_naming_its_rank(folder, tmp_path):
+    # Said to be a feature store to rebuild with --force (overwrite=True): merge_shards'
+    # overwrite is the merged store's, and the shard was refused again.
+    out = tmp_path / "merged.h5"
+    shards = [
+        extract_features(folder, BACKBONE, out, max_items=4, rank=r, world_size=2, **FAST)
+        for r in range(2)
+    ]
+    with h5py.File(shards[1], "r+") as f:
+        f.attrs["format_version"] = 1
+    match = r"^The shard .* store format 1 .* Extract its rank again with --force"
+    for overwrite in (False, True):
+        with pytest.raises(ProvenanceError, match=match):
+            merge_shards(shards, out, overwrite=overwrite)
+    assert not out.exists()
+    # As it says: the rank extracted again, the shards merge.
+    extract_features(
+        folder, BACKBONE, out, max_items=4, rank=1, world_size=2, overwrite=True, **FAST
+    )
+    assert len(load_features(merge_shards(shards, out)).labels) == 4
