@@ -391,3 +391,10 @@ def test_an_hdf5_virtual_dataset_placing_whole_sources_every_other_row_is_read(t
     with h5py.File(tmp_path / "X.h5", "r") as f:
         np.testing.assert_array_equal(f["X"][()], X)
         MR2LinearClassifier(device="cpu").fit(f["X"], y)
+    # Written again with half its rows, it is short of the 30 rows placed (not of 1, a
+    # block's, nor of the 59 between its first and last place).
+    with h5py.File(tmp_path / "part1.h5", "w") as f:
+        f["x"] = X[1::4]
+    with h5py.File(tmp_path / "X.h5", "r") as f:
+        with pytest.raises(ValueError, match=r"has shape \(15, 6\), short of the \(30, 6\) mapped"):
+            MR2LinearClassifier(device="cpu").fit(f["X"], y)
