@@ -564,7 +564,7 @@ def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
 
 
 @pytest.mark.parametrize("unit", ["D", "s", "us", "ns"])
-@pytest.mark.parametrize("held", ["date", "datetime", "Timestamp"])
+@pytest.mark.parametrize("held", ["date", "datetime", "Timestamp", "datetime64"])
 def test_dates_held_as_objects_are_scored_against_datetime64_of_any_unit(unit, held):
     # NumPy compared them through the datetime64's item(): an integer at nanoseconds (a
     # pandas column's unit), a date at days; every class scored 0%.
@@ -575,6 +575,8 @@ def test_dates_held_as_objects_are_scored_against_datetime64_of_any_unit(unit, h
         objects = days.astype("datetime64[us]").astype(object)
     elif held == "Timestamp":
         objects = np.array(list(pytest.importorskip("pandas").to_datetime(days)), dtype=object)
+    elif held == "datetime64":  # NumPy's own, at days, held as objects
+        objects = np.array(list(days), dtype=object)
     for y_true, y_pred in ((y, objects), (objects, y)):
         np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred), [1.0, 1.0])
         np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred, labels=days[:2]), [1, 1])
@@ -584,7 +586,7 @@ def test_dates_held_as_objects_are_scored_against_datetime64_of_any_unit(unit, h
 
 
 @pytest.mark.parametrize("unit", ["D", "us", "ns"])
-@pytest.mark.parametrize("held", ["timedelta", "Timedelta"])
+@pytest.mark.parametrize("held", ["timedelta", "Timedelta", "timedelta64"])
 def test_durations_held_as_objects_are_scored_against_timedelta64_of_any_unit(unit, held):
     # As dates: NumPy compared them through the timedelta64's item(), an integer at
     # nanoseconds (a pandas column's unit); every class scored 0%.
@@ -593,6 +595,8 @@ def test_durations_held_as_objects_are_scored_against_timedelta64_of_any_unit(un
     objects = days.astype(object)  # datetime.timedelta
     if held == "Timedelta":
         objects = np.array(list(pytest.importorskip("pandas").to_timedelta(days)), dtype=object)
+    elif held == "timedelta64":  # NumPy's own, at days, held as objects
+        objects = np.array(list(days), dtype=object)
     for y_true, y_pred in ((y, objects), (objects, y)):
         np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred), [1.0, 1.0])
         np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred, labels=days[:2]), [1, 1])
