@@ -479,6 +479,10 @@ def test_dates_as_labels_at_another_unit_order_y_s_classes(labels):
     days = y.astype("datetime64[D]")
     report = classwise_report({"erm": days}, days, labels=np.asarray(labels, "datetime64[ns]"))
     assert report.labels == ["2024-01-02", "2024-01-01"]
+    # But 5 o'clock is no day: not cut to its day's class.
+    at_five = np.asarray([datetime(2024, 1, 2, 5), date(2024, 1, 1)], "datetime64[ns]")
+    with pytest.raises(ValueError, match=r"labels are \['2024-01-02T05:00:00.000000000', "):
+        classwise_report({"erm": days}, days, labels=at_five)
 
 
 def test_durations_in_nanoseconds_as_labels_order_y_s_classes_in_days():
