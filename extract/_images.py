@@ -861,9 +861,26 @@ def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> boo
     # (read otherwise, a list of missing images was refused: "expected 'path,label', got
     # 'cat/000.png;cat'", where a comma-separated one records them as failed; a line that
     # names a file whole, 'a;b.png', is a file without a label, refused still)
+    # Nor where a line's path read otherwise is an image's and read at its semicolons is
+    # none ('x;1.png 3' read as 'x' of a class '1.png 3'): its lines are read otherwise, and
+    # the line refused is named ("x;1.png 3\ny;2.png" was refused at line 1 as a header).
     first = next(filter(refused, lines), None)
-    undecided = first is not None and not os.path.lexists(folder / first.strip())
+    undecided = (
+        first is not None
+        and not os.path.lexists(folder / first.strip())
+        and not any(_an_image_read_otherwise_alone(*readings(line)) for line in lines)
+    )
     return _first_deciding_line(folder, lines, readings, undecided=undecided)
+
+
+def _an_image_read_otherwise_alone(usual: list[str], other: list[str]) -> bool:
+    """Whether a line's path names an image (by its extension) read the usual way alone,
+    not read the other way (``readings`` of :func:`_first_deciding_line`)."""
+    return (
+        len(usual) == 2
+        and has_file_allowed_extension(usual[0].strip(), IMG_EXTENSIONS)
+        and (not has_file_allowed_extension(other[0].strip(), IMG_EXTENSIONS))
+    )
 
 
 def _first_deciding_line(folder: Path, text: list[str], readings, undecided=False) -> bool:

@@ -965,6 +965,20 @@ def test_a_list_separated_by_semicolons_of_missing_images_records_them_as_failed
 
 
 @pytest.mark.parametrize(
+    "lines, number, line",
+    [(["x;1.png 3", "y;2.png"], 2, "y;2.png"), (["x;1.png\t3", "y;2.png"], 2, "y;2.png")],
+)
+def test_a_line_without_its_label_in_a_list_with_semicolons_in_its_names_is_named(
+    tmp_path, lines, number, line
+):
+    # Its images missing, it was read at its semicolons (line 2 no 'path label' line) and
+    # refused at line 1 as a header 'x,1.png 3': a path read otherwise is an image's.
+    (tmp_path / "l.txt").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=rf"l.txt:{number}: expected 'path,label', got {line!r}"):
+        image_list(tmp_path / "l.txt")
+
+
+@pytest.mark.parametrize(
     "line, label",
     [("{},cat", "cat"), ("{}\tgolden retriever", "golden retriever"), ("{} cat", "cat"),
      ("'{}' 'cat'", "cat")],
