@@ -456,7 +456,7 @@ def check_format(path: str | os.PathLike, attrs: dict, shard: bool = False) -> N
     version = attrs.get("format_version")
     if version == FORMAT_VERSION:
         return
-    check_not_newer(path, attrs)
+    check_not_newer(path, attrs, shard)
     what, cure = (
         ("shard", "Extract its rank again with --force (overwrite=True) before merging.")
         if shard
@@ -506,25 +506,31 @@ def check_written(path: str | os.PathLike, f: h5py.File, shard: bool = False) ->
         )
 
 
-def check_not_newer(path: str | os.PathLike, attrs: dict) -> None:
-    """Refuse a store written by a newer mr2-extract, whose rows may mean other things."""
+def check_not_newer(path: str | os.PathLike, attrs: dict, shard: bool = False) -> None:
+    """Refuse a store written by a newer mr2-extract, whose rows may mean other things.
+    ``shard``: one given to merge_shards, whose output path is the merged store's (it is
+    its rank that is extracted again)."""
     version = attrs.get("format_version")
+    what, elsewhere = (
+        ("shard", "extract its rank again with --force (overwrite=True) before merging")
+        if shard
+        else ("feature store", "write to another output path")
+    )
     number = isinstance(version, int | float) and not isinstance(version, bool)
     # Not one number (an array of one, or text of one, is its number: read_attrs): a list,
     # text ("three"), a boolean, NaN. Called older, it was to be deleted with --force.
     if version is not None and not (number and version == version):
         raise ProvenanceError(
-            f"The feature store {os.fspath(path)!r} records its format_version as {version!r}, "
+            f"The {what} {os.fspath(path)!r} records its format_version as {version!r}, "
             "not one number, so which store format it was written in is unknown; write it "
-            f"as one number (this version writes format {FORMAT_VERSION}), or write to "
-            "another output path."
+            f"as one number (this version writes format {FORMAT_VERSION}), or {elsewhere}."
         )
     # (a number of any kind: a tool that writes numbers as doubles, as MATLAB does, wrote 3.0)
     if number and version > FORMAT_VERSION:
         raise ProvenanceError(
-            f"The feature store {os.fspath(path)!r} was written in store format {version} by "
+            f"The {what} {os.fspath(path)!r} was written in store format {version} by "
             f"a newer mr2-extract (this one writes format {FORMAT_VERSION}); upgrade "
-            "mr2-probe, or write to another output path."
+            f"mr2-probe, or {elsewhere}."
         )
 
 

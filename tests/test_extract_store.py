@@ -4068,7 +4068,19 @@ def test_a_shard_missing_a_dataset_is_not_merged(folder, tmp_path, name):
     assert not out.exists()
 
 
-def test_a_shard_of_an_older_store_format_is_not_merged_naming_its_rank(folder, tmp_path):
+@pytest.mark.parametrize(
+    "version, match",
+    [
+        (1, r"^The shard .* store format 1 .* Extract its rank again with --force"),
+        # A newer one (or one of no number) was told to 'write to another output path',
+        # where the output path is the merged store's.
+        (99, r"^The shard .* format 99 by a newer .*, or extract its rank again with --force"),
+        ("three", r"^The shard .* 'three', not one number.*, or extract its rank again with"),
+    ],
+)
+def test_a_shard_of_another_store_format_is_not_merged_naming_its_rank(
+    folder, tmp_path, version, match
+):
     # Said to be a feature store to rebuild with --force (overwrite=True): merge_shards'
     # overwrite is the merged store's, and the shard was refused again.
     out = tmp_path / "merged.h5"
@@ -4077,8 +4089,7 @@ def test_a_shard_of_an_older_store_format_is_not_merged_naming_its_rank(folder, 
         for r in range(2)
     ]
     with h5py.File(shards[1], "r+") as f:
-        f.attrs["format_version"] = 1
-    match = r"^The shard .* store format 1 .* Extract its rank again with --force"
+        f.attrs["format_version"] = version
     for overwrite in (False, True):
         with pytest.raises(ProvenanceError, match=match):
             merge_shards(shards, out, overwrite=overwrite)
