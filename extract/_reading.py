@@ -229,9 +229,8 @@ def _check_types(path: str | os.PathLike, f: h5py.File) -> None:
         if missing:
             raise NotAStoreError(
                 f"The feature store {os.fspath(path)!r} is inconsistent: {name!r} is a "
-                f"virtual dataset whose source {missing}, and HDF5 reads its rows as fill "
-                "values (zeros) without an error; restore the source "
-                "file beside the store, or merge the shards into one store (merge_shards)."
+                f"virtual dataset whose source {missing}; restore the source file beside the "
+                "store, or merge the shards into one store (merge_shards)."
             )
         missing = missing_external_file(f[name])
         if missing:

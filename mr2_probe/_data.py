@@ -142,11 +142,10 @@ def check_h5_open(**arrays) -> None:
                 f'Pass its text, {name}.asstr("utf-8")[()].'
             )
         missing = missing_virtual_source(dataset.file.filename, dataset)
-        if missing:  # HDF5 reads its rows as fill values (zeros), without an error
+        if missing:  # (HDF5 reads its rows as fill values, without an error, or fails)
             raise ValueError(
                 f"{name} is the HDF5 dataset {dataset.name!r} of {dataset.file.filename!r}, a "
-                f"virtual dataset whose source {missing}: HDF5 reads its rows as fill values "
-                "(zeros), without an error. Restore the source file beside it."
+                f"virtual dataset whose source {missing}. Restore the source file beside it."
             )
         external = missing_external_file(dataset)
         if external:  # before any read: HDF5 waits on a pipe for a writer, for ever

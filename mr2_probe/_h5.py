@@ -92,12 +92,13 @@ def optional_filter_applied(dataset, index: int) -> bool:
 
 def missing_virtual_source(path, dataset) -> str | None:
     """The first source of the virtual dataset ``dataset`` (of the file ``path``) that
-    cannot be opened, as "'file' (dataset 'name') cannot be opened", or that is short of the
-    rows mapped from it, as "'file' (dataset 'name') has shape (40, 4), short of the (60,
-    4) mapped from it"; None for a dataset that is not virtual, or whose sources all open
-    and hold what is mapped. HDF5 reads a missing source's rows, and those past a short
-    one's end, as the fill value, without an error (shards of a virtual features dataset,
-    one deleted or left behind by a move, or written again with fewer rows).
+    cannot be opened, as "'file' (dataset 'name') cannot be opened, and HDF5 reads its rows
+    as the fill value (0.0), without an error", or that is short of the rows mapped from
+    it, as "'file' (dataset 'name') has shape (40, 4), short of the (60, 4) mapped from
+    it, ..." (what HDF5 does with them: :func:`_short_source`); None for a dataset that is
+    not virtual, or whose sources all open and hold what is mapped (shards of a virtual
+    features dataset, one deleted or left behind by a move, or written again with fewer
+    rows).
     Looked for where HDF5 looks: its HDF5_VDS_PREFIX, the store's folder (that of the link it
     is read through, and its real one), the name as given."""
     import h5py
@@ -120,7 +121,7 @@ def missing_virtual_source(path, dataset) -> str | None:
                 continue
             if name == ".":  # the store itself
                 if not isinstance(dataset.file.get(inside), h5py.Dataset):
-                    return f"{inside!r} (in the store itself) cannot be opened"
+                    return f"{inside!r} (in the store itself) cannot be opened" + _as_fill(dataset)
                 short = _short_source(source, dataset.file[inside], dataset)
                 if short:
                     return f"{inside!r} (in the store itself) {short}"
@@ -139,7 +140,7 @@ def missing_virtual_source(path, dataset) -> str | None:
                     except OSError:
                         continue
             if opened[name] is None or not isinstance(opened[name].get(inside), h5py.Dataset):
-                return f"{name!r} (dataset {inside!r}) cannot be opened"
+                return f"{name!r} (dataset {inside!r}) cannot be opened" + _as_fill(dataset)
             short = _short_source(source, opened[name][inside], dataset)
             if short:
                 return f"{name!r} (dataset {inside!r}) {short}"
@@ -150,15 +151,31 @@ def missing_virtual_source(path, dataset) -> str | None:
     return None
 
 
+def _as_fill(dataset) -> str:
+    """What HDF5 reads for the rows of a source of the virtual ``dataset`` that cannot be
+    opened: its fill value, without an error."""
+    fill = dataset.fillvalue
+    fill = fill.tolist() if hasattr(fill, "tolist") else fill  # (NumPy's scalar: its value)
+    return f", and HDF5 reads its rows as the fill value ({fill!r}), without an error"
+
+
 def _short_source(source, found, dataset) -> str | None:
     """Why the dataset ``found`` cannot give what the mapping ``source`` of the virtual
     ``dataset`` takes from it ("has shape (40, 4), short of the (60, 4) mapped from it"),
-    or None. Mappings of a dataset that grows (a dimension unlimited) take what is there."""
+    and what HDF5 does then: a mapping of the whole source fails to be read; rows mapped
+    past its end are read as its fill values, without an error, where its rows are
+    chunked, and fail to be read where they lie in one piece. None where it can.
+    Mappings of a dataset that grows (a dimension unlimited) take what is there."""
     import h5py
 
     if None in (dataset.maxshape or ()) or found.shape is None:
         return None
     space = source.src_space
+    read = (
+        ", and HDF5 reads the rows past its end as its fill values, without an error"
+        if found.chunks
+        else ", and HDF5 fails to read the rows past its end (an error that names no source)"
+    )
     if space.get_select_type() == h5py.h5s.SEL_HYPERSLABS:
         reach = tuple(int(stop) + 1 for stop in space.get_select_bounds()[1])
     elif space.get_select_type() == h5py.h5s.SEL_ALL:  # the whole source, in its place's shape
@@ -169,13 +186,14 @@ def _short_source(source, found, dataset) -> str | None:
         else:
             first, last = vspace.get_select_bounds()
             reach = tuple(int(b) - int(a) + 1 for a, b in zip(first, last, strict=True))
+        read = ", and HDF5 fails to read the virtual dataset (an error that names no source)"
     else:
         return None
     if len(reach) != len(found.shape):
         return None
     if all(r <= n for r, n in zip(reach, found.shape, strict=True)):
         return None
-    return f"has shape {found.shape}, short of the {reach} mapped from it"
+    return f"has shape {found.shape}, short of the {reach} mapped from it{read}"
 
 
 # Where HDF5 looks for a dataset's external raw data files, for the errors that name one.

@@ -323,8 +323,8 @@ def test_an_hdf5_dataset_s_external_files_past_its_rows_are_not_its_own(tmp_path
         np.testing.assert_array_equal(fitted.predict(f["X"]), fitted.predict(X))
 
 
-@pytest.mark.parametrize("method", ["fit", "predict"])
-def test_an_hdf5_virtual_dataset_whose_source_is_missing_is_refused(tmp_path, method):
+@pytest.mark.parametrize("method, fill", [("fit", 0), ("predict", 0), ("fit", -1)])
+def test_an_hdf5_virtual_dataset_whose_source_is_missing_is_refused(tmp_path, method, fill):
     # A virtual dataset (shards joined by an HDF5 VDS) passed to the estimator itself, one of
     # its source files deleted: HDF5 reads those rows as the fill value (zeros) without an
     # error, and the probe fitted (or predicted) on them without a word. load_features
@@ -339,7 +339,7 @@ def test_an_hdf5_virtual_dataset_whose_source_is_missing_is_refused(tmp_path, me
         layout[rows] = h5py.VirtualSource(str(tmp_path / f"part{part}.h5"), "x", shape=(20, 6))
     fitted = MR2LinearClassifier(device="cpu").fit(X, y)
     with h5py.File(tmp_path / "X.h5", "w") as f:
-        f.create_virtual_dataset("X", layout, fillvalue=0)
+        f.create_virtual_dataset("X", layout, fillvalue=fill)
     with h5py.File(tmp_path / "X.h5", "r") as f:
         call = (
             (lambda: MR2LinearClassifier(device="cpu").fit(f["X"], y))
@@ -351,10 +351,23 @@ def test_an_hdf5_virtual_dataset_whose_source_is_missing_is_refused(tmp_path, me
         source = re.escape(repr(str(tmp_path / "part1.h5")))
         with pytest.raises(ValueError, match=rf"virtual dataset whose source {source} \(dataset"):
             call()
+        # Its fill value as it is (it was called 'fill values (zeros)' whatever it was).
+        assert (f["X"][20:] == fill).all()
+        with pytest.raises(ValueError, match=rf"reads its rows as the fill value \({fill}.0\),"):
+            call()
 
 
-@pytest.mark.parametrize("select", ["rows", "whole"])
-def test_an_hdf5_virtual_dataset_whose_source_is_short_is_refused(tmp_path, select):
+@pytest.mark.parametrize(
+    "select, chunks, then",
+    [
+        ("rows", (5, 6), r"reads the rows past its end as its fill values, without an error"),
+        ("rows", None, r"fails to read the rows past its end"),
+        # Said to be read as zeros without an error, where HDF5 raises.
+        ("whole", (5, 6), r"fails to read the virtual dataset"),
+        ("whole", None, r"fails to read the virtual dataset"),
+    ],
+)
+def test_an_hdf5_virtual_dataset_whose_source_is_short_is_refused(tmp_path, select, chunks, then):
     # Its source written again with fewer rows: HDF5 read the rows mapped past its end as
     # the fill value (zeros), without an error, and the probe fitted on them without a
     # word (a mapping of the whole source: h5py's OSError, called a damaged file).
@@ -365,11 +378,18 @@ def test_an_hdf5_virtual_dataset_whose_source_is_short_is_refused(tmp_path, sele
     source = h5py.VirtualSource(str(tmp_path / "part.h5"), "x", shape=X.shape)
     layout[...] = source[:40] if select == "rows" else source
     with h5py.File(tmp_path / "part.h5", "w") as f:
-        f["x"] = X[:30]
+        f.create_dataset("x", data=X[:30], chunks=chunks)
     with h5py.File(tmp_path / "X.h5", "w") as f:
         f.create_virtual_dataset("X", layout, fillvalue=0)
     with h5py.File(tmp_path / "X.h5", "r") as f:
+        if chunks and select == "rows":  # (as it says)
+            assert (f["X"][30:] == 0).all()
+        else:
+            with pytest.raises(OSError):
+                f["X"][()]
         with pytest.raises(ValueError, match=r"\(dataset 'x'\) has shape \(30, 6\), short of the"):
+            MR2LinearClassifier(device="cpu").fit(f["X"], y)
+        with pytest.raises(ValueError, match=rf"mapped from it, and HDF5 {then}"):
             MR2LinearClassifier(device="cpu").fit(f["X"], y)
 
 
