@@ -22,6 +22,7 @@ from mr2_probe._h5 import (
 from ._locks import _lock_holder
 from ._paths import expand_home, plural
 from ._schema import (
+    _REBUILD,
     _REQUIRED,
     DONE,
     FAILED,
@@ -372,8 +373,7 @@ def load_features(
             raise NotAStoreError(
                 f"The feature store {os.fspath(path)!r} is inconsistent: it was written by "
                 f"mr2-extract (format {attrs['format_version']}) and has no "
-                f"{' / '.join(repr(m) for m in missing)} dataset; rebuild it (mr2-extract "
-                "with --force)."
+                f"{' / '.join(repr(m) for m in missing)} dataset; {_REBUILD}."
             )
         # [()] reads a scalar dataset too, which _check_shapes refuses by its shape.
         labels = np.asarray(f["labels"][()])

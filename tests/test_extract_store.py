@@ -4043,9 +4043,11 @@ def test_a_store_missing_a_dataset_is_not_resumed(store, folder, tmp_path, name,
 @pytest.mark.parametrize("name", ["status", "failure_reason", "indices", "paths"])
 def test_a_store_of_mr2_extract_missing_a_dataset_is_not_loaded(store, tmp_path, name):
     # Without 'status' its pending and failed rows were loaded as extracted (zeros);
-    # without 'indices' or 'paths' they were made up as its row numbers.
+    # without 'indices' or 'paths' they were made up as its row numbers. (Its cure in the
+    # words a resume gives it, not "rebuild it (mr2-extract with --force)".)
     out = _damage(store, tmp_path / "f.h5", name)
-    with pytest.raises(NotAStoreError, match=f"has no '{name}' dataset; rebuild it"):
+    match = rf"has no '{name}' dataset; pass --force \(overwrite=True\) to delete it and recompute"
+    with pytest.raises(NotAStoreError, match=match):
         load_features(out)
 
 
