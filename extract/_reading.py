@@ -266,6 +266,8 @@ def _check_shapes(
     problem = None
     if names.ndim != 1:
         problem = f"'class_names' has shape {names.shape}, not (n_classes,)"
+    elif f["labels"].shape is None:  # (read as an object array: "has dtype object")
+        problem = "'labels' is an empty dataspace (h5py.Empty: no rows), not (n_rows,) integers"
     elif labels.dtype.kind not in "iu":
         problem = f"'labels' has dtype {labels.dtype}, not integers (codes into class_names)"
     elif f["features"].ndim != 2:

@@ -2122,6 +2122,12 @@ def _foreign(path, **datasets):
             NotAStoreError,
             "'status' has shape None for 6",
         ),
+        # As 'labels': said to have dtype object, not integers.
+        (
+            lambda p: _foreign(p, labels=h5py.Empty("i8")),
+            NotAStoreError,
+            r"'labels' is an empty dataspace \(h5py.Empty: no rows\), not \(n_rows,\) integers",
+        ),
         # Bytes that are not UTF-8: a UnicodeDecodeError that named no file.
         (
             lambda p: _foreign(p, class_names=[b"a", b"\xe9t\xe9"]),
