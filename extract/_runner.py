@@ -12,6 +12,7 @@ import itertools
 import logging
 import multiprocessing.util
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from datetime import timedelta
 from numbers import Integral
 from pathlib import Path
 
+import h5py
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -31,7 +33,7 @@ from ._decoding import MAX_ASPECT
 from ._images import ImageSource, ItemDataset, collate_items, open_source
 from ._launcher import connecting, stops_with_launcher
 from ._locks import store_lock
-from ._merge import _mark, _merge, check_merging, mark_superseded, shard_path
+from ._merge import _mark, _merge, check_merging, mark_superseded, shard_path, shards_beside
 from ._paths import plural
 from ._reading import _NAMED_FAILURES, failed_rows, name_failures
 from ._resume import (
@@ -648,6 +650,8 @@ def _extract_shard(
             # other ranks' (a resumed run's count is the store's, all told).
             failures = (int((status == FAILED).sum()), _by_index(first_failed, rows))
             return out, repair_merged, rebuild, failures if merged is not None else (0, [])
+        if rank == 0 and (merged is not None or world_size == 1):
+            _log_other_ranks_shards(out if merged is None else merged, world_size)
         kept = int((status == FAILED).sum())  # failures recorded before, not retried
         if (status != PENDING).any():
             logger.info(
@@ -670,6 +674,28 @@ def _extract_shard(
             with open_store(out, "r") as f:
                 failed = (int((f["status"][:] == FAILED).sum()), _by_index(failed_rows(f), rows))
     return out, repair_merged, rebuild, failed
+
+
+def _log_other_ranks_shards(store: Path, world_size: int) -> None:
+    """Say, in one line, which interrupted runs' shards of another number of ranks than
+    ``world_size`` (none merged) lie beside ``store``: this run extracts their rows again,
+    where a run at their number of ranks would resume them."""
+    counts = {}
+    for path in shards_beside(store):
+        n = int(re.search(r"\.shard-\d+-of-(\d+)", path.name).group(1))
+        if n != world_size and h5py.is_hdf5(path) and _replaces(path, MERGED_INTO) is None:
+            counts[n] = counts.get(n, 0) + 1
+    if counts:
+        n = max(counts, key=counts.get)
+        logger.info(
+            "The shards of an interrupted run at %s beside %s are not used by this run %s: "
+            "it extracts their rows again; to resume them instead, stop it and run the "
+            "command again under torchrun with %d processes.",
+            " and at ".join(f"{k} ranks ({counts[k]} of {k})" for k in sorted(counts)),
+            store,
+            "in one process" if world_size == 1 else f"at {world_size} ranks",
+            n,
+        )
 
 
 def _by_index(first: list[tuple[int, str, str]], rows: np.ndarray) -> list[tuple[int, str, str]]:

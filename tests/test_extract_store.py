@@ -1546,6 +1546,47 @@ def test_a_forced_rebuild_at_other_ranks_supersedes_an_interrupted_run_s_shards(
     np.testing.assert_allclose(load_features(out, in_memory=True).features, rebuilt, atol=1e-5)
 
 
+def _at_3_ranks(monkeypatch, folder, out, **kwargs) -> None:
+    """A torchrun run at 3 ranks, run one by one in this process, rank 0 last merging."""
+    from extract import _runner
+
+    three = [shard_path(out, r, 3) for r in range(3)]
+    overwrite = kwargs.get("overwrite", False)
+    with monkeypatch.context() as patch:
+        patch.setattr(_runner, "_merge_on_rank0", lambda out, rank, *a: (
+            merge_shards(three, out, overwrite=overwrite) if rank == 0 else out))  # fmt: skip
+        patch.setenv("WORLD_SIZE", "3")
+        for rank in (1, 2, 0):
+            patch.setenv("RANK", str(rank))
+            extract_features(folder, BACKBONE, out, **kwargs)
+
+
+@pytest.mark.parametrize("later", ["in one process", "at 3 ranks"])
+def test_a_run_at_other_ranks_says_the_interrupted_run_s_shards_are_not_used(
+    tmp_path, monkeypatch, caplog, later
+):
+    # A torchrun run killed at 2 ranks, then run in one process (or at 3 ranks): every row
+    # was extracted again, the 2-rank shards left unsaid, the way to resume them untold.
+    folder, out = tmp_path / "data", tmp_path / "f.h5"
+    _bitmaps(folder, seed=0)
+    fast = dict(FAST, batch_size=2)
+    _ranks_without_merge(monkeypatch)
+    for rank in (0, 1):  # each rank killed after its first batch, before any merge
+        monkeypatch.setenv("RANK", str(rank))
+        _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    caplog.set_level(logging.INFO, logger="extract")
+    if later == "in one process":
+        extract_features(folder, BACKBONE, out, **fast)
+    else:
+        _at_3_ranks(monkeypatch, folder, out, **fast)
+    said = [m for r in caplog.records if "interrupted run at 2" in (m := r.getMessage())]
+    assert len(said) == 1
+    assert f"not used by this run {later}" in said[0]
+    assert said[0].endswith("run the command again under torchrun with 2 processes.")
+
+
 def test_a_forced_run_refused_before_it_writes_supersedes_no_shards(folder, tmp_path, monkeypatch):
     # A --force run stopped by a misspelt backbone had marked the shards beside the store
     # as superseded: their rows, though nothing was rebuilt, were extracted anew.
