@@ -226,23 +226,30 @@ def _mark(path, value: str, over: bool = True) -> str | None:
     return None
 
 
-def mark_superseded(out: str | os.PathLike, world_size: int | None = None) -> None:
+def mark_superseded(
+    out: str | os.PathLike, world_size: int | None = None, by: str = "a forced rebuild"
+) -> None:
     """Mark the shards beside ``out`` that no run has merged (an interrupted run's), of
     another number of ranks than ``world_size`` (any, where None), as gone into another
     version of ``out``: a forced rebuild writes it otherwise (has written it, under
-    torchrun; is about to, in one process). Resumed at their
-    number of ranks, their rows (of images replaced in place, which the provenance cannot
-    see: what --force is for) went into the rebuilt store; marked, they are made anew."""
+    torchrun; is about to, in one process), or a run at ``world_size`` has completed it.
+    Resumed at their number of ranks, their rows (of images replaced since, in place,
+    which the provenance cannot see: what --force is for, or not) went into the newer
+    store; marked, they are made anew from its rows."""
     # Any value but the store's identity: the store may not be written yet.
-    superseded = "superseded by a forced rebuild" + (
-        f" ({_identity(out)})" if os.path.exists(out) else ""
-    )
+    superseded = f"superseded by {by}" + (f" ({_identity(out)})" if os.path.exists(out) else "")
     own = re.compile(rf"\.shard-\d+-of-{world_size:05d}") if world_size is not None else None
     for path in shards_beside(out):
         if own is not None and own.search(path.name):
             continue
         if not h5py.is_hdf5(path):  # a lock or a partial file, where out has no suffix
             continue
+        try:  # (a merged shard, read-only say, is not opened for writing)
+            with h5py.File(path, "r", locking=False) as f:
+                if MERGED_INTO in f.attrs:
+                    continue
+        except OSError:
+            pass  # _mark names what is wrong with it
         problem = _mark(path, superseded, over=False)  # a merged shard keeps its mark
         if problem:
             logger.warning(

@@ -313,15 +313,17 @@ def extract_features(
             return out
         shard, repair_merged, rebuild, failed = done
         if world_size == 1 or explicit:
+            if world_size == 1:  # complete: an interrupted torchrun run's shards are left
+                mark_superseded(shard, 1, by="a run in one process")
             _warn_of_failures(shard, *failed)
             return shard
         # Each rank's failures are its shard's: the user hears of them once, as the
         # merged store's (the store asked for).
         failed = _all_ranks_failures(failed, world_size)
         merged = _merge_on_rank0(out, rank, world_size, overwrite or rebuild, repair_merged)
-        if rank == 0:
-            if overwrite or rebuild:  # another number of ranks' interrupted run's shards
-                mark_superseded(merged, world_size)
+        if rank == 0:  # another number of ranks' interrupted run's shards
+            by = "a forced rebuild" if overwrite or rebuild else f"a run at {world_size} ranks"
+            mark_superseded(merged, world_size, by=by)
             _warn_of_failures(out, *failed)
         return merged
 

@@ -1587,6 +1587,47 @@ def test_a_run_at_other_ranks_says_the_interrupted_run_s_shards_are_not_used(
     assert said[0].endswith("run the command again under torchrun with 2 processes.")
 
 
+@pytest.mark.parametrize("later", ["in one process", "at 3 ranks"])
+def test_a_run_at_other_ranks_supersedes_an_interrupted_run_s_shards(tmp_path, monkeypatch, later):
+    # A torchrun run killed at 2 ranks, an image replaced (another size), the store made
+    # in one process (or at 3 ranks), a failure repaired, then --retry-failed at 2 ranks:
+    # it resumed the old shards, never merged, and refused the one holding the replaced
+    # image's old row (to be rebuilt with --force, every row); they are superseded.
+    import torch.distributed as dist
+
+    from extract import _runner
+
+    merge = _runner._merge_on_rank0
+    folder, out = tmp_path / "data", tmp_path / "f.h5"
+    _bitmaps(folder, seed=0)
+    (folder / "dog" / "3.bmp").write_bytes(b"not an image")  # a failure to retry
+    fast = dict(FAST, batch_size=2)
+    _ranks_without_merge(monkeypatch)
+    for rank in (0, 1):  # each rank killed after its first batch, before any merge
+        monkeypatch.setenv("RANK", str(rank))
+        _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
+    Image.fromarray(np.full((40, 40, 3), 7, np.uint8)).save(folder / "cat" / "0.bmp")
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    if later == "in one process":
+        extract_features(folder, BACKBONE, out, **fast)
+    else:
+        _at_3_ranks(monkeypatch, folder, out, **fast)
+    newest = load_features(out, in_memory=True)
+    Image.fromarray(np.full((36, 36, 3), 9, np.uint8)).save(folder / "dog" / "3.bmp")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "barrier", lambda: None)
+    monkeypatch.setattr(_runner, "_merge_on_rank0", merge)
+    written = _spy_writes(monkeypatch)
+    for rank in (1, 0):  # rank 0 last, which merges
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, retry_failed=True, **fast)
+    assert written == [1]  # the repaired image alone, the others' rows the store's
+    retried = load_features(out, in_memory=True)
+    assert retried.paths == newest.paths + ["dog/3.bmp"] and not retried.failures
+    np.testing.assert_allclose(retried.features[:7], newest.features, atol=1e-5)
+
+
 def test_a_forced_run_refused_before_it_writes_supersedes_no_shards(folder, tmp_path, monkeypatch):
     # A --force run stopped by a misspelt backbone had marked the shards beside the store
     # as superseded: their rows, though nothing was rebuilt, were extracted anew.
