@@ -413,8 +413,9 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         (on digits / 16, at P = I, the term is 0.07 at 2, 1.1 at 32, 3.3 at 256 and 5.3 for the
         whole training set in one batch), so tune ``lam`` at the ``batch_size`` you
         fit with; with no class twice in a batch it does nothing. A step with at most 2²⁴
-        multiply-adds (``batch_size · d · (d + n_classes + batch_size)``, d ≲ 150 at 256)
-        runs on one CPU thread, which is faster than torch's intra-op threads at that size.
+        multiply-adds (B·d·(d + n_classes + B), B the smaller of ``batch_size`` and the
+        number of samples; d ≲ 150 at 256) runs on one CPU thread, which is faster than
+        torch's intra-op threads at that size.
     learning_rate : float, default=3e-3
         Initial step size of the minibatch solvers.
     n_iter_no_change : int, default=5

@@ -2078,6 +2078,33 @@ def test_small_minibatch_steps_run_on_one_thread(digits, monkeypatch, threads):
     assert torch.get_num_threads() == 2  # restored
 
 
+@pytest.mark.parametrize("batch_size", [256, 2**20])
+def test_a_batch_size_beyond_the_samples_counts_their_steps_as_the_samples(
+    monkeypatch, threads, batch_size
+):
+    # A step's multiply-adds were counted at batch_size, not at the rows a batch holds:
+    # batch_size=4096 on 1,000 rows of 16 features (a step of 1.6e7 < 2²⁴) ran on every
+    # thread, 1.4 to 4.5 times as slow on a loaded 2-core machine.
+    from mr2_probe import _losses, _solvers
+
+    threads_seen = []
+    original = _losses.compactness_loss
+
+    def recording_loss(*args, **kwargs):
+        threads_seen.append(torch.get_num_threads())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_losses, "compactness_loss", recording_loss)
+    monkeypatch.setattr(_solvers, "SMALL_STEP", 60 * 6 * (6 + 3 + 60))  # 60 rows' step
+    torch.set_num_threads(2)
+    X, y = _blobs(n_classes=3, n=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = MR2LinearClassifier(lam=0.5, max_iter=2, batch_size=batch_size, device="cpu")
+        clf.fit(X, y)
+    assert set(threads_seen) == {1}
+
+
 def test_threads_using_torch_within_another_threads_one_thread_section_keep_their_count(threads):
     # A new thread (joblib's or Dask's, running another fit) whose first torch operation
     # falls within another thread's section took its transient 1 (torch.set_num_threads
