@@ -264,12 +264,16 @@ def _check_shapes(
     names = f["class_names"]
     n_classes = len(names) if names.ndim == 1 else 0
     problem = None
-    if names.ndim != 1:
+    if names.shape is None:  # (its ndim 0: "has shape None")
+        problem = "'class_names' is an empty dataspace (h5py.Empty: no entries), not (n_classes,)"
+    elif names.ndim != 1:
         problem = f"'class_names' has shape {names.shape}, not (n_classes,)"
     elif f["labels"].shape is None:  # (read as an object array: "has dtype object")
         problem = "'labels' is an empty dataspace (h5py.Empty: no rows), not (n_rows,) integers"
     elif labels.dtype.kind not in "iu":
         problem = f"'labels' has dtype {labels.dtype}, not integers (codes into class_names)"
+    elif f["features"].shape is None:
+        problem = "'features' is an empty dataspace (h5py.Empty: no rows), not (n_rows, n_features)"
     elif f["features"].ndim != 2:
         problem = f"'features' has shape {f['features'].shape}, not (n_rows, n_features)"
     elif f["features"].dtype.kind not in "bfiu":  # (booleans are 0 and 1, as in an array)

@@ -2210,6 +2210,17 @@ def _foreign(path, **datasets):
             NotAStoreError,
             r"'labels' is an empty dataspace \(h5py.Empty: no rows\), not \(n_rows,\) integers",
         ),
+        # As 'features' or 'class_names': said to have "shape None".
+        (
+            lambda p: _foreign(p, features=h5py.Empty("f4")),
+            NotAStoreError,
+            r"'features' is an empty dataspace \(h5py.Empty: no rows\), not \(n_rows, n_features\)",
+        ),
+        (
+            lambda p: _foreign(p, class_names=h5py.Empty("S1")),
+            NotAStoreError,
+            r"'class_names' is an empty dataspace \(h5py.Empty: no entries\), not \(n_classes,\)",
+        ),
         # Bytes that are not UTF-8: a UnicodeDecodeError that named no file.
         (
             lambda p: _foreign(p, class_names=[b"a", b"\xe9t\xe9"]),
