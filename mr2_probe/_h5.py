@@ -164,7 +164,8 @@ def _short_source(source, found, dataset) -> str | None:
     ``dataset`` takes from it ("has shape (40, 4), short of the (60, 4) mapped from it"),
     and what HDF5 does then: a mapping of the whole source fails to be read; rows mapped
     past its end are read as its fill values, without an error, where its rows are
-    chunked, and fail to be read where they lie in one piece. None where it can.
+    chunked, and where they lie in one piece from the bytes that follow them in its file
+    (another dataset's), failing only where the file ends. None where it can.
     Mappings of a dataset that grows (a dimension unlimited) take what is there."""
     import h5py
 
@@ -174,7 +175,8 @@ def _short_source(source, found, dataset) -> str | None:
     read = (
         ", and HDF5 reads the rows past its end as its fill values, without an error"
         if found.chunks
-        else ", and HDF5 fails to read the rows past its end (an error that names no source)"
+        else ", and HDF5 reads the rows past its end from whatever follows it in its file, "
+        "without an error, or fails where the file ends (an error that names no source)"
     )
     if space.get_select_type() == h5py.h5s.SEL_HYPERSLABS:
         reach = tuple(int(stop) + 1 for stop in space.get_select_bounds()[1])

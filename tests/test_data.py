@@ -361,7 +361,7 @@ def test_an_hdf5_virtual_dataset_whose_source_is_missing_is_refused(tmp_path, me
     "select, chunks, then",
     [
         ("rows", (5, 6), r"reads the rows past its end as its fill values, without an error"),
-        ("rows", None, r"fails to read the rows past its end"),
+        ("rows", None, r"reads the rows past its end from whatever follows it in its file"),
         # Said to be read as zeros without an error, where HDF5 raises.
         ("whole", (5, 6), r"fails to read the virtual dataset"),
         ("whole", None, r"fails to read the virtual dataset"),
@@ -390,6 +390,25 @@ def test_an_hdf5_virtual_dataset_whose_source_is_short_is_refused(tmp_path, sele
         with pytest.raises(ValueError, match=r"\(dataset 'x'\) has shape \(30, 6\), short of the"):
             MR2LinearClassifier(device="cpu").fit(f["X"], y)
         with pytest.raises(ValueError, match=rf"mapped from it, and HDF5 {then}"):
+            MR2LinearClassifier(device="cpu").fit(f["X"], y)
+
+
+def test_a_short_contiguous_source_followed_by_data_is_said_to_be_read_from_it(tmp_path):
+    # Its rows in one piece, another dataset after them in its file: HDF5 reads the rows
+    # mapped past its end from the bytes after them, without an error (it was said to fail).
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=40)
+    X = X.astype(np.float32)
+    layout = h5py.VirtualLayout(shape=X.shape, dtype=X.dtype)
+    layout[...] = h5py.VirtualSource(str(tmp_path / "part.h5"), "x", shape=X.shape)[:40]
+    with h5py.File(tmp_path / "part.h5", "w") as f:
+        f["x"] = X[:30]
+        f["after"] = np.full((100, 6), 7.0, np.float32)
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        f.create_virtual_dataset("X", layout, fillvalue=0)
+    with h5py.File(tmp_path / "X.h5", "r") as f:
+        f["X"][()]  # (no error: whatever lies past its rows in its file)
+        with pytest.raises(ValueError, match="past its end from whatever follows it in its file"):
             MR2LinearClassifier(device="cpu").fit(f["X"], y)
 
 
