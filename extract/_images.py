@@ -826,7 +826,9 @@ def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> boo
     fields at a semicolon (quoted as the csv module quotes), and the first line whose two
     readings differ names a file that way alone (a file name with a semicolon, in a list
     separated otherwise, is read as it stands), or, where no line does (its images not
-    found, or not yet there), a line read otherwise is no ``path label`` line.
+    found, or not yet there), a line read otherwise is no ``path label`` line and none
+    names an image read otherwise alone, unless its first line is a ``path;label`` header
+    or a line names an image read at its semicolons alone.
     ``commas``: the list is read as comma CSV (a comma in it), else at its last blank or
     its tab."""
     lines = [line for line in text if line.strip()]
@@ -864,11 +866,18 @@ def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> boo
     # Nor where a line's path read otherwise is an image's and read at its semicolons is
     # none ('x;1.png 3' read as 'x' of a class '1.png 3'): its lines are read otherwise, and
     # the line refused is named ("x;1.png 3\ny;2.png" was refused at line 1 as a header).
+    # (Unless its first line is a 'path;label' header, or a line's path read at its
+    # semicolons is an image's alone: 'path;label\nx;1.png 3' was refused at its header.)
     first = next(filter(refused, lines), None)
+    pairs = [readings(line) for line in lines]
     undecided = (
         first is not None
         and not os.path.lexists(folder / first.strip())
-        and not any(_an_image_read_otherwise_alone(*readings(line)) for line in lines)
+        and (
+            [f.strip().lower() for f in pairs[0][1]] == ["path", "label"]
+            or not any(_an_image_read_otherwise_alone(*pair) for pair in pairs)
+            or any(_an_image_read_otherwise_alone(*pair[::-1]) for pair in pairs)
+        )
     )
     return _first_deciding_line(folder, lines, readings, undecided=undecided)
 
@@ -879,7 +888,7 @@ def _an_image_read_otherwise_alone(usual: list[str], other: list[str]) -> bool:
     return (
         len(usual) == 2
         and has_file_allowed_extension(usual[0].strip(), IMG_EXTENSIONS)
-        and (not has_file_allowed_extension(other[0].strip(), IMG_EXTENSIONS))
+        and not (other and has_file_allowed_extension(other[0].strip(), IMG_EXTENSIONS))
     )
 
 

@@ -965,6 +965,24 @@ def test_a_list_separated_by_semicolons_of_missing_images_records_them_as_failed
 
 
 @pytest.mark.parametrize(
+    "lines, ids, names",
+    [
+        (["path;label", "a;1.png 3"], ["a"], ["1.png 3"]),
+        (["PATH;Label", "a;1.png\t3", "b;2.png"], ["a", "b"], ["1.png\t3", "2.png"]),
+        (["b.jpg;golden retriever", "x;1.png,3"], ["b.jpg", "x"], ["1.png,3", "golden retriever"]),
+    ],
+)
+def test_a_list_of_missing_images_with_a_semicolon_header_or_image_is_read_at_semicolons(
+    tmp_path, lines, ids, names
+):
+    # A path read at its blanks (or commas) an image's, 'x;1.png', made it read so, its
+    # 'path;label' header, or the image 'b.jpg' read at its semicolons, refused at line 1.
+    (tmp_path / "l.txt").write_text("\n".join(lines) + "\n")
+    src = image_list(tmp_path / "l.txt")
+    assert (src.ids, src.class_names) == (ids, names)
+
+
+@pytest.mark.parametrize(
     "lines, number, line",
     [(["x;1.png 3", "y;2.png"], 2, "y;2.png"), (["x;1.png\t3", "y;2.png"], 2, "y;2.png")],
 )
