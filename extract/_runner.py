@@ -313,8 +313,6 @@ def extract_features(
             return out
         shard, repair_merged, rebuild, failed = done
         if world_size == 1 or explicit:
-            if world_size == 1:  # complete: an interrupted torchrun run's shards are left
-                mark_superseded(shard, 1, by="a run in one process")
             _warn_of_failures(shard, *failed)
             return shard
         # Each rank's failures are its shard's: the user hears of them once, as the
@@ -672,6 +670,8 @@ def _extract_shard(
             batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
         with open_store(out, "r+") as f:
             failed = _run(f, backbone, batches, rows, status, normalize, device, progress)
+        if world_size == 1:  # completed (not reused: none marked where nothing is written)
+            mark_superseded(out, 1, by="a run in one process")  # an interrupted torchrun's
         if kept:  # the warning counts the store's failures, the earlier runs' too
             with open_store(out, "r") as f:
                 failed = (int((f["status"][:] == FAILED).sum()), _by_index(failed_rows(f), rows))

@@ -1628,6 +1628,42 @@ def test_a_run_at_other_ranks_supersedes_an_interrupted_run_s_shards(tmp_path, m
     np.testing.assert_allclose(retried.features[:7], newest.features, atol=1e-5)
 
 
+def test_a_store_reused_in_one_process_marks_no_shards(tmp_path, monkeypatch, caplog):
+    # A complete store beside an interrupted torchrun run's shards (unmarked: completed by
+    # an earlier version), reused on a read-only file system: every reuse warned that
+    # each shard could not be marked, as superseded by "the rebuilt" store.
+    from extract import _runner
+
+    folder, out = tmp_path / "data", tmp_path / "f.h5"
+    _bitmaps(folder, seed=0)
+    fast = dict(FAST, batch_size=2)
+    _ranks_without_merge(monkeypatch)
+    for rank in (0, 1):  # each rank killed after its first batch, before any merge
+        monkeypatch.setenv("RANK", str(rank))
+        _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    with monkeypatch.context() as patch:
+        patch.setattr(_runner, "mark_superseded", lambda *args, **kwargs: None)
+        extract_features(folder, BACKBONE, out, **fast)
+    writable, real = os.access, h5py.File
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: writable(p, mode) and not (
+            mode & os.W_OK and os.path.samefile(p, tmp_path)
+        )
+    )  # fmt: skip
+
+    def read_only(path, mode="r", **kwargs):
+        if mode != "r":
+            raise PermissionError(30, "Unable to synchronously open file (Read-only file system)")
+        return real(path, mode, **kwargs)
+
+    monkeypatch.setattr(h5py, "File", read_only)
+    with caplog.at_level(logging.WARNING, logger="extract"):
+        assert extract_features(folder, BACKBONE, out, **fast) == out
+    assert not caplog.records
+
+
 def test_a_forced_run_refused_before_it_writes_supersedes_no_shards(folder, tmp_path, monkeypatch):
     # A --force run stopped by a misspelt backbone had marked the shards beside the store
     # as superseded: their rows, though nothing was rebuilt, were extracted anew.
