@@ -253,10 +253,11 @@ def mark_superseded(
         problem = _mark(path, superseded, over=False)  # a merged shard keeps its mark
         if problem:
             logger.warning(
-                "Could not mark the shard %s of an interrupted run as superseded by the "
-                "rebuilt %s: %s. A later run at its number of ranks may resume it, its "
-                "rows those of the images as they were; delete it.",
+                "Could not mark the shard %s of an interrupted run as superseded by %s of "
+                "%s: %s. A later run at its number of ranks may resume it, its rows those "
+                "of the images as they were; delete it.",
                 path,
+                by,
                 out,
                 problem,
             )

@@ -1479,10 +1479,12 @@ def test_marking_shards_superseded_passes_over_files_that_are_no_shards(tmp_path
         assert f.attrs["merged_into_store"] == "superseded by a forced rebuild"
 
 
+@pytest.mark.parametrize("by", ["a forced rebuild", "a run in one process", "a run at 3 ranks"])
 def test_a_shard_that_cannot_be_marked_superseded_is_named_in_sentences(
-    tmp_path, monkeypatch, caplog
+    tmp_path, monkeypatch, caplog, by
 ):
     # The reason, a sentence of its own, was nested in parentheses: "(... as it was).):".
+    # A run that completed the store, no rebuild, was said to have "rebuilt" it.
     from extract import _store
     from extract._merge import mark_superseded
 
@@ -1492,10 +1494,10 @@ def test_a_shard_that_cannot_be_marked_superseded_is_named_in_sentences(
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(_store.shutil, "disk_usage", lambda _: usage._replace(free=4096))
     with caplog.at_level(logging.WARNING, logger="extract"):
-        mark_superseded(tmp_path / "f.h5")
+        mark_superseded(tmp_path / "f.h5", by=by)
     [warned] = [r.getMessage() for r in caplog.records]
     assert warned.startswith(f"Could not mark the shard {shard} of an interrupted run as ")
-    assert "rebuilt " + str(tmp_path / "f.h5") + ": No space left to update" in warned
+    assert f"superseded by {by} of {tmp_path / 'f.h5'}: No space left to update" in warned
     assert "(the shard is left as it was). A later run at its number of ranks" in warned
     assert warned.endswith("as they were; delete it.")
 
