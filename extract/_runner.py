@@ -650,7 +650,9 @@ def _extract_shard(
             # other ranks' (a resumed run's count is the store's, all told).
             failures = (int((status == FAILED).sum()), _by_index(first_failed, rows))
             return out, repair_merged, rebuild, failures if merged is not None else (0, [])
-        if rank == 0 and (merged is not None or world_size == 1):
+        # (not in a forced run, or a rebuild's: at their number of ranks it would not resume
+        # them either, but make them anew)
+        if rank == 0 and (merged is not None or world_size == 1) and not (marked or rebuild):
             _log_other_ranks_shards(out if merged is None else merged, world_size)
         kept = int((status == FAILED).sum())  # failures recorded before, not retried
         if (status != PENDING).any():

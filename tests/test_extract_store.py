@@ -1589,6 +1589,26 @@ def test_a_run_at_other_ranks_says_the_interrupted_run_s_shards_are_not_used(
     assert said[0].endswith("run the command again under torchrun with 2 processes.")
 
 
+def test_a_forced_run_at_other_ranks_does_not_say_to_resume_an_interrupted_run_s_shards(
+    tmp_path, monkeypatch, caplog
+):
+    # A torchrun run killed at 2 ranks, then rebuilt with --force at 3: it said to stop
+    # and run the command again at 2 ranks to resume their shards, which --force makes anew.
+    folder, out = tmp_path / "data", tmp_path / "f.h5"
+    _bitmaps(folder, seed=0)
+    fast = dict(FAST, batch_size=2)
+    _ranks_without_merge(monkeypatch)
+    for rank in (0, 1):  # each rank killed after its first batch, before any merge
+        monkeypatch.setenv("RANK", str(rank))
+        _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    caplog.set_level(logging.INFO, logger="extract")
+    _at_3_ranks(monkeypatch, folder, out, overwrite=True, **fast)
+    assert "interrupted run at 2" not in caplog.text
+    assert len(load_features(out, in_memory=True).paths) == 8
+
+
 @pytest.mark.parametrize("later", ["in one process", "at 3 ranks"])
 def test_a_run_at_other_ranks_supersedes_an_interrupted_run_s_shards(tmp_path, monkeypatch, later):
     # A torchrun run killed at 2 ranks, an image replaced (another size), the store made
