@@ -2058,17 +2058,23 @@ def threads():
     torch.set_num_threads(before)
 
 
-def test_small_minibatch_steps_run_on_one_thread(digits, monkeypatch, threads):
+def _threads_of_each_step(monkeypatch) -> list:
+    """A list that gets torch's thread count at each minibatch step's compactness loss."""
     from mr2_probe import _losses
 
-    threads_seen = []
-    original = _losses.compactness_loss
+    threads_seen, original = [], _losses.compactness_loss
 
     def recording_loss(*args, **kwargs):
         threads_seen.append(torch.get_num_threads())
         return original(*args, **kwargs)
 
     monkeypatch.setattr(_losses, "compactness_loss", recording_loss)
+    return threads_seen
+
+
+def test_small_minibatch_steps_run_on_one_thread(digits, monkeypatch, threads):
+
+    threads_seen = _threads_of_each_step(monkeypatch)
     torch.set_num_threads(2)
     X, y = digits  # 256 × 64 × (64 + 10 + 256) multiply-adds a step
     with warnings.catch_warnings():
@@ -2085,16 +2091,9 @@ def test_a_batch_size_beyond_the_samples_counts_their_steps_as_the_samples(
     # A step's multiply-adds were counted at batch_size, not at the rows a batch holds:
     # batch_size=4096 on 1,000 rows of 16 features (a step of 1.6e7 < 2²⁴) ran on every
     # thread, 1.4 to 4.5 times as slow on a loaded 2-core machine.
-    from mr2_probe import _losses, _solvers
+    from mr2_probe import _solvers
 
-    threads_seen = []
-    original = _losses.compactness_loss
-
-    def recording_loss(*args, **kwargs):
-        threads_seen.append(torch.get_num_threads())
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(_losses, "compactness_loss", recording_loss)
+    threads_seen = _threads_of_each_step(monkeypatch)
     monkeypatch.setattr(_solvers, "SMALL_STEP", 60 * 6 * (6 + 3 + 60))  # 60 rows' step
     torch.set_num_threads(2)
     X, y = _blobs(n_classes=3, n=60)

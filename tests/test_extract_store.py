@@ -1516,10 +1516,7 @@ def test_a_forced_rebuild_at_other_ranks_supersedes_an_interrupted_run_s_shards(
     _bitmaps(folder, seed=0)
     (folder / "dog" / "9.bmp").write_bytes(b"not an image")  # a failure to retry
     fast = dict(FAST, batch_size=2)
-    _ranks_without_merge(monkeypatch)
-    for rank in (0, 1):  # each rank killed after its first batch, before any merge
-        monkeypatch.setenv("RANK", str(rank))
-        _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
+    _killed_at_2_ranks(monkeypatch, folder, out, **fast)
     _bitmaps(folder, seed=1)  # replaced in place
     if rebuilt_at != 3:
         monkeypatch.delenv("WORLD_SIZE")
@@ -1548,6 +1545,15 @@ def test_a_forced_rebuild_at_other_ranks_supersedes_an_interrupted_run_s_shards(
     np.testing.assert_allclose(load_features(out, in_memory=True).features, rebuilt, atol=1e-5)
 
 
+def _killed_at_2_ranks(monkeypatch, folder, out, **kwargs) -> None:
+    """A torchrun run at 2 ranks, run one by one in this process, each rank killed after
+    its first batch, before any merge; RANK and WORLD_SIZE left set."""
+    _ranks_without_merge(monkeypatch)
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        _killed_run(monkeypatch, folder, BACKBONE, out, **kwargs)
+
+
 def _at_3_ranks(monkeypatch, folder, out, **kwargs) -> None:
     """A torchrun run at 3 ranks, run one by one in this process, rank 0 last merging."""
     from extract import _runner
@@ -1572,10 +1578,7 @@ def test_a_run_at_other_ranks_says_the_interrupted_run_s_shards_are_not_used(
     folder, out = tmp_path / "data", tmp_path / "f.h5"
     _bitmaps(folder, seed=0)
     fast = dict(FAST, batch_size=2)
-    _ranks_without_merge(monkeypatch)
-    for rank in (0, 1):  # each rank killed after its first batch, before any merge
-        monkeypatch.setenv("RANK", str(rank))
-        _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
+    _killed_at_2_ranks(monkeypatch, folder, out, **fast)
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.delenv("RANK")
     caplog.set_level(logging.INFO, logger="extract")
@@ -1597,10 +1600,7 @@ def test_a_forced_run_at_other_ranks_does_not_say_to_resume_an_interrupted_run_s
     folder, out = tmp_path / "data", tmp_path / "f.h5"
     _bitmaps(folder, seed=0)
     fast = dict(FAST, batch_size=2)
-    _ranks_without_merge(monkeypatch)
-    for rank in (0, 1):  # each rank killed after its first batch, before any merge
-        monkeypatch.setenv("RANK", str(rank))
-        _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
+    _killed_at_2_ranks(monkeypatch, folder, out, **fast)
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.delenv("RANK")
     caplog.set_level(logging.INFO, logger="extract")
@@ -1624,10 +1624,7 @@ def test_a_run_at_other_ranks_supersedes_an_interrupted_run_s_shards(tmp_path, m
     _bitmaps(folder, seed=0)
     (folder / "dog" / "3.bmp").write_bytes(b"not an image")  # a failure to retry
     fast = dict(FAST, batch_size=2)
-    _ranks_without_merge(monkeypatch)
-    for rank in (0, 1):  # each rank killed after its first batch, before any merge
-        monkeypatch.setenv("RANK", str(rank))
-        _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
+    _killed_at_2_ranks(monkeypatch, folder, out, **fast)
     Image.fromarray(np.full((40, 40, 3), 7, np.uint8)).save(folder / "cat" / "0.bmp")
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.delenv("RANK")
@@ -1659,10 +1656,7 @@ def test_a_store_reused_in_one_process_marks_no_shards(tmp_path, monkeypatch, ca
     folder, out = tmp_path / "data", tmp_path / "f.h5"
     _bitmaps(folder, seed=0)
     fast = dict(FAST, batch_size=2)
-    _ranks_without_merge(monkeypatch)
-    for rank in (0, 1):  # each rank killed after its first batch, before any merge
-        monkeypatch.setenv("RANK", str(rank))
-        _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
+    _killed_at_2_ranks(monkeypatch, folder, out, **fast)
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.delenv("RANK")
     with monkeypatch.context() as patch:
