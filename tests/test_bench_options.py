@@ -452,7 +452,7 @@ def test_check_values_accepts_the_values_at_its_limits(must, accepted, refused, 
                       "--skip", "grid", "--folds", "2", "--max-iter", "20"]),
     ],
 )  # fmt: skip
-@pytest.mark.parametrize("n_samples, said", [(20, 1), (600, 0)])
+@pytest.mark.parametrize("n_samples, said", [pytest.param(20, 1, marks=pytest.mark.slow), (600, 0)])
 def test_test_rows_of_classes_the_training_rows_lack_are_said(
     script, argv, n_samples, said, capsys
 ):

@@ -637,6 +637,7 @@ def test_search_that_drops_the_margins_says_so(files, tmp_path, capsys):
     assert notes == ["MR2 grid has no margins: c_bar=None, γ_k = 1"]
 
 
+@pytest.mark.slow
 def test_a_model_without_margins_but_with_a_compactness_loss_is_not_called_plain(files, tmp_path):
     # c_bar=None with lam > 0 was noted as "plain cross-entropy", and left out of the
     # front as if it were ERM.
@@ -2361,6 +2362,7 @@ def test_a_search_that_scored_every_value_the_same_says_so_in_a_note(tmp_path, c
     assert f"note: {note}" in capsys.readouterr().out.splitlines()
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:The least populated class in y:UserWarning")
 def test_a_grid_that_scored_every_setting_the_same_says_so_in_a_note(tmp_path, capsys):
     # As --Cs's search: ERM's worst-class accuracy 20% at every C, and the grid chose the

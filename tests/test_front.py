@@ -936,7 +936,7 @@ def test_plot_front_labels_close_values_apart_as_their_names_are(splits, tmp_pat
     assert [t.get_text() for t in fig.axes[0].texts][-4:] == labels
 
 
-@pytest.mark.parametrize("with_mr2", [True, False])
+@pytest.mark.parametrize("with_mr2", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_plot_front_tilt_curve_starts_at_the_untilted_point_in_both_axes(tmp_path, with_mr2):
     # The tilt sweep starts from the MR² model, or from ERM when there is no MR² point:
     # its line is drawn from that point in each axis (worst class, hard tercile).
