@@ -482,12 +482,12 @@ def check_written(path: str | os.PathLike, f: h5py.File, shard: bool = False) ->
         problem = f"it has no {' / '.join(repr(m) for m in missing)} dataset"
     elif f["features"].ndim != 2 or f["class_names"].ndim != 1:
         name = "features" if f["features"].ndim != 2 else "class_names"
-        problem = f"{name!r} has shape {f[name].shape}"
+        problem = f"{name!r} {_has_shape(f[name])}"
     else:
         n = len(f["features"])
         for name in STORE_DATASETS:
             if name not in ("features", "class_names") and f[name].shape != (n,):
-                problem = f"{name!r} has shape {f[name].shape} for {n} feature rows"
+                problem = f"{name!r} {_has_shape(f[name])} for {n} feature rows"
                 break
         else:
             unknown = np.setdiff1d(f["status"][()], [PENDING, DONE, FAILED])
@@ -504,6 +504,13 @@ def check_written(path: str | os.PathLike, f: h5py.File, shard: bool = False) ->
         raise NotAStoreError(
             f"The feature store {os.fspath(path)!r} is inconsistent: {problem}; {_REBUILD}."
         )
+
+
+def _has_shape(dataset: h5py.Dataset) -> str:
+    """ "has shape (…)", or of an empty dataspace (h5py.Empty), whose shape None said little."""
+    if dataset.shape is None:
+        return "is an empty dataspace (h5py.Empty: no rows)"
+    return f"has shape {dataset.shape}"
 
 
 def check_not_newer(path: str | os.PathLike, attrs: dict, shard: bool = False) -> None:

@@ -4159,6 +4159,9 @@ def _damage(store, path, name):
             status = f["status"][:-1]
             del f["status"]
             f["status"] = status
+        elif name.startswith("empty "):  # (an empty dataspace: h5py.Empty)
+            del f[name.removeprefix("empty ")]
+            f[name.removeprefix("empty ")] = h5py.Empty("u1")
         else:
             del f[name]
     return path
@@ -4173,6 +4176,12 @@ def _damage(store, path, name):
         ("labels", "it has no 'labels' dataset"),
         ("short status", r"'status' has shape \(13,\) for 14 feature rows"),
         ("status=7", r"'status' holds codes \[7\], not 0, 1, 2"),
+        # (said to have "shape None")
+        (
+            "empty status",
+            r"'status' is an empty dataspace \(h5py.Empty: no rows\) for 14 feature rows",
+        ),
+        ("empty features", r"'features' is an empty dataspace \(h5py.Empty: no rows\)"),
     ],
 )
 @pytest.mark.parametrize("pending", [False, True])
@@ -4181,7 +4190,7 @@ def test_a_store_missing_a_dataset_is_not_resumed(store, folder, tmp_path, name,
     # did one without 'content_sha256' or 'failure_reason' with rows pending); one without
     # 'labels' was reused as complete, and loaded by no one.
     out = _damage(store, tmp_path / "f.h5", name)
-    if pending and name != "status":
+    if pending and name not in ("status", "empty status"):
         with h5py.File(out, "r+") as f:
             f["status"][1:3] = PENDING
     with pytest.raises(NotAStoreError, match=rf"is inconsistent: {match}; pass --force"):
