@@ -33,6 +33,7 @@ from ._data import (
     H5Source,
     TensorSource,
     block_rows,
+    check_2d,
     check_dense_tensor,
     check_finite_tensor,
     check_h5_open,
@@ -1147,11 +1148,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             check_dense_tensor(X, type(self).__name__)
         if is_torch_tensor(X) or is_h5_dataset(X):
             validate_data(self, X, y, skip_check_array=True)
-            if len(X.shape or ()) != 2:  # (None: an HDF5 dataset of an empty dataspace)
-                raise ValueError(
-                    "Expected a 2D X of shape (n_samples, n_features), got shape "
-                    f"{tuple(X.shape or ())}."
-                )
+            check_2d(X)
             if X.shape[0] < 1 or X.shape[1] < 1:
                 raise ValueError(
                     f"Found array with shape {tuple(X.shape)} while a minimum "
@@ -1279,12 +1276,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         if is_torch_tensor(X):
             check_dense_tensor(X, type(self).__name__)
         if is_torch_tensor(X) or is_h5_dataset(X):
-            if len(X.shape or ()) != 2:  # before the check of the features (shape[1]); None:
-                # an HDF5 dataset of an empty dataspace (h5py.Empty)
-                raise ValueError(
-                    "Expected a 2D X of shape (n_samples, n_features), got shape "
-                    f"{tuple(X.shape or ())}."
-                )
+            check_2d(X)  # before the check of the features (shape[1])
             if X.shape[0] == 0:  # as check_array says it of NumPy rows
                 raise ValueError(
                     f"Found array with 0 sample(s) (shape={tuple(X.shape)}) while a minimum of "

@@ -107,6 +107,15 @@ def is_h5_dataset(X) -> bool:
     return isinstance(X, h5py.Dataset) or isinstance(getattr(X, "dataset", None), h5py.Dataset)
 
 
+def check_2d(X) -> None:
+    """Refuse a tensor or HDF5 dataset ``X`` that is not 2-D, in scikit-learn's words; an
+    HDF5 dataset of an empty dataspace (h5py.Empty) has shape None."""
+    if len(X.shape or ()) != 2:
+        raise ValueError(
+            f"Expected a 2D X of shape (n_samples, n_features), got shape {tuple(X.shape or ())}."
+        )
+
+
 def check_h5_open(**arrays) -> None:
     """A clear error for an HDF5 dataset (or row view) among ``arrays`` (name → array) whose
     file is closed: h5py's own is "Unable to synchronously get dataspace (identifier is not

@@ -34,6 +34,7 @@ from sklearn.utils.validation import (
 
 from ._classifier import MR2LinearClassifier
 from ._data import (
+    check_2d,
     check_dense_tensor,
     check_h5_open,
     cv_folds,
@@ -447,15 +448,12 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         fit_params = {k: v[...] if is_h5_dataset(v) else v for k, v in fit_params.items()}
         if is_torch_tensor(X):  # before the folds index it, with torch's own error
             check_dense_tensor(X, type(self).__name__)
-        if is_h5_dataset(X) and len(X.shape or ()) != 2:
+        if is_h5_dataset(X):
             # An HDF5 dataset of an empty dataspace (h5py.Empty, shape None) or a scalar
             # one: indexable's len() gave scikit-learn's TypeError, "Expected sequence or
             # array-like", where an MR² probe names the shape it needs; one of 1 or 3
             # dimensions was named by a fold's shape ((40,) of 60 rows).
-            raise ValueError(
-                "Expected a 2D X of shape (n_samples, n_features), got shape "
-                f"{tuple(X.shape or ())}."
-            )
+            check_2d(X)
         X, y = indexable(X, to_numpy(y) if is_torch_tensor(y) else y)
         # (NaN among object labels named as the estimator names it, not a TypeError from
         # sorting the classes)
