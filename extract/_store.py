@@ -449,6 +449,11 @@ def _write_new_store(tmp, n, dim, dtype, chunk_rows, provenance, record, labels,
         f.attrs["class_names"] = json.dumps(list(class_names))
 
 
+# The cure for a shard given to merge_shards that cannot be merged: its overwrite is the
+# merged store's, and it is the shard's rank that is extracted again.
+_SHARD_CURE = "extract its rank again with --force (overwrite=True) before merging"
+
+
 def check_format(path: str | os.PathLike, attrs: dict, shard: bool = False) -> None:
     """Refuse a store written in another format than this version's. ``shard``: one given
     to merge_shards, whose overwrite is the merged store's (it is its rank that is extracted
@@ -458,14 +463,14 @@ def check_format(path: str | os.PathLike, attrs: dict, shard: bool = False) -> N
         return
     check_not_newer(path, attrs, shard)
     what, cure = (
-        ("shard", "Extract its rank again with --force (overwrite=True) before merging.")
+        ("shard", _SHARD_CURE[0].upper() + _SHARD_CURE[1:])
         if shard
-        else ("feature store", "Rebuild it with --force (overwrite=True).")
+        else ("feature store", "Rebuild it with --force (overwrite=True)")
     )
     raise ProvenanceError(
         f"The {what} {os.fspath(path)!r} was written in store format {version} by an older "
         f"mr2-extract; this version writes format {FORMAT_VERSION}, which also records the "
-        f"identity of every image. {cure}"
+        f"identity of every image. {cure}."
     )
 
 
@@ -495,15 +500,9 @@ def check_written(path: str | os.PathLike, f: h5py.File, shard: bool = False) ->
                 problem = (
                     f"'status' holds codes {unknown.tolist()}, not {PENDING}, {DONE}, {FAILED}"
                 )
-    if problem and shard:
-        raise NotAStoreError(
-            f"The shard {os.fspath(path)!r} is inconsistent: {problem}; extract its rank "
-            "again with --force (overwrite=True) before merging."
-        )
     if problem:
-        raise NotAStoreError(
-            f"The feature store {os.fspath(path)!r} is inconsistent: {problem}; {_REBUILD}."
-        )
+        what, cure = ("shard", _SHARD_CURE) if shard else ("feature store", _REBUILD)
+        raise NotAStoreError(f"The {what} {os.fspath(path)!r} is inconsistent: {problem}; {cure}.")
 
 
 def _has_shape(dataset: h5py.Dataset) -> str:
@@ -519,9 +518,7 @@ def check_not_newer(path: str | os.PathLike, attrs: dict, shard: bool = False) -
     its rank that is extracted again)."""
     version = attrs.get("format_version")
     what, elsewhere = (
-        ("shard", "extract its rank again with --force (overwrite=True) before merging")
-        if shard
-        else ("feature store", "write to another output path")
+        ("shard", _SHARD_CURE) if shard else ("feature store", "write to another output path")
     )
     number = isinstance(version, int | float) and not isinstance(version, bool)
     # Not one number (an array of one, or text of one, is its number: read_attrs): a list,
