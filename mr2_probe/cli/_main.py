@@ -269,16 +269,8 @@ def _tie_note(name: str, search, args) -> list[str]:
     C where a class has a few samples chose the strongest penalty, a near-constant model,
     without a word)."""
     own = np.asarray(next(iter(_curves(search, args).values())), dtype=float)
-    scored = own[~np.isnan(own)]  # (a value whose fit failed is NaN: no tie of one value)
-    if len(scored) < 2 or scored.max() != scored.min():
-        return []
     what = "scale" if search.head_ == "cosine" else "C"
-    every = f"every {what}" + (" that did not fail" if len(scored) < len(own) else "")
-    return [
-        f"{name}'s search scored {every} the same by {args.scoring} "
-        f"({100 * scored.max():.2f}%): it chose the first, {what}={search.C_:.4g}, as "
-        "LogisticRegressionCV breaks ties; another --scoring may tell them apart"
-    ]
+    return _tied(name, own, args, what, f"{what}={search.C_:.4g}", "LogisticRegressionCV")
 
 
 def _grid_tie_note(name: str, search, args) -> list[str]:
@@ -288,16 +280,27 @@ def _grid_tie_note(name: str, search, args) -> list[str]:
     if not hasattr(search, "cv_results_"):
         return []
     means = np.asarray(search.cv_results_[f"mean_test_{args.scoring}"], dtype=float)
-    scored = means[~np.isnan(means)]  # (settings that failed in some folds: NaN)
+    chose = ", ".join(f"{k.removeprefix('probe__')}={v}" for k, v in search.best_params_.items())
+    # (its scorer's sign: class_std is scored negated)
+    flip = args.scoring == "class_std"
+    return _tied(name, means, args, "setting", chose, "GridSearchCV", flip)
+
+
+def _tied(
+    name: str, scores: np.ndarray, args, what: str, chose: str, peer: str, flip: bool = False
+) -> list[str]:
+    """The tie note of a search whose ``scores`` (one per value or setting ``what``; NaN
+    where its fit failed: no tie of one) are all the same: it chose the first, ``chose``,
+    as ``peer`` breaks ties. ``flip``: the scores are the scorer's, negated."""
+    scored = scores[~np.isnan(scores)]
     if len(scored) < 2 or scored.max() != scored.min():
         return []
-    value = 0.0 - scored[0] if args.scoring == "class_std" else scored[0]  # (its scorer's sign)
-    every = "every setting" + (" that did not fail" if len(scored) < len(means) else "")
-    chose = ", ".join(f"{k.removeprefix('probe__')}={v}" for k, v in search.best_params_.items())
+    value = 0.0 - scored.max() if flip else scored.max()
+    every = f"every {what}" + (" that did not fail" if len(scored) < len(scores) else "")
     return [
         f"{name}'s search scored {every} the same by {args.scoring} ({100 * value:.2f}%): it "
-        f"chose the first, {chose}, as GridSearchCV breaks ties; another --scoring may tell "
-        "them apart"
+        f"chose the first, {chose}, as {peer} breaks ties; another --scoring may tell them "
+        "apart"
     ]
 
 
