@@ -226,6 +226,27 @@ def _mark(path, value: str, over: bool = True) -> str | None:
     return None
 
 
+def unmarked_shards(out: str | os.PathLike, world_size: int | None = None) -> list[Path]:
+    """The shards beside ``out`` of another number of ranks than ``world_size`` (any, where
+    None) that carry no mark of a merge or of being superseded: an interrupted run's. (One
+    that cannot be read counts among them: whoever marks it names what is wrong with it.)"""
+    own = re.compile(rf"\.shard-\d+-of-{world_size:05d}") if world_size is not None else None
+    found = []
+    for path in shards_beside(out):
+        if own is not None and own.search(path.name):
+            continue
+        if not h5py.is_hdf5(path):  # a lock or a partial file, where out has no suffix
+            continue
+        try:  # (a merged shard, read-only say, is not opened for writing)
+            with h5py.File(path, "r", locking=False) as f:
+                if MERGED_INTO in f.attrs:
+                    continue
+        except OSError:
+            pass
+        found.append(path)
+    return found
+
+
 def mark_superseded(
     out: str | os.PathLike, world_size: int | None = None, by: str = "a forced rebuild"
 ) -> None:
@@ -238,18 +259,7 @@ def mark_superseded(
     store; marked, they are made anew from its rows."""
     # Any value but the store's identity: the store may not be written yet.
     superseded = f"superseded by {by}" + (f" ({_identity(out)})" if os.path.exists(out) else "")
-    own = re.compile(rf"\.shard-\d+-of-{world_size:05d}") if world_size is not None else None
-    for path in shards_beside(out):
-        if own is not None and own.search(path.name):
-            continue
-        if not h5py.is_hdf5(path):  # a lock or a partial file, where out has no suffix
-            continue
-        try:  # (a merged shard, read-only say, is not opened for writing)
-            with h5py.File(path, "r", locking=False) as f:
-                if MERGED_INTO in f.attrs:
-                    continue
-        except OSError:
-            pass  # _mark names what is wrong with it
+    for path in unmarked_shards(out, world_size):
         problem = _mark(path, superseded, over=False)  # a merged shard keeps its mark
         if problem:
             logger.warning(

@@ -20,7 +20,6 @@ from datetime import timedelta
 from numbers import Integral
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -33,7 +32,14 @@ from ._decoding import MAX_ASPECT
 from ._images import ImageSource, ItemDataset, collate_items, open_source
 from ._launcher import connecting, stops_with_launcher
 from ._locks import store_lock
-from ._merge import _mark, _merge, check_merging, mark_superseded, shard_path, shards_beside
+from ._merge import (
+    _mark,
+    _merge,
+    check_merging,
+    mark_superseded,
+    shard_path,
+    unmarked_shards,
+)
 from ._paths import plural
 from ._reading import _NAMED_FAILURES, failed_rows, name_failures
 from ._resume import (
@@ -685,10 +691,9 @@ def _log_other_ranks_shards(store: Path, world_size: int) -> None:
     ``world_size`` (none merged) lie beside ``store``: this run extracts their rows again,
     where a run at their number of ranks would resume them."""
     counts = {}
-    for path in shards_beside(store):
+    for path in unmarked_shards(store, world_size):
         n = int(re.search(r"\.shard-\d+-of-(\d+)", path.name).group(1))
-        if n != world_size and h5py.is_hdf5(path) and _replaces(path, MERGED_INTO) is None:
-            counts[n] = counts.get(n, 0) + 1
+        counts[n] = counts.get(n, 0) + 1
     if counts:
         n = max(counts, key=counts.get)
         logger.info(
