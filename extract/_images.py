@@ -1096,34 +1096,46 @@ _WORKING_FOLDER_ADVICE = (
 )
 
 
+def _working_folder_path(
+    folder: str | os.PathLike, ids: list[str], sizes: np.ndarray | None = None
+) -> str:
+    """The first relative path of a list's ``ids`` where none names a file in the list's
+    ``folder`` (``sizes`` there, as :func:`stat_files` gives them; None: looked up) but it
+    names one in the working folder (``find data -name '*.png' > lists/train.txt``): its
+    paths are read relative to the list's folder all the same. '' where it is not so."""
+    relative = [i for i, path in enumerate(ids) if not os.path.isabs(path)]
+    # (the sizes given first, then the first path's look-ups: each file's last, if need be)
+    if not relative or sizes is not None and (sizes[relative] != NOT_A_FILE).any():
+        return ""
+    first = ids[relative[0]]
+    if not os.path.lexists(first) or not os.path.isdir(folder):
+        return ""
+    if os.path.samefile(folder, os.curdir):
+        return ""
+    if sizes is None:
+        sizes = stat_files(os.fspath(folder), ids)[0]
+    return "" if (sizes[relative] != NOT_A_FILE).any() else first
+
+
 def _warn_of_working_folder_paths(
     list_file: Path, folder: Path, ids: list[str], sizes: np.ndarray
 ) -> None:
-    """Say why every image of a list will fail where no relative path names a file in the
-    list's folder but the first names one in the working folder (``find data -name '*.png'
-    > lists/train.txt``): its paths are read relative to the list's folder all the same."""
-    relative = [i for i, path in enumerate(ids) if not os.path.isabs(path)]
-    if not relative or (sizes[relative] != NOT_A_FILE).any():
-        return
-    first = ids[relative[0]]
-    if not os.path.lexists(first) or os.path.samefile(folder, os.curdir):
-        return
-    logger.warning(
-        "%s: no image it lists is found in its folder %s, against which its relative paths "
-        "are read, but %r is found in the working folder: %s; its images will be recorded "
-        "as failed.",
-        list_file, folder, first, _WORKING_FOLDER_ADVICE,
-    )  # fmt: skip
+    """Say why every image of a list will fail (:func:`_working_folder_path`)."""
+    first = _working_folder_path(folder, ids, sizes)
+    if first:
+        logger.warning(
+            "%s: no image it lists is found in its folder %s, against which its relative "
+            "paths are read, but %r is found in the working folder: %s; its images will be "
+            "recorded as failed.",
+            list_file, folder, first, _WORKING_FOLDER_ADVICE,
+        )  # fmt: skip
 
 
 def working_folder_hint(folder: str, failed: list[str]) -> str:
-    """Why every image of a list failed where its first relative path of ``failed`` names
-    no file in the list's ``folder``, against which it is read, but one in the working
-    folder (as :func:`image_list` warns): what to do, or '' where it is not so."""
-    first = next((path for path in failed if not os.path.isabs(path)), None)
-    if first is None or not os.path.lexists(first) or not os.path.isdir(folder):
-        return ""
-    if os.path.lexists(os.path.join(folder, first)) or os.path.samefile(folder, os.curdir):
+    """Why every image of a list failed, its paths of ``failed``, where :func:`image_list`
+    warned so (:func:`_working_folder_path`): what to do, or '' where it is not so."""
+    first = _working_folder_path(folder, failed)
+    if not first:
         return ""
     return (
         f"{first!r} is found in the working folder, not in the list's folder {folder}, "

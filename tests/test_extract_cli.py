@@ -187,6 +187,34 @@ def test_every_image_of_a_list_of_the_working_folder_s_paths_failing_says_why(
     assert line.endswith("--retry-failed extracts them again") != in_working_folder
 
 
+@pytest.mark.parametrize("beside", ["empty", "link"])
+def test_the_working_folder_s_warning_and_error_agree(
+    tmp_path, capsys, caplog, monkeypatch, beside
+):
+    # The warning wanted no image of the list found in its folder, the error's hint the first
+    # alone there, by a look-up that takes a broken link for a file: an empty image beside the
+    # list had the error alone tell to move the list away from it, broken links beside it the
+    # warning alone.
+    monkeypatch.chdir(tmp_path)
+    make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    (tmp_path / "lists/data/dog").mkdir(parents=True)
+    (tmp_path / "lists/train.txt").write_text("data/cat/000.png cat\ndata/dog/000.png dog\n")
+    if beside == "empty":  # one image found beside the list: no hint
+        (tmp_path / "lists/data/dog/000.png").write_bytes(b"")
+    else:  # none found there: both say so
+        (tmp_path / "lists/data/cat").mkdir()
+        for name in ("cat", "dog"):
+            (tmp_path / f"lists/data/{name}/000.png").symlink_to(tmp_path / "gone.png")
+    caplog.set_level(logging.WARNING, logger="extract")
+    args = ["lists/train.txt", "timm:test_resnet@random", "f.h5", "--image-size", "32"]
+    assert main([*args, "--no-progress", "--workers", "0"]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("mr2-extract: error: every image failed")
+    warned = "is found in the working folder" in caplog.text
+    assert warned == (beside == "link")
+    assert ("is found in the working folder" in line) == warned
+
+
 def test_max_image_pixels_sets_the_limit_and_retry_reads_what_it_refused(
     tmp_path, capsys, monkeypatch
 ):
