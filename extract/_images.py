@@ -902,7 +902,7 @@ def _first_deciding_line(folder: Path, text: list[str], readings, undecided=Fals
         pair = readings(line)
         if pair is None:
             continue
-        named = [len(f) == 2 and os.path.lexists(folder / f[0].strip()) for f in pair]
+        named = [len(f) == 2 and os.path.lexists(os.path.join(folder, f[0].strip())) for f in pair]
         if named[0] != named[1]:
             return named[1]
     return undecided
