@@ -57,6 +57,15 @@ FAST = dict(batch_size=4, num_workers=0, image_size=32, progress=False, device="
 DAMAGED_CHUNK = r"(filter returned failure|inflate\(\) failed)"
 
 
+def _two_shards(source, out, **kwargs) -> list:
+    """The shards of ``out`` of a run at 2 ranks, run one by one in this process (``FAST``,
+    updated with ``kwargs``)."""
+    return [
+        extract_features(source, BACKBONE, out, rank=r, world_size=2, **(FAST | kwargs))
+        for r in (0, 1)
+    ]
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return make_image_folder(tmp_path_factory.mktemp("images") / "data", n_per_class=5)
@@ -265,10 +274,7 @@ def test_a_store_is_written_through_a_symbolic_link(folder, tmp_path):
 
 def test_shards_merge_into_a_folder_that_does_not_exist_yet(store, folder, tmp_path):
     # extract_features creates its output's folder; merge_shards failed on the lock file.
-    shards = [
-        extract_features(folder, BACKBONE, tmp_path / "f.h5", rank=r, world_size=2, **FAST)
-        for r in range(2)
-    ]
+    shards = _two_shards(folder, tmp_path / "f.h5")
     merged = merge_shards(shards, tmp_path / "new" / "deeper" / "merged.h5")
     assert load_features(merged).paths == load_features(store).paths
 
@@ -282,8 +288,7 @@ def test_shards_written_to_the_home_folder_with_a_tilde_merge_under_that_name(
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
-    for r in range(2):
-        extract_features(folder, BACKBONE, "~/f.h5", rank=r, world_size=2, **FAST)
+    _two_shards(folder, "~/f.h5")
     merged = merge_shards([shard_path("~/f.h5", r, 2) for r in range(2)], "~/f.h5")
     assert merged == tmp_path / "f.h5" and not os.path.lexists("~")
     assert load_features("~/f.h5").paths == load_features(store).paths
@@ -292,10 +297,7 @@ def test_shards_written_to_the_home_folder_with_a_tilde_merge_under_that_name(
 def test_a_merge_leaves_out_a_shard_s_finished_adopting_mark(folder, tmp_path):
     # Shard 0's attributes made the merged store's: the mark of a --retry-failed run
     # killed before it removed it (the adoption finished) went into the merged store.
-    shards = [
-        extract_features(folder, BACKBONE, tmp_path / "f.h5", rank=r, world_size=2, **FAST)
-        for r in range(2)
-    ]
+    shards = _two_shards(folder, tmp_path / "f.h5")
     with h5py.File(shards[0], "r+") as f:
         f.attrs["adopting_source_fingerprint"] = f.attrs["source_fingerprint"]
     merged = merge_shards(shards, tmp_path / "merged.h5")
@@ -318,10 +320,7 @@ def test_merge_shards_refuses_no_shards_and_takes_any_iterable(store, folder, tm
     for one in ("shard.h5", tmp_path / "shard.h5"):
         with pytest.raises(TypeError, match=r"got one path, '.*shard.h5'; pass \[path\]"):
             merge_shards(one, out)
-    shards = [
-        extract_features(folder, BACKBONE, tmp_path / "f.h5", rank=r, world_size=2, **FAST)
-        for r in range(2)
-    ]
+    shards = _two_shards(folder, tmp_path / "f.h5")
     assert merge_shards((path for path in shards), out) == out
     assert load_features(out).paths == load_features(store).paths
 
@@ -329,9 +328,7 @@ def test_merge_shards_refuses_no_shards_and_takes_any_iterable(store, folder, tm
 def test_merge_shards_refuses_an_overwrite_that_is_not_a_bool(folder, tmp_path):
     # overwrite="no" was taken as true: a store made otherwise was replaced by the shards'.
     out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **(FAST | dict(dtype="float16")))
-    shards = [
-        extract_features(folder, BACKBONE, out, rank=r, world_size=2, **FAST) for r in range(2)
-    ]
+    shards = _two_shards(folder, out)
     with pytest.raises(ValueError, match="The 'overwrite' parameter of merge_shards must be"):
         merge_shards(shards, out, overwrite="no")
     assert load_features(out).metadata["dtype"] == "float16"
@@ -522,10 +519,7 @@ def test_a_merge_keeps_files_of_its_own_name_and_replaces_its_leftover(
     from extract import _merge, _store
 
     out = tmp_path / "merged.h5"
-    shards = [
-        extract_features(folder, BACKBONE, out, rank=r, world_size=2, max_items=6, **FAST)
-        for r in range(2)
-    ]
+    shards = _two_shards(folder, out, max_items=6)
     merging = tmp_path / "merged.h5.merging"
     merging.write_text("my notes\n")
     with pytest.raises(StoreError, match="merged.h5.merging' exists and is not a merged store"):
@@ -595,10 +589,7 @@ def test_shards_of_other_library_versions_are_said_at_merge(folder, tmp_path, ca
     # A node with another torch or timm made its shard silently part of the merged store,
     # which records rank 0's versions alone (a resume with other versions says so).
     out = tmp_path / "merged.h5"
-    shards = [
-        extract_features(folder, BACKBONE, out, rank=r, world_size=2, max_items=4, **FAST)
-        for r in range(2)
-    ]
+    shards = _two_shards(folder, out, max_items=4)
     caplog.set_level(logging.WARNING, logger="extract")
     for shard in shards:  # shards written before the precision was recorded: float32
         with h5py.File(shard, "r+") as f:
@@ -621,9 +612,7 @@ def test_shards_merged_a_block_at_a_time_put_every_row_in_its_place(
 
     monkeypatch.setattr(_merge, "_MERGE_BLOCK", 3)  # rows 0-2, 3-5 and 6 of each shard
     out = tmp_path / "merged.h5"
-    shards = [
-        extract_features(folder, BACKBONE, out, rank=r, world_size=2, **FAST) for r in range(2)
-    ]
+    shards = _two_shards(folder, out)
     merge_shards(shards, out)
     with h5py.File(store, "r") as single, h5py.File(out, "r") as merged:
         for name in ("status", "failure_reason", "content_sha256", "paths", "labels"):
@@ -637,10 +626,7 @@ def test_shards_merged_a_block_at_a_time_put_every_row_in_its_place(
 def test_a_shard_with_a_row_pending_anywhere_is_not_merged(folder, tmp_path, row):
     # Its first row or its last: a merged store never holds a row that no rank extracted.
     out = tmp_path / "merged.h5"
-    shards = [
-        extract_features(folder, BACKBONE, out, max_items=6, rank=r, world_size=2, **FAST)
-        for r in range(2)
-    ]
+    shards = _two_shards(folder, out, max_items=6)
     with h5py.File(shards[1], "r+") as f:
         f["status"][row] = PENDING
     with pytest.raises(IncompleteStoreError, match="1 rows not extracted"):
@@ -653,10 +639,7 @@ def test_shards_of_a_subset_merge_into_the_subset_s_single_run(folder, tmp_path)
     # places them by their order among the shards' indices, not at those indices.
     single = extract_features(folder, BACKBONE, tmp_path / "single.h5", n_per_class=2, **FAST)
     out = tmp_path / "merged.h5"
-    shards = [
-        extract_features(folder, BACKBONE, out, n_per_class=2, rank=r, world_size=2, **FAST)
-        for r in range(2)
-    ]
+    shards = _two_shards(folder, out, n_per_class=2)
     merge_shards(shards, out)
     with h5py.File(single, "r") as one, h5py.File(out, "r") as merged:
         assert merged["indices"][:].tolist() == one["indices"][:].tolist() != [0, 1, 2, 3]
@@ -1142,7 +1125,7 @@ def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
     folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
     out = tmp_path / "f.h5"
     fast = dict(FAST, batch_size=2)
-    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
+    shards = _two_shards(folder, out, **fast)
     merge_shards(shards, out)
     merges, written = _ranks_without_merge(monkeypatch), []
     for rank in (0, 1):
@@ -1180,7 +1163,7 @@ def _two_rank_store(tmp_path, broken: bool):
         image.write_bytes(b"not an image")
     out = tmp_path / "f.h5"
     fast = dict(FAST, batch_size=2)
-    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
+    shards = _two_shards(folder, out, **fast)
     merge_shards(shards, out)
     return folder, image, good, out, fast, shards
 
@@ -1747,7 +1730,7 @@ def _two_rank_store_with_stale_shard(tmp_path):
     folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
     out = tmp_path / "f.h5"
     fast = dict(FAST, batch_size=2)
-    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **fast) for r in (0, 1)]
+    shards = _two_shards(folder, out, **fast)
     merge_shards(shards, out)
     with h5py.File(shards[1], "r+") as f:
         f["features"][:] = 7.0
@@ -1832,7 +1815,7 @@ def test_shards_are_not_marked_where_the_merged_store_took_the_last_room(
 
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     out = tmp_path / "f.h5"
-    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **FAST) for r in (0, 1)]
+    shards = _two_shards(folder, out)
     before = [shard.read_bytes() for shard in shards]
     usage, write_merged = shutil.disk_usage(tmp_path), _merge._write_merged
 
@@ -1896,10 +1879,7 @@ def test_the_rebuild_check_reads_shards_that_another_rank_writes(folder, tmp_pat
     from extract._resume import _rebuilding
 
     out = tmp_path / "f.h5"
-    shards = [
-        extract_features(folder, BACKBONE, out, rank=r, world_size=2, max_items=4, **FAST)
-        for r in (0, 1)
-    ]
+    shards = _two_shards(folder, out, max_items=4)
     merge_shards(shards, out)
     with _held_open(shards[0], "r+"):
         assert _rebuilding(out, 2) is False
@@ -1912,10 +1892,7 @@ def test_a_rebuild_at_another_number_of_ranks_is_found(folder, tmp_path):
     from extract._schema import REPLACES
 
     out = tmp_path / "f[1].h5"  # a glob's special characters in the name
-    shards = [
-        extract_features(folder, BACKBONE, out, rank=r, world_size=2, max_items=4, **FAST)
-        for r in (0, 1)
-    ]
+    shards = _two_shards(folder, out, max_items=4)
     merge_shards(shards, out)
     for shard in shards:
         shard.unlink()
@@ -3661,11 +3638,7 @@ def test_an_incomplete_store_loads_its_done_rows_with_their_source_items(tmp_pat
 
 
 def test_a_merge_never_replaces_a_file_that_it_did_not_write(store, folder, tmp_path):
-    shards = [
-        extract_features(folder, BACKBONE, tmp_path / "f.h5", rank=r, world_size=2,
-                         max_items=4, **FAST)
-        for r in range(2)
-    ]  # fmt: skip
+    shards = _two_shards(folder, tmp_path / "f.h5", max_items=4)
     # The output: a user's file, not a store (--force replaces stores only).
     notes = tmp_path / "notes.h5"
     notes.write_text("my notes")
@@ -3685,10 +3658,7 @@ def test_a_merged_store_is_the_single_run_s_store_digests_and_provenance_include
 ):
     # The merge left content_sha256 empty, or recorded rank 0's row count as n_rows: a
     # single-process run on the merged store then refused it.
-    shards = [
-        extract_features(folder, BACKBONE, tmp_path / "f.h5", rank=r, world_size=2, **FAST)
-        for r in range(2)
-    ]
+    shards = _two_shards(folder, tmp_path / "f.h5")
     merged = merge_shards(shards, tmp_path / "merged.h5")
     with h5py.File(merged, "r") as m, h5py.File(store, "r") as s:
         for name in ("content_sha256", "failure_reason", "status", "indices", "labels"):
@@ -3868,7 +3838,7 @@ def _merged_then_repaired(tmp_path, n_per_class: int) -> tuple[Path, Path, list[
     good = image.read_bytes()
     image.write_bytes(b"not an image")
     out = tmp_path / "f.h5"
-    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **FAST) for r in (0, 1)]
+    shards = _two_shards(folder, out)
     merge_shards(shards, out)
     image.write_bytes(good)
     for shard in shards:
@@ -4000,9 +3970,7 @@ def test_a_torchrun_retry_extracts_again_a_transient_failure_of_a_complete_store
 
     monkeypatch.setattr(_images, "read_file", flaky)
     out = tmp_path / "f.h5"
-    merge_shards(
-        [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **FAST) for r in (0, 1)], out
-    )
+    merge_shards(_two_shards(folder, out), out)
     assert [path for path, _ in load_features(out, in_memory=True).failures] == ["dog/001.jpg"]
     monkeypatch.setattr(_images, "read_file", read_file)  # the file system recovers
     _ranks_without_merge(monkeypatch)
@@ -4215,10 +4183,7 @@ def test_a_store_of_mr2_extract_missing_a_dataset_is_not_loaded(store, tmp_path,
 def test_a_shard_missing_a_dataset_is_not_merged(folder, tmp_path, name):
     # merge_shards raised h5py's KeyError ("object 'status' doesn't exist").
     out = tmp_path / "merged.h5"
-    shards = [
-        extract_features(folder, BACKBONE, out, max_items=4, rank=r, world_size=2, **FAST)
-        for r in range(2)
-    ]
+    shards = _two_shards(folder, out, max_items=4)
     with h5py.File(shards[1], "r+") as f:
         del f[name]
     # (said to pass --force (overwrite=True) to delete it: merge_shards' overwrite is the
@@ -4246,10 +4211,7 @@ def test_a_shard_of_another_store_format_is_not_merged_naming_its_rank(
     # Said to be a feature store to rebuild with --force (overwrite=True): merge_shards'
     # overwrite is the merged store's, and the shard was refused again.
     out = tmp_path / "merged.h5"
-    shards = [
-        extract_features(folder, BACKBONE, out, max_items=4, rank=r, world_size=2, **FAST)
-        for r in range(2)
-    ]
+    shards = _two_shards(folder, out, max_items=4)
     with h5py.File(shards[1], "r+") as f:
         f.attrs["format_version"] = version
     for overwrite in (False, True):
