@@ -301,9 +301,11 @@ def _extract(args: argparse.Namespace) -> int:
     except torch.OutOfMemoryError:
         if args.debug:
             raise
+        # (said without a resume, a forced run's rerun with --force, as told, started over)
         return _error(
             f"the device ran out of memory at --batch-size {args.batch_size}; use a smaller "
-            "--batch-size (or --image-size)"
+            f"--batch-size, then run {_again(args)} to resume (a smaller --image-size makes "
+            "another store, with --force)"
         )
     except (ValueError, OSError, ImportError, RuntimeError, MemoryError) as err:
         if args.debug:

@@ -1045,6 +1045,22 @@ def test_out_of_memory_or_disk_is_one_line(message, expected, tmp_path, capsys, 
     assert all(part in line for part in expected)
 
 
+@pytest.mark.parametrize("force", [False, True])
+def test_the_device_running_out_of_memory_says_how_to_resume(tmp_path, capsys, monkeypatch, force):
+    # Told to use a smaller --batch-size, without a word of the resume, a forced rebuild
+    # rerun with --force, as it was, started over (the host's memory said so already).
+    import torch
+
+    def fail(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(extract, "extract_features", fail)
+    args = [str(tmp_path), "timm:test_resnet@random", str(tmp_path / "f.h5")]
+    assert main([*args, *(["--force"] if force else [])]) == 2
+    again = "the same command again" + (" without --force" if force else "")
+    assert f"use a smaller --batch-size, then run {again} to resume" in _error_line(capsys)
+
+
 def _source(kind: str, folder: Path) -> str:
     """The images of ``folder`` as a source of the given kind (the same bytes, same order)."""
     if kind == "webdataset":
