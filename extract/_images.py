@@ -731,6 +731,28 @@ def _warn_of_unused_indices(names: list[str], labels: np.ndarray, n_classes: int
         )
 
 
+_DECIMAL = (
+    "is a whole number written as a decimal (as pandas writes integers in a column that held "
+    "a missing value)"
+)
+_AS_TEXT = (
+    "the classes sorted as text (class %d is %r); write the labels as integers ('2') to read "
+    "them as class indices."
+)
+
+
+def renumbered_decimal(texts: list[str]) -> tuple[int, int, str] | None:
+    """``(i, k, name)`` where every label is a whole number written as a decimal ("2.0", as
+    pandas writes integers in a column that held a missing value), read as class names
+    sorted as text, and label i's class ``k`` is not the number it spells (class 4 was
+    "2.0" of 12 classes, without a word); None otherwise."""
+    if not all(re.fullmatch(r"\d+\.0+", text) for text in texts):
+        return None
+    order = {text: k for k, text in enumerate(sorted(set(texts)))}
+    moved = next((i for i, text in enumerate(texts) if order[text] != float(text)), None)
+    return None if moved is None else (moved, order[texts[moved]], texts[moved])
+
+
 def label_kind_problem(labels: list[str], as_names: bool = False) -> tuple[int, str] | None:
     """``(i, why)`` when label i cannot be a class: an empty (or blank) label, a negative
     integer among class indices or where every label is one (an unlabelled sample; among
@@ -1240,18 +1262,11 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             "the classes sorted as text ('10' before '2'), and %r is a class of its own.",
             list_file, rows[i][2], texts[i], why, texts[i],
         )  # fmt: skip
-    elif all(re.fullmatch(r"\d+\.0+", text) for text in texts):
-        # Integers as pandas writes them in a column that held a missing value: read as
-        # names, class 4 was "2.0" (12 classes), without a word.
-        moved = next((i for i, text in enumerate(texts) if order[text] != float(text)), None)
-        if moved is not None:
-            logger.warning(
-                "%s:%d: the label %r is a whole number written as a decimal (as pandas "
-                "writes integers in a column that held a missing value): a list file then "
-                "reads every label as a class name, the classes sorted as text (class %d "
-                "is %r); write the labels as integers ('2') to read them as class indices.",
-                list_file, rows[moved][2], texts[moved], order[texts[moved]], texts[moved],
-            )  # fmt: skip
+    elif (moved := renumbered_decimal(texts)) is not None:
+        logger.warning(
+            "%s:%d: the label %r %s: a list file then reads every label as a class name, %s",
+            list_file, rows[moved[0]][2], texts[moved[0]], _DECIMAL, _AS_TEXT % moved[1:],
+        )  # fmt: skip
     labels, class_names = encode_labels(texts)
     ids = [path for path, _, _ in rows]
     sizes, mtimes = stat_files(str(folder), ids)

@@ -35,11 +35,14 @@ from ._archives import (
     stat_containers,
 )
 from ._images import (
+    _AS_TEXT,
+    _DECIMAL,
     ImageSource,
     check_keys,
     encode_labels,
     is_index,
     label_kind_problem,
+    renumbered_decimal,
     text_problem,
 )
 from ._paths import expand_home, plural
@@ -523,6 +526,13 @@ def webdataset_shards(
     _refuse_repeated_keys(ids, file, paths)
     texts = [t for ix in indexes for t in ix.labels]
     _check_label_kinds(texts, ids, pattern)
+    moved = renumbered_decimal(texts)
+    if moved is not None:  # (as a list file's are said)
+        logger.warning(
+            "The sample %r of the webdataset source %r has the label %r, which %s: read as "
+            "a class name, as every label then is, %s",
+            ids[moved[0]], pattern, texts[moved[0]], _DECIMAL, _AS_TEXT % moved[1:],
+        )  # fmt: skip
     # The class-names file names class indices: labels that are names leave it unread.
     indices = all(map(is_index, texts))
     names_file, index_names = _index_class_names(root) if indices else (None, None)

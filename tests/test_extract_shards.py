@@ -359,6 +359,34 @@ def test_labels_that_mix_indices_with_other_labels_are_refused(tmp_path, odd, ma
         open_source(f"webdataset:{tmp_path}")
 
 
+@pytest.mark.parametrize(
+    "labels, warning",
+    [
+        (
+            [f"{k % 12}.0" for k in range(24)],
+            "sample 's002' .* has the label '2.0', which is a whole",
+        ),
+        (["0.0", "1.0", "1.0"], None),  # classes 0 and 1 either way
+        (["0.5", "1.0"], None),  # not integers: names
+    ],
+)
+def test_labels_of_whole_numbers_written_as_decimals_are_said_as_in_a_list(
+    tmp_path, caplog, labels, warning
+):
+    # "2.0" (pandas writes integers so in a column that held a missing value) was class 4
+    # of 12 without a word, where a list file of the same labels says so.
+    samples = [{"__key__": f"s{k:03d}", "jpg": b"x", "cls": v} for k, v in enumerate(labels)]
+    _write_shard(tmp_path / "00000.tar", samples)
+    caplog.set_level(logging.WARNING, logger="extract")
+    src = open_source(f"webdataset:{tmp_path}")
+    assert src.class_names == sorted(set(labels))
+    if warning is None:
+        assert not caplog.records
+    else:
+        assert len(caplog.records) == 1 and re.search(warning, caplog.text)
+        assert "the classes sorted as text (class 4 is '2.0')" in caplog.text
+
+
 @pytest.mark.parametrize("shards", [[["a", "b", "a"]], [["a", "b"], ["c", "b"]]])
 def test_a_sample_key_used_twice_is_refused(tmp_path, shards):
     # Apart in one shard or in two shards, a key became two rows of one path: the store
