@@ -638,6 +638,14 @@ def text_problem(text: str) -> str | None:
 def _check_index_names(names: list[str]) -> None:
     """Class names given for class indices (a class-names file, a ClassLabel feature) name
     each class once, in text a store can hold."""
+    # (a blank line of classnames.txt named the class of its line '' and shifted the names
+    # it was meant to give onto the next classes)
+    empty = next((k for k, name in enumerate(names) if not name.strip()), None)
+    if empty is not None:
+        raise ValueError(
+            f"The class names leave class {empty} without a name; each class needs one (a "
+            "blank line of a class names file is a class: remove it, or name the class)."
+        )
     for name in names:
         problem = text_problem(name)
         if problem:

@@ -306,6 +306,9 @@ def test_a_byte_order_mark_in_a_text_label_is_no_part_of_the_name(tmp_path):
     [
         ("tabby\nhound\ntabby\n", r"The class names give 'tabby' 2 times: each class needs"),
         ("tabby\nho\0und\n", r"The class name 'ho\\x00und' holds a NUL character"),
+        # A blank line: class 1 was named '', the names after it shifted onto the next.
+        ("tabby\n\nhound\n", r"leave class 1 without a name; each class needs one \(a blank"),
+        ("tabby\n \t\nhound\n", r"The class names leave class 1 without a name"),
     ],
 )
 def test_class_names_of_indices_name_each_class_once_in_storable_text(tmp_path, names, match):
