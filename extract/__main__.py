@@ -325,7 +325,8 @@ def _extract(args: argparse.Namespace) -> int:
         if isinstance(err, MemoryError) or "can't allocate memory" in str(err):
             return _error(
                 f"the machine ran out of memory ({_first_line(err)}); use a smaller "
-                f"--batch-size or --image-size, then run {_again(args)} to resume"
+                f"--batch-size, then run {_again(args)} to resume (a smaller --image-size "
+                "makes another store, with --force)"
             )
         if _peer_lost(err):
             # Another rank died (killed, out of memory): torchrun names it; this one's

@@ -1022,7 +1022,8 @@ def test_a_retry_stopped_after_taking_repairs_leaves_them_to_extract(tmp_path, m
     # --image-size 100000 asked for 120 GB: a raw RuntimeError traceback.
     ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
      "memory: you tried to allocate 120000000000 bytes.",
-     ("ran out of memory", "use a smaller --batch-size or --image-size")),
+     ("ran out of memory", "use a smaller --batch-size, then run", "to resume (a smaller "
+      "--image-size makes another store, with --force)")),
     # HDF5 reports a failed flush as a RuntimeError: a traceback of some hundred lines.
     ("Unable to synchronously flush file (file write failed: time = Tue Dec  1 2026\n, "
      "filename = 'f.h5', errno = 28, error message = 'No space left on device')",
