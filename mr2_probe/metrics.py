@@ -94,6 +94,8 @@ _KIND_NAMES = {
     datetime.date: "date",
     datetime.datetime: "datetime",
     datetime.tzinfo: "datetime with a time zone",
+    np.datetime64: "datetime64",
+    datetime.timedelta: "duration",
     type(None): "None",
 }
 #: The kinds of dates held as objects, which never compare equal to one another (a date to
@@ -109,7 +111,8 @@ def _kinds_of(a: np.ndarray) -> set:
     if a.size == 0:
         return set()
     if a.dtype != object:
-        return {{"U": str, "S": bytes}.get(a.dtype.kind, float)}
+        kinds = {"U": str, "S": bytes, "M": np.datetime64, "m": datetime.timedelta}
+        return {kinds.get(a.dtype.kind, float)}
     # None (a missing label) is a kind of its own: counted as a number, the message
     # sent a user looking for numbers that were not there.
     # pandas' missing value, pd.NA, counts as None does.
@@ -124,22 +127,28 @@ def _kind(label) -> type:
         return type(None)
     if isinstance(label, datetime.datetime):  # pandas' Timestamp too
         return datetime.tzinfo if label.tzinfo is not None else datetime.datetime
-    return datetime.date if isinstance(label, datetime.date) else float
+    if isinstance(label, np.datetime64):
+        return np.datetime64
+    if isinstance(label, datetime.date):
+        return datetime.date
+    # (pandas' Timedelta is a datetime.timedelta)
+    return datetime.timedelta if isinstance(label, datetime.timedelta | np.timedelta64) else float
 
 
 def _label_kinds(*arrays: np.ndarray) -> set:
-    """The kinds of label ``arrays`` hold together. Dates held as objects count as numbers
-    (they compare with NumPy's datetime64 as numbers do), but where dates of two kinds are
-    mixed: a date never equals a datetime, and datetime labels scored 0% against date
-    predictions (mixed in y, np.unique failed: "can't compare datetime.datetime to
+    """The kinds of label ``arrays`` hold together. Dates and durations are kinds of their
+    own, not numbers: against numbers every class scored 0% (NaN as ``labels``), and a
+    date among numbers in y failed in np.unique ("'<' not supported"). Dates held as
+    objects count as NumPy's datetime64 (they are scored as such), but where dates of two
+    kinds are mixed: a date never equals a datetime, and datetime labels scored 0% against
+    date predictions (mixed in y, np.unique failed: "can't compare datetime.datetime to
     datetime.date"), where scikit-learn refuses them."""
     kinds = set().union(*map(_kinds_of, arrays))
-    if any(a.dtype.kind == "M" for a in arrays) and datetime.tzinfo in kinds:
+    if np.datetime64 in kinds and datetime.tzinfo in kinds:
         # NumPy's datetime64 are naive datetimes (a column with a time zone's .values, in
         # UTC): against aware ones every class scored 0%.
-        kinds = kinds - {float} | {datetime.datetime}
-    dates = kinds & _DATE_KINDS
-    return kinds if len(dates) > 1 else kinds - dates | ({float} if dates else set())
+        kinds = kinds - {np.datetime64} | {datetime.datetime}
+    return kinds - {np.datetime64} if kinds & _DATE_KINDS else kinds
 
 
 def _mix(kinds: set) -> str:

@@ -3,7 +3,7 @@
 import json
 import re
 import warnings
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from types import MappingProxyType
 
 import numpy as np
@@ -554,6 +554,19 @@ def test_label_kinds_and_shapes_are_checked_before_scoring():
             np.array(["2024-01-01"], "datetime64[ns]"),
             "datetime and datetime with a time zone",
         ),
+        # Dates and durations counted as numbers: a date among numbers failed in np.unique
+        # ("'<' not supported between instances of 'int' and 'datetime.date'"), datetime64
+        # against integers (or durations) scored every class 0% and NaN as labels, NumPy's
+        # durations as labels of dates failed with its casting error.
+        (np.array([date(2024, 1, 1), 1], dtype=object), [1, 1], "number and date"),
+        (np.array(["2024-01-01"], "datetime64[ns]"), [0], "number and datetime64"),
+        (np.array([1], "timedelta64[D]"), [1], "number and duration"),
+        (
+            np.array([1], "timedelta64[D]"),
+            np.array(["2024-01-01"], "datetime64[ns]"),
+            "datetime64 and duration",
+        ),
+        (np.array([timedelta(days=1)]), np.array([date(2024, 1, 1)]), "date and duration"),
     ],
 )
 def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):

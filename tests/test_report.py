@@ -529,11 +529,16 @@ def test_a_nan_label_in_y_is_named_whatever_the_labels(labels):
             classwise_report({"erm": [0, 1, 1]}, y, labels=labels)
 
 
-@pytest.mark.parametrize("labels", [None, ["a", 1]])
-def test_labels_of_two_kinds_in_y_are_refused_by_name(labels):
-    # np.unique(y) failed with "'<' not supported between instances of 'int' and 'str'".
-    y = np.array(["a", 1, "a", 1], dtype=object)
-    with pytest.raises(ValueError, match=r"^Mix of label input types \(str and number\) in y\."):
+@pytest.mark.parametrize("labels", [None, "y's classes"])
+@pytest.mark.parametrize(
+    "classes, kinds", [(["a", 1], "str and number"), ([date(2024, 1, 1), 1], "number and date")]
+)
+def test_labels_of_two_kinds_in_y_are_refused_by_name(labels, classes, kinds):
+    # np.unique(y) failed with "'<' not supported between instances of 'int' and 'str'"
+    # (and 'datetime.date').
+    y = np.array(classes * 2, dtype=object)
+    labels = None if labels is None else classes
+    with pytest.raises(ValueError, match=rf"^Mix of label input types \({kinds}\) in y\."):
         classwise_report({"erm": y}, y, labels=labels)
 
 
