@@ -63,11 +63,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     labels = _as_dates(np.asarray(labels), y_true) if given else np.unique(y_true)
     if labels.ndim != 1 or (len(labels) == 0 and len(y_true)):
         raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
-    kinds = _label_kinds(y_true, y_pred, labels)
-    if len(kinds) > 1:  # every class would be scored NaN
-        raise ValueError(
-            f"{_mix(kinds)}: labels holds {labels.dtype} labels and y_true {y_true.dtype} labels."
-        )
+    _check_kinds(labels, y_true)  # every class would be scored NaN
     if given:
         _check_distinct(labels)
     weight = _sample_weight(sample_weight, len(y_true))
@@ -168,6 +164,17 @@ def _classes(y, name: str = "y_true") -> np.ndarray:
     if len(kinds) > 1:
         raise ValueError(f"{_mix(kinds)} in {name}.")
     return np.unique(y)
+
+
+def _check_kinds(
+    labels: np.ndarray, y: np.ndarray, name: str = "labels", y_name: str = "y_true"
+) -> None:
+    """Refuse ``labels`` of another kind than ``y``'s (see :func:`_label_kinds`)."""
+    kinds = _label_kinds(y, labels)
+    if len(kinds) > 1:
+        raise ValueError(
+            f"{_mix(kinds)}: {name} holds {labels.dtype} labels and {y_name} {y.dtype} labels."
+        )
 
 
 def _check_distinct(labels: np.ndarray) -> None:
@@ -602,7 +609,11 @@ def _text_and_numbers(a: np.ndarray, b: np.ndarray) -> bool:
 def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
     present = _classes(y_true)
     labels = _as_dates(np.asarray(labels), present)  # (dates as objects: NumPy's, as scored)
-    unknown = present if _text_and_numbers(present, labels) else np.setdiff1d(present, labels)
+    if _text_and_numbers(present, labels):  # (JSON's keys: none is a class of y_true)
+        unknown = present
+    else:  # aware Timestamps for datetime64 were said not to be in the groups
+        _check_kinds(labels, present, where)
+        unknown = np.setdiff1d(present, labels)
     if len(unknown):
         advice = (
             "build the groups with class_groups(..., labels=all_classes)"

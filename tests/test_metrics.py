@@ -302,6 +302,27 @@ def test_groups_keyed_by_dates_score_a_datetime64_y(score):
 
 
 @pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
+@pytest.mark.parametrize(
+    "keys, kinds",
+    [
+        (
+            [datetime(2024, 1, day, tzinfo=timezone.utc) for day in (1, 2)],
+            "datetime and datetime with a time zone",
+        ),
+        (np.array([1, 2], "timedelta64[D]"), "datetime64 and duration"),
+        ([1, 2], "number and datetime64"),
+    ],
+)
+def test_groups_keyed_by_another_kind_than_datetime64_y_are_refused_as_a_mix(score, keys, kinds):
+    # Keys with a time zone (pandas' Timestamps of a column with one), durations or numbers
+    # were said not to be in the groups, as if the classes were missing from them.
+    y = np.array(["2024-01-01", "2024-01-02", "2024-01-02"], "datetime64[ns]")
+    groups = dict(zip(list(keys), ["easy", "hard"], strict=True))
+    with pytest.raises(ValueError, match=rf"^Mix of label input types \({kinds}\): groups holds"):
+        score(y, y, groups)
+
+
+@pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
 def test_groups_keyed_by_the_classes_numbers_as_text_are_refused_among_many_classes(score):
     # Among 20 classes, JSON's keys '0', '1', ... were taken for the classes 0, 1, ...
     # (NumPy's setdiff1d, sorting, compares them as text): a "Mix of label input types"
