@@ -15,8 +15,10 @@ import numpy as np
 from ._data import plain
 from .metrics import (
     GROUP_NAMES,
+    _check_kinds,
     _classes,
     _numpy_times,
+    _text_and_numbers,
     class_groups,
     classwise_summary,
     per_class_accuracy,
@@ -217,6 +219,8 @@ def _class_order(labels, y) -> np.ndarray:
     labels, classes = np.asarray(labels), _classes(y, "y")
     if classes.dtype.kind in "mM":
         labels = _in_unit(labels, classes.dtype)
+    if not _text_and_numbers(classes, labels):  # (as scored: aware dates were taken in UTC)
+        _check_kinds(labels, classes, "labels", "y")
     if (
         labels.ndim != 1
         or len(labels) != len(classes)
@@ -242,7 +246,10 @@ def _in_unit(labels: np.ndarray, dtype: np.dtype) -> np.ndarray:
     kinds = (
         datetime.date | np.datetime64 if dtype.kind == "M" else datetime.timedelta | np.timedelta64
     )
-    if not (labels.dtype.kind == dtype.kind or all(isinstance(v, kinds) for v in labels.flat)):
+    if not (
+        labels.dtype.kind == dtype.kind
+        or all(isinstance(v, kinds) and getattr(v, "tzinfo", None) is None for v in labels.flat)
+    ):  # (dates with a time zone are none of NumPy's naive ones: NumPy cast them to UTC)
         return labels
     try:
         # (NumPy's as they are: tolist() gives nanoseconds as integers, read as days)

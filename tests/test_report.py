@@ -9,7 +9,7 @@ import pytest
 from sklearn.datasets import load_iris
 from sklearn.linear_model import LogisticRegression
 
-from mr2_probe.metrics import classwise_summary
+from mr2_probe.metrics import classwise_summary, per_class_accuracy
 from mr2_probe.report import COLUMNS, ClasswiseReport, classwise_report, in_percent
 
 Y = np.array(["cat", "cat", "dog", "dog", "eel", "eel"])
@@ -502,8 +502,25 @@ def test_durations_as_labels_of_dates_are_refused_and_dates_of_durations(kind, h
     days = np.array([1, 2, 2], "timedelta64[D]")
     dates = np.datetime64("1970-01-01") + days
     y, labels = (dates, days) if kind == "dates" else (days, dates)
-    with pytest.raises(ValueError, match="labels must hold each class of y once"):
+    mix = r"^Mix of label input types \(datetime64 and duration\): labels holds .* and y "
+    with pytest.raises(ValueError, match=mix):
         classwise_report({"erm": y}, y, labels=held(labels[[2, 0]]))
+
+
+@pytest.mark.parametrize("held", ["datetime", "Timestamp"])
+def test_dates_with_a_time_zone_as_labels_of_datetime64_are_refused_as_the_metrics_do(held):
+    # NumPy took them in UTC (with its warning "no explicit representation of timezones"),
+    # where per_class_accuracy refuses them: a report of a column with a time zone
+    # ordered by the naive dates of its .values.
+    days = [datetime(2024, 1, day, tzinfo=timezone.utc) for day in (2, 1)]
+    if held == "Timestamp":
+        days = list(pytest.importorskip("pandas").to_datetime(days))
+    y = np.repeat(np.array(["2024-01-01", "2024-01-02"], "datetime64[ns]"), 2)
+    mix = r"^Mix of label input types \(datetime and datetime with a time zone\): labels holds"
+    with pytest.raises(ValueError, match=mix):
+        classwise_report({"erm": y}, y, labels=days)
+    with pytest.raises(ValueError, match=mix):
+        per_class_accuracy(y, y, labels=days)
 
 
 @pytest.mark.parametrize("kind", ["datetime", "timedelta"])
