@@ -169,11 +169,21 @@ def _classes(y, name: str = "y_true") -> np.ndarray:
 def _check_kinds(
     labels: np.ndarray, y: np.ndarray, name: str = "labels", y_name: str = "y_true"
 ) -> None:
-    """Refuse ``labels`` of another kind than ``y``'s (see :func:`_label_kinds`)."""
+    """Refuse ``labels`` of another kind than ``y``'s (see :func:`_label_kinds`); dates as
+    text, as a report's JSON writes them, with how to read them as dates."""
     kinds = _label_kinds(y, labels)
     if len(kinds) > 1:
+        cure = ""
+        if kinds == {str, np.datetime64}:
+            as_dates = (
+                "{np.datetime64(label): group for label, group in groups.items()}"
+                if name == "groups"
+                else f"np.asarray({name}, dtype='{y.dtype}')"
+            )
+            cure = f"; dates written as text (a report's labels) are read as dates by {as_dates}"
         raise ValueError(
-            f"{_mix(kinds)}: {name} holds {labels.dtype} labels and {y_name} {y.dtype} labels."
+            f"{_mix(kinds)}: {name} holds {labels.dtype} labels and {y_name} {y.dtype} "
+            f"labels{cure}."
         )
 
 

@@ -323,6 +323,21 @@ def test_groups_keyed_by_another_kind_than_datetime64_y_are_refused_as_a_mix(sco
 
 
 @pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
+def test_groups_keyed_by_dates_as_text_are_told_how_to_read_them(score):
+    # A report's labels and groups (its JSON's ISO text) were said not to be in the groups.
+    y = np.array(["2024-01-01", "2024-01-02", "2024-01-02"], "datetime64[ns]")
+    groups = {str(label): group for label, group in class_groups(y, y).items()}
+    cure = "{np.datetime64(label): group for label, group in groups.items()}"
+    with pytest.raises(ValueError, match=r"^Mix of label input types \(str and datetime64\)"):
+        score(y, y, groups)
+    with pytest.raises(ValueError, match=re.escape(f"are read as dates by {cure}.")):
+        score(y, y, groups)
+    read = {np.datetime64(label): group for label, group in groups.items()}  # (the cure)
+    expected = score(y, y[[0, 0, 2]], class_groups(y, y))
+    assert score(y, y[[0, 0, 2]], read) == pytest.approx(expected, nan_ok=True)
+
+
+@pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
 def test_groups_keyed_by_the_classes_numbers_as_text_are_refused_among_many_classes(score):
     # Among 20 classes, JSON's keys '0', '1', ... were taken for the classes 0, 1, ...
     # (NumPy's setdiff1d, sorting, compares them as text): a "Mix of label input types"

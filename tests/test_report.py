@@ -1,6 +1,7 @@
 """ClasswiseReport: groups fixed by the reference, tables, JSON round trip."""
 
 import json
+import re
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -505,6 +506,21 @@ def test_durations_as_labels_of_dates_are_refused_and_dates_of_durations(kind, h
     mix = r"^Mix of label input types \(datetime64 and duration\): labels holds .* and y "
     with pytest.raises(ValueError, match=mix):
         classwise_report({"erm": y}, y, labels=held(labels[[2, 0]]))
+
+
+@pytest.mark.parametrize("unit", ["D", "ns"])
+def test_a_report_s_dates_read_back_from_json_as_labels_are_told_how_to_read_them(unit):
+    # Its own ISO text (report.json's labels) was refused as "labels must hold each class
+    # of y once", y's classes and the labels listed alike.
+    y = np.repeat(np.array(["2024-01-01", "2024-01-02"], f"datetime64[{unit}]"), 2)
+    text = json.loads(classwise_report({"erm": y}, y).to_json())["labels"][::-1]
+    cure = re.escape(f"are read as dates by np.asarray(labels, dtype='datetime64[{unit}]').")
+    with pytest.raises(
+        ValueError, match=rf"^Mix of label input types \(str and datetime64\).*{cure}$"
+    ):
+        classwise_report({"erm": y}, y, labels=text)
+    report = classwise_report({"erm": y}, y, labels=np.asarray(text, dtype=f"datetime64[{unit}]"))
+    assert report.labels == text
 
 
 @pytest.mark.parametrize("held", ["datetime", "Timestamp"])
