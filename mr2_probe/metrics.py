@@ -66,6 +66,9 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     _check_kinds(labels, y_true)  # every class would be scored NaN
     if given:
         _check_distinct(labels)
+        # (dates held as objects against labels of NumPy's at another unit than days: its
+        # integers of nanoseconds failed to sort among them)
+        y_true, y_pred = _as_dates(y_true, labels), _as_dates(y_pred, labels)
     weight = _sample_weight(sample_weight, len(y_true))
     if not len(y_true):  # NumPy < 1.25 warns comparing empty arrays of other dtypes
         return np.full(len(labels), np.nan)
@@ -619,6 +622,7 @@ def _text_and_numbers(a: np.ndarray, b: np.ndarray) -> bool:
 def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
     present = _classes(y_true)
     labels = _as_dates(np.asarray(labels), present)  # (dates as objects: NumPy's, as scored)
+    present = _as_dates(present, labels)
     if _text_and_numbers(present, labels):  # (JSON's keys: none is a class of y_true)
         unknown = present
     else:  # aware Timestamps for datetime64 were said not to be in the groups

@@ -634,6 +634,29 @@ def test_dates_held_as_objects_are_scored_against_datetime64_of_any_unit(unit, h
     np.testing.assert_array_equal(per_class_accuracy(days[[0, 1, 0, 1]], at_five), [0.0, 0.0])
 
 
+@pytest.mark.parametrize("unit", ["s", "ns"])
+@pytest.mark.parametrize("held", ["date", "datetime", "Timestamp"])
+def test_dates_held_as_objects_are_scored_with_labels_and_groups_of_datetime64(unit, held):
+    # labels (class_groups' keys of a pandas column) of datetime64 at another unit than
+    # days against y and predictions both held as objects: "'<' not supported between
+    # instances of 'int' and 'datetime.date'", and the groups said to miss every class.
+    days = np.array(["2024-01-01", "2024-01-02", "2024-01-02", "2024-01-03"], "datetime64[D]")
+    y, pred = days.astype(f"datetime64[{unit}]"), days[[0, 0, 2, 3]].astype(f"datetime64[{unit}]")
+    objects = {
+        "date": lambda a: a.astype("datetime64[D]").astype(object),
+        "datetime": lambda a: a.astype("datetime64[us]").astype(object),
+        "Timestamp": lambda a: np.array(list(pytest.importorskip("pandas").to_datetime(a)), object),
+    }[held]
+    labels = y[[3, 0, 1]]
+    expected = per_class_accuracy(y, pred, labels=labels)
+    np.testing.assert_array_equal(per_class_accuracy(objects(y), objects(pred), labels), expected)
+    groups = class_groups(y, pred)
+    assert classwise_summary(objects(y), objects(pred), groups) == pytest.approx(
+        classwise_summary(y, pred, groups), nan_ok=True
+    )
+    assert group_accuracy(objects(y), objects(pred), groups) == 0.5
+
+
 @pytest.mark.parametrize("unit", ["D", "us", "ns"])
 @pytest.mark.parametrize("held", ["timedelta", "Timedelta", "timedelta64"])
 def test_durations_held_as_objects_are_scored_against_timedelta64_of_any_unit(unit, held):
