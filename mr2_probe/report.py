@@ -15,6 +15,7 @@ import numpy as np
 from ._data import plain
 from .metrics import (
     GROUP_NAMES,
+    _as_dates,
     _check_kinds,
     _classes,
     _numpy_times,
@@ -217,14 +218,17 @@ def _class_order(labels, y) -> np.ndarray:
     """The classes of ``y`` in the order of ``labels``, checked to hold each once (as y's
     own values: a label 2.0 for the class 2 is reported as 2)."""
     labels, classes = np.asarray(labels), _classes(y, "y")
-    if classes.dtype.kind in "mM":
-        labels = _in_unit(labels, classes.dtype)
+    # y's dates held as objects compared as NumPy's where the labels are NumPy's: a date
+    # against the integer of nanoseconds of a label's tolist() was refused.
+    keys = _as_dates(classes, labels)
+    if keys.dtype.kind in "mM":
+        labels = _in_unit(labels, keys.dtype)
     if not _text_and_numbers(classes, labels):  # (as scored: aware dates were taken in UTC)
         _check_kinds(labels, classes, "labels", "y")
     if (
         labels.ndim != 1
         or len(labels) != len(classes)
-        or set(labels.tolist()) != set(classes.tolist())
+        or set(labels.tolist()) != set(keys.tolist())
     ):
         shown = [
             [str(v) for v in a] if a.dtype.kind in "mM" else a.tolist() for a in (classes, labels)
@@ -233,7 +237,7 @@ def _class_order(labels, y) -> np.ndarray:
             f"labels must hold each class of y once, in the order to report them; y has the "
             f"classes {shown[0]}, labels are {shown[1]}."
         )
-    position = {v: i for i, v in enumerate(classes.tolist())}
+    position = {v: i for i, v in enumerate(keys.tolist())}
     return classes[[position[v] for v in labels.tolist()]]
 
 

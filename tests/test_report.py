@@ -486,6 +486,26 @@ def test_dates_as_labels_at_another_unit_order_y_s_classes(labels):
         classwise_report({"erm": days}, days, labels=at_five)
 
 
+@pytest.mark.parametrize("held", ["date", "Timestamp", "timedelta"])
+def test_dates_held_as_objects_in_y_are_ordered_by_labels_of_datetime64_in_ns(held):
+    # (a pandas column's .dt.date, its Timestamps, and the classes of its .values or
+    # class_groups' keys as labels) Each date was compared with the integer of nanoseconds
+    # of a label's tolist(): refused, "labels must hold each class of y once".
+    days = np.array([1, 2, 2], "timedelta64[D]")
+    y = {
+        "date": lambda: (np.datetime64("2024-01-01") + days).astype(object),
+        "Timestamp": lambda: np.array(
+            list(pytest.importorskip("pandas").to_datetime(np.datetime64("2024-01-01") + days)),
+            dtype=object,
+        ),
+        "timedelta": lambda: days.astype(object),
+    }[held]()
+    labels = np.asarray(y[[2, 0]].tolist()).astype("m8[ns]" if held == "timedelta" else "M8[ns]")
+    report = classwise_report({"erm": y}, y, labels=labels)
+    assert report.labels == [str(v) if held == "timedelta" else v.isoformat() for v in y[[2, 0]]]
+    assert report.per_class["erm"] == [1.0, 1.0]
+
+
 def test_durations_in_nanoseconds_as_labels_order_y_s_classes_in_days():
     # Their tolist() integers of nanoseconds were read as days: 86400000000000 days.
     y = np.array([1, 2, 2], "timedelta64[D]")
