@@ -120,9 +120,9 @@ def _kinds_of(a: np.ndarray) -> set:
 
 def _kind(label) -> type:
     """The kind of one label held as an object (see :data:`_KIND_NAMES`)."""
-    if isinstance(label, str | bytes | None):
-        return type(label)
-    if _is_na(label):
+    if isinstance(label, str | bytes):  # (NumPy's np.str_ and np.bytes_ too: "( and str)")
+        return str if isinstance(label, str) else bytes
+    if label is None or _is_na(label):
         return type(None)
     if isinstance(label, datetime.datetime):  # pandas' Timestamp too
         return datetime.tzinfo if label.tzinfo is not None else datetime.datetime

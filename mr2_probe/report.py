@@ -279,10 +279,12 @@ def _as_text(labels: list) -> list:
         return [v.isoformat() for v in labels]
     if labels and all(isinstance(v, datetime.timedelta) for v in labels):
         return [str(v) for v in labels]
-    # NumPy's numbers held as objects (np.int64(3)); its datetime64 and timedelta64 (an
-    # integer to NumPy, whose item() in nanoseconds is a bare int) become text below
+    # NumPy's numbers and text held as objects (np.int64(3), np.str_('a')); its datetime64
+    # and timedelta64 (an integer to NumPy, whose item() in nanoseconds is a bare int)
+    # become text below
+    numpy = np.number | np.bool_ | np.str_ | np.bytes_
     labels = [
-        v.item() if isinstance(v, np.number | np.bool_) and not isinstance(v, np.timedelta64) else v
+        v.item() if isinstance(v, numpy) and not isinstance(v, np.timedelta64) else v
         for v in labels
     ]
     if not all(isinstance(v, str | bytes | int | float) or v is None for v in labels):

@@ -564,6 +564,18 @@ def test_label_kinds_and_shapes_are_checked_before_scoring():
             worst_class_accuracy([0, 1], [0, 1], sample_weight=weight)
 
 
+@pytest.mark.parametrize("text", [np.str_, np.bytes_])
+def test_numpy_s_text_held_as_objects_is_text(text):
+    # np.str_ among str (np.bytes_ among bytes) was a kind of its own, without a name:
+    # "Mix of label input types ( and str)" for labels all text.
+    y_true = np.array([text("a"), "b", "b"], dtype=object)
+    if text is np.bytes_:
+        y_true = np.array([text(b"a"), b"b", b"b"], dtype=object)
+    y_pred = y_true[[0, 1, 0]].astype(y_true[1:].astype(text).dtype)  # (NumPy's own array)
+    np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred), [1.0, 0.5])
+    np.testing.assert_array_equal(per_class_accuracy(y_pred, y_true), [0.5, 1.0])
+
+
 @pytest.mark.parametrize(
     "y_true, y_pred, kinds",
     [

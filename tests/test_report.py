@@ -253,6 +253,9 @@ def test_date_labels_are_written_as_their_iso_text(y, shown):
         ),
         (lambda pd: np.array([np.int64(1), np.int64(2)], dtype=object), [1, 2]),
         (lambda pd: np.array([Decimal("1.5"), Decimal("2.5")]), ["1.5", "2.5"]),
+        # NumPy's text among Python's: refused as "Mix of label input types ( and str)".
+        (lambda pd: np.array([np.str_("a"), "b"], dtype=object), ["a", "b"]),
+        (lambda pd: np.array([np.bytes_(b"a"), b"b"], dtype=object), ["a", "b"]),
         # NumPy's durations held as objects, as a timedelta64 array's (not 1 and 2: the
         # nanoseconds' item() is a bare int)
         (
@@ -270,6 +273,7 @@ def test_labels_held_as_other_objects_are_written_as_their_text(y, shown):
     y = np.repeat(np.asarray(y(pd)), 3)
     report = classwise_report({"ERM": y, "MR2": y[::-1]}, y)
     assert report.labels == shown
+    assert [type(v) for v in report.labels] == [type(v) for v in shown]  # (plain Python)
     assert ClasswiseReport.from_dict(json.loads(report.to_json())).labels == shown
 
 
