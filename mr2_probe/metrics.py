@@ -95,6 +95,7 @@ _KIND_NAMES = {
     datetime.tzinfo: "datetime with a time zone",
     np.datetime64: "datetime64",
     datetime.timedelta: "duration",
+    datetime.time: "time",
     type(None): "None",
 }
 #: The kinds of dates held as objects, which never compare equal to one another (a date to
@@ -131,7 +132,11 @@ def _kind(label) -> type:
     if isinstance(label, datetime.date):
         return datetime.date
     # (pandas' Timedelta is a datetime.timedelta)
-    return datetime.timedelta if isinstance(label, datetime.timedelta | np.timedelta64) else float
+    if isinstance(label, datetime.timedelta | np.timedelta64):
+        return datetime.timedelta
+    # Other objects (a time of day, pandas' Interval or Period) are kinds of their own: as
+    # numbers, against integer codes every class scored 0%.
+    return float if isinstance(label, Number | np.bool_) else type(label)
 
 
 def _label_kinds(*arrays: np.ndarray) -> set:
@@ -154,6 +159,7 @@ def _mix(kinds: set) -> str:
     """The start of the message on a mix, "Mix of label input types (bytes and str)": the
     kinds found, not always strings against numbers."""
     names = [name for kind, name in _KIND_NAMES.items() if kind in kinds]
+    names += sorted(kind.__name__ for kind in kinds - set(_KIND_NAMES))  # (pandas' Interval)
     return f"Mix of label input types ({', '.join(names[:-1])} and {names[-1]})"
 
 

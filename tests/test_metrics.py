@@ -3,7 +3,7 @@
 import json
 import re
 import warnings
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone
 from types import MappingProxyType
 
 import numpy as np
@@ -615,6 +615,8 @@ def test_numpy_s_text_held_as_objects_is_text(text):
             "datetime64 and duration",
         ),
         (np.array([timedelta(days=1)]), np.array([date(2024, 1, 1)]), "date and duration"),
+        # A time of day counted as a number too: against integer codes, scored 0%.
+        (np.array([time(5)]), [5], "number and time"),
     ],
 )
 def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
@@ -622,6 +624,22 @@ def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
         per_class_accuracy(y_true, y_pred)
     with pytest.raises(ValueError, match=rf"^Mix of label input types \({kinds}\): labels holds"):
         per_class_accuracy(y_pred, y_pred, labels=y_true)
+
+
+@pytest.mark.parametrize(
+    "classes, kind",
+    [
+        (lambda pd: pd.cut(pd.Series([1, 5]), [0, 2, 6]), "Interval"),
+        (lambda pd: pd.Series(pd.period_range("2024-01", periods=2, freq="M")), "Period"),
+    ],
+)
+def test_other_objects_against_their_codes_are_a_mix_named_by_type(classes, kind):
+    # pd.cut's bins (a column of periods) against the integer codes a model was fitted on
+    # counted as numbers: every class scored 0%.
+    y = np.asarray(classes(pytest.importorskip("pandas")))[[0, 1, 1]]
+    with pytest.raises(ValueError, match=rf"^Mix of label input types \(number and {kind}\)"):
+        per_class_accuracy(y, [0, 1, 1])
+    np.testing.assert_array_equal(per_class_accuracy(y, y[[0, 0, 1]]), [1.0, 0.5])
 
 
 @pytest.mark.parametrize("unit", ["D", "s", "us", "ns"])
