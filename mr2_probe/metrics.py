@@ -204,9 +204,15 @@ def _check_distinct(labels: np.ndarray) -> None:
     if twice.any():
         repeated = ", ".join(
             f"{value!r} is there {'twice' if n == 2 else f'{n} times'}"
-            for value, n in zip(values[twice].tolist(), counts[twice].tolist(), strict=True)
+            for value, n in zip(_listed(values[twice]), counts[twice].tolist(), strict=True)
         )
-        raise ValueError(f"labels must hold each class once, got {labels.tolist()} ({repeated}).")
+        raise ValueError(f"labels must hold each class once, got {_listed(labels)} ({repeated}).")
+
+
+def _listed(a: np.ndarray) -> list:
+    """The labels ``a`` as a list to show in a message: dates and durations as their text
+    (their tolist() at nanoseconds gives integers, 1704067200000000000)."""
+    return [str(v) for v in a] if a.dtype.kind in "mM" else a.tolist()
 
 
 def _check_no_nan(name: str, a: np.ndarray) -> None:
@@ -640,9 +646,9 @@ def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
             if where == "groups"
             else "give every class of y_true in labels (the worst class would leave them out)"
         )
-        # (dates as dates: tolist() of nanoseconds gives integers)
-        shown = [str(v) for v in unknown] if unknown.dtype.kind in "mM" else unknown.tolist()
-        raise ValueError(f"y_true has classes {shown} that are not in {where}; {advice}.")
+        raise ValueError(
+            f"y_true has classes {_listed(unknown)} that are not in {where}; {advice}."
+        )
 
 
 # ---------------------------------------------------------------------------- scorers

@@ -18,6 +18,7 @@ from .metrics import (
     _as_dates,
     _check_kinds,
     _classes,
+    _listed,
     _numpy_times,
     _text_and_numbers,
     class_groups,
@@ -230,12 +231,9 @@ def _class_order(labels, y) -> np.ndarray:
         or len(labels) != len(classes)
         or set(labels.tolist()) != set(keys.tolist())
     ):
-        shown = [
-            [str(v) for v in a] if a.dtype.kind in "mM" else a.tolist() for a in (classes, labels)
-        ]
         raise ValueError(
             f"labels must hold each class of y once, in the order to report them; y has the "
-            f"classes {shown[0]}, labels are {shown[1]}."
+            f"classes {_listed(classes)}, labels are {_listed(labels)}."
         )
     position = {v: i for i, v in enumerate(keys.tolist())}
     return classes[[position[v] for v in labels.tolist()]]

@@ -727,6 +727,9 @@ def test_pandas_missing_labels_are_named_as_missing():
         worst_class_accuracy(pd.array(["a", "b", None], dtype="string"), np.array(["a", "b", "b"]))
 
 
+DAYS_NS = np.array(["2024-01-01", "2024-01-02"], "datetime64[ns]")
+
+
 @pytest.mark.parametrize(
     "score, message",
     [
@@ -748,6 +751,20 @@ def test_pandas_missing_labels_are_named_as_missing():
             lambda: per_class_accuracy(["a", "b"], ["a", "b"], labels=["b", "a", "b", "a", "b"]),
             "labels must hold each class once, got ['b', 'a', 'b', 'a', 'b'] ('a' is there "
             "twice, 'b' is there 3 times).",
+        ),
+        # Dates (durations) at nanoseconds were named as integers: 1704067200000000000.
+        (
+            lambda: per_class_accuracy(DAYS_NS, DAYS_NS, labels=DAYS_NS[[0, 1, 0]]),
+            "labels must hold each class once, got ['2024-01-01T00:00:00.000000000', "
+            "'2024-01-02T00:00:00.000000000', '2024-01-01T00:00:00.000000000'] "
+            "('2024-01-01T00:00:00.000000000' is there twice).",
+        ),
+        (
+            lambda: class_groups(
+                DAYS_NS - DAYS_NS[0], DAYS_NS - DAYS_NS[0], labels=np.zeros(2, "m8[ns]")
+            ),
+            "labels must hold each class once, got ['0 nanoseconds', '0 nanoseconds'] "
+            "('0 nanoseconds' is there twice).",
         ),
     ],
 )
