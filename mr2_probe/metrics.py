@@ -479,10 +479,10 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     y_true, y_pred : array-like of shape (n_samples,)
     groups : mapping or array-like, default=None
         Either class label → group name (from :func:`class_groups`; a pandas Series is
-        read so, by its index, unless that is 0, 1, ... in order: a table's positions,
-        which both readings agree on when ``y_true`` holds the classes 0, 1, ...; where it
-        holds fewer classes, all in that index, and no ``labels`` are given, the readings
-        differ and the Series is refused), or one group per class
+        read so, by its index, unless that is the integers 0, 1, ... in order: a table's
+        positions, which both readings agree on when ``y_true`` holds the classes 0, 1, ...;
+        where it holds fewer classes, all in that index, and no ``labels`` are given, the
+        readings differ and the Series is refused), or one group per class
         aligned with ``labels``: an index 0 (easy), 1 (medium) or 2 (hard), as
         :func:`difficulty_groups` gives with its three groups, or the group's name (as
         :attr:`~mr2_probe.report.ClasswiseReport.groups` holds). ``None`` uses the groups
@@ -508,7 +508,10 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     """
     # A class of y_true outside the groups would count in "overall" alone.
     if _is_series(groups):  # by label, as a dict; a table's column (positions) by position
-        positions = np.array_equal(np.asarray(groups.index), np.arange(len(groups)))
+        # (of integers: booleans False, True and floats 0.0, 1.0, ... are labels, class_groups'
+        # keys, which were refused as two readings where y_true held some of them)
+        index = np.asarray(groups.index)
+        positions = index.dtype.kind in "iu" and np.array_equal(index, np.arange(len(groups)))
         if positions and labels is None:
             classes = _classes(_labels_1d(y_true, y_pred)[0])
             # Read by position, the groups outnumber the classes; by label, they are groups

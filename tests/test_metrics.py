@@ -1029,3 +1029,18 @@ def test_a_series_of_groups_by_index_on_a_test_set_lacking_a_class_is_named():
     assert summary["easy"] == summary["hard"] == 1
     groups = {0: "easy", 1: "medium", 2: "hard"}  # as a dict, by label
     assert np.isnan(classwise_summary([0, 2], [0, 2], groups)["medium"])
+
+
+@pytest.mark.parametrize("classes", [[False, True], [0.0, 1.0, 2.0]])
+def test_a_series_of_groups_by_boolean_or_float_classes_is_read_by_label(classes):
+    # pd.Series(class_groups(...)) of classes False, True (0.0, 1.0, ...) equals 0, 1, ...
+    # by value: read as a table's positions, it was refused as two readings on a test set
+    # lacking a class, where group_accuracy and the dict itself score it.
+    pd = pytest.importorskip("pandas")
+    y = np.array(classes)
+    groups = class_groups(y, y[[0] * len(y)])
+    y_true = y[1:]
+    expected = classwise_summary(y_true, y_true, groups)
+    assert classwise_summary(y_true, y_true, pd.Series(groups)) == pytest.approx(
+        expected, nan_ok=True
+    )
