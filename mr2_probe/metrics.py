@@ -183,11 +183,13 @@ def _check_kinds(
     kinds = _label_kinds(y, labels)
     if len(kinds) > 1:
         cure = ""
-        if kinds == {str, np.datetime64}:
+        naive = {np.datetime64, datetime.date, datetime.datetime}  # (dates of NumPy's units)
+        if str in kinds and len(kinds) == 2 and kinds & naive:
+            dtype = y.dtype if y.dtype.kind == "M" else "datetime64"  # (objects: their units)
             as_dates = (
                 "{np.datetime64(label): group for label, group in groups.items()}"
                 if name == "groups"
-                else f"np.asarray({name}, dtype='{y.dtype}')"
+                else f"np.asarray({name}, dtype='{dtype}')"
             )
             cure = f"; dates written as text (a report's labels) are read as dates by {as_dates}"
         raise ValueError(

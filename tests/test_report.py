@@ -532,18 +532,33 @@ def test_durations_as_labels_of_dates_are_refused_and_dates_of_durations(kind, h
         classwise_report({"erm": y}, y, labels=held(labels[[2, 0]]))
 
 
-@pytest.mark.parametrize("unit", ["D", "ns"])
-def test_a_report_s_dates_read_back_from_json_as_labels_are_told_how_to_read_them(unit):
+@pytest.mark.parametrize(
+    "held, kind, dtype",
+    [
+        ("D", "datetime64", "datetime64[D]"),
+        ("ns", "datetime64", "datetime64[ns]"),
+        # (a pandas column's .dt.date, its Timestamps: their own units)
+        ("date", "date", "datetime64"),
+        ("Timestamp", "datetime", "datetime64"),
+    ],
+)
+def test_a_report_s_dates_read_back_from_json_as_labels_are_told_how_to_read_them(
+    held, kind, dtype
+):
     # Its own ISO text (report.json's labels) was refused as "labels must hold each class
     # of y once", y's classes and the labels listed alike.
-    y = np.repeat(np.array(["2024-01-01", "2024-01-02"], f"datetime64[{unit}]"), 2)
+    y = np.repeat(np.array(["2024-01-01", "2024-01-02"], "datetime64[D]"), 2)
+    if held == "date":
+        y = y.astype(object)
+    elif held == "Timestamp":
+        y = np.array(list(pytest.importorskip("pandas").to_datetime(y)), dtype=object)
+    else:
+        y = y.astype(f"datetime64[{held}]")
     text = json.loads(classwise_report({"erm": y}, y).to_json())["labels"][::-1]
-    cure = re.escape(f"are read as dates by np.asarray(labels, dtype='datetime64[{unit}]').")
-    with pytest.raises(
-        ValueError, match=rf"^Mix of label input types \(str and datetime64\).*{cure}$"
-    ):
+    cure = re.escape(f"are read as dates by np.asarray(labels, dtype='{dtype}').")
+    with pytest.raises(ValueError, match=rf"^Mix of label input types \(str and {kind}\).*{cure}$"):
         classwise_report({"erm": y}, y, labels=text)
-    report = classwise_report({"erm": y}, y, labels=np.asarray(text, dtype=f"datetime64[{unit}]"))
+    report = classwise_report({"erm": y}, y, labels=np.asarray(text, dtype=dtype))
     assert report.labels == text
 
 
