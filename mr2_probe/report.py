@@ -260,7 +260,10 @@ def _in_unit(labels: np.ndarray, dtype: np.dtype) -> np.ndarray:
         converted = own.astype(dtype)
     except (TypeError, ValueError, OverflowError):
         return labels
-    return converted if own.shape == labels.shape and (converted == own).all() else labels
+    # (back at their own unit: a date out of the range of nanoseconds wraps, 3000-01-01 to
+    # 1830-11-23, and compares equal to itself at nanoseconds)
+    exact = own.shape == labels.shape and (converted.astype(own.dtype) == own).all()
+    return converted if exact else labels
 
 
 def _as_text(labels: list) -> list:

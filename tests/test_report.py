@@ -510,6 +510,16 @@ def test_dates_held_as_objects_in_y_are_ordered_by_labels_of_datetime64_in_ns(he
     assert report.per_class["erm"] == [1.0, 1.0]
 
 
+@pytest.mark.parametrize("held", [np.asarray, lambda a: list(a.astype(object))])
+def test_a_date_out_of_the_range_of_nanoseconds_is_named_as_given(held):
+    # Cast to y's nanoseconds, 3000-01-01 wrapped to 1830-11-23T00:50:52.580896768, which
+    # the refusal named as the label given.
+    y = np.repeat(np.array(["2024-01-01", "2024-01-02"], "datetime64[ns]"), 2)
+    labels = held(np.array(["3000-01-01", "2024-01-01"], "datetime64[D]"))
+    with pytest.raises(ValueError, match=r"labels are \[\S*3000"):  # ('3000-01-01', date(3000
+        classwise_report({"erm": y}, y, labels=labels)
+
+
 def test_durations_in_nanoseconds_as_labels_order_y_s_classes_in_days():
     # Their tolist() integers of nanoseconds were read as days: 86400000000000 days.
     y = np.array([1, 2, 2], "timedelta64[D]")
