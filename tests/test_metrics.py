@@ -626,6 +626,12 @@ def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
         per_class_accuracy(y_pred, y_pred, labels=y_true)
 
 
+def test_numpy_s_booleans_held_as_objects_are_numbers_as_python_s():
+    # (np.bool_ is no numbers.Number: a kind of its own, it was a mix with Python's bools)
+    y_true = np.array([np.True_, np.False_, np.True_], dtype=object)
+    np.testing.assert_array_equal(per_class_accuracy(y_true, [True, False, False]), [1.0, 0.5])
+
+
 @pytest.mark.parametrize(
     "classes, kind",
     [
