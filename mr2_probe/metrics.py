@@ -245,9 +245,22 @@ def _labels_1d(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:
     """The labels as arrays; a column vector counts as the labels it holds, as in
     scikit-learn's metrics. Dates (durations) held as objects against NumPy's are NumPy's."""
     y_true, y_pred = (
-        column_or_1d(a) if a.ndim == 2 else a for a in (np.asarray(y_true), np.asarray(y_pred))
+        _numpy_held(column_or_1d(a) if a.ndim == 2 else a)
+        for a in (np.asarray(y_true), np.asarray(y_pred))
     )
     return _as_dates(y_true, y_pred), _as_dates(y_pred, y_true)
+
+
+def _numpy_held(a: np.ndarray) -> np.ndarray:
+    """NumPy's dates (durations) held as objects, ``list(a_datetime64_array)``, as NumPy's
+    array: against dates held as objects (datetime's) each compared through its item(), an
+    integer at nanoseconds, and every class scored 0%. Other arrays as they are."""
+    if a.dtype != object or not a.size:
+        return a
+    for numpy in (np.datetime64, np.timedelta64):
+        if all(isinstance(v, numpy) for v in a.flat):
+            return np.asarray(a.tolist())
+    return a
 
 
 def _as_dates(a: np.ndarray, other: np.ndarray) -> np.ndarray:

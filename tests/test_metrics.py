@@ -715,6 +715,20 @@ def test_durations_held_as_objects_are_scored_against_timedelta64_of_any_unit(un
     np.testing.assert_array_equal(per_class_accuracy(y, later), [0.0, 0.0])
 
 
+@pytest.mark.parametrize("kind", ["datetime64", "timedelta64"])
+def test_numpy_s_times_held_as_objects_are_scored_against_datetime_s(kind):
+    # Both arrays of objects (list() of a pandas column's .values against its .dt.date):
+    # NumPy's at nanoseconds compared through their item(), an integer; every class 0%.
+    days = np.array([1, 2, 2], "timedelta64[D]")
+    if kind == "datetime64":
+        days = np.datetime64("2024-01-01") + days
+    numpy = np.array(list(days.astype(f"{kind}[ns]")), dtype=object)
+    python = days.astype(object)  # datetime.date (timedelta)
+    for y_true, y_pred in ((numpy, python), (python, numpy)):
+        np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred[[0, 0, 2]]), [1.0, 0.5])
+        assert classwise_summary(y_true, y_pred)["overall"] == 1.0
+
+
 def test_timestamps_held_as_objects_keep_their_nanoseconds():
     # Taken as datetime's, cut to microseconds: two classes 1 ns apart were scored as one
     # (y held as Timestamps) or each 0% (predictions held so).
