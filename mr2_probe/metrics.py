@@ -166,8 +166,8 @@ def _mix(kinds: set) -> str:
 def _classes(y, name: str = "y_true") -> np.ndarray:
     """The sorted classes of the labels ``y``, once they are checked to hold no NaN and one
     kind of label: np.unique of a mix failed with "'<' not supported between instances of
-    'int' and 'str'"."""
-    y = np.asarray(y)
+    'int' and 'str'". NumPy's dates held as objects as NumPy's, as they are scored."""
+    y = _numpy_held(np.asarray(y))
     _check_no_nan(name, y)
     kinds = _label_kinds(y)
     if len(kinds) > 1:

@@ -727,6 +727,9 @@ def test_numpy_s_times_held_as_objects_are_scored_against_datetime_s(kind):
     for y_true, y_pred in ((numpy, python), (python, numpy)):
         np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred[[0, 0, 2]]), [1.0, 0.5])
         assert classwise_summary(y_true, y_pred)["overall"] == 1.0
+        # Groups keyed by the other's dates: said to miss every class.
+        groups = class_groups(y_pred, y_pred[[0, 0, 2]])
+        assert classwise_summary(y_true, y_true, groups)["hard"] == 1.0
 
 
 def test_timestamps_held_as_objects_keep_their_nanoseconds():

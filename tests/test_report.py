@@ -520,6 +520,18 @@ def test_a_date_out_of_the_range_of_nanoseconds_is_named_as_given(held):
         classwise_report({"erm": y}, y, labels=labels)
 
 
+@pytest.mark.parametrize("kind", ["datetime64", "timedelta64"])
+def test_numpy_s_times_held_as_objects_in_y_are_ordered_by_datetime_s_labels(kind):
+    # y list() of a pandas column's .values, labels its .dt.date: refused, each date
+    # compared with an integer of nanoseconds.
+    days = np.array([1, 2, 2], "timedelta64[D]")
+    if kind == "datetime64":
+        days = np.datetime64("2024-01-01") + days
+    y = np.array(list(days.astype(f"{kind}[ns]")), dtype=object)
+    report = classwise_report({"erm": y}, y, labels=days[[2, 0]].astype(object))
+    assert report.labels == [str(v) for v in y[[2, 0]]]
+
+
 def test_durations_in_nanoseconds_as_labels_order_y_s_classes_in_days():
     # Their tolist() integers of nanoseconds were read as days: 86400000000000 days.
     y = np.array([1, 2, 2], "timedelta64[D]")
