@@ -184,7 +184,7 @@ def _check_kinds(
     if len(kinds) > 1:
         cure = ""
         naive = {np.datetime64, datetime.date, datetime.datetime}  # (dates of NumPy's units)
-        if str in kinds and len(kinds) == 2 and kinds & naive:
+        if _label_kinds(labels) == {str} and len(kinds) == 2 and kinds & naive:  # (y's dates)
             dtype = y.dtype if y.dtype.kind == "M" else "datetime64"  # (objects: their units)
             as_dates = (
                 "{np.datetime64(label): group for label, group in groups.items()}"

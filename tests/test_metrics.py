@@ -155,6 +155,7 @@ GROUPS = {0: "easy", 1: "easy", 2: "medium", 3: "medium", 4: "hard", 5: "hard"}
 Y_TRUE = np.repeat(np.arange(6), 4)
 Y_PRED = np.array([0, 0, 0, 0, 1, 1, 1, 0, 2, 2, 0, 0, 3, 3, 3, 3, 4, 0, 0, 0, 5, 5, 0, 0])
 # per class: 1, .75, .5, 1, .25, .5
+DAYS_NS = np.array(["2024-01-01", "2024-01-02"], "datetime64[ns]")
 
 
 @pytest.mark.parametrize(
@@ -335,6 +336,17 @@ def test_groups_keyed_by_dates_as_text_are_told_how_to_read_them(score):
     read = {np.datetime64(label): group for label, group in groups.items()}  # (the cure)
     expected = score(y, y[[0, 0, 2]], class_groups(y, y))
     assert score(y, y[[0, 0, 2]], read) == pytest.approx(expected, nan_ok=True)
+
+
+@pytest.mark.parametrize("labels", [DAYS_NS, DAYS_NS.astype("datetime64[D]").astype(object)])
+def test_dates_for_a_y_of_text_are_refused_without_the_cure_of_text_for_dates(labels):
+    # The cure of a report's dates read back as text (np.asarray(labels, dtype=...)) was
+    # given where y held the text and labels the dates.
+    y = np.array([str(v) for v in labels])
+    with pytest.raises(ValueError, match=r"^Mix of label input types .* y_true <U\d+ labels\.$"):
+        per_class_accuracy(y, y, labels=labels)
+    with pytest.raises(ValueError, match=r"^Mix of label input types .* y_true <U\d+ labels\.$"):
+        classwise_summary(y, y, dict(zip(list(labels), ["easy", "hard"], strict=True)))
 
 
 @pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
@@ -748,9 +760,6 @@ def test_pandas_missing_labels_are_named_as_missing():
     pd = pytest.importorskip("pandas")
     with pytest.raises(ValueError, match=r"^Mix of label input types \(str and None\)"):
         worst_class_accuracy(pd.array(["a", "b", None], dtype="string"), np.array(["a", "b", "b"]))
-
-
-DAYS_NS = np.array(["2024-01-01", "2024-01-02"], "datetime64[ns]")
 
 
 @pytest.mark.parametrize(
