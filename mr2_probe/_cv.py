@@ -118,8 +118,9 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
         the device (a callable is given a stand-in estimator whose input is the logits,
         not the probe and X); ``sample_weight`` weights the score when the metric accepts it.
         With two classes, a metric of a positive class (``"precision"``, ``"recall"``,
-        ``"f1"``) scores the last of ``classes_``, as LogisticRegressionCV does, whatever the
-        labels are (GridSearchCV's scorers take ``pos_label=1``); for another, pass
+        ``"f1"``, ``"average_precision"``) scores the last of ``classes_``, as
+        LogisticRegressionCV does, whatever the labels are (GridSearchCV's scorers take
+        ``pos_label=1``); for another, pass
         ``make_scorer(recall_score, pos_label=...)``.
     refit : bool, default=True
         Refit on all the data at the best value, starting from the folds' mean solution
@@ -852,7 +853,9 @@ def with_labels(scorer, classes, every_class: bool = True):
     columns = getattr(scorer, "_response_method", "predict") != "predict"
     if (every_class or columns) and "labels" in parameters:
         kwargs.setdefault("labels", classes)
-    if len(classes) == 2 and "pos_label" in parameters and "labels" in parameters:
+    # (also a metric without labels: average_precision_score, before scikit-learn 1.7
+    # brier_score_loss, whose pos_label=1 scored class 1 of {1, 2} and failed on strings)
+    if len(classes) == 2 and "pos_label" in parameters:
         kwargs.setdefault("pos_label", classes[-1])
     if kwargs == getattr(scorer, "_kwargs", {}):
         return scorer

@@ -1086,6 +1086,44 @@ def test_score_of_two_classes_takes_the_positive_class_the_folds_took(labels):
     assert search.score(X, y) == pytest.approx(f1_score(y, search.predict(X), pos_label=labels[0]))
 
 
+@pytest.mark.parametrize("labels", [[1, 2], ["b", "c"]])
+@pytest.mark.parametrize(
+    "scoring, metric, response",
+    [
+        ("average_precision", "average_precision_score", ("decision_function", "predict_proba")),
+        ("neg_brier_score", "brier_score_loss", "predict_proba"),
+    ],
+)
+def test_a_positive_class_metric_without_labels_scores_the_last_class(
+    labels, scoring, metric, response
+):
+    # average_precision_score (and before scikit-learn 1.7 brier_score_loss) takes a
+    # pos_label but no labels: its default pos_label=1 scored the first class of {1, 2},
+    # and failed on string labels, where the folds of "f1" score the last class.
+    import sklearn.metrics
+
+    X, y = load_iris(return_X_y=True)
+    X, y = X[y > 0], np.asarray(labels)[y[y > 0] - 1]
+    search = MR2LinearClassifierCV([0.1, 1.0], cv=3, scoring=scoring, device="cpu").fit(X, y)
+    last, first = (
+        make_scorer(
+            getattr(sklearn.metrics, metric),
+            greater_is_better=not scoring.startswith("neg_"),
+            response_method=response,
+            pos_label=label,
+        )
+        for label in labels[::-1]
+    )
+    grid = GridSearchCV(MR2LinearClassifier(device="cpu"), {"C": [0.1, 1.0]}, cv=3, scoring=last)
+    grid.fit(X, y)
+    scores = next(iter(search.scores_.values()))
+    # (the path's solutions and the grid's fits agree to their tol)
+    np.testing.assert_allclose(scores.mean(0), grid.cv_results_["mean_test_score"], atol=1e-4)
+    assert search.score(X, y) == pytest.approx(last(search, X, y))
+    if scoring == "average_precision":  # (the Brier score of either class is one)
+        assert last(search, X, y) != pytest.approx(first(search, X, y))
+
+
 def test_score_of_probabilities_knows_every_class_on_data_lacking_one():
     # The columns of predict_proba are every class's: log loss needs all of them even where
     # the data lack some (a first version of the macro fix below dropped them: ValueError).
