@@ -15,6 +15,7 @@ import numpy as np
 from scipy.special import expit, log_expit, log_softmax, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, _fit_context, clone
 from sklearn.exceptions import NotFittedError
+from sklearn.frozen import FrozenEstimator
 from sklearn.model_selection import StratifiedShuffleSplit, check_cv
 from sklearn.pipeline import Pipeline
 from sklearn.utils import _safe_indexing, get_tags, metadata_routing
@@ -178,9 +179,13 @@ def _check_per_class_decision(estimator, n_classes: int) -> None:
     """Refuse one-vs-one decision values of 3 classes or more: K(K−1)/2 pairwise columns,
     read as one per class (with 3 classes, as many columns as classes). With two classes
     both shapes are the one decision value."""
-    final = _fitted_inside(estimator)
-    if isinstance(final, Pipeline):
-        final = _fitted_inside(final.steps[-1][1])
+    from sklearn.model_selection._search import BaseSearchCV
+
+    # (a FrozenEstimator, as a search over cv="prefit" takes it, of a Pipeline or a search
+    # hid their SVC: its pairwise columns were tuned as one per class)
+    final = estimator
+    while isinstance(final, (BaseSearchCV, FrozenEstimator, Pipeline)):
+        final = final.steps[-1][1] if isinstance(final, Pipeline) else final.estimator
     if n_classes > 2 and getattr(final, "decision_function_shape", None) == "ovo":
         raise ValueError(
             f"{type(final).__name__}(decision_function_shape='ovo') gives one decision value "

@@ -1427,6 +1427,23 @@ def test_one_vs_one_decision_values_are_refused():
         TunedOffsetsClassifierCV(prefit, cv="prefit").fit(X[y > 0], y[y > 0])
 
 
+@pytest.mark.parametrize(
+    "make", [lambda svc: make_pipeline(StandardScaler(), svc), lambda svc: svc], ids=["pipe", "svc"]
+)
+@pytest.mark.parametrize("search", [False, True])
+def test_one_vs_one_decision_values_of_a_frozen_estimator_are_refused(make, search):
+    # FrozenEstimator (the cure a search over cv="prefit" is told of) hid a Pipeline's or a
+    # search's SVC: its 3 pairwise columns were tuned as one per class, without a word; the
+    # message named FrozenEstimator(decision_function_shape='ovo') for the SVC itself.
+    X, y = load_iris(return_X_y=True)
+    prefit = make(SVC(decision_function_shape="ovo"))
+    if search:
+        prefit = GridSearchCV(prefit, {}, cv=3)
+    frozen = FrozenEstimator(prefit.fit(X, y))
+    with pytest.raises(ValueError, match=r"^SVC\(decision_function_shape='ovo'\) gives one"):
+        TunedOffsetsClassifierCV(frozen, cv="prefit").fit(X, y)
+
+
 def test_a_cv_without_splits_is_named():
     X, y = _imbalanced()
     with pytest.raises(ValueError, match="cv yielded no split"):
