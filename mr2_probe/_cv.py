@@ -341,6 +341,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         self : MR2LinearClassifierCV
         """
         _raise_for_params(params, self, "fit")
+        if is_torch_tensor(sample_weight):
+            # (one on a GPU, or requiring grad, failed where the held-out scores take them)
+            sample_weight = to_numpy(sample_weight)
         with default_torch_modes(), whole_or_unchanged(self):
             values = self._check_Cs()
             solver = self._check_solver()

@@ -1595,6 +1595,19 @@ def test_score_hands_the_scorer_numpy_labels_and_weights_given_tensors():
     assert score == pytest.approx(clf.score(X, y, sample_weight=weight))
 
 
+def test_sample_weights_of_a_tensor_numpy_cannot_read_weight_the_search():
+    # Weights that NumPy cannot read (a tensor on a GPU, or one that requires grad) failed
+    # where the held-out scores take them ("Can't call numpy() on Tensor that requires
+    # grad"), though MR2LinearClassifier's fit and this score() convert them.
+    X, y = _blobs(n_classes=3)
+    weight = np.linspace(0.5, 2.0, len(y))
+    expected = MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=3, device="cpu").fit(X, y, weight)
+    tensor = torch.tensor(weight, requires_grad=True)
+    search = MR2LinearClassifierCV(Cs=[0.1, 1.0], cv=3, device="cpu").fit(X, y, tensor)
+    np.testing.assert_array_equal(search.scores_[0], expected.scores_[0])
+    np.testing.assert_array_equal(search.coef_, expected.coef_)
+
+
 def test_a_linear_refit_starts_from_the_folds_mean_solution(monkeypatch):
     # "Refit on all the data at the best value, starting from the folds' mean solution":
     # the intercept as well as the weights.
