@@ -469,6 +469,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             )
         check_classification_targets(y)
         _check_per_class_decision(self.estimator, len(np.unique(y)))
+        if is_torch_tensor(sample_weight):  # (on a GPU, or requiring grad: NumPy reads neither)
+            sample_weight = to_numpy(sample_weight)
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, y, ensure_non_negative=True)
         if not isinstance(self.scoring, str):  # a scorer that cannot work, before any fit
@@ -679,6 +681,10 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
     def score(self, X, y, sample_weight=None):
         """Mean accuracy of :meth:`predict` on ``(X, y)``, as ClassifierMixin's."""
         check_h5_open(X=X, y=y, sample_weight=sample_weight)  # h5py's words otherwise
+        # (tensors NumPy cannot read, on a GPU or requiring grad, as an MR² probe's score)
+        y = to_numpy(y) if is_torch_tensor(y) else y
+        if is_torch_tensor(sample_weight):
+            sample_weight = to_numpy(sample_weight)
         return super().score(X, y, sample_weight=sample_weight)
 
     @available_if(_inner_has("predict_proba"))

@@ -588,6 +588,21 @@ def test_score_is_the_accuracy_of_predict_under_the_sample_weights():
     assert clf.score(X, y) == pytest.approx(accuracy_score(y, pred), abs=1e-12)
 
 
+def test_tensors_numpy_cannot_read_are_taken_as_the_estimator_takes_them():
+    # Weights and labels that NumPy cannot read (tensors on a GPU, or requiring grad)
+    # failed in fit and score ("Can't call numpy() on Tensor that requires grad"), where
+    # an MR² probe and its fit, given the same, convert them.
+    X, y = _imbalanced()
+    weight = 1 / np.bincount(y)[y]
+    expected = TunedOffsetsClassifierCV(LogisticRegression(), cv=3).fit(X, y, weight)
+    labels = torch.tensor(y, dtype=torch.float64, requires_grad=True)
+    weights = torch.tensor(weight, requires_grad=True)
+    clf = TunedOffsetsClassifierCV(LogisticRegression(), cv=3).fit(X, labels, weights)
+    np.testing.assert_array_equal(clf.offsets_, expected.offsets_)
+    score = expected.score(X, y, sample_weight=weight)
+    assert clf.score(X, labels, sample_weight=weights) == pytest.approx(score, abs=1e-12)
+
+
 @pytest.mark.parametrize("bound", [0.0, 0.01, 0.05])
 def test_estimator_respects_the_bound_on_held_out_data(bound):
     X, y = _imbalanced(seed=1)
