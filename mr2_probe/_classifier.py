@@ -1165,6 +1165,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"X has {X.shape[0]} samples but y has {len(y)}.")
         else:
             dtype = _check_dtypes(X)
+            y = to_numpy(y) if is_torch_tensor(y) else y  # (on a GPU, or requiring grad)
             X, y = validate_data(self, _floating(X), y, dtype=dtype, order="C")
         if self.head == "cosine" and X.shape[1] == 1:
             # Every direction of one feature is ±1: the cosine is the sample's sign, and

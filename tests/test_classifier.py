@@ -1442,6 +1442,21 @@ def test_tensor_with_autograd_history(params):
     assert not clf.decision_function(features).requires_grad
 
 
+@pytest.mark.parametrize("kind", ["numpy", "DataFrame"])
+def test_labels_of_a_tensor_numpy_cannot_read_beside_an_array_x(kind):
+    # y a tensor that NumPy cannot read (on a GPU, or requiring grad) beside an array or
+    # DataFrame X failed in validate_data ("Can't call numpy() on Tensor that requires
+    # grad"), where a tensor X and score() take it.
+    pd = pytest.importorskip("pandas")
+    X, y = _blobs(3)
+    X = pd.DataFrame(X) if kind == "DataFrame" else X
+    labels = torch.tensor(y, dtype=torch.float64, requires_grad=True)
+    expected = MR2LinearClassifier(device="cpu").fit(X, y.astype(np.float64))
+    clf = MR2LinearClassifier(device="cpu").fit(X, labels)
+    np.testing.assert_array_equal(clf.classes_, expected.classes_)
+    np.testing.assert_array_equal(clf.coef_, expected.coef_)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("class_weight", ["balanced", {0: 2.0, 1: 1.0, 2: 1.0}])
 def test_class_weights_need_no_sample_weight_of_scikit_learn(class_weight, monkeypatch):
