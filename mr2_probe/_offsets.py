@@ -450,6 +450,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         # Per-sample parameters are read into memory: the folds index them with the
         # repeated rows of a bootstrap, which h5py refuses (X is read row by row, _rows).
         groups = groups[...] if is_h5_dataset(groups) else groups
+        if is_torch_tensor(groups):  # (on a GPU, or requiring grad: the splitter reads NumPy)
+            groups = to_numpy(groups)
         fit_params = {k: v[...] if is_h5_dataset(v) else v for k, v in fit_params.items()}
         if is_torch_tensor(X):  # before the folds index it, with torch's own error
             check_dense_tensor(X, type(self).__name__)

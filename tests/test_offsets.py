@@ -1233,6 +1233,20 @@ def test_a_group_splitter_is_given_the_groups():
         TunedOffsetsClassifierCV(inner, cv=outer).fit(X, y, groups=groups)
 
 
+def test_groups_of_a_tensor_numpy_cannot_read_reach_the_splitter():
+    # Groups that NumPy cannot read (a tensor on a GPU, or one that requires grad) failed
+    # in the splitter ("Can't call numpy() on Tensor that requires grad"), where
+    # MR2LinearClassifierCV, given the same, converts them.
+    X, y = _imbalanced()
+    groups = np.arange(len(y)) % 6
+    tensor = torch.tensor(groups, dtype=torch.float64, requires_grad=True)
+    fits = [
+        TunedOffsetsClassifierCV(LogisticRegression(), cv=GroupKFold(3)).fit(X, y, groups=g)
+        for g in (groups, tensor)
+    ]
+    np.testing.assert_array_equal(fits[1].offsets_, fits[0].offsets_)
+
+
 def test_bad_input_errors_of_prefit_and_search():
     X, y = _imbalanced()
     probe = LogisticRegression().fit(X, y)
