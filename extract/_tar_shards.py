@@ -400,8 +400,10 @@ def _index_class_names(root: str) -> tuple[str | None, list[str] | None]:
         if os.path.isfile(path):
             try:
                 # utf-8-sig: a byte-order mark, as editors save one, is no part of a name.
+                # Blank lines after the last name are none; a blank first line is class 0's
+                # (stripped, it named class 0 by the second line, each name a class early).
                 with open(path, encoding="utf-8-sig") as fh:
-                    return path, [line.strip() for line in fh.read().strip().splitlines()]
+                    return path, [line.strip() for line in fh.read().rstrip().splitlines()]
             except UnicodeDecodeError as err:
                 raise ShardError(
                     f"The class names file {path!r} is not UTF-8 text ({err}); save it as "

@@ -281,8 +281,9 @@ def test_webdataset_labels_from_json_paths_and_classnames_txt(
     for shard in (data / "wds").glob("*.tar"):
         (shards / shard.name).write_bytes(shard.read_bytes())
     # clip_benchmark's layout; a byte-order mark, as editors save one, is no part of a name
-    # (nor are a Windows line end and blanks after a name)
-    (tmp_path / "classnames.txt").write_text("tabby \r\nhound\n", encoding="utf-8-sig")
+    # (nor are a Windows line end and blanks after a name; blank lines after the last name
+    # name no class)
+    (tmp_path / "classnames.txt").write_text("tabby \r\nhound\n\r\n \n", encoding="utf-8-sig")
     src = open_source(f"webdataset:{shards}/*.tar", label_key=label_key)
     assert src.class_names == class_names
     np.testing.assert_array_equal(src.labels, open_source(data / "folder").labels)
@@ -309,6 +310,9 @@ def test_a_byte_order_mark_in_a_text_label_is_no_part_of_the_name(tmp_path):
         # A blank line: class 1 was named '', the names after it shifted onto the next.
         ("tabby\n\nhound\n", r"leave class 1 without a name; each class needs one \(a blank"),
         ("tabby\n \t\nhound\n", r"The class names leave class 1 without a name"),
+        # A blank first line: stripped away, each name named the class before its own.
+        ("\ntabby\nhound\n", r"The class names leave class 0 without a name"),
+        (" \r\ntabby\r\nhound\r\n", r"The class names leave class 0 without a name"),
     ],
 )
 def test_class_names_of_indices_name_each_class_once_in_storable_text(tmp_path, names, match):
