@@ -753,11 +753,16 @@ def renumbered_decimal(texts: list[str]) -> tuple[int, int, str] | None:
     """``(i, k, name)`` where every label is a whole number written as a decimal ("2.0", as
     pandas writes integers in a column that held a missing value), read as class names
     sorted as text, and label i's class ``k`` is not the number it spells (class 4 was
-    "2.0" of 12 classes, without a word); None otherwise."""
-    if not all(re.fullmatch(r"\d+\.0+", text) for text in texts):
+    "2.0" of 12 classes, without a word); None otherwise. A negative one (-1.0, as pandas
+    writes the -1 of unlabelled samples) is no class index, but sorts first and moves the
+    others ("0.0" was class 1, without a word)."""
+    if not all(re.fullmatch(r"-?\d+\.0+", text) for text in texts):
         return None
     order = {text: k for k, text in enumerate(sorted(set(texts)))}
-    moved = next((i for i, text in enumerate(texts) if order[text] != float(text)), None)
+    moved = next(
+        (i for i, text in enumerate(texts) if order[text] != float(text) and text[0] != "-"),
+        None,
+    )
     return None if moved is None else (moved, order[texts[moved]], texts[moved])
 
 

@@ -123,6 +123,9 @@ def test_class_indices_that_leave_classes_empty_or_merge_are_said(folder, caplog
         (["0.0", "10.0", "1.0", "2.0"], r"list.csv:2: the label '10.0' is a whole number"),
         (["0.0", "1.0", "1.0", "0.0"], None),  # classes 0 and 1 either way
         (["0.5", "1.0", "1.0", "0.5"], None),  # not integers: names
+        # -1.0 sorted first (pandas' -1 of unlabelled rows): "0.0" was class 1, unsaid.
+        (["-1.0", "0.0", "1.0", "0.0"], r"list.csv:2: the label '0.0' is a whole number"),
+        (["-1.0", "1.0", "1.0", "-1.0"], None),  # a ±1 labelling: "1.0" is class 1
     ],
 )
 def test_a_list_that_mixes_indices_with_names_says_it_reads_them_as_names(
