@@ -1385,8 +1385,9 @@ def _checked(src: ImageSource) -> ImageSource:
     """An ImageSource given as it is (built by the caller), refused where its store could
     not be written or read back: ids, labels and source indices of other counts, labels
     that are no class indices into its class names (load_features refused the store once
-    every image was extracted), a class named twice, or text that is not UTF-8. Labels
-    are returned as int64 (a list, or whole numbers in floats, are taken)."""
+    every image was extracted), a class named twice, by no text or by none, or text that
+    is not UTF-8. Labels are returned as int64 (a list, or whole numbers in floats, are
+    taken)."""
     labels = np.asarray(src.labels)
     n_ids, n_labels, n_index = len(src.ids), labels.size, len(src.source_index)
     if labels.ndim != 1 or not n_ids == n_labels == n_index:
@@ -1409,6 +1410,14 @@ def _checked(src: ImageSource) -> ImageSource:
         raise ValueError(
             f"The labels of the ImageSource {src.description!r} must be class indices, "
             f"integers in 0..{k - 1} (its {k} class names). Got {got!r} instead."
+        )
+    # (one that is no text failed on its .strip(): class_names=list(range(10)))
+    name = next((name for name in src.class_names if not isinstance(name, str)), "")
+    if not isinstance(name, str):
+        raise ValueError(
+            f"The class names of the ImageSource {src.description!r} must be str. Got "
+            f"{name!r} ({type(name).__name__}) instead; name the classes as text "
+            "([str(k) for k in ...])."
         )
     _check_index_names(list(src.class_names))
     _check_utf8(list(src.ids), src.root)

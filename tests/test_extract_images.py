@@ -1391,6 +1391,12 @@ def test_open_source_errors(source, error, match):
             dict(class_names=["caf\u00e9", "cafe\u0301"]),
             r"The class names .* two Unicode forms, 'caf\\xe9' and 'cafe\\u0301'",
         ),
+        # Names that are no text: AttributeError ("'int' object has no attribute 'strip'").
+        (
+            dict(class_names=[0, 1]),
+            r"class names of the ImageSource 'mine' must be str. Got 0 \(int",
+        ),
+        (dict(class_names=["cat", None]), r"must be str. Got None \(NoneType\) instead"),
         # A name that is not UTF-8: a UnicodeEncodeError writing the store.
         (dict(ids=["cat/000.png", "dog/\udcff.jpg"]), r"not valid UTF-8: 'dog/.+xff.jpg'"),
     ],
