@@ -1154,6 +1154,31 @@ def test_tilt_0_with_a_grid_whose_only_models_are_erm_is_refused_before_any_fit(
     assert err[-1].startswith("mr2-probe: error: --tilt 0 with --c-bar none is a front of ERM")
 
 
+def test_tilt_0_with_a_grid_that_chose_erm_says_so_early_and_in_its_options(
+    files, tmp_path, capsys
+):
+    # --grid c_bar=none,1 --tilt 0 (taken: it may choose c_bar=1) fitted every model without
+    # a word, then failed the front in the library's terms ("Give tilts or offset_bounds")
+    # where the search chose c_bar=None (here the first of two settings scored the same).
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--grid", "c_bar=none,1", "--tilt", "0", "--out",
+            str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "best parameters by worst_class (3-fold CV): {'c_bar': None}" in captured.out
+    err = captured.err.splitlines()
+    assert err[0].startswith(
+        "mr2-probe: warning: --tilt 0 with a --grid that may choose ERM's configuration"
+    )
+    assert (
+        "mr2-probe: error: the front failed and is left out: MR2 grid's search chose "
+        "c_bar=None, ERM's configuration (no margins, no projection), so --tilt 0 is a front "
+        "of ERM alone; give --tilt values above 0 or --offsets to draw a front whatever the "
+        "search chooses"
+    ) in err
+    assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2 grid"}
+
+
 @pytest.mark.parametrize("name", ["train.npz", pytest.param("store.h5", marks=NEEDS_H5), "y.npy"])
 def test_a_link_to_a_file_moved_away_is_said_to_be_one(files, stores, tmp_path, name, capsys):
     # A symbolic link whose file was moved away was said not to exist, beside it.

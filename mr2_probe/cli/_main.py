@@ -577,8 +577,25 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args, fitted_as: dict)
     (ERM's, tuned on its own) on a validation split, choose by the rule, refit the choice
     on all of the training data and add it to ``models``: ERM or MR², the models fitted
     there already (``fitted_as``: their names in ``models``), are not fitted again."""
-    from ..front import accuracy_front
+    from ..front import _same_configuration, _with_params, accuracy_front
 
+    mr2 = models[fitted_as["MR2"]]
+    if (
+        not args.offsets
+        and not any(t > 0 for t in args.tilt)
+        and _same_configuration(
+            _with_params(base, class_tilt=0.0),
+            _with_params(erm, c_bar=None, lam=0.0, class_tilt=0.0),
+        )
+    ):  # (a --grid's choice: ERM's configuration otherwise is refused before any fit)
+        chose = ", ".join(
+            f"{k.removeprefix('probe__')}={v}" for k, v in getattr(mr2, "best_params_", {}).items()
+        )
+        raise ValueError(
+            f"{fitted_as['MR2']}'s search chose {chose}, ERM's configuration (no margins, no "
+            "projection), so --tilt 0 is a front of ERM alone; give --tilt values above 0 or "
+            "--offsets to draw a front whatever the search chooses"
+        )
     X_fit, X_val, y_fit, y_val = train_test_split(
         X, y, test_size=args.val_size, stratify=y, random_state=args.seed
     )

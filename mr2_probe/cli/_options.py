@@ -594,21 +594,27 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
             f"{shown}: {invalid[0][1]})",
             file=sys.stderr,
         )
-    if (
-        grid
-        and args.tilt
-        and not args.offsets
-        and not any(t > 0 for t in args.tilt)
-        and all(
-            c.get("c_bar", args.c_bar) is None and not c.get("lam", args.lam)
-            for c, reason in reasons
-            if not reason  # (a combination left out of the search is no choice of it)
-        )
-    ):  # (as without --grid: the front failed after every other fit, in the library's terms)
+    # (a combination left out of the search is no choice of it)
+    erm_like = [
+        c.get("c_bar", args.c_bar) is None and not c.get("lam", args.lam)
+        for c, reason in reasons
+        if not reason
+    ]
+    untilted = args.tilt and not args.offsets and not any(t > 0 for t in args.tilt)
+    if grid and untilted and all(erm_like):
+        # (as without --grid: the front failed after every other fit, in the library's terms)
         given = "--grid c_bar=none" if "c_bar" in grid else "--c-bar none"
         raise UsageError(
             f"--tilt 0 with {given} is a front of ERM alone (MR² is then ERM's configuration, "
             "whatever the grid chooses); give --tilt values above 0, --offsets, or a c_bar"
+        )
+    if grid and untilted and any(erm_like):  # known only once the search has chosen
+        print(
+            "mr2-probe: warning: --tilt 0 with a --grid that may choose ERM's configuration "
+            "(c_bar=None, lam=0): where it does, the front is one of ERM alone and is left "
+            "out (exit status 1); give --tilt values above 0 or --offsets to draw it whatever "
+            "the search chooses",
+            file=sys.stderr,
         )
     models = [clone(mr2).set_params(**c) for c, reason in reasons if not reason]
     for name, (reads, what, advice) in _READ_BY_SOME.items():
