@@ -288,8 +288,8 @@ def main(argv=None):
         + threads()
         + (f", from {args.store}" if args.store else ", synthetic")
     )
-    if note := untrained_test_rows(y, yt):
-        print(note)
+    if untrained := untrained_test_rows(y, yt):
+        print(untrained)
     header = f"{'model':<46}{'fit s':>8}{'× linear':>10}{'iters':>8}{'objective':>11}{'acc %':>8}"
     print(header)
     print("-" * len(header))
@@ -346,7 +346,13 @@ def main(argv=None):
         rows.extend(sweep(X, y, args, common))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=str))
+        args.json.write_text(
+            json.dumps(
+                {"args": vars(args), "untrained_test_rows": untrained, "rows": rows},
+                indent=1,
+                default=str,
+            )
+        )
 
 
 def _spheres_wherever_they_can(source, n_features, n_classes, scale, margins):

@@ -281,8 +281,8 @@ def main(argv=None):
         f"max_iter={args.max_iter}, best of {args.repeat}, "
         f"{threads()}"
     )
-    if note := untrained_test_rows(y_train, y_test):
-        print(note)
+    if untrained := untrained_test_rows(y_train, y_test):
+        print(untrained)
     header = (
         f"{'model':<30}{'device':>7}{'fit s':>9}{'speed-up':>10}{'iters':>7}"
         f"{'objective':>11}{'acc %':>8}{'hard %':>8}{'worst %':>9}"
@@ -315,23 +315,26 @@ def main(argv=None):
                 **{f"{k}_accuracy": float(s[k]) for k in ("overall", "hard", "worst")},
             }
         )
-        _write_json(args, len(y_test), rows, [])  # a run stopped early keeps its rows
+        _write_json(args, len(y_test), rows, [], untrained)  # a run stopped early keeps its rows
     tilt_ratios = []
     for (name, device), seconds in times.items():
         if "class_tilt" in name:
             ratio = seconds / times["MR2 c_bar=1", device]
             print(f"{name} on {device}: {ratio:.2f}× the fit time of class_tilt=0")
             tilt_ratios.append({"model": name, "device": device, "fit_time_ratio": ratio})
-    _write_json(args, len(y_test), rows, tilt_ratios)
+    _write_json(args, len(y_test), rows, tilt_ratios, untrained)
 
 
-def _write_json(args, n_test: int, rows: list, tilt_ratios: list) -> None:
+def _write_json(args, n_test: int, rows: list, tilt_ratios: list, untrained: str | None) -> None:
+    """The run's rows to --json; ``untrained``: its line on test rows of classes the
+    training rows lack, printed above the table (None where there are none)."""
     if args.json is None:
         return
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     result = {
         "config": config,
         "n_test": n_test,
+        "untrained_test_rows": untrained,
         "torch_threads": torch.get_num_threads(),
         "rows": rows,
         "tilt_fit_time_ratios": tilt_ratios,

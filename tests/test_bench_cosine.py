@@ -190,14 +190,15 @@ def test_the_warm_up_takes_rows_of_every_class_of_a_class_ordered_store(
 # 1000: 100 of them
 @pytest.mark.parametrize("n_samples, untrained", [(1200, 300), (1000, 100), (1500, 0)])
 def test_test_rows_of_classes_the_training_rows_lack_are_said(
-    bench, monkeypatch, capsys, n_samples, untrained
+    bench, monkeypatch, tmp_path, capsys, n_samples, untrained
 ):
     """Every accuracy was 0.00 without a word: a store's rows in class order, its last
     class beyond --n-samples."""
     monkeypatch.setattr("extract.load_features", lambda path: _ClassOrderedStore())
+    out = tmp_path / "rows.json"  # (which said nothing of them)
     bench.main(["--store", "ordered.h5", "--n-samples", str(n_samples), "--n-test", "300",
                 "--scales", "16", "--no-rounds", "--no-before", "--no-equivalent",
-                "--max-iter", "50"])  # fmt: skip
+                "--max-iter", "50", "--json", str(out)])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
     said = [line for line in lines if "classes that the training rows lack" in line]
     if untrained:
@@ -205,6 +206,7 @@ def test_test_rows_of_classes_the_training_rows_lack_are_said(
                         "training rows lack (2): every model predicts them wrong)"]  # fmt: skip
     else:
         assert not said
+    assert json.loads(out.read_text())["untrained_test_rows"] == (said[0] if said else None)
 
 
 class _SmallClassStore(_ClassOrderedStore):

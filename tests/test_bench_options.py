@@ -454,13 +454,15 @@ def test_check_values_accepts_the_values_at_its_limits(must, accepted, refused, 
 )  # fmt: skip
 @pytest.mark.parametrize("n_samples, said", [pytest.param(20, 1, marks=pytest.mark.slow), (600, 0)])
 def test_test_rows_of_classes_the_training_rows_lack_are_said(
-    script, argv, n_samples, said, capsys
+    script, argv, n_samples, said, tmp_path, capsys
 ):
     # Synthetic labels of more classes than a few training rows draw: the test rows of the
-    # others were scored wrong by every model without a word (bench_fit printed 0.00).
+    # others were scored wrong by every model without a word (bench_fit printed 0.00); its
+    # --json said nothing of them (its line is "untrained_test_rows", null where none).
+    out = tmp_path / "rows.json"
     with warnings.catch_warnings():  # (few rows of many classes: scikit-learn's warnings)
         warnings.simplefilter("ignore")
-        load_benchmark(script).main([*argv, "--n-samples", str(n_samples)])
+        load_benchmark(script).main([*argv, "--n-samples", str(n_samples), "--json", str(out)])
     lines = [
         line
         for line in capsys.readouterr().out.splitlines()
@@ -468,3 +470,4 @@ def test_test_rows_of_classes_the_training_rows_lack_are_said(
     ]
     assert len(lines) == said
     assert all(line.endswith("): every model predicts them wrong)") for line in lines)
+    assert json.loads(out.read_text())["untrained_test_rows"] == (lines[0] if said else None)
