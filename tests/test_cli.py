@@ -2697,6 +2697,15 @@ def test_a_failed_setting_s_line_names_the_error_a_chained_traceback_ends_in(fil
     assert "cannot be converted" not in failed[0]
 
 
+def test_a_front_that_failed_names_its_tilt_as_the_option(files, capsys):
+    # The front's error named the estimator's class_tilt=1e+300, which mr2-probe has no
+    # option of, where its warnings say --tilt.
+    argv = [str(files / "train.npz"), "--tilt", "1e300", "--max-iter", "20", "--no-progress"]
+    assert main(argv) == 1
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "front failed" in line]
+    assert "with --tilt 1e+300 (" in line and "class_tilt" not in line
+
+
 @pytest.mark.parametrize("action", ["always", "ignore"])
 def test_a_failed_setting_s_line_names_no_other_setting_s_error(files, capsys, action):
     # Two settings diverging, each fold of its own error: scikit-learn's warning does not

@@ -150,7 +150,9 @@ def _fit_and_report(args, erm, mr2, grid, out, X, y, X_test, y_test, names, sour
             if isinstance(error, KeyboardInterrupt):
                 front_error, status = "the front was interrupted and is left out", 130
             else:
-                front_error, status = f"the front failed and is left out: {_one_line(error)}", 1
+                # (its tilt as --tilt's, as the front's warnings say it)
+                why = _front_terms(_one_line(error))
+                front_error, status = f"the front failed and is left out: {why}", 1
             print(f"mr2-probe: error: {front_error}", file=sys.stderr)
     fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}
 
