@@ -105,6 +105,18 @@ def load(args):
     return X[: args.n_samples], y[: args.n_samples], X[args.n_samples :], y[args.n_samples :]
 
 
+def class_indices(y, yt):
+    """Labels as their class's row of a model's ``coef_`` and ``margins_``, its position
+    among the training classes, as the objectives here index them (a code was taken as
+    the row: a class that the training rows lack below the largest code, as a store's
+    listed class of no row or synthetic classes that a few rows miss, failed them with
+    "index 9 is out of bounds", or read another class's row). Test rows of a class the
+    training rows lack are -1, which no model predicts."""
+    classes = np.unique(y)
+    position = np.searchsorted(classes, yt).clip(max=len(classes) - 1)
+    return np.searchsorted(classes, y), np.where(classes[position] == yt, position, -1)
+
+
 def add_data_arguments(parser) -> None:
     """The options of :func:`load`, shared with cosine_tried.py."""
     parser.add_argument("--store", type=Path, help="a feature store (.h5) instead of synthetic")
@@ -290,6 +302,7 @@ def main(argv=None):
     )
     if untrained := untrained_test_rows(y, yt):
         print(untrained)
+    y, yt = class_indices(y, yt)  # (once said, in the store's codes)
     header = f"{'model':<46}{'fit s':>8}{'× linear':>10}{'iters':>8}{'objective':>11}{'acc %':>8}"
     print(header)
     print("-" * len(header))

@@ -209,6 +209,37 @@ def test_test_rows_of_classes_the_training_rows_lack_are_said(
     assert json.loads(out.read_text())["untrained_test_rows"] == (said[0] if said else None)
 
 
+class _ClassOfNoRowStore(_ClassOrderedStore):
+    """A store that lists a class of no row (code 1, a class that its list left out): its
+    rows are of codes 0 and 2, 600 each."""
+
+    labels = np.repeat([0, 2], 600)
+    features = (np.random.default_rng(0).normal(size=(1200, 8)) + labels[:, None]).astype(
+        np.float32
+    )
+
+
+@pytest.mark.parametrize(
+    "script, argv, row",
+    [
+        ("bench_cosine", ["--scales", "16", "--no-rounds", "--no-before", "--no-equivalent"],
+         "MR2 cosine, scale=16"),
+        ("cosine_tried", ["--scale", "16", "--only", "cold"], "cold fit at scale 16"),
+    ],
+)  # fmt: skip
+def test_a_class_code_of_no_training_row_is_no_row_of_the_objective(
+    script, argv, row, monkeypatch, capsys
+):
+    # The objectives took a label as its class's row of coef_ and margins_: codes 0 and 2,
+    # two rows, failed them with "index 2 is out of bounds for dimension 0 with size 2".
+    monkeypatch.setattr("extract.load_features", lambda path: _ClassOfNoRowStore())
+    load_benchmark(script).main(
+        ["--store", "gap.h5", "--n-samples", "900", "--n-test", "300", "--max-iter", "50", *argv]
+    )
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if row in line]
+    assert float(line.split()[-2 if script == "cosine_tried" else -1]) == 100.0  # test accuracy
+
+
 class _SmallClassStore(_ClassOrderedStore):
     """100 training rows of two classes and 2 of a third, then 30 test rows."""
 
