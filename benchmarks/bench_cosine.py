@@ -78,6 +78,7 @@ from bench_fit import (  # noqa: E402
     make_features,
     threads,
     untrained_test_rows,
+    write_whole,
 )
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, _sphere  # noqa: E402
@@ -358,13 +359,13 @@ def main(argv=None):
     if args.sweep:
         rows.extend(sweep(X, y, args, common))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
+        write_whole(
+            args.json,
             json.dumps(
                 {"args": vars(args), "untrained_test_rows": untrained, "rows": rows},
                 indent=1,
                 default=str,
-            )
+            ),
         )
 
 

@@ -36,6 +36,7 @@ from bench_fit import (  # noqa: E402
     threads,
     timed_fit,
     untrained_test_rows,
+    write_whole,
 )
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
@@ -166,10 +167,10 @@ def main(argv=None):
         )
     if args.json:
         config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        args.json.parent.mkdir(parents=True, exist_ok=True)  # as the other benchmarks do
-        args.json.write_text(
+        write_whole(
+            args.json,
             json.dumps({"args": config, "untrained_test_rows": untrained, "rows": rows}, indent=2)
-            + "\n"
+            + "\n",
         )
 
 

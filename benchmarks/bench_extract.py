@@ -31,7 +31,7 @@ import torch
 from torchvision.datasets import ImageFolder
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_fit import check_output  # noqa: E402
+from bench_fit import check_output, write_whole  # noqa: E402
 
 from extract import BackboneError, create_backbone, extract_features  # noqa: E402
 from extract._batches import compute_precision  # noqa: E402
@@ -209,8 +209,7 @@ def main(argv: list[str] | None = None) -> None:
             for name, rate in rates.items()
         ]
         result = {"config": config, "device": str(device), "sources": sources, "rows": rows}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_whole(args.json, json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from bench_fit import (  # noqa: E402
     check_output,
     check_two_classes,
     check_values,
+    write_whole,
 )
 
 from mr2_probe import MR2LinearClassifier  # noqa: E402
@@ -240,8 +241,7 @@ def main(argv=None):
     if args.peer_rows > 0:
         result["peer"] = peer(X, y, args)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_whole(args.json, json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -320,6 +320,12 @@ def test_a_bad_option_value_is_one_line(script, argv, message, capsys):
         ("bench_fit", [*SMALL_FIT, "--n-classes", "3", "--repeat", "1", "--devices", "cpu",
                        "--json"]),
         ("quality", ["--data", "synthetic", *SMALL_QUALITY, "--methods", "ERM", "--out"]),
+        # (these wrote their JSON by write_text: the link kept, a folder to make refused)
+        pytest.param("bench_cv", [*SMALL_CV, "--json"], marks=pytest.mark.slow),  # (workers)
+        ("bench_cosine", [*SMALL_COSINE, "--no-equivalent", "--json"]),
+        ("bench_probe_imagenet", ["--n-samples", "200", "--n-features", "8", "--n-classes",
+                                  "3", "--peer-rows", "0", "--lbfgs-iter", "5",
+                                  "--adam-epochs", "1", "--device", "cpu", "--json"]),
     ],
 )  # fmt: skip
 def test_a_results_file_that_is_a_link_is_written_through_it(
