@@ -123,7 +123,7 @@ class Front:
                 row += [_cell(None if p.test is None else p.test.get(c)) for c in columns]
             rows.append(row)
         splits = "validation and test" if with_test else "validation"
-        title = f"accuracy front (%, {splits}); {_rule(self.bound)}"
+        title = f"accuracy front (%, {splits}); rule: {_rule(self.bound)}"
         if markdown:
             lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
             lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -139,7 +139,7 @@ class Front:
 
 def _rule(bound: float) -> str:
     return (
-        "rule: the largest validation worst-class accuracy whose validation overall "
+        "the largest validation worst-class accuracy whose validation overall "
         f"accuracy is within {100 * bound:g} pt of ERM's"
     )
 

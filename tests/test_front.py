@@ -708,6 +708,8 @@ def test_front_tables_and_json(front):
     header, rule = markdown.split("\n")[2:4]
     assert rule.count("|") == header.count("|")
     assert json.loads(json.dumps(data))["chosen"] == front.chosen
+    # The rule under its key, without the word that names it again (as "rule: rule: ...").
+    assert data["rule"].startswith("the largest validation worst-class accuracy")
     # Percent, like the tables and ClasswiseReport.to_dict.
     assert data["units"] == "percent" and data["bound"] == 0.5
     erm = data["points"][0]
