@@ -60,7 +60,8 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
             f"{_mix(kinds)}: y_true holds {y_true.dtype} labels and y_pred {y_pred.dtype} labels."
         )
     given = labels is not None  # (np.unique's own classes are each there once)
-    labels = _as_dates(np.asarray(labels), y_true) if given else np.unique(y_true)
+    # (NumPy's dates held as objects against y's datetime's: "'<' not supported")
+    labels = _as_dates(_numpy_held(np.asarray(labels)), y_true) if given else np.unique(y_true)
     if labels.ndim != 1 or (len(labels) == 0 and len(y_true)):
         raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
     _check_kinds(labels, y_true)  # every class would be scored NaN
@@ -367,7 +368,7 @@ def class_groups(y_true, y_pred, labels=None) -> dict:
     >>> class_groups([0, 0, 1, 1, 2, 2], [0, 0, 1, 0, 0, 0])
     {0: 'easy', 1: 'medium', 2: 'hard'}
     """
-    labels = _classes(y_true) if labels is None else np.asarray(labels)
+    labels = _classes(y_true) if labels is None else _numpy_held(np.asarray(labels))
     # NaN (no samples) is taken as the worst accuracy: ranked hardest by its value, not by
     # where argsort happens to place NaN (last, under argsort(-acc)).
     acc = np.nan_to_num(per_class_accuracy(y_true, y_pred, labels), nan=-1.0)
@@ -651,7 +652,8 @@ def _text_and_numbers(a: np.ndarray, b: np.ndarray) -> bool:
 
 def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
     present = _classes(y_true)
-    labels = _as_dates(np.asarray(labels), present)  # (dates as objects: NumPy's, as scored)
+    # (dates as objects, datetime's or NumPy's: NumPy's, as scored)
+    labels = _as_dates(_numpy_held(np.asarray(labels)), present)
     present = _as_dates(present, labels)
     if _text_and_numbers(present, labels):  # (JSON's keys: none is a class of y_true)
         unknown = present

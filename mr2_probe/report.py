@@ -19,6 +19,7 @@ from .metrics import (
     _check_kinds,
     _classes,
     _listed,
+    _numpy_held,
     _numpy_times,
     _text_and_numbers,
     class_groups,
@@ -218,7 +219,7 @@ def classwise_report(
 def _class_order(labels, y) -> np.ndarray:
     """The classes of ``y`` in the order of ``labels``, checked to hold each once (as y's
     own values: a label 2.0 for the class 2 is reported as 2)."""
-    labels, classes = np.asarray(labels), _classes(y, "y")
+    labels, classes = _numpy_held(np.asarray(labels)), _classes(y, "y")
     # y's dates held as objects compared as NumPy's where the labels are NumPy's: a date
     # against the integer of nanoseconds of a label's tolist() was refused.
     keys = _as_dates(classes, labels)

@@ -744,6 +744,21 @@ def test_numpy_s_times_held_as_objects_are_scored_against_datetime_s(kind):
         assert classwise_summary(y_true, y_true, groups)["hard"] == 1.0
 
 
+@pytest.mark.parametrize("kind", ["datetime64", "timedelta64"])
+def test_numpy_s_times_held_as_objects_in_labels_score_datetime_s(kind):
+    # labels= (or group keys) of NumPy's held as objects for a y of datetime's: each
+    # compared through its item(), an integer of nanoseconds ("'<' not supported").
+    days = np.array([1, 2, 2], "timedelta64[D]")
+    if kind == "datetime64":
+        days = np.datetime64("2024-01-01") + days
+    python = days.astype(object)  # datetime.date (timedelta)
+    labels = np.array(list(days[[2, 0]].astype(f"{kind}[ns]")), dtype=object)
+    np.testing.assert_array_equal(per_class_accuracy(python, python[[0, 0, 2]], labels), [0.5, 1])
+    assert list(class_groups(python, python[[0, 0, 2]], labels).values()) == ["hard", "easy"]
+    summary = classwise_summary(python, python, groups=[0, 2], labels=labels)
+    assert summary["hard"] == 1.0
+
+
 def test_timestamps_held_as_objects_keep_their_nanoseconds():
     # Taken as datetime's, cut to microseconds: two classes 1 ns apart were scored as one
     # (y held as Timestamps) or each 0% (predictions held so).

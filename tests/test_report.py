@@ -532,6 +532,19 @@ def test_numpy_s_times_held_as_objects_in_y_are_ordered_by_datetime_s_labels(kin
     assert report.labels == [str(v) for v in y[[2, 0]]]
 
 
+@pytest.mark.parametrize("kind", ["datetime64", "timedelta64"])
+def test_numpy_s_times_held_as_objects_in_labels_order_datetime_s_y(kind):
+    # y a pandas column's .dt.date, labels list() of its .values held as objects: refused,
+    # each date compared with an integer of nanoseconds.
+    days = np.array([1, 2, 2], "timedelta64[D]")
+    if kind == "datetime64":
+        days = np.datetime64("2024-01-01") + days
+    y = days.astype(object)  # datetime.date (timedelta)
+    labels = np.array(list(days[[2, 0]].astype(f"{kind}[ns]")), dtype=object)
+    report = classwise_report({"erm": y}, y, labels=labels)
+    assert report.labels == [str(v) for v in y[[2, 0]]]
+
+
 def test_durations_in_nanoseconds_as_labels_order_y_s_classes_in_days():
     # Their tolist() integers of nanoseconds were read as days: 86400000000000 days.
     y = np.array([1, 2, 2], "timedelta64[D]")
