@@ -527,6 +527,8 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
         # (of integers: booleans False, True and floats 0.0, 1.0, ... are labels, class_groups'
         # keys, which were refused as two readings where y_true held some of them)
         index = np.asarray(groups.index)
+        if index.dtype == object:  # (integers held as objects: integers)
+            index = np.asarray(index.tolist())
         positions = index.dtype.kind in "iu" and np.array_equal(index, np.arange(len(groups)))
         if positions and labels is None:
             classes = _classes(_labels_1d(y_true, y_pred)[0])

@@ -1091,3 +1091,14 @@ def test_a_series_of_groups_by_boolean_or_float_classes_is_read_by_label(classes
     assert classwise_summary(y_true, y_true, pd.Series(groups)) == pytest.approx(
         expected, nan_ok=True
     )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint8", "Int64", "object"])
+def test_a_series_of_groups_indexed_by_integers_of_any_dtype_is_read_by_position(dtype):
+    # An index 0, 1, 2 of integers held as objects was read by label: the groups of a
+    # table's column, aligned with labels, were said to miss every class.
+    pd = pytest.importorskip("pandas")
+    column = pd.Series(["hard", "easy", "medium"], index=pd.Index([0, 1, 2], dtype=dtype))
+    y = np.array(["a", "b", "c"])
+    summary = classwise_summary(y, y[[0, 0, 0]], column, labels=["c", "a", "b"])
+    assert summary["hard"] == 0.0 and summary["easy"] == 1.0
