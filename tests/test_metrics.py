@@ -349,6 +349,22 @@ def test_dates_for_a_y_of_text_are_refused_without_the_cure_of_text_for_dates(la
         classwise_summary(y, y, dict(zip(list(labels), ["easy", "hard"], strict=True)))
 
 
+@pytest.mark.parametrize(
+    "y",
+    [
+        np.array([1, 2], "timedelta64[D]"),
+        np.array([datetime(2024, 1, day, tzinfo=timezone.utc) for day in (1, 2)]),
+    ],
+)
+def test_text_for_durations_or_aware_dates_is_refused_without_the_cure_of_naive_dates(y):
+    # np.asarray(labels, dtype='datetime64') reads no duration, and aware dates in UTC.
+    text = [str(v) for v in y]
+    with pytest.raises(ValueError, match=r"^Mix of label input types .* labels\.$"):
+        per_class_accuracy(y, y, labels=text)
+    with pytest.raises(ValueError, match=r"^Mix of label input types .* labels\.$"):
+        classwise_summary(y, y, dict(zip(text, ["easy", "hard"], strict=True)))
+
+
 @pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
 def test_groups_keyed_by_the_classes_numbers_as_text_are_refused_among_many_classes(score):
     # Among 20 classes, JSON's keys '0', '1', ... were taken for the classes 0, 1, ...
@@ -629,6 +645,8 @@ def test_numpy_s_text_held_as_objects_is_text(text):
         (np.array([timedelta(days=1)]), np.array([date(2024, 1, 1)]), "date and duration"),
         # A time of day counted as a number too: against integer codes, scored 0%.
         (np.array([time(5)]), [5], "number and time"),
+        # NumPy's durations held as objects (an integer to NumPy) among numbers
+        (np.array([np.timedelta64(1, "D"), 1], dtype=object), [1, 1], "number and duration"),
     ],
 )
 def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):

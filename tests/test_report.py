@@ -381,6 +381,9 @@ def test_labels_order_the_classes_and_break_ties_in_that_order():
     for labels in (["c", "b"], ["c", "b", "a", "a"], ["c", "b", "d"], [["a", "b", "c"]]):
         with pytest.raises(ValueError, match="labels must hold each class of y once"):
             classwise_report(models, y, labels=labels)
+    # Codes as text (a report's JSON) for a y of codes: y's classes listed beside them.
+    with pytest.raises(ValueError, match=r"y has the classes \[0, 1\], labels are \['1', '0'\]\.$"):
+        classwise_report({"erm": [0, 1]}, [0, 1], labels=["1", "0"])
 
 
 def test_text_and_markdown_tables_exactly():
