@@ -230,6 +230,10 @@ def _check_no_nan(name: str, a: np.ndarray) -> None:
         # among the Timestamps of a column with a time zone, NumPy's): scored as a class
         # that sorted nowhere, it left the next class NaN.
         values = set(a.tolist()) if a.dtype == object else set()
+        if values and all(v is None or _is_na(v) for v in values):  # (one kind, no class)
+            raise ValueError(
+                f"Input {name} holds only missing labels (None): there is no class to score."
+            )
         dated = Number | datetime.date | np.datetime64
         nan = {v for v in values if isinstance(v, dated) and v != v}
         what = "NaN" if any(isinstance(v, Number) for v in nan) else "NaT"

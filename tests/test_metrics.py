@@ -793,6 +793,13 @@ def test_pandas_missing_labels_are_named_as_missing():
     pd = pytest.importorskip("pandas")
     with pytest.raises(ValueError, match=r"^Mix of label input types \(str and None\)"):
         worst_class_accuracy(pd.array(["a", "b", None], dtype="string"), np.array(["a", "b", "b"]))
+    # Only missing labels (a column lost in a merge) failed in np.unique: "'<' not
+    # supported between instances of 'NoneType' and 'NoneType'" (pd.NA: "ambiguous").
+    for missing in (None, pd.NA):
+        y = np.array([missing, missing], dtype=object)
+        for score in (per_class_accuracy, class_groups, classwise_summary):
+            with pytest.raises(ValueError, match=r"^Input y_true holds only missing labels"):
+                score(y, y)
 
 
 @pytest.mark.parametrize(
