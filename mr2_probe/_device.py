@@ -123,8 +123,10 @@ def to_tensor(array, device: torch.device, dtype: torch.dtype | None = None) -> 
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """Detach ``tensor`` and return it as a NumPy array on the CPU."""
-    return tensor.detach().cpu().numpy()
+    """Detach ``tensor`` and return it as a NumPy array on the CPU (bfloat16 as float32)."""
+    tensor = tensor.detach().cpu()
+    # NumPy has no bfloat16 ("Got unsupported ScalarType BFloat16"); float32 holds its values.
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
 
 
 def inverse_row_norms(x: torch.Tensor) -> torch.Tensor:

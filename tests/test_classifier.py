@@ -1457,6 +1457,25 @@ def test_labels_of_a_tensor_numpy_cannot_read_beside_an_array_x(kind):
     np.testing.assert_array_equal(clf.coef_, expected.coef_)
 
 
+@pytest.mark.parametrize("given", ["sample_weight", "y"])
+def test_bfloat16_tensors_of_weights_and_labels_are_read_as_float32(given):
+    # NumPy has no bfloat16: weights or labels of a bfloat16 tensor (as a model run in that
+    # precision gives them) failed in fit and score with "Got unsupported ScalarType
+    # BFloat16", where float16 ones were read.
+    X, y = _blobs(3)
+    weight = np.array([0.5, 1.0, 2.0])[y]  # (bfloat16 holds them exactly)
+    labels = y.astype(np.float32)
+    expected = MR2LinearClassifier(device="cpu").fit(X, labels, sample_weight=weight)
+    if given == "y":
+        labels = torch.as_tensor(labels, dtype=torch.bfloat16)
+    else:
+        weight = torch.as_tensor(weight, dtype=torch.bfloat16)
+    clf = MR2LinearClassifier(device="cpu").fit(X, labels, sample_weight=weight)
+    np.testing.assert_array_equal(clf.classes_, expected.classes_)
+    np.testing.assert_array_equal(clf.coef_, expected.coef_)
+    assert clf.score(X, labels, sample_weight=weight) == expected.score(X, y, weight)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("class_weight", ["balanced", {0: 2.0, 1: 1.0, 2: 1.0}])
 def test_class_weights_need_no_sample_weight_of_scikit_learn(class_weight, monkeypatch):

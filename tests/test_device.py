@@ -160,6 +160,13 @@ def test_tensors_that_record_gradients_come_back_as_arrays():
     np.testing.assert_array_equal(_device.to_numpy(x), [0.0, 2.0, 4.0])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tensors_of_half_precision_come_back_as_arrays_of_their_values(dtype):
+    # NumPy has no bfloat16: "Got unsupported ScalarType BFloat16" (float32 holds its values).
+    x = torch.tensor([0.5, 1.0, 3.0], dtype=dtype, requires_grad=True)
+    np.testing.assert_array_equal(_device.to_numpy(x), [0.5, 1.0, 3.0])
+
+
 def test_reversed_rows_are_read_as_given():
     x = np.arange(6, dtype=np.float64).reshape(3, 2)[::-1]
     np.testing.assert_array_equal(to_tensor(x, torch.device("cpu")).numpy(), x)
