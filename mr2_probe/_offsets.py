@@ -58,6 +58,7 @@ def _inner_has(attr: str):
 
 def _decision(estimator, X, classes: np.ndarray) -> np.ndarray:
     """The inner estimator's decision values as a float64 (n_samples, n_classes) array."""
+    _check_per_class_decision(estimator, len(classes))  # (the fitted one: a search's best)
     seen = np.asarray(getattr(estimator, "classes_", classes))
     if not np.array_equal(seen, classes):
         if len(seen) == len(classes) and set(seen.tolist()) == set(classes.tolist()):
@@ -185,7 +186,14 @@ def _check_per_class_decision(estimator, n_classes: int) -> None:
     # hid their SVC: its pairwise columns were tuned as one per class)
     final = estimator
     while isinstance(final, (BaseSearchCV, FrozenEstimator, Pipeline)):
-        final = final.steps[-1][1] if isinstance(final, Pipeline) else final.estimator
+        if isinstance(final, Pipeline):
+            final = final.steps[-1][1]
+        elif isinstance(final, BaseSearchCV):
+            # (a fitted search's decision values are its best_estimator_'s, whose shape its
+            # parameter grid may have set: read from the unfitted template, 'ovo' passed)
+            final = getattr(final, "best_estimator_", final.estimator)
+        else:
+            final = final.estimator
     if n_classes > 2 and getattr(final, "decision_function_shape", None) == "ovo":
         raise ValueError(
             f"{type(final).__name__}(decision_function_shape='ovo') gives one decision value "

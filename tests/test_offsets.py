@@ -1473,6 +1473,32 @@ def test_one_vs_one_decision_values_of_a_frozen_estimator_are_refused(make, sear
         TunedOffsetsClassifierCV(frozen, cv="prefit").fit(X, y)
 
 
+@pytest.mark.parametrize("cv", [3, "prefit", "frozen"])
+@pytest.mark.parametrize("pipe", [False, True])
+def test_one_vs_one_decision_values_a_search_chose_are_refused(cv, pipe):
+    # The shape was read from a search's unfitted template (SVC() is 'ovr'), not from its
+    # best_estimator_, which its parameter grid made 'ovo': 3 pairwise columns tuned as one
+    # per class, without a word.
+    X, y = load_iris(return_X_y=True)
+    svc, name = (make_pipeline(StandardScaler(), SVC()), "svc__") if pipe else (SVC(), "")
+    search = GridSearchCV(svc, {f"{name}decision_function_shape": ["ovo"]}, cv=3)
+    if cv != 3:
+        search = search.fit(X, y) if cv == "prefit" else FrozenEstimator(search.fit(X, y))
+    with pytest.raises(ValueError, match=r"^SVC\(decision_function_shape='ovo'\) gives one"):
+        TunedOffsetsClassifierCV(search, cv=3 if cv == 3 else "prefit").fit(X, y)
+
+
+def test_one_vs_rest_decision_values_a_search_chose_are_tuned():
+    # A fitted search's SVC is its best_estimator_ ('ovr'), not its template ('ovo'): it
+    # was refused.
+    X, y = load_iris(return_X_y=True)
+    search = GridSearchCV(SVC(decision_function_shape="ovo"), {"decision_function_shape": ["ovr"]})
+    search.fit(X, y)
+    clf = TunedOffsetsClassifierCV(search, cv="prefit").fit(X, y)
+    expected = TunedOffsetsClassifierCV(search.best_estimator_, cv="prefit").fit(X, y)
+    np.testing.assert_array_equal(clf.offsets_, expected.offsets_)
+
+
 def test_a_cv_without_splits_is_named():
     X, y = _imbalanced()
     with pytest.raises(ValueError, match="cv yielded no split"):
