@@ -124,6 +124,11 @@ def to_tensor(array, device: torch.device, dtype: torch.dtype | None = None) -> 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """Detach ``tensor`` and return it as a NumPy array on the CPU (bfloat16 as float32)."""
+    if tensor.is_meta:  # (torch's "Cannot copy out of meta tensor; no data!")
+        raise ValueError(
+            "A tensor was given on the 'meta' device, which holds no values: pass the "
+            "values themselves (labels, sample weights, groups), on the CPU or a GPU."
+        )
     tensor = tensor.detach().cpu()
     # NumPy has no bfloat16 ("Got unsupported ScalarType BFloat16"); float32 holds its values.
     return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()

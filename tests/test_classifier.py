@@ -1457,6 +1457,22 @@ def test_labels_of_a_tensor_numpy_cannot_read_beside_an_array_x(kind):
     np.testing.assert_array_equal(clf.coef_, expected.coef_)
 
 
+@pytest.mark.parametrize("given", ["sample_weight", "y", "groups"])
+def test_meta_tensors_of_weights_labels_or_groups_are_a_clear_value_error(given):
+    # X on the meta device is named; labels, weights or groups there gave torch's
+    # NotImplementedError "Cannot copy out of meta tensor; no data!" in fit and score.
+    X, y = _blobs(3)
+    meta = torch.empty(len(y), device="meta")
+    kwargs = {"y": y, "sample_weight": None, "groups": None} | {given: meta}
+    fitted = MR2LinearClassifier(device="cpu").fit(X, y)
+    calls = [lambda: MR2LinearClassifierCV([1.0], cv=2, device="cpu").fit(X, **kwargs)]
+    if given != "groups":
+        calls.append(lambda: fitted.score(X, kwargs["y"], sample_weight=kwargs["sample_weight"]))
+    for call in calls:
+        with pytest.raises(ValueError, match="tensor was given on the 'meta' device"):
+            call()
+
+
 @pytest.mark.parametrize("given", ["sample_weight", "y"])
 def test_bfloat16_tensors_of_weights_and_labels_are_read_as_float32(given):
     # NumPy has no bfloat16: weights or labels of a bfloat16 tensor (as a model run in that
