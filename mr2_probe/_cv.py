@@ -858,8 +858,14 @@ def with_labels(scorer, classes, every_class: bool = True):
         kwargs.setdefault("labels", classes)
     # (also a metric without labels: average_precision_score, before scikit-learn 1.7
     # brier_score_loss, whose pos_label=1 scored class 1 of {1, 2} and failed on strings)
+    # An averaged set-wise metric, make_scorer(f1_score, average="macro"), has none, as
+    # scikit-learn's "f1_macro" (the last class was ignored with a warning in every fold,
+    # "pos_label (set to 2) is ignored", and pos_label=1 fails on strings).
+    average = parameters.get("average")
+    averaged = average is not None and average.default == "binary"
+    averaged = averaged and kwargs.get("average", "binary") != "binary"
     if len(classes) == 2 and "pos_label" in parameters:
-        kwargs.setdefault("pos_label", classes[-1])
+        kwargs.setdefault("pos_label", None if averaged else classes[-1])
     if kwargs == getattr(scorer, "_kwargs", {}):
         return scorer
     return make_scorer(

@@ -1124,6 +1124,25 @@ def test_a_positive_class_metric_without_labels_scores_the_last_class(
         assert last(search, X, y) != pytest.approx(first(search, X, y))
 
 
+@pytest.mark.parametrize("labels", [[1, 2], ["b", "c"]])
+@pytest.mark.parametrize("metric, average", [("f1_score", "macro"), ("jaccard_score", "weighted")])
+def test_an_averaged_metric_is_not_told_a_positive_class_it_ignores(labels, metric, average):
+    # make_scorer(f1_score, average="macro") was given the last class as pos_label, which
+    # an averaged metric ignores with a warning in every fold and in score() ("pos_label
+    # (set to 2) is ignored when average != 'binary'"): none, as scikit-learn's "f1_macro".
+    import sklearn.metrics
+
+    X, y = load_iris(return_X_y=True)
+    X, y = X[y > 0], np.asarray(labels)[y[y > 0] - 1]
+    scorer = make_scorer(getattr(sklearn.metrics, metric), average=average)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Note that pos_label")
+        search = MR2LinearClassifierCV([1.0], cv=3, scoring=scorer, device="cpu").fit(X, y)
+        score = search.score(X, y)
+    named = make_scorer(getattr(sklearn.metrics, metric), average=average, pos_label=None)
+    assert score == pytest.approx(named(search, X, y))
+
+
 def test_score_of_probabilities_knows_every_class_on_data_lacking_one():
     # The columns of predict_proba are every class's: log loss needs all of them even where
     # the data lack some (a first version of the macro fix below dropped them: ValueError).
