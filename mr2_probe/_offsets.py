@@ -180,18 +180,25 @@ def _check_per_class_decision(estimator, n_classes: int) -> None:
     """Refuse one-vs-one decision values of 3 classes or more: K(K−1)/2 pairwise columns,
     read as one per class (with 3 classes, as many columns as classes). With two classes
     both shapes are the one decision value."""
+    from sklearn.ensemble import BaggingClassifier, StackingClassifier
     from sklearn.model_selection._search import BaseSearchCV
 
     # (a FrozenEstimator, as a search over cv="prefit" takes it, of a Pipeline or a search
     # hid their SVC: its pairwise columns were tuned as one per class)
+    # A StackingClassifier's decision values are its final estimator's, a BaggingClassifier's
+    # the mean of its estimator's: both passed an SVC's pairwise columns without a word.
     final = estimator
-    while isinstance(final, (BaseSearchCV, FrozenEstimator, Pipeline)):
+    while isinstance(
+        final, (BaseSearchCV, FrozenEstimator, Pipeline, StackingClassifier, BaggingClassifier)
+    ):
         if isinstance(final, Pipeline):
             final = final.steps[-1][1]
         elif isinstance(final, BaseSearchCV):
             # (a fitted search's decision values are its best_estimator_'s, whose shape its
             # parameter grid may have set: read from the unfitted template, 'ovo' passed)
             final = getattr(final, "best_estimator_", final.estimator)
+        elif isinstance(final, StackingClassifier):
+            final = getattr(final, "final_estimator_", final.final_estimator)
         else:
             final = final.estimator
     if n_classes > 2 and getattr(final, "decision_function_shape", None) == "ovo":

@@ -16,7 +16,7 @@ import torch
 from scipy.special import expit, log_expit, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.datasets import load_iris, make_classification
-from sklearn.ensemble import HistGradientBoostingClassifier
+from sklearn.ensemble import BaggingClassifier, HistGradientBoostingClassifier, StackingClassifier
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.feature_selection import SequentialFeatureSelector
 from sklearn.frozen import FrozenEstimator
@@ -1486,6 +1486,22 @@ def test_one_vs_one_decision_values_a_search_chose_are_refused(cv, pipe):
         search = search.fit(X, y) if cv == "prefit" else FrozenEstimator(search.fit(X, y))
     with pytest.raises(ValueError, match=r"^SVC\(decision_function_shape='ovo'\) gives one"):
         TunedOffsetsClassifierCV(search, cv=3 if cv == 3 else "prefit").fit(X, y)
+
+
+@pytest.mark.parametrize("ensemble", ["stacking", "bagging"])
+def test_one_vs_one_decision_values_of_an_ensemble_are_refused(ensemble):
+    # A StackingClassifier's decision values are its final estimator's, a
+    # BaggingClassifier's the mean of its estimators': an 'ovo' SVC's 3 pairwise columns
+    # were tuned as one per class, without a word.
+    X, y = load_iris(return_X_y=True)
+    svc = SVC(decision_function_shape="ovo")
+    if ensemble == "stacking":
+        model = StackingClassifier([("nb", GaussianNB())], final_estimator=svc, cv=2)
+    else:
+        model = BaggingClassifier(svc, n_estimators=2, random_state=0)
+    for cv, estimator in ((3, model), ("prefit", clone(model).fit(X, y))):
+        with pytest.raises(ValueError, match=r"^SVC\(decision_function_shape='ovo'\) gives"):
+            TunedOffsetsClassifierCV(estimator, cv=cv).fit(X, y)
 
 
 def test_one_vs_rest_decision_values_a_search_chose_are_tuned():
