@@ -2,6 +2,7 @@
 traceback from deep in a run."""
 
 import json
+import re
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -477,3 +478,20 @@ def test_test_rows_of_classes_the_training_rows_lack_are_said(
     assert len(lines) == said
     assert all(line.endswith("): every model predicts them wrong)") for line in lines)
     assert json.loads(out.read_text())["untrained_test_rows"] == (lines[0] if said else None)
+
+
+def test_bench_scale_path_keeps_its_cells_apart(monkeypatch, capsys):
+    # At --tol 0 a cell, "11996 it,   0.125 (16 warn)", was wider than its 24 characters
+    # and ran into the one before it: "(16 warn)11996 it".
+    module = load_benchmark("bench_scale_path")
+    fitted = SimpleNamespace(n_iter_=np.array([11996]), C_=0.125, scores_=np.ones((1, 3, 10)))
+    monkeypatch.setattr(module, "search", lambda *args, **params: (fitted, 16))
+    monkeypatch.setattr(module, "GRIDS", {"bisect": "bisect"})
+    chosen = SimpleNamespace(best_params_={"scale": 1.0}, best_score_=0.5)
+    monkeypatch.setattr(module, "GridSearchCV", lambda *args, **params: SimpleNamespace(
+        fit=lambda X, y: chosen))  # fmt: skip
+    module.main(["--tol", "0"])
+    header, rule, row = capsys.readouterr().out.splitlines()[1:4]
+    cell = r"11996 it,   0\.125 \(16 warn\)"
+    assert len(re.findall(rf"(?<=  ){cell}(?=  |$)", row)) == len(module.RULES)
+    assert len(header) == len(rule) == len(row)
