@@ -1154,15 +1154,18 @@ def test_tilt_0_with_a_grid_whose_only_models_are_erm_is_refused_before_any_fit(
     assert err[-1].startswith("mr2-probe: error: --tilt 0 with --c-bar none is a front of ERM")
 
 
+# (--p 3, which c_bar=None does not read: the front was drawn, its MR2 point ERM's model
+# fitted again, status 0, where the warning said the front would be left out)
+@pytest.mark.parametrize("options", [[], ["--p", "3"]])
 def test_tilt_0_with_a_grid_that_chose_erm_says_so_early_and_in_its_options(
-    files, tmp_path, capsys
+    files, tmp_path, capsys, options
 ):
     # --grid c_bar=none,1 --tilt 0 (taken: it may choose c_bar=1) fitted every model without
     # a word, then failed the front in the library's terms ("Give tilts or offset_bounds")
     # where the search chose c_bar=None (here the first of two settings scored the same).
     out = tmp_path / "run"
     argv = [str(files / "train.npz"), "--grid", "c_bar=none,1", "--tilt", "0", "--out",
-            str(out), "--no-progress"]  # fmt: skip
+            str(out), "--no-progress", *options]  # fmt: skip
     assert main(argv) == 1
     captured = capsys.readouterr()
     assert "best parameters by worst_class (3-fold CV): {'c_bar': None}" in captured.out
