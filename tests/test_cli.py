@@ -1182,6 +1182,17 @@ def test_tilt_0_with_a_grid_that_chose_erm_says_so_early_and_in_its_options(
     assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2 grid"}
 
 
+def test_a_grid_s_choice_of_no_margins_is_no_front_point_of_its_own_whatever_p(files, tmp_path):
+    # --p 3, which c_bar=None does not read: a search that chose c_bar=None gave the front
+    # an MR2 point of its own, ERM's model fitted again, where without --p it had none.
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--grid", "c_bar=none,1", "--tilt", "0,1", "--p", "3",
+            "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    front = json.loads((out / "report.json").read_text())["front"]
+    assert [point["name"] for point in front["points"]] == ["ERM", "tilt=1"]
+
+
 @pytest.mark.parametrize("name", ["train.npz", pytest.param("store.h5", marks=NEEDS_H5), "y.npy"])
 def test_a_link_to_a_file_moved_away_is_said_to_be_one(files, stores, tmp_path, name, capsys):
     # A symbolic link whose file was moved away was said not to exist, beside it.

@@ -582,18 +582,19 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args, fitted_as: dict)
     from ..front import _same_configuration, _with_params, accuracy_front
 
     mr2 = models[fitted_as["MR2"]]
-    # (what the chosen configuration does not read is ERM's: --p 3 beside c_bar=None, else
-    # another point, ERM's model fitted again)
+    # What the chosen configuration does not read is ERM's: --p 3 beside c_bar=None was
+    # another MR2 point, ERM's model fitted again (or a front of ERM alone, drawn).
     unread = {
         name: getattr(_final(erm), name)
         for name, (reads, *_) in _READ_BY_SOME.items()
         if not reads(_final(base))
     }
+    base = _with_params(base, **unread)
     if (
         not args.offsets
         and not any(t > 0 for t in args.tilt)
         and _same_configuration(
-            _with_params(base, class_tilt=0.0, **unread),
+            _with_params(base, class_tilt=0.0),
             _with_params(erm, c_bar=None, lam=0.0, class_tilt=0.0),
         )
     ):  # (a --grid's choice: ERM's configuration otherwise is refused before any fit)
