@@ -323,6 +323,7 @@ def test_a_bad_option_value_is_one_line(script, argv, message, capsys):
         ("quality", ["--data", "synthetic", *SMALL_QUALITY, "--methods", "ERM", "--out"]),
         # (these wrote their JSON by write_text: the link kept, a folder to make refused)
         pytest.param("bench_cv", [*SMALL_CV, "--json"], marks=pytest.mark.slow),  # (workers)
+        pytest.param("bench_extract", [*SMALL_EXTRACT, "--json"], marks=pytest.mark.slow),
         ("bench_cosine", [*SMALL_COSINE, "--no-equivalent", "--json"]),
         ("bench_probe_imagenet", ["--n-samples", "200", "--n-features", "8", "--n-classes",
                                   "3", "--peer-rows", "0", "--lbfgs-iter", "5",
