@@ -1182,15 +1182,26 @@ def test_tilt_0_with_a_grid_that_chose_erm_says_so_early_and_in_its_options(
     assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2 grid"}
 
 
-def test_a_grid_s_choice_of_no_margins_is_no_front_point_of_its_own_whatever_p(files, tmp_path):
-    # --p 3, which c_bar=None does not read: a search that chose c_bar=None gave the front
-    # an MR2 point of its own, ERM's model fitted again, where without --p it had none.
+@pytest.mark.parametrize(
+    "options, points",
+    [
+        # --p 3, which c_bar=None does not read: a search that chose c_bar=None gave the
+        # front an MR2 point of its own, ERM's model fitted again, where without --p it had
+        # none.
+        (["--tilt", "0,1", "--p", "3"], ["ERM", "tilt=1"]),
+        # With offsets the front is more than ERM whatever the search chooses: drawn.
+        (["--tilt", "0", "--offsets", "1"], ["ERM", "offsets≤1pt"]),
+    ],
+)
+def test_a_grid_s_choice_of_no_margins_is_no_front_point_of_its_own(
+    files, tmp_path, options, points
+):
     out = tmp_path / "run"
-    argv = [str(files / "train.npz"), "--grid", "c_bar=none,1", "--tilt", "0,1", "--p", "3",
-            "--out", str(out), "--no-progress"]  # fmt: skip
+    argv = [str(files / "train.npz"), "--grid", "c_bar=none,1", *options, "--out", str(out),
+            "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     front = json.loads((out / "report.json").read_text())["front"]
-    assert [point["name"] for point in front["points"]] == ["ERM", "tilt=1"]
+    assert [point["name"] for point in front["points"]] == points
 
 
 @pytest.mark.parametrize("name", ["train.npz", pytest.param("store.h5", marks=NEEDS_H5), "y.npy"])
@@ -3345,6 +3356,29 @@ def test_a_tilt_0_front_without_margins_is_taken_where_it_is_more_than_erm(files
     # compactness loss (or a grid that may choose one) or the front has offsets too.
     args = _checked([str(files / "train.npz"), "--c-bar", "none", "--tilt", "0", *options])
     assert args.tilt == (0.0,)
+
+
+@pytest.mark.parametrize(
+    "grid, options",
+    [
+        ("c_bar=none,1", ["--tilt", "0", "--offsets", "1"]),
+        ("c_bar=none", ["--tilt", "0", "--offsets", "1"]),
+        ("c_bar=none,1", ["--tilt", "0,1"]),
+        ("c_bar=none,1", ["--offsets", "1"]),
+        ("c_bar=none,1", []),
+    ],
+)
+def test_a_grid_that_may_choose_erm_is_taken_without_a_word_where_the_front_is_more(
+    files, capsys, grid, options
+):
+    # Only --tilt 0 alone makes a search's choice of ERM's configuration a front of ERM
+    # alone: with offsets, a tilt above 0 or no front at all, the grid is taken as it is.
+    from mr2_probe.cli._options import _check_grid, _given
+
+    argv = [str(files / "train.npz"), "--grid", grid, *options]
+    args = _checked(argv)
+    _check_grid(_grid(args.grid), _estimators(args)[1], args, _given(argv))
+    assert "ERM" not in capsys.readouterr().err
 
 
 def test_the_test_size_split_is_seeded_by_seed(files):
