@@ -309,3 +309,19 @@ def test_readme_quick_start_in_python_reports_every_lever_by_class_name(tmp_path
     assert [line.split()[0] for line in lines[2:6]] == ["ERM", "MR2", "tilt", "offsets"]
     per_class = lines[lines.index(next(x for x in lines if x.startswith("class "))) + 2 :]
     assert sorted(line.split()[0] for line in per_class) == ["dog", "fox"]
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/estimator.md"])
+def test_the_search_of_c_on_digits_runs_as_written(document):
+    # The block under "Choosing C by cross-validation", which no test ran: it prints the
+    # chosen C (one of Cs=5, np.logspace(-4, 4, 5)) and the mean held-out worst-class curve.
+    text = (EXAMPLES.parent / document).read_text(encoding="utf-8")
+    start = text.index("## Choosing C by cross-validation")
+    code = text[start:].split("```python\n", 1)[1].split("```", 1)[0]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, document, "exec"), {})
+    chosen, curve = out.getvalue().split(" ", 1)
+    assert float(chosen) in [1e-4, 1e-2, 1.0, 1e2, 1e4]
+    values = [float(v) for v in curve.strip().strip("[]").split()]
+    assert len(values) == 5 and all(0 <= v <= 1 for v in values)
