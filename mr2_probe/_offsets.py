@@ -196,6 +196,8 @@ def _check_per_class_decision(estimator, n_classes: int) -> None:
         elif isinstance(final, BaseSearchCV):
             # (a fitted search's decision values are its best_estimator_'s, whose shape its
             # parameter grid may have set: read from the unfitted template, 'ovo' passed)
+            if not hasattr(final, "best_estimator_") and _may_set_shape(final):
+                return  # (its template's 'ovo' refused a grid of 'ovr': the fitted one's)
             final = getattr(final, "best_estimator_", final.estimator)
         elif isinstance(final, StackingClassifier):
             final = getattr(final, "final_estimator_", final.final_estimator)
@@ -207,6 +209,20 @@ def _check_per_class_decision(estimator, n_classes: int) -> None:
             "per pair of classes; the offsets need one per class: use "
             "decision_function_shape='ovr'."
         )
+
+
+def _may_set_shape(search) -> bool:
+    """Whether an unfitted search's parameter space may give its best estimator another
+    decision shape than its template's: it sets a ``decision_function_shape`` or puts an
+    estimator in (a Pipeline's step, a StackingClassifier's final_estimator)."""
+    space = getattr(search, "param_grid", None) or getattr(search, "param_distributions", None)
+    spaces = space if isinstance(space, list) else [space or {}]  # (a dict or a list of them)
+    return any(
+        name.endswith("decision_function_shape")
+        or (np.iterable(values) and any(hasattr(value, "fit") for value in values))
+        for space in spaces
+        for name, values in space.items()
+    )
 
 
 def _fit_takes_sample_weight(estimator) -> bool:

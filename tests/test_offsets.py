@@ -31,6 +31,7 @@ from sklearn.metrics import (
 from sklearn.model_selection import (
     GridSearchCV,
     GroupKFold,
+    RandomizedSearchCV,
     StratifiedKFold,
     StratifiedShuffleSplit,
     cross_val_predict,
@@ -1512,6 +1513,34 @@ def test_one_vs_rest_decision_values_a_search_chose_are_tuned():
     search.fit(X, y)
     clf = TunedOffsetsClassifierCV(search, cv="prefit").fit(X, y)
     expected = TunedOffsetsClassifierCV(search.best_estimator_, cv="prefit").fit(X, y)
+    np.testing.assert_array_equal(clf.offsets_, expected.offsets_)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: GridSearchCV(
+            SVC(decision_function_shape="ovo"), {"decision_function_shape": ["ovr"]}, cv=3
+        ),
+        lambda: RandomizedSearchCV(
+            make_pipeline(StandardScaler(), SVC(decision_function_shape="ovo")),
+            [{"svc": [SVC()]}], n_iter=1, cv=3,
+        ),
+        lambda: GridSearchCV(
+            StackingClassifier([("svc", SVC())], final_estimator=SVC(
+                decision_function_shape="ovo")),
+            {"final_estimator": [LogisticRegression()]}, cv=3,
+        ),
+    ],
+    ids=["shape", "step", "final_estimator"],
+)  # fmt: skip
+def test_one_vs_rest_decision_values_an_unfitted_search_will_choose_are_tuned(make):
+    # The unfitted search's template ('ovo') was refused before any fit, though its
+    # parameter space gives every candidate one column per class (as its fitted one is
+    # read since f1d03c4): its fitted search is read, in every fold.
+    X, y = load_iris(return_X_y=True)
+    clf = TunedOffsetsClassifierCV(make(), cv=3).fit(X, y)
+    expected = TunedOffsetsClassifierCV(clf.estimator_.best_estimator_, cv=3).fit(X, y)
     np.testing.assert_array_equal(clf.offsets_, expected.offsets_)
 
 
