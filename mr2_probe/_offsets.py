@@ -181,15 +181,19 @@ def _check_per_class_decision(estimator, n_classes: int) -> None:
     read as one per class (with 3 classes, as many columns as classes). With two classes
     both shapes are the one decision value."""
     from sklearn.ensemble import BaggingClassifier, StackingClassifier
+    from sklearn.feature_selection import RFE
     from sklearn.model_selection._search import BaseSearchCV
+    from sklearn.semi_supervised import SelfTrainingClassifier
 
     # (a FrozenEstimator, as a search over cv="prefit" takes it, of a Pipeline or a search
     # hid their SVC: its pairwise columns were tuned as one per class)
     # A StackingClassifier's decision values are its final estimator's, a BaggingClassifier's
     # the mean of its estimator's: both passed an SVC's pairwise columns without a word.
+    # RFE's (RFECV's) and SelfTrainingClassifier's are their estimator's likewise.
+    wrappers = (BaggingClassifier, RFE, SelfTrainingClassifier)  # (their .estimator's)
     final = estimator
     while isinstance(
-        final, (BaseSearchCV, FrozenEstimator, Pipeline, StackingClassifier, BaggingClassifier)
+        final, (BaseSearchCV, FrozenEstimator, Pipeline, StackingClassifier, *wrappers)
     ):
         if isinstance(final, Pipeline):
             final = final.steps[-1][1]
