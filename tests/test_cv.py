@@ -16,7 +16,7 @@ from sklearn.exceptions import (
     UnsetMetadataPassedError,
 )
 from sklearn.linear_model import LogisticRegressionCV
-from sklearn.metrics import accuracy_score, make_scorer
+from sklearn.metrics import accuracy_score, average_precision_score, make_scorer
 from sklearn.model_selection import GridSearchCV, GroupKFold, StratifiedKFold
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils._param_validation import InvalidParameterError
@@ -1141,6 +1141,20 @@ def test_an_averaged_metric_is_not_told_a_positive_class_it_ignores(labels, metr
         score = search.score(X, y)
     named = make_scorer(getattr(sklearn.metrics, metric), average=average, pos_label=None)
     assert score == pytest.approx(named(search, X, y))
+
+
+@pytest.mark.parametrize("labels", [[1, 2], ["b", "c"]])
+def test_a_ranking_metric_averaged_by_its_default_still_scores_the_last_class(labels):
+    # average_precision_score averages by default ("macro") and reads pos_label on two
+    # classes: told none (as an averaged set-wise metric is), it fails ("pos_label=None
+    # is not a valid label"); the last class, as "average_precision" scores it.
+    X, y = load_iris(return_X_y=True)
+    X, y = X[y > 0], np.asarray(labels)[y[y > 0] - 1]
+    response = ("decision_function", "predict_proba")
+    scorer = make_scorer(average_precision_score, response_method=response, average="macro")
+    search = MR2LinearClassifierCV([1.0], cv=3, scoring=scorer, device="cpu").fit(X, y)
+    last = make_scorer(average_precision_score, response_method=response, pos_label=labels[1])
+    assert search.score(X, y) == pytest.approx(last(search, X, y))
 
 
 def test_score_of_probabilities_knows_every_class_on_data_lacking_one():
