@@ -861,9 +861,11 @@ def with_labels(scorer, classes, every_class: bool = True):
     # An averaged set-wise metric, make_scorer(f1_score, average="macro"), has none, as
     # scikit-learn's "f1_macro" (the last class was ignored with a warning in every fold,
     # "pos_label (set to 2) is ignored", and pos_label=1 fails on strings).
-    average = parameters.get("average")
-    averaged = average is not None and average.default == "binary"
-    averaged = averaged and kwargs.get("average", "binary") != "binary"
+    # (a partial's own default is the average it binds: its metric's tells it set-wise)
+    metric = func.func if isinstance(func, functools.partial) else func
+    own = inspect.signature(metric).parameters.get("average") if func is not None else None
+    average = kwargs.get("average", getattr(parameters.get("average"), "default", None))
+    averaged = getattr(own, "default", None) == "binary" and average != "binary"
     if len(classes) == 2 and "pos_label" in parameters:
         kwargs.setdefault("pos_label", None if averaged else classes[-1])
     if kwargs == getattr(scorer, "_kwargs", {}):

@@ -1,5 +1,6 @@
 """MR2LinearClassifierCV: the path, its choices, LogisticRegressionCV, inputs and errors."""
 
+import functools
 import warnings
 from decimal import Decimal
 from fractions import Fraction
@@ -1124,17 +1125,22 @@ def test_a_positive_class_metric_without_labels_scores_the_last_class(
         assert last(search, X, y) != pytest.approx(first(search, X, y))
 
 
+@pytest.mark.parametrize("bound", [False, True], ids=["kwargs", "partial"])
 @pytest.mark.parametrize("labels", [[1, 2], ["b", "c"]])
 @pytest.mark.parametrize("metric, average", [("f1_score", "macro"), ("jaccard_score", "weighted")])
-def test_an_averaged_metric_is_not_told_a_positive_class_it_ignores(labels, metric, average):
+def test_an_averaged_metric_is_not_told_a_positive_class_it_ignores(labels, metric, average, bound):
     # make_scorer(f1_score, average="macro") was given the last class as pos_label, which
     # an averaged metric ignores with a warning in every fold and in score() ("pos_label
     # (set to 2) is ignored when average != 'binary'"): none, as scikit-learn's "f1_macro".
+    # The average bound by functools.partial likewise (its default in the signature).
     import sklearn.metrics
 
     X, y = load_iris(return_X_y=True)
     X, y = X[y > 0], np.asarray(labels)[y[y > 0] - 1]
-    scorer = make_scorer(getattr(sklearn.metrics, metric), average=average)
+    if bound:
+        scorer = make_scorer(functools.partial(getattr(sklearn.metrics, metric), average=average))
+    else:
+        scorer = make_scorer(getattr(sklearn.metrics, metric), average=average)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="Note that pos_label")
         search = MR2LinearClassifierCV([1.0], cv=3, scoring=scorer, device="cpu").fit(X, y)
