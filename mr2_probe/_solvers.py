@@ -517,8 +517,9 @@ class _LBFGS(torch.optim.LBFGS):
         tol=1e-9 dropped 2,514 of 2,999 and ran all 3,000 iterations; kept, they reach
         float64's limit in 843 (a largest gradient entry of 1.2e-8), and tol=1e-8 in 837.
         The state (``n_iter``, ``func_evals``, the pairs) is kept as torch keeps it, and
-        each line search is bounded by what is left of ``max_eval``, as in torch 2.14 (2.5's
-        took up to 25 evaluations each, past it); no ``maximize``, which nothing here sets.
+        each line search is bounded by what is left of ``max_eval`` (2.5's took up to 25
+        evaluations each, past it; 2.14's one more than is left, its first trial step not
+        counted in ``max_ls``); no ``maximize``, which nothing here sets.
         """
         closure = torch.enable_grad()(closure)
         group = self.param_groups[0]
@@ -577,8 +578,10 @@ class _LBFGS(torch.optim.LBFGS):
             def obj_func(x, t, d):
                 return self._directional_evaluate(closure, x, t, d)
 
+            # max_ls bounds the evaluations after the first trial step's.
+            left = max(max_eval - current_evals - 1, 0)
             loss, flat_grad, t, ls_func_evals = _strong_wolfe(
-                obj_func, x_init, t, d, loss, flat_grad, gtd, max_ls=max_eval - current_evals
+                obj_func, x_init, t, d, loss, flat_grad, gtd, max_ls=left
             )
             self._add_grad(t, d)
             current_evals += ls_func_evals

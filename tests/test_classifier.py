@@ -1373,7 +1373,8 @@ def test_lbfgs_out_of_function_evaluations_says_so():
 
 def test_lbfgs_line_searches_keep_to_the_evaluation_budget(monkeypatch):
     # Under torch 2.5 each line search took up to 25 evaluations, past 4 × max_iter: at
-    # max_iter=1, 7 before the final one (and the class losses'), against a budget of 4.
+    # max_iter=1, 7 before the final one, against a budget of 4; with torch 2.14's bound (its
+    # first trial step not counted in max_ls), 5.
     from mr2_probe import _solvers
 
     X, y = _blobs()
@@ -1384,7 +1385,7 @@ def test_lbfgs_line_searches_keep_to_the_evaluation_budget(monkeypatch):
     )
     with pytest.warns(ConvergenceWarning, match="in max_iter=1 iterations"):
         MR2LinearClassifier(max_iter=1, device="cpu").fit(X * 1e6, y)
-    assert len(calls) <= 4 + 2  # the budget, then where it stopped and the class losses
+    assert len(calls) <= 4 + 1  # the budget, then where it stopped
 
 
 def test_tol_bounds_the_gradient_as_documented():
