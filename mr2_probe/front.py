@@ -225,6 +225,32 @@ def _same_configuration(a, b) -> bool:
     return first == second
 
 
+#: Parameters that only some models read, and whether a probe (MR2LinearClassifier) reads
+#: each: a model that does not fits the same whatever its value. (Read before the fit
+#: validates them: lam != 0, where lam="x" or None is left to its fit's error.)
+_READ_BY_SOME = {
+    "tau": lambda probe: probe.lam != 0,
+    "projection_rank": lambda probe: probe.lam != 0,
+    "fit_intercept": lambda probe: probe.head == "linear",
+    "p": lambda probe: probe.c_bar is not None,
+    "difficulty": lambda probe: probe.c_bar is not None,
+    "scale": lambda probe: probe.head == "cosine",
+    "C": lambda probe: probe.head == "linear" or probe.lam != 0,  # (the penalty's)
+}
+
+
+def _same_model(estimator, erm) -> bool:
+    """Whether the unfitted ``estimator`` has ``erm``'s configuration but for parameters it
+    does not read (p without margins, say): the same model fitted again."""
+    reference = _final(erm).get_params()
+    unread = {
+        name: reference[name]
+        for name, reads in _READ_BY_SOME.items()
+        if not reads(_final(estimator))
+    }
+    return _same_configuration(_with_params(estimator, **unread), erm)
+
+
 def _convex(probe) -> bool:
     """A fitted probe whose problem is convex: a linear head solved by L-BFGS."""
     return probe.head_ == "linear" and probe.solver_ == "lbfgs"
@@ -311,10 +337,11 @@ def accuracy_front(
     Returns
     -------
     front : Front
-        Points in the order ERM, MR² (left out where its configuration is ERM's), tilts
-        (increasing), offsets (by bound); ``front.chosen`` names the rule's
-        choice. Points whose fit stopped short of tol are named in one ConvergenceWarning,
-        with the first one's own warning (its advice).
+        Points in the order ERM, MR² (left out where its configuration is ERM's, but
+        for what it does not read: ``p`` without margins, say), tilts (increasing),
+        offsets (by bound); ``front.chosen`` names the rule's choice. Points whose fit
+        stopped short of tol are named in one ConvergenceWarning, with the first one's
+        own warning (its advice).
 
     Examples
     --------
@@ -365,9 +392,10 @@ def accuracy_front(
     erm = _with_params(estimator if erm is None else erm, c_bar=None, lam=0.0, class_tilt=0.0)
     points = [FrontPoint("ERM", "ERM", None, erm)]
     mr2 = _with_params(estimator, class_tilt=0.0)
-    # Its own point unless it is ERM's configuration: with c_bar=None it may still be
-    # another model (lam > 0, or ERM tuned on its own), the start of the tilt sweep.
-    if not _same_configuration(mr2, erm):
+    # Its own point unless it is ERM's configuration (but for what it does not read, as p
+    # without margins): with c_bar=None it may still be another model (lam > 0, or ERM
+    # tuned on its own), the start of the tilt sweep.
+    if not _same_model(mr2, erm):
         points.append(FrontPoint("MR2", "MR2", None, mr2))
     positive = sorted(float(t) for t in tilts if t > 0)  # a curve in t, drawn in its order
     points += [

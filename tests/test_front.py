@@ -225,6 +225,44 @@ def test_an_erm_given_alike_but_for_number_types_is_no_second_point(splits):
         accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=())
 
 
+@pytest.mark.parametrize(
+    "params, erm_params",
+    [
+        (dict(p=3), {}),  # without margins: neither p nor difficulty is read
+        (dict(difficulty="spread"), {}),
+        (dict(tau=0.5, projection_rank=2), {}),  # without a projection (lam=0)
+        (dict(scale=5.0), {}),  # the linear head has no logit scale
+        (dict(head="cosine", fit_intercept=False), dict(head="cosine")),  # nor a bias
+        (dict(head="cosine", C=0.5), dict(head="cosine")),  # nor a penalty without lam
+    ],
+)
+def test_an_estimator_of_erm_s_configuration_but_for_what_it_does_not_read_is_erm(
+    splits, params, erm_params, monkeypatch
+):
+    # MR2LinearClassifier(c_bar=None, p=3) with erm=MR2LinearClassifier(c_bar=None): its MR2
+    # point was ERM's model fitted again, and without tilts a front of ERM alone drawn.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fitted before checking the options")
+
+    monkeypatch.setattr(MR2LinearClassifier, "fit", no_fit)
+    probe = MR2LinearClassifier(c_bar=None, device="cpu", **params)
+    erm = MR2LinearClassifier(c_bar=None, device="cpu", **erm_params)
+    with pytest.raises(ValueError, match="The front would hold ERM alone"):
+        accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(0,), erm=erm)
+
+
+@pytest.mark.parametrize("lam", ["0.5", None])
+def test_an_invalid_lam_is_refused_in_scikit_learn_s_words(splits, lam):
+    # (read before the fit, by what a model does not read, it failed in a TypeError: "'>'
+    # not supported between instances of 'str' and 'int'")
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = MR2LinearClassifier(lam=lam, device="cpu")
+    with pytest.raises(ValueError, match="The 'lam' parameter of MR2LinearClassifier must be"):
+        accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(1,))
+
+
 def test_front_takes_arrays_of_tilts_and_bounds(splits):
     # offset_bounds=np.array([...]): "The truth value of an array ... is ambiguous".
     X_fit, y_fit, X_val, y_val, *_ = splits

@@ -579,21 +579,15 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args, fitted_as: dict)
     (ERM's, tuned on its own) on a validation split, choose by the rule, refit the choice
     on all of the training data and add it to ``models``: ERM or MR², the models fitted
     there already (``fitted_as``: their names in ``models``), are not fitted again."""
-    from ..front import _same_configuration, _with_params, accuracy_front
+    from ..front import _same_model, _with_params, accuracy_front
 
     mr2 = models[fitted_as["MR2"]]
-    # What the chosen configuration does not read is ERM's: --p 3 beside c_bar=None was
-    # another MR2 point, ERM's model fitted again (or a front of ERM alone, drawn).
-    unread = {
-        name: getattr(_final(erm), name)
-        for name, (reads, *_) in _READ_BY_SOME.items()
-        if not reads(_final(base))
-    }
-    base = _with_params(base, **unread)
+    # (ERM's configuration but for what it does not read, --p 3 beside c_bar=None, is ERM's
+    # model: the front leaves out its MR2 point, and a front of ERM alone is refused)
     if (
         not args.offsets
         and not any(t > 0 for t in args.tilt)
-        and _same_configuration(
+        and _same_model(
             _with_params(base, class_tilt=0.0),
             _with_params(erm, c_bar=None, lam=0.0, class_tilt=0.0),
         )
