@@ -253,6 +253,26 @@ def test_an_estimator_of_erm_s_configuration_but_for_what_it_does_not_read_is_er
         accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(0,), erm=erm)
 
 
+@pytest.mark.parametrize(
+    "params, erm_params",
+    [
+        (dict(C=0.1), {}),  # ERM tuned on its own: the linear head's penalty is read
+        (dict(head="cosine", scale=5.0), dict(head="cosine")),  # the cosine head's scale
+        (dict(fit_intercept=False), {}),  # the linear head's bias
+    ],
+)
+def test_an_estimator_without_margins_that_differs_from_erm_in_what_it_reads_is_a_point(
+    splits, params, erm_params
+):
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    probe = MR2LinearClassifier(c_bar=None, device="cpu", **params)
+    erm = MR2LinearClassifier(c_bar=None, device="cpu", **erm_params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        front = accuracy_front(probe, X_fit, y_fit, X_val, y_val, tilts=(), erm=erm)
+    assert [p.name for p in front.points] == ["ERM", "MR2"]
+
+
 @pytest.mark.parametrize("lam", ["0.5", None])
 def test_an_invalid_lam_is_refused_in_scikit_learn_s_words(splits, lam):
     # (read before the fit, by what a model does not read, it failed in a TypeError: "'>'
