@@ -15,6 +15,7 @@ from sklearn.preprocessing import Normalizer, StandardScaler
 
 from .._classifier import MR2LinearClassifier
 from .._device import resolve_device
+from ..front import _READ_BY_SOME as _READS
 from ._inputs import feature_format
 from ._usage import SuggestingParser, UsageError, _one_line, add_version
 
@@ -674,33 +675,29 @@ def _check_on_data(grid: dict, args, n_features: int) -> None:
 #: seeds their order, and a projection's start, which only they fit).
 MINIBATCH_ONLY = frozenset({"batch_size", "learning_rate", "n_iter_no_change", "random_state"})
 
-#: Parameters that only some models read: whether a model reads it, what it sets, advice.
+#: Parameters that only some models read: whether a model reads it (the front's rule, which
+#: tells ERM's model fitted again from an MR² point), what it sets, advice.
 _READ_BY_SOME = {
-    "tau": (
-        lambda model: model.lam > 0,
-        "the compactness loss's temperature",
-        "search it with --lam > 0",
-    ),
-    "projection_rank": (
-        lambda model: model.lam > 0,
-        "the rank of the projection that --lam > 0 adds",
-        "search it with --lam > 0",
-    ),
-    "fit_intercept": (
-        lambda model: model.head == "linear",
-        "the linear head's bias",
-        "search it with the linear head",
-    ),
-    "p": (
-        lambda model: model.c_bar is not None,
-        "the norm of the class statistics behind the margins",
-        "search it with margins (--c-bar other than none)",
-    ),
-    "difficulty": (
-        lambda model: model.c_bar is not None,
-        "what the margins measure a class's difficulty by",
-        "search it with margins (--c-bar other than none)",
-    ),
+    name: (_READS[name], what, advice)
+    for name, what, advice in [
+        ("tau", "the compactness loss's temperature", "search it with --lam > 0"),
+        (
+            "projection_rank",
+            "the rank of the projection that --lam > 0 adds",
+            "search it with --lam > 0",
+        ),
+        ("fit_intercept", "the linear head's bias", "search it with the linear head"),
+        (
+            "p",
+            "the norm of the class statistics behind the margins",
+            "search it with margins (--c-bar other than none)",
+        ),
+        (
+            "difficulty",
+            "what the margins measure a class's difficulty by",
+            "search it with margins (--c-bar other than none)",
+        ),
+    ]
 }
 
 
