@@ -230,7 +230,9 @@ class MR2Loss(nn.Module):
         normalize they would give other statistics. p in float64, exactly (in float32, which
         kept it before, p = 1e39 was inf, as p = inf is), but on MPS, which has no float64;
         normalize in float32 (averaging models subtracts buffers, which bool ones refuse)."""
-        device = torch.get_default_device() if device is None else torch.device(device)
+        # (torch.empty's device is torch's default: torch.get_default_device() of torch < 2.6
+        # fails after torch.set_default_device(None))
+        device = torch.empty(()).device if device is None else torch.device(device)
         exact = torch.float32 if device.type == "mps" else torch.float64
         return {
             "stats_p": torch.full((), self.p, dtype=exact, device=device),

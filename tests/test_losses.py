@@ -1653,3 +1653,16 @@ def test_repr_shows_the_sizes_and_the_arguments_not_at_their_defaults():
     assert repr(MR2Loss(3, 4, c_bar=None, normalize=True, p=3, class_tilt=2)) == (
         "MR2Loss(n_classes=3, n_features=4, c_bar=None, normalize=True, class_tilt=2.0)"
     )
+
+
+def test_a_loss_is_built_after_torch_s_default_device_was_set_back_to_none():
+    # torch < 2.6 (2.5, the oldest supported): torch.get_default_device() failed after
+    # torch.set_default_device(None) ("'NoneType' object has no attribute 'device'"), and
+    # so did every MR2Loss built after it.
+    torch.set_default_device("meta")
+    try:
+        assert MR2Loss(3, 4).stats_p.device.type == "meta"  # torch's default, as before
+    finally:
+        torch.set_default_device(None)
+    loss = MR2Loss(3, 4)
+    assert loss.stats_p.device.type == "cpu" and loss.stats_p.dtype == torch.float64
