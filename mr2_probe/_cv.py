@@ -844,7 +844,7 @@ def with_labels(scorer, classes, every_class: bool = True):
     """``scorer`` with two classes scoring the last as the positive one, whatever the labels
     are, as LogisticRegressionCV scores (scikit-learn's metrics default to ``pos_label=1``,
     the first class of labels {1, 2} and no class of {0.5, 1.5} or of strings); a
-    ``pos_label`` the scorer was made with is kept. With
+    ``pos_label`` the scorer was made with (or its functools.partial binds) is kept. With
     ``every_class``, also told every class: a fold's held-out rows may lack one, so metrics
     that take the labels are given all of them, as LogisticRegressionCV gives them. Metrics
     of probabilities or decision values (log loss, Brier score) are always told them: their
@@ -852,9 +852,12 @@ def with_labels(scorer, classes, every_class: bool = True):
     func = getattr(scorer, "_score_func", None)
     parameters = inspect.signature(func).parameters if func is not None else {}
     kwargs = dict(getattr(scorer, "_kwargs", {}))
+    # What a functools.partial binds is the scorer's own too (its pos_label="a" and
+    # labels=[1, 2] were replaced by the last class and every class)
+    bound = func.keywords if isinstance(func, functools.partial) else {}
     # A metric of probabilities or decision values needs every class, one per column.
     columns = getattr(scorer, "_response_method", "predict") != "predict"
-    if (every_class or columns) and "labels" in parameters:
+    if (every_class or columns) and "labels" in parameters and "labels" not in bound:
         kwargs.setdefault("labels", classes)
     # (also a metric without labels: average_precision_score, before scikit-learn 1.7
     # brier_score_loss, whose pos_label=1 scored class 1 of {1, 2} and failed on strings)
@@ -866,7 +869,7 @@ def with_labels(scorer, classes, every_class: bool = True):
     own = inspect.signature(metric).parameters.get("average") if func is not None else None
     average = kwargs.get("average", getattr(parameters.get("average"), "default", None))
     averaged = getattr(own, "default", None) == "binary" and average != "binary"
-    if len(classes) == 2 and "pos_label" in parameters:
+    if len(classes) == 2 and "pos_label" in parameters and "pos_label" not in bound:
         kwargs.setdefault("pos_label", None if averaged else classes[-1])
     if kwargs == getattr(scorer, "_kwargs", {}):
         return scorer

@@ -1149,6 +1149,30 @@ def test_an_averaged_metric_is_not_told_a_positive_class_it_ignores(labels, metr
     assert score == pytest.approx(named(search, X, y))
 
 
+@pytest.mark.parametrize(
+    "n_classes, bound",
+    [(2, {"pos_label": 1}), (2, {"pos_label": "b"}), (3, {"labels": [1, 2], "average": "macro"})],
+    ids=["pos_label", "string pos_label", "labels"],
+)
+def test_what_a_partial_binds_is_kept_in_the_folds_and_in_score(n_classes, bound):
+    # make_scorer(functools.partial(f1_score, pos_label="b")) was scored with the last
+    # class, and partial(f1_score, labels=[1, 2], average="macro") over every class: what
+    # the partial binds is the scorer's own, as make_scorer's keywords are.
+    from sklearn.metrics import f1_score
+
+    X, y = load_iris(return_X_y=True)
+    X, y = X[y >= 3 - n_classes], y[y >= 3 - n_classes]
+    if bound.get("pos_label") == "b":
+        y = np.array(["a", "b", "c"])[y]
+    scorer = make_scorer(functools.partial(f1_score, **bound))
+    search = MR2LinearClassifierCV([0.1, 1.0], cv=3, scoring=scorer, device="cpu").fit(X, y)
+    grid = GridSearchCV(MR2LinearClassifier(device="cpu"), {"C": [0.1, 1.0]}, cv=3, scoring=scorer)
+    grid.fit(X, y)
+    scores = next(iter(search.scores_.values()))
+    np.testing.assert_allclose(scores.mean(0), grid.cv_results_["mean_test_score"], atol=1e-4)
+    assert search.score(X, y) == pytest.approx(scorer(search, X, y))
+
+
 @pytest.mark.parametrize("labels", [[1, 2], ["b", "c"]])
 def test_a_ranking_metric_averaged_by_its_default_still_scores_the_last_class(labels):
     # average_precision_score averages by default ("macro") and reads pos_label on two
