@@ -236,6 +236,12 @@ _READ_BY_SOME = {
     "difficulty": lambda probe: probe.c_bar is not None,
     "scale": lambda probe: probe.head == "cosine",
     "C": lambda probe: probe.head == "linear" or probe.lam != 0,  # (the penalty's)
+    # The minibatch solvers' (their order, a projection's start): L-BFGS at lam=0 reads none.
+    **dict.fromkeys(
+        ("batch_size", "learning_rate", "n_iter_no_change", "random_state"),
+        lambda probe: probe.lam != 0 or probe.solver in ("adam", "sgd"),
+    ),
+    "verbose": lambda probe: False,  # (what a fit prints, not what it fits)
 }
 
 

@@ -234,6 +234,9 @@ def test_an_erm_given_alike_but_for_number_types_is_no_second_point(splits):
         (dict(scale=5.0), {}),  # the linear head has no logit scale
         (dict(head="cosine", fit_intercept=False), dict(head="cosine")),  # nor a bias
         (dict(head="cosine", C=0.5), dict(head="cosine")),  # nor a penalty without lam
+        # L-BFGS (lam=0) reads none of the minibatch solvers' parameters
+        (dict(random_state=1, batch_size=8, learning_rate=0.1, n_iter_no_change=2), {}),
+        (dict(verbose=1), {}),  # what a fit prints
     ],
 )
 def test_an_estimator_of_erm_s_configuration_but_for_what_it_does_not_read_is_erm(
@@ -259,6 +262,7 @@ def test_an_estimator_of_erm_s_configuration_but_for_what_it_does_not_read_is_er
         (dict(C=0.1), {}),  # ERM tuned on its own: the linear head's penalty is read
         (dict(head="cosine", scale=5.0), dict(head="cosine")),  # the cosine head's scale
         (dict(fit_intercept=False), {}),  # the linear head's bias
+        (dict(solver="adam", random_state=1), dict(solver="adam")),  # its minibatches' order
     ],
 )
 def test_an_estimator_without_margins_that_differs_from_erm_in_what_it_reads_is_a_point(
