@@ -237,6 +237,7 @@ def test_an_erm_given_alike_but_for_number_types_is_no_second_point(splits):
         # L-BFGS (lam=0) reads none of the minibatch solvers' parameters
         (dict(random_state=1, batch_size=8, learning_rate=0.1, n_iter_no_change=2), {}),
         (dict(verbose=1), {}),  # what a fit prints
+        (dict(solver="lbfgs"), {}),  # what solver="auto" stands for at lam=0
     ],
 )
 def test_an_estimator_of_erm_s_configuration_but_for_what_it_does_not_read_is_erm(
@@ -263,6 +264,7 @@ def test_an_estimator_of_erm_s_configuration_but_for_what_it_does_not_read_is_er
         (dict(head="cosine", scale=5.0), dict(head="cosine")),  # the cosine head's scale
         (dict(fit_intercept=False), {}),  # the linear head's bias
         (dict(solver="adam", random_state=1), dict(solver="adam")),  # its minibatches' order
+        (dict(solver="adam"), {}),  # not what solver="auto" stands for at lam=0
     ],
 )
 def test_an_estimator_without_margins_that_differs_from_erm_in_what_it_reads_is_a_point(
