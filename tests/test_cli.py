@@ -1193,6 +1193,7 @@ def test_tilt_0_with_a_grid_that_chose_erm_says_so_early_and_in_its_options(
         (["--tilt", "0", "--offsets", "1"], ["ERM", "offsets≤1pt"]),
     ],
 )
+@pytest.mark.slow
 def test_a_grid_s_choice_of_no_margins_is_no_front_point_of_its_own(
     files, tmp_path, options, points
 ):
@@ -2310,6 +2311,7 @@ def test_names_that_are_not_plain_text_are_drawn_and_noted_on_one_line(tmp_path,
 
 
 @pytest.mark.parametrize("tested", ["every class", "not 猫犬"])
+@pytest.mark.slow
 def test_class_names_the_plot_font_lacks_are_said_in_one_line(tmp_path, capsys, tested):
     # matplotlib warned once per character and text drawn, with its source lines:
     # "UserWarning: Glyph 29483 (\\N{CJK UNIFIED IDEOGRAPH-732B}) missing from font(s)".

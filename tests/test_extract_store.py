@@ -1114,6 +1114,7 @@ def _kill_after_a_write(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.slow
 def test_an_interrupted_forced_rebuild_under_torchrun_resumes_from_its_shards(
     tmp_path, monkeypatch, dtype
 ):
@@ -1170,6 +1171,7 @@ def _two_rank_store(tmp_path, broken: bool):
 
 @pytest.mark.parametrize("kept", [True, False])  # the finished run's shard of rank 1
 @pytest.mark.parametrize("retry", [False, True])
+@pytest.mark.slow
 def test_a_resumed_rebuild_extracts_anew_a_rank_whose_shard_it_had_not_made(
     tmp_path, monkeypatch, retry, kept
 ):
@@ -1265,6 +1267,7 @@ def test_a_rank_making_its_shard_anew_refuses_another_rank_s_shard_of_other_imag
 
 
 @pytest.mark.parametrize("changed", ["cat/000.png", "cat/001.jpg", "cat/002.jpg"])
+@pytest.mark.slow
 def test_a_resumed_rebuild_of_a_changed_image_is_refused_naming_it_by_every_rank(
     tmp_path, monkeypatch, changed
 ):
@@ -1410,6 +1413,7 @@ def test_a_first_torchrun_run_resumed_retries_a_failure_repaired_in_another_rank
 
 
 @pytest.mark.parametrize("failed_in_the_store", [True, False])
+@pytest.mark.slow
 def test_a_resumed_rebuild_retries_a_failure_repaired_in_another_rank_s_shard(
     tmp_path, monkeypatch, failed_in_the_store
 ):
@@ -1486,6 +1490,7 @@ def test_a_shard_that_cannot_be_marked_superseded_is_named_in_sentences(
 
 
 @pytest.mark.parametrize("rebuilt_at", [1, "1, stopped and resumed", 3])
+@pytest.mark.slow
 def test_a_forced_rebuild_at_other_ranks_supersedes_an_interrupted_run_s_shards(
     tmp_path, monkeypatch, rebuilt_at
 ):
@@ -1593,6 +1598,7 @@ def test_a_forced_run_at_other_ranks_does_not_say_to_resume_an_interrupted_run_s
 
 
 @pytest.mark.parametrize("later", ["in one process", "at 3 ranks"])
+@pytest.mark.slow
 def test_a_run_at_other_ranks_supersedes_an_interrupted_run_s_shards(tmp_path, monkeypatch, later):
     # A torchrun run killed at 2 ranks, an image replaced (another size), the store made
     # in one process (or at 3 ranks), a failure repaired, then --retry-failed at 2 ranks:

@@ -84,6 +84,7 @@ FASHION = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shi
         ([f"class {k}" for k in range(50)], 90),  # many classes stand upright
     ],
 )
+@pytest.mark.slow
 def test_long_class_names_are_rotated(tmp_path, names, rotation):
     y = np.repeat(np.array(names), 2)
     report = classwise_report({"ERM": y, "MR2": np.roll(y, 1)}, y)
