@@ -716,9 +716,13 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             self._finish(head, result, solver, data)
             return self
 
+    def _resolved_solver(self) -> str:
+        """The solver that ``solver="auto"`` stands for: L-BFGS at lam=0, else Adam."""
+        return self.solver if self.solver != "auto" else ("lbfgs" if self.lam == 0 else "adam")
+
     def _check_solver(self):
         """The solver that ``solver="auto"`` stands for, checked against ``lam``."""
-        solver = self.solver if self.solver != "auto" else ("lbfgs" if self.lam == 0 else "adam")
+        solver = self._resolved_solver()
         if solver == "lbfgs" and self.lam > 0:
             raise ValueError(
                 f"solver='lbfgs' requires lam=0, got lam={self.lam}: the compactness loss "

@@ -254,11 +254,8 @@ def _same_model(estimator, erm) -> bool:
         for name, reads in _READ_BY_SOME.items()
         if not reads(_final(estimator))
     }
-
-    def solver(probe):  # what solver="auto" stands for
-        return probe.solver if probe.solver != "auto" else ("lbfgs" if probe.lam == 0 else "adam")
-
-    if solver(_final(estimator)) == solver(_final(erm)):  # ("auto" is "lbfgs" at lam=0)
+    # ("auto" is "lbfgs" at lam=0)
+    if _final(estimator)._resolved_solver() == _final(erm)._resolved_solver():
         unread["solver"] = reference["solver"]
     return _same_configuration(_with_params(estimator, **unread), erm)
 
