@@ -282,10 +282,16 @@ def _grid_tie_note(name: str, search, args) -> list[str]:
     if not hasattr(search, "cv_results_"):
         return []
     means = np.asarray(search.cv_results_[f"mean_test_{args.scoring}"], dtype=float)
-    chose = ", ".join(f"{k.removeprefix('probe__')}={v}" for k, v in search.best_params_.items())
     # (its scorer's sign: class_std is scored negated)
     flip = args.scoring == "class_std"
-    return _tied(name, means, args, "setting", chose, "GridSearchCV", flip)
+    return _tied(name, means, args, "setting", _chosen(search), "GridSearchCV", flip)
+
+
+def _chosen(search) -> str:
+    """A --grid search's choice as its settings: "c_bar=1, C=0.1" (none before a fit)."""
+    return ", ".join(
+        f"{k.removeprefix('probe__')}={v}" for k, v in getattr(search, "best_params_", {}).items()
+    )
 
 
 def _tied(
@@ -581,7 +587,6 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args, fitted_as: dict)
     there already (``fitted_as``: their names in ``models``), are not fitted again."""
     from ..front import _same_model, _with_params, accuracy_front
 
-    mr2 = models[fitted_as["MR2"]]
     # (ERM's configuration but for what it does not read, --p 3 beside c_bar=None, is ERM's
     # model: the front leaves out its MR2 point, and a front of ERM alone is refused)
     if (
@@ -592,13 +597,11 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args, fitted_as: dict)
             _with_params(erm, c_bar=None, lam=0.0, class_tilt=0.0),
         )
     ):  # (a --grid's choice: ERM's configuration otherwise is refused before any fit)
-        chose = ", ".join(
-            f"{k.removeprefix('probe__')}={v}" for k, v in getattr(mr2, "best_params_", {}).items()
-        )
         raise ValueError(
-            f"{fitted_as['MR2']}'s search chose {chose}, ERM's configuration (no margins, no "
-            "projection), so --tilt 0 is a front of ERM alone; give --tilt values above 0 or "
-            "--offsets to draw a front whatever the search chooses"
+            f"{fitted_as['MR2']}'s search chose {_chosen(models[fitted_as['MR2']])}, ERM's "
+            "configuration (no margins, no projection), so --tilt 0 is a front of ERM alone; "
+            "give --tilt values above 0 or --offsets to draw a front whatever the search "
+            "chooses"
         )
     X_fit, X_val, y_fit, y_val = train_test_split(
         X, y, test_size=args.val_size, stratify=y, random_state=args.seed
