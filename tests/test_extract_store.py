@@ -1542,6 +1542,14 @@ def _killed_at_2_ranks(monkeypatch, folder, out, **kwargs) -> None:
         _killed_run(monkeypatch, folder, BACKBONE, out, **kwargs)
 
 
+def _killed_at_2_ranks_then_alone(monkeypatch, folder, out, **kwargs) -> None:
+    """:func:`_killed_at_2_ranks`, then RANK and WORLD_SIZE unset: a later run in one process
+    (or, set again, at another number of ranks)."""
+    _killed_at_2_ranks(monkeypatch, folder, out, **kwargs)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+
+
 def _at_3_ranks(monkeypatch, folder, out, **kwargs) -> None:
     """A torchrun run at 3 ranks, run one by one in this process, rank 0 last merging."""
     from extract import _runner
@@ -1566,9 +1574,7 @@ def test_a_run_at_other_ranks_says_the_interrupted_run_s_shards_are_not_used(
     folder, out = tmp_path / "data", tmp_path / "f.h5"
     _bitmaps(folder, seed=0)
     fast = dict(FAST, batch_size=2)
-    _killed_at_2_ranks(monkeypatch, folder, out, **fast)
-    monkeypatch.delenv("WORLD_SIZE")
-    monkeypatch.delenv("RANK")
+    _killed_at_2_ranks_then_alone(monkeypatch, folder, out, **fast)
     caplog.set_level(logging.INFO, logger="extract")
     if later == "in one process":
         extract_features(folder, BACKBONE, out, **fast)
@@ -1588,9 +1594,7 @@ def test_a_forced_run_at_other_ranks_does_not_say_to_resume_an_interrupted_run_s
     folder, out = tmp_path / "data", tmp_path / "f.h5"
     _bitmaps(folder, seed=0)
     fast = dict(FAST, batch_size=2)
-    _killed_at_2_ranks(monkeypatch, folder, out, **fast)
-    monkeypatch.delenv("WORLD_SIZE")
-    monkeypatch.delenv("RANK")
+    _killed_at_2_ranks_then_alone(monkeypatch, folder, out, **fast)
     caplog.set_level(logging.INFO, logger="extract")
     _at_3_ranks(monkeypatch, folder, out, overwrite=True, **fast)
     assert "interrupted run at 2" not in caplog.text
@@ -1613,10 +1617,8 @@ def test_a_run_at_other_ranks_supersedes_an_interrupted_run_s_shards(tmp_path, m
     _bitmaps(folder, seed=0)
     (folder / "dog" / "3.bmp").write_bytes(b"not an image")  # a failure to retry
     fast = dict(FAST, batch_size=2)
-    _killed_at_2_ranks(monkeypatch, folder, out, **fast)
+    _killed_at_2_ranks_then_alone(monkeypatch, folder, out, **fast)
     Image.fromarray(np.full((40, 40, 3), 7, np.uint8)).save(folder / "cat" / "0.bmp")
-    monkeypatch.delenv("WORLD_SIZE")
-    monkeypatch.delenv("RANK")
     if later == "in one process":
         extract_features(folder, BACKBONE, out, **fast)
     else:
@@ -1645,9 +1647,7 @@ def test_a_store_reused_in_one_process_marks_no_shards(tmp_path, monkeypatch, ca
     folder, out = tmp_path / "data", tmp_path / "f.h5"
     _bitmaps(folder, seed=0)
     fast = dict(FAST, batch_size=2)
-    _killed_at_2_ranks(monkeypatch, folder, out, **fast)
-    monkeypatch.delenv("WORLD_SIZE")
-    monkeypatch.delenv("RANK")
+    _killed_at_2_ranks_then_alone(monkeypatch, folder, out, **fast)
     with monkeypatch.context() as patch:
         patch.setattr(_runner, "mark_superseded", lambda *args, **kwargs: None)
         extract_features(folder, BACKBONE, out, **fast)
