@@ -40,6 +40,7 @@ from ._data import (
     h5_dtype,
     is_h5_dataset,
     is_torch_tensor,
+    numpy_if_tensor,
     plain,
     read_h5,
     reject_complex,
@@ -755,8 +756,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 f"contains only one class: {plain(self.classes_[0])!r}."
             )
         check_h5_open(sample_weight=sample_weight)
-        if is_torch_tensor(sample_weight):
-            sample_weight = to_numpy(sample_weight)
+        sample_weight = numpy_if_tensor(sample_weight)
         sample_weight = _check_sample_weight(
             sample_weight, np.empty((len(y_index), 0)), dtype=np.float64, ensure_non_negative=True
         )
@@ -1164,12 +1164,12 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             # and a pandas column of a nullable dtype ("Int64", "boolean") is converted as
             # scikit-learn converts it (classes_ of float64 beside a NumPy X, of int64 or
             # bool beside a tensor, before).
-            y = _check_y(to_numpy(y) if is_torch_tensor(y) else y, estimator=self)
+            y = _check_y(numpy_if_tensor(y), estimator=self)
             if len(y) != X.shape[0]:
                 raise ValueError(f"X has {X.shape[0]} samples but y has {len(y)}.")
         else:
             dtype = _check_dtypes(X)
-            y = to_numpy(y) if is_torch_tensor(y) else y  # (on a GPU, or requiring grad)
+            y = numpy_if_tensor(y)  # (on a GPU, or requiring grad)
             X, y = validate_data(self, _floating(X), y, dtype=dtype, order="C")
         if self.head == "cosine" and X.shape[1] == 1:
             # Every direction of one feature is ±1: the cosine is the sample's sign, and
@@ -1356,9 +1356,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     def score(self, X, y, sample_weight=None):
         """Mean accuracy of :meth:`predict` on ``(X, y)``; y may be a torch tensor."""
         check_h5_open(X=X, y=y, sample_weight=sample_weight)
-        y = to_numpy(y) if is_torch_tensor(y) else y
-        if is_torch_tensor(sample_weight):
-            sample_weight = to_numpy(sample_weight)
+        y = numpy_if_tensor(y)
+        sample_weight = numpy_if_tensor(sample_weight)
         return super().score(X, y, sample_weight=sample_weight)
 
     def predict(self, X):

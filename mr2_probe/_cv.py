@@ -47,6 +47,7 @@ from ._data import (
     check_h5_open,
     cv_folds,
     is_torch_tensor,
+    numpy_if_tensor,
     routing_enabled,
     whole_or_unchanged,
 )
@@ -341,9 +342,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         self : MR2LinearClassifierCV
         """
         _raise_for_params(params, self, "fit")
-        if is_torch_tensor(sample_weight):
-            # (one on a GPU, or requiring grad, failed where the held-out scores take them)
-            sample_weight = to_numpy(sample_weight)
+        # (one on a GPU, or requiring grad, failed where the held-out scores take them)
+        sample_weight = numpy_if_tensor(sample_weight)
         with default_torch_modes(), whole_or_unchanged(self):
             values = self._check_Cs()
             solver = self._check_solver()
@@ -368,10 +368,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             # name) and the class accuracies' weights (the sample weights, whatever the
             # scorer takes).
             rows = np.empty((len(data.y_index), 0))
-            score_params = {
-                key: to_numpy(value) if is_torch_tensor(value) else value
-                for key, value in score_params.items()
-            }
+            score_params = {key: numpy_if_tensor(value) for key, value in score_params.items()}
             score_weight, accuracy_weight = (
                 None if weight is None else _check_sample_weight(weight, rows)
                 for weight in (score_params.get("sample_weight"), sample_weight)
@@ -381,10 +378,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             weights = score_params, accuracy_weight
             labels = self.classes_[data.y_index]
             cv = check_cv(self.cv, labels, classifier=True)
-            split_params = {
-                key: to_numpy(value) if is_torch_tensor(value) else value
-                for key, value in split_params.items()
-            }
+            split_params = {key: numpy_if_tensor(value) for key, value in split_params.items()}
             folds = cv_folds(cv, X, labels, **split_params)  # X as given, as GridSearchCV splits it
             score = _Scorer(scorer, self.classes_)
             # The fits weigh rows by sample_weight and class_weight, the scorers by
@@ -516,13 +510,10 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         if routing_enabled() and (sample_weight is not None or params):
             given = {**kwargs, **params}
             kwargs = dict(process_routing(self, "score", **given).scorer.score)
-        kwargs = {
-            key: to_numpy(value) if is_torch_tensor(value) else value
-            for key, value in kwargs.items()
-        }
+        kwargs = {key: numpy_if_tensor(value) for key, value in kwargs.items()}
         if self.scoring is None:
             return super().score(X, y, sample_weight=kwargs.get("sample_weight"))
-        y = to_numpy(y) if is_torch_tensor(y) else y
+        y = numpy_if_tensor(y)
         # The folds' positive class; the classes are those of (X, y), as scikit-learn's.
         scorer = with_labels(check_classwise_scoring(self, self.scoring), self.classes_, False)
         if not _takes_sample_weight(scorer):

@@ -13,7 +13,7 @@ from sklearn import get_config
 from sklearn.utils import assert_all_finite
 from sklearn.utils.validation import _num_samples
 
-from ._device import inverse_row_norms, to_tensor
+from ._device import inverse_row_norms, to_numpy, to_tensor
 from ._h5 import (
     EXTERNAL_ADVICE,
     PLUGIN_ADVICE,
@@ -26,6 +26,12 @@ from ._h5 import (
 
 def is_torch_tensor(X) -> bool:
     return isinstance(X, torch.Tensor)
+
+
+def numpy_if_tensor(value):
+    """``value`` as NumPy reads it: a tensor (on a GPU, requiring grad, bfloat16) as its
+    array on the CPU (:func:`~mr2_probe._device.to_numpy`), anything else as given."""
+    return to_numpy(value) if is_torch_tensor(value) else value
 
 
 def plain(value):

@@ -41,12 +41,12 @@ from ._data import (
     cv_folds,
     is_h5_dataset,
     is_torch_tensor,
+    numpy_if_tensor,
     plain,
     read_h5,
     routing_enabled,
     whole_or_unchanged,
 )
-from ._device import to_numpy
 from ._offset_search import OBJECTIVES, scoring_function, tune_class_offsets
 
 
@@ -74,7 +74,7 @@ def _decision(estimator, X, classes: np.ndarray) -> np.ndarray:
             "a stratified cv, fewer folds, or more samples of the rare classes."
         )
     decision = estimator.decision_function(X)
-    decision = np.asarray(to_numpy(decision) if is_torch_tensor(decision) else decision)
+    decision = np.asarray(numpy_if_tensor(decision))
     decision = decision.astype(np.float64)
     if decision.ndim == 1 and len(classes) == 2:
         decision = np.column_stack([np.zeros_like(decision), decision])
@@ -485,8 +485,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         # Per-sample parameters are read into memory: the folds index them with the
         # repeated rows of a bootstrap, which h5py refuses (X is read row by row, _rows).
         groups = groups[...] if is_h5_dataset(groups) else groups
-        if is_torch_tensor(groups):  # (on a GPU, or requiring grad: the splitter reads NumPy)
-            groups = to_numpy(groups)
+        # (on a GPU, or requiring grad: the splitter reads NumPy)
+        groups = numpy_if_tensor(groups)
         fit_params = {k: v[...] if is_h5_dataset(v) else v for k, v in fit_params.items()}
         if is_torch_tensor(X):  # before the folds index it, with torch's own error
             check_dense_tensor(X, type(self).__name__)
@@ -496,7 +496,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             # array-like", where an MR² probe names the shape it needs; one of 1 or 3
             # dimensions was named by a fold's shape ((40,) of 60 rows).
             check_2d(X)
-        X, y = indexable(X, to_numpy(y) if is_torch_tensor(y) else y)
+        X, y = indexable(X, numpy_if_tensor(y))
         # (NaN among object labels named as the estimator names it, not a TypeError from
         # sorting the classes)
         y = _check_y(y, estimator=self)
@@ -506,8 +506,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             )
         check_classification_targets(y)
         _check_per_class_decision(self.estimator, len(np.unique(y)))
-        if is_torch_tensor(sample_weight):  # (on a GPU, or requiring grad: NumPy reads neither)
-            sample_weight = to_numpy(sample_weight)
+        # (on a GPU, or requiring grad: NumPy reads neither)
+        sample_weight = numpy_if_tensor(sample_weight)
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, y, ensure_non_negative=True)
         if not isinstance(self.scoring, str):  # a scorer that cannot work, before any fit
@@ -719,9 +719,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         """Mean accuracy of :meth:`predict` on ``(X, y)``, as ClassifierMixin's."""
         check_h5_open(X=X, y=y, sample_weight=sample_weight)  # h5py's words otherwise
         # (tensors NumPy cannot read, on a GPU or requiring grad, as an MR² probe's score)
-        y = to_numpy(y) if is_torch_tensor(y) else y
-        if is_torch_tensor(sample_weight):
-            sample_weight = to_numpy(sample_weight)
+        y = numpy_if_tensor(y)
+        sample_weight = numpy_if_tensor(sample_weight)
         return super().score(X, y, sample_weight=sample_weight)
 
     @available_if(_inner_has("predict_proba"))
@@ -764,7 +763,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         # NaN with a RuntimeWarning: such a row is read below, its probabilities finite.)
         with np.errstate(invalid="ignore"):
             proba = self.estimator_.predict_proba(X)
-        proba = np.asarray(to_numpy(proba) if is_torch_tensor(proba) else proba, np.float64)
+        proba = np.asarray(numpy_if_tensor(proba), np.float64)
         z = _decision(self.estimator_, X, self.classes_)
         out = np.empty_like(z)
         # (float32 probabilities, or a decision function rounded apart from them, agree
@@ -795,7 +794,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         if other.any():
             if hasattr(self.estimator_, "predict_log_proba"):  # (finite where p underflows)
                 log_proba = self.estimator_.predict_log_proba(X)
-                log_proba = to_numpy(log_proba) if is_torch_tensor(log_proba) else log_proba
+                log_proba = numpy_if_tensor(log_proba)
                 log_proba = np.asarray(log_proba, dtype=np.float64)
             else:
                 with np.errstate(divide="ignore"):
