@@ -523,6 +523,33 @@ def test_grid_search_tunes_erm_and_mr2_alike(files, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_command_json_reruns_from_another_folder(files, tmp_path, monkeypatch):
+    # It kept the paths as typed, relative to a folder it did not record (report.json's were
+    # absolute): from another folder its train, test and out named nothing, or other files.
+    (tmp_path / "data").mkdir()
+    for name in ("train.npz", "test.npz"):
+        shutil.copy(files / name, tmp_path / "data" / name)
+    monkeypatch.chdir(tmp_path)
+    typed = ["data/train.npz", "--test", "./data/test.npz", "--max-iter", "5"]
+    typed += ["--out", "runs/../run", "--no-progress"]
+    assert main(typed) == 0
+    options = json.loads((tmp_path / "run" / "command.json").read_text())
+    inputs = json.loads((tmp_path / "run" / "report.json").read_text())["inputs"]
+    assert options["train"] == inputs["train"]["path"] == str(tmp_path / "data" / "train.npz")
+    assert options["test"] == inputs["test"]["path"] == str(tmp_path / "data" / "test.npz")
+    assert options["out"] == str(tmp_path / "run") and options["labels"] is None
+    # The command as typed stays, with the folder it was typed in.
+    assert options["argv"] == typed and options["cwd"] == str(tmp_path)
+    # From elsewhere, its options run the same command into the same folder.
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    rerun = [options["train"], "--test", options["test"], "--max-iter", "5"]
+    assert main([*rerun, "--out", options["out"], "--no-progress"]) == 0
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["inputs"] == inputs
+    assert os.listdir(tmp_path / "elsewhere") == []
+
+
+@pytest.mark.slow
 def test_command_json_writes_null_for_an_option_the_grid_searched(files, tmp_path):
     # It wrote --c-bar's default, 1.0, which no model took, beside the grid that searched it.
     argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--max-iter", "3"]

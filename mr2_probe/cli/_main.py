@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         with warnings_in_one_line("mr2-probe", raw=args.debug):
-            return _run(args, _given(argv))
+            return _run(args, _given(argv), _launched(argv))
     except KeyboardInterrupt:
         if args.debug:
             raise
@@ -83,7 +83,17 @@ def main(argv=None) -> int:
         parser.exit(2, f"mr2-probe: error: {_one_line(error)}\n")
 
 
-def _run(args, given: frozenset = frozenset()) -> int:
+def _launched(argv) -> dict:
+    """The command line as typed and the folder it was typed in, for command.json: its
+    options' paths are made absolute there, and these keep the command visible as given."""
+    try:
+        cwd = os.getcwd()
+    except OSError:  # (a folder removed under the shell: the typed paths are all there is)
+        cwd = None
+    return {"argv": list(sys.argv[1:] if argv is None else argv), "cwd": cwd}
+
+
+def _run(args, given: frozenset = frozenset(), launched: dict | None = None) -> int:
     # Everything that can be wrong with the options and the output folder is found before
     # any file is read; everything wrong with the inputs, before any fit.
     _check_options(args)
@@ -103,10 +113,12 @@ def _run(args, given: frozenset = frozenset()) -> int:
         _check_on_data(grid, args, inputs[0].shape[1])
         if out is not None:  # created once the inputs are checked: a refused run leaves none
             stack.enter_context(_claim_out(out))
-        return _fit_and_report(args, erm, mr2, grid, out, *inputs)
+        return _fit_and_report(args, erm, mr2, grid, out, *inputs, launched=launched)
 
 
-def _fit_and_report(args, erm, mr2, grid, out, X, y, X_test, y_test, names, sources) -> int:
+def _fit_and_report(
+    args, erm, mr2, grid, out, X, y, X_test, y_test, names, sources, launched=None
+) -> int:
     """The models fitted, compared, printed and written to ``out``; the exit status."""
     replaced = [name for name in _OUTPUTS if out is not None and (out / name).exists()]
     if replaced:  # said once the run is known to start
@@ -216,7 +228,8 @@ def _fit_and_report(args, erm, mr2, grid, out, X, y, X_test, y_test, names, sour
                 for name, cv in searches.items()
                 for what in ["scale" if cv.head_ == "cosine" else "C"]
             }
-        if _write_outputs(out, report, lines, data, front, fitted, args, mr2_name, names):
+        written = (out, report, lines, data, front, fitted, args, mr2_name, names, launched)
+        if _write_outputs(*written):
             status = status or 1  # a figure failed and is missing
     return status
 

@@ -58,7 +58,8 @@ files written to --out:
                          one line per scorer (with --Cs)
   models.joblib          the fitted models, a dict keyed by the report's model names
   class_names.json       the class names of an HDF5 store: class k is entry k
-  command.json           the options of the run
+  command.json           the command as typed (argv, cwd) and the options of the run,
+                         their paths absolute
   A run replaces an earlier run's files there, and says so when it starts; a folder
   holding files of these names that no earlier run wrote (no command.json) is refused,
   and so is a folder that another run is writing to.

@@ -159,7 +159,16 @@ def _quiet(model):
 
 
 def _write_outputs(
-    out: Path, report, lines: list, data: dict, front, fitted: dict, args, mr2_name, names
+    out: Path,
+    report,
+    lines: list,
+    data: dict,
+    front,
+    fitted: dict,
+    args,
+    mr2_name,
+    names,
+    launched: dict | None = None,
 ) -> list:
     """Models, class names, options, the three reports (each with the search's choices,
     the notes and the front), then the figures; the names of those that failed, each said
@@ -181,6 +190,7 @@ def _write_outputs(
     searched = {_dest(_OPTIONS[name]) for name in _grid(args.grid) if name in _OPTIONS}
     unread = _unread_options(args) | (searched - {"seed"})
     options = {k: None if k in unread else v for k, v in vars(args).items() if k != "scale"}
+    options = _rerunnable(options, launched)
     text, markdown = [report.to_text(per_class=True)], [report.to_markdown(per_class=True)]
     if lines:
         text.append("\n".join(lines))
@@ -241,6 +251,24 @@ def _write_outputs(
         _warn_of_missing_glyphs(glyphs, [*report.labels, *trained])
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)
     return failed
+
+
+#: The options that name files or folders: command.json writes them absolute.
+_PATHS = ("train", "test", "labels", "test_labels", "out")
+
+
+def _rerunnable(options: dict, launched: dict | None) -> dict:
+    """command.json's options: the paths absolute, as report.json's ``inputs`` has them
+    (typed relative, they named nothing from another folder), after the command line as
+    typed and the folder it was typed in (``launched``, from ``_main._launched``)."""
+    launched = launched or {"argv": None, "cwd": os.getcwd()}
+    cwd = launched["cwd"]
+
+    def absolute(path: str) -> str:
+        return path if cwd is None else os.path.normpath(os.path.join(cwd, path))
+
+    paths = {k: absolute(options[k]) for k in _PATHS if options.get(k) is not None}
+    return {"argv": launched["argv"], "cwd": cwd, **options, **paths}
 
 
 def _warn_of_missing_glyphs(glyphs: list, labels) -> None:
