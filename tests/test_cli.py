@@ -3410,6 +3410,70 @@ def test_a_grid_that_may_choose_erm_is_taken_without_a_word_where_the_front_is_m
     assert "ERM" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "grid, options, theirs",
+    [
+        (["c_bar=none,1"], [], ""),
+        (["c_bar=none,1", "C=0.1,1"], [], ", and the C that ERM's own search chooses; "
+         "another C is a point of its own"),
+        (["c_bar=none,1", "p=2,3", "max_iter=5,10"], [], ", and the max_iter that ERM's own "
+         "search chooses; another max_iter is a point of its own"),
+        # (C: no penalty of a cosine head without a projection, which ERM's model is)
+        (["c_bar=none,1", "C=0.1,1", "lam=0,0.5"], ["--head", "cosine"], ""),
+    ],
+    ids=["c_bar", "C", "max_iter", "cosine"],
+)  # fmt: skip
+def test_tilt_0_beside_a_grid_says_when_its_front_is_left_out(files, capsys, grid, options, theirs):
+    # It said that a choice of c_bar=None, lam=0 left the front out; where ERM searches C too,
+    # its own choice of C can differ, and the front of the two is drawn.
+    from mr2_probe.cli._options import _check_grid, _given
+
+    argv = [str(files / "train.npz"), *(f"--grid={g}" for g in grid), "--tilt", "0", *options]
+    args = _checked(argv)
+    _check_grid(_grid(args.grid), _estimators(args)[1], args, _given(argv))
+    assert capsys.readouterr().err.splitlines() == [
+        "mr2-probe: warning: --tilt 0 with a --grid that may choose ERM's configuration "
+        f"(c_bar=None, lam=0{theirs}): where it does, the front is one of ERM alone and is "
+        "left out (exit status 1); give --tilt values above 0 or --offsets to draw it "
+        "whatever the search chooses"
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("erm_chooses, status", [("C=0.1", 1), ("C=1", 0)])
+def test_tilt_0_beside_a_grid_of_c_leaves_the_front_out_only_at_erm_s_own_choice(
+    files, tmp_path, capsys, monkeypatch, erm_chooses, status
+):
+    # MR² chooses c_bar=None at C=0.1 (the first of settings all scored the same). Where ERM's
+    # search chooses C=0.1 too, the front is ERM's alone; where it chooses C=1 (here made to,
+    # its values listed the other way round), the front of the two is drawn, as the warning
+    # says.
+    model = cli_main._model
+
+    def erm_first_at(probe, grid, args):
+        if "c_bar" not in grid and "C" in grid:  # ERM's search
+            grid = {**grid, "C": sorted(grid["C"], reverse=erm_chooses == "C=1")}
+        return model(probe, grid, args)
+
+    monkeypatch.setattr(cli_main, "_model", erm_first_at)
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--test", str(files / "test.npz"), "--grid", "c_bar=none,1"]
+    argv += ["--grid", "C=0.1,1", "--cv", "2", "--tilt", "0", "--max-iter", "20", "--out", str(out)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        assert main([*argv, "--no-progress"]) == status
+    captured = capsys.readouterr()
+    assert "MR2 grid: best parameters by worst_class (2-fold CV): {'C': 0.1, 'c_bar': None}" in (
+        captured.out
+    )
+    assert f"ERM grid: best parameters by worst_class (2-fold CV): {{'C': {erm_chooses[2:]}}}" in (
+        captured.out
+    )
+    assert "and the C that ERM's own search chooses" in captured.err.splitlines()[0]
+    assert ("the front failed and is left out" in captured.err) == (status == 1)
+    assert (out / "front.png").exists() == (status == 0)
+
+
 def test_the_test_size_split_is_seeded_by_seed(files):
     # The held-out test set is the stratified split of --seed (report.json records it),
     # each part in the file's order (the order a store is read in).

@@ -611,11 +611,21 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
             "whatever the grid chooses); give --tilt values above 0, --offsets, or a c_bar"
         )
     if grid and untilted and any(erm_like):  # known only once the search has chosen
+        # ERM's configuration is also what ERM's own search chooses of the parameters the
+        # two share: a choice of c_bar=None, lam=0 at another C is a front of two points.
+        # (It said that any choice of c_bar=None, lam=0 left the front out.)
+        shared = _shared_with_erm(grid, mr2, [c for c, reason in reasons if not reason])
+        theirs = (
+            f", and the {' and '.join(shared)} that ERM's own search chooses; another "
+            f"{' or '.join(shared)} is a point of its own"
+            if shared
+            else ""
+        )
         print(
             "mr2-probe: warning: --tilt 0 with a --grid that may choose ERM's configuration "
-            "(c_bar=None, lam=0): where it does, the front is one of ERM alone and is left "
-            "out (exit status 1); give --tilt values above 0 or --offsets to draw it whatever "
-            "the search chooses",
+            f"(c_bar=None, lam=0{theirs}): where it does, the front is one of ERM alone and "
+            "is left out (exit status 1); give --tilt values above 0 or --offsets to draw it "
+            "whatever the search chooses",
             file=sys.stderr,
         )
     models = [clone(mr2).set_params(**c) for c, reason in reasons if not reason]
@@ -650,6 +660,18 @@ def _check_grid(grid: dict, mr2: MR2LinearClassifier, args, given: frozenset) ->
             "--logit-scale sets the cosine head's logit scale; add --head cosine, or drop "
             "--logit-scale (to scale the features, use --feature-scaling)"
         )
+
+
+def _shared_with_erm(grid: dict, mr2: MR2LinearClassifier, combinations: list) -> list[str]:
+    """The --grid names that ERM searches too (all but _MR2_ONLY) and that an MR² model
+    of ERM's configuration among ``combinations`` (c_bar=None, lam=0) reads: where ERM's
+    search chooses another value of one, the two are two models."""
+    read = set()
+    for combination in combinations:
+        model = clone(mr2).set_params(**combination)
+        if model.c_bar is None and not model.lam:
+            read |= {k for k in combination if k not in _READS or _READS[k](model)}
+    return [name for name in grid if name in read and name not in _MR2_ONLY]
 
 
 def _check_on_data(grid: dict, args, n_features: int) -> None:
