@@ -2814,6 +2814,70 @@ def test_ctrl_c_while_the_figures_are_drawn_keeps_the_models_and_reports(
     )
 
 
+@pytest.mark.parametrize("options", [[], ["--Cs", "3"]])
+def test_a_fit_that_cannot_run_gives_its_advice_in_the_command_s_options(
+    files, tmp_path, capsys, options
+):
+    # Features too large for float32's class statistics: the error advised StandardScaler,
+    # no option of the command, where a grid search's failed fits said --feature-scaling.
+    X, y = load_xy(str(files / "train.npz"))[:2]
+    np.savez(tmp_path / "large.npz", X=X * 1e30, y=y)
+    code, lines = _error([str(tmp_path / "large.npz"), *options, "--no-progress"], capsys)
+    assert code == 2 and lines[0].startswith("fitting ERM on ")
+    assert lines[-1].startswith("mr2-probe: error: Cannot fit: the class statistics") and (
+        "Scale them (--feature-scaling standard, or divide X by a constant)" in lines[-1]
+    )
+
+
+def test_a_failed_front_gives_its_advice_in_the_command_s_options(files, monkeypatch, capsys):
+    # The front's error was said in the estimator's words: class_tilt, max_iter and
+    # StandardScaler where the command has --tilt, --max-iter and --feature-scaling.
+    import mr2_probe.front
+
+    def failing(*args, **kwargs):
+        raise ValueError(
+            "Cannot fit at class_tilt=50. Increase max_iter or scale the features (e.g. "
+            "StandardScaler)."
+        )
+
+    monkeypatch.setattr(mr2_probe.front, "accuracy_front", failing)
+    argv = [str(files / "train.npz"), "--tilt", "0,50", "--max-iter", "20", "--no-progress"]
+    assert main(argv) == 1
+    assert (
+        "mr2-probe: error: the front failed and is left out: Cannot fit at --tilt 50. Raise "
+        "--max-iter, or scale the features (--feature-scaling standard)."
+    ) in capsys.readouterr().err.splitlines()
+
+
+def test_a_failed_refit_of_the_front_s_choice_says_its_advice_once(files, monkeypatch, capsys):
+    # The refit's error, put in the command's options where it was fitted, was put so again
+    # by the front's error line: "Use a smaller --grid --grid learning_rate".
+    import mr2_probe.front
+
+    front, fit = mr2_probe.front.accuracy_front, cli_main.fit_collecting_short
+
+    def choosing_a_tilt(*args, **kwargs):
+        drawn = front(*args, **kwargs)
+        drawn.chosen = next(p.name for p in drawn.points if p.lever == "tilt")
+        return drawn
+
+    def diverging_third(model, X, y):  # ERM, MR2, then the choice's refit
+        fits.append(model)
+        if len(fits) == 3:
+            raise ValueError("Cannot fit: the sgd solver diverged. Use a smaller learning_rate.")
+        return fit(model, X, y)
+
+    fits = []
+    monkeypatch.setattr(mr2_probe.front, "accuracy_front", choosing_a_tilt)
+    monkeypatch.setattr(cli_main, "fit_collecting_short", diverging_third)
+    argv = [str(files / "train.npz"), "--tilt", "0,1", "--max-iter", "20", "--no-progress"]
+    assert main(argv) == 1 and len(fits) == 3
+    assert (
+        "mr2-probe: error: the front failed and is left out: Cannot fit: the sgd solver "
+        "diverged. Use a smaller --grid learning_rate."
+    ) in capsys.readouterr().err.splitlines()
+
+
 _FRONT_STOPS = {
     # A front fit that failed (L-BFGS's step overflowing at --tilt 1e300) ended the run
     # with status 2 and nothing written: the main models' fits were lost.

@@ -163,7 +163,7 @@ def _fit_and_report(
                 front_error, status = "the front was interrupted and is left out", 130
             else:
                 # (its tilt as --tilt's, as the front's warnings say it)
-                why = _front_terms(_one_line(error))
+                why = _in_cli_terms(_front_terms(_one_line(error)), args)
                 front_error, status = f"the front failed and is left out: {why}", 1
             print(f"mr2-probe: error: {front_error}", file=sys.stderr)
     fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}
@@ -584,7 +584,16 @@ def _fit(model, X, y, name: str, args, front: bool = False):
                 file=sys.stderr,
             )
         return model
-    short = fit_collecting_short(model, X, y)
+    try:
+        short = fit_collecting_short(model, X, y)
+    except ValueError as error:
+        # Its advice in mr2-probe's options, as a search's failed fits say it: "Scale them
+        # (e.g. StandardScaler ...)" named no option of the command. (A front's refit fails
+        # the front, whose error line says it so: said so twice, "--grid --grid learning_rate".)
+        text = _in_cli_terms(error, args)
+        if front or text == _one_line(error):
+            raise
+        raise ValueError(text) from error
     if short:
         fits = f"{len(short)} of its fits" if len(short) > 1 else "its fit"
         message = _front_terms(short[0].message) if front else short[0].message
