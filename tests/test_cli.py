@@ -1254,6 +1254,24 @@ def test_cs_needs_two_values_to_choose_from(files, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    "given, every",
+    [
+        (["--tilt", "0", "--tilt", "1,2"], "--tilt 0,1,2"),
+        (["--offsets=0.5", "--off", "1"], "--offsets 0.5,1"),  # (an abbreviation as well)
+    ],
+)
+def test_a_list_of_values_given_twice_is_refused(files, capsys, given, every):
+    # --tilt 0 --tilt 1 drew the front of --tilt 1 alone (argparse keeps the last), where
+    # --grid, once per name, adds up.
+    code, lines = _error([str(files / "train.npz"), *given], capsys)
+    option = every.split()[0]
+    assert code == 2 and lines[-1] == (
+        f"mr2-probe: error: argument {option}: given twice; give all its values at once, "
+        f"e.g. {every}"
+    )
+
+
 @pytest.mark.slow
 def test_out_replaces_an_earlier_runs_files_and_no_one_elses(files, tmp_path, capsys):
     out = tmp_path / "project"

@@ -244,6 +244,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tilt",
         type=_floats,
+        action=_Once,
         default=(),
         metavar="T1,T2",
         help="class_tilt values of the front's tilt sweep on the MR² model, e.g. "
@@ -252,6 +253,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--offsets",
         type=_floats,
+        action=_Once,
         default=(),
         metavar="B1,B2",
         help="bounds, in points of overall accuracy (from 0, below 100), on what class offsets "
@@ -291,6 +293,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_version(parser, ("numpy", "scikit-learn", "torch"))
     return parser
+
+
+class _Once(argparse.Action):
+    """Store an option's list of values, given once: --tilt 0 --tilt 1 kept 1 alone
+    (argparse's last one wins), where --grid, given once per name, adds up."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        earlier = getattr(namespace, self.dest, None)
+        if earlier not in (None, self.default):
+            every = ",".join(f"{v:g}" for v in (*earlier, *values))
+            raise argparse.ArgumentError(
+                self, f"given twice; give all its values at once, e.g. {option_string} {every}"
+            )
+        setattr(namespace, self.dest, values)
 
 
 def _optional_float(text: str):
