@@ -2935,6 +2935,48 @@ def test_a_stopped_front_loses_no_fitted_model(stop, files, tmp_path, monkeypatc
         main([*argv, "--debug"])
 
 
+_TERMINATED = """
+import os, signal, sys, time
+import mr2_probe.cli._main as cli_main
+import mr2_probe.front
+from mr2_probe.cli import main
+
+def terminated(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)  # (the signal's handler raises here)
+    raise AssertionError("not stopped")
+
+if sys.argv[1] == "front":
+    mr2_probe.front.accuracy_front = terminated
+else:  # the first fit, once --out is created
+    cli_main.fit_collecting_short = terminated
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["front", "fit"])
+def test_sigterm_stops_a_run_as_ctrl_c_does(files, tmp_path, when):
+    # SIGTERM (kill, timeout, a batch job's time limit) ended the process at once: a front
+    # stopped so lost the models fitted before it, and a run stopped before it wrote left
+    # the --out folder it had created.
+    out = tmp_path / "runs" / "probe"
+    argv = [str(files / "train.npz"), "--tilt", "1", "--max-iter", "20", "--out", str(out)]
+    run = subprocess.run(
+        [sys.executable, "-c", _TERMINATED, when, *argv, "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 143, run.stderr
+    if when == "fit":
+        assert run.stderr.splitlines()[-1] == "mr2-probe: terminated"
+        assert not (tmp_path / "runs").exists()
+        return
+    message = "the front was terminated and is left out"
+    assert f"mr2-probe: error: {message}" in run.stderr.splitlines()
+    assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
+    assert message in json.loads((out / "report.json").read_text())["notes"]
+
+
 def test_a_figure_failing_after_an_interrupted_front_keeps_status_130(files, tmp_path, monkeypatch):
     # Ctrl-C's status outranks a missing figure's 1.
     import mr2_probe.front

@@ -36,7 +36,13 @@ from ._options import (
     _solver,
 )
 from ._outputs import _OUTPUTS, _claim_out, _once, _prepare_out, _write_outputs
-from ._usage import UsageError, _one_line, warnings_in_one_line
+from ._usage import (
+    Terminated,
+    UsageError,
+    _one_line,
+    _terminated_as_interrupted,
+    warnings_in_one_line,
+)
 
 
 def _scaled(probe: MR2LinearClassifier, scaling: str):
@@ -63,17 +69,19 @@ def _chosen_configuration(model):
 
 def main(argv=None) -> int:
     """Run ``mr2-probe``; returns 0 (1 where the front or a figure failed and was left
-    out, 130 where the front was interrupted: the main models are reported and written
-    either way), or exits with status 2 and one line on a mistake, 130 on Ctrl-C
-    elsewhere."""
+    out, 130 where the front was interrupted, 143 where it was terminated (SIGTERM): the
+    main models are reported and written either way), or exits with status 2 and one line
+    on a mistake, 130 on Ctrl-C elsewhere (143 on SIGTERM)."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        with warnings_in_one_line("mr2-probe", raw=args.debug):
+        with warnings_in_one_line("mr2-probe", raw=args.debug), _terminated_as_interrupted():
             return _run(args, _given(argv), _launched(argv))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if args.debug:
             raise
+        if isinstance(stop, Terminated):
+            parser.exit(143, "mr2-probe: terminated\n")
         parser.exit(130, "mr2-probe: interrupted\n")
     except (ValueError, OSError, ImportError) as error:
         # The checks' UsageError, the stores' StoreError (a ValueError), scikit-learn's
@@ -156,10 +164,13 @@ def _fit_and_report(
             front = _front(models, base, erm_base, X, y, X_test, y_test, args, fitted_as)
         except (ValueError, KeyboardInterrupt) as error:
             # The models already fitted are reported and written without the front; the
-            # run still ends in an error (status 1, or 130 for Ctrl-C as elsewhere).
+            # run still ends in an error (status 1, or 130 for Ctrl-C as elsewhere, 143 for
+            # SIGTERM).
             if args.debug:
                 raise
-            if isinstance(error, KeyboardInterrupt):
+            if isinstance(error, Terminated):
+                front_error, status = "the front was terminated and is left out", 143
+            elif isinstance(error, KeyboardInterrupt):
                 front_error, status = "the front was interrupted and is left out", 130
             else:
                 # (its tilt as --tilt's, as the front's warnings say it)

@@ -90,8 +90,9 @@ errors:
   fitted before it are reported and written, the error is said, and the status is 1;
   so is a front interrupted by Ctrl-C, with status 130 (Ctrl-C elsewhere: 130; before
   the models and reports are written, nothing is; while the figures are drawn, those
-  not yet drawn are missing). A figure that cannot be drawn or written is missing too:
-  the error is said, the other figures are drawn, and the status is 1.
+  not yet drawn are missing); SIGTERM stops a run as Ctrl-C does, with status 143. A
+  figure that cannot be drawn or written is missing too: the error is said, the other
+  figures are drawn, and the status is 1.
 """
 
 _SCALERS = {"none": None, "standard": StandardScaler, "l2": Normalizer}

@@ -181,3 +181,30 @@ def _interrupts_held():
         signal.signal(signal.SIGINT, previous)
     if noted:
         raise KeyboardInterrupt
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a batch job's time limit), raised where the run is
+    as Ctrl-C's KeyboardInterrupt is, so that it ends as a Ctrl-C does (status 143)."""
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupted():
+    """A SIGTERM inside raises :class:`Terminated`: it ended the process at once, which
+    lost the models a stopped front keeps and left the --out folder it had created. No
+    change outside the main thread, nor where SIGTERM has a handler of its own (an
+    application that runs the command)."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
