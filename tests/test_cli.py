@@ -2907,6 +2907,14 @@ _FRONT_STOPS = {
     # Ctrl-C during the front (its tilt sweep can take many fits) ended the run with
     # "interrupted" and nothing written.
     "interrupted": (KeyboardInterrupt(), 130, "the front was interrupted and is left out"),
+    # A front that ran out of memory (torch's RuntimeError, or MemoryError) ended the run
+    # with a traceback and nothing written.
+    "out of memory": (
+        RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        1,
+        "the front failed and is left out: RuntimeError: CUDA out of memory. Tried to",
+    ),
+    "no memory": (MemoryError(), 1, "the front failed and is left out: MemoryError"),
 }
 
 

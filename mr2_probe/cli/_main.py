@@ -162,10 +162,11 @@ def _fit_and_report(
         try:
             fitted_as = {"ERM": erm_name, "MR2": mr2_name}
             front = _front(models, base, erm_base, X, y, X_test, y_test, args, fitted_as)
-        except (ValueError, KeyboardInterrupt) as error:
+        except (Exception, KeyboardInterrupt) as error:
             # The models already fitted are reported and written without the front; the
             # run still ends in an error (status 1, or 130 for Ctrl-C as elsewhere, 143 for
-            # SIGTERM).
+            # SIGTERM). Whatever the error: a front that ran out of memory (torch's
+            # RuntimeError, MemoryError) lost every model fitted before it.
             if args.debug:
                 raise
             if isinstance(error, Terminated):
@@ -175,6 +176,8 @@ def _fit_and_report(
             else:
                 # (its tilt as --tilt's, as the front's warnings say it)
                 why = _in_cli_terms(_front_terms(_one_line(error)), args)
+                if not isinstance(error, ValueError):  # (a ValueError's says what was wrong)
+                    why = f"{type(error).__name__}: {why}" if why else type(error).__name__
                 front_error, status = f"the front failed and is left out: {why}", 1
             print(f"mr2-probe: error: {front_error}", file=sys.stderr)
     fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}
