@@ -402,14 +402,41 @@ def _index_class_names(root: str) -> tuple[str | None, list[str] | None]:
                 # utf-8-sig: a byte-order mark, as editors save one, is no part of a name.
                 # Blank lines after the last name are none; a blank first line is class 0's
                 # (stripped, it named class 0 by the second line, each name a class early).
+                # Lines as an editor numbers them (newline=None reads \r\n and \r as
+                # \n; splitlines also split at \x0c, \x85, \u2028, ...).
                 with open(path, encoding="utf-8-sig") as fh:
-                    return path, [line.strip() for line in fh.read().rstrip().splitlines()]
+                    text = fh.read().rstrip()
+                names = [line.strip() for line in text.split("\n")] if text else []
             except UnicodeDecodeError as err:
                 raise ShardError(
                     f"The class names file {path!r} is not UTF-8 text ({err}); save it as "
                     "UTF-8, one class name per line."
                 ) from err
+            _warn_of_comment_lines(path, names)
+            return path, names
     return None, None
+
+
+def _warn_of_comment_lines(path: str, names: list[str]) -> None:
+    """Say where a line of the class names file looks like a comment ('#' first): it is
+    kept as its class's name (a class may be called '#1'), but a comment meant as one
+    names a class and shifts every name after it onto the next class."""
+    lines = [k + 1 for k, name in enumerate(names) if name.startswith("#")]
+    if lines:
+        one = len(lines) == 1
+        shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+        logger.warning(
+            "%s: %s %s (%r) %s with '#' and %s read as class names: each line is the name "
+            "of one class, in the order of the class indices, and the file has no comment "
+            "syntax. A comment line names a class and shifts the names after it onto the "
+            "next classes; remove such lines.",
+            path,
+            plural(len(lines), "line"),
+            shown,
+            names[lines[0] - 1],
+            "starts" if one else "start",
+            "is" if one else "are",
+        )
 
 
 _COMPRESSED = (".gz", ".tgz", ".bz2", ".tbz2", ".xz", ".txz", ".zst", ".lz4")

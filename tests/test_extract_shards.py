@@ -332,6 +332,46 @@ def test_class_names_of_indices_name_each_class_once_in_storable_text(tmp_path, 
     assert open_source(f"webdataset:{shards}/s.tar", label_key="txt").class_names == ["cat"]
 
 
+@pytest.mark.parametrize(
+    "names, said",
+    [
+        ("# ImageNet subset\ntabby\nhound\n", r": line 1 \('# ImageNet subset'\) starts with"),
+        ("tabby\n  #2\nhound\n#4\n", r": lines 2, 4 \('#2'\) start with '#' and are read"),
+        ("tabby\nhound\n", None),
+    ],
+)
+def test_a_comment_looking_line_of_classnames_txt_is_a_name_and_said(tmp_path, caplog, names, said):
+    # A '#' line, meant as a comment, named class 0 and shifted every name after it onto
+    # the next class, without a word. Kept (a class may be called '#1'), and said once.
+    shards = tmp_path / "test"
+    shards.mkdir()
+    _write_shard(shards / "s.tar", [{"__key__": "a", "jpg": b"x", "cls": 0}])
+    (tmp_path / "classnames.txt").write_text(names, encoding="utf-8")
+    caplog.set_level(logging.WARNING, logger="extract")
+    src = open_source(f"webdataset:{shards}/s.tar")
+    assert src.class_names == [line.strip() for line in names.splitlines()]
+    said_of = [r.getMessage() for r in caplog.records if "classnames.txt" in r.getMessage()]
+    if said is None:
+        assert not said_of
+        return
+    (message,) = said_of
+    assert re.search(said, message)
+    assert "each line is the name of one class, in the order of the class indices" in message
+    assert "no comment syntax" in message
+
+
+def test_classnames_txt_lines_are_numbered_as_an_editor_numbers_them(tmp_path, caplog):
+    # str.splitlines cut a name at a form feed or U+2028 too: one class became two, and
+    # every line number after it was off by one.
+    shards = tmp_path / "test"
+    shards.mkdir()
+    _write_shard(shards / "s.tar", [{"__key__": "a", "jpg": b"x", "cls": 1}])
+    (tmp_path / "classnames.txt").write_text("tabby\u2028cat\r\n#2\n", encoding="utf-8")
+    caplog.set_level(logging.WARNING, logger="extract")
+    assert open_source(f"webdataset:{shards}/s.tar").class_names == ["tabby\u2028cat", "#2"]
+    assert ": line 2 ('#2')" in caplog.text
+
+
 def test_a_classnames_txt_that_is_not_utf8_is_named(data, tmp_path):
     # "'utf-8' codec can't decode byte 0xff in position 0", of no file.
     shards = tmp_path / "test"
