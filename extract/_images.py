@@ -239,7 +239,9 @@ def fashion_mnist(
     """
     prefix = {"train": "train", "test": "t10k"}.get(split)
     if prefix is None:
-        raise ValueError(f"The Fashion-MNIST split must be 'train' or 'test'. Got {split!r}.")
+        raise ValueError(
+            f"The Fashion-MNIST split must be 'train' or 'test'. Got {split!r} instead."
+        )
     root = Path(expand_home(os.fspath(root)))
     images = root / f"{prefix}-images-idx3-ubyte.gz"
     labels = root / f"{prefix}-labels-idx1-ubyte.gz"
@@ -1306,8 +1308,8 @@ def check_keys(image_key: str | None, label_key: str | None) -> None:
             )
         if isinstance(value, str) and not value.strip():
             raise ValueError(
-                f"The '{name}' parameter is empty. Got {value!r}; name a member or column, "
-                "or leave it None for the default."
+                f"The '{name}' parameter must name a member or column, or be None for the "
+                f"default. Got {value!r} instead."
             )
 
 
@@ -1355,8 +1357,8 @@ def open_source(
         if value is not None:
             raise ValueError(
                 f"The '{name}' parameter applies when opening webdataset: and parquet: "
-                f"sources; {text!r} is not one. Got {value!r}; leave it None, or name shards "
-                "as 'webdataset:PATTERN' and Parquet files as 'parquet:PATTERN'."
+                f"sources; {text!r} is not one, and it must be None. Got {value!r} instead; "
+                "name shards as 'webdataset:PATTERN' and Parquet files as 'parquet:PATTERN'."
             )
     if isinstance(source, ImageSource):
         return _checked(source)

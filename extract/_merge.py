@@ -111,7 +111,8 @@ def merge_shards(
     """
     if not isinstance(overwrite, bool | np.bool_):  # ("no" replaced any store at out)
         raise ValueError(
-            f"The 'overwrite' parameter of merge_shards must be True or False. Got {overwrite!r}."
+            "The 'overwrite' parameter of merge_shards must be True or False. Got "
+            f"{overwrite!r} instead."
         )
     return _merge(shards, out, overwrite, versions_checked=False)
 

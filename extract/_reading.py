@@ -364,7 +364,9 @@ def load_features(
     for name, value in (("in_memory", in_memory), ("allow_incomplete", allow_incomplete)):
         # ('no' was taken as true: allow_incomplete="no" loaded an incomplete store)
         if not isinstance(value, bool | np.bool_):
-            raise ValueError(f"The '{name}' parameter must be True or False. Got {value!r}.")
+            raise ValueError(
+                f"The '{name}' parameter must be True or False. Got {value!r} instead."
+            )
     path = expand_home(os.fspath(path))  # (as extract_features writes it)
     f = _open_for_reading(path)
     try:

@@ -236,7 +236,9 @@ def extract_features(
     if not isinstance(dtype, str) or dtype not in _DTYPES:  # (np.dtype("float16") == its name)
         raise ValueError(f"The 'dtype' parameter must be one of {_DTYPES}. Got {dtype!r} instead.")
     if decode not in _DECODES:
-        raise ValueError(f"The 'decode' parameter must be one of {_DECODES}. Got {decode!r}.")
+        raise ValueError(
+            f"The 'decode' parameter must be one of {_DECODES}. Got {decode!r} instead."
+        )
     # (an int: 2.5 failed once the store was created, or overwritten; True passed as 1)
     if not (_whole(batch_size) and batch_size >= 1):
         raise ValueError(
@@ -265,7 +267,9 @@ def extract_features(
     ):  # fmt: skip
         # ('no' was taken as true: overwrite="no" deleted the store)
         if not isinstance(value, bool | np.bool_):
-            raise ValueError(f"The '{name}' parameter must be True or False. Got {value!r}.")
+            raise ValueError(
+                f"The '{name}' parameter must be True or False. Got {value!r} instead."
+            )
     explicit = rank is not None or world_size is not None
     if explicit:
         # (not ``or``: world_size=0 was taken as 1, and rank=False as 0)
@@ -283,7 +287,11 @@ def extract_features(
         rank, world_size = _distributed_env()
     if not 0 <= rank < world_size:
         raise ValueError(
-            f"rank must be in [0, world_size). Got rank={rank}, world_size={world_size}."
+            f"The 'rank' parameter must be an int in [0, world_size). Got rank={rank} with "
+            f"world_size={world_size} instead."
+            if explicit
+            else f"The RANK environment variable must be an int in [0, WORLD_SIZE). Got "
+            f"RANK={rank} with WORLD_SIZE={world_size} instead."
         )
     out = output_target(out)
     target = out if world_size == 1 else shard_path(out, rank, world_size)

@@ -532,8 +532,8 @@ def webdataset_shards(
     image_keys = tuple(k.strip().lower() for k in keys if k.strip())  # ("jpg;;png": two)
     if not image_keys:  # (";" was searched for members "k." and said none had "/")
         raise ValueError(
-            f"The 'image_key' parameter names no member extension. Got {image_key!r}; give "
-            "one such as 'jpg', or alternatives such as 'jpg;png'."
+            "The 'image_key' parameter must name a member extension, such as 'jpg', or "
+            f"alternatives, such as 'jpg;png'. Got {image_key!r} instead."
         )
     label_key = label_key or "cls"
     # (a pathlib.Path failed on 'startswith'; a folder's ~, as each part of a pattern's)

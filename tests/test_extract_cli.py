@@ -600,7 +600,7 @@ def test_an_empty_source_key_is_refused(tmp_path, capsys, no_model, option, kind
         f"mr2-extract: error: {option} is empty; name a member or column, or leave {option} out"
     )
     name = option.removeprefix("--").replace("-", "_")
-    with pytest.raises(ValueError, match=f"^The '{name}' parameter is empty. Got ''"):
+    with pytest.raises(ValueError, match=f"^The '{name}' parameter must name a .* Got '' instead"):
         extract_features(source, "timm:test_resnet@random", out, **{name: ""})
     assert not out.exists()
 
@@ -638,7 +638,10 @@ def test_source_keys_for_other_sources_are_refused_by_the_option_s_name(
     assert not out.exists()
     # The library's own check names its parameter.
     name = option.removeprefix("--").replace("-", "_")
-    with pytest.raises(ValueError, match=f"^The '{name}' parameter applies when opening "):
+    message = (
+        f"^The '{name}' parameter applies when opening .* must be None. Got '{value}' instead;"
+    )
+    with pytest.raises(ValueError, match=message):
         extract_features(str(folder), "timm:test_resnet@random", out, **{name: value})
     assert not out.exists()
 

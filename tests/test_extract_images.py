@@ -1353,7 +1353,7 @@ def test_a_folder_named_like_a_source_spec_is_a_folder(tmp_path, monkeypatch, sp
 @pytest.mark.parametrize(
     "source, error, match",
     [
-        ("fashion-mnist:val", ValueError, "split must be 'train' or 'test'"),
+        ("fashion-mnist:val", ValueError, "split must be 'train' or 'test'. Got 'val' instead.$"),
         # No split was read as train, whatever set the user meant.
         *[
             (spec, ValueError, f"The image source '{spec}' names no Fashion-MNIST split; use")
@@ -1426,7 +1426,8 @@ def test_an_image_source_built_by_hand_is_refused_where_its_store_could_not_be(
 
 @pytest.mark.parametrize("key", ["image_key", "label_key"])
 def test_a_blank_key_is_refused_not_read_as_the_default(folder, key):
-    with pytest.raises(ValueError, match=f"The '{key}' parameter is empty. Got ' '; name a"):
+    message = f"^The '{key}' parameter must name a member or column, or be None for the default. "
+    with pytest.raises(ValueError, match=message + "Got ' ' instead.$"):
         open_source(folder, **{key: " "})
 
 

@@ -1256,7 +1256,8 @@ def test_an_empty_key_is_refused_by_the_source_functions_too(data, kind, key, va
 
     opener = {"webdataset": webdataset_shards, "parquet": parquet_files}[kind]
     pattern = _source(data, kind).partition(":")[2]
-    with pytest.raises(ValueError, match=f"^The '{key}' parameter is empty. Got {value!r}"):
+    message = f"^The '{key}' parameter must name a member or column, .* Got {value!r} instead.$"
+    with pytest.raises(ValueError, match=message):
         opener(pattern, **{key: value})
 
 
@@ -1563,7 +1564,8 @@ def test_a_sample_with_several_images_gives_the_first_of_the_image_keys(tmp_path
     src = open_source(f"webdataset:{tmp_path}/s.tar", image_key=" png ;; jpg")
     assert src.archive.read(src.root, [0], {}) == [bytearray(b"png bytes")]
     assert src.options["image_key"] == "png;jpg"
-    with pytest.raises(ValueError, match="'image_key' parameter names no member extension"):
+    message = r"'image_key' parameter must name a member extension, .* Got ' ; ' instead.$"
+    with pytest.raises(ValueError, match=message):
         open_source(f"webdataset:{tmp_path}/s.tar", image_key=" ; ")
 
 

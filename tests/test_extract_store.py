@@ -329,7 +329,8 @@ def test_merge_shards_refuses_an_overwrite_that_is_not_a_bool(folder, tmp_path):
     # overwrite="no" was taken as true: a store made otherwise was replaced by the shards'.
     out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **(FAST | dict(dtype="float16")))
     shards = _two_shards(folder, out)
-    with pytest.raises(ValueError, match="The 'overwrite' parameter of merge_shards must be"):
+    message = "The 'overwrite' parameter of merge_shards must be .* Got 'no' instead.$"
+    with pytest.raises(ValueError, match=message):
         merge_shards(shards, out, overwrite="no")
     assert load_features(out).metadata["dtype"] == "float16"
 
@@ -468,7 +469,8 @@ def test_load_features_flags_must_be_true_or_false(store, tmp_path, flag, value)
     partial.write_bytes(store.read_bytes())
     with h5py.File(partial, "r+") as f:
         f["status"][:3] = PENDING
-    with pytest.raises(ValueError, match=f"The '{flag}' parameter must be True or False"):
+    message = f"The '{flag}' parameter must be True or False. Got {value!r} instead.$"
+    with pytest.raises(ValueError, match=message):
         load_features(partial, **{flag: value})
     assert load_features(store, **{flag: np.True_}).n_pending == 0
 
@@ -1991,16 +1993,20 @@ def test_float16_and_normalize(folder, tmp_path):
     "kwargs, match",
     [
         (dict(dtype="float64"), "'dtype' parameter"),
-        (dict(decode="gpu"), "'decode' parameter"),
+        (dict(decode="gpu"), "'decode' parameter must be one of .* Got 'gpu' instead.$"),
         (dict(batch_size=0), "'batch_size' parameter"),
         # 2.5 failed once the store was created; True passed as 1.
         (dict(batch_size=2.5), "'batch_size' parameter must be an int >= 1"),
         (dict(batch_size=True), "'batch_size' parameter must be an int >= 1"),
-        (dict(rank=2, world_size=2), "rank must be in"),
+        (
+            dict(rank=2, world_size=2),
+            r"'rank' parameter must be an int in \[0, world_size\). Got rank=2 with "
+            "world_size=2 instead.$",
+        ),
         (dict(max_items=0), "'max_items' parameter must be an int >= 1"),
         # 32.5 failed deep inside torch; "no" was taken as true.
         (dict(image_size=32.5), "'image_size' parameter must be an int >= 1"),
-        (dict(normalize="no"), "'normalize' parameter must be True or False"),
+        (dict(normalize="no"), "'normalize' parameter must be True or False. Got 'no' instead.$"),
         # These failed once the model was built: naming the shard, writing the provenance.
         (dict(rank=0.5, world_size=2), "'rank' parameter must be an int"),
         (dict(rank=0, world_size=2.0), "'world_size' parameter must be an int"),
@@ -2018,13 +2024,29 @@ def test_invalid_arguments(folder, tmp_path, kwargs, match):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_rank_beyond_torchrun_s_world_size_is_named_as_its_variables(
+    folder, tmp_path, monkeypatch
+):
+    # It was refused as "rank must be in [0, world_size)", parameters the call had not given.
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    message = (
+        r"^The RANK environment variable must be an int in \[0, WORLD_SIZE\). Got RANK=2 "
+        "with WORLD_SIZE=2 instead.$"
+    )
+    with pytest.raises(ValueError, match=message):
+        extract_features(folder, BACKBONE, tmp_path / "x.h5", **FAST)
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("name", ["overwrite", "retry_failed", "progress"])
 def test_a_flag_that_is_not_a_bool_is_refused_before_any_work(store, folder, tmp_path, name):
     # overwrite="no" (a config file's text) was taken as true: the store was deleted and
     # extracted anew.
     out = Path(shutil.copy(store, tmp_path / "f.h5"))
     before = out.stat().st_mtime_ns
-    with pytest.raises(ValueError, match=f"The '{name}' parameter must be True or False"):
+    message = f"The '{name}' parameter must be True or False. Got 'no' instead.$"
+    with pytest.raises(ValueError, match=message):
         extract_features(folder, BACKBONE, out, **(FAST | {name: "no"}))
     assert out.stat().st_mtime_ns == before
 
