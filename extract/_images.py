@@ -458,15 +458,16 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     ``make_dataset`` order, each once: a folder reached again through a symbolic link (a
     link to a folder above it, a loop) is not walked again (of two names of one folder,
     the first in sorted order is kept), nor the root or a folder above
-    it from inside a class (a link to another class's folder is walked, as torchvision
-    walks it). Hidden files and folders (their names start with a dot), ``__MACOSX``
-    folders and the other system folders of :func:`_hidden` are left out.
+    it from inside a class. Hidden files and folders (their names start with a dot),
+    ``__MACOSX`` folders and the other system folders of :func:`_hidden` are left out.
 
     Raises FileNotFoundError, as ``make_dataset`` does, for a class without images (and
     for a link in a class whose target does not exist, unless it is a file's
     (:func:`_a_file_s`): one named as an image is listed, and recorded as a failed image,
-    another is left out as any file without an image extension), and OSError for a folder
-    that cannot be listed.
+    another is left out as any file without an image extension), OSError for a folder
+    that cannot be listed, and ValueError for a folder of images reached from two classes
+    (a class folder linked to another's, or a link inside one class to a folder of
+    another): torchvision lists its images under both, each image with two labels.
     """
 
     def inode(path: str | Path) -> tuple[int, int]:
@@ -487,6 +488,7 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
         ) from error
 
     items, empty, other = [], [], []
+    owner: dict[tuple[int, int], tuple[str, str]] = {}  # folder of images: (class, path)
     for index, name in enumerate(classes):
         seen, walked = set(above), []
         walk = os.walk(os.path.join(root, name), onerror=unreadable, followlinks=True)
@@ -501,7 +503,10 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
             # order, not the file system's (ext4 lists by hash): of two names of one folder
             # (a link to it beside it), the one kept is the first sorted, on any copy.
             dirs[:] = sorted(d for d in dirs if not _hidden(d))
-            walked.append((top, [f for f in files if not _hidden(f)]))
+            files = [f for f in files if not _hidden(f)]
+            if any(has_file_allowed_extension(f, IMG_EXTENSIONS) for f in files):
+                _refuse_two_classes(root, owner.setdefault(key, (name, top)), (name, top))
+            walked.append((top, files))
         listed = [os.path.join(top, f) for top, files in sorted(walked) for f in sorted(files)]
         found = [(p, index) for p in listed if has_file_allowed_extension(p, IMG_EXTENSIONS)]
         if not found:
@@ -527,6 +532,22 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
         )
     _warn_of_left_out(root, other)
     return items
+
+
+def _refuse_two_classes(root: str, first: tuple[str, str], then: tuple[str, str]) -> None:
+    """Refuse one folder of images walked under two classes (``(class, path)`` each):
+    every image in it would be listed twice, with two labels, which no single-label
+    training set can hold (torchvision's ImageFolder lists it so, without a word)."""
+    (one, one_path), (other, other_path) = first, then
+    if one == other:
+        return
+    one_path, other_path = (os.path.relpath(p, root) for p in (one_path, other_path))
+    raise ValueError(
+        f"Under {root!r}, the class folders {one!r} and {other!r} reach one folder of images "
+        f"({one_path!r} and {other_path!r} are one folder, {os.path.realpath(first[1])!r}): "
+        "each of its images would be listed in both classes, with two labels. Give each "
+        "class its own images: remove the link, or copy the folder."
+    )
 
 
 # Where git-annex and DVC keep the objects their links name: files, never folders. (A DVC

@@ -417,16 +417,61 @@ def test_image_folder_walks_a_folder_linked_again_once(folder):
     # A link to its own class folder: os.walk(followlinks=True) listed every image once
     # per level, down to the system's link limit (41 times).
     before = image_folder(folder)
+    (folder / "elsewhere").mkdir()
+    for name in ("000.png", "001.png"):
+        shutil.copy(folder / "cat" / "000.png", folder / "elsewhere" / name)
     os.symlink(folder / "cat", folder / "cat" / "loop")
-    os.symlink(folder / "dog", folder / "cat" / "dogs")  # another folder: walked
+    os.symlink(folder / "elsewhere", folder / "cat" / "more")  # another folder: walked
     # A link to the root (or above it) walked every class again, labelled cat.
     os.symlink(folder, folder / "cat" / "up")
-    os.symlink(folder.parent, folder / "cat" / "dogs" / "upper")
+    os.symlink(folder.parent, folder / "cat" / "more" / "upper")
+    with pytest.raises(ValueError, match="the class folders 'cat' and 'elsewhere' reach one"):
+        image_folder(folder)  # (elsewhere/ is a class of its own too)
+    os.rename(folder / "elsewhere", folder.parent / "elsewhere")
+    os.remove(folder / "cat" / "more")
+    os.symlink(folder.parent / "elsewhere", folder / "cat" / "more")
     after = image_folder(folder)
     cats = [i for i in before.ids if i.startswith("cat/")]
     dogs = [i for i in before.ids if i.startswith("dog/")]
     # Folder by folder in sorted order (torchvision's make_dataset order), each once.
-    assert after.ids == cats + [i.replace("dog/", "cat/dogs/") for i in dogs] + dogs
+    assert after.ids == cats + ["cat/more/000.png", "cat/more/001.png"] + dogs
+
+
+@pytest.mark.parametrize(
+    "link, target, first, then",
+    [
+        ("kitty", "cat", "'cat' and 'kitty'", "'cat' and 'kitty' are one folder"),
+        ("aardvark", "dog", "'aardvark' and 'dog'", "'aardvark' and 'dog' are one folder"),
+        # A link inside a class to another class's folder, or to a folder inside it.
+        ("cat/dogs", "dog", "'cat' and 'dog'", "'cat/dogs' and 'dog' are one folder"),
+        ("dog/sub/cats", "cat", "'cat' and 'dog'", "'cat' and 'dog/sub/cats' are one folder"),
+        ("cat/inner", "dog/inner", "'cat' and 'dog'", "'cat/inner' and 'dog/inner' are one"),
+    ],
+)
+def test_one_folder_of_images_in_two_classes_is_refused(folder, link, target, first, then):
+    # A class folder linked to another's (kitty -> cat), or a link inside a class to
+    # another's folder, listed each image under both classes, with two labels (as
+    # torchvision's ImageFolder does), without a word.
+    (folder / "dog" / "inner").mkdir()
+    shutil.copy(folder / "cat" / "000.png", folder / "dog" / "inner" / "x.png")
+    (folder / link).parent.mkdir(exist_ok=True)
+    os.symlink(folder / target, folder / link)
+    with pytest.raises(ValueError) as info:
+        image_folder(folder)
+    message = str(info.value)
+    assert f"the class folders {first} reach one folder of images" in message
+    assert then in message and repr(os.path.realpath(folder / target)) in message
+    assert "listed in both classes, with two labels" in message
+
+
+def test_a_folder_without_images_may_be_linked_from_two_classes(folder):
+    # (a folder of notes or annotations gives no image two labels)
+    (folder.parent / "notes").mkdir()
+    (folder.parent / "notes" / "README.txt").write_text("x")
+    before = image_folder(folder)
+    for name in ("cat", "dog"):
+        os.symlink(folder.parent / "notes", folder / name / "notes")
+    assert image_folder(folder).ids == before.ids
 
 
 def test_image_folder_order_is_torchvision_s_whatever_the_listing_order(folder, reversed_listing):
