@@ -1189,6 +1189,28 @@ def _warn_of_working_folder_paths(
         )  # fmt: skip
 
 
+def _warn_of_comment_lines(list_file: Path, rows: list, sizes: np.ndarray) -> None:
+    """Say which lines look like comments ('#' first) and name no file: a list file has
+    no comment syntax, and a line commented out is an image all the same, recorded as
+    failed under its label (a class of its own where no other line has it)."""
+    lines = [row[2] for row, size in zip(rows, sizes, strict=True) if row[0][:1] == "#"
+             and size == NOT_A_FILE]  # fmt: skip
+    if lines:
+        shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+        logger.warning(
+            "%s: %s %s (%r) %s with '#' and %s no file: each line is an image and its "
+            "label, and a list file has no comment syntax, so %s recorded as failed. "
+            "Remove such lines.",
+            list_file,
+            plural(len(lines), "line"),
+            shown,
+            next(path for path, _, number in rows if number == lines[0]),
+            "starts" if len(lines) == 1 else "start",
+            "names" if len(lines) == 1 else "name",
+            "its image is" if len(lines) == 1 else "their images are",
+        )
+
+
 def working_folder_hint(folder: str, failed: list[str]) -> str:
     """Why every image of a list failed, its paths of ``failed``, where :func:`image_list`
     warned so (:func:`_working_folder_path`): what to do, or '' where it is not so."""
@@ -1253,6 +1275,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             raise ValueError(
                 f"{list_file}:{number}: {path},{label} looks like a header (no such image, and "
                 "no other line has its label); a header must be 'path,label'."
+                + (" A list file has no comment syntax: remove it." if path[:1] == "#" else "")
             )
     first_line, resolved = {}, {}
     for path, label, number in rows:
@@ -1307,6 +1330,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     ids = [path for path, _, _ in rows]
     sizes, mtimes = stat_files(str(folder), ids)
     _warn_of_working_folder_paths(list_file, folder, ids, sizes)
+    _warn_of_comment_lines(list_file, rows, sizes)
     return ImageSource(
         ids=ids,
         labels=labels,

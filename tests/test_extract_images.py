@@ -918,6 +918,28 @@ def test_image_list_header_naming_a_folder_beside_the_list_is_refused(folder):
         image_list(folder / "l.csv")
 
 
+def test_a_comment_looking_line_of_a_list_is_an_image_and_said(folder, caplog):
+    # A line commented out ('#dog/001.jpg,dog') was an image all the same, of a file that
+    # does not exist, recorded as failed at the end of the run without a word here.
+    caplog.set_level(logging.WARNING, logger="extract")
+    (folder / "l.csv").write_text("cat/000.png,cat\n#dog/001.jpg,dog\n# x.png,bird\n")
+    src = image_list(folder / "l.csv")
+    assert src.ids == ["cat/000.png", "#dog/001.jpg", "# x.png"]
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "l.csv: lines 2, 3 ('#dog/001.jpg') start with '#' and name no file" in said
+    assert "a list file has no comment syntax" in said
+    # A file whose name starts with '#' is an image like any other: nothing to say.
+    caplog.clear()
+    shutil.copy(folder / "cat" / "000.png", folder / "#1.png")
+    (folder / "l.csv").write_text("cat/000.png,cat\n#1.png,dog\n")
+    assert image_list(folder / "l.csv").ids == ["cat/000.png", "#1.png"]
+    assert not caplog.records
+    # A first line such as '# my images' is refused as a header would be, and said so.
+    (folder / "l.txt").write_text("# my images\ncat/000.png cat\ndog/001.jpg dog\n")
+    with pytest.raises(ValueError, match=r"looks like a header .* no comment syntax: remove it"):
+        image_list(folder / "l.txt")
+
+
 def test_image_list_refuses_one_file_under_two_spellings(folder):
     for second in (folder / "cat" / "000.png", "dog/../cat/000.png"):
         (folder / "l.csv").write_text(f"cat/000.png,cat\ndog/001.jpg,dog\n{second},dog\n")
