@@ -96,7 +96,19 @@ def _whole(value: object) -> bool:
 
 
 def _distributed_env() -> tuple[int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    """``RANK`` and ``WORLD_SIZE`` as torchrun sets them (0 and 1 where unset); a value
+    that is no whole number is refused by name (``export RANK=$SLURM_PROCID`` with the
+    latter unset failed as "invalid literal for int() with base 10: ''")."""
+    values = []
+    for name, default, least in (("RANK", "0", 0), ("WORLD_SIZE", "1", 1)):
+        text = os.environ.get(name, default)
+        if not (text.strip().isascii() and text.strip().isdigit() and int(text) >= least):
+            raise ValueError(
+                f"The {name} environment variable must be an int >= {least} (torchrun sets "
+                f"it). Got {name}={text!r} instead; unset it to run in one process."
+            )
+        values.append(int(text))
+    return values[0], values[1]
 
 
 def extract_features(

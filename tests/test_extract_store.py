@@ -2039,6 +2039,27 @@ def test_a_rank_beyond_torchrun_s_world_size_is_named_as_its_variables(
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    "env, said",
+    [
+        (dict(RANK=""), "RANK environment variable must be an int >= 0 .* Got RANK='' instead"),
+        (dict(RANK="one"), "Got RANK='one' instead; unset it to run in one process"),
+        (dict(RANK="-1", WORLD_SIZE="2"), "RANK environment variable .* Got RANK='-1'"),
+        (dict(WORLD_SIZE="0"), "WORLD_SIZE environment variable must be an int >= 1 .* Got "),
+    ],
+)
+def test_torchrun_s_variables_that_are_no_whole_numbers_are_named(
+    folder, tmp_path, monkeypatch, env, said
+):
+    # `export RANK=$SLURM_PROCID` with the latter unset: "invalid literal for int() with
+    # base 10: ''", naming no variable.
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=said):
+        extract_features(folder, BACKBONE, tmp_path / "x.h5", **FAST)
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("name", ["overwrite", "retry_failed", "progress"])
 def test_a_flag_that_is_not_a_bool_is_refused_before_any_work(store, folder, tmp_path, name):
     # overwrite="no" (a config file's text) was taken as true: the store was deleted and
