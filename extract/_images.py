@@ -356,6 +356,7 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
             ", ".join(map(repr, inner[:3])) + (", ..." if len(inner) > 3 else ""),
             os.path.join(root, classes[0]),
         )
+    _warn_of_numbers_sorted_as_text(classes, root)
     _check_utf8([*classes, *ids], root)
     sizes, mtimes = stat_files(root, ids)
     return ImageSource(
@@ -368,6 +369,26 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
         file_size=sizes,
         file_mtime_ns=mtimes,
     )
+
+
+def _warn_of_numbers_sorted_as_text(classes: list[str], root: str) -> None:
+    """Say where class folders named by numbers ('0' ... '11') take indices other than
+    the numbers: sorted as text, as torchvision sorts them, '10' is class 2, which a
+    list file or a model's own labels number 10."""
+    if not all(map(is_index, classes)):
+        return
+    numeric = sorted(classes, key=int)
+    moved = next((k for k, (a, b) in enumerate(zip(classes, numeric, strict=True)) if a != b), None)
+    if moved is not None:
+        logger.warning(
+            "The class folders of %r are numbers, sorted as text as torchvision's "
+            "ImageFolder sorts them ('10' before '2'): class %d is the folder %r. The store "
+            "names each class by its folder; to number the classes as their folders, give "
+            "the names leading zeros of one width ('02', '10').",
+            root,
+            moved,
+            classes[moved],
+        )
 
 
 def _in_sub_folders_alone(ids: list[str]) -> bool:

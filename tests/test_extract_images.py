@@ -413,6 +413,33 @@ def test_a_hidden_link_that_reaches_nothing_is_no_class_and_not_refused(folder):
     assert (after.ids, after.class_names) == (before.ids, before.class_names)
 
 
+@pytest.mark.parametrize(
+    "names, said",
+    [
+        ([str(k) for k in range(12)], "class 2 is the folder '10'"),
+        ([str(k) for k in range(1, 13)], "class 1 is the folder '10'"),
+        # In the order of their numbers: nothing to say.
+        ([f"{k:02d}" for k in range(12)], None),
+        (["1", "2", "3"], None),
+        (["10", "7"], "class 0 is the folder '10'"),
+        (["cat", "10", "2"], None),  # names, not numbers
+    ],
+)
+def test_class_folders_named_by_numbers_sorted_as_text_are_said(tmp_path, caplog, names, said):
+    # '0' ... '11' sorted as text, as torchvision sorts them: the folder '10' was class 2,
+    # which a list file's label 10 (and the user) numbers 10, without a word.
+    root = make_image_folder(tmp_path / "d", tuple(names), n_per_class=1, special=False)
+    caplog.set_level(logging.WARNING, logger="extract")
+    src = image_folder(root)
+    assert src.class_names == sorted(names)  # torchvision's order, as before
+    if said is None:
+        assert not caplog.records
+        return
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "are numbers, sorted as text as torchvision's ImageFolder sorts them" in message
+    assert said in message and "leading zeros of one width" in message
+
+
 def test_image_folder_walks_a_folder_linked_again_once(folder):
     # A link to its own class folder: os.walk(followlinks=True) listed every image once
     # per level, down to the system's link limit (41 times).
