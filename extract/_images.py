@@ -375,10 +375,7 @@ def _warn_of_numbers_sorted_as_text(classes: list[str], root: str) -> None:
     """Say where class folders named by numbers ('0' ... '11') take indices other than
     the numbers: sorted as text, as torchvision sorts them, '10' is class 2, which a
     list file or a model's own labels number 10."""
-    if not all(map(is_index, classes)):
-        return
-    numeric = sorted(classes, key=int)
-    moved = next((k for k, (a, b) in enumerate(zip(classes, numeric, strict=True)) if a != b), None)
+    moved = numbers_sorted_as_text(classes)
     if moved is not None:
         logger.warning(
             "The class folders of %r are numbers, sorted as text as torchvision's "
@@ -386,8 +383,8 @@ def _warn_of_numbers_sorted_as_text(classes: list[str], root: str) -> None:
             "names each class by its folder; to number the classes as their folders, give "
             "the names leading zeros of one width ('02', '10').",
             root,
-            moved,
-            classes[moved],
+            moved[1],
+            moved[2],
         )
 
 
@@ -808,6 +805,18 @@ def renumbered_decimal(texts: list[str]) -> tuple[int, int, str] | None:
         None,
     )
     return None if moved is None else (moved, order[texts[moved]], texts[moved])
+
+
+def numbers_sorted_as_text(texts: list[str]) -> tuple[int, int, str] | None:
+    """``(i, k, name)`` where every label is ASCII digits, read as a class name, and the
+    classes sorted as text are not in the order of their numbers ("10" before "2"): label
+    i is the first whose class ``k`` is not where its number puts it; None otherwise."""
+    if not texts or not all(map(is_index, texts)):
+        return None
+    names = sorted(set(texts))
+    numeric = sorted(names, key=lambda name: (int(name), name))
+    k = next((k for k, (a, b) in enumerate(zip(names, numeric, strict=True)) if a != b), None)
+    return None if k is None else (texts.index(names[k]), k, names[k])
 
 
 def label_kind_problem(labels: list[str], as_names: bool = False) -> tuple[int, str] | None:

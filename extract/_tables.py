@@ -16,6 +16,7 @@ import glob
 import hashlib
 import itertools
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -25,8 +26,17 @@ import numpy as np
 
 from ._archives import Archive, archive_source, container_root, expand_pattern, stat_containers
 from ._decoding import check_listed
-from ._images import ImageSource, check_keys, encode_labels, label_kind_problem, text_problem
+from ._images import (
+    ImageSource,
+    check_keys,
+    encode_labels,
+    label_kind_problem,
+    numbers_sorted_as_text,
+    text_problem,
+)
 from ._paths import expand_home
+
+logger = logging.getLogger(__name__)
 
 HF_METADATA = b"huggingface"  # the schema metadata key holding the datasets Features
 _STREAM_ROWS = 64  # rows per record batch when streaming a row group
@@ -596,6 +606,15 @@ def parquet_files(
             f"{label_key!r} label {texts[i]!r}, {why}; give every row a class index, or every "
             "row a name."
         )
+    moved = numbers_sorted_as_text(texts) if as_names else None
+    if moved is not None:  # ("2" was class 4 of 12, without a word)
+        logger.warning(
+            "Row %d of the parquet source %r (counting across its files) has the %r label "
+            "%r, a string of digits: read as a class name, as every string label is, the "
+            "classes sorted as text (class %d is %r); store the labels as integers to read "
+            "them as class indices.",
+            moved[0], pattern, label_key, texts[moved[0]], moved[1], moved[2],
+        )  # fmt: skip
     try:
         labels, class_names = encode_labels(
             texts, list(named.pop()) if named else None, as_names=as_names

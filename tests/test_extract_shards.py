@@ -941,6 +941,31 @@ def test_parquet_labels_and_class_names_a_store_cannot_hold_are_refused(tmp_path
         open_source(f"parquet:{tmp_path}/t.parquet")
 
 
+@pytest.mark.parametrize(
+    "labels, said",
+    [
+        ([str(k) for k in range(12)], r"Row 10 of .* has the 'label' label '10', a string of "),
+        (["2", "10", "2"], r"Row 1 of .* label '10', .* \(class 0 is '10'\)"),
+        (["0", "1", "2"], None),  # sorted alike as text and as numbers
+        (["10", "2", "cat"], None),  # names
+    ],
+)
+def test_a_string_column_of_digits_sorted_as_text_is_said(tmp_path, caplog, labels, said):
+    # "2" of a string column was class 4 of 12 (the classes sorted as text), unsaid, where
+    # shards' and lists' labels say so where such a reading renumbers the classes.
+    images = [b"x"] * len(labels)
+    pq.write_table(pa.table({"image": images, "label": labels}), tmp_path / "t.parquet")
+    caplog.set_level(logging.WARNING, logger="extract")
+    src = open_source(f"parquet:{tmp_path}/t.parquet")
+    assert src.class_names == sorted(set(labels))  # names, as the docs say
+    if said is None:
+        assert not caplog.records
+        return
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert re.search(said, message)
+    assert "the classes sorted as text" in message and "store the labels as integers" in message
+
+
 def test_class_label_out_of_range_is_refused(tmp_path):
     rows = {"image": [{"bytes": b"a", "path": None}], "label": [2]}
     _table(tmp_path / "t.parquet", rows, schema=hf_image_schema(["a", "b"]))
