@@ -93,7 +93,8 @@ class ImageSource:
     description : str
         Human-readable origin, recorded in the store.
     source_index : ndarray of shape (n_items,), dtype int64
-        Position of each item in the full collection (differs after :meth:`subset`).
+        Position of each item in the full collection (differs after :meth:`subset`),
+        increasing.
     pixels : ndarray of shape (n_items, H, W), dtype uint8, optional
         In-memory greyscale images (Fashion-MNIST); None for file sources.
     file_size, file_mtime_ns : ndarray of shape (n_items,), dtype int64, optional
@@ -1403,7 +1404,7 @@ def open_source(
         ``"webdataset:PATTERN"`` (tar shards, see :func:`webdataset_shards`),
         ``"parquet:PATTERN"`` (Parquet / Arrow files or a Hugging Face dataset folder, see
         :func:`parquet_files`), or an ``ImageSource`` (returned as is, its labels as int64;
-        one whose counts, labels or names a store cannot hold is refused).
+        one whose counts, labels, names or source indices a store cannot hold is refused).
     image_key, label_key : str, optional
         Which member (WebDataset) or column (Parquet) holds the image and the label.
 
@@ -1463,8 +1464,10 @@ def _checked(src: ImageSource) -> ImageSource:
     not be written or read back: ids, labels and source indices of other counts, labels
     that are no class indices into its class names (load_features refused the store once
     every image was extracted), a class named twice, by no text or by none, or text that
-    is not UTF-8. Labels are returned as int64 (a list, or whole numbers in floats, are
-    taken)."""
+    is not UTF-8, or source indices that are not increasing integers >= 0 (shards are
+    merged in the order of their indices: a decreasing one failed in h5py, and items in
+    another order came out of torchrun in an order of their own). Labels and source indices
+    are returned as int64 (a list, or whole numbers in floats, are taken)."""
     labels = np.asarray(src.labels)
     n_ids, n_labels, n_index = len(src.ids), labels.size, len(src.source_index)
     if labels.ndim != 1 or not n_ids == n_labels == n_index:
@@ -1496,6 +1499,15 @@ def _checked(src: ImageSource) -> ImageSource:
             f"{name!r} ({type(name).__name__}) instead; name the classes as text "
             "([str(k) for k in ...])."
         )
+    index = np.asarray(src.source_index)
+    bad = _first_unordered(index)
+    if bad is not None:
+        raise ValueError(
+            f"The source indices of the ImageSource {src.description!r} must be increasing "
+            "integers >= 0 (each item's position in the full collection, in order, as "
+            f"subset() keeps them). Got {index.ravel()[bad].item()!r} at item {bad} instead; "
+            "number the items in order, e.g. np.arange(len(ids))."
+        )
     _check_index_names(list(src.class_names))
     _check_utf8(list(src.ids), src.root)
     # Its files listed now, as a folder's are when it is opened: taken each time they were
@@ -1503,8 +1515,27 @@ def _checked(src: ImageSource) -> ImageSource:
     # the fingerprint of the old one, and the complete store was refused by the next run.
     sizes, mtimes = src.file_stats()
     return _utf8_paths(
-        replace(src, labels=labels.astype(np.int64), file_size=sizes, file_mtime_ns=mtimes)
+        replace(
+            src,
+            labels=labels.astype(np.int64),
+            source_index=index.astype(np.int64),
+            file_size=sizes,
+            file_mtime_ns=mtimes,
+        )
     )
+
+
+def _first_unordered(index: np.ndarray) -> int | None:
+    """The first item of ``index`` that is no integer >= 0 above the one before it."""
+    if index.ndim != 1:
+        return 0 if index.size else None
+    if index.dtype.kind not in "iuf":
+        return 0 if len(index) else None
+    with np.errstate(invalid="ignore"):  # (NaN is no index)
+        whole = index % 1 == 0 if index.dtype.kind == "f" else np.ones(len(index), bool)
+        rising = np.concatenate([index[:1] >= 0, index[1:] > index[:-1]])
+    bad = np.flatnonzero(~(whole & rising))
+    return int(bad[0]) if len(bad) else None
 
 
 def _utf8_paths(src: ImageSource) -> ImageSource:

@@ -1493,6 +1493,17 @@ def test_open_source_errors(source, error, match):
         (dict(class_names=["cat", None]), r"must be str. Got None \(NoneType\) instead"),
         # A name that is not UTF-8: a UnicodeEncodeError writing the store.
         (dict(ids=["cat/000.png", "dog/\udcff.jpg"]), r"not valid UTF-8: 'dog/.+xff.jpg'"),
+        # Source indices out of order: shards are merged in their order, and [1, 0] failed
+        # in h5py ("Step must be >= 1 (got -1)"), [2, 0, 1] merged in an order of its own.
+        (
+            dict(source_index=np.array([1, 0])),
+            r"source indices of the ImageSource 'mine' must be increasing integers >= 0 .* "
+            r"Got 0 at item 1 instead; number the items in order",
+        ),
+        (dict(source_index=np.array([3, 3])), r"must be increasing integers .* Got 3 at item 1"),
+        (dict(source_index=np.array([-1, 0])), r"must be increasing integers .* Got -1 at item 0"),
+        (dict(source_index=np.array([0.0, 0.5])), r"must be increasing .* Got 0.5 at item 1"),
+        (dict(source_index=["0", "1"]), r"must be increasing integers .* Got '0' at item 0"),
     ],
 )
 def test_an_image_source_built_by_hand_is_refused_where_its_store_could_not_be(
@@ -1516,6 +1527,10 @@ def test_an_image_source_built_by_hand_is_refused_where_its_store_could_not_be(
     for labels in ([0, 1], np.array([0.0, 1.0]), np.array([0, 1], dtype=object), numpy_ints):
         src = open_source(ImageSource(**(mine | dict(labels=labels))))
         assert src.labels.dtype == np.int64 and src.labels.tolist() == [0, 1]
+    # Source indices as a list, in order with gaps (a subset's), are taken as int64.
+    for index in ([0, 1], [4, 9], np.array([0.0, 7.0])):
+        src = open_source(ImageSource(**(mine | dict(source_index=index))))
+        assert src.source_index.dtype == np.int64 and src.source_index.tolist() == list(index)
 
 
 @pytest.mark.parametrize("key", ["image_key", "label_key"])
