@@ -426,7 +426,7 @@ def _warn_of_comment_lines(path: str, names: list[str]) -> None:
         one = len(lines) == 1
         shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
         logger.warning(
-            "%s: %s %s (%r) %s with '#' and %s read as class names: each line is the name "
+            "%s: %s %s (%r) %s with '#' and %s: each line is the name "
             "of one class, in the order of the class indices, and the file has no comment "
             "syntax. A comment line names a class and shifts the names after it onto the "
             "next classes; remove such lines.",
@@ -435,7 +435,7 @@ def _warn_of_comment_lines(path: str, names: list[str]) -> None:
             shown,
             names[lines[0] - 1],
             "starts" if one else "start",
-            "is" if one else "are",
+            "is read as a class name" if one else "are read as class names",
         )
 
 

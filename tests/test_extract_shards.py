@@ -335,7 +335,10 @@ def test_class_names_of_indices_name_each_class_once_in_storable_text(tmp_path, 
 @pytest.mark.parametrize(
     "names, said",
     [
-        ("# ImageNet subset\ntabby\nhound\n", r": line 1 \('# ImageNet subset'\) starts with"),
+        (
+            "# ImageNet subset\ntabby\nhound\n",
+            r": line 1 \('# ImageNet subset'\) starts with '#' and is read as a class name:",
+        ),
         ("tabby\n  #2\nhound\n#4\n", r": lines 2, 4 \('#2'\) start with '#' and are read"),
         ("tabby\nhound\n", None),
     ],
