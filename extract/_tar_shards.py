@@ -104,6 +104,14 @@ def _pax_records(data: bytes) -> dict[str, str]:
 
 
 def _damaged(path: str, offset: int, what: str) -> ShardError:
+    if offset == 0 and not path.endswith(".tar"):
+        # (a pattern's * matched img2dataset's 00000_stats.json beside 00000.tar: said as
+        # a shard "damaged at byte 0")
+        return ShardError(
+            f"{path!r} is no tar file (it does not start with a tar header), but the "
+            "pattern names it as a shard: name the shards alone (e.g. 'shards/*.tar', or the "
+            "folder 'shards/')."
+        )
     return ShardError(
         f"The shard {path!r} is damaged at byte {offset} ({what}); the samples after it "
         "cannot be listed: repair the shard or leave it out of the pattern."

@@ -534,6 +534,24 @@ def test_hidden_files_in_a_shard_folder_are_no_shards(tmp_path):
     )
 
 
+@pytest.mark.parametrize("side", ["00000_stats.json", "00000.parquet"])
+def test_a_pattern_that_names_a_side_file_says_it_is_no_tar(tmp_path, side):
+    # 'shards/*' beside img2dataset's side files: the JSON was "a shard damaged at byte 0
+    # (the file ends inside a tar header) ... repair the shard".
+    _write_shard(tmp_path / "00000.tar", [{"__key__": "s0", "jpg": b"x", "cls": "0"}])
+    (tmp_path / side).write_bytes(
+        b'{"count": 1}' if side.endswith("json") else bytes(range(256)) * 4
+    )
+    with pytest.raises(ShardError) as info:
+        open_source(f"webdataset:{tmp_path}/*")
+    assert str(info.value) == (
+        f"{str(tmp_path / side)!r} is no tar file (it does not start with a tar header), but "
+        "the pattern names it as a shard: name the shards alone (e.g. 'shards/*.tar', or the "
+        "folder 'shards/')."
+    )
+    assert open_source(f"webdataset:{tmp_path}").ids == ["s0"]  # (the folder: .tar alone)
+
+
 def test_an_img2dataset_folder_is_read_with_its_keys(tmp_path):
     # img2dataset's webdataset output: {00000..N}.tar of key.jpg / key.txt / key.json, keys
     # shard * 10^4 + index on 9 digits, beside NNNNN.parquet and NNNNN_stats.json.
