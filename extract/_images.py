@@ -1220,6 +1220,28 @@ def _warn_of_working_folder_paths(
         )  # fmt: skip
 
 
+def _warn_of_windows_separators(
+    list_file: Path, folder: Path, rows: list, sizes: np.ndarray
+) -> None:
+    """Say where a list's paths are written with Windows' '\\' between folders (a list
+    made by os.path.join on Windows): here '\\' is a character of a file name, and each
+    such image failed as a missing file, the cause unsaid. The first missing path with a
+    '\\' is looked up with '/' instead."""
+    missing = np.flatnonzero(sizes == NOT_A_FILE)
+    i = next((i for i in missing.tolist() if "\\" in rows[i][0]), None)
+    if i is None:
+        return
+    path, _, number = rows[i]
+    if os.path.isfile(folder / path.replace("\\", "/")):
+        logger.warning(
+            "%s:%d: %r names no file, but %r does: the list's paths are written with "
+            "Windows' '\\' between folders, which is a character of a file name here, and "
+            "such images will be recorded as failed. Write the paths with '/' (e.g. `sed -i "
+            "'s|\\\\|/|g' %s`).",
+            list_file, number, path, path.replace("\\", "/"), shlex.quote(str(list_file)),
+        )  # fmt: skip
+
+
 def _warn_of_comment_lines(list_file: Path, rows: list, sizes: np.ndarray) -> None:
     """Say which lines look like comments ('#' first) and name no file: a list file has
     no comment syntax, and a line commented out is an image all the same, recorded as
@@ -1361,6 +1383,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     ids = [path for path, _, _ in rows]
     sizes, mtimes = stat_files(str(folder), ids)
     _warn_of_working_folder_paths(list_file, folder, ids, sizes)
+    _warn_of_windows_separators(list_file, folder, rows, sizes)
     _warn_of_comment_lines(list_file, rows, sizes)
     return ImageSource(
         ids=ids,

@@ -967,6 +967,28 @@ def test_a_comment_looking_line_of_a_list_is_an_image_and_said(folder, caplog):
         image_list(folder / "l.txt")
 
 
+@pytest.mark.parametrize("name, sep", [("l.csv", ","), ("l.txt", " ")])
+def test_a_list_of_windows_paths_says_so(folder, caplog, name, sep):
+    # A list written on Windows (os.path.join: 'cat\\000.png'): every image failed as a
+    # missing file, the cause unsaid ('\\' is a character of a file name here).
+    caplog.set_level(logging.WARNING, logger="extract")
+    (folder / name).write_text(f"cat\\000.png{sep}cat\ndog\\001.jpg{sep}dog\n")
+    src = image_list(folder / name)
+    assert src.ids == ["cat\\000.png", "dog\\001.jpg"]  # read as written, as before
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith(
+        f"{folder / name}:1: 'cat\\\\000.png' names no file, but 'cat/000.png' does: the list's "
+        "paths are written with Windows' '\\' between folders"
+    )
+    assert "Write the paths with '/'" in said
+    # A file whose name holds a '\\', or a missing one that '/' does not find: unsaid.
+    caplog.clear()
+    shutil.copy(folder / "cat" / "000.png", folder / "a\\b.png")
+    (folder / name).write_text(f"a\\b.png{sep}cat\nx\\gone.png{sep}dog\n")
+    assert image_list(folder / name).ids == ["a\\b.png", "x\\gone.png"]
+    assert not caplog.records
+
+
 def test_image_list_refuses_one_file_under_two_spellings(folder):
     for second in (folder / "cat" / "000.png", "dog/../cat/000.png"):
         (folder / "l.csv").write_text(f"cat/000.png,cat\ndog/001.jpg,dog\n{second},dog\n")
