@@ -199,11 +199,11 @@ class ImageSource:
 
 
 def _idx_array(path: Path, ndim: int) -> tuple[np.ndarray, str]:
-    """The uint8 array of a gzipped IDX file of ``ndim`` dimensions, and the file's
-    ``sha256:<hex>``; a damaged file, or one of another kind, is refused by name."""
+    """The uint8 array of an IDX file of ``ndim`` dimensions, gzipped or not, and the
+    file's ``sha256:<hex>``; a damaged file, or one of another kind, is refused by name."""
     raw = path.read_bytes()
     try:
-        payload = gzip.decompress(raw)
+        payload = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
     except (OSError, EOFError, zlib.error) as err:
         raise ValueError(f"{str(path)!r} is not a complete gzip file: {err}") from err
     # Magic number 0x0000_08_NN (unsigned bytes, NN dimensions), then one uint32 per one.
@@ -223,10 +223,16 @@ def _idx_array(path: Path, ndim: int) -> tuple[np.ndarray, str]:
     return data, "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
+def _idx_file(folder: Path, name: str) -> Path | None:
+    """``folder/name.gz``, else ``folder/name`` (an IDX file uncompressed), if a file."""
+    return next((p for p in (folder / f"{name}.gz", folder / name) if p.is_file()), None)
+
+
 def fashion_mnist(
     split: str = "train", root: str | os.PathLike = FASHION_MNIST_ROOT
 ) -> ImageSource:
-    """Fashion-MNIST from its gzipped IDX files (``apt-get install dataset-fashion-mnist``).
+    """Fashion-MNIST from its IDX files, gzipped (``apt-get install dataset-fashion-mnist``)
+    or not.
 
     Parameters
     ----------
@@ -244,12 +250,25 @@ def fashion_mnist(
             f"The Fashion-MNIST split must be 'train' or 'test'. Got {split!r} instead."
         )
     root = Path(expand_home(os.fspath(root)))
-    images = root / f"{prefix}-images-idx3-ubyte.gz"
-    labels = root / f"{prefix}-labels-idx1-ubyte.gz"
-    if not images.is_file() or not labels.is_file():
+    # Gzipped or not: Kaggle's copy holds them uncompressed alone, and such a folder was
+    # said to hold none.
+    images, labels = (
+        _idx_file(root, f"{prefix}-{kind}") for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")
+    )
+    if images is None or labels is None:
+        # (torchvision's download keeps them in FashionMNIST/raw under its root)
+        inner = next(
+            (
+                folder
+                for folder in (root / "FashionMNIST" / "raw", root / "raw")
+                if _idx_file(folder, f"{prefix}-images-idx3-ubyte")
+            ),
+            None,
+        )
+        where = f" They are in {str(inner)!r}: pass that folder." if inner else ""
         raise FileNotFoundError(
             f"Fashion-MNIST IDX files not found in {str(root)!r}; install them with "
-            "`apt-get install dataset-fashion-mnist` or pass the folder holding them."
+            f"`apt-get install dataset-fashion-mnist` or pass the folder holding them.{where}"
         )
     pixels, images_id = _idx_array(images, 3)
     y, labels_id = _idx_array(labels, 1)

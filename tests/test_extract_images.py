@@ -1391,6 +1391,27 @@ def test_fashion_mnist_idx(idx_root):
     assert len(open_source(f"fashion-mnist:test@{idx_root}")) == 20
 
 
+def test_fashion_mnist_idx_files_uncompressed_are_read(idx_root, tmp_path):
+    # Kaggle's copy holds the IDX files uncompressed alone: "IDX files not found in ...".
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for gz in idx_root.glob("*.gz"):
+        (plain / gz.stem).write_bytes(gzip.decompress(gz.read_bytes()))
+    for split in ("train", "test"):
+        src, gzipped = fashion_mnist(split, plain), fashion_mnist(split, idx_root)
+        np.testing.assert_array_equal(src.pixels, gzipped.pixels)
+        np.testing.assert_array_equal(src.labels, gzipped.labels)
+        assert list(src.files) == [f"{gz.removesuffix('.gz')}" for gz in gzipped.files]
+    # torchvision's download keeps them under FashionMNIST/raw: named where it is not given.
+    (tmp_path / "tv" / "FashionMNIST").mkdir(parents=True)
+    plain.rename(tmp_path / "tv" / "FashionMNIST" / "raw")
+    with pytest.raises(FileNotFoundError) as info:
+        fashion_mnist("test", tmp_path / "tv")
+    assert str(info.value).endswith(
+        f"They are in {str(tmp_path / 'tv/FashionMNIST/raw')!r}: pass that folder."
+    )
+
+
 @pytest.mark.parametrize(
     "spec, n",
     [("~/data", 12), ("~/data/list.txt", 2), ("fashion-mnist:test@~", 20),
