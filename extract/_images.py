@@ -1239,6 +1239,23 @@ def _warn_of_working_folder_paths(
         )  # fmt: skip
 
 
+def _check_path_first(list_file: Path, folder: Path, rows: list) -> None:
+    """Refuse a list whose columns are 'label,path' (a 'label,path' header, or a first line
+    whose label names a file and whose path names none): it was refused as a header, or
+    read as images named by the labels, every one failed, in classes named by the paths."""
+    if rows and [f.lower() for f in rows[0][:2]] == ["path", "label"]:
+        rows = rows[1:]  # (the header, its first line after it)
+    if not rows:
+        return
+    path, label, number = rows[0]
+    swapped = [path.lower(), label.lower()] == ["label", "path"]
+    if swapped or (not os.path.isfile(folder / path) and os.path.isfile(folder / label)):
+        raise ValueError(
+            f"{list_file}:{number}: {path},{label} reads as 'label,path': a list's lines are "
+            "'path,label', the image first; swap the two columns."
+        )
+
+
 def _warn_of_windows_separators(
     list_file: Path, folder: Path, rows: list, sizes: np.ndarray
 ) -> None:
@@ -1334,6 +1351,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             + (_source_hint(list_file) or " Save the list as UTF-8.")
         ) from None
     folder, rows = _list_folder_and_rows(list_file, text)
+    _check_path_first(list_file, folder, rows)
     if rows and [f.lower() for f in rows[0][:2]] == ["path", "label"]:
         rows = rows[1:]
     elif len(rows) > 1 and rows[0][1] not in {label for _, label, _ in rows[1:]}:

@@ -989,6 +989,28 @@ def test_a_list_of_windows_paths_says_so(folder, caplog, name, sep):
     assert not caplog.records
 
 
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("label,path\ncat,cat/000.png\ndog,dog/001.jpg\n", "label,path"),
+        ("cat,cat/000.png\ndog,dog/001.jpg\n", "cat,cat/000.png"),
+        ("cat cat/000.png\ndog dog/001.jpg\n", "cat,cat/000.png"),
+        ("Path,Label\ndog,dog/001.jpg\n", "dog,dog/001.jpg"),
+    ],
+)
+def test_a_list_of_label_path_lines_is_refused_as_such(folder, text, line):
+    # The columns the other way round: refused as "looks like a header" (without one), or,
+    # behind a 'label,path' header, said to be a header of another kind.
+    (folder / "l.csv").write_text(text)
+    with pytest.raises(ValueError) as info:
+        image_list(folder / "l.csv")
+    number = 2 if text.startswith("Path") else 1
+    assert str(info.value) == (
+        f"{folder / 'l.csv'}:{number}: {line} reads as 'label,path': a list's lines are "
+        "'path,label', the image first; swap the two columns."
+    )
+
+
 def test_image_list_refuses_one_file_under_two_spellings(folder):
     for second in (folder / "cat" / "000.png", "dog/../cat/000.png"):
         (folder / "l.csv").write_text(f"cat/000.png,cat\ndog/001.jpg,dog\n{second},dog\n")
