@@ -64,8 +64,9 @@ FASHION_MNIST_CLASSES = (
 )
 
 
-def stat_files(root: str, ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Size in bytes and ``st_mtime_ns`` of every file (-1 for a missing one)."""
+def stat_files(root: str, ids: list[str], inodes: np.ndarray | None = None) -> tuple:
+    """Size in bytes and ``st_mtime_ns`` of every file (-1 for a missing one); with
+    ``inodes`` (an int64 array of shape (n, 2)), each file's ``(st_dev, st_ino)`` too."""
     sizes = np.full(len(ids), NOT_A_FILE, np.int64)
     mtimes = np.full(len(ids), NOT_A_FILE, np.int64)
     for i, item in enumerate(ids):
@@ -74,6 +75,8 @@ def stat_files(root: str, ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
         except OSError:
             continue  # recorded as a failure when read
         sizes[i], mtimes[i] = st.st_size, st.st_mtime_ns
+        if inodes is not None:
+            inodes[i] = st.st_dev, st.st_ino
     return sizes, mtimes
 
 
@@ -378,10 +381,13 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
         )
     _warn_of_numbers_sorted_as_text(classes, root)
     _check_utf8([*classes, *ids], root)
-    sizes, mtimes = stat_files(root, ids)
+    labels = np.array([y for _, y in items], dtype=np.int64)
+    inodes = np.full((len(ids), 2), -1, np.int64)
+    sizes, mtimes = stat_files(root, ids, inodes)
+    _refuse_links_across_classes(root, ids, labels, classes, inodes)
     return ImageSource(
         ids=ids,
-        labels=np.array([y for _, y in items], dtype=np.int64),
+        labels=labels,
         class_names=list(classes),
         root=root,
         description=f"folder:{os.path.abspath(root)}",
@@ -570,6 +576,43 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
         )
     _warn_of_left_out(root, other)
     return items
+
+
+def _refuse_links_across_classes(
+    root: str, ids: list[str], labels: np.ndarray, classes: list[str], inodes: np.ndarray
+) -> None:
+    """Refuse an image of one class that a symbolic link in another class names
+    (``dog/1.png`` to ``../cat/1.png``): one image with two labels. Two links to one file
+    (git-annex or DVC objects of two images with the same bytes) and hard links (a
+    deduplicated copy) are two images, as in a list file."""
+    order = np.lexsort((inodes[:, 1], inodes[:, 0]))  # (N,) by (st_dev, st_ino)
+    ranked = inodes[order]
+    same = (ranked[1:] == ranked[:-1]).all(axis=1) & (ranked[1:, 1] >= 0)  # (N - 1,)
+    twice = np.zeros(len(order), bool)
+    twice[1:] |= same
+    twice[:-1] |= same
+    shared = order[twice]  # (B,) files listed under several names
+    if not len(shared):
+        return
+    by_file: dict[tuple[int, int], list[int]] = {}
+    for i in shared.tolist():
+        by_file.setdefault(tuple(inodes[i]), []).append(i)
+    for names in by_file.values():
+        paths = {i: os.path.join(root, ids[i]) for i in names}
+        real = {os.path.realpath(paths[i]): i for i in names if not os.path.islink(paths[i])}
+        # (the file a link names, where it is listed as itself: not a hard link's twin)
+        named = {i: real.get(os.path.realpath(p)) for i, p in paths.items() if os.path.islink(p)}
+        other, first = next(
+            ((i, j) for i, j in named.items() if j is not None and labels[i] != labels[j]),
+            (None, None),
+        )
+        if other is not None:
+            raise ValueError(
+                f"Under {root!r}, {ids[other]!r} is a link to {ids[first]!r}: one image in "
+                f"the classes {classes[labels[first]]!r} and {classes[labels[other]]!r}, with "
+                "two labels. Give each class its own images: remove the link, or copy the "
+                "image."
+            )
 
 
 def _refuse_two_classes(root: str, first: tuple[str, str], then: tuple[str, str]) -> None:

@@ -491,6 +491,30 @@ def test_one_folder_of_images_in_two_classes_is_refused(folder, link, target, fi
     assert "listed in both classes, with two labels" in message
 
 
+def test_an_image_of_one_class_linked_into_another_is_refused(folder):
+    # dog/cat0.png -> ../cat/000.png listed one image under both classes, without a word.
+    os.symlink("../cat/000.png", folder / "dog" / "cat0.png")
+    with pytest.raises(ValueError) as info:
+        image_folder(folder)
+    assert str(info.value) == (
+        f"Under {str(folder)!r}, 'dog/cat0.png' is a link to 'cat/000.png': one image in the "
+        "classes 'cat' and 'dog', with two labels. Give each class its own images: remove "
+        "the link, or copy the image."
+    )
+    # Links of two classes to one file elsewhere (git-annex or DVC objects of two images
+    # with the same bytes), hard links and links within a class are images of their own.
+    os.remove(folder / "dog" / "cat0.png")
+    objects = folder.parent / "annex"
+    objects.mkdir()
+    shutil.copy(folder / "cat" / "000.png", objects / "SHA256E-s1--ab.png")
+    for name in ("cat/annexed.png", "dog/annexed.png"):
+        os.symlink(objects / "SHA256E-s1--ab.png", folder / name)
+    os.link(folder / "cat" / "000.png", folder / "dog" / "hard.png")
+    os.symlink("000.png", folder / "cat" / "again.png")
+    ids = image_folder(folder).ids
+    assert {"cat/annexed.png", "dog/annexed.png", "dog/hard.png", "cat/again.png"} <= set(ids)
+
+
 def test_a_folder_without_images_may_be_linked_from_two_classes(folder):
     # (a folder of notes or annotations gives no image two labels)
     (folder.parent / "notes").mkdir()
