@@ -89,7 +89,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
 #: is tzinfo).
 _KIND_NAMES = {
     bytes: "bytes",
-    str: "str",
+    str: "string",
     float: "number",
     datetime.date: "date",
     datetime.datetime: "datetime",
@@ -157,7 +157,7 @@ def _label_kinds(*arrays: np.ndarray) -> set:
 
 
 def _mix(kinds: set) -> str:
-    """The start of the message on a mix, "Mix of label input types (bytes and str)": the
+    """The start of the message on a mix, "Mix of label input types (bytes and string)": the
     kinds found, not always strings against numbers."""
     names = [name for kind, name in _KIND_NAMES.items() if kind in kinds]
     names += sorted(kind.__name__ for kind in kinds - set(_KIND_NAMES))  # (pandas' Interval)

@@ -329,7 +329,7 @@ def test_groups_keyed_by_dates_as_text_are_told_how_to_read_them(score):
     y = np.array(["2024-01-01", "2024-01-02", "2024-01-02"], "datetime64[ns]")
     groups = {str(label): group for label, group in class_groups(y, y).items()}
     cure = "{np.datetime64(label): group for label, group in groups.items()}"
-    with pytest.raises(ValueError, match=r"^Mix of label input types \(str and datetime64\)"):
+    with pytest.raises(ValueError, match=r"^Mix of label input types \(string and datetime64\)"):
         score(y, y, groups)
     with pytest.raises(ValueError, match=re.escape(f"are read as dates by {cure}.")):
         score(y, y, groups)
@@ -514,7 +514,8 @@ def test_labels_of_two_kinds_in_y_true_alone_are_refused_by_name(score):
     # np.unique of y_true, before per_class_accuracy's check, failed with "'<' not supported
     # between instances of 'int' and 'str'" (a pandas column of objects, say).
     y = np.array(["a", 1, "a", 1], dtype=object)
-    with pytest.raises(ValueError, match=r"^Mix of label input types \(str and number\) in y_true"):
+    mix = r"^Mix of label input types \(string and number\) in y_true"
+    with pytest.raises(ValueError, match=mix):
         score(y)
 
 
@@ -608,13 +609,13 @@ def test_numpy_s_text_held_as_objects_is_text(text):
     "y_true, y_pred, kinds",
     [
         # Bytes against text was called "string and number", though neither is a number.
-        (np.array([b"a"]), np.array(["a"]), "bytes and str"),
+        (np.array([b"a"]), np.array(["a"]), "bytes and string"),
         (np.array([b"a", b"b"], dtype=object), [0, 1], "bytes and number"),
-        (["a", "b"], [0, 1], "str and number"),
+        (["a", "b"], [0, 1], "string and number"),
         # Kinds mixed in one array of objects: np.unique's sort raised a TypeError first.
-        (np.array([b"a", "a", 1], dtype=object), [0, 1, 1], "bytes, str and number"),
+        (np.array([b"a", "a", 1], dtype=object), [0, 1, 1], "bytes, string and number"),
         # A missing label is named as such, not counted as a number.
-        (np.array(["a", None, "a"], dtype=object), ["a", "a", "a"], "str and None"),
+        (np.array(["a", None, "a"], dtype=object), ["a", "a", "a"], "string and None"),
         (np.array([1, None], dtype=object), [1, 1], "number and None"),
         # A date never equals a datetime (nor a naive datetime an aware one): every class
         # scored 0%, where scikit-learn refuses them.
@@ -789,9 +790,9 @@ def test_timestamps_held_as_objects_keep_their_nanoseconds():
 
 
 def test_pandas_missing_labels_are_named_as_missing():
-    # pd.NA was counted as a number: "str and number", where no number was given.
+    # pd.NA was counted as a number: "string and number", where no number was given.
     pd = pytest.importorskip("pandas")
-    with pytest.raises(ValueError, match=r"^Mix of label input types \(str and None\)"):
+    with pytest.raises(ValueError, match=r"^Mix of label input types \(string and None\)"):
         worst_class_accuracy(pd.array(["a", "b", None], dtype="string"), np.array(["a", "b", "b"]))
     # Only missing labels (a column lost in a merge) failed in np.unique: "'<' not
     # supported between instances of 'NoneType' and 'NoneType'" (pd.NA: "ambiguous").

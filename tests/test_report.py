@@ -64,9 +64,9 @@ def test_errors(models, kwargs, message):
 
 @pytest.mark.parametrize("predictions, match", [
     (Y[:5], r"must have the same shape, got \(6,\) and \(5,\)"),
-    (np.arange(6), r"Mix of label input types \(str and number\)"),
+    (np.arange(6), r"Mix of label input types \(string and number\)"),
     (np.array([Y, Y]), r"y should be a 1d array, got an array of shape \(2, 6\)"),
-    (np.array([*Y[:5], None], dtype=object), r"Mix of label input types \(str and None\)"),
+    (np.array([*Y[:5], None], dtype=object), r"Mix of label input types \(string and None\)"),
 ])  # fmt: skip
 def test_predictions_that_cannot_be_scored_name_their_model(predictions, match):
     # Among several models, the errors said "y_pred" without naming whose predictions.
@@ -594,7 +594,8 @@ def test_a_report_s_dates_read_back_from_json_as_labels_are_told_how_to_read_the
         y = y.astype(f"datetime64[{held}]")
     text = json.loads(classwise_report({"erm": y}, y).to_json())["labels"][::-1]
     cure = re.escape(f"are read as dates by np.asarray(labels, dtype='{dtype}').")
-    with pytest.raises(ValueError, match=rf"^Mix of label input types \(str and {kind}\).*{cure}$"):
+    mix = rf"^Mix of label input types \(string and {kind}\).*{cure}$"
+    with pytest.raises(ValueError, match=mix):
         classwise_report({"erm": y}, y, labels=text)
     report = classwise_report({"erm": y}, y, labels=np.asarray(text, dtype=dtype))
     assert report.labels == text
@@ -641,7 +642,7 @@ def test_a_nan_label_in_y_is_named_whatever_the_labels(labels):
 
 @pytest.mark.parametrize("labels", [None, "y's classes"])
 @pytest.mark.parametrize(
-    "classes, kinds", [(["a", 1], "str and number"), ([date(2024, 1, 1), 1], "number and date")]
+    "classes, kinds", [(["a", 1], "string and number"), ([date(2024, 1, 1), 1], "number and date")]
 )
 def test_labels_of_two_kinds_in_y_are_refused_by_name(labels, classes, kinds):
     # np.unique(y) failed with "'<' not supported between instances of 'int' and 'str'"
