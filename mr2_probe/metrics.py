@@ -185,7 +185,8 @@ def _check_kinds(
     if len(kinds) > 1:
         cure = ""
         naive = {np.datetime64, datetime.date, datetime.datetime}  # (dates of NumPy's units)
-        if _label_kinds(labels) == {str} and len(kinds) == 2 and kinds & naive:  # (y's dates)
+        text = _label_kinds(labels) == {str} and len(kinds) == 2
+        if text and kinds & naive:  # (y's dates)
             dtype = y.dtype if y.dtype.kind == "M" else "datetime64"  # (objects: their units)
             as_dates = (
                 "{np.datetime64(label): group for label, group in groups.items()}"
@@ -193,10 +194,28 @@ def _check_kinds(
                 else f"np.asarray({name}, dtype='{dtype}')"
             )
             cure = f"; dates written as text (a report's labels) are read as dates by {as_dates}"
+        elif text and datetime.timedelta in kinds and _timedelta_text_reads(y):
+            # NumPy reads no duration from text; pandas reads those a report writes, NumPy's
+            # ("86400000000000 nanoseconds", "1 days") and datetime's ("1 day, 0:00:00").
+            as_durations = (
+                "{pd.Timedelta(label): group for label, group in groups.items()}"
+                if name == "groups"
+                else f"np.asarray(pd.to_timedelta({name}))"
+            )
+            cure = (
+                "; durations written as text (a report's labels) are read as durations by "
+                f"pandas: {as_durations}"
+            )
         raise ValueError(
             f"{_mix(kinds)}: {name} holds {labels.dtype} labels and {y_name} {y.dtype} "
             f"labels{cure}."
         )
+
+
+def _timedelta_text_reads(y: np.ndarray) -> bool:
+    """Whether pandas reads back the text a report writes for the durations ``y``: not
+    those of NumPy's weeks, months or years ("1 weeks"), which it has no unit for."""
+    return y.dtype.kind != "m" or np.datetime_data(y.dtype)[0] not in ("W", "M", "Y")
 
 
 def _check_distinct(labels: np.ndarray) -> None:

@@ -352,17 +352,36 @@ def test_dates_for_a_y_of_text_are_refused_without_the_cure_of_text_for_dates(la
 @pytest.mark.parametrize(
     "y",
     [
-        np.array([1, 2], "timedelta64[D]"),
+        np.array([1, 2], "timedelta64[W]"),
         np.array([datetime(2024, 1, day, tzinfo=timezone.utc) for day in (1, 2)]),
     ],
 )
 def test_text_for_durations_or_aware_dates_is_refused_without_the_cure_of_naive_dates(y):
-    # np.asarray(labels, dtype='datetime64') reads no duration, and aware dates in UTC.
+    # np.asarray(labels, dtype='datetime64') reads no duration, and aware dates in UTC;
+    # pandas reads no duration of weeks ("1 weeks").
     text = [str(v) for v in y]
     with pytest.raises(ValueError, match=r"^Mix of label input types .* labels\.$"):
         per_class_accuracy(y, y, labels=text)
     with pytest.raises(ValueError, match=r"^Mix of label input types .* labels\.$"):
         classwise_summary(y, y, dict(zip(text, ["easy", "hard"], strict=True)))
+
+
+@pytest.mark.parametrize("unit", ["D", "ns"])
+@pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
+def test_groups_keyed_by_durations_as_text_are_told_how_to_read_them(score, unit):
+    # A report's groups of durations (its JSON's text) were refused as a mix with no cure,
+    # where those of dates are told how to read them.
+    pd = pytest.importorskip("pandas")
+    y = np.array([1, 2, 2], f"timedelta64[{unit}]")
+    groups = {str(label): group for label, group in class_groups(y, y).items()}
+    cure = "{pd.Timedelta(label): group for label, group in groups.items()}"
+    with pytest.raises(ValueError, match=r"^Mix of label input types \(string and duration\)"):
+        score(y, y, groups)
+    with pytest.raises(ValueError, match=re.escape(f"read as durations by pandas: {cure}.")):
+        score(y, y, groups)
+    read = {pd.Timedelta(label): group for label, group in groups.items()}  # (the cure)
+    expected = score(y, y[[0, 0, 2]], class_groups(y, y))
+    assert score(y, y[[0, 0, 2]], read) == pytest.approx(expected, nan_ok=True)
 
 
 @pytest.mark.parametrize("score", [classwise_summary, group_accuracy])

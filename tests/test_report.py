@@ -601,6 +601,28 @@ def test_a_report_s_dates_read_back_from_json_as_labels_are_told_how_to_read_the
     assert report.labels == text
 
 
+@pytest.mark.parametrize("held", ["D", "ns", "timedelta", "Timedelta"])
+def test_a_report_s_durations_read_back_from_json_as_labels_are_told_how_to_read_them(held):
+    # Refused as a mix with no cure, where dates are told how to read them (NumPy reads no
+    # duration from text; pandas reads NumPy's "86400000000000 nanoseconds" and datetime's
+    # "1 day, 0:00:00").
+    pd = pytest.importorskip("pandas")
+    y = np.repeat(np.array([1, 2], "timedelta64[D]"), 2)
+    if held == "timedelta":
+        y = y.astype(object)
+    elif held == "Timedelta":
+        y = np.array(list(pd.to_timedelta(y)), dtype=object)
+    else:
+        y = y.astype(f"timedelta64[{held}]")
+    text = json.loads(classwise_report({"erm": y}, y).to_json())["labels"][::-1]
+    cure = re.escape("are read as durations by pandas: np.asarray(pd.to_timedelta(labels)).")
+    mix = rf"^Mix of label input types \(string and duration\).*{cure}$"
+    with pytest.raises(ValueError, match=mix):
+        classwise_report({"erm": y}, y, labels=text)
+    report = classwise_report({"erm": y}, y, labels=np.asarray(pd.to_timedelta(text)))
+    assert report.labels == text
+
+
 @pytest.mark.parametrize("held", ["datetime", "Timestamp"])
 def test_dates_with_a_time_zone_as_labels_of_datetime64_are_refused_as_the_metrics_do(held):
     # NumPy took them in UTC (with its warning "no explicit representation of timezones"),
