@@ -37,6 +37,7 @@ from ._data import (
     check_dense_tensor,
     check_finite_tensor,
     check_h5_open,
+    check_no_missing_labels,
     h5_dtype,
     is_h5_dataset,
     is_torch_tensor,
@@ -1159,6 +1160,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                     "of 1 sample and 1 feature is required."
                 )
             y = y[...] if is_h5_dataset(y) else y
+            check_no_missing_labels(numpy_if_tensor(y))
             # As validate_data checks y beside a NumPy X: NaN among object labels (a pandas
             # column's missing value) is named, not a TypeError from sorting the classes,
             # and a pandas column of a nullable dtype ("Int64", "boolean") is converted as
@@ -1170,6 +1172,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         else:
             dtype = _check_dtypes(X)
             y = numpy_if_tensor(y)  # (on a GPU, or requiring grad)
+            check_no_missing_labels(y)  # (scikit-learn's check: "boolean value of NA ...")
             X, y = validate_data(self, _floating(X), y, dtype=dtype, order="C")
         if self.head == "cosine" and X.shape[1] == 1:
             # Every direction of one feature is ±1: the cosine is the sample's sign, and

@@ -40,6 +40,43 @@ def plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
+def is_na(value) -> bool:
+    """Whether a label is pandas' missing value (pd.NA), without importing pandas."""
+    return type(value).__name__ == "NAType" and type(value).__module__.startswith("pandas")
+
+
+def check_no_missing_labels(y, name: str = "y", purpose: str = "fit") -> None:
+    """Refuse labels ``y`` that hold a missing value, None or pandas' pd.NA (the missing
+    value of a column of dtype "string" or "Int64"), which is no class: scikit-learn's
+    checks failed on them with "boolean value of NA is ambiguous", or sorting the classes
+    with "'<' not supported between instances of 'NoneType' and 'str'". NaN is left to
+    their "Input y contains NaN"; unhashable or ragged labels to their checks too."""
+    try:
+        a = np.asarray(y)
+    except (TypeError, ValueError):
+        return
+    if a.dtype != object or not a.size:
+        return
+    try:
+        values = set(a.ravel().tolist())
+    except TypeError:
+        return
+    missing = {v for v in values if v is None or is_na(v)}
+    if not missing:
+        return
+    what = " and ".join(sorted("pd.NA" if is_na(v) else "None" for v in missing))
+    if missing == values:
+        raise ValueError(
+            f"Input {name} holds only missing labels ({what}): there is no class to {purpose}."
+        )
+    n = sum(v is None or is_na(v) for v in a.ravel().tolist())  # (only where some are)
+    raise ValueError(
+        f"Input {name} holds {n} missing label{'s' if n > 1 else ''} ({what}) among its "
+        f"{a.size}, which {'are' if n > 1 else 'is'} no class: leave those samples out "
+        "(a pandas column's y.notna()) or label them."
+    )
+
+
 def routing_enabled() -> bool:
     """Whether scikit-learn's metadata routing is on (``set_config``)."""
     return bool(get_config().get("enable_metadata_routing", False))

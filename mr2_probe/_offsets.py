@@ -38,6 +38,7 @@ from ._data import (
     check_2d,
     check_dense_tensor,
     check_h5_open,
+    check_no_missing_labels,
     cv_folds,
     is_h5_dataset,
     is_torch_tensor,
@@ -498,7 +499,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             check_2d(X)
         X, y = indexable(X, numpy_if_tensor(y))
         # (NaN among object labels named as the estimator names it, not a TypeError from
-        # sorting the classes)
+        # sorting the classes; None and pd.NA, which its check fails on, before it)
+        check_no_missing_labels(y)
         y = _check_y(y, estimator=self)
         if not len(y):
             raise ValueError(

@@ -16,7 +16,7 @@ import numpy as np
 from sklearn.metrics import get_scorer, make_scorer
 from sklearn.utils import column_or_1d
 
-from ._data import plain
+from ._data import check_no_missing_labels, is_na, plain
 
 GROUP_NAMES = ("easy", "medium", "hard")
 
@@ -124,7 +124,7 @@ def _kind(label) -> type:
     """The kind of one label held as an object (see :data:`_KIND_NAMES`)."""
     if isinstance(label, str | bytes):  # (NumPy's np.str_ and np.bytes_ too: "( and str)")
         return str if isinstance(label, str) else bytes
-    if label is None or _is_na(label):
+    if label is None or is_na(label):
         return type(None)
     if isinstance(label, datetime.datetime):  # pandas' Timestamp too
         return datetime.tzinfo if label.tzinfo is not None else datetime.datetime
@@ -248,21 +248,15 @@ def _check_no_nan(name: str, a: np.ndarray) -> None:
     else:  # objects: a NaN among them (a float, or NumPy's or Decimal's), or a NaT (pandas'
         # among the Timestamps of a column with a time zone, NumPy's): scored as a class
         # that sorted nowhere, it left the next class NaN.
+        # None and pd.NA (a pandas column's missing value) are no class: as the estimators
+        # refuse them (counted as a kind of label, they were a mix, "string and None").
+        check_no_missing_labels(a, name, "score")
         values = set(a.tolist()) if a.dtype == object else set()
-        if values and all(v is None or _is_na(v) for v in values):  # (one kind, no class)
-            raise ValueError(
-                f"Input {name} holds only missing labels (None): there is no class to score."
-            )
         dated = Number | datetime.date | np.datetime64
         nan = {v for v in values if isinstance(v, dated) and v != v}
         what = "NaN" if any(isinstance(v, Number) for v in nan) else "NaT"
     if nan:
         raise ValueError(f"Input {name} contains {what}.")
-
-
-def _is_na(value) -> bool:
-    """Whether a label is pandas' missing value (pd.NA), without importing pandas."""
-    return type(value).__name__ == "NAType" and type(value).__module__.startswith("pandas")
 
 
 def _labels_1d(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:

@@ -2757,6 +2757,37 @@ def test_a_missing_label_beside_a_tensor_x_gets_numpys_error(tmp_path, kind):
         MR2LinearClassifier(device="cpu").fit(X, labels)
 
 
+@pytest.mark.parametrize("kind", ["array", "tensor", "h5"])
+@pytest.mark.parametrize(
+    "estimator",
+    [
+        MR2LinearClassifier(device="cpu"),
+        MR2LinearClassifierCV(Cs=[1.0], cv=2, device="cpu"),
+        TunedOffsetsClassifierCV(MR2LinearClassifier(device="cpu"), cv=2),
+    ],
+    ids=["MR2LinearClassifier", "MR2LinearClassifierCV", "TunedOffsetsClassifierCV"],
+)
+def test_missing_labels_of_a_pandas_column_are_refused_as_missing(tmp_path, kind, estimator):
+    # pd.NA among the labels (a pandas column of dtype "string") failed in scikit-learn's
+    # check: "boolean value of NA is ambiguous"; None with "'<' not supported between
+    # instances of 'NoneType' and 'str'"; a y of pd.NA alone gave "ambiguous" too.
+    pd = pytest.importorskip("pandas")
+    X, y = _blobs(n_classes=3, n=30)
+    labels = pd.Series(pd.array(np.array(["a", "b", "c"])[y], dtype="string"))
+    labels[[4, 7]] = pd.NA
+    with_none = np.array(["a", "b", "c"], dtype=object)[y]
+    with_none[4] = None
+    data = contextlib.nullcontext(X) if kind == "array" else _as_kind(X, kind, tmp_path)
+    with data as X:
+        with pytest.raises(ValueError, match=r"^Input y holds 2 missing labels \(pd.NA\)"):
+            clone(estimator).fit(X, labels)
+        with pytest.raises(ValueError, match=r"^Input y holds 1 missing label \(None\)"):
+            clone(estimator).fit(X, with_none)
+        none = pd.Series(pd.array([pd.NA] * len(y), dtype="string"))
+        with pytest.raises(ValueError, match=r"^Input y holds only missing labels \(pd.NA\)"):
+            clone(estimator).fit(X, none)
+
+
 def test_probabilities_of_a_float32_model_are_computed_in_float64():
     # A float32 model's probabilities are computed in float64: with large logit gaps (a cosine
     # head's scale) a float32 softmax underflows to 0, and log(predict_proba) would be -inf

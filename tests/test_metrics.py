@@ -633,9 +633,6 @@ def test_numpy_s_text_held_as_objects_is_text(text):
         (["a", "b"], [0, 1], "string and number"),
         # Kinds mixed in one array of objects: np.unique's sort raised a TypeError first.
         (np.array([b"a", "a", 1], dtype=object), [0, 1, 1], "bytes, string and number"),
-        # A missing label is named as such, not counted as a number.
-        (np.array(["a", None, "a"], dtype=object), ["a", "a", "a"], "string and None"),
-        (np.array([1, None], dtype=object), [1, 1], "number and None"),
         # A date never equals a datetime (nor a naive datetime an aware one): every class
         # scored 0%, where scikit-learn refuses them.
         (np.array([date(2024, 1, 1)]), np.array([datetime(2024, 1, 1)]), "date and datetime"),
@@ -809,9 +806,9 @@ def test_timestamps_held_as_objects_keep_their_nanoseconds():
 
 
 def test_pandas_missing_labels_are_named_as_missing():
-    # pd.NA was counted as a number: "string and number", where no number was given.
+    # pd.NA was counted as a number: "str and number", where no number was given.
     pd = pytest.importorskip("pandas")
-    with pytest.raises(ValueError, match=r"^Mix of label input types \(string and None\)"):
+    with pytest.raises(ValueError, match=r"^Input y_true holds 1 missing label \(pd.NA\) "):
         worst_class_accuracy(pd.array(["a", "b", None], dtype="string"), np.array(["a", "b", "b"]))
     # Only missing labels (a column lost in a merge) failed in np.unique: "'<' not
     # supported between instances of 'NoneType' and 'NoneType'" (pd.NA: "ambiguous").
@@ -820,6 +817,33 @@ def test_pandas_missing_labels_are_named_as_missing():
         for score in (per_class_accuracy, class_groups, classwise_summary):
             with pytest.raises(ValueError, match=r"^Input y_true holds only missing labels"):
                 score(y, y)
+
+
+@pytest.mark.parametrize("missing", ["None", "pd.NA"])
+@pytest.mark.parametrize("classes", [["a", "b"], [1, 2]])
+def test_missing_labels_among_classes_are_refused_as_missing(classes, missing):
+    # Among real labels a missing one was a kind of its own: "Mix of label input types
+    # (str and None): y_true holds object labels and y_pred object labels", for both
+    # arrays alike, where the estimators refuse it as a missing label (and a y of pandas'
+    # "string" dtype failed in scikit-learn's checks: "boolean value of NA is ambiguous").
+    pd = pytest.importorskip("pandas")
+    value = None if missing == "None" else pd.NA
+    y = np.array([*classes, value, *classes, value], dtype=object)
+    full = np.array(classes * 3, dtype=object)
+    as_missing = rf"^Input y_(true|pred) holds 2 missing labels \({missing}\) among its 6, "
+    for score in (per_class_accuracy, worst_class_accuracy, class_groups, classwise_summary):
+        with pytest.raises(ValueError, match=as_missing.replace("(true|pred)", "true")):
+            score(y, full)
+        with pytest.raises(ValueError, match=as_missing.replace("(true|pred)", "pred")):
+            score(full, y)
+    if classes[0] == "a":  # (a pandas column of dtype "string")
+        column = pd.Series(pd.array(["a", "b", None, "a"], dtype="string"))
+        with pytest.raises(ValueError, match=r"^Input y_true holds 1 missing label \(pd.NA\) "):
+            per_class_accuracy(column, column)
+    # labels= naming a missing label is a list of classes of two kinds, as before.
+    kind = "string" if classes[0] == "a" else "number"
+    with pytest.raises(ValueError, match=rf"^Mix of label input types \({kind} and None\)"):
+        per_class_accuracy(full, full, labels=[*classes, value])
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,7 @@ def test_errors(models, kwargs, message):
     (Y[:5], r"must have the same shape, got \(6,\) and \(5,\)"),
     (np.arange(6), r"Mix of label input types \(string and number\)"),
     (np.array([Y, Y]), r"y should be a 1d array, got an array of shape \(2, 6\)"),
-    (np.array([*Y[:5], None], dtype=object), r"Mix of label input types \(string and None\)"),
+    (np.array([*Y[:5], None], dtype=object), r"Input y_pred holds 1 missing label \(None\)"),
 ])  # fmt: skip
 def test_predictions_that_cannot_be_scored_name_their_model(predictions, match):
     # Among several models, the errors said "y_pred" without naming whose predictions.
@@ -660,6 +660,17 @@ def test_a_nan_label_in_y_is_named_whatever_the_labels(labels):
     for y in ([0, 1, float("nan")], np.array([0, 1, float("nan")], dtype=object)):
         with pytest.raises(ValueError, match="^Input y contains NaN"):
             classwise_report({"erm": [0, 1, 1]}, y, labels=labels)
+
+
+@pytest.mark.parametrize("missing", ["None", "pd.NA"])
+def test_a_missing_label_in_y_is_named_whatever_the_labels(missing):
+    # pd.NA (a pandas column of dtype "string") among the classes was "Mix of label input
+    # types (str and None)"; given labels= it is named the same.
+    pd = pytest.importorskip("pandas")
+    y = np.array(["a", "b", None if missing == "None" else pd.NA, "b"], dtype=object)
+    for labels in (None, ["a", "b"]):
+        with pytest.raises(ValueError, match=rf"^Input y holds 1 missing label \({missing}\)"):
+            classwise_report({"erm": ["a", "b", "b", "b"]}, y, labels=labels)
 
 
 @pytest.mark.parametrize("labels", [None, "y's classes"])
