@@ -272,13 +272,54 @@ def _labels_1d(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:
 def _numpy_held(a: np.ndarray) -> np.ndarray:
     """NumPy's dates (durations) held as objects, ``list(a_datetime64_array)``, as NumPy's
     array: against dates held as objects (datetime's) each compared through its item(), an
-    integer at nanoseconds, and every class scored 0%. Other arrays as they are."""
+    integer at nanoseconds, and every class scored 0%. Among datetime's dates (durations)
+    without a time zone in one array too, all as NumPy's at the finest unit among them, as
+    they are scored against NumPy's array (a pandas column's .values beside its .dt.date):
+    sorting them failed, "'>' not supported between instances of 'int' and
+    'datetime.date'". Dates among datetimes, which never equal one another, are left to be
+    refused as a mix of the two. Other arrays as they are."""
     if a.dtype != object or not a.size:
         return a
-    for numpy in (np.datetime64, np.timedelta64):
-        if all(isinstance(v, numpy) for v in a.flat):
-            return np.asarray(a.tolist())
+    values = a.ravel().tolist()
+    types = set(map(type, values))
+    for numpy, python, kind in (
+        (np.datetime64, datetime.date, "M"),
+        (np.timedelta64, datetime.timedelta, "m"),
+    ):
+        if numpy not in types:
+            continue
+        held = types - {numpy}
+        dates = {issubclass(t, datetime.datetime) for t in held}
+        if (
+            not all(issubclass(t, python) for t in held)
+            or dates == {True, False}  # (dates and datetimes: a mix)
+            or (True in dates and any(getattr(v, "tzinfo", None) is not None for v in values))
+        ):
+            return a
+        return _in_finest_unit(_numpy_times(values), kind).reshape(a.shape)
     return a
+
+
+def _in_finest_unit(values: list, kind: str) -> np.ndarray:
+    """Dates (``kind`` "M") or durations ("m"), NumPy's and datetime's, as one NumPy array
+    at the finest unit among them; a ValueError where one is outside that unit's range,
+    which NumPy wraps without a word (the year 3000 beside nanoseconds became 1830)."""
+    converted = np.asarray(values, dtype=f"{kind}8")
+    at = {}  # each label's own unit (datetime's: NumPy's for them) → its positions
+    for i, v in enumerate(values):
+        at.setdefault(getattr(v, "dtype", None), []).append(i)
+    for unit, index in at.items():
+        own = np.asarray([values[i] for i in index], dtype=unit or f"{kind}8")
+        wrapped = converted[index].astype(own.dtype).view("i8") != own.view("i8")
+        if wrapped.any():
+            what = "dates" if kind == "M" else "durations"
+            raise ValueError(
+                f"Labels of {what} at several units, {own[wrapped][0]} among them, do not "
+                f"all fit in {converted.dtype}, the finest of their units, which they are "
+                f"compared at: pass them as one array of a unit that holds them all, e.g. "
+                f"np.asarray(y, dtype='{converted.dtype.name[:-4]}[us]')."
+            )
+    return converted
 
 
 def _as_dates(a: np.ndarray, other: np.ndarray) -> np.ndarray:

@@ -794,6 +794,69 @@ def test_numpy_s_times_held_as_objects_in_labels_score_datetime_s(kind):
     assert summary["hard"] == 1.0
 
 
+@pytest.mark.parametrize(
+    "unit, held",
+    [
+        ("D", "date"),
+        ("ns", "date"),  # "'>' not supported between instances of 'int' and 'datetime.date'"
+        ("D", "datetime"),  # "can't compare datetime.datetime to datetime.date"
+        ("ns", "datetime"),
+        ("ns", "Timestamp"),
+        ("ns", "timedelta"),
+        ("ns", "Timedelta"),
+    ],
+)
+def test_numpy_s_times_among_datetime_s_in_one_array_are_scored_as_numpy_s(unit, held):
+    # NumPy's datetime64 (timedelta64) scalars and datetime's dates (durations) in one
+    # array of objects (a column's .values concatenated with another's .dt.date): sorting
+    # them failed with Python's TypeError. Scored as they are against NumPy's array.
+    days = np.array([1, 2, 2, 3], "timedelta64[D]")
+    if held not in ("timedelta", "Timedelta"):
+        days = np.datetime64("2024-01-01") + days
+    numpy = days.astype(f"{days.dtype.name[:-3]}[{unit}]")
+    python = days.astype(object)  # datetime.date (timedelta)
+    if held == "datetime":
+        python = days.astype("datetime64[us]").astype(object)
+    elif held in ("Timestamp", "Timedelta"):
+        pd = pytest.importorskip("pandas")
+        read = pd.to_datetime if held == "Timestamp" else pd.to_timedelta
+        python = np.array(list(read(days)), dtype=object)
+    mixed = np.array([*list(numpy[:2]), *python[2:]], dtype=object)  # (two of each)
+    pred = numpy[[0, 0, 2, 3]]
+    expected = per_class_accuracy(numpy, pred)
+    np.testing.assert_array_equal(expected, [1.0, 0.5, 1.0])
+    np.testing.assert_array_equal(per_class_accuracy(mixed, pred), expected)
+    np.testing.assert_array_equal(per_class_accuracy(numpy, mixed[[0, 0, 2, 3]]), expected)
+    np.testing.assert_array_equal(
+        per_class_accuracy(numpy, pred, labels=mixed[[3, 0, 1]]), [1, 1, 0.5]
+    )
+    assert classwise_summary(mixed, pred) == classwise_summary(numpy, pred)
+    assert list(class_groups(mixed, pred).values()) == ["easy", "hard", "medium"]
+
+
+def test_dates_and_datetimes_beside_numpy_s_in_one_array_are_refused_as_a_mix():
+    # (NumPy's datetime64 scalars alone are either; datetime's date and datetime never
+    # equal one another)
+    y = np.array([np.datetime64("2024-01-01"), date(2024, 1, 2), datetime(2024, 1, 3)] * 2)
+    with pytest.raises(ValueError, match=r"^Mix of label input types \(date and datetime\)"):
+        per_class_accuracy(y, y)
+
+
+@pytest.mark.parametrize("kind", ["datetime64", "timedelta64"])
+def test_times_beyond_the_finest_unit_among_them_are_refused_not_wrapped(kind):
+    # NumPy casts the year 3000 beside nanoseconds to 1830 without a word: two classes
+    # would be scored as others.
+    if kind == "datetime64":
+        y = np.array([np.datetime64("2024-01-01T00:00:00.000000001"), date(3000, 1, 2)] * 2)
+    else:
+        y = np.array([np.timedelta64(1, "ns"), timedelta(days=200_000)] * 2)
+    cure = re.escape(f"np.asarray(y, dtype='{kind}[us]')")
+    with pytest.raises(ValueError, match=rf"^Labels of .* do not all fit in {kind}\[ns\].*{cure}"):
+        per_class_accuracy(y, y)
+    read = np.asarray(y, f"{kind}[us]")  # (the cure)
+    np.testing.assert_array_equal(per_class_accuracy(read, read[[0, 0, 2, 3]]), [1, 0.5])
+
+
 def test_timestamps_held_as_objects_keep_their_nanoseconds():
     # Taken as datetime's, cut to microseconds: two classes 1 ns apart were scored as one
     # (y held as Timestamps) or each 0% (predictions held so).
