@@ -448,9 +448,12 @@ def _sample_weight(sample_weight, n_samples: int) -> np.ndarray:
         )
     if not (np.isfinite(weight).all() and (weight >= 0).all()):
         raise ValueError("sample_weight must be finite and non-negative.")
-    if n_samples and not weight.sum() > 0:
+    if n_samples and not weight.max() > 0:
         raise ValueError("sample_weight sums to zero: there is no sample to score.")
-    return weight
+    # Scaled by a power of two, which changes no ratio of the sums by a bit, to the largest
+    # in [0.5, 1): weights near the largest float overflowed in a class's sum (scored 0%
+    # or NaN, the overall NaN).
+    return np.ldexp(weight, -np.frexp(weight.max())[1]) if n_samples else weight
 
 
 def _present(accuracy: np.ndarray) -> np.ndarray:

@@ -431,6 +431,23 @@ def test_integer_sample_weights_score_as_repeated_samples():
     )
 
 
+@pytest.mark.parametrize("scale", [2.0**1022, 2.0**-1070])
+def test_sample_weights_near_the_ends_of_the_floats_score_as_their_ratios(scale):
+    # Weights near the largest float overflowed in a class's sum: its accuracy 0% or NaN,
+    # the overall NaN. (Subnormal ones, exact multiples of the smallest, sum exactly.)
+    y_true, y_pred = np.array([0, 0, 1, 1, 2, 2]), np.array([0, 1, 1, 1, 2, 0])
+    weight = np.array([1.0, 2.0, 1.0, 1.0, 3.0, 1.0])
+    expected = per_class_accuracy(y_true, y_pred, sample_weight=weight)
+    np.testing.assert_array_equal(expected, [1 / 3, 1.0, 0.75])
+    scaled = dict(sample_weight=weight * scale)
+    np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred, **scaled), expected)
+    for score in (worst_class_accuracy, class_accuracy_std, hard_tercile_accuracy):
+        assert score(y_true, y_pred, **scaled) == score(y_true, y_pred, sample_weight=weight)
+    assert classwise_summary(y_true, y_pred, **scaled) == classwise_summary(
+        y_true, y_pred, sample_weight=weight
+    )
+
+
 @pytest.mark.parametrize(
     "weight, match", [(np.ones(3), r"shape \(200,\)"), (-np.ones(200), "non-negative"),
                       (np.zeros(200), "sums to zero")],
