@@ -16,7 +16,7 @@ import numpy as np
 from sklearn.metrics import get_scorer, make_scorer
 from sklearn.utils import column_or_1d
 
-from ._data import check_no_missing_labels, is_na, plain
+from ._data import check_no_missing_labels, is_na, numpy_if_tensor, plain
 
 GROUP_NAMES = ("easy", "medium", "hard")
 
@@ -61,7 +61,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         )
     given = labels is not None  # (np.unique's own classes are each there once)
     # (NumPy's dates held as objects against y's datetime's: "'<' not supported")
-    labels = _as_dates(_numpy_held(np.asarray(labels)), y_true) if given else np.unique(y_true)
+    labels = _as_dates(_numpy_held(_array(labels)), y_true) if given else np.unique(y_true)
     if labels.ndim != 1 or (len(labels) == 0 and len(y_true)):
         raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
     _check_kinds(labels, y_true)  # every class would be scored NaN
@@ -168,7 +168,7 @@ def _classes(y, name: str = "y_true") -> np.ndarray:
     """The sorted classes of the labels ``y``, once they are checked to hold no NaN and one
     kind of label: np.unique of a mix failed with "'<' not supported between instances of
     'int' and 'str'". NumPy's dates held as objects as NumPy's, as they are scored."""
-    y = _numpy_held(np.asarray(y))
+    y = _numpy_held(_array(y))
     _check_no_nan(name, y)
     kinds = _label_kinds(y)
     if len(kinds) > 1:
@@ -263,10 +263,16 @@ def _labels_1d(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:
     """The labels as arrays; a column vector counts as the labels it holds, as in
     scikit-learn's metrics. Dates (durations) held as objects against NumPy's are NumPy's."""
     y_true, y_pred = (
-        _numpy_held(column_or_1d(a) if a.ndim == 2 else a)
-        for a in (np.asarray(y_true), np.asarray(y_pred))
+        _numpy_held(column_or_1d(a) if a.ndim == 2 else a) for a in (_array(y_true), _array(y_pred))
     )
     return _as_dates(y_true, y_pred), _as_dates(y_pred, y_true)
+
+
+def _array(a, dtype=None) -> np.ndarray:
+    """``a`` (labels, weights, accuracies, group indices) as a NumPy array; a tensor read
+    as the estimators read it (:func:`~mr2_probe._data.numpy_if_tensor`): NumPy failed on
+    one on a GPU, requiring grad or of bfloat16 ("Got unsupported ScalarType BFloat16")."""
+    return np.asarray(numpy_if_tensor(a), dtype=dtype)
 
 
 def _numpy_held(a: np.ndarray) -> np.ndarray:
@@ -382,7 +388,7 @@ def difficulty_groups(reference_accuracy, n_groups: int = 3) -> np.ndarray:
     """
     if isinstance(n_groups, bool) or not isinstance(n_groups, Integral) or n_groups < 1:
         raise ValueError(f"n_groups must be an integer >= 1, got {n_groups!r}.")
-    acc = np.asarray(reference_accuracy, dtype=float)
+    acc = _array(reference_accuracy, dtype=float)
     if acc.ndim != 1:
         raise ValueError(
             "reference_accuracy must hold one accuracy per class, shape (n_classes,); got "
@@ -426,7 +432,7 @@ def class_groups(y_true, y_pred, labels=None) -> dict:
     >>> class_groups([0, 0, 1, 1, 2, 2], [0, 0, 1, 0, 0, 0])
     {0: 'easy', 1: 'medium', 2: 'hard'}
     """
-    labels = _classes(y_true) if labels is None else _numpy_held(np.asarray(labels))
+    labels = _classes(y_true) if labels is None else _numpy_held(_array(labels))
     # NaN (no samples) is taken as the worst accuracy: ranked hardest by its value, not by
     # where argsort happens to place NaN (last, under argsort(-acc)).
     acc = np.nan_to_num(per_class_accuracy(y_true, y_pred, labels), nan=-1.0)
@@ -441,7 +447,7 @@ def _sample_weight(sample_weight, n_samples: int) -> np.ndarray:
     """Sample weights as a float array (ones by default), checked for shape and sign."""
     if sample_weight is None:
         return np.ones(n_samples)
-    weight = np.asarray(sample_weight, dtype=float)
+    weight = _array(sample_weight, dtype=float)
     if weight.shape != (n_samples,):
         raise ValueError(
             f"sample_weight must have shape ({n_samples},) like y_true, got {weight.shape}."
@@ -610,7 +616,7 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
         _check_known(y_true, labels)
     acc = per_class_accuracy(y_true, y_pred, labels, sample_weight)
     if not by_label and labels is not None:  # (kinds checked)
-        _check_known(y_true, np.asarray(labels), "labels")
+        _check_known(y_true, _array(labels), "labels")
     _present(acc)  # a clear error where no class has samples (weight) to score
     if groups is None:
         # This model's own terciles, over the classes it has samples (weight) of.
@@ -639,7 +645,7 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
 
 def _group_indices(groups) -> np.ndarray:
     """Group indices 0 (easy), 1 (medium), 2 (hard) from indices or group names."""
-    groups = np.asarray(groups)
+    groups = _array(groups)
     if groups.dtype == object and not any(isinstance(g, str) for g in groups.ravel().tolist()):
         groups = np.asarray(groups.tolist())  # indices held as objects (a pandas column)
     if groups.dtype.kind in "USO":  # names
@@ -716,7 +722,7 @@ def _text_and_numbers(a: np.ndarray, b: np.ndarray) -> bool:
 def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
     present = _classes(y_true)
     # (dates as objects, datetime's or NumPy's: NumPy's, as scored)
-    labels = _as_dates(_numpy_held(np.asarray(labels)), present)
+    labels = _as_dates(_numpy_held(_array(labels)), present)
     present = _as_dates(present, labels)
     if _text_and_numbers(present, labels):  # (JSON's keys: none is a class of y_true)
         unknown = present

@@ -15,6 +15,7 @@ import numpy as np
 from ._data import plain
 from .metrics import (
     GROUP_NAMES,
+    _array,
     _as_dates,
     _check_kinds,
     _classes,
@@ -219,7 +220,7 @@ def classwise_report(
 def _class_order(labels, y) -> np.ndarray:
     """The classes of ``y`` in the order of ``labels``, checked to hold each once (as y's
     own values: a label 2.0 for the class 2 is reported as 2)."""
-    labels, classes = _numpy_held(np.asarray(labels)), _classes(y, "y")
+    labels, classes = _numpy_held(_array(labels)), _classes(y, "y")
     # y's dates held as objects compared as NumPy's where the labels are NumPy's: a date
     # against the integer of nanoseconds of a label's tolist() was refused.
     keys = _as_dates(classes, labels)
@@ -305,8 +306,8 @@ def _predictions(name: str, model, X) -> np.ndarray:
     if hasattr(model, "predict"):
         if X is None:
             raise ValueError(f"Model {name!r} is an estimator: pass X to predict with it.")
-        return np.asarray(model.predict(X))
-    predictions = np.asarray(model)
+        return _array(model.predict(X))
+    predictions = _array(model)
     if predictions.ndim == 0:  # ("y_true and y_pred must have the same shape, got (6,) and ()")
         raise ValueError(
             f"Model {name!r} is a single value, {plain(predictions.item())!r}: models must map "

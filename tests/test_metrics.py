@@ -33,6 +33,7 @@ from mr2_probe.metrics import (
     worst_class_accuracy,
     worst_class_scorer,
 )
+from mr2_probe.report import classwise_report
 
 
 def _loop_per_class(y_true, y_pred, labels):
@@ -395,6 +396,32 @@ def test_groups_keyed_by_the_classes_numbers_as_text_are_refused_among_many_clas
         score(y, y, groups)
     text = y.astype(str).astype(object)  # the same text, in an object array: classes
     score(text, text, groups)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_tensors_are_read_as_the_estimators_read_them(device):
+    # Weights of bfloat16 or requiring grad failed in NumPy ("Got unsupported ScalarType
+    # BFloat16", "Can't call numpy() on Tensor that requires grad"), as did every tensor
+    # on a GPU, where the estimators take them.
+    y_true, y_pred = np.array([0, 0, 1, 1, 2, 2, 2]), np.array([0, 1, 1, 1, 2, 0, 2])
+    weight, labels = np.array([1.0, 2.0, 1.0, 1.0, 3.0, 1.0, 1.0]), np.array([2, 0, 1])
+
+    def tensor(a):
+        return torch.as_tensor(a, device=device)
+
+    for held in (tensor(weight).bfloat16(), tensor(weight).requires_grad_()):
+        expected = per_class_accuracy(y_true, y_pred, labels, weight)
+        np.testing.assert_array_equal(
+            per_class_accuracy(tensor(y_true), tensor(y_pred), tensor(labels), held), expected
+        )
+        assert classwise_summary(
+            tensor(y_true), tensor(y_pred), tensor([0, 1, 2]), tensor(labels), held
+        ) == classwise_summary(y_true, y_pred, [0, 1, 2], labels, weight)
+        assert worst_class_accuracy(tensor(y_true), tensor(y_pred), held) == 1 / 3
+    accuracy = tensor(per_class_accuracy(y_true, y_pred)).requires_grad_()
+    np.testing.assert_array_equal(difficulty_groups(accuracy), [2, 0, 1])
+    report = classwise_report({"m": tensor(y_pred)}, tensor(y_true), labels=tensor(labels))
+    assert report.labels == [2, 0, 1] and report.rows["m"]["worst"] == 0.5
 
 
 def test_integer_sample_weights_score_as_repeated_samples():
