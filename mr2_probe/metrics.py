@@ -52,9 +52,13 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
             f"y_true and y_pred must have the same shape, got {y_true.shape} and {y_pred.shape}."
         )
 
+    held = {}
     for name, a in (("y_true", y_true), ("y_pred", y_pred)):
         _check_no_nan(name, a)
-    kinds = _label_kinds(y_true, y_pred)
+        held[name] = _kinds_of(a)
+        if len(_merged(held[name])) > 1:  # (not "y_true holds object labels and y_pred ...")
+            raise ValueError(f"{_mix(_merged(held[name]))} in {name}.")
+    kinds = _merged(held["y_true"] | held["y_pred"])
     if len(kinds) > 1:
         raise ValueError(
             f"{_mix(kinds)}: y_true holds {y_true.dtype} labels and y_pred {y_pred.dtype} labels."
@@ -148,7 +152,12 @@ def _label_kinds(*arrays: np.ndarray) -> set:
     kinds are mixed: a date never equals a datetime, and datetime labels scored 0% against
     date predictions (mixed in y, np.unique failed: "can't compare datetime.datetime to
     datetime.date"), where scikit-learn refuses them."""
-    kinds = set().union(*map(_kinds_of, arrays))
+    return _merged(set().union(*map(_kinds_of, arrays)))
+
+
+def _merged(kinds: set) -> set:
+    """The kinds of label ``kinds`` (of :func:`_kinds_of`) as :func:`_label_kinds` counts
+    them together."""
     if np.datetime64 in kinds and datetime.tzinfo in kinds:
         # NumPy's datetime64 are naive datetimes (a column with a time zone's .values, in
         # UTC): against aware ones every class scored 0%.

@@ -675,8 +675,6 @@ def test_numpy_s_text_held_as_objects_is_text(text):
         (np.array([b"a"]), np.array(["a"]), "bytes and string"),
         (np.array([b"a", b"b"], dtype=object), [0, 1], "bytes and number"),
         (["a", "b"], [0, 1], "string and number"),
-        # Kinds mixed in one array of objects: np.unique's sort raised a TypeError first.
-        (np.array([b"a", "a", 1], dtype=object), [0, 1, 1], "bytes, string and number"),
         # A date never equals a datetime (nor a naive datetime an aware one): every class
         # scored 0%, where scikit-learn refuses them.
         (np.array([date(2024, 1, 1)]), np.array([datetime(2024, 1, 1)]), "date and datetime"),
@@ -695,7 +693,6 @@ def test_numpy_s_text_held_as_objects_is_text(text):
         # ("'<' not supported between instances of 'int' and 'datetime.date'"), datetime64
         # against integers (or durations) scored every class 0% and NaN as labels, NumPy's
         # durations as labels of dates failed with its casting error.
-        (np.array([date(2024, 1, 1), 1], dtype=object), [1, 1], "number and date"),
         (np.array(["2024-01-01"], "datetime64[ns]"), [0], "number and datetime64"),
         (np.array([1], "timedelta64[D]"), [1], "number and duration"),
         (
@@ -706,8 +703,6 @@ def test_numpy_s_text_held_as_objects_is_text(text):
         (np.array([timedelta(days=1)]), np.array([date(2024, 1, 1)]), "date and duration"),
         # A time of day counted as a number too: against integer codes, scored 0%.
         (np.array([time(5)]), [5], "number and time"),
-        # NumPy's durations held as objects (an integer to NumPy) among numbers
-        (np.array([np.timedelta64(1, "D"), 1], dtype=object), [1, 1], "number and duration"),
     ],
 )
 def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
@@ -715,6 +710,28 @@ def test_a_mix_of_label_types_names_the_kinds_it_found(y_true, y_pred, kinds):
         per_class_accuracy(y_true, y_pred)
     with pytest.raises(ValueError, match=rf"^Mix of label input types \({kinds}\): labels holds"):
         per_class_accuracy(y_pred, y_pred, labels=y_true)
+
+
+@pytest.mark.parametrize(
+    "y, kinds",
+    [
+        # Kinds mixed in one array of objects: np.unique's sort raised a TypeError first.
+        (np.array([b"a", "a", 1], dtype=object), "bytes, string and number"),
+        (np.array([date(2024, 1, 1), 1], dtype=object), "number and date"),
+        # NumPy's durations held as objects (an integer to NumPy) among numbers
+        (np.array([np.timedelta64(1, "D"), 1], dtype=object), "number and duration"),
+    ],
+)
+def test_a_mix_within_one_array_is_named_by_that_array(y, kinds):
+    # Named by both arrays' dtypes, "y_true holds object labels and y_pred int64 labels",
+    # where y_true alone held the mix.
+    numbers = np.ones(len(y))
+    with pytest.raises(ValueError, match=rf"^Mix of label input types \({kinds}\) in y_true\.$"):
+        per_class_accuracy(y, numbers)
+    with pytest.raises(ValueError, match=rf"^Mix of label input types \({kinds}\) in y_pred\.$"):
+        per_class_accuracy(numbers, y)
+    with pytest.raises(ValueError, match=rf"^Mix of label input types \({kinds}\): labels holds"):
+        per_class_accuracy(numbers, numbers, labels=y)
 
 
 def test_numpy_s_booleans_held_as_objects_are_numbers_as_python_s():
