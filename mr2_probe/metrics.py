@@ -744,9 +744,28 @@ def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
             if where == "groups"
             else "give every class of y_true in labels (the worst class would leave them out)"
         )
+        number = _numbers_as_text(labels, present) if where == "groups" else None
+        if number:  # (class_groups' keys were right, but for JSON: no need to build them again)
+            advice = (
+                "its keys are the classes' numbers as text, as JSON writes a dict's keys: read "
+                f"them as numbers, {{{number}(label): group for label, group in groups.items()}}"
+            )
         raise ValueError(
             f"y_true has classes {_listed(unknown)} that are not in {where}; {advice}."
         )
+
+
+def _numbers_as_text(labels: np.ndarray, classes: np.ndarray) -> str | None:
+    """The type, "int" or "float", that reads each of the text ``labels`` as a number,
+    where ``classes`` are numbers of that type; None where they are not so."""
+    number = {"i": "int", "u": "int", "f": "float"}.get(classes.dtype.kind)
+    if labels.dtype.kind != "U" or number is None:
+        return None
+    try:
+        [int(v) if number == "int" else float(v) for v in labels.tolist()]
+    except ValueError:
+        return None
+    return number
 
 
 # ---------------------------------------------------------------------------- scorers

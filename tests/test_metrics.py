@@ -398,6 +398,23 @@ def test_groups_keyed_by_the_classes_numbers_as_text_are_refused_among_many_clas
     score(text, text, groups)
 
 
+@pytest.mark.parametrize("number", [int, float])
+@pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
+def test_groups_keyed_by_the_classes_numbers_as_text_are_told_how_to_read_them(score, number):
+    # JSON's keys '0', '1', ... for the classes 0, 1, ...: told to build the groups again
+    # with all the classes, which they had, where dates as text are told how to read them.
+    y = (np.arange(6) % 3).astype(number)
+    groups = json.loads(json.dumps(class_groups(y, y[[0, 1, 2, 0, 0, 2]])))
+    cure = f"{{{number.__name__}(label): group for label, group in groups.items()}}"
+    with pytest.raises(ValueError, match=re.escape(f"read them as numbers, {cure}.")):
+        score(y, y, groups)
+    read = {number(label): group for label, group in groups.items()}  # (the cure)
+    assert score(y, y, read) == score(y, y, class_groups(y, y[[0, 1, 2, 0, 0, 2]]))
+    # Keys of other text are not numbers to read.
+    with pytest.raises(ValueError, match=r"that are not in groups; build the groups with"):
+        score(y, y, {"cat": "easy", "dog": "hard", "0": "easy"})
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_tensors_are_read_as_the_estimators_read_them(device):
     # Weights of bfloat16 or requiring grad failed in NumPy ("Got unsupported ScalarType
