@@ -50,12 +50,15 @@ def check_no_missing_labels(y, name: str = "y", purpose: str = "fit") -> None:
     value of a column of dtype "string" or "Int64"), which is no class: scikit-learn's
     checks failed on them with "boolean value of NA is ambiguous", or sorting the classes
     with "'<' not supported between instances of 'NoneType' and 'str'". NaN is left to
-    their "Input y contains NaN"; unhashable or ragged labels to their checks too."""
+    their "Input y contains NaN"; no y, a single value, unhashable or ragged labels to
+    their checks too."""
+    if y is None:
+        return
     try:
         a = np.asarray(y)
     except (TypeError, ValueError):
         return
-    if a.dtype != object or not a.size:
+    if a.dtype != object or not a.ndim or not a.size:
         return
     try:
         values = set(a.ravel().tolist())

@@ -2786,6 +2786,9 @@ def test_missing_labels_of_a_pandas_column_are_refused_as_missing(tmp_path, kind
         none = pd.Series(pd.array([pd.NA] * len(y), dtype="string"))
         with pytest.raises(ValueError, match=r"^Input y holds only missing labels \(pd.NA\)"):
             clone(estimator).fit(X, none)
+        # No y at all is scikit-learn's case, not a y of missing labels.
+        with pytest.raises(ValueError, match="requires y to be passed, but the target y is None"):
+            clone(estimator).fit(X, None)
 
 
 def test_probabilities_of_a_float32_model_are_computed_in_float64():
