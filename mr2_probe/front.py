@@ -29,7 +29,7 @@ from sklearn.utils._param_validation import StrOptions, validate_parameter_const
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _num_samples, column_or_1d
 
-from ._data import check_h5_open, plain
+from ._data import check_h5_open, check_no_missing_labels, plain
 from ._offset_search import tune_class_offsets
 from ._offsets import TunedOffsetsClassifierCV, check_training_folds, offsets_splits
 from .metrics import _text_and_numbers, classwise_summary, difficulty_groups, per_class_accuracy
@@ -566,6 +566,9 @@ def _check_known_labels(y, scored: dict) -> None:
     # with the others raised "'<' not supported between instances of 'float' and 'str'".
     for name, labels in {"y": y, **scored}.items():
         labels = None if labels is None else column_or_1d(labels)
+        # (None and pd.NA, a pandas "string" column's, as the estimators refuse them: pd.NA
+        # failed the NaN check below, "boolean value of NA is ambiguous")
+        check_no_missing_labels(labels, name)
         if labels is not None and labels.dtype == object and (labels != labels).any():
             raise ValueError(
                 f"{name} holds NaN, a missing label, which is no class: leave those samples "

@@ -1333,6 +1333,26 @@ def test_five_unknown_labels_are_all_named(splits):
 
 
 @pytest.mark.parametrize("split", ["y", "y_val", "y_test"])
+def test_a_missing_label_of_a_pandas_string_column_is_named_before_any_fit(splits, split):
+    # pd.NA (a pandas column of dtype "string") failed the check of NaN: "boolean value of
+    # NA is ambiguous".
+    pd = pytest.importorskip("pandas")
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    names = np.array([f"class {k}" for k in range(10)])
+    labels = {
+        "y": pd.array(names[y_fit], dtype="string"),
+        "y_val": pd.array(names[y_val], dtype="string"),
+        "y_test": pd.array(names[y_val], dtype="string"),
+    }
+    labels[split][3] = pd.NA
+    with pytest.raises(ValueError, match=rf"^Input {split} holds 1 missing label \(pd.NA\)"):
+        accuracy_front(
+            MR2LinearClassifier(device="cpu"), X_fit, labels["y"], X_val, labels["y_val"],
+            X_test=X_val, y_test=labels["y_test"],
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("split", ["y", "y_val", "y_test"])
 def test_a_missing_label_is_named_before_any_fit(splits, split):
     # NaN among object labels (a pandas column's missing value): the sort of y's classes
     # raised "'<' not supported between instances of 'float' and 'str'"; y_val's was told
