@@ -32,7 +32,14 @@ from sklearn.utils.validation import _num_samples, column_or_1d
 from ._data import check_h5_open, check_no_missing_labels, plain
 from ._offset_search import tune_class_offsets
 from ._offsets import TunedOffsetsClassifierCV, check_training_folds, offsets_splits
-from .metrics import _text_and_numbers, classwise_summary, difficulty_groups, per_class_accuracy
+from .metrics import (
+    _kind_names,
+    _label_kinds,
+    _text_and_numbers,
+    classwise_summary,
+    difficulty_groups,
+    per_class_accuracy,
+)
 
 # The folds of the training data on which the front's offsets are tuned, by default.
 OFFSETS_CV = 3
@@ -587,10 +594,11 @@ def _check_known_labels(y, scored: dict) -> None:
                 present if _text_and_numbers(present, classes) else np.setdiff1d(present, classes)
             )
         except TypeError as error:  # labels that cannot be sorted together ('<' of str, int)
-            kinds = sorted({type(v).__name__ for v in column_or_1d(labels)})
+            # (in scikit-learn's words, "number and string", not "int64, str")
+            kinds = _kind_names(_label_kinds(column_or_1d(labels)))
             raise ValueError(
                 f"{name} holds labels that cannot be compared with each other or with y's "
-                f"(of types {', '.join(kinds)}); label {name} as y is labelled."
+                f"(of types {kinds}); label {name} as y is labelled."
             ) from error
         if len(unknown):
             raise ValueError(

@@ -168,9 +168,14 @@ def _merged(kinds: set) -> set:
 def _mix(kinds: set) -> str:
     """The start of the message on a mix, "Mix of label input types (bytes and string)": the
     kinds found, not always strings against numbers."""
+    return f"Mix of label input types ({_kind_names(kinds)})"
+
+
+def _kind_names(kinds: set) -> str:
+    """The kinds of label ``kinds`` in scikit-learn's words, "bytes, string and number"."""
     names = [name for kind, name in _KIND_NAMES.items() if kind in kinds]
     names += sorted(kind.__name__ for kind in kinds - set(_KIND_NAMES))  # (pandas' Interval)
-    return f"Mix of label input types ({', '.join(names[:-1])} and {names[-1]})"
+    return f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else names[0]
 
 
 def _classes(y, name: str = "y_true") -> np.ndarray:

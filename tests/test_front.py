@@ -549,7 +549,7 @@ def test_front_passes_on_the_first_short_fits_own_advice(splits):
         (dict(y="continuous"), "Unknown label type: continuous"),
         (
             dict(y_val="mixed"),
-            r"y_val holds labels that cannot be compared .*\(of types int64, str\)",
+            r"y_val holds labels that cannot be compared .*\(of types string and number\)",
         ),
         (dict(tilts=(0, 1, 2, 1.0)), r"tilts must be distinct, got \[1.0\] more than once"),
         # A single value, text or items that are no numbers: Python's "'float' object is
