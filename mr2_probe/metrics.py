@@ -586,7 +586,8 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
         of this very model.
     labels : array-like, default=None
         Class order of an index array ``groups``, each class once, every class of
-        ``y_true`` among them (default: sorted ``y_true``).
+        ``y_true`` among them (default: sorted ``y_true``); beside groups by label,
+        their classes (in any order) or None.
     sample_weight : array-like of shape (n_samples,), default=None
         Weights of the samples, in the overall and in every class's accuracy.
 
@@ -626,7 +627,10 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
         groups = groups.to_numpy() if positions else _by_label(groups)
     by_label = isinstance(groups, Mapping)
     if by_label:
+        given = labels
         labels, groups = _split_groups(groups)
+        if given is not None:  # (left unread, whatever they held)
+            _check_same_classes(_array(given), labels)
         _check_known(y_true, labels)
     acc = per_class_accuracy(y_true, y_pred, labels, sample_weight)
     if not by_label and labels is not None:  # (kinds checked)
@@ -655,6 +659,26 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     summary["worst"] = float(np.nanmin(acc))
     summary["std"] = float(np.nanstd(acc))
     return summary
+
+
+def _check_same_classes(given: np.ndarray, keys: np.ndarray) -> None:
+    """Refuse ``labels`` given beside groups by label that are not the groups' classes
+    (in any order): a class missing from them, or one of no group, went without a word."""
+    given, keys = _numpy_held(given), _numpy_held(keys)
+    given, keys = _as_dates(given, keys), _as_dates(keys, given)
+    same = (
+        given.ndim == 1
+        and not _text_and_numbers(given, keys)
+        and not len(_label_kinds(given, keys)) > 1
+        and len(np.unique(given)) == len(given) == len(keys)
+        and not len(np.setdiff1d(keys, given))
+    )
+    if not same:
+        raise ValueError(
+            "labels must be the classes of groups given by label (class label → group), in "
+            f"any order, or be left out; groups name {_listed(keys)}, labels are "
+            f"{_listed(given) if given.ndim else given.tolist()}."
+        )
 
 
 def _group_indices(groups) -> np.ndarray:

@@ -398,6 +398,24 @@ def test_groups_keyed_by_the_classes_numbers_as_text_are_refused_among_many_clas
     score(text, text, groups)
 
 
+@pytest.mark.parametrize("held", [dict, "Series"])
+@pytest.mark.parametrize("labels", [[0, 1], [0, 1, 2, 3], [0, 1, 1, 2], ["0", "1", "2"]])
+def test_labels_beside_groups_by_label_other_than_their_classes_are_refused(held, labels):
+    # The labels were left unread: a class missing from them, one of no group, a class
+    # twice, went without a word.
+    groups = {0: "easy", 1: "medium", 2: "hard"}
+    if held == "Series":
+        groups = pytest.importorskip("pandas").Series(groups).iloc[::-1]  # (by its index)
+    with pytest.raises(ValueError, match=r"^labels must be the classes of groups given by"):
+        classwise_summary([0, 1, 2], [0, 1, 1], groups, labels=labels)
+    # Their classes, in any order, are read as the groups are.
+    same = classwise_summary([0, 1, 2], [0, 1, 1], groups, labels=[2, 0, 1])
+    assert same == classwise_summary([0, 1, 2], [0, 1, 1], groups)
+    # One group per class with its labels, as documented: the same groups.
+    by_index = classwise_summary([0, 1, 2], [0, 1, 1], [2, 1, 0], labels=[2, 1, 0])
+    assert by_index == classwise_summary([0, 1, 2], [0, 1, 1], groups)
+
+
 @pytest.mark.parametrize("number", [int, float])
 @pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
 def test_groups_keyed_by_the_classes_numbers_as_text_are_told_how_to_read_them(score, number):
