@@ -182,7 +182,7 @@ def _classes(y, name: str = "y_true") -> np.ndarray:
     """The sorted classes of the labels ``y``, once they are checked to hold no NaN and one
     kind of label: np.unique of a mix failed with "'<' not supported between instances of
     'int' and 'str'". NumPy's dates held as objects as NumPy's, as they are scored."""
-    y = _numpy_held(_array(y))
+    y = _labels(y, name)
     _check_no_nan(name, y)
     kinds = _label_kinds(y)
     if len(kinds) > 1:
@@ -276,10 +276,21 @@ def _check_no_nan(name: str, a: np.ndarray) -> None:
 def _labels_1d(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:
     """The labels as arrays; a column vector counts as the labels it holds, as in
     scikit-learn's metrics. Dates (durations) held as objects against NumPy's are NumPy's."""
-    y_true, y_pred = (
-        _numpy_held(column_or_1d(a) if a.ndim == 2 else a) for a in (_array(y_true), _array(y_pred))
-    )
+    y_true, y_pred = _labels(y_true, "y_true"), _labels(y_pred, "y_pred")
     return _as_dates(y_true, y_pred), _as_dates(y_pred, y_true)
+
+
+def _labels(y, name: str) -> np.ndarray:
+    """The labels ``y`` as a 1-D array (a column vector as the labels it holds; NumPy's
+    dates held as objects as NumPy's); a single label, or an array of 3 dimensions or
+    more, refused as scikit-learn words it, where it failed with "len() of unsized object"
+    (an IndexError)."""
+    y = _array(y)
+    if y.ndim == 2:
+        y = column_or_1d(y)
+    elif y.ndim != 1:
+        raise ValueError(f"{name} should be a 1d array, got an array of shape {y.shape} instead.")
+    return _numpy_held(y)
 
 
 def _array(a, dtype=None) -> np.ndarray:

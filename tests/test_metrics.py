@@ -677,6 +677,30 @@ def test_a_nat_held_as_an_object_is_refused(nat):
         per_class_accuracy(y[[0, 0, 2, 2]], y)
 
 
+@pytest.mark.parametrize("shape", [(), (2, 2, 2)])
+@pytest.mark.parametrize(
+    "score",
+    [
+        per_class_accuracy,
+        worst_class_accuracy,
+        class_accuracy_std,
+        hard_tercile_accuracy,
+        class_groups,
+        classwise_summary,
+        lambda y_true, y_pred: group_accuracy(y_true, y_pred, {0: "hard"}),
+    ],
+)
+def test_labels_of_no_dimension_or_of_three_are_refused_by_name(score, shape):
+    # A single label failed with "len() of unsized object", labels of 3 dimensions with
+    # an IndexError.
+    labels = np.zeros(shape, dtype=int)
+    one_d = np.zeros(labels.size, dtype=int)
+    for y_true, y_pred, name in ((labels, one_d, "y_true"), (one_d, labels, "y_pred")):
+        message = rf"^{name} should be a 1d array, got an array of shape {re.escape(str(shape))}"
+        with pytest.raises(ValueError, match=message):
+            score(y_true, y_pred)
+
+
 def test_label_kinds_and_shapes_are_checked_before_scoring():
     # Bytes labels (h5py's strings) against text ones scored every class 0.
     with pytest.raises(ValueError, match="Mix of label input types"):
