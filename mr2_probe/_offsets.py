@@ -499,7 +499,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             check_2d(X)
         X, y = indexable(X, numpy_if_tensor(y))
         # (NaN among object labels named as the estimator names it, not a TypeError from
-        # sorting the classes; None and pd.NA, which its check fails on, before it)
+        # sorting the classes; None and pd.NA first, as missing labels: it fails on pd.NA)
         check_no_missing_labels(y)
         y = _check_y(y, estimator=self)
         if not len(y):

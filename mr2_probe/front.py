@@ -594,7 +594,7 @@ def _check_known_labels(y, scored: dict) -> None:
                 present if _text_and_numbers(present, classes) else np.setdiff1d(present, classes)
             )
         except TypeError as error:  # labels that cannot be sorted together ('<' of str, int)
-            # (in scikit-learn's words, "number and string", not "int64, str")
+            # (in scikit-learn's words, "string and number", not "int64, str")
             kinds = _kind_names(_label_kinds(column_or_1d(labels)))
             raise ValueError(
                 f"{name} holds labels that cannot be compared with each other or with y's "
