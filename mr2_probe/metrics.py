@@ -784,28 +784,32 @@ def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
             if where == "groups"
             else "give every class of y_true in labels (the worst class would leave them out)"
         )
-        number = _numbers_as_text(labels, present) if where == "groups" else None
-        if number:  # (class_groups' keys were right, but for JSON: no need to build them again)
+        read = _classes_as_text(labels, present) if where == "groups" else None
+        if read:  # (class_groups' keys were right, but for JSON: no need to build them again)
             advice = (
-                "its keys are the classes' numbers as text, as JSON writes a dict's keys: read "
-                f"them as numbers, {{{number}(label): group for label, group in groups.items()}}"
+                "its keys are the classes as text, as JSON writes a dict's keys: read them "
+                f"back, {{{read}: group for label, group in groups.items()}}"
             )
         raise ValueError(
             f"y_true has classes {_listed(unknown)} that are not in {where}; {advice}."
         )
 
 
-def _numbers_as_text(labels: np.ndarray, classes: np.ndarray) -> str | None:
-    """The type, "int" or "float", that reads each of the text ``labels`` as a number,
-    where ``classes`` are numbers of that type; None where they are not so."""
-    number = {"i": "int", "u": "int", "f": "float"}.get(classes.dtype.kind)
-    if labels.dtype.kind != "U" or number is None:
+def _classes_as_text(labels: np.ndarray, classes: np.ndarray) -> str | None:
+    """The expression that reads each of the text ``labels`` (JSON's keys) as a class of
+    the kind of ``classes``: ``int(label)``, ``float(label)``, or ``label == "true"`` for
+    booleans (JSON's true and false); None where they are not such text."""
+    kind = classes.dtype.kind
+    if labels.dtype.kind != "U" or kind not in "iufb":
         return None
+    if kind == "b":
+        return 'label == "true"' if set(labels.tolist()) <= {"true", "false"} else None
+    number = int if kind in "iu" else float
     try:
-        [int(v) if number == "int" else float(v) for v in labels.tolist()]
+        [number(v) for v in labels.tolist()]
     except ValueError:
         return None
-    return number
+    return f"{number.__name__}(label)"
 
 
 # ---------------------------------------------------------------------------- scorers

@@ -424,13 +424,25 @@ def test_groups_keyed_by_the_classes_numbers_as_text_are_told_how_to_read_them(s
     y = (np.arange(6) % 3).astype(number)
     groups = json.loads(json.dumps(class_groups(y, y[[0, 1, 2, 0, 0, 2]])))
     cure = f"{{{number.__name__}(label): group for label, group in groups.items()}}"
-    with pytest.raises(ValueError, match=re.escape(f"read them as numbers, {cure}.")):
+    with pytest.raises(ValueError, match=re.escape(f"read them back, {cure}.")):
         score(y, y, groups)
     read = {number(label): group for label, group in groups.items()}  # (the cure)
     assert score(y, y, read) == score(y, y, class_groups(y, y[[0, 1, 2, 0, 0, 2]]))
     # Keys of other text are not numbers to read.
     with pytest.raises(ValueError, match=r"that are not in groups; build the groups with"):
         score(y, y, {"cat": "easy", "dog": "hard", "0": "easy"})
+
+
+@pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
+def test_groups_keyed_by_boolean_classes_as_json_s_text_are_told_how_to_read_them(score):
+    # JSON's keys "true" and "false": told to build the groups again, which had them.
+    y = np.array([True, False, False])
+    groups = json.loads(json.dumps(class_groups(y, ~y)))
+    cure = '{label == "true": group for label, group in groups.items()}'
+    with pytest.raises(ValueError, match=re.escape(f"read them back, {cure}.")):
+        score(y, y, groups)
+    read = {label == "true": group for label, group in groups.items()}  # (the cure)
+    assert score(y, y, read) == pytest.approx(score(y, y, class_groups(y, ~y)), nan_ok=True)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
