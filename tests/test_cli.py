@@ -1259,6 +1259,10 @@ def test_cs_needs_two_values_to_choose_from(files, capsys):
     [
         (["--tilt", "0", "--tilt", "1,2"], "--tilt 0,1,2"),
         (["--offsets=0.5", "--off", "1"], "--offsets 0.5,1"),  # (an abbreviation as well)
+        # Each value once and in full: the cure said --tilt 1,1,2 (refused, 1 given twice)
+        # and --tilt 0.123457,1 (another front than the one given).
+        (["--tilt", "1", "--tilt", "1,2"], "--tilt 1,2"),
+        (["--tilt", "0.1234567", "--tilt", "1"], "--tilt 0.1234567,1"),
     ],
 )
 def test_a_list_of_values_given_twice_is_refused(files, capsys, given, every):
@@ -1270,6 +1274,7 @@ def test_a_list_of_values_given_twice_is_refused(files, capsys, given, every):
         f"mr2-probe: error: argument {option}: given twice; give all its values at once, "
         f"e.g. {every}"
     )
+    _checked([str(files / "train.npz"), *every.split()])  # the cure, followed, is taken
 
 
 @pytest.mark.slow

@@ -303,7 +303,9 @@ class _Once(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         earlier = getattr(namespace, self.dest, None)
         if earlier not in (None, self.default):
-            every = ",".join(f"{v:g}" for v in (*earlier, *values))
+            # Each value once, in full (not :g's six digits): the cure is refused
+            # otherwise, --tilt 1,1 as a value given twice, or is another front.
+            every = ",".join(str(v).removesuffix(".0") for v in dict.fromkeys((*earlier, *values)))
             raise argparse.ArgumentError(
                 self, f"given twice; give all its values at once, e.g. {option_string} {every}"
             )
