@@ -2954,6 +2954,10 @@ import mr2_probe.cli._main as cli_main
 import mr2_probe.front
 from mr2_probe.cli import main
 
+# SIGTERM's own disposition, whatever the test run inherited (a run under `trap '' TERM`
+# ignores it, and its child ran its fit for 30 s, unstopped, and failed)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
 def terminated(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(30)  # (the signal's handler raises here)
