@@ -17,6 +17,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module's tests, the count restored after them.
+
+    Their tensors are tiny (batches of 4 images of 32 pixels): a second thread has no work
+    to share, and while other processes share the cores each waits on the other: the
+    quick extraction tests took 802 s on two threads there, 388 s on one (docs/testing.md).
+    Not for the tests of ``mr2_probe``, whose solvers choose their thread count by the
+    size of the work, and are tested on more than one.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail if a backbone is loaded: output checks must come before any work."""

@@ -24,6 +24,9 @@ from extract import (  # noqa: E402
 from extract._testing import register_tiny_open_clip  # noqa: E402
 from extract._weights import lite0_key, moco_state_dict  # noqa: E402
 
+# Tiny backbones on tiny images: a second torch thread only waits (conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 @pytest.mark.parametrize(
     "spec, expected",

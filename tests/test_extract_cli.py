@@ -27,6 +27,9 @@ from extract.__main__ import main  # noqa: E402
 from extract._schema import DONE, PENDING  # noqa: E402
 from extract._testing import make_image_folder, write_parquet, write_webdataset  # noqa: E402
 
+# Tiny backbones on tiny images: a second torch thread only waits (conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 ROOT = Path(extract.__file__).resolve().parent.parent
 ENV = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 

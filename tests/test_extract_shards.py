@@ -43,6 +43,9 @@ from extract._testing import (  # noqa: E402
     write_webdataset,
 )
 
+# Tiny backbones on tiny images: a second torch thread only waits (conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 BACKBONE = "timm:test_resnet@random"
 # On the CPU wherever a test is about something else than the device: with a GPU present
 # the default device computes in bfloat16 and decodes JPEGs there, and rows from batches

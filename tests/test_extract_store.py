@@ -47,6 +47,9 @@ from extract._store import check_output, open_store  # noqa: E402
 from extract._testing import make_image_folder, write_idx  # noqa: E402
 from tests._alarm import fails_after_waiting  # noqa: E402
 
+# Tiny backbones on tiny images: a second torch thread only waits (conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 BACKBONE = "timm:test_resnet@random"
 # On the CPU wherever a test is about something else than the device: with a GPU present
 # the default device computes in bfloat16 and decodes JPEGs there, and rows from batches
