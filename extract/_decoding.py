@@ -306,8 +306,8 @@ def check_listed(
     """Refuse a file whose size or modification time differ from ``listed``. The message
     of a ``container`` (a tar shard, a Parquet / Arrow file) says --force: its rows'
     identity is the container's, and --retry-failed takes a changed container back only
-    where every one of its rows failed, rarely so for a change during a run, which fails
-    only the rows read after it.
+    where the rows done before hold its bytes as they are (it was only touched), rarely so
+    for a change during a run, which fails only the rows read after it.
 
     Raises
     ------

@@ -40,6 +40,7 @@ from ._store import (
     create_store,
     open_store,
 )
+from ._touched import first_other_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +178,18 @@ def _row_difference(
         # (So is one not extracted yet: a retry killed while writing a batch leaves it
         # pending. No row of either holds features of the file as it was.)
         differs &= ~(file_only & (f["status"][:n] != DONE))
+    other = None  # a touched file whose bytes are not those of its row
+    if len(stored_ids) == len(rows):
+        # Files touched since, and not changed (by their bytes), are the store's: the
+        # difference named is the first other one.
+        same_size = (pairs["size"][0] == pairs["size"][1]) & (pairs["size"][1] != NOT_A_FILE)
+        touched = differs & file_only & same_size
+        before = int(np.argmax(differs & ~touched)) if (differs & ~touched).any() else n
+        status = f["status"][:n]
+        check = np.flatnonzero(touched[:before] & (status[:before] != PENDING))
+        other = first_other_bytes(f, src, rows, check)
+        limit = before if other is None else other
+        differs &= ~(touched & (np.arange(n) < limit))
     if not differs.any():
         if len(stored_ids) > len(rows):
             return (
@@ -201,7 +214,8 @@ def _row_difference(
     old = (int(pairs["size"][0][k]), int(pairs["mtime"][0][k]))
     new = (int(sizes[head[k]]), int(mtimes[head[k]]))
     if old != new:
-        return _file_difference(src.path(int(head[k])), old, new)
+        bytes_differ = "; its bytes are not those extracted" if k == other else ""
+        return _file_difference(src.path(int(head[k])), old, new) + bytes_differ
     old_index, new_index = (int(pairs["index"][j][k]) for j in (0, 1))
     return (
         f"{src.item_name(int(head[k]))!r} is item {new_index} of the source now, item "
@@ -249,25 +263,34 @@ def _same_settings(existing: dict, provenance: dict) -> bool:
     return all(existing.get(k) == provenance.get(k) for k in _SETTINGS)
 
 
-def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False) -> tuple | None:
-    """Whether the store ``f`` differs from the request only by failed images that have
-    changed since (repaired, replaced; or images not extracted yet, which no row holds
-    features of either): then the stored file identities with the request's in place of
-    theirs and the rows whose files changed, ``(file_size, file_mtime_ns, changed)``;
-    otherwise None, and any other difference is left to the provenance check, which
-    refuses it.
+def _repaired_failures(
+    f, provenance: dict, source, rows, vouched: bool = False, retry_failed: bool = True
+) -> tuple | None:
+    """Whether the store ``f`` differs from the request only by images whose files changed
+    in a way the store can take: with ``retry_failed``, failed images that have changed
+    since (repaired, replaced; or images not extracted yet, which no row holds features of
+    either); and, retried or not, files touched since (:func:`_touched`). Then the stored
+    file identities with the request's in place of theirs and the rows to extract again,
+    ``(file_size, file_mtime_ns, retried)``; otherwise None, and any other difference is
+    left to the provenance check, which refuses it.
 
     A shard holds some rows of the source, and its fingerprint covers the whole source: a
     shard whose own rows are unchanged cannot tell what changed in the others. It takes the
     request's fingerprint only when ``vouched``: under torchrun, when the merged store of
-    the earlier run differs from the request only by repaired failures.
+    the earlier run differs from the request only by such files.
     """
     existing = read_attrs(f)
     if existing.get("source_fingerprint") == provenance["source_fingerprint"]:
         return None
     # An adoption of this very source, killed before it wrote the fingerprint: it had
-    # found the store to differ by repaired failures alone; it is finished now.
-    vouched = vouched or existing.get(ADOPTING) == provenance["source_fingerprint"]
+    # found the store to differ by repaired failures alone; a retry finishes it now.
+    adopting = existing.get(ADOPTING) == provenance["source_fingerprint"]
+    if adopting and not retry_failed:
+        return None  # (refused, saying to pass --retry-failed again)
+    # A store of every row of the source whose rows agree with the request has its
+    # fingerprint (an adoption of touched files killed before it wrote it).
+    whole = existing.get("n_rows") == existing.get("n_total_rows")
+    vouched = vouched or adopting or whole
     if not _same_settings(existing, provenance) or "file_size" not in f:
         return None
     if (existing.get("source_files") or {}) != source.files:
@@ -286,37 +309,66 @@ def _repaired_failures(f, provenance: dict, source, rows, vouched: bool = False)
     sizes, mtimes = source.file_stats()
     stored_sizes, stored_mtimes = f["file_size"][:], f["file_mtime_ns"][:]
     changed = (stored_sizes != sizes[rows]) | (stored_mtimes != mtimes[rows])
-    if not (f["status"][:][changed] != DONE).all():  # failed, or pending (see above)
+    status = f["status"][:]
+    # failed, or pending (see above)
+    retried = changed & (status != DONE) if retry_failed else np.zeros_like(changed)
+    if not _touched(f, source, rows, changed & ~retried, status).all():
         return None
     if not changed.any() and not vouched:
         return None
     stored_sizes[changed], stored_mtimes[changed] = sizes[rows][changed], mtimes[rows][changed]
-    return stored_sizes, stored_mtimes, changed
+    return stored_sizes, stored_mtimes, retried
+
+
+def _touched(f, source, rows, changed: np.ndarray, status: np.ndarray) -> np.ndarray:
+    """Which of the store ``f``'s rows ``changed`` (a mask over ``rows``; their files
+    differ from the store's) hold what the store would hold of their files as they are:
+    files touched (their size kept, their modification time not) whose bytes the row
+    records (``content_sha256``, read again: those files alone), and those of rows not
+    extracted yet (pending), which hold nothing of them. Read in order up to the first
+    that is not: the mask is False from there on."""
+    sizes, _ = source.file_stats()
+    same = changed & (f["file_size"][:] == sizes[rows]) & (sizes[rows] != NOT_A_FILE)
+    if (changed & ~same).any():  # (not read: the store cannot take them)
+        return same | ~changed
+    kept = np.flatnonzero(same & (status != PENDING))  # done or failed: their bytes
+    first = first_other_bytes(f, source, rows, kept)
+    if first is not None:
+        same[first:] = False
+    return same | ~changed
 
 
 def _adopt_repaired_failures(
-    out: Path, provenance: dict, source, rows, vouched: bool = False
+    out: Path, provenance: dict, source, rows, vouched: bool = False, retry_failed: bool = True
 ) -> None:
-    """Before a --retry-failed run: the failed images of ``out`` that have changed since
-    (:func:`_repaired_failures`) are taken as the store's: their rows are marked pending,
-    then their size and modification time, and the store's fingerprint, become the
-    request's. Left failed, a retry stopped before it reached them (or, under torchrun,
-    before the merge into the merged store) kept the old file's reason and digest under
-    the new file's identity, and a plain rerun took the store as complete."""
+    """Before a run: the images of ``out`` whose files changed in a way it can take
+    (:func:`_repaired_failures`) are taken as the store's: with ``retry_failed`` the failed
+    ones that have changed since have their rows marked pending, then the size and
+    modification time of each, and the store's fingerprint, become the request's. Left
+    failed, a retry stopped before it reached them (or, under torchrun, before the merge
+    into the merged store) kept the old file's reason and digest under the new file's
+    identity, and a plain rerun took the store as complete. A touched file whose bytes the
+    store holds keeps its row as it is, under its new modification time: the store is then
+    the one a run on the files as they are writes, and the next run reads no file again."""
     with open_store(out, "r") as f:
-        repaired = _repaired_failures(f, provenance, source, rows, vouched)
+        repaired = _repaired_failures(f, provenance, source, rows, vouched, retry_failed)
         attrs = read_attrs(f)
+        stored_mtimes = f["file_mtime_ns"][:] if repaired is not None else None
     if repaired is None:
-        _drop_finished_mark(out, attrs)
+        if retry_failed:  # (otherwise the caller's, which can leave it)
+            _drop_finished_mark(out, attrs)
         return
     sizes, mtimes, changed = repaired
     n_changed = int(changed.sum())
+    n_touched = int(((stored_mtimes != mtimes) & ~changed).sum())
     check_attrs_room(out)  # (on a full disk the attributes' writes left it unreadable)
     with open_store(out, "r+") as f:
-        # The files' identities, then the fingerprint that covers them; a run killed
+        # The files' identities, then the fingerprint that covers them; a retry killed
         # between the two leaves the marker, by which the next one finishes the adoption.
-        f.attrs[ADOPTING] = provenance["source_fingerprint"]
-        f.flush()
+        # (Touched files alone: the rows, all the store's, tell the next run.)
+        if retry_failed:
+            f.attrs[ADOPTING] = provenance["source_fingerprint"]
+            f.flush()
         if n_changed:  # none is done (see _repaired_failures): to extract again
             status = f["status"][:]
             status[changed] = PENDING
@@ -326,7 +378,19 @@ def _adopt_repaired_failures(
         f.flush()
         f.attrs["source_fingerprint"] = provenance["source_fingerprint"]
         f.flush()
-        del f.attrs[ADOPTING]
+        if retry_failed:
+            del f.attrs[ADOPTING]
+    if n_touched:
+        logger.info(
+            "%d %s touched since %s was made, %s bytes unchanged (by their sha256): %s "
+            "modification %s recorded.",
+            n_touched,
+            "image file was" if n_touched == 1 else "image files were",
+            out,
+            "its" if n_touched == 1 else "their",
+            "its new" if n_touched == 1 else "their new",
+            "time is" if n_touched == 1 else "times are",
+        )
     if n_changed:
         logger.info(
             "%d failed %s changed since; %s extracted again.",
@@ -390,25 +454,32 @@ def _replaces(shard: Path, mark: str = REPLACES) -> str | None:
         return None
 
 
-def _shards_vouch(shards: dict[int, Path], provenance: dict, source, rows_of) -> bool:
+def _shards_vouch(
+    shards: dict[int, Path], provenance: dict, source, rows_of, retry_failed: bool = True
+) -> bool:
     """Whether the shards a torchrun run resumes (rank -> path: a rebuild's, or with no
     merged store, those there are) differ from the request only by failed images changed
-    since (repaired): then every rank takes the request's listing, and each rank its own
-    repairs. A rank's rows (``rows_of(rank)``) without such a shard are extracted anew
-    whatever they hold. Read without HDF5's lock: another rank may be taking in its repairs
-    (each state of which passes)."""
+    since (repaired; with ``retry_failed``) and files touched since whose bytes they hold
+    (:func:`_repaired_failures`): then every rank takes the request's listing, and each
+    rank its own repairs. A rank's rows (``rows_of(rank)``) without such a shard are
+    extracted anew whatever they hold. Read without HDF5's lock: another rank may be
+    taking in its repairs (each state of which passes). Without ``retry_failed``, shards
+    that all agree with the request vouch for nothing."""
+    differ = False
     for rank, path in shards.items():
         try:
             with h5py.File(path, "r", locking=False) as f:
                 attrs = read_attrs(f)
                 if attrs.get("source_fingerprint") == provenance["source_fingerprint"]:
                     continue
+                differ = True
                 own = provenance | shard_own(attrs)
-                if _repaired_failures(f, own, source, rows_of(rank), vouched=True) is None:
+                rows = rows_of(rank)
+                if _repaired_failures(f, own, source, rows, True, retry_failed) is None:
                     return False
         except OSError:
             return False
-    return True
+    return differ or retry_failed
 
 
 def _shards_explained(
@@ -476,8 +547,8 @@ def _open_or_create(
     if out.exists() and not overwrite:
         with open_store(out, "r") as f:
             check_written(out, f)  # (a dataset deleted by hand: h5py's KeyError below)
-        if retry_failed:
-            _adopt_repaired_failures(out, provenance, source, rows, vouched)
+        # Failed images repaired (with --retry-failed) and files touched since, taken in.
+        _adopt_repaired_failures(out, provenance, source, rows, vouched, retry_failed)
         with open_store(out, "r") as f:
             existing = read_attrs(f)
             check_provenance(

@@ -520,9 +520,10 @@ def _extract_shard(
         whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
         whole = _provenance(backbone, src, fingerprint, dtype, normalize, decode, whole, device)
         everything = np.arange(len(src))
-        if retry_failed:  # the merged store holds every row: it tells what changed
-            with open_store(merged, "r") as f:
-                vouched = _repaired_failures(f, whole, src, everything) is not None
+        # The merged store holds every row: it tells what changed (repaired failures, with
+        # --retry-failed; files touched since, whose bytes it holds).
+        with open_store(merged, "r") as f:
+            vouched = _repaired_failures(f, whole, src, everything, False, retry_failed) is not None
         if _rebuilding(merged, world_size):
             # A forced rebuild of this store was stopped before its merge: it resumes from
             # its shards (each is checked against this request), and its merge replaces
@@ -541,7 +542,7 @@ def _extract_shard(
             if vouched:  # rank 0 takes the repairs into it before the merge (a rebuild's
                 # merge replaces it, and its version is what the rebuild's shards name)
                 repair_merged = functools.partial(
-                    _adopt_repaired_failures, merged, whole, src, everything
+                    _adopt_repaired_failures, merged, whole, src, everything, False, retry_failed
                 )
             elif _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
                 return None
@@ -564,17 +565,19 @@ def _extract_shard(
     # rank extracts its rows anew, marked as the rebuild's. Resumed, it held the rows of the
     # store to be replaced (images changed in place since were merged in as they were).
     fresh = rebuild and _replaces(out) != identity
-    if merged is not None and retry_failed and (rebuild or not merged.exists()):
-        # Repaired failures are the shards' own to vouch for: a rebuild's (the store it
-        # replaces may have held those images as done, or failed ones the rebuild had not
-        # reached), or, before any merge, the run's.
+    if merged is not None and (rebuild or not merged.exists()):
+        # Repaired failures (and files touched since) are the shards' own to vouch for: a
+        # rebuild's (the store it replaces may have held those images as done, or failed
+        # ones the rebuild had not reached), or, before any merge, the run's.
         shards = {r: shard_path(merged, r, world_size) for r in range(world_size)}
         shards = {
             r: path
             for r, path in shards.items()
             if (_replaces(path) == identity if rebuild else path.exists())
         }
-        vouched = _shards_vouch(shards, provenance, src, lambda r: rank_rows(src, r, world_size))
+        vouched = _shards_vouch(
+            shards, provenance, src, lambda r: rank_rows(src, r, world_size), retry_failed
+        )
     if merged is not None and not overwrite:
         # Every rank checks the shards to be resumed against its request, not its own alone:
         # otherwise a rank making its shard anew overwrote it while another's check refused
@@ -776,16 +779,30 @@ def _is_complete(
     rank reads the merged store before any writes it, so they all decide alike."""
     with open_store(store, "r") as f:
         check_written(store, f)
+        attrs = read_attrs(f)
+        # Files touched since whose bytes it holds (where it cannot be written, as in a
+        # read-only folder: a store that can, records their times before this check).
+        touched = _repaired_failures(f, provenance, src, rows, False, False) is not None
+        asked = provenance | (
+            {"source_fingerprint": attrs.get("source_fingerprint")} if touched else {}
+        )
         check_provenance(
             store,
-            read_attrs(f),
-            provenance,
+            attrs,
+            asked,
             lambda: _source_explained(f, provenance, src, rows, retry_failed),
         )
         status = f["status"][:]
         first_failed = failed_rows(f) if log else []
     if (status == PENDING).any() or retry_failed and (status == FAILED).any():
         return False
+    if touched and log:
+        logger.info(
+            "Files of %s were touched since it was made, their bytes unchanged (by their "
+            "sha256); their new modification times are not recorded where it cannot be "
+            "written, and are read again by the next run.",
+            store,
+        )
     if log:
         _log_reused(store, status, first_failed)
     return True

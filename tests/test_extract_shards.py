@@ -1379,6 +1379,22 @@ def _copy(src, dst):
     return dst
 
 
+def _touch(path) -> None:
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+def _other_image_bytes(shard) -> None:
+    """Change a byte of the last image member of ``shard`` (a readable image in the test
+    data), its size and every tar header (its identity) kept, its modification time not."""
+    with tarfile.open(shard) as tf:
+        image = [m for m in tf.getmembers() if m.name.endswith((".png", ".jpg"))][-1]
+    changed = bytearray(shard.read_bytes())
+    changed[image.offset_data + image.size // 2] ^= 0xFF
+    shard.write_bytes(changed)
+    _touch(shard)  # (a file system of coarse times may have kept it)
+
+
 def test_another_shard_set_is_refused_naming_the_first_difference(data, tmp_path):
     shards = _copy(data / "wds", tmp_path / "wds")
     out = extract_features(
@@ -1431,7 +1447,7 @@ def test_a_shard_changed_during_the_run_gives_failed_rows(data, tmp_path):
     refused = "is not the file the store was made from"
     shards = _copy(data / "wds", tmp_path / "wds2")
     first = extract_features(f"webdataset:{shards}/*.tar", BACKBONE, out, **FAST)
-    os.utime(shards / "00001.tar", ns=(0, 0))  # as if changed after its first rows were read
+    _other_image_bytes(shards / "00001.tar")  # as if changed after its first rows were read
     with h5py.File(first, "r+") as f:
         f["status"][6] = FAILED
     with pytest.raises(ProvenanceError, match=refused):  # the remedy said is the one that works
@@ -1810,3 +1826,31 @@ def test_webdataset_shards_and_parquet_files_take_a_pathlib_path(data):
         given, as_text = read(folder), open_source(f"{text}{folder}")
         assert given.ids == as_text.ids and given.description == as_text.description
         np.testing.assert_array_equal(given.labels, as_text.labels)
+
+
+@pytest.mark.parametrize("kind", ["webdataset", "parquet"])
+def test_a_touched_container_is_the_store_s_by_its_rows_bytes(data, tmp_path, monkeypatch, kind):
+    # A shard or Parquet file touched since (its modification time changed; its size and
+    # identity, headers and labels, not) was refused as another file: read again, the
+    # image bytes of its rows hashed as recorded, it is the store's, its new time recorded.
+    # One image's bytes changed under the same headers, it is refused, named.
+    from extract import _runner
+
+    folder = {"webdataset": "wds", "parquet": "hf"}[kind]
+    copy = tmp_path / folder
+    shutil.copytree(data / folder, copy)
+    source = {"webdataset": f"webdataset:{copy}/*.tar", "parquet": f"parquet:{copy}"}[kind]
+    out = extract_features(source, BACKBONE, tmp_path / "f.h5", **FAST)
+    before = load_features(out, in_memory=True)
+    container = sorted(p for p in copy.rglob("*.*") if p.suffix in (".tar", ".parquet"))[-1]
+    _touch(container)
+    monkeypatch.setattr(_runner, "write_rows", None)  # (no row is extracted again)
+    extract_features(source, BACKBONE, out, **FAST)
+    np.testing.assert_array_equal(load_features(out, in_memory=True).features, before.features)
+    with h5py.File(out, "r") as f:
+        assert container.stat().st_mtime_ns in f["file_mtime_ns"][:]
+        assert f.attrs["source_fingerprint"] == open_source(source).fingerprint()
+    if kind == "webdataset":  # an image member's byte changed, every header kept
+        _other_image_bytes(container)
+        with pytest.raises(ProvenanceError, match=r"\.tar' is not the file .* its bytes are not"):
+            extract_features(source, BACKBONE, out, **FAST)

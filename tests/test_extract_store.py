@@ -883,6 +883,200 @@ def test_a_retry_records_each_repaired_image_s_identity_and_takes_the_next_repai
     assert not load_features(out).failures
 
 
+def _touch(*paths: Path) -> None:
+    """Move each file's modification time on by a second, its bytes left as they are."""
+    for path in paths:
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+def _other_bytes_same_size(path: Path) -> None:
+    """Rewrite ``path`` with one byte changed: its size kept, its modification time not."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(data)
+    _touch(path)  # (a file system of coarse times may have kept it)
+
+
+def _spy_hashed(monkeypatch) -> list:
+    """The files read again to compare their bytes with the store's, as the runs go."""
+    from extract import _touched
+
+    hashed = []
+
+    def spied(path, listed=None):
+        hashed.append(os.path.relpath(path))
+        return _store_read_file(path, listed)
+
+    _store_read_file = _touched.read_file
+    monkeypatch.setattr(_touched, "read_file", spied)
+    return hashed
+
+
+def test_touched_images_are_the_store_s_by_their_bytes_and_alone_read_again(
+    tmp_path, monkeypatch, caplog
+):
+    # Touching the images (their modification times changed, their bytes not) made the
+    # store unusable: refused, to be rebuilt with --force. Each touched file is read again,
+    # once, and is the store's where its bytes hash as its row recorded; its new time is
+    # recorded, so that the store is the one a run on the files as they are writes.
+    caplog.set_level(logging.INFO, logger="extract")
+    folder = make_image_folder(tmp_path / "data", n_per_class=2)  # failed rows among them
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    before = load_features(out, in_memory=True)
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    _touch(*files)
+    hashed, written = _spy_hashed(monkeypatch), _spy_writes(monkeypatch)
+    monkeypatch.chdir(folder)
+    assert extract_features(folder, BACKBONE, out, **FAST) == out
+    assert written == [] and sorted(hashed) == [str(p.relative_to(folder)) for p in files]
+    assert f"{len(files)} image files were touched since {out} was made" in caplog.text
+    after = load_features(out, in_memory=True)
+    np.testing.assert_array_equal(after.features, before.features)
+    assert after.failures == before.failures
+    with h5py.File(out, "r") as f:
+        mtimes = [os.stat(folder / p).st_mtime_ns for p in f["paths"].asstr()[:]]
+        np.testing.assert_array_equal(f["file_mtime_ns"][:], mtimes)
+        assert f.attrs["source_fingerprint"] == open_source(folder).fingerprint()
+    hashed.clear()
+    extract_features(folder, BACKBONE, out, **FAST)  # recorded: nothing is read again
+    _touch(folder / "dog" / "001.jpg")
+    extract_features(folder, BACKBONE, out, **FAST)
+    assert hashed == ["dog/001.jpg"] and written == []
+
+
+def test_a_touched_image_whose_bytes_changed_is_refused_naming_it(tmp_path):
+    # Its size and modification time alone cannot tell: its bytes, hashed, do. The images
+    # before it, touched alone, are not named.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    before = out.read_bytes()
+    _touch(*folder.rglob("*.*"))
+    _other_bytes_same_size(folder / "dog" / "001.jpg")  # the last row
+    for retry in (False, True):
+        with pytest.raises(ProvenanceError) as error:
+            extract_features(folder, BACKBONE, out, retry_failed=retry, **FAST)
+        assert re.search(
+            r"the images differ: '.*dog/001\.jpg' is not the file the store was made from "
+            r"\(modified .*\); its bytes are not those extracted",
+            str(error.value),
+        )
+        assert "cat/" not in str(error.value)
+    assert out.read_bytes() == before
+
+
+def test_a_killed_run_resumes_after_its_images_were_touched(tmp_path, monkeypatch):
+    # Its done rows are the touched files' by their bytes, and its pending rows hold
+    # nothing of theirs: it ends as a run on the touched files would, by any check.
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    out, fast = tmp_path / "f.h5", dict(FAST, batch_size=2)
+    _killed_run(monkeypatch, folder, BACKBONE, out, **fast)  # rows 0 and 1 done
+    _touch(*folder.rglob("*.*"))
+    written = _spy_writes(monkeypatch)
+    extract_features(folder, BACKBONE, out, **fast)
+    assert written == [2, 2]
+    uninterrupted = extract_features(folder, BACKBONE, tmp_path / "one.h5", **fast)
+    with h5py.File(out, "r") as f, h5py.File(uninterrupted, "r") as g:
+        assert dict(f.attrs) == dict(g.attrs)
+        for name in ("features", "status", "content_sha256", "file_size", "file_mtime_ns"):
+            np.testing.assert_array_equal(f[name][:], g[name][:])
+
+
+def test_a_store_of_touched_images_in_a_read_only_folder_is_reused_as_it_is(
+    tmp_path, monkeypatch, caplog
+):
+    # It cannot record the new times: it was refused, naming two fingerprints.
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = extract_features(folder, BACKBONE, tmp_path / "out" / "f.h5", **FAST)
+    before = out.read_bytes()
+    _touch(*folder.rglob("*.*"))
+    writable = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: writable(p, mode) and not (
+            mode & os.W_OK and os.path.samefile(p, out.parent)
+        )
+    )  # fmt: skip
+    monkeypatch.setattr(_runner, "store_lock", None)  # would fail, called
+    caplog.set_level(logging.INFO, logger="extract")
+    assert extract_features(folder, BACKBONE, out, **FAST) == out
+    assert f"Files of {out} were touched since it was made, their bytes unchanged" in caplog.text
+    assert "Reused the complete feature store" in caplog.text and out.read_bytes() == before
+    _other_bytes_same_size(folder / "dog" / "001.jpg")
+    with pytest.raises(ProvenanceError, match=r"dog/001\.jpg' is not the file .* its bytes"):
+        extract_features(folder, BACKBONE, out, **FAST)
+
+
+def _at_2_ranks(monkeypatch, folder, out, **kwargs) -> None:
+    """A torchrun run at 2 ranks, run one by one in this process, rank 0 last, merging
+    (torchrun's barriers passed at once)."""
+    import torch.distributed as dist
+
+    with monkeypatch.context() as patch:
+        patch.setattr(dist, "barrier", lambda *args, **kw: None)
+        patch.setenv("WORLD_SIZE", "2")
+        _ranks_one_by_one(patch)
+        for rank in (1, 0):
+            patch.setenv("RANK", str(rank))
+            extract_features(folder, BACKBONE, out, **kwargs)
+
+
+@pytest.mark.parametrize("shards", ["kept", "deleted"])
+def test_under_torchrun_a_store_of_touched_images_is_reused_by_their_bytes(
+    tmp_path, monkeypatch, shards
+):
+    # Each rank refused the merged store of touched images, as one process did.
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    out = tmp_path / "f.h5"
+    _at_2_ranks(monkeypatch, folder, out, **FAST)
+    before = load_features(out, in_memory=True)
+    if shards == "deleted":
+        for rank in (0, 1):
+            shard_path(out, rank, 2).unlink()
+    _touch(*folder.rglob("*.*"))
+    written = _spy_writes(monkeypatch)
+    _at_2_ranks(monkeypatch, folder, out, **FAST)
+    assert written == []
+    after = load_features(out, in_memory=True)
+    np.testing.assert_array_equal(after.features, before.features)
+    with h5py.File(out, "r") as f:
+        mtimes = [os.stat(folder / p).st_mtime_ns for p in f["paths"].asstr()[:]]
+        np.testing.assert_array_equal(f["file_mtime_ns"][:], mtimes)
+        assert f.attrs["source_fingerprint"] == open_source(folder).fingerprint()
+    changed = folder / "cat" / "001.jpg"  # row 1: rank 1's
+    _other_bytes_same_size(changed)
+    stored = out.read_bytes()
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        _ranks_one_by_one(monkeypatch)
+        with pytest.raises(ProvenanceError, match=rf"'{changed}' is not the file .* its bytes"):
+            extract_features(folder, BACKBONE, out, **FAST)
+    assert written == [] and out.read_bytes() == stored
+
+
+def test_a_torchrun_run_killed_then_its_images_touched_resumes(tmp_path, monkeypatch):
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    out, fast = tmp_path / "f.h5", dict(FAST, batch_size=2)
+    _killed_at_2_ranks(monkeypatch, folder, out, **fast)  # each rank: 2 rows done, 1 not
+    _touch(*folder.rglob("*.*"))
+    written = _spy_writes(monkeypatch)
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        extract_features(folder, BACKBONE, out, **fast)
+    assert written == [1, 1]
+    merge_shards([shard_path(out, r, 2) for r in (0, 1)], out)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    expected = extract_features(folder, BACKBONE, tmp_path / "one.h5", **fast)
+    with h5py.File(out, "r") as f, h5py.File(expected, "r") as g:
+        assert f.attrs["source_fingerprint"] == g.attrs["source_fingerprint"]
+        np.testing.assert_allclose(f["features"][:], g["features"][:], atol=1e-5)
+        for name in ("status", "content_sha256", "file_size", "file_mtime_ns"):
+            np.testing.assert_array_equal(f[name][:], g[name][:])
+
+
 @pytest.mark.parametrize("shard", [False, True])
 def test_a_retry_on_a_full_disk_is_refused_before_it_touches_the_store(
     tmp_path, monkeypatch, shard
@@ -1263,7 +1457,7 @@ def test_a_rank_making_its_shard_anew_refuses_another_rank_s_shard_of_other_imag
         extract_features(folder, BACKBONE, out, **FAST)
     shard_path(out, 0, 2).unlink()
     changed = folder / "cat" / "001.jpg"  # row 1: rank 1's
-    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    _other_bytes_same_size(changed)
     written = _spy_writes(monkeypatch)
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ProvenanceError, match="shard-00001-of-00002.h5' was made with a"):
@@ -3476,7 +3670,7 @@ def test_a_refused_retry_names_the_image_that_stops_it(tmp_path):
     # changed too.
     folder, out = _store_with_a_repaired_failure(tmp_path, n_per_class=3)
     done = folder / "dog" / "002.jpg"  # after the failed dog/001.jpg
-    os.utime(done, ns=(done.stat().st_atime_ns, done.stat().st_mtime_ns + 10**9))
+    _other_bytes_same_size(done)
     with pytest.raises(ProvenanceError, match=r"dog/002\.jpg. is not the file") as error:
         extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
     assert "dog/001.jpg" not in str(error.value)

@@ -1,0 +1,50 @@
+"""Files touched since a store was made: their modification time changed, their size not.
+Such a file is the store's where its bytes still hash as the row recorded them
+(``content_sha256``), as ``rsync --checksum`` or ``git update-index --refresh`` decide; only
+those files are read, never the whole collection."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._decoding import read_file, sha256_hex
+from ._images import ImageSource
+
+# Items read at a time from a container (a tar shard, a Parquet row group's rows): its
+# touched rows are hashed with bounded memory.
+_BLOCK = 64
+
+
+def first_other_bytes(f, source: ImageSource, rows: np.ndarray, check: np.ndarray) -> int | None:
+    """The first of the store ``f``'s rows ``check`` (positions in ``rows``, the source's
+    items of the store, increasing) whose image bytes, read now, are not those its
+    ``content_sha256`` records (one that recorded none, or cannot be read now, is not):
+    its position in ``rows``; None where every one is the same.
+
+    Rows of one container are read together, a block at a time; a row's file or container
+    is checked to be the one listed now (``source.file_stats()``).
+    """
+    if not len(check):
+        return None
+    digests = f["content_sha256"][:][check]  # (n_check,) S64
+    items = rows[check]
+    if source.archive is None:
+        sizes, mtimes = source.file_stats()
+        for k, item, digest in zip(check, items, digests, strict=True):
+            listed = (int(sizes[item]), int(mtimes[item]))
+            try:
+                data = read_file(source.path(int(item)), listed)
+            except OSError:  # (FileChangedError too: it changes as it is hashed)
+                return int(k)
+            if not digest or sha256_hex(data).encode() != digest:
+                return int(k)
+        return None
+    state: dict = {}  # the reader's cursor, kept from one block to the next
+    for lo in range(0, len(check), _BLOCK):
+        block = items[lo : lo + _BLOCK]
+        read = source.archive.read(source.root, block.tolist(), state)
+        for j, data in enumerate(read):
+            digest = digests[lo + j]
+            if isinstance(data, Exception) or not digest or sha256_hex(data).encode() != digest:
+                return int(check[lo + j])
+    return None
