@@ -60,6 +60,7 @@ from ._resume import (
 from ._schema import DONE, FAILED, MERGED_INTO, PENDING, StoreError, read_attrs
 from ._specs import BackboneSpec
 from ._store import (
+    _no_permission,
     check_attrs_room,
     check_output,
     check_provenance,
@@ -547,6 +548,10 @@ def _extract_shard(
             elif _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
                 return None
         check_merging(os.fspath(merged))  # before any image is extracted, on every rank
+        if not rebuild and os.access(merged.parent, os.W_OK) and not os.access(merged, os.W_OK):
+            # Its own mode (chmod 444) forbids writing it, which a run in one process is
+            # refused for: the merge replaced it, after every rank's work.
+            raise _no_permission(merged, "w")
     elif merged is None and world_size == 1 and out.exists() and not overwrite:
         _refuse_other_rebuild(out, world_size)
     identity = _identity(merged) if merged is not None and merged.exists() else None

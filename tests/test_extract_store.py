@@ -3192,6 +3192,30 @@ def test_a_store_file_of_a_mode_that_refuses_is_not_called_no_store(
     assert not isinstance(error.value, NotAStoreError) and "delete" not in str(error.value)
 
 
+def test_under_torchrun_a_store_whose_mode_forbids_writing_is_refused_before_any_work(
+    tmp_path, monkeypatch
+):
+    # A store left incomplete by a run in one process, its mode then read-only (chmod
+    # 444): resumed in one process it is refused naming the file's mode; under torchrun
+    # every rank extracted its rows and the merge replaced the file, without a word.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out, fast = tmp_path / "f.h5", dict(FAST, batch_size=2)
+    _killed_run(monkeypatch, folder, BACKBONE, out, **fast)  # rows 0 and 1 done
+    access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: access(p, mode) and not (
+            mode & os.W_OK and os.path.exists(p) and os.path.samefile(p, out)
+        )
+    )  # fmt: skip
+    _ranks_without_merge(monkeypatch)
+    written = _spy_writes(monkeypatch)
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        with pytest.raises(StoreError, match=r"No permission to write .*f\.h5' \(the file's mode"):
+            extract_features(folder, BACKBONE, out, **fast)
+    assert written == [] and not list(tmp_path.glob("*.shard-*"))
+
+
 def test_a_store_file_that_cannot_be_read_is_named_so_by_reader_and_writer(
     store, folder, tmp_path, monkeypatch
 ):
