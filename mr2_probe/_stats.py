@@ -244,10 +244,15 @@ def check_tensors(caller: str, **values) -> None:
         if value is not None and not isinstance(value, torch.Tensor):
             module, kind = type(value).__module__.partition(".")[0], type(value).__qualname__
             kind = kind if module == "builtins" else f"{module}.{kind}"  # numpy.ndarray
-            raise TypeError(
-                f"{caller} takes torch tensors: {name} is a {kind}; torch.as_tensor({name}) "
-                "makes one."
+            article = "an" if kind[0] in "aeiou" else "a"
+            # One number is no weight per sample (scikit-learn's estimators broadcast it;
+            # torch.as_tensor made a 0-d tensor, refused next for its shape).
+            remedy = (
+                f"it holds one weight per sample: torch.full((n_samples,), {name}) makes them"
+                if isinstance(value, numbers.Real) and name == "sample_weight"
+                else f"torch.as_tensor({name}) makes one"
             )
+            raise TypeError(f"{caller} takes torch tensors: {name} is {article} {kind}; {remedy}.")
 
 
 def check_weight_shape(sample_weight, shape) -> None:

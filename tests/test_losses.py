@@ -845,19 +845,36 @@ def test_the_pure_functions_refuse_arrays_that_are_no_tensors_by_name(function, 
             function(*given)
 
 
-@pytest.mark.parametrize("function", [
+# The functions of tensors that take sample weights, as (features, target, weights).
+_WEIGHTED = [
     lambda features, target, w: margin_cross_entropy(
         features[:, :3], target, torch.ones(3), sample_weight=w
     ),
     lambda features, target, w: class_statistics(features, target, 3, sample_weight=w),
     lambda features, target, w: compactness_loss(features, target, 1.0, sample_weight=w),
-])  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("function", _WEIGHTED)
 def test_sample_weights_that_are_no_tensors_are_refused_by_name(function):
     # margin_cross_entropy's NumPy weights failed with "'numpy.ndarray' object has no
     # attribute 'is_floating_point'", where its other arguments were named.
     features, target = torch.randn(6, 4), torch.arange(6) % 3
     with pytest.raises(TypeError, match="takes torch tensors: sample_weight is a numpy.ndarray"):
         function(features, target, np.ones(6, dtype=np.float32))
+
+
+@pytest.mark.parametrize("weight", [2.0, 2, np.float32(2.0)])
+@pytest.mark.parametrize("function", _WEIGHTED)
+def test_one_number_as_sample_weight_is_refused_saying_one_weight_per_sample(function, weight):
+    # The remedy said, torch.as_tensor(sample_weight), made a 0-d tensor, refused next for
+    # its shape ("sample_weight.shape == (), expected (6,)!"); and "is a int".
+    features, target = torch.randn(6, 4), torch.arange(6) % 3
+    kind = {float: "a float", int: "an int", np.float32: "a numpy.float32"}[type(weight)]
+    with pytest.raises(TypeError, match=re.escape(
+        f"sample_weight is {kind}; it holds one weight per sample: "
+        "torch.full((n_samples,), sample_weight) makes them.")):  # fmt: skip
+        function(features, target, weight)
 
 
 @pytest.mark.parametrize(
