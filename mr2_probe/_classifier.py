@@ -757,7 +757,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 f"contains only one class: {plain(self.classes_[0])!r}."
             )
         check_h5_open(sample_weight=sample_weight)
-        sample_weight = numpy_if_tensor(sample_weight)
+        sample_weight = numpy_if_tensor(sample_weight, "sample_weight")
         sample_weight = _check_sample_weight(
             sample_weight, np.empty((len(y_index), 0)), dtype=np.float64, ensure_non_negative=True
         )
@@ -1160,18 +1160,18 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                     "of 1 sample and 1 feature is required."
                 )
             y = y[...] if is_h5_dataset(y) else y
-            check_no_missing_labels(numpy_if_tensor(y))
+            check_no_missing_labels(numpy_if_tensor(y, "y"))
             # As validate_data checks y beside a NumPy X: NaN among object labels (a pandas
             # column's missing value) is named, not a TypeError from sorting the classes,
             # and a pandas column of a nullable dtype ("Int64", "boolean") is converted as
             # scikit-learn converts it (classes_ of float64 beside a NumPy X, of int64 or
             # bool beside a tensor, before).
-            y = _check_y(numpy_if_tensor(y), estimator=self)
+            y = _check_y(numpy_if_tensor(y, "y"), estimator=self)
             if len(y) != X.shape[0]:
                 raise ValueError(f"X has {X.shape[0]} samples but y has {len(y)}.")
         else:
             dtype = _check_dtypes(X)
-            y = numpy_if_tensor(y)  # (on a GPU, or requiring grad)
+            y = numpy_if_tensor(y, "y")  # (on a GPU, or requiring grad)
             check_no_missing_labels(y)  # (scikit-learn's check: "boolean value of NA ...")
             X, y = validate_data(self, _floating(X), y, dtype=dtype, order="C")
         if self.head == "cosine" and X.shape[1] == 1:
@@ -1359,8 +1359,8 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
     def score(self, X, y, sample_weight=None):
         """Mean accuracy of :meth:`predict` on ``(X, y)``; y may be a torch tensor."""
         check_h5_open(X=X, y=y, sample_weight=sample_weight)
-        y = numpy_if_tensor(y)
-        sample_weight = numpy_if_tensor(sample_weight)
+        y = numpy_if_tensor(y, "y")
+        sample_weight = numpy_if_tensor(sample_weight, "sample_weight")
         return super().score(X, y, sample_weight=sample_weight)
 
     def predict(self, X):

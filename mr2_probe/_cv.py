@@ -343,7 +343,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         """
         _raise_for_params(params, self, "fit")
         # (one on a GPU, or requiring grad, failed where the held-out scores take them)
-        sample_weight = numpy_if_tensor(sample_weight)
+        sample_weight = numpy_if_tensor(sample_weight, "sample_weight")
         with default_torch_modes(), whole_or_unchanged(self):
             values = self._check_Cs()
             solver = self._check_solver()
@@ -368,7 +368,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             # name) and the class accuracies' weights (the sample weights, whatever the
             # scorer takes).
             rows = np.empty((len(data.y_index), 0))
-            score_params = {key: numpy_if_tensor(value) for key, value in score_params.items()}
+            score_params = {k: numpy_if_tensor(v, k) for k, v in score_params.items()}
             score_weight, accuracy_weight = (
                 None if weight is None else _check_sample_weight(weight, rows)
                 for weight in (score_params.get("sample_weight"), sample_weight)
@@ -378,7 +378,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             weights = score_params, accuracy_weight
             labels = self.classes_[data.y_index]
             cv = check_cv(self.cv, labels, classifier=True)
-            split_params = {key: numpy_if_tensor(value) for key, value in split_params.items()}
+            split_params = {k: numpy_if_tensor(v, k) for k, v in split_params.items()}
             folds = cv_folds(cv, X, labels, **split_params)  # X as given, as GridSearchCV splits it
             score = _Scorer(scorer, self.classes_)
             # The fits weigh rows by sample_weight and class_weight, the scorers by
@@ -510,10 +510,10 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         if routing_enabled() and (sample_weight is not None or params):
             given = {**kwargs, **params}
             kwargs = dict(process_routing(self, "score", **given).scorer.score)
-        kwargs = {key: numpy_if_tensor(value) for key, value in kwargs.items()}
+        kwargs = {key: numpy_if_tensor(value, key) for key, value in kwargs.items()}
         if self.scoring is None:
             return super().score(X, y, sample_weight=kwargs.get("sample_weight"))
-        y = numpy_if_tensor(y)
+        y = numpy_if_tensor(y, "y")
         # The folds' positive class; the classes are those of (X, y), as scikit-learn's.
         scorer = with_labels(check_classwise_scoring(self, self.scoring), self.classes_, False)
         if not _takes_sample_weight(scorer):

@@ -28,10 +28,11 @@ def is_torch_tensor(X) -> bool:
     return isinstance(X, torch.Tensor)
 
 
-def numpy_if_tensor(value):
+def numpy_if_tensor(value, name: str | None = None):
     """``value`` as NumPy reads it: a tensor (on a GPU, requiring grad, bfloat16) as its
-    array on the CPU (:func:`~mr2_probe._device.to_numpy`), anything else as given."""
-    return to_numpy(value) if is_torch_tensor(value) else value
+    array on the CPU (:func:`~mr2_probe._device.to_numpy`, whose errors call it ``name``),
+    anything else as given."""
+    return to_numpy(value, name) if is_torch_tensor(value) else value
 
 
 def plain(value):
@@ -291,6 +292,14 @@ def check_dense_tensor(X: torch.Tensor, estimator_name: str) -> None:
             f"X is a tensor on the 'meta' device, which holds no values: {estimator_name} "
             "needs the features themselves, on the CPU or a GPU."
         )
+    try:  # a packed dtype (uint3, float4_e2m1fn_x2, bits8): torch's "copy_" not implemented
+        if not X.is_complex():  # (complex X is refused by name, without a cast's warning)
+            torch.zeros(1, dtype=X.dtype).float()
+    except (NotImplementedError, RuntimeError):
+        raise TypeError(
+            f"X is a tensor of dtype {X.dtype}, which torch cannot convert to floats: pass the "
+            "features as floats (for example X of dtype torch.float32)."
+        ) from None
 
 
 def check_finite_tensor(X: torch.Tensor, estimator_name: str) -> None:

@@ -122,16 +122,46 @@ def to_tensor(array, device: torch.device, dtype: torch.dtype | None = None) -> 
     return tensor.to(device=device, dtype=dtype, non_blocking=True)
 
 
-def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """Detach ``tensor`` and return it as a NumPy array on the CPU (bfloat16 as float32)."""
+# The dtypes NumPy holds as they are; the others are widened (bfloat16, float8) or refused.
+_NUMPY_HOLDS = {
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+    *(getattr(torch, f"uint{bits}", None) for bits in (16, 32, 64)),
+}  # fmt: skip
+
+
+def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray:
+    """Detach ``tensor`` and return it as a NumPy array on the CPU; ``name`` (say
+    ``"sample_weight"``), if given, is what an error calls it.
+
+    NumPy has no bfloat16 or float8 ("Got unsupported ScalarType Float8_e4m3fn"): those
+    are read as float32, which holds their values. Complex32 and the packed dtypes (uint3,
+    float4_e2m1fn_x2, bits8) are refused with a message that names ``name`` and its dtype.
+    """
     if tensor.is_meta:  # (torch's "Cannot copy out of meta tensor; no data!")
         raise ValueError(
-            "A tensor was given on the 'meta' device, which holds no values: pass the "
-            "values themselves (labels, sample weights, groups), on the CPU or a GPU."
+            f"A tensor was given on the 'meta' device{f' for {name}' if name else ''}, which "
+            "holds no values: pass the values themselves (labels, sample weights, groups), on "
+            "the CPU or a GPU."
         )
-    tensor = tensor.detach().cpu()
-    # NumPy has no bfloat16 ("Got unsupported ScalarType BFloat16"); float32 holds its values.
-    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
+    subject = f"{name} is a tensor" if name else "A tensor was given"
+    tensor, dtype = tensor.detach(), tensor.dtype
+    if dtype not in _NUMPY_HOLDS:
+        if dtype.is_complex:  # complex32: scikit-learn refuses complex values anyway
+            raise ValueError(
+                f"Complex data not supported: {subject} of dtype {dtype}. Pass real values, "
+                "for example its real part (.real)."
+            )
+        try:  # bfloat16, float8: float32 holds their values
+            tensor = tensor.float() if dtype.is_floating_point else None
+        except (NotImplementedError, RuntimeError):  # a packed dtype (float4_e2m1fn_x2)
+            tensor = None
+        if tensor is None:
+            raise TypeError(
+                f"{subject} of dtype {dtype}, which NumPy cannot hold: pass it as booleans, "
+                "integers or floats (for example of dtype torch.int64 or float32)."
+            )
+    return tensor.cpu().numpy()
 
 
 def inverse_row_norms(x: torch.Tensor) -> torch.Tensor:

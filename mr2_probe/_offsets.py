@@ -75,7 +75,7 @@ def _decision(estimator, X, classes: np.ndarray) -> np.ndarray:
             "a stratified cv, fewer folds, or more samples of the rare classes."
         )
     decision = estimator.decision_function(X)
-    decision = np.asarray(numpy_if_tensor(decision))
+    decision = np.asarray(numpy_if_tensor(decision, "decision_function's output"))
     decision = decision.astype(np.float64)
     if decision.ndim == 1 and len(classes) == 2:
         decision = np.column_stack([np.zeros_like(decision), decision])
@@ -487,7 +487,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         # repeated rows of a bootstrap, which h5py refuses (X is read row by row, _rows).
         groups = groups[...] if is_h5_dataset(groups) else groups
         # (on a GPU, or requiring grad: the splitter reads NumPy)
-        groups = numpy_if_tensor(groups)
+        groups = numpy_if_tensor(groups, "groups")
         fit_params = {k: v[...] if is_h5_dataset(v) else v for k, v in fit_params.items()}
         if is_torch_tensor(X):  # before the folds index it, with torch's own error
             check_dense_tensor(X, type(self).__name__)
@@ -497,7 +497,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             # array-like", where an MR² probe names the shape it needs; one of 1 or 3
             # dimensions was named by a fold's shape ((40,) of 60 rows).
             check_2d(X)
-        X, y = indexable(X, numpy_if_tensor(y))
+        X, y = indexable(X, numpy_if_tensor(y, "y"))
         # (NaN among object labels named as the estimator names it, not a TypeError from
         # sorting the classes; None and pd.NA first, as missing labels: it fails on pd.NA)
         check_no_missing_labels(y)
@@ -509,7 +509,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         check_classification_targets(y)
         _check_per_class_decision(self.estimator, len(np.unique(y)))
         # (on a GPU, or requiring grad: NumPy reads neither)
-        sample_weight = numpy_if_tensor(sample_weight)
+        sample_weight = numpy_if_tensor(sample_weight, "sample_weight")
         if sample_weight is not None:
             sample_weight = _check_sample_weight(sample_weight, y, ensure_non_negative=True)
         if not isinstance(self.scoring, str):  # a scorer that cannot work, before any fit
@@ -721,8 +721,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         """Mean accuracy of :meth:`predict` on ``(X, y)``, as ClassifierMixin's."""
         check_h5_open(X=X, y=y, sample_weight=sample_weight)  # h5py's words otherwise
         # (tensors NumPy cannot read, on a GPU or requiring grad, as an MR² probe's score)
-        y = numpy_if_tensor(y)
-        sample_weight = numpy_if_tensor(sample_weight)
+        y = numpy_if_tensor(y, "y")
+        sample_weight = numpy_if_tensor(sample_weight, "sample_weight")
         return super().score(X, y, sample_weight=sample_weight)
 
     @available_if(_inner_has("predict_proba"))
@@ -765,7 +765,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         # NaN with a RuntimeWarning: such a row is read below, its probabilities finite.)
         with np.errstate(invalid="ignore"):
             proba = self.estimator_.predict_proba(X)
-        proba = np.asarray(numpy_if_tensor(proba), np.float64)
+        proba = np.asarray(numpy_if_tensor(proba, "predict_proba's output"), np.float64)
         z = _decision(self.estimator_, X, self.classes_)
         out = np.empty_like(z)
         # (float32 probabilities, or a decision function rounded apart from them, agree
@@ -796,7 +796,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         if other.any():
             if hasattr(self.estimator_, "predict_log_proba"):  # (finite where p underflows)
                 log_proba = self.estimator_.predict_log_proba(X)
-                log_proba = numpy_if_tensor(log_proba)
+                log_proba = numpy_if_tensor(log_proba, "predict_log_proba's output")
                 log_proba = np.asarray(log_proba, dtype=np.float64)
             else:
                 with np.errstate(divide="ignore"):

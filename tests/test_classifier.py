@@ -954,6 +954,7 @@ def test_nonfinite_input_gets_numpys_error_on_every_path(
 
 @pytest.mark.parametrize("kind", ["tensor", "hdf5"])
 @pytest.mark.parametrize("method", ["fit", "predict", "decision_function", "predict_proba"])
+@pytest.mark.filterwarnings("error:Casting complex values to real")  # (no cast to try)
 def test_complex_input_is_refused(method, kind, tmp_path):
     # A cast would drop the imaginary part silently.
     X, y = _blobs()
@@ -1509,23 +1510,69 @@ def test_meta_tensors_of_weights_labels_or_groups_are_a_clear_value_error(given)
             call()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("given", ["sample_weight", "y"])
-def test_bfloat16_tensors_of_weights_and_labels_are_read_as_float32(given):
-    # NumPy has no bfloat16: weights or labels of a bfloat16 tensor (as a model run in that
-    # precision gives them) failed in fit and score with "Got unsupported ScalarType
-    # BFloat16", where float16 ones were read.
+def test_bfloat16_tensors_of_weights_and_labels_are_read_as_float32(given, dtype):
+    # NumPy has no bfloat16 or float8: weights or labels of such a tensor (as a model run in
+    # that precision gives them) failed in fit and score with "Got unsupported ScalarType
+    # BFloat16" (Float8_e4m3fn), where float16 ones were read, and X of float8 is read.
     X, y = _blobs(3)
-    weight = np.array([0.5, 1.0, 2.0])[y]  # (bfloat16 holds them exactly)
+    weight = np.array([0.5, 1.0, 2.0])[y]  # (bfloat16 and float8 hold them exactly)
     labels = y.astype(np.float32)
     expected = MR2LinearClassifier(device="cpu").fit(X, labels, sample_weight=weight)
     if given == "y":
-        labels = torch.as_tensor(labels, dtype=torch.bfloat16)
+        labels = torch.as_tensor(labels).to(dtype)
     else:
-        weight = torch.as_tensor(weight, dtype=torch.bfloat16)
+        weight = torch.as_tensor(weight).to(dtype)
     clf = MR2LinearClassifier(device="cpu").fit(X, labels, sample_weight=weight)
     np.testing.assert_array_equal(clf.classes_, expected.classes_)
     np.testing.assert_array_equal(clf.coef_, expected.coef_)
     assert clf.score(X, labels, sample_weight=weight) == expected.score(X, y, weight)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "error", "words"),
+    [
+        (torch.complex32, ValueError, "Complex data not supported: {} is a tensor of dtype"),
+        (torch.uint3, TypeError, "{} is a tensor of dtype torch.uint3, which NumPy cannot"),
+        (torch.bits8, TypeError, "{} is a tensor of dtype torch.bits8, which NumPy cannot"),
+        pytest.param(
+            getattr(torch, "float4_e2m1fn_x2", None),
+            TypeError,
+            "{} is a tensor of dtype torch.float4_e2m1fn_x2, which NumPy cannot",
+            marks=pytest.mark.skipif(
+                not hasattr(torch, "float4_e2m1fn_x2"), reason="no float4 in torch"
+            ),
+        ),
+    ],
+)
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("given", ["sample_weight", "y", "groups"])
+def test_tensors_of_a_dtype_numpy_lacks_are_named_with_their_dtype(given, dtype, error, words):
+    # Labels, weights or groups of complex32 or a packed dtype reached torch's TypeError
+    # "Got unsupported ScalarType ComplexHalf" (NotImplementedError '"copy_" not
+    # implemented for 'UInt3''), naming neither the argument nor the cure, in the three
+    # estimators' fit and in score; X of a packed dtype too.
+    X, y = _blobs(3, n=60)
+    odd = torch.zeros(len(y), dtype=dtype)  # (a packed dtype holds no other values)
+    kwargs = {"y": y, "sample_weight": None, "groups": None} | {given: odd}
+    fitted = MR2LinearClassifier(device="cpu").fit(X, y)
+    calls = [
+        lambda: MR2LinearClassifierCV([1.0], cv=2, device="cpu").fit(X, **kwargs),
+        lambda: TunedOffsetsClassifierCV(MR2LinearClassifier(device="cpu"), cv=2).fit(X, **kwargs),
+    ]
+    if given != "groups":
+        calls.append(lambda: fitted.score(X, kwargs["y"], sample_weight=kwargs["sample_weight"]))
+        del kwargs["groups"]
+        calls.append(lambda: MR2LinearClassifier(device="cpu").fit(X, **kwargs))
+    for call in calls:
+        with pytest.raises(error, match=re.escape(words.format(given))):
+            call()
+    if dtype != torch.complex32:  # (complex X is refused by name already)
+        with pytest.raises(TypeError, match=f"X is a tensor of dtype {dtype}, which torch"):
+            MR2LinearClassifier(device="cpu").fit(torch.zeros(X.shape, dtype=dtype), y)
+        with pytest.raises(TypeError, match=f"X is a tensor of dtype {dtype}, which torch"):
+            fitted.predict(torch.zeros(X.shape, dtype=dtype))
 
 
 @pytest.mark.slow
