@@ -2092,3 +2092,95 @@ def test_missing_values_are_taken_where_the_estimator_takes_them():
     probe = TunedOffsetsClassifierCV(LogisticRegression(), cv=3)
     with pytest.raises(ValueError, match="Input X contains NaN"):
         SequentialFeatureSelector(probe, n_features_to_select=2, cv=2).fit(X, y)
+
+
+# scikit-learn's classifiers that wrap one estimator (``estimator``, or a stack's
+# ``final_estimator``) and have a decision_function on 3 classes: their module and the
+# other arguments each needs (test_the_wrappers_audited_are_all_of_scikit_learns keeps the
+# list whole).
+_WRAPPERS = {
+    "AdaBoostClassifier": ("ensemble", "estimator", {"n_estimators": 2}),
+    "BaggingClassifier": ("ensemble", "estimator", {"n_estimators": 2, "random_state": 0}),
+    "FrozenEstimator": ("frozen", "estimator", {}),
+    "GridSearchCV": ("model_selection", "estimator", {"param_grid": {}, "cv": 2}),
+    "HalvingGridSearchCV": ("model_selection", "estimator", {"param_grid": {}, "cv": 2}),
+    "HalvingRandomSearchCV": ("model_selection", "estimator", {"param_distributions": {}}),
+    "OneVsOneClassifier": ("multiclass", "estimator", {}),
+    "OneVsRestClassifier": ("multiclass", "estimator", {}),
+    "RFE": ("feature_selection", "estimator", {"n_features_to_select": 2}),
+    "RFECV": ("feature_selection", "estimator", {"cv": 2}),
+    "RandomizedSearchCV": (
+        "model_selection", "estimator", {"param_distributions": {}, "n_iter": 1, "cv": 2}
+    ),
+    "SelfTrainingClassifier": ("semi_supervised", "estimator", {}),
+    "StackingClassifier": (
+        "ensemble", "final_estimator", {"estimators": [("nb", GaussianNB())], "cv": 2}
+    ),
+}  # fmt: skip
+
+
+def _wrapper(name):
+    """scikit-learn's class ``name``, its estimator's parameter and its other arguments."""
+    import importlib
+
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+
+    module, key, extra = _WRAPPERS[name]
+    return getattr(importlib.import_module(f"sklearn.{module}"), name), key, extra
+
+
+def _fitted_on_iris(cls, key, extra, shape):
+    """``cls`` around an SVC of ``decision_function_shape=shape``, fitted on iris."""
+    X, y = load_iris(return_X_y=True)
+    svc = SVC(kernel="linear", decision_function_shape=shape)
+    if cls is FrozenEstimator:
+        svc = svc.fit(X, y)
+    return cls(**{key: svc}, **extra).fit(X, y)
+
+
+@pytest.mark.parametrize("name", sorted(_WRAPPERS))
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+def test_every_meta_estimator_that_passes_one_vs_one_values_on_is_refused(name):
+    # An audit of scikit-learn's own wrappers: each one whose decision values of 3 classes
+    # differ as its SVC is 'ovo' or 'ovr' hands the pairwise columns on, and is refused
+    # (fitted or not); the others (OneVsRestClassifier's SVCs see two classes,
+    # AdaBoostClassifier reads their predict) are tuned.
+    X, y = load_iris(return_X_y=True)
+    cls, key, extra = _wrapper(name)
+    models = {shape: _fitted_on_iris(cls, key, extra, shape) for shape in ("ovo", "ovr")}
+    passed_on = not np.allclose(
+        models["ovo"].decision_function(X), models["ovr"].decision_function(X)
+    )
+    unfitted = clone(models["ovo"]) if cls is not FrozenEstimator else models["ovo"]
+    for cv, model in ((3, unfitted), ("prefit", models["ovo"])):
+        if passed_on:
+            with pytest.raises(ValueError, match="one decision value per pair of classes"):
+                TunedOffsetsClassifierCV(model, cv=cv).fit(X, y)
+        else:
+            TunedOffsetsClassifierCV(model, cv=cv).fit(X, y)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+def test_the_wrappers_audited_are_all_of_scikit_learns():
+    # Every classifier of scikit-learn's that wraps one estimator and gives decision values
+    # of 3 classes is audited above: a wrapper a later scikit-learn adds is named here.
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401 (listed then)
+    from sklearn.utils import all_estimators
+
+    found = set()
+    for name, cls in all_estimators():
+        parameters = inspect.signature(cls).parameters
+        key = next((k for k in ("estimator", "final_estimator") if k in parameters), None)
+        if key is None or name.endswith(("Regressor", "Chain")):  # (one output)
+            continue
+        extra = _wrapper(name)[2] if name in _WRAPPERS else {}
+        if not hasattr(cls(**{key: SVC()}, **extra), "decision_function"):
+            continue
+        try:
+            _fitted_on_iris(cls, key, extra, "ovr")
+        except (TypeError, ValueError):  # binary only, arguments it needs, ...
+            if name not in _WRAPPERS:
+                continue
+        found.add(name)
+    assert found == set(_WRAPPERS)
