@@ -2967,7 +2967,8 @@ if sys.argv[1] == "front":
     mr2_probe.front.accuracy_front = terminated
 else:  # the first fit, once --out is created
     cli_main.fit_collecting_short = terminated
-sys.exit(main(sys.argv[2:]))
+sys.argv[1:] = sys.argv[2:]  # (run as the command: main() reads sys.argv)
+sys.exit(main())
 """
 
 
@@ -2992,6 +2993,20 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(files, tmp_path, when):
     assert f"mr2-probe: error: {message}" in run.stderr.splitlines()
     assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
     assert message in json.loads((out / "report.json").read_text())["notes"]
+
+
+def test_main_called_with_argv_leaves_sigterm_to_end_its_program(files, monkeypatch):
+    # A program that calls main(argv) (a sweep over options, say) survived a SIGTERM: main
+    # returned 143, or raised SystemExit(143), which such a sweep may catch, and it went on.
+    before, seen, fit = signal.getsignal(signal.SIGTERM), [], cli_main.fit_collecting_short
+
+    def recording(*args, **kwargs):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr(cli_main, "fit_collecting_short", recording)
+    main([str(files / "train.npz"), "--max-iter", "20", "--no-progress"])
+    assert seen and all(handler is before for handler in seen)
 
 
 def test_a_figure_failing_after_an_interrupted_front_keeps_status_130(files, tmp_path, monkeypatch):

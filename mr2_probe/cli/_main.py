@@ -71,11 +71,15 @@ def main(argv=None) -> int:
     """Run ``mr2-probe``; returns 0 (1 where the front or a figure failed and was left
     out, 130 where the front was interrupted, 143 where it was terminated (SIGTERM): the
     main models are reported and written either way), or exits with status 2 and one line
-    on a mistake, 130 on Ctrl-C elsewhere (143 on SIGTERM)."""
+    on a mistake, 130 on Ctrl-C elsewhere (143 on SIGTERM, where run as the command:
+    ``main(argv)`` leaves SIGTERM to end its program)."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        with warnings_in_one_line("mr2-probe", raw=args.debug), _terminated_as_interrupted():
+        with (
+            warnings_in_one_line("mr2-probe", raw=args.debug),
+            _terminated_as_interrupted(command=argv is None),
+        ):
             return _run(args, _given(argv), _launched(argv))
     except KeyboardInterrupt as stop:
         if args.debug:

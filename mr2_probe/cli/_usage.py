@@ -189,13 +189,17 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _terminated_as_interrupted():
+def _terminated_as_interrupted(command: bool):
     """A SIGTERM inside raises :class:`Terminated`: it ended the process at once, which
-    lost the models a stopped front keeps and left the --out folder it had created. No
-    change outside the main thread, nor where SIGTERM has a handler of its own (an
-    application that runs the command)."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    lost the models a stopped front keeps and left the --out folder it had created. Only
+    where ``command`` (``main()`` run as the command, its arguments from ``sys.argv``): a
+    program that calls ``main(argv)`` keeps SIGTERM's own meaning, to end it, which a
+    status returned to it would not. No change outside the main thread either, nor where
+    SIGTERM has a handler of its own (an application that runs the command)."""
+    if (
+        not command
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
     ):
         yield
         return
