@@ -403,7 +403,7 @@ def fit_lbfgs(
             penalty.backward()
         total += penalty.detach()
         n_iter = done + optimizer.state[params[0]].get("n_iter", 0) - offset
-        if n_iter not in curve:
+        if n_iter not in curve and n_iter > 0:  # (0 is the starting point, no iteration)
             bar.update(1)
         curve[n_iter] = total
         return total

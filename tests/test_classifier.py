@@ -3301,3 +3301,34 @@ def test_a_steep_tilt_short_of_tol_is_told_the_tilt_is_why():
     with pytest.warns(ConvergenceWarning) as record:
         MR2LinearClassifier(class_tilt=5.0, max_iter=2, device="cpu").fit(X, y)
     assert "nearly the largest" not in str(record[0].message)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(max_iter=2),  # stops at max_iter
+        dict(max_iter=100),  # converges
+        dict(max_iter=0),  # the starting point alone
+        dict(head="cosine", max_iter=5),
+        dict(solver="adam", max_iter=3),
+    ],
+)
+def test_the_progress_bar_counts_iterations_not_the_start(params, monkeypatch):
+    # The bar's count is n_iter_ of a total of max_iter: L-BFGS's evaluation of its
+    # starting point is no iteration (it showed 3/2 for max_iter=2).
+    from mr2_probe import _solvers
+
+    bars = []
+
+    class Recorded(_solvers.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(_solvers, "tqdm", Recorded)
+    X, y = _blobs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = MR2LinearClassifier(verbose=1, device="cpu", random_state=0, **params).fit(X, y)
+    (bar,) = bars
+    assert (bar.n, bar.total) == (clf.n_iter_, params["max_iter"])
