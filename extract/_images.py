@@ -598,14 +598,15 @@ def _refuse_links_across_classes(
     for i in shared.tolist():
         by_file.setdefault(tuple(inodes[i]), []).append(i)
     for names in by_file.values():
-        paths = {i: os.path.join(root, ids[i]) for i in names}
-        real = {os.path.realpath(paths[i]): i for i in names if not os.path.islink(paths[i])}
-        # (the file a link names, where it is listed as itself: not a hard link's twin)
-        named = {i: real.get(os.path.realpath(p)) for i, p in paths.items() if os.path.islink(p)}
+        # Each name with its folders resolved and itself not (a link stays a link): a link,
+        # and each link it leads to in turn (dog/1.png -> ../cat/1.png, itself a git-annex
+        # link), is looked up among the names listed, not only the file it ends at.
+        place = {_unlinked_folders(os.path.join(root, ids[i])): i for i in names}
         other, first = next(
-            ((i, j) for i, j in named.items() if j is not None and labels[i] != labels[j]),
+            ((i, j) for i in names for j in _links_named(os.path.join(root, ids[i]), place)
+             if labels[i] != labels[j]),
             (None, None),
-        )
+        )  # fmt: skip
         if other is not None:
             raise ValueError(
                 f"Under {root!r}, {ids[other]!r} is a link to {ids[first]!r}: one image in "
@@ -613,6 +614,22 @@ def _refuse_links_across_classes(
                 "two labels. Give each class its own images: remove the link, or copy the "
                 "image."
             )
+
+
+def _unlinked_folders(path: str) -> str:
+    """``path`` with its folders' symbolic links resolved, its last name kept as it is."""
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
+def _links_named(path: str, place: dict[str, int]):
+    """The items of ``place`` (a name with :func:`_unlinked_folders`: item) that the
+    symbolic link ``path`` names, directly or through the links it leads to in turn."""
+    for _ in range(40):  # (the kernel follows at most 40 links)
+        if not os.path.islink(path):
+            return
+        path = _unlinked_folders(os.path.join(os.path.dirname(path), os.readlink(path)))
+        if path in place:
+            yield place[path]
 
 
 def _refuse_two_classes(root: str, first: tuple[str, str], then: tuple[str, str]) -> None:

@@ -515,6 +515,18 @@ def test_an_image_of_one_class_linked_into_another_is_refused(folder):
     assert {"cat/annexed.png", "dog/annexed.png", "dog/hard.png", "cat/again.png"} <= set(ids)
 
 
+def test_a_link_into_another_class_is_refused_where_the_image_is_itself_a_link(folder):
+    # In a git-annex checkout every image is a link to its object: dog/cat0.png ->
+    # ../cat/annexed.png -> the object ends where no image is listed, and was let through.
+    objects = folder.parent / "annex"
+    objects.mkdir()
+    shutil.copy(folder / "cat" / "000.png", objects / "SHA256E-s1--ab.png")
+    os.symlink(objects / "SHA256E-s1--ab.png", folder / "cat" / "annexed.png")
+    os.symlink("../cat/annexed.png", folder / "dog" / "cat0.png")
+    with pytest.raises(ValueError, match="'dog/cat0.png' is a link to 'cat/annexed.png'"):
+        image_folder(folder)
+
+
 def test_a_folder_without_images_may_be_linked_from_two_classes(folder):
     # (a folder of notes or annotations gives no image two labels)
     (folder.parent / "notes").mkdir()
