@@ -398,9 +398,9 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
 
 
 def _warn_of_numbers_sorted_as_text(classes: list[str], root: str) -> None:
-    """Say where class folders named by numbers ('0' ... '11') take indices other than
-    the numbers: sorted as text, as torchvision sorts them, '10' is class 2, which a
-    list file or a model's own labels number 10."""
+    """Say where class folders named by numbers ('0' ... '11') are, sorted as text as
+    torchvision sorts them, out of their numbers' order: '10' is class 2, which a list
+    file or a model's own labels number 10. ('1' ... '9', classes 0 ... 8, keep it.)"""
     moved = numbers_sorted_as_text(classes)
     if moved is not None:
         logger.warning(
