@@ -305,6 +305,12 @@ def extract_features(
             if explicit
             else f"The RANK environment variable must be an int in [0, WORLD_SIZE). Got "
             f"RANK={rank} with WORLD_SIZE={world_size} instead."
+            if "WORLD_SIZE" in os.environ
+            # (RANK exported alone, e.g. from SLURM_PROCID: "WORLD_SIZE=1" named a value
+            # nobody had set)
+            else f"The RANK environment variable must be an int in [0, WORLD_SIZE). Got "
+            f"RANK={rank} with WORLD_SIZE unset (1 process) instead; set WORLD_SIZE to the "
+            "number of processes too (torchrun sets both), or unset RANK."
         )
     out = output_target(out)
     target = out if world_size == 1 else shard_path(out, rank, world_size)

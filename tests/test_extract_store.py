@@ -2236,6 +2236,18 @@ def test_a_rank_beyond_torchrun_s_world_size_is_named_as_its_variables(
     assert not list(tmp_path.iterdir())
 
 
+def test_a_rank_exported_without_a_world_size_says_the_latter_is_unset(
+    folder, tmp_path, monkeypatch
+):
+    # `export RANK=$SLURM_PROCID` alone: "Got RANK=1 with WORLD_SIZE=1", a value nobody set.
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    message = r"Got RANK=1 with WORLD_SIZE unset \(1 process\) instead; set WORLD_SIZE to"
+    with pytest.raises(ValueError, match=message):
+        extract_features(folder, BACKBONE, tmp_path / "x.h5", **FAST)
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(
     "env, said",
     [
