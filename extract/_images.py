@@ -1208,8 +1208,13 @@ def _list_rows(
             )
         if len(fields) != 2:
             raise ValueError(
-                f"{list_file}:{number}: expected 'path,label', got {line!r} (a list with a "
-                'comma is read as CSV: quote a file name that holds one, "a,b.jpg",cat).'
+                f"{list_file}:{number}: expected 'path,label', got {line!r} "
+                + (
+                    "(a list file has no comment syntax: remove the line)."
+                    if line.lstrip().startswith("#")  # ('# made by ...', said as CSV's)
+                    else "(a list with a comma is read as CSV: quote a file name that holds "
+                    'one, "a,b.jpg",cat).'
+                )
                 + _source_hint(list_file)
             )
         yield [f.strip() for f in fields] + [number]

@@ -1001,6 +1001,10 @@ def test_a_comment_looking_line_of_a_list_is_an_image_and_said(folder, caplog):
     (folder / "l.txt").write_text("# my images\ncat/000.png cat\ndog/001.jpg dog\n")
     with pytest.raises(ValueError, match=r"looks like a header .* no comment syntax: remove it"):
         image_list(folder / "l.txt")
+    # In a comma-separated list, a comment line without a comma was said to need quoting.
+    (folder / "l.csv").write_text("# made by export.py\ncat/000.png,cat\ndog/001.jpg,dog\n")
+    with pytest.raises(ValueError, match=r"l.csv:1: .* list file has no comment syntax: remove"):
+        image_list(folder / "l.csv")
 
 
 @pytest.mark.parametrize("name, sep", [("l.csv", ","), ("l.txt", " ")])
