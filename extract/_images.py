@@ -601,9 +601,12 @@ def _refuse_links_across_classes(
         # Each name with its folders resolved and itself not (a link stays a link): a link,
         # and each link it leads to in turn (dog/1.png -> ../cat/1.png, itself a git-annex
         # link), is looked up among the names listed, not only the file it ends at.
+        links = [i for i in names if os.path.islink(os.path.join(root, ids[i]))]
+        if not links:  # (hard links alone: no path resolved)
+            continue
         place = {_unlinked_folders(os.path.join(root, ids[i])): i for i in names}
         other, first = next(
-            ((i, j) for i in names for j in _links_named(os.path.join(root, ids[i]), place)
+            ((i, j) for i in links for j in _links_named(os.path.join(root, ids[i]), place)
              if labels[i] != labels[j]),
             (None, None),
         )  # fmt: skip
