@@ -1633,7 +1633,13 @@ def _checked(src: ImageSource) -> ImageSource:
         raise ValueError(
             f"The source indices of the ImageSource {src.description!r} must be increasing "
             "integers >= 0 (each item's position in the full collection, in order, as "
-            f"subset() keeps them). Got {index.ravel()[bad].item()!r} at item {bad} instead; "
+            "subset() keeps them). Got "
+            + (
+                f"{index[bad].item()!r} at item {bad}"
+                if index.ndim == 1
+                else f"an array of shape {index.shape}"  # ('0 at item 0' said of a column)
+            )
+            + " instead; "
             "number the items in order, e.g. np.arange(len(ids))."
         )
     _check_index_names(list(src.class_names))
@@ -1662,7 +1668,9 @@ def _first_unordered(index: np.ndarray) -> int | None:
     with np.errstate(invalid="ignore"):  # (NaN is no index)
         whole = index % 1 == 0 if index.dtype.kind == "f" else np.ones(len(index), bool)
         rising = np.concatenate([index[:1] >= 0, index[1:] > index[:-1]])
-    bad = np.flatnonzero(~(whole & rising))
+        # (as int64: 2**63 of a uint64 or a float became -2**63 without a word)
+        fits = index < 2**63 if index.dtype.kind in "uf" else True
+    bad = np.flatnonzero(~(whole & rising & fits))
     return int(bad[0]) if len(bad) else None
 
 

@@ -1609,6 +1609,14 @@ def test_open_source_errors(source, error, match):
         (dict(source_index=np.array([-1, 0])), r"must be increasing integers .* Got -1 at item 0"),
         (dict(source_index=np.array([0.0, 0.5])), r"must be increasing .* Got 0.5 at item 1"),
         (dict(source_index=["0", "1"]), r"must be increasing integers .* Got '0' at item 0"),
+        # Beyond int64: 2**63 became -2**63 in the store without a word.
+        (
+            dict(source_index=np.array([0, 2**63], dtype=np.uint64)),
+            r"must be increasing integers .* Got 9223372036854775808 at item 1",
+        ),
+        (dict(source_index=np.array([0.0, 1e20])), r"must be increasing .* Got 1e\+20 at item 1"),
+        # A column (2, 1): it was said as 'Got 0 at item 0', an index in order.
+        (dict(source_index=np.array([[0], [1]])), r"Got an array of shape \(2, 1\) instead"),
     ],
 )
 def test_an_image_source_built_by_hand_is_refused_where_its_store_could_not_be(
