@@ -121,7 +121,13 @@ def _kinds_of(a: np.ndarray) -> set:
     # None (a missing label) is a kind of its own: counted as a number, the message
     # sent a user looking for numbers that were not there.
     # pandas' missing value, pd.NA, counts as None does.
-    return {_kind(v) for v in set(a.tolist())}
+    values = a.tolist()
+    distinct = set(values)
+    if set(map(type, values)) != set(map(type, distinct)):
+        # Values equal across types, of which the set kept one (NumPy < 1.25's
+        # timedelta64(1, 'D') == 1): each value once by its type and value.
+        distinct = [v for _, v in set(zip(map(type, values), values, strict=True))]
+    return {_kind(v) for v in distinct}
 
 
 def _kind(label) -> type:
