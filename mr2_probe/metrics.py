@@ -487,10 +487,12 @@ def _sample_weight(sample_weight, n_samples: int) -> np.ndarray:
         raise ValueError("sample_weight must be finite and non-negative.")
     if n_samples and not weight.max() > 0:
         raise ValueError("sample_weight sums to zero: there is no sample to score.")
-    # Scaled by a power of two, which changes no ratio of the sums by a bit, to the largest
-    # in [0.5, 1): weights near the largest float overflowed in a class's sum (scored 0%
-    # or NaN, the overall NaN).
-    return np.ldexp(weight, -np.frexp(weight.max())[1]) if n_samples else weight
+    # Weights near the largest float overflowed in a class's sum (scored 0% or NaN, the
+    # overall NaN): scaled down by a power of two, which changes no ratio of the sums, only
+    # as far as keeps their sum finite. (Scaled further, tiny weights beside them were lost
+    # to underflow: a class of them scored NaN.)
+    shift = 1023 - np.frexp(weight.max())[1] - n_samples.bit_length() if n_samples else 0
+    return np.ldexp(weight, shift) if shift < 0 else weight
 
 
 def _present(accuracy: np.ndarray) -> np.ndarray:

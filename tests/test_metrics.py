@@ -522,6 +522,15 @@ def test_sample_weights_near_the_ends_of_the_floats_score_as_their_ratios(scale)
     )
 
 
+def test_tiny_sample_weights_beside_large_ones_keep_their_class():
+    # Weights scaled down by more than their sum needed: a class of tiny weights beside
+    # one of huge weights underflowed to no weight and was scored NaN.
+    weight = [1e308, 1e-300, 3e-300]
+    np.testing.assert_array_equal(
+        per_class_accuracy([0, 1, 1], [0, 1, 0], sample_weight=weight), [1.0, 0.25]
+    )
+
+
 @pytest.mark.parametrize(
     "weight, match", [(np.ones(3), r"shape \(200,\)"), (-np.ones(200), "non-negative"),
                       (np.zeros(200), "sums to zero")],
