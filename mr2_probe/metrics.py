@@ -333,7 +333,9 @@ def _numpy_held(a: np.ndarray) -> np.ndarray:
             or (True in dates and any(getattr(v, "tzinfo", None) is not None for v in values))
         ):
             return a
-        return _in_finest_unit(_numpy_times(values), kind).reshape(a.shape)
+        if any(hasattr(t, "to_datetime64") or hasattr(t, "to_timedelta64") for t in held):
+            values = _numpy_times(values)  # (pandas' among them)
+        return _in_finest_unit(values, kind).reshape(a.shape)
     return a
 
 
@@ -342,16 +344,17 @@ def _in_finest_unit(values: list, kind: str) -> np.ndarray:
     at the finest unit among them; a ValueError where one is outside that unit's range,
     which NumPy wraps without a word (the year 3000 beside nanoseconds became 1830)."""
     converted = np.asarray(values, dtype=f"{kind}8")
-    at = {}  # each label's own unit (datetime's: NumPy's for them) → its positions
-    for i, v in enumerate(values):
-        at.setdefault(getattr(v, "dtype", None), []).append(i)
-    for unit, index in at.items():
-        own = np.asarray([values[i] for i in index], dtype=unit or f"{kind}8")
-        wrapped = converted[index].astype(own.dtype).view("i8") != own.view("i8")
-        if wrapped.any():
+    # A label that wrapped is off by 2**64 of the finest unit, hundreds of years or more:
+    # each label and its converted copy compared at the coarsest unit, which none of them
+    # overflows (a loop over a million labels, each at its own unit, took seconds).
+    coarsest = "Y" if kind == "M" else "W"  # (durations of months or years: no weeks)
+    if np.datetime_data(converted.dtype)[0] not in ("Y", "M"):
+        coarse = np.asarray(values, dtype=f"{kind}8[{coarsest}]")
+        wrapped = np.flatnonzero(converted.astype(coarse.dtype).view("i8") != coarse.view("i8"))
+        if len(wrapped):
             what = "dates" if kind == "M" else "durations"
             raise ValueError(
-                f"Labels of {what} at several units, {own[wrapped][0]} among them, do not "
+                f"Labels of {what} at several units, {values[wrapped[0]]} among them, do not "
                 f"all fit in {converted.dtype}, the finest of their units, which they are "
                 f"compared at: pass them as one array of a unit that holds them all, e.g. "
                 f"np.asarray(y, dtype='{converted.dtype.name[:-4]}[us]')."
