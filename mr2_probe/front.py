@@ -575,7 +575,7 @@ def _check_known_labels(y, scored: dict) -> None:
         labels = None if labels is None else column_or_1d(labels)
         # (None and pd.NA, a pandas "string" column's, as the estimators refuse them: pd.NA
         # failed the NaN check below, "boolean value of NA is ambiguous")
-        check_no_missing_labels(labels, name)
+        check_no_missing_labels(labels, name, "fit" if name == "y" else "score")
         if labels is not None and labels.dtype == object and (labels != labels).any():
             raise ValueError(
                 f"{name} holds NaN, a missing label, which is no class: leave those samples "

@@ -1352,6 +1352,19 @@ def test_a_missing_label_of_a_pandas_string_column_is_named_before_any_fit(split
         )  # fmt: skip
 
 
+@pytest.mark.parametrize("split, purpose", [("y", "fit"), ("y_val", "score"), ("y_test", "score")])
+def test_only_missing_labels_are_named_for_what_the_split_is_for(splits, split, purpose):
+    # y_val and y_test are scored, not fitted: "there is no class to fit" misled.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    labels = {"y": y_fit, "y_val": y_val, "y_test": y_val}
+    labels[split] = np.full(len(labels[split]), None, dtype=object)
+    with pytest.raises(ValueError, match=rf"^Input {split} holds only .* no class to {purpose}\."):
+        accuracy_front(
+            MR2LinearClassifier(device="cpu"), X_fit, labels["y"], X_val, labels["y_val"],
+            X_test=X_val, y_test=labels["y_test"],
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("split", ["y", "y_val", "y_test"])
 def test_a_missing_label_is_named_before_any_fit(splits, split):
     # NaN among object labels (a pandas column's missing value): the sort of y's classes
