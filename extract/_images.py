@@ -514,9 +514,11 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
     another): torchvision lists its images under both, each image with two labels.
     """
 
-    def inode(path: str | Path) -> tuple[int, int]:
+    def inode(path: str | Path) -> tuple[int, int | str]:
         st = os.stat(path)
-        return st.st_dev, st.st_ino
+        # (a file system without inode numbers, st_ino = 0 on some FUSE mounts: every folder
+        # was one, walked once and said to be reached from two classes; its path resolved)
+        return st.st_dev, st.st_ino or os.path.realpath(path)
 
     # Never walked from inside a class: the root and the folders above it (every class
     # again, under this class's label).
@@ -532,7 +534,7 @@ def _folder_items(root: str, classes: list[str]) -> list[tuple[str, int]]:
         ) from error
 
     items, empty, other = [], [], []
-    owner: dict[tuple[int, int], tuple[str, str]] = {}  # folder of images: (class, path)
+    owner: dict[tuple[int, int | str], tuple[str, str]] = {}  # folder of images: (class, path)
     for index, name in enumerate(classes):
         seen, walked = set(above), []
         walk = os.walk(os.path.join(root, name), onerror=unreadable, followlinks=True)

@@ -491,6 +491,27 @@ def test_one_folder_of_images_in_two_classes_is_refused(folder, link, target, fi
     assert "listed in both classes, with two labels" in message
 
 
+def test_a_file_system_without_inode_numbers_lists_every_class(folder, monkeypatch):
+    # Some FUSE mounts give every file st_ino = 0: every class folder was one folder, said
+    # to be reached from two classes, and a class's inner folders were not walked.
+    (folder / "dog" / "inner").mkdir()
+    shutil.copy(folder / "cat" / "000.png", folder / "dog" / "inner" / "x.png")
+    expected = image_folder(folder).ids
+    stat = os.stat
+
+    class NoInode:
+        st_ino = 0
+
+        def __init__(self, st):
+            self._st = st
+
+        def __getattr__(self, name):
+            return getattr(self._st, name)
+
+    monkeypatch.setattr(os, "stat", lambda *args, **kwargs: NoInode(stat(*args, **kwargs)))
+    assert image_folder(folder).ids == expected and "dog/inner/x.png" in expected
+
+
 def test_an_image_of_one_class_linked_into_another_is_refused(folder):
     # dog/cat0.png -> ../cat/000.png listed one image under both classes, without a word.
     os.symlink("../cat/000.png", folder / "dog" / "cat0.png")
