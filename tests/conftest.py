@@ -17,6 +17,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _one_torch_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One intra-op torch thread for a module's tests, the count restored after them.
@@ -24,13 +31,18 @@ def one_torch_thread():
     Their tensors are tiny (batches of 4 images of 32 pixels): a second thread has no work
     to share, and while other processes share the cores each waits on the other: the
     quick extraction tests took 802 s on two threads there, 388 s on one (docs/testing.md).
-    Not for the tests of ``mr2_probe``, whose solvers choose their thread count by the
-    size of the work, and are tested on more than one.
+    Not for the modules of ``mr2_probe``'s tests, whose solvers choose their thread count
+    by the size of the work, and are tested on more than one.
     """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    yield from _one_torch_thread()
+
+
+@pytest.fixture
+def one_torch_thread_per_test():
+    """One intra-op torch thread for one test, the count restored after it: for the tests
+    of ``MR2Loss`` that take many steps (or a gradcheck) on a few dozen rows, far below the
+    sizes at which ``mr2_probe`` chooses a thread count, where a second thread only waits."""
+    yield from _one_torch_thread()
 
 
 @pytest.fixture

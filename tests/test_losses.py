@@ -304,6 +304,7 @@ def _classes(n_classes, n_per_class=30, d=16, seed=0):
     return means[labels] + noise * spread[labels, None], labels
 
 
+@pytest.mark.usefixtures("one_torch_thread_per_test")  # (tiny tensors: conftest.py)
 @pytest.mark.parametrize(
     "n_classes, p",
     [(100, 2.0), (100, 3.0), (100, float("inf")),  # inf: refused by MR2Loss until now
@@ -350,6 +351,7 @@ def test_normalized_mr2_loss_defaults_to_p3_and_unequal_margins():
     assert margins.max() - margins.min() > 1e-3  # p = 2 would give every class γ = c̄
 
 
+@pytest.mark.usefixtures("one_torch_thread_per_test")  # (tiny tensors: conftest.py)
 def test_mr2_loss_module_trains_and_tracks_statistics():
     torch.manual_seed(0)
     features, labels, k = _data(7, n=200, d=6)
@@ -554,6 +556,7 @@ def test_mr2_loss_leaves_a_non_finite_batch_out_of_its_statistics():
     assert torch.isfinite(value) and torch.isfinite(criterion.margins()).all()
 
 
+@pytest.mark.usefixtures("one_torch_thread_per_test")  # (tiny tensors: conftest.py)
 def test_mr2_loss_keeps_float32_statistics_when_cast_to_half():
     # A float16 sum of ‖φ‖² passed 65504 within a few batches: every margin NaN.
     criterion = MR2Loss(4, 64, c_bar=1.0, lam=0.5).half()
@@ -706,6 +709,7 @@ def test_mr2_loss_normalizes_integer_features_as_float_ones(dtype):
     torch.testing.assert_close(given.margins(), floats.margins(), rtol=0, atol=0)
 
 
+@pytest.mark.usefixtures("one_torch_thread_per_test")  # (tiny tensors: conftest.py)
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
 def test_a_trained_mr2_loss_cast_to_half_keeps_its_statistics(half):
     # The buffers were rounded to half precision before being made float32 again: sums past
@@ -896,6 +900,7 @@ def test_mr2_loss_takes_targets_of_any_integer_dtype(dtype):
             got(logits[:1], features[:1], torch.tensor([2**63 + 5], dtype=dtype))
 
 
+@pytest.mark.usefixtures("one_torch_thread_per_test")  # (tiny tensors: conftest.py)
 @pytest.mark.parametrize("lam", [0.0, 0.5])
 def test_a_tilted_mr2_loss_of_float64_inputs_is_float64(lam):
     # The per-sample losses were cast to the statistics' float32 (meant to lift float16):

@@ -467,6 +467,7 @@ def test_mr2loss_evaluated_before_training_is_the_plain_loss():
     torch.testing.assert_close(value, (each * ratio[target]).mean())
 
 
+@pytest.mark.usefixtures("one_torch_thread_per_test")  # (tiny tensors: conftest.py)
 def test_mr2loss_in_bfloat16_keeps_counting_samples():
     criterion = MR2Loss(2, 4, class_tilt=1.0).to(torch.bfloat16)
     target = torch.tensor([0] * 60 + [1] * 4)
