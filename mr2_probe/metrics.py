@@ -291,7 +291,7 @@ def _labels(y, name: str) -> np.ndarray:
     dates held as objects as NumPy's); a single label, or an array of 3 dimensions or
     more, refused as scikit-learn words it, where it failed with "len() of unsized object"
     (an IndexError)."""
-    y = _array(y)
+    y = _array(y, name=name)
     if y.ndim == 2:
         y = column_or_1d(y)
     elif y.ndim != 1:
@@ -299,11 +299,12 @@ def _labels(y, name: str) -> np.ndarray:
     return _numpy_held(y)
 
 
-def _array(a, dtype=None) -> np.ndarray:
+def _array(a, dtype=None, name: str | None = None) -> np.ndarray:
     """``a`` (labels, weights, accuracies, group indices) as a NumPy array; a tensor read
     as the estimators read it (:func:`~mr2_probe._data.numpy_if_tensor`): NumPy failed on
-    one on a GPU, requiring grad or of bfloat16 ("Got unsupported ScalarType BFloat16")."""
-    return np.asarray(numpy_if_tensor(a), dtype=dtype)
+    one on a GPU, requiring grad or of bfloat16 ("Got unsupported ScalarType BFloat16").
+    ``name`` is what an error about a tensor's dtype calls it."""
+    return np.asarray(numpy_if_tensor(a, name), dtype=dtype)
 
 
 def _numpy_held(a: np.ndarray) -> np.ndarray:
@@ -481,7 +482,7 @@ def _sample_weight(sample_weight, n_samples: int) -> np.ndarray:
     """Sample weights as a float array (ones by default), checked for shape and sign."""
     if sample_weight is None:
         return np.ones(n_samples)
-    weight = _array(sample_weight, dtype=float)
+    weight = _array(sample_weight, dtype=float, name="sample_weight")
     if weight.shape != (n_samples,):
         raise ValueError(
             f"sample_weight must have shape ({n_samples},) like y_true, got {weight.shape}."
@@ -705,7 +706,7 @@ def _check_same_classes(given: np.ndarray, keys: np.ndarray) -> None:
 
 def _group_indices(groups) -> np.ndarray:
     """Group indices 0 (easy), 1 (medium), 2 (hard) from indices or group names."""
-    groups = _array(groups)
+    groups = _array(groups, name="groups")
     if groups.dtype == object and not any(isinstance(g, str) for g in groups.ravel().tolist()):
         groups = np.asarray(groups.tolist())  # indices held as objects (a pandas column)
     if groups.dtype.kind in "USO":  # names

@@ -445,6 +445,17 @@ def test_groups_keyed_by_boolean_classes_as_json_s_text_are_told_how_to_read_the
     assert score(y, y, read) == pytest.approx(score(y, y, class_groups(y, ~y)), nan_ok=True)
 
 
+@pytest.mark.parametrize("given", ["y_true", "y_pred", "sample_weight", "groups"])
+def test_a_tensor_of_a_dtype_numpy_lacks_is_named_as_the_estimators_name_it(given):
+    # Labels, weights or groups of a packed dtype were "A tensor was given of dtype
+    # torch.uint3", naming no argument, where the estimators name theirs.
+    y = np.array([0, 0, 1, 1, 2, 2])
+    kwargs = {"y_true": y, "y_pred": y, "sample_weight": None, "groups": [0, 0, 1]}
+    kwargs[given] = torch.zeros(len(kwargs[given] if given == "groups" else y), dtype=torch.uint3)
+    with pytest.raises(TypeError, match=f"^{given} is a tensor of dtype torch.uint3, which"):
+        classwise_summary(**kwargs)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_tensors_are_read_as_the_estimators_read_them(device):
     # Weights of bfloat16 or requiring grad failed in NumPy ("Got unsupported ScalarType
