@@ -214,7 +214,14 @@ def _row_difference(
     old = (int(pairs["size"][0][k]), int(pairs["mtime"][0][k]))
     new = (int(sizes[head[k]]), int(mtimes[head[k]]))
     if old != new:
-        bytes_differ = "; its bytes are not those extracted" if k == other else ""
+        bytes_differ = ""
+        if k == other:  # (a failed row whose file could not be read holds no digest)
+            recorded = bool(f["content_sha256"][k])
+            bytes_differ = (
+                "; its bytes are not those extracted"
+                if recorded
+                else "; the store holds no digest of its bytes (they could not be read then)"
+            )
         return _file_difference(src.path(int(head[k])), old, new) + bytes_differ
     old_index, new_index = (int(pairs["index"][j][k]) for j in (0, 1))
     return (

@@ -965,6 +965,26 @@ def test_a_touched_image_whose_bytes_changed_is_refused_naming_it(tmp_path):
     assert out.read_bytes() == before
 
 
+def test_a_touched_failed_image_the_store_holds_no_digest_of_is_named_so(tmp_path):
+    # Its row failed without its bytes read (no content_sha256): the refusal said "its
+    # bytes are not those extracted", where none were; --retry-failed takes it.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2)
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    with h5py.File(out, "r+") as f:  # as a file that could not be read leaves it
+        row = list(f["paths"].asstr()[:]).index("cat/corrupt.jpg")
+        assert f["status"][row] == FAILED
+        f["content_sha256"][row] = b""
+    _touch(*folder.rglob("*.*"))
+    with pytest.raises(ProvenanceError) as error:
+        extract_features(folder, BACKBONE, out, **FAST)
+    assert "corrupt.jpg' is not the file" in str(error.value)
+    assert "the store holds no digest of its bytes" in str(error.value)
+    assert "not those extracted" not in str(error.value)
+    assert "pass --retry-failed" in str(error.value)
+    extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)  # the cure works
+    assert [p for p, _ in load_features(out).failures] == ["cat/corrupt.jpg", "cat/truncated.jpg"]
+
+
 def test_a_killed_run_resumes_after_its_images_were_touched(tmp_path, monkeypatch):
     # Its done rows are the touched files' by their bytes, and its pending rows hold
     # nothing of theirs: it ends as a run on the touched files would, by any check.
