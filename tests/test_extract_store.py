@@ -60,6 +60,18 @@ FAST = dict(batch_size=4, num_workers=0, image_size=32, progress=False, device="
 DAMAGED_CHUNK = r"(filter returned failure|inflate\(\) failed)"
 
 
+def _not_writable(monkeypatch, path: Path) -> None:
+    """Make ``os.access`` say that ``path`` (a folder, or a store file) cannot be written,
+    as on a read-only file system or under chmod 444 (the tests run as root, whom the
+    mode does not stop)."""
+    access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: access(p, mode) and not (
+            mode & os.W_OK and os.path.exists(p) and os.path.samefile(p, path)
+        )
+    )  # fmt: skip
+
+
 def _two_shards(source, out, **kwargs) -> list:
     """The shards of ``out`` of a run at 2 ranks, run one by one in this process (``FAST``,
     updated with ``kwargs``)."""
@@ -430,12 +442,7 @@ def test_a_complete_store_in_a_read_only_folder_is_reused(store, folder, monkeyp
     # in a writable folder.
     from extract import _runner
 
-    writable = os.access
-    monkeypatch.setattr(
-        os, "access", lambda p, mode: writable(p, mode) and not (
-            mode & os.W_OK and os.path.samefile(p, store.parent)
-        )
-    )  # fmt: skip
+    _not_writable(monkeypatch, store.parent)
     monkeypatch.setattr(_runner, "store_lock", None)  # would fail, called
     caplog.set_level(logging.INFO, logger="extract")
     assert extract_features(folder, BACKBONE, store, **FAST) == store
@@ -1012,12 +1019,7 @@ def test_a_store_of_touched_images_in_a_read_only_folder_is_reused_as_it_is(
     out = extract_features(folder, BACKBONE, tmp_path / "out" / "f.h5", **FAST)
     before = out.read_bytes()
     _touch(*folder.rglob("*.*"))
-    writable = os.access
-    monkeypatch.setattr(
-        os, "access", lambda p, mode: writable(p, mode) and not (
-            mode & os.W_OK and os.path.samefile(p, out.parent)
-        )
-    )  # fmt: skip
+    _not_writable(monkeypatch, out.parent)
     monkeypatch.setattr(_runner, "store_lock", None)  # would fail, called
     caplog.set_level(logging.INFO, logger="extract")
     assert extract_features(folder, BACKBONE, out, **FAST) == out
@@ -1870,12 +1872,8 @@ def test_a_store_reused_in_one_process_marks_no_shards(tmp_path, monkeypatch, ca
     with monkeypatch.context() as patch:
         patch.setattr(_runner, "mark_superseded", lambda *args, **kwargs: None)
         extract_features(folder, BACKBONE, out, **fast)
-    writable, real = os.access, h5py.File
-    monkeypatch.setattr(
-        os, "access", lambda p, mode: writable(p, mode) and not (
-            mode & os.W_OK and os.path.samefile(p, tmp_path)
-        )
-    )  # fmt: skip
+    real = h5py.File
+    _not_writable(monkeypatch, tmp_path)
 
     def read_only(path, mode="r", **kwargs):
         if mode != "r":
@@ -2154,12 +2152,7 @@ def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
         extract_features(folder, BACKBONE, out, normalize=True, **FAST)
     assert not list(tmp_path.glob("*.shard-*"))
     # In a read-only folder every rank reads it too (its shard's path was refused first).
-    writable = os.access
-    monkeypatch.setattr(
-        os, "access", lambda p, mode: writable(p, mode) and not (
-            mode & os.W_OK and os.path.samefile(p, tmp_path)
-        )
-    )  # fmt: skip
+    _not_writable(monkeypatch, tmp_path)
     for rank in (1, 0):
         monkeypatch.setenv("RANK", str(rank))
         assert extract_features(folder, BACKBONE, out, **FAST) == out
@@ -3233,12 +3226,7 @@ def test_under_torchrun_a_store_whose_mode_forbids_writing_is_refused_before_any
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     out, fast = tmp_path / "f.h5", dict(FAST, batch_size=2)
     _killed_run(monkeypatch, folder, BACKBONE, out, **fast)  # rows 0 and 1 done
-    access = os.access
-    monkeypatch.setattr(
-        os, "access", lambda p, mode: access(p, mode) and not (
-            mode & os.W_OK and os.path.exists(p) and os.path.samefile(p, out)
-        )
-    )  # fmt: skip
+    _not_writable(monkeypatch, out)
     _ranks_without_merge(monkeypatch)
     written = _spy_writes(monkeypatch)
     for rank in (1, 0):
