@@ -70,6 +70,7 @@ from ._store import (
     output_target,
     write_rows,
 )
+from ._touched import hashed_once
 
 logger = logging.getLogger(__name__)
 _DTYPES = ("float16", "float32")
@@ -336,7 +337,7 @@ def extract_features(
     if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now
         check_merging(os.fspath(merged))  # (where out exists: once found incomplete)
     group = _ranks_group() if merged is not None else contextlib.nullcontext()
-    with stops_with_launcher(), group:
+    with stops_with_launcher(), group, hashed_once():
         done = _extract_shard(
             source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
             device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,

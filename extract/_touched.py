@@ -5,6 +5,10 @@ those files are read, never the whole collection."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import numpy as np
 
 from ._decoding import read_file, sha256_hex
@@ -13,6 +17,23 @@ from ._images import ImageSource
 # Items read at a time from a container (a tar shard, a Parquet row group's rows): its
 # touched rows are hashed with bounded memory.
 _BLOCK = 64
+
+# Rows found in this run to hold their files' bytes, as (item, size, mtime_ns, digest) of
+# the run's listing: a run checks the store, or under torchrun the merged store, the shards
+# and at the merge the merged store again, and an explained refusal checks once more; each
+# file is read once. (What is recorded is the listing's identity: a file changed since is
+# read again by the next run.)
+_verified: contextvars.ContextVar[set | None] = contextvars.ContextVar("verified", default=None)
+
+
+@contextlib.contextmanager
+def hashed_once() -> Iterator[None]:
+    """Within it (one run), a row's file found to hold its bytes is not read again."""
+    token = _verified.set(set())
+    try:
+        yield
+    finally:
+        _verified.reset(token)
 
 
 def first_other_bytes(f, source: ImageSource, rows: np.ndarray, check: np.ndarray) -> int | None:
@@ -27,17 +48,26 @@ def first_other_bytes(f, source: ImageSource, rows: np.ndarray, check: np.ndarra
     if not len(check):
         return None
     digests = f["content_sha256"][:][check]  # (n_check,) S64
+    sizes, mtimes = source.file_stats()
+    verified = _verified.get()
+    keys = [
+        (int(item), int(sizes[item]), int(mtimes[item]), bytes(digest))
+        for item, digest in zip(rows[check], digests, strict=True)
+    ]
+    if verified:
+        todo = [j for j, key in enumerate(keys) if key not in verified]
+        check, digests, keys = check[todo], digests[todo], [keys[j] for j in todo]
     items = rows[check]
+    verified = set() if verified is None else verified
     if source.archive is None:
-        sizes, mtimes = source.file_stats()
-        for k, item, digest in zip(check, items, digests, strict=True):
-            listed = (int(sizes[item]), int(mtimes[item]))
+        for k, item, digest, key in zip(check, items, digests, keys, strict=True):
             try:
-                data = read_file(source.path(int(item)), listed)
+                data = read_file(source.path(int(item)), key[1:3])
             except OSError:  # (FileChangedError too: it changes as it is hashed)
                 return int(k)
             if not digest or sha256_hex(data).encode() != digest:
                 return int(k)
+            verified.add(key)
         return None
     state: dict = {}  # the reader's cursor, kept from one block to the next
     for lo in range(0, len(check), _BLOCK):
@@ -47,4 +77,5 @@ def first_other_bytes(f, source: ImageSource, rows: np.ndarray, check: np.ndarra
             digest = digests[lo + j]
             if isinstance(data, Exception) or not digest or sha256_hex(data).encode() != digest:
                 return int(check[lo + j])
+            verified.add(keys[lo + j])
     return None

@@ -1078,6 +1078,31 @@ def test_under_torchrun_a_store_of_touched_images_is_reused_by_their_bytes(
     assert written == [] and out.read_bytes() == stored
 
 
+def test_a_run_reads_each_touched_file_once(tmp_path, monkeypatch):
+    # A refusal read the touched files before the changed one three times (the check, the
+    # explanation, its hint); under torchrun each rank read every one of them twice more
+    # (the merged store, its shard), and rank 0 again at the merge.
+    from collections import Counter
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    out = tmp_path / "f.h5"
+    _at_2_ranks(monkeypatch, folder, out, **FAST)
+    _touch(*folder.rglob("*.*"))
+    hashed = _spy_hashed(monkeypatch)
+    _at_2_ranks(monkeypatch, folder, out, **FAST)
+    assert Counter(Counter(hashed).values()) == {2: 6}  # one read per rank
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    single = extract_features(folder, BACKBONE, tmp_path / "one.h5", **FAST)
+    _touch(*folder.rglob("*.*"))
+    changed = folder / "dog" / "002.jpg"  # the last row
+    _other_bytes_same_size(changed)
+    hashed.clear()
+    with pytest.raises(ProvenanceError, match="its bytes are not those extracted"):
+        extract_features(folder, BACKBONE, single, **FAST)
+    same = Counter(path for path in hashed if not path.endswith("dog/002.jpg"))
+    assert len(same) == 5 and set(same.values()) == {1}
+
+
 def test_a_torchrun_run_killed_then_its_images_touched_resumes(tmp_path, monkeypatch):
     folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
     out, fast = tmp_path / "f.h5", dict(FAST, batch_size=2)
