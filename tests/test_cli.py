@@ -2756,8 +2756,9 @@ def test_a_search_ending_in_another_error_shows_the_warnings_it_held(files, monk
     monkeypatch.setattr(GridSearchCV, "fit", fit)
     argv = [str(files / "train.npz"), "--grid", "C=0.5,1", "--cv", "2", "--no-progress"]
     with pytest.warns(UserWarning, match="held while the search ran"):
-        with pytest.raises(RuntimeError, match="out of memory"):
+        with pytest.raises(SystemExit) as stop:  # (out of memory: one line, status 1)
             main(argv)
+    assert stop.value.code == 1
 
 
 def test_a_failed_setting_s_line_names_the_error_a_chained_traceback_ends_in(files, capsys):
@@ -2946,6 +2947,86 @@ def test_a_stopped_front_loses_no_fitted_model(stop, files, tmp_path, monkeypatc
     assert not (out / "front.png").exists()
     with pytest.raises(type(error)):
         main([*argv, "--debug"])
+
+
+_MAIN_FIT_OOM = {
+    # Out of memory in MR²'s fit, after ERM's: a traceback, status 1, and ERM lost unsaid.
+    "device": (
+        RuntimeError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+            "79.10 GiB of which 1.2 GiB is free. If reserved but unallocated memory is large "
+            "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        ),
+        "MR2 ran out of the device memory in its fit (CUDA out of memory. Tried to allocate "
+        "2.00 GiB); nothing is written (ERM, fitted before it, neither). Try --device cpu "
+        "(the machine's memory; slower)",
+    ),
+    "machine": (
+        MemoryError("Unable to allocate 3.00 GiB for an array"),
+        "MR2 ran out of memory in its fit (Unable to allocate 3.00 GiB for an array); nothing "
+        "is written (ERM, fitted before it, neither). Try freeing memory, or a machine with "
+        "more",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", _MAIN_FIT_OOM)
+def test_a_main_fit_out_of_memory_ends_in_one_line_with_advice(
+    kind, files, tmp_path, monkeypatch, capsys
+):
+    import mr2_probe._device
+
+    error, message = _MAIN_FIT_OOM[kind]
+    fit, fits = cli_main.fit_collecting_short, []
+
+    def failing_second(model, X, y):  # ERM fits, MR2 runs out of memory
+        fits.append(model)
+        if len(fits) == 2:
+            raise error
+        return fit(model, X, y)
+
+    monkeypatch.setattr(cli_main, "fit_collecting_short", failing_second)
+    # (a GPU where the error is the device's: --device cpu is the advice)
+    monkeypatch.setattr(
+        mr2_probe._device, "resolve_device", lambda device: types.SimpleNamespace(type="cuda")
+    )
+    out = tmp_path / "runs" / "probe"
+    argv = [str(files / "train.npz"), "--max-iter", "20", "--out", str(out), "--no-progress"]
+    code, lines = _error(argv, capsys)
+    assert code == 1 and lines[-1] == f"mr2-probe: error: {message}"
+    assert not (tmp_path / "runs").exists()  # nothing written, no folder left
+    fits.clear()
+    with pytest.raises(type(error)):
+        main([*argv, "--debug"])
+
+
+def test_a_main_fit_out_of_memory_names_the_options_of_its_search(files, monkeypatch, capsys):
+    import mr2_probe._device
+
+    def failing(model, X, y):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    monkeypatch.setattr(cli_main, "fit_collecting_short", failing)
+    monkeypatch.setattr(
+        mr2_probe._device, "resolve_device", lambda device: types.SimpleNamespace(type="cuda")
+    )
+    argv = [str(files / "train.npz"), "--Cs", "3", "--n-jobs", "2", "--no-progress"]
+    code, lines = _error(argv, capsys)
+    assert code == 1 and lines[-1].startswith("mr2-probe: error: ERM ran out of the device")
+    assert lines[-1].endswith(
+        "nothing is written. Try --device cpu (the machine's memory; slower), or fewer --cv "
+        "folds (--Cs solves them together on a GPU), or fewer --n-jobs (each parallel fit "
+        "holds its own memory)"
+    )
+
+
+def test_a_main_fit_s_other_runtime_error_is_not_said_as_memory(files, monkeypatch):
+    def failing(model, X, y):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli_main, "fit_collecting_short", failing)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main([str(files / "train.npz"), "--no-progress"])
 
 
 _TERMINATED = """

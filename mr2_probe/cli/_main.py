@@ -37,9 +37,11 @@ from ._options import (
 )
 from ._outputs import _OUTPUTS, _claim_out, _once, _prepare_out, _write_outputs
 from ._usage import (
+    RunError,
     Terminated,
     UsageError,
     _one_line,
+    _out_of_memory,
     _terminated_as_interrupted,
     warnings_in_one_line,
 )
@@ -87,6 +89,8 @@ def main(argv=None) -> int:
         if isinstance(stop, Terminated):
             parser.exit(143, "mr2-probe: terminated\n")
         parser.exit(130, "mr2-probe: interrupted\n")
+    except RunError as error:  # (--debug raised the error it stands for where it was)
+        parser.exit(1, f"mr2-probe: error: {error}\n")
     except (ValueError, OSError, ImportError) as error:
         # The checks' UsageError, the stores' StoreError (a ValueError), scikit-learn's
         # InvalidParameterError and ValueErrors about the data, files that fail to open.
@@ -155,7 +159,17 @@ def _fit_and_report(
     erm_name, mr2_name = models
     for name, model in models.items():
         print(f"fitting {name} on {X.shape[0]} × {X.shape[1]} features", file=sys.stderr)
-        _fit(model, X, y, name, args)
+        try:
+            _fit(model, X, y, name, args)
+        except (RuntimeError, MemoryError) as error:
+            # Out of memory (torch's RuntimeError, MemoryError): a traceback, status 1.
+            # Nothing is written, as for any main fit that fails: a run writes ERM and MR²
+            # together (the reports compare them), and an earlier run's files in --out
+            # stay whole. (The front differs: it fails after both are fitted.)
+            what = _out_of_memory(error)
+            if what is None or args.debug:
+                raise
+            raise RunError(_out_of_memory_line(name, what, error, list(models), args)) from error
     front = front_error = None
     status = 0
     if args.tilt or args.offsets:
@@ -250,6 +264,28 @@ def _fit_and_report(
         if _write_outputs(*written):
             status = status or 1  # a figure failed and is missing
     return status
+
+
+def _out_of_memory_line(name: str, what: str, error, names: list, args) -> str:
+    """The one line of a main fit (``name``'s, of the models ``names``) that ran out of
+    memory (``what``: its error, short), with the command's options that take less."""
+    from .._device import resolve_device
+
+    host = isinstance(error, MemoryError) or "can't allocate memory" in str(error)
+    on_gpu = not host and resolve_device(args.device).type != "cpu"
+    fitted = names[: names.index(name)]
+    lost = f" ({', '.join(fitted)}, fitted before it, neither)" if fitted else ""
+    advice = ["--device cpu (the machine's memory; slower)"] if on_gpu else []
+    if on_gpu and args.Cs is not None:  # (MR2LinearClassifierCV's one batch of all folds)
+        advice.append("fewer --cv folds (--Cs solves them together on a GPU)")
+    if args.n_jobs not in (None, 1) and (args.grid or args.Cs is not None):
+        advice.append("fewer --n-jobs (each parallel fit holds its own memory)")
+    if not advice:  # (no option of the command takes less)
+        advice.append("freeing memory, or a machine with more")
+    return (
+        f"{name} ran out of {'memory' if host else 'the device memory'} in its fit ({what}); "
+        f"nothing is written{lost}. Try {', or '.join(advice)}"
+    )
 
 
 def _print_results(parts: list[str]) -> None:

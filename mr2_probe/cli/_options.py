@@ -92,7 +92,9 @@ errors:
   the models and reports are written, nothing is; while the figures are drawn, those
   not yet drawn are missing); SIGTERM stops a run as Ctrl-C does, with status 143. A
   figure that cannot be drawn or written is missing too: the error is said, the other
-  figures are drawn, and the status is 1.
+  figures are drawn, and the status is 1. A fit of ERM or MR² that runs out of memory
+  is said in one line with the options that take less (--device cpu, ...), status 1;
+  nothing is written, not even a model fitted before it.
 """
 
 _SCALERS = {"none": None, "standard": StandardScaler, "l2": Normalizer}

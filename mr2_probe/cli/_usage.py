@@ -7,6 +7,7 @@ import contextlib
 import difflib
 import importlib.metadata
 import platform
+import re
 import signal
 import threading
 import warnings
@@ -14,6 +15,27 @@ import warnings
 
 class UsageError(ValueError):
     """A mistake in the options or the input files of ``mr2-probe``, told in one line."""
+
+
+class RunError(Exception):
+    """A failure of the run itself, not of its options or inputs (a fit that ran out of
+    memory), told in one line with exit status 1."""
+
+
+def _out_of_memory(error: BaseException) -> str | None:
+    """What ``error`` says, short, where it is memory running out: torch's device
+    allocators' RuntimeError ("CUDA out of memory. Tried to allocate 2.00 GiB", then a
+    paragraph of the device's counts and allocator settings), its CPU allocator's ("can't
+    allocate memory") or a MemoryError (NumPy's names the array); None for any other."""
+    if isinstance(error, MemoryError):
+        return _one_line(error) or type(error).__name__
+    text = _one_line(error)
+    if not isinstance(error, RuntimeError) or not re.search(
+        r"out of memory|can't allocate memory", text
+    ):
+        return None
+    short = re.match(r".*?out of memory\.?(?: Tried to allocate [\d.]+ \w+)?", text)
+    return short[0] if short else text
 
 
 class SuggestingParser(argparse.ArgumentParser):
