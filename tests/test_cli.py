@@ -1853,9 +1853,18 @@ def test_stores_with_array_attributes_are_compared_and_reported(stores, tmp_path
 
 
 @NEEDS_H5
-@pytest.mark.parametrize("reason", ["cannot identify image file", "cannot\nidentify\timage file"])
-def test_failed_images_of_a_store_are_named_when_left_out(stores, tmp_path, capsys, reason):
-    # A reason of several lines (another tool's store) split the warning's one line.
+@pytest.mark.parametrize(
+    "reason, said",
+    [
+        ("cannot identify image file", "cannot identify image file"),
+        # A reason of several lines (another tool's store) split the warning's one line.
+        ("cannot\nidentify\timage file", "cannot identify image file"),
+        # No reason recorded: "(the first, 'item/00003': )".
+        ("", "no reason recorded"),
+        (" \n", "no reason recorded"),
+    ],
+)
+def test_failed_images_of_a_store_are_named_when_left_out(stores, tmp_path, capsys, reason, said):
     import h5py
 
     from extract._schema import FAILED
@@ -1868,8 +1877,7 @@ def test_failed_images_of_a_store_are_named_when_left_out(stores, tmp_path, caps
     assert len(X) == len(y) == 89
     (err,) = capsys.readouterr().err.splitlines()
     assert err.endswith(
-        "1 image failed extraction and is left out (the first, 'item/00003': cannot identify "
-        "image file)"
+        f"1 image failed extraction and is left out (the first, 'item/00003': {said})"
     )
 
 

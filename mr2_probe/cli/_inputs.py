@@ -429,9 +429,11 @@ def _load_store(path: str, stack=None):
             if n == 1
             else f"{n} images failed extraction and are"
         )
+        # (a reason of several lines, from another tool; none, from a store that wrote
+        # none: "(the first, 'a.jpg': )")
+        why = _one_line(reason or "") or "no reason recorded"
         print(
-            f"mr2-probe: warning: {path}: {images} left out (the first, {first!r}: "
-            f"{_one_line(reason)})",  # (a reason of several lines, from another tool)
+            f"mr2-probe: warning: {path}: {images} left out (the first, {first!r}: {why})",
             file=sys.stderr,
         )
     X = store.features if streamed else np.asarray(store.features)
