@@ -2348,6 +2348,69 @@ def test_a_run_that_fails_writing_leaves_the_earlier_outputs_whole(
     assert (out / "margins.png").stat().st_mtime_ns != margins  # drawn anew after it
 
 
+@pytest.mark.usefixtures("python_sigint")
+@pytest.mark.parametrize(
+    "signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
+def test_a_stop_between_two_renames_waits_for_the_last(
+    signum, status, files, tmp_path, monkeypatch, capsys
+):
+    # The files were renamed into place one after another: a Ctrl-C or SIGTERM between
+    # two renames left the new command.json beside the earlier run's models and reports.
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--max-iter", "20", "--out", str(out), "--no-progress"]
+    out.mkdir()  # an earlier run's files
+    (out / "command.json").write_text(json.dumps({"train": argv[0], "out": str(out)}))
+    for name in ("models.joblib", "report.txt", "report.md", "report.json", "groups.png"):
+        (out / name).write_text("an earlier run's\n")
+    earlier = {path.name: path.stat().st_ino for path in out.iterdir()}
+    replace, stopped = os.replace, []
+
+    def stopping_after_the_first(source, target):
+        replace(source, target)
+        if not stopped and Path(target).parent == out:
+            # (the command's own SIGTERM handler, not the default that ends pytest)
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+            stopped.append(Path(target).name)
+            os.kill(os.getpid(), signum)
+
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (as the command finds it)
+    try:
+        monkeypatch.setattr(os, "replace", stopping_after_the_first)
+        # (run as the command, its arguments from sys.argv: it handles SIGTERM then)
+        monkeypatch.setattr(sys, "argv", ["mr2-probe", *argv, "--C", "0.01"])
+        with pytest.raises(SystemExit) as stop:
+            main()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert stop.value.code == status and stopped == ["command.json"]
+    assert json.loads((out / "command.json").read_text())["C"] == 0.01
+    replaced = ["command.json", "models.joblib", "report.txt", "report.md", "report.json"]
+    now = {path.name: path.stat().st_ino for path in out.iterdir()}
+    assert set(now) == set(replaced)  # no figure of the earlier run, no partial file
+    assert all(now[name] != earlier[name] for name in replaced)  # every one this run's
+    assert joblib.load(out / "models.joblib")["ERM"].C == 0.01
+
+
+@pytest.mark.usefixtures("python_sigint")
+def test_held_interrupts_leave_sigterm_s_default_and_others_handlers_alone():
+    # SIGTERM is held only where the command raises Terminated on it: its default (a
+    # program calling main(argv)) ends the program, and an application's handler is its own.
+    from mr2_probe.cli._usage import _interrupts_held
+
+    def own(signum, frame):
+        pass
+
+    for handler in (signal.SIG_DFL, own):
+        before = signal.signal(signal.SIGTERM, handler)
+        try:
+            with _interrupts_held():
+                inside = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+        finally:
+            signal.signal(signal.SIGTERM, before)
+        assert inside[0] is handler and inside[1] is not signal.default_int_handler
+
+
 def test_names_that_are_not_plain_text_are_drawn_and_noted_on_one_line(tmp_path, capsys):
     # A lone surrogate (a file name that was not UTF-8, as os.listdir decodes it) passed
     # every fit, then failed the first figure with matplotlib's TypeError: a traceback and

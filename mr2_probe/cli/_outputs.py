@@ -14,7 +14,7 @@ import joblib
 from ..front import _final
 from ..report import _strict_json
 from ._options import _OPTIONS, _dest, _grid, _unread_options
-from ._usage import UsageError, _few, _one_line
+from ._usage import UsageError, _few, _interrupts_held, _one_line
 
 # Every run removes those of an earlier run in the same folder before writing its own.
 _FIGURES = ("class_accuracy.png", "groups.png", "margins.png", "front.png", "cv_curve.png")
@@ -215,12 +215,10 @@ def _write_outputs(
         partial = _partial(out, name)
         if partial.is_symlink() or not partial.is_dir():  # (a folder is none: the user's)
             partial.unlink(missing_ok=True)
-    _replace_together(out, files)
-    if names is None:  # an earlier run's class names would describe other data
-        (out / "class_names.json").unlink(missing_ok=True)
-    # Then the figures, each whole or not at all: none is left from the earlier run.
-    for name in _FIGURES:
-        (out / name).unlink(missing_ok=True)
+    # With them, an earlier run's class names (which would describe other data) and its
+    # figures go; then the figures are drawn, each whole or not at all.
+    stale = [*_FIGURES, *(["class_names.json"] if names is None else [])]
+    _replace_together(out, files, stale=stale)
     figures = {
         "class_accuracy.png": lambda path: plot_class_accuracy(report, path, model=mr2_name),
         "groups.png": lambda path: plot_group_accuracy(report, path),
@@ -295,9 +293,12 @@ def _text(content: str):
     return lambda path: path.write_text(content + "\n", encoding="utf-8", errors="backslashreplace")
 
 
-def _replace_together(folder: Path, files: dict) -> None:
+def _replace_together(folder: Path, files: dict, stale=()) -> None:
     """Write each file (name -> function writing a path) beside its place, then move them
-    all into place; if a write fails, nothing is moved and the error names the file."""
+    all into place and remove the earlier run's ``stale`` files; if a write fails, nothing
+    is moved and the error names the file. A Ctrl-C or SIGTERM while they are moved waits
+    until all are (one between two renames left new models beside the earlier run's
+    reports)."""
     partial = {name: _partial(folder, name) for name in files}
     try:
         for name, write in files.items():
@@ -306,8 +307,11 @@ def _replace_together(folder: Path, files: dict) -> None:
             except OSError as err:
                 message = f"cannot write {folder / name}: {err.strerror or err}"
                 raise OSError(err.errno, message) from err
-        for name in files:
-            os.replace(partial[name], folder / name)
+        with _interrupts_held():
+            for name in files:
+                os.replace(partial[name], folder / name)
+            for name in stale:
+                (folder / name).unlink(missing_ok=True)
     finally:
         for path in partial.values():
             path.unlink(missing_ok=True)

@@ -181,28 +181,35 @@ def _few(values, n: int = 4, show=repr) -> str:
 def _interrupts_held():
     """A Ctrl-C inside is noted, and raised (KeyboardInterrupt) on leaving, as
     mr2-extract holds it while its libraries import: one inside NumPy's or torch's import
-    leaves them half imported (a RecursionError's traceback, an abort in torch's C++). A
-    second Ctrl-C is raised at once. No change outside the main thread, nor where SIGINT
-    has another handler than Python's own (ignored, in a job started in the background)."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    leaves them half imported (a RecursionError's traceback, an abort in torch's C++). So
+    is a SIGTERM where ``mr2-probe`` raises :class:`Terminated` on it
+    (:func:`_terminated_as_interrupted`), raised as that on leaving. A second signal is
+    raised at once. No change outside the main thread, nor to a signal that has another
+    handler (SIGINT ignored, in a job started in the background; SIGTERM's default, or an
+    application's own)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    ours = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _raise_terminated}
+    held = [signum for signum, handler in ours.items() if signal.getsignal(signum) is handler]
     noted = []
+
+    def raised(signum):
+        return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
     def note(signum, frame):
         if noted:
-            raise KeyboardInterrupt
+            raise raised(signum)
         noted.append(signum)
 
-    previous = signal.signal(signal.SIGINT, note)
+    previous = {signum: signal.signal(signum, note) for signum in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if noted:
-        raise KeyboardInterrupt
+        raise raised(noted[0])
 
 
 class Terminated(KeyboardInterrupt):
@@ -226,11 +233,13 @@ def _terminated_as_interrupted(command: bool):
         yield
         return
 
-    def stop(signum, frame):
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_terminated(signum, frame):
+    """SIGTERM's handler while :func:`_terminated_as_interrupted` runs."""
+    raise Terminated
