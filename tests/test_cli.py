@@ -3091,6 +3091,37 @@ def test_a_main_fit_out_of_memory_names_the_options_of_its_search(files, monkeyp
     )
 
 
+@pytest.mark.parametrize(
+    "error, said",
+    [
+        (RuntimeError("CUDA out of memory. Tried to allocate 1.00 GiB"), "the device memory"),
+        (MemoryError("Unable to allocate 3.00 GiB for an array"), "memory"),
+    ],
+)
+def test_a_grid_search_out_of_memory_in_every_fold_is_said_as_memory(
+    error, said, files, monkeypatch, capsys
+):
+    # Every fold of a --grid search out of memory: "every fit of its search failed", status
+    # 2, a mistake in the options, where a fit out of memory says which options take less.
+    import mr2_probe._device
+
+    def failing(self, X, y, **params):
+        raise error
+
+    monkeypatch.setattr(MR2LinearClassifier, "fit", failing)
+    monkeypatch.setattr(
+        mr2_probe._device, "resolve_device", lambda device: types.SimpleNamespace(type="cuda")
+    )
+    argv = [str(files / "train.npz"), "--grid", "C=0.5,1", "--cv", "2", "--no-progress"]
+    code, lines = _error(argv, capsys)
+    assert code == 1 and lines[-1] == (
+        f"mr2-probe: error: ERM grid ran out of {said} in its fit ({error}); nothing is "
+        "written. Try "
+        + ("--device cpu (the machine's memory; slower)" if "device" in said else "freeing "
+           "memory, or a machine with more")
+    )  # fmt: skip
+
+
 def test_a_main_fit_s_other_runtime_error_is_not_said_as_memory(files, monkeypatch):
     def failing(model, X, y):
         raise RuntimeError("a bug")

@@ -498,7 +498,7 @@ def _in_cli_terms(message, args) -> str:
     return text
 
 
-def _all_fits_failed(error: ValueError, name: str, args) -> ValueError:
+def _all_fits_failed(error: ValueError, name: str, args) -> Exception:
     """GridSearchCV's "All the N fits failed" as the first failed fit's own error, in
     mr2-probe's options; its message held every failure's traceback, which one line cut
     before any error was named. Any other error is returned as it is."""
@@ -506,12 +506,18 @@ def _all_fits_failed(error: ValueError, name: str, args) -> ValueError:
     failed = re.match(r"\s*All the (\d+) fits failed", text)
     # Each traceback ends in its error's line, the only line that starts with a name and
     # ': ' (the frames' lines are indented).
-    cause = re.search(r"^(?:[\w.]+\.)?\w+: (.+)$", text, re.MULTILINE)
+    cause = re.search(r"^(?:[\w.]+\.)?(\w+): (.+)$", text, re.MULTILINE)
     if failed is None or cause is None:
         return error
+    # Out of memory in every fold: said as a main fit's (status 1, with the options that
+    # take less), not as a mistake in the options (status 2).
+    if cause[1].endswith("MemoryError") and not cause[1].endswith("OutOfMemoryError"):
+        return MemoryError(cause[2])
+    if _out_of_memory(RuntimeError(cause[2])) is not None:
+        return RuntimeError(cause[2])
     return ValueError(
         f"{name}: every fit of its search failed ({failed[1]} fits), the first as: "
-        f"{_in_cli_terms(cause[1], args)}"
+        f"{_in_cli_terms(cause[2], args)}"
     )
 
 
