@@ -524,7 +524,31 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             # computed on X's device, are scored on the host, as the search scored them.
             X = both_class_logits(to_numpy(self._logits(self._validate_predict_data(X))))
             estimator = HeldOutLogits(self.classes_)
-        return scorer(estimator, X, y, **kwargs)
+        score = scorer(estimator, X, y, **kwargs)
+        self._check_defined(score, y)
+        return score
+
+    def _check_defined(self, score, y) -> None:
+        """Refuse a NaN score of data lacking some of three or more classes. A metric of
+        probabilities is told every class, so that log loss and one-vs-one AUC score such
+        data; one that is still undefined there (one-vs-rest AUC: NaN) raises, as
+        LogisticRegressionCV's score raises for want of the classes' columns. (With two
+        classes both return scikit-learn's NaN for data of one class.)"""
+        try:
+            undefined = bool(np.isnan(score))
+        except (TypeError, ValueError):
+            return
+        if not undefined or len(self.classes_) < 3:
+            return
+        missing = self.classes_[~np.isin(self.classes_, np.asarray(y))]
+        if len(missing):
+            raise ValueError(
+                f"The score of scoring={self.scoring!r} is not defined on y lacking "
+                f"{len(missing)} of the {len(self.classes_)} classes of the fit "
+                f"({missing[:5].tolist()}{', ...' if len(missing) > 5 else ''}): score data "
+                "holding every class, or choose a scoring defined without them (such as "
+                "'neg_log_loss')."
+            )
 
     def _check_Cs(self):
         if isinstance(self.Cs, str):

@@ -1,6 +1,7 @@
 """MR2LinearClassifierCV: the path, its choices, LogisticRegressionCV, inputs and errors."""
 
 import functools
+import re
 import warnings
 from decimal import Decimal
 from fractions import Fraction
@@ -1206,6 +1207,36 @@ def test_score_of_probabilities_knows_every_class_on_data_lacking_one():
     keep = y != 2
     expected = -log_loss(y[keep], search.predict_proba(X[keep]), labels=[0, 1, 2])
     assert search.score(X[keep], y[keep]) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "scoring, keep",
+    [("roc_auc_ovr", [0, 1]), ("roc_auc_ovr_weighted", [0]), ("roc_auc_ovo", [0])],
+)
+def test_score_undefined_on_data_lacking_a_class_raises(scoring, keep):
+    # Told every class, one-vs-rest AUC of rows lacking one was NaN (scikit-learn's "Only
+    # one class is present" warning), where LogisticRegressionCV's score raises.
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV([1.0], cv=3, scoring=scoring, device="cpu").fit(X, y)
+    rows = np.isin(y, keep)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scikit-learn's: the metric is undefined
+        missing = str([c for c in range(3) if c not in keep])
+        with pytest.raises(
+            ValueError, match=rf"not defined on y lacking .*\({re.escape(missing)}\)"
+        ):
+            search.score(X[rows], y[rows])
+
+
+def test_score_of_two_classes_on_data_of_one_is_nan_as_scikit_learns():
+    # With two classes, LogisticRegressionCV's score too is NaN (with the warning).
+    from sklearn.exceptions import UndefinedMetricWarning
+
+    X, y = load_iris(return_X_y=True)
+    X, y = X[y > 0], y[y > 0]
+    search = MR2LinearClassifierCV([1.0], cv=3, scoring="roc_auc", device="cpu").fit(X, y)
+    with pytest.warns(UndefinedMetricWarning, match="Only one class"):
+        assert np.isnan(search.score(X[y == 1], y[y == 1]))
 
 
 def test_score_of_many_classes_counts_the_classes_of_its_data():
