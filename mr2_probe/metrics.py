@@ -65,7 +65,11 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         )
     given = labels is not None  # (np.unique's own classes are each there once)
     # (NumPy's dates held as objects against y's datetime's: "'<' not supported")
-    labels = _as_dates(_numpy_held(_array(labels)), y_true) if given else np.unique(y_true)
+    labels = (
+        _as_dates(_numpy_held(_array(labels, name="labels")), y_true)
+        if given
+        else np.unique(y_true)
+    )
     if labels.ndim != 1 or (len(labels) == 0 and len(y_true)):
         raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
     _check_kinds(labels, y_true)  # every class would be scored NaN
@@ -303,7 +307,8 @@ def _array(a, dtype=None, name: str | None = None) -> np.ndarray:
     """``a`` (labels, weights, accuracies, group indices) as a NumPy array; a tensor read
     as the estimators read it (:func:`~mr2_probe._data.numpy_if_tensor`): NumPy failed on
     one on a GPU, requiring grad or of bfloat16 ("Got unsupported ScalarType BFloat16").
-    ``name`` is what an error about a tensor's dtype calls it."""
+    ``name`` is what an error calls it (a complex32 or packed tensor: "y_true is a tensor
+    of dtype torch.complex32")."""
     return np.asarray(numpy_if_tensor(a, name), dtype=dtype)
 
 
@@ -423,7 +428,7 @@ def difficulty_groups(reference_accuracy, n_groups: int = 3) -> np.ndarray:
     """
     if isinstance(n_groups, bool) or not isinstance(n_groups, Integral) or n_groups < 1:
         raise ValueError(f"n_groups must be an integer >= 1, got {n_groups!r}.")
-    acc = _array(reference_accuracy, dtype=float)
+    acc = _array(reference_accuracy, dtype=float, name="reference_accuracy")
     if acc.ndim != 1:
         raise ValueError(
             "reference_accuracy must hold one accuracy per class, shape (n_classes,); got "
@@ -467,7 +472,7 @@ def class_groups(y_true, y_pred, labels=None) -> dict:
     >>> class_groups([0, 0, 1, 1, 2, 2], [0, 0, 1, 0, 0, 0])
     {0: 'easy', 1: 'medium', 2: 'hard'}
     """
-    labels = _classes(y_true) if labels is None else _numpy_held(_array(labels))
+    labels = _classes(y_true) if labels is None else _numpy_held(_array(labels, name="labels"))
     # NaN (no samples) is taken as the worst accuracy: ranked hardest by its value, not by
     # where argsort happens to place NaN (last, under argsort(-acc)).
     acc = np.nan_to_num(per_class_accuracy(y_true, y_pred, labels), nan=-1.0)
@@ -653,11 +658,11 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
         given = labels
         labels, groups = _split_groups(groups)
         if given is not None:  # (left unread, whatever they held)
-            _check_same_classes(_array(given), labels)
+            _check_same_classes(_array(given, name="labels"), labels)
         _check_known(y_true, labels)
     acc = per_class_accuracy(y_true, y_pred, labels, sample_weight)
     if not by_label and labels is not None:  # (kinds checked)
-        _check_known(y_true, _array(labels), "labels")
+        _check_known(y_true, _array(labels, name="labels"), "labels")
     _present(acc)  # a clear error where no class has samples (weight) to score
     if groups is None:
         # This model's own terciles, over the classes it has samples (weight) of.
@@ -783,7 +788,7 @@ def _text_and_numbers(a: np.ndarray, b: np.ndarray) -> bool:
 def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
     present = _classes(y_true)
     # (dates as objects, datetime's or NumPy's: NumPy's, as scored)
-    labels = _as_dates(_numpy_held(_array(labels)), present)
+    labels = _as_dates(_numpy_held(_array(labels, name=where)), present)
     present = _as_dates(present, labels)
     if _text_and_numbers(present, labels):  # (JSON's keys: none is a class of y_true)
         unknown = present

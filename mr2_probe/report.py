@@ -220,7 +220,7 @@ def classwise_report(
 def _class_order(labels, y) -> np.ndarray:
     """The classes of ``y`` in the order of ``labels``, checked to hold each once (as y's
     own values: a label 2.0 for the class 2 is reported as 2)."""
-    labels, classes = _numpy_held(_array(labels)), _classes(y, "y")
+    labels, classes = _numpy_held(_array(labels, name="labels")), _classes(y, "y")
     # y's dates held as objects compared as NumPy's where the labels are NumPy's: a date
     # against the integer of nanoseconds of a label's tolist() was refused.
     keys = _as_dates(classes, labels)
@@ -306,8 +306,8 @@ def _predictions(name: str, model, X) -> np.ndarray:
     if hasattr(model, "predict"):
         if X is None:
             raise ValueError(f"Model {name!r} is an estimator: pass X to predict with it.")
-        return _array(model.predict(X))
-    predictions = _array(model)
+        return _array(model.predict(X), name=f"models[{name!r}].predict(X)")
+    predictions = _array(model, name=f"models[{name!r}]")
     if predictions.ndim == 0:  # ("y_true and y_pred must have the same shape, got (6,) and ()")
         raise ValueError(
             f"Model {name!r} is a single value, {plain(predictions.item())!r}: models must map "

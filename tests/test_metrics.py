@@ -482,6 +482,41 @@ def test_tensors_are_read_as_the_estimators_read_them(device):
     assert report.labels == [2, 0, 1] and report.rows["m"]["worst"] == 0.5
 
 
+@pytest.mark.parametrize(
+    ("dtype", "error", "words"),
+    [
+        (torch.complex32, ValueError, "Complex data not supported: {} is a tensor of dtype"),
+        (torch.uint3, TypeError, "{} is a tensor of dtype torch.uint3, which NumPy cannot"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        ("y_true", lambda y, odd: per_class_accuracy(odd, y)),
+        ("y_pred", lambda y, odd: per_class_accuracy(y, odd)),
+        ("labels", lambda y, odd: per_class_accuracy(y, y, odd[:3])),
+        ("sample_weight", lambda y, odd: per_class_accuracy(y, y, sample_weight=odd)),
+        ("sample_weight", lambda y, odd: worst_class_accuracy(y, y, sample_weight=odd)),
+        ("labels", lambda y, odd: class_groups(y, y, odd[:3])),
+        ("groups", lambda y, odd: classwise_summary(y, y, odd[:3])),
+        ("labels", lambda y, odd: classwise_summary(y, y, [0, 1, 2], odd[:3])),
+        ("reference_accuracy", lambda y, odd: difficulty_groups(odd[:3])),
+        ("y", lambda y, odd: classwise_report({"m": y}, odd)),
+        ("models['m']", lambda y, odd: classwise_report({"m": odd}, y)),
+        ("labels", lambda y, odd: classwise_report({"m": y}, y, labels=odd[:3])),
+    ],
+)
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_tensors_of_a_dtype_numpy_lacks_are_named_by_their_argument(
+    name, call, dtype, error, words
+):
+    # The error said "A tensor was given of dtype ...", naming no argument.
+    y = np.array([0, 0, 1, 1, 2, 2])
+    odd = torch.zeros(len(y), dtype=dtype)  # (a packed dtype holds no other values)
+    with pytest.raises(error, match=re.escape(words.format(name))):
+        call(y, odd)
+
+
 def test_integer_sample_weights_score_as_repeated_samples():
     rng = np.random.default_rng(0)
     y_true, y_pred = rng.integers(0, 6, 200), rng.integers(0, 6, 200)
