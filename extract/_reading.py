@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -437,6 +438,8 @@ def load_features(
             n_pending=n_pending,
             file=f,
         )
+        if (partial := _one_shard_of_several(path, attrs)) is not None:
+            warnings.warn(partial, UserWarning, stacklevel=2)
     except StoreError:
         f.close()
         raise
@@ -458,6 +461,45 @@ def load_features(
             store.close()
         store.file = None
     return store
+
+
+# shard_path's names: <stem>.shard-RRRRR-of-WWWWW<suffix> beside <stem><suffix>.
+_SHARD_NAME = re.compile(r"(?P<stem>.+)\.shard-\d+-of-\d+(?P<suffix>(\.[^.]*)?)")
+#: What load_features' warning for one rank's shard starts with, as a filter's message:
+#: ``warnings.filterwarnings("ignore", ONE_SHARD)`` (mr2-probe reads shards knowingly).
+ONE_SHARD = r"The feature store .* is shard \d+ of \d+ of one extraction"
+
+
+def _one_shard_of_several(path: str, attrs: dict) -> str | None:
+    """A warning for a shard of a run at several ranks whose merged store, or another
+    shard, lies beside it: loaded, it gave that rank's rows alone, without a word. None
+    for a store of every row, or a shard alone (moved, or copied apart knowingly)."""
+    rank, world = attrs.get("shard_rank"), attrs.get("shard_world_size")
+    name = _SHARD_NAME.fullmatch(os.path.basename(path))
+    if not isinstance(world, int) or world < 2 or name is None:
+        return None
+    from ._merge import shards_beside  # (it reads shards with this module's reader)
+
+    merged = os.path.join(os.path.dirname(path), name["stem"] + name["suffix"])
+    others = [
+        other
+        for other in shards_beside(merged)
+        if f"-of-{world:05d}" in other.name and other.name != os.path.basename(path)
+    ]
+    if not os.path.isfile(merged) and not others:
+        return None
+    n, total = attrs.get("n_rows"), attrs.get("n_total_rows")
+    rows = f"{n} of the {total} rows" if isinstance(n, int) and isinstance(total, int) else "rows"
+    said = (
+        f"The feature store {path!r} is shard {rank} of {world} of one extraction: it holds "
+        f"that rank's {rows} only"
+    )
+    if os.path.isfile(merged):
+        return f"{said}. Load the merged store {merged!r} for every row."
+    return (
+        f"{said}. Merge the shards into one store for every row: extract.merge_shards("
+        f"[extract.shard_path({merged!r}, r, {world}) for r in range({world})], {merged!r})."
+    )
 
 
 # Failed images named in a message: the first few, each with its reason.

@@ -1834,6 +1834,22 @@ def test_another_shard_of_the_training_list_is_a_test_set(stores, capsys):
 
 
 @NEEDS_H5
+def test_shards_named_as_extract_names_them_are_read_without_load_features_warning(
+    stores, tmp_path, capsys
+):
+    # load_features warns of a shard beside its run's other shards; mr2-probe reads shards
+    # knowingly (one rank's to train on, another's to test on) and says nothing of it.
+    train, test = (
+        shutil.copy(stores / f"shard{r}.h5", tmp_path / f"f.shard-{r:05d}-of-00002.h5")
+        for r in (0, 1)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert main([str(train), "--test", str(test), "--no-progress"]) == 0
+    assert "Warning" not in capsys.readouterr().err
+
+
+@NEEDS_H5
 def test_stores_with_array_attributes_are_compared_and_reported(stores, tmp_path):
     # Another tool's store, its attributes arrays: numpy's "truth value of an array is
     # ambiguous" when compared, and a TypeError after every fit when reported.

@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from extract import (  # noqa: E402
 )
 from extract._images import load_image  # noqa: E402
 from extract._locks import store_lock  # noqa: E402
+from extract._reading import ONE_SHARD  # noqa: E402
 from extract._schema import DONE, FAILED, PENDING  # noqa: E402
 from extract._store import check_output, open_store  # noqa: E402
 from extract._testing import make_image_folder, write_idx  # noqa: E402
@@ -70,6 +72,10 @@ def _not_writable(monkeypatch, path: Path) -> None:
             mode & os.W_OK and os.path.exists(p) and os.path.samefile(p, path)
         )
     )  # fmt: skip
+
+
+# Tests that read one rank's shard on purpose, beside the others (load_features warns).
+_SHARDS_READ_KNOWINGLY = pytest.mark.filterwarnings(f"ignore:{ONE_SHARD}:UserWarning")
 
 
 def _two_shards(source, out, **kwargs) -> list:
@@ -485,6 +491,29 @@ def test_load_features_flags_must_be_true_or_false(store, tmp_path, flag, value)
     assert load_features(store, **{flag: np.True_}).n_pending == 0
 
 
+def test_one_rank_s_shard_beside_its_run_is_loaded_with_a_warning(folder, tmp_path):
+    # A shard loaded that rank's rows alone without a word, where the merged store or the
+    # other shards lay beside it.
+    out = tmp_path / "m.h5"
+    shards = _two_shards(folder, out)
+    merge = re.escape(f"extract.merge_shards([extract.shard_path({str(out)!r}, r, 2) for r in")
+    with pytest.warns(UserWarning, match=f"is shard 0 of 2 of one extraction: .*{merge}"):
+        with load_features(shards[0]) as shard:
+            assert set(shard.indices.tolist()) <= set(range(0, 14, 2))
+    merge_shards(shards, out)
+    loaded = f"holds that rank's 7 of the 14 rows only. Load the merged store {str(out)!r}"
+    with pytest.warns(UserWarning, match=re.escape(loaded)):
+        load_features(shards[1]).close()
+    (tmp_path / "apart").mkdir()
+    alone = shutil.copy(shards[1], tmp_path / "apart" / shards[1].name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_features(out).close()  # every row
+        load_features(alone).close()  # a shard copied apart, knowingly
+        warnings.filterwarnings("ignore", ONE_SHARD, UserWarning)  # the documented filter
+        load_features(shards[0]).close()
+
+
 def test_shards_merge_into_the_single_run(store, folder, tmp_path):
     out = tmp_path / "merged.h5"
     shards = [
@@ -698,6 +727,7 @@ def test_shards_of_other_subsets_are_refused_naming_the_subsets(folder, tmp_path
         merge_shards([first, second], out)
 
 
+@_SHARDS_READ_KNOWINGLY
 def test_a_shard_of_another_rank_is_never_resumed_as_this_rank_s(tmp_path):
     # Rank 0's shard copied to rank 1's name holds as many rows of the same source: only
     # its rank tells that its rows are not rank 1's, which the request would get.
@@ -1152,6 +1182,7 @@ def test_a_retry_on_a_full_disk_is_refused_before_it_touches_the_store(
     assert not load_features(out).failures
 
 
+@_SHARDS_READ_KNOWINGLY
 def test_retry_failed_takes_a_repaired_image_into_its_own_shard_only(tmp_path):
     # A repaired image changes the source's fingerprint, which every shard records. The
     # shard holding it takes the repair; another shard, its own rows unchanged, cannot tell
@@ -4238,6 +4269,7 @@ def _interrupt():
     raise KeyboardInterrupt
 
 
+@_SHARDS_READ_KNOWINGLY
 def test_a_torchrun_retry_on_a_full_disk_is_refused_before_it_seeds_its_shard(
     tmp_path, monkeypatch
 ):

@@ -7,6 +7,7 @@ import difflib
 import os
 import sys
 import unicodedata
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,18 @@ def feature_format(path) -> str:
     return ".h5" if h5py.is_hdf5(path) else known
 
 
+def _load_features(path, **kwargs):
+    """``extract.load_features``, quiet about a shard of one rank: mr2-probe reads shards
+    as stores knowingly (one rank's shard to train on, another's to test on; report.json
+    records each store's shard_rank and shard_world_size)."""
+    from extract import load_features
+    from extract._reading import ONE_SHARD
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ONE_SHARD, UserWarning)
+        return load_features(path, **kwargs)
+
+
 # What report.json records of a store, so that a per-class result can be traced to the
 # features it was measured on.
 _RECORDED_PROVENANCE = (
@@ -66,9 +79,7 @@ def _sources(args) -> dict:
         if labels_path is not None:
             entry["labels"] = os.path.abspath(labels_path)
         if feature_format(path) in _STORE:
-            from extract import load_features
-
-            with load_features(path) as store:
+            with _load_features(path) as store:
                 metadata, failed = store.metadata, len(store.failures)
             entry["provenance"] = {k: metadata[k] for k in _RECORDED_PROVENANCE if k in metadata}
             entry["failed_images_left_out"] = failed
@@ -401,8 +412,8 @@ def _lazy(X) -> bool:
 
 
 def _load_store(path: str, stack=None):
-    try:
-        from extract import load_features
+    try:  # (h5py with it)
+        from extract import load_features  # noqa: F401
     except ImportError as error:  # the extract extra is optional
         raise UsageError(
             'reading HDF5 stores needs the extract extra: pip install "mr2-probe[extract]"'
@@ -412,7 +423,7 @@ def _load_store(path: str, stack=None):
     # that fit in memory (a quarter of it, as a fit may hold a float32 copy beside them):
     # each pass over a streamed store reads the file again, about three times the fit's
     # time here. Those read are closed at once.
-    store = load_features(path)
+    store = _load_features(path)
     features = store.features
     size = int(np.prod(features.shape, dtype=np.int64)) * features.dtype.itemsize
     streamed = stack is not None and features.dtype.kind == "f" and size > in_memory_limit()
@@ -420,7 +431,7 @@ def _load_store(path: str, stack=None):
         stack.enter_context(store)
     else:
         store.close()
-        store = load_features(path, in_memory=True)
+        store = _load_features(path, in_memory=True)
     if store.failures:
         first, reason = store.failures[0]
         n = len(store.failures)
@@ -877,15 +888,13 @@ def _check_not_the_training_data(train: str, test: str) -> None:
     however it was listed; a few images shared by two sources are only said."""
     shared = "the training images" if _same_file(train, test) else None
     if not shared and {feature_format(train), feature_format(test)} <= set(_STORE):
-        from extract import load_features
-
         # The same image list, and the same shard of it (shards of one list are disjoint).
         keys = ("source_fingerprint", "shard_rank", "shard_world_size")
         # Or stores of one source (its root and container files; and its list file: two
         # lists in one folder are two sources) whose images overlap: subsets of it
         # (--per-class, --max-items) taken twice.
         origin = ("source_root", "source_files", "source")
-        with load_features(train) as a, load_features(test) as b:
+        with _load_features(train) as a, _load_features(test) as b:
             mine, theirs = (
                 [_compared(k, s.metadata.get(k)) for k in keys + origin] for s in (a, b)
             )
