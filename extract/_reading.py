@@ -474,6 +474,7 @@ def _one_shard_of_several(path: str, attrs: dict) -> str | None:
     """A warning for a shard of a run at several ranks whose merged store, or another
     shard, lies beside it: loaded, it gave that rank's rows alone, without a word. None
     for a store of every row, or a shard alone (moved, or copied apart knowingly)."""
+    path = os.fsdecode(path)  # (a path given as bytes too)
     rank, world = attrs.get("shard_rank"), attrs.get("shard_world_size")
     name = _SHARD_NAME.fullmatch(os.path.basename(path))
     if not isinstance(world, int) or world < 2 or name is None:
