@@ -40,8 +40,9 @@ def one_torch_thread():
 @pytest.fixture
 def one_torch_thread_per_test():
     """One intra-op torch thread for one test, the count restored after it: for the tests
-    of ``MR2Loss`` that take many steps (or a gradcheck) on a few dozen rows, far below the
-    sizes at which ``mr2_probe`` chooses a thread count, where a second thread only waits."""
+    of ``MR2Loss`` that take many steps (or a gradcheck) on a few dozen rows, and a search's
+    tiny fits, far below the sizes at which ``mr2_probe`` chooses a thread count, where a
+    second thread only waits."""
     yield from _one_torch_thread()
 
 

@@ -586,15 +586,6 @@ def test_bad_sample_weights_are_named(weight, match):
         per_class_accuracy(np.zeros(200), np.zeros(200), sample_weight=weight)
 
 
-@pytest.fixture
-def one_torch_thread():
-    """Tiny fits: a second intra-op thread only contends for the cores, slowing them down."""
-    n_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n_threads)
-
-
 @pytest.fixture(scope="module")
 def digits_subset():
     X, y = load_digits(return_X_y=True)
@@ -629,7 +620,7 @@ def test_classwise_scorers_add_fixed_groups_only_when_given():
 
 @pytest.mark.parametrize("refit", ["worst_class", "hard", "balanced_accuracy"])
 def test_grid_search_multi_metric_refits_on_the_chosen_scorer(
-    digits_subset, refit, one_torch_thread
+    digits_subset, refit, one_torch_thread_per_test
 ):
     X, y = digits_subset
     # Groups from a reference fitted and scored on data the search never sees.
