@@ -65,7 +65,7 @@ def first_other_bytes(f, source: ImageSource, rows: np.ndarray, check: np.ndarra
                 data = read_file(source.path(int(item)), key[1:3])
             except OSError:  # (FileChangedError too: it changes as it is hashed)
                 return int(k)
-            if not digest or sha256_hex(data).encode() != digest:
+            if not _holds(data, digest):
                 return int(k)
             verified.add(key)
         return None
@@ -75,7 +75,13 @@ def first_other_bytes(f, source: ImageSource, rows: np.ndarray, check: np.ndarra
         read = source.archive.read(source.root, block.tolist(), state)
         for j, data in enumerate(read):
             digest = digests[lo + j]
-            if isinstance(data, Exception) or not digest or sha256_hex(data).encode() != digest:
+            if isinstance(data, Exception) or not _holds(data, digest):
                 return int(check[lo + j])
             verified.add(keys[lo + j])
     return None
+
+
+def _holds(data: bytes, digest: bytes) -> bool:
+    """Whether ``data`` are the bytes whose hex sha256 a row recorded (``digest``, S64;
+    empty where it recorded none)."""
+    return bool(digest) and sha256_hex(data).encode() == digest
