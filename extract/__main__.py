@@ -220,10 +220,10 @@ def _extract(args: argparse.Namespace) -> int:
         import torch
 
         from mr2_probe._device import resolve_device
+        from mr2_probe._h5 import name_failures
 
         from . import extract_features, load_features
         from ._images import working_folder_hint
-        from ._reading import name_failures
 
     try:  # named as the option, as mr2-probe names it
         resolve_device(args.device)

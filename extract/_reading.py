@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 
 from mr2_probe._h5 import (
+    _NAMED_FAILURES,
     EXTERNAL_ADVICE,
     file_named_as_folder,
     missing_external_file,
@@ -503,10 +504,6 @@ def _one_shard_of_several(path: str, attrs: dict) -> str | None:
     )
 
 
-# Failed images named in a message: the first few, each with its reason.
-_NAMED_FAILURES = 3
-
-
 def failed_rows(f: h5py.File) -> list[tuple[int, str, str]]:
     """``(row, path, reason)`` of the first failed rows of the open store ``f``, in row
     order, at most as many as a message names."""
@@ -520,14 +517,3 @@ def failed_rows(f: h5py.File) -> list[tuple[int, str, str]]:
         )
         for i in failed
     ]
-
-
-def name_failures(n_failed: int, first: list[tuple]) -> str:
-    """The first failed images of ``n_failed`` with their reasons, in parentheses, as in
-    ``(the first 3: 'a.jpg': OSError: ...; 'b.png': ...; 'c.png': ...)``. Each of ``first``
-    ends with (path, reason): a store's ``failures`` pairs, or :func:`failed_rows`."""
-    first = first[:_NAMED_FAILURES]
-    named = "; ".join(f"{path!r}: {reason}" for *_, path, reason in first)
-    if len(first) >= n_failed:
-        return f"({named})"
-    return f"(the first, {named})" if len(first) == 1 else f"(the first {len(first)}: {named})"

@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mr2_probe._device import resolve_device
+from mr2_probe._h5 import _NAMED_FAILURES, name_failures
 
 from ._backbones import create_backbone
 from ._batches import _assemble, _embed, _refuse_non_finite
@@ -41,7 +42,7 @@ from ._merge import (
     unmarked_shards,
 )
 from ._paths import plural
-from ._reading import _NAMED_FAILURES, failed_rows, name_failures
+from ._reading import failed_rows
 from ._resume import (
     _adopt_repaired_failures,
     _check_other_shard,

@@ -2,7 +2,8 @@
 or virtual datasets' sources missing, for the errors of both the estimators' reads
 (``_data.read_h5``, ``check_h5_open``) and extract's stores (``extract._store.damaged``);
 and why a path to read is not there (a link to nothing, a file named as a folder), for the
-errors of both packages' readers (``load_features``, ``mr2-probe``'s).
+errors of both packages' readers (``load_features``, ``mr2-probe``'s); and a store's
+failed images, as both packages' messages name them (:func:`name_failures`).
 
 Light on purpose: no torch, scikit-learn or NumPy, and h5py only where it is called (with
 an h5py object, so it is there), as ``load_features`` imports neither torch nor
@@ -13,6 +14,28 @@ from __future__ import annotations
 
 import errno
 import os
+
+# Failed images named in a message: the first few, each with its reason.
+_NAMED_FAILURES = 3
+
+
+def name_failures(n_failed: int, first: list[tuple]) -> str:
+    """The first failed images of ``n_failed`` with their reasons, in parentheses, as in
+    ``(the first 3: 'a.jpg': OSError: ...; 'b.png': ...; 'c.png': ...)``. Each of ``first``
+    ends with (path, reason): a store's ``failures`` pairs, or extract's ``failed_rows``.
+    A reason is said on one line (another tool's store may hold several), cut at 1000
+    characters, and one that a store did not record as "no reason recorded" (not a
+    dangling colon: ``('a.jpg': )``)."""
+    first = first[:_NAMED_FAILURES]
+    named = "; ".join(f"{path!r}: {_said(reason)}" for *_, path, reason in first)
+    if len(first) >= n_failed:
+        return f"({named})"
+    return f"(the first, {named})" if len(first) == 1 else f"(the first {len(first)}: {named})"
+
+
+def _said(reason, limit: int = 1000) -> str:
+    text = " ".join(str(reason or "").split()) or "no reason recorded"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def why_missing(path: str) -> str:

@@ -285,10 +285,22 @@ def test_failed_images_are_named_with_their_reasons(tmp_path, capsys, caplog):
             [("a", "E"), ("b", "F"), ("c", "G"), ("d", "H")],
             "(the first 3: 'a': E; 'b': F; 'c': G)",
         ),
+        # A store without a reason (another tool's) ended the line in a dangling colon,
+        # "('a.jpg': )", which mr2-probe's own copy of this function said otherwise.
+        (
+            2,
+            [("a.jpg", ""), ("b.png", " \n")],
+            "('a.jpg': no reason recorded; 'b.png': no reason recorded)",
+        ),
+        (
+            3,
+            [(7, "a.jpg", "cannot\nidentify\timage")],
+            "(the first, 'a.jpg': cannot identify image)",
+        ),
     ],
 )
 def test_failed_images_are_named_the_first_three_at_most(n_failed, first, expected):
-    from extract._reading import name_failures
+    from mr2_probe._h5 import name_failures
 
     assert name_failures(n_failed, first) == expected
 

@@ -14,7 +14,7 @@ import numpy as np
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
 from .._data import block_rows, is_h5_dataset, read_h5
-from .._h5 import file_named_as_folder, why_missing
+from .._h5 import file_named_as_folder, name_failures, why_missing
 from ..front import OFFSETS_CV, check_offsets_folds
 from ._usage import UsageError, _few, _one_line
 
@@ -433,18 +433,14 @@ def _load_store(path: str, stack=None):
         store.close()
         store = _load_features(path, in_memory=True)
     if store.failures:
-        first, reason = store.failures[0]
         n = len(store.failures)
         images = (
             "1 image failed extraction and is"
             if n == 1
             else f"{n} images failed extraction and are"
         )
-        # (a reason of several lines, from another tool; none, from a store that wrote
-        # none: "(the first, 'a.jpg': )")
-        why = _one_line(reason or "") or "no reason recorded"
         print(
-            f"mr2-probe: warning: {path}: {images} left out (the first, {first!r}: {why})",
+            f"mr2-probe: warning: {path}: {images} left out {name_failures(n, store.failures[:1])}",
             file=sys.stderr,
         )
     X = store.features if streamed else np.asarray(store.features)
