@@ -178,7 +178,7 @@ def _row_difference(
         # (So is one not extracted yet: a retry killed while writing a batch leaves it
         # pending. No row of either holds features of the file as it was.)
         differs &= ~(file_only & (f["status"][:n] != DONE))
-    other = None  # a touched file whose bytes are not those of its row
+    other, unread = None, None  # a touched file whose bytes are not those of its row
     if len(stored_ids) == len(rows):
         # Files touched since, and not changed (by their bytes), are the store's: the
         # difference named is the first other one.
@@ -187,7 +187,8 @@ def _row_difference(
         before = int(np.argmax(differs & ~touched)) if (differs & ~touched).any() else n
         status = f["status"][:n]
         check = np.flatnonzero(touched[:before] & (status[:before] != PENDING))
-        other = first_other_bytes(f, src, rows, check)
+        found = first_other_bytes(f, src, rows, check)
+        other, unread = (None, None) if found is None else found
         limit = before if other is None else other
         differs &= ~(touched & (np.arange(n) < limit))
     if not differs.any():
@@ -215,7 +216,12 @@ def _row_difference(
     new = (int(sizes[head[k]]), int(mtimes[head[k]]))
     if old != new:
         bytes_differ = ""
-        if k == other:  # (a failed row whose file could not be read holds no digest)
+        if k == other and unread is not None:  # (its bytes, unread, may be those extracted)
+            bytes_differ = (
+                "; it cannot be read now to compare its bytes with those extracted "
+                f"({_os_error(unread)}): make it readable, or restore it, and run again"
+            )
+        elif k == other:  # (a failed row whose file could not be read holds no digest)
             recorded = bool(f["content_sha256"][k])
             bytes_differ = (
                 "; its bytes are not those extracted"
@@ -228,6 +234,11 @@ def _row_difference(
         f"{src.item_name(int(head[k]))!r} is item {new_index} of the source now, item "
         f"{old_index} when the store was made: images were added or removed before it"
     )
+
+
+def _os_error(error: Exception) -> str:
+    """An error reading an image, on one line: its type and what the system said."""
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
 def _source_explained(
@@ -341,7 +352,7 @@ def _touched(f, source, rows, changed: np.ndarray, status: np.ndarray) -> np.nda
     kept = np.flatnonzero(same & (status != PENDING))  # done or failed: their bytes
     first = first_other_bytes(f, source, rows, kept)
     if first is not None:
-        same[first:] = False
+        same[first[0] :] = False
     return same | ~changed
 
 

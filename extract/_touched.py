@@ -36,11 +36,14 @@ def hashed_once() -> Iterator[None]:
         _verified.reset(token)
 
 
-def first_other_bytes(f, source: ImageSource, rows: np.ndarray, check: np.ndarray) -> int | None:
+def first_other_bytes(
+    f, source: ImageSource, rows: np.ndarray, check: np.ndarray
+) -> tuple[int, Exception | None] | None:
     """The first of the store ``f``'s rows ``check`` (positions in ``rows``, the source's
     items of the store, increasing) whose image bytes, read now, are not those its
     ``content_sha256`` records (one that recorded none, or cannot be read now, is not):
-    its position in ``rows``; None where every one is the same.
+    its position in ``rows``, and the error that stopped its read (None where its bytes
+    were read); None where every one is the same.
 
     Rows of one container are read together, a block at a time; a row's file or container
     is checked to be the one listed now (``source.file_stats()``).
@@ -63,10 +66,10 @@ def first_other_bytes(f, source: ImageSource, rows: np.ndarray, check: np.ndarra
         for k, item, digest, key in zip(check, items, digests, keys, strict=True):
             try:
                 data = read_file(source.path(int(item)), key[1:3])
-            except OSError:  # (FileChangedError too: it changes as it is hashed)
-                return int(k)
+            except OSError as error:  # (FileChangedError too: it changes as it is hashed)
+                return int(k), error
             if not _holds(data, digest):
-                return int(k)
+                return int(k), None
             verified.add(key)
         return None
     state: dict = {}  # the reader's cursor, kept from one block to the next
@@ -75,8 +78,10 @@ def first_other_bytes(f, source: ImageSource, rows: np.ndarray, check: np.ndarra
         read = source.archive.read(source.root, block.tolist(), state)
         for j, data in enumerate(read):
             digest = digests[lo + j]
-            if isinstance(data, Exception) or not _holds(data, digest):
-                return int(check[lo + j])
+            if isinstance(data, Exception):
+                return int(check[lo + j]), data
+            if not _holds(data, digest):
+                return int(check[lo + j]), None
             verified.add(keys[lo + j])
     return None
 

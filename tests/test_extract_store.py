@@ -1002,6 +1002,43 @@ def test_a_touched_image_whose_bytes_changed_is_refused_naming_it(tmp_path):
     assert out.read_bytes() == before
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        PermissionError(errno.EACCES, "Permission denied"),
+        FileNotFoundError(errno.ENOENT, "No such file or directory"),  # gone since listed
+        IsADirectoryError(errno.EISDIR, "Is a directory"),
+    ],
+)
+def test_a_touched_image_that_cannot_be_read_is_said_so_with_the_os_error(
+    tmp_path, monkeypatch, error
+):
+    # Its bytes could not be compared: the refusal said they were "not those extracted".
+    from extract import _touched
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    _touch(*folder.rglob("*.*"))
+    read_file = _touched.read_file
+
+    def unreadable(path, listed=None):  # (the tests run as root, whom chmod 000 lets read)
+        if path.endswith("001.jpg"):
+            raise type(error)(error.errno, error.strerror, path)
+        return read_file(path, listed)
+
+    monkeypatch.setattr(_touched, "read_file", unreadable)
+    with pytest.raises(ProvenanceError) as raised:
+        extract_features(folder, BACKBONE, out, **FAST)
+    said = str(raised.value)
+    assert re.search(
+        r"'.*cat/001\.jpg' is not the file the store was made from \(modified .*\); it cannot "
+        rf"be read now to compare its bytes with those extracted \({type(error).__name__}: "
+        rf"\[Errno {error.errno}\] {error.strerror}: '.*cat/001\.jpg'\): make it readable",
+        said,
+    )
+    assert "not those extracted" not in said
+
+
 def test_a_touched_failed_image_the_store_holds_no_digest_of_is_named_so(tmp_path):
     # Its row failed without its bytes read (no content_sha256): the refusal said "its
     # bytes are not those extracted", where none were; --retry-failed takes it.
