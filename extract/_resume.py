@@ -23,6 +23,7 @@ from ._paths import plural
 from ._schema import (
     ADOPTING,
     DONE,
+    FAILED,
     FORMAT_VERSION,
     PENDING,
     PROVENANCE_DEFAULTS,
@@ -358,7 +359,7 @@ def _touched(f, source, rows, changed: np.ndarray, status: np.ndarray) -> np.nda
 
 def _adopt_repaired_failures(
     out: Path, provenance: dict, source, rows, vouched: bool = False, retry_failed: bool = True
-) -> None:
+) -> bool:
     """Before a run: the images of ``out`` whose files changed in a way it can take
     (:func:`_repaired_failures`) are taken as the store's: with ``retry_failed`` the failed
     ones that have changed since have their rows marked pending, then the size and
@@ -367,20 +368,38 @@ def _adopt_repaired_failures(
     into the merged store) kept the old file's reason and digest under the new file's
     identity, and a plain rerun took the store as complete. A touched file whose bytes the
     store holds keeps its row as it is, under its new modification time: the store is then
-    the one a run on the files as they are writes, and the next run reads no file again."""
+    the one a run on the files as they are writes, and the next run reads no file again.
+
+    A complete store that differs by touched files alone and cannot be opened for writing
+    (open elsewhere, its mode read-only) is left as it is, with a warning: True then (the
+    request is the store's, its fingerprint aside), as a store in a read-only folder is
+    reused; it was refused for the lock or the permission that nothing else needed."""
     with open_store(out, "r") as f:
         repaired = _repaired_failures(f, provenance, source, rows, vouched, retry_failed)
         attrs = read_attrs(f)
         stored_mtimes = f["file_mtime_ns"][:] if repaired is not None else None
+        status = f["status"][:] if repaired is not None else None
     if repaired is None:
         if retry_failed:  # (otherwise the caller's, which can leave it)
             _drop_finished_mark(out, attrs)
-        return
+        return False
     sizes, mtimes, changed = repaired
     n_changed = int(changed.sum())
     n_touched = int(((stored_mtimes != mtimes) & ~changed).sum())
-    check_attrs_room(out)  # (on a full disk the attributes' writes left it unreadable)
-    with open_store(out, "r+") as f:
+    # Nothing to write but the new times: no row to extract (again), no mark to finish.
+    read_only = not n_changed and not (status == PENDING).any()
+    read_only &= not (retry_failed and (status == FAILED).any())
+    read_only &= attrs.get(ADOPTING) in (None, attrs.get("source_fingerprint"))
+    try:
+        check_attrs_room(out)  # (on a full disk the attributes' writes left it unreadable)
+        f = open_store(out, "r+")
+    except StoreError as error:
+        if not read_only:
+            raise
+        if n_touched:  # (none: the rows agree, its fingerprint alone was not written)
+            warn_unrecorded(out, n_touched, error)
+        return True
+    with f:
         # The files' identities, then the fingerprint that covers them; a retry killed
         # between the two leaves the marker, by which the next one finishes the adoption.
         # (Touched files alone: the rows, all the store's, tell the next run.)
@@ -416,6 +435,25 @@ def _adopt_repaired_failures(
             "image has" if n_changed == 1 else "images have",
             "it is" if n_changed == 1 else "they are",
         )
+    return False
+
+
+def warn_unrecorded(out: Path, n_touched: int, error: StoreError) -> None:
+    """Warn that the new modification times of ``n_touched`` files of ``out``, touched
+    since and its bytes by their sha256, are not recorded as ``error`` says."""
+    logger.warning(
+        "%d %s touched since %s was made, %s bytes unchanged (by their sha256), but %s "
+        "modification %s not recorded, as the store cannot be opened for writing (%s): "
+        "each run reads %s again until one can write it.",
+        n_touched,
+        "image file was" if n_touched == 1 else "image files were",
+        out,
+        "its" if n_touched == 1 else "their",
+        "its new" if n_touched == 1 else "their new",
+        "time is" if n_touched == 1 else "times are",
+        " ".join(str(error).split()).removesuffix("."),
+        "it" if n_touched == 1 else "them",
+    )
 
 
 def _drop_finished_mark(out: Path, attrs: dict, best_effort: bool = False) -> None:
@@ -566,13 +604,15 @@ def _open_or_create(
         with open_store(out, "r") as f:
             check_written(out, f)  # (a dataset deleted by hand: h5py's KeyError below)
         # Failed images repaired (with --retry-failed) and files touched since, taken in.
-        _adopt_repaired_failures(out, provenance, source, rows, vouched, retry_failed)
+        held = _adopt_repaired_failures(out, provenance, source, rows, vouched, retry_failed)
         with open_store(out, "r") as f:
             existing = read_attrs(f)
             check_provenance(
                 out,
                 existing,
-                provenance,
+                # (touched files alone, whose times it could not record: the store's)
+                provenance
+                | ({"source_fingerprint": existing.get("source_fingerprint")} if held else {}),
                 lambda: _source_explained(f, provenance, source, rows, retry_failed),
             )
         _drop_finished_mark(out, existing, best_effort=True)  # (a retry removed it above)

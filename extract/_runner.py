@@ -456,8 +456,13 @@ def _merge_on_rank0(
     dist.barrier()  # every shard is complete before rank 0 reads them
     if rank == 0:
         shards = [shard_path(out, r, world_size) for r in range(world_size)]
-        if repair_merged is not None:  # no rank reads ``out`` any more
-            repair_merged()
+        # No rank reads ``out`` any more. A complete store that differs by touched files
+        # alone and cannot be written (open elsewhere) is kept as it is, not merged: the
+        # merge would replace it with the very rows it holds.
+        if repair_merged is not None and repair_merged():
+            dist.barrier()
+            return out
+        if repair_merged is not None:
             # The shards hold what the store, its repairs pending, awaits: marked with its
             # new version, a run killed before the merge resumes them and merges them (they
             # went into another version, it made every one anew, every row extracted again).

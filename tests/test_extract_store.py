@@ -1097,6 +1097,84 @@ def test_a_store_of_touched_images_in_a_read_only_folder_is_reused_as_it_is(
         extract_features(folder, BACKBONE, out, **FAST)
 
 
+@pytest.mark.parametrize("why", ["open", "mode", "full disk"])
+def test_a_complete_store_of_touched_images_that_cannot_be_written_is_reused_with_a_warning(
+    tmp_path, monkeypatch, caplog, why
+):
+    # Open elsewhere (a load_features handle), its mode read-only (chmod 444) or on a full
+    # disk, it was refused for the new modification times it could not record, where the
+    # same store of untouched images was reused, as one in a read-only folder is.
+    from extract import _store
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    before = out.read_bytes()
+    _touch(*folder.rglob("*.*"))
+    caplog.set_level(logging.INFO, logger="extract")
+    hashed, written = _spy_hashed(monkeypatch), _spy_writes(monkeypatch)
+    with contextlib.ExitStack() as stack:
+        if why == "open":
+            stack.enter_context(load_features(out))
+        elif why == "mode":  # (the tests run as root, whom the mode does not stop)
+            h5py_file = h5py.File
+
+            def read_only(path, mode="r", **kwargs):
+                if mode != "r" and os.path.samefile(path, out):
+                    raise PermissionError(errno.EACCES, f"Permission denied: {path}")
+                return h5py_file(path, mode, **kwargs)
+
+            stack.enter_context(monkeypatch.context()).setattr(h5py, "File", read_only)
+        else:
+            monkeypatch.setattr(_store, "ATTRS_ROOM", 1 << 62)
+        assert extract_features(folder, BACKBONE, out, **FAST) == out
+    assert out.read_bytes() == before and written == [] and len(hashed) == 4
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith(
+        f"4 image files were touched since {out} was made, their bytes unchanged (by their "
+        "sha256), but their new modification times are not recorded, as the store cannot be "
+        "opened for writing ("
+    )
+    assert warning.endswith("): each run reads them again until one can write it.")
+    assert "Reused the complete feature store" in caplog.text
+    monkeypatch.undo()  # written at last: recorded, and read no more
+    extract_features(folder, BACKBONE, out, **FAST)
+    hashed = _spy_hashed(monkeypatch)
+    extract_features(folder, BACKBONE, out, **FAST)
+    assert hashed == []
+    with h5py.File(out, "r") as f:
+        assert f.attrs["source_fingerprint"] == open_source(folder).fingerprint()
+
+
+def test_a_complete_store_whose_fingerprint_alone_is_stale_is_reused_open_elsewhere(
+    tmp_path, caplog
+):
+    # An adoption of touched files killed before it wrote the fingerprint: its rows agree
+    # with the files. Held open, it is reused without a word of "0 image files touched".
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    with h5py.File(out, "r+") as f:
+        f.attrs["source_fingerprint"] = "sha256:" + "0" * 64
+    caplog.set_level(logging.INFO, logger="extract")
+    with load_features(out):
+        assert extract_features(folder, BACKBONE, out, **FAST) == out
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "Reused the complete feature store" in caplog.text
+
+
+def test_an_incomplete_store_of_touched_images_open_elsewhere_is_still_refused(
+    tmp_path, monkeypatch
+):
+    # Its pending rows are to be written: nothing is reused, and the lock is the error.
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out, fast = tmp_path / "f.h5", dict(FAST, batch_size=2)
+    _killed_run(monkeypatch, folder, BACKBONE, out, **fast)
+    _touch(*folder.rglob("*.*"))
+    with pytest.warns(UserWarning, match="incomplete store"):
+        held = load_features(out, allow_incomplete=True)
+    with held, pytest.raises(StoreLockedError, match="is open in this process"):
+        extract_features(folder, BACKBONE, out, **fast)
+
+
 def _at_2_ranks(monkeypatch, folder, out, **kwargs) -> None:
     """A torchrun run at 2 ranks, run one by one in this process, rank 0 last, merging
     (torchrun's barriers passed at once)."""
@@ -1143,6 +1221,31 @@ def test_under_torchrun_a_store_of_touched_images_is_reused_by_their_bytes(
         with pytest.raises(ProvenanceError, match=rf"'{changed}' is not the file .* its bytes"):
             extract_features(folder, BACKBONE, out, **FAST)
     assert written == [] and out.read_bytes() == stored
+
+
+def test_under_torchrun_a_merged_store_of_touched_images_open_elsewhere_is_reused(
+    tmp_path, monkeypatch, caplog
+):
+    # Every rank went on to the merge, where rank 0 could not record the new times: a
+    # StoreLockedError after every rank's work, where one process reuses the store. It is
+    # kept as it is (the shards, rows of its own, record the times).
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    out = tmp_path / "f.h5"
+    _at_2_ranks(monkeypatch, folder, out, **FAST)
+    before = out.read_bytes()
+    _touch(*folder.rglob("*.*"))
+    caplog.set_level(logging.INFO, logger="extract")
+    written = _spy_writes(monkeypatch)
+    with load_features(out):
+        _at_2_ranks(monkeypatch, folder, out, **FAST)
+    assert written == [] and out.read_bytes() == before
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith(f"6 image files were touched since {out} was made")
+    assert "their new modification times are not recorded" in warning
+    _at_2_ranks(monkeypatch, folder, out, **FAST)  # once closed: recorded, as the request's
+    with h5py.File(out, "r") as f:
+        assert f.attrs["source_fingerprint"] == open_source(folder).fingerprint()
+    assert written == []
 
 
 def test_a_run_reads_each_touched_file_once(tmp_path, monkeypatch):
