@@ -400,18 +400,25 @@ def image_folder(root: str | os.PathLike) -> ImageSource:
 def _warn_of_numbers_sorted_as_text(classes: list[str], root: str) -> None:
     """Say where class folders named by numbers ('0' ... '11') are, sorted as text as
     torchvision sorts them, out of their numbers' order: '10' is class 2, which a list
-    file or a model's own labels number 10. ('1' ... '9', classes 0 ... 8, keep it.)"""
+    file or a model's own labels number 10. ('1' ... '9', classes 0 ... 8, keep it.) The
+    advice names the width that sorts them (3 digits for '1' ... '100', which '02' padded
+    to 2), and where the numbers do not start at 0, that class 0 is the first: '01' ...
+    '10' sort in their numbers' order, but are classes 0 ... 9, not their numbers, as the
+    advice said."""
     moved = numbers_sorted_as_text(classes)
-    if moved is not None:
-        logger.warning(
-            "The class folders of %r are numbers, sorted as text as torchvision's "
-            "ImageFolder sorts them ('10' before '2'): class %d is the folder %r. The store "
-            "names each class by its folder; to number the classes as their folders, give "
-            "the names leading zeros of one width ('02', '10').",
-            root,
-            moved[1],
-            moved[2],
-        )
+    if moved is None:
+        return
+    numbers = sorted(int(name) for name in classes)
+    width = max(len(str(numbers[-1])), *(len(name) for name in classes))
+    low, high = f"{numbers[0]:0{width}d}", f"{numbers[-1]:0{width}d}"
+    offset = "" if numbers[0] == 0 else f"; class 0 is then the folder {low!r}"
+    logger.warning(
+        "The class folders of %r are numbers, sorted as text as torchvision's ImageFolder "
+        "sorts them ('10' before '2'): class %d is the folder %r. The store names each class "
+        "by its folder; to sort the classes in their numbers' order, give every name leading "
+        "zeros to %d digits (%r ... %r)%s.",
+        root, moved[1], moved[2], width, low, high, offset,
+    )  # fmt: skip
 
 
 def _in_sub_folders_alone(ids: list[str]) -> bool:

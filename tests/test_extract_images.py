@@ -437,7 +437,40 @@ def test_class_folders_named_by_numbers_sorted_as_text_are_said(tmp_path, caplog
         return
     (message,) = [r.getMessage() for r in caplog.records]
     assert "are numbers, sorted as text as torchvision's ImageFolder sorts them" in message
-    assert said in message and "leading zeros of one width" in message
+    assert said in message and "leading zeros to 2 digits" in message
+
+
+@pytest.mark.parametrize(
+    "numbers",
+    [range(12), range(1, 11), range(1, 101), [3, 20, 7]],
+    ids=["0-11", "1-10", "1-100", "3-7-20"],
+)
+def test_the_advice_on_class_folders_sorted_as_text_sorts_them_when_followed(
+    tmp_path, caplog, numbers
+):
+    # "Give the names leading zeros of one width ('02', '10')": padded to 2 digits, '1' ...
+    # '100' still sorted '100' before '11'; and '01' ... '10' were said to number the
+    # classes as their folders, where class 0 is '01'.
+    root = tmp_path / "d"
+    for k in numbers:
+        (root / str(k)).mkdir(parents=True)
+        (root / str(k) / "a.jpg").write_bytes(b"")
+    caplog.set_level(logging.WARNING, logger="extract")
+    image_folder(root)
+    (message,) = [r.getMessage() for r in caplog.records]
+    advice = re.search(r"leading zeros to (\d+) digits \('(\d+)' \.\.\. '(\d+)'\)", message)
+    width = int(advice[1])
+    assert (advice[2], advice[3]) == (f"{min(numbers):0{width}d}", f"{max(numbers):0{width}d}")
+    for k in numbers:  # the advice, followed
+        (root / str(k)).rename(root / f"{k:0{width}d}")
+    caplog.clear()
+    src = image_folder(root)
+    assert not caplog.records
+    assert [int(name) for name in src.class_names] == sorted(numbers)
+    if min(numbers):
+        assert message.endswith(f"; class 0 is then the folder {src.class_names[0]!r}.")
+    else:
+        assert "class 0 is then" not in message
 
 
 def test_image_folder_walks_a_folder_linked_again_once(folder):
