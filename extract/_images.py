@@ -1317,20 +1317,47 @@ def _warn_of_working_folder_paths(
 
 
 def _check_path_first(list_file: Path, folder: Path, rows: list) -> None:
-    """Refuse a list whose columns are 'label,path' (a 'label,path' header, or a first line
-    whose label names a file and whose path names none): it was refused as a header, or
-    read as images named by the labels, every one failed, in classes named by the paths."""
+    """Refuse a list whose columns are 'label,path' (a 'label,path' header, or lines
+    whose labels name files and whose paths name none, most of the list's): it was refused
+    as a header, or read as images named by the labels, every one failed, in classes named
+    by the paths. A list whose first image is missing and labelled with the name of a file
+    beside it (a class 'notes' beside notes) is no such list: it was refused as one."""
     if rows and [f.lower() for f in rows[0][:2]] == ["path", "label"]:
         rows = rows[1:]  # (the header, its first line after it)
     if not rows:
         return
     path, label, number = rows[0]
     swapped = [path.lower(), label.lower()] == ["label", "path"]
-    if swapped or (not os.path.isfile(folder / path) and os.path.isfile(folder / label)):
+    # (a first path that names a file: the list is the right way round, nothing else read)
+    first = 0 if swapped else None if os.path.isfile(folder / path) else _swapped(folder, rows)
+    if first is not None:
+        path, label, number = rows[first]
         raise ValueError(
             f"{list_file}:{number}: {path},{label} reads as 'label,path': a list's lines are "
             "'path,label', the image first; swap the two columns."
         )
+
+
+def _swapped(folder: Path, rows: list) -> int | None:
+    """The first of ``rows`` that reads as 'label,path' (its path names no file, its label
+    one) where more than half of them do; None otherwise. Read up to where the count
+    decides it, each name looked up once (a swapped list's paths are its few classes)."""
+    n, explained, first, found = len(rows), 0, None, {}
+
+    def isfile(name: str) -> bool:
+        if name not in found:  # (os.path's: a name too long for the file system is none)
+            found[name] = os.path.isfile(folder / name)
+        return found[name]
+
+    for i, (path, label, _) in enumerate(rows):
+        if not isfile(path) and isfile(label):
+            explained += 1
+            first = i if first is None else first
+            if 2 * explained > n:
+                return first
+        elif 2 * (n - (i + 1 - explained)) <= n:  # the rest cannot make a majority
+            return None
+    return None
 
 
 def _warn_of_windows_separators(

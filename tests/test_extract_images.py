@@ -1105,6 +1105,28 @@ def test_a_list_of_label_path_lines_is_refused_as_such(folder, text, line):
     )
 
 
+def test_a_list_is_taken_as_label_path_only_where_most_lines_read_so(tmp_path):
+    # Its first line alone decided: a missing first image labelled with the name of a file
+    # beside the list refused the whole list as 'label,path'; and a 'label,path' list
+    # whose first image was missing was not refused as one ("'cat' is listed again").
+    root = make_image_folder(tmp_path / "d", n_per_class=2, special=False)
+    (root / "bird").write_text("notes on birds")  # a file named as a class
+    (root / "l.csv").write_text("gone.png,bird\ncat/000.png,cat\ndog/001.jpg,dog\n")
+    src = image_list(root / "l.csv")
+    assert src.ids == ["gone.png", "cat/000.png", "dog/001.jpg"]
+    assert src.class_names == ["bird", "cat", "dog"]
+    (root / "l.csv").write_text("cat,cat/gone.png\ncat,cat/000.png\ndog,dog/001.jpg\n")
+    with pytest.raises(ValueError) as info:
+        image_list(root / "l.csv")
+    assert str(info.value) == (
+        f"{root / 'l.csv'}:2: cat,cat/000.png reads as 'label,path': a list's lines are "
+        "'path,label', the image first; swap the two columns."
+    )
+    # Half the lines so (one of two): a list the right way round, its images missing.
+    (root / "l.csv").write_text("gone.png,bird\ndog/001.jpg,dog\n")
+    assert image_list(root / "l.csv").ids == ["gone.png", "dog/001.jpg"]
+
+
 def test_image_list_refuses_one_file_under_two_spellings(folder):
     for second in (folder / "cat" / "000.png", "dog/../cat/000.png"):
         (folder / "l.csv").write_text(f"cat/000.png,cat\ndog/001.jpg,dog\n{second},dog\n")
