@@ -665,6 +665,11 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> h5py.File:
             ) from err
         if isinstance(err, PermissionError):  # the file's own mode (the folder's is checked)
             raise _no_permission(path, mode) from err
+        if err.errno == errno.EROFS:  # (opened for writing: it was "not a store, delete it")
+            raise StoreError(
+                f"Cannot write the feature store {os.fspath(path)!r}: its file system is "
+                "read-only; write the store to a folder you can write to."
+            ) from err
         if isinstance(err, FileNotFoundError):
             raise StoreNotFoundError(
                 f"The feature store {os.fspath(path)!r} does not exist; check the path."

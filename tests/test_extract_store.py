@@ -3413,6 +3413,27 @@ def test_a_store_file_of_a_mode_that_refuses_is_not_called_no_store(
     assert not isinstance(error.value, NotAStoreError) and "delete" not in str(error.value)
 
 
+def test_a_store_on_a_read_only_file_system_opened_for_writing_is_not_called_no_store(
+    monkeypatch, tmp_path
+):
+    # h5py's OSError of errno 30 was read as a damaged file: "cannot read it as an HDF5
+    # feature store ... delete it yourself", of a store that reads well.
+    def refuse(path, mode):
+        raise OSError(
+            errno.EROFS,
+            "Unable to synchronously open file (unable to open file: name = 's.h5', errno = "
+            "30, error message = 'Read-only file system', flags = 1, o_flags = 2)",
+        )
+
+    monkeypatch.setattr(h5py, "File", refuse)
+    with pytest.raises(StoreError) as error:
+        open_store(tmp_path / "s.h5", "r+")
+    assert str(error.value) == (
+        f"Cannot write the feature store {str(tmp_path / 's.h5')!r}: its file system is "
+        "read-only; write the store to a folder you can write to."
+    )
+
+
 def test_under_torchrun_a_store_whose_mode_forbids_writing_is_refused_before_any_work(
     tmp_path, monkeypatch
 ):
