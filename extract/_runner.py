@@ -563,8 +563,13 @@ def _extract_shard(
         check_merging(os.fspath(merged))  # before any image is extracted, on every rank
         if not rebuild and os.access(merged.parent, os.W_OK) and not os.access(merged, os.W_OK):
             # Its own mode (chmod 444) forbids writing it, which a run in one process is
-            # refused for: the merge replaced it, after every rank's work.
-            raise _no_permission(merged, "w")
+            # refused for: the merge replaced it, after every rank's work. (Not a complete
+            # store of touched files alone, which rank 0 keeps as it is at the merge, as a
+            # run in one process reuses it.)
+            if repair_merged is None or not _touched_alone(
+                merged, whole, src, everything, retry_failed
+            ):
+                raise _no_permission(merged, "w")
     elif merged is None and world_size == 1 and out.exists() and not overwrite:
         _refuse_other_rebuild(out, world_size)
     identity = _identity(merged) if merged is not None and merged.exists() else None
@@ -824,6 +829,18 @@ def _is_complete(
     if log:
         _log_reused(store, status, first_failed)
     return True
+
+
+def _touched_alone(
+    store: Path, provenance: dict, src, rows: np.ndarray, retry_failed: bool
+) -> bool:
+    """Whether ``store`` is complete for the request and differs from it by files touched
+    since, whose bytes it holds, alone (what a store that cannot be written keeps)."""
+    with open_store(store, "r") as f:
+        if _repaired_failures(f, provenance, src, rows, False, False) is None:
+            return False
+        status = f["status"][:]
+    return not (status == PENDING).any() and not (retry_failed and (status == FAILED).any())
 
 
 def _log_reused(path: Path, status: np.ndarray, first_failed: list[tuple[int, str, str]]) -> None:

@@ -1248,6 +1248,39 @@ def test_under_torchrun_a_merged_store_of_touched_images_open_elsewhere_is_reuse
     assert written == []
 
 
+def test_under_torchrun_a_merged_store_of_touched_images_whose_mode_is_read_only_is_kept(
+    tmp_path, monkeypatch, caplog
+):
+    # chmod 444: every rank refused it before any work ("the merge would replace it"),
+    # where a run in one process reuses it; rank 0 keeps it at the merge.
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    out = tmp_path / "f.h5"
+    _at_2_ranks(monkeypatch, folder, out, **FAST)
+    before = out.read_bytes()
+    _touch(*folder.rglob("*.*"))
+    _not_writable(monkeypatch, out)
+    h5py_file = h5py.File
+
+    def read_only(path, mode="r", **kwargs):  # (the tests run as root, whom it lets write)
+        if mode != "r" and os.path.exists(path) and os.path.samefile(path, out):
+            raise PermissionError(errno.EACCES, f"Permission denied: {path}")
+        return h5py_file(path, mode, **kwargs)
+
+    monkeypatch.setattr(h5py, "File", read_only)
+    caplog.set_level(logging.WARNING, logger="extract")
+    written = _spy_writes(monkeypatch)
+    _at_2_ranks(monkeypatch, folder, out, **FAST)
+    assert written == [] and out.read_bytes() == before
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith(f"6 image files were touched since {out} was made")
+    assert "(No permission to write the feature store" in warning
+    # Any other change is refused before any work, as it was.
+    _other_bytes_same_size(folder / "dog" / "002.jpg")
+    with pytest.raises(ProvenanceError, match=r"dog/002\.jpg' is not the file .* its bytes"):
+        _at_2_ranks(monkeypatch, folder, out, **FAST)
+    assert written == [] and out.read_bytes() == before
+
+
 def test_a_run_reads_each_touched_file_once(tmp_path, monkeypatch):
     # A refusal read the touched files before the changed one three times (the check, the
     # explanation, its hint); under torchrun each rank read every one of them twice more
