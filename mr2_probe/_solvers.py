@@ -40,9 +40,9 @@ from ._stats import (
     class_margins,
     class_statistics_chunked,
     compactness_tau,
-    intercept_scale,
     mean_spread,
     overall_mean,
+    penalised_intercept_scale,
     weight_divisor,
 )
 
@@ -335,7 +335,9 @@ def fit_lbfgs(
     original one minus (∂f/∂b)·mᵀ: in the original coordinates the largest entry is at
     most tol·(1 + max_j |m_j|). For features of a large scale (σ_b > 1, see
     :func:`~mr2_probe._stats.intercept_scale`) the intercept is b' / σ_b, whose gradient
-    is σ_b times that in b': the test on it is stricter. For a linear head with margins
+    is σ_b times that in b': the test on it is stricter. With a small C·Σw the intercept's
+    scale grows further (:func:`~mr2_probe._stats.penalised_intercept_scale`), a growth
+    that the test divides out again. For a linear head with margins
     the gradient is multiplied by c̄ before the test (:func:`gradient_unit`), and so is
     the largest entry returned.
     """
@@ -349,10 +351,16 @@ def fit_lbfgs(
     # but centred features condition it far better (embeddings have large common means).
     # Features of a large scale (σ_b ≥ 16) also get the intercept scaled, β = b' / σ_b:
     # its curvature then matches the weights' (see intercept_scale).
-    center, bias_scale = None, 1.0
+    center, bias_scale, extra = None, 1.0, 1.0
     if head.is_plain_linear and head.bias is not None:
         center = overall_mean(stats)  # (d,)
-        bias_scale = float(intercept_scale(stats))  # once per fit
+        # ...and with a small C·Σw, larger still (penalised_intercept_scale), by `extra`
+        # that the test on tol leaves out: the penalty's curvature, not the features',
+        # makes that part of the scale.
+        c_bar = 1.0 if spec.c_bar is None else float(spec.c_bar)
+        reg = _penalty_factor(C, weight_sum)
+        stiffness = spec.n_classes * c_bar * c_bar * reg if reg > 0 else 0.0  # (C = inf)
+        bias_scale, extra = penalised_intercept_scale(stats, stiffness)  # once per fit
         with torch.no_grad():
             head.bias += head.weight @ center
             head.bias /= bias_scale
@@ -380,6 +388,7 @@ def fit_lbfgs(
         result = SolverResult(n_iter, stop == "tol", values, largest, stats, margins, stop=stop)
         return _with_class_losses(result, head, source, spec, risk)
     params = [p for p in head.parameters()]
+    factors = [1 / extra if p is head.bias else 1.0 for p in params]  # the test's
     for param in params:  # the closed-form path writes gradients in place
         param.grad = torch.zeros_like(param)
     reg = _penalty_factor(C, weight_sum)
@@ -425,6 +434,7 @@ def fit_lbfgs(
             history_size=history,
             line_search_fn="strong_wolfe",
         )
+        optimizer.test_factors = factors
         offset = 0
         if max_iter > 0:  # max_iter = 0: the starting point, evaluated once below
             optimizer.step(closure)
@@ -443,11 +453,13 @@ def fit_lbfgs(
         # The line search may leave in .grad a point it tried and rejected: one more
         # evaluation gives the gradient (and the loss) where L-BFGS stopped.
         closure()
-        largest = max(float(p.grad.abs().max()) for p in params if p.grad is not None)
+        largest = float(_largest_entry([p.grad for p in params], factors))
         if largest <= gtol or done >= max_iter or evals >= 4 * max_iter:
             break
         if n_round <= 1 and not rescaled:
             break  # no progress in this round: a new one would start from the same point
+        if state.get("rounding"):
+            break  # a round stopped on rounding: the next would too
     bar.close()
     n_iter = done
     # Converged means the gradient test was met, whatever made L-BFGS stop. The test is
@@ -484,6 +496,14 @@ def gradient_unit(c_bar, linear: bool) -> float:
     return float(c_bar) if linear and c_bar is not None else 1.0
 
 
+def _largest_entry(grads, factors) -> torch.Tensor:
+    """max_i (factor_i · max |grad_i|), the test on tol's reading of a gradient in pieces:
+    NaN where any entry is NaN (Python's max kept or dropped a NaN by its place in the
+    list, and a fit whose intercept's gradient went NaN met tol)."""
+    pieces = [g.abs().max() * f for g, f in zip(grads, factors, strict=True) if g.numel()]
+    return torch.stack(pieces).max()
+
+
 class _LBFGS(torch.optim.LBFGS):
     """torch's L-BFGS without the first call's import of ``torch._dynamo`` (2.5 s here), and
     with L-BFGS-B's test of which curvature pairs to keep (:meth:`step`).
@@ -507,6 +527,17 @@ class _LBFGS(torch.optim.LBFGS):
         flat = super()._gather_flat_grad()
         return flat if flat.device.type == "mps" else flat.double()
 
+    # What the test on tolerance_grad multiplies each parameter's gradient by (None: 1).
+    test_factors = None
+
+    def _largest(self, flat_grad):
+        """The largest entry of the gradient as the test on tolerance_grad reads it (NaN
+        where an entry is NaN)."""
+        if self.test_factors is None:
+            return flat_grad.abs().max()
+        parts = flat_grad.split([param.numel() for param in self._params])
+        return _largest_entry(parts, self.test_factors)
+
     @torch.no_grad()
     def step(self, closure):
         """torch's ``LBFGS.step`` with the strong Wolfe line search (the only one used
@@ -520,6 +551,12 @@ class _LBFGS(torch.optim.LBFGS):
         each line search is bounded by what is left of ``max_eval`` (2.5's took up to 25
         evaluations each, past it; 2.14's one more than is left, its first trial step not
         counted in ``max_ls``); no ``maximize``, which nothing here sets.
+
+        Where the line search finds no decrease, :func:`_slope_search` looks for one from
+        the slopes along the line (below the objective's rounding, float32's above all);
+        a step it accepts is progress where its slopes say so (the value may not show
+        it), until _FLAT of them in a row leave the lowest value where it was. The test on
+        ``tolerance_grad`` weights each parameter's gradient by ``test_factors``.
         """
         closure = torch.enable_grad()(closure)
         group = self.param_groups[0]
@@ -533,12 +570,17 @@ class _LBFGS(torch.optim.LBFGS):
         current_evals = 1
         state["func_evals"] += 1
         flat_grad = self._gather_flat_grad()
-        if flat_grad.abs().max() <= tolerance_grad:
+        if self._largest(flat_grad) <= tolerance_grad:
             return orig_loss
         d, t, h_diag = state.get("d"), state.get("t"), state.get("H_diag")
         old_dirs, old_stps, ro = state.get("old_dirs"), state.get("old_stps"), state.get("ro")
         prev_flat_grad, prev_loss = state.get("prev_flat_grad"), state.get("prev_loss")
         n_iter = 0
+        # The objective's rounding (relative); the last measurably lower value, and
+        # _slope_search's steps since it; the lowest value of all, which no step of
+        # _slope_search's may exceed.
+        rounding = _ROUNDING * torch.finfo(self._params[0].dtype).eps
+        lowest, flat, least = loss, 0, loss
         while n_iter < max_iter:
             n_iter += 1
             state["n_iter"] += 1
@@ -580,21 +622,96 @@ class _LBFGS(torch.optim.LBFGS):
 
             # max_ls bounds the evaluations after the first trial step's.
             left = max(max_eval - current_evals - 1, 0)
+            first = t
             loss, flat_grad, t, ls_func_evals = _strong_wolfe(
                 obj_func, x_init, t, d, loss, flat_grad, gtd, max_ls=left
             )
-            self._add_grad(t, d)
             current_evals += ls_func_evals
             state["func_evals"] += ls_func_evals
+            sloped = False  # whether the step is _slope_search's
+            if not loss < prev_loss and current_evals < max_eval:
+                # No decrease found: where it is below the objective's rounding, the
+                # slopes still tell where the line's minimum is (_slope_search).
+                found, evals = _slope_search(
+                    obj_func, x_init, d, prev_loss, float(gtd), first,
+                    min(max_eval - current_evals, _SLOPE_SEARCH), rounding * abs(prev_loss),
+                    least,
+                )  # fmt: skip
+                current_evals += evals
+                state["func_evals"] += evals
+                if found is not None:
+                    loss, flat_grad, t = found
+                    # The decrease, where the values cannot show it: from the slopes.
+                    sloped = -t * float(gtd + flat_grad.dot(d)) / 2 >= tolerance_change
+            self._add_grad(t, d)
+            least = min(least, loss)
             if n_iter == max_iter or current_evals >= max_eval:
                 break
-            if flat_grad.abs().max() <= tolerance_grad:
+            if self._largest(flat_grad) <= tolerance_grad:
                 break
-            if d.mul(t).abs().max() <= tolerance_change or abs(loss - prev_loss) < tolerance_change:
+            if d.mul(t).abs().max() <= tolerance_change:
                 break  # no progress
+            # (steps the slopes alone accept, none of them measurably lower: noise)
+            if loss < lowest - rounding * abs(lowest):
+                lowest, flat = loss, 0
+            elif sloped:
+                flat += 1
+            if flat >= _FLAT:
+                state["rounding"] = True  # stopped on the objective's rounding
+                break
+            if abs(loss - prev_loss) < tolerance_change and not sloped:
+                break
         state.update(d=d, t=t, old_dirs=old_dirs, old_stps=old_stps, ro=ro, H_diag=h_diag)
         state.update(prev_flat_grad=prev_flat_grad, prev_loss=prev_loss)
         return orig_loss
+
+
+# _slope_search: values within this many epsilons of the objective's dtype (relative) of
+# the line's start are not measurably above it; at most this many evaluations. L-BFGS
+# stops after _FLAT of its steps in a row without a lower value (the sphere solver's rule).
+_ROUNDING = 4
+_SLOPE_SEARCH = 20
+_FLAT = 5
+
+
+def _slope_search(obj_func, x, d, f, slope, t, max_evals, noise, least, c2=0.9):
+    """A step along ``d`` found from the directional derivatives alone, for where the
+    strong Wolfe search found no decrease: ((value, gradient, step), evaluations), or
+    (None, evaluations).
+
+    Near the optimum, or along a direction whose decrease is below the objective's
+    rounding (float32's 2.4·10⁻⁷ at a loss of 2.3), the values at every trial step round
+    to the start's or one unit above it, and Armijo's test rejects each: L-BFGS stopped
+    there, the gradient still far above tol. The derivatives keep their precision: steps
+    grow tenfold while the slope stays steep and below 0, then the slope's secant zero is
+    bracketed, until |slope| <= c2·|slope at 0| (the curvature condition) at a value
+    within ``noise`` of ``f`` (on a convex line such a step lowers the objective, by
+    about t·(slope at 0 + slope at t) / 2). A value above ``f + noise`` where the slope is
+    still negative (a line that is not convex) ends the search without a step, and so does
+    one that meets the curvature condition above ``least``, the lowest value L-BFGS has
+    seen: steps each within ``noise`` of the last could otherwise climb.
+    """
+    low, slope_low, high, slope_high = 0.0, slope, None, None
+    for evals in range(1, max_evals + 1):
+        value, grad = obj_func(x, t, d)
+        slope_t = float(grad.dot(d))
+        above = value > f + noise
+        if not math.isfinite(value + slope_t):  # beyond the dtype's range: too far
+            slope_t = math.inf
+        elif above and slope_t < 0:
+            return None, evals
+        elif not above and abs(slope_t) <= -c2 * slope:
+            return ((value, grad, t) if value <= least else None), evals
+        if slope_t < 0:
+            low, slope_low = t, slope_t
+        else:
+            high, slope_high = t, slope_t
+        if high is None:
+            t *= 10
+        else:  # the secant's zero, a tenth of the bracket at least from either end
+            share = slope_low / (slope_low - slope_high)
+            t = low + (high - low) * min(max(share, 0.1), 0.9)
+    return None, max_evals
 
 
 def closed_form_chunks(head, source):

@@ -38,6 +38,15 @@ def overall_mean(stats: ClassStats) -> torch.Tensor:
 _INTERCEPT_SCALE_FROM = 16.0
 
 
+def _entry_variance(stats: ClassStats) -> torch.Tensor:
+    """σ², the mean variance of the features' entries (a scalar tensor)."""
+    count = stats.count
+    total = weight_divisor(count.sum())  # (a subnormal sum as it is: see weight_divisor)
+    between = (stats.mean - overall_mean(stats)).square().sum(1)  # (K,)
+    second = (count * (stats.msd_l2 + between)).sum() / total  # Σ_j of the entries' variance
+    return second / stats.mean.shape[1]
+
+
 def intercept_scale(stats: ClassStats) -> torch.Tensor:
     """σ_b, the scale in which the L-BFGS solvers take a linear head's intercept (a
     scalar tensor): the power of two nearest the RMS entry σ of the centred features,
@@ -48,14 +57,37 @@ def intercept_scale(stats: ClassStats) -> torch.Tensor:
     (features of scale 10⁶ stalled far from the optimum). Taken as β = b / σ_b, its
     curvature is about σ² too. A power of two keeps the change exact.
     """
-    count = stats.count
-    total = weight_divisor(count.sum())  # (a subnormal sum as it is: see weight_divisor)
-    between = (stats.mean - overall_mean(stats)).square().sum(1)  # (K,)
-    second = (count * (stats.msd_l2 + between)).sum() / total  # Σ_j of the entries' variance
-    exponent = torch.log2(second / stats.mean.shape[1]).mul(0.5).round()
+    exponent = torch.log2(_entry_variance(stats)).mul(0.5).round()
     exponent = exponent.nan_to_num(0.0, 0.0, 0.0).clamp(0, 126)  # NaN, no spread, overflow
     one = torch.ones_like(exponent)
     return torch.where(exponent.exp2() >= _INTERCEPT_SCALE_FROM, exponent.exp2(), one)
+
+
+# The largest power of two that penalised_intercept_scale takes: an intercept of 10⁻³ as
+# β = b / 2⁶³ is still a normal float32 number.
+_PENALISED_SCALE_MAX = 63
+
+
+def penalised_intercept_scale(stats: ClassStats, stiffness: float) -> tuple[float, float]:
+    """(σ_b, σ_b / :func:`intercept_scale`): σ_b the power of two nearest √(σ² + stiffness)
+    where that is larger than :func:`intercept_scale`'s σ_b (and 16 or more), at most 2⁶³.
+
+    ``stiffness`` is the penalty's curvature in units of the intercept's, K·c̄²/(C·Σw) for
+    a linear head (the softmax's curvature in a logit is about 1/K at the start, over
+    c̄² with margins; the weights' is that times σ², plus the penalty's 1/(C·Σw)). With a
+    small C·Σw the penalty dwarfs the rest: one scalar step size fits only the weights,
+    and the unpenalised intercept crept (digits / 16 at C = 10⁻⁶ in float32 stalled after
+    2 iterations, iris at c̄ = 1 and C = 10⁻¹⁴ in float64 with an intercept near 0).
+    """
+    data = float(intercept_scale(stats))
+    variance = float(_entry_variance(stats)) + stiffness
+    if not variance >= _INTERCEPT_SCALE_FROM**2 / 2:  # (NaN too)
+        return data, 1.0
+    exponent = _PENALISED_SCALE_MAX  # (an infinite variance, or penalty, too)
+    if variance < math.inf:
+        exponent = min(round(0.5 * math.log2(variance)), exponent)
+    scale = max(2.0**exponent, data)
+    return scale, scale / data
 
 
 def lp_norm_sq(v: torch.Tensor, p: float, *, overwrite: bool = False) -> torch.Tensor:
