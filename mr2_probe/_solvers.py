@@ -352,13 +352,13 @@ def fit_lbfgs(
     # Features of a large scale (σ_b ≥ 16) also get the intercept scaled, β = b' / σ_b:
     # its curvature then matches the weights' (see intercept_scale).
     center, bias_scale, extra = None, 1.0, 1.0
+    reg = _penalty_factor(C, weight_sum)  # once per fit (a host sync for a device's Σw)
     if head.is_plain_linear and head.bias is not None:
         center = overall_mean(stats)  # (d,)
         # ...and with a small C·Σw, larger still (penalised_intercept_scale), by `extra`
         # that the test on tol leaves out: the penalty's curvature, not the features',
         # makes that part of the scale.
         c_bar = 1.0 if spec.c_bar is None else float(spec.c_bar)
-        reg = _penalty_factor(C, weight_sum)
         stiffness = spec.n_classes * c_bar * c_bar * reg if reg > 0 else 0.0  # (C = inf)
         bias_scale, extra = penalised_intercept_scale(stats, stiffness)  # once per fit
         with torch.no_grad():
@@ -391,7 +391,6 @@ def fit_lbfgs(
     factors = [1 / extra if p is head.bias else 1.0 for p in params]  # the test's
     for param in params:  # the closed-form path writes gradients in place
         param.grad = torch.zeros_like(param)
-    reg = _penalty_factor(C, weight_sum)
     keep = source.n_samples * spec.n_classes <= _KEEP_LOGIT_GRADS
     curve: dict[int, torch.Tensor] = {}
     done = evals = 0  # iterations and evaluations of the finished rounds

@@ -3434,3 +3434,16 @@ def test_the_slope_search_takes_no_step_above_the_lowest_value():
     assert (value, step) == (1.0005, 0.5)  # within the noise, and not above the lowest
     assert _slope_search(*args, 1.0)[0] is None
 
+
+def test_the_penalty_factor_is_taken_once_per_fit(monkeypatch):
+    # 1/(C·Σw) is a host sync where Σw lives on a device: the intercept's scale and the
+    # closure took it each.
+    from mr2_probe import _solvers
+
+    X, y = load_iris(return_X_y=True)
+    calls, factor = [], _solvers._penalty_factor
+    monkeypatch.setattr(
+        _solvers, "_penalty_factor", lambda *a, **k: calls.append(1) or factor(*a, **k)
+    )
+    clf = MR2LinearClassifier(device="cpu").fit(X, y)
+    assert len(calls) == 1 and clf.n_iter_ > 1
