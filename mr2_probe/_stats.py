@@ -276,12 +276,18 @@ def check_tensors(caller: str, **values) -> None:
         if value is not None and not isinstance(value, torch.Tensor):
             module, kind = type(value).__module__.partition(".")[0], type(value).__qualname__
             kind = kind if module == "builtins" else f"{module}.{kind}"  # numpy.ndarray
-            article = "an" if kind[0] in "aeiou" else "a"
             # One number is no weight per sample (scikit-learn's estimators broadcast it;
-            # torch.as_tensor made a 0-d tensor, refused next for its shape).
+            # torch.as_tensor made a 0-d tensor, refused next for its shape), nor is a 0-d
+            # array of one (np.array(2.0), which got that remedy).
+            number = isinstance(value, numbers.Real) or (
+                getattr(value, "ndim", None) == 0
+                and getattr(getattr(value, "dtype", None), "kind", "") in "biuf"
+            )
+            kind = f"0-d {kind}" if number and not isinstance(value, numbers.Real) else kind
+            article = "an" if kind[0] in "aeiou" else "a"
             remedy = (
                 f"it holds one weight per sample: torch.full((n_samples,), {name}) makes them"
-                if isinstance(value, numbers.Real) and name == "sample_weight"
+                if number and name == "sample_weight"
                 else f"torch.as_tensor({name}) makes one"
             )
             raise TypeError(f"{caller} takes torch tensors: {name} is {article} {kind}; {remedy}.")

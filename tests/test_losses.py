@@ -868,13 +868,22 @@ def test_sample_weights_that_are_no_tensors_are_refused_by_name(function):
         function(features, target, np.ones(6, dtype=np.float32))
 
 
-@pytest.mark.parametrize("weight", [2.0, 2, np.float32(2.0)])
+@pytest.mark.parametrize(
+    "weight", [2.0, 2, np.float32(2.0), np.float64(2.0), np.array(2.0), np.array(2)]
+)
 @pytest.mark.parametrize("function", _WEIGHTED)
 def test_one_number_as_sample_weight_is_refused_saying_one_weight_per_sample(function, weight):
     # The remedy said, torch.as_tensor(sample_weight), made a 0-d tensor, refused next for
-    # its shape ("sample_weight.shape == (), expected (6,)!"); and "is a int".
+    # its shape ("sample_weight.shape == (), expected (6,)!"); and "is a int". A 0-d array
+    # (np.array(2.0)) still got that remedy.
     features, target = torch.randn(6, 4), torch.arange(6) % 3
-    kind = {float: "a float", int: "an int", np.float32: "a numpy.float32"}[type(weight)]
+    kind = {
+        float: "a float",
+        int: "an int",
+        np.float32: "a numpy.float32",
+        np.float64: "a numpy.float64",
+        np.ndarray: "a 0-d numpy.ndarray",
+    }[type(weight)]
     with pytest.raises(TypeError, match=re.escape(
         f"sample_weight is {kind}; it holds one weight per sample: "
         "torch.full((n_samples,), sample_weight) makes them.")):  # fmt: skip
