@@ -57,6 +57,38 @@ def _inner_has(attr: str):
     return lambda self: hasattr(getattr(self, "estimator_", self.estimator), attr)
 
 
+def _stacks_onto_logistic_regression(estimator) -> bool:
+    """Whether ``estimator`` is an unfitted StackingClassifier whose ``final_estimator`` is
+    None (scikit-learn's LogisticRegression once fitted), or a Pipeline or an unfitted
+    search ending in one: scikit-learn reports no ``decision_function`` for it before
+    ``fit``, though its fitted one has it."""
+    from sklearn.ensemble import StackingClassifier
+    from sklearn.model_selection._search import BaseSearchCV
+
+    while True:
+        if isinstance(estimator, StackingClassifier):
+            return estimator.final_estimator is None and not hasattr(estimator, "final_estimator_")
+        if isinstance(estimator, Pipeline):
+            estimator = estimator.steps[-1][1]
+        elif isinstance(estimator, BaseSearchCV) and not hasattr(estimator, "best_estimator_"):
+            estimator = estimator.estimator
+        else:
+            return False
+
+
+class _DecidesOnceFitted(HasMethods):
+    """HasMethods(["fit", "decision_function"]) that also takes an unfitted
+    StackingClassifier of the default ``final_estimator=None`` (which it refused)."""
+
+    def __init__(self):
+        super().__init__(["fit", "decision_function"])
+
+    def is_satisfied_by(self, val):
+        return super().is_satisfied_by(val) or (
+            callable(getattr(val, "fit", None)) and _stacks_onto_logistic_regression(val)
+        )
+
+
 def _decision(estimator, X, classes: np.ndarray) -> np.ndarray:
     """The inner estimator's decision values as a float64 (n_samples, n_classes) array."""
     _check_per_class_decision(estimator, len(classes))  # (the fitted one: a search's best)
@@ -396,7 +428,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
     __metadata_request__fit = {"groups": metadata_routing.UNUSED}
 
     _parameter_constraints: dict = {
-        "estimator": [HasMethods(["fit", "decision_function"])],
+        "estimator": [_DecidesOnceFitted()],
         "scoring": [StrOptions(set(OBJECTIVES)), callable],
         # A fraction of the accuracy, in [0, 1) as accuracy_front's offset_bounds: 5 passed.
         "max_accuracy_drop": [Interval(Real, 0, 1, closed="left"), None],

@@ -1507,6 +1507,30 @@ def test_one_vs_one_decision_values_of_an_ensemble_are_refused(ensemble):
 
 
 @pytest.mark.parametrize(
+    "wrap",
+    [lambda m: m, make_pipeline, lambda m: GridSearchCV(m, {"cv": [2]}, cv=2)],
+    ids=["stacking", "pipeline", "search"],
+)
+def test_a_stacking_classifier_of_the_default_final_estimator_is_tuned(wrap):
+    # final_estimator=None (scikit-learn's default: LogisticRegression once fitted) was
+    # refused: "The 'estimator' parameter ... must be an object implementing 'fit' and
+    # 'decision_function'", since the unfitted StackingClassifier reports none. Its
+    # estimators' decision values (an 'ovo' SVC's pairwise columns) are no matter here.
+    X, y = load_iris(return_X_y=True)
+    X, y = X[::2], y[::2]
+    estimators = [("svc", SVC(decision_function_shape="ovo")), ("nb", GaussianNB())]
+    default = StackingClassifier(estimators, cv=2)
+    explicit = StackingClassifier(estimators, final_estimator=LogisticRegression(), cv=2)
+    clf = TunedOffsetsClassifierCV(wrap(default), cv=2).fit(X, y)
+    expected = TunedOffsetsClassifierCV(wrap(explicit), cv=2).fit(X, y)
+    np.testing.assert_array_equal(clf.offsets_, expected.offsets_)
+    np.testing.assert_array_equal(clf.predict(X), expected.predict(X))
+    # (an MR² probe stacked likewise passes the check, as any estimator does)
+    stacked = StackingClassifier([("mr2", MR2LinearClassifier())])
+    TunedOffsetsClassifierCV(wrap(stacked))._validate_params()
+
+
+@pytest.mark.parametrize(
     "make",
     [
         lambda svc: RFE(svc, n_features_to_select=2),
