@@ -16,7 +16,7 @@ import sklearn
 import torch
 import torch.nn.functional as F
 from sklearn.base import _fit_context
-from sklearn.exceptions import FitFailedWarning
+from sklearn.exceptions import FitFailedWarning, UndefinedMetricWarning
 from sklearn.metrics import check_scoring, get_scorer, get_scorer_names, make_scorer
 from sklearn.model_selection import check_cv
 from sklearn.utils import metadata_routing
@@ -524,18 +524,31 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             # computed on X's device, are scored on the host, as the search scored them.
             X = both_class_logits(to_numpy(self._logits(self._validate_predict_data(X))))
             estimator = HeldOutLogits(self.classes_)
-        score = scorer(estimator, X, y, **kwargs)
-        self._check_defined(score, y)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            score = scorer(estimator, X, y, **kwargs)
+        # scikit-learn's "ROC AUC score is not defined" for a class absent from y: the
+        # weighted one-vs-rest AUC gave that class weight 0 and returned the others' mean
+        # (1.0 on iris without a class), where the unweighted one is NaN and raises.
+        said_undefined = any(
+            issubclass(w.category, UndefinedMetricWarning) and "is not defined" in str(w.message)
+            for w in caught
+        )
+        self._check_defined(score, y, said_undefined)
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
         return score
 
-    def _check_defined(self, score, y) -> None:
-        """Refuse a NaN score of data lacking some of three or more classes. A metric of
-        probabilities is told every class, so that log loss and one-vs-one AUC score such
-        data; one that is still undefined there (one-vs-rest AUC: NaN) raises, as
-        LogisticRegressionCV's score raises for want of the classes' columns. (With two
-        classes both return scikit-learn's NaN for data of one class.)"""
+    def _check_defined(self, score, y, said_undefined: bool = False) -> None:
+        """Refuse a NaN score of data lacking some of three or more classes, or one the
+        metric warned is not defined there (``said_undefined``). A metric of probabilities
+        is told every class, so that log loss and one-vs-one AUC score such data; one that
+        is still undefined there (one-vs-rest AUC: NaN, or weighted, the mean of the
+        classes present) raises, as LogisticRegressionCV's score raises for want of the
+        classes' columns. (With two classes both return scikit-learn's NaN for data of one
+        class.)"""
         try:
-            undefined = bool(np.isnan(score))
+            undefined = bool(np.isnan(score)) or said_undefined
         except (TypeError, ValueError):
             return
         if not undefined or len(self.classes_) < 3:

@@ -1211,11 +1211,17 @@ def test_score_of_probabilities_knows_every_class_on_data_lacking_one():
 
 @pytest.mark.parametrize(
     "scoring, keep",
-    [("roc_auc_ovr", [0, 1]), ("roc_auc_ovr_weighted", [0]), ("roc_auc_ovo", [0])],
+    [
+        ("roc_auc_ovr", [0, 1]),
+        ("roc_auc_ovr_weighted", [0]),
+        ("roc_auc_ovr_weighted", [0, 1]),
+        ("roc_auc_ovo", [0]),
+    ],
 )
 def test_score_undefined_on_data_lacking_a_class_raises(scoring, keep):
     # Told every class, one-vs-rest AUC of rows lacking one was NaN (scikit-learn's "Only
-    # one class is present" warning), where LogisticRegressionCV's score raises.
+    # one class is present" warning), where LogisticRegressionCV's score raises. Weighted,
+    # with the warning, it was the mean of the classes present (1.0 here).
     X, y = load_iris(return_X_y=True)
     search = MR2LinearClassifierCV([1.0], cv=3, scoring=scoring, device="cpu").fit(X, y)
     rows = np.isin(y, keep)
