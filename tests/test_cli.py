@@ -3085,6 +3085,57 @@ def test_a_main_fit_out_of_memory_ends_in_one_line_with_advice(
         main([*argv, "--debug"])
 
 
+@pytest.mark.parametrize("kind", _MAIN_FIT_OOM)
+@pytest.mark.parametrize("given_out", [True, False], ids=["out", "no_out"])
+def test_predictions_out_of_memory_end_in_one_line_and_keep_the_models(
+    kind, given_out, files, tmp_path, monkeypatch, capsys
+):
+    # Out of memory predicting the test set, after the fits, ended in a traceback and
+    # lost the fitted models, where a main fit's ends in one line.
+    import mr2_probe._device
+
+    error = _MAIN_FIT_OOM[kind][0]
+    said = "the device memory" if kind == "device" else "memory"
+
+    def failing(self, X):
+        raise error
+
+    monkeypatch.setattr(MR2LinearClassifier, "predict", failing)
+    monkeypatch.setattr(
+        mr2_probe._device, "resolve_device", lambda device: types.SimpleNamespace(type="cuda")
+    )
+    out = tmp_path / "run"
+    out.mkdir()
+    # An earlier run's files, of other models (its command.json marks them as a run's)
+    (out / "command.json").write_text(json.dumps({"train": "old.npz", "out": str(out)}))
+    for name in ("report.json", "groups.png"):
+        (out / name).write_text("{}")
+    argv = [str(files / "train.npz"), "--max-iter", "20", "--no-progress"]
+    argv += ["--out", str(out)] if given_out else []
+    code, lines = _error(argv, capsys)
+    what = {
+        "device": "CUDA out of memory. Tried to allocate 2.00 GiB",
+        "machine": "Unable to allocate 3.00 GiB for an array",
+    }[kind]
+    kept = (
+        f"the fitted models are written to {out / 'models.joblib'}, the reports are not"
+        if given_out
+        else "nothing is written (no --out)"
+    )
+    advice = "--device cpu (the machine's memory; slower)" if kind == "device" else "freeing memory"
+    assert code == 1 and lines[-1] == (
+        f"mr2-probe: error: ERM ran out of {said} in its predictions after the fits ({what}); "
+        f"{kept}. Try {advice}, or a machine with more"
+    )
+    assert not any(line.startswith("Traceback") for line in lines)
+    if given_out:
+        assert set(joblib.load(out / "models.joblib")) == {"ERM", "MR2"}
+        assert json.loads((out / "command.json").read_text())["train"] != "old.npz"
+        assert not (out / "report.json").exists() and not (out / "groups.png").exists()
+    with pytest.raises(type(error)):
+        main([*argv, "--debug"])
+
+
 def test_a_main_fit_out_of_memory_names_the_options_of_its_search(files, monkeypatch, capsys):
     import mr2_probe._device
 

@@ -35,7 +35,7 @@ from ._options import (
     _parser,
     _solver,
 )
-from ._outputs import _OUTPUTS, _claim_out, _once, _prepare_out, _write_outputs
+from ._outputs import _OUTPUTS, _claim_out, _once, _prepare_out, _write_models, _write_outputs
 from ._usage import (
     RunError,
     Terminated,
@@ -203,7 +203,20 @@ def _fit_and_report(
     def named(labels):  # a store's integer codes -> its class names, for the report only
         return np.asarray(labels) if names is None else np.asarray(names)[labels]
 
-    predictions = {name: named(model.predict(X_test)) for name, model in fitted.items()}
+    predictions = {}
+    for name, model in fitted.items():
+        try:
+            predictions[name] = named(model.predict(X_test))
+        except (RuntimeError, MemoryError) as error:
+            # Out of memory after the fits (torch's RuntimeError, MemoryError) ended in a
+            # traceback, where a main fit's ends in one line: the same line, and the
+            # fitted models are written (the reports, which need the predictions, not).
+            what = _out_of_memory(error)
+            if what is None or args.debug:
+                raise
+            if out is not None:
+                _write_models(out, fitted, args, names, launched)
+            raise RunError(_predict_out_of_memory_line(name, what, error, out, args)) from error
     # The classes in the order of their codes (class_names.json), not sorted by name.
     order = named(np.unique(y_test))
     report = classwise_report(predictions, named(y_test), reference=erm_name, labels=order)
@@ -264,6 +277,25 @@ def _fit_and_report(
         if _write_outputs(*written):
             status = status or 1  # a figure failed and is missing
     return status
+
+
+def _predict_out_of_memory_line(name: str, what: str, error, out, args) -> str:
+    """The one line of ``name``'s predictions that ran out of memory after the fits, the
+    models written to ``out`` (None: no --out, nothing written)."""
+    from .._device import resolve_device
+
+    host = isinstance(error, MemoryError) or "can't allocate memory" in str(error)
+    on_gpu = not host and resolve_device(args.device).type != "cpu"
+    kept = (
+        f"the fitted models are written to {out / 'models.joblib'}, the reports are not"
+        if out is not None
+        else "nothing is written (no --out)"
+    )
+    advice = "--device cpu (the machine's memory; slower)" if on_gpu else "freeing memory"
+    return (
+        f"{name} ran out of {'memory' if host else 'the device memory'} in its predictions "
+        f"after the fits ({what}); {kept}. Try {advice}, or a machine with more"
+    )
 
 
 def _out_of_memory_line(name: str, what: str, error, names: list, args) -> str:

@@ -183,14 +183,6 @@ def _write_outputs(
         plot_margins,
     )
 
-    # As the run read them: None for what it does not read (a search's --cv without one).
-    # Also null: an option whose parameter --grid searched (its value is the default,
-    # which no model took; the grid's values are under "grid"). --seed still seeds the
-    # splits where the grid searches random_state.
-    searched = {_dest(_OPTIONS[name]) for name in _grid(args.grid) if name in _OPTIONS}
-    unread = _unread_options(args) | (searched - {"seed"})
-    options = {k: None if k in unread else v for k, v in vars(args).items() if k != "scale"}
-    options = _rerunnable(options, launched)
     text, markdown = [report.to_text(per_class=True)], [report.to_markdown(per_class=True)]
     if lines:
         text.append("\n".join(lines))
@@ -202,19 +194,13 @@ def _write_outputs(
     # The models and the reports are written whole beside their places, then moved into
     # them together: a run that fails or is killed leaves the earlier run's set, never a
     # truncated model or reports that describe other models.
-    files = {  # command.json first: it marks the folder as a run's (_earlier_run)
-        "command.json": _text(_strict_json(options, indent=2)),
-        "models.joblib": lambda path: joblib.dump({k: _quiet(m) for k, m in fitted.items()}, path),
+    files = _model_files(fitted, args, names, launched)
+    files |= {
         "report.txt": _text("\n\n".join(text)),
         "report.md": _text("\n\n".join(markdown)),
         "report.json": _text(_strict_json(data, indent=2, ensure_ascii=False)),
     }
-    if names is not None:
-        files["class_names.json"] = _text(json.dumps(names, ensure_ascii=False))
-    for name in _OUTPUTS:  # a killed run's files half written (this run holds the folder)
-        partial = _partial(out, name)
-        if partial.is_symlink() or not partial.is_dir():  # (a folder is none: the user's)
-            partial.unlink(missing_ok=True)
+    _remove_partials(out)
     # With them, an earlier run's class names (which would describe other data) and its
     # figures go; then the figures are drawn, each whole or not at all.
     stale = [*_FIGURES, *(["class_names.json"] if names is None else [])]
@@ -249,6 +235,44 @@ def _write_outputs(
         _warn_of_missing_glyphs(glyphs, [*report.labels, *trained])
     print(f"wrote report, plots and models to {out}/", file=sys.stderr)
     return failed
+
+
+def _model_files(fitted: dict, args, names, launched: dict | None) -> dict:
+    """command.json, models.joblib and (of a store's codes) class_names.json: name ->
+    function writing a path, command.json first (it marks the folder as a run's,
+    _earlier_run)."""
+    # As the run read them: None for what it does not read (a search's --cv without one).
+    # Also null: an option whose parameter --grid searched (its value is the default,
+    # which no model took; the grid's values are under "grid"). --seed still seeds the
+    # splits where the grid searches random_state.
+    searched = {_dest(_OPTIONS[name]) for name in _grid(args.grid) if name in _OPTIONS}
+    unread = _unread_options(args) | (searched - {"seed"})
+    options = {k: None if k in unread else v for k, v in vars(args).items() if k != "scale"}
+    options = _rerunnable(options, launched)
+    files = {
+        "command.json": _text(_strict_json(options, indent=2)),
+        "models.joblib": lambda path: joblib.dump({k: _quiet(m) for k, m in fitted.items()}, path),
+    }
+    if names is not None:
+        files["class_names.json"] = _text(json.dumps(names, ensure_ascii=False))
+    return files
+
+
+def _write_models(out: Path, fitted: dict, args, names, launched: dict | None = None) -> None:
+    """The fitted models alone (with command.json and class_names.json), where the run
+    could not go on to its reports: an earlier run's reports and figures go, which would
+    describe other models."""
+    files = _model_files(fitted, args, names, launched)
+    _remove_partials(out)
+    _replace_together(out, files, stale=[name for name in _OUTPUTS if name not in files])
+
+
+def _remove_partials(out: Path) -> None:
+    """A killed run's files half written (this run holds the folder)."""
+    for name in _OUTPUTS:
+        partial = _partial(out, name)
+        if partial.is_symlink() or not partial.is_dir():  # (a folder is none: the user's)
+            partial.unlink(missing_ok=True)
 
 
 #: The options that name files or folders: command.json writes them absolute.
