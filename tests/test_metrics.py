@@ -324,17 +324,32 @@ def test_groups_keyed_by_another_kind_than_datetime64_y_are_refused_as_a_mix(sco
         score(y, y, groups)
 
 
-@pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
-def test_groups_keyed_by_dates_as_text_are_told_how_to_read_them(score):
+_DURATIONS = ("duration", "read as durations by pandas:", "pd.Timedelta")
+_TEXT_KEYS = {
     # A report's labels and groups (its JSON's ISO text) were said not to be in the groups.
-    y = np.array(["2024-01-01", "2024-01-02", "2024-01-02"], "datetime64[ns]")
+    "dates": (
+        np.array(["2024-01-01", "2024-01-02", "2024-01-02"], "datetime64[ns]"),
+        *("datetime64", "are read as dates by", "np.datetime64"),
+    ),
+    # A report's groups of durations (its JSON's text) were refused as a mix with no cure,
+    # where those of dates are told how to read them.
+    "days": (np.array([1, 2, 2], "timedelta64[D]"), *_DURATIONS),
+    "nanoseconds": (np.array([1, 2, 2], "timedelta64[ns]"), *_DURATIONS),
+}
+
+
+@pytest.mark.parametrize("case", _TEXT_KEYS)
+@pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
+def test_groups_keyed_by_dates_or_durations_as_text_are_told_how_to_read_them(score, case):
+    y, kind, said, reader = _TEXT_KEYS[case]
+    key = np.datetime64 if reader == "np.datetime64" else pytest.importorskip("pandas").Timedelta
     groups = {str(label): group for label, group in class_groups(y, y).items()}
-    cure = "{np.datetime64(label): group for label, group in groups.items()}"
-    with pytest.raises(ValueError, match=r"^Mix of label input types \(string and datetime64\)"):
+    cure = f"{{{reader}(label): group for label, group in groups.items()}}"
+    with pytest.raises(ValueError, match=rf"^Mix of label input types \(string and {kind}\)"):
         score(y, y, groups)
-    with pytest.raises(ValueError, match=re.escape(f"are read as dates by {cure}.")):
+    with pytest.raises(ValueError, match=re.escape(f"{said} {cure}.")):
         score(y, y, groups)
-    read = {np.datetime64(label): group for label, group in groups.items()}  # (the cure)
+    read = {key(label): group for label, group in groups.items()}  # (the cure)
     expected = score(y, y[[0, 0, 2]], class_groups(y, y))
     assert score(y, y[[0, 0, 2]], read) == pytest.approx(expected, nan_ok=True)
 
@@ -365,24 +380,6 @@ def test_text_for_durations_or_aware_dates_is_refused_without_the_cure_of_naive_
         per_class_accuracy(y, y, labels=text)
     with pytest.raises(ValueError, match=r"^Mix of label input types .* labels\.$"):
         classwise_summary(y, y, dict(zip(text, ["easy", "hard"], strict=True)))
-
-
-@pytest.mark.parametrize("unit", ["D", "ns"])
-@pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
-def test_groups_keyed_by_durations_as_text_are_told_how_to_read_them(score, unit):
-    # A report's groups of durations (its JSON's text) were refused as a mix with no cure,
-    # where those of dates are told how to read them.
-    pd = pytest.importorskip("pandas")
-    y = np.array([1, 2, 2], f"timedelta64[{unit}]")
-    groups = {str(label): group for label, group in class_groups(y, y).items()}
-    cure = "{pd.Timedelta(label): group for label, group in groups.items()}"
-    with pytest.raises(ValueError, match=r"^Mix of label input types \(string and duration\)"):
-        score(y, y, groups)
-    with pytest.raises(ValueError, match=re.escape(f"read as durations by pandas: {cure}.")):
-        score(y, y, groups)
-    read = {pd.Timedelta(label): group for label, group in groups.items()}  # (the cure)
-    expected = score(y, y[[0, 0, 2]], class_groups(y, y))
-    assert score(y, y[[0, 0, 2]], read) == pytest.approx(expected, nan_ok=True)
 
 
 @pytest.mark.parametrize("score", [classwise_summary, group_accuracy])
