@@ -295,7 +295,14 @@ def check_tensors(caller: str, **values) -> None:
 
 def check_weight_shape(sample_weight, shape) -> None:
     """Refuse sample weights (or None) of another shape than ``shape``, the samples', in
-    scikit-learn's words (weights of shape (B, 1) broadcast, or failed inside torch)."""
+    scikit-learn's words (weights of shape (B, 1) broadcast, or failed inside torch); and
+    complex ones (a loss of them was complex, the imaginary part of the weights cast away
+    with torch's warning once per process, or "gt_cpu" not implemented for 'ComplexFloat')."""
+    if sample_weight is not None and sample_weight.is_complex():
+        raise TypeError(
+            f"sample_weight must be real numbers, got a tensor of dtype {sample_weight.dtype}: "
+            "pass its real part (sample_weight.real) or its magnitude (sample_weight.abs())."
+        )
     if sample_weight is not None and sample_weight.shape != shape:
         raise ValueError(
             f"sample_weight.shape == {tuple(sample_weight.shape)}, expected {tuple(shape)}!"

@@ -868,6 +868,17 @@ def test_sample_weights_that_are_no_tensors_are_refused_by_name(function):
         function(features, target, np.ones(6, dtype=np.float32))
 
 
+@pytest.mark.parametrize("function", _WEIGHTED)
+def test_complex_sample_weights_are_refused(function):
+    # margin_cross_entropy returned a complex loss (the weights' imaginary part cast away
+    # with torch's warning, once per process); compactness_loss failed with "gt_cpu" not
+    # implemented for 'ComplexFloat'.
+    features, target = torch.randn(6, 4), torch.arange(6) % 3
+    weight = torch.ones(6, dtype=torch.complex64)
+    with pytest.raises(TypeError, match=r"^sample_weight must be real numbers, got a tensor of"):
+        function(features, target, weight)
+
+
 @pytest.mark.parametrize(
     "weight", [2.0, 2, np.float32(2.0), np.float64(2.0), np.array(2.0), np.array(2)]
 )
