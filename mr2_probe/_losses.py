@@ -95,7 +95,7 @@ def margin_cross_entropy(
     gamma = margins.gather(0, target.reshape(-1)).view(target.shape)
     scaled = logits / gamma[:, None]  # (B, K)
     loss = F.cross_entropy(scaled, target, reduction="none")  # (B,)
-    if sample_weight is not None:
+    if sample_weight is not None and reduction != "mean":
         loss = loss * sample_weight
     if reduction == "none":
         return loss
@@ -104,9 +104,20 @@ def margin_cross_entropy(
     if sample_weight is None:
         return loss.mean()
     # Summed in float32 at least: in float16 both sums pass 65504 beyond about 30,000
-    # samples, and the mean was inf / inf (or inf).
-    mean = float32_at_least(loss).sum() / float32_at_least(sample_weight).sum()
-    return mean.to(loss.dtype)
+    # samples, and the mean was inf / inf (or inf). The weights are taken relative to
+    # the largest, which leaves the mean as it is: float32 weights of 3e38 summed to inf
+    # (a mean of NaN), and subnormal ones (1e-45) kept a bit or two of each w·ℓ.
+    weight = relative_weights(float32_at_least(sample_weight))
+    mean = (float32_at_least(loss) * weight).sum() / weight.sum()
+    return mean.to(torch.promote_types(loss.dtype, sample_weight.dtype))
+
+
+def relative_weights(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` divided by its largest magnitude (unchanged where all are 0, or none):
+    a weighted mean's weights, whose sums then neither overflow nor lose subnormal ones."""
+    if not weight.numel():  # (amax refuses an empty tensor)
+        return weight
+    return weight / weight_divisor(weight.abs().amax())
 
 
 def pairwise_sq_distances(features: torch.Tensor) -> torch.Tensor:
@@ -234,7 +245,8 @@ def compactness_loss(
     # the number of classes present (of positive weight).
     if weight is None:
         share = 1.0 / same.sum(1).to(loss.dtype)  # (B,)
-    else:
+    else:  # (relative to the largest weight: the classes' sums of 3e38 were inf, shares 0)
+        weight = relative_weights(weight)
         class_weight = same.to(loss.dtype) @ weight  # W_{y_i} (B,)
         share = weight / weight_divisor(class_weight)
     return (loss * share).sum() / share.sum().clamp_min(1.0)

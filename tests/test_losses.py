@@ -868,6 +868,34 @@ def test_sample_weights_that_are_no_tensors_are_refused_by_name(function):
         function(features, target, np.ones(6, dtype=np.float32))
 
 
+@pytest.mark.parametrize("value", [3e38, 1e-45])
+def test_weighted_mean_of_huge_or_subnormal_float32_weights_is_the_mean(value):
+    # The mean is the same for any common weight: weights of 3e38 summed to inf (a loss of
+    # NaN), and of 1e-45 (subnormal) each w·ℓ kept a bit or two (0.83 for 1.02).
+    logits, target = (
+        torch.randn(6, 3, generator=torch.Generator().manual_seed(0)),
+        torch.arange(6) % 3,
+    )
+    weight = torch.full((6,), value)
+    expected = margin_cross_entropy(logits, target, torch.ones(3))
+    got = margin_cross_entropy(logits, target, torch.ones(3), sample_weight=weight)
+    torch.testing.assert_close(got, expected)
+
+
+def test_compactness_mean_of_huge_float32_weights_is_float64s():
+    # The class averages' weights (two samples of 2e38 a class) summed to inf: every share
+    # 0, a loss of 0 (as a sample counts as w copies, it is log w ≈ 88 and more).
+    features, target = (
+        torch.randn(6, 4, generator=torch.Generator().manual_seed(0)),
+        torch.arange(6) % 3,
+    )
+    weight = torch.full((6,), 2e38)
+    got = compactness_loss(features, target, 1.0, sample_weight=weight)
+    expected = compactness_loss(features.double(), target, 1.0, sample_weight=weight.double())
+    assert got > 80
+    torch.testing.assert_close(got.double(), expected)
+
+
 @pytest.mark.parametrize("function", _WEIGHTED)
 def test_complex_sample_weights_are_refused(function):
     # margin_cross_entropy returned a complex loss (the weights' imaginary part cast away
