@@ -487,7 +487,13 @@ def _sample_weight(sample_weight, n_samples: int) -> np.ndarray:
     """Sample weights as a float array (ones by default), checked for shape and sign."""
     if sample_weight is None:
         return np.ones(n_samples)
-    weight = _array(sample_weight, dtype=float, name="sample_weight")
+    weight = _array(sample_weight, name="sample_weight")
+    if weight.dtype.kind == "c":  # (a cast dropped the imaginary part, with NumPy's warning)
+        raise ValueError(
+            f"Complex data not supported: sample_weight has dtype {weight.dtype}. Pass real "
+            "weights, for example its real part (.real)."
+        )
+    weight = weight.astype(float, copy=False)
     if weight.shape != (n_samples,):
         raise ValueError(
             f"sample_weight must have shape ({n_samples},) like y_true, got {weight.shape}."

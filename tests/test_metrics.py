@@ -575,10 +575,18 @@ def test_tiny_sample_weights_beside_large_ones_keep_their_class():
 
 
 @pytest.mark.parametrize(
-    "weight, match", [(np.ones(3), r"shape \(200,\)"), (-np.ones(200), "non-negative"),
-                      (np.zeros(200), "sums to zero")],
-)  # fmt: skip
+    "weight, match",
+    [
+        (np.ones(3), r"shape \(200,\)"),
+        (-np.ones(200), "non-negative"),
+        (np.zeros(200), "sums to zero"),
+        (np.ones(200) + 1j, r"^Complex data not supported: sample_weight has"),
+        (torch.ones(200, dtype=torch.complex64), "sample_weight has dtype complex64"),
+    ],
+)
+@pytest.mark.filterwarnings("error::numpy.exceptions.ComplexWarning")  # (no cast to try)
 def test_bad_sample_weights_are_named(weight, match):
+    # Complex weights were cast to their real part, with NumPy's warning alone.
     with pytest.raises(ValueError, match=match):
         per_class_accuracy(np.zeros(200), np.zeros(200), sample_weight=weight)
 
