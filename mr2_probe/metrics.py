@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from numbers import Integral, Number
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.metrics import get_scorer, make_scorer
 from sklearn.utils import column_or_1d
 
@@ -308,7 +309,14 @@ def _array(a, dtype=None, name: str | None = None) -> np.ndarray:
     as the estimators read it (:func:`~mr2_probe._data.numpy_if_tensor`): NumPy failed on
     one on a GPU, requiring grad or of bfloat16 ("Got unsupported ScalarType BFloat16").
     ``name`` is what an error calls it (a complex32 or packed tensor: "y_true is a tensor
-    of dtype torch.complex32")."""
+    of dtype torch.complex32"). A SciPy sparse matrix is refused in scikit-learn's words:
+    NumPy made it an array of one object ("got an array of shape ()", "setting an array
+    element with a sequence")."""
+    if sp.issparse(a):
+        raise TypeError(
+            f"Sparse data was passed for {name or 'an argument'}, but dense data is required. "
+            "Use '.toarray()' to convert to a dense numpy array."
+        )
     return np.asarray(numpy_if_tensor(a, name), dtype=dtype)
 
 

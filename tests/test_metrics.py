@@ -575,6 +575,25 @@ def test_tiny_sample_weights_beside_large_ones_keep_their_class():
 
 
 @pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        ("y_true", lambda y, s: per_class_accuracy(s.T, y)),
+        ("y_pred", lambda y, s: per_class_accuracy(y, s.T)),
+        ("sample_weight", lambda y, s: per_class_accuracy(y, y, sample_weight=s)),
+        ("labels", lambda y, s: per_class_accuracy(y, y, labels=s[:, :3])),
+        ("reference_accuracy", lambda y, s: difficulty_groups(s[:, :3])),
+    ],
+)
+def test_sparse_matrices_are_refused_by_name_as_scikit_learn_refuses_them(name, call):
+    # NumPy made one an array of one object: "y_true should be a 1d array, got an array
+    # of shape ()", or "setting an array element with a sequence".
+    scipy_sparse = pytest.importorskip("scipy.sparse")
+    y = np.array([0, 0, 1, 1, 2, 2])
+    with pytest.raises(TypeError, match=f"^Sparse data was passed for {re.escape(name)}, but"):
+        call(y, scipy_sparse.csr_matrix(y + 1.0))
+
+
+@pytest.mark.parametrize(
     "weight, match",
     [
         (np.ones(3), r"shape \(200,\)"),
