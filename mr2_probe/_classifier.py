@@ -45,6 +45,7 @@ from ._data import (
     plain,
     read_h5,
     reject_complex,
+    summable_weights,
     whole_or_unchanged,
 )
 from ._device import default_torch_modes, resolve_device, to_numpy, to_tensor, torch_dtype
@@ -1360,7 +1361,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         """Mean accuracy of :meth:`predict` on ``(X, y)``; y may be a torch tensor."""
         check_h5_open(X=X, y=y, sample_weight=sample_weight)
         y = numpy_if_tensor(y, "y")
-        sample_weight = numpy_if_tensor(sample_weight, "sample_weight")
+        sample_weight = summable_weights(numpy_if_tensor(sample_weight, "sample_weight"))
         return super().score(X, y, sample_weight=sample_weight)
 
     def predict(self, X):

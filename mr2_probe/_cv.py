@@ -49,6 +49,7 @@ from ._data import (
     is_torch_tensor,
     numpy_if_tensor,
     routing_enabled,
+    summable_weights,
     whole_or_unchanged,
 )
 from ._device import default_torch_modes, to_numpy, to_tensor
@@ -511,6 +512,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             given = {**kwargs, **params}
             kwargs = dict(process_routing(self, "score", **given).scorer.score)
         kwargs = {key: numpy_if_tensor(value, key) for key, value in kwargs.items()}
+        if "sample_weight" in kwargs:  # (weights near the largest float scored NaN)
+            kwargs["sample_weight"] = summable_weights(kwargs["sample_weight"])
         if self.scoring is None:
             return super().score(X, y, sample_weight=kwargs.get("sample_weight"))
         y = numpy_if_tensor(y, "y")

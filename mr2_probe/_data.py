@@ -35,6 +35,27 @@ def numpy_if_tensor(value, name: str | None = None):
     return to_numpy(value, name) if is_torch_tensor(value) else value
 
 
+def summable(weight: np.ndarray) -> np.ndarray:
+    """Non-negative float weights scaled down by a power of two, which changes no ratio of
+    their sums, as far as keeps those sums finite (weights near the largest float summed
+    to inf); as they are where they sum finite already. (Scaled further, tiny weights
+    beside them were lost to underflow.)"""
+    if not weight.size or not np.isfinite(top := weight.max()) or not top > 0:
+        return weight
+    shift = 1023 - np.frexp(top)[1] - len(weight).bit_length()
+    return np.ldexp(weight, shift) if shift < 0 else weight
+
+
+def summable_weights(sample_weight):
+    """A score's ``sample_weight`` (None, or an array-like) with :func:`summable` applied
+    where it is a vector of floats: scikit-learn's metrics summed weights near the largest
+    float to inf, and scored NaN. Anything else is left for scikit-learn to judge."""
+    weight = None if sample_weight is None else np.asarray(sample_weight)
+    if weight is None or weight.dtype.kind != "f" or weight.ndim != 1:
+        return sample_weight
+    return summable(weight.astype(np.float64))
+
+
 def plain(value):
     """``value`` as Python's number or text where it is NumPy's, for a message: 'cat', 3,
     True, not NumPy 2's np.str_('cat'), np.int64(3), np.True_."""

@@ -17,7 +17,7 @@ import scipy.sparse as sp
 from sklearn.metrics import get_scorer, make_scorer
 from sklearn.utils import column_or_1d
 
-from ._data import check_no_missing_labels, is_na, numpy_if_tensor, plain
+from ._data import check_no_missing_labels, is_na, numpy_if_tensor, plain, summable
 
 GROUP_NAMES = ("easy", "medium", "hard")
 
@@ -511,11 +511,9 @@ def _sample_weight(sample_weight, n_samples: int) -> np.ndarray:
     if n_samples and not weight.max() > 0:
         raise ValueError("sample_weight sums to zero: there is no sample to score.")
     # Weights near the largest float overflowed in a class's sum (scored 0% or NaN, the
-    # overall NaN): scaled down by a power of two, which changes no ratio of the sums, only
-    # as far as keeps their sum finite. (Scaled further, tiny weights beside them were lost
-    # to underflow: a class of them scored NaN.)
-    shift = 1023 - np.frexp(weight.max())[1] - n_samples.bit_length() if n_samples else 0
-    return np.ldexp(weight, shift) if shift < 0 else weight
+    # overall NaN). (Scaled further, tiny weights beside them were lost to underflow: a
+    # class of them scored NaN.)
+    return summable(weight)
 
 
 def _present(accuracy: np.ndarray) -> np.ndarray:

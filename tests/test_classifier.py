@@ -952,6 +952,23 @@ def test_nonfinite_input_gets_numpys_error_on_every_path(
     )
 
 
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_score_with_weights_near_the_largest_float_is_their_ratio(as_tensor):
+    # scikit-learn's accuracy summed them to inf: a score of NaN, with NumPy's overflow
+    # warning, where the fit takes such weights (as C times them).
+    X, y = _blobs(n=60)
+    clf = MR2LinearClassifier(device="cpu").fit(X, y)
+    y[::3] = (y[::3] + 1) % 4  # some wrong
+    weight = np.linspace(1.0, 2.0, len(y))
+    expected = clf.score(X, y, sample_weight=weight)
+    huge = weight * (1e308 / 2)
+    huge = torch.as_tensor(huge) if as_tensor else huge
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no overflow)
+        assert clf.score(X, y, sample_weight=huge) == pytest.approx(expected)
+    assert 0 < expected < 1
+
+
 @pytest.fixture
 def torch_warns_always():
     """torch's warnings every time, not once per process (TORCH_WARN_ONCE): a test that a

@@ -1234,6 +1234,18 @@ def test_score_undefined_on_data_lacking_a_class_raises(scoring, keep):
             search.score(X[rows], y[rows])
 
 
+@pytest.mark.parametrize("scoring", [None, "accuracy", "balanced_accuracy"])
+def test_score_with_weights_near_the_largest_float_is_their_ratio(scoring):
+    # scikit-learn's metrics summed them to inf: a score of NaN, with NumPy's warning.
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV([1.0], cv=2, scoring=scoring, device="cpu").fit(X, y)
+    weight = np.linspace(1.0, 2.0, len(y))
+    expected = search.score(X, y, sample_weight=weight)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no overflow)
+        assert search.score(X, y, sample_weight=weight * (1e308 / 2)) == pytest.approx(expected)
+
+
 def test_score_of_two_classes_on_data_of_one_is_nan_as_scikit_learns():
     # With two classes, LogisticRegressionCV's score too is NaN (with the warning).
     from sklearn.exceptions import UndefinedMetricWarning
