@@ -3085,6 +3085,38 @@ def test_a_main_fit_out_of_memory_ends_in_one_line_with_advice(
         main([*argv, "--debug"])
 
 
+@pytest.mark.parametrize(
+    "options, advice",
+    [
+        ([], "freeing memory, or a machine with more"),
+        (
+            ["--feature-scaling", "standard", "--tilt", "1"],
+            "an HDF5 store without --feature-scaling standard, --tilt (its features then stay "
+            "in the file), or freeing memory, or a machine with more",
+        ),
+    ],
+)
+def test_inputs_out_of_memory_end_in_one_line(
+    options, advice, files, tmp_path, monkeypatch, capsys
+):
+    # Memory that ran out reading the inputs ended in a traceback, where a fit's ends in one
+    # line.
+    def failing(args, stack=None):
+        raise MemoryError("Unable to allocate 30.0 GiB for an array")
+
+    monkeypatch.setattr(cli_main, "_inputs", failing)
+    out = tmp_path / "runs" / "probe"
+    argv = [str(files / "train.npz"), *options, "--out", str(out), "--no-progress"]
+    code, lines = _error(argv, capsys)
+    assert code == 1 and lines == [
+        "mr2-probe: error: reading the inputs ran out of memory (Unable to allocate 30.0 GiB "
+        f"for an array); nothing is written. Try {advice}"
+    ]
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(MemoryError):
+        main([*argv, "--debug"])
+
+
 @pytest.mark.parametrize("kind", _MAIN_FIT_OOM)
 @pytest.mark.parametrize("given_out", [True, False], ids=["out", "no_out"])
 def test_predictions_out_of_memory_end_in_one_line_and_keep_the_models(

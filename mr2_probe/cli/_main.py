@@ -124,7 +124,14 @@ def _run(args, given: frozenset = frozenset(), launched: dict | None = None) -> 
         # folds are copies) and the front (--tilt, --offsets) take arrays, and read the
         # stores whole.
         streamed = args.feature_scaling == "none" and not grid and not (args.tilt or args.offsets)
-        inputs = _inputs(args, stack if streamed else None)
+        try:
+            inputs = _inputs(args, stack if streamed else None)
+        except (RuntimeError, MemoryError) as error:
+            # (a traceback, where a fit out of memory ends in one line)
+            what = _out_of_memory(error)
+            if what is None or args.debug:
+                raise
+            raise RunError(_inputs_out_of_memory_line(what, args, grid)) from error
         _check_splits(inputs[1], grid, args, inputs[4])
         _check_on_data(grid, args, inputs[0].shape[1])
         if out is not None:  # created once the inputs are checked: a refused run leaves none
@@ -277,6 +284,29 @@ def _fit_and_report(
         if _write_outputs(*written):
             status = status or 1  # a figure failed and is missing
     return status
+
+
+def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
+    """The one line of inputs that ran out of memory as they were read (``what``: its
+    error, short), naming the options under which a store is read whole."""
+    whole = [
+        option
+        for option, given in (
+            (f"--feature-scaling {args.feature_scaling}", args.feature_scaling != "none"),
+            ("--grid", bool(grid)),
+            ("--tilt", bool(args.tilt)),
+            ("--offsets", bool(args.offsets)),
+        )
+        if given
+    ]
+    advice = ["freeing memory, or a machine with more"]
+    if whole:  # (a store larger than a quarter of memory stays in its file without them)
+        stream = f"an HDF5 store without {', '.join(whole)} (its features then stay in the file)"
+        advice.insert(0, stream)
+    return (
+        f"reading the inputs ran out of memory ({what}); nothing is written. "
+        f"Try {', or '.join(advice)}"
+    )
 
 
 def _predict_out_of_memory_line(name: str, what: str, error, out, args) -> str:
