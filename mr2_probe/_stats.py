@@ -304,8 +304,14 @@ def check_weight_shape(sample_weight, shape) -> None:
             "pass its real part (sample_weight.real) or its magnitude (sample_weight.abs())."
         )
     if sample_weight is not None and sample_weight.shape != shape:
+        # (a 0-d tensor, one number, was told its shape alone, where a float is told more)
+        cure = (
+            f" It holds one weight per sample: sample_weight.expand({tuple(shape)}) makes them."
+            if sample_weight.ndim == 0
+            else ""
+        )
         raise ValueError(
-            f"sample_weight.shape == {tuple(sample_weight.shape)}, expected {tuple(shape)}!"
+            f"sample_weight.shape == {tuple(sample_weight.shape)}, expected {tuple(shape)}!{cure}"
         )
 
 

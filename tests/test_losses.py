@@ -897,6 +897,19 @@ def test_compactness_mean_of_huge_float32_weights_is_float64s():
 
 
 @pytest.mark.parametrize("function", _WEIGHTED)
+def test_a_0d_tensor_as_sample_weight_is_told_how_to_make_one_per_sample(function):
+    # It was told its shape alone ("sample_weight.shape == (), expected (6,)!"), where a
+    # float is told how to make one weight per sample.
+    features, target = torch.randn(6, 4), torch.arange(6) % 3
+    with pytest.raises(ValueError, match=re.escape(
+        "sample_weight.shape == (), expected (6,)! It holds one weight per sample: "
+        "sample_weight.expand((6,)) makes them.")):  # fmt: skip
+        function(features, target, torch.tensor(2.0))
+    cured = torch.tensor(2.0).expand((6,))  # (the cure, which the functions take)
+    function(features, target, cured)
+
+
+@pytest.mark.parametrize("function", _WEIGHTED)
 def test_complex_sample_weights_are_refused(function):
     # margin_cross_entropy returned a complex loss (the weights' imaginary part cast away
     # with torch's warning, once per process); compactness_loss failed with "gt_cpu" not
