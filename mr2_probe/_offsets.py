@@ -46,6 +46,7 @@ from ._data import (
     plain,
     read_h5,
     routing_enabled,
+    summable_weights,
     whole_or_unchanged,
 )
 from ._offset_search import OBJECTIVES, scoring_function, tune_class_offsets
@@ -754,7 +755,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         check_h5_open(X=X, y=y, sample_weight=sample_weight)  # h5py's words otherwise
         # (tensors NumPy cannot read, on a GPU or requiring grad, as an MR² probe's score)
         y = numpy_if_tensor(y, "y")
-        sample_weight = numpy_if_tensor(sample_weight, "sample_weight")
+        # (weights near the largest float summed to inf in accuracy_score: NaN)
+        sample_weight = summable_weights(numpy_if_tensor(sample_weight, "sample_weight"))
         return super().score(X, y, sample_weight=sample_weight)
 
     @available_if(_inner_has("predict_proba"))

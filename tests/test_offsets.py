@@ -1506,6 +1506,18 @@ def test_one_vs_one_decision_values_of_an_ensemble_are_refused(ensemble):
             TunedOffsetsClassifierCV(estimator, cv=cv).fit(X, y)
 
 
+def test_score_with_weights_near_the_largest_float_is_their_ratio():
+    # accuracy_score summed them to inf: a score of NaN, with NumPy's overflow warning.
+    X, y = load_iris(return_X_y=True)
+    clf = TunedOffsetsClassifierCV(make_pipeline(StandardScaler(), LogisticRegression()), cv=2)
+    clf.fit(X, y)
+    weight = np.linspace(1.0, 2.0, len(y))
+    expected = clf.score(X, y, sample_weight=weight)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no overflow)
+        assert clf.score(X, y, sample_weight=weight * (1e308 / 2)) == pytest.approx(expected)
+
+
 @pytest.mark.parametrize(
     "wrap",
     [lambda m: m, make_pipeline, lambda m: GridSearchCV(m, {"cv": [2]}, cv=2)],
