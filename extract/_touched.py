@@ -43,7 +43,8 @@ def first_other_bytes(
     items of the store, increasing) whose image bytes, read now, are not those its
     ``content_sha256`` records (one that recorded none, or cannot be read now, is not):
     its position in ``rows``, and the error that stopped its read (None where its bytes
-    were read); None where every one is the same.
+    were read, or where it recorded none: not read, nothing to compare them with); None
+    where every one is the same.
 
     Rows of one container are read together, a block at a time; a row's file or container
     is checked to be the one listed now (``source.file_stats()``).
@@ -64,6 +65,8 @@ def first_other_bytes(
     verified = set() if verified is None else verified
     if source.archive is None:
         for k, item, digest, key in zip(check, items, digests, keys, strict=True):
+            if not digest:  # (nothing to compare its bytes with: not read)
+                return int(k), None
             try:
                 data = read_file(source.path(int(item)), key[1:3])
             except OSError as error:  # (FileChangedError too: it changes as it is hashed)
@@ -78,7 +81,7 @@ def first_other_bytes(
         read = source.archive.read(source.root, block.tolist(), state)
         for j, data in enumerate(read):
             digest = digests[lo + j]
-            if isinstance(data, Exception):
+            if isinstance(data, Exception) and digest:
                 return int(check[lo + j]), data
             if not _holds(data, digest):
                 return int(check[lo + j]), None

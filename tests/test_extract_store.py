@@ -1039,9 +1039,16 @@ def test_a_touched_image_that_cannot_be_read_is_said_so_with_the_os_error(
     assert "not those extracted" not in said
 
 
-def test_a_touched_failed_image_the_store_holds_no_digest_of_is_named_so(tmp_path):
+@pytest.mark.parametrize("readable", [True, False])
+def test_a_touched_failed_image_the_store_holds_no_digest_of_is_named_so(
+    tmp_path, monkeypatch, readable
+):
     # Its row failed without its bytes read (no content_sha256): the refusal said "its
-    # bytes are not those extracted", where none were; --retry-failed takes it.
+    # bytes are not those extracted", where none were; --retry-failed takes it. Unreadable
+    # still, it was said to be unreadable "to compare its bytes with those extracted", and
+    # made readable, refused again: the store has no bytes of it to compare.
+    from extract import _touched
+
     folder = make_image_folder(tmp_path / "data", n_per_class=2)
     out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
     with h5py.File(out, "r+") as f:  # as a file that could not be read leaves it
@@ -1049,11 +1056,21 @@ def test_a_touched_failed_image_the_store_holds_no_digest_of_is_named_so(tmp_pat
         assert f["status"][row] == FAILED
         f["content_sha256"][row] = b""
     _touch(*folder.rglob("*.*"))
+    if not readable:  # (the tests run as root, whom chmod 000 lets read)
+        read_file = _touched.read_file
+
+        def unreadable(path, listed=None):
+            if path.endswith("corrupt.jpg"):
+                raise PermissionError(errno.EACCES, "Permission denied", path)
+            return read_file(path, listed)
+
+        monkeypatch.setattr(_touched, "read_file", unreadable)
     with pytest.raises(ProvenanceError) as error:
         extract_features(folder, BACKBONE, out, **FAST)
     assert "corrupt.jpg' is not the file" in str(error.value)
     assert "the store holds no digest of its bytes" in str(error.value)
     assert "not those extracted" not in str(error.value)
+    assert "cannot be read now" not in str(error.value)
     assert "pass --retry-failed" in str(error.value)
     extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)  # the cure works
     assert [p for p, _ in load_features(out).failures] == ["cat/corrupt.jpg", "cat/truncated.jpg"]
