@@ -1341,7 +1341,9 @@ def _check_path_first(list_file: Path, folder: Path, rows: list) -> None:
 def _swapped(folder: Path, rows: list) -> int | None:
     """The first of ``rows`` that reads as 'label,path' (its path names no file, its label
     one) where more than half of them do; None otherwise. Read up to where the count
-    decides it, each name looked up once (a swapped list's paths are its few classes)."""
+    decides it, each name looked up once, the label first: a list the right way round,
+    its images missing, has its few classes looked up, not its paths (nor a swapped list
+    its paths, which are its few classes)."""
     n, explained, first, found = len(rows), 0, None, {}
 
     def isfile(name: str) -> bool:
@@ -1350,7 +1352,7 @@ def _swapped(folder: Path, rows: list) -> int | None:
         return found[name]
 
     for i, (path, label, _) in enumerate(rows):
-        if not isfile(path) and isfile(label):
+        if isfile(label) and not isfile(path):
             explained += 1
             first = i if first is None else first
             if 2 * explained > n:

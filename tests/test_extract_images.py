@@ -1127,6 +1127,31 @@ def test_a_list_is_taken_as_label_path_only_where_most_lines_read_so(tmp_path):
     assert image_list(root / "l.csv").ids == ["gone.png", "dog/001.jpg"]
 
 
+def test_a_list_of_missing_images_is_not_looked_up_line_by_line_for_swapped_columns(
+    tmp_path, monkeypatch
+):
+    # A list whose first image is missing (every image, say: paths written from another
+    # folder) had each path looked up for 'label,path' columns, half the list, before its
+    # images were: only lines whose label names a file can read so, and its labels name
+    # its few classes.
+    from extract import _images
+
+    root = tmp_path / "d"
+    root.mkdir()
+    lines = [f"img/{i:03d}.jpg,{('cat', 'dog')[i % 2]}\n" for i in range(200)]
+    (root / "l.csv").write_text("".join(lines))
+    looked_up = []
+    isfile = os.path.isfile
+
+    def counted(path):
+        looked_up.append(os.fspath(path))
+        return isfile(path)
+
+    monkeypatch.setattr(_images.os.path, "isfile", counted)
+    assert len(image_list(root / "l.csv")) == 200
+    assert len(looked_up) <= 4, looked_up[:6]
+
+
 def test_image_list_refuses_one_file_under_two_spellings(folder):
     for second in (folder / "cat" / "000.png", "dog/../cat/000.png"):
         (folder / "l.csv").write_text(f"cat/000.png,cat\ndog/001.jpg,dog\n{second},dog\n")
