@@ -386,10 +386,7 @@ def _adopt_repaired_failures(
     sizes, mtimes, changed = repaired
     n_changed = int(changed.sum())
     n_touched = int(((stored_mtimes != mtimes) & ~changed).sum())
-    # Nothing to write but the new times: no row to extract (again), no mark to finish.
-    read_only = not n_changed and not (status == PENDING).any()
-    read_only &= not (retry_failed and (status == FAILED).any())
-    read_only &= attrs.get(ADOPTING) in (None, attrs.get("source_fingerprint"))
+    read_only = not n_changed and _times_alone(attrs, status, retry_failed)
     try:
         check_attrs_room(out)  # (on a full disk the attributes' writes left it unreadable)
         f = open_store(out, "r+")
@@ -436,6 +433,17 @@ def _adopt_repaired_failures(
             "it is" if n_changed == 1 else "they are",
         )
     return False
+
+
+def _times_alone(attrs: dict, status: np.ndarray, retry_failed: bool) -> bool:
+    """Whether a store (its ``attrs`` and ``status``) that differs from a request by files
+    touched since alone has nothing to write but their new times: no row to extract
+    (again), no mark of an adoption to finish. One that cannot be written is kept so."""
+    return (
+        not (status == PENDING).any()
+        and not (retry_failed and (status == FAILED).any())
+        and attrs.get(ADOPTING) in (None, attrs.get("source_fingerprint"))
+    )
 
 
 def warn_unrecorded(out: Path, n_touched: int, error: StoreError) -> None:

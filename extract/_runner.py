@@ -56,6 +56,7 @@ from ._resume import (
     _shards_explained,
     _shards_vouch,
     _source_explained,
+    _times_alone,
     _warn_of_other_versions,
 )
 from ._schema import DONE, FAILED, MERGED_INTO, PENDING, StoreError, read_attrs
@@ -839,8 +840,7 @@ def _touched_alone(
     with open_store(store, "r") as f:
         if _repaired_failures(f, provenance, src, rows, False, False) is None:
             return False
-        status = f["status"][:]
-    return not (status == PENDING).any() and not (retry_failed and (status == FAILED).any())
+        return _times_alone(read_attrs(f), f["status"][:], retry_failed)
 
 
 def _log_reused(path: Path, status: np.ndarray, first_failed: list[tuple[int, str, str]]) -> None:

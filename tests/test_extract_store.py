@@ -1298,6 +1298,36 @@ def test_under_torchrun_a_merged_store_of_touched_images_whose_mode_is_read_only
     assert written == [] and out.read_bytes() == before
 
 
+def test_under_torchrun_a_read_only_merged_store_with_an_adoption_mark_is_refused_at_once(
+    tmp_path, monkeypatch
+):
+    # The mark of another adoption (a --retry-failed run killed as it began) keeps a store
+    # that cannot be written from being reused: the ranks took it as one rank 0 keeps, and
+    # rank 0 refused it at the merge, after every rank had made its shard.
+    from extract._schema import ADOPTING
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    out = tmp_path / "f.h5"
+    _at_2_ranks(monkeypatch, folder, out, **FAST)
+    for rank in (0, 1):
+        shard_path(out, rank, 2).unlink()
+    with h5py.File(out, "r+") as f:
+        f.attrs[ADOPTING] = "sha256:" + "1" * 64
+    _touch(*folder.rglob("*.*"))
+    _not_writable(monkeypatch, out)
+    h5py_file = h5py.File
+
+    def read_only(path, mode="r", **kwargs):  # (the tests run as root, whom it lets write)
+        if mode != "r" and os.path.exists(path) and os.path.samefile(path, out):
+            raise PermissionError(errno.EACCES, f"Permission denied: {path}")
+        return h5py_file(path, mode, **kwargs)
+
+    monkeypatch.setattr(h5py, "File", read_only)
+    with pytest.raises(StoreError, match="No permission to write the feature store"):
+        _at_2_ranks(monkeypatch, folder, out, **FAST)
+    assert not shard_path(out, 1, 2).exists()  # rank 1, run first, refused it at once
+
+
 def test_a_run_reads_each_touched_file_once(tmp_path, monkeypatch):
     # A refusal read the touched files before the changed one three times (the check, the
     # explanation, its hint); under torchrun each rank read every one of them twice more
