@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import ImageFile
 from tqdm.auto import tqdm
 
 from mr2_probe._device import resolve_device
@@ -219,7 +220,9 @@ def extract_features(
         ``ProvenanceError`` if it holds a store made differently; ``StoreLockedError`` if
         another process is writing it.
     ValueError
-        For invalid arguments or backbone specs (``BackboneError``).
+        For invalid arguments or backbone specs (``BackboneError``), and while
+        ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` is True (truncated images would be stored
+        half grey instead of recorded as failed).
 
     Examples
     --------
@@ -254,6 +257,15 @@ def extract_features(
     if decode not in _DECODES:
         raise ValueError(
             f"The 'decode' parameter must be one of {_DECODES}. Got {decode!r} instead."
+        )
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        # PIL then decodes a truncated file without an error, its missing part grey: its
+        # features were stored as a whole image's (the tensor path fails the same file).
+        raise ValueError(
+            "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True (set by this program or a library "
+            "it imports): PIL would decode a truncated image with its missing part grey, and "
+            "its features would be stored as a whole image's. Set it to False before "
+            "extracting; truncated images are then recorded as failed and skipped."
         )
     # (an int: 2.5 failed once the store was created, or overwritten; True passed as 1)
     if not (_whole(batch_size) and batch_size >= 1):

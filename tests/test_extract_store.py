@@ -416,6 +416,25 @@ def test_a_store_is_resumed_only_in_its_own_precision(store, folder, tmp_path):
     assert copy.read_bytes() == before
 
 
+def test_pil_s_switch_for_truncated_images_is_refused(tmp_path, monkeypatch):
+    # With it on, PIL decoded half a JPEG without an error, its lower half grey, and the
+    # store held its features as a whole image's.
+    from PIL import ImageFile
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    half = folder / "cat" / "half.jpg"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), np.uint8)).save(half)
+    half.write_bytes(half.read_bytes()[: half.stat().st_size // 2])  # cut in its image data
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    with pytest.raises(ValueError, match=r"LOAD_TRUNCATED_IMAGES is True .* Set it to False"):
+        extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    assert not (tmp_path / "f.h5").exists()
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", False)
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    [(path, reason)] = load_features(out).failures
+    assert path == "cat/half.jpg" and reason.startswith("OSError: image file is truncated")
+
+
 def test_second_writer_gets_a_clear_error(folder, tmp_path):
     out = tmp_path / "f.h5"
     with store_lock(out), pytest.raises(StoreLockedError, match="another process"):
