@@ -16,6 +16,11 @@ from PIL import Image
 
 from ._schema import shorten
 
+# The EXIF orientation tag is not applied: pixels are embedded as stored, as open_clip's
+# and timm's transforms (PIL's Image.open, torchvision's ImageFolder) and torchvision's
+# decode_jpeg (its default) read them, so that features are those of the backbone's usual
+# pipeline. Recorded in the store's preprocessing.
+APPLY_EXIF_ORIENTATION = False
 NOT_A_FILE = -1  # file_size / file_mtime_ns of in-memory items and of files missing when listed
 _JPEG_MAGIC = b"\xff\xd8\xff"  # start-of-image marker and the next marker's prefix
 # Start-of-frame markers (they carry the image size): C0..CF except DHT, JPG and DAC.

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ._batches import compute_precision
-from ._decoding import NOT_A_FILE
+from ._decoding import APPLY_EXIF_ORIENTATION, NOT_A_FILE
 from ._images import ImageSource
 from ._merge import _identity, shard_path, shards_beside
 from ._paths import plural
@@ -26,12 +26,12 @@ from ._schema import (
     FAILED,
     FORMAT_VERSION,
     PENDING,
-    PROVENANCE_DEFAULTS,
     PROVENANCE_KEYS,
     REPLACES,
     StoreError,
     read_attrs,
     shard_own,
+    with_defaults,
 )
 from ._specs import Backbone
 from ._store import (
@@ -78,7 +78,8 @@ def _provenance(
         format_version=FORMAT_VERSION,
         backbone=f"{backbone.spec.family}:{backbone.spec.model}",
         weights=backbone.weights_id,
-        preprocessing=backbone.preprocess | {"decode": decode},
+        preprocessing=backbone.preprocess
+        | {"decode": decode, "apply_exif_orientation": APPLY_EXIF_ORIENTATION},
         compute=compute_precision(device),
         dtype=dtype,
         normalize=bool(normalize),
@@ -278,7 +279,7 @@ def _source_explained(
 def _same_settings(existing: dict, provenance: dict) -> bool:
     """Whether a store's attributes and a request agree on everything but the images: a
     request in another precision (bfloat16 against float32) is no repair of failures."""
-    existing, provenance = PROVENANCE_DEFAULTS | existing, PROVENANCE_DEFAULTS | provenance
+    existing, provenance = with_defaults(existing), with_defaults(provenance)
     return all(existing.get(k) == provenance.get(k) for k in _SETTINGS)
 
 

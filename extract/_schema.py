@@ -40,6 +40,9 @@ PROVENANCE_KEYS = (
 # Stores written before the precision was recorded computed in float32 (no CUDA run had
 # written one); so did shards compared with each other.
 PROVENANCE_DEFAULTS = {"compute": "float32"}
+# Entries of ``preprocessing`` recorded since: what the stores written before did. No path
+# has applied the EXIF orientation tag (see extract._decoding.APPLY_EXIF_ORIENTATION).
+PREPROCESSING_DEFAULTS = {"apply_exif_orientation": False}
 _REBUILD = "pass --force (overwrite=True) to delete it and recompute it"
 
 
@@ -131,6 +134,16 @@ def read_attrs(f: h5py.File) -> dict[str, Any]:
                 # of a list or a number is. It called the file damaged (a list: TypeError).
                 pass
     return attrs
+
+
+def with_defaults(provenance: dict) -> dict:
+    """``provenance`` with what a store written before an entry was recorded lacks filled
+    in (:data:`PROVENANCE_DEFAULTS`, and :data:`PREPROCESSING_DEFAULTS` in its
+    ``preprocessing``), so that it compares equal to a request of the same settings."""
+    filled = PROVENANCE_DEFAULTS | dict(provenance)
+    if isinstance(filled.get("preprocessing"), dict):
+        filled["preprocessing"] = PREPROCESSING_DEFAULTS | filled["preprocessing"]
+    return filled
 
 
 def shard_own(attrs: dict) -> dict[str, Any]:

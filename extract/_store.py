@@ -38,7 +38,6 @@ from ._schema import (
     FAILED,
     FORMAT_VERSION,
     PENDING,
-    PROVENANCE_DEFAULTS,
     PROVENANCE_KEYS,
     REASON_DTYPE,
     STORE_DATASETS,
@@ -49,6 +48,7 @@ from ._schema import (
     StoreNotFoundError,
     _truncate,
     read_attrs,
+    with_defaults,
 )
 
 
@@ -598,8 +598,7 @@ def provenance_differences(
     names: tuple[str, str] = ("file", "request"),
 ) -> list[str]:
     """The differences that :func:`check_provenance` lists, ``names`` the two sides."""
-    existing = PROVENANCE_DEFAULTS | dict(existing)
-    requested = PROVENANCE_DEFAULTS | dict(requested)
+    existing, requested = with_defaults(existing), with_defaults(requested)
     diffs = []
     for key in PROVENANCE_KEYS:
         if existing.get(key) == requested.get(key):

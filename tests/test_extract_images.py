@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from PIL import Image, TiffImagePlugin
+from PIL import Image, ImageOps, TiffImagePlugin
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from extract import fashion_mnist, image_folder, image_list, open_source
@@ -1899,6 +1899,35 @@ def test_a_16_bit_white_is_zero_tiff_decodes_like_its_8_bit_twin():
 def _write_list(folder, lines):
     (folder / "list.csv").write_text("\n".join(lines) + "\n")
     return folder / "list.csv"
+
+
+@pytest.mark.parametrize("path", ["pil", "tensor"])
+def test_an_exif_orientation_tag_is_not_applied_on_either_decode_path(path):
+    # Pixels are embedded as stored, as open_clip's and timm's transforms read them (the
+    # store records apply_exif_orientation: false): a wide image tagged to be turned a
+    # quarter (Orientation 6, a phone held upright) stays wide, its left half red.
+    pixels = np.zeros((8, 16, 3), np.uint8)
+    pixels[:, :8] = (220, 20, 20)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(
+        buffer, format="JPEG", exif=exif.tobytes(), quality=95, subsampling=0
+    )
+    data = buffer.getvalue()
+    assert ImageOps.exif_transpose(Image.open(io.BytesIO(data))).size == (8, 16)  # the tag acts
+    if path == "pil":
+        decoded = np.asarray(decode_image(data))
+        backbones = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))  # open_clip's, timm's
+        np.testing.assert_array_equal(decoded, backbones)
+    else:
+        from extract._batches import _decode_jpegs
+
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        [decoded] = _decode_jpegs([raw], torch.device("cpu"))
+        decoded = decoded.permute(1, 2, 0).numpy()  # (H, W, 3)
+    assert decoded.shape == (8, 16, 3)
+    np.testing.assert_allclose(decoded, pixels, atol=12)  # (JPEG's rounding)
 
 
 def _jpeg(width=40, height=36) -> bytes:

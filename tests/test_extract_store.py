@@ -416,6 +416,24 @@ def test_a_store_is_resumed_only_in_its_own_precision(store, folder, tmp_path):
     assert copy.read_bytes() == before
 
 
+def test_a_store_written_before_the_exif_choice_was_recorded_is_reused(store, folder, tmp_path):
+    # Every store records that the EXIF orientation tag was not applied; one written before
+    # that was recorded was made so too, and is reused. One that says otherwise is refused.
+    with h5py.File(store, "r") as f:
+        pre = json.loads(f.attrs["preprocessing"])
+    assert pre["apply_exif_orientation"] is False
+    rotated = _copy_with(store, tmp_path / "r.h5", preprocessing=json.dumps(
+        pre | {"apply_exif_orientation": True}
+    ))  # fmt: skip
+    with pytest.raises(ProvenanceError, match="apply_exif_orientation: file has True, request"):
+        extract_features(folder, BACKBONE, rotated, **FAST)
+    del pre["apply_exif_orientation"]
+    old = _copy_with(store, tmp_path / "old.h5", preprocessing=json.dumps(pre))
+    before = old.read_bytes()
+    extract_features(folder, BACKBONE, old, **FAST)
+    assert old.read_bytes() == before
+
+
 def test_pil_s_switch_for_truncated_images_is_refused(tmp_path, monkeypatch):
     # With it on, PIL decoded half a JPEG without an error, its lower half grey, and the
     # store held its features as a whole image's.
