@@ -103,6 +103,9 @@ def _unchecked_size(data: bytes | bytearray) -> tuple[int, int] | None:
     Image.open checks the limit once a format's plugin has read the header: the plugins are
     called here as it calls them, without the check. (Setting PIL.Image.MAX_IMAGE_PIXELS to
     None for the moment would lift the limit for every thread decoding meanwhile.)"""
+    size = _webp_size(data)  # (PIL's WebP plugin checks the limit as it reads the header)
+    if size is not None:
+        return size
     prefix = bytes(data[:16])
     Image.init()
     for name in list(Image.ID):
@@ -115,6 +118,23 @@ def _unchecked_size(data: bytes | bytearray) -> tuple[int, int] | None:
                 return image.size
         except Exception:
             continue
+    return None
+
+
+def _webp_size(data: bytes | bytearray) -> tuple[int, int] | None:
+    """``(width, height)`` of a WebP file, read from the header of its first chunk (VP8X:
+    the canvas; VP8L, VP8: the image); None if it is no WebP or its header is cut."""
+    if len(data) < 30 or data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        return None
+    chunk, head = bytes(data[12:16]), bytes(data[20:30])
+    if chunk == b"VP8X":  # flags and reserved (4 bytes), then 24-bit width - 1, height - 1
+        return 1 + int.from_bytes(head[4:7], "little"), 1 + int.from_bytes(head[7:10], "little")
+    if chunk == b"VP8L" and head[0] == 0x2F:  # signature, then 14-bit width - 1, height - 1
+        bits = int.from_bytes(head[1:5], "little")
+        return 1 + (bits & 0x3FFF), 1 + (bits >> 14 & 0x3FFF)
+    if chunk == b"VP8 " and head[3:6] == b"\x9d\x01\x2a":  # frame tag, start code, sizes
+        width, height = (int.from_bytes(head[k : k + 2], "little") & 0x3FFF for k in (6, 8))
+        return width, height
     return None
 
 

@@ -2132,6 +2132,17 @@ def test_an_image_past_twice_the_limit_is_said_as_any_over_it(
     assert Image.MAX_IMAGE_PIXELS == 1000  # as it was
 
 
+@pytest.mark.parametrize("mode, lossless", [("RGB", False), ("RGB", True), ("RGBA", False)])
+def test_a_webp_past_twice_the_limit_is_said_as_any_over_it(monkeypatch, mode, lossless):
+    # PIL's WebP plugin refuses it as it reads the header, so its size went unread and
+    # PIL's message (the pixels alone, twice the limit, no remedy) was recorded.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    buffer = io.BytesIO()  # (lossy: a VP8 chunk; lossless: VP8L; lossy with alpha: VP8X)
+    Image.new(mode, (60, 40)).save(buffer, format="WEBP", lossless=lossless)
+    with pytest.raises(Image.DecompressionBombError, match=r"^the image is 60x40 = 2400 pixels"):
+        decode_image(buffer.getvalue(), "big.webp")
+
+
 @pytest.mark.parametrize("jpeg_bytes", [True, False])
 def test_the_pixel_limit_is_the_one_set_when_the_dataset_was_made(
     tmp_path, monkeypatch, jpeg_bytes
