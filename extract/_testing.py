@@ -43,7 +43,8 @@ def make_image_folder(
 
     Each class has its own mean colour, so features separate the classes. With
     ``special=True`` the first class also gets ``alpha.png`` (RGBA), ``grey.jpg``
-    (greyscale), ``corrupt.jpg`` (not an image) and ``truncated.jpg`` (half a JPEG).
+    (greyscale), ``corrupt.jpg`` (not an image) and ``truncated.jpg`` (a JPEG cut halfway
+    through its image data).
     """
     rng = np.random.default_rng(seed)
     root = Path(root)
@@ -63,7 +64,10 @@ def make_image_folder(
         Image.fromarray(grey, "L").save(folder / "grey.jpg")
         (folder / "corrupt.jpg").write_bytes(b"this is not an image")
         whole = (folder / "001.jpg").read_bytes()
-        (folder / "truncated.jpg").write_bytes(whole[: len(whole) // 2])
+        # Cut halfway through its image data (half the file ended inside its headers,
+        # which no decoder reads past): a decoder that reads on regardless fills the rest.
+        scan = whole.index(b"\xff\xda")  # start of scan
+        (folder / "truncated.jpg").write_bytes(whole[: (scan + len(whole)) // 2])
     return root
 
 
