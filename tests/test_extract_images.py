@@ -1932,6 +1932,73 @@ def test_an_exif_orientation_tag_is_not_applied_on_either_decode_path(path):
     np.testing.assert_allclose(decoded, pixels, atol=12)  # (JPEG's rounding)
 
 
+def _encoded(image: Image.Image, fmt: str, **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def _noise(width: int = 48, height: int = 40, seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), np.uint8))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(_encoded(_noise().convert("CMYK"), "JPEG"), id="cmyk-jpeg"),
+        pytest.param(  # the first frame, as PIL opens it
+            _encoded(_noise(), "GIF", save_all=True, append_images=[_noise(seed=1)]),
+            id="animated-gif",
+        ),
+        pytest.param(
+            _encoded(_noise(), "PNG", save_all=True, append_images=[_noise(seed=1)]),
+            id="animated-png",
+        ),
+        pytest.param(_encoded(_noise(), "WEBP"), id="webp"),
+        pytest.param(_encoded(_noise(), "WEBP", lossless=True), id="webp-lossless"),
+        pytest.param(_encoded(_noise().convert("1"), "PNG"), id="1-bit-png"),
+        pytest.param(_encoded(_noise(1, 1), "PNG"), id="1x1-png"),
+        pytest.param(_encoded(_noise(1, 1), "JPEG"), id="1x1-jpeg"),
+    ],
+)
+def test_formats_users_meet_decode_as_the_backbones_read_them(data):
+    # open_clip's and timm's own pipelines: Image.open(...).convert("RGB").
+    expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    np.testing.assert_array_equal(np.asarray(decode_image(data)), expected)
+    if data[:3] == b"\xff\xd8\xff":  # the tensor path's (torchvision's libjpeg-turbo) too
+        from extract._batches import _decode_jpegs
+
+        [tensor] = _decode_jpegs(
+            [torch.frombuffer(bytearray(data), dtype=torch.uint8)], torch.device("cpu")
+        )
+        np.testing.assert_allclose(tensor.permute(1, 2, 0).numpy(), expected, atol=2)
+
+
+@pytest.mark.parametrize(
+    "whole",
+    [
+        pytest.param(_encoded(_noise(), "JPEG"), id="jpeg"),
+        pytest.param(_encoded(_noise(), "JPEG", progressive=True), id="progressive-jpeg"),
+        pytest.param(_encoded(_noise(), "PNG"), id="png"),
+        pytest.param(_encoded(_noise(), "GIF"), id="gif"),
+        pytest.param(_encoded(_noise(), "WEBP"), id="webp"),
+    ],
+)
+def test_an_image_cut_in_half_is_refused_not_filled_in(whole):
+    # Half the bytes of a file copied in part: every decoding path fails it (recorded as
+    # failed), none fills the rest in grey.
+    half = whole[: len(whole) // 2]
+    with pytest.raises(OSError, match="truncated|decoder"):
+        decode_image(half, "half")
+    if half[:3] == b"\xff\xd8\xff":
+        from extract._batches import _decode_jpegs
+
+        raw = torch.frombuffer(bytearray(half), dtype=torch.uint8)
+        [reason] = _decode_jpegs([raw], torch.device("cpu"))
+        assert isinstance(reason, str) and "truncated" in reason
+
+
 def _jpeg(width=40, height=36) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (width, height), (200, 30, 90)).save(buffer, format="JPEG")
