@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageFile
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
 
 from mr2_probe._h5 import why_missing
@@ -1778,7 +1778,7 @@ class ItemDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> tuple[int, torch.Tensor | None, str | None, str]:
         if self.source.archive is not None:
             return self.__getitems__([i])[0]
-        Image.MAX_IMAGE_PIXELS = self.max_pixels  # (__getitems__ sets it for archives)
+        self._set_pil()  # (__getitems__ sets it for archives)
         if self.source.pixels is not None:
             digest = sha256_hex(np.ascontiguousarray(self.source.pixels[i]))
             try:
@@ -1795,7 +1795,7 @@ class ItemDataset(torch.utils.data.Dataset):
     def __getitems__(self, indices: list[int]) -> list:
         if self.source.archive is None:
             return [self[i] for i in indices]
-        Image.MAX_IMAGE_PIXELS = self.max_pixels
+        self._set_pil()
         read = self.source.archive.read(self.source.root, indices, self.reader_state)
         return [
             (i, None, failure_reason(data), "")
@@ -1803,6 +1803,15 @@ class ItemDataset(torch.utils.data.Dataset):
             else self._decoded(i, data, self.source.item_name(i))
             for i, data in zip(indices, read, strict=True)
         ]
+
+    def _set_pil(self) -> None:
+        """PIL's settings for decoding, in a worker process as in this one: the pixel limit
+        set when the dataset was made, and truncated files refused. A worker started by
+        spawn or forkserver imports the main module afresh, and a script's top-level
+        ``ImageFile.LOAD_TRUNCATED_IMAGES = True`` (which extract_features refuses in this
+        process) came back there: truncated files were decoded with their missing part grey."""
+        Image.MAX_IMAGE_PIXELS = self.max_pixels
+        ImageFile.LOAD_TRUNCATED_IMAGES = False
 
     def _decoded(self, i: int, data: bytearray, name: str) -> tuple:
         digest = sha256_hex(data)

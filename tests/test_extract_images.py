@@ -2232,6 +2232,20 @@ def test_the_pixel_limit_is_the_one_set_when_the_dataset_was_made(
     assert ds[0][2] is None
 
 
+def test_a_worker_refuses_truncated_files_whatever_the_main_module_set(tmp_path, monkeypatch):
+    # A worker started by spawn or forkserver imports the main module afresh: a script's
+    # top-level ImageFile.LOAD_TRUNCATED_IMAGES = True, turned off before extract_features,
+    # came back there, and a truncated file was decoded with its missing part grey.
+    from PIL import ImageFile
+
+    whole = _encoded(_noise(), "JPEG")
+    (tmp_path / "half.jpg").write_bytes(whole[: len(whole) // 2])
+    src = image_list(_write_list(tmp_path, ["half.jpg,a"]))
+    ds = ItemDataset(src, lambda im: torch.zeros(3, 2, 2))
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)  # as the worker has it
+    assert ds[0][2].startswith("OSError: image file is truncated")
+
+
 def test_device_jpeg_decoding_checks_the_pixel_limit(monkeypatch):
     from extract._batches import _decode_jpegs
 
