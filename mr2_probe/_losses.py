@@ -107,17 +107,22 @@ def margin_cross_entropy(
     # samples, and the mean was inf / inf (or inf). The weights are taken relative to
     # the largest, which leaves the mean as it is: float32 weights of 3e38 summed to inf
     # (a mean of NaN), and subnormal ones (1e-45) kept a bit or two of each w·ℓ.
-    weight = relative_weights(float32_at_least(sample_weight))
+    weight = float32_at_least(sample_weight)
+    if weight.numel():  # (amax refuses an empty tensor)
+        weight = relative_weights(weight, weight.abs().amax())
     mean = (float32_at_least(loss) * weight).sum() / weight.sum()
     return mean.to(torch.promote_types(loss.dtype, sample_weight.dtype))
 
 
-def relative_weights(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` divided by its largest magnitude (unchanged where all are 0, or none):
-    a weighted mean's weights, whose sums then neither overflow nor lose subnormal ones."""
-    if not weight.numel():  # (amax refuses an empty tensor)
-        return weight
-    return weight / weight_divisor(weight.abs().amax())
+def relative_weights(weight: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """``weight`` divided by the power of two at or below ``top`` (their largest magnitude;
+    unchanged where it is 0 or not finite): a weighted mean's weights, whose sums then
+    neither overflow nor lose subnormal ones. A power of two divides exactly, so that
+    weights of ordinary size give the mean's bits as they were (divided by the largest,
+    the mean moved by an ulp, and every fit of sample weights with it)."""
+    top = top.detach()  # (a scale that cancels; frexp has no gradient)
+    mantissa = torch.frexp(top).mantissa  # top = mantissa·2^e, mantissa in [0.5, 1)
+    return weight / weight_divisor(top / (2 * mantissa))  # (2^(e − 1), exact)
 
 
 def pairwise_sq_distances(features: torch.Tensor) -> torch.Tensor:
@@ -245,9 +250,14 @@ def compactness_loss(
     # the number of classes present (of positive weight).
     if weight is None:
         share = 1.0 / same.sum(1).to(loss.dtype)  # (B,)
-    else:  # (relative to the largest weight: the classes' sums of 3e38 were inf, shares 0)
-        weight = relative_weights(weight)
-        class_weight = same.to(loss.dtype) @ weight  # W_{y_i} (B,)
+    else:
+        # Relative to the largest weight of each one's class: the classes' sums of 3e38
+        # were inf, shares 0. (Relative to the batch's largest, a class of 1e-30 beside
+        # one of 1e20 underflowed to weights of 0 and dropped out of the mean.)
+        # (B,): amax refuses an empty batch's rows
+        top = torch.where(same, weight.abs()[None, :], 0).amax(1) if len(weight) else weight
+        weight = relative_weights(weight, top)
+        class_weight = same.to(loss.dtype) @ weight  # W_{y_i} (B,), scaled as w_i is
         share = weight / weight_divisor(class_weight)
     return (loss * share).sum() / share.sum().clamp_min(1.0)
 

@@ -909,6 +909,33 @@ def test_a_0d_tensor_as_sample_weight_is_told_how_to_make_one_per_sample(functio
     function(features, target, cured)
 
 
+def test_compactness_mean_of_classes_weighted_far_apart_is_float64s():
+    # Weights taken relative to the batch's largest (1e20) took a class of weights 1e-30
+    # to 0 in float32: it dropped out of the mean of the classes (55.6 for 27.8).
+    features, target = (
+        torch.randn(8, 3, generator=torch.Generator().manual_seed(0)),
+        torch.arange(8) // 4,
+    )
+    weight = torch.tensor([1e20] * 4 + [1e-30] * 4)
+    got = compactness_loss(features, target, 0.5, sample_weight=weight)
+    expected = compactness_loss(features.double(), target, 0.5, sample_weight=weight.double())
+    torch.testing.assert_close(got.double(), expected)
+
+
+def test_weighted_mean_of_ordinary_weights_is_their_sums_quotient_exactly():
+    # Divided by the largest weight (3 parts in 2^24 of rounding each), the mean moved by an
+    # ulp from Σ w·ℓ / Σ w, and every fit of sample weights and λ > 0 with it.
+    generator = torch.Generator().manual_seed(0)
+    margins = torch.full((4,), 1.5)
+    for _ in range(4):  # (a draw may round alike either way)
+        logits = torch.randn(50, 4, generator=generator)
+        target = torch.randint(0, 4, (50,), generator=generator)
+        weight = torch.rand(50, generator=generator) * 3
+        each = margin_cross_entropy(logits, target, margins, reduction="none")
+        got = margin_cross_entropy(logits, target, margins, sample_weight=weight)
+        assert torch.equal(got, (each * weight).sum() / weight.sum())
+
+
 @pytest.mark.parametrize("function", _WEIGHTED)
 def test_complex_sample_weights_are_refused(function):
     # margin_cross_entropy returned a complex loss (the weights' imaginary part cast away
@@ -1711,6 +1738,10 @@ def test_an_empty_batch_is_a_nan_loss_and_leaves_the_statistics(params):
         torch.testing.assert_close(value, before[key], equal_nan=True, msg=key)
     empty = compactness_loss(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), 1.0)
     assert float(empty) == 0.0
+    weighted = compactness_loss(
+        torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), 1.0, sample_weight=torch.zeros(0)
+    )
+    assert float(weighted) == 0.0
 
 
 @pytest.mark.parametrize("p", [2.0, 3.0])
