@@ -283,10 +283,13 @@ def check_tensors(caller: str, **values) -> None:
                 getattr(value, "ndim", None) == 0
                 and getattr(getattr(value, "dtype", None), "kind", "") in "biuf"
             )
-            kind = f"0-d {kind}" if number and not isinstance(value, numbers.Real) else kind
+            array = number and not isinstance(value, numbers.Real)
+            kind = f"0-d {kind}" if array else kind
             article = "an" if kind[0] in "aeiou" else "a"
+            # (torch.full refuses a 0-d array: "must be Number, not numpy.ndarray")
+            fill = f"float({name})" if array else name
             remedy = (
-                f"it holds one weight per sample: torch.full((n_samples,), {name}) makes them"
+                f"it holds one weight per sample: torch.full((n_samples,), {fill}) makes them"
                 if number and name == "sample_weight"
                 else f"torch.as_tensor({name}) makes one"
             )

@@ -954,7 +954,8 @@ def test_complex_sample_weights_are_refused(function):
 def test_one_number_as_sample_weight_is_refused_saying_one_weight_per_sample(function, weight):
     # The remedy said, torch.as_tensor(sample_weight), made a 0-d tensor, refused next for
     # its shape ("sample_weight.shape == (), expected (6,)!"); and "is a int". A 0-d array
-    # (np.array(2.0)) still got that remedy.
+    # (np.array(2.0)) still got that remedy, then one that torch.full refused ("must be
+    # Number, not numpy.ndarray"): the remedy said is followed here.
     features, target = torch.randn(6, 4), torch.arange(6) % 3
     kind = {
         float: "a float",
@@ -963,10 +964,13 @@ def test_one_number_as_sample_weight_is_refused_saying_one_weight_per_sample(fun
         np.float64: "a numpy.float64",
         np.ndarray: "a 0-d numpy.ndarray",
     }[type(weight)]
-    with pytest.raises(TypeError, match=re.escape(
-        f"sample_weight is {kind}; it holds one weight per sample: "
-        "torch.full((n_samples,), sample_weight) makes them.")):  # fmt: skip
+    number = "float(sample_weight)" if isinstance(weight, np.ndarray) else "sample_weight"
+    remedy = f"torch.full((n_samples,), {number})"
+    said = f"sample_weight is {kind}; it holds one weight per sample: {remedy} makes them."
+    with pytest.raises(TypeError, match=re.escape(said)):
         function(features, target, weight)
+    followed = eval(remedy, {"torch": torch, "n_samples": 6, "sample_weight": weight})
+    function(features, target, followed)  # (taken)
 
 
 @pytest.mark.parametrize(
