@@ -1540,6 +1540,10 @@ def test_a_stacking_classifier_of_the_default_final_estimator_is_tuned(wrap):
     # (an MR² probe stacked likewise passes the check, as any estimator does)
     stacked = StackingClassifier([("mr2", MR2LinearClassifier())])
     TunedOffsetsClassifierCV(wrap(stacked))._validate_params()
+    # A final estimator of no decision values (GaussianNB) is refused still.
+    naive = StackingClassifier(estimators, final_estimator=GaussianNB(), cv=2)
+    with pytest.raises(ValueError, match="implementing 'fit' and 'decision_function'"):
+        TunedOffsetsClassifierCV(wrap(naive))._validate_params()
 
 
 @pytest.mark.parametrize(
