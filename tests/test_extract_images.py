@@ -2246,6 +2246,26 @@ def test_a_worker_refuses_truncated_files_whatever_the_main_module_set(tmp_path,
     assert ds[0][2].startswith("OSError: image file is truncated")
 
 
+def test_a_worker_refuses_truncated_files_in_tar_shards_whatever_the_main_module_set(
+    tmp_path, monkeypatch
+):
+    # Items of container files are read a block at a time (__getitems__), the path of a
+    # worker reading tar shards or Parquet files: it, too, turns PIL's switch off.
+    pytest.importorskip("webdataset")
+    from PIL import ImageFile
+
+    from extract._testing import write_webdataset
+
+    whole = _encoded(_noise(), "JPEG")
+    (tmp_path / "data/a").mkdir(parents=True)
+    (tmp_path / "data/a/half.jpg").write_bytes(whole[: len(whole) // 2])
+    write_webdataset(tmp_path / "data", tmp_path / "shards/%05d.tar")
+    ds = ItemDataset(open_source(f"webdataset:{tmp_path}/shards/00000.tar"), lambda im: im)
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)  # as the worker has it
+    [(_, _, reason, _)] = ds.__getitems__([0])
+    assert reason.startswith("OSError: image file is truncated")
+
+
 def test_device_jpeg_decoding_checks_the_pixel_limit(monkeypatch):
     from extract._batches import _decode_jpegs
 
