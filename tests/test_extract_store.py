@@ -434,6 +434,24 @@ def test_a_store_written_before_the_exif_choice_was_recorded_is_reused(store, fo
     assert old.read_bytes() == before
 
 
+@pytest.mark.parametrize("old_rank", [0, 1])
+def test_shards_written_before_and_after_the_exif_choice_was_recorded_merge(
+    folder, tmp_path, old_rank
+):
+    # An interrupted run's shard made before apply_exif_orientation was recorded, finished
+    # beside a shard made since: both are of one run, and their merged store is reused.
+    out = tmp_path / "m.h5"
+    shards = [extract_features(folder, BACKBONE, out, rank=r, world_size=2, **FAST) for r in (0, 1)]
+    with h5py.File(shards[old_rank], "a") as f:
+        pre = json.loads(f.attrs["preprocessing"])
+        del pre["apply_exif_orientation"]
+        f.attrs["preprocessing"] = json.dumps(pre)
+    merge_shards(shards, out)
+    before = out.read_bytes()
+    extract_features(folder, BACKBONE, out, **FAST)
+    assert out.read_bytes() == before
+
+
 def test_pil_s_switch_for_truncated_images_is_refused(tmp_path, monkeypatch):
     # With it on, PIL decoded half a JPEG without an error, its lower half grey, and the
     # store held its features as a whole image's.
