@@ -577,7 +577,7 @@ class _LBFGS(torch.optim.LBFGS):
         n_iter = 0
         # The objective's rounding (relative); the last measurably lower value, and
         # _slope_search's steps since it; the lowest value of all, which no step of
-        # _slope_search's may exceed.
+        # _slope_search's may exceed by more than the rounding.
         rounding = _ROUNDING * torch.finfo(self._params[0].dtype).eps
         lowest, flat, least = loss, 0, loss
         while n_iter < max_iter:
@@ -687,8 +687,10 @@ def _slope_search(obj_func, x, d, f, slope, t, max_evals, noise, least, c2=0.9):
     within ``noise`` of ``f`` (on a convex line such a step lowers the objective, by
     about t·(slope at 0 + slope at t) / 2). A value above ``f + noise`` where the slope is
     still negative (a line that is not convex) ends the search without a step, and so does
-    one that meets the curvature condition above ``least``, the lowest value L-BFGS has
-    seen: steps each within ``noise`` of the last could otherwise climb.
+    one that meets the curvature condition more than ``noise`` above ``least``, the lowest
+    value L-BFGS has seen: steps each within ``noise`` of the last could otherwise climb,
+    where within ``noise`` of the lowest they cannot (a bound on ``least`` itself refused
+    the steps whose values round one unit above it, those this search is for).
     """
     low, slope_low, high, slope_high = 0.0, slope, None, None
     for evals in range(1, max_evals + 1):
@@ -700,7 +702,7 @@ def _slope_search(obj_func, x, d, f, slope, t, max_evals, noise, least, c2=0.9):
         elif above and slope_t < 0:
             return None, evals
         elif not above and abs(slope_t) <= -c2 * slope:
-            return ((value, grad, t) if value <= least else None), evals
+            return ((value, grad, t) if value <= least + noise else None), evals
         if slope_t < 0:
             low, slope_low = t, slope_t
         else:

@@ -3364,7 +3364,7 @@ def test_the_progress_bar_counts_iterations_not_the_start(params, monkeypatch):
     assert (bar.n, bar.total) == (clf.n_iter_, params["max_iter"])
 
 
-@pytest.mark.parametrize("C", [1e-8, 1e-6, 1e-5])
+@pytest.mark.parametrize("C", [1e-8, 1e-7, 1e-6, 1e-5])
 def test_a_float32_fit_goes_on_where_its_decrease_is_below_the_objectives_rounding(digits, C):
     # At C = 1e-6 the second direction's decrease (4e-8) was below float32's rounding of
     # the objective (2.4e-7 at log 10): every trial step's value rounded to the start's,
@@ -3447,10 +3447,13 @@ def test_a_fit_whose_gradient_goes_nan_does_not_meet_tol(part, monkeypatch):
         MR2LinearClassifier(device="cpu").fit(X, y)
 
 
-def test_the_slope_search_takes_no_step_above_the_lowest_value():
+def test_the_slope_search_takes_no_step_beyond_the_rounding_of_the_lowest_value():
     # Values within the objective's rounding of the line's start are not measurably above
     # it, and a step each within it of the last could climb: a step meeting the curvature
-    # condition at a value above the lowest L-BFGS has seen is refused.
+    # condition more than the rounding above the lowest value L-BFGS has seen is refused.
+    # One within it is taken: the values of the steps this search is for round to the
+    # start's or one unit above (a bound on the lowest value itself refused those, and
+    # float32 fits of iris and digits at a small C stopped short of tol, warning).
     from mr2_probe._solvers import _slope_search
 
     direction = torch.ones(1, dtype=torch.float64)
@@ -3459,9 +3462,23 @@ def test_the_slope_search_takes_no_step_above_the_lowest_value():
         return 1.0005, torch.tensor([t - 1.0], dtype=torch.float64)
 
     args = (along, None, direction, 1.0, -1.0, 0.5, 20, 1e-3)  # f = 1, noise 1e-3
-    (value, _, step), _ = _slope_search(*args, 1.001)
-    assert (value, step) == (1.0005, 0.5)  # within the noise, and not above the lowest
-    assert _slope_search(*args, 1.0)[0] is None
+    for lowest in (1.0, 1.001):  # the start's value, or one above it
+        (value, _, step), _ = _slope_search(*args, lowest)
+        assert (value, step) == (1.0005, 0.5)  # within the rounding of the lowest
+    assert _slope_search(*args, 0.999)[0] is None  # 1.5 roundings above the lowest
+
+
+@pytest.mark.parametrize("C", [1e-7, 1e-6, 1e-4])
+def test_a_float32_fit_of_iris_at_c_bar_1_goes_on_below_the_objectives_rounding(C):
+    # Its slope searches' steps round one unit above the lowest value seen: refused, the
+    # fit stopped after 4 to 6 iterations with the float32 warning, above float64's optimum.
+    X, y = load_iris(return_X_y=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        single = MR2LinearClassifier(C=C, device="cpu").fit(X.astype(np.float32), y)
+    double = MR2LinearClassifier(C=C, tol=1e-6, device="cpu").fit(X, y)
+    np.testing.assert_allclose(single.intercept_, double.intercept_, atol=1e-4)
+    np.testing.assert_allclose(single.coef_, double.coef_, atol=2e-3 * np.abs(double.coef_).max())
 
 
 def test_the_penalty_factor_is_taken_once_per_fit(monkeypatch):
