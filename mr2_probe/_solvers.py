@@ -34,7 +34,7 @@ from ._losses import (
     margin_cross_entropy,
     tilted_class_risk,
 )
-from ._sphere import runs_on_spheres, sphere_lbfgs
+from ._sphere import _FLAT, runs_on_spheres, sphere_lbfgs
 from ._stats import (
     ClassStats,
     class_margins,
@@ -667,10 +667,10 @@ class _LBFGS(torch.optim.LBFGS):
 
 # _slope_search: values within this many epsilons of the objective's dtype (relative) of
 # the line's start are not measurably above it; at most this many evaluations. L-BFGS
-# stops after _FLAT of its steps in a row without a lower value (the sphere solver's rule).
+# stops after _FLAT of its steps in a row without a lower value (the sphere solver's rule
+# and number).
 _ROUNDING = 4
 _SLOPE_SEARCH = 20
-_FLAT = 5
 
 
 def _slope_search(obj_func, x, d, f, slope, t, max_evals, noise, least, c2=0.9):
