@@ -4,7 +4,23 @@ import os
 import signal
 
 import pytest
+import threadpoolctl
 import torch
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker gets its share of the cores, and so do the
+    interpreters its tests start: torch's, OpenMP's and the BLAS's threads of several
+    processes on the same cores otherwise wait on each other (docs/testing.md)."""
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if not workers:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cores or 1) // workers)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    torch.set_num_threads(threads)
+    threadpoolctl.threadpool_limits(threads)
 
 
 def pytest_collection_modifyitems(config, items):
