@@ -115,8 +115,10 @@ def _range_suspects(
     suspects = []
     # The loss's and the gradient's sums (Σ w_i·ℓ_i, and times a cosine head's scale) are
     # taken before the division by Σw: a cosine fit at Σw = 1.2e38 in float32 stalled at
-    # its start, one at 6e36 converged; a linear head's resolve up to float32's largest.
-    near = torch.finfo(dtype).max / (16 if scale is not None else 2) if dtype else np.inf
+    # its start, one at 6e36 converged. A linear head's gradient sums w_i·x_i·(p − y): on
+    # standardised float32 iris, Σw = 1.5e38 overflowed it and the features were blamed,
+    # so weights within 2²⁰ of the largest number are named (a fit that overflowed only).
+    near = torch.finfo(dtype).max / (16 if scale is not None else 2**20) if dtype else np.inf
     if weight_sum > near:
         suspects.append(
             f"sample weights summing to {weight_sum:g} (the loss and its gradient sum them "

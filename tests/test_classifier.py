@@ -1193,6 +1193,9 @@ def test_nan_features_under_assume_finite_are_not_blamed_on_their_scale(params, 
         ({}, 1e-300, np.float64, "with C=1 and sample weights summing to 6e-299"),
         # These three blamed the features (iris-sized ones) too.
         ({}, 1e37, np.float32, "with sample weights summing to 6e[+]38"),
+        # Below float32's largest number, but the gradient's sums Σ w_i·x_i·(p − y) of
+        # standardised features overflowed, and the features were told to be scaled.
+        ({}, 2.5e36, np.float32, "with sample weights summing to 1.5e[+]38"),
         # (The cosine head, whose objective ignores the weights' scale, fits at such
         # weights: tests/test_cosine.py.)
         ({}, 1e39, np.float32, "1e[+]39, beyond the range of float32.*C by its inverse"),
