@@ -106,19 +106,30 @@ def _scale_underflow(scale, dtype) -> FitDivergedError:
 
 
 def _range_suspects(
-    C, c_bar, weight_sum, class_tilt=0.0, scale=None, dtype=None, stalled=False, tau=None
+    C,
+    c_bar,
+    weight_sum,
+    class_tilt=0.0,
+    scale=None,
+    dtype=None,
+    stalled=False,
+    tau=None,
+    overflowed=False,
 ) -> list:
     """The parameters that are extreme enough to overflow a fit on their own (``scale``:
     a cosine head's; ``dtype``: the data's, for sample weights near its largest number;
     ``stalled``: whether the fit stopped on its precision, short of tol; ``tau``: the
-    compactness loss's, where it takes part)."""
+    compactness loss's, where it takes part; ``overflowed``: whether the fit's
+    coefficients are non-finite)."""
     suspects = []
     # The loss's and the gradient's sums (Σ w_i·ℓ_i, and times a cosine head's scale) are
     # taken before the division by Σw: a cosine fit at Σw = 1.2e38 in float32 stalled at
-    # its start, one at 6e36 converged. A linear head's gradient sums w_i·x_i·(p − y): on
-    # standardised float32 iris, Σw = 1.5e38 overflowed it and the features were blamed,
-    # so weights within 2²⁰ of the largest number are named (a fit that overflowed only).
-    near = torch.finfo(dtype).max / (16 if scale is not None else 2**20) if dtype else np.inf
+    # its start, one at 6e36 converged; a linear head's resolve up to float32's largest,
+    # but its gradient sums w_i·x_i·(p − y) can overflow below it: on standardised
+    # float32 iris Σw = 1.5e38 did, and the features were blamed. So where the
+    # coefficients overflowed, weights within 2²⁰ of the largest number are named.
+    margin = 16 if scale is not None else 2**20 if overflowed else 2
+    near = torch.finfo(dtype).max / margin if dtype else np.inf
     if weight_sum > near:
         suspects.append(
             f"sample weights summing to {weight_sum:g} (the loss and its gradient sum them "
@@ -1011,6 +1022,7 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
                 "features, e.g. StandardScaler) and fit again."
             )
         # Only then a synchronisation of its own; otherwise _export's check names the features.
+        suspects = suspects_of(stalled=result.stop == "stalled", overflowed=True)
         if suspects and not all(bool(torch.isfinite(p).all()) for p in head.parameters()):
             what = "the fit produced non-finite coefficients"
             raise _overflow_error(what, data.dtype, suspects)
