@@ -161,7 +161,8 @@ n_iter_no_change, class_weight, class_tilt, random_state
     scores_ : dict
         Class label → ndarray (n_folds, n_Cs), the held-out scores, the same array for
         every class (one label, the positive class, for two classes), as in
-        LogisticRegressionCV. NaN where a value's fit diverged on that fold (see Notes).
+        LogisticRegressionCV. NaN where a value's fit diverged on that fold, or where the
+        scorer is undefined on its held-out rows (see Notes).
     coefs_paths_ : dict
         Class label → ndarray (n_folds, n_Cs, n_dof): that class's coefficients along each
         fold's path, the intercept last when there is one (one label for two classes).
@@ -185,7 +186,10 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     Each fold solves, for values v_1 < … < v_n, the objective of
     :class:`MR2LinearClassifier` at C = v_j (scale = v_j for a cosine head) from the
     solution at v_{j-1}; the choice is argmax_j Σ_folds score(fold, v_j), ties going to the
-    value listed first in ``Cs`` as in LogisticRegressionCV (NaN scores never chosen). For
+    value listed first in ``Cs`` as in LogisticRegressionCV. A score that is not finite (a
+    scorer undefined on a fold's held-out rows) ranks last, with GridSearchCV's warning;
+    where every value's sum is NaN (with ``refit=False``: some fold's every score) ``fit``
+    raises a ValueError, where the first value was chosen without a word. For
     the linear head described above, L-BFGS also keeps its memory from v_{j-1}, each pair (s, y)
     corrected to y + (1/v_j − 1/v_{j-1})/S · s on W's entries, which makes it exact at v_j
     (the penalty is quadratic); a bisection's new value starts from the solution at the
@@ -441,6 +445,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                     evaluate(values)
             self._store_path(paths)
             self._check_failures(paths)
+            self._check_scores()
             if self.refit:
                 self._refit(data, solver, paths)
             else:
@@ -761,16 +766,55 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 f"Every value of Cs failed {where}, so none can be chosen; at {name}="
                 f"{self.Cs_[value]:g} on fold {fold}: {error}"
             ) from error
-        values = ", ".join(
-            f"{v:g} (fold{'s' if n > 1 else ''} {', '.join(map(str, np.flatnonzero(column)))})"
-            for v, column, n in zip(self.Cs_, failed.T, failed.sum(0), strict=True)
-            if n
-        )
+        values = self._where(failed)
         warnings.warn(
             f"{failed.sum()} of {failed.size} fits failed, their scores set to NaN and "
             f"never chosen: {name}={values}. The first error, at {name}="
             f"{self.Cs_[value]:g} on fold {fold}: {error}",
             FitFailedWarning,
+            stacklevel=_outside_stacklevel(),
+        )
+
+    def _where(self, mask: np.ndarray) -> str:
+        """The values and folds where ``mask`` (n_folds, n_Cs) is set: "0.01 (fold 0), 1
+        (folds 0, 2)"."""
+        return ", ".join(
+            f"{v:g} (fold{'s' if n > 1 else ''} {', '.join(map(str, np.flatnonzero(column)))})"
+            for v, column, n in zip(self.Cs_, mask.T, mask.sum(0), strict=True)
+            if n
+        )
+
+    def _check_scores(self) -> None:
+        """Warn, in GridSearchCV's words, where held-out scores of fits that did not fail
+        are not finite (a scorer undefined on a fold's held-out rows: one-vs-rest ROC AUC
+        where they lack a class); those values rank last. Raise where no value can be
+        chosen for them: with refit=True, every value's sum over the folds is NaN (a fold
+        that scores NaN everywhere spoiled them all, and the first value was chosen without
+        a word); with refit=False, some fold scores NaN at every value."""
+        scores = next(iter(self.scores_.values()))  # (n_folds, n_Cs)
+        undefined = ~np.isfinite(scores) & ~self._failed
+        if not undefined.any():
+            return
+        name = self._value_name()
+        everywhere = np.flatnonzero(np.isnan(scores).all(1))  # folds of NaN alone
+        blocked = np.isnan(scores.sum(0)).all() if self.refit else len(everywhere)
+        scoring = "accuracy" if self.scoring is None else self.scoring
+        if blocked:
+            where = "summed over the folds" if self.refit else f"on fold {everywhere[0]}"
+            raise ValueError(
+                f"No value of Cs has a defined held-out score {where}, so none can be "
+                f"chosen: scoring={scoring!r} gave no finite score at {name}="
+                f"{self._where(undefined)}. "
+                "A scorer is undefined on held-out rows that lack a class (one-vs-rest ROC "
+                "AUC, say): pass folds whose held-out rows hold every class (fewer splits, "
+                "or a StratifiedKFold), or a scoring defined without them (such as "
+                "'neg_log_loss')."
+            )
+        warnings.warn(
+            f"One or more of the test scores are non-finite: {np.mean(scores, 0)}. Those "
+            f"values rank last; scoring={scoring!r} gave a non-finite score at "
+            f"{name}={self._where(undefined)}.",
+            UserWarning,
             stacklevel=_outside_stacklevel(),
         )
 

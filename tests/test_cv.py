@@ -1588,6 +1588,7 @@ def test_a_tensor_is_scored_by_the_search_s_metric_as_an_array_is(device, n_clas
 
 
 def test_an_int_grid_s_ties_go_to_the_smallest_c_and_nan_scores_are_never_chosen():
+    non_finite = "One or more of the test scores are non-finite"
     # Separable blobs: every C of an int grid scores 1.0, and LogisticRegressionCV takes
     # the first of its increasing Cs. A scorer undefined (NaN) at some C never wins there.
     X, y = make_blobs(n_samples=90, centers=[[-9, 0], [9, 0], [0, 9]], random_state=0)
@@ -1611,11 +1612,32 @@ def test_an_int_grid_s_ties_go_to_the_smallest_c_and_nan_scores_are_never_chosen
                                            refit=refit, device="cpu")  # fmt: skip
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
-                search.fit(X, y)
+                # GridSearchCV's warning for them, which the search did not give
+                with pytest.warns(
+                    UserWarning, match=non_finite + r".*C=" + ("1000", "1e-05")[at == 0]
+                ):
+                    search.fit(X, y)
             scores = search.scores_[0]
             assert np.isnan(scores[:, at]).all()
             best = np.nanargmax(scores.sum(0)) if refit else np.nanargmax(scores, axis=1)
             assert np.all(best != at) and search.C_ == pytest.approx(np.mean(search.Cs_[best]))
+
+
+@pytest.mark.parametrize("refit", [True, False])
+def test_a_fold_that_scores_nan_at_every_value_refuses_the_search(refit):
+    # Fold 0 holds out no sample of class 2: one-vs-rest AUC is NaN there at every C, every
+    # C's sum over the folds was NaN, and the first C was chosen without a word.
+    X, y = load_iris(return_X_y=True)
+    X, y = X[:102], y[:102]
+    search = MR2LinearClassifierCV([0.01, 1.0], cv=3, scoring="roc_auc_ovr", refit=refit,
+                                   device="cpu")  # fmt: skip
+    where = "summed over the folds" if refit else "on fold 0"
+    match = rf"No value of Cs has a defined held-out score {where}.*C=0.01 \(fold 0\), 1 \(fold 0\)"
+    with pytest.raises(ValueError, match=match), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (too few of class 2 for 3 folds; AUC undefined)
+        search.fit(X, y)
+    # A fold that holds every class (here, two folds) scores every value.
+    assert np.isfinite(search.set_params(cv=2).fit(X, y).scores_[0]).all()
 
 
 @pytest.mark.parametrize("head", ["linear", "cosine"])
@@ -2366,29 +2388,34 @@ def test_refit_false_names_the_fold_where_every_value_failed():
 
 
 @pytest.mark.parametrize("refit", [True, False])
-def test_a_failed_value_is_never_chosen_where_a_scorer_gives_nan(refit):
+def test_a_failed_value_and_a_fold_scoring_nan_everywhere_refuse_the_search(refit):
     # A fold that holds out no sample of the "hard" group scores NaN at every value: the
     # failed value tied with the others there and, listed first, was chosen (refit=False:
-    # NaN coefficients that predicted one class; refit=True: the refit failed).
+    # NaN coefficients that predicted one class; refit=True: the refit failed); then the
+    # next value was, without a word. No value has a score there: the search refuses.
     scoring = make_scorer(group_accuracy, groups_by_label={0: "e", 1: "e", 2: "h"}, group="h")
     held_out = [np.r_[0:10, 20:30], np.r_[10:20, 40:50], np.r_[30:40, 50:60]]
     folds = [(np.setdiff1d(np.arange(60), rows), rows) for rows in held_out]
-    with pytest.warns(FitFailedWarning, match="C=1e-06"):
-        search = _diverging_search([1e-6, 1e-5, 1.0], refit=refit, cv=folds, scoring=scoring)
-    assert np.isnan(search.scores_[0][0]).all()  # the fold without the group
-    assert search.C_ == 1e-5 and np.isfinite(search.coef_).all()
+    where = "summed over the folds" if refit else "on fold 0"
+    with (
+        pytest.raises(ValueError, match=rf"No value of Cs has a defined held-out score {where}"),
+        pytest.warns(FitFailedWarning, match="C=1e-06"),
+    ):
+        _diverging_search([1e-6, 1e-5, 1.0], refit=refit, cv=folds, scoring=scoring)
 
 
 def test_a_value_failed_on_one_fold_is_never_refitted_where_every_sum_is_nan():
     # Every value's sum over the folds is NaN (fold 2 holds out no sample of the group):
-    # the value that failed on fold 1 alone is still never the one refitted.
+    # the value that failed on fold 1 alone was never the one refitted, but the other
+    # was, without a word. The search now refuses, naming the fold of NaN scores.
     scoring = make_scorer(group_accuracy, groups_by_label={0: "e", 1: "e", 2: "h"}, group="h")
     train = [np.r_[0:15, 20:35, 40:55], np.r_[0:7, 20:27, 40:47], np.r_[5:20, 25:60]]
     folds = [(rows, np.setdiff1d(np.arange(60), rows)) for rows in train]
-    with pytest.warns(FitFailedWarning, match=r"1 of 6 fits failed.*C=4.2e-06 \(fold 1\)"):
-        search = _diverging_search([4.2e-6, 1e-5], cv=folds, scoring=scoring)
-    assert np.isnan(search.scores_[0][2]).all()
-    assert search.C_ == 1e-5 and np.isfinite(search.coef_).all()
+    with (
+        pytest.raises(ValueError, match=r"defined held-out score.*1e-05 \(fold 2\)"),
+        pytest.warns(FitFailedWarning, match=r"1 of 6 fits failed.*C=4.2e-06 \(fold 1\)"),
+    ):
+        _diverging_search([4.2e-6, 1e-5], cv=folds, scoring=scoring)
 
 
 def test_a_refit_that_diverges_names_the_refit_and_the_chosen_value():
