@@ -56,7 +56,7 @@ from ._device import default_torch_modes, to_numpy, to_tensor
 from ._head import open_pair
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
 from ._solvers import SolverResult, gradient_unit
-from ._stats import intercept_scale, overall_mean
+from ._stats import entry_variance, intercept_scale, overall_mean
 from .metrics import classwise_scorers
 
 _SKLEARN = parse_version(sklearn.__version__).release[:2]
@@ -666,20 +666,24 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 head.init_weight_from_means(stats.mean)
             start = head.weight.detach().flatten() if cosine else None
             center, scale = overall_mean(stats), intercept_scale(stats)
-            return fold.source.w, margins.reciprocal(), center, scale, start
+            variance = entry_variance(stats)
+            return fold.source.w, margins.reciprocal(), center, scale, variance, start
 
         def batch(X, y, parts):
-            weights, inv_gamma, centers, scales = (
-                torch.stack(part) for part in list(zip(*parts, strict=True))[:4]
+            weights, inv_gamma, centers, scales, variances = (
+                torch.stack(part) for part in list(zip(*parts, strict=True))[:5]
             )
             if not self.fit_intercept or cosine:
-                centers = scales = None
+                centers = scales = variances = None
             tilt, pinned = float(self.class_tilt), not cosine and data.n_classes == 2
             k = data.n_classes
-            return FoldBatch(X, y, weights, inv_gamma, centers, k, cosine, tilt, pinned, scales)
+            return FoldBatch(
+                X, y, weights, inv_gamma, centers, k, cosine, tilt, pinned, scales, variances,
+                self.c_bar,
+            )  # fmt: skip
 
         def start(parts):
-            return torch.stack([part[4] for part in parts]) if cosine else None
+            return torch.stack([part[5] for part in parts]) if cosine else None
 
         if self._one_batch(data, len(folds)):
             parts = [fold_parts(train) for train, _ in folds]

@@ -43,6 +43,7 @@ from ._stats import (
     mean_spread,
     overall_mean,
     penalised_intercept_scale,
+    penalty_stiffness,
     weight_divisor,
 )
 
@@ -358,8 +359,7 @@ def fit_lbfgs(
         # ...and with a small C·Σw, larger still (penalised_intercept_scale), by `extra`
         # that the test on tol leaves out: the penalty's curvature, not the features',
         # makes that part of the scale.
-        c_bar = 1.0 if spec.c_bar is None else float(spec.c_bar)
-        stiffness = spec.n_classes * c_bar * c_bar * reg if reg > 0 else 0.0  # (C = inf)
+        stiffness = penalty_stiffness(spec.n_classes, spec.c_bar, reg)
         bias_scale, extra = penalised_intercept_scale(stats, stiffness)  # once per fit
         with torch.no_grad():
             head.bias += head.weight @ center

@@ -38,7 +38,7 @@ def overall_mean(stats: ClassStats) -> torch.Tensor:
 _INTERCEPT_SCALE_FROM = 16.0
 
 
-def _entry_variance(stats: ClassStats) -> torch.Tensor:
+def entry_variance(stats: ClassStats) -> torch.Tensor:
     """σ², the mean variance of the features' entries (a scalar tensor)."""
     count = stats.count
     total = weight_divisor(count.sum())  # (a subnormal sum as it is: see weight_divisor)
@@ -57,7 +57,7 @@ def intercept_scale(stats: ClassStats) -> torch.Tensor:
     (features of scale 10⁶ stalled far from the optimum). Taken as β = b / σ_b, its
     curvature is about σ² too. A power of two keeps the change exact.
     """
-    exponent = torch.log2(_entry_variance(stats)).mul(0.5).round()
+    exponent = torch.log2(entry_variance(stats)).mul(0.5).round()
     exponent = exponent.nan_to_num(0.0, 0.0, 0.0).clamp(0, 126)  # NaN, no spread, overflow
     one = torch.ones_like(exponent)
     return torch.where(exponent.exp2() >= _INTERCEPT_SCALE_FROM, exponent.exp2(), one)
@@ -66,6 +66,14 @@ def intercept_scale(stats: ClassStats) -> torch.Tensor:
 # The largest power of two that penalised_intercept_scale takes: an intercept of 10⁻³ as
 # β = b / 2⁶³ is still a normal float32 number.
 _PENALISED_SCALE_MAX = 63
+
+
+def penalty_stiffness(n_classes: int, c_bar: float | None, reg: float) -> float:
+    """K·c̄²·reg, the stiffness that :func:`penalised_intercept_scale` takes for a linear
+    head of ``n_classes`` at the penalty factor ``reg`` = 1/(C·Σw) (c̄ = None counts as
+    1); 0 without a penalty (C = inf)."""
+    c_bar = 1.0 if c_bar is None else float(c_bar)
+    return n_classes * c_bar * c_bar * reg if reg > 0 else 0.0
 
 
 def penalised_intercept_scale(stats: ClassStats, stiffness: float) -> tuple[float, float]:
@@ -79,8 +87,14 @@ def penalised_intercept_scale(stats: ClassStats, stiffness: float) -> tuple[floa
     and the unpenalised intercept crept (digits / 16 at C = 10⁻⁶ in float32 stalled after
     2 iterations, iris at c̄ = 1 and C = 10⁻¹⁴ in float64 with an intercept near 0).
     """
-    data = float(intercept_scale(stats))
-    variance = float(_entry_variance(stats)) + stiffness
+    return penalised_scale(float(entry_variance(stats)), float(intercept_scale(stats)), stiffness)
+
+
+def penalised_scale(variance: float, data: float, stiffness: float) -> tuple[float, float]:
+    """:func:`penalised_intercept_scale` of features whose entries' variance is
+    ``variance`` (:func:`entry_variance`) and whose :func:`intercept_scale` is ``data``:
+    for solvers that take the statistics once and the penalty at each C (the path's)."""
+    variance = variance + stiffness
     if not variance >= _INTERCEPT_SCALE_FROM**2 / 2:  # (NaN too)
         return data, 1.0
     exponent = _PENALISED_SCALE_MAX  # (an infinite variance, or penalty, too)
