@@ -188,7 +188,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     solution at v_{j-1}; the choice is argmax_j Σ_folds score(fold, v_j), ties going to the
     value listed first in ``Cs`` as in LogisticRegressionCV. A score that is not finite (a
     scorer undefined on a fold's held-out rows) ranks last, with GridSearchCV's warning;
-    where every value's sum is NaN (with ``refit=False``: some fold's every score) ``fit``
+    where no value's sum is finite (with ``refit=False``: some fold's every score) ``fit``
     raises a ValueError, where the first value was chosen without a word. For
     the linear head described above, L-BFGS also keeps its memory from v_{j-1}, each pair (s, y)
     corrected to y + (1/v_j − 1/v_{j-1})/S · s on W's entries, which makes it exact at v_j
@@ -792,16 +792,16 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         """Warn, in GridSearchCV's words, where held-out scores of fits that did not fail
         are not finite (a scorer undefined on a fold's held-out rows: one-vs-rest ROC AUC
         where they lack a class); those values rank last. Raise where no value can be
-        chosen for them: with refit=True, every value's sum over the folds is NaN (a fold
+        chosen for them: with refit=True, no value's sum over the folds is finite (a fold
         that scores NaN everywhere spoiled them all, and the first value was chosen without
-        a word); with refit=False, some fold scores NaN at every value."""
+        a word); with refit=False, some fold has no finite score at any value."""
         scores = next(iter(self.scores_.values()))  # (n_folds, n_Cs)
         undefined = ~np.isfinite(scores) & ~self._failed
         if not undefined.any():
             return
         name = self._value_name()
-        everywhere = np.flatnonzero(np.isnan(scores).all(1))  # folds of NaN alone
-        blocked = np.isnan(scores.sum(0)).all() if self.refit else len(everywhere)
+        everywhere = np.flatnonzero((~np.isfinite(scores)).all(1))  # folds of no score
+        blocked = (~np.isfinite(scores.sum(0))).all() if self.refit else len(everywhere)
         scoring = "accuracy" if self.scoring is None else self.scoring
         if blocked:
             where = "summed over the folds" if self.refit else f"on fold {everywhere[0]}"
@@ -832,14 +832,15 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
     def _best(self, scores: np.ndarray, failed: np.ndarray) -> np.ndarray:
         """Index in ``Cs_`` of the best of ``scores`` (…, n_Cs) among the values whose fits
         did not fail (``failed``, of the same shape; _check_failures leaves one at least),
-        NaN scores ranked last. Ties go, as in LogisticRegressionCV's argmax, to the value
+        scores that are not finite ranked last (+inf too: a scorer's undefined value, not
+        a best one). Ties go, as in LogisticRegressionCV's argmax, to the value
         listed first in ``Cs`` (the smallest for an int or ``"bisect"``), though ``Cs_``
         is sorted."""
         if isinstance(self.Cs, Integral | str):
             order = np.arange(len(self.Cs_))
         else:  # Cs_ holds the sorted unique values of Cs: each one's first position in it
             order = np.unique(np.asarray(self.Cs, dtype=float), return_index=True)[1]
-        finite = np.where(np.isnan(scores) | failed, -np.inf, scores)
+        finite = np.where(~np.isfinite(scores) | failed, -np.inf, scores)  # (+inf too)
         top = (finite == finite.max(-1, keepdims=True)) & ~failed
         return np.argmin(np.where(top, order, np.inf), axis=-1)
 

@@ -1640,6 +1640,27 @@ def test_a_fold_that_scores_nan_at_every_value_refuses_the_search(refit):
     assert np.isfinite(search.set_params(cv=2).fit(X, y).scores_[0]).all()
 
 
+def _inf_below_half(estimator, X, y):
+    """Accuracy, but +inf (a ratio divided by zero, say) where it is below one half."""
+    accuracy = accuracy_score(y, estimator.predict(X))
+    return np.inf if accuracy < 0.5 else accuracy
+
+
+@pytest.mark.parametrize("refit", [True, False])
+def test_an_infinite_score_ranks_last_as_the_warning_says(refit):
+    # At C = 1e-6 every fold predicts at chance on iris and this scorer gives +inf there:
+    # the warning said that value ranks last, and the search chose it.
+    X, y = load_iris(return_X_y=True)
+    search = MR2LinearClassifierCV([1e-6, 1.0], cv=3, scoring=_inf_below_half, refit=refit,
+                                   device="cpu")  # fmt: skip
+    with pytest.warns(UserWarning, match=r"non-finite.*rank last.*C=1e-06 \(folds 0, 1, 2\)"):
+        search.fit(X, y)
+    assert np.isposinf(search.scores_[0][:, 0]).all() and search.C_ == 1.0
+    # A fold with no finite score at any value has none to choose: the search refuses.
+    with pytest.raises(ValueError, match="No value of Cs has a defined held-out score"):
+        search.set_params(Cs=[1e-7, 1e-6]).fit(X, y)
+
+
 @pytest.mark.parametrize("head", ["linear", "cosine"])
 def test_probability_and_ranking_scorers_see_the_held_out_model_s_values(head):
     # A two-class "roc_auc" read the decision values of the held-out logits, and a cosine
