@@ -943,7 +943,9 @@ def test_a_bisection_starts_each_value_from_the_nearest_solution(monkeypatch):
         return original(batch, params, C, **kwargs)
 
     monkeypatch.setattr(batched, "lbfgs_batched", spy)
-    clf = MR2LinearClassifierCV("bisect", cv=3, tol=1e-6, device="cpu").fit(X, y)
+    # (max_iter: at C = 1e4 these blobs are nearly separable, and a fold took 100
+    # iterations to tol = 1e-6 after the path's small C took their intercept's scale)
+    clf = MR2LinearClassifierCV("bisect", cv=3, tol=1e-6, max_iter=300, device="cpu").fit(X, y)
     Cs = [C for C, _ in starts]
     assert sorted(Cs[:7]) == Cs[:7] and len(Cs) > 7  # the grid, then the midpoints
     paths = np.stack([clf.coefs_paths_[c] for c in clf.classes_], axis=2)  # (f, Cs, K, dof)
