@@ -416,15 +416,11 @@ def _adopt_repaired_failures(
         if retry_failed:
             del f.attrs[ADOPTING]
     if n_touched:
+        were, its, its_new, time_is = _touched_words(n_touched)
         logger.info(
             "%d %s touched since %s was made, %s bytes unchanged (by their sha256): %s "
             "modification %s recorded.",
-            n_touched,
-            "image file was" if n_touched == 1 else "image files were",
-            out,
-            "its" if n_touched == 1 else "their",
-            "its new" if n_touched == 1 else "their new",
-            "time is" if n_touched == 1 else "times are",
+            *(n_touched, were, out, its, its_new, time_is),
         )
     if n_changed:
         logger.info(
@@ -447,19 +443,26 @@ def _times_alone(attrs: dict, status: np.ndarray, retry_failed: bool) -> bool:
     )
 
 
+def _touched_words(n: int) -> tuple:
+    """The words that agree with ``n`` files touched since a store was made."""
+    one = n == 1
+    return (
+        "image file was" if one else "image files were",
+        "its" if one else "their",
+        "its new" if one else "their new",
+        "time is" if one else "times are",
+    )
+
+
 def warn_unrecorded(out: Path, n_touched: int, error: StoreError) -> None:
     """Warn that the new modification times of ``n_touched`` files of ``out``, touched
     since and its bytes by their sha256, are not recorded as ``error`` says."""
+    were, its, its_new, time_is = _touched_words(n_touched)
     logger.warning(
         "%d %s touched since %s was made, %s bytes unchanged (by their sha256), but %s "
         "modification %s not recorded, as the store cannot be opened for writing (%s): "
         "each run reads %s again until one can write it.",
-        n_touched,
-        "image file was" if n_touched == 1 else "image files were",
-        out,
-        "its" if n_touched == 1 else "their",
-        "its new" if n_touched == 1 else "their new",
-        "time is" if n_touched == 1 else "times are",
+        *(n_touched, were, out, its, its_new, time_is),
         " ".join(str(error).split()).removesuffix("."),
         "it" if n_touched == 1 else "them",
     )
