@@ -74,6 +74,19 @@ def _not_writable(monkeypatch, path: Path) -> None:
     )  # fmt: skip
 
 
+def _h5_refuses_writes(monkeypatch, path: Path) -> None:
+    """Make h5py refuse to open ``path`` (a store file) for writing, as under chmod 444
+    (the tests run as root, whom the mode does not stop)."""
+    h5py_file = h5py.File
+
+    def read_only(name, mode="r", **kwargs):
+        if mode != "r" and os.path.exists(name) and os.path.samefile(name, path):
+            raise PermissionError(errno.EACCES, f"Permission denied: {name}")
+        return h5py_file(name, mode, **kwargs)
+
+    monkeypatch.setattr(h5py, "File", read_only)
+
+
 # Tests that read one rank's shard on purpose, beside the others (load_features warns).
 _SHARDS_READ_KNOWINGLY = pytest.mark.filterwarnings(f"ignore:{ONE_SHARD}:UserWarning")
 
@@ -1187,15 +1200,8 @@ def test_a_complete_store_of_touched_images_that_cannot_be_written_is_reused_wit
     with contextlib.ExitStack() as stack:
         if why == "open":
             stack.enter_context(load_features(out))
-        elif why == "mode":  # (the tests run as root, whom the mode does not stop)
-            h5py_file = h5py.File
-
-            def read_only(path, mode="r", **kwargs):
-                if mode != "r" and os.path.samefile(path, out):
-                    raise PermissionError(errno.EACCES, f"Permission denied: {path}")
-                return h5py_file(path, mode, **kwargs)
-
-            stack.enter_context(monkeypatch.context()).setattr(h5py, "File", read_only)
+        elif why == "mode":
+            _h5_refuses_writes(stack.enter_context(monkeypatch.context()), out)
         else:
             monkeypatch.setattr(_store, "ATTRS_ROOM", 1 << 62)
         assert extract_features(folder, BACKBONE, out, **FAST) == out
@@ -1331,14 +1337,7 @@ def test_under_torchrun_a_merged_store_of_touched_images_whose_mode_is_read_only
     before = out.read_bytes()
     _touch(*folder.rglob("*.*"))
     _not_writable(monkeypatch, out)
-    h5py_file = h5py.File
-
-    def read_only(path, mode="r", **kwargs):  # (the tests run as root, whom it lets write)
-        if mode != "r" and os.path.exists(path) and os.path.samefile(path, out):
-            raise PermissionError(errno.EACCES, f"Permission denied: {path}")
-        return h5py_file(path, mode, **kwargs)
-
-    monkeypatch.setattr(h5py, "File", read_only)
+    _h5_refuses_writes(monkeypatch, out)
     caplog.set_level(logging.WARNING, logger="extract")
     written = _spy_writes(monkeypatch)
     _at_2_ranks(monkeypatch, folder, out, **FAST)
@@ -1370,14 +1369,7 @@ def test_under_torchrun_a_read_only_merged_store_with_an_adoption_mark_is_refuse
         f.attrs[ADOPTING] = "sha256:" + "1" * 64
     _touch(*folder.rglob("*.*"))
     _not_writable(monkeypatch, out)
-    h5py_file = h5py.File
-
-    def read_only(path, mode="r", **kwargs):  # (the tests run as root, whom it lets write)
-        if mode != "r" and os.path.exists(path) and os.path.samefile(path, out):
-            raise PermissionError(errno.EACCES, f"Permission denied: {path}")
-        return h5py_file(path, mode, **kwargs)
-
-    monkeypatch.setattr(h5py, "File", read_only)
+    _h5_refuses_writes(monkeypatch, out)
     with pytest.raises(StoreError, match="No permission to write the feature store"):
         _at_2_ranks(monkeypatch, folder, out, **FAST)
     assert not shard_path(out, 1, 2).exists()  # rank 1, run first, refused it at once
