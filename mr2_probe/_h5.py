@@ -27,14 +27,18 @@ def name_failures(n_failed: int, first: list[tuple]) -> str:
     characters, and one that a store did not record as "no reason recorded" (not a
     dangling colon: ``('a.jpg': )``)."""
     first = first[:_NAMED_FAILURES]
-    named = "; ".join(f"{path!r}: {_said(reason)}" for *_, path, reason in first)
+    named = "; ".join(
+        f"{path!r}: {one_line(reason or '') or 'no reason recorded'}" for *_, path, reason in first
+    )
     if len(first) >= n_failed:
         return f"({named})"
     return f"(the first, {named})" if len(first) == 1 else f"(the first {len(first)}: {named})"
 
 
-def _said(reason, limit: int = 1000) -> str:
-    text = " ".join(str(reason or "").split()) or "no reason recorded"
+def one_line(error, limit: int = 1000) -> str:
+    """An error's (or warning's) message on one line, cut at ``limit`` characters (some
+    messages print a whole array)."""
+    text = " ".join(str(error).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -12,6 +12,8 @@ import signal
 import threading
 import warnings
 
+from .._h5 import one_line as _one_line
+
 
 class UsageError(ValueError):
     """A mistake in the options or the input files of ``mr2-probe``, told in one line."""
@@ -163,13 +165,6 @@ def _warning_in_one_line(message, category, filename, lineno, line=None) -> str:
     if prog is None:
         return _one_line_runs["original"](message, category, filename, lineno, line)
     return f"{prog}: warning: {text}\n"
-
-
-def _one_line(error, limit: int = 1000) -> str:
-    """An error's (or warning's) message on one line, cut at ``limit`` characters (some
-    messages print a whole array)."""
-    text = " ".join(str(error).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _few(values, n: int = 4, show=repr) -> str:
