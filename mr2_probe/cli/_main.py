@@ -286,6 +286,15 @@ def _fit_and_report(
     return status
 
 
+def _memory_ran_out(error, args) -> tuple[bool, bool]:
+    """Whether ``error`` (out of memory) is the host's, and whether it is a GPU's, where
+    --device cpu would use the machine's memory instead."""
+    from .._device import resolve_device
+
+    host = isinstance(error, MemoryError) or "can't allocate memory" in str(error)
+    return host, not host and resolve_device(args.device).type != "cpu"
+
+
 def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     """The one line of inputs that ran out of memory as they were read (``what``: its
     error, short), naming the options under which a store is read whole."""
@@ -312,10 +321,7 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
 def _predict_out_of_memory_line(name: str, what: str, error, out, args) -> str:
     """The one line of ``name``'s predictions that ran out of memory after the fits, the
     models written to ``out`` (None: no --out, nothing written)."""
-    from .._device import resolve_device
-
-    host = isinstance(error, MemoryError) or "can't allocate memory" in str(error)
-    on_gpu = not host and resolve_device(args.device).type != "cpu"
+    host, on_gpu = _memory_ran_out(error, args)
     kept = (
         f"the fitted models are written to {out / 'models.joblib'}, the reports are not"
         if out is not None
@@ -331,10 +337,7 @@ def _predict_out_of_memory_line(name: str, what: str, error, out, args) -> str:
 def _out_of_memory_line(name: str, what: str, error, names: list, args) -> str:
     """The one line of a main fit (``name``'s, of the models ``names``) that ran out of
     memory (``what``: its error, short), with the command's options that take less."""
-    from .._device import resolve_device
-
-    host = isinstance(error, MemoryError) or "can't allocate memory" in str(error)
-    on_gpu = not host and resolve_device(args.device).type != "cpu"
+    host, on_gpu = _memory_ran_out(error, args)
     fitted = names[: names.index(name)]
     lost = f" ({', '.join(fitted)}, fitted before it, neither)" if fitted else ""
     advice = ["--device cpu (the machine's memory; slower)"] if on_gpu else []
