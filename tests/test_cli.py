@@ -3086,32 +3086,74 @@ def test_a_main_fit_out_of_memory_ends_in_one_line_with_advice(
         main([*argv, "--debug"])
 
 
+_WHOLE = ["--feature-scaling", "standard", "--tilt", "1"]  # (the run then reads stores whole)
+_STREAMS = (
+    "(a store's features above a quarter of memory then stay in its file, read a block at a time)"
+)
+_NO_LESS = (
+    "; no option of the command reads them in less. Try freeing memory, or a machine with more"
+)
+_SMALL = "{train}: 2.1 KiB (a quarter of memory: 1.0 GiB)" + _NO_LESS
+
+
 @pytest.mark.parametrize(
-    "options, advice",
+    "name, options, limit, said",
     [
-        ([], "freeing memory, or a machine with more"),
+        # Inputs within a quarter of memory are read whole whatever the options: leaving
+        # --feature-scaling and --tilt out was the advice, which read them whole all the same.
+        ("train.npz", [], 1 << 30, _SMALL),
+        ("train.npz", _WHOLE, 1 << 30, _SMALL),
+        pytest.param(
+            "store.h5", _WHOLE, 1 << 30, _SMALL,
+            marks=NEEDS_H5,
+        ),
+        # Large ones: a store stays in its file without the options that read it whole...
+        pytest.param(
+            "store.h5", _WHOLE, 1000, "{train}: 2.1 KiB (a quarter of memory: 1000 B). Try "
+            f"without --feature-scaling standard, --tilt {_STREAMS}, or freeing memory, or a "
+            "machine with more",
+            marks=NEEDS_H5,
+        ),
+        # ...and is not read without them (what was read was not its features)...
+        pytest.param("store.h5", [], 1000, None, marks=NEEDS_H5),
+        # ...where a .npz is read whole, and a store in its place would not be.
         (
-            ["--feature-scaling", "standard", "--tilt", "1"],
-            "an HDF5 store without --feature-scaling standard, --tilt (its features then stay "
-            "in the file), or freeing memory, or a machine with more",
+            "train.npz", [], 1000, "{train}: 2.1 KiB (a quarter of memory: 1000 B). Try an "
+            f"HDF5 store from mr2-extract in place of {{train}} {_STREAMS}, or freeing memory, "
+            "or a machine with more",
+        ),
+        (
+            "train.npz", _WHOLE, 1000, "{train}: 2.1 KiB (a quarter of memory: 1000 B). Try an "
+            "HDF5 store from mr2-extract in place of {train}, without --feature-scaling "
+            f"standard, --tilt {_STREAMS}, or freeing memory, or a machine with more",
         ),
     ],
-)
+    ids=[
+        "small-npz", "small-npz-whole", "small-store-whole", "large-store-whole",
+        "large-store-streamed", "large-npz", "large-npz-whole",
+    ],
+)  # fmt: skip
 def test_inputs_out_of_memory_end_in_one_line(
-    options, advice, files, tmp_path, monkeypatch, capsys
+    name, options, limit, said, files, stores, tmp_path, monkeypatch, capsys
 ):
     # Memory that ran out reading the inputs ended in a traceback, where a fit's ends in one
-    # line.
+    # line. The line says what the features read take, and advises what reads them in less
+    # where something does: store.h5's and train.npz's 90 × 6 float32 (2,160 bytes).
     def failing(args, stack=None):
         raise MemoryError("Unable to allocate 30.0 GiB for an array")
 
     monkeypatch.setattr(cli_main, "_inputs", failing)
+    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: limit)
     out = tmp_path / "runs" / "probe"
-    argv = [str(files / "train.npz"), *options, "--out", str(out), "--no-progress"]
+    train = str(files / name)
+    argv = [train, *options, "--out", str(out), "--no-progress"]
     code, lines = _error(argv, capsys)
+    read = "Try freeing memory, or a machine with more"
+    if said is not None:
+        read = f"The features read into memory: {said.format(train=train)}"
     assert code == 1 and lines == [
         "mr2-probe: error: reading the inputs ran out of memory (Unable to allocate 30.0 GiB "
-        f"for an array); nothing is written. Try {advice}"
+        f"for an array); nothing is written. {read}"
     ]
     assert not (tmp_path / "runs").exists()
     with pytest.raises(MemoryError):

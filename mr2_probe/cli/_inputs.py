@@ -8,6 +8,7 @@ import os
 import sys
 import unicodedata
 import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -500,6 +501,63 @@ def _cgroup_caps() -> list[int]:
         except (OSError, ValueError):  # not there, or "max"
             continue
     return caps
+
+
+def _features_sizes(args) -> tuple[int, list[tuple[str, int | None, str]]]:
+    """:func:`in_memory_limit`, and each input file's features (--train's, then --test's):
+    its path as given, their bytes as the file holds them (None where it cannot tell) and
+    its kind: "streamable" (a store's floating-point features, which stay in the file above
+    the limit where the run streams), "store" (integer features, always read) or "array"
+    (a .npz or .npy, always read whole). For the line of inputs that ran out of memory."""
+    sizes = []
+    for path in (args.train, args.test):
+        if path is None:
+            continue
+        suffix, size, kind = feature_format(path), None, "array"
+        try:
+            if suffix in _STORE:
+                with _load_features(path) as store:
+                    shape, dtype = store.features.shape, store.features.dtype
+                size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                kind = "streamable" if dtype.kind == "f" else "store"
+            elif suffix == ".npz":
+                with zipfile.ZipFile(path) as archive, archive.open(_npz_x_member(archive)) as x:
+                    size = _npy_bytes(x)
+            elif suffix == ".npy":
+                with open(path, "rb") as file:
+                    size = _npy_bytes(file)
+        except (OSError, ValueError, KeyError, ImportError, zipfile.BadZipFile):  # untold
+            pass
+        sizes.append((path, size, kind))
+    return in_memory_limit(), sizes
+
+
+def _in_bytes(size: int) -> str:
+    """``size`` bytes in binary units, as an allocator says them: 960 B, 1.5 GiB."""
+    units = ("KiB", "MiB", "GiB", "TiB", "PiB")
+    scaled = [size / 1024 ** (k + 1) for k in range(len(units))]
+    shown = [(value, unit) for value, unit in zip(scaled, units, strict=True) if value >= 1]
+    if not shown:
+        return f"{size} B"
+    value, unit = shown[-1]
+    return f"{value:.1f} {unit}"
+
+
+def _npz_x_member(archive: zipfile.ZipFile) -> str:
+    """The archive's member that :func:`_load_npz` reads as X (X.npy where it holds
+    neither, whose opening raises KeyError)."""
+    names = archive.namelist()
+    return "features.npy" if "features.npy" in names and "X.npy" not in names else "X.npy"
+
+
+def _npy_bytes(file) -> int:
+    """The bytes of the array a .npy file holds, from its header (the array not read)."""
+    version = np.lib.format.read_magic(file)
+    read = np.lib.format.read_array_header_1_0
+    if version != (1, 0):
+        read = np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(file)
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
 
 def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:

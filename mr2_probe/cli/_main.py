@@ -19,7 +19,7 @@ from .._cv import MR2LinearClassifierCV
 from ..front import _final, collecting_short, fit_collecting_short
 from ..metrics import classwise_scorers
 from ..report import classwise_report, flat_text, in_percent
-from ._inputs import _check_splits, _inputs, _inputs_record
+from ._inputs import _check_splits, _features_sizes, _in_bytes, _inputs, _inputs_record
 from ._options import (
     _MR2_ONLY,
     _OPTIONS,
@@ -297,7 +297,11 @@ def _memory_ran_out(error, args) -> tuple[bool, bool]:
 
 def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     """The one line of inputs that ran out of memory as they were read (``what``: its
-    error, short), naming the options under which a store is read whole."""
+    error, short): the features read into memory, and what reads them in less. A store's
+    above the limit (a quarter of memory) stays in its file without the options under
+    which the run reads it whole; a .npz or .npy file is read whole, which a store in its
+    place above the limit is not; features within the limit are read whole whatever the
+    options (the advice to leave those options out was given for them too)."""
     whole = [
         option
         for option, given in (
@@ -308,13 +312,35 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
         )
         if given
     ]
-    advice = ["freeing memory, or a machine with more"]
-    if whole:  # (a store larger than a quarter of memory stays in its file without them)
-        stream = f"an HDF5 store without {', '.join(whole)} (its features then stay in the file)"
-        advice.insert(0, stream)
+    limit, sizes = _features_sizes(args)
+    # (a store above the limit that the run streamed is not among those read)
+    read = [
+        (path, size, kind)
+        for path, size, kind in sizes
+        if whole or kind != "streamable" or size is None or size <= limit
+    ]
+    large = [(path, kind) for path, size, kind in read if size is not None and size > limit]
+    arrays = [path for path, kind in large if kind == "array"]
+    streamable = [path for path, kind in large if kind == "streamable"]
+    advice = []
+    if arrays or streamable:
+        cure = f"an HDF5 store from mr2-extract in place of {', '.join(arrays)}" if arrays else ""
+        if whole:
+            cure += f"{', ' if cure else ''}without {', '.join(whole)}"
+        advice.append(
+            f"{cure} (a store's features above a quarter of memory then stay in its file, "
+            "read a block at a time)"
+        )
+    advice.append("freeing memory, or a machine with more")
+    shown = ", ".join(
+        path if size is None else f"{path}: {_in_bytes(size)}" for path, size, _ in read
+    )
+    held = f"The features read into memory: {shown} (a quarter of memory: {_in_bytes(limit)})"
+    if not (arrays or streamable):
+        held += "; no option of the command reads them in less"
     return (
         f"reading the inputs ran out of memory ({what}); nothing is written. "
-        f"Try {', or '.join(advice)}"
+        f"{held + '. ' if read else ''}Try {', or '.join(advice)}"
     )
 
 
