@@ -92,7 +92,9 @@ class _DecidesOnceFitted(HasMethods):
 
 def _decision(estimator, X, classes: np.ndarray) -> np.ndarray:
     """The inner estimator's decision values as a float64 (n_samples, n_classes) array."""
-    _check_per_class_decision(estimator, len(classes))  # (the fitted one: a search's best)
+    # (the fitted one's: a search's best estimator, which its parameter space chose)
+    _check_decides(estimator)
+    _check_per_class_decision(estimator, len(classes))
     seen = np.asarray(getattr(estimator, "classes_", classes))
     if not np.array_equal(seen, classes):
         if len(seen) == len(classes) and set(seen.tolist()) == set(classes.tolist()):
@@ -210,10 +212,12 @@ def _fitted_inside(estimator):
     return estimator
 
 
-def _check_per_class_decision(estimator, n_classes: int) -> None:
-    """Refuse one-vs-one decision values of 3 classes or more: K(K−1)/2 pairwise columns,
-    read as one per class (with 3 classes, as many columns as classes). With two classes
-    both shapes are the one decision value."""
+def _deciding(estimator):
+    """The estimator whose decision values ``estimator`` hands on: itself, or the one
+    inside a FrozenEstimator, a Pipeline's last step, a search's best estimator (its
+    template before it is fitted), a StackingClassifier's final estimator, or a
+    BaggingClassifier's, RFE's or SelfTrainingClassifier's estimator. None for an
+    unfitted search whose parameter space may give its best estimator another one."""
     from sklearn.ensemble import BaggingClassifier, StackingClassifier
     from sklearn.feature_selection import RFE
     from sklearn.model_selection._search import BaseSearchCV
@@ -235,18 +239,44 @@ def _check_per_class_decision(estimator, n_classes: int) -> None:
             # (a fitted search's decision values are its best_estimator_'s, whose shape its
             # parameter grid may have set: read from the unfitted template, 'ovo' passed)
             if not hasattr(final, "best_estimator_") and _may_set_shape(final):
-                return  # (its template's 'ovo' refused a grid of 'ovr': the fitted one's)
+                return None  # (its template's 'ovo' refused a grid of 'ovr': the fitted one's)
             final = getattr(final, "best_estimator_", final.estimator)
         elif isinstance(final, StackingClassifier):
             final = getattr(final, "final_estimator_", final.final_estimator)
         else:
             final = final.estimator
+    return final
+
+
+def _check_per_class_decision(estimator, n_classes: int) -> None:
+    """Refuse one-vs-one decision values of 3 classes or more: K(K−1)/2 pairwise columns,
+    read as one per class (with 3 classes, as many columns as classes). With two classes
+    both shapes are the one decision value."""
+    final = _deciding(estimator)
     if n_classes > 2 and getattr(final, "decision_function_shape", None) == "ovo":
         raise ValueError(
             f"{type(final).__name__}(decision_function_shape='ovo') gives one decision value "
             "per pair of classes; the offsets need one per class: use "
             "decision_function_shape='ovr'."
         )
+
+
+def _check_decides(estimator) -> None:
+    """Refuse a fitted ``estimator`` without ``decision_function``, as the ``estimator``
+    parameter's check refuses an unfitted one: a search whose parameter space puts in a
+    classifier without one (a Pipeline's last step, say) passes that check with its
+    template, and then has none once its best estimator is that classifier."""
+    if _DecidesOnceFitted().is_satisfied_by(estimator):
+        return
+    final = _deciding(estimator)
+    hands_on = final is not None and final is not estimator
+    because = f" (its decision values would be {type(final).__name__}'s, which has none)"
+    raise ValueError(
+        f"The fitted {type(estimator).__name__} has no decision_function"
+        f"{because if hands_on else ''}: the offsets are tuned on decision values, one per "
+        "class. Use only classifiers implementing 'decision_function' (LogisticRegression, "
+        "LinearSVC, MR2LinearClassifier, ...), in a search's parameter space too."
+    )
 
 
 def _may_set_shape(search) -> bool:
@@ -285,7 +315,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
     estimator : estimator instance
         The classifier, fitted or not (cloned unless ``cv="prefit"``). It must implement
         ``fit`` and ``decision_function`` with one column per class (a binary problem's
-        1-D decision values are read as the columns [0, z]).
+        1-D decision values are read as the columns [0, z]). A search's best estimator
+        too: one without, which its parameter space put in, is refused once it is fitted.
     scoring : str or callable, default="worst_class"
         The objective, greater is better: ``"worst_class"``, ``"balanced_accuracy"``
         (mean per-class accuracy), ``"hard_tercile"`` or ``"accuracy"`` as defined in
@@ -712,6 +743,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         index = index[order]
         if self.refit:
             self.estimator_ = clone(self.estimator).fit(X, y, **fit_params)
+            # (a search on all of X may choose what no fold's did: refused now, not by
+            # predict)
+            _check_decides(self.estimator_)
         else:
             self.estimator_ = folds[0][1]
         return decision, y_index[index], index

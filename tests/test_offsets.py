@@ -1609,6 +1609,56 @@ def test_one_vs_rest_decision_values_an_unfitted_search_will_choose_are_tuned(ma
     np.testing.assert_array_equal(clf.offsets_, expected.offsets_)
 
 
+class _Majority(ClassifierMixin, BaseEstimator):
+    """The most frequent class everywhere: neither decision_function nor predict_proba."""
+
+    def fit(self, X, y):
+        self.classes_, counts = np.unique(y, return_counts=True)
+        self.majority_ = self.classes_[counts.argmax()]
+        return self
+
+    def predict(self, X):
+        return np.full(len(X), self.majority_)
+
+
+@pytest.mark.parametrize("chosen", [_Majority(), GaussianNB()], ids=["neither", "proba"])
+def test_a_search_that_chooses_a_classifier_without_decision_values_is_named(chosen):
+    # The unfitted search passes the estimator check with its template (a Pipeline ending
+    # in LogisticRegression); its grid swaps the last step for a classifier without
+    # decision_function, and the first fold failed with a bare AttributeError, "This
+    # 'GridSearchCV' has no attribute 'decision_function'".
+    X, y = load_iris(return_X_y=True)
+    search = GridSearchCV(
+        make_pipeline(StandardScaler(), LogisticRegression()),
+        {"logisticregression": [chosen]},
+        cv=2,
+    )
+    name = type(chosen).__name__
+    with pytest.raises(
+        ValueError, match=rf"^The fitted GridSearchCV has no decision_function \(.* {name}'s,"
+    ):
+        TunedOffsetsClassifierCV(search, cv=3).fit(X, y)
+
+
+def test_a_search_that_chooses_one_without_decision_values_only_on_refit_is_named():
+    # Every fold's search chose LogisticRegression, the refit on all of X a classifier
+    # without decision_function: the fit passed, and predict failed with a bare
+    # AttributeError. (The scorer prefers decision values on the folds' smaller data.)
+    X, y = load_iris(return_X_y=True)
+
+    def scorer(estimator, X_test, y_test):  # test parts of 50 in the folds, 75 on refit
+        return float(hasattr(estimator, "decision_function") == (len(X_test) < 60))
+
+    search = GridSearchCV(
+        make_pipeline(StandardScaler(), LogisticRegression()),
+        {"logisticregression": [LogisticRegression(), _Majority()]},
+        scoring=scorer,
+        cv=2,
+    )
+    with pytest.raises(ValueError, match=r"^The fitted GridSearchCV .* _Majority's, which"):
+        TunedOffsetsClassifierCV(search, cv=3).fit(X, y)
+
+
 def test_a_cv_without_splits_is_named():
     X, y = _imbalanced()
     with pytest.raises(ValueError, match="cv yielded no split"):
