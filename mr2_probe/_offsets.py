@@ -60,12 +60,25 @@ def _inner_has(attr: str):
 
 def _stacks_onto_logistic_regression(estimator) -> bool:
     """Whether ``estimator`` is an unfitted StackingClassifier whose ``final_estimator`` is
-    None (scikit-learn's LogisticRegression once fitted), or a Pipeline or an unfitted
-    search ending in one: scikit-learn reports no ``decision_function`` for it before
-    ``fit``, though its fitted one has it."""
-    from sklearn.ensemble import StackingClassifier
+    None (scikit-learn's LogisticRegression once fitted), or ends in one: a Pipeline, an
+    unfitted search, or a wrapper with a ``decision_function`` where its estimator has one
+    (BaggingClassifier, FrozenEstimator, OneVsRestClassifier, RFE, SelfTrainingClassifier).
+    scikit-learn reports no ``decision_function`` for it before ``fit``, though its fitted
+    one has it."""
+    from sklearn.ensemble import BaggingClassifier, StackingClassifier
+    from sklearn.feature_selection import RFE
     from sklearn.model_selection._search import BaseSearchCV
+    from sklearn.multiclass import OneVsRestClassifier
+    from sklearn.semi_supervised import SelfTrainingClassifier
 
+    # (inside one of these the stack was refused, where the bare stack was taken)
+    wrappers = (
+        BaggingClassifier,
+        FrozenEstimator,
+        OneVsRestClassifier,
+        RFE,
+        SelfTrainingClassifier,
+    )
     while True:
         if isinstance(estimator, StackingClassifier):
             return estimator.final_estimator is None and not hasattr(estimator, "final_estimator_")
@@ -73,13 +86,16 @@ def _stacks_onto_logistic_regression(estimator) -> bool:
             estimator = estimator.steps[-1][1]
         elif isinstance(estimator, BaseSearchCV) and not hasattr(estimator, "best_estimator_"):
             estimator = estimator.estimator
+        elif isinstance(estimator, wrappers):
+            estimator = estimator.estimator
         else:
             return False
 
 
 class _DecidesOnceFitted(HasMethods):
     """HasMethods(["fit", "decision_function"]) that also takes an unfitted
-    StackingClassifier of the default ``final_estimator=None`` (which it refused)."""
+    StackingClassifier of the default ``final_estimator=None`` (which it refused), bare or
+    wrapped."""
 
     def __init__(self):
         super().__init__(["fit", "decision_function"])

@@ -37,6 +37,7 @@ from sklearn.model_selection import (
     cross_val_predict,
     cross_validate,
 )
+from sklearn.multiclass import OneVsRestClassifier
 from sklearn.naive_bayes import GaussianNB
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -1520,13 +1521,22 @@ def test_score_with_weights_near_the_largest_float_is_their_ratio():
 
 @pytest.mark.parametrize(
     "wrap",
-    [lambda m: m, make_pipeline, lambda m: GridSearchCV(m, {"cv": [2]}, cv=2)],
-    ids=["stacking", "pipeline", "search"],
+    [
+        lambda m: m,
+        make_pipeline,
+        lambda m: GridSearchCV(m, {"cv": [2]}, cv=2),
+        OneVsRestClassifier,
+        SelfTrainingClassifier,
+    ],
+    ids=["stacking", "pipeline", "search", "one_vs_rest", "self_training"],
 )
+@pytest.mark.filterwarnings("ignore:y contains no unlabeled samples")  # (SelfTraining's)
 def test_a_stacking_classifier_of_the_default_final_estimator_is_tuned(wrap):
     # final_estimator=None (scikit-learn's default: LogisticRegression once fitted) was
     # refused: "The 'estimator' parameter ... must be an object implementing 'fit' and
-    # 'decision_function'", since the unfitted StackingClassifier reports none. Its
+    # 'decision_function'", since the unfitted StackingClassifier reports none; and once
+    # that was taken, inside a wrapper that has decision values when its estimator has
+    # them (OneVsRestClassifier, SelfTrainingClassifier) it was refused still. Its
     # estimators' decision values (an 'ovo' SVC's pairwise columns) are no matter here.
     X, y = load_iris(return_X_y=True)
     X, y = X[::2], y[::2]
@@ -1544,6 +1554,29 @@ def test_a_stacking_classifier_of_the_default_final_estimator_is_tuned(wrap):
     naive = StackingClassifier(estimators, final_estimator=GaussianNB(), cv=2)
     with pytest.raises(ValueError, match="implementing 'fit' and 'decision_function'"):
         TunedOffsetsClassifierCV(wrap(naive))._validate_params()
+
+
+def test_a_frozen_or_bagged_stacking_classifier_of_the_default_final_estimator():
+    # Inside a FrozenEstimator or a BaggingClassifier, an unfitted StackingClassifier of
+    # final_estimator=None was refused as having no decision_function, which the bare
+    # stack is not. A FrozenEstimator needs a fitted estimator: of an unfitted stack it is
+    # refused as unfitted, like any other; of a fitted stack it is tuned. scikit-learn's
+    # BaggingClassifier refuses the unfitted stack itself (it reports no predict before
+    # fit either): its own error, which names the stack.
+    X, y = load_iris(return_X_y=True)
+    X, y = X[::2], y[::2]
+    stack = StackingClassifier([("nb", GaussianNB())], cv=2)
+    with pytest.raises(NotFittedError, match="This StackingClassifier instance is not fitted"):
+        TunedOffsetsClassifierCV(FrozenEstimator(stack), cv=2).fit(X, y)
+    with pytest.raises(NotFittedError, match="cv='prefit', the estimator must already be"):
+        TunedOffsetsClassifierCV(FrozenEstimator(stack), cv="prefit").fit(X, y)
+    bagged = BaggingClassifier(stack, n_estimators=2, random_state=0)
+    with pytest.raises(ValueError, match=r"'estimator' parameter of BaggingClassifier .* Got St"):
+        TunedOffsetsClassifierCV(bagged, cv=2).fit(X, y)
+    fitted = clone(stack).fit(X, y)
+    frozen = TunedOffsetsClassifierCV(FrozenEstimator(fitted), cv="prefit").fit(X, y)
+    expected = TunedOffsetsClassifierCV(fitted, cv="prefit").fit(X, y)
+    np.testing.assert_array_equal(frozen.offsets_, expected.offsets_)
 
 
 @pytest.mark.parametrize(
