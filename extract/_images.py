@@ -1418,6 +1418,45 @@ def working_folder_hint(folder: str, failed: list[str]) -> str:
     )
 
 
+# Words of a list's column names ('filename', 'image_path', 'ClassName', 'label'), which
+# no missing image and its class are named by both (a content-addressed 'scan0001' is).
+_COLUMN_WORDS = frozenset(
+    {"path", "file", "filename", "filepath", "fname", "name", "image", "img", "picture"}
+    | {"photo", "url", "uri", "id", "key", "relpath", "label", "class", "category", "target"}
+    | {"tag", "annotation", "y", "idx", "index", "sample", "item", "cls", "classname"}
+)
+
+
+def _column_name(field: str) -> bool:
+    """Whether a field reads as a column's name: words of letters (``image_path``,
+    ``ClassName``, ``file name``), one of them a column's word, singular or plural."""
+    if not re.fullmatch(r"[A-Za-z]+(?:[ _.-][A-Za-z]+)*", field):
+        return False
+    words = re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])", field)
+    return any(w.lower() in _COLUMN_WORDS or w.lower()[:-1] in _COLUMN_WORDS for w in words)
+
+
+def _check_first_line(list_file: Path, path: str, label: str, number: int) -> None:
+    """Refuse a list's first line that names no image (no such file, no extension) with a
+    label of its own and reads as a header (column names, 'filename,class', or a comment,
+    '# my images'): it became an image of a class of its own. Said, and read as an image
+    (recorded as failed as other missing images are), where it reads as none: a first
+    image 'scan0001' of a class 'bird' was refused as a header."""
+    comment = path[:1] == "#"
+    if comment or _column_name(path) or _column_name(label):
+        raise ValueError(
+            f"{list_file}:{number}: {path},{label} looks like a header (no such image, and "
+            "no other line has its label); a header must be 'path,label'."
+            + (" A list file has no comment syntax: remove it." if comment else "")
+        )
+    logger.warning(
+        "%s:%d: %r names no file and no other line has its label %r: it is read as an image "
+        "of a class of its own (recorded as failed if it is still missing); if the line is a "
+        "header, write it 'path,label'.",
+        list_file, number, path, label,
+    )  # fmt: skip
+
+
 def image_list(list_file: str | os.PathLike) -> ImageSource:
     """Images listed as ``path,label`` lines (CSV, separated by commas or semicolons, or
     tab- or whitespace-separated text).
@@ -1437,8 +1476,10 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     ValueError
         For a line that is not ``path,label``, an empty path or label, an image listed
         twice, a header after the first line, or a first line that looks like another
-        header (no such file, no file extension, and a label that is not an index and that
-        no other line has): it would otherwise become an image of a class of its own.
+        header (no such file, no file extension, a label that is not an index and that
+        no other line has, and column names, ``filename,class``, or a ``#`` first): it
+        would otherwise become an image of a class of its own. Such a line of no column
+        names (``scan0001,bird``) is an image, said in a warning.
 
     Returns
     -------
@@ -1468,11 +1509,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         # (os.path's isfile: a name too long for the file system is no file, not an error)
         named = os.path.isfile(folder / path) or os.path.splitext(path)[1]
         if not named and not label.isdigit():
-            raise ValueError(
-                f"{list_file}:{number}: {path},{label} looks like a header (no such image, and "
-                "no other line has its label); a header must be 'path,label'."
-                + (" A list file has no comment syntax: remove it." if path[:1] == "#" else "")
-            )
+            _check_first_line(list_file, path, label, number)
     first_line, resolved = {}, {}
     for path, label, number in rows:
         if [path.lower(), label.lower()] == ["path", "label"]:

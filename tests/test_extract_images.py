@@ -1316,6 +1316,32 @@ def test_a_first_image_missing_with_its_own_label_is_no_header(folder, lines):
     assert image_list(folder / "l.csv").ids[0] == lines[0].split(",")[0]
 
 
+@pytest.mark.parametrize("name, sep", [("l.txt", " "), ("l.csv", ",")])
+def test_a_first_image_without_extension_missing_with_its_own_label_is_a_row(
+    folder, caplog, name, sep
+):
+    # A content-addressed name ('scan0001', no extension) missing, of a class no other line
+    # has: the line was taken for a header and the list refused, not read as an image.
+    caplog.set_level(logging.WARNING, logger="extract")
+    lines = [f"scan0001{sep}bird", f"cat/000.png{sep}cat", f"dog/001.jpg{sep}dog"]
+    (folder / name).write_text("\n".join(lines) + "\n")
+    src = image_list(folder / name)
+    assert (src.ids, src.class_names) == (["scan0001", "cat/000.png", "dog/001.jpg"],
+                                          ["bird", "cat", "dog"])  # fmt: skip
+    assert src.file_size.tolist()[0] < 0 and min(src.file_size.tolist()[1:]) > 0  # failed
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith(f"{folder / name}:1: 'scan0001' names no file and no other line")
+
+
+@pytest.mark.parametrize(
+    "first", ["filename,class", "image_path,species", "ImageFile,breed", "id,Label", "img,y"]
+)
+def test_a_first_line_of_column_names_is_refused_as_a_header(folder, first):
+    (folder / "l.csv").write_text(f"{first}\ncat/000.png,cat\ndog/001.jpg,dog\n")
+    with pytest.raises(ValueError, match=rf"l.csv:1: {first} looks like a header"):
+        image_list(folder / "l.csv")
+
+
 def test_image_list_header_in_any_case(folder):
     (folder / "l.csv").write_text("Path,Label\ncat/000.png,cat\ndog/001.jpg,dog\n")
     assert image_list(folder / "l.csv").ids == ["cat/000.png", "dog/001.jpg"]
