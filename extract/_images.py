@@ -404,21 +404,60 @@ def _warn_of_numbers_sorted_as_text(classes: list[str], root: str) -> None:
     advice names the width that sorts them (3 digits for '1' ... '100', which '02' padded
     to 2), and where the numbers do not start at 0, that class 0 is the first: '01' ...
     '10' sort in their numbers' order, but are classes 0 ... 9, not their numbers, as the
-    advice said."""
+    advice said. Folders that spell one number ('1' and '01') are named, two classes of
+    one number, which leading zeros made one name (two folders of one name, where the
+    advice was followed): the images of one are to move into the other, or one to be
+    renamed, first."""
     moved = numbers_sorted_as_text(classes)
-    if moved is None:
+    twins = _one_number_twice(classes)
+    if moved is None and twins is None:
         return
     numbers = sorted(int(name) for name in classes)
-    width = max(len(str(numbers[-1])), *(len(name) for name in classes))
-    low, high = f"{numbers[0]:0{width}d}", f"{numbers[-1]:0{width}d}"
-    offset = "" if numbers[0] == 0 else f"; class 0 is then the folder {low!r}"
-    logger.warning(
-        "The class folders of %r are numbers, sorted as text as torchvision's ImageFolder "
-        "sorts them ('10' before '2'): class %d is the folder %r. The store names each class "
-        "by its folder; to sort the classes in their numbers' order, give every name leading "
-        "zeros to %d digits (%r ... %r)%s.",
-        root, moved[1], moved[2], width, low, high, offset,
-    )  # fmt: skip
+    said, args = "The class folders of %r are numbers", [root]
+    if moved is not None:
+        said += (
+            ", sorted as text as torchvision's ImageFolder sorts them ('10' before '2'): "
+            "class %d is the folder %r. The store names each class by its folder"
+        )
+        args += [moved[1], moved[2]]
+    if twins is not None:
+        others = _and(twins[:-1])
+        said += (
+            "; the folders %s spell one number, %d: %d classes, which leading zeros would "
+            "make one name. Where they are one class, move the images of %s into %r and "
+            "remove %s; else rename %s to a number no other folder spells"
+        )
+        args += [
+            _and(twins), int(twins[0]), len(twins), others, twins[-1], others,
+            "one" if len(twins) == 2 else "all but one",
+        ]  # fmt: skip
+    if moved is not None:
+        width = max(len(str(numbers[-1])), *(len(name) for name in classes))
+        low, high = f"{numbers[0]:0{width}d}", f"{numbers[-1]:0{width}d}"
+        said += (
+            "; %sto sort the classes in their numbers' order, give every name leading zeros "
+            "to %d digits (%r ... %r)%s"
+        )
+        offset = "" if numbers[0] == 0 else f"; class 0 is then the folder {low!r}"
+        args += ["then, " if twins else "", width, low, high, offset]
+    logger.warning(said + ".", *args)
+
+
+def _and(names: list[str]) -> str:
+    """``'a'``, ``'a' and 'b'``, ``'a', 'b' and 'c'``."""
+    quoted = list(map(repr, names))
+    return " and ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
+
+
+def _one_number_twice(names: list[str]) -> list[str] | None:
+    """The spellings, shortest first, of the first number that two or more of ``names``
+    (all of them numbers) spell ('1' and '01'); None where there is none."""
+    if not names or not all(map(is_index, names)):
+        return None
+    spellings: dict[int, list[str]] = {}
+    for name in sorted(names, key=lambda name: (len(name), name)):
+        spellings.setdefault(int(name), []).append(name)
+    return next((texts for _, texts in sorted(spellings.items()) if len(texts) > 1), None)
 
 
 def _in_sub_folders_alone(ids: list[str]) -> bool:

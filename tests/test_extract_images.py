@@ -473,6 +473,42 @@ def test_the_advice_on_class_folders_sorted_as_text_sorts_them_when_followed(
         assert "class 0 is then" not in message
 
 
+@pytest.mark.parametrize(
+    "names, short, long",
+    [(["1", "01", "2", "10"], "1", "01"), (["1", "01", "2"], "1", "01"),
+     (["10", "010", "2", "7"], "10", "010")],
+)  # fmt: skip
+def test_class_folders_spelling_one_number_are_named_with_a_cure_that_works(
+    tmp_path, caplog, names, short, long
+):
+    # '1' and '01', two classes of one number: the advice to pad every name to 2 digits
+    # made '1' the name '01' of the other folder (or said nothing, in their numbers' order).
+    root = tmp_path / "d"
+    for name in names:
+        (root / name).mkdir(parents=True)
+        (root / name / f"{name}.jpg").write_bytes(b"")
+    caplog.set_level(logging.WARNING, logger="extract")
+    image_folder(root)
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert f"the folders {short!r} and {long!r} spell one number, {int(short)}: 2 classes" in (
+        message
+    )
+    cure = re.search(r"move the images of '(\d+)' into '(\d+)' and remove '(\d+)'", message)
+    assert cure.groups() == (short, long, short)
+    for path in (root / short).iterdir():  # the advice, followed
+        path.rename(root / long / path.name)
+    (root / short).rmdir()
+    pad = re.search(r"leading zeros to (\d+) digits", message)
+    if pad:
+        for name in os.listdir(root):
+            (root / name).rename(root / f"{int(name):0{int(pad[1])}d}")
+    caplog.clear()
+    src = image_folder(root)
+    assert not caplog.records
+    assert [int(name) for name in src.class_names] == sorted({int(name) for name in names})
+    assert len(src) == len(names)
+
+
 def test_image_folder_walks_a_folder_linked_again_once(folder):
     # A link to its own class folder: os.walk(followlinks=True) listed every image once
     # per level, down to the system's link limit (41 times).
