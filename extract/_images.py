@@ -1199,12 +1199,63 @@ def _shell_fields(folder: Path, line: str) -> list[str]:
     return quoted
 
 
+# A line of a blank-separated list whose path, quoted as a shell quotes it, holds a comma
+# ('"a,b.png" cat'): no CSV line ('"a,b.png",cat' has its comma after the quote).
+_QUOTED_COMMA = re.compile(r"""\s*(["'])[^"']*,[^"']*\1\s+[^\s,]""")
+
+
+def _commas_in_its_names(folder: Path, text: list[str]) -> str | None:
+    """Whether a list with a comma is ``path label`` lines separated by blanks, the commas
+    in their file names (read as CSV, 'a,b.png cat' was the image 'a' of a class 'b.png
+    cat', and a line without a comma refused): every line splits in two at its blanks, and
+    the first line with a comma whose two readings differ decides, where its path is
+    quoted as a shell quotes it ('"a,b.png" cat': "shell") or where read at its blanks
+    alone it names a file ("blank"); None: the list is CSV."""
+    lines = [line for line in text if line.strip()]
+    if not all(len(line.split(None, 1)) == 2 for line in lines):
+        return None
+    for line in lines:
+        if "," not in line:
+            continue
+        if _QUOTED_COMMA.match(line):
+            return "shell"
+        try:
+            usual = next(csv.reader([line]))
+        except csv.Error:
+            usual = []
+        path = line.rsplit(None, 1)[0].strip()
+        if len(usual) == 2 and usual[0].strip() == path:
+            continue
+        # (os.path's isfile: a name too long for the file system is no file, not an error)
+        named = len(usual) == 2 and os.path.isfile(folder / usual[0].strip())
+        if named != os.path.isfile(folder / path):
+            return None if named else "blank"
+    return None
+
+
+def _commas_advice(text: list[str]) -> str:
+    """What to do where a line of a list read as CSV (a comma in it) is no 'path,label'
+    line but a 'path label' one: write it as CSV; or, for 'path label' lines with a comma
+    in a file name (the first line with a comma named), quote that name as a shell quotes
+    it, which reads the list as blank-separated (:func:`_commas_in_its_names`)."""
+    number, line = next((n, line) for n, line in enumerate(text, 1) if "," in line)
+    path, label = line.strip().rsplit(None, 1) if len(line.split()) > 1 else ("a,b.jpg", "cat")
+    quote = "'" if '"' in path else '"'
+    return (
+        f"(the list is read as CSV, as line {number}, {line.strip()!r}, holds a comma: write "
+        "each line 'path,label', a file name with a comma quoted, \"a,b.jpg\",cat; or, for "
+        "'path label' lines with a comma in a file name, quote that name as a shell quotes "
+        f"it, {quote}{path}{quote} {label})."
+    )
+
+
 def _list_format(folder: Path, text: list[str]) -> str | None:
     """How the lines of a list file's ``text`` split into fields, its paths relative to
     ``folder`` where a file's existence tells two readings apart: ",", "csv-semicolon",
     "\t", "csv-tab", "shell" or None (at the last blank)."""
-    # A comma anywhere makes the list CSV (a file name with a comma is then quoted); a tab
-    # on every line, a list of tab-separated fields, whose labels may hold blanks ("golden
+    # A comma anywhere makes the list CSV (a file name with a comma is then quoted), but in
+    # the file names of 'path label' lines (:func:`_commas_in_its_names`); a tab on every
+    # line, a list of tab-separated fields, whose labels may hold blanks ("golden
     # retriever" was split at its blank, its path taking "golden" after the tab). A tab
     # that begins or ends a line (an indented list, a trailing tab) separates no fields,
     # nor one in a file name of a blank-separated list (:func:`_tabs_in_its_paths`). A
@@ -1214,7 +1265,11 @@ def _list_format(folder: Path, text: list[str]) -> str | None:
     if _separated_by_semicolons(folder, text, commas):
         return "csv-semicolon"
     if commas:
-        return ","
+        blank = _commas_in_its_names(folder, text)
+        if blank is None:
+            return ","
+        if blank == "shell":
+            return "shell"
     if all("\t" in line.strip() for line in text if line.strip()) and not _tabs_in_its_paths(
         folder, text
     ):
@@ -1263,6 +1318,8 @@ def _list_rows(
                 + (
                     "(a list file has no comment syntax: remove the line)."
                     if line.lstrip().startswith("#")  # ('# made by ...', said as CSV's)
+                    else _commas_advice(text)
+                    if delimiter == "," and len(line.split(None, 1)) == 2
                     else "(a list with a comma is read as CSV: quote a file name that holds "
                     'one, "a,b.jpg",cat).'
                 )
@@ -1504,11 +1561,12 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     ----------
     list_file : path-like
         One ``path,label`` per line. Fields of a blank-separated list may be quoted as a
-        shell quotes them (``'my dir/1.jpg' 3``). Relative paths are resolved against the
-        list file's folder (a linked list's own folder, or its target's where the first
-        relative path that names a file in one of the two alone names it there). Labels
-        are class names (sorted into indices), or integers (then class ``k`` is named
-        ``"k"``). A first line ``path,label`` (in any case) is a header.
+        shell quotes them (``'my dir/1.jpg' 3``, a name with a comma ``"a,b.jpg" 3``).
+        Relative paths are resolved against the list file's folder (a linked list's own
+        folder, or its target's where the first relative path that names a file in one of
+        the two alone names it there). Labels are class names (sorted into indices), or
+        integers (then class ``k`` is named ``"k"``). A first line ``path,label`` (in any
+        case) is a header.
 
     Raises
     ------

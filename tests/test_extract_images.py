@@ -1227,12 +1227,53 @@ def test_a_list_resolves_the_folder_of_its_images_once(folder, monkeypatch):
 
 def test_file_names_with_commas_are_quoted_csv(folder):
     shutil.copy(folder / "cat" / "000.png", folder / "cat" / "a,b.png")
-    (folder / "l.txt").write_text("cat/a,b.png cat\ndog/001.jpg dog\n")
-    with pytest.raises(ValueError, match=r"l.txt:2: .* quote a file name that holds one"):
-        image_list(folder / "l.txt")
     (folder / "l.csv").write_text('"cat/a,b.png",cat\ndog/001.jpg,dog\n')
     src = image_list(folder / "l.csv")
     assert (src.ids, src.class_names) == (["cat/a,b.png", "dog/001.jpg"], ["cat", "dog"])
+    # A blank-separated list of it: read as CSV, its line 2 was refused (and a list of such
+    # names alone read as the images 'cat/a' of a class 'b.png cat'). Its path names the file.
+    for text in ("cat/a,b.png cat\ndog/001.jpg dog\n", "cat/a,b.png cat\ncat/a,b.png,x dog\n"):
+        (folder / "l.txt").write_text(text)
+        assert image_list(folder / "l.txt").ids[0] == "cat/a,b.png"
+
+
+def test_a_csv_list_with_blanks_in_its_labels_is_told_from_commas_in_names_at_once(
+    folder, monkeypatch
+):
+    # Split at its last blank too, each line may be a name with a comma: its first line,
+    # read as CSV, names a file, and decides (one look-up of a name read so, not one a line).
+    lines = ["cat/000.png,golden retriever", *(f"{k}.png,pug dog" for k in range(50))]
+    (folder / "l.csv").write_text("\n".join(lines) + "\n")
+    looked_up, real = [], os.path.isfile
+    monkeypatch.setattr(os.path, "isfile", lambda path: looked_up.append(path) or real(path))
+    src = image_list(folder / "l.csv")
+    assert src.class_names == ["golden retriever", "pug dog"] and len(src) == 51
+    assert [p for p in map(str, looked_up) if p.endswith((",golden", ",pug"))] == [
+        str(folder / "cat/000.png,golden")
+    ]
+
+
+@pytest.mark.parametrize("missing", ["cat/x,y.png", "my dir/x,y.png", "a,b,c.png"])
+def test_a_blank_separated_list_with_a_comma_in_a_missing_name_is_told_a_cure_that_works(
+    folder, missing
+):
+    # Read as CSV, its line without a comma was refused, and the advice (a file name with
+    # a comma quoted: "a,b.jpg",cat) rewrote the whole list as CSV; quoted so in this list,
+    # the name was refused all the same.
+    (folder / "l.txt").write_text(f"{missing} cat\ndog/001.jpg dog\n")
+    with pytest.raises(ValueError) as info:
+        image_list(folder / "l.txt")
+    said = str(info.value)
+    assert "as line 1, " in said and "holds a comma" in said
+    cure = re.search(r"quote that name as a shell quotes it, (.*)\)\.$", said)[1]
+    assert cure == f'"{missing}" cat'
+    (folder / "l.txt").write_text(f"{cure}\ndog/001.jpg dog\n")  # the advice, followed
+    src = image_list(folder / "l.txt")
+    assert (src.ids, src.class_names) == ([missing, "dog/001.jpg"], ["cat", "dog"])
+    assert src.file_size[0] < 0 < src.file_size[1]  # recorded as failed, as it is missing
+    # So is its other cure, the list written as CSV.
+    (folder / "l.csv").write_text(f'"{missing}",cat\ndog/001.jpg,dog\n')
+    assert image_list(folder / "l.csv").ids == [missing, "dog/001.jpg"]
 
 
 @pytest.mark.parametrize(
