@@ -53,6 +53,7 @@ from ._data import (
     whole_or_unchanged,
 )
 from ._device import default_torch_modes, to_numpy, to_tensor
+from ._h5 import one_line
 from ._head import open_pair
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
 from ._solvers import SolverResult, gradient_unit
@@ -444,8 +445,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 else:
                     evaluate(values)
             self._store_path(paths)
-            self._check_failures(paths)
-            self._check_scores()
+            self._check_scores(self._check_failures(paths))
             if self.refit:
                 self._refit(data, solver, paths)
             else:
@@ -751,14 +751,15 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         self._path_n_iter = np.array([[[s.n_iter for s in row] for row in steps]])
         self._coefs = coefs
 
-    def _check_failures(self, paths):
+    def _check_failures(self, paths) -> str:
         """Raises where no value can be chosen because fits failed (every value on some
         fold with refit=False, some fold at every value with refit=True); else a
-        FitFailedWarning names the values that failed, which score NaN."""
+        FitFailedWarning names the values that failed, which score NaN. Returns what
+        :meth:`_check_scores` says of them beside NaN scores ("" where none failed)."""
         failed = np.array([[v in path.failures for v in self.Cs_] for path in paths])
         self._failed = failed  # (n_folds, n_Cs), for _best
         if not failed.any():
-            return
+            return ""
         fold, value = np.argwhere(failed)[0]
         blocked = failed.all(1).any() if not self.refit else failed.any(0).all()
         if blocked and not self.refit:  # the fold without a value to choose
@@ -770,14 +771,14 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 f"Every value of Cs failed {where}, so none can be chosen; at {name}="
                 f"{self.Cs_[value]:g} on fold {fold}: {error}"
             ) from error
-        values = self._where(failed)
+        first = f"at {name}={self.Cs_[value]:g} on fold {fold}: {one_line(error)}"
         warnings.warn(
             f"{failed.sum()} of {failed.size} fits failed, their scores set to NaN and "
-            f"never chosen: {name}={values}. The first error, at {name}="
-            f"{self.Cs_[value]:g} on fold {fold}: {error}",
+            f"never chosen: {name}={self._where(failed)}. The first error, {first}",
             FitFailedWarning,
             stacklevel=_outside_stacklevel(),
         )
+        return f"the fits at {name}={self._where(failed)} failed (the first error, {first})"
 
     def _where(self, mask: np.ndarray) -> str:
         """The values and folds where ``mask`` (n_folds, n_Cs) is set: "0.01 (fold 0), 1
@@ -788,13 +789,15 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
             if n
         )
 
-    def _check_scores(self) -> None:
+    def _check_scores(self, failures: str = "") -> None:
         """Warn, in GridSearchCV's words, where held-out scores of fits that did not fail
         are not finite (a scorer undefined on a fold's held-out rows: one-vs-rest ROC AUC
         where they lack a class); those values rank last. Raise where no value can be
         chosen for them: with refit=True, no value's sum over the folds is finite (a fold
         that scores NaN everywhere spoiled them all, and the first value was chosen without
-        a word); with refit=False, some fold has no finite score at any value."""
+        a word); with refit=False, some fold has no finite score at any value. The fits
+        that failed, their scores NaN too, are named beside them (``failures``, as
+        :meth:`_check_failures` says them)."""
         scores = next(iter(self.scores_.values()))  # (n_folds, n_Cs)
         undefined = ~np.isfinite(scores) & ~self._failed
         if not undefined.any():
@@ -803,12 +806,13 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         everywhere = np.flatnonzero((~np.isfinite(scores)).all(1))  # folds of no score
         blocked = (~np.isfinite(scores.sum(0))).all() if self.refit else len(everywhere)
         scoring = "accuracy" if self.scoring is None else self.scoring
+        failures = f", and {failures}" if failures else ""
         if blocked:
             where = "summed over the folds" if self.refit else f"on fold {everywhere[0]}"
             raise ValueError(
                 f"No value of Cs has a defined held-out score {where}, so none can be "
                 f"chosen: scoring={scoring!r} gave no finite score at {name}="
-                f"{self._where(undefined)}. "
+                f"{self._where(undefined)}{failures}. "
                 "A scorer is undefined on held-out rows that lack a class (one-vs-rest ROC "
                 "AUC, say): pass folds whose held-out rows hold every class (fewer splits, "
                 "or a StratifiedKFold), or a scoring defined without them (such as "
@@ -817,7 +821,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         warnings.warn(
             f"One or more of the test scores are non-finite: {np.mean(scores, 0)}. Those "
             f"values rank last; scoring={scoring!r} gave a non-finite score at "
-            f"{name}={self._where(undefined)}.",
+            f"{name}={self._where(undefined)}{failures}.",
             UserWarning,
             stacklevel=_outside_stacklevel(),
         )

@@ -2341,17 +2341,20 @@ def test_a_value_whose_fit_diverges_scores_nan_and_the_search_goes_on(refit):
     np.testing.assert_array_equal(search.coef_, without.coef_)
 
 
-def _failing_at(monkeypatch, fails):
-    """Fold paths whose fit at a value diverges where ``fails(value, the fold's training
-    weight)``."""
+def _failing_at(monkeypatch, fails, error="diverged", solving=None):
+    """Fold paths whose fit at a value diverges, with ``error``, where ``fails(value, the
+    fold's training weight)``; ``solving`` (a dict), when given, holds the value and weight
+    of the fit solved last (the one scored next, the folds run one after another)."""
     real = MR2LinearClassifierCV._path_solver
 
     def path_solver(self, solver):
         solve = real(self, solver)
 
         def failing(head, data, value, cold, initial):
+            if solving is not None:
+                solving.update(value=value, weight_sum=float(data.weight_sum))
             if fails(value, data.weight_sum):
-                raise FitDivergedError("diverged")
+                raise FitDivergedError(error)
             return solve(head, data, value, cold, initial)
 
         return failing
@@ -2380,6 +2383,53 @@ def test_values_failed_on_different_folds_block_a_refit_only(refit, monkeypatch)
     with pytest.warns(FitFailedWarning, match="2 of 4 fits failed"):
         search.fit(X, y)
     assert search.C_ == pytest.approx(0.55) and np.isfinite(search.coef_).all()
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # max_iter=5
+@pytest.mark.parametrize(
+    "Cs, refit, nan_weight, raises",
+    [
+        ([1e-4, 100.0], True, 45, True),  # each value NaN on a fold: no finite sum
+        ([1e-4, 100.0], False, 40, True),  # fold 0 NaN at every value
+        ([1e-4, 1.0, 100.0], True, 45, False),  # C = 1 is left: a warning
+    ],
+)
+def test_nan_scores_beside_failed_fits_name_the_failures_and_their_error(
+    Cs, refit, nan_weight, raises, monkeypatch
+):
+    # The fit at C = 100 failed on fold 0 and the scorer was undefined at C = 10⁻⁴ on a
+    # fold: the error (or warning) named the NaN scores alone, blaming the scorer for the
+    # NaN that the failed fit left too. It names the failed fits and their error, in one
+    # line (the FitFailedWarning too), as GridSearchCV's FitFailedWarning names them.
+    X, y = _blobs(n=60)
+    rows = np.arange(60)
+    folds = [(rows[:40], rows[40:]), (rows[15:], rows[:15])]  # training weights 40, 45
+    solving = {}
+    _failing_at(
+        monkeypatch,
+        lambda value, weight_sum: (value, weight_sum) == (100.0, 40),
+        error="Cannot fit: diverged\nat C=100",
+        solving=solving,
+    )
+
+    def undefined_at_weak_c(estimator, X, y):
+        return np.nan if solving == {"value": 1e-4, "weight_sum": nan_weight} else 0.5
+
+    common = dict(solver="adam", max_iter=5, random_state=0, device="cpu")
+    search = MR2LinearClassifierCV(Cs, cv=folds, refit=refit, scoring=undefined_at_weak_c, **common)
+    nan_fold = 0 if nan_weight == 40 else 1
+    said = (
+        rf"non-finite score at C=0.0001 \(fold {nan_fold}\), and the fits at C=100 \(fold 0\) "
+        r"failed \(the first error, at C=100 on fold 0: Cannot fit: diverged at C=100\)\."
+    )
+    failed = r"1 of \d fits failed.*The first error, at C=100 on fold 0: .*diverged at C=100$"
+    expected = pytest.raises(ValueError, match="no finite" + said[len("non-finite") :])
+    if not raises:
+        expected = pytest.warns(UserWarning, match=r"^One or more of the test scores.*" + said)
+    with expected, pytest.warns(FitFailedWarning, match=failed):
+        search.fit(X, y)
+    if not raises:
+        assert search.C_ == 1.0
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # max_iter=5
