@@ -958,6 +958,63 @@ def test_a_bisection_starts_each_value_from_the_nearest_solution(monkeypatch):
         ), (C, nearest)
 
 
+def _largest_gradient_entry(X, y, coef, C):
+    """The stopping test's measure of multinomial logistic regression at C (c̄ = None,
+    features of unit scale) at ``coef`` (K, d + 1), its intercept last: the largest entry
+    of the gradient, computed in the original coordinates (W, b) by autograd, taken in
+    those of the intercept re-parametrised around the feature mean, b' = b + W·m."""
+    X, y = torch.as_tensor(X), torch.as_tensor(y)
+    W, b = (torch.tensor(part, requires_grad=True) for part in (coef[:, :-1], coef[:, -1]))
+    loss = torch.nn.functional.cross_entropy(X @ W.T + b, y)
+    loss = loss + 0.5 * W.square().sum() / (C * len(y))
+    grad_w, grad_b = torch.autograd.grad(loss, (W, b))
+    # ∂f/∂W at fixed b' is ∂f/∂W − (∂f/∂b)·mᵀ; ∂f/∂b' is ∂f/∂b.
+    centred = grad_w - grad_b[:, None] * X.mean(0)
+    return float(max(centred.abs().max(), grad_b.abs().max())), float(grad_b.abs().max())
+
+
+@pytest.mark.parametrize("batch_folds", [True, False])
+@pytest.mark.parametrize("times", [1.5, 0.5])  # tol, times the gradient at the start
+def test_a_path_at_a_small_c_stops_as_the_gradient_in_the_original_coordinates_says(
+    times, batch_folds, monkeypatch
+):
+    # At a small C·Σw the path takes its intercept in a larger scale (here 32 times that
+    # of the features, the penalty's curvature dwarfing the intercept's), whose gradient
+    # is as many times the intercept's own: the test on tol divides that growth out, as a
+    # single fit's does. Nothing pinned it: tested on the scaled gradient, a fold whose
+    # start met tol in the original coordinates iterated (n_iter_ 3 where it is 0), and
+    # one that had met tol after 2 iterations made a third.
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], [60, 30, 10])  # unequal classes: the intercept's gradient
+    X = rng.normal(size=(100, 4)) + 0.1 * y[:, None]  # of unit scale (σ_b = 1)
+    train = [np.arange(0, 100, 2), np.arange(1, 100, 2)]
+    folds = [(rows, np.setdiff1d(np.arange(100), rows)) for rows in train]
+    C = 1e-4  # C·Σw = 0.005
+    start = [_largest_gradient_entry(X[rows], y[rows], np.zeros((3, 5)), C) for rows in train]
+    assert all(largest == intercept for largest, intercept in start)  # the intercept's
+    tol = times * start[0][0]
+
+    def search(max_iter):
+        return MR2LinearClassifierCV(
+            [C], cv=folds, c_bar=None, refit=False, tol=tol, max_iter=max_iter, device="cpu"
+        ).fit(X, y)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        n_iter = search(100).n_iter_[0, :, 0]  # (n_folds,)
+    # Each fold stops at the first iteration where the gradient meets tol: the searches
+    # cut short at max_iter=k (the same iterations, up to k) meet it from n_iter_ on.
+    for k in range(n_iter.max() + 1):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # (k < n_iter_)
+            short = search(k)
+        for f, rows in enumerate(train):
+            coef = np.stack([short.coefs_paths_[c][f, 0] for c in short.classes_])  # (K, d + 1)
+            largest, _ = _largest_gradient_entry(X[rows], y[rows], coef, C)
+            assert (largest <= tol) == (k >= n_iter[f]), (k, f, largest, tol)
+
+
 def test_batched_lbfgs_treats_a_nan_evaluation_as_a_step_too_long():
 
     from mr2_probe._batched import lbfgs_batched
