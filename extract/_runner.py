@@ -59,6 +59,7 @@ from ._resume import (
     _source_explained,
     _times_alone,
     _warn_of_other_versions,
+    warn_unrecorded,
 )
 from ._schema import DONE, FAILED, MERGED_INTO, PENDING, StoreError, read_attrs
 from ._specs import BackboneSpec
@@ -69,6 +70,7 @@ from ._store import (
     check_provenance,
     check_written,
     make_output_folder,
+    no_folder_permission,
     open_store,
     output_target,
     write_rows,
@@ -818,7 +820,10 @@ def _is_complete(
         attrs = read_attrs(f)
         # Files touched since whose bytes it holds (where it cannot be written, as in a
         # read-only folder: a store that can, records their times before this check).
-        touched = _repaired_failures(f, provenance, src, rows, False, False) is not None
+        repaired = _repaired_failures(f, provenance, src, rows, False, False)
+        touched = repaired is not None
+        # (none: the rows agree, its fingerprint alone was not written)
+        n_touched = int((f["file_mtime_ns"][:] != repaired[1]).sum()) if touched else 0
         asked = provenance | (
             {"source_fingerprint": attrs.get("source_fingerprint")} if touched else {}
         )
@@ -832,13 +837,8 @@ def _is_complete(
         first_failed = failed_rows(f) if log else []
     if (status == PENDING).any() or retry_failed and (status == FAILED).any():
         return False
-    if touched and log:
-        logger.info(
-            "Files of %s were touched since it was made, their bytes unchanged (by their "
-            "sha256); their new modification times are not recorded where it cannot be "
-            "written, and are read again by the next run.",
-            store,
-        )
+    if n_touched and log:  # warned of as where the store's own mode forbids writing it
+        warn_unrecorded(store, n_touched, no_folder_permission(store))
     if log:
         _log_reused(store, status, first_failed)
     return True

@@ -77,6 +77,16 @@ def _no_permission(path: str | os.PathLike, mode: str) -> StoreError:
     )
 
 
+def no_folder_permission(path: str | os.PathLike) -> StoreError:
+    """Why a store in a folder that cannot be written (its mode, a read-only file system)
+    cannot be written, in the words of :func:`_no_permission`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return StoreError(
+        f"No permission to write in the folder {folder!r} (its mode, or a read-only file "
+        "system): make it writable, or write the store to a folder you can write to."
+    )
+
+
 # What h5py raises reading the structures of a damaged HDF5 file (a bad signature, a
 # message not aligned, an address past its end), after it opened: RuntimeError, KeyError
 # and OSError; and a JSON attribute cut or overwritten.

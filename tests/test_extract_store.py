@@ -1175,7 +1175,9 @@ def test_a_store_of_touched_images_in_a_read_only_folder_is_reused_as_it_is(
     monkeypatch.setattr(_runner, "store_lock", None)  # would fail, called
     caplog.set_level(logging.INFO, logger="extract")
     assert extract_features(folder, BACKBONE, out, **FAST) == out
-    assert f"Files of {out} were touched since it was made, their bytes unchanged" in caplog.text
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith(f"4 image files were touched since {out} was made")
+    assert f"(No permission to write in the folder {str(out.parent)!r}" in warning
     assert "Reused the complete feature store" in caplog.text and out.read_bytes() == before
     _other_bytes_same_size(folder / "dog" / "001.jpg")
     with pytest.raises(ProvenanceError, match=r"dog/001\.jpg' is not the file .* its bytes"):
@@ -1221,6 +1223,38 @@ def test_a_complete_store_of_touched_images_that_cannot_be_written_is_reused_wit
     assert hashed == []
     with h5py.File(out, "r") as f:
         assert f.attrs["source_fingerprint"] == open_source(folder).fingerprint()
+
+
+@pytest.mark.parametrize("where", ["folder", "file"])
+def test_a_reused_store_of_touched_images_that_cannot_be_written_warns_alike(
+    tmp_path, monkeypatch, caplog, where
+):
+    # In a read-only folder the new modification times it could not record were said at
+    # INFO ("Files of ... were touched"), where a store whose own mode forbids writing it
+    # (chmod 444), reused as well, said so in a warning: the user is told alike of both.
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = extract_features(folder, BACKBONE, tmp_path / "out" / "f.h5", **FAST)
+    _touch(*folder.rglob("*.*"))
+    if where == "folder":
+        _not_writable(monkeypatch, out.parent)
+        monkeypatch.setattr(_runner, "store_lock", None)  # would fail, called
+        why = f"No permission to write in the folder {str(out.parent)!r}"
+    else:
+        _not_writable(monkeypatch, out)
+        _h5_refuses_writes(monkeypatch, out)
+        why = f"No permission to write the feature store {str(out)!r}"
+    caplog.set_level(logging.INFO, logger="extract")
+    assert extract_features(folder, BACKBONE, out, **FAST) == out
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith(
+        f"4 image files were touched since {out} was made, their bytes unchanged (by their "
+        f"sha256), but their new modification times are not recorded, as the store cannot be "
+        f"opened for writing ({why}"
+    )
+    assert warning.endswith("): each run reads them again until one can write it.")
+    assert "Reused the complete feature store" in caplog.text
 
 
 def test_a_complete_store_whose_fingerprint_alone_is_stale_is_reused_open_elsewhere(
