@@ -32,7 +32,18 @@ _HIGH_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 
 
 class FileChangedError(OSError):
-    """An image file differs from the one listed when the extraction started."""
+    """An image file differs from the one listed when the extraction started, or changed
+    while it was read: ``before`` and ``after`` are its ``(size, mtime_ns)`` then and now
+    (None where not known)."""
+
+    def __init__(
+        self,
+        message: str,
+        before: tuple[int, int] | None = None,
+        after: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.before, self.after = before, after
 
 
 def jpeg_size(data: bytes | bytearray | memoryview | np.ndarray) -> tuple[int, int]:
@@ -357,7 +368,9 @@ def check_listed(
         else "--retry-failed extracts it again once it no longer changes"
     )
     raise FileChangedError(
-        f"{path} is not the file listed when the extraction started ({change}); {remedy}"
+        f"{path} is not the file listed when the extraction started ({change}); {remedy}",
+        (size, mtime_ns),
+        (st.st_size, st.st_mtime_ns),
     )
 
 
@@ -389,10 +402,15 @@ def read_file(path: str, listed: tuple[int, int] | None = None) -> bytearray:
         check_listed(path, st, listed)
         data = bytearray(st.st_size)
         n = fh.readinto(data)
-    if n != st.st_size:
+        # Rewritten in place as it was read (its size kept), its bytes are part old, part
+        # new: its size and modification time after the read tell.
+        after = os.fstat(fh.fileno())
+    if n != st.st_size or (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         raise FileChangedError(
             f"{path} changed while it was read; --retry-failed extracts it again once it no "
-            "longer changes"
+            "longer changes",
+            (st.st_size, st.st_mtime_ns),
+            (after.st_size, after.st_mtime_ns),
         )
     return data
 

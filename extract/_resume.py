@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ._batches import compute_precision
-from ._decoding import APPLY_EXIF_ORIENTATION, NOT_A_FILE
+from ._decoding import APPLY_EXIF_ORIENTATION, NOT_A_FILE, FileChangedError
 from ._images import ImageSource
 from ._merge import _identity, shard_path, shards_beside
 from ._paths import plural
@@ -218,7 +218,14 @@ def _row_difference(
     new = (int(sizes[head[k]]), int(mtimes[head[k]]))
     if old != new:
         bytes_differ = ""
-        if k == other and unread is not None:  # (its bytes, unread, may be those extracted)
+        if k == other and isinstance(unread, FileChangedError) and unread.after is not None:
+            # (since it was listed, or as it was read: its bytes read are of no one version)
+            bytes_differ = (
+                "; it changed while it was read to compare its bytes with those extracted "
+                f"({_change_in_read(unread.before, unread.after)}): run again once it no "
+                "longer changes"
+            )
+        elif k == other and unread is not None:  # (its bytes, unread, may be those extracted)
             bytes_differ = (
                 "; it cannot be read now to compare its bytes with those extracted "
                 f"({_os_error(unread)}): make it readable, or restore it, and run again"
@@ -236,6 +243,13 @@ def _row_difference(
         f"{src.item_name(int(head[k]))!r} is item {new_index} of the source now, item "
         f"{old_index} when the store was made: images were added or removed before it"
     )
+
+
+def _change_in_read(before: tuple[int, int], after: tuple[int, int]) -> str:
+    """How a file changed while it was read, ``(size, mtime_ns)`` before and after."""
+    if before[0] != after[0]:
+        return f"{before[0]} bytes before the read, {after[0]} after"
+    return f"modified {_when(before[1])} before the read, {_when(after[1])} after"
 
 
 def _os_error(error: Exception) -> str:

@@ -69,7 +69,8 @@ def first_other_bytes(
                 return int(k), None
             try:
                 data = read_file(source.path(int(item)), key[1:3])
-            except OSError as error:  # (FileChangedError too: it changes as it is hashed)
+            except OSError as error:  # (FileChangedError too: it changed since it was
+                # listed, or as it was hashed: refused as a file of other bytes is)
                 return int(k), error
             if not _holds(data, digest):
                 return int(k), None

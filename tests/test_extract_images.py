@@ -2479,6 +2479,29 @@ def test_a_file_that_shrinks_while_it_is_read_is_refused(folder, monkeypatch):
         read_file(str(folder / "dog/001.jpg"))
 
 
+def test_a_file_rewritten_while_it_is_read_is_refused(folder, monkeypatch):
+    # Its size kept (an editor saving over it), its bytes read were part old, part new, and
+    # hashed as the file's: its modification time after the read tells.
+    from extract._decoding import FileChangedError, read_file
+
+    path = folder / "dog" / "001.jpg"
+    old = path.read_bytes()
+    st = path.stat()
+    fdopen = os.fdopen
+
+    def opened(fd, *args, **kwargs):  # opened, its size and time taken: then it changes
+        fh = fdopen(fd, *args, **kwargs)
+        path.write_bytes(bytes(b ^ 0xFF for b in old))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        return fh
+
+    monkeypatch.setattr(os, "fdopen", opened)
+    with pytest.raises(FileChangedError, match="001.jpg changed while it was read") as raised:
+        read_file(str(path), (st.st_size, st.st_mtime_ns))
+    assert raised.value.before == (st.st_size, st.st_mtime_ns)
+    assert raised.value.after == (st.st_size, st.st_mtime_ns + 10**9)
+
+
 def test_fingerprint_covers_file_identity_and_idx_files(folder, tmp_path):
     before = image_folder(folder).fingerprint()
     path = folder / "cat" / "001.jpg"

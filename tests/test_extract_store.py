@@ -1107,6 +1107,56 @@ def test_a_touched_image_that_cannot_be_read_is_said_so_with_the_os_error(
     assert "not those extracted" not in said
 
 
+@pytest.mark.parametrize("when", ["before its read", "as it is read"])
+def test_a_touched_image_that_changes_as_it_is_hashed_is_said_to_have_changed(
+    tmp_path, monkeypatch, when
+):
+    # Rewritten after the run listed it, or while it was read to compare its bytes with
+    # the store's, it was said to be one that "cannot be read now" (make it readable), or
+    # its bytes, read part before and part after, to be other than those extracted. It is
+    # refused as a file whose bytes changed is, saying that it changed while it was read.
+    from extract import _touched
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    before = out.read_bytes()
+    _touch(*folder.rglob("*.*"))
+    changing, read_file, reads = folder / "cat" / "001.jpg", _touched.read_file, []
+
+    def rewritten(path, listed=None):  # its first read (a refusal's explanation reads again)
+        if Path(path) != changing or reads.append(path) or len(reads) > 1:
+            return read_file(path, listed)
+        if when == "before its read":
+            _other_bytes_same_size(changing)
+            return read_file(path, listed)
+        fdopen = os.fdopen
+
+        def opened(fd, *args, **kwargs):  # opened, its size and time taken: then it changes
+            fh = fdopen(fd, *args, **kwargs)
+            _other_bytes_same_size(changing)
+            return fh
+
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "fdopen", opened)
+            return read_file(path, listed)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_touched, "read_file", rewritten)
+        with pytest.raises(ProvenanceError) as raised:
+            extract_features(folder, BACKBONE, out, **FAST)
+    said = str(raised.value)
+    assert re.search(
+        r"'.*cat/001\.jpg' is not the file the store was made from \(modified .*\); it "
+        r"changed while it was read to compare its bytes with those extracted \(modified "
+        r"\S+ \S+ before the read, \S+ \S+ after\): run again once it no longer changes",
+        said,
+    )
+    assert "cannot be read now" not in said and "not those extracted" not in said
+    assert out.read_bytes() == before  # not reused, nothing written: as a changed file
+    with pytest.raises(ProvenanceError, match=r"cat/001\.jpg' is not the file .* not those"):
+        extract_features(folder, BACKBONE, out, **FAST)
+
+
 @pytest.mark.parametrize("readable", [True, False])
 def test_a_touched_failed_image_the_store_holds_no_digest_of_is_named_so(
     tmp_path, monkeypatch, readable
