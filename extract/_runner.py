@@ -26,7 +26,7 @@ from PIL import ImageFile
 from tqdm.auto import tqdm
 
 from mr2_probe._device import resolve_device
-from mr2_probe._h5 import _NAMED_FAILURES, name_failures
+from mr2_probe._h5 import _NAMED_FAILURES, name_failures, one_line
 
 from ._backbones import create_backbone
 from ._batches import _assemble, _embed, _refuse_non_finite
@@ -469,24 +469,45 @@ def _merge_on_rank0(
     import torch.distributed as dist
 
     dist.barrier()  # every shard is complete before rank 0 reads them
+    failure = None
     if rank == 0:
-        shards = [shard_path(out, r, world_size) for r in range(world_size)]
-        # No rank reads ``out`` any more. A complete store that differs by touched files
-        # alone and cannot be written (open elsewhere) is kept as it is, not merged: the
-        # merge would replace it with the very rows it holds.
-        if repair_merged is not None and repair_merged():
-            dist.barrier()
-            return out
-        if repair_merged is not None:
-            # The shards hold what the store, its repairs pending, awaits: marked with its
-            # new version, a run killed before the merge resumes them and merges them (they
-            # went into another version, it made every one anew, every row extracted again).
-            # (best effort, unsaid: the merge's own mark says where a shard cannot be marked)
-            for shard in shards:
-                _mark(shard, _identity(out))
-        _merge(shards, out, overwrite, versions_checked=True)  # each rank's, checked
-    dist.barrier()
+        try:
+            _merge_shards_of(out, world_size, overwrite, repair_merged)
+        except Exception as error:  # (said to the other ranks, then raised here)
+            failure = error
+    # Rank 0's outcome, to every rank: a failure there ends the others too, naming it,
+    # where they waited for it at a barrier until the group's timeout (a group the caller
+    # keeps, or a rank 0 that goes on after the error) or met gloo's "connection closed".
+    said = [None if failure is None else f"{type(failure).__name__}: {one_line(failure)}"]
+    if dist.is_initialized():  # (ranks run one by one: each knows its own only)
+        dist.broadcast_object_list(said, src=0)
+    if failure is not None:
+        raise failure
+    if said[0] is not None:
+        raise StoreError(
+            f"Rank 0 failed to merge the shards into {os.fspath(out)!r} ({said[0]}): its "
+            "error says why. Every rank's shard is kept: once that is cured, the same "
+            "command merges them."
+        )
     return out
+
+
+def _merge_shards_of(out: Path, world_size: int, overwrite: bool, repair_merged=None) -> None:
+    """Rank 0's part of the merge: the shards of ``out`` into it (or its repairs alone)."""
+    shards = [shard_path(out, r, world_size) for r in range(world_size)]
+    # No rank reads ``out`` any more. A complete store that differs by touched files
+    # alone and cannot be written (open elsewhere) is kept as it is, not merged: the
+    # merge would replace it with the very rows it holds.
+    if repair_merged is not None and repair_merged():
+        return
+    if repair_merged is not None:
+        # The shards hold what the store, its repairs pending, awaits: marked with its
+        # new version, a run killed before the merge resumes them and merges them (they
+        # went into another version, it made every one anew, every row extracted again).
+        # (best effort, unsaid: the merge's own mark says where a shard cannot be marked)
+        for shard in shards:
+            _mark(shard, _identity(out))
+    _merge(shards, out, overwrite, versions_checked=True)  # each rank's, checked
 
 
 _SOURCE_LOGGERS = ("extract._images", "extract._tar_shards", "extract._tables")

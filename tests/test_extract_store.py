@@ -2537,6 +2537,27 @@ def test_a_rebuild_at_another_number_of_ranks_is_found(folder, tmp_path):
     assert _rebuilding(out, None) is True and _rebuilding(out, 2) is False
 
 
+@pytest.mark.slow
+def test_under_torchrun_a_failure_of_rank_0_at_the_merge_ends_every_rank(tmp_path):
+    # Rank 0 raised at the merge while the other ranks waited for it at a barrier: until
+    # the group's timeout where the group outlives the error (the caller's own), and with
+    # gloo's "connection closed by peer" otherwise, never naming rank 0's failure.
+    out = tmp_path / "f.h5"
+    # (a module of its own: the processes import it alone, not this one's imports)
+    from tests._merging_ranks import rank_at_a_failing_merge
+
+    torch.multiprocessing.spawn(
+        rank_at_a_failing_merge, args=(tmp_path / "init", out, tmp_path), nprocs=2
+    )
+    ranks = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    assert ranks[0] == f"OSError: [Errno 5] Input/output error: '{out}'"
+    assert ranks[1] == (
+        f"StoreError: Rank 0 failed to merge the shards into '{out}' (OSError: [Errno 5] "
+        f"Input/output error: '{out}'): its error says why. Every rank's shard is kept: once "
+        "that is cured, the same command merges them."
+    )
+
+
 def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
     store, folder, tmp_path, monkeypatch, caplog
 ):
