@@ -3160,6 +3160,31 @@ def test_inputs_out_of_memory_end_in_one_line(
         main([*argv, "--debug"])
 
 
+@NEEDS_H5
+def test_inputs_out_of_memory_end_in_one_line_where_their_sizes_cannot_be_told(
+    files, stores, tmp_path, monkeypatch, capsys
+):
+    # The line's sizes opened each store again with load_features, which reads every row's
+    # path (hundreds of MiB for millions of rows): memory that ran out there, where it had
+    # just run out, ended in a traceback. A size untold is left out of the line, and so is
+    # the claim that no option reads the features in less.
+    import h5py
+
+    def failing(*args, **kwargs):
+        raise MemoryError("Unable to allocate 30.0 GiB for an array")
+
+    monkeypatch.setattr(cli_main, "_inputs", failing)
+    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1 << 30)
+    monkeypatch.setattr(h5py, "File", failing)
+    train = str(files / "store.h5")
+    code, lines = _error([train, *_WHOLE, "--no-progress"], capsys)
+    assert code == 1 and lines == [
+        "mr2-probe: error: reading the inputs ran out of memory (Unable to allocate 30.0 GiB "
+        f"for an array); nothing is written. The features read into memory: {train} (a "
+        "quarter of memory: 1.0 GiB). Try freeing memory, or a machine with more"
+    ]
+
+
 @pytest.mark.parametrize("kind", _MAIN_FIT_OOM)
 @pytest.mark.parametrize("given_out", [True, False], ids=["out", "no_out"])
 def test_predictions_out_of_memory_end_in_one_line_and_keep_the_models(

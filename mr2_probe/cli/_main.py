@@ -336,7 +336,7 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
         path if size is None else f"{path}: {_in_bytes(size)}" for path, size, _ in read
     )
     held = f"The features read into memory: {shown} (a quarter of memory: {_in_bytes(limit)})"
-    if not (arrays or streamable):
+    if not (arrays or streamable) and all(size is not None for _, size, _ in read):
         held += "; no option of the command reads them in less"
     return (
         f"reading the inputs ran out of memory ({what}); nothing is written. "
