@@ -3090,6 +3090,12 @@ _WHOLE = ["--feature-scaling", "standard", "--tilt", "1"]  # (the run then reads
 _STREAMS = (
     "(a store's features above a quarter of memory then stay in its file, read a block at a time)"
 )
+# (mr2-extract makes stores of images: the cure for arrays names what makes one of them)
+_ANY_STORE = (
+    "(a store's features above a quarter of memory then stay in its file, read a block at a "
+    "time; h5py writes one: datasets 'features' (n, d), 'labels' (n,) of codes 0..K-1 and "
+    "'class_names' (K,))"
+)
 _NO_LESS = (
     "; no option of the command reads them in less. Try freeing memory, or a machine with more"
 )
@@ -3119,13 +3125,13 @@ _SMALL = "{train}: 2.1 KiB (a quarter of memory: 1.0 GiB)" + _NO_LESS
         # ...where a .npz is read whole, and a store in its place would not be.
         (
             "train.npz", [], 1000, "{train}: 2.1 KiB (a quarter of memory: 1000 B). Try an "
-            f"HDF5 store from mr2-extract in place of {{train}} {_STREAMS}, or freeing memory, "
-            "or a machine with more",
+            f"HDF5 store in place of {{train}} {_ANY_STORE}, or freeing memory, or a machine "
+            "with more",
         ),
         (
             "train.npz", _WHOLE, 1000, "{train}: 2.1 KiB (a quarter of memory: 1000 B). Try an "
-            "HDF5 store from mr2-extract in place of {train}, without --feature-scaling "
-            f"standard, --tilt {_STREAMS}, or freeing memory, or a machine with more",
+            "HDF5 store in place of {train}, without --feature-scaling standard, --tilt "
+            f"{_ANY_STORE}, or freeing memory, or a machine with more",
         ),
     ],
     ids=[
@@ -3158,6 +3164,34 @@ def test_inputs_out_of_memory_end_in_one_line(
     assert not (tmp_path / "runs").exists()
     with pytest.raises(MemoryError):
         main([*argv, "--debug"])
+
+
+@NEEDS_H5
+def test_the_cure_for_arrays_out_of_memory_can_be_followed(files, tmp_path, monkeypatch, capsys):
+    # The line advised "an HDF5 store from mr2-extract in place of" a .npz, which
+    # mr2-extract (a reader of images) cannot make of arrays. It names the datasets that
+    # make one; written with h5py, the run streams them.
+    import h5py
+
+    def failing(args, stack=None):
+        raise MemoryError("Unable to allocate 30.0 GiB for an array")
+
+    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1000)
+    with monkeypatch.context() as patched:
+        patched.setattr(cli_main, "_inputs", failing)
+        (line,) = _error([str(files / "train.npz"), "--no-progress"], capsys)[1]
+    named = re.search(r"h5py writes one: datasets (.*)\)", line)
+    assert named, line
+    with np.load(files / "train.npz") as data:
+        X, y = data["X"], data["y"]
+    arrays = {"features": X, "labels": y, "class_names": np.unique(y).astype(str).astype(object)}
+    store = tmp_path / "train.h5"
+    with h5py.File(store, "w") as f:
+        for name in re.findall(r"'(\w+)'", named[1]):
+            f.create_dataset(name, data=arrays[name])
+    seen = _models_inputs(monkeypatch)
+    assert main([str(store), "--no-progress"]) == 0
+    assert seen and all(is_h5_dataset(X) for X in seen)
 
 
 @NEEDS_H5

@@ -295,6 +295,13 @@ def _memory_ran_out(error, args) -> tuple[bool, bool]:
     return host, not host and resolve_device(args.device).type != "cpu"
 
 
+# What makes a store of a .npz's or .npy's arrays (extract.load_features reads it as one).
+_ANY_STORE = (
+    "; h5py writes one: datasets 'features' (n, d), 'labels' (n,) of codes 0..K-1 and "
+    "'class_names' (K,)"
+)
+
+
 def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     """The one line of inputs that ran out of memory as they were read (``what``: its
     error, short): the features read into memory, and what reads them in less. A store's
@@ -324,12 +331,13 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     streamable = [path for path, kind in large if kind == "streamable"]
     advice = []
     if arrays or streamable:
-        cure = f"an HDF5 store from mr2-extract in place of {', '.join(arrays)}" if arrays else ""
+        # (mr2-extract makes a store of images, not of the arrays: h5py makes one of them)
+        cure = f"an HDF5 store in place of {', '.join(arrays)}" if arrays else ""
         if whole:
             cure += f"{', ' if cure else ''}without {', '.join(whole)}"
         advice.append(
             f"{cure} (a store's features above a quarter of memory then stay in its file, "
-            "read a block at a time)"
+            f"read a block at a time{_ANY_STORE if arrays else ''})"
         )
     advice.append("freeing memory, or a machine with more")
     shown = ", ".join(
