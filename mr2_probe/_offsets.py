@@ -92,18 +92,43 @@ def _stacks_onto_logistic_regression(estimator) -> bool:
             return False
 
 
+def _decides(estimator) -> bool:
+    """Whether ``estimator`` implements ``fit`` and ``decision_function``, or is an unfitted
+    StackingClassifier of the default ``final_estimator=None``, bare or wrapped, which has
+    one once fitted."""
+    return HasMethods(["fit", "decision_function"]).is_satisfied_by(estimator) or (
+        callable(getattr(estimator, "fit", None)) and _stacks_onto_logistic_regression(estimator)
+    )
+
+
+def _lacks_by_its_search(estimator) -> bool:
+    """Whether ``estimator`` is, or ends in (a FrozenEstimator's, a Pipeline's last step), a
+    fitted search or one of ``refit=False`` around a template that decides: it has no
+    ``decision_function`` because of what its fit chose or kept, which ``_check_decides``
+    names (scikit-learn's parameter check printed the template, not the choice)."""
+    from sklearn.model_selection._search import BaseSearchCV
+
+    while isinstance(estimator, (FrozenEstimator, Pipeline)):
+        estimator = (
+            estimator.steps[-1][1] if isinstance(estimator, Pipeline) else estimator.estimator
+        )
+    if not isinstance(estimator, BaseSearchCV):
+        return False
+    fitted_or_kept_none = hasattr(estimator, "best_estimator_") or not estimator.refit
+    return fitted_or_kept_none and _DecidesOnceFitted().is_satisfied_by(estimator.estimator)
+
+
 class _DecidesOnceFitted(HasMethods):
     """HasMethods(["fit", "decision_function"]) that also takes an unfitted
     StackingClassifier of the default ``final_estimator=None`` (which it refused), bare or
-    wrapped."""
+    wrapped, and a search of a template that decides whose fit chose a classifier without
+    ``decision_function`` or kept none (``refit=False``): ``fit`` refuses it by name."""
 
     def __init__(self):
         super().__init__(["fit", "decision_function"])
 
     def is_satisfied_by(self, val):
-        return super().is_satisfied_by(val) or (
-            callable(getattr(val, "fit", None)) and _stacks_onto_logistic_regression(val)
-        )
+        return _decides(val) or (callable(getattr(val, "fit", None)) and _lacks_by_its_search(val))
 
 
 def _decision(estimator, X, classes: np.ndarray) -> np.ndarray:
@@ -233,7 +258,8 @@ def _deciding(estimator):
     inside a FrozenEstimator, a Pipeline's last step, a search's best estimator (its
     template before it is fitted), a StackingClassifier's final estimator, or a
     BaggingClassifier's, RFE's or SelfTrainingClassifier's estimator. None for an
-    unfitted search whose parameter space may give its best estimator another one."""
+    unfitted search whose parameter space may give its best estimator another one; a
+    search of ``refit=False`` itself, which keeps no best estimator and hands none on."""
     from sklearn.ensemble import BaggingClassifier, StackingClassifier
     from sklearn.feature_selection import RFE
     from sklearn.model_selection._search import BaseSearchCV
@@ -252,6 +278,8 @@ def _deciding(estimator):
         if isinstance(final, Pipeline):
             final = final.steps[-1][1]
         elif isinstance(final, BaseSearchCV):
+            if not final.refit:
+                return final
             # (a fitted search's decision values are its best_estimator_'s, whose shape its
             # parameter grid may have set: read from the unfitted template, 'ovo' passed)
             if not hasattr(final, "best_estimator_") and _may_set_shape(final):
@@ -282,9 +310,19 @@ def _check_decides(estimator) -> None:
     parameter's check refuses an unfitted one: a search whose parameter space puts in a
     classifier without one (a Pipeline's last step, say) passes that check with its
     template, and then has none once its best estimator is that classifier."""
-    if _DecidesOnceFitted().is_satisfied_by(estimator):
+    from sklearn.model_selection._search import BaseSearchCV
+
+    if _decides(estimator):
         return
     final = _deciding(estimator)
+    if isinstance(final, BaseSearchCV):  # (of refit=False)
+        inside = "" if final is estimator else f" inside the {type(estimator).__name__}"
+        raise ValueError(
+            f"The {type(final).__name__}{inside} has refit=False: it keeps no best "
+            "estimator, so it has no decision_function, and the offsets are tuned on "
+            "decision values, one per class. Use refit=True (the default), or pass its "
+            "best estimator (its estimator with its best_params_, fitted) instead."
+        )
     hands_on = final is not None and final is not estimator
     because = f" (its decision values would be {type(final).__name__}'s, which has none)"
     raise ValueError(
@@ -332,7 +370,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         The classifier, fitted or not (cloned unless ``cv="prefit"``). It must implement
         ``fit`` and ``decision_function`` with one column per class (a binary problem's
         1-D decision values are read as the columns [0, z]). A search's best estimator
-        too: one without, which its parameter space put in, is refused once it is fitted.
+        too: one without, which its parameter space put in, is refused once it is fitted
+        (a fitted search's clone searches again, unless ``cv="prefit"``). A search of
+        ``refit=False`` keeps no best estimator, and is refused.
     scoring : str or callable, default="worst_class"
         The objective, greater is better: ``"worst_class"``, ``"balanced_accuracy"``
         (mean per-class accuracy), ``"hard_tercile"`` or ``"accuracy"`` as defined in
@@ -587,6 +627,12 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 "Found array with 0 sample(s) (shape=(0,)) while a minimum of 1 is required."
             )
         check_classification_targets(y)
+        if not _decides(self.estimator):
+            # Taken by the estimator parameter's check for a search's sake (of refit=False,
+            # or fitted on a choice without decision values): named before any fit, as it
+            # decides here, itself (cv="prefit") or a clone (a fitted search's searches
+            # again; a FrozenEstimator's is itself).
+            _check_decides(self.estimator if self.cv == "prefit" else clone(self.estimator))
         _check_per_class_decision(self.estimator, len(np.unique(y)))
         # (on a GPU, or requiring grad: NumPy reads neither)
         sample_weight = numpy_if_tensor(sample_weight, "sample_weight")

@@ -1692,6 +1692,74 @@ def test_a_search_that_chooses_one_without_decision_values_only_on_refit_is_name
         TunedOffsetsClassifierCV(search, cv=3).fit(X, y)
 
 
+def _search_of(*chosen, **kwargs):
+    """A GridSearchCV of a Pipeline ending in LogisticRegression whose grid puts each of
+    ``chosen`` in its place."""
+    return GridSearchCV(
+        make_pipeline(StandardScaler(), LogisticRegression()),
+        {"logisticregression": list(chosen)},
+        cv=2,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    "wrap, cv, name",
+    [
+        (lambda search: search, "prefit", "GridSearchCV"),
+        (FrozenEstimator, "prefit", "FrozenEstimator"),
+        (FrozenEstimator, 3, "FrozenEstimator"),
+    ],
+    ids=["prefit", "frozen_prefit", "frozen"],
+)
+def test_a_fitted_search_that_chose_a_classifier_without_decision_values_is_named(wrap, cv, name):
+    # Fitted, it was refused by scikit-learn's parameter check, "must be an object
+    # implementing 'fit' and 'decision_function'. Got GridSearchCV(...)", whose printout
+    # shows the template (LogisticRegression), not the GaussianNB it chose.
+    X, y = load_iris(return_X_y=True)
+    search = _search_of(GaussianNB()).fit(X, y)
+    with pytest.raises(
+        ValueError, match=rf"^The fitted {name} has no decision_function \(.* GaussianNB's,"
+    ):
+        TunedOffsetsClassifierCV(wrap(search), cv=cv).fit(X, y)
+
+
+def test_a_fitted_search_is_taken_as_its_clone_searches_again():
+    # Not cv="prefit": the fitted search is cloned, and the clone searches anew, as an
+    # unfitted one does. It was refused because the fitted one had chosen a classifier
+    # without decision_function; the clone fitted on the training part chooses
+    # LogisticRegression. (The scorer prefers decision values on the smaller data.)
+    X, y = load_iris(return_X_y=True)
+
+    def scorer(estimator, X_test, y_test):  # test parts of 75 on all of X, 52 or 53 then
+        return float(hasattr(estimator, "decision_function") == (len(X_test) < 60))
+
+    search = _search_of(LogisticRegression(), _Majority(), scoring=scorer).fit(X, y)
+    assert isinstance(search.best_estimator_[-1], _Majority)
+    clf = TunedOffsetsClassifierCV(search, cv=0.3, refit=False, random_state=0).fit(X, y)
+    assert isinstance(clf.estimator_.best_estimator_[-1], LogisticRegression)
+
+
+@pytest.mark.parametrize(
+    "wrap, fitted, cv, where",
+    [
+        (lambda search: search, True, "prefit", ""),
+        (FrozenEstimator, True, "prefit", " inside the FrozenEstimator"),
+        (lambda search: search, False, 3, ""),
+        (lambda search: make_pipeline(StandardScaler(), search), False, 3, " inside the Pipeline"),
+    ],
+    ids=["prefit", "frozen_prefit", "unfitted", "pipeline"],
+)
+def test_a_search_of_refit_false_is_named(wrap, fitted, cv, where):
+    # A search of refit=False keeps no best estimator, so no decision_function: it was
+    # refused as not "implementing 'fit' and 'decision_function'", which GridSearchCV does.
+    X, y = load_iris(return_X_y=True)
+    search = _search_of(LogisticRegression(), refit=False)
+    estimator = wrap(search.fit(X, y) if fitted else search)
+    with pytest.raises(ValueError, match=rf"^The GridSearchCV{where} has refit=False: it keeps"):
+        TunedOffsetsClassifierCV(estimator, cv=cv).fit(X, y)
+
+
 def test_a_cv_without_splits_is_named():
     X, y = _imbalanced()
     with pytest.raises(ValueError, match="cv yielded no split"):
