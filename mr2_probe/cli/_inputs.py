@@ -276,7 +276,7 @@ def _load_npz(path: str):
                     "rows; keep one pair, X and y or features and labels (found "
                     f"{sorted(data.files)})"
                 )
-        x_key = "X" if "X" in data.files else "features"
+        x_key = _npz_x_key(data.files)
         y_key = "y" if "y" in data.files else "labels"
         if {x_key, "y", "labels"} <= set(data.files):
             rows = {key: _row_count(data, key) for key in ("y", "labels", x_key)}
@@ -555,11 +555,19 @@ def _in_bytes(size: int) -> str:
     return f"{value:.1f} {unit}"
 
 
+def _npz_x_key(files) -> str:
+    """The name of a .npz's array that :func:`_load_npz` reads as X, among its ``files``
+    (``NpzFile.files``: its members' names, less .npy): X, else features."""
+    return "X" if "X" in files else "features"
+
+
 def _npz_x_member(archive: zipfile.ZipFile) -> str:
-    """The archive's member that :func:`_load_npz` reads as X (X.npy where it holds
-    neither, whose opening raises KeyError)."""
+    """The archive's member that :func:`_load_npz` reads as X, found as ``NpzFile`` finds
+    it (a member named X, else X.npy; features' where there is no X), whose opening
+    raises KeyError where the archive holds neither."""
     names = archive.namelist()
-    return "features.npy" if "features.npy" in names and "X.npy" not in names else "X.npy"
+    key = _npz_x_key([name.removesuffix(".npy") for name in names])
+    return key if key in names else f"{key}.npy"
 
 
 def _npy_bytes(file) -> int:
