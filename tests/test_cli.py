@@ -3219,6 +3219,46 @@ def test_inputs_out_of_memory_end_in_one_line_where_their_sizes_cannot_be_told(
     ]
 
 
+@pytest.mark.parametrize(
+    "name", ["train.npz", pytest.param("train.h5", marks=NEEDS_H5)], ids=["npz", "store"]
+)
+@pytest.mark.parametrize(
+    "dtype, said",
+    [
+        # Read as float32: the file's 1,080 bytes take 2,160 in memory, which the line
+        # gave as 1.1 KiB...
+        (np.float16, "2.1 KiB (1.1 KiB of float16 in the file)"),
+        # ...where integers are held as the file holds them (the fits compute in float64).
+        (np.int16, "1.1 KiB"),
+    ],
+    ids=["float16", "int16"],
+)
+def test_inputs_out_of_memory_say_the_size_of_the_features_in_memory(
+    name, dtype, said, tmp_path, monkeypatch, capsys
+):
+    def failing(args, stack=None):
+        raise MemoryError("Unable to allocate 30.0 GiB for an array")
+
+    X, y = _blobs(30, seed=1)  # 90 × 6
+    X = np.round(X * 10).astype(dtype)
+    train = tmp_path / name
+    if name.endswith(".npz"):
+        np.savez(train, X=X, y=y)
+    else:
+        import h5py
+
+        with h5py.File(train, "w") as f:
+            f["features"], f["labels"], f["class_names"] = X, y, FASHION
+    monkeypatch.setattr(cli_main, "_inputs", failing)
+    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1 << 30)
+    code, lines = _error([str(train), "--no-progress"], capsys)
+    assert code == 1 and lines == [
+        "mr2-probe: error: reading the inputs ran out of memory (Unable to allocate 30.0 GiB "
+        f"for an array); nothing is written. The features read into memory: {train}: {said} "
+        f"(a quarter of memory: 1.0 GiB){_NO_LESS}"
+    ]
+
+
 @pytest.mark.parametrize("kind", _MAIN_FIT_OOM)
 @pytest.mark.parametrize("given_out", [True, False], ids=["out", "no_out"])
 def test_predictions_out_of_memory_end_in_one_line_and_keep_the_models(

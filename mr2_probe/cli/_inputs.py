@@ -10,6 +10,7 @@ import unicodedata
 import warnings
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from sklearn.model_selection import StratifiedKFold, train_test_split
@@ -184,11 +185,24 @@ def _load_xy(path: str, labels=None, labels_option: str = "--labels", stack=None
         # One spelling per class: float labels 0.0 were keyed "0.0" in the report where
         # the other file's integer labels were "0".
         y = y.astype(np.int64)
-    if X.dtype == np.float16 and not _lazy(X):  # (a store's blocks are, as they are read)
-        # Scaled in float32: scikit-learn's scalers compute in the features' dtype, and a
-        # float16 row norm overflows past 256 (Normalizer then zeroes the row).
-        X = X.astype(np.float32)
+    held = _held_dtype(X.dtype)
+    if held != X.dtype and not _lazy(X):  # (a store's blocks are, as they are read)
+        X = X.astype(held)
     return X, y, names
+
+
+def _held_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype that features of ``dtype`` are held in once read into memory
+    (:func:`_load_xy`): float16 as float32, as scikit-learn's scalers compute in the
+    features' dtype and a float16 row norm overflows past 256 (Normalizer then zeroes the
+    row); any other as it is (integers too, which the estimators compute in float64)."""
+    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+
+
+def _streams(dtype: np.dtype) -> bool:
+    """Whether a store's features of ``dtype`` stay in its file above the limit, where the
+    run streams (:func:`_load_store`): floating-point ones; integers are read whole."""
+    return dtype.kind == "f"
 
 
 def _check_regular(path: str, labels_option: str | None) -> None:
@@ -427,7 +441,7 @@ def _load_store(path: str, stack=None):
     store = _load_features(path)
     features = store.features
     size = int(np.prod(features.shape, dtype=np.int64)) * features.dtype.itemsize
-    streamed = stack is not None and features.dtype.kind == "f" and size > in_memory_limit()
+    streamed = stack is not None and _streams(features.dtype) and size > in_memory_limit()
     if streamed:
         stack.enter_context(store)
     else:
@@ -503,37 +517,52 @@ def _cgroup_caps() -> list[int]:
     return caps
 
 
-def _features_sizes(args) -> tuple[int, list[tuple[str, int | None, str]]]:
-    """:func:`in_memory_limit`, and each input file's features (--train's, then --test's):
-    its path as given, their bytes as the file holds them (None where it cannot tell) and
-    its kind: "streamable" (a store's floating-point features, which stay in the file above
-    the limit where the run streams), "store" (integer features, always read) or "array"
-    (a .npz or .npy, always read whole). For the line of inputs that ran out of memory."""
+class _Features(NamedTuple):
+    """An input file's features, for the line of inputs that ran out of memory."""
+
+    path: str  # as given
+    held: int | None  # their bytes once read into memory (None where it cannot tell)
+    stored: int | None  # their bytes as the file holds them, which the limit is set on
+    dtype: np.dtype | None  # as the file holds them
+    store: bool  # an HDF5 store, else a .npz or .npy (always read whole)
+
+    @property
+    def streamable(self) -> bool:
+        """A store's features that stay in its file above the limit where the run streams."""
+        return self.store and self.dtype is not None and _streams(self.dtype)
+
+
+def _features_sizes(args) -> tuple[int, list[_Features]]:
+    """:func:`in_memory_limit`, and each input file's features (--train's, then --test's),
+    for the line of inputs that ran out of memory."""
     sizes = []
     for path in (args.train, args.test):
         if path is None:
             continue
-        suffix, size, kind = feature_format(path), None, "array"
+        suffix, count, dtype = feature_format(path), None, None
         try:
             if suffix in _STORE:
-                size, kind = _store_bytes(path)
+                count, dtype = _store_features(path)
             elif suffix == ".npz":
                 with zipfile.ZipFile(path) as archive, archive.open(_npz_x_member(archive)) as x:
-                    size = _npy_bytes(x)
+                    count, dtype = _npy_features(x)
             elif suffix == ".npy":
                 with open(path, "rb") as file:
-                    size = _npy_bytes(file)
+                    count, dtype = _npy_features(file)
         except Exception:  # untold, memory that ran out again too: the line goes without it
             pass
-        sizes.append((path, size, kind))
+        held = stored = None
+        if dtype is not None:
+            held, stored = (count * d.itemsize for d in (_held_dtype(dtype), dtype))
+        sizes.append(_Features(path, held, stored, dtype, suffix in _STORE))
     return in_memory_limit(), sizes
 
 
-def _store_bytes(path: str) -> tuple[int, str]:
-    """The bytes of a store's features that a run reads (its completed rows, as
-    :func:`_load_store` counts them) and their kind (:func:`_features_sizes`), from the
-    file's shapes and status alone: load_features reads every row's path as well (seconds
-    and hundreds of MiB for millions of rows, where memory has just run out)."""
+def _store_features(path: str) -> tuple[int, np.dtype]:
+    """How many of a store's feature values a run reads (its completed rows', as
+    :func:`_load_store` counts them) and their dtype in the file, from the file's shapes
+    and status alone: load_features reads every row's path as well (seconds and hundreds
+    of MiB for millions of rows, where memory has just run out)."""
     from extract._schema import DONE
     from extract._store import open_store
 
@@ -541,7 +570,7 @@ def _store_bytes(path: str) -> tuple[int, str]:
         features = f["features"]
         rows = np.count_nonzero(f["status"][()] == DONE) if "status" in f else len(features)
         row, dtype = int(np.prod(features.shape[1:], dtype=np.int64)), features.dtype
-    return int(rows) * row * dtype.itemsize, "streamable" if dtype.kind == "f" else "store"
+    return int(rows) * row, dtype
 
 
 def _in_bytes(size: int) -> str:
@@ -570,14 +599,15 @@ def _npz_x_member(archive: zipfile.ZipFile) -> str:
     return key if key in names else f"{key}.npy"
 
 
-def _npy_bytes(file) -> int:
-    """The bytes of the array a .npy file holds, from its header (the array not read)."""
+def _npy_features(file) -> tuple[int, np.dtype]:
+    """How many values the array of a .npy file holds, and their dtype, from its header
+    (the array not read)."""
     version = np.lib.format.read_magic(file)
     read = np.lib.format.read_array_header_1_0
     if version != (1, 0):
         read = np.lib.format.read_array_header_2_0
     shape, _, dtype = read(file)
-    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return int(np.prod(shape, dtype=np.int64)), dtype
 
 
 def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:

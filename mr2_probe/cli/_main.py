@@ -320,15 +320,18 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
         if given
     ]
     limit, sizes = _features_sizes(args)
-    # (a store above the limit that the run streamed is not among those read)
+    # (a store above the limit that the run streamed is not among those read; the limit
+    # is set on the features' bytes in the file, as the run sets it)
     read = [
-        (path, size, kind)
-        for path, size, kind in sizes
-        if whole or kind != "streamable" or size is None or size <= limit
+        features
+        for features in sizes
+        if whole or not features.streamable or features.stored is None or features.stored <= limit
     ]
-    large = [(path, kind) for path, size, kind in read if size is not None and size > limit]
-    arrays = [path for path, kind in large if kind == "array"]
-    streamable = [path for path, kind in large if kind == "streamable"]
+    large = [
+        features for features in read if features.stored is not None and features.stored > limit
+    ]
+    arrays = [features.path for features in large if not features.store]
+    streamable = [features.path for features in large if features.streamable]
     advice = []
     if arrays or streamable:
         # (mr2-extract makes a store of images, not of the arrays: h5py makes one of them)
@@ -340,16 +343,26 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
             f"read a block at a time{_ANY_STORE if arrays else ''})"
         )
     advice.append("freeing memory, or a machine with more")
-    shown = ", ".join(
-        path if size is None else f"{path}: {_in_bytes(size)}" for path, size, _ in read
-    )
+    shown = ", ".join(_held(features) for features in read)
     held = f"The features read into memory: {shown} (a quarter of memory: {_in_bytes(limit)})"
-    if not (arrays or streamable) and all(size is not None for _, size, _ in read):
+    if not (arrays or streamable) and all(features.held is not None for features in read):
         held += "; no option of the command reads them in less"
     return (
         f"reading the inputs ran out of memory ({what}); nothing is written. "
         f"{held + '. ' if read else ''}Try {', or '.join(advice)}"
     )
+
+
+def _held(features) -> str:
+    """An input file's features as the line of inputs out of memory says them (an
+    ``_inputs._Features``): their size in memory, and in the file where it differs (float16
+    features are read as float32)."""
+    if features.held is None:
+        return features.path
+    said = f"{features.path}: {_in_bytes(features.held)}"
+    if features.held != features.stored:
+        said += f" ({_in_bytes(features.stored)} of {features.dtype} in the file)"
+    return said
 
 
 def _predict_out_of_memory_line(name: str, what: str, error, out, args) -> str:
