@@ -3195,6 +3195,45 @@ def test_the_cure_for_arrays_out_of_memory_can_be_followed(files, tmp_path, monk
 
 
 @NEEDS_H5
+@pytest.mark.parametrize("name", ["int.h5", "int.npz"], ids=["store", "npz"])
+def test_the_cure_for_integers_out_of_memory_can_be_followed(name, tmp_path, monkeypatch, capsys):
+    # Integer features are read whole from any file: a store of them above the limit was
+    # told that no option reads them in less, with no cure, and a .npz of them to put them
+    # in a store, read whole all the same. The line names float32 features, which stream.
+    import h5py
+
+    def failing(args, stack=None):
+        raise MemoryError("Unable to allocate 30.0 GiB for an array")
+
+    X, y = _blobs(30, seed=1)
+    X = np.round(X * 10).astype(np.int16)  # 1,080 bytes, above the limit
+    train = tmp_path / name
+    if name.endswith(".npz"):
+        np.savez(train, X=X, y=y)
+    else:
+        with h5py.File(train, "w") as f:
+            f["features"], f["labels"], f["class_names"] = X, y, FASHION
+    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1000)
+    with monkeypatch.context() as patched:
+        patched.setattr(cli_main, "_inputs", failing)
+        (line,) = _error([str(train), "--no-progress"], capsys)[1]
+    assert "no option" not in line
+    cure = re.search(
+        rf"Try an HDF5 store of (\w+) features in place of {re.escape(str(train))} ", line
+    )
+    assert cure, line
+    seen = _models_inputs(monkeypatch)
+    assert main([str(train), "--no-progress"]) == 0
+    assert seen and not any(is_h5_dataset(X) for X in seen)  # (read whole, as said)
+    seen.clear()
+    store = tmp_path / "floats.h5"
+    with h5py.File(store, "w") as f:
+        f["features"], f["labels"], f["class_names"] = X.astype(cure[1]), y, FASHION
+    assert main([str(store), "--no-progress"]) == 0
+    assert seen and all(is_h5_dataset(X) for X in seen)
+
+
+@NEEDS_H5
 def test_inputs_out_of_memory_end_in_one_line_where_their_sizes_cannot_be_told(
     files, stores, tmp_path, monkeypatch, capsys
 ):

@@ -19,7 +19,7 @@ from .._cv import MR2LinearClassifierCV
 from ..front import _final, collecting_short, fit_collecting_short
 from ..metrics import classwise_scorers
 from ..report import classwise_report, flat_text, in_percent
-from ._inputs import _check_splits, _features_sizes, _in_bytes, _inputs, _inputs_record
+from ._inputs import _check_splits, _features_sizes, _in_bytes, _inputs, _inputs_record, _streams
 from ._options import (
     _MR2_ONLY,
     _OPTIONS,
@@ -307,8 +307,10 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     error, short): the features read into memory, and what reads them in less. A store's
     above the limit (a quarter of memory) stays in its file without the options under
     which the run reads it whole; a .npz or .npy file is read whole, which a store in its
-    place above the limit is not; features within the limit are read whole whatever the
-    options (the advice to leave those options out was given for them too)."""
+    place above the limit is not; integer features are read whole from any file, which a
+    store of float32 features in their place is not; features within the limit are read
+    whole whatever the options (the advice to leave those options out was given for them
+    too)."""
     whole = [
         option
         for option, given in (
@@ -330,22 +332,34 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     large = [
         features for features in read if features.stored is not None and features.stored > limit
     ]
-    arrays = [features.path for features in large if not features.store]
-    streamable = [features.path for features in large if features.streamable]
-    advice = []
-    if arrays or streamable:
-        # (mr2-extract makes a store of images, not of the arrays: h5py makes one of them)
-        cure = f"an HDF5 store in place of {', '.join(arrays)}" if arrays else ""
+    floats = [features for features in large if _streams(features.dtype)]
+    arrays = [features.path for features in floats if not features.store]
+    streamable = [features.path for features in floats if features.store]
+    # Integers are read whole from any file: a store of them too, so only floats cure them.
+    integers = [features for features in large if not _streams(features.dtype)]
+    advice, cured = [], bool(arrays or streamable or integers)
+    if cured:
+        cures = [f"an HDF5 store in place of {', '.join(arrays)}"] if arrays else []
+        if integers:
+            paths = ", ".join(features.path for features in integers)
+            cures.append(f"an HDF5 store of float32 features in place of {paths}")
         if whole:
-            cure += f"{', ' if cure else ''}without {', '.join(whole)}"
+            cures.append(f"without {', '.join(whole)}")
+        # (mr2-extract makes a store of images, not of the arrays: h5py makes one of them)
+        made = arrays or any(not features.store for features in integers)
+        kind, not_integers = (
+            ("floating-point features", "; integer ones are read whole")
+            if integers
+            else ("features", "")
+        )
         advice.append(
-            f"{cure} (a store's features above a quarter of memory then stay in its file, "
-            f"read a block at a time{_ANY_STORE if arrays else ''})"
+            f"{', '.join(cures)} (a store's {kind} above a quarter of memory then stay in its "
+            f"file, read a block at a time{not_integers}{_ANY_STORE if made else ''})"
         )
     advice.append("freeing memory, or a machine with more")
     shown = ", ".join(_held(features) for features in read)
     held = f"The features read into memory: {shown} (a quarter of memory: {_in_bytes(limit)})"
-    if not (arrays or streamable) and all(features.held is not None for features in read):
+    if not cured and all(features.held is not None for features in read):
         held += "; no option of the command reads them in less"
     return (
         f"reading the inputs ran out of memory ({what}); nothing is written. "
