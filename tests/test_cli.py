@@ -197,7 +197,7 @@ def test_a_model_short_of_tol_is_said_in_one_line(digits_files, capsys):
     ],
 )
 def test_warnings_give_their_advice_in_the_options_of_the_command(message, scaling, expected):
-    assert _in_cli_terms(message, Namespace(feature_scaling=scaling, grid=[])) == expected
+    assert _in_cli_terms(message, Namespace(feature_scaling=scaling, grid=[], Cs=None)) == expected
 
 
 @pytest.mark.parametrize("grid", [[], ["learning_rate=0.003,0.01"]])
@@ -207,7 +207,7 @@ def test_warnings_name_the_grid_for_the_learning_rate(grid):
         "adam did not converge in max_iter=5 epochs. Increase max_iter or scale the features "
         "(e.g. StandardScaler). If loss_curve_ oscillates, use a smaller learning_rate than 0.003."
     )
-    said = _in_cli_terms(message, Namespace(feature_scaling="standard", grid=grid))
+    said = _in_cli_terms(message, Namespace(feature_scaling="standard", grid=grid, Cs=None))
     assert said.endswith("use a smaller --grid learning_rate than 0.003.")
     assert "learning_rate" not in said.replace("--grid learning_rate", "")
 
@@ -226,12 +226,41 @@ def test_a_search_whose_every_fit_fails_says_why_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
+def test_a_cs_search_s_advice_on_the_learning_rate_can_be_followed(tmp_path, capsys):
+    # Under --Cs a diverged fit said "Use a smaller --grid learning_rate", and --grid beside
+    # --Cs is refused ("use one of them"): the advice is a --grid search of C in its place.
+    X, y = _blobs(20, seed=1, d=4)
+    np.savez(tmp_path / "huge.npz", X=X * 1e7, y=y)
+    argv = [str(tmp_path / "huge.npz"), "--lam", "0.5", "--cv", "2", "--max-iter", "5"]
+    code, lines = _error([*argv, "--Cs", "3", "--no-progress"], capsys)
+    assert code == 2 and "the adam solver diverged" in lines[-1]
+    advice = re.search(r"search C with --grid C=V1,V2,\.\.\. --grid learning_rate=V ", lines[-1])
+    assert advice is not None, lines[-1]
+    followed = ["--grid", "C=0.0001,1,10000", "--grid", "learning_rate=3e-5"]
+    assert main([*argv, *followed, "--no-progress"]) == 0
+    assert "MR2 grid: best parameters by worst_class" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("head", "value"), [("linear", "C"), ("cosine", "scale")])
+def test_warnings_under_cs_name_a_grid_search_in_its_place_for_the_learning_rate(head, value):
+    message = (
+        "adam did not converge in max_iter=5 epochs. Increase max_iter or scale the features "
+        "(e.g. StandardScaler). If loss_curve_ oscillates, use a smaller learning_rate than 0.003."
+    )
+    args = Namespace(feature_scaling="standard", grid=[], Cs=3, head=head)
+    assert _in_cli_terms(message, args).endswith(
+        "use a smaller learning_rate than 0.003 (only --grid sets it, and --grid excludes "
+        f"--Cs: search {value} with --grid {value}=V1,V2,... --grid learning_rate=V instead)."
+    )
+
+
 def test_warnings_name_the_grid_where_it_sets_max_iter():
     message = (
         "lbfgs did not converge in max_iter=2 iterations. Increase max_iter or scale the "
         "features (e.g. StandardScaler)."
     )
-    args = Namespace(feature_scaling="none", grid=["C=1", " max_iter =1,2"])
+    args = Namespace(feature_scaling="none", grid=["C=1", " max_iter =1,2"], Cs=None)
     assert _in_cli_terms(message, args) == (
         "lbfgs did not converge in 2 iterations (--grid max_iter=2). Raise --grid max_iter, "
         "or scale the features (--feature-scaling standard)."

@@ -590,13 +590,21 @@ def _stopped_short(estimator, X, y) -> float:
 def _in_cli_terms(message, args) -> str:
     """An estimator's warning on one line, its advice in mr2-probe's options: --max-iter
     for max_iter (--grid max_iter where the grid sets it), --grid learning_rate for
-    learning_rate (there is no option of it), --feature-scaling standard for a
+    learning_rate (there is no option of it; under --Cs, which excludes --grid, a --grid
+    search of C with it in place of --Cs), --feature-scaling standard for a
     scaler (no advice to scale where the features are scaled so already); a larger tol,
     which is no option, becomes the fit kept as it is."""
     scaled = args.feature_scaling == "standard"
     grid = any(spec.partition("=")[0].strip() == "max_iter" for spec in args.grid)
     option, sep = ("--grid max_iter", "=") if grid else ("--max-iter", " ")
     scale = "--feature-scaling standard"
+    learning_rate = r"--grid learning_rate\1"
+    if args.Cs is not None:  # (said after its value, "than 0.003", which it is about)
+        value = "scale" if args.head == "cosine" else "C"
+        learning_rate = (
+            r"learning_rate\1 (only --grid sets it, and --grid excludes --Cs: search "
+            f"{value} with --grid {value}=V1,V2,... --grid learning_rate=V instead)"
+        )
     rules = (
         (
             r"Increase max_iter,? or scale the features(?: \(e\.g\. StandardScaler\))?",
@@ -605,7 +613,8 @@ def _in_cli_terms(message, args) -> str:
         (r"in max_iter=(\d+) (\w+)", rf"in \1 \2 ({option}{sep}\1)"),
         (r"(?<!--grid )\bmax_iter\b", option),  # not the option just written
         # No --learning-rate: the minibatch solvers' step is set by --grid alone.
-        (r"\blearning_rate\b(?!=)", "--grid learning_rate"),  # not learning_rate=V, its value
+        # (not learning_rate=V, its value)
+        (r"\blearning_rate\b(?!=)((?: than| below) [0-9.e+-]*[0-9])?", learning_rate),
         # "(and scale them, e.g. StandardScaler)" and the like: no advice where they are.
         (r" ?\((?:and,? )?(?:for features [^()]*, )?scale them, e\.g\. StandardScaler\)", "")
         if scaled
