@@ -797,7 +797,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         that scores NaN everywhere spoiled them all, and the first value was chosen without
         a word); with refit=False, some fold has no finite score at any value. The fits
         that failed, their scores NaN too, are named beside them (``failures``, as
-        :meth:`_check_failures` says them)."""
+        :meth:`_check_failures` says them), in an error after its cure."""
         scores = next(iter(self.scores_.values()))  # (n_folds, n_Cs)
         undefined = ~np.isfinite(scores) & ~self._failed
         if not undefined.any():
@@ -806,18 +806,20 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         everywhere = np.flatnonzero((~np.isfinite(scores)).all(1))  # folds of no score
         blocked = (~np.isfinite(scores.sum(0))).all() if self.refit else len(everywhere)
         scoring = "accuracy" if self.scoring is None else self.scoring
-        failures = f", and {failures}" if failures else ""
         if blocked:
             where = "summed over the folds" if self.refit else f"on fold {everywhere[0]}"
+            # The cure before the values and the failed fits' error, of any length: an
+            # error cut to one line (mr2-probe's, at 1,000 characters) keeps it.
             raise ValueError(
                 f"No value of Cs has a defined held-out score {where}, so none can be "
-                f"chosen: scoring={scoring!r} gave no finite score at {name}="
-                f"{self._where(undefined)}{failures}. "
-                "A scorer is undefined on held-out rows that lack a class (one-vs-rest ROC "
-                "AUC, say): pass folds whose held-out rows hold every class (fewer splits, "
-                "or a StratifiedKFold), or a scoring defined without them (such as "
-                "'neg_log_loss')."
+                "chosen. A scorer is undefined on held-out rows that lack a class "
+                "(one-vs-rest ROC AUC, say): pass folds whose held-out rows hold every class "
+                "(fewer splits, or a StratifiedKFold), or a scoring defined without them "
+                f"(such as 'neg_log_loss'). Here scoring={scoring!r} gave no finite score "
+                f"at {name}={self._where(undefined)}"
+                + (f"; besides, {failures}." if failures else ".")
             )
+        failures = f", and {failures}" if failures else ""
         warnings.warn(
             f"One or more of the test scores are non-finite: {np.mean(scores, 0)}. Those "
             f"values rank last; scoring={scoring!r} gave a non-finite score at "

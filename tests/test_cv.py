@@ -25,6 +25,7 @@ from sklearn.utils._param_validation import InvalidParameterError
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV
 from mr2_probe._classifier import FitDivergedError
+from mr2_probe._h5 import one_line
 from mr2_probe._losses import margin_cross_entropy
 from mr2_probe._path import bisect_search
 from mr2_probe.metrics import classwise_scorers, group_accuracy, worst_class_accuracy
@@ -2475,18 +2476,53 @@ def test_nan_scores_beside_failed_fits_name_the_failures_and_their_error(
     common = dict(solver="adam", max_iter=5, random_state=0, device="cpu")
     search = MR2LinearClassifierCV(Cs, cv=folds, refit=refit, scoring=undefined_at_weak_c, **common)
     nan_fold = 0 if nan_weight == 40 else 1
-    said = (
-        rf"non-finite score at C=0.0001 \(fold {nan_fold}\), and the fits at C=100 \(fold 0\) "
-        r"failed \(the first error, at C=100 on fold 0: Cannot fit: diverged at C=100\)\."
+    fits = (
+        r"the fits at C=100 \(fold 0\) failed \(the first error, at C=100 on fold 0: Cannot "
+        r"fit: diverged at C=100\)\.$"
     )
     failed = r"1 of \d fits failed.*The first error, at C=100 on fold 0: .*diverged at C=100$"
-    expected = pytest.raises(ValueError, match="no finite" + said[len("non-finite") :])
+    # (the error's after its cure: see test_the_cure_for_undefined_scores_outlasts_a_cut_line)
+    said = rf"no finite score at C=0.0001 \(fold {nan_fold}\); besides, {fits}"
+    expected = pytest.raises(ValueError, match=said)
     if not raises:
+        said = rf"non-finite score at C=0.0001 \(fold {nan_fold}\), and {fits}"
         expected = pytest.warns(UserWarning, match=r"^One or more of the test scores.*" + said)
     with expected, pytest.warns(FitFailedWarning, match=failed):
         search.fit(X, y)
     if not raises:
         assert search.C_ == 1.0
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # max_iter=2
+@pytest.mark.parametrize("n_values, solver", [(2, "adam"), (40, "lbfgs")])
+def test_the_cure_for_undefined_scores_outlasts_a_cut_line(n_values, solver, monkeypatch):
+    # The failed fits' first error (2 values), or the values of undefined scores (40), came
+    # before the scorer's cure, which mr2-probe's error line, cut at 1,000 characters, cut.
+    X, y = _blobs(n=60)
+    rows = np.arange(60)
+    folds = [(rows[:40], rows[40:]), (rows[15:], rows[:15])]  # training weights 40, 45
+    Cs = np.logspace(-4, 2, n_values)
+    if solver == "adam":  # (the folds' paths that fail, solved one by one)
+        long_error = "Cannot fit: " + "x" * 2000
+        _failing_at(monkeypatch, lambda v, w: (v, w) == (100.0, 40), long_error)
+
+    def undefined_on_fold_1(estimator, X, y):  # (its 15 held-out rows)
+        return np.nan if len(y) == 15 else 0.5
+
+    common = dict(solver=solver, max_iter=2, random_state=0, device="cpu")
+    search = MR2LinearClassifierCV(Cs, cv=folds, scoring=undefined_on_fold_1, **common)
+    with (
+        pytest.raises(ValueError, match="No value of Cs has a defined held-out score") as info,
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always", FitFailedWarning)
+        search.fit(X, y)
+    if solver == "adam":
+        assert [w.category for w in caught] == [FitFailedWarning]
+        assert "the fits at C=100 (fold 0) failed (the first error" in str(info.value)
+    cut = one_line(info.value)  # (as the command says an error)
+    assert len(cut) == 1000 and cut.endswith("…")
+    assert "or a scoring defined without them (such as 'neg_log_loss')" in cut
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # max_iter=5
