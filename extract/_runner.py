@@ -589,8 +589,17 @@ def _extract_shard(
                 )
         else:
             _refuse_other_rebuild(merged, world_size)
-            if vouched:  # rank 0 takes the repairs into it before the merge (a rebuild's
-                # merge replaces it, and its version is what the rebuild's shards name)
+            # A complete store of touched files alone in a folder that cannot be written
+            # (no shard could be written there) is reused as it is, as by a run in one
+            # process, its new times not recorded.
+            kept = (
+                vouched
+                and not os.access(merged.parent, os.W_OK)
+                and _touched_alone(merged, whole, src, everything, retry_failed)
+            )
+            if vouched and not kept:
+                # rank 0 takes the repairs into it before the merge (a rebuild's merge
+                # replaces it, and its version is what the rebuild's shards name)
                 repair_merged = functools.partial(
                     _adopt_repaired_failures, merged, whole, src, everything, False, retry_failed
                 )

@@ -1307,6 +1307,33 @@ def test_a_reused_store_of_touched_images_that_cannot_be_written_warns_alike(
     assert "Reused the complete feature store" in caplog.text
 
 
+def test_under_torchrun_a_store_of_touched_images_in_a_read_only_folder_is_reused(
+    tmp_path, monkeypatch, caplog
+):
+    # Reused with a warning by a run in one process, it was refused under torchrun: every
+    # rank went on to write its shard beside it ("Cannot write the output ... shard").
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = extract_features(folder, BACKBONE, tmp_path / "out" / "f.h5", **FAST)
+    before = out.read_bytes()
+    _touch(*folder.rglob("*.*"))
+    _not_writable(monkeypatch, out.parent)
+    monkeypatch.setattr(_runner, "store_lock", None)  # would fail, called
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    caplog.set_level(logging.INFO, logger="extract")
+    for rank in (1, 0):  # rank 0 alone says so
+        monkeypatch.setenv("RANK", str(rank))
+        caplog.clear()
+        assert extract_features(folder, BACKBONE, out, **FAST) == out
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == (rank == 0)
+    assert warnings[0].startswith(f"4 image files were touched since {out} was made")
+    assert "Reused the complete feature store" in caplog.text
+    assert out.read_bytes() == before and not list(out.parent.glob("*.shard-*"))
+
+
 def test_a_complete_store_whose_fingerprint_alone_is_stale_is_reused_open_elsewhere(
     tmp_path, caplog
 ):
