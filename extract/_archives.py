@@ -87,10 +87,13 @@ def stat_containers(paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 @contextmanager
 def open_listed(path: str, listed: tuple[int, int]) -> Iterator[BinaryIO]:
-    """Open a container file, refused unless it is the one listed as ``(size, mtime_ns)``."""
+    """Open a container file, refused unless it is the one listed as ``(size, mtime_ns)``,
+    and once read unless it still is: rewritten in place as its items were read, they
+    hold bytes of either version."""
     with open(path, "rb") as fh:
         check_listed(path, os.fstat(fh.fileno()), listed, container=True)
         yield fh
+        check_listed(path, os.fstat(fh.fileno()), listed, container=True)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 wds = pytest.importorskip("webdataset")
 
 from extract import (  # noqa: E402
+    FileChangedError,
     ProvenanceError,
     extract_features,
     load_features,
@@ -1443,6 +1444,33 @@ def test_a_shard_changed_during_the_run_gives_failed_rows(data, tmp_path):
     os.utime(table / "train-00000-of-00001.parquet", ns=(0, 0))
     read = src.archive.read(src.root, [0], {})
     assert "(modified since, same size); once it no longer changes, " + remedy in str(read[0])
+
+
+def test_a_shard_rewritten_while_its_samples_are_read_gives_failed_rows(
+    data, tmp_path, monkeypatch
+):
+    # Its size and time were checked when it was opened alone: rewritten in place as its
+    # samples were read (its size kept), they were taken, bytes of either version mixed.
+    shards = _copy(data / "wds", tmp_path / "wds")
+    src = open_source(f"webdataset:{shards}/*.tar")
+    shard = shards / "00001.tar"
+    st, preadv, reads = shard.stat(), os.preadv, []
+
+    def rewritten(fd, buffers, offset):  # after its first sample: then the shard changes
+        reads.append(offset)
+        if len(reads) == 2:
+            shard.write_bytes(bytes(b ^ 0xFF for b in shard.read_bytes()))
+            os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", rewritten)
+    read = src.archive.read(src.root, [5, 6, 7], {})
+    assert len(reads) == 3  # (every sample read, each from the shard opened once)
+    assert all(
+        isinstance(r, FileChangedError) and "00001.tar is not the file listed" in str(r)
+        for r in read
+    )
+    assert "(modified since, same size); once it no longer changes, --force" in str(read[0])
     out = tmp_path / "f.h5"
     refused = "is not the file the store was made from"
     shards = _copy(data / "wds", tmp_path / "wds2")
