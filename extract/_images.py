@@ -1534,16 +1534,22 @@ def _column_name(field: str) -> bool:
 
 def _check_first_line(list_file: Path, path: str, label: str, number: int) -> None:
     """Refuse a list's first line that names no image (no such file, no extension) with a
-    label of its own and reads as a header (column names, 'filename,class', or a comment,
-    '# my images'): it became an image of a class of its own. Said, and read as an image
-    (recorded as failed as other missing images are), where it reads as none: a first
-    image 'scan0001' of a class 'bird' was refused as a header."""
+    label of its own and reads as a header (column names, 'filename,class', a path without
+    a digit, 'sku,breed' or 'Datei,Klasse', or a comment, '# my images'): it became an
+    image of a class of its own. Said, and read as an image (recorded as failed as other
+    missing images are), where it reads as none: a first image 'scan0001' of a class 'bird'
+    was refused as a header. (Column names are words of any language; an image's name
+    without an extension, a scan's number or a hash, holds a digit.)"""
     comment = path[:1] == "#"
-    if comment or _column_name(path) or _column_name(label):
+    if comment or not re.search(r"\d", path) or _column_name(path) or _column_name(label):
         raise ValueError(
             f"{list_file}:{number}: {path},{label} looks like a header (no such image, and "
             "no other line has its label); a header must be 'path,label'."
-            + (" A list file has no comment syntax: remove it." if comment else "")
+            + (
+                " A list file has no comment syntax: remove it."
+                if comment
+                else " If it is an image, put the header 'path,label' before it."
+            )
         )
     logger.warning(
         "%s:%d: %r names no file and no other line has its label %r: it is read as an image "
@@ -1574,9 +1580,10 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         For a line that is not ``path,label``, an empty path or label, an image listed
         twice, a header after the first line, or a first line that looks like another
         header (no such file, no file extension, a label that is not an index and that
-        no other line has, and column names, ``filename,class``, or a ``#`` first): it
-        would otherwise become an image of a class of its own. Such a line of no column
-        names (``scan0001,bird``) is an image, said in a warning.
+        no other line has, and column names, ``filename,class``, a path without a digit,
+        ``sku,breed``, or a ``#`` first): it would otherwise become an image of a class of
+        its own. Such a line of no column names and a digit in its path
+        (``scan0001,bird``) is an image, said in a warning.
 
     Returns
     -------

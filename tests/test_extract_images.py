@@ -1419,6 +1419,26 @@ def test_a_first_line_of_column_names_is_refused_as_a_header(folder, first):
         image_list(folder / "l.csv")
 
 
+@pytest.mark.parametrize(
+    "name, first, rest",
+    [("l.csv", "sku,breed", "cat/000.png,cat\ndog/001.jpg,dog"),
+     ("l.csv", "Datei,Klasse", "cat/000.png,cat\ndog/001.jpg,dog"),
+     ("l.csv", "sku;breed", "cat/000.png;cat\ndog/001.jpg;dog"),
+     ("l.txt", "deadbeef bird", "cat/000.png cat\ndog/001.jpg dog")],
+)  # fmt: skip
+def test_a_first_line_without_a_digit_in_its_path_is_refused_as_a_header(folder, name, first, rest):
+    # Column names of words not in the list of column words ('sku,breed', another
+    # language's): read as an image of a class 'breed', class 0, each class one further.
+    (folder / name).write_text(f"{first}\n{rest}\n")
+    with pytest.raises(ValueError, match=r":1: .* looks like a header") as info:
+        image_list(folder / name)
+    # Its cure where the line is an image (a name without a digit, 'deadbeef'), followed.
+    assert "If it is an image, put the header 'path,label' before it." in str(info.value)
+    sep = re.search("[,; ]", first)[0]
+    (folder / name).write_text(f"path{sep}label\n{first}\n{rest}\n")
+    assert image_list(folder / name).ids == [first.split(sep)[0], "cat/000.png", "dog/001.jpg"]
+
+
 def test_image_list_header_in_any_case(folder):
     (folder / "l.csv").write_text("Path,Label\ncat/000.png,cat\ndog/001.jpg,dog\n")
     assert image_list(folder / "l.csv").ids == ["cat/000.png", "dog/001.jpg"]
