@@ -1226,10 +1226,11 @@ def _commas_in_its_names(folder: Path, text: list[str]) -> str | None:
         path = line.rsplit(None, 1)[0].strip()
         if len(usual) == 2 and usual[0].strip() == path:
             continue
-        # (os.path's isfile: a name too long for the file system is no file, not an error)
+        # (os.path's isfile: a name too long for the file system is no file, not an error;
+        # named neither way, it decides all the same: a CSV list of labels with blanks, its
+        # images missing, was looked up twice a line)
         named = len(usual) == 2 and os.path.isfile(folder / usual[0].strip())
-        if named != os.path.isfile(folder / path):
-            return None if named else "blank"
+        return "blank" if not named and os.path.isfile(folder / path) else None
     return None
 
 

@@ -1237,20 +1237,21 @@ def test_file_names_with_commas_are_quoted_csv(folder):
         assert image_list(folder / "l.txt").ids[0] == "cat/a,b.png"
 
 
+@pytest.mark.parametrize("first", ["cat/000.png", "cat/999.png"])
 def test_a_csv_list_with_blanks_in_its_labels_is_told_from_commas_in_names_at_once(
-    folder, monkeypatch
+    folder, monkeypatch, first
 ):
-    # Split at its last blank too, each line may be a name with a comma: its first line,
-    # read as CSV, names a file, and decides (one look-up of a name read so, not one a line).
-    lines = ["cat/000.png,golden retriever", *(f"{k}.png,pug dog" for k in range(50))]
+    # Split at its last blank too, each line may be a name with a comma: its first line
+    # decides, read as CSV naming a file or neither way naming one (one look-up of a name
+    # read so, not one a line: its images missing, 100,000 lines took 200,000 look-ups).
+    lines = [f"{first},golden retriever", *(f"{k}.png,pug dog" for k in range(50))]
     (folder / "l.csv").write_text("\n".join(lines) + "\n")
     looked_up, real = [], os.path.isfile
     monkeypatch.setattr(os.path, "isfile", lambda path: looked_up.append(path) or real(path))
     src = image_list(folder / "l.csv")
     assert src.class_names == ["golden retriever", "pug dog"] and len(src) == 51
-    assert [p for p in map(str, looked_up) if p.endswith((",golden", ",pug"))] == [
-        str(folder / "cat/000.png,golden")
-    ]
+    read_so = [p for p in map(str, looked_up) if p.endswith((",golden", ",pug"))]
+    assert read_so in ([], [str(folder / f"{first},golden")])
 
 
 @pytest.mark.parametrize("missing", ["cat/x,y.png", "my dir/x,y.png", "a,b,c.png"])
