@@ -1200,8 +1200,9 @@ def _shell_fields(folder: Path, line: str) -> list[str]:
 
 
 # A line of a blank-separated list whose path, quoted as a shell quotes it, holds a comma
-# ('"a,b.png" cat'): no CSV line ('"a,b.png",cat' has its comma after the quote).
-_QUOTED_COMMA = re.compile(r"""\s*(["'])[^"']*,[^"']*\1\s+[^\s,]""")
+# ('"a,b.png" cat', "\"it's,a.png\" cat"): no CSV line ('"a,b.png",cat' has its comma
+# after the quote).
+_QUOTED_COMMA = re.compile(r"""\s*("[^"]*,[^"]*"|'[^']*,[^']*')\s+[^\s,]""")
 
 
 def _commas_in_its_names(folder: Path, text: list[str]) -> str | None:
@@ -1240,7 +1241,9 @@ def _commas_advice(text: list[str]) -> str:
     in a file name (the first line with a comma named), quote that name as a shell quotes
     it, which reads the list as blank-separated (:func:`_commas_in_its_names`)."""
     number, line = next((n, line) for n, line in enumerate(text, 1) if "," in line)
-    path, label = line.strip().rsplit(None, 1) if len(line.split()) > 1 else ("a,b.jpg", "cat")
+    # (its label as written, quoted where it holds a blank: 'x,y.png "golden retriever"')
+    fields = re.fullmatch(r"""(.+?)\s+("[^"]*"|'[^']*'|\S+)""", line.strip())
+    path, label = fields.groups() if fields else ("a,b.jpg", "cat")
     quote = "'" if '"' in path else '"'
     return (
         f"(the list is read as CSV, as line {number}, {line.strip()!r}, holds a comma: write "

@@ -1254,26 +1254,36 @@ def test_a_csv_list_with_blanks_in_its_labels_is_told_from_commas_in_names_at_on
     assert read_so in ([], [str(folder / f"{first},golden")])
 
 
-@pytest.mark.parametrize("missing", ["cat/x,y.png", "my dir/x,y.png", "a,b,c.png"])
+@pytest.mark.parametrize(
+    "missing, label",
+    [("cat/x,y.png", "cat"), ("my dir/x,y.png", "cat"), ("a,b,c.png", "cat"),
+     # A quote of the other kind in the name, a label quoted for its blank: the advice
+     # quoted "it's,a.png" (not read as quoted: the list was refused again), and took
+     # 'retriever' for the label ('"x,y.png \'golden" retriever\'').
+     ("it's,a.png", "cat"), ('say "hi",x.png', "cat"), ("x,y.png", "'golden retriever'")],
+)  # fmt: skip
 def test_a_blank_separated_list_with_a_comma_in_a_missing_name_is_told_a_cure_that_works(
-    folder, missing
+    folder, missing, label
 ):
     # Read as CSV, its line without a comma was refused, and the advice (a file name with
     # a comma quoted: "a,b.jpg",cat) rewrote the whole list as CSV; quoted so in this list,
     # the name was refused all the same.
-    (folder / "l.txt").write_text(f"{missing} cat\ndog/001.jpg dog\n")
+    (folder / "l.txt").write_text(f"{missing} {label}\ndog/001.jpg dog\n")
     with pytest.raises(ValueError) as info:
         image_list(folder / "l.txt")
     said = str(info.value)
     assert "as line 1, " in said and "holds a comma" in said
     cure = re.search(r"quote that name as a shell quotes it, (.*)\)\.$", said)[1]
-    assert cure == f'"{missing}" cat'
+    quote = "'" if '"' in missing else '"'
+    assert cure == f"{quote}{missing}{quote} {label}"
     (folder / "l.txt").write_text(f"{cure}\ndog/001.jpg dog\n")  # the advice, followed
     src = image_list(folder / "l.txt")
-    assert (src.ids, src.class_names) == ([missing, "dog/001.jpg"], ["cat", "dog"])
+    (name,) = shlex.split(label)
+    assert (src.ids, src.class_names) == ([missing, "dog/001.jpg"], sorted([name, "dog"]))
     assert src.file_size[0] < 0 < src.file_size[1]  # recorded as failed, as it is missing
     # So is its other cure, the list written as CSV.
-    (folder / "l.csv").write_text(f'"{missing}",cat\ndog/001.jpg,dog\n')
+    with open(folder / "l.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([[missing, name], ["dog/001.jpg", "dog"]])
     assert image_list(folder / "l.csv").ids == [missing, "dog/001.jpg"]
 
 
