@@ -407,9 +407,11 @@ def _warn_of_numbers_sorted_as_text(classes: list[str], root: str) -> None:
     advice said. Folders that spell one number ('1' and '01') are named, two classes of
     one number, which leading zeros made one name (two folders of one name, where the
     advice was followed): the images of one are to move into the other, or one to be
-    renamed, first."""
+    renamed, first; every such number is named, as padding renamed one left onto its
+    twin."""
     moved = numbers_sorted_as_text(classes)
-    twins = _one_number_twice(classes)
+    spelt_twice = _numbers_spelt_twice(classes)
+    twins = spelt_twice[0] if spelt_twice else None
     if moved is None and twins is None:
         return
     numbers = sorted(int(name) for name in classes)
@@ -431,6 +433,9 @@ def _warn_of_numbers_sorted_as_text(classes: list[str], root: str) -> None:
             _and(twins), int(twins[0]), len(twins), others, twins[-1], others,
             "one" if len(twins) == 2 else "all but one",
         ]  # fmt: skip
+        if len(spelt_twice) > 1:  # (each named: padded, '2' was renamed onto its '02')
+            said += "; likewise for the folders %s"
+            args.append("; ".join(map(_and, spelt_twice[1:])))
     if moved is not None:
         width = max(len(str(numbers[-1])), *(len(name) for name in classes))
         low, high = f"{numbers[0]:0{width}d}", f"{numbers[-1]:0{width}d}"
@@ -449,15 +454,15 @@ def _and(names: list[str]) -> str:
     return " and ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
 
 
-def _one_number_twice(names: list[str]) -> list[str] | None:
-    """The spellings, shortest first, of the first number that two or more of ``names``
-    (all of them numbers) spell ('1' and '01'); None where there is none."""
+def _numbers_spelt_twice(names: list[str]) -> list[list[str]]:
+    """The spellings, shortest first, of each number that two or more of ``names`` (all of
+    them numbers) spell ('1' and '01'), in the numbers' order; [] where there is none."""
     if not names or not all(map(is_index, names)):
-        return None
+        return []
     spellings: dict[int, list[str]] = {}
     for name in sorted(names, key=lambda name: (len(name), name)):
         spellings.setdefault(int(name), []).append(name)
-    return next((texts for _, texts in sorted(spellings.items()) if len(texts) > 1), None)
+    return [texts for _, texts in sorted(spellings.items()) if len(texts) > 1]
 
 
 def _in_sub_folders_alone(ids: list[str]) -> bool:

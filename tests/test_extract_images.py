@@ -509,6 +509,30 @@ def test_class_folders_spelling_one_number_are_named_with_a_cure_that_works(
     assert len(src) == len(names)
 
 
+def test_class_folders_spelling_several_numbers_twice_are_all_named(tmp_path, caplog):
+    # '1' and '01', '2' and '02': the first alone was named, and the advice followed (its
+    # images moved, every name padded to 2 digits) renamed '2' onto the folder '02'.
+    root = tmp_path / "d"
+    for name in ["1", "01", "2", "02", "10"]:
+        (root / name).mkdir(parents=True)
+        (root / name / f"{name}.jpg").write_bytes(b"")
+    caplog.set_level(logging.WARNING, logger="extract")
+    image_folder(root)
+    (message,) = [r.getMessage() for r in caplog.records]
+    pairs = re.findall(r"'(\d+)' and '(\d+)'", message)
+    assert {(short, long) for short, long in pairs} == {("1", "01"), ("2", "02")}
+    for short, long in set(pairs):  # the advice, followed for each
+        for path in (root / short).iterdir():
+            path.rename(root / long / path.name)
+        (root / short).rmdir()
+    width = int(re.search(r"leading zeros to (\d+) digits", message)[1])
+    for name in os.listdir(root):
+        (root / name).rename(root / f"{int(name):0{width}d}")
+    caplog.clear()
+    src = image_folder(root)
+    assert not caplog.records and src.class_names == ["01", "02", "10"] and len(src) == 5
+
+
 def test_image_folder_walks_a_folder_linked_again_once(folder):
     # A link to its own class folder: os.walk(followlinks=True) listed every image once
     # per level, down to the system's link limit (41 times).
