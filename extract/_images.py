@@ -1204,18 +1204,21 @@ def _shell_fields(folder: Path, line: str) -> list[str]:
     return quoted
 
 
-# A line of a blank-separated list whose path, quoted as a shell quotes it, holds a comma
-# ('"a,b.png" cat', "\"it's,a.png\" cat"): no CSV line ('"a,b.png",cat' has its comma
-# after the quote).
-_QUOTED_COMMA = re.compile(r"""\s*("[^"]*,[^"]*"|'[^']*,[^']*')\s+[^\s,]""")
+# A line of a blank-separated list whose path or label, quoted as a shell quotes it, holds
+# a comma ('"a,b.png" cat', "\"it's,a.png\" cat", 'a.png "x, y"'): no CSV line ('"a,b.png",cat'
+# has its comma after the quote, 'a.png,"x, y"' before it).
+_QUOTED_COMMA = re.compile(
+    r"""\s*("[^"]*,[^"]*"|'[^']*,[^']*')\s+[^\s,]|.*[^\s,]\s+("[^"]*,[^"]*"|'[^']*,[^']*')\s*$"""
+)
 
 
 def _commas_in_its_names(folder: Path, text: list[str]) -> str | None:
     """Whether a list with a comma is ``path label`` lines separated by blanks, the commas
     in their file names (read as CSV, 'a,b.png cat' was the image 'a' of a class 'b.png
     cat', and a line without a comma refused): every line splits in two at its blanks, and
-    the first line with a comma whose two readings differ decides, where its path is
-    quoted as a shell quotes it ('"a,b.png" cat': "shell") or where read at its blanks
+    the first line with a comma whose two readings differ decides, where its path or its
+    label is quoted as a shell quotes it ('"a,b.png" cat', 'a.png "x, y"': "shell", where
+    read as CSV the image 'a.png "x' of a class 'y"' failed) or where read at its blanks
     alone it names a file ("blank"); None: the list is CSV."""
     lines = [line for line in text if line.strip()]
     if not all(len(line.split(None, 1)) == 2 for line in lines):

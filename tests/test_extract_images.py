@@ -1261,6 +1261,24 @@ def test_file_names_with_commas_are_quoted_csv(folder):
         assert image_list(folder / "l.txt").ids[0] == "cat/a,b.png"
 
 
+@pytest.mark.parametrize(
+    "text",
+    ['cat/000.png "x, y"\ndog/001.jpg dog\n', "cat/000.png 'x, y'\ndog/001.jpg 'p, q'\n"],
+)
+def test_a_blank_separated_list_quoting_a_label_with_a_comma_is_read_as_a_shell_does(folder, text):
+    # Read as CSV: refused at its line without a comma, its advice to quote the name
+    # ('"cat/000.png" "x, y"') refused again; or, every label so, the images
+    # 'cat/000.png "x' of a class 'y"', each failed, said nowhere.
+    (folder / "l.txt").write_text(text)
+    src = image_list(folder / "l.txt")
+    assert src.ids == ["cat/000.png", "dog/001.jpg"] and min(src.file_size) > 0
+    assert src.class_names[src.labels[0]] == "x, y"
+    # A CSV line with a blank after its comma, such a label quoted: three fields, refused.
+    (folder / "l.txt").write_text('cat/000.png, "x, y"\ndog/001.jpg, dog\n')
+    with pytest.raises(ValueError, match=r"l.txt:1: expected 'path,label'"):
+        image_list(folder / "l.txt")
+
+
 @pytest.mark.parametrize("first", ["cat/000.png", "cat/999.png"])
 def test_a_csv_list_with_blanks_in_its_labels_is_told_from_commas_in_names_at_once(
     folder, monkeypatch, first
