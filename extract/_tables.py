@@ -147,8 +147,15 @@ class _Table:
 
     def stream(self, group: int, column: str):
         """Image bytes (and Hugging Face image paths) of row group ``group``, batch by batch."""
+        import pyarrow as pa
+
         if self.parquet is None:
-            batches = itertools.islice(self._batches([column]), group, group + 1)
+            # Copied out of the mapping at once: the file rewritten in place later changed
+            # the bytes of rows not taken yet, or, cut shorter, crashed the process.
+            batches = (
+                pa.record_batch([pa.concat_arrays([batch.column(0)])], names=[column])
+                for batch in itertools.islice(self._batches([column]), group, group + 1)
+            )
         else:
             batches = self.parquet.iter_batches(
                 _STREAM_ROWS, row_groups=[group], columns=[column], use_threads=False
@@ -164,13 +171,19 @@ class _Table:
 
 
 class _Cursor:
-    """A worker's place in one row group, moving forward a record batch at a time."""
+    """A worker's place in one row group, moving forward a record batch at a time.
+
+    Its file is checked to be the one listed when opened and after each row is taken: a
+    file rewritten in place since (between two blocks, or as a page was read) gives the
+    rows taken after it a FileChangedError, as a tar shard does, never bytes of its other
+    version."""
 
     def __init__(self, key: tuple[int, int], path: str, listed: tuple[int, int], column: str):
         self.key, self.start, self.values, self.paths = key, 0, None, None
+        self.path, self.listed = path, listed
         self.fh = open(path, "rb")
         try:
-            check_listed(path, os.fstat(self.fh.fileno()), listed, container=True)
+            self.check()
             self.batches = _Table(path, self.fh).stream(key[1], column)
         except BaseException:
             self.fh.close()
@@ -185,7 +198,19 @@ class _Cursor:
     # rather than leave it to the collector's "unclosed file" warning.
     __del__ = close
 
+    def check(self) -> None:
+        check_listed(self.path, os.fstat(self.fh.fileno()), self.listed, container=True)
+
     def take(self, row: int) -> bytearray | Exception:
+        try:
+            taken = self._take(row)
+        except Exception:
+            self.check()  # a file changed as it was read: that, rather than what it broke
+            raise
+        self.check()
+        return taken
+
+    def _take(self, row: int) -> bytearray | Exception:
         while self.values is None or row >= self.start + len(self.values):
             if self.values is not None:
                 self.start += len(self.values)

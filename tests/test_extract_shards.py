@@ -1483,6 +1483,69 @@ def test_a_shard_rewritten_while_its_samples_are_read_gives_failed_rows(
     extract_features(f"webdataset:{shards}/*.tar", BACKBONE, out, overwrite=True, **FAST)
 
 
+def _two_versions(path, extra: int, n: int = 12):
+    """Write a Parquet file or Arrow stream of ``n`` distinct images in one row group
+    (record batch); its images, and the bytes of a second version to write over it: other
+    images, ``extra`` bytes longer each (0: a file of the same layout and size)."""
+    versions = []
+    for other in (False, True):
+        images = [bytes([k + 16 * other]) * (3000 + extra * other) for k in range(n)]
+        table = pa.table({"image": pa.array(images, pa.binary()), "label": np.arange(n) % 2})
+        if str(path).endswith(".arrow"):
+            _arrow_stream(path, table, n)
+        else:
+            pq.write_table(
+                table, path, row_group_size=n, write_batch_size=2, data_page_size=4000,
+                compression="none", use_dictionary=False,
+            )  # fmt: skip
+        versions.append((images, path.read_bytes()))
+    path.write_bytes(versions[0][1])
+    return versions[0][0], versions[1][1]
+
+
+@pytest.mark.parametrize("extra", [0, 5], ids=["same size", "another size"])
+@pytest.mark.parametrize(
+    "name, when",
+    [("t.parquet", "between blocks"), ("t.arrow", "between blocks"), ("t.parquet", "in a block")],
+)
+def test_a_parquet_or_arrow_file_rewritten_while_its_rows_are_read_gives_failed_rows(
+    tmp_path, monkeypatch, name, when, extra
+):
+    # The cursor, opened and checked once, kept its place between blocks: rows taken
+    # after the file was rewritten in place held the new version's bytes (Arrow's
+    # mapping, Parquet pages read as they are needed) or pyarrow's error on them
+    # (ArrowInvalid), and an Arrow file rewritten shorter crashed the process.
+    from extract import _tables
+
+    # Batches of 2 rows, pages of 4000 bytes read as they are needed.
+    monkeypatch.setattr(_tables, "_STREAM_ROWS", 2)
+    monkeypatch.setattr(_tables, "_READ_BUFFER", 4000)
+    path = tmp_path / name
+    images, other = _two_versions(path, extra)
+    src = open_source(f"parquet:{path}")
+    stream = _tables._Table.stream
+
+    def rewritten(table, group, column):  # as row 2 (block 2) is read, after its batch
+        for k, batch in enumerate(stream(table, group, column)):
+            if k == 1:
+                path.write_bytes(other)
+            yield batch
+
+    if when == "in a block":
+        monkeypatch.setattr(_tables._Table, "stream", rewritten)
+    state = {}
+    first = src.archive.read(src.root, [0, 1], state)
+    if when == "between blocks":
+        path.write_bytes(other)
+    second = [src.archive.read(src.root, [k], state)[0] for k in range(2, 12)]  # (blocks of 1)
+    _drop_cursor(state)
+    assert first == images[:2]
+    size = src.archive.sizes[0]
+    change = f"{size} -> {len(other)} bytes" if extra else "modified since, same size"
+    changed = f"{path} is not the file listed when the extraction started ({change})"
+    assert all(isinstance(r, FileChangedError) and changed in str(r) for r in second)
+
+
 def test_a_retry_refuses_a_replaced_parquet_file_whose_rows_all_failed(tmp_path):
     # A changed container is not taken by --retry-failed, even one whose rows all failed:
     # the store records the files it was made from, and would keep the old file's identity
