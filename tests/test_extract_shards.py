@@ -1546,6 +1546,35 @@ def test_a_parquet_or_arrow_file_rewritten_while_its_rows_are_read_gives_failed_
     assert all(isinstance(r, FileChangedError) and changed in str(r) for r in second)
 
 
+def test_a_parquet_file_rewritten_between_blocks_of_a_run_gives_failed_rows(
+    data, tmp_path, monkeypatch
+):
+    # Through a run: the rows read before the change are extracted, those after it failed
+    # rows naming the change, and the store is complete and loads.
+    from extract._tables import TableRows
+
+    path = tmp_path / "train-00000-of-00001.parquet"
+    shutil.copy(data / "hf" / "data" / path.name, path)
+    table = pq.read_table(path)
+    read_file, calls = TableRows.read_file, []
+
+    def rewritten(self, *args):
+        out = read_file(self, *args)
+        calls.append(len(out))
+        if len(calls) == 1:  # after the first block: the same rows in the other order
+            pq.write_table(table.take(np.arange(len(table))[::-1]), path, row_group_size=5)
+        return out
+
+    monkeypatch.setattr(TableRows, "read_file", rewritten)
+    fast = {**FAST, "batch_size": 2}
+    out = extract_features(f"parquet:{path}", BACKBONE, tmp_path / "f.h5", **fast)
+    assert calls[0] == 2
+    loaded = load_features(out, in_memory=True)
+    changed = [p for p, why in loaded.failures if why.startswith("FileChangedError: ")]
+    assert loaded.paths == [f"{path.name}:{k}" for k in (0, 1)]
+    assert changed == [f"{path.name}:{k}" for k in range(2, len(table))]
+
+
 def test_a_retry_refuses_a_replaced_parquet_file_whose_rows_all_failed(tmp_path):
     # A changed container is not taken by --retry-failed, even one whose rows all failed:
     # the store records the files it was made from, and would keep the old file's identity
