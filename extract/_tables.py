@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import json
 import logging
+import mmap
 import os
 import re
 from dataclasses import dataclass
@@ -69,7 +70,11 @@ class _Table:
         self.path, self.fh = path, fh
         try:
             if _is_arrow(path):
-                self.buffer = pa.memory_map(path)
+                # The file opened (and checked) as ``fh``, not its path's: replaced there
+                # since, by a rename, the mapping held the new file's bytes.
+                size = os.fstat(fh.fileno()).st_size
+                mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+                self.buffer = pa.BufferReader(pa.py_buffer(mapped))
                 self.schema = pa.ipc.open_stream(self.buffer).schema
                 self.parquet = None
             else:

@@ -1575,6 +1575,28 @@ def test_a_parquet_file_rewritten_between_blocks_of_a_run_gives_failed_rows(
     assert changed == [f"{path.name}:{k}" for k in range(2, len(table))]
 
 
+def test_an_arrow_file_is_mapped_from_the_file_opened_and_checked(tmp_path, monkeypatch):
+    # The stream was mapped by its path after the file was opened and checked: replaced
+    # there in between (a rename), its rows were the new file's while every check of the
+    # file opened passed.
+    from extract import _tables
+
+    path = tmp_path / "t.arrow"
+    images, other = _two_versions(path, 5)
+    src = open_source(f"parquet:{path}")
+    init = _tables._Table.__init__
+
+    def replaced(table, name, fh):  # after the cursor opened and checked it
+        (tmp_path / "new.arrow").write_bytes(other)
+        os.replace(tmp_path / "new.arrow", path)
+        init(table, name, fh)
+
+    monkeypatch.setattr(_tables._Table, "__init__", replaced)
+    state = {}
+    assert src.archive.read(src.root, list(range(12)), state) == images
+    _drop_cursor(state)
+
+
 def test_a_retry_refuses_a_replaced_parquet_file_whose_rows_all_failed(tmp_path):
     # A changed container is not taken by --retry-failed, even one whose rows all failed:
     # the store records the files it was made from, and would keep the old file's identity
