@@ -61,8 +61,9 @@ def _inner_has(attr: str):
 def _stacks_onto_logistic_regression(estimator) -> bool:
     """Whether ``estimator`` is an unfitted StackingClassifier whose ``final_estimator`` is
     None (scikit-learn's LogisticRegression once fitted), or ends in one: a Pipeline, an
-    unfitted search, or a wrapper with a ``decision_function`` where its estimator has one
-    (BaggingClassifier, FrozenEstimator, OneVsRestClassifier, RFE, SelfTrainingClassifier).
+    unfitted search (not of ``refit=False``), or a wrapper with a ``decision_function``
+    where its estimator has one (BaggingClassifier, FrozenEstimator, OneVsRestClassifier,
+    RFE, SelfTrainingClassifier).
     scikit-learn reports no ``decision_function`` for it before ``fit``, though its fitted
     one has it."""
     from sklearn.ensemble import BaggingClassifier, StackingClassifier
@@ -85,6 +86,8 @@ def _stacks_onto_logistic_regression(estimator) -> bool:
         if isinstance(estimator, Pipeline):
             estimator = estimator.steps[-1][1]
         elif isinstance(estimator, BaseSearchCV) and not hasattr(estimator, "best_estimator_"):
+            if not estimator.refit:  # (it keeps no best estimator: none once fitted either)
+                return False
             estimator = estimator.estimator
         elif isinstance(estimator, wrappers):
             estimator = estimator.estimator

@@ -1760,6 +1760,21 @@ def test_a_search_of_refit_false_is_named(wrap, fitted, cv, where):
         TunedOffsetsClassifierCV(estimator, cv=cv).fit(X, y)
 
 
+@pytest.mark.parametrize("cv", [3, "prefit"], ids=["unfitted", "prefit"])
+def test_a_search_of_refit_false_of_a_default_stack_is_named(cv):
+    # The default StackingClassifier is taken before it is fitted (it has a decision_function
+    # once fitted), and a search of refit=False around it was taken as it: the folds were
+    # fitted and ended in scikit-learn's AttributeError, "This 'GridSearchCV' has no
+    # attribute 'decision_function'" (cv="prefit": its classes_ "available only after
+    # refitting").
+    X, y = load_iris(return_X_y=True)
+    stack = StackingClassifier([("lr", LogisticRegression())], cv=2)
+    search = GridSearchCV(stack, {"cv": [2]}, cv=2, refit=False)
+    search = search.fit(X, y) if cv == "prefit" else search
+    with pytest.raises(ValueError, match=r"^The GridSearchCV has refit=False: it keeps"):
+        TunedOffsetsClassifierCV(search, cv=cv).fit(X, y)
+
+
 def test_a_cv_without_splits_is_named():
     X, y = _imbalanced()
     with pytest.raises(ValueError, match="cv yielded no split"):
