@@ -1966,21 +1966,30 @@ def _models_inputs(monkeypatch) -> list:
 
 
 @NEEDS_H5
-def test_a_store_that_fits_in_memory_is_read_into_it(stores, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_store_that_fits_in_memory_is_read_into_it(dtype, stores, tmp_path, monkeypatch):
     # Streamed, each pass of a fit reads the file again (about three times the fit's time
-    # on a 617 MB store): only a store whose features are above the limit is.
+    # on a 617 MB store): only a store whose features are above the limit in memory is.
+    # float16 ones are read as float32: the limit was set on their bytes in the file, half
+    # those in memory, so that a float16 store of up to half of memory was read whole.
     import h5py
 
     import mr2_probe.cli._inputs as inputs
 
-    with h5py.File(stores / "store.h5", "r") as f:
-        size = f["features"].size * f["features"].dtype.itemsize
+    path = stores / "store.h5"
+    if dtype == "float16":
+        path = tmp_path / "float16.h5"
+        with h5py.File(stores / "store.h5", "r") as f, h5py.File(path, "w") as g:
+            g["features"] = f["features"][()].astype(np.float16)
+            g["labels"], g["class_names"] = f["labels"][()], FASHION
+    with h5py.File(path, "r") as f:
+        size = f["features"].size * 4  # (float32 in memory)
     seen = _models_inputs(monkeypatch)
     for limit, streamed in ((None, False), (size, False), (size - 1, True)):
         if limit is not None:
             monkeypatch.setattr(inputs, "in_memory_limit", lambda limit=limit: limit)
         seen.clear()
-        assert main([str(stores / "store.h5"), "--no-progress"]) == 0
+        assert main([str(path), "--no-progress"]) == 0
         assert seen and {is_h5_dataset(X) for X in seen} == {streamed}
 
 
@@ -3324,6 +3333,29 @@ def test_inputs_out_of_memory_say_the_size_of_the_features_in_memory(
         "mr2-probe: error: reading the inputs ran out of memory (Unable to allocate 30.0 GiB "
         f"for an array); nothing is written. The features read into memory: {train}: {said} "
         f"(a quarter of memory: 1.0 GiB){_NO_LESS}"
+    ]
+
+
+def test_float16_inputs_out_of_memory_are_set_against_the_limit_as_float32(
+    tmp_path, monkeypatch, capsys
+):
+    # float16 features of 1,080 bytes take 2,160 in memory, above a limit of 1,500: the
+    # line set the limit on the file's bytes and said "2.1 KiB (...) (a quarter of memory:
+    # 1.5 KiB); no option of the command reads them in less", where a store streams them.
+    def failing(args, stack=None):
+        raise MemoryError("Unable to allocate 30.0 GiB for an array")
+
+    X, y = _blobs(30, seed=1)  # 90 × 6
+    train = tmp_path / "train.npz"
+    np.savez(train, X=X.astype(np.float16), y=y)
+    monkeypatch.setattr(cli_main, "_inputs", failing)
+    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1500)
+    code, lines = _error([str(train), "--no-progress"], capsys)
+    assert code == 1 and lines == [
+        "mr2-probe: error: reading the inputs ran out of memory (Unable to allocate 30.0 GiB "
+        f"for an array); nothing is written. The features read into memory: {train}: 2.1 KiB "
+        "(1.1 KiB of float16 in the file) (a quarter of memory: 1.5 KiB). Try an HDF5 store "
+        f"in place of {train} {_ANY_STORE}, or freeing memory, or a machine with more"
     ]
 
 

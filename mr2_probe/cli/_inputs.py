@@ -440,7 +440,9 @@ def _load_store(path: str, stack=None):
     # time here. Those read are closed at once.
     store = _load_features(path)
     features = store.features
-    size = int(np.prod(features.shape, dtype=np.int64)) * features.dtype.itemsize
+    # (their bytes in memory, float16 read as float32: the limit on their bytes in the file
+    # read a float16 store of up to half of memory whole)
+    size = int(np.prod(features.shape, dtype=np.int64)) * _held_dtype(features.dtype).itemsize
     streamed = stack is not None and _streams(features.dtype) and size > in_memory_limit()
     if streamed:
         stack.enter_context(store)
@@ -521,8 +523,8 @@ class _Features(NamedTuple):
     """An input file's features, for the line of inputs that ran out of memory."""
 
     path: str  # as given
-    held: int | None  # their bytes once read into memory (None where it cannot tell)
-    stored: int | None  # their bytes as the file holds them, which the limit is set on
+    held: int | None  # their bytes once read into memory, which the limit is set on
+    stored: int | None  # their bytes as the file holds them (None where it cannot tell)
     dtype: np.dtype | None  # as the file holds them
     store: bool  # an HDF5 store, else a .npz or .npy (always read whole)
 

@@ -323,15 +323,13 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     ]
     limit, sizes = _features_sizes(args)
     # (a store above the limit that the run streamed is not among those read; the limit
-    # is set on the features' bytes in the file, as the run sets it)
+    # is set on the features' bytes in memory, as the run sets it)
     read = [
         features
         for features in sizes
-        if whole or not features.streamable or features.stored is None or features.stored <= limit
+        if whole or not features.streamable or features.held is None or features.held <= limit
     ]
-    large = [
-        features for features in read if features.stored is not None and features.stored > limit
-    ]
+    large = [features for features in read if features.held is not None and features.held > limit]
     floats = [features for features in large if _streams(features.dtype)]
     arrays = [features.path for features in floats if not features.store]
     streamable = [features.path for features in floats if features.store]
