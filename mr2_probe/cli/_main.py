@@ -330,21 +330,20 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
         if whole or not features.streamable or features.held is None or features.held <= limit
     ]
     large = [features for features in read if features.held is not None and features.held > limit]
-    floats = [features for features in large if _streams(features.dtype)]
-    arrays = [features.path for features in floats if not features.store]
-    streamable = [features.path for features in floats if features.store]
-    # Integers are read whole from any file: a store of them too, so only floats cure them.
-    integers = [features for features in large if not _streams(features.dtype)]
-    advice, cured = [], bool(arrays or streamable or integers)
-    if cured:
+    # Every one large has a cure: a store's floats are among them only under the options
+    # that read them whole; integers are read whole from any file, a store's too, so only
+    # floats cure them.
+    arrays = [f.path for f in large if not f.store and _streams(f.dtype)]
+    integers = [f.path for f in large if not _streams(f.dtype)]
+    advice = []
+    if large:
         cures = [f"an HDF5 store in place of {', '.join(arrays)}"] if arrays else []
         if integers:
-            paths = ", ".join(features.path for features in integers)
-            cures.append(f"an HDF5 store of float32 features in place of {paths}")
+            cures.append(f"an HDF5 store of float32 features in place of {', '.join(integers)}")
         if whole:
             cures.append(f"without {', '.join(whole)}")
         # (mr2-extract makes a store of images, not of the arrays: h5py makes one of them)
-        made = arrays or any(not features.store for features in integers)
+        made = any(not f.store for f in large)
         kind, not_integers = (
             ("floating-point features", "; integer ones are read whole")
             if integers
@@ -357,7 +356,7 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     advice.append("freeing memory, or a machine with more")
     shown = ", ".join(_held(features) for features in read)
     held = f"The features read into memory: {shown} (a quarter of memory: {_in_bytes(limit)})"
-    if not cured and all(features.held is not None for features in read):
+    if not large and all(features.held is not None for features in read):
         held += "; no option of the command reads them in less"
     return (
         f"reading the inputs ran out of memory ({what}); nothing is written. "
