@@ -1506,6 +1506,19 @@ def _store(path, X, y, class_names, done=True, failed=(), digests=None, **proven
     return path
 
 
+def _features_file(path, X, y):
+    """X and y as a .npz (X, y), or for another suffix as a store of the datasets h5py
+    writes (features, labels, class_names)."""
+    if str(path).endswith(".npz"):
+        np.savez(path, X=X, y=y)
+    else:
+        import h5py
+
+        with h5py.File(path, "w") as f:
+            f["features"], f["labels"], f["class_names"] = X, y, FASHION
+    return path
+
+
 @pytest.fixture(scope="module")
 def stores(files):
     """Stores (and broken HDF5 files) beside the NumPy inputs, where h5py is installed."""
@@ -1978,10 +1991,8 @@ def test_a_store_that_fits_in_memory_is_read_into_it(dtype, stores, tmp_path, mo
 
     path = stores / "store.h5"
     if dtype == "float16":
-        path = tmp_path / "float16.h5"
-        with h5py.File(stores / "store.h5", "r") as f, h5py.File(path, "w") as g:
-            g["features"] = f["features"][()].astype(np.float16)
-            g["labels"], g["class_names"] = f["labels"][()], FASHION
+        X, y = _blobs(30, seed=1)  # (store.h5's)
+        path = _features_file(tmp_path / "float16.h5", X.astype(np.float16), y)
     with h5py.File(path, "r") as f:
         size = f["features"].size * 4  # (float32 in memory)
     seen = _models_inputs(monkeypatch)
@@ -3238,19 +3249,12 @@ def test_the_cure_for_integers_out_of_memory_can_be_followed(name, tmp_path, mon
     # Integer features are read whole from any file: a store of them above the limit was
     # told that no option reads them in less, with no cure, and a .npz of them to put them
     # in a store, read whole all the same. The line names float32 features, which stream.
-    import h5py
-
     def failing(args, stack=None):
         raise MemoryError("Unable to allocate 30.0 GiB for an array")
 
     X, y = _blobs(30, seed=1)
     X = np.round(X * 10).astype(np.int16)  # 1,080 bytes, above the limit
-    train = tmp_path / name
-    if name.endswith(".npz"):
-        np.savez(train, X=X, y=y)
-    else:
-        with h5py.File(train, "w") as f:
-            f["features"], f["labels"], f["class_names"] = X, y, FASHION
+    train = _features_file(tmp_path / name, X, y)
     monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1000)
     with monkeypatch.context() as patched:
         patched.setattr(cli_main, "_inputs", failing)
@@ -3264,9 +3268,7 @@ def test_the_cure_for_integers_out_of_memory_can_be_followed(name, tmp_path, mon
     assert main([str(train), "--no-progress"]) == 0
     assert seen and not any(is_h5_dataset(X) for X in seen)  # (read whole, as said)
     seen.clear()
-    store = tmp_path / "floats.h5"
-    with h5py.File(store, "w") as f:
-        f["features"], f["labels"], f["class_names"] = X.astype(cure[1]), y, FASHION
+    store = _features_file(tmp_path / "floats.h5", X.astype(cure[1]), y)
     assert main([str(store), "--no-progress"]) == 0
     assert seen and all(is_h5_dataset(X) for X in seen)
 
@@ -3317,15 +3319,7 @@ def test_inputs_out_of_memory_say_the_size_of_the_features_in_memory(
         raise MemoryError("Unable to allocate 30.0 GiB for an array")
 
     X, y = _blobs(30, seed=1)  # 90 × 6
-    X = np.round(X * 10).astype(dtype)
-    train = tmp_path / name
-    if name.endswith(".npz"):
-        np.savez(train, X=X, y=y)
-    else:
-        import h5py
-
-        with h5py.File(train, "w") as f:
-            f["features"], f["labels"], f["class_names"] = X, y, FASHION
+    train = _features_file(tmp_path / name, np.round(X * 10).astype(dtype), y)
     monkeypatch.setattr(cli_main, "_inputs", failing)
     monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1 << 30)
     code, lines = _error([str(train), "--no-progress"], capsys)
