@@ -267,6 +267,53 @@ def test_warnings_name_the_grid_where_it_sets_max_iter():
     )
 
 
+def _failing_at_large_c(monkeypatch):
+    """MR2LinearClassifierCV's fits with a projection (lam > 0, MR2's here, not ERM's) fail
+    at C > 100, as a diverged minibatch fit fails, its advice in the estimator's terms."""
+    from mr2_probe import MR2LinearClassifierCV
+    from mr2_probe._classifier import FitDivergedError
+
+    real = MR2LinearClassifierCV._path_solver
+
+    def path_solver(self, solver):
+        solve = real(self, solver)
+
+        def failing(head, data, value, cold, initial):
+            if self.lam > 0 and value > 100:
+                raise FitDivergedError(
+                    "Cannot fit: the adam solver diverged. Use a smaller learning_rate (or "
+                    "scale the features, e.g. StandardScaler) and fit again."
+                )
+            return solve(head, data, value, cold, initial)
+
+        return failing
+
+    monkeypatch.setattr(MR2LinearClassifierCV, "_path_solver", path_solver)
+
+
+def test_a_cs_search_s_failed_fits_give_their_advice_in_the_options_of_the_command(
+    tmp_path, monkeypatch
+):
+    # Some values of --Cs failing (not all), MR2LinearClassifierCV's FitFailedWarning came
+    # out as the library says it: "Use a smaller learning_rate (or scale the features, e.g.
+    # StandardScaler)", options the command does not have (--grid, which sets learning_rate,
+    # is refused beside --Cs).
+    _failing_at_large_c(monkeypatch)
+    X, y = _blobs(8, seed=1, d=4)
+    np.savez(tmp_path / "train.npz", X=X, y=y)
+    argv = [str(tmp_path / "train.npz"), "--Cs", "3", "--lam", "0.5", "--cv", "2"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main([*argv, "--max-iter", "2", "--no-progress"]) == 0
+    (failed,) = [str(w.message) for w in caught if w.category is FitFailedWarning]
+    assert failed.startswith("2 of 6 fits failed, their scores set to NaN and never chosen: C")
+    assert failed.endswith(
+        "Use a smaller learning_rate (only --grid sets it, and --grid excludes --Cs: search C "
+        "with --grid C=V1,V2,... --grid learning_rate=V instead) (or scale the features, "
+        "--feature-scaling standard) and fit again."
+    )
+
+
 @pytest.mark.slow
 def test_a_cosine_erm_searches_no_c(files, capsys):
     # ERM has no projection, and the cosine head no penalty: its "grid" of C fitted one

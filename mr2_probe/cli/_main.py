@@ -725,6 +725,20 @@ def _show(caught: list, hide_failed_fits: bool = False, debug: bool = False) -> 
             )  # fmt: skip
 
 
+def _show_in_cli_terms(caught: list, args) -> None:
+    """Show the warnings ``caught`` while a model (not a grid search) was fitted, as they
+    would have been shown, but for MR2LinearClassifierCV's FitFailedWarning (some values of
+    --Cs failed on some folds), whose first error's advice is given in mr2-probe's options
+    (:func:`_in_cli_terms`): it named the estimator's learning_rate and StandardScaler."""
+    for warning in caught:
+        message = warning.message
+        if issubclass(warning.category, FitFailedWarning):
+            message = warning.category(_in_cli_terms(message, args))
+        warnings.warn_explicit(
+            message, warning.category, warning.filename, warning.lineno, source=warning.source
+        )
+
+
 def _front_terms(message) -> str:
     """A front fit's warning with its tilt as --tilt's (the estimator names class_tilt)."""
     return re.sub(r"\bclass_tilt=", "--tilt ", str(message))
@@ -776,16 +790,26 @@ def _fit(model, X, y, name: str, args, front: bool = False):
                 file=sys.stderr,
             )
         return model
-    try:
-        short = fit_collecting_short(model, X, y)
-    except ValueError as error:
+    # (held, and shown after the fit: MR2LinearClassifierCV's of its failed fits in
+    # mr2-probe's options; see _show_in_cli_terms)
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            short = fit_collecting_short(model, X, y)
+            failure = None
+        except BaseException as error:  # (shown before any error, a Ctrl-C too)
+            failure = error
+    # Shown out of the block, as a grid search's are (each warning shown is held in it).
+    _show_in_cli_terms(caught, args)
+    if isinstance(failure, ValueError):
         # Its advice in mr2-probe's options, as a search's failed fits say it: "Scale them
         # (e.g. StandardScaler ...)" named no option of the command. (A front's refit fails
         # the front, whose error line says it so: said so twice, "--grid --grid learning_rate".)
-        text = _in_cli_terms(error, args)
-        if front or text == _one_line(error):
-            raise
-        raise ValueError(text) from error
+        text = _in_cli_terms(failure, args)
+        if front or text == _one_line(failure):
+            raise failure
+        raise ValueError(text) from failure
+    if failure is not None:
+        raise failure
     if short:
         fits = f"{len(short)} of its fits" if len(short) > 1 else "its fit"
         message = _front_terms(short[0].message) if front else short[0].message
