@@ -267,6 +267,44 @@ def test_warnings_name_the_grid_where_it_sets_max_iter():
     )
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize(
+    ("rank", "Cs", "expected"),
+    [
+        (None, None, "at C=1: a larger C, or a --grid projection_rank, also helps). Use"),
+        (2, None, "at C=1: a larger C, or a smaller --grid projection_rank, also helps). Use"),
+        (
+            None,
+            3,
+            "at C=0.0001: a projection_rank (only --grid sets it, and --grid excludes --Cs: "
+            "search C with --grid C=V1,V2,... --grid projection_rank=R instead) also helps). Use",
+        ),
+    ],
+    ids=["full", "low-rank", "Cs"],
+)
+def test_a_diverged_projection_s_advice_names_what_sets_its_rank(rank, Cs, expected):
+    # A diverged fit with lam > 0 said "a projection_rank also helps", which no option of
+    # the command sets: --grid does (refused beside --Cs).
+    from mr2_probe import MR2LinearClassifierCV
+    from mr2_probe._classifier import FitDivergedError
+
+    X, y = _blobs(10, seed=1, d=4)
+    common = dict(lam=0.5, max_iter=5, device="cpu")
+    if Cs is None:
+        probe = MR2LinearClassifier(projection_rank=rank, **common)
+    else:
+        probe = MR2LinearClassifierCV(Cs, cv=2, **common)
+    with pytest.raises(FitDivergedError) as info:
+        probe.fit(X * 1e7, y)
+    grid = [] if rank is None else [f"projection_rank={rank},3"]
+    args = Namespace(feature_scaling="none", grid=grid, Cs=Cs, head="linear")
+    said = _in_cli_terms(info.value, args)
+    assert expected in said
+    # (under --Cs the one named as no option, in its advice)
+    bare = said.replace("--grid projection_rank", "").count("projection_rank")
+    assert bare == (Cs is not None)
+
+
 def _failing_at_large_c(monkeypatch):
     """MR2LinearClassifierCV's fits with a projection (lam > 0, MR2's here, not ERM's) fail
     at C > 100, as a diverged minibatch fit fails, its advice in the estimator's terms."""

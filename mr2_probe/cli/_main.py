@@ -587,21 +587,23 @@ def _stopped_short(estimator, X, y) -> float:
 def _in_cli_terms(message, args) -> str:
     """An estimator's warning on one line, its advice in mr2-probe's options: --max-iter
     for max_iter (--grid max_iter where the grid sets it), --grid learning_rate for
-    learning_rate (there is no option of it; under --Cs, which excludes --grid, a --grid
-    search of C with it in place of --Cs), --feature-scaling standard for a
-    scaler (no advice to scale where the features are scaled so already); a larger tol,
-    which is no option, becomes the fit kept as it is."""
+    learning_rate and projection_rank (there is no option of them; under --Cs, which
+    excludes --grid, a --grid search of C with it in place of --Cs), --feature-scaling
+    standard for a scaler (no advice to scale where the features are scaled so already); a
+    larger tol, which is no option, becomes the fit kept as it is."""
     scaled = args.feature_scaling == "standard"
     grid = any(spec.partition("=")[0].strip() == "max_iter" for spec in args.grid)
     option, sep = ("--grid max_iter", "=") if grid else ("--max-iter", " ")
     scale = "--feature-scaling standard"
-    learning_rate = r"--grid learning_rate\1"
+    learning_rate, projection_rank = r"--grid learning_rate\1", "--grid projection_rank"
     if args.Cs is not None:  # (said after its value, "than 0.003", which it is about)
         value = "scale" if args.head == "cosine" else "C"
-        learning_rate = (
-            r"learning_rate\1 (only --grid sets it, and --grid excludes --Cs: search "
-            f"{value} with --grid {value}=V1,V2,... --grid learning_rate=V instead)"
+        instead = (
+            f"only --grid sets it, and --grid excludes --Cs: search {value} with --grid "
+            f"{value}=V1,V2,..."
         )
+        learning_rate = rf"learning_rate\1 ({instead} --grid learning_rate=V instead)"
+        projection_rank = f"projection_rank ({instead} --grid projection_rank=R instead)"
     rules = (
         (
             r"Increase max_iter,? or scale the features(?: \(e\.g\. StandardScaler\))?",
@@ -612,6 +614,8 @@ def _in_cli_terms(message, args) -> str:
         # No --learning-rate: the minibatch solvers' step is set by --grid alone.
         # (not learning_rate=V, its value)
         (r"\blearning_rate\b(?!=)((?: than| below) [0-9.e+-]*[0-9])?", learning_rate),
+        # Nor a --projection-rank: "a projection_rank also helps" a diverged projection.
+        (r"(?<!--grid )\bprojection_rank\b(?!=)", projection_rank),
         # "(and scale them, e.g. StandardScaler)" and the like: no advice where they are.
         (r" ?\((?:and,? )?(?:for features [^()]*, )?scale them, e\.g\. StandardScaler\)", "")
         if scaled
