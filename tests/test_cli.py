@@ -305,18 +305,21 @@ def test_a_diverged_projection_s_advice_names_what_sets_its_rank(rank, Cs, expec
     assert bare == (Cs is not None)
 
 
-def _failing_at_large_c(monkeypatch):
+def _failing_at_large_c(monkeypatch, solving: dict | None = None):
     """MR2LinearClassifierCV's fits with a projection (lam > 0, MR2's here, not ERM's) fail
-    at C > 100, as a diverged minibatch fit fails, its advice in the estimator's terms."""
+    at C > 100, as a diverged minibatch fit fails, its advice in the estimator's terms;
+    ``solving`` holds the value and lam of the last fit started."""
     from mr2_probe import MR2LinearClassifierCV
     from mr2_probe._classifier import FitDivergedError
 
     real = MR2LinearClassifierCV._path_solver
+    solving = {} if solving is None else solving
 
     def path_solver(self, solver):
         solve = real(self, solver)
 
         def failing(head, data, value, cold, initial):
+            solving.update(value=value, lam=self.lam)
             if self.lam > 0 and value > 100:
                 raise FitDivergedError(
                     "Cannot fit: the adam solver diverged. Use a smaller learning_rate (or "
@@ -349,6 +352,56 @@ def test_a_cs_search_s_failed_fits_give_their_advice_in_the_options_of_the_comma
         "Use a smaller learning_rate (only --grid sets it, and --grid excludes --Cs: search C "
         "with --grid C=V1,V2,... --grid learning_rate=V instead) (or scale the features, "
         "--feature-scaling standard) and fit again."
+    )
+
+
+def test_a_cs_search_s_failed_fits_error_is_said_once(tmp_path, monkeypatch):
+    # Some values of --Cs failing and others scoring NaN, the first failure's error (up to
+    # 1,000 characters) was said twice: in the warning of the failed fits, and again at the
+    # end of the one of the non-finite scores that followed it.
+    import mr2_probe._cv
+
+    solving = {}
+    _failing_at_large_c(monkeypatch, solving)
+    real = mr2_probe._cv.check_classwise_scoring
+
+    def undefined_at_weak_c(estimator, scoring):  # (MR2's fits, at C = 1e-4)
+        scorer = real(estimator, scoring)
+
+        def score(estimator, X, y, **params):
+            if solving.get("lam") and solving["value"] < 1e-2:
+                return np.nan
+            return scorer(estimator, X, y, **params)
+
+        return score
+
+    monkeypatch.setattr(mr2_probe._cv, "check_classwise_scoring", undefined_at_weak_c)
+    X, y = _blobs(8, seed=1, d=4)
+    np.savez(tmp_path / "train.npz", X=X, y=y)
+    argv = [str(tmp_path / "train.npz"), "--Cs", "3", "--lam", "0.5", "--cv", "2"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main([*argv, "--max-iter", "2", "--no-progress"]) == 0
+    said = [str(w.message) for w in caught if "fits failed" in str(w.message)]
+    said += [str(w.message) for w in caught if "non-finite" in str(w.message)]
+    assert len(said) == 2 and said[1].startswith("One or more of the test scores are non-")
+    assert sum("Cannot fit: the adam solver diverged" in text for text in said) == 1
+    assert said[1].endswith(
+        "non-finite score at C=0.0001 (folds 0, 1), and the fits at C=10000 (folds 0, 1) "
+        "failed (the first error as the warning above says)."
+    )
+    # Without the warning of the failed fits (python -W ignore::...FitFailedWarning), the
+    # other says the error, in the command's options.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.simplefilter("ignore", FitFailedWarning)
+        assert main([*argv, "--max-iter", "2", "--no-progress"]) == 0
+    (said,) = [str(w.message) for w in caught if "non-finite" in str(w.message)]
+    assert said.endswith(
+        "failed (the first error, at C=10000 on fold 0: Cannot fit: the adam solver diverged. "
+        "Use a smaller learning_rate (only --grid sets it, and --grid excludes --Cs: search C "
+        "with --grid C=V1,V2,... --grid learning_rate=V instead) (or scale the features, "
+        "--feature-scaling standard) and fit again.)."
     )
 
 

@@ -731,13 +731,22 @@ def _show(caught: list, hide_failed_fits: bool = False, debug: bool = False) -> 
 
 def _show_in_cli_terms(caught: list, args) -> None:
     """Show the warnings ``caught`` while a model (not a grid search) was fitted, as they
-    would have been shown, but for MR2LinearClassifierCV's FitFailedWarning (some values of
-    --Cs failed on some folds), whose first error's advice is given in mr2-probe's options
-    (:func:`_in_cli_terms`): it named the estimator's learning_rate and StandardScaler."""
+    would have been shown, but for MR2LinearClassifierCV's of its failed fits (some values
+    of --Cs failed on some folds) and of non-finite scores, which name the failed fits'
+    first error: its advice is given in mr2-probe's options (:func:`_in_cli_terms`), where
+    it named the estimator's learning_rate and StandardScaler. The one of non-finite scores,
+    which follows the other, leaves the error (up to 1,000 characters) to it where it was
+    shown (held: the filters passed it), so that it is said once."""
+    failed_fits = any(issubclass(w.category, FitFailedWarning) for w in caught)
     for warning in caught:
-        message = warning.message
+        message, text = warning.message, str(warning.message)
         if issubclass(warning.category, FitFailedWarning):
-            message = warning.category(_in_cli_terms(message, args))
+            message = warning.category(_in_cli_terms(text, args))
+        elif text.startswith("One or more of the test scores are non-finite"):
+            if failed_fits:  # (the error's clause ends the message)
+                said = " (the first error as the warning above says)."
+                text = re.sub(r" \(the first error, at .*\)\.\Z", said, text, flags=re.DOTALL)
+            message = warning.category(_in_cli_terms(text, args))
         warnings.warn_explicit(
             message, warning.category, warning.filename, warning.lineno, source=warning.source
         )
