@@ -189,6 +189,14 @@ def test_a_model_short_of_tol_is_said_in_one_line(digits_files, capsys):
             "stopped.",
         ),
         (
+            # (a diverged fit's, at a --grid learning_rate too large for scaled features)
+            "is too large a step for these features. Use a smaller learning_rate (or scale the "
+            "features, e.g. StandardScaler) and fit again.",
+            "standard",
+            "is too large a step for these features. Use a smaller --grid learning_rate and fit "
+            "again.",
+        ),
+        (
             "(a warm start from a converged fit; use float64 features or a larger tol), or",
             None,
             "(a warm start from a converged fit; use float64 features (X saved as float64 in a "

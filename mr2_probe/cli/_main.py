@@ -616,8 +616,13 @@ def _in_cli_terms(message, args) -> str:
         (r"\blearning_rate\b(?!=)((?: than| below) [0-9.e+-]*[0-9])?", learning_rate),
         # Nor a --projection-rank: "a projection_rank also helps" a diverged projection.
         (r"(?<!--grid )\bprojection_rank\b(?!=)", projection_rank),
-        # "(and scale them, e.g. StandardScaler)" and the like: no advice where they are.
-        (r" ?\((?:and,? )?(?:for features [^()]*, )?scale them, e\.g\. StandardScaler\)", "")
+        # "(and scale them, e.g. StandardScaler)", "(or scale the features, ...)" and the
+        # like: no advice where they are.
+        (
+            r" ?\((?:and,? |or )?(?:for features [^()]*, )?scale (?:them|the features), "
+            r"e\.g\. StandardScaler\)",
+            "",
+        )
         if scaled
         else (r"e\.g\. StandardScaler", scale),
         # (mr2-probe keeps an array's dtype: a float32 .npz is no remedy, its X must be.)
