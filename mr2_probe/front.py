@@ -182,15 +182,19 @@ def _final(estimator):
 @contextmanager
 def collecting_short() -> Iterator[list]:
     """Gather the ConvergenceWarnings raised inside into the list it gives (filled on
-    exit), for its caller to report as one; other warnings pass on as they were."""
-    short = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        yield short
-    short.extend(w for w in caught if issubclass(w.category, ConvergenceWarning))
-    for w in caught:
-        if not issubclass(w.category, ConvergenceWarning):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    exit), for its caller to report as one; other warnings pass on as they were, also
+    where an error ends the block (they were lost: a search's warning of its failed fits
+    before its error that no value could be chosen)."""
+    short, caught = [], []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            yield short
+    finally:
+        short.extend(w for w in caught if issubclass(w.category, ConvergenceWarning))
+        for w in caught:
+            if not issubclass(w.category, ConvergenceWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def fit_collecting_short(estimator, X, y, **fit_params) -> list:

@@ -363,27 +363,33 @@ def test_a_cs_search_s_failed_fits_give_their_advice_in_the_options_of_the_comma
     )
 
 
-def test_a_cs_search_s_failed_fits_error_is_said_once(tmp_path, monkeypatch):
-    # Some values of --Cs failing and others scoring NaN, the first failure's error (up to
-    # 1,000 characters) was said twice: in the warning of the failed fits, and again at the
-    # end of the one of the non-finite scores that followed it.
+def _undefined_below(monkeypatch, bound: float) -> None:
+    """MR2LinearClassifierCV's fits with a projection fail at C > 100 and score NaN (a
+    scorer undefined there) at C < ``bound``."""
     import mr2_probe._cv
 
     solving = {}
     _failing_at_large_c(monkeypatch, solving)
     real = mr2_probe._cv.check_classwise_scoring
 
-    def undefined_at_weak_c(estimator, scoring):  # (MR2's fits, at C = 1e-4)
+    def undefined_below(estimator, scoring):
         scorer = real(estimator, scoring)
 
         def score(estimator, X, y, **params):
-            if solving.get("lam") and solving["value"] < 1e-2:
+            if solving.get("lam") and solving["value"] < bound:
                 return np.nan
             return scorer(estimator, X, y, **params)
 
         return score
 
-    monkeypatch.setattr(mr2_probe._cv, "check_classwise_scoring", undefined_at_weak_c)
+    monkeypatch.setattr(mr2_probe._cv, "check_classwise_scoring", undefined_below)
+
+
+def test_a_cs_search_s_failed_fits_error_is_said_once(tmp_path, monkeypatch):
+    # Some values of --Cs failing and others scoring NaN, the first failure's error (up to
+    # 1,000 characters) was said twice: in the warning of the failed fits, and again at the
+    # end of the one of the non-finite scores that followed it.
+    _undefined_below(monkeypatch, 1e-2)  # (at C = 1e-4)
     X, y = _blobs(8, seed=1, d=4)
     np.savez(tmp_path / "train.npz", X=X, y=y)
     argv = [str(tmp_path / "train.npz"), "--Cs", "3", "--lam", "0.5", "--cv", "2"]
@@ -411,6 +417,27 @@ def test_a_cs_search_s_failed_fits_error_is_said_once(tmp_path, monkeypatch):
         "with --grid C=V1,V2,... --grid learning_rate=V instead) (or scale the features, "
         "--feature-scaling standard) and fit again.)."
     )
+
+
+def test_a_cs_search_without_a_defined_score_says_its_failed_fits_error_once(
+    tmp_path, monkeypatch, capsys
+):
+    # No value of --Cs with a defined score, some failing: the error line ended in the
+    # failed fits' first error, which the warning of the failed fits had said before it.
+    _undefined_below(monkeypatch, 100)
+    X, y = _blobs(8, seed=1, d=4)
+    np.savez(tmp_path / "train.npz", X=X, y=y)
+    argv = [str(tmp_path / "train.npz"), "--Cs", "3", "--lam", "0.5", "--cv", "2"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, lines = _error([*argv, "--max-iter", "2", "--no-progress"], capsys)
+    assert code == 2 and lines[-1].startswith("mr2-probe: error: No value of Cs has a defined")
+    assert lines[-1].endswith(
+        "; besides, the fits at C=10000 (folds 0, 1) failed (the first error as the warning "
+        "above says)."
+    )
+    (failed,) = [str(w.message) for w in caught if w.category is FitFailedWarning]
+    assert "Cannot fit: the adam solver diverged" in failed
 
 
 @pytest.mark.slow

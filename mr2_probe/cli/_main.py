@@ -748,13 +748,20 @@ def _show_in_cli_terms(caught: list, args) -> None:
         if issubclass(warning.category, FitFailedWarning):
             message = warning.category(_in_cli_terms(text, args))
         elif text.startswith("One or more of the test scores are non-finite"):
-            if failed_fits:  # (the error's clause ends the message)
-                said = " (the first error as the warning above says)."
-                text = re.sub(r" \(the first error, at .*\)\.\Z", said, text, flags=re.DOTALL)
-            message = warning.category(_in_cli_terms(text, args))
+            message = warning.category(_in_cli_terms(_said_above(text, failed_fits), args))
         warnings.warn_explicit(
             message, warning.category, warning.filename, warning.lineno, source=warning.source
         )
+
+
+def _said_above(text: str, failed_fits: bool) -> str:
+    """MR2LinearClassifierCV's warning or error of undefined scores, ``text``, without the
+    failed fits' first error that ends it where ``failed_fits`` (their warning, shown just
+    before, says it)."""
+    if not failed_fits:
+        return text
+    said = " (the first error as the warning above says)."
+    return re.sub(r" \(the first error, at .*\)\.\Z", said, text, flags=re.DOTALL)
 
 
 def _front_terms(message) -> str:
@@ -822,7 +829,9 @@ def _fit(model, X, y, name: str, args, front: bool = False):
         # Its advice in mr2-probe's options, as a search's failed fits say it: "Scale them
         # (e.g. StandardScaler ...)" named no option of the command. (A front's refit fails
         # the front, whose error line says it so: said so twice, "--grid --grid learning_rate".)
-        text = _in_cli_terms(failure, args)
+        # No value of --Cs with a defined score: the failed fits' error said once too.
+        failed_fits = any(issubclass(w.category, FitFailedWarning) for w in caught)
+        text = _in_cli_terms(_said_above(str(failure), failed_fits), args)
         if front or text == _one_line(failure):
             raise failure
         raise ValueError(text) from failure
