@@ -772,7 +772,7 @@ def _front_terms(message) -> str:
 def _fit(model, X, y, name: str, args, front: bool = False):
     """``model`` fitted, its ConvergenceWarnings (a search's can be many) said in one line
     on stderr, their advice in mr2-probe's options (``front``: a point of the front's, its
-    tilt --tilt's)."""
+    tilt --tilt's); its other warnings shown after the fit (after a search, or its error)."""
     if isinstance(model, GridSearchCV):
         # (the filter reaches the workers too; the search's own warnings are held, and
         # shown after it, but for its failed fits': see _said_failed_fits)
