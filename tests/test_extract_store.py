@@ -1211,18 +1211,30 @@ def test_a_killed_run_resumes_after_its_images_were_touched(tmp_path, monkeypatc
             np.testing.assert_array_equal(f[name][:], g[name][:])
 
 
-def test_a_store_of_touched_images_in_a_read_only_folder_is_reused_as_it_is(
-    tmp_path, monkeypatch, caplog
-):
-    # It cannot record the new times: it was refused, naming two fingerprints.
+def _touched_store_in_a_read_only_folder(tmp_path, monkeypatch, where="folder"):
+    """A complete store of a folder's images, every image touched since, that cannot be
+    written: its folder (``where="folder"``, the store's lock unneeded) or its own file
+    (``"file"``). Returns the image folder, the store and its bytes."""
     from extract import _runner
 
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     out = extract_features(folder, BACKBONE, tmp_path / "out" / "f.h5", **FAST)
     before = out.read_bytes()
     _touch(*folder.rglob("*.*"))
-    _not_writable(monkeypatch, out.parent)
-    monkeypatch.setattr(_runner, "store_lock", None)  # would fail, called
+    if where == "folder":
+        _not_writable(monkeypatch, out.parent)
+        monkeypatch.setattr(_runner, "store_lock", None)  # would fail, called
+    else:
+        _not_writable(monkeypatch, out)
+        _h5_refuses_writes(monkeypatch, out)
+    return folder, out, before
+
+
+def test_a_store_of_touched_images_in_a_read_only_folder_is_reused_as_it_is(
+    tmp_path, monkeypatch, caplog
+):
+    # It cannot record the new times: it was refused, naming two fingerprints.
+    folder, out, before = _touched_store_in_a_read_only_folder(tmp_path, monkeypatch)
     caplog.set_level(logging.INFO, logger="extract")
     assert extract_features(folder, BACKBONE, out, **FAST) == out
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -1282,18 +1294,10 @@ def test_a_reused_store_of_touched_images_that_cannot_be_written_warns_alike(
     # In a read-only folder the new modification times it could not record were said at
     # INFO ("Files of ... were touched"), where a store whose own mode forbids writing it
     # (chmod 444), reused as well, said so in a warning: the user is told alike of both.
-    from extract import _runner
-
-    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
-    out = extract_features(folder, BACKBONE, tmp_path / "out" / "f.h5", **FAST)
-    _touch(*folder.rglob("*.*"))
+    folder, out, _ = _touched_store_in_a_read_only_folder(tmp_path, monkeypatch, where)
     if where == "folder":
-        _not_writable(monkeypatch, out.parent)
-        monkeypatch.setattr(_runner, "store_lock", None)  # would fail, called
         why = f"No permission to write in the folder {str(out.parent)!r}"
     else:
-        _not_writable(monkeypatch, out)
-        _h5_refuses_writes(monkeypatch, out)
         why = f"No permission to write the feature store {str(out)!r}"
     caplog.set_level(logging.INFO, logger="extract")
     assert extract_features(folder, BACKBONE, out, **FAST) == out
@@ -1312,14 +1316,7 @@ def test_under_torchrun_a_store_of_touched_images_in_a_read_only_folder_is_reuse
 ):
     # Reused with a warning by a run in one process, it was refused under torchrun: every
     # rank went on to write its shard beside it ("Cannot write the output ... shard").
-    from extract import _runner
-
-    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
-    out = extract_features(folder, BACKBONE, tmp_path / "out" / "f.h5", **FAST)
-    before = out.read_bytes()
-    _touch(*folder.rglob("*.*"))
-    _not_writable(monkeypatch, out.parent)
-    monkeypatch.setattr(_runner, "store_lock", None)  # would fail, called
+    folder, out, before = _touched_store_in_a_read_only_folder(tmp_path, monkeypatch)
     monkeypatch.setenv("WORLD_SIZE", "2")
     _ranks_one_by_one(monkeypatch)
     caplog.set_level(logging.INFO, logger="extract")
