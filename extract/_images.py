@@ -1340,9 +1340,10 @@ def _list_rows(
         yield [f.strip() for f in fields] + [number]
 
 
-def _list_folder_and_rows(list_file: Path, text: list[str]) -> tuple[Path, list[list]]:
-    """The folder a list's relative paths are resolved against, and its rows
-    (:func:`_list_rows`, split where a file's existence decides, in that folder): the list
+def _list_folder_and_rows(list_file: Path, text: list[str]) -> tuple[Path, list[list], str | None]:
+    """The folder a list's relative paths are resolved against, its rows
+    (:func:`_list_rows`, split where a file's existence decides, in that folder) and how
+    they were split there (:func:`_list_format`): the list
     file's, as named; for a list that is a symbolic link to a list elsewhere (a dataset's
     list linked into a project), its target's where the first line whose path names a file
     in one of the two alone names it there, and where its lines are 'path,label' lines
@@ -1353,7 +1354,7 @@ def _list_folder_and_rows(list_file: Path, text: list[str]) -> tuple[Path, list[
     delimiter = _list_format(named, text)
     here = _list_rows(list_file, named, text, delimiter)
     if target == Path(os.path.realpath(named)):
-        return named, list(here)
+        return named, list(here), delimiter
     other_delimiter = _list_format(target, text)
     # (split alike, with no look-up, the lines are the same rows in either folder)
     there = None
@@ -1365,7 +1366,7 @@ def _list_folder_and_rows(list_file: Path, text: list[str]) -> tuple[Path, list[
         try:
             other = row if there is None else next(there)
         except ValueError:  # (read beside the target, a line is no 'path,label' line)
-            return named, rows + list(here)
+            return named, rows + list(here), delimiter
         other_rows.append(other)
         path, other_path = row[0], other[0]
         if os.path.isabs(path) and os.path.isabs(other_path):
@@ -1373,14 +1374,14 @@ def _list_folder_and_rows(list_file: Path, text: list[str]) -> tuple[Path, list[
         if os.path.lexists(named / path) == os.path.lexists(target / other_path):
             continue
         if not os.path.lexists(target / other_path):
-            return named, rows + list(here)
+            return named, rows + list(here), delimiter
         if there is None:
-            return target, rows + list(here)
+            return target, rows + list(here), delimiter
         try:
-            return target, other_rows + list(there)
+            return target, other_rows + list(there), other_delimiter
         except ValueError:  # (as above, on a later line)
-            return named, rows + list(here)
-    return named, rows
+            return named, rows + list(here), delimiter
+    return named, rows, delimiter
 
 
 _WORKING_FOLDER_ADVICE = (
@@ -1544,30 +1545,41 @@ def _column_name(field: str) -> bool:
     return any(w.lower() in _COLUMN_WORDS or w.lower()[:-1] in _COLUMN_WORDS for w in words)
 
 
-def _check_first_line(list_file: Path, path: str, label: str, number: int) -> None:
-    """Refuse a list's first line that names no image (no such file, no extension) with a
-    label of its own and reads as a header (column names, 'filename,class', a path without
+# A list's header, in the separator its lines are split at (:func:`_list_format`): in a
+# list separated by semicolons, 'path,label' holds no semicolon, and its lines were read
+# otherwise.
+_HEADERS = {",": "'path,label'", "csv-semicolon": "'path;label'", "\t": "'path<TAB>label'"}
+_HEADERS["csv-tab"] = _HEADERS["\t"]
+
+
+def _check_first_line(
+    list_file: Path, line: str, path: str, label: str, number: int, delimiter: str | None
+) -> None:
+    """Refuse a list's first ``line`` that names no image (no such file, no extension) with
+    a label of its own and reads as a header (column names, 'filename,class', a path without
     a digit, 'sku,breed' or 'Datei,Klasse', or a comment, '# my images'): it became an
     image of a class of its own. Said, and read as an image (recorded as failed as other
     missing images are), where it reads as none: a first image 'scan0001' of a class 'bird'
     was refused as a header. (Column names are words of any language; an image's name
-    without an extension, a scan's number or a hash, holds a digit.)"""
+    without an extension, a scan's number or a hash, holds a digit.) The header either
+    names is written with the list's own separator (``delimiter``)."""
+    header = _HEADERS.get(delimiter, "'path label'")
     comment = path[:1] == "#"
     if comment or not re.search(r"\d", path) or _column_name(path) or _column_name(label):
         raise ValueError(
-            f"{list_file}:{number}: {path},{label} looks like a header (no such image, and "
-            "no other line has its label); a header must be 'path,label'."
+            f"{list_file}:{number}: {line.strip()!r} looks like a header (no such image, and "
+            f"no other line has its label); a header must be {header}."
             + (
                 " A list file has no comment syntax: remove it."
                 if comment
-                else " If it is an image, put the header 'path,label' before it."
+                else f" If it is an image, put the header {header} before it."
             )
         )
     logger.warning(
         "%s:%d: %r names no file and no other line has its label %r: it is read as an image "
         "of a class of its own (recorded as failed if it is still missing); if the line is a "
-        "header, write it 'path,label'.",
-        list_file, number, path, label,
+        "header, write it %s.",
+        list_file, number, path, label, header,
     )  # fmt: skip
 
 
@@ -1613,7 +1625,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             f"lines) but is not UTF-8 text (byte {err.start}: {err.reason})."
             + (_source_hint(list_file) or " Save the list as UTF-8.")
         ) from None
-    folder, rows = _list_folder_and_rows(list_file, text)
+    folder, rows, delimiter = _list_folder_and_rows(list_file, text)
     _check_path_first(list_file, folder, rows)
     if rows and [f.lower() for f in rows[0][:2]] == ["path", "label"]:
         rows = rows[1:]
@@ -1625,13 +1637,13 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         # (os.path's isfile: a name too long for the file system is no file, not an error)
         named = os.path.isfile(folder / path) or os.path.splitext(path)[1]
         if not named and not label.isdigit():
-            _check_first_line(list_file, path, label, number)
+            _check_first_line(list_file, text[number - 1], path, label, number, delimiter)
     first_line, resolved = {}, {}
     for path, label, number in rows:
         if [path.lower(), label.lower()] == ["path", "label"]:
             raise ValueError(
-                f"{list_file}:{number}: a second header {path},{label} (lists joined with their "
-                "headers?); a header is the first line only: remove it."
+                f"{list_file}:{number}: a second header {text[number - 1].strip()!r} (lists "
+                "joined with their headers?); a header is the first line only: remove it."
             )
         if not path:  # (it named the list's own folder: a failed image, recorded as '')
             raise ValueError(

@@ -1010,7 +1010,7 @@ def test_image_list_joined_from_lists_with_byte_order_marks(folder):
     src = image_list(folder / "l.csv")
     assert (src.ids, src.class_names) == (["cat/000.png", "dog/001.jpg"], ["cat", "dog"])
     (folder / "l.csv").write_text(f"{bom}path,label\ncat/000.png,cat\n{bom}path,label\n")
-    with pytest.raises(ValueError, match="l.csv:3: a second header path,label"):
+    with pytest.raises(ValueError, match="l.csv:3: a second header 'path,label'"):
         image_list(folder / "l.csv")
 
 
@@ -1061,7 +1061,7 @@ def test_a_file_that_is_no_list_says_what_it_was_read_as(tmp_path, name, content
     [
         # Another header: it became an image of a class "label", and turned the integer
         # labels into names sorted as text ("10" before "2").
-        (["filename,label", "cat/000.png,0", "dog/001.jpg,1"], r"l.csv:1: filename,label looks"),
+        (["filename,label", "cat/000.png,0", "dog/001.jpg,1"], r"l.csv:1: 'filename,label' looks"),
         (["cat/000.png,cat", "dog/001.jpg,"], "l.csv:2: 'dog/001.jpg' has an empty label"),
         # Lists joined with their headers (cat a.csv b.csv): the second header was an image
         # 'path' of a class 'label' (with index labels, every class read as a name).
@@ -1091,7 +1091,7 @@ def test_image_list_header_naming_a_folder_beside_the_list_is_refused(folder):
     # between cat and dog, whose index it shifted.
     (folder / "image").mkdir()
     (folder / "l.csv").write_text("image,class\ncat/000.png,cat\ndog/001.jpg,dog\n")
-    with pytest.raises(ValueError, match=r"l.csv:1: image,class looks like a header"):
+    with pytest.raises(ValueError, match=r"l.csv:1: 'image,class' looks like a header"):
         image_list(folder / "l.csv")
 
 
@@ -1446,7 +1446,7 @@ def test_a_first_image_missing_with_its_own_label_is_no_header(folder, lines):
     assert image_list(folder / "l.csv").ids[0] == lines[0].split(",")[0]
 
 
-@pytest.mark.parametrize("name, sep", [("l.txt", " "), ("l.csv", ",")])
+@pytest.mark.parametrize("name, sep", [("l.txt", " "), ("l.csv", ","), ("l.csv", ";")])
 def test_a_first_image_without_extension_missing_with_its_own_label_is_a_row(
     folder, caplog, name, sep
 ):
@@ -1461,6 +1461,7 @@ def test_a_first_image_without_extension_missing_with_its_own_label_is_a_row(
     assert src.file_size.tolist()[0] < 0 and min(src.file_size.tolist()[1:]) > 0  # failed
     (said,) = [r.getMessage() for r in caplog.records]
     assert said.startswith(f"{folder / name}:1: 'scan0001' names no file and no other line")
+    assert said.endswith(f"if the line is a header, write it 'path{sep}label'.")  # (its separator)
 
 
 @pytest.mark.parametrize(
@@ -1468,7 +1469,7 @@ def test_a_first_image_without_extension_missing_with_its_own_label_is_a_row(
 )
 def test_a_first_line_of_column_names_is_refused_as_a_header(folder, first):
     (folder / "l.csv").write_text(f"{first}\ncat/000.png,cat\ndog/001.jpg,dog\n")
-    with pytest.raises(ValueError, match=rf"l.csv:1: {first} looks like a header"):
+    with pytest.raises(ValueError, match=rf"l.csv:1: '{first}' looks like a header"):
         image_list(folder / "l.csv")
 
 
@@ -1477,6 +1478,8 @@ def test_a_first_line_of_column_names_is_refused_as_a_header(folder, first):
     [("l.csv", "sku,breed", "cat/000.png,cat\ndog/001.jpg,dog"),
      ("l.csv", "Datei,Klasse", "cat/000.png,cat\ndog/001.jpg,dog"),
      ("l.csv", "sku;breed", "cat/000.png;cat\ndog/001.jpg;dog"),
+     ("l.csv", "FILE_NAME;LABEL", "cat/000.png;cat\ndog/001.jpg;dog"),
+     ("l.tsv", "sku\tbreed", "cat/000.png\tcat\ndog/001.jpg\tdog"),
      ("l.txt", "deadbeef bird", "cat/000.png cat\ndog/001.jpg dog")],
 )  # fmt: skip
 def test_a_first_line_without_a_digit_in_its_path_is_refused_as_a_header(folder, name, first, rest):
@@ -1485,10 +1488,14 @@ def test_a_first_line_without_a_digit_in_its_path_is_refused_as_a_header(folder,
     (folder / name).write_text(f"{first}\n{rest}\n")
     with pytest.raises(ValueError, match=r":1: .* looks like a header") as info:
         image_list(folder / name)
-    # Its cure where the line is an image (a name without a digit, 'deadbeef'), followed.
-    assert "If it is an image, put the header 'path,label' before it." in str(info.value)
-    sep = re.search("[,; ]", first)[0]
-    (folder / name).write_text(f"path{sep}label\n{first}\n{rest}\n")
+    # The line as written ('FILE_NAME;LABEL' was shown 'FILE_NAME,LABEL'), and its cure
+    # where the line is an image (a name without a digit, 'deadbeef') followed as said: in
+    # the list's own separator ('path,label' before a list separated by semicolons made it
+    # a comma-separated one, its next line refused).
+    assert f":1: {first!r} looks like a header" in str(info.value)
+    header = re.search(r"If it is an image, put the header '(.+?)' before it\.", str(info.value))
+    (folder / name).write_text(f"{header[1].replace('<TAB>', chr(9))}\n{first}\n{rest}\n")
+    sep = re.search("[,;\t ]", first)[0]
     assert image_list(folder / name).ids == [first.split(sep)[0], "cat/000.png", "dog/001.jpg"]
 
 
