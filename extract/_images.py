@@ -1049,10 +1049,11 @@ def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> boo
     programs write CSV where a comma is the decimal separator): every line splits into two
     fields at a semicolon (quoted as the csv module quotes), and the first line whose two
     readings differ names a file that way alone (a file name with a semicolon, in a list
-    separated otherwise, is read as it stands), or, where no line does (its images not
+    separated otherwise, is read as it stands), or, where it names none (its images not
     found, or not yet there), a line read otherwise is no ``path label`` line and none
     names an image read otherwise alone, unless its first line is a ``path;label`` header
-    or a line names an image read at its semicolons alone.
+    or a line names an image read at its semicolons alone, or, where every line reads
+    otherwise too, a line names an image read at its semicolons alone and none otherwise.
     ``commas``: the list is read as comma CSV (a comma in it), else at its last blank or
     its tab."""
     lines = [line for line in text if line.strip()]
@@ -1092,17 +1093,21 @@ def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> boo
     # the line refused is named ("x;1.png 3\ny;2.png" was refused at line 1 as a header).
     # (Unless its first line is a 'path;label' header, or a line's path read at its
     # semicolons is an image's alone: 'path;label\nx;1.png 3' was refused at its header.)
+    # (And where every line reads otherwise too, its labels with blanks, its images are
+    # read at its semicolons where a line names an image so alone and none otherwise alone:
+    # 'a/1.png;golden retriever' was the image 'a/1.png;golden' of a class 'retriever'.)
     first = next(filter(refused, lines), None)
     pairs = [readings(line) for line in lines]
-    undecided = (
-        first is not None
-        and not os.path.lexists(folder / first.strip())
-        and (
+    usual_alone = any(_an_image_read_otherwise_alone(*pair) for pair in pairs)
+    other_alone = any(_an_image_read_otherwise_alone(*pair[::-1]) for pair in pairs)
+    if first is None:
+        undecided = other_alone and not usual_alone
+    else:
+        undecided = not os.path.lexists(folder / first.strip()) and (
             [f.strip().lower() for f in pairs[0][1]] == ["path", "label"]
-            or not any(_an_image_read_otherwise_alone(*pair) for pair in pairs)
-            or any(_an_image_read_otherwise_alone(*pair[::-1]) for pair in pairs)
+            or not usual_alone
+            or other_alone
         )
-    )
     return _first_deciding_line(folder, lines, readings, undecided=undecided)
 
 
@@ -1116,12 +1121,18 @@ def _an_image_read_otherwise_alone(usual: list[str], other: list[str]) -> bool:
     )
 
 
-def _first_deciding_line(folder: Path, text: list[str], readings, undecided=False) -> bool:
+def _first_deciding_line(
+    folder: Path, text: list[str], readings, undecided: bool | None = None
+) -> bool:
     """Whether a list's lines are read the other way: ``readings(line)`` gives a line's two
     readings as ``path label`` fields, the usual one and the other (None where they do not
-    differ), and the first line of which one reading alone names a file in ``folder``
-    decides (the other names it: True); a list without such a line is read as usual
-    (``undecided``: True, the other way)."""
+    differ), and the first line whose readings differ decides: the reading that alone
+    names a file in ``folder`` (the other: True); where neither does (its images missing),
+    ``undecided``, or where that is None, the reading whose path alone is an image's by its
+    extension (neither: the next such line, as for a header, '"path"<TAB>"label"'); a list
+    without such a line is read as usual. Two look-ups a list, not two a line (every line
+    of a tab- or semicolon-separated list of labels with blanks differs: its images
+    missing, 200,000 lines took 400,000), but for lines that no extension tells apart."""
     for line in text:
         pair = readings(line)
         if pair is None:
@@ -1129,7 +1140,11 @@ def _first_deciding_line(folder: Path, text: list[str], readings, undecided=Fals
         named = [len(f) == 2 and os.path.lexists(os.path.join(folder, f[0].strip())) for f in pair]
         if named[0] != named[1]:
             return named[1]
-    return undecided
+        if undecided is not None:
+            return undecided
+        if _an_image_read_otherwise_alone(*pair) or _an_image_read_otherwise_alone(*pair[::-1]):
+            return _an_image_read_otherwise_alone(pair[1], pair[0])
+    return bool(undecided)
 
 
 def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:

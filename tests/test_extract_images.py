@@ -955,6 +955,22 @@ def test_a_tab_separated_list_quoted_as_the_csv_module_quotes_is_read_unquoted(f
     assert src.file_size.min() > 0
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '"c/9.png"\t"golden retriever"\n"c/8.png"\t"cat"\n',
+        "'c/9.png' 'golden retriever'\n'c/8.png' cat\n",
+    ],
+)
+def test_a_quoted_list_of_missing_images_is_read_unquoted(tmp_path, text):
+    # Its images missing (not yet there), no line told its readings apart: read with its
+    # quotes, the image '"c/9.png"' of a class '"cat"' (or "'c/9.png' 'golden" of a class
+    # "retriever'"), where the same list read with its images present was unquoted.
+    (tmp_path / "l.txt").write_text(text)
+    src = image_list(tmp_path / "l.txt")
+    assert (src.ids, src.class_names) == (["c/9.png", "c/8.png"], ["cat", "golden retriever"])
+
+
 def test_a_quote_in_the_names_of_a_tab_separated_list_is_read_as_it_stands(folder):
     # Read as the csv module reads it, '"a".png' was the file 'a.png' (no such file).
     shutil.copy(folder / "cat/000.png", folder / '"a".png')
@@ -988,17 +1004,31 @@ def test_a_tab_in_the_file_names_of_a_blank_separated_list_is_no_separator(folde
     assert (src.ids, src.class_names) == ([p for p, _ in pairs], [y for _, y in pairs])
 
 
-def test_a_tab_separated_list_is_told_from_one_with_tabs_in_its_paths_at_once(folder, monkeypatch):
+@pytest.mark.parametrize("sep", ["\t", ";"])
+@pytest.mark.parametrize("first", ["cat/000.png", "cat/999.png"])
+def test_a_tab_separated_list_is_told_from_one_with_tabs_in_its_paths_at_once(
+    folder, monkeypatch, sep, first
+):
     # Labels with blanks split two ways on every line: both paths of each line were looked
-    # up, two look-ups for each image of a list of 100,000 (5.9 s of CPU, not 2.7).
-    lines = ["cat/000.png\tgolden retriever", *(f"{k}.png\tpug dog" for k in range(50))]
-    (folder / "list.tsv").write_text("\n".join(lines) + "\n")
+    # up, two look-ups for each image of a list of 100,000 (5.9 s of CPU, not 2.7), where
+    # its first line names no file either way (its images missing: 400,000 look-ups for
+    # 200,000 lines); its first line decides, by the file it names, else by the reading
+    # whose path is an image's ('cat/999.png', not 'cat/999.png<TAB>golden'). Separated by
+    # semicolons, its images missing, the list was read at its blanks: the image
+    # 'cat/999.png;golden' of a class 'retriever'.
+    lines = [f"{first}{sep}golden retriever", *(f"{k}.png{sep}pug dog" for k in range(50))]
+    (folder / "list.txt").write_text("\n".join(lines) + "\n")
     looked_up = []
-    real = os.path.lexists
-    monkeypatch.setattr(os.path, "lexists", lambda path: looked_up.append(path) or real(path))
-    src = image_list(folder / "list.tsv")
+    for name in ("lexists", "isfile"):
+        real = getattr(os.path, name)
+        monkeypatch.setattr(
+            os.path, name, lambda path, real=real: looked_up.append(str(path)) or real(path)
+        )
+    src = image_list(folder / "list.txt")
     assert src.class_names == ["golden retriever", "pug dog"] and len(src) == 51
-    assert len(looked_up) == 2  # (the first line's two paths)
+    assert src.ids[:2] == [first, "0.png"]
+    read_at_blanks = [p for p in looked_up if p.endswith((f"{sep}golden", f"{sep}pug"))]
+    assert len(read_at_blanks) <= 1, read_at_blanks[:3]  # (the first line's, at most)
 
 
 def test_image_list_joined_from_lists_with_byte_order_marks(folder):
