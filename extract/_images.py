@@ -1262,7 +1262,17 @@ def _commas_advice(text: list[str]) -> str:
     """What to do where a line of a list read as CSV (a comma in it) is no 'path,label'
     line but a 'path label' one: write it as CSV; or, for 'path label' lines with a comma
     in a file name (the first line with a comma named), quote that name as a shell quotes
-    it, which reads the list as blank-separated (:func:`_commas_in_its_names`)."""
+    it, which reads the list as blank-separated (:func:`_commas_in_its_names`). The first
+    cure alone where another line is a CSV line and no 'path label' one (no blank splits
+    it, 'a.png,cat', or its path read as CSV alone is an image's, 'a.png,golden
+    retriever'): that cure, quoting 'a.png,golden' as a name, applied to no line of it."""
+    csv_line = next(((n, line) for n, line in enumerate(text, 1) if _a_csv_line_alone(line)), None)
+    if csv_line is not None:
+        number, line = csv_line
+        return (
+            f"(the list is read as CSV, as line {number}, {line.strip()!r}, is: write each "
+            "line 'path,label', a file name with a comma quoted, \"a,b.jpg\",cat)."
+        )
     number, line = next((n, line) for n, line in enumerate(text, 1) if "," in line)
     # (its label as written, quoted where it holds a blank: 'x,y.png "golden retriever"')
     fields = re.fullmatch(r"""(.+?)\s+("[^"]*"|'[^']*'|\S+)""", line.strip())
@@ -1273,6 +1283,23 @@ def _commas_advice(text: list[str]) -> str:
         "each line 'path,label', a file name with a comma quoted, \"a,b.jpg\",cat; or, for "
         "'path label' lines with a comma in a file name, quote that name as a shell quotes "
         f"it, {quote}{path}{quote} {label})."
+    )
+
+
+def _a_csv_line_alone(line: str) -> bool:
+    """Whether a line is a 'path,label' line of CSV and no 'path label' one with a comma in
+    its path: no blank splits it in two, or its path read as CSV alone is an image's (by its
+    extension: 'a.png,golden retriever', not 'a,b.png cat')."""
+    if "," not in line:
+        return False
+    try:
+        fields = next(csv.reader([line]))
+    except csv.Error:
+        return False
+    if len(fields) != 2:
+        return False
+    return len(line.split(None, 1)) != 2 or _an_image_read_otherwise_alone(
+        fields, line.rsplit(None, 1)
     )
 
 

@@ -1360,6 +1360,23 @@ def test_a_blank_separated_list_with_a_comma_in_a_missing_name_is_told_a_cure_th
 
 
 @pytest.mark.parametrize(
+    "first", ["cat/000.png,golden retriever", "cat/999.png,golden retriever", "cat/000.png,cat"]
+)
+def test_a_line_mistyped_in_a_csv_list_is_told_the_csv_cure_alone(folder, first):
+    # Its other lines CSV (a label with a blank, the image read so alone, or no blank):
+    # the advice told a second cure too, for 'path label' lines with a comma in a name
+    # ('"cat/000.png,golden" retriever'), which applies to no line of it.
+    (folder / "l.csv").write_text(f"{first}\ndog/001.jpg dog\n")
+    with pytest.raises(ValueError, match=r"l.csv:2: expected 'path,label'") as info:
+        image_list(folder / "l.csv")
+    said = str(info.value)
+    assert f"as line 1, {first!r}, is: write each line 'path,label'" in said
+    assert "shell" not in said and "'path label' lines" not in said
+    (folder / "l.csv").write_text(f"{first}\ndog/001.jpg,dog\n")  # the advice, followed
+    assert image_list(folder / "l.csv").ids == [first.split(",")[0], "dog/001.jpg"]
+
+
+@pytest.mark.parametrize(
     "lines, ids, class_names",
     [
         (["cat/000.png;cat", "dog/001.jpg;dog"], ["cat/000.png", "dog/001.jpg"], ["cat", "dog"]),
