@@ -16,7 +16,7 @@ import math
 import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from numbers import Real
 
@@ -185,16 +185,20 @@ def collecting_short() -> Iterator[list]:
     exit), for its caller to report as one; other warnings pass on as they were, also
     where an error ends the block (they were lost: a search's warning of its failed fits
     before its error that no value could be chosen)."""
-    short, caught = [], []
+    short, caught, failed = [], [], True
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConvergenceWarning)
             yield short
+        failed = False
     finally:
         short.extend(w for w in caught if issubclass(w.category, ConvergenceWarning))
         for w in caught:
             if not issubclass(w.category, ConvergenceWarning):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                # Never in the place of the error that ended the block (a Ctrl-C too): one
+                # that the filters make an error (held under a filter inside) is left out.
+                with suppress(Warning if failed else ()):
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def fit_collecting_short(estimator, X, y, **fit_params) -> list:

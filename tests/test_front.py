@@ -1161,6 +1161,35 @@ def test_fits_gather_convergence_warnings_and_pass_other_warnings_on():
     assert [(w.category, str(w.message)) for w in caught] == [(UserWarning, "something else")]
 
 
+@pytest.mark.parametrize("error", [ValueError("its own error"), KeyboardInterrupt()])
+def test_a_failed_fit_s_warnings_pass_on_and_never_replace_its_error(error):
+    # The warnings held while a fit that failed ran are passed on (they were lost), but
+    # never in the place of its error: one that a filter inside let through, which the
+    # filters outside make an error, was raised on the way out in place of the fit's error
+    # (a UserWarning in place of a Ctrl-C).
+    from sklearn.base import BaseEstimator
+
+    from mr2_probe.front import fit_collecting_short
+
+    class Fails(BaseEstimator):
+        def fit(self, X, y):
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")  # (as a library's own filter may)
+                warnings.warn("before the error", UserWarning, stacklevel=2)
+            raise error
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(type(error)):
+            fit_collecting_short(Fails(), None, None)
+    assert [str(w.message) for w in caught] == ["before the error"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(type(error)) as raised:
+            fit_collecting_short(Fails(), None, None)
+    assert raised.value is error
+
+
 def test_each_point_keeps_the_model_it_scored(front, splits):
     # The scored models were dropped: a warm-started tilt point could not be reproduced
     # exactly (a cold refit agrees only to within tol).
