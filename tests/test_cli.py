@@ -340,6 +340,15 @@ def _failing_at_large_c(monkeypatch, solving: dict | None = None):
     monkeypatch.setattr(MR2LinearClassifierCV, "_path_solver", path_solver)
 
 
+def _cs_argv(tmp_path) -> list:
+    """The command line of a --Cs search of MR2 (lam > 0) on blobs in ``tmp_path``, whose
+    fits :func:`_failing_at_large_c` fails at C > 100."""
+    X, y = _blobs(8, seed=1, d=4)
+    np.savez(tmp_path / "train.npz", X=X, y=y)
+    path = str(tmp_path / "train.npz")
+    return [path, "--Cs", "3", "--lam", "0.5", "--cv", "2", "--max-iter", "2", "--no-progress"]
+
+
 def test_a_cs_search_s_failed_fits_give_their_advice_in_the_options_of_the_command(
     tmp_path, monkeypatch
 ):
@@ -348,12 +357,10 @@ def test_a_cs_search_s_failed_fits_give_their_advice_in_the_options_of_the_comma
     # StandardScaler)", options the command does not have (--grid, which sets learning_rate,
     # is refused beside --Cs).
     _failing_at_large_c(monkeypatch)
-    X, y = _blobs(8, seed=1, d=4)
-    np.savez(tmp_path / "train.npz", X=X, y=y)
-    argv = [str(tmp_path / "train.npz"), "--Cs", "3", "--lam", "0.5", "--cv", "2"]
+    argv = _cs_argv(tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert main([*argv, "--max-iter", "2", "--no-progress"]) == 0
+        assert main(argv) == 0
     (failed,) = [str(w.message) for w in caught if w.category is FitFailedWarning]
     assert failed.startswith("2 of 6 fits failed, their scores set to NaN and never chosen: C")
     assert failed.endswith(
@@ -390,12 +397,10 @@ def test_a_cs_search_s_failed_fits_error_is_said_once(tmp_path, monkeypatch):
     # 1,000 characters) was said twice: in the warning of the failed fits, and again at the
     # end of the one of the non-finite scores that followed it.
     _undefined_below(monkeypatch, 1e-2)  # (at C = 1e-4)
-    X, y = _blobs(8, seed=1, d=4)
-    np.savez(tmp_path / "train.npz", X=X, y=y)
-    argv = [str(tmp_path / "train.npz"), "--Cs", "3", "--lam", "0.5", "--cv", "2"]
+    argv = _cs_argv(tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert main([*argv, "--max-iter", "2", "--no-progress"]) == 0
+        assert main(argv) == 0
     said = [str(w.message) for w in caught if "fits failed" in str(w.message)]
     said += [str(w.message) for w in caught if "non-finite" in str(w.message)]
     assert len(said) == 2 and said[1].startswith("One or more of the test scores are non-")
@@ -409,7 +414,7 @@ def test_a_cs_search_s_failed_fits_error_is_said_once(tmp_path, monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         warnings.simplefilter("ignore", FitFailedWarning)
-        assert main([*argv, "--max-iter", "2", "--no-progress"]) == 0
+        assert main(argv) == 0
     (said,) = [str(w.message) for w in caught if "non-finite" in str(w.message)]
     assert said.endswith(
         "failed (the first error, at C=10000 on fold 0: Cannot fit: the adam solver diverged. "
@@ -425,12 +430,10 @@ def test_a_cs_search_without_a_defined_score_says_its_failed_fits_error_once(
     # No value of --Cs with a defined score, some failing: the error line ended in the
     # failed fits' first error, which the warning of the failed fits had said before it.
     _undefined_below(monkeypatch, 100)
-    X, y = _blobs(8, seed=1, d=4)
-    np.savez(tmp_path / "train.npz", X=X, y=y)
-    argv = [str(tmp_path / "train.npz"), "--Cs", "3", "--lam", "0.5", "--cv", "2"]
+    argv = _cs_argv(tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        code, lines = _error([*argv, "--max-iter", "2", "--no-progress"], capsys)
+        code, lines = _error(argv, capsys)
     assert code == 2 and lines[-1].startswith("mr2-probe: error: No value of Cs has a defined")
     assert lines[-1].endswith(
         "; besides, the fits at C=10000 (folds 0, 1) failed (the first error as the warning "
