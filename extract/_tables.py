@@ -155,11 +155,17 @@ class _Table:
         import pyarrow as pa
 
         if self.parquet is None:
-            # Copied out of the mapping at once: the file rewritten in place later changed
-            # the bytes of rows not taken yet, or, cut shorter, crashed the process.
+            # Copied out of the mapping _STREAM_ROWS rows at a time, each after the cursor
+            # checked the file: rewritten in place later, the bytes of rows not taken yet
+            # changed or, cut shorter, crashed the process. (Not a whole record batch at
+            # once: a stream written as one batch was copied whole by each worker.)
             batches = (
-                pa.record_batch([pa.concat_arrays([batch.column(0)])], names=[column])
+                pa.record_batch(
+                    [pa.concat_arrays([batch.column(0).slice(start, _STREAM_ROWS)])],
+                    names=[column],
+                )
                 for batch in itertools.islice(self._batches([column]), group, group + 1)
+                for start in range(0, batch.num_rows, _STREAM_ROWS)
             )
         else:
             batches = self.parquet.iter_batches(
@@ -219,6 +225,7 @@ class _Cursor:
         while self.values is None or row >= self.start + len(self.values):
             if self.values is not None:
                 self.start += len(self.values)
+            self.check()  # before an Arrow batch is copied out of a mapping cut shorter
             batch = next(self.batches, None)
             if batch is None:
                 raise EOFError(f"row group {self.key[1]} ends before its row {row}")
