@@ -257,11 +257,13 @@ class TableRows(Archive):
         for i in items:  # in source order: rows only move forward within a row group
             key, row = (f, int(self.group[i])), int(self.row[i])
             cursor = state.get("cursor")
-            if cursor is None or cursor.key != key or row < cursor.start:
-                _drop_cursor(state)
-                listed = (int(self.sizes[f]), int(self.mtimes[f]))
-                cursor = state["cursor"] = _Cursor(key, path, listed, self.column)
+            # Opened in the try: a file changed within the block fails its rows from the
+            # change on, not those taken before it too.
             try:
+                if cursor is None or cursor.key != key or row < cursor.start:
+                    _drop_cursor(state)
+                    listed = (int(self.sizes[f]), int(self.mtimes[f]))
+                    cursor = state["cursor"] = _Cursor(key, path, listed, self.column)
                 out.append(cursor.take(row))
             except Exception as err:  # a damaged page: this row fails, the next reopens
                 _drop_cursor(state)

@@ -1546,6 +1546,35 @@ def test_a_parquet_or_arrow_file_rewritten_while_its_rows_are_read_gives_failed_
     assert all(isinstance(r, FileChangedError) and changed in str(r) for r in second)
 
 
+@pytest.mark.parametrize("name", ["t.parquet", "t.arrow"])
+def test_a_file_rewritten_within_a_block_fails_the_rows_from_the_change_on(
+    tmp_path, monkeypatch, name
+):
+    # The rows taken before the change, of the file listed, failed with the rest of the
+    # block: the cursor reopened for the row after the change raised out of the block.
+    from extract import _tables
+
+    monkeypatch.setattr(_tables, "_STREAM_ROWS", 2)
+    monkeypatch.setattr(_tables, "_READ_BUFFER", 4000)
+    path = tmp_path / name
+    images, other = _two_versions(path, 5)
+    src = open_source(f"parquet:{path}")
+    stream = _tables._Table.stream
+
+    def rewritten(table, group, column):  # as rows 2 and 3 are reached
+        for k, batch in enumerate(stream(table, group, column)):
+            if k == 1:
+                path.write_bytes(other)
+            yield batch
+
+    monkeypatch.setattr(_tables._Table, "stream", rewritten)
+    state = {}
+    read = src.archive.read(src.root, list(range(6)), state)
+    _drop_cursor(state)
+    assert read[:2] == images[:2]
+    assert all(isinstance(r, FileChangedError) for r in read[2:])
+
+
 def test_a_parquet_file_rewritten_between_blocks_of_a_run_gives_failed_rows(
     data, tmp_path, monkeypatch
 ):
