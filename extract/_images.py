@@ -1127,10 +1127,12 @@ def _first_deciding_line(
     """Whether a list's lines are read the other way: ``readings(line)`` gives a line's two
     readings as ``path label`` fields, the usual one and the other (None where they do not
     differ), and the first line whose readings differ decides: the reading that alone
-    names a file in ``folder`` (the other: True); where neither does (its images missing),
-    ``undecided``, or where that is None, the reading whose path alone is an image's by its
-    extension (neither: the next such line, as for a header, '"path"<TAB>"label"'); a list
-    without such a line is read as usual. Two look-ups a list, not two a line (every line
+    names a file in ``folder`` (the other: True); where neither does (its images missing)
+    and one reading's path alone is an image's by its extension, ``undecided``, or where
+    that is None, that reading (neither: the next such line, as for a header,
+    '"path"<TAB>"label"', or a first image missing of a list whose later ones are there,
+    'img1;golden retriever' before 'img2;dog x'); a list without such a line is read as
+    usual (``undecided``: True, the other way). Two look-ups a list, not two a line (every line
     of a tab- or semicolon-separated list of labels with blanks differs: its images
     missing, 200,000 lines took 400,000), but for lines that no extension tells apart."""
     for line in text:
@@ -1140,9 +1142,11 @@ def _first_deciding_line(
         named = [len(f) == 2 and os.path.lexists(os.path.join(folder, f[0].strip())) for f in pair]
         if named[0] != named[1]:
             return named[1]
-        if undecided is not None:
-            return undecided
+        # (where no extension tells them apart, a later line's file does: 'img1;golden
+        # retriever' missing, 'img2;dog x' present, read at its blanks at the first line)
         if _an_image_read_otherwise_alone(*pair) or _an_image_read_otherwise_alone(*pair[::-1]):
+            if undecided is not None:
+                return undecided
             return _an_image_read_otherwise_alone(pair[1], pair[0])
     return bool(undecided)
 

@@ -1031,6 +1031,20 @@ def test_a_tab_separated_list_is_told_from_one_with_tabs_in_its_paths_at_once(
     assert len(read_at_blanks) <= 1, read_at_blanks[:3]  # (the first line's, at most)
 
 
+@pytest.mark.parametrize("first, later", [("img1", "img2"), ("a/1.gif", "b/2.gif")])
+def test_a_semicolon_list_whose_first_image_is_missing_is_read_at_a_later_one(
+    tmp_path, first, later
+):
+    # No image's extension tells its first line's readings apart, and it names no file
+    # either way: a later line whose image is there decides, where the list was read at
+    # its blanks, the images 'img1;golden' and 'img2;dog' of classes 'retriever' and 'x'.
+    (tmp_path / later).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / later).write_bytes(b"x")
+    (tmp_path / "l.txt").write_text(f"{first};golden retriever\n{later};dog x\n")
+    src = image_list(tmp_path / "l.txt")
+    assert (src.ids, src.class_names) == ([first, later], ["dog x", "golden retriever"])
+
+
 def test_image_list_joined_from_lists_with_byte_order_marks(folder):
     # "CSV UTF-8" lists joined (cat a.csv b.csv): the second list's mark began a line, its
     # header became an image '\ufeffpath' of a class 'label', a path '\ufeffdog/...'
