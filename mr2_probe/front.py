@@ -195,10 +195,22 @@ def collecting_short() -> Iterator[list]:
         short.extend(w for w in caught if issubclass(w.category, ConvergenceWarning))
         for w in caught:
             if not issubclass(w.category, ConvergenceWarning):
-                # Never in the place of the error that ended the block (a Ctrl-C too): one
-                # that the filters make an error (held under a filter inside) is left out.
-                with suppress(Warning if failed else ()):
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                _pass_on(w, failed)
+
+
+def _pass_on(held: warnings.WarningMessage, failed: bool, message=None) -> None:
+    """Show the warning ``held`` (recorded by ``catch_warnings``) as it would have been
+    shown, its ``message`` in place of its own where given. Where ``failed`` (an error
+    ended the block that held it, a Ctrl-C too) never in the place of that error: one
+    that the filters make an error (held under a filter inside) is left out."""
+    with suppress(Warning if failed else ()):
+        warnings.warn_explicit(
+            held.message if message is None else message,
+            held.category,
+            held.filename,
+            held.lineno,
+            source=held.source,
+        )
 
 
 def fit_collecting_short(estimator, X, y, **fit_params) -> list:

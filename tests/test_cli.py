@@ -443,6 +443,44 @@ def test_a_cs_search_without_a_defined_score_says_its_failed_fits_error_once(
     assert "Cannot fit: the adam solver diverged" in failed
 
 
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ([], "the fit's own error"),
+        (
+            ["--grid", "C=0.1,1", "--cv", "2"],
+            "ERM grid: every fit of its search failed (4 fits), the first as: the fit's own error",
+        ),
+    ],
+    ids=["fit", "grid"],
+)
+def test_a_failed_fit_s_held_warnings_never_replace_its_error(
+    files, options, expected, monkeypatch, capsys
+):
+    # Held while a fit that failed ran, and shown after it, a warning that the filters make
+    # an error (simplefilter("error"), held under a filter inside) was raised in place of
+    # the fit's error: a UserWarning's traceback where the run ends in the fit's error line.
+    def failing(self, X, y, **params):
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")  # (as a library's own filter may)
+            warnings.warn("held before the error", UserWarning, stacklevel=2)
+        raise ValueError("the fit's own error")
+
+    monkeypatch.setattr(MR2LinearClassifier, "fit", failing)
+    # (fit_collecting_short passes on what it held so already: the command holds them too)
+    monkeypatch.setattr(cli_main, "fit_collecting_short", lambda model, X, y: model.fit(X, y))
+    argv = [str(files / "train.npz"), *options, "--no-progress"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        code, lines = _error(argv, capsys)
+    assert code == 2 and lines[-1] == f"mr2-probe: error: {expected}"
+    # (without the filter, shown before the error)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _error(argv, capsys)
+    assert "held before the error" in [str(w.message) for w in caught]
+
+
 @pytest.mark.slow
 def test_a_cosine_erm_searches_no_c(files, capsys):
     # ERM has no projection, and the cosine head no penalty: its "grid" of C fitted one

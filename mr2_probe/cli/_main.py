@@ -16,7 +16,7 @@ from sklearn.pipeline import Pipeline
 
 from .._classifier import MR2LinearClassifier
 from .._cv import MR2LinearClassifierCV
-from ..front import _final, collecting_short, fit_collecting_short
+from ..front import _final, _pass_on, collecting_short, fit_collecting_short
 from ..metrics import classwise_scorers
 from ..report import classwise_report, flat_text, in_percent
 from ._inputs import _check_splits, _features_sizes, _in_bytes, _inputs, _inputs_record, _streams
@@ -712,12 +712,15 @@ def _said_failed_fits(search: GridSearchCV, caught: list, name: str, args) -> bo
     return bool(np.any(failed))
 
 
-def _show(caught: list, hide_failed_fits: bool = False, debug: bool = False) -> None:
+def _show(
+    caught: list, hide_failed_fits: bool = False, debug: bool = False, failed: bool = False
+) -> None:
     """Show the warnings ``caught`` while a search ran, as they would have been shown;
     with ``hide_failed_fits`` (said by :func:`_said_failed_fits`) without scikit-learn's
     own of its failed fits: their FitFailedWarning and the NaN test scores' UserWarning.
     ``debug`` (--debug, whose tracebacks the failed settings' lines promise) shows the
-    FitFailedWarning whatever the filters say (python -W ignore hid it)."""
+    FitFailedWarning whatever the filters say (python -W ignore hid it). ``failed`` (the
+    search ended in an error): none in the place of its error (see :func:`_pass_on`)."""
     for warning in caught:
         text = str(warning.message)
         failed_fits = issubclass(warning.category, FitFailedWarning)
@@ -728,30 +731,26 @@ def _show(caught: list, hide_failed_fits: bool = False, debug: bool = False) -> 
         with warnings.catch_warnings():
             if debug and failed_fits:
                 warnings.simplefilter("always", FitFailedWarning)
-            warnings.warn_explicit(
-                warning.message, warning.category, warning.filename, warning.lineno,
-                source=warning.source,
-            )  # fmt: skip
+            _pass_on(warning, failed)
 
 
-def _show_in_cli_terms(caught: list, args) -> None:
+def _show_in_cli_terms(caught: list, args, failed: bool = False) -> None:
     """Show the warnings ``caught`` while a model (not a grid search) was fitted, as they
     would have been shown, but for MR2LinearClassifierCV's of its failed fits (some values
     of --Cs failed on some folds) and of non-finite scores, which name the failed fits'
     first error: its advice is given in mr2-probe's options (:func:`_in_cli_terms`), where
     it named the estimator's learning_rate and StandardScaler. The one of non-finite scores,
     which follows the other, leaves the error (up to 1,000 characters) to it where it was
-    shown (held: the filters passed it), so that it is said once."""
+    shown (held: the filters passed it), so that it is said once. ``failed`` (the fit
+    ended in an error): none in the place of its error (see :func:`_pass_on`)."""
     failed_fits = any(issubclass(w.category, FitFailedWarning) for w in caught)
     for warning in caught:
-        message, text = warning.message, str(warning.message)
+        message, text = None, str(warning.message)
         if issubclass(warning.category, FitFailedWarning):
             message = warning.category(_in_cli_terms(text, args))
         elif text.startswith("One or more of the test scores are non-finite"):
             message = warning.category(_in_cli_terms(_said_above(text, failed_fits), args))
-        warnings.warn_explicit(
-            message, warning.category, warning.filename, warning.lineno, source=warning.source
-        )
+        _pass_on(warning, failed, message)
 
 
 def _said_above(text: str, failed_fits: bool) -> str:
@@ -789,7 +788,7 @@ def _fit(model, X, y, name: str, args, front: bool = False):
         if failure is not None:
             # Shown out of the block: in it, each warning shown was held again, behind the
             # one shown, for ever (a search whose every fit failed, a warning held).
-            _show(caught, debug=args.debug)
+            _show(caught, debug=args.debug, failed=True)
             if isinstance(failure, ValueError):
                 raise _all_fits_failed(failure, name, args) from failure
             raise failure
@@ -824,7 +823,7 @@ def _fit(model, X, y, name: str, args, front: bool = False):
         except BaseException as error:  # (shown before any error, a Ctrl-C too)
             failure = error
     # Shown out of the block, as a grid search's are (each warning shown is held in it).
-    _show_in_cli_terms(caught, args)
+    _show_in_cli_terms(caught, args, failed=failure is not None)
     if isinstance(failure, ValueError):
         # Its advice in mr2-probe's options, as a search's failed fits say it: "Scale them
         # (e.g. StandardScaler ...)" named no option of the command. (A front's refit fails
