@@ -208,6 +208,42 @@ def test_warnings_give_their_advice_in_the_options_of_the_command(message, scali
     assert _in_cli_terms(message, Namespace(feature_scaling=scaling, grid=[], Cs=None)) == expected
 
 
+_BY_A_CONSTANT = (
+    "a constant (values this large overflow the arithmetic of --feature-scaling standard itself)"
+)
+
+
+@pytest.mark.parametrize(
+    ("assume_finite", "scaling", "expected"),
+    [
+        (True, "none", "and scale it (--feature-scaling standard) if it is finite."),
+        (True, "standard", f"and, if it is finite, divide it by {_BY_A_CONSTANT}."),
+        (
+            False,
+            "none",
+            "Scale them (--feature-scaling standard, or divide X by a constant) and fit again.",
+        ),
+        (False, "standard", f"Divide X by {_BY_A_CONSTANT} and fit again."),
+    ],
+)
+def test_overflow_errors_give_their_advice_in_the_options_of_the_command(
+    assume_finite, scaling, expected
+):
+    # Under --feature-scaling standard, the errors of features too large (or, unchecked,
+    # not finite) still said to scale them with StandardScaler, which the run did: values
+    # that overflow the fit once scaled overflowed the scaler's own arithmetic (its NaN),
+    # and dividing X is what is left.
+    import sklearn
+    import torch
+
+    from mr2_probe._classifier import _overflow_message
+
+    with sklearn.config_context(assume_finite=assume_finite):
+        message = _overflow_message("the class statistics (‖x‖²) overflow", torch.float32)
+    said = _in_cli_terms(message, Namespace(feature_scaling=scaling, grid=[], Cs=None))
+    assert said.endswith(expected) and "StandardScaler" not in said
+
+
 @pytest.mark.parametrize("grid", [[], ["learning_rate=0.003,0.01"]])
 def test_warnings_name_the_grid_for_the_learning_rate(grid):
     # mr2-probe has no --learning-rate (refused as unrecognized): --grid sets it.

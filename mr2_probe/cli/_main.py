@@ -595,6 +595,7 @@ def _in_cli_terms(message, args) -> str:
     grid = any(spec.partition("=")[0].strip() == "max_iter" for spec in args.grid)
     option, sep = ("--grid max_iter", "=") if grid else ("--max-iter", " ")
     scale = "--feature-scaling standard"
+    by = f"a constant (values this large overflow the arithmetic of {scale} itself)"
     learning_rate, projection_rank = r"--grid learning_rate\1", "--grid projection_rank"
     if args.Cs is not None:  # (said after its value, "than 0.003", which it is about)
         value = "scale" if args.head == "cosine" else "C"
@@ -616,15 +617,29 @@ def _in_cli_terms(message, args) -> str:
         (r"\blearning_rate\b(?!=)((?: than| below) [0-9.e+-]*[0-9])?", learning_rate),
         # Nor a --projection-rank: "a projection_rank also helps" a diverged projection.
         (r"(?<!--grid )\bprojection_rank\b(?!=)", projection_rank),
-        # "(and scale them, e.g. StandardScaler)", "(or scale the features, ...)" and the
-        # like: no advice where they are.
-        (
-            r" ?\((?:and,? |or )?(?:for features [^()]*, )?scale (?:them|the features), "
-            r"e\.g\. StandardScaler\)",
-            "",
-        )
-        if scaled
-        else (r"e\.g\. StandardScaler", scale),
+        *(
+            (
+                # Features too large for the fit even scaled were too large for the scaler's
+                # own arithmetic (its NaN): dividing X is the cure, scaling it is no more.
+                (
+                    r"and scale it \(e\.g\. StandardScaler\) if it is finite",
+                    f"and, if it is finite, divide it by {by}",
+                ),
+                (
+                    r"Scale them \(e\.g\. StandardScaler, or divide X by a constant\)",
+                    f"Divide X by {by}",
+                ),
+                # "(and scale them, e.g. StandardScaler)", "(or scale the features, ...)" and
+                # the like: no advice where they are.
+                (
+                    r" ?\((?:and,? |or )?(?:for features [^()]*, )?scale (?:them|the features), "
+                    r"e\.g\. StandardScaler\)",
+                    "",
+                ),
+            )
+            if scaled
+            else ((r"e\.g\. StandardScaler", scale),)
+        ),
         # (mr2-probe keeps an array's dtype: a float32 .npz is no remedy, its X must be.)
         (r"(?i)float64 features", r"\g<0> (X saved as float64 in a .npy or .npz file)"),
         (r", or a larger tol to accept this one", "; mr2-probe keeps this one"),
