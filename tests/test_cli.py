@@ -244,6 +244,35 @@ def test_overflow_errors_give_their_advice_in_the_options_of_the_command(
     assert said.endswith(expected) and "StandardScaler" not in said
 
 
+@pytest.mark.parametrize(
+    ("options", "prefix"),
+    [([], ""), (["--grid", "C=0.1,1", "--cv", "2"], "ERM grid: every fit of its search failed")],
+    ids=["fit", "grid"],
+)
+def test_features_the_scaling_makes_nan_of_are_told_to_be_divided(
+    tmp_path, options, prefix, capsys
+):
+    # Finite features too large for StandardScaler's arithmetic (its variance overflows
+    # float64) were told scikit-learn's "Input X contains NaN ... consider
+    # HistGradientBoostingClassifier" of X, which mr2-probe had found finite.
+    X, y = _blobs(20, seed=1)
+    np.savez(tmp_path / "huge.npz", X=X.astype(np.float64) * 1e200, y=y)
+    argv = [str(tmp_path / "huge.npz"), "--feature-scaling", "standard", *options]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (the scaler's overflow)
+        code, lines = _error([*argv, "--no-progress"], capsys)
+    assert code == 2 and lines[-1].startswith(f"mr2-probe: error: {prefix}")
+    assert lines[-1].endswith(
+        "Cannot fit: the features scaled by --feature-scaling standard hold NaN, where X held "
+        "none: values this large overflow the scaling's own arithmetic. Divide X by a constant "
+        "and fit again."
+    )
+    # (divided, they fit)
+    np.savez(tmp_path / "divided.npz", X=X.astype(np.float64), y=y)
+    argv[0] = str(tmp_path / "divided.npz")
+    assert main([*argv, "--no-progress"]) == 0
+
+
 @pytest.mark.parametrize("grid", [[], ["learning_rate=0.003,0.01"]])
 def test_warnings_name_the_grid_for_the_learning_rate(grid):
     # mr2-probe has no --learning-rate (refused as unrecognized): --grid sets it.

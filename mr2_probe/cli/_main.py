@@ -629,6 +629,13 @@ def _in_cli_terms(message, args) -> str:
                     r"Scale them \(e\.g\. StandardScaler, or divide X by a constant\)",
                     f"Divide X by {by}",
                 ),
+                # (mr2-probe refused X with NaN or infinity before: the scaler made them)
+                (
+                    r"\AInput X contains (NaN|infinity)\b.*",
+                    rf"Cannot fit: the features scaled by {scale} hold \1, where X held none: "
+                    "values this large overflow the scaling's own arithmetic. Divide X by a "
+                    "constant and fit again.",
+                ),
                 # "(and scale them, e.g. StandardScaler)", "(or scale the features, ...)" and
                 # the like: no advice where they are.
                 (
