@@ -273,6 +273,29 @@ def test_features_the_scaling_makes_nan_of_are_told_to_be_divided(
     assert main([*argv, "--no-progress"]) == 0
 
 
+def test_test_features_the_scaling_makes_infinite_are_not_told_to_divide_x(tmp_path, capsys):
+    # A --test row far out of the range the scaler was fitted on is infinite once scaled, which
+    # dividing X (and the test features alike) by a constant leaves so: the front's error,
+    # of its predictions, keeps scikit-learn's words, not the scaling's overflow advice.
+    X, y = _blobs(20, seed=1)
+    X[:, 0] *= 1e-3
+    X_test, y_test = _blobs(20, seed=2)
+    X_test = X_test.astype(np.float64)
+    X_test[0, 0] = 1e308
+    np.savez(tmp_path / "train.npz", X=X, y=y)
+    np.savez(tmp_path / "test.npz", X=X_test, y=y_test)
+    argv = [str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz")]
+    argv += ["--feature-scaling", "standard", "--tilt", "0.5", "--no-progress"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (the scaler's overflow)
+        _, lines = _error(argv, capsys)
+    front = [line for line in lines if "the front failed" in line]
+    assert front == [
+        "mr2-probe: error: the front failed and is left out: Input X contains infinity or a "
+        "value too large for dtype('float64')."
+    ]
+
+
 @pytest.mark.parametrize("grid", [[], ["learning_rate=0.003,0.01"]])
 def test_warnings_name_the_grid_for_the_learning_rate(grid):
     # mr2-probe has no --learning-rate (refused as unrecognized): --grid sets it.

@@ -200,7 +200,7 @@ def _fit_and_report(
                 front_error, status = "the front was interrupted and is left out", 130
             else:
                 # (its tilt as --tilt's, as the front's warnings say it)
-                why = _in_cli_terms(_front_terms(_one_line(error)), args)
+                why = _in_cli_terms(_front_terms(_one_line(error)), args, fit=False)
                 if not isinstance(error, ValueError):  # (a ValueError's says what was wrong)
                     why = f"{type(error).__name__}: {why}" if why else type(error).__name__
                 front_error, status = f"the front failed and is left out: {why}", 1
@@ -584,13 +584,16 @@ def _stopped_short(estimator, X, y) -> float:
     return float(getattr(_final(estimator), "_stop_reason", None) is not None)
 
 
-def _in_cli_terms(message, args) -> str:
+def _in_cli_terms(message, args, fit: bool = True) -> str:
     """An estimator's warning on one line, its advice in mr2-probe's options: --max-iter
     for max_iter (--grid max_iter where the grid sets it), --grid learning_rate for
     learning_rate and projection_rank (there is no option of them; under --Cs, which
     excludes --grid, a --grid search of C with it in place of --Cs), --feature-scaling
     standard for a scaler (no advice to scale where the features are scaled so already); a
-    larger tol, which is no option, becomes the fit kept as it is."""
+    larger tol, which is no option, becomes the fit kept as it is. Not ``fit`` (a front's
+    error, which may be of its predictions): NaN or infinity in scaled features is left in
+    scikit-learn's words, since features far out of the range scaled on (a --test row) are
+    no fault of X that dividing it cures."""
     scaled = args.feature_scaling == "standard"
     grid = any(spec.partition("=")[0].strip() == "max_iter" for spec in args.grid)
     option, sep = ("--grid max_iter", "=") if grid else ("--max-iter", " ")
@@ -630,11 +633,17 @@ def _in_cli_terms(message, args) -> str:
                     f"Divide X by {by}",
                 ),
                 # (mr2-probe refused X with NaN or infinity before: the scaler made them)
-                (
-                    r"\AInput X contains (NaN|infinity)\b.*",
-                    rf"Cannot fit: the features scaled by {scale} hold \1, where X held none: "
-                    "values this large overflow the scaling's own arithmetic. Divide X by a "
-                    "constant and fit again.",
+                *(
+                    (
+                        (
+                            r"\AInput X contains (NaN|infinity)\b.*",
+                            rf"Cannot fit: the features scaled by {scale} hold \1, where X "
+                            "held none: values this large overflow the scaling's own "
+                            "arithmetic. Divide X by a constant and fit again.",
+                        ),
+                    )
+                    if fit
+                    else ()
                 ),
                 # "(and scale them, e.g. StandardScaler)", "(or scale the features, ...)" and
                 # the like: no advice where they are.
