@@ -765,7 +765,7 @@ def _show(
             _pass_on(warning, failed)
 
 
-def _show_in_cli_terms(caught: list, args, failed: bool = False) -> None:
+def _show_in_cli_terms(caught: list, args, failed: bool = False) -> bool:
     """Show the warnings ``caught`` while a model (not a grid search) was fitted, as they
     would have been shown, but for MR2LinearClassifierCV's of its failed fits (some values
     of --Cs failed on some folds) and of non-finite scores, which name the failed fits'
@@ -773,7 +773,8 @@ def _show_in_cli_terms(caught: list, args, failed: bool = False) -> None:
     it named the estimator's learning_rate and StandardScaler. The one of non-finite scores,
     which follows the other, leaves the error (up to 1,000 characters) to it where it was
     shown (held: the filters passed it), so that it is said once. ``failed`` (the fit
-    ended in an error): none in the place of its error (see :func:`_pass_on`)."""
+    ended in an error): none in the place of its error (see :func:`_pass_on`). Returns
+    whether the warning of failed fits was among them."""
     failed_fits = any(issubclass(w.category, FitFailedWarning) for w in caught)
     for warning in caught:
         message, text = None, str(warning.message)
@@ -782,6 +783,7 @@ def _show_in_cli_terms(caught: list, args, failed: bool = False) -> None:
         elif text.startswith("One or more of the test scores are non-finite"):
             message = warning.category(_in_cli_terms(_said_above(text, failed_fits), args))
         _pass_on(warning, failed, message)
+    return failed_fits
 
 
 def _said_above(text: str, failed_fits: bool) -> str:
@@ -854,13 +856,12 @@ def _fit(model, X, y, name: str, args, front: bool = False):
         except BaseException as error:  # (shown before any error, a Ctrl-C too)
             failure = error
     # Shown out of the block, as a grid search's are (each warning shown is held in it).
-    _show_in_cli_terms(caught, args, failed=failure is not None)
+    failed_fits = _show_in_cli_terms(caught, args, failed=failure is not None)
     if isinstance(failure, ValueError):
         # Its advice in mr2-probe's options, as a search's failed fits say it: "Scale them
         # (e.g. StandardScaler ...)" named no option of the command. (A front's refit fails
         # the front, whose error line says it so: said so twice, "--grid --grid learning_rate".)
         # No value of --Cs with a defined score: the failed fits' error said once too.
-        failed_fits = any(issubclass(w.category, FitFailedWarning) for w in caught)
         text = _in_cli_terms(_said_above(str(failure), failed_fits), args)
         if front or text == _one_line(failure):
             raise failure
