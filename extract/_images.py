@@ -1471,12 +1471,17 @@ def _warn_of_working_folder_paths(
         )  # fmt: skip
 
 
-def _check_path_first(list_file: Path, folder: Path, rows: list) -> None:
+def _check_path_first(
+    list_file: Path, folder: Path, rows: list, text: list[str], delimiter: str | None
+) -> None:
     """Refuse a list whose columns are 'label,path' (a 'label,path' header, or lines
     whose labels name files and whose paths name none, most of the list's): it was refused
     as a header, or read as images named by the labels, every one failed, in classes named
     by the paths. A list whose first image is missing and labelled with the name of a file
-    beside it (a class 'notes' beside notes) is no such list: it was refused as one."""
+    beside it (a class 'notes' beside notes) is no such list: it was refused as one. The
+    line refused is shown as written in ``text``, and the columns named in the list's own
+    separator (``delimiter``: 'label;path' was shown 'label,path', and the cure 'path,label'
+    in a list separated by semicolons)."""
     if rows and [f.lower() for f in rows[0][:2]] == ["path", "label"]:
         rows = rows[1:]  # (the header, its first line after it)
     if not rows:
@@ -1486,10 +1491,11 @@ def _check_path_first(list_file: Path, folder: Path, rows: list) -> None:
     # (a first path that names a file: the list is the right way round, nothing else read)
     first = 0 if swapped else None if os.path.isfile(folder / path) else _swapped(folder, rows)
     if first is not None:
-        path, label, number = rows[first]
+        number = rows[first][2]
         raise ValueError(
-            f"{list_file}:{number}: {path},{label} reads as 'label,path': a list's lines are "
-            "'path,label', the image first; swap the two columns."
+            f"{list_file}:{number}: {text[number - 1].strip()!r} reads as "
+            f"{_columns(delimiter, 'label', 'path')}: a list's lines are "
+            f"{_columns(delimiter, 'path', 'label')}, the image first; swap the two columns."
         )
 
 
@@ -1591,11 +1597,15 @@ def _column_name(field: str) -> bool:
     return any(w.lower() in _COLUMN_WORDS or w.lower()[:-1] in _COLUMN_WORDS for w in words)
 
 
-# A list's header, in the separator its lines are split at (:func:`_list_format`): in a
-# list separated by semicolons, 'path,label' holds no semicolon, and its lines were read
-# otherwise.
-_HEADERS = {",": "'path,label'", "csv-semicolon": "'path;label'", "\t": "'path<TAB>label'"}
-_HEADERS["csv-tab"] = _HEADERS["\t"]
+# The separator of a list's columns as its lines are split (:func:`_list_format`), in the
+# header and the columns that errors name: in a list separated by semicolons, 'path,label'
+# holds no semicolon, and its lines were read otherwise. (None, "shell": at a blank.)
+_SEPARATORS = {",": ",", "csv-semicolon": ";", "\t": "<TAB>", "csv-tab": "<TAB>"}
+
+
+def _columns(delimiter: str | None, *names: str) -> str:
+    """Columns ``names`` as a list split at ``delimiter`` writes them: 'path;label'."""
+    return repr(_SEPARATORS.get(delimiter, " ").join(names))
 
 
 def _check_first_line(
@@ -1609,7 +1619,7 @@ def _check_first_line(
     was refused as a header. (Column names are words of any language; an image's name
     without an extension, a scan's number or a hash, holds a digit.) The header either
     names is written with the list's own separator (``delimiter``)."""
-    header = _HEADERS.get(delimiter, "'path label'")
+    header = _columns(delimiter, "path", "label")
     comment = path[:1] == "#"
     if comment or not re.search(r"\d", path) or _column_name(path) or _column_name(label):
         raise ValueError(
@@ -1672,7 +1682,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
             + (_source_hint(list_file) or " Save the list as UTF-8.")
         ) from None
     folder, rows, delimiter = _list_folder_and_rows(list_file, text)
-    _check_path_first(list_file, folder, rows)
+    _check_path_first(list_file, folder, rows, text, delimiter)
     if rows and [f.lower() for f in rows[0][:2]] == ["path", "label"]:
         rows = rows[1:]
     elif len(rows) > 1 and rows[0][1] not in {label for _, label, _ in rows[1:]}:

@@ -1188,24 +1188,30 @@ def test_a_list_of_windows_paths_says_so(folder, caplog, name, sep):
 
 
 @pytest.mark.parametrize(
-    "text, line",
+    "text, sep",
     [
-        ("label,path\ncat,cat/000.png\ndog,dog/001.jpg\n", "label,path"),
-        ("cat,cat/000.png\ndog,dog/001.jpg\n", "cat,cat/000.png"),
-        ("cat cat/000.png\ndog dog/001.jpg\n", "cat,cat/000.png"),
-        ("Path,Label\ndog,dog/001.jpg\n", "dog,dog/001.jpg"),
+        ("label,path\ncat,cat/000.png\ndog,dog/001.jpg\n", ","),
+        ("cat,cat/000.png\ndog,dog/001.jpg\n", ","),
+        ("cat cat/000.png\ndog dog/001.jpg\n", " "),
+        ("Path,Label\ndog,dog/001.jpg\n", ","),
+        ("cat;cat/000.png\ndog;dog/001.jpg\n", ";"),
+        ("label;path\ncat;cat/000.png\n", ";"),
+        ("cat\tcat/000.png\ndog\tdog/001.jpg\n", "<TAB>"),
     ],
 )
-def test_a_list_of_label_path_lines_is_refused_as_such(folder, text, line):
+def test_a_list_of_label_path_lines_is_refused_as_such(folder, text, sep):
     # The columns the other way round: refused as "looks like a header" (without one), or,
-    # behind a 'label,path' header, said to be a header of another kind.
+    # behind a 'label,path' header, said to be a header of another kind. The line is shown
+    # as written, and the columns in the list's own separator: 'cat;cat/000.png' was shown
+    # 'cat,cat/000.png', its cure 'path,label', which a list separated by semicolons is not.
     (folder / "l.csv").write_text(text)
     with pytest.raises(ValueError) as info:
         image_list(folder / "l.csv")
     number = 2 if text.startswith("Path") else 1
+    line = text.splitlines()[number - 1]
     assert str(info.value) == (
-        f"{folder / 'l.csv'}:{number}: {line} reads as 'label,path': a list's lines are "
-        "'path,label', the image first; swap the two columns."
+        f"{folder / 'l.csv'}:{number}: {line!r} reads as 'label{sep}path': a list's lines "
+        f"are 'path{sep}label', the image first; swap the two columns."
     )
 
 
@@ -1223,7 +1229,7 @@ def test_a_list_is_taken_as_label_path_only_where_most_lines_read_so(tmp_path):
     with pytest.raises(ValueError) as info:
         image_list(root / "l.csv")
     assert str(info.value) == (
-        f"{root / 'l.csv'}:2: cat,cat/000.png reads as 'label,path': a list's lines are "
+        f"{root / 'l.csv'}:2: 'cat,cat/000.png' reads as 'label,path': a list's lines are "
         "'path,label', the image first; swap the two columns."
     )
     # Half the lines so (one of two): a list the right way round, its images missing.
