@@ -1041,7 +1041,19 @@ def _quoted_as_csv_quotes(folder: Path, text: list[str]) -> bool:
             return None
         return plain, quoted
 
-    return _first_deciding_line(folder, text, readings)
+    return _first_deciding_line(folder, text, readings, _quoted_whole(text, readings, '"'))
+
+
+def _quoted_whole(text: list[str], readings, quotes: str) -> bool | None:
+    """True where the first line of a list whose two ``readings`` differ begins with a path
+    quoted whole (``"c/img9"<TAB>"cat"``, ``'c/img9' cat``, as the csv module and
+    ``shlex.quote`` write them, in ``quotes``): where no file tells the readings apart, its
+    images missing, that is quoting, not a name (no extension told, and ``'c/img9'`` was
+    recorded with its quotes, where the image found was 'c/img9'). None: as
+    :func:`_first_deciding_line` decides."""
+    first = next((line for line in text if readings(line) is not None), None)
+    whole = "|".join(f"{q}[^{q}]+{q}" for q in quotes)
+    return True if first is not None and re.match(rf"\s*(?:{whole})\s", first) else None
 
 
 def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> bool:
@@ -1171,7 +1183,7 @@ def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
             return None
         return plain, quoted
 
-    return _first_deciding_line(folder, text, readings)
+    return _first_deciding_line(folder, text, readings, _quoted_whole(text, readings, "'\""))
 
 
 def _shell_split(line: str) -> list[str]:

@@ -960,15 +960,28 @@ def test_a_tab_separated_list_quoted_as_the_csv_module_quotes_is_read_unquoted(f
     [
         '"c/9.png"\t"golden retriever"\n"c/8.png"\t"cat"\n',
         "'c/9.png' 'golden retriever'\n'c/8.png' cat\n",
+        '"c/9"\t"golden retriever"\n"c/8"\t"cat"\n',
+        "'c/9' 'golden retriever'\n'c/8' cat\n",
+        '"c/9" cat\n"c/8" "golden retriever"\n',
     ],
 )
 def test_a_quoted_list_of_missing_images_is_read_unquoted(tmp_path, text):
     # Its images missing (not yet there), no line told its readings apart: read with its
     # quotes, the image '"c/9.png"' of a class '"cat"' (or "'c/9.png' 'golden" of a class
-    # "retriever'"), where the same list read with its images present was unquoted.
+    # "retriever'"), where the same list read with its images present was unquoted. Without
+    # an extension to tell its readings apart, a path quoted whole is read unquoted too: it
+    # was recorded as "'c/9'" (in a class '"cat"'), and said so in the store's failures and
+    # the warnings, where the image found was 'c/9', as the csv module and a shell read it.
     (tmp_path / "l.txt").write_text(text)
-    src = image_list(tmp_path / "l.txt")
-    assert (src.ids, src.class_names) == (["c/9.png", "c/8.png"], ["cat", "golden retriever"])
+    missing = image_list(tmp_path / "l.txt")
+    ids = ["c/9.png", "c/8.png"] if ".png" in text else ["c/9", "c/8"]
+    assert (missing.ids, missing.class_names) == (ids, ["cat", "golden retriever"])
+    (tmp_path / "c").mkdir()
+    for path in ids:
+        (tmp_path / path).write_bytes(b"not decoded here")
+    found = image_list(tmp_path / "l.txt")
+    assert (found.ids, found.class_names) == (missing.ids, missing.class_names)
+    assert (found.file_size > 0).all()
 
 
 def test_a_quote_in_the_names_of_a_tab_separated_list_is_read_as_it_stands(folder):
