@@ -1250,7 +1250,9 @@ def _commas_in_its_names(folder: Path, text: list[str]) -> str | None:
     the first line with a comma whose two readings differ decides, where its path or its
     label is quoted as a shell quotes it ('"a,b.png" cat', 'a.png "x, y"': "shell", where
     read as CSV the image 'a.png "x' of a class 'y"' failed) or where read at its blanks
-    alone it names a file ("blank"); None: the list is CSV."""
+    alone it names a file, or, named neither way (its images missing), its path read so
+    alone is an image's by its extension ("blank"); None: the list is CSV (where no
+    extension tells either, said by :func:`_warn_of_commas_read_as_csv`)."""
     lines = [line for line in text if line.strip()]
     if not all(len(line.split(None, 1)) == 2 for line in lines):
         return None
@@ -1269,9 +1271,56 @@ def _commas_in_its_names(folder: Path, text: list[str]) -> str | None:
         # (os.path's isfile: a name too long for the file system is no file, not an error;
         # named neither way, it decides all the same: a CSV list of labels with blanks, its
         # images missing, was looked up twice a line)
-        named = len(usual) == 2 and os.path.isfile(folder / usual[0].strip())
-        return "blank" if not named and os.path.isfile(folder / path) else None
+        if len(usual) == 2 and os.path.isfile(folder / usual[0].strip()):
+            return None
+        if os.path.isfile(folder / path):
+            return "blank"
+        # (its images missing, 'a,b.png cat' was read as CSV, the image 'a' of a class
+        # 'b.png cat', where found it was read at its blanks)
+        return "blank" if _an_image_read_otherwise_alone(line.rsplit(None, 1), usual) else None
     return None
+
+
+def _warn_of_commas_read_as_csv(
+    list_file: Path, text: list[str], sizes: np.ndarray, delimiter: str | None
+) -> None:
+    """Say where a list read as CSV may be 'path label' lines with commas in their file
+    names (:func:`_commas_in_its_names`): every line splits in two at its blanks, no image
+    is found, and at its first line with a comma whose two readings differ no image's
+    extension tells them apart ('scan1,x golden' was the image 'scan1' of a class 'x
+    golden', unsaid, where 'scan1,x' of a class 'golden' was meant)."""
+    if delimiter != "," or (sizes != NOT_A_FILE).any():
+        return
+    if not all(len(line.split(None, 1)) == 2 for line in text if line.strip()):
+        return
+    for number, line in enumerate(text, 1):
+        if "," not in line:
+            continue
+        usual, blank = next(csv.reader([line])), line.rsplit(None, 1)
+        if len(usual) == 2 and usual[0].strip() == blank[0].strip():
+            continue
+        header = [f.strip().lower() for f in usual] == ["path", "label"]  # ('path, label')
+        if header or _an_image_read_otherwise_alone(usual, blank):  # (or CSV by its extension)
+            return
+        path, label = _name_and_label(line)
+        quote = "'" if '"' in path else '"'
+        logger.warning(
+            "%s:%d: %r is read as CSV, the image %r of a class %r, where at its last blank it "
+            "reads as %r of a class %r: no image of the list is found, and no extension tells "
+            "the two apart. If its lines are 'path label' lines with a comma in a file name, "
+            "quote that name as a shell quotes it (%s); if the list is CSV, put the header "
+            "'path,label' before its first line.",
+            list_file, number, line.strip(), usual[0].strip(), usual[1].strip(),
+            blank[0].strip(), blank[1].strip(), f"{quote}{path}{quote} {label}",
+        )  # fmt: skip
+        return
+
+
+def _name_and_label(line: str) -> tuple[str, str]:
+    """A 'path label' line's path and its label as written, quoted where it holds a blank
+    ('x,y.png "golden retriever"')."""
+    fields = re.fullmatch(r"""(.+?)\s+("[^"]*"|'[^']*'|\S+)""", line.strip())
+    return fields.groups() if fields else ("a,b.jpg", "cat")
 
 
 def _commas_advice(text: list[str]) -> str:
@@ -1290,9 +1339,7 @@ def _commas_advice(text: list[str]) -> str:
             "line 'path,label', a file name with a comma quoted, \"a,b.jpg\",cat)."
         )
     number, line = next((n, line) for n, line in enumerate(text, 1) if "," in line)
-    # (its label as written, quoted where it holds a blank: 'x,y.png "golden retriever"')
-    fields = re.fullmatch(r"""(.+?)\s+("[^"]*"|'[^']*'|\S+)""", line.strip())
-    path, label = fields.groups() if fields else ("a,b.jpg", "cat")
+    path, label = _name_and_label(line)
     quote = "'" if '"' in path else '"'
     return (
         f"(the list is read as CSV, as line {number}, {line.strip()!r}, holds a comma: write "
@@ -1761,6 +1808,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     _warn_of_working_folder_paths(list_file, folder, ids, sizes)
     _warn_of_windows_separators(list_file, folder, rows, sizes)
     _warn_of_comment_lines(list_file, rows, sizes)
+    _warn_of_commas_read_as_csv(list_file, text, sizes, delimiter)
     return ImageSource(
         ids=ids,
         labels=labels,

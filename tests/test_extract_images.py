@@ -1361,18 +1361,19 @@ def test_a_csv_list_with_blanks_in_its_labels_is_told_from_commas_in_names_at_on
 
 @pytest.mark.parametrize(
     "missing, label",
-    [("cat/x,y.png", "cat"), ("my dir/x,y.png", "cat"), ("a,b,c.png", "cat"),
+    [("cat/x,1", "cat"), ("my dir/x,1", "cat"), ("a,b,1", "cat"),
      # A quote of the other kind in the name, a label quoted for its blank: the advice
-     # quoted "it's,a.png" (not read as quoted: the list was refused again), and took
+     # quoted "it's,1" (not read as quoted: the list was refused again), and took
      # 'retriever' for the label ('"x,y.png \'golden" retriever\'').
-     ("it's,a.png", "cat"), ('say "hi",x.png', "cat"), ("x,y.png", "'golden retriever'")],
+     ("it's,1", "cat"), ('say "hi",1', "cat"), ("x,y.png", "'golden retriever'")],
 )  # fmt: skip
 def test_a_blank_separated_list_with_a_comma_in_a_missing_name_is_told_a_cure_that_works(
     folder, missing, label
 ):
     # Read as CSV, its line without a comma was refused, and the advice (a file name with
     # a comma quoted: "a,b.jpg",cat) rewrote the whole list as CSV; quoted so in this list,
-    # the name was refused all the same.
+    # the name was refused all the same. (Names that no extension tells from CSV's reading:
+    # 'cat/x,1.png cat' is read at its blanks, below.)
     (folder / "l.txt").write_text(f"{missing} {label}\ndog/001.jpg dog\n")
     with pytest.raises(ValueError) as info:
         image_list(folder / "l.txt")
@@ -1390,6 +1391,73 @@ def test_a_blank_separated_list_with_a_comma_in_a_missing_name_is_told_a_cure_th
     with open(folder / "l.csv", "w", newline="") as fh:
         csv.writer(fh).writerows([[missing, name], ["dog/001.jpg", "dog"]])
     assert image_list(folder / "l.csv").ids == [missing, "dog/001.jpg"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a,b.png cat\nc,d.png cat\ne,f.png dog\n",
+        "cat/x,y.png cat\ndog/001.jpg dog\n",
+        "my dir/x,y.png cat\nit's,a.png dog\na,b,c.png dog\n",
+    ],
+)
+def test_a_blank_separated_list_with_commas_in_missing_names_is_read_as_when_found(
+    tmp_path, caplog, text
+):
+    # Its images missing, it was read as CSV, the images 'a', 'c' and 'e' of classes
+    # 'b.png cat', ..., without a word (or refused at a line without a comma), where with
+    # its images found it was read at its blanks: the path read so alone is an image's.
+    caplog.set_level(logging.WARNING, logger="extract")
+    (tmp_path / "l.txt").write_text(text)
+    rows = [line.rsplit(None, 1) for line in text.splitlines()]
+    missing = image_list(tmp_path / "l.txt")
+    assert missing.ids == [path for path, _ in rows] and (missing.file_size < 0).all()
+    assert missing.class_names == sorted({label for _, label in rows})
+    assert not caplog.records
+    for path, _ in rows:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(b"not decoded here")
+    found = image_list(tmp_path / "l.txt")
+    assert (found.ids, found.class_names) == (missing.ids, missing.class_names)
+
+
+def test_a_list_that_reads_as_csv_or_at_its_blanks_alike_is_said(tmp_path, caplog):
+    # Every line splits in two at a comma and at its last blank, no image is found and no
+    # extension tells the readings apart: read as CSV, the image 's1' of a class
+    # 'x golden', without a word; with its images found it was read at its blanks.
+    caplog.set_level(logging.WARNING, logger="extract")
+    text = "s1,x golden\ns2,x golden\ns3,y pug\n"
+    (tmp_path / "l.txt").write_text(text)
+    assert image_list(tmp_path / "l.txt").ids == ["s1", "s2", "s3"]
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said == (
+        f"{tmp_path / 'l.txt'}:1: 's1,x golden' is read as CSV, the image 's1' of a class "
+        "'x golden', where at its last blank it reads as 's1,x' of a class 'golden': no "
+        "image of the list is found, and no extension tells the two apart. If its lines are "
+        "'path label' lines with a comma in a file name, quote that name as a shell quotes "
+        "it (\"s1,x\" golden); if the list is CSV, put the header 'path,label' before its "
+        "first line."
+    )
+    # Either cure, followed, reads the list its way, unsaid.
+    for cure, ids in [
+        ('"s1,x" golden\n"s2,x" golden\n"s3,y" pug\n', ["s1,x", "s2,x", "s3,y"]),
+        ("path,label\n" + text, ["s1", "s2", "s3"]),
+        ("Path, Label\n" + text, ["s1", "s2", "s3"]),
+    ]:
+        caplog.clear()
+        (tmp_path / "l.txt").write_text(cure)
+        assert image_list(tmp_path / "l.txt").ids == ids
+        assert not caplog.records
+    # A CSV list of labels with blanks whose paths are images': CSV, unsaid.
+    (tmp_path / "l.txt").write_text("s1.png,x golden\ns2.png,x golden\n")
+    assert image_list(tmp_path / "l.txt").ids == ["s1.png", "s2.png"]
+    assert not caplog.records
+    # Its images found, at its blanks, as before.
+    for name in ("s1,x", "s2,x", "s3,y"):
+        (tmp_path / name).write_bytes(b"not decoded here")
+    (tmp_path / "l.txt").write_text(text)
+    assert image_list(tmp_path / "l.txt").ids == ["s1,x", "s2,x", "s3,y"]
+    assert not caplog.records
 
 
 @pytest.mark.parametrize(
