@@ -106,26 +106,79 @@ def _decides(estimator) -> bool:
 
 def _lacks_by_its_search(estimator) -> bool:
     """Whether ``estimator`` is, or ends in (a FrozenEstimator's, a Pipeline's last step), a
-    fitted search or one of ``refit=False`` around a template that decides: it has no
+    fitted search around a template that decides, or decides through a search of
+    ``refit=False`` around one (at any depth, see :func:`_search_keeping_none`): it has no
     ``decision_function`` because of what its fit chose or kept, which ``_check_decides``
     names (scikit-learn's parameter check printed the template, not the choice)."""
     from sklearn.model_selection._search import BaseSearchCV
 
+    search = _search_keeping_none(estimator)
+    if search is not None:
+        return _DecidesOnceFitted().is_satisfied_by(search.estimator)
     while isinstance(estimator, (FrozenEstimator, Pipeline)):
         estimator = (
             estimator.steps[-1][1] if isinstance(estimator, Pipeline) else estimator.estimator
         )
-    if not isinstance(estimator, BaseSearchCV):
+    if not isinstance(estimator, BaseSearchCV) or not hasattr(estimator, "best_estimator_"):
         return False
-    fitted_or_kept_none = hasattr(estimator, "best_estimator_") or not estimator.refit
-    return fitted_or_kept_none and _DecidesOnceFitted().is_satisfied_by(estimator.estimator)
+    return _DecidesOnceFitted().is_satisfied_by(estimator.estimator)
+
+
+def _inside(estimator):
+    """The estimator that ``estimator`` fits, predicts and decides through, or None: a
+    Pipeline's last step, a search's best estimator (its template before it is fitted;
+    none for ``refit=False``, which keeps none), a StackingClassifier's final estimator
+    (none for the default, None), or the ``estimator`` of a BaggingClassifier,
+    FrozenEstimator, OneVsRestClassifier, RFE or SelfTrainingClassifier."""
+    from sklearn.ensemble import BaggingClassifier, StackingClassifier
+    from sklearn.feature_selection import RFE
+    from sklearn.model_selection._search import BaseSearchCV
+    from sklearn.multiclass import OneVsRestClassifier
+    from sklearn.semi_supervised import SelfTrainingClassifier
+
+    if isinstance(estimator, Pipeline):
+        return estimator.steps[-1][1]
+    if isinstance(estimator, BaseSearchCV):
+        return (
+            getattr(estimator, "best_estimator_", estimator.estimator) if estimator.refit else None
+        )
+    if isinstance(estimator, StackingClassifier):
+        return getattr(estimator, "final_estimator_", estimator.final_estimator)
+    wrappers = (
+        BaggingClassifier,
+        FrozenEstimator,
+        OneVsRestClassifier,
+        RFE,
+        SelfTrainingClassifier,
+    )
+    return estimator.estimator if isinstance(estimator, wrappers) else None
+
+
+def _innermost(estimator):
+    """The last of ``estimator``, the estimator it decides through (:func:`_inside`), the
+    one that one decides through, and so on."""
+    while (inner := _inside(estimator)) is not None:
+        estimator = inner
+    return estimator
+
+
+def _search_keeping_none(estimator):
+    """The search of ``refit=False`` that ``estimator`` is or decides through at any depth
+    (:func:`_inside`: a GridSearchCV's template, a StackingClassifier's final estimator,
+    a Pipeline's last step, ...), which keeps no best estimator and so decides nothing;
+    None where there is none."""
+    from sklearn.model_selection._search import BaseSearchCV
+
+    innermost = _innermost(estimator)
+    return innermost if isinstance(innermost, BaseSearchCV) and not innermost.refit else None
 
 
 class _DecidesOnceFitted(HasMethods):
     """HasMethods(["fit", "decision_function"]) that also takes an unfitted
     StackingClassifier of the default ``final_estimator=None`` (which it refused), bare or
     wrapped, and a search of a template that decides whose fit chose a classifier without
-    ``decision_function`` or kept none (``refit=False``): ``fit`` refuses it by name."""
+    ``decision_function`` or kept none (``refit=False``, at any depth): ``fit`` refuses it
+    by name."""
 
     def __init__(self):
         super().__init__(["fit", "decision_function"])
@@ -313,19 +366,18 @@ def _check_decides(estimator) -> None:
     parameter's check refuses an unfitted one: a search whose parameter space puts in a
     classifier without one (a Pipeline's last step, say) passes that check with its
     template, and then has none once its best estimator is that classifier."""
-    from sklearn.model_selection._search import BaseSearchCV
-
     if _decides(estimator):
         return
-    final = _deciding(estimator)
-    if isinstance(final, BaseSearchCV):  # (of refit=False)
-        inside = "" if final is estimator else f" inside the {type(estimator).__name__}"
+    search = _search_keeping_none(estimator)
+    if search is not None:
+        inside = "" if search is estimator else f" inside the {type(estimator).__name__}"
         raise ValueError(
-            f"The {type(final).__name__}{inside} has refit=False: it keeps no best "
+            f"The {type(search).__name__}{inside} has refit=False: it keeps no best "
             "estimator, so it has no decision_function, and the offsets are tuned on "
             "decision values, one per class. Use refit=True (the default), or pass its "
             "best estimator (its estimator with its best_params_, fitted) instead."
         )
+    final = _deciding(estimator)
     hands_on = final is not None and final is not estimator
     because = f" (its decision values would be {type(final).__name__}'s, which has none)"
     raise ValueError(
@@ -375,7 +427,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         1-D decision values are read as the columns [0, z]). A search's best estimator
         too: one without, which its parameter space put in, is refused once it is fitted
         (a fitted search's clone searches again, unless ``cv="prefit"``). A search of
-        ``refit=False`` keeps no best estimator, and is refused.
+        ``refit=False`` keeps no best estimator, and is refused, here or inside another
+        (a search's template, a Pipeline's last step, a StackingClassifier's final
+        estimator, a OneVsRestClassifier's estimator, ...).
     scoring : str or callable, default="worst_class"
         The objective, greater is better: ``"worst_class"``, ``"balanced_accuracy"``
         (mean per-class accuracy), ``"hard_tercile"`` or ``"accuracy"`` as defined in

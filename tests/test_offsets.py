@@ -1775,6 +1775,72 @@ def test_a_search_of_refit_false_of_a_default_stack_is_named(cv):
         TunedOffsetsClassifierCV(search, cv=cv).fit(X, y)
 
 
+def _keeping_none():
+    """A search of refit=False around LogisticRegression: it keeps no best estimator."""
+    return GridSearchCV(LogisticRegression(), {"C": [1.0]}, cv=2, refit=False)
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: GridSearchCV(_keeping_none(), {"cv": [2]}, cv=2), "GridSearchCV"),
+        (
+            lambda: StackingClassifier(
+                [("nb", GaussianNB())], final_estimator=_keeping_none(), cv=2
+            ),
+            "StackingClassifier",
+        ),
+        (lambda: OneVsRestClassifier(_keeping_none()), "OneVsRestClassifier"),
+        (lambda: BaggingClassifier(_keeping_none(), n_estimators=2), "BaggingClassifier"),
+        (lambda: RFE(_keeping_none(), n_features_to_select=2), "RFE"),
+        (lambda: SelfTrainingClassifier(_keeping_none()), "SelfTrainingClassifier"),
+        (
+            lambda: make_pipeline(StandardScaler(), OneVsRestClassifier(_keeping_none())),
+            "Pipeline",
+        ),
+        (
+            lambda: GridSearchCV(
+                make_pipeline(StandardScaler(), _keeping_none()),
+                {"standardscaler": [StandardScaler()]},
+                cv=2,
+            ),
+            "GridSearchCV",
+        ),
+    ],
+    ids=[
+        "search", "stacking", "one_vs_rest", "bagging", "rfe", "self_training",
+        "pipeline_one_vs_rest", "search_pipeline",
+    ],
+)  # fmt: skip
+def test_a_search_of_refit_false_at_any_depth_is_named(make, name):
+    # Only a search of refit=False at the top, or at the end of a Pipeline or inside a
+    # FrozenEstimator, was named: deeper (a search's template, a stack's final estimator,
+    # a OneVsRestClassifier's estimator, ...) it was refused by scikit-learn's parameter
+    # check, which printed the wrappers as not "implementing 'fit' and 'decision_function'".
+    X, y = load_iris(return_X_y=True)
+    match = rf"^The GridSearchCV inside the {name} has refit=False: it keeps no best"
+    with pytest.raises(ValueError, match=match):
+        TunedOffsetsClassifierCV(make(), cv=3).fit(X, y)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: StackingClassifier([("nb", GaussianNB())], final_estimator=_keeping_none(), cv=2),
+        lambda: OneVsRestClassifier(_keeping_none()),
+    ],
+    ids=["stacking", "one_vs_rest"],
+)
+def test_a_fitted_wrapper_of_a_search_of_refit_false_is_named(make):
+    # Fitted (its fit needs no decision values of the search), it was refused as the
+    # unfitted one was.
+    X, y = load_iris(return_X_y=True)
+    fitted = make().fit(X, y)
+    name = type(fitted).__name__
+    with pytest.raises(ValueError, match=rf"^The GridSearchCV inside the {name} has refit=F"):
+        TunedOffsetsClassifierCV(fitted, cv="prefit").fit(X, y)
+
+
 def test_a_cv_without_splits_is_named():
     X, y = _imbalanced()
     with pytest.raises(ValueError, match="cv yielded no split"):
