@@ -173,6 +173,33 @@ def _search_keeping_none(estimator):
     return innermost if isinstance(innermost, BaseSearchCV) and not innermost.refit else None
 
 
+def _check_baggable(estimator) -> None:
+    """Refuse, before any fit, a BaggingClassifier that ``estimator`` is or decides through
+    whose estimator ends in an unfitted StackingClassifier of ``final_estimator=None``:
+    that stack reports no ``predict`` before it is fitted (its final estimator is made
+    then), and scikit-learn's BaggingClassifier refuses an estimator without one (its
+    parameter check printed the stack, in every fold)."""
+    from sklearn.ensemble import BaggingClassifier, StackingClassifier
+
+    while estimator is not None:
+        if (
+            isinstance(estimator, BaggingClassifier)
+            and estimator.estimator is not None
+            and not hasattr(estimator.estimator, "predict")
+            and isinstance(stack := _innermost(estimator.estimator), StackingClassifier)
+            and stack.final_estimator is None
+            and not hasattr(stack, "final_estimator_")
+        ):
+            raise ValueError(
+                "A BaggingClassifier cannot bag a StackingClassifier of final_estimator=None "
+                "before it is fitted (its estimator, or the end of it): that stack makes its "
+                "final estimator in fit, so it has no predict until then, and "
+                "BaggingClassifier requires one. Give the StackingClassifier "
+                "final_estimator=LogisticRegression(), which None stands for."
+            )
+        estimator = _inside(estimator)
+
+
 class _DecidesOnceFitted(HasMethods):
     """HasMethods(["fit", "decision_function"]) that also takes an unfitted
     StackingClassifier of the default ``final_estimator=None`` (which it refused), bare or
@@ -429,7 +456,9 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         (a fitted search's clone searches again, unless ``cv="prefit"``). A search of
         ``refit=False`` keeps no best estimator, and is refused, here or inside another
         (a search's template, a Pipeline's last step, a StackingClassifier's final
-        estimator, a OneVsRestClassifier's estimator, ...).
+        estimator, a OneVsRestClassifier's estimator, ...). So is a BaggingClassifier of
+        an unfitted StackingClassifier of ``final_estimator=None``, which
+        BaggingClassifier refuses: give the stack ``final_estimator=LogisticRegression()``.
     scoring : str or callable, default="worst_class"
         The objective, greater is better: ``"worst_class"``, ``"balanced_accuracy"``
         (mean per-class accuracy), ``"hard_tercile"`` or ``"accuracy"`` as defined in
@@ -690,6 +719,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             # decides here, itself (cv="prefit") or a clone (a fitted search's searches
             # again; a FrozenEstimator's is itself).
             _check_decides(self.estimator if self.cv == "prefit" else clone(self.estimator))
+        _check_baggable(self.estimator)
         _check_per_class_decision(self.estimator, len(np.unique(y)))
         # (on a GPU, or requiring grad: NumPy reads neither)
         sample_weight = numpy_if_tensor(sample_weight, "sample_weight")

@@ -1562,7 +1562,7 @@ def test_a_frozen_or_bagged_stacking_classifier_of_the_default_final_estimator()
     # stack is not. A FrozenEstimator needs a fitted estimator: of an unfitted stack it is
     # refused as unfitted, like any other; of a fitted stack it is tuned. scikit-learn's
     # BaggingClassifier refuses the unfitted stack itself (it reports no predict before
-    # fit either): its own error, which names the stack.
+    # fit either): see test_a_bagged_stacking_classifier_of_the_default_final_estimator_is_named.
     X, y = load_iris(return_X_y=True)
     X, y = X[::2], y[::2]
     stack = StackingClassifier([("nb", GaussianNB())], cv=2)
@@ -1570,13 +1570,53 @@ def test_a_frozen_or_bagged_stacking_classifier_of_the_default_final_estimator()
         TunedOffsetsClassifierCV(FrozenEstimator(stack), cv=2).fit(X, y)
     with pytest.raises(NotFittedError, match="cv='prefit', the estimator must already be"):
         TunedOffsetsClassifierCV(FrozenEstimator(stack), cv="prefit").fit(X, y)
-    bagged = BaggingClassifier(stack, n_estimators=2, random_state=0)
-    with pytest.raises(ValueError, match=r"'estimator' parameter of BaggingClassifier .* Got St"):
-        TunedOffsetsClassifierCV(bagged, cv=2).fit(X, y)
     fitted = clone(stack).fit(X, y)
     frozen = TunedOffsetsClassifierCV(FrozenEstimator(fitted), cv="prefit").fit(X, y)
     expected = TunedOffsetsClassifierCV(fitted, cv="prefit").fit(X, y)
     np.testing.assert_array_equal(frozen.offsets_, expected.offsets_)
+
+
+def _bag(estimator):
+    return BaggingClassifier(estimator, n_estimators=2, random_state=0)
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        _bag,
+        lambda stack: make_pipeline(StandardScaler(), _bag(stack)),
+        lambda stack: _bag(make_pipeline(StandardScaler(), stack)),
+        lambda stack: _bag(GridSearchCV(stack, {"cv": [2]}, cv=2)),
+        lambda stack: GridSearchCV(_bag(stack), {"n_estimators": [2]}, cv=2),
+        lambda stack: OneVsRestClassifier(_bag(stack)),
+    ],
+    ids=["bagging", "pipeline", "of_pipeline", "of_search", "search", "one_vs_rest"],
+)
+def test_a_bagged_stacking_classifier_of_the_default_final_estimator_is_named(wrap):
+    # Taken by the estimator check, as the bare stack is, a BaggingClassifier of an unfitted
+    # StackingClassifier of final_estimator=None was refused in the first fold by
+    # BaggingClassifier's own parameter check (it requires predict, which the stack has
+    # only once fitted), which printed the stack; inside a search as "All the 2 fits
+    # failed". No fit can take it: it is named before any fit, with the cure.
+    X, y = load_iris(return_X_y=True)
+    X, y = X[::2], y[::2]
+    stack = StackingClassifier([("nb", GaussianNB())], cv=2)
+    with pytest.raises(ValueError, match=r"^A BaggingClassifier cannot bag a StackingClassifi"):
+        TunedOffsetsClassifierCV(wrap(stack), cv=2).fit(X, y)
+    # The cure: the final estimator that None stands for, given.
+    stack.set_params(final_estimator=LogisticRegression())
+    tuned = TunedOffsetsClassifierCV(_bag(stack), cv=2).fit(X, y)
+    assert tuned.score(X, y) > 0.9
+
+
+def test_a_bagged_stack_that_has_predict_before_fit_is_tuned():
+    # A OneVsRestClassifier of the default stack has predict unfitted: BaggingClassifier
+    # takes it, and so does the check above.
+    X, y = load_iris(return_X_y=True)
+    X, y = X[::2], y[::2]
+    stack = StackingClassifier([("nb", GaussianNB())], cv=2)
+    tuned = TunedOffsetsClassifierCV(_bag(OneVsRestClassifier(stack)), cv=2).fit(X, y)
+    assert tuned.score(X, y) > 0.9
 
 
 @pytest.mark.parametrize(
