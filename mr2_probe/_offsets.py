@@ -58,6 +58,66 @@ def _inner_has(attr: str):
     return lambda self: hasattr(getattr(self, "estimator_", self.estimator), attr)
 
 
+def _kind(estimator) -> str | None:
+    """How ``estimator`` hands on what an estimator inside it decides (see ``_INSIDE``):
+    ``"pipeline"``, ``"search"`` (unfitted), ``"fitted search"``, ``"stack"``,
+    ``"frozen"``, ``"one-vs-rest"`` or ``"wrapper"`` (BaggingClassifier, RFE,
+    SelfTrainingClassifier); None for any other estimator, and for a search of
+    ``refit=False``, which keeps no best estimator and hands none on."""
+    from sklearn.ensemble import BaggingClassifier, StackingClassifier
+    from sklearn.feature_selection import RFE
+    from sklearn.model_selection._search import BaseSearchCV
+    from sklearn.multiclass import OneVsRestClassifier
+    from sklearn.semi_supervised import SelfTrainingClassifier
+
+    if isinstance(estimator, BaseSearchCV):
+        if not estimator.refit:
+            return None
+        return "fitted search" if hasattr(estimator, "best_estimator_") else "search"
+    kinds = {
+        Pipeline: "pipeline",
+        StackingClassifier: "stack",
+        FrozenEstimator: "frozen",
+        OneVsRestClassifier: "one-vs-rest",
+        BaggingClassifier: "wrapper",
+        RFE: "wrapper",
+        SelfTrainingClassifier: "wrapper",
+    }
+    return next((kind for cls, kind in kinds.items() if isinstance(estimator, cls)), None)
+
+
+# The estimator inside a wrapper of each kind: a search's best estimator (its template
+# before it is fitted), a StackingClassifier's final estimator (None before a stack of the
+# default is fitted), a Pipeline's last step, the others' ``estimator``.
+_INSIDE = {
+    "pipeline": lambda pipeline: pipeline.steps[-1][1],
+    "search": lambda search: search.estimator,
+    "fitted search": lambda search: search.best_estimator_,
+    "stack": lambda stack: getattr(stack, "final_estimator_", stack.final_estimator),
+    "frozen": lambda frozen: frozen.estimator,
+    "one-vs-rest": lambda ovr: ovr.estimator,
+    "wrapper": lambda wrapper: wrapper.estimator,
+}
+
+
+def _nested(estimator, through=frozenset(_INSIDE)):
+    """``estimator``, then the estimator inside it, and so on, as long as each is a
+    wrapper of a kind in ``through`` (see ``_INSIDE``); the last one yielded is the first
+    that is not (None where a wrapper holds none)."""
+    while True:
+        yield estimator
+        kind = _kind(estimator)
+        if kind not in through:
+            return
+        estimator = _INSIDE[kind](estimator)
+
+
+def _last(estimators):
+    """The last of an iterable of estimators."""
+    *_, last = estimators
+    return last
+
+
 def _stacks_onto_logistic_regression(estimator) -> bool:
     """Whether ``estimator`` is an unfitted StackingClassifier whose ``final_estimator`` is
     None (scikit-learn's LogisticRegression once fitted), or ends in one: a Pipeline, an
@@ -66,33 +126,16 @@ def _stacks_onto_logistic_regression(estimator) -> bool:
     RFE, SelfTrainingClassifier).
     scikit-learn reports no ``decision_function`` for it before ``fit``, though its fitted
     one has it."""
-    from sklearn.ensemble import BaggingClassifier, StackingClassifier
-    from sklearn.feature_selection import RFE
-    from sklearn.model_selection._search import BaseSearchCV
-    from sklearn.multiclass import OneVsRestClassifier
-    from sklearn.semi_supervised import SelfTrainingClassifier
+    from sklearn.ensemble import StackingClassifier
 
     # (inside one of these the stack was refused, where the bare stack was taken)
-    wrappers = (
-        BaggingClassifier,
-        FrozenEstimator,
-        OneVsRestClassifier,
-        RFE,
-        SelfTrainingClassifier,
+    through = {"pipeline", "search", "frozen", "one-vs-rest", "wrapper"}
+    stack = _last(_nested(estimator, through))
+    return (
+        isinstance(stack, StackingClassifier)
+        and stack.final_estimator is None
+        and not hasattr(stack, "final_estimator_")
     )
-    while True:
-        if isinstance(estimator, StackingClassifier):
-            return estimator.final_estimator is None and not hasattr(estimator, "final_estimator_")
-        if isinstance(estimator, Pipeline):
-            estimator = estimator.steps[-1][1]
-        elif isinstance(estimator, BaseSearchCV) and not hasattr(estimator, "best_estimator_"):
-            if not estimator.refit:  # (it keeps no best estimator: none once fitted either)
-                return False
-            estimator = estimator.estimator
-        elif isinstance(estimator, wrappers):
-            estimator = estimator.estimator
-        else:
-            return False
 
 
 def _decides(estimator) -> bool:
@@ -113,64 +156,22 @@ def _lacks_by_its_search(estimator) -> bool:
     from sklearn.model_selection._search import BaseSearchCV
 
     search = _search_keeping_none(estimator)
-    if search is not None:
-        return _DecidesOnceFitted().is_satisfied_by(search.estimator)
-    while isinstance(estimator, (FrozenEstimator, Pipeline)):
-        estimator = (
-            estimator.steps[-1][1] if isinstance(estimator, Pipeline) else estimator.estimator
-        )
-    if not isinstance(estimator, BaseSearchCV) or not hasattr(estimator, "best_estimator_"):
-        return False
-    return _DecidesOnceFitted().is_satisfied_by(estimator.estimator)
-
-
-def _inside(estimator):
-    """The estimator that ``estimator`` fits, predicts and decides through, or None: a
-    Pipeline's last step, a search's best estimator (its template before it is fitted;
-    none for ``refit=False``, which keeps none), a StackingClassifier's final estimator
-    (none for the default, None), or the ``estimator`` of a BaggingClassifier,
-    FrozenEstimator, OneVsRestClassifier, RFE or SelfTrainingClassifier."""
-    from sklearn.ensemble import BaggingClassifier, StackingClassifier
-    from sklearn.feature_selection import RFE
-    from sklearn.model_selection._search import BaseSearchCV
-    from sklearn.multiclass import OneVsRestClassifier
-    from sklearn.semi_supervised import SelfTrainingClassifier
-
-    if isinstance(estimator, Pipeline):
-        return estimator.steps[-1][1]
-    if isinstance(estimator, BaseSearchCV):
-        return (
-            getattr(estimator, "best_estimator_", estimator.estimator) if estimator.refit else None
-        )
-    if isinstance(estimator, StackingClassifier):
-        return getattr(estimator, "final_estimator_", estimator.final_estimator)
-    wrappers = (
-        BaggingClassifier,
-        FrozenEstimator,
-        OneVsRestClassifier,
-        RFE,
-        SelfTrainingClassifier,
-    )
-    return estimator.estimator if isinstance(estimator, wrappers) else None
-
-
-def _innermost(estimator):
-    """The last of ``estimator``, the estimator it decides through (:func:`_inside`), the
-    one that one decides through, and so on."""
-    while (inner := _inside(estimator)) is not None:
-        estimator = inner
-    return estimator
+    if search is None:
+        search = _last(_nested(estimator, {"frozen", "pipeline"}))
+        if not isinstance(search, BaseSearchCV) or not hasattr(search, "best_estimator_"):
+            return False
+    return _DecidesOnceFitted().is_satisfied_by(search.estimator)
 
 
 def _search_keeping_none(estimator):
     """The search of ``refit=False`` that ``estimator`` is or decides through at any depth
-    (:func:`_inside`: a GridSearchCV's template, a StackingClassifier's final estimator,
-    a Pipeline's last step, ...), which keeps no best estimator and so decides nothing;
+    (see ``_INSIDE``: a search's template, a StackingClassifier's final estimator, a
+    Pipeline's last step, ...), which keeps no best estimator and so decides nothing;
     None where there is none."""
     from sklearn.model_selection._search import BaseSearchCV
 
-    innermost = _innermost(estimator)
-    return innermost if isinstance(innermost, BaseSearchCV) and not innermost.refit else None
+    last = _last(_nested(estimator))
+    return last if isinstance(last, BaseSearchCV) and not last.refit else None
 
 
 def _check_baggable(estimator) -> None:
@@ -179,16 +180,13 @@ def _check_baggable(estimator) -> None:
     that stack reports no ``predict`` before it is fitted (its final estimator is made
     then), and scikit-learn's BaggingClassifier refuses an estimator without one (its
     parameter check printed the stack, in every fold)."""
-    from sklearn.ensemble import BaggingClassifier, StackingClassifier
+    from sklearn.ensemble import BaggingClassifier
 
-    while estimator is not None:
+    for inner in _nested(estimator):
         if (
-            isinstance(estimator, BaggingClassifier)
-            and estimator.estimator is not None
-            and not hasattr(estimator.estimator, "predict")
-            and isinstance(stack := _innermost(estimator.estimator), StackingClassifier)
-            and stack.final_estimator is None
-            and not hasattr(stack, "final_estimator_")
+            isinstance(inner, BaggingClassifier)
+            and not hasattr(inner.estimator, "predict")
+            and _stacks_onto_logistic_regression(inner.estimator)
         ):
             raise ValueError(
                 "A BaggingClassifier cannot bag a StackingClassifier of final_estimator=None "
@@ -197,7 +195,6 @@ def _check_baggable(estimator) -> None:
                 "BaggingClassifier requires one. Give the StackingClassifier "
                 "final_estimator=LogisticRegression(), which None stands for."
             )
-        estimator = _inside(estimator)
 
 
 class _DecidesOnceFitted(HasMethods):
@@ -343,35 +340,18 @@ def _deciding(estimator):
     BaggingClassifier's, RFE's or SelfTrainingClassifier's estimator. None for an
     unfitted search whose parameter space may give its best estimator another one; a
     search of ``refit=False`` itself, which keeps no best estimator and hands none on."""
-    from sklearn.ensemble import BaggingClassifier, StackingClassifier
-    from sklearn.feature_selection import RFE
-    from sklearn.model_selection._search import BaseSearchCV
-    from sklearn.semi_supervised import SelfTrainingClassifier
-
     # (a FrozenEstimator, as a search over cv="prefit" takes it, of a Pipeline or a search
     # hid their SVC: its pairwise columns were tuned as one per class)
     # A StackingClassifier's decision values are its final estimator's, a BaggingClassifier's
     # the mean of its estimator's: both passed an SVC's pairwise columns without a word.
     # RFE's (RFECV's) and SelfTrainingClassifier's are their estimator's likewise.
-    wrappers = (BaggingClassifier, RFE, SelfTrainingClassifier)  # (their .estimator's)
-    final = estimator
-    while isinstance(
-        final, (BaseSearchCV, FrozenEstimator, Pipeline, StackingClassifier, *wrappers)
-    ):
-        if isinstance(final, Pipeline):
-            final = final.steps[-1][1]
-        elif isinstance(final, BaseSearchCV):
-            if not final.refit:
-                return final
-            # (a fitted search's decision values are its best_estimator_'s, whose shape its
-            # parameter grid may have set: read from the unfitted template, 'ovo' passed)
-            if not hasattr(final, "best_estimator_") and _may_set_shape(final):
-                return None  # (its template's 'ovo' refused a grid of 'ovr': the fitted one's)
-            final = getattr(final, "best_estimator_", final.estimator)
-        elif isinstance(final, StackingClassifier):
-            final = getattr(final, "final_estimator_", final.final_estimator)
-        else:
-            final = final.estimator
+    # (OneVsRestClassifier's estimators each see two classes: its values are its own.)
+    through = {"pipeline", "search", "fitted search", "stack", "frozen", "wrapper"}
+    for final in _nested(estimator, through):
+        # (a fitted search's decision values are its best_estimator_'s, whose shape its
+        # parameter grid may have set: read from the unfitted template, 'ovo' passed)
+        if _kind(final) == "search" and _may_set_shape(final):
+            return None  # (its template's 'ovo' refused a grid of 'ovr': the fitted one's)
     return final
 
 
