@@ -354,20 +354,27 @@ def extract_features(
         check_merging(os.fspath(merged))  # (where out exists: once found incomplete)
     group = _ranks_group() if merged is not None else contextlib.nullcontext()
     with stops_with_launcher(), group, hashed_once():
-        done = _extract_shard(
-            source, backbone, target, batch_size, num_workers, dtype, normalize, image_size,
-            device, decode, n_per_class, max_items, (image_key, label_key), rank, world_size,
-            progress, overwrite, retry_failed, merged,
-        )  # fmt: skip
-        if done is None:  # every rank found ``out`` complete: nothing to extract or merge
-            return out
-        shard, repair_merged, rebuild, failed = done
-        if world_size == 1 or explicit:
+        step = _ShardStep(merged, world_size) if merged is not None else None
+        try:
+            done = _extract_shard(
+                source, backbone, target, batch_size, num_workers, dtype, normalize,
+                image_size, device, decode, n_per_class, max_items, (image_key, label_key),
+                rank, world_size, progress, overwrite, retry_failed, merged, step,
+            )  # fmt: skip
+        except Exception as error:
+            if step is not None:  # the other ranks stop at their next exchange, naming it
+                step.fail(error)
+            raise
+        if step is None:
+            shard, _, _, failed = done
             _warn_of_failures(shard, *failed)
             return shard
         # Each rank's failures are its shard's: the user hears of them once, as the
         # merged store's (the store asked for).
-        failed = _all_ranks_failures(failed, world_size)
+        failed = _all_ranks_failures(None if done is None else done[3], step)
+        if done is None:  # every rank found ``out`` complete: nothing to extract or merge
+            return out
+        _, repair_merged, rebuild, _ = done
         merged = _merge_on_rank0(out, rank, world_size, overwrite or rebuild, repair_merged)
         if rank == 0:  # another number of ranks' interrupted run's shards
             by = "a forced rebuild" if overwrite or rebuild else f"a run at {world_size} ranks"
@@ -406,16 +413,74 @@ def _ranks_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def _all_ranks_failures(failed: tuple[int, list], world_size: int) -> tuple[int, list]:
-    """The failures of every rank of a torchrun group: their number, and the first ones
-    (``(index, path, reason)``) in source order."""
+def _every_rank_said(value: object, failure: Exception | None, world_size: int) -> tuple:
+    """Every rank's ``value`` in rank order, and the ranks that failed, as ``(rank, "Type:
+    message")`` (this one's ``failure``, or None): the outcome each rank tells the others at
+    a collective point of the run, so that no rank waits there for one that failed (until
+    the group's timeout, where the group outlives the error: the caller's own, or a rank
+    that goes on after it; or to meet gloo's "connection closed", which names nothing)."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():  # ranks run one by one: each knows its own only
-        return failed
+    said = None if failure is None else f"{type(failure).__name__}: {one_line(failure)}"
     gathered: list = [None] * world_size
-    dist.all_gather_object(gathered, failed)
-    return sum(n for n, _ in gathered), sorted(item for _, first in gathered for item in first)
+    dist.all_gather_object(gathered, (said, value))
+    failed = [(rank, told) for rank, (told, _) in enumerate(gathered) if told is not None]
+    return [each for _, each in gathered], failed
+
+
+class _ShardStep:
+    """The collective points of a torchrun run's shard step, where its ranks meet (the
+    listing's check, the failures' count at its end): at each, every rank says whether it
+    failed. A rank that fails goes to the next one (where the others wait, or will) and
+    says so; there every rank stops, the others with an error naming it."""
+
+    def __init__(self, merged: Path, world_size: int) -> None:
+        self.merged, self.world_size = merged, world_size
+        self.ended = False  # an exchange told of a failure, or failed itself: no more
+
+    def exchange(self, value: object) -> list | None:
+        """Every rank's ``value`` in rank order (None where the ranks run one by one);
+        a :class:`StoreError` naming the first rank that failed instead."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():  # (ranks run one by one: each knows its own only)
+            return None
+        self.ended = True
+        values, failed = _every_rank_said(value, None, self.world_size)
+        if failed:
+            (rank, said), others = failed[0], len(failed) - 1
+            also = f" (and {others} other {plural(others, 'rank')})" if others else ""
+            raise StoreError(
+                f"Rank {rank}{also} failed to extract its shard "
+                f"{os.fspath(shard_path(self.merged, rank, self.world_size))!r} ({said}): "
+                "its error says why. Every rank stops, the rows written so far kept: once "
+                "that is cured, the same command resumes."
+            )
+        self.ended = False
+        return values
+
+    def fail(self, error: Exception) -> None:
+        """Say at the next exchange that this rank failed with ``error`` (which its caller
+        raises then); nothing after an exchange that ended the step."""
+        import torch.distributed as dist
+
+        if self.ended or not dist.is_initialized():
+            return
+        self.ended = True
+        # (an error of the exchange itself, the others gone, leaves this rank's own raised)
+        with contextlib.suppress(Exception):
+            _every_rank_said(None, error, self.world_size)
+
+
+def _all_ranks_failures(failed: tuple[int, list] | None, step: _ShardStep) -> tuple[int, list]:
+    """The failures of every rank of a torchrun group (``failed``: this rank's, None where
+    it found the merged store complete): their number, and the first ones
+    (``(index, path, reason)``) in source order."""
+    gathered = step.exchange(failed)
+    if gathered is None:  # ranks run one by one: each knows its own only
+        gathered = [failed]
+    told = [each for each in gathered if each is not None]
+    return sum(n for n, _ in told), sorted(item for _, first in told for item in first)
 
 
 def _warn_of_failures(store: Path, n_failed: int, first: list[tuple[int, str, str]]) -> None:
@@ -433,16 +498,13 @@ def _warn_of_failures(store: Path, n_failed: int, first: list[tuple[int, str, st
     )
 
 
-def _check_same_listing(src: ImageSource, fingerprint: str, world_size: int) -> None:
+def _check_same_listing(src: ImageSource, fingerprint: str, step: _ShardStep) -> None:
     """Refuse to start when the ranks of a torchrun group listed the source differently
     (files added, removed or changed while they started): their shards would not merge,
     which the merge finds only after every rank's extraction."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():  # ranks run one by one (rank= and world_size= given)
+    listings = step.exchange((len(src), fingerprint))
+    if listings is None:  # ranks run one by one (rank= and world_size= given)
         return
-    listings: list = [None] * world_size
-    dist.all_gather_object(listings, (len(src), fingerprint))
     other = next((r for r, listing in enumerate(listings) if listing != listings[0]), None)
     if other is not None:
         (first, _), (theirs, _) = listings[0], listings[other]
@@ -475,17 +537,15 @@ def _merge_on_rank0(
             _merge_shards_of(out, world_size, overwrite, repair_merged)
         except Exception as error:  # (said to the other ranks, then raised here)
             failure = error
-    # Rank 0's outcome, to every rank: a failure there ends the others too, naming it,
-    # where they waited for it at a barrier until the group's timeout (a group the caller
-    # keeps, or a rank 0 that goes on after the error) or met gloo's "connection closed".
-    said = [None if failure is None else f"{type(failure).__name__}: {one_line(failure)}"]
+    # Rank 0's outcome, to every rank: a failure there ends the others too, naming it.
+    failed = []
     if dist.is_initialized():  # (ranks run one by one: each knows its own only)
-        dist.broadcast_object_list(said, src=0)
+        _, failed = _every_rank_said(None, failure, world_size)
     if failure is not None:
         raise failure
-    if said[0] is not None:
+    if failed:
         raise StoreError(
-            f"Rank 0 failed to merge the shards into {os.fspath(out)!r} ({said[0]}): its "
+            f"Rank 0 failed to merge the shards into {os.fspath(out)!r} ({failed[0][1]}): its "
             "error says why. Every rank's shard is kept: once that is cured, the same "
             "command merges them."
         )
@@ -530,14 +590,14 @@ def _quiet(names: tuple[str, ...]) -> Iterator[None]:
 def _extract_shard(
     source, spec, out, batch_size, num_workers, dtype, normalize, image_size, device, decode,
     n_per_class, max_items, keys, rank, world_size, progress, overwrite, retry_failed,
-    merged=None,
+    merged=None, step=None,
 ) -> tuple[Path, Callable[[], None] | None, bool, tuple[int, list]] | None:  # fmt: skip
     """Extract rank ``rank``'s rows into ``out``: that path; under torchrun with
     ``retry_failed`` what takes the repaired failures into the merged store before the
     merge (None otherwise); whether the run resumes an interrupted forced rebuild,
     whose merge replaces the merged store; and the images this run recorded as failed
     (their number, and the first ones as ``(index, path, reason)``). None when
-    ``merged`` is complete already."""
+    ``merged`` is complete already. ``step``: under torchrun, where the ranks meet."""
     device = resolve_device(device)
     if device.type == "cuda":
         # The rank's GPU becomes the current one, so that nothing (pinned-memory threads
@@ -554,7 +614,7 @@ def _extract_shard(
     # Every item's identity hashed (2 s for ImageNet's 1.28 M files): once per run.
     fingerprint = src.fingerprint()
     if merged is not None:
-        _check_same_listing(src, fingerprint, world_size)
+        _check_same_listing(src, fingerprint, step)
     backbone = create_backbone(spec, image_size=image_size, device=device)
     if decode == "auto":
         decode = "tensor" if device.type == "cuda" else "pil"

@@ -864,7 +864,7 @@ def test_ranks_that_listed_the_source_differently_stop_before_any_work(
     theirs = [(len(source), source.fingerprint())]  # rank 1's listing, before the change
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "all_gather_object", lambda got, mine: got.__setitem__(
-        slice(None), [mine, theirs[0]]))  # fmt: skip
+        slice(None), [mine, (None, theirs[0])]))  # fmt: skip
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     _ranks_one_by_one(monkeypatch)
@@ -883,7 +883,8 @@ def test_ranks_that_listed_the_source_differently_stop_before_any_work(
     assert not built and not list(tmp_path.glob("f.h5*"))  # no model built, no shard made
     source = open_source(folder)
     theirs[0] = (len(source), source.fingerprint())
-    _runner._check_same_listing(source, theirs[0][1], 2)  # the same listing: no error
+    # the same listing: no error
+    _runner._check_same_listing(source, theirs[0][1], _runner._ShardStep(out, 2))
 
 
 @pytest.mark.parametrize("kind", ["folder", "built by hand"])
@@ -2580,6 +2581,114 @@ def test_under_torchrun_a_failure_of_rank_0_at_the_merge_ends_every_rank(tmp_pat
         f"Input/output error: '{out}'): its error says why. Every rank's shard is kept: once "
         "that is cured, the same command merges them."
     )
+
+
+def test_a_rank_that_fails_in_its_shard_tells_the_ranks_then_raises_its_own_error(
+    tmp_path, monkeypatch
+):
+    # Rank 0 of 2 (its group faked): past the listing's exchange its model fails. It said
+    # nothing to the other ranks, which waited for it at the next exchange; it says so there
+    # now, and raises its own error even where that exchange fails (the others gone).
+    import torch.distributed as dist
+
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    sent = []
+
+    def gathered(into, mine):
+        sent.append(mine)
+        if len(sent) > 1:
+            raise RuntimeError("Connection closed by peer")
+        into[:] = [mine, mine]
+
+    error = RuntimeError("out of memory\nmore")
+
+    def fails(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(_runner, "create_backbone", fails)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_gather_object", gathered)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    _ranks_one_by_one(monkeypatch)
+    with pytest.raises(RuntimeError) as raised:
+        extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    assert raised.value is error
+    assert [said for said, _ in sent] == [None, "RuntimeError: out of memory more"]
+
+
+def test_a_rank_beside_ranks_that_failed_names_the_first_of_them(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    theirs = [("OSError: [Errno 28] No space left on device", None), ("ValueError: x", None)]
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_gather_object", lambda into, mine: into.__setitem__(
+        slice(None), [mine, *theirs]))  # fmt: skip
+    built = []
+    monkeypatch.setattr(_runner, "create_backbone", lambda *a, **k: built.append(1))
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    _ranks_one_by_one(monkeypatch)
+    out = tmp_path / "f.h5"
+    with pytest.raises(StoreError) as raised:
+        extract_features(folder, BACKBONE, out, **FAST)
+    assert str(raised.value) == (
+        f"Rank 1 (and 1 other rank) failed to extract its shard "
+        f"{str(shard_path(out, 1, 3))!r} (OSError: [Errno 28] No space left on device): its "
+        "error says why. Every rank stops, the rows written so far kept: once that is cured, "
+        "the same command resumes."
+    )
+    assert not built  # stopped at the listing's exchange, before any model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", ["caller's", "own"])
+def test_under_torchrun_a_rank_that_fails_in_its_shard_ends_every_rank(
+    tmp_path, monkeypatch, group
+):
+    # Rank 1 raised while extracting its shard, its process alive: rank 0 waited for it at
+    # the ranks' next exchange until the group's timeout where the group outlives the
+    # error (the caller's own), and met gloo's "connection closed by peer" otherwise,
+    # never naming rank 1's failure.
+    import socket
+
+    from tests._failing_ranks import FAILING, rank_beside_a_failing_rank
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    if group == "own":  # torchrun's store, which each run's own group joins
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ranks = torch.multiprocessing.start_processes(
+        rank_beside_a_failing_rank, args=(folder, tmp_path, group == "own"), nprocs=2, join=False
+    )
+    try:
+        for _ in range(120):
+            if ranks.join(timeout=1):
+                break
+        else:
+            pytest.fail("the ranks still ran after 120 s: rank 0 waited for rank 1, which failed")
+    finally:
+        for process in ranks.processes:
+            if process.is_alive():
+                process.kill()
+    for where in FAILING:
+        said = [(tmp_path / f"{where}-rank{r}.txt").read_text() for r in range(2)]
+        assert said[1] == f"RuntimeError: rank 1 cannot {where}\nsecond line"  # its own error
+        shard = shard_path(tmp_path / f"{where}.h5", 1, 2)
+        assert said[0] == (
+            f"StoreError: Rank 1 failed to extract its shard {str(shard)!r} (RuntimeError: "
+            f"rank 1 cannot {where} second line): its error says why. Every rank stops, the "
+            "rows written so far kept: once that is cured, the same command resumes."
+        )
 
 
 def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
@@ -4826,17 +4935,17 @@ def test_failures_under_torchrun_are_warned_of_once_as_the_merged_store_s(
 def test_failures_of_every_rank_are_counted_together(monkeypatch):
     import torch.distributed as dist
 
-    from extract._runner import _all_ranks_failures
+    from extract._runner import _all_ranks_failures, _ShardStep
 
     ranks = [(2, [(4, "c.png", "E: z"), (8, "e.png", "E: w")]), (1, [(1, "b.jpg", "E: y")])]
 
     def gathered(into, mine):
-        assert mine == ranks[0]  # rank 0's own
-        into[:] = ranks
+        assert mine == (None, ranks[0])  # rank 0's own, not failed
+        into[:] = [(None, failed) for failed in ranks]
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "all_gather_object", gathered)
-    assert _all_ranks_failures(ranks[0], 2) == (
+    assert _all_ranks_failures(ranks[0], _ShardStep(Path("f.h5"), 2)) == (
         3, [(1, "b.jpg", "E: y"), (4, "c.png", "E: z"), (8, "e.png", "E: w")]
     )  # fmt: skip
 

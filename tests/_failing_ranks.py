@@ -1,0 +1,55 @@
+"""A torchrun rank of runs in which rank 1 fails while extracting its shard, for a test
+run in two processes."""
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from extract import _runner, extract_features
+
+FAST = dict(batch_size=4, num_workers=0, image_size=32, progress=False, device="cpu")
+# Where rank 1 fails: listing the images, before the ranks first meet; building the model,
+# after.
+FAILING = {"source": "open_source", "backbone": "create_backbone"}
+
+
+def rank_beside_a_failing_rank(rank: int, folder: Path, said: Path, own_group: bool) -> None:
+    """One of two ranks extracting ``folder`` under torchrun's variables, once into
+    ``said/<where>.h5`` for each place of :data:`FAILING`, where rank 1 fails. Without
+    ``own_group`` the group is the caller's, with a timeout of 60 s, and each rank keeps it
+    (alive, as a program that goes on after the error) until the other has ended; with it,
+    each run makes its own (torchrun's store at MASTER_ADDR:MASTER_PORT). Each writes what
+    each run ended with into ``said/<where>-rank<rank>.txt``."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    if not own_group:
+        timeout = timedelta(seconds=60)  # without its failure told, rank 0 waited this long
+        init = f"file://{said / 'init'}"
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timeout)
+    try:
+        for where, name in FAILING.items():
+            real = getattr(_runner, name)
+
+            def fails(*args, where=where, **kwargs):
+                raise RuntimeError(f"rank 1 cannot {where}\nsecond line")
+
+            if rank == 1:
+                setattr(_runner, name, fails)
+            try:
+                extract_features(folder, "timm:test_resnet@random", said / f"{where}.h5", **FAST)
+                ended = "returned"
+            except Exception as error:
+                ended = f"{type(error).__name__}: {error}"
+            finally:
+                setattr(_runner, name, real)
+            (said / f"{where}-rank{rank}.txt").write_text(ended)
+        # Each goes on (its group alive) until the other is done (or the guard's minute).
+        deadline = time.monotonic() + 60
+        other = said / f"backbone-rank{1 - rank}.txt"
+        while not own_group and not other.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
