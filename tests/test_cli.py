@@ -213,11 +213,24 @@ _BY_A_CONSTANT = (
 )
 
 
+# Under SKLEARN_ASSUME_FINITE (scikit-learn's assume_finite=True): X was checked by mr2-probe.
+_UNCHECKED_X = (
+    "the features are too large (mr2-probe finds X finite whether SKLEARN_ASSUME_FINITE is set "
+    "or not). Scale them (--feature-scaling standard, or divide X by a constant) and fit again."
+)
+_UNCHECKED_SCALED = (
+    "the features scaled by --feature-scaling standard hold NaN or infinity, which "
+    "SKLEARN_ASSUME_FINITE left unchecked, where X held none: values this large overflow the "
+    "scaling's own arithmetic. Divide X by a constant and fit again (unset "
+    "SKLEARN_ASSUME_FINITE, which any value sets, 0 too, to have them checked)."
+)
+
+
 @pytest.mark.parametrize(
     ("assume_finite", "scaling", "expected"),
     [
-        (True, "none", "and scale it (--feature-scaling standard) if it is finite."),
-        (True, "standard", f"and, if it is finite, divide it by {_BY_A_CONSTANT}."),
+        (True, "none", _UNCHECKED_X),
+        (True, "standard", _UNCHECKED_SCALED),
         (
             False,
             "none",
@@ -242,6 +255,28 @@ def test_overflow_errors_give_their_advice_in_the_options_of_the_command(
         message = _overflow_message("the class statistics (‖x‖²) overflow", torch.float32)
     said = _in_cli_terms(message, Namespace(feature_scaling=scaling, grid=[], Cs=None))
     assert said.endswith(expected) and "StandardScaler" not in said
+    # (scikit-learn's assume_finite, set by SKLEARN_ASSUME_FINITE, is no option of the command)
+    assert "assume_finite" not in said
+
+
+@pytest.mark.parametrize("scaling", ["none", "standard"])
+def test_overflow_errors_under_sklearn_assume_finite_name_the_variable(tmp_path, capsys, scaling):
+    # SKLEARN_ASSUME_FINITE=1 (scikit-learn reads it once, into assume_finite) skips the
+    # check of the features: the overflow error said "Check X with assume_finite=False",
+    # which names no option of the command (and X, which mr2-probe checks, held no NaN).
+    import sklearn
+
+    X, y = _blobs(20, seed=1)
+    np.savez(tmp_path / "huge.npz", X=X.astype(np.float64) * 1e200, y=y)
+    argv = [str(tmp_path / "huge.npz"), "--feature-scaling", scaling, "--no-progress"]
+    with sklearn.config_context(assume_finite=True), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (the scaler's overflow)
+        code, lines = _error(argv, capsys)
+    said = _UNCHECKED_X if scaling == "none" else _UNCHECKED_SCALED
+    assert code == 2 and lines[-1] == (
+        "mr2-probe: error: Cannot fit: the class statistics (‖x‖²) overflow in float64 "
+        f"arithmetic: {said}"
+    )
 
 
 @pytest.mark.parametrize(

@@ -590,7 +590,9 @@ def _in_cli_terms(message, args, fit: bool = True) -> str:
     learning_rate and projection_rank (there is no option of them; under --Cs, which
     excludes --grid, a --grid search of C with it in place of --Cs), --feature-scaling
     standard for a scaler (no advice to scale where the features are scaled so already); a
-    larger tol, which is no option, becomes the fit kept as it is. Not ``fit`` (a front's
+    larger tol, which is no option, becomes the fit kept as it is; scikit-learn's
+    assume_finite, SKLEARN_ASSUME_FINITE (the features that it left unchecked are the
+    scaled ones: mr2-probe checks X). Not ``fit`` (a front's
     error, which may be of its predictions): NaN or infinity in scaled features is left in
     scikit-learn's words, since features far out of the range scaled on (a --test row) are
     no fault of X that dividing it cures."""
@@ -608,7 +610,32 @@ def _in_cli_terms(message, args, fit: bool = True) -> str:
         )
         learning_rate = rf"learning_rate\1 ({instead} --grid learning_rate=V instead)"
         projection_rank = f"projection_rank ({instead} --grid projection_rank=R instead)"
+    # scikit-learn's assume_finite=True, which SKLEARN_ASSUME_FINITE sets (any value, 0
+    # too), skipped the estimator's check of the features: mr2-probe checked X itself, so
+    # NaN or infinity can only be --feature-scaling standard's (its overflow).
+    unchecked = (
+        (
+            f"the features scaled by {scale} hold NaN or infinity, which SKLEARN_ASSUME_FINITE "
+            "left unchecked, where X held none: values this large overflow the scaling's own "
+            "arithmetic. Divide X by a constant and fit again (unset SKLEARN_ASSUME_FINITE, "
+            "which any value sets, 0 too, to have them checked)."
+        )
+        if scaled
+        else (
+            "the features are too large (mr2-probe finds X finite whether SKLEARN_ASSUME_FINITE "
+            f"is set or not). Scale them ({scale}, or divide X by a constant) and fit again."
+        )
+    )
     rules = (
+        (
+            r"the features hold NaN or infinity, which assume_finite=True did not check for, or "
+            r"are too large\. Check X with assume_finite=False, and scale it \(e\.g\. "
+            r"StandardScaler\) if it is finite\.",
+            unchecked,
+        ),
+        # (any other words of it: the variable that sets it)
+        (r"\bassume_finite=True\b", "SKLEARN_ASSUME_FINITE"),
+        (r"\bassume_finite=False\b", "SKLEARN_ASSUME_FINITE unset"),
         (
             r"Increase max_iter,? or scale the features(?: \(e\.g\. StandardScaler\))?",
             f"Raise {option}" + ("" if scaled else f", or scale the features ({scale})"),
