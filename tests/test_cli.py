@@ -308,27 +308,85 @@ def test_features_the_scaling_makes_nan_of_are_told_to_be_divided(
     assert main([*argv, "--no-progress"]) == 0
 
 
-def test_test_features_the_scaling_makes_infinite_are_not_told_to_divide_x(tmp_path, capsys):
-    # A --test row far out of the range the scaler was fitted on is infinite once scaled, which
-    # dividing X (and the test features alike) by a constant leaves so: the front's error,
-    # of its predictions, keeps scikit-learn's words, not the scaling's overflow advice.
+def _far_out(tmp_path, dtype, value):
+    """A training file whose column 2 barely varies and a --test file (of ``dtype``) whose
+    row 4 holds ``value`` there: finite, but far out of the range the scaler is fitted on."""
     X, y = _blobs(20, seed=1)
-    X[:, 0] *= 1e-3
-    X_test, y_test = _blobs(20, seed=2)
-    X_test = X_test.astype(np.float64)
-    X_test[0, 0] = 1e308
+    X[:, 2] = 1 + np.random.default_rng(0).normal(size=len(X)).astype(np.float32) * 1e-6
+    X_test, y_test = _blobs(10, seed=2)
+    X_test = X_test.astype(dtype)
+    X_test[4, 2] = value
     np.savez(tmp_path / "train.npz", X=X, y=y)
     np.savez(tmp_path / "test.npz", X=X_test, y=y_test)
-    argv = [str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz")]
-    argv += ["--feature-scaling", "standard", "--tilt", "0.5", "--no-progress"]
+    return tmp_path / "train.npz", tmp_path / "test.npz"
+
+
+@pytest.mark.parametrize("options", [[], ["--tilt", "0.5"]], ids=["main", "front"])
+def test_test_features_the_scaling_makes_infinite_are_refused_before_any_fit(
+    tmp_path, capsys, options
+):
+    # A --test row far out of the range the scaler is fitted on is infinite once scaled:
+    # the run ended after its fits in scikit-learn's "Input X contains infinity or a value
+    # too large for dtype('float32')", which named neither --test nor a cure (the front's
+    # error said it too). It is refused before any fit, with the row and the cures that work.
+    train, test = _far_out(tmp_path, np.float32, 1e38)
+    argv = [str(train), "--test", str(test), "--feature-scaling", "standard", *options]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # (the scaler's overflow)
-        _, lines = _error(argv, capsys)
-    front = [line for line in lines if "the front failed" in line]
-    assert front == [
-        "mr2-probe: error: the front failed and is left out: Input X contains infinity or a "
-        "value too large for dtype('float64')."
-    ]
+        warnings.simplefilter("error", RuntimeWarning)  # (none said by the check)
+        line = _refused(argv, capsys)
+    std = np.load(train)["X"][:, 2].astype(np.float64).std()
+    assert line == (
+        f"mr2-probe: error: --test {test}: 1 of its 30 rows is made non-finite by "
+        "--feature-scaling standard, fitted on the training features (the first is row 4: "
+        f"its column 2 holds 1e+38, where the training features' standard deviation is "
+        f"{std:.3g}); check that row and drop or correct it, or give the --test features as "
+        "float64, whose arithmetic holds them scaled"
+    )
+    with np.load(test) as data:
+        X_test, y_test = data["X"], data["y"]
+    for X_cured, y_cured in ((np.delete(X_test, 4, 0), np.delete(y_test, 4)), (X_test, y_test)):
+        np.savez(test, X=X_cured.astype(np.float64), y=y_cured)  # (each cure, followed)
+        assert main([*argv, "--no-progress"]) == 0
+
+
+def test_float64_test_features_the_scaling_makes_infinite_are_told_to_drop_the_row(
+    tmp_path, capsys
+):
+    # float64 cannot hold them scaled either: the line gives that cure alone.
+    train, test = _far_out(tmp_path, np.float64, 1e308)
+    argv = [str(train), "--test", str(test), "--feature-scaling", "standard"]
+    line = _refused(argv, capsys)
+    assert line.endswith("; check that row and drop or correct it"), line
+    assert "row 4: its column 2 holds 1e+308" in line
+
+
+def test_held_out_rows_the_scaling_makes_infinite_are_named_by_their_file(tmp_path, capsys):
+    # Without --test, the rows held out of the training file by --test-size.
+    from sklearn.model_selection import train_test_split
+
+    train, test = _far_out(tmp_path, np.float32, 1)
+    with np.load(test) as data:  # (its row 4 appended to the training file, far out)
+        X, y = data["X"], data["y"]
+    with np.load(train) as data:
+        X, y = np.r_[data["X"], X[4:5]], np.r_[data["y"], y[4]]
+    X[-1, 2] = 1e38
+    np.savez(train, X=X, y=y)
+    rows = np.arange(len(y))
+    seed = next(  # (one whose split holds it out, as mr2-probe splits)
+        s
+        for s in range(100)
+        if rows[-1] in train_test_split(rows, test_size=0.5, stratify=y, random_state=s)[1]
+    )
+    argv = [str(train), "--feature-scaling", "standard", "--test-size", "0.5"]
+    line = _refused([*argv, "--seed", str(seed)], capsys)
+    assert line.startswith(
+        f"mr2-probe: error: the rows of {train} held out by --test-size: 1 of its 31 rows is "
+        "made non-finite by --feature-scaling standard, fitted on the training features (the "
+        "first: its column 2 holds 1e+38, "
+    ), line
+    assert line.endswith(
+        f"or give the features of {train} as float64, whose arithmetic holds them scaled"
+    )
 
 
 @pytest.mark.parametrize("grid", [[], ["learning_rate=0.003,0.01"]])
@@ -1841,6 +1899,19 @@ def _store(path, X, y, class_names, done=True, failed=(), digests=None, **proven
         digests = [""] * rows if digests is None else list(digests)[:rows]
         write_rows(f, np.arange(rows), X[:rows], status, [""] * rows, digests)
     return path
+
+
+@NEEDS_H5
+def test_a_store_s_test_row_the_scaling_makes_infinite_is_named_by_its_image(tmp_path, capsys):
+    # (its failed rows are not read: the row read 4 is store row 5)
+    train, test = _far_out(tmp_path, np.float32, 1e38)
+    with np.load(test) as data:
+        X_test, y_test = np.insert(data["X"], 1, 0, axis=0), np.insert(data["y"], 1, 0)
+    store = _store(tmp_path / "test.h5", X_test, y_test, FASHION, failed=[1])
+    argv = [str(train), "--test", str(store), "--feature-scaling", "standard", "--no-progress"]
+    code, lines = _error(argv, capsys)  # (after the warnings: its failed image, its codes)
+    assert code == 2 and not any(line.startswith("fitting") for line in lines)
+    assert "(the first is store row 5, 'item/00005': its column 2 holds 1e+38" in lines[-1]
 
 
 def _features_file(path, X, y):

@@ -565,14 +565,23 @@ def _store_features(path: str) -> tuple[int, np.dtype]:
     :func:`_load_store` counts them) and their dtype in the file, from the file's shapes
     and status alone: load_features reads every row's path as well (seconds and hundreds
     of MiB for millions of rows, where memory has just run out)."""
-    from extract._schema import DONE
     from extract._store import open_store
 
     with open_store(path, "r") as f:
         features = f["features"]
-        rows = np.count_nonzero(f["status"][()] == DONE) if "status" in f else len(features)
+        rows = len(_completed_rows(f))
         row, dtype = int(np.prod(features.shape[1:], dtype=np.int64)), features.dtype
-    return int(rows) * row, dtype
+    return rows * row, dtype
+
+
+def _completed_rows(f) -> np.ndarray:
+    """The store rows that a run reads of an open store ``f`` (an h5py.File): its completed
+    ones, as load_features keeps them (every row where it records no status)."""
+    from extract._schema import DONE
+
+    if "status" not in f:
+        return np.arange(len(f["features"]))
+    return np.flatnonzero(f["status"][()] == DONE)
 
 
 def _in_bytes(size: int) -> str:
@@ -1135,6 +1144,62 @@ def _check_splits(y, grid: dict, args, names=None) -> None:
                     f"samples the front fits on: {_one_line(error).rstrip('.')}; drop "
                     "--offsets, or give it more samples of every class (a smaller --val-size)"
                 ) from error
+
+
+def _check_scaled_test(X, X_test, args) -> None:
+    """Refuse test rows that --feature-scaling standard, fitted on the training features
+    ``X`` as every model's scaler is, makes non-finite: finite rows far out of the
+    training rows' range (1e38 in a column whose training standard deviation is 1e-6
+    overflows float32). Their predictions ended the run after its fits in scikit-learn's
+    words ("Input X contains infinity"), naming neither the file nor a cure; under
+    SKLEARN_ASSUME_FINITE they were predicted unchecked. The cure of float64 features is
+    given where their arithmetic holds the rows scaled (with room for the logits' products)."""
+    if args.feature_scaling != "standard" or _lazy(X) or _lazy(X_test):
+        return
+    from sklearn.preprocessing import StandardScaler
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # (the fits say the scaler's own overflow)
+        scaler = StandardScaler().fit(X)
+        if not (np.isfinite(scaler.mean_).all() and np.isfinite(scaler.scale_).all()):
+            return  # the scaling's own NaN: the fit's error says to divide X
+        scaled = scaler.transform(X_test)  # (B, d), as the models' scaler transforms it
+        bad = np.flatnonzero(~np.isfinite(scaled).all(axis=1))
+        if not len(bad):
+            return
+        wide = scaler.transform(np.asarray(X_test[bad], dtype=np.float64))
+    column = int(np.flatnonzero(~np.isfinite(scaled[bad[0]]))[0])
+    held = X_test.dtype != np.float64 and bool(
+        (np.abs(wide) < np.sqrt(np.finfo(np.float64).max)).all()
+    )
+    if args.test is None:
+        what, first = f"the rows of {args.train} held out by --test-size", ""
+        features = f"the features of {args.train}"
+    else:
+        what, first = f"--test {args.test}", f" is {_row_named(args.test, int(bad[0]))}"
+        features = "the --test features"
+    n = len(bad)
+    them = "that row and drop or correct it" if n == 1 else "those rows and drop or correct them"
+    raise UsageError(
+        f"{what}: {n} of its {len(X_test)} rows {'is' if n == 1 else 'are'} made non-finite by "
+        f"--feature-scaling standard, fitted on the training features (the first{first}: its "
+        f"column {column} holds {X_test[bad[0], column]:.3g}, where the training features' "
+        f"standard deviation is {scaler.scale_[column]:.3g}); check {them}"
+        + (f", or give {features} as float64, whose arithmetic holds them scaled" if held else "")
+    )
+
+
+def _row_named(path: str, row: int) -> str:
+    """Row ``row`` of the features read from ``path`` as :func:`_check_xy` names it: a
+    store's by its store row and image (its failed rows are not read), else ``row N``."""
+    if feature_format(path) not in _STORE:
+        return f"row {row}"
+    from extract._store import open_store
+
+    with open_store(path, "r") as f:
+        stored = int(_completed_rows(f)[row])
+        image = f["paths"].asstr(encoding="utf-8")[stored] if "paths" in f else None
+    return f"store row {stored}" + (f", {image!r}" if image is not None else "")
 
 
 # What a store's features depend on (extract's provenance): the decoding path ("decode")

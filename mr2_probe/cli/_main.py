@@ -19,7 +19,15 @@ from .._cv import MR2LinearClassifierCV
 from ..front import _final, _pass_on, collecting_short, fit_collecting_short
 from ..metrics import classwise_scorers
 from ..report import classwise_report, flat_text, in_percent
-from ._inputs import _check_splits, _features_sizes, _in_bytes, _inputs, _inputs_record, _streams
+from ._inputs import (
+    _check_scaled_test,
+    _check_splits,
+    _features_sizes,
+    _in_bytes,
+    _inputs,
+    _inputs_record,
+    _streams,
+)
 from ._options import (
     _MR2_ONLY,
     _OPTIONS,
@@ -134,6 +142,7 @@ def _run(args, given: frozenset = frozenset(), launched: dict | None = None) -> 
             raise RunError(_inputs_out_of_memory_line(what, args, grid)) from error
         _check_splits(inputs[1], grid, args, inputs[4])
         _check_on_data(grid, args, inputs[0].shape[1])
+        _check_scaled_test(inputs[0], inputs[2], args)
         if out is not None:  # created once the inputs are checked: a refused run leaves none
             stack.enter_context(_claim_out(out))
         return _fit_and_report(args, erm, mr2, grid, out, *inputs, launched=launched)
