@@ -3653,21 +3653,36 @@ def test_the_cure_for_arrays_out_of_memory_can_be_followed(files, tmp_path, monk
 
 @NEEDS_H5
 @pytest.mark.parametrize("name", ["int.h5", "int.npz"], ids=["store", "npz"])
-def test_the_cure_for_integers_out_of_memory_can_be_followed(name, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "dtype, said",
+    [
+        # 1,080 bytes, above the limit
+        (np.int16, "1.1 KiB (2.1 KiB as float32)"),
+        # 540 bytes, within it: as float32 (2,160 bytes) above it, which streams them too.
+        # They were said to be read in no less by any option, and given no cure.
+        (np.uint8, "540 B (2.1 KiB as float32)"),
+    ],
+    ids=["int16", "uint8"],
+)
+def test_the_cure_for_integers_out_of_memory_can_be_followed(
+    name, dtype, said, tmp_path, monkeypatch, capsys
+):
     # Integer features are read whole from any file: a store of them above the limit was
     # told that no option reads them in less, with no cure, and a .npz of them to put them
-    # in a store, read whole all the same. The line names float32 features, which stream.
+    # in a store, read whole all the same. The line names float32 features, which stream,
+    # and their size as float32 beside the size that the run holds them in.
     def failing(args, stack=None):
         raise MemoryError("Unable to allocate 30.0 GiB for an array")
 
-    X, y = _blobs(30, seed=1)
-    X = np.round(X * 10).astype(np.int16)  # 1,080 bytes, above the limit
+    X, y = _blobs(30, seed=1)  # 90 × 6
+    X = np.round(np.abs(X) * 10).astype(dtype)
     train = _features_file(tmp_path / name, X, y)
     monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1000)
     with monkeypatch.context() as patched:
         patched.setattr(cli_main, "_inputs", failing)
         (line,) = _error([str(train), "--no-progress"], capsys)[1]
     assert "no option" not in line
+    assert f"The features read into memory: {train}: {said} (a quarter of memory: 1000 B)" in line
     cure = re.search(
         rf"Try an HDF5 store of (\w+) features in place of {re.escape(str(train))} ", line
     )

@@ -529,6 +529,13 @@ class _Features(NamedTuple):
     store: bool  # an HDF5 store, else a .npz or .npy (always read whole)
 
     @property
+    def as_float32(self) -> int | None:
+        """Their bytes as float32 (a store of float32 in the file's place)."""
+        if self.held is None:
+            return None
+        return self.held // _held_dtype(self.dtype).itemsize * 4
+
+    @property
     def streamable(self) -> bool:
         """A store's features that stay in its file above the limit where the run streams."""
         return self.store and self.dtype is not None and _streams(self.dtype)

@@ -317,7 +317,8 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     above the limit (a quarter of memory) stays in its file without the options under
     which the run reads it whole; a .npz or .npy file is read whole, which a store in its
     place above the limit is not; integer features are read whole from any file, which a
-    store of float32 features in their place is not; features within the limit are read
+    store of float32 features in their place is not where those are above the limit (uint8
+    features within it, too); features within the limit are read
     whole whatever the options (the advice to leave those options out was given for them
     too)."""
     whole = [
@@ -338,12 +339,15 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
         for features in sizes
         if whole or not features.streamable or features.held is None or features.held <= limit
     ]
-    large = [features for features in read if features.held is not None and features.held > limit]
+    # Integers are read whole from any file, a store's too, so only floats cure them: a
+    # store of float32 features streams them where those are above the limit, however
+    # small the integers themselves (uint8's are a quarter of it).
+    integers = [f for f in read if _float32_cures(f, limit)]
+    large = [f for f in read if f.held is not None and f.held > limit or f in integers]
     # Every one large has a cure: a store's floats are among them only under the options
-    # that read them whole; integers are read whole from any file, a store's too, so only
-    # floats cure them.
+    # that read them whole.
     arrays = [f.path for f in large if not f.store and _streams(f.dtype)]
-    integers = [f.path for f in large if not _streams(f.dtype)]
+    integers = [f.path for f in integers]
     advice = []
     if large:
         cures = [f"an HDF5 store in place of {', '.join(arrays)}"] if arrays else []
@@ -363,7 +367,7 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
             f"file, read a block at a time{not_integers}{_ANY_STORE if made else ''})"
         )
     advice.append("freeing memory, or a machine with more")
-    shown = ", ".join(_held(features) for features in read)
+    shown = ", ".join(_held(features, limit) for features in read)
     held = f"The features read into memory: {shown} (a quarter of memory: {_in_bytes(limit)})"
     if not large and all(features.held is not None for features in read):
         held += "; no option of the command reads them in less"
@@ -373,15 +377,28 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     )
 
 
-def _held(features) -> str:
+def _float32_cures(features, limit: int) -> bool:
+    """Whether a store of float32 features in place of an input file's integer features
+    (an ``_inputs._Features``), which are read whole from any file, reads them in less:
+    above the limit as float32 it streams them (uint8's a quarter of that size are read
+    whole), and int64's it holds in half where not."""
+    if features.held is None or _streams(features.dtype):
+        return False
+    return max(features.held, features.as_float32) > limit
+
+
+def _held(features, limit: int) -> str:
     """An input file's features as the line of inputs out of memory says them (an
     ``_inputs._Features``): their size in memory, and in the file where it differs (float16
-    features are read as float32)."""
+    features are read as float32); integers that float32 features cure, their size as those
+    (``limit``: a quarter of memory)."""
     if features.held is None:
         return features.path
     said = f"{features.path}: {_in_bytes(features.held)}"
     if features.held != features.stored:
         said += f" ({_in_bytes(features.stored)} of {features.dtype} in the file)"
+    if _float32_cures(features, limit):
+        said += f" ({_in_bytes(features.as_float32)} as float32)"
     return said
 
 
