@@ -3697,6 +3697,36 @@ def test_the_cure_for_integers_out_of_memory_can_be_followed(
 
 
 @NEEDS_H5
+@pytest.mark.parametrize("limit, streamed", [(1500, False), (1199, True)])
+def test_inputs_out_of_memory_say_what_the_run_did_with_a_store_of_failed_rows(
+    tmp_path, monkeypatch, capsys, limit, streamed
+):
+    # A store of 90 rows, 40 failed: 50 × 6 float32 read (1,200 bytes), 2,160 in all. The
+    # run's choice to stream it and the line count the same rows, its completed ones (one
+    # helper): the line says it read where the run read it, and leaves it out where the
+    # run streamed it.
+    X, y = _blobs(30, seed=1)
+    path = str(_store(tmp_path / "failed.h5", X, y, FASHION, failed=range(40)))
+    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: limit)
+    seen = _models_inputs(monkeypatch)
+    assert main([path, "--no-progress"]) == 0
+    assert seen and {is_h5_dataset(X) for X in seen} == {streamed}
+
+    def failing(args, stack=None):
+        raise MemoryError("Unable to allocate 30.0 GiB for an array")
+
+    monkeypatch.setattr(cli_main, "_inputs", failing)
+    capsys.readouterr()
+    (line,) = _error([path, "--no-progress"], capsys)[1]
+    read = f"The features read into memory: {path}: 1.2 KiB (a quarter of memory: 1.5 KiB)"
+    assert line.endswith(
+        "nothing is written. Try freeing memory, or a machine with more"
+        if streamed
+        else f"nothing is written. {read}{_NO_LESS}"
+    )
+
+
+@NEEDS_H5
 def test_inputs_out_of_memory_end_in_one_line_where_their_sizes_cannot_be_told(
     files, stores, tmp_path, monkeypatch, capsys
 ):

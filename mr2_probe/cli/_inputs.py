@@ -439,11 +439,13 @@ def _load_store(path: str, stack=None):
     # each pass over a streamed store reads the file again, about three times the fit's
     # time here. Those read are closed at once.
     store = _load_features(path)
-    features = store.features
     # (their bytes in memory, float16 read as float32: the limit on their bytes in the file
-    # read a float16 store of up to half of memory whole)
-    size = int(np.prod(features.shape, dtype=np.int64)) * _held_dtype(features.dtype).itemsize
-    streamed = stack is not None and _streams(features.dtype) and size > in_memory_limit()
+    # read a float16 store of up to half of memory whole; counted as the line of inputs out
+    # of memory counts them)
+    values, dtype = _store_values(store.file)
+    streamed = stack is not None and _stays_in_file(
+        dtype, _held_bytes(values, dtype), in_memory_limit()
+    )
     if streamed:
         stack.enter_context(store)
     else:
@@ -535,11 +537,6 @@ class _Features(NamedTuple):
             return None
         return self.held // _held_dtype(self.dtype).itemsize * 4
 
-    @property
-    def streamable(self) -> bool:
-        """A store's features that stay in its file above the limit where the run streams."""
-        return self.store and self.dtype is not None and _streams(self.dtype)
-
 
 def _features_sizes(args) -> tuple[int, list[_Features]]:
     """:func:`in_memory_limit`, and each input file's features (--train's, then --test's),
@@ -562,7 +559,7 @@ def _features_sizes(args) -> tuple[int, list[_Features]]:
             pass
         held = stored = None
         if dtype is not None:
-            held, stored = (count * d.itemsize for d in (_held_dtype(dtype), dtype))
+            held, stored = _held_bytes(count, dtype), count * dtype.itemsize
         sizes.append(_Features(path, held, stored, dtype, suffix in _STORE))
     return in_memory_limit(), sizes
 
@@ -575,10 +572,29 @@ def _store_features(path: str) -> tuple[int, np.dtype]:
     from extract._store import open_store
 
     with open_store(path, "r") as f:
-        features = f["features"]
-        rows = len(_completed_rows(f))
-        row, dtype = int(np.prod(features.shape[1:], dtype=np.int64)), features.dtype
-    return rows * row, dtype
+        return _store_values(f)
+
+
+def _store_values(f) -> tuple[int, np.dtype]:
+    """How many feature values a run reads of an open store ``f`` (an h5py.File), its
+    completed rows' (:func:`_completed_rows`), and their dtype in the file: one count for
+    the run's choice to stream the store (:func:`_load_store`) and the line of inputs out
+    of memory (:func:`_store_features`), so that the line says what the run did."""
+    features = f["features"]
+    row = int(np.prod(features.shape[1:], dtype=np.int64))
+    return len(_completed_rows(f)) * row, features.dtype
+
+
+def _held_bytes(values: int, dtype: np.dtype) -> int:
+    """The bytes of ``values`` features of ``dtype`` once read into memory
+    (:func:`_held_dtype`: float16 as float32), which the limit is set on."""
+    return values * _held_dtype(dtype).itemsize
+
+
+def _stays_in_file(dtype: np.dtype, held: int, limit: int) -> bool:
+    """Whether a store's features of ``dtype``, ``held`` bytes in memory, stay in its file
+    where the run streams: floating-point ones above ``limit``."""
+    return _streams(dtype) and held > limit
 
 
 def _completed_rows(f) -> np.ndarray:

@@ -26,6 +26,7 @@ from ._inputs import (
     _in_bytes,
     _inputs,
     _inputs_record,
+    _stays_in_file,
     _streams,
 )
 from ._options import (
@@ -337,7 +338,10 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     read = [
         features
         for features in sizes
-        if whole or not features.streamable or features.held is None or features.held <= limit
+        if whole
+        or not features.store
+        or features.held is None
+        or not _stays_in_file(features.dtype, features.held, limit)
     ]
     # Integers are read whole from any file, a store's too, so only floats cure them: a
     # store of float32 features streams them where those are above the limit, however
