@@ -21,7 +21,7 @@ import shlex
 import struct
 import unicodedata
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -1056,6 +1056,25 @@ def _quoted_whole(text: list[str], readings, quotes: str) -> bool | None:
     return True if first is not None and re.match(rf"\s*(?:{whole})\s", first) else None
 
 
+def _csv_fields(line: str, delimiter: str = ",") -> list[str]:
+    """``next(csv.reader([line], delimiter=delimiter))``; a line without a quote, a line
+    break or a NUL, shorter than csv's field limit, is split at its delimiters without it,
+    as csv splits it (a reader a line took about 5 µs: 2.7 s of CPU to tell how to read a
+    list of 200,000 lines separated by semicolons)."""
+    special = '"' in line or "\r" in line or "\n" in line or "\0" in line
+    if special or len(line) >= csv.field_size_limit():
+        return next(csv.reader([line], delimiter=delimiter))
+    return line.split(delimiter)
+
+
+# An image's extension, in any case, before a separator (a blank, a comma or a semicolon): a
+# list without a quote and without one has no line whose path, split at that separator, is
+# an image's (:func:`_an_image_read_otherwise_alone`). (It matches more: a prefilter.)
+_EXTENSIONS = "|".join(map(re.escape, IMG_EXTENSIONS))
+_AN_IMAGE_BEFORE_A_COMMA = re.compile(rf"(?:{_EXTENSIONS})[\s,]", re.IGNORECASE)
+_AN_IMAGE_BEFORE_A_SEMICOLON = re.compile(rf"(?:{_EXTENSIONS})[\s;]", re.IGNORECASE)
+
+
 def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> bool:
     """Whether a list is CSV separated by semicolons (``cat/000.png;cat``, as spreadsheet
     programs write CSV where a comma is the decimal separator): every line splits into two
@@ -1071,29 +1090,39 @@ def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> boo
     lines = [line for line in text if line.strip()]
     if not lines or not all(";" in line for line in lines):
         return False
-    try:
-        if any(len(next(csv.reader([line], delimiter=";"))) != 2 for line in lines):
+    # (Split as csv splits them, a line without a quote, a line break or a NUL at each
+    # semicolon, shorter than csv's field limit: where every line is one, one semicolon a
+    # line is two fields a line.)
+    joined = "\0".join(lines)
+    plain = not ('"' in joined or "\r" in joined or "\n" in joined)
+    short = max(map(len, lines)) < csv.field_size_limit()
+    if plain and short and joined.count("\0") == len(lines) - 1:
+        if joined.count(";") != len(lines):
             return False
-    except csv.Error:
-        return False
+    else:
+        try:
+            if any(len(_csv_fields(line, ";")) != 2 for line in lines):
+                return False
+        except csv.Error:
+            return False
 
     def readings(line: str):
         if commas:
             try:
-                usual = next(csv.reader([line]))
+                usual = _csv_fields(line)
             except csv.Error:
                 usual = []
         elif "\t" in line.strip():
             usual = re.split(r"\t+", line.strip())
         else:
             usual = line.rsplit(None, 1)
-        return usual, next(csv.reader([line], delimiter=";"))
+        return usual, _csv_fields(line, ";")
 
     def refused(line: str) -> bool:  # read otherwise: no comma field, or blank, splits it
         if not commas:
             return len(line.rsplit(None, 1)) != 2  # (a tab in it: at a tab, or in its path)
         try:
-            return len(next(csv.reader([line]))) != 2
+            return len(_csv_fields(line)) != 2
         except csv.Error:
             return True
 
@@ -1108,18 +1137,26 @@ def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> boo
     # (And where every line reads otherwise too, its labels with blanks, its images are
     # read at its semicolons where a line names an image so alone and none otherwise alone:
     # 'a/1.png;golden retriever' was the image 'a/1.png;golden' of a class 'retriever'.)
-    first = next(filter(refused, lines), None)
-    pairs = [readings(line) for line in lines]
-    usual_alone = any(_an_image_read_otherwise_alone(*pair) for pair in pairs)
-    other_alone = any(_an_image_read_otherwise_alone(*pair[::-1]) for pair in pairs)
-    if first is None:
-        undecided = other_alone and not usual_alone
-    else:
-        undecided = not os.path.lexists(folder / first.strip()) and (
-            [f.strip().lower() for f in pairs[0][1]] == ["path", "label"]
-            or not usual_alone
-            or other_alone
+    # (Worked out where no file decides alone, each scan of every line once: where no line
+    # has an image's extension before a separator, as 'a.png;b c' has none before a blank,
+    # no line names an image so, and no line is read.)
+    def alone(other: bool) -> bool:  # a line names an image read one way alone
+        before = _AN_IMAGE_BEFORE_A_SEMICOLON if other else _AN_IMAGE_BEFORE_A_COMMA
+        if plain and not before.search(joined):
+            return False
+        pairs = (readings(line) for line in lines)
+        return any(_an_image_read_otherwise_alone(*(p[::-1] if other else p)) for p in pairs)
+
+    def undecided() -> bool:
+        first = next(filter(refused, lines), None)
+        if first is None:
+            return alone(True) and not alone(False)
+        return not os.path.lexists(folder / first.strip()) and (
+            [f.strip().lower() for f in readings(lines[0])[1]] == ["path", "label"]
+            or not alone(False)
+            or alone(True)
         )
+
     return _first_deciding_line(folder, lines, readings, undecided=undecided)
 
 
@@ -1134,19 +1171,20 @@ def _an_image_read_otherwise_alone(usual: list[str], other: list[str]) -> bool:
 
 
 def _first_deciding_line(
-    folder: Path, text: list[str], readings, undecided: bool | None = None
+    folder: Path, text: list[str], readings, undecided: Callable[[], bool] | None = None
 ) -> bool:
     """Whether a list's lines are read the other way: ``readings(line)`` gives a line's two
     readings as ``path label`` fields, the usual one and the other (None where they do not
     differ), and the first line whose readings differ decides: the reading that alone
     names a file in ``folder`` (the other: True); where neither does (its images missing)
-    and one reading's path alone is an image's by its extension, ``undecided``, or where
-    that is None, that reading (neither: the next such line, as for a header,
-    '"path"<TAB>"label"', or a first image missing of a list whose later ones are there,
-    'img1;golden retriever' before 'img2;dog x'); a list without such a line is read as
-    usual (``undecided``: True, the other way). Two look-ups a list, not two a line (every line
-    of a tab- or semicolon-separated list of labels with blanks differs: its images
-    missing, 200,000 lines took 400,000), but for lines that no extension tells apart."""
+    and one reading's path alone is an image's by its extension, ``undecided()`` (worked
+    out there alone), or where that is None, that reading (neither: the next such line, as
+    for a header, '"path"<TAB>"label"', or a first image missing of a list whose later ones
+    are there, 'img1;golden retriever' before 'img2;dog x'); a list without such a line is
+    read as usual (``undecided()``: True, the other way). Two look-ups a list, not two a
+    line (every line of a tab- or semicolon-separated list of labels with blanks differs:
+    its images missing, 200,000 lines took 400,000), but for lines that no extension tells
+    apart."""
     for line in text:
         pair = readings(line)
         if pair is None:
@@ -1158,9 +1196,9 @@ def _first_deciding_line(
         # retriever' missing, 'img2;dog x' present, read at its blanks at the first line)
         if _an_image_read_otherwise_alone(*pair) or _an_image_read_otherwise_alone(*pair[::-1]):
             if undecided is not None:
-                return undecided
+                return undecided()
             return _an_image_read_otherwise_alone(pair[1], pair[0])
-    return bool(undecided)
+    return undecided is not None and undecided()
 
 
 def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
