@@ -1058,6 +1058,51 @@ def test_a_semicolon_list_whose_first_image_is_missing_is_read_at_a_later_one(
     assert (src.ids, src.class_names) == ([first, later], ["dog x", "golden retriever"])
 
 
+@pytest.mark.parametrize("sep, ids, class_names", [
+    (";", ["scans/0000;golden", "scans/0001;golden"], ["retriever"]),
+    ("\t", ["scans/0000", "scans/0001"], ["golden retriever"]),
+])  # fmt: skip
+def test_a_list_of_missing_images_without_extensions_is_told_how_to_read_in_a_few_look_ups(
+    tmp_path, monkeypatch, sep, ids, class_names
+):
+    # No extension tells a line's two readings apart and no file either: both paths of every
+    # line were looked up (200,000 lines, 400,000 look-ups); the folder they name is listed.
+    (tmp_path / "l.txt").write_text(
+        "".join(f"scans/{k:04d}{sep}golden retriever\n" for k in range(2000))
+    )
+    looked_up = []
+    for module, name in [(os.path, "lexists"), (os.path, "isfile"), (os, "listdir"),
+                         (os, "scandir")]:  # fmt: skip
+        real = getattr(module, name)
+        monkeypatch.setattr(
+            module, name, lambda *path, real=real: looked_up.append(path) or real(*path)
+        )
+    src = image_list(tmp_path / "l.txt")
+    assert (src.ids[:2], src.class_names, len(src)) == (ids, class_names, 2000)
+    assert len(looked_up) <= 10, looked_up[:12]
+
+
+@pytest.mark.parametrize("there, ids, class_names", [
+    ("img20;dog", ["img0;golden", "img20;dog"], ["retriever", "x"]),
+    ("img20", ["img0", "img20"], ["dog x", "golden retriever"]),
+    ("IMG20", None, None),  # (the same file where the file system ignores case)
+])  # fmt: skip
+def test_a_later_line_of_a_long_list_decides_by_its_file_in_its_folders_listing(
+    tmp_path, there, ids, class_names
+):
+    # Its first lines' images missing, later lines are looked up in their folder's listing:
+    # the file that one reading alone names decides, as each line's look-ups decided.
+    (tmp_path / there).write_bytes(b"x")
+    if ids is None:  # (a file system that ignores case finds 'img20' all the same)
+        named = os.path.lexists(tmp_path / "img20")
+        ids = ["img0", "img20"] if named else ["img0;golden", "img20;dog"]
+        class_names = ["dog x", "golden retriever"] if named else ["retriever", "x"]
+    lines = [f"img{k};golden retriever" for k in range(20)] + ["img20;dog x"]
+    (tmp_path / "l.txt").write_text("\n".join(lines) + "\n")
+    src = image_list(tmp_path / "l.txt")
+    assert ([src.ids[0], src.ids[-1]], src.class_names) == (ids, class_names)
+
+
 @pytest.mark.parametrize("line, there, delimiter", [
     ("img/{}.png;golden retriever", True, "csv-semicolon"),
     ("img/{}.png;golden retriever", False, "csv-semicolon"),
