@@ -1044,16 +1044,17 @@ def _quoted_as_csv_quotes(folder: Path, text: list[str]) -> bool:
     return _first_deciding_line(folder, text, readings, _quoted_whole(text, readings, '"'))
 
 
-def _quoted_whole(text: list[str], readings, quotes: str) -> bool | None:
-    """True where the first line of a list whose two ``readings`` differ begins with a path
-    quoted whole (``"c/img9"<TAB>"cat"``, ``'c/img9' cat``, as the csv module and
-    ``shlex.quote`` write them, in ``quotes``): where no file tells the readings apart, its
-    images missing, that is quoting, not a name (no extension told, and ``'c/img9'`` was
-    recorded with its quotes, where the image found was 'c/img9'). None: as
-    :func:`_first_deciding_line` decides."""
+def _quoted_whole(text: list[str], readings, quotes: str) -> Callable[[], bool] | None:
+    """An ``undecided`` of :func:`_first_deciding_line` that gives True, where the first line of
+    a list whose two ``readings`` differ begins with a path quoted whole
+    (``"c/img9"<TAB>"cat"``, ``'c/img9' cat``, as the csv module and ``shlex.quote`` write them,
+    in ``quotes``): where no file tells the readings apart, its images missing, that is quoting,
+    not a name (no extension told, and ``'c/img9'`` was recorded with its quotes, where the
+    image found was 'c/img9'). None: as :func:`_first_deciding_line` decides."""
     first = next((line for line in text if readings(line) is not None), None)
     whole = "|".join(f"{q}[^{q}]+{q}" for q in quotes)
-    return True if first is not None and re.match(rf"\s*(?:{whole})\s", first) else None
+    quoted = first is not None and re.match(rf"\s*(?:{whole})\s", first)
+    return (lambda: True) if quoted else None
 
 
 def _csv_fields(line: str, delimiter: str = ",") -> list[str]:
@@ -1203,14 +1204,14 @@ def _first_deciding_line(
 
 
 class _Lexists:
-    """``os.path.lexists(os.path.join(folder, name))``, the first few names looked up one
-    by one, later ones in a listing of their folder, one listing a folder (a name found
-    there, in any case or Unicode form, as a file system may match it, looked up still):
-    a list of 200,000 lines whose images were missing, no extension telling their two
-    readings apart ('scans/0001;golden retriever'), took 400,000 look-ups to tell how to
-    read it."""
+    """``os.path.lexists(os.path.join(folder, name))``, the first 64 names looked up one by one
+    (a short list in a folder of a million files lists none), later ones in a listing of their
+    folder, one listing a folder (a name found there, in any case or Unicode form, as a file
+    system may match it, looked up still): a list of 200,000 lines whose images were missing, no
+    extension telling their two readings apart ('scans/0001;golden retriever'), took 400,000
+    look-ups to tell how to read it."""
 
-    def __init__(self, folder: str | os.PathLike, one_by_one: int = 4) -> None:
+    def __init__(self, folder: str | os.PathLike, one_by_one: int = 64) -> None:
         self.folder, self.one_by_one = os.fspath(folder), one_by_one
         self.listed: dict[str, tuple[set[str], set[str]] | None] = {}
 
