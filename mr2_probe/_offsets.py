@@ -693,13 +693,17 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 "Found array with 0 sample(s) (shape=(0,)) while a minimum of 1 is required."
             )
         check_classification_targets(y)
+        # What is fitted here: itself (cv="prefit") or a clone (a fitted search's searches
+        # again; a FrozenEstimator's is itself).
+        fitted_here = self.estimator if self.cv == "prefit" else clone(self.estimator)
         if not _decides(self.estimator):
             # Taken by the estimator parameter's check for a search's sake (of refit=False,
             # or fitted on a choice without decision values): named before any fit, as it
-            # decides here, itself (cv="prefit") or a clone (a fitted search's searches
-            # again; a FrozenEstimator's is itself).
-            _check_decides(self.estimator if self.cv == "prefit" else clone(self.estimator))
-        _check_baggable(self.estimator)
+            # decides here.
+            _check_decides(fitted_here)
+        # (a BaggingClassifier of a fitted search of the stack bags it; a clone of it, whose
+        # search is unfitted, not)
+        _check_baggable(fitted_here)
         _check_per_class_decision(self.estimator, len(np.unique(y)))
         # (on a GPU, or requiring grad: NumPy reads neither)
         sample_weight = numpy_if_tensor(sample_weight, "sample_weight")

@@ -1619,6 +1619,21 @@ def test_a_bagged_stack_that_has_predict_before_fit_is_tuned():
     assert tuned.score(X, y) > 0.9
 
 
+def test_a_bagged_fitted_search_of_the_default_stack_is_named_unless_prefit():
+    # A fitted search of the default stack has predict, so BaggingClassifier takes it; the
+    # folds fit a clone, whose search is unfitted: BaggingClassifier's parameter check
+    # refused it in the first fold, printing the search. It is named before any fit. With
+    # cv="prefit" the fitted BaggingClassifier is tuned as it is.
+    X, y = load_iris(return_X_y=True)
+    X, y = X[::2], y[::2]
+    stack = StackingClassifier([("nb", GaussianNB())], cv=2)
+    bagged = _bag(GridSearchCV(stack, {"cv": [2]}, cv=2).fit(X, y))
+    with pytest.raises(ValueError, match=r"^A BaggingClassifier cannot bag a StackingClassifi"):
+        TunedOffsetsClassifierCV(bagged, cv=2).fit(X, y)
+    tuned = TunedOffsetsClassifierCV(bagged.fit(X, y), cv="prefit").fit(X, y)
+    assert tuned.score(X, y) > 0.9
+
+
 @pytest.mark.parametrize(
     "make",
     [
