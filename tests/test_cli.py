@@ -222,7 +222,7 @@ _UNCHECKED_SCALED = (
     "the features scaled by --feature-scaling standard hold NaN or infinity, which "
     "SKLEARN_ASSUME_FINITE left unchecked, where X held none: values this large overflow the "
     "scaling's own arithmetic. Divide X by a constant and fit again (unset "
-    "SKLEARN_ASSUME_FINITE, which any value sets, 0 too, to have them checked)."
+    "SKLEARN_ASSUME_FINITE, which any value but an empty one sets, 0 too, to have them checked)."
 )
 
 

@@ -640,7 +640,7 @@ def _in_cli_terms(message, args, fit: bool = True) -> str:
         )
         learning_rate = rf"learning_rate\1 ({instead} --grid learning_rate=V instead)"
         projection_rank = f"projection_rank ({instead} --grid projection_rank=R instead)"
-    # scikit-learn's assume_finite=True, which SKLEARN_ASSUME_FINITE sets (any value, 0
+    # scikit-learn's assume_finite=True, which SKLEARN_ASSUME_FINITE sets (any non-empty value, 0
     # too), skipped the estimator's check of the features: mr2-probe checked X itself, so
     # NaN or infinity can only be --feature-scaling standard's (its overflow).
     unchecked = (
@@ -648,7 +648,7 @@ def _in_cli_terms(message, args, fit: bool = True) -> str:
             f"the features scaled by {scale} hold NaN or infinity, which SKLEARN_ASSUME_FINITE "
             "left unchecked, where X held none: values this large overflow the scaling's own "
             "arithmetic. Divide X by a constant and fit again (unset SKLEARN_ASSUME_FINITE, "
-            "which any value sets, 0 too, to have them checked)."
+            "which any value but an empty one sets, 0 too, to have them checked)."
         )
         if scaled
         else (
