@@ -16,7 +16,6 @@ import collections
 import hashlib
 import json
 import logging
-import mmap
 import os
 import posixpath
 import re
@@ -118,7 +117,50 @@ def _damaged(path: str, offset: int, what: str) -> ShardError:
     )
 
 
-def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
+class FileBytes:
+    """An open file's bytes by slices, read with ``pread``, not a memory mapping: a file cut
+    shorter as it is read is a ShardError, where a read of a mapping past the file's new end
+    killed the process (SIGBUS)."""
+
+    _AHEAD = 1 << 16  # bytes read at once: headers and labels come one after another
+
+    def __init__(self, fh, path: str) -> None:
+        self.fh, self.path = fh, path
+        self.size = os.fstat(fh.fileno()).st_size
+        self.ahead, self.at = b"", 0  # the bytes read last, from byte ``at``
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, where: slice) -> bytes:
+        start, stop, _ = where.indices(self.size)
+        if stop - start <= self._AHEAD and not (
+            self.at <= start and stop <= self.at + len(self.ahead)
+        ):
+            self.ahead, self.at = os.pread(self.fh.fileno(), self._AHEAD, start), start
+        if self.at <= start and stop <= self.at + len(self.ahead):
+            return self.ahead[start - self.at : stop - self.at]
+        data = os.pread(self.fh.fileno(), max(stop - start, 0), start)
+        while len(data) < stop - start:
+            more = os.pread(self.fh.fileno(), stop - start - len(data), start + len(data))
+            if not more:
+                raise _damaged(
+                    self.path, start + len(data), "the file ends there: it was cut shorter"
+                )
+            data += more
+        return data
+
+    def zeros_from(self, offset: int) -> bool:
+        """Whether the file holds only zeros from ``offset`` on."""
+        while offset < self.size:
+            chunk = self[offset : offset + (1 << 20)]
+            if chunk.count(0) != len(chunk):
+                return False
+            offset += len(chunk)
+        return True
+
+
+def tar_members(shard: FileBytes, path: str, digest) -> list[tuple[str, int, int]]:
     """``(name, data offset, size)`` of each regular file in a tar, in archive order; a hard
     link is the earlier member it names (as tar extracts it, names compared normalised),
     read from that member's data, and one to no earlier member is skipped with a warning.
@@ -133,15 +175,12 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
         end-of-archive marker (cut short), or data after that marker (a damaged or
         concatenated tar).
     """
-    members, n, offset = [], len(mm), 0
+    members, n, offset = [], len(shard), 0
     long_name, long_link, pax, data_of, unlinked = None, None, {}, {}, []
     while offset + _BLOCK <= n:
-        header = mm[offset : offset + _BLOCK]
+        header = shard[offset : offset + _BLOCK]
         if header == _ZERO_BLOCK:
-            rest = np.frombuffer(mm, np.uint8, offset=offset)
-            data_after = bool(rest.any())
-            del rest  # the map cannot close while a view of it exists
-            if data_after:
+            if not shard.zeros_from(offset):
                 raise _damaged(path, offset, "data after the end-of-archive marker")
             if unlinked:
                 logger.warning(
@@ -161,7 +200,7 @@ def tar_members(mm: mmap.mmap, path: str, digest) -> list[tuple[str, int, int]]:
         if kind in (b"x", b"L", b"g", b"K"):
             if data + -(-size // _BLOCK) * _BLOCK > n:  # its padding is part of the header
                 raise _damaged(path, offset, "the file ends inside a tar header")
-            payload = mm[data : data + size]
+            payload = shard[data : data + size]
             digest.update(payload)
             if kind == b"x":
                 try:
@@ -326,46 +365,46 @@ def index_shard(path: str, image_keys: tuple[str, ...], label_key: str) -> _Shar
         digest.update(f"{size}\n".encode())
         if size == 0:
             raise ShardError(f"The shard {path!r} is empty; leave it out of the pattern.")
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            samples: list[tuple[str, dict]] = []
-            for name, offset, length in tar_members(mm, path, digest):
-                if _META.match(name):
-                    continue
-                key, ext = base_plus_ext(name)
-                if key is None:
-                    continue
-                ext = ext.lower()
-                if not samples or samples[-1][0] != key:
-                    samples.append((key, {}))
-                if ext in samples[-1][1]:
-                    raise ShardError(f"The shard {path!r} has two {name!r} members in a row.")
-                samples[-1][1][ext] = (offset, length)
-            for key, members in samples:
-                where = f"sample {key!r} of {path!r}"
-                member, json_path = _member_and_path(label_key, members)
-                if member is None:
-                    _refuse_members_apart(key, members, samples, where)
-                    raise ShardError(
-                        f"The {where} has no {label_key!r} label (its members: "
-                        f"{', '.join(members)}); choose it with --label-key"
-                        f"{_label_key_hint(members)}."
-                    )
-                offset, length = members[member]  # within the file: tar_members saw to it
-                raw = mm[offset : offset + length]
-                digest.update(raw)
-                try:
-                    is_json = member.lower().endswith("json")
-                    index.labels.append(_label_text(raw, json_path, where, label_key, is_json))
-                except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                    raise ShardError(
-                        f"The {member!r} member of the {where} is unreadable: {err}."
-                    ) from None
-                image = next((members[k] for k in image_keys if k in members), (-1, 0))
-                index.keys.append(key)
-                index.offsets.append(image[0])
-                index.sizes.append(image[1])
-            if samples:
-                index.first_members = list(samples[0][1])
+        shard = FileBytes(fh, path)  # (not mapped: see FileBytes)
+        samples: list[tuple[str, dict]] = []
+        for name, offset, length in tar_members(shard, path, digest):
+            if _META.match(name):
+                continue
+            key, ext = base_plus_ext(name)
+            if key is None:
+                continue
+            ext = ext.lower()
+            if not samples or samples[-1][0] != key:
+                samples.append((key, {}))
+            if ext in samples[-1][1]:
+                raise ShardError(f"The shard {path!r} has two {name!r} members in a row.")
+            samples[-1][1][ext] = (offset, length)
+        for key, members in samples:
+            where = f"sample {key!r} of {path!r}"
+            member, json_path = _member_and_path(label_key, members)
+            if member is None:
+                _refuse_members_apart(key, members, samples, where)
+                raise ShardError(
+                    f"The {where} has no {label_key!r} label (its members: "
+                    f"{', '.join(members)}); choose it with --label-key"
+                    f"{_label_key_hint(members)}."
+                )
+            offset, length = members[member]  # within the file: tar_members saw to it
+            raw = shard[offset : offset + length]
+            digest.update(raw)
+            try:
+                is_json = member.lower().endswith("json")
+                index.labels.append(_label_text(raw, json_path, where, label_key, is_json))
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise ShardError(
+                    f"The {member!r} member of the {where} is unreadable: {err}."
+                ) from None
+            image = next((members[k] for k in image_keys if k in members), (-1, 0))
+            index.keys.append(key)
+            index.offsets.append(image[0])
+            index.sizes.append(image[1])
+        if samples:
+            index.first_members = list(samples[0][1])
     index.digest = "sha256:" + digest.hexdigest()
     return index
 

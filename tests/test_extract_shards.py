@@ -36,7 +36,7 @@ from extract import (  # noqa: E402
 from extract._images import label_kind_problem  # noqa: E402
 from extract._schema import FAILED, PENDING  # noqa: E402
 from extract._tables import TableError, _drop_cursor  # noqa: E402
-from extract._tar_shards import ShardError, tar_members  # noqa: E402
+from extract._tar_shards import FileBytes, ShardError, tar_members  # noqa: E402
 from extract._testing import (  # noqa: E402
     hf_image_schema,
     make_image_folder,
@@ -118,7 +118,6 @@ def _hard_links(fmt, names) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
 def test_tar_headers_are_read_as_tarfile_reads_them(tmp_path, fmt, caplog):
-    import mmap
 
     long_dir = "/".join(["folder"] * 15)  # 104 characters: ustar stores it in the prefix
     names = ["a.jpg", "a.cls", f"{long_dir}/b.seg.png", "ü/é.txt", "./c.cls"]
@@ -143,12 +142,9 @@ def test_tar_headers_are_read_as_tarfile_reads_them(tmp_path, fmt, caplog):
             else:
                 continue
             expected.append((m.name, seen[name].offset_data, seen[name].size))
-    with (
-        open(tmp_path / "t.tar", "rb") as fh,
-        mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm,
-    ):
+    with open(tmp_path / "t.tar", "rb") as fh:
         caplog.set_level(logging.WARNING, logger="extract")
-        assert tar_members(mm, "t.tar", hashlib.sha256()) == expected
+        assert tar_members(FileBytes(fh, "t.tar"), "t.tar", hashlib.sha256()) == expected
     assert caplog.messages == [
         "t.tar: 2 hard links to no earlier member are skipped ('h.jpg', 'later.jpg')."
     ]
@@ -1653,6 +1649,54 @@ def test_an_arrow_file_cut_shorter_between_blocks_gives_failed_rows(tmp_path, mo
     (read,) = src.archive.read(src.root, [300], state)
     _drop_cursor(state)
     assert isinstance(read, FileChangedError) and "-> 1000 bytes" in str(read)
+
+
+_TAR_CUT_AS_IT_IS_INDEXED = """
+import io, os, sys, tarfile
+sys.path.insert(0, sys.argv[1])
+from extract import open_source
+from extract import _tar_shards
+
+path = sys.argv[2]
+with tarfile.open(path, "w") as tar:
+    for k in range(40):
+        for ext, data in (("png", bytes([k]) * 10_000), ("cls", b"%d" % (k % 2))):
+            info = tarfile.TarInfo(f"{k:04d}.{ext}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+members = _tar_shards.tar_members
+
+def members_then_cut(*args):  # cut shorter after the headers were read, before the labels
+    listed = members(*args)
+    os.truncate(path, 1000)
+    return listed
+
+_tar_shards.tar_members = members_then_cut
+try:
+    open_source(f"webdataset:{path}")
+except _tar_shards.ShardError as err:
+    print("refused:", err)
+"""
+
+
+@pytest.mark.slow  # (a fresh interpreter)
+def test_a_shard_cut_shorter_as_it_is_indexed_is_refused(tmp_path):
+    # Its headers and labels were read out of a mapping of the file: cut shorter meanwhile,
+    # the read past its new end killed the process (SIGBUS).
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run(
+        [sys.executable, "-c", _TAR_CUT_AS_IT_IS_INDEXED, root, str(tmp_path / "s.tar")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    assert re.search(
+        r"refused: The shard .*s\.tar' is damaged at byte \d+ \(the file ends", run.stdout
+    )
 
 
 def test_an_arrow_file_is_mapped_from_the_file_opened_and_checked(tmp_path, monkeypatch):
