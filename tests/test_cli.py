@@ -3144,6 +3144,47 @@ def test_float16_features_are_scaled_in_float32(tmp_path, capsys):
     assert tables[0] == tables[1] and float(tables[0][0].split()[1]) > 90
 
 
+@pytest.mark.parametrize("options", [[], ["--tilt", "0.5"]], ids=["main", "front"])
+@pytest.mark.parametrize("scaled", ["train", "test"])
+def test_l2_scales_float32_rows_whose_norm_overflows_float32(tmp_path, capsys, scaled, options):
+    # Normalizer computed float32 row norms, which overflow past about 1e19: every such
+    # row was zeroed, and the probes fitted on zeros (training rows) or predicted them
+    # (test rows), without a word. Times 2**70 (1e21, exact), the rows scale to the same
+    # bits as before: the runs print the same tables, the front's too.
+    X, y = _blobs(20, seed=1)
+    X_test, y_test = _blobs(10, seed=2)
+    argv = [str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz")]
+    argv += ["--feature-scaling", "l2", *options, "--no-progress"]
+    tables = []
+    for factor in (1, 2**70):
+        large = {"train": X, "test": X_test}[scaled] * np.float32(factor)
+        np.savez(tmp_path / "train.npz", X=large if scaled == "train" else X, y=y)
+        np.savez(tmp_path / "test.npz", X=large if scaled == "test" else X_test, y=y_test)
+        assert main(argv) == 0
+        tables.append(capsys.readouterr().out)
+    with np.errstate(over="ignore"):
+        assert not np.isfinite(np.square(large).sum(axis=1)).any()  # (every row's norm)
+    assert tables[0] == tables[1]
+    assert float(tables[0].splitlines()[2].split()[1]) > 90
+
+
+def test_l2_scaling_leaves_no_row_unscaled():
+    # The rows Normalizer scaled wrong: zeroed (an overflowing norm), or left as they were
+    # (a norm below ten times float32's epsilon, taken for zero); a row Normalizer scales
+    # right is scaled to the same bits.
+    from sklearn.preprocessing import Normalizer
+
+    from mr2_probe.cli._options import _SCALERS
+
+    X = np.array([[1e20, -1e20, 0], [3e-7, 4e-7, 0], [1, 2, 3], [0, 0, 0]], np.float32)
+    scaled = _SCALERS["l2"]().fit_transform(X)
+    assert scaled.dtype == np.float32
+    norms = np.linalg.norm(X.astype(np.float64), axis=1)  # (4,)
+    np.testing.assert_allclose(scaled[:3], X[:3] / norms[:3, None], rtol=1e-6)
+    np.testing.assert_array_equal(scaled[2:], Normalizer().fit_transform(X[2:]))
+    np.testing.assert_array_equal(_SCALERS["l2"]().fit_transform([[3, 4]]), [[0.6, 0.8]])
+
+
 def test_boolean_features_are_fitted_as_the_estimator_fits_them(tmp_path, capsys):
     # Binary attributes saved as booleans were refused as not "real numbers", where
     # MR2LinearClassifier (and scikit-learn) fit them as 0 and 1.

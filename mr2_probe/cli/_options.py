@@ -11,12 +11,13 @@ from numbers import Real
 import numpy as np
 from sklearn.base import clone
 from sklearn.model_selection import ParameterGrid
-from sklearn.preprocessing import Normalizer, StandardScaler
+from sklearn.preprocessing import StandardScaler
 
 from .._classifier import MR2LinearClassifier
 from .._device import resolve_device
 from ..front import _READ_BY_SOME as _READS
 from ._inputs import feature_format
+from ._scaling import RowNormalizer
 from ._usage import SuggestingParser, UsageError, _one_line, add_version
 
 EXAMPLES = """\
@@ -97,7 +98,8 @@ errors:
   nothing is written, not even a model fitted before it.
 """
 
-_SCALERS = {"none": None, "standard": StandardScaler, "l2": Normalizer}
+# l2: Normalizer, its row norms computed without overflow (see RowNormalizer)
+_SCALERS = {"none": None, "standard": StandardScaler, "l2": RowNormalizer}
 _SCORINGS = ("accuracy", "balanced_accuracy", "worst_class", "hard_tercile", "class_std")
 
 
