@@ -389,6 +389,89 @@ def test_held_out_rows_the_scaling_makes_infinite_are_named_by_their_file(tmp_pa
     )
 
 
+def _far_in_the_front(tmp_path, value, test_value=1.0):
+    """:func:`_far_out`'s files, ``value`` in column 2 of the training row that the front
+    validates on first (as mr2-probe splits at the default seed and --val-size), and
+    ``test_value`` in --test's row 4; the training file and that row."""
+    from sklearn.model_selection import train_test_split
+
+    train, test = _far_out(tmp_path, np.float32, test_value)
+    with np.load(train) as data:
+        X, y = data["X"], data["y"]
+    row = train_test_split(np.arange(len(y)), test_size=0.1, stratify=y, random_state=0)[1][0]
+    X[row, 2] = value
+    np.savez(train, X=X, y=y)
+    return train, test, int(row)
+
+
+def test_front_rows_the_scaling_of_its_fitting_part_makes_infinite_are_refused(tmp_path, capsys):
+    # The front fits its scaler on its fitting part: a validation row far out of that part's
+    # range is infinite once scaled, though within the training features' (it widens
+    # them), which the check of the test rows passed. The front failed in scikit-learn's
+    # "Input X contains infinity", naming neither the row nor a cure; it is refused before
+    # any fit, with the part, the row and the cures that work.
+    train, test, row = _far_in_the_front(tmp_path, 1e38)
+    argv = [str(train), "--test", str(test), "--feature-scaling", "standard", "--tilt", "0.5"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # (none said by the check)
+        line = _refused(argv, capsys)
+    assert line.startswith(
+        f"mr2-probe: error: the front's validation part of {train} (--val-size 0.1): 1 of its "
+        "6 rows is made non-finite by --feature-scaling standard, fitted on the front's "
+        f"fitting part of the training features (the first is row {row}: its column 2 holds "
+        "1e+38, where that part's standard deviation is "
+    ), line
+    assert line.endswith(
+        f"); check that row and drop or correct it, or give the features of {train} as "
+        "float64, whose arithmetic holds them scaled"
+    )
+    with np.load(train) as data:
+        X, y = data["X"], data["y"]
+    for X_cured, y_cured in ((np.delete(X, row, 0), np.delete(y, row)), (X, y)):
+        np.savez(train, X=X_cured.astype(np.float64), y=y_cured)  # (each cure, followed)
+        assert main([*argv, "--no-progress"]) == 0
+
+
+def test_test_rows_the_scaling_of_the_front_s_fitting_part_makes_infinite_are_refused(
+    tmp_path, capsys
+):
+    # A --test row that the training features' scaler holds (1e33, where a training row of
+    # 1e30 widens their range) is infinite under the front's, fitted on a part without it.
+    train, test, _ = _far_in_the_front(tmp_path, 1e30, 1e33)
+    argv = [str(train), "--test", str(test), "--feature-scaling", "standard"]
+    line = _refused([*argv, "--offsets", "1"], capsys)
+    assert line.startswith(
+        f"mr2-probe: error: --test {test}: 1 of its 30 rows is made non-finite by "
+        "--feature-scaling standard, fitted on the front's fitting part of the training "
+        "features (the first is row 4: its column 2 holds 1e+33, where that part's standard "
+        "deviation is "
+    ), line
+    assert main([*argv, "--no-progress"]) == 0  # (no front: the main models hold it)
+
+
+def test_front_rows_of_a_held_out_run_the_scaling_makes_infinite_are_refused(tmp_path, capsys):
+    # Without --test, the front splits the rows not held out by --test-size: its part is
+    # named, as the rows held out are, by the training file alone.
+    from sklearn.model_selection import train_test_split
+
+    train, _, _ = _far_in_the_front(tmp_path, 1)
+    with np.load(train) as data:
+        X, y = data["X"], data["y"]
+    rows = np.sort(
+        train_test_split(np.arange(len(y)), test_size=0.2, stratify=y, random_state=0)[0]
+    )
+    validated = train_test_split(rows, test_size=0.1, stratify=y[rows], random_state=0)[1][0]
+    X[validated, 2] = 1e38
+    np.savez(train, X=X, y=y)
+    argv = [str(train), "--feature-scaling", "standard", "--tilt", "0.5"]
+    line = _refused(argv, capsys)
+    assert line.startswith(
+        f"mr2-probe: error: the front's validation part of {train} (--val-size 0.1): 1 of its "
+        "5 rows is made non-finite by --feature-scaling standard, fitted on the front's "
+        "fitting part of the training features (the first: its column 2 holds 1e+38, "
+    ), line
+
+
 @pytest.mark.parametrize("grid", [[], ["learning_rate=0.003,0.01"]])
 def test_warnings_name_the_grid_for_the_learning_rate(grid):
     # mr2-probe has no --learning-rate (refused as unrecognized): --grid sets it.
@@ -1912,6 +1995,25 @@ def test_a_store_s_test_row_the_scaling_makes_infinite_is_named_by_its_image(tmp
     code, lines = _error(argv, capsys)  # (after the warnings: its failed image, its codes)
     assert code == 2 and not any(line.startswith("fitting") for line in lines)
     assert "(the first is store row 5, 'item/00005': its column 2 holds 1e+38" in lines[-1]
+
+
+@NEEDS_H5
+def test_a_training_store_s_validation_row_the_scaling_makes_infinite_is_named_by_its_image(
+    tmp_path, capsys
+):
+    # The front's validation row r of the training features read is the store's row r + 1
+    # where its row 0 failed (a failed row is not read).
+    train, test, row = _far_in_the_front(tmp_path, 1e38)
+    with np.load(train) as data:
+        X, y = np.insert(data["X"], 0, 0, axis=0), np.insert(data["y"], 0, 0)
+    store = _store(tmp_path / "train.h5", X, y, FASHION, failed=[0])
+    with np.load(test) as data:
+        test = _store(tmp_path / "test.h5", data["X"], data["y"], FASHION)
+    argv = [str(store), "--test", str(test), "--feature-scaling", "standard", "--tilt", "0.5"]
+    code, lines = _error([*argv, "--no-progress"], capsys)  # (after its failed image's line)
+    assert code == 2 and not any(line.startswith("fitting") for line in lines)
+    assert lines[-1].startswith(f"mr2-probe: error: the front's validation part of {store} ")
+    assert f"(the first is store row {row + 1}, 'item/{row + 1:05d}': its column 2" in lines[-1]
 
 
 def _features_file(path, X, y):

@@ -9,6 +9,7 @@ import sys
 import unicodedata
 import warnings
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -1138,9 +1139,7 @@ def _check_splits(y, grid: dict, args, names=None) -> None:
     if args.tilt or args.offsets:
         advice = "choose a --val-size that leaves each class at least one sample in both parts"
         try:
-            fit_part, validation = train_test_split(
-                y, test_size=args.val_size, stratify=y, random_state=args.seed
-            )
+            fit_part, validation = (y[rows] for rows in _front_split(y, args))
         except ValueError as error:
             single = _single_sample_classes(y, names, after_test_split=args.test is None)
             why = single or f"{_one_line(error).rstrip('.')}; {advice}"
@@ -1169,16 +1168,71 @@ def _check_splits(y, grid: dict, args, names=None) -> None:
                 ) from error
 
 
-def _check_scaled_test(X, X_test, args) -> None:
-    """Refuse test rows that --feature-scaling standard, fitted on the training features
-    ``X`` as every model's scaler is, makes non-finite: finite rows far out of the
-    training rows' range (1e38 in a column whose training standard deviation is 1e-6
-    overflows float32). Their predictions ended the run after its fits in scikit-learn's
-    words ("Input X contains infinity"), naming neither the file nor a cure; under
-    SKLEARN_ASSUME_FINITE they were predicted unchecked. The cure of float64 features is
-    given where their arithmetic holds the rows scaled (with room for the logits' products)."""
+def _front_split(y, args) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of the training data (labels ``y``) that the front (--tilt, --offsets)
+    fits on and those it validates on, as it splits them."""
+    rows = np.arange(len(y))
+    fit, validation = train_test_split(
+        rows, test_size=args.val_size, stratify=y, random_state=args.seed
+    )
+    return fit, validation
+
+
+def _check_scaled_test(X, y, X_test, args) -> None:
+    """Refuse rows that --feature-scaling standard makes non-finite where a model scores
+    them: the test rows under the scaler fitted on the training features ``X``, as every
+    model's scaler is, and where the run draws a front (--tilt, --offsets), its validation
+    rows and the test rows under the scaler fitted on its fitting part of ``X`` (``y``:
+    X's labels, which its split stratifies), as its models' scalers are. Finite rows far
+    out of the range scaled on (1e38 in a column whose standard deviation there is 1e-6)
+    overflow float32. Their predictions ended the run after its fits in scikit-learn's
+    words ("Input X contains infinity"), naming neither the file nor a cure (the front's
+    failed so, which the check on the whole of X passed: a row far out of its fitting
+    part's range is within X's, which it widens); under SKLEARN_ASSUME_FINITE they were
+    predicted unchecked."""
     if args.feature_scaling != "standard" or _lazy(X) or _lazy(X_test):
         return
+    if args.test is None:
+        test = _Scored(
+            f"the rows of {args.train} held out by --test-size",
+            X_test,
+            features=f"the features of {args.train}",
+        )
+    else:
+        test = _Scored(f"--test {args.test}", X_test, lambda row: _row_named(args.test, row))
+    whole = "the training features"
+    _check_scaled(X, whole, f"{whole}'", [test])
+    if not (args.tilt or args.offsets):
+        return
+    fit, rows = _front_split(y, args)
+    fitting = ("the front's fitting part of the training features", "that part's")
+    validation = _Scored(
+        f"the front's validation part of {args.train} (--val-size {args.val_size:g})",
+        X[rows],
+        # (X is the training file's rows beside --test; without it, those not held out)
+        None if args.test is None else lambda row: _row_named(args.train, int(rows[row])),
+        f"the features of {args.train}",
+    )
+    _check_scaled(X[fit], *fitting, [validation, test])
+
+
+class _Scored(NamedTuple):
+    """Rows that a model scores, for :func:`_check_scaled`: ``what`` they are, ``named``
+    the name of row ``row`` of ``X`` in its file (None: unnamed), ``features`` the
+    features that float64 cures."""
+
+    what: str
+    X: np.ndarray
+    named: Callable[[int], str] | None = None
+    features: str = "the --test features"
+
+
+def _check_scaled(X, fitted_on: str, its: str, parts: list[_Scored]) -> None:
+    """Refuse the rows of the first of ``parts`` that has some that --feature-scaling
+    standard, fitted on ``X`` (said ``fitted_on``; ``its``, its possessive), makes
+    non-finite, the first named, with the cures that work: the cure of float64 features is
+    given where their arithmetic holds the rows scaled (with room for the logits'
+    products)."""
     from sklearn.preprocessing import StandardScaler
 
     with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -1186,29 +1240,32 @@ def _check_scaled_test(X, X_test, args) -> None:
         scaler = StandardScaler().fit(X)
         if not (np.isfinite(scaler.mean_).all() and np.isfinite(scaler.scale_).all()):
             return  # the scaling's own NaN: the fit's error says to divide X
-        scaled = scaler.transform(X_test)  # (B, d), as the models' scaler transforms it
-        bad = np.flatnonzero(~np.isfinite(scaled).all(axis=1))
-        if not len(bad):
+        for scored in parts:  # (two at most: the front's validation rows, the test rows)
+            X_test = scored.X
+            scaled = scaler.transform(X_test)  # (B, d), as the models' scaler transforms it
+            bad = np.flatnonzero(~np.isfinite(scaled).all(axis=1))
+            if len(bad):
+                break
+        else:
             return
         wide = scaler.transform(np.asarray(X_test[bad], dtype=np.float64))
     column = int(np.flatnonzero(~np.isfinite(scaled[bad[0]]))[0])
     held = X_test.dtype != np.float64 and bool(
         (np.abs(wide) < np.sqrt(np.finfo(np.float64).max)).all()
     )
-    if args.test is None:
-        what, first = f"the rows of {args.train} held out by --test-size", ""
-        features = f"the features of {args.train}"
-    else:
-        what, first = f"--test {args.test}", f" is {_row_named(args.test, int(bad[0]))}"
-        features = "the --test features"
+    first = "" if scored.named is None else f" is {scored.named(int(bad[0]))}"
     n = len(bad)
     them = "that row and drop or correct it" if n == 1 else "those rows and drop or correct them"
     raise UsageError(
-        f"{what}: {n} of its {len(X_test)} rows {'is' if n == 1 else 'are'} made non-finite by "
-        f"--feature-scaling standard, fitted on the training features (the first{first}: its "
-        f"column {column} holds {X_test[bad[0], column]:.3g}, where the training features' "
-        f"standard deviation is {scaler.scale_[column]:.3g}); check {them}"
-        + (f", or give {features} as float64, whose arithmetic holds them scaled" if held else "")
+        f"{scored.what}: {n} of its {len(X_test)} rows {'is' if n == 1 else 'are'} made "
+        f"non-finite by --feature-scaling standard, fitted on {fitted_on} (the first{first}: "
+        f"its column {column} holds {X_test[bad[0], column]:.3g}, where {its} standard "
+        f"deviation is {scaler.scale_[column]:.3g}); check {them}"
+        + (
+            f", or give {scored.features} as float64, whose arithmetic holds them scaled"
+            if held
+            else ""
+        )
     )
 
 

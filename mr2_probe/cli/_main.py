@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning, FitFailedWarning
-from sklearn.model_selection import GridSearchCV, ParameterGrid, StratifiedKFold, train_test_split
+from sklearn.model_selection import GridSearchCV, ParameterGrid, StratifiedKFold
 from sklearn.pipeline import Pipeline
 
 from .._classifier import MR2LinearClassifier
@@ -23,6 +23,7 @@ from ._inputs import (
     _check_scaled_test,
     _check_splits,
     _features_sizes,
+    _front_split,
     _in_bytes,
     _inputs,
     _inputs_record,
@@ -143,7 +144,7 @@ def _run(args, given: frozenset = frozenset(), launched: dict | None = None) -> 
             raise RunError(_inputs_out_of_memory_line(what, args, grid)) from error
         _check_splits(inputs[1], grid, args, inputs[4])
         _check_on_data(grid, args, inputs[0].shape[1])
-        _check_scaled_test(inputs[0], inputs[2], args)
+        _check_scaled_test(*inputs[:3], args)
         if out is not None:  # created once the inputs are checked: a refused run leaves none
             stack.enter_context(_claim_out(out))
         return _fit_and_report(args, erm, mr2, grid, out, *inputs, launched=launched)
@@ -956,9 +957,8 @@ def _front(models: dict, base, erm, X, y, X_test, y_test, args, fitted_as: dict)
             "give --tilt values above 0 or --offsets to draw a front whatever the search "
             "chooses"
         )
-    X_fit, X_val, y_fit, y_val = train_test_split(
-        X, y, test_size=args.val_size, stratify=y, random_state=args.seed
-    )
+    fit, validation = _front_split(y, args)  # (as _check_splits checked it)
+    X_fit, X_val, y_fit, y_val = X[fit], X[validation], y[fit], y[validation]
     print(f"fitting the front on {len(y_fit)} samples, choosing on {len(y_val)}", file=sys.stderr)
     with collecting_short() as short, warnings.catch_warnings():
         # The front gathers its fits' warnings into one (short). A test set without some
