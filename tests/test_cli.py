@@ -449,6 +449,31 @@ def test_test_rows_the_scaling_of_the_front_s_fitting_part_makes_infinite_are_re
     assert main([*argv, "--no-progress"]) == 0  # (no front: the main models hold it)
 
 
+def test_offsets_fold_rows_the_scaling_of_the_rest_makes_infinite_are_refused(tmp_path, capsys):
+    # --offsets tunes on the logits of folds of the front's fitting part, each predicted by
+    # a model (and scaler) fitted on the rest: a row of that part far out of the rest's
+    # range, which the checks of the front's parts passed, failed the front in
+    # scikit-learn's "Input X contains infinity".
+    from sklearn.model_selection import StratifiedKFold, train_test_split
+
+    train, test, _ = _far_in_the_front(tmp_path, 1)
+    with np.load(train) as data:
+        X, y = data["X"], data["y"]
+    fit = train_test_split(np.arange(len(y)), test_size=0.1, stratify=y, random_state=0)[0]
+    X[fit[0], 2] = 1e38  # (in fold 0 of the fitting part, as the offsets split it)
+    assert 0 in next(StratifiedKFold(3).split(fit, y[fit]))[1]
+    np.savez(train, X=X, y=y)
+    argv = [str(train), "--test", str(test), "--feature-scaling", "standard"]
+    line = _refused([*argv, "--offsets", "1"], capsys)
+    assert line.startswith(
+        f"mr2-probe: error: fold 0 of the front's fitting part of {train} (one of the 3 that "
+        "--offsets tunes its offsets on): 1 of its 18 rows is made non-finite by "
+        "--feature-scaling standard, fitted on the rest of that part (the first is row "
+        f"{fit[0]}: its column 2 holds 1e+38, where the rest's standard deviation is "
+    ), line
+    assert main([*argv, "--tilt", "0.5", "--no-progress"]) == 0  # (no offsets: no folds)
+
+
 def test_front_rows_of_a_held_out_run_the_scaling_makes_infinite_are_refused(tmp_path, capsys):
     # Without --test, the front splits the rows not held out by --test-size: its part is
     # named, as the rows held out are, by the training file alone.

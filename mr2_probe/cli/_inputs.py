@@ -18,6 +18,7 @@ from sklearn.model_selection import StratifiedKFold, train_test_split
 
 from .._data import block_rows, is_h5_dataset, read_h5
 from .._h5 import file_named_as_folder, name_failures, why_missing
+from .._offsets import offsets_splits
 from ..front import OFFSETS_CV, check_offsets_folds
 from ._usage import UsageError, _few, _one_line
 
@@ -1183,7 +1184,9 @@ def _check_scaled_test(X, y, X_test, args) -> None:
     them: the test rows under the scaler fitted on the training features ``X``, as every
     model's scaler is, and where the run draws a front (--tilt, --offsets), its validation
     rows and the test rows under the scaler fitted on its fitting part of ``X`` (``y``:
-    X's labels, which its split stratifies), as its models' scalers are. Finite rows far
+    X's labels, which its split stratifies), as its models' scalers are, and with
+    --offsets the rows of each fold of that part that the offsets are tuned on, under the
+    scaler fitted on the rest of the part, as each fold's model's is. Finite rows far
     out of the range scaled on (1e38 in a column whose standard deviation there is 1e-6)
     overflow float32. Their predictions ended the run after its fits in scikit-learn's
     words ("Input X contains infinity"), naming neither the file nor a cure (the front's
@@ -1204,16 +1207,27 @@ def _check_scaled_test(X, y, X_test, args) -> None:
     _check_scaled(X, whole, f"{whole}'", [test])
     if not (args.tilt or args.offsets):
         return
+
+    def training(what: str, rows: np.ndarray) -> _Scored:  # X's rows ``rows``
+        # (X is the training file's rows beside --test; without it, those not held out)
+        named = None if args.test is None else lambda row: _row_named(args.train, int(rows[row]))
+        return _Scored(what, X[rows], named, f"the features of {args.train}")
+
     fit, rows = _front_split(y, args)
     fitting = ("the front's fitting part of the training features", "that part's")
-    validation = _Scored(
-        f"the front's validation part of {args.train} (--val-size {args.val_size:g})",
-        X[rows],
-        # (X is the training file's rows beside --test; without it, those not held out)
-        None if args.test is None else lambda row: _row_named(args.train, int(rows[row])),
-        f"the features of {args.train}",
+    validation = training(
+        f"the front's validation part of {args.train} (--val-size {args.val_size:g})", rows
     )
     _check_scaled(X[fit], *fitting, [validation, test])
+    if args.offsets:  # tuned on the out-of-fold logits of folds of the fitting part
+        folds = offsets_splits(OFFSETS_CV, fit, y[fit])  # (fit: as many rows as X[fit])
+        for k, (train, held) in enumerate(folds):  # (a loop over the few folds)
+            fold = training(
+                f"fold {k} of the front's fitting part of {args.train} (one of the "
+                f"{OFFSETS_CV} that --offsets tunes its offsets on)",
+                fit[held],
+            )
+            _check_scaled(X[fit[train]], "the rest of that part", "the rest's", [fold])
 
 
 class _Scored(NamedTuple):
