@@ -474,6 +474,30 @@ def test_offsets_fold_rows_the_scaling_of_the_rest_makes_infinite_are_refused(tm
     assert main([*argv, "--tilt", "0.5", "--no-progress"]) == 0  # (no offsets: no folds)
 
 
+def test_grid_fold_rows_the_scaling_of_the_rest_makes_infinite_are_refused(tmp_path, capsys):
+    # --grid fits its scaler within each fold: a row far out of the rest's range failed
+    # each setting's scoring there (a warning holding scikit-learn's traceback), every
+    # setting scored NaN, and the search chose the first without a word of why.
+    train, test, _ = _far_in_the_front(tmp_path, 1)
+    with np.load(train) as data:
+        X, y = data["X"], data["y"]
+    X[7, 2] = 1e38
+    np.savez(train, X=X, y=y)
+    argv = [str(train), "--test", str(test), "--feature-scaling", "standard", "--grid", "C=0.1,1"]
+    line = _refused(argv, capsys)
+    assert re.match(
+        rf"mr2-probe: error: fold \d of the 3 that --grid searches {re.escape(str(train))} on: 1 "
+        "of its 20 rows is made non-finite by --feature-scaling standard, fitted on the rest of "
+        r"the training features \(the first is row 7: its column 2 holds 1e\+38, where the "
+        r"rest's standard deviation is [^)]*\); check that row and drop or correct it, or give "
+        f"the features of {re.escape(str(train))} as float64, whose arithmetic holds them scaled$",
+        line,
+    ), line
+    np.savez(train, X=X.astype(np.float64), y=y)  # (the cure, followed)
+    assert main([*argv, "--no-progress"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_front_rows_of_a_held_out_run_the_scaling_makes_infinite_are_refused(tmp_path, capsys):
     # Without --test, the front splits the rows not held out by --test-size: its part is
     # named, as the rows held out are, by the training file alone.

@@ -1179,14 +1179,15 @@ def _front_split(y, args) -> tuple[np.ndarray, np.ndarray]:
     return fit, validation
 
 
-def _check_scaled_test(X, y, X_test, args) -> None:
+def _check_scaled_test(X, y, X_test, args, searched: bool = False) -> None:
     """Refuse rows that --feature-scaling standard makes non-finite where a model scores
     them: the test rows under the scaler fitted on the training features ``X``, as every
     model's scaler is, and where the run draws a front (--tilt, --offsets), its validation
     rows and the test rows under the scaler fitted on its fitting part of ``X`` (``y``:
-    X's labels, which its split stratifies), as its models' scalers are, and with
+    X's labels, which its splits stratify), as its models' scalers are, and with
     --offsets the rows of each fold of that part that the offsets are tuned on, under the
-    scaler fitted on the rest of the part, as each fold's model's is. Finite rows far
+    scaler fitted on the rest of the part, as each fold's model's is; where ``searched``
+    (--grid), each of its folds of ``X`` under the scaler fitted on the rest. Finite rows far
     out of the range scaled on (1e38 in a column whose standard deviation there is 1e-6)
     overflow float32. Their predictions ended the run after its fits in scikit-learn's
     words ("Input X contains infinity"), naming neither the file nor a cure (the front's
@@ -1205,14 +1206,19 @@ def _check_scaled_test(X, y, X_test, args) -> None:
         test = _Scored(f"--test {args.test}", X_test, lambda row: _row_named(args.test, row))
     whole = "the training features"
     _check_scaled(X, whole, f"{whole}'", [test])
-    if not (args.tilt or args.offsets):
-        return
 
     def training(what: str, rows: np.ndarray) -> _Scored:  # X's rows ``rows``
         # (X is the training file's rows beside --test; without it, those not held out)
         named = None if args.test is None else lambda row: _row_named(args.train, int(rows[row]))
         return _Scored(what, X[rows], named, f"the features of {args.train}")
 
+    if searched:  # --grid: each fold scored by a model (and scaler) fitted on the rest
+        folds = StratifiedKFold(args.cv, shuffle=True, random_state=args.seed).split(X, y)
+        for k, (train, held) in enumerate(folds):  # (a loop over the few folds)
+            fold = training(f"fold {k} of the {args.cv} that --grid searches {args.train} on", held)
+            _check_scaled(X[train], f"the rest of {whole}", "the rest's", [fold])
+    if not (args.tilt or args.offsets):
+        return
     fit, rows = _front_split(y, args)
     fitting = ("the front's fitting part of the training features", "that part's")
     validation = training(
