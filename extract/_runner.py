@@ -519,6 +519,26 @@ def _check_same_listing(src: ImageSource, fingerprint: str, step: _ShardStep) ->
         )
 
 
+def _complete_on_every_rank(complete: bool, merged: Path, step: _ShardStep) -> bool:
+    """Whether every rank of a torchrun group found the merged store complete (this one:
+    ``complete``), so that all reuse it or all extract; a :class:`StoreError` on every rank
+    where they found it otherwise. Each rank decided alone: one that found it complete
+    returned while the others waited for it at the merge until the group's timeout."""
+    found = step.exchange(complete)
+    if found is None:  # ranks run one by one: each decides for itself
+        return complete
+    if all(found) or not any(found):
+        return bool(found[0])
+    # A store or images read otherwise by one rank than by another changed between their
+    # reads (or the ranks see its folder otherwise): neither verdict holds for every rank.
+    yes, no = found.index(True), found.index(False)
+    raise StoreError(
+        f"The ranks read the feature store {os.fspath(merged)!r} differently: rank {yes} "
+        f"found it complete, rank {no} not. It, or its images, changed while they read it. "
+        "Every rank stops before any work; run again once it no longer changes."
+    )
+
+
 def _merged_elsewhere(shard: Path, merged: Path) -> bool:
     """Whether ``shard`` went into another version of the store ``merged`` than the one
     there (merge_shards's mark); not where the store is gone."""
@@ -624,12 +644,12 @@ def _extract_shard(
     shard = dict(n_rows=len(rows), n_total_rows=len(src), shard_rank=rank)
     shard["shard_world_size"] = world_size
     provenance = _provenance(backbone, src, fingerprint, dtype, normalize, decode, shard, device)
-    repair_merged, vouched, rebuild = None, False, False
+    repair_merged, vouched, rebuild, complete = None, False, False, False
     read_merged = merged is not None and merged.exists() and not overwrite
+    everything = np.arange(len(src))
     if read_merged:
         whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
         whole = _provenance(backbone, src, fingerprint, dtype, normalize, decode, whole, device)
-        everything = np.arange(len(src))
         # The merged store holds every row: it tells what changed (repaired failures, with
         # --retry-failed; files touched since, whose bytes it holds).
         with open_store(merged, "r") as f:
@@ -663,8 +683,15 @@ def _extract_shard(
                 repair_merged = functools.partial(
                     _adopt_repaired_failures, merged, whole, src, everything, False, retry_failed
                 )
-            elif _is_complete(merged, whole, src, everything, retry_failed, log=rank == 0):
-                return None
+            else:  # (said once every rank has found it so)
+                complete = _is_complete(merged, whole, src, everything, retry_failed, log=False)
+    elif merged is None and world_size == 1 and out.exists() and not overwrite:
+        _refuse_other_rebuild(out, world_size)
+    if merged is not None and _complete_on_every_rank(complete, merged, step):
+        if rank == 0:
+            _say_reused(merged, src, everything)
+        return None
+    if read_merged:
         check_merging(os.fspath(merged))  # before any image is extracted, on every rank
         if not rebuild and os.access(merged.parent, os.W_OK) and not os.access(merged, os.W_OK):
             # Its own mode (chmod 444) forbids writing it, which a run in one process is
@@ -675,8 +702,6 @@ def _extract_shard(
                 merged, whole, src, everything, retry_failed
             ):
                 raise _no_permission(merged, "w")
-    elif merged is None and world_size == 1 and out.exists() and not overwrite:
-        _refuse_other_rebuild(out, world_size)
     identity = _identity(merged) if merged is not None and merged.exists() else None
     if merged is not None and identity is None and not overwrite:
         # The merged store is gone (deleted) while a forced rebuild's shards lie here: they
@@ -904,16 +929,14 @@ def _is_complete(
 ) -> bool:
     """Whether ``store`` already holds the whole request (then it is reused as it is);
     a store made differently is refused here, before any GPU work. Under torchrun every
-    rank reads the merged store before any writes it, so they all decide alike."""
+    rank reads the merged store before any writes it, and the ranks compare their
+    verdicts (:func:`_complete_on_every_rank`)."""
     with open_store(store, "r") as f:
         check_written(store, f)
         attrs = read_attrs(f)
         # Files touched since whose bytes it holds (where it cannot be written, as in a
         # read-only folder: a store that can, records their times before this check).
-        repaired = _repaired_failures(f, provenance, src, rows, False, False)
-        touched = repaired is not None
-        # (none: the rows agree, its fingerprint alone was not written)
-        n_touched = int((f["file_mtime_ns"][:] != repaired[1]).sum()) if touched else 0
+        touched = _repaired_failures(f, provenance, src, rows, False, False) is not None
         asked = provenance | (
             {"source_fingerprint": attrs.get("source_fingerprint")} if touched else {}
         )
@@ -924,14 +947,25 @@ def _is_complete(
             lambda: _source_explained(f, provenance, src, rows, retry_failed),
         )
         status = f["status"][:]
-        first_failed = failed_rows(f) if log else []
     if (status == PENDING).any() or retry_failed and (status == FAILED).any():
         return False
-    if n_touched and log:  # warned of as where the store's own mode forbids writing it
-        warn_unrecorded(store, n_touched, no_folder_permission(store))
     if log:
-        _log_reused(store, status, first_failed)
+        _say_reused(store, src, rows)
     return True
+
+
+def _say_reused(store: Path, src, rows: np.ndarray) -> None:
+    """Say that ``store``, found complete for the source's ``rows``, is reused: its
+    failures, and files touched since whose new times it does not record."""
+    _, mtimes = src.file_stats()
+    with open_store(store, "r") as f:
+        status = f["status"][:]
+        first_failed = failed_rows(f)
+        # (a store found complete differs from the files by touched ones alone)
+        n_touched = int((f["file_mtime_ns"][:] != mtimes[rows]).sum())
+    if n_touched:  # warned of as where the store's own mode forbids writing it
+        warn_unrecorded(store, n_touched, no_folder_permission(store))
+    _log_reused(store, status, first_failed)
 
 
 def _touched_alone(

@@ -1,5 +1,5 @@
-"""A torchrun rank of runs in which rank 1 fails while extracting its shard, for a test
-run in two processes."""
+"""torchrun ranks of runs in which the ranks fail, or find things otherwise, for tests run
+in two processes."""
 
 import os
 import time
@@ -11,6 +11,7 @@ import torch.distributed as dist
 from extract import _runner, extract_features
 
 FAST = dict(batch_size=4, num_workers=0, image_size=32, progress=False, device="cpu")
+BACKBONE = "timm:test_resnet@random"
 # Where rank 1 fails: listing the images, before the ranks first meet; building the model,
 # after.
 FAILING = {"source": "open_source", "backbone": "create_backbone"}
@@ -38,7 +39,7 @@ def rank_beside_a_failing_rank(rank: int, folder: Path, said: Path, own_group: b
             if rank == 1:
                 setattr(_runner, name, fails)
             try:
-                extract_features(folder, "timm:test_resnet@random", said / f"{where}.h5", **FAST)
+                extract_features(folder, BACKBONE, said / f"{where}.h5", **FAST)
                 ended = "returned"
             except Exception as error:
                 ended = f"{type(error).__name__}: {error}"
@@ -53,3 +54,39 @@ def rank_beside_a_failing_rank(rank: int, folder: Path, said: Path, own_group: b
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _caller_s_group(rank: int, said: Path) -> None:
+    """Join the two ranks' group as a caller would (torchrun's variables set), with a
+    timeout of 60 s: where a rank waits that long for the other, the run waited for it."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    init = f"file://{said / 'init'}"
+    timeout = timedelta(seconds=60)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timeout)
+
+
+def _ended(said: Path, rank: int, run) -> None:
+    """``run()``'s outcome on this rank, written into ``said/rank<rank>.txt``: "returned",
+    or its error; the group is kept (alive, as a program that goes on after the error)
+    until the other rank has ended, or for the guard's minute."""
+    try:
+        try:
+            run()
+            ended = "returned"
+        except Exception as error:
+            ended = f"{type(error).__name__}: {error}"
+        (said / f"rank{rank}.txt").write_text(ended)
+        deadline = time.monotonic() + 60
+        while not (said / f"rank{1 - rank}.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def rank_finding_the_store_complete_or_not(rank: int, folder: Path, said: Path) -> None:
+    """One of two ranks extracting ``folder`` into the complete store ``said/f.h5``, in the
+    caller's group: rank 0 finds it complete, rank 1 not (it changed between their reads)."""
+    _caller_s_group(rank, said)
+    _runner._is_complete = lambda *args, **kwargs: rank == 0
+    _ended(said, rank, lambda: extract_features(folder, BACKBONE, said / "f.h5", **FAST))

@@ -2691,6 +2691,41 @@ def test_under_torchrun_a_rank_that_fails_in_its_shard_ends_every_rank(
         )
 
 
+def _two_ranks(monkeypatch, target, *args, guard: int = 120) -> None:
+    """Run ``target(rank, *args)`` as ranks 0 and 1 of two processes; fail the test where
+    they still run after ``guard`` seconds (one waits for the other)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ranks = torch.multiprocessing.start_processes(target, args=args, nprocs=2, join=False)
+    try:
+        for _ in range(guard):
+            if ranks.join(timeout=1):
+                return
+        pytest.fail(f"the ranks still ran after {guard} s: one waited for the other")
+    finally:
+        for process in ranks.processes:
+            if process.is_alive():
+                process.kill()
+
+
+@pytest.mark.slow
+def test_ranks_that_find_the_merged_store_complete_and_not_stop_alike(tmp_path, monkeypatch):
+    # Each rank decided alone: rank 0, finding it complete, returned; rank 1 went on and
+    # waited for it at the merge until the group's timeout (a group the caller keeps).
+    from tests._failing_ranks import rank_finding_the_store_complete_or_not
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    before = out.read_bytes()
+    _two_ranks(monkeypatch, rank_finding_the_store_complete_or_not, folder, tmp_path)
+    said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    assert said == 2 * [
+        f"StoreError: The ranks read the feature store {str(out)!r} differently: rank 0 "
+        "found it complete, rank 1 not. It, or its images, changed while they read it. "
+        "Every rank stops before any work; run again once it no longer changes."
+    ]
+    assert out.read_bytes() == before and not list(tmp_path.glob("f.shard-*"))
+
+
 def test_under_torchrun_a_complete_store_is_reused_or_refused_before_any_work(
     store, folder, tmp_path, monkeypatch, caplog
 ):
