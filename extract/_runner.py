@@ -75,7 +75,7 @@ from ._store import (
     output_target,
     write_rows,
 )
-from ._touched import hashed_once
+from ._touched import hashed_once, share_hashing
 
 logger = logging.getLogger(__name__)
 _DTYPES = ("float16", "float32")
@@ -647,6 +647,17 @@ def _extract_shard(
     repair_merged, vouched, rebuild, complete = None, False, False, False
     read_merged = merged is not None and merged.exists() and not overwrite
     everything = np.arange(len(src))
+    if merged is not None and torch.distributed.is_initialized():
+        # Each rank hashes its share of the files touched since, and takes every rank's
+        # verdicts (every rank meets there, whatever it reads).
+        if read_merged:
+            stores = [(merged, everything)]
+        else:  # (before any merge: the shards to resume; none for a forced run)
+            stores = [] if overwrite else [
+                (shard_path(merged, r, world_size), rank_rows(src, r, world_size))
+                for r in range(world_size)
+            ]  # fmt: skip
+        share_hashing(stores, src, retry_failed, rank, world_size, step.exchange)
     if read_merged:
         whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
         whole = _provenance(backbone, src, fingerprint, dtype, normalize, decode, whole, device)

@@ -1,6 +1,7 @@
 """torchrun ranks of runs in which the ranks fail, or find things otherwise, for tests run
 in two processes."""
 
+import json
 import os
 import time
 from datetime import timedelta
@@ -90,3 +91,45 @@ def rank_finding_the_store_complete_or_not(rank: int, folder: Path, said: Path) 
     _caller_s_group(rank, said)
     _runner._is_complete = lambda *args, **kwargs: rank == 0
     _ended(said, rank, lambda: extract_features(folder, BACKBONE, said / "f.h5", **FAST))
+
+
+def rank_hashing_its_share(rank: int, folder: Path, said: Path, changed: str) -> None:
+    """One of two ranks extracting ``folder`` into the complete store ``said/f.h5``, whose
+    images were touched since, in the caller's group; then again once rank 0 has given
+    ``changed`` other bytes of its size and touched every image again. Each run's outcome
+    and the files this rank read to hash go into ``said/rank<rank>.json``, as
+    ``{"touched": [outcome, files], "changed": [...]}``."""
+    from extract import _touched
+
+    _caller_s_group(rank, said)
+    real, hashed = _touched.read_file, []
+
+    def spied(path, listed=None):
+        hashed.append(os.path.relpath(path, folder))
+        return real(path, listed)
+
+    _touched.read_file = spied
+
+    def runs() -> None:
+        outcomes = {}
+        for run in ("touched", "changed"):
+            if run == "changed":
+                dist.barrier()  # (both done with the first run)
+                if rank == 0:  # every image touched again, one of them changed
+                    data = bytearray((folder / changed).read_bytes())
+                    data[len(data) // 2] ^= 0xFF
+                    (folder / changed).write_bytes(data)
+                    for path in folder.rglob("*.*"):
+                        st = path.stat()
+                        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+                dist.barrier()
+            hashed.clear()
+            try:
+                extract_features(folder, BACKBONE, said / "f.h5", **FAST)
+                ended = "returned"
+            except Exception as error:
+                ended = f"{type(error).__name__}: {error}"
+            outcomes[run] = [ended, sorted(hashed)]
+        (said / f"rank{rank}.json").write_text(json.dumps(outcomes))
+
+    _ended(said, rank, runs)

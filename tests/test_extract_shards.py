@@ -2094,6 +2094,56 @@ def test_webdataset_shards_and_parquet_files_take_a_pathlib_path(data):
         np.testing.assert_array_equal(given.labels, as_text.labels)
 
 
+@pytest.mark.parametrize("changed", [None, "00001.tar"])
+def test_under_torchrun_each_touched_container_is_hashed_by_one_rank(
+    data, tmp_path, monkeypatch, changed
+):
+    # Every rank read every touched container to hash its rows' image bytes. Each rank of
+    # 2 reads every other one (as ranks divide shards); taking the other rank's verdicts,
+    # it reads none again, and names the row the other found changed as it found it.
+    from extract._touched import (
+        first_other_bytes,
+        hash_share,
+        hashed_once,
+        take_verdicts,
+        touched_rows,
+    )
+
+    copy = tmp_path / "wds"
+    shutil.copytree(data / "wds", copy)
+    source = f"webdataset:{copy}/*.tar"
+    out = extract_features(source, BACKBONE, tmp_path / "f.h5", **FAST)
+    for shard in copy.glob("*.tar"):
+        _touch(shard)
+    if changed:
+        _other_image_bytes(copy / changed)
+    src, read = open_source(source), []
+    kind = type(src.archive)
+    real = kind.read_file
+
+    def spied(self, path, f, items, state):
+        read.append(os.path.basename(path))
+        return real(self, path, f, items, state)
+
+    monkeypatch.setattr(kind, "read_file", spied)
+    rows, said, reads = np.arange(len(src)), [], []
+    with h5py.File(out, "r") as f:
+        check = touched_rows(f, src, rows, False)
+        assert check.tolist() == list(range(12))  # every row: 3 shards touched
+        for rank in (0, 1):
+            with hashed_once():
+                said.append(hash_share(f, src, rows, check, rank, 2))
+            reads.append(sorted(set(read)))
+            read.clear()
+        with hashed_once():
+            take_verdicts(said)
+            found = first_other_bytes(f, src, rows, check)
+    assert reads == [["00000.tar", "00002.tar"], ["00001.tar"]] and read == []
+    with hashed_once(), h5py.File(out, "r") as f:  # as one process finds it, reading
+        assert found == first_other_bytes(f, src, rows, check)
+    assert found == (None if changed is None else (9, None))  # its last image: row 9
+
+
 @pytest.mark.parametrize("kind", ["webdataset", "parquet"])
 def test_a_touched_container_is_the_store_s_by_its_rows_bytes(data, tmp_path, monkeypatch, kind):
     # A shard or Parquet file touched since (its modification time changed; its size and

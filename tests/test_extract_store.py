@@ -1509,6 +1509,42 @@ def test_a_run_reads_each_touched_file_once(tmp_path, monkeypatch):
     assert len(same) == 5 and set(same.values()) == {1}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("made", ["merged", "killed"])
+def test_under_torchrun_each_rank_hashes_its_share_of_the_touched_files(
+    tmp_path, monkeypatch, made
+):
+    # Every rank read and hashed every touched file (of the merged store, or before any
+    # merge of every shard): the collection's touched files were read once per rank. Each
+    # reads its share now, and every rank takes every verdict: the new times recorded, or
+    # the same refusal, naming a file that another rank read.
+    from tests._failing_ranks import rank_hashing_its_share
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
+    out = tmp_path / "f.h5"
+    if made == "merged":
+        extract_features(folder, BACKBONE, out, **FAST)
+    else:  # each shard: 2 rows done, 1 not
+        with monkeypatch.context() as patch:
+            _killed_at_2_ranks(patch, folder, out, **dict(FAST, batch_size=2))
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.*"))
+    _touch(*folder.rglob("*.*"))
+    changed = "cat/001.jpg"  # the second touched row: rank 1's share
+    _two_ranks(monkeypatch, rank_hashing_its_share, folder, tmp_path, changed)
+    said = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    (ended, first), (also, second) = (run["touched"] for run in said)
+    assert ended == also == "returned"
+    if made == "merged":
+        assert first == files[0::2] and second == files[1::2]  # 3 each, 6 in all
+    else:  # the shards' done rows (0 and 2, 1 and 3): each rank one of each shard's two
+        assert first == files[:2] and second == files[2:4]
+    with pytest.raises(ProvenanceError, match=f"{changed}' is not the file .* its bytes") as one:
+        extract_features(folder, BACKBONE, out, **FAST)  # refused in one process, as before
+    (ended, first), (also, second) = (run["changed"] for run in said)
+    assert ended == also == f"ProvenanceError: {one.value}"
+    assert changed not in first and second == [changed]  # found by rank 1, told rank 0
+
+
 def test_a_torchrun_run_killed_then_its_images_touched_resumes(tmp_path, monkeypatch):
     folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
     out, fast = tmp_path / "f.h5", dict(FAST, batch_size=2)
