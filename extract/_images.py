@@ -1384,7 +1384,9 @@ def _warn_of_commas_read_as_csv(
     names (:func:`_commas_in_its_names`): every line splits in two at its blanks, no image
     is found, and at its first line with a comma whose two readings differ no image's
     extension tells them apart ('scan1,x golden' was the image 'scan1' of a class 'x
-    golden', unsaid, where 'scan1,x' of a class 'golden' was meant)."""
+    golden', unsaid, where 'scan1,x' of a class 'golden' was meant). Not where the path
+    read at its blanks holds no comma ('my scans/0001,cat' is no 'my' of a class
+    'scans/0001,cat') or the line quotes its path as CSV does ('"my scans/0001",cat')."""
     if delimiter != "," or (sizes != NOT_A_FILE).any():
         return
     if not all(len(line.split(None, 1)) == 2 for line in text if line.strip()):
@@ -1396,7 +1398,9 @@ def _warn_of_commas_read_as_csv(
         if len(usual) == 2 and usual[0].strip() == blank[0].strip():
             continue
         header = [f.strip().lower() for f in usual] == ["path", "label"]  # ('path, label')
-        if header or _an_image_read_otherwise_alone(usual, blank):  # (or CSV by its extension)
+        # (or CSV by its extension or its quotes, or no comma in the name read otherwise)
+        csv_alone = _an_image_read_otherwise_alone(usual, blank) or line[:1] == '"'
+        if header or csv_alone or "," not in blank[0]:
             return
         path, label = _name_and_label(line)
         quote = "'" if '"' in path else '"'

@@ -1532,6 +1532,29 @@ def test_a_list_that_reads_as_csv_or_at_its_blanks_alike_is_said(tmp_path, caplo
 
 
 @pytest.mark.parametrize(
+    "text",
+    [
+        "my scans/0001,cat\nmy scans/0002,cat\n",
+        "scan 1,dog\nscan 2,dog\n",
+        '"my scans/0001",cat\n"my scans/0002",cat\n',
+        '"n01,a",golden retriever\n"n02,b",golden retriever\n',
+    ],
+)
+def test_a_csv_list_with_blanks_in_its_paths_is_not_said_to_read_at_its_blanks(
+    tmp_path, caplog, text
+):
+    # Its images missing, no extension: the path read at its last blank holds no comma
+    # ('my' of a class 'scans/0001,cat'), or the path is quoted as CSV quotes it. Such a
+    # list was said to be 'path label' lines with commas in their file names, and told to
+    # quote the name as a shell does ('"my" scans/0001,cat'), a cure that read it as CSV.
+    caplog.set_level(logging.WARNING, logger="extract")
+    (tmp_path / "l.csv").write_text(text)
+    src = image_list(tmp_path / "l.csv")
+    assert src.ids == [next(csv.reader([line]))[0] for line in text.splitlines()]
+    assert not [r for r in caplog.records if "is read as CSV" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
     "first", ["cat/000.png,golden retriever", "cat/999.png,golden retriever", "cat/000.png,cat"]
 )
 def test_a_line_mistyped_in_a_csv_list_is_told_the_csv_cure_alone(folder, first):
