@@ -1041,20 +1041,18 @@ def _quoted_as_csv_quotes(folder: Path, text: list[str]) -> bool:
             return None
         return plain, quoted
 
-    return _first_deciding_line(folder, text, readings, _quoted_whole(text, readings, '"'))
+    return _first_deciding_line(folder, text, readings, _quoted_whole('"'))
 
 
-def _quoted_whole(text: list[str], readings, quotes: str) -> Callable[[], bool] | None:
-    """An ``undecided`` of :func:`_first_deciding_line` that gives True, where the first line of
-    a list whose two ``readings`` differ begins with a path quoted whole
+def _quoted_whole(quotes: str) -> Callable[[str], bool | None]:
+    """An ``undecided`` of :func:`_first_deciding_line` that gives True where the first line
+    of a list whose two readings differ begins with a path quoted whole
     (``"c/img9"<TAB>"cat"``, ``'c/img9' cat``, as the csv module and ``shlex.quote`` write them,
     in ``quotes``): where no file tells the readings apart, its images missing, that is quoting,
     not a name (no extension told, and ``'c/img9'`` was recorded with its quotes, where the
     image found was 'c/img9'). None: as :func:`_first_deciding_line` decides."""
-    first = next((line for line in text if readings(line) is not None), None)
-    whole = "|".join(f"{q}[^{q}]+{q}" for q in quotes)
-    quoted = first is not None and re.match(rf"\s*(?:{whole})\s", first)
-    return (lambda: True) if quoted else None
+    whole = re.compile("|".join(rf"\s*{q}[^{q}]+{q}\s" for q in quotes))
+    return lambda first: True if whole.match(first) else None
 
 
 def _csv_fields(line: str, delimiter: str = ",") -> list[str]:
@@ -1148,7 +1146,7 @@ def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> boo
         pairs = (readings(line) for line in lines)
         return any(_an_image_read_otherwise_alone(*(p[::-1] if other else p)) for p in pairs)
 
-    def undecided() -> bool:
+    def undecided(_: str) -> bool:
         first = next(filter(refused, lines), None)
         if first is None:
             return alone(True) and not alone(False)
@@ -1172,35 +1170,39 @@ def _an_image_read_otherwise_alone(usual: list[str], other: list[str]) -> bool:
 
 
 def _first_deciding_line(
-    folder: Path, text: list[str], readings, undecided: Callable[[], bool] | None = None
+    folder: Path,
+    text: list[str],
+    readings,
+    undecided: Callable[[str], bool | None] | None = None,
 ) -> bool:
     """Whether a list's lines are read the other way: ``readings(line)`` gives a line's two
     readings as ``path label`` fields, the usual one and the other (None where they do not
     differ), and the first line whose readings differ decides: the reading that alone
     names a file in ``folder`` (the other: True); where neither does (its images missing)
-    and one reading's path alone is an image's by its extension, ``undecided()`` (worked
-    out there alone), or where that is None, that reading (neither: the next such line, as
-    for a header, '"path"<TAB>"label"', or a first image missing of a list whose later ones
-    are there, 'img1;golden retriever' before 'img2;dog x'); a list without such a line is
-    read as usual (``undecided()``: True, the other way). Two look-ups a list, not two a
-    line (every line of a tab- or semicolon-separated list of labels with blanks differs:
-    its images missing, 200,000 lines took 400,000), and for lines that no extension tells
-    apart, a listing of each of their folders (:class:`_Lexists`)."""
-    lexists = _Lexists(folder)
+    and one reading's path alone is an image's by its extension, ``undecided(first)``, given
+    the first line whose readings differ (worked out there alone), or where that is None,
+    that reading (neither: the next such line, as for a header, '"path"<TAB>"label"', or a
+    first image missing of a list whose later ones are there, 'img1;golden retriever'
+    before 'img2;dog x'); a list without such a line is read as usual (``undecided(first)``:
+    True, the other way). Two look-ups a list, not two a line (every line of a tab- or
+    semicolon-separated list of labels with blanks differs: its images missing, 200,000
+    lines took 400,000), and for lines that no extension tells apart, a listing of each of
+    their folders (:class:`_Lexists`)."""
+    lexists, first = _Lexists(folder), None
     for line in text:
         pair = readings(line)
         if pair is None:
             continue
+        first = line if first is None else first
         named = [len(f) == 2 and lexists(f[0].strip()) for f in pair]
         if named[0] != named[1]:
             return named[1]
         # (where no extension tells them apart, a later line's file does: 'img1;golden
         # retriever' missing, 'img2;dog x' present, read at its blanks at the first line)
         if _an_image_read_otherwise_alone(*pair) or _an_image_read_otherwise_alone(*pair[::-1]):
-            if undecided is not None:
-                return undecided()
-            return _an_image_read_otherwise_alone(pair[1], pair[0])
-    return undecided is not None and undecided()
+            decided = None if undecided is None else undecided(first)
+            return _an_image_read_otherwise_alone(pair[1], pair[0]) if decided is None else decided
+    return first is not None and undecided is not None and bool(undecided(first))
 
 
 class _Lexists:
@@ -1279,7 +1281,7 @@ def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
             return None
         return plain, quoted
 
-    return _first_deciding_line(folder, text, readings, _quoted_whole(text, readings, "'\""))
+    return _first_deciding_line(folder, text, readings, _quoted_whole("'\""))
 
 
 def _shell_split(line: str) -> list[str]:

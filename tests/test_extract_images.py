@@ -984,6 +984,25 @@ def test_a_quoted_list_of_missing_images_is_read_unquoted(tmp_path, text):
     assert (found.file_size > 0).all()
 
 
+@pytest.mark.parametrize(
+    "line, module, name",
+    [("a/{}.png 'cat'", shlex, "split"), ('a/{}.png\t"cat"', csv, "reader")],
+)
+def test_a_list_whose_labels_alone_are_quoted_is_parsed_once_a_line(
+    tmp_path, monkeypatch, line, module, name
+):
+    # No line's two readings differ in its path: each line was parsed twice, once to find
+    # whether the first line that differs quotes its path whole, which only a list that no
+    # file or extension tells how to read asks.
+    from extract._images import _list_format
+
+    lines = [line.format(k) for k in range(200)]
+    parsed, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args, **kw: parsed.append(args) or real(*args, **kw))
+    assert _list_format(tmp_path, lines) == (None if module is shlex else "\t")
+    assert len(parsed) == len(lines)
+
+
 def test_a_quote_in_the_names_of_a_tab_separated_list_is_read_as_it_stands(folder):
     # Read as the csv module reads it, '"a".png' was the file 'a.png' (no such file).
     shutil.copy(folder / "cat/000.png", folder / '"a".png')
