@@ -1388,7 +1388,8 @@ def _warn_of_commas_read_as_csv(
     extension tells them apart ('scan1,x golden' was the image 'scan1' of a class 'x
     golden', unsaid, where 'scan1,x' of a class 'golden' was meant). Not where the path
     read at its blanks holds no comma ('my scans/0001,cat' is no 'my' of a class
-    'scans/0001,cat') or the line quotes its path as CSV does ('"my scans/0001",cat')."""
+    'scans/0001,cat'), or one only at its end ('img1, cat'), or the line quotes its path as
+    CSV does ('"my scans/0001",cat')."""
     if delimiter != "," or (sizes != NOT_A_FILE).any():
         return
     if not all(len(line.split(None, 1)) == 2 for line in text if line.strip()):
@@ -1400,9 +1401,10 @@ def _warn_of_commas_read_as_csv(
         if len(usual) == 2 and usual[0].strip() == blank[0].strip():
             continue
         header = [f.strip().lower() for f in usual] == ["path", "label"]  # ('path, label')
-        # (or CSV by its extension or its quotes, or no comma in the name read otherwise)
+        # (or CSV by its extension or its quotes, or no comma in the name read otherwise but
+        # the one that ends it: 'img1, cat', as CSV is written with a blank after its commas)
         csv_alone = _an_image_read_otherwise_alone(usual, blank) or line[:1] == '"'
-        if header or csv_alone or "," not in blank[0]:
+        if header or csv_alone or "," not in blank[0].strip().rstrip(","):
             return
         path, label = _name_and_label(line)
         quote = "'" if '"' in path else '"'

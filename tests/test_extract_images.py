@@ -1555,17 +1555,19 @@ def test_a_list_that_reads_as_csv_or_at_its_blanks_alike_is_said(tmp_path, caplo
     [
         "my scans/0001,cat\nmy scans/0002,cat\n",
         "scan 1,dog\nscan 2,dog\n",
+        "img1, cat\nimg2, cat\n",  # (CSV written with a blank after its commas)
         '"my scans/0001",cat\n"my scans/0002",cat\n',
         '"n01,a",golden retriever\n"n02,b",golden retriever\n',
     ],
 )
-def test_a_csv_list_with_blanks_in_its_paths_is_not_said_to_read_at_its_blanks(
+def test_an_ordinary_csv_list_of_missing_images_is_not_said_to_read_at_its_blanks(
     tmp_path, caplog, text
 ):
     # Its images missing, no extension: the path read at its last blank holds no comma
-    # ('my' of a class 'scans/0001,cat'), or the path is quoted as CSV quotes it. Such a
-    # list was said to be 'path label' lines with commas in their file names, and told to
-    # quote the name as a shell does ('"my" scans/0001,cat'), a cure that read it as CSV.
+    # ('my' of a class 'scans/0001,cat'), or one only at its end ('img1,' of a class 'cat'),
+    # or the path is quoted as CSV quotes it. Such a list was said to be 'path label' lines
+    # with commas in their file names, and told to quote the name as a shell does ('"my"
+    # scans/0001,cat'), a cure that read it as CSV.
     caplog.set_level(logging.WARNING, logger="extract")
     (tmp_path / "l.csv").write_text(text)
     src = image_list(tmp_path / "l.csv")
