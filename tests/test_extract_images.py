@@ -11,6 +11,7 @@ import shlex
 import shutil
 import struct
 import threading
+import unicodedata
 import zlib
 
 import numpy as np
@@ -1120,6 +1121,37 @@ def test_a_later_line_of_a_long_list_decides_by_its_file_in_its_folders_listing(
     (tmp_path / "l.txt").write_text("\n".join(lines) + "\n")
     src = image_list(tmp_path / "l.txt")
     assert ([src.ids[0], src.ids[-1]], src.class_names) == (ids, class_names)
+
+
+def _nfd_casefold(name):
+    return unicodedata.normalize("NFD", unicodedata.normalize("NFD", name).casefold())
+
+
+def _simple_upper(name):  # (NTFS: each character's one-character capital, if any)
+    return "".join(c.upper() if len(c.upper()) == 1 else c for c in name)
+
+
+@pytest.mark.parametrize("stored, name", [
+    ("IMG40", "img40"), ("img40", "IMG40"), ("img41", "img40"),
+    ("e\u0301te\u0301.png", "\u00e9t\u00e9.png"), ("\u00c9T\u00c9.PNG", "e\u0301te\u0301.png"),
+    ("\u0131.png", "I.PNG"), ("\u017f.png", "S.PNG"), ("\u212a.png", "k.png"),
+    ("stra\u00dfe", "STRASSE"), ("\u00c5", "\u212b"), ("\u03c3", "\u03c2"),
+])  # fmt: skip
+@pytest.mark.parametrize("fold", [_nfd_casefold, _simple_upper, str.lower])
+def test_a_folders_listing_finds_what_a_file_system_that_ignores_case_or_forms_finds(
+    monkeypatch, stored, name, fold
+):
+    # A file system that ignores case or Unicode forms (APFS, NTFS, ext4's casefold) finds
+    # a name spelt otherwise; a listing must find it too, or a later line of a long list
+    # read another way than its look-ups read it. (The file systems simulated: the tests'
+    # own may tell case apart.)
+    from extract._images import _Lexists
+
+    monkeypatch.setattr(os, "listdir", lambda folder: ["other.png", stored])
+    monkeypatch.setattr(
+        os.path, "lexists", lambda path: fold(os.path.basename(path)) in {fold(stored)}
+    )
+    assert _Lexists("/x", one_by_one=0)(f"d/{name}") == (fold(name) == fold(stored))
 
 
 @pytest.mark.parametrize("line, there, delimiter", [
