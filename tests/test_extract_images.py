@@ -1180,6 +1180,27 @@ def test_a_semicolon_list_is_told_how_to_read_without_the_csv_module_where_unquo
     assert len(parsed) <= 2, parsed[:3]
 
 
+@pytest.mark.parametrize("line", [
+    "", " ", ";", "a;", ";b", "a;;b", "a;b;", "a b;c d", "é;日本", "a\tb;c", "a'b;c", "a\\;b",
+    'a;"b"', '"a;b";c', 'a"b;c', '"a""b";c', '"a;b', "a\rb;c", "a;b\r", "a\x00;b",
+    "x" * 131_071 + ";y", "x" * 131_073 + ";y",
+])  # fmt: skip
+@pytest.mark.parametrize("delimiter", [";", ","])
+def test_csv_fields_splits_a_line_as_the_csv_module_does(line, delimiter):
+    # Split without a reader where csv would split it at its delimiters alone: the same
+    # fields, or the same error (an empty line is no field, as csv reads it).
+    from extract._images import _csv_fields
+
+    def split(how):
+        try:
+            return how()
+        except csv.Error as err:
+            return str(err)
+
+    expected = split(lambda: next(csv.reader([line], delimiter=delimiter)))
+    assert split(lambda: _csv_fields(line, delimiter)) == expected
+
+
 def test_image_list_joined_from_lists_with_byte_order_marks(folder):
     # "CSV UTF-8" lists joined (cat a.csv b.csv): the second list's mark began a line, its
     # header became an image '\ufeffpath' of a class 'label', a path '\ufeffdog/...'
