@@ -1206,25 +1206,28 @@ def _first_deciding_line(
 
 
 class _Lexists:
-    """``os.path.lexists(os.path.join(folder, name))``, the first 64 names looked up one by one
-    (a short list in a folder of a million files lists none), later ones in a listing of their
-    folder, one listing a folder (a name found there, in any case or Unicode form, as a file
-    system may match it, looked up still): a list of 200,000 lines whose images were missing, no
-    extension telling their two readings apart ('scans/0001;golden retriever'), took 400,000
-    look-ups to tell how to read it."""
+    """``os.path.lexists(os.path.join(folder, name))``, the first 64 names of a folder looked
+    up one by one (a short list in a folder of a million files lists none, nor a list of one
+    image a folder any), later ones in a listing of their folder, one listing a folder (a
+    name found there, in any case or Unicode form, as a file system may match it, looked up
+    still): a list of 200,000 lines whose images were missing, no extension telling their
+    two readings apart ('scans/0001;golden retriever'), took 400,000 look-ups to tell how to
+    read it."""
 
     def __init__(self, folder: str | os.PathLike, one_by_one: int = 64) -> None:
         self.folder, self.one_by_one = os.fspath(folder), one_by_one
         self.listed: dict[str, tuple[set[str], set[str]] | None] = {}
+        self.asked: collections.Counter[str] = collections.Counter()
 
     def __call__(self, name: str) -> bool:
         spelt = name if os.altsep is None else name.replace(os.sep, os.altsep)
         where, slash, base = spelt.rpartition("/")  # (its folder as it spells it: 'a/')
         where += slash
+        self.asked[where] += 1
         # (one by one too: '.', '..', a folder, or on Windows a name that a drive's working
         # folder may hold, 'C:a.png')
-        if self.one_by_one > 0 or base in ("", ".", "..") or os.name == "nt" and ":" in name:
-            self.one_by_one -= 1
+        one_by_one = self.asked[where] <= self.one_by_one
+        if one_by_one or base in ("", ".", "..") or os.name == "nt" and ":" in name:
             return os.path.lexists(os.path.join(self.folder, name))
         if where not in self.listed:
             self.listed[where] = _spellings_listed(os.path.join(self.folder, where))

@@ -1102,6 +1102,22 @@ def test_a_list_of_missing_images_without_extensions_is_told_how_to_read_in_a_fe
     assert len(looked_up) <= 70, looked_up[:72]  # (64 one by one, then a listing)
 
 
+def test_a_list_of_one_image_a_folder_lists_no_folder(tmp_path, monkeypatch):
+    # Its images missing, no extension telling its readings apart, each line in a folder
+    # of its own (a patient's, a sample's): after its first 64 names, each was looked up
+    # in a listing of its folder, made for it alone (a listing a line, slower than the two
+    # look-ups it replaced, and kept).
+    from extract._images import _list_format
+
+    lines = [f"scans/{k:03d}/img;golden retriever" for k in range(200)]
+    for k in range(200):
+        (tmp_path / f"scans/{k:03d}").mkdir(parents=True)
+    listed, real = [], os.listdir
+    monkeypatch.setattr(os, "listdir", lambda *path: listed.append(path) or real(*path))
+    assert _list_format(tmp_path, lines) is None
+    assert listed == []
+
+
 @pytest.mark.parametrize("there, ids, class_names", [
     ("img40;dog", ["img0;golden", "img40;dog"], ["retriever", "x"]),
     ("img40", ["img0", "img40"], ["dog x", "golden retriever"]),
