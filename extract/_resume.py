@@ -254,7 +254,8 @@ def _change_in_read(before: tuple[int, int], after: tuple[int, int]) -> str:
 
 def _os_error(error: Exception) -> str:
     """An error reading an image, on one line: its type and what the system said."""
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+    kind = getattr(error, "told_type", type(error).__name__)  # (another rank's: ToldError)
+    return f"{kind}: {' '.join(str(error).split())}"
 
 
 def _source_explained(

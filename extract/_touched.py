@@ -97,10 +97,24 @@ def hash_share(
         return keys, None
     k, error = found
     at = int(np.searchsorted(mine, k))
-    with contextlib.suppress(Exception):  # (told as it is where it can be: its type too)
-        pickle.dumps(error)
-        return keys[:at], (keys[at], error)
-    return keys[:at], (keys[at], OSError(str(error)))
+    return keys[:at], (keys[at], _as_told(error))
+
+
+class ToldError(OSError):
+    """An error another rank met reading a file, which does not cross to this one as it
+    is: its message, and its type's name as ``told_type``."""
+
+
+def _as_told(error: Exception | None) -> Exception | None:
+    """``error`` as every rank can take it: itself, its type too, where it comes back from
+    a pickle (one whose ``__init__`` takes other arguments pickles, but fails to unpickle
+    on every rank); otherwise a :class:`ToldError` of its type's name and message."""
+    with contextlib.suppress(Exception):
+        pickle.loads(pickle.dumps(error))
+        return error
+    told = ToldError(str(error))
+    told.told_type = type(error).__name__
+    return told
 
 
 def share_hashing(

@@ -1509,6 +1509,50 @@ def test_a_run_reads_each_touched_file_once(tmp_path, monkeypatch):
     assert len(same) == 5 and set(same.values()) == {1}
 
 
+class _Refused(OSError):
+    """An error whose ``__init__`` takes other arguments than its message (as a reader's
+    may): it pickles, but does not unpickle."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+
+
+def test_a_rank_s_error_reading_a_touched_file_reaches_the_others_with_its_type(
+    tmp_path, monkeypatch
+):
+    # A rank's verdicts cross to the others pickled (all_gather_object): an error whose
+    # __init__ takes other arguments pickled, then failed to unpickle on every rank, each
+    # raising "__init__() missing 1 required positional argument" in place of the refusal.
+    import pickle
+
+    from extract import _touched
+    from extract._resume import _os_error
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
+    _touch(*folder.rglob("*.*"))
+
+    def refused(path, listed=None):
+        raise _Refused(path, "refused")
+
+    monkeypatch.setattr(_touched, "read_file", refused)
+    with pytest.raises(ProvenanceError) as one:  # in one process
+        extract_features(folder, BACKBONE, out, **FAST)
+    src = open_source(folder)
+    rows = np.arange(len(src))
+    with h5py.File(out, "r") as f:
+        check = _touched.touched_rows(f, src, rows, False)
+        with _touched.hashed_once():
+            said = [_touched.hash_share(f, src, rows, check, 0, 1)]
+        told = pickle.loads(pickle.dumps(said))  # as the other ranks take it
+        monkeypatch.setattr(_touched, "read_file", None)  # (not read again)
+        with _touched.hashed_once():
+            _touched.take_verdicts(told)
+            found = _touched.first_other_bytes(f, src, rows, check)
+    assert found[0] == 0 and f"({_os_error(found[1])})" in str(one.value)
+    assert _os_error(found[1]) == f"_Refused: {src.path(0)}: refused"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("made", ["merged", "killed"])
 def test_under_torchrun_each_rank_hashes_its_share_of_the_touched_files(
