@@ -84,10 +84,14 @@ def hash_share(
 ) -> tuple[list, tuple | None]:
     """Rank ``rank``'s share of the store ``f``'s rows ``check`` (:func:`touched_rows`)
     read and hashed, as :func:`first_other_bytes` does: every ``world_size``-th row, or of
-    tar shards and Parquet files the rows of every ``world_size``-th container (each read
-    by one rank). The keys of those found to hold their bytes, and the first found not to
-    as ``(key, error)`` (None where none), for :func:`take_verdicts` on every rank."""
-    units = np.arange(len(check)) if source.archive is None else source.archive.file[rows[check]]
+    tar shards and Parquet files the rows of every ``world_size``-th touched container
+    (each read by one rank). The keys of those found to hold their bytes, and the first
+    found not to as ``(key, error)`` (None where none), for :func:`take_verdicts` on every
+    rank."""
+    if source.archive is None:
+        units = np.arange(len(check))
+    else:  # (each touched container by its number among the touched ones)
+        units = np.unique(source.archive.file[rows[check]], return_inverse=True)[1]
     mine = check[units % world_size == rank]
     if not len(mine):
         return [], None

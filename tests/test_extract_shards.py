@@ -2144,6 +2144,39 @@ def test_under_torchrun_each_touched_container_is_hashed_by_one_rank(
     assert found == (None if changed is None else (9, None))  # its last image: row 9
 
 
+def test_under_torchrun_the_touched_containers_are_shared_evenly(data, tmp_path, monkeypatch):
+    # A touched container went to the rank of its number among all the source's (every
+    # W-th of them): with 00000.tar and 00002.tar touched alone, rank 0 of 2 read both
+    # and rank 1 none. It goes by its number among the touched ones.
+    from extract._touched import hash_share, hashed_once, touched_rows
+
+    copy = tmp_path / "wds"
+    shutil.copytree(data / "wds", copy)
+    source = f"webdataset:{copy}/*.tar"
+    out = extract_features(source, BACKBONE, tmp_path / "f.h5", **FAST)
+    for name in ("00000.tar", "00002.tar"):
+        _touch(copy / name)
+    src, read = open_source(source), []
+    kind = type(src.archive)
+    real = kind.read_file
+
+    def spied(self, path, f, items, state):
+        read.append(os.path.basename(path))
+        return real(self, path, f, items, state)
+
+    monkeypatch.setattr(kind, "read_file", spied)
+    rows, reads = np.arange(len(src)), []
+    with h5py.File(out, "r") as f:
+        check = touched_rows(f, src, rows, False)
+        for rank in (0, 1):
+            with hashed_once():
+                keys, found = hash_share(f, src, rows, check, rank, 2)
+            assert found is None
+            reads.append(sorted(set(read)))
+            read.clear()
+    assert reads == [["00000.tar"], ["00002.tar"]]
+
+
 @pytest.mark.parametrize("kind", ["webdataset", "parquet"])
 def test_a_touched_container_is_the_store_s_by_its_rows_bytes(data, tmp_path, monkeypatch, kind):
     # A shard or Parquet file touched since (its modification time changed; its size and
