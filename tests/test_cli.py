@@ -361,7 +361,8 @@ def test_float64_test_features_the_scaling_makes_infinite_are_told_to_drop_the_r
 
 
 def test_held_out_rows_the_scaling_makes_infinite_are_named_by_their_file(tmp_path, capsys):
-    # Without --test, the rows held out of the training file by --test-size.
+    # Without --test, the rows held out of the training file by --test-size, the first
+    # named by its row in that file (it was not named: the user could not find it).
     from sklearn.model_selection import train_test_split
 
     train, test = _far_out(tmp_path, np.float32, 1)
@@ -382,7 +383,7 @@ def test_held_out_rows_the_scaling_makes_infinite_are_named_by_their_file(tmp_pa
     assert line.startswith(
         f"mr2-probe: error: the rows of {train} held out by --test-size: 1 of its 31 rows is "
         "made non-finite by --feature-scaling standard, fitted on the training features (the "
-        "first: its column 2 holds 1e+38, "
+        f"first is row {len(y) - 1}: its column 2 holds 1e+38, "
     ), line
     assert line.endswith(
         f"or give the features of {train} as float64, whose arithmetic holds them scaled"
@@ -500,7 +501,7 @@ def test_grid_fold_rows_the_scaling_of_the_rest_makes_infinite_are_refused(tmp_p
 
 def test_front_rows_of_a_held_out_run_the_scaling_makes_infinite_are_refused(tmp_path, capsys):
     # Without --test, the front splits the rows not held out by --test-size: its part is
-    # named, as the rows held out are, by the training file alone.
+    # named, as the rows held out are, by the training file, and its row by its row there.
     from sklearn.model_selection import train_test_split
 
     train, _, _ = _far_in_the_front(tmp_path, 1)
@@ -517,7 +518,8 @@ def test_front_rows_of_a_held_out_run_the_scaling_makes_infinite_are_refused(tmp
     assert line.startswith(
         f"mr2-probe: error: the front's validation part of {train} (--val-size 0.1): 1 of its "
         "5 rows is made non-finite by --feature-scaling standard, fitted on the front's "
-        "fitting part of the training features (the first: its column 2 holds 1e+38, "
+        f"fitting part of the training features (the first is row {validated}: its column 2 "
+        "holds 1e+38, "
     ), line
 
 

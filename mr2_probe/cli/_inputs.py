@@ -774,7 +774,8 @@ def _inputs(args, stack=None):
                 f"no sample to train on (the first: {first!r}); choose a smaller --test-size, "
                 "give those classes more samples, or pass --test"
             )
-        return X, y, X_test, y_test, names, _sources(args)
+        # (the file's rows of each part, which name a row of either: _check_scaled_test)
+        return X, y, X_test, y_test, names, _sources(args) | {"held_out": (train, test)}
     _check_not_the_training_data(args.train, args.test)
     X_test, y_test, test_names = _load_xy(args.test, args.test_labels, "--test-labels", stack)
     # Stores of two backbones are named by them first, rather than by their widths.
@@ -1179,7 +1180,7 @@ def _front_split(y, args) -> tuple[np.ndarray, np.ndarray]:
     return fit, validation
 
 
-def _check_scaled_test(X, y, X_test, args, searched: bool = False) -> None:
+def _check_scaled_test(X, y, X_test, args, searched: bool = False, held_out=None) -> None:
     """Refuse rows that --feature-scaling standard makes non-finite where a model scores
     them: the test rows under the scaler fitted on the training features ``X``, as every
     model's scaler is, and where the run draws a front (--tilt, --offsets), its validation
@@ -1193,24 +1194,31 @@ def _check_scaled_test(X, y, X_test, args, searched: bool = False) -> None:
     words ("Input X contains infinity"), naming neither the file nor a cure (the front's
     failed so, which the check on the whole of X passed: a row far out of its fitting
     part's range is within X's, which it widens); under SKLEARN_ASSUME_FINITE they were
-    predicted unchecked."""
+    predicted unchecked. ``held_out``: the training file's rows that ``X`` and ``X_test``
+    are where --test-size split it (:func:`_inputs`), which name a row of either."""
     if args.feature_scaling != "standard" or _lazy(X) or _lazy(X_test):
         return
-    if args.test is None:
+    kept, tested = (None, None) if held_out is None else held_out  # (X's, X_test's file rows)
+    if held_out is None:
+        test = _Scored(f"--test {args.test}", X_test, lambda row: _row_named(args.test, row))
+    else:
         test = _Scored(
             f"the rows of {args.train} held out by --test-size",
             X_test,
-            features=f"the features of {args.train}",
+            lambda row: _row_named(args.train, int(tested[row])),
+            f"the features of {args.train}",
         )
-    else:
-        test = _Scored(f"--test {args.test}", X_test, lambda row: _row_named(args.test, row))
     whole = "the training features"
     _check_scaled(X, whole, f"{whole}'", [test])
 
     def training(what: str, rows: np.ndarray) -> _Scored:  # X's rows ``rows``
-        # (X is the training file's rows beside --test; without it, those not held out)
-        named = None if args.test is None else lambda row: _row_named(args.train, int(rows[row]))
-        return _Scored(what, X[rows], named, f"the features of {args.train}")
+        in_file = rows if kept is None else kept[rows]  # (beside --test, X is the file's rows)
+        return _Scored(
+            what,
+            X[rows],
+            lambda row: _row_named(args.train, int(in_file[row])),
+            f"the features of {args.train}",
+        )
 
     if searched:  # --grid: each fold scored by a model (and scaler) fitted on the rest
         folds = StratifiedKFold(args.cv, shuffle=True, random_state=args.seed).split(X, y)
@@ -1238,12 +1246,12 @@ def _check_scaled_test(X, y, X_test, args, searched: bool = False) -> None:
 
 class _Scored(NamedTuple):
     """Rows that a model scores, for :func:`_check_scaled`: ``what`` they are, ``named``
-    the name of row ``row`` of ``X`` in its file (None: unnamed), ``features`` the
-    features that float64 cures."""
+    the name of row ``row`` of ``X`` in its file, ``features`` the features that float64
+    cures."""
 
     what: str
     X: np.ndarray
-    named: Callable[[int], str] | None = None
+    named: Callable[[int], str]
     features: str = "the --test features"
 
 
@@ -1273,12 +1281,12 @@ def _check_scaled(X, fitted_on: str, its: str, parts: list[_Scored]) -> None:
     held = X_test.dtype != np.float64 and bool(
         (np.abs(wide) < np.sqrt(np.finfo(np.float64).max)).all()
     )
-    first = "" if scored.named is None else f" is {scored.named(int(bad[0]))}"
     n = len(bad)
     them = "that row and drop or correct it" if n == 1 else "those rows and drop or correct them"
     raise UsageError(
         f"{scored.what}: {n} of its {len(X_test)} rows {'is' if n == 1 else 'are'} made "
-        f"non-finite by --feature-scaling standard, fitted on {fitted_on} (the first{first}: "
+        f"non-finite by --feature-scaling standard, fitted on {fitted_on} (the first is "
+        f"{scored.named(int(bad[0]))}: "
         f"its column {column} holds {X_test[bad[0], column]:.3g}, where {its} standard "
         f"deviation is {scaler.scale_[column]:.3g}); check {them}"
         + (

@@ -144,7 +144,8 @@ def _run(args, given: frozenset = frozenset(), launched: dict | None = None) -> 
             raise RunError(_inputs_out_of_memory_line(what, args, grid)) from error
         _check_splits(inputs[1], grid, args, inputs[4])
         _check_on_data(grid, args, inputs[0].shape[1])
-        _check_scaled_test(*inputs[:3], args, searched=bool(grid))
+        held_out = inputs[5].get("held_out")
+        _check_scaled_test(*inputs[:3], args, searched=bool(grid), held_out=held_out)
         if out is not None:  # created once the inputs are checked: a refused run leaves none
             stack.enter_context(_claim_out(out))
         return _fit_and_report(args, erm, mr2, grid, out, *inputs, launched=launched)
