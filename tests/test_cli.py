@@ -3891,6 +3891,40 @@ def test_the_cure_for_integers_out_of_memory_can_be_followed(
 
 
 @NEEDS_H5
+@pytest.mark.parametrize("name", ["int.h5", "int.npz"], ids=["store", "npz"])
+def test_int64_out_of_memory_within_the_limit_as_float32_are_told_float32_reads_them_whole(
+    name, tmp_path, monkeypatch, capsys
+):
+    # int64 features of 4,320 bytes, above a limit of 3,000, take 2,160 as float32, within
+    # it: float32 features are read whole, in half the memory, from any file. The line said
+    # that a store's float32 features above a quarter of memory "then stay in its file".
+    from mr2_probe.cli._inputs import _features_sizes
+
+    def failing(args, stack=None):
+        raise MemoryError("Unable to allocate 30.0 GiB for an array")
+
+    X, y = _blobs(30, seed=1)  # 90 × 6
+    X = np.round(np.abs(X) * 10).astype(np.int64)
+    train = _features_file(tmp_path / name, X, y)
+    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 3000)
+    with monkeypatch.context() as patched:
+        patched.setattr(cli_main, "_inputs", failing)
+        (line,) = _error([str(train), "--no-progress"], capsys)[1]
+    assert "stay in its file" not in line, line
+    assert line.endswith(
+        f"Try float32 features in place of {train} (in any file: read whole, in half the "
+        "memory of 64-bit integers, within a quarter of memory), or freeing memory, or a "
+        "machine with more"
+    ), line
+    floats = _features_file(tmp_path / "floats.npz", X.astype(np.float32), y)  # (followed)
+    argv = [str(floats), "--no-progress"]
+    assert _features_sizes(_parser().parse_args(argv))[1][0].held == X.nbytes // 2
+    seen = _models_inputs(monkeypatch)
+    assert main(argv) == 0
+    assert seen and not any(is_h5_dataset(X) for X in seen)  # (read whole, as said)
+
+
+@NEEDS_H5
 @pytest.mark.parametrize("limit, streamed", [(1500, False), (1199, True)])
 def test_inputs_out_of_memory_say_what_the_run_did_with_a_store_of_failed_rows(
     tmp_path, monkeypatch, capsys, limit, streamed

@@ -321,7 +321,8 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     which the run reads it whole; a .npz or .npy file is read whole, which a store in its
     place above the limit is not; integer features are read whole from any file, which a
     store of float32 features in their place is not where those are above the limit (uint8
-    features within it, too); features within the limit are read
+    features within it, too), and 64-bit ones within it as float32 are read whole from
+    any file of float32 features, in half the memory; features within the limit are read
     whole whatever the options (the advice to leave those options out was given for them
     too)."""
     whole = [
@@ -353,7 +354,10 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     # Every one large has a cure: a store's floats are among them only under the options
     # that read them whole.
     arrays = [f.path for f in large if not f.store and _streams(f.dtype)]
-    integers = [f.path for f in integers]
+    # (64-bit integers within the limit as float32: float32 features, in any file, are
+    # read whole in half their memory; a store of them does not stream them)
+    halved = [f.path for f in integers if f.as_float32 <= limit]
+    integers = [f.path for f in integers if f.as_float32 > limit]
     advice = []
     if large:
         cures = [f"an HDF5 store in place of {', '.join(arrays)}"] if arrays else []
@@ -362,16 +366,22 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
         if whole:
             cures.append(f"without {', '.join(whole)}")
         # (mr2-extract makes a store of images, not of the arrays: h5py makes one of them)
-        made = any(not f.store for f in large)
+        made = any(not f.store and f.path not in halved for f in large)
         kind, not_integers = (
             ("floating-point features", "; integer ones are read whole")
-            if integers
+            if integers or halved
             else ("features", "")
         )
-        advice.append(
-            f"{', '.join(cures)} (a store's {kind} above a quarter of memory then stay in its "
-            f"file, read a block at a time{not_integers}{_ANY_STORE if made else ''})"
-        )
+        if cures:
+            advice.append(
+                f"{', '.join(cures)} (a store's {kind} above a quarter of memory then stay in "
+                f"its file, read a block at a time{not_integers}{_ANY_STORE if made else ''})"
+            )
+        if halved:
+            advice.append(
+                f"float32 features in place of {', '.join(halved)} (in any file: read whole, "
+                "in half the memory of 64-bit integers, within a quarter of memory)"
+            )
     advice.append("freeing memory, or a machine with more")
     shown = ", ".join(_held(features, limit) for features in read)
     held = f"The features read into memory: {shown} (a quarter of memory: {_in_bytes(limit)})"
