@@ -195,9 +195,10 @@ def _load_xy(path: str, labels=None, labels_option: str = "--labels", stack=None
 
 def _held_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype that features of ``dtype`` are held in once read into memory
-    (:func:`_load_xy`): float16 as float32, as scikit-learn's scalers compute in the
-    features' dtype and a float16 row norm overflows past 256 (Normalizer then zeroes the
-    row); any other as it is (integers too, which the estimators compute in float64)."""
+    (:func:`_load_xy`): float16 as float32, as scikit-learn's StandardScaler scales in the
+    features' dtype, where a float16 value overflows past 65504 (a row 1,000 away from a
+    column's mean where its standard deviation is 0.01); any other as it is (integers too,
+    which the estimators compute in float64)."""
     return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
 
 
