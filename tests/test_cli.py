@@ -499,6 +499,57 @@ def test_grid_fold_rows_the_scaling_of_the_rest_makes_infinite_are_refused(tmp_p
     assert "warning" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_the_scalers_of_the_scaling_check_are_those_fitted_on_their_rows(dtype):
+    # The check combines the moments of cells of X's rows (one pass over X) into each
+    # scaler the run fits: each is StandardScaler's fitted on its rows, a near-constant
+    # column's scale 1 as there, and it makes the same rows non-finite.
+    from mr2_probe.cli._inputs import _cell_moments, _scaler
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(500, 5)) * [1e-6, 1, 1e3, 1, 0] + [1, 0, -5e3, 1e6, 7]
+    X[:, 1] *= 1e-6 * (X[:, 1] > 0)  # (rows far out of some cells' range)
+    X = (X * 100 if dtype == np.int64 else X).astype(dtype)
+    cells = rng.integers(0, 7, len(X))  # (cell 6 left empty below)
+    cells[cells == 6] = 0
+    moments = _cell_moments(X, cells)
+    large = {np.float32: 1e38, np.float64: 1e307, np.int64: 2**62}[dtype]
+    far = np.r_[X[:20], np.full((1, 5), large, dtype)]
+    for chosen in ([0, 1, 2, 3, 4, 5], [1, 2], [0, 5, 6], [3]):
+        mask = np.isin(np.arange(len(moments[0])), chosen)
+        scaler = _scaler(moments, mask)
+        fitted = StandardScaler().fit(X[np.isin(cells, chosen)])
+        np.testing.assert_allclose(scaler.mean_, fitted.mean_, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(scaler.scale_, fitted.scale_, rtol=1e-9)
+        with np.errstate(all="ignore"):
+            np.testing.assert_array_equal(
+                np.isfinite(scaler.transform(far)), np.isfinite(fitted.transform(far))
+            )
+
+
+def test_the_scaling_check_holds_less_than_the_features_in_memory(monkeypatch):
+    # It fitted a StandardScaler on each part the run fits one on (X, each --grid fold's
+    # rest, the front's fitting part, each --offsets fold's rest), each taking a float64
+    # copy of its rows: over three times X's size at its peak, and X read ten times over.
+    # The cells' moments are taken a block of rows at a time (256 here).
+    import tracemalloc
+
+    from mr2_probe.cli import _inputs
+
+    monkeypatch.setattr(_inputs, "block_rows", lambda n_features, n_classes: 256)
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((20000, 64), dtype=np.float32), rng.integers(0, 5, 20000)
+    argv = ["x.npz", "--test", "t.npz", "--feature-scaling", "standard", "--grid", "C=1,2"]
+    args = _checked([*argv, "--cv", "5", "--tilt", "0.5", "--offsets", "1"])
+    tracemalloc.start()
+    try:
+        _inputs._check_scaled_test(X, y, X[:100], args, searched=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * X.nbytes, peak / X.nbytes
+
+
 def test_front_rows_of_a_held_out_run_the_scaling_makes_infinite_are_refused(tmp_path, capsys):
     # Without --test, the front splits the rows not held out by --test-size: its part is
     # named, as the rows held out are, by the training file, and its row by its row there.

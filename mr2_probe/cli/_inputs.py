@@ -1209,8 +1209,28 @@ def _check_scaled_test(X, y, X_test, args, searched: bool = False, held_out=None
             lambda row: _row_named(args.train, int(tested[row])),
             f"the features of {args.train}",
         )
-    whole = "the training features"
-    _check_scaled(X, whole, f"{whole}'", [test])
+    # Every scaler the run fits is fitted on the rows of some cells of X, rows alike in
+    # their --grid fold and their part of the front (its validation part, or the fold of
+    # its fitting part that --offsets tunes on): each cell's moments, taken once, give
+    # every scaler's, where a fit of each read X again (and a float64 copy of it) per part.
+    fold = np.zeros(len(y), np.intp)  # (n,) each row's --grid fold (0 without --grid)
+    part = np.ones(len(y), np.intp)  # (n,) 0: the front's validation; 1 + k: --offsets fold k
+    grid, offsets = [], []  # the rows of each fold
+    if searched:  # --grid: each fold scored by a model (and scaler) fitted on the rest
+        splits = StratifiedKFold(args.cv, shuffle=True, random_state=args.seed).split(X, y)
+        grid = [held for _, held in splits]
+    front = bool(args.tilt or args.offsets)
+    if front:
+        fit, rows = _front_split(y, args)
+        part[rows] = 0
+    if args.offsets:  # tuned on the out-of-fold logits of folds of the front's fitting part
+        offsets = [fit[held] for _, held in offsets_splits(OFFSETS_CV, fit, y[fit])]
+    for k, held in enumerate(grid):  # (loops over the few folds)
+        fold[held] = k
+    for k, held in enumerate(offsets):
+        part[held] = 1 + k
+    moments = _cell_moments(X, fold * (OFFSETS_CV + 1) + part)
+    cell_fold, cell_part = np.divmod(np.arange(len(moments[0])), OFFSETS_CV + 1)  # (C,)
 
     def training(what: str, rows: np.ndarray) -> _Scored:  # X's rows ``rows``
         in_file = rows if kept is None else kept[rows]  # (beside --test, X is the file's rows)
@@ -1221,28 +1241,75 @@ def _check_scaled_test(X, y, X_test, args, searched: bool = False, held_out=None
             f"the features of {args.train}",
         )
 
-    if searched:  # --grid: each fold scored by a model (and scaler) fitted on the rest
-        folds = StratifiedKFold(args.cv, shuffle=True, random_state=args.seed).split(X, y)
-        for k, (train, held) in enumerate(folds):  # (a loop over the few folds)
-            fold = training(f"fold {k} of the {args.cv} that --grid searches {args.train} on", held)
-            _check_scaled(X[train], f"the rest of {whole}", "the rest's", [fold])
-    if not (args.tilt or args.offsets):
+    whole = "the training features"
+    _check_scaled(_scaler(moments, cell_fold >= 0), whole, f"{whole}'", [test])
+    for k, held in enumerate(grid):
+        scored = training(f"fold {k} of the {args.cv} that --grid searches {args.train} on", held)
+        _check_scaled(
+            _scaler(moments, cell_fold != k), f"the rest of {whole}", "the rest's", [scored]
+        )
+    if not front:
         return
-    fit, rows = _front_split(y, args)
     fitting = ("the front's fitting part of the training features", "that part's")
     validation = training(
         f"the front's validation part of {args.train} (--val-size {args.val_size:g})", rows
     )
-    _check_scaled(X[fit], *fitting, [validation, test])
-    if args.offsets:  # tuned on the out-of-fold logits of folds of the fitting part
-        folds = offsets_splits(OFFSETS_CV, fit, y[fit])  # (fit: as many rows as X[fit])
-        for k, (train, held) in enumerate(folds):  # (a loop over the few folds)
-            fold = training(
-                f"fold {k} of the front's fitting part of {args.train} (one of the "
-                f"{OFFSETS_CV} that --offsets tunes its offsets on)",
-                fit[held],
-            )
-            _check_scaled(X[fit[train]], "the rest of that part", "the rest's", [fold])
+    _check_scaled(_scaler(moments, cell_part != 0), *fitting, [validation, test])
+    for k, held in enumerate(offsets):
+        scored = training(
+            f"fold {k} of the front's fitting part of {args.train} (one of the "
+            f"{OFFSETS_CV} that --offsets tunes its offsets on)",
+            held,
+        )
+        rest = (cell_part != 0) & (cell_part != 1 + k)
+        _check_scaled(_scaler(moments, rest), "the rest of that part", "the rest's", [scored])
+
+
+def _cell_moments(X, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The row count, column sums and sums of squared deviations from the column means of
+    each cell of X's rows (``cells``: each row's), in float64, as StandardScaler takes
+    them of the rows it is fitted on: two passes over each cell, a block of rows at a time."""
+    counts = np.bincount(cells)  # (C,)
+    sums = np.zeros((len(counts), X.shape[1]))  # (C, d)
+    squares = np.zeros_like(sums)  # (C, d)
+    step = block_rows(X.shape[1], 1)
+    with np.errstate(all="ignore"):  # (overflow: the scaling's own NaN, left to the fits)
+        for c in np.flatnonzero(counts):  # (a loop over the few cells, and their blocks)
+            blocks = np.array_split(np.flatnonzero(cells == c), -(-counts[c] // step))
+            for block in blocks:
+                sums[c] += X[block].sum(axis=0, dtype=np.float64)
+            correction = np.zeros(X.shape[1])
+            for block in blocks:
+                deviation = X[block] - sums[c] / counts[c]  # (b, d) float64
+                correction += deviation.sum(axis=0)
+                squares[c] += np.einsum("ij,ij->j", deviation, deviation)
+            squares[c] -= correction**2 / counts[c]
+    return counts, sums, squares
+
+
+def _scaler(moments: tuple, cells: np.ndarray):
+    """StandardScaler fitted on the rows of the cells ``cells`` (a mask) of
+    :func:`_cell_moments`' ``moments``, their moments combined as its partial_fit
+    combines batches' (Chan, Golub and LeVeque); None where they overflow."""
+    from sklearn.preprocessing import StandardScaler
+
+    cells = cells & (moments[0] > 0)  # (C,) an empty cell adds nothing
+    counts, sums, squares = (moment[cells] for moment in moments)
+    n = counts.sum()
+    with np.errstate(all="ignore"):
+        mean = sums.sum(axis=0) / n  # (d,)
+        spread = np.square(sums / counts[:, None] - mean)  # (k, d)
+        var = (squares.sum(axis=0) + counts @ spread) / n  # (d,)
+    if not (np.isfinite(mean).all() and np.isfinite(var).all()):
+        return None  # the scaling's own NaN: the fit's error says to divide X
+    scaler = StandardScaler()
+    scaler.n_features_in_, scaler.n_samples_seen_ = len(mean), n
+    scaler.mean_, scaler.var_, scaler.scale_ = mean, var, np.sqrt(var)
+    # (near-constant columns are scaled by 1, as StandardScaler's _is_constant_feature
+    # finds them: within the float64 rounding of the two-pass variance)
+    eps = np.finfo(np.float64).eps
+    scaler.scale_[var <= n * eps * var + (n * mean * eps) ** 2] = 1.0
+    return scaler
 
 
 class _Scored(NamedTuple):
@@ -1256,19 +1323,16 @@ class _Scored(NamedTuple):
     features: str = "the --test features"
 
 
-def _check_scaled(X, fitted_on: str, its: str, parts: list[_Scored]) -> None:
+def _check_scaled(scaler, fitted_on: str, its: str, parts: list[_Scored]) -> None:
     """Refuse the rows of the first of ``parts`` that has some that --feature-scaling
-    standard, fitted on ``X`` (said ``fitted_on``; ``its``, its possessive), makes
-    non-finite, the first named, with the cures that work: the cure of float64 features is
-    given where their arithmetic holds the rows scaled (with room for the logits'
-    products)."""
-    from sklearn.preprocessing import StandardScaler
-
+    standard, ``scaler`` (:func:`_scaler`, None: none checked), fitted on what is said
+    ``fitted_on`` (``its``, its possessive), makes non-finite, the first named, with the
+    cures that work: the cure of float64 features is given where their arithmetic holds
+    the rows scaled (with room for the logits' products)."""
+    if scaler is None:
+        return
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")  # (the fits say the scaler's own overflow)
-        scaler = StandardScaler().fit(X)
-        if not (np.isfinite(scaler.mean_).all() and np.isfinite(scaler.scale_).all()):
-            return  # the scaling's own NaN: the fit's error says to divide X
         for scored in parts:  # (two at most: the front's validation rows, the test rows)
             X_test = scored.X
             scaled = scaler.transform(X_test)  # (B, d), as the models' scaler transforms it
