@@ -3334,16 +3334,24 @@ def test_version_of_a_checkout_not_installed_is_its_own(capsys, monkeypatch):
     assert capsys.readouterr().out.startswith(f"mr2-probe {mr2_probe.__version__} (Python ")
 
 
-def test_float16_features_are_scaled_in_float32(tmp_path, capsys):
+@pytest.mark.parametrize("scaling", ["l2", "standard"])
+def test_float16_features_are_scaled_in_float32(tmp_path, capsys, scaling):
     # Normalizer computed float16 row norms, which overflow past 256: every such row was
     # zeroed, and the probes scored 28.75% where float32 features scored 93.75%.
+    # StandardScaler scales in the features' dtype: a test row 1e5 standard deviations
+    # out of a column's range overflows float16 (65504), where float32 holds it.
     rng = np.random.default_rng(0)
-    y = rng.integers(0, 4, 400)
-    X = rng.normal(size=(400, 64)) * 40 + np.eye(4, 64)[y] * 120
+    y = rng.integers(0, 4, 500)
+    X = rng.normal(size=(500, 64)) * 40 + np.eye(4, 64)[y] * 120
+    X[:, 5] = 1 + rng.normal(size=500) * 0.01
+    X[450, 5] = 1000  # (a --test row)
+    train, test = tmp_path / "train.npz", tmp_path / "test.npz"
     tables = []
     for dtype in (np.float16, np.float32):
-        np.savez(tmp_path / "f.npz", X=X.astype(dtype), y=y)
-        main([str(tmp_path / "f.npz"), "--feature-scaling", "l2", "--no-progress"])
+        np.savez(train, X=X[:400].astype(dtype), y=y[:400])
+        np.savez(test, X=X[400:].astype(dtype), y=y[400:])
+        argv = [str(train), "--test", str(test), "--feature-scaling", scaling]
+        assert main([*argv, "--no-progress"]) == 0
         tables.append(capsys.readouterr().out.splitlines()[2:4])
     assert tables[0] == tables[1] and float(tables[0][0].split()[1]) > 90
 
