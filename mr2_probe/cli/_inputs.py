@@ -1332,7 +1332,7 @@ def _check_scaled(scaler, fitted_on: str, its: str, parts: list[_Scored]) -> Non
     if scaler is None:
         return
     with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")  # (the fits say the scaler's own overflow)
+        warnings.simplefilter("ignore")  # (the overflow that is refused here)
         for scored in parts:  # (two at most: the front's validation rows, the test rows)
             X_test = scored.X
             scaled = scaler.transform(X_test)  # (B, d), as the models' scaler transforms it
