@@ -3951,12 +3951,14 @@ def test_the_cure_for_integers_out_of_memory_can_be_followed(
 
 @NEEDS_H5
 @pytest.mark.parametrize("name", ["int.h5", "int.npz"], ids=["store", "npz"])
+@pytest.mark.parametrize("options", [[], ["--grid", "C=1,2"]], ids=["plain", "grid"])
 def test_int64_out_of_memory_within_the_limit_as_float32_are_told_float32_reads_them_whole(
-    name, tmp_path, monkeypatch, capsys
+    name, options, tmp_path, monkeypatch, capsys
 ):
     # int64 features of 4,320 bytes, above a limit of 3,000, take 2,160 as float32, within
     # it: float32 features are read whole, in half the memory, from any file. The line said
-    # that a store's float32 features above a quarter of memory "then stay in its file".
+    # that a store's float32 features above a quarter of memory "then stay in its file"
+    # (and without --grid, which reads them whole all the same).
     from mr2_probe.cli._inputs import _features_sizes
 
     def failing(args, stack=None):
@@ -3968,7 +3970,7 @@ def test_int64_out_of_memory_within_the_limit_as_float32_are_told_float32_reads_
     monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 3000)
     with monkeypatch.context() as patched:
         patched.setattr(cli_main, "_inputs", failing)
-        (line,) = _error([str(train), "--no-progress"], capsys)[1]
+        (line,) = _error([str(train), *options, "--no-progress"], capsys)[1]
     assert "stay in its file" not in line, line
     assert line.endswith(
         f"Try float32 features in place of {train} (in any file: read whole, in half the "

@@ -363,10 +363,11 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
         cures = [f"an HDF5 store in place of {', '.join(arrays)}"] if arrays else []
         if integers:
             cures.append(f"an HDF5 store of float32 features in place of {', '.join(integers)}")
-        if whole:
+        streamed = [f for f in large if f.path not in halved]  # (without the options)
+        if whole and streamed:
             cures.append(f"without {', '.join(whole)}")
         # (mr2-extract makes a store of images, not of the arrays: h5py makes one of them)
-        made = any(not f.store and f.path not in halved for f in large)
+        made = any(not f.store for f in streamed)
         kind, not_integers = (
             ("floating-point features", "; integer ones are read whole")
             if integers or halved
