@@ -2100,6 +2100,28 @@ def test_a_store_s_test_row_the_scaling_makes_infinite_is_named_by_its_image(tmp
 
 
 @NEEDS_H5
+def test_a_store_s_held_out_row_the_scaling_makes_infinite_is_named_by_its_image(tmp_path, capsys):
+    # Held out of a store by --test-size: the held-out row is named by its store row and
+    # image (the rows read skip its failed row 0: read row r is store row r + 1).
+    from sklearn.model_selection import train_test_split
+
+    train, _ = _far_out(tmp_path, np.float32, 1)
+    with np.load(train) as data:
+        X, y = data["X"], data["y"]
+    rows = np.arange(len(y))
+    held = train_test_split(rows, test_size=0.2, stratify=y, random_state=0)[1][0]
+    X[held, 2] = 1e38
+    store = _store(
+        tmp_path / "train.h5", np.insert(X, 0, 0, 0), np.insert(y, 0, 0), FASHION, failed=[0]
+    )
+    argv = [str(store), "--feature-scaling", "standard", "--no-progress"]
+    code, lines = _error(argv, capsys)  # (after its failed image's line)
+    assert code == 2 and not any(line.startswith("fitting") for line in lines)
+    assert lines[-1].startswith(f"mr2-probe: error: the rows of {store} held out by --test-size")
+    assert f"(the first is store row {held + 1}, 'item/{held + 1:05d}': its column 2" in lines[-1]
+
+
+@NEEDS_H5
 def test_a_training_store_s_validation_row_the_scaling_makes_infinite_is_named_by_its_image(
     tmp_path, capsys
 ):
