@@ -360,6 +360,22 @@ def test_float64_test_features_the_scaling_makes_infinite_are_told_to_drop_the_r
     assert "row 4: its column 2 holds 1e+308" in line
 
 
+def test_test_rows_far_from_a_constant_column_are_not_said_to_be_a_standard_deviation_away(
+    tmp_path, capsys
+):
+    # A column constant in the training features is scaled by 1, where a --test row's
+    # x - mean overflows float32 all the same: the line said their standard deviation
+    # was 1.
+    train, test = _far_out(tmp_path, np.float32, 2e38)
+    with np.load(train) as data:
+        X, y = data["X"], data["y"]
+    X[:, 2] = -2e38
+    np.savez(train, X=X, y=y)
+    line = _refused([str(train), "--test", str(test), "--feature-scaling", "standard"], capsys)
+    assert "(the first is row 4: its column 2 holds 2e+38, where the training features' " in line
+    assert "values are all about -2e+38, scaled by 1); check that row" in line, line
+
+
 def test_held_out_rows_the_scaling_makes_infinite_are_named_by_their_file(tmp_path, capsys):
     # Without --test, the rows held out of the training file by --test-size, the first
     # named by its row in that file (it was not named: the user could not find it).

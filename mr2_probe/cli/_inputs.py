@@ -1352,8 +1352,13 @@ def _check_scaled(scaler, fitted_on: str, its: str, parts: list[_Scored]) -> Non
         f"{scored.what}: {n} of its {len(X_test)} rows {'is' if n == 1 else 'are'} made "
         f"non-finite by --feature-scaling standard, fitted on {fitted_on} (the first is "
         f"{scored.named(int(bad[0]))}: "
-        f"its column {column} holds {X_test[bad[0], column]:.3g}, where {its} standard "
-        f"deviation is {scaler.scale_[column]:.3g}); check {them}"
+        f"its column {column} holds {X_test[bad[0], column]:.3g}, where {its} "
+        + (  # (a near-constant column is scaled by 1: its x - mean overflowed)
+            f"values are all about {scaler.mean_[column]:.3g}, scaled by 1"
+            if scaler.scale_[column] == 1 and scaler.var_[column] != 1
+            else f"standard deviation is {scaler.scale_[column]:.3g}"
+        )
+        + f"); check {them}"
         + (
             f", or give {scored.features} as float64, whose arithmetic holds them scaled"
             if held
