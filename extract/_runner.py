@@ -354,7 +354,7 @@ def extract_features(
         check_merging(os.fspath(merged))  # (where out exists: once found incomplete)
     group = _ranks_group() if merged is not None else contextlib.nullcontext()
     with stops_with_launcher(), group, hashed_once():
-        step = _ShardStep(merged, world_size) if merged is not None else None
+        step = _ShardStep(merged, world_size, rank) if merged is not None else None
         try:
             done = _extract_shard(
                 source, backbone, target, batch_size, num_workers, dtype, normalize,
@@ -434,9 +434,16 @@ class _ShardStep:
     failed. A rank that fails goes to the next one (where the others wait, or will) and
     says so; there every rank stops, the others with an error naming it."""
 
-    def __init__(self, merged: Path, world_size: int) -> None:
+    def __init__(self, merged: Path, world_size: int, rank: int = 0) -> None:
         self.merged, self.world_size = merged, world_size
         self.ended = False  # an exchange told of a failure, or failed itself: no more
+        # What this rank is doing, which a failure tells the others (it may be in another
+        # part of the step than its shard: the merged store's check, say).
+        self.doing = self.making_shard(rank)
+
+    def making_shard(self, rank: int) -> str:
+        """What rank ``rank`` is doing while it makes its shard (:attr:`doing`)."""
+        return f"to extract its shard {os.fspath(shard_path(self.merged, rank, self.world_size))!r}"
 
     def exchange(self, value: object) -> list | None:
         """Every rank's ``value`` in rank order (None where the ranks run one by one);
@@ -450,11 +457,12 @@ class _ShardStep:
         if failed:
             (rank, said), others = failed[0], len(failed) - 1
             also = f" (and {others} other {plural(others, 'rank')})" if others else ""
+            # (a failing rank's value is what it was doing: :meth:`fail`)
+            doing = values[rank] if isinstance(values[rank], str) else self.making_shard(rank)
             raise StoreError(
-                f"Rank {rank}{also} failed to extract its shard "
-                f"{os.fspath(shard_path(self.merged, rank, self.world_size))!r} ({said}): "
-                "its error says why. Every rank stops, the rows written so far kept: once "
-                "that is cured, the same command resumes."
+                f"Rank {rank}{also} failed {doing} ({said}): its error says why. Every rank "
+                "stops, the rows written so far kept: once that is cured, the same command "
+                "resumes."
             )
         self.ended = False
         return values
@@ -469,7 +477,11 @@ class _ShardStep:
         self.ended = True
         # (an error of the exchange itself, the others gone, leaves this rank's own raised)
         with contextlib.suppress(Exception):
-            _every_rank_said(None, error, self.world_size)
+            _every_rank_said(self.doing, error, self.world_size)
+
+
+# What a rank does while it checks the shards to be resumed (:attr:`_ShardStep.doing`).
+_CHECKING_SHARDS = "to check the shards of {!r} to be resumed"
 
 
 def _all_ranks_failures(failed: tuple[int, list] | None, step: _ShardStep) -> tuple[int, list]:
@@ -647,6 +659,12 @@ def _extract_shard(
     repair_merged, vouched, rebuild, complete = None, False, False, False
     read_merged = merged is not None and merged.exists() and not overwrite
     everything = np.arange(len(src))
+    if merged is not None:  # (what a failure from here on tells the other ranks)
+        step.doing = (
+            f"to check the feature store {os.fspath(merged)!r}"
+            if read_merged
+            else _CHECKING_SHARDS.format(os.fspath(merged))
+        )
     if merged is not None and torch.distributed.is_initialized():
         # Each rank hashes its share of the files touched since, and takes every rank's
         # verdicts (every rank meets there, whatever it reads).
@@ -713,6 +731,8 @@ def _extract_shard(
                 merged, whole, src, everything, retry_failed
             ):
                 raise _no_permission(merged, "w")
+    if merged is not None:
+        step.doing = _CHECKING_SHARDS.format(os.fspath(merged))
     identity = _identity(merged) if merged is not None and merged.exists() else None
     if merged is not None and identity is None and not overwrite:
         # The merged store is gone (deleted) while a forced rebuild's shards lie here: they
@@ -765,6 +785,8 @@ def _extract_shard(
         for path in resumed.values():
             if path != out:
                 _check_other_shard(path, provenance, vouched, explain)
+    if merged is not None:
+        step.doing = step.making_shard(rank)
     if fresh and out.exists():
         logger.info(
             "%s was not written by the interrupted rebuild; its rows are extracted anew.", out

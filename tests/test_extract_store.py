@@ -2726,6 +2726,53 @@ def test_a_rank_beside_ranks_that_failed_names_the_first_of_them(tmp_path, monke
     assert not built  # stopped at the listing's exchange, before any model
 
 
+@pytest.mark.parametrize("where", ["store", "shards"])
+def test_a_rank_that_fails_checking_the_stores_is_named_as_such(tmp_path, monkeypatch, where):
+    # Rank 1 of 2 (its group faked) fails in the check of the merged store (a ProvenanceError
+    # of its read alone), or of the shards to be resumed; rank 0 takes what rank 1 said at
+    # each exchange. It named rank 1 as failing "to extract its shard".
+    import torch.distributed as dist
+
+    from extract import _runner
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    out = tmp_path / "f.h5"
+    if where == "store":
+        extract_features(folder, BACKBONE, out, **FAST)
+        checked, doing = "_is_complete", f"to check the feature store {str(out)!r}"
+    else:  # a killed run's shards
+        _killed_at_2_ranks(monkeypatch, folder, out, **dict(FAST, batch_size=2))
+        checked, doing = "_check_other_shard", f"to check the shards of {str(out)!r} to be resumed"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    _ranks_one_by_one(monkeypatch)
+    sent = []
+    monkeypatch.setattr(dist, "all_gather_object", lambda into, mine: (
+        sent.append(mine), into.__setitem__(slice(None), [mine, mine])))  # fmt: skip
+    real = getattr(_runner, checked)
+
+    def refused(*args, **kwargs):
+        raise ProvenanceError("rank 1 read it otherwise")
+
+    with monkeypatch.context() as patch:
+        patch.setenv("RANK", "1")
+        patch.setattr(_runner, checked, refused)
+        with pytest.raises(ProvenanceError, match="rank 1 read it otherwise"):
+            extract_features(folder, BACKBONE, out, **FAST)
+    assert getattr(_runner, checked) is real
+    theirs = iter(sent)
+    monkeypatch.setattr(dist, "all_gather_object", lambda into, mine: into.__setitem__(
+        slice(None), [mine, next(theirs)]))  # fmt: skip
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(StoreError) as raised:
+        extract_features(folder, BACKBONE, out, **FAST)
+    assert str(raised.value) == (
+        f"Rank 1 failed {doing} (ProvenanceError: rank 1 read it otherwise): its error says "
+        "why. Every rank stops, the rows written so far kept: once that is cured, the same "
+        "command resumes."
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("group", ["caller's", "own"])
 def test_under_torchrun_a_rank_that_fails_in_its_shard_ends_every_rank(
