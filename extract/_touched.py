@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import pickle
 from collections.abc import Callable, Iterator
 
@@ -81,27 +82,41 @@ def touched_rows(f, source: ImageSource, rows: np.ndarray, retry_failed: bool) -
 
 def hash_share(
     f, source: ImageSource, rows: np.ndarray, check: np.ndarray, rank: int, world_size: int
-) -> tuple[list, tuple | None]:
+) -> tuple[int, str, tuple | None]:
     """Rank ``rank``'s share of the store ``f``'s rows ``check`` (:func:`touched_rows`)
     read and hashed, as :func:`first_other_bytes` does: every ``world_size``-th row, or of
     tar shards and Parquet files the rows of every ``world_size``-th touched container
-    (each read by one rank). The keys of those found to hold their bytes, and the first
-    found not to as ``(key, error)`` (None where none), for :func:`take_verdicts` on every
-    rank."""
+    (each read by one rank; :func:`_shares`). How many of them, in order, were found to hold
+    their bytes, the sha256 of their keys (:func:`_checksum`), and the first found not to
+    as ``(key, error)`` (None where none): what every rank takes (:func:`take_verdicts`),
+    of a size that does not grow with the number of files."""
+    mine = check[_shares(source, rows, check, world_size) == rank]
+    found = first_other_bytes(f, source, rows, mine)
+    n = len(mine) if found is None else int(np.searchsorted(mine, found[0]))
+    columns = _key_columns(f, source, rows, mine[: n + (found is not None)])
+    told = None if found is None else (_keys_of(*(c[n:] for c in columns))[0], _as_told(found[1]))
+    return n, _checksum(*(c[:n] for c in columns)), told
+
+
+def _shares(
+    source: ImageSource, rows: np.ndarray, check: np.ndarray, world_size: int
+) -> np.ndarray:
+    """The rank that reads each of the rows ``check`` (:func:`hash_share`)."""
     if source.archive is None:
         units = np.arange(len(check))
     else:  # (each touched container by its number among the touched ones)
         units = np.unique(source.archive.file[rows[check]], return_inverse=True)[1]
-    mine = check[units % world_size == rank]
-    if not len(mine):
-        return [], None
-    keys = _keys(f, source, rows, mine)
-    found = first_other_bytes(f, source, rows, mine)
-    if found is None:
-        return keys, None
-    k, error = found
-    at = int(np.searchsorted(mine, k))
-    return keys[:at], (keys[at], _as_told(error))
+    return units.reshape(-1) % world_size
+
+
+def _checksum(items, sizes, mtimes, digests) -> str:
+    """The sha256 of rows' keys (:func:`_key_columns`), in order: equal on two ranks where
+    they read the same rows of the store and list their files alike."""
+    h = hashlib.sha256()
+    for column in (items, sizes, mtimes):
+        h.update(np.ascontiguousarray(column, "<i8").tobytes())
+    h.update(np.ascontiguousarray(digests, "S64").tobytes())
+    return h.hexdigest()
 
 
 class ToldError(OSError):
@@ -130,41 +145,73 @@ def share_hashing(
     its share (:func:`hash_share`), told to every rank through ``exchange`` (every rank's
     value, in rank order), which each then takes (:func:`take_verdicts`), where each rank
     read every one of them. A store that cannot be read is left to the checks that follow."""
-    said = []
+    said, checks = [], []
     for path, rows in stores:
         try:
             # (without HDF5's lock, as the checks that follow read the shards)
             with h5py.File(path, "r", locking=False) as f:
                 check = touched_rows(f, source, rows, retry_failed)
                 said.append(hash_share(f, source, rows, check, rank, world_size))
+                # every rank's share, rebuilt here to take its verdicts
+                checks.append((check, _key_columns(f, source, rows, check)))
         except Exception:  # (not a store, or none: those checks say so)
-            continue
+            said.append(None)
+            checks.append(None)
     told = exchange(said)
-    if told is not None:  # (ranks run one by one: each read what it checks)
-        take_verdicts([each for theirs in told for each in theirs])
+    if told is None:  # (ranks run one by one: each read what it checks)
+        return
+    for (_, rows), mine, theirs in zip(stores, checks, zip(*told, strict=True), strict=True):
+        if mine is not None:
+            take_verdicts(source, rows, *mine, world_size, list(theirs))
 
 
-def take_verdicts(said: list[tuple[list, tuple | None]]) -> None:
-    """Take every rank's :func:`hash_share`: its rows found to hold their bytes are not read
-    again in this run, nor is its row found not to, which is named with its error."""
+def take_verdicts(
+    source: ImageSource, rows: np.ndarray, check: np.ndarray, columns: tuple, world_size: int,
+    said: list[tuple[int, str, tuple | None] | None],
+) -> None:  # fmt: skip
+    """Take every rank's :func:`hash_share` (``said``, in rank order; None for a rank that
+    could not read the store) of a store's rows ``check`` (:func:`touched_rows` here, their
+    keys' ``columns`` as :func:`_key_columns` gives them): each rank's share is rebuilt
+    from them, and its rows found to hold their bytes are not read again in this run where
+    the checksum of their keys is the one it told (otherwise, the store or its files read
+    otherwise there, they are read here); nor is its row found not to, which is named with
+    its error."""
     verified, other = _verified.get(), _other.get()
     if verified is None or other is None:  # (outside a run: nothing is kept)
         return
-    for keys, found in said:
-        verified.update(keys)
+    shares = _shares(source, rows, check, world_size)
+    for rank, told in enumerate(said):
+        if told is None:
+            continue
+        n, checksum, found = told
+        theirs = [column[shares == rank][:n] for column in columns]
+        if len(theirs[0]) == n and _checksum(*theirs) == checksum:
+            verified.update(_keys_of(*theirs))
         if found is not None:
             other[found[0]] = found[1]
+
+
+def _key_columns(f, source: ImageSource, rows: np.ndarray, check: np.ndarray) -> tuple:
+    """The keys of :data:`_verified` of the store ``f``'s rows ``check`` as columns:
+    items, their files' sizes and modification times as listed now (int64), and the
+    digests the rows record (S64)."""
+    sizes, mtimes = source.file_stats()
+    items = rows[check]
+    digests = f["content_sha256"][:][check]  # (n_check,) S64
+    return items, sizes[items], mtimes[items], digests
+
+
+def _keys_of(items, sizes, mtimes, digests) -> list[tuple]:
+    """The keys of :data:`_verified` of :func:`_key_columns`'s columns."""
+    return list(
+        zip(items.tolist(), sizes.tolist(), mtimes.tolist(), map(bytes, digests), strict=True)
+    )
 
 
 def _keys(f, source: ImageSource, rows: np.ndarray, check: np.ndarray) -> list[tuple]:
     """The keys of :data:`_verified` of the store ``f``'s rows ``check``: ``(item, size,
     mtime_ns, digest)``, the file's as listed now and the digest the row records."""
-    digests = f["content_sha256"][:][check]  # (n_check,) S64
-    sizes, mtimes = source.file_stats()
-    return [
-        (int(item), int(sizes[item]), int(mtimes[item]), bytes(digest))
-        for item, digest in zip(rows[check], digests, strict=True)
-    ]
+    return _keys_of(*_key_columns(f, source, rows, check))
 
 
 def first_other_bytes(

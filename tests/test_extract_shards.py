@@ -2102,6 +2102,7 @@ def test_under_torchrun_each_touched_container_is_hashed_by_one_rank(
     # 2 reads every other one (as ranks divide shards); taking the other rank's verdicts,
     # it reads none again, and names the row the other found changed as it found it.
     from extract._touched import (
+        _key_columns,
         first_other_bytes,
         hash_share,
         hashed_once,
@@ -2136,7 +2137,7 @@ def test_under_torchrun_each_touched_container_is_hashed_by_one_rank(
             reads.append(sorted(set(read)))
             read.clear()
         with hashed_once():
-            take_verdicts(said)
+            take_verdicts(src, rows, check, _key_columns(f, src, rows, check), 2, said)
             found = first_other_bytes(f, src, rows, check)
     assert reads == [["00000.tar", "00002.tar"], ["00001.tar"]] and read == []
     with hashed_once(), h5py.File(out, "r") as f:  # as one process finds it, reading
@@ -2170,7 +2171,7 @@ def test_under_torchrun_the_touched_containers_are_shared_evenly(data, tmp_path,
         check = touched_rows(f, src, rows, False)
         for rank in (0, 1):
             with hashed_once():
-                keys, found = hash_share(f, src, rows, check, rank, 2)
+                _, _, found = hash_share(f, src, rows, check, rank, 2)
             assert found is None
             reads.append(sorted(set(read)))
             read.clear()

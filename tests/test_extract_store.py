@@ -1547,10 +1547,86 @@ def test_a_rank_s_error_reading_a_touched_file_reaches_the_others_with_its_type(
         told = pickle.loads(pickle.dumps(said))  # as the other ranks take it
         monkeypatch.setattr(_touched, "read_file", None)  # (not read again)
         with _touched.hashed_once():
-            _touched.take_verdicts(told)
+            columns = _touched._key_columns(f, src, rows, check)
+            _touched.take_verdicts(src, rows, check, columns, 1, told)
             found = _touched.first_other_bytes(f, src, rows, check)
     assert found[0] == 0 and f"({_os_error(found[1])})" in str(one.value)
     assert _os_error(found[1]) == f"_Refused: {src.path(0)}: refused"
+
+
+def _touched_store(tmp_path, n_files: int):
+    """A folder of ``n_files`` files (bytes, not images) and a store of them made before
+    every file was touched (``file_mtime_ns`` a second behind): its path and the source."""
+    folder = tmp_path / f"data{n_files}"
+    (folder / "cat").mkdir(parents=True)
+    for i in range(n_files):
+        (folder / "cat" / f"{i:05d}.png").write_bytes(b"image %d" % i)
+    src = open_source(folder)
+    sizes, mtimes = src.file_stats()
+    out = tmp_path / f"f{n_files}.h5"
+    with h5py.File(out, "w") as f:
+        f["paths"] = np.array(src.ids, dtype=object).astype("S")
+        f["labels"], f["indices"] = src.labels, src.source_index
+        f["file_size"], f["file_mtime_ns"] = sizes, mtimes
+        f["status"] = np.full(n_files, DONE, np.uint8)
+        digests = [
+            hashlib.sha256(Path(src.path(i)).read_bytes()).hexdigest() for i in range(n_files)
+        ]
+        f["content_sha256"] = np.array(digests, dtype="S64")
+    _touch(*folder.rglob("*.png"))
+    return out, open_source(folder)
+
+
+def test_under_torchrun_what_a_rank_tells_of_its_hashing_does_not_grow_with_the_files(
+    tmp_path, monkeypatch
+):
+    # Each rank sent every key of its share it found to hold its bytes, (item, size,
+    # mtime_ns, 64-byte digest): about 90 MB pickled per million touched files, received
+    # by every rank. It sends how many, their keys' checksum, and the differing one.
+    import pickle
+
+    from extract import _touched
+
+    sent = []
+    for n_files in (10, 1000):
+        out, src = _touched_store(tmp_path, n_files)
+        with _touched.hashed_once():
+            _touched.share_hashing([(out, np.arange(n_files))], src, False, 0, 2, sent.append)
+    small, large = (len(pickle.dumps(said)) for said in sent)
+    assert large - small <= 2  # (500 pickles in 2 bytes more than 5)
+    # every other file, each found to be the store's
+    assert [[(n, found) for n, _, found in said] for said in sent] == [[(5, None)], [(500, None)]]
+
+
+@pytest.mark.parametrize("alike", [True, False])
+def test_a_rank_takes_another_s_hashing_where_it_reads_the_store_alike(
+    tmp_path, monkeypatch, alike
+):
+    # Rank 0 of 2 (its group faked) takes rank 1's hashing of the odd rows, rebuilt from its
+    # own read of the store: where the checksum rank 1 told is not that of the rows rank 0
+    # finds (the two read the store, or list the files, otherwise), it reads them itself.
+    from extract import _touched
+
+    out, src = _touched_store(tmp_path, 6)
+    rows = np.arange(6)
+    with h5py.File(out, "r") as f:
+        check = _touched.touched_rows(f, src, rows, False)
+        with _touched.hashed_once():
+            theirs = _touched.hash_share(f, src, rows, check, 1, 2)
+    assert theirs[0] == 3 and theirs[2] is None  # the odd rows, each the store's
+    if not alike:  # (its keys' checksum other than rank 0's of the same rows)
+        theirs = (3, hashlib.sha256(b"other").hexdigest(), None)
+    read = []
+    real = _touched.read_file
+    monkeypatch.setattr(_touched, "read_file", lambda path, listed=None: (
+        read.append(os.path.basename(path)), real(path, listed))[1])  # fmt: skip
+    with _touched.hashed_once():
+        _touched.share_hashing([(out, rows)], src, False, 0, 2, lambda said: [said, [theirs]])
+        assert read == ["00000.png", "00002.png", "00004.png"]  # its share
+        read.clear()
+        with h5py.File(out, "r") as f:
+            assert _touched.first_other_bytes(f, src, rows, check) is None
+    assert read == ([] if alike else ["00001.png", "00003.png", "00005.png"])
 
 
 @pytest.mark.slow
