@@ -41,7 +41,7 @@ from ._store import (
     create_store,
     open_store,
 )
-from ._touched import first_other_bytes
+from ._touched import compare_rows, first_other_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -159,49 +159,29 @@ def _source_difference(
 def _row_difference(
     f, src: ImageSource, rows: np.ndarray, stored_names: list[str], retry_failed: bool = False
 ) -> str | None:
-    stored_ids = f["paths"].asstr()[:]
-    n = min(len(stored_ids), len(rows))
+    pairs, differs, touched, before, check = compare_rows(f, src, rows, retry_failed)
+    stored_ids, ids = pairs["id"]
+    n = len(ids)
     head = rows[:n]
     sizes, mtimes = src.file_stats()
-    ids = np.array([src.ids[i] for i in head], dtype=object)
-    pairs = {
-        "id": (stored_ids[:n], ids),
-        "label": (f["labels"][:n], src.labels[head]),
-        "size": (f["file_size"][:n], sizes[head]),
-        "mtime": (f["file_mtime_ns"][:n], mtimes[head]),
-        "index": (f["indices"][:n], src.source_index[head]),
-    }
-    differs = {key: np.asarray(old != new, dtype=bool) for key, (old, new) in pairs.items()}
-    file_only = (differs["size"] | differs["mtime"]) & ~(
-        differs["id"] | differs["label"] | differs["index"]
-    )
-    differs = np.logical_or.reduce(list(differs.values()))
-    if retry_failed:  # a failed image replaced since: the retry extracts it again
-        # (So is one not extracted yet: a retry killed while writing a batch leaves it
-        # pending. No row of either holds features of the file as it was.)
-        differs &= ~(file_only & (f["status"][:n] != DONE))
+    n_stored = len(f["paths"])
     other, unread = None, None  # a touched file whose bytes are not those of its row
-    if len(stored_ids) == len(rows):
+    if n_stored == len(rows):
         # Files touched since, and not changed (by their bytes), are the store's: the
         # difference named is the first other one.
-        same_size = (pairs["size"][0] == pairs["size"][1]) & (pairs["size"][1] != NOT_A_FILE)
-        touched = differs & file_only & same_size
-        before = int(np.argmax(differs & ~touched)) if (differs & ~touched).any() else n
-        status = f["status"][:n]
-        check = np.flatnonzero(touched[:before] & (status[:before] != PENDING))
         found = first_other_bytes(f, src, rows, check)
         other, unread = (None, None) if found is None else found
         limit = before if other is None else other
         differs &= ~(touched & (np.arange(n) < limit))
     if not differs.any():
-        if len(stored_ids) > len(rows):
+        if n_stored > len(rows):
             return (
-                f"the store holds {len(stored_ids)} images, the request {len(rows)}: "
-                f"{stored_ids[n]!r} and those after it are no longer requested"
+                f"the store holds {n_stored} images, the request {len(rows)}: "
+                f"{f['paths'].asstr()[n]!r} and those after it are no longer requested"
             )
-        if len(stored_ids) < len(rows):
+        if n_stored < len(rows):
             return (
-                f"the store holds {len(stored_ids)} images, the request {len(rows)}: "
+                f"the store holds {n_stored} images, the request {len(rows)}: "
                 f"{src.ids[rows[n]]!r} and those after it are new"
             )
         return None  # rows outside this shard differ: the fingerprint says so

@@ -45,36 +45,57 @@ def hashed_once() -> Iterator[None]:
         _other.reset(other)
 
 
+def compare_rows(f, source: ImageSource, rows: np.ndarray, retry_failed: bool) -> tuple:
+    """The store ``f``'s first ``n`` rows against the source's ``rows`` (``n`` the fewer of
+    the two): ``pairs``, each of the rows' ``"id"``, ``"label"``, ``"size"``, ``"mtime"``
+    and ``"index"`` as ``(stored, now)``; ``differs``, (n,) bool, the rows of any
+    difference (with ``retry_failed``, not a failed row whose file alone changed: the
+    retry extracts it again); ``touched``, those that differ by their file's modification
+    time alone (touched since, its size and row kept); ``before``, the first row of any
+    other difference (``n`` where none); and ``check``, the touched rows before it that were
+    extracted, whose files a check reads again (:func:`first_other_bytes`). The rows of a
+    store of other rows than ``rows`` are checked only up to their difference in number."""
+    stored_ids = f["paths"].asstr()[:]
+    n = min(len(stored_ids), len(rows))
+    head = rows[:n]
+    sizes, mtimes = source.file_stats()
+    ids = np.array([source.ids[i] for i in head], dtype=object)
+    pairs = {
+        "id": (stored_ids[:n], ids),
+        "label": (f["labels"][:n], source.labels[head]),
+        "size": (f["file_size"][:n], sizes[head]),
+        "mtime": (f["file_mtime_ns"][:n], mtimes[head]),
+        "index": (f["indices"][:n], source.source_index[head]),
+    }
+    each = {key: np.asarray(old != new, dtype=bool) for key, (old, new) in pairs.items()}
+    file_only = (each["size"] | each["mtime"]) & ~(each["id"] | each["label"] | each["index"])
+    differs = np.logical_or.reduce(list(each.values()))
+    status = f["status"][:n]
+    if retry_failed:  # a failed image replaced since: the retry extracts it again
+        # (So is one not extracted yet: a retry killed while writing a batch leaves it
+        # pending. No row of either holds features of the file as it was.)
+        differs &= ~(file_only & (status != DONE))
+    same_size = ~each["size"] & (sizes[head] != NOT_A_FILE)
+    touched = differs & file_only & same_size
+    other = differs & ~touched
+    before = int(np.argmax(other)) if other.any() else n
+    check = np.flatnonzero(touched[:before] & (status[:before] != PENDING))
+    return pairs, differs, touched, before, check
+
+
 def touched_rows(f, source: ImageSource, rows: np.ndarray, retry_failed: bool) -> np.ndarray:
     """The positions in ``rows`` of the store ``f``'s rows whose files a check of the store
-    against the source reads again: touched since (their modification time changed, their
-    size and row not), extracted and with a digest of their bytes, before the row of any
-    other difference (as the check reads them; with ``retry_failed`` the failed ones are
-    extracted again instead). None where the store's rows are not the source's ``rows``."""
+    against the source reads again (``check`` of :func:`compare_rows`, as the check finds
+    them), up to the first without a digest of its bytes; none (an empty array) where the
+    store's rows are not the source's ``rows``, or none was touched."""
     none = np.zeros(0, np.int64)
     if "file_size" not in f or len(f["paths"]) != len(rows):
         return none
     sizes, mtimes = source.file_stats()
     same_size = f["file_size"][:] == sizes[rows]
-    moved = ~same_size | (f["file_mtime_ns"][:] != mtimes[rows])
-    if not (moved & same_size).any():  # (the rows' names not read: nothing touched)
-        return none
-    ids = np.array([source.ids[i] for i in rows], dtype=object)
-    same_row = (
-        (f["paths"].asstr()[:] == ids)
-        & (f["labels"][:] == source.labels[rows])
-        & (f["indices"][:] == source.source_index[rows])
-    )
-    status = f["status"][:]
-    differs = ~same_row | moved
-    if retry_failed:  # (a failed file changed since is no difference: it is retried)
-        differs &= ~(moved & same_row & (status != DONE))
-    touched = differs & moved & same_row & same_size & (sizes[rows] != NOT_A_FILE)
-    other = differs & ~touched
-    before = int(np.argmax(other)) if other.any() else len(rows)
-    check = np.flatnonzero(touched[:before] & (status[:before] != PENDING))
-    if not len(check):
-        return none
+    if not (same_size & (f["file_mtime_ns"][:] != mtimes[rows])).any():
+        return none  # (the rows' names not read: nothing touched)
+    check = compare_rows(f, source, rows, retry_failed)[-1]
     # A row without one (its file unreadable then) is a difference, found unread.
     without = f["content_sha256"][:][check] == b""
     return check[: int(np.argmax(without))] if without.any() else check
