@@ -2869,20 +2869,7 @@ def test_under_torchrun_a_rank_that_fails_in_its_shard_ends_every_rank(
             port = free.getsockname()[1]
         monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
         monkeypatch.setenv("MASTER_PORT", str(port))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    ranks = torch.multiprocessing.start_processes(
-        rank_beside_a_failing_rank, args=(folder, tmp_path, group == "own"), nprocs=2, join=False
-    )
-    try:
-        for _ in range(120):
-            if ranks.join(timeout=1):
-                break
-        else:
-            pytest.fail("the ranks still ran after 120 s: rank 0 waited for rank 1, which failed")
-    finally:
-        for process in ranks.processes:
-            if process.is_alive():
-                process.kill()
+    _two_ranks(monkeypatch, rank_beside_a_failing_rank, folder, tmp_path, group == "own")
     for where in FAILING:
         said = [(tmp_path / f"{where}-rank{r}.txt").read_text() for r in range(2)]
         assert said[1] == f"RuntimeError: rank 1 cannot {where}\nsecond line"  # its own error
