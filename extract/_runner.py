@@ -659,37 +659,46 @@ def _extract_shard(
     repair_merged, vouched, rebuild, complete = None, False, False, False
     read_merged = merged is not None and merged.exists() and not overwrite
     everything = np.arange(len(src))
+    # A forced rebuild of the merged store stopped before its merge: its shards are checked,
+    # not the store.
+    rebuild = read_merged and _rebuilding(merged, world_size)
     if merged is not None:  # (what a failure from here on tells the other ranks)
         step.doing = (
             f"to check the feature store {os.fspath(merged)!r}"
-            if read_merged
+            if read_merged and not rebuild
             else _CHECKING_SHARDS.format(os.fspath(merged))
         )
     if merged is not None and torch.distributed.is_initialized():
         # Each rank hashes its share of the files touched since, and takes every rank's
-        # verdicts (every rank meets there, whatever it reads).
-        if read_merged:
+        # verdicts (every rank meets there, whatever it reads): of the stores checked next.
+        if read_merged and not rebuild:
             stores = [(merged, everything)]
-        else:  # (before any merge: the shards to resume; none for a forced run)
+        else:  # (the shards to resume: a rebuild's, or before any merge those there are;
+            # none for a forced run)
             stores = [] if overwrite else [
                 (shard_path(merged, r, world_size), rank_rows(src, r, world_size))
                 for r in range(world_size)
             ]  # fmt: skip
+            if rebuild:
+                identity = _identity(merged)
+                stores = [(path, rows) for path, rows in stores if _replaces(path) == identity]
         share_hashing(stores, src, retry_failed, rank, world_size, step.exchange)
     if read_merged:
         whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
         whole = _provenance(backbone, src, fingerprint, dtype, normalize, decode, whole, device)
         # The merged store holds every row: it tells what changed (repaired failures, with
-        # --retry-failed; files touched since, whose bytes it holds).
+        # --retry-failed; files touched since, whose bytes it holds). A rebuild's shards
+        # tell it instead (below): its touched files are not read for it.
         with open_store(merged, "r") as f:
-            vouched = _repaired_failures(f, whole, src, everything, False, retry_failed) is not None
-        if _rebuilding(merged, world_size):
+            vouched = not rebuild and (
+                _repaired_failures(f, whole, src, everything, False, retry_failed) is not None
+            )
+        if rebuild:
             # A forced rebuild of this store was stopped before its merge: it resumes from
             # its shards (each is checked against this request), and its merge replaces
             # the store, as the forced run's would have; so too where the store was made
             # as this request asks (a rebuild for images replaced in place, say), which
             # would otherwise be reused as complete.
-            rebuild = True
             if rank == 0:
                 logger.info(
                     "Resuming the interrupted rebuild of %s from its shards; the merge "

@@ -1630,23 +1630,26 @@ def test_a_rank_takes_another_s_hashing_where_it_reads_the_store_alike(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("made", ["merged", "killed"])
+@pytest.mark.parametrize("made", ["merged", "killed", "rebuilding"])
 def test_under_torchrun_each_rank_hashes_its_share_of_the_touched_files(
     tmp_path, monkeypatch, made
 ):
     # Every rank read and hashed every touched file (of the merged store, or before any
     # merge of every shard): the collection's touched files were read once per rank. Each
     # reads its share now, and every rank takes every verdict: the new times recorded, or
-    # the same refusal, naming a file that another rank read.
+    # the same refusal, naming a file that another rank read. (A forced rebuild's resume
+    # shared the hashing of the merged store's rows, then checked its shards' rows.)
     from tests._failing_ranks import rank_hashing_its_share
 
     folder = make_image_folder(tmp_path / "data", n_per_class=3, special=False)
     out = tmp_path / "f.h5"
-    if made == "merged":
+    if made != "killed":
         extract_features(folder, BACKBONE, out, **FAST)
-    else:  # each shard: 2 rows done, 1 not
+    if made != "merged":  # each shard: 2 rows done, 1 not (a forced rebuild's, or the run's)
         with monkeypatch.context() as patch:
-            _killed_at_2_ranks(patch, folder, out, **dict(FAST, batch_size=2))
+            _killed_at_2_ranks(
+                patch, folder, out, **dict(FAST, batch_size=2, overwrite=made == "rebuilding")
+            )
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.*"))
     _touch(*folder.rglob("*.*"))
     changed = "cat/001.jpg"  # the second touched row: rank 1's share
