@@ -2094,6 +2094,30 @@ def test_webdataset_shards_and_parquet_files_take_a_pathlib_path(data):
         np.testing.assert_array_equal(given.labels, as_text.labels)
 
 
+def _touched_shards(data, tmp_path, monkeypatch, touched, changed=None):
+    """A store of the test shards, the shards ``touched`` since (``changed``: one of them
+    with other image bytes), the source opened, and the list that each shard's read
+    appends its name to."""
+    copy = tmp_path / "wds"
+    shutil.copytree(data / "wds", copy)
+    source = f"webdataset:{copy}/*.tar"
+    out = extract_features(source, BACKBONE, tmp_path / "f.h5", **FAST)
+    for name in touched:
+        _touch(copy / name)
+    if changed:
+        _other_image_bytes(copy / changed)
+    src, read = open_source(source), []
+    kind = type(src.archive)
+    real = kind.read_file
+
+    def spied(self, path, f, items, state):
+        read.append(os.path.basename(path))
+        return real(self, path, f, items, state)
+
+    monkeypatch.setattr(kind, "read_file", spied)
+    return out, src, read
+
+
 @pytest.mark.parametrize("changed", [None, "00001.tar"])
 def test_under_torchrun_each_touched_container_is_hashed_by_one_rank(
     data, tmp_path, monkeypatch, changed
@@ -2110,23 +2134,9 @@ def test_under_torchrun_each_touched_container_is_hashed_by_one_rank(
         touched_rows,
     )
 
-    copy = tmp_path / "wds"
-    shutil.copytree(data / "wds", copy)
-    source = f"webdataset:{copy}/*.tar"
-    out = extract_features(source, BACKBONE, tmp_path / "f.h5", **FAST)
-    for shard in copy.glob("*.tar"):
-        _touch(shard)
-    if changed:
-        _other_image_bytes(copy / changed)
-    src, read = open_source(source), []
-    kind = type(src.archive)
-    real = kind.read_file
-
-    def spied(self, path, f, items, state):
-        read.append(os.path.basename(path))
-        return real(self, path, f, items, state)
-
-    monkeypatch.setattr(kind, "read_file", spied)
+    out, src, read = _touched_shards(
+        data, tmp_path, monkeypatch, ["00000.tar", "00001.tar", "00002.tar"], changed
+    )
     rows, said, reads = np.arange(len(src)), [], []
     with h5py.File(out, "r") as f:
         check = touched_rows(f, src, rows, False)
@@ -2151,21 +2161,7 @@ def test_under_torchrun_the_touched_containers_are_shared_evenly(data, tmp_path,
     # and rank 1 none. It goes by its number among the touched ones.
     from extract._touched import hash_share, hashed_once, touched_rows
 
-    copy = tmp_path / "wds"
-    shutil.copytree(data / "wds", copy)
-    source = f"webdataset:{copy}/*.tar"
-    out = extract_features(source, BACKBONE, tmp_path / "f.h5", **FAST)
-    for name in ("00000.tar", "00002.tar"):
-        _touch(copy / name)
-    src, read = open_source(source), []
-    kind = type(src.archive)
-    real = kind.read_file
-
-    def spied(self, path, f, items, state):
-        read.append(os.path.basename(path))
-        return real(self, path, f, items, state)
-
-    monkeypatch.setattr(kind, "read_file", spied)
+    out, src, read = _touched_shards(data, tmp_path, monkeypatch, ["00000.tar", "00002.tar"])
     rows, reads = np.arange(len(src)), []
     with h5py.File(out, "r") as f:
         check = touched_rows(f, src, rows, False)
