@@ -116,6 +116,22 @@ def _hard_links(fmt, names) -> list[tuple[str, str]]:
     ]
 
 
+def test_file_bytes_are_sliced_as_bytes_are(tmp_path):
+    # A reversed slice past the bytes read ahead (a tar header's negative size) gave the
+    # read-ahead's bytes up to a negative index, not b"".
+    ahead = FileBytes._AHEAD
+    data = np.random.default_rng(0).integers(0, 256, 3 * ahead + 17, np.uint8).tobytes()
+    (tmp_path / "f").write_bytes(data)
+    edges = [0, 1, 511, ahead - 1, ahead, ahead + 1, 2 * ahead + 3, len(data) - 1, len(data)]
+    edges += [len(data) + 1, len(data) + ahead]
+    with open(tmp_path / "f", "rb") as fh:
+        shard = FileBytes(fh, "f")
+        for start in edges:
+            for stop in edges:
+                assert shard[start:stop] == data[start:stop], (start, stop)
+                assert shard[stop:start] == data[stop:start], (stop, start)
+
+
 @pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
 def test_tar_headers_are_read_as_tarfile_reads_them(tmp_path, fmt, caplog):
 
