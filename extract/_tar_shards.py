@@ -122,7 +122,10 @@ class FileBytes:
     shorter as it is read is a ShardError, where a read of a mapping past the file's new end
     killed the process (SIGBUS)."""
 
-    _AHEAD = 1 << 16  # bytes read at once: headers and labels come one after another
+    # Bytes read at once: a small member's header, data and the next header come one after
+    # another. 4 KiB, not 64: after a large member's header (an image) the rest was read for
+    # nothing, copying more than the shard's size in all (indexing's CPU time +40%).
+    _AHEAD = 1 << 12
 
     def __init__(self, fh, path: str) -> None:
         self.fh, self.path = fh, path

@@ -132,6 +132,23 @@ def test_file_bytes_are_sliced_as_bytes_are(tmp_path):
                 assert shard[stop:start] == data[stop:start], (stop, start)
 
 
+def test_indexing_a_shard_reads_little_of_its_images(tmp_path, monkeypatch):
+    # Each header was read with the 64 KiB after it: of a shard of 256 KiB images, more
+    # bytes than the shard holds (3 reads a sample), where a mapping read the headers' pages.
+    from extract import _tar_shards
+
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        for k in range(4):
+            for ext, data in (("jpg", b"\xff" * (256 << 10)), ("cls", b"1")):
+                info = tarfile.TarInfo(f"{k}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    read, pread = [], os.pread
+    monkeypatch.setattr(_tar_shards.os, "pread", lambda *a: read.append(a[1]) or pread(*a))
+    assert len(_tar_shards.index_shard(str(tmp_path / "s.tar"), ("jpg",), "cls").keys) == 4
+    assert sum(read) < os.path.getsize(tmp_path / "s.tar") / 10
+
+
 @pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
 def test_tar_headers_are_read_as_tarfile_reads_them(tmp_path, fmt, caplog):
 
