@@ -363,7 +363,7 @@ def extract_features(
             )  # fmt: skip
         except Exception as error:
             if step is not None:  # the other ranks stop at their next exchange, naming it
-                step.fail(error)
+                step.fail(error, rank)
             raise
         if step is None:
             shard, _, _, failed = done
@@ -467,7 +467,7 @@ class _ShardStep:
         self.ended = False
         return values
 
-    def fail(self, error: Exception) -> None:
+    def fail(self, error: Exception, rank: int) -> None:
         """Say at the next exchange that this rank failed with ``error`` (which its caller
         raises then); nothing after an exchange that ended the step."""
         import torch.distributed as dist
@@ -475,6 +475,16 @@ class _ShardStep:
         if self.ended or not dist.is_initialized():
             return
         self.ended = True
+        # Said at once: the others may meet it only at the end of their shards, hours on.
+        logger.error(
+            "Rank %d failed %s (%s: %s); it stops where the other ranks next meet (the "
+            "listings' check, or the end of their shards), then raises it. Ctrl-C stops "
+            "every rank now; the rows written so far are kept for the resume.",
+            rank,
+            self.doing,
+            type(error).__name__,
+            one_line(error),
+        )
         # (an error of the exchange itself, the others gone, leaves this rank's own raised)
         with contextlib.suppress(Exception):
             _every_rank_said(self.doing, error, self.world_size)

@@ -2743,20 +2743,22 @@ def test_under_torchrun_a_failure_of_rank_0_at_the_merge_ends_every_rank(tmp_pat
 
 
 def test_a_rank_that_fails_in_its_shard_tells_the_ranks_then_raises_its_own_error(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, caplog
 ):
     # Rank 0 of 2 (its group faked): past the listing's exchange its model fails. It said
     # nothing to the other ranks, which waited for it at the next exchange; it says so there
-    # now, and raises its own error even where that exchange fails (the others gone).
+    # now, and raises its own error even where that exchange fails (the others gone). It
+    # logs it at once, not silent until the others' next exchange (the end of their shards).
     import torch.distributed as dist
 
     from extract import _runner
 
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
-    sent = []
+    sent, logged = [], []
 
     def gathered(into, mine):
         sent.append(mine)
+        logged.append([r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR])
         if len(sent) > 1:
             raise RuntimeError("Connection closed by peer")
         into[:] = [mine, mine]
@@ -2772,10 +2774,17 @@ def test_a_rank_that_fails_in_its_shard_tells_the_ranks_then_raises_its_own_erro
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     _ranks_one_by_one(monkeypatch)
+    caplog.set_level(logging.ERROR, logger="extract")
     with pytest.raises(RuntimeError) as raised:
         extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
     assert raised.value is error
     assert [said for said, _ in sent] == [None, "RuntimeError: out of memory more"]
+    assert logged[0] == [] and len(logged[1]) == 1  # (before the second exchange)
+    assert re.match(
+        r"Rank 0 failed to extract its shard '.*f\.shard-00000-of-00002\.h5' "
+        r"\(RuntimeError: out of memory more\); ",
+        logged[1][0],
+    )
 
 
 def test_a_rank_beside_ranks_that_failed_names_the_first_of_them(tmp_path, monkeypatch):
