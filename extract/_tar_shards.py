@@ -69,6 +69,8 @@ def _number(field: bytes) -> int:
     if field[0] & 0x80:
         return int.from_bytes(field[1:], "big")
     digits = field.split(b"\0", 1)[0].strip()
+    if digits and not digits.isdigit():  # (int() took "-1750": a size that went backwards)
+        raise ValueError(f"a tar number of {digits!r}")
     return int(digits, 8) if digits else 0
 
 
@@ -200,7 +202,10 @@ def tar_members(shard: FileBytes, path: str, digest) -> list[tuple[str, int, int
         if not _checksum_ok(header):
             raise _damaged(path, offset, "a tar header with a wrong checksum")
         digest.update(header)
-        kind, size, data = header[156:157], _number(header[124:136]), offset + _BLOCK
+        try:
+            kind, size, data = header[156:157], _number(header[124:136]), offset + _BLOCK
+        except ValueError:
+            raise _damaged(path, offset, "a tar header with an unreadable size") from None
         if kind in (b"x", b"L", b"g", b"K"):
             if data + -(-size // _BLOCK) * _BLOCK > n:  # its padding is part of the header
                 raise _damaged(path, offset, "the file ends inside a tar header")

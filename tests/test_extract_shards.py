@@ -116,6 +116,28 @@ def _hard_links(fmt, names) -> list[tuple[str, str]]:
     ]
 
 
+@pytest.mark.parametrize("size", [b"-0001750", b"00017x0", b"0001790"])
+def test_a_tar_header_of_an_unreadable_size_is_refused(tmp_path, size):
+    # Its checksum right, "-0001750" was read as -1000: the next header was this one again,
+    # and indexing never ended; "00017x0" raised int()'s ValueError, naming no shard.
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in ("a.jpg", "a.cls"):
+            info = tarfile.TarInfo(name)
+            info.size = 600
+            tar.addfile(info, io.BytesIO(b"1" * 600))
+    raw = bytearray(buf.getvalue())
+    header = raw[1536:2048]  # a.cls's
+    header[124:136] = size.ljust(12, b"\0")
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    raw[1536:2048] = header
+    (tmp_path / "t.tar").write_bytes(raw)
+    match = r"damaged at byte 1536 \(a tar header with an unreadable size\)"
+    with open(tmp_path / "t.tar", "rb") as fh, pytest.raises(ShardError, match=match):
+        tar_members(FileBytes(fh, "t.tar"), "t.tar", hashlib.sha256())
+
+
 def test_file_bytes_are_sliced_as_bytes_are(tmp_path):
     # A reversed slice past the bytes read ahead (a tar header's negative size) gave the
     # read-ahead's bytes up to a negative index, not b"".
