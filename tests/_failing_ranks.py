@@ -18,20 +18,28 @@ BACKBONE = "timm:test_resnet@random"
 FAILING = {"source": "open_source", "backbone": "create_backbone"}
 
 
-def rank_beside_a_failing_rank(rank: int, folder: Path, said: Path, own_group: bool) -> None:
+def rank_beside_a_failing_rank(
+    rank: int, folder: Path, said: Path, ports: list[int] | None
+) -> None:
     """One of two ranks extracting ``folder`` under torchrun's variables, once into
     ``said/<where>.h5`` for each place of :data:`FAILING`, where rank 1 fails. Without
-    ``own_group`` the group is the caller's, with a timeout of 60 s, and each rank keeps it
-    (alive, as a program that goes on after the error) until the other has ended; with it,
-    each run makes its own (torchrun's store at MASTER_ADDR:MASTER_PORT). Each writes what
-    each run ended with into ``said/<where>-rank<rank>.txt``."""
+    ``ports`` the group is the caller's, with a timeout of 60 s, and each rank keeps it
+    (alive, as a program that goes on after the error) until the other has ended; with
+    them, each run makes its own, its store at 127.0.0.1 on a port of its own (one port for
+    both runs raced: a rank on to its second run could join rank 0's first store, closing).
+    Each writes what each run ended with into ``said/<where>-rank<rank>.txt``."""
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
-    if not own_group:
+    own_group = ports is not None
+    if own_group:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+    else:
         timeout = timedelta(seconds=60)  # without its failure told, rank 0 waited this long
         init = f"file://{said / 'init'}"
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timeout)
     try:
-        for where, name in FAILING.items():
+        for k, (where, name) in enumerate(FAILING.items()):
+            if own_group:
+                os.environ["MASTER_PORT"] = str(ports[k])
             real = getattr(_runner, name)
 
             def fails(*args, where=where, **kwargs):

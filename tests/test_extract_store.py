@@ -2875,13 +2875,13 @@ def test_under_torchrun_a_rank_that_fails_in_its_shard_ends_every_rank(
     from tests._failing_ranks import FAILING, rank_beside_a_failing_rank
 
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
-    if group == "own":  # torchrun's store, which each run's own group joins
-        with socket.socket() as free:
-            free.bind(("127.0.0.1", 0))
-            port = free.getsockname()[1]
-        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-        monkeypatch.setenv("MASTER_PORT", str(port))
-    _two_ranks(monkeypatch, rank_beside_a_failing_rank, folder, tmp_path, group == "own")
+    ports = None
+    if group == "own":  # torchrun's store, which each run's own group joins: one a run
+        with socket.socket() as one, socket.socket() as other:
+            one.bind(("127.0.0.1", 0))
+            other.bind(("127.0.0.1", 0))
+            ports = [one.getsockname()[1], other.getsockname()[1]]
+    _two_ranks(monkeypatch, rank_beside_a_failing_rank, folder, tmp_path, ports)
     for where in FAILING:
         said = [(tmp_path / f"{where}-rank{r}.txt").read_text() for r in range(2)]
         assert said[1] == f"RuntimeError: rank 1 cannot {where}\nsecond line"  # its own error
