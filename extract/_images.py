@@ -1055,6 +1055,24 @@ def _quoted_whole(quotes: str) -> Callable[[str], bool | None]:
     return lambda first: True if whole.match(first) else None
 
 
+def _unquoted_label(label: str, shell: bool) -> str:
+    """A label of a tab- or blank-separated list read as its format reads a quoted field
+    (``a/1.png<TAB>"cat"``, ``a/1.png 'cat'``, as csv.writer and ``shlex.quote`` quote labels:
+    its quotes were kept, a class '"cat"'): a label that starts with a quote is read as the
+    csv module reads a field (tab-separated) or as a shell reads a word (blank-separated),
+    where that reads it as one field; else, and for a quote within it (``it's``), as written."""
+    if label[:1] not in ("'\"" if shell else '"'):
+        return label
+    try:
+        if shell:
+            fields = _shell_split(label)
+        else:
+            fields = next(csv.reader([label], delimiter="\t", strict=True))
+    except (ValueError, csv.Error):  # (a quote left open, or text after the closing one)
+        return label
+    return fields[0] if len(fields) == 1 else label
+
+
 def _csv_fields(line: str, delimiter: str = ",") -> list[str]:
     """``next(csv.reader([line], delimiter=delimiter))``; a line without a quote, a line
     break or a NUL, shorter than csv's field limit, is split at its delimiters without it,
@@ -1516,16 +1534,18 @@ def _list_rows(
         try:
             if delimiter == ",":
                 fields = next(csv.reader([line]))
-            elif delimiter == "\t":
+            elif delimiter == "\t":  # (a label quoted as the csv module quotes, unquoted)
                 fields = re.split(r"\t+", line.strip())
+                fields[1:] = [_unquoted_label(f, shell=False) for f in fields[1:]]
             elif delimiter == "csv-tab":  # (the csv module's quotes, on every field)
                 fields = next(csv.reader([line.strip()], delimiter="\t"))
             elif delimiter == "csv-semicolon":
                 fields = next(csv.reader([line], delimiter=";"))
             elif delimiter == "shell":
                 fields = _shell_fields(folder, line)
-            else:
+            else:  # (a label quoted as a shell quotes, unquoted)
                 fields = line.rsplit(None, 1)
+                fields[1:] = [_unquoted_label(f, shell=True) for f in fields[1:]]
         except (csv.Error, ValueError) as err:  # e.g. a field over csv's limit: a JSON file
             # given by mistake; a quote left open in a list quoted as a shell does
             raise ValueError(

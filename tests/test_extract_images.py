@@ -1004,6 +1004,33 @@ def test_a_list_whose_labels_alone_are_quoted_is_parsed_once_a_line(
     assert len(parsed) == len(lines)
 
 
+@pytest.mark.parametrize(
+    "text, class_names",
+    [
+        ("a/1.png 'cat'\nb/2.png 'dog'\n", ["cat", "dog"]),
+        ('a/1.png\t"cat"\nb/2.png\t"dog"\n', ["cat", "dog"]),
+        ('a/1.png "cat"\nb/2.png dog\n', ["cat", "dog"]),
+        ("a/1.png " + shlex.quote("it's") + "\nb/2.png dog\n", ["dog", "it's"]),
+        ('a/1.png\t"it\'s"\nb/2.png\t"5"" screen"\n', ['5" screen', "it's"]),
+        # A quote within a label, or one that opens it alone, is the label's: as written.
+        ("a/1.png it's\nb/2.png 'dog\n", ["'dog", "it's"]),
+        ('a/1.png\tit\'s\nb/2.png\tthe "dog"\n', ["it's", 'the "dog"']),
+        ('a/1.png\t"big" cat\nb/2.png\tdog\n', ['"big" cat', "dog"]),
+    ],
+)
+def test_labels_alone_quoted_are_read_unquoted(tmp_path, text, class_names):
+    # Quoted as csv.writer (QUOTE_ALL, QUOTE_NONNUMERIC) or shlex.quote quote labels, with
+    # paths that need no quotes: the quotes were kept, the classes "'cat'" and "'dog'".
+    (tmp_path / "l.txt").write_text(text)
+    missing = image_list(tmp_path / "l.txt")
+    assert (missing.ids, missing.class_names) == (["a/1.png", "b/2.png"], class_names)
+    for path in missing.ids:
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_bytes(b"not decoded here")
+    found = image_list(tmp_path / "l.txt")
+    assert (found.ids, found.class_names) == (missing.ids, class_names)
+
+
 def test_a_quote_in_the_names_of_a_tab_separated_list_is_read_as_it_stands(folder):
     # Read as the csv module reads it, '"a".png' was the file 'a.png' (no such file).
     shutil.copy(folder / "cat/000.png", folder / '"a".png')
