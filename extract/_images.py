@@ -1041,17 +1041,24 @@ def _quoted_as_csv_quotes(folder: Path, text: list[str]) -> bool:
             return None
         return plain, quoted
 
-    return _first_deciding_line(folder, text, readings, _quoted_whole('"'))
+    return _first_deciding_line(folder, text, readings, _quoted_whole(_CSV_QUOTED))
 
 
-def _quoted_whole(quotes: str) -> Callable[[str], bool | None]:
+# A field quoted whole as the csv module quotes it (a quote in it doubled: '"a""b"'), and as
+# a shell quotes it (shlex.quote: "'a b'", or in double quotes).
+_CSV_QUOTED = r'"(?:[^"]|"")+"'
+_SHELL_QUOTED = r"'[^']+'|\"[^\"]+\""
+
+
+def _quoted_whole(quoted: str) -> Callable[[str], bool | None]:
     """An ``undecided`` of :func:`_first_deciding_line` that gives True where the first line
     of a list whose two readings differ begins with a path quoted whole
     (``"c/img9"<TAB>"cat"``, ``'c/img9' cat``, as the csv module and ``shlex.quote`` write them,
-    in ``quotes``): where no file tells the readings apart, its images missing, that is quoting,
-    not a name (no extension told, and ``'c/img9'`` was recorded with its quotes, where the
-    image found was 'c/img9'). None: as :func:`_first_deciding_line` decides."""
-    whole = re.compile("|".join(rf"\s*{q}[^{q}]+{q}\s" for q in quotes))
+    matched by the pattern ``quoted``): where no file tells the readings apart, its images
+    missing, that is quoting, not a name (no extension told, and ``'c/img9'`` was recorded with
+    its quotes, where the image found was 'c/img9'; '"a""b"' with them, where found it was
+    'a"b'). None: as :func:`_first_deciding_line` decides."""
+    whole = re.compile(rf"\s*(?:{quoted})\s")
     return lambda first: True if whole.match(first) else None
 
 
@@ -1302,7 +1309,7 @@ def _quoted_as_a_shell_does(folder: Path, text: list[str]) -> bool:
             return None
         return plain, quoted
 
-    return _first_deciding_line(folder, text, readings, _quoted_whole("'\""))
+    return _first_deciding_line(folder, text, readings, _quoted_whole(_SHELL_QUOTED))
 
 
 def _shell_split(line: str) -> list[str]:

@@ -1031,6 +1031,26 @@ def test_labels_alone_quoted_are_read_unquoted(tmp_path, text, class_names):
     assert (found.ids, found.class_names) == (missing.ids, class_names)
 
 
+@pytest.mark.parametrize("text", ['"c/9""x"\t"cat"\n"c/8"\t"dog"\n', '"c/9""x.png"\tcat\n'])
+def test_a_path_quoted_whole_with_a_doubled_quote_is_read_as_the_csv_module_reads_it(
+    tmp_path, text
+):
+    # A quote doubled in a path quoted whole as the csv module quotes it: its images
+    # missing, the list was read with its quotes kept, the image '"c/9""x"' of a class
+    # '"cat"' (a first line without a digit refused as a header), where with them found it
+    # was read as 'c/9"x'.
+    (tmp_path / "l.tsv").write_text(text)
+    missing = image_list(tmp_path / "l.tsv")
+    ids = [next(csv.reader([line], delimiter="\t"))[0] for line in text.splitlines()]
+    assert missing.ids == ids
+    (tmp_path / "c").mkdir()
+    for path in ids:
+        (tmp_path / path).write_bytes(b"not decoded here")
+    found = image_list(tmp_path / "l.tsv")
+    assert (found.ids, found.class_names) == (missing.ids, missing.class_names)
+    assert (found.file_size > 0).all()
+
+
 def test_a_quote_in_the_names_of_a_tab_separated_list_is_read_as_it_stands(folder):
     # Read as the csv module reads it, '"a".png' was the file 'a.png' (no such file).
     shutil.copy(folder / "cat/000.png", folder / '"a".png')
