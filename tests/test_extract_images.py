@@ -1691,6 +1691,23 @@ def test_an_ordinary_csv_list_of_missing_images_is_not_said_to_read_at_its_blank
     assert not [r for r in caplog.records if "is read as CSV" in r.getMessage()]
 
 
+@pytest.mark.parametrize("found", [False, True])
+def test_a_csv_list_with_a_blank_after_its_commas_is_not_said_to_read_at_its_blanks(
+    tmp_path, caplog, found
+):
+    # CSV written by hand, a blank after its comma, of labels with a blank, its images
+    # missing: every such list was said to be, perhaps, the file 'n01, golden' of a class
+    # 'retriever'. Said still where read at its blanks the line names something (a folder).
+    caplog.set_level(logging.WARNING, logger="extract")
+    (tmp_path / "l.csv").write_text("n01, golden retriever\nn02, golden retriever\n")
+    if found:
+        (tmp_path / "n01, golden").mkdir()
+    src = image_list(tmp_path / "l.csv")
+    assert (src.ids, src.class_names) == (["n01", "n02"], ["golden retriever"])
+    said = [r.getMessage() for r in caplog.records if "is read as CSV" in r.getMessage()]
+    assert len(said) == found
+
+
 @pytest.mark.parametrize(
     "first", ["cat/000.png,golden retriever", "cat/999.png,golden retriever", "cat/000.png,cat"]
 )
