@@ -566,6 +566,60 @@ def test_the_scaling_check_holds_less_than_the_features_in_memory(monkeypatch):
     assert peak < 1.5 * X.nbytes, peak / X.nbytes
 
 
+@pytest.mark.parametrize(
+    "options",
+    [["--offsets", "1"], ["--grid", "C=1,2", "--cv", "2", "--tilt", "0.5"]],
+    ids=["offsets", "grid"],
+)
+def test_the_scaling_check_scales_each_part_a_block_of_rows_at_a_time(monkeypatch, options):
+    # Each part that a model scores was copied out of X and scaled whole: an --offsets
+    # fold (0.3 of X) twice, a --grid fold of 2 (half of X) twice, the test rows (as many
+    # as X's here) once; the peak was 1.5 and 2 times X's size. A block of rows at a time
+    # (256 here), the check holds X's moments, its splits' indices and a block or two.
+    import tracemalloc
+
+    from mr2_probe.cli import _inputs
+
+    monkeypatch.setattr(_inputs, "block_rows", lambda n_features, n_classes: 256)
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((20000, 64), dtype=np.float32), rng.integers(0, 5, 20000)
+    args = _checked(["x.npz", "--test", "t.npz", "--feature-scaling", "standard", *options])
+    tracemalloc.start()
+    try:
+        _inputs._check_scaled_test(X, y, X, args, searched="--grid" in options)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 0.5 * X.nbytes, peak / X.nbytes
+
+
+def test_the_scaling_check_counts_and_names_the_rows_of_all_its_blocks(monkeypatch):
+    # Scaled a block of rows at a time (4 here), a part's rows made non-finite are counted
+    # over its blocks, the first of the part named (its rows of X in their order there).
+    from sklearn.preprocessing import StandardScaler
+
+    from mr2_probe.cli import _inputs
+
+    monkeypatch.setattr(_inputs, "block_rows", lambda n_features, n_classes: 4)
+    rng = np.random.default_rng(0)
+    X = (1 + rng.normal(size=(30, 3)) * 1e-6).astype(np.float32)
+    scaler = StandardScaler().fit(X[:20])
+    X[[21, 25, 28], 1] = [2e38, 1e38, 3e38]
+    rows = np.arange(20, 30)[::-1]  # (row 28 the part's second, in its first block)
+    part = _inputs._Scored("a part", X, lambda row: f"row {rows[row]}", "its features", rows)
+    with pytest.raises(UsageError) as info:
+        _inputs._check_scaled(scaler, "that part", "that part's", [part])
+    assert str(info.value).startswith(
+        "a part: 3 of its 10 rows are made non-finite by --feature-scaling standard, fitted "
+        "on that part (the first is row 28: its column 1 holds 3e+38, where that part's "
+        "standard deviation is "
+    ), info.value
+    assert str(info.value).endswith(
+        "check those rows and drop or correct them, or give its features as float64, whose "
+        "arithmetic holds them scaled"
+    )
+
+
 def test_front_rows_of_a_held_out_run_the_scaling_makes_infinite_are_refused(tmp_path, capsys):
     # Without --test, the front splits the rows not held out by --test-size: its part is
     # named, as the rows held out are, by the training file, and its row by its row there.

@@ -1236,9 +1236,10 @@ def _check_scaled_test(X, y, X_test, args, searched: bool = False, held_out=None
         in_file = rows if kept is None else kept[rows]  # (beside --test, X is the file's rows)
         return _Scored(
             what,
-            X[rows],
+            X,
             lambda row: _row_named(args.train, int(in_file[row])),
             f"the features of {args.train}",
+            rows,
         )
 
     whole = "the training features"
@@ -1313,14 +1314,25 @@ def _scaler(moments: tuple, cells: np.ndarray):
 
 
 class _Scored(NamedTuple):
-    """Rows that a model scores, for :func:`_check_scaled`: ``what`` they are, ``named``
-    the name of row ``row`` of ``X`` in its file, ``features`` the features that float64
-    cures."""
+    """Rows that a model scores, for :func:`_check_scaled`: ``what`` they are, the rows
+    ``rows`` of ``X`` (None: all of them, taken a block at a time, never copied whole),
+    ``named`` the name of the part's row ``row`` in its file, ``features`` the features
+    that float64 cures."""
 
     what: str
     X: np.ndarray
     named: Callable[[int], str]
     features: str = "the --test features"
+    rows: np.ndarray | None = None
+
+    def blocks(self):
+        """The part's rows a block at a time: each block's first row in the part and its
+        rows of ``X`` (a copy of those rows only; a view where ``rows`` is None)."""
+        n = len(self.X) if self.rows is None else len(self.rows)
+        step = block_rows(self.X.shape[1], 1)
+        for start in range(0, n, step):  # (a loop over blocks of rows)
+            block = slice(start, start + step)
+            yield start, self.X[block] if self.rows is None else self.X[self.rows[block]]
 
 
 def _check_scaled(scaler, fitted_on: str, its: str, parts: list[_Scored]) -> None:
@@ -1328,31 +1340,41 @@ def _check_scaled(scaler, fitted_on: str, its: str, parts: list[_Scored]) -> Non
     standard, ``scaler`` (:func:`_scaler`, None: none checked), fitted on what is said
     ``fitted_on`` (``its``, its possessive), makes non-finite, the first named, with the
     cures that work: the cure of float64 features is given where their arithmetic holds
-    the rows scaled (with room for the logits' products)."""
+    the rows scaled (with room for the logits' products). Each part is scaled a block of
+    rows at a time: a part may be most of X (a --grid fold's, an --offsets fold's)."""
     if scaler is None:
         return
+    limit = np.sqrt(np.finfo(np.float64).max)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")  # (the overflow that is refused here)
         for scored in parts:  # (two at most: the front's validation rows, the test rows)
-            X_test = scored.X
-            scaled = scaler.transform(X_test)  # (B, d), as the models' scaler transforms it
-            bad = np.flatnonzero(~np.isfinite(scaled).all(axis=1))
-            if len(bad):
+            bad, first, held = [], None, scored.X.dtype != np.float64
+            for start, X_block in scored.blocks():
+                scaled = scaler.transform(X_block)  # (b, d), as the models' scaler does
+                found = np.flatnonzero(~np.isfinite(scaled).all(axis=1))  # (b',)
+                if not len(found):
+                    continue
+                if first is None:  # (its value and first non-finite column)
+                    column = int(np.flatnonzero(~np.isfinite(scaled[found[0]]))[0])
+                    first = (column, X_block[found[0], column])
+                bad.append(start + found)
+                if held:
+                    wide = scaler.transform(np.asarray(X_block[found], dtype=np.float64))
+                    held = bool((np.abs(wide) < limit).all())
+            if bad:
                 break
         else:
             return
-        wide = scaler.transform(np.asarray(X_test[bad], dtype=np.float64))
-    column = int(np.flatnonzero(~np.isfinite(scaled[bad[0]]))[0])
-    held = X_test.dtype != np.float64 and bool(
-        (np.abs(wide) < np.sqrt(np.finfo(np.float64).max)).all()
-    )
+    bad = np.concatenate(bad)
+    column, value = first
     n = len(bad)
     them = "that row and drop or correct it" if n == 1 else "those rows and drop or correct them"
+    rows = len(scored.X) if scored.rows is None else len(scored.rows)
     raise UsageError(
-        f"{scored.what}: {n} of its {len(X_test)} rows {'is' if n == 1 else 'are'} made "
+        f"{scored.what}: {n} of its {rows} rows {'is' if n == 1 else 'are'} made "
         f"non-finite by --feature-scaling standard, fitted on {fitted_on} (the first is "
         f"{scored.named(int(bad[0]))}: "
-        f"its column {column} holds {X_test[bad[0], column]:.3g}, where {its} "
+        f"its column {column} holds {value:.3g}, where {its} "
         + (  # (a near-constant column is scaled by 1: its x - mean overflowed)
             f"values are all about {scaler.mean_[column]:.3g}, scaled by 1"
             if scaler.scale_[column] == 1 and scaler.var_[column] != 1
