@@ -491,6 +491,37 @@ def test_offsets_fold_rows_the_scaling_of_the_rest_makes_infinite_are_refused(tm
     assert main([*argv, "--tilt", "0.5", "--no-progress"]) == 0  # (no offsets: no folds)
 
 
+def test_refit_offsets_fold_rows_the_scaling_of_the_rest_makes_infinite_are_refused(
+    tmp_path, capsys
+):
+    # An offsets point the front chooses is refitted on the whole training set, its offsets
+    # tuned again on 3 folds of it, each predicted by a model (and scaler) fitted on the
+    # rest. Two rows far out in one column, in one of those folds but in two of the front's
+    # (each widening the other's rest), passed every check; the refit failed after all the
+    # fits in scikit-learn's "Input X contains infinity".
+    from sklearn.model_selection import StratifiedKFold, train_test_split
+
+    train, test, _ = _far_in_the_front(tmp_path, 1)
+    with np.load(train) as data:
+        X, y = data["X"], data["y"]
+    fit = train_test_split(np.arange(len(y)), test_size=0.1, stratify=y, random_state=0)[0]
+    tuned = [fit[held] for _, held in StratifiedKFold(3).split(fit, y[fit])]
+    refitted = next(StratifiedKFold(3).split(X, y))[1]  # (fold 0 of the refit's)
+    far = [np.intersect1d(tuned[k], refitted)[0] for k in (0, 1)]
+    X[far, 2] = 1e38
+    np.savez(train, X=X, y=y)
+    argv = [str(train), "--test", str(test), "--feature-scaling", "standard"]
+    line = _refused([*argv, "--offsets", "1"], capsys)
+    assert line.startswith(
+        f"mr2-probe: error: fold 0 of the training features of {train} (one of the 3 that an "
+        "--offsets point the front chooses tunes its offsets on, refitted on the whole "
+        f"training set): 2 of its {len(refitted)} rows are made non-finite by "
+        "--feature-scaling standard, fitted on the rest of the training features (the first "
+        f"is row {min(far)}: its column 2 holds 1e+38, where the rest's standard deviation is "
+    ), line
+    assert main([*argv, "--tilt", "0.5", "--no-progress"]) == 0  # (no offsets: no refit folds)
+
+
 def test_grid_fold_rows_the_scaling_of_the_rest_makes_infinite_are_refused(tmp_path, capsys):
     # --grid fits its scaler within each fold: a row far out of the rest's range failed
     # each setting's scoring there (a warning holding scikit-learn's traceback), every

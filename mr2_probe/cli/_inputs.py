@@ -1188,7 +1188,9 @@ def _check_scaled_test(X, y, X_test, args, searched: bool = False, held_out=None
     rows and the test rows under the scaler fitted on its fitting part of ``X`` (``y``:
     X's labels, which its splits stratify), as its models' scalers are, and with
     --offsets the rows of each fold of that part that the offsets are tuned on, under the
-    scaler fitted on the rest of the part, as each fold's model's is; where ``searched``
+    scaler fitted on the rest of the part, as each fold's model's is, and the rows of each
+    fold of ``X`` that an offsets point the front chooses is tuned on again when refitted
+    on all of ``X``, under the scaler fitted on the rest of ``X``; where ``searched``
     (--grid), each of its folds of ``X`` under the scaler fitted on the rest. Finite rows far
     out of the range scaled on (1e38 in a column whose standard deviation there is 1e-6)
     overflow float32. Their predictions ended the run after its fits in scikit-learn's
@@ -1210,27 +1212,41 @@ def _check_scaled_test(X, y, X_test, args, searched: bool = False, held_out=None
             f"the features of {args.train}",
         )
     # Every scaler the run fits is fitted on the rows of some cells of X, rows alike in
-    # their --grid fold and their part of the front (its validation part, or the fold of
-    # its fitting part that --offsets tunes on): each cell's moments, taken once, give
-    # every scaler's, where a fit of each read X again (and a float64 copy of it) per part.
-    fold = np.zeros(len(y), np.intp)  # (n,) each row's --grid fold (0 without --grid)
-    part = np.ones(len(y), np.intp)  # (n,) 0: the front's validation; 1 + k: --offsets fold k
-    grid, offsets = [], []  # the rows of each fold
+    # their --grid fold, their part of the front (its validation part, or the fold of its
+    # fitting part that --offsets tunes on) and their fold of X that a chosen offsets
+    # point is tuned on when refitted: each cell's moments, taken once, give every
+    # scaler's, where a fit of each read X again (and a float64 copy of it) per part.
+    grid, offsets, refits = [], [], []  # the rows of each fold
     if searched:  # --grid: each fold scored by a model (and scaler) fitted on the rest
         splits = StratifiedKFold(args.cv, shuffle=True, random_state=args.seed).split(X, y)
         grid = [held for _, held in splits]
     front = bool(args.tilt or args.offsets)
     if front:
         fit, rows = _front_split(y, args)
-        part[rows] = 0
     if args.offsets:  # tuned on the out-of-fold logits of folds of the front's fitting part
         offsets = [fit[held] for _, held in offsets_splits(OFFSETS_CV, fit, y[fit])]
+        # and, where the front chooses an offsets point, on folds of all of X: its refit
+        # (TunedOffsetsClassifierCV's, which splits X as offsets_splits does)
+        refits = [held for _, held in offsets_splits(OFFSETS_CV, X, y)]
+    # Each row's cell, built in place in one index array (after the splits, which peak):
+    # its --grid fold (0 without --grid), then its part of the front (0: the validation
+    # part; 1 + k: --offsets fold k, 1 without), then its fold of X in an offsets refit.
+    cells = np.zeros(len(y), np.intp)  # (n,)
     for k, held in enumerate(grid):  # (loops over the few folds)
-        fold[held] = k
+        cells[held] = k
+    cells *= OFFSETS_CV + 1
+    cells += 1
+    if front:
+        cells[rows] -= 1
     for k, held in enumerate(offsets):
-        part[held] = 1 + k
-    moments = _cell_moments(X, fold * (OFFSETS_CV + 1) + part)
-    cell_fold, cell_part = np.divmod(np.arange(len(moments[0])), OFFSETS_CV + 1)  # (C,)
+        cells[held] += k
+    cells *= OFFSETS_CV
+    for k, held in enumerate(refits):
+        cells[held] += k
+    moments = _cell_moments(X, cells)
+    del cells
+    cell_fold_part, cell_refit = np.divmod(np.arange(len(moments[0])), OFFSETS_CV)  # (C,)
+    cell_fold, cell_part = np.divmod(cell_fold_part, OFFSETS_CV + 1)  # (C,)
 
     def training(what: str, rows: np.ndarray) -> _Scored:  # X's rows ``rows``
         in_file = rows if kept is None else kept[rows]  # (beside --test, X is the file's rows)
@@ -1264,6 +1280,15 @@ def _check_scaled_test(X, y, X_test, args, searched: bool = False, held_out=None
         )
         rest = (cell_part != 0) & (cell_part != 1 + k)
         _check_scaled(_scaler(moments, rest), "the rest of that part", "the rest's", [scored])
+    for k, held in enumerate(refits):
+        scored = training(
+            f"fold {k} of the training features of {args.train} (one of the {OFFSETS_CV} "
+            "that an --offsets point the front chooses tunes its offsets on, refitted on "
+            "the whole training set)",
+            held,
+        )
+        rest = cell_refit != k
+        _check_scaled(_scaler(moments, rest), f"the rest of {whole}", "the rest's", [scored])
 
 
 def _cell_moments(X, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
