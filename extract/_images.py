@@ -1408,7 +1408,7 @@ def _commas_in_its_names(folder: Path, text: list[str]) -> str | None:
 
 
 def _warn_of_commas_read_as_csv(
-    list_file: Path, folder: Path, text: list[str], sizes: np.ndarray, delimiter: str | None
+    list_file: Path, text: list[str], sizes: np.ndarray, delimiter: str | None
 ) -> None:
     """Say where a list read as CSV may be 'path label' lines with commas in their file
     names (:func:`_commas_in_its_names`): every line splits in two at its blanks, no image
@@ -1418,7 +1418,8 @@ def _warn_of_commas_read_as_csv(
     read at its blanks holds no comma ('my scans/0001,cat' is no 'my' of a class
     'scans/0001,cat'), or one only at its end ('img1, cat'), or the line quotes its path as
     CSV does ('"my scans/0001",cat'), or a blank follows its comma, as CSV is written by
-    hand ('n01, golden retriever'), and read at its blanks it names no file in ``folder``."""
+    hand ('n01, golden retriever': a file 'n01, golden' would have been found, and the list
+    read at its blanks; a folder so named is no image)."""
     if delimiter != "," or (sizes != NOT_A_FILE).any():
         return
     if not all(len(line.split(None, 1)) == 2 for line in text if line.strip()):
@@ -1437,8 +1438,7 @@ def _warn_of_commas_read_as_csv(
             return
         # ('n01, golden retriever': every CSV list so written of labels with a blank was said
         # to be the file 'n01, golden' of a class 'retriever')
-        after = usual[1][:1].isspace() if len(usual) > 1 else False
-        if after and not os.path.lexists(folder / blank[0].strip()):
+        if len(usual) > 1 and usual[1][:1].isspace():
             return
         path, label = _name_and_label(line)
         quote = "'" if '"' in path else '"'
@@ -1948,7 +1948,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
     _warn_of_working_folder_paths(list_file, folder, ids, sizes)
     _warn_of_windows_separators(list_file, folder, rows, sizes)
     _warn_of_comment_lines(list_file, rows, sizes)
-    _warn_of_commas_read_as_csv(list_file, folder, text, sizes, delimiter)
+    _warn_of_commas_read_as_csv(list_file, text, sizes, delimiter)
     return ImageSource(
         ids=ids,
         labels=labels,

@@ -1697,7 +1697,8 @@ def test_a_csv_list_with_a_blank_after_its_commas_is_not_said_to_read_at_its_bla
 ):
     # CSV written by hand, a blank after its comma, of labels with a blank, its images
     # missing: every such list was said to be, perhaps, the file 'n01, golden' of a class
-    # 'retriever'. Said still where read at its blanks the line names something (a folder).
+    # 'retriever'. Nor where a folder is so named: it is no image, and quoting its name, the
+    # cure the warning gave, did nothing for it.
     caplog.set_level(logging.WARNING, logger="extract")
     (tmp_path / "l.csv").write_text("n01, golden retriever\nn02, golden retriever\n")
     if found:
@@ -1705,7 +1706,7 @@ def test_a_csv_list_with_a_blank_after_its_commas_is_not_said_to_read_at_its_bla
     src = image_list(tmp_path / "l.csv")
     assert (src.ids, src.class_names) == (["n01", "n02"], ["golden retriever"])
     said = [r.getMessage() for r in caplog.records if "is read as CSV" in r.getMessage()]
-    assert len(said) == found
+    assert said == []
 
 
 @pytest.mark.parametrize(
