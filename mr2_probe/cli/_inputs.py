@@ -1129,7 +1129,7 @@ def _check_splits(y, grid: dict, args, names=None) -> None:
     rows = np.zeros((len(y), 1))
     if grid or args.Cs is not None:
         try:
-            next(StratifiedKFold(args.cv, shuffle=True, random_state=args.seed).split(rows, y))
+            next(_search_folds(args).split(rows, y))
         except ValueError as error:
             # StratifiedKFold refuses more folds than the largest class has samples.
             largest = int(np.unique(y, return_counts=True)[1].max())
@@ -1169,6 +1169,12 @@ def _check_splits(y, grid: dict, args, names=None) -> None:
                     f"samples the front fits on: {_one_line(error).rstrip('.')}; drop "
                     "--offsets, or give it more samples of every class (a smaller --val-size)"
                 ) from error
+
+
+def _search_folds(args) -> StratifiedKFold:
+    """The folds that --grid and --Cs search on: one splitter for the searches, the check
+    of their splits and the check of their scaled rows, so that all three split alike."""
+    return StratifiedKFold(args.cv, shuffle=True, random_state=args.seed)
 
 
 def _front_split(y, args) -> tuple[np.ndarray, np.ndarray]:
@@ -1218,7 +1224,7 @@ def _check_scaled_test(X, y, X_test, args, searched: bool = False, held_out=None
     # scaler's, where a fit of each read X again (and a float64 copy of it) per part.
     grid, offsets, refits = [], [], []  # the rows of each fold
     if searched:  # --grid: each fold scored by a model (and scaler) fitted on the rest
-        splits = StratifiedKFold(args.cv, shuffle=True, random_state=args.seed).split(X, y)
+        splits = _search_folds(args).split(X, y)
         grid = [held for _, held in splits]
     front = bool(args.tilt or args.offsets)
     if front:

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning, FitFailedWarning
-from sklearn.model_selection import GridSearchCV, ParameterGrid, StratifiedKFold
+from sklearn.model_selection import GridSearchCV, ParameterGrid
 from sklearn.pipeline import Pipeline
 
 from .._classifier import MR2LinearClassifier
@@ -27,6 +27,7 @@ from ._inputs import (
     _in_bytes,
     _inputs,
     _inputs_record,
+    _search_folds,
     _stays_in_file,
     _streams,
 )
@@ -574,7 +575,7 @@ def _cv_probe(probe: MR2LinearClassifier, args) -> MR2LinearClassifierCV:
     del params["C"], params["warm_start"]
     return MR2LinearClassifierCV(
         args.Cs,
-        cv=StratifiedKFold(args.cv, shuffle=True, random_state=args.seed),
+        cv=_search_folds(args),
         scoring=args.scoring,
         n_jobs=args.n_jobs,
         **params,
@@ -598,7 +599,7 @@ def _model(probe: MR2LinearClassifier, grid: dict, args):
         searched,
         scoring=classwise_scorers() | {"stopped_short": _stopped_short},
         refit=args.scoring,
-        cv=StratifiedKFold(args.cv, shuffle=True, random_state=args.seed),
+        cv=_search_folds(args),
         n_jobs=args.n_jobs,
     )
 
