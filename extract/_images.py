@@ -1224,9 +1224,10 @@ def _first_deciding_line(
             return named[1]
         # (where no extension tells them apart, a later line's file does: 'img1;golden
         # retriever' missing, 'img2;dog x' present, read at its blanks at the first line)
-        if _an_image_read_otherwise_alone(*pair) or _an_image_read_otherwise_alone(*pair[::-1]):
+        other_alone = _an_image_read_otherwise_alone(*pair[::-1])
+        if other_alone or _an_image_read_otherwise_alone(*pair):
             decided = None if undecided is None else undecided(first)
-            return _an_image_read_otherwise_alone(pair[1], pair[0]) if decided is None else decided
+            return other_alone if decided is None else decided
     return first is not None and undecided is not None and bool(undecided(first))
 
 
