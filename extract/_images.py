@@ -1441,8 +1441,6 @@ def _warn_of_commas_read_as_csv(
         # to be the file 'n01, golden' of a class 'retriever')
         if len(usual) > 1 and usual[1][:1].isspace():
             return
-        path, label = _name_and_label(line)
-        quote = "'" if '"' in path else '"'
         logger.warning(
             "%s:%d: %r is read as CSV, the image %r of a class %r, where at its last blank it "
             "reads as %r of a class %r: no image of the list is found, and no extension tells "
@@ -1450,16 +1448,19 @@ def _warn_of_commas_read_as_csv(
             "quote that name as a shell quotes it (%s); if the list is CSV, put the header "
             "'path,label' before its first line.",
             list_file, number, line.strip(), usual[0].strip(), usual[1].strip(),
-            blank[0].strip(), blank[1].strip(), f"{quote}{path}{quote} {label}",
+            blank[0].strip(), blank[1].strip(), _its_name_quoted(line),
         )  # fmt: skip
         return
 
 
-def _name_and_label(line: str) -> tuple[str, str]:
-    """A 'path label' line's path and its label as written, quoted where it holds a blank
-    ('x,y.png "golden retriever"')."""
+def _its_name_quoted(line: str) -> str:
+    """A 'path label' line with its path quoted as a shell quotes it, in the quote that its
+    path holds none of, and its label as written, quoted where it holds a blank
+    ('"x,y.png" "golden retriever"'; '"a,b.jpg" cat' where the line splits no such way)."""
     fields = re.fullmatch(r"""(.+?)\s+("[^"]*"|'[^']*'|\S+)""", line.strip())
-    return fields.groups() if fields else ("a,b.jpg", "cat")
+    path, label = fields.groups() if fields else ("a,b.jpg", "cat")
+    quote = "'" if '"' in path else '"'
+    return f"{quote}{path}{quote} {label}"
 
 
 def _commas_advice(text: list[str]) -> str:
@@ -1478,13 +1479,11 @@ def _commas_advice(text: list[str]) -> str:
             "line 'path,label', a file name with a comma quoted, \"a,b.jpg\",cat)."
         )
     number, line = next((n, line) for n, line in enumerate(text, 1) if "," in line)
-    path, label = _name_and_label(line)
-    quote = "'" if '"' in path else '"'
     return (
         f"(the list is read as CSV, as line {number}, {line.strip()!r}, holds a comma: write "
         "each line 'path,label', a file name with a comma quoted, \"a,b.jpg\",cat; or, for "
         "'path label' lines with a comma in a file name, quote that name as a shell quotes "
-        f"it, {quote}{path}{quote} {label})."
+        f"it, {_its_name_quoted(line)})."
     )
 
 
