@@ -163,7 +163,6 @@ def _row_difference(
     stored_ids, ids = pairs["id"]
     n = len(ids)
     head = rows[:n]
-    sizes, mtimes = src.file_stats()
     n_stored = len(f["paths"])
     other, unread = None, None  # a touched file whose bytes are not those of its row
     if n_stored == len(rows):
@@ -195,7 +194,7 @@ def _row_difference(
             f"request but {stored_names[old_label]!r} in the store"
         )
     old = (int(pairs["size"][0][k]), int(pairs["mtime"][0][k]))
-    new = (int(sizes[head[k]]), int(mtimes[head[k]]))
+    new = (int(pairs["size"][1][k]), int(pairs["mtime"][1][k]))
     if old != new:
         bytes_differ = ""
         if k == other and isinstance(unread, FileChangedError) and unread.after is not None:
