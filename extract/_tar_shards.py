@@ -140,11 +140,11 @@ class FileBytes:
     def __getitem__(self, where: slice) -> bytes:
         start, stop, _ = where.indices(self.size)
         stop = max(start, stop)  # (a reversed slice is empty, as a bytes object's)
-        if stop - start <= self._AHEAD and not (
-            self.at <= start and stop <= self.at + len(self.ahead)
-        ):
+        inside = self.at <= start and stop <= self.at + len(self.ahead)
+        if not inside and stop - start <= self._AHEAD:
             self.ahead, self.at = os.pread(self.fh.fileno(), self._AHEAD, start), start
-        if self.at <= start and stop <= self.at + len(self.ahead):
+            inside = stop <= start + len(self.ahead)
+        if inside:
             return self.ahead[start - self.at : stop - self.at]
         data = os.pread(self.fh.fileno(), stop - start, start)
         while len(data) < stop - start:
