@@ -121,20 +121,22 @@ def _last(estimators):
 def _stacks_onto_logistic_regression(estimator) -> bool:
     """Whether ``estimator`` is an unfitted StackingClassifier whose ``final_estimator`` is
     None (scikit-learn's LogisticRegression once fitted), or ends in one: a Pipeline, an
-    unfitted search (not of ``refit=False``), or a wrapper with a ``decision_function``
-    where its estimator has one (BaggingClassifier, FrozenEstimator, OneVsRestClassifier,
-    RFE, SelfTrainingClassifier).
+    unfitted search (not of ``refit=False``), a StackingClassifier (its final estimator),
+    or a wrapper with a ``decision_function`` where its estimator has one
+    (BaggingClassifier, FrozenEstimator, OneVsRestClassifier, RFE,
+    SelfTrainingClassifier).
     scikit-learn reports no ``decision_function`` for it before ``fit``, though its fitted
     one has it."""
     from sklearn.ensemble import StackingClassifier
 
-    # (inside one of these the stack was refused, where the bare stack was taken)
-    through = {"pipeline", "search", "frozen", "one-vs-rest", "wrapper"}
-    stack = _last(_nested(estimator, through))
-    return (
+    # (inside one of these the stack was refused, where the bare stack was taken; the
+    # walk ends just after such a stack, at the None it holds for its final estimator)
+    through = {"pipeline", "search", "frozen", "one-vs-rest", "wrapper", "stack"}
+    return any(
         isinstance(stack, StackingClassifier)
         and stack.final_estimator is None
         and not hasattr(stack, "final_estimator_")
+        for stack in _nested(estimator, through)
     )
 
 

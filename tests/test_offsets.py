@@ -1556,6 +1556,37 @@ def test_a_stacking_classifier_of_the_default_final_estimator_is_tuned(wrap):
         TunedOffsetsClassifierCV(wrap(naive))._validate_params()
 
 
+@pytest.mark.parametrize("fitted", [False, True], ids=["unfitted", "prefit"])
+def test_a_stack_onto_a_stacking_classifier_of_the_default_final_estimator_is_tuned(fitted):
+    # A StackingClassifier whose final estimator is an unfitted default stack reports no
+    # decision_function before it is fitted (its final estimator has none yet): it was
+    # refused as not "implementing 'fit' and 'decision_function'", though the fitted one
+    # was tuned with cv="prefit". Both are tuned as the stack of the explicit final
+    # estimator.
+    X, y = load_iris(return_X_y=True)
+    X, y = X[::2], y[::2]
+
+    def outer(final_estimator):
+        inner = StackingClassifier([("nb", GaussianNB())], final_estimator, cv=2)
+        return StackingClassifier([("lr", LogisticRegression())], inner, cv=2)
+
+    default, explicit = outer(None), outer(LogisticRegression())
+    cv = "prefit" if fitted else 2
+    if fitted:
+        default, explicit = default.fit(X, y), explicit.fit(X, y)
+    clf = TunedOffsetsClassifierCV(default, cv=cv).fit(X, y)
+    expected = TunedOffsetsClassifierCV(explicit, cv=cv).fit(X, y)
+    np.testing.assert_array_equal(clf.offsets_, expected.offsets_)
+    np.testing.assert_array_equal(clf.predict(X), expected.predict(X))
+    z = clf.estimator_.decision_function(X) + clf.offsets_
+    np.testing.assert_array_equal(clf.predict(X), clf.classes_[z.argmax(1)])
+    # Bagged, it is named as the bagged default stack is (BaggingClassifier requires
+    # predict, which neither stack has before it is fitted).
+    if not fitted:
+        with pytest.raises(ValueError, match=r"^A BaggingClassifier cannot bag a Stacking"):
+            TunedOffsetsClassifierCV(_bag(outer(None)), cv=2).fit(X, y)
+
+
 def test_a_frozen_or_bagged_stacking_classifier_of_the_default_final_estimator():
     # Inside a FrozenEstimator or a BaggingClassifier, an unfitted StackingClassifier of
     # final_estimator=None was refused as having no decision_function, which the bare
