@@ -199,6 +199,49 @@ def _check_baggable(estimator) -> None:
             )
 
 
+def _estimator_keeping_none(estimator):
+    """(ensemble, name, search): a search of ``refit=False`` that a StackingClassifier or
+    VotingClassifier that ``estimator`` is or decides through (see ``_INSIDE``) has among
+    its estimators, or that one of those ends in, at any depth (a Pipeline's last step,
+    a stack among a stack's estimators, ...); None where there is none."""
+    from sklearn.ensemble import StackingClassifier, VotingClassifier
+
+    for inner in _nested(estimator):
+        if not isinstance(inner, (StackingClassifier, VotingClassifier)):
+            continue
+        for name, member in inner.estimators:
+            if isinstance(member, str):  # "drop"
+                continue
+            search = _search_keeping_none(member)
+            if search is not None:
+                return inner, name, search
+            deeper = _estimator_keeping_none(member)
+            if deeper is not None:
+                return deeper
+    return None
+
+
+def _check_members_predict(estimator) -> None:
+    """Refuse, before any fit, a search of ``refit=False`` among the estimators of a
+    StackingClassifier (or VotingClassifier) that ``estimator`` is or decides through:
+    it keeps no best estimator, so it has no predict, predict_proba or
+    decision_function, one of which the ensemble reads from each of its estimators.
+    scikit-learn's error ("Underlying estimator ... does not implement the method")
+    came after every estimator was fitted, in every fold."""
+    found = _estimator_keeping_none(estimator)
+    if found is None:
+        return
+    ensemble, name, search = found
+    raise ValueError(
+        f"The {type(search).__name__} in the {type(ensemble).__name__}'s estimator "
+        f"{name!r} has refit=False: it keeps no best estimator, so it has no predict, "
+        "predict_proba or decision_function, and the "
+        f"{type(ensemble).__name__} reads one of them from each of its estimators. Use "
+        "refit=True (the default), or pass its best estimator (its estimator with its "
+        "best_params_) instead."
+    )
+
+
 class _DecidesOnceFitted(HasMethods):
     """HasMethods(["fit", "decision_function"]) that also takes an unfitted
     StackingClassifier of the default ``final_estimator=None`` (which it refused), bare or
@@ -438,9 +481,11 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         (a fitted search's clone searches again, unless ``cv="prefit"``). A search of
         ``refit=False`` keeps no best estimator, and is refused, here or inside another
         (a search's template, a Pipeline's last step, a StackingClassifier's final
-        estimator, a OneVsRestClassifier's estimator, ...). So is a BaggingClassifier of
-        an unfitted StackingClassifier of ``final_estimator=None``, which
-        BaggingClassifier refuses: give the stack ``final_estimator=LogisticRegression()``.
+        estimator, a OneVsRestClassifier's estimator, ...), and among a
+        StackingClassifier's estimators, which it reads predictions of. So is a
+        BaggingClassifier of an unfitted StackingClassifier of ``final_estimator=None``,
+        which BaggingClassifier refuses: give the stack
+        ``final_estimator=LogisticRegression()``.
     scoring : str or callable, default="worst_class"
         The objective, greater is better: ``"worst_class"``, ``"balanced_accuracy"``
         (mean per-class accuracy), ``"hard_tercile"`` or ``"accuracy"`` as defined in
@@ -706,6 +751,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         # (a BaggingClassifier of a fitted search of the stack bags it; a clone of it, whose
         # search is unfitted, not)
         _check_baggable(fitted_here)
+        _check_members_predict(fitted_here)
         _check_per_class_decision(self.estimator, len(np.unique(y)))
         # (on a GPU, or requiring grad: NumPy reads neither)
         sample_weight = numpy_if_tensor(sample_weight, "sample_weight")

@@ -16,7 +16,12 @@ import torch
 from scipy.special import expit, log_expit, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.datasets import load_iris, make_classification
-from sklearn.ensemble import BaggingClassifier, HistGradientBoostingClassifier, StackingClassifier
+from sklearn.ensemble import (
+    BaggingClassifier,
+    HistGradientBoostingClassifier,
+    StackingClassifier,
+    VotingClassifier,
+)
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.feature_selection import RFE, RFECV, SequentialFeatureSelector
 from sklearn.frozen import FrozenEstimator
@@ -1907,6 +1912,62 @@ def test_a_search_of_refit_false_at_any_depth_is_named(make, name):
     match = rf"^The GridSearchCV inside the {name} has refit=False: it keeps no best"
     with pytest.raises(ValueError, match=match):
         TunedOffsetsClassifierCV(make(), cv=3).fit(X, y)
+
+
+def _stack_of(*estimators, **kwargs):
+    """A StackingClassifier of ``estimators`` (named e0, e1, ...) onto LogisticRegression."""
+    named = [(f"e{n}", estimator) for n, estimator in enumerate(estimators)]
+    return StackingClassifier(named, final_estimator=LogisticRegression(), cv=2, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "make, ensemble",
+    [
+        (lambda: _stack_of(GaussianNB(), _keeping_none()), "StackingClassifier"),
+        (
+            lambda: _stack_of(
+                RandomizedSearchCV(LogisticRegression(), {"C": [1.0]}, n_iter=1, refit=False)
+            ),
+            "StackingClassifier",
+        ),
+        (lambda: _stack_of(_keeping_none(), stack_method="predict"), "StackingClassifier"),
+        (
+            lambda: _stack_of(make_pipeline(StandardScaler(), _keeping_none())),
+            "StackingClassifier",
+        ),
+        (lambda: _stack_of(_stack_of(_keeping_none())), "StackingClassifier"),
+        (
+            lambda: _stack_of(VotingClassifier([("e0", _keeping_none())])),
+            "VotingClassifier",
+        ),
+        (
+            lambda: OneVsRestClassifier(_stack_of(GaussianNB(), _keeping_none())),
+            "StackingClassifier",
+        ),
+        (
+            lambda: GridSearchCV(_stack_of(_keeping_none()), {"cv": [2]}, cv=2),
+            "StackingClassifier",
+        ),
+    ],
+    ids=[
+        "grid", "randomized", "predict", "pipeline", "stack_in_stack", "voting_in_stack",
+        "one_vs_rest", "search",
+    ],
+)  # fmt: skip
+def test_a_search_of_refit_false_among_a_stacks_estimators_is_named(make, ensemble):
+    # Off the decision path, a search of refit=False among a StackingClassifier's
+    # estimators has no predict, predict_proba or decision_function either, which the
+    # stack reads from each: scikit-learn's "Underlying estimator e0 does not implement
+    # the method ..." came after every estimator was fitted, in every fold. It is named
+    # before any fit, with the cure.
+    X, y = load_iris(return_X_y=True)
+    X, y = X[::2], y[::2]
+    match = rf"^The (Grid|Randomized)SearchCV in the {ensemble}'s estimator 'e\d' has refit=F"
+    with pytest.raises(ValueError, match=match):
+        TunedOffsetsClassifierCV(make(), cv=2).fit(X, y)
+    # (scikit-learn cannot fit such a stack either)
+    with pytest.raises((ValueError, AttributeError)):
+        make().fit(X, y)
 
 
 @pytest.mark.parametrize(
