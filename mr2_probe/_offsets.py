@@ -444,14 +444,61 @@ def _may_set_shape(search) -> bool:
     """Whether an unfitted search's parameter space may give its best estimator another
     decision shape than its template's: it sets a ``decision_function_shape`` or puts an
     estimator in (a Pipeline's step, a StackingClassifier's final_estimator)."""
-    space = getattr(search, "param_grid", None) or getattr(search, "param_distributions", None)
-    spaces = space if isinstance(space, list) else [space or {}]  # (a dict or a list of them)
     return any(
-        name.endswith("decision_function_shape")
-        or (np.iterable(values) and any(hasattr(value, "fit") for value in values))
-        for space in spaces
+        name.endswith("decision_function_shape") or _puts_in(values)
+        for space in _spaces(search)
         for name, values in space.items()
     )
+
+
+def _spaces(search) -> list:
+    """A search's parameter space as a list of dicts (a grid or distributions)."""
+    space = getattr(search, "param_grid", None) or getattr(search, "param_distributions", None)
+    return space if isinstance(space, list) else [space or {}]  # (a dict or a list of them)
+
+
+def _puts_in(values) -> bool:
+    """Whether a parameter space's values (a list, or a distribution) hold an estimator."""
+    return np.iterable(values) and any(hasattr(value, "fit") for value in values)
+
+
+# More combinations of the estimators a search puts in are not tried before its fit.
+_MAX_CANDIDATES = 256
+
+
+def _check_candidates_decide(estimator) -> None:
+    """Refuse, before any fit, an unfitted search that ``estimator`` is or decides through
+    (see ``_INSIDE``) whose parameter space puts in estimators (a Pipeline's last step, a
+    StackingClassifier's final estimator) such that no candidate has a
+    ``decision_function``: its template passed the ``estimator`` parameter's check, and
+    the first fold's search was refused once fitted (:func:`_check_decides`)."""
+    from sklearn.model_selection import ParameterGrid
+
+    for search in _nested(estimator):
+        if _kind(search) != "search":
+            continue
+        lacking = set()
+        for space in _spaces(search):
+            grid = ParameterGrid({name: list(v) for name, v in space.items() if _puts_in(v)})
+            if len(grid) > _MAX_CANDIDATES:
+                return
+            for params in grid:
+                try:
+                    candidate = clone(search.estimator).set_params(**params)
+                except (ValueError, TypeError, AttributeError):  # (its own fit names it)
+                    return
+                if _decides(candidate):
+                    return
+                lacking.add(type(_deciding(candidate) or candidate).__name__)
+        inside = "" if search is estimator else f" inside the {type(estimator).__name__}"
+        raise ValueError(
+            f"No candidate of the {type(search).__name__}{inside} has a decision_function: "
+            f"its parameter space puts in {', '.join(sorted(lacking))}, which "
+            f"{'has' if len(lacking) == 1 else 'have'} none. The offsets are tuned on "
+            "decision values, one per class. Use only classifiers implementing "
+            "'decision_function' (LogisticRegression, LinearSVC, MR2LinearClassifier, ...), "
+            "in a search's parameter space too."
+        )
 
 
 def _fit_takes_sample_weight(estimator) -> bool:
@@ -478,7 +525,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         ``fit`` and ``decision_function`` with one column per class (a binary problem's
         1-D decision values are read as the columns [0, z]). A search's best estimator
         too: one without, which its parameter space put in, is refused once it is fitted
-        (a fitted search's clone searches again, unless ``cv="prefit"``). A search of
+        (a fitted search's clone searches again, unless ``cv="prefit"``), and before any
+        fit where its parameter space puts in no candidate with one. A search of
         ``refit=False`` keeps no best estimator, and is refused, here or inside another
         (a search's template, a Pipeline's last step, a StackingClassifier's final
         estimator, a OneVsRestClassifier's estimator, ...), and among a
@@ -752,6 +800,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         # search is unfitted, not)
         _check_baggable(fitted_here)
         _check_members_predict(fitted_here)
+        _check_candidates_decide(fitted_here)
         _check_per_class_decision(self.estimator, len(np.unique(y)))
         # (on a GPU, or requiring grad: NumPy reads neither)
         sample_weight = numpy_if_tensor(sample_weight, "sample_weight")

@@ -1750,11 +1750,12 @@ def test_a_search_that_chooses_a_classifier_without_decision_values_is_named(cho
     # The unfitted search passes the estimator check with its template (a Pipeline ending
     # in LogisticRegression); its grid swaps the last step for a classifier without
     # decision_function, and the first fold failed with a bare AttributeError, "This
-    # 'GridSearchCV' has no attribute 'decision_function'".
+    # 'GridSearchCV' has no attribute 'decision_function'". (The scorer prefers it.)
     X, y = load_iris(return_X_y=True)
     search = GridSearchCV(
         make_pipeline(StandardScaler(), LogisticRegression()),
-        {"logisticregression": [chosen]},
+        {"logisticregression": [LogisticRegression(), chosen]},
+        scoring=lambda estimator, X, y: float(not hasattr(estimator, "decision_function")),
         cv=2,
     )
     name = type(chosen).__name__
@@ -1762,6 +1763,46 @@ def test_a_search_that_chooses_a_classifier_without_decision_values_is_named(cho
         ValueError, match=rf"^The fitted GridSearchCV has no decision_function \(.* {name}'s,"
     ):
         TunedOffsetsClassifierCV(search, cv=3).fit(X, y)
+
+
+class _Unfittable(_Majority):
+    """Fails if it is fitted: a check before any fit must refuse what holds it."""
+
+    def fit(self, X, y):
+        raise AssertionError("fitted")
+
+
+@pytest.mark.parametrize(
+    "make, where",
+    [
+        (lambda: _search_of(_Unfittable()), ""),
+        (lambda: _search_of(_Unfittable(), GaussianNB()), ""),
+        (
+            lambda: GridSearchCV(
+                make_pipeline(StandardScaler(), LogisticRegression()),
+                [{"logisticregression": [_Unfittable()]}, {"logisticregression": [GaussianNB()]}],
+            ),
+            "",
+        ),
+        (
+            lambda: RandomizedSearchCV(
+                StackingClassifier([("nb", GaussianNB())], cv=2),
+                {"final_estimator": [_Unfittable()], "cv": [2, 3]}, n_iter=1,
+            ),
+            "",
+        ),
+        (lambda: make_pipeline(StandardScaler(), _search_of(_Unfittable())), " inside the Pip"),
+        (lambda: OneVsRestClassifier(_search_of(_Unfittable())), " inside the OneVsRest"),
+    ],
+    ids=["one", "two", "grids", "randomized", "pipeline", "one_vs_rest"],
+)  # fmt: skip
+def test_a_search_that_can_choose_only_classifiers_without_decision_values_is_named(make, where):
+    # Every candidate of the search lacks decision_function (its grid puts one in where its
+    # template decides), so whatever it chooses is refused: it was, once the first fold's
+    # search had fitted them all. It is named before any fit.
+    X, y = load_iris(return_X_y=True)
+    with pytest.raises(ValueError, match=rf"^No candidate of the \w+SearchCV{where}\w* has a"):
+        TunedOffsetsClassifierCV(make(), cv=3).fit(X, y)
 
 
 def test_a_search_that_chooses_one_without_decision_values_only_on_refit_is_named():
