@@ -431,7 +431,7 @@ def _check_decides(estimator) -> None:
         )
     final = _deciding(estimator)
     hands_on = final is not None and final is not estimator
-    because = f" (its decision values would be {type(final).__name__}'s, which has none)"
+    because = f" (its decision values would be {_named(final)}'s, which has none)"
     raise ValueError(
         f"The fitted {type(estimator).__name__} has no decision_function"
         f"{because if hands_on else ''}: the offsets are tuned on decision values, one per "
@@ -458,38 +458,55 @@ def _spaces(search) -> list:
 
 
 def _puts_in(values) -> bool:
-    """Whether a parameter space's values (a list, or a distribution) hold an estimator."""
-    return np.iterable(values) and any(hasattr(value, "fit") for value in values)
+    """Whether a parameter space's values (a list, or a distribution) hold an estimator, or
+    "passthrough" (a Pipeline's step left out)."""
+    return np.iterable(values) and any(
+        hasattr(value, "fit") or (isinstance(value, str) and value == "passthrough")
+        for value in values
+    )
+
+
+def _named(estimator) -> str:
+    """An estimator's class name, or a string put in its place ('passthrough') quoted."""
+    return repr(estimator) if isinstance(estimator, str) else type(estimator).__name__
 
 
 # More combinations of the estimators a search puts in are not tried before its fit.
 _MAX_CANDIDATES = 256
 
 
-def _check_candidates_decide(estimator) -> None:
-    """Refuse, before any fit, an unfitted search that ``estimator`` is or decides through
-    (see ``_INSIDE``) whose parameter space puts in estimators (a Pipeline's last step, a
-    StackingClassifier's final estimator) such that no candidate has a
-    ``decision_function``: its template passed the ``estimator`` parameter's check, and
-    the first fold's search was refused once fitted (:func:`_check_decides`)."""
+def _lacking_candidates(search) -> set | None:
+    """The names of what an unfitted search's parameter space puts in (see
+    :func:`_puts_in`) where none of its candidates has a ``decision_function``; None where
+    one may have it (or there are too many to try)."""
     from sklearn.model_selection import ParameterGrid
 
+    lacking = set()
+    for space in _spaces(search):
+        grid = ParameterGrid({name: list(v) for name, v in space.items() if _puts_in(v)})
+        if len(grid) > _MAX_CANDIDATES:
+            return None
+        for params in grid:
+            try:
+                candidate = clone(search.estimator).set_params(**params)
+            except (ValueError, TypeError, AttributeError):  # (its own fit names it)
+                return None
+            if _decides(candidate):
+                return None
+            lacking.add(_named(_deciding(candidate) or candidate))
+    return lacking
+
+
+def _check_candidates_decide(estimator) -> None:
+    """Refuse, before any fit, an unfitted search that ``estimator`` is or decides through
+    (see ``_INSIDE``, at any depth) whose parameter space puts in estimators (a
+    Pipeline's last step, a StackingClassifier's final estimator) such that no candidate
+    has a ``decision_function``: its template passed the ``estimator`` parameter's check,
+    and the first fold's search was refused once fitted (:func:`_check_decides`)."""
     for search in _nested(estimator):
-        if _kind(search) != "search":
+        lacking = _lacking_candidates(search) if _kind(search) == "search" else None
+        if lacking is None:
             continue
-        lacking = set()
-        for space in _spaces(search):
-            grid = ParameterGrid({name: list(v) for name, v in space.items() if _puts_in(v)})
-            if len(grid) > _MAX_CANDIDATES:
-                return
-            for params in grid:
-                try:
-                    candidate = clone(search.estimator).set_params(**params)
-                except (ValueError, TypeError, AttributeError):  # (its own fit names it)
-                    return
-                if _decides(candidate):
-                    return
-                lacking.add(type(_deciding(candidate) or candidate).__name__)
         inside = "" if search is estimator else f" inside the {type(estimator).__name__}"
         raise ValueError(
             f"No candidate of the {type(search).__name__}{inside} has a decision_function: "

@@ -1793,16 +1793,34 @@ class _Unfittable(_Majority):
         ),
         (lambda: make_pipeline(StandardScaler(), _search_of(_Unfittable())), " inside the Pip"),
         (lambda: OneVsRestClassifier(_search_of(_Unfittable())), " inside the OneVsRest"),
+        (
+            lambda: GridSearchCV(_search_of(_Unfittable()), {"cv": [2]}, cv=2),
+            " inside the GridSearchCV",
+        ),
+        (lambda: _search_of("passthrough"), ""),
     ],
-    ids=["one", "two", "grids", "randomized", "pipeline", "one_vs_rest"],
+    ids=[
+        "one", "two", "grids", "randomized", "pipeline", "one_vs_rest", "search_of_search",
+        "passthrough",
+    ],
 )  # fmt: skip
 def test_a_search_that_can_choose_only_classifiers_without_decision_values_is_named(make, where):
     # Every candidate of the search lacks decision_function (its grid puts one in where its
-    # template decides), so whatever it chooses is refused: it was, once the first fold's
-    # search had fitted them all. It is named before any fit.
+    # template decides, or leaves the step out), so whatever it chooses is refused: it was,
+    # once the first fold's search had fitted them all (a search's template's, at any
+    # depth; a step left out was named as "str's"). It is named before any fit.
     X, y = load_iris(return_X_y=True)
     with pytest.raises(ValueError, match=rf"^No candidate of the \w+SearchCV{where}\w* has a"):
         TunedOffsetsClassifierCV(make(), cv=3).fit(X, y)
+
+
+@pytest.mark.filterwarnings("ignore:Scoring failed", "ignore:One or more of the test scores")
+def test_a_search_that_can_choose_a_classifier_with_decision_values_is_tuned():
+    # One candidate decides (the other, its step left out, scores NaN): the search is
+    # fitted, and what it chose tuned.
+    X, y = load_iris(return_X_y=True)
+    tuned = TunedOffsetsClassifierCV(_search_of("passthrough", LogisticRegression()), cv=3)
+    assert isinstance(tuned.fit(X, y).estimator_.best_estimator_[-1], LogisticRegression)
 
 
 def test_a_search_that_chooses_one_without_decision_values_only_on_refit_is_named():
