@@ -199,47 +199,71 @@ def _check_baggable(estimator) -> None:
             )
 
 
-def _estimator_keeping_none(estimator):
-    """(ensemble, name, search): a search of ``refit=False`` that a StackingClassifier or
-    VotingClassifier that ``estimator`` is or decides through (see ``_INSIDE``) has among
-    its estimators, or that one of those ends in, at any depth (a Pipeline's last step,
-    a stack among a stack's estimators, ...); None where there is none."""
+def _members(estimator):
+    """(ensemble, name, member, methods, as_given): each estimator of a StackingClassifier
+    or VotingClassifier that ``estimator`` is or decides through (see ``_INSIDE``), and of
+    those among their estimators, at any depth, with the methods the ensemble reads of it
+    (one of them), and whether it asks for them on the estimator as given, before fitting
+    it (a StackingClassifier does; a VotingClassifier reads its fitted clones)."""
     from sklearn.ensemble import StackingClassifier, VotingClassifier
 
     for inner in _nested(estimator):
-        if not isinstance(inner, (StackingClassifier, VotingClassifier)):
+        if isinstance(inner, StackingClassifier):
+            auto = inner.stack_method == "auto"
+            methods = ["predict_proba", "decision_function", "predict"]
+            methods = methods if auto else [inner.stack_method]
+        elif isinstance(inner, VotingClassifier):
+            methods = ["predict_proba" if inner.voting == "soft" else "predict"]
+        else:
             continue
         for name, member in inner.estimators:
             if isinstance(member, str):  # "drop"
                 continue
-            search = _search_keeping_none(member)
-            if search is not None:
-                return inner, name, search
-            deeper = _estimator_keeping_none(member)
-            if deeper is not None:
-                return deeper
-    return None
+            yield inner, name, member, methods, isinstance(inner, StackingClassifier)
+            yield from _members(member)
 
 
 def _check_members_predict(estimator) -> None:
-    """Refuse, before any fit, a search of ``refit=False`` among the estimators of a
-    StackingClassifier (or VotingClassifier) that ``estimator`` is or decides through:
-    it keeps no best estimator, so it has no predict, predict_proba or
-    decision_function, one of which the ensemble reads from each of its estimators.
-    scikit-learn's error ("Underlying estimator ... does not implement the method")
-    came after every estimator was fitted, in every fold."""
-    found = _estimator_keeping_none(estimator)
-    if found is None:
-        return
-    ensemble, name, search = found
-    raise ValueError(
-        f"The {type(search).__name__} in the {type(ensemble).__name__}'s estimator "
-        f"{name!r} has refit=False: it keeps no best estimator, so it has no predict, "
-        "predict_proba or decision_function, and the "
-        f"{type(ensemble).__name__} reads one of them from each of its estimators. Use "
-        "refit=True (the default), or pass its best estimator (its estimator with its "
-        "best_params_) instead."
-    )
+    """Refuse, before any fit, an estimator of a StackingClassifier (or a VotingClassifier
+    among its estimators) that ``estimator`` is or decides through, at any depth, that
+    cannot give what the ensemble reads of it (:func:`_members`): a search of
+    ``refit=False`` (it keeps no best estimator, so it has no predict, predict_proba or
+    decision_function), one without any of the methods (a StackingClassifier asks the
+    estimator as given, before fitting it: an unfitted default stack has none), a
+    BaggingClassifier of an unfitted default stack (:func:`_check_baggable`).
+    scikit-learn's errors ("Underlying estimator ... does not implement the method")
+    came after its estimators were fitted, in every fold."""
+    for ensemble, name, member, methods, as_given in _members(estimator):
+        where = f"the {type(ensemble).__name__}'s estimator {name!r}"
+        search = _search_keeping_none(member)
+        if search is not None:
+            raise ValueError(
+                f"The {type(search).__name__} in {where} has refit=False: it keeps no best "
+                "estimator, so it has no predict, predict_proba or decision_function, and "
+                f"the {type(ensemble).__name__} reads one of them from each of its "
+                "estimators. Use refit=True (the default), or pass its best estimator (its "
+                "estimator with its best_params_) instead."
+            )
+        # (read of fitted clones, a method of the class may be one that the instance
+        # has only once fitted, as the default stack's; a FrozenEstimator's instance has
+        # its estimator's, which its class has not: refused where it has it neither way)
+        if not any(
+            hasattr(member, m) or (not as_given and hasattr(type(member), m)) for m in methods
+        ):
+            key = "stack_method" if as_given else "voting"
+            setting = f"{key}={getattr(ensemble, key)!r}"
+            cure = (
+                "give that StackingClassifier final_estimator=LogisticRegression(), which "
+                "None stands for (it has them only once fitted)"
+                if _stacks_onto_logistic_regression(member)
+                else f"give it an estimator that has one, or choose another {key}"
+            )
+            raise ValueError(
+                f"{where[0].upper()}{where[1:]}, {type(member).__name__}, has no "
+                f"{' or '.join(methods)}, which the {type(ensemble).__name__} of {setting} "
+                f"reads of each of its estimators{' as given' if as_given else ''}: {cure}."
+            )
+        _check_baggable(member)
 
 
 class _DecidesOnceFitted(HasMethods):
@@ -550,7 +574,10 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         StackingClassifier's estimators, which it reads predictions of. So is a
         BaggingClassifier of an unfitted StackingClassifier of ``final_estimator=None``,
         which BaggingClassifier refuses: give the stack
-        ``final_estimator=LogisticRegression()``.
+        ``final_estimator=LogisticRegression()``; and, before any fit, an estimator of a
+        StackingClassifier without the method its ``stack_method`` reads (which
+        scikit-learn asks of it unfitted: an unfitted stack of ``final_estimator=None``
+        has none).
     scoring : str or callable, default="worst_class"
         The objective, greater is better: ``"worst_class"``, ``"balanced_accuracy"``
         (mean per-class accuracy), ``"hard_tercile"`` or ``"accuracy"`` as defined in

@@ -2030,6 +2030,64 @@ def test_a_search_of_refit_false_among_a_stacks_estimators_is_named(make, ensemb
 
 
 @pytest.mark.parametrize(
+    "make, match",
+    [
+        (
+            lambda: _stack_of(LogisticRegression(), GaussianNB(), stack_method="decision_function"),
+            r"^The StackingClassifier's estimator 'e1', GaussianNB, has no decision_function, "
+            r"which the StackingClassifier of stack_method='decision_function' reads",
+        ),
+        (
+            lambda: _stack_of(
+                LogisticRegression(), VotingClassifier([("svc", LinearSVC())], voting="soft")
+            ),
+            r"^The VotingClassifier's estimator 'svc', LinearSVC, has no predict_proba, which "
+            r"the VotingClassifier of voting='soft' reads",
+        ),
+        (
+            lambda: _stack_of(
+                LogisticRegression(), _bag(StackingClassifier([("nb", GaussianNB())], cv=2))
+            ),
+            r"^A BaggingClassifier cannot bag a StackingClassifier of final_estimator=None",
+        ),
+        (
+            lambda: _stack_of(LogisticRegression(), StackingClassifier([("nb", GaussianNB())])),
+            r"^The StackingClassifier's estimator 'e1', StackingClassifier, has no predict_proba "
+            r"or decision_function or predict, .* as given: give that StackingClassifier "
+            r"final_estimator=LogisticRegression\(\)",
+        ),
+    ],
+    ids=["stack_method", "soft_voting", "bagged_default_stack", "default_stack"],
+)  # fmt: skip
+def test_a_stacks_estimator_that_cannot_give_what_it_reads_is_named(make, match):
+    # scikit-learn refuses each after the stack's other estimators were fitted, in every
+    # fold ("Underlying estimator e1 does not implement the method decision_function", an
+    # AttributeError of LinearSVC's predict_proba, BaggingClassifier's parameter check):
+    # named before any fit, with the cure.
+    X, y = load_iris(return_X_y=True)
+    X, y = X[::2], y[::2]
+    with pytest.raises(ValueError, match=match):
+        TunedOffsetsClassifierCV(make(), cv=2).fit(X, y)
+    with pytest.raises((ValueError, AttributeError)):  # (scikit-learn's own, after fits)
+        make().fit(X, y)
+
+
+@pytest.mark.parametrize("voting", ["soft", "hard"])
+def test_an_estimator_that_has_what_an_ensemble_reads_once_fitted_is_tuned(voting):
+    # A VotingClassifier reads its fitted clones: the default stack, which has no
+    # predict_proba or predict before it is fitted, gives them then. A FrozenEstimator has
+    # its estimator's methods on the instance only (not on its class). Neither is refused
+    # by the check above.
+    X, y = load_iris(return_X_y=True)
+    X, y = X[::2], y[::2]
+    default = StackingClassifier([("nb", GaussianNB())], cv=2)
+    frozen = FrozenEstimator(LogisticRegression().fit(X, y))
+    voting = VotingClassifier([("stack", default), ("frozen", frozen)], voting=voting)
+    tuned = TunedOffsetsClassifierCV(_stack_of(voting, frozen), cv=2).fit(X, y)
+    assert tuned.score(X, y) > 0.9
+
+
+@pytest.mark.parametrize(
     "make",
     [
         lambda: StackingClassifier([("nb", GaussianNB())], final_estimator=_keeping_none(), cv=2),
