@@ -1573,7 +1573,7 @@ def test_a_stack_onto_a_stacking_classifier_of_the_default_final_estimator_is_tu
 
     def outer(final_estimator):
         inner = StackingClassifier([("nb", GaussianNB())], final_estimator, cv=2)
-        return StackingClassifier([("lr", LogisticRegression())], inner, cv=2)
+        return StackingClassifier([("nb", GaussianNB())], inner, cv=2)
 
     default, explicit = outer(None), outer(LogisticRegression())
     cv = "prefit" if fitted else 2
