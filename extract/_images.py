@@ -1080,13 +1080,18 @@ def _unquoted_label(label: str, shell: bool) -> str:
     return fields[0] if len(fields) == 1 else label
 
 
+def _csv_quoting(text: str) -> bool:
+    """Whether csv may split ``text`` otherwise than at its delimiters: it holds a quote, a
+    line break or a NUL (lines joined, whether any of them does)."""
+    return '"' in text or "\r" in text or "\n" in text or "\0" in text
+
+
 def _csv_fields(line: str, delimiter: str = ",") -> list[str]:
     """``next(csv.reader([line], delimiter=delimiter))``; a line without a quote, a line
     break or a NUL, shorter than csv's field limit, is split at its delimiters without it,
     as csv splits it (a reader a line took about 5 µs: 2.7 s of CPU to tell how to read a
     list of 200,000 lines separated by semicolons). (An empty line is no field: [].)"""
-    special = '"' in line or "\r" in line or "\n" in line or "\0" in line
-    if special or not line or len(line) >= csv.field_size_limit():
+    if _csv_quoting(line) or not line or len(line) >= csv.field_size_limit():
         return next(csv.reader([line], delimiter=delimiter))
     return line.split(delimiter)
 
@@ -1097,6 +1102,7 @@ def _csv_fields(line: str, delimiter: str = ",") -> list[str]:
 _EXTENSIONS = "|".join(map(re.escape, IMG_EXTENSIONS))
 _AN_IMAGE_BEFORE_A_COMMA = re.compile(rf"(?:{_EXTENSIONS})[\s,]", re.IGNORECASE)
 _AN_IMAGE_BEFORE_A_SEMICOLON = re.compile(rf"(?:{_EXTENSIONS})[\s;]", re.IGNORECASE)
+_AN_IMAGE_BEFORE_A_SEPARATOR = (_AN_IMAGE_BEFORE_A_SEMICOLON, _AN_IMAGE_BEFORE_A_COMMA)
 
 
 def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> bool:
@@ -1117,11 +1123,10 @@ def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> boo
     # (Split as csv splits them, a line without a quote, a line break or a NUL at each
     # semicolon, shorter than csv's field limit: where every line is one, one semicolon a
     # line is two fields a line.)
-    joined = "\0".join(lines)
-    plain = not ('"' in joined or "\r" in joined or "\n" in joined)
-    short = max(map(len, lines)) < csv.field_size_limit()
-    if plain and short and joined.count("\0") == len(lines) - 1:
-        if joined.count(";") != len(lines):
+    flat = "".join(lines)
+    plain = not _csv_quoting(flat)
+    if plain and max(map(len, lines)) < csv.field_size_limit():
+        if flat.count(";") != len(lines):
             return False
     else:
         try:
@@ -1161,25 +1166,34 @@ def _separated_by_semicolons(folder: Path, text: list[str], commas: bool) -> boo
     # (And where every line reads otherwise too, its labels with blanks, its images are
     # read at its semicolons where a line names an image so alone and none otherwise alone:
     # 'a/1.png;golden retriever' was the image 'a/1.png;golden' of a class 'retriever'.)
-    # (Worked out where no file decides alone, each scan of every line once: where no line
-    # has an image's extension before a separator, as 'a.png;b c' has none before a blank,
-    # no line names an image so, and no line is read.)
-    def alone(other: bool) -> bool:  # a line names an image read one way alone
-        before = _AN_IMAGE_BEFORE_A_SEMICOLON if other else _AN_IMAGE_BEFORE_A_COMMA
-        if plain and not before.search(joined):
-            return False
-        pairs = (readings(line) for line in lines)
-        return any(_an_image_read_otherwise_alone(*(p[::-1] if other else p)) for p in pairs)
+    # (Worked out where no file decides alone, both ways in one scan of the lines, each
+    # line's two readings worked out once, up to the line that decides (``stop``: the way
+    # whose image alone decides; the other way's is the one needed), where each way read
+    # every line's readings again; not kept, a list of 200,000 lines' readings. Where no
+    # line has an image's extension before a separator, as 'a.png;b c' has none before a
+    # blank, no line names an image so, and that way needs no line read.)
+    def alone(stop: int) -> list[bool]:  # lines name images read alone: at ';', otherwise
+        joined = "\0".join(lines) if plain else ""
+        maybe = [not plain or bool(b.search(joined)) for b in _AN_IMAGE_BEFORE_A_SEPARATOR]
+        found = [False, False]
+        for usual, other in map(readings, lines) if maybe[1 - stop] else ():
+            found[0] = found[0] or maybe[0] and _an_image_read_otherwise_alone(other, usual)
+            found[1] = found[1] or maybe[1] and _an_image_read_otherwise_alone(usual, other)
+            if found[stop] or found[1 - stop] and not maybe[stop]:
+                break
+        return found
 
     def undecided(_: str) -> bool:
         first = next(filter(refused, lines), None)
         if first is None:
-            return alone(True) and not alone(False)
-        return not os.path.lexists(folder / first.strip()) and (
-            [f.strip().lower() for f in readings(lines[0])[1]] == ["path", "label"]
-            or not alone(False)
-            or alone(True)
-        )
+            semicolons, otherwise = alone(stop=1)
+            return semicolons and not otherwise
+        if os.path.lexists(folder / first.strip()):
+            return False
+        if [f.strip().lower() for f in readings(lines[0])[1]] == ["path", "label"]:
+            return True
+        semicolons, otherwise = alone(stop=0)
+        return not otherwise or semicolons
 
     return _first_deciding_line(folder, lines, readings, undecided=undecided)
 
