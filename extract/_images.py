@@ -23,6 +23,7 @@ import unicodedata
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -1208,6 +1209,9 @@ def _an_image_read_otherwise_alone(usual: list[str], other: list[str]) -> bool:
     )
 
 
+_BLOCK = 64  # lines of a list read at once by :func:`_first_deciding_line`
+
+
 def _first_deciding_line(
     folder: Path,
     text: list[str],
@@ -1226,23 +1230,50 @@ def _first_deciding_line(
     True, the other way). Two look-ups a list, not two a line (every line of a tab- or
     semicolon-separated list of labels with blanks differs: its images missing, 200,000
     lines took 400,000), and for lines that no extension tells apart, a listing of each of
-    their folders (:class:`_Lexists`)."""
+    their folders (:class:`_Lexists`). ``readings`` is asked of a block of lines at a time,
+    lines after the one that decides too: it raises nothing."""
     lexists, first = _Lexists(folder), None
-    for line in text:
-        pair = readings(line)
-        if pair is None:
+    # (Read a block of lines at a time, a block that no line of can decide passed over at
+    # once (:func:`_may_decide`). A block of 64: a block's readings alive when the garbage
+    # collector runs are moved to its older generations, which it then scans whole; blocks
+    # of 4,096 lines made a list of 200,000 slower than one read line by line.)
+    for start in range(0, len(text), _BLOCK):
+        block = text[start : start + _BLOCK]
+        pairs = list(map(readings, block))
+        if first is None:
+            read = zip(block, pairs, strict=True)
+            first = next((line for line, pair in read if pair is not None), None)
+        if not _may_decide(pairs, lexists):
             continue
-        first = line if first is None else first
-        named = [len(f) == 2 and lexists(f[0].strip()) for f in pair]
-        if named[0] != named[1]:
-            return named[1]
-        # (where no extension tells them apart, a later line's file does: 'img1;golden
-        # retriever' missing, 'img2;dog x' present, read at its blanks at the first line)
-        other_alone = _an_image_read_otherwise_alone(*pair[::-1])
-        if other_alone or _an_image_read_otherwise_alone(*pair):
-            decided = None if undecided is None else undecided(first)
-            return other_alone if decided is None else decided
+        for pair in pairs:
+            if pair is None:
+                continue
+            named = [len(f) == 2 and lexists(f[0].strip()) for f in pair]
+            if named[0] != named[1]:
+                return named[1]
+            # (where no extension tells them apart, a later line's file does: 'img1;golden
+            # retriever' missing, 'img2;dog x' present, read at its blanks at the first line)
+            other_alone = _an_image_read_otherwise_alone(*pair[::-1])
+            if other_alone or _an_image_read_otherwise_alone(*pair):
+                decided = None if undecided is None else undecided(first)
+                return other_alone if decided is None else decided
     return first is not None and undecided is not None and bool(undecided(first))
+
+
+# An image's extension ending a name of names joined by NULs (:func:`_may_decide`).
+_AN_IMAGES_NAME = re.compile(rf"(?:{_EXTENSIONS})(?:\0|\Z)", re.IGNORECASE)
+
+
+def _may_decide(pairs: list, lexists: _Lexists) -> bool:
+    """Whether a line of ``readings`` ``pairs`` (:func:`_first_deciding_line`) may decide: a
+    reading's path is an image's by its extension, or it may name a file (:meth:`_Lexists.
+    none_of`). Asked of a block of lines at once: a list of 200,000 lines of missing images
+    without extensions, every line's two readings differing, had each line's paths looked
+    up and asked for an extension one by one (1 s of CPU)."""
+    paths = [f[0].strip() for pair in pairs if pair is not None for f in pair if len(f) == 2]
+    if not paths:
+        return False
+    return bool(_AN_IMAGES_NAME.search("\0".join(paths))) or not lexists.none_of(paths)
 
 
 class _Lexists:
@@ -1258,6 +1289,37 @@ class _Lexists:
         self.folder, self.one_by_one = os.fspath(folder), one_by_one
         self.listed: dict[str, tuple[set[str], set[str]] | None] = {}
         self.asked: collections.Counter[str] = collections.Counter()
+
+    def none_of(self, names: list[str]) -> bool:
+        """Whether no name of ``names`` exists, told without a look-up: each one's folder
+        listed (as a call would list it: a folder asked about 64 times), none of them found
+        there, in any spelling. False where that cannot be told so (a name looked up one by
+        one, or found in its folder's listing)."""
+        if os.name == "nt" and ":" in "".join(names):  # (looked up one by one, as below)
+            return False
+        if os.altsep is not None:
+            names = [name.replace(os.sep, os.altsep) for name in names]
+        bases_in = collections.defaultdict(list)
+        for where, slash, base in map(methodcaller("rpartition", "/"), names):
+            bases_in[where + slash].append(base)
+        for where, bases in bases_in.items():
+            if self.asked[where] < self.one_by_one or {"", ".", ".."}.intersection(bases):
+                return False
+            if where not in self.listed:
+                self.listed[where] = _spellings_listed(os.path.join(self.folder, where))
+            listed = self.listed[where]
+            if listed is None:
+                return False
+            if not listed[0]:
+                continue
+            if "".join(bases).isascii():
+                spelt = set(map(str.lower, bases)), set(map(str.upper, bases))
+            else:
+                spellings = list(map(_spellings, bases))
+                spelt = {f for f, _ in spellings}, {c for _, c in spellings}
+            if not (spelt[0].isdisjoint(listed[0]) and spelt[1].isdisjoint(listed[1])):
+                return False
+        return True
 
     def __call__(self, name: str) -> bool:
         spelt = name if os.altsep is None else name.replace(os.sep, os.altsep)
