@@ -1854,6 +1854,15 @@ def working_folder_hint(folder: str, failed: list[str]) -> str:
     )
 
 
+def _named_without_digits(rows: list[list]) -> bool:
+    """Whether every path of ``rows`` is named without a digit or an extension ('d', 'katze'),
+    as a header's column is and images seldom are (a digit looked for in all at once)."""
+    paths = [path for path, _, _ in rows]
+    if re.search(r"\d", "\0".join(paths)):
+        return False
+    return not any(os.path.splitext(path)[1] for path in paths)
+
+
 # Words of a list's column names ('filename', 'image_path', 'ClassName', 'label'), which
 # no missing image and its class are named by both (a content-addressed 'scan0001' is).
 _COLUMN_WORDS = frozenset(
@@ -1884,19 +1893,29 @@ def _columns(delimiter: str | None, *names: str) -> str:
 
 
 def _check_first_line(
-    list_file: Path, line: str, path: str, label: str, number: int, delimiter: str | None
+    list_file: Path,
+    line: str,
+    path: str,
+    label: str,
+    number: int,
+    delimiter: str | None,
+    rest: list[list],
 ) -> None:
     """Refuse a list's first ``line`` that names no image (no such file, no extension) with
     a label of its own and reads as a header (column names, 'filename,class', a path without
-    a digit, 'sku,breed' or 'Datei,Klasse', or a comment, '# my images'): it became an
+    a digit above ``rest``, the rows after it, named otherwise, 'sku,breed' or
+    'Datei,Klasse' above 'cat/000.png,cat', or a comment, '# my images'): it became an
     image of a class of its own. Said, and read as an image (recorded as failed as other
     missing images are), where it reads as none: a first image 'scan0001' of a class 'bird'
     was refused as a header. (Column names are words of any language; an image's name
-    without an extension, a scan's number or a hash, holds a digit.) The header either
-    names is written with the list's own separator (``delimiter``)."""
+    without an extension, a scan's number or a hash, holds a digit, but in a list whose
+    every image is named without either: 'c cat' above 'd dog' reads as its rows do, where
+    it was refused as a header, quoted or not, and 'd dog' read as an image.) The header
+    either names is written with the list's own separator (``delimiter``)."""
     header = _columns(delimiter, "path", "label")
     comment = path[:1] == "#"
-    if comment or not re.search(r"\d", path) or _column_name(path) or _column_name(label):
+    digitless = not re.search(r"\d", path) and not _named_without_digits(rest)
+    if comment or digitless or _column_name(path) or _column_name(label):
         raise ValueError(
             f"{list_file}:{number}: {line.strip()!r} looks like a header (no such image, and "
             f"no other line has its label); a header must be {header}."
@@ -1935,10 +1954,12 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         For a line that is not ``path,label``, an empty path or label, an image listed
         twice, a header after the first line, or a first line that looks like another
         header (no such file, no file extension, a label that is not an index and that
-        no other line has, and column names, ``filename,class``, a path without a digit,
-        ``sku,breed``, or a ``#`` first): it would otherwise become an image of a class of
-        its own. Such a line of no column names and a digit in its path
-        (``scan0001,bird``) is an image, said in a warning.
+        no other line has, and column names, ``filename,class``, a path without a digit
+        where a later path has a digit or an extension, ``sku,breed``, or a ``#`` first):
+        it would otherwise become an image of a class of its own. Such a line of no
+        column names and a digit in its path (``scan0001,bird``), or above paths all
+        without a digit or an extension (``c cat`` above ``d dog``), is an image, said in
+        a warning.
 
     Returns
     -------
@@ -1968,7 +1989,8 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         # (os.path's isfile: a name too long for the file system is no file, not an error)
         named = os.path.isfile(folder / path) or os.path.splitext(path)[1]
         if not named and not label.isdigit():
-            _check_first_line(list_file, text[number - 1], path, label, number, delimiter)
+            line = text[number - 1]
+            _check_first_line(list_file, line, path, label, number, delimiter, rows[1:])
     first_line, resolved = {}, {}
     for path, label, number in rows:
         if [path.lower(), label.lower()] == ["path", "label"]:

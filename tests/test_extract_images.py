@@ -1896,6 +1896,55 @@ def test_a_first_line_without_a_digit_in_its_path_is_refused_as_a_header(folder,
     assert image_list(folder / name).ids == [first.split(sep)[0], "cat/000.png", "dog/001.jpg"]
 
 
+@pytest.mark.parametrize("name, lines", [
+    ("l.txt", ["c cat", "d dog", "e dog"]),
+    ("l.tsv", ["c\tcat", "d\tdog", "e\tdog"]),
+    ("l.tsv", ['"c"\t"cat"', '"d"\t"dog"', '"e"\t"dog"']),  # (as csv.writer quotes them)
+    ("l.txt", ["'c' cat", "'d' dog", "'e' dog"]),  # (as shlex.quote quotes them)
+    ("l.csv", ["c,cat", "d,dog", "e,dog"]),
+    ("l.csv", ["c;cat", "d;dog", "e;dog"]),
+])  # fmt: skip
+@pytest.mark.parametrize("there", [False, True])
+def test_a_first_line_named_as_every_later_image_is_a_row(folder, caplog, name, lines, there):
+    # Images named without a digit or an extension, the first missing (not there yet): the
+    # first line was refused as a header, quoted or not, where each later one, named the
+    # same way, was an image. It is an image, said as a first image 'scan0001' is.
+    caplog.set_level(logging.WARNING, logger="extract")
+    for later in "de" if there else "":
+        (folder / later).write_bytes((folder / "cat/000.png").read_bytes())
+    (folder / name).write_text("\n".join(lines) + "\n")
+    src = image_list(folder / name)
+    assert (src.ids, src.class_names) == (["c", "d", "e"], ["cat", "dog"])
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith(f"{folder / name}:1: 'c' names no file and no other line has its")
+    # A header before it is a header still, and the first line an image, unsaid.
+    caplog.clear()
+    sep = re.search(r"[,;\t ]", lines[0])[0]
+    (folder / name).write_text("\n".join([f"path{sep}label", *lines]) + "\n")
+    src = image_list(folder / name)
+    assert (src.ids, src.class_names) == (["c", "d", "e"], ["cat", "dog"])
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("name, lines", [
+    ("l.txt", ["c cat", "d1 dog", "e dog"]),  # (a later image named with a digit)
+    ("l.tsv", ['"c"\t"cat"', '"d.png"\t"dog"', '"e"\t"dog"']),  # (or an extension)
+    ("l.txt", ["sku breed", "katze1 cat", "hund dog"]),
+    ("l.txt", ["filename class", "d dog", "e cat"]),  # (column names, whatever follows)
+])  # fmt: skip
+def test_a_first_line_named_unlike_later_images_is_refused_as_a_header(folder, name, lines):
+    # Its path without a digit or an extension, where a later image's has one: no image's
+    # name, a header (of words not among the column words), refused with its cure.
+    (folder / name).write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r":1: .* looks like a header") as info:
+        image_list(folder / name)
+    assert f":1: {lines[0]!r} looks like a header" in str(info.value)
+    header = re.search(r"If it is an image, put the header '(.+?)' before it\.", str(info.value))
+    (folder / name).write_text("\n".join([header[1].replace("<TAB>", "\t"), *lines]) + "\n")
+    src = image_list(folder / name)
+    assert src.ids == [re.split(r"[\t ]", line)[0].strip('"') for line in lines]
+
+
 def test_image_list_header_in_any_case(folder):
     (folder / "l.csv").write_text("Path,Label\ncat/000.png,cat\ndog/001.jpg,dog\n")
     assert image_list(folder / "l.csv").ids == ["cat/000.png", "dog/001.jpg"]
