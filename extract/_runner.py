@@ -732,7 +732,13 @@ def _extract_shard(
                     _adopt_repaired_failures, merged, whole, src, everything, False, retry_failed
                 )
             else:  # (said once every rank has found it so)
-                complete = _is_complete(merged, whole, src, everything, retry_failed, log=False)
+                # Whether it differs by touched files alone is known: ``vouched`` (kept: so
+                # found; otherwise not, as a store that passes that check without
+                # --retry-failed passes it with). Found again, with --retry-failed, every
+                # rank read the touched failed images that a retry does not compare.
+                complete = _is_complete(
+                    merged, whole, src, everything, retry_failed, log=False, touched=vouched
+                )
     elif merged is None and world_size == 1 and out.exists() and not overwrite:
         _refuse_other_rebuild(out, world_size)
     if merged is not None and _complete_on_every_rank(complete, merged, step):
@@ -977,18 +983,21 @@ def _seed_from_merged(shard: Path, merged: Path, rows: np.ndarray, retry_failed:
 
 
 def _is_complete(
-    store: Path, provenance: dict, src, rows: np.ndarray, retry_failed: bool, log: bool
-) -> bool:
+    store: Path, provenance: dict, src, rows: np.ndarray, retry_failed: bool, log: bool,
+    touched: bool | None = None,
+) -> bool:  # fmt: skip
     """Whether ``store`` already holds the whole request (then it is reused as it is);
     a store made differently is refused here, before any GPU work. Under torchrun every
     rank reads the merged store before any writes it, and the ranks compare their
-    verdicts (:func:`_complete_on_every_rank`)."""
+    verdicts (:func:`_complete_on_every_rank`). ``touched``: whether it differs from the
+    request by files touched since alone, where the caller found it (None: found here)."""
     with open_store(store, "r") as f:
         check_written(store, f)
         attrs = read_attrs(f)
         # Files touched since whose bytes it holds (where it cannot be written, as in a
         # read-only folder: a store that can, records their times before this check).
-        touched = _repaired_failures(f, provenance, src, rows, False, False) is not None
+        if touched is None:
+            touched = _repaired_failures(f, provenance, src, rows, False, False) is not None
         asked = provenance | (
             {"source_fingerprint": attrs.get("source_fingerprint")} if touched else {}
         )
@@ -1026,9 +1035,11 @@ def _touched_alone(
     """Whether ``store`` is complete for the request and differs from it by files touched
     since, whose bytes it holds, alone (what a store that cannot be written keeps)."""
     with open_store(store, "r") as f:
-        if _repaired_failures(f, provenance, src, rows, False, False) is None:
+        # (first what reads no image: with --retry-failed a store with failed rows has
+        # more to write, and its touched failed images are not read)
+        if not _times_alone(read_attrs(f), f["status"][:], retry_failed):
             return False
-        return _times_alone(read_attrs(f), f["status"][:], retry_failed)
+        return _repaired_failures(f, provenance, src, rows, False, False) is not None
 
 
 def _log_reused(path: Path, status: np.ndarray, first_failed: list[tuple[int, str, str]]) -> None:

@@ -1461,6 +1461,39 @@ def test_under_torchrun_a_merged_store_of_touched_images_whose_mode_is_read_only
     assert written == [] and out.read_bytes() == before
 
 
+@pytest.mark.parametrize("refused", ["other bytes", "read-only store"])
+def test_under_torchrun_a_refused_retry_reads_no_touched_failed_image(
+    tmp_path, monkeypatch, refused
+):
+    # A retry extracts its touched failed images again; it does not read them to compare
+    # their bytes, nor do the ranks share that reading. Yet where it was refused (another
+    # image's bytes changed; a merged store that cannot be written) every rank read each of
+    # them, in its checks of the merged store (complete? touched files alone?), whose
+    # outcome they could not change. (Ranks run one by one: each reads alone.)
+    folder = make_image_folder(tmp_path / "data", n_per_class=3)  # 2 of them fail
+    out = tmp_path / "f.h5"
+    _at_2_ranks(monkeypatch, folder, out, **FAST)
+    failed = sorted(path for path, _ in load_features(out).failures)
+    assert failed == ["cat/corrupt.jpg", "cat/truncated.jpg"]
+    _touch(*folder.rglob("*.*"))
+    if refused == "other bytes":
+        _other_bytes_same_size(folder / "dog" / "002.jpg")  # the last row
+        error, words = ProvenanceError, r"dog/002\.jpg' is not the file .* its bytes are not"
+    else:
+        _not_writable(monkeypatch, out)
+        _h5_refuses_writes(monkeypatch, out)
+        error, words = StoreError, "No permission to write the feature store .* file's mode"
+    hashed = _spy_hashed(monkeypatch)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _ranks_one_by_one(monkeypatch)
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        with pytest.raises(error, match=words):
+            extract_features(folder, BACKBONE, out, retry_failed=True, **FAST)
+    assert len(hashed) >= 16  # (each rank its 8 done touched images)
+    assert not [path for path in hashed if Path(path).name in ("corrupt.jpg", "truncated.jpg")]
+
+
 def test_under_torchrun_a_read_only_merged_store_with_an_adoption_mark_is_refused_at_once(
     tmp_path, monkeypatch
 ):
