@@ -88,7 +88,16 @@ def touched_rows(f, source: ImageSource, rows: np.ndarray, retry_failed: bool) -
     against the source reads again (``check`` of :func:`compare_rows`, as the check finds
     them), up to the first without a digest of its bytes; none (an empty array) where the
     store's rows are not the source's ``rows``, or none was touched."""
-    none = np.zeros(0, np.int64)
+    return _touched_and_digests(f, source, rows, retry_failed)[0]
+
+
+def _touched_and_digests(
+    f, source: ImageSource, rows: np.ndarray, retry_failed: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`touched_rows`, and the store's ``content_sha256`` column (empty where no row
+    is to be read): read once for all the hashing of the store under torchrun needs
+    (:func:`share_hashing`), as it is large (82 MB at 1.28 M rows)."""
+    none = np.zeros(0, np.int64), np.zeros(0, "S64")
     if "file_size" not in f or len(f["paths"]) != len(rows):
         return none
     sizes, mtimes = source.file_stats()
@@ -96,26 +105,33 @@ def touched_rows(f, source: ImageSource, rows: np.ndarray, retry_failed: bool) -
     if not (same_size & (f["file_mtime_ns"][:] != mtimes[rows])).any():
         return none  # (the rows' names not read: nothing touched)
     check = compare_rows(f, source, rows, retry_failed)[-1]
+    if not len(check):
+        return none
+    digests = f["content_sha256"][:]  # (n_rows,) S64
     # A row without one (its file unreadable then) is a difference, found unread.
-    without = f["content_sha256"][:][check] == b""
-    return check[: int(np.argmax(without))] if without.any() else check
+    without = digests[check] == b""
+    return (check[: int(np.argmax(without))] if without.any() else check), digests
 
 
 def hash_share(
-    f, source: ImageSource, rows: np.ndarray, check: np.ndarray, rank: int, world_size: int
-) -> tuple[int, str, tuple | None]:
-    """Rank ``rank``'s share of the store ``f``'s rows ``check`` (:func:`touched_rows`)
-    read and hashed, as :func:`first_other_bytes` does: every ``world_size``-th row, or of
-    tar shards and Parquet files the rows of every ``world_size``-th touched container
-    (each read by one rank; :func:`_shares`). How many of them, in order, were found to hold
-    their bytes, the sha256 of their keys (:func:`_checksum`), and the first found not to
-    as ``(key, error)`` (None where none): what every rank takes (:func:`take_verdicts`),
-    of a size that does not grow with the number of files."""
+    digests: np.ndarray, source: ImageSource, rows: np.ndarray, check: np.ndarray, rank: int,
+    world_size: int,
+) -> tuple[int, str, tuple | None]:  # fmt: skip
+    """Rank ``rank``'s share of a store's rows ``check`` (:func:`touched_rows`; ``digests``
+    its ``content_sha256`` column) read and hashed, as :func:`first_other_bytes` does: every
+    ``world_size``-th row, or of tar shards and Parquet files the rows of every
+    ``world_size``-th touched container (each read by one rank; :func:`_shares`). How many
+    of them, in order, were found to hold their bytes, the sha256 of their keys
+    (:func:`_checksum`), and the first found not to as ``(key, error)`` (None where none):
+    what every rank takes (:func:`take_verdicts`), of a size that does not grow with the
+    number of files."""
     mine = check[_shares(source, rows, check, world_size) == rank]
-    found = first_other_bytes(f, source, rows, mine)
-    n = len(mine) if found is None else int(np.searchsorted(mine, found[0]))
-    columns = _key_columns(f, source, rows, mine[: n + (found is not None)])
-    told = None if found is None else (_keys_of(*(c[n:] for c in columns))[0], _as_told(found[1]))
+    columns = _key_columns(digests, source, rows, mine)
+    found = _first_other_of(source, rows, mine, columns)
+    if found is None:
+        return len(mine), _checksum(*columns), None
+    n = int(np.searchsorted(mine, found[0]))
+    told = _keys_of(*(c[n : n + 1] for c in columns))[0], _as_told(found[1])
     return n, _checksum(*(c[:n] for c in columns)), told
 
 
@@ -171,10 +187,10 @@ def share_hashing(
         try:
             # (without HDF5's lock, as the checks that follow read the shards)
             with h5py.File(path, "r", locking=False) as f:
-                check = touched_rows(f, source, rows, retry_failed)
-                said.append(hash_share(f, source, rows, check, rank, world_size))
-                # every rank's share, rebuilt here to take its verdicts
-                checks.append((check, _key_columns(f, source, rows, check)))
+                check, digests = _touched_and_digests(f, source, rows, retry_failed)
+            said.append(hash_share(digests, source, rows, check, rank, world_size))
+            # every rank's share, rebuilt here to take its verdicts
+            checks.append((check, _key_columns(digests, source, rows, check)))
         except Exception:  # (not a store, or none: those checks say so)
             said.append(None)
             checks.append(None)
@@ -212,14 +228,15 @@ def take_verdicts(
             other[found[0]] = found[1]
 
 
-def _key_columns(f, source: ImageSource, rows: np.ndarray, check: np.ndarray) -> tuple:
-    """The keys of :data:`_verified` of the store ``f``'s rows ``check`` as columns:
-    items, their files' sizes and modification times as listed now (int64), and the
-    digests the rows record (S64)."""
+def _key_columns(
+    digests: np.ndarray, source: ImageSource, rows: np.ndarray, check: np.ndarray
+) -> tuple:
+    """The keys of :data:`_verified` of a store's rows ``check`` (``digests`` its
+    ``content_sha256`` column) as columns: items, their files' sizes and modification
+    times as listed now (int64), and the digests the rows record (S64)."""
     sizes, mtimes = source.file_stats()
     items = rows[check]
-    digests = f["content_sha256"][:][check]  # (n_check,) S64
-    return items, sizes[items], mtimes[items], digests
+    return items, sizes[items], mtimes[items], digests[check]  # (n_check,) each
 
 
 def _keys_of(items, sizes, mtimes, digests) -> list[tuple]:
@@ -227,12 +244,6 @@ def _keys_of(items, sizes, mtimes, digests) -> list[tuple]:
     return list(
         zip(items.tolist(), sizes.tolist(), mtimes.tolist(), map(bytes, digests), strict=True)
     )
-
-
-def _keys(f, source: ImageSource, rows: np.ndarray, check: np.ndarray) -> list[tuple]:
-    """The keys of :data:`_verified` of the store ``f``'s rows ``check``: ``(item, size,
-    mtime_ns, digest)``, the file's as listed now and the digest the row records."""
-    return _keys_of(*_key_columns(f, source, rows, check))
 
 
 def first_other_bytes(
@@ -250,8 +261,19 @@ def first_other_bytes(
     """
     if not len(check):
         return None
-    keys = _keys(f, source, rows, check)
-    digests = np.array([key[3] for key in keys], dtype="S64")
+    columns = _key_columns(f["content_sha256"][:], source, rows, check)
+    return _first_other_of(source, rows, check, columns)
+
+
+def _first_other_of(
+    source: ImageSource, rows: np.ndarray, check: np.ndarray, columns: tuple
+) -> tuple[int, Exception | None] | None:
+    """:func:`first_other_bytes` of the rows ``check``, their keys' ``columns``
+    (:func:`_key_columns`) given: ``(item, size, mtime_ns, digest)`` of each, the file's as
+    listed now and the digest the row records."""
+    if not len(check):
+        return None
+    keys, digests = _keys_of(*columns), columns[3]
     verified = _verified.get()
     if verified:
         todo = [j for j, key in enumerate(keys) if key not in verified]

@@ -1574,13 +1574,13 @@ def test_a_rank_s_error_reading_a_touched_file_reaches_the_others_with_its_type(
     src = open_source(folder)
     rows = np.arange(len(src))
     with h5py.File(out, "r") as f:
-        check = _touched.touched_rows(f, src, rows, False)
+        check, digests = _touched.touched_rows(f, src, rows, False), f["content_sha256"][:]
         with _touched.hashed_once():
-            said = [_touched.hash_share(f, src, rows, check, 0, 1)]
+            said = [_touched.hash_share(digests, src, rows, check, 0, 1)]
         told = pickle.loads(pickle.dumps(said))  # as the other ranks take it
         monkeypatch.setattr(_touched, "read_file", None)  # (not read again)
         with _touched.hashed_once():
-            columns = _touched._key_columns(f, src, rows, check)
+            columns = _touched._key_columns(digests, src, rows, check)
             _touched.take_verdicts(src, rows, check, columns, 1, told)
             found = _touched.first_other_bytes(f, src, rows, check)
     assert found[0] == 0 and f"({_os_error(found[1])})" in str(one.value)
@@ -1631,6 +1631,34 @@ def test_under_torchrun_what_a_rank_tells_of_its_hashing_does_not_grow_with_the_
     assert [[(n, found) for n, _, found in said] for said in sent] == [[(5, None)], [(500, None)]]
 
 
+def test_under_torchrun_a_store_s_digests_are_read_once_to_share_its_hashing(tmp_path, monkeypatch):
+    # The hashing shared by the ranks read a store's content_sha256 column whole up to
+    # four times (the touched rows, the keys of those hashed, of those told, of every
+    # rank's share): 82 MB a read at 1.28 M rows; twice where no file was touched. It is
+    # read once per store now, and not at all where nothing was touched.
+    from extract import _touched
+
+    out, src = _touched_store(tmp_path, 6)
+    again, untouched = tmp_path / "again.h5", tmp_path / "untouched.h5"
+    shutil.copy(out, again)
+    shutil.copy(out, untouched)
+    with h5py.File(untouched, "r+") as f:  # (its rows made after the touch)
+        f["file_mtime_ns"][:] = src.file_stats()[1]
+    read = []
+    real = h5py.Dataset.__getitem__
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", lambda self, *args, **kwargs: (
+        read.append(self.name), real(self, *args, **kwargs))[1])  # fmt: skip
+    rows, sent = np.arange(6), []
+    with _touched.hashed_once():
+        _touched.share_hashing(
+            [(out, rows), (again, rows), (untouched, rows)], src, False, 0, 2,
+            lambda said: sent.append(said) or [said, [None] * len(said)],
+        )  # fmt: skip
+        assert read.count("/content_sha256") == 2  # one per touched store
+        # rank 0's share of each (every other file), found to be the store's
+        assert [(n, found) for n, _, found in sent[0]] == [(3, None), (3, None), (0, None)]
+
+
 @pytest.mark.parametrize("alike", [True, False])
 def test_a_rank_takes_another_s_hashing_where_it_reads_the_store_alike(
     tmp_path, monkeypatch, alike
@@ -1643,9 +1671,9 @@ def test_a_rank_takes_another_s_hashing_where_it_reads_the_store_alike(
     out, src = _touched_store(tmp_path, 6)
     rows = np.arange(6)
     with h5py.File(out, "r") as f:
-        check = _touched.touched_rows(f, src, rows, False)
+        check, digests = _touched.touched_rows(f, src, rows, False), f["content_sha256"][:]
         with _touched.hashed_once():
-            theirs = _touched.hash_share(f, src, rows, check, 1, 2)
+            theirs = _touched.hash_share(digests, src, rows, check, 1, 2)
     assert theirs[0] == 3 and theirs[2] is None  # the odd rows, each the store's
     if not alike:  # (its keys' checksum other than rank 0's of the same rows)
         theirs = (3, hashlib.sha256(b"other").hexdigest(), None)
