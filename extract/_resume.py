@@ -270,6 +270,14 @@ def _source_explained(
     return difference
 
 
+def _takes_retries(provenance: dict, retry_failed: bool, attrs: dict) -> bool:
+    """Whether the checks of a store (its ``attrs``) against the request ``provenance``
+    take its failed images changed since as retried, not as differences (as
+    :func:`_source_explained` does): with ``retry_failed``, where the two agree on all but
+    the images (a shard's rank and rows its own)."""
+    return retry_failed and _same_settings(attrs, provenance | shard_own(attrs))
+
+
 def _same_settings(existing: dict, provenance: dict) -> bool:
     """Whether a store's attributes and a request agree on everything but the images: a
     request in another precision (bfloat16 against float32) is no repair of failures."""

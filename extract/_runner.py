@@ -57,6 +57,7 @@ from ._resume import (
     _shards_explained,
     _shards_vouch,
     _source_explained,
+    _takes_retries,
     _times_alone,
     _warn_of_other_versions,
     warn_unrecorded,
@@ -678,9 +679,14 @@ def _extract_shard(
             if read_merged and not rebuild
             else _CHECKING_SHARDS.format(os.fspath(merged))
         )
+    if read_merged:
+        whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
+        whole = _provenance(backbone, src, fingerprint, dtype, normalize, decode, whole, device)
     if merged is not None and torch.distributed.is_initialized():
         # Each rank hashes its share of the files touched since, and takes every rank's
-        # verdicts (every rank meets there, whatever it reads): of the stores checked next.
+        # verdicts (every rank meets there, whatever it reads): of the stores checked next,
+        # their failed images changed since hashed too where those checks compare them (a
+        # retry with other settings, refused, names the first difference among them).
         if read_merged and not rebuild:
             stores = [(merged, everything)]
         else:  # (the shards to resume: a rebuild's, or before any merge those there are;
@@ -692,10 +698,10 @@ def _extract_shard(
             if rebuild:
                 identity = _identity(merged)
                 stores = [(path, rows) for path, rows in stores if _replaces(path) == identity]
-        share_hashing(stores, src, retry_failed, rank, world_size, step.exchange)
+        asked = whole if read_merged and not rebuild else provenance
+        retrying = functools.partial(_takes_retries, asked, retry_failed)
+        share_hashing(stores, src, retrying, rank, world_size, step.exchange)
     if read_merged:
-        whole = dict(n_rows=len(src), n_total_rows=len(src), shard_rank=0, shard_world_size=1)
-        whole = _provenance(backbone, src, fingerprint, dtype, normalize, decode, whole, device)
         # The merged store holds every row: it tells what changed (repaired failures, with
         # --retry-failed; files touched since, whose bytes it holds). A rebuild's shards
         # tell it instead (below): its touched files are not read for it.

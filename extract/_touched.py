@@ -16,7 +16,7 @@ import numpy as np
 
 from ._decoding import NOT_A_FILE, read_file, sha256_hex
 from ._images import ImageSource
-from ._schema import DONE, PENDING
+from ._schema import DONE, PENDING, read_attrs
 
 # Items read at a time from a container (a tar shard, a Parquet row group's rows): its
 # touched rows are hashed with bounded memory.
@@ -174,19 +174,24 @@ def _as_told(error: Exception | None) -> Exception | None:
 
 
 def share_hashing(
-    stores: list[tuple[str, np.ndarray]], source: ImageSource, retry_failed: bool, rank: int,
-    world_size: int, exchange: Callable[[object], list | None],
+    stores: list[tuple[str, np.ndarray]], source: ImageSource,
+    retrying: Callable[[dict], bool], rank: int, world_size: int,
+    exchange: Callable[[object], list | None],
 ) -> None:  # fmt: skip
     """Under torchrun, the files touched since the stores of the run were made (the merged
     store, or the shards to resume: ``(path, rows)``) read and hashed once in all: each rank
     its share (:func:`hash_share`), told to every rank through ``exchange`` (every rank's
     value, in rank order), which each then takes (:func:`take_verdicts`), where each rank
-    read every one of them. A store that cannot be read is left to the checks that follow."""
+    read every one of them. ``retrying(attrs)``: whether the checks of a store (its
+    attributes) take its failed images changed since as retried (``retry_failed`` of
+    :func:`touched_rows`), not to be read. A store that cannot be read is left to the
+    checks that follow."""
     said, checks = [], []
     for path, rows in stores:
         try:
             # (without HDF5's lock, as the checks that follow read the shards)
             with h5py.File(path, "r", locking=False) as f:
+                retry_failed = retrying(read_attrs(f))
                 check, digests = _touched_and_digests(f, source, rows, retry_failed)
             said.append(hash_share(digests, source, rows, check, rank, world_size))
             # every rank's share, rebuilt here to take its verdicts

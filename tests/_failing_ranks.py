@@ -141,3 +141,32 @@ def rank_hashing_its_share(rank: int, folder: Path, said: Path, changed: str) ->
         (said / f"rank{rank}.json").write_text(json.dumps(outcomes))
 
     _ended(said, rank, runs)
+
+
+def rank_retrying_otherwise(rank: int, folder: Path, said: Path) -> None:
+    """One of two ranks retrying the failed images of the store ``said/f.h5`` of ``folder``
+    (``retry_failed``) in another dtype (float16), in the caller's group. Its outcome and
+    the files this rank read to hash go into ``said/rank<rank>.json``, as ``[outcome,
+    files]``."""
+    from extract import _touched
+
+    _caller_s_group(rank, said)
+    real, hashed = _touched.read_file, []
+
+    def spied(path, listed=None):
+        hashed.append(os.path.relpath(path, folder))
+        return real(path, listed)
+
+    _touched.read_file = spied
+
+    def run() -> None:
+        try:
+            extract_features(
+                folder, BACKBONE, said / "f.h5", retry_failed=True, dtype="float16", **FAST
+            )
+            ended = "returned"
+        except Exception as error:
+            ended = f"{type(error).__name__}: {error}"
+        (said / f"rank{rank}.json").write_text(json.dumps([ended, sorted(hashed)]))
+
+    _ended(said, rank, run)

@@ -1610,6 +1610,11 @@ def _touched_store(tmp_path, n_files: int):
     return out, open_source(folder)
 
 
+def _no_retry(attrs: dict) -> bool:
+    """``retrying`` of share_hashing for a run without --retry-failed."""
+    return False
+
+
 def test_under_torchrun_what_a_rank_tells_of_its_hashing_does_not_grow_with_the_files(
     tmp_path, monkeypatch
 ):
@@ -1624,7 +1629,7 @@ def test_under_torchrun_what_a_rank_tells_of_its_hashing_does_not_grow_with_the_
     for n_files in (10, 1000):
         out, src = _touched_store(tmp_path, n_files)
         with _touched.hashed_once():
-            _touched.share_hashing([(out, np.arange(n_files))], src, False, 0, 2, sent.append)
+            _touched.share_hashing([(out, np.arange(n_files))], src, _no_retry, 0, 2, sent.append)
     small, large = (len(pickle.dumps(said)) for said in sent)
     assert large - small <= 2  # (500 pickles in 2 bytes more than 5)
     # every other file, each found to be the store's
@@ -1651,7 +1656,7 @@ def test_under_torchrun_a_store_s_digests_are_read_once_to_share_its_hashing(tmp
     rows, sent = np.arange(6), []
     with _touched.hashed_once():
         _touched.share_hashing(
-            [(out, rows), (again, rows), (untouched, rows)], src, False, 0, 2,
+            [(out, rows), (again, rows), (untouched, rows)], src, _no_retry, 0, 2,
             lambda said: sent.append(said) or [said, [None] * len(said)],
         )  # fmt: skip
         assert read.count("/content_sha256") == 2  # one per touched store
@@ -1682,7 +1687,7 @@ def test_a_rank_takes_another_s_hashing_where_it_reads_the_store_alike(
     monkeypatch.setattr(_touched, "read_file", lambda path, listed=None: (
         read.append(os.path.basename(path)), real(path, listed))[1])  # fmt: skip
     with _touched.hashed_once():
-        _touched.share_hashing([(out, rows)], src, False, 0, 2, lambda said: [said, [theirs]])
+        _touched.share_hashing([(out, rows)], src, _no_retry, 0, 2, lambda said: [said, [theirs]])
         assert read == ["00000.png", "00002.png", "00004.png"]  # its share
         read.clear()
         with h5py.File(out, "r") as f:
@@ -1727,6 +1732,32 @@ def test_under_torchrun_each_rank_hashes_its_share_of_the_touched_files(
     (ended, first), (also, second) = (run["changed"] for run in said)
     assert ended == also == f"ProvenanceError: {one.value}"
     assert changed not in first and second == [changed]  # found by rank 1, told rank 0
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_retry_in_other_settings_reads_each_touched_failed_image_once(
+    tmp_path, monkeypatch
+):
+    # A retry in another dtype takes no failed image as retried: refused, it names the
+    # first image that differs, failed ones among them. The ranks shared the hashing of
+    # the touched images without the failed ones, which every rank then read itself.
+    from collections import Counter
+
+    from tests._failing_ranks import rank_retrying_otherwise
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=3)  # 2 of them fail
+    out = tmp_path / "f.h5"
+    _at_2_ranks(monkeypatch, folder, out, **FAST)  # (float32)
+    assert len(load_features(out).failures) == 2
+    _touch(*folder.rglob("*.*"))
+    _two_ranks(monkeypatch, rank_retrying_otherwise, folder, tmp_path)
+    (ended, first), (also, second) = (
+        json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)
+    )
+    assert ended == also and ended.startswith("ProvenanceError: ")
+    assert "dtype: file has 'float32', request has 'float16'" in ended
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.*"))
+    assert Counter(first + second) == Counter(files)  # each read once, by one rank
 
 
 def test_a_torchrun_run_killed_then_its_images_touched_resumes(tmp_path, monkeypatch):
