@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import json
 import logging
 import multiprocessing.util
 import os
 import re
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from numbers import Integral
@@ -354,8 +356,8 @@ def extract_features(
     if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now
         check_merging(os.fspath(merged))  # (where out exists: once found incomplete)
     group = _ranks_group() if merged is not None else contextlib.nullcontext()
-    with stops_with_launcher(), group, hashed_once():
-        step = _ShardStep(merged, world_size, rank) if merged is not None else None
+    with stops_with_launcher(), group as store, hashed_once():
+        step = _ShardStep(merged, world_size, rank, store) if merged is not None else None
         try:
             done = _extract_shard(
                 source, backbone, target, batch_size, num_workers, dtype, normalize,
@@ -363,8 +365,12 @@ def extract_features(
                 rank, world_size, progress, overwrite, retry_failed, merged, step,
             )  # fmt: skip
         except Exception as error:
-            if step is not None:  # the other ranks stop at their next exchange, naming it
+            if step is not None:  # the other ranks stop at their next batch or exchange
                 step.fail(error, rank)
+            raise
+        except BaseException as error:  # (a Ctrl-C, or the launcher gone, on this rank)
+            if step is not None:  # the others stop too, not waiting for it at an exchange
+                step.interrupt(error)
             raise
         if step is None:
             shard, _, _, failed = done
@@ -391,13 +397,20 @@ _RUNS = itertools.count()
 
 
 @contextlib.contextmanager
-def _ranks_group() -> Iterator[None]:
+def _ranks_group() -> Iterator[object]:
     """torchrun's ranks in one process group for the run, left after it (unless the
-    caller has joined one already, which is used as it is)."""
+    caller has joined one already, which is used as it is); inside, the group's key-value
+    store (None where torch does not give a caller's group's store)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
-        yield
+        # (ProcessGroup.get_group_store is missing from older torch: there a failure is
+        # told where the ranks next meet alone)
+        try:
+            store = dist.group.WORLD.get_group_store()
+        except Exception:
+            store = None
+        yield store
         return
     # gloo: what is exchanged is small and on the host, so no GPU is needed; the long
     # timeout lets fast ranks wait for slow ones at the end of an hours-long run.
@@ -409,9 +422,16 @@ def _ranks_group() -> Iterator[None]:
             "gloo", store=store, rank=rank, world_size=world_size, timeout=timeout
         )
     try:
-        yield
+        yield store
     finally:
         dist.destroy_process_group()
+
+
+def _said(error: BaseException) -> str:
+    """``error`` as a rank tells it to the others: ``"Type: message"`` on one line (its
+    type alone where it has no message, as a KeyboardInterrupt)."""
+    text = one_line(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _every_rank_said(value: object, failure: Exception | None, world_size: int) -> tuple:
@@ -422,7 +442,7 @@ def _every_rank_said(value: object, failure: Exception | None, world_size: int) 
     that goes on after it; or to meet gloo's "connection closed", which names nothing)."""
     import torch.distributed as dist
 
-    said = None if failure is None else f"{type(failure).__name__}: {one_line(failure)}"
+    said = None if failure is None else _said(failure)
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, (said, value))
     failed = [(rank, told) for rank, (told, _) in enumerate(gathered) if told is not None]
@@ -432,19 +452,32 @@ def _every_rank_said(value: object, failure: Exception | None, world_size: int) 
 class _ShardStep:
     """The collective points of a torchrun run's shard step, where its ranks meet (the
     listing's check, the failures' count at its end): at each, every rank says whether it
-    failed. A rank that fails goes to the next one (where the others wait, or will) and
-    says so; there every rank stops, the others with an error naming it."""
+    failed. A rank that fails says so at once in the group's store too (under the run's
+    key, agreed at the first of them), where the others look between their batches
+    (:meth:`stop_if_told`): they stop there and go to the next one, where every rank
+    stops, the others with an error naming it. A rank interrupted (Ctrl-C) says so in the
+    store alone and goes nowhere: the others stop with that error at their next batch, or
+    next meeting point, not waiting there for it."""
 
-    def __init__(self, merged: Path, world_size: int, rank: int = 0) -> None:
-        self.merged, self.world_size = merged, world_size
+    def __init__(self, merged: Path, world_size: int, rank: int = 0, store=None) -> None:
+        self.merged, self.world_size, self.rank = merged, world_size, rank
         self.ended = False  # an exchange told of a failure, or failed itself: no more
         # What this rank is doing, which a failure tells the others (it may be in another
         # part of the step than its shard: the merged store's check, say).
         self.doing = self.making_shard(rank)
+        # The group's key-value store (None: failures are told where the ranks meet alone),
+        # and the run's key in it: this rank's proposal until the first exchange, where
+        # every rank takes rank 0's (:meth:`agree_on_key`).
+        self.store, self.key, self.agreed = store, f"mr2-extract/failed/{uuid.uuid4().hex}", False
 
     def making_shard(self, rank: int) -> str:
         """What rank ``rank`` is doing while it makes its shard (:attr:`doing`)."""
         return f"to extract its shard {os.fspath(shard_path(self.merged, rank, self.world_size))!r}"
+
+    def agree_on_key(self, key: str) -> None:
+        """Take ``key`` (rank 0's, told at the run's first exchange) as the run's key in the
+        store: every rank's, and no other run's (a group the caller keeps serves many)."""
+        self.key, self.agreed = key, True
 
     def exchange(self, value: object) -> list | None:
         """Every rank's ``value`` in rank order (None where the ranks run one by one);
@@ -453,42 +486,110 @@ class _ShardStep:
 
         if not dist.is_initialized():  # (ranks run one by one: each knows its own only)
             return None
+        told = self._told()
+        if told is not None and not told["meets"]:  # (it will not come here: not waited for)
+            self.ended = True
+            raise self._failed(told["rank"], told["doing"], told["said"], interrupted=True)
         self.ended = True
         values, failed = _every_rank_said(value, None, self.world_size)
         if failed:
             (rank, said), others = failed[0], len(failed) - 1
-            also = f" (and {others} other {plural(others, 'rank')})" if others else ""
             # (a failing rank's value is what it was doing: :meth:`fail`)
             doing = values[rank] if isinstance(values[rank], str) else self.making_shard(rank)
-            raise StoreError(
-                f"Rank {rank}{also} failed {doing} ({said}): its error says why. Every rank "
-                "stops, the rows written so far kept: once that is cured, the same command "
-                "resumes."
-            )
+            raise self._failed(rank, doing, said, others=others)
         self.ended = False
         return values
 
+    def stop_if_told(self) -> None:
+        """Where another rank has said in the store that it failed (a look there, no
+        collective: between batches), stop: meet it at the exchange it waits at, and raise
+        the error naming it."""
+        told = self._told()
+        if told is None:
+            return
+        if told["meets"]:
+            self.exchange(None)  # (raises: that rank says there that it failed)
+        self.ended = True
+        raise self._failed(told["rank"], told["doing"], told["said"], interrupted=not told["meets"])
+
     def fail(self, error: Exception, rank: int) -> None:
-        """Say at the next exchange that this rank failed with ``error`` (which its caller
-        raises then); nothing after an exchange that ended the step."""
+        """Say at once in the store, and at the next exchange, that this rank failed with
+        ``error`` (which its caller raises then); nothing after an exchange that ended the
+        step."""
         import torch.distributed as dist
 
         if self.ended or not dist.is_initialized():
             return
         self.ended = True
-        # Said at once: the others may meet it only at the end of their shards, hours on.
+        # (before the log line: once it is said, the others may stop at any batch)
+        told = self._tell(error, meets=True)
+        # Said at once: without the store, the others may meet it only at the end of
+        # their shards, hours on.
         logger.error(
-            "Rank %d failed %s (%s: %s); it stops where the other ranks next meet (the "
-            "listings' check, or the end of their shards), then raises it. Ctrl-C stops "
-            "every rank now; the rows written so far are kept for the resume.",
+            "Rank %d failed %s (%s: %s); %s, then raises it. Ctrl-C stops every rank now; the "
+            "rows written so far are kept for the resume.",
             rank,
             self.doing,
             type(error).__name__,
             one_line(error),
+            "the other ranks stop after the batch they are at (or where they next meet), and "
+            "it stops with them"
+            if told
+            else "it stops where the other ranks next meet (the listings' check, or the end "
+            "of their shards)",
         )
         # (an error of the exchange itself, the others gone, leaves this rank's own raised)
         with contextlib.suppress(Exception):
             _every_rank_said(self.doing, error, self.world_size)
+
+    def interrupt(self, error: BaseException) -> None:
+        """Say in the store (as best it can) that this rank stops with ``error``, which
+        its caller raises at once: it goes to no exchange, and the others stop at their
+        next batch or exchange instead of waiting there for it (a group the caller keeps
+        waits for its timeout). (Said even within an exchange, which it leaves.)"""
+        self.ended = True
+        self._tell(error, meets=False)
+
+    def _tell(self, error: BaseException, meets: bool) -> bool:
+        """Say in the store under the run's key that this rank stops with ``error``, and
+        whether it ``meets`` the others at the next exchange; whether that was said."""
+        if self.store is None or not self.agreed:  # (before the first exchange: said there)
+            return False
+        said = dict(rank=self.rank, doing=self.doing, said=_said(error), meets=meets)
+        try:  # (a store's set has no timeout to wait out: it needs no other rank)
+            self.store.set(self.key, json.dumps(said))
+        except Exception:  # (the store gone with its host: told where the ranks meet)
+            return False
+        return True
+
+    def _told(self) -> dict | None:
+        """What another rank said in the store of its failure (:meth:`_tell`), or None."""
+        if self.store is None or not self.agreed:
+            return None
+        try:
+            # (check, not get: get waits for a key that is not there)
+            if not self.store.check([self.key]):
+                return None
+            return json.loads(self.store.get(self.key))
+        except Exception:  # (its host gone: failures are told where the ranks meet alone)
+            self.store = None
+            return None
+
+    def _failed(
+        self, rank: int, doing: str, said: str, others: int = 0, interrupted: bool = False
+    ) -> StoreError:
+        """The error of every other rank where rank ``rank`` failed ``doing`` (with
+        ``said``; ``interrupted``: a Ctrl-C, say), and ``others`` more with it."""
+        also = f" (and {others} other {plural(others, 'rank')})" if others else ""
+        why, cure = (
+            ("it was interrupted", "")
+            if interrupted
+            else ("its error says why", "once that is cured, ")
+        )
+        return StoreError(
+            f"Rank {rank}{also} failed {doing} ({said}): {why}. Every rank stops, the rows "
+            f"written so far kept: {cure}the same command resumes."
+        )
 
 
 # What a rank does while it checks the shards to be resumed (:attr:`_ShardStep.doing`).
@@ -525,9 +626,12 @@ def _check_same_listing(src: ImageSource, fingerprint: str, step: _ShardStep) ->
     """Refuse to start when the ranks of a torchrun group listed the source differently
     (files added, removed or changed while they started): their shards would not merge,
     which the merge finds only after every rank's extraction."""
-    listings = step.exchange((len(src), fingerprint))
+    # (the run's first exchange: every rank takes rank 0's key for the store there)
+    listings = step.exchange((len(src), fingerprint, step.key))
     if listings is None:  # ranks run one by one (rank= and world_size= given)
         return
+    step.agree_on_key(listings[0][-1])
+    listings = [listing[:2] for listing in listings]
     other = next((r for r, listing in enumerate(listings) if listing != listings[0]), None)
     if other is not None:
         (first, _), (theirs, _) = listings[0], listings[other]
@@ -917,7 +1021,8 @@ def _extract_shard(
         with torch.device("cpu"):
             batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
         with open_store(out, "r+") as f:
-            failed = _run(f, backbone, batches, rows, status, normalize, device, progress)
+            told = None if step is None else step.stop_if_told
+            failed = _run(f, backbone, batches, rows, status, normalize, device, progress, told)
         if world_size == 1:  # completed (not reused: none marked where nothing is written)
             mark_superseded(out, 1, by="a run in one process")  # an interrupted torchrun's
         if kept:  # the warning counts the store's failures, the earlier runs' too
@@ -1172,10 +1277,12 @@ def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.d
 
 
 def _run(
-    f, backbone, batches, rows, status, normalize, device, progress
+    f, backbone, batches, rows, status, normalize, device, progress, told=None
 ) -> tuple[int, list[tuple[int, str, str]]]:
     """Extract the pending rows into the open store ``f``; the number of images recorded
-    as failed, and the first ones as ``(index, path, reason)`` in source order."""
+    as failed, and the first ones as ``(index, path, reason)`` in source order.
+    ``told``: called after each batch is written; it raises to stop the run there (under
+    torchrun, :meth:`_ShardStep.stop_if_told`)."""
     bar = tqdm(total=len(status), initial=int((status != PENDING).sum()), disable=not progress)
     n_failed, first = 0, []
     with bar:
@@ -1191,6 +1298,8 @@ def _run(
             positions = np.searchsorted(rows, items)
             write_rows(f, positions, features, codes, [r or "" for r in reasons], digests)
             bar.update(len(items))
+            if told is not None:  # (another rank failed: this one stops, its rows kept)
+                told()
             # The first in source order: blocks of tar shards and row groups come in
             # another order (worker_order).
             new = [

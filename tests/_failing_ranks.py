@@ -65,12 +65,13 @@ def rank_beside_a_failing_rank(
             dist.destroy_process_group()
 
 
-def _caller_s_group(rank: int, said: Path) -> None:
+def _caller_s_group(rank: int, said: Path, timeout_s: float = 60) -> None:
     """Join the two ranks' group as a caller would (torchrun's variables set), with a
-    timeout of 60 s: where a rank waits that long for the other, the run waited for it."""
+    timeout of ``timeout_s``: where a rank waits that long for the other, the run waited
+    for it."""
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     init = f"file://{said / 'init'}"
-    timeout = timedelta(seconds=60)
+    timeout = timedelta(seconds=timeout_s)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timeout)
 
 
@@ -170,3 +171,71 @@ def rank_retrying_otherwise(rank: int, folder: Path, said: Path) -> None:
         (said / f"rank{rank}.json").write_text(json.dumps([ended, sorted(hashed)]))
 
     _ended(said, rank, run)
+
+
+def rank_beside_a_rank_stopping_mid_shard(rank: int, folder: Path, said: Path, how: str) -> None:
+    """One of two ranks extracting ``folder`` into ``said/f.h5`` one image a batch, in the
+    caller's group (a timeout of 5 s), where rank 1 stops at its first batch, once rank 0
+    is at its third: with an error (``how="error"``) or a KeyboardInterrupt
+    (``"interrupt"``). Rank 0 holds its third batch until rank 1 has stopped (its error
+    logged, or its interrupt raised). Then both run again. Into ``said/rank<rank>.json``
+    go each run's outcome and the rows of its shard done after the first, as
+    ``{"stopped": ..., "done": ..., "resumed": ...}``."""
+    import logging
+
+    import h5py
+
+    from extract import shard_path
+    from extract._schema import DONE
+
+    _caller_s_group(rank, said, timeout_s=5)
+    out, stopped, third = said / "f.h5", said / "rank1-stopped", said / "rank0-at-3"
+    real, batches = _runner._embed, []
+
+    def wait_for(flag: Path) -> None:
+        deadline = time.monotonic() + 20
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def embed(*args, **kwargs):
+        batches.append(1)
+        if rank == 1:
+            wait_for(third)
+            if how == "error":
+                raise RuntimeError("rank 1's device failed")
+            raise KeyboardInterrupt
+        if len(batches) == 3:  # (rank 0) held until rank 1 has stopped
+            third.touch()
+            wait_for(stopped)
+        return real(*args, **kwargs)
+
+    class Stopped(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("Rank 1 failed"):
+                stopped.touch()
+
+    logging.getLogger("extract").addHandler(Stopped(logging.ERROR))
+    outcomes = {}
+    fast = dict(FAST, batch_size=1)
+
+    def run(name: str) -> None:
+        try:
+            extract_features(folder, BACKBONE, out, **fast)
+            outcomes[name] = "returned"
+        except BaseException as error:  # (a KeyboardInterrupt too)
+            kind = type(error).__name__
+            outcomes[name] = f"{kind}: {error}" if str(error) else kind
+            if rank == 1:
+                stopped.touch()
+
+    try:
+        _runner._embed = embed
+        run("stopped")
+        _runner._embed = real
+        with h5py.File(shard_path(out, rank, 2), "r") as f:
+            outcomes["done"] = int((f["status"][:] == DONE).sum())
+        dist.barrier()  # (both done with the first run)
+        run("resumed")
+        (said / f"rank{rank}.json").write_text(json.dumps(outcomes))
+    finally:
+        dist.destroy_process_group()

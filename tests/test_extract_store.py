@@ -2906,6 +2906,48 @@ def test_a_rank_beside_ranks_that_failed_names_the_first_of_them(tmp_path, monke
     assert not built  # stopped at the listing's exchange, before any model
 
 
+@pytest.mark.parametrize("how", ["error", "interrupt"])
+def test_a_rank_told_through_the_store_stops_after_its_batch(monkeypatch, how):
+    # Ranks 0 and 1 of 2 (their group faked, its store a HashStore). A rank that failed
+    # while the others extracted told them only where they next met, after their shards;
+    # one interrupted told them nothing, and they waited for it there. It says so in the
+    # store now, which the others look at after each batch: there they meet the failed
+    # rank at its exchange, or stop at once where it was interrupted (and goes nowhere).
+    import torch.distributed as dist
+
+    from extract._runner import _ShardStep
+
+    store, gathered = dist.HashStore(), []
+
+    def gather(into, mine):  # (rank 1's, said first, beside rank 0's)
+        gathered.append(mine)
+        into[:] = [mine, gathered[0]] if len(gathered) > 1 else [mine, mine]
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    ranks = [_ShardStep(Path("f.h5"), 2, rank, store) for rank in (0, 1)]
+    for step in ranks:
+        step.agree_on_key(ranks[0].key)
+    ranks[0].stop_if_told()  # nothing said: it goes on
+    if how == "error":
+        ranks[1].fail(RuntimeError("out of memory"), 1)  # (said there, then at its exchange)
+        said, why = "RuntimeError: out of memory", "its error says why"
+        cure = "once that is cured, the same command resumes."
+    else:
+        ranks[1].interrupt(KeyboardInterrupt())
+        said, why, cure = "KeyboardInterrupt", "it was interrupted", "the same command resumes."
+    n_said = len(gathered)
+    with pytest.raises(StoreError) as raised:
+        ranks[0].stop_if_told()
+    assert str(raised.value) == (
+        f"Rank 1 failed to extract its shard 'f.shard-00001-of-00002.h5' ({said}): {why}. "
+        f"Every rank stops, the rows written so far kept: {cure}"
+    )
+    # Met at the failed rank's exchange; not waited for where it was interrupted.
+    assert len(gathered) - n_said == (how == "error")
+    assert ranks[0].ended
+
+
 @pytest.mark.parametrize("where", ["store", "shards"])
 def test_a_rank_that_fails_checking_the_stores_is_named_as_such(tmp_path, monkeypatch, where):
     # Rank 1 of 2 (its group faked) fails in the check of the merged store (a ProvenanceError
@@ -2983,6 +3025,41 @@ def test_under_torchrun_a_rank_that_fails_in_its_shard_ends_every_rank(
             f"rank 1 cannot {where} second line): its error says why. Every rank stops, the "
             "rows written so far kept: once that is cured, the same command resumes."
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["error", "interrupt"])
+def test_under_torchrun_a_rank_that_stops_mid_shard_stops_the_others_at_their_next_batch(
+    tmp_path, monkeypatch, how
+):
+    # Rank 1 failed at its first batch, in a group the caller keeps: rank 0 heard of it only
+    # at the end of its shard, having extracted every row (or waited for rank 1 there until
+    # the group's timeout, when its shard took longer); a KeyboardInterrupt of rank 1 alone
+    # was not told at all, and rank 0 waited for it until the timeout. Now rank 0 stops
+    # after the batch it is at, naming rank 1, its rows kept, and the same run resumes.
+    from tests._failing_ranks import rank_beside_a_rank_stopping_mid_shard
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=12, special=False)
+    _two_ranks(monkeypatch, rank_beside_a_rank_stopping_mid_shard, folder, tmp_path, how)
+    said = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    own = "RuntimeError: rank 1's device failed" if how == "error" else "KeyboardInterrupt"
+    why = (
+        "its error says why. Every rank stops, the rows written so far kept: once that is "
+        "cured, the same command resumes."
+        if how == "error"
+        else "it was interrupted. Every rank stops, the rows written so far kept: the same "
+        "command resumes."
+    )
+    shard = shard_path(tmp_path / "f.h5", 1, 2)
+    assert said[1]["stopped"] == own
+    assert said[0]["stopped"] == (
+        f"StoreError: Rank 1 failed to extract its shard {str(shard)!r} ({own}): {why}"
+    )
+    # Rank 0 stopped after its third batch (held until rank 1 had stopped), not its 12th.
+    assert [each["done"] for each in said] == [3, 0]
+    assert [each["resumed"] for each in said] == ["returned", "returned"]
+    with h5py.File(tmp_path / "f.h5", "r") as f:
+        assert (f["status"][:] == DONE).all() and len(f["status"]) == 24
 
 
 def _two_ranks(monkeypatch, target, *args, guard: int = 120) -> None:
