@@ -59,6 +59,12 @@ def _launcher_pid() -> int:
     return _first_seen[1]
 
 
+def launcher_gone() -> bool:
+    """Whether this process runs under torchrun and its launcher is gone (its parent has
+    changed): the store the launcher held went with it."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and os.getppid() != _launcher_pid()
+
+
 @contextlib.contextmanager
 def stops_with_launcher() -> Iterator[None]:
     """Inside, under torchrun (its ``TORCHELASTIC_RUN_ID`` set), a SIGINT to the main thread

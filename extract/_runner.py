@@ -34,7 +34,7 @@ from ._backbones import create_backbone
 from ._batches import _assemble, _embed, _refuse_non_finite
 from ._decoding import MAX_ASPECT
 from ._images import ImageSource, ItemDataset, collate_items, open_source
-from ._launcher import connecting, stops_with_launcher
+from ._launcher import connecting, launcher_gone, stops_with_launcher
 from ._locks import store_lock
 from ._merge import (
     _mark,
@@ -553,8 +553,8 @@ class _ShardStep:
     def _tell(self, error: BaseException, meets: bool) -> bool:
         """Say in the store under the run's key that this rank stops with ``error``, and
         whether it ``meets`` the others at the next exchange; whether that was said."""
-        if self.store is None or not self.agreed:  # (before the first exchange: said there)
-            return False
+        if self.store is None or not self.agreed or launcher_gone():
+            return False  # (before the first exchange: said there; or no store to say it)
         said = dict(rank=self.rank, doing=self.doing, said=_said(error), meets=meets)
         try:  # (a store's set has no timeout to wait out: it needs no other rank)
             self.store.set(self.key, json.dumps(said))
@@ -564,7 +564,9 @@ class _ShardStep:
 
     def _told(self) -> dict | None:
         """What another rank said in the store of its failure (:meth:`_tell`), or None."""
-        if self.store is None or not self.agreed:
+        # (a store that went with torchrun's launcher: torch logs each failed look there,
+        # a stack trace on stderr)
+        if self.store is None or not self.agreed or launcher_gone():
             return None
         try:
             # (check, not get: get waits for a key that is not there)

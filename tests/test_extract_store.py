@@ -2948,6 +2948,37 @@ def test_a_rank_told_through_the_store_stops_after_its_batch(monkeypatch, how):
     assert ranks[0].ended
 
 
+def test_a_rank_whose_launcher_is_gone_leaves_its_store_alone(monkeypatch):
+    # torchrun's launcher killed outright takes its store with it: a rank that looked there
+    # after each batch, or told it of its interrupt, had torch log a stack trace for it.
+    import torch.distributed as dist
+
+    from extract import _launcher
+    from extract._runner import _ShardStep
+
+    looked = []
+
+    class Store:
+        def check(self, keys):
+            looked.append("check")
+            return False
+
+        def set(self, key, value):
+            looked.append("set")
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setattr(_launcher, "_first_seen", (os.getpid(), os.getppid()))
+    step = _ShardStep(Path("f.h5"), 2, 1, Store())
+    step.agree_on_key(step.key)
+    step.stop_if_told()
+    assert looked == ["check"]  # (the launcher there: it looks)
+    monkeypatch.setattr(_launcher, "_first_seen", (os.getpid(), os.getppid() + 1))  # gone
+    step.stop_if_told()
+    step.interrupt(KeyboardInterrupt())
+    assert looked == ["check"]
+
+
 @pytest.mark.parametrize("where", ["store", "shards"])
 def test_a_rank_that_fails_checking_the_stores_is_named_as_such(tmp_path, monkeypatch, where):
     # Rank 1 of 2 (its group faked) fails in the check of the merged store (a ProvenanceError
