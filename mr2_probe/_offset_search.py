@@ -15,6 +15,7 @@ from sklearn.metrics import accuracy_score, balanced_accuracy_score
 from sklearn.utils._param_validation import Interval, StrOptions, validate_params
 from sklearn.utils.validation import _check_sample_weight, check_array, column_or_1d
 
+from ._data import summable
 from .metrics import (
     GROUP_NAMES,
     class_accuracy_std,
@@ -199,7 +200,10 @@ def tune_class_offsets(
         repeated = False
     if repeated:
         raise ValueError(f"classes must be distinct labels, got {classes.tolist()}.")
-    weight = _check_sample_weight(sample_weight, z, ensure_non_negative=True)
+    # Scaled down by a power of two where their sum would overflow (weights near the
+    # largest float), which changes no ratio: summed to inf, every class's accuracy was
+    # NaN, the score 0 and the accuracy bound unheld.
+    weight = summable(_check_sample_weight(sample_weight, z, ensure_non_negative=True))
     if not weight.sum() > 0:
         raise ValueError("The sum of sample weights must be positive.")
     objective = _Objective(scoring, classes, y, weight, sample_weight is not None)

@@ -518,6 +518,25 @@ def test_the_accuracy_bound_holds_under_weights():
         np.testing.assert_array_equal(weighted.offsets, repeated.offsets)
 
 
+def test_weights_near_the_largest_float_tune_as_their_ratio():
+    # Their sum overflowed to inf: every class's accuracy NaN, a score and base score of
+    # 0, an accuracy drop of NaN, and offsets that broke the bound of 0 (0.4 pt lost).
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], [200, 40, 20])
+    z = rng.normal(size=(len(y), 3)) + np.eye(3)[y] + np.array([1.0, 0.0, 0.0])
+    weight = rng.integers(1, 4, len(y)).astype(float)
+    for bound in (0.0, 0.01, None):
+        expected = tune_class_offsets(z, y, "worst_class", bound, sample_weight=weight)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (no overflow)
+            # (a power of two: the same ratios exactly)
+            huge = tune_class_offsets(z, y, "worst_class", bound, sample_weight=weight * 2.0**1020)
+        np.testing.assert_array_equal(huge.offsets, expected.offsets)
+        assert huge.score == expected.score > huge.base_score == expected.base_score
+        assert huge.accuracy_drop == pytest.approx(expected.accuracy_drop, abs=1e-12)
+        assert bound is None or huge.accuracy_drop <= bound + 1e-12
+
+
 def test_the_top_two_kept_by_updates_are_argmax_s_under_exact_ties():
     # The search keeps each row's largest and second-largest column as offsets change; a
     # column that comes to tie the second (argmax's rule: the lower index wins) must enter.
