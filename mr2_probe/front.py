@@ -29,7 +29,7 @@ from sklearn.utils._param_validation import StrOptions, validate_parameter_const
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _num_samples, column_or_1d
 
-from ._data import check_h5_open, check_no_missing_labels, plain
+from ._data import check_h5_open, check_no_missing_labels, numpy_if_tensor, plain
 from ._offset_search import tune_class_offsets
 from ._offsets import TunedOffsetsClassifierCV, check_training_folds, offsets_splits
 from .metrics import (
@@ -416,6 +416,13 @@ def accuracy_front(
         raise ValueError(f"bound must be a number, a fraction in [0, 1), got {plain(bound)!r}.")
     # (h5py's "Unable to synchronously get dataspace" from the checks below otherwise)
     check_h5_open(X=X, y=y, X_val=X_val, y_val=y_val, X_test=X_test, y_test=y_test, groups=groups)
+    # Labels and groups that NumPy cannot read (tensors on a GPU, or requiring grad), as the
+    # estimators take them: the checks below failed on them in torch's words ("can't
+    # convert cuda:0 device type tensor to numpy").
+    y, y_val, y_test, groups = (
+        numpy_if_tensor(value, name)
+        for value, name in ((y, "y"), (y_val, "y_val"), (y_test, "y_test"), (groups, "groups"))
+    )
     _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm)
     # (counts first: an empty split is refused without a warning that it lacks every class)
     _check_scored_features(X, {"val": (X_val, y_val), "test": (X_test, y_test)})

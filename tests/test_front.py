@@ -14,7 +14,7 @@ from matplotlib.colors import to_hex
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import PredefinedSplit, train_test_split
+from sklearn.model_selection import GroupKFold, PredefinedSplit, train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -313,6 +313,32 @@ def test_tilts_and_bounds_of_a_tensor_pass_the_options_check(splits, monkeypatch
             MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val,
             tilts=torch.tensor([0.0, 1.0]), offset_bounds=torch.tensor([0.01]),
         )  # fmt: skip
+
+
+def test_labels_and_groups_of_tensors_numpy_cannot_read_are_taken_as_the_estimators_take_them(
+    splits,
+):
+    # Tensors on a GPU, or requiring grad, failed in the checks before any fit ("Can't call
+    # numpy() on Tensor that requires grad"), where the estimators and the metrics take them.
+    X_fit, y_fit, X_val, y_val, X_test, y_test = splits
+    probe = MR2LinearClassifier(C=0.1, device="cpu")
+    groups = np.arange(len(y_fit)) % 6
+    options = {"tilts": (), "offset_bounds": (0.01,), "offsets_cv": GroupKFold(2)}
+
+    def held(values):
+        return torch.tensor(values, dtype=torch.float64, requires_grad=True)
+
+    expected = accuracy_front(
+        probe, X_fit, y_fit.astype(float), X_val, y_val.astype(float), X_test=X_test,
+        y_test=y_test.astype(float), groups=groups, **options,
+    )  # fmt: skip
+    front = accuracy_front(
+        probe, X_fit, held(y_fit), X_val, held(y_val), X_test=X_test, y_test=held(y_test),
+        groups=held(groups), **options,
+    )  # fmt: skip
+    assert front.chosen == expected.chosen
+    for point, same in zip(front.points, expected.points, strict=True):
+        assert (point.name, point.validation, point.test) == (same.name, same.validation, same.test)
 
 
 def test_a_bound_of_minus_zero_is_zero_and_an_empty_split_is_refused_before_any_fit(splits):
