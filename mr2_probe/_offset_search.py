@@ -15,7 +15,7 @@ from sklearn.metrics import accuracy_score, balanced_accuracy_score
 from sklearn.utils._param_validation import Interval, StrOptions, validate_params
 from sklearn.utils.validation import _check_sample_weight, check_array, column_or_1d
 
-from ._data import summable
+from ._data import numpy_if_tensor, summable
 from .metrics import (
     GROUP_NAMES,
     class_accuracy_std,
@@ -98,8 +98,9 @@ def tune_class_offsets(
     Parameters
     ----------
     decision : array-like of shape (n_samples, n_classes) or (n_samples,)
-        Decision values (logits); a 1-D array is a binary problem's z1 − z0 and is read as
-        the two columns [0, z].
+        Decision values (logits), a torch tensor too (on any device, of any float dtype,
+        read in float64); a 1-D array is a binary problem's z1 − z0 and is read as the two
+        columns [0, z].
     y : array-like of int of shape (n_samples,)
         Column of each sample's true class, in [0, n_classes).
     scoring : str or callable, default="worst_class"
@@ -169,6 +170,12 @@ def tune_class_offsets(
     >>> (decision + result.offsets).argmax(1)
     array([0, 0, 1, 1])
     """
+    # Tensors that NumPy cannot read (on a GPU, requiring grad, bfloat16 logits), as the
+    # estimators read them: check_array failed on them in torch's words.
+    decision, y, sample_weight = (
+        numpy_if_tensor(value, name)
+        for value, name in ((decision, "decision"), (y, "y"), (sample_weight, "sample_weight"))
+    )
     z = check_array(decision, ensure_2d=False, dtype=np.float64)
     if z.ndim == 1:
         z = np.column_stack([np.zeros_like(z), z])

@@ -537,6 +537,24 @@ def test_weights_near_the_largest_float_tune_as_their_ratio():
         assert bound is None or huge.accuracy_drop <= bound + 1e-12
 
 
+def test_decision_values_and_weights_of_tensors_numpy_cannot_read_are_read_as_floats():
+    # bfloat16 logits (a network's under autocast), and tensors on a GPU or requiring grad,
+    # failed in check_array ("Got unsupported ScalarType BFloat16", "Can't call numpy() on
+    # Tensor that requires grad"), where the estimators read them.
+    z, y = _biased_logits(0)
+    weight = np.random.default_rng(1).uniform(0.5, 2.0, len(y))
+    logits = torch.tensor(z, dtype=torch.bfloat16, requires_grad=True)
+    expected = tune_class_offsets(
+        logits.detach().float().numpy(), y, "worst_class", 0.01, sample_weight=weight
+    )
+    tuned = tune_class_offsets(
+        logits, torch.tensor(y), "worst_class", 0.01,
+        sample_weight=torch.tensor(weight, requires_grad=True),
+    )  # fmt: skip
+    np.testing.assert_array_equal(tuned.offsets, expected.offsets)
+    assert tuned.score == expected.score > tuned.base_score == expected.base_score
+
+
 def test_the_top_two_kept_by_updates_are_argmax_s_under_exact_ties():
     # The search keeps each row's largest and second-largest column as offsets change; a
     # column that comes to tie the second (argmax's rule: the lower index wins) must enter.
