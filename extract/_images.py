@@ -1854,13 +1854,16 @@ def working_folder_hint(folder: str, failed: list[str]) -> str:
     )
 
 
-def _named_without_digits(rows: list[list]) -> bool:
+def _missing_without_digits(folder: Path, rows: list[list]) -> bool:
     """Whether every path of ``rows`` is named without a digit or an extension ('d', 'katze'),
-    as a header's column is and images seldom are (a digit looked for in all at once)."""
+    as a header's column is and images seldom are (a digit looked for in all at once), and
+    names no file in ``folder``: a first line missing above images found is a header
+    ('Datei Klasse' above 'katze tier' found). (A look-up a line, up to the first found, for
+    such lists alone.)"""
     paths = [path for path, _, _ in rows]
-    if re.search(r"\d", "\0".join(paths)):
+    if re.search(r"\d", "\0".join(paths)) or any(os.path.splitext(p)[1] for p in paths):
         return False
-    return not any(os.path.splitext(path)[1] for path in paths)
+    return not any(os.path.isfile(folder / path) for path in paths)
 
 
 # Words of a list's column names ('filename', 'image_path', 'ClassName', 'label'), which
@@ -1894,6 +1897,7 @@ def _columns(delimiter: str | None, *names: str) -> str:
 
 def _check_first_line(
     list_file: Path,
+    folder: Path,
     line: str,
     path: str,
     label: str,
@@ -1903,18 +1907,19 @@ def _check_first_line(
 ) -> None:
     """Refuse a list's first ``line`` that names no image (no such file, no extension) with
     a label of its own and reads as a header (column names, 'filename,class', a path without
-    a digit above ``rest``, the rows after it, named otherwise, 'sku,breed' or
-    'Datei,Klasse' above 'cat/000.png,cat', or a comment, '# my images'): it became an
-    image of a class of its own. Said, and read as an image (recorded as failed as other
-    missing images are), where it reads as none: a first image 'scan0001' of a class 'bird'
-    was refused as a header. (Column names are words of any language; an image's name
-    without an extension, a scan's number or a hash, holds a digit, but in a list whose
-    every image is named without either: 'c cat' above 'd dog' reads as its rows do, where
-    it was refused as a header, quoted or not, and 'd dog' read as an image.) The header
-    either names is written with the list's own separator (``delimiter``)."""
+    a digit above ``rest``, the rows after it, named otherwise or found in ``folder``,
+    'sku,breed' or 'Datei,Klasse' above 'cat/000.png,cat', or above 'katze,tier' found, or
+    a comment, '# my images'): it became an image of a class of its own. Said, and read as
+    an image (recorded as failed as other missing images are), where it reads as none: a
+    first image 'scan0001' of a class 'bird' was refused as a header. (Column names are
+    words of any language; an image's name without an extension, a scan's number or a
+    hash, holds a digit, but in a list whose every image is named without either and
+    missing: 'c cat' above 'd dog' reads as its rows do, where it was refused as a header,
+    quoted or not, and 'd dog' read as an image.) The header either names is written with
+    the list's own separator (``delimiter``)."""
     header = _columns(delimiter, "path", "label")
     comment = path[:1] == "#"
-    digitless = not re.search(r"\d", path) and not _named_without_digits(rest)
+    digitless = not re.search(r"\d", path) and not _missing_without_digits(folder, rest)
     if comment or digitless or _column_name(path) or _column_name(label):
         raise ValueError(
             f"{list_file}:{number}: {line.strip()!r} looks like a header (no such image, and "
@@ -1955,11 +1960,11 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         twice, a header after the first line, or a first line that looks like another
         header (no such file, no file extension, a label that is not an index and that
         no other line has, and column names, ``filename,class``, a path without a digit
-        where a later path has a digit or an extension, ``sku,breed``, or a ``#`` first):
-        it would otherwise become an image of a class of its own. Such a line of no
-        column names and a digit in its path (``scan0001,bird``), or above paths all
-        without a digit or an extension (``c cat`` above ``d dog``), is an image, said in
-        a warning.
+        where a later path has a digit or an extension or names a file, ``sku,breed``, or
+        a ``#`` first): it would otherwise become an image of a class of its own. Such a
+        line of no column names and a digit in its path (``scan0001,bird``), or above
+        paths all without a digit or an extension and missing (``c cat`` above ``d
+        dog``), is an image, said in a warning.
 
     Returns
     -------
@@ -1990,7 +1995,7 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         named = os.path.isfile(folder / path) or os.path.splitext(path)[1]
         if not named and not label.isdigit():
             line = text[number - 1]
-            _check_first_line(list_file, line, path, label, number, delimiter, rows[1:])
+            _check_first_line(list_file, folder, line, path, label, number, delimiter, rows[1:])
     first_line, resolved = {}, {}
     for path, label, number in rows:
         if [path.lower(), label.lower()] == ["path", "label"]:

@@ -1907,14 +1907,11 @@ def test_a_first_line_without_a_digit_in_its_path_is_refused_as_a_header(folder,
     ("l.csv", ["c,cat", "d,dog", "e,dog"]),
     ("l.csv", ["c;cat", "d;dog", "e;dog"]),
 ])  # fmt: skip
-@pytest.mark.parametrize("there", [False, True])
-def test_a_first_line_named_as_every_later_image_is_a_row(folder, caplog, name, lines, there):
-    # Images named without a digit or an extension, the first missing (not there yet): the
-    # first line was refused as a header, quoted or not, where each later one, named the
-    # same way, was an image. It is an image, said as a first image 'scan0001' is.
+def test_a_first_line_named_as_every_later_image_is_a_row(folder, caplog, name, lines):
+    # Images named without a digit or an extension, all missing (not there yet): the first
+    # line was refused as a header, quoted or not, where each later one, named the same
+    # way, was an image. It is an image, said as a first image 'scan0001' is.
     caplog.set_level(logging.WARNING, logger="extract")
-    for later in "de" if there else "":
-        (folder / later).write_bytes((folder / "cat/000.png").read_bytes())
     (folder / name).write_text("\n".join(lines) + "\n")
     src = image_list(folder / name)
     assert (src.ids, src.class_names) == (["c", "d", "e"], ["cat", "dog"])
@@ -1942,6 +1939,29 @@ def test_a_first_line_named_unlike_later_images_is_refused_as_a_header(folder, n
     with pytest.raises(ValueError, match=r":1: .* looks like a header") as info:
         image_list(folder / name)
     assert f":1: {lines[0]!r} looks like a header" in str(info.value)
+    header = re.search(r"If it is an image, put the header '(.+?)' before it\.", str(info.value))
+    (folder / name).write_text("\n".join([header[1].replace("<TAB>", "\t"), *lines]) + "\n")
+    src = image_list(folder / name)
+    assert src.ids == [re.split(r"[\t ]", line)[0].strip('"') for line in lines]
+
+
+@pytest.mark.parametrize("lines, there", [
+    (["Datei Klasse", "katze tier", "hund tier"], "katze hund"),
+    (["sku\tbreed", '"hund"\t"cat"', '"imgs/maus"\t"cat"'], "hund imgs/maus"),
+    (["c cat", "d dog", "e dog"], "d e"),
+    (["c cat", "d dog", "e dog"], "e"),  # (one later image found is enough)
+])  # fmt: skip
+def test_a_first_line_missing_above_images_found_is_refused_as_a_header(folder, lines, there):
+    # Named as every later image is, without a digit or an extension, but the later images
+    # are found and it is not: a header (column names in other words than the column
+    # words), not an image of a class of its own. Refused, with its cure, which works.
+    for later in there.split():
+        (folder / later).parent.mkdir(exist_ok=True)
+        (folder / later).write_bytes((folder / "cat/000.png").read_bytes())
+    name = "l.tsv" if "\t" in lines[0] else "l.txt"
+    (folder / name).write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r":1: .* looks like a header") as info:
+        image_list(folder / name)
     header = re.search(r"If it is an image, put the header '(.+?)' before it\.", str(info.value))
     (folder / name).write_text("\n".join([header[1].replace("<TAB>", "\t"), *lines]) + "\n")
     src = image_list(folder / name)
