@@ -1907,19 +1907,25 @@ def _check_first_line(
 ) -> None:
     """Refuse a list's first ``line`` that names no image (no such file, no extension) with
     a label of its own and reads as a header (column names, 'filename,class', a path without
-    a digit above ``rest``, the rows after it, named otherwise or found in ``folder``,
-    'sku,breed' or 'Datei,Klasse' above 'cat/000.png,cat', or above 'katze,tier' found, or
-    a comment, '# my images'): it became an image of a class of its own. Said, and read as
-    an image (recorded as failed as other missing images are), where it reads as none: a
-    first image 'scan0001' of a class 'bird' was refused as a header. (Column names are
-    words of any language; an image's name without an extension, a scan's number or a
-    hash, holds a digit, but in a list whose every image is named without either and
-    missing: 'c cat' above 'd dog' reads as its rows do, where it was refused as a header,
-    quoted or not, and 'd dog' read as an image.) The header either names is written with
-    the list's own separator (``delimiter``)."""
+    a digit above ``rest``, the rows after it, named otherwise, found in ``folder`` or in
+    folders, 'sku,breed' or 'Datei,Klasse' above 'cat/000.png,cat', or above 'katze,tier'
+    found or 'katzen/minka,katze', or a comment, '# my images'): it became an image of a
+    class of its own. Said, and read as an image (recorded as failed as other missing
+    images are), where it reads as none: a first image 'scan0001' of a class 'bird' was
+    refused as a header. (Column names are words of any language; an image's name without
+    an extension, a scan's number or a hash, holds a digit, but in a list whose every
+    image is named without either and missing: 'c cat' above 'd dog' reads as its rows do,
+    where it was refused as a header, quoted or not, and 'd dog' read as an image.) The
+    header either names is written with the list's own separator (``delimiter``)."""
     header = _columns(delimiter, "path", "label")
     comment = path[:1] == "#"
-    digitless = not re.search(r"\d", path) and not _missing_without_digits(folder, rest)
+    # (named unlike later images: in no folder where each is in one, 'Datei Klasse' above
+    # 'katzen/minka katze', or they have a digit or an extension, or are found)
+    digitless = not re.search(r"\d", path) and (
+        not os.path.dirname(path)
+        and all(os.path.dirname(p) for p, _, _ in rest)
+        or not _missing_without_digits(folder, rest)
+    )
     if comment or digitless or _column_name(path) or _column_name(label):
         raise ValueError(
             f"{list_file}:{number}: {line.strip()!r} looks like a header (no such image, and "
@@ -1960,11 +1966,12 @@ def image_list(list_file: str | os.PathLike) -> ImageSource:
         twice, a header after the first line, or a first line that looks like another
         header (no such file, no file extension, a label that is not an index and that
         no other line has, and column names, ``filename,class``, a path without a digit
-        where a later path has a digit or an extension or names a file, ``sku,breed``, or
-        a ``#`` first): it would otherwise become an image of a class of its own. Such a
-        line of no column names and a digit in its path (``scan0001,bird``), or above
-        paths all without a digit or an extension and missing (``c cat`` above ``d
-        dog``), is an image, said in a warning.
+        where a later path has a digit or an extension or names a file, or where it lies
+        in no folder and every later one in one, ``sku,breed``, or a ``#`` first): it
+        would otherwise become an image of a class of its own. Such a line of no column
+        names and a digit in its path (``scan0001,bird``), or above paths all without a
+        digit or an extension and missing (``c cat`` above ``d dog``), is an image, said
+        in a warning.
 
     Returns
     -------

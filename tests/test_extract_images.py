@@ -1931,6 +1931,7 @@ def test_a_first_line_named_as_every_later_image_is_a_row(folder, caplog, name, 
     ("l.tsv", ['"c"\t"cat"', '"d.png"\t"dog"', '"e"\t"dog"']),  # (or an extension)
     ("l.txt", ["sku breed", "katze1 cat", "hund dog"]),
     ("l.txt", ["filename class", "d dog", "e cat"]),  # (column names, whatever follows)
+    ("l.txt", ["Datei Klasse", "katzen/minka katze", "hunde/rex hund"]),  # (in folders)
 ])  # fmt: skip
 def test_a_first_line_named_unlike_later_images_is_refused_as_a_header(folder, name, lines):
     # Its path without a digit or an extension, where a later image's has one: no image's
