@@ -1166,24 +1166,29 @@ def test_a_list_of_one_image_a_folder_lists_no_folder(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("there, ids, class_names", [
-    ("img40;dog", ["img0;golden", "img40;dog"], ["retriever", "x"]),
-    ("img40", ["img0", "img40"], ["dog x", "golden retriever"]),
-    ("IMG40", None, None),  # (the same file where the file system ignores case)
+    ("img{};dog", ["img0;golden", "img{};dog"], ["retriever", "x"]),
+    ("img{}", ["img0", "img{}"], ["dog x", "golden retriever"]),
+    ("IMG{}", None, None),  # (the same file where the file system ignores case)
 ])  # fmt: skip
+@pytest.mark.parametrize("n", [40, 64, 100, 128])  # (blocks of 64 lines read at once)
 def test_a_later_line_of_a_long_list_decides_by_its_file_in_its_folders_listing(
-    tmp_path, there, ids, class_names
+    tmp_path, there, ids, class_names, n
 ):
     # Its first lines' images missing, later lines are looked up in their folder's listing:
-    # the file that one reading alone names decides, as each line's look-ups decided.
-    (tmp_path / there).write_bytes(b"x")
+    # the file that one reading alone names decides, as each line's look-ups decided, in
+    # whichever block of lines it is (a block where none can decide is passed over).
+    (tmp_path / there.format(n)).write_bytes(b"x")
     if ids is None:  # (a file system that ignores case finds 'img40' all the same)
-        named = os.path.lexists(tmp_path / "img40")
-        ids = ["img0", "img40"] if named else ["img0;golden", "img40;dog"]
+        named = os.path.lexists(tmp_path / f"img{n}")
+        ids = ["img0", "img{}"] if named else ["img0;golden", "img{};dog"]
         class_names = ["dog x", "golden retriever"] if named else ["retriever", "x"]
-    lines = [f"img{k};golden retriever" for k in range(40)] + ["img40;dog x"]
+    lines = [f"img{k};golden retriever" for k in range(n)] + [f"img{n};dog x"]
     (tmp_path / "l.txt").write_text("\n".join(lines) + "\n")
     src = image_list(tmp_path / "l.txt")
-    assert ([src.ids[0], src.ids[-1]], src.class_names) == (ids, class_names)
+    assert ([src.ids[0], src.ids[-1]], src.class_names) == (
+        [ids[0], ids[1].format(n)],
+        class_names,
+    )
 
 
 def _nfd_casefold(name):
