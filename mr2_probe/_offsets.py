@@ -118,6 +118,30 @@ def _last(estimators):
     return last
 
 
+def _kept(estimator):
+    """``_nested``, up to an unfitted search whose parameter space sets more than numbers
+    (C, cv, ...: lists of them or distributions): its candidates may replace what its
+    template holds (a step, a stack's estimator) or set it otherwise (a stack_method), so
+    what is inside its template is no sure sign of what it fits."""
+    for inner in _nested(estimator):
+        yield inner
+        if _kind(inner) == "search" and not _sets_numbers_only(inner):
+            return
+
+
+def _sets_numbers_only(search) -> bool:
+    """Whether an unfitted search's parameter space sets only numbers (not booleans)."""
+    return all(
+        hasattr(values, "rvs")
+        or (
+            np.iterable(values)
+            and all(isinstance(v, Real) and not isinstance(v, bool) for v in values)
+        )
+        for space in _spaces(search)
+        for values in space.values()
+    )
+
+
 def _stacks_onto_logistic_regression(estimator) -> bool:
     """Whether ``estimator`` is an unfitted StackingClassifier whose ``final_estimator`` is
     None (scikit-learn's LogisticRegression once fitted), or ends in one: a Pipeline, an
@@ -178,13 +202,13 @@ def _search_keeping_none(estimator):
 
 def _check_baggable(estimator) -> None:
     """Refuse, before any fit, a BaggingClassifier that ``estimator`` is or decides through
-    whose estimator ends in an unfitted StackingClassifier of ``final_estimator=None``:
-    that stack reports no ``predict`` before it is fitted (its final estimator is made
-    then), and scikit-learn's BaggingClassifier refuses an estimator without one (its
-    parameter check printed the stack, in every fold)."""
+    (see :func:`_kept`) whose estimator ends in an unfitted StackingClassifier of
+    ``final_estimator=None``: that stack reports no ``predict`` before it is fitted (its
+    final estimator is made then), and scikit-learn's BaggingClassifier refuses an
+    estimator without one (its parameter check printed the stack, in every fold)."""
     from sklearn.ensemble import BaggingClassifier
 
-    for inner in _nested(estimator):
+    for inner in _kept(estimator):
         if (
             isinstance(inner, BaggingClassifier)
             and not hasattr(inner.estimator, "predict")
@@ -201,13 +225,13 @@ def _check_baggable(estimator) -> None:
 
 def _members(estimator):
     """(ensemble, name, member, methods, as_given): each estimator of a StackingClassifier
-    or VotingClassifier that ``estimator`` is or decides through (see ``_INSIDE``), and of
+    or VotingClassifier that ``estimator`` is or decides through (see :func:`_kept`), and of
     those among their estimators, at any depth, with the methods the ensemble reads of it
     (one of them), and whether it asks for them on the estimator as given, before fitting
     it (a StackingClassifier does; a VotingClassifier reads its fitted clones)."""
     from sklearn.ensemble import StackingClassifier, VotingClassifier
 
-    for inner in _nested(estimator):
+    for inner in _kept(estimator):
         if isinstance(inner, StackingClassifier):
             auto = inner.stack_method == "auto"
             methods = ["predict_proba", "decision_function", "predict"]
@@ -523,11 +547,11 @@ def _lacking_candidates(search) -> set | None:
 
 def _check_candidates_decide(estimator) -> None:
     """Refuse, before any fit, an unfitted search that ``estimator`` is or decides through
-    (see ``_INSIDE``, at any depth) whose parameter space puts in estimators (a
+    (see :func:`_kept`, at any depth) whose parameter space puts in estimators (a
     Pipeline's last step, a StackingClassifier's final estimator) such that no candidate
     has a ``decision_function``: its template passed the ``estimator`` parameter's check,
     and the first fold's search was refused once fitted (:func:`_check_decides`)."""
-    for search in _nested(estimator):
+    for search in _kept(estimator):
         lacking = _lacking_candidates(search) if _kind(search) == "search" else None
         if lacking is None:
             continue

@@ -2124,6 +2124,53 @@ def test_an_estimator_that_has_what_an_ensemble_reads_once_fitted_is_tuned(votin
     assert tuned.score(X, y) > 0.9
 
 
+def _grid(template, space):
+    return GridSearchCV(template, space, cv=2)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _grid(
+            _stack_of(GaussianNB(), stack_method="decision_function"),
+            {"e0": [LogisticRegression(), LinearSVC()]},
+        ),
+        lambda: _grid(_stack_of(_keeping_none()), {"e0": [LogisticRegression()]}),
+        lambda: _grid(
+            _stack_of(GaussianNB(), stack_method="decision_function"),
+            {"stack_method": ["predict_proba"]},
+        ),
+        lambda: _grid(
+            make_pipeline(StandardScaler(), _search_of(GaussianNB())),
+            {"gridsearchcv": [LogisticRegression()]},
+        ),
+        lambda: _grid(
+            make_pipeline(StandardScaler(), _stack_of(_keeping_none())),
+            {"stackingclassifier": [LogisticRegression()]},
+        ),
+        lambda: _grid(
+            make_pipeline(StandardScaler(), _bag(StackingClassifier([("nb", GaussianNB())]))),
+            {"baggingclassifier": [LogisticRegression()]},
+        ),
+    ],
+    ids=[
+        "member_replaced", "refit_false_member_replaced", "stack_method_set",
+        "inner_search_replaced", "stack_replaced", "bagged_default_stack_replaced",
+    ],
+)  # fmt: skip
+def test_what_a_search_replaces_in_its_template_is_not_refused(make):
+    # The search's parameter space replaces (or sets otherwise) what its template holds
+    # that cannot be fitted: a stack's estimator without the method its stack_method
+    # reads, a search of refit=False, an inner search whose candidates have no
+    # decision_function, a bagged default stack. Every candidate fits, and scikit-learn
+    # fits the search; it was refused before any fit, as if the template were fitted.
+    X, y = load_iris(return_X_y=True)
+    X, y = X[::2], y[::2]
+    make().fit(X, y)  # (scikit-learn fits it)
+    tuned = TunedOffsetsClassifierCV(make(), cv=2).fit(X, y)
+    assert tuned.score(X, y) > 0.8
+
+
 @pytest.mark.parametrize(
     "make",
     [
