@@ -529,19 +529,19 @@ def _lacking_candidates(search) -> set | None:
     one may have it (or there are too many to try)."""
     from sklearn.model_selection import ParameterGrid
 
+    spaces = _spaces(search)
+    grid = ParameterGrid([{k: list(v) for k, v in s.items() if _puts_in(v)} for s in spaces])
+    if len(grid) > _MAX_CANDIDATES:  # (a list of dicts counts them all)
+        return None
     lacking = set()
-    for space in _spaces(search):
-        grid = ParameterGrid({name: list(v) for name, v in space.items() if _puts_in(v)})
-        if len(grid) > _MAX_CANDIDATES:
+    for params in grid:
+        try:
+            candidate = clone(search.estimator).set_params(**params)
+        except (ValueError, TypeError, AttributeError):  # (its own fit names it)
             return None
-        for params in grid:
-            try:
-                candidate = clone(search.estimator).set_params(**params)
-            except (ValueError, TypeError, AttributeError):  # (its own fit names it)
-                return None
-            if _decides(candidate):
-                return None
-            lacking.add(_named(_deciding(candidate) or candidate))
+        if _decides(candidate):
+            return None
+        lacking.add(_named(_deciding(candidate) or candidate))
     return lacking
 
 

@@ -1851,6 +1851,32 @@ def test_a_search_that_can_choose_only_classifiers_without_decision_values_is_na
         TunedOffsetsClassifierCV(make(), cv=3).fit(X, y)
 
 
+def test_a_search_of_many_candidates_is_not_tried_before_its_fit():
+    # Past 256 candidates the search's own fit names one without decision_function: a list
+    # of 300 one-candidate dicts was tried candidate by candidate (a clone of the template
+    # each, 2,000 dicts in a second), as a dict's 300 were not. The fit starts at once.
+    class Stop(Exception):
+        pass
+
+    class Counted(StandardScaler):
+        clones = 0
+
+        def __sklearn_clone__(self):
+            type(self).clones += 1
+            return super().__sklearn_clone__()
+
+        def fit(self, X, y=None):
+            raise Stop
+
+    X, y = load_iris(return_X_y=True)
+    template = make_pipeline(Counted(), LogisticRegression())
+    space = [{"logisticregression": [GaussianNB()]}] * 300
+    search = GridSearchCV(template, space, cv=2, error_score="raise")
+    with pytest.raises(Stop):
+        TunedOffsetsClassifierCV(search, cv=3).fit(X, y)
+    assert Counted.clones < 10
+
+
 @pytest.mark.filterwarnings("ignore:Scoring failed", "ignore:One or more of the test scores")
 def test_a_search_that_can_choose_a_classifier_with_decision_values_is_tuned():
     # One candidate decides (the other, its step left out, scores NaN): the search is
