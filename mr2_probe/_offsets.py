@@ -189,14 +189,15 @@ def _lacks_by_its_search(estimator) -> bool:
     return _DecidesOnceFitted().is_satisfied_by(search.estimator)
 
 
-def _search_keeping_none(estimator):
+def _search_keeping_none(estimator, walk=_nested):
     """The search of ``refit=False`` that ``estimator`` is or decides through at any depth
     (see ``_INSIDE``: a search's template, a StackingClassifier's final estimator, a
     Pipeline's last step, ...), which keeps no best estimator and so decides nothing;
-    None where there is none."""
+    None where there is none. ``walk=_kept`` does not look past a search that may
+    replace it."""
     from sklearn.model_selection._search import BaseSearchCV
 
-    last = _last(_nested(estimator))
+    last = _last(walk(estimator))
     return last if isinstance(last, BaseSearchCV) and not last.refit else None
 
 
@@ -259,7 +260,9 @@ def _check_members_predict(estimator) -> None:
     came after its estimators were fitted, in every fold."""
     for ensemble, name, member, methods, as_given in _members(estimator):
         where = f"the {type(ensemble).__name__}'s estimator {name!r}"
-        search = _search_keeping_none(member)
+        # (a StackingClassifier asks a search's template, as given, what its best estimator
+        # will have: past a search that may replace it too)
+        search = _search_keeping_none(member, _nested if as_given else _kept)
         if search is not None:
             raise ValueError(
                 f"The {type(search).__name__} in {where} has refit=False: it keeps no best "

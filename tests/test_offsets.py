@@ -2070,10 +2070,20 @@ def _stack_of(*estimators, **kwargs):
             lambda: GridSearchCV(_stack_of(_keeping_none()), {"cv": [2]}, cv=2),
             "StackingClassifier",
         ),
+        (
+            lambda: _stack_of(
+                GridSearchCV(
+                    make_pipeline(StandardScaler(), _keeping_none()),
+                    {"gridsearchcv": [LogisticRegression()]},
+                    cv=2,
+                )
+            ),
+            "StackingClassifier",
+        ),
     ],
     ids=[
         "grid", "randomized", "predict", "pipeline", "stack_in_stack", "voting_in_stack",
-        "one_vs_rest", "search",
+        "one_vs_rest", "search", "in_a_searchs_template",
     ],
 )  # fmt: skip
 def test_a_search_of_refit_false_among_a_stacks_estimators_is_named(make, ensemble):
@@ -2178,17 +2188,27 @@ def _grid(template, space):
             make_pipeline(StandardScaler(), _bag(StackingClassifier([("nb", GaussianNB())]))),
             {"baggingclassifier": [LogisticRegression()]},
         ),
+        lambda: _stack_of(
+            VotingClassifier([
+                ("g", _grid(
+                    make_pipeline(StandardScaler(), _keeping_none()),
+                    {"gridsearchcv": [LogisticRegression()]},
+                )),
+            ])
+        ),
     ],
     ids=[
         "member_replaced", "refit_false_member_replaced", "stack_method_set",
         "inner_search_replaced", "stack_replaced", "bagged_default_stack_replaced",
+        "refit_false_in_a_voting_members_template",
     ],
 )  # fmt: skip
 def test_what_a_search_replaces_in_its_template_is_not_refused(make):
     # The search's parameter space replaces (or sets otherwise) what its template holds
     # that cannot be fitted: a stack's estimator without the method its stack_method
     # reads, a search of refit=False, an inner search whose candidates have no
-    # decision_function, a bagged default stack. Every candidate fits, and scikit-learn
+    # decision_function, a bagged default stack; a VotingClassifier fits a clone of its
+    # estimator, the search, whose choice is fitted. Every candidate fits, and scikit-learn
     # fits the search; it was refused before any fit, as if the template were fitted.
     X, y = load_iris(return_X_y=True)
     X, y = X[::2], y[::2]
