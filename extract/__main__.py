@@ -223,7 +223,7 @@ def _extract(args: argparse.Namespace) -> int:
         from mr2_probe._h5 import name_failures
 
         from . import extract_features, load_features
-        from ._images import working_folder_hint
+        from ._image_list import working_folder_hint
 
     try:  # named as the option, as mr2-probe names it
         resolve_device(args.device)

@@ -33,7 +33,7 @@ from mr2_probe._h5 import _NAMED_FAILURES, name_failures, one_line
 from ._backbones import create_backbone
 from ._batches import _assemble, _embed, _refuse_non_finite
 from ._decoding import MAX_ASPECT
-from ._images import ImageSource, ItemDataset, collate_items, open_source
+from ._images import ImageSource, ItemDataset, collate_items
 from ._launcher import connecting, launcher_gone, stops_with_launcher
 from ._locks import store_lock
 from ._merge import (
@@ -65,6 +65,7 @@ from ._resume import (
     warn_unrecorded,
 )
 from ._schema import DONE, FAILED, MERGED_INTO, PENDING, StoreError, read_attrs
+from ._sources import open_source
 from ._specs import BackboneSpec
 from ._store import (
     _no_permission,
@@ -719,7 +720,14 @@ def _merge_shards_of(out: Path, world_size: int, overwrite: bool, repair_merged=
     _merge(shards, out, overwrite, versions_checked=True)  # each rank's, checked
 
 
-_SOURCE_LOGGERS = ("extract._images", "extract._tar_shards", "extract._tables")
+_SOURCE_LOGGERS = (
+    "extract._image_folder",
+    "extract._image_list",
+    "extract._list_lines",
+    "extract._labels",
+    "extract._tar_shards",
+    "extract._tables",
+)
 
 
 @contextlib.contextmanager

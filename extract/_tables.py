@@ -27,14 +27,8 @@ import numpy as np
 
 from ._archives import Archive, archive_source, container_root, expand_pattern, stat_containers
 from ._decoding import check_listed
-from ._images import (
-    ImageSource,
-    check_keys,
-    encode_labels,
-    label_kind_problem,
-    numbers_sorted_as_text,
-    text_problem,
-)
+from ._images import ImageSource, check_keys
+from ._labels import encode_labels, label_kind_problem, numbers_sorted_as_text, text_problem
 from ._paths import expand_home
 
 logger = logging.getLogger(__name__)

@@ -33,11 +33,10 @@ from ._archives import (
     open_listed,
     stat_containers,
 )
-from ._images import (
+from ._images import ImageSource, check_keys
+from ._labels import (
     _AS_TEXT,
     _DECIMAL,
-    ImageSource,
-    check_keys,
     encode_labels,
     is_index,
     label_kind_problem,

@@ -73,7 +73,7 @@ def make_image_folder(
 
 def _samples(folder: str | os.PathLike) -> Iterator[tuple[str, str, bytes, int, str]]:
     """``(key, extension, bytes, class index, class name)`` of each image of a class folder."""
-    from ._images import image_folder
+    from ._image_folder import image_folder
 
     src = image_folder(folder)
     for item, label in zip(src.ids, src.labels.tolist(), strict=True):
@@ -125,7 +125,7 @@ def write_parquet(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ._images import image_folder
+    from ._image_folder import image_folder
 
     samples = list(_samples(folder))
     table = pa.table(

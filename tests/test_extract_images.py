@@ -22,7 +22,8 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from extract import fashion_mnist, image_folder, image_list, open_source
 from extract._decoding import check_pixel_limit, decode_image, jpeg_size, to_rgb
-from extract._images import ItemDataset, _shell_split, collate_items, load_image
+from extract._images import ItemDataset, collate_items, load_image
+from extract._list_lines import _shell_split
 from extract._testing import make_image_folder, write_idx
 
 
@@ -208,7 +209,7 @@ def test_a_folder_above_the_class_folders_given_as_the_source_is_said(tmp_path, 
 def test_class_indices_beyond_the_bound_are_taken_where_their_names_are_given():
     # The bound is for indices without names (ids taken for indices); with a name for
     # each class the indices are the names' positions, however many.
-    from extract._images import MAX_CLASS_INDEX, encode_labels
+    from extract._labels import MAX_CLASS_INDEX, encode_labels
 
     names = [f"c{k}" for k in range(MAX_CLASS_INDEX + 1)]
     labels, classes = encode_labels(["0", str(MAX_CLASS_INDEX)], names)
@@ -995,7 +996,7 @@ def test_a_list_whose_labels_alone_are_quoted_is_parsed_once_a_line(
     # No line's two readings differ in its path: each line was parsed twice, once to find
     # whether the first line that differs quotes its path whole, which only a list that no
     # file or extension tells how to read asks.
-    from extract._images import _list_format
+    from extract._list_lines import _list_format
 
     lines = [line.format(k) for k in range(200)]
     parsed, real = [], getattr(module, name)
@@ -1154,7 +1155,7 @@ def test_a_list_of_one_image_a_folder_lists_no_folder(tmp_path, monkeypatch):
     # of its own (a patient's, a sample's): after its first 64 names, each was looked up
     # in a listing of its folder, made for it alone (a listing a line, slower than the two
     # look-ups it replaced, and kept).
-    from extract._images import _list_format
+    from extract._list_lines import _list_format
 
     lines = [f"scans/{k:03d}/img;golden retriever" for k in range(200)]
     for k in range(200):
@@ -1213,7 +1214,7 @@ def test_a_folders_listing_finds_what_a_file_system_that_ignores_case_or_forms_f
     # a name spelt otherwise; a listing must find it too, or a later line of a long list
     # read another way than its look-ups read it. (The file systems simulated: the tests'
     # own may tell case apart.)
-    from extract._images import _Lexists
+    from extract._list_lines import _Lexists
 
     monkeypatch.setattr(os, "listdir", lambda folder: ["other.png", stored])
     monkeypatch.setattr(
@@ -1238,7 +1239,7 @@ def test_a_semicolon_list_is_told_how_to_read_without_the_csv_module_where_unquo
     # Every line was parsed by a csv reader two to four times to tell how to read the list
     # (a reader a line: 2.7 s of CPU for 200,000 lines); a line without a quote is split at
     # its semicolons (and commas) as csv splits it.
-    from extract._images import _list_format
+    from extract._list_lines import _list_format
 
     lines = [line.format(k) for k in range(2000)]
     if there:
@@ -1260,7 +1261,7 @@ def test_a_semicolon_list_is_told_how_to_read_without_the_csv_module_where_unquo
 def test_csv_fields_splits_a_line_as_the_csv_module_does(line, delimiter):
     # Split without a reader where csv would split it at its delimiters alone: the same
     # fields, or the same error (an empty line is no field, as csv reads it).
-    from extract._images import _csv_fields
+    from extract._list_lines import _csv_fields
 
     def split(how):
         try:
@@ -1471,7 +1472,7 @@ def test_a_list_of_missing_images_is_not_looked_up_line_by_line_for_swapped_colu
     # folder) had each path looked up for 'label,path' columns, half the list, before its
     # images were: only lines whose label names a file can read so, and its labels name
     # its few classes.
-    from extract import _images
+    from extract import _image_list
 
     root = tmp_path / "d"
     root.mkdir()
@@ -1484,7 +1485,7 @@ def test_a_list_of_missing_images_is_not_looked_up_line_by_line_for_swapped_colu
         looked_up.append(os.fspath(path))
         return isfile(path)
 
-    monkeypatch.setattr(_images.os.path, "isfile", counted)
+    monkeypatch.setattr(_image_list.os.path, "isfile", counted)
     assert len(image_list(root / "l.csv")) == 200
     assert len(looked_up) <= 4, looked_up[:6]
 
@@ -2780,8 +2781,8 @@ def test_a_long_strip_is_kept_whole_for_transforms_that_see_all_of_it(tmp_path):
     from types import SimpleNamespace
 
     from extract._backbones import _normalised_preprocess
-    from extract._images import open_source
     from extract._runner import _loader
+    from extract._sources import open_source
 
     pixels = np.zeros((60, 1500, 3), np.uint8)
     for third in range(3):

@@ -33,7 +33,7 @@ from extract import (  # noqa: E402
     open_source,
     shard_path,
 )
-from extract._images import label_kind_problem  # noqa: E402
+from extract._labels import label_kind_problem  # noqa: E402
 from extract._schema import FAILED, PENDING  # noqa: E402
 from extract._tables import TableError, _drop_cursor  # noqa: E402
 from extract._tar_shards import FileBytes, ShardError, tar_members  # noqa: E402

@@ -845,7 +845,7 @@ def test_under_torchrun_what_the_listing_says_is_said_by_rank_0_alone(
             extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
         said[rank] = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
     assert said[1] == [] and len(said[0]) == 1 and "'cat/notes.txt'" in said[0][0]
-    assert logging.getLogger("extract._images").level == logging.NOTSET  # restored
+    assert logging.getLogger("extract._image_folder").level == logging.NOTSET  # restored
 
 
 @pytest.mark.parametrize("change", ["added", "replaced"])
