@@ -102,15 +102,11 @@ def rank_finding_the_store_complete_or_not(rank: int, folder: Path, said: Path) 
     _ended(said, rank, lambda: extract_features(folder, BACKBONE, said / "f.h5", **FAST))
 
 
-def rank_hashing_its_share(rank: int, folder: Path, said: Path, changed: str) -> None:
-    """One of two ranks extracting ``folder`` into the complete store ``said/f.h5``, whose
-    images were touched since, in the caller's group; then again once rank 0 has given
-    ``changed`` other bytes of its size and touched every image again. Each run's outcome
-    and the files this rank read to hash go into ``said/rank<rank>.json``, as
-    ``{"touched": [outcome, files], "changed": [...]}``."""
+def _files_hashed(folder: Path) -> list[str]:
+    """The files of ``folder`` that this rank reads to hash from now on, as it reads them
+    (relative to ``folder``; the list grows as they are read)."""
     from extract import _touched
 
-    _caller_s_group(rank, said)
     real, hashed = _touched.read_file, []
 
     def spied(path, listed=None):
@@ -118,6 +114,17 @@ def rank_hashing_its_share(rank: int, folder: Path, said: Path, changed: str) ->
         return real(path, listed)
 
     _touched.read_file = spied
+    return hashed
+
+
+def rank_hashing_its_share(rank: int, folder: Path, said: Path, changed: str) -> None:
+    """One of two ranks extracting ``folder`` into the complete store ``said/f.h5``, whose
+    images were touched since, in the caller's group; then again once rank 0 has given
+    ``changed`` other bytes of its size and touched every image again. Each run's outcome
+    and the files this rank read to hash go into ``said/rank<rank>.json``, as
+    ``{"touched": [outcome, files], "changed": [...]}``."""
+    _caller_s_group(rank, said)
+    hashed = _files_hashed(folder)
 
     def runs() -> None:
         outcomes = {}
@@ -149,16 +156,8 @@ def rank_retrying_otherwise(rank: int, folder: Path, said: Path) -> None:
     (``retry_failed``) in another dtype (float16), in the caller's group. Its outcome and
     the files this rank read to hash go into ``said/rank<rank>.json``, as ``[outcome,
     files]``."""
-    from extract import _touched
-
     _caller_s_group(rank, said)
-    real, hashed = _touched.read_file, []
-
-    def spied(path, listed=None):
-        hashed.append(os.path.relpath(path, folder))
-        return real(path, listed)
-
-    _touched.read_file = spied
+    hashed = _files_hashed(folder)
 
     def run() -> None:
         try:
