@@ -173,6 +173,16 @@ def _decides(estimator) -> bool:
     )
 
 
+def _decides_by_a_candidate(estimator) -> bool:
+    """Whether ``estimator`` decides through (see :func:`_kept`) an unfitted search whose
+    parameter space may replace what its template holds, and one of whose candidates has
+    a ``decision_function`` (see :func:`_lacking_candidates`): scikit-learn fits it, and
+    the fitted search has one, whatever its template holds (a search of ``refit=False``,
+    a classifier without one)."""
+    search = _last(_kept(estimator))
+    return _kind(search) == "search" and _lacking_candidates(search) is None
+
+
 def _lacks_by_its_search(estimator) -> bool:
     """Whether ``estimator`` is, or ends in (a FrozenEstimator's, a Pipeline's last step), a
     fitted search around a template that decides, or decides through a search of
@@ -296,15 +306,19 @@ def _check_members_predict(estimator) -> None:
 class _DecidesOnceFitted(HasMethods):
     """HasMethods(["fit", "decision_function"]) that also takes an unfitted
     StackingClassifier of the default ``final_estimator=None`` (which it refused), bare or
-    wrapped, and a search of a template that decides whose fit chose a classifier without
-    ``decision_function`` or kept none (``refit=False``, at any depth): ``fit`` refuses it
-    by name."""
+    wrapped, an unfitted search whose parameter space may replace what its template holds
+    where a candidate decides, and a search of a template that decides whose fit chose a
+    classifier without ``decision_function`` or kept none (``refit=False``, at any depth):
+    ``fit`` refuses it by name."""
 
     def __init__(self):
         super().__init__(["fit", "decision_function"])
 
     def is_satisfied_by(self, val):
-        return _decides(val) or (callable(getattr(val, "fit", None)) and _lacks_by_its_search(val))
+        return _decides(val) or (
+            callable(getattr(val, "fit", None))
+            and (_lacks_by_its_search(val) or _decides_by_a_candidate(val))
+        )
 
 
 def _decision(estimator, X, classes: np.ndarray) -> np.ndarray:
@@ -468,8 +482,10 @@ def _check_decides(estimator) -> None:
     """Refuse a fitted ``estimator`` without ``decision_function``, as the ``estimator``
     parameter's check refuses an unfitted one: a search whose parameter space puts in a
     classifier without one (a Pipeline's last step, say) passes that check with its
-    template, and then has none once its best estimator is that classifier."""
-    if _decides(estimator):
+    template, and then has none once its best estimator is that classifier. An unfitted
+    search that may replace what its template holds is taken where a candidate decides
+    (:func:`_decides_by_a_candidate`): its fitted one is checked in each fold."""
+    if _decides(estimator) or _decides_by_a_candidate(estimator):
         return
     search = _search_keeping_none(estimator)
     if search is not None:
@@ -594,11 +610,13 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         1-D decision values are read as the columns [0, z]). A search's best estimator
         too: one without, which its parameter space put in, is refused once it is fitted
         (a fitted search's clone searches again, unless ``cv="prefit"``), and before any
-        fit where its parameter space puts in no candidate with one. A search of
+        fit where its parameter space puts in no candidate with one; where a candidate
+        has one, whatever its template holds in its place is no matter. A search of
         ``refit=False`` keeps no best estimator, and is refused, here or inside another
         (a search's template, a Pipeline's last step, a StackingClassifier's final
-        estimator, a OneVsRestClassifier's estimator, ...), and among a
-        StackingClassifier's estimators, which it reads predictions of. So is a
+        estimator, a OneVsRestClassifier's estimator, ...) unless a search's parameter
+        space replaces it, and among a StackingClassifier's estimators, which it reads
+        predictions of. So is a
         BaggingClassifier of an unfitted StackingClassifier of ``final_estimator=None``,
         which BaggingClassifier refuses: give the stack
         ``final_estimator=LogisticRegression()``; and, before any fit, an estimator of a

@@ -2196,11 +2196,20 @@ def _grid(template, space):
                 )),
             ])
         ),
+        lambda: _grid(
+            make_pipeline(StandardScaler(), _keeping_none()),
+            {"gridsearchcv": [LogisticRegression()]},
+        ),
+        lambda: _grid(
+            make_pipeline(StandardScaler(), GaussianNB()),
+            {"gaussiannb": [LogisticRegression()]},
+        ),
     ],
     ids=[
         "member_replaced", "refit_false_member_replaced", "stack_method_set",
         "inner_search_replaced", "stack_replaced", "bagged_default_stack_replaced",
-        "refit_false_in_a_voting_members_template",
+        "refit_false_in_a_voting_members_template", "refit_false_step_replaced",
+        "step_without_decision_values_replaced",
     ],
 )  # fmt: skip
 def test_what_a_search_replaces_in_its_template_is_not_refused(make):
@@ -2209,7 +2218,9 @@ def test_what_a_search_replaces_in_its_template_is_not_refused(make):
     # reads, a search of refit=False, an inner search whose candidates have no
     # decision_function, a bagged default stack; a VotingClassifier fits a clone of its
     # estimator, the search, whose choice is fitted. Every candidate fits, and scikit-learn
-    # fits the search; it was refused before any fit, as if the template were fitted.
+    # fits the search; it was refused before any fit, as if the template were fitted. At
+    # the top, the search's choice decides (where a candidate has decision values): its
+    # template's search of refit=False, or step without decision_function, was refused.
     X, y = load_iris(return_X_y=True)
     X, y = X[::2], y[::2]
     make().fit(X, y)  # (scikit-learn fits it)
