@@ -118,12 +118,12 @@ def _last(estimators):
     return last
 
 
-def _kept(estimator):
+def _kept(estimator, through=frozenset(_INSIDE)):
     """``_nested``, up to an unfitted search whose parameter space sets more than numbers
     (C, cv, ...: lists of them or distributions): its candidates may replace what its
     template holds (a step, a stack's estimator) or set it otherwise (a stack_method), so
     what is inside its template is no sure sign of what it fits."""
-    for inner in _nested(estimator):
+    for inner in _nested(estimator, through):
         yield inner
         if _kind(inner) == "search" and not _sets_numbers_only(inner):
             return
@@ -258,6 +258,30 @@ def _members(estimator):
             yield from _members(member)
 
 
+# Through these a method of an estimator is the one inside it, as its fitted clone has
+# it: a Pipeline's last step's, a search's choice's, a StackingClassifier's final
+# estimator's, OneVsRestClassifier's estimator's (not BaggingClassifier's predict_proba).
+_HANDS_ON = frozenset({"pipeline", "search", "frozen", "stack", "one-vs-rest"})
+
+
+def _has_once_fitted(estimator, method: str) -> bool:
+    """Whether a fitted clone of ``estimator`` may have ``method``: its class has it, and
+    the estimator it hands on (see :func:`_kept` through ``_HANDS_ON``) is not one that
+    holds no estimator and lacks it (SVC's predict_proba where probability=False: such a
+    scikit-learn ``available_if`` reads the instance's parameters, which fitting keeps,
+    where a meta-estimator's reads what it holds, such as a default stack's final
+    estimator, made in fit, or a search's choice)."""
+    end = _last(_kept(estimator, _HANDS_ON))
+    params = end.get_params(deep=False) if hasattr(end, "get_params") else None
+    plain = (
+        _kind(end) is None
+        and params is not None
+        and "estimators" not in params
+        and not any(hasattr(value, "fit") for value in params.values())
+    )
+    return hasattr(type(estimator), method) and not (plain and not hasattr(end, method))
+
+
 def _check_members_predict(estimator) -> None:
     """Refuse, before any fit, an estimator of a StackingClassifier (or a VotingClassifier
     among its estimators) that ``estimator`` is or decides through, at any depth, that
@@ -283,9 +307,10 @@ def _check_members_predict(estimator) -> None:
             )
         # (read of fitted clones, a method of the class may be one that the instance
         # has only once fitted, as the default stack's; a FrozenEstimator's instance has
-        # its estimator's, which its class has not: refused where it has it neither way)
+        # its estimator's, which its class has not: refused where it has it neither way,
+        # or where what it hands on holds no estimator and lacks it, see _has_once_fitted)
         if not any(
-            hasattr(member, m) or (not as_given and hasattr(type(member), m)) for m in methods
+            hasattr(member, m) or (not as_given and _has_once_fitted(member, m)) for m in methods
         ):
             key = "stack_method" if as_given else "voting"
             setting = f"{key}={getattr(ensemble, key)!r}"
@@ -622,7 +647,8 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         ``final_estimator=LogisticRegression()``; and, before any fit, an estimator of a
         StackingClassifier without the method its ``stack_method`` reads (which
         scikit-learn asks of it unfitted: an unfitted stack of ``final_estimator=None``
-        has none).
+        has none), or of a VotingClassifier among them without the one its ``voting``
+        reads (``SVC()``, of ``probability=False``, with ``voting="soft"``).
     scoring : str or callable, default="worst_class"
         The objective, greater is better: ``"worst_class"``, ``"balanced_accuracy"``
         (mean per-class accuracy), ``"hard_tercile"`` or ``"accuracy"`` as defined in

@@ -25,7 +25,7 @@ from sklearn.ensemble import (
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.feature_selection import RFE, RFECV, SequentialFeatureSelector
 from sklearn.frozen import FrozenEstimator
-from sklearn.linear_model import LogisticRegression
+from sklearn.linear_model import LogisticRegression, SGDClassifier
 from sklearn.metrics import (
     accuracy_score,
     balanced_accuracy_score,
@@ -855,7 +855,6 @@ def test_predict_proba_of_a_row_does_not_depend_on_the_rows_beside_it():
     # all underflow (uniform probabilities) sent every row of the batch to softmax(log p
     # + b), so a row alone and in a batch got different probabilities (argmax ≠ predict).
     from sklearn.datasets import make_classification
-    from sklearn.linear_model import SGDClassifier
 
     X, y = make_classification(600, 12, n_informative=8, n_classes=3, random_state=0)
     X = X * 300  # decision values up to ±1e6
@@ -2129,14 +2128,35 @@ def test_a_search_of_refit_false_among_a_stacks_estimators_is_named(make, ensemb
             r"or decision_function or predict, .* as given: give that StackingClassifier "
             r"final_estimator=LogisticRegression\(\)",
         ),
+        (
+            lambda: _stack_of(VotingClassifier([("svc", SVC())], voting="soft")),
+            r"^The VotingClassifier's estimator 'svc', SVC, has no predict_proba, which the "
+            r"VotingClassifier of voting='soft' reads",
+        ),
+        (
+            lambda: _stack_of(
+                VotingClassifier(
+                    [("p", make_pipeline(
+                        StandardScaler(), _grid(SGDClassifier(), {"alpha": [1e-4]})
+                    ))],
+                    voting="soft",
+                )
+            ),
+            r"^The VotingClassifier's estimator 'p', Pipeline, has no predict_proba",
+        ),
     ],
-    ids=["stack_method", "soft_voting", "bagged_default_stack", "default_stack"],
+    ids=[
+        "stack_method", "soft_voting", "bagged_default_stack", "default_stack",
+        "soft_voting_of_svc", "soft_voting_of_a_pipeline_ending_in_hinge_sgd",
+    ],
 )  # fmt: skip
 def test_a_stacks_estimator_that_cannot_give_what_it_reads_is_named(make, match):
     # scikit-learn refuses each after the stack's other estimators were fitted, in every
     # fold ("Underlying estimator e1 does not implement the method decision_function", an
     # AttributeError of LinearSVC's predict_proba, BaggingClassifier's parameter check):
-    # named before any fit, with the cure.
+    # named before any fit, with the cure. SVC() (probability=False) has a predict_proba
+    # on its class that its instance, fitted or not, lacks: it was taken as the default
+    # stack is, and failed after fits with a bare "This 'SVC' has no attribute".
     X, y = load_iris(return_X_y=True)
     X, y = X[::2], y[::2]
     with pytest.raises(ValueError, match=match):
@@ -2149,13 +2169,18 @@ def test_a_stacks_estimator_that_cannot_give_what_it_reads_is_named(make, match)
 def test_an_estimator_that_has_what_an_ensemble_reads_once_fitted_is_tuned(voting):
     # A VotingClassifier reads its fitted clones: the default stack, which has no
     # predict_proba or predict before it is fitted, gives them then. A FrozenEstimator has
-    # its estimator's methods on the instance only (not on its class). Neither is refused
-    # by the check above.
+    # its estimator's methods on the instance only (not on its class). A search whose
+    # space gives a hinge SGDClassifier predict_proba (loss="log_loss") has it once fitted;
+    # BaggingClassifier has predict_proba of an SVC without one. None is refused by the
+    # check above.
     X, y = load_iris(return_X_y=True)
     X, y = X[::2], y[::2]
     default = StackingClassifier([("nb", GaussianNB())], cv=2)
     frozen = FrozenEstimator(LogisticRegression().fit(X, y))
-    voting = VotingClassifier([("stack", default), ("frozen", frozen)], voting=voting)
+    sgd = make_pipeline(StandardScaler(), _grid(SGDClassifier(), {"loss": ["log_loss"]}))
+    bagged = BaggingClassifier(SVC(), n_estimators=2, random_state=0)
+    members = [("stack", default), ("frozen", frozen), ("sgd", sgd), ("bag", bagged)]
+    voting = VotingClassifier(members, voting=voting)
     tuned = TunedOffsetsClassifierCV(_stack_of(voting, frozen), cv=2).fit(X, y)
     assert tuned.score(X, y) > 0.9
 
