@@ -551,7 +551,7 @@ def test_the_scalers_of_the_scaling_check_are_those_fitted_on_their_rows(dtype):
     # The check combines the moments of cells of X's rows (one pass over X) into each
     # scaler the run fits: each is StandardScaler's fitted on its rows, a near-constant
     # column's scale 1 as there, and it makes the same rows non-finite.
-    from mr2_probe.cli._inputs import _cell_moments, _scaler
+    from mr2_probe.cli._splits import _cell_moments, _scaler
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(500, 5)) * [1e-6, 1, 1e3, 1, 0] + [1, 0, -5e3, 1e6, 7]
@@ -581,16 +581,16 @@ def test_the_scaling_check_holds_less_than_the_features_in_memory(monkeypatch):
     # The cells' moments are taken a block of rows at a time (256 here).
     import tracemalloc
 
-    from mr2_probe.cli import _inputs
+    from mr2_probe.cli import _splits
 
-    monkeypatch.setattr(_inputs, "block_rows", lambda n_features, n_classes: 256)
+    monkeypatch.setattr(_splits, "block_rows", lambda n_features, n_classes: 256)
     rng = np.random.default_rng(0)
     X, y = rng.standard_normal((20000, 64), dtype=np.float32), rng.integers(0, 5, 20000)
     argv = ["x.npz", "--test", "t.npz", "--feature-scaling", "standard", "--grid", "C=1,2"]
     args = _checked([*argv, "--cv", "5", "--tilt", "0.5", "--offsets", "1"])
     tracemalloc.start()
     try:
-        _inputs._check_scaled_test(X, y, X[:100], args, searched=True)
+        _splits._check_scaled_test(X, y, X[:100], args, searched=True)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -609,15 +609,15 @@ def test_the_scaling_check_scales_each_part_a_block_of_rows_at_a_time(monkeypatc
     # (256 here), the check holds X's moments, its splits' indices and a block or two.
     import tracemalloc
 
-    from mr2_probe.cli import _inputs
+    from mr2_probe.cli import _splits
 
-    monkeypatch.setattr(_inputs, "block_rows", lambda n_features, n_classes: 256)
+    monkeypatch.setattr(_splits, "block_rows", lambda n_features, n_classes: 256)
     rng = np.random.default_rng(0)
     X, y = rng.standard_normal((20000, 64), dtype=np.float32), rng.integers(0, 5, 20000)
     args = _checked(["x.npz", "--test", "t.npz", "--feature-scaling", "standard", *options])
     tracemalloc.start()
     try:
-        _inputs._check_scaled_test(X, y, X, args, searched="--grid" in options)
+        _splits._check_scaled_test(X, y, X, args, searched="--grid" in options)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -629,17 +629,17 @@ def test_the_scaling_check_counts_and_names_the_rows_of_all_its_blocks(monkeypat
     # over its blocks, the first of the part named (its rows of X in their order there).
     from sklearn.preprocessing import StandardScaler
 
-    from mr2_probe.cli import _inputs
+    from mr2_probe.cli import _splits
 
-    monkeypatch.setattr(_inputs, "block_rows", lambda n_features, n_classes: 4)
+    monkeypatch.setattr(_splits, "block_rows", lambda n_features, n_classes: 4)
     rng = np.random.default_rng(0)
     X = (1 + rng.normal(size=(30, 3)) * 1e-6).astype(np.float32)
     scaler = StandardScaler().fit(X[:20])
     X[[21, 25, 28], 1] = [2e38, 1e38, 3e38]
     rows = np.arange(20, 30)[::-1]  # (row 28 the part's second, in its first block)
-    part = _inputs._Scored("a part", X, lambda row: f"row {rows[row]}", "its features", rows)
+    part = _splits._Scored("a part", X, lambda row: f"row {rows[row]}", "its features", rows)
     with pytest.raises(UsageError) as info:
-        _inputs._check_scaled(scaler, "that part", "that part's", [part])
+        _splits._check_scaled(scaler, "that part", "that part's", [part])
     assert str(info.value).startswith(
         "a part: 3 of its 10 rows are made non-finite by --feature-scaling standard, fitted "
         "on that part (the first is row 28: its column 1 holds 3e+38, where that part's "
@@ -1079,7 +1079,7 @@ def test_a_grid_searches_what_only_some_models_read_where_they_read_it():
 def test_a_store_s_classes_are_named_in_the_front_s_split_errors(offsets, val_size, message):
     # A store's classes were named by their integer codes here (the first: 1; classes
     # [3]), and by their names everywhere else.
-    from mr2_probe.cli._inputs import _check_splits
+    from mr2_probe.cli._splits import _check_splits
 
     y = np.r_[np.zeros(60, int), np.repeat([1, 2, 3], 2)]
     args = Namespace(tilt=[1.0], offsets=offsets, val_size=val_size, seed=0, test="t.h5", Cs=None)
@@ -1419,7 +1419,7 @@ def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
     import h5py
 
     if streamed:
-        monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 0)
+        monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 0)
 
     path = tmp_path / "gz.h5"
     X, y = _blobs(20, 0, d=8)
@@ -2675,9 +2675,9 @@ def test_failed_images_of_a_store_are_named_when_left_out(stores, tmp_path, caps
 @pytest.fixture
 def streaming(monkeypatch):
     """Every store streamed, however small: a store that fits in memory is read into it."""
-    import mr2_probe.cli._inputs as inputs
+    import mr2_probe.cli._feature_files as feature_files
 
-    monkeypatch.setattr(inputs, "in_memory_limit", lambda: 0)
+    monkeypatch.setattr(feature_files, "in_memory_limit", lambda: 0)
 
 
 @NEEDS_H5
@@ -2722,7 +2722,7 @@ def test_a_store_that_fits_in_memory_is_read_into_it(dtype, stores, tmp_path, mo
     # those in memory, so that a float16 store of up to half of memory was read whole.
     import h5py
 
-    import mr2_probe.cli._inputs as inputs
+    import mr2_probe.cli._feature_files as feature_files
 
     path = stores / "store.h5"
     if dtype == "float16":
@@ -2733,7 +2733,7 @@ def test_a_store_that_fits_in_memory_is_read_into_it(dtype, stores, tmp_path, mo
     seen = _models_inputs(monkeypatch)
     for limit, streamed in ((None, False), (size, False), (size - 1, True)):
         if limit is not None:
-            monkeypatch.setattr(inputs, "in_memory_limit", lambda limit=limit: limit)
+            monkeypatch.setattr(feature_files, "in_memory_limit", lambda limit=limit: limit)
         seen.clear()
         assert main([str(path), "--no-progress"]) == 0
         assert seen and {is_h5_dataset(X) for X in seen} == {streamed}
@@ -2746,7 +2746,7 @@ def test_a_store_read_into_memory_is_closed_at_once(stores):
 
     import h5py
 
-    from mr2_probe.cli._inputs import _load_xy
+    from mr2_probe.cli._feature_files import _load_xy
 
     def open_files():
         ids = h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE)
@@ -2774,7 +2774,7 @@ def test_the_memory_limit_is_a_quarter_of_a_control_group_s_cap(
     # the machine's memory: killed for it. Without a cap, a quarter of the machine's. A
     # group below the root (a batch job's, a systemd service's): the root's file alone was
     # read, and the job's cap went unseen. Its parent's cap binds too.
-    import mr2_probe.cli._inputs as inputs
+    import mr2_probe.cli._feature_files as feature_files
 
     root = tmp_path / "cgroup"
     folder, name = (root, "memory.max") if version == 2 else (root / "memory", "limit_in_bytes")
@@ -2785,13 +2785,13 @@ def test_the_memory_limit_is_a_quarter_of_a_control_group_s_cap(
     (mine / name).write_text(cap)  # (the root's own, where the group is the root)
     line = f"0::{group}" if version == 2 else f"4:memory:{group}\n0::/"
     (tmp_path / "cgroup.txt").write_text(f"9:name=systemd:/\n{line}\n")
-    monkeypatch.setattr(inputs, "_CGROUP_ROOT", str(root))
-    monkeypatch.setattr(inputs, "_PROC_CGROUP", str(tmp_path / "cgroup.txt"))
+    monkeypatch.setattr(feature_files, "_CGROUP_ROOT", str(root))
+    monkeypatch.setattr(feature_files, "_PROC_CGROUP", str(tmp_path / "cgroup.txt"))
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert inputs.in_memory_limit() == min(share or machine // 4, machine // 4)
+    assert feature_files.in_memory_limit() == min(share or machine // 4, machine // 4)
     if group != "/":  # a cap above the group's, lower, binds
         (mine.parent / name).write_text(str(1 << 26))
-        assert inputs.in_memory_limit() == 1 << 24
+        assert feature_files.in_memory_limit() == 1 << 24
 
 
 @NEEDS_H5
@@ -2855,10 +2855,10 @@ def test_a_store_whose_features_do_not_decompress_is_named_as_damaged(
     # (filter returned failure during read)" named no file (as --feature-scaling's did).
     import h5py
 
-    import mr2_probe.cli._inputs as inputs
+    import mr2_probe.cli._feature_files as feature_files
 
     if streamed:
-        monkeypatch.setattr(inputs, "in_memory_limit", lambda: 0)
+        monkeypatch.setattr(feature_files, "in_memory_limit", lambda: 0)
     path = tmp_path / "gz.h5"
     X, y = _blobs(30, seed=1)
     with h5py.File(path, "w") as f:
@@ -3982,7 +3982,7 @@ def test_inputs_out_of_memory_end_in_one_line(
         raise MemoryError("Unable to allocate 30.0 GiB for an array")
 
     monkeypatch.setattr(cli_main, "_inputs", failing)
-    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: limit)
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: limit)
     out = tmp_path / "runs" / "probe"
     train = str(files / name)
     argv = [train, *options, "--out", str(out), "--no-progress"]
@@ -4009,7 +4009,7 @@ def test_the_cure_for_arrays_out_of_memory_can_be_followed(files, tmp_path, monk
     def failing(args, stack=None):
         raise MemoryError("Unable to allocate 30.0 GiB for an array")
 
-    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1000)
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 1000)
     with monkeypatch.context() as patched:
         patched.setattr(cli_main, "_inputs", failing)
         (line,) = _error([str(files / "train.npz"), "--no-progress"], capsys)[1]
@@ -4053,7 +4053,7 @@ def test_the_cure_for_integers_out_of_memory_can_be_followed(
     X, y = _blobs(30, seed=1)  # 90 × 6
     X = np.round(np.abs(X) * 10).astype(dtype)
     train = _features_file(tmp_path / name, X, y)
-    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1000)
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 1000)
     with monkeypatch.context() as patched:
         patched.setattr(cli_main, "_inputs", failing)
         (line,) = _error([str(train), "--no-progress"], capsys)[1]
@@ -4082,7 +4082,7 @@ def test_int64_out_of_memory_within_the_limit_as_float32_are_told_float32_reads_
     # it: float32 features are read whole, in half the memory, from any file. The line said
     # that a store's float32 features above a quarter of memory "then stay in its file"
     # (and without --grid, which reads them whole all the same).
-    from mr2_probe.cli._inputs import _features_sizes
+    from mr2_probe.cli._feature_files import _features_sizes
 
     def failing(args, stack=None):
         raise MemoryError("Unable to allocate 30.0 GiB for an array")
@@ -4090,7 +4090,7 @@ def test_int64_out_of_memory_within_the_limit_as_float32_are_told_float32_reads_
     X, y = _blobs(30, seed=1)  # 90 × 6
     X = np.round(np.abs(X) * 10).astype(np.int64)
     train = _features_file(tmp_path / name, X, y)
-    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 3000)
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 3000)
     with monkeypatch.context() as patched:
         patched.setattr(cli_main, "_inputs", failing)
         (line,) = _error([str(train), *options, "--no-progress"], capsys)[1]
@@ -4119,7 +4119,7 @@ def test_inputs_out_of_memory_say_what_the_run_did_with_a_store_of_failed_rows(
     # run streamed it.
     X, y = _blobs(30, seed=1)
     path = str(_store(tmp_path / "failed.h5", X, y, FASHION, failed=range(40)))
-    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: limit)
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: limit)
     seen = _models_inputs(monkeypatch)
     assert main([path, "--no-progress"]) == 0
     assert seen and {is_h5_dataset(X) for X in seen} == {streamed}
@@ -4152,7 +4152,7 @@ def test_inputs_out_of_memory_end_in_one_line_where_their_sizes_cannot_be_told(
         raise MemoryError("Unable to allocate 30.0 GiB for an array")
 
     monkeypatch.setattr(cli_main, "_inputs", failing)
-    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1 << 30)
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 1 << 30)
     monkeypatch.setattr(h5py, "File", failing)
     train = str(files / "store.h5")
     code, lines = _error([train, *_WHOLE, "--no-progress"], capsys)
@@ -4186,7 +4186,7 @@ def test_inputs_out_of_memory_say_the_size_of_the_features_in_memory(
     X, y = _blobs(30, seed=1)  # 90 × 6
     train = _features_file(tmp_path / name, np.round(X * 10).astype(dtype), y)
     monkeypatch.setattr(cli_main, "_inputs", failing)
-    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1 << 30)
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 1 << 30)
     code, lines = _error([str(train), "--no-progress"], capsys)
     assert code == 1 and lines == [
         "mr2-probe: error: reading the inputs ran out of memory (Unable to allocate 30.0 GiB "
@@ -4208,7 +4208,7 @@ def test_float16_inputs_out_of_memory_are_set_against_the_limit_as_float32(
     train = tmp_path / "train.npz"
     np.savez(train, X=X.astype(np.float16), y=y)
     monkeypatch.setattr(cli_main, "_inputs", failing)
-    monkeypatch.setattr("mr2_probe.cli._inputs.in_memory_limit", lambda: 1500)
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 1500)
     code, lines = _error([str(train), "--no-progress"], capsys)
     assert code == 1 and lines == [
         "mr2-probe: error: reading the inputs ran out of memory (Unable to allocate 30.0 GiB "

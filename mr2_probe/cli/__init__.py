@@ -1,8 +1,9 @@
 """``mr2-probe``: fit ERM and MR² probes on stored features and report them class by class.
 
 The command (:func:`main`) is split by responsibility: its options (``_options``), its
-input files (``_inputs``), its output folder (``_outputs``) and the run itself
-(``_main``).
+feature files read (``_feature_files``), its training and test data checked to be one task
+(``_inputs``), the splits it makes of them checked before any fit (``_splits``), its output
+folder (``_outputs``) and the run itself (``_main``).
 """
 
 import importlib
@@ -10,7 +11,7 @@ import sys
 
 from ._usage import _interrupts_held
 
-_MODULES = {"UsageError": "._usage", "load_xy": "._inputs"}
+_MODULES = {"UsageError": "._usage", "load_xy": "._feature_files"}
 
 __all__ = ["UsageError", "load_xy", "main"]
 

@@ -19,18 +19,8 @@ from .._cv import MR2LinearClassifierCV
 from ..front import _final, _pass_on, collecting_short, fit_collecting_short
 from ..metrics import classwise_scorers
 from ..report import classwise_report, flat_text, in_percent
-from ._inputs import (
-    _check_scaled_test,
-    _check_splits,
-    _features_sizes,
-    _front_split,
-    _in_bytes,
-    _inputs,
-    _inputs_record,
-    _search_folds,
-    _stays_in_file,
-    _streams,
-)
+from ._feature_files import _features_sizes, _in_bytes, _stays_in_file, _streams
+from ._inputs import _inputs, _inputs_record
 from ._options import (
     _MR2_ONLY,
     _OPTIONS,
@@ -47,6 +37,7 @@ from ._options import (
     _solver,
 )
 from ._outputs import _OUTPUTS, _claim_out, _once, _prepare_out, _write_models, _write_outputs
+from ._splits import _check_scaled_test, _check_splits, _front_split, _search_folds
 from ._usage import (
     RunError,
     Terminated,
@@ -397,7 +388,7 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
 
 def _float32_cures(features, limit: int) -> bool:
     """Whether a store of float32 features in place of an input file's integer features
-    (an ``_inputs._Features``), which are read whole from any file, reads them in less:
+    (a ``_feature_files._Features``), which are read whole from any file, reads them in less:
     above the limit as float32 it streams them (uint8's a quarter of that size are read
     whole), and int64's it holds in half where not."""
     if features.held is None or _streams(features.dtype):
@@ -406,8 +397,8 @@ def _float32_cures(features, limit: int) -> bool:
 
 
 def _held(features, limit: int) -> str:
-    """An input file's features as the line of inputs out of memory says them (an
-    ``_inputs._Features``): their size in memory, and in the file where it differs (float16
+    """An input file's features as the line of inputs out of memory says them (a
+    ``_feature_files._Features``): their size in memory, and in the file where it differs (float16
     features are read as float32); integers that float32 features cure, their size as those
     (``limit``: a quarter of memory)."""
     if features.held is None:

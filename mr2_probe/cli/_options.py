@@ -16,7 +16,7 @@ from sklearn.preprocessing import StandardScaler
 from .._classifier import MR2LinearClassifier
 from .._device import resolve_device
 from ..front import _READ_BY_SOME as _READS
-from ._inputs import feature_format
+from ._feature_files import feature_format
 from ._scaling import RowNormalizer
 from ._usage import SuggestingParser, UsageError, _one_line, add_version
 
