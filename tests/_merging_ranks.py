@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from extract import _runner
+from extract import _ranks
 
 
 def rank_at_a_failing_merge(rank: int, init_file: Path, out: Path, said: Path) -> None:
@@ -20,14 +20,14 @@ def rank_at_a_failing_merge(rank: int, init_file: Path, out: Path, said: Path) -
     def fails(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error", os.fspath(out))
 
-    _runner._merge = fails  # (rank 1 never merges)
+    _ranks._merge = fails  # (rank 1 never merges)
     timeout = timedelta(seconds=20)  # without its failure told, rank 1 waited this long
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2, timeout=timeout
     )
     try:
         try:
-            _runner._merge_on_rank0(out, rank, 2, False)
+            _ranks._merge_on_rank0(out, rank, 2, False)
             ended = "returned"
         except Exception as error:
             ended = f"{type(error).__name__}: {error}"

@@ -1334,10 +1334,10 @@ def test_a_rank_whose_launcher_died_before_the_run_stops(tmp_path, sigint):
 _CONNECTING_RANK = """
 import os, time
 import extract
-from extract import _launcher, _runner
+from extract import _launcher, _ranks
 _launcher.POLL_S = 0.05
 print(os.getpid(), flush=True)
-with _launcher.stops_with_launcher(), _runner._ranks_group():  # the launcher's store
+with _launcher.stops_with_launcher(), _ranks._ranks_group():  # the launcher's store
     pass
 print("joined", flush=True)
 """

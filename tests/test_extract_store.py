@@ -856,7 +856,7 @@ def test_ranks_that_listed_the_source_differently_stop_before_any_work(
     # was found by the merge, after every rank's extraction (the test above).
     import torch.distributed as dist
 
-    from extract import _runner
+    from extract import _ranks, _runner
 
     folder = make_image_folder(tmp_path / "data", n_per_class=4, special=False)
     out = tmp_path / "f.h5"
@@ -884,7 +884,7 @@ def test_ranks_that_listed_the_source_differently_stop_before_any_work(
     source = open_source(folder)
     theirs[0] = (len(source), source.fingerprint())
     # the same listing: no error
-    _runner._check_same_listing(source, theirs[0][1], _runner._ShardStep(out, 2))
+    _ranks._check_same_listing(source, theirs[0][1], _ranks._ShardStep(out, 2))
 
 
 @pytest.mark.parametrize("kind", ["folder", "built by hand"])
@@ -2915,7 +2915,7 @@ def test_a_rank_told_through_the_store_stops_after_its_batch(monkeypatch, how):
     # rank at its exchange, or stop at once where it was interrupted (and goes nowhere).
     import torch.distributed as dist
 
-    from extract._runner import _ShardStep
+    from extract._ranks import _ShardStep
 
     store, gathered = dist.HashStore(), []
 
@@ -2954,7 +2954,7 @@ def test_a_rank_whose_launcher_is_gone_leaves_its_store_alone(monkeypatch):
     import torch.distributed as dist
 
     from extract import _launcher
-    from extract._runner import _ShardStep
+    from extract._ranks import _ShardStep
 
     looked = []
 
@@ -5205,7 +5205,7 @@ def test_a_torchrun_retry_killed_before_its_merge_is_merged_by_a_plain_rerun(tmp
     # every shard anew, every row extracted again.
     import torch.distributed as dist
 
-    from extract import _runner
+    from extract import _ranks
 
     folder, image, good, out, fast, shards = _two_rank_store(tmp_path, broken=True)
     image.write_bytes(good)
@@ -5217,7 +5217,7 @@ def test_a_torchrun_retry_killed_before_its_merge_is_merged_by_a_plain_rerun(tmp
     extract_features(folder, BACKBONE, out, retry_failed=True, **fast)
     monkeypatch.setenv("RANK", "0")
     with monkeypatch.context() as patch:  # rank 0 killed in its merge, after the repairs
-        patch.setattr(_runner, "_merge", lambda *args, **kwargs: _interrupt())
+        patch.setattr(_ranks, "_merge", lambda *args, **kwargs: _interrupt())
         with pytest.raises(KeyboardInterrupt):
             extract_features(folder, BACKBONE, out, retry_failed=True, **fast)
     assert written == [1]  # the repaired image
@@ -5378,7 +5378,7 @@ def test_failures_under_torchrun_are_warned_of_once_as_the_merged_store_s(
 def test_failures_of_every_rank_are_counted_together(monkeypatch):
     import torch.distributed as dist
 
-    from extract._runner import _all_ranks_failures, _ShardStep
+    from extract._ranks import _all_ranks_failures, _ShardStep
 
     ranks = [(2, [(4, "c.png", "E: z"), (8, "e.png", "E: w")]), (1, [(1, "b.jpg", "E: y")])]
 

@@ -1,0 +1,352 @@
+"""torchrun's ranks in one run: their group, what they tell each other where they meet
+(failures, the listing's check, the merged store's verdict), and the merge on rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+from mr2_probe._h5 import one_line
+
+from ._images import ImageSource
+from ._launcher import connecting, launcher_gone
+from ._merge import _mark, _merge, shard_path
+from ._paths import plural
+from ._resume import _identity
+from ._schema import StoreError
+
+# The run's logger (extract._runner), which users' log filters name: a rank's failure is
+# the run's message, wherever it is told from.
+logger = logging.getLogger("extract._runner")
+
+
+def _distributed_env() -> tuple[int, int]:
+    """``RANK`` and ``WORLD_SIZE`` as torchrun sets them (0 and 1 where unset); a value
+    that is no whole number is refused by name (``export RANK=$SLURM_PROCID`` with the
+    latter unset failed as "invalid literal for int() with base 10: ''")."""
+    values = []
+    for name, default, least in (("RANK", "0", 0), ("WORLD_SIZE", "1", 1)):
+        text = os.environ.get(name, default)
+        if not (text.strip().isascii() and text.strip().isdigit() and int(text) >= least):
+            raise ValueError(
+                f"The {name} environment variable must be an int >= {least} (torchrun sets "
+                f"it). Got {name}={text!r} instead; unset it to run in one process."
+            )
+        values.append(int(text))
+    return values[0], values[1]
+
+
+# This process's runs under torchrun, each group's keys in torchrun's store its own: a
+# group made again on the keys of one that was left read its addresses and failed (a
+# script extracting two splits failed at the second).
+_RUNS = itertools.count()
+
+
+@contextlib.contextmanager
+def _ranks_group() -> Iterator[object]:
+    """torchrun's ranks in one process group for the run, left after it (unless the
+    caller has joined one already, which is used as it is); inside, the group's key-value
+    store (None where torch does not give a caller's group's store)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        # (ProcessGroup.get_group_store is missing from older torch: there a failure is
+        # told where the ranks next meet alone)
+        try:
+            store = dist.group.WORLD.get_group_store()
+        except Exception:
+            store = None
+        yield store
+        return
+    # gloo: what is exchanged is small and on the host, so no GPU is needed; the long
+    # timeout lets fast ranks wait for slow ones at the end of an hours-long run.
+    timeout = timedelta(hours=24)
+    with connecting():  # (a launcher killed meanwhile took its store: killed at once)
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        store = dist.PrefixStore(f"mr2-extract/{next(_RUNS)}", store)
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
+    try:
+        yield store
+    finally:
+        dist.destroy_process_group()
+
+
+def _said(error: BaseException) -> str:
+    """``error`` as a rank tells it to the others: ``"Type: message"`` on one line (its
+    type alone where it has no message, as a KeyboardInterrupt)."""
+    text = one_line(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _every_rank_said(value: object, failure: Exception | None, world_size: int) -> tuple:
+    """Every rank's ``value`` in rank order, and the ranks that failed, as ``(rank, "Type:
+    message")`` (this one's ``failure``, or None): the outcome each rank tells the others at
+    a collective point of the run, so that no rank waits there for one that failed (until
+    the group's timeout, where the group outlives the error: the caller's own, or a rank
+    that goes on after it; or to meet gloo's "connection closed", which names nothing)."""
+    import torch.distributed as dist
+
+    said = None if failure is None else _said(failure)
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, (said, value))
+    failed = [(rank, told) for rank, (told, _) in enumerate(gathered) if told is not None]
+    return [each for _, each in gathered], failed
+
+
+class _ShardStep:
+    """The collective points of a torchrun run's shard step, where its ranks meet (the
+    listing's check, the failures' count at its end): at each, every rank says whether it
+    failed. A rank that fails says so at once in the group's store too (under the run's
+    key, agreed at the first of them), where the others look between their batches
+    (:meth:`stop_if_told`): they stop there and go to the next one, where every rank
+    stops, the others with an error naming it. A rank interrupted (Ctrl-C) says so in the
+    store alone and goes nowhere: the others stop with that error at their next batch, or
+    next meeting point, not waiting there for it."""
+
+    def __init__(self, merged: Path, world_size: int, rank: int = 0, store=None) -> None:
+        self.merged, self.world_size, self.rank = merged, world_size, rank
+        self.ended = False  # an exchange told of a failure, or failed itself: no more
+        # What this rank is doing, which a failure tells the others (it may be in another
+        # part of the step than its shard: the merged store's check, say).
+        self.doing = self.making_shard(rank)
+        # The group's key-value store (None: failures are told where the ranks meet alone),
+        # and the run's key in it: this rank's proposal until the first exchange, where
+        # every rank takes rank 0's (:meth:`agree_on_key`).
+        self.store, self.key, self.agreed = store, f"mr2-extract/failed/{uuid.uuid4().hex}", False
+
+    def making_shard(self, rank: int) -> str:
+        """What rank ``rank`` is doing while it makes its shard (:attr:`doing`)."""
+        return f"to extract its shard {os.fspath(shard_path(self.merged, rank, self.world_size))!r}"
+
+    def agree_on_key(self, key: str) -> None:
+        """Take ``key`` (rank 0's, told at the run's first exchange) as the run's key in the
+        store: every rank's, and no other run's (a group the caller keeps serves many)."""
+        self.key, self.agreed = key, True
+
+    def exchange(self, value: object) -> list | None:
+        """Every rank's ``value`` in rank order (None where the ranks run one by one);
+        a :class:`StoreError` naming the first rank that failed instead."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():  # (ranks run one by one: each knows its own only)
+            return None
+        told = self._told()
+        if told is not None and not told["meets"]:  # (it will not come here: not waited for)
+            self.ended = True
+            raise self._failed(told["rank"], told["doing"], told["said"], interrupted=True)
+        self.ended = True
+        values, failed = _every_rank_said(value, None, self.world_size)
+        if failed:
+            (rank, said), others = failed[0], len(failed) - 1
+            # (a failing rank's value is what it was doing: :meth:`fail`)
+            doing = values[rank] if isinstance(values[rank], str) else self.making_shard(rank)
+            raise self._failed(rank, doing, said, others=others)
+        self.ended = False
+        return values
+
+    def stop_if_told(self) -> None:
+        """Where another rank has said in the store that it failed (a look there, no
+        collective: between batches), stop: meet it at the exchange it waits at, and raise
+        the error naming it."""
+        told = self._told()
+        if told is None:
+            return
+        if told["meets"]:
+            self.exchange(None)  # (raises: that rank says there that it failed)
+        self.ended = True
+        raise self._failed(told["rank"], told["doing"], told["said"], interrupted=not told["meets"])
+
+    def fail(self, error: Exception, rank: int) -> None:
+        """Say at once in the store, and at the next exchange, that this rank failed with
+        ``error`` (which its caller raises then); nothing after an exchange that ended the
+        step."""
+        import torch.distributed as dist
+
+        if self.ended or not dist.is_initialized():
+            return
+        self.ended = True
+        # (before the log line: once it is said, the others may stop at any batch)
+        told = self._tell(error, meets=True)
+        # Said at once: without the store, the others may meet it only at the end of
+        # their shards, hours on.
+        logger.error(
+            "Rank %d failed %s (%s: %s); %s, then raises it. Ctrl-C stops every rank now; the "
+            "rows written so far are kept for the resume.",
+            rank,
+            self.doing,
+            type(error).__name__,
+            one_line(error),
+            "the other ranks stop after the batch they are at (or where they next meet), and "
+            "it stops with them"
+            if told
+            else "it stops where the other ranks next meet (the listings' check, or the end "
+            "of their shards)",
+        )
+        # (an error of the exchange itself, the others gone, leaves this rank's own raised)
+        with contextlib.suppress(Exception):
+            _every_rank_said(self.doing, error, self.world_size)
+
+    def interrupt(self, error: BaseException) -> None:
+        """Say in the store (as best it can) that this rank stops with ``error``, which
+        its caller raises at once: it goes to no exchange, and the others stop at their
+        next batch or exchange instead of waiting there for it (a group the caller keeps
+        waits for its timeout). (Said even within an exchange, which it leaves.)"""
+        self.ended = True
+        self._tell(error, meets=False)
+
+    def _tell(self, error: BaseException, meets: bool) -> bool:
+        """Say in the store under the run's key that this rank stops with ``error``, and
+        whether it ``meets`` the others at the next exchange; whether that was said."""
+        if self.store is None or not self.agreed or launcher_gone():
+            return False  # (before the first exchange: said there; or no store to say it)
+        said = dict(rank=self.rank, doing=self.doing, said=_said(error), meets=meets)
+        try:  # (a store's set has no timeout to wait out: it needs no other rank)
+            self.store.set(self.key, json.dumps(said))
+        except Exception:  # (the store gone with its host: told where the ranks meet)
+            return False
+        return True
+
+    def _told(self) -> dict | None:
+        """What another rank said in the store of its failure (:meth:`_tell`), or None."""
+        # (a store that went with torchrun's launcher: torch logs each failed look there,
+        # a stack trace on stderr)
+        if self.store is None or not self.agreed or launcher_gone():
+            return None
+        try:
+            # (check, not get: get waits for a key that is not there)
+            if not self.store.check([self.key]):
+                return None
+            return json.loads(self.store.get(self.key))
+        except Exception:  # (its host gone: failures are told where the ranks meet alone)
+            self.store = None
+            return None
+
+    def _failed(
+        self, rank: int, doing: str, said: str, others: int = 0, interrupted: bool = False
+    ) -> StoreError:
+        """The error of every other rank where rank ``rank`` failed ``doing`` (with
+        ``said``; ``interrupted``: a Ctrl-C, say), and ``others`` more with it."""
+        also = f" (and {others} other {plural(others, 'rank')})" if others else ""
+        why, cure = (
+            ("it was interrupted", "")
+            if interrupted
+            else ("its error says why", "once that is cured, ")
+        )
+        return StoreError(
+            f"Rank {rank}{also} failed {doing} ({said}): {why}. Every rank stops, the rows "
+            f"written so far kept: {cure}the same command resumes."
+        )
+
+
+# What a rank does while it checks the shards to be resumed (:attr:`_ShardStep.doing`).
+_CHECKING_SHARDS = "to check the shards of {!r} to be resumed"
+
+
+def _all_ranks_failures(failed: tuple[int, list] | None, step: _ShardStep) -> tuple[int, list]:
+    """The failures of every rank of a torchrun group (``failed``: this rank's, None where
+    it found the merged store complete): their number, and the first ones
+    (``(index, path, reason)``) in source order."""
+    gathered = step.exchange(failed)
+    if gathered is None:  # ranks run one by one: each knows its own only
+        gathered = [failed]
+    told = [each for each in gathered if each is not None]
+    return sum(n for n, _ in told), sorted(item for _, first in told for item in first)
+
+
+def _check_same_listing(src: ImageSource, fingerprint: str, step: _ShardStep) -> None:
+    """Refuse to start when the ranks of a torchrun group listed the source differently
+    (files added, removed or changed while they started): their shards would not merge,
+    which the merge finds only after every rank's extraction."""
+    # (the run's first exchange: every rank takes rank 0's key for the store there)
+    listings = step.exchange((len(src), fingerprint, step.key))
+    if listings is None:  # ranks run one by one (rank= and world_size= given)
+        return
+    step.agree_on_key(listings[0][-1])
+    listings = [listing[:2] for listing in listings]
+    other = next((r for r, listing in enumerate(listings) if listing != listings[0]), None)
+    if other is not None:
+        (first, _), (theirs, _) = listings[0], listings[other]
+        what = (
+            f"rank 0 found {first} images, rank {other} {theirs}"
+            if first != theirs
+            else f"ranks 0 and {other} found other files"
+        )
+        raise StoreError(
+            f"The ranks listed the image source {src.description!r} differently ({what}): "
+            "it changed while they started. Run again once it no longer changes."
+        )
+
+
+def _complete_on_every_rank(complete: bool, merged: Path, step: _ShardStep) -> bool:
+    """Whether every rank of a torchrun group found the merged store complete (this one:
+    ``complete``), so that all reuse it or all extract; a :class:`StoreError` on every rank
+    where they found it otherwise. Each rank decided alone: one that found it complete
+    returned while the others waited for it at the merge until the group's timeout."""
+    found = step.exchange(complete)
+    if found is None:  # ranks run one by one: each decides for itself
+        return complete
+    if all(found) or not any(found):
+        return bool(found[0])
+    # A store or images read otherwise by one rank than by another changed between their
+    # reads (or the ranks see its folder otherwise): neither verdict holds for every rank.
+    yes, no = found.index(True), found.index(False)
+    raise StoreError(
+        f"The ranks read the feature store {os.fspath(merged)!r} differently: rank {yes} "
+        f"found it complete, rank {no} not. It, or its images, changed while they read it. "
+        "Every rank stops before any work; run again once it no longer changes."
+    )
+
+
+def _merge_on_rank0(
+    out: Path, rank: int, world_size: int, overwrite: bool, repair_merged=None
+) -> Path:
+    import torch.distributed as dist
+
+    dist.barrier()  # every shard is complete before rank 0 reads them
+    failure = None
+    if rank == 0:
+        try:
+            _merge_shards_of(out, world_size, overwrite, repair_merged)
+        except Exception as error:  # (said to the other ranks, then raised here)
+            failure = error
+    # Rank 0's outcome, to every rank: a failure there ends the others too, naming it.
+    failed = []
+    if dist.is_initialized():  # (ranks run one by one: each knows its own only)
+        _, failed = _every_rank_said(None, failure, world_size)
+    if failure is not None:
+        raise failure
+    if failed:
+        raise StoreError(
+            f"Rank 0 failed to merge the shards into {os.fspath(out)!r} ({failed[0][1]}): its "
+            "error says why. Every rank's shard is kept: once that is cured, the same "
+            "command merges them."
+        )
+    return out
+
+
+def _merge_shards_of(out: Path, world_size: int, overwrite: bool, repair_merged=None) -> None:
+    """Rank 0's part of the merge: the shards of ``out`` into it (or its repairs alone)."""
+    shards = [shard_path(out, r, world_size) for r in range(world_size)]
+    # No rank reads ``out`` any more. A complete store that differs by touched files
+    # alone and cannot be written (open elsewhere) is kept as it is, not merged: the
+    # merge would replace it with the very rows it holds.
+    if repair_merged is not None and repair_merged():
+        return
+    if repair_merged is not None:
+        # The shards hold what the store, its repairs pending, awaits: marked with its
+        # new version, a run killed before the merge resumes them and merges them (they
+        # went into another version, it made every one anew, every row extracted again).
+        # (best effort, unsaid: the merge's own mark says where a shard cannot be marked)
+        for shard in shards:
+            _mark(shard, _identity(out))
+    _merge(shards, out, overwrite, versions_checked=True)  # each rank's, checked
