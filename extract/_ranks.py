@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mr2_probe._h5 import one_line
 
+from ._gathered import all_gather_object
 from ._images import ImageSource
 from ._launcher import connecting, launcher_gone
 from ._merge import _mark, _merge, shard_path
@@ -94,11 +95,9 @@ def _every_rank_said(value: object, failure: Exception | None, world_size: int) 
     a collective point of the run, so that no rank waits there for one that failed (until
     the group's timeout, where the group outlives the error: the caller's own, or a rank
     that goes on after it; or to meet gloo's "connection closed", which names nothing)."""
-    import torch.distributed as dist
-
     said = None if failure is None else _said(failure)
     gathered: list = [None] * world_size
-    dist.all_gather_object(gathered, (said, value))
+    all_gather_object(gathered, (said, value))
     failed = [(rank, told) for rank, (told, _) in enumerate(gathered) if told is not None]
     return [each for _, each in gathered], failed
 

@@ -863,7 +863,7 @@ def test_ranks_that_listed_the_source_differently_stop_before_any_work(
     source = open_source(folder)
     theirs = [(len(source), source.fingerprint())]  # rank 1's listing, before the change
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "all_gather_object", lambda got, mine: got.__setitem__(
+    monkeypatch.setattr("extract._ranks.all_gather_object", lambda got, mine: got.__setitem__(
         slice(None), [mine, (None, theirs[0])]))  # fmt: skip
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
@@ -2862,7 +2862,7 @@ def test_a_rank_that_fails_in_its_shard_tells_the_ranks_then_raises_its_own_erro
 
     monkeypatch.setattr(_runner, "create_backbone", fails)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "all_gather_object", gathered)
+    monkeypatch.setattr("extract._ranks.all_gather_object", gathered)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     _ranks_one_by_one(monkeypatch)
@@ -2887,7 +2887,7 @@ def test_a_rank_beside_ranks_that_failed_names_the_first_of_them(tmp_path, monke
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     theirs = [("OSError: [Errno 28] No space left on device", None), ("ValueError: x", None)]
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "all_gather_object", lambda into, mine: into.__setitem__(
+    monkeypatch.setattr("extract._ranks.all_gather_object", lambda into, mine: into.__setitem__(
         slice(None), [mine, *theirs]))  # fmt: skip
     built = []
     monkeypatch.setattr(_runner, "create_backbone", lambda *a, **k: built.append(1))
@@ -2924,7 +2924,7 @@ def test_a_rank_told_through_the_store_stops_after_its_batch(monkeypatch, how):
         into[:] = [mine, gathered[0]] if len(gathered) > 1 else [mine, mine]
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "all_gather_object", gather)
+    monkeypatch.setattr("extract._ranks.all_gather_object", gather)
     ranks = [_ShardStep(Path("f.h5"), 2, rank, store) for rank in (0, 1)]
     for step in ranks:
         step.agree_on_key(ranks[0].key)
@@ -3000,7 +3000,7 @@ def test_a_rank_that_fails_checking_the_stores_is_named_as_such(tmp_path, monkey
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     _ranks_one_by_one(monkeypatch)
     sent = []
-    monkeypatch.setattr(dist, "all_gather_object", lambda into, mine: (
+    monkeypatch.setattr("extract._ranks.all_gather_object", lambda into, mine: (
         sent.append(mine), into.__setitem__(slice(None), [mine, mine])))  # fmt: skip
     real = getattr(_runner, checked)
 
@@ -3014,7 +3014,7 @@ def test_a_rank_that_fails_checking_the_stores_is_named_as_such(tmp_path, monkey
             extract_features(folder, BACKBONE, out, **FAST)
     assert getattr(_runner, checked) is real
     theirs = iter(sent)
-    monkeypatch.setattr(dist, "all_gather_object", lambda into, mine: into.__setitem__(
+    monkeypatch.setattr("extract._ranks.all_gather_object", lambda into, mine: into.__setitem__(
         slice(None), [mine, next(theirs)]))  # fmt: skip
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(StoreError) as raised:
@@ -3056,6 +3056,65 @@ def test_under_torchrun_a_rank_that_fails_in_its_shard_ends_every_rank(
             f"rank 1 cannot {where} second line): its error says why. Every rank stops, the "
             "rows written so far kept: once that is cured, the same command resumes."
         )
+
+
+def test_an_exchange_returns_once_gloo_has_let_go_of_its_tensors(monkeypatch):
+    # A gloo worker let go of an exchange's tensors after it had returned, their Python
+    # objects freed already: it needed the GIL to free them, which older torch (2.5) holds
+    # while it destroys the group, joining that worker. A rank that raised at once and
+    # left its group (extract's own, or a caller's) hung in destroy_process_group. Here
+    # the worker is late on purpose: it holds a view of each tensor a little longer.
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from extract._ranks import _every_rank_said
+
+    real, late = dist.all_gather, []
+
+    def all_gather(outputs, tensor, *args, **kwargs):
+        work = real(outputs, tensor, *args, **kwargs)
+        views = [each.view(-1) for each in (*outputs, tensor)]  # (held as gloo would)
+
+        def let_go():
+            time.sleep(0.2)
+            late.append("let go")  # (before the views go: the exchange may return then)
+            views.clear()
+
+        threading.Thread(target=let_go).start()
+        late.append("held")
+        return work
+
+    monkeypatch.setattr(dist, "all_gather", all_gather)
+    # (torch's all_gather_object calls it here)
+    monkeypatch.setattr(dist.distributed_c10d, "all_gather", all_gather)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        values, failed = _every_rank_said({"n": 3}, RuntimeError("no memory"), 1)
+        assert late.count("held") == late.count("let go") > 0  # (every view let go)
+    finally:
+        dist.destroy_process_group()
+    assert values == [{"n": 3}]
+    assert failed == [(0, "RuntimeError: no memory")]
+
+
+def test_an_exchange_in_a_group_without_gloo_is_torch_s_own(monkeypatch):
+    # A caller's NCCL group takes no CPU tensors: there the exchange is torch's
+    # all_gather_object (on the group's device), as it was; the wait for gloo's worker is
+    # gloo's alone.
+    import torch.distributed as dist
+
+    from extract._gathered import all_gather_object
+
+    gathered = []
+    monkeypatch.setattr(dist, "get_backend", lambda *args: "nccl")
+    monkeypatch.setattr(dist, "all_gather", lambda *args: pytest.fail("gathered on the CPU"))
+    monkeypatch.setattr(dist, "all_gather_object", lambda into, obj: (
+        gathered.append(obj), into.__setitem__(slice(None), [obj])))  # fmt: skip
+    into = [None]
+    all_gather_object(into, ("said", 3))
+    assert gathered == [("said", 3)] and into == [("said", 3)]
 
 
 @pytest.mark.slow
@@ -5387,7 +5446,7 @@ def test_failures_of_every_rank_are_counted_together(monkeypatch):
         into[:] = [(None, failed) for failed in ranks]
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "all_gather_object", gathered)
+    monkeypatch.setattr("extract._ranks.all_gather_object", gathered)
     assert _all_ranks_failures(ranks[0], _ShardStep(Path("f.h5"), 2)) == (
         3, [(1, "b.jpg", "E: y"), (4, "c.png", "E: z"), (8, "e.png", "E: w")]
     )  # fmt: skip
