@@ -2781,7 +2781,7 @@ def test_a_long_strip_is_kept_whole_for_transforms_that_see_all_of_it(tmp_path):
     from types import SimpleNamespace
 
     from extract._backbones import _normalised_preprocess
-    from extract._runner import _loader
+    from extract._loading import _loader
     from extract._sources import open_source
 
     pixels = np.zeros((60, 1500, 3), np.uint8)

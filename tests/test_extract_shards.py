@@ -1842,7 +1842,7 @@ def test_loader_workers_each_stream_whole_row_groups(tmp_path, monkeypatch):
     # the other workers' blocks (its cursor only goes forward), reading the data W times.
     from types import SimpleNamespace
 
-    from extract import _runner, _tables
+    from extract import _loading, _tables
 
     rng = np.random.default_rng(0)
     n, group, size, workers = 288, 48, 16, 3
@@ -1870,8 +1870,8 @@ def test_loader_workers_each_stream_whole_row_groups(tmp_path, monkeypatch):
         return sum(streamed)
 
     backbone = SimpleNamespace(transform=None, preprocess={"mode": "center"})
-    loader = _runner._loader(src, backbone, blocks, workers, "pil",
-                             torch.device("cpu"))  # fmt: skip
+    loader = _loading._loader(src, backbone, blocks, workers, "pil",
+                              torch.device("cpu"))  # fmt: skip
     order = [np.asarray(b) for b in loader.batch_sampler]
     assert sorted(map(tuple, order)) == sorted(map(tuple, blocks))
     assert rows_streamed(blocks) > 1.5 * n  # dealt in source order
@@ -1879,7 +1879,7 @@ def test_loader_workers_each_stream_whole_row_groups(tmp_path, monkeypatch):
     # One row group of them all, larger than a worker's share: split between the workers,
     # each part in source order (a tail dealt in reverse re-streamed the group for every
     # block).
-    one = _runner.worker_order(blocks, np.zeros(n, dtype=np.int64), workers)
+    one = _loading.worker_order(blocks, np.zeros(n, dtype=np.int64), workers)
     for w in range(workers):
         firsts = [int(b[0]) for b in one[w::workers]]
         assert firsts == sorted(firsts)
