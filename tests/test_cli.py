@@ -406,16 +406,22 @@ def test_held_out_rows_the_scaling_makes_infinite_are_named_by_their_file(tmp_pa
     )
 
 
-def _far_in_the_front(tmp_path, value, test_value=1.0):
-    """:func:`_far_out`'s files, ``value`` in column 2 of the training row that the front
-    validates on first (as mr2-probe splits at the default seed and --val-size), and
-    ``test_value`` in --test's row 4; the training file and that row."""
+def _front_parts(y):
+    """The rows of the front's fitting and validation parts, as mr2-probe splits them at
+    the default seed and --val-size."""
     from sklearn.model_selection import train_test_split
 
+    return train_test_split(np.arange(len(y)), test_size=0.1, stratify=y, random_state=0)
+
+
+def _far_in_the_front(tmp_path, value, test_value=1.0):
+    """:func:`_far_out`'s files, ``value`` in column 2 of the training row that the front
+    validates on first (:func:`_front_parts`), and ``test_value`` in --test's row 4; the
+    training file and that row."""
     train, test = _far_out(tmp_path, np.float32, test_value)
     with np.load(train) as data:
         X, y = data["X"], data["y"]
-    row = train_test_split(np.arange(len(y)), test_size=0.1, stratify=y, random_state=0)[1][0]
+    row = _front_parts(y)[1][0]
     X[row, 2] = value
     np.savez(train, X=X, y=y)
     return train, test, int(row)
@@ -471,12 +477,12 @@ def test_offsets_fold_rows_the_scaling_of_the_rest_makes_infinite_are_refused(tm
     # a model (and scaler) fitted on the rest: a row of that part far out of the rest's
     # range, which the checks of the front's parts passed, failed the front in
     # scikit-learn's "Input X contains infinity".
-    from sklearn.model_selection import StratifiedKFold, train_test_split
+    from sklearn.model_selection import StratifiedKFold
 
     train, test, _ = _far_in_the_front(tmp_path, 1)
     with np.load(train) as data:
         X, y = data["X"], data["y"]
-    fit = train_test_split(np.arange(len(y)), test_size=0.1, stratify=y, random_state=0)[0]
+    fit = _front_parts(y)[0]
     X[fit[0], 2] = 1e38  # (in fold 0 of the fitting part, as the offsets split it)
     assert 0 in next(StratifiedKFold(3).split(fit, y[fit]))[1]
     np.savez(train, X=X, y=y)
@@ -499,12 +505,12 @@ def test_refit_offsets_fold_rows_the_scaling_of_the_rest_makes_infinite_are_refu
     # rest. Two rows far out in one column, in one of those folds but in two of the front's
     # (each widening the other's rest), passed every check; the refit failed after all the
     # fits in scikit-learn's "Input X contains infinity".
-    from sklearn.model_selection import StratifiedKFold, train_test_split
+    from sklearn.model_selection import StratifiedKFold
 
     train, test, _ = _far_in_the_front(tmp_path, 1)
     with np.load(train) as data:
         X, y = data["X"], data["y"]
-    fit = train_test_split(np.arange(len(y)), test_size=0.1, stratify=y, random_state=0)[0]
+    fit = _front_parts(y)[0]
     tuned = [fit[held] for _, held in StratifiedKFold(3).split(fit, y[fit])]
     refitted = next(StratifiedKFold(3).split(X, y))[1]  # (fold 0 of the refit's)
     far = [np.intersect1d(tuned[k], refitted)[0] for k in (0, 1)]
