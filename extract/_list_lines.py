@@ -325,18 +325,12 @@ class _Lexists:
         for where, bases in bases_in.items():
             if self.asked[where] < self.one_by_one or {"", ".", ".."}.intersection(bases):
                 return False
-            if where not in self.listed:
-                self.listed[where] = _spellings_listed(os.path.join(self.folder, where))
-            listed = self.listed[where]
+            listed = self._listing(where)
             if listed is None:
                 return False
             if not listed[0]:
                 continue
-            if "".join(bases).isascii():
-                spelt = set(map(str.lower, bases)), set(map(str.upper, bases))
-            else:
-                spellings = list(map(_spellings, bases))
-                spelt = {f for f, _ in spellings}, {c for _, c in spellings}
+            spelt = _spellings_of(bases)
             if not (spelt[0].isdisjoint(listed[0]) and spelt[1].isdisjoint(listed[1])):
                 return False
         return True
@@ -351,14 +345,19 @@ class _Lexists:
         one_by_one = self.asked[where] <= self.one_by_one
         if one_by_one or base in ("", ".", "..") or os.name == "nt" and ":" in name:
             return os.path.lexists(os.path.join(self.folder, name))
-        if where not in self.listed:
-            self.listed[where] = _spellings_listed(os.path.join(self.folder, where))
-        listed = self.listed[where]
+        listed = self._listing(where)
         if listed is not None and not (
             listed[0] and any(map(set.__contains__, listed, _spellings(base)))
         ):
             return False
         return os.path.lexists(os.path.join(self.folder, name))
+
+    def _listing(self, where: str) -> tuple[set[str], set[str]] | None:
+        """:func:`_spellings_listed` of the folder ``where`` (as a list spells it: 'a/'),
+        listed once."""
+        if where not in self.listed:
+            self.listed[where] = _spellings_listed(os.path.join(self.folder, where))
+        return self.listed[where]
 
 
 def _spellings(name: str) -> tuple[str, str]:
@@ -380,6 +379,11 @@ def _spellings_listed(folder: str) -> tuple[set[str], set[str]] | None:
         return set(), set()
     except (OSError, ValueError):
         return None
+    return _spellings_of(names)
+
+
+def _spellings_of(names: list[str]) -> tuple[set[str], set[str]]:
+    """The :func:`_spellings` of ``names``, as two sets: the case-folded and the capitals."""
     if all(map(str.isascii, names)):
         return set(map(str.lower, names)), set(map(str.upper, names))
     spellings = list(map(_spellings, names))
