@@ -105,12 +105,14 @@ def _every_rank_said(value: object, failure: Exception | None, world_size: int) 
 class _ShardStep:
     """The collective points of a torchrun run's shard step, where its ranks meet (the
     listing's check, the failures' count at its end): at each, every rank says whether it
-    failed. A rank that fails says so at once in the group's store too (under the run's
-    key, agreed at the first of them), where the others look between their batches
-    (:meth:`stop_if_told`): they stop there and go to the next one, where every rank
-    stops, the others with an error naming it. A rank interrupted (Ctrl-C) says so in the
-    store alone and goes nowhere: the others stop with that error at their next batch, or
-    next meeting point, not waiting there for it."""
+    failed. A rank that fails says so at once in the group's store too (under its own key
+    of the run's, agreed at the first of them, and counted under the run's), where the
+    others look between their batches (:meth:`stop_if_told`): they stop there and go to
+    the next one, where every rank stops, the others with an error naming it. A rank
+    interrupted (Ctrl-C) says so in the store alone and goes nowhere: the others stop with
+    that error at their next batch, or next meeting point, not waiting there for it (nor
+    for one that failed beside it: where any rank that said so was interrupted, none goes
+    to the exchange)."""
 
     def __init__(self, merged: Path, world_size: int, rank: int = 0, store=None) -> None:
         self.merged, self.world_size, self.rank = merged, world_size, rank
@@ -156,7 +158,7 @@ class _ShardStep:
     def stop_if_told(self) -> None:
         """Where another rank has said in the store that it failed (a look there, no
         collective: between batches), stop: meet it at the exchange it waits at, and raise
-        the error naming it."""
+        the error naming it; where one said it was interrupted, raise that one's at once."""
         told = self._told()
         if told is None:
             return
@@ -204,31 +206,42 @@ class _ShardStep:
         self._tell(error, meets=False)
 
     def _tell(self, error: BaseException, meets: bool) -> bool:
-        """Say in the store under the run's key that this rank stops with ``error``, and
-        whether it ``meets`` the others at the next exchange; whether that was said."""
+        """Say in the store under this rank's key that it stops with ``error``, and
+        whether it ``meets`` the others at the next exchange, then count it under the
+        run's key; whether that was said."""
         if self.store is None or not self.agreed or launcher_gone():
             return False  # (before the first exchange: said there; or no store to say it)
         said = dict(rank=self.rank, doing=self.doing, said=_said(error), meets=meets)
-        try:  # (a store's set has no timeout to wait out: it needs no other rank)
-            self.store.set(self.key, json.dumps(said))
+        # A key of its own: under one key for every rank, a rank failing beside one
+        # interrupted could write last, and the others waited at the exchange for the
+        # interrupted one, which never came. (Counted once said: a rank that finds the
+        # count finds the word.)
+        try:  # (a store's set and add have no timeout to wait out: they need no other rank)
+            self.store.set(f"{self.key}/{self.rank}", json.dumps(said))
+            self.store.add(f"{self.key}/n", 1)
         except Exception:  # (the store gone with its host: told where the ranks meet)
             return False
         return True
 
     def _told(self) -> dict | None:
-        """What another rank said in the store of its failure (:meth:`_tell`), or None."""
+        """What another rank said in the store of its failure (:meth:`_tell`), or None:
+        the first that was interrupted (it meets no one), else the first that failed."""
         # (a store that went with torchrun's launcher: torch logs each failed look there,
         # a stack trace on stderr)
         if self.store is None or not self.agreed or launcher_gone():
             return None
         try:
-            # (check, not get: get waits for a key that is not there)
-            if not self.store.check([self.key]):
+            # One look after each batch, at the count (check, not get: get waits for a
+            # key that is not there); the ranks' words only once one has spoken.
+            if not self.store.check([f"{self.key}/n"]):
                 return None
-            return json.loads(self.store.get(self.key))
+            keys = [f"{self.key}/{rank}" for rank in range(self.world_size) if rank != self.rank]
+            said = [json.loads(self.store.get(key)) for key in keys if self.store.check([key])]
         except Exception:  # (its host gone: failures are told where the ranks meet alone)
             self.store = None
             return None
+        interrupted = [each for each in said if not each["meets"]]
+        return (interrupted or said or [None])[0]
 
     def _failed(
         self, rank: int, doing: str, said: str, others: int = 0, interrupted: bool = False

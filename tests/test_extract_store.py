@@ -2948,6 +2948,101 @@ def test_a_rank_told_through_the_store_stops_after_its_batch(monkeypatch, how):
     assert ranks[0].ended
 
 
+class _DictStore:
+    """A group's key-value store in a dict, recording its look-ups."""
+
+    def __init__(self):
+        self.keys, self.looks = {}, []
+
+    def set(self, key, value):
+        self.keys[key] = value.encode()
+
+    def get(self, key):
+        self.looks.append("get")
+        return self.keys[key]
+
+    def check(self, keys):
+        self.looks.append("check")
+        return all(key in self.keys for key in keys)
+
+    def add(self, key, n):
+        self.keys[key] = str(int(self.keys.get(key, b"0")) + n).encode()
+        return int(self.keys[key])
+
+
+def _three_ranks(monkeypatch, interrupted_in_exchange=False):
+    """Ranks 0 to 2 of 3 sharing a :class:`_DictStore`, their key agreed, their group
+    faked: the exchange stands in for each one's collective, and records the ranks that
+    go there (a failing rank's raises a KeyboardInterrupt where
+    ``interrupted_in_exchange``); every rank but 1 comes there without a failure."""
+    import torch.distributed as dist
+
+    from extract import _ranks
+
+    store, went = _DictStore(), []
+
+    def exchange(value, failure, world_size):
+        went.append(failure is not None)
+        if failure is not None and interrupted_in_exchange:
+            raise KeyboardInterrupt
+        return [value] * world_size, [(1, "RuntimeError: out of memory")]
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(_ranks, "_every_rank_said", exchange)
+    ranks = [_ranks._ShardStep(Path("f.h5"), 3, rank, store) for rank in range(3)]
+    for step in ranks:
+        step.agree_on_key(ranks[0].key)
+    return ranks, store, went
+
+
+@pytest.mark.parametrize("first", ["fails", "interrupted"])
+def test_a_rank_interrupted_beside_one_failing_is_not_waited_for(monkeypatch, first):
+    # Ranks 0 to 2 of 3: rank 1 fails (it meets the others at its exchange) while rank 2 is
+    # interrupted (it goes nowhere). Both wrote the run's one key in the store, the last
+    # word kept: where rank 1's was, rank 0 went to the exchange and waited there for rank
+    # 2, which never came (a group the caller keeps: its whole timeout). Each rank says so
+    # under its own key now, and rank 0, finding one interrupted, goes to no exchange.
+    ranks, store, went = _three_ranks(monkeypatch)
+    stop = [
+        lambda: ranks[1].fail(RuntimeError("out of memory"), 1),
+        lambda: ranks[2].interrupt(KeyboardInterrupt()),
+    ]
+    for each in stop if first == "fails" else stop[::-1]:
+        each()
+    assert went == [True]  # (rank 1 at its exchange)
+    store.looks.clear()
+    with pytest.raises(StoreError) as raised:
+        ranks[0].stop_if_told()
+    assert str(raised.value) == (
+        "Rank 2 failed to extract its shard 'f.shard-00002-of-00003.h5' (KeyboardInterrupt): "
+        "it was interrupted. Every rank stops, the rows written so far kept: the same command "
+        "resumes."
+    )
+    assert went == [True]  # rank 0 went to no exchange
+    assert ranks[0].ended
+    # (the exchange looks first too, and goes nowhere)
+    with pytest.raises(StoreError, match="Rank 2 failed .* it was interrupted"):
+        ranks[0].exchange(None)
+    assert went == [True]
+
+
+def test_a_rank_told_of_a_failure_alone_meets_it_at_the_exchange(monkeypatch):
+    # Rank 1 of 3 fails: rank 0 looks once per batch (one check of the store) until then,
+    # then meets it at the exchange, where it is told rank 1's error.
+    ranks, store, went = _three_ranks(monkeypatch)
+    ranks[0].stop_if_told()
+    assert store.looks == ["check"]  # nothing said: one look, nothing read
+    ranks[1].fail(RuntimeError("out of memory"), 1)
+    with pytest.raises(StoreError) as raised:
+        ranks[0].stop_if_told()
+    assert str(raised.value) == (
+        "Rank 1 failed to extract its shard 'f.shard-00001-of-00003.h5' (RuntimeError: out of "
+        "memory): its error says why. Every rank stops, the rows written so far kept: once "
+        "that is cured, the same command resumes."
+    )
+    assert went == [True, False]  # rank 1's exchange, then rank 0's
+
+
 def test_a_rank_whose_launcher_is_gone_leaves_its_store_alone(monkeypatch):
     # torchrun's launcher killed outright takes its store with it: a rank that looked there
     # after each batch, or told it of its interrupt, had torch log a stack trace for it.
