@@ -193,9 +193,14 @@ class _ShardStep:
             else "it stops where the other ranks next meet (the listings' check, or the end "
             "of their shards)",
         )
-        # (an error of the exchange itself, the others gone, leaves this rank's own raised)
-        with contextlib.suppress(Exception):
-            _every_rank_said(self.doing, error, self.world_size)
+        try:
+            # (an error of the exchange itself, the others gone, leaves this rank's own raised)
+            with contextlib.suppress(Exception):
+                _every_rank_said(self.doing, error, self.world_size)
+        except BaseException as interrupted:  # (a Ctrl-C there: it leaves the exchange)
+            # Its word that it meets the others there is taken back, or they wait for it.
+            self._tell(interrupted, meets=False)
+            raise
 
     def interrupt(self, error: BaseException) -> None:
         """Say in the store (as best it can) that this rank stops with ``error``, which

@@ -3043,6 +3043,23 @@ def test_a_rank_told_of_a_failure_alone_meets_it_at_the_exchange(monkeypatch):
     assert went == [True, False]  # rank 1's exchange, then rank 0's
 
 
+def test_a_rank_interrupted_in_its_failure_s_exchange_is_not_waited_for(monkeypatch):
+    # Rank 1 of 3 fails and, at its exchange, is interrupted (Ctrl-C): the KeyboardInterrupt
+    # left it with its word that it meets the others there, where they waited for it. It
+    # takes that back now: the others stop, naming its interrupt, going nowhere.
+    ranks, store, went = _three_ranks(monkeypatch, interrupted_in_exchange=True)
+    with pytest.raises(KeyboardInterrupt):
+        ranks[1].fail(RuntimeError("out of memory"), 1)
+    with pytest.raises(StoreError) as raised:
+        ranks[0].stop_if_told()
+    assert str(raised.value) == (
+        "Rank 1 failed to extract its shard 'f.shard-00001-of-00003.h5' (KeyboardInterrupt): "
+        "it was interrupted. Every rank stops, the rows written so far kept: the same command "
+        "resumes."
+    )
+    assert went == [True]  # rank 1's exchange alone
+
+
 def test_a_rank_whose_launcher_is_gone_leaves_its_store_alone(monkeypatch):
     # torchrun's launcher killed outright takes its store with it: a rank that looked there
     # after each batch, or told it of its interrupt, had torch log a stack trace for it.
