@@ -193,6 +193,12 @@ class _ShardStep:
             else "it stops where the other ranks next meet (the listings' check, or the end "
             "of their shards)",
         )
+        # Where another rank said it was interrupted, the others go to no exchange: nor
+        # does this one, which waited there for them (a group the caller keeps: its whole
+        # timeout).
+        other = self._told() if told else None
+        if other is not None and not other["meets"]:
+            return
         try:
             # (an error of the exchange itself, the others gone, leaves this rank's own raised)
             with contextlib.suppress(Exception):

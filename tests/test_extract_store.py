@@ -3009,7 +3009,8 @@ def test_a_rank_interrupted_beside_one_failing_is_not_waited_for(monkeypatch, fi
     ]
     for each in stop if first == "fails" else stop[::-1]:
         each()
-    assert went == [True]  # (rank 1 at its exchange)
+    assert went == [True] * (first == "fails")  # (rank 1 at its exchange, where it went)
+    went.clear()
     store.looks.clear()
     with pytest.raises(StoreError) as raised:
         ranks[0].stop_if_told()
@@ -3018,12 +3019,12 @@ def test_a_rank_interrupted_beside_one_failing_is_not_waited_for(monkeypatch, fi
         "it was interrupted. Every rank stops, the rows written so far kept: the same command "
         "resumes."
     )
-    assert went == [True]  # rank 0 went to no exchange
+    assert went == []  # rank 0 went to no exchange
     assert ranks[0].ended
     # (the exchange looks first too, and goes nowhere)
     with pytest.raises(StoreError, match="Rank 2 failed .* it was interrupted"):
         ranks[0].exchange(None)
-    assert went == [True]
+    assert went == []
 
 
 def test_a_rank_told_of_a_failure_alone_meets_it_at_the_exchange(monkeypatch):
@@ -3058,6 +3059,19 @@ def test_a_rank_interrupted_in_its_failure_s_exchange_is_not_waited_for(monkeypa
         "resumes."
     )
     assert went == [True]  # rank 1's exchange alone
+
+
+def test_a_rank_failing_after_one_interrupted_goes_to_no_exchange(monkeypatch):
+    # Rank 2 of 3 is interrupted, then rank 1 fails: rank 1 went to its exchange, where
+    # neither rank 2 (gone) nor rank 0 (stopped, naming rank 2) came, and waited there (a
+    # group the caller keeps: its whole timeout). It looks first now, and goes nowhere.
+    ranks, store, went = _three_ranks(monkeypatch)
+    ranks[2].interrupt(KeyboardInterrupt())
+    ranks[1].fail(RuntimeError("out of memory"), 1)  # (its caller raises the error)
+    assert went == []
+    with pytest.raises(StoreError, match="Rank 2 failed .* it was interrupted"):
+        ranks[0].stop_if_told()
+    assert went == []
 
 
 def test_a_rank_whose_launcher_is_gone_leaves_its_store_alone(monkeypatch):
