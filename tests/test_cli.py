@@ -26,11 +26,13 @@ from sklearn.exceptions import ConvergenceWarning, FitFailedWarning
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
+import mr2_probe.cli._fitting as cli_fitting
 import mr2_probe.cli._main as cli_main
 from mr2_probe import MR2LinearClassifier
 from mr2_probe._data import is_h5_dataset
 from mr2_probe.cli import UsageError, load_xy, main
-from mr2_probe.cli._main import _cv_probe, _estimators, _in_cli_terms, _model, _without_unused
+from mr2_probe.cli._cli_terms import _in_cli_terms
+from mr2_probe.cli._models import _cv_probe, _estimators, _model, _without_unused
 from mr2_probe.cli._options import _grid, _parser
 from mr2_probe.cli._outputs import _OUTPUTS
 from tests._alarm import fails_after_waiting
@@ -941,7 +943,7 @@ def test_a_failed_fit_s_held_warnings_never_replace_its_error(
 
     monkeypatch.setattr(MR2LinearClassifier, "fit", failing)
     # (fit_collecting_short passes on what it held so already: the command holds them too)
-    monkeypatch.setattr(cli_main, "fit_collecting_short", lambda model, X, y: model.fit(X, y))
+    monkeypatch.setattr(cli_fitting, "fit_collecting_short", lambda model, X, y: model.fit(X, y))
     argv = [str(files / "train.npz"), *options, "--no-progress"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -2711,11 +2713,16 @@ def test_a_store_stays_in_its_file_for_the_models_that_stream_it(
 
 
 def _models_inputs(monkeypatch) -> list:
-    """The X of every fit of the run, as the models get them."""
-    seen, fit = [], cli_main._fit
-    monkeypatch.setattr(
-        cli_main, "_fit", lambda model, X, *a, **k: seen.append(X) or fit(model, X, *a, **k)
-    )
+    """The X of every fit of the run, as the models get them: the main fits (_main's _fit)
+    and the refit of the front's choice (_fitting's)."""
+    seen, fit = [], cli_fitting._fit
+
+    def recording(model, X, *args, **kwargs):
+        seen.append(X)
+        return fit(model, X, *args, **kwargs)
+
+    for module in (cli_main, cli_fitting):
+        monkeypatch.setattr(module, "_fit", recording)
     return seen
 
 
@@ -3373,7 +3380,7 @@ def test_a_search_with_one_value_scored_notes_no_tie():
     # A value whose fit failed is NaN on the curve: with one other value alone scored, the
     # note said the search "scored every C the same" and "chose the first" (it had failed).
     from mr2_probe import MR2LinearClassifierCV
-    from mr2_probe.cli._main import _tie_note
+    from mr2_probe.cli._results import _tie_note
 
     X, y = load_digits(n_class=3, return_X_y=True)
     search = MR2LinearClassifierCV([1e-320, 1.0], cv=3, device="cpu")
@@ -3803,7 +3810,7 @@ def test_a_failed_refit_of_the_front_s_choice_says_its_advice_once(files, monkey
     # by the front's error line: "Use a smaller --grid --grid learning_rate".
     import mr2_probe.front
 
-    front, fit = mr2_probe.front.accuracy_front, cli_main.fit_collecting_short
+    front, fit = mr2_probe.front.accuracy_front, cli_fitting.fit_collecting_short
 
     def choosing_a_tilt(*args, **kwargs):
         drawn = front(*args, **kwargs)
@@ -3818,7 +3825,7 @@ def test_a_failed_refit_of_the_front_s_choice_says_its_advice_once(files, monkey
 
     fits = []
     monkeypatch.setattr(mr2_probe.front, "accuracy_front", choosing_a_tilt)
-    monkeypatch.setattr(cli_main, "fit_collecting_short", diverging_third)
+    monkeypatch.setattr(cli_fitting, "fit_collecting_short", diverging_third)
     argv = [str(files / "train.npz"), "--tilt", "0,1", "--max-iter", "20", "--no-progress"]
     assert main(argv) == 1 and len(fits) == 3
     assert (
@@ -3902,7 +3909,7 @@ def test_a_main_fit_out_of_memory_ends_in_one_line_with_advice(
     import mr2_probe._device
 
     error, message = _MAIN_FIT_OOM[kind]
-    fit, fits = cli_main.fit_collecting_short, []
+    fit, fits = cli_fitting.fit_collecting_short, []
 
     def failing_second(model, X, y):  # ERM fits, MR2 runs out of memory
         fits.append(model)
@@ -3910,7 +3917,7 @@ def test_a_main_fit_out_of_memory_ends_in_one_line_with_advice(
             raise error
         return fit(model, X, y)
 
-    monkeypatch.setattr(cli_main, "fit_collecting_short", failing_second)
+    monkeypatch.setattr(cli_fitting, "fit_collecting_short", failing_second)
     # (a GPU where the error is the device's: --device cpu is the advice)
     monkeypatch.setattr(
         mr2_probe._device, "resolve_device", lambda device: types.SimpleNamespace(type="cuda")
@@ -4281,7 +4288,7 @@ def test_a_main_fit_out_of_memory_names_the_options_of_its_search(files, monkeyp
     def failing(model, X, y):
         raise RuntimeError("CUDA out of memory. Tried to allocate 9.00 GiB")
 
-    monkeypatch.setattr(cli_main, "fit_collecting_short", failing)
+    monkeypatch.setattr(cli_fitting, "fit_collecting_short", failing)
     monkeypatch.setattr(
         mr2_probe._device, "resolve_device", lambda device: types.SimpleNamespace(type="cuda")
     )
@@ -4330,14 +4337,14 @@ def test_a_main_fit_s_other_runtime_error_is_not_said_as_memory(files, monkeypat
     def failing(model, X, y):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(cli_main, "fit_collecting_short", failing)
+    monkeypatch.setattr(cli_fitting, "fit_collecting_short", failing)
     with pytest.raises(RuntimeError, match="a bug"):
         main([str(files / "train.npz"), "--no-progress"])
 
 
 _TERMINATED = """
 import os, signal, sys, time
-import mr2_probe.cli._main as cli_main
+import mr2_probe.cli._fitting as cli_fitting
 import mr2_probe.front
 from mr2_probe.cli import main
 
@@ -4353,7 +4360,7 @@ def terminated(*args, **kwargs):
 if sys.argv[1] == "front":
     mr2_probe.front.accuracy_front = terminated
 else:  # the first fit, once --out is created
-    cli_main.fit_collecting_short = terminated
+    cli_fitting.fit_collecting_short = terminated
 sys.argv[1:] = sys.argv[2:]  # (run as the command: main() reads sys.argv)
 sys.exit(main())
 """
@@ -4385,13 +4392,13 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(files, tmp_path, when):
 def test_main_called_with_argv_leaves_sigterm_to_end_its_program(files, monkeypatch):
     # A program that calls main(argv) (a sweep over options, say) survived a SIGTERM: main
     # returned 143, or raised SystemExit(143), which such a sweep may catch, and it went on.
-    before, seen, fit = signal.getsignal(signal.SIGTERM), [], cli_main.fit_collecting_short
+    before, seen, fit = signal.getsignal(signal.SIGTERM), [], cli_fitting.fit_collecting_short
 
     def recording(*args, **kwargs):
         seen.append(signal.getsignal(signal.SIGTERM))
         return fit(*args, **kwargs)
 
-    monkeypatch.setattr(cli_main, "fit_collecting_short", recording)
+    monkeypatch.setattr(cli_fitting, "fit_collecting_short", recording)
     main([str(files / "train.npz"), "--max-iter", "20", "--no-progress"])
     assert seen and all(handler is before for handler in seen)
 

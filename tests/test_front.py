@@ -999,7 +999,7 @@ def test_front_of_a_search_is_refused_before_any_fit(splits, monkeypatch):
 def test_the_front_s_probe_is_the_one_the_search_chose(splits, head):
     # The CLI's front starts from the probe at the search's choice: a cosine search's
     # value is its logit scale, not C.
-    from mr2_probe.cli._main import _chosen_configuration
+    from mr2_probe.cli._models import _chosen_configuration
 
     X_fit, y_fit, *_ = splits
     search = MR2LinearClassifierCV([2.0, 8.0], cv=2, head=head, max_iter=50, device="cpu")

@@ -2,8 +2,11 @@
 
 The command (:func:`main`) is split by responsibility: its options (``_options``), its
 feature files read (``_feature_files``), its training and test data checked to be one task
-(``_inputs``), the splits it makes of them checked before any fit (``_splits``), its output
-folder (``_outputs``) and the run itself (``_main``).
+(``_inputs``), the splits it makes of them checked before any fit (``_splits``), its probes
+built from the options (``_models``), their fits and the front (``_fitting``), the
+estimators' warnings and errors in the command's options (``_cli_terms``), the lines of a
+run out of memory (``_memory``), its results printed (``_results``), its output folder
+(``_outputs``) and the run itself (``_main``).
 """
 
 import importlib

@@ -1,0 +1,162 @@
+"""The one line of a ``mr2-probe`` run that ran out of memory, reading its inputs, in a
+main fit or in the predictions after the fits, with what takes less."""
+
+from __future__ import annotations
+
+from ._feature_files import _features_sizes, _in_bytes, _stays_in_file, _streams
+
+
+def _memory_ran_out(error, args) -> tuple[bool, bool]:
+    """Whether ``error`` (out of memory) is the host's, and whether it is a GPU's, where
+    --device cpu would use the machine's memory instead."""
+    from .._device import resolve_device
+
+    host = isinstance(error, MemoryError) or "can't allocate memory" in str(error)
+    return host, not host and resolve_device(args.device).type != "cpu"
+
+
+# What makes a store of a .npz's or .npy's arrays (extract.load_features reads it as one).
+_ANY_STORE = (
+    "; h5py writes one: datasets 'features' (n, d), 'labels' (n,) of codes 0..K-1 and "
+    "'class_names' (K,)"
+)
+
+
+def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
+    """The one line of inputs that ran out of memory as they were read (``what``: its
+    error, short): the features read into memory, and what reads them in less. A store's
+    above the limit (a quarter of memory) stays in its file without the options under
+    which the run reads it whole; a .npz or .npy file is read whole, which a store in its
+    place above the limit is not; integer features are read whole from any file, which a
+    store of float32 features in their place is not where those are above the limit (uint8
+    features within it, too), and 64-bit ones within it as float32 are read whole from
+    any file of float32 features, in half the memory; features within the limit are read
+    whole whatever the options (the advice to leave those options out was given for them
+    too)."""
+    whole = [
+        option
+        for option, given in (
+            (f"--feature-scaling {args.feature_scaling}", args.feature_scaling != "none"),
+            ("--grid", bool(grid)),
+            ("--tilt", bool(args.tilt)),
+            ("--offsets", bool(args.offsets)),
+        )
+        if given
+    ]
+    limit, sizes = _features_sizes(args)
+    # (a store above the limit that the run streamed is not among those read; the limit
+    # is set on the features' bytes in memory, as the run sets it)
+    read = [
+        features
+        for features in sizes
+        if whole
+        or not features.store
+        or features.held is None
+        or not _stays_in_file(features.dtype, features.held, limit)
+    ]
+    # Integers are read whole from any file, a store's too, so only floats cure them: a
+    # store of float32 features streams them where those are above the limit, however
+    # small the integers themselves (uint8's are a quarter of it).
+    integers = [f for f in read if _float32_cures(f, limit)]
+    large = [f for f in read if f.held is not None and f.held > limit or f in integers]
+    # Every one large has a cure: a store's floats are among them only under the options
+    # that read them whole.
+    arrays = [f.path for f in large if not f.store and _streams(f.dtype)]
+    # (64-bit integers within the limit as float32: float32 features, in any file, are
+    # read whole in half their memory; a store of them does not stream them)
+    halved = [f.path for f in integers if f.as_float32 <= limit]
+    integers = [f.path for f in integers if f.as_float32 > limit]
+    advice = []
+    if large:
+        cures = [f"an HDF5 store in place of {', '.join(arrays)}"] if arrays else []
+        if integers:
+            cures.append(f"an HDF5 store of float32 features in place of {', '.join(integers)}")
+        streamed = [f for f in large if f.path not in halved]  # (without the options)
+        if whole and streamed:
+            cures.append(f"without {', '.join(whole)}")
+        # (mr2-extract makes a store of images, not of the arrays: h5py makes one of them)
+        made = any(not f.store for f in streamed)
+        kind, not_integers = (
+            ("floating-point features", "; integer ones are read whole")
+            if integers or halved
+            else ("features", "")
+        )
+        if cures:
+            advice.append(
+                f"{', '.join(cures)} (a store's {kind} above a quarter of memory then stay in "
+                f"its file, read a block at a time{not_integers}{_ANY_STORE if made else ''})"
+            )
+        if halved:
+            advice.append(
+                f"float32 features in place of {', '.join(halved)} (in any file: read whole, "
+                "in half the memory of 64-bit integers, within a quarter of memory)"
+            )
+    advice.append("freeing memory, or a machine with more")
+    shown = ", ".join(_held(features, limit) for features in read)
+    held = f"The features read into memory: {shown} (a quarter of memory: {_in_bytes(limit)})"
+    if not large and all(features.held is not None for features in read):
+        held += "; no option of the command reads them in less"
+    return (
+        f"reading the inputs ran out of memory ({what}); nothing is written. "
+        f"{held + '. ' if read else ''}Try {', or '.join(advice)}"
+    )
+
+
+def _float32_cures(features, limit: int) -> bool:
+    """Whether a store of float32 features in place of an input file's integer features
+    (a ``_feature_files._Features``), which are read whole from any file, reads them in less:
+    above the limit as float32 it streams them (uint8's a quarter of that size are read
+    whole), and int64's it holds in half where not."""
+    if features.held is None or _streams(features.dtype):
+        return False
+    return max(features.held, features.as_float32) > limit
+
+
+def _held(features, limit: int) -> str:
+    """An input file's features as the line of inputs out of memory says them (a
+    ``_feature_files._Features``): their size in memory, and in the file where it differs (float16
+    features are read as float32); integers that float32 features cure, their size as those
+    (``limit``: a quarter of memory)."""
+    if features.held is None:
+        return features.path
+    said = f"{features.path}: {_in_bytes(features.held)}"
+    if features.held != features.stored:
+        said += f" ({_in_bytes(features.stored)} of {features.dtype} in the file)"
+    if _float32_cures(features, limit):
+        said += f" ({_in_bytes(features.as_float32)} as float32)"
+    return said
+
+
+def _predict_out_of_memory_line(name: str, what: str, error, out, args) -> str:
+    """The one line of ``name``'s predictions that ran out of memory after the fits, the
+    models written to ``out`` (None: no --out, nothing written)."""
+    host, on_gpu = _memory_ran_out(error, args)
+    kept = (
+        f"the fitted models are written to {out / 'models.joblib'}, the reports are not"
+        if out is not None
+        else "nothing is written (no --out)"
+    )
+    advice = "--device cpu (the machine's memory; slower)" if on_gpu else "freeing memory"
+    return (
+        f"{name} ran out of {'memory' if host else 'the device memory'} in its predictions "
+        f"after the fits ({what}); {kept}. Try {advice}, or a machine with more"
+    )
+
+
+def _out_of_memory_line(name: str, what: str, error, names: list, args) -> str:
+    """The one line of a main fit (``name``'s, of the models ``names``) that ran out of
+    memory (``what``: its error, short), with the command's options that take less."""
+    host, on_gpu = _memory_ran_out(error, args)
+    fitted = names[: names.index(name)]
+    lost = f" ({', '.join(fitted)}, fitted before it, neither)" if fitted else ""
+    advice = ["--device cpu (the machine's memory; slower)"] if on_gpu else []
+    if on_gpu and args.Cs is not None:  # (MR2LinearClassifierCV's one batch of all folds)
+        advice.append("fewer --cv folds (--Cs solves them together on a GPU)")
+    if args.n_jobs not in (None, 1) and (args.grid or args.Cs is not None):
+        advice.append("fewer --n-jobs (each parallel fit holds its own memory)")
+    if not advice:  # (no option of the command takes less)
+        advice.append("freeing memory, or a machine with more")
+    return (
+        f"{name} ran out of {'memory' if host else 'the device memory'} in its fit ({what}); "
+        f"nothing is written{lost}. Try {', or '.join(advice)}"
+    )
