@@ -293,14 +293,25 @@ def _labels_1d(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:
 
 def _labels(y, name: str) -> np.ndarray:
     """The labels ``y`` as a 1-D array (a column vector as the labels it holds; NumPy's
-    dates held as objects as NumPy's); a single label, or an array of 3 dimensions or
-    more, refused as scikit-learn words it, where it failed with "len() of unsized object"
-    (an IndexError)."""
+    dates held as objects as NumPy's); a single label, an array of 3 dimensions or more
+    (which failed with "len() of unsized object", an IndexError), or one of several
+    columns, refused as scikit-learn words it, naming ``y``'s argument."""
     y = _array(y, name=name)
-    if y.ndim == 2:
+    if y.ndim == 2 and y.shape[1] == 1:
         y = column_or_1d(y)
     elif y.ndim != 1:
-        raise ValueError(f"{name} should be a 1d array, got an array of shape {y.shape} instead.")
+        # (a table of scores, predict_proba's, was "y should be a 1d array" in
+        # scikit-learn's words, which named neither argument: a report's "cannot be
+        # scored against y: y should be ..." sent its user to the true labels)
+        scores = (
+            "; one column per class (predict_proba's scores, or one-hot labels) holds no "
+            "labels: pass them, e.g. estimator.classes_[scores.argmax(axis=1)]"
+            if y.ndim == 2
+            else ""
+        )
+        raise ValueError(
+            f"{name} should be a 1d array, got an array of shape {y.shape} instead{scores}."
+        )
     return _numpy_held(y)
 
 

@@ -759,7 +759,7 @@ def test_a_nat_held_as_an_object_is_refused(nat):
         per_class_accuracy(y[[0, 0, 2, 2]], y)
 
 
-@pytest.mark.parametrize("shape", [(), (2, 2, 2)])
+@pytest.mark.parametrize("shape", [(), (2, 2, 2), (4, 2)])
 @pytest.mark.parametrize(
     "score",
     [
@@ -772,15 +772,23 @@ def test_a_nat_held_as_an_object_is_refused(nat):
         lambda y_true, y_pred: group_accuracy(y_true, y_pred, {0: "hard"}),
     ],
 )
-def test_labels_of_no_dimension_or_of_three_are_refused_by_name(score, shape):
+def test_labels_of_no_dimension_of_three_or_of_columns_are_refused_by_name(score, shape):
     # A single label failed with "len() of unsized object", labels of 3 dimensions with
-    # an IndexError.
+    # an IndexError; labels of several columns were "y should be ...", neither argument.
     labels = np.zeros(shape, dtype=int)
     one_d = np.zeros(labels.size, dtype=int)
     for y_true, y_pred, name in ((labels, one_d, "y_true"), (one_d, labels, "y_pred")):
         message = rf"^{name} should be a 1d array, got an array of shape {re.escape(str(shape))}"
         with pytest.raises(ValueError, match=message):
             score(y_true, y_pred)
+
+
+def test_scores_given_for_labels_are_refused_by_name_with_the_cure():
+    # predict_proba's table for y_pred was "y should be a 1d array", which named neither
+    # argument and left the user to guess which.
+    y = np.array([0, 0, 1, 1, 2, 2])
+    with pytest.raises(ValueError, match=r"^y_pred should be .* shape \(6, 3\).*argmax"):
+        per_class_accuracy(y, np.eye(3)[y])
 
 
 def test_label_kinds_and_shapes_are_checked_before_scoring():

@@ -65,7 +65,7 @@ def test_errors(models, kwargs, message):
 @pytest.mark.parametrize("predictions, match", [
     (Y[:5], r"must have the same shape, got \(6,\) and \(5,\)"),
     (np.arange(6), r"Mix of label input types \(string and number\)"),
-    (np.array([Y, Y]), r"y should be a 1d array, got an array of shape \(2, 6\)"),
+    (np.array([Y, Y]), r"y_pred should be a 1d array, got an array of shape \(2, 6\)"),
     (np.array([*Y[:5], None], dtype=object), r"Input y_pred holds 1 missing label \(None\)"),
 ])  # fmt: skip
 def test_predictions_that_cannot_be_scored_name_their_model(predictions, match):
