@@ -41,11 +41,25 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         Fraction of the samples (of the weight) of each class predicted correctly; NaN for
         a class absent from ``y_true`` or without weight.
 
+    Notes
+    -----
+    This is scikit-learn's ``recall_score(y_true, y_pred, labels=labels, average=None,
+    zero_division=np.nan)``, whose mean over the classes with samples is
+    ``balanced_accuracy_score``. It differs on purpose from ``recall_score``'s defaults
+    in two ways. Without ``labels`` the classes are those of ``y_true`` only, not those
+    of ``y_true`` and ``y_pred``: a class that is predicted but never true has no
+    accuracy, and is left out, as ``balanced_accuracy_score`` leaves it out. A class
+    without samples (weight) is NaN, not 0 with an ``UndefinedMetricWarning``, so that
+    the worst class and the means pass over it instead of counting it as a class never
+    predicted right.
+
     Examples
     --------
     >>> from mr2_probe.metrics import per_class_accuracy
     >>> per_class_accuracy(["a", "a", "b", "b"], ["a", "b", "b", "b"])
     array([0.5, 1. ])
+    >>> per_class_accuracy(["a", "a", "b", "b"], ["a", "c", "b", "b"], labels=["a", "b", "c"])
+    array([0.5, 1. , nan])
     """
     y_true, y_pred = _labels_1d(y_true, y_pred)
     if y_true.shape != y_pred.shape:

@@ -12,9 +12,9 @@ import sklearn
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.datasets import load_digits, load_iris
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.exceptions import ConvergenceWarning, UndefinedMetricWarning
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import balanced_accuracy_score, check_scoring
+from sklearn.metrics import balanced_accuracy_score, check_scoring, recall_score
 from sklearn.model_selection import GridSearchCV, StratifiedKFold
 
 from mr2_probe import MR2LinearClassifier
@@ -58,6 +58,24 @@ def test_per_class_accuracy_matches_a_loop_for_any_label_type(classes):
         assert np.mean(per_class_accuracy(y_true, y_pred)) == pytest.approx(
             balanced_accuracy_score(y_true, y_pred)
         )
+
+
+def test_per_class_accuracy_is_recall_with_the_conventions_its_docstring_gives():
+    # recall_score(average=None) at zero_division=NaN, over y_true's classes by default:
+    # its own defaults (y_pred's classes too, 0 for a class without samples) differ.
+    rng = np.random.default_rng(0)
+    y_true, y_pred = rng.integers(0, 4, 60), rng.integers(0, 5, 60)  # (4: predicted only)
+    weight = rng.random(60) * (y_true != 2)  # class 2 without weight
+    labels = [0, 1, 2, 3, 4, 9]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        want = recall_score(y_true, y_pred, labels=labels, average=None, sample_weight=weight,
+                            zero_division=np.nan)  # fmt: skip
+        own = recall_score(y_true, y_pred, average=None, sample_weight=weight)
+    acc = per_class_accuracy(y_true, y_pred, labels, weight)
+    np.testing.assert_allclose(acc, want)
+    np.testing.assert_allclose(per_class_accuracy(y_true, y_pred, sample_weight=weight), want[:4])
+    assert len(own) == 5 and own[2] == own[4] == 0
 
 
 def test_per_class_accuracy_absent_class_is_nan_and_unknown_samples_ignored():
