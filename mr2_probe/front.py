@@ -599,7 +599,7 @@ def _check_known_labels(y, scored: dict) -> None:
     # NaN among object labels (a pandas column's missing value) is no class: sorting it
     # with the others raised "'<' not supported between instances of 'float' and 'str'".
     for name, labels in {"y": y, **scored}.items():
-        labels = None if labels is None else column_or_1d(labels)
+        labels = None if labels is None else _label_column(labels, name)
         # (None and pd.NA, a pandas "string" column's, as the estimators refuse them: pd.NA
         # failed the NaN check below, "boolean value of NA is ambiguous")
         check_no_missing_labels(labels, name, "fit" if name == "y" else "score")
@@ -658,7 +658,7 @@ def _check_scored_features(X, scored: dict) -> None:
     for split, (features, labels) in scored.items():
         if features is None:
             continue
-        n_samples, n_labels = _num_samples(features), len(column_or_1d(labels))  # sparse too
+        n_samples, n_labels = _num_samples(features), len(_label_column(labels, f"y_{split}"))
         if n_samples != n_labels:
             raise ValueError(
                 f"X_{split} has {n_samples} samples but y_{split} has {n_labels} labels; they "
@@ -677,13 +677,34 @@ def _check_scored_features(X, scored: dict) -> None:
 def _n_features(X) -> int | None:
     """The number of columns of a 2-d array-like (arrays, sparse matrices, frames, tensors,
     HDF5 datasets, lists of rows), None for anything else (ragged lists among them)."""
-    shape = getattr(X, "shape", None)
+    shape = _shape(X)
+    return shape[1] if shape is not None and len(shape) == 2 else None
+
+
+def _shape(a) -> tuple | None:
+    """The shape of an array-like (sparse matrices, frames, tensors, HDF5 datasets and
+    lists too), None where it has none (a ragged list)."""
+    shape = getattr(a, "shape", None)
     if shape is None:
         try:
-            shape = np.shape(X)
+            shape = np.shape(a)
         except ValueError:  # rows of several lengths (NumPy >= 1.24 refuses them)
             return None
-    return shape[1] if len(shape) == 2 else None
+    return tuple(shape)
+
+
+def _label_column(labels, name: str) -> np.ndarray:
+    """``labels`` as a 1-D array, a column vector as the labels it holds; several columns
+    (one-hot labels, predict_proba's scores) refused naming ``name``: scikit-learn's
+    column_or_1d says "y should be a 1d array" of y_val and y_test too."""
+    shape = _shape(labels)
+    if shape is not None and len(shape) == 2 and shape[1] != 1:
+        raise ValueError(
+            f"{name} should be a 1d array, got an array of shape {shape} instead; one "
+            "column per class (one-hot labels) holds no labels: pass the class of each "
+            "sample."
+        )
+    return column_or_1d(labels)
 
 
 def check_offsets_folds(

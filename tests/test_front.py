@@ -568,6 +568,9 @@ def test_front_passes_on_the_first_short_fits_own_advice(splits):
         (dict(X_test="7 features"), r"X_test has 7 features but X, the training data, has 8"),
         # Labels no point can predict: each a class at 0% everywhere, the worst class 0.
         (dict(y_val="shifted"), r"y_val holds labels that are no class of y, .*labels: 5\. "),
+        # One-hot labels were "y should be a 1d array", the training labels' name.
+        (dict(y_val="one-hot"), r"^y_val should be a 1d array, .*\(375, 10\).*one-hot"),
+        (dict(y_test="one-hot"), r"^y_test should be a 1d array, .*\(375, 10\).*one-hot"),
         (dict(y_test="text"), r"y_test holds labels .*: '0', '1', '10', '100', '101', \.\.\.\. No"),
         # Training labels of a regression target: scikit-learn's error, as the fits give
         # it (y_val's values were named "no class of y"). Mixed labels failed np.unique
@@ -621,12 +624,16 @@ def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeyp
     y_val = {
         "shifted": y_val + 1,
         "mixed": np.array([str(v) if i % 2 else v for i, v in enumerate(y_val)], object),
+        "one-hot": np.eye(10)[y_val],
         None: y_val,
     }[kwargs.pop("y_val", None)]
     if isinstance(kwargs.pop("X_val", None), str):
         X_val = X_val[:-1]
-    if kwargs.pop("y_test", None) == "text":
+    y_test = kwargs.pop("y_test", None)
+    if y_test == "text":
         kwargs.update(X_test=X_val, y_test=np.arange(len(y_val)).astype(str))
+    if y_test == "one-hot":
+        kwargs.update(X_test=X_val, y_test=np.eye(10)[y_val])
     if isinstance(kwargs.get("X_test"), str):
         kwargs.update(X_test=X_val[:, :7], y_test=y_val)
 
