@@ -28,7 +28,9 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     Parameters
     ----------
     y_true, y_pred : array-like of shape (n_samples,)
-        True and predicted labels of any type (integers, strings, ...).
+        True and predicted labels of any type (integers, strings, floats, ...); values
+        with a fractional part predicted for integer labels are scores, not labels, and
+        are refused, as scikit-learn refuses continuous predictions.
     labels : array-like of shape (n_classes,), default=None
         Classes to score, each once; samples of other classes are ignored.
     sample_weight : array-like of shape (n_samples,), default=None
@@ -78,6 +80,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         raise ValueError(
             f"{_mix(kinds)}: y_true holds {y_true.dtype} labels and y_pred {y_pred.dtype} labels."
         )
+    _check_not_scores(y_true, y_pred)
     given = labels is not None  # (np.unique's own classes are each there once)
     # (NumPy's dates held as objects against y's datetime's: "'<' not supported")
     labels = (
@@ -274,6 +277,28 @@ def _listed(a: np.ndarray) -> list:
     """The labels ``a`` as a list to show in a message: dates and durations as their text
     (their tolist() at nanoseconds gives integers, 1704067200000000000)."""
     return [str(v) for v in a] if a.dtype.kind in "mM" else a.tolist()
+
+
+def _check_not_scores(y_true: np.ndarray, y_pred: np.ndarray) -> None:
+    """Refuse predictions with a fractional part against integer labels: scores
+    (predict_proba's column of the positive class, decision_function's), which no class
+    equals, so that every class scored 0% without a word where scikit-learn refuses them
+    as continuous. Labels that are floats themselves (0.25) are taken as they are."""
+    if y_pred.dtype.kind != "f" or y_true.dtype.kind not in "biuf":
+        return
+    with np.errstate(invalid="ignore"):  # (infinities)
+        integral = y_true.dtype.kind != "f" or bool(np.all(y_true == np.round(y_true)))
+        fractional = y_pred != np.round(y_pred)
+    if integral and fractional.any():
+        values = np.unique(y_pred[fractional])
+        shown = ", ".join(f"{v:g}" for v in values[:3]) + (", ..." if len(values) > 3 else "")
+        raise ValueError(
+            f"y_pred holds values with a fractional part ({shown}) against the integer "
+            "labels of y_true: scores (predict_proba's or decision_function's), which no "
+            "class equals, rather than labels. Pass the predicted labels, estimator.predict(X) "
+            "or estimator.classes_[scores.argmax(axis=1)]; scikit-learn refuses such "
+            "continuous predictions too."
+        )
 
 
 def _check_no_nan(name: str, a: np.ndarray) -> None:

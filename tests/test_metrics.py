@@ -809,6 +809,24 @@ def test_scores_given_for_labels_are_refused_by_name_with_the_cure():
         per_class_accuracy(y, np.eye(3)[y])
 
 
+@pytest.mark.parametrize(
+    "score",
+    [per_class_accuracy, worst_class_accuracy, hard_tercile_accuracy, class_groups,
+     classwise_summary],
+)  # fmt: skip
+@pytest.mark.parametrize("y_true", [np.array([0, 0, 1, 1]), np.array([0.0, 0.0, 1.0, 1.0]),
+                                    np.array([False, False, True, True])])  # fmt: skip
+def test_scores_of_one_column_against_integer_labels_are_refused(score, y_true):
+    # predict_proba's column of the positive class scored every class 0% without a word,
+    # where scikit-learn refuses such continuous predictions.
+    proba = np.array([0.1, 0.4, 0.8, 0.7])
+    with pytest.raises(ValueError, match=r"^y_pred holds values with a fractional part \(0.1, "):
+        score(y_true, proba)
+    # Integers as floats, and labels that are floats themselves, stay labels.
+    assert worst_class_accuracy(y_true, (proba > 0.5).astype(float)) == 1.0
+    assert worst_class_accuracy([0.5, 1.5], [0.5, 1.5]) == 1.0
+
+
 def test_label_kinds_and_shapes_are_checked_before_scoring():
     # Bytes labels (h5py's strings) against text ones scored every class 0.
     with pytest.raises(ValueError, match="Mix of label input types"):

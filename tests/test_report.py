@@ -75,6 +75,14 @@ def test_predictions_that_cannot_be_scored_name_their_model(predictions, match):
         classwise_report(models, Y)
 
 
+def test_scores_given_as_a_model_s_predictions_are_refused_by_its_name():
+    # predict_proba's column of the positive class was a model at 0% in every class.
+    models = {"erm": [0, 0, 1, 1], "proba": np.array([0.1, 0.4, 0.8, 0.7])}
+    match = "The predictions of model 'proba' cannot be .*: y_pred holds values with a fraction"
+    with pytest.raises(ValueError, match=match):
+        classwise_report(models, [0, 0, 1, 1])
+
+
 def test_text_table_rows(report):
     lines = report.to_text().splitlines()
     assert lines[0].split() == ["model", *COLUMNS]
