@@ -32,7 +32,8 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         with a fractional part predicted for integer labels are scores, not labels, and
         are refused, as scikit-learn refuses continuous predictions.
     labels : array-like of shape (n_classes,), default=None
-        Classes to score, each once; samples of other classes are ignored.
+        Classes to score, each once (NaN is no class); samples of other classes are
+        ignored.
     sample_weight : array-like of shape (n_samples,), default=None
         Weights of the samples: a class's accuracy is the weight of its correct samples
         over its total weight.
@@ -92,6 +93,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
     _check_kinds(labels, y_true)  # every class would be scored NaN
     if given:
+        _check_no_nan("labels", labels)  # (a class of no sample, scored NaN without a word)
         _check_distinct(labels)
         # (dates held as objects against labels of NumPy's at another unit than days: its
         # integers of nanoseconds failed to sort among them)
