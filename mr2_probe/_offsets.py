@@ -464,11 +464,11 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         fit_params = {k: v[...] if is_h5_dataset(v) else v for k, v in fit_params.items()}
         if is_torch_tensor(X):  # before the folds index it, with torch's own error
             check_dense_tensor(X, type(self).__name__)
-        if is_h5_dataset(X):
+        if is_h5_dataset(X) or is_torch_tensor(X):
             # An HDF5 dataset of an empty dataspace (h5py.Empty, shape None) or a scalar
             # one: indexable's len() gave scikit-learn's TypeError, "Expected sequence or
             # array-like", where an MR² probe names the shape it needs; one of 1 or 3
-            # dimensions was named by a fold's shape ((40,) of 60 rows).
+            # dimensions (a tensor's too) was named by a fold's shape ((40,) of 60 rows).
             check_2d(X)
         X, y = indexable(X, numpy_if_tensor(y, "y"))
         # (NaN among object labels named as the estimator names it, not a TypeError from
@@ -478,6 +478,14 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         if not len(y):
             raise ValueError(
                 "Found array with 0 sample(s) (shape=(0,)) while a minimum of 1 is required."
+            )
+        shape = getattr(X, "shape", None)
+        if self.cv != "prefit" and shape is not None and len(shape) == 2 and not shape[1]:
+            # (named by a fold's shape, (150, 0) of 225 rows; a prefitted estimator names
+            # the number of features it expects)
+            raise ValueError(
+                f"Found array with 0 feature(s) (shape={tuple(shape)}) while a minimum of 1 "
+                f"is required by {type(self).__name__}."
             )
         check_classification_targets(y)
         # What is fitted here: itself (cv="prefit") or a clone (a fitted search's searches

@@ -1097,6 +1097,26 @@ def test_an_hdf5_dataset_of_no_rows_is_refused_as_no_2d_x(tmp_path, data, cv):
             TunedOffsetsClassifierCV(probe, cv=cv).fit(f["X"], y)
 
 
+@pytest.mark.parametrize("kind", ["numpy", "tensor", "hdf5"])
+def test_x_of_no_features_or_a_tensor_not_2d_is_named_by_its_own_shape(tmp_path, kind):
+    # Named by a fold's shape before: "Found array with 0 feature(s) (shape=(150, 0))" of
+    # X of 225 rows, and "Expected a 2D X ..., got shape (150,)" of a tensor of 225.
+    h5py = pytest.importorskip("h5py")
+    X, y = _imbalanced()
+    probe = MR2LinearClassifier(c_bar=None, device="cpu")
+    cases = [(X[:, :0], r"0 feature\(s\) \(shape=\(225, 0\)\)")]
+    if kind == "tensor":
+        cases.append((X[:, 0], r"Expected a 2D X .*, got shape \(225,\)\."))
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        for n, (data, match) in enumerate(cases):
+            if kind == "hdf5":
+                data = f.create_dataset(f"X{n}", data=data)
+            elif kind == "tensor":
+                data = torch.from_numpy(data)
+            with pytest.raises(ValueError, match=match):
+                TunedOffsetsClassifierCV(probe, cv=3).fit(data, y)
+
+
 @pytest.mark.parametrize("name", ["y", "sample_weight"])
 def test_an_hdf5_y_or_weight_of_an_empty_dataspace_is_refused_in_scikit_learn_s_words(
     tmp_path, name
