@@ -122,11 +122,17 @@ def check_training_folds(
     y_index: np.ndarray, classes: np.ndarray, splits, advice: str = FOLDS_ADVICE, names=None
 ) -> None:
     """Refuse, before any fit, ``splits`` whose training part lacks a class (the offsets
-    need every class's decision value from every fold's estimator), with ``advice``.
+    need every class's decision value from every fold's estimator), with ``advice``, or
+    whose held-out part is empty.
     ``y_index`` holds each sample's index into ``classes``; ``names``, if given, names
     them in the message (a store's class names for its integer codes)."""
     shown = classes if names is None else np.asarray(names, dtype=object)
-    for n, (train, _) in enumerate(splits):
+    for n, (train, test) in enumerate(splits):
+        if not len(test):  # (the estimator refused it after a fit, as X of 0 samples)
+            raise ValueError(
+                f"Fold {n} of the cv has no held-out rows; pass folds whose two parts each "
+                "hold samples."
+            )
         missing = np.flatnonzero(np.bincount(y_index[train], minlength=len(classes)) == 0)
         if len(missing):
             # (names given as a list of NumPy's strings stay theirs in an object array:

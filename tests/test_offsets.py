@@ -1117,6 +1117,25 @@ def test_x_of_no_features_or_a_tensor_not_2d_is_named_by_its_own_shape(tmp_path,
                 TunedOffsetsClassifierCV(probe, cv=3).fit(data, y)
 
 
+@pytest.mark.parametrize("part", [[], np.array([], dtype=int)])
+def test_a_fold_of_no_held_out_rows_is_refused_before_any_fit(part):
+    # The probe refused the fold's held-out rows after fitting it on the others, as
+    # "Found array with 0 sample(s) (shape=(0, 5))", of X of 225 rows.
+    X, y = _imbalanced()
+    fits = []
+
+    class Probe(MR2LinearClassifier):
+        def fit(self, X, y, sample_weight=None):
+            fits.append(len(X))
+            return super().fit(X, y, sample_weight)
+
+    folds = [(np.arange(0, len(y), 2), np.arange(1, len(y), 2)), (np.arange(len(y)), part)]
+    tuned = TunedOffsetsClassifierCV(Probe(c_bar=None, device="cpu"), cv=folds)
+    with pytest.raises(ValueError, match="Fold 1 of the cv has no held-out rows"):
+        tuned.fit(X, y)
+    assert fits == []
+
+
 @pytest.mark.parametrize("name", ["y", "sample_weight"])
 def test_an_hdf5_y_or_weight_of_an_empty_dataspace_is_refused_in_scikit_learn_s_words(
     tmp_path, name
