@@ -244,24 +244,27 @@ def _floating(X):
 
 
 def _check_dtypes(X):
-    """check_array's ``dtype`` for X: float32 for a DataFrame of another library than
-    pandas (polars, a pyarrow Table) whose columns are all float16 or float32, else
-    float64 or float32 (X's own where it is one of them).
+    """check_array's ``dtype`` for X: float32 for a DataFrame whose columns are all float16
+    or float32 of a type other than NumPy's (polars, a pyarrow Table, pandas' nullable
+    "Float32" or pyarrow-backed "float[pyarrow]"), else float64 or float32 (X's own where it
+    is one of them).
 
-    check_array reads no dtype from such a frame and made it float64 (polars' Float16 and
-    Float32 alike), where a pandas DataFrame of the same columns trains in float32. The
-    columns are read through narwhals, scikit-learn's own from its version 1.8; without it
-    (scikit-learn 1.6 or 1.7 alone) from the frame's ``schema`` (:func:`_schema_floats`).
+    check_array reads no dtype from such columns and made them float64 (polars' Float16
+    and Float32 alike), where a pandas DataFrame of the same NumPy columns trains in
+    float32. The columns are read through narwhals, scikit-learn's own from its version
+    1.8; without it (scikit-learn 1.6 or 1.7 alone) from the frame's ``schema`` or
+    ``dtypes`` (:func:`_schema_floats`).
     """
     either = [np.float64, np.float32]
     if getattr(X, "dtype", None) is not None:
         return either
+    dtypes = getattr(X, "dtypes", None)  # a pandas DataFrame's (polars': its own types)
+    if dtypes is not None and all(isinstance(d, np.dtype) for d in dtypes):
+        return either  # check_array reads NumPy dtypes
     try:
         import narwhals.stable.v2 as nw  # scikit-learn's own, from its version 1.8
     except ImportError:
         return np.float32 if _schema_floats(X) else either
-    if nw.dependencies.is_pandas_like_dataframe(X):  # check_array reads its dtypes
-        return either
     frame = nw.from_native(X, eager_only=True, pass_through=True)
     if frame is X or not len(frame.schema):
         return either
@@ -273,20 +276,25 @@ def _check_dtypes(X):
     return either
 
 
-# The names of float16 and float32 types in a polars DataFrame's schema (Float16, Float32)
-# and a pyarrow Table's (halffloat, float), lower-cased.
+# The names of float16 and float32 types in a polars DataFrame's schema (Float16, Float32),
+# a pyarrow Table's (halffloat, float) and pandas' dtypes (Float32, float[pyarrow]),
+# lower-cased, without the "[pyarrow]".
 _HALF_OR_SINGLE = frozenset({"float16", "float32", "halffloat", "float"})
 
 
 def _schema_floats(X) -> bool:
     """Whether X has a ``schema`` (a polars DataFrame's, name → dtype, or a pyarrow Table's,
-    with ``types``) of columns that are all float16 or float32: where narwhals is missing
-    (scikit-learn 1.6 and 1.7 come without it) such frames trained in float64."""
+    with ``types``), or pandas ``dtypes``, of columns that are all float16 or float32:
+    where narwhals is missing (scikit-learn 1.6 and 1.7 come without it) such frames
+    trained in float64."""
     schema = getattr(X, "schema", None)
     types = getattr(schema, "types", None)  # pyarrow's
     if types is None and callable(getattr(schema, "values", None)):  # polars'
         types = list(schema.values())
-    return bool(types) and all(str(t).lower() in _HALF_OR_SINGLE for t in types)
+    if types is None and getattr(X, "dtypes", None) is not None:  # pandas'
+        types = list(X.dtypes)
+    names = [str(t).lower().removesuffix("[pyarrow]") for t in types or ()]
+    return bool(names) and all(name in _HALF_OR_SINGLE for name in names)
 
 
 def _finite_block(block, dtype, estimator_name):

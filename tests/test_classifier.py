@@ -1735,6 +1735,47 @@ def test_float16_features_train_in_float32(frame, dtype):
     assert clf.score(X, y) > 0.9
 
 
+def _without_narwhals(monkeypatch):
+    """mr2_probe's modules import no narwhals, as under scikit-learn 1.6 and 1.7 (which
+    come without it); scikit-learn's own imports go on."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_narwhals(name, globals=None, *args, **kwargs):  # in mr2_probe's modules only
+        if name.startswith("narwhals") and (globals or {}).get("__name__", "").startswith(
+            "mr2_probe"
+        ):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, globals, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_narwhals)
+
+
+@pytest.mark.parametrize("narwhals", [True, False])
+@pytest.mark.parametrize(
+    "dtype, expected",
+    [("Float32", np.float32), ("float32[pyarrow]", np.float32), ("float16[pyarrow]", np.float32),
+     ("Float64", np.float64), ("float64[pyarrow]", np.float64)],
+)  # fmt: skip
+def test_pandas_extension_float32_columns_train_in_float32(monkeypatch, dtype, expected, narwhals):
+    # pandas' nullable "Float32" columns, and pyarrow-backed ones (read_parquet's
+    # dtype_backend="pyarrow"), trained in float64 (check_array reads no dtype from them),
+    # where the same NumPy float32 columns, or a polars Float32 frame, train in float32.
+    pd = pytest.importorskip("pandas")
+    if "pyarrow" in dtype:
+        pytest.importorskip("pyarrow")
+    if not narwhals:
+        _without_narwhals(monkeypatch)
+    X, y = _blobs()
+    frame = pd.DataFrame(X.astype(np.float32), columns=[f"f{j}" for j in range(X.shape[1])])
+    frame = frame.astype(dtype)
+    clf = MR2LinearClassifier(device="cpu").fit(frame, y)
+    assert clf.coef_.dtype == expected
+    assert clf.decision_function(frame).dtype == expected
+    assert clf.score(frame, y) > 0.9
+
+
 @pytest.mark.parametrize("dtype, expected", [(np.float32, np.float32), (np.float64, np.float64)])
 def test_a_pyarrow_table_trains_under_a_narwhals_without_float16(monkeypatch, dtype, expected):
     # narwhals 2.0.1 (scikit-learn 1.8's floor) has no Float16: fitting any pyarrow Table
@@ -1753,18 +1794,7 @@ def test_a_pyarrow_table_trains_under_a_narwhals_without_float16(monkeypatch, dt
 def test_a_frame_trains_in_float32_without_narwhals(monkeypatch, frame, dtype, expected):
     # scikit-learn 1.6 and 1.7 come without narwhals: polars and pyarrow frames of float16
     # or float32 columns trained in float64 there (their schema is read instead).
-    import builtins
-
-    real_import = builtins.__import__
-
-    def without_narwhals(name, globals=None, *args, **kwargs):  # in mr2_probe's modules only
-        if name.startswith("narwhals") and (globals or {}).get("__name__", "").startswith(
-            "mr2_probe"
-        ):
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, globals, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", without_narwhals)
+    _without_narwhals(monkeypatch)
     X, y = _blobs()
     clf = MR2LinearClassifier(device="cpu").fit(_frame(frame, X.astype(dtype)), y)
     assert clf.coef_.dtype == expected
