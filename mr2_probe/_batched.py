@@ -110,7 +110,7 @@ class FoldBatch:
         solver's sources compute them)."""
         self.X, self.y = X, y
         if self.cosine:
-            self.row_scale = inverse_row_norms(X) if len(X) else None
+            self.row_scale = _inverse_norms(X) if len(X) else None
         if self.tilt > 0 and len(y):
             shape = (self.weight.shape[0], self.n_classes)
             self.class_weight = self.weight.new_zeros(shape).index_add_(1, y, self.weight)
@@ -729,9 +729,14 @@ class FoldSteps:
 @dataclass
 class HeldOut:
     """A fold's held-out rows on the device, their label indices, their scorer's metadata
-    (its weights among them) and their sample weights (for the class accuracies)."""
+    (its weights among them) and their sample weights (for the class accuracies).
 
-    X: torch.Tensor
+    ``X`` is either the rows (a copy of in-memory data) or, for an HDF5 store, a callable
+    that reads them a block at a time, ``(where, x)`` pairs as
+    :meth:`~mr2_probe._data.FitData.row_blocks` yields them: read again at each value,
+    never held whole."""
+
+    X: torch.Tensor | Callable
     y_index: np.ndarray
     score_params: dict
     accuracy_weight: np.ndarray | None
@@ -739,14 +744,41 @@ class HeldOut:
 
     def logits(self, coef: torch.Tensor, intercept: torch.Tensor | None, cosine: bool):
         """The held-out logits of a fold's solution (coef_ rows, V for a cosine head)."""
-        z = self.X @ coef.T
-        if cosine:
-            if self.row_scale is None:
-                self.row_scale = inverse_row_norms(self.X)
-            z *= self.row_scale[:, None]
-        if intercept is not None:
-            z += intercept
-        return z
+        if callable(self.X):
+            z = coef.new_empty((len(self.y_index), coef.shape[0]))  # (n, K)
+            for where, x in self.X():
+                scale = inverse_row_norms(x) if cosine else None
+                z[torch.as_tensor(where, device=z.device)] = _logits(x, coef, intercept, scale)
+            return z
+        if cosine and self.row_scale is None:
+            self.row_scale = inverse_row_norms(self.X)
+        return _logits(self.X, coef, intercept, self.row_scale if cosine else None)
+
+
+def _logits(x, coef, intercept, row_scale):
+    """The logits x·coefᵀ (n, K), scaled by ``row_scale`` (n,) and shifted by
+    ``intercept`` (K,) where given."""
+    z = x @ coef.T
+    if row_scale is not None:
+        z *= row_scale[:, None]
+    if intercept is not None:
+        z += intercept
+    return z
+
+
+# row_norms' own blocks: the norms of X read in runs of this many rows are those of X
+# in memory.
+_NORM_ROWS = 8192
+
+
+def _inverse_norms(X) -> torch.Tensor:
+    """1/‖x‖ (N,) of X's rows: a tensor's, or those of the rows of an HDF5 store
+    (:class:`~mr2_probe._data.StoredRows`), read in runs, never held whole."""
+    if isinstance(X, torch.Tensor):
+        return inverse_row_norms(X)
+    return torch.cat(
+        [inverse_row_norms(X[i : i + _NORM_ROWS]) for i in range(0, len(X), _NORM_ROWS)]
+    )
 
 
 @dataclass
@@ -782,7 +814,9 @@ class BatchedPath:
 
     def __post_init__(self) -> None:
         self.paths = [FoldSteps() for _ in self.held_out]
-        self.params = self.batch.X.new_zeros(self.batch.n_folds, self.batch.n_params)
+        X = self.batch.X
+        shape = (self.batch.n_folds, self.batch.n_params)
+        self.params = torch.zeros(shape, dtype=X.dtype, device=X.device)
         if self.start is not None:
             self.params.copy_(self.start)
             self.start = None
@@ -794,9 +828,9 @@ class BatchedPath:
 
     def _release(self) -> None:
         """Drop X and y, keeping their number of features, dtype and device."""
-        self.batch.set_rows(
-            self.batch.X.new_empty((0, self.batch.X.shape[1])), self.batch.y.new_empty((0,))
-        )
+        X = self.batch.X
+        empty = torch.empty((0, X.shape[1]), dtype=X.dtype, device=X.device)
+        self.batch.set_rows(empty, self.batch.y.new_empty((0,)))
 
     def run(self, values, score, progress, *, max_iter, tol, report) -> None:
         """Solve at ``values`` in increasing order, each from the solution of the nearest

@@ -44,6 +44,7 @@ from ._classifier import (
 )
 from ._data import (
     H5Source,
+    StoredRows,
     check_h5_open,
     cv_folds,
     is_torch_tensor,
@@ -632,12 +633,9 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
 
     def _batches_folds(self, data, solver) -> bool:
         """Whether the folds' paths run on the batched L-BFGS: a linear or cosine head
-        without projection (lam = 0), by L-BFGS on in-memory data."""
-        return (
-            solver == "lbfgs"
-            and self.lam == 0
-            and not isinstance(data.source, H5Source)  # in memory
-        )
+        without projection (lam = 0), by L-BFGS; an HDF5 store is read in blocks
+        (:class:`~mr2_probe._data.StoredRows`), the same arithmetic as in memory."""
+        return solver == "lbfgs" and self.lam == 0
 
     def _one_batch(self, data, n_folds) -> bool:
         if self._batch_folds is not None:
@@ -648,9 +646,12 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         """One :class:`BatchedPath` of all folds (held-out rows weighted zero), or one per
         fold on its own training rows (``weights`` as :meth:`_fold_path` takes them)."""
 
+        stored = isinstance(data.source, H5Source)  # read in blocks, never held whole
+
         def held_out(test):
             score_params, accuracy_weight = _held_out_weights(weights, test, len(data.y_index))
-            return HeldOut(data.rows(test), data.y_index[test], score_params, accuracy_weight)
+            X = functools.partial(data.row_blocks, test) if stored else data.rows(test)
+            return HeldOut(X, data.y_index[test], score_params, accuracy_weight)
 
         cosine = self.head == "cosine"
 
@@ -685,22 +686,27 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         def start(parts):
             return torch.stack([part[5] for part in parts]) if cosine else None
 
+        X, y = (StoredRows(data) if stored else data.source.X), data.source.y
         if self._one_batch(data, len(folds)):
             parts = [fold_parts(train) for train, _ in folds]
-            fold_batch = batch(data.source.X, data.source.y, parts)
+            fold_batch = batch(X, y, parts)
             held = [held_out(test) for _, test in folds]
             return [BatchedPath(fold_batch, held, start=start(parts))]
 
         def own_rows(train):
-            """The fold's training rows, copied when its path runs and dropped after."""
+            """The fold's training rows, copied when its path runs and dropped after (an
+            HDF5 store's read in blocks as the solver asks for them)."""
 
             def rows():
+                if stored:
+                    index = to_tensor(np.asarray(train, dtype=np.int64), data.device)
+                    return StoredRows(data, train), y[index]
                 source = data.subset(train).source
                 return source.X, source.y
 
             return rows
 
-        X, y, paths = data.source.X, data.source.y, []
+        paths = []
         for train, test in folds:
             parts = fold_parts(train)
             index = to_tensor(np.asarray(train, dtype=np.int64), data.device)

@@ -482,6 +482,32 @@ class H5Source(TensorSource):
         return spans
 
 
+class StoredRows:
+    """The rows ``index`` (every row when None) of an HDF5 store as the batched folds read
+    X (:class:`~mr2_probe._batched.FoldBatch`): its shape, dtype and device, and any run of
+    those rows, ``X[start:stop]``, read from the file when asked, a block of whole chunks
+    at a time (:meth:`FitData.row_blocks`), never held whole. A run holds the same numbers
+    as the same run of the data in memory, so that the folds' products and sums are the
+    same as there."""
+
+    def __init__(self, data: FitData, index: np.ndarray | None = None) -> None:
+        n = data.source.n_samples
+        self._data = data
+        self.index = np.arange(n) if index is None else np.asarray(index, dtype=np.int64)
+        self.shape = (len(self.index), data.source.dataset.shape[1])
+        self.dtype, self.device = data.dtype, data.device
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: slice) -> torch.Tensor:
+        rows = self.index[key]
+        out = torch.empty((len(rows), self.shape[1]), dtype=self.dtype, device=self.device)
+        for where, x in self._data.row_blocks(rows):
+            out[to_tensor(where, self.device)] = x
+        return out
+
+
 def h5_dtype(dataset) -> np.dtype:
     """Compute dtype for a stored dataset: float64 (of either byte order) and long double
     give float64, everything else float32."""

@@ -580,6 +580,32 @@ def test_paths_without_an_intercept_keep_each_value_s_solution(batch, monkeypatc
     np.testing.assert_allclose(path[0], small.coef_[0], atol=1e-3)
 
 
+@pytest.mark.parametrize("batch_folds", [True, False])
+@pytest.mark.parametrize("head, Cs", [("linear", [0.1, 1.0]), ("cosine", [8.0, 32.0])])
+@pytest.mark.slow
+def test_an_hdf5_search_computes_what_the_array_s_does(
+    tmp_path, monkeypatch, head, Cs, batch_folds
+):
+    # The store's folds were fitted one by one on all its rows (held-out ones weighted
+    # zero), the array's by the batched L-BFGS on their own: solutions within tol of each
+    # other, coef_ 5e-3 apart on digits / 16 and, with Cs="bisect", another C chosen. The
+    # store is read in blocks of whole chunks, fewer rows than the batched folds' blocks.
+    h5py = pytest.importorskip("h5py")
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+    X, y = load_digits(return_X_y=True)
+    X, y = (X[:400] / 16).astype(np.float32), y[:400]
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f.create_dataset("X", data=X, chunks=(50, 64))
+    params = dict(Cs=Cs, cv=3, head=head, c_bar=None, device="cpu")
+    memory = MR2LinearClassifierCV(**params).fit(X, y)
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        stored = MR2LinearClassifierCV(**params).fit(f["X"], y)
+    assert stored.C_ == memory.C_
+    np.testing.assert_array_equal(stored.scores_[0], memory.scores_[0])
+    np.testing.assert_array_equal(stored.coefs_paths_[0], memory.coefs_paths_[0])
+    np.testing.assert_allclose(stored.coef_, memory.coef_, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.slow
 def test_hdf5_input_is_read_in_blocks_and_matches_memory(tmp_path, monkeypatch):
     h5py = pytest.importorskip("h5py")
