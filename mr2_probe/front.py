@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from decimal import Decimal
 from numbers import Real
 
 import joblib
@@ -548,13 +549,27 @@ _EXAMPLES = {"tilts": 1.0, "offset_bounds": 0.005}
 
 
 def _names(template: str, values: list[float]) -> list[str]:
-    """``template`` filled with each value in %g, or with as many digits as tell the
-    values apart (tilts of 1 and 1.0000001 were two points named "tilt=1")."""
+    """``template`` filled with each value in %g (a subnormal one as given,
+    :func:`_written`), or with as many digits as tell the values apart (tilts of 1 and
+    1.0000001 were two points named "tilt=1")."""
     for digits in range(6, 18):  # distinct floats differ in 17 digits
-        names = [template.format(f"{v:.{digits}g}") for v in values]
+        names = [template.format(_written(v, digits)) for v in values]
         if len(set(names)) == len(names):
             break
     return names
+
+
+def _written(value: float, digits: int) -> str:
+    """``value`` in %g of ``digits`` digits, unless fewer digits read back as ``value``
+    and those are another number: a subnormal float is held to a few bits, so that 1e-320
+    is 9.99989e-321 to 6 digits, and is written 1e-320. A value that needs more digits
+    than ``digits`` (1/3) is rounded to them, as %g rounds it."""
+    text = f"{value:.{digits}g}"
+    fewest = next(n for n in range(1, 18) if float(f"{value:.{n}g}") == value)
+    if fewest > digits:
+        return text
+    short = f"{value:.{fewest}g}"  # (10 is "1e+01" here, and "10" in text: the same number)
+    return text if Decimal(text) == Decimal(short) else short
 
 
 def _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm) -> None:

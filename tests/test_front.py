@@ -1156,6 +1156,19 @@ def test_point_names_write_each_value_in_full(splits):
     assert names == ["ERM", "MR2", "tilt=2.5", "tilt=10", "offsets≤2.5pt"]
 
 
+def test_a_subnormal_tilt_is_named_as_given(splits):
+    # A tilt of 1e-320 (a subnormal float, held to 11 bits) was named "tilt=9.99989e-321",
+    # its 6 digits in %g, not the value given; the others keep their names.
+    X_fit, y_fit, X_val, y_val, *_ = splits
+    front = accuracy_front(
+        MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val,
+        tilts=(1e-320, 0.5, 10), offset_bounds=(),
+    )  # fmt: skip
+    names = [p.name for p in front.points]
+    assert names == ["ERM", "MR2", "tilt=1e-320", "tilt=0.5", "tilt=10"]
+    assert front.point("tilt=1e-320").value == 1e-320
+
+
 def test_a_tilt_of_zero_given_twice_is_the_mr2_point_once(splits):
     # A tilt of 0 is the MR² point itself: 0 and 0.0 are no repeat to refuse, and no
     # point of their own.
