@@ -610,6 +610,11 @@ def test_front_passes_on_the_first_short_fits_own_advice(splits):
             dict(offset_bounds=(0.01,), offsets_cv="without 4"),
             r"fold 0 of the cv holds no sample of the classes \[4\] .*use a stratified cv",
         ),
+        # A fold of no held-out rows: the offsets' fit refused it, after the ERM and MR² fits.
+        (
+            dict(offset_bounds=(0.01,), offsets_cv="no held-out rows"),
+            r"Fold 1 of the cv has no held-out rows; pass folds whose two parts each hold",
+        ),
     ],
 )
 def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeypatch):
@@ -619,6 +624,9 @@ def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeyp
         y_fit[0] = kwargs.pop("one_of_class")
     if kwargs.get("offsets_cv") == "without 4":  # fold 0 holds out every sample of class 4
         kwargs["offsets_cv"] = PredefinedSplit(np.where(y_fit == 4, 0, np.arange(len(y_fit)) % 2))
+    if kwargs.get("offsets_cv") == "no held-out rows":
+        rows = np.arange(len(y_fit))
+        kwargs["offsets_cv"] = [(rows[::2], rows[1::2]), (rows, rows[:0])]
     if kwargs.pop("y", None) == "continuous":
         y_fit = y_fit + np.linspace(0, 0.5, len(y_fit))
     y_val = {
