@@ -1754,22 +1754,31 @@ def _without_narwhals(monkeypatch):
 
 @pytest.mark.parametrize("narwhals", [True, False])
 @pytest.mark.parametrize(
-    "dtype, expected",
-    [("Float32", np.float32), ("float32[pyarrow]", np.float32), ("float16[pyarrow]", np.float32),
-     ("Float64", np.float64), ("float64[pyarrow]", np.float64)],
+    "dtype, beside, expected",
+    [("Float32", None, np.float32), ("float32[pyarrow]", None, np.float32),
+     ("float16[pyarrow]", None, np.float32), ("Float64", None, np.float64),
+     ("float64[pyarrow]", None, np.float64),
+     # a column of another dtype beside them: the widest precision among them
+     ("Float32", "float32", np.float32), ("Float32", "float16[pyarrow]", np.float32),
+     ("Float32", "float64", np.float64), ("Float32", "Float64", np.float64),
+     ("Float32", "Int64", np.float64), ("Float32", "int8", np.float64)],
 )  # fmt: skip
-def test_pandas_extension_float32_columns_train_in_float32(monkeypatch, dtype, expected, narwhals):
+def test_pandas_extension_float32_columns_train_in_float32_but_beside_wider_ones(
+    monkeypatch, dtype, beside, expected, narwhals
+):
     # pandas' nullable "Float32" columns, and pyarrow-backed ones (read_parquet's
     # dtype_backend="pyarrow"), trained in float64 (check_array reads no dtype from them),
     # where the same NumPy float32 columns, or a polars Float32 frame, train in float32.
     pd = pytest.importorskip("pandas")
-    if "pyarrow" in dtype:
+    if "pyarrow" in f"{dtype} {beside}":
         pytest.importorskip("pyarrow")
     if not narwhals:
         _without_narwhals(monkeypatch)
     X, y = _blobs()
     frame = pd.DataFrame(X.astype(np.float32), columns=[f"f{j}" for j in range(X.shape[1])])
     frame = frame.astype(dtype)
+    if beside is not None:  # (rounded: an integer column holds it exactly)
+        frame["f5"] = pd.Series(np.round(X[:, 5])).astype(beside)
     clf = MR2LinearClassifier(device="cpu").fit(frame, y)
     assert clf.coef_.dtype == expected
     assert clf.decision_function(frame).dtype == expected
