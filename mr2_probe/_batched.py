@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from . import _solvers
-from ._classifier import FitDivergedError, _overflow_message, _range_suspects, _scale_underflow
 from ._data import block_rows
 from ._device import inverse_row_norms, rows_product, tangent_rows, transposed_product
+from ._fit_errors import FitDivergedError, _overflow_message, _range_suspects, _scale_underflow
 from ._head import open_pair
 from ._path import Step
 from ._solvers import _COSINE_HISTORY, _KEEP_LOGIT_GRADS, ClassRisk, one_thread_if_small

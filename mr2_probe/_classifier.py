@@ -5,20 +5,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import os
-import sys
-import sysconfig
 import warnings
 from numbers import Integral, Real
 
-import joblib
 import numpy as np
-import sklearn
 import torch
 from scipy.special import log_softmax, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils import assert_all_finite, check_random_state, compute_class_weight
+from sklearn.utils import check_random_state, compute_class_weight
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import (
@@ -49,130 +44,24 @@ from ._data import (
     whole_or_unchanged,
 )
 from ._device import default_torch_modes, resolve_device, to_numpy, to_tensor, torch_dtype
+from ._fit_errors import (
+    _EXTREME,
+    FitDivergedError,
+    _dtype_name,
+    _overflow_error,
+    _overflow_message,
+    _range_suspects,
+    _scale_underflow,
+    _weight_suspects,
+)
 from ._head import ProbeHead, decision_values
+from ._input_dtypes import _check_dtypes, _finite_block, _floating
 from ._solvers import SGD_STABLE, MarginSpec, fit_lbfgs, fit_minibatch, refresh_statistics
+from ._stacklevel import _outside_stacklevel
 from ._stats import DIFFICULTIES, class_difficulty
 
-# Parameters this far out put the objective itself out of floating-point range.
-_EXTREME = 1e-6
 # Beyond this class_tilt a fit that stops short of tol is told that the tilt is why.
 _STEEP_TILT = 10.0
-
-
-def _dtype_name(dtype) -> str:
-    """``float32`` for torch.float32 (and for NumPy's, as it is)."""
-    return str(dtype).replace("torch.", "")
-
-
-class FitDivergedError(ValueError):
-    """A fit that diverged, or left floating-point range through an extreme parameter: a
-    search records that value as failed, where an error in the data fails the search."""
-
-
-def _overflow_message(what, dtype, suspects=()):
-    """The error of a fit that left floating-point range: the ``suspects`` (parameters
-    found extreme) when there are any, else the features' scale (or, where scikit-learn's
-    ``assume_finite`` skipped their check, their NaN or infinity)."""
-    name = _dtype_name(dtype)
-    if suspects:
-        return (
-            f"Cannot fit: {what} in {name} arithmetic, with {' and '.join(suspects)}. Use "
-            "values of a usual order of magnitude and fit again."
-        )
-    if sklearn.get_config()["assume_finite"]:
-        # X was not checked: NaN in it was told to scale the features.
-        return (
-            f"Cannot fit: {what} in {name} arithmetic: the features hold NaN or infinity, "
-            "which assume_finite=True did not check for, or are too large. Check X with "
-            "assume_finite=False, and scale it (e.g. StandardScaler) if it is finite."
-        )
-    return (
-        f"Cannot fit: {what} in {name} arithmetic, the features are too large. Scale "
-        "them (e.g. StandardScaler, or divide X by a constant) and fit again."
-    )
-
-
-def _overflow_error(what, dtype, suspects=()) -> ValueError:
-    """The error of :func:`_overflow_message`: a FitDivergedError where ``suspects``
-    (parameters) are to blame, a plain ValueError where the features are."""
-    return (FitDivergedError if suspects else ValueError)(_overflow_message(what, dtype, suspects))
-
-
-def _scale_underflow(scale, dtype) -> FitDivergedError:
-    """The error of a cosine head's ``scale`` below ``dtype``'s normal numbers: float32's
-    scale=1e-300 is 0, the coefficients s·W were 0 and every prediction the first class."""
-    suspects = [f"scale={scale:g} (the cosine head's logits are cosines times it)"]
-    return FitDivergedError(_overflow_message("the logits underflow", dtype, suspects))
-
-
-def _range_suspects(
-    C,
-    c_bar,
-    weight_sum,
-    class_tilt=0.0,
-    scale=None,
-    dtype=None,
-    stalled=False,
-    tau=None,
-    overflowed=False,
-) -> list:
-    """The parameters that are extreme enough to overflow a fit on their own (``scale``:
-    a cosine head's; ``dtype``: the data's, for sample weights near its largest number;
-    ``stalled``: whether the fit stopped on its precision, short of tol; ``tau``: the
-    compactness loss's, where it takes part; ``overflowed``: whether the fit's
-    coefficients are non-finite)."""
-    suspects = []
-    # The loss's and the gradient's sums (Σ w_i·ℓ_i, and times a cosine head's scale) are
-    # taken before the division by Σw: a cosine fit at Σw = 1.2e38 in float32 stalled at
-    # its start, one at 6e36 converged; a linear head's resolve up to float32's largest,
-    # but its gradient sums w_i·x_i·(p − y) can overflow below it: on standardised
-    # float32 iris Σw = 1.5e38 did, and the features were blamed. So where the
-    # coefficients overflowed, weights within 2²⁰ of the largest number are named.
-    margin = 16 if scale is not None else 2**20 if overflowed else 2
-    near = torch.finfo(dtype).max / margin if dtype else np.inf
-    if weight_sum > near:
-        suspects.append(
-            f"sample weights summing to {weight_sum:g} (the loss and its gradient sum them "
-            "before dividing by their sum)"
-        )
-    # Weights near the dtype's smallest normal number (subnormal ones lose their precision,
-    # the smallest become 0): a cosine fit's failure at such weights blamed the features.
-    elif dtype is not None and weight_sum < 1024 * torch.finfo(dtype).tiny:
-        suspects.append(
-            f"sample weights summing to {weight_sum:g} (near the smallest normal number of "
-            f"{_dtype_name(dtype)}, in which X is computed)"
-        )
-    if scale is not None and scale > 1 / _EXTREME:
-        suspects.append(f"scale={scale:g} (the cosine head's logits are cosines times it)")
-    if class_tilt > 1 / _EXTREME:
-        suspects.append(f"class_tilt={class_tilt:g} (the tilt multiplies every class's loss)")
-    if c_bar is not None and c_bar < _EXTREME:
-        suspects.append(f"c_bar={c_bar:g} (the margins divide the logits by it)")
-    # (float32's τ = 1e-38 made the compactness loss NaN, and the learning rate was blamed)
-    if tau is not None and tau < _EXTREME:
-        suspects.append(f"tau={tau:g} (the compactness loss divides the distances by it)")
-    if C * weight_sum < _EXTREME:
-        suspects.append(
-            f"C={C:g} and sample weights summing to {weight_sum:g} (the penalty is ½‖W‖² / (C·Σw))"
-        )
-    # A large c̄ is a small C: W / c̄ solves the problem of C / c̄² at c̄ = 1 (iris at
-    # c̄ = 1e8 stalled at its start, and the warning told to scale the features). A c̄ of
-    # a usual order is none of a fit ``stalled`` on its precision (1e3 at most,
-    # 1/√_EXTREME): iris at c̄ = 10 with C·Σw = 1.5e-5 (C=1e-7, or weights of 1e-7)
-    # stopped so, and a larger tol resolved it; one that ran out of max_iter is its own
-    # (iris at c̄ = 500, C = 1e-5 still did at max_iter=5000 or tol=1e-3).
-    # (A linear head's: a cosine head's margins divide its scaled cosines, and no C.)
-    elif (
-        scale is None
-        and c_bar is not None
-        and c_bar > (_EXTREME**-0.5 if stalled else 1)
-        and C * weight_sum / c_bar / c_bar < _EXTREME
-    ):
-        suspects.append(
-            f"c_bar={c_bar:g} with C={C:g} (the margins divide the logits by about c̄: the "
-            f"problem of C / c̄² = {C / c_bar / c_bar:g} at c̄ = 1)"
-        )
-    return suspects
 
 
 def _fingerprint(*arrays) -> str:
@@ -190,14 +79,6 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _weight_suspects(weight_sum, dtype) -> list:
-    """Sample weights large enough to take the class statistics' sums Σw·‖x‖² out of
-    ``dtype``'s range on their own (past the square root of its largest number)."""
-    if weight_sum > math.sqrt(torch.finfo(dtype).max):
-        return [f"sample weights summing to {weight_sum:g} (the class statistics sum them)"]
-    return []
-
-
 def both_class_logits(z):
     """Logits with a column per class: a two-class head's one column z becomes (0, z), the
     binomial model's pinned first class (a tensor stays a tensor)."""
@@ -206,102 +87,6 @@ def both_class_logits(z):
     if is_torch_tensor(z):
         return torch.cat([torch.zeros_like(z), z], dim=1)
     return np.hstack([np.zeros_like(z), z])
-
-
-def _floating(X):
-    """X as computed on: half-precision (or integer) tensors and float16 arrays (and
-    DataFrames of float16 columns) as float32, arrays of the other byte order in their own
-    precision.
-
-    Tensors are detached: features straight from a backbone may carry autograd history.
-    Complex tensors are refused: a cast would drop their imaginary part silently.
-    """
-    if is_torch_tensor(X):
-        reject_complex(X)
-        X = X.detach()
-        return X if X.dtype in (torch.float32, torch.float64) else X.float()
-    dtype = getattr(X, "dtype", None)
-    dtypes = getattr(X, "dtypes", None)  # a DataFrame's, one per column
-    if dtype is None and dtypes is not None and not len(dtypes) and hasattr(X, "shape"):
-        # A DataFrame without columns: check_array's np.result_type of no dtypes failed
-        # ("at least one array or dtype is required"), where an array of that shape is
-        # refused for its 0 features.
-        return np.empty(X.shape)
-    if dtype is None and dtypes is not None and len(dtypes):
-        # check_array made float16 columns float64 (float16 is neither of its dtypes),
-        # where the same rows as an array, a tensor or a store train in float32
-        if all(isinstance(d, np.dtype) and d == np.float16 for d in dtypes):
-            return X.astype(np.float32)
-        return X
-    if isinstance(X, np.ndarray) and dtype.kind == "f" and not dtype.isnative:
-        # check_array's dtype=[float64, float32] takes big-endian float32 for neither, and
-        # made it float64, where the same rows as an HDF5 dataset or a tensor are float32
-        dtype = dtype.newbyteorder("=")
-        X = np.asarray(X, dtype=dtype)
-    if dtype == np.float16:  # stores often hold float16
-        return X.astype(np.float32)
-    return X
-
-
-def _check_dtypes(X):
-    """check_array's ``dtype`` for X: float32 for a DataFrame whose columns are all float16
-    or float32 of a type other than NumPy's (polars, a pyarrow Table, pandas' nullable
-    "Float32" or pyarrow-backed "float[pyarrow]"), else float64 or float32 (X's own where it
-    is one of them).
-
-    check_array reads no dtype from such columns and made them float64 (polars' Float16
-    and Float32 alike), where a pandas DataFrame of the same NumPy columns trains in
-    float32. The columns are read through narwhals, scikit-learn's own from its version
-    1.8; without it (scikit-learn 1.6 or 1.7 alone) from the frame's ``schema`` or
-    ``dtypes`` (:func:`_schema_floats`).
-    """
-    either = [np.float64, np.float32]
-    if getattr(X, "dtype", None) is not None:
-        return either
-    dtypes = getattr(X, "dtypes", None)  # a pandas DataFrame's (polars': its own types)
-    if dtypes is not None and all(isinstance(d, np.dtype) for d in dtypes):
-        return either  # check_array reads NumPy dtypes
-    try:
-        import narwhals.stable.v2 as nw  # scikit-learn's own, from its version 1.8
-    except ImportError:
-        return np.float32 if _schema_floats(X) else either
-    frame = nw.from_native(X, eager_only=True, pass_through=True)
-    if frame is X or not len(frame.schema):
-        return either
-    # (narwhals 2.0.1, scikit-learn 1.8's floor, has no Float16: every such frame failed
-    # there with an AttributeError)
-    floats = (nw.Float32, getattr(nw, "Float16", nw.Float32))
-    if all(d in floats for d in frame.schema.values()):
-        return np.float32
-    return either
-
-
-# The names of float16 and float32 types in a polars DataFrame's schema (Float16, Float32),
-# a pyarrow Table's (halffloat, float) and pandas' dtypes (Float32, float[pyarrow]),
-# lower-cased, without the "[pyarrow]".
-_HALF_OR_SINGLE = frozenset({"float16", "float32", "halffloat", "float"})
-
-
-def _schema_floats(X) -> bool:
-    """Whether X has a ``schema`` (a polars DataFrame's, name → dtype, or a pyarrow Table's,
-    with ``types``), or pandas ``dtypes``, of columns that are all float16 or float32:
-    where narwhals is missing (scikit-learn 1.6 and 1.7 come without it) such frames
-    trained in float64."""
-    schema = getattr(X, "schema", None)
-    types = getattr(schema, "types", None)  # pyarrow's
-    if types is None and callable(getattr(schema, "values", None)):  # polars'
-        types = list(schema.values())
-    if types is None and getattr(X, "dtypes", None) is not None:  # pandas'
-        types = list(X.dtypes)
-    names = [str(t).lower().removesuffix("[pyarrow]") for t in types or ()]
-    return bool(names) and all(name in _HALF_OR_SINGLE for name in names)
-
-
-def _finite_block(block, dtype, estimator_name):
-    """One block of an HDF5 dataset as NumPy, refused as the NumPy path would refuse it."""
-    block = np.asarray(block, dtype=dtype)
-    assert_all_finite(block, estimator_name=estimator_name, input_name="X")
-    return block
 
 
 def _class_stats(stats, p, difficulty, weight_scale=1.0):
@@ -317,40 +102,6 @@ def _class_stats(stats, p, difficulty, weight_scale=1.0):
         "count": count,
         "difficulty": to_numpy(class_difficulty(stats, p, difficulty)),
     }
-
-
-# Warnings point at the first caller outside this package, scikit-learn and joblib (which
-# runs a search's folds): the user's fit, however deep the solver that warns.
-_INSIDE = tuple(
-    os.path.dirname(os.path.abspath(path)) + os.sep
-    for path in (__file__, sklearn.__file__, joblib.__file__)
-)
-
-
-# The standard library's own modules, not the packages installed in it: a worker thread's
-# frames start in them (threading, multiprocessing.pool, concurrent.futures).
-_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
-_INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
-
-
-def _passed_through(filename: str) -> bool:
-    """Whether a frame of ``filename`` is skipped on the way to the caller's: this package,
-    scikit-learn and joblib, and the standard library's modules between them (frozen ones
-    too)."""
-    if filename.startswith(_INSIDE + ("<frozen ",)):  # frozen: runpy in a loky worker
-        return True
-    return filename.startswith(_STDLIB) and not any(part in filename for part in _INSTALLED)
-
-
-def _outside_stacklevel() -> int:
-    """``stacklevel`` for a ``warnings.warn`` in this function's caller: that of the first
-    frame outside this package, scikit-learn, joblib and the standard library; in a worker
-    thread (joblib's threading backend), whose stack holds no caller's frame, the
-    ``warnings.warn`` call's own, not the thread pool's."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and _passed_through(frame.f_code.co_filename):
-        frame, level = frame.f_back, level + 1
-    return 1 if frame is None else level
 
 
 class MR2LinearClassifier(ClassifierMixin, BaseEstimator):

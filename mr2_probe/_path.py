@@ -17,8 +17,8 @@ import torch
 from scipy.special import log_softmax, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin
 
-from ._classifier import FitDivergedError
 from ._device import to_numpy
+from ._fit_errors import FitDivergedError
 
 
 class HeldOutLogits(ClassifierMixin, BaseEstimator):
@@ -89,7 +89,7 @@ class FoldPath:
     rows of the held-out set, ``where`` their positions in it): a block at a time from an
     HDF5 store, which is never held whole, and in one block from memory.
 
-    A value whose fit diverges (:class:`~mr2_probe._classifier.FitDivergedError`) gets a
+    A value whose fit diverges (:class:`~mr2_probe._fit_errors.FitDivergedError`) gets a
     failed step (NaN) and its error in ``failures``; the next value starts cold, as the
     first one did.
     """
