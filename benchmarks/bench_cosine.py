@@ -83,9 +83,9 @@ from bench_fit import (  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, _sphere  # noqa: E402
 from mr2_probe import _solvers as solvers  # noqa: E402
-from mr2_probe._classifier import both_class_logits  # noqa: E402
 from mr2_probe._device import resolve_device  # noqa: E402
 from mr2_probe._losses import margin_cross_entropy  # noqa: E402
+from mr2_probe._prediction import both_class_logits  # noqa: E402
 from tests.reference_mr2 import cosine_lbfgs_before  # noqa: E402
 
 

@@ -32,8 +32,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
 from mr2_probe import MR2LinearClassifier
-from mr2_probe._classifier import both_class_logits
 from mr2_probe._losses import tilted_class_risk
+from mr2_probe._prediction import both_class_logits
 from mr2_probe.metrics import classwise_summary, difficulty_groups, per_class_accuracy
 
 

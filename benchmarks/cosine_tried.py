@@ -102,8 +102,8 @@ from bench_fit import (  # noqa: E402
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
 from mr2_probe import _solvers as solvers  # noqa: E402
-from mr2_probe._classifier import both_class_logits  # noqa: E402
 from mr2_probe._losses import margin_cross_entropy  # noqa: E402
+from mr2_probe._prediction import both_class_logits  # noqa: E402
 
 EXPERIMENTS = ["cold", "chain", "once", "ramp", "memory", "one-round", "sooner", "subsample",
                "linear", "path", "active", "bf16", "precondition", "moments",

@@ -3,90 +3,37 @@
 from __future__ import annotations
 
 import functools
-import hashlib
-import math
 import warnings
 from numbers import Integral, Real
 
 import numpy as np
 import torch
-from scipy.special import log_softmax, softmax
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils import check_random_state, compute_class_weight
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import (
-    _check_sample_weight,
-    _check_y,
-    check_is_fitted,
-    validate_data,
-)
 
-from ._data import (
-    FitData,
-    H5Source,
-    TensorSource,
-    block_rows,
-    check_2d,
-    check_dense_tensor,
-    check_finite_tensor,
-    check_h5_open,
-    check_no_missing_labels,
-    h5_dtype,
-    is_h5_dataset,
-    is_torch_tensor,
-    numpy_if_tensor,
-    plain,
-    read_h5,
-    reject_complex,
-    summable_weights,
-    whole_or_unchanged,
-)
-from ._device import default_torch_modes, resolve_device, to_numpy, to_tensor, torch_dtype
+from ._convergence import _ConvergenceMessageMixin
+from ._data import H5Source, whole_or_unchanged
+from ._device import default_torch_modes, to_numpy
 from ._fit_errors import (
     _EXTREME,
     FitDivergedError,
-    _dtype_name,
     _overflow_error,
     _overflow_message,
     _range_suspects,
     _scale_underflow,
     _weight_suspects,
 )
-from ._head import ProbeHead, decision_values
-from ._input_dtypes import _check_dtypes, _finite_block, _floating
+from ._fit_inputs import _FitInputsMixin
+from ._head import ProbeHead
+from ._prediction import _PredictMixin
 from ._solvers import SGD_STABLE, MarginSpec, fit_lbfgs, fit_minibatch, refresh_statistics
 from ._stacklevel import _outside_stacklevel
 from ._stats import DIFFICULTIES, class_difficulty
+from ._warm_start import _fingerprint, _WarmStartMixin
 
 # Beyond this class_tilt a fit that stops short of tol is told that the tilt is why.
 _STEEP_TILT = 10.0
-
-
-def _fingerprint(*arrays) -> str:
-    """A digest of the arrays' shapes and values (None counts as an empty array)."""
-    digest = hashlib.blake2b(digest_size=16)
-    for a in arrays:
-        a = np.ascontiguousarray([] if a is None else a, dtype=np.float64)
-        digest.update(f"{a.shape}".encode())
-        digest.update(a.view(np.uint8))
-    return digest.hexdigest()
-
-
-def _count(n: int, noun: str) -> str:
-    """``n`` and ``noun``, plural but for one: "1 iteration", "23 iterations"."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def both_class_logits(z):
-    """Logits with a column per class: a two-class head's one column z becomes (0, z), the
-    binomial model's pinned first class (a tensor stays a tensor)."""
-    if z.shape[1] != 1:
-        return z
-    if is_torch_tensor(z):
-        return torch.cat([torch.zeros_like(z), z], dim=1)
-    return np.hstack([np.zeros_like(z), z])
 
 
 def _class_stats(stats, p, difficulty, weight_scale=1.0):
@@ -104,7 +51,14 @@ def _class_stats(stats, p, difficulty, weight_scale=1.0):
     }
 
 
-class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
+class MR2LinearClassifier(
+    _PredictMixin,
+    _FitInputsMixin,
+    _WarmStartMixin,
+    _ConvergenceMessageMixin,
+    ClassifierMixin,
+    BaseEstimator,
+):
     """Linear or cosine probe trained with MR² margin regularization.
 
     Each class k gets a logit margin γ_k that grows with the spread of its features, so
@@ -514,112 +468,6 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             )
         return solver
 
-    def _prepare(self, X, y, sample_weight):
-        """Validate the data, set ``classes_``, and put X, y and the weights on the device.
-
-        The one upload of a fit: a search solves many problems on the :class:`FitData`
-        this returns (see :meth:`FitData.subset`).
-        """
-        X, y, device, dtype = self._validate_fit_data(X, y)
-        check_classification_targets(y)
-        self.classes_, y_index = np.unique(y, return_inverse=True)
-        n_classes = len(self.classes_)
-        if n_classes < 2:
-            raise ValueError(
-                "This solver needs samples of at least 2 classes in the data, but the data "
-                f"contains only one class: {plain(self.classes_[0])!r}."
-            )
-        check_h5_open(sample_weight=sample_weight)
-        sample_weight = numpy_if_tensor(sample_weight, "sample_weight")
-        sample_weight = _check_sample_weight(
-            sample_weight, np.empty((len(y_index), 0)), dtype=np.float64, ensure_non_negative=True
-        )
-        if self.class_weight is not None:
-            if self.class_weight == "balanced":  # (validated: a dict, "balanced" or None)
-                # scikit-learn's rule, sum(w) / (K · w_k) with w_k each class's weight, by
-                # hand: its compute_class_weight takes sample_weight from 1.7 on only.
-                counts = np.bincount(y_index, weights=sample_weight, minlength=n_classes)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    weights = counts.sum() / (n_classes * counts)
-            else:
-                weights = compute_class_weight(self.class_weight, classes=self.classes_, y=y)
-            if isinstance(self.class_weight, dict):
-                given = np.array(list(self.class_weight.values()), dtype=float)
-                if not (np.isfinite(given).all() and (given >= 0).all()):
-                    # (a dict of np.unique's classes and computed weights shown as Python's
-                    # numbers and text: {0: -1.0}, not {np.int64(0): np.float64(-1.0)})
-                    shown = {plain(k): plain(v) for k, v in self.class_weight.items()}
-                    raise ValueError(
-                        f"class_weight={shown!r}: every class weight must be a finite number >= 0."
-                    )
-            bad = ~np.isfinite(weights)
-            if bad.any():
-                raise ValueError(
-                    f"class_weight={self.class_weight!r} gives the classes "
-                    f"{self.classes_[bad].tolist()} a weight that is not finite: their "
-                    "samples' sample_weight sums to zero. Drop those samples, or give them "
-                    "a positive weight."
-                )
-            sample_weight = sample_weight * weights[y_index]
-        weight_scale = 1.0
-        if self.head == "cosine" and self.lam == 0 and sample_weight.max() > 0:
-            # Its objective (no penalty, no compactness term) does not depend on the
-            # weights' scale: taken relative to the largest here, in float64, so that
-            # weights near the smallest normal number of X's dtype, or beyond its largest,
-            # keep their ratios in it (1e-42 in float32 kept 3 bits, and the class
-            # statistics of the margins were 1.4% off). class_stats_ counts them as given.
-            weight_scale = float(sample_weight.max())
-            sample_weight = sample_weight / weight_scale
-        weight_sum = float(sample_weight.sum())
-        if weight_sum <= 0:
-            raise ValueError("The sum of sample weights must be positive.")
-        largest, top = float(sample_weight.max()), torch.finfo(dtype).max
-        # (class_weight multiplies them: it may be the one to blame)
-        named = "sample_weight" if self.class_weight is None else "sample_weight × class_weight"
-        if largest > top or weight_sum > top:  # (the sum: Σ w_i·ℓ_i overflows from the start)
-            what = (
-                f"{named} holds values up to {largest:g}"
-                if largest > top
-                else f"The loss is summed with sample weights summing to {weight_sum:g}"
-            )
-            same = (
-                "multiply the weights by a small factor and C by its inverse (the same "
-                "problem), and fit again."
-                if self.lam == 0
-                else "with lam > 0 the compactness loss counts a sample as w copies of "
-                "itself, so no smaller weights make the same problem; use smaller weights."
-            )
-            raise ValueError(
-                f"{what}, beyond the range of {_dtype_name(dtype)}, in which X is computed: " + same
-            )
-        if not torch.tensor(largest, dtype=dtype, device="cpu"):  # (whatever the default)
-            # Every weight rounds to 0 in X's dtype (float32's 1e-300): the fit failed on an
-            # overflow of L-BFGS's step, and a search's on "sample weights summing to 0".
-            same = (
-                "multiply them by a large factor and C by its inverse (the same "
-                "problem), and fit again."
-                if self.lam == 0
-                else "with lam > 0 the compactness loss counts a sample as w copies of "
-                "itself, so no larger weights make the same problem; use larger weights."
-            )
-            raise ValueError(
-                f"{named} holds values up to {largest:g}, which underflow to 0 in "
-                f"{_dtype_name(dtype)}, in which X is computed: every sample would weigh "
-                "nothing. Rescale the weights: " + same
-            )
-
-        y_t = to_tensor(y_index.astype(np.int64), device)
-        w_t = to_tensor(sample_weight, device, dtype)
-        rows = block_rows(self.n_features_in_, n_classes)
-        if is_h5_dataset(X):
-            source = H5Source(X, y_t, w_t, rows, device, dtype)
-        else:
-            source = TensorSource(X, y_t, w_t, rows)
-        seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
-        return FitData(
-            source, y_index, sample_weight, weight_sum, n_classes, device, dtype, seed, weight_scale
-        )
-
     def _new_head(self, data, scale=None):
         """A fresh head for ``data`` (zero weights, P = I), on its device; ``scale``
         overrides the cosine head's logit scale."""
@@ -819,217 +667,6 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
         state = self._export(head, result, solver, data.dtype)
         self._store(state, result, solver, data.device, data.weight_scale)
 
-    @staticmethod
-    def _suspects_message(stopped: str, suspects: list) -> str:
-        which = "an extreme parameter makes" if len(suspects) == 1 else "extreme parameters make"
-        return (
-            f"{stopped}: {which} the objective too steep to resolve: {'; '.join(suspects)}. "
-            "Use values of a usual order of magnitude."
-        )
-
-    def _convergence_message(self, result, solver, dtype):
-        if result.stop == "rose":
-            curve = result.loss_curve
-            best = int(np.argmin(curve))
-            return (
-                f"{solver} stopped with its epoch loss at {curve[-1]:.4g}, above its best "
-                f"{curve[best]:.4g} (epoch {best + 1} of {len(curve)}): its steps took it away "
-                f"from its best point. Use a smaller learning_rate than {self.learning_rate:g}."
-            )
-        if result.stop in ("above_start", "no_progress"):
-            best = result.best_after_start
-            log_k = f"log K = {math.log(len(self.classes_)):.4g}"
-            start = f"its starting point's, {log_k} (zero weights)"
-            if result.range_suspects:  # an extreme parameter pins it, not the step size
-                stopped = f"{solver}'s best epoch loss stayed at or above its start's {log_k}"
-                return self._suspects_message(stopped, result.range_suspects)
-            if result.stop == "above_start":
-                return (
-                    f"{solver}'s best epoch loss, {best:.4g}, stayed above {start}: its steps "
-                    f"are too large. Use a smaller learning_rate than {self.learning_rate:g}."
-                )
-            return (
-                f"{solver} made no progress from its starting point: its best epoch loss, "
-                f"{best:.4g}, is within 1e-6 of {start}. Either its steps are too small (use "
-                f"a larger learning_rate than {self.learning_rate:g}), or the optimum is "
-                "there: the penalty holds it at zero (a very small C), or the features do "
-                "not tell the classes apart (constant ones)."
-            )
-        gradient = (  # (none for a minibatch solver)
-            f"with a largest gradient entry of {result.largest_gradient:.2g} > tol={self.tol}"
-            if result.largest_gradient is not None
-            else ""
-        )
-        curve = result.loss_curve
-        progress = not curve or curve[-1] < curve[0]
-        if result.stop == "max_iter":
-            unit = "iterations" if solver == "lbfgs" else "epochs"
-            stopped = f"{solver} did not converge in max_iter={self.max_iter} {unit}"
-        elif result.stop == "max_eval":
-            stopped = (
-                f"lbfgs used up its {4 * self.max_iter} function evaluations (4 × max_iter) "
-                f"in {_count(result.n_iter, 'iteration')}, {gradient}"
-            )
-        elif progress:
-            stopped = (
-                f"lbfgs stopped after {_count(result.n_iter, 'iteration')}, no longer "
-                f"improving, {gradient}"
-            )
-        else:
-            stopped = f"lbfgs made no progress from its starting point, {gradient}"
-        if result.range_suspects:  # neither the budget, tol nor the data is the cause
-            return self._suspects_message(stopped, result.range_suspects)
-        if result.stop == "max_iter":
-            advice = f"{stopped}. Increase max_iter or scale the features (e.g. StandardScaler)."
-            if solver == "lbfgs":
-                return advice
-            # A minibatch solver's other lever is its step: one too large oscillates.
-            return (
-                f"{advice} If loss_curve_ oscillates, use a smaller learning_rate than "
-                f"{self.learning_rate:g}."
-            )
-        if result.stop == "max_eval":
-            return (
-                f"{stopped}: its line searches needed many evaluations. Increase max_iter or "
-                "scale the features (e.g. StandardScaler)."
-            )
-        precise = "a larger tol" if dtype == torch.float64 else "float64 features or a larger tol"
-        if not progress:
-            return (
-                f"lbfgs made no progress from its starting point, {gradient}: no step "
-                "along its first directions lowered the objective. Either the start is "
-                "already as near the optimum as the precision of the data allows (a warm "
-                f"start from a converged fit; use {precise}), or the features have very "
-                "large values, which make the gradient as large (scale them, e.g. "
-                "StandardScaler)."
-            )
-        if dtype == torch.float64:
-            return (
-                f"{stopped}: its last step changed the objective or the weights by less than "
-                "64 float64 epsilons (1.4e-14), where it stops, as scikit-learn's lbfgs does. "
-                "Use a larger tol (and, for features of very different magnitudes, scale "
-                "them, e.g. StandardScaler)."
-            )
-        # In float32 the objective's remaining decrease can be below its rounding while the
-        # optimum is still far off (a cosine head's narrow valleys: 0.035 of loss on a
-        # 60-row problem): float64 is the remedy, a larger tol only accepts the point.
-        scale = "" if self.head == "cosine" else " (and scale them, e.g. StandardScaler)"
-        return (
-            f"{stopped}: float32 arithmetic cannot resolve the objective's decrease from "
-            "here, and the optimum may still be some way off. Use float64 features"
-            f"{scale} for a tighter solution, or a larger tol to accept this one."
-        )
-
-    def _validate_fit_data(self, X, y):
-        """Validate X and y; return X ready for the device, y as NumPy, device and dtype."""
-        check_h5_open(X=X, y=y)
-        if is_torch_tensor(X):
-            check_dense_tensor(X, type(self).__name__)
-        if is_torch_tensor(X) or is_h5_dataset(X):
-            validate_data(self, X, y, skip_check_array=True)
-            check_2d(X)
-            if X.shape[0] < 1 or X.shape[1] < 1:
-                raise ValueError(
-                    f"Found array with shape {tuple(X.shape)} while a minimum "
-                    "of 1 sample and 1 feature is required."
-                )
-            y = y[...] if is_h5_dataset(y) else y
-            check_no_missing_labels(numpy_if_tensor(y, "y"))
-            # As validate_data checks y beside a NumPy X: NaN among object labels (a pandas
-            # column's missing value) is named, not a TypeError from sorting the classes,
-            # and a pandas column of a nullable dtype ("Int64", "boolean") is converted as
-            # scikit-learn converts it (classes_ of float64 beside a NumPy X, of int64 or
-            # bool beside a tensor, before).
-            y = _check_y(numpy_if_tensor(y, "y"), estimator=self)
-            if len(y) != X.shape[0]:
-                raise ValueError(f"X has {X.shape[0]} samples but y has {len(y)}.")
-        else:
-            dtype = _check_dtypes(X)
-            y = numpy_if_tensor(y, "y")  # (on a GPU, or requiring grad)
-            check_no_missing_labels(y)  # (scikit-learn's check: "boolean value of NA ...")
-            X, y = validate_data(self, _floating(X), y, dtype=dtype, order="C")
-        if self.head == "cosine" and X.shape[1] == 1:
-            # Every direction of one feature is ±1: the cosine is the sample's sign, and
-            # the fit stood still (no gradient) and predicted one class, without a word.
-            raise ValueError(
-                "head='cosine' needs at least 2 features, got 1 feature(s): the cosine of a "
-                "single feature with any direction is ±1. Use head='linear'."
-            )
-        if is_torch_tensor(X):
-            device = X.device if self.device == "auto" else resolve_device(self.device)
-            X = _floating(X).to(device)
-            dtype = X.dtype
-            check_finite_tensor(X, type(self).__name__)
-        elif is_h5_dataset(X):
-            reject_complex(X)
-            device, dtype = resolve_device(self.device), torch_dtype(h5_dtype(X))
-        else:
-            device, dtype = resolve_device(self.device), torch_dtype(X.dtype)
-            X = to_tensor(X, device, dtype)
-        return X, y, device, dtype
-
-    def _warm_state(self, n_classes):
-        """The previous fit's parameters, if warm_start applies to this fit (or those of
-        the coef_ and intercept_ assigned since: :meth:`_assigned_state`)."""
-        if not self.warm_start:
-            return None
-        state = self._assigned_state(getattr(self, "_head_state", None))
-        if state is None:
-            return None
-        n_features = state["weight"].shape[-1]
-        if (n_features, state["n_classes"]) != (self.n_features_in_, n_classes):
-            start = state.get("start", "the previous fit's solution")
-            raise ValueError(
-                f"warm_start=True starts from {start}, for {n_features} "
-                f"features and {state['n_classes']} classes; this fit has "
-                f"{self.n_features_in_} features and {n_classes} classes. Fit with "
-                "warm_start=False for other data."
-            )
-        rank = None if state["proj_a"] is None else state["proj_a"].shape[1]
-        projected = state["proj_full"] is not None or state["proj_a"] is not None
-        # Without a projection, the rows and intercept start any fit of the same head: one
-        # with a projection at P = I, which is where the two agree (head.load keeps it).
-        same = state["head"] == self.head and (
-            not projected or (self.lam > 0 and rank == self.projection_rank)
-        )
-        return state if same else None
-
-    def _assigned_state(self, state):
-        """``state``, or where ``coef_`` or ``intercept_`` differ from the fit's own (assigned,
-        or assigned to an estimator never fitted) a state of theirs, as LogisticRegression's
-        warm start reads them: this head's rows and intercept, a projection at P = I."""
-        coef, intercept = getattr(self, "coef_", None), getattr(self, "intercept_", None)
-        if coef is None:
-            return state
-        # (the fit's own, or a state pickled before their fingerprint was kept)
-        if state is not None and state.get("fingerprint") in (None, _fingerprint(coef, intercept)):
-            return state
-        coef = np.asarray(coef, dtype=np.float64)
-        rows = len(coef) if coef.ndim == 2 else 0
-        bias = np.zeros(rows) if intercept is None else np.asarray(intercept, dtype=np.float64)
-        if rows in (0, 2) or bias.shape != (rows,):
-            raise ValueError(
-                f"warm_start=True starts from the assigned coef_ and intercept_, of shapes "
-                f"{coef.shape} and {bias.shape}; they must be (n_classes, n_features) and "
-                "(n_classes,), or (1, n_features) and (1,) for two classes."
-            )
-        if not (np.isfinite(coef).all() and np.isfinite(bias).all()):
-            # (the fit started there and failed, blaming the features' scale)
-            raise ValueError(
-                "warm_start=True starts from the assigned coef_ and intercept_, which hold NaN "
-                "or infinity. Assign finite values, or fit with warm_start=False."
-            )
-        # A two-class cosine head has both rows: its coef_ is their difference.
-        weight = np.vstack([-coef, coef]) if self.head == "cosine" and rows == 1 else coef
-        return {
-            "weight": weight,
-            "bias": bias,
-            **dict.fromkeys(("proj_full", "proj_a", "proj_b")),
-            "n_classes": max(rows, 2),  # (one row: two classes)
-            "head": self.head,
-            "start": "the assigned coef_ and intercept_",
-        }
-
     def _store(self, state, result, solver, device, weight_scale=1.0):
         self.coef_ = state["coef"]
         self.intercept_ = state["intercept"]
@@ -1050,98 +687,3 @@ class MR2LinearClassifier(ClassifierMixin, BaseEstimator):
             # coef_ and intercept_ assigned, or changed in place, start a warm fit instead
             "fingerprint": _fingerprint(self.coef_, self.intercept_),
         }
-
-    # ----------------------------------------------------------------- prediction
-    def _validate_predict_data(self, X):
-        check_is_fitted(self)
-        check_h5_open(X=X)
-        if is_torch_tensor(X):
-            check_dense_tensor(X, type(self).__name__)
-        if is_torch_tensor(X) or is_h5_dataset(X):
-            check_2d(X)  # before the check of the features (shape[1])
-            if X.shape[0] == 0:  # as check_array says it of NumPy rows
-                raise ValueError(
-                    f"Found array with 0 sample(s) (shape={tuple(X.shape)}) while a minimum of "
-                    f"1 is required by {type(self).__name__}."
-                )
-            validate_data(self, X, reset=False, skip_check_array=True)
-            if is_h5_dataset(X):
-                reject_complex(X)  # blocks are checked for NaN and infinity as they are read
-                return X
-            X = _floating(X)  # as in fit: half precision is computed in float32
-            check_finite_tensor(X, type(self).__name__)
-            return X
-        dtype = _check_dtypes(X)
-        return validate_data(self, _floating(X), reset=False, dtype=dtype, order="C")
-
-    def _logits(self, X):
-        if is_h5_dataset(X):
-            rows = block_rows(X.shape[1], len(self.classes_))
-            parts = [
-                self._logits(
-                    _finite_block(read_h5(X, slice(i, i + rows)), h5_dtype(X), type(self).__name__)
-                )
-                for i in range(0, X.shape[0], rows)
-            ]
-            return np.concatenate(parts) if parts else np.empty((0, self.coef_.shape[0]))
-        # The fitted head, not the parameter: set_params(head=...) after fit changes nothing
-        # until the next fit (models pickled before head_ existed keep it in _head_state).
-        head = getattr(self, "head_", None) or getattr(self, "_head_state", {}).get("head")
-        head = head or self.head  # a refit=False search pickled before head_ existed
-        # No projection where coef_, intercept_ and classes_ were assigned to an estimator
-        # never fitted (another model's), which predicts with them as LogisticRegression does.
-        projection = getattr(self, "projection_", None)
-        with default_torch_modes(gradients=False):  # the model's precision, not autocast's
-            return decision_values(X, self.coef_, self.intercept_, projection, head)
-
-    def decision_function(self, X):
-        """Logits (margins are training-only). Shape (n_samples,) for two classes.
-
-        A torch tensor gives a tensor on its device; anything else gives NumPy. Either is
-        computed in the wider of X's and the model's precision, as scikit-learn's linear
-        models compute NumPy rows (float32 rows of a float64 model give float64 logits).
-        """
-        z = self._logits(self._validate_predict_data(X))
-        return z[:, 0] if z.shape[1] == 1 else z
-
-    def predict_proba(self, X):
-        """Class probabilities, softmax of the logits, shape (n_samples, n_classes).
-
-        float64 whatever the model's and X's dtype (a float32 softmax underflows to 0 at
-        logit gaps past about 100, which a cosine head's scale reaches, and its rows sum to
-        one only to float32's rounding, which scikit-learn's metrics, checking in float64,
-        warn of); a torch tensor in gives a float64 tensor on its device (float32 on MPS,
-        which has no float64)."""
-        return self._probabilities(X, log=False)
-
-    def predict_log_proba(self, X):
-        """Logarithm of :meth:`predict_proba`."""
-        return self._probabilities(X, log=True)
-
-    def _probabilities(self, X, log):
-        z = both_class_logits(self._logits(self._validate_predict_data(X)))
-        # Probabilities in float64: a float32 softmax underflows to 0 for logit gaps past
-        # ~100 (a cosine head's scale reaches that), and then log(predict_proba) and
-        # predict_log_proba disagree; and its rows miss one by up to 2.4e-7, past the 1.5e-8
-        # of log_loss's check (a tensor is read as float64 there: "do not sum to one").
-        if is_torch_tensor(z):
-            z = z if z.device.type == "mps" else z.double()
-            return torch.log_softmax(z, dim=1) if log else torch.softmax(z, dim=1)
-        z = z.astype(np.float64)
-        return log_softmax(z, axis=1) if log else softmax(z, axis=1)
-
-    def score(self, X, y, sample_weight=None):
-        """Mean accuracy of :meth:`predict` on ``(X, y)``; y may be a torch tensor."""
-        check_h5_open(X=X, y=y, sample_weight=sample_weight)
-        y = numpy_if_tensor(y, "y")
-        sample_weight = summable_weights(numpy_if_tensor(sample_weight, "sample_weight"))
-        return super().score(X, y, sample_weight=sample_weight)
-
-    def predict(self, X):
-        """Predicted labels (NumPy, of the type of ``classes_``): argmax of the logits."""
-        z = self._logits(self._validate_predict_data(X))
-        if is_torch_tensor(z):
-            index = to_numpy((z[:, 0] > 0).long() if z.shape[1] == 1 else z.argmax(1))
-        else:
-            index = (z[:, 0] > 0).astype(int) if z.shape[1] == 1 else z.argmax(1)
-        return self.classes_[index]

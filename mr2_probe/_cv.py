@@ -33,7 +33,7 @@ from sklearn.utils.validation import _check_method_params, _check_sample_weight,
 from tqdm.auto import tqdm
 
 from ._batched import BatchedPath, FoldBatch, HeldOut
-from ._classifier import MR2LinearClassifier, _class_stats, both_class_logits
+from ._classifier import MR2LinearClassifier, _class_stats
 from ._data import (
     H5Source,
     StoredRows,
@@ -50,6 +50,7 @@ from ._fit_errors import FitDivergedError, _dtype_name, _range_suspects
 from ._h5 import one_line
 from ._head import open_pair
 from ._path import BISECT_GRIDS, FoldPath, HeldOutLogits, bisect_search
+from ._prediction import both_class_logits
 from ._solvers import SolverResult, gradient_unit
 from ._stacklevel import _outside_stacklevel
 from ._stats import entry_variance, intercept_scale, overall_mean

@@ -447,9 +447,10 @@ def test_h5py_dataset_is_streamed_not_loaded(tmp_path, digits, monkeypatch):
 
     monkeypatch.setattr(_data, "block_rows", lambda n_features, n_classes: 256)
     monkeypatch.setattr(_data.H5Source, "_read", recording_read)
-    from mr2_probe import _classifier
+    from mr2_probe import _fit_inputs, _prediction
 
-    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 256)
+    monkeypatch.setattr(_fit_inputs, "block_rows", lambda n_features, n_classes: 256)
+    monkeypatch.setattr(_prediction, "block_rows", lambda n_features, n_classes: 256)
     with h5py.File(path, "r") as f:
         streamed = MR2LinearClassifier(c_bar=1.0, device="cpu").fit(f["features"], y)
         assert max(reads) <= 256 < len(y)
@@ -929,9 +930,10 @@ def _as_kind(X, kind, tmp_path):
 def test_nonfinite_input_gets_numpys_error_on_every_path(
     tmp_path, monkeypatch, value, dtype, kind, method
 ):
-    from mr2_probe import _classifier
+    from mr2_probe import _fit_inputs, _prediction
 
-    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 64)
+    monkeypatch.setattr(_fit_inputs, "block_rows", lambda n_features, n_classes: 64)
+    monkeypatch.setattr(_prediction, "block_rows", lambda n_features, n_classes: 64)
     X, y = _blobs()
     clf = MR2LinearClassifier(device="cpu").fit(X, y)
     bad = X.astype(dtype)
@@ -1618,7 +1620,7 @@ def test_class_weights_need_no_sample_weight_of_scikit_learn(class_weight, monke
     def as_in_1_6(class_weight, *, classes, y):
         return compute_class_weight(class_weight, classes=classes, y=y)
 
-    monkeypatch.setattr("mr2_probe._classifier.compute_class_weight", as_in_1_6)
+    monkeypatch.setattr("mr2_probe._fit_inputs.compute_class_weight", as_in_1_6)
     X, y = load_iris(return_X_y=True)
     weight = np.where(y == 0, 3.0, 1.0)
     model = MR2LinearClassifier(c_bar=None, class_weight=class_weight, device="cpu")
@@ -2951,20 +2953,20 @@ def test_predictions_on_an_hdf5_dataset_are_computed_block_by_block(tmp_path, mo
     # Predictions on an HDF5 dataset are computed block by block, each block handed to
     # decision_values as NumPy: the dataset is read once, and never whole.
     h5py = pytest.importorskip("h5py")
-    from mr2_probe import _classifier
+    from mr2_probe import _prediction
 
     X, y = _blobs(n=200)
     model = MR2LinearClassifier(device="cpu").fit(X, y)
     expected = model.decision_function(X)
     seen = []
-    original = _classifier.decision_values
+    original = _prediction.decision_values
 
     def recording(X, *args, **kwargs):
         seen.append((type(X), X.shape[0]))
         return original(X, *args, **kwargs)
 
-    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 64)
-    monkeypatch.setattr(_classifier, "decision_values", recording)
+    monkeypatch.setattr(_prediction, "block_rows", lambda n_features, n_classes: 64)
+    monkeypatch.setattr(_prediction, "decision_values", recording)
     with h5py.File(tmp_path / "X.h5", "w") as f:
         dataset = f.create_dataset("X", data=X, chunks=(64, 6))
         np.testing.assert_allclose(model.decision_function(dataset), expected, rtol=1e-12)
@@ -3307,7 +3309,7 @@ def test_a_cosine_head_of_one_feature_is_refused(kind):
 def test_predictions_on_an_hdf5_dataset_cover_every_row(tmp_path, monkeypatch, n_rows):
     # Blocks of 2 rows: the last block of 3 rows, and the only block of 1, hold one row.
     h5py = pytest.importorskip("h5py")
-    import mr2_probe._classifier as module
+    import mr2_probe._prediction as module
 
     X, y = _blobs(n_classes=3, n=60)
     model = MR2LinearClassifier(device="cpu").fit(X, y)

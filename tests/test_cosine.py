@@ -1149,11 +1149,11 @@ def test_a_fit_on_the_spheres_read_in_small_blocks_is_the_fit_read_whole(
     # Blocks of 7 rows, the last one short: the products and the gradient take each
     # block's rows at their own place, so the fit is that of the rows read at once. (The
     # spheres run where X is large, read in many blocks; the tests' problems fit in one.)
-    from mr2_probe import _classifier
+    from mr2_probe import _fit_inputs
 
     X, y = _normalised_blobs(n=300)
     whole = _fit(X, y, scale=16.0, tol=1e-8, class_tilt=tilt)
-    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 7)
+    monkeypatch.setattr(_fit_inputs, "block_rows", lambda n_features, n_classes: 7)
     blocks = _fit(X, y, scale=16.0, tol=1e-8, class_tilt=tilt)
     np.testing.assert_allclose(blocks.loss_curve_[-1], whole.loss_curve_[-1], rtol=1e-6)
     np.testing.assert_allclose(blocks.coef_, whole.coef_, rtol=1e-6, atol=1e-8)

@@ -414,10 +414,10 @@ def test_hdf5_folds_with_unsorted_held_out_rows_score_like_memory(tmp_path, monk
     h5py = pytest.importorskip("h5py")
     from sklearn.model_selection import ShuffleSplit
 
-    from mr2_probe import _classifier
+    from mr2_probe import _fit_inputs
 
     if block is not None:
-        monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: block)
+        monkeypatch.setattr(_fit_inputs, "block_rows", lambda n_features, n_classes: block)
 
     X, y = load_digits(return_X_y=True)
     X, y = X[:600] / 16, y[:600]
@@ -437,9 +437,9 @@ def test_hdf5_held_out_rows_are_never_held_whole(tmp_path, monkeypatch):
     # Every fold kept its held-out rows on the device for the whole search: together, the
     # whole store, however large.
     h5py = pytest.importorskip("h5py")
-    from mr2_probe import _classifier, _data
+    from mr2_probe import _data, _fit_inputs
 
-    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 64)
+    monkeypatch.setattr(_fit_inputs, "block_rows", lambda n_features, n_classes: 64)
     shapes = []
     original = _data.to_tensor
 
@@ -621,7 +621,7 @@ def test_hdf5_input_is_read_in_blocks_and_matches_memory(tmp_path, monkeypatch):
         return block
 
     monkeypatch.setattr(h5py.Dataset, "__getitem__", spy)
-    monkeypatch.setattr("mr2_probe._classifier.block_rows", lambda d, k: 64)
+    monkeypatch.setattr("mr2_probe._fit_inputs.block_rows", lambda d, k: 64)
     params = dict(Cs=[0.1, 1.0], cv=3, tol=1e-6, max_iter=1000, device="cpu")
     with h5py.File(tmp_path / "x.h5", "r") as f:
         stored = MR2LinearClassifierCV(**params).fit(f["X"], y)

@@ -136,9 +136,9 @@ def test_row_blocks_of_an_hdf5_store_put_every_row_in_its_place(tmp_path, monkey
     # Blocks of 8 rows, rows asked out of order (one twice), some the first of their
     # block: each comes back once, from its own block, at its position in the request.
     h5py = pytest.importorskip("h5py")
-    from mr2_probe import _classifier
+    from mr2_probe import _fit_inputs
 
-    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 8)
+    monkeypatch.setattr(_fit_inputs, "block_rows", lambda n_features, n_classes: 8)
     X, y = _blobs(n=40)
     rows = np.array([8, 3, 16, 9, 0, 23, 39, 8])
     with h5py.File(tmp_path / "X.h5", "w") as f:
@@ -155,12 +155,12 @@ def test_row_blocks_of_an_hdf5_store_put_every_row_in_its_place(tmp_path, monkey
 def test_a_fit_read_in_small_blocks_is_the_fit_read_whole(monkeypatch, head):
     # Blocks of 7 rows, the last one short: every row is in exactly one block, so the
     # statistics and the loss, and with them the model, are those of the rows read at once.
-    from mr2_probe import _classifier
+    from mr2_probe import _fit_inputs
 
     X, y = _blobs(n=60)
     params = dict(head=head, device="cpu", max_iter=500)
     whole = MR2LinearClassifier(**params).fit(X, y)
-    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 7)
+    monkeypatch.setattr(_fit_inputs, "block_rows", lambda n_features, n_classes: 7)
     blocks = MR2LinearClassifier(**params).fit(X, y)
     np.testing.assert_allclose(blocks.class_stats_["mean"], whole.class_stats_["mean"])
     np.testing.assert_allclose(blocks.coef_, whole.coef_, rtol=1e-3, atol=1e-6)
@@ -196,13 +196,13 @@ def test_a_weighted_fit_of_an_hdf5_store_is_that_of_the_array(tmp_path, monkeypa
     # The store is read in blocks of 16 rows: each block's sample weights are its own
     # rows', as the in-memory fit weighs them.
     h5py = pytest.importorskip("h5py")
-    from mr2_probe import _classifier
+    from mr2_probe import _fit_inputs
 
     X, y = _blobs(n=80)
     weight = np.random.default_rng(0).uniform(0.1, 3.0, size=len(y))
     params = dict(device="cpu", tol=1e-6, max_iter=500)
     in_memory = MR2LinearClassifier(**params).fit(X, y, sample_weight=weight)
-    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 16)
+    monkeypatch.setattr(_fit_inputs, "block_rows", lambda n_features, n_classes: 16)
     with h5py.File(tmp_path / "X.h5", "w") as f:
         stored = f.create_dataset("X", data=X, chunks=(16, X.shape[1]))
         streamed = MR2LinearClassifier(**params).fit(stored, y, sample_weight=weight)

@@ -1236,9 +1236,10 @@ def test_folds_of_an_hdf5_dataset_are_streamed_not_loaded(tmp_path, monkeypatch,
     # and the inner MR2LinearClassifier fitted that copy: only the refit streamed the store.
     h5py = pytest.importorskip("h5py")
     from extract._reading import RowView
-    from mr2_probe import _classifier, _data
+    from mr2_probe import _data, _fit_inputs, _prediction
 
-    monkeypatch.setattr(_classifier, "block_rows", lambda n_features, n_classes: 32)
+    monkeypatch.setattr(_fit_inputs, "block_rows", lambda n_features, n_classes: 32)
+    monkeypatch.setattr(_prediction, "block_rows", lambda n_features, n_classes: 32)
     streamed = []
     original = _data.H5Source.__init__
 
