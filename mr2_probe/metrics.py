@@ -30,7 +30,8 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     y_true, y_pred : array-like of shape (n_samples,)
         True and predicted labels of any type (integers, strings, floats, ...); values
         with a fractional part predicted for integer labels are scores, not labels, and
-        are refused, as scikit-learn refuses continuous predictions.
+        are refused, as scikit-learn refuses continuous predictions (unless ``labels``
+        lists them as classes).
     labels : array-like of shape (n_classes,), default=None
         Classes to score, each once (NaN is no class); samples of other classes are
         ignored.
@@ -81,7 +82,6 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         raise ValueError(
             f"{_mix(kinds)}: y_true holds {y_true.dtype} labels and y_pred {y_pred.dtype} labels."
         )
-    _check_not_scores(y_true, y_pred)
     given = labels is not None  # (np.unique's own classes are each there once)
     # (NumPy's dates held as objects against y's datetime's: "'<' not supported")
     labels = (
@@ -98,6 +98,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
         # (dates held as objects against labels of NumPy's at another unit than days: its
         # integers of nanoseconds failed to sort among them)
         y_true, y_pred = _as_dates(y_true, labels), _as_dates(y_pred, labels)
+    _check_not_scores(y_true, y_pred, labels if given else None)
     weight = _sample_weight(sample_weight, len(y_true))
     if not len(y_true):  # NumPy < 1.25 warns comparing empty arrays of other dtypes
         return np.full(len(labels), np.nan)
@@ -281,16 +282,19 @@ def _listed(a: np.ndarray) -> list:
     return [str(v) for v in a] if a.dtype.kind in "mM" else a.tolist()
 
 
-def _check_not_scores(y_true: np.ndarray, y_pred: np.ndarray) -> None:
+def _check_not_scores(y_true: np.ndarray, y_pred: np.ndarray, labels=None) -> None:
     """Refuse predictions with a fractional part against integer labels: scores
     (predict_proba's column of the positive class, decision_function's), which no class
     equals, so that every class scored 0% without a word where scikit-learn refuses them
-    as continuous. Labels that are floats themselves (0.25) are taken as they are."""
+    as continuous. Labels that are floats themselves (0.25) are taken as they are, and so
+    are predictions among the classes ``labels`` given (a class of no sample in y_true)."""
     if y_pred.dtype.kind != "f" or y_true.dtype.kind not in "biuf":
         return
     with np.errstate(invalid="ignore"):  # (infinities)
         integral = y_true.dtype.kind != "f" or bool(np.all(y_true == np.round(y_true)))
         fractional = y_pred != np.round(y_pred)
+    if labels is not None:
+        fractional &= ~np.isin(y_pred, labels)
     if integral and fractional.any():
         values = np.unique(y_pred[fractional])
         shown = ", ".join(f"{v:g}" for v in values[:3]) + (", ..." if len(values) > 3 else "")

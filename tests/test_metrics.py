@@ -835,6 +835,20 @@ def test_scores_of_one_column_against_integer_labels_are_refused(score, y_true):
     assert worst_class_accuracy([0.5, 1.5], [0.5, 1.5]) == 1.0
 
 
+@pytest.mark.parametrize("score", [per_class_accuracy, class_groups, classwise_summary])
+def test_a_class_with_a_fraction_listed_in_labels_is_no_score(score):
+    # Classes 0, 0.5 and 1, the test split without a sample of 0.5: a prediction of 0.5,
+    # a class that labels= lists, was refused as a score against integer labels.
+    y_true, y_pred = [0.0, 0.0, 1.0, 1.0], np.array([0.0, 0.5, 1.0, 1.0])
+    score(y_true, y_pred, labels=[0.0, 0.5, 1.0])
+    np.testing.assert_array_equal(
+        per_class_accuracy(y_true, y_pred, labels=[0.0, 0.5, 1.0]), [0.5, np.nan, 1.0]
+    )
+    # A score that is no class listed stays refused.
+    with pytest.raises(ValueError, match=r"^y_pred holds values with a fractional part \(0.5\)"):
+        score(y_true, y_pred, labels=[0.0, 1.0])
+
+
 def test_label_kinds_and_shapes_are_checked_before_scoring():
     # Bytes labels (h5py's strings) against text ones scored every class 0.
     with pytest.raises(ValueError, match="Mix of label input types"):
