@@ -91,9 +91,10 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     )
     if labels.ndim != 1 or (len(labels) == 0 and len(y_true)):
         raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
+    if given:  # (before the kinds: a NaN among text labels was "string and number")
+        _check_no_nan("labels", labels)  # (a class of no sample, scored NaN without a word)
     _check_kinds(labels, y_true)  # every class would be scored NaN
     if given:
-        _check_no_nan("labels", labels)  # (a class of no sample, scored NaN without a word)
         _check_distinct(labels)
         # (dates held as objects against labels of NumPy's at another unit than days: its
         # integers of nanoseconds failed to sort among them)
@@ -320,7 +321,9 @@ def _check_no_nan(name: str, a: np.ndarray) -> None:
         # that sorted nowhere, it left the next class NaN.
         # None and pd.NA (a pandas column's missing value) are no class: as the estimators
         # refuse them (counted as a kind of label, they were a mix, "string and None").
-        check_no_missing_labels(a, name, "score")
+        # Among labels= they are refused as such a mix (their kinds are checked next).
+        if name != "labels":
+            check_no_missing_labels(a, name, "score")
         values = set(a.tolist()) if a.dtype == object else set()
         dated = Number | datetime.date | np.datetime64
         nan = {v for v in values if isinstance(v, dated) and v != v}

@@ -78,12 +78,21 @@ def test_per_class_accuracy_is_recall_with_the_conventions_its_docstring_gives()
     assert len(own) == 5 and own[2] == own[4] == 0
 
 
-@pytest.mark.parametrize("labels", [[0.0, 1.0, np.nan], np.array([0, 1, np.nan], dtype=object)])
-def test_nan_among_the_labels_is_refused(labels):
+@pytest.mark.parametrize(
+    "y, labels",
+    [
+        ([0, 1], [0.0, 1.0, np.nan]),
+        ([0, 1], np.array([0, 1, np.nan], dtype=object)),
+        # (a pandas column of text with a missing value: "Mix of label input types
+        # (string and number)", where the user had passed no number)
+        (["a", "b"], np.array(["a", "b", np.nan], dtype=object)),
+    ],
+)
+def test_nan_among_the_labels_is_refused(y, labels):
     # A NaN is no class: it was scored NaN, and class_groups made it a key, "hard".
     for score in (per_class_accuracy, class_groups):
         with pytest.raises(ValueError, match=r"^Input labels contains NaN\.$"):
-            score([0, 1], [0, 1], labels=labels)
+            score(y, y, labels=labels)
 
 
 def test_per_class_accuracy_absent_class_is_nan_and_unknown_samples_ignored():
