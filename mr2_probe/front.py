@@ -710,14 +710,18 @@ def _shape(a) -> tuple | None:
 
 def _label_column(labels, name: str) -> np.ndarray:
     """``labels`` as a 1-D array, a column vector as the labels it holds; several columns
-    (one-hot labels, predict_proba's scores) refused naming ``name``: scikit-learn's
-    column_or_1d says "y should be a 1d array" of y_val and y_test too."""
+    (one-hot labels, predict_proba's scores), a single label or 3 dimensions refused
+    naming ``name``: scikit-learn's column_or_1d says "y should be a 1d array" of y_val
+    and y_test too (3 dimensions: "Found array with dim 3", naming none)."""
     shape = _shape(labels)
-    if shape is not None and len(shape) == 2 and shape[1] != 1:
+    if shape is not None and len(shape) != 1 and shape[1:] != (1,):
+        columns = (
+            "; one column per class (one-hot labels) holds no labels: pass the class of each sample"
+            if len(shape) == 2
+            else ""
+        )
         raise ValueError(
-            f"{name} should be a 1d array, got an array of shape {shape} instead; one "
-            "column per class (one-hot labels) holds no labels: pass the class of each "
-            "sample."
+            f"{name} should be a 1d array, got an array of shape {shape} instead{columns}."
         )
     return column_or_1d(labels)
 

@@ -571,6 +571,9 @@ def test_front_passes_on_the_first_short_fits_own_advice(splits):
         # One-hot labels were "y should be a 1d array", the training labels' name.
         (dict(y_val="one-hot"), r"^y_val should be a 1d array, .*\(375, 10\).*one-hot"),
         (dict(y_test="one-hot"), r"^y_test should be a 1d array, .*\(375, 10\).*one-hot"),
+        # A single label, and 3 dimensions ("Found array with dim 3"), named neither.
+        (dict(y_val="one label"), r"^y_val should be a 1d array, .* of shape \(\) instead\.$"),
+        (dict(y_test="3-d"), r"^y_test should be a 1d array, .* \(375, 1, 1\) instead\.$"),
         (dict(y_test="text"), r"y_test holds labels .*: '0', '1', '10', '100', '101', \.\.\.\. No"),
         # Training labels of a regression target: scikit-learn's error, as the fits give
         # it (y_val's values were named "no class of y"). Mixed labels failed np.unique
@@ -633,6 +636,7 @@ def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeyp
         "shifted": y_val + 1,
         "mixed": np.array([str(v) if i % 2 else v for i, v in enumerate(y_val)], object),
         "one-hot": np.eye(10)[y_val],
+        "one label": y_val[0],
         None: y_val,
     }[kwargs.pop("y_val", None)]
     if isinstance(kwargs.pop("X_val", None), str):
@@ -642,6 +646,8 @@ def test_front_refuses_bad_options_before_any_fit(splits, kwargs, match, monkeyp
         kwargs.update(X_test=X_val, y_test=np.arange(len(y_val)).astype(str))
     if y_test == "one-hot":
         kwargs.update(X_test=X_val, y_test=np.eye(10)[y_val])
+    if y_test == "3-d":
+        kwargs.update(X_test=X_val, y_test=y_val[:, None, None])
     if isinstance(kwargs.get("X_test"), str):
         kwargs.update(X_test=X_val[:, :7], y_test=y_val)
 
