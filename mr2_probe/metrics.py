@@ -289,6 +289,7 @@ def _check_not_scores(y_true: np.ndarray, y_pred: np.ndarray, labels=None) -> No
     equals, so that every class scored 0% without a word where scikit-learn refuses them
     as continuous. Labels that are floats themselves (0.25) are taken as they are, and so
     are predictions among the classes ``labels`` given (a class of no sample in y_true)."""
+    y_true, y_pred = _held_numbers(y_true), _held_numbers(y_pred)
     if y_pred.dtype.kind != "f" or y_true.dtype.kind not in "biuf":
         return
     with np.errstate(invalid="ignore"):  # (infinities)
@@ -306,6 +307,17 @@ def _check_not_scores(y_true: np.ndarray, y_pred: np.ndarray, labels=None) -> No
             "or estimator.classes_[scores.argmax(axis=1)]; scikit-learn refuses such "
             "continuous predictions too."
         )
+
+
+def _held_numbers(a: np.ndarray) -> np.ndarray:
+    """Numbers held as objects (a pandas column of dtype object) as floats, so that scores
+    among them are found as among NumPy's; any other array as it is."""
+    if a.dtype != object or not all(isinstance(v, Number) for v in a.tolist()):
+        return a
+    try:
+        return a.astype(float)
+    except (TypeError, ValueError, OverflowError):  # (complex numbers, say)
+        return a
 
 
 def _check_no_nan(name: str, a: np.ndarray) -> None:

@@ -832,13 +832,17 @@ def test_scores_given_for_labels_are_refused_by_name_with_the_cure():
      classwise_summary],
 )  # fmt: skip
 @pytest.mark.parametrize("y_true", [np.array([0, 0, 1, 1]), np.array([0.0, 0.0, 1.0, 1.0]),
-                                    np.array([False, False, True, True])])  # fmt: skip
+                                    np.array([False, False, True, True]),
+                                    np.array([0, 0, 1, 1], dtype=object)])  # fmt: skip
 def test_scores_of_one_column_against_integer_labels_are_refused(score, y_true):
     # predict_proba's column of the positive class scored every class 0% without a word,
-    # where scikit-learn refuses such continuous predictions.
+    # where scikit-learn refuses such continuous predictions (numbers held as objects, a
+    # pandas column of dtype object's, too: either side).
     proba = np.array([0.1, 0.4, 0.8, 0.7])
-    with pytest.raises(ValueError, match=r"^y_pred holds values with a fractional part \(0.1, "):
-        score(y_true, proba)
+    refused = r"^y_pred holds values with a fractional part \(0.1, "
+    for y_pred in (proba, proba.astype(object)):
+        with pytest.raises(ValueError, match=refused):
+            score(y_true, y_pred)
     # Integers as floats, and labels that are floats themselves, stay labels.
     assert worst_class_accuracy(y_true, (proba > 0.5).astype(float)) == 1.0
     assert worst_class_accuracy([0.5, 1.5], [0.5, 1.5]) == 1.0
