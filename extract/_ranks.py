@@ -178,6 +178,11 @@ class _ShardStep:
         self.ended = True
         # (before the log line: once it is said, the others may stop at any batch)
         told = self._tell(error, meets=True)
+        # Where another rank said it was interrupted, the others go to no exchange: nor
+        # does this one, which waited there for them (a group the caller keeps: its whole
+        # timeout).
+        other = self._told() if told else None
+        alone = other is not None and not other["meets"]
         # Said at once: without the store, the others may meet it only at the end of
         # their shards, hours on.
         logger.error(
@@ -187,17 +192,15 @@ class _ShardStep:
             self.doing,
             type(error).__name__,
             one_line(error),
-            "the other ranks stop after the batch they are at (or where they next meet), and "
-            "it stops with them"
+            f"rank {other['rank']} was interrupted: it stops at once, as the others do"
+            if alone
+            else "the other ranks stop after the batch they are at (or where they next meet), "
+            "and it stops with them"
             if told
             else "it stops where the other ranks next meet (the listings' check, or the end "
             "of their shards)",
         )
-        # Where another rank said it was interrupted, the others go to no exchange: nor
-        # does this one, which waited there for them (a group the caller keeps: its whole
-        # timeout).
-        other = self._told() if told else None
-        if other is not None and not other["meets"]:
+        if alone:
             return
         try:
             # (an error of the exchange itself, the others gone, leaves this rank's own raised)

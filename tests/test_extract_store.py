@@ -3061,14 +3061,18 @@ def test_a_rank_interrupted_in_its_failure_s_exchange_is_not_waited_for(monkeypa
     assert went == [True]  # rank 1's exchange alone
 
 
-def test_a_rank_failing_after_one_interrupted_goes_to_no_exchange(monkeypatch):
+def test_a_rank_failing_after_one_interrupted_goes_to_no_exchange(monkeypatch, caplog):
     # Rank 2 of 3 is interrupted, then rank 1 fails: rank 1 went to its exchange, where
     # neither rank 2 (gone) nor rank 0 (stopped, naming rank 2) came, and waited there (a
-    # group the caller keeps: its whole timeout). It looks first now, and goes nowhere.
+    # group the caller keeps: its whole timeout). It looks first now, and goes nowhere,
+    # and its log line says so (it said it would stop with the others after their batch).
     ranks, store, went = _three_ranks(monkeypatch)
     ranks[2].interrupt(KeyboardInterrupt())
-    ranks[1].fail(RuntimeError("out of memory"), 1)  # (its caller raises the error)
+    with caplog.at_level(logging.ERROR, logger="extract._runner"):
+        ranks[1].fail(RuntimeError("out of memory"), 1)  # (its caller raises the error)
     assert went == []
+    assert "rank 2 was interrupted: it stops at once" in caplog.text
+    assert "stop after the batch" not in caplog.text
     with pytest.raises(StoreError, match="Rank 2 failed .* it was interrupted"):
         ranks[0].stop_if_told()
     assert went == []
