@@ -485,10 +485,10 @@ class H5Source(TensorSource):
 class StoredRows:
     """The rows ``index`` (every row when None) of an HDF5 store as the batched folds read
     X (:class:`~mr2_probe._batched.FoldBatch`): its shape, dtype and device, and any run of
-    those rows, ``X[start:stop]``, read from the file when asked, a block of whole chunks
-    at a time (:meth:`FitData.row_blocks`), never held whole. A run holds the same numbers
-    as the same run of the data in memory, so that the folds' products and sums are the
-    same as there."""
+    those rows, ``X[start:stop]``, read from the file when asked, only the run's rows and
+    at most a block at a time (:meth:`FitData.row_blocks`), never held whole. A run holds
+    the same numbers as the same run of the data in memory, so that the folds' products
+    and sums are the same as there."""
 
     def __init__(self, data: FitData, index: np.ndarray | None = None) -> None:
         n = data.source.n_samples
@@ -576,9 +576,11 @@ class FitData:
     def row_blocks(self, rows: np.ndarray):
         """X's rows ``rows`` a block at a time, on the device: ``(where, x)`` pairs, x the
         wanted rows of one block and ``where`` their positions in ``rows``. An HDF5 dataset
-        is read a block of whole chunks at a time, only the blocks that hold a wanted row,
-        each once (h5py's point selection took 4 times as long for 40,000 random rows of
-        200,000 × 64); in-memory data is one block."""
+        is read a block at a time, only the blocks that hold a wanted row, each once and
+        only from its first wanted row to its last (h5py's point selection took 4 times as
+        long for 40,000 random rows of 200,000 × 64; a run of rows shorter than a block,
+        as :class:`StoredRows` reads them, read its whole block); in-memory data is one
+        block."""
         rows = np.asarray(rows, dtype=np.int64)
         if not isinstance(self.source, H5Source):
             yield np.arange(len(rows)), self.rows(rows)
@@ -587,7 +589,8 @@ class FitData:
         order = np.argsort(rows, kind="stable")
         starts = np.unique(rows // size) * size
         bounds = np.searchsorted(rows[order], [*starts, n])
-        for start, lo, hi in zip(starts, bounds[:-1], bounds[1:], strict=True):  # blocks
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):  # blocks
             where = order[lo:hi]
-            block = np.asarray(read_h5(self.source.dataset, slice(start, min(start + size, n))))
-            yield where, to_tensor(block[rows[where] - start], self.device, self.dtype)
+            first, last = rows[order[lo]], rows[order[hi - 1]]
+            block = np.asarray(read_h5(self.source.dataset, slice(first, last + 1)))
+            yield where, to_tensor(block[rows[where] - first], self.device, self.dtype)

@@ -39,6 +39,32 @@ def test_fit_data_rows_refuses_an_hdf5_store(tmp_path):
         np.testing.assert_allclose(block.numpy(), X[[1, 5, 30]].astype(np.float64))
 
 
+def test_stored_rows_read_a_run_of_rows_not_its_whole_block(tmp_path, monkeypatch):
+    # The batched folds read an HDF5 store in runs of their own block's rows, fewer than the
+    # store's block when the folds' logits are wide: each run read the whole block it falls
+    # in (a store of one block read whole once per run, 8 times over here).
+    h5py = pytest.importorskip("h5py")
+    from mr2_probe import _data
+
+    X, y = _blobs(n=400)
+    spans = []
+
+    def read_h5(dataset, key):
+        spans.append(key.stop - key.start)
+        return dataset[key]
+
+    monkeypatch.setattr(_data, "read_h5", read_h5)
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        data = MR2LinearClassifier(device="cpu")._prepare(f.create_dataset("X", data=X), y, None)
+        assert data.source.rows >= 400  # one block
+        stored = _data.StoredRows(data)
+        runs = [stored[i : i + 50] for i in range(0, 400, 50)]
+        held = list(data.row_blocks(np.array([7, 3, 20])))
+    np.testing.assert_array_equal(torch.cat(runs).numpy(), X.astype(np.float64))
+    np.testing.assert_array_equal(held[0][1].numpy(), X[[3, 7, 20]].astype(np.float64))
+    assert spans == [50] * 8 + [18]
+
+
 @pytest.mark.parametrize("batch_size", [7, 64])
 def test_hdf5_minibatches_are_non_empty_and_hold_every_row_once(tmp_path, batch_size):
     # An HDF5 source's minibatches hold every row once and are never empty (a step on no
