@@ -250,7 +250,11 @@ def read_h5(X, key):
     except (OSError, RuntimeError) as error:
         dataset = getattr(X, "dataset", X)
         if not dataset.id.valid:  # a closed file, not a damaged one
-            raise
+            raise ValueError(
+                "An HDF5 dataset was closed while it was read (h5py: "
+                f"{' '.join(str(error).split())}): keep its file open, inside its with "
+                "block, until the call that reads it returns."
+            ) from error
         external = missing_external_file(dataset)
         if external:  # a file beside it that is not there, not a damaged file
             raise ValueError(

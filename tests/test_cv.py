@@ -529,6 +529,24 @@ def test_groups_of_a_closed_hdf5_file_are_named(tmp_path):
         search.fit(X, y, groups=groups)
 
 
+def test_a_store_closed_during_the_search_is_named(tmp_path):
+    # A scorer that closes the store (a callback, another thread) left the next value's
+    # read with h5py's "Can't synchronously read data (identifier is not of specified
+    # type)", an OSError naming neither the store nor the cure.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs(n=120)
+    f = h5py.File(tmp_path / "x.h5", "w")
+    dataset = f.create_dataset("X", data=X.astype(np.float32))
+
+    def closing(estimator, X_held, y_held):
+        f.close()
+        return 0.5
+
+    search = MR2LinearClassifierCV([0.1, 1.0], cv=3, scoring=closing, device="cpu")
+    with pytest.raises(ValueError, match="HDF5 dataset was closed while it was read"):
+        search.fit(dataset, y)
+
+
 def test_group_splitters_get_their_groups():
     from sklearn.model_selection import GroupKFold
 
