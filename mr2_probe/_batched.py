@@ -32,7 +32,7 @@ import torch
 
 from . import _solvers
 from ._data import block_rows
-from ._device import inverse_row_norms, rows_product, tangent_rows, transposed_product
+from ._device import NORM_ROWS, inverse_row_norms, rows_product, tangent_rows, transposed_product
 from ._fit_errors import FitDivergedError, _overflow_message, _range_suspects, _scale_underflow
 from ._head import open_pair
 from ._path import Step
@@ -766,19 +766,12 @@ def _logits(x, coef, intercept, row_scale):
     return z
 
 
-# row_norms' own blocks: the norms of X read in runs of this many rows are those of X
-# in memory.
-_NORM_ROWS = 8192
-
-
 def _inverse_norms(X) -> torch.Tensor:
     """1/‖x‖ (N,) of X's rows: a tensor's, or those of the rows of an HDF5 store
     (:class:`~mr2_probe._data.StoredRows`), read in runs, never held whole."""
     if isinstance(X, torch.Tensor):
         return inverse_row_norms(X)
-    return torch.cat(
-        [inverse_row_norms(X[i : i + _NORM_ROWS]) for i in range(0, len(X), _NORM_ROWS)]
-    )
+    return torch.cat([inverse_row_norms(X[i : i + NORM_ROWS]) for i in range(0, len(X), NORM_ROWS)])
 
 
 @dataclass

@@ -169,7 +169,12 @@ def inverse_row_norms(x: torch.Tensor) -> torch.Tensor:
     return row_norms(x).clamp_min(1e-12).reciprocal()
 
 
-def row_norms(x: torch.Tensor, rows: int = 8192) -> torch.Tensor:
+# The rows :func:`row_norms` takes at a time: norms of runs of this many rows are those of
+# the whole (the batched folds read an HDF5 store's in such runs).
+NORM_ROWS = 8192
+
+
+def row_norms(x: torch.Tensor, rows: int = NORM_ROWS) -> torch.Tensor:
     """‖x_i‖ (N,) for the rows of x (N, d), also where the squares overflow.
 
     Rows whose plain norm is infinite (float32 entries beyond ~1.8e19) are scaled by their
