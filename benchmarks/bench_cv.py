@@ -10,15 +10,23 @@ CUDA present, MR² also runs on the GPU, both ways. ``--json PATH`` writes the r
     python benchmarks/bench_cv.py --n-samples 5000 --n-classes 20    # quick look
     python benchmarks/bench_cv.py --skip lrcv --skip grid            # MR² alone, both ways
     python benchmarks/bench_cv.py --skip lrcv --skip grid --skip cpu # the GPU rows alone
+    python benchmarks/bench_cv.py --skip lrcv --skip grid --hdf5 runs/cv_X.h5  # and from HDF5
+
+``--hdf5 PATH`` writes the training rows to a new HDF5 file at PATH (removed at the end) and
+adds a row for the estimator's own search on that dataset, read from the file as the search
+goes (from the page cache, once written): its peer is the row above it, the same numbers in
+memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 
+import h5py
 import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
@@ -40,6 +48,38 @@ from bench_fit import (  # noqa: E402
 )
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV  # noqa: E402
+
+# The row of the search on the training rows stored in HDF5 (``--hdf5``).
+_FROM_HDF5 = "MR2LinearClassifierCV cpu, HDF5 store"
+
+
+@contextlib.contextmanager
+def _stored(path: Path | None, X: np.ndarray):
+    """The rows ``X`` as a dataset of a new HDF5 file at ``path``, open for reading (None
+    where ``path`` is None); the file removed at the end."""
+    if path is None:
+        yield None
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with h5py.File(path, "w-") as f:
+            f.create_dataset("X", data=X, chunks=True)
+        with h5py.File(path, "r") as f:
+            yield f["X"]
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _timed_row(name: str, model, X, y, X_test, y_test) -> dict:
+    """A search's row: its fit time on ``X``, the C it chose, its test accuracy."""
+    seconds = timed_fit(model, X, y)
+    C = getattr(model, "best_params_", {}).get("C", getattr(model, "C_", None))
+    return {
+        "model": name,
+        "seconds": seconds,
+        "C": float(np.ravel(C)[0]),
+        "test_accuracy": float(model.score(X_test, y_test)),
+    }
 
 
 class FoldByFold(MR2LinearClassifierCV):
@@ -71,8 +111,19 @@ def main(argv=None):
         help="leave a peer out (speed-ups are then against the first row)",
     )
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    parser.add_argument(
+        "--hdf5",
+        type=Path,
+        help="also search the training rows as an HDF5 dataset, written to this new file "
+        "(removed at the end)",
+    )
     args = parser.parse_args(argv)
     check_output(parser, "--json", args.json)  # (an OSError after the run)
+    check_output(parser, "--hdf5", args.hdf5)
+    if args.hdf5 is not None and args.hdf5.exists():  # (a scratch file: never overwritten)
+        parser.error(f"--hdf5 takes a new file to write, got the existing {args.hdf5}")
+    if args.hdf5 is not None and "cpu" in args.skip:
+        parser.error("--hdf5 adds a row to the CPU rows, which --skip cpu leaves out")
     check_feature_arguments(parser, args)
     check_values(parser, args, SEED, "--seed")
     check_values(parser, args, AT_LEAST_1, "--max-iter")  # (0: searches of no iteration, timed)
@@ -112,10 +163,14 @@ def main(argv=None):
         # The estimator's own choice first, then the other way of solving the folds.
         batched = args.folds * args.n_classes <= MR2LinearClassifierCV._BATCH_MAX_COLUMNS_CPU
         ways = [("batched", Batched), ("fold by fold", FoldByFold)]
-        for way, cls in ways if batched else ways[::-1]:
+        for i, (way, cls) in enumerate(ways if batched else ways[::-1]):
             models[f"MR2LinearClassifierCV cpu, {way}"] = cls(
                 Cs, cv=folds, c_bar=None, device="cpu", **common
             )
+            if i == 0 and args.hdf5 is not None:  # the same choice, the rows in the file
+                models[_FROM_HDF5] = MR2LinearClassifierCV(
+                    Cs, cv=folds, c_bar=None, device="cpu", **common
+                )
     if "grid" not in args.skip:
         models["GridSearchCV(LogisticRegression)"] = GridSearchCV(
             LogisticRegression(**common), {"C": Cs}, cv=folds, n_jobs=-1
@@ -139,17 +194,10 @@ def main(argv=None):
     if torch.cuda.is_available():  # the CUDA context, cuBLAS handles and lazy kernels
         timed_fit(MR2LinearClassifierCV([1.0], cv=2, device="cuda"), X[:500], y[:500])
     rows = []
-    for name, model in models.items():
-        seconds = timed_fit(model, X, y)
-        C = getattr(model, "best_params_", {}).get("C", getattr(model, "C_", None))
-        rows.append(
-            {
-                "model": name,
-                "seconds": seconds,
-                "C": float(np.ravel(C)[0]),
-                "test_accuracy": float(model.score(X_test, y_test)),
-            }
-        )
+    with _stored(args.hdf5, X) as stored:
+        for name, model in models.items():
+            rows.append(_timed_row(name, model, stored if name == _FROM_HDF5 else X, y,
+                                   X_test, y_test))  # fmt: skip
     base = rows[0]["seconds"]
     print(
         f"{args.n_samples} × {args.n_features}, {args.n_classes} classes, "

@@ -37,3 +37,29 @@ def test_json_goes_into_a_folder_it_makes(tmp_path, capsys):
         "MR2LinearClassifierCV cpu, batched",
         "MR2LinearClassifierCV cpu, fold by fold",
     ]
+
+
+def test_hdf5_searches_the_same_rows_from_a_file_it_removes(tmp_path, capsys):
+    """--hdf5 adds the estimator's search on the training rows stored in a new HDF5 file,
+    beside the same search in memory: the same C and test accuracy; the file is removed,
+    and an existing file is never overwritten."""
+    module = load_benchmark("bench_cv")
+    store = tmp_path / "runs" / "X.h5"
+    argv = ["--n-samples", "300", "--n-features", "8", "--n-classes", "3", "--n-Cs", "3",
+            "--folds", "2", "--max-iter", "30", "--skip", "grid", "--skip", "lrcv",
+            "--hdf5", str(store), "--json", str(tmp_path / "cv.json")]  # fmt: skip
+    module.main(argv)
+    rows = json.loads((tmp_path / "cv.json").read_text())["rows"]
+    assert [row["model"] for row in rows] == [
+        "MR2LinearClassifierCV cpu, batched",
+        "MR2LinearClassifierCV cpu, HDF5 store",
+        "MR2LinearClassifierCV cpu, fold by fold",
+    ]
+    assert rows[1]["C"] == rows[0]["C"]
+    assert rows[1]["test_accuracy"] == rows[0]["test_accuracy"]
+    assert not store.exists()
+    store.write_bytes(b"keep")
+    with pytest.raises(SystemExit):
+        module.main(argv)
+    assert "--hdf5 takes a new file" in capsys.readouterr().err
+    assert store.read_bytes() == b"keep"
