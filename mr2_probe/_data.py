@@ -240,6 +240,14 @@ def check_h5_open(**arrays) -> None:
             )
 
 
+def _closed_while_read(error: Exception) -> str:
+    """The message of a dataset whose file was closed while it was read (h5py's ``error``)."""
+    return (
+        f"An HDF5 dataset was closed while it was read (h5py: {' '.join(str(error).split())}): "
+        "keep its file open, inside its with block, until the call that reads it returns."
+    )
+
+
 def read_h5(X, key):
     """``X[key]`` of an HDF5 dataset (or a row view of one); h5py's error reading a damaged
     file (a chunk index or a compressed chunk that cannot be read) a ValueError naming the
@@ -247,14 +255,14 @@ def read_h5(X, key):
     """
     try:
         return X[key]
+    except ValueError as error:  # (h5py before 3.9: a closed file's "Invalid dataset identifier")
+        if getattr(X, "dataset", X).id.valid:
+            raise  # (a key h5py refuses)
+        raise ValueError(_closed_while_read(error)) from error
     except (OSError, RuntimeError) as error:
         dataset = getattr(X, "dataset", X)
         if not dataset.id.valid:  # a closed file, not a damaged one
-            raise ValueError(
-                "An HDF5 dataset was closed while it was read (h5py: "
-                f"{' '.join(str(error).split())}): keep its file open, inside its with "
-                "block, until the call that reads it returns."
-            ) from error
+            raise ValueError(_closed_while_read(error)) from error
         external = missing_external_file(dataset)
         if external:  # a file beside it that is not there, not a damaged file
             raise ValueError(
