@@ -67,6 +67,14 @@ def is_na(value) -> bool:
     return type(value).__name__ == "NAType" and type(value).__module__.startswith("pandas")
 
 
+def labels_not_1d(name: str, shape: tuple, columns: str) -> ValueError:
+    """The error for labels ``name`` of ``shape`` that are not one column (a single label,
+    3 dimensions or more, a table), in scikit-learn's words but naming the argument;
+    ``columns`` says what a table of them holds and what to pass instead."""
+    table = f"; {columns}" if len(shape) == 2 else ""
+    return ValueError(f"{name} should be a 1d array, got an array of shape {shape} instead{table}.")
+
+
 def check_no_missing_labels(y, name: str = "y", purpose: str = "fit") -> None:
     """Refuse labels ``y`` that hold a missing value, None or pandas' pd.NA (the missing
     value of a column of dtype "string" or "Int64"), which is no class: scikit-learn's

@@ -30,7 +30,7 @@ from sklearn.utils._param_validation import StrOptions, validate_parameter_const
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _num_samples, column_or_1d
 
-from ._data import check_h5_open, check_no_missing_labels, numpy_if_tensor, plain
+from ._data import check_h5_open, check_no_missing_labels, labels_not_1d, numpy_if_tensor, plain
 from ._offset_search import tune_class_offsets
 from ._offsets import TunedOffsetsClassifierCV, check_training_folds, offsets_splits
 from .metrics import (
@@ -715,14 +715,10 @@ def _label_column(labels, name: str) -> np.ndarray:
     and y_test too (3 dimensions: "Found array with dim 3", naming none)."""
     shape = _shape(labels)
     if shape is not None and len(shape) != 1 and shape[1:] != (1,):
-        columns = (
-            "; one column per class (one-hot labels) holds no labels: pass the class of each sample"
-            if len(shape) == 2
-            else ""
-        )
-        raise ValueError(
-            f"{name} should be a 1d array, got an array of shape {shape} instead{columns}."
-        )
+        raise labels_not_1d(
+            name, shape, "one column per class (one-hot labels) holds no labels: pass the "
+            "class of each sample"
+        )  # fmt: skip
     return column_or_1d(labels)
 
 

@@ -17,7 +17,14 @@ import scipy.sparse as sp
 from sklearn.metrics import get_scorer, make_scorer
 from sklearn.utils import column_or_1d
 
-from ._data import check_no_missing_labels, is_na, numpy_if_tensor, plain, summable
+from ._data import (
+    check_no_missing_labels,
+    is_na,
+    labels_not_1d,
+    numpy_if_tensor,
+    plain,
+    summable,
+)
 
 GROUP_NAMES = ("easy", "medium", "hard")
 
@@ -363,14 +370,11 @@ def _labels(y, name: str) -> np.ndarray:
         # (a table of scores, predict_proba's, was "y should be a 1d array" in
         # scikit-learn's words, which named neither argument: a report's "cannot be
         # scored against y: y should be ..." sent its user to the true labels)
-        scores = (
-            "; one column per class (predict_proba's scores, or one-hot labels) holds no "
-            "labels: pass them, e.g. estimator.classes_[scores.argmax(axis=1)]"
-            if y.ndim == 2
-            else ""
-        )
-        raise ValueError(
-            f"{name} should be a 1d array, got an array of shape {y.shape} instead{scores}."
+        raise labels_not_1d(
+            name,
+            y.shape,
+            "one column per class (predict_proba's scores, or one-hot labels) holds no "
+            "labels: pass them, e.g. estimator.classes_[scores.argmax(axis=1)]",
         )
     return _numpy_held(y)
 
