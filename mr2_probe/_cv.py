@@ -39,6 +39,7 @@ from ._data import (
     StoredRows,
     check_h5_open,
     cv_folds,
+    empty_fold,
     is_torch_tensor,
     numpy_if_tensor,
     routing_enabled,
@@ -396,10 +397,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                 for f, fold in enumerate(folds):
                     rows = fold[part == "held-out"]
                     if not len(rows):
-                        raise ValueError(
-                            f"Fold {f} of the cv has no {part} rows; pass folds whose two "
-                            "parts each hold samples."
-                        )
+                        raise empty_fold(f, part)
                     if weight is not None and not weight[rows].sum() > 0:
                         raise ValueError(
                             f"The {part} rows of fold {f} have no sample weight: {why} on "

@@ -130,6 +130,13 @@ def whole_or_unchanged(estimator):
         raise
 
 
+def empty_fold(n: int, part: str) -> ValueError:
+    """The error for fold ``n`` of a cv whose ``part`` ('training', 'held-out') is empty."""
+    return ValueError(
+        f"Fold {n} of the cv has no {part} rows; pass folds whose two parts each hold samples."
+    )
+
+
 def cv_folds(cv, X, y, **split_params) -> list[tuple[np.ndarray, np.ndarray]]:
     """The (train, test) parts of ``cv.split(X, y, **split_params)`` as integer index
     arrays: a boolean mask (which scikit-learn's searches take too, indexing X[train]; one

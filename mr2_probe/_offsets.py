@@ -38,6 +38,7 @@ from ._data import (
     check_h5_open,
     check_no_missing_labels,
     cv_folds,
+    empty_fold,
     is_h5_dataset,
     is_torch_tensor,
     numpy_if_tensor,
@@ -129,10 +130,7 @@ def check_training_folds(
     shown = classes if names is None else np.asarray(names, dtype=object)
     for n, (train, test) in enumerate(splits):
         if not len(test):  # (the estimator refused it after a fit, as X of 0 samples)
-            raise ValueError(
-                f"Fold {n} of the cv has no held-out rows; pass folds whose two parts each "
-                "hold samples."
-            )
+            raise empty_fold(n, "held-out")
         missing = np.flatnonzero(np.bincount(y_index[train], minlength=len(classes)) == 0)
         if len(missing):
             # (names given as a list of NumPy's strings stay theirs in an object array:
