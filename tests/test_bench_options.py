@@ -304,6 +304,12 @@ SMALL_QUALITY = ["--classes", "2", "--kinds", "spread", "--seeds", "0"]
         ("bench_minibatch", ["--no-steps", "--seeds", "0", "--C", "0"], "--C must be positive"),
         ("bench_minibatch", ["--no-steps", "--seeds", "-1"], "--seeds must be between 0 and 2**32"),
         ("bench_minibatch", ["--seeds", "0", "--dims", "0"], "--dims must be at least 1; got [0]"),
+        # a table of inf times; classwise_report's error on no class; a row twice; a
+        # FileExistsError.
+        ("bench_plots", ["--repeats", "0"], "--repeats must be at least 1; got 0"),
+        ("bench_plots", ["--classes", "0"], "--classes must be at least 1 each; got [0]"),
+        ("bench_plots", ["--classes", "5", "5"], "--classes takes each count once; got [5, 5]"),
+        ("bench_plots", ["--keep", __file__], "--keep takes a folder, got the file"),
     ],
 )  # fmt: skip
 def test_a_bad_option_value_is_one_line(script, argv, message, capsys):
