@@ -68,6 +68,19 @@ def _inner_has(attr: str):
 
 def _decision(estimator, X, classes: np.ndarray) -> np.ndarray:
     """The inner estimator's decision values as a float64 (n_samples, n_classes) array."""
+    return _decision_and_dtype(estimator, X, classes)[0]
+
+
+def _returned_dtype(values: np.ndarray) -> np.dtype:
+    """The dtype in which to return values computed from the estimator's ``values``:
+    float32 where they are float32 (a model fitted on float32 features, as scikit-learn's
+    linear models keep it), float64 otherwise (integer, half or double values)."""
+    return np.dtype(np.float32 if values.dtype == np.float32 else np.float64)
+
+
+def _decision_and_dtype(estimator, X, classes: np.ndarray) -> tuple[np.ndarray, np.dtype]:
+    """:func:`_decision`, and the dtype in which the estimator gave them
+    (:func:`_returned_dtype`)."""
     # (the fitted one's: a search's best estimator, which its parameter space chose)
     _check_decides(estimator)
     _check_per_class_decision(estimator, len(classes))
@@ -87,6 +100,7 @@ def _decision(estimator, X, classes: np.ndarray) -> np.ndarray:
         )
     decision = estimator.decision_function(X)
     decision = np.asarray(numpy_if_tensor(decision, "decision_function's output"))
+    dtype = _returned_dtype(decision)
     decision = decision.astype(np.float64)
     if decision.ndim == 1 and len(classes) == 2:
         decision = np.column_stack([np.zeros_like(decision), decision])
@@ -95,7 +109,7 @@ def _decision(estimator, X, classes: np.ndarray) -> np.ndarray:
             f"The estimator's decision_function returned shape {decision.shape}, expected "
             f"(n_samples, {len(classes)}): one column per class (e.g. not SVC's 'ovo')."
         )
-    return decision
+    return decision, dtype
 
 
 FOLDS_ADVICE = (
@@ -684,10 +698,12 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
             self.estimator_ = folds[0][1]
         return decision, y_index[index], index
 
-    def _offset_decision(self, X) -> np.ndarray:
-        """Decision values with the offsets, shape (n_samples, n_classes)."""
+    def _offset_decision(self, X) -> tuple[np.ndarray, np.dtype]:
+        """Decision values with the offsets, shape (n_samples, n_classes), in float64 as
+        the offsets were tuned on them, and the dtype of the estimator's own."""
         check_is_fitted(self, "offsets_")
-        return _decision(self.estimator_, X, self.classes_) + self.offsets_
+        decision, dtype = _decision_and_dtype(self.estimator_, X, self.classes_)
+        return decision + self.offsets_, dtype
 
     def decision_function(self, X):
         """Decision values of the estimator plus the offsets.
@@ -699,13 +715,21 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         Returns
         -------
         decision : ndarray of shape (n_samples, n_classes), or (n_samples,) for two
-            classes (z1 − z0, positive for ``classes_[1]``).
+            classes (z1 − z0, positive for ``classes_[1]``). Of the estimator's dtype
+            where it is float32 (a model fitted on float32 features), else float64:
+            added in float64 and rounded once (see :meth:`predict`).
         """
-        decision = self._offset_decision(X)
-        return decision[:, 1] - decision[:, 0] if decision.shape[1] == 2 else decision
+        decision, dtype = self._offset_decision(X)
+        decision = decision[:, 1] - decision[:, 0] if decision.shape[1] == 2 else decision
+        return decision.astype(dtype, copy=False)
 
     def predict(self, X):
         """Class of the largest decision value plus offset.
+
+        Computed in float64, as the offsets were tuned: the estimator's decision values
+        (exact in float64) plus the offsets, whose argmax ``best_score_`` scored on the
+        held-out data. (The float32 values that :meth:`decision_function` returns for a
+        float32 model are that sum rounded, which can tie two classes that it orders.)
 
         Parameters
         ----------
@@ -715,7 +739,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         -------
         y_pred : ndarray of shape (n_samples,)
         """
-        decision = self._offset_decision(X)
+        decision, _ = self._offset_decision(X)
         return self.classes_[decision.argmax(1)]
 
     def score(self, X, y, sample_weight=None):
@@ -739,8 +763,11 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         Returns
         -------
         proba : ndarray of shape (n_samples, n_classes)
+            Of the dtype of the estimator's probabilities where it is float32, else
+            float64 (computed in float64 either way).
         """
-        return softmax(self._log_proba(X), axis=1)
+        log_proba, dtype = self._log_proba(X)
+        return softmax(log_proba, axis=1).astype(dtype, copy=False)
 
     @available_if(_inner_has("predict_proba"))
     def predict_log_proba(self, X):
@@ -753,21 +780,26 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
         Returns
         -------
         log_proba : ndarray of shape (n_samples, n_classes)
+            Of :meth:`predict_proba`'s dtype.
         """
-        return log_softmax(self._log_proba(X), axis=1)
+        log_proba, dtype = self._log_proba(X)
+        return log_softmax(log_proba, axis=1).astype(dtype, copy=False)
 
-    def _log_proba(self, X) -> np.ndarray:
+    def _log_proba(self, X) -> tuple[np.ndarray, np.dtype]:
         """Unnormalised log-probabilities with the offsets, row by row: the decision values
         plus the offsets through the estimator's link where its probabilities show it to
         be softmax's or normalised one-vs-rest sigmoids', else its log-probabilities plus
         the offsets. (Row by row, so that a row's probabilities do not depend on the others
-        given with it.)"""
+        given with it.) In float64, and the dtype of the estimator's probabilities
+        (:func:`_returned_dtype`)."""
         check_is_fitted(self, "offsets_")
         # (Before scikit-learn 1.7 a one-vs-rest row whose sigmoids all underflow is 0 / 0,
         # NaN with a RuntimeWarning: such a row is read below, its probabilities finite.)
         with np.errstate(invalid="ignore"):
             proba = self.estimator_.predict_proba(X)
-        proba = np.asarray(numpy_if_tensor(proba, "predict_proba's output"), np.float64)
+        proba = np.asarray(numpy_if_tensor(proba, "predict_proba's output"))
+        dtype = _returned_dtype(proba)
+        proba = proba.astype(np.float64)
         z = _decision(self.estimator_, X, self.classes_)
         out = np.empty_like(z)
         # (float32 probabilities, or a decision function rounded apart from them, agree
@@ -804,7 +836,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
                 with np.errstate(divide="ignore"):
                     log_proba = np.log(proba)
             out[other] = log_proba[other] + self.offsets_
-        return out
+        return out, dtype
 
     def __sklearn_tags__(self):
         # The estimator's inputs, as scikit-learn's meta-estimators take them: a selector

@@ -802,6 +802,40 @@ def test_binary_problem_and_string_labels():
     assert clf.best_score_ > clf.base_score_
 
 
+@pytest.mark.parametrize("sizes", [(120, 60, 30, 15), (80, 20)], ids=["4 classes", "binary"])
+@pytest.mark.parametrize(
+    "make_estimator",
+    [lambda: LogisticRegression(), lambda: MR2LinearClassifier(device="cpu")],
+    ids=["LogisticRegression", "MR2LinearClassifier"],
+)
+def test_a_float32_model_s_values_stay_float32_and_predict_is_the_tuning_s(make_estimator, sizes):
+    # A model fitted on float32 features gives float32 decision values (as scikit-learn's
+    # linear models); with the offsets they came back as float64.
+    X, y = _imbalanced(seed=7, sizes=sizes)
+    X = X.astype(np.float32)
+    clf = TunedOffsetsClassifierCV(make_estimator(), cv=3).fit(X, y)
+    assert np.any(clf.offsets_ != 0)
+    z = clf.estimator_.decision_function(X)
+    assert z.dtype == np.float32
+    z = z.astype(np.float64)
+    z = np.column_stack([np.zeros_like(z), z]) if z.ndim == 1 else z
+    tuned = z + clf.offsets_  # the tuning's arithmetic: float64 values and offsets
+    decision = clf.decision_function(X)
+    assert decision.dtype == np.float32
+    expected = tuned[:, 1] - tuned[:, 0] if len(sizes) == 2 else tuned
+    np.testing.assert_array_equal(decision, expected.astype(np.float32))  # rounded once
+    np.testing.assert_array_equal(clf.predict(X), clf.classes_[tuned.argmax(1)])
+    own = clf.estimator_.predict_proba(X).dtype  # (float32 for scikit-learn's, an MR²'s 64)
+    assert clf.predict_proba(X).dtype == own and clf.predict_log_proba(X).dtype == own
+    # Tuned on the very rows it predicts (cv="prefit"), predict scores what the search did.
+    prefit = TunedOffsetsClassifierCV(clf.estimator_, cv="prefit").fit(X, y)
+    assert worst_class_accuracy(y, prefit.predict(X)) == prefit.best_score_
+    # A float64 model's stay float64, float32 rows or not.
+    clf = TunedOffsetsClassifierCV(make_estimator(), cv=3).fit(X.astype(np.float64), y)
+    assert clf.decision_function(X).dtype == np.float64
+    assert clf.predict_proba(X).dtype == np.float64
+
+
 def test_predict_proba_uses_the_offsets_as_a_class_prior():
     X, y = _imbalanced(seed=8)
     clf = TunedOffsetsClassifierCV(LogisticRegression()).fit(X, y)
