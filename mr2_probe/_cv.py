@@ -38,6 +38,7 @@ from ._data import (
     H5Source,
     StoredRows,
     check_h5_open,
+    check_no_missing_labels,
     cv_folds,
     empty_fold,
     is_torch_tensor,
@@ -506,6 +507,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
         # (a scoring was told the classes_ of a fit that never ran: an AttributeError)
         check_is_fitted(self)
         check_h5_open(X=X, y=y, sample_weight=sample_weight)
+        check_no_missing_labels(y, "y", "score")  # (a list's NaN among text: the class 'nan')
         kwargs = {} if sample_weight is None else {"sample_weight": sample_weight}
         if routing_enabled() and (sample_weight is not None or params):
             given = {**kwargs, **params}

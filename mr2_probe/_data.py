@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from decimal import Decimal
+from numbers import Number
 
 import numpy as np
 import torch
@@ -75,17 +78,40 @@ def labels_not_1d(name: str, shape: tuple, columns: str) -> ValueError:
     return ValueError(f"{name} should be a 1d array, got an array of shape {shape} instead{table}.")
 
 
-def check_no_missing_labels(y, name: str = "y", purpose: str = "fit") -> None:
-    """Refuse labels ``y`` that hold a missing value, None or pandas' pd.NA (the missing
-    value of a column of dtype "string" or "Int64"), which is no class: scikit-learn's
-    checks failed on them with "boolean value of NA is ambiguous", or sorting the classes
-    with "'<' not supported between instances of 'NoneType' and 'str'". NaN is left to
-    their "Input y contains NaN"; no y, a single value, unhashable or ragged labels to
-    their checks too."""
-    if y is None:
+def missing_label(value) -> str | None:
+    """How a message names ``value`` where it is a missing label, else None: None, pd.NA,
+    NaN (a float's, NumPy's, Decimal's) or NaT (a date's or a duration's, pandas' too)."""
+    if value is None:
+        return "None"
+    if is_na(value):
+        return "pd.NA"
+    if isinstance(value, datetime.date | datetime.timedelta | np.datetime64 | np.timedelta64):
+        return "NaT" if value != value else None  # (NumPy's durations are Numbers too)
+    if isinstance(value, Decimal):  # (a signalling NaN refuses to be compared)
+        return "NaN" if value.is_nan() else None
+    return "NaN" if isinstance(value, Number) and value != value else None
+
+
+def check_no_missing_labels(
+    y, name: str = "y", purpose: str = "fit", cure: str | None = None
+) -> None:
+    """Refuse labels ``y`` that hold a missing value among objects: None, pandas' pd.NA
+    (the missing value of a column of dtype "string" or "Int64"), or a NaN or NaT among
+    other labels (a list's float("nan") among text, a pandas column's NaN), which is no
+    class. Checked on the labels as given: NumPy reads a list of text and NaN as the text
+    'nan', a class; scikit-learn's checks failed on pd.NA with "boolean value of NA is
+    ambiguous", on None with "'<' not supported between instances of 'NoneType' and
+    'str'", and named no argument for NaN ("Input contains NaN"). The message names
+    ``name``, the count and the position of the first; ``cure`` says what to do instead
+    of leaving those samples out (for a list of classes, say). NaN among numbers (of a
+    float dtype) is left to their "Input y contains NaN"; no y, a tensor (numbers), a
+    single value, unhashable or ragged labels to their checks too."""
+    if y is None or is_torch_tensor(y) or is_h5_dataset(y):  # (numbers, or text: no None)
         return
     try:
         a = np.asarray(y)
+        if a.dtype.kind in "US" and isinstance(y, list | tuple):
+            a = np.asarray(y, dtype=object)  # as given: ["cat", nan] was ['cat', 'nan']
     except (TypeError, ValueError):
         return
     if a.dtype != object or not a.ndim or not a.size:
@@ -94,19 +120,23 @@ def check_no_missing_labels(y, name: str = "y", purpose: str = "fit") -> None:
         values = set(a.ravel().tolist())
     except TypeError:
         return
-    missing = {v for v in values if v is None or is_na(v)}
+    missing = {v: what for v in values if (what := missing_label(v))}
     if not missing:
         return
-    what = " and ".join(sorted("pd.NA" if is_na(v) else "None" for v in missing))
-    if missing == values:
+    what = " and ".join(sorted(set(missing.values())))
+    if len(missing) == len(values):
         raise ValueError(
             f"Input {name} holds only missing labels ({what}): there is no class to {purpose}."
         )
-    n = sum(v is None or is_na(v) for v in a.ravel().tolist())  # (only where some are)
+    # (a pass over the labels only where some are missing)
+    flags = [missing_label(v) is not None for v in a.ravel().tolist()]
+    n, first = sum(flags), flags.index(True)
+    where = first if a.ndim == 1 else tuple(int(i) for i in np.unravel_index(first, a.shape))
+    where = f"at position {where}" if n == 1 else f"the first at position {where}"
+    cure = cure or "leave those samples out (a pandas column's y.notna()) or label them"
     raise ValueError(
         f"Input {name} holds {n} missing label{'s' if n > 1 else ''} ({what}) among its "
-        f"{a.size}, which {'are' if n > 1 else 'is'} no class: leave those samples out "
-        "(a pandas column's y.notna()) or label them."
+        f"{a.size}, {where}, which {'are' if n > 1 else 'is'} no class: {cure}."
     )
 
 

@@ -166,7 +166,9 @@ class _FitInputsMixin:
         else:
             dtype = _check_dtypes(X)
             y = numpy_if_tensor(y, "y")  # (on a GPU, or requiring grad)
-            check_no_missing_labels(y)  # (scikit-learn's check: "boolean value of NA ...")
+            # (as given, before NumPy reads a list's NaN among text as the class 'nan';
+            # scikit-learn's check failed on pd.NA: "boolean value of NA is ambiguous")
+            check_no_missing_labels(y)
             X, y = validate_data(self, _floating(X), y, dtype=dtype, order="C")
         if self.head == "cosine" and X.shape[1] == 1:
             # Every direction of one feature is ±1: the cosine is the sample's sign, and

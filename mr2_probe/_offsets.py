@@ -745,6 +745,7 @@ class TunedOffsetsClassifierCV(ClassifierMixin, MetaEstimatorMixin, BaseEstimato
     def score(self, X, y, sample_weight=None):
         """Mean accuracy of :meth:`predict` on ``(X, y)``, as ClassifierMixin's."""
         check_h5_open(X=X, y=y, sample_weight=sample_weight)  # h5py's words otherwise
+        check_no_missing_labels(y, "y", "score")  # (a list's NaN among text: the class 'nan')
         # (tensors NumPy cannot read, on a GPU or requiring grad, as an MR² probe's score)
         y = numpy_if_tensor(y, "y")
         # (weights near the largest float summed to inf in accuracy_score: NaN)

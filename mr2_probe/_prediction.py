@@ -14,6 +14,7 @@ from ._data import (
     check_dense_tensor,
     check_finite_tensor,
     check_h5_open,
+    check_no_missing_labels,
     h5_dtype,
     is_h5_dataset,
     is_torch_tensor,
@@ -122,6 +123,7 @@ class _PredictMixin:
     def score(self, X, y, sample_weight=None):
         """Mean accuracy of :meth:`predict` on ``(X, y)``; y may be a torch tensor."""
         check_h5_open(X=X, y=y, sample_weight=sample_weight)
+        check_no_missing_labels(y, "y", "score")  # (a list's NaN among text: the class 'nan')
         y = numpy_if_tensor(y, "y")
         sample_weight = summable_weights(numpy_if_tensor(sample_weight, "sample_weight"))
         return super().score(X, y, sample_weight=sample_weight)

@@ -611,18 +611,15 @@ def _check_known_labels(y, scored: dict) -> None:
     # Training labels that are no classes (continuous, or of mixed types) get scikit-learn's
     # error, as the fits would give it, before np.unique sorts them; its warning on many
     # classes is the fits' to give.
-    # NaN among object labels (a pandas column's missing value) is no class: sorting it
-    # with the others raised "'<' not supported between instances of 'float' and 'str'".
+    # A missing label (None, pd.NA, NaN among objects: a pandas column's) is no class, as
+    # the estimators refuse it: sorting NaN with the others raised "'<' not supported
+    # between instances of 'float' and 'str'", and pd.NA failed a check of NaN ("boolean
+    # value of NA is ambiguous"). Checked as given: NumPy reads a list's float("nan") among
+    # text as the class 'nan'.
     for name, labels in {"y": y, **scored}.items():
-        labels = None if labels is None else _label_column(labels, name)
-        # (None and pd.NA, a pandas "string" column's, as the estimators refuse them: pd.NA
-        # failed the NaN check below, "boolean value of NA is ambiguous")
         check_no_missing_labels(labels, name, "fit" if name == "y" else "score")
-        if labels is not None and labels.dtype == object and (labels != labels).any():
-            raise ValueError(
-                f"{name} holds NaN, a missing label, which is no class: leave those samples "
-                "out or label them."
-            )
+        if labels is not None:
+            _label_column(labels, name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         check_classification_targets(y)

@@ -20,6 +20,7 @@ from sklearn.utils import column_or_1d
 from ._data import (
     check_no_missing_labels,
     is_na,
+    is_torch_tensor,
     labels_not_1d,
     numpy_if_tensor,
     plain,
@@ -92,7 +93,7 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     given = labels is not None  # (np.unique's own classes are each there once)
     # (NumPy's dates held as objects against y's datetime's: "'<' not supported")
     labels = (
-        _as_dates(_numpy_held(_array(labels, name="labels")), y_true)
+        _as_dates(_numpy_held(_label_array(labels, "labels", classes=True)), y_true)
         if given
         else np.unique(y_true)
     )
@@ -329,26 +330,17 @@ def _held_numbers(a: np.ndarray) -> np.ndarray:
 
 def _check_no_nan(name: str, a: np.ndarray) -> None:
     """Refuse NaN labels: a NaN is no class (it would be scored as one, NaN, as NaN != NaN,
-    and its samples lost)."""
-    what = "NaT" if a.dtype.kind in "mM" else "NaN"
+    and its samples lost). Among objects (a NaN, a NaT, None, pd.NA) they were refused as
+    missing labels as given (:func:`_label_array`): scored as a class that sorted nowhere,
+    a NaN left the next class NaN."""
     if a.dtype.kind in "fc":
         nan = np.isnan(a).any()
     elif a.dtype.kind in "mM":  # NaT, the dates' NaN
         nan = np.isnat(a).any()
-    else:  # objects: a NaN among them (a float, or NumPy's or Decimal's), or a NaT (pandas'
-        # among the Timestamps of a column with a time zone, NumPy's): scored as a class
-        # that sorted nowhere, it left the next class NaN.
-        # None and pd.NA (a pandas column's missing value) are no class: as the estimators
-        # refuse them (counted as a kind of label, they were a mix, "string and None").
-        # Among labels= they are refused as such a mix (their kinds are checked next).
-        if name != "labels":
-            check_no_missing_labels(a, name, "score")
-        values = set(a.tolist()) if a.dtype == object else set()
-        dated = Number | datetime.date | np.datetime64
-        nan = {v for v in values if isinstance(v, dated) and v != v}
-        what = "NaN" if any(isinstance(v, Number) for v in nan) else "NaT"
+    else:
+        return
     if nan:
-        raise ValueError(f"Input {name} contains {what}.")
+        raise ValueError(f"Input {name} contains {'NaT' if a.dtype.kind in 'mM' else 'NaN'}.")
 
 
 def _labels_1d(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:
@@ -363,7 +355,7 @@ def _labels(y, name: str) -> np.ndarray:
     dates held as objects as NumPy's); a single label, an array of 3 dimensions or more
     (which failed with "len() of unsized object", an IndexError), or one of several
     columns, refused as scikit-learn words it, naming ``y``'s argument."""
-    y = _array(y, name=name)
+    y = _label_array(y, name)
     if y.ndim == 2 and y.shape[1] == 1:
         y = column_or_1d(y)
     elif y.ndim != 1:
@@ -393,6 +385,17 @@ def _array(a, dtype=None, name: str | None = None) -> np.ndarray:
             "Use '.toarray()' to convert to a dense numpy array."
         )
     return np.asarray(numpy_if_tensor(a, name), dtype=dtype)
+
+
+def _label_array(a, name: str, classes: bool = False) -> np.ndarray:
+    """The labels ``a`` (a list of ``classes``: labels=, a groups mapping's keys) as a NumPy
+    array (:func:`_array`), refused first where they hold a missing label (None, pd.NA, NaN
+    or NaT among objects), named as ``name`` with its position: NumPy reads a list of
+    text and NaN as the text 'nan', a class of its own, without a word."""
+    if not (sp.issparse(a) or is_torch_tensor(a)):  # (a tensor holds numbers: _check_no_nan)
+        cure = f"name only classes in {name}" if classes else None
+        check_no_missing_labels(a, name, "score", cure)
+    return _array(a, name=name)
 
 
 def _numpy_held(a: np.ndarray) -> np.ndarray:
@@ -555,7 +558,10 @@ def class_groups(y_true, y_pred, labels=None) -> dict:
     >>> class_groups([0, 0, 1, 1, 2, 2], [0, 0, 1, 0, 0, 0])
     {0: 'easy', 1: 'medium', 2: 'hard'}
     """
-    labels = _classes(y_true) if labels is None else _numpy_held(_array(labels, name="labels"))
+    if labels is None:
+        labels = _classes(y_true)
+    else:
+        labels = _numpy_held(_label_array(labels, "labels", classes=True))
     # NaN (no samples) is taken as the worst accuracy: ranked hardest by its value, not by
     # where argsort happens to place NaN (last, under argsort(-acc)).
     acc = np.nan_to_num(per_class_accuracy(y_true, y_pred, labels), nan=-1.0)
@@ -743,13 +749,13 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
     by_label = isinstance(groups, Mapping)
     if by_label:
         given = labels
-        labels, groups = _split_groups(groups)
+        labels, groups = _split_groups(groups, "groups")
         if given is not None:  # (left unread, whatever they held)
-            _check_same_classes(_array(given, name="labels"), labels)
+            _check_same_classes(_label_array(given, "labels", classes=True), labels)
         _check_known(y_true, labels)
     acc = per_class_accuracy(y_true, y_pred, labels, sample_weight)
     if not by_label and labels is not None:  # (kinds checked)
-        _check_known(y_true, _array(labels, name="labels"), "labels")
+        _check_known(y_true, _label_array(labels, "labels", classes=True), "labels")
     _present(acc)  # a clear error where no class has samples (weight) to score
     if groups is None:
         # This model's own terciles, over the classes it has samples (weight) of.
@@ -842,10 +848,14 @@ def _by_label(groups):
     return dict(groups.items())
 
 
-def _split_groups(groups_by_label: Mapping) -> tuple[np.ndarray, np.ndarray]:
-    """Labels and group names of a label → group mapping, as aligned arrays."""
+def _split_groups(
+    groups_by_label: Mapping, name: str = "groups_by_label"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and group names of a label → group mapping (the argument ``name``), as
+    aligned arrays."""
     groups_by_label = _mapping(groups_by_label)
-    return np.asarray(list(groups_by_label)), np.asarray(list(groups_by_label.values()))
+    labels = _label_array(list(groups_by_label), name, classes=True)  # (its keys)
+    return labels, np.asarray(list(groups_by_label.values()))
 
 
 def _mapping(groups_by_label) -> Mapping:
@@ -875,7 +885,7 @@ def _text_and_numbers(a: np.ndarray, b: np.ndarray) -> bool:
 def _check_known(y_true, labels: np.ndarray, where: str = "groups") -> None:
     present = _classes(y_true)
     # (dates as objects, datetime's or NumPy's: NumPy's, as scored)
-    labels = _as_dates(_numpy_held(_array(labels, name=where)), present)
+    labels = _as_dates(_numpy_held(_label_array(labels, where, classes=True)), present)
     present = _as_dates(present, labels)
     if _text_and_numbers(present, labels):  # (JSON's keys: none is a class of y_true)
         unknown = present

@@ -12,13 +12,14 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ._data import plain
+from ._data import check_no_missing_labels, plain
 from .metrics import (
     GROUP_NAMES,
     _array,
     _as_dates,
     _check_kinds,
     _classes,
+    _label_array,
     _listed,
     _numpy_held,
     _numpy_times,
@@ -203,9 +204,7 @@ def classwise_report(
         try:
             per_class[name] = per_class_accuracy(y, pred, labels)
         except ValueError as error:  # it says y_pred, not which model's predictions
-            raise ValueError(
-                f"The predictions of model {name!r} cannot be scored against y: {error}"
-            ) from None
+            raise _unscorable(name, error) from None
     groups = class_groups(y, predictions[reference], labels)
     return ClasswiseReport(
         reference=reference,
@@ -220,7 +219,8 @@ def classwise_report(
 def _class_order(labels, y) -> np.ndarray:
     """The classes of ``y`` in the order of ``labels``, checked to hold each once (as y's
     own values: a label 2.0 for the class 2 is reported as 2)."""
-    labels, classes = _numpy_held(_array(labels, name="labels")), _classes(y, "y")
+    labels = _numpy_held(_label_array(labels, "labels", classes=True))
+    classes = _classes(y, "y")
     # y's dates held as objects compared as NumPy's where the labels are NumPy's: a date
     # against the integer of nanoseconds of a label's tolist() was refused.
     keys = _as_dates(classes, labels)
@@ -307,6 +307,10 @@ def _predictions(name: str, model, X) -> np.ndarray:
         if X is None:
             raise ValueError(f"Model {name!r} is an estimator: pass X to predict with it.")
         return _array(model.predict(X), name=f"models[{name!r}].predict(X)")
+    try:  # (as given: NumPy reads a list's NaN among text as the class 'nan')
+        check_no_missing_labels(model, "y_pred", "score")
+    except ValueError as error:
+        raise _unscorable(name, error) from None
     predictions = _array(model, name=f"models[{name!r}]")
     if predictions.ndim == 0:  # ("y_true and y_pred must have the same shape, got (6,) and ()")
         raise ValueError(
@@ -314,6 +318,11 @@ def _predictions(name: str, model, X) -> np.ndarray:
             "each model's name to a fitted estimator or its predictions (one per sample of y)."
         )
     return predictions
+
+
+def _unscorable(name: str, error: ValueError) -> ValueError:
+    """``error`` of predictions, which calls them y_pred, naming the model they are of."""
+    return ValueError(f"The predictions of model {name!r} cannot be scored against y: {error}")
 
 
 def _render(report: ClasswiseReport, per_class: bool, table) -> str:

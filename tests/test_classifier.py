@@ -2866,15 +2866,16 @@ def test_nullable_pandas_labels_give_the_classes_a_numpy_x_gives(tmp_path, kind,
 
 
 @pytest.mark.parametrize("kind", ["array", "tensor", "h5"])
-def test_a_missing_label_beside_a_tensor_x_gets_numpys_error(tmp_path, kind):
-    # NaN among object labels (a pandas column's missing value): validate_data names it
-    # beside a NumPy X; beside a tensor or HDF5 X the classes' sort raised "'<' not
-    # supported between instances of 'float' and 'str'".
+def test_a_missing_label_beside_a_tensor_x_is_named_as_beside_an_array(tmp_path, kind):
+    # NaN among object labels (a pandas column's missing value): validate_data said "Input
+    # contains NaN" beside a NumPy X (no argument, no position); beside a tensor or HDF5 X
+    # the classes' sort raised "'<' not supported between instances of 'float' and 'str'".
     X, y = _blobs(n_classes=3, n=30)
     labels = np.array(["a", "b", "c"], dtype=object)[y]
     labels[4] = np.nan
     data = contextlib.nullcontext(X) if kind == "array" else _as_kind(X, kind, tmp_path)
-    with data as X, pytest.raises(ValueError, match="Input contains NaN"):
+    match = r"^Input y holds 1 missing label \(NaN\) among its 30, at position 4, which is"
+    with data as X, pytest.raises(ValueError, match=match):
         MR2LinearClassifier(device="cpu").fit(X, labels)
 
 

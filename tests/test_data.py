@@ -1,4 +1,5 @@
-"""The fit data's blocks and sources (mr2_probe._data): block sizes, HDF5 rows and minibatches."""
+"""The fit data's blocks and sources (mr2_probe._data): block sizes, HDF5 rows and minibatches;
+the check of missing labels that every entry taking labels makes."""
 
 import os
 import re
@@ -6,8 +7,18 @@ import re
 import numpy as np
 import pytest
 import torch
+from sklearn.linear_model import LogisticRegression
 
-from mr2_probe import MR2LinearClassifier
+from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, TunedOffsetsClassifierCV
+from mr2_probe.front import accuracy_front
+from mr2_probe.metrics import (
+    class_groups,
+    classwise_summary,
+    group_accuracy,
+    per_class_accuracy,
+    worst_class_scorer,
+)
+from mr2_probe.report import classwise_report
 from tests._alarm import fails_after_waiting
 
 from .test_classifier import _blobs
@@ -463,3 +474,112 @@ def test_an_hdf5_virtual_dataset_placing_whole_sources_every_other_row_is_read(t
     with h5py.File(tmp_path / "X.h5", "r") as f:
         with pytest.raises(ValueError, match=r"has shape \(15, 6\), short of the \(30, 6\) mapped"):
             MR2LinearClassifier(device="cpu").fit(f["X"], y)
+
+
+# ----------------------------------------------------------------------- missing labels
+_TEXT = np.array(["cat", "dog", "emu"] * 4)  # 12 labels; the missing one goes at position 5
+_X = np.random.default_rng(0).normal(size=(12, 3)) + np.eye(3)[np.arange(12) % 3]
+
+
+def _with_missing(kind: str):
+    """``_TEXT`` with a missing label at position 5, as a user passes it."""
+    pd = pytest.importorskip("pandas") if "Series" in kind else None
+    labels = _TEXT.tolist()
+    missing = {"NaN": float("nan"), "float32": np.float32("nan"), "None": None}
+    labels[5] = missing[kind.split()[-1]]
+    if kind.startswith("tuple"):
+        return tuple(labels)
+    if kind.startswith("object Series"):
+        return pd.Series(labels, dtype=object)
+    if kind.startswith("string Series"):
+        return pd.Series(labels, dtype="string")  # (None is pd.NA there)
+    return labels
+
+
+def _classes(y):
+    """Three classes, the missing one at position 2: labels 3, 4 and 5."""
+    return y.iloc[3:6] if hasattr(y, "iloc") else y[3:6]
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    y = _TEXT
+    return {
+        "probe": MR2LinearClassifier(device="cpu").fit(_X, y),
+        "cv": MR2LinearClassifierCV(Cs=2, cv=2, device="cpu").fit(_X, y),
+        "tuned": TunedOffsetsClassifierCV(LogisticRegression(), cv=2).fit(_X, y),
+    }
+
+
+_PROBE = MR2LinearClassifier(device="cpu", max_iter=5)
+# Each entry that takes labels: (how it is called with labels y, the argument it names).
+_ENTRIES = {
+    "MR2LinearClassifier.fit": (lambda y, m: MR2LinearClassifier(device="cpu").fit(_X, y), "y"),
+    "MR2LinearClassifierCV.fit": (
+        lambda y, m: MR2LinearClassifierCV(Cs=2, cv=2, device="cpu").fit(_X, y),
+        "y",
+    ),
+    "TunedOffsetsClassifierCV.fit": (
+        lambda y, m: TunedOffsetsClassifierCV(LogisticRegression(), cv=2).fit(_X, y),
+        "y",
+    ),
+    "MR2LinearClassifier.score": (lambda y, m: m["probe"].score(_X, y), "y"),
+    "MR2LinearClassifierCV.score": (lambda y, m: m["cv"].score(_X, y), "y"),
+    "TunedOffsetsClassifierCV.score": (lambda y, m: m["tuned"].score(_X, y), "y"),
+    "scorer": (lambda y, m: worst_class_scorer(m["probe"], _X, y), "y_true"),
+    "y_true": (lambda y, m: per_class_accuracy(y, _TEXT), "y_true"),
+    "y_pred": (lambda y, m: per_class_accuracy(_TEXT, y), "y_pred"),
+    "labels=": (lambda y, m: per_class_accuracy(_TEXT, _TEXT, labels=_classes(y)), "labels"),
+    "class_groups labels=": (
+        lambda y, m: class_groups(_TEXT, _TEXT, labels=_classes(y)),
+        "labels",
+    ),
+    "groups": (
+        lambda y, m: classwise_summary(
+            _TEXT, _TEXT, groups=dict(zip(_classes(y), ["easy", "medium", "hard"], strict=True))
+        ),
+        "groups",
+    ),
+    "groups_by_label": (
+        lambda y, m: group_accuracy(
+            _TEXT, _TEXT, dict(zip(_classes(y), ["easy", "medium", "hard"], strict=True))
+        ),
+        "groups_by_label",
+    ),
+    "report y": (lambda y, m: classwise_report({"erm": _TEXT}, y), "y"),
+    "report predictions": (
+        lambda y, m: classwise_report({"erm": y}, _TEXT),
+        "The predictions of model 'erm' cannot be scored against y: Input y_pred",
+    ),
+    "report labels=": (
+        lambda y, m: classwise_report({"erm": _TEXT}, _TEXT, labels=_classes(y)),
+        "labels",
+    ),
+    "front y": (lambda y, m: accuracy_front(_PROBE, _X, y, _X, _TEXT), "y"),
+    "front y_val": (lambda y, m: accuracy_front(_PROBE, _X, _TEXT, _X, y), "y_val"),
+    "front y_test": (
+        lambda y, m: accuracy_front(_PROBE, _X, _TEXT, _X, _TEXT, X_test=_X, y_test=y),
+        "y_test",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["list NaN", "tuple float32", "object Series NaN", "list None", "string Series None"],
+)
+@pytest.mark.parametrize("entry", list(_ENTRIES))
+def test_a_missing_label_is_refused_by_name_and_position_at_every_entry(fitted, entry, kind):
+    # A list's NaN among text was the class 'nan' (NumPy's conversion), scored or fitted
+    # without a word; a pandas column's NaN was "Input contains NaN" (no argument, no
+    # position) or a TypeError sorting the classes; None and pd.NA were named without a
+    # position, and among labels= were "Mix of label input types (string and None)".
+    call, name = _ENTRIES[entry]
+    y = _with_missing(kind)
+    what = "pd.NA" if kind.startswith("string") else "None" if "None" in kind else "NaN"
+    classes = entry.endswith(("labels=", "groups", "groups_by_label"))
+    n, position = (3, 2) if classes else (12, 5)
+    prefix = name if name.startswith("The") else f"Input {name}"
+    match = rf"^{re.escape(prefix)} holds 1 missing label \({what}\) among its {n}, at "
+    with pytest.raises(ValueError, match=rf"{match}position {position}, which is no class: "):
+        call(y, fitted)

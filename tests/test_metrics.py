@@ -89,9 +89,16 @@ def test_per_class_accuracy_is_recall_with_the_conventions_its_docstring_gives()
     ],
 )
 def test_nan_among_the_labels_is_refused(y, labels):
-    # A NaN is no class: it was scored NaN, and class_groups made it a key, "hard".
+    # A NaN is no class: it was scored NaN, and class_groups made it a key, "hard". Among
+    # objects it is a missing label, named as the estimators name it.
+    match = (
+        r"^Input labels contains NaN\.$"
+        if isinstance(labels, list)
+        else r"^Input labels holds 1 missing label \(NaN\) among its 3, at position 2, which "
+        r"is no class: name only classes in labels\.$"
+    )
     for score in (per_class_accuracy, class_groups):
-        with pytest.raises(ValueError, match=r"^Input labels contains NaN\.$"):
+        with pytest.raises(ValueError, match=match):
             score(y, y, labels=labels)
 
 
@@ -766,7 +773,7 @@ def test_labels_that_are_no_classes_and_groups_of_another_length_are_refused():
         per_class_accuracy([0.0, np.nan, 1.0], [0.0, np.nan, 1.0])
     with pytest.raises(ValueError, match="Input y_pred contains NaN"):
         per_class_accuracy([0.0, 1.0], [0.0, np.nan])
-    with pytest.raises(ValueError, match="Input y_true contains NaN"):
+    with pytest.raises(ValueError, match=r"Input y_true holds 1 missing label \(NaN\)"):
         per_class_accuracy(np.array([0.0, np.nan, 1.0], dtype=object), [0.0, 0.0, 1.0])
     # NaT, the NaN of dates: its samples were dropped without a word.
     dates = np.array(["2020-01-01", "NaT", "NaT", "2020-01-02"], dtype="datetime64[D]")
@@ -791,9 +798,10 @@ def test_a_nat_held_as_an_object_is_refused(nat):
         days[1] = np.datetime64("NaT")  # (astype makes it None)
     y = np.asarray(days)[[0, 1, 2, 2]]
     assert y.dtype == object
-    with pytest.raises(ValueError, match="^Input y_true contains NaT"):
+    as_missing = r"^Input y_(true|pred) holds 1 missing label \(NaT\) among its 4, at position 1"
+    with pytest.raises(ValueError, match=as_missing.replace("(true|pred)", "true")):
         per_class_accuracy(y, y)
-    with pytest.raises(ValueError, match="^Input y_pred contains NaT"):
+    with pytest.raises(ValueError, match=as_missing.replace("(true|pred)", "pred")):
         per_class_accuracy(y[[0, 0, 2, 2]], y)
 
 
@@ -1187,9 +1195,10 @@ def test_missing_labels_among_classes_are_refused_as_missing(classes, missing):
         column = pd.Series(pd.array(["a", "b", None, "a"], dtype="string"))
         with pytest.raises(ValueError, match=r"^Input y_true holds 1 missing label \(pd.NA\) "):
             per_class_accuracy(column, column)
-    # labels= naming a missing label is a list of classes of two kinds, as before.
-    kind = "string" if classes[0] == "a" else "number"
-    with pytest.raises(ValueError, match=rf"^Mix of label input types \({kind} and None\)"):
+    # labels= naming a missing label was a list of classes of two kinds ("Mix of label
+    # input types (string and None)"): it is named as missing, at its position.
+    as_missing = rf"^Input labels holds 1 missing label \({missing}\) among its 3, at position 2"
+    with pytest.raises(ValueError, match=as_missing):
         per_class_accuracy(full, full, labels=[*classes, value])
 
 
@@ -1475,7 +1484,7 @@ def test_a_nan_of_any_number_type_among_object_labels_is_refused(nan):
     # right) was scored NaN.
     y_true = np.array([0.0, nan, 1.0, 1.0], dtype=object)
     y_pred = np.array([0.0, 0.0, 1.0, 1.0], dtype=object)
-    with pytest.raises(ValueError, match="Input y_true contains NaN"):
+    with pytest.raises(ValueError, match=r"^Input y_true holds 1 missing label \(NaN\)"):
         per_class_accuracy(y_true, y_pred)
 
 

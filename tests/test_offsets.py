@@ -1438,10 +1438,11 @@ def test_one_class_is_named_as_text_not_as_numpy(label, shown):
 
 
 @pytest.mark.parametrize("cv", [3, "prefit"])
-def test_a_missing_label_gets_the_estimator_s_error(cv):
+def test_a_missing_label_is_named_at_its_position(cv):
     # NaN among object labels (a pandas column's missing value): LogisticRegression says
     # "Input contains NaN"; the wrapper's sort of the classes raised "'<' not supported
-    # between instances of 'float' and 'str'" before any fit.
+    # between instances of 'float' and 'str'" before any fit, then said LogisticRegression's
+    # words (no argument, no position).
     X, y = _imbalanced()
     labels = np.array(["a", "b", "c", "d"], dtype=object)[y]
     labels[4] = np.nan
@@ -1450,7 +1451,8 @@ def test_a_missing_label_gets_the_estimator_s_error(cv):
         estimator.fit(X, np.array(["a", "b", "c", "d"])[y])
     with pytest.raises(ValueError, match="Input contains NaN"):
         LogisticRegression().fit(X, labels)
-    with pytest.raises(ValueError, match="Input contains NaN"):
+    match = r"^Input y holds 1 missing label \(NaN\) among its 225, at position 4, which"
+    with pytest.raises(ValueError, match=match):
         TunedOffsetsClassifierCV(estimator, cv=cv).fit(X, labels)
 
 

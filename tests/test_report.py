@@ -665,8 +665,12 @@ def test_pandas_times_as_labels_keep_their_nanoseconds(kind):
 @pytest.mark.parametrize("labels", [None, [0, 1, float("nan")], [0, 1]])
 def test_a_nan_label_in_y_is_named_whatever_the_labels(labels):
     # With labels given it read "labels must hold each class of y once", listing NaN in both.
-    for y in ([0, 1, float("nan")], np.array([0, 1, float("nan")], dtype=object)):
-        with pytest.raises(ValueError, match="^Input y contains NaN"):
+    # (Among numbers NaN is scikit-learn's "contains NaN"; among objects a missing label.)
+    for y, match in (
+        ([0, 1, float("nan")], "^Input y contains NaN"),
+        (np.array([0, 1, float("nan")], dtype=object), r"^Input y holds 1 missing label \(NaN\)"),
+    ):
+        with pytest.raises(ValueError, match=match):
             classwise_report({"erm": [0, 1, 1]}, y, labels=labels)
 
 
