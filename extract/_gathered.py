@@ -1,12 +1,23 @@
-"""Every rank's picklable object, gathered over the run's gloo group, its tensors let go by
-gloo before the gather returns."""
+"""Every rank's picklable object, gathered over the run's gloo group (its tensors let go by
+gloo before the gather returns), or through the group's key-value store, where the wait can
+be left."""
 
 from __future__ import annotations
 
 import pickle
 import time
+from collections.abc import Callable
+from datetime import timedelta
 
 import torch
+
+from ._paths import plural
+from ._schema import StoreError
+
+# The first wait between two looks at the store for the other ranks' words, doubled at each
+# look up to the last: a rank that comes at once is seen within milliseconds, and one that
+# comes hours later is looked for five times a second (one look: tens of microseconds).
+_FIRST_LOOK_S, _LAST_LOOK_S = 0.001, 0.2
 
 # How long a gloo worker may keep a gathered tensor after the gather has returned (it
 # lets go at once: this bounds a wait that should never be long).
@@ -49,3 +60,35 @@ def _let_go(tensors: list[torch.Tensor]) -> None:
     deadline = time.monotonic() + _LET_GO_S
     while any(t._use_count() > 1 for t in tensors) and time.monotonic() < deadline:
         time.sleep(0.001)  # (the GIL released meanwhile)
+
+
+def gather_in_store(
+    store, key: str, rank: int, world_size: int, obj: object, stop: Callable[[], None]
+) -> list:
+    """Every rank's ``obj`` in rank order, gathered through the group's key-value ``store``:
+    each rank sets its own (pickled) under ``{key}/{rank}`` (``key`` this gather's own: no
+    other gather's), then looks for the others' until all are there, calling ``stop``
+    before it sets its own and between looks, which raises to leave the gather (a rank said
+    it will not come). A gloo
+    collective cannot be left once entered: a rank waited there for one that had said so,
+    until the group's timeout, and no Ctrl-C reached it. A rank that never comes and says
+    nothing (killed outright) is waited for until the store's timeout (the group's)."""
+    stop()
+    store.set(f"{key}/{rank}", pickle.dumps(obj))
+    others = {r: f"{key}/{r}" for r in range(world_size) if r != rank}
+    timeout = getattr(store, "timeout", None) or timedelta(hours=24)
+    deadline, wait = time.monotonic() + timeout.total_seconds(), _FIRST_LOOK_S
+    # (check, not wait: a store's wait past its timeout raises, and logs where it is torch's)
+    while not store.check(list(others.values())):
+        time.sleep(wait)
+        wait = min(2 * wait, _LAST_LOOK_S)
+        stop()
+        if time.monotonic() >= deadline:
+            missing = [r for r, k in others.items() if not store.check([k])]
+            raise StoreError(
+                f"Rank {rank} waited the group's timeout ({timeout}) for "
+                f"{plural(len(missing), 'rank')} {', '.join(map(str, missing))} to meet it, "
+                "which neither came nor said why (killed, say). Every rank stops, the rows "
+                "written so far kept: the same command resumes."
+            )
+    return [obj if r == rank else pickle.loads(store.get(others[r])) for r in range(world_size)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mr2_probe._h5 import one_line
 
-from ._gathered import all_gather_object
+from ._gathered import all_gather_object, gather_in_store
 from ._images import ImageSource
 from ._launcher import connecting, launcher_gone
 from ._merge import _mark, _merge, shard_path
@@ -89,15 +89,21 @@ def _said(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _every_rank_said(value: object, failure: Exception | None, world_size: int) -> tuple:
+def _every_rank_said(
+    value: object, failure: Exception | None, world_size: int, gather=None
+) -> tuple:
     """Every rank's ``value`` in rank order, and the ranks that failed, as ``(rank, "Type:
     message")`` (this one's ``failure``, or None): the outcome each rank tells the others at
     a collective point of the run, so that no rank waits there for one that failed (until
     the group's timeout, where the group outlives the error: the caller's own, or a rank
-    that goes on after it; or to meet gloo's "connection closed", which names nothing)."""
+    that goes on after it; or to meet gloo's "connection closed", which names nothing).
+    ``gather(obj)``: every rank's ``obj`` (None: gathered over the gloo group)."""
     said = None if failure is None else _said(failure)
-    gathered: list = [None] * world_size
-    all_gather_object(gathered, (said, value))
+    if gather is None:
+        gathered: list = [None] * world_size
+        all_gather_object(gathered, (said, value))
+    else:
+        gathered = gather((said, value))
     failed = [(rank, told) for rank, (told, _) in enumerate(gathered) if told is not None]
     return [each for _, each in gathered], failed
 
@@ -112,7 +118,9 @@ class _ShardStep:
     interrupted (Ctrl-C) says so in the store alone and goes nowhere: the others stop with
     that error at their next batch, or next meeting point, not waiting there for it (nor
     for one that failed beside it: where any rank that said so was interrupted, none goes
-    to the exchange)."""
+    to the exchange). Once the key is agreed the ranks meet in the store too
+    (:meth:`_meet`), so that one waiting there, a failed rank at the exchange of its
+    failure say, leaves as soon as another says it was interrupted."""
 
     def __init__(self, merged: Path, world_size: int, rank: int = 0, store=None) -> None:
         self.merged, self.world_size, self.rank = merged, world_size, rank
@@ -124,6 +132,9 @@ class _ShardStep:
         # and the run's key in it: this rank's proposal until the first exchange, where
         # every rank takes rank 0's (:meth:`agree_on_key`).
         self.store, self.key, self.agreed = store, f"mr2-extract/failed/{uuid.uuid4().hex}", False
+        # Where the ranks meet once the key is agreed (the store kept even where a look at
+        # it failed: every rank meets where the others do), and the exchanges so far there.
+        self.meets_in, self.exchanges = store, 0
 
     def making_shard(self, rank: int) -> str:
         """What rank ``rank`` is doing while it makes its shard (:attr:`doing`)."""
@@ -141,12 +152,9 @@ class _ShardStep:
 
         if not dist.is_initialized():  # (ranks run one by one: each knows its own only)
             return None
-        told = self._told()
-        if told is not None and not told["meets"]:  # (it will not come here: not waited for)
-            self.ended = True
-            raise self._failed(told["rank"], told["doing"], told["said"], interrupted=True)
         self.ended = True
-        values, failed = _every_rank_said(value, None, self.world_size)
+        self._stop_if_interrupted()  # (one that will not come here: not waited for)
+        values, failed = self._meet(value)
         if failed:
             (rank, said), others = failed[0], len(failed) - 1
             # (a failing rank's value is what it was doing: :meth:`fail`)
@@ -205,7 +213,7 @@ class _ShardStep:
         try:
             # (an error of the exchange itself, the others gone, leaves this rank's own raised)
             with contextlib.suppress(Exception):
-                _every_rank_said(self.doing, error, self.world_size)
+                self._meet(self.doing, error)
         except BaseException as interrupted:  # (a Ctrl-C there: it leaves the exchange)
             # Its word that it meets the others there is taken back, or they wait for it.
             self._tell(interrupted, meets=False)
@@ -218,6 +226,34 @@ class _ShardStep:
         waits for its timeout). (Said even within an exchange, which it leaves.)"""
         self.ended = True
         self._tell(error, meets=False)
+
+    def _meet(self, value: object, failure: Exception | None = None) -> tuple:
+        """:func:`_every_rank_said` at this run's next exchange: in the group's store once
+        the run's key is agreed, each exchange under a key of its own, where this rank
+        leaves (with :meth:`_stop_if_interrupted`'s error) once another says that it was
+        interrupted; before that, or without a store, over the gloo group, which cannot
+        be left."""
+        if self.meets_in is None or not self.agreed:
+            return _every_rank_said(value, failure, self.world_size)
+        self.exchanges += 1
+        key = f"{self.key}/said/{self.exchanges}"
+
+        def gather(obj: object) -> list:
+            return gather_in_store(
+                self.meets_in, key, self.rank, self.world_size, obj, self._stop_if_interrupted
+            )
+
+        return _every_rank_said(value, failure, self.world_size, gather)
+
+    def _stop_if_interrupted(self) -> None:
+        """Where another rank said in the store that it was interrupted (it comes to no
+        exchange), raise the error naming it; where torchrun's launcher is gone (the store
+        with it), stop as at a Ctrl-C, as its watch does (:mod:`._launcher`)."""
+        if self.meets_in is not None and self.agreed and launcher_gone():
+            raise KeyboardInterrupt
+        told = self._told()
+        if told is not None and not told["meets"]:
+            raise self._failed(told["rank"], told["doing"], told["said"], interrupted=True)
 
     def _tell(self, error: BaseException, meets: bool) -> bool:
         """Say in the store under this rank's key that it stops with ``error``, and

@@ -77,14 +77,15 @@ def _caller_s_group(rank: int, said: Path, timeout_s: float = 60) -> None:
 
 def _ended(said: Path, rank: int, run) -> None:
     """``run()``'s outcome on this rank, written into ``said/rank<rank>.txt``: "returned",
-    or its error; the group is kept (alive, as a program that goes on after the error)
-    until the other rank has ended, or for the guard's minute."""
+    or its error (a KeyboardInterrupt too); the group is kept (alive, as a program that goes
+    on after the error) until the other rank has ended, or for the guard's minute."""
     try:
         try:
             run()
             ended = "returned"
-        except Exception as error:
-            ended = f"{type(error).__name__}: {error}"
+        except BaseException as error:  # (a KeyboardInterrupt too)
+            kind = type(error).__name__
+            ended = f"{kind}: {error}" if str(error) else kind
         (said / f"rank{rank}.txt").write_text(ended)
         deadline = time.monotonic() + 60
         while not (said / f"rank{1 - rank}.txt").exists() and time.monotonic() < deadline:
@@ -238,3 +239,34 @@ def rank_beside_a_rank_stopping_mid_shard(rank: int, folder: Path, said: Path, h
         (said / f"rank{rank}.json").write_text(json.dumps(outcomes))
     finally:
         dist.destroy_process_group()
+
+
+def rank_interrupted_beside_a_failed_rank_s_exchange(rank: int, folder: Path, said: Path) -> None:
+    """One of two ranks extracting ``folder`` into ``said/f.h5`` one image a batch, in the
+    caller's group (a timeout of 60 s): rank 1 fails at its first batch and goes to the
+    exchange of its failure; rank 0, at its first batch, is interrupted (KeyboardInterrupt)
+    once rank 1 has logged its failure (just before that exchange), before it looks at the
+    store. Each run's outcome goes into ``said/rank<rank>.txt``; the group is kept until
+    the other rank has ended (:func:`_ended`)."""
+    import logging
+
+    _caller_s_group(rank, said, timeout_s=60)
+    failed = said / "rank1-failed"
+
+    def embed(*args, **kwargs):
+        if rank == 1:
+            raise RuntimeError("rank 1's device failed")
+        deadline = time.monotonic() + 20
+        while not failed.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise KeyboardInterrupt
+
+    class Failed(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("Rank 1 failed"):
+                failed.touch()
+
+    logging.getLogger("extract").addHandler(Failed(logging.ERROR))
+    _runner._embed = embed
+    fast = dict(FAST, batch_size=1)
+    _ended(said, rank, lambda: extract_features(folder, BACKBONE, said / "f.h5", **fast))

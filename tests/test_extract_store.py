@@ -2908,44 +2908,123 @@ def test_a_rank_beside_ranks_that_failed_names_the_first_of_them(tmp_path, monke
 
 @pytest.mark.parametrize("how", ["error", "interrupt"])
 def test_a_rank_told_through_the_store_stops_after_its_batch(monkeypatch, how):
-    # Ranks 0 and 1 of 2 (their group faked, its store a HashStore). A rank that failed
-    # while the others extracted told them only where they next met, after their shards;
-    # one interrupted told them nothing, and they waited for it there. It says so in the
-    # store now, which the others look at after each batch: there they meet the failed
-    # rank at its exchange, or stop at once where it was interrupted (and goes nowhere).
+    # Ranks 0 and 1 of 2 (threads, their group faked, its store a HashStore). A rank that
+    # failed while the others extracted told them only where they next met, after their
+    # shards; one interrupted told them nothing, and they waited for it there. It says so
+    # in the store now, which the others look at after each batch: there they meet the
+    # failed rank at its exchange (in the store), or stop at once where it was interrupted
+    # (and goes nowhere).
+    import threading
+
     import torch.distributed as dist
 
-    from extract._ranks import _ShardStep
+    from extract import _ranks
 
-    store, gathered = dist.HashStore(), []
-
-    def gather(into, mine):  # (rank 1's, said first, beside rank 0's)
-        gathered.append(mine)
-        into[:] = [mine, gathered[0]] if len(gathered) > 1 else [mine, mine]
-
+    store, real, went = dist.HashStore(), _ranks._every_rank_said, []
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr("extract._ranks.all_gather_object", gather)
-    ranks = [_ShardStep(Path("f.h5"), 2, rank, store) for rank in (0, 1)]
+    monkeypatch.setattr(_ranks, "_every_rank_said", lambda value, failure, *args: (
+        went.append(failure is not None), real(value, failure, *args))[1])  # fmt: skip
+    ranks = [_ranks._ShardStep(Path("f.h5"), 2, rank, store) for rank in (0, 1)]
     for step in ranks:
         step.agree_on_key(ranks[0].key)
     ranks[0].stop_if_told()  # nothing said: it goes on
-    if how == "error":
-        ranks[1].fail(RuntimeError("out of memory"), 1)  # (said there, then at its exchange)
+    if how == "error":  # (said there, then at its exchange, where it waits for rank 0)
+        stops = threading.Thread(target=ranks[1].fail, args=(RuntimeError("out of memory"), 1))
         said, why = "RuntimeError: out of memory", "its error says why"
         cure = "once that is cured, the same command resumes."
     else:
-        ranks[1].interrupt(KeyboardInterrupt())
+        stops = threading.Thread(target=ranks[1].interrupt, args=(KeyboardInterrupt(),))
         said, why, cure = "KeyboardInterrupt", "it was interrupted", "the same command resumes."
-    n_said = len(gathered)
+    stops.start()
+    while stops.is_alive() and not store.check([f"{ranks[0].key}/n"]):  # (until it has said)
+        stops.join(0.001)
     with pytest.raises(StoreError) as raised:
         ranks[0].stop_if_told()
+    stops.join()
     assert str(raised.value) == (
         f"Rank 1 failed to extract its shard 'f.shard-00001-of-00002.h5' ({said}): {why}. "
         f"Every rank stops, the rows written so far kept: {cure}"
     )
     # Met at the failed rank's exchange; not waited for where it was interrupted.
-    assert len(gathered) - n_said == (how == "error")
+    assert sorted(went) == ([False, True] if how == "error" else [])
     assert ranks[0].ended
+
+
+def test_ranks_meet_in_the_store_each_exchange_under_its_own_key(monkeypatch):
+    # Ranks 0 and 1 of 2 (threads, their group faked, its store a HashStore), their key
+    # agreed: every exchange after is made in the store, each rank's values in rank order,
+    # and a second exchange never takes the first's values (gloo is never used).
+    import threading
+
+    import torch.distributed as dist
+
+    from extract import _ranks
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(_ranks, "all_gather_object", lambda *args: pytest.fail("over gloo"))
+    store = dist.HashStore()
+    ranks = [_ranks._ShardStep(Path("f.h5"), 2, rank, store) for rank in (0, 1)]
+    for step in ranks:
+        step.agree_on_key(ranks[0].key)
+    theirs = []
+    other = threading.Thread(
+        target=lambda: theirs.extend(ranks[1].exchange(f"b{k}") for k in range(3))
+    )
+    other.start()
+    mine = [ranks[0].exchange({"a": k}) for k in range(3)]
+    other.join()
+    assert mine == theirs == [[{"a": k}, f"b{k}"] for k in range(3)]
+    assert not any(step.ended for step in ranks)
+
+
+def test_a_failed_rank_at_its_exchange_leaves_it_once_another_is_interrupted(monkeypatch):
+    # Rank 1 of 2 (a thread) fails and goes to the exchange of its failure; rank 0 is
+    # interrupted before it looks at the store. Rank 1 waited in gloo's gather (here: a
+    # wait that nothing ends), which cannot be left, until the group's timeout. It meets
+    # the others in the store now, and leaves once rank 0 says it was interrupted.
+    import threading
+
+    import torch.distributed as dist
+
+    from extract import _ranks
+
+    gloo, there, real = threading.Event(), threading.Event(), _ranks._every_rank_said
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(_ranks, "all_gather_object", lambda *args: gloo.wait(30))
+    monkeypatch.setattr(_ranks, "_every_rank_said", lambda *args: (there.set(), real(*args))[1])
+    store = dist.HashStore()
+    ranks = [_ranks._ShardStep(Path("f.h5"), 2, rank, store) for rank in (0, 1)]
+    for step in ranks:
+        step.agree_on_key(ranks[0].key)
+    failing = threading.Thread(target=ranks[1].fail, args=(RuntimeError("out of memory"), 1))
+    failing.start()
+    assert there.wait(10)  # rank 1 at its exchange
+    ranks[0].interrupt(KeyboardInterrupt())
+    failing.join(10)  # (a bound, not a timing: it leaves at its next look)
+    gloo.set()
+    assert not failing.is_alive()
+
+
+def test_a_rank_that_never_comes_to_an_exchange_in_the_store_is_named_at_the_timeout():
+    # A rank killed outright says nothing: the others wait for it until the group's timeout
+    # (the store's), as they did in gloo's gather, and then name it.
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from extract._gathered import gather_in_store
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(milliseconds=50))
+    looked = []
+    with pytest.raises(StoreError) as raised:
+        gather_in_store(store, "x/1", 0, 3, "mine", lambda: looked.append(1))
+    assert str(raised.value) == (
+        "Rank 0 waited the group's timeout (0:00:00.050000) for ranks 1, 2 to meet it, which "
+        "neither came nor said why (killed, say). Every rank stops, the rows written so far "
+        "kept: the same command resumes."
+    )
+    assert looked  # (between its looks: where one said it was interrupted, it left)
 
 
 class _DictStore:
@@ -2981,7 +3060,7 @@ def _three_ranks(monkeypatch, interrupted_in_exchange=False):
 
     store, went = _DictStore(), []
 
-    def exchange(value, failure, world_size):
+    def exchange(value, failure, world_size, gather=None):
         went.append(failure is not None)
         if failure is not None and interrupted_in_exchange:
             raise KeyboardInterrupt
@@ -3106,6 +3185,12 @@ def test_a_rank_whose_launcher_is_gone_leaves_its_store_alone(monkeypatch):
     monkeypatch.setattr(_launcher, "_first_seen", (os.getpid(), os.getppid() + 1))  # gone
     step.stop_if_told()
     step.interrupt(KeyboardInterrupt())
+    assert looked == ["check"]
+    # Its exchanges are in that store: it stops there as at a Ctrl-C (as its watch of the
+    # launcher stops it), looking nowhere.
+    step.ended = False
+    with pytest.raises(KeyboardInterrupt):
+        step.exchange(None)
     assert looked == ["check"]
 
 
@@ -3288,15 +3373,44 @@ def test_under_torchrun_a_rank_that_stops_mid_shard_stops_the_others_at_their_ne
         assert (f["status"][:] == DONE).all() and len(f["status"]) == 24
 
 
-def _two_ranks(monkeypatch, target, *args, guard: int = 120) -> None:
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not hasattr(torch.distributed.ProcessGroup, "get_group_store"),
+    reason="torch gives no ProcessGroup.get_group_store",
+)
+def test_under_torchrun_a_failed_rank_at_its_exchange_leaves_it_once_another_is_interrupted(
+    tmp_path, monkeypatch
+):
+    # Rank 1 failed at its first batch and went to the exchange of its failure; rank 0 was
+    # interrupted then, before it looked at the store. Rank 1 waited in gloo's gather,
+    # which nothing can wake, until the group's timeout (here 60 s; extract's own group: 24
+    # h). The ranks meet in the store now, and rank 1 leaves once rank 0 says so.
+    from tests._failing_ranks import rank_interrupted_beside_a_failed_rank_s_exchange
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    # (from rank 1's failure on, a third of the group's timeout: where rank 1 waits that
+    # out, the test fails)
+    since = tmp_path / "rank1-failed"
+    target = rank_interrupted_beside_a_failed_rank_s_exchange
+    _two_ranks(monkeypatch, target, folder, tmp_path, guard=20, since=since)
+    said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    assert said == ["KeyboardInterrupt", "RuntimeError: rank 1's device failed"]
+
+
+def _two_ranks(monkeypatch, target, *args, guard: int = 120, since: Path | None = None) -> None:
     """Run ``target(rank, *args)`` as ranks 0 and 1 of two processes; fail the test where
-    they still run after ``guard`` seconds (one waits for the other)."""
+    they still run after ``guard`` seconds (one waits for the other), counted from when the
+    file ``since`` exists where it is given (the ranks at the point the test is about, their
+    start however slow; counted anyway from 120 s on)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     ranks = torch.multiprocessing.start_processes(target, args=args, nprocs=2, join=False)
     try:
-        for _ in range(guard):
+        left, waited = guard, 0
+        while left > 0:
             if ranks.join(timeout=1):
                 return
+            waited += 1
+            left -= since is None or since.exists() or waited > 120
         pytest.fail(f"the ranks still ran after {guard} s: one waited for the other")
     finally:
         for process in ranks.processes:
