@@ -112,7 +112,7 @@ class _ShardStep:
     """The collective points of a torchrun run's shard step, where its ranks meet (the
     listing's check, the failures' count at its end): at each, every rank says whether it
     failed. A rank that fails says so at once in the group's store too (under its own key
-    of the run's, agreed at the first of them, and counted under the run's), where the
+    of the run's, agreed as the run begins, and counted under the run's), where the
     others look between their batches (:meth:`stop_if_told`): they stop there and go to
     the next one, where every rank stops, the others with an error naming it. A rank
     interrupted (Ctrl-C) says so in the store alone and goes nowhere: the others stop with
@@ -129,8 +129,8 @@ class _ShardStep:
         # part of the step than its shard: the merged store's check, say).
         self.doing = self.making_shard(rank)
         # The group's key-value store (None: failures are told where the ranks meet alone),
-        # and the run's key in it: this rank's proposal until the first exchange, where
-        # every rank takes rank 0's (:meth:`agree_on_key`).
+        # and the run's key in it: this rank's proposal until the run's first exchange, where
+        # every rank takes rank 0's (:meth:`meet_first`).
         self.store, self.key, self.agreed = store, f"mr2-extract/failed/{uuid.uuid4().hex}", False
         # Where the ranks meet once the key is agreed (the store kept even where a look at
         # it failed: every rank meets where the others do), and the exchanges so far there.
@@ -140,9 +140,23 @@ class _ShardStep:
         """What rank ``rank`` is doing while it makes its shard (:attr:`doing`)."""
         return f"to extract its shard {os.fspath(shard_path(self.merged, rank, self.world_size))!r}"
 
+    def meet_first(self) -> None:
+        """Where the ranks have a store, agree at once on the run's key in it (one exchange
+        over gloo, before any work), so that every exchange of the run is made there and
+        every failure or interrupt is told there: agreed at the listings' check, a rank
+        that failed while listing waited for the others in gloo's gather, where a rank
+        interrupted meanwhile told it nothing, until the group's timeout."""
+        import torch.distributed as dist
+
+        if self.store is None or self.agreed or not dist.is_initialized():
+            return
+        keys, _ = self._meet(self.key)
+        self.agree_on_key(keys[0])
+
     def agree_on_key(self, key: str) -> None:
-        """Take ``key`` (rank 0's, told at the run's first exchange) as the run's key in the
-        store: every rank's, and no other run's (a group the caller keeps serves many)."""
+        """Take ``key`` (rank 0's, told at the run's first exchange: :meth:`meet_first`) as
+        the run's key in the store: every rank's, and no other run's (a group the caller
+        keeps serves many)."""
         self.key, self.agreed = key, True
 
     def exchange(self, value: object) -> list | None:
@@ -260,7 +274,7 @@ class _ShardStep:
         whether it ``meets`` the others at the next exchange, then count it under the
         run's key; whether that was said."""
         if self.store is None or not self.agreed or launcher_gone():
-            return False  # (before the first exchange: said there; or no store to say it)
+            return False  # (no store to say it: said where the ranks meet)
         said = dict(rank=self.rank, doing=self.doing, said=_said(error), meets=meets)
         # A key of its own: under one key for every rank, a rank failing beside one
         # interrupted could write last, and the others waited at the exchange for the
@@ -329,12 +343,9 @@ def _check_same_listing(src: ImageSource, fingerprint: str, step: _ShardStep) ->
     """Refuse to start when the ranks of a torchrun group listed the source differently
     (files added, removed or changed while they started): their shards would not merge,
     which the merge finds only after every rank's extraction."""
-    # (the run's first exchange: every rank takes rank 0's key for the store there)
-    listings = step.exchange((len(src), fingerprint, step.key))
+    listings = step.exchange((len(src), fingerprint))
     if listings is None:  # ranks run one by one (rank= and world_size= given)
         return
-    step.agree_on_key(listings[0][-1])
-    listings = [listing[:2] for listing in listings]
     other = next((r for r, listing in enumerate(listings) if listing != listings[0]), None)
     if other is not None:
         (first, _), (theirs, _) = listings[0], listings[other]

@@ -348,6 +348,8 @@ def extract_features(
     with stops_with_launcher(), group as store, hashed_once():
         step = _ShardStep(merged, world_size, rank, store) if merged is not None else None
         try:
+            if step is not None:  # (the run's key in the store, agreed before any work)
+                step.meet_first()
             done = _extract_shard(
                 source, backbone, target, batch_size, num_workers, dtype, normalize,
                 image_size, device, decode, n_per_class, max_items, (image_key, label_key),

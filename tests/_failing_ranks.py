@@ -241,21 +241,25 @@ def rank_beside_a_rank_stopping_mid_shard(rank: int, folder: Path, said: Path, h
         dist.destroy_process_group()
 
 
-def rank_interrupted_beside_a_failed_rank_s_exchange(rank: int, folder: Path, said: Path) -> None:
+def rank_interrupted_beside_a_failed_rank_s_exchange(
+    rank: int, folder: Path, said: Path, where: str
+) -> None:
     """One of two ranks extracting ``folder`` into ``said/f.h5`` one image a batch, in the
-    caller's group (a timeout of 60 s): rank 1 fails at its first batch and goes to the
-    exchange of its failure; rank 0, at its first batch, is interrupted (KeyboardInterrupt)
-    once rank 1 has logged its failure (just before that exchange), before it looks at the
-    store. Each run's outcome goes into ``said/rank<rank>.txt``; the group is kept until
-    the other rank has ended (:func:`_ended`)."""
+    caller's group (a timeout of 60 s): rank 1 fails ``where`` (``"listing"`` the images,
+    before the ranks first meet at the listings' check; ``"batch"``: at its first batch)
+    and goes to the exchange of its failure; rank 0, there too, is interrupted
+    (KeyboardInterrupt) once rank 1 has logged its failure (just before that exchange),
+    before it looks at the store. Each run's outcome goes into ``said/rank<rank>.txt``; the
+    group is kept until the other rank has ended (:func:`_ended`)."""
     import logging
 
     _caller_s_group(rank, said, timeout_s=60)
     failed = said / "rank1-failed"
+    name = {"listing": "open_source", "batch": "_embed"}[where]
 
-    def embed(*args, **kwargs):
+    def stops(*args, **kwargs):
         if rank == 1:
-            raise RuntimeError("rank 1's device failed")
+            raise RuntimeError(f"rank 1 failed at its {where}")
         deadline = time.monotonic() + 20
         while not failed.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -267,6 +271,6 @@ def rank_interrupted_beside_a_failed_rank_s_exchange(rank: int, folder: Path, sa
                 failed.touch()
 
     logging.getLogger("extract").addHandler(Failed(logging.ERROR))
-    _runner._embed = embed
+    setattr(_runner, name, stops)
     fast = dict(FAST, batch_size=1)
     _ended(said, rank, lambda: extract_features(folder, BACKBONE, said / "f.h5", **fast))

@@ -3378,13 +3378,16 @@ def test_under_torchrun_a_rank_that_stops_mid_shard_stops_the_others_at_their_ne
     not hasattr(torch.distributed.ProcessGroup, "get_group_store"),
     reason="torch gives no ProcessGroup.get_group_store",
 )
+@pytest.mark.parametrize("where", ["listing", "batch"])
 def test_under_torchrun_a_failed_rank_at_its_exchange_leaves_it_once_another_is_interrupted(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, where
 ):
-    # Rank 1 failed at its first batch and went to the exchange of its failure; rank 0 was
-    # interrupted then, before it looked at the store. Rank 1 waited in gloo's gather,
-    # which nothing can wake, until the group's timeout (here 60 s; extract's own group: 24
-    # h). The ranks meet in the store now, and rank 1 leaves once rank 0 says so.
+    # Rank 1 failed (at its first batch; or listing the images, before the ranks had agreed
+    # on the run's key in the store) and went to the exchange of its failure; rank 0 was
+    # interrupted then, before it looked at the store (or with nothing to tell it in). Rank
+    # 1 waited in gloo's gather, which nothing can wake, until the group's timeout (here 60
+    # s; extract's own group: 24 h). The ranks agree on the key as the run begins and meet
+    # in the store now, and rank 1 leaves once rank 0 says so.
     from tests._failing_ranks import rank_interrupted_beside_a_failed_rank_s_exchange
 
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
@@ -3392,9 +3395,9 @@ def test_under_torchrun_a_failed_rank_at_its_exchange_leaves_it_once_another_is_
     # out, the test fails)
     since = tmp_path / "rank1-failed"
     target = rank_interrupted_beside_a_failed_rank_s_exchange
-    _two_ranks(monkeypatch, target, folder, tmp_path, guard=20, since=since)
+    _two_ranks(monkeypatch, target, folder, tmp_path, where, guard=20, since=since)
     said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
-    assert said == ["KeyboardInterrupt", "RuntimeError: rank 1's device failed"]
+    assert said == ["KeyboardInterrupt", f"RuntimeError: rank 1 failed at its {where}"]
 
 
 def _two_ranks(monkeypatch, target, *args, guard: int = 120, since: Path | None = None) -> None:
