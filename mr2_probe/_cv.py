@@ -82,8 +82,8 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
     it solves along a path of values, from strong to weak regularisation, each solution
     starting from the previous one, and scores every solution on the held-out rows; the
     value with the best score summed over folds is refitted on all the data. The features
-    go to the device once per ``fit``; a fold's training rows are indexed there (an HDF5
-    dataset keeps its order and gives held-out rows weight zero instead), and the class
+    go to the device once per ``fit``; a fold's training rows are indexed there (read
+    from an HDF5 dataset as the solver asks for them, never held whole), and the class
     statistics, which do not depend on C, are computed once per fold.
 
     For the linear head (``lam=0``, data in memory, tilted or not, two classes as the one
@@ -420,6 +420,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                         for group in groups
                     )
             else:
+                if isinstance(data.source, H5Source):  # (each fold reads only its own rows)
+                    data.source.check_finite_pass(type(self).__name__)
                 paths = [self._fold_path(data, train, test, weights) for train, test in folds]
 
                 def run(new, bar):

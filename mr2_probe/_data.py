@@ -463,8 +463,11 @@ class H5Source(TensorSource):
     random access and contiguous reads on disk (see :meth:`batches`).
     """
 
-    def __init__(self, dataset, y, w, rows, device, dtype) -> None:
+    def __init__(self, dataset, y, w, rows, device, dtype, index=None) -> None:
         self.dataset, self.y, self.w, self.device, self.dtype = dataset, y, w, device, dtype
+        # The dataset's rows that this source holds, in order (a fold's training rows, as
+        # FitData.subset takes them), or None for all; ``block``, the rows per block asked for.
+        self.index, self.block = index, rows
         chunks = getattr(dataset, "chunks", None)
         chunk = chunks[0] if chunks else 1
         if chunk > rows:
@@ -472,16 +475,25 @@ class H5Source(TensorSource):
             # read a block at a time: whole chunks were the whole dataset, in memory at once.
             chunk = 1
         self.rows = max(chunk, rows // chunk * chunk)  # whole HDF5 chunks per read
+        if index is not None:
+            # Some rows: the blocks of the same rows in memory, so that sums over them (the
+            # statistics, the class losses) add up alike; each block's rows read in runs.
+            self.rows = rows
         self.piece = chunk * max(1, self.rows // _PIECES_PER_BLOCK // chunk)  # whole chunks
-        self.n_samples = dataset.shape[0]
+        self.n_samples = dataset.shape[0] if index is None else len(index)
+        self.n_features = dataset.shape[1]
         self.has_nan = torch.zeros((), dtype=torch.bool, device=device)
         self.has_inf = torch.zeros((), dtype=torch.bool, device=device)
         self._inverse_norms = None
 
     def _read(self, start: int, stop: int) -> torch.Tensor:
-        block = to_tensor(
-            np.asarray(read_h5(self.dataset, slice(start, stop))), self.device, self.dtype
-        )
+        if self.index is None:
+            block = to_tensor(
+                np.asarray(read_h5(self.dataset, slice(start, stop))), self.device, self.dtype
+            )
+        else:
+            rows, width = self.index[start:stop], self.n_features
+            block = read_rows(self.dataset, rows, self.block, width, self.device, self.dtype)
         # Accumulated on the device and checked once after a full pass.
         self.has_nan |= torch.isnan(block).any()
         self.has_inf |= torch.isinf(block).any()
@@ -493,6 +505,12 @@ class H5Source(TensorSource):
         if has_nan or has_inf:
             dtype = np.float64 if self.dtype == torch.float64 else np.float32
             raise_nonfinite(has_nan, dtype, estimator_name)
+
+    def check_finite_pass(self, estimator_name: str) -> None:
+        """One pass over the rows, then :meth:`check_finite`."""
+        for _ in self.chunks():
+            pass
+        self.check_finite(estimator_name)
 
     def chunks(self):
         for start in range(0, self.n_samples, self.rows):
@@ -509,8 +527,12 @@ class H5Source(TensorSource):
         (and batches no larger than a block)."""
         n_pieces = -(-self.n_samples // self.piece)
         per_buffer = max(1, self.rows // self.piece, -(-batch_size // self.piece))
-        # The pieces' order crosses to the host once per epoch: it drives the reads.
-        order = torch.randperm(n_pieces, generator=generator, device=self.device).tolist()
+        # The pieces' order crosses to the host once per epoch: it drives the reads. One
+        # buffer of every piece reads them in order, without drawing one: its batches are
+        # then those of the same rows in memory (TensorSource.batches), from the same draw.
+        order = list(range(n_pieces))
+        if per_buffer < n_pieces:
+            order = torch.randperm(n_pieces, generator=generator, device=self.device).tolist()
         carried = None
         for first in range(0, n_pieces, per_buffer):
             spans = self._spans(sorted(order[first : first + per_buffer]))
@@ -558,11 +580,36 @@ class StoredRows:
         return self.shape[0]
 
     def __getitem__(self, key: slice) -> torch.Tensor:
-        rows = self.index[key]
-        out = torch.empty((len(rows), self.shape[1]), dtype=self.dtype, device=self.device)
-        for where, x in self._data.row_blocks(rows):
-            out[to_tensor(where, self.device)] = x
-        return out
+        source, width = self._data.source, self.shape[1]
+        return read_rows(
+            source.dataset, self.index[key], source.rows, width, self.device, self.dtype
+        )
+
+
+def stored_row_blocks(dataset, rows: np.ndarray, size: int, device, dtype):
+    """The rows ``rows`` of an HDF5 dataset a block of ``size`` rows at a time, as
+    :meth:`FitData.row_blocks` yields them."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if not len(rows):
+        return
+    order = np.argsort(rows, kind="stable")
+    starts = np.unique(rows // size) * size
+    # (not the dataset's shape: h5py's error for a closed file, not read_h5's)
+    bounds = [0, *np.searchsorted(rows[order], starts[1:]), len(rows)]
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):  # blocks
+        where = order[lo:hi]
+        first, last = rows[order[lo]], rows[order[hi - 1]]
+        block = np.asarray(read_h5(dataset, slice(first, last + 1)))
+        yield where, to_tensor(block[rows[where] - first], device, dtype)
+
+
+def read_rows(dataset, rows: np.ndarray, size: int, width: int, device, dtype) -> torch.Tensor:
+    """The rows ``rows`` of an HDF5 dataset of ``width`` columns, in that order, read as
+    :func:`stored_row_blocks` reads them."""
+    out = torch.empty((len(rows), width), dtype=dtype, device=device)
+    for where, x in stored_row_blocks(dataset, rows, size, device, dtype):
+        out[to_tensor(where, device)] = x
+    return out
 
 
 def h5_dtype(dataset) -> np.dtype:
@@ -593,18 +640,26 @@ class FitData:
     weight_scale: float = 1.0
 
     def subset(self, rows: np.ndarray) -> FitData:
-        """The same problem on some rows (a fold's training set), without a new upload.
+        """The same problem on some rows (a fold's training set), in that order, without a
+        new upload.
 
-        Rows outside ``rows`` keep their place with weight zero: the statistics and the
-        loss are weighted sums, so they drop out exactly, and an HDF5 dataset is still
-        read in order. In-memory tensors are indexed instead (one copy on the device),
-        which saves the solver the work on the held-out rows.
+        In-memory tensors are indexed (one copy on the device). An HDF5 dataset is not
+        copied: its rows are read from the file as the fit asks for them, in the blocks of
+        the same rows in memory (so the same sums), at most a block at a time, and their
+        minibatches are drawn as :class:`H5Source` draws them, the same as in memory where
+        one buffer holds them all.
         """
         source = self.source
-        if isinstance(source, H5Source):
-            return self.masked(rows)
         index = to_tensor(np.asarray(rows, dtype=np.int64), self.device)
-        source = TensorSource(source.X[index], source.y[index], source.w[index], source.rows)
+        if isinstance(source, H5Source):
+            rows = np.asarray(rows, dtype=np.int64)
+            stored = rows if source.index is None else source.index[rows]
+            source = H5Source(
+                source.dataset, source.y[index], source.w[index], source.block, self.device,
+                self.dtype, stored,
+            )  # fmt: skip
+        else:
+            source = TensorSource(source.X[index], source.y[index], source.w[index], source.rows)
         weight_sum = float(self.sample_weight[rows].sum())
         return replace(self, source=source, weight_sum=weight_sum)
 
@@ -642,12 +697,7 @@ class FitData:
         if not isinstance(self.source, H5Source):
             yield np.arange(len(rows)), self.rows(rows)
             return
-        size, n = self.source.rows, self.source.n_samples
-        order = np.argsort(rows, kind="stable")
-        starts = np.unique(rows // size) * size
-        bounds = np.searchsorted(rows[order], [*starts, n])
-        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):  # blocks
-            where = order[lo:hi]
-            first, last = rows[order[lo]], rows[order[hi - 1]]
-            block = np.asarray(read_h5(self.source.dataset, slice(first, last + 1)))
-            yield where, to_tensor(block[rows[where] - first], self.device, self.dtype)
+        source = self.source
+        if source.index is not None:  # (a subset's rows: the dataset's rows it holds)
+            rows = source.index[rows]
+        yield from stored_row_blocks(source.dataset, rows, source.rows, self.device, self.dtype)

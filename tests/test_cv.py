@@ -624,6 +624,55 @@ def test_an_hdf5_search_computes_what_the_array_s_does(
     np.testing.assert_allclose(stored.coef_, memory.coef_, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("head, Cs", [("linear", [0.1, 10.0]), ("cosine", [4.0, 16.0])])
+@pytest.mark.parametrize("lam, solver", [(0.1, "auto"), (0.0, "adam")])
+@pytest.mark.slow
+def test_an_hdf5_search_by_minibatches_computes_what_the_array_s_does(
+    tmp_path, head, Cs, lam, solver
+):
+    # A projection (lam > 0) or a minibatch solver fits each fold on its own rows: a store's
+    # folds were fitted on all its rows, the held-out ones weighted zero, in other batches
+    # and sums (coef_ 0.49 apart on digits / 16 at lam=0.1, max_iter=50). A fold's rows are
+    # read from the file in the order and blocks of the same rows in memory, and one buffer
+    # holds them here: the same batches too.
+    h5py = pytest.importorskip("h5py")
+    X, y = load_digits(return_X_y=True)
+    X, y = (X[:300] / 16).astype(np.float32), y[:300]
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f.create_dataset("X", data=X, chunks=(50, 64))
+    params = dict(Cs=Cs, cv=3, head=head, lam=lam, solver=solver, max_iter=4, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        memory = MR2LinearClassifierCV(**params, device="cpu").fit(X, y)
+        with h5py.File(tmp_path / "x.h5", "r") as f:
+            stored = MR2LinearClassifierCV(**params, device="cpu").fit(f["X"], y)
+    assert stored.C_ == memory.C_
+    np.testing.assert_array_equal(stored.scores_[0], memory.scores_[0])
+    np.testing.assert_array_equal(stored.coefs_paths_[0], memory.coefs_paths_[0])
+    np.testing.assert_array_equal(stored.coef_, memory.coef_)
+
+
+def test_a_nan_that_no_fold_trains_on_fails_a_store_s_minibatch_search_at_once(tmp_path):
+    # A minibatch search's folds read their own training rows alone: a NaN in a row that
+    # none trains on was found at the refit, after every fold's path was fitted and scored.
+    h5py = pytest.importorskip("h5py")
+    X, y = load_iris(return_X_y=True)
+    X[0, 1] = np.nan
+    cv = [(np.arange(50, 150), np.arange(0, 50)), (np.arange(25, 150), np.arange(0, 25))]
+    scored = []
+
+    def scoring(estimator, X_held, y_held):
+        scored.append(len(y_held))
+        return 0.5
+
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f.create_dataset("X", data=X)
+    search = MR2LinearClassifierCV([1.0], cv=cv, solver="adam", max_iter=2, scoring=scoring)
+    with h5py.File(tmp_path / "x.h5", "r") as f, pytest.raises(ValueError, match="contains NaN"):
+        search.set_params(device="cpu").fit(f["X"], y)
+    assert not scored
+
+
 @pytest.mark.slow
 def test_hdf5_input_is_read_in_blocks_and_matches_memory(tmp_path, monkeypatch):
     h5py = pytest.importorskip("h5py")

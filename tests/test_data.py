@@ -250,7 +250,9 @@ def test_a_weighted_fit_of_an_hdf5_store_is_that_of_the_array(tmp_path, monkeypa
 @pytest.mark.parametrize("stored", [False, True])
 def test_a_fold_s_rows_keep_their_own_weights(tmp_path, stored):
     # A fold's training rows keep their labels and sample weights, and its weight sum (the
-    # penalty's scale, ½‖W‖² / (C·Σw)) is theirs: a row drawn twice counts twice.
+    # penalty's scale, ½‖W‖² / (C·Σw)) is theirs: a row drawn twice counts twice. A store's
+    # fold holds its rows in the fold's order too, read from the file (it held every row,
+    # the others weighted zero: other minibatches and sums than in memory).
     h5py = pytest.importorskip("h5py")
     X, y = _blobs(n=40)
     weight = np.arange(1.0, 41.0)
@@ -259,14 +261,42 @@ def test_a_fold_s_rows_keep_their_own_weights(tmp_path, stored):
         features = f.create_dataset("X", data=X) if stored else X
         data = MR2LinearClassifier(device="cpu")._prepare(features, y, weight)
         fold = data.subset(rows)
-        assert fold.weight_sum == pytest.approx(weight[rows].sum())
-        if stored:  # every row in its place, weighted by how often the fold holds it
-            counts = np.bincount(rows, minlength=40)
-            np.testing.assert_allclose(fold.source.w.numpy(), weight * counts)
-            return
-        np.testing.assert_allclose(fold.source.X.numpy(), X[rows])
-        np.testing.assert_allclose(fold.source.w.numpy(), weight[rows])
-        np.testing.assert_array_equal(fold.source.y.numpy(), data.y_index[rows])
+        assert fold.weight_sum == weight[rows].sum()
+        assert fold.source.n_samples == len(rows)
+        ((x, labels, w),) = fold.source.chunks()
+        np.testing.assert_array_equal(x.numpy(), X[rows])
+        np.testing.assert_array_equal(w.numpy(), weight[rows])
+        np.testing.assert_array_equal(labels.numpy(), data.y_index[rows])
+
+
+@pytest.mark.parametrize("block", [16, 1024])
+def test_a_store_s_fold_draws_the_minibatches_of_its_own_rows(tmp_path, monkeypatch, block):
+    # A fold of a store holds its own rows (it held all, the others weighted zero): each
+    # once an epoch, with its label and weight. Where one buffer holds them (blocks of
+    # 1024 rows), the batches of the same rows in memory, from the same draws (the pieces'
+    # order, drawn though one buffer read them all in order, moved the generator on).
+    h5py = pytest.importorskip("h5py")
+    from mr2_probe import _fit_inputs
+
+    monkeypatch.setattr(_fit_inputs, "block_rows", lambda n_features, n_classes: block)
+    X, y = _blobs(n=200)
+    X[:, 0] = np.arange(200)  # each row's index
+    weight = np.arange(1.0, 201.0)
+    rows = np.arange(0, 200, 3)
+    batches = {}
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        for features in (X, f.create_dataset("X", data=X, chunks=(4, X.shape[1]))):
+            data = MR2LinearClassifier(device="cpu")._prepare(features, y, weight)
+            source = data.subset(rows).source
+            batches[features is X] = list(source.batches(8, torch.Generator().manual_seed(0)))
+    drawn = torch.cat([x[:, 0] for x, _, _ in batches[False]]).numpy().astype(int)
+    np.testing.assert_array_equal(np.sort(drawn), rows)
+    np.testing.assert_array_equal(torch.cat([b[1] for b in batches[False]]), data.y_index[drawn])
+    np.testing.assert_array_equal(torch.cat([b[2] for b in batches[False]]), weight[drawn])
+    if block == 1024:
+        for stored, memory in zip(batches[False], batches[True], strict=True):
+            for a, b in zip(stored, memory, strict=True):
+                np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
 @pytest.mark.parametrize("method", ["fit", "predict"])
