@@ -734,21 +734,33 @@ class HeldOut:
     ``X`` is either the rows (a copy of in-memory data) or, for an HDF5 store, a callable
     that reads them a block at a time, ``(where, x)`` pairs as
     :meth:`~mr2_probe._data.FitData.row_blocks` yields them: read again at each value,
-    never held whole."""
+    never held whole (their norms, n values, are kept as in memory)."""
 
     X: torch.Tensor | Callable
     y_index: np.ndarray
     score_params: dict
     accuracy_weight: np.ndarray | None
-    row_scale: torch.Tensor | None = None  # 1/‖x‖ of X, once a cosine head needs it
+    row_scale: torch.Tensor | None = None  # 1/‖x‖ of X's rows (n,), once a cosine head needs it
 
     def logits(self, coef: torch.Tensor, intercept: torch.Tensor | None, cosine: bool):
         """The held-out logits of a fold's solution (coef_ rows, V for a cosine head)."""
         if callable(self.X):
             z = coef.new_empty((len(self.y_index), coef.shape[0]))  # (n, K)
+            # The norms are measured at the first value and kept for the others.
+            measure, scales = cosine and self.row_scale is None, self.row_scale
             for where, x in self.X():
-                scale = inverse_row_norms(x) if cosine else None
-                z[torch.as_tensor(where, device=z.device)] = _logits(x, coef, intercept, scale)
+                where = torch.as_tensor(where, device=z.device)
+                scale = None
+                if measure:
+                    scale = inverse_row_norms(x)
+                    if scales is None:
+                        scales = scale.new_empty(len(self.y_index))
+                    scales[where] = scale
+                elif cosine:
+                    scale = scales[where]
+                z[where] = _logits(x, coef, intercept, scale)
+            if measure:
+                self.row_scale = scales
             return z
         if cosine and self.row_scale is None:
             self.row_scale = inverse_row_norms(self.X)

@@ -674,6 +674,39 @@ def test_a_nan_that_no_fold_trains_on_fails_a_store_s_minibatch_search_at_once(t
 
 
 @pytest.mark.slow
+def test_an_hdf5_cosine_search_measures_held_out_norms_once(tmp_path, monkeypatch):
+    # The batched folds' held-out rows of a store had their norms measured again at each
+    # scale, those in memory once: once per fold now, the same numbers.
+    h5py = pytest.importorskip("h5py")
+    from mr2_probe import _batched
+
+    measured = []
+    original = _batched.inverse_row_norms
+
+    def spy(x):
+        measured.append(len(x))
+        return original(x)
+
+    monkeypatch.setattr(_batched, "inverse_row_norms", spy)
+    X, y = load_digits(return_X_y=True)
+    X, y = (X[:300] / 16).astype(np.float32), y[:300]
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f.create_dataset("X", data=X)
+    counts = []
+    for Cs in ([8.0], [8.0, 16.0, 32.0]):
+        params = dict(Cs=Cs, cv=3, head="cosine", c_bar=None, max_iter=5, device="cpu")
+        measured.clear()
+        with warnings.catch_warnings(), h5py.File(tmp_path / "x.h5", "r") as f:
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            stored = MR2LinearClassifierCV(**params).fit(f["X"], y)
+            counts.append(sum(measured))
+            memory = MR2LinearClassifierCV(**params).fit(X, y)
+        np.testing.assert_array_equal(stored.scores_[0], memory.scores_[0])
+        np.testing.assert_array_equal(stored.coefs_paths_[0], memory.coefs_paths_[0])
+    assert counts[0] == counts[1]
+
+
+@pytest.mark.slow
 def test_hdf5_input_is_read_in_blocks_and_matches_memory(tmp_path, monkeypatch):
     h5py = pytest.importorskip("h5py")
     X, y = _blobs()
