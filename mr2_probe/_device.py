@@ -274,6 +274,11 @@ def rows_product(x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = N
     ):
         op = _onednn()
         if op:
+            # A thread takes torch's thread count at its first parallel operation, which
+            # oneDNN's op is not: as a thread's first, it ran on OpenMP's default (the
+            # cores), and oneDNN 3.5 (torch 2.5) sums in another order on another count.
+            # torch.get_num_threads sets it: every thread's product is the same.
+            torch.get_num_threads()
             # (oneDNN refuses weights whose strides overlap; a copy is K × d.)
             return op(x, v.contiguous(), bias, "none", [], "")
     return x @ v.T if bias is None else torch.addmm(bias, x, v.T)

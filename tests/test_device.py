@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
+import threadpoolctl
 import torch
 
 from mr2_probe import _device
@@ -327,9 +328,12 @@ def _default_dtype(dtype):
         torch.set_default_dtype(before)
 
 
-def test_threads_that_call_during_the_probe_wait_for_its_answer(monkeypatch):
+def test_threads_that_call_during_the_probe_wait_for_its_answer(monkeypatch, threads):
     # Every thread's logits from the same kernel: before, the others took torch's product
-    # while the first probed, and parallel fits differed from run to run.
+    # while the first probed, and parallel fits differed from run to run. On one torch
+    # thread, below OpenMP's default on several cores: the product was the threads' first
+    # parallel operation, and ran on that default (under torch 2.5, other sums).
+    threads(1)
     probe = _device._probe_onednn
 
     def slow_probe():
@@ -350,6 +354,37 @@ def test_threads_that_call_during_the_probe_wait_for_its_answer(monkeypatch):
         results = list(pool.map(product, range(4)))
     for out in results:
         assert torch.equal(out, rows_product(x, v))
+
+
+def _torch_openmp_threads():
+    """The calling thread's OpenMP thread count in torch's OpenMP runtime, or None."""
+    for info in threadpoolctl.threadpool_info():
+        if info["user_api"] == "openmp" and "torch" in info["filepath"]:
+            return info["num_threads"]
+    return None
+
+
+def _in_a_new_thread(function):
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(function).result()
+
+
+def test_rows_product_in_a_new_thread_runs_on_torchs_thread_count(threads):
+    # oneDNN's op read OpenMP's count, which a thread has from torch only after its first
+    # parallel operation: as a new thread's first, the product ran on the default.
+    if not _device._onednn():
+        pytest.skip("needs oneDNN's linear op")
+    threads(1)
+    default = _in_a_new_thread(_torch_openmp_threads)
+    if default in (None, 1):
+        pytest.skip("needs torch's OpenMP runtime, by default on more than one thread")
+    x, v = torch.randn(300, 64), torch.randn(10, 64)
+
+    def product_then_count():
+        rows_product(x, v)  # the thread's first torch operation
+        return _torch_openmp_threads()
+
+    assert _in_a_new_thread(product_then_count) == 1
 
 
 @pytest.mark.parametrize("broken", ["raises", "wrong"])
