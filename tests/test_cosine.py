@@ -1069,18 +1069,24 @@ def test_a_stall_on_float32_rounding_ends_the_fit_on_the_spheres(spheres):
     assert precise.loss_curve_[-1] <= stalled.loss_curve_[-1] + 1e-6
 
 
+@pytest.mark.slow
 def test_a_small_float32_objective_still_falling_is_not_a_stall_on_the_spheres(spheres):
     # A decrease below float32's epsilon in absolute terms counted as rounding: at an
     # objective of 5e-8, still falling by far more than its rounding, the fit stopped
     # "stalled" at a gradient of 3.3e-6 > tol, advising float64. It now reaches tol.
+    # (Not tol = 1e-6 on 4,000 rows: there the objective, 1.5e-8, fell by 1e-10 to 1e-9
+    # an iteration, below its rounding, eps / √n = 1.9e-9, and whether the fit stalled
+    # first, as it says, turned on the rounding of the products: on one thread under
+    # torch 2.5 it did. At 3e-6 on 16,000 rows they stay about 3 times theirs or more.)
     rng = np.random.default_rng(1)
-    y = rng.integers(0, 16, 4000)
+    n = 16000
+    y = rng.integers(0, 16, n)
     scales = np.exp(rng.uniform(-3, 1, 128))
-    X = ((rng.normal(size=(16, 128))[y] + rng.normal(size=(4000, 128))) * scales).astype(np.float32)
+    X = ((rng.normal(size=(16, 128))[y] + rng.normal(size=(n, 128))) * scales).astype(np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
-        clf = MR2LinearClassifier(head="cosine", scale=256.0, tol=1e-6, device="cpu").fit(X, y)
-    precise = MR2LinearClassifier(head="cosine", scale=256.0, tol=1e-6, device="cpu")
+        clf = MR2LinearClassifier(head="cosine", scale=256.0, tol=3e-6, device="cpu").fit(X, y)
+    precise = MR2LinearClassifier(head="cosine", scale=256.0, tol=3e-6, device="cpu")
     precise.fit(X.astype(np.float64), y)
     assert clf.loss_curve_[-1] <= precise.loss_curve_[-1] + 1e-8
 
