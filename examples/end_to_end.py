@@ -50,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     above = next((p for p in out.absolute().parents if p.exists()), None)
     if above is not None and not above.is_dir():
         parser.error(f"--out {args.out} is inside {above}, which is a file, not a folder")
+    # (without matplotlib, mr2-probe refused its --out only once both stores were extracted)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        parser.error('--out draws plots, which need matplotlib: pip install "mr2-probe[plot]"')
     stores = {}
     for split, per_class in (("train", args.train_per_class), ("test", args.test_per_class)):
         # Fashion-MNIST holds 6,000 images of each class for training and 1,000 for test:

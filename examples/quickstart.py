@@ -48,6 +48,14 @@ def main(argv: list[str] | None = None):
         blocking = value and _file_above(Path(value))
         if blocking:
             parser.error(f"{option} {value} is inside {blocking}, which is a file, not a folder")
+    # (without matplotlib, --plots ended in mr2_probe.plotting's ImportError traceback)
+    if args.plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error(
+                '--plots draws figures, which need matplotlib: pip install "mr2-probe[plot]"'
+            )
 
     X, y = load_digits(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(

@@ -211,6 +211,32 @@ def test_end_to_end_names_its_stores_after_the_images_they_hold(tmp_path):
     ]
 
 
+def test_quickstart_refuses_plots_without_matplotlib_before_fitting(tmp_path, monkeypatch, capsys):
+    # mr2_probe.plotting's ImportError ended the run in a traceback once the probes were fitted.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # ``import matplotlib`` fails
+    script = runpy.run_path(str(EXAMPLES / "quickstart.py"), run_name="quickstart")
+    with pytest.raises(SystemExit) as exit_:
+        script["main"](["--plots", str(tmp_path / "figures")])
+    captured = capsys.readouterr()
+    message = '--plots draws figures, which need matplotlib: pip install "mr2-probe[plot]"'
+    assert exit_.value.code == 2 and message in captured.err
+    assert "digits:" not in captured.out  # nothing was fitted
+
+
+def test_end_to_end_refuses_a_missing_matplotlib_before_extracting(tmp_path, monkeypatch, capsys):
+    # mr2-probe refused its --out (plots need matplotlib) only once both stores were extracted.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # ``import matplotlib`` fails
+    main = runpy.run_path(str(EXAMPLES / "end_to_end.py"), run_name="end_to_end")["main"]
+    calls = []
+    main.__globals__["extract_features"] = lambda *a, **kw: calls.append(a) or a[2]
+    main.__globals__["mr2_probe"] = lambda argv: 0
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(tmp_path / "run")])
+    message = '--out draws plots, which need matplotlib: pip install "mr2-probe[plot]"'
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert calls == [] and not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("option, below", [("--json", "r.json"), ("--plots", "figures/png")])
 def test_quickstart_refuses_outputs_inside_a_file_before_fitting(option, below, tmp_path, capsys):
     # A file among the folders above (notes.txt/r.json): FileExistsError or
