@@ -222,8 +222,16 @@ def _extract(args: argparse.Namespace) -> int:
         from mr2_probe._device import resolve_device
         from mr2_probe._h5 import name_failures
 
-        from . import extract_features, load_features
-        from ._image_list import working_folder_hint
+        try:  # h5py, Pillow, timm, ...: the extract extra, which `pip install -e .` leaves out
+            from . import extract_features, load_features
+            from ._image_list import working_folder_hint
+        except ModuleNotFoundError as err:
+            if args.debug:
+                raise
+            return _error(
+                f"extracting features needs the extract extra ({err}): "
+                'pip install "mr2-probe[extract]"'
+            )
 
     try:  # named as the option, as mr2-probe names it
         resolve_device(args.device)

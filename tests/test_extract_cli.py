@@ -325,6 +325,26 @@ def test_ctrl_c_while_the_extraction_is_imported_is_one_line_and_130(tmp_path, c
         main([str(folder), "timm:test_resnet@random", str(tmp_path / "o.h5"), "--debug"])
 
 
+def test_a_missing_extract_extra_is_one_line_with_the_install_command(
+    tmp_path, capsys, monkeypatch
+):
+    # `pip install -e .` installs mr2-extract without the extract extra: a run ended in a
+    # ModuleNotFoundError traceback (No module named 'PIL'), where mr2-probe names the extra.
+    def missing(name):  # the package's lazy import of extract_features
+        raise ModuleNotFoundError("No module named 'PIL'", name="PIL")
+
+    monkeypatch.setattr(extract, "__getattr__", missing)
+    argv = [str(tmp_path / "data"), "timm:test_resnet@random", str(tmp_path / "o.h5")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "mr2-extract: error: extracting features needs the extract extra (No module named "
+        "'PIL'): pip install \"mr2-probe[extract]\"\n"
+    )
+    with pytest.raises(ModuleNotFoundError):  # --debug: the traceback
+        main([*argv, "--debug"])
+
+
 @pytest.mark.usefixtures("python_sigint")
 def test_a_real_ctrl_c_during_the_imports_waits_for_them_to_finish(tmp_path, capsys, monkeypatch):
     # A SIGINT inside NumPy's or torch's import left them half imported: a RecursionError's
