@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None):
             parser.error(f"{option} must be at least {least}, got {value}")
     if not 0 <= args.seed < 2**32:  # NumPy's seeds, as train_test_split takes them
         parser.error(f"--seed must be between 0 and 2**32 - 1, got {args.seed}")
+    if args.dask:  # (without dask installed: a ModuleNotFoundError traceback)
+        try:
+            import dask.distributed  # noqa: F401
+        except ImportError:
+            parser.error('--dask needs the dask extra: pip install "mr2-probe[dask]"')
 
     X, y = load_digits(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(

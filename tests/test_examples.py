@@ -261,6 +261,16 @@ def test_grid_search_refuses_more_folds_than_a_class_has_images_in_one_line(caps
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_grid_search_refuses_dask_without_it_in_one_line(monkeypatch, capsys):
+    # `--dask 2` without dask installed ended in a ModuleNotFoundError traceback.
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)  # its import fails
+    script = runpy.run_path(str(EXAMPLES / "grid_search.py"), run_name="grid_search")
+    with pytest.raises(SystemExit) as exit_:
+        script["main"](["--dask", "2"])
+    message = '--dask needs the dask extra: pip install "mr2-probe[dask]"'
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("option", ["--train-per-class", "--test-per-class", "--image-size"])
 def test_end_to_end_refuses_sizes_below_one_in_one_line(option, tmp_path, capsys):
     # They ended in extract's ValueError traceback.
