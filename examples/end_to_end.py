@@ -16,8 +16,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from extract import extract_features
 from mr2_probe.cli import main as mr2_probe
+
+try:  # h5py, Pillow, timm, ...: the extract extra, which `pip install -e .` leaves out
+    from extract import extract_features
+except ModuleNotFoundError as err:
+    extract_features, _no_extract = None, str(err)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         import matplotlib  # noqa: F401
     except ImportError:
         parser.error('--out draws plots, which need matplotlib: pip install "mr2-probe[plot]"')
+    if extract_features is None:  # (a ModuleNotFoundError traceback as the script began)
+        parser.error(
+            f"extracting features needs the extract extra ({_no_extract}): "
+            'pip install "mr2-probe[extract]"'
+        )
     stores = {}
     for split, per_class in (("train", args.train_per_class), ("test", args.test_per_class)):
         # Fashion-MNIST holds 6,000 images of each class for training and 1,000 for test:

@@ -237,6 +237,19 @@ def test_end_to_end_refuses_a_missing_matplotlib_before_extracting(tmp_path, mon
     assert calls == [] and not (tmp_path / "run").exists()
 
 
+def test_end_to_end_refuses_a_missing_extract_extra_in_one_line(tmp_path, monkeypatch, capsys):
+    # `pip install -e ".[plot]"` leaves the extract extra out: the script ended in a
+    # ModuleNotFoundError traceback on its import of extract.
+    monkeypatch.setitem(sys.modules, "extract", None)  # ``from extract import`` fails
+    main = runpy.run_path(str(EXAMPLES / "end_to_end.py"), run_name="end_to_end")["main"]
+    main.__globals__["mr2_probe"] = lambda argv: pytest.fail("mr2-probe ran")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "extracting features needs the extract extra (" in err
+    assert 'pip install "mr2-probe[extract]"' in err and not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("option, below", [("--json", "r.json"), ("--plots", "figures/png")])
 def test_quickstart_refuses_outputs_inside_a_file_before_fitting(option, below, tmp_path, capsys):
     # A file among the folders above (notes.txt/r.json): FileExistsError or
