@@ -381,11 +381,22 @@ def _complete_on_every_rank(complete: bool, merged: Path, step: _ShardStep) -> b
 
 
 def _merge_on_rank0(
-    out: Path, rank: int, world_size: int, overwrite: bool, repair_merged=None
+    out: Path, rank: int, world_size: int, overwrite: bool, repair_merged=None, step=None
 ) -> Path:
+    """Rank 0 merges the shards of ``out`` once every rank's is complete, and tells every
+    rank its outcome; where ``step`` (:class:`_ShardStep`) meets in the group's store, the
+    ranks meet there, and leave once one says it was interrupted (in gloo's barrier and
+    gather they waited for it until the group's timeout)."""
     import torch.distributed as dist
 
-    dist.barrier()  # every shard is complete before rank 0 reads them
+    in_store = step is not None and step.meets_in is not None and step.agreed
+    if step is not None:  # (what an interrupt of this rank tells the others)
+        at = "to merge" if rank == 0 else "at the merge of"
+        step.doing = f"{at} the shards into {os.fspath(out)!r}"
+    if in_store:
+        step.exchange(None)  # every shard is complete before rank 0 reads them
+    else:
+        dist.barrier()
     failure = None
     if rank == 0:
         try:
@@ -394,7 +405,9 @@ def _merge_on_rank0(
             failure = error
     # Rank 0's outcome, to every rank: a failure there ends the others too, naming it.
     failed = []
-    if dist.is_initialized():  # (ranks run one by one: each knows its own only)
+    if in_store:
+        _, failed = step._meet(None, failure)
+    elif dist.is_initialized():  # (ranks run one by one: each knows its own only)
         _, failed = _every_rank_said(None, failure, world_size)
     if failure is not None:
         raise failure

@@ -367,13 +367,21 @@ def extract_features(
             shard, _, _, failed = done
             _warn_of_failures(shard, *failed)
             return shard
-        # Each rank's failures are its shard's: the user hears of them once, as the
-        # merged store's (the store asked for).
-        failed = _all_ranks_failures(None if done is None else done[3], step)
-        if done is None:  # every rank found ``out`` complete: nothing to extract or merge
-            return out
-        _, repair_merged, rebuild, _ = done
-        merged = _merge_on_rank0(out, rank, world_size, overwrite or rebuild, repair_merged)
+        try:
+            # Each rank's failures are its shard's: the user hears of them once, as the
+            # merged store's (the store asked for).
+            failed = _all_ranks_failures(None if done is None else done[3], step)
+            if done is None:  # every rank found ``out`` complete: nothing to extract or merge
+                return out
+            _, repair_merged, rebuild, _ = done
+            merged = _merge_on_rank0(
+                out, rank, world_size, overwrite or rebuild, repair_merged, step
+            )
+        except Exception:  # (told where the ranks met: every rank raises its own)
+            raise
+        except BaseException as error:  # (a Ctrl-C at the merge: the others stop too)
+            step.interrupt(error)
+            raise
         if rank == 0:  # another number of ranks' interrupted run's shards
             by = "a forced rebuild" if overwrite or rebuild else f"a run at {world_size} ranks"
             mark_superseded(merged, world_size, by=by)

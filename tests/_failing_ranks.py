@@ -274,3 +274,26 @@ def rank_interrupted_beside_a_failed_rank_s_exchange(
     setattr(_runner, name, stops)
     fast = dict(FAST, batch_size=1)
     _ended(said, rank, lambda: extract_features(folder, BACKBONE, said / "f.h5", **fast))
+
+
+def rank_interrupted_at_the_merge(rank: int, folder: Path, said: Path, where: str) -> None:
+    """One of two ranks extracting ``folder`` into ``said/f.h5``, in the caller's group (a
+    timeout of 60 s), where rank 0 is interrupted (KeyboardInterrupt) at the merge: once
+    every rank has said its failures at their count, before the shards' barrier
+    (``where="count"``), or while it merges them (``"merge"``); it touches
+    ``said/rank0-interrupted`` first. Each run's outcome goes into ``said/rank<rank>.txt``;
+    the group is kept until the other rank has ended (:func:`_ended`)."""
+    from extract import _ranks
+
+    _caller_s_group(rank, said, timeout_s=60)
+    real = _runner._all_ranks_failures
+
+    def interrupted(*args, **kwargs):
+        (said / "rank0-interrupted").touch()
+        raise KeyboardInterrupt
+
+    if rank == 0 and where == "count":
+        _runner._all_ranks_failures = lambda *args: (real(*args), interrupted())
+    elif rank == 0:
+        _ranks._merge_shards_of = interrupted
+    _ended(said, rank, lambda: extract_features(folder, BACKBONE, said / "f.h5", **FAST))

@@ -825,7 +825,7 @@ def _ranks_without_merge(monkeypatch, world_size: int = 2) -> list:
     monkeypatch.setenv("WORLD_SIZE", str(world_size))
     _ranks_one_by_one(monkeypatch)
     merges = []
-    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair: (
+    monkeypatch.setattr(_runner, "_merge_on_rank0", lambda out, rank, n, overwrite, repair, step: (
         merges.append((rank, overwrite, repair)) or out))  # fmt: skip
     return merges
 
@@ -2209,7 +2209,7 @@ def test_a_run_in_one_process_resumed_under_torchrun_extracts_only_its_pending_r
     _killed_run(monkeypatch, folder, BACKBONE, out, **fast)  # rows 0 and 1 done
     _ranks_without_merge(monkeypatch)
 
-    def merge(out, rank, n, overwrite, repair):
+    def merge(out, rank, n, overwrite, repair, step):
         return merge_shards([shard_path(out, r, n) for r in range(n)], out) if rank == 0 else out
 
     monkeypatch.setattr(_runner, "_merge_on_rank0", merge)
@@ -2977,6 +2977,55 @@ def test_ranks_meet_in_the_store_each_exchange_under_its_own_key(monkeypatch):
     assert not any(step.ended for step in ranks)
 
 
+@pytest.mark.parametrize("how", ["error", "interrupt"])
+def test_ranks_meet_at_the_merge_in_the_store(tmp_path, monkeypatch, how):
+    # Ranks 0 and 1 of 2 (threads, their group faked, its store a HashStore), their key
+    # agreed, at the merge, where rank 0's merge fails, or is interrupted: rank 1 waited
+    # for it at gloo's barrier and gather. It meets rank 0 in the store now, and stops
+    # naming its error there, or once rank 0 says it was interrupted (as the run does).
+    import threading
+
+    import torch.distributed as dist
+
+    from extract import _ranks
+
+    out = tmp_path / "f.h5"
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", lambda: pytest.fail("over gloo"))
+    monkeypatch.setattr(_ranks, "all_gather_object", lambda *args: pytest.fail("over gloo"))
+    stop = OSError(5, "Input/output error") if how == "error" else KeyboardInterrupt()
+    monkeypatch.setattr(_ranks, "_merge_shards_of", lambda *args: (_ for _ in ()).throw(stop))
+    store = dist.HashStore()
+    ranks = [_ranks._ShardStep(out, 2, rank, store) for rank in (0, 1)]
+    for step in ranks:
+        step.agree_on_key(ranks[0].key)
+    ended = {}
+
+    def merge(rank: int) -> None:
+        try:
+            _ranks._merge_on_rank0(out, rank, 2, False, None, ranks[rank])
+        except BaseException as error:  # (a KeyboardInterrupt too)
+            if not isinstance(error, Exception):
+                ranks[rank].interrupt(error)  # (as the run does)
+            ended[rank] = error
+
+    threads = [threading.Thread(target=merge, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)  # (a bound, not a timing: rank 1 leaves at its next look)
+    assert not any(thread.is_alive() for thread in threads)
+    assert ended[0] is stop
+    said, why = (
+        ("OSError: [Errno 5] Input/output error", "its error says why")
+        if how == "error"
+        else ("KeyboardInterrupt", "it was interrupted")
+    )
+    assert str(ended[1]).startswith(
+        f"Rank 0 failed to merge the shards into '{out}' ({said}): {why}."
+    )
+
+
 def test_a_failed_rank_at_its_exchange_leaves_it_once_another_is_interrupted(monkeypatch):
     # Rank 1 of 2 (a thread) fails and goes to the exchange of its failure; rank 0 is
     # interrupted before it looks at the store. Rank 1 waited in gloo's gather (here: a
@@ -3398,6 +3447,38 @@ def test_under_torchrun_a_failed_rank_at_its_exchange_leaves_it_once_another_is_
     _two_ranks(monkeypatch, target, folder, tmp_path, where, guard=20, since=since)
     said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
     assert said == ["KeyboardInterrupt", f"RuntimeError: rank 1 failed at its {where}"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not hasattr(torch.distributed.ProcessGroup, "get_group_store"),
+    reason="torch gives no ProcessGroup.get_group_store",
+)
+@pytest.mark.parametrize("where", ["count", "merge"])
+def test_under_torchrun_a_rank_interrupted_at_the_merge_stops_the_others_there(
+    tmp_path, monkeypatch, where
+):
+    # Rank 0 was interrupted at the merge: once the ranks had told their failures' count
+    # (then rank 1 waited at the shards' gloo barrier), or while it merged (rank 1 waited
+    # for its outcome in gloo's gather); either until the group's timeout (here 60 s;
+    # extract's own group: 24 h). The ranks meet in the store there too now, where rank 0
+    # says it was interrupted, and rank 1 stops naming it.
+    from tests._failing_ranks import rank_interrupted_at_the_merge
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    since = tmp_path / "rank0-interrupted"  # (where rank 1 waits a third of the timeout)
+    target = rank_interrupted_at_the_merge
+    _two_ranks(monkeypatch, target, folder, tmp_path, where, guard=20, since=since)
+    said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    doing = {
+        "count": f"to extract its shard {os.fspath(shard_path(tmp_path / 'f.h5', 0, 2))!r}",
+        "merge": f"to merge the shards into {os.fspath(tmp_path / 'f.h5')!r}",
+    }[where]
+    assert said == [
+        "KeyboardInterrupt",
+        f"StoreError: Rank 0 failed {doing} (KeyboardInterrupt): it was interrupted. Every "
+        "rank stops, the rows written so far kept: the same command resumes.",
+    ]
 
 
 def _two_ranks(monkeypatch, target, *args, guard: int = 120, since: Path | None = None) -> None:
@@ -5666,7 +5747,7 @@ def test_failures_under_torchrun_are_warned_of_once_as_the_merged_store_s(
     out = tmp_path / "f.h5"
     _ranks_one_by_one(monkeypatch)
 
-    def merge_on_rank0(out, rank, n, overwrite, repair):  # no group: the ranks one by one
+    def merge_on_rank0(out, rank, n, overwrite, repair, step):  # no group: the ranks one by one
         return merge_shards([shard_path(out, r, n) for r in range(n)], out) if rank == 0 else out
 
     monkeypatch.setattr(_runner, "_merge_on_rank0", merge_on_rank0)
