@@ -3381,13 +3381,18 @@ def test_an_exchange_in_a_group_without_gloo_is_torch_s_own(monkeypatch):
     assert gathered == [("said", 3)] and into == [("said", 3)]
 
 
-@pytest.mark.slow
-# (a group the caller keeps is told through its store where torch gives it; elsewhere
-# the ranks meet at the end of their shards)
-@pytest.mark.skipif(
+# (a group the caller keeps has a store where torch gives one; elsewhere the ranks meet in
+# gloo alone)
+_with_group_store = pytest.mark.skipif(
     not hasattr(torch.distributed.ProcessGroup, "get_group_store"),
     reason="torch gives no ProcessGroup.get_group_store",
 )
+
+
+@pytest.mark.slow
+# (a group the caller keeps is told through its store where torch gives it; elsewhere
+# the ranks meet at the end of their shards)
+@_with_group_store
 @pytest.mark.parametrize("how", ["error", "interrupt"])
 def test_under_torchrun_a_rank_that_stops_mid_shard_stops_the_others_at_their_next_batch(
     tmp_path, monkeypatch, how
@@ -3423,10 +3428,7 @@ def test_under_torchrun_a_rank_that_stops_mid_shard_stops_the_others_at_their_ne
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not hasattr(torch.distributed.ProcessGroup, "get_group_store"),
-    reason="torch gives no ProcessGroup.get_group_store",
-)
+@_with_group_store
 @pytest.mark.parametrize("where", ["listing", "batch"])
 def test_under_torchrun_a_failed_rank_at_its_exchange_leaves_it_once_another_is_interrupted(
     tmp_path, monkeypatch, where
@@ -3450,10 +3452,7 @@ def test_under_torchrun_a_failed_rank_at_its_exchange_leaves_it_once_another_is_
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not hasattr(torch.distributed.ProcessGroup, "get_group_store"),
-    reason="torch gives no ProcessGroup.get_group_store",
-)
+@_with_group_store
 @pytest.mark.parametrize("where", ["count", "merge"])
 def test_under_torchrun_a_rank_interrupted_at_the_merge_stops_the_others_there(
     tmp_path, monkeypatch, where
