@@ -85,10 +85,14 @@ def gather_in_store(
         stop()
         if time.monotonic() >= deadline:
             missing = [r for r, k in others.items() if not store.check([k])]
+            # (a rank with more rows left than this one, a resumed shard's say, may still be
+            # at work: the group's timeout, not the rank, is then what to cure)
             raise StoreError(
                 f"Rank {rank} waited the group's timeout ({timeout}) for "
                 f"{plural(len(missing), 'rank')} {', '.join(map(str, missing))} to meet it, "
-                "which neither came nor said why (killed, say). Every rank stops, the rows "
-                "written so far kept: the same command resumes."
+                "which neither came nor said why: killed, say, or still at work with more "
+                "rows left than this rank. Every rank stops, the rows written so far kept: "
+                "the same command resumes (a group of your own: give init_process_group a "
+                "longer timeout)."
             )
     return [obj if r == rank else pickle.loads(store.get(others[r])) for r in range(world_size)]

@@ -3056,7 +3056,8 @@ def test_a_failed_rank_at_its_exchange_leaves_it_once_another_is_interrupted(mon
 
 def test_a_rank_that_never_comes_to_an_exchange_in_the_store_is_named_at_the_timeout():
     # A rank killed outright says nothing: the others wait for it until the group's timeout
-    # (the store's), as they did in gloo's gather, and then name it.
+    # (the store's), and then name it, as killed or as still at work past that timeout (a
+    # rank with more rows left: there the cure is a longer timeout, not the rank).
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -3070,8 +3071,9 @@ def test_a_rank_that_never_comes_to_an_exchange_in_the_store_is_named_at_the_tim
         gather_in_store(store, "x/1", 0, 3, "mine", lambda: looked.append(1))
     assert str(raised.value) == (
         "Rank 0 waited the group's timeout (0:00:00.050000) for ranks 1, 2 to meet it, which "
-        "neither came nor said why (killed, say). Every rank stops, the rows written so far "
-        "kept: the same command resumes."
+        "neither came nor said why: killed, say, or still at work with more rows left than "
+        "this rank. Every rank stops, the rows written so far kept: the same command resumes "
+        "(a group of your own: give init_process_group a longer timeout)."
     )
     assert looked  # (between its looks: where one said it was interrupted, it left)
 
