@@ -11,6 +11,8 @@ from datetime import timedelta
 
 import torch
 
+from mr2_probe._h5 import one_line
+
 from ._paths import plural
 from ._schema import StoreError
 
@@ -72,8 +74,28 @@ def gather_in_store(
     it will not come). A gloo
     collective cannot be left once entered: a rank waited there for one that had said so,
     until the group's timeout, and no Ctrl-C reached it. A rank that never comes and says
-    nothing (killed outright) is waited for until the store's timeout (the group's)."""
+    nothing (killed outright) is waited for until the store's timeout (the group's). A
+    store gone with the process that held it is a :class:`StoreError` naming that."""
     stop()
+    try:
+        return _gathered_in(store, key, rank, world_size, obj, stop)
+    except StoreError:
+        raise
+    except Exception as error:  # (gloo's gather named the lost peer; the store's says
+        # "Broken pipe", a traceback under the command line)
+        stop()  # (torchrun's launcher gone, the store with it: stopped as at a Ctrl-C)
+        raise StoreError(
+            f"Rank {rank} lost the group's store while it met the other ranks "
+            f"({type(error).__name__}: {one_line(error, 200)}): the process that held it "
+            "(rank 0, or torchrun's launcher) stopped, killed say. Every rank stops, the rows "
+            "written so far kept: the same command resumes."
+        ) from error
+
+
+def _gathered_in(
+    store, key: str, rank: int, world_size: int, obj: object, stop: Callable[[], None]
+) -> list:
+    """:func:`gather_in_store`'s exchange itself, which the store's errors leave."""
     store.set(f"{key}/{rank}", pickle.dumps(obj))
     others = {r: f"{key}/{r}" for r in range(world_size) if r != rank}
     timeout = getattr(store, "timeout", None) or timedelta(hours=24)

@@ -3078,6 +3078,40 @@ def test_a_rank_that_never_comes_to_an_exchange_in_the_store_is_named_at_the_tim
     assert looked  # (between its looks: where one said it was interrupted, it left)
 
 
+def test_a_rank_whose_store_is_gone_at_an_exchange_names_that():
+    # The store went with the process that held it (rank 0 killed, outside torchrun) while
+    # rank 1 waited for it there: torch's "Broken pipe" came out, which the command line
+    # printed as a traceback (gloo's gather had named the lost peer). It is a StoreError
+    # now, which says so and how to go on.
+    import torch.distributed as dist
+
+    from extract._gathered import gather_in_store
+
+    class Gone(dist.HashStore):
+        def check(self, keys):
+            raise dist.DistNetworkError("Broken pipe")
+
+    with pytest.raises(StoreError) as raised:
+        gather_in_store(Gone(), "x/1", 1, 2, "mine", lambda: None)
+    assert str(raised.value) == (
+        "Rank 1 lost the group's store while it met the other ranks (DistNetworkError: Broken "
+        "pipe): the process that held it (rank 0, or torchrun's launcher) stopped, killed "
+        "say. Every rank stops, the rows written so far kept: the same command resumes."
+    )
+
+    # Where torchrun's launcher is gone (the store with it), it stops as at a Ctrl-C.
+    looks = []
+
+    def stop():  # (the launcher there at the first look, gone at the next)
+        looks.append(1)
+        if len(looks) > 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        gather_in_store(Gone(), "x/2", 1, 2, "mine", stop)
+    assert len(looks) == 2
+
+
 class _DictStore:
     """A group's key-value store in a dict, recording its look-ups."""
 
