@@ -392,10 +392,11 @@ def _label_array(a, name: str, classes: bool = False) -> np.ndarray:
     array (:func:`_array`), refused first where they hold a missing label (None, pd.NA, NaN
     or NaT among objects), named as ``name`` with its position: NumPy reads a list of
     text and NaN as the text 'nan', a class of its own, without a word."""
-    if not (sp.issparse(a) or is_torch_tensor(a)):  # (a tensor holds numbers: _check_no_nan)
-        cure = f"name only classes in {name}" if classes else None
-        check_no_missing_labels(a, name, "score", cure)
-    return _array(a, name=name)
+    if sp.issparse(a) or is_torch_tensor(a):  # (a tensor holds numbers: _check_no_nan)
+        return _array(a, name=name)
+    cure = f"name only classes in {name}" if classes else None
+    read = check_no_missing_labels(a, name, "score", cure)  # (read once, not again here)
+    return _array(a, name=name) if read is None else read
 
 
 def _numpy_held(a: np.ndarray) -> np.ndarray:

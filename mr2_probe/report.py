@@ -308,10 +308,10 @@ def _predictions(name: str, model, X) -> np.ndarray:
             raise ValueError(f"Model {name!r} is an estimator: pass X to predict with it.")
         return _array(model.predict(X), name=f"models[{name!r}].predict(X)")
     try:  # (as given: NumPy reads a list's NaN among text as the class 'nan')
-        check_no_missing_labels(model, "y_pred", "score")
+        read = check_no_missing_labels(model, "y_pred", "score")
     except ValueError as error:
         raise _unscorable(name, error) from None
-    predictions = _array(model, name=f"models[{name!r}]")
+    predictions = _array(model, name=f"models[{name!r}]") if read is None else read
     if predictions.ndim == 0:  # ("y_true and y_pred must have the same shape, got (6,) and ()")
         raise ValueError(
             f"Model {name!r} is a single value, {plain(predictions.item())!r}: models must map "

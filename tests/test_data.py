@@ -10,6 +10,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, TunedOffsetsClassifierCV
+from mr2_probe._data import check_no_missing_labels
 from mr2_probe.front import accuracy_front
 from mr2_probe.metrics import (
     class_groups,
@@ -613,3 +614,40 @@ def test_a_missing_label_is_refused_by_name_and_position_at_every_entry(fitted, 
     match = rf"^{re.escape(prefix)} holds 1 missing label \({what}\) among its {n}, at "
     with pytest.raises(ValueError, match=rf"{match}position {position}, which is no class: "):
         call(y, fitted)
+
+
+@pytest.mark.parametrize(
+    "nan",
+    [float("nan"), np.float16("nan"), complex(1, float("nan")), complex(0, float("nan"))],
+    ids=["float", "float16", "complex", "imaginary"],
+)
+@pytest.mark.parametrize("text", [str, str.encode], ids=["str", "bytes"])
+def test_a_list_s_nan_among_text_is_refused_in_whatever_text_numpy_writes_it(nan, text):
+    # NumPy writes it 'nan', '(1+nanj)' or 'nanj' among text (b'nan' ... among bytes): the
+    # labels are read as objects where it may have, and there only.
+    y = [text(v) for v in _TEXT[:5]] + [nan]
+    with pytest.raises(ValueError, match=r"^Input y holds 1 missing label \(NaN\) among its 6"):
+        check_no_missing_labels(y)
+    # Text that reads alike is a class: 'nan', 'Raj', '(1+2j)'.
+    for y in (["nan", "cat"], ["Raj", "cat"], ["(1+2j)", "cat"], [b"nan", b"cat"]):
+        check_no_missing_labels(y)
+
+
+def test_labels_are_read_once_and_as_objects_only_where_a_nan_may_hide(monkeypatch):
+    # Each entry read a list of labels as text two or three times, once as Python's objects
+    # (a set of them): for ImageNet's 1.28 million labels as text that added about half
+    # a second to each argument of each metric, the fits' check a fifth of a second.
+    y, pred = _TEXT.tolist(), _TEXT[::-1].tolist()
+    asarray, reads = np.asarray, []
+
+    def counted(a, *args, **kwargs):
+        if a is y or a is pred:
+            dtype = kwargs.get("dtype", args[0] if args else None)
+            reads.append(("y" if a is y else "pred", dtype))
+        return asarray(a, *args, **kwargs)
+
+    monkeypatch.setattr(np, "asarray", counted)
+    check_no_missing_labels(y)
+    per_class_accuracy(y, pred)
+    classwise_report({"erm": pred}, _TEXT)
+    assert reads == [("y", None), ("y", None), ("pred", None), ("pred", None)]
