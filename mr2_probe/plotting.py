@@ -82,6 +82,9 @@ def _bars(ax, centres, heights, width: float, colours):
         corners.reshape(-1, 4, 2), facecolors=colours, edgecolors="none", linewidths=0
     )
     ax.add_collection(bars)
+    # (as ax.bar's: before matplotlib 3.11 a collection updated the data limits only, and
+    # the x axis of one or two classes stayed at (0, 1), their outer bars cut in half)
+    ax.autoscale_view()
     return bars
 
 

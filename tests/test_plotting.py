@@ -898,6 +898,30 @@ def test_the_bars_of_imagenet_s_1000_classes_are_two_artists(tmp_path):
     assert colours[k:] == expected.tolist() and len(set(colours[k:])) == 3
 
 
+@pytest.mark.parametrize("k", [1, 2, 6])
+def test_the_x_axis_holds_every_bar_as_ax_bar_s_before_matplotlib_3_11(tmp_path, monkeypatch, k):
+    # Before matplotlib 3.11 (the project takes 3.7 on) add_collection updated the data
+    # limits and left the view's: one or two classes drew on an x axis of (0, 1), their
+    # outer bars cut in half. Here add_collection does as it did then.
+    from matplotlib.axes import Axes
+
+    add_collection = Axes.add_collection
+
+    def as_before_3_11(self, collection, autolim=True):
+        add_collection(self, collection, autolim=False)
+        if autolim:
+            self.update_datalim(collection.get_datalim(self.transData).get_points())
+        return collection
+
+    monkeypatch.setattr(Axes, "add_collection", as_before_3_11)
+    y = np.repeat(np.arange(k), 2)
+    report = classwise_report({"ERM": y, "MR2": np.where(y == 0, y, 0)}, y)
+    ax = plot_class_accuracy(report, tmp_path / "c.png").axes[0]
+    # ax.bar's: the bars from -0.4 to k - 0.6, and 5% of that span on each side
+    margin = 0.05 * (k - 0.2)
+    assert ax.get_xlim() == pytest.approx((-0.4 - margin, k - 0.6 + margin))
+
+
 @pytest.mark.parametrize(
     "erm, mr2, bottom",
     [
