@@ -663,20 +663,24 @@ class FitData:
     weight_scale: float = 1.0
 
     def subset(self, rows: np.ndarray) -> FitData:
-        """The same problem on some rows (a fold's training set), in that order, without a
-        new upload.
+        """The same problem on some rows (a fold's training set), without a new upload.
 
-        In-memory tensors are indexed (one copy on the device). An HDF5 dataset is not
-        copied: its rows are read from the file as the fit asks for them, in the blocks of
-        the same rows in memory (so the same sums), at most a block at a time, and their
-        minibatches are drawn as :class:`H5Source` draws them, the same as in memory where
-        one buffer holds them all.
+        In-memory tensors are indexed (one copy on the device), the rows in that order. An
+        HDF5 dataset is not copied: its rows are read from the file as the fit asks for
+        them, in the file's order (that of ``rows`` where it is sorted, as KFold's are), in
+        the blocks of the same rows in memory (so the same sums), at most a block at a
+        time, and their minibatches are drawn as :class:`H5Source` draws them, the same as
+        in memory where one buffer holds them all.
         """
         source = self.source
         index = to_tensor(np.asarray(rows, dtype=np.int64), self.device)
         if isinstance(source, H5Source):
             rows = np.asarray(rows, dtype=np.int64)
             stored = rows if source.index is None else source.index[rows]
+            # In the file's order: rows in another (ShuffleSplit's) had each block's rows
+            # read from across the file, every block of it per block, or per batch's piece.
+            order = np.argsort(stored, kind="stable")
+            stored, index = stored[order], index[to_tensor(order, self.device)]
             source = H5Source(
                 source.dataset, source.y[index], source.w[index], source.block, self.device,
                 self.dtype, stored,

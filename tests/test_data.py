@@ -265,9 +265,40 @@ def test_a_fold_s_rows_keep_their_own_weights(tmp_path, stored):
         assert fold.weight_sum == weight[rows].sum()
         assert fold.source.n_samples == len(rows)
         ((x, labels, w),) = fold.source.chunks()
-        np.testing.assert_array_equal(x.numpy(), X[rows])
-        np.testing.assert_array_equal(w.numpy(), weight[rows])
-        np.testing.assert_array_equal(labels.numpy(), data.y_index[rows])
+        held = np.sort(rows) if stored else rows  # (a store's in the file's order)
+        np.testing.assert_array_equal(x.numpy(), X[held])
+        np.testing.assert_array_equal(w.numpy(), weight[held])
+        np.testing.assert_array_equal(labels.numpy(), data.y_index[held])
+
+
+def test_a_store_s_shuffled_fold_is_read_in_the_file_s_order(tmp_path, monkeypatch):
+    # A fold's rows in another order than the file's (ShuffleSplit's) had each block of
+    # them read from across the file: a pass over the fold read every block of the file
+    # once per block of the fold, a minibatch epoch once per piece. In the file's order,
+    # either reads each stored row at most once.
+    h5py = pytest.importorskip("h5py")
+    from mr2_probe import _data, _fit_inputs
+
+    monkeypatch.setattr(_fit_inputs, "block_rows", lambda n_features, n_classes: 1024)
+    read = []
+    monkeypatch.setattr(_data, "read_h5", lambda X, key: read.append(X[key]) or read[-1])
+    X, y = _blobs(n=2048)
+    X[:, 0] = np.arange(2048)  # each row's index
+    rows = np.random.default_rng(0).permutation(2048)[:1600]
+    with h5py.File(tmp_path / "X.h5", "w") as f:
+        data = MR2LinearClassifier(device="cpu")._prepare(f.create_dataset("X", data=X), y, None)
+        source = data.subset(rows).source
+        read.clear()
+        drawn = torch.cat([x[:, 0] for x, _, _ in source.chunks()]).numpy()
+        assert sum(map(len, read)) <= 2048  # (4,087 rows)
+        read.clear()
+        batches = list(source.batches(8, torch.Generator().manual_seed(0)))
+        assert sum(map(len, read)) <= 2048  # (76,710 rows)
+    np.testing.assert_array_equal(drawn, np.sort(rows))
+    batched = torch.cat([x[:, 0] for x, _, _ in batches]).numpy().astype(int)
+    np.testing.assert_array_equal(np.sort(batched), np.sort(rows))
+    labels = torch.cat([labels for _, labels, _ in batches]).numpy()
+    np.testing.assert_array_equal(labels, data.y_index[batched])
 
 
 @pytest.mark.parametrize("block", [16, 1024])
