@@ -1,18 +1,21 @@
 """Every rank's picklable object, gathered over the run's gloo group (its tensors let go by
 gloo before the gather returns), or through the group's key-value store, where the wait can
-be left."""
+be left, and each rank's heartbeat there, by which a rank killed outright is named."""
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import torch
 
 from mr2_probe._h5 import one_line
 
+from ._launcher import launcher_gone
 from ._paths import plural
 from ._schema import StoreError
 
@@ -24,6 +27,50 @@ _FIRST_LOOK_S, _LAST_LOOK_S = 0.001, 0.2
 # How long a gloo worker may keep a gathered tensor after the gather has returned (it
 # lets go at once: this bounds a wait that should never be long).
 _LET_GO_S = 60.0
+
+# Each rank's heartbeat in the store (:func:`beating`): its counter bumped every BEAT_S
+# seconds, and a rank waited for at an exchange whose counter has stood still for SILENCE_S
+# is named as gone (killed outright, by the out-of-memory killer say: it says nothing, and
+# the others waited for it until the group's timeout, 24 h). The counter is bumped by a
+# thread of its own, so a rank at work beats too: its main thread lets the GIL go at least
+# every few milliseconds (Python's switch interval) except within one call into C that
+# holds it, and the longest of those in a run (an h5py read or write of a chunk, decoding an
+# image, a backbone's batch on the CPU, which torch runs without the GIL anyway) take
+# seconds at most: 120 s is far above them, and still names a dead rank within minutes.
+BEAT_S = 2.0
+SILENCE_S = 120.0
+# How long a run's end waits for its heartbeat thread to stop: it stops within one bump of
+# the store, which does not wait on any other rank (a store that answers nothing keeps it
+# until the store's timeout: a daemon thread, it ends with the process).
+_STOP_BEATING_S = 10.0
+
+
+@contextlib.contextmanager
+def beating(store, alive: str, rank: int) -> Iterator[None]:
+    """Inside, a daemon thread bumps this rank's counter ``{alive}/{rank}`` in the group's
+    key-value ``store`` at once and every :data:`BEAT_S` seconds, by which the others
+    waiting for it at an exchange (:func:`gather_in_store`) know it alive; stopped, and
+    joined, on the way out (the run ended on this rank, however). (torch's stores are safe
+    to share between threads: a TCPStore client serialises its operations, and no rank
+    waits on a key while it holds the client: :func:`gather_in_store` looks, with check.)"""
+    stopped = threading.Event()
+
+    def beat() -> None:
+        while not stopped.is_set() and not launcher_gone():
+            try:
+                store.add(f"{alive}/{rank}", 1)
+            except Exception:  # (the store gone: the waits of this rank say so)
+                return
+            stopped.wait(BEAT_S)
+
+    thread = threading.Thread(target=beat, name="mr2-extract heartbeat", daemon=True)
+    try:  # (started inside: a Ctrl-C right after the start left it behind)
+        thread.start()
+        yield
+    finally:
+        stopped.set()
+        if thread.is_alive():
+            thread.join(_STOP_BEATING_S)
 
 
 def all_gather_object(into: list, obj: object) -> None:
@@ -65,7 +112,13 @@ def _let_go(tensors: list[torch.Tensor]) -> None:
 
 
 def gather_in_store(
-    store, key: str, rank: int, world_size: int, obj: object, stop: Callable[[], None]
+    store,
+    key: str,
+    rank: int,
+    world_size: int,
+    obj: object,
+    stop: Callable[[], None],
+    alive: str | None = None,
 ) -> list:
     """Every rank's ``obj`` in rank order, gathered through the group's key-value ``store``:
     each rank sets its own (pickled) under ``{key}/{rank}`` (``key`` this gather's own: no
@@ -74,11 +127,13 @@ def gather_in_store(
     it will not come). A gloo
     collective cannot be left once entered: a rank waited there for one that had said so,
     until the group's timeout, and no Ctrl-C reached it. A rank that never comes and says
-    nothing (killed outright) is waited for until the store's timeout (the group's). A
+    nothing (killed outright) is a :class:`StoreError` naming it once its heartbeat (its
+    counter ``{alive}/{rank}``: :func:`beating`) has stood still for :data:`SILENCE_S`
+    (``alive`` None: no heartbeat), or else at the store's timeout (the group's). A
     store gone with the process that held it is a :class:`StoreError` naming that."""
     stop()
     try:
-        return _gathered_in(store, key, rank, world_size, obj, stop)
+        return _gathered_in(store, key, rank, world_size, obj, stop, alive)
     except StoreError:
         raise
     except Exception as error:  # (gloo's gather named the lost peer; the store's says
@@ -93,18 +148,39 @@ def gather_in_store(
 
 
 def _gathered_in(
-    store, key: str, rank: int, world_size: int, obj: object, stop: Callable[[], None]
+    store,
+    key: str,
+    rank: int,
+    world_size: int,
+    obj: object,
+    stop: Callable[[], None],
+    alive: str | None,
 ) -> list:
     """:func:`gather_in_store`'s exchange itself, which the store's errors leave."""
     store.set(f"{key}/{rank}", pickle.dumps(obj))
     others = {r: f"{key}/{r}" for r in range(world_size) if r != rank}
     timeout = getattr(store, "timeout", None) or timedelta(hours=24)
     deadline, wait = time.monotonic() + timeout.total_seconds(), _FIRST_LOOK_S
-    # (check, not wait: a store's wait past its timeout raises, and logs where it is torch's)
+    heard: dict[int, tuple[int, float]] = {}  # rank: its heartbeat's count, when it moved
+    listen = time.monotonic() + BEAT_S
+    # (check, not wait: a store's wait past its timeout raises, and logs where it is torch's;
+    # and a TCPStore client waiting on a key holds back this rank's heartbeat meanwhile)
     while not store.check(list(others.values())):
         time.sleep(wait)
         wait = min(2 * wait, _LAST_LOOK_S)
         stop()
+        if alive is not None and time.monotonic() >= listen:
+            listen = time.monotonic() + BEAT_S
+            missing = [r for r, k in others.items() if not store.check([k])]
+            silent = _silent(store, alive, missing, heard)
+            if silent is not None:
+                raise StoreError(
+                    f"Rank {rank} waited for rank {silent} to meet it, which stopped "
+                    "answering: its heartbeat in the group's store stood still for "
+                    f"{SILENCE_S:g} s (killed, say, with kill -9 or by the out-of-memory "
+                    "killer). Every rank stops, the rows written so far kept: the same "
+                    "command resumes."
+                )
         if time.monotonic() >= deadline:
             missing = [r for r, k in others.items() if not store.check([k])]
             # (a rank with more rows left than this one, a resumed shard's say, may still be
@@ -118,3 +194,17 @@ def _gathered_in(
                 "longer timeout)."
             )
     return [obj if r == rank else pickle.loads(store.get(others[r])) for r in range(world_size)]
+
+
+def _silent(store, alive: str, ranks: list[int], heard: dict) -> int | None:
+    """The first of ``ranks`` whose heartbeat (its counter ``{alive}/{rank}`` in ``store``:
+    :func:`beating`) has not moved for :data:`SILENCE_S` since first heard, or None;
+    ``heard`` keeps, rank by rank, its count and when it last moved."""
+    now = time.monotonic()
+    for r in ranks:  # (ranks not yet come: a look each, every BEAT_S)
+        count = store.add(f"{alive}/{r}", 0)  # (0 where it never beat)
+        if heard.get(r, (None,))[0] != count:
+            heard[r] = (count, now)
+        elif now - heard[r][1] >= SILENCE_S:
+            return r
+    return None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mr2_probe._h5 import one_line
 
-from ._gathered import all_gather_object, gather_in_store
+from ._gathered import all_gather_object, beating, gather_in_store
 from ._images import ImageSource
 from ._launcher import connecting, launcher_gone
 from ._merge import _mark, _merge, shard_path
@@ -120,7 +120,9 @@ class _ShardStep:
     for one that failed beside it: where any rank that said so was interrupted, none goes
     to the exchange). Once the key is agreed the ranks meet in the store too
     (:meth:`_meet`), so that one waiting there, a failed rank at the exchange of its
-    failure say, leaves as soon as another says it was interrupted."""
+    failure say, leaves as soon as another says it was interrupted; and each rank beats
+    there (:func:`beating`) until the step is left (a context manager: ``with``), so that
+    one killed outright is named by the others waiting for it."""
 
     def __init__(self, merged: Path, world_size: int, rank: int = 0, store=None) -> None:
         self.merged, self.world_size, self.rank = merged, world_size, rank
@@ -135,6 +137,15 @@ class _ShardStep:
         # Where the ranks meet once the key is agreed (the store kept even where a look at
         # it failed: every rank meets where the others do), and the exchanges so far there.
         self.meets_in, self.exchanges = store, 0
+        # This rank's heartbeat there once the key is agreed, and the run's key of the
+        # ranks' heartbeats (None: they do not beat, the others are not listened for).
+        self._beats, self.alive = contextlib.ExitStack(), None
+
+    def __enter__(self) -> _ShardStep:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._beats.close()  # (the run ended on this rank: its heartbeat stops)
 
     def making_shard(self, rank: int) -> str:
         """What rank ``rank`` is doing while it makes its shard (:attr:`doing`)."""
@@ -152,6 +163,8 @@ class _ShardStep:
             return
         keys, _ = self._meet(self.key)
         self.agree_on_key(keys[0])
+        self.alive = f"{self.key}/alive"  # (each rank beats from now until the step is left)
+        self._beats.enter_context(beating(self.meets_in, self.alive, self.rank))
 
     def agree_on_key(self, key: str) -> None:
         """Take ``key`` (rank 0's, told at the run's first exchange: :meth:`meet_first`) as
@@ -254,8 +267,9 @@ class _ShardStep:
 
         def gather(obj: object) -> list:
             return gather_in_store(
-                self.meets_in, key, self.rank, self.world_size, obj, self._stop_if_interrupted
-            )
+                self.meets_in, key, self.rank, self.world_size, obj, self._stop_if_interrupted,
+                self.alive,
+            )  # fmt: skip
 
         return _every_rank_said(value, failure, self.world_size, gather)
 

@@ -345,8 +345,15 @@ def extract_features(
     if merged is not None and rank == 0 and not reuse:  # the merge's own file, found now
         check_merging(os.fspath(merged))  # (where out exists: once found incomplete)
     group = _ranks_group() if merged is not None else contextlib.nullcontext()
-    with stops_with_launcher(), group as store, hashed_once():
-        step = _ShardStep(merged, world_size, rank, store) if merged is not None else None
+    with (
+        stops_with_launcher(),
+        group as store,
+        hashed_once(),
+        # (left however the run ends on this rank, before its group: its heartbeat stops)
+        _ShardStep(merged, world_size, rank, store)
+        if merged is not None
+        else contextlib.nullcontext() as step,
+    ):
         try:
             if step is not None:  # (the run's key in the store, agreed before any work)
                 step.meet_first()

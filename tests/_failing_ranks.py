@@ -297,3 +297,24 @@ def rank_interrupted_at_the_merge(rank: int, folder: Path, said: Path, where: st
     elif rank == 0:
         _ranks._merge_shards_of = interrupted
     _ended(said, rank, lambda: extract_features(folder, BACKBONE, said / "f.h5", **FAST))
+
+
+def rank_beside_a_rank_killed_outright(rank: int, folder: Path, said: Path) -> None:
+    """One of two ranks extracting ``folder`` into ``said/f.h5``, in the caller's group (a
+    timeout of 10 minutes), their heartbeats every 0.1 s and a rank named after 5 s of
+    silence: rank 1 is killed outright (SIGKILL) at its first batch, and rank 0 goes on to
+    the end of its shard, where it waits for it. Rank 0's outcome goes into
+    ``said/rank0.txt`` (:func:`_ended`)."""
+    import signal
+
+    from extract import _gathered
+
+    _gathered.BEAT_S, _gathered.SILENCE_S = 0.1, 5.0
+    _caller_s_group(rank, said, timeout_s=600)
+
+    def killed(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if rank == 1:
+        _runner._embed = killed
+    _ended(said, rank, lambda: extract_features(folder, BACKBONE, said / "f.h5", **FAST))

@@ -3112,6 +3112,138 @@ def test_a_rank_whose_store_is_gone_at_an_exchange_names_that():
     assert len(looks) == 2
 
 
+_KILLED = (
+    "Rank 0 waited for rank 1 to meet it, which stopped answering: its heartbeat in the "
+    "group's store stood still for {} s (killed, say, with kill -9 or by the out-of-memory "
+    "killer). Every rank stops, the rows written so far kept: the same command resumes."
+)
+
+
+def _heartbeats() -> list:
+    """The heartbeat threads of this process (:func:`extract._gathered.beating`)."""
+    import threading
+
+    return [each for each in threading.enumerate() if each.name == "mr2-extract heartbeat"]
+
+
+def test_a_rank_whose_heartbeat_stops_is_named_at_an_exchange(monkeypatch):
+    # Ranks 0, 1 and 2 of 3 (rank 1 a thread), the heartbeat's constants small. Rank 1 beats
+    # for a while, then is killed outright (SIGKILL, the out-of-memory killer), saying
+    # nothing: rank 0 waited for it at the exchange until the group's timeout (extract's
+    # own group: 24 h), gloo's gather having named it at once. Now its heartbeat stands
+    # still and rank 0 names it; rank 2, there already, is not listened for.
+    import pickle
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from extract import _gathered
+
+    monkeypatch.setattr(_gathered, "BEAT_S", 0.05)
+    monkeypatch.setattr(_gathered, "SILENCE_S", 0.5)
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=30))  # (where it is waited out, the test fails)
+    store.set("x/1/2", pickle.dumps("rank 2's"))  # (rank 2 came, and never beats)
+    killed = threading.Event()
+
+    def rank_1() -> None:
+        with _gathered.beating(store, "x/alive", 1):
+            killed.wait(0.3)
+
+    thread = threading.Thread(target=rank_1)
+    thread.start()
+    with _gathered.beating(store, "x/alive", 0), pytest.raises(StoreError) as raised:
+        _gathered.gather_in_store(store, "x/1", 0, 3, "mine", lambda: None, "x/alive")
+    killed.set()
+    thread.join()
+    assert str(raised.value) == _KILLED.format(0.5)
+    assert not _heartbeats()
+
+
+def test_a_rank_slow_to_come_but_beating_is_waited_for(monkeypatch):
+    # Rank 1 (a thread) comes to the exchange twice the silence bound late, beating all
+    # along (a rank with more rows left, say): rank 0 waits for it, as for any rank that
+    # answers, and takes its value.
+    import threading
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from extract import _gathered
+
+    monkeypatch.setattr(_gathered, "BEAT_S", 0.02)
+    monkeypatch.setattr(_gathered, "SILENCE_S", 0.4)
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=30))
+    theirs = []
+
+    def rank_1() -> None:
+        with _gathered.beating(store, "x/alive", 1):
+            time.sleep(2 * _gathered.SILENCE_S)  # (at work, its heartbeat's thread beating)
+            theirs.extend(
+                _gathered.gather_in_store(store, "x/1", 1, 2, "theirs", lambda: None, "x/alive")
+            )
+
+    thread = threading.Thread(target=rank_1)
+    thread.start()
+    with _gathered.beating(store, "x/alive", 0):
+        mine = _gathered.gather_in_store(store, "x/1", 0, 2, "mine", lambda: None, "x/alive")
+    thread.join()
+    assert mine == theirs == ["mine", "theirs"]
+    assert int(store.add("x/alive/1", 0)) > 2  # (it beat while rank 0 waited)
+
+
+@pytest.mark.parametrize("how", ["returns", "error", "interrupt"])
+def test_a_rank_beats_in_the_store_from_the_run_s_key_to_its_end(tmp_path, monkeypatch, how):
+    # Rank 0 of 2, its group faked (rank 1 at the gloo exchange that agrees on the run's
+    # key, absent after), its store a HashStore. Once the key is agreed the rank beats in
+    # the store, from a thread that ends with the run however it ends: returning (every
+    # rank found the store complete), with an error (said to the others at an exchange,
+    # where rank 1, never beating, is named), or interrupted.
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from extract import _gathered, _ranks, _runner
+
+    monkeypatch.setattr(_gathered, "BEAT_S", 0.05)
+    monkeypatch.setattr(_gathered, "SILENCE_S", 0.5)
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=30))
+    monkeypatch.setattr(_runner, "_ranks_group", lambda: contextlib.nullcontext(store))
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(_ranks, "all_gather_object", lambda into, mine: into.__setitem__(
+        slice(None), [mine, mine]))  # fmt: skip
+    monkeypatch.setattr(_runner, "_all_ranks_failures", lambda failed, step: (0, []))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    stop = {
+        "returns": None,
+        "error": RuntimeError("out of memory"),
+        "interrupt": KeyboardInterrupt(),
+    }[how]
+    beating = []
+
+    def shard(*args):
+        beating.append(len(_heartbeats()))
+        if stop is not None:
+            raise stop
+        return None  # (every rank found the merged store complete)
+
+    monkeypatch.setattr(_runner, "_extract_shard", shard)
+    out = tmp_path / "f.h5"
+    if stop is None:
+        assert extract_features(tmp_path / "data", BACKBONE, out, **FAST) == out
+    else:
+        with pytest.raises(type(stop)) as raised:
+            extract_features(tmp_path / "data", BACKBONE, out, **FAST)
+        assert raised.value is stop
+    assert beating == [1]
+    assert not _heartbeats()
+
+
 class _DictStore:
     """A group's key-value store in a dict, recording its look-ups."""
 
@@ -3514,6 +3646,42 @@ def test_under_torchrun_a_rank_interrupted_at_the_merge_stops_the_others_there(
         f"StoreError: Rank 0 failed {doing} (KeyboardInterrupt): it was interrupted. Every "
         "rank stops, the rows written so far kept: the same command resumes.",
     ]
+
+
+@pytest.mark.slow
+@_with_group_store
+def test_under_torchrun_a_rank_killed_outright_is_named_by_the_rank_waiting_for_it(
+    tmp_path, monkeypatch
+):
+    # Rank 1 was killed outright (SIGKILL, the out-of-memory killer) at its first batch,
+    # saying nothing, in a group the caller keeps (outside torchrun, whose launcher ends
+    # the others): rank 0 waited for it at the end of its shard until the group's timeout
+    # (here 10 minutes; extract's own group: 24 h). Its heartbeat in the store stands
+    # still now, and rank 0 names it (after 5 s of silence here: 2 minutes in a run).
+    import time
+
+    from tests._failing_ranks import rank_beside_a_rank_killed_outright
+
+    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    target = rank_beside_a_rank_killed_outright
+    ranks = torch.multiprocessing.start_processes(
+        target, args=(folder, tmp_path), nprocs=2, join=False
+    )
+    said = tmp_path / "rank0.txt"
+    try:
+        ranks.processes[1].join(120)  # (killed at its first batch)
+        assert ranks.processes[1].exitcode == -signal.SIGKILL
+        # (a bound far below the group's timeout, above the silence under a loaded machine)
+        deadline = time.monotonic() + 90
+        while not said.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        for process in ranks.processes:
+            if process.is_alive():
+                process.kill()
+    assert said.exists(), "rank 0 still waited for rank 1, killed 90 s before"
+    assert said.read_text() == "StoreError: " + _KILLED.format(5)
 
 
 def _two_ranks(monkeypatch, target, *args, guard: int = 120, since: Path | None = None) -> None:
