@@ -254,13 +254,19 @@ class _ShardStep:
         self.ended = True
         self._tell(error, meets=False)
 
+    @property
+    def in_store(self) -> bool:
+        """Whether the ranks meet in the group's store: there is one, and the run's key in
+        it is agreed (:meth:`meet_first`); else over the gloo group."""
+        return self.meets_in is not None and self.agreed
+
     def _meet(self, value: object, failure: Exception | None = None) -> tuple:
         """:func:`_every_rank_said` at this run's next exchange: in the group's store once
         the run's key is agreed, each exchange under a key of its own, where this rank
         leaves (with :meth:`_stop_if_interrupted`'s error) once another says that it was
         interrupted; before that, or without a store, over the gloo group, which cannot
         be left."""
-        if self.meets_in is None or not self.agreed:
+        if not self.in_store:
             return _every_rank_said(value, failure, self.world_size)
         self.exchanges += 1
         key = f"{self.key}/said/{self.exchanges}"
@@ -277,7 +283,7 @@ class _ShardStep:
         """Where another rank said in the store that it was interrupted (it comes to no
         exchange), raise the error naming it; where torchrun's launcher is gone (the store
         with it), stop as at a Ctrl-C, as its watch does (:mod:`._launcher`)."""
-        if self.meets_in is not None and self.agreed and launcher_gone():
+        if self.in_store and launcher_gone():
             raise KeyboardInterrupt
         told = self._told()
         if told is not None and not told["meets"]:
@@ -403,7 +409,7 @@ def _merge_on_rank0(
     gather they waited for it until the group's timeout)."""
     import torch.distributed as dist
 
-    in_store = step is not None and step.meets_in is not None and step.agreed
+    in_store = step is not None and step.in_store
     if step is not None:  # (what an interrupt of this rank tells the others)
         at = "to merge" if rank == 0 else "at the merge of"
         step.doing = f"{at} the shards into {os.fspath(out)!r}"
