@@ -11,6 +11,19 @@ import torch.distributed as dist
 
 from extract import _runner, extract_features
 
+
+def in_env(rank: int, env: dict[str, str], target, *args) -> None:
+    """``target(rank, *args)`` on one torch thread, under ``env``: the variables of the test
+    that started this rank, which a process forked by a forkserver does not inherit (it
+    has the forkserver's)."""
+    import torch
+
+    os.environ.clear()
+    os.environ.update(env)
+    torch.set_num_threads(1)
+    target(rank, *args)
+
+
 FAST = dict(batch_size=4, num_workers=0, image_size=32, progress=False, device="cpu")
 BACKBONE = "timm:test_resnet@random"
 # Where rank 1 fails: listing the images, before the ranks first meet; building the model,

@@ -1719,7 +1719,7 @@ def test_under_torchrun_each_rank_hashes_its_share_of_the_touched_files(
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.*"))
     _touch(*folder.rglob("*.*"))
     changed = "cat/001.jpg"  # the second touched row: rank 1's share
-    _two_ranks(monkeypatch, rank_hashing_its_share, folder, tmp_path, changed)
+    _two_ranks(rank_hashing_its_share, folder, tmp_path, changed)
     said = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     (ended, first), (also, second) = (run["touched"] for run in said)
     assert ended == also == "returned"
@@ -1750,7 +1750,7 @@ def test_under_torchrun_a_retry_in_other_settings_reads_each_touched_failed_imag
     _at_2_ranks(monkeypatch, folder, out, **FAST)  # (float32)
     assert len(load_features(out).failures) == 2
     _touch(*folder.rglob("*.*"))
-    _two_ranks(monkeypatch, rank_retrying_otherwise, folder, tmp_path)
+    _two_ranks(rank_retrying_otherwise, folder, tmp_path)
     (ended, first), (also, second) = (
         json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)
     )
@@ -3461,9 +3461,7 @@ def test_a_rank_that_fails_checking_the_stores_is_named_as_such(tmp_path, monkey
 
 @pytest.mark.slow
 @pytest.mark.parametrize("group", ["caller's", "own"])
-def test_under_torchrun_a_rank_that_fails_in_its_shard_ends_every_rank(
-    tmp_path, monkeypatch, group
-):
+def test_under_torchrun_a_rank_that_fails_in_its_shard_ends_every_rank(tmp_path, group):
     # Rank 1 raised while extracting its shard, its process alive: rank 0 waited for it at
     # the ranks' next exchange until the group's timeout where the group outlives the
     # error (the caller's own), and met gloo's "connection closed by peer" otherwise,
@@ -3479,7 +3477,7 @@ def test_under_torchrun_a_rank_that_fails_in_its_shard_ends_every_rank(
             one.bind(("127.0.0.1", 0))
             other.bind(("127.0.0.1", 0))
             ports = [one.getsockname()[1], other.getsockname()[1]]
-    _two_ranks(monkeypatch, rank_beside_a_failing_rank, folder, tmp_path, ports)
+    _two_ranks(rank_beside_a_failing_rank, folder, tmp_path, ports)
     for where in FAILING:
         said = [(tmp_path / f"{where}-rank{r}.txt").read_text() for r in range(2)]
         assert said[1] == f"RuntimeError: rank 1 cannot {where}\nsecond line"  # its own error
@@ -3564,7 +3562,7 @@ _with_group_store = pytest.mark.skipif(
 @_with_group_store
 @pytest.mark.parametrize("how", ["error", "interrupt"])
 def test_under_torchrun_a_rank_that_stops_mid_shard_stops_the_others_at_their_next_batch(
-    tmp_path, monkeypatch, how
+    tmp_path, how
 ):
     # Rank 1 failed at its first batch, in a group the caller keeps: rank 0 heard of it only
     # at the end of its shard, having extracted every row (or waited for rank 1 there until
@@ -3574,7 +3572,7 @@ def test_under_torchrun_a_rank_that_stops_mid_shard_stops_the_others_at_their_ne
     from tests._failing_ranks import rank_beside_a_rank_stopping_mid_shard
 
     folder = make_image_folder(tmp_path / "data", n_per_class=12, special=False)
-    _two_ranks(monkeypatch, rank_beside_a_rank_stopping_mid_shard, folder, tmp_path, how)
+    _two_ranks(rank_beside_a_rank_stopping_mid_shard, folder, tmp_path, how)
     said = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     own = "RuntimeError: rank 1's device failed" if how == "error" else "KeyboardInterrupt"
     why = (
@@ -3600,7 +3598,7 @@ def test_under_torchrun_a_rank_that_stops_mid_shard_stops_the_others_at_their_ne
 @_with_group_store
 @pytest.mark.parametrize("where", ["listing", "batch"])
 def test_under_torchrun_a_failed_rank_at_its_exchange_leaves_it_once_another_is_interrupted(
-    tmp_path, monkeypatch, where
+    tmp_path, where
 ):
     # Rank 1 failed (at its first batch; or listing the images, before the ranks had agreed
     # on the run's key in the store) and went to the exchange of its failure; rank 0 was
@@ -3615,7 +3613,7 @@ def test_under_torchrun_a_failed_rank_at_its_exchange_leaves_it_once_another_is_
     # out, the test fails)
     since = tmp_path / "rank1-failed"
     target = rank_interrupted_beside_a_failed_rank_s_exchange
-    _two_ranks(monkeypatch, target, folder, tmp_path, where, guard=20, since=since)
+    _two_ranks(target, folder, tmp_path, where, guard=20, since=since)
     said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
     assert said == ["KeyboardInterrupt", f"RuntimeError: rank 1 failed at its {where}"]
 
@@ -3623,9 +3621,7 @@ def test_under_torchrun_a_failed_rank_at_its_exchange_leaves_it_once_another_is_
 @pytest.mark.slow
 @_with_group_store
 @pytest.mark.parametrize("where", ["count", "merge"])
-def test_under_torchrun_a_rank_interrupted_at_the_merge_stops_the_others_there(
-    tmp_path, monkeypatch, where
-):
+def test_under_torchrun_a_rank_interrupted_at_the_merge_stops_the_others_there(tmp_path, where):
     # Rank 0 was interrupted at the merge: once the ranks had told their failures' count
     # (then rank 1 waited at the shards' gloo barrier), or while it merged (rank 1 waited
     # for its outcome in gloo's gather); either until the group's timeout (here 60 s;
@@ -3636,7 +3632,7 @@ def test_under_torchrun_a_rank_interrupted_at_the_merge_stops_the_others_there(
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     since = tmp_path / "rank0-interrupted"  # (where rank 1 waits a third of the timeout)
     target = rank_interrupted_at_the_merge
-    _two_ranks(monkeypatch, target, folder, tmp_path, where, guard=20, since=since)
+    _two_ranks(target, folder, tmp_path, where, guard=20, since=since)
     said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
     doing = {
         "count": f"to extract its shard {os.fspath(shard_path(tmp_path / 'f.h5', 0, 2))!r}",
@@ -3651,9 +3647,7 @@ def test_under_torchrun_a_rank_interrupted_at_the_merge_stops_the_others_there(
 
 @pytest.mark.slow
 @_with_group_store
-def test_under_torchrun_a_rank_killed_outright_is_named_by_the_rank_waiting_for_it(
-    tmp_path, monkeypatch
-):
+def test_under_torchrun_a_rank_killed_outright_is_named_by_the_rank_waiting_for_it(tmp_path):
     # Rank 1 was killed outright (SIGKILL, the out-of-memory killer) at its first batch,
     # saying nothing, in a group the caller keeps (outside torchrun, whose launcher ends
     # the others): rank 0 waited for it at the end of its shard until the group's timeout
@@ -3664,11 +3658,7 @@ def test_under_torchrun_a_rank_killed_outright_is_named_by_the_rank_waiting_for_
     from tests._failing_ranks import rank_beside_a_rank_killed_outright
 
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    target = rank_beside_a_rank_killed_outright
-    ranks = torch.multiprocessing.start_processes(
-        target, args=(folder, tmp_path), nprocs=2, join=False
-    )
+    ranks = _start_ranks(rank_beside_a_rank_killed_outright, folder, tmp_path)
     said = tmp_path / "rank0.txt"
     try:
         ranks.processes[1].join(120)  # (killed at its first batch)
@@ -3685,13 +3675,28 @@ def test_under_torchrun_a_rank_killed_outright_is_named_by_the_rank_waiting_for_
     assert said.read_text() == "StoreError: " + _KILLED.format(5)
 
 
-def _two_ranks(monkeypatch, target, *args, guard: int = 120, since: Path | None = None) -> None:
+def _start_ranks(target, *args) -> torch.multiprocessing.ProcessContext:
+    """Start ``target(rank, *args)`` as ranks 0 and 1 of two processes, each on one torch
+    thread, under this process's variables. A forkserver that has imported this package's
+    rank functions (torch, timm and extract with them) forks them: started afresh, each
+    took about 5 s to import those, half of such a test's time."""
+    import multiprocessing
+
+    from tests._failing_ranks import in_env
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["tests._failing_ranks"])
+    args = (dict(os.environ), target, *args)
+    return torch.multiprocessing.start_processes(
+        in_env, args=args, nprocs=2, join=False, start_method="forkserver"
+    )
+
+
+def _two_ranks(target, *args, guard: int = 120, since: Path | None = None) -> None:
     """Run ``target(rank, *args)`` as ranks 0 and 1 of two processes; fail the test where
     they still run after ``guard`` seconds (one waits for the other), counted from when the
     file ``since`` exists where it is given (the ranks at the point the test is about, their
     start however slow; counted anyway from 120 s on)."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    ranks = torch.multiprocessing.start_processes(target, args=args, nprocs=2, join=False)
+    ranks = _start_ranks(target, *args)
     try:
         left, waited = guard, 0
         while left > 0:
@@ -3707,7 +3712,7 @@ def _two_ranks(monkeypatch, target, *args, guard: int = 120, since: Path | None 
 
 
 @pytest.mark.slow
-def test_ranks_that_find_the_merged_store_complete_and_not_stop_alike(tmp_path, monkeypatch):
+def test_ranks_that_find_the_merged_store_complete_and_not_stop_alike(tmp_path):
     # Each rank decided alone: rank 0, finding it complete, returned; rank 1 went on and
     # waited for it at the merge until the group's timeout (a group the caller keeps).
     from tests._failing_ranks import rank_finding_the_store_complete_or_not
@@ -3715,7 +3720,7 @@ def test_ranks_that_find_the_merged_store_complete_and_not_stop_alike(tmp_path, 
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     out = extract_features(folder, BACKBONE, tmp_path / "f.h5", **FAST)
     before = out.read_bytes()
-    _two_ranks(monkeypatch, rank_finding_the_store_complete_or_not, folder, tmp_path)
+    _two_ranks(rank_finding_the_store_complete_or_not, folder, tmp_path)
     said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
     assert said == 2 * [
         f"StoreError: The ranks read the feature store {str(out)!r} differently: rank 0 "
