@@ -2819,12 +2819,9 @@ def test_under_torchrun_a_failure_of_rank_0_at_the_merge_ends_every_rank(tmp_pat
     # the group's timeout where the group outlives the error (the caller's own), and with
     # gloo's "connection closed by peer" otherwise, never naming rank 0's failure.
     out = tmp_path / "f.h5"
-    # (a module of its own: the processes import it alone, not this one's imports)
     from tests._merging_ranks import rank_at_a_failing_merge
 
-    torch.multiprocessing.spawn(
-        rank_at_a_failing_merge, args=(tmp_path / "init", out, tmp_path), nprocs=2
-    )
+    _two_ranks(rank_at_a_failing_merge, tmp_path / "init", out, tmp_path)
     ranks = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
     assert ranks[0] == f"OSError: [Errno 5] Input/output error: '{out}'"
     assert ranks[1] == (
@@ -3684,7 +3681,9 @@ def _start_ranks(target, *args) -> torch.multiprocessing.ProcessContext:
 
     from tests._failing_ranks import in_env
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["tests._failing_ranks"])
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["tests._failing_ranks", "tests._merging_ranks"]
+    )
     args = (dict(os.environ), target, *args)
     return torch.multiprocessing.start_processes(
         in_env, args=args, nprocs=2, join=False, start_method="forkserver"
