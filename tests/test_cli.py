@@ -4282,6 +4282,81 @@ def test_predictions_out_of_memory_end_in_one_line_and_keep_the_models(
         main([*argv, "--debug"])
 
 
+@pytest.mark.parametrize(
+    "name, dtype",
+    [("int.npz", np.uint8), pytest.param("int.h5", np.int16, marks=NEEDS_H5)],
+    ids=["uint8-npz", "int16-store"],
+)
+def test_a_main_fit_of_integers_out_of_memory_says_their_float64_copy_and_its_cure(
+    name, dtype, tmp_path, monkeypatch, capsys
+):
+    # Integer features are held as the file holds them and computed in float64 by each
+    # fit (eight times uint8's bytes): a fit out of memory on them said "Try freeing
+    # memory", naming neither the copy nor float32 features, which are computed as they
+    # are and, in a store above a quarter of memory, stay in its file.
+    X, y = _blobs(30, seed=1)  # 90 × 6, 72 rows fitted (--test-size 0.2)
+    train = str(_features_file(tmp_path / name, np.round(np.abs(X) * 10).astype(dtype), y))
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 1000)
+
+    def failing(model, X, y):
+        raise MemoryError("Unable to allocate 3.38 KiB for an array")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cli_fitting, "fit_collecting_short", failing)
+        code, lines = _error([train, "--no-progress"], capsys)
+    held = {np.uint8: "432 B", np.int16: "864 B"}[dtype]
+    made = "" if name.endswith(".h5") else _ANY_STORE[_ANY_STORE.index(";") : -1]
+    assert code == 1 and lines[-1] == (
+        "mr2-probe: error: ERM ran out of memory in its fit (Unable to allocate 3.38 KiB for an "
+        f"array); nothing is written. Each fit computes the {np.dtype(dtype)} features of "
+        f"{train} in float64, a copy of 3.4 KiB ({held} as read). Try float32 features in "
+        f"place of {train} (computed as they are, in 1.7 KiB; an HDF5 store of them above a "
+        "quarter of memory (1000 B) stays in its file, read a block at a time"
+        f"{made}), or freeing memory, or a machine with more"
+    )
+    # As said: the integers fitted in float64, a store of float32 features streamed and
+    # fitted in float32.
+    seen = _models_inputs(monkeypatch)
+    assert main([train, "--out", str(tmp_path / "int"), "--no-progress"]) == 0
+    assert joblib.load(tmp_path / "int" / "models.joblib")["ERM"].coef_.dtype == np.float64
+    seen.clear()
+    store = _features_file(tmp_path / "floats.h5", X, y)
+    assert main([str(store), "--out", str(tmp_path / "floats"), "--no-progress"]) == 0
+    assert seen and all(is_h5_dataset(X) for X in seen)
+    assert joblib.load(tmp_path / "floats" / "models.joblib")["ERM"].coef_.dtype == np.float32
+
+
+@pytest.mark.parametrize("held_out", [False, True], ids=["test", "held_out"])
+def test_predictions_of_integers_out_of_memory_say_their_float64_copy(
+    held_out, files, tmp_path, monkeypatch, capsys
+):
+    # The predictions compute integer rows in float64 too (a copy of 1.4 KiB for 30 × 6
+    # int16 rows of 360 B): the line said "Try freeing memory" alone.
+    X, y = _blobs(10, seed=2)  # 30 × 6
+    path = _features_file(tmp_path / "int.npz", np.round(np.abs(X) * 10).astype(np.int16), y)
+    argv = [str(path)] if held_out else [str(files / "train.npz"), "--test", str(path)]
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 1 << 30)
+    computed = []
+
+    def failing(self, X):  # (after the check that makes the copy, as predict's)
+        computed.append(self._validate_predict_data(X).dtype)
+        raise MemoryError("Unable to allocate 1.41 KiB for an array")
+
+    monkeypatch.setattr(MR2LinearClassifier, "predict", failing)
+    code, lines = _error([*argv, "--no-progress"], capsys)
+    rows, copy, read, as_float32 = ("held-out ", "288 B", "72 B", "144 B") if held_out else (
+        "", "1.4 KiB", "360 B", "720 B"
+    )  # fmt: skip
+    assert computed == [np.float64]
+    assert code == 1 and lines[-1] == (
+        "mr2-probe: error: ERM ran out of memory in its predictions after the fits (Unable to "
+        "allocate 1.41 KiB for an array); nothing is written (no --out). The predictions "
+        f"compute the {rows}int16 features of {path} in float64, a copy of {copy} ({read} as "
+        f"read). Try float32 features in place of {path} (computed as they are, in "
+        f"{as_float32}), or freeing memory, or a machine with more"
+    )
+
+
 def test_a_main_fit_out_of_memory_names_the_options_of_its_search(files, monkeypatch, capsys):
     import mr2_probe._device
 

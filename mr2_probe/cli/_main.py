@@ -148,7 +148,8 @@ def _fit_and_report(
             what = _out_of_memory(error)
             if what is None or args.debug:
                 raise
-            raise RunError(_out_of_memory_line(name, what, error, list(models), args)) from error
+            line = _out_of_memory_line(name, what, error, list(models), args, X)
+            raise RunError(line) from error
     front = front_error = None
     status = 0
     if args.tilt or args.offsets:
@@ -195,7 +196,8 @@ def _fit_and_report(
                 raise
             if out is not None:
                 _write_models(out, fitted, args, names, launched)
-            raise RunError(_predict_out_of_memory_line(name, what, error, out, args)) from error
+            line = _predict_out_of_memory_line(name, what, error, out, args, X_test)
+            raise RunError(line) from error
     # The classes in the order of their codes (class_names.json), not sorted by name.
     order = named(np.unique(y_test))
     report = classwise_report(predictions, named(y_test), reference=erm_name, labels=order)

@@ -3,7 +3,17 @@ main fit or in the predictions after the fits, with what takes less."""
 
 from __future__ import annotations
 
-from ._feature_files import _features_sizes, _in_bytes, _stays_in_file, _streams
+import numpy as np
+
+from . import _feature_files
+from ._feature_files import (
+    _STORE,
+    _features_sizes,
+    _in_bytes,
+    _stays_in_file,
+    _streams,
+    feature_format,
+)
 
 
 def _memory_ran_out(error, args) -> tuple[bool, bool]:
@@ -127,25 +137,35 @@ def _held(features, limit: int) -> str:
     return said
 
 
-def _predict_out_of_memory_line(name: str, what: str, error, out, args) -> str:
+def _predict_out_of_memory_line(name: str, what: str, error, out, args, X=None) -> str:
     """The one line of ``name``'s predictions that ran out of memory after the fits, the
-    models written to ``out`` (None: no --out, nothing written)."""
+    models written to ``out`` (None: no --out, nothing written); ``X``: the rows predicted
+    (integer ones are computed in float64, see :func:`_integer_copy`)."""
     host, on_gpu = _memory_ran_out(error, args)
     kept = (
         f"the fitted models are written to {out / 'models.joblib'}, the reports are not"
         if out is not None
         else "nothing is written (no --out)"
     )
-    advice = "--device cpu (the machine's memory; slower)" if on_gpu else "freeing memory"
+    advice = ["--device cpu (the machine's memory; slower)"] if on_gpu else []
+    if args.test is not None:
+        copy, cure = _integer_copy(X, args.test, "The predictions compute", args)
+    else:  # (rows of the training file, held out by --test-size)
+        copy, cure = _integer_copy(X, args.train, "The predictions compute", args, "held-out ")
+    advice += [cure] if cure else []
+    advice += [] if on_gpu else ["freeing memory"]
     return (
         f"{name} ran out of {'memory' if host else 'the device memory'} in its predictions "
-        f"after the fits ({what}); {kept}. Try {advice}, or a machine with more"
+        f"after the fits ({what}); {kept}.{copy} Try {', or '.join(advice)}, or a machine with "
+        "more"
     )
 
 
-def _out_of_memory_line(name: str, what: str, error, names: list, args) -> str:
+def _out_of_memory_line(name: str, what: str, error, names: list, args, X=None) -> str:
     """The one line of a main fit (``name``'s, of the models ``names``) that ran out of
-    memory (``what``: its error, short), with the command's options that take less."""
+    memory (``what``: its error, short), with the command's options that take less, and
+    for integer features ``X`` the float64 copy that each fit computes them in
+    (:func:`_integer_copy`)."""
     host, on_gpu = _memory_ran_out(error, args)
     fitted = names[: names.index(name)]
     lost = f" ({', '.join(fitted)}, fitted before it, neither)" if fitted else ""
@@ -154,9 +174,43 @@ def _out_of_memory_line(name: str, what: str, error, names: list, args) -> str:
         advice.append("fewer --cv folds (--Cs solves them together on a GPU)")
     if args.n_jobs not in (None, 1) and (args.grid or args.Cs is not None):
         advice.append("fewer --n-jobs (each parallel fit holds its own memory)")
-    if not advice:  # (no option of the command takes less)
+    copy, cure = _integer_copy(X, args.train, "Each fit computes", args)
+    advice += [cure] if cure else []
+    if not advice or advice == [cure]:  # (no option of the command takes less)
         advice.append("freeing memory, or a machine with more")
     return (
         f"{name} ran out of {'memory' if host else 'the device memory'} in its fit ({what}); "
-        f"nothing is written{lost}. Try {', or '.join(advice)}"
+        f"nothing is written{lost}.{copy} Try {', or '.join(advice)}"
     )
+
+
+def _integer_copy(X, path: str, who: str, args, rows: str = "") -> tuple[str, str | None]:
+    """What the out-of-memory lines of the fits and predictions say of integer (or
+    boolean) features ``X``, read from ``path``: they are held as the file holds them and
+    computed in float64 (scikit-learn's check_array makes that copy, four times int16's
+    bytes, eight times uint8's), where float32 features are computed as they are (and a
+    store of them above a quarter of memory stays in its file, where the run streams).
+    Returns the sentence of the copy's size and the cure, float32 features; ("", None)
+    for floating-point ``X``. ``who``: what computes the copy, with its verb; ``rows``:
+    which of the file's rows ``X`` are (the held-out ones)."""
+    if not isinstance(X, np.ndarray) or X.dtype.kind not in "biu":
+        return "", None
+    as_float32 = X.size * 4
+    copy = (
+        f" {who} the {rows}{X.dtype} features of {path} in "
+        f"float64, a copy of {_in_bytes(X.size * 8)} ({_in_bytes(X.nbytes)} as read)."
+    )
+    streamed = args.feature_scaling == "none" and not args.grid and not (args.tilt or args.offsets)
+    limit = _feature_files.in_memory_limit()  # (as the run set it)
+    store = ""
+    if streamed and as_float32 > limit:
+        store = (
+            f"; an HDF5 store of them above a quarter of memory ({_in_bytes(limit)}) stays in "
+            "its file, read a block at a time"
+            f"{'' if feature_format(path) in _STORE else _ANY_STORE}"
+        )
+    cure = (
+        f"float32 features in place of {path} (computed as they are, in "
+        f"{_in_bytes(as_float32)}{store})"
+    )
+    return copy, cure
