@@ -587,14 +587,19 @@ def class_groups(y_true, y_pred, labels=None) -> dict:
         labels = _classes(y_true)
     else:
         labels = _numpy_held(_label_array(labels, "labels", classes=True))
-    # NaN (no samples) is taken as the worst accuracy: ranked hardest by its value, not by
-    # where argsort happens to place NaN (last, under argsort(-acc)).
-    acc = np.nan_to_num(per_class_accuracy(y_true, y_pred, labels), nan=-1.0)
-    names = np.asarray(GROUP_NAMES)[difficulty_groups(acc, len(GROUP_NAMES))]
+    names = _group_names(per_class_accuracy(y_true, y_pred, labels))
     # tolist() turns NumPy scalars into plain Python labels (JSON- and pickle-friendly);
     # not dates and durations, which it makes integers at some units (datetime64[ns]).
     keys = list(labels) if labels.dtype.kind in "mM" else labels.tolist()
     return dict(zip(keys, names.tolist(), strict=True))
+
+
+def _group_names(accuracy: np.ndarray) -> np.ndarray:
+    """The group name of each class of a reference's per-class ``accuracy``."""
+    # NaN (no samples) is taken as the worst accuracy: ranked hardest by its value, not by
+    # where argsort happens to place NaN (last, under argsort(-acc)).
+    acc = np.nan_to_num(accuracy, nan=-1.0)
+    return np.asarray(GROUP_NAMES)[difficulty_groups(acc, len(GROUP_NAMES))]
 
 
 def _sample_weight(sample_weight, n_samples: int) -> np.ndarray:
@@ -795,8 +800,12 @@ def classwise_summary(y_true, y_pred, groups=None, labels=None, sample_weight=No
             f"labels), got shape {groups.shape}."
         )
     y_true, y_pred = _labels_1d(y_true, y_pred)
-    weight = _sample_weight(sample_weight, len(y_true))
-    correct = y_true == y_pred
+    return _summary(acc, groups, y_true == y_pred, _sample_weight(sample_weight, len(y_true)))
+
+
+def _summary(acc: np.ndarray, groups: np.ndarray, correct: np.ndarray, weight: np.ndarray) -> dict:
+    """:func:`classwise_summary` of the per-class accuracies ``acc``, their group indices
+    ``groups``, and whether each sample of ``weight`` was predicted right."""
     summary = {"overall": float(np.average(correct, weights=weight))}
     # Every group gets a key, NaN when it has no class (fewer than three classes).
     for g, name in enumerate(GROUP_NAMES):

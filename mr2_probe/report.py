@@ -19,13 +19,16 @@ from .metrics import (
     _as_dates,
     _check_kinds,
     _classes,
+    _group_indices,
+    _group_names,
     _label_array,
+    _labels,
     _listed,
     _numpy_held,
     _numpy_times,
+    _present,
+    _summary,
     _text_and_numbers,
-    class_groups,
-    classwise_summary,
     per_class_accuracy,
 )
 
@@ -197,21 +200,35 @@ def classwise_report(
         raise ValueError(f"reference must be one of {list(named)}, got {reference!r}.")
     models = named
     predictions = {name: _predictions(name, model, X) for name, model in models.items()}
-    # y checked (no NaN, one kind of label) and named as the caller knows it
+    if labels is not None:  # (refused before y, as ever)
+        _label_array(labels, "labels", classes=True)
+    # y read once (a pandas column's text, checked for missing labels, took a second at
+    # each read of ImageNet's labels), checked (no NaN, one kind of label) and named as
+    # the caller knows it
+    y = _labels(y, "y")
     labels = _classes(y, "y") if labels is None else _class_order(labels, y)
-    per_class = {}
+    per_class, correct = {}, {}
     for name, pred in predictions.items():
         try:
+            pred = _labels(pred, "y_pred")
             per_class[name] = per_class_accuracy(y, pred, labels)
         except ValueError as error:  # it says y_pred, not which model's predictions
             raise _unscorable(name, error) from None
-    groups = class_groups(y, predictions[reference], labels)
+        correct[name] = _as_dates(y, pred) == _as_dates(pred, y)
+    # Each model scored once: the groups from the reference's accuracies (class_groups'),
+    # the rows from each model's (classwise_summary's with those groups).
+    names = _group_names(per_class[reference])
+    groups, weight = _group_indices(names), np.ones(len(y))
+    rows = {}
+    for name, accuracy in per_class.items():
+        _present(accuracy)  # (a clear error where y holds no sample)
+        rows[name] = _summary(accuracy, groups, correct[name], weight)
     return ClasswiseReport(
         reference=reference,
         # (each as its str: astype(str) cut them to 21 characters, "86400000000 microseco")
         labels=_as_text([str(v) for v in labels] if labels.dtype.kind in "mM" else labels.tolist()),
-        groups=list(groups.values()),
-        rows={name: classwise_summary(y, pred, groups) for name, pred in predictions.items()},
+        groups=names.tolist(),
+        rows=rows,
         per_class={name: accuracy.tolist() for name, accuracy in per_class.items()},
     )
 

@@ -763,3 +763,65 @@ def test_a_line_break_in_the_reference_name_keeps_the_note_on_one_line():
     text = classwise_report({"erm\nv2": [0, 1, 1]}, [0, 1, 1]).to_text()
     assert text.splitlines()[3].startswith("test accuracy in %; easy / medium / hard: class "
                                            "terciles of erm v2; std: spread")  # fmt: skip
+
+
+class _CountedReads:
+    """Labels that count how often they are read as an array."""
+
+    def __init__(self, labels):
+        self.labels, self.reads = np.asarray(labels), 0
+
+    def __array__(self, dtype=None, copy=None):
+        self.reads += 1
+        return self.labels if dtype is None else self.labels.astype(dtype)
+
+    def __len__(self):
+        return len(self.labels)
+
+
+@pytest.mark.parametrize("labels", [None, ["c", "b", "a"]])
+def test_y_is_read_once(labels):
+    # y was read (and checked: a pandas column of text, a second each for ImageNet's
+    # labels) by every score the report made of it, twice per model and once more.
+    y = _CountedReads(["a", "b", "c", "a", "b", "c"])
+    report = classwise_report(
+        {"erm": ["a", "b", "c", "a", "a", "a"], "mr2": ["a", "b", "c", "b", "b", "c"]},
+        y,
+        labels=labels,
+    )
+    assert y.reads == 1
+    expected = classwise_report(
+        {"erm": ["a", "b", "c", "a", "a", "a"], "mr2": ["a", "b", "c", "b", "b", "c"]},
+        y.labels,
+        labels=labels,
+    )
+    assert report == expected
+
+
+@pytest.mark.parametrize("kind", ["objects", "pandas", "string"])
+def test_text_held_as_objects_reports_as_numpy_s(kind):
+    # Text held as objects is looked up by a hash table, NumPy's text by a sort: the same
+    # report, classes in the same order.
+    rng = np.random.default_rng(0)
+    names = np.array(["b", "a", "é", "B", "ab", "😀"])
+    y, erm, mr2 = (names[rng.integers(0, 6, 200)] for _ in range(3))
+    if kind == "objects":
+        held = y.astype(object), erm.astype(object)
+    else:
+        pd = pytest.importorskip("pandas")
+        dtype = "string" if kind == "string" else object
+        held = pd.Series(y, dtype=dtype), pd.Series(erm, dtype=dtype)
+    report = classwise_report({"erm": held[1], "mr2": mr2}, held[0])
+    assert report == classwise_report({"erm": erm, "mr2": mr2}, y)
+    order = ["😀", "a", "ab", "b", "B", "é"]
+    assert classwise_report({"erm": held[1]}, held[0], labels=order).labels == order
+
+
+def test_text_ending_in_a_nul_is_a_class_of_its_own():
+    # NumPy's text drops trailing NULs ('a\x00' reads 'a'): the report's groups, once
+    # passed on as a dict of the labels, lost the class 'a\x00' ("y_true has classes
+    # ['a\x00'] that are not in groups").
+    y = np.array(["a\x00", "a", "b", "a"], dtype=object)
+    report = classwise_report({"erm": np.array(["a", "a", "b", "a\x00"], dtype=object)}, y)
+    assert report.labels == ["a", "a\x00", "b"]
+    assert report.per_class["erm"] == [0.5, 0.0, 1.0]
