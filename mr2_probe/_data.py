@@ -126,6 +126,9 @@ def check_no_missing_labels(
     NumPy refused)."""
     if y is None or is_torch_tensor(y) or is_h5_dataset(y):  # (numbers, or text: no None)
         return None
+    na = _nullable_na(y)
+    if na is not None and na.any():  # (before NumPy reads them as NaN among floats)
+        _refuse_missing(na, "pd.NA", name, purpose, cure)
     try:
         a = read = np.asarray(y)
         # As given where NumPy may have written a NaN as text: ["cat", nan] was ['cat',
@@ -139,27 +142,53 @@ def check_no_missing_labels(
         return None
     if a.dtype != object or not a.size:
         return read
+    values = a.ravel().tolist()
     try:
-        values = set(a.ravel().tolist())
+        distinct = set(values)
     except TypeError:
-        return read
-    missing = {v: what for v in values if (what := missing_label(v))}
+        # Unhashable labels (refused later, by the checks that sort them) or a Decimal's
+        # signalling NaN, which refuses to be hashed ("Cannot hash a signaling NaN value",
+        # where a Decimal's quiet NaN was a missing label): each label looked at.
+        distinct = values
+    missing = {what for v in distinct if (what := missing_label(v))}
     if not missing:
         return read
-    what = " and ".join(sorted(set(missing.values())))
-    if len(missing) == len(values):
+    # (a pass over the labels only where some are missing)
+    flags = np.fromiter((missing_label(v) is not None for v in values), bool, len(values))
+    _refuse_missing(flags.reshape(a.shape), " and ".join(sorted(missing)), name, purpose, cure)
+
+
+def _nullable_na(y) -> np.ndarray | None:
+    """Where a pandas column (or array, or table) of a nullable dtype, whose missing value
+    is pd.NA ("Int64", "Float64", "boolean", "string", pyarrow's), holds it: a mask of
+    y's shape; None for anything else. NumPy reads pd.NA of "Int64" or "Float64" as NaN
+    among floats, which was refused as "Input y contains NaN", without its argument's
+    name or position, where the same labels held as objects were named missing labels."""
+    dtype = getattr(y, "dtype", None)
+    dtypes = [dtype] if dtype is not None else list(getattr(y, "dtypes", []))  # (a table's)
+    if not dtypes or not hasattr(y, "isna"):
+        return None
+    if not any(is_na(getattr(d, "na_value", None)) for d in dtypes):
+        return None
+    return np.asarray(y.isna())
+
+
+def _refuse_missing(flags: np.ndarray, what: str, name: str, purpose: str, cure) -> None:
+    """The error for labels ``name`` of which ``flags`` (of their shape) are missing, of
+    the kinds ``what`` ("None and NaN"): their count and the first one's position."""
+    if flags.all():
         raise ValueError(
             f"Input {name} holds only missing labels ({what}): there is no class to {purpose}."
         )
-    # (a pass over the labels only where some are missing)
-    flags = [missing_label(v) is not None for v in a.ravel().tolist()]
-    n, first = sum(flags), flags.index(True)
-    where = first if a.ndim == 1 else tuple(int(i) for i in np.unravel_index(first, a.shape))
+    n, first = int(flags.sum()), int(np.argmax(flags.ravel()))
+    where = (
+        first if flags.ndim == 1 else tuple(int(i) for i in np.unravel_index(first, flags.shape))
+    )
     where = f"at position {where}" if n == 1 else f"the first at position {where}"
     cure = cure or "leave those samples out (a pandas column's y.notna()) or label them"
     raise ValueError(
         f"Input {name} holds {n} missing label{'s' if n > 1 else ''} ({what}) among its "
-        f"{a.size}, {where}, which {'are' if n > 1 else 'is'} no class: {cure}."
+        f"{flags.size}, {where}, which {'are' if n > 1 else 'is'} no class: {cure}."
     )
 
 

@@ -3,6 +3,7 @@ the check of missing labels that every entry taking labels makes."""
 
 import os
 import re
+from decimal import Decimal
 
 import numpy as np
 import pytest
@@ -543,11 +544,25 @@ _TEXT = np.array(["cat", "dog", "emu"] * 4)  # 12 labels; the missing one goes a
 _X = np.random.default_rng(0).normal(size=(12, 3)) + np.eye(3)[np.arange(12) % 3]
 
 
+_NULLABLE = {"Int64": [0, 1, 2] * 4, "Float64": [0.5, 1.5, 2.5] * 4, "boolean": [True, False] * 6}
+
+
 def _with_missing(kind: str):
     """``_TEXT`` with a missing label at position 5, as a user passes it."""
-    pd = pytest.importorskip("pandas") if "Series" in kind else None
+    pd = pytest.importorskip("pandas") if "Series" in kind or "array" in kind else None
+    dtype = kind.split()[0]
+    if kind.endswith("array NA") or dtype in _NULLABLE:  # pandas' nullable dtypes
+        labels = list(_NULLABLE.get(dtype, _TEXT.tolist()))
+        labels[5] = pd.NA
+        return pd.Series(labels, dtype=dtype) if "Series" in kind else pd.array(labels, dtype)
     labels = _TEXT.tolist()
-    missing = {"NaN": float("nan"), "float32": np.float32("nan"), "None": None}
+    missing = {
+        "NaN": float("nan"),
+        "float32": np.float32("nan"),
+        "None": None,
+        "sNaN": Decimal("sNaN"),
+        "Decimal": Decimal("NaN"),
+    }
     labels[5] = missing[kind.split()[-1]]
     if kind.startswith("tuple"):
         return tuple(labels)
@@ -628,7 +643,24 @@ _ENTRIES = {
 
 @pytest.mark.parametrize(
     "kind",
-    ["list NaN", "tuple float32", "object Series NaN", "list None", "string Series None"],
+    [
+        "list NaN",
+        "tuple float32",
+        "object Series NaN",
+        "list None",
+        "string Series None",
+        # pandas' nullable dtypes: NumPy reads pd.NA of "Int64" and "Float64" as NaN among
+        # floats, which was "Input y contains NaN", naming neither pd.NA nor its position.
+        "Int64 Series NA",
+        "Int64 array NA",
+        "Float64 array NA",
+        "boolean array NA",
+        "string[python] array NA",
+        # A Decimal's NaN is a missing label; its signalling NaN was a TypeError from
+        # hashing it ("Cannot hash a signaling NaN value").
+        "list Decimal NaN",
+        "list Decimal sNaN",
+    ],
 )
 @pytest.mark.parametrize("entry", list(_ENTRIES))
 def test_a_missing_label_is_refused_by_name_and_position_at_every_entry(fitted, entry, kind):
@@ -637,14 +669,33 @@ def test_a_missing_label_is_refused_by_name_and_position_at_every_entry(fitted, 
     # position) or a TypeError sorting the classes; None and pd.NA were named without a
     # position, and among labels= were "Mix of label input types (string and None)".
     call, name = _ENTRIES[entry]
+    if kind.endswith("sNaN") and entry.startswith("groups"):
+        pytest.skip("a dict cannot hold a signalling NaN: it refuses to be hashed")
     y = _with_missing(kind)
-    what = "pd.NA" if kind.startswith("string") else "None" if "None" in kind else "NaN"
+    pandas = kind.startswith("string") or kind.endswith(" NA")
+    what = "pd.NA" if pandas else "None" if "None" in kind else "NaN"
     classes = entry.endswith(("labels=", "groups", "groups_by_label"))
     n, position = (3, 2) if classes else (12, 5)
     prefix = name if name.startswith("The") else f"Input {name}"
     match = rf"^{re.escape(prefix)} holds 1 missing label \({what}\) among its {n}, at "
     with pytest.raises(ValueError, match=rf"{match}position {position}, which is no class: "):
         call(y, fitted)
+
+
+def test_pd_na_of_a_nullable_column_is_counted_where_it_is():
+    # As a table's column (a position in two dimensions), alone, and not at all.
+    pd = pytest.importorskip("pandas")
+    table = pd.DataFrame({"y": pd.array([1, 2, pd.NA, pd.NA], dtype="Int64")})
+    match = r"^Input y holds 2 missing labels \(pd.NA\) among its 4, the first at position \(2, 0\)"
+    with pytest.raises(ValueError, match=match):
+        check_no_missing_labels(table)
+    with pytest.raises(ValueError, match=r"^Input y holds only missing labels \(pd.NA\)"):
+        check_no_missing_labels(pd.array([pd.NA, pd.NA], dtype="Int64"))
+    read = check_no_missing_labels(pd.Series([1, 2], dtype="Int64"))
+    np.testing.assert_array_equal(read, [1, 2])
+    # A Decimal's signalling NaN among unhashable labels too, each label looked at.
+    with pytest.raises(ValueError, match=r"^Input y holds 1 missing label \(NaN\) among its 3"):
+        check_no_missing_labels(np.array([[1], Decimal("sNaN"), [2]], dtype=object))
 
 
 @pytest.mark.parametrize(
