@@ -11,6 +11,7 @@ import copy
 import datetime
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from numbers import Integral, Number
 
 import numpy as np
@@ -74,36 +75,40 @@ def per_class_accuracy(y_true, y_pred, labels=None, sample_weight=None) -> np.nd
     >>> per_class_accuracy(["a", "a", "b", "b"], ["a", "c", "b", "b"], labels=["a", "b", "c"])
     array([0.5, 1. , nan])
     """
-    y_true, y_pred = _labels_1d(y_true, y_pred)
+    return _per_class(*_labels_1d(y_true, y_pred), labels, sample_weight)
+
+
+def _per_class(
+    y_true: np.ndarray, y_pred: np.ndarray, labels, sample_weight, truth: _Checked | None = None
+) -> np.ndarray:
+    """:func:`per_class_accuracy` of labels read as arrays (:func:`_labels_1d`); ``truth``
+    is ``y_true`` as a caller has already checked it (:func:`_checked`), which is then not
+    checked again (classwise_report scores one y against each model)."""
     if y_true.shape != y_pred.shape:
         raise ValueError(
             f"y_true and y_pred must have the same shape, got {y_true.shape} and {y_pred.shape}."
         )
-
-    held = {}
-    for name, a in (("y_true", y_true), ("y_pred", y_pred)):
-        _check_no_nan(name, a)
-        held[name] = _kinds_of(a)
-        if len(_merged(held[name])) > 1:  # (not "y_true holds object labels and y_pred ...")
-            raise ValueError(f"{_mix(_merged(held[name]))} in {name}.")
-    kinds = _merged(held["y_true"] | held["y_pred"])
+    if truth is None or truth.labels is not y_true:
+        truth = _checked(y_true, "y_true", read=True)
+    predicted = _checked(y_pred, "y_pred", codes=False, read=True)
+    kinds = _merged(truth.kinds | predicted.kinds)
     if len(kinds) > 1:
         raise ValueError(
             f"{_mix(kinds)}: y_true holds {y_true.dtype} labels and y_pred {y_pred.dtype} labels."
         )
-    codes = _text_codes(y_true, held["y_true"])
+    codes = truth.codes
     given = labels is not None  # (np.unique's own classes are each there once)
     # (NumPy's dates held as objects against y's datetime's: "'<' not supported")
     labels = (
         _as_dates(_numpy_held(_label_array(labels, "labels", classes=True)), y_true)
         if given
-        else np.unique(y_true if codes is None else codes[1])
+        else truth.classes()
     )
     if labels.ndim != 1 or (len(labels) == 0 and len(y_true)):
         raise ValueError(f"labels must be a 1-D list of at least one class, got {labels!r}.")
     if given:  # (before the kinds: a NaN among text labels was "string and number")
         _check_no_nan("labels", labels)  # (a class of no sample, scored NaN without a word)
-    _check_kinds(labels, y_true)  # every class would be scored NaN
+    _check_kinds(labels, y_true, y_kinds=truth.kinds)  # every class would be scored NaN
     if given:
         _check_distinct(labels)
         # (dates held as objects against labels of NumPy's at another unit than days: its
@@ -245,21 +250,47 @@ def _classes(y, name: str = "y_true") -> np.ndarray:
     """The sorted classes of the labels ``y``, once they are checked to hold no NaN and one
     kind of label: np.unique of a mix failed with "'<' not supported between instances of
     'int' and 'str'". NumPy's dates held as objects as NumPy's, as they are scored."""
-    y = _labels(y, name)
+    return _checked(y, name).classes()
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """Labels read as a 1-D array (:func:`_labels`) and checked to hold no NaN and one kind
+    of label, with their kinds (:func:`_kinds_of`) and, for text held as objects, their
+    codes (:func:`_text_codes`)."""
+
+    labels: np.ndarray
+    kinds: set
+    codes: tuple | None
+
+    def classes(self) -> np.ndarray:
+        """The sorted classes of the labels."""
+        return np.unique(self.labels if self.codes is None else self.codes[1])
+
+
+def _checked(y, name: str, codes: bool = True, read: bool = False) -> _Checked:
+    """The labels ``y`` read (:func:`_labels`; ``read``: an array read so already) and
+    checked, an error calling them ``name``; with their codes where ``codes``."""
+    if not read:
+        y = _labels(y, name)
     _check_no_nan(name, y)
-    kinds = _label_kinds(y)
-    if len(kinds) > 1:
-        raise ValueError(f"{_mix(kinds)} in {name}.")
-    codes = _text_codes(y, kinds)
-    return np.unique(y if codes is None else codes[1])
+    held = _kinds_of(y)
+    if len(_merged(held)) > 1:  # (not "y_true holds object labels and y_pred ...")
+        raise ValueError(f"{_mix(_merged(held))} in {name}.")
+    return _Checked(y, held, _text_codes(y, held) if codes else None)
 
 
 def _check_kinds(
-    labels: np.ndarray, y: np.ndarray, name: str = "labels", y_name: str = "y_true"
+    labels: np.ndarray,
+    y: np.ndarray,
+    name: str = "labels",
+    y_name: str = "y_true",
+    y_kinds: set | None = None,
 ) -> None:
-    """Refuse ``labels`` of another kind than ``y``'s (see :func:`_label_kinds`); dates as
-    text, as a report's JSON writes them, with how to read them as dates."""
-    kinds = _label_kinds(y, labels)
+    """Refuse ``labels`` of another kind than ``y``'s (see :func:`_label_kinds`; ``y_kinds``
+    are y's :func:`_kinds_of` where the caller has them); dates as text, as a report's
+    JSON writes them, with how to read them as dates."""
+    kinds = _label_kinds(y, labels) if y_kinds is None else _merged(y_kinds | _kinds_of(labels))
     if len(kinds) > 1:
         cure = ""
         naive = {np.datetime64, datetime.date, datetime.datetime}  # (dates of NumPy's units)

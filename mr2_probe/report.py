@@ -18,7 +18,8 @@ from .metrics import (
     _array,
     _as_dates,
     _check_kinds,
-    _classes,
+    _Checked,
+    _checked,
     _group_indices,
     _group_names,
     _label_array,
@@ -26,10 +27,10 @@ from .metrics import (
     _listed,
     _numpy_held,
     _numpy_times,
+    _per_class,
     _present,
     _summary,
     _text_and_numbers,
-    per_class_accuracy,
 )
 
 COLUMNS = ("overall", *GROUP_NAMES, "worst", "std")
@@ -201,20 +202,23 @@ def classwise_report(
     models = named
     predictions = {name: _predictions(name, model, X) for name, model in models.items()}
     if labels is not None:  # (refused before y, as ever)
-        _label_array(labels, "labels", classes=True)
+        _numpy_held(_label_array(labels, "labels", classes=True))
     # y read once (a pandas column's text, checked for missing labels, took a second at
     # each read of ImageNet's labels), checked (no NaN, one kind of label) and named as
     # the caller knows it
-    y = _labels(y, "y")
-    labels = _classes(y, "y") if labels is None else _class_order(labels, y)
+    truth = _checked(y, "y")
+    y = truth.labels
+    labels = truth.classes() if labels is None else _class_order(labels, truth)
     per_class, correct = {}, {}
     for name, pred in predictions.items():
         try:
             pred = _labels(pred, "y_pred")
-            per_class[name] = per_class_accuracy(y, pred, labels)
+            # (dates held as objects against NumPy's, as per_class_accuracy reads them)
+            true, pred = _as_dates(y, pred), _as_dates(pred, y)
+            per_class[name] = _per_class(true, pred, labels, None, truth)
         except ValueError as error:  # it says y_pred, not which model's predictions
             raise _unscorable(name, error) from None
-        correct[name] = _as_dates(y, pred) == _as_dates(pred, y)
+        correct[name] = true == pred
     # Each model scored once: the groups from the reference's accuracies (class_groups'),
     # the rows from each model's (classwise_summary's with those groups).
     names = _group_names(per_class[reference])
@@ -233,11 +237,11 @@ def classwise_report(
     )
 
 
-def _class_order(labels, y) -> np.ndarray:
-    """The classes of ``y`` in the order of ``labels``, checked to hold each once (as y's
-    own values: a label 2.0 for the class 2 is reported as 2)."""
+def _class_order(labels, truth: _Checked) -> np.ndarray:
+    """The classes of y (``truth``) in the order of ``labels``, checked to hold each once
+    (as y's own values: a label 2.0 for the class 2 is reported as 2)."""
     labels = _numpy_held(_label_array(labels, "labels", classes=True))
-    classes = _classes(y, "y")
+    classes = truth.classes()
     # y's dates held as objects compared as NumPy's where the labels are NumPy's: a date
     # against the integer of nanoseconds of a label's tolist() was refused.
     keys = _as_dates(classes, labels)
