@@ -2,6 +2,7 @@
 
 import json
 import re
+import sys
 import warnings
 from datetime import date, datetime, time, timedelta, timezone
 from types import MappingProxyType
@@ -1590,6 +1591,22 @@ def test_text_scores_alike_as_numpy_s_or_as_objects(true_kind, pred_kind):
     assert classwise_summary(true, pred) == classwise_summary(y_true, y_pred)
     assert worst_class_accuracy(true, pred) == worst_class_accuracy(y_true, y_pred)
     assert group_accuracy(true, pred, groups) == group_accuracy(y_true, y_pred, groups)
+
+
+def test_text_held_as_objects_without_pandas_is_sorted_as_before(monkeypatch):
+    # pandas is not a dependency: without it imported, text held as objects is sorted by
+    # NumPy, as before, to the same scores and class order.
+    pytest.importorskip("pandas")  # (imported: the hash table's scores first)
+    rng = np.random.default_rng(2)
+    names = np.array(["b", "a", "é", "B", "ab", "😀"], dtype=object)
+    y_true, y_pred = names[rng.integers(0, 6, 100)], names[rng.integers(0, 6, 100)]
+    given = ["😀", "a", "b", "q"]
+    hashed = per_class_accuracy(y_true, y_pred), per_class_accuracy(y_true, y_pred, given)
+    groups = class_groups(y_true, y_pred)
+    monkeypatch.setitem(sys.modules, "pandas", None)  # (as if never imported)
+    np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred), hashed[0])
+    np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred, given), hashed[1])
+    assert list(class_groups(y_true, y_pred).items()) == list(groups.items())
 
 
 @pytest.mark.parametrize("kind", ["objects", "pandas"])
