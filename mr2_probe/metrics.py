@@ -280,6 +280,15 @@ def _checked(y, name: str, codes: bool = True, read: bool = False) -> _Checked:
     return _Checked(y, held, _text_codes(y, held) if codes else None)
 
 
+def _scored_against(truth: _Checked, y_pred, labels) -> tuple[np.ndarray, np.ndarray]:
+    """The per-class accuracy of predictions ``y_pred`` against labels checked already
+    (``truth``), over the classes ``labels``, and whether each sample is predicted right."""
+    y_pred = _labels(y_pred, "y_pred")
+    # (dates held as objects against NumPy's, as _labels_1d reads them)
+    y_true, y_pred = _as_dates(truth.labels, y_pred), _as_dates(y_pred, truth.labels)
+    return _per_class(y_true, y_pred, labels, None, truth), y_true == y_pred
+
+
 def _check_kinds(
     labels: np.ndarray,
     y: np.ndarray,
@@ -614,11 +623,14 @@ def class_groups(y_true, y_pred, labels=None) -> dict:
     >>> class_groups([0, 0, 1, 1, 2, 2], [0, 0, 1, 0, 0, 0])
     {0: 'easy', 1: 'medium', 2: 'hard'}
     """
-    if labels is None:
-        labels = _classes(y_true)
+    if labels is None:  # (y_true checked once, for its classes and its scores)
+        truth = _checked(y_true, "y_true")
+        labels = truth.classes()
+        accuracy = _scored_against(truth, y_pred, labels)[0]
     else:
         labels = _numpy_held(_label_array(labels, "labels", classes=True))
-    names = _group_names(per_class_accuracy(y_true, y_pred, labels))
+        accuracy = per_class_accuracy(y_true, y_pred, labels)
+    names = _group_names(accuracy)
     # tolist() turns NumPy scalars into plain Python labels (JSON- and pickle-friendly);
     # not dates and durations, which it makes integers at some units (datetime64[ns]).
     keys = list(labels) if labels.dtype.kind in "mM" else labels.tolist()

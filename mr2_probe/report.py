@@ -23,12 +23,11 @@ from .metrics import (
     _group_indices,
     _group_names,
     _label_array,
-    _labels,
     _listed,
     _numpy_held,
     _numpy_times,
-    _per_class,
     _present,
+    _scored_against,
     _summary,
     _text_and_numbers,
 )
@@ -212,13 +211,9 @@ def classwise_report(
     per_class, correct = {}, {}
     for name, pred in predictions.items():
         try:
-            pred = _labels(pred, "y_pred")
-            # (dates held as objects against NumPy's, as per_class_accuracy reads them)
-            true, pred = _as_dates(y, pred), _as_dates(pred, y)
-            per_class[name] = _per_class(true, pred, labels, None, truth)
+            per_class[name], correct[name] = _scored_against(truth, pred, labels)
         except ValueError as error:  # it says y_pred, not which model's predictions
             raise _unscorable(name, error) from None
-        correct[name] = true == pred
     # Each model scored once: the groups from the reference's accuracies (class_groups'),
     # the rows from each model's (classwise_summary's with those groups).
     names = _group_names(per_class[reference])
