@@ -1,0 +1,80 @@
+"""What identifies a rank's process (its host's boot, its PID namespace, its pid and start
+time), which it writes into the group's store as it starts beating, and whether that
+process, seen from another on the same host, has ended: a rank killed outright (``kill -9``,
+the out-of-memory killer) is then named at once, not after its heartbeat's silence. Linux
+alone (its ``/proc``); elsewhere no identity, and no process is ever said to have ended."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+
+def process_identity() -> bytes | None:
+    """This process's identity, as JSON (:func:`ended`), or None where ``/proc`` does not
+    tell it (macOS, Windows, a ``/proc`` of another PID namespace)."""
+    try:
+        if not _own_proc():
+            return None
+        return json.dumps(
+            {
+                "boot": _here()[0],
+                "pid_ns": _here()[1],
+                "pid": os.getpid(),
+                "start": _state_and_start(os.getpid())[1],
+            }
+        ).encode()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ended(identity: bytes | None) -> int | None:
+    """The pid of the process ``identity`` names (:func:`process_identity`, another
+    rank's) where it has ended: it is on this host and in this process's PID namespace,
+    and no process runs under its pid, or one with another start time runs there (the pid
+    reused), or it is a zombie (killed, its parent yet to reap it). None where it still runs,
+    and wherever that cannot be told (no identity, another host or namespace, ``/proc``
+    unreadable): never a process that runs."""
+    try:
+        theirs = json.loads(identity)
+        pid, start = int(theirs["pid"]), int(theirs["start"])
+        if (theirs["boot"], theirs["pid_ns"]) != _here():
+            return None
+        if pid <= 0 or not _own_proc():
+            return None
+        try:
+            os.kill(pid, 0)  # (signal 0: nothing sent; whether the pid is there at all)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:  # (there, another user's: its stat tells whose it is)
+            pass
+        state, now = _state_and_start(pid)
+    except (OSError, ValueError, TypeError, KeyError, IndexError):
+        # (a stat gone between the two looks is told at the next; hidden, as ``/proc``
+        # mounted with hidepid hides another user's processes: never said to have ended)
+        return None
+    return pid if now != start or state in ("Z", "X") else None
+
+
+@functools.cache
+def _here() -> tuple[str, str]:
+    """This host's boot id (which no other host, nor this one rebooted, shares) and this
+    process's PID namespace (neither changes while it runs)."""
+    with open("/proc/sys/kernel/random/boot_id") as file:
+        return file.read().strip(), os.readlink("/proc/self/ns/pid")
+
+
+def _own_proc() -> bool:
+    """Whether ``/proc`` is this process's PID namespace's (its pids are the ones
+    ``os.kill`` takes)."""
+    return os.readlink("/proc/self") == str(os.getpid())
+
+
+def _state_and_start(pid: int) -> tuple[str, int]:
+    """The state (R, S, Z, ...) of process ``pid`` and when it started (fields 3 and 22 of
+    its ``/proc/<pid>/stat``, in clock ticks since the host booted)."""
+    with open(f"/proc/{pid}/stat", "rb") as file:
+        stat = file.read().decode(errors="replace")
+    fields = stat[stat.rindex(")") + 2 :].split()  # (its name, within parentheses, may hold any)
+    return fields[0], int(fields[19])
