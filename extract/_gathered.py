@@ -1,6 +1,7 @@
 """Every rank's picklable object, gathered over the run's gloo group (its tensors let go by
 gloo before the gather returns), or through the group's key-value store, where the wait can
-be left, and each rank's heartbeat there, by which a rank killed outright is named."""
+be left, and each rank's heartbeat there, by which a rank killed outright is named (at once
+where its process is seen to have ended, on the same host)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from mr2_probe._h5 import one_line
 
 from ._launcher import launcher_gone
 from ._paths import plural
+from ._processes import ended, process_identity
 from ._schema import StoreError
 
 # The first wait between two looks at the store for the other ranks' words, doubled at each
@@ -37,6 +39,10 @@ _LET_GO_S = 60.0
 # holds it, and the longest of those in a run (an h5py read or write of a chunk, decoding an
 # image, a backbone's batch on the CPU, which torch runs without the GIL anyway) take
 # seconds at most: 120 s is far above them, and still names a dead rank within minutes.
+# Before its first beat each rank writes what identifies its process (``{alive}/{rank}/
+# process``: :mod:`._processes`), so that a rank on the same host (most runs put several on
+# one) names one whose process has ended at its first look, not after that silence; the
+# silence is kept for ranks on other hosts, or where ``/proc`` says nothing (macOS).
 BEAT_S = 2.0
 SILENCE_S = 120.0
 # How long a run's end waits for its heartbeat thread to stop: it stops within one bump of
@@ -49,13 +55,22 @@ _STOP_BEATING_S = 10.0
 def beating(store, alive: str, rank: int) -> Iterator[None]:
     """Inside, a daemon thread bumps this rank's counter ``{alive}/{rank}`` in the group's
     key-value ``store`` at once and every :data:`BEAT_S` seconds, by which the others
-    waiting for it at an exchange (:func:`gather_in_store`) know it alive; stopped, and
-    joined, on the way out (the run ended on this rank, however). (torch's stores are safe
-    to share between threads: a TCPStore client serialises its operations, and no rank
-    waits on a key while it holds the client: :func:`gather_in_store` looks, with check.)"""
+    waiting for it at an exchange (:func:`gather_in_store`) know it alive, having first
+    set what identifies its process under ``{alive}/{rank}/process`` (where ``/proc``
+    tells it: :func:`~._processes.process_identity`), by which those on its host see it
+    end; stopped, and joined, on the way out (the run ended on this rank, however).
+    (torch's stores are safe to share between threads: a TCPStore client serialises its
+    operations, and no rank waits on a key while it holds the client:
+    :func:`gather_in_store` looks, with check.)"""
     stopped = threading.Event()
+    identity = process_identity()
 
     def beat() -> None:
+        try:  # (before the first beat: a rank heard beating has told it, if it ever does)
+            if identity is not None:
+                store.set(f"{alive}/{rank}/process", identity)
+        except Exception:
+            return
         while not stopped.is_set() and not launcher_gone():
             try:
                 store.add(f"{alive}/{rank}", 1)
@@ -127,9 +142,10 @@ def gather_in_store(
     it will not come). A gloo
     collective cannot be left once entered: a rank waited there for one that had said so,
     until the group's timeout, and no Ctrl-C reached it. A rank that never comes and says
-    nothing (killed outright) is a :class:`StoreError` naming it once its heartbeat (its
-    counter ``{alive}/{rank}``: :func:`beating`) has stood still for :data:`SILENCE_S`
-    (``alive`` None: no heartbeat), or else at the store's timeout (the group's). A
+    nothing (killed outright) is a :class:`StoreError` naming it once its process, on this
+    host, is seen to have ended (:func:`beating` tells it), or once its heartbeat (its
+    counter ``{alive}/{rank}``) has stood still for :data:`SILENCE_S` (``alive`` None: no
+    heartbeat), or else at the store's timeout (the group's). A
     store gone with the process that held it is a :class:`StoreError` naming that."""
     stop()
     try:
@@ -162,6 +178,7 @@ def _gathered_in(
     timeout = getattr(store, "timeout", None) or timedelta(hours=24)
     deadline, wait = time.monotonic() + timeout.total_seconds(), _FIRST_LOOK_S
     heard: dict[int, tuple[int, float]] = {}  # rank: its heartbeat's count, when it moved
+    identities: dict[int, bytes | None] = {}  # rank: its process's (:func:`beating`), once read
     listen = time.monotonic() + BEAT_S
     # (check, not wait: a store's wait past its timeout raises, and logs where it is torch's;
     # and a TCPStore client waiting on a key holds back this rank's heartbeat meanwhile)
@@ -172,10 +189,18 @@ def _gathered_in(
         if alive is not None and time.monotonic() >= listen:
             listen = time.monotonic() + BEAT_S
             missing = [r for r, k in others.items() if not store.check([k])]
-            silent = _silent(store, alive, missing, heard)
+            silent = _silent(store, alive, missing, heard, identities)
+            if silent is not None and silent[1] is not None:
+                stop()  # (where it said why before it ended, that is the error)
+                raise StoreError(
+                    f"Rank {rank} waited for rank {silent[0]} to meet it, whose process "
+                    f"(pid {silent[1]}, on this host) has ended without a word (killed, say, "
+                    "with kill -9 or by the out-of-memory killer). Every rank stops, the rows "
+                    "written so far kept: the same command resumes."
+                )
             if silent is not None:
                 raise StoreError(
-                    f"Rank {rank} waited for rank {silent} to meet it, which stopped "
+                    f"Rank {rank} waited for rank {silent[0]} to meet it, which stopped "
                     "answering: its heartbeat in the group's store stood still for "
                     f"{SILENCE_S:g} s (killed, say, with kill -9 or by the out-of-memory "
                     "killer). Every rank stops, the rows written so far kept: the same "
@@ -196,15 +221,25 @@ def _gathered_in(
     return [obj if r == rank else pickle.loads(store.get(others[r])) for r in range(world_size)]
 
 
-def _silent(store, alive: str, ranks: list[int], heard: dict) -> int | None:
-    """The first of ``ranks`` whose heartbeat (its counter ``{alive}/{rank}`` in ``store``:
-    :func:`beating`) has not moved for :data:`SILENCE_S` since first heard, or None;
-    ``heard`` keeps, rank by rank, its count and when it last moved."""
+def _silent(
+    store, alive: str, ranks: list[int], heard: dict, identities: dict
+) -> tuple[int, int | None] | None:
+    """The first of ``ranks`` whose process is seen to have ended, with its pid, or whose
+    heartbeat (its counter ``{alive}/{rank}`` in ``store``: :func:`beating`) has not moved
+    for :data:`SILENCE_S` since first heard, with None; or None. ``heard`` keeps, rank by
+    rank, its count and when it last moved; ``identities``, its process's identity (None:
+    it told none), read once it has beaten."""
     now = time.monotonic()
     for r in ranks:  # (ranks not yet come: a look each, every BEAT_S)
         count = store.add(f"{alive}/{r}", 0)  # (0 where it never beat)
+        if count and r not in identities:  # (set before its first beat, where it is set)
+            key = f"{alive}/{r}/process"
+            identities[r] = store.get(key) if store.check([key]) else None
+        pid = ended(identities.get(r))  # (this host's /proc: no look at the store)
+        if pid is not None:
+            return r, pid
         if heard.get(r, (None,))[0] != count:
             heard[r] = (count, now)
         elif now - heard[r][1] >= SILENCE_S:
-            return r
+            return r, None
     return None

@@ -314,15 +314,16 @@ def rank_interrupted_at_the_merge(rank: int, folder: Path, said: Path, where: st
 
 def rank_beside_a_rank_killed_outright(rank: int, folder: Path, said: Path) -> None:
     """One of two ranks extracting ``folder`` into ``said/f.h5``, in the caller's group (a
-    timeout of 10 minutes), their heartbeats every 0.1 s and a rank named after 5 s of
-    silence: rank 1 is killed outright (SIGKILL) at its first batch, and rank 0 goes on to
-    the end of its shard, where it waits for it. Rank 0's outcome goes into
-    ``said/rank0.txt`` (:func:`_ended`)."""
+    timeout of 10 minutes), their heartbeats every 0.1 s and a rank named after 10 minutes
+    of silence (as the group's timeout: neither ends the wait where the test looks): rank 1
+    is killed outright (SIGKILL) at its first batch, and rank 0 goes on to the end of its
+    shard, where it waits for it. Rank 0's outcome goes into ``said/rank0.txt``
+    (:func:`_ended`)."""
     import signal
 
     from extract import _gathered
 
-    _gathered.BEAT_S, _gathered.SILENCE_S = 0.1, 5.0
+    _gathered.BEAT_S, _gathered.SILENCE_S = 0.1, 600.0
     _caller_s_group(rank, said, timeout_s=600)
 
     def killed(*args, **kwargs):

@@ -3158,6 +3158,109 @@ def test_a_rank_whose_heartbeat_stops_is_named_at_an_exchange(monkeypatch):
     assert not _heartbeats()
 
 
+class _ReadsStore(torch.distributed.HashStore):
+    """A HashStore counting the reads (get) of each key."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = {}
+
+    def get(self, key):
+        self.reads[key] = self.reads.get(key, 0) + 1
+        return super().get(key)
+
+
+def _ended_identity(**changed) -> tuple[bytes, int]:
+    """The identity (:func:`extract._processes.process_identity`) of a process of this
+    host that has ended, with ``changed`` fields, and its pid."""
+    from extract._processes import _state_and_start, process_identity
+
+    child = subprocess.Popen(["sleep", "0"])
+    start = _state_and_start(child.pid)[1]  # (there until it is reaped)
+    child.wait()
+    identity = dict(json.loads(process_identity()), pid=child.pid, start=start)
+    return json.dumps({**identity, **changed}).encode(), child.pid
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc is Linux's")
+def test_a_rank_tells_its_process_before_its_first_beat():
+    # (so that a rank heard beating has told it: the others look for it once)
+    import threading
+    from datetime import timedelta
+
+    from extract import _gathered
+    from extract._processes import process_identity
+
+    class Told(torch.distributed.HashStore):  # (what the heartbeat's thread told, in order)
+        def __init__(self):
+            super().__init__()
+            self.told, self.beat = [], threading.Event()
+
+        def set(self, key, value):
+            self.told.append(key)
+            return super().set(key, value)
+
+        def add(self, key, value):
+            self.told.append(key)
+            self.beat.set()
+            return super().add(key, value)
+
+    store = Told()
+    store.set_timeout(timedelta(seconds=30))
+    with _gathered.beating(store, "x/alive", 1):
+        assert store.beat.wait(30)
+    assert store.told[:2] == ["x/alive/1/process", "x/alive/1"]
+    assert store.get("x/alive/1/process") == process_identity()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc is Linux's")
+def test_a_rank_whose_process_ended_on_this_host_is_named_at_once(monkeypatch):
+    # Rank 1 of 2 beat, then its process (on this host) was killed outright. Rank 0 waited
+    # for it until its heartbeat had stood still for 2 minutes (here the silence bound is
+    # far longer than the store's timeout, where it fails). Rank 0 sees that its process
+    # has ended now, and names it at its first look.
+    from datetime import timedelta
+
+    from extract import _gathered
+
+    monkeypatch.setattr(_gathered, "BEAT_S", 0.05)
+    monkeypatch.setattr(_gathered, "SILENCE_S", 600.0)
+    store = _ReadsStore()
+    store.set_timeout(timedelta(seconds=5))
+    identity, pid = _ended_identity()
+    store.set("x/alive/1/process", identity)
+    store.add("x/alive/1", 3)  # (it beat three times)
+    with pytest.raises(StoreError) as raised:
+        _gathered.gather_in_store(store, "x/1", 0, 2, "mine", lambda: None, "x/alive")
+    assert str(raised.value) == (
+        f"Rank 0 waited for rank 1 to meet it, whose process (pid {pid}, on this host) has "
+        "ended without a word (killed, say, with kill -9 or by the out-of-memory killer). "
+        "Every rank stops, the rows written so far kept: the same command resumes."
+    )
+
+
+@pytest.mark.parametrize("told", ["another host", "no identity"])
+def test_a_rank_of_another_host_is_named_once_silent(monkeypatch, told):
+    # Rank 1 beat, from another host (its pid, ended here, says nothing of it) or without
+    # telling its process (/proc absent, macOS): it is named once its heartbeat stands
+    # still for the silence bound, its identity read once however many looks.
+    from datetime import timedelta
+
+    from extract import _gathered
+
+    monkeypatch.setattr(_gathered, "BEAT_S", 0.05)
+    monkeypatch.setattr(_gathered, "SILENCE_S", 0.5)
+    store = _ReadsStore()
+    store.set_timeout(timedelta(seconds=30))
+    if told == "another host":
+        store.set("x/alive/1/process", _ended_identity(boot="another host's")[0])
+    store.add("x/alive/1", 3)
+    with pytest.raises(StoreError) as raised:
+        _gathered.gather_in_store(store, "x/1", 0, 2, "mine", lambda: None, "x/alive")
+    assert str(raised.value) == _KILLED.format(0.5)
+    assert store.reads == ({"x/alive/1/process": 1} if told == "another host" else {})
+
+
 def test_a_rank_slow_to_come_but_beating_is_waited_for(monkeypatch):
     # Rank 1 (a thread) comes to the exchange twice the silence bound late, beating all
     # along (a rank with more rows left, say): rank 0 waits for it, as for any rank that
@@ -3648,8 +3751,9 @@ def test_under_torchrun_a_rank_killed_outright_is_named_by_the_rank_waiting_for_
     # Rank 1 was killed outright (SIGKILL, the out-of-memory killer) at its first batch,
     # saying nothing, in a group the caller keeps (outside torchrun, whose launcher ends
     # the others): rank 0 waited for it at the end of its shard until the group's timeout
-    # (here 10 minutes; extract's own group: 24 h). Its heartbeat in the store stands
-    # still now, and rank 0 names it (after 5 s of silence here: 2 minutes in a run).
+    # (here 10 minutes; extract's own group: 24 h), then until its heartbeat in the store
+    # had stood still for 2 minutes (here 10 as well). On the same host, rank 0 sees that
+    # its process has ended, and names it at once.
     import time
 
     from tests._failing_ranks import rank_beside_a_rank_killed_outright
@@ -3660,7 +3764,8 @@ def test_under_torchrun_a_rank_killed_outright_is_named_by_the_rank_waiting_for_
     try:
         ranks.processes[1].join(120)  # (killed at its first batch)
         assert ranks.processes[1].exitcode == -signal.SIGKILL
-        # (a bound far below the group's timeout, above the silence under a loaded machine)
+        # (a bound far below the group's timeout and the silence, above rank 0's shard on a
+        # loaded machine)
         deadline = time.monotonic() + 90
         while not said.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -3669,7 +3774,12 @@ def test_under_torchrun_a_rank_killed_outright_is_named_by_the_rank_waiting_for_
             if process.is_alive():
                 process.kill()
     assert said.exists(), "rank 0 still waited for rank 1, killed 90 s before"
-    assert said.read_text() == "StoreError: " + _KILLED.format(5)
+    assert said.read_text() == (
+        "StoreError: Rank 0 waited for rank 1 to meet it, whose process (pid "
+        f"{ranks.processes[1].pid}, on this host) has ended without a word (killed, say, with "
+        "kill -9 or by the out-of-memory killer). Every rank stops, the rows written so far "
+        "kept: the same command resumes."
+    )
 
 
 def _start_ranks(target, *args) -> torch.multiprocessing.ProcessContext:
