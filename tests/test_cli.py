@@ -4357,6 +4357,37 @@ def test_predictions_of_integers_out_of_memory_say_their_float64_copy(
     )
 
 
+@NEEDS_H5
+@pytest.mark.parametrize("where", ["fit", "predictions"])
+def test_integers_held_out_of_a_file_above_the_limit_are_told_a_store_streams(
+    where, tmp_path, monkeypatch, capsys
+):
+    # A store streams by the size of all its rows, not of the part that --test-size gives
+    # the fits (72 of 90 rows) or the predictions (18): 2160 B as float32, above a limit
+    # of 2000 B, where the parts (1728 B, 432 B) are within it. The line left out that a
+    # store of float32 features in the file's place stays in its file.
+    X, y = _blobs(30, seed=1)  # 90 × 6
+    train = str(_features_file(tmp_path / "int.npz", np.round(np.abs(X) * 10).astype(np.uint8), y))
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 2000)
+
+    def failing(*args):
+        raise MemoryError("Unable to allocate 3.38 KiB for an array")
+
+    with monkeypatch.context() as patched:
+        if where == "fit":
+            patched.setattr(cli_fitting, "fit_collecting_short", failing)
+        else:
+            patched.setattr(MR2LinearClassifier, "predict", failing)
+        code, lines = _error([train, "--no-progress"], capsys)
+    stays = "an HDF5 store of them above a quarter of memory (2.0 KiB) stays in its file"
+    assert code == 1 and stays in lines[-1]
+    # As said: a store of float32 features of the same rows streams at that limit.
+    seen = _models_inputs(monkeypatch)
+    store = _features_file(tmp_path / "floats.h5", X, y)
+    assert main([str(store), "--out", str(tmp_path / "floats"), "--no-progress"]) == 0
+    assert seen and all(is_h5_dataset(X) for X in seen)
+
+
 def test_a_main_fit_out_of_memory_names_the_options_of_its_search(files, monkeypatch, capsys):
     import mr2_probe._device
 

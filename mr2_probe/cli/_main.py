@@ -148,7 +148,7 @@ def _fit_and_report(
             what = _out_of_memory(error)
             if what is None or args.debug:
                 raise
-            line = _out_of_memory_line(name, what, error, list(models), args, X)
+            line = _out_of_memory_line(name, what, error, list(models), args, X, X_test)
             raise RunError(line) from error
     front = front_error = None
     status = 0
@@ -196,7 +196,7 @@ def _fit_and_report(
                 raise
             if out is not None:
                 _write_models(out, fitted, args, names, launched)
-            line = _predict_out_of_memory_line(name, what, error, out, args, X_test)
+            line = _predict_out_of_memory_line(name, what, error, out, args, X_test, X)
             raise RunError(line) from error
     # The classes in the order of their codes (class_names.json), not sorted by name.
     order = named(np.unique(y_test))

@@ -137,10 +137,13 @@ def _held(features, limit: int) -> str:
     return said
 
 
-def _predict_out_of_memory_line(name: str, what: str, error, out, args, X=None) -> str:
+def _predict_out_of_memory_line(
+    name: str, what: str, error, out, args, X=None, X_train=None
+) -> str:
     """The one line of ``name``'s predictions that ran out of memory after the fits, the
     models written to ``out`` (None: no --out, nothing written); ``X``: the rows predicted
-    (integer ones are computed in float64, see :func:`_integer_copy`)."""
+    (integer ones are computed in float64, see :func:`_integer_copy`), ``X_train``: the
+    fits' (the rest of the file of rows held out by --test-size)."""
     host, on_gpu = _memory_ran_out(error, args)
     kept = (
         f"the fitted models are written to {out / 'models.joblib'}, the reports are not"
@@ -151,7 +154,8 @@ def _predict_out_of_memory_line(name: str, what: str, error, out, args, X=None) 
     if args.test is not None:
         copy, cure = _integer_copy(X, args.test, "The predictions compute", args)
     else:  # (rows of the training file, held out by --test-size)
-        copy, cure = _integer_copy(X, args.train, "The predictions compute", args, "held-out ")
+        who = "The predictions compute"
+        copy, cure = _integer_copy(X, args.train, who, args, "held-out ", X_train)
     advice += [cure] if cure else []
     advice += [] if on_gpu else ["freeing memory"]
     return (
@@ -161,11 +165,12 @@ def _predict_out_of_memory_line(name: str, what: str, error, out, args, X=None) 
     )
 
 
-def _out_of_memory_line(name: str, what: str, error, names: list, args, X=None) -> str:
+def _out_of_memory_line(name: str, what: str, error, names: list, args, X=None, X_test=None) -> str:
     """The one line of a main fit (``name``'s, of the models ``names``) that ran out of
     memory (``what``: its error, short), with the command's options that take less, and
     for integer features ``X`` the float64 copy that each fit computes them in
-    (:func:`_integer_copy`)."""
+    (:func:`_integer_copy`; ``X_test``: the test rows, the rest of the file where
+    --test-size held them out)."""
     host, on_gpu = _memory_ran_out(error, args)
     fitted = names[: names.index(name)]
     lost = f" ({', '.join(fitted)}, fitted before it, neither)" if fitted else ""
@@ -174,7 +179,8 @@ def _out_of_memory_line(name: str, what: str, error, names: list, args, X=None) 
         advice.append("fewer --cv folds (--Cs solves them together on a GPU)")
     if args.n_jobs not in (None, 1) and (args.grid or args.Cs is not None):
         advice.append("fewer --n-jobs (each parallel fit holds its own memory)")
-    copy, cure = _integer_copy(X, args.train, "Each fit computes", args)
+    rest = X_test if args.test is None else None  # (held out of the same file)
+    copy, cure = _integer_copy(X, args.train, "Each fit computes", args, rest=rest)
     advice += [cure] if cure else []
     if not advice or advice == [cure]:  # (no option of the command takes less)
         advice.append("freeing memory, or a machine with more")
@@ -184,7 +190,9 @@ def _out_of_memory_line(name: str, what: str, error, names: list, args, X=None) 
     )
 
 
-def _integer_copy(X, path: str, who: str, args, rows: str = "") -> tuple[str, str | None]:
+def _integer_copy(
+    X, path: str, who: str, args, rows: str = "", rest=None
+) -> tuple[str, str | None]:
     """What the out-of-memory lines of the fits and predictions say of integer (or
     boolean) features ``X``, read from ``path``: they are held as the file holds them and
     computed in float64 (scikit-learn's check_array makes that copy, four times int16's
@@ -192,7 +200,9 @@ def _integer_copy(X, path: str, who: str, args, rows: str = "") -> tuple[str, st
     store of them above a quarter of memory stays in its file, where the run streams).
     Returns the sentence of the copy's size and the cure, float32 features; ("", None)
     for floating-point ``X``. ``who``: what computes the copy, with its verb; ``rows``:
-    which of the file's rows ``X`` are (the held-out ones)."""
+    which of the file's rows ``X`` are (the held-out ones); ``rest``: the file's other rows
+    where --test-size split it: a store streams by the size of all its rows (the clause
+    was left out where a part alone was within the limit, the file above it)."""
     if not isinstance(X, np.ndarray) or X.dtype.kind not in "biu":
         return "", None
     as_float32 = X.size * 4
@@ -202,8 +212,9 @@ def _integer_copy(X, path: str, who: str, args, rows: str = "") -> tuple[str, st
     )
     streamed = args.feature_scaling == "none" and not args.grid and not (args.tilt or args.offsets)
     limit = _feature_files.in_memory_limit()  # (as the run set it)
+    in_file = (X.size + (rest.size if rest is not None else 0)) * 4  # (all its rows, as float32)
     store = ""
-    if streamed and as_float32 > limit:
+    if streamed and in_file > limit:
         store = (
             f"; an HDF5 store of them above a quarter of memory ({_in_bytes(limit)}) stays in "
             "its file, read a block at a time"
