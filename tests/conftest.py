@@ -73,6 +73,22 @@ def no_model(monkeypatch):
 
 
 @pytest.fixture
+def label_checks(monkeypatch) -> list:
+    """The names of the labels that the metrics check for missing labels, one entry per
+    check (``check_no_missing_labels``, the pass over the labels that each read makes)."""
+    from mr2_probe import metrics
+
+    checked, check = [], metrics.check_no_missing_labels
+
+    def counted(a, name="y", *args):
+        checked.append(name)
+        return check(a, name, *args)
+
+    monkeypatch.setattr(metrics, "check_no_missing_labels", counted)
+    return checked
+
+
+@pytest.fixture
 def reversed_listing(monkeypatch):
     """Every folder listed by ``os.scandir`` in reverse order of names, as a file system
     may list them (ext4 by hash, not by name): an order taken from the listing shows."""

@@ -1558,21 +1558,12 @@ def test_text_held_as_objects_is_not_sorted_sample_by_sample():
     assert classes == class_groups(*text)
 
 
-def test_class_groups_checks_y_true_once(monkeypatch):
+def test_class_groups_checks_y_true_once(label_checks):
     # y_true was read and checked for its classes, then again for its scores: a pass over
     # a pandas column of ImageNet's labels as text each.
-    from mr2_probe import metrics
-
-    checked, check = [], metrics.check_no_missing_labels
-
-    def counted(a, name="y", *args):
-        checked.append(name)
-        return check(a, name, *args)
-
-    monkeypatch.setattr(metrics, "check_no_missing_labels", counted)
     y = np.array(["a", "b", "c", "a", "b", "c"], dtype=object)
     assert class_groups(y, y[[0, 1, 2, 0, 0, 0]]) == {"a": "easy", "b": "medium", "c": "hard"}
-    assert checked.count("y_true") == 1
+    assert label_checks.count("y_true") == 1
 
 
 def _as(kind: str, labels: np.ndarray):
