@@ -118,7 +118,8 @@ def check_no_missing_labels(
     ``name``, the count and the position of the first; ``cure`` says what to do instead
     of leaving those samples out (for a list of classes, say). NaN among numbers (of a
     float dtype) is left to their "Input y contains NaN"; no y, a tensor (numbers), a
-    single value, unhashable or ragged labels to their checks too.
+    single value or ragged labels to their checks too (unhashable labels are looked at
+    one by one: a None among lists is a missing label).
 
     Returns ``np.asarray(y)``, for the caller to keep instead of reading ``y`` again (a
     list of 1.28 million labels as text takes NumPy a quarter of a second); None where it
