@@ -127,9 +127,9 @@ def check_no_missing_labels(
     NumPy refused)."""
     if y is None or is_torch_tensor(y) or is_h5_dataset(y):  # (numbers, or text: no None)
         return None
-    na = _nullable_na(y)
-    if na is not None and na.any():  # (before NumPy reads them as NaN among floats)
-        _refuse_missing(na, "pd.NA", name, purpose, cure)
+    na = _pandas_missing(y)
+    if na is not None and na[0].any():  # (before NumPy reads them as NaN among floats)
+        _refuse_missing(*na, name, purpose, cure)
     try:
         a = read = np.asarray(y)
         # As given where NumPy may have written a NaN as text: ["cat", nan] was ['cat',
@@ -159,19 +159,25 @@ def check_no_missing_labels(
     _refuse_missing(flags.reshape(a.shape), " and ".join(sorted(missing)), name, purpose, cure)
 
 
-def _nullable_na(y) -> np.ndarray | None:
+def _pandas_missing(y) -> tuple[np.ndarray, str] | None:
     """Where a pandas column (or array, or table) of a nullable dtype, whose missing value
-    is pd.NA ("Int64", "Float64", "boolean", "string", pyarrow's), holds it: a mask of
-    y's shape; None for anything else. NumPy reads pd.NA of "Int64" or "Float64" as NaN
-    among floats, which was refused as "Input y contains NaN", without its argument's
-    name or position, where the same labels held as objects were named missing labels."""
+    is pd.NA ("Int64", "Float64", "boolean", "string", pyarrow's), or a categorical one
+    holds its missing value: a mask of y's shape and how the message names it ("pd.NA";
+    a category's "NaN", or "NaT" among dates); None for anything else. NumPy reads pd.NA
+    of "Int64" or "Float64", and a missing category among numbers, as NaN among floats,
+    which was refused as "Input y contains NaN", without its argument's name or position,
+    where the same labels held as objects were named missing labels."""
     dtype = getattr(y, "dtype", None)
     dtypes = [dtype] if dtype is not None else list(getattr(y, "dtypes", []))  # (a table's)
     if not dtypes or not hasattr(y, "isna"):
         return None
-    if not any(is_na(getattr(d, "na_value", None)) for d in dtypes):
+    if any(is_na(getattr(d, "na_value", None)) for d in dtypes):
+        what = "pd.NA"
+    elif categories := [d.categories for d in dtypes if getattr(d, "name", "") == "category"]:
+        what = "NaT" if all(c.dtype.kind in "mM" for c in categories) else "NaN"
+    else:
         return None
-    return np.asarray(y.isna())
+    return np.asarray(y.isna()), what
 
 
 def _refuse_missing(flags: np.ndarray, what: str, name: str, purpose: str, cure) -> None:

@@ -551,6 +551,10 @@ def _with_missing(kind: str):
     """``_TEXT`` with a missing label at position 5, as a user passes it."""
     pd = pytest.importorskip("pandas") if "Series" in kind or "array" in kind else None
     dtype = kind.split()[0]
+    if dtype == "category":  # numbers as categories, one missing
+        labels = [0.0, 1.0, 2.0] * 4
+        labels[5] = float("nan")
+        return pd.Series(labels, dtype="category")
     if kind.endswith("array NA") or dtype in _NULLABLE:  # pandas' nullable dtypes
         labels = list(_NULLABLE.get(dtype, _TEXT.tolist()))
         labels[5] = pd.NA
@@ -656,6 +660,8 @@ _ENTRIES = {
         "Float64 array NA",
         "boolean array NA",
         "string[python] array NA",
+        # A missing category among numbers: NumPy reads it as NaN among floats too.
+        "category Series NaN",
         # A Decimal's NaN is a missing label; its signalling NaN was a TypeError from
         # hashing it ("Cannot hash a signaling NaN value").
         "list Decimal NaN",
@@ -671,6 +677,8 @@ def test_a_missing_label_is_refused_by_name_and_position_at_every_entry(fitted, 
     call, name = _ENTRIES[entry]
     if kind.endswith("sNaN") and entry.startswith("groups"):
         pytest.skip("a dict cannot hold a signalling NaN: it refuses to be hashed")
+    if kind.startswith("category") and entry.startswith("groups"):
+        pytest.skip("a dict's keys keep no dtype: NaN among numbers, left to later checks")
     y = _with_missing(kind)
     pandas = kind.startswith("string") or kind.endswith(" NA")
     what = "pd.NA" if pandas else "None" if "None" in kind else "NaN"
