@@ -1,5 +1,5 @@
-"""What identifies a rank's process (its host's boot, its PID namespace, its pid and start
-time), which it writes into the group's store as it starts beating, and whether that
+"""What identifies a rank's process (its host's boot, its PID and time namespaces, its pid
+and start time), which it writes into the group's store as it starts beating, and whether that
 process, seen from another on the same host, has ended: a rank killed outright (``kill -9``,
 the out-of-memory killer) is then named at once, not after its heartbeat's silence. Linux
 alone (its ``/proc``); elsewhere no identity, and no process is ever said to have ended."""
@@ -21,6 +21,7 @@ def process_identity() -> bytes | None:
             {
                 "boot": _here()[0],
                 "pid_ns": _here()[1],
+                "time_ns": _here()[2],
                 "pid": os.getpid(),
                 "start": _state_and_start(os.getpid())[1],
             }
@@ -31,15 +32,15 @@ def process_identity() -> bytes | None:
 
 def ended(identity: bytes | None) -> int | None:
     """The pid of the process ``identity`` names (:func:`process_identity`, another
-    rank's) where it has ended: it is on this host and in this process's PID namespace,
-    and no process runs under its pid, or one with another start time runs there (the pid
-    reused), or it is a zombie (killed, its parent yet to reap it). None where it still runs,
-    and wherever that cannot be told (no identity, another host or namespace, ``/proc``
-    unreadable): never a process that runs."""
+    rank's) where it has ended: it is on this host and in this process's PID and time
+    namespaces, and no process runs under its pid, or one with another start time runs
+    there (the pid reused), or it is a zombie (killed, its parent yet to reap it). None
+    where it still runs, and wherever that cannot be told (no identity, another host or
+    namespace, ``/proc`` unreadable): never a process that runs."""
     try:
         theirs = json.loads(identity)
         pid, start = int(theirs["pid"]), int(theirs["start"])
-        if (theirs["boot"], theirs["pid_ns"]) != _here():
+        if (theirs["boot"], theirs["pid_ns"], theirs["time_ns"]) != _here():
             return None
         if pid <= 0 or not _own_proc():
             return None
@@ -58,11 +59,19 @@ def ended(identity: bytes | None) -> int | None:
 
 
 @functools.cache
-def _here() -> tuple[str, str]:
-    """This host's boot id (which no other host, nor this one rebooted, shares) and this
-    process's PID namespace (neither changes while it runs)."""
+def _here() -> tuple[str, str, str | None]:
+    """This host's boot id (which no other host, nor this one rebooted, shares), this
+    process's PID namespace and its time namespace (None before Linux 5.6, which has none),
+    none of which changes while it runs. (A process's start time in ``/proc`` is told
+    from the boot of the reader's time namespace: one of another time namespace, as a
+    container restored by CRIU, reads another start time for the same process.)"""
     with open("/proc/sys/kernel/random/boot_id") as file:
-        return file.read().strip(), os.readlink("/proc/self/ns/pid")
+        boot = file.read().strip()
+    try:
+        time_ns = os.readlink("/proc/self/ns/time")
+    except FileNotFoundError:
+        time_ns = None
+    return boot, os.readlink("/proc/self/ns/pid"), time_ns
 
 
 def _own_proc() -> bool:

@@ -22,6 +22,9 @@ def _identity_of(pid: int, **changed) -> bytes:
     with open(f"/proc/{pid}/stat") as file:  # (field 22; these processes' names hold no space)
         start = int(file.read().split()[21])
     fields = {"boot": boot, "pid_ns": os.readlink("/proc/self/ns/pid"), "pid": pid}
+    fields["time_ns"] = (
+        os.readlink("/proc/self/ns/time") if os.path.exists("/proc/self/ns/time") else None
+    )
     return json.dumps({**fields, "start": start, **changed}).encode()
 
 
@@ -69,7 +72,7 @@ def test_a_pid_reused_by_another_process_has_ended():
     assert ended(_identity_of(os.getpid(), start=mine["start"] - 1)) == os.getpid()
 
 
-@pytest.mark.parametrize("field", ["boot", "pid_ns"])
+@pytest.mark.parametrize("field", ["boot", "pid_ns", "time_ns"])
 def test_a_process_of_another_host_or_namespace_is_not_told(field):
     # Its pid says nothing here, not even where no process runs under it here.
     child = subprocess.Popen(["sleep", "0"])
@@ -77,6 +80,36 @@ def test_a_process_of_another_host_or_namespace_is_not_told(field):
     child.wait()
     identity[field] = "another"
     assert ended(json.dumps(identity).encode()) is None
+
+
+def test_a_process_of_another_time_namespace_that_runs_has_not_ended():
+    # Its start time in /proc is told from the boot of the reader's time namespace: a
+    # process of another (a container restored by CRIU, say) reads another start time for
+    # itself than this process reads for it, the same process running all along.
+    code = (
+        "import time; from extract._processes import process_identity; "
+        "print(process_identity().decode(), flush=True); time.sleep(30)"
+    )
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        child = subprocess.Popen(
+            ["unshare", "--time", "--boottime", "1000", "--fork", "--kill-child"]
+            + [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": here},
+        )
+    except FileNotFoundError:
+        pytest.skip("no unshare here")
+    try:
+        identity = child.stdout.readline()
+        if not identity:  # (time namespaces need Linux 5.6 and the right to make one)
+            pytest.skip("no time namespace can be made here")
+        assert json.loads(identity)["pid"] != child.pid  # (unshare's child: its own process)
+        assert ended(identity) is None
+    finally:
+        child.kill()  # (unshare, and with it the child it forked: --kill-child)
+        child.wait()
 
 
 @pytest.mark.parametrize(
