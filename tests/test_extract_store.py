@@ -3261,6 +3261,37 @@ def test_a_rank_of_another_host_is_named_once_silent(monkeypatch, told):
     assert store.reads == ({"x/alive/1/process": 1} if told == "another host" else {})
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc is Linux's")
+def test_a_rank_that_said_why_as_its_process_ended_is_named_for_what_it_said(monkeypatch):
+    # Rank 1 said it was interrupted (it comes to no exchange) and its process ended,
+    # between rank 0's look for its word and rank 0's look at its process: rank 0 names it
+    # for what it said, not as a process that ended without a word.
+    from datetime import timedelta
+
+    from extract import _gathered
+
+    monkeypatch.setattr(_gathered, "BEAT_S", 0.05)
+    monkeypatch.setattr(_gathered, "SILENCE_S", 600.0)
+    store = torch.distributed.HashStore()
+    store.set_timeout(timedelta(seconds=5))
+    identity, _ = _ended_identity()
+    store.set("x/alive/1/process", identity)
+    store.add("x/alive/1", 3)
+    looked, ended = [], _gathered.ended
+
+    def looking(identity):  # (its word said as rank 0 looks at its process)
+        looked.append(identity)
+        return ended(identity)
+
+    def stop():
+        if looked:
+            raise StoreError("Rank 1 was interrupted.")
+
+    monkeypatch.setattr(_gathered, "ended", looking)
+    with pytest.raises(StoreError, match=r"^Rank 1 was interrupted\.$"):
+        _gathered.gather_in_store(store, "x/1", 0, 2, "mine", stop, "x/alive")
+
+
 def test_a_rank_slow_to_come_but_beating_is_waited_for(monkeypatch):
     # Rank 1 (a thread) comes to the exchange twice the silence bound late, beating all
     # along (a rank with more rows left, say): rank 0 waits for it, as for any rank that
