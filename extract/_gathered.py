@@ -42,7 +42,8 @@ _LET_GO_S = 60.0
 # Before its first beat each rank writes what identifies its process (``{alive}/{rank}/
 # process``: :mod:`._processes`), so that a rank on the same host (most runs put several on
 # one) names one whose process has ended at its first look, not after that silence; the
-# silence is kept for ranks on other hosts, or where ``/proc`` says nothing (macOS).
+# silence is kept for ranks on other hosts or in other PID namespaces (containers), or where
+# ``/proc`` says nothing (macOS).
 BEAT_S = 2.0
 SILENCE_S = 120.0
 # How long a run's end waits for its heartbeat thread to stop: it stops within one bump of
