@@ -1,8 +1,9 @@
-"""What identifies a rank's process (its host's boot, its PID and time namespaces, its pid
-and start time), which it writes into the group's store as it starts beating, and whether that
-process, seen from another on the same host, has ended: a rank killed outright (``kill -9``,
-the out-of-memory killer) is then named at once, not after its heartbeat's silence. Linux
-alone (its ``/proc``); elsewhere no identity, and no process is ever said to have ended."""
+"""What identifies a rank's process (its host's boot and name, its PID and time namespaces,
+its pid and start time), which it writes into the group's store as it starts beating, and
+whether that process, seen from another on the same host, has ended: a rank killed outright
+(``kill -9``, the out-of-memory killer) is then named at once, not after its heartbeat's
+silence. Linux alone (its ``/proc``); elsewhere no identity, and no process is ever said to
+have ended."""
 
 from __future__ import annotations
 
@@ -17,15 +18,8 @@ def process_identity() -> bytes | None:
     try:
         if not _own_proc():
             return None
-        return json.dumps(
-            {
-                "boot": _here()[0],
-                "pid_ns": _here()[1],
-                "time_ns": _here()[2],
-                "pid": os.getpid(),
-                "start": _state_and_start(os.getpid())[1],
-            }
-        ).encode()
+        pid = os.getpid()
+        return json.dumps({**_here(), "pid": pid, "start": _state_and_start(pid)[1]}).encode()
     except (OSError, ValueError, IndexError):
         return None
 
@@ -40,7 +34,7 @@ def ended(identity: bytes | None) -> int | None:
     try:
         theirs = json.loads(identity)
         pid, start = int(theirs["pid"]), int(theirs["start"])
-        if (theirs["boot"], theirs["pid_ns"], theirs["time_ns"]) != _here():
+        if {where: theirs[where] for where in _here()} != _here():
             return None
         if pid <= 0 or not _own_proc():
             return None
@@ -59,19 +53,22 @@ def ended(identity: bytes | None) -> int | None:
 
 
 @functools.cache
-def _here() -> tuple[str, str, str | None]:
-    """This host's boot id (which no other host, nor this one rebooted, shares), this
-    process's PID namespace and its time namespace (None before Linux 5.6, which has none),
-    none of which changes while it runs. (A process's start time in ``/proc`` is told
-    from the boot of the reader's time namespace: one of another time namespace, as a
-    container restored by CRIU, reads another start time for the same process.)"""
+def _here() -> dict[str, str | None]:
+    """This host's boot id and name, this process's PID namespace and its time namespace
+    (None before Linux 5.6, which has none). The boot id is drawn at each boot, but virtual
+    machines cloned from one snapshot of a running one share it: their names tell them
+    apart, as a cluster's hosts have each their own (a name changed while a rank runs only
+    makes it one whose end is not told). A process's start time in ``/proc`` is told from
+    the boot of the reader's time namespace: one of another time namespace, as a container
+    restored by CRIU, reads another start time for the same process."""
     with open("/proc/sys/kernel/random/boot_id") as file:
         boot = file.read().strip()
     try:
         time_ns = os.readlink("/proc/self/ns/time")
     except FileNotFoundError:
         time_ns = None
-    return boot, os.readlink("/proc/self/ns/pid"), time_ns
+    pid_ns = os.readlink("/proc/self/ns/pid")
+    return {"boot": boot, "host": os.uname().nodename, "pid_ns": pid_ns, "time_ns": time_ns}
 
 
 def _own_proc() -> bool:
