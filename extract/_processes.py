@@ -19,7 +19,7 @@ def process_identity() -> bytes | None:
         if not _own_proc():
             return None
         pid = os.getpid()
-        return json.dumps({**_here(), "pid": pid, "start": _state_and_start(pid)[1]}).encode()
+        return json.dumps({**_here(), "pid": pid, "start": _stat(pid)[1]}).encode()
     except (OSError, ValueError, IndexError):
         return None
 
@@ -28,7 +28,8 @@ def ended(identity: bytes | None) -> int | None:
     """The pid of the process ``identity`` names (:func:`process_identity`, another
     rank's) where it has ended: it is on this host and in this process's PID and time
     namespaces, and no process runs under its pid, or one with another start time runs
-    there (the pid reused), or it is a zombie (killed, its parent yet to reap it). None
+    there (the pid reused), or it is a zombie with no thread left (killed, its parent yet to
+    reap it; not one whose first thread alone has ended, its others running). None
     where it still runs, and wherever that cannot be told (no identity, another host or
     namespace, ``/proc`` unreadable): never a process that runs."""
     try:
@@ -44,12 +45,13 @@ def ended(identity: bytes | None) -> int | None:
             return pid
         except PermissionError:  # (there, another user's: its stat tells whose it is)
             pass
-        state, now = _state_and_start(pid)
+        state, now, threads = _stat(pid)
     except (OSError, ValueError, TypeError, KeyError, IndexError):
         # (a stat gone between the two looks is told at the next; hidden, as ``/proc``
         # mounted with hidepid hides another user's processes: never said to have ended)
         return None
-    return pid if now != start or state in ("Z", "X") else None
+    # (a zombie whose other threads run is a process whose first thread alone ended: it runs)
+    return pid if now != start or (state in ("Z", "X") and threads <= 1) else None
 
 
 @functools.cache
@@ -77,10 +79,11 @@ def _own_proc() -> bool:
     return os.readlink("/proc/self") == str(os.getpid())
 
 
-def _state_and_start(pid: int) -> tuple[str, int]:
-    """The state (R, S, Z, ...) of process ``pid`` and when it started (fields 3 and 22 of
-    its ``/proc/<pid>/stat``, in clock ticks since the host booted)."""
+def _stat(pid: int) -> tuple[str, int, int]:
+    """The state (R, S, Z, ...) of process ``pid``, when it started (in clock ticks since
+    the host booted) and its number of threads: fields 3, 22 and 20 of its
+    ``/proc/<pid>/stat``."""
     with open(f"/proc/{pid}/stat", "rb") as file:
         stat = file.read().decode(errors="replace")
     fields = stat[stat.rindex(")") + 2 :].split()  # (its name, within parentheses, may hold any)
-    return fields[0], int(fields[19])
+    return fields[0], int(fields[19]), int(fields[17])

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from extract._processes import _state_and_start, ended, process_identity
+from extract._processes import _stat, ended, process_identity
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="/proc is Linux's")
 
@@ -58,10 +58,34 @@ def test_a_killed_process_not_reaped_yet_has_ended():
         identity = _identity_of(child.pid)
         os.kill(child.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while _state_and_start(child.pid)[0] != "Z" and time.monotonic() < deadline:
+        while _stat(child.pid)[0] != "Z" and time.monotonic() < deadline:
             time.sleep(0.001)
-        assert _state_and_start(child.pid)[0] == "Z"
+        assert _stat(child.pid)[0] == "Z"
         assert ended(identity) == child.pid
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_whose_first_thread_alone_ended_has_not_ended():
+    # Its first thread (its pid's) ended, another runs on (pthread_exit in the main thread,
+    # as a program embedding Python may do): /proc shows it a zombie, and it runs.
+    code = (
+        "import ctypes, threading, time; from extract._processes import process_identity; "
+        "print(process_identity().decode(), flush=True); "
+        "threading.Thread(target=time.sleep, args=(30,)).start(); "
+        "ctypes.CDLL(None).pthread_exit(None)"
+    )
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": here}
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env)
+    try:
+        identity = child.stdout.readline()
+        deadline = time.monotonic() + 10
+        while _stat(child.pid)[0] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert _stat(child.pid)[0] == "Z"
+        assert ended(identity) is None
     finally:
         child.kill()
         child.wait()

@@ -3173,10 +3173,10 @@ class _ReadsStore(torch.distributed.HashStore):
 def _ended_identity(**changed) -> tuple[bytes, int]:
     """The identity (:func:`extract._processes.process_identity`) of a process of this
     host that has ended, with ``changed`` fields, and its pid."""
-    from extract._processes import _state_and_start, process_identity
+    from extract._processes import _stat, process_identity
 
     child = subprocess.Popen(["sleep", "0"])
-    start = _state_and_start(child.pid)[1]  # (there until it is reaped)
+    start = _stat(child.pid)[1]  # (there until it is reaped)
     child.wait()
     identity = dict(json.loads(process_identity()), pid=child.pid, start=start)
     return json.dumps({**identity, **changed}).encode(), child.pid
