@@ -7,7 +7,6 @@ have ended."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 
@@ -35,7 +34,8 @@ def ended(identity: bytes | None) -> int | None:
     try:
         theirs = json.loads(identity)
         pid, start = int(theirs["pid"]), int(theirs["start"])
-        if {where: theirs[where] for where in _here()} != _here():
+        here = _here()
+        if {where: theirs[where] for where in here} != here:
             return None
         if pid <= 0 or not _own_proc():
             return None
@@ -54,7 +54,6 @@ def ended(identity: bytes | None) -> int | None:
     return pid if now != start or (state in ("Z", "X") and threads <= 1) else None
 
 
-@functools.cache
 def _here() -> dict[str, str | None]:
     """This host's boot id and name, this process's PID namespace and its time namespace
     (None before Linux 5.6, which has none). The boot id is drawn at each boot, but virtual
@@ -62,7 +61,9 @@ def _here() -> dict[str, str | None]:
     apart, as a cluster's hosts have each their own (a name changed while a rank runs only
     makes it one whose end is not told). A process's start time in ``/proc`` is told from
     the boot of the reader's time namespace: one of another time namespace, as a container
-    restored by CRIU, reads another start time for the same process."""
+    restored by CRIU, reads another start time for the same process. Read at each call
+    (a few microseconds), not kept: a process that moves into other namespaces (unshare)
+    and forks would give its child the parent's."""
     with open("/proc/sys/kernel/random/boot_id") as file:
         boot = file.read().strip()
     try:
