@@ -921,6 +921,14 @@ def _as_kind(X, kind, tmp_path):
         yield f.create_dataset("X", data=X)
 
 
+@pytest.fixture(scope="module")
+def fitted_blobs():
+    """``(X, y, clf)``: the blobs and a probe fitted on them, for tests that only predict
+    (one fit for the module's many cases, not one each)."""
+    X, y = _blobs()
+    return X, y, MR2LinearClassifier(device="cpu").fit(X, y)
+
+
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kind", ["tensor", "h5"])
@@ -928,14 +936,13 @@ def _as_kind(X, kind, tmp_path):
     "method", ["fit", "predict", "predict_proba", "predict_log_proba", "decision_function"]
 )
 def test_nonfinite_input_gets_numpys_error_on_every_path(
-    tmp_path, monkeypatch, value, dtype, kind, method
+    tmp_path, monkeypatch, fitted_blobs, value, dtype, kind, method
 ):
     from mr2_probe import _fit_inputs, _prediction
 
     monkeypatch.setattr(_fit_inputs, "block_rows", lambda n_features, n_classes: 64)
     monkeypatch.setattr(_prediction, "block_rows", lambda n_features, n_classes: 64)
-    X, y = _blobs()
-    clf = MR2LinearClassifier(device="cpu").fit(X, y)
+    X, y, clf = fitted_blobs
     bad = X.astype(dtype)
     bad[200, 3] = value  # in the fourth block of 64 rows
 
@@ -985,11 +992,10 @@ def torch_warns_always():
 @pytest.mark.parametrize("method", ["fit", "predict", "decision_function", "predict_proba"])
 @pytest.mark.filterwarnings("error:Casting complex values to real")  # (no cast to try)
 @pytest.mark.usefixtures("torch_warns_always")
-def test_complex_input_is_refused(method, kind, tmp_path):
+def test_complex_input_is_refused(method, kind, tmp_path, fitted_blobs):
     # A cast would drop the imaginary part silently. torch warns of a cast once per
     # process: a cast tried before the refusal failed only the first case to run.
-    X, y = _blobs()
-    clf = MR2LinearClassifier(device="cpu").fit(X, y)
+    X, y, clf = fitted_blobs
     with contextlib.ExitStack() as stack:
         if kind == "tensor":
             complex_X = torch.as_tensor(X) * (1 + 1j)
@@ -1447,9 +1453,8 @@ def test_tol_bounds_the_gradient_as_documented():
     assert tol < float(grad_w.abs().max()) <= tol * (1 + float(m.abs().max()))
 
 
-def test_wrong_feature_count_at_predict():
-    X, y = _blobs()
-    clf = MR2LinearClassifier(device="cpu").fit(X, y)
+def test_wrong_feature_count_at_predict(fitted_blobs):
+    X, y, clf = fitted_blobs
     with pytest.raises(ValueError, match="expecting 6 features"):
         clf.predict(X[:, :4])
     with pytest.raises(ValueError, match="expecting 6 features"):
