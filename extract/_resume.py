@@ -3,6 +3,7 @@ failures repaired in place, and the store opened to resume or created anew."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -55,13 +56,20 @@ _VERSIONED = ("torch", "torchvision", "timm", "open_clip_torch", "h5py", "numpy"
 
 def library_versions() -> dict[str, str]:
     """Installed versions of the libraries that shape the features."""
-    versions = {}
+    return dict(_library_versions())
+
+
+@functools.cache
+def _library_versions() -> tuple[tuple[str, str], ...]:
+    # Read once a process: each read parses a package's metadata (some 5 ms for the seven
+    # at every store opened), and a version installed later is not the one imported.
+    versions = []
     for name in _VERSIONED:
         try:
-            versions[name] = metadata.version(name)
+            versions.append((name, metadata.version(name)))
         except metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    return versions
+            versions.append((name, "absent"))
+    return tuple(versions)
 
 
 def _provenance(
