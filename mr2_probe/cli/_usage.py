@@ -94,6 +94,16 @@ def _takes(action: argparse.Action, text: str) -> bool:
     return True
 
 
+class _VersionAction(argparse._VersionAction):
+    """argparse's ``version`` action, its text made by ``version()`` once asked for: not at
+    every parser built (each package's metadata read, a few milliseconds at every run)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if callable(self.version):
+            self.version = self.version()
+        super().__call__(parser, namespace, values, option_string)
+
+
 def add_version(parser: argparse.ArgumentParser, packages: tuple[str, ...]) -> None:
     """``--version``: the program's version and those of ``packages`` (distribution names),
     read from their metadata, without importing them; a package not installed is named so.
@@ -105,12 +115,14 @@ def add_version(parser: argparse.ArgumentParser, packages: tuple[str, ...]) -> N
         except importlib.metadata.PackageNotFoundError:
             return "not installed"
 
-    from mr2_probe import __version__  # (the code that runs: a checkout, not installed too)
+    def text() -> str:
+        from mr2_probe import __version__  # (the code that runs: a checkout, not installed)
 
-    libraries = ", ".join(f"{name} {version(name)}" for name in packages)
-    text = f"{parser.prog} {__version__} (Python {platform.python_version()}, {libraries})"
+        libraries = ", ".join(f"{name} {version(name)}" for name in packages)
+        return f"{parser.prog} {__version__} (Python {platform.python_version()}, {libraries})"
+
     parser.add_argument(
-        "--version", action="version", version=text, help="print the versions and exit"
+        "--version", action=_VersionAction, version=text, help="print the versions and exit"
     )
 
 
