@@ -144,11 +144,31 @@ def _text_codes(y: np.ndarray, kinds: set) -> tuple[np.ndarray, np.ndarray] | No
     pandas' hash table where pandas is imported: NumPy sorts Python's strings one
     comparison at a time, and np.unique and searchsorted of ImageNet's 1.28 million labels
     took seconds, five to ten times as long as of the same labels as NumPy's text. None
-    for other labels, which NumPy's sort reads fast or pandas might read otherwise."""
+    for other labels, which NumPy's sort reads fast or pandas might read otherwise, and
+    for text that pandas' table may not tell apart (:func:`_hashed_alike`)."""
     pandas = sys.modules.get("pandas")
     if pandas is None or y.dtype != object or y.ndim != 1 or kinds != {str}:
         return None
+    if not _hashed_alike("".join(y.tolist())):
+        return None
     return pandas.factorize(y)
+
+
+def _hashed_alike(text: str) -> bool:
+    """Whether pandas' table of text tells labels apart as Python does, given their text
+    joined: pandas 2.0 (and which others) hashes a label's UTF-8 up to its first NUL, and
+    labels that UTF-8 cannot hold (lone surrogates) as one, so 'x\x00y' and 'x\x00z', or
+    '\ud800' and '\udc00', were one class. (A pass over the text: a few hundredths of a
+    second for ImageNet's 1.28 million labels.)"""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 #: Name of each kind of label, in the order a message lists them (an aware datetime's kind

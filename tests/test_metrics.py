@@ -1617,6 +1617,33 @@ def test_text_held_as_objects_without_pandas_is_sorted_as_before(monkeypatch):
     assert list(class_groups(y_true, y_pred).items()) == list(groups.items())
 
 
+@pytest.mark.parametrize(
+    "names",
+    [["x\x00y", "x\x00z", "x"], ["a\x00", "a", "b"], ["\ud800", "\udc00", "a"]],
+    ids=["nul", "trailing nul", "surrogates"],
+)
+def test_text_that_pandas_tables_may_merge_is_told_apart(monkeypatch, names):
+    # pandas 2.0's table of text hashes a label's UTF-8 up to its first NUL, and lone
+    # surrogates as one: 'x\x00y' and 'x\x00z' were scored as one class (with the
+    # installed pandas, a table that keys text so, as 2.0's did).
+    pd = pytest.importorskip("pandas")
+    real = pd.factorize
+
+    def old_factorize(values, *args, **kwargs):
+        keys = [v.encode(errors="replace").split(b"\x00")[0] for v in values]
+        codes, uniques = real(np.array(keys, dtype=object))
+        first = {key: value for key, value in zip(keys[::-1], values[::-1], strict=True)}
+        return codes, np.array([first[u] for u in uniques], dtype=object)
+
+    monkeypatch.setattr(pd, "factorize", old_factorize)
+    y_true = np.array(names * 2, dtype=object)
+    y_pred = np.array(names[::-1] * 2, dtype=object)
+    assert list(class_groups(y_true, y_pred)) == sorted(names)
+    pairs = list(zip(y_true, y_pred, strict=True))  # (NumPy's == of 'a\x00' reads 'a')
+    right = [np.mean([p == c for t, p in pairs if t == c]) for c in sorted(names)]
+    np.testing.assert_array_equal(per_class_accuracy(y_true, y_pred), right)
+
+
 @pytest.mark.parametrize("kind", ["objects", "pandas"])
 def test_text_held_as_objects_keeps_its_refusals(kind):
     # The fast path for text is taken only once the labels are known to be text alone.
