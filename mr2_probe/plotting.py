@@ -511,10 +511,10 @@ def plot_front(front, path, split: str = "test"):
     """Overall accuracy against worst-class accuracy (left) and the hard tercile (right).
 
     Each lever is a point (ERM, MR²) or a curve (the ``class_tilt`` sweep, the sweep of
-    the offsets' bound), labelled with its value (``t=5``, ``≤1pt``); the rule's choice is
-    ringed, and a dashed line marks ERM's overall accuracy minus the rule's bound, on the
-    split drawn (the rule reads the validation split: on the test split its choice can fall
-    left of it).
+    the offsets' bound), labelled with its value (``t=5``, ``≤1pt``), a label that would
+    touch another's a line above it; the rule's choice is ringed, and a dashed line marks
+    ERM's overall accuracy minus the rule's bound, on the split drawn (the rule reads the
+    validation split: on the test split its choice can fall left of it).
 
     Parameters
     ----------
@@ -558,13 +558,13 @@ def plot_front(front, path, split: str = "test"):
         split = "validation"
     fig = _figure(10.0, 4.5)
     chosen = front.chosen
+    names = []  # (axes, name, x, y) of each point, written once the axes have their place
     for ax, column, label in zip(
         fig.subplots(1, 2),
         ("worst", "hard"),
         ("worst-class accuracy (%)", "hard-tercile accuracy (%)"),
         strict=True,
     ):
-        stacked = collections.Counter()  # labels so far at each spot, stacked upwards
         for lever, colour in LEVER_COLOURS.items():
             points = [p for p in front.points if p.lever == lever]
             if not points:
@@ -585,14 +585,7 @@ def plot_front(front, path, split: str = "test"):
             # "t=5" and "≤5pt": a tilt and an offsets bound of one value were both "5".
             shown = iter(_names("t={}" if lever == "tilt" else "≤{}pt", values))
             for p, xi, yi in zip(points, x, y, strict=True):
-                text = p.name if p.value is None else next(shown)
-                # ERM and MR2 at one spot (margins that change no prediction) wrote
-                # one name over the other.
-                above = 8 * stacked[xi, yi]
-                stacked[xi, yi] += 1
-                ax.annotate(
-                    text, (xi, yi), textcoords="offset points", xytext=(4, 3 + above), fontsize=7
-                )
+                names.append((ax, p.name if p.value is None else next(shown), xi, yi))
             for p, xi, yi in zip(points, x, y, strict=True):
                 if p.name == chosen:
                     ax.plot(xi, yi, "o", markersize=14, markerfacecolor="none", color="black")
@@ -614,8 +607,50 @@ def plot_front(front, path, split: str = "test"):
         fontsize=9,
     )
     fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4)
+    _name_points_apart(fig, names)
     _save(fig, path)
     return fig
+
+
+#: A front point's name: its font size, and its place beside the point (in points).
+_NAME_SIZE, _NAME_OFFSET = 7, (4, 3)
+
+
+def _name_points_apart(fig, names) -> None:
+    """Write each point's name up and to the right of it; a name that would touch one
+    already written goes up a line. Points at one spot, or closer than a name's width
+    (ERM and MR² 0.1 point apart on an axis of 2.5 points), wrote "ERMMR2"."""
+    from matplotlib.font_manager import FontProperties
+
+    with warnings.catch_warnings():
+        # (a glyph the font lacks is warned of once, by _save's drawing)
+        warnings.filterwarnings("ignore", _GLYPH.pattern, UserWarning)
+        fig.draw_without_rendering()  # (the axes' final size, which a name's room depends on)
+        renderer, font = fig.canvas.get_renderer(), FontProperties(size=_NAME_SIZE)
+        widths = [
+            renderer.get_text_width_height_descent(text, font, ismath=False)[0] * 72 / fig.dpi
+            for _, text, _, _ in names
+        ]
+    line = _NAME_SIZE + 1
+    written = collections.defaultdict(list)  # (left, bottom, right) of each name, in points
+    for (ax, text, x, y), width in zip(names, widths, strict=True):
+        px, py = ax.transData.transform((x, y)) * 72 / fig.dpi
+        left, bottom = px + _NAME_OFFSET[0], py + _NAME_OFFSET[1]
+        right = left + width
+        above = 0
+        while any(
+            left < other_right + 2 and other_left < right + 2 and abs(bottom + above - b) < line
+            for other_left, b, other_right in written[ax]
+        ):
+            above += line
+        written[ax].append((left, bottom + above, right))
+        ax.annotate(
+            text,
+            (x, y),
+            textcoords="offset points",
+            xytext=(_NAME_OFFSET[0], _NAME_OFFSET[1] + above),
+            fontsize=_NAME_SIZE,
+        )
 
 
 #: Line style of each validation curve: the search's own scorer solid.

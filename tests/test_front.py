@@ -1109,6 +1109,41 @@ def test_plot_front_stacks_the_names_of_points_at_one_spot(tmp_path):
         assert names == {"ERM": (4, 3), "MR2": (4, 11), "t=1": (4, 3)}
 
 
+@pytest.mark.parametrize("apart", [0.0005, 0.001])
+def test_plot_front_stacks_the_names_of_points_closer_than_a_name(tmp_path, apart):
+    # ERM and MR² 0.05 to 0.1 point apart on an axis of 2.5 points (Fashion-MNIST, margins
+    # that change a few predictions) wrote "ERMMR2"; a point far off keeps its place.
+    scores = {"overall": 0.84, "worst": 0.6, "hard": 0.7}
+    points = [
+        FrontPoint("ERM", "ERM", None, None, scores, None),
+        FrontPoint("MR2", "MR2", None, None, {**scores, "overall": 0.84 + apart}, None),
+        FrontPoint("tilt=1", "tilt", 1.0, None, {**scores, "overall": 0.815, "worst": 0.7}, None),
+    ]
+    fig = plot_front(Front(points, bound=0.005), tmp_path / "f.png")
+    for ax in fig.axes[:2]:
+        names = {t.get_text(): t.xyann for t in ax.texts}
+        assert names == {"ERM": (4, 3), "MR2": (4, 11), "t=1": (4, 3)}
+
+
+def test_plot_front_warns_once_of_a_glyph_its_font_lacks_when_it_places_names(tmp_path):
+    # Placing the names draws the figure before it is saved: matplotlib's warnings per
+    # glyph and text came from that drawing beside the one MissingGlyphWarning of saving.
+    from matplotlib import rc_context
+
+    from mr2_probe.plotting import MissingGlyphWarning
+
+    scores = {"overall": 0.9, "worst": 0.5, "hard": 0.7}
+    points = [
+        FrontPoint("ERM", "ERM", None, None, scores, None),
+        FrontPoint("offsets≤1pt", "offsets", 0.01, None, {**scores, "worst": 0.6}, None),
+    ]
+    with rc_context({"font.family": ["cmr10"]}), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # (cmr10 lacks "≤" and "−"; matplotlib ships it)
+        plot_front(Front(points, bound=0.05), tmp_path / "f.png")
+    glyphs = [w for w in caught if "≤" in str(w.message) or "LESS-THAN" in str(w.message)]
+    assert [w.category for w in glyphs] == [MissingGlyphWarning]
+
+
 def test_plot_front_draws_the_validation_split_where_a_point_lacks_test_scores(tmp_path):
     # Test scores of some points only (a front put together by hand): every point is drawn
     # on the split they all have, not the others' test scores beside its validation ones.
