@@ -168,8 +168,8 @@ def classwise_report(
     >>> from mr2_probe.report import classwise_report
     >>> y = [0, 0, 1, 1, 2, 2]
     >>> report = classwise_report({"erm": [0, 0, 1, 0, 2, 0], "mr2": [0, 0, 1, 1, 2, 0]}, y)
-    >>> report.groups
-    ['easy', 'medium', 'hard']
+    >>> dict(zip(report.labels, report.groups))  # the group of each class
+    {0: 'easy', 1: 'medium', 2: 'hard'}
     >>> round(report.rows["mr2"]["hard"], 2)
     0.5
     """
