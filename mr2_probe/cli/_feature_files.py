@@ -152,6 +152,15 @@ def _held_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
 
 
+def _streams_stores(args) -> bool:
+    """Whether the run streams a store's features larger than a quarter of memory, which
+    then stay in the file, read a block at a time by each fit and prediction: where every
+    model of the run takes them so, a probe or its --Cs search. A scaler
+    (--feature-scaling), a --grid search (its folds are copies) and the front (--tilt,
+    --offsets) take arrays, and read the stores whole."""
+    return args.feature_scaling == "none" and not args.grid and not (args.tilt or args.offsets)
+
+
 def _streams(dtype: np.dtype) -> bool:
     """Whether a store's features of ``dtype`` stay in its file above the limit, where the
     run streams (:func:`_load_store`): floating-point ones; integers are read whole."""

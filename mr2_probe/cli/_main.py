@@ -13,6 +13,7 @@ from sklearn.model_selection import ParameterGrid
 from ..front import _final
 from ..report import classwise_report, flat_text
 from ._cli_terms import _front_terms, _in_cli_terms
+from ._feature_files import _streams_stores
 from ._fitting import _fit, _front
 from ._inputs import _inputs, _inputs_record
 from ._memory import _inputs_out_of_memory_line, _out_of_memory_line, _predict_out_of_memory_line
@@ -88,14 +89,8 @@ def _run(args, given: frozenset = frozenset(), launched: dict | None = None) -> 
     _check_grid(grid, mr2, args, given)
     out = _prepare_out(args.out) if args.out is not None else None
     with contextlib.ExitStack() as stack:  # the stores read, and --out, until the run ends
-        # A store's features larger than a quarter of memory stay in the file, read a block
-        # at a time by each fit and prediction, where every model of the run streams them:
-        # a probe, or its --Cs search. A scaler (--feature-scaling), a --grid search (its
-        # folds are copies) and the front (--tilt, --offsets) take arrays, and read the
-        # stores whole.
-        streamed = args.feature_scaling == "none" and not grid and not (args.tilt or args.offsets)
         try:
-            inputs = _inputs(args, stack if streamed else None)
+            inputs = _inputs(args, stack if _streams_stores(args) else None)
         except (RuntimeError, MemoryError) as error:
             # (a traceback, where a fit out of memory ends in one line)
             what = _out_of_memory(error)

@@ -12,6 +12,7 @@ from ._feature_files import (
     _in_bytes,
     _stays_in_file,
     _streams,
+    _streams_stores,
     feature_format,
 )
 
@@ -151,11 +152,7 @@ def _predict_out_of_memory_line(
         else "nothing is written (no --out)"
     )
     advice = ["--device cpu (the machine's memory; slower)"] if on_gpu else []
-    if args.test is not None:
-        copy, cure = _integer_copy(X, args.test, "The predictions compute", args)
-    else:  # (rows of the training file, held out by --test-size)
-        who = "The predictions compute"
-        copy, cure = _integer_copy(X, args.train, who, args, "held-out ", X_train)
+    copy, cure = _integer_copy(X, "The predictions compute", args, held_out=True, other=X_train)
     advice += [cure] if cure else []
     advice += [] if on_gpu else ["freeing memory"]
     return (
@@ -179,8 +176,7 @@ def _out_of_memory_line(name: str, what: str, error, names: list, args, X=None, 
         advice.append("fewer --cv folds (--Cs solves them together on a GPU)")
     if args.n_jobs not in (None, 1) and (args.grid or args.Cs is not None):
         advice.append("fewer --n-jobs (each parallel fit holds its own memory)")
-    rest = X_test if args.test is None else None  # (held out of the same file)
-    copy, cure = _integer_copy(X, args.train, "Each fit computes", args, rest=rest)
+    copy, cure = _integer_copy(X, "Each fit computes", args, other=X_test)
     advice += [cure] if cure else []
     if not advice or advice == [cure]:  # (no option of the command takes less)
         advice.append("freeing memory, or a machine with more")
@@ -190,31 +186,32 @@ def _out_of_memory_line(name: str, what: str, error, names: list, args, X=None, 
     )
 
 
-def _integer_copy(
-    X, path: str, who: str, args, rows: str = "", rest=None
-) -> tuple[str, str | None]:
-    """What the out-of-memory lines of the fits and predictions say of integer (or
-    boolean) features ``X``, read from ``path``: they are held as the file holds them and
-    computed in float64 (scikit-learn's check_array makes that copy, four times int16's
-    bytes, eight times uint8's), where float32 features are computed as they are (and a
-    store of them above a quarter of memory stays in its file, where the run streams).
-    Returns the sentence of the copy's size and the cure, float32 features; ("", None)
-    for floating-point ``X``. ``who``: what computes the copy, with its verb; ``rows``:
-    which of the file's rows ``X`` are (the held-out ones); ``rest``: the file's other rows
-    where --test-size split it: a store streams by the size of all its rows (the clause
-    was left out where a part alone was within the limit, the file above it)."""
+def _integer_copy(X, who: str, args, held_out: bool = False, other=None) -> tuple[str, str | None]:
+    """What the out-of-memory lines of the fits and predictions say of integer (or boolean)
+    features ``X``, read from their file (--train's, or --test's): they are held as the file
+    holds them and computed in float64 (scikit-learn's check_array makes that copy, four
+    times int16's bytes, eight times uint8's), where float32 features are computed as they
+    are (and a store of them above a quarter of memory stays in its file, where the run
+    streams). Returns the sentence of the copy's size and the cure, float32 features; ("",
+    None) for floating-point ``X``. ``who``: what computes the copy, with its verb;
+    ``held_out``: whether ``X`` are the --test rows (those of --test, or those --test-size
+    held out of the training file); ``other``: the run's other part, which is the rest of
+    the file where --test-size split it: a store streams by the size of all its rows (the
+    clause was left out where a part alone was within the limit, the file above it)."""
     if not isinstance(X, np.ndarray) or X.dtype.kind not in "biu":
         return "", None
+    path = args.test if held_out and args.test is not None else args.train
+    rows = "held-out " if held_out and args.test is None else ""
     as_float32 = X.size * 4
     copy = (
         f" {who} the {rows}{X.dtype} features of {path} in "
         f"float64, a copy of {_in_bytes(X.size * 8)} ({_in_bytes(X.nbytes)} as read)."
     )
-    streamed = args.feature_scaling == "none" and not args.grid and not (args.tilt or args.offsets)
     limit = _feature_files.in_memory_limit()  # (as the run set it)
-    in_file = (X.size + (rest.size if rest is not None else 0)) * 4  # (all its rows, as float32)
+    # (all the file's rows, as float32: the other part too where --test-size split it)
+    rest = other.size if args.test is None and other is not None else 0
     store = ""
-    if streamed and in_file > limit:
+    if _streams_stores(args) and (X.size + rest) * 4 > limit:
         store = (
             f"; an HDF5 store of them above a quarter of memory ({_in_bytes(limit)}) stays in "
             "its file, read a block at a time"
