@@ -672,10 +672,12 @@ def read_rows(dataset, rows: np.ndarray, size: int, width: int, device, dtype) -
 
 
 def h5_dtype(dataset) -> np.dtype:
-    """Compute dtype for a stored dataset: float64 (of either byte order) and long double
-    give float64, everything else float32."""
+    """Compute dtype for a stored dataset, that of the same rows in an array: float32 for
+    float16 and float32 (of either byte order), float64 for the rest (float64, long double,
+    and integers and booleans, as check_array converts them: computed in float32, a store
+    of integers gave another model than the same array)."""
     stored = np.dtype(dataset.dtype)
-    return np.dtype(np.float64 if stored.kind == "f" and stored.itemsize >= 8 else np.float32)
+    return np.dtype(np.float32 if stored.kind == "f" and stored.itemsize <= 4 else np.float64)
 
 
 @dataclass

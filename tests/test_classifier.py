@@ -538,6 +538,41 @@ def test_h5py_datasets_of_other_byte_orders_and_widths_fit(tmp_path, stored):
         assert search.coef_.dtype == expected
 
 
+@pytest.mark.parametrize("stored", ["int16", "uint8", ">i2", "bool"])
+def test_an_hdf5_dataset_of_integers_fits_and_predicts_as_the_same_array(tmp_path, stored):
+    # check_array computes integers (and booleans) in float64; the same rows as an HDF5
+    # dataset were computed in float32: a float32 model, coef_ 0.015 from the array's on
+    # digits. The rows fit one read: the same sums, the same model.
+    h5py = pytest.importorskip("h5py")
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:300].astype(stored), y[:300]
+    array = MR2LinearClassifier(device="cpu").fit(X, y)
+    with h5py.File(tmp_path / "features.h5", "w") as f:
+        f["features"] = X
+        clf = MR2LinearClassifier(device="cpu").fit(f["features"], y)
+        assert clf.coef_.dtype == array.coef_.dtype == np.float64
+        np.testing.assert_array_equal(clf.coef_, array.coef_)
+        np.testing.assert_array_equal(clf.intercept_, array.intercept_)
+        for method in ("decision_function", "predict_proba", "predict"):
+            got = getattr(array, method)(f["features"])
+            assert got.dtype == getattr(array, method)(X).dtype
+            np.testing.assert_array_equal(got, getattr(array, method)(X))
+        assert array.score(f["features"], y) == array.score(X, y)
+
+
+def test_an_hdf5_dataset_of_integers_beyond_float32_predicts_as_the_same_array(tmp_path):
+    # Integers above 2**24 that float32 does not hold: its blocks were read in float32,
+    # each rounded, where the array's are float64, exact.
+    h5py = pytest.importorskip("h5py")
+    X, y = _blobs()
+    clf = MR2LinearClassifier(device="cpu").fit(X, y)
+    big = np.round(X).astype(np.int32) + (2**25 + 1)  # odd: float32's step there is 4
+    with h5py.File(tmp_path / "features.h5", "w") as f:
+        f["features"] = big
+        scores = clf.decision_function(f["features"])
+    np.testing.assert_array_equal(scores, clf.decision_function(big))
+
+
 @pytest.mark.parametrize("order", [">f4", ">f2"])
 def test_big_endian_arrays_fit_in_their_own_precision(order):
     # Big-endian float32 rows were fitted in float64 (check_array's dtype list takes them

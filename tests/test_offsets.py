@@ -1265,6 +1265,23 @@ def test_folds_that_repeat_rows_take_an_hdf5_dataset(tmp_path):
         tuned.score(X, y, sample_weight=closed["w"])
 
 
+def test_folds_of_an_hdf5_dataset_of_integers_are_fitted_as_the_same_array(tmp_path):
+    # check_array computes integers in float64; the folds' row views of a store of them
+    # and its refit were computed in float32: another model, offsets and probabilities.
+    h5py = pytest.importorskip("h5py")
+    X, y = _imbalanced()
+    X = np.round(X * 10).astype(np.int16)
+    probe = MR2LinearClassifier(c_bar=None, C=0.1, device="cpu")
+    in_memory = TunedOffsetsClassifierCV(probe, cv=3).fit(X, y)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["X"] = X
+        tuned = TunedOffsetsClassifierCV(probe, cv=3).fit(f["X"], y)
+        np.testing.assert_array_equal(tuned.predict_proba(f["X"]), in_memory.predict_proba(X))
+    assert tuned.estimator_.coef_.dtype == np.float64
+    np.testing.assert_array_equal(tuned.estimator_.coef_, in_memory.estimator_.coef_)
+    np.testing.assert_array_equal(tuned.offsets_, in_memory.offsets_)
+
+
 @pytest.mark.parametrize("incomplete", [False, True])
 def test_folds_of_an_hdf5_dataset_are_streamed_not_loaded(tmp_path, monkeypatch, incomplete):
     # Each fold's rows were read into memory by h5py's indexing (80% of a store at cv=5),

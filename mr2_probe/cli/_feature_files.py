@@ -395,8 +395,8 @@ def _load_store(path: str, stack=None):
         raise UsageError(
             'reading HDF5 stores needs the extract extra: pip install "mr2-probe[extract]"'
         ) from error
-    # StoreError: a one-line ValueError. Integer features are read into memory, as arrays:
-    # a store's are computed in float32, an array of integers in float64. So are features
+    # StoreError: a one-line ValueError. Integer features are read into memory, as arrays
+    # (computed in float64, as the estimators compute a store of them). So are features
     # that fit in memory (a quarter of it, as a fit may hold a float32 copy beside them):
     # each pass over a streamed store reads the file again, about three times the fit's
     # time here. Those read are closed at once.
