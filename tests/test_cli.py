@@ -4326,6 +4326,47 @@ def test_a_main_fit_of_integers_out_of_memory_says_their_float64_copy_and_its_cu
     assert joblib.load(tmp_path / "floats" / "models.joblib")["ERM"].coef_.dtype == np.float32
 
 
+@pytest.mark.parametrize("kind", _MAIN_FIT_OOM)
+def test_a_front_of_integers_out_of_memory_says_their_float64_copy_and_its_cure(
+    kind, tmp_path, monkeypatch, capsys
+):
+    # A front (--tilt) whose fits ran out of memory on integer features said "the front
+    # failed and is left out: MemoryError: ..." alone, where a main fit's line says the
+    # float64 copy each fit computes and float32 features, which are computed as they are.
+    import mr2_probe._device
+    import mr2_probe.front
+
+    error = _MAIN_FIT_OOM[kind][0]
+    X, y = _blobs(30, seed=1)  # 90 × 6, 72 rows fitted (--test-size 0.2)
+    train = str(_features_file(tmp_path / "int.npz", np.round(np.abs(X) * 10).astype(np.uint8), y))
+
+    def failing(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(mr2_probe.front, "accuracy_front", failing)
+    if kind == "device":
+        monkeypatch.setattr(
+            mr2_probe._device, "resolve_device", lambda device: types.SimpleNamespace(type="cuda")
+        )
+    assert main([train, "--tilt", "1", "--no-progress"]) == 1
+    why, advice = {
+        "device": (
+            f"RuntimeError: {error}",
+            "--device cpu (the machine's memory; slower), or float32 features in place of "
+            f"{train} (computed as they are, in 1.7 KiB)",
+        ),
+        "machine": (
+            f"MemoryError: {error}",
+            f"float32 features in place of {train} (computed as they are, in 1.7 KiB), or "
+            "freeing memory, or a machine with more",
+        ),
+    }[kind]
+    assert (
+        f"mr2-probe: error: the front failed and is left out: {why}. Each fit computes the "
+        f"uint8 features of {train} in float64, a copy of 3.4 KiB (432 B as read). Try {advice}"
+    ) in capsys.readouterr().err.splitlines()
+
+
 @pytest.mark.parametrize("held_out", [False, True], ids=["test", "held_out"])
 def test_predictions_of_integers_out_of_memory_say_their_float64_copy(
     held_out, files, tmp_path, monkeypatch, capsys

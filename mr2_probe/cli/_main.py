@@ -16,7 +16,12 @@ from ._cli_terms import _front_terms, _in_cli_terms
 from ._feature_files import _streams_stores
 from ._fitting import _fit, _front
 from ._inputs import _inputs, _inputs_record
-from ._memory import _inputs_out_of_memory_line, _out_of_memory_line, _predict_out_of_memory_line
+from ._memory import (
+    _front_out_of_memory_words,
+    _inputs_out_of_memory_line,
+    _out_of_memory_line,
+    _predict_out_of_memory_line,
+)
 from ._models import _chosen_configuration, _cv_probe, _estimators, _model, _without_unused
 from ._options import (
     _MR2_ONLY,
@@ -171,6 +176,9 @@ def _fit_and_report(
                 why = _in_cli_terms(_front_terms(_one_line(error)), args, fit=False)
                 if not isinstance(error, ValueError):  # (a ValueError's says what was wrong)
                     why = f"{type(error).__name__}: {why}" if why else type(error).__name__
+                if _out_of_memory(error) is not None:  # (integers: their float64 copy)
+                    if words := _front_out_of_memory_words(error, args, X, X_test):
+                        why = f"{why.rstrip('.')}.{words}"
                 front_error, status = f"the front failed and is left out: {why}", 1
             print(f"mr2-probe: error: {front_error}", file=sys.stderr)
     fitted = {name: getattr(m, "best_estimator_", m) for name, m in models.items()}

@@ -1,5 +1,6 @@
 """The one line of a ``mr2-probe`` run that ran out of memory, reading its inputs, in a
-main fit or in the predictions after the fits, with what takes less."""
+main fit or in the predictions after the fits, with what takes less (and what the front's
+error line adds where its fits did, on integer features)."""
 
 from __future__ import annotations
 
@@ -168,22 +169,41 @@ def _out_of_memory_line(name: str, what: str, error, names: list, args, X=None, 
     for integer features ``X`` the float64 copy that each fit computes them in
     (:func:`_integer_copy`; ``X_test``: the test rows, the rest of the file where
     --test-size held them out)."""
-    host, on_gpu = _memory_ran_out(error, args)
+    host, _ = _memory_ran_out(error, args)
     fitted = names[: names.index(name)]
     lost = f" ({', '.join(fitted)}, fitted before it, neither)" if fitted else ""
+    copy, advice = _fits_advice(error, args, X, X_test)
+    return (
+        f"{name} ran out of {'memory' if host else 'the device memory'} in its fit ({what}); "
+        f"nothing is written{lost}.{copy} Try {', or '.join(advice)}"
+    )
+
+
+def _front_out_of_memory_words(error, args, X, X_test) -> str:
+    """What the front's error line adds where its fits ran out of memory (``error``) on
+    integer features ``X``: the float64 copy that each fit computes them in and what takes
+    less, as a main fit's line says them (:func:`_fits_advice`; the front fits one
+    configuration, no search); "" for floating-point ``X``, where the error is all."""
+    copy, advice = _fits_advice(error, args, X, X_test, searched=False)
+    return f"{copy} Try {', or '.join(advice)}" if copy else ""
+
+
+def _fits_advice(error, args, X, X_test, searched: bool = True) -> tuple[str, list[str]]:
+    """The sentence of the float64 copy of integer features ``X`` that each fit computes
+    (:func:`_integer_copy`; ``X_test``: the test rows, the rest of the file where
+    --test-size held them out), and the options that take less where fits ran out of
+    memory (``error``), a search's among them where ``searched``, then what else does."""
+    _, on_gpu = _memory_ran_out(error, args)
     advice = ["--device cpu (the machine's memory; slower)"] if on_gpu else []
-    if on_gpu and args.Cs is not None:  # (MR2LinearClassifierCV's one batch of all folds)
+    if searched and on_gpu and args.Cs is not None:  # (MR2LinearClassifierCV's one batch)
         advice.append("fewer --cv folds (--Cs solves them together on a GPU)")
-    if args.n_jobs not in (None, 1) and (args.grid or args.Cs is not None):
+    if searched and args.n_jobs not in (None, 1) and (args.grid or args.Cs is not None):
         advice.append("fewer --n-jobs (each parallel fit holds its own memory)")
     copy, cure = _integer_copy(X, "Each fit computes", args, other=X_test)
     advice += [cure] if cure else []
     if not advice or advice == [cure]:  # (no option of the command takes less)
         advice.append("freeing memory, or a machine with more")
-    return (
-        f"{name} ran out of {'memory' if host else 'the device memory'} in its fit ({what}); "
-        f"nothing is written{lost}.{copy} Try {', or '.join(advice)}"
-    )
+    return copy, advice
 
 
 def _integer_copy(X, who: str, args, held_out: bool = False, other=None) -> tuple[str, str | None]:
