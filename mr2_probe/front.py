@@ -54,7 +54,9 @@ class FrontPoint:
     """One fitted configuration of a lever and its class-wise scores.
 
     ``lever`` is ``"ERM"``, ``"MR2"``, ``"tilt"`` or ``"offsets"``; ``value`` the tilt t or
-    the offsets' bound (a fraction of overall accuracy); ``estimator`` the unfitted
+    the offsets' bound (a fraction of overall accuracy); ``name`` the lever's name and
+    value, a tilt's written as it reads back (``"tilt=1.23456789"``), a bound's in points,
+    in %g (``"offsets≤0.5pt"``); ``estimator`` the unfitted
     configuration, ready to refit; ``validation`` / ``test`` the summaries of
     :func:`mr2_probe.metrics.classwise_summary` (fractions; groups fixed by ERM on each
     split); ``model`` the fitted model they score, the one to report or keep. A tilt
@@ -444,7 +446,7 @@ def accuracy_front(
     positive = sorted(float(t) for t in tilts if t > 0)  # a curve in t, drawn in its order
     points += [
         FrontPoint(name, "tilt", t, _with_params(estimator, class_tilt=t))
-        for name, t in zip(_names("tilt={}", positive), positive, strict=True)
+        for name, t in zip(_names("tilt={}", positive, given=True), positive, strict=True)
     ]
     if len(points) == 1 and not offset_bounds:
         # (it fitted ERM alone and "chose" it: a front of one point, without a word)
@@ -548,26 +550,36 @@ def _numbers(name: str, values) -> list:
 _EXAMPLES = {"tilts": 1.0, "offset_bounds": 0.005}
 
 
-def _names(template: str, values: list[float]) -> list[str]:
+def _names(template: str, values: list[float], given: bool = False) -> list[str]:
     """``template`` filled with each value in %g (a subnormal one as given,
     :func:`_written`), or with as many digits as tell the values apart (tilts of 1 and
-    1.0000001 were two points named "tilt=1")."""
+    1.0000001 were two points named "tilt=1"). ``given``: values as they were given (a
+    tilt), each in as many digits as read back as it (1.23456789, not 1.23457, which typed
+    back is another tilt); otherwise values computed from those given (100 × a bound, in
+    which 0.007 is 0.7000000000000001), rounded to the digits that tell them apart."""
     for digits in range(6, 18):  # distinct floats differ in 17 digits
-        names = [template.format(_written(v, digits)) for v in values]
+        names = [template.format(_written(v, digits, given)) for v in values]
         if len(set(names)) == len(names):
             break
     return names
 
 
-def _written(value: float, digits: int) -> str:
+def _as_given(value: float) -> str:
+    """``value``, as given (a tilt, an option's value), in %g where its 6 digits read back
+    as it, otherwise in as many as do (1.23456789, 1e-320): typed back, the same number."""
+    return _written(value, 6, given=True)
+
+
+def _written(value: float, digits: int, given: bool = False) -> str:
     """``value`` in %g of ``digits`` digits, unless fewer digits read back as ``value``
     and those are another number: a subnormal float is held to a few bits, so that 1e-320
     is 9.99989e-321 to 6 digits, and is written 1e-320. A value that needs more digits
-    than ``digits`` (1/3) is rounded to them, as %g rounds it."""
+    than ``digits`` (1/3) is rounded to them, as %g rounds it, or where ``given`` written
+    in those it needs (0.3333333333333333), which read back as it."""
     text = f"{value:.{digits}g}"
     fewest = next(n for n in range(1, 18) if float(f"{value:.{n}g}") == value)
     if fewest > digits:
-        return text
+        return f"{value:.{fewest}g}" if given else text
     short = f"{value:.{fewest}g}"  # (10 is "1e+01" here, and "10" in text: the same number)
     return text if Decimal(text) == Decimal(short) else short
 

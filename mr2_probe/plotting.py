@@ -583,7 +583,8 @@ def plot_front(front, path, split: str = "test"):
                 p.value * (1 if lever == "tilt" else 100) for p in points if p.value is not None
             ]
             # "t=5" and "≤5pt": a tilt and an offsets bound of one value were both "5".
-            shown = iter(_names("t={}" if lever == "tilt" else "≤{}pt", values))
+            template, given = ("t={}", True) if lever == "tilt" else ("≤{}pt", False)
+            shown = iter(_names(template, values, given=given))
             for p, xi, yi in zip(points, x, y, strict=True):
                 names.append((ax, p.name if p.value is None else next(shown), xi, yi))
             for p, xi, yi in zip(points, x, y, strict=True):

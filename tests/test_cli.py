@@ -1603,6 +1603,12 @@ def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
         # Refused by the front itself, after the ERM and MR² fits.
         (["{d}/train.npz", "--tilt", "0,1,2,1"], "--tilt gives 1 more than once; each value"),
         (["{d}/train.npz", "--offsets", "0.5,0.5"], "--offsets gives 0.5 more than once"),
+        # Values as given, not in %g's 6 digits (9.99989e-321, 1.23457).
+        (["{d}/train.npz", "--tilt", "1e-320,1,1e-320"], "--tilt gives 1e-320 more than once"),
+        (
+            ["{d}/train.npz", "--tilt", "1.23456789,1.23456789"],
+            "--tilt gives 1.23456789 more than once",
+        ),
         # A front of ERM alone: it failed after the other fits, in the library's terms.
         (
             ["{d}/train.npz", "--c-bar", "none", "--tilt", "0"],
@@ -1678,6 +1684,7 @@ def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
             "drop --offsets",
         ),
         (["{d}/train.npz", "--offsets", "0.5,100"], "--offsets bounds are in points of overall"),
+        (["{d}/train.npz", "--offsets", "100.0000001"], "e.g. 0,0.25,0.5,1; got 100.0000001"),
         (
             ["{d}/train.npz", "--scale", "l2", "--feature-scaling", "standard"],
             "--scale l2 and --feature-scaling standard disagree",
@@ -3705,6 +3712,19 @@ def test_a_failed_setting_s_line_names_the_error_a_chained_traceback_ends_in(fil
     assert "(scored NaN there): Cannot fit: " in failed[0]
     assert "with --tilt 1e+300" in failed[0] or "with class_tilt=1e+300" in failed[0]
     assert "cannot be converted" not in failed[0]
+
+
+def test_a_front_names_each_tilt_as_given(files, tmp_path, capsys):
+    # --tilt 1.23456789 drew a point named "tilt=1.23457" (its 6 digits in %g), which
+    # typed back is another tilt; 1e-320 is a subnormal float, held to a few bits.
+    out = tmp_path / "run"
+    argv = [str(files / "train.npz"), "--tilt", "1e-320,1.23456789,5", "--offsets", "0.7"]
+    assert main([*argv, "--max-iter", "20", "--out", str(out), "--no-progress"]) in (0, 1)
+    names = ["tilt=1e-320", "tilt=1.23456789", "tilt=5", "offsets≤0.7pt"]
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert all(name in rows for name in names)
+    points = json.loads((out / "report.json").read_text())["front"]["points"]
+    assert [p["name"] for p in points][-4:] == names
 
 
 def test_a_front_that_failed_names_its_tilt_as_the_option(files, capsys):

@@ -1205,17 +1205,22 @@ def test_point_names_write_each_value_in_full(splits):
     assert names == ["ERM", "MR2", "tilt=2.5", "tilt=10", "offsets≤2.5pt"]
 
 
-def test_a_subnormal_tilt_is_named_as_given(splits):
+def test_tilts_are_named_as_given(splits):
     # A tilt of 1e-320 (a subnormal float, held to 11 bits) was named "tilt=9.99989e-321",
-    # its 6 digits in %g, not the value given; the others keep their names.
+    # its 6 digits in %g, not the value given, and one of 1.23456789 "tilt=1.23457", which
+    # typed back is another tilt; the others keep their names, a bound's in %g (0.007 is
+    # 0.7000000000000001 pt in float arithmetic).
     X_fit, y_fit, X_val, y_val, *_ = splits
     front = accuracy_front(
         MR2LinearClassifier(C=0.1, device="cpu"), X_fit, y_fit, X_val, y_val,
-        tilts=(1e-320, 0.5, 10), offset_bounds=(),
+        tilts=(1e-320, 0.5, 1.23456789, 10), offset_bounds=(0.007,),
     )  # fmt: skip
     names = [p.name for p in front.points]
-    assert names == ["ERM", "MR2", "tilt=1e-320", "tilt=0.5", "tilt=10"]
+    assert names == [
+        "ERM", "MR2", "tilt=1e-320", "tilt=0.5", "tilt=1.23456789", "tilt=10", "offsets≤0.7pt"
+    ]  # fmt: skip
     assert front.point("tilt=1e-320").value == 1e-320
+    assert front.point("tilt=1.23456789").value == 1.23456789
 
 
 def test_a_tilt_of_zero_given_twice_is_the_mr2_point_once(splits):
@@ -1391,8 +1396,34 @@ def test_the_json_holds_plain_rounded_numbers(splits):
 def test_point_names_are_short_unless_values_need_more_digits():
     from mr2_probe.front import _names
 
-    assert _names("tilt={}", [1.23456789]) == ["tilt=1.23457"]
     assert _names("tilt={}", [1.0, 1.0000001]) == ["tilt=1", "tilt=1.0000001"]
+    # A bound's name is of 100 × the bound, whose float arithmetic adds digits that no
+    # one gave (0.007 is 0.7000000000000001 pt): %g's 6 digits.
+    assert _names("offsets≤{}pt", [100 * 0.007, 100 * 0.0123456789]) == [
+        "offsets≤0.7pt", "offsets≤1.23457pt"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "tilt, name",
+    [
+        (1.23456789, "tilt=1.23456789"),
+        (1 / 3, "tilt=0.3333333333333333"),
+        (1e-320, "tilt=1e-320"),
+        (5.0, "tilt=5"),
+        (0.5, "tilt=0.5"),
+        (20.0, "tilt=20"),
+        (100000.0, "tilt=100000"),
+        (1e30, "tilt=1e+30"),
+    ],
+)
+def test_a_tilt_s_name_writes_the_value_given_in_full(tilt, name):
+    # A tilt of 1.23456789 was named "tilt=1.23457", its 6 digits in %g: typed back, that
+    # is another tilt. A tilt's name reads back as its value, in %g where 6 digits do.
+    from mr2_probe.front import _names
+
+    assert _names("tilt={}", [tilt], given=True) == [name]
+    assert float(name.removeprefix("tilt=")) == tilt
 
 
 def test_scored_features_of_other_kinds_are_counted_or_left_to_the_pipeline():

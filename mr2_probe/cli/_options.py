@@ -16,6 +16,7 @@ from sklearn.preprocessing import StandardScaler
 from .._classifier import MR2LinearClassifier
 from .._device import resolve_device
 from ..front import _READ_BY_SOME as _READS
+from ..front import _as_given
 from ._feature_files import feature_format
 from ._scaling import RowNormalizer
 from ._usage import SuggestingParser, UsageError, _one_line, add_version
@@ -478,13 +479,13 @@ def _check_options(args) -> None:
     if bad:
         raise UsageError(
             "--offsets bounds are in points of overall accuracy, between 0 and 100, e.g. "
-            f"0,0.25,0.5,1; got {bad[0]:g}"
+            f"0,0.25,0.5,1; got {_as_given(bad[0])}"
         )
     for option, values in (("--tilt", args.tilt), ("--offsets", args.offsets)):
         repeated = sorted(v for v, n in Counter(values).items() if n > 1)
         if repeated:
             raise UsageError(
-                f"{option} gives {', '.join(f'{v:g}' for v in repeated)} more than once; each "
+                f"{option} gives {', '.join(map(_as_given, repeated))} more than once; each "
                 "value is one point of the front"
             )
     mr2_is_erm = args.c_bar is None and args.lam == 0 and not args.grid
