@@ -173,7 +173,9 @@ class MR2LinearClassifier(
         Seeds the minibatch order and the low-rank projection's initialisation, through a
         local ``torch.Generator``.
     verbose : int, default=0
-        Show a progress bar when positive.
+        Show a progress bar when positive, named by what the fit minimises and its solver:
+        "ERM lbfgs" for plain cross-entropy (``c_bar=None``, ``lam=0``, ``class_tilt=0``),
+        "MR2 lbfgs" or "MR2 adam" otherwise.
     device : str or torch.device, default="auto"
         Where to train: ``"auto"`` is the device of a torch-tensor X, else CUDA when
         present, else the CPU.
@@ -445,6 +447,12 @@ class MR2LinearClassifier(
             self._finish(head, result, solver, data)
             return self
 
+    def _objective(self) -> str:
+        """What a fit minimises, as its progress bars name it: "ERM" for plain
+        cross-entropy (``c_bar=None``, ``lam=0``, ``class_tilt=0``), "MR2" otherwise."""
+        plain = self.c_bar is None and self.lam == 0 and self.class_tilt == 0
+        return "ERM" if plain else "MR2"
+
     def _resolved_solver(self) -> str:
         """The solver that ``solver="auto"`` stands for: L-BFGS at lam=0, else Adam."""
         return self.solver if self.solver != "auto" else ("lbfgs" if self.lam == 0 else "adam")
@@ -540,6 +548,7 @@ class MR2LinearClassifier(
             tol=self.tol,
             tilt=float(self.class_tilt),
             verbose=verbose,
+            objective=self._objective(),
         )
         scale = head.scale if self.head == "cosine" else None
         if scale is not None and scale < torch.finfo(data.dtype).tiny:

@@ -430,7 +430,8 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                         for path in paths
                     )
 
-            with tqdm(disable=not self.verbose, desc="MR2 CV path", leave=False) as bar:
+            desc = f"{self._objective()} CV path"  # (ERM: a search of plain cross-entropy)
+            with tqdm(disable=not self.verbose, desc=desc, leave=False) as bar:
 
                 def evaluate(new):
                     bar.total = (bar.total or 0) + len(new) * len(paths)

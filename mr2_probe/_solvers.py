@@ -318,6 +318,7 @@ def fit_lbfgs(
     tol,
     verbose,
     tilt: float = 0.0,
+    objective: str = "MR2",
 ):
     """Full-batch L-BFGS (strong Wolfe line search) on the margin objective (λ = 0); for a
     plain cosine head where :func:`~mr2_probe._sphere.runs_on_spheres` takes it, L-BFGS on
@@ -329,6 +330,8 @@ def fit_lbfgs(
     every sample reweighted by q_{y_i} / S_{y_i} (the logits' gradients of the first pass
     are reused when they fit in memory, so a tilted evaluation costs the same two matrix
     products per sample as a plain one).
+    ``objective`` names what is minimised on the progress bar (``verbose``): "ERM" for
+    plain cross-entropy, "MR2" otherwise.
 
     ``tol`` bounds the largest gradient entry in the coordinates L-BFGS works in: for a
     linear head with an intercept, (W, b') with b' = b + W·m, m the weighted feature mean.
@@ -365,7 +368,7 @@ def fit_lbfgs(
             head.bias += head.weight @ center
             head.bias /= bias_scale
     risk = ClassRisk.of_source(source, spec.n_classes, tilt)
-    bar = _progress(max_iter, verbose, "MR2 lbfgs")
+    bar = _progress(max_iter, verbose, f"{objective} lbfgs")
     # A cosine head's objective does not depend on the norms of W's rows, and it is badly
     # conditioned at large scales: more pairs than the linear head's 10 cut the iterations
     # (docs/speed.md). Its solver is an L-BFGS on the unit spheres (mr2_probe/_sphere.py)
@@ -888,8 +891,10 @@ def fit_minibatch(
     generator,
     verbose,
     tilt: float = 0.0,
+    objective: str = "MR2",
 ):
     """Minibatch Adam or SGD; statistics refreshed exactly once per epoch when φ learns.
+    ``objective`` names what is minimised on the progress bar, as in :func:`fit_lbfgs`.
 
     A plateau is ``n_iter_no_change`` epochs whose mean loss is not below the best so far
     by ``tol`` relative to it. At a plateau the step size is divided by 10; the third
@@ -927,7 +932,7 @@ def fit_minibatch(
     lr, decays = learning_rate, 0
     best, stalled, curve, converged, stop = float("inf"), 0, [], False, "max_iter"
     n_batches = 0  # in the first epoch
-    bar = _progress(max_iter, verbose, f"MR2 {solver}")
+    bar = _progress(max_iter, verbose, f"{objective} {solver}")
     for epoch in range(max_iter):
         if epoch > 0 and head.has_projection:
             stats, margins, s_bar, tau = refresh_statistics(head, source, spec)

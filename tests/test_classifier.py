@@ -3449,6 +3449,37 @@ def test_the_progress_bar_counts_iterations_not_the_start(params, monkeypatch):
     assert (bar.n, bar.total) == (clf.n_iter_, params["max_iter"])
 
 
+@pytest.mark.parametrize(
+    "params, desc",
+    [
+        (dict(c_bar=None), "ERM lbfgs"),
+        (dict(c_bar=None, head="cosine"), "ERM lbfgs"),
+        (dict(c_bar=None, solver="sgd", learning_rate=0.01), "ERM sgd"),
+        (dict(c_bar=1.0), "MR2 lbfgs"),
+        (dict(c_bar=None, class_tilt=1.0), "MR2 lbfgs"),
+        (dict(c_bar=None, lam=0.5, solver="adam"), "MR2 adam"),
+    ],
+)
+def test_the_progress_bar_names_the_objective_fitted(params, desc, monkeypatch):
+    # A fit of plain cross-entropy (no margins, no projection, no tilt: ERM) showed a bar
+    # described "MR2 lbfgs", which reads as the MR² model being fitted.
+    from mr2_probe import _solvers
+
+    bars = []
+
+    class Recorded(_solvers.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(kwargs["desc"])
+
+    monkeypatch.setattr(_solvers, "tqdm", Recorded)
+    X, y = _blobs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        MR2LinearClassifier(max_iter=3, verbose=1, device="cpu", random_state=0, **params).fit(X, y)
+    assert bars == [desc]
+
+
 @pytest.mark.parametrize("C", [1e-8, 1e-7, 1e-6, 1e-5])
 def test_a_float32_fit_goes_on_where_its_decrease_is_below_the_objectives_rounding(digits, C):
     # At C = 1e-6 the second direction's decrease (4e-8) was below float32's rounding of

@@ -115,6 +115,18 @@ def test_max_iter_zero_scores_the_starting_points(head):
     assert not cv.n_iter_.any() and np.isfinite(cv.scores_[0]).all()
 
 
+@pytest.mark.parametrize("c_bar, objective", [(None, "ERM"), (1.0, "MR2")])
+def test_the_search_s_progress_bars_name_the_objective_fitted(c_bar, objective, capsys):
+    # A search of plain cross-entropy (ERM, as mr2-probe's --Cs fits it) showed bars
+    # described "MR2 CV path" and "MR2 lbfgs", which read as the MR² model being fitted.
+    X, y = _blobs()
+    cv = MR2LinearClassifierCV([1.0, 10.0], cv=3, c_bar=c_bar, verbose=1, device="cpu")
+    cv.fit(X, y)
+    err = capsys.readouterr().err
+    assert f"{objective} CV path" in err and f"{objective} lbfgs" in err
+    assert ("MR2" in err) == (objective == "MR2")
+
+
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # tol = 1e-8
 @pytest.mark.parametrize("n_classes", [2, 3])
 @pytest.mark.parametrize("batched", [True, False])
