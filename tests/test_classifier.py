@@ -15,17 +15,25 @@ import pytest
 import sklearn
 import torch
 from sklearn.base import clone
+from sklearn.calibration import CalibratedClassifierCV
 from sklearn.datasets import load_digits, load_iris, make_blobs, make_classification
+from sklearn.ensemble import StackingClassifier
 from sklearn.exceptions import ConvergenceWarning, DataConversionWarning, NotFittedError
+from sklearn.frozen import FrozenEstimator
+from sklearn.inspection import permutation_importance
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss
 from sklearn.model_selection import (
     GridSearchCV,
     GroupKFold,
+    KFold,
     StratifiedKFold,
     StratifiedShuffleSplit,
+    cross_val_predict,
     cross_val_score,
 )
+from sklearn.multiclass import OneVsOneClassifier
+from sklearn.multioutput import MultiOutputClassifier
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -413,6 +421,71 @@ def test_dataframe_keeps_feature_names():
     # An array without the names is taken with scikit-learn's warning.
     with pytest.warns(UserWarning, match="X does not have valid feature names"):
         np.testing.assert_array_equal(clf.predict(frame), clf.predict(X.copy()))
+
+
+def _with_an_absent_class(X, y):
+    """X, y with class 3 cut to 3 samples, placed first: unshuffled KFold(5) trains its
+    first fold without them."""
+    keep = (y != 3) | (np.cumsum(y == 3) <= 3)
+    X, y = X[keep], y[keep]
+    order = np.argsort(y != 3, kind="stable")
+    return X[order], y[order]
+
+
+def _routed_pipeline(estimator, X, y, weights):
+    with sklearn.config_context(enable_metadata_routing=True):
+        estimator.set_fit_request(sample_weight=True)
+        scaler = StandardScaler().set_fit_request(sample_weight=False)
+        return make_pipeline(scaler, estimator).fit(X, y, sample_weight=weights).predict(X)
+
+
+# Calls scikit-learn users make around any classifier: each returns, around the probe, what
+# it returns around LogisticRegression (shape, dtype, warnings), predict_proba aside, whose
+# float64 is the probe's (see its docstring).
+ECOSYSTEM_CALLS = {
+    "calibrated": lambda est, X, y: (
+        CalibratedClassifierCV(est, cv=3, method="isotonic").fit(X, y).predict(X)
+    ),
+    "calibrated_frozen": lambda est, X, y: (
+        CalibratedClassifierCV(FrozenEstimator(clone(est).fit(X, y)), method="sigmoid")
+        .fit(X, y)
+        .predict(X)
+    ),
+    "cross_val_predict_absent_class": lambda est, X, y: cross_val_predict(
+        est, *_with_an_absent_class(X, y), cv=KFold(5), method="decision_function"
+    ),
+    "multioutput": lambda est, X, y: MultiOutputClassifier(est).fit(X, np.c_[y, y % 2]).predict(X),
+    "one_vs_one": lambda est, X, y: OneVsOneClassifier(est).fit(X, y).decision_function(X),
+    "stacking": lambda est, X, y: (
+        StackingClassifier([("probe", est)], cv=3, stack_method="decision_function")
+        .fit(X, y)
+        .transform(X)
+    ),
+    "pipeline_weights": lambda est, X, y: (
+        make_pipeline(StandardScaler(), est)
+        .fit(X, y, **{f"{type(est).__name__.lower()}__sample_weight": np.linspace(0.5, 2, len(y))})
+        .predict(X)
+    ),
+    "routed_weights": lambda est, X, y: _routed_pipeline(est, X, y, np.linspace(0.5, 2, len(y))),
+    "permutation_importance": lambda est, X, y: (
+        permutation_importance(clone(est).fit(X, y), X, y, n_repeats=2, random_state=0).importances
+    ),
+}
+
+
+@pytest.mark.parametrize("call", ECOSYSTEM_CALLS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scikit_learn_tools_return_what_they_return_around_logistic_regression(call, dtype):
+    X, y = _blobs(n=120)
+    X = X.astype(dtype)
+    outputs = {}
+    for name, est in (("LR", LogisticRegression()), ("MR2", MR2LinearClassifier(device="cpu"))):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = np.asarray(ECOSYSTEM_CALLS[call](est, X, y))
+        said = {(w.category, str(w.message).replace(type(est).__name__, "EST")) for w in caught}
+        outputs[name] = (out.shape, out.dtype, said)
+    assert outputs["MR2"] == outputs["LR"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
