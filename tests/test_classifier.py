@@ -473,6 +473,8 @@ ECOSYSTEM_CALLS = {
 }
 
 
+# 18 cases of several fits each (about 10 s): the full run's.
+@pytest.mark.slow
 @pytest.mark.parametrize("call", ECOSYSTEM_CALLS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_scikit_learn_tools_return_what_they_return_around_logistic_regression(call, dtype):
