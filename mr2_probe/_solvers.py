@@ -554,7 +554,11 @@ class _LBFGS(torch.optim.LBFGS):
         evaluations each, past it; 2.14's one more than is left, its first trial step not
         counted in ``max_ls``); no ``maximize``, which nothing here sets.
 
-        Where the line search finds no decrease, :func:`_slope_search` looks for one from
+        Where the first line search (from the start) finds no decrease and even its
+        shortest step rose measurably above the start, :func:`_shorter_search` searches
+        again from a shorter step, and the tests on a change of the weights are then taken
+        in units of the step it found. Where the line search finds no decrease,
+        :func:`_slope_search` looks for one from
         the slopes along the line (below the objective's rounding, float32's above all);
         a step it accepts is progress where its slopes say so (the value may not show
         it), until _FLAT of them in a row leave the lowest value where it was. The test on
@@ -583,6 +587,10 @@ class _LBFGS(torch.optim.LBFGS):
         # _slope_search's may exceed by more than the rounding.
         rounding = _ROUNDING * torch.finfo(self._params[0].dtype).eps
         lowest, flat, least = loss, 0, loss
+        # The unit of the tests on a change of the weights (torch's, absolute): 1, or
+        # for a fit whose first step _shorter_search found, the change that step made.
+        unit = state.get("unit", 1.0)
+        shortest = [math.inf, math.nan]
         while n_iter < max_iter:
             n_iter += 1
             state["n_iter"] += 1
@@ -619,17 +627,41 @@ class _LBFGS(torch.optim.LBFGS):
                 break
             x_init = self._clone_param()
 
+            shortest[:] = math.inf, math.nan  # the line's shortest trial step and its value
+
             def obj_func(x, t, d):
-                return self._directional_evaluate(closure, x, t, d)
+                value, grad = self._directional_evaluate(closure, x, t, d)
+                if t < shortest[0]:
+                    shortest[:] = t, value
+                return value, grad
 
             # max_ls bounds the evaluations after the first trial step's.
             left = max(max_eval - current_evals - 1, 0)
             first = t
             loss, flat_grad, t, ls_func_evals = _strong_wolfe(
-                obj_func, x_init, t, d, loss, flat_grad, gtd, max_ls=left
-            )
+                obj_func, x_init, t, d, loss, flat_grad, gtd, max_ls=left,
+                tolerance_change=_BRACKET * unit,
+            )  # fmt: skip
             current_evals += ls_func_evals
             state["func_evals"] += ls_func_evals
+            if (
+                state["n_iter"] == 1
+                and not loss < prev_loss
+                and shortest[1] > prev_loss + rounding * abs(prev_loss)
+                and current_evals < max_eval
+            ):
+                # From the start, every step tried, the shortest too, measurably above
+                # it: the line's minimum lies below them, where the search's bracket fell
+                # below its tolerance on the weights (_shorter_search).
+                loss, flat_grad, t, evals = _shorter_search(
+                    obj_func, x_init, d, prev_loss, prev_flat_grad, gtd, *shortest,
+                    max_eval - current_evals,
+                )  # fmt: skip
+                current_evals += evals
+                state["func_evals"] += evals
+                if loss < prev_loss:
+                    # The weights' unit from now on: this step's largest change of one.
+                    unit = state["unit"] = min(1.0, float(d.mul(t).abs().max()))
             sloped = False  # whether the step is _slope_search's
             if not loss < prev_loss and current_evals < max_eval:
                 # No decrease found: where it is below the objective's rounding, the
@@ -651,7 +683,7 @@ class _LBFGS(torch.optim.LBFGS):
                 break
             if self._largest(flat_grad) <= tolerance_grad:
                 break
-            if d.mul(t).abs().max() <= tolerance_change:
+            if d.mul(t).abs().max() <= tolerance_change * unit:
                 break  # no progress
             # (steps the slopes alone accept, none of them measurably lower: noise)
             if loss < lowest - rounding * abs(lowest):
@@ -667,6 +699,32 @@ class _LBFGS(torch.optim.LBFGS):
         state.update(prev_flat_grad=prev_flat_grad, prev_loss=prev_loss)
         return orig_loss
 
+
+def _shorter_search(obj_func, x, d, f, g, gtd, shortest, value, max_evals):
+    """The strong Wolfe search again, from a step ``shortest`` / (``value`` − ``f``) (at
+    most ``shortest``), for a fit's first line where every step tried rose measurably
+    above the start ``f``: (value, gradient, step, evaluations).
+
+    torch's search stops its zoom once the bracket, times the direction's largest entry,
+    is below 10⁻⁹: a change of a weight, whatever the features' scale. On features of
+    scale s such a change moves the logits by about 10⁻⁹·s: from the first step of a
+    fit, 1/‖g‖₁, digits scaled by 10¹¹ rose to 8.8·10⁷ (from log 10) and the zoom
+    stopped, 15 evaluations later, at a step still ten times too long (its value 9.2):
+    no progress, the gradient at 6·10⁹. Once the logits are large the loss grows with
+    them almost linearly, by about as many nats as they change: the retry's first step
+    is the one whose rise, at the shortest step's rate, is 1 nat, and its zoom stops at a
+    bracket _BRACKET of that step's largest change of a weight.
+    """
+    t = shortest * min(1.0, 1.0 / (value - f))
+    tolerance = _BRACKET * t * float(d.abs().max())
+    return _strong_wolfe(
+        obj_func, x, t, d, f, g, gtd, tolerance_change=tolerance, max_ls=max(max_evals - 1, 0)
+    )
+
+
+# torch's strong Wolfe search stops its zoom at a bracket whose largest change of a weight
+# is this, in the weights' unit (1, or that of _shorter_search's step).
+_BRACKET = 1e-9
 
 # _slope_search: values within this many epsilons of the objective's dtype (relative) of
 # the line's start are not measurably above it; at most this many evaluations. L-BFGS
