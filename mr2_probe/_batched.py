@@ -596,44 +596,14 @@ def lbfgs_batched(
         if first:
             unscaled = (rho[a] == 0).all(1)
             step = torch.where(unscaled, (1.0 / g.abs().sum(1)).clamp(max=1.0), step)
-        first = False
         start = params[a]
-        trial_value, trial_grad = batch.evaluate(start + step[:, None] * direction, a, value)
-        evals[active] += 1
-        # Weak Wolfe conditions by bracketing: a step that fails sufficient decrease is too
-        # long, one whose slope is still steep (below c₂ = 0.9 of the start's, as in
-        # torch's strong-Wolfe search) too short; only the folds still searching are
-        # evaluated again. The last short step (``low``) meets sufficient decrease and is
-        # kept for a fold whose search runs out.
+        folds = np.asarray(active)
         bound = objective[a]
-        low, high = torch.zeros_like(step), torch.full_like(step, float("inf"))
-        low_value, low_grad = trial_value.clone(), trial_grad.clone()
-        for _ in range(_MAX_LINE_SEARCH):
-            long = ~(trial_value <= bound + 1e-4 * step * slope)  # NaN is too long
-            trial_slope = (trial_grad * direction).sum(1)
-            short = ~long & (trial_slope < 0.9 * slope)
-            # A step too long that no longer moves the point in its precision cannot be
-            # shortened into a decrease: that fold stops searching (and stalls).
-            moved = (start + step[:, None] * direction != start).any(1)
-            searching = (long & moved) | short
-            redo = searching.nonzero().squeeze(1)  # one synchronisation per evaluation
-            if not len(redo):
-                break
-            high = torch.where(long, step, high)
-            low = torch.where(short, step, low)
-            low_value = torch.where(short, trial_value, low_value)
-            low_grad = torch.where(short[:, None], trial_grad, low_grad)
-            new = _next_step(step, slope, bound, trial_value, trial_slope, long, low, high)
-            step = torch.where(searching, new, step)
-            point = start[redo] + step[redo, None] * direction[redo]
-            trial_value[redo], trial_grad[redo] = batch.evaluate(point, a[redo], value)
-            evals[np.asarray(active)[redo.cpu().numpy()]] += 1
-        failed = ~(trial_value <= bound + 1e-4 * step * slope)
-        fallback = failed & (low > 0)
-        step = torch.where(fallback, low, step)
-        trial_value = torch.where(fallback, low_value, trial_value)
-        trial_grad = torch.where(fallback[:, None], low_grad, trial_grad)
-        accepted = ~failed | fallback
+        step, trial_value, trial_grad, accepted = _bracket_search(
+            batch, a, folds, value, start, direction, step, slope, bound, evals,
+            shorten=unscaled if first else None,
+        )  # fmt: skip
+        first = False
         s = step[:, None] * direction
         yv = trial_grad - g
         sy = (s * yv).sum(1)
@@ -677,6 +647,71 @@ def lbfgs_batched(
     memory.point, memory.value, memory.grad = params.clone(), objective, grad
     memory.solved_at = value
     return BatchResult(n_iter, stop, largest.cpu().numpy(), evals)
+
+
+def _bracket_search(
+    batch, a, folds, value, start, direction, step, slope, bound, evals, shorten=None
+):
+    """The weak Wolfe search of the folds ``a`` (their numbers ``folds``) along
+    ``direction`` (A, P) from ``start``, with trial steps ``step`` (A,) first:
+    (step, value, gradient, accepted) of each fold, ``evals`` counting the evaluations.
+
+    By bracketing: a step that fails sufficient decrease is too long, one whose slope is
+    still steep (below c₂ = 0.9 of the start's, as in torch's strong-Wolfe search) too
+    short; only the folds still searching are evaluated again. The last short step
+    (``low``) meets sufficient decrease and is kept for a fold whose search runs out; a
+    fold without one is not accepted.
+
+    A fold flagged in ``shorten`` (A,) whose search found no step, and whose last trial
+    step, the shortest, rose measurably above the start, searches again from that step
+    divided by its rise in nats where that is more than 1, as
+    :func:`~mr2_probe._solvers._shorter_search` does (one more synchronisation). Along a
+    line whose loss rises almost linearly, each trial step halves the last (the
+    quadratic's minimum): 25 of them shortened it by 3·10⁷, and digits scaled by 10¹⁵
+    needed 10¹² (every fold stalled at its start, the gradient at 6·10¹³).
+    """
+    trial_value, trial_grad = batch.evaluate(start + step[:, None] * direction, a, value)
+    evals[folds] += 1
+    low, high = torch.zeros_like(step), torch.full_like(step, float("inf"))
+    low_value, low_grad = trial_value.clone(), trial_grad.clone()
+    for _ in range(_MAX_LINE_SEARCH):
+        long = ~(trial_value <= bound + 1e-4 * step * slope)  # NaN is too long
+        trial_slope = (trial_grad * direction).sum(1)
+        short = ~long & (trial_slope < 0.9 * slope)
+        # A step too long that no longer moves the point in its precision cannot be
+        # shortened into a decrease: that fold stops searching (and stalls).
+        moved = (start + step[:, None] * direction != start).any(1)
+        searching = (long & moved) | short
+        redo = searching.nonzero().squeeze(1)  # one synchronisation per evaluation
+        if not len(redo):
+            break
+        high = torch.where(long, step, high)
+        low = torch.where(short, step, low)
+        low_value = torch.where(short, trial_value, low_value)
+        low_grad = torch.where(short[:, None], trial_grad, low_grad)
+        new = _next_step(step, slope, bound, trial_value, trial_slope, long, low, high)
+        step = torch.where(searching, new, step)
+        point = start[redo] + step[redo, None] * direction[redo]
+        trial_value[redo], trial_grad[redo] = batch.evaluate(point, a[redo], value)
+        evals[folds[redo.cpu().numpy()]] += 1
+    failed = ~(trial_value <= bound + 1e-4 * step * slope)
+    fallback = failed & (low > 0)
+    step = torch.where(fallback, low, step)
+    trial_value = torch.where(fallback, low_value, trial_value)
+    trial_grad = torch.where(fallback[:, None], low_grad, trial_grad)
+    accepted = ~failed | fallback
+    if shorten is None:
+        return step, trial_value, trial_grad, accepted
+    rose = trial_value - bound
+    noise = _solvers._ROUNDING * torch.finfo(rose.dtype).eps * bound.abs()
+    again = (shorten & ~accepted & (rose > noise)).nonzero().squeeze(1)
+    if len(again):
+        shorter = step[again] * (1 / rose[again]).clamp(max=1.0)
+        step[again], trial_value[again], trial_grad[again], accepted[again] = _bracket_search(
+            batch, a[again], folds[again.cpu().numpy()], value, start[again],
+            direction[again], shorter, slope[again], bound[again], evals,
+        )  # fmt: skip
+    return step, trial_value, trial_grad, accepted
 
 
 def _two_loop(s, y, rho, h0, g, order) -> torch.Tensor:

@@ -57,6 +57,21 @@ def test_the_path_on_features_of_a_large_scale_scores_as_on_unit_ones(batch_fold
     np.testing.assert_allclose(large.coef_ * 1e6, unit.coef_, rtol=0, atol=1e-2)
 
 
+@pytest.mark.parametrize("batch_folds", [True, False])
+def test_the_path_on_features_of_a_very_large_scale_fits(batch_folds, monkeypatch):
+    # At 10¹⁵ the batched folds' first line search, whose trial steps shorten by about a
+    # half each, ran out 25 steps later, 10⁴ times too long: every fold stopped at its
+    # start (chance accuracy; LogisticRegression scores 1.0 on these rows).
+    monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:200] / 16 * 1e15, y[:200]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        search = MR2LinearClassifierCV(Cs=[1.0], cv=2, device="cpu").fit(X, y)
+    assert search.score(X, y) >= 0.99
+    assert (search.n_iter_ > 10).all()
+
+
 def _folds(y, k=3):
     return list(StratifiedKFold(k, shuffle=True, random_state=0).split(np.empty((len(y), 0)), y))
 
@@ -995,15 +1010,16 @@ def test_a_fold_without_training_weight_is_refused():
 @pytest.mark.parametrize("batch_folds", [True, False])
 def test_a_fold_stalled_by_an_extreme_parameter_names_it(batch_folds):
     # The batched folds' warnings read "Use a larger tol" where the refit's named c_bar.
+    # (c_bar=1e-30, which stalled too, is fitted since: as features of scale 10³⁰.)
     X, y = load_iris(return_X_y=True)
-    search = MR2LinearClassifierCV(Cs=[1.0], c_bar=1e-30, cv=3, device="cpu")
+    search = MR2LinearClassifierCV(Cs=[1.0], c_bar=1e-300, cv=3, device="cpu")
     search._batch_folds = batch_folds
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
         search.fit(X, y)
     messages = [str(w.message) for w in caught if w.category is ConvergenceWarning]
     assert len(messages) >= 2  # folds and the refit
-    assert all("too steep to resolve: c_bar=1e-30 (the margins" in m for m in messages)
+    assert all("too steep to resolve: c_bar=1e-300 (the margins" in m for m in messages)
 
 
 @pytest.mark.parametrize(
@@ -2925,8 +2941,9 @@ def test_a_float32_c_whose_penalty_squared_overflows_float32_alone_is_fitted(
     batch_folds, monkeypatch
 ):
     # float32's C = 1e-30 on iris: 1/(C·Σw) = 1e28, whose square overflows float32 but
-    # not float64, in which a float32 fit's L-BFGS computes. The single fit stops at its
-    # start with a ConvergenceWarning, as in float64; the batched path failed the value on
+    # not float64, in which a float32 fit's L-BFGS computes. The single fit converges, as
+    # in float64 (it stopped after its first step with a ConvergenceWarning until its first
+    # line search was retried from a shorter step); the batched path failed the value on
     # every fold (FitFailedWarning, NaN scores) where float64's search fitted it.
     monkeypatch.setattr(MR2LinearClassifierCV, "_batch_folds", batch_folds)
     X, y = load_iris(return_X_y=True)
@@ -2934,7 +2951,8 @@ def test_a_float32_c_whose_penalty_squared_overflows_float32_alone_is_fitted(
     for dtype in (np.float64, np.float32):
         with warnings.catch_warnings():
             warnings.simplefilter("error", FitFailedWarning)
-            with pytest.warns(ConvergenceWarning, match="C=1e-30"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", ConvergenceWarning)
                 MR2LinearClassifier(C=1e-30, device="cpu").fit(X.astype(dtype), y)
             with pytest.warns(ConvergenceWarning, match="C=1e-30"):
                 search = MR2LinearClassifierCV([1e-30, 1.0], cv=3, device="cpu")
