@@ -166,18 +166,33 @@ def _pandas_missing(y) -> tuple[np.ndarray, str] | None:
     a category's "NaN", or "NaT" among dates); None for anything else. NumPy reads pd.NA
     of "Int64" or "Float64", and a missing category among numbers, as NaN among floats,
     which was refused as "Input y contains NaN", without its argument's name or position,
-    where the same labels held as objects were named missing labels."""
+    where the same labels held as objects were named missing labels. In a table, each
+    column's missing values are named by their own kind (an object column's None)."""
     dtype = getattr(y, "dtype", None)
     dtypes = [dtype] if dtype is not None else list(getattr(y, "dtypes", []))  # (a table's)
-    if not dtypes or not hasattr(y, "isna"):
+    if not hasattr(y, "isna") or not any(map(_missing_kind, dtypes)):
         return None
-    if any(is_na(getattr(d, "na_value", None)) for d in dtypes):
-        what = "pd.NA"
-    elif categories := [d.categories for d in dtypes if getattr(d, "name", "") == "category"]:
-        what = "NaT" if all(c.dtype.kind in "mM" for c in categories) else "NaN"
-    else:
-        return None
-    return np.asarray(y.isna()), what
+    mask = np.asarray(y.isna())
+    if dtype is not None:
+        return mask, _missing_kind(dtype)
+    # (a table, refused later as not 1-D: each column's missing values, by their kind)
+    kinds = set()
+    for j, d in enumerate(dtypes):
+        if mask[:, j].any():
+            kind = _missing_kind(d)
+            kinds |= {kind} if kind else set(map(missing_label, y.iloc[mask[:, j], j])) - {None}
+    return mask, " and ".join(sorted(kinds))
+
+
+def _missing_kind(dtype) -> str | None:
+    """How a message names the missing value of a pandas column of ``dtype``: "pd.NA" for
+    a nullable one, "NaN" (or "NaT" among dates) for a categorical one; None for others,
+    whose missing values are named each by their own kind (:func:`missing_label`)."""
+    if is_na(getattr(dtype, "na_value", None)):
+        return "pd.NA"
+    if getattr(dtype, "name", "") == "category":
+        return "NaT" if dtype.categories.dtype.kind in "mM" else "NaN"
+    return None
 
 
 def _refuse_missing(flags: np.ndarray, what: str, name: str, purpose: str, cure) -> None:

@@ -707,6 +707,28 @@ def test_pd_na_of_a_nullable_column_is_counted_where_it_is():
 
 
 @pytest.mark.parametrize(
+    "columns, what",
+    [
+        ({"a": ("Int64", [1, None, 3]), "b": ("float64", [1.0, 2.0, np.nan])}, "NaN and pd.NA"),
+        ({"a": ("Int64", [1, 2, 3]), "b": (object, ["x", None, "y"])}, "None"),
+        ({"a": ("category", [1.0, None, 2.0]), "b": (object, ["x", None, "y"])}, "NaN and None"),
+        (
+            {"a": ("Int64", [1, 2, None]), "b": ("datetime64[s]", ["2024-01-01", None, None])},
+            "NaT and pd.NA",
+        ),
+    ],
+    ids=["Int64 and float", "Int64 and objects", "category and objects", "Int64 and dates"],
+)
+def test_a_table_s_missing_labels_are_each_named_by_their_own_kind(columns, what):
+    # A table mixing a nullable column with others named every missing value pd.NA: a
+    # float column's NaN, an object column's None. (Refused later as not 1-D anyway.)
+    pd = pytest.importorskip("pandas")
+    table = pd.DataFrame({k: pd.Series(v, dtype=dtype) for k, (dtype, v) in columns.items()})
+    with pytest.raises(ValueError, match=rf"^Input y holds \d missing labels? \({what}\) among"):
+        check_no_missing_labels(table)
+
+
+@pytest.mark.parametrize(
     "nan",
     [float("nan"), np.float16("nan"), complex(1, float("nan")), complex(0, float("nan"))],
     ids=["float", "float16", "complex", "imaginary"],
