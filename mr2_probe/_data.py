@@ -106,7 +106,7 @@ def _nan_as_text(a: np.ndarray) -> bool:
 
 
 def check_no_missing_labels(
-    y, name: str = "y", purpose: str = "fit", cure: str | None = None
+    y, name: str = "y", purpose: str = "fit", cure: str | None = None, classes: bool = False
 ) -> np.ndarray | None:
     """Refuse labels ``y`` that hold a missing value among objects: None, pandas' pd.NA
     (the missing value of a column of dtype "string" or "Int64"), or a NaN or NaT among
@@ -117,7 +117,9 @@ def check_no_missing_labels(
     'str'", and named no argument for NaN ("Input contains NaN"). The message names
     ``name``, the count and the position of the first; ``cure`` says what to do instead
     of leaving those samples out (for a list of classes, say). NaN among numbers (of a
-    float dtype) is left to their "Input y contains NaN"; no y, a tensor (numbers), a
+    float dtype) is left to their "Input y contains NaN", but in a list of ``classes``
+    (labels=, a groups mapping's keys, whose dtype a dict does not keep: a categorical
+    column's NaN among numbers), where it is never a class; no y, a tensor (numbers), a
     single value or ragged labels to their checks too (unhashable labels are looked at
     one by one: a None among lists is a missing label).
 
@@ -141,6 +143,8 @@ def check_no_missing_labels(
         return None
     if not a.ndim:
         return None
+    if classes and a.dtype.kind in "fc" and (nan := np.isnan(a)).any():
+        _refuse_missing(nan, "NaN", name, purpose, cure)
     if a.dtype != object or not a.size:
         return read
     values = a.ravel().tolist()

@@ -479,7 +479,7 @@ def _label_array(a, name: str, classes: bool = False) -> np.ndarray:
     if sp.issparse(a) or is_torch_tensor(a):  # (a tensor holds numbers: _check_no_nan)
         return _array(a, name=name)
     cure = f"name only classes in {name}" if classes else None
-    read = check_no_missing_labels(a, name, "score", cure)  # (read once, not again here)
+    read = check_no_missing_labels(a, name, "score", cure, classes)  # (read once, not again)
     return _array(a, name=name) if read is None else read
 
 

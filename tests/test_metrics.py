@@ -90,12 +90,11 @@ def test_per_class_accuracy_is_recall_with_the_conventions_its_docstring_gives()
     ],
 )
 def test_nan_among_the_labels_is_refused(y, labels):
-    # A NaN is no class: it was scored NaN, and class_groups made it a key, "hard". Among
-    # objects it is a missing label, named as the estimators name it.
+    # A NaN is no class: it was scored NaN, and class_groups made it a key, "hard". It is
+    # a missing label, named as the estimators name it, among numbers too (a list's NaN
+    # was "Input labels contains NaN", without its position).
     match = (
-        r"^Input labels contains NaN\.$"
-        if isinstance(labels, list)
-        else r"^Input labels holds 1 missing label \(NaN\) among its 3, at position 2, which "
+        r"^Input labels holds 1 missing label \(NaN\) among its 3, at position 2, which "
         r"is no class: name only classes in labels\.$"
     )
     for score in (per_class_accuracy, class_groups):
