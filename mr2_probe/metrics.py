@@ -284,8 +284,13 @@ class _Checked:
     codes: tuple | None
 
     def classes(self) -> np.ndarray:
-        """The sorted classes of the labels."""
-        return np.unique(self.labels if self.codes is None else self.codes[1])
+        """The sorted classes of the labels; text held as objects as Python's text: NumPy's
+        np.str_ and Python's str of one text are one class, which pandas' table keyed by
+        the first it met and NumPy's sort (not stable) by either."""
+        classes = np.unique(self.labels if self.codes is None else self.codes[1])
+        if classes.dtype == object and self.kinds <= {str, bytes}:  # (one per class)
+            classes = np.array([plain(v) for v in classes.tolist()], dtype=object)
+        return classes
 
 
 def _checked(y, name: str, codes: bool = True, read: bool = False) -> _Checked:

@@ -1616,6 +1616,22 @@ def test_text_held_as_objects_without_pandas_is_sorted_as_before(monkeypatch):
     assert list(class_groups(y_true, y_pred).items()) == list(groups.items())
 
 
+@pytest.mark.parametrize("pandas", ["imported", "not imported"])
+def test_numpy_s_text_among_python_s_gives_python_s_text_as_classes(monkeypatch, pandas):
+    # np.str_ and str of the same text are one class, whose key was whichever of the two
+    # pandas' table met first or NumPy's (unstable) sort kept: np.str_('a') by NumPy, 'a'
+    # by pandas here. Either way it is Python's text, as the other classes are.
+    pytest.importorskip("pandas")
+    if pandas == "not imported":
+        monkeypatch.setitem(sys.modules, "pandas", None)
+    names, held = "babababbbabbbabbaaba", "ssnsnnsssnsnssnsssns"  # (n: NumPy's np.str_)
+    labels = [np.str_(v) if h == "n" else v for v, h in zip(names, held, strict=True)]
+    y = np.array(labels, dtype=object)
+    groups = class_groups(y, y)
+    assert list(groups) == ["a", "b"]
+    assert [type(label) for label in groups] == [str, str]
+
+
 @pytest.mark.parametrize(
     "names",
     [["x\x00y", "x\x00z", "x"], ["a\x00", "a", "b"], ["\ud800", "\udc00", "a"]],
