@@ -200,8 +200,8 @@ def classwise_report(
         raise ValueError(f"reference must be one of {list(named)}, got {reference!r}.")
     models = named
     predictions = {name: _predictions(name, model, X) for name, model in models.items()}
-    if labels is not None:  # (refused before y, as ever)
-        _numpy_held(_label_array(labels, "labels", classes=True))
+    if labels is not None:  # (refused before y, as ever; read once)
+        labels = _numpy_held(_label_array(labels, "labels", classes=True))
     # y read once (a pandas column's text, checked for missing labels, took a second at
     # each read of ImageNet's labels), checked (no NaN, one kind of label) and named as
     # the caller knows it
@@ -232,10 +232,10 @@ def classwise_report(
     )
 
 
-def _class_order(labels, truth: _Checked) -> np.ndarray:
-    """The classes of y (``truth``) in the order of ``labels``, checked to hold each once
-    (as y's own values: a label 2.0 for the class 2 is reported as 2)."""
-    labels = _numpy_held(_label_array(labels, "labels", classes=True))
+def _class_order(labels: np.ndarray, truth: _Checked) -> np.ndarray:
+    """The classes of y (``truth``) in the order of ``labels`` (read and checked for
+    missing labels already), checked to hold each once (as y's own values: a label 2.0 for
+    the class 2 is reported as 2)."""
     classes = truth.classes()
     # y's dates held as objects compared as NumPy's where the labels are NumPy's: a date
     # against the integer of nanoseconds of a label's tolist() was refused.

@@ -802,6 +802,14 @@ def test_y_is_read_once(labels):
     assert report == expected
 
 
+def test_the_labels_given_are_read_once():
+    # labels= was read and checked twice: refused before y, then read again for the order.
+    labels = _CountedReads(["c", "b", "a"])
+    report = classwise_report({"erm": ["a", "b", "c", "a"]}, ["a", "b", "c", "b"], labels=labels)
+    assert labels.reads == 1
+    assert report.labels == ["c", "b", "a"]
+
+
 @pytest.mark.parametrize("labels", [None, ["c", "b", "a"]])
 def test_y_is_checked_once(labels, label_checks):
     # Each model's scores checked y again, as y_true (its missing labels, NaN, kinds): half
