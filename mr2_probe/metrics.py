@@ -138,18 +138,21 @@ def _class_index(labels: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndar
     return index, labels[index] == y
 
 
-def _text_codes(y: np.ndarray, kinds: set) -> tuple[np.ndarray, np.ndarray] | None:
+def _text_codes(
+    y: np.ndarray, kinds: set, values: list | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
     """``(codes, uniques)`` of labels ``y`` of ``kinds`` (:func:`_kinds_of`'s) that are
     text held as objects (a pandas column of dtype object), ``y == uniques[codes]``, from
     pandas' hash table where pandas is imported: NumPy sorts Python's strings one
     comparison at a time, and np.unique and searchsorted of ImageNet's 1.28 million labels
     took seconds, five to ten times as long as of the same labels as NumPy's text. None
     for other labels, which NumPy's sort reads fast or pandas might read otherwise, and
-    for text that pandas' table may not tell apart (:func:`_hashed_alike`)."""
+    for text that pandas' table may not tell apart (:func:`_hashed_alike`). ``values``
+    is ``y.tolist()`` where the caller has it."""
     pandas = sys.modules.get("pandas")
     if pandas is None or y.dtype != object or y.ndim != 1 or kinds != {str}:
         return None
-    if not _hashed_alike("".join(y.tolist())):
+    if not _hashed_alike("".join(y.tolist() if values is None else values)):
         return None
     return pandas.factorize(y)
 
@@ -192,9 +195,9 @@ _DATE_KINDS = {datetime.date, datetime.datetime, datetime.tzinfo}
 
 # scikit-learn's check (float labels stay allowed): strings against numbers would
 # otherwise score every class 0.
-def _kinds_of(a: np.ndarray) -> set:
-    """The kinds of label ``a`` holds: by dtype, or by value where it holds objects; none
-    when empty."""
+def _kinds_of(a: np.ndarray, values: list | None = None) -> set:
+    """The kinds of label ``a`` holds: by dtype, or by value where it holds objects
+    (``values``, its tolist(), where the caller has it); none when empty."""
     if a.size == 0:
         return set()
     if a.dtype != object:
@@ -203,7 +206,7 @@ def _kinds_of(a: np.ndarray) -> set:
     # None (a missing label) is a kind of its own: counted as a number, the message
     # sent a user looking for numbers that were not there.
     # pandas' missing value, pd.NA, counts as None does.
-    values = a.tolist()
+    values = a.tolist() if values is None else values
     distinct = set(values)
     if set(map(type, values)) != set(map(type, distinct)):
         # Values equal across types, of which the set kept one (NumPy < 1.25's
@@ -299,10 +302,11 @@ def _checked(y, name: str, codes: bool = True, read: bool = False) -> _Checked:
     if not read:
         y = _labels(y, name)
     _check_no_nan(name, y)
-    held = _kinds_of(y)
+    values = y.tolist() if y.dtype == object and y.size else None  # (once, for both)
+    held = _kinds_of(y, values)
     if len(_merged(held)) > 1:  # (not "y_true holds object labels and y_pred ...")
         raise ValueError(f"{_mix(_merged(held))} in {name}.")
-    return _Checked(y, held, _text_codes(y, held) if codes else None)
+    return _Checked(y, held, _text_codes(y, held, values) if codes else None)
 
 
 def _scored_against(truth: _Checked, y_pred, labels) -> tuple[np.ndarray, np.ndarray]:
