@@ -65,6 +65,26 @@ def plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
+def as_given(value: float) -> str:
+    """``value``, as given (a tilt, an option's value), in %g where its 6 digits read back
+    as it, otherwise in as many as do (1.23456789, 1e-320): typed back, the same number."""
+    return written(value, 6, given=True)
+
+
+def written(value: float, digits: int, given: bool = False) -> str:
+    """``value`` in %g of ``digits`` digits, unless fewer digits read back as ``value``
+    and those are another number: a subnormal float is held to a few bits, so that 1e-320
+    is 9.99989e-321 to 6 digits, and is written 1e-320. A value that needs more digits
+    than ``digits`` (1/3) is rounded to them, as %g rounds it, or where ``given`` written
+    in those it needs (0.3333333333333333), which read back as it."""
+    text = f"{value:.{digits}g}"
+    fewest = next(n for n in range(1, 18) if float(f"{value:.{n}g}") == value)
+    if fewest > digits:
+        return f"{value:.{fewest}g}" if given else text
+    short = f"{value:.{fewest}g}"  # (10 is "1e+01" here, and "10" in text: the same number)
+    return text if Decimal(text) == Decimal(short) else short
+
+
 def is_na(value) -> bool:
     """Whether a label is pandas' missing value (pd.NA), without importing pandas."""
     return type(value).__name__ == "NAType" and type(value).__module__.startswith("pandas")

@@ -18,7 +18,6 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from decimal import Decimal
 from numbers import Real
 
 import joblib
@@ -30,7 +29,14 @@ from sklearn.utils._param_validation import StrOptions, validate_parameter_const
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _num_samples, column_or_1d
 
-from ._data import check_h5_open, check_no_missing_labels, labels_not_1d, numpy_if_tensor, plain
+from ._data import (
+    check_h5_open,
+    check_no_missing_labels,
+    labels_not_1d,
+    numpy_if_tensor,
+    plain,
+    written,
+)
 from ._offset_search import tune_class_offsets
 from ._offsets import TunedOffsetsClassifierCV, check_training_folds, offsets_splits
 from .metrics import (
@@ -552,36 +558,17 @@ _EXAMPLES = {"tilts": 1.0, "offset_bounds": 0.005}
 
 def _names(template: str, values: list[float], given: bool = False) -> list[str]:
     """``template`` filled with each value in %g (a subnormal one as given,
-    :func:`_written`), or with as many digits as tell the values apart (tilts of 1 and
-    1.0000001 were two points named "tilt=1"). ``given``: values as they were given (a
-    tilt), each in as many digits as read back as it (1.23456789, not 1.23457, which typed
-    back is another tilt); otherwise values computed from those given (100 × a bound, in
-    which 0.007 is 0.7000000000000001), rounded to the digits that tell them apart."""
+    :func:`~mr2_probe._data.written`), or with as many digits as tell the values apart
+    (tilts of 1 and 1.0000001 were two points named "tilt=1"). ``given``: values as they
+    were given (a tilt), each in as many digits as read back as it (1.23456789, not
+    1.23457, which typed back is another tilt); otherwise values computed from those given
+    (100 × a bound, in which 0.007 is 0.7000000000000001), rounded to the digits that tell
+    them apart."""
     for digits in range(6, 18):  # distinct floats differ in 17 digits
-        names = [template.format(_written(v, digits, given)) for v in values]
+        names = [template.format(written(v, digits, given)) for v in values]
         if len(set(names)) == len(names):
             break
     return names
-
-
-def _as_given(value: float) -> str:
-    """``value``, as given (a tilt, an option's value), in %g where its 6 digits read back
-    as it, otherwise in as many as do (1.23456789, 1e-320): typed back, the same number."""
-    return _written(value, 6, given=True)
-
-
-def _written(value: float, digits: int, given: bool = False) -> str:
-    """``value`` in %g of ``digits`` digits, unless fewer digits read back as ``value``
-    and those are another number: a subnormal float is held to a few bits, so that 1e-320
-    is 9.99989e-321 to 6 digits, and is written 1e-320. A value that needs more digits
-    than ``digits`` (1/3) is rounded to them, as %g rounds it, or where ``given`` written
-    in those it needs (0.3333333333333333), which read back as it."""
-    text = f"{value:.{digits}g}"
-    fewest = next(n for n in range(1, 18) if float(f"{value:.{n}g}") == value)
-    if fewest > digits:
-        return f"{value:.{fewest}g}" if given else text
-    short = f"{value:.{fewest}g}"  # (10 is "1e+01" here, and "10" in text: the same number)
-    return text if Decimal(text) == Decimal(short) else short
 
 
 def _check_front_options(tilts, offset_bounds, bound, X_test, y_test, estimator, erm) -> None:

@@ -1594,6 +1594,33 @@ def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
         (["{d}/train.npz", "--lam", "-1"], "--lam: The 'lam' parameter of MR2LinearClassifier"),
         (["{d}/train.npz", "--cv", "1", "--grid", "C=1"], "--cv must be at least 2 folds"),
         (["{d}/train.npz", "--tilt", "1", "--front-bound", "100"], "--front-bound is in points"),
+        # User's values as given, not in %g's 6 digits: 100.0000001 read "got 100".
+        (
+            ["{d}/train.npz", "--tilt", "1", "--front-bound", "100.0000001"],
+            "between 0 and 100, e.g. 0.5; got 100.0000001",
+        ),
+        (["{d}/train.npz", "--test-size", "1.0000001"], "e.g. 0.2; got 1.0000001"),
+        (["{d}/train.npz", "--tilt", "1", "--val-size", "1.0000001"], "e.g. 0.2; got 1.0000001"),
+        (
+            ["{d}/train.npz", "--tilt", "1", "--val-size", "0.0200000001"],
+            "--val-size 0.0200000001 cannot split the 72 training samples",
+        ),
+        (
+            ["{d}/train.npz", "--test-size", "0.0100000001"],
+            "cannot hold out --test-size 0.0100000001 of {d}/train.npz with every class",
+        ),
+        (
+            [
+                "{d}/uneven.npz",
+                "--test",
+                "{d}/uneven_test.npz",
+                "--tilt",
+                "1",
+                "--val-size",
+                "0.1000000001",
+            ],
+            "--val-size 0.1000000001 leaves 3 of the 4 classes without a sample",
+        ),
         # Options of a lever or a search the run does not have: accepted and ignored.
         (["{d}/train.npz", "--val-size", "0.2"], "--val-size applies to the front (--tilt"),
         (["{d}/train.npz", "--front-bound", "1"], "--front-bound applies to the front"),
@@ -4597,6 +4624,17 @@ def test_a_bound_that_reads_as_a_fraction_is_warned_of(files, capsys):
         "the fraction 0.005, as the Python API takes it, is --front-bound 0.5",
         "mr2-probe: warning: --offsets is in points of overall accuracy: 0.01 is 0.01 pt; "
         "the fraction 0.01, as the Python API takes it, is --offsets 1",
+    ]
+
+
+def test_a_bound_that_reads_as_a_fraction_is_warned_of_as_given(capsys):
+    # In %g's 6 digits it read "0.0123457 is 0.0123457 pt", another bound typed back.
+    _checked(["train.npz", "--tilt", "1", "--front-bound", "0.0123456789"])
+    said = [line for line in capsys.readouterr().err.splitlines() if "is in points" in line]
+    assert said == [
+        "mr2-probe: warning: --front-bound is in points of overall accuracy: 0.0123456789 is "
+        "0.0123456789 pt; the fraction 0.0123456789, as the Python API takes it, is "
+        "--front-bound 1.23457"
     ]
 
 

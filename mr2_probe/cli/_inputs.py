@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import train_test_split
 
+from .._data import as_given
 from ._feature_files import (
     _NAME_KEYS,
     _STORE,
@@ -97,8 +98,8 @@ def _inputs(args, stack=None):
                 "at least one sample in both parts (or pass --test)"
             )
             raise UsageError(
-                f"cannot hold out --test-size {args.test_size:g} of {args.train} with every "
-                f"class in both parts: {why}"
+                f"cannot hold out --test-size {as_given(args.test_size)} of {args.train} with "
+                f"every class in both parts: {why}"
             ) from error
         train, test = (np.sort(part) for part in parts)
         X, X_test, y, y_test = _rows(X, train), _rows(X, test), y[train], y[test]
@@ -108,10 +109,10 @@ def _inputs(args, stack=None):
         if len(missing):
             first = names[missing[0]] if names is not None else missing[0].item()
             raise UsageError(
-                f"cannot hold out --test-size {args.test_size:g} of {args.train} with every "
-                f"class in both parts: it leaves {len(missing)} of the {len(classes)} classes "
-                f"no sample to train on (the first: {first!r}); choose a smaller --test-size, "
-                "give those classes more samples, or pass --test"
+                f"cannot hold out --test-size {as_given(args.test_size)} of {args.train} with "
+                f"every class in both parts: it leaves {len(missing)} of the {len(classes)} "
+                f"classes no sample to train on (the first: {first!r}); choose a smaller "
+                "--test-size, give those classes more samples, or pass --test"
             )
         # (the file's rows of each part, which name a row of either: _check_scaled_test)
         return X, y, X_test, y_test, names, _sources(args) | {"held_out": (train, test)}

@@ -14,9 +14,9 @@ from sklearn.model_selection import ParameterGrid
 from sklearn.preprocessing import StandardScaler
 
 from .._classifier import MR2LinearClassifier
+from .._data import as_given
 from .._device import resolve_device
 from ..front import _READ_BY_SOME as _READS
-from ..front import _as_given
 from ._feature_files import feature_format
 from ._scaling import RowNormalizer
 from ._usage import SuggestingParser, UsageError, _one_line, add_version
@@ -462,7 +462,7 @@ def _check_options(args) -> None:
         if not 0 < value < 1:
             raise UsageError(
                 f"{option} must be a fraction between 0 and 1 (both excluded), e.g. 0.2; "
-                f"got {value:g}"
+                f"got {as_given(value)}"
             )
     if args.cv < 2:
         raise UsageError(f"--cv must be at least 2 folds, e.g. --cv 3; got {args.cv}")
@@ -473,19 +473,19 @@ def _check_options(args) -> None:
     if not 0 <= args.front_bound < 100:
         raise UsageError(
             "--front-bound is in points of overall accuracy, between 0 and 100, e.g. 0.5; "
-            f"got {args.front_bound:g}"
+            f"got {as_given(args.front_bound)}"
         )
     bad = [b for b in args.offsets if not 0 <= b < 100]
     if bad:
         raise UsageError(
             "--offsets bounds are in points of overall accuracy, between 0 and 100, e.g. "
-            f"0,0.25,0.5,1; got {_as_given(bad[0])}"
+            f"0,0.25,0.5,1; got {as_given(bad[0])}"
         )
     for option, values in (("--tilt", args.tilt), ("--offsets", args.offsets)):
         repeated = sorted(v for v, n in Counter(values).items() if n > 1)
         if repeated:
             raise UsageError(
-                f"{option} gives {', '.join(map(_as_given, repeated))} more than once; each "
+                f"{option} gives {', '.join(map(as_given, repeated))} more than once; each "
                 "value is one point of the front"
             )
     mr2_is_erm = args.c_bar is None and args.lam == 0 and not args.grid
@@ -533,9 +533,10 @@ def _check_options(args) -> None:
         *(("--offsets", b) for b in args.offsets),
     ):
         if 0 < value < 0.05:  # a fraction, as the Python API takes it?
+            given = as_given(value)
             print(
-                f"mr2-probe: warning: {option} is in points of overall accuracy: {value:g} "
-                f"is {value:g} pt; the fraction {value:g}, as the Python API takes it, is "
+                f"mr2-probe: warning: {option} is in points of overall accuracy: {given} is "
+                f"{given} pt; the fraction {given}, as the Python API takes it, is "
                 f"{option} {100 * value:g}",
                 file=sys.stderr,
             )

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
-from .._data import block_rows
+from .._data import as_given, block_rows
 from .._offsets import offsets_splits
 from ..front import OFFSETS_CV, check_offsets_folds
 from ._feature_files import _STORE, _completed_rows, _lazy, feature_format
@@ -44,7 +44,7 @@ def _check_splits(y, grid: dict, args, names=None) -> None:
             single = _single_sample_classes(y, names, after_test_split=args.test is None)
             why = single or f"{_one_line(error).rstrip('.')}; {advice}"
             raise UsageError(
-                f"--val-size {args.val_size:g} cannot split the {len(y)} training samples "
+                f"--val-size {as_given(args.val_size)} cannot split the {len(y)} training samples "
                 f"with every class on both sides: {why}"
             ) from error
         classes = np.unique(y)
@@ -53,9 +53,10 @@ def _check_splits(y, grid: dict, args, names=None) -> None:
             missing = np.setdiff1d(classes, part)
             if len(missing):
                 raise UsageError(
-                    f"--val-size {args.val_size:g} leaves {len(missing)} of the {len(classes)} "
-                    f"classes without a sample in the front's {name} part (the first: "
-                    f"{missing[0].item() if shown is None else shown[missing[0]]!r}); {advice}"
+                    f"--val-size {as_given(args.val_size)} leaves {len(missing)} of the "
+                    f"{len(classes)} classes without a sample in the front's {name} part (the "
+                    f"first: {missing[0].item() if shown is None else shown[missing[0]]!r}); "
+                    f"{advice}"
                 )
         if args.offsets:  # the offsets are tuned on folds of the front's fitting part
             try:
@@ -172,7 +173,7 @@ def _check_scaled_test(X, y, X_test, args, searched: bool = False, held_out=None
         return
     fitting = ("the front's fitting part of the training features", "that part's")
     validation = training(
-        f"the front's validation part of {args.train} (--val-size {args.val_size:g})", rows
+        f"the front's validation part of {args.train} (--val-size {as_given(args.val_size)})", rows
     )
     _check_scaled(_scaler(moments, cell_part != 0), *fitting, [validation, test])
     for k, held in enumerate(offsets):
