@@ -13,7 +13,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ._convergence import _ConvergenceMessageMixin
-from ._data import H5Source, whole_or_unchanged
+from ._data import H5Source, as_given, whole_or_unchanged
 from ._device import default_torch_modes, to_numpy
 from ._fit_errors import (
     _EXTREME,
@@ -521,7 +521,7 @@ class MR2LinearClassifier(
             # c_bar, or by a class mean whose squared norm alone leaves the range.
             suspects = []
             if self.c_bar is not None and self.c_bar > 1 / _EXTREME:
-                suspects = [f"c_bar={self.c_bar:g} (the margins average to it)"]
+                suspects = [f"c_bar={as_given(self.c_bar)} (the margins average to it)"]
             raise ValueError(_overflow_message("the margins overflow", data.dtype, suspects))
         return initial
 
@@ -664,9 +664,9 @@ class MR2LinearClassifier(
             message = self._convergence_message(result, solver, dtype)
             if self.class_tilt > _STEEP_TILT and not result.range_suspects:
                 message += (
-                    f" class_tilt={self.class_tilt:g} makes the objective nearly the largest "
-                    "class loss, which is not smooth where classes tie: the solver needs "
-                    f"many steps or stalls there. Tilts up to {_STEEP_TILT:g} already move "
+                    f" class_tilt={as_given(self.class_tilt)} makes the objective nearly the "
+                    "largest class loss, which is not smooth where classes tie: the solver "
+                    f"needs many steps or stalls there. Tilts up to {_STEEP_TILT:g} already move "
                     "the worst classes (see mr2_probe.front); use one of those."
                 )
             self._stop_reason = message

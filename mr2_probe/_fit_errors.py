@@ -9,6 +9,8 @@ import numpy as np
 import sklearn
 import torch
 
+from ._data import as_given
+
 # Parameters this far out put the objective itself out of floating-point range.
 _EXTREME = 1e-6
 
@@ -99,12 +101,13 @@ def _range_suspects(
     if scale is not None and scale > 1 / _EXTREME:
         suspects.append(f"scale={scale:g} (the cosine head's logits are cosines times it)")
     if class_tilt > 1 / _EXTREME:
-        suspects.append(f"class_tilt={class_tilt:g} (the tilt multiplies every class's loss)")
+        tilt = as_given(class_tilt)
+        suspects.append(f"class_tilt={tilt} (the tilt multiplies every class's loss)")
     if c_bar is not None and c_bar < _EXTREME:
-        suspects.append(f"c_bar={c_bar:g} (the margins divide the logits by it)")
+        suspects.append(f"c_bar={as_given(c_bar)} (the margins divide the logits by it)")
     # (float32's τ = 1e-38 made the compactness loss NaN, and the learning rate was blamed)
     if tau is not None and tau < _EXTREME:
-        suspects.append(f"tau={tau:g} (the compactness loss divides the distances by it)")
+        suspects.append(f"tau={as_given(tau)} (the compactness loss divides the distances by it)")
     if C * weight_sum < _EXTREME:
         suspects.append(
             f"C={C:g} and sample weights summing to {weight_sum:g} (the penalty is ½‖W‖² / (C·Σw))"
@@ -123,7 +126,7 @@ def _range_suspects(
         and C * weight_sum / c_bar / c_bar < _EXTREME
     ):
         suspects.append(
-            f"c_bar={c_bar:g} with C={C:g} (the margins divide the logits by about c̄: the "
+            f"c_bar={as_given(c_bar)} with C={C:g} (the margins divide the logits by about c̄: the "
             f"problem of C / c̄² = {C / c_bar / c_bar:g} at c̄ = 1)"
         )
     return suspects

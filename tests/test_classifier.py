@@ -1420,6 +1420,9 @@ def test_a_stall_from_a_tiny_c_bar_names_it(digits, c_bar):
         ({"class_tilt": 2e6}, "an extreme parameter makes the objective too steep to resolve: "
          "class_tilt=2e+06 (the tilt multiplies every class's loss). Use values of a usual "
          "order of magnitude."),
+        # The user's values as given, not in %g's 6 digits (1.23457e-09, 2.34568e+06).
+        ({"c_bar": 1.23456789e-9}, "c_bar=1.23456789e-09 (the margins divide the logits"),
+        ({"class_tilt": 2345678.9}, "class_tilt=2345678.9 (the tilt multiplies every class's"),
     ],
 )  # fmt: skip
 def test_a_fit_short_of_tol_names_an_extreme_parameter(params, named):

@@ -344,6 +344,9 @@ def test_a_tilt_too_large_to_fit_is_named():
     X, y = _uneven()
     with pytest.warns(ConvergenceWarning, match=r"class_tilt=10000 makes the objective"):
         MR2LinearClassifier(class_tilt=1e4, max_iter=20, device="cpu").fit(X, y)
+    # (as given, not in %g's 6 digits: 12345.7)
+    with pytest.warns(ConvergenceWarning, match=r"class_tilt=12345.678 makes the objective"):
+        MR2LinearClassifier(class_tilt=12345.678, max_iter=20, device="cpu").fit(X, y)
     for solver in ("lbfgs", "adam"):  # adam's diverged loss blamed its learning rate
         with pytest.raises(ValueError, match=r"with class_tilt=1e\+39 \(the tilt multiplies"):
             MR2LinearClassifier(class_tilt=1e39, solver=solver, device="cpu").fit(
