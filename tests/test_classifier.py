@@ -1355,11 +1355,19 @@ def test_nan_features_under_assume_finite_are_not_blamed_on_their_scale(params, 
         ),
         # τ rounds to 0 in float32: the learning rate was blamed (loss not finite).
         ({"lam": 0.5, "tau": 1e-38, "max_iter": 5}, 1.0, np.float32, "with tau=1e-38"),
+        # (as given, not in %g's 6 digits: 1.23457e-39)
+        (
+            {"lam": 0.5, "tau": 1.23456789e-39, "max_iter": 5},
+            1.0,
+            np.float32,
+            "with tau=1.23456789e-39",
+        ),
         # The margins (c̄ times K·a_k^{1/3} / Σ_j a_j^{1/3}, 1.05 for the hardest class here)
         # overflow: the statistics were blamed.
         ({"c_bar": 3.4e38}, 1.0, np.float32, "margins overflow in float32 arithmetic, with c_bar="),
         # Beyond float32's range itself: torch's "cannot be converted to type float".
         ({"c_bar": 1e39}, 1.0, np.float32, "margins overflow in float32 arithmetic, with c_bar="),
+        ({"c_bar": 3.456789e38}, 1.0, np.float32, "with c_bar=3.456789e[+]38 [(]the margins"),
         (
             {"c_bar": 1.75e308},
             1.0,
