@@ -544,7 +544,9 @@ def test_front_passes_on_the_first_short_fits_own_advice(splits):
         accuracy_front(MR2LinearClassifier(device="cpu"), X_fit, y_fit, X_val, y_val, tilts=(1e30,))
     (message,) = [str(w.message) for w in record if "front's fits" in str(w.message)]
     assert message.startswith("The front's fits of tilt=1e+30 stopped short of tol")
-    assert "tilt=1e+30: lbfgs made no progress" in message
+    # (its first line search, retried from a shorter step, leaves the start: it stops
+    # later, no longer improving)
+    assert "tilt=1e+30: lbfgs stopped after" in message
     assert "class_tilt=1e+30" in message and "Increase max_iter" not in message
 
 
