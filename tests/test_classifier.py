@@ -487,6 +487,10 @@ def test_scikit_learn_tools_return_what_they_return_around_logistic_regression(c
             out = np.asarray(ECOSYSTEM_CALLS[call](est, X, y))
         said = {(w.category, str(w.message).replace(type(est).__name__, "EST")) for w in caught}
         outputs[name] = (out.shape, out.dtype, said)
+    if LogisticRegression().fit(X, y).coef_.dtype != dtype:
+        # (scikit-learn 1.6 fits LogisticRegression in float64 on float32 X, 1.9 in float32: its
+        # decision values are float64 there, the probe's keep X's float32)
+        outputs = {name: (shape, said) for name, (shape, _, said) in outputs.items()}
     assert outputs["MR2"] == outputs["LR"]
 
 
