@@ -76,9 +76,10 @@ def written(value: float, digits: int, given: bool = False) -> str:
     and those are another number: a subnormal float is held to a few bits, so that 1e-320
     is 9.99989e-321 to 6 digits, and is written 1e-320. A value that needs more digits
     than ``digits`` (1/3) is rounded to them, as %g rounds it, or where ``given`` written
-    in those it needs (0.3333333333333333), which read back as it."""
+    in those it needs (0.3333333333333333), which read back as it. NaN, which no number
+    of digits reads back as, is %g's "nan" (a long double's extra bits, 17 digits)."""
     text = f"{value:.{digits}g}"
-    fewest = next(n for n in range(1, 18) if float(f"{value:.{n}g}") == value)
+    fewest = next((n for n in range(1, 18) if float(f"{value:.{n}g}") == value), 17)
     if fewest > digits:
         return f"{value:.{fewest}g}" if given else text
     short = f"{value:.{fewest}g}"  # (10 is "1e+01" here, and "10" in text: the same number)

@@ -1601,6 +1601,10 @@ def test_a_store_whose_rows_cannot_be_read_is_named_as_damaged(
         ),
         (["{d}/train.npz", "--test-size", "1.0000001"], "e.g. 0.2; got 1.0000001"),
         (["{d}/train.npz", "--tilt", "1", "--val-size", "1.0000001"], "e.g. 0.2; got 1.0000001"),
+        # NaN, which no number of digits reads back as, ended in a StopIteration traceback.
+        (["{d}/train.npz", "--test-size", "nan"], "e.g. 0.2; got nan"),
+        (["{d}/train.npz", "--tilt", "1", "--val-size", "nan"], "e.g. 0.2; got nan"),
+        (["{d}/train.npz", "--tilt", "1", "--front-bound", "nan"], "e.g. 0.5; got nan"),
         (
             ["{d}/train.npz", "--tilt", "1", "--val-size", "0.0200000001"],
             "--val-size 0.0200000001 cannot split the 72 training samples",

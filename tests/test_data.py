@@ -11,7 +11,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 
 from mr2_probe import MR2LinearClassifier, MR2LinearClassifierCV, TunedOffsetsClassifierCV
-from mr2_probe._data import check_no_missing_labels
+from mr2_probe._data import as_given, check_no_missing_labels
 from mr2_probe.front import accuracy_front
 from mr2_probe.metrics import (
     class_groups,
@@ -36,6 +36,24 @@ def test_block_rows_keeps_a_block_near_8m_elements(n_features, n_classes, expect
     from mr2_probe._data import block_rows
 
     assert block_rows(n_features, n_classes) == expected
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (1.23456789, "1.23456789"),
+        (1e-320, "1e-320"),
+        (2000, "2000"),
+        # NaN reads back as no number of digits: next() raised StopIteration.
+        (float("nan"), "nan"),
+        (float("-inf"), "-inf"),
+        (np.float32(1e-7), "1e-07"),  # (compared in float32)
+        # A long double whose bits no float64 holds: StopIteration too; 17 digits.
+        (np.longdouble(1) / 3, f"{1 / 3:.17g}"),
+    ],
+)
+def test_a_value_is_written_as_given(value, expected):
+    assert as_given(value) == expected
 
 
 def test_fit_data_rows_refuses_an_hdf5_store(tmp_path):
