@@ -77,9 +77,12 @@ def written(value: float, digits: int, given: bool = False) -> str:
     is 9.99989e-321 to 6 digits, and is written 1e-320. A value that needs more digits
     than ``digits`` (1/3) is rounded to them, as %g rounds it, or where ``given`` written
     in those it needs (0.3333333333333333), which read back as it. NaN, which no number
-    of digits reads back as, is %g's "nan" (a long double's extra bits, 17 digits)."""
+    of digits reads back as, is %g's "nan" (a long double's extra bits, 17 digits). A
+    NumPy float is read back in its own dtype (NumPy before 2 compared np.float32(1e-7)
+    with the float 1e-07 in float64: another number)."""
     text = f"{value:.{digits}g}"
-    fewest = next((n for n in range(1, 18) if float(f"{value:.{n}g}") == value), 17)
+    read = type(value) if isinstance(value, np.floating) else float
+    fewest = next((n for n in range(1, 18) if read(float(f"{value:.{n}g}")) == value), 17)
     if fewest > digits:
         return f"{value:.{fewest}g}" if given else text
     short = f"{value:.{fewest}g}"  # (10 is "1e+01" here, and "10" in text: the same number)
