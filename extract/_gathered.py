@@ -135,6 +135,7 @@ def gather_in_store(
     obj: object,
     stop: Callable[[], None],
     alive: str | None = None,
+    gone: Callable[[int, int], None] | None = None,
 ) -> list:
     """Every rank's ``obj`` in rank order, gathered through the group's key-value ``store``:
     each rank sets its own (pickled) under ``{key}/{rank}`` (``key`` this gather's own: no
@@ -146,11 +147,13 @@ def gather_in_store(
     nothing (killed outright) is a :class:`StoreError` naming it once its process, on this
     host, is seen to have ended (:func:`beating` tells it), or once its heartbeat (its
     counter ``{alive}/{rank}``) has stood still for :data:`SILENCE_S` (``alive`` None: no
-    heartbeat), or else at the store's timeout (the group's). A
+    heartbeat), or else at the store's timeout (the group's); before that error, ``gone``
+    (where given) is called with the rank whose process has ended and its pid, and raises
+    where that rank said why before it ended (its failure, told before it was killed). A
     store gone with the process that held it is a :class:`StoreError` naming that."""
     stop()
     try:
-        return _gathered_in(store, key, rank, world_size, obj, stop, alive)
+        return _gathered_in(store, key, rank, world_size, obj, stop, alive, gone)
     except StoreError:
         raise
     except Exception as error:  # (gloo's gather named the lost peer; the store's says
@@ -172,6 +175,7 @@ def _gathered_in(
     obj: object,
     stop: Callable[[], None],
     alive: str | None,
+    gone: Callable[[int, int], None] | None,
 ) -> list:
     """:func:`gather_in_store`'s exchange itself, which the store's errors leave."""
     store.set(f"{key}/{rank}", pickle.dumps(obj))
@@ -193,6 +197,8 @@ def _gathered_in(
             silent = _silent(store, alive, missing, heard, identities)
             if silent is not None and silent[1] is not None:
                 stop()  # (where it said why before it ended, that is the error)
+                if gone is not None:
+                    gone(*silent)
                 raise StoreError(
                     f"Rank {rank} waited for rank {silent[0]} to meet it, whose process "
                     f"(pid {silent[1]}, on this host) has ended without a word (killed, say, "

@@ -274,7 +274,7 @@ class _ShardStep:
         def gather(obj: object) -> list:
             return gather_in_store(
                 self.meets_in, key, self.rank, self.world_size, obj, self._stop_if_interrupted,
-                self.alive,
+                self.alive, self._stop_if_failed_and_ended,
             )  # fmt: skip
 
         return _every_rank_said(value, failure, self.world_size, gather)
@@ -288,6 +288,14 @@ class _ShardStep:
         told = self._told()
         if told is not None and not told["meets"]:
             raise self._failed(told["rank"], told["doing"], told["said"], interrupted=True)
+
+    def _stop_if_failed_and_ended(self, rank: int, pid: int) -> None:
+        """Where rank ``rank``, whose process (``pid``, on this host) has ended before it
+        met this one, had said in the store that it failed (it was killed after, before
+        its exchange), raise the error naming its failure, as the exchange would have."""
+        told = self._told(rank)
+        if told is not None:
+            raise self._failed(told["rank"], told["doing"], told["said"], ended=pid)
 
     def _tell(self, error: BaseException, meets: bool) -> bool:
         """Say in the store under this rank's key that it stops with ``error``, and
@@ -307,9 +315,10 @@ class _ShardStep:
             return False
         return True
 
-    def _told(self) -> dict | None:
-        """What another rank said in the store of its failure (:meth:`_tell`), or None:
-        the first that was interrupted (it meets no one), else the first that failed."""
+    def _told(self, rank: int | None = None) -> dict | None:
+        """What another rank (``rank`` alone, where given) said in the store of its failure
+        (:meth:`_tell`), or None: the first that was interrupted (it meets no one), else
+        the first that failed."""
         # (a store that went with torchrun's launcher: torch logs each failed look there,
         # a stack trace on stderr)
         if self.store is None or not self.agreed or launcher_gone():
@@ -319,7 +328,8 @@ class _ShardStep:
             # key that is not there); the ranks' words only once one has spoken.
             if not self.store.check([f"{self.key}/n"]):
                 return None
-            keys = [f"{self.key}/{rank}" for rank in range(self.world_size) if rank != self.rank]
+            ranks = range(self.world_size) if rank is None else [rank]
+            keys = [f"{self.key}/{r}" for r in ranks if r != self.rank]
             said = [json.loads(self.store.get(key)) for key in keys if self.store.check([key])]
         except Exception:  # (its host gone: failures are told where the ranks meet alone)
             self.store = None
@@ -328,18 +338,28 @@ class _ShardStep:
         return (interrupted or said or [None])[0]
 
     def _failed(
-        self, rank: int, doing: str, said: str, others: int = 0, interrupted: bool = False
+        self,
+        rank: int,
+        doing: str,
+        said: str,
+        others: int = 0,
+        interrupted: bool = False,
+        ended: int | None = None,
     ) -> StoreError:
         """The error of every other rank where rank ``rank`` failed ``doing`` (with
-        ``said``; ``interrupted``: a Ctrl-C, say), and ``others`` more with it."""
+        ``said``; ``interrupted``: a Ctrl-C, say), and ``others`` more with it; ``ended``:
+        the pid of its process, on this host, which then ended before the ranks met."""
         also = f" (and {others} other {plural(others, 'rank')})" if others else ""
+        then = ""
+        if ended is not None:  # (it told its failure, then was killed before the exchange)
+            then = f", then its process (pid {ended}, on this host) ended before the ranks met"
         why, cure = (
             ("it was interrupted", "")
             if interrupted
             else ("its error says why", "once that is cured, ")
         )
         return StoreError(
-            f"Rank {rank}{also} failed {doing} ({said}): {why}. Every rank stops, the rows "
+            f"Rank {rank}{also} failed {doing} ({said}){then}: {why}. Every rank stops, the rows "
             f"written so far kept: {cure}the same command resumes."
         )
 

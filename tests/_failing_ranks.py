@@ -332,3 +332,31 @@ def rank_beside_a_rank_killed_outright(rank: int, folder: Path, said: Path) -> N
     if rank == 1:
         _runner._embed = killed
     _ended(said, rank, lambda: extract_features(folder, BACKBONE, said / "f.h5", **FAST))
+
+
+def rank_beside_a_rank_killed_after_its_failure(rank: int, folder: Path, said: Path) -> None:
+    """One of two ranks extracting ``folder`` into ``said/f.h5``, in the caller's group (a
+    timeout of 10 minutes), their heartbeats every 0.1 s and a rank named after 10 minutes
+    of silence: rank 1 fails at its first batch, says so in the store, and is killed
+    outright (SIGKILL) as it logs its failure, before the exchange where it would meet rank
+    0. Rank 0's outcome goes into ``said/rank0.txt`` (:func:`_ended`)."""
+    import logging
+    import signal
+
+    from extract import _gathered
+
+    _gathered.BEAT_S, _gathered.SILENCE_S = 0.1, 600.0
+    _caller_s_group(rank, said, timeout_s=600)
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("rank 1's device failed")
+
+    class Killed(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("Rank 1 failed"):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    if rank == 1:
+        _runner._embed = fails
+        logging.getLogger("extract").addHandler(Killed(logging.ERROR))
+    _ended(said, rank, lambda: extract_features(folder, BACKBONE, said / "f.h5", **FAST))

@@ -3292,6 +3292,41 @@ def test_a_rank_that_said_why_as_its_process_ended_is_named_for_what_it_said(mon
         _gathered.gather_in_store(store, "x/1", 0, 2, "mine", stop, "x/alive")
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc is Linux's")
+def test_a_rank_that_told_its_failure_then_ended_is_named_for_its_failure(monkeypatch):
+    # Rank 1 of 2 said in the store that it failed (and would meet rank 0 at the exchange
+    # of its failure), then its process was killed (by the out-of-memory killer as it
+    # logged, say) before it came there: rank 0, waiting for it there, said that it had
+    # ended without a word. It names its failure, and that its process then ended.
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from extract import _gathered, _ranks
+
+    monkeypatch.setattr(_gathered, "BEAT_S", 0.05)
+    monkeypatch.setattr(_gathered, "SILENCE_S", 600.0)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=5))
+    ranks = [_ranks._ShardStep(Path("f.h5"), 2, rank, store) for rank in (0, 1)]
+    for step in ranks:
+        step.agree_on_key(ranks[0].key)
+    ranks[0].alive = f"{ranks[0].key}/alive"
+    assert ranks[1]._tell(RuntimeError("out of memory"), meets=True)
+    identity, pid = _ended_identity()
+    store.set(f"{ranks[0].alive}/1/process", identity)
+    store.add(f"{ranks[0].alive}/1", 3)  # (it beat three times)
+    with pytest.raises(StoreError) as raised:
+        ranks[0].stop_if_told()
+    assert str(raised.value) == (
+        "Rank 1 failed to extract its shard 'f.shard-00001-of-00002.h5' (RuntimeError: out "
+        f"of memory), then its process (pid {pid}, on this host) ended before the ranks met: "
+        "its error says why. Every rank stops, the rows written so far kept: once that is "
+        "cured, the same command resumes."
+    )
+
+
 def test_a_rank_slow_to_come_but_beating_is_waited_for(monkeypatch):
     # Rank 1 (a thread) comes to the exchange twice the silence bound late, beating all
     # along (a rank with more rows left, say): rank 0 waits for it, as for any rank that
@@ -3785,12 +3820,43 @@ def test_under_torchrun_a_rank_killed_outright_is_named_by_the_rank_waiting_for_
     # (here 10 minutes; extract's own group: 24 h), then until its heartbeat in the store
     # had stood still for 2 minutes (here 10 as well). On the same host, rank 0 sees that
     # its process has ended, and names it at once.
-    import time
-
     from tests._failing_ranks import rank_beside_a_rank_killed_outright
 
+    said, pid = _beside_rank_1_killed(rank_beside_a_rank_killed_outright, tmp_path)
+    assert said == (
+        f"StoreError: Rank 0 waited for rank 1 to meet it, whose process (pid {pid}, on this "
+        "host) has ended without a word (killed, say, with kill -9 or by the out-of-memory "
+        "killer). Every rank stops, the rows written so far kept: the same command resumes."
+    )
+
+
+@pytest.mark.slow
+@_with_group_store
+def test_under_torchrun_a_rank_killed_after_telling_its_failure_is_named_for_it(tmp_path):
+    # Rank 1 failed at its first batch, said so in the store, and was killed outright
+    # (SIGKILL, the out-of-memory killer) as it logged its failure, before the exchange
+    # where it meets the others: rank 0, waiting for it there, said that its process had
+    # ended without a word. It names rank 1's failure, and that its process then ended.
+    from tests._failing_ranks import rank_beside_a_rank_killed_after_its_failure
+
+    said, pid = _beside_rank_1_killed(rank_beside_a_rank_killed_after_its_failure, tmp_path)
+    shard = os.fspath(shard_path(tmp_path / "f.h5", 1, 2))
+    assert said == (
+        f"StoreError: Rank 1 failed to extract its shard {shard!r} (RuntimeError: rank 1's "
+        f"device failed), then its process (pid {pid}, on this host) ended before the ranks "
+        "met: its error says why. Every rank stops, the rows written so far kept: once that "
+        "is cured, the same command resumes."
+    )
+
+
+def _beside_rank_1_killed(target, tmp_path: Path) -> tuple[str, int]:
+    """Run ``target(rank, folder, tmp_path)`` as ranks 0 and 1 extracting an image folder,
+    where rank 1 is killed outright (SIGKILL) at its first batch: what rank 0 ended with
+    (``rank0.txt``), and rank 1's pid. Fails the test where rank 0 still waits 90 s on."""
+    import time
+
     folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
-    ranks = _start_ranks(rank_beside_a_rank_killed_outright, folder, tmp_path)
+    ranks = _start_ranks(target, folder, tmp_path)
     said = tmp_path / "rank0.txt"
     try:
         ranks.processes[1].join(120)  # (killed at its first batch)
@@ -3805,12 +3871,7 @@ def test_under_torchrun_a_rank_killed_outright_is_named_by_the_rank_waiting_for_
             if process.is_alive():
                 process.kill()
     assert said.exists(), "rank 0 still waited for rank 1, killed 90 s before"
-    assert said.read_text() == (
-        "StoreError: Rank 0 waited for rank 1 to meet it, whose process (pid "
-        f"{ranks.processes[1].pid}, on this host) has ended without a word (killed, say, with "
-        "kill -9 or by the out-of-memory killer). Every rank stops, the rows written so far "
-        "kept: the same command resumes."
-    )
+    return said.read_text(), ranks.processes[1].pid
 
 
 def _start_ranks(target, *args) -> torch.multiprocessing.ProcessContext:
