@@ -135,7 +135,7 @@ def gather_in_store(
     obj: object,
     stop: Callable[[], None],
     alive: str | None = None,
-    gone: Callable[[int, int], None] | None = None,
+    gone: Callable[[int, int | None], None] | None = None,
 ) -> list:
     """Every rank's ``obj`` in rank order, gathered through the group's key-value ``store``:
     each rank sets its own (pickled) under ``{key}/{rank}`` (``key`` this gather's own: no
@@ -148,8 +148,9 @@ def gather_in_store(
     host, is seen to have ended (:func:`beating` tells it), or once its heartbeat (its
     counter ``{alive}/{rank}``) has stood still for :data:`SILENCE_S` (``alive`` None: no
     heartbeat), or else at the store's timeout (the group's); before that error, ``gone``
-    (where given) is called with the rank whose process has ended and its pid, and raises
-    where that rank said why before it ended (its failure, told before it was killed). A
+    (where given) is called with the rank and its pid (None where it stopped answering),
+    and raises where that rank said why before it ended (its failure, told before it was
+    killed). A
     store gone with the process that held it is a :class:`StoreError` naming that."""
     stop()
     try:
@@ -175,7 +176,7 @@ def _gathered_in(
     obj: object,
     stop: Callable[[], None],
     alive: str | None,
-    gone: Callable[[int, int], None] | None,
+    gone: Callable[[int, int | None], None] | None,
 ) -> list:
     """:func:`gather_in_store`'s exchange itself, which the store's errors leave."""
     store.set(f"{key}/{rank}", pickle.dumps(obj))
@@ -206,6 +207,8 @@ def _gathered_in(
                     "written so far kept: the same command resumes."
                 )
             if silent is not None:
+                if gone is not None:  # (where it said why before it went silent)
+                    gone(silent[0], None)
                 raise StoreError(
                     f"Rank {rank} waited for rank {silent[0]} to meet it, which stopped "
                     "answering: its heartbeat in the group's store stood still for "

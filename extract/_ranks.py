@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mr2_probe._h5 import one_line
 
+from . import _gathered
 from ._gathered import all_gather_object, beating, gather_in_store
 from ._images import ImageSource
 from ._launcher import connecting, launcher_gone
@@ -289,13 +290,21 @@ class _ShardStep:
         if told is not None and not told["meets"]:
             raise self._failed(told["rank"], told["doing"], told["said"], interrupted=True)
 
-    def _stop_if_failed_and_ended(self, rank: int, pid: int) -> None:
+    def _stop_if_failed_and_ended(self, rank: int, pid: int | None) -> None:
         """Where rank ``rank``, whose process (``pid``, on this host) has ended before it
-        met this one, had said in the store that it failed (it was killed after, before
-        its exchange), raise the error naming its failure, as the exchange would have."""
+        met this one, or which stopped answering (``pid`` None: its heartbeat stood still),
+        had said in the store that it failed (it was killed after, before its exchange),
+        raise the error naming its failure, as the exchange would have."""
         told = self._told(rank)
-        if told is not None:
-            raise self._failed(told["rank"], told["doing"], told["said"], ended=pid)
+        if told is None:
+            return
+        then = (
+            f"its process (pid {pid}, on this host) ended"
+            if pid is not None
+            else "it stopped answering (its heartbeat in the group's store stood still for "
+            f"{_gathered.SILENCE_S:g} s)"
+        )
+        raise self._failed(told["rank"], told["doing"], told["said"], then=then)
 
     def _tell(self, error: BaseException, meets: bool) -> bool:
         """Say in the store under this rank's key that it stops with ``error``, and
@@ -344,15 +353,13 @@ class _ShardStep:
         said: str,
         others: int = 0,
         interrupted: bool = False,
-        ended: int | None = None,
+        then: str = "",
     ) -> StoreError:
         """The error of every other rank where rank ``rank`` failed ``doing`` (with
-        ``said``; ``interrupted``: a Ctrl-C, say), and ``others`` more with it; ``ended``:
-        the pid of its process, on this host, which then ended before the ranks met."""
+        ``said``; ``interrupted``: a Ctrl-C, say), and ``others`` more with it; ``then``:
+        what became of it after it told its failure, before the ranks met (it was killed)."""
         also = f" (and {others} other {plural(others, 'rank')})" if others else ""
-        then = ""
-        if ended is not None:  # (it told its failure, then was killed before the exchange)
-            then = f", then its process (pid {ended}, on this host) ended before the ranks met"
+        then = f", then {then} before the ranks met" if then else ""
         why, cure = (
             ("it was interrupted", "")
             if interrupted

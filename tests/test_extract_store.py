@@ -3293,11 +3293,14 @@ def test_a_rank_that_said_why_as_its_process_ended_is_named_for_what_it_said(mon
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="/proc is Linux's")
-def test_a_rank_that_told_its_failure_then_ended_is_named_for_its_failure(monkeypatch):
+@pytest.mark.parametrize("then", ["ended", "went silent"])
+def test_a_rank_that_told_its_failure_then_ended_is_named_for_its_failure(monkeypatch, then):
     # Rank 1 of 2 said in the store that it failed (and would meet rank 0 at the exchange
     # of its failure), then its process was killed (by the out-of-memory killer as it
     # logged, say) before it came there: rank 0, waiting for it there, said that it had
-    # ended without a word. It names its failure, and that its process then ended.
+    # ended without a word, or, on another host (its process cannot be looked at from
+    # here), that it stopped answering once its heartbeat stood still. It names its
+    # failure, and what became of it.
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -3305,25 +3308,29 @@ def test_a_rank_that_told_its_failure_then_ended_is_named_for_its_failure(monkey
     from extract import _gathered, _ranks
 
     monkeypatch.setattr(_gathered, "BEAT_S", 0.05)
-    monkeypatch.setattr(_gathered, "SILENCE_S", 600.0)
+    monkeypatch.setattr(_gathered, "SILENCE_S", 600.0 if then == "ended" else 0.5)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     store = dist.HashStore()
-    store.set_timeout(timedelta(seconds=5))
+    store.set_timeout(timedelta(seconds=30))
     ranks = [_ranks._ShardStep(Path("f.h5"), 2, rank, store) for rank in (0, 1)]
     for step in ranks:
         step.agree_on_key(ranks[0].key)
     ranks[0].alive = f"{ranks[0].key}/alive"
     assert ranks[1]._tell(RuntimeError("out of memory"), meets=True)
-    identity, pid = _ended_identity()
+    identity, pid = _ended_identity(**({} if then == "ended" else {"boot": "another host's"}))
     store.set(f"{ranks[0].alive}/1/process", identity)
     store.add(f"{ranks[0].alive}/1", 3)  # (it beat three times)
     with pytest.raises(StoreError) as raised:
         ranks[0].stop_if_told()
+    became = (
+        f"its process (pid {pid}, on this host) ended"
+        if then == "ended"
+        else "it stopped answering (its heartbeat in the group's store stood still for 0.5 s)"
+    )
     assert str(raised.value) == (
         "Rank 1 failed to extract its shard 'f.shard-00001-of-00002.h5' (RuntimeError: out "
-        f"of memory), then its process (pid {pid}, on this host) ended before the ranks met: "
-        "its error says why. Every rank stops, the rows written so far kept: once that is "
-        "cured, the same command resumes."
+        f"of memory), then {became} before the ranks met: its error says why. Every rank "
+        "stops, the rows written so far kept: once that is cured, the same command resumes."
     )
 
 
