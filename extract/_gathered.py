@@ -196,25 +196,22 @@ def _gathered_in(
             listen = time.monotonic() + BEAT_S
             missing = [r for r, k in others.items() if not store.check([k])]
             silent = _silent(store, alive, missing, heard, identities)
-            if silent is not None and silent[1] is not None:
-                stop()  # (where it said why before it ended, that is the error)
-                if gone is not None:
-                    gone(*silent)
+            if silent is not None:
+                other, pid = silent
+                if pid is not None:
+                    stop()  # (where it said why before it ended, that is the error)
+                if gone is not None:  # (where it told its failure before it was killed)
+                    gone(other, pid)
+                how = (
+                    f"whose process (pid {pid}, on this host) has ended without a word"
+                    if pid is not None
+                    else "which stopped answering: its heartbeat in the group's store stood "
+                    f"still for {SILENCE_S:g} s"
+                )
                 raise StoreError(
-                    f"Rank {rank} waited for rank {silent[0]} to meet it, whose process "
-                    f"(pid {silent[1]}, on this host) has ended without a word (killed, say, "
+                    f"Rank {rank} waited for rank {other} to meet it, {how} (killed, say, "
                     "with kill -9 or by the out-of-memory killer). Every rank stops, the rows "
                     "written so far kept: the same command resumes."
-                )
-            if silent is not None:
-                if gone is not None:  # (where it said why before it went silent)
-                    gone(silent[0], None)
-                raise StoreError(
-                    f"Rank {rank} waited for rank {silent[0]} to meet it, which stopped "
-                    "answering: its heartbeat in the group's store stood still for "
-                    f"{SILENCE_S:g} s (killed, say, with kill -9 or by the out-of-memory "
-                    "killer). Every rank stops, the rows written so far kept: the same "
-                    "command resumes."
                 )
         if time.monotonic() >= deadline:
             missing = [r for r, k in others.items() if not store.check([k])]
