@@ -512,9 +512,10 @@ def plot_front(front, path, split: str = "test"):
 
     Each lever is a point (ERM, MR²) or a curve (the ``class_tilt`` sweep, the sweep of
     the offsets' bound), labelled with its value (``t=5``, ``≤1pt``), a label that would
-    touch another's a line above it; the rule's choice is ringed, and a dashed line marks
-    ERM's overall accuracy minus the rule's bound, on the split drawn (the rule reads the
-    validation split: on the test split its choice can fall left of it).
+    touch another's, cover a marker or cross the ring a line above it; the rule's choice
+    is ringed, and a dashed line marks ERM's overall accuracy minus the rule's bound, on
+    the split drawn (the rule reads the validation split: on the test split its choice can
+    fall left of it).
 
     Parameters
     ----------
@@ -619,39 +620,57 @@ _NAME_SIZE, _NAME_OFFSET = 7, (4, 3)
 
 def _name_points_apart(fig, names) -> None:
     """Write each point's name up and to the right of it; a name that would touch one
-    already written goes up a line. Points at one spot, or closer than a name's width
-    (ERM and MR² 0.1 point apart on an axis of 2.5 points), wrote "ERMMR2"."""
-    from matplotlib.font_manager import FontProperties
-
+    already written, or cover a marker of its axes or the ring on the rule's choice, goes
+    up a line. Points at one spot, or closer than a name's width (ERM and MR² 0.1 point
+    apart on an axis of 2.5 points), wrote "ERMMR2"; a point up and to the right of
+    another had that one's name over its marker, and the ring crossed its choice's name."""
+    texts = [
+        ax.annotate(
+            text, (x, y), textcoords="offset points", xytext=_NAME_OFFSET, fontsize=_NAME_SIZE
+        )
+        for ax, text, x, y in names
+    ]
     with warnings.catch_warnings():
         # (a glyph the font lacks is warned of once, by _save's drawing)
         warnings.filterwarnings("ignore", _GLYPH.pattern, UserWarning)
         fig.draw_without_rendering()  # (the axes' final size, which a name's room depends on)
-        renderer, font = fig.canvas.get_renderer(), FontProperties(size=_NAME_SIZE)
-        widths = [
-            renderer.get_text_width_height_descent(text, font, ismath=False)[0] * 72 / fig.dpi
-            for _, text, _, _ in names
-        ]
+        renderer = fig.canvas.get_renderer()
+        boxes = [text.get_window_extent(renderer).extents * 72 / fig.dpi for text in texts]
+    marks = {ax: _marks(ax) for ax in dict.fromkeys(text.axes for text in texts)}
     line = _NAME_SIZE + 1
-    written = collections.defaultdict(list)  # (left, bottom, right) of each name, in points
-    for (ax, text, x, y), width in zip(names, widths, strict=True):
-        px, py = ax.transData.transform((x, y)) * 72 / fig.dpi
-        left, bottom = px + _NAME_OFFSET[0], py + _NAME_OFFSET[1]
-        right = left + width
+    written = collections.defaultdict(list)  # (left, baseline, right) of each name, in points
+    for text, (left, bottom, right, top) in zip(texts, boxes, strict=True):
+        ax = text.axes
+        baseline = (ax.transData.transform(text.xy) * 72 / fig.dpi)[1] + _NAME_OFFSET[1]
         above = 0
-        while any(
-            left < other_right + 2 and other_left < right + 2 and abs(bottom + above - b) < line
+        while _covers((left, bottom + above, right, top + above), *marks[ax]) or any(
+            left < other_right + 2 and other_left < right + 2 and abs(baseline + above - b) < line
             for other_left, b, other_right in written[ax]
         ):
             above += line
-        written[ax].append((left, bottom + above, right))
-        ax.annotate(
-            text,
-            (x, y),
-            textcoords="offset points",
-            xytext=(_NAME_OFFSET[0], _NAME_OFFSET[1] + above),
-            fontsize=_NAME_SIZE,
-        )
+        written[ax].append((left, baseline + above, right))
+        text.xyann = (_NAME_OFFSET[0], _NAME_OFFSET[1] + above)
+
+
+def _marks(ax) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Centres (M, 2) and radii (M,), in points, of the markers drawn in ``ax`` (the ring
+    on the rule's choice one of them), and whether each is a square, whose radius is half
+    its side."""
+    lines = [line for line in ax.lines if line.get_marker() not in ("None", "", None)]
+    points = [line.get_xydata() for line in lines]
+    centres = ax.transData.transform(np.concatenate(points)) * 72 / ax.figure.dpi  # (M, 2)
+    count = [len(xy) for xy in points]
+    radii = np.repeat([(ln.get_markersize() + ln.get_markeredgewidth()) / 2 for ln in lines], count)
+    square = np.repeat([line.get_marker() == "s" for line in lines], count)
+    return centres, radii, square
+
+
+def _covers(box, centres, radii, square) -> bool:
+    """Whether the box (left, bottom, right, top) overlaps any of the markers."""
+    left, bottom, right, top = box
+    gap = centres - np.clip(centres, (left, bottom), (right, top))  # (M, 2)
+    apart = np.where(square, np.abs(gap).max(axis=1), np.hypot(gap[:, 0], gap[:, 1]))
+    return bool((apart < radii).any())
 
 
 #: Line style of each validation curve: the search's own scorer solid.

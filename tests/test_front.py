@@ -866,11 +866,14 @@ def test_plot_front(front, tmp_path):
     # Tilt points labelled by t, offsets points by their bound in points: a tilt of 5 and
     # a bound of 5 points were both labelled "5".
     assert [t.get_text() for t in left.texts] == ["ERM", "MR2", "t=1", "t=5", "≤0pt", "≤1pt"]
-    # Each beside its point, up and to the right, not over its marker.
+    # Each beside its point, up and to the right, not over its marker; the rule's choice
+    # (ERM) a line up, clear of its ring, which crossed its name.
     drawn = [next(line for line in left.lines if line.get_label() == p.lever) for p in front.points]
     points = [xy for line in dict.fromkeys(drawn) for xy in line.get_xydata().tolist()]
     assert [tuple(t.xy) for t in left.texts] == [tuple(xy) for xy in points]
-    assert {(t.xyann, t.anncoords) for t in left.texts} == {((4, 3), "offset points")}
+    assert front.chosen == "ERM" and {t.anncoords for t in left.texts} == {"offset points"}
+    offsets = {t.get_text(): t.xyann for t in left.texts}
+    assert offsets == {**dict.fromkeys(offsets, (4, 3)), "ERM": (4, 11)}
     # One ring, on the rule's choice; the dashed line at ERM's overall accuracy − bound.
     chosen = front.point(front.chosen).test
     rings = [line for line in left.lines if line.get_markersize() == 14]
@@ -887,6 +890,8 @@ def test_plot_front(front, tmp_path):
         fig._suptitle.get_text()
     )
     on_val = plot_front(front, tmp_path / "val.png", split="validation")
+    # No name over a marker or the ring (ERM's name was crossed by its ring).
+    assert _names_over_marks(fig) == [] and _names_over_marks(on_val) == []
     assert "the rule's choice; dashed: ERM − 0.5 pt, its bound" in on_val._suptitle.get_text()
     assert left.get_xlabel() == "overall accuracy (%), test"
     assert [ax.get_ylabel() for ax in fig.axes] == [
@@ -1115,6 +1120,7 @@ def test_plot_front_stacks_the_names_of_points_at_one_spot(tmp_path):
 def test_plot_front_stacks_the_names_of_points_closer_than_a_name(tmp_path, apart):
     # ERM and MR² 0.05 to 0.1 point apart on an axis of 2.5 points (Fashion-MNIST, margins
     # that change a few predictions) wrote "ERMMR2"; a point far off keeps its place.
+    # ERM's name, over MR²'s marker in its own place, goes up a line and MR²'s keeps its.
     scores = {"overall": 0.84, "worst": 0.6, "hard": 0.7}
     points = [
         FrontPoint("ERM", "ERM", None, None, scores, None),
@@ -1124,7 +1130,56 @@ def test_plot_front_stacks_the_names_of_points_closer_than_a_name(tmp_path, apar
     fig = plot_front(Front(points, bound=0.005), tmp_path / "f.png")
     for ax in fig.axes[:2]:
         names = {t.get_text(): t.xyann for t in ax.texts}
-        assert names == {"ERM": (4, 3), "MR2": (4, 11), "t=1": (4, 3)}
+        assert names == {"ERM": (4, 11), "MR2": (4, 3), "t=1": (4, 3)}
+
+
+def _names_over_marks(fig):
+    """(name, mark) of each name whose drawn text covers a marker of its axes or the ring:
+    the text's window extent against each marker's display position and radius (its half
+    side for a square)."""
+    fig.draw_without_rendering()
+    renderer, over = fig.canvas.get_renderer(), []
+    for ax in fig.axes:
+        marked = [line for line in ax.lines if line.get_marker() not in ("None", "", None)]
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            for line in marked:
+                centres = ax.transData.transform(line.get_xydata())  # (n, 2)
+                radius = (line.get_markersize() + line.get_markeredgewidth()) / 2 * fig.dpi / 72
+                gap = centres - np.clip(centres, box.min, box.max)  # (n, 2)
+                apart = np.abs(gap).max(1) if line.get_marker() == "s" else np.hypot(*gap.T)
+                mark = "ring" if line.get_markersize() == 14 else line.get_label()
+                over += [(text.get_text(), mark)] * int((apart < radius).sum())
+    return over
+
+
+def _scored(name, lever, value, overall, worst):
+    return FrontPoint(name, lever, value, None, {"overall": overall, "worst": worst, "hard": worst})
+
+
+@pytest.mark.parametrize(
+    "points, chosen",
+    [
+        # tilt=5 a little up and to the right of tilt=1: "t=1" was written over its marker.
+        (
+            [("ERM", "ERM", None, 0.90, 0.5), ("tilt=1", "tilt", 1.0, 0.86, 0.6),
+             ("tilt=5", "tilt", 5.0, 0.8615, 0.602)],
+            None,
+        ),
+        # The ring of the rule's choice crossed the choice's own name.
+        ([("ERM", "ERM", None, 0.90, 0.5), ("tilt=1", "tilt", 1.0, 0.85, 0.6)], "ERM"),
+        ([("ERM", "ERM", None, 0.90, 0.5), ("tilt=1", "tilt", 1.0, 0.85, 0.6)], "tilt=1"),
+        # ERM and MR² closer than a name: "ERM" was written over MR²'s marker and its ring.
+        ([("ERM", "ERM", None, 0.84, 0.6), ("MR2", "MR2", None, 0.8405, 0.6),
+          ("tilt=1", "tilt", 1.0, 0.815, 0.7)], "MR2"),
+    ],
+)  # fmt: skip
+def test_plot_front_writes_no_name_over_a_marker_or_the_ring(tmp_path, points, chosen):
+    front = Front([_scored(*p) for p in points], bound=0.05, chosen=chosen)
+    fig = plot_front(front, tmp_path / "f.png")
+    assert _names_over_marks(fig) == []
+    # Each name is still up and to the right of its own point.
+    assert all(t.xyann[0] == 4 and t.xyann[1] >= 3 for ax in fig.axes for t in ax.texts)
 
 
 def test_plot_front_warns_once_of_a_glyph_its_font_lacks_when_it_places_names(tmp_path):
