@@ -174,8 +174,9 @@ class MR2LinearClassifier(
         local ``torch.Generator``.
     verbose : int, default=0
         Show a progress bar when positive, named by what the fit minimises and its solver:
-        "ERM lbfgs" for plain cross-entropy (``c_bar=None``, ``lam=0``, ``class_tilt=0``),
-        "MR2 lbfgs" or "MR2 adam" otherwise.
+        "ERM lbfgs" for plain cross-entropy (``c_bar=None``, ``lam=0``), "MR2 lbfgs" or
+        "MR2 adam" with margins or a compactness loss, each prefixed "tilted " where
+        ``class_tilt`` is not 0 ("tilted ERM lbfgs": tilted cross-entropy, no margins).
     device : str or torch.device, default="auto"
         Where to train: ``"auto"`` is the device of a torch-tensor X, else CUDA when
         present, else the CPU.
@@ -448,10 +449,11 @@ class MR2LinearClassifier(
             return self
 
     def _objective(self) -> str:
-        """What a fit minimises, as its progress bars name it: "ERM" for plain
-        cross-entropy (``c_bar=None``, ``lam=0``, ``class_tilt=0``), "MR2" otherwise."""
-        plain = self.c_bar is None and self.lam == 0 and self.class_tilt == 0
-        return "ERM" if plain else "MR2"
+        """What a fit minimises, as its progress bars name it: "ERM" for cross-entropy
+        (``c_bar=None``, ``lam=0``), "MR2" with margins or a compactness loss, either one
+        prefixed "tilted " where ``class_tilt`` is not 0."""
+        objective = "ERM" if self.c_bar is None and self.lam == 0 else "MR2"
+        return f"tilted {objective}" if self.class_tilt != 0 else objective
 
     def _resolved_solver(self) -> str:
         """The solver that ``solver="auto"`` stands for: L-BFGS at lam=0, else Adam."""

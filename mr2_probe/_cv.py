@@ -142,7 +142,8 @@ n_iter_no_change, class_weight, class_tilt, random_state
         As in :class:`MR2LinearClassifier`; ``class_weight="balanced"`` is computed on all
         the data, as in LogisticRegressionCV.
     verbose : int, default=0
-        A progress bar over the path's solutions when positive.
+        A progress bar over the path's solutions when positive, named by the objective as
+        :class:`MR2LinearClassifier`'s are ("ERM CV path", "tilted MR2 CV path", ...).
     device
         As in :class:`MR2LinearClassifier`.
 
@@ -430,7 +431,7 @@ loss_curve_, class_losses_, tilt_weights_, n_features_in_, feature_names_in_, de
                         for path in paths
                     )
 
-            desc = f"{self._objective()} CV path"  # (ERM: a search of plain cross-entropy)
+            desc = f"{self._objective()} CV path"  # (ERM: a search of cross-entropy)
             with tqdm(disable=not self.verbose, desc=desc, leave=False) as bar:
 
                 def evaluate(new):

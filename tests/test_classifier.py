@@ -3565,13 +3565,16 @@ def test_the_progress_bar_counts_iterations_not_the_start(params, monkeypatch):
         (dict(c_bar=None, head="cosine"), "ERM lbfgs"),
         (dict(c_bar=None, solver="sgd", learning_rate=0.01), "ERM sgd"),
         (dict(c_bar=1.0), "MR2 lbfgs"),
-        (dict(c_bar=None, class_tilt=1.0), "MR2 lbfgs"),
+        (dict(c_bar=None, class_tilt=1.0), "tilted ERM lbfgs"),
+        (dict(c_bar=1.0, class_tilt=1.0), "tilted MR2 lbfgs"),
         (dict(c_bar=None, lam=0.5, solver="adam"), "MR2 adam"),
+        (dict(c_bar=None, lam=0.5, class_tilt=1.0, solver="adam"), "tilted MR2 adam"),
     ],
 )
 def test_the_progress_bar_names_the_objective_fitted(params, desc, monkeypatch):
     # A fit of plain cross-entropy (no margins, no projection, no tilt: ERM) showed a bar
-    # described "MR2 lbfgs", which reads as the MR² model being fitted.
+    # described "MR2 lbfgs", which reads as the MR² model being fitted; so did one of tilted
+    # cross-entropy, which has no margins either.
     from mr2_probe import _solvers
 
     bars = []

@@ -130,16 +130,23 @@ def test_max_iter_zero_scores_the_starting_points(head):
     assert not cv.n_iter_.any() and np.isfinite(cv.scores_[0]).all()
 
 
-@pytest.mark.parametrize("c_bar, objective", [(None, "ERM"), (1.0, "MR2")])
-def test_the_search_s_progress_bars_name_the_objective_fitted(c_bar, objective, capsys):
+@pytest.mark.parametrize(
+    "c_bar, class_tilt, objective",
+    [(None, 0.0, "ERM"), (1.0, 0.0, "MR2"), (None, 1.0, "tilted ERM"), (1.0, 1.0, "tilted MR2")],
+)
+def test_the_search_s_progress_bars_name_the_objective_fitted(c_bar, class_tilt, objective, capsys):
     # A search of plain cross-entropy (ERM, as mr2-probe's --Cs fits it) showed bars
-    # described "MR2 CV path" and "MR2 lbfgs", which read as the MR² model being fitted.
+    # described "MR2 CV path" and "MR2 lbfgs", which read as the MR² model being fitted; so
+    # did a search of tilted cross-entropy, which has no margins either.
     X, y = _blobs()
-    cv = MR2LinearClassifierCV([1.0, 10.0], cv=3, c_bar=c_bar, verbose=1, device="cpu")
+    cv = MR2LinearClassifierCV(
+        [1.0, 10.0], cv=3, c_bar=c_bar, class_tilt=class_tilt, verbose=1, device="cpu"
+    )
     cv.fit(X, y)
     err = capsys.readouterr().err
     assert f"{objective} CV path" in err and f"{objective} lbfgs" in err
-    assert ("MR2" in err) == (objective == "MR2")
+    assert ("MR2" in err) == objective.endswith("MR2")
+    assert ("tilted" in err) == objective.startswith("tilted")
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # tol = 1e-8
