@@ -2765,22 +2765,24 @@ def _models_inputs(monkeypatch) -> list:
 
 
 @NEEDS_H5
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int16", "bool"])
 def test_a_store_that_fits_in_memory_is_read_into_it(dtype, stores, tmp_path, monkeypatch):
     # Streamed, each pass of a fit reads the file again (about three times the fit's time
     # on a 617 MB store): only a store whose features are above the limit in memory is.
     # float16 ones are read as float32: the limit was set on their bytes in the file, half
     # those in memory, so that a float16 store of up to half of memory was read whole.
+    # Integers and booleans are held as the file holds them, and were read whole at any size.
     import h5py
 
     import mr2_probe.cli._feature_files as feature_files
 
     path = stores / "store.h5"
-    if dtype == "float16":
+    if dtype != "float32":
         X, y = _blobs(30, seed=1)  # (store.h5's)
-        path = _features_file(tmp_path / "float16.h5", X.astype(np.float16), y)
+        X = X > 0 if dtype == "bool" else np.round(X * 10).astype(dtype)
+        path = _features_file(tmp_path / f"{dtype}.h5", X, y)
     with h5py.File(path, "r") as f:
-        size = f["features"].size * 4  # (float32 in memory)
+        size = f["features"].size * (4 if dtype == "float16" else np.dtype(dtype).itemsize)
     seen = _models_inputs(monkeypatch)
     for limit, streamed in ((None, False), (size, False), (size - 1, True)):
         if limit is not None:
@@ -2878,23 +2880,42 @@ def test_a_streamed_store_gives_the_models_and_report_of_its_arrays(
 
 @NEEDS_H5
 @pytest.mark.slow
-def test_a_store_of_integer_features_is_computed_in_float64_as_their_array(files, tmp_path):
+@pytest.mark.parametrize("dtype", ["int16", "bool"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["read", "streamed"])
+def test_a_store_of_integer_features_is_computed_in_float64_as_their_array(
+    files, tmp_path, monkeypatch, dtype, streamed
+):
     # (A store's features stream in float32; integers were computed so, not as arrays are.)
+    # Streamed, a block at a time in float64: the same models and report as the array's.
     import h5py
 
+    import mr2_probe.cli._feature_files as feature_files
+
     X, y = _blobs(30, seed=1)
-    X = np.round(X * 10).astype(np.int16)
+    X = X > 0 if dtype == "bool" else np.round(X * 10).astype(dtype)
     with h5py.File(tmp_path / "int.h5", "w") as f:
         f["features"], f["labels"], f["class_names"] = X, y, FASHION
     np.savez(tmp_path / "int.npz", X=X, y=y)
-    coefs = []
+    if streamed:
+        monkeypatch.setattr(feature_files, "in_memory_limit", lambda: 0)
+    seen = _models_inputs(monkeypatch)
+    runs = []
     for name in ("int.h5", "int.npz"):
         out = tmp_path / name.replace(".", "_")
         assert main([str(tmp_path / name), "--out", str(out), "--no-progress"]) == 0
-        coefs.append({k: m.coef_ for k, m in joblib.load(out / "models.joblib").items()})
-    for name, coef in coefs[1].items():
-        assert coefs[0][name].dtype == np.float64
-        np.testing.assert_array_equal(coefs[0][name], coef)
+        runs.append(
+            (
+                {k: m.coef_ for k, m in joblib.load(out / "models.joblib").items()},
+                json.loads((out / "report.json").read_text())["rows"],
+            )
+        )
+        if name == "int.h5":
+            assert seen and {is_h5_dataset(X) for X in seen} == {streamed}
+    (store_coefs, store_rows), (coefs, rows) = runs
+    assert store_rows == rows
+    for name, coef in coefs.items():
+        assert store_coefs[name].dtype == np.float64
+        np.testing.assert_array_equal(store_coefs[name], coef)
 
 
 @NEEDS_H5
@@ -4094,23 +4115,24 @@ def test_the_cure_for_arrays_out_of_memory_can_be_followed(files, tmp_path, monk
 @NEEDS_H5
 @pytest.mark.parametrize("name", ["int.h5", "int.npz"], ids=["store", "npz"])
 @pytest.mark.parametrize(
-    "dtype, said",
+    "dtype, said, cure",
     [
-        # 1,080 bytes, above the limit
-        (np.int16, "1.1 KiB (2.1 KiB as float32)"),
-        # 540 bytes, within it: as float32 (2,160 bytes) above it, which streams them too.
+        # 1,080 bytes, above the limit: a store of them stays in its file, as floats do.
+        (np.int16, "1.1 KiB", "an HDF5 store"),
+        # 540 bytes, within it: as float32 (2,160 bytes) above it, which streams them.
         # They were said to be read in no less by any option, and given no cure.
-        (np.uint8, "540 B (2.1 KiB as float32)"),
+        (np.uint8, "540 B (2.1 KiB as float32)", "an HDF5 store of float32 features"),
     ],
     ids=["int16", "uint8"],
 )
 def test_the_cure_for_integers_out_of_memory_can_be_followed(
-    name, dtype, said, tmp_path, monkeypatch, capsys
+    name, dtype, said, cure, tmp_path, monkeypatch, capsys
 ):
-    # Integer features are read whole from any file: a store of them above the limit was
+    # Integer features were read whole from any file: a store of them above the limit was
     # told that no option reads them in less, with no cure, and a .npz of them to put them
-    # in a store, read whole all the same. The line names float32 features, which stream,
-    # and their size as float32 beside the size that the run holds them in.
+    # in a store, read whole all the same. A store of them above the limit stays in its
+    # file, as floats do; those within it are told float32 features, which stream, and
+    # their size as float32 beside the size that the run holds them in.
     def failing(args, stack=None):
         raise MemoryError("Unable to allocate 30.0 GiB for an array")
 
@@ -4121,17 +4143,19 @@ def test_the_cure_for_integers_out_of_memory_can_be_followed(
     with monkeypatch.context() as patched:
         patched.setattr(cli_main, "_inputs", failing)
         (line,) = _error([str(train), "--no-progress"], capsys)[1]
-    assert "no option" not in line
-    assert f"The features read into memory: {train}: {said} (a quarter of memory: 1000 B)" in line
-    cure = re.search(
-        rf"Try an HDF5 store of (\w+) features in place of {re.escape(str(train))} ", line
-    )
-    assert cure, line
     seen = _models_inputs(monkeypatch)
     assert main([str(train), "--no-progress"]) == 0
-    assert seen and not any(is_h5_dataset(X) for X in seen)  # (read whole, as said)
+    streamed = name == "int.h5" and dtype == np.int16
+    assert seen and {is_h5_dataset(X) for X in seen} == {streamed}  # (as said)
+    if streamed:  # (none read)
+        assert line.endswith("nothing is written. Try freeing memory, or a machine with more")
+        return
+    assert "no option" not in line
+    assert f"The features read into memory: {train}: {said} (a quarter of memory: 1000 B)" in line
+    assert re.search(rf"Try {cure} in place of {re.escape(str(train))} ", line), line
     seen.clear()
-    store = _features_file(tmp_path / "floats.h5", X.astype(cure[1]), y)
+    dtype = np.float32 if "float32" in cure else dtype
+    store = _features_file(tmp_path / "cured.h5", X.astype(dtype), y)
     assert main([str(store), "--no-progress"]) == 0
     assert seen and all(is_h5_dataset(X) for X in seen)
 
@@ -4144,8 +4168,9 @@ def test_int64_out_of_memory_within_the_limit_as_float32_are_told_float32_reads_
 ):
     # int64 features of 4,320 bytes, above a limit of 3,000, take 2,160 as float32, within
     # it: float32 features are read whole, in half the memory, from any file. The line said
-    # that a store's float32 features above a quarter of memory "then stay in its file"
-    # (and without --grid, which reads them whole all the same).
+    # that a store's float32 features above a quarter of memory "then stay in its file".
+    # A store of the int64 features themselves does, as floats do, where the run streams
+    # (without --grid): then none are read, and the line has no cure to give.
     from mr2_probe.cli._feature_files import _features_sizes
 
     def failing(args, stack=None):
@@ -4158,16 +4183,26 @@ def test_int64_out_of_memory_within_the_limit_as_float32_are_told_float32_reads_
     with monkeypatch.context() as patched:
         patched.setattr(cli_main, "_inputs", failing)
         (line,) = _error([str(train), *options, "--no-progress"], capsys)[1]
-    assert "stay in its file" not in line, line
+    seen = _models_inputs(monkeypatch)
+    assert main([str(train), *options, "--no-progress"]) == 0
+    streamed = name == "int.h5" and not options
+    assert seen and {is_h5_dataset(X) for X in seen} == {streamed}
+    if streamed:
+        assert line.endswith("nothing is written. Try freeing memory, or a machine with more")
+        return
+    cures = ([f"an HDF5 store in place of {train}"] if name == "int.npz" else []) + (
+        ["without --grid"] if options else []
+    )
+    made = _ANY_STORE[_ANY_STORE.index(";") : -1] if name == "int.npz" else ""
     assert line.endswith(
-        f"Try float32 features in place of {train} (in any file: read whole, in half the "
-        "memory of 64-bit integers, within a quarter of memory), or freeing memory, or a "
-        "machine with more"
+        f"Try {', '.join(cures)} {_STREAMS[:-1]}{made}), or float32 features in place of "
+        f"{train} (in any file: read whole, in half the memory of 64-bit integers, within a "
+        "quarter of memory), or freeing memory, or a machine with more"
     ), line
     floats = _features_file(tmp_path / "floats.npz", X.astype(np.float32), y)  # (followed)
     argv = [str(floats), "--no-progress"]
     assert _features_sizes(_parser().parse_args(argv))[1][0].held == X.nbytes // 2
-    seen = _models_inputs(monkeypatch)
+    seen.clear()
     assert main(argv) == 0
     assert seen and not any(is_h5_dataset(X) for X in seen)  # (read whole, as said)
 
@@ -4334,12 +4369,16 @@ def test_predictions_out_of_memory_end_in_one_line_and_keep_the_models(
 
 
 @pytest.mark.parametrize(
-    "name, dtype",
-    [("int.npz", np.uint8), pytest.param("int.h5", np.int16, marks=NEEDS_H5)],
+    "name, dtype, limit",
+    [
+        ("int.npz", np.uint8, 1000),
+        # (1,080 bytes in the file: within the limit, read whole)
+        pytest.param("int.h5", np.int16, 1080, marks=NEEDS_H5),
+    ],
     ids=["uint8-npz", "int16-store"],
 )
 def test_a_main_fit_of_integers_out_of_memory_says_their_float64_copy_and_its_cure(
-    name, dtype, tmp_path, monkeypatch, capsys
+    name, dtype, limit, tmp_path, monkeypatch, capsys
 ):
     # Integer features are held as the file holds them and computed in float64 by each
     # fit (eight times uint8's bytes): a fit out of memory on them said "Try freeing
@@ -4347,7 +4386,7 @@ def test_a_main_fit_of_integers_out_of_memory_says_their_float64_copy_and_its_cu
     # are and, in a store above a quarter of memory, stay in its file.
     X, y = _blobs(30, seed=1)  # 90 × 6, 72 rows fitted (--test-size 0.2)
     train = str(_features_file(tmp_path / name, np.round(np.abs(X) * 10).astype(dtype), y))
-    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 1000)
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: limit)
 
     def failing(model, X, y):
         raise MemoryError("Unable to allocate 3.38 KiB for an array")
@@ -4356,25 +4395,53 @@ def test_a_main_fit_of_integers_out_of_memory_says_their_float64_copy_and_its_cu
         patched.setattr(cli_fitting, "fit_collecting_short", failing)
         code, lines = _error([train, "--no-progress"], capsys)
     held = {np.uint8: "432 B", np.int16: "864 B"}[dtype]
+    quarter = {1000: "1000 B", 1080: "1.1 KiB"}[limit]
     made = "" if name.endswith(".h5") else _ANY_STORE[_ANY_STORE.index(";") : -1]
     assert code == 1 and lines[-1] == (
         "mr2-probe: error: ERM ran out of memory in its fit (Unable to allocate 3.38 KiB for an "
         f"array); nothing is written. Each fit computes the {np.dtype(dtype)} features of "
         f"{train} in float64, a copy of 3.4 KiB ({held} as read). Try float32 features in "
         f"place of {train} (computed as they are, in 1.7 KiB; an HDF5 store of them above a "
-        "quarter of memory (1000 B) stays in its file, read a block at a time"
+        f"quarter of memory ({quarter}) stays in its file, read a block at a time"
         f"{made}), or freeing memory, or a machine with more"
     )
     # As said: the integers fitted in float64, a store of float32 features streamed and
     # fitted in float32.
     seen = _models_inputs(monkeypatch)
     assert main([train, "--out", str(tmp_path / "int"), "--no-progress"]) == 0
+    assert seen and not any(is_h5_dataset(X) for X in seen)
     assert joblib.load(tmp_path / "int" / "models.joblib")["ERM"].coef_.dtype == np.float64
     seen.clear()
     store = _features_file(tmp_path / "floats.h5", X, y)
     assert main([str(store), "--out", str(tmp_path / "floats"), "--no-progress"]) == 0
     assert seen and all(is_h5_dataset(X) for X in seen)
     assert joblib.load(tmp_path / "floats" / "models.joblib")["ERM"].coef_.dtype == np.float32
+
+
+@NEEDS_H5
+@pytest.mark.parametrize("dtype", [np.int16, np.bool_])
+def test_a_main_fit_of_a_streamed_store_of_integers_out_of_memory_says_no_float64_copy(
+    dtype, tmp_path, monkeypatch, capsys
+):
+    # A store of integers above a quarter of memory stays in its file, as floats do, each
+    # block computed in float64: no fit holds a float64 copy of them all, and the line
+    # says none, nor float32 features in their place.
+    X, y = _blobs(30, seed=1)  # 90 × 6
+    train = str(_features_file(tmp_path / "int.h5", (np.abs(X) * 10).astype(dtype), y))
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 0)
+    seen = []
+
+    def failing(model, X, y):
+        seen.append(X)
+        raise MemoryError("Unable to allocate 3.38 KiB for an array")
+
+    monkeypatch.setattr(cli_fitting, "fit_collecting_short", failing)
+    code, lines = _error([train, "--no-progress"], capsys)
+    assert seen and all(is_h5_dataset(X) for X in seen)
+    assert code == 1 and lines[-1] == (
+        "mr2-probe: error: ERM ran out of memory in its fit (Unable to allocate 3.38 KiB for an "
+        "array); nothing is written. Try freeing memory, or a machine with more"
+    )
 
 
 @pytest.mark.parametrize("kind", _MAIN_FIT_OOM)

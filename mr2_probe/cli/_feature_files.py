@@ -80,8 +80,8 @@ def _load_xy(path: str, labels=None, labels_option: str = "--labels", stack=None
     """:func:`load_xy`; with ``stack`` (a contextlib.ExitStack) a store's features larger
     than :func:`in_memory_limit` stay in the file, which ``stack`` closes: X is its
     ``h5py.Dataset`` (a row view of its completed rows where images failed), checked a
-    block at a time, never read whole (floating-point features; integers are read,
-    computed in float64 as arrays are). Smaller ones are read into memory."""
+    block at a time, never read whole (integers and booleans too, each block computed in
+    float64 as their array is). Smaller ones are read into memory."""
     suffix = feature_format(path)
     if suffix not in _STORE:  # (a store's reader says so itself)
         for named, option in ((path, None), (labels, labels_option)):
@@ -159,12 +159,6 @@ def _streams_stores(args) -> bool:
     (--feature-scaling), a --grid search (its folds are copies) and the front (--tilt,
     --offsets) take arrays, and read the stores whole."""
     return args.feature_scaling == "none" and not args.grid and not (args.tilt or args.offsets)
-
-
-def _streams(dtype: np.dtype) -> bool:
-    """Whether a store's features of ``dtype`` stay in its file above the limit, where the
-    run streams (:func:`_load_store`): floating-point ones; integers are read whole."""
-    return dtype.kind == "f"
 
 
 def _check_regular(path: str, labels_option: str | None) -> None:
@@ -395,19 +389,17 @@ def _load_store(path: str, stack=None):
         raise UsageError(
             'reading HDF5 stores needs the extract extra: pip install "mr2-probe[extract]"'
         ) from error
-    # StoreError: a one-line ValueError. Integer features are read into memory, as arrays
-    # (computed in float64, as the estimators compute a store of them). So are features
-    # that fit in memory (a quarter of it, as a fit may hold a float32 copy beside them):
-    # each pass over a streamed store reads the file again, about three times the fit's
-    # time here. Those read are closed at once.
+    # StoreError: a one-line ValueError. Features that fit in memory (a quarter of it, as a
+    # fit may hold a float32 copy beside them) are read into it: each pass over a streamed
+    # store reads the file again, about three times the fit's time here. Those read are
+    # closed at once. (Integers stream as floats do: the estimators compute a store of them
+    # in float64 blocks, the same model as their array.)
     store = _load_features(path)
     # (their bytes in memory, float16 read as float32: the limit on their bytes in the file
     # read a float16 store of up to half of memory whole; counted as the line of inputs out
     # of memory counts them)
     values, dtype = _store_values(store.file)
-    streamed = stack is not None and _stays_in_file(
-        dtype, _held_bytes(values, dtype), in_memory_limit()
-    )
+    streamed = stack is not None and _held_bytes(values, dtype) > in_memory_limit()
     if streamed:
         stack.enter_context(store)
     else:
@@ -551,12 +543,6 @@ def _held_bytes(values: int, dtype: np.dtype) -> int:
     """The bytes of ``values`` features of ``dtype`` once read into memory
     (:func:`_held_dtype`: float16 as float32), which the limit is set on."""
     return values * _held_dtype(dtype).itemsize
-
-
-def _stays_in_file(dtype: np.dtype, held: int, limit: int) -> bool:
-    """Whether a store's features of ``dtype``, ``held`` bytes in memory, stay in its file
-    where the run streams: floating-point ones above ``limit``."""
-    return _streams(dtype) and held > limit
 
 
 def _completed_rows(f) -> np.ndarray:

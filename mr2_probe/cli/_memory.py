@@ -11,8 +11,6 @@ from ._feature_files import (
     _STORE,
     _features_sizes,
     _in_bytes,
-    _stays_in_file,
-    _streams,
     _streams_stores,
     feature_format,
 )
@@ -37,14 +35,14 @@ _ANY_STORE = (
 def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     """The one line of inputs that ran out of memory as they were read (``what``: its
     error, short): the features read into memory, and what reads them in less. A store's
-    above the limit (a quarter of memory) stays in its file without the options under
-    which the run reads it whole; a .npz or .npy file is read whole, which a store in its
-    place above the limit is not; integer features are read whole from any file, which a
-    store of float32 features in their place is not where those are above the limit (uint8
-    features within it, too), and 64-bit ones within it as float32 are read whole from
-    any file of float32 features, in half the memory; features within the limit are read
-    whole whatever the options (the advice to leave those options out was given for them
-    too)."""
+    above the limit (a quarter of memory), integers and booleans as floats, stays in its
+    file without the options under which the run reads it whole; a .npz or .npy file is
+    read whole, which a store in its place above the limit is not; integer features within
+    the limit are read whole from any file, which a store of float32 features in their
+    place is not where those are above it (uint8 features take a quarter of that), and
+    64-bit ones above it but within it as float32 are read whole from any file of float32
+    features, in half the memory; features within the limit are read whole whatever the
+    options (the advice to leave those options out was given for them too)."""
     whole = [
         option
         for option, given in (
@@ -61,43 +59,31 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     read = [
         features
         for features in sizes
-        if whole
-        or not features.store
-        or features.held is None
-        or not _stays_in_file(features.dtype, features.held, limit)
+        if whole or not features.store or features.held is None or features.held <= limit
     ]
-    # Integers are read whole from any file, a store's too, so only floats cure them: a
-    # store of float32 features streams them where those are above the limit, however
-    # small the integers themselves (uint8's are a quarter of it).
-    integers = [f for f in read if _float32_cures(f, limit)]
-    large = [f for f in read if f.held is not None and f.held > limit or f in integers]
-    # Every one large has a cure: a store's floats are among them only under the options
-    # that read them whole.
-    arrays = [f.path for f in large if not f.store and _streams(f.dtype)]
-    # (64-bit integers within the limit as float32: float32 features, in any file, are
-    # read whole in half their memory; a store of them does not stream them)
-    halved = [f.path for f in integers if f.as_float32 <= limit]
-    integers = [f.path for f in integers if f.as_float32 > limit]
+    # Integers within the limit are read whole from any file, a store's too, so only floats
+    # cure them: a store of float32 features streams them where those are above the limit.
+    integers = [f.path for f in read if _float32_cure(f, limit) == "streams"]
+    large = [f for f in read if f.held is not None and f.held > limit or f.path in integers]
+    # Every one large has a cure: a store's are among them only under the options that
+    # read them whole.
+    arrays = [f.path for f in large if not f.store and f.path not in integers]
+    # (64-bit integers above the limit, within it as float32: float32 features, in any
+    # file, are read whole in half their memory, whatever the options)
+    halved = [f.path for f in large if _float32_cure(f, limit) == "halves"]
     advice = []
     if large:
         cures = [f"an HDF5 store in place of {', '.join(arrays)}"] if arrays else []
         if integers:
             cures.append(f"an HDF5 store of float32 features in place of {', '.join(integers)}")
-        streamed = [f for f in large if f.path not in halved]  # (without the options)
-        if whole and streamed:
+        if whole:
             cures.append(f"without {', '.join(whole)}")
         # (mr2-extract makes a store of images, not of the arrays: h5py makes one of them)
-        made = any(not f.store for f in streamed)
-        kind, not_integers = (
-            ("floating-point features", "; integer ones are read whole")
-            if integers or halved
-            else ("features", "")
+        made = any(not f.store for f in large)
+        advice.append(
+            f"{', '.join(cures)} (a store's features above a quarter of memory then stay in "
+            f"its file, read a block at a time{_ANY_STORE if made else ''})"
         )
-        if cures:
-            advice.append(
-                f"{', '.join(cures)} (a store's {kind} above a quarter of memory then stay in "
-                f"its file, read a block at a time{not_integers}{_ANY_STORE if made else ''})"
-            )
         if halved:
             advice.append(
                 f"float32 features in place of {', '.join(halved)} (in any file: read whole, "
@@ -114,14 +100,20 @@ def _inputs_out_of_memory_line(what: str, args, grid: dict) -> str:
     )
 
 
-def _float32_cures(features, limit: int) -> bool:
-    """Whether a store of float32 features in place of an input file's integer features
-    (a ``_feature_files._Features``), which are read whole from any file, reads them in less:
-    above the limit as float32 it streams them (uint8's a quarter of that size are read
-    whole), and int64's it holds in half where not."""
-    if features.held is None or _streams(features.dtype):
-        return False
-    return max(features.held, features.as_float32) > limit
+def _float32_cure(features, limit: int) -> str:
+    """What float32 features in place of an input file's integer (or boolean) features (a
+    ``_feature_files._Features``) do for reading them: "streams" for those within the
+    limit, read whole from any file, that are above it as float32 (a store of them then
+    stays in its file; uint8's take a quarter of that size); "halves" for 64-bit ones
+    above it and within it as float32 (read whole from any file, in half the memory); ""
+    for others (floating-point ones; integers within the limit as float32 too, which no
+    file reads in less; and those above it both ways, which a store streams as they
+    are)."""
+    if features.held is None or features.dtype.kind not in "biu":
+        return ""
+    if features.held <= limit < features.as_float32:
+        return "streams"
+    return "halves" if features.as_float32 <= limit < features.held else ""
 
 
 def _held(features, limit: int) -> str:
@@ -134,7 +126,7 @@ def _held(features, limit: int) -> str:
     said = f"{features.path}: {_in_bytes(features.held)}"
     if features.held != features.stored:
         said += f" ({_in_bytes(features.stored)} of {features.dtype} in the file)"
-    if _float32_cures(features, limit):
+    if _float32_cure(features, limit):
         said += f" ({_in_bytes(features.as_float32)} as float32)"
     return said
 
@@ -166,7 +158,7 @@ def _predict_out_of_memory_line(
 def _out_of_memory_line(name: str, what: str, error, names: list, args, X=None, X_test=None) -> str:
     """The one line of a main fit (``name``'s, of the models ``names``) that ran out of
     memory (``what``: its error, short), with the command's options that take less, and
-    for integer features ``X`` the float64 copy that each fit computes them in
+    for integer features ``X`` in memory the float64 copy that each fit computes them in
     (:func:`_integer_copy`; ``X_test``: the test rows, the rest of the file where
     --test-size held them out)."""
     host, _ = _memory_ran_out(error, args)
@@ -183,7 +175,8 @@ def _front_out_of_memory_words(error, args, X, X_test) -> str:
     """What the front's error line adds where its fits ran out of memory (``error``) on
     integer features ``X``: the float64 copy that each fit computes them in and what takes
     less, as a main fit's line says them (:func:`_fits_advice`; the front fits one
-    configuration, no search); "" for floating-point ``X``, where the error is all."""
+    configuration, no search, and reads a store whole); "" for floating-point ``X``, where
+    the error is all."""
     copy, advice = _fits_advice(error, args, X, X_test, searched=False)
     return f"{copy} Try {', or '.join(advice)}" if copy else ""
 
@@ -213,7 +206,9 @@ def _integer_copy(X, who: str, args, held_out: bool = False, other=None) -> tupl
     times int16's bytes, eight times uint8's), where float32 features are computed as they
     are (and a store of them above a quarter of memory stays in its file, where the run
     streams). Returns the sentence of the copy's size and the cure, float32 features; ("",
-    None) for floating-point ``X``. ``who``: what computes the copy, with its verb;
+    None) for floating-point ``X``, and for a store's left in its file (``X`` an
+    h5py.Dataset or a row view of one), whose blocks are computed in float64 one at a
+    time, no copy of them all. ``who``: what computes the copy, with its verb;
     ``held_out``: whether ``X`` are the --test rows (those of --test, or those --test-size
     held out of the training file); ``other``: the run's other part, which is the rest of
     the file where --test-size split it: a store streams by the size of all its rows (the
