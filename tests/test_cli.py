@@ -2765,13 +2765,15 @@ def _models_inputs(monkeypatch) -> list:
 
 
 @NEEDS_H5
-@pytest.mark.parametrize("dtype", ["float32", "float16", "int16", "bool"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int16", "uint8", "bool"])
 def test_a_store_that_fits_in_memory_is_read_into_it(dtype, stores, tmp_path, monkeypatch):
     # Streamed, each pass of a fit reads the file again (about three times the fit's time
     # on a 617 MB store): only a store whose features are above the limit in memory is.
     # float16 ones are read as float32: the limit was set on their bytes in the file, half
     # those in memory, so that a float16 store of up to half of memory was read whole.
-    # Integers and booleans are held as the file holds them, and were read whole at any size.
+    # Integers and booleans are counted in float64, as each fit in memory computes them:
+    # counted as the file holds them, uint8 ones of up to a quarter of memory were read
+    # whole, and each fit's float64 copy took twice memory, where streamed they fit.
     import h5py
 
     import mr2_probe.cli._feature_files as feature_files
@@ -2782,7 +2784,8 @@ def test_a_store_that_fits_in_memory_is_read_into_it(dtype, stores, tmp_path, mo
         X = X > 0 if dtype == "bool" else np.round(X * 10).astype(dtype)
         path = _features_file(tmp_path / f"{dtype}.h5", X, y)
     with h5py.File(path, "r") as f:
-        size = f["features"].size * (4 if dtype == "float16" else np.dtype(dtype).itemsize)
+        # (float16 read as float32, integers computed in float64)
+        size = f["features"].size * (4 if np.dtype(dtype).kind == "f" else 8)
     seen = _models_inputs(monkeypatch)
     for limit, streamed in ((None, False), (size, False), (size - 1, True)):
         if limit is not None:
@@ -4008,6 +4011,8 @@ _WHOLE = ["--feature-scaling", "standard", "--tilt", "1"]  # (the run then reads
 _STREAMS = (
     "(a store's features above a quarter of memory then stay in its file, read a block at a time)"
 )
+# (integers whose float64 size puts them above it)
+_INTEGERS_STREAM = _STREAMS.replace("memory then", "memory, integers in float64, then")
 # (mr2-extract makes stores of images: the cure for arrays names what makes one of them)
 _ANY_STORE = (
     "(a store's features above a quarter of memory then stay in its file, read a block at a "
@@ -4114,97 +4119,77 @@ def test_the_cure_for_arrays_out_of_memory_can_be_followed(files, tmp_path, monk
 
 @NEEDS_H5
 @pytest.mark.parametrize("name", ["int.h5", "int.npz"], ids=["store", "npz"])
+@pytest.mark.parametrize("options", [[], ["--grid", "C=1,2"]], ids=["plain", "grid"])
 @pytest.mark.parametrize(
-    "dtype, said, cure",
+    "dtype, limit, said",
     [
-        # 1,080 bytes, above the limit: a store of them stays in its file, as floats do.
-        (np.int16, "1.1 KiB", "an HDF5 store"),
-        # 540 bytes, within it: as float32 (2,160 bytes) above it, which streams them.
-        # They were said to be read in no less by any option, and given no cure.
-        (np.uint8, "540 B (2.1 KiB as float32)", "an HDF5 store of float32 features"),
+        # 1,080 bytes, above a limit of 1,000, and 4,320 in float64.
+        (np.int16, 1000, "1.1 KiB (4.2 KiB in float64)"),
+        # 540 bytes, within it, and 4,320 in float64, above it: a store of them was read
+        # whole, each fit's float64 copy eight times its size; a .npz of them was told
+        # float32 features in a store, not a store of the integers, which streams too.
+        (np.uint8, 1000, "540 B (4.2 KiB in float64)"),
+        # 4,320 bytes, above a limit of 3,000, and 2,160 as float32, within it: float32
+        # features are read whole, in half the memory, from any file. The line said that
+        # a store's float32 features above a quarter of memory "then stay in its file".
+        (np.int64, 3000, "4.2 KiB (2.1 KiB as float32)"),
     ],
-    ids=["int16", "uint8"],
+    ids=["int16", "uint8", "int64"],
 )
 def test_the_cure_for_integers_out_of_memory_can_be_followed(
-    name, dtype, said, cure, tmp_path, monkeypatch, capsys
+    name, options, dtype, limit, said, tmp_path, monkeypatch, capsys
 ):
-    # Integer features were read whole from any file: a store of them above the limit was
-    # told that no option reads them in less, with no cure, and a .npz of them to put them
-    # in a store, read whole all the same. A store of them above the limit stays in its
-    # file, as floats do; those within it are told float32 features, which stream, and
-    # their size as float32 beside the size that the run holds them in.
-    def failing(args, stack=None):
-        raise MemoryError("Unable to allocate 30.0 GiB for an array")
-
-    X, y = _blobs(30, seed=1)  # 90 × 6
-    X = np.round(np.abs(X) * 10).astype(dtype)
-    train = _features_file(tmp_path / name, X, y)
-    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 1000)
-    with monkeypatch.context() as patched:
-        patched.setattr(cli_main, "_inputs", failing)
-        (line,) = _error([str(train), "--no-progress"], capsys)[1]
-    seen = _models_inputs(monkeypatch)
-    assert main([str(train), "--no-progress"]) == 0
-    streamed = name == "int.h5" and dtype == np.int16
-    assert seen and {is_h5_dataset(X) for X in seen} == {streamed}  # (as said)
-    if streamed:  # (none read)
-        assert line.endswith("nothing is written. Try freeing memory, or a machine with more")
-        return
-    assert "no option" not in line
-    assert f"The features read into memory: {train}: {said} (a quarter of memory: 1000 B)" in line
-    assert re.search(rf"Try {cure} in place of {re.escape(str(train))} ", line), line
-    seen.clear()
-    dtype = np.float32 if "float32" in cure else dtype
-    store = _features_file(tmp_path / "cured.h5", X.astype(dtype), y)
-    assert main([str(store), "--no-progress"]) == 0
-    assert seen and all(is_h5_dataset(X) for X in seen)
-
-
-@NEEDS_H5
-@pytest.mark.parametrize("name", ["int.h5", "int.npz"], ids=["store", "npz"])
-@pytest.mark.parametrize("options", [[], ["--grid", "C=1,2"]], ids=["plain", "grid"])
-def test_int64_out_of_memory_within_the_limit_as_float32_are_told_float32_reads_them_whole(
-    name, options, tmp_path, monkeypatch, capsys
-):
-    # int64 features of 4,320 bytes, above a limit of 3,000, take 2,160 as float32, within
-    # it: float32 features are read whole, in half the memory, from any file. The line said
-    # that a store's float32 features above a quarter of memory "then stay in its file".
-    # A store of the int64 features themselves does, as floats do, where the run streams
-    # (without --grid): then none are read, and the line has no cure to give.
+    # Integer features are counted in float64, as each fit in memory computes them: a
+    # store of them above the limit so stays in its file where the run streams (then none
+    # are read, and the line has no cure to give), and the line of those read says their
+    # float64 size and cures them as floats: a store in place of a .npz, the run without
+    # the options that read a store whole.
     from mr2_probe.cli._feature_files import _features_sizes
 
     def failing(args, stack=None):
         raise MemoryError("Unable to allocate 30.0 GiB for an array")
 
     X, y = _blobs(30, seed=1)  # 90 × 6
-    X = np.round(np.abs(X) * 10).astype(np.int64)
+    X = np.round(np.abs(X) * 10).astype(dtype)
     train = _features_file(tmp_path / name, X, y)
-    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 3000)
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: limit)
     with monkeypatch.context() as patched:
         patched.setattr(cli_main, "_inputs", failing)
         (line,) = _error([str(train), *options, "--no-progress"], capsys)[1]
     seen = _models_inputs(monkeypatch)
     assert main([str(train), *options, "--no-progress"]) == 0
     streamed = name == "int.h5" and not options
-    assert seen and {is_h5_dataset(X) for X in seen} == {streamed}
-    if streamed:
+    assert seen and {is_h5_dataset(X) for X in seen} == {streamed}  # (as said)
+    if streamed:  # (none read)
         assert line.endswith("nothing is written. Try freeing memory, or a machine with more")
         return
     cures = ([f"an HDF5 store in place of {train}"] if name == "int.npz" else []) + (
         ["without --grid"] if options else []
     )
     made = _ANY_STORE[_ANY_STORE.index(";") : -1] if name == "int.npz" else ""
+    halved = dtype == np.int64
+    quarter = "2.9 KiB" if halved else "1000 B"
+    streams = _STREAMS if halved else _INTEGERS_STREAM  # (64-bit: held in float64 size)
+    halves = (
+        f", or float32 features in place of {train} (in any file: read whole, in half the "
+        "memory of 64-bit integers, within a quarter of memory)"
+    )
     assert line.endswith(
-        f"Try {', '.join(cures)} {_STREAMS[:-1]}{made}), or float32 features in place of "
-        f"{train} (in any file: read whole, in half the memory of 64-bit integers, within a "
-        "quarter of memory), or freeing memory, or a machine with more"
+        f"The features read into memory: {train}: {said} (a quarter of memory: {quarter}). "
+        f"Try {', '.join(cures)} {streams[:-1]}{made}){halves if halved else ''}, or freeing "
+        "memory, or a machine with more"
     ), line
-    floats = _features_file(tmp_path / "floats.npz", X.astype(np.float32), y)  # (followed)
-    argv = [str(floats), "--no-progress"]
-    assert _features_sizes(_parser().parse_args(argv))[1][0].held == X.nbytes // 2
     seen.clear()
-    assert main(argv) == 0
-    assert seen and not any(is_h5_dataset(X) for X in seen)  # (read whole, as said)
+    store = _features_file(tmp_path / "cured.h5", X, y)  # (followed: the same integers)
+    assert main([str(store), "--no-progress"]) == 0
+    assert seen and all(is_h5_dataset(X) for X in seen)
+    if halved:  # (followed: float32 features, read whole in half the memory)
+        floats = _features_file(tmp_path / "floats.npz", X.astype(np.float32), y)
+        argv = [str(floats), "--no-progress"]
+        assert _features_sizes(_parser().parse_args(argv))[1][0].held == X.nbytes // 2
+        seen.clear()
+        assert main(argv) == 0
+        assert seen and not any(is_h5_dataset(X) for X in seen)  # (read whole, as said)
 
 
 @NEEDS_H5
@@ -4372,8 +4357,8 @@ def test_predictions_out_of_memory_end_in_one_line_and_keep_the_models(
     "name, dtype, limit",
     [
         ("int.npz", np.uint8, 1000),
-        # (1,080 bytes in the file: within the limit, read whole)
-        pytest.param("int.h5", np.int16, 1080, marks=NEEDS_H5),
+        # (4,320 bytes in float64: within the limit, read whole)
+        pytest.param("int.h5", np.int16, 4320, marks=NEEDS_H5),
     ],
     ids=["uint8-npz", "int16-store"],
 )
@@ -4383,7 +4368,10 @@ def test_a_main_fit_of_integers_out_of_memory_says_their_float64_copy_and_its_cu
     # Integer features are held as the file holds them and computed in float64 by each
     # fit (eight times uint8's bytes): a fit out of memory on them said "Try freeing
     # memory", naming neither the copy nor float32 features, which are computed as they
-    # are and, in a store above a quarter of memory, stay in its file.
+    # are. A store of the integers above a quarter of memory in float64 stays in its file,
+    # no copy of them all: the line named a store of float32 features in place of a .npz,
+    # above the limit as float32 (where the integers' store streams as well), and said it
+    # of a store read whole, within the limit in float64 (as float32 too).
     X, y = _blobs(30, seed=1)  # 90 × 6, 72 rows fitted (--test-size 0.2)
     train = str(_features_file(tmp_path / name, np.round(np.abs(X) * 10).astype(dtype), y))
     monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: limit)
@@ -4395,27 +4383,34 @@ def test_a_main_fit_of_integers_out_of_memory_says_their_float64_copy_and_its_cu
         patched.setattr(cli_fitting, "fit_collecting_short", failing)
         code, lines = _error([train, "--no-progress"], capsys)
     held = {np.uint8: "432 B", np.int16: "864 B"}[dtype]
-    quarter = {1000: "1000 B", 1080: "1.1 KiB"}[limit]
-    made = "" if name.endswith(".h5") else _ANY_STORE[_ANY_STORE.index(";") : -1]
+    store = ""
+    if name == "int.npz":  # (all 90 rows: 4,320 bytes in float64)
+        store = (
+            f", or an HDF5 store in place of {train} (its integers, 4.2 KiB in float64, above a "
+            "quarter of memory (1000 B), then stay in its file, read a block at a time: no "
+            f"float64 copy of them all{_ANY_STORE[_ANY_STORE.index(';') : -1]})"
+        )
     assert code == 1 and lines[-1] == (
         "mr2-probe: error: ERM ran out of memory in its fit (Unable to allocate 3.38 KiB for an "
         f"array); nothing is written. Each fit computes the {np.dtype(dtype)} features of "
         f"{train} in float64, a copy of 3.4 KiB ({held} as read). Try float32 features in "
-        f"place of {train} (computed as they are, in 1.7 KiB; an HDF5 store of them above a "
-        f"quarter of memory ({quarter}) stays in its file, read a block at a time"
-        f"{made}), or freeing memory, or a machine with more"
+        f"place of {train} (computed as they are, in 1.7 KiB){store}, or freeing memory, or a "
+        "machine with more"
     )
-    # As said: the integers fitted in float64, a store of float32 features streamed and
-    # fitted in float32.
+    # As said: the integers fitted in float64, float32 features in float32, and a store of
+    # the integers in place of the .npz streamed.
     seen = _models_inputs(monkeypatch)
     assert main([train, "--out", str(tmp_path / "int"), "--no-progress"]) == 0
     assert seen and not any(is_h5_dataset(X) for X in seen)
     assert joblib.load(tmp_path / "int" / "models.joblib")["ERM"].coef_.dtype == np.float64
-    seen.clear()
-    store = _features_file(tmp_path / "floats.h5", X, y)
-    assert main([str(store), "--out", str(tmp_path / "floats"), "--no-progress"]) == 0
-    assert seen and all(is_h5_dataset(X) for X in seen)
+    floats = _features_file(tmp_path / "floats.npz", X, y)
+    assert main([str(floats), "--out", str(tmp_path / "floats"), "--no-progress"]) == 0
     assert joblib.load(tmp_path / "floats" / "models.joblib")["ERM"].coef_.dtype == np.float32
+    if store and importlib.util.find_spec("h5py") is not None:  # (stores need it)
+        seen.clear()
+        integers = np.round(np.abs(X) * 10).astype(dtype)
+        assert main([str(_features_file(tmp_path / "int.h5", integers, y)), "--no-progress"]) == 0
+        assert seen and all(is_h5_dataset(X) for X in seen)
 
 
 @NEEDS_H5
@@ -4522,12 +4517,13 @@ def test_integers_held_out_of_a_file_above_the_limit_are_told_a_store_streams(
     where, tmp_path, monkeypatch, capsys
 ):
     # A store streams by the size of all its rows, not of the part that --test-size gives
-    # the fits (72 of 90 rows) or the predictions (18): 2160 B as float32, above a limit
-    # of 2000 B, where the parts (1728 B, 432 B) are within it. The line left out that a
-    # store of float32 features in the file's place stays in its file.
+    # the fits (72 of 90 rows) or the predictions (18): 4320 B in float64, above a limit
+    # of 4000 B, where the parts (3456 B, 864 B) are within it. The line left out that a
+    # store in the file's place stays in its file.
     X, y = _blobs(30, seed=1)  # 90 × 6
-    train = str(_features_file(tmp_path / "int.npz", np.round(np.abs(X) * 10).astype(np.uint8), y))
-    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 2000)
+    X = np.round(np.abs(X) * 10).astype(np.uint8)
+    train = str(_features_file(tmp_path / "int.npz", X, y))
+    monkeypatch.setattr("mr2_probe.cli._feature_files.in_memory_limit", lambda: 4000)
 
     def failing(*args):
         raise MemoryError("Unable to allocate 3.38 KiB for an array")
@@ -4538,12 +4534,15 @@ def test_integers_held_out_of_a_file_above_the_limit_are_told_a_store_streams(
         else:
             patched.setattr(MR2LinearClassifier, "predict", failing)
         code, lines = _error([train, "--no-progress"], capsys)
-    stays = "an HDF5 store of them above a quarter of memory (2.0 KiB) stays in its file"
+    stays = (
+        f"an HDF5 store in place of {train} (its integers, 4.2 KiB in float64, above a quarter "
+        "of memory (3.9 KiB), then stay in its file"
+    )
     assert code == 1 and stays in lines[-1]
-    # As said: a store of float32 features of the same rows streams at that limit.
+    # As said: a store of the same rows streams at that limit.
     seen = _models_inputs(monkeypatch)
-    store = _features_file(tmp_path / "floats.h5", X, y)
-    assert main([str(store), "--out", str(tmp_path / "floats"), "--no-progress"]) == 0
+    store = _features_file(tmp_path / "int.h5", X, y)
+    assert main([str(store), "--out", str(tmp_path / "int"), "--no-progress"]) == 0
     assert seen and all(is_h5_dataset(X) for X in seen)
 
 

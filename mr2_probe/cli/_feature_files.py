@@ -78,7 +78,8 @@ def load_xy(path: str, labels: str | None = None, labels_option: str = "--labels
 
 def _load_xy(path: str, labels=None, labels_option: str = "--labels", stack=None):
     """:func:`load_xy`; with ``stack`` (a contextlib.ExitStack) a store's features larger
-    than :func:`in_memory_limit` stay in the file, which ``stack`` closes: X is its
+    than :func:`in_memory_limit` (integers and booleans in float64, :func:`_computed_bytes`)
+    stay in the file, which ``stack`` closes: X is its
     ``h5py.Dataset`` (a row view of its completed rows where images failed), checked a
     block at a time, never read whole (integers and booleans too, each block computed in
     float64 as their array is). Smaller ones are read into memory."""
@@ -395,11 +396,13 @@ def _load_store(path: str, stack=None):
     # closed at once. (Integers stream as floats do: the estimators compute a store of them
     # in float64 blocks, the same model as their array.)
     store = _load_features(path)
-    # (their bytes in memory, float16 read as float32: the limit on their bytes in the file
-    # read a float16 store of up to half of memory whole; counted as the line of inputs out
-    # of memory counts them)
+    # (their bytes as the fits compute them: float16 read as float32, where the limit on
+    # their bytes in the file read a float16 store of up to half of memory whole; integers
+    # in float64, where a uint8 store of up to a quarter of memory was read whole and each
+    # fit's float64 copy took twice memory; counted as the line of inputs out of memory
+    # counts them)
     values, dtype = _store_values(store.file)
-    streamed = stack is not None and _held_bytes(values, dtype) > in_memory_limit()
+    streamed = stack is not None and _computed_bytes(values, dtype) > in_memory_limit()
     if streamed:
         stack.enter_context(store)
     else:
@@ -428,8 +431,9 @@ _CGROUP_ROOT, _PROC_CGROUP = "/sys/fs/cgroup", "/proc/self/cgroup"
 def in_memory_limit() -> int:
     """The most bytes of a store's features that ``mr2-probe`` reads into memory: a quarter
     of the memory it may use, the machine's physical memory or its control group's cap
-    where lower (1 GiB where the system says neither); larger ones are read a block at a
-    time by every fit and prediction."""
+    where lower (1 GiB where the system says neither), integers and booleans counted in
+    float64 (:func:`_computed_bytes`); larger ones are read a block at a time by every fit
+    and prediction."""
     memory = []
     try:
         memory.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -479,7 +483,7 @@ class _Features(NamedTuple):
     """An input file's features, for the line of inputs that ran out of memory."""
 
     path: str  # as given
-    held: int | None  # their bytes once read into memory, which the limit is set on
+    held: int | None  # their bytes once read into memory (the limit is set on computed)
     stored: int | None  # their bytes as the file holds them (None where it cannot tell)
     dtype: np.dtype | None  # as the file holds them
     store: bool  # an HDF5 store, else a .npz or .npy (always read whole)
@@ -490,6 +494,14 @@ class _Features(NamedTuple):
         if self.held is None:
             return None
         return self.held // _held_dtype(self.dtype).itemsize * 4
+
+    @property
+    def computed(self) -> int | None:
+        """Their bytes as the fits compute them, which the limit is set on where the run
+        streams (:func:`_computed_bytes`: integers and booleans in float64)."""
+        if self.held is None:
+            return None
+        return _computed_bytes(self.held // _held_dtype(self.dtype).itemsize, self.dtype)
 
 
 def _features_sizes(args) -> tuple[int, list[_Features]]:
@@ -541,8 +553,16 @@ def _store_values(f) -> tuple[int, np.dtype]:
 
 def _held_bytes(values: int, dtype: np.dtype) -> int:
     """The bytes of ``values`` features of ``dtype`` once read into memory
-    (:func:`_held_dtype`: float16 as float32), which the limit is set on."""
+    (:func:`_held_dtype`: float16 as float32)."""
     return values * _held_dtype(dtype).itemsize
+
+
+def _computed_bytes(values: int, dtype: np.dtype) -> int:
+    """The bytes of ``values`` features of ``dtype`` as the fits compute them, which the
+    limit is set on where the run streams (:func:`_load_store`): integers and booleans in
+    float64 (each fit of them in memory holds a float64 copy, eight times uint8's bytes),
+    floating-point ones as held (:func:`_held_bytes`)."""
+    return values * 8 if dtype.kind in "biu" else _held_bytes(values, dtype)
 
 
 def _completed_rows(f) -> np.ndarray:
