@@ -2796,6 +2796,35 @@ def test_a_store_that_fits_in_memory_is_read_into_it(dtype, stores, tmp_path, mo
 
 
 @NEEDS_H5
+@pytest.mark.parametrize("dtype", ["int16", "uint8", "bool", "float32"])
+def test_a_streamed_store_is_read_for_non_finite_values_only_where_it_can_hold_them(
+    dtype, tmp_path, monkeypatch
+):
+    # Integers and booleans are finite: the check for NaN and infinity read a streamed
+    # store of them whole, a block at a time, before any fit (a store above a quarter of
+    # memory in float64). Floating-point ones are still checked.
+    import contextlib
+
+    import mr2_probe.cli._feature_files as feature_files
+
+    X, y = _blobs(30, seed=1)
+    X = X > 0 if dtype == "bool" else np.round(X * 10).astype(dtype)
+    path = _features_file(tmp_path / f"{dtype}.h5", X, y)
+    monkeypatch.setattr(feature_files, "in_memory_limit", lambda: 0)
+    read, read_h5 = [], feature_files.read_h5
+
+    def counted(*args):
+        read.append(args[1])
+        return read_h5(*args)
+
+    monkeypatch.setattr(feature_files, "read_h5", counted)
+    with contextlib.ExitStack() as stack:
+        features = feature_files._load_xy(str(path), stack=stack)[0]
+        assert is_h5_dataset(features)
+    assert bool(read) == (dtype == "float32")
+
+
+@NEEDS_H5
 def test_a_store_read_into_memory_is_closed_at_once(stores):
     # (It stayed open until the run ended.) One streamed stays open until then.
     import contextlib

@@ -673,7 +673,11 @@ def _check_xy(X: np.ndarray, y: np.ndarray, source: str, store=None) -> None:
 
 def _nonfinite_rows(X) -> np.ndarray:
     """The rows of X that hold NaN or infinity; a store's features read a block at a time,
-    the estimators' blocks (:func:`~mr2_probe._data.block_rows`)."""
+    the estimators' blocks (:func:`~mr2_probe._data.block_rows`), where they can hold them:
+    integers and booleans are finite, and a store of them is not read for it (a pass over
+    a file above a quarter of memory in float64, before any fit)."""
+    if X.dtype.kind in "biu":
+        return np.empty(0, dtype=np.intp)
     if not _lazy(X):
         return np.flatnonzero(~np.isfinite(X).all(axis=1))
     step = block_rows(X.shape[1], 1)
