@@ -16,11 +16,10 @@ from one scale of a cosine head to the next nearby one.
 Its stopping tests are the full-batch solver's
 (:func:`~mr2_probe._solvers.fit_lbfgs`): the largest gradient entry, in the coordinates with
 the intercept re-parametrised around the fold's weighted feature mean (for a cosine head,
-in its unit class directions), at most ``tol``; max_iter; 4·max_iter evaluations (a
-fold's line search stops there too, as a single fit's does); no further decrease. Its
-iterations differ from torch's strong-Wolfe L-BFGS, so ``n_iter_`` does too, and solutions
-agree to the tolerance (a cosine head's up to its non-convexity: it can end at another
-minimiser of the same objective).
+in its unit class directions), at most ``tol``; max_iter; 4·max_iter evaluations; no
+further decrease. Its iterations differ from torch's strong-Wolfe L-BFGS, so ``n_iter_``
+does too, and solutions agree to the tolerance (a cosine head's up to its non-convexity:
+it can end at another minimiser of the same objective).
 """
 
 from __future__ import annotations
@@ -544,7 +543,7 @@ def lbfgs_batched(
     Stops a fold as fit_lbfgs does: ``"tol"`` (largest gradient entry at most tol),
     ``"max_iter"`` (``max_iter`` is one number for all folds or one per fold; a fold of
     none does not move), ``"max_eval"`` (``max_eval`` evaluations of that fold, by default
-    4·max_iter, at which its line search stops too), or ``"stalled"``
+    4·max_iter), or ``"stalled"``
     (no decrease the line search can find, or a change of the objective below scipy's
     ftol). NaN counts as failing every test, so a fold that meets one never stops as
     converged. A pair whose curvature is lost in rounding (L-BFGS-B's test) is not
@@ -601,7 +600,7 @@ def lbfgs_batched(
         folds = np.asarray(active)
         bound = objective[a]
         step, trial_value, trial_grad, accepted = _bracket_search(
-            batch, a, folds, value, start, direction, step, slope, bound, evals, budget,
+            batch, a, folds, value, start, direction, step, slope, bound, evals,
             shorten=unscaled if first else None,
         )  # fmt: skip
         first = False
@@ -651,16 +650,11 @@ def lbfgs_batched(
 
 
 def _bracket_search(
-    batch, a, folds, value, start, direction, step, slope, bound, evals, budget, shorten=None
+    batch, a, folds, value, start, direction, step, slope, bound, evals, shorten=None
 ):
     """The weak Wolfe search of the folds ``a`` (their numbers ``folds``) along
     ``direction`` (A, P) from ``start``, with trial steps ``step`` (A,) first:
     (step, value, gradient, accepted) of each fold, ``evals`` counting the evaluations.
-
-    A fold stops searching once its ``evals`` reach its ``budget`` (every fold's, (B,)),
-    its first trial step evaluated whatever is left, as fit_lbfgs's search stops at what is
-    left of its max_eval: at a small max_iter a fold's search (and whether its retry
-    below runs) is its single fit's.
 
     By bracketing: a step that fails sufficient decrease is too long, one whose slope is
     still steep (below c₂ = 0.9 of the start's, as in torch's strong-Wolfe search) too
@@ -671,15 +665,11 @@ def _bracket_search(
     A fold flagged in ``shorten`` (A,) whose search found no step, and whose last trial
     step, the shortest, rose measurably above the start, searches again from that step
     divided by its rise in nats where that is more than 1, as
-    :func:`~mr2_probe._solvers._shorter_search` does (one more synchronisation), where
-    its budget has evaluations left. Along a line whose loss rises almost linearly, each
-    trial step halves the last (the quadratic's minimum): 25 of them shortened it by
-    3·10⁷, and digits scaled by 10¹⁵ needed 10¹² (every fold stalled at its start, the
-    gradient at 6·10¹³).
+    :func:`~mr2_probe._solvers._shorter_search` does (one more synchronisation). Along a
+    line whose loss rises almost linearly, each trial step halves the last (the
+    quadratic's minimum): 25 of them shortened it by 3·10⁷, and digits scaled by 10¹⁵
+    needed 10¹² (every fold stalled at its start, the gradient at 6·10¹³).
     """
-    # What each fold has left of its evaluations after this first trial's (A,), copied to
-    # the device before that evaluation is queued (the copy then waits on no product).
-    left = torch.as_tensor(budget[folds] - evals[folds] - 1, device=step.device)
     trial_value, trial_grad = batch.evaluate(start + step[:, None] * direction, a, value)
     evals[folds] += 1
     low, high = torch.zeros_like(step), torch.full_like(step, float("inf"))
@@ -691,7 +681,7 @@ def _bracket_search(
         # A step too long that no longer moves the point in its precision cannot be
         # shortened into a decrease: that fold stops searching (and stalls).
         moved = (start + step[:, None] * direction != start).any(1)
-        searching = ((long & moved) | short) & (left > 0)
+        searching = (long & moved) | short
         redo = searching.nonzero().squeeze(1)  # one synchronisation per evaluation
         if not len(redo):
             break
@@ -704,7 +694,6 @@ def _bracket_search(
         point = start[redo] + step[redo, None] * direction[redo]
         trial_value[redo], trial_grad[redo] = batch.evaluate(point, a[redo], value)
         evals[folds[redo.cpu().numpy()]] += 1
-        left -= searching.to(left.dtype)
     failed = ~(trial_value <= bound + 1e-4 * step * slope)
     fallback = failed & (low > 0)
     step = torch.where(fallback, low, step)
@@ -715,12 +704,12 @@ def _bracket_search(
         return step, trial_value, trial_grad, accepted
     rose = trial_value - bound
     noise = _solvers._ROUNDING * torch.finfo(rose.dtype).eps * bound.abs()
-    again = (shorten & ~accepted & (rose > noise) & (left > 0)).nonzero().squeeze(1)
+    again = (shorten & ~accepted & (rose > noise)).nonzero().squeeze(1)
     if len(again):
         shorter = step[again] * (1 / rose[again]).clamp(max=1.0)
         step[again], trial_value[again], trial_grad[again], accepted[again] = _bracket_search(
             batch, a[again], folds[again.cpu().numpy()], value, start[again],
-            direction[again], shorter, slope[again], bound[again], evals, budget,
+            direction[again], shorter, slope[again], bound[again], evals,
         )  # fmt: skip
     return step, trial_value, trial_grad, accepted
 
