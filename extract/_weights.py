@@ -159,11 +159,19 @@ def _unavailable(spec: BackboneSpec, source: str, why: str) -> WeightsUnavailabl
             f", or pass a local checkpoint: '{head}@/path/to/checkpoint.pth' ('{head}@random' "
             "for random weights)"
         )
-    what = "config" if spec.weights == RANDOM else "pretrained weights"  # hf-hub:...@random
+    what, them, they = _fetched(spec)
     return WeightsUnavailableError(
         f"The {what} of {str(spec)!r} ({source}) could not be loaded: {why}. "
-        f"Download them once where there is a network (they are cached){other}."
+        f"Download {them} once where there is a network ({they} cached){other}."
     )
+
+
+def _fetched(spec: BackboneSpec) -> tuple[str, str, str]:
+    """What the hub is asked for, and its pronouns: a hub name with ``@random`` needs its
+    config alone, one file."""
+    if spec.weights == RANDOM:
+        return "config", "it", "it is"
+    return "pretrained weights", "them", "they are"
 
 
 def _with_pretrained(spec: BackboneSpec, source: str, build: Callable[[], _T]) -> _T:
@@ -180,11 +188,12 @@ def _with_pretrained(spec: BackboneSpec, source: str, build: Callable[[], _T]) -
         if not _is_download_error(err):
             raise
         cached_error = err
+    they = _fetched(spec)[2]
     if _offline_by_request():
-        why = "they are not in the local cache and HF_HUB_OFFLINE is set"
+        why = f"{they} not in the local cache and HF_HUB_OFFLINE is set"
         raise _unavailable(spec, source, why) from cached_error
     if not _hub_reachable():
-        why = "they are not in the local cache and the hub cannot be reached (no network)"
+        why = f"{they} not in the local cache and the hub cannot be reached (no network)"
         raise _unavailable(spec, source, why) from cached_error
     try:
         with _quiet_library_logs():

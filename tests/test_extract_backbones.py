@@ -1254,6 +1254,25 @@ def test_hub_offline_setting_is_respected(no_network, monkeypatch):
         create_backbone("timm:test_resnet")
 
 
+@pytest.mark.parametrize("offline", ["", "1"])
+def test_an_uncached_hub_config_is_spoken_of_as_one_file(no_network, monkeypatch, offline):
+    # 'hf-hub:...@random' needs the config alone: "The config ... could not be loaded: they
+    # are not in the local cache ... Download them once".
+    from extract import WeightsUnavailableError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    with pytest.raises(WeightsUnavailableError) as info:
+        create_backbone("timm:hf-hub:nobody/saved-resnet@random")
+    message = str(info.value)
+    assert "could not be loaded: it is not in the local cache" in message
+    assert "Download it once where there is a network (it is cached)" in message
+    with pytest.raises(WeightsUnavailableError) as info:
+        create_backbone("timm:hf-hub:nobody/saved-resnet")
+    message = str(info.value)
+    assert "could not be loaded: they are not in the local cache" in message
+    assert "Download them once where there is a network (they are cached)" in message
+
+
 def test_building_a_backbone_leaves_every_random_generator_as_it_was(monkeypatch):
     # torch.manual_seed(0) reseeded every CUDA device's generator too, which fork_rng over
     # the CPU alone did not restore: a training loop's CUDA randomness was reset.
