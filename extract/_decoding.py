@@ -14,6 +14,8 @@ import warnings
 import numpy as np
 from PIL import Image
 
+from mr2_probe._h5 import why_missing
+
 from ._schema import shorten
 
 # The EXIF orientation tag is not applied: pixels are embedded as stored, as open_clip's
@@ -387,7 +389,14 @@ def read_file(path: str, listed: tuple[int, int] | None = None) -> bytearray:
     # an image blocked the open (and the whole run) until something wrote into it. Checked
     # before fdopen, whose error for a folder named the descriptor ("Is a directory: 5")
     # and left it open.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError as err:
+        if not os.path.islink(path):
+            raise
+        # (a link that reaches nothing: "No such file or directory" named a path that ls
+        # lists, not the target that is missing)
+        raise FileNotFoundError(f"{path} {why_missing(path)}") from err
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):

@@ -24,6 +24,7 @@ from extract import fashion_mnist, image_folder, image_list, open_source
 from extract._decoding import check_pixel_limit, decode_image, jpeg_size, to_rgb
 from extract._images import ItemDataset, collate_items, load_image
 from extract._list_lines import _shell_split
+from extract._schema import shorten
 from extract._testing import make_image_folder, write_idx
 
 
@@ -2021,6 +2022,19 @@ def test_a_listed_image_that_is_missing_fails_alone(folder):
     reasons = [ds[i][2] for i in range(len(src))]
     assert reasons[0].startswith("FileNotFoundError") and reasons[1:] == [None, None]
     assert src.file_size[0] == -1 and src.file_size[2] == (folder / "dog/001.jpg").stat().st_size
+
+
+@pytest.mark.parametrize("target", ["/nowhere/gone.jpg", "../moved/gone.jpg"])
+def test_an_image_that_is_a_link_to_nothing_fails_naming_where_the_link_points(folder, target):
+    # Its reason was a bare "No such file or directory" for a path that is there (ls lists
+    # it): the link's target is what is missing.
+    os.symlink(target, folder / "cat" / "zz.jpg")
+    src = image_folder(folder)
+    ds = ItemDataset(src, lambda im: torch.from_numpy(np.array(im)).permute(2, 0, 1))
+    link = src.path(src.ids.index("cat/zz.jpg"))
+    pointed = os.path.realpath(folder / "cat" / target)
+    said = f"FileNotFoundError: {link} is a symbolic link to {pointed!r}, which does not exist"
+    assert ds[src.ids.index("cat/zz.jpg")][2] == shorten(said)
 
 
 def test_a_fifo_named_like_an_image_is_a_failure_not_a_hang(tmp_path):
