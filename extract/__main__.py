@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=None,
-        help="image-decoding worker processes (default: min(8, CPUs - 1)), e.g. --workers 6",
+        help="image-decoding worker processes, at most one a batch (default: min(8, CPUs - 1)), "
+        "e.g. --workers 6",
     )
     parser.add_argument(
         "--dtype",

@@ -95,7 +95,11 @@ def _check_worker_sockets(num_workers: int | None) -> None:
 
 
 def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.data.DataLoader:
-    num_workers = _workers(num_workers)
+    # No more workers than batches: one without a batch has nothing to do, and torch starts
+    # every worker asked for (it only warns above the CPUs): --workers 100000 on a folder of
+    # 10 images forked until the machine ran out of memory. Not capped at the CPUs: reading
+    # from a network file system, workers beyond them wait on the network, not on a core.
+    num_workers = min(_workers(num_workers), len(blocks))
     if src.archive is not None:
         blocks = worker_order(blocks, src.archive.unit, num_workers)
     return torch.utils.data.DataLoader(

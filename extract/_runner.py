@@ -165,7 +165,8 @@ def extract_features(
         that the stored features are bit-identical to an uninterrupted run's).
     num_workers : int, optional
         DataLoader worker processes reading and decoding images while the model runs.
-        Default: ``min(8, cpu_count - 1)``, of the CPUs this process may run on.
+        Default: ``min(8, cpu_count - 1)``, of the CPUs this process may run on. At most
+        one worker a batch to load starts (of a resumed run, a batch of the rows left).
     dtype : {"float32", "float16"}, default="float32"
         Storage type of ``features``.
     normalize : bool, default=False

@@ -6103,19 +6103,30 @@ def test_a_torchrun_retry_extracts_again_a_transient_failure_of_a_complete_store
     assert not load_features(out, in_memory=True).failures
 
 
-def test_the_default_worker_count_leaves_one_cpu_to_the_main_process(tmp_path, monkeypatch):
-    # By default the loader has min(8, cpu_count - 1) workers, as documented: one CPU is left
-    # to the main process. The CPUs are those the process may run on: given one core of a
-    # 64-core machine (Slurm, taskset), it started 8 workers there, which torch warned of.
+@pytest.fixture
+def workers_asked(monkeypatch) -> list[int]:
+    """The worker count each DataLoader of the test is made with, in turn; none is started
+    (the rows are read in the test's process all the same)."""
     real, asked = torch.utils.data.DataLoader, []
 
     def spy(*args, num_workers=0, **kwargs):
         asked.append(num_workers)
-        return real(*args, num_workers=0, **kwargs)  # the rows are read here all the same
+        return real(*args, num_workers=0, **kwargs)
 
-    folder = make_image_folder(tmp_path / "data", n_per_class=2, special=False)
     monkeypatch.setattr(torch.utils.data, "DataLoader", spy)
-    fast = {k: v for k, v in FAST.items() if k != "num_workers"}
+    return asked
+
+
+def test_the_default_worker_count_leaves_one_cpu_to_the_main_process(
+    tmp_path, monkeypatch, workers_asked
+):
+    # By default the loader has min(8, cpu_count - 1) workers, as documented: one CPU is left
+    # to the main process. The CPUs are those the process may run on: given one core of a
+    # 64-core machine (Slurm, taskset), it started 8 workers there, which torch warned of.
+    asked = workers_asked
+    folder = make_image_folder(tmp_path / "data", n_per_class=5, special=False)
+    # (10 batches: more than the workers of any count here)
+    fast = {k: v for k, v in FAST.items() if k != "num_workers"} | {"batch_size": 1}
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     for cpus, expected in ((3, 2), (1, 0), (32, 8)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)), False)
@@ -6125,6 +6136,23 @@ def test_the_default_worker_count_leaves_one_cpu_to_the_main_process(tmp_path, m
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     extract_features(folder, BACKBONE, tmp_path / "no-affinity.h5", **fast)
     assert asked[-1] == 2
+
+
+def test_no_more_workers_start_than_there_are_batches_to_load(tmp_path, workers_asked):
+    # torch only warns of workers beyond the CPUs: --workers 100000 on a folder of 10
+    # images forked workers until the machine ran out of memory. A worker without a
+    # batch has nothing to do; on a resume, the batches are those of the rows left.
+    folder = make_image_folder(tmp_path / "data", n_per_class=3)  # 10 images, 2 unreadable
+    out = tmp_path / "f.h5"
+    extract_features(folder, BACKBONE, out, **FAST | {"num_workers": 100_000})
+    assert workers_asked == [3]  # 10 rows in batches of 4
+    assert len(load_features(out).failures) == 2
+    extract_features(folder, BACKBONE, out, retry_failed=True, **FAST | {"num_workers": 7})
+    assert workers_asked[-1] == 1  # the 2 failed rows alone: one batch
+    extract_features(
+        folder, BACKBONE, out, retry_failed=True, **FAST | {"num_workers": 7, "batch_size": 1}
+    )
+    assert workers_asked[-1] == 2
 
 
 def test_fashion_mnist_images_are_extracted_from_memory(tmp_path):
