@@ -28,12 +28,21 @@ def _release_locks_in_child() -> None:
     # Pointing the child's copy of the descriptor at /dev/null keeps the lock the writer's own.
     if not _HELD_LOCKS:
         return
-    null = os.open(os.devnull, os.O_RDONLY)
     try:
-        for fd in _HELD_LOCKS:
+        null = os.open(os.devnull, os.O_RDONLY)
+    except OSError as err:
+        if err.errno != errno.EMFILE:
+            raise
+        # At the limit on open files (the parent was, starting many workers): a lock's own
+        # copy is closed to make room, then pointed at /dev/null as the others are.
+        os.close(min(_HELD_LOCKS))
+        null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        for fd in _HELD_LOCKS - {null}:
             os.dup2(null, fd, inheritable=False)
     finally:
-        os.close(null)
+        if null not in _HELD_LOCKS:
+            os.close(null)
     _HELD_LOCKS.clear()
 
 

@@ -5481,6 +5481,42 @@ def test_lock_dies_with_its_writer_not_with_its_children(tmp_path):
         os.kill(child, signal.SIGKILL)
 
 
+_FORK_AT_THE_FILE_LIMIT = """
+import os, resource, sys
+from extract._locks import _HELD_LOCKS, store_lock
+said, tell = os.pipe()
+with store_lock(sys.argv[1]):
+    (lock,) = _HELD_LOCKS
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    filler = []
+    try:  # every descriptor of the limit taken, as by many DataLoader workers' queues
+        while True:
+            filler.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    child = os.fork()
+    if child == 0:
+        kept = os.path.samestat(os.fstat(lock), os.stat(sys.argv[1] + ".lock"))
+        os.write(tell, b"kept" if kept else b"dropped")
+        os._exit(0)
+    os.waitpid(child, 0)
+    print(os.read(said, 16).decode())
+"""
+
+
+def test_a_child_forked_at_the_open_file_limit_drops_its_copy_of_the_lock(tmp_path):
+    # At the fork the child points its copy of the lock at /dev/null, which it opened: at
+    # the limit on open files (a parent starting many workers) it could not, printed a
+    # traceback ("Exception ignored in: _release_locks_in_child") and kept the lock.
+    run = subprocess.run(
+        [sys.executable, "-c", _FORK_AT_THE_FILE_LIMIT, str(tmp_path / "f.h5")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (run.returncode, run.stdout, run.stderr) == (0, "dropped\n", "")
+
+
 def test_a_writer_on_another_host_is_named_with_its_host(tmp_path):
     # The lock file held a pid alone, looked for among this machine's processes: a writer
     # on another node sharing the file system was called "no longer running", and the
