@@ -4,13 +4,20 @@ dealt, and the check that their batches can reach the run.
 
 from __future__ import annotations
 
+import errno
 import multiprocessing.util
 import os
 import sys
 import tempfile
+import traceback
 
 import numpy as np
 import torch
+
+try:
+    import resource
+except ImportError:  # (Windows)
+    resource = None
 
 from ._decoding import MAX_ASPECT
 from ._images import ItemDataset, collate_items
@@ -118,3 +125,46 @@ def _loader(src, backbone, blocks, num_workers, decode, device) -> torch.utils.d
         # global one, a run left the caller's random stream elsewhere than a reuse did.
         generator=torch.Generator(),
     )
+
+
+def started(loader: torch.utils.data.DataLoader):
+    """``iter(loader)``: an iterator whose workers have started. Where the limit on open
+    files stops them (each worker takes a few: its queue, its process), the workers started
+    so far are stopped and an OSError says the cure in one line; torch's half-made iterator
+    printed a traceback as it was collected ("Exception ignored in ... __del__")."""
+    try:
+        return iter(loader)
+    except OSError as err:
+        if err.errno != errno.EMFILE:
+            raise
+        _stop_half_made(err.__traceback__)
+    # (raised here, not in the handler: the error would hold the half-made iterator, its
+    # pipes open, as its context)
+    raise OSError(
+        errno.EMFILE,
+        f"Too many open files to start {loader.num_workers} DataLoader worker processes; "
+        + open_files_cure(),
+    )
+
+
+def open_files_cure() -> str:
+    """What to do where the DataLoader's workers ran out of open files."""
+    limit = "" if resource is None else f", now {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}"
+    return f"use fewer --workers (num_workers), or raise the limit on open files (ulimit -n{limit})"
+
+
+def _stop_half_made(tb) -> None:
+    """Stop the workers started by the DataLoader iterator whose ``__init__`` failed with
+    the traceback ``tb``. Its ``__del__`` then does nothing: it failed, missing what
+    ``__init__`` sets last."""
+    making = torch.utils.data.dataloader._MultiProcessingDataLoaderIter.__init__.__code__
+    frames = traceback.walk_tb(tb)
+    for half_made in (frame.f_locals["self"] for frame, _ in frames if frame.f_code is making):
+        workers = getattr(half_made, "_workers", [])
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            w.join()
+        half_made._shutdown = True
+    # Its queues' pipes closed now, not once a garbage collection finds them.
+    traceback.clear_frames(tb)

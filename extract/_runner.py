@@ -29,7 +29,7 @@ from ._backbones import create_backbone
 from ._batches import _assemble, _embed, _refuse_non_finite
 from ._images import ImageSource
 from ._launcher import stops_with_launcher
-from ._loading import _check_worker_sockets, _loader
+from ._loading import _check_worker_sockets, _loader, started
 from ._locks import store_lock
 from ._merge import (
     check_merging,
@@ -721,7 +721,7 @@ def _extract_shard(
         # (its workers' base seed is drawn there, from a CPU generator: under
         # torch.set_default_device("cuda") a tensor on the GPU that generator cannot fill)
         with torch.device("cpu"):
-            batches = iter(_loader(src, backbone, blocks, num_workers, decode, device))
+            batches = started(_loader(src, backbone, blocks, num_workers, decode, device))
         with open_store(out, "r+") as f:
             told = None if step is None else step.stop_if_told
             failed = _run(f, backbone, batches, rows, status, normalize, device, progress, told)

@@ -515,6 +515,41 @@ def test_a_killed_decoding_worker_is_a_one_line_error(tmp_path, capsys, monkeypa
     assert "run the same command again to resume" in line
 
 
+_AT_THE_FILE_LIMIT = """
+import multiprocessing, os, resource, sys
+from extract.__main__ import main
+resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+status = main(sys.argv[1:])
+pipes = [os.pipe() for _ in range(8)]  # the run's own files closed again
+print(status, len(multiprocessing.active_children()))
+"""
+
+
+def test_workers_beyond_the_open_file_limit_are_a_one_line_error_that_names_the_cure(
+    tmp_path, short_tmp
+):
+    # Each worker takes a few of the run's open files (its queue, its process): --workers
+    # 150 under ulimit -n 200 failed starting them with "Too many open files", and torch's
+    # traceback of the half-made loader ("Exception ignored in
+    # _MultiProcessingDataLoaderIter.__del__") followed the one line; the workers started
+    # ran on, and the loader's pipes stayed open until a garbage collection.
+    folder = make_image_folder(tmp_path / "data", n_per_class=8, special=False)  # 16 batches
+    args = [str(folder), "timm:test_resnet@random", str(tmp_path / "f.h5"), "--image-size"]
+    args += ["32", "--batch-size", "1", "--workers", "16", "--no-progress", "--device", "cpu"]
+    run = subprocess.run(
+        [sys.executable, "-c", _AT_THE_FILE_LIMIT, *args],
+        env=_env(short_tmp, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.stdout == "2 0\n", run.stderr  # no worker left running
+    assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr, run.stderr
+    line = run.stderr.splitlines()[-1]
+    assert line.startswith("mr2-extract: error: [Errno 24] Too many open files"), run.stderr
+    assert "fewer --workers" in line and "ulimit -n" in line and "now 32" in line
+
+
 def test_a_rank_whose_peer_died_ends_in_one_line(tmp_path, capsys, monkeypatch):
     # Under torchrun a rank waiting in a collective when another was killed printed gloo's
     # traceback, not the one line every other failure gets.
