@@ -345,6 +345,15 @@ def _extract(args: argparse.Namespace) -> int:
                 f"see torchrun's report of the rank that failed, then run {_again(args)} to "
                 "resume"
             )
+        if str(err).startswith("Too many open files."):
+            # torch's, once the workers have started: each batch's tensors come from a
+            # worker through file descriptors.
+            from ._loading import open_files_cure
+
+            return _error(
+                f"Too many open files for the DataLoader's workers; {open_files_cure()}, "
+                f"then run {_again(args)} to resume"
+            )
         if "DataLoader worker" not in str(err):
             raise
         # The kernel ends a worker that runs out of memory; the rows done so far are kept.

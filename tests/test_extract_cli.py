@@ -550,20 +550,44 @@ def test_workers_beyond_the_open_file_limit_are_a_one_line_error_that_names_the_
     assert "fewer --workers" in line and "ulimit -n" in line and "now 32" in line
 
 
+def _line_of_failure(error: BaseException, tmp_path, capsys, monkeypatch) -> str:
+    """The one error line of the command whose extraction raises ``error``."""
+
+    def failing(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(extract, "extract_features", failing)
+    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
+    assert main([str(folder), "timm:test_resnet@random", str(tmp_path / "o.h5")]) == 2
+    return _error_line(capsys, only_line=True)
+
+
+def test_open_files_running_out_while_batches_arrive_is_a_one_line_error(
+    tmp_path, capsys, monkeypatch
+):
+    # Each batch's tensors come from a worker through file descriptors: a run a little
+    # under the limit started its workers, then stopped with torch's traceback.
+    error = RuntimeError(
+        "Too many open files. Communication with the workers is no longer possible. "
+        "Please increase the limit using `ulimit -n` in the shell or change the sharing "
+        "strategy by calling `torch.multiprocessing.set_sharing_strategy('file_system')`"
+        " at the beginning of your code"
+    )
+    line = _line_of_failure(error, tmp_path, capsys, monkeypatch)
+    assert "Too many open files" in line and "set_sharing_strategy" not in line
+    assert "fewer --workers" in line and "ulimit -n" in line
+    assert "run the same command again to resume" in line
+
+
 def test_a_rank_whose_peer_died_ends_in_one_line(tmp_path, capsys, monkeypatch):
     # Under torchrun a rank waiting in a collective when another was killed printed gloo's
     # traceback, not the one line every other failure gets.
-    def lost(*args, **kwargs):
-        raise RuntimeError(
-            "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
-            "[127.0.0.1]:36556: Connection reset by peer. This is typically caused by a remote "
-            "worker hanging or bugs in the application."
-        )
-
-    monkeypatch.setattr(extract, "extract_features", lost)
-    folder = make_image_folder(tmp_path / "data", n_per_class=1, special=False)
-    assert main([str(folder), "timm:test_resnet@random", str(tmp_path / "o.h5")]) == 2
-    line = _error_line(capsys, only_line=True)
+    error = RuntimeError(
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+        "[127.0.0.1]:36556: Connection reset by peer. This is typically caused by a remote "
+        "worker hanging or bugs in the application."
+    )
+    line = _line_of_failure(error, tmp_path, capsys, monkeypatch)
     assert line.startswith("mr2-extract: error: another rank stopped while this one waited")
     assert "Connection reset by peer" in line and "run the same command again to resume" in line
     assert "[/__w/pytorch" in line and "bugs in the application.)" in line  # both ends
