@@ -86,10 +86,10 @@ class MR2LinearClassifierCV(MR2LinearClassifier):
     from an HDF5 dataset as the solver asks for them, never held whole), and the class
     statistics, which do not depend on C, are computed once per fold.
 
-    For the linear head (``lam=0``, data in memory, tilted or not, two classes as the one
-    row of the binomial model) each fold's L-BFGS keeps its memory from one C to the next,
-    corrected for the change of penalty, which is exact for the L2 penalty: each C then
-    starts from the last solution with the curvature measured so far. The cosine head (any
+    For the linear head (``lam=0``, in memory or an HDF5 dataset, tilted or not, two classes
+    as the one row of the binomial model) each fold's L-BFGS keeps its memory from one C to
+    the next, corrected for the change of penalty, which is exact for the L2 penalty: each
+    C then starts from the last solution with the curvature measured so far. The cosine head (any
     number of classes, same conditions) runs on the same solver, its memory carried to a
     next scale within a factor of 4 of the last scale that formed pairs. On a GPU, or on a
     CPU with n_folds × n_classes ≤ 256, the folds are also solved as one batched problem:
