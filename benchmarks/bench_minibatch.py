@@ -55,9 +55,11 @@ def previous_fit_minibatch(
     generator,
     verbose,
     tilt=0.0,
+    objective="MR2",
 ):
     """The minibatch solver as it was: torch.optim, absolute tol, no schedule, and the
-    statistics refreshed once more after the last epoch. It had no class tilt."""
+    statistics refreshed once more after the last epoch. It had no class tilt, and no
+    progress bar to name ``objective`` on (taken as the current solver takes it)."""
     assert tilt == 0, "the previous minibatch solver had no class tilt"
     from mr2_probe._losses import compactness_loss, margin_cross_entropy
     from mr2_probe._solvers import ClassRisk, SolverResult, _with_class_losses, refresh_statistics
